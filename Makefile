@@ -1,0 +1,37 @@
+# relayrl: two commands for a new user: `make demo` and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-fast bench install clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first, pinned: the CPU wheel on this machine (an unpinned torch pulls CUDA).
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/relayrl demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow and not ray and not multiproc"
+
+$(VENV)/.bench-installed: $(STAMP)
+	$(BIN)/pip install -q -e '.[bench]'
+	touch $@
+
+bench: $(VENV)/.bench-installed
+	$(BIN)/python benchmarks/dock_flow.py
+	$(BIN)/python benchmarks/grpo_vs_trl.py
+
+clean:
+	rm -rf $(VENV) runs .cache
