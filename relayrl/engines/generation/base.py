@@ -1,0 +1,73 @@
+"""The generation-engine interface: records in, records out.
+
+A rollout worker owns a :class:`GenerationEngine`; workflows never touch a model
+directly. Any engine (the native Hugging Face one here, a vLLM or SGLang one
+later) fits behind this protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Literal, Protocol, Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["SamplingParams", "Completion", "GenerationEngine"]
+
+
+class SamplingParams(BaseModel):
+    """How to sample. ``temperature == 0`` means greedy decoding."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    n: int = Field(1, ge=1, description="samples per prompt")
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0, description="0 disables top-k")
+    max_new_tokens: int = Field(16, ge=1)
+    stop_strings: tuple[str, ...] = Field((), description="stop when the response text contains one of these")
+    stop_token_ids: tuple[int, ...] = Field((), description="extra stop tokens beside the tokenizer's EOS")
+
+    @model_validator(mode="after")
+    def _check(self) -> "SamplingParams":
+        if self.temperature == 0.0 and self.n > 1:
+            raise ValueError("greedy decoding (temperature=0) with n > 1 returns n identical samples; set n=1 or temperature > 0")
+        return self
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled response to one prompt."""
+
+    prompt_index: int
+    """Index of the prompt in the request list."""
+    sample_index: int
+    """0 .. n-1 among the samples of that prompt."""
+    token_ids: torch.Tensor
+    """[L] int64, the response tokens (the stop token included when it was sampled)."""
+    logprobs: torch.Tensor
+    """[L] float32, log-prob of each sampled token under the sampling distribution at the temperature used
+    (before top-p/top-k filtering), so the trainer can recompute the same quantity."""
+    finish_reason: Literal["stop", "length"]
+    """``stop``: EOS, a stop token or a stop string ended it; ``length``: it hit max_new_tokens."""
+    weight_version: int = 0
+    """Version of the weights that generated it (for staleness accounting)."""
+    text: str = field(default="", compare=False)
+    """Decoded response (without special tokens)."""
+
+
+class GenerationEngine(Protocol):
+    """Samples responses and takes new weights in place."""
+
+    @property
+    def weight_version(self) -> int: ...
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 generator: torch.Generator | None = None) -> list[Completion]:
+        """All ``n`` samples of every prompt, ordered by (prompt, sample)."""
+        ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Copy new weights into the engine's model and set its weight version."""
+        ...

@@ -1,0 +1,148 @@
+"""The embedded default model: a tiny Qwen2 and a tokenizer trained locally.
+
+No hub is reachable here, so the default run builds both from nothing:
+
+* a byte-level BPE tokenizer trained with the ``tokenizers`` library on the
+  text of the built-in tasks, with every digit its own token (arithmetic is
+  learnable only when digits are not merged), saved as a
+  ``PreTrainedTokenizerFast``;
+* a randomly initialised Qwen2-architecture causal LM of a few million
+  parameters, saved with ``save_pretrained``.
+
+Both are cached on disk under a key derived from their settings, so the second
+call only loads them. Loading goes through :func:`relayrl.models.load.load_tokenizer`
+with ``PreTrainedTokenizerFast`` (``AutoTokenizer`` would map this tokenizer to
+``Qwen2Tokenizer`` and replace the trained pre-tokenizer).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["TinyModelConfig", "SPECIAL_TOKENS", "build_tiny", "default_cache_dir"]
+
+PAD, EOS, BOS = "<|pad|>", "<|endoftext|>", "<|bos|>"
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+SPECIAL_TOKENS = [PAD, EOS, BOS, IM_START, IM_END]
+
+# A minimal ChatML template, so user datasets with chat messages work with the tiny model too.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+class TinyModelConfig(BaseModel):
+    """Shape of the embedded default model (a Qwen2 architecture)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hidden_size: int = Field(128, ge=16, description="model width")
+    num_layers: int = Field(4, ge=1)
+    num_heads: int = Field(4, ge=1)
+    intermediate_size: int = Field(512, ge=16)
+    vocab_size: int = Field(512, ge=64, description="upper bound for the trained BPE vocabulary")
+    max_position_embeddings: int = Field(512, ge=32)
+    seed: int = Field(0, description="seed of the random initialisation")
+
+
+def default_cache_dir() -> Path:
+    """Where built models are cached: ``$RELAYRL_CACHE`` or ``~/.cache/relayrl``."""
+    return Path(os.environ.get("RELAYRL_CACHE", Path.home() / ".cache" / "relayrl"))
+
+
+def _tokenizer_corpus() -> list[str]:
+    from relayrl.data.tasks import TASKS
+
+    lines: list[str] = []
+    for name, cls in TASKS.items():
+        lines += cls().corpus(4000, seed=99)
+    # A little English so user prompts in plain words tokenize to something sensible.
+    lines += [
+        "Question: what is the sum of the numbers? Answer: the result is",
+        "Solve the problem step by step and give the final answer.",
+        "user assistant system The answer is",
+    ] * 20
+    return lines
+
+
+def _train_tokenizer(vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_tokenizer_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=PAD,
+        eos_token=EOS,
+        bos_token=BOS,
+        padding_side="left",
+        model_max_length=4096,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_tiny(cfg: TinyModelConfig | None = None, cache_dir: Path | None = None, *, verbose: bool = True) -> Path:
+    """Build (or find in the cache) the tiny model + tokenizer; return its directory.
+
+    The directory is a regular Hugging Face model directory: it loads with
+    ``AutoModelForCausalLM.from_pretrained`` and ``PreTrainedTokenizerFast.from_pretrained``.
+    """
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = cfg or TinyModelConfig()
+    key = hashlib.sha256(json.dumps(cfg.model_dump(), sort_keys=True).encode()).hexdigest()[:12]
+    out = (cache_dir or default_cache_dir()) / f"tiny-qwen2-{key}"
+    if (out / "config.json").exists() and (out / "tokenizer.json").exists():
+        return out
+    if verbose:
+        print(f"relayrl: building the tiny default model in {out} ...", flush=True)
+    tokenizer = _train_tokenizer(cfg.vocab_size)
+    if cfg.hidden_size % cfg.num_heads:
+        raise ValueError(f"model.tiny: hidden_size={cfg.hidden_size} must be divisible by num_heads={cfg.num_heads}")
+    mcfg = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        rope_theta=10000.0,
+    )
+    torch.manual_seed(cfg.seed)
+    model = Qwen2ForCausalLM(mcfg)
+    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(tmp, out)
+    except OSError:  # another process built it first
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
