@@ -1,0 +1,329 @@
+"""Advantage estimators for RL post-training, and one dispatch by config name.
+
+Implemented (config name -> paper):
+
+* ``"gae"`` -- Generalised Advantage Estimation (Schulman et al. 2016; PPO for
+  RLHF as in Ouyang et al. 2022; seed 001 eqs. 2-3).
+* ``"grpo"`` -- group-normalised outcome advantage (Shao et al. 2024,
+  DeepSeekMath; seed 001 eq. 4). ``"drgrpo"`` is the same without the std
+  division (Liu et al. 2025, Dr.GRPO).
+* ``"rloo"`` -- REINFORCE leave-one-out baseline (Ahmadian et al. 2024).
+* ``"reinforce++"`` -- discounted token returns of the (KL-penalised) token
+  rewards, whitened over the batch (Hu 2025, REINFORCE++).
+* ``"reinforce++-baseline"`` -- group-mean-subtracted outcome reward, whitened
+  over the batch (REINFORCE++ paper, baseline variant).
+* ``"remax"`` -- reward minus the reward of the greedy rollout of the same
+  prompt (Li et al. 2024, ReMax).
+
+Groups are identified by a ``group_ids [N]`` tensor (any integer ids, in any
+order); groups may have different sizes. ``N`` is the number of responses,
+``[B, T]`` the response-token layout with ``B == N``.
+
+Departures from the papers:
+
+* GAE and the discounted returns skip masked positions (a masked token neither
+  takes part nor cuts the recursion), so responses with holes (tool outputs in
+  multi-turn rollouts) still propagate credit; for right-padded masks this is
+  the usual recursion.
+* A group of one response gets advantage 0 (no baseline information), never
+  NaN; all-equal rewards give 0. The GRPO std is the unbiased (Bessel) std
+  over the group, and ``eps`` is added to it, not to the variance.
+* ``"reinforce++-baseline"`` uses the outcome rewards only; its KL term is
+  expected as a loss term (as in the paper), not in ``token_rewards``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from relayrl.algorithms._checks import (
+    as_float_mask,
+    check_batch,
+    check_ndim,
+    check_nonempty,
+    check_rows,
+    check_same_shape,
+)
+from relayrl.algorithms._ops import (
+    group_index,
+    group_mean_std,
+    group_sum_count,
+    masked_discounted_returns,
+    masked_next_values,
+    masked_whiten,
+)
+
+Tensor = torch.Tensor
+
+ESTIMATORS: tuple[str, ...] = (
+    "grpo",
+    "drgrpo",
+    "rloo",
+    "reinforce++",
+    "reinforce++-baseline",
+    "remax",
+    "gae",
+)
+
+
+def _check_outcome(rewards: Tensor, group_ids: Tensor) -> None:
+    check_nonempty("rewards", rewards)
+    check_ndim("rewards", rewards, 1)
+    check_same_shape(rewards=rewards, group_ids=group_ids)
+    if group_ids.is_floating_point():
+        raise ValueError(f"group_ids must be an integer tensor, got dtype {group_ids.dtype}")
+
+
+def gae(
+    token_rewards: Tensor,
+    values: Tensor,
+    mask: Tensor,
+    gamma: float,
+    lam: float,
+    *,
+    whiten: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Generalised Advantage Estimation over the valid response tokens.
+
+    ``delta_t = r_t + gamma * V_{t+1} - V_t`` and
+    ``A_t = delta_t + gamma * lam * A_{t+1}`` where ``t+1`` is the next *valid*
+    token of the row and ``V`` after the last valid token is 0.
+
+    Args:
+        token_rewards: ``[B, T]`` per-token rewards (outcome at the last token,
+            optionally minus a per-token KL penalty).
+        values: ``[B, T]`` critic values ``V(s_t)`` (detached by the caller or not;
+            the result is computed under ``no_grad``).
+        mask: ``[B, T]`` 1 on valid response tokens.
+        gamma: discount in ``[0, 1]``.
+        lam: GAE lambda in ``[0, 1]``.
+        whiten: whiten the advantages over the valid tokens of the batch.
+
+    Returns:
+        ``(advantages [B, T], returns [B, T])`` with ``returns = A + V``; both 0
+        at masked positions.
+    """
+    check_ndim("token_rewards", token_rewards, 2)
+    check_batch(token_rewards=token_rewards, values=values, mask=mask)
+    _check_discount("gamma", gamma)
+    _check_discount("lam", lam)
+    with torch.no_grad():
+        m = as_float_mask(mask, values)
+        v = values.detach().to(token_rewards.dtype) * m
+        r = token_rewards.detach() * m
+        delta = (r + gamma * masked_next_values(v, mask) - v) * m
+        adv = masked_discounted_returns(delta, mask, gamma * lam)
+        returns = (adv + v) * m
+        if whiten:
+            adv = masked_whiten(adv, m)
+    return adv, returns
+
+
+def grpo(
+    rewards: Tensor, group_ids: Tensor, *, normalize_std: bool = True, eps: float = 1e-6
+) -> Tensor:
+    """GRPO outcome advantage ``(r_i - mean_g) / (std_g + eps)`` (seed 001 eq. 4).
+
+    Args:
+        rewards: ``[N]`` scalar reward per response.
+        group_ids: ``[N]`` integer id of each response's prompt group.
+        normalize_std: divide by the group std; ``False`` is Dr.GRPO.
+        eps: added to the std.
+
+    Returns:
+        ``[N]`` advantages (0 for a group of one or with all-equal rewards).
+    """
+    _check_outcome(rewards, group_ids)
+    with torch.no_grad():
+        index, num_groups = group_index(group_ids)
+        x = rewards.detach().to(torch.promote_types(rewards.dtype, torch.float32))
+        mean, std, _ = group_mean_std(x, index, num_groups)
+        adv = x - mean
+        if normalize_std:
+            adv = adv / (std + eps)
+    return adv
+
+
+def rloo(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    """RLOO advantage ``r_i - mean_{j != i} r_j`` within each group.
+
+    Args:
+        rewards: ``[N]``; group_ids: ``[N]``.
+
+    Returns:
+        ``[N]`` advantages; 0 for a group of one.
+    """
+    _check_outcome(rewards, group_ids)
+    with torch.no_grad():
+        index, num_groups = group_index(group_ids)
+        x = rewards.detach().to(torch.promote_types(rewards.dtype, torch.float32))
+        sums, counts = group_sum_count(x, index, num_groups)
+        n = counts[index]
+        baseline = (sums[index] - x) / (n - 1.0).clamp(min=1.0)
+        adv = torch.where(n > 1, x - baseline, torch.zeros_like(x))
+    return adv
+
+
+def outcome_to_token_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
+    """Place each ``rewards [N]`` on the last valid token of ``mask [N, T]``."""
+    check_nonempty("rewards", rewards)
+    check_rows("rewards", rewards, "mask", mask)
+    valid = mask.bool()
+    T = mask.shape[1]
+    pos = torch.arange(T, device=mask.device).expand_as(valid)
+    last = torch.where(valid, pos, torch.full_like(pos, -1)).amax(dim=1)
+    out = torch.zeros(mask.shape, dtype=torch.promote_types(rewards.dtype, torch.float32), device=mask.device)
+    has = last >= 0
+    out[has, last[has]] = rewards[has].to(out.dtype)
+    return out
+
+
+def reinforce_pp(
+    token_rewards: Tensor, mask: Tensor, *, gamma: float = 1.0, eps: float = 1e-8
+) -> Tensor:
+    """REINFORCE++: discounted token returns, whitened over the batch's valid tokens.
+
+    Args:
+        token_rewards: ``[B, T]`` rewards with the KL penalty already folded in
+            (see :func:`relayrl.algorithms.kl.kl_penalty_rewards`).
+        mask: ``[B, T]``.
+        gamma: discount.
+
+    Returns:
+        ``[B, T]`` advantages, 0 at masked positions.
+    """
+    check_ndim("token_rewards", token_rewards, 2)
+    check_batch(token_rewards=token_rewards, mask=mask)
+    _check_discount("gamma", gamma)
+    with torch.no_grad():
+        m = as_float_mask(mask, token_rewards)
+        returns = masked_discounted_returns(token_rewards.detach() * m, mask, gamma)
+        return masked_whiten(returns, m, eps=eps)
+
+
+def reinforce_pp_baseline(
+    rewards: Tensor, group_ids: Tensor, mask: Tensor, *, eps: float = 1e-8
+) -> Tensor:
+    """REINFORCE++-baseline: ``r_i - mean_g``, broadcast over tokens, whitened over the batch.
+
+    Args:
+        rewards: ``[N]``; group_ids: ``[N]``; mask: ``[N, T]``.
+
+    Returns:
+        ``[N, T]`` advantages, 0 at masked positions.
+    """
+    centred = grpo(rewards, group_ids, normalize_std=False)
+    check_rows("rewards", rewards, "mask", mask)
+    with torch.no_grad():
+        m = as_float_mask(mask, centred)
+        return masked_whiten(centred.unsqueeze(1) * m, m, eps=eps)
+
+
+def remax(rewards: Tensor, baseline_rewards: Tensor) -> Tensor:
+    """ReMax advantage ``r_i - b_i`` with ``b_i`` the reward of the greedy rollout.
+
+    Args:
+        rewards: ``[N]`` sampled-response rewards.
+        baseline_rewards: ``[N]`` reward of the greedy response to the same prompt.
+
+    Returns:
+        ``[N]`` advantages.
+    """
+    check_nonempty("rewards", rewards)
+    check_ndim("rewards", rewards, 1)
+    check_same_shape(rewards=rewards, baseline_rewards=baseline_rewards)
+    return (rewards.detach() - baseline_rewards.detach().to(rewards.dtype)).to(
+        torch.promote_types(rewards.dtype, torch.float32)
+    )
+
+
+def compute(
+    estimator: str,
+    *,
+    rewards: Tensor,
+    group_ids: Tensor,
+    mask: Tensor,
+    token_rewards: Tensor | None = None,
+    values: Tensor | None = None,
+    baseline_rewards: Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+    whiten: bool = False,
+) -> Tensor:
+    """Advantages ``[B, T]`` by estimator name (one of :data:`ESTIMATORS`).
+
+    Outcome estimators (grpo, drgrpo, rloo, remax) broadcast the per-sequence
+    advantage over ``mask``. Token estimators use ``token_rewards`` when given,
+    else the outcome ``rewards`` placed on each row's last valid token.
+
+    Args:
+        estimator: config name.
+        rewards: ``[N]`` outcome reward per response (``N == B``).
+        group_ids: ``[N]`` prompt-group id per response.
+        mask: ``[B, T]`` valid response tokens.
+        token_rewards: ``[B, T]`` per-token rewards (reinforce++, gae).
+        values: ``[B, T]`` critic values (required by gae).
+        baseline_rewards: ``[N]`` greedy-rollout rewards (required by remax).
+        gamma, lam: discount and GAE lambda.
+        normalize_std: std division for grpo (drgrpo forces ``False``).
+        eps: std epsilon for grpo.
+        whiten: whiten GAE advantages over the batch (ignored by others).
+    """
+    fn = _DISPATCH.get(estimator)
+    if fn is None:
+        raise ValueError(
+            f"unknown advantage estimator {estimator!r}; valid names: {', '.join(ESTIMATORS)}"
+        )
+    check_nonempty("rewards", rewards)
+    check_rows("rewards", rewards, "mask", mask)
+    check_same_shape(mask=mask, token_rewards=token_rewards, values=values)
+    args = dict(
+        rewards=rewards, group_ids=group_ids, mask=mask, token_rewards=token_rewards,
+        values=values, baseline_rewards=baseline_rewards, gamma=gamma, lam=lam,
+        normalize_std=normalize_std, eps=eps, whiten=whiten,
+    )
+    return fn(**args)
+
+
+def _broadcast(adv: Tensor, mask: Tensor) -> Tensor:
+    return adv.unsqueeze(1) * as_float_mask(mask, adv)
+
+
+def _token_rewards(a: dict) -> Tensor:
+    if a["token_rewards"] is not None:
+        return a["token_rewards"]
+    return outcome_to_token_rewards(a["rewards"], a["mask"])
+
+
+def _need(a: dict, key: str, estimator: str) -> Tensor:
+    if a[key] is None:
+        raise ValueError(f"advantage estimator {estimator!r} needs {key}; pass {key}=...")
+    return a[key]
+
+
+_DISPATCH: dict[str, Callable[..., Tensor]] = {
+    "grpo": lambda **a: _broadcast(
+        grpo(a["rewards"], a["group_ids"], normalize_std=a["normalize_std"], eps=a["eps"]), a["mask"]
+    ),
+    "drgrpo": lambda **a: _broadcast(
+        grpo(a["rewards"], a["group_ids"], normalize_std=False, eps=a["eps"]), a["mask"]
+    ),
+    "rloo": lambda **a: _broadcast(rloo(a["rewards"], a["group_ids"]), a["mask"]),
+    "reinforce++": lambda **a: reinforce_pp(_token_rewards(a), a["mask"], gamma=a["gamma"]),
+    "reinforce++-baseline": lambda **a: reinforce_pp_baseline(a["rewards"], a["group_ids"], a["mask"]),
+    "remax": lambda **a: _broadcast(
+        remax(a["rewards"], _need(a, "baseline_rewards", "remax")), a["mask"]
+    ),
+    "gae": lambda **a: gae(
+        _token_rewards(a), _need(a, "values", "gae"), a["mask"], a["gamma"], a["lam"], whiten=a["whiten"]
+    )[0],
+}
+
+
+def _check_discount(name: str, x: float) -> None:
+    if not 0.0 <= float(x) <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {x}")

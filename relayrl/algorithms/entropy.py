@@ -1,0 +1,82 @@
+"""Token entropy of the policy from logits, chunked over positions.
+
+``H_t = logsumexp(z_t) - sum_v softmax(z_t)_v * z_{t,v}`` for logits ``z``
+``[B, T, V]``. Entropy is both a monitored metric (entropy collapse is what
+DAPO's clip-higher addresses, seed 001 section 3.2.1) and an optional bonus
+term in the loss.
+
+Memory: a full-vocabulary softmax in fp32 over ``B*T`` positions costs as much
+as the logits again. Positions are processed ``chunk_size`` at a time, each
+chunk upcast to fp32 on its own. With gradients, each chunk runs under
+activation checkpointing so the softmax of only one chunk is alive in
+backward; without gradients (``grad=False`` or :func:`entropy_metric`) it runs
+under ``no_grad``. Masked positions are 0.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from relayrl.algorithms._checks import check_ndim, check_nonempty, to_floats
+from relayrl.algorithms._ops import masked_mean
+
+Tensor = torch.Tensor
+
+
+def _entropy_rows(logits: Tensor) -> Tensor:
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    logz = torch.logsumexp(z, dim=-1)
+    p = torch.softmax(z, dim=-1)
+    return logz - (p * z).sum(dim=-1)
+
+
+def entropy_from_logits(
+    logits: Tensor,
+    mask: Tensor | None = None,
+    *,
+    chunk_size: int = 1024,
+    grad: bool = True,
+) -> Tensor:
+    """Per-token entropy ``[B, T]`` (fp32, or the logits' dtype if wider).
+
+    Args:
+        logits: ``[B, T, V]``.
+        mask: ``[B, T]``; entropy is 0 where the mask is 0.
+        chunk_size: positions (of ``B*T``) processed per chunk.
+        grad: keep the graph (checkpointed per chunk) when ``logits`` require
+            grad; ``False`` computes under ``no_grad`` for metrics.
+    """
+    check_nonempty("logits", logits)
+    check_ndim("logits", logits, 3)
+    if mask is not None and tuple(mask.shape) != tuple(logits.shape[:2]):
+        raise ValueError(
+            f"shape mismatch: logits has shape {tuple(logits.shape)} but mask has shape "
+            f"{tuple(mask.shape)}; need mask.shape == logits.shape[:2]"
+        )
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
+    B, T, V = logits.shape
+    flat = logits.reshape(B * T, V)
+    track = grad and logits.requires_grad and torch.is_grad_enabled()
+    with torch.set_grad_enabled(track):
+        parts = []
+        for start in range(0, B * T, chunk_size):
+            rows = flat[start : start + chunk_size]
+            if track:
+                parts.append(checkpoint(_entropy_rows, rows, use_reentrant=False))
+            else:
+                parts.append(_entropy_rows(rows))
+        ent = torch.cat(parts).reshape(B, T)
+        if mask is not None:
+            ent = torch.where(mask.bool(), ent, torch.zeros_like(ent))
+    return ent
+
+
+def entropy_metric(
+    logits: Tensor, mask: Tensor, *, chunk_size: int = 1024, key: str = "actor/entropy"
+) -> dict[str, float]:
+    """Mean token entropy over valid positions, under ``no_grad``: ``{key: float}``."""
+    with torch.no_grad():
+        ent = entropy_from_logits(logits, mask, chunk_size=chunk_size, grad=False)
+        return to_floats({key: masked_mean(ent, mask)})

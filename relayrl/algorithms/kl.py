@@ -1,0 +1,193 @@
+"""KL divergence to the reference policy: estimators, penalties, controllers.
+
+Per-token estimators of ``KL(pi || pi_ref)`` from samples of ``pi`` (Schulman,
+"Approximating KL Divergence", 2020), with ``d = logp - ref_logp``:
+
+* ``"k1"`` -- ``d``: unbiased, high variance, can be negative.
+* ``"k2"`` (alias ``"mse"``) -- ``d**2 / 2``: biased, low variance, >= 0.
+* ``"k3"`` (alias ``"low_var_kl"``) -- ``exp(-d) - 1 + d``: unbiased, >= 0;
+  the GRPO KL term (Shao et al. 2024, seed 001 eq. 5).
+* ``"abs"`` -- ``|d|``.
+
+The KL is used either as a loss term (:func:`kl_loss`, GRPO) or folded into
+the per-token reward (:func:`kl_penalty_rewards`, PPO-RLHF as in Ouyang et al.
+2022 and REINFORCE++), with a fixed or adaptive coefficient (Ziegler et al.
+2019, "Fine-Tuning Language Models from Human Preferences").
+
+Departures: ``d`` is clamped to ``[-20, 20]`` before ``exp`` and k3 is clamped
+to ``[-10, 10]`` (as verl does) so one wild token cannot produce ``inf``;
+inside the clamp range the values are exact.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from relayrl.algorithms._checks import as_float_mask, check_batch, check_ndim, to_floats
+from relayrl.algorithms._ops import masked_mean
+from relayrl.algorithms.aggregation import aggregate
+
+Tensor = torch.Tensor
+
+KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3", "abs")
+KL_ALIASES: dict[str, str] = {"mse": "k2", "low_var_kl": "k3"}
+
+_LOG_CLAMP = 20.0
+_K3_CLAMP = 10.0
+
+
+def canonical_kind(kind: str) -> str:
+    """Map an alias (``"mse"``, ``"low_var_kl"``) to its canonical kind name."""
+    name = KL_ALIASES.get(kind, kind)
+    if name not in KL_KINDS:
+        valid = ", ".join(KL_KINDS + tuple(KL_ALIASES))
+        raise ValueError(f"unknown KL estimator {kind!r}; valid kinds: {valid}")
+    return name
+
+
+def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, kind: str) -> Tensor:
+    """Per-token KL estimate ``[B, T]`` (differentiable in ``logprobs``).
+
+    Args:
+        logprobs: ``[B, T]`` log-probs of the sampled tokens under the policy.
+        ref_logprobs: ``[B, T]`` log-probs of the same tokens under the reference.
+        kind: ``"k1"``, ``"k2"``/``"mse"``, ``"k3"``/``"low_var_kl"`` or ``"abs"``.
+    """
+    name = canonical_kind(kind)
+    check_batch(logprobs=logprobs, ref_logprobs=ref_logprobs)
+    d = logprobs - ref_logprobs
+    if name == "k1":
+        return d
+    if name == "abs":
+        return d.abs()
+    if name == "k2":
+        return 0.5 * d.square()
+    d = d.clamp(-_LOG_CLAMP, _LOG_CLAMP)
+    return (torch.exp(-d) - 1.0 + d).clamp(-_K3_CLAMP, _K3_CLAMP)
+
+
+def kl_loss(
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    mask: Tensor,
+    *,
+    kind: str = "k3",
+    agg: str = "token-mean",
+    global_tokens: int | None = None,
+    global_seqs: int | None = None,
+    constant: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """KL to the reference as a loss term (GRPO), aggregated like the policy loss.
+
+    Returns ``(loss scalar, {"actor/kl_loss", "actor/ref_kl_k1"})``; the caller
+    multiplies the loss by its coefficient.
+    """
+    check_ndim("logprobs", logprobs, 2)
+    check_batch(logprobs=logprobs, ref_logprobs=ref_logprobs, mask=mask)
+    kl = kl_estimate(logprobs, ref_logprobs, kind)
+    loss = aggregate(kl, mask, agg, global_tokens=global_tokens, global_seqs=global_seqs, constant=constant)
+    with torch.no_grad():
+        metrics = {
+            "actor/kl_loss": loss.detach(),
+            "actor/ref_kl_k1": masked_mean((logprobs - ref_logprobs).detach(), mask),
+        }
+    return loss, to_floats(metrics)
+
+
+def kl_penalty_rewards(
+    token_rewards: Tensor,
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    mask: Tensor,
+    coef: float,
+    kind: str = "k1",
+) -> tuple[Tensor, dict[str, float]]:
+    """Fold a KL penalty into per-token rewards: ``r_t - coef * kl_t`` on valid tokens.
+
+    Args:
+        token_rewards: ``[B, T]`` rewards (e.g. outcome on the last token).
+        logprobs, ref_logprobs: ``[B, T]`` policy and reference log-probs.
+        mask: ``[B, T]``.
+        coef: KL coefficient (``controller.value``).
+        kind: KL estimator.
+
+    Returns:
+        ``(rewards [B, T] detached, 0 at masked positions, metrics)`` with
+        ``"actor/reward_kl"`` the mean per-token KL (feed it to
+        ``controller.update``) and ``"actor/kl_coef"``.
+    """
+    check_ndim("token_rewards", token_rewards, 2)
+    check_batch(token_rewards=token_rewards, logprobs=logprobs, ref_logprobs=ref_logprobs, mask=mask)
+    with torch.no_grad():
+        m = as_float_mask(mask, token_rewards)
+        kl = kl_estimate(logprobs.detach(), ref_logprobs.detach(), kind) * m
+        out = (token_rewards.detach() - coef * kl) * m
+        seq_kl = kl.sum(dim=1)
+        metrics = {
+            "actor/reward_kl": masked_mean(kl, m),
+            "actor/reward_kl_seq_mean": seq_kl.mean(),
+            "actor/kl_coef": float(coef),
+        }
+    return out, to_floats(metrics)
+
+
+@dataclass
+class FixedKLController:
+    """A constant KL coefficient; ``update`` only records the observed KL."""
+
+    coef: float
+    last_kl: float | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.coef < 0 or not math.isfinite(self.coef):
+            raise ValueError(f"coef must be a finite number >= 0, got {self.coef}")
+
+    @property
+    def value(self) -> float:
+        return self.coef
+
+    def update(self, current_kl: float, n_steps: int) -> float:
+        """Record ``current_kl``; the coefficient stays fixed. Returns it."""
+        self.last_kl = float(current_kl)
+        return self.coef
+
+
+@dataclass
+class AdaptiveKLController:
+    """Adaptive coefficient of Ziegler et al. (2019), section 2.2.
+
+    ``e = clip(KL / target - 1, -0.2, 0.2)`` and
+    ``coef <- coef * (1 + e * n_steps / horizon)``: the coefficient rises when
+    the measured KL is above ``target`` and falls when below.
+    """
+
+    init_coef: float
+    target: float
+    horizon: int
+    coef: float = field(init=False)
+    last_kl: float | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.init_coef < 0 or not math.isfinite(self.init_coef):
+            raise ValueError(f"init_coef must be a finite number >= 0, got {self.init_coef}")
+        if self.target <= 0:
+            raise ValueError(f"target must be > 0, got {self.target}")
+        if self.horizon <= 0:
+            raise ValueError(f"horizon must be > 0, got {self.horizon}")
+        self.coef = float(self.init_coef)
+
+    @property
+    def value(self) -> float:
+        return self.coef
+
+    def update(self, current_kl: float, n_steps: int) -> float:
+        """Adapt the coefficient after ``n_steps`` samples (or steps) at ``current_kl``."""
+        if n_steps < 0:
+            raise ValueError(f"n_steps must be >= 0, got {n_steps}")
+        self.last_kl = float(current_kl)
+        error = min(max(self.last_kl / self.target - 1.0, -0.2), 0.2)
+        self.coef *= 1.0 + error * n_steps / self.horizon
+        return self.coef

@@ -1,0 +1,148 @@
+"""Clipped policy-gradient loss (PPO / GRPO / DAPO / GSPO) and loss aggregation.
+
+Implements the PPO clipped surrogate (Schulman et al. 2017; seed 001 eq. 1) as
+a loss to minimise, per token::
+
+    pg_t = max(-A_t * r_t, -A_t * clip(r_t, 1 - clip_low, 1 + clip_high))
+
+with
+
+* decoupled bounds ``clip_low`` / ``clip_high`` -- DAPO clip-higher (Yu et al.
+  2025, seed 001 eq. 10; DAPO uses 0.2 / 0.28). Equal bounds are PPO/GRPO.
+* optional dual-clip for negative advantages (Ye et al. 2020, "Mastering
+  Complex Control in MOBA Games"): ``pg_t = min(pg_t, -A_t * dual_clip)`` when
+  ``A_t < 0``, bounding the loss of a token whose ratio has exploded.
+* ``level="sequence"``: GSPO (Zheng et al. 2025) sequence-level ratio
+  ``s_i = exp(mean_t log(pi/pi_old))`` in its "GSPO-token" form
+  ``sg[s_i] * pi_t / sg[pi_t]``: the value is ``s_i`` on every token and the
+  gradient equals GSPO's when the advantage is constant over the sequence.
+* optional per-token importance weights ``is_weights`` (detached) multiplying
+  the token loss: off-policy correction between the rollout engine and the
+  trainer (see :mod:`relayrl.algorithms.offpolicy`).
+
+The aggregation over tokens is a separate choice (``agg``, see
+:mod:`relayrl.algorithms.aggregation`): GRPO is this loss with equal bounds and
+``"seq-mean-token-mean"``; DAPO with ``clip_high > clip_low`` and
+``"token-mean"``.
+
+Departures: log-ratios are clamped to ``[-20, 20]`` before ``exp``; metrics are
+over this call's valid tokens (a micro-batch), not the global batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from relayrl.algorithms._checks import as_float_mask, check_batch, check_ndim, to_floats
+from relayrl.algorithms._ops import masked_mean
+from relayrl.algorithms.aggregation import AGG_MODES, aggregate, count_tokens_and_seqs
+
+Tensor = torch.Tensor
+
+__all__ = ["AGG_MODES", "LEVELS", "aggregate", "count_tokens_and_seqs", "policy_loss"]
+
+LEVELS: tuple[str, ...] = ("token", "sequence")
+_LOG_CLAMP = 20.0
+
+
+def policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    agg: str = "token-mean",
+    level: str = "token",
+    is_weights: Tensor | None = None,
+    global_tokens: int | None = None,
+    global_seqs: int | None = None,
+    constant: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Clipped surrogate loss (to minimise) and its metrics.
+
+    Args:
+        logprobs: ``[B, T]`` log-probs of the sampled tokens under the policy
+            being trained (requires grad).
+        old_logprobs: ``[B, T]`` log-probs under the policy that the ratio is
+            taken against (the old policy; detached here).
+        advantages: ``[B, T]`` per-token advantages (detached here).
+        mask: ``[B, T]`` 1 on valid response tokens.
+        clip_low, clip_high: ratio bounds ``[1 - clip_low, 1 + clip_high]``.
+        dual_clip: ``c > 1`` bounding the loss of negative-advantage tokens by
+            ``-A * c``; ``None`` disables it.
+        agg: aggregation mode (:data:`AGG_MODES`).
+        level: ``"token"`` (PPO ratio) or ``"sequence"`` (GSPO ratio).
+        is_weights: ``[B, T]`` importance weights multiplying the token loss.
+        global_tokens, global_seqs, constant: normalisers passed to
+            :func:`aggregate` for micro-batch / data-parallel exactness.
+
+    Returns:
+        ``(loss, metrics)``; metrics: ``actor/pg_loss``, ``actor/clip_frac_low``
+        (ratio below ``1 - clip_low`` with ``A < 0``: clipped), ``actor/clip_frac_high``
+        (ratio above ``1 + clip_high`` with ``A > 0``), ``actor/clip_frac``,
+        ``actor/dual_clip_frac``, ``actor/approx_kl`` (k3 estimate ``(r - 1) - log r`` of
+        ``KL(pi_old || pi)``), ``actor/ratio_mean``, ``actor/ratio_max``,
+        ``actor/ratio_min``.
+    """
+    check_ndim("logprobs", logprobs, 2)
+    check_batch(
+        logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask,
+        is_weights=is_weights,
+    )
+    if level not in LEVELS:
+        raise ValueError(f"unknown ratio level {level!r}; valid levels: {', '.join(LEVELS)}")
+    if clip_low < 0 or clip_low >= 1:
+        raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
+    if clip_high < 0:
+        raise ValueError(f"clip_high must be >= 0, got {clip_high}")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
+
+    m = as_float_mask(mask, logprobs)
+    valid = m > 0
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    adv = torch.where(valid, advantages.detach().to(logprobs.dtype), zero)
+    log_ratio = torch.where(valid, logprobs - old_logprobs.detach().to(logprobs.dtype), zero)
+    if level == "sequence":
+        seq_log_ratio = (log_ratio * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
+        log_ratio = seq_log_ratio.detach().unsqueeze(1) + logprobs - logprobs.detach()
+        log_ratio = torch.where(valid, log_ratio, zero)
+    ratio = torch.exp(log_ratio.clamp(-_LOG_CLAMP, _LOG_CLAMP))
+
+    loss_unclipped = -adv * ratio
+    loss_clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    pg = torch.maximum(loss_unclipped, loss_clipped)
+    dual_active = None
+    if dual_clip is not None:
+        dual_bound = -adv * dual_clip
+        dual_active = (adv < 0) & (pg > dual_bound) & valid
+        pg = torch.where(adv < 0, torch.minimum(pg, dual_bound), pg)
+    if is_weights is not None:
+        pg = pg * is_weights.detach().to(pg.dtype)
+    loss = aggregate(
+        pg, mask, agg, global_tokens=global_tokens, global_seqs=global_seqs, constant=constant
+    )
+
+    with torch.no_grad():
+        r = ratio.detach()
+        lr = log_ratio.detach()
+        low = (r < 1.0 - clip_low) & (adv < 0) & valid
+        high = (r > 1.0 + clip_high) & (adv > 0) & valid
+        metrics: dict[str, Tensor | float] = {
+            "actor/pg_loss": loss.detach(),
+            "actor/clip_frac_low": masked_mean(low.to(m.dtype), m),
+            "actor/clip_frac_high": masked_mean(high.to(m.dtype), m),
+            "actor/clip_frac": masked_mean((low | high).to(m.dtype), m),
+            "actor/approx_kl": masked_mean(torch.expm1(lr.clamp(-_LOG_CLAMP, _LOG_CLAMP)) - lr, m),
+            "actor/ratio_mean": masked_mean(r, m),
+        }
+        r_valid = r[valid]
+        one = torch.ones((), dtype=r.dtype, device=r.device)
+        metrics["actor/ratio_max"] = r_valid.max() if r_valid.numel() else one
+        metrics["actor/ratio_min"] = r_valid.min() if r_valid.numel() else one
+        if dual_active is not None:
+            metrics["actor/dual_clip_frac"] = masked_mean(dual_active.to(m.dtype), m)
+    return loss, to_floats(metrics)

@@ -1,0 +1,103 @@
+"""Critic loss with value clipping, and the explained-variance metric (PPO).
+
+The clipped value loss follows the PPO implementation used for RLHF
+(Schulman et al. 2017; Ouyang et al. 2022; seed 001 section on PPO)::
+
+    v_clip = old_v + clip(v - old_v, -clip, clip)
+    loss_t = 0.5 * max((v - R)^2, (v_clip - R)^2)
+
+Departures: none in the formula; ``clip=None`` gives the plain squared error.
+Explained variance is ``1 - Var(R - V) / Var(R)`` over valid tokens and is NaN
+when the returns have zero variance (it is undefined there).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from relayrl.algorithms._checks import as_float_mask, check_batch, check_ndim, to_floats
+from relayrl.algorithms._ops import masked_mean
+from relayrl.algorithms.aggregation import aggregate
+
+Tensor = torch.Tensor
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    *,
+    clip: float | None = 0.2,
+    agg: str = "token-mean",
+    global_tokens: int | None = None,
+    global_seqs: int | None = None,
+    constant: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Clipped value loss.
+
+    Args:
+        values: ``[B, T]`` current critic predictions (requires grad).
+        old_values: ``[B, T]`` predictions at rollout time (detached here).
+        returns: ``[B, T]`` targets, e.g. GAE returns (detached here).
+        mask: ``[B, T]``.
+        clip: clip range around ``old_values``; ``None`` disables clipping.
+        agg, global_tokens, global_seqs, constant: see
+            :func:`relayrl.algorithms.aggregation.aggregate`.
+
+    Returns:
+        ``(loss, metrics)`` with ``critic/vf_loss``, ``critic/vf_clip_frac``,
+        ``critic/vpred_mean``, ``critic/returns_mean``, ``critic/explained_variance``.
+    """
+    check_ndim("values", values, 2)
+    check_batch(values=values, old_values=old_values, returns=returns, mask=mask)
+    if clip is not None and clip <= 0:
+        raise ValueError(f"clip must be > 0 or None, got {clip}")
+    m = as_float_mask(mask, values)
+    valid = m > 0
+    zero = torch.zeros((), dtype=values.dtype, device=values.device)
+    old = torch.where(valid, old_values.detach().to(values.dtype), zero)
+    target = torch.where(valid, returns.detach().to(values.dtype), zero)
+    v = torch.where(valid, values, zero)
+    err = (v - target).square()
+    if clip is None:
+        per_token = 0.5 * err
+        clipped = torch.zeros_like(err, dtype=torch.bool)
+    else:
+        v_clip = old + (v - old).clamp(-clip, clip)
+        err_clip = (v_clip - target).square()
+        per_token = 0.5 * torch.maximum(err, err_clip)
+        clipped = err_clip > err
+    loss = aggregate(
+        per_token, mask, agg, global_tokens=global_tokens, global_seqs=global_seqs, constant=constant
+    )
+    with torch.no_grad():
+        metrics = to_floats(
+            {
+                "critic/vf_loss": loss.detach(),
+                "critic/vf_clip_frac": masked_mean((clipped & valid).to(m.dtype), m),
+                "critic/vpred_mean": masked_mean(v.detach(), m),
+                "critic/returns_mean": masked_mean(target, m),
+            }
+        )
+    metrics["critic/explained_variance"] = explained_variance(values, returns, mask)
+    return loss, metrics
+
+
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
+    """``1 - Var(R - V) / Var(R)`` over valid tokens of ``[B, T]`` tensors.
+
+    1 is a perfect critic, 0 no better than a constant, negative worse; NaN
+    when the returns are constant (or fewer than two valid tokens).
+    """
+    check_batch(values=values, returns=returns, mask=mask)
+    with torch.no_grad():
+        valid = mask.bool()
+        v = values.detach()[valid].double()
+        r = returns.detach()[valid].double()
+        if r.numel() < 2:
+            return float("nan")
+        var_r = r.var()
+        if var_r.item() == 0.0:
+            return float("nan")
+        return float((1.0 - (r - v).var() / var_r).item())
