@@ -1,0 +1,31 @@
+"""Sample dock: a partitioned columnar store with per-stage controllers and streaming loaders.
+
+Seeds 000 (MindSpeed-RL transfer dock) and 002 (AsyncFlow TransferQueue); see
+``dock.py`` and ``controller.py`` for what is implemented and what changed.
+
+    dock = Dock(units=2, backend="local", lease_s=30.0)
+    dock.open_partition("step-0", rows=2048)
+    idx = dock.put("step-0", {"prompt_ids": [...], "response_ids": [...]})
+    dock.put("step-0", {"ref_logprobs": [...]}, indexes=idx)
+    for batch in dock.stream("step-0", stage="update", columns=["response_ids", "ref_logprobs"], batch_size=256):
+        batch["response_ids"]   # one unpadded 1-D tensor per row
+        batch.ack()
+    dock.close_partition("step-0")
+"""
+
+from .config import DockConfig, DockError, DockWriteError, LeaseLostError, PartitionClosedError, StageSpec
+from .dock import Dock
+from .loader import Batch, StreamLoader, balance_shards
+
+__all__ = [
+    "Batch",
+    "Dock",
+    "DockConfig",
+    "DockError",
+    "DockWriteError",
+    "LeaseLostError",
+    "PartitionClosedError",
+    "StageSpec",
+    "StreamLoader",
+    "balance_shards",
+]

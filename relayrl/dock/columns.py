@@ -1,0 +1,162 @@
+"""Ragged columns: one tensor per row in memory, one flat buffer + lengths on the wire.
+
+Seed 002 (TransferQueue) keeps variable-length data unpadded by concatenating
+along the sequence dimension and restoring rows from length metadata; this
+module does the same. A row value is a tensor of shape ``[L_i, *tail]`` (ragged
+on dim 0, ``tail`` fixed per column) or a 0-d tensor (a scalar column). The
+packed form is a numpy buffer (numpy, because Ray hands numpy arrays over
+without a copy while torch tensors are pickled) of shape ``[sum_i L_i, *tail]``
+plus ``lengths: [n]``; for a scalar column the buffer is ``[n]``.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+# torch dtypes numpy cannot hold travel as a same-width integer view.
+_VIEW_AS = {torch.bfloat16: torch.int16}
+for _name in ("float8_e4m3fn", "float8_e5m2"):
+    if hasattr(torch, _name):
+        _VIEW_AS[getattr(torch, _name)] = torch.uint8
+
+
+@dataclass(frozen=True)
+class ColumnSchema:
+    """Dtype and per-row shape of a column, fixed by its first write.
+
+    Attributes:
+        dtype: element dtype of every row.
+        tail: row shape after the ragged dim 0 (``()`` for 1-D rows).
+        scalar: rows are 0-d tensors (``tail`` is then ``()``).
+    """
+
+    dtype: torch.dtype
+    tail: tuple[int, ...]
+    scalar: bool
+
+    def describe(self) -> str:
+        if self.scalar:
+            shape = "[]"
+        elif self.tail:
+            shape = "[L, " + ", ".join(map(str, self.tail)) + "]"
+        else:
+            shape = "[L]"
+        return f"{self.dtype} rows of shape {shape}"
+
+
+@dataclass(frozen=True)
+class PackedColumn:
+    """Rows of one column packed for transfer.
+
+    Attributes:
+        flat: ``[sum(lengths), *tail]`` (or ``[n]`` for scalars), numpy.
+        lengths: ``[n]`` int64, row lengths along dim 0 (1 for scalars).
+        schema: the column's schema, used to rebuild rows.
+    """
+
+    flat: np.ndarray
+    lengths: np.ndarray
+    schema: ColumnSchema
+
+
+def normalize_column(name: str, values: Any, n_rows: int | None) -> tuple[list[torch.Tensor], ColumnSchema]:
+    """Turn one column of a ``put`` into a list of row tensors and its schema.
+
+    Args:
+        name: column name (used in error messages).
+        values: a list/tuple with one tensor or Python/numpy scalar per row, or a
+            tensor ``[n, ...]`` whose slices along dim 0 are the rows.
+        n_rows: expected number of rows, or None to accept any.
+    Returns:
+        ``(rows, schema)``; rows are the caller's tensors (no copy) or 0-d views.
+    """
+    if isinstance(values, torch.Tensor):
+        if values.dim() == 0:
+            raise ValueError(f"column {name!r}: a 0-d tensor is one value; give a list with one value per row")
+        rows = list(values.unbind(0))
+    elif isinstance(values, (list, tuple)):
+        if len(values) == 0:
+            raise ValueError(f"column {name!r}: no rows given")
+        if all(isinstance(v, torch.Tensor) for v in values):
+            rows = list(values)
+        elif all(isinstance(v, numbers.Number) and not isinstance(v, np.generic) for v in values):
+            rows = list(torch.tensor(values).unbind(0))  # Python floats -> default dtype (float32)
+        elif all(isinstance(v, (numbers.Number, np.generic)) for v in values):
+            rows = list(torch.as_tensor(np.asarray(values)).unbind(0))
+        else:
+            rows = []
+            for i, v in enumerate(values):
+                if isinstance(v, torch.Tensor):
+                    rows.append(v)
+                elif isinstance(v, np.ndarray):
+                    rows.append(torch.from_numpy(v))
+                elif isinstance(v, (numbers.Number, np.generic)):
+                    rows.append(torch.as_tensor(v))
+                else:
+                    raise TypeError(f"column {name!r}, row {i}: expected a tensor or a scalar, got {type(v).__name__}")
+    else:
+        raise TypeError(f"column {name!r}: expected a list with one tensor or scalar per row, got {type(values).__name__}")
+    if n_rows is not None and len(rows) != n_rows:
+        raise ValueError(f"column {name!r} has {len(rows)} rows but the put has {n_rows}")
+    first = rows[0]
+    schema = ColumnSchema(dtype=first.dtype, tail=tuple(first.shape[1:]), scalar=first.dim() == 0)
+    for i, r in enumerate(rows):
+        if r.dtype != schema.dtype:
+            raise TypeError(f"column {name!r}, row {i}: dtype {r.dtype} differs from row 0 ({schema.dtype})")
+        if (r.dim() == 0) != schema.scalar or (not schema.scalar and tuple(r.shape[1:]) != schema.tail):
+            raise ValueError(f"column {name!r}, row {i}: shape {tuple(r.shape)} does not match row 0 ({schema.describe()})")
+    return rows, schema
+
+
+def row_lengths(rows: Sequence[torch.Tensor], schema: ColumnSchema) -> np.ndarray:
+    """Lengths along dim 0 of ``rows``: ``[n]`` int64 (1 for scalar rows)."""
+    if schema.scalar:
+        return np.ones(len(rows), dtype=np.int64)
+    return np.fromiter((r.shape[0] for r in rows), dtype=np.int64, count=len(rows))
+
+
+def pack(rows: Sequence[torch.Tensor], schema: ColumnSchema) -> PackedColumn:
+    """Pack row tensors into one flat CPU numpy buffer + lengths (one copy)."""
+    lengths = row_lengths(rows, schema)
+    if schema.scalar:
+        flat = torch.stack(list(rows)) if rows else torch.empty(0, dtype=schema.dtype)
+    else:
+        flat = torch.cat(list(rows)) if rows else torch.empty((0, *schema.tail), dtype=schema.dtype)
+    flat = flat.detach().cpu()
+    if flat.dtype in _VIEW_AS:
+        flat = flat.view(_VIEW_AS[flat.dtype])
+    return PackedColumn(flat=flat.numpy(), lengths=lengths, schema=schema)
+
+
+def flat_tensor(packed: PackedColumn, copy: bool = True) -> torch.Tensor:
+    """The packed buffer as a torch tensor of the column's dtype.
+
+    ``copy=True`` makes it writable (buffers from Ray's object store are read-only).
+    """
+    arr = np.array(packed.flat, copy=True) if copy or not packed.flat.flags.writeable else packed.flat
+    t = torch.from_numpy(arr)
+    if packed.schema.dtype in _VIEW_AS:
+        t = t.view(packed.schema.dtype)
+    return t
+
+
+def unpack(packed: PackedColumn) -> list[torch.Tensor]:
+    """Rows of a packed column: views into one writable flat tensor."""
+    flat = flat_tensor(packed)
+    if packed.schema.scalar:
+        return list(flat.unbind(0))
+    return list(flat.split(packed.lengths.tolist()))
+
+
+def concat_packed(parts: Sequence[PackedColumn], schema: ColumnSchema) -> PackedColumn:
+    """Concatenate packed pieces of one column (rows in the given order)."""
+    if len(parts) == 1:
+        return parts[0]
+    flat = np.concatenate([p.flat for p in parts]) if parts else np.empty(0)
+    lengths = np.concatenate([p.lengths for p in parts]) if parts else np.empty(0, dtype=np.int64)
+    return PackedColumn(flat=flat, lengths=lengths, schema=schema)

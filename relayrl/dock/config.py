@@ -1,0 +1,61 @@
+"""Config of the sample dock, its typed records and its errors.
+
+``DockConfig`` is the small pydantic model a workflow config embeds; the rest
+are the records that cross the dock's boundary (``StageSpec``) and the
+exceptions it raises, so callers can catch one family (``DockError``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class DockConfig(BaseModel):
+    """How a :class:`relayrl.dock.Dock` is built (``Dock.from_config(cfg)``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    units: int = Field(1, ge=1, description="Storage units the rows are spread over (one per node is typical on Ray).")
+    backend: Literal["local", "ray"] = Field("local", description="'local': in-process units; 'ray': one actor per unit.")
+    lease_s: float = Field(60.0, gt=0.0, description="Seconds a handed-out row stays leased before it is re-delivered.")
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """What one consuming stage needs from every row of a partition.
+
+    Attributes:
+        stage: name of the consuming stage (``"reference"``, ``"update"``, ...).
+        columns: columns a row must have before the stage may receive it.
+        whole_groups: hand out rows only as complete groups of the partition's
+            ``group_size`` consecutive indexes (all responses of one prompt).
+        token_columns: columns whose row lengths count as a row's tokens (for
+            token-budget batches and data-parallel balancing).
+    """
+
+    stage: str
+    columns: tuple[str, ...]
+    whole_groups: bool = False
+    token_columns: tuple[str, ...] = ()
+
+
+class DockError(RuntimeError):
+    """Base class of the dock's runtime errors."""
+
+
+class PartitionClosedError(DockError, KeyError):
+    """A partition (or the generation of it a batch came from) is not open."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else "partition closed"
+
+
+class DockWriteError(DockError):
+    """A put could not be stored or published; the rows are not visible."""
+
+
+class LeaseLostError(DockError):
+    """An ack came from a consumer whose lease expired and was handed to another."""

@@ -1,0 +1,135 @@
+"""Storage units: the data plane of the dock (seed 000's TD warehouses, seed 002's storage units).
+
+Each unit holds the rows whose global index maps to it (``index % units``) for
+every open partition generation. A unit only stores and returns data; it
+knows nothing of readiness or consumption (that is the controllers' job).
+
+* ``LocalUnit`` keeps the caller's row tensors by reference: no
+  serialization and no copy, so the embedded default stays in the
+  microsecond range per row and CUDA tensors stay on their device.
+* ``RayUnit`` is the body of a Ray actor. Rows arrive packed (one flat numpy
+  buffer + lengths per column, see ``columns.py``) and are kept packed as
+  received chunks with per-row offsets; a read concatenates the requested
+  slices into one buffer per column. The actor reserves no CPU
+  (``num_cpus=0``), unlike TransferQueue's units, so it never starves a small
+  Ray cluster.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .columns import PackedColumn
+
+
+class LocalUnit:
+    """In-process unit: ``{generation: {column: {row: tensor}}}``."""
+
+    def __init__(self) -> None:
+        self._data: dict[int, dict[str, dict[int, torch.Tensor]]] = {}
+
+    def put(self, gen: int, column: str, rows: Sequence[int], values: Sequence[torch.Tensor]) -> None:
+        col = self._data.setdefault(gen, {}).setdefault(column, {})
+        col.update(zip(rows, values))
+
+    def get(self, gen: int, columns: Sequence[str], rows: Sequence[int]) -> dict[str, list[torch.Tensor]]:
+        part = self._data.get(gen, {})
+        out = {}
+        for c in columns:
+            col = part.get(c)
+            if col is None:
+                raise KeyError(f"column {c!r} holds no rows in this unit (rows {list(rows)[:8]}...)")
+            try:
+                out[c] = [col[r] for r in rows]
+            except KeyError as e:
+                raise KeyError(f"row {e.args[0]} has no value for column {c!r}") from None
+        return out
+
+    def drop(self, gen: int) -> int:
+        """Forget a partition generation; returns the number of cells freed."""
+        part = self._data.pop(gen, {})
+        return sum(len(c) for c in part.values())
+
+    def export(self, gen: int, columns: Sequence[str], rows: Sequence[int]) -> dict[str, dict[int, torch.Tensor]]:
+        """Rows present for each column (missing cells skipped), for checkpoints."""
+        part = self._data.get(gen, {})
+        return {c: {r: part[c][r] for r in rows if r in part.get(c, {})} for c in columns if c in part}
+
+
+class _PackedStore:
+    """One column of one generation in a ``RayUnit``: received chunks + per-row offsets."""
+
+    __slots__ = ("chunks", "chunk", "start", "stop", "schema")
+
+    def __init__(self, n_rows: int, packed: PackedColumn) -> None:
+        self.chunks: list[np.ndarray] = []
+        self.chunk = np.full(n_rows, -1, dtype=np.int64)
+        self.start = np.zeros(n_rows, dtype=np.int64)
+        self.stop = np.zeros(n_rows, dtype=np.int64)
+        self.schema = packed.schema
+
+    def add(self, rows: np.ndarray, packed: PackedColumn) -> None:
+        ends = np.cumsum(packed.lengths)
+        self.chunk[rows] = len(self.chunks)
+        self.start[rows] = ends - packed.lengths
+        self.stop[rows] = ends
+        self.chunks.append(packed.flat)
+
+    def read(self, rows: np.ndarray) -> PackedColumn:
+        ch = self.chunk[rows]
+        if (ch < 0).any():
+            missing = rows[ch < 0][:8].tolist()
+            raise KeyError(f"rows {missing} have no value for this column")
+        st, sp = self.start[rows], self.stop[rows]
+        lengths = sp - st
+        # Fast path: the rows are one contiguous run of a single chunk.
+        if (ch == ch[0]).all() and (st[1:] == sp[:-1]).all():
+            flat = self.chunks[int(ch[0])][int(st[0]) : int(sp[-1])]
+        else:
+            flat = np.concatenate([self.chunks[c][s:e] for c, s, e in zip(ch.tolist(), st.tolist(), sp.tolist())])
+        return PackedColumn(flat=flat, lengths=lengths, schema=self.schema)
+
+
+class RayUnit:
+    """Packed column store run as a Ray actor (see ``RAY_UNIT``)."""
+
+    def __init__(self) -> None:
+        self._data: dict[int, dict[str, _PackedStore]] = {}
+
+    def ping(self) -> bool:
+        return True
+
+    def put(self, gen: int, n_rows: int, rows: np.ndarray, columns: dict[str, PackedColumn]) -> int:
+        part = self._data.setdefault(gen, {})
+        for name, packed in columns.items():
+            store = part.get(name)
+            if store is None:
+                store = part[name] = _PackedStore(n_rows, packed)
+            store.add(rows, packed)
+        return len(rows)
+
+    def get(self, gen: int, columns: Sequence[str], rows: np.ndarray) -> dict[str, PackedColumn]:
+        part = self._data.get(gen, {})
+        out = {}
+        for c in columns:
+            if c not in part:
+                raise KeyError(f"column {c!r} holds no rows in this unit")
+            try:
+                out[c] = part[c].read(rows)
+            except KeyError as e:
+                raise KeyError(f"column {c!r}: {e.args[0]}") from None
+        return out
+
+    def drop(self, gen: int) -> int:
+        part = self._data.pop(gen, {})
+        return len(part)
+
+
+def make_ray_unit_class():
+    """The Ray actor class for ``RayUnit`` (built lazily: importing the dock never touches Ray)."""
+    import ray
+
+    return ray.remote(num_cpus=0, max_restarts=0)(RayUnit)
