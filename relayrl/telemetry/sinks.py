@@ -1,0 +1,243 @@
+"""Metric sinks: console (tqdm bar + periodic table), metrics.jsonl, TensorBoard, W&B.
+
+Each sink receives `(step, metrics)` once per `Tracker.log` call. On resume
+(start_step > 0) the file sinks drop what the crashed run wrote after the
+checkpoint, so a resumed run leaves the same files as an uninterrupted one:
+JSONL keeps lines with step <= start_step, TensorBoard uses the event
+writer's `purge_step`, W&B resumes the same run id with `resume="allow"`.
+
+Non-finite values are written to JSONL as `null` (strict JSON has no NaN);
+TensorBoard and W&B receive them as floats.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from tqdm.auto import tqdm
+
+Number = float | int
+
+
+class Sink(Protocol):
+    """Anything that accepts one step of metrics and can be closed."""
+
+    def log(self, step: int, metrics: Mapping[str, Number]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+# ----------------------------------------------------------------------------- jsonl
+
+
+def read_jsonl_records(path: Path) -> list[dict[str, Any]]:
+    """Parse a metrics.jsonl file; a torn last line (killed mid-write) is skipped.
+
+    A malformed line elsewhere raises ValueError naming the file and line.
+    """
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    records: list[dict[str, Any]] = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if lineno == len(lines):
+                break  # the writer died mid-line; everything before is intact
+            raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+        if not isinstance(record, dict) or "step" not in record:
+            raise ValueError(f"{path}:{lineno}: expected an object with a 'step' key")
+        records.append(record)
+    return records
+
+
+class JsonlSink:
+    """Appends `{"step": s, **metrics}` per call to RUN_DIR/metrics.jsonl, flushed per line."""
+
+    def __init__(self, path: Path, *, start_step: int = 0) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if start_step > 0 and self.path.exists():
+            kept = [r for r in read_jsonl_records(self.path) if r["step"] <= start_step]
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                for r in kept:
+                    f.write(json.dumps(r, allow_nan=False) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+            mode = "a"
+        else:
+            mode = "w"  # a fresh run owns the file
+        self._file: IO[str] | None = open(self.path, mode, encoding="utf-8")
+
+    def log(self, step: int, metrics: Mapping[str, Number]) -> None:
+        if self._file is None:
+            raise RuntimeError(f"{self.path}: JSONL sink is closed")
+        record: dict[str, Any] = {"step": step}
+        for key, value in metrics.items():
+            record[key] = value if math.isfinite(value) else None
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+# ----------------------------------------------------------------------------- console
+
+
+def _fmt(value: Number) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+        return f"{value:.3e}"
+    return f"{value:.4g}"
+
+
+def format_table(step: int, total_steps: int, metrics: Mapping[str, Number], width: int = 100) -> str:
+    """A compact aligned table: one block per metric group (the key prefix before '/').
+
+    Example:
+        ── step 20/100 ──
+        actor   entropy=1.23  kl=0.0012
+        reward  mean=0.45  std=0.21
+    """
+    groups: dict[str, list[tuple[str, Number]]] = {}
+    for key in sorted(metrics):
+        group, _, name = key.partition("/")
+        if not name:
+            group, name = "-", key
+        groups.setdefault(group, []).append((name, metrics[key]))
+    label = max((len(g) for g in groups), default=1)
+    lines = [f"── step {step}/{total_steps} " + "─" * max(0, 24 - len(str(step)) - len(str(total_steps)))]
+    for group, items in groups.items():
+        cells = [f"{name}={_fmt(value)}" for name, value in items]
+        prefix = group.ljust(label)
+        line, line_has_cell = prefix, False
+        for cell in cells:
+            if line_has_cell and len(line) + 2 + len(cell) > width:
+                lines.append(line)
+                line, line_has_cell = " " * label, False
+            line += "  " + cell
+            line_has_cell = True
+        lines.append(line)
+    return "\n".join(lines)
+
+
+class ConsoleSink:
+    """A tqdm progress bar showing key metrics, plus a table every `table_every` steps."""
+
+    def __init__(
+        self,
+        total_steps: int,
+        *,
+        key_metrics: Sequence[str],
+        table_every: int,
+        start_step: int = 0,
+        stream: IO[str] | None = None,
+    ) -> None:
+        self.total_steps = total_steps
+        self.key_metrics = tuple(key_metrics)
+        self.table_every = table_every
+        self.stream = stream
+        self._latest: dict[str, Number] = {}
+        self._step = start_step
+        self._bar = tqdm(
+            total=total_steps,
+            initial=start_step,
+            file=stream,
+            dynamic_ncols=True,
+            unit="step",
+            desc="train",
+            leave=True,
+        )
+
+    def log(self, step: int, metrics: Mapping[str, Number]) -> None:
+        self._latest.update(metrics)
+        postfix = {k: _fmt(self._latest[k]) for k in self.key_metrics if k in self._latest}
+        if step > self._step:
+            self._bar.update(step - self._step)
+            self._step = step
+        self._bar.set_postfix(postfix, refresh=True)
+        if self.table_every and (step % self.table_every == 0 or step == self.total_steps):
+            self.write(format_table(step, self.total_steps, metrics))
+
+    def write(self, msg: str) -> None:
+        tqdm.write(msg, file=self.stream)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+# ----------------------------------------------------------------------------- tensorboard
+
+
+class TensorBoardSink:
+    """Scalars to RUN_DIR/tensorboard via torch.utils.tensorboard (tensorboard event files)."""
+
+    def __init__(self, log_dir: Path, *, start_step: int = 0, run_config: Mapping[str, Any] | None = None):
+        from torch.utils.tensorboard import SummaryWriter
+
+        # purge_step drops events at or after it that a crashed run left behind.
+        self._writer = SummaryWriter(
+            log_dir=str(log_dir), purge_step=start_step + 1 if start_step > 0 else None
+        )
+        if run_config is not None and start_step == 0:
+            text = json.dumps(run_config, indent=2, default=str)
+            self._writer.add_text("config", "```\n" + text + "\n```", global_step=0)
+
+    def log(self, step: int, metrics: Mapping[str, Number]) -> None:
+        for key, value in metrics.items():
+            self._writer.add_scalar(key, value, global_step=step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+# ----------------------------------------------------------------------------- wandb
+
+
+class WandbSink:
+    """Weights & Biases run; the run id is kept in RUN_DIR/wandb_run_id so a resume continues it."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        project: str | None,
+        mode: str,
+        run_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        import wandb
+
+        id_file = Path(run_dir) / "wandb_run_id"
+        if id_file.exists():
+            run_id = id_file.read_text(encoding="utf-8").strip()
+        else:
+            run_id = wandb.util.generate_id()
+            id_file.write_text(run_id + "\n", encoding="utf-8")
+        self._run = wandb.init(
+            project=project or "relayrl",
+            mode=mode,
+            dir=str(run_dir),
+            id=run_id,
+            resume="allow",
+            name=Path(run_dir).name,
+            config=dict(run_config) if run_config is not None else None,
+        )
+
+    def log(self, step: int, metrics: Mapping[str, Number]) -> None:
+        self._run.log(dict(metrics), step=step)
+
+    def close(self) -> None:
+        self._run.finish()

@@ -1,0 +1,164 @@
+"""Tracker and its sinks: config validation, JSONL, console, TensorBoard, W&B."""
+
+import importlib.util
+import io
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from relayrl.telemetry import TelemetryConfig, Tracker, read_jsonl_records
+
+HAS_WANDB = importlib.util.find_spec("wandb") is not None
+
+
+def _metrics(step: int) -> dict[str, float]:
+    return {"reward/mean": 0.1 * step, "actor/loss": 1.0 / step, "actor/kl": 0.01 * step, "perf/step_time_s": 0.5}
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def test_unknown_sink_lists_the_valid_ones():
+    with pytest.raises(ValidationError) as info:
+        TelemetryConfig(sinks=["console", "csv"])
+    msg = str(info.value)
+    assert "sinks" in msg and "'csv'" in msg
+    for name in ("console", "jsonl", "tensorboard", "wandb"):
+        assert name in msg
+
+
+def test_config_dedupes_and_forbids_unknown_keys():
+    assert TelemetryConfig(sinks=["jsonl", "jsonl", "console"]).sinks == ["jsonl", "console"]
+    with pytest.raises(ValidationError, match="console_table_evry"):
+        TelemetryConfig(console_table_evry=5)
+    with pytest.raises(ValidationError, match="console_table_every"):
+        TelemetryConfig(console_table_every=-1)
+
+
+@pytest.mark.skipif(HAS_WANDB, reason="wandb is installed; the missing-package error cannot happen")
+def test_wandb_sink_without_wandb_fails_at_config_time():
+    with pytest.raises(ValidationError, match=r"pip install wandb.*remove 'wandb' from telemetry.sinks"):
+        TelemetryConfig(sinks=["console", "wandb"])
+    # disabled mode needs no package and creates no sink
+    cfg = TelemetryConfig(sinks=["wandb"], wandb_mode="disabled")
+    assert cfg.sinks == ["wandb"]
+
+
+# ----------------------------------------------------------------------------- jsonl
+
+
+def test_jsonl_one_object_per_step_step_first_flushed(tmp_path):
+    cfg = TelemetryConfig(sinks=["jsonl"])
+    with Tracker(tmp_path, cfg, total_steps=3) as tracker:
+        tracker.log(1, _metrics(1))
+        # flushed per line: readable before close
+        first = (tmp_path / "metrics.jsonl").read_text().splitlines()
+        assert len(first) == 1
+        tracker.log(2, {**_metrics(2), "actor/grad_norm": float("nan"), "dapo/dropped_groups": 3})
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+    assert list(json.loads(lines[0]))[0] == "step"
+    rec = json.loads(lines[1])
+    assert rec["step"] == 2 and rec["actor/grad_norm"] is None and rec["dapo/dropped_groups"] == 3
+    assert rec["reward/mean"] == pytest.approx(0.2)
+
+
+def test_tracker_rejects_bad_metrics_and_backward_steps(tmp_path):
+    import numpy as np
+    import torch
+
+    with Tracker(tmp_path, TelemetryConfig(sinks=["jsonl"]), total_steps=5) as tracker:
+        tracker.log(2, {"a/np": np.float32(1.5), "a/t": torch.tensor(2.0), "a/flag": True})
+        with pytest.raises(TypeError, match="metric 'a/s'"):
+            tracker.log(3, {"a/s": "x"})
+        with pytest.raises(TypeError, match="metric 'a/vec' is not a scalar"):
+            tracker.log(3, {"a/vec": torch.ones(2)})
+        with pytest.raises(ValueError, match="step 1 is before the last logged step 2"):
+            tracker.log(1, {"a/b": 1.0})
+        with pytest.raises(ValueError, match="'step'"):
+            tracker.log(3, {"step": 1})
+    rec = read_jsonl_records(tmp_path / "metrics.jsonl")
+    assert rec == [{"step": 2, "a/np": 1.5, "a/t": 2.0, "a/flag": 1}]
+
+
+def test_resumed_jsonl_equals_uninterrupted(tmp_path):
+    cfg = TelemetryConfig(sinks=["jsonl"])
+    straight, crashed = tmp_path / "straight", tmp_path / "crashed"
+    with Tracker(straight, cfg, total_steps=6) as t:
+        for s in range(1, 7):
+            t.log(s, _metrics(s))
+    # run dies after step 5, but its last checkpoint is step 3; the last line is torn
+    with Tracker(crashed, cfg, total_steps=6) as t:
+        for s in range(1, 6):
+            t.log(s, _metrics(s))
+    with open(crashed / "metrics.jsonl", "a") as f:
+        f.write('{"step": 6, "reward/me')
+    with Tracker(crashed, cfg, total_steps=6, start_step=3) as t:
+        for s in range(4, 7):
+            t.log(s, _metrics(s))
+    assert (crashed / "metrics.jsonl").read_text() == (straight / "metrics.jsonl").read_text()
+
+
+def test_fresh_run_truncates_old_metrics(tmp_path):
+    cfg = TelemetryConfig(sinks=["jsonl"])
+    with Tracker(tmp_path, cfg, total_steps=2) as t:
+        t.log(1, {"x/y": 1.0})
+    with Tracker(tmp_path, cfg, total_steps=2) as t:
+        t.log(1, {"x/y": 2.0})
+    assert read_jsonl_records(tmp_path / "metrics.jsonl") == [{"step": 1, "x/y": 2.0}]
+
+
+# ----------------------------------------------------------------------------- console
+
+
+def test_console_bar_shows_key_metrics_and_prints_table(tmp_path):
+    stream = io.StringIO()
+    cfg = TelemetryConfig(sinks=["console"], console_table_every=2)
+    with Tracker(tmp_path, cfg, total_steps=4, console_stream=stream, key_metrics=("reward/mean",)) as t:
+        t.log(1, _metrics(1))
+        assert "reward/mean=0.1" in stream.getvalue()
+        assert "── step" not in stream.getvalue()  # no table at step 1
+        t.log(2, _metrics(2))
+        t.write_text("a message between bars")
+    out = stream.getvalue()
+    assert "── step 2/4" in out
+    table = out.split("── step 2/4")[1]
+    assert "actor" in table and "kl=0.02" in table and "loss=0.5" in table and "reward" in table
+    assert "a message between bars" in out
+    assert "2/4" in out  # the bar advanced
+    assert not (tmp_path / "metrics.jsonl").exists()  # console only
+
+
+# ----------------------------------------------------------------------------- tensorboard
+
+
+def test_tensorboard_events_readable_and_purged_on_resume(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = TelemetryConfig(sinks=["tensorboard"])
+    with Tracker(tmp_path, cfg, total_steps=5, run_config={"lr": 1e-3}) as t:
+        for s in range(1, 6):
+            t.log(s, {"reward/mean": 1.0, "actor/loss": float(s)})
+    with Tracker(tmp_path, cfg, total_steps=5, start_step=3) as t:
+        for s in range(4, 6):
+            t.log(s, {"reward/mean": 2.0, "actor/loss": float(s)})
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert {"reward/mean", "actor/loss"} <= set(acc.Tags()["scalars"])
+    rewards = [(e.step, e.value) for e in acc.Scalars("reward/mean")]
+    assert rewards == [(1, 1.0), (2, 1.0), (3, 1.0), (4, 2.0), (5, 2.0)]
+
+
+# ----------------------------------------------------------------------------- wandb
+
+
+@pytest.mark.skipif(not HAS_WANDB, reason="wandb not installed")
+def test_wandb_offline_writes_a_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = TelemetryConfig(sinks=["wandb"], wandb_mode="offline", wandb_project="relayrl-test")
+    with Tracker(tmp_path, cfg, total_steps=2) as t:
+        t.log(1, {"reward/mean": 0.5})
+    run_id = (tmp_path / "wandb_run_id").read_text().strip()
+    assert any(run_id in p.name for p in (tmp_path / "wandb").glob("offline-run-*"))
