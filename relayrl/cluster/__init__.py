@@ -1,0 +1,36 @@
+"""relayrl.cluster: the single controller's view of devices and workers.
+
+Maps HybridFlow's hybrid programming model (seed 001) to code:
+
+| HybridFlow                                   | here                                      |
+|----------------------------------------------|-------------------------------------------|
+| single controller (one driver process)       | the workflow calling `WorkerGroup`s       |
+| multi-controller ParallelWorker (SPMD)       | `Worker` ranks in one torch.distributed group |
+| ResourcePool; same pool = colocated          | `ResourcePool` + a per-pool FIFO turn queue |
+| ONE_TO_ALL / DP_COMPUTE / one-rank protocols | `group.all` / `group.split` / `group.one`  |
+| asynchronous dataflow on disjoint pools      | `*_async` futures, one executor per group |
+| Ray actors + placement groups                | `backend="ray"` (or the embedded `local`) |
+
+Departures: the call kind is explicit at the call site (no `@register`
+decorator metaprogramming); data goes through the driver rather than as data
+futures between groups; only the contiguous split/concat protocol is built in.
+"""
+from relayrl.cluster.config import ClusterConfig
+from relayrl.cluster.dispatch import chunk_sizes, gather_split, split_items
+from relayrl.cluster.errors import WorkerError
+from relayrl.cluster.group import WorkerGroup, make_group
+from relayrl.cluster.pool import ResourcePool
+from relayrl.cluster.worker import RankInfo, Worker
+
+__all__ = [
+    "ClusterConfig",
+    "RankInfo",
+    "ResourcePool",
+    "Worker",
+    "WorkerError",
+    "WorkerGroup",
+    "chunk_sizes",
+    "gather_split",
+    "make_group",
+    "split_items",
+]

@@ -1,0 +1,52 @@
+"""Cluster config: which backend runs the worker groups, and how it connects.
+
+A workflow holds one `ClusterConfig` and builds every group through
+`make_group(cfg, ...)`, so switching from the embedded `local` backend to a Ray
+cluster is a config value, never a code fork (DESIGN.md principle).
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+BackendName = Literal["local", "ray"]
+
+
+class ClusterConfig(BaseModel):
+    """Backend choice and connection settings for worker groups."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    backend: BackendName = "local"
+    """`local`: one rank in the driver process, more ranks as spawned processes on
+    this machine. `ray`: ranks are Ray actors placed by placement groups."""
+    ray_address: str | None = None
+    """`None` starts a local Ray instance; `"auto"` or `"ray://host:port"` connects
+    to an existing cluster. Only read when `backend="ray"`."""
+    num_cpus: int | None = Field(default=None, ge=1)
+    """CPUs for a Ray instance started by the driver (ignored when connecting)."""
+    error_grace_s: float = Field(default=3.0, ge=0.0)
+    """After one rank fails, how long to wait for the other ranks' replies before
+    declaring the group broken (they may be stuck in a collective)."""
+    start_timeout_s: float = Field(default=300.0, gt=0.0)
+    """How long rank start-up (process spawn, process-group rendezvous, worker
+    construction, Ray placement) may take before the driver raises."""
+    collective_timeout_s: float = Field(default=1800.0, gt=0.0)
+    """Timeout passed to `torch.distributed.init_process_group`."""
+
+    @field_validator("ray_address")
+    @classmethod
+    def _check_address(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("ray_address is empty: use None to start a local Ray, 'auto' or 'ray://host:port' to connect")
+        return v
+
+
+def as_config(backend: str | ClusterConfig) -> ClusterConfig:
+    """Accept a backend name or a full config; reject anything else by name."""
+    if isinstance(backend, ClusterConfig):
+        return backend
+    if backend in ("local", "ray"):
+        return ClusterConfig(backend=backend)
+    raise ValueError(f"backend={backend!r} is not supported: use 'local', 'ray' or a ClusterConfig")

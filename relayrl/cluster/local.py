@@ -1,0 +1,222 @@
+"""The `local` backend: ranks on this machine, no cluster.
+
+* One rank: the worker lives in the driver process and a call is a plain
+  method call (no pickling). With `distributed=True` the driver joins a
+  world-of-one default process group (shared by all in-process groups), so
+  SPMD code (FSDP, DTensor) runs unchanged at world size 1.
+* More ranks: one spawned process per rank (`torch.multiprocessing`, "spawn"),
+  each serving (method, args) messages over a pipe; ranks form a gloo (CPU) or
+  NCCL (CUDA) process group on 127.0.0.1 and a free port. The driver waits on
+  every rank's pipe *and* process sentinel, so a rank that raises or dies
+  (killed, segfault, `os._exit`) surfaces at once as `WorkerError`.
+
+This plays the part of HybridFlow's single controller talking to its
+multi-controller workers (seed 001) without Ray. Departure: data crosses the
+pipe by plain pickling (no shared memory or CUDA IPC yet).
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import signal
+import time
+import traceback
+from multiprocessing.connection import wait as mp_wait
+from typing import Any
+
+from relayrl.cluster.config import ClusterConfig
+from relayrl.cluster.errors import WorkerError
+from relayrl.cluster.rank import SHUTDOWN, START_CALL, Reply, StartSpec, free_port, rank_process_main
+from relayrl.cluster.worker import RankInfo, construct_worker
+
+Payload = tuple[tuple, dict]
+
+
+class InProcessRanks:
+    """A single rank living in the driver process."""
+
+    world_size = 1
+
+    def __init__(self, group: str, worker_cls: type, init_kwargs: dict, device: str, distributed: bool,
+                 cfg: ClusterConfig) -> None:
+        import torch
+
+        self.group = group
+        if distributed:
+            _ensure_world_of_one(device, cfg)
+        if device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(device))
+        info = RankInfo(group, 0, 1, 0, device, distributed)
+        try:
+            self.worker = construct_worker(worker_cls, info, init_kwargs)
+        except Exception as exc:
+            raise WorkerError(group, 0, "__init__", traceback.format_exc()) from exc
+
+    def call(self, method: str, ranks: list[int], payloads: list[Payload]) -> list[Any]:
+        if self.worker is None:
+            raise RuntimeError(f"worker group {self.group!r} is shut down")
+        (args, kwargs), = payloads
+        try:
+            return [getattr(self.worker, method)(*args, **kwargs)]
+        except Exception as exc:
+            raise WorkerError(self.group, 0, method, traceback.format_exc()) from exc
+
+    def pids(self) -> list[int]:
+        return [os.getpid()]
+
+    def shutdown(self) -> None:
+        self.worker = None
+
+
+def _ensure_world_of_one(device: str, cfg: ClusterConfig) -> None:
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        if dist.get_world_size() != 1:
+            raise RuntimeError(
+                f"the driver process already belongs to a process group of world size {dist.get_world_size()}; "
+                "an in-process rank needs world size 1 (do not launch the driver with torchrun)"
+            )
+        return
+    backend = "cpu:gloo,cuda:nccl" if (device.startswith("cuda") or torch.cuda.is_available()) else "gloo"
+    from datetime import timedelta
+
+    dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=timedelta(seconds=cfg.collective_timeout_s))
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is None:
+        return "its pipe closed"
+    if code < 0:
+        try:
+            return f"it was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"it was killed by signal {-code}"
+    return f"it exited with code {code}"
+
+
+class ProcessRanks:
+    """N ranks as spawned processes on this machine."""
+
+    def __init__(self, group: str, worker_cls: type, init_kwargs: dict, devices: list[str], distributed: bool,
+                 cfg: ClusterConfig) -> None:
+        import torch.multiprocessing as tmp
+
+        self.group = group
+        self.cfg = cfg
+        self.world_size = len(devices)
+        self.broken: str | None = None
+        self._ids = itertools.count()
+        ctx = tmp.get_context("spawn")
+        port = free_port()
+        threads = max(1, (os.cpu_count() or 1) // self.world_size)
+        self.procs, self.conns = [], []
+        try:
+            for r, dev in enumerate(devices):
+                spec = StartSpec(
+                    info=RankInfo(group, r, self.world_size, r, dev, distributed), worker_cls=worker_cls,
+                    init_kwargs=init_kwargs, master_addr="127.0.0.1", master_port=port,
+                    timeout_s=cfg.collective_timeout_s, num_threads=threads if dev == "cpu" else None,
+                )
+                parent, child = ctx.Pipe(duplex=True)
+                proc = ctx.Process(target=rank_process_main, args=(child, pickle.dumps(spec)),
+                                   name=f"relayrl-{group}-rank{r}", daemon=False)
+                proc.start()
+                child.close()
+                self.procs.append(proc)
+                self.conns.append(parent)
+            self._collect(START_CALL, list(range(self.world_size)), "__init__", time.monotonic() + cfg.start_timeout_s)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def call(self, method: str, ranks: list[int], payloads: list[Payload]) -> list[Any]:
+        if self.broken is not None:
+            raise RuntimeError(f"worker group {self.group!r} is broken ({self.broken}); shut it down and create it again")
+        call_id = next(self._ids)
+        msgs = [pickle.dumps((call_id, method, pickle.dumps(p, protocol=pickle.HIGHEST_PROTOCOL))) for p in payloads]
+        for r, msg in zip(ranks, msgs):
+            try:
+                self.conns[r].send_bytes(msg)
+            except (BrokenPipeError, OSError):
+                self._raise_dead(r, method)
+        return self._collect(call_id, ranks, method, None)
+
+    def _raise_dead(self, r: int, method: str) -> None:
+        proc = self.procs[r]
+        proc.join(timeout=1.0)
+        reason = f"rank process (pid {proc.pid}) died: {_exit_reason(proc.exitcode)}"
+        self.broken = f"rank {r} died in {method!r}"
+        raise WorkerError(self.group, r, method, reason)
+
+    def _collect(self, call_id: int, ranks: list[int], method: str, deadline: float | None) -> list[Any]:
+        """Wait for one reply per rank (results in `ranks` order). The first error
+        or death raises; after an error the other ranks get `error_grace_s`."""
+        pending = set(ranks)
+        results: dict[int, Any] = {}
+        first_error: WorkerError | None = None
+        while pending:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if timeout == 0.0:
+                break
+            waitables = {}
+            for r in pending:
+                waitables[self.conns[r]] = r
+                waitables[self.procs[r].sentinel] = r
+            for obj in mp_wait(list(waitables), timeout=timeout):
+                r = waitables[obj]
+                if r not in pending:
+                    continue
+                conn = self.conns[r]
+                try:
+                    has_data = conn.poll()
+                    reply: Reply | None = pickle.loads(conn.recv_bytes()) if has_data else None
+                except (EOFError, OSError):
+                    reply, has_data = None, False
+                if not has_data:
+                    if obj is conn or not self.procs[r].is_alive():
+                        self._raise_dead(r, method)
+                    continue
+                if reply.call_id != call_id:
+                    continue  # a late reply of an earlier, failed call
+                pending.discard(r)
+                if reply.ok:
+                    results[r] = reply.value
+                elif first_error is None:
+                    first_error = WorkerError(self.group, r, method, reply.traceback)
+                    deadline = time.monotonic() + self.cfg.error_grace_s
+        if first_error is not None:
+            if pending:
+                self.broken = f"rank {first_error.rank} failed in {method!r} while ranks {sorted(pending)} did not answer"
+            raise first_error
+        if pending:
+            r = min(pending)
+            self.broken = f"rank {r} did not start"
+            raise WorkerError(self.group, r, method, f"no reply within {self.cfg.start_timeout_s} s")
+        return [results[r] for r in ranks]
+
+    def shutdown(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send_bytes(pickle.dumps(SHUTDOWN))
+            except (BrokenPipeError, OSError):
+                pass
+        deadline = time.monotonic() + 5.0
+        for proc in self.procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=2.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=2.0)
+        for conn in self.conns:
+            conn.close()
+        self.procs, self.conns = [], []

@@ -1,0 +1,156 @@
+"""What runs on one rank outside the driver: process-group setup, worker
+construction and method invocation, shared by the spawned-process and the Ray
+backends.
+
+This is the "multi-controller" half of HybridFlow's hierarchy (seed 001): each
+rank runs the same SPMD code, and `torch.distributed` is initialised before the
+worker is built (gloo for CPU ranks; on CUDA a `cpu:gloo,cuda:nccl` group, so
+NCCL carries GPU tensors and gloo any CPU tensors). Errors never cross the
+wire as exception objects (they may not unpickle in the driver); a rank
+returns a `Reply` carrying the formatted traceback instead.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from relayrl.cluster.worker import RankInfo, construct_worker
+
+START_CALL = -1  # call id of the start-up reply
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A rank's answer to one call."""
+
+    call_id: int
+    """Id of the call answered (`START_CALL` for start-up)."""
+    ok: bool
+    """False when the method raised (or the result could not be sent)."""
+    value: Any = None
+    """The method's return value when `ok`."""
+    traceback: str = ""
+    """Formatted remote traceback when not `ok`."""
+
+
+@dataclass(frozen=True)
+class StartSpec:
+    """Everything a rank needs to start."""
+
+    info: RankInfo
+    worker_cls: type
+    init_kwargs: dict = field(default_factory=dict)
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    timeout_s: float = 1800.0
+    num_threads: int | None = None
+    """CPU ranks in their own process: `torch.set_num_threads` value."""
+
+
+def free_port() -> int:
+    """A TCP port free on this host right now (for MASTER_PORT)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(spec: StartSpec) -> None:
+    """Set the torch.distributed env vars and join the group's process group."""
+    import torch
+    import torch.distributed as dist
+
+    info = spec.info
+    os.environ.update(
+        MASTER_ADDR=spec.master_addr,
+        MASTER_PORT=str(spec.master_port),
+        RANK=str(info.rank),
+        WORLD_SIZE=str(info.world_size),
+        LOCAL_RANK=str(info.local_rank),
+    )
+    device = torch.device(info.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        backend = "cpu:gloo,cuda:nccl"
+    else:
+        backend = "gloo"
+    dist.init_process_group(
+        backend=backend, init_method="env://", rank=info.rank, world_size=info.world_size,
+        timeout=timedelta(seconds=spec.timeout_s),
+    )
+
+
+class RankRuntime:
+    """Start one rank (process group, then worker) and run methods on it."""
+
+    def __init__(self, spec: StartSpec) -> None:
+        import torch
+
+        if spec.num_threads is not None:
+            torch.set_num_threads(spec.num_threads)
+        if spec.info.device.startswith("cuda") and not spec.info.distributed:
+            torch.cuda.set_device(torch.device(spec.info.device))
+        if spec.info.distributed:
+            init_distributed(spec)
+        self.worker = construct_worker(spec.worker_cls, spec.info, spec.init_kwargs)
+
+    def invoke(self, call_id: int, method: str, args: tuple, kwargs: dict) -> Reply:
+        try:
+            return Reply(call_id, True, getattr(self.worker, method)(*args, **kwargs))
+        except Exception:
+            return Reply(call_id, False, traceback=traceback.format_exc())
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        self.worker = None
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def encode_reply(reply: Reply) -> bytes:
+    """Pickle a reply; an unpicklable result becomes an error reply."""
+    try:
+        return pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        tb = traceback.format_exc()
+        return pickle.dumps(Reply(reply.call_id, False, traceback=f"the result could not be pickled:\n{tb}"))
+
+
+SHUTDOWN = "__relayrl_shutdown__"
+
+
+def rank_process_main(conn, start_payload: bytes) -> None:
+    """Entry point of a spawned rank process: start, then serve calls until the
+    driver sends `SHUTDOWN` or closes the pipe."""
+    try:
+        spec: StartSpec = pickle.loads(start_payload)
+        runtime = RankRuntime(spec)
+    except Exception:
+        conn.send_bytes(encode_reply(Reply(START_CALL, False, traceback=traceback.format_exc())))
+        return
+    conn.send_bytes(encode_reply(Reply(START_CALL, True)))
+    try:
+        while True:
+            try:
+                raw = conn.recv_bytes()
+            except (EOFError, OSError):
+                break  # the driver went away
+            msg = pickle.loads(raw)  # (call_id, method, inner bytes) or SHUTDOWN: plain types only
+            if msg == SHUTDOWN:
+                break
+            call_id, method, inner = msg
+            try:
+                args, kwargs = pickle.loads(inner)
+            except Exception:
+                tb = traceback.format_exc()
+                reply = Reply(call_id, False, traceback=f"the arguments of {method!r} could not be unpickled:\n{tb}")
+            else:
+                reply = runtime.invoke(call_id, method, args, kwargs)
+            conn.send_bytes(encode_reply(reply))
+    finally:
+        runtime.close()

@@ -1,0 +1,207 @@
+"""The `ray` backend: ranks are Ray actors placed by a placement group per pool.
+
+HybridFlow (seed 001) maps a ResourcePool onto Ray placement groups and its
+workers onto Ray actors; this module does the same with the small interface
+the local backend has (`call`, `pids`, `shutdown`):
+
+* Each pool gets one placement group, one bundle per device (`{"CPU": 1}` or
+  `{"GPU": 1, "CPU": 1}`), PACK by default. Colocated groups share it: every
+  rank actor asks for `1/max_colocated` of its bundle, so rank r of every
+  group on the pool lands on bundle r. The placement group is removed when
+  the last group on the pool shuts down.
+* Ranks form a gloo (CPU) or NCCL (CUDA) process group; MASTER_ADDR is rank
+  0's node IP and MASTER_PORT a port free there.
+* Methods raise inside a host actor that returns the formatted traceback; an
+  actor that dies surfaces as `RayActorError`. Both become `WorkerError`.
+
+Departure: results come back through the driver with `ray.get` (no object-ref
+passing between groups yet).
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+import traceback
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from relayrl.cluster.config import ClusterConfig
+from relayrl.cluster.errors import WorkerError
+from relayrl.cluster.pool import ResourcePool
+from relayrl.cluster.rank import START_CALL, RankRuntime, Reply, StartSpec, free_port
+from relayrl.cluster.worker import RankInfo
+
+_pg_lock = threading.Lock()
+
+
+def ensure_ray(cfg: ClusterConfig) -> None:
+    """Connect to `cfg.ray_address`, or start a local Ray, unless already connected."""
+    if ray.is_initialized():
+        return
+    if cfg.ray_address is not None:
+        ray.init(address=cfg.ray_address, ignore_reinit_error=True)
+    else:
+        ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, ignore_reinit_error=True)
+
+
+class _RankHost:
+    """The Ray actor hosting one rank (wrapped with `ray.remote` at placement)."""
+
+    def __init__(self) -> None:
+        self.runtime: RankRuntime | None = None
+
+    def where(self) -> tuple[str, int, int]:
+        """(node IP, a free port on that node, pid)."""
+        return ray.util.get_node_ip_address(), free_port(), os.getpid()
+
+    def start(self, spec: StartSpec) -> Reply:
+        try:
+            self.runtime = RankRuntime(spec)
+        except Exception:
+            return Reply(START_CALL, False, traceback=traceback.format_exc())
+        return Reply(START_CALL, True)
+
+    def call(self, call_id: int, method: str, args: tuple, kwargs: dict) -> Reply:
+        return self.runtime.invoke(call_id, method, args, kwargs)
+
+    def stop(self) -> None:
+        if self.runtime is not None:
+            self.runtime.close()
+            self.runtime = None
+
+
+def _acquire_placement(pool: ResourcePool, cfg: ClusterConfig):
+    with _pg_lock:
+        if pool.ray_placement is not None:
+            pg, refs = pool.ray_placement
+            pool.ray_placement = (pg, refs + 1)
+            return pg
+        bundle = {"GPU": 1, "CPU": 1} if pool.device_kind == "cuda" else {"CPU": 1}
+        pg = placement_group([dict(bundle) for _ in range(pool.world_size)], strategy=pool.strategy,
+                             name=f"relayrl-pool-{pool.name}-{os.getpid()}")
+        try:
+            ray.get(pg.ready(), timeout=cfg.start_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(pg)
+            raise RuntimeError(
+                f"ResourcePool {pool.name!r} needs {pool.world_size} bundles of {bundle} ({pool.strategy}) but the Ray "
+                f"cluster could not place them within {cfg.start_timeout_s} s; available: {ray.available_resources()}"
+            ) from None
+        pool.ray_placement = (pg, 1)
+        return pg
+
+
+def _release_placement(pool: ResourcePool) -> None:
+    with _pg_lock:
+        if pool.ray_placement is None:
+            return
+        pg, refs = pool.ray_placement
+        if refs > 1:
+            pool.ray_placement = (pg, refs - 1)
+            return
+        pool.ray_placement = None
+    remove_placement_group(pg)
+
+
+class RayRanks:
+    """N ranks as Ray actors on the pool's placement group."""
+
+    def __init__(self, group: str, worker_cls: type, init_kwargs: dict, pool: ResourcePool, num_ranks: int,
+                 distributed: bool, cfg: ClusterConfig) -> None:
+        ensure_ray(cfg)
+        self.group, self.cfg, self.pool = group, cfg, pool
+        self.world_size = num_ranks
+        self.broken: str | None = None
+        self._next_id = 0
+        self.actors: list = []
+        pg = _acquire_placement(pool, cfg)
+        try:
+            share = 1.0 / pool.max_colocated
+            host = ray.remote(_RankHost)
+            for r in range(num_ranks):
+                opts = dict(num_cpus=share, max_restarts=0, name=None,
+                            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r))
+                if pool.device_kind == "cuda":
+                    opts["num_gpus"] = share
+                self.actors.append(host.options(**opts).remote())
+            where = self._gather([a.where.remote() for a in self.actors], "__init__",
+                                 time.monotonic() + cfg.start_timeout_s, raw=True)
+            ips = [w[0] for w in where]
+            self._pids = [w[2] for w in where]
+            device = "cuda:0" if pool.device_kind == "cuda" else "cpu"  # Ray sets CUDA_VISIBLE_DEVICES per actor
+            specs = [
+                StartSpec(info=RankInfo(group, r, num_ranks, ips[:r].count(ips[r]), device, distributed),
+                          worker_cls=worker_cls, init_kwargs=init_kwargs, master_addr=ips[0], master_port=where[0][1],
+                          timeout_s=cfg.collective_timeout_s)
+                for r in range(num_ranks)
+            ]
+            self._gather([a.start.remote(s) for a, s in zip(self.actors, specs)], "__init__",
+                         time.monotonic() + cfg.start_timeout_s)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def pids(self) -> list[int]:
+        return list(self._pids)
+
+    def call(self, method: str, ranks: list[int], payloads: list[tuple[tuple, dict]]) -> list[Any]:
+        if self.broken is not None:
+            raise RuntimeError(f"worker group {self.group!r} is broken ({self.broken}); shut it down and create it again")
+        call_id, self._next_id = self._next_id, self._next_id + 1
+        refs = [self.actors[r].call.remote(call_id, method, a, k) for r, (a, k) in zip(ranks, payloads)]
+        return self._gather(refs, method, None, ranks=ranks)
+
+    def _gather(self, refs: list, method: str, deadline: float | None, ranks: list[int] | None = None,
+                raw: bool = False) -> list[Any]:
+        """Wait for all refs; the first error or dead actor raises WorkerError;
+        after an error the others get `error_grace_s`."""
+        ranks = list(range(len(refs))) if ranks is None else ranks
+        rank_of = {ref: r for ref, r in zip(refs, ranks)}
+        results: dict[int, Any] = {}
+        pending = list(refs)
+        first_error: WorkerError | None = None
+        while pending:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, pending = ray.wait(pending, num_returns=1, timeout=timeout)
+            if not ready:
+                break
+            ref = ready[0]
+            r = rank_of[ref]
+            try:
+                value = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                self.broken = f"rank {r} died in {method!r}"
+                raise WorkerError(self.group, r, method, f"rank actor died: {exc}") from None
+            except ray.exceptions.RayError as exc:  # the host's own method failed (e.g. unpicklable argument)
+                value = Reply(START_CALL, False, traceback=str(exc))
+            if raw and not isinstance(value, Reply):
+                results[r] = value
+            elif value.ok:
+                results[r] = value.value
+            elif first_error is None:
+                first_error = WorkerError(self.group, r, method, value.traceback)
+                deadline = time.monotonic() + self.cfg.error_grace_s
+        if first_error is not None:
+            if pending:
+                self.broken = f"rank {first_error.rank} failed in {method!r} while others did not answer"
+            raise first_error
+        if pending:
+            r = rank_of[pending[0]]
+            self.broken = f"rank {r} did not start"
+            raise WorkerError(self.group, r, method, f"no reply within {self.cfg.start_timeout_s} s")
+        return [results[r] for r in ranks]
+
+    def shutdown(self) -> None:
+        if self.actors:
+            try:
+                ray.get([a.stop.remote() for a in self.actors], timeout=5.0)
+            except Exception:
+                pass  # dead or stuck ranks are killed below
+            for a in self.actors:
+                ray.kill(a, no_restart=True)
+            self.actors = []
+            _release_placement(self.pool)

@@ -1,0 +1,80 @@
+"""`Worker`: the base class of everything a worker group runs on its ranks.
+
+HybridFlow (seed 001) gives each model a ParallelWorker base class that, given
+its devices, sets up the process groups for SPMD computation. Here the group
+sets up `torch.distributed` (rank, world size, master address) *before* the
+subclass's `__init__` runs, so the subclass can build FSDP or tensor-parallel
+modules right away; the base only records where the rank sits. Departure: no
+3D-parallel groups are built here (a worker builds its own device meshes from
+the default process group).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Where one rank of a group sits."""
+
+    group_name: str
+    """Name of the worker group."""
+    rank: int
+    """Rank in the group, 0..world_size-1 (also the torch.distributed rank)."""
+    world_size: int
+    """Number of ranks in the group."""
+    local_rank: int
+    """Rank among this group's ranks on the same node."""
+    device: str
+    """Device string, e.g. `"cpu"` or `"cuda:1"`."""
+    distributed: bool
+    """Whether a torch.distributed process group was initialised for the group."""
+
+
+class Worker:
+    """Base class for a group's rank. Subclasses define `__init__(**init_kwargs)`
+    and public methods the driver calls by name.
+
+    Before `__init__` runs, these are set: `rank`, `world_size`, `local_rank`,
+    `device` (a `torch.device`), `group_name`, `distributed`.
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    group_name: str
+    distributed: bool
+
+    def _relayrl_bind(self, info: RankInfo) -> None:
+        self.rank = info.rank
+        self.world_size = info.world_size
+        self.local_rank = info.local_rank
+        self.device = torch.device(info.device)
+        self.group_name = info.group_name
+        self.distributed = info.distributed
+
+
+def construct_worker(worker_cls: type, info: RankInfo, init_kwargs: dict) -> Worker:
+    """Create `worker_cls` with its rank attributes set before `__init__` runs."""
+    obj = worker_cls.__new__(worker_cls)
+    obj._relayrl_bind(info)
+    obj.__init__(**init_kwargs)
+    return obj
+
+
+def check_worker_class(worker_cls: object) -> type:
+    """Reject a non-`Worker` class with a clear message."""
+    if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
+        raise TypeError(f"worker_cls={worker_cls!r} must be a subclass of relayrl.cluster.Worker")
+    return worker_cls
+
+
+def check_method(worker_cls: type, group: str, method: str) -> None:
+    """Reject a call to a private or missing method before anything is sent."""
+    if not isinstance(method, str) or not method or method.startswith("_"):
+        raise ValueError(f"group {group!r}: method={method!r} must be the name of a public method of {worker_cls.__name__}")
+    if not callable(getattr(worker_cls, method, None)):
+        raise AttributeError(f"group {group!r}: {worker_cls.__name__} has no method {method!r}")

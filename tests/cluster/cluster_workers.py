@@ -1,0 +1,111 @@
+"""Worker classes used by the cluster tests (importable by spawned ranks and Ray actors)."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from relayrl.cluster import Worker
+
+
+@dataclass
+class Rows:
+    """A batch-like object with `split(n)` and a `concat` classmethod."""
+
+    values: list
+
+    def split(self, n: int) -> list["Rows"]:
+        k, out = len(self.values), []
+        for r in range(n):
+            out.append(Rows(self.values[r * k // n:(r + 1) * k // n]))
+        return out
+
+    @classmethod
+    def concat(cls, parts: list["Rows"]) -> "Rows":
+        return cls([v for p in parts for v in p.values])
+
+
+class Probe:
+    """Shared (in-process only) record of which methods were running when."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.active = 0
+        self.max_active = 0
+        self.order: list[str] = []
+
+    def enter(self, tag: str) -> None:
+        with self.lock:
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+            self.order.append(tag)
+
+    def leave(self) -> None:
+        with self.lock:
+            self.active -= 1
+
+
+class Echo(Worker):
+    def __init__(self, tag: str = "echo", probe: Probe | None = None, fail_init: bool = False) -> None:
+        if fail_init:
+            raise RuntimeError(f"init failed on rank {self.rank}")
+        self.tag = tag
+        self.probe = probe
+
+    def whoami(self) -> dict:
+        return {"rank": self.rank, "world_size": self.world_size, "local_rank": self.local_rank,
+                "device": str(self.device), "group": self.group_name, "pid": os.getpid(), "tag": self.tag,
+                "distributed": self.distributed, "env_rank": os.environ.get("RANK")}
+
+    def echo(self, x, scale: int = 1):
+        return (self.rank, x * scale)
+
+    def tag_items(self, items, offset: int = 0):
+        return [(self.rank, i + offset) for i in items]
+
+    def double(self, t):
+        return t * 2
+
+    def rows_plus_rank(self, rows: Rows) -> Rows:
+        return Rows([v + 100 * self.rank for v in rows.values])
+
+    def identity(self, obj):
+        return obj
+
+    def boom(self, on_rank: int | None = None):
+        if on_rank is None or self.rank == on_rank:
+            raise ValueError(f"boom on rank {self.rank}")
+        return self.rank
+
+    def unpicklable(self):
+        return threading.Lock()
+
+    def all_reduce_rank(self) -> float:
+        t = torch.tensor([float(self.rank + 1)])
+        dist.all_reduce(t)
+        return t.item()
+
+    def all_gather_rank(self) -> list[int]:
+        out = [torch.zeros(1, dtype=torch.long) for _ in range(dist.get_world_size())]
+        dist.all_gather(out, torch.tensor([self.rank * 10]))
+        return [int(t.item()) for t in out]
+
+    def exit_or_reduce(self, dying_rank: int, code: int = 7) -> float:
+        if self.rank == dying_rank:
+            os._exit(code)
+        return self.all_reduce_rank()
+
+    def timed(self, tag: str, hold_s: float = 0.05) -> str:
+        self.probe.enter(tag)
+        try:
+            time.sleep(hold_s)
+        finally:
+            self.probe.leave()
+        return tag
+
+    def meet(self, barrier: threading.Barrier) -> int:
+        return barrier.wait()  # raises BrokenBarrierError unless another group's rank meets it concurrently
