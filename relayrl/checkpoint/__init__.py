@@ -1,0 +1,26 @@
+"""Checkpoints: atomic save / verified load of model, optimizer, scheduler, RNG and data position."""
+
+from relayrl.checkpoint.manager import (
+    CheckpointError,
+    CheckpointManager,
+    LoadedCheckpoint,
+    ResumePlan,
+    load_checkpoint,
+    resume_from,
+    shapes_of,
+    verify_checkpoint,
+)
+from relayrl.checkpoint.rng import capture_rng_state, restore_rng_state
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointManager",
+    "LoadedCheckpoint",
+    "ResumePlan",
+    "capture_rng_state",
+    "load_checkpoint",
+    "restore_rng_state",
+    "resume_from",
+    "shapes_of",
+    "verify_checkpoint",
+]
