@@ -9,7 +9,7 @@ Memory: a full-vocabulary softmax in fp32 over ``B*T`` positions costs as much
 as the logits again. Positions are processed ``chunk_size`` at a time, each
 chunk upcast to fp32 on its own. With gradients, each chunk runs under
 activation checkpointing so the softmax of only one chunk is alive in
-backward; without gradients (``grad=False`` or :func:`entropy_metric`) it runs
+backward (a single chunk is not checkpointed); without gradients (``grad=False`` or :func:`entropy_metric`) it runs
 under ``no_grad``. Masked positions are 0.
 """
 
@@ -59,11 +59,13 @@ def entropy_from_logits(
     B, T, V = logits.shape
     flat = logits.reshape(B * T, V)
     track = grad and logits.requires_grad and torch.is_grad_enabled()
+    # Checkpointing only pays when there is more than one chunk to free between.
+    recompute = track and B * T > chunk_size
     with torch.set_grad_enabled(track):
         parts = []
         for start in range(0, B * T, chunk_size):
             rows = flat[start : start + chunk_size]
-            if track:
+            if recompute:
                 parts.append(checkpoint(_entropy_rows, rows, use_reentrant=False))
             else:
                 parts.append(_entropy_rows(rows))

@@ -1,0 +1,164 @@
+"""Advantage estimators: hand-computed values, loop references, edge cases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from relayrl.algorithms import advantages as A
+
+
+def gae_loop(r, v, m, gamma, lam):
+    """Reference GAE: explicit backward loop per row, skipping masked tokens."""
+    B, T = r.shape
+    adv = torch.zeros(B, T, dtype=torch.float64)
+    for b in range(B):
+        last, next_v = 0.0, 0.0
+        for t in reversed(range(T)):
+            if m[b, t] == 0:
+                continue
+            delta = float(r[b, t]) + gamma * next_v - float(v[b, t])
+            last = delta + gamma * lam * last
+            adv[b, t] = last
+            next_v = float(v[b, t])
+    return adv, (adv + v.double()) * m.double()
+
+
+def group_loop(rewards, gids):
+    groups: dict[int, list[int]] = {}
+    for i, g in enumerate(gids.tolist()):
+        groups.setdefault(g, []).append(i)
+    return groups
+
+
+def test_gae_hand_computed_with_holes_in_mask():
+    m = torch.tensor([[1, 1, 1, 0], [1, 0, 1, 1]], dtype=torch.float32)
+    r = torch.tensor([[0, 0, 1.0, 0], [0, 0, 0, 2.0]])
+    v = torch.tensor([[0.5, 0.2, 0.1, 9.0], [0.3, 9.0, 0.2, 0.1]])
+    adv, ret = A.gae(r, v, m, gamma=0.9, lam=0.8)
+    # row 0: d2 = 1 - .1 = .9, d1 = .9*.1 - .2 = -.11, d0 = .9*.2 - .5 = -.32
+    # A2 = .9, A1 = -.11 + .72*.9 = .538, A0 = -.32 + .72*.538 = .06736
+    # row 1 skips position 1: A3 = 1.9, A2 = -.11 + .72*1.9 = 1.258, A0 = -.12 + .72*1.258 = .78576
+    expected = torch.tensor([[0.06736, 0.538, 0.9, 0.0], [0.78576, 0.0, 1.258, 1.9]])
+    torch.testing.assert_close(adv, expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ret, (expected + v) * m, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("gamma,lam", [(1.0, 1.0), (0.99, 0.95), (0.5, 0.0), (0.0, 0.7)])
+def test_gae_matches_backward_loop(gamma, lam):
+    g = torch.Generator().manual_seed(0)
+    B, T = 5, 150  # T > block size, so the blocked scan carries across blocks
+    r = torch.randn(B, T, generator=g, dtype=torch.float64)
+    v = torch.randn(B, T, generator=g, dtype=torch.float64)
+    m = (torch.rand(B, T, generator=g) > 0.3).double()
+    m[0] = 0  # a fully masked row
+    m[1, :] = 1
+    adv, ret = A.gae(r, v, m, gamma, lam)
+    ref_adv, ref_ret = gae_loop(r, v, m, gamma, lam)
+    torch.testing.assert_close(adv, ref_adv, atol=1e-9, rtol=1e-9)
+    torch.testing.assert_close(ret, ref_ret, atol=1e-9, rtol=1e-9)
+    assert adv[0].abs().sum() == 0
+
+
+def test_grpo_hand_computed_unequal_groups_and_ids():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 5.0, 2.0, 4.0, 3.0])
+    gids = torch.tensor([42, 42, 42, 9, -1, -1, -1])
+    adv = A.grpo(rewards, gids)
+    # group 42: mean 1/3, unbiased std sqrt(1/3) = .57735
+    s = math.sqrt(1 / 3)
+    expected = torch.tensor([(2 / 3) / s, (-1 / 3) / s, (-1 / 3) / s, 0.0, -1.0, 1.0, 0.0])
+    torch.testing.assert_close(adv, expected, atol=1e-5, rtol=0)
+    dr = A.grpo(rewards, gids, normalize_std=False)
+    torch.testing.assert_close(dr, torch.tensor([2 / 3, -1 / 3, -1 / 3, 0.0, -1.0, 1.0, 0.0]))
+
+
+def test_grpo_all_equal_and_singleton_groups_are_zero_not_nan():
+    adv = A.grpo(torch.tensor([1.0, 1.0, 1.0, 7.0]), torch.tensor([0, 0, 0, 1]))
+    assert torch.isfinite(adv).all()
+    assert adv.abs().max() == 0
+    assert A.rloo(torch.tensor([3.0]), torch.tensor([5])).item() == 0
+
+
+def test_grpo_and_rloo_match_loops():
+    g = torch.Generator().manual_seed(1)
+    rewards = torch.randn(40, generator=g, dtype=torch.float64)
+    gids = torch.randint(0, 9, (40,), generator=g) * 7 - 20
+    groups = group_loop(rewards, gids)
+    grpo_ref = torch.zeros(40, dtype=torch.float64)
+    rloo_ref = torch.zeros(40, dtype=torch.float64)
+    for idx in groups.values():
+        vals = [float(rewards[i]) for i in idx]
+        n = len(vals)
+        mean = sum(vals) / n
+        std = math.sqrt(sum((x - mean) ** 2 for x in vals) / (n - 1)) if n > 1 else 0.0
+        for i in idx:
+            grpo_ref[i] = (float(rewards[i]) - mean) / (std + 1e-6)
+            rloo_ref[i] = float(rewards[i]) - (sum(vals) - float(rewards[i])) / (n - 1) if n > 1 else 0.0
+    torch.testing.assert_close(A.grpo(rewards, gids), grpo_ref)
+    torch.testing.assert_close(A.rloo(rewards, gids), rloo_ref)
+
+
+def test_rloo_hand_computed():
+    adv = A.rloo(torch.tensor([1.0, 0.0, 0.0, 2.0, 4.0]), torch.tensor([0, 0, 0, 1, 1]))
+    # 1 - 0 = 1; 0 - (1+0)/2 = -.5; 2 - 4 = -2; 4 - 2 = 2
+    torch.testing.assert_close(adv, torch.tensor([1.0, -0.5, -0.5, -2.0, 2.0]))
+
+
+def test_reinforce_pp_discounts_then_whitens():
+    m = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.float64)
+    tr = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]], dtype=torch.float64)
+    adv = A.reinforce_pp(tr, m, gamma=0.5)
+    returns = torch.tensor([0.25, 0.5, 1.0, 1.0, 2.0], dtype=torch.float64)  # valid tokens in order
+    whitened = (returns - returns.mean()) / (returns.std() + 1e-8)
+    torch.testing.assert_close(adv[m.bool()], whitened)
+    assert adv[1, 2] == 0
+
+
+def test_reinforce_pp_baseline_and_remax():
+    m = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.float64)
+    rewards = torch.tensor([1.0, 0.0, 3.0], dtype=torch.float64)
+    gids = torch.tensor([0, 0, 1])
+    adv = A.reinforce_pp_baseline(rewards, gids, m)
+    tokens = torch.tensor([0.5, 0.5, -0.5, -0.5, -0.5, 0.0], dtype=torch.float64)
+    expected = (tokens - tokens.mean()) / (tokens.std() + 1e-8)
+    torch.testing.assert_close(adv[m.bool()], expected)
+    rm = A.compute("remax", rewards=rewards, group_ids=gids, mask=m, baseline_rewards=torch.tensor([0.5, 0.5, 3.0], dtype=torch.float64))
+    torch.testing.assert_close(rm, torch.tensor([[0.5, 0.5, 0], [-0.5, -0.5, -0.5], [0, 0, 0]], dtype=torch.float64))
+
+
+def test_compute_dispatch_broadcasts_and_validates():
+    m = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.float32)
+    rewards, gids = torch.tensor([1.0, 0.0]), torch.tensor([3, 3])
+    out = A.compute("drgrpo", rewards=rewards, group_ids=gids, mask=m)
+    torch.testing.assert_close(out, torch.tensor([[0.5, 0.5, 0.0], [-0.5, -0.5, -0.5]]))
+    out = A.compute("grpo", rewards=rewards, group_ids=gids, mask=m)
+    assert out.shape == m.shape and out[0, 2] == 0
+    for name in A.ESTIMATORS:
+        kw = {"values": torch.zeros(2, 3), "baseline_rewards": torch.zeros(2)}
+        res = A.compute(name, rewards=rewards, group_ids=gids, mask=m, **kw)
+        assert res.shape == (2, 3) and torch.isfinite(res).all(), name
+    gae_adv = A.compute("gae", rewards=rewards, group_ids=gids, mask=m, values=torch.zeros(2, 3))
+    torch.testing.assert_close(gae_adv, torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]))
+    with pytest.raises(ValueError, match="grpo, drgrpo, rloo"):
+        A.compute("ppo2", rewards=rewards, group_ids=gids, mask=m)
+    with pytest.raises(ValueError, match="baseline_rewards"):
+        A.compute("remax", rewards=rewards, group_ids=gids, mask=m)
+    with pytest.raises(ValueError, match="values"):
+        A.compute("gae", rewards=rewards, group_ids=gids, mask=m)
+
+
+def test_errors_name_shapes_and_empty_batch():
+    with pytest.raises(ValueError, match=r"rewards has shape \(3,\) but group_ids has shape \(2,\)"):
+        A.grpo(torch.zeros(3), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match="empty batch"):
+        A.rloo(torch.zeros(0), torch.zeros(0, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"token_rewards has shape \(2, 3\) but values has shape \(2, 4\)"):
+        A.gae(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3), 1.0, 1.0)
+    with pytest.raises(ValueError, match="empty batch"):
+        A.gae(torch.zeros(0, 3), torch.zeros(0, 3), torch.ones(0, 3), 1.0, 1.0)
+    with pytest.raises(ValueError, match="mask"):
+        A.compute("grpo", rewards=torch.zeros(3), group_ids=torch.zeros(3, dtype=torch.long), mask=torch.ones(2, 4))
+    with pytest.raises(ValueError, match="gamma"):
+        A.gae(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), 1.5, 1.0)

@@ -1,0 +1,129 @@
+"""Clipped policy loss: hand values, clip metrics, dual-clip, GSPO, IS weights, gradcheck."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from relayrl.algorithms.losses import policy_loss
+
+
+def test_hand_computed_decoupled_clip():
+    old = torch.zeros(1, 4)
+    logprobs = torch.tensor([[0.5, -0.5, 0.0, 3.0]], requires_grad=True)
+    adv = torch.tensor([[1.0, -1.0, 2.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    loss, metrics = policy_loss(logprobs, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    # t0: ratio e^.5 = 1.6487 > 1.28, A>0 -> -1.28; t1: ratio e^-.5 = .6065 < .8, A<0 -> .8; t2: -2
+    assert loss.item() == pytest.approx((-1.28 + 0.8 - 2.0) / 3.0, abs=1e-6)
+    assert metrics["actor/clip_frac_high"] == pytest.approx(1 / 3)
+    assert metrics["actor/clip_frac_low"] == pytest.approx(1 / 3)
+    assert metrics["actor/clip_frac"] == pytest.approx(2 / 3)
+    assert metrics["actor/ratio_max"] == pytest.approx(math.exp(0.5), rel=1e-6)
+    assert metrics["actor/ratio_min"] == pytest.approx(math.exp(-0.5), rel=1e-6)
+    assert metrics["actor/ratio_mean"] == pytest.approx((math.exp(0.5) + math.exp(-0.5) + 1) / 3, rel=1e-6)
+    k3 = [math.exp(x) - 1 - x for x in (0.5, -0.5, 0.0)]
+    assert metrics["actor/approx_kl"] == pytest.approx(sum(k3) / 3, rel=1e-5)
+    assert all(isinstance(v, float) for v in metrics.values())
+    loss.backward()
+    # clipped tokens get no gradient; the unclipped one gets -A * ratio / 3
+    torch.testing.assert_close(logprobs.grad, torch.tensor([[0.0, 0.0, -2.0 / 3.0, 0.0]]))
+
+
+def test_dual_clip_bounds_negative_advantage_loss():
+    old = torch.zeros(1, 2)
+    logprobs = torch.tensor([[2.0, 2.0]])  # ratio e^2 = 7.389
+    adv = torch.tensor([[-1.0, 1.0]])
+    mask = torch.ones(1, 2)
+    plain, _ = policy_loss(logprobs, old, adv, mask)
+    dual, metrics = policy_loss(logprobs, old, adv, mask, dual_clip=3.0)
+    # t0 plain: max(7.389, 1.2) = 7.389; dual: min(7.389, 3) = 3; t1: -1.2 both
+    assert plain.item() == pytest.approx((math.exp(2.0) - 1.2) / 2, rel=1e-6)
+    assert dual.item() == pytest.approx((3.0 - 1.2) / 2, rel=1e-6)
+    assert metrics["actor/dual_clip_frac"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="dual_clip"):
+        policy_loss(logprobs, old, adv, mask, dual_clip=0.9)
+
+
+def test_sequence_level_ratio_gspo():
+    old = torch.zeros(2, 3)
+    logprobs = torch.tensor([[0.1, 0.3, 5.0], [0.0, 0.0, 0.0]], requires_grad=True)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]])
+    loss, metrics = policy_loss(logprobs, old, adv, mask, level="sequence", clip_high=0.5, agg="seq-mean-token-mean")
+    s = math.exp(0.2)  # geometric mean of the valid token ratios of row 0
+    assert metrics["actor/ratio_max"] == pytest.approx(s, rel=1e-6)
+    assert loss.item() == pytest.approx((-s + 1.0) / 2, rel=1e-6)
+    loss.backward()
+    # d/dlogp of -s * A: each valid token of row 0 gets -s/2 (seq weight) * 1/2 (seq-mean) ... GSPO-token form
+    torch.testing.assert_close(logprobs.grad[0], torch.tensor([-s / 4, -s / 4, 0.0]))
+
+
+def test_is_weights_scale_token_losses_and_are_detached():
+    old = torch.zeros(1, 2)
+    logprobs = torch.zeros(1, 2, requires_grad=True)
+    adv = torch.tensor([[1.0, 1.0]])
+    w = torch.tensor([[0.5, 2.0]], requires_grad=True)
+    loss, _ = policy_loss(logprobs, old, adv, torch.ones(1, 2), is_weights=w)
+    assert loss.item() == pytest.approx(-(0.5 + 2.0) / 2)
+    loss.backward()
+    assert w.grad is None
+
+
+def test_fully_masked_batch_gives_zero_and_no_nan():
+    lp = torch.randn(2, 3, requires_grad=True)
+    loss, metrics = policy_loss(lp, torch.full((2, 3), float("-inf")), torch.randn(2, 3), torch.zeros(2, 3))
+    assert loss.item() == 0.0
+    assert all(math.isfinite(v) for v in metrics.values())
+    loss.backward()
+    assert torch.isfinite(lp.grad).all()
+
+
+def test_errors_name_both_shapes():
+    with pytest.raises(ValueError, match=r"logprobs has shape \(2, 3\) but advantages has shape \(2,\)"):
+        policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3))
+    with pytest.raises(ValueError, match="empty batch"):
+        policy_loss(torch.zeros(0, 3), torch.zeros(0, 3), torch.zeros(0, 3), torch.ones(0, 3))
+    with pytest.raises(ValueError, match="level"):
+        policy_loss(torch.zeros(1, 3), torch.zeros(1, 3), torch.zeros(1, 3), torch.ones(1, 3), level="seq")
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_gradcheck(agg):
+    g = torch.Generator().manual_seed(3)
+    B, T = 3, 5
+    old = torch.randn(B, T, generator=g, dtype=torch.float64)
+    # keep ratios in (0.75, 1.3) but off the clip boundaries' neighbourhood
+    logprobs = (old + 0.05 * torch.randn(B, T, generator=g, dtype=torch.float64)).requires_grad_()
+    adv = torch.randn(B, T, generator=g, dtype=torch.float64)
+    mask = torch.ones(B, T, dtype=torch.float64)
+    mask[0, 3:] = 0
+    w = torch.rand(B, T, generator=g, dtype=torch.float64)
+
+    def f(lp):
+        return policy_loss(lp, old, adv, mask, agg=agg, is_weights=w, dual_clip=3.0)[0]
+
+    assert torch.autograd.gradcheck(f, (logprobs,))
+
+
+def test_sequence_level_gradient_equals_gspo_objective():
+    """GSPO-token with per-sequence advantages and seq-mean-token-mean has GSPO's gradient."""
+    g = torch.Generator().manual_seed(4)
+    B, T = 4, 6
+    old = torch.randn(B, T, generator=g, dtype=torch.float64)
+    logprobs = (old + 0.2 * torch.randn(B, T, generator=g, dtype=torch.float64)).requires_grad_()
+    mask = torch.ones(B, T, dtype=torch.float64)
+    mask[1, 2:] = 0
+    seq_adv = torch.tensor([1.0, -0.5, 2.0, -1.0], dtype=torch.float64)
+    adv = seq_adv.unsqueeze(1).expand(B, T)
+    loss, _ = policy_loss(logprobs, old, adv, mask, level="sequence", agg="seq-mean-token-mean", clip_low=0.1, clip_high=0.15)
+    (grad,) = torch.autograd.grad(loss, logprobs)
+
+    lp = logprobs.detach().clone().requires_grad_()
+    s = torch.exp(((lp - old) * mask).sum(1) / mask.sum(1))
+    ref = torch.maximum(-seq_adv * s, -seq_adv * s.clamp(0.9, 1.15)).mean()
+    (ref_grad,) = torch.autograd.grad(ref, lp)
+    torch.testing.assert_close(loss.detach(), ref.detach())
+    torch.testing.assert_close(grad, ref_grad)
