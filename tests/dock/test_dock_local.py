@@ -1,0 +1,129 @@
+import pytest
+import torch
+
+from relayrl.dock import Dock, DockConfig, PartitionClosedError
+
+from . import scenarios
+
+
+@pytest.fixture(params=[1, 3], ids=["1unit", "3units"])
+def dock(request):
+    d = Dock(units=request.param, backend="local", lease_s=30.0)
+    yield d
+    d.shutdown()
+
+
+def test_round_trip(dock):
+    scenarios.round_trip(dock)
+
+
+def test_stage_readiness(dock):
+    scenarios.stage_readiness(dock)
+
+
+def test_whole_groups_and_token_budget(dock):
+    scenarios.whole_groups_and_tokens(dock)
+
+
+def test_dp_balance(dock):
+    scenarios.dp_balance(dock)
+
+
+def test_leases_and_release(dock):
+    scenarios.leases_and_release(dock)
+
+
+def test_expiry():
+    scenarios.expiry(Dock(units=2, lease_s=0.05))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_concurrent_exactly_once(seed):
+    short = seed % 2 == 1
+    scenarios.concurrent(Dock(units=1 + seed % 3, lease_s=0.05 if short else 30.0), seed, always_release=not short)
+
+
+def test_config_and_from_config():
+    cfg = DockConfig(units=2, lease_s=5.0)
+    d = Dock.from_config(cfg)
+    assert d.config == cfg and d.lease_s == 5.0
+    with pytest.raises(ValueError, match="backend"):
+        DockConfig(backend="redis")
+    with pytest.raises(ValueError, match="units"):
+        Dock(units=0)
+
+
+def test_bad_input_errors():
+    d = Dock()
+    d.open_partition("p", rows=4, columns=["ids", "lp"])
+    idx = d.put("p", {"ids": [torch.arange(2)] * 2})
+    with pytest.raises(TypeError, match="column 'ids' gets torch.int32.*earlier rows hold torch.int64"):
+        d.put("p", {"ids": [torch.arange(2, dtype=torch.int32)] * 2})
+    with pytest.raises(KeyError, match="'nope' is not declared"):
+        d.put("p", {"nope": [1.0, 2.0]}, indexes=idx)
+    with pytest.raises(KeyError, match="does not declare"):
+        d.stream("p", "s", ["ids", "nope"], batch_size=2)
+    with pytest.raises(ValueError, match="exceeds partition 'p'"):
+        d.stream("p", "s", ["ids"], batch_size=5)
+    with pytest.raises(ValueError, match="exceed the declared 4 rows"):
+        d.put("p", {"ids": [torch.arange(1)] * 3})
+    with pytest.raises(IndexError, match="row 3 does not exist"):
+        d.put("p", {"lp": [torch.zeros(1)]}, indexes=[3])
+    with pytest.raises(KeyError, match="column 'lp' has not been written"):
+        d.get("p", idx, ["lp"])
+    with pytest.raises(ValueError, match="2 rows but the put has 1"):
+        d.put("p", {"lp": [torch.zeros(1)] * 2}, indexes=[0])
+    with pytest.raises(ValueError, match="already open"):
+        d.open_partition("p", rows=1)
+    with pytest.raises(ValueError, match="multiple of group_size"):
+        d.open_partition("q", rows=5, group_size=2)
+    d.stream("p", "s", ["ids"], batch_size=1)
+    with pytest.raises(ValueError, match="stage 's' is registered as"):
+        d.stream("p", "s", ["ids", "lp"], batch_size=1)
+    with pytest.raises(PartitionClosedError, match="'zzz' is not open"):
+        d.put("zzz", {"ids": [torch.arange(1)]})
+
+
+def test_close_and_reopen_does_not_leak():
+    d = Dock(units=2)
+    d.open_partition("p", rows=4)
+    d.put("p", {"x": [torch.ones(1)] * 4})
+    old = next(iter(d.stream("p", "s", ["x"], batch_size=2)))
+    d.close_partition("p")
+    d.open_partition("p", rows=4)
+    with pytest.raises(PartitionClosedError, match="closed since it was handed out"):
+        old.ack()
+    with pytest.raises(KeyError, match="column 'x' has not been written"):
+        d.get("p", [0], ["x"])
+    assert d.progress("p", "s") == {"rows": 4, "acked": 0, "ready_units": 0, "leased_units": 0, "waiting_units": 4}
+
+
+def test_rewrite_after_redelivery_publishes_once():
+    d = Dock(lease_s=30.0)
+    d.open_partition("p", rows=2)
+    idx = d.put("p", {"x": [torch.ones(1)] * 2})
+    d.put("p", {"y": [torch.zeros(1)] * 2}, indexes=idx)
+    d.put("p", {"y": [torch.full((1,), 3.0)] * 2}, indexes=idx)  # recomputed after a re-delivery
+    batches = list(d.stream("p", "s", ["y"], batch_size=2, auto_ack=True))
+    assert len(batches) == 1 and batches[0]["y"][0].item() == 3.0
+
+
+def test_state_dict_round_trip():
+    d = Dock(units=2)
+    d.open_partition("p", rows=6)
+    resp = scenarios.ragged(6, 9, lo=1)
+    d.put("p", {"response_ids": resp})
+    s = d.stream("p", "update", ["response_ids"], batch_size=2)
+    first = next(s)
+    first.ack()
+    next(s)  # leased, never acked: must come back after restore
+    state = d.state_dict("p")
+    assert sorted(state["data"]["response_ids"]["indexes"]) == sorted(set(range(6)) - set(first.indexes))
+    d2 = Dock(units=3)
+    d2.load_state_dict(state)
+    rest = []
+    for b in d2.stream("p", "update", ["response_ids"], batch_size=2):
+        for pos, i in enumerate(b.indexes):
+            assert torch.equal(b["response_ids"][pos], resp[i])
+        rest += b.ack()
+    assert sorted(rest + first.indexes) == list(range(6))
