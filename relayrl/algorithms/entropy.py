@@ -9,8 +9,9 @@ Memory: a full-vocabulary softmax in fp32 over ``B*T`` positions costs as much
 as the logits again. Positions are processed ``chunk_size`` at a time, each
 chunk upcast to fp32 on its own. With gradients, each chunk runs under
 activation checkpointing so the softmax of only one chunk is alive in
-backward (a single chunk is not checkpointed); without gradients (``grad=False`` or :func:`entropy_metric`) it runs
-under ``no_grad``. Masked positions are 0.
+backward (a single chunk is not checkpointed); without gradients
+(``grad=False`` or :func:`entropy_metric`) it runs under ``no_grad``. Masked
+positions are 0.
 """
 
 from __future__ import annotations

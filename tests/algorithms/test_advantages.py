@@ -162,3 +162,23 @@ def test_errors_name_shapes_and_empty_batch():
         A.compute("grpo", rewards=torch.zeros(3), group_ids=torch.zeros(3, dtype=torch.long), mask=torch.ones(2, 4))
     with pytest.raises(ValueError, match="gamma"):
         A.gae(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), 1.5, 1.0)
+
+
+def test_reinforce_pp_matches_loop_with_holes():
+    g = torch.Generator().manual_seed(2)
+    B, T, gamma = 4, 80, 0.97
+    tr = torch.randn(B, T, generator=g, dtype=torch.float64)
+    m = (torch.rand(B, T, generator=g) > 0.2).double()
+    returns = []
+    for b in range(B):
+        running, row = 0.0, {}
+        for t in reversed(range(T)):
+            if m[b, t]:
+                running = float(tr[b, t]) + gamma * running
+                row[t] = running
+        returns += [row[t] for t in sorted(row)]
+    ret = torch.tensor(returns, dtype=torch.float64)
+    expected = (ret - ret.mean()) / (ret.std() + 1e-8)
+    adv = A.reinforce_pp(tr, m, gamma=gamma)
+    torch.testing.assert_close(adv[m.bool()], expected)
+    assert adv[~m.bool()].abs().sum() == 0
