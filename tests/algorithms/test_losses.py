@@ -153,3 +153,22 @@ def test_matches_per_token_loop_on_random_inputs():
     assert loss.item() == pytest.approx(total / count, rel=1e-12)
     assert metrics["actor/clip_frac_low"] == pytest.approx(low / count)
     assert metrics["actor/clip_frac_high"] == pytest.approx(high / count)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_micro_batched_policy_loss_equals_full_batch(agg):
+    from relayrl.algorithms.losses import count_tokens_and_seqs
+
+    g = torch.Generator().manual_seed(5)
+    B, T = 6, 5
+    old = torch.randn(B, T, generator=g, dtype=torch.float64)
+    lp = (old + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)).requires_grad_()
+    adv = torch.randn(B, T, generator=g, dtype=torch.float64)
+    mask = (torch.rand(B, T, generator=g) > 0.3).double()
+    full, _ = policy_loss(lp, old, adv, mask, agg=agg)
+    tokens, seqs = count_tokens_and_seqs(mask)
+    parts = [
+        policy_loss(lp[a:b], old[a:b], adv[a:b], mask[a:b], agg=agg, global_tokens=tokens, global_seqs=seqs)[0]
+        for a, b in [(0, 2), (2, 3), (3, 6)]
+    ]
+    torch.testing.assert_close(sum(parts), full)
