@@ -1,15 +1,14 @@
 """Checkpoints: atomic save / verified load of model, optimizer, scheduler, RNG and data position."""
 
-from relayrl.checkpoint.manager import (
+from relayrl.checkpoint.format import (
     CheckpointError,
-    CheckpointManager,
     LoadedCheckpoint,
-    ResumePlan,
     load_checkpoint,
-    resume_from,
     shapes_of,
     verify_checkpoint,
 )
+from relayrl.checkpoint.manager import CheckpointManager
+from relayrl.checkpoint.resume import ResumePlan, resume_from
 from relayrl.checkpoint.rng import capture_rng_state, restore_rng_state
 
 __all__ = [

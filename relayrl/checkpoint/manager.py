@@ -19,9 +19,8 @@ plus a `.tmp-*` directory (removed by the next save), or the new complete one.
 Old checkpoints are pruned by renaming them to `.trash-*` first, so an
 interrupted prune never leaves a half-deleted `step-*` directory.
 
-Loading verifies the manifest (every file present, size and sha256 match) and,
-when given, the model's expected tensor shapes; every failure raises
-`CheckpointError` naming the file and the problem. Only rank 0 should save;
+Loading and verification live in `relayrl.checkpoint.format`, the resume
+policy in `relayrl.checkpoint.resume`. Only rank 0 should save;
 torch.load of optimizer/scheduler/rng uses `weights_only=True`, while
 `extra.pt` (arbitrary objects) is loaded with full unpickling and so must
 come from a trusted directory.
@@ -29,61 +28,32 @@ come from a trusted directory.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
+from relayrl.checkpoint.format import (
+    _SCRATCH_DIR,
+    _STEP_DIR,
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST,
+    MODEL_FILE,
+    LoadedCheckpoint,
+    _sha256,
+    load_checkpoint,
+)
 from relayrl.checkpoint.rng import capture_rng_state
 
 log = logging.getLogger(__name__)
-
-FORMAT = "relayrl-checkpoint"
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-MODEL_FILE = "model.safetensors"
-REQUIRED_FILES = (MODEL_FILE, "trainer_state.json", "rng.pt")
-_STEP_DIR = re.compile(r"^step-(\d+)$")
-_SCRATCH_DIR = re.compile(r"^\.(?:tmp|trash)-step-(\d+)-(\d+)$")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, incomplete, corrupted or does not fit the model."""
-
-
-@dataclass(frozen=True)
-class LoadedCheckpoint:
-    """Everything one checkpoint holds, on `map_location` (CPU by default)."""
-
-    path: Path
-    step: int
-    model_state: dict[str, torch.Tensor]
-    optimizer_state: dict[str, Any] | None
-    scheduler_state: dict[str, Any] | None
-    trainer_state: dict[str, Any]
-    rng_state: dict[str, Any]
-    config: dict[str, Any] | None = None
-    extra: Any = None
-
-
-def shapes_of(model_or_state: torch.nn.Module | Mapping[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
-    """{name: shape} of a module's state_dict (or of a state dict), for `expected_shapes`."""
-    state = model_or_state.state_dict() if isinstance(model_or_state, torch.nn.Module) else model_or_state
-    return {k: tuple(v.shape) for k, v in state.items()}
-
-
-# ----------------------------------------------------------------------------- file helpers
 
 
 def _fsync_file(path: Path) -> None:
@@ -100,14 +70,6 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _find_unjsonable(value: Any, where: str) -> str | None:
@@ -173,133 +135,6 @@ def _remove_scratch(root: Path) -> None:
                 alive = True
         if not alive:
             shutil.rmtree(child, ignore_errors=True)
-
-
-# ----------------------------------------------------------------------------- verification and load
-
-
-def _read_manifest(path: Path) -> dict[str, Any]:
-    mpath = path / MANIFEST
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: checkpoint directory does not exist")
-    if not mpath.exists():
-        raise CheckpointError(f"{mpath}: missing; the checkpoint is incomplete (was its save interrupted?)")
-    try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{mpath}: corrupted, not valid JSON ({exc})") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{mpath}: not a relayrl checkpoint manifest (format is {manifest.get('format')!r})")
-    version = manifest.get("version")
-    if version != FORMAT_VERSION:
-        raise CheckpointError(
-            f"{mpath}: checkpoint format version {version} is incompatible; this relayrl reads version {FORMAT_VERSION}"
-        )
-    missing = [f for f in REQUIRED_FILES if f not in manifest.get("files", {})]
-    if missing:
-        raise CheckpointError(f"{mpath}: manifest lists no {missing}; the checkpoint is incompatible")
-    return manifest
-
-
-def verify_checkpoint(path: Path, *, hashes: bool = True) -> dict[str, Any]:
-    """Check every file in the manifest exists with the recorded size (and sha256). Returns the manifest."""
-    path = Path(path)
-    manifest = _read_manifest(path)
-    for name, meta in manifest["files"].items():
-        fpath = path / name
-        if not fpath.is_file():
-            raise CheckpointError(f"{fpath}: missing (listed in {MANIFEST})")
-        size = fpath.stat().st_size
-        if size != meta["size"]:
-            what = "truncated" if size < meta["size"] else "larger than written"
-            raise CheckpointError(f"{fpath}: {what}: {size} bytes, manifest says {meta['size']}")
-        if hashes and _sha256(fpath) != meta["sha256"]:
-            raise CheckpointError(f"{fpath}: corrupted: sha256 differs from the one in {MANIFEST}")
-    return manifest
-
-
-def _check_shapes(fpath: Path, state: Mapping[str, torch.Tensor], expected: Mapping[str, Any]) -> None:
-    def short(keys: list[str]) -> str:
-        return str(keys[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
-
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    mismatched = [
-        f"'{k}': checkpoint {tuple(state[k].shape)} vs model {tuple(expected[k])}"
-        for k in sorted(set(state) & set(expected))
-        if tuple(state[k].shape) != tuple(expected[k])
-    ]
-    problems = []
-    if missing:
-        problems.append(f"missing keys {short(missing)}")
-    if unexpected:
-        problems.append(f"unexpected keys {short(unexpected)}")
-    if mismatched:
-        problems.append("shape mismatch " + "; ".join(mismatched[:8]) + (" ..." if len(mismatched) > 8 else ""))
-    if problems:
-        raise CheckpointError(f"{fpath}: does not fit the model: " + "; ".join(problems))
-
-
-def _torch_load(fpath: Path, map_location: str | torch.device, weights_only: bool = True) -> Any:
-    try:
-        return torch.load(fpath, map_location=map_location, weights_only=weights_only)
-    except Exception as exc:  # pickle/zip errors come in many types
-        raise CheckpointError(f"{fpath}: cannot be read ({type(exc).__name__}: {exc})") from exc
-
-
-def load_checkpoint(
-    path: Path,
-    *,
-    expected_shapes: Mapping[str, Any] | None = None,
-    map_location: str | torch.device = "cpu",
-    verify_hashes: bool = True,
-) -> LoadedCheckpoint:
-    """Verify and load one checkpoint directory.
-
-    Args:
-        path: a `step-*` directory written by `CheckpointManager.save`.
-        expected_shapes: {tensor name: shape} of the model to load into
-            (see `shapes_of`); any missing, unexpected or differently shaped
-            tensor is refused.
-        map_location: where tensors are placed.
-        verify_hashes: also compare sha256 (reads every file once more).
-    """
-    path = Path(path)
-    manifest = verify_checkpoint(path, hashes=verify_hashes)
-    files = manifest["files"]
-    mpath = path / MODEL_FILE
-    try:
-        model_state = load_file(mpath, device=str(map_location))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{mpath}: cannot be read as safetensors ({exc})") from exc
-    if expected_shapes is not None:
-        _check_shapes(mpath, model_state, expected_shapes)
-    tpath = path / "trainer_state.json"
-    try:
-        trainer_state = json.loads(tpath.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{tpath}: corrupted, not valid JSON ({exc})") from exc
-    config = None
-    if "config.json" in files:
-        cpath = path / "config.json"
-        try:
-            config = json.loads(cpath.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise CheckpointError(f"{cpath}: corrupted, not valid JSON ({exc})") from exc
-    return LoadedCheckpoint(
-        path=path,
-        step=int(manifest["step"]),
-        model_state=model_state,
-        optimizer_state=_torch_load(path / "optimizer.pt", map_location) if "optimizer.pt" in files else None,
-        scheduler_state=_torch_load(path / "scheduler.pt", map_location) if "scheduler.pt" in files else None,
-        trainer_state=trainer_state,
-        rng_state=_torch_load(path / "rng.pt", "cpu"),
-        config=config,
-        extra=_torch_load(path / "extra.pt", map_location, weights_only=False) if "extra.pt" in files else None,
-    )
-
-
-# ----------------------------------------------------------------------------- manager
 
 
 class CheckpointManager:
@@ -423,58 +258,3 @@ class CheckpointManager:
              map_location: str | torch.device = "cpu") -> LoadedCheckpoint:
         """`load_checkpoint(path, ...)`."""
         return load_checkpoint(path, expected_shapes=expected_shapes, map_location=map_location)
-
-
-# ----------------------------------------------------------------------------- resume policy
-
-
-@dataclass(frozen=True)
-class ResumePlan:
-    """What a run should start from, and a sentence saying why (print it)."""
-
-    path: Path | None
-    """Checkpoint to load; None means start from scratch."""
-    message: str
-
-
-def resume_from(root: Path, mode: Literal["auto", "never"] | str | Path) -> ResumePlan:
-    """Decide where a run starts.
-
-    * "never": from scratch.
-    * "auto": from the newest complete checkpoint under `root`, or from scratch
-      if there is none (the message says so); refuses when the newest
-      `step-*` directory has no manifest (something removed files from it).
-    * a path: that checkpoint directory, or the newest one under a checkpoint
-      root; a path that does not hold one raises CheckpointError. The files'
-      presence and sizes are verified here, hashes at load.
-    """
-    root = Path(root)
-    if isinstance(mode, str) and mode == "never":
-        return ResumePlan(None, "resume disabled (resume=never); starting from step 0")
-    if isinstance(mode, str) and mode == "auto":
-        manager = CheckpointManager(root)
-        dirs = sorted(
-            (int(m.group(1)), c) for c in (root.iterdir() if root.is_dir() else []) if (m := _STEP_DIR.match(c.name))
-        )
-        if dirs and not (dirs[-1][1] / MANIFEST).is_file():
-            raise CheckpointError(
-                f"{dirs[-1][1] / MANIFEST}: missing, so the newest checkpoint is incomplete; delete "
-                f"{dirs[-1][1]} to resume from an older one, or set resume to an explicit checkpoint path"
-            )
-        latest = manager.latest()
-        if latest is None:
-            scratch = [c for c in (root.iterdir() if root.is_dir() else []) if _SCRATCH_DIR.match(c.name)]
-            note = f" (ignored {len(scratch)} unfinished save(s))" if scratch else ""
-            return ResumePlan(None, f"resume=auto: no checkpoint under {root}{note}; starting from step 0")
-        manifest = verify_checkpoint(latest, hashes=False)
-        return ResumePlan(latest, f"resume=auto: resuming from {latest} (step {manifest['step']})")
-    path = Path(mode)
-    if not path.exists():
-        raise CheckpointError(f"{path}: resume path does not exist")
-    if not (path / MANIFEST).exists():
-        inner = CheckpointManager(path).latest() if path.is_dir() else None
-        if inner is None:
-            raise CheckpointError(f"{path / MANIFEST}: missing; {path} is neither a checkpoint nor a directory of them")
-        path = inner
-    manifest = verify_checkpoint(path, hashes=False)
-    return ResumePlan(path, f"resuming from {path} (step {manifest['step']})")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -224,7 +225,7 @@ class WandbSink:
         if id_file.exists():
             run_id = id_file.read_text(encoding="utf-8").strip()
         else:
-            run_id = wandb.util.generate_id()
+            run_id = uuid.uuid4().hex[:12]
             id_file.write_text(run_id + "\n", encoding="utf-8")
         self._run = wandb.init(
             project=project or "relayrl",

@@ -43,3 +43,21 @@ def test_restore_errors_name_the_generator():
         restore_rng_state(state, {"sampler": random.Random()})
     with pytest.raises(TypeError, match=r"extra_generators\['x'\] is a int"):
         capture_rng_state({"x": 3})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_rng_and_cuda_tensors_round_trip(tmp_path):
+    from relayrl.checkpoint import CheckpointManager
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    state = capture_rng_state({"sampler": gen})
+    first = (torch.rand(3, device="cuda"), torch.rand(3, device="cuda", generator=gen))
+    restore_rng_state(state, {"sampler": gen})
+    again = (torch.rand(3, device="cuda"), torch.rand(3, device="cuda", generator=gen))
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+    w = torch.randn(4, 4, device="cuda")
+    cm = CheckpointManager(tmp_path)
+    path = cm.save(1, model_state={"w": w, "tied": w}, optimizer_state=None, scheduler_state=None, trainer_state={})
+    ck = cm.load(path, map_location="cuda")
+    assert ck.model_state["w"].is_cuda and torch.equal(ck.model_state["tied"], w)
