@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import pickle
 import socket
+import sys
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -154,3 +155,8 @@ def rank_process_main(conn, start_payload: bytes) -> None:
             conn.send_bytes(encode_reply(reply))
     finally:
         runtime.close()
+    # Leave at once: interpreter teardown of torch/gloo state in a rank process takes
+    # seconds and there is nothing left to flush but the standard streams.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

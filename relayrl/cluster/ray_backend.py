@@ -118,7 +118,9 @@ class RayRanks:
         self.broken: str | None = None
         self._next_id = 0
         self.actors: list = []
+        self._released = True
         pg = _acquire_placement(pool, cfg)
+        self._released = False
         try:
             share = 1.0 / pool.max_colocated
             host = ray.remote(_RankHost)
@@ -196,12 +198,21 @@ class RayRanks:
         return [results[r] for r in ranks]
 
     def shutdown(self) -> None:
-        if self.actors:
+        if self._released:
+            return
+        self._released = True
+        actors, self.actors = self.actors, []
+        if not ray.is_initialized():  # Ray already went down (e.g. at interpreter exit): nothing left to free
+            self.pool.ray_placement = None
+            return
+        if actors:
             try:
-                ray.get([a.stop.remote() for a in self.actors], timeout=5.0)
+                ray.get([a.stop.remote() for a in actors], timeout=5.0)
             except Exception:
                 pass  # dead or stuck ranks are killed below
-            for a in self.actors:
-                ray.kill(a, no_restart=True)
-            self.actors = []
-            _release_placement(self.pool)
+            for a in actors:
+                try:
+                    ray.kill(a, no_restart=True)
+                except Exception:
+                    pass  # already dead
+        _release_placement(self.pool)

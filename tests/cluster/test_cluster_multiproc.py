@@ -1,0 +1,92 @@
+"""Local backend with several ranks: spawned processes forming a gloo group."""
+import os
+import signal
+
+import pytest
+import torch
+
+from cluster_workers import Echo, Rows
+from relayrl.cluster import ClusterConfig, ResourcePool, WorkerError, WorkerGroup
+
+pytestmark = pytest.mark.multiproc
+
+
+@pytest.fixture(scope="module")
+def group():
+    g = WorkerGroup(Echo, ResourcePool("mp", devices=2), name="mp", init_kwargs={"tag": "m"}, distributed=True)
+    yield g
+    g.shutdown()
+
+
+def test_ranks_are_separate_processes_with_torch_distributed_env(group):
+    who = group.all("whoami")
+    assert [w["rank"] for w in who] == [0, 1]
+    assert {w["world_size"] for w in who} == {2} and {w["group"] for w in who} == {"mp"}
+    assert [w["env_rank"] for w in who] == ["0", "1"] and all(w["distributed"] for w in who)
+    pids = [w["pid"] for w in who]
+    assert pids == group.pids() and len(set(pids)) == 2 and os.getpid() not in pids
+
+
+def test_dispatch_and_gather_order(group):
+    assert group.all("echo", 2, scale=3) == [(0, 6), (1, 6)]
+    assert group.split("tag_items", [0, 1, 2, 3, 4], offset=1) == [(0, 1), (0, 2), (0, 3), (1, 4), (1, 5)]
+    assert torch.equal(group.split("double", torch.arange(5)), torch.arange(5) * 2)
+    assert group.split("rows_plus_rank", Rows([1, 2, 3, 4])) == Rows([1, 2, 103, 104])
+    assert group.one("echo", "x", rank=1) == (1, "x")
+
+
+def test_collectives_inside_the_group(group):
+    assert group.all("all_reduce_rank") == [3.0, 3.0]
+    assert group.all("all_gather_rank") == [[0, 10], [0, 10]]
+
+
+def test_async_calls_keep_order(group):
+    futs = [group.all_async("echo", i) for i in range(4)]
+    assert [f.result(timeout=30) for f in futs] == [[(0, i), (1, i)] for i in range(4)]
+
+
+def test_remote_error_carries_rank_method_and_traceback(group):
+    with pytest.raises(WorkerError) as info:
+        group.all("boom", on_rank=1)
+    err = info.value
+    assert (err.group, err.rank, err.method) == ("mp", 1, "boom")
+    assert "ValueError: boom on rank 1" in err.remote_traceback and "cluster_workers.py" in err.remote_traceback
+    with pytest.raises(WorkerError, match="could not be pickled"):
+        group.one("unpicklable", rank=0)
+    assert group.all("echo", 1) == [(0, 1), (1, 1)]  # the group is still usable
+
+
+def test_rank_exit_during_a_collective_raises_promptly():
+    g = WorkerGroup(Echo, ResourcePool("die", devices=2), name="dying", distributed=True)
+    try:
+        fut = g.all_async("exit_or_reduce", dying_rank=1, code=7)
+        with pytest.raises(WorkerError) as info:
+            fut.result(timeout=60)  # rank 0 is stuck in all_reduce; the driver must not wait for it
+        assert (info.value.rank, info.value.method) == (1, "exit_or_reduce")
+        assert "exited with code 7" in str(info.value)
+        with pytest.raises(RuntimeError, match="broken"):
+            g.all("echo", 1)
+    finally:
+        g.shutdown()
+    assert g.pids() == []
+
+
+def test_killed_rank_raises_worker_error():
+    g = WorkerGroup(Echo, ResourcePool("kill", devices=2), name="victim", distributed=False,
+                    backend=ClusterConfig(error_grace_s=0.5))
+    try:
+        os.kill(g.pids()[0], signal.SIGKILL)
+        g._ranks.procs[0].join(timeout=10)  # make sure it is gone before calling
+        with pytest.raises(WorkerError, match="SIGKILL") as info:
+            g.one_async("echo", 1, rank=0).result(timeout=30)
+        assert info.value.rank == 0
+    finally:
+        g.shutdown()
+
+
+def test_failing_rank_construction_raises_worker_error():
+    pool = ResourcePool("badinit", devices=2)
+    with pytest.raises(WorkerError, match="init failed on rank") as info:
+        WorkerGroup(Echo, pool, name="bad", init_kwargs={"fail_init": True}, distributed=False)
+    assert info.value.method == "__init__"
+    assert pool.groups == ()

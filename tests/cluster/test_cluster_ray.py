@@ -1,0 +1,61 @@
+"""Ray backend: rank actors on a placement group, gloo group across actors."""
+import os
+
+import pytest
+
+from cluster_workers import Echo
+from relayrl.cluster import ClusterConfig, ResourcePool, WorkerError, make_group
+
+pytestmark = pytest.mark.ray
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    started = not ray.is_initialized()
+    if started:
+        here = os.path.dirname(os.path.abspath(__file__))
+        root = os.path.dirname(os.path.dirname(here))
+        ray.init(num_cpus=2, include_dashboard=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([root, here])}})
+    yield ClusterConfig(backend="ray")
+    if started:
+        ray.shutdown()
+
+
+def test_ray_group_dispatch_collectives_errors_and_colocation(ray_cluster):
+    pool = ResourcePool("rpool", devices=2)
+    g = make_group(ray_cluster, Echo, pool, "ractor", init_kwargs={"tag": "r"})
+    try:
+        who = g.all("whoami")
+        assert [w["rank"] for w in who] == [0, 1] and {w["world_size"] for w in who} == {2}
+        assert [w["local_rank"] for w in who] == [0, 1] and [w["env_rank"] for w in who] == ["0", "1"]
+        assert len(set(g.pids())) == 2 and os.getpid() not in g.pids()
+        assert g.split("tag_items", [1, 2, 3]) == [(0, 1), (0, 2), (1, 3)]
+        assert g.all("all_reduce_rank") == [3.0, 3.0]
+        assert g.one_async("echo", 5, rank=1).result(timeout=60) == (1, 5)
+        with pytest.raises(WorkerError) as info:
+            g.all("boom", on_rank=1)
+        assert (info.value.group, info.value.rank, info.value.method) == ("ractor", 1, "boom")
+        assert "ValueError: boom on rank 1" in info.value.remote_traceback
+        # a second group colocated on the same pool shares its placement group (fractional bundles)
+        ref = make_group(ray_cluster, Echo, pool, "rref", distributed=False)
+        try:
+            assert ref.all("echo", 1) == [(0, 1), (1, 1)]
+            assert pool.groups == ("ractor", "rref")
+        finally:
+            ref.shutdown()
+    finally:
+        g.shutdown()
+    assert pool.ray_placement is None  # the placement group went with the last group
+
+
+def test_ray_dead_actor_raises_worker_error(ray_cluster):
+    g = make_group(ray_cluster, Echo, ResourcePool("rdie", devices=1), "rdie", distributed=False, num_ranks=1)
+    try:
+        with pytest.raises(WorkerError, match="died") as info:
+            g.one("exit_or_reduce", dying_rank=0)
+        assert (info.value.rank, info.value.method) == (0, "exit_or_reduce")
+    finally:
+        g.shutdown()
