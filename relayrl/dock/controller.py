@@ -155,6 +155,17 @@ class StageController:
                 st.closed = True
             self._cond.notify_all()
 
+    def detach_all(self) -> None:
+        with self._cond:
+            gens = list(self._parts)
+        for gen in gens:
+            self.detach(gen)
+
+    def idle(self) -> bool:
+        """True if no open partition has rows leased or acknowledged by this stage."""
+        with self._cond:
+            return all(st.n_leased == 0 and not st.leases and not st.acked.any() for st in self._parts.values())
+
     def set_acked(self, gen: int, rows: np.ndarray) -> None:
         """Mark rows acknowledged without a lease (restoring a checkpoint)."""
         with self._cond:

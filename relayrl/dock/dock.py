@@ -91,16 +91,15 @@ class Dock:
             raise ValueError(f"open_partition({name!r}): rows must be a positive int, got {rows!r}")
         if group_size < 1 or rows % group_size:
             raise ValueError(f"open_partition({name!r}): rows={rows} is not a multiple of group_size={group_size}")
-        with self._lock:
+        with self._lock:  # lock order: dock -> partition -> controller
             if name in self._parts:
                 raise ValueError(f"partition {name!r} is already open; close it first")
             part = _Partition(name, self._next_gen, rows, group_size, None if columns is None else tuple(columns))
             self._next_gen += 1
+            with part.lock:
+                for ctl in self._stages.values():
+                    self._attach(ctl, part)
             self._parts[name] = part
-            stages = list(self._stages.values())
-        with part.lock:
-            for ctl in stages:
-                self._attach(ctl, part)
 
     def close_partition(self, name: str) -> None:
         """Drop a partition's rows from every unit and every controller."""
@@ -144,17 +143,22 @@ class Dock:
         with self._lock:
             ctl = self._stages.get(stage)
             if ctl is not None:
-                if ctl.spec != spec:
-                    raise ValueError(f"stage {stage!r} is registered as {ctl.spec}; a consumer asked for {spec}")
-                return spec
+                if ctl.spec == spec:
+                    return spec
+                if not ctl.idle():
+                    raise ValueError(f"stage {stage!r} is registered as {ctl.spec} and has handed out rows of an open "
+                                     f"partition; a consumer asked for {spec}")
+                ctl.detach_all()  # nothing consumed yet: the new spec replaces the old one
             for part in self._parts.values():
                 self._check_columns(part, stage, columns)
+            # Writers see the stage at once (a notification before its attach is
+            # ignored and the attach scan, under the partition lock, covers it);
+            # consumers look stages up under the dock lock, so they see it attached.
             ctl = self._stages[stage] = StageController(spec, self.lease_s)
-            parts = list(self._parts.values())
-        for part in parts:
-            with part.lock:
-                if part.open:
-                    self._attach(ctl, part)
+            for part in self._parts.values():
+                with part.lock:
+                    if part.open:
+                        self._attach(ctl, part)
         return spec
 
     @staticmethod
@@ -304,7 +308,8 @@ class Dock:
                 dp_size: int = 1, consumer_id: str = "default", timeout_s: float | None = None) -> Batch | None:
         """Lease and read one batch for a registered stage; ``None`` when the partition is fully acknowledged."""
         part = self._part(partition)
-        ctl = self._stages.get(stage)
+        with self._lock:
+            ctl = self._stages.get(stage)
         if ctl is None:
             raise KeyError(f"stage {stage!r} is not registered (call dock.stream or dock.register_stage first)")
         us = part.group_size if ctl.spec.whole_groups else 1

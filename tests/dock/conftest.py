@@ -1,4 +1,4 @@
-"""Fixtures of the dock tests: one module-scoped... session-scoped Ray cluster shared by every Ray test."""
+"""Fixtures of the dock tests: one Ray cluster (session scope) shared by every Ray test."""
 
 import pytest
 

@@ -1,0 +1,59 @@
+"""The same scenarios with units as Ray actors (one session-scoped Ray cluster)."""
+
+import pytest
+import torch
+
+from relayrl.dock import Dock, DockWriteError
+
+from . import scenarios
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def ray_dock(ray_cluster):
+    """One 2-unit Ray dock for the module (starting unit actors takes seconds on 2 cores)."""
+    d = Dock(units=2, backend="ray", lease_s=30.0)
+    yield d
+    d.shutdown()
+
+
+def test_round_trip_ray(ray_dock):
+    scenarios.round_trip(ray_dock)
+
+
+def test_readiness_and_groups_ray(ray_dock):
+    scenarios.stage_readiness(ray_dock)
+    scenarios.whole_groups_and_tokens(ray_dock)
+
+
+def test_dp_balance_ray(ray_dock):
+    scenarios.dp_balance(ray_dock)
+
+
+def test_leases_and_release_ray(ray_dock):
+    scenarios.leases_and_release(ray_dock)
+
+
+def test_concurrent_exactly_once_ray(ray_dock):
+    scenarios.concurrent(ray_dock, seed=1, rows=64, always_release=True)
+
+
+def test_bfloat16_and_2d_rows_survive_the_wire(ray_dock):
+    ray_dock.open_partition("w", rows=3)
+    rows = [torch.randn(n, 4).bfloat16() for n in (1, 0, 5)]
+    idx = ray_dock.put("w", {"hidden": rows})
+    got = ray_dock.get("w", idx[::-1], ["hidden"])
+    assert all(torch.equal(a, rows[i]) for a, i in zip(got["hidden"], got.indexes))
+    ray_dock.close_partition("w")
+
+
+def test_put_to_dead_unit_raises(ray_cluster):
+    d = Dock(units=2, backend="ray", io_timeout_s=10.0)
+    d.open_partition("p", rows=4)
+    ray_cluster.kill(d._plane.units[1])
+    with pytest.raises(DockWriteError, match="not stored"):
+        d.put("p", {"x": [torch.ones(1)] * 4})
+    with pytest.raises(KeyError, match="not been written"):
+        d.get("p", [0], ["x"])  # nothing was published, not even the rows of the live unit
+    d._plane.units = d._plane.units[:1]
