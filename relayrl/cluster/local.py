@@ -142,7 +142,12 @@ class ProcessRanks:
         if self.broken is not None:
             raise RuntimeError(f"worker group {self.group!r} is broken ({self.broken}); shut it down and create it again")
         call_id = next(self._ids)
-        msgs = [pickle.dumps((call_id, method, pickle.dumps(p, protocol=pickle.HIGHEST_PROTOCOL))) for p in payloads]
+        try:
+            msgs = [pickle.dumps((call_id, method, pickle.dumps(p, protocol=pickle.HIGHEST_PROTOCOL)))
+                    for p in payloads]
+        except Exception as exc:
+            raise TypeError(f"group {self.group!r}: the arguments of {method!r} cannot be pickled for the rank "
+                            f"processes: {exc}") from exc
         for r, msg in zip(ranks, msgs):
             try:
                 self.conns[r].send_bytes(msg)

@@ -107,5 +107,10 @@ class Echo(Worker):
             self.probe.leave()
         return tag
 
+    def hold(self, release: threading.Event) -> str:
+        if not release.wait(timeout=30):
+            raise TimeoutError("never released")
+        return "held"
+
     def meet(self, barrier: threading.Barrier) -> int:
         return barrier.wait()  # raises BrokenBarrierError unless another group's rank meets it concurrently

@@ -141,3 +141,17 @@ def test_make_group_follows_config_and_world_of_one_process_group():
         g.shutdown()
         if created and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_cancelled_queued_call_does_not_stall_the_pool():
+    g = WorkerGroup(Echo, ResourcePool("cancel"), name="c", distributed=False)
+    release = threading.Event()
+    try:
+        running = g.one_async("hold", release)
+        queued = g.one_async("echo", 1)
+        assert queued.cancel()  # still waiting behind `running` on the group's executor
+        release.set()
+        assert g.one("echo", 2) == (0, 2)  # would hang if the cancelled turn were never given up
+        assert running.result(timeout=5) == "held"
+    finally:
+        g.shutdown()

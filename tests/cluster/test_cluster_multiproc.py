@@ -53,6 +53,8 @@ def test_remote_error_carries_rank_method_and_traceback(group):
     assert "ValueError: boom on rank 1" in err.remote_traceback and "cluster_workers.py" in err.remote_traceback
     with pytest.raises(WorkerError, match="could not be pickled"):
         group.one("unpicklable", rank=0)
+    with pytest.raises(TypeError, match="'mp': the arguments of 'identity' cannot be pickled"):
+        group.one("identity", lambda: 0)
     assert group.all("echo", 1) == [(0, 1), (1, 1)]  # the group is still usable
 
 
