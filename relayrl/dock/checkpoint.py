@@ -36,7 +36,7 @@ def partition_state(dock: "Dock", name: str) -> dict[str, Any]:
     for c, p in present.items():
         rows = keep[p[keep]]
         if len(rows):
-            data[c] = {"indexes": rows.tolist(), "values": dock._plane.read(part.gen, [c], rows, part.schemas)[c]}
+            data[c] = {"indexes": rows.tolist(), "values": dock._plane.read(part.gen, [c], rows, part.owner[rows], part.schemas)[c]}
     return {
         "version": STATE_VERSION,
         "name": name,

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from .columns import ColumnSchema, normalize_column, row_lengths
-from .config import DockConfig, DockError, PartitionClosedError, StageSpec
+from .config import DockConfig, DockError, DockWriteError, PartitionClosedError, StageSpec
 from .controller import StageController
 from .loader import Batch, StreamLoader, balance_shards
 from .plane import LocalPlane, RayPlane
@@ -53,6 +53,8 @@ class _Partition:
         self.schemas: dict[str, ColumnSchema] = {}
         self.present: dict[str, np.ndarray] = {}
         self.lengths: dict[str, np.ndarray] = {}
+        self.owner = np.zeros(rows, dtype=np.int64)  # storage unit of each row
+        self.unit_rows: list[int] = []  # rows placed on each unit
         self.lock = threading.Lock()
         self.open = True
 
@@ -208,6 +210,11 @@ class Dock:
                                      f"({part.allocated} already written)")
                 idx = np.arange(part.allocated, part.allocated + n, dtype=np.int64)
                 part.allocated += n
+                if not part.unit_rows:
+                    part.unit_rows = [0] * self._plane.n_units
+                k = min(range(len(part.unit_rows)), key=part.unit_rows.__getitem__)  # least-filled unit
+                part.unit_rows[k] += n
+                part.owner[idx] = k
             else:
                 idx = np.asarray(indexes, dtype=np.int64).reshape(-1)
                 bad = idx[(idx < 0) | (idx >= part.allocated)]
@@ -218,7 +225,11 @@ class Dock:
                     raise ValueError(f"put({partition!r}): indexes contain duplicates")
             for name, (_, schema) in cols.items():
                 part.schemas.setdefault(name, schema)
-        self._plane.write(part.gen, part.rows, idx, cols)
+        try:
+            self._plane.write(part.gen, part.rows, idx, part.owner[idx], cols)
+        except DockWriteError as e:
+            e.indexes = idx.tolist()  # rows allocated by this put: retry with put(..., indexes=e.indexes)
+            raise
         self._publish(part, idx, cols)
         return idx.tolist()
 
@@ -254,7 +265,7 @@ class Dock:
         part = self._part(partition)
         idx = np.asarray(indexes, dtype=np.int64).reshape(-1)
         self._check_readable(part, columns, idx)
-        return Batch(self, partition, part.gen, None, idx.tolist(), self._plane.read(part.gen, columns, idx, part.schemas), None)
+        return Batch(self, partition, part.gen, None, idx.tolist(), self._plane.read(part.gen, columns, idx, part.owner[idx], part.schemas), None)
 
     @staticmethod
     def _check_readable(part: _Partition, columns: Sequence[str], idx: np.ndarray) -> None:
@@ -320,7 +331,7 @@ class Dock:
             return None
         idx = np.asarray(grant.rows, dtype=np.int64)
         try:
-            data = self._plane.read(part.gen, ctl.spec.columns, idx, part.schemas)
+            data = self._plane.read(part.gen, ctl.spec.columns, idx, part.owner[idx], part.schemas)
         except Exception as e:
             ctl.release(consumer_id)
             raise DockError(f"stage {stage!r}: reading rows {grant.rows[:8]}... failed: {e!r}") from e

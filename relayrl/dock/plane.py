@@ -1,8 +1,11 @@
 """Data plane: spreads rows over storage units and gathers them back in request order.
 
-Row ``i`` of a partition lives in unit ``i % n_units``, so consecutive rows
-(the responses of one prompt) are spread over all units and every unit takes
-an equal share of each put and each read.
+Placement is by put: all new rows of one ``put`` go to the unit holding the
+fewest rows of the partition (the dock records each row's unit). A put is then
+one message to one unit however many units there are, concurrent producers
+land on different units, and a batch of rows that were written together is
+one contiguous slice of one stored chunk when read back. A read sends one
+request to each unit that holds some of the requested rows, all concurrently.
 
 ``LocalPlane`` calls in-process ``LocalUnit`` objects. ``RayPlane`` owns one
 Ray actor per unit (spread over nodes with Ray's ``SPREAD`` strategy, which
@@ -25,12 +28,12 @@ from .config import DockWriteError
 from .units import LocalUnit, make_ray_unit_class
 
 
-def _split_by_unit(idx: np.ndarray, n_units: int) -> list[np.ndarray]:
-    """Positions (into ``idx``) of the rows each unit holds."""
-    if n_units == 1:
-        return [np.arange(len(idx))]
-    owner = idx % n_units
-    return [np.flatnonzero(owner == k) for k in range(n_units)]
+def _split_by_unit(owner: np.ndarray, n_units: int) -> list[tuple[int, np.ndarray]]:
+    """``(unit, positions)`` for each unit that holds some of the rows (``owner[i]``: unit of row i)."""
+    first = int(owner[0]) if len(owner) else 0
+    if n_units == 1 or (owner == first).all():
+        return [(first, np.arange(len(owner)))]
+    return [(k, pos) for k in range(n_units) if len(pos := np.flatnonzero(owner == k))]
 
 
 class LocalPlane:
@@ -40,26 +43,26 @@ class LocalPlane:
         self.n_units = n_units
         self.units = [LocalUnit() for _ in range(n_units)]
 
-    def write(self, gen: int, n_rows: int, idx: np.ndarray, columns: dict[str, tuple[list[torch.Tensor], ColumnSchema]]) -> None:
+    def write(self, gen: int, n_rows: int, idx: np.ndarray, owner: np.ndarray,
+              columns: dict[str, tuple[list[torch.Tensor], ColumnSchema]]) -> None:
         rows = idx.tolist()
-        for k, pos in enumerate(_split_by_unit(idx, self.n_units)):
-            if len(pos) == 0:
-                continue
-            if self.n_units == 1:
+        parts = _split_by_unit(owner, self.n_units)
+        for k, pos in parts:
+            if len(parts) == 1:
                 for name, (vals, _) in columns.items():
-                    self.units[0].put(gen, name, rows, vals)
+                    self.units[k].put(gen, name, rows, vals)
             else:
                 pl = pos.tolist()
                 for name, (vals, _) in columns.items():
                     self.units[k].put(gen, name, [rows[p] for p in pl], [vals[p] for p in pl])
 
-    def read(self, gen: int, columns: Sequence[str], idx: np.ndarray, schemas: dict[str, ColumnSchema]) -> dict[str, list[torch.Tensor]]:
-        if self.n_units == 1:
-            return self.units[0].get(gen, columns, idx.tolist())
+    def read(self, gen: int, columns: Sequence[str], idx: np.ndarray, owner: np.ndarray,
+             schemas: dict[str, ColumnSchema]) -> dict[str, list[torch.Tensor]]:
+        parts = _split_by_unit(owner, self.n_units)
+        if len(parts) == 1:
+            return self.units[parts[0][0]].get(gen, columns, idx.tolist())
         out: dict[str, list] = {c: [None] * len(idx) for c in columns}
-        for k, pos in enumerate(_split_by_unit(idx, self.n_units)):
-            if len(pos) == 0:
-                continue
+        for k, pos in parts:
             got = self.units[k].get(gen, columns, idx[pos].tolist())
             pl = pos.tolist()
             for c in columns:
@@ -91,14 +94,14 @@ class RayPlane:
         self.units = [actor.options(scheduling_strategy="SPREAD").remote() for _ in range(n_units)]
         ray.get([u.ping.remote() for u in self.units], timeout=timeout_s)
 
-    def write(self, gen: int, n_rows: int, idx: np.ndarray, columns: dict[str, tuple[list[torch.Tensor], ColumnSchema]]) -> None:
+    def write(self, gen: int, n_rows: int, idx: np.ndarray, owner: np.ndarray,
+              columns: dict[str, tuple[list[torch.Tensor], ColumnSchema]]) -> None:
         refs = []
-        for k, pos in enumerate(_split_by_unit(idx, self.n_units)):
-            if len(pos) == 0:
-                continue
+        parts = _split_by_unit(owner, self.n_units)
+        for k, pos in parts:
             pl = pos.tolist()
             packed = {
-                name: pack(vals if self.n_units == 1 else [vals[p] for p in pl], schema)
+                name: pack(vals if len(parts) == 1 else [vals[p] for p in pl], schema)
                 for name, (vals, schema) in columns.items()
             }
             refs.append(self.units[k].put.remote(gen, n_rows, idx[pos], packed))
@@ -107,8 +110,9 @@ class RayPlane:
         except Exception as e:  # noqa: BLE001 - any failure means the rows are not stored
             raise DockWriteError(f"put of {len(idx)} rows (columns {list(columns)}) was not stored: {e!r}") from e
 
-    def read(self, gen: int, columns: Sequence[str], idx: np.ndarray, schemas: dict[str, ColumnSchema]) -> dict[str, list[torch.Tensor]]:
-        parts = [(pos, self.units[k].get.remote(gen, list(columns), idx[pos])) for k, pos in enumerate(_split_by_unit(idx, self.n_units)) if len(pos)]
+    def read(self, gen: int, columns: Sequence[str], idx: np.ndarray, owner: np.ndarray,
+             schemas: dict[str, ColumnSchema]) -> dict[str, list[torch.Tensor]]:
+        parts = [(pos, self.units[k].get.remote(gen, list(columns), idx[pos])) for k, pos in _split_by_unit(owner, self.n_units)]
         got = self._ray.get([ref for _, ref in parts], timeout=self.timeout_s)
         if len(parts) == 1:
             return {c: unpack(got[0][c]) for c in columns}

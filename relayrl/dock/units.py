@@ -1,7 +1,7 @@
 """Storage units: the data plane of the dock (seed 000's TD warehouses, seed 002's storage units).
 
-Each unit holds the rows whose global index maps to it (``index % units``) for
-every open partition generation. A unit only stores and returns data; it
+Each unit holds the rows the dock placed on it (see ``plane.py``) for every
+open partition generation. A unit only stores and returns data; it
 knows nothing of readiness or consumption (that is the controllers' job).
 
 * ``LocalUnit`` keeps the caller's row tensors by reference: no
@@ -85,11 +85,13 @@ class _PackedStore:
             raise KeyError(f"rows {missing} have no value for this column")
         st, sp = self.start[rows], self.stop[rows]
         lengths = sp - st
-        # Fast path: the rows are one contiguous run of a single chunk.
-        if (ch == ch[0]).all() and (st[1:] == sp[:-1]).all():
-            flat = self.chunks[int(ch[0])][int(st[0]) : int(sp[-1])]
-        else:
-            flat = np.concatenate([self.chunks[c][s:e] for c, s, e in zip(ch.tolist(), st.tolist(), sp.tolist())])
+        # One slice per run of rows stored back to back in one chunk (rows written
+        # together are read together, so a batch is usually a few runs).
+        cut = np.flatnonzero((ch[1:] != ch[:-1]) | (st[1:] != sp[:-1])) + 1
+        lo = np.concatenate([[0], cut])
+        hi = np.concatenate([cut, [len(rows)]])
+        runs = [self.chunks[c][s:e] for c, s, e in zip(ch[lo].tolist(), st[lo].tolist(), sp[hi - 1].tolist())]
+        flat = runs[0] if len(runs) == 1 else np.concatenate(runs)
         return PackedColumn(flat=flat, lengths=lengths, schema=self.schema)
 
 

@@ -129,3 +129,13 @@ def test_state_dict_round_trip():
             assert torch.equal(b["response_ids"][pos], resp[i])
         rest += b.ack()
     assert sorted(rest + first.indexes) == list(range(6))
+
+
+def test_puts_are_spread_over_units():
+    d = Dock(units=3)
+    d.open_partition("p", rows=9)
+    for _ in range(3):
+        d.put("p", {"x": [torch.ones(2)] * 3})
+    assert [len(u._data[1]["x"]) for u in d._plane.units] == [3, 3, 3]
+    got = d.get("p", [8, 0, 4], ["x"])  # one read spanning all units, in request order
+    assert got.indexes == [8, 0, 4] and all(torch.equal(v, torch.ones(2)) for v in got["x"])

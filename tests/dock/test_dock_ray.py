@@ -51,9 +51,10 @@ def test_bfloat16_and_2d_rows_survive_the_wire(ray_dock):
 def test_put_to_dead_unit_raises(ray_cluster):
     d = Dock(units=2, backend="ray", io_timeout_s=10.0)
     d.open_partition("p", rows=4)
-    ray_cluster.kill(d._plane.units[1])
-    with pytest.raises(DockWriteError, match="not stored"):
+    ray_cluster.kill(d._plane.units[0])  # the first put goes to unit 0 (least filled)
+    with pytest.raises(DockWriteError, match="not stored") as err:
         d.put("p", {"x": [torch.ones(1)] * 4})
+    assert err.value.indexes == [0, 1, 2, 3]  # the caller can retry these rows with indexes=
     with pytest.raises(KeyError, match="not been written"):
-        d.get("p", [0], ["x"])  # nothing was published, not even the rows of the live unit
-    d._plane.units = d._plane.units[:1]
+        d.get("p", [0], ["x"])  # nothing was published
+    d._plane.units = d._plane.units[1:]
