@@ -1,0 +1,229 @@
+"""The reward engine: batched, optionally threaded scoring with metrics.
+
+``score`` takes a batch of responses and returns one reward per row plus
+metrics; ``score_async`` runs the same on a background thread and returns a
+``concurrent.futures.Future``, so a workflow can score one batch while it
+computes log-probs for another (the reward stage overlapping other stages, as
+in seed 001/002's dataflow). Row-wise verifiers (task, math, exact) are spread
+over ``workers`` threads in contiguous chunks; a user function receives the
+whole batch in one call (it may look across rows, e.g. within a group).
+
+A verifier that raises on one row scores that row 0 and counts it in
+``reward/errors``: model output is untrusted text and one odd response must not
+stop a run. A *user function* that breaks its contract (wrong length, non-numeric,
+NaN) raises :class:`RewardError`, because that is a bug to fix, not noise.
+
+Threads share the GIL, so pure-Python verifiers gain little from ``workers > 1``
+beyond overlapping with torch work that releases the GIL; the point of the
+thread pool is non-blocking scoring, not CPU parallelism.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
+from typing import Callable, Sequence
+
+from relayrl.engines.reward.config import RewardConfig, RewardError
+from relayrl.engines.reward.user import check_rewards, describe_fn, load_reward_fn
+from relayrl.engines.reward.verifiers import exact_reward, format_reward, math_reward
+
+__all__ = ["RewardEngine"]
+
+log = logging.getLogger(__name__)
+
+
+class RewardEngine:
+    """Scores responses with the verifier and format reward chosen in :class:`RewardConfig`.
+
+    ``task`` is the built-in task (anything with ``verify(response, answer) -> float``);
+    it is required for ``verifier="task"``. A user function is loaded and its
+    signature checked here, so a bad ``user_fn`` fails at construction.
+    """
+
+    def __init__(self, cfg: RewardConfig, task=None) -> None:
+        self.cfg = cfg
+        self._row_fn: Callable[[str, str], float] | None = None
+        self._user_fn = None
+        if cfg.verifier == "task":
+            if task is None or not callable(getattr(task, "verify", None)):
+                raise RewardError(
+                    "reward.verifier='task' needs a built-in task with verify(response, answer) "
+                    "(use data.task, or reward.verifier=math/exact/user for a user dataset)"
+                )
+            self._row_fn = task.verify
+            self.verifier_name = f"task:{getattr(task, 'name', type(task).__name__)}"
+        elif cfg.verifier == "math":
+            self._row_fn = partial(math_reward, timeout_s=cfg.math_timeout_s, max_chars=cfg.math_max_chars)
+            self.verifier_name = "math"
+        elif cfg.verifier == "exact":
+            self._row_fn = exact_reward
+            self.verifier_name = "exact"
+        else:
+            self._user_fn = load_reward_fn(cfg.user_fn)
+            self.verifier_name = f"user:{cfg.user_fn}"
+        self._format = re.compile(cfg.format_regex) if cfg.format_regex is not None else None
+        self._format_on = cfg.resolved_format_on()
+        self._pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="reward") if cfg.workers > 1 else None
+        self._driver: ThreadPoolExecutor | None = None
+        self._closed = False
+
+    # ---------------------------------------------------------------- scoring
+    def score(
+        self,
+        prompts: Sequence[str],
+        responses: Sequence[str],
+        answers: Sequence[str | None],
+        finish_reasons: Sequence[str] | None = None,
+    ) -> tuple[list[float], dict[str, float]]:
+        """Rewards ``[N]`` and metrics for ``N`` rows.
+
+        ``finish_reasons`` (``"stop"``/``"length"`` per row, optional): a truncated
+        row (``"length"``) gets format reward 0, since its format never finished;
+        its fraction is logged as ``reward/truncated_frac``.
+
+        Metrics: ``reward/mean``, ``reward/std``, ``reward/verifier_mean``,
+        ``reward/format_mean`` (when a format regex is set), ``reward/errors``
+        (rows whose verifier raised, scored 0), ``reward/truncated_frac`` (when
+        finish reasons are given), ``reward/score_time_s``.
+        """
+        if self._closed:
+            raise RuntimeError("RewardEngine.score after close()")
+        t0 = time.perf_counter()
+        n = self._check_inputs(prompts, responses, answers, finish_reasons)
+        if self._user_fn is not None:
+            verifier = self._call_user(list(prompts), list(responses), list(answers))
+            errors: list[tuple[int, str]] = []
+        else:
+            verifier, errors = self._score_rows(list(responses), list(answers))
+        truncated = [fr == "length" for fr in finish_reasons] if finish_reasons is not None else [False] * n
+        fmt = None
+        if self._format is not None:
+            fmt = [0.0 if truncated[i] else format_reward(self._format_target(responses[i]), self._format) for i in range(n)]
+            rewards = [v + self.cfg.format_weight * f for v, f in zip(verifier, fmt)]
+        else:
+            rewards = list(verifier)
+        if errors:
+            i, msg = errors[0]
+            log.warning("reward: %d of %d rows raised in verifier %s and scored 0 (first: row %d: %s)",
+                        len(errors), n, self.verifier_name, i, msg)
+        metrics = {
+            "reward/mean": _mean(rewards),
+            "reward/std": _std(rewards),
+            "reward/verifier_mean": _mean(verifier),
+            "reward/errors": float(len(errors)),
+        }
+        if fmt is not None:
+            metrics["reward/format_mean"] = _mean(fmt)
+        if finish_reasons is not None:
+            metrics["reward/truncated_frac"] = _mean([float(t) for t in truncated])
+        metrics["reward/score_time_s"] = time.perf_counter() - t0
+        return rewards, metrics
+
+    def score_async(
+        self,
+        prompts: Sequence[str],
+        responses: Sequence[str],
+        answers: Sequence[str | None],
+        finish_reasons: Sequence[str] | None = None,
+    ) -> Future:
+        """Run :meth:`score` on a background thread; the Future resolves to ``(rewards, metrics)``.
+
+        The inputs are copied before returning, so the caller may reuse its lists.
+        Batches submitted in order are scored in order (one driver thread).
+        """
+        if self._closed:
+            raise RuntimeError("RewardEngine.score_async after close()")
+        if self._driver is None:
+            self._driver = ThreadPoolExecutor(1, thread_name_prefix="reward-driver")
+        args = (list(prompts), list(responses), list(answers), None if finish_reasons is None else list(finish_reasons))
+        return self._driver.submit(self.score, *args)
+
+    def close(self) -> None:
+        """Wait for pending async scoring and stop the threads."""
+        self._closed = True
+        for pool in (self._driver, self._pool):
+            if pool is not None:
+                pool.shutdown(wait=True)
+
+    def __enter__(self) -> "RewardEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- helpers
+    def _check_inputs(self, prompts, responses, answers, finish_reasons) -> int:
+        n = len(responses)
+        lengths = {"prompts": len(prompts), "responses": n, "answers": len(answers)}
+        if finish_reasons is not None:
+            lengths["finish_reasons"] = len(finish_reasons)
+        if len(set(lengths.values())) > 1:
+            raise RewardError(f"reward inputs differ in length: {lengths}")
+        for i, r in enumerate(responses):
+            if not isinstance(r, str):
+                raise RewardError(f"responses[{i}] is {type(r).__name__}, expected str (decoded text)")
+        if self._user_fn is None:
+            for i, a in enumerate(answers):
+                if not isinstance(a, str):
+                    raise RewardError(
+                        f"answers[{i}] is {type(a).__name__}; verifier {self.verifier_name!r} needs a ground-truth string"
+                    )
+        if finish_reasons is not None:
+            for i, fr in enumerate(finish_reasons):
+                if fr not in ("stop", "length"):
+                    raise RewardError(f"finish_reasons[{i}] is {fr!r}; expected 'stop' or 'length'")
+        return n
+
+    def _format_target(self, response: str) -> str:
+        return response.split("\n", 1)[0].strip() if self._format_on == "answer" else response
+
+    def _call_user(self, prompts: list[str], responses: list[str], answers: list[str | None]) -> list[float]:
+        name = describe_fn(self._user_fn)
+        try:
+            result = self._user_fn(prompts, responses, answers)
+        except Exception as e:
+            raise RewardError(f"reward function {name} raised {type(e).__name__}: {e}") from e
+        return check_rewards(result, len(responses), name)
+
+    def _score_chunk(self, responses: list[str], answers: list[str], start: int, stop: int):
+        scores, errors = [], []
+        for i in range(start, stop):
+            try:
+                v = float(self._row_fn(responses[i], answers[i]))
+                if not math.isfinite(v):
+                    raise ValueError(f"verifier returned {v}")
+            except Exception as e:  # untrusted model output: score 0, count, go on
+                v = 0.0
+                errors.append((i, f"{type(e).__name__}: {e}"))
+            scores.append(v)
+        return scores, errors
+
+    def _score_rows(self, responses: list[str], answers: list[str]) -> tuple[list[float], list[tuple[int, str]]]:
+        n = len(responses)
+        if self._pool is None or n < 2:
+            return self._score_chunk(responses, answers, 0, n)
+        size = max(1, math.ceil(n / (self.cfg.workers * 4)))  # a few chunks per worker to even out slow rows
+        futures = [self._pool.submit(self._score_chunk, responses, answers, s, min(n, s + size)) for s in range(0, n, size)]
+        scores: list[float] = []
+        errors: list[tuple[int, str]] = []
+        for f in futures:
+            s, e = f.result()
+            scores += s
+            errors += e
+        return scores, errors
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def _std(xs: Sequence[float]) -> float:
+    if not xs:
+        return 0.0
+    m = _mean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))

@@ -1,0 +1,145 @@
+"""User reward functions: found by dotted path, signature checked at load, output checked per call.
+
+A user function follows :class:`RewardFn`: it takes the whole batch
+(``prompts``, ``responses``, ``answers``, equal lengths) and returns one float
+per row. Loading rejects what cannot work before any training starts (missing
+module or attribute, a non-callable, a signature that cannot take the three
+lists); each call's result is checked (length, numeric, finite) and a breach
+raises :class:`RewardError` naming the function.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import numbers
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+
+from relayrl.engines.reward.config import RewardError
+
+__all__ = ["RewardFn", "load_reward_fn", "check_rewards", "describe_fn"]
+
+
+@runtime_checkable
+class RewardFn(Protocol):
+    """The contract of a user reward function (batched)."""
+
+    def __call__(self, prompts: list[str], responses: list[str], answers: list[str | None]) -> list[float]:
+        """One finite float per row: ``len(result) == len(responses)``."""
+        ...
+
+
+def describe_fn(fn: Callable[..., Any]) -> str:
+    """``module:qualname`` of a function (for error messages)."""
+    mod = getattr(fn, "__module__", None) or "?"
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{mod}:{name}"
+
+
+def _split(path: str) -> list[tuple[str, str]]:
+    """Candidate (module, attribute path) splits of ``path``, most specific module first."""
+    if ":" in path:
+        mod, _, attr = path.partition(":")
+        return [(mod, attr)]
+    parts = path.split(".")
+    return [(".".join(parts[:i]), ".".join(parts[i:])) for i in range(len(parts) - 1, 0, -1)]
+
+
+def _import_module(name: str, path: str):
+    """Import ``name``; None when that module itself does not exist (an import error inside it propagates)."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name is not None and (name == e.name or name.startswith(e.name + ".")):
+            return None
+        raise RewardError(f"reward function {path!r}: importing module {name!r} failed: {e}") from e
+    except Exception as e:
+        raise RewardError(f"reward function {path!r}: importing module {name!r} raised {type(e).__name__}: {e}") from e
+
+
+def _resolve(path: str) -> Callable[..., Any]:
+    if not isinstance(path, str) or not path.strip():
+        raise RewardError(f"reward function path must be 'package.module:function', got {path!r}")
+    path = path.strip()
+    splits = _split(path)
+    if not splits or any(not m or not a for m, a in splits[:1]):
+        raise RewardError(f"reward function path {path!r} must look like 'package.module:function' or 'package.module.function'")
+    tried = []
+    for mod_name, attr_path in splits:
+        module = _import_module(mod_name, path)
+        if module is None:
+            tried.append(mod_name)
+            continue
+        obj: Any = module
+        for i, attr in enumerate(attr_path.split(".")):
+            if not hasattr(obj, attr):
+                owner = ".".join([mod_name] + attr_path.split(".")[:i])
+                public = sorted(n for n in dir(obj) if not n.startswith("_") and callable(getattr(obj, n, None)))
+                raise RewardError(
+                    f"reward function {path!r}: {owner!r} has no attribute {attr!r} "
+                    f"(callables there: {', '.join(public[:12]) or 'none'})"
+                )
+            obj = getattr(obj, attr)
+        return obj
+    raise RewardError(
+        f"reward function {path!r}: no module named {tried[0]!r} (is the package installed or on PYTHONPATH?)"
+    )
+
+
+def load_reward_fn(path: str) -> RewardFn:
+    """Import the reward function at ``path`` and check it can be called as ``fn(prompts, responses, answers)``.
+
+    ``path`` is ``"package.module:function"`` (attribute paths like
+    ``module:Class.method`` allowed) or ``"package.module.function"``. Raises
+    :class:`RewardError` with the reason when the module or attribute is missing,
+    the object is not callable (or is a class), or its signature cannot bind
+    three positional arguments.
+    """
+    fn = _resolve(path)
+    if inspect.isclass(fn):
+        raise RewardError(
+            f"reward function {path!r} is a class; point at a function, or at an instance with __call__"
+        )
+    if not callable(fn):
+        raise RewardError(f"reward function {path!r} is a {type(fn).__name__}, not callable")
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return fn  # builtins without a signature: the per-call check still applies
+    try:
+        sig.bind([], [], [])
+    except TypeError as e:
+        raise RewardError(
+            f"reward function {path!r} has signature {sig}, which cannot be called as "
+            f"fn(prompts, responses, answers): {e}"
+        ) from None
+    return fn
+
+
+def check_rewards(result: Any, n: int, fn_name: str) -> list[float]:
+    """Validate a user function's result: ``n`` finite real numbers; return them as floats.
+
+    Accepts a list or tuple, a 1-D numpy array or a 1-D torch tensor.
+    """
+    if hasattr(result, "tolist") and hasattr(result, "ndim"):  # numpy array, torch tensor
+        if result.ndim != 1:
+            raise RewardError(
+                f"reward function {fn_name} returned an array of shape {tuple(result.shape)}; expected {n} values (1-D)"
+            )
+        result = result.tolist()
+    if isinstance(result, (str, bytes)) or not isinstance(result, Sequence):
+        raise RewardError(f"reward function {fn_name} returned {type(result).__name__}; expected a list of {n} floats")
+    if len(result) != n:
+        raise RewardError(f"reward function {fn_name} returned {len(result)} values for {n} responses; expected {n}")
+    out = []
+    for i, v in enumerate(result):
+        if not isinstance(v, numbers.Real):
+            raise RewardError(
+                f"reward function {fn_name} returned {type(v).__name__} {v!r} at index {i}; expected a float"
+            )
+        v = float(v)
+        if not math.isfinite(v):
+            raise RewardError(f"reward function {fn_name} returned {v} at index {i}; rewards must be finite")
+        out.append(v)
+    return out
