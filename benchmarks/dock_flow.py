@@ -239,12 +239,21 @@ def step_tq(client, cols, step: int) -> Result:
 
 
 # --- driver -------------------------------------------------------------------------------
-def measure(name: str, fn, steps: int) -> Result:
-    fn(-1)  # warm-up
-    runs = [fn(s) for s in range(steps)]
-    best = sorted(runs, key=lambda r: r.total)[len(runs) // 2]  # median step
-    best.name = name
-    return best
+def measure_all(systems: list[tuple[str, str, object]], steps: int) -> dict[str, Result]:
+    """Warm each system up, then run ``steps`` rounds visiting every system once per round
+    (interleaved, so drift of a shared machine hits all systems alike); keep each one's median step."""
+    runs: dict[str, list[Result]] = {key: [] for key, _, _ in systems}
+    for _, _, fn in systems:
+        fn(-1)
+    for s in range(steps):
+        for key, _, fn in systems:
+            runs[key].append(fn(s))
+    out = {}
+    for key, name, _ in systems:
+        r = sorted(runs[key], key=lambda r: r.total)[len(runs[key]) // 2]
+        r.name = name
+        out[key] = r
+    return out
 
 
 def report(r: Result, mb: float) -> None:
@@ -268,31 +277,41 @@ def main() -> None:
           f"{CHUNK_PROMPTS * N} rows, update batches of {BATCH}")
     # More logical CPUs than cores: TransferQueue's controller and units each reserve one.
     ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False)
-    res: dict[str, Result] = {}
-    for units in (1, 2, 4):
-        d = Dock(units=units, backend="local", lease_s=60)
-        res[f"local{units}"] = measure(f"dock/local units={units}", lambda s: step_dock(d, cols, s), args.steps)
-        report(res[f"local{units}"], mb)
-    for units in (1, 2, 4):
-        d = Dock(units=units, backend="ray", lease_s=60)
-        res[f"ray{units}"] = measure(f"dock/ray units={units}", lambda s: step_dock(d, cols, s), args.steps)
-        report(res[f"ray{units}"], mb)
-        d.shutdown()
+    systems: list[tuple[str, str, object]] = []
+    docks = []
+    for backend in ("local", "ray"):
+        for units in (1, 2, 4):
+            d = Dock(units=units, backend=backend, lease_s=60)
+            docks.append(d)
+            systems.append((f"{backend}{units}", f"dock/{backend} units={units}", lambda s, d=d: step_dock(d, cols, s)))
     buf = CentralBuffer.remote()
-    res["central"] = measure("centralized actor", lambda s: step_central(buf, cols), args.steps)
-    report(res["central"], mb)
-    ray.kill(buf)
+    systems.append(("central", "centralized actor", lambda s: step_central(buf, cols)))
     tq_note = ""
     if not args.no_tq:
         try:
             tq, client = tq_start(1)
-            res["tq1"] = measure("transferqueue units=1", lambda s: step_tq(client, cols, s), args.steps)
-            report(res["tq1"], mb)
-            tq.close()
+            systems.append(("tq1", "transferqueue units=1", lambda s: step_tq(client, cols, s)))
         except Exception as e:  # noqa: BLE001 - report exactly why the peer could not run
             traceback.print_exc()
-            tq_note = f"transferqueue could not run: {type(e).__name__}: {e}"
-            print(tq_note)
+            tq_note = f"transferqueue could not start: {type(e).__name__}: {e}"
+    try:
+        res = measure_all(systems, args.steps)
+    except Exception as e:  # noqa: BLE001
+        if "tq1" not in [k for k, _, _ in systems]:
+            raise
+        traceback.print_exc()
+        tq_note = f"transferqueue failed during the run: {type(e).__name__}: {e}"
+        res = measure_all([s for s in systems if s[0] != "tq1"], args.steps)
+    for key, _, _ in systems:
+        if key in res:
+            report(res[key], mb)
+    if tq_note:
+        print(tq_note)
+    if "tq1" in res:
+        tq.close()
+    for d in docks:
+        d.shutdown()
+    ray.kill(buf)
     r1 = res["ray1"].total / res["central"].total
     r4 = res["ray4"].total / res["central"].total
     t1 = f"{res['ray1'].total / res['tq1'].total:.2f}" if "tq1" in res else "n/a"

@@ -170,7 +170,8 @@ class StageController:
         """Mark rows acknowledged without a lease (restoring a checkpoint)."""
         with self._cond:
             st = self._part(gen)
-            self._ack_rows(st, [int(r) for r in rows if not st.acked[r]])
+            rows = np.asarray(rows, dtype=np.int64)
+            self._ack_rows(st, rows[~st.acked[rows]])
 
     # --- notifications (writers) -------------------------------------------------------
     def on_written(self, gen: int, column: str, rows: np.ndarray) -> None:
@@ -291,8 +292,8 @@ class StageController:
         """
         with self._cond:
             st = self._part(gen)
-            us = st.unit_size
-            mine = [r for r in rows if not st.acked[r] and st.lease_of[r // us] == lease_id]
+            r = np.asarray(rows, dtype=np.int64)
+            mine = r[~st.acked[r] & (st.lease_of[r // st.unit_size] == lease_id)]
             self._ack_rows(st, mine)
             lease = st.leases.get(lease_id)
             if lease is not None:
@@ -300,19 +301,22 @@ class StageController:
                 if not lease.units:
                     del st.leases[lease_id]
             self._cond.notify_all()
-            return mine
+            return mine.tolist()
 
-    def _ack_rows(self, st: _PartState, rows: list[int]) -> None:
-        us = st.unit_size
-        for r in rows:
-            st.acked[r] = True
-            u = r // us
-            st.unit_unacked[u] -= 1
-            if st.unit_unacked[u] == 0:
-                st.n_done += 1
-                if st.lease_of[u]:
-                    st.lease_of[u] = 0
-                    st.n_leased -= 1
+    def _ack_rows(self, st: _PartState, rows: np.ndarray) -> None:
+        """Retire rows (unique, not yet acknowledged); vectorized, O(len(rows))."""
+        rows = np.unique(np.asarray(rows, dtype=np.int64))
+        if len(rows) == 0:
+            return
+        st.acked[rows] = True
+        u = rows // st.unit_size
+        np.subtract.at(st.unit_unacked, u, 1)
+        units = np.unique(u)
+        done = units[st.unit_unacked[units] == 0]
+        st.n_done += len(done)
+        held = done[st.lease_of[done] != 0]
+        st.lease_of[held] = 0
+        st.n_leased -= len(held)
 
     def release(self, consumer: str) -> int:
         """Re-queue every lease held by ``consumer`` (declared dead); returns rows re-queued."""
