@@ -1,0 +1,243 @@
+"""User prompt datasets: JSONL (or JSON) and Parquet files -> :class:`Problem` records.
+
+Each row holds a prompt (plain text, or chat messages ``[{"role", "content"}, ...]``)
+and a ground-truth answer (a string; numbers are converted to strings) under
+configurable keys; dotted keys (``"extra.answer"``) reach into nested objects.
+Every malformed row is reported with its file, its 1-based row number (for
+JSONL, the line number) and what is wrong, so a bad dataset fails before any
+training starts.
+
+Chat prompts keep their messages in ``Problem.meta["messages"]``; the tokenizer's
+chat template is applied when a prompt is encoded (:func:`encode_prompt`), as
+the HybridFlow/verl data path does, so one dataset serves models with different
+templates.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from relayrl.data.tasks import Problem
+
+__all__ = ["DatasetConfig", "DatasetError", "load_problems", "encode_prompt", "render_prompt", "render_plain"]
+
+_MISSING = object()
+_SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+
+
+class DatasetError(ValueError):
+    """A dataset file that cannot be used, with the file, the row and the reason."""
+
+
+class DatasetConfig(BaseModel):
+    """Where a user dataset is and which fields hold the prompt and the answer."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: Path = Field(description="a .jsonl/.json/.ndjson (JSON lines, or one JSON array) or .parquet file")
+    prompt_key: str = Field("prompt", min_length=1, description='field with the prompt; dots reach nested fields ("x.prompt")')
+    answer_key: str = Field("answer", min_length=1, description="field with the ground truth (string or number)")
+    format: Literal["jsonl", "parquet"] | None = Field(None, description="None: inferred from the file suffix")
+    limit: int | None = Field(None, ge=1, description="keep only the first N rows")
+
+
+def _get(row: dict, key: str) -> Any:
+    """``row[key]``; a dotted key walks nested dicts when no field has that literal name."""
+    if key in row:
+        return row[key]
+    if "." not in key:
+        return _MISSING
+    cur: Any = row
+    for part in key.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return _MISSING
+        cur = cur[part]
+    return cur
+
+
+def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    """(row number, parsed value) per non-blank line; a file starting with ``[`` is one JSON array."""
+    name = path.name
+    with path.open("rb") as f:
+        head = f.read(64).lstrip()
+    if head.startswith(b"["):
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise DatasetError(f"{name}: invalid JSON array ({e})") from None
+        yield from enumerate(rows, start=1)
+        return
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DatasetError(f"{name} row {lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DatasetError(f"{name} row {lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+
+
+def _iter_parquet(path: Path, keys: tuple[str, ...]) -> Iterator[tuple[int, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise DatasetError(f"{path.name}: not a readable Parquet file ({e})") from None
+    names = pf.schema_arrow.names
+    columns: list[str] = []
+    for key in keys:
+        col = key if key in names else key.split(".", 1)[0]
+        if col not in names:
+            raise DatasetError(f"{path.name}: column {key!r} is missing (columns present: {', '.join(names) or 'none'})")
+        if col not in columns:
+            columns.append(col)
+    rowno = 0
+    for batch in pf.iter_batches(columns=columns):
+        for row in batch.to_pylist():
+            rowno += 1
+            yield rowno, row
+
+
+def _check_messages(msgs: list, where: str, key: str) -> list[dict[str, str]]:
+    if not msgs:
+        raise DatasetError(f"{where}: field {key!r} is an empty list of messages")
+    out = []
+    for j, m in enumerate(msgs, start=1):
+        if not isinstance(m, dict):
+            raise DatasetError(f"{where}: field {key!r} message {j} is {type(m).__name__}; expected {{'role', 'content'}}")
+        for part in ("role", "content"):
+            if part not in m:
+                raise DatasetError(f"{where}: field {key!r} message {j} has no {part!r} (keys: {', '.join(map(str, m)) or 'none'})")
+            if not isinstance(m[part], str):
+                raise DatasetError(
+                    f"{where}: field {key!r} message {j} {part!r} is {type(m[part]).__name__}; expected a string"
+                )
+        out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
+def render_plain(messages: list[dict[str, str]]) -> str:
+    """Chat messages as readable text (``role: content`` lines), for logs and templateless tokenizers."""
+    return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+
+
+def _row_problem(row: Any, rowno: int, cfg: DatasetConfig, tokenizer) -> Problem:
+    where = f"{Path(cfg.path).name} row {rowno}"
+    if not isinstance(row, dict):
+        raise DatasetError(f"{where}: expected a JSON object with fields, got {type(row).__name__}")
+    present = ", ".join(map(str, row)) or "none"
+    prompt = _get(row, cfg.prompt_key)
+    answer = _get(row, cfg.answer_key)
+    for key, value in ((cfg.prompt_key, prompt), (cfg.answer_key, answer)):
+        if value is _MISSING:
+            raise DatasetError(f"{where}: field {key!r} is missing (columns present: {present})")
+        if value is None:
+            raise DatasetError(f"{where}: field {key!r} is null")
+    meta: dict[str, Any] = {"row": rowno, "source": str(cfg.path)}
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise DatasetError(f"{where}: field {cfg.prompt_key!r} is an empty string")
+        text = prompt
+    elif isinstance(prompt, list):
+        messages = _check_messages(prompt, where, cfg.prompt_key)
+        meta["messages"] = messages
+        if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+            text = _render(tokenizer, Problem("", "", {"messages": messages}), None)[0]
+        else:
+            text = render_plain(messages)
+    else:
+        raise DatasetError(
+            f"{where}: field {cfg.prompt_key!r} is {type(prompt).__name__}; expected a string or a list of "
+            "{'role', 'content'} messages"
+        )
+    if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+        raise DatasetError(f"{where}: field {cfg.answer_key!r} is {type(answer).__name__}; expected a string or a number")
+    extra = {k: v for k, v in row.items() if k not in (cfg.prompt_key, cfg.answer_key)}
+    if extra:
+        meta["extra"] = extra
+    return Problem(text, answer if isinstance(answer, str) else str(answer), meta)
+
+
+def load_problems(cfg: DatasetConfig, tokenizer=None) -> list[Problem]:
+    """Read every row of ``cfg.path`` into a :class:`Problem`.
+
+    A chat prompt's messages go to ``meta["messages"]``; its ``prompt`` text is the
+    tokenizer's rendering (chat template, generation prompt added) when a tokenizer
+    with a template is given, else :func:`render_plain`. ``meta["row"]`` is the
+    row number and ``meta["extra"]`` the row's other fields. Raises
+    :class:`DatasetError` for a missing, empty or unreadable file and for the
+    first malformed row (with its number).
+    """
+    path = Path(cfg.path)
+    if not path.exists():
+        raise DatasetError(f"dataset file {path} does not exist")
+    if not path.is_file():
+        raise DatasetError(f"dataset path {path} is not a file")
+    fmt = cfg.format or _SUFFIXES.get(path.suffix.lower())
+    if fmt is None:
+        raise DatasetError(
+            f"cannot tell the format of {path.name} from its suffix {path.suffix!r}; "
+            f"use one of {', '.join(sorted(_SUFFIXES))} or set format='jsonl' or 'parquet'"
+        )
+    if path.stat().st_size == 0:
+        raise DatasetError(f"dataset file {path} is empty")
+    rows = _iter_jsonl(path) if fmt == "jsonl" else _iter_parquet(path, (cfg.prompt_key, cfg.answer_key))
+    problems: list[Problem] = []
+    for rowno, row in rows:
+        problems.append(_row_problem(row, rowno, cfg, tokenizer))
+        if cfg.limit is not None and len(problems) >= cfg.limit:
+            break
+    if not problems:
+        raise DatasetError(f"dataset file {path} has no rows")
+    return problems
+
+
+def _tokenizer_name(tokenizer) -> str:
+    return str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
+
+
+def render_prompt(tokenizer, problem: Problem, chat_template: bool | None = None) -> str:
+    """The text the model sees for ``problem`` (before tokenization).
+
+    ``chat_template``: None (auto) applies the tokenizer's chat template iff the
+    problem has chat messages; True applies it always (a text prompt becomes one
+    user message); False never (the ``prompt`` text as is). The generation prompt
+    (e.g. ``<|im_start|>assistant``) is appended when the template is applied.
+    """
+    return _render(tokenizer, problem, chat_template)[0]
+
+
+def _render(tokenizer, problem: Problem, chat_template: bool | None) -> tuple[str, bool]:
+    """(text, whether the chat template was applied)."""
+    messages = problem.meta.get("messages")
+    use = (messages is not None) if chat_template is None else bool(chat_template)
+    if not use:
+        return problem.prompt, False
+    if not getattr(tokenizer, "chat_template", None):
+        why = "the prompt is chat messages" if chat_template is None else "chat_template=True"
+        raise DatasetError(
+            f"{why} but tokenizer {_tokenizer_name(tokenizer)!r} has no chat template; give the model a tokenizer "
+            "with one, or set data.chat_template=false to encode the prompt as plain text"
+        )
+    msgs = messages if messages is not None else [{"role": "user", "content": problem.prompt}]
+    return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True), True
+
+
+def encode_prompt(tokenizer, problem: Problem, chat_template: bool | None = None) -> list[int]:
+    """Token ids ``[L]`` of ``problem``'s prompt (see :func:`render_prompt` for ``chat_template``).
+
+    Templated text already carries its special tokens, so the tokenizer adds none
+    then; plain text gets the tokenizer's usual special tokens (e.g. a BOS).
+    """
+    text, templated = _render(tokenizer, problem, chat_template)
+    return list(tokenizer(text, add_special_tokens=not templated)["input_ids"])
