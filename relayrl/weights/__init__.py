@@ -1,0 +1,54 @@
+"""relayrl.weights: the resharding flow, trainer weights -> generation engines.
+
+Seed 004's refit (tensor packing into a few flat buckets, per-receiver
+messages, minimal metadata with cached layouts), seed 002/004's delayed
+parameter update (stage in host memory, apply between generations) and seed
+000's swap of training state to host memory. Modules:
+
+| module     | what                                                                  |
+|------------|-----------------------------------------------------------------------|
+| `layout`   | `BucketLayout`: (name, shape, dtype, offset, numel) per bucket + key  |
+| `packing`  | `pack` / `unpack` / `to_wire` / `from_wire`                           |
+| `relay`    | `WeightRelay` (push, push_to_group, stage, apply), `StagedWeights`    |
+| `receive`  | `receive_buckets`, `WeightReceiverMixin`, mismatch/version errors     |
+| `gather`   | `gather_full_state` (DTensor.full_tensor under FSDP2)                 |
+| `offload`  | `offload_optimizer` / `reload_optimizer`                              |
+"""
+from relayrl.weights.gather import gather_full_state
+from relayrl.weights.layout import DEFAULT_BUCKET_MB, Bucket, BucketLayout, TensorSlot, build_layout
+from relayrl.weights.offload import is_offloaded, offload_optimizer, reload_optimizer
+from relayrl.weights.packing import allocate_buffers, from_wire, pack, to_wire, unpack
+from relayrl.weights.receive import (
+    BucketPayload,
+    LayoutMismatchError,
+    StaleVersionError,
+    WeightReceiverMixin,
+    check_receiver,
+    receive_buckets,
+)
+from relayrl.weights.relay import StagedWeights, WeightRelay
+
+__all__ = [
+    "DEFAULT_BUCKET_MB",
+    "Bucket",
+    "BucketLayout",
+    "BucketPayload",
+    "LayoutMismatchError",
+    "StagedWeights",
+    "StaleVersionError",
+    "TensorSlot",
+    "WeightReceiverMixin",
+    "WeightRelay",
+    "allocate_buffers",
+    "build_layout",
+    "check_receiver",
+    "from_wire",
+    "gather_full_state",
+    "is_offloaded",
+    "offload_optimizer",
+    "pack",
+    "receive_buckets",
+    "reload_optimizer",
+    "to_wire",
+    "unpack",
+]

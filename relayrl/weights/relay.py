@@ -1,0 +1,274 @@
+"""`WeightRelay`: trainer weights -> generation engines in a few packed buckets.
+
+Implements seed 004's refit (tensor packing, per-receiver messages, minimal
+metadata; "14x overall") on relayrl's engines and worker groups:
+
+    trainer.named_weights()
+        -> gather_full_state      (DTensor.full_tensor() under FSDP2; no-op otherwise)
+        -> pack                   (cached BucketLayout, reused flat buffers; torch.cat on device)
+        -> in-process engines:    update_weights(unpack(buffers))        push / apply
+        -> worker group ranks:    method(BucketPayload(key, version,     push_to_group / apply_to_group
+                                         buffers as uint8 numpy or Ray refs,
+                                         layout only on a key's first push))
+
+and seed 002/004's delayed parameter update: `stage` packs a version into
+host buffers (pinned when CUDA is available) while generation goes on with the
+old weights, `apply` loads it between generations.
+
+Departures: buckets cross processes as host memory (pickled over a pipe for
+local ranks; one ``ray.put`` per bucket for Ray actors, read zero-copy by every
+rank on the node) rather than CUDA IPC handles or NCCL broadcasts; every rank
+receives every bucket (generation layouts are full, not tensor-parallel).
+"""
+from __future__ import annotations
+
+import itertools
+import time
+import weakref
+from dataclasses import dataclass, replace
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from relayrl.weights.gather import gather_full_state
+from relayrl.weights.layout import DEFAULT_BUCKET_MB, BucketLayout, layout_from_signature, weights_signature
+from relayrl.weights.packing import allocate_buffers, pack, to_wire, unpack
+from relayrl.weights.receive import BucketPayload, StaleVersionError, check_receiver, check_version
+
+__all__ = ["WeightRelay", "StagedWeights"]
+
+
+@dataclass(frozen=True)
+class StagedWeights:
+    """A weight version packed into host buffers, waiting to be applied (`WeightRelay.stage`)."""
+
+    layout: BucketLayout
+    """Layout of ``buffers``."""
+    buffers: tuple[torch.Tensor, ...]
+    """One flat host tensor per bucket (pinned when CUDA is available)."""
+    version: int
+    """Weight version these buffers hold."""
+    ticket: int
+    """Identifies the staging slot in its relay (released after `WeightRelay.apply`)."""
+
+    @property
+    def nbytes(self) -> int:
+        return self.layout.nbytes
+
+
+def _ref(obj: Any):
+    """A per-object record that does not keep ``obj`` alive when it can be weakly referenced."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return id(obj)
+
+
+class WeightRelay:
+    """Packs named weights into cached-layout buckets and delivers them.
+
+    Args:
+        bucket_mb: target bucket size in MiB (tensors grouped by dtype; a larger tensor gets its own bucket).
+        pin_memory: pin host buffers (staging, worker-group pushes); default: when CUDA is available.
+
+    One relay serves one sender (one set of weight names); if the sender's
+    names, shapes or dtypes change, the layout is rebuilt and resent.
+    Not thread-safe: call it from the driver or trainer thread.
+    """
+
+    def __init__(self, bucket_mb: float = DEFAULT_BUCKET_MB, pin_memory: bool | None = None) -> None:
+        if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
+            raise ValueError(f"bucket_mb={bucket_mb!r} must be a positive number of MiB (e.g. 256)")
+        self.bucket_bytes = int(bucket_mb * 2**20)
+        self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
+        self._layout: BucketLayout | None = None
+        self._buffers: dict[tuple[str, torch.device], list[torch.Tensor]] = {}
+        self._checked: dict[Any, str] = {}  # receiver ref -> layout key whose shapes it passed
+        self._group_keys: dict[Any, set[str]] = {}  # group ref -> layout keys its ranks hold
+        self._group_version: dict[Any, int] = {}
+        self._free_staging: list[list[torch.Tensor]] = []
+        self._live: dict[int, list[torch.Tensor]] = {}
+        self._tickets = itertools.count()
+
+    # -- layout and buffers --------------------------------------------------------------------
+    def layout_for(self, named_weights: Sequence[tuple[str, torch.Tensor]]) -> BucketLayout:
+        """The cached layout, rebuilt only when names, shapes or dtypes change."""
+        sig = weights_signature(named_weights)
+        if self._layout is None or self._layout.signature != sig:
+            self._layout = layout_from_signature(sig, self.bucket_bytes)
+            self._buffers.clear()
+            self._free_staging.clear()
+        return self._layout
+
+    def buffers(self, layout: BucketLayout, device: str | torch.device) -> list[torch.Tensor]:
+        """The relay's reusable pack buffers for ``layout`` on ``device`` (allocated on first use)."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        bufs = self._buffers.get((layout.key, device))
+        if bufs is None:
+            bufs = allocate_buffers(layout, device, pin_memory=self.pin_memory and device.type == "cpu")
+            self._buffers[(layout.key, device)] = bufs
+        return bufs
+
+    def _prepare(self, named_weights: Iterable[tuple[str, torch.Tensor]]):
+        named = gather_full_state(named_weights)
+        return named, self.layout_for(named)
+
+    # -- in-process receivers -------------------------------------------------------------------
+    def _check_receivers(self, receivers: Sequence[Any], layout: BucketLayout, version: int) -> None:
+        if isinstance(receivers, (str, bytes)) or not isinstance(receivers, Sequence):
+            raise TypeError("receivers must be a list of engines with update_weights(named_tensors, version)")
+        for i, r in enumerate(receivers):
+            if not callable(getattr(r, "update_weights", None)):
+                raise TypeError(f"receivers[{i}] ({type(r).__name__}) has no update_weights(named_tensors, version)")
+            check_version(r, version, who=f"receivers[{i}]")
+            ref = _ref(r)
+            if self._checked.get(ref) != layout.key:
+                check_receiver(r, layout, who=f"receivers[{i}]")
+                self._checked[ref] = layout.key
+
+    def _deliver(self, buffers: list[torch.Tensor], layout: BucketLayout, receivers: Sequence[Any],
+                 version: int) -> None:
+        for r in receivers:
+            dev = getattr(r, "device", None)
+            bufs = buffers
+            if dev is not None and buffers and buffers[0].device != torch.device(dev):
+                bufs = self.buffers(layout, dev)  # one copy per bucket to the receiver's device
+                for dst, src in zip(bufs, buffers):
+                    dst.copy_(src, non_blocking=True)
+            r.update_weights(unpack(bufs, layout), version)
+
+    @torch.no_grad()
+    def push(self, named_weights: Iterable[tuple[str, torch.Tensor]], receivers: Sequence[Any],
+             version: int) -> dict[str, float]:
+        """Pack ``named_weights`` once and load them into every in-process receiver.
+
+        Every receiver is checked (version not lower than its own, names and
+        shapes equal to the layout) before any weight is copied.
+        Returns ``relay/bytes`` (packed bytes), ``relay/buckets``, ``relay/tensors``,
+        ``relay/receivers``, ``relay/pack_s``, ``relay/time_s`` (whole push).
+        """
+        t0 = time.perf_counter()
+        named, layout = self._prepare(named_weights)
+        self._check_receivers(receivers, layout, version)
+        device = named[0][1].device if named else torch.device("cpu")
+        t1 = time.perf_counter()
+        buffers = pack(named, layout, out=self.buffers(layout, device))
+        t2 = time.perf_counter()
+        self._deliver(buffers, layout, receivers, version)
+        return self._metrics(layout, len(receivers), t2 - t1, time.perf_counter() - t0)
+
+    # -- worker groups --------------------------------------------------------------------------
+    def push_to_group(self, named_weights: Iterable[tuple[str, torch.Tensor]], group: Any,
+                      method: str = "receive_weights", *, version: int) -> dict[str, float]:
+        """Pack into host buffers and call ``group.all(method, BucketPayload)`` once per rank.
+
+        Each rank's ``method`` (e.g. `WeightReceiverMixin.receive_weights`)
+        must return what `receive_buckets` returns. The layout travels only on
+        a key's first push to the group, or to a rank that answers
+        ``need_layout`` (e.g. a restarted rank). Returns the `push` metrics plus
+        ``relay/layout_sent`` (ranks that got the layout this time).
+        """
+        t0 = time.perf_counter()
+        named, layout = self._prepare(named_weights)
+        t1 = time.perf_counter()
+        buffers = pack(named, layout, out=self.buffers(layout, "cpu"))
+        pack_s = time.perf_counter() - t1
+        return self._send_group(buffers, layout, group, method, version, pack_s, t0)
+
+    def _send_group(self, buffers: Sequence[torch.Tensor], layout: BucketLayout, group: Any, method: str,
+                    version: int, pack_s: float, t0: float) -> dict[str, float]:
+        if not callable(getattr(group, "all", None)) or not callable(getattr(group, "one", None)):
+            raise TypeError(f"group must be a relayrl.cluster.WorkerGroup, got {type(group).__name__}")
+        gref = _ref(group)
+        last = self._group_version.get(gref)
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise TypeError(f"version={version!r} must be an int")
+        if last is not None and version < last:
+            raise StaleVersionError(f"group {getattr(group, 'name', group)!r} holds weight version {last}; "
+                                    f"refusing to go back to version {version}")
+        wire = tuple(to_wire(b) for b in buffers)
+        if getattr(group, "backend", "local") == "ray":
+            import ray
+
+            wire = tuple(ray.put(a) for a in wire)  # one copy into the object store, read zero-copy by each rank
+        sent = self._group_keys.setdefault(gref, set())
+        first = layout.key not in sent
+        payload = BucketPayload(layout.key, version, wire, layout if first else None)
+        results = group.all(method, payload)
+        need = [r for r, res in enumerate(results) if _status(res, method, r) == "need_layout"]
+        for r in need:
+            res = group.one(method, replace(payload, layout=layout), rank=r)
+            if _status(res, method, r) != "ok":
+                raise RuntimeError(f"rank {r} did not load weights version {version} even with the layout: {res!r}")
+        sent.add(layout.key)
+        self._group_version[gref] = version
+        m = self._metrics(layout, len(results), pack_s, time.perf_counter() - t0)
+        m["relay/layout_sent"] = float(len(results) if first else len(need))
+        return m
+
+    # -- delayed parameter update ----------------------------------------------------------------
+    def stage(self, named_weights: Iterable[tuple[str, torch.Tensor]], version: int) -> StagedWeights:
+        """Pack a version into host buffers to load later with `apply` / `apply_to_group`.
+
+        Host buffers are reused from staged versions already applied; a
+        version staged but not yet applied keeps its own buffers.
+        """
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise TypeError(f"version={version!r} must be an int")
+        named, layout = self._prepare(named_weights)
+        bufs = self._free_staging.pop() if self._free_staging else allocate_buffers(layout, "cpu", self.pin_memory)
+        pack(named, layout, out=bufs)
+        ticket = next(self._tickets)
+        self._live[ticket] = bufs
+        return StagedWeights(layout, tuple(bufs), version, ticket)
+
+    def _take(self, staged: StagedWeights) -> None:
+        if not isinstance(staged, StagedWeights):
+            raise TypeError(f"staged must be a StagedWeights from WeightRelay.stage, got {type(staged).__name__}")
+        if staged.ticket not in self._live:
+            raise RuntimeError(f"staged weights version {staged.version} were already applied and released "
+                               "(or come from another relay); stage them again")
+
+    def _release(self, staged: StagedWeights) -> None:
+        bufs = self._live.pop(staged.ticket)
+        if self._layout is not None and staged.layout.key == self._layout.key:
+            self._free_staging.append(bufs)
+
+    @torch.no_grad()
+    def apply(self, staged: StagedWeights, receivers: Sequence[Any], release: bool = True) -> dict[str, float]:
+        """Load staged weights into in-process receivers (host -> device one copy per bucket).
+
+        ``release=False`` keeps the staged buffers valid for another `apply`.
+        """
+        t0 = time.perf_counter()
+        self._take(staged)
+        self._check_receivers(receivers, staged.layout, staged.version)
+        self._deliver(list(staged.buffers), staged.layout, receivers, staged.version)
+        if release:
+            self._release(staged)
+        return self._metrics(staged.layout, len(receivers), 0.0, time.perf_counter() - t0)
+
+    def apply_to_group(self, staged: StagedWeights, group: Any, method: str = "receive_weights",
+                       release: bool = True) -> dict[str, float]:
+        """`push_to_group` of staged buffers (nothing is packed again)."""
+        t0 = time.perf_counter()
+        self._take(staged)
+        m = self._send_group(list(staged.buffers), staged.layout, group, method, staged.version, 0.0, t0)
+        if release:
+            self._release(staged)
+        return m
+
+    # -- metrics --------------------------------------------------------------------------------
+    @staticmethod
+    def _metrics(layout: BucketLayout, receivers: int, pack_s: float, total_s: float) -> dict[str, float]:
+        return {"relay/bytes": float(layout.nbytes), "relay/buckets": float(len(layout.buckets)),
+                "relay/tensors": float(layout.num_tensors), "relay/receivers": float(receivers),
+                "relay/pack_s": pack_s, "relay/time_s": total_s}
+
+
+def _status(result: Any, method: str, rank: int) -> str:
+    if not isinstance(result, dict) or result.get("status") not in ("ok", "need_layout"):
+        raise TypeError(f"rank {rank}: {method!r} returned {result!r}; it must return what receive_buckets returns")
+    return result["status"]
