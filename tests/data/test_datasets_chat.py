@@ -1,0 +1,56 @@
+"""Chat templates applied through the tokenizer (the tiny ChatML tokenizer) when prompts are encoded."""
+
+import copy
+import json
+
+import pytest
+
+from relayrl.data.datasets import DatasetConfig, DatasetError, encode_prompt, load_problems, render_prompt
+from relayrl.data.tasks import Problem
+
+MESSAGES = [{"role": "system", "content": "Add the numbers."}, {"role": "user", "content": "12+30="}]
+CHATML = "<|im_start|>system\nAdd the numbers.<|im_end|>\n<|im_start|>user\n12+30=<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture
+def chat_file(tmp_path):
+    f = tmp_path / "chat.jsonl"
+    f.write_text(json.dumps({"prompt": MESSAGES, "answer": 42}) + "\n" + json.dumps({"prompt": "7+1=", "answer": "8"}) + "\n")
+    return f
+
+
+def test_auto_applies_template_only_to_chat_prompts(chat_file, tiny_tokenizer):
+    chat, text = load_problems(DatasetConfig(path=chat_file))
+    assert chat.meta["messages"] == MESSAGES and chat.answer == "42"
+    assert render_prompt(tiny_tokenizer, chat) == CHATML
+    ids = encode_prompt(tiny_tokenizer, chat)
+    assert ids == tiny_tokenizer(CHATML, add_special_tokens=False)["input_ids"]
+    assert tiny_tokenizer.decode(ids) == CHATML  # special tokens are single tokens and round-trip
+    assert ids[0] == tiny_tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert encode_prompt(tiny_tokenizer, text) == tiny_tokenizer("7+1=")["input_ids"]
+
+
+def test_forced_on_and_off(chat_file, tiny_tokenizer):
+    chat, text = load_problems(DatasetConfig(path=chat_file))
+    wrapped = tiny_tokenizer.decode(encode_prompt(tiny_tokenizer, text, chat_template=True))
+    assert wrapped == "<|im_start|>user\n7+1=<|im_end|>\n<|im_start|>assistant\n"
+    plain = encode_prompt(tiny_tokenizer, chat, chat_template=False)
+    assert tiny_tokenizer.decode(plain) == "system: Add the numbers.\nuser: 12+30="
+
+
+def test_load_with_tokenizer_renders_chat_prompt_text(chat_file, tiny_tokenizer):
+    chat, text = load_problems(DatasetConfig(path=chat_file), tokenizer=tiny_tokenizer)
+    assert chat.prompt == CHATML
+    assert text.prompt == "7+1="
+
+
+def test_tokenizer_without_template_is_a_clear_error(chat_file, tiny_tokenizer):
+    bare = copy.deepcopy(tiny_tokenizer)
+    bare.chat_template = None
+    chat, _ = load_problems(DatasetConfig(path=chat_file), tokenizer=bare)
+    assert chat.prompt == "system: Add the numbers.\nuser: 12+30="
+    with pytest.raises(DatasetError, match="chat_template=True but tokenizer .* has no chat template"):
+        encode_prompt(bare, Problem("1+1=", "2"), chat_template=True)
+    with pytest.raises(DatasetError, match="the prompt is chat messages but .* set data.chat_template=false"):
+        encode_prompt(bare, chat)
+    assert encode_prompt(bare, chat, chat_template=False) == bare(chat.prompt)["input_ids"]

@@ -1,0 +1,151 @@
+"""User datasets from JSONL/JSON/Parquet: good files, nested keys, and every malformed-row error."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pydantic import ValidationError
+
+from relayrl.data.datasets import DatasetConfig, DatasetError, load_problems
+from relayrl.data.tasks import Problem
+
+
+def _jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def test_jsonl_text_prompts_numbers_and_extra_fields(tmp_path):
+    f = _jsonl(tmp_path / "train.jsonl", [
+        {"prompt": "1+1=", "answer": "2", "source": "hand"},
+        "",  # blank lines are skipped but still count as lines
+        {"prompt": "2+2=", "answer": 4},
+        {"prompt": "half?", "answer": 0.5},
+    ])
+    problems = load_problems(DatasetConfig(path=f))
+    assert problems == [Problem("1+1=", "2"), Problem("2+2=", "4"), Problem("half?", "0.5")]
+    assert [p.meta["row"] for p in problems] == [1, 3, 4]
+    assert problems[0].meta["extra"] == {"source": "hand"}
+    assert "messages" not in problems[0].meta
+
+
+def test_custom_keys_nested_keys_and_literal_dotted_keys(tmp_path):
+    f = _jsonl(tmp_path / "d.jsonl", [
+        {"question": "q1", "extra": {"answer": "a1"}},
+        {"question": "q2", "extra": {"answer": "a2"}, "extra.answer": "literal wins"},
+    ])
+    problems = load_problems(DatasetConfig(path=f, prompt_key="question", answer_key="extra.answer"))
+    assert [(p.prompt, p.answer) for p in problems] == [("q1", "a1"), ("q2", "literal wins")]
+
+
+def test_json_array_file_and_limit(tmp_path):
+    f = tmp_path / "d.json"
+    f.write_text(json.dumps([{"prompt": f"p{i}", "answer": str(i)} for i in range(5)]))
+    problems = load_problems(DatasetConfig(path=f, limit=3))
+    assert [p.prompt for p in problems] == ["p0", "p1", "p2"]
+
+
+def test_parquet_text_and_chat_prompts(tmp_path):
+    f = tmp_path / "train.parquet"
+    pq.write_table(pa.table({
+        "prompt": [[{"role": "system", "content": "be brief"}, {"role": "user", "content": "1+2?"}],
+                   [{"role": "user", "content": "3+4?"}]],
+        "reward_model": [{"ground_truth": 3}, {"ground_truth": 7}],
+        "id": [10, 11],
+    }), f)
+    problems = load_problems(DatasetConfig(path=f, answer_key="reward_model.ground_truth"))
+    assert [p.answer for p in problems] == ["3", "7"]
+    assert problems[0].meta["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "1+2?"}]
+    assert problems[0].prompt == "system: be brief\nuser: 1+2?"
+    assert problems[1].meta["row"] == 2 and problems[1].meta["extra"] == {"reward_model": {"ground_truth": 7}}
+
+
+def test_parquet_missing_column_names_it_and_what_exists(tmp_path):
+    f = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"question": ["q"], "answer": ["a"]}), f)
+    with pytest.raises(DatasetError) as e:
+        load_problems(DatasetConfig(path=f))
+    assert str(e.value) == "t.parquet: column 'prompt' is missing (columns present: question, answer)"
+
+
+def test_parquet_bad_row_has_its_number(tmp_path):
+    f = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"prompt": ["a", "b", None], "answer": ["1", "2", "3"]}), f)
+    with pytest.raises(DatasetError, match=r"^t.parquet row 3: field 'prompt' is null$"):
+        load_problems(DatasetConfig(path=f))
+
+
+@pytest.mark.parametrize(
+    "bad_row, message",
+    [
+        ({"question": "q", "answer": "1"}, "train.jsonl row 3: field 'prompt' is missing (columns present: question, answer)"),
+        ('{"prompt": "q", "answer": }', "train.jsonl row 3: invalid JSON (Expecting value at column 27)"),
+        ('["q", "1"]', "train.jsonl row 3: expected a JSON object with fields, got list"),
+        ({"prompt": 5, "answer": "1"}, "train.jsonl row 3: field 'prompt' is int; expected a string or a list of"),
+        ({"prompt": "  ", "answer": "1"}, "train.jsonl row 3: field 'prompt' is an empty string"),
+        ({"prompt": [], "answer": "1"}, "train.jsonl row 3: field 'prompt' is an empty list of messages"),
+        ({"prompt": ["hi"], "answer": "1"}, "train.jsonl row 3: field 'prompt' message 1 is str; expected {'role', 'content'}"),
+        ({"prompt": [{"role": "user", "content": "a"}, {"content": "b"}], "answer": "1"},
+         "train.jsonl row 3: field 'prompt' message 2 has no 'role' (keys: content)"),
+        ({"prompt": [{"role": "user"}], "answer": "1"}, "train.jsonl row 3: field 'prompt' message 1 has no 'content' (keys: role)"),
+        ({"prompt": [{"role": "user", "content": 3}], "answer": "1"},
+         "train.jsonl row 3: field 'prompt' message 1 'content' is int; expected a string"),
+        ({"prompt": "q"}, "train.jsonl row 3: field 'answer' is missing (columns present: prompt)"),
+        ({"prompt": "q", "answer": None}, "train.jsonl row 3: field 'answer' is null"),
+        ({"prompt": "q", "answer": ["1"]}, "train.jsonl row 3: field 'answer' is list; expected a string or a number"),
+        ({"prompt": "q", "answer": True}, "train.jsonl row 3: field 'answer' is bool; expected a string or a number"),
+    ],
+)
+def test_malformed_row_reported_with_row_number(tmp_path, bad_row, message):
+    f = _jsonl(tmp_path / "train.jsonl", [{"prompt": "a", "answer": "1"}, {"prompt": "b", "answer": "2"}, bad_row])
+    with pytest.raises(DatasetError) as e:
+        load_problems(DatasetConfig(path=f))
+    assert str(e.value).startswith(message)
+
+
+def test_bad_utf8_row(tmp_path):
+    f = tmp_path / "d.jsonl"
+    f.write_bytes(b'{"prompt": "a", "answer": "1"}\n{"prompt": "\xff", "answer": "1"}\n')
+    with pytest.raises(DatasetError, match=r"d.jsonl row 2: not valid UTF-8"):
+        load_problems(DatasetConfig(path=f))
+
+
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("empty.jsonl", b"", "is empty"),
+        ("blank.jsonl", b"\n  \n", "has no rows"),
+        ("data.csv", b"prompt,answer\n", "cannot tell the format of data.csv"),
+        ("broken.parquet", b"not parquet at all", "broken.parquet: not a readable Parquet file"),
+        ("arr.json", b"[{", "arr.json: invalid JSON array"),
+    ],
+)
+def test_bad_files(tmp_path, name, content, message):
+    f = tmp_path / name
+    f.write_bytes(content)
+    with pytest.raises(DatasetError, match=message):
+        load_problems(DatasetConfig(path=f))
+
+
+def test_missing_file_and_directory(tmp_path):
+    with pytest.raises(DatasetError, match="does not exist"):
+        load_problems(DatasetConfig(path=tmp_path / "nope.jsonl"))
+    with pytest.raises(DatasetError, match="is not a file"):
+        load_problems(DatasetConfig(path=tmp_path))
+
+
+def test_format_override_and_config_checks(tmp_path):
+    f = _jsonl(tmp_path / "data.txt", [{"prompt": "p", "answer": "a"}])
+    assert load_problems(DatasetConfig(path=f, format="jsonl"))[0].answer == "a"
+    with pytest.raises(ValidationError, match="format"):
+        DatasetConfig(path=f, format="csv")
+    with pytest.raises(ValidationError, match="prompt_key"):
+        DatasetConfig(path=f, prompt_key="")
+
+
+def test_json_array_bad_item_has_its_position(tmp_path):
+    f = tmp_path / "d.json"
+    f.write_text(json.dumps([{"prompt": "p", "answer": "1"}, 5]))
+    with pytest.raises(DatasetError, match=r"^d.json row 2: expected a JSON object with fields, got int$"):
+        load_problems(DatasetConfig(path=f))
