@@ -105,11 +105,16 @@ def normalize_column(name: str, values: Any, n_rows: int | None) -> tuple[list[t
         raise ValueError(f"column {name!r} has {len(rows)} rows but the put has {n_rows}")
     first = rows[0]
     schema = ColumnSchema(dtype=first.dtype, tail=tuple(first.shape[1:]), scalar=first.dim() == 0)
-    for i, r in enumerate(rows):
-        if r.dtype != schema.dtype:
-            raise TypeError(f"column {name!r}, row {i}: dtype {r.dtype} differs from row 0 ({schema.dtype})")
-        if (r.dim() == 0) != schema.scalar or (not schema.scalar and tuple(r.shape[1:]) != schema.tail):
-            raise ValueError(f"column {name!r}, row {i}: shape {tuple(r.shape)} does not match row 0 ({schema.describe()})")
+    # Set comprehensions keep the common case (all rows alike) cheap; the slow loop only names the culprit.
+    ok = {r.dtype for r in rows} == {schema.dtype} and {r.dim() for r in rows} == {first.dim()}
+    if ok and schema.tail:
+        ok = {tuple(r.shape[1:]) for r in rows} == {schema.tail}
+    if not ok:
+        for i, r in enumerate(rows):
+            if r.dtype != schema.dtype:
+                raise TypeError(f"column {name!r}, row {i}: dtype {r.dtype} differs from row 0 ({schema.dtype})")
+            if (r.dim() == 0) != schema.scalar or (not schema.scalar and tuple(r.shape[1:]) != schema.tail):
+                raise ValueError(f"column {name!r}, row {i}: shape {tuple(r.shape)} does not match row 0 ({schema.describe()})")
     return rows, schema
 
 

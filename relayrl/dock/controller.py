@@ -198,12 +198,21 @@ class StageController:
             np.add.at(st.unit_ready, u, 1)
             units = np.unique(u)
             units = units[st.unit_ready[units] == st.unit_size]
-        added = False
-        for u in units.tolist():
-            if st.unit_unacked[u] > 0 and st.lease_of[u] == 0:
+        units = units[(st.unit_unacked[units] > 0) & (st.lease_of[units] == 0)]
+        if len(units) == 0:
+            return False
+        if st.unit_size == 1 and not st.acked[units].any():
+            # First readiness of single rows: tokens in one vectorized pass.
+            toks = [st.lengths[c][units] for c in st.token_columns if c in st.lengths]
+            tok = np.sum(toks, axis=0).tolist() if toks else [0] * len(units)
+            ul = units.tolist()
+            st.unit_tokens.update(zip(ul, tok))
+            st.ready_tokens += sum(tok)
+            st.ready.extend(ul)
+        else:
+            for u in units.tolist():
                 st.enqueue(u)
-                added = True
-        return added
+        return True
 
     # --- requests (consumers) ----------------------------------------------------------
     def acquire(
@@ -258,7 +267,10 @@ class StageController:
             st.ready_tokens -= t
             tokens += t
             units.append(u)
-            rows.extend(st.unit_rows(u))
+            if st.unit_size == 1:
+                rows.append(u)  # a queued single row is never acknowledged
+            else:
+                rows.extend(st.unit_rows(u))
         lease = Lease(next(_lease_ids), consumer, set(units), now + self.lease_s)
         st.leases[lease.lease_id] = lease
         st.lease_of[units] = lease.lease_id

@@ -51,7 +51,11 @@ def test_bfloat16_and_2d_rows_survive_the_wire(ray_dock):
 def test_put_to_dead_unit_raises(ray_cluster):
     d = Dock(units=2, backend="ray", io_timeout_s=10.0)
     d.open_partition("p", rows=4)
-    ray_cluster.kill(d._plane.units[0])  # the first put goes to unit 0 (least filled)
+    dead = d._plane.units[0]  # the first put goes to unit 0 (least filled)
+    ray_cluster.kill(dead)
+    with pytest.raises(ray_cluster.exceptions.RayActorError):  # kill is asynchronous: wait until it took effect
+        for _ in range(100):
+            ray_cluster.get(dead.ping.remote(), timeout=10)
     with pytest.raises(DockWriteError, match="not stored") as err:
         d.put("p", {"x": [torch.ones(1)] * 4})
     assert err.value.indexes == [0, 1, 2, 3]  # the caller can retry these rows with indexes=
