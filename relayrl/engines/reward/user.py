@@ -63,7 +63,7 @@ def _resolve(path: str) -> Callable[..., Any]:
         raise RewardError(f"reward function path must be 'package.module:function', got {path!r}")
     path = path.strip()
     splits = _split(path)
-    if not splits or any(not m or not a for m, a in splits[:1]):
+    if not splits or not all(m and a for m, a in splits):
         raise RewardError(f"reward function path {path!r} must look like 'package.module:function' or 'package.module.function'")
     tried = []
     for mod_name, attr_path in splits:

@@ -20,6 +20,7 @@ length (``math_max_chars``), since a Python thread cannot be interrupted.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import threading
@@ -92,6 +93,14 @@ def _as_latex(text: str) -> str:
     return f"${text}$"
 
 
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(latex: str, timeout: int | None) -> tuple:
+    """math-verify's parse of a ground truth, cached: a GRPO group repeats one answer for all its responses."""
+    from math_verify import parse
+
+    return tuple(parse(latex, parsing_timeout=timeout, raise_on_error=True))
+
+
 def math_reward(response: str, answer: str, *, timeout_s: int = 5, max_chars: int = 2000) -> float:
     """1.0 when the response's final answer is mathematically equivalent to ``answer``, else 0.0.
 
@@ -115,7 +124,7 @@ def math_reward(response: str, answer: str, *, timeout_s: int = 5, max_chars: in
         raise MathVerifyError(f"answer longer than math_max_chars={max_chars} ({len(pred_text)} / {len(answer)} chars)")
     gold_text = extract_boxed(answer) or answer
     try:
-        gold = parse(_as_latex(gold_text), parsing_timeout=timeout, raise_on_error=True)
+        gold = list(_parse_gold(_as_latex(gold_text), timeout))
         if not gold:
             raise MathVerifyError(f"math-verify could not parse the ground truth {answer!r}")
         pred = parse(_as_latex(pred_text), parsing_timeout=timeout, raise_on_error=True)
