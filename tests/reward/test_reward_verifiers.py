@@ -85,3 +85,20 @@ def test_format_reward_searches_pattern():
     assert format_reward("12a", re.compile(r"^\d+$")) == 0.0
     assert format_reward(r"so \boxed{2} done", re.compile(r"\\boxed\{.+\}")) == 1.0
     assert format_reward("so 2 done", re.compile(r"\\boxed\{.+\}")) == 0.0
+
+
+def test_math_timeout_becomes_a_counted_row_error(monkeypatch):
+    """math-verify signals a timeout with a BaseException; it must become an ordinary row error scored 0."""
+    import math_verify
+    from math_verify.errors import TimeoutException
+
+    from relayrl.engines.reward import RewardConfig, RewardEngine
+
+    def slow_verify(*args, **kwargs):
+        raise TimeoutException("Timeout during comparison")
+
+    monkeypatch.setattr(math_verify, "verify", slow_verify)
+    with pytest.raises(MathVerifyError, match="timed out after 5 s"):
+        math_reward(r"\boxed{2}", "2")
+    rewards, metrics = RewardEngine(RewardConfig(verifier="math")).score(["q", "q"], [r"\boxed{2}", "none"], ["2", "2"])
+    assert rewards == [0.0, 0.0] and metrics["reward/errors"] == 1.0
