@@ -1,0 +1,174 @@
+"""``relayrl train | eval | plot | demo``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["main"]
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPES = REPO / "recipes"
+
+
+def _load(recipe: str | None, overrides: list[str]):
+    from relayrl.config.loader import load_config
+    from relayrl.config.schema import Config
+
+    return load_config(Config, recipe, overrides)
+
+
+def _run(cfg) -> Path:
+    if cfg.workflow == "sft":
+        from relayrl.workflows.sft import train_sft
+
+        return train_sft(cfg)
+    from relayrl.workflows.grpo import train_grpo
+
+    return train_grpo(cfg)
+
+
+def cmd_train(args) -> int:
+    cfg = _load(args.recipe, args.overrides)
+    out = _run(cfg)
+    print(f"relayrl: model saved to {out}; metrics in {cfg.run.dir / 'metrics.jsonl'}")
+    return 0
+
+
+def _final_accuracy(run_dir: Path) -> tuple[float | None, float | None]:
+    """(first, last) eval/accuracy in a run's metrics.jsonl."""
+    first = last = None
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("eval/accuracy") is not None:
+            first = rec["eval/accuracy"] if first is None else first
+            last = rec["eval/accuracy"]
+    return first, last
+
+
+def cmd_demo(args) -> int:
+    """SFT warm-up on 2-digit sums, then GRPO with the verifier alone on 3-digit sums."""
+    t0 = time.perf_counter()
+    root = Path(args.dir)
+    sft_dir, grpo_dir = root / "sft", root / "grpo"
+    print("relayrl demo: 1/2 SFT warm-up on 1-2 digit sums (recipes/arith_sft.yaml)", flush=True)
+    sft = _load(str(RECIPES / "arith_sft.yaml"), [f"run.dir={sft_dir}", *args.overrides_sft])
+    sft_model = _run(sft)
+    print("relayrl demo: 2/2 GRPO on 3-digit sums, verifier reward only (recipes/arith_grpo.yaml)", flush=True)
+    t_rl = time.perf_counter()
+    grpo = _load(str(RECIPES / "arith_grpo.yaml"), [f"run.dir={grpo_dir}", f"trainer.init_from={sft_model}",
+                                                     *args.overrides_grpo])
+    _run(grpo)
+    rl_min = (time.perf_counter() - t_rl) / 60
+    before, after = _final_accuracy(grpo_dir)
+    minutes = (time.perf_counter() - t0) / 60
+    print(f"relayrl demo: GRPO took {rl_min:.1f} min; held-out 3-digit sums, greedy; run dirs under {root}")
+    print(f"demo: accuracy {100 * (before or 0):.1f}% -> {100 * (after or 0):.1f}% in {minutes:.1f} min")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    import torch
+
+    from relayrl.data.tasks import make_task
+    from relayrl.engines.generation.native import NativeGenerationEngine
+    from relayrl.engines.reward import RewardConfig, RewardEngine
+    from relayrl.evaluation.runner import evaluate, write_report
+    from relayrl.models.load import load_model, load_tokenizer
+
+    if (args.task is None) == (args.data is None):
+        raise SystemExit("relayrl eval: give exactly one of --task NAME or --data FILE")
+    task_options = json.loads(args.task_options) if args.task_options else {}
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    tok = load_tokenizer(args.model)
+    engine = NativeGenerationEngine(load_model(args.model, dtype=args.dtype, device=device), tok, device=device)
+    if args.task:
+        task = make_task(args.task, **task_options, eval_size=args.size)
+        problems = task.eval_set()
+        reward = RewardEngine(RewardConfig(verifier="task"), task=task)
+    else:
+        from relayrl.data.datasets import DatasetConfig, load_problems
+
+        task = None
+        problems = load_problems(DatasetConfig(path=args.data, prompt_key=args.prompt_key, answer_key=args.answer_key))[: args.size]
+        reward = RewardEngine(RewardConfig(verifier=args.verifier), task=None)
+    from relayrl.data.datasets import encode_prompt
+
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    result = evaluate(lambda p, sp: engine.generate(p, sp, generator=gen), lambda p: list(encode_prompt(tok, p, None)),
+                      problems, lambda a, b, c: reward.score(a, b, c)[0], max_new_tokens=args.max_new_tokens,
+                      k=args.k, temperature=args.temperature)
+    out = Path(args.out)
+    report, samples = write_report(result, out, extra={"model": args.model, "task": args.task, "data": args.data,
+                                                       "k": args.k, "temperature": args.temperature})
+    for k, v in result.metrics.items():
+        print(f"{k:>20s}  {v:.4f}")
+    print(f"relayrl eval: report {report}, samples {samples}")
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from relayrl.telemetry.plots import plot_run
+
+    paths = plot_run(Path(args.run_dir))
+    for p in paths:
+        print(p)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="relayrl", description="RL post-training of LLMs as a distributed dataflow")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="run a recipe: relayrl train recipes/arith_grpo.yaml trainer.steps=3 run.dir=/tmp/x")
+    t.add_argument("recipe")
+    t.add_argument("overrides", nargs="*", help="dotted.key=value")
+    t.set_defaults(fn=cmd_train)
+
+    d = sub.add_parser("demo", help="SFT warm-up, then GRPO on the built-in arithmetic task (tiny model, CPU)")
+    d.add_argument("--dir", default="runs/demo")
+    d.add_argument("--sft", dest="overrides_sft", action="append", default=[], help="override for the SFT stage")
+    d.add_argument("--grpo", dest="overrides_grpo", action="append", default=[], help="override for the GRPO stage")
+    d.set_defaults(fn=cmd_demo)
+
+    e = sub.add_parser("eval", help="greedy accuracy, pass@k, avg@k of a model on a task or dataset")
+    e.add_argument("--model", required=True, help="local Hugging Face model directory")
+    e.add_argument("--task", help="built-in task: arith, sort, countdown")
+    e.add_argument("--task-options", help='JSON options of the task, e.g. \'{"min_digits": 3, "max_digits": 3}\'')
+    e.add_argument("--data", help="JSONL or Parquet file with prompt and answer fields")
+    e.add_argument("--prompt-key", default="prompt")
+    e.add_argument("--answer-key", default="answer")
+    e.add_argument("--verifier", default="math", choices=["math", "exact"], help="verifier for --data")
+    e.add_argument("--size", type=int, default=200, help="prompts to evaluate")
+    e.add_argument("--k", type=int, default=1, help="samples per prompt for pass@k / avg@k (1: greedy only)")
+    e.add_argument("--temperature", type=float, default=1.0)
+    e.add_argument("--max-new-tokens", type=int, default=16)
+    e.add_argument("--dtype", default="float32")
+    e.add_argument("--device", default="auto")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--out", default="runs/eval", help="directory for eval.json and eval_samples.jsonl")
+    e.set_defaults(fn=cmd_eval)
+
+    pl = sub.add_parser("plot", help="PNG figures, stage timeline and trace.json of a run directory")
+    pl.add_argument("run_dir")
+    pl.set_defaults(fn=cmd_plot)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from relayrl.config.loader import ConfigError
+
+    try:
+        return args.fn(args)
+    except ConfigError as e:
+        print(f"relayrl: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Recipes: YAML files that derive from each other, plus dotted command-line overrides.
+
+A recipe may name a ``base`` recipe (a path relative to itself); the base is
+loaded first and the recipe's keys are merged over it, so a recipe reads as a
+diff (``arith_dapo.yaml`` is ``arith_grpo.yaml`` plus a few DAPO switches).
+Overrides ``a.b.c=value`` are applied last; values are parsed as YAML
+(``3``, ``1e-4``, ``true``, ``[1, 2]``, ``null``).
+
+Every error names the key path and how to fix it, and happens before any work
+starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+__all__ = ["ConfigError", "load_recipe_dict", "apply_overrides", "validate", "load_config"]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ConfigError(ValueError):
+    """A recipe, override or value that cannot be used; the message names the key and the fix."""
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def load_recipe_dict(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
+    """Read a recipe and its ``base`` chain into one dict."""
+    path = Path(path).resolve()
+    if path in _seen:
+        chain = " -> ".join(str(p) for p in (*_seen, path))
+        raise ConfigError(f"recipe base chain loops: {chain}")
+    if not path.is_file():
+        raise ConfigError(f"recipe {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"recipe {path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"recipe {path} must be a mapping of keys, got {type(data).__name__}")
+    base = data.pop("base", None)
+    if base is not None:
+        data = _merge(load_recipe_dict(path.parent / base, (*_seen, path)), data)
+    return data
+
+
+def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
+    """Apply ``a.b=value`` overrides to a nested dict (returns a new dict)."""
+    out = _merge({}, data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key.path=value (e.g. trainer.steps=3)")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        if not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"override {item!r} has an empty key part")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        node = out
+        parts = key.split(".")
+        for i, part in enumerate(parts[:-1]):
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            elif not isinstance(nxt, dict):
+                raise ConfigError(f"override {item!r}: {'.'.join(parts[:i + 1])} is a value, not a section")
+            else:
+                nxt = node[part] = dict(nxt)
+            node = nxt
+        node[parts[-1]] = value
+    return out
+
+
+def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    cls: Any = model
+    for part in loc[:-1]:
+        field = getattr(cls, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        cls = field.annotation
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)):
+            for arg in getattr(cls, "__args__", ()):
+                if isinstance(arg, type) and issubclass(arg, BaseModel):
+                    cls = arg
+                    break
+            else:
+                return []
+    return sorted(getattr(cls, "model_fields", {}))
+
+
+def _format(err: ValidationError, model: type[BaseModel]) -> str:
+    lines = []
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"] if not isinstance(p, int) or True)
+        key = ".".join(str(p) for p in loc) or "<root>"
+        if e["type"] == "extra_forbidden":
+            known = _fields_at(model, loc)
+            import difflib
+
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+            hint = f"did you mean {'.'.join(map(str, loc[:-1] + (close[0],)))}?" if close else f"valid keys here: {', '.join(known)}"
+            lines.append(f"  {key}: unknown key; {hint}")
+        else:
+            got = e.get("input")
+            got_s = f" (got {got!r})" if not isinstance(got, dict) and got is not None else ""
+            lines.append(f"  {key}: {e['msg']}{got_s}")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def validate(model: type[M], data: dict) -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format(e, model)) from None
+
+
+def load_config(model: type[M], recipe: str | Path | None, overrides: Sequence[str] = ()) -> M:
+    """Recipe (or the defaults when ``recipe`` is None) + overrides, validated into ``model``."""
+    data = load_recipe_dict(recipe) if recipe is not None else {}
+    return validate(model, apply_overrides(data, overrides))

@@ -1,0 +1,157 @@
+"""The typed config of a relayrl run. One section per component; every default is here.
+
+Sections reuse the config models that live next to their components
+(``TinyModelConfig``, ``OptimConfig``, ``RewardConfig``, ``TelemetryConfig``,
+``ClusterConfig``, ``DockConfig``), so each value has exactly one definition.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from relayrl.algorithms.advantages import ESTIMATORS
+from relayrl.algorithms.losses import AGG_MODES
+from relayrl.cluster import ClusterConfig
+from relayrl.dock.config import DockConfig
+from relayrl.engines.reward import RewardConfig
+from relayrl.engines.training.torch_engine import TrainEngineConfig
+from relayrl.models.tiny import TinyModelConfig
+from relayrl.telemetry import TelemetryConfig
+
+__all__ = [
+    "RunConfig", "ModelConfig", "DataConfig", "RolloutConfig", "AlgorithmConfig", "TrainerConfig",
+    "EvalConfig", "Config",
+]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(_Section):
+    dir: Path = Field(Path("runs/latest"), description="run directory (config, metrics.jsonl, checkpoints, final model)")
+    seed: int = 0
+    resume: str = Field("never", description='"never", "auto" (newest complete checkpoint in run.dir) or a checkpoint path')
+    save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
+    keep_checkpoints: int = Field(2, ge=1)
+    on_nonfinite: Literal["stop", "skip"] = Field("stop", description="NaN/Inf loss or gradient: save and stop, or skip the step")
+    threads: int = Field(0, ge=0, description="torch CPU threads (0: all cores)")
+
+
+class ModelConfig(_Section):
+    path: str | None = Field(None, description="local Hugging Face model directory; null builds the tiny default")
+    tiny: TinyModelConfig = TinyModelConfig()
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+
+
+class DataConfig(_Section):
+    task: str | None = Field("arith", description="built-in task name (arith, sort, countdown); null when data.path is set")
+    task_options: dict[str, Any] = Field(default_factory=dict, description="options of the built-in task's training set")
+    eval_task_options: dict[str, Any] | None = Field(None, description="options of the held-out set (default: task_options)")
+    path: str | None = Field(None, description="JSONL/Parquet training prompts (a user dataset)")
+    eval_path: str | None = None
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    chat_template: bool | None = Field(None, description="null: apply the tokenizer's chat template to chat-message prompts")
+    prompts_per_step: int = Field(8, ge=1)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "DataConfig":
+        if self.task is None and self.path is None:
+            raise ValueError("set data.task (a built-in task) or data.path (a JSONL/Parquet file)")
+        if self.task is not None and self.path is not None:
+            raise ValueError("data.task and data.path are both set; set data.task=null to train on data.path")
+        return self
+
+
+class RolloutConfig(_Section):
+    n: int = Field(8, ge=1, description="responses per prompt")
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    max_new_tokens: int = Field(16, ge=1)
+    stop_strings: list[str] = Field(default_factory=list)
+    max_batch: int = Field(256, ge=1, description="sequences in flight in the generation engine")
+
+
+class AlgorithmConfig(_Section):
+    """GRPO by default; DAPO is GRPO with clip_high > clip_low, token-mean, dynamic sampling, overlong shaping."""
+
+    advantage: str = Field("grpo", description=f"one of {', '.join(ESTIMATORS)}")
+    normalize_std: bool = True
+    loss_agg: str = Field("seq-mean-token-mean", description=f"one of {', '.join(AGG_MODES)}")
+    clip_low: float = Field(0.2, ge=0.0)
+    clip_high: float = Field(0.2, ge=0.0)
+    dual_clip: float | None = Field(None, gt=1.0)
+    ratio_level: Literal["token", "sequence"] = "token"
+    kl_coef: float = Field(0.0, ge=0.0, description="KL to the reference model (0: no reference model is loaded)")
+    kl_kind: Literal["k1", "k2", "k3", "abs", "mse", "low_var_kl"] = "k3"
+    kl_in_reward: bool = Field(False, description="KL as a per-token reward penalty instead of a loss term")
+    entropy_coef: float = Field(0.0, ge=0.0)
+    overlong_shaping: bool = False
+    overlong_cache: int = Field(4, ge=1, description="tokens before max_new_tokens where the soft penalty starts")
+    overlong_filter: bool = Field(False, description="mask truncated responses out of the loss")
+    dynamic_sampling: bool = Field(False, description="drop groups whose rewards are all equal (and resample prompts)")
+    max_resample_rounds: int = Field(3, ge=0)
+
+    @model_validator(mode="after")
+    def _names(self) -> "AlgorithmConfig":
+        if self.advantage not in ESTIMATORS:
+            raise ValueError(f"algorithm.advantage={self.advantage!r} is not one of {', '.join(ESTIMATORS)}")
+        if self.loss_agg not in AGG_MODES:
+            raise ValueError(f"algorithm.loss_agg={self.loss_agg!r} is not one of {', '.join(AGG_MODES)}")
+        if self.advantage in ("gae", "remax"):
+            raise ValueError(f"algorithm.advantage={self.advantage!r} needs a critic/greedy baseline, which the "
+                             f"synchronous GRPO workflow does not run; use grpo, drgrpo, rloo, reinforce++ or reinforce++-baseline")
+        return self
+
+
+class TrainerConfig(_Section):
+    steps: int = Field(100, ge=0, description="training steps (optimizer steps for SFT; RL iterations for GRPO)")
+    mini_batches: int = Field(1, ge=1, description="optimizer steps per RL step (PPO mini-batches)")
+    epochs: int = Field(1, ge=1, description="passes over each RL batch")
+    batch_size: int = Field(64, ge=1, description="SFT: examples per optimizer step")
+    init_from: str | None = Field(None, description="start from this model directory (e.g. an SFT run's model/)")
+
+
+class EvalConfig(_Section):
+    every: int = Field(0, ge=0, description="evaluate every N steps (0: only before and after training)")
+    size: int = Field(200, ge=1, description="held-out prompts")
+    max_new_tokens: int | None = None
+
+
+class Config(_Section):
+    """A whole run. ``workflow`` picks the driver program."""
+
+    workflow: Literal["sft", "grpo"] = "grpo"
+    run: RunConfig = RunConfig()
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    engine: TrainEngineConfig = TrainEngineConfig()
+    eval: EvalConfig = EvalConfig()
+    reward: RewardConfig = RewardConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    dock: DockConfig = DockConfig()
+
+    @model_validator(mode="after")
+    def _cross(self) -> "Config":
+        if self.workflow == "grpo" and self.algorithm.advantage in ("grpo", "drgrpo", "rloo", "reinforce++-baseline") \
+                and self.rollout.n < 2:
+            raise ValueError(f"rollout.n={self.rollout.n}: group advantages ({self.algorithm.advantage}) need "
+                             f"rollout.n >= 2 responses per prompt")
+        if self.algorithm.overlong_shaping and self.algorithm.overlong_cache >= self.rollout.max_new_tokens:
+            raise ValueError(f"algorithm.overlong_cache={self.algorithm.overlong_cache} must be < "
+                             f"rollout.max_new_tokens={self.rollout.max_new_tokens}")
+        if self.reward.verifier == "task" and self.data.task is None:
+            raise ValueError("reward.verifier=task needs a built-in data.task; for data.path use "
+                             "reward.verifier=math, exact or user")
+        return self

@@ -1,0 +1,124 @@
+"""The training-engine interface and the records it exchanges.
+
+Engines do not know the algorithm. A workflow hands the engine a
+:class:`SequenceBatch` (unpadded rows) and a *loss function*; the engine pads
+at the last moment, runs forward/backward over micro-batches, and steps the
+optimizer. The loss function receives a :class:`MicroBatch` whose padded
+tensors are response-aligned (``[B, T]``) and the **global** token and sequence
+counts of the mini-batch, so losses normalised by them sum to the full-batch
+loss over micro-batches (seed 003, section 3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Literal, Protocol, Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["SequenceBatch", "MicroBatch", "LossFn", "OptimConfig", "TrainingEngine"]
+
+
+@dataclass
+class SequenceBatch:
+    """Rows of prompt + response, unpadded, with per-row fields.
+
+    ``fields`` values are lists with one entry per row: a 1-D tensor aligned
+    with the response tokens (``old_logprobs``, ``advantages``, ``ref_logprobs``)
+    or a 0-D tensor / float per sequence (``rewards``).
+    """
+
+    prompt_ids: list[torch.Tensor]
+    response_ids: list[torch.Tensor]
+    fields: dict[str, list] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.prompt_ids) != len(self.response_ids):
+            raise ValueError(f"prompt_ids has {len(self.prompt_ids)} rows but response_ids has {len(self.response_ids)}")
+        for k, v in self.fields.items():
+            if len(v) != len(self.response_ids):
+                raise ValueError(f"field {k!r} has {len(v)} rows, expected {len(self.response_ids)}")
+
+    def __len__(self) -> int:
+        return len(self.response_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Response tokens (the ones a loss sees)."""
+        return sum(int(r.numel()) for r in self.response_ids)
+
+    def select(self, rows: Sequence[int]) -> "SequenceBatch":
+        return SequenceBatch(
+            [self.prompt_ids[i] for i in rows],
+            [self.response_ids[i] for i in rows],
+            {k: [v[i] for i in rows] for k, v in self.fields.items()},
+        )
+
+    def split(self, n: int) -> list["SequenceBatch"]:
+        """``n`` contiguous chunks (for data-parallel dispatch)."""
+        size = -(-len(self) // n)
+        return [self.select(range(i, min(i + size, len(self)))) for i in range(0, len(self), size)]
+
+    @classmethod
+    def concat(cls, parts: Sequence["SequenceBatch"]) -> "SequenceBatch":
+        keys = parts[0].fields.keys() if parts else []
+        return cls(
+            [t for p in parts for t in p.prompt_ids],
+            [t for p in parts for t in p.response_ids],
+            {k: [t for p in parts for t in p.fields[k]] for k in keys},
+        )
+
+
+@dataclass
+class MicroBatch:
+    """What a loss function sees: padded, response-aligned tensors of one micro-batch."""
+
+    logprobs: torch.Tensor
+    """[B, T] log-probs of the response tokens under the current model (with grad)."""
+    mask: torch.Tensor
+    """[B, T] float, 1 on valid response tokens."""
+    fields: dict[str, torch.Tensor]
+    """Each batch field padded to [B, T] (token-aligned) or [B] (per sequence)."""
+    global_tokens: int
+    """Valid response tokens in the whole mini-batch (all micro-batches, all data-parallel ranks)."""
+    global_seqs: int
+    """Sequences in the whole mini-batch."""
+    entropy: torch.Tensor | None = None
+    """[B, T] token entropy when the loss asked for it."""
+
+
+LossFn = Callable[[MicroBatch], "tuple[torch.Tensor, dict[str, float]]"]
+
+
+class OptimConfig(BaseModel):
+    """AdamW with warm-up and a schedule, and gradient-norm clipping."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warm-up from 0")
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="floor of the cosine/linear decay, as a fraction of lr")
+    max_grad_norm: float | None = Field(1.0, gt=0, description="clip the global grad norm; null disables clipping")
+
+
+class TrainingEngine(Protocol):
+    """Log-probs, updates, and weights of the policy (or critic) being trained."""
+
+    def logprobs(self, batch: SequenceBatch, *, temperature: float = 1.0,
+                 with_entropy: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """Per-row log-probs of the response tokens (and entropies), unpadded."""
+        ...
+
+    def train_step(self, batch: SequenceBatch, loss_fn: LossFn, *, mini_batches: int = 1, epochs: int = 1,
+                   temperature: float = 1.0, with_entropy: bool = False) -> dict[str, float]:
+        """Epochs x mini-batches optimizer steps over the batch; metrics averaged over steps."""
+        ...
+
+    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """Current weights by name (no copy) for the weight relay and checkpoints."""
+        ...

@@ -1,0 +1,263 @@
+"""Synchronous, colocated GRPO / DAPO: seed 001's hybrid engine on one resource pool.
+
+One step, as in the papers::
+
+    prompts   <- sample P prompts
+    responses <- rollout.generate(prompts, n)             (generation engine, weights v)
+    rewards   <- verifier(responses)                       (+ DAPO overlong shaping)
+    [DAPO]    drop groups whose rewards are all equal, resample prompts, repeat
+    ref_lp    <- reference.logprobs(responses)             (only when kl_coef > 0)
+    old_lp    <- actor.logprobs(responses)                 (only with > 1 update per batch)
+    A         <- advantage estimator(rewards, groups)      (relayrl.algorithms)
+    actor.update(responses, A, old_lp, ref_lp)             (clip-higher, token-level loss, ...)
+    relay weights actor -> rollout                         (weights v+1)
+
+Samples move between the stages through the dock (one partition per step);
+workers are worker groups on one pool, so generation and training time-share
+the device (colocated placement). GRPO and DAPO are the same loop: DAPO is the
+configuration ``clip_high > clip_low``, ``loss_agg=token-mean``,
+``dynamic_sampling``, ``overlong_shaping`` (see ``recipes/arith_dapo.yaml``).
+
+Departure from PPO-style trainers: with one update per batch (``epochs=1,
+mini_batches=1``) the old-policy pass is skipped; the current log-probs,
+detached, are the old ones (ratio 1, exactly on-policy), as in GRPO's original
+single-update setting. The train/generation log-prob mismatch is still measured
+in that pass.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from relayrl.algorithms import advantages as adv_lib
+from relayrl.algorithms.dapo import dynamic_sampling_filter, overlong_penalty
+from relayrl.cluster import make_group
+from relayrl.config.schema import Config
+from relayrl.dock import Dock
+from relayrl.engines.generation.base import Completion, SamplingParams
+from relayrl.engines.training.base import SequenceBatch
+from relayrl.engines.training.torch_engine import pad_right
+from relayrl.workflows.losses import PolicyLoss
+from relayrl.workflows.relay import relay_weights
+from relayrl.workflows.session import Session
+from relayrl.workflows.workers import PolicyWorker, ReferenceWorker, RolloutWorker
+
+__all__ = ["GRPOWorkflow", "train_grpo"]
+
+KEY_METRICS = ("reward/mean", "eval/accuracy", "response/length_mean", "actor/entropy", "perf/step_time_s")
+
+
+class GRPOWorkflow:
+    """Builds the worker groups and the dock, then runs :meth:`step` ``trainer.steps`` times."""
+
+    def __init__(self, cfg: Config, session: Session | None = None) -> None:
+        self.cfg = cfg
+        self.s = s = session or Session(cfg)
+        m, a = cfg.model, cfg.algorithm
+        common = dict(dtype=m.dtype, device=m.device, attn_implementation=m.attn_implementation, threads=cfg.run.threads)
+        path = str(s.model_path)
+        self.actor = make_group(cfg.cluster, PolicyWorker, s.pool, "actor", init_kwargs=dict(
+            model_path=path, engine=cfg.engine, total_steps=cfg.trainer.steps * cfg.trainer.mini_batches * cfg.trainer.epochs,
+            seed=cfg.run.seed, **common))
+        self.rollout = make_group(cfg.cluster, RolloutWorker, s.pool, "rollout", init_kwargs=dict(
+            model_path=path, max_batch=cfg.rollout.max_batch, seed=cfg.run.seed, **common))
+        self.ref = None
+        if a.kl_coef > 0:
+            self.ref = make_group(cfg.cluster, ReferenceWorker, s.pool, "reference",
+                                  init_kwargs=dict(model_path=path, engine=cfg.engine, **common))
+        self.dock = Dock.from_config(cfg.dock)
+        ro = cfg.rollout
+        self.sampling = SamplingParams(n=ro.n, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
+                                       max_new_tokens=ro.max_new_tokens, stop_strings=tuple(ro.stop_strings))
+        self.loss = PolicyLoss(clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip, agg=a.loss_agg,
+                               level=a.ratio_level, kl_coef=0.0 if a.kl_in_reward else a.kl_coef, kl_kind=a.kl_kind,
+                               entropy_coef=a.entropy_coef, agg_constant=float(ro.max_new_tokens))
+        self.recompute_old = cfg.trainer.epochs * cfg.trainer.mini_batches > 1
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> Path:
+        s, cfg = self.s, self.cfg
+        ck = s.load(self.actor.one("param_shapes"))
+        if ck is not None:
+            self.actor.all("load_state", {"model": ck.model_state, "optimizer": ck.optimizer_state,
+                                          "scheduler": ck.scheduler_state})
+            self.rollout.all("set_rng_state", torch.tensor(ck.trainer_state["rollout_rng"], dtype=torch.uint8))
+            s.restore_rng(ck)
+        relay_weights(self.actor, self.rollout, version=s.start_step)
+        s.open_telemetry(cfg.trainer.steps, KEY_METRICS)
+        if s.start_step == 0:
+            s.tracker.log(0, self.evaluate(0))
+        for step in range(s.start_step + 1, cfg.trainer.steps + 1):
+            metrics = self.step(step)
+            last = step == cfg.trainer.steps
+            if (cfg.eval.every and step % cfg.eval.every == 0) or last:
+                metrics.update(self.evaluate(step))
+            s.log_step(step, metrics, save=self.save)
+            if (cfg.run.save_every and step % cfg.run.save_every == 0) or last:
+                self.save(step)
+        out = s.finish(lambda p: self.actor.one("save_pretrained", p))
+        self.shutdown()
+        return out
+
+    def step(self, step: int) -> dict[str, float]:
+        """One GRPO/DAPO iteration; returns its metrics."""
+        s, a = self.s, self.cfg.algorithm
+        t0 = time.perf_counter()
+        problems, comps, rewards, scores, metrics = self.rollout_and_score(step)
+        if not comps:
+            s.tracker.write_text(f"step {step}: dynamic sampling found no group with differing rewards in "
+                                 f"{int(metrics['dapo/rounds'])} rounds; no update this step "
+                                 f"(raise algorithm.max_resample_rounds or data.prompts_per_step)")
+            return {**metrics, "dapo/skipped_step": 1.0, "perf/step_time_s": time.perf_counter() - t0}
+        part = f"step-{step}"
+        n = self.sampling.n
+        self.dock.open_partition(part, rows=len(comps), group_size=n)
+        idx = self.dock.put(part, {
+            "prompt_ids": [torch.tensor(s.encode(problems[c.prompt_index])) for c in comps],
+            "response_ids": [c.token_ids for c in comps],
+            "gen_logprobs": [c.logprobs for c in comps],
+            "rewards": rewards.tolist(),
+            "group": [c.prompt_index for c in comps],
+        })
+        batch = self._batch(part, idx, ["prompt_ids", "response_ids"])
+        if self.ref is not None:
+            with s.span("ref_logprob", "reference", step):
+                self.dock.put(part, {"ref_logprobs": self.ref.split("logprobs", batch)}, indexes=idx)
+        if self.recompute_old:
+            with s.span("old_logprob", "actor", step):
+                self.dock.put(part, {"old_logprobs": self.actor.split("logprobs", batch)}, indexes=idx)
+        with s.span("advantage", "driver", step):
+            self.dock.put(part, {"advantages": self.advantages(part, idx, rewards, comps)}, indexes=idx)
+        with s.span("update", "actor", step):
+            metrics.update(self.update(part, step, comps))
+        self.dock.close_partition(part)
+        with s.span("relay", "rollout", step):
+            relay_weights(self.actor, self.rollout, version=step)
+        dt = time.perf_counter() - t0
+        tokens = sum(len(s.encode(problems[c.prompt_index])) + len(c.token_ids) for c in comps)
+        metrics.update({
+            "perf/step_time_s": dt,
+            "perf/tokens": tokens,
+            "perf/tokens_per_s_per_device": tokens / (dt * self.s.pool.world_size),
+            "weights/version": step,
+        })
+        return metrics
+
+    # --------------------------------------------------------------- phases
+    def rollout_and_score(self, step: int):
+        """Generate n responses per prompt and score them; DAPO's dynamic sampling refills dropped groups."""
+        s, a, P = self.s, self.cfg.algorithm, self.cfg.data.prompts_per_step
+        problems: list = []
+        comps: list[Completion] = []
+        scores: list[float] = []
+        dropped, rounds, seen_groups = 0, 0, 0
+        metrics: dict[str, float] = {}
+        while len(problems) < P:
+            batch_problems = s.prompts.take(P - len(problems))
+            with s.span("generate", "rollout", step):
+                new = self.rollout.one("generate", [s.encode(p) for p in batch_problems], self.sampling)
+            with s.span("reward", "reward", step):
+                new_scores, rmetrics = s.reward.score(
+                    [batch_problems[c.prompt_index].prompt for c in new], [c.text for c in new],
+                    [batch_problems[c.prompt_index].answer for c in new])
+            if rounds == 0:
+                metrics.update(rmetrics)
+            keep = list(range(len(batch_problems)))
+            if a.dynamic_sampling:
+                groups = torch.tensor([c.prompt_index for c in new])
+                mask, _ = dynamic_sampling_filter(torch.tensor(new_scores, dtype=torch.float32), groups)
+                keep = sorted({c.prompt_index for c, k in zip(new, mask.tolist()) if k})
+                dropped += len(batch_problems) - len(keep)
+            seen_groups += len(batch_problems)
+            remap = {old: len(problems) + j for j, old in enumerate(keep)}
+            for c, sc in zip(new, new_scores):
+                if c.prompt_index in remap:
+                    comps.append(_reindex(c, remap[c.prompt_index]))
+                    scores.append(sc)
+            problems += [batch_problems[i] for i in keep]
+            rounds += 1
+            if not a.dynamic_sampling or rounds > a.max_resample_rounds:
+                break
+        metrics.update({"dapo/dropped_groups": float(dropped), "dapo/sampled_groups": float(seen_groups),
+                        "dapo/rounds": float(rounds)})
+        if not comps:  # every group was uniform in every round: no learning signal in this step
+            return problems, comps, torch.empty(0), torch.empty(0), metrics
+        lengths = torch.tensor([len(c.token_ids) for c in comps], dtype=torch.float32)
+        truncated = torch.tensor([c.finish_reason == "length" for c in comps])
+        scores_t = torch.tensor(scores, dtype=torch.float32)
+        rewards = scores_t.clone()
+        if a.overlong_shaping:
+            rewards = rewards + overlong_penalty(lengths, self.sampling.max_new_tokens, a.overlong_cache)
+        metrics.update({
+            "reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+            "train/accuracy": float((scores_t >= 1.0).float().mean()),
+            "response/length_mean": float(lengths.mean()),
+            "response/length_max": float(lengths.max()),
+            "response/clip_ratio": float(truncated.float().mean()),
+        })
+        return problems, comps, rewards, scores_t, metrics
+
+    def advantages(self, part: str, idx: list[int], rewards: torch.Tensor, comps: list[Completion]) -> list[torch.Tensor]:
+        """Per-token advantages (unpadded rows) from the configured estimator."""
+        a = self.cfg.algorithm
+        lengths = [len(c.token_ids) for c in comps]
+        mask = pad_right([torch.ones(L) for L in lengths])
+        groups = torch.tensor([c.prompt_index for c in comps])
+        adv = adv_lib.compute(a.advantage, rewards=rewards, group_ids=groups, mask=mask,
+                              normalize_std=a.normalize_std and a.advantage != "drgrpo")
+        return [adv[i, :L].float() for i, L in enumerate(lengths)]
+
+    def update(self, part: str, step: int, comps: list[Completion]) -> dict[str, float]:
+        """Stream the finished rows from the dock into the actor's update."""
+        a, t = self.cfg.algorithm, self.cfg.trainer
+        fields = ["advantages", "gen_logprobs"] + (["ref_logprobs"] if self.ref is not None else []) \
+            + (["old_logprobs"] if self.recompute_old else [])
+        metrics: dict[str, float] = {}
+        for b in self.dock.stream(part, stage="update", columns=["prompt_ids", "response_ids", *fields],
+                                  batch_size=len(comps)):
+            rows = list(range(len(b.indexes)))
+            if a.overlong_filter:  # DAPO: truncated responses count in the group statistics but not in the loss
+                rows = [r for r, i in enumerate(b.indexes) if comps[i].finish_reason != "length"] or rows
+            batch = SequenceBatch(b["prompt_ids"], b["response_ids"], {f: b[f] for f in fields}).select(rows)
+            metrics = self.actor.one("update", batch, self.loss, mini_batches=t.mini_batches, epochs=t.epochs,
+                                     with_entropy="grad" if a.entropy_coef > 0 else True, seed=self.cfg.run.seed + step)
+            b.ack()
+        if "actor/ref_kl_k1" in metrics:
+            metrics["actor/kl"] = metrics["actor/ref_kl_k1"]
+        return metrics
+
+    def _batch(self, part: str, idx: list[int], columns: list[str]) -> SequenceBatch:
+        got = self.dock.get(part, idx, columns)
+        return SequenceBatch(got["prompt_ids"], got["response_ids"])
+
+    # ------------------------------------------------------- eval and state
+    def evaluate(self, step: int) -> dict[str, float]:
+        with self.s.span("eval", "rollout", step):
+            result = self.s.evaluate(lambda p, sp: self.rollout.one("generate", p, sp), step)
+        return result.metrics
+
+    def save(self, step: int) -> Path:
+        with self.s.span("checkpoint", "driver", step):
+            rng = self.rollout.one("rng_state").tolist()
+            return self.s.save(step, self.actor.one("state"), extra_state={"rollout_rng": rng})
+
+    def shutdown(self) -> None:
+        for g in (self.actor, self.rollout, self.ref):
+            if g is not None:
+                g.shutdown()
+        self.dock.shutdown()
+
+
+def _reindex(c: Completion, prompt_index: int) -> Completion:
+    from dataclasses import replace
+
+    return replace(c, prompt_index=prompt_index)
+
+
+def train_grpo(cfg: Config) -> Path:
+    """Run the synchronous GRPO/DAPO workflow; returns the final model directory."""
+    return GRPOWorkflow(cfg).run()

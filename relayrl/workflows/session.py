@@ -1,0 +1,221 @@
+"""What every workflow needs besides its algorithm.
+
+A :class:`Session` resolves the model, the tokenizer, the prompts (a built-in
+task or a user dataset) and the verifier; it owns the run directory with its
+telemetry (metrics sinks, stage timeline), checkpoints and evaluation. The
+workflows (``sft.py``, ``grpo.py``) hold only their algorithm's loop.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from relayrl.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state, resume_from
+from relayrl.cluster import ResourcePool
+from relayrl.config.schema import Config
+from relayrl.data.tasks import Problem, make_task
+from relayrl.evaluation.runner import EvalResult, evaluate, write_report
+from relayrl.models.load import load_tokenizer
+from relayrl.models.tiny import build_tiny
+from relayrl.telemetry import Timeline, Tracker, check_finite
+
+__all__ = ["PromptSource", "Session", "resolve_model_path"]
+
+
+def resolve_model_path(cfg: Config) -> Path:
+    """``trainer.init_from`` > ``model.path`` > the tiny default (built and cached on first use)."""
+    if cfg.trainer.init_from:
+        return Path(cfg.trainer.init_from)
+    if cfg.model.path:
+        return Path(cfg.model.path)
+    return build_tiny(cfg.model.tiny)
+
+
+class PromptSource:
+    """Training prompts in a reproducible order; :meth:`state` is the data position in checkpoints.
+
+    A built-in task draws fresh problems from a seeded ``random.Random``; a
+    dataset is walked in a per-epoch permutation.
+    """
+
+    def __init__(self, seed: int, *, task=None, problems: list[Problem] | None = None) -> None:
+        if (task is None) == (problems is None):
+            raise ValueError("PromptSource needs exactly one of task or problems")
+        if problems is not None and not problems:
+            raise ValueError("the training dataset is empty")
+        self.task, self.problems, self.seed = task, problems, seed
+        self.rng = random.Random(seed)
+        self.epoch, self.pos, self.consumed = 0, 0, 0
+        self._order = self._permutation()
+
+    def _permutation(self) -> list[int]:
+        if self.problems is None:
+            return []
+        order = list(range(len(self.problems)))
+        random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+        return order
+
+    def take(self, n: int) -> list[Problem]:
+        out = []
+        for _ in range(n):
+            if self.task is not None:
+                out.append(self.task.sample(self.rng))
+            else:
+                if self.pos == len(self._order):
+                    self.epoch, self.pos = self.epoch + 1, 0
+                    self._order = self._permutation()
+                out.append(self.problems[self._order[self.pos]])
+                self.pos += 1
+        self.consumed += n
+        return out
+
+    def state(self) -> dict:
+        rng = self.rng.getstate()
+        return {"rng": [rng[0], list(rng[1]), rng[2]], "epoch": self.epoch, "pos": self.pos, "consumed": self.consumed}
+
+    def load_state(self, state: dict) -> None:
+        v, internal, gauss = state["rng"]
+        self.rng.setstate((v, tuple(internal), gauss))
+        self.epoch, self.pos, self.consumed = state["epoch"], state["pos"], state["consumed"]
+        self._order = self._permutation()
+
+
+class Session:
+    """Model, data, verifier, run directory, telemetry, checkpoints and evaluation of one run."""
+
+    def __init__(self, cfg: Config, *, log: Callable[[str], None] = print) -> None:
+        from relayrl.engines.reward import RewardEngine
+
+        self.cfg = cfg
+        self.log = log
+        if cfg.run.threads:
+            torch.set_num_threads(cfg.run.threads)
+        random.seed(cfg.run.seed)
+        np.random.seed(cfg.run.seed % 2**32)
+        torch.manual_seed(cfg.run.seed)
+        self.dir = Path(cfg.run.dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.model_path = resolve_model_path(cfg)
+        self.tokenizer = load_tokenizer(self.model_path)
+        self.task, train, self.eval_problems = self._data()
+        self.prompts = PromptSource(cfg.run.seed, task=self.task if train is None else None, problems=train)
+        self.reward = RewardEngine(cfg.reward, task=self.task)
+        cuda = cfg.model.device == "cuda" or (cfg.model.device == "auto" and torch.cuda.is_available())
+        self.pool = ResourcePool(name="main", devices=1, device_kind="cuda" if cuda else "cpu")
+        self.ckpt = CheckpointManager(self.dir / "checkpoints", keep=cfg.run.keep_checkpoints)
+        self.plan = resume_from(self.dir / "checkpoints", cfg.run.resume)
+        self.start_step = 0
+        self._encode_cache: dict[str, list[int]] = {}
+        (self.dir / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
+
+    # ------------------------------------------------------------------ data
+    def _data(self):
+        from relayrl.data.datasets import DatasetConfig, load_problems
+
+        d = self.cfg.data
+        if d.task is not None:
+            task = make_task(d.task, **d.task_options)
+            eval_task = make_task(d.task, **{**d.task_options, **(d.eval_task_options or {}), "eval_size": self.cfg.eval.size})
+            return task, None, eval_task.eval_set()
+        train = load_problems(DatasetConfig(path=d.path, prompt_key=d.prompt_key, answer_key=d.answer_key))
+        evals = train[: self.cfg.eval.size]
+        if d.eval_path:
+            evals = load_problems(DatasetConfig(path=d.eval_path, prompt_key=d.prompt_key, answer_key=d.answer_key))
+        return None, train, evals[: self.cfg.eval.size]
+
+    def encode(self, problem: Problem) -> list[int]:
+        """Prompt token ids (chat template applied to chat-message prompts), cached by prompt text."""
+        ids = self._encode_cache.get(problem.prompt)
+        if ids is None:
+            from relayrl.data.datasets import encode_prompt
+
+            ids = self._encode_cache[problem.prompt] = list(encode_prompt(self.tokenizer, problem, self.cfg.data.chat_template))
+        return ids
+
+    def score(self, prompts: list[str], responses: list[str], answers: list[str]) -> list[float]:
+        return self.reward.score(prompts, responses, answers)[0]
+
+    # ------------------------------------------------------------ telemetry
+    def open_telemetry(self, total_steps: int, key_metrics) -> None:
+        self.tracker = Tracker(self.dir, self.cfg.telemetry, total_steps, key_metrics=key_metrics,
+                               start_step=self.start_step, run_config=self.cfg.model_dump(mode="json"))
+        self.timeline = Timeline(self.dir, start_step=self.start_step)
+
+    def span(self, name: str, group: str, step: int):
+        return self.timeline.span(name, group, step)
+
+    def log_step(self, step: int, metrics: dict[str, float], *, save: Callable[[int], None]) -> bool:
+        """Log one step; on NaN/Inf save the last good state and stop (or report a skip). False = skipped."""
+        metrics.update(self.timeline.timing_metrics(step))
+        bad = [k for k in ("actor/loss", "actor/grad_norm", "sft/loss") if k in metrics]
+        try:
+            check_finite(step, metrics, bad)
+        except Exception as e:
+            self.tracker.log(step, metrics)
+            if self.cfg.run.on_nonfinite == "skip":
+                self.tracker.write_text(f"warning: {e}; the update was skipped (run.on_nonfinite=skip)")
+                return False
+            save(step - 1)
+            raise RuntimeError(f"{e}. The last good state is saved in {self.ckpt.root}; "
+                               f"set run.on_nonfinite=skip to skip such steps instead") from None
+        self.tracker.log(step, metrics)
+        return True
+
+    # ----------------------------------------------------------- evaluation
+    def evaluate(self, generate, step: int | None, *, name: str = "eval", k: int = 1) -> EvalResult:
+        ro = self.cfg.rollout
+        result = evaluate(generate, self.encode, self.eval_problems, self.score,
+                          max_new_tokens=self.cfg.eval.max_new_tokens or ro.max_new_tokens, k=k,
+                          temperature=ro.temperature or 1.0, stop_strings=ro.stop_strings)
+        write_report(result, self.dir / "eval", name=name if step is None else f"{name}-step{step:06d}",
+                     extra={"step": step, "model": str(self.model_path)})
+        return result
+
+    # ---------------------------------------------------------- checkpoints
+    def save(self, step: int, policy_state: dict, *, generators: dict[str, Any] | None = None,
+             extra_state: dict | None = None) -> Path:
+        rng = capture_rng_state(generators or {})
+        return self.ckpt.save(
+            step,
+            model_state=policy_state["model"],
+            optimizer_state=policy_state.get("optimizer"),
+            scheduler_state=policy_state.get("scheduler"),
+            trainer_state={"step": step, "data": self.prompts.state(), **(extra_state or {})},
+            rng_state=rng,
+            config=self.cfg.model_dump(mode="json"),
+        )
+
+    def load(self, expected_shapes: dict[str, tuple]) -> Any:
+        """Load the checkpoint the resume plan chose (None when starting fresh)."""
+        self.log(f"relayrl: {self.plan.message}")
+        if self.plan.path is None:
+            return None
+        ck = self.ckpt.load(self.plan.path, expected_shapes=expected_shapes)
+        self.prompts.load_state(ck.trainer_state["data"])
+        self.start_step = ck.step
+        return ck
+
+    def restore_rng(self, ck, generators: dict[str, Any] | None = None) -> None:
+        restore_rng_state(ck.rng_state, generators or {})
+
+    # --------------------------------------------------------------- finish
+    def finish(self, save_model: Callable[[str], None]) -> Path:
+        from relayrl.telemetry import export_chrome_trace
+
+        out = self.dir / "model"
+        save_model(str(out))
+        self.timeline.close()
+        self.tracker.close()
+        export_chrome_trace(self.dir)
+        return out
+
+
+def wall() -> float:
+    return time.perf_counter()

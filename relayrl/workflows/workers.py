@@ -1,0 +1,128 @@
+"""Worker roles: each owns one engine; none knows which algorithm runs.
+
+* :class:`PolicyWorker`  - the actor: a training engine (log-probs, updates, weights).
+* :class:`ReferenceWorker` - a frozen copy of the initial policy for KL (tri-model, seed 003).
+* :class:`RolloutWorker` - a generation engine that takes relayed weights.
+
+Workers are started by :class:`relayrl.cluster.WorkerGroup` on a resource
+pool; the driver calls them by method name (``group.one("generate", ...)``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from relayrl.cluster import Worker
+from relayrl.engines.generation.base import Completion, SamplingParams
+from relayrl.engines.generation.native import NativeGenerationEngine
+from relayrl.engines.training.base import LossFn, SequenceBatch
+from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
+from relayrl.models.load import load_model, load_tokenizer
+
+__all__ = ["PolicyWorker", "ReferenceWorker", "RolloutWorker", "resolve_device"]
+
+
+def resolve_device(name: str, worker_device: torch.device | None = None) -> torch.device:
+    """``auto`` -> the worker's device (cuda when the pool has GPUs), else cpu."""
+    if name == "auto":
+        if worker_device is not None:
+            return worker_device
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("model.device=cuda but torch sees no CUDA device; use model.device=cpu or auto")
+    return torch.device(name)
+
+
+def _set_threads(threads: int) -> None:
+    if threads > 0 and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
+class PolicyWorker(Worker):
+    """The actor: trains the policy and serves its weights to the relay."""
+
+    def __init__(self, model_path: str, engine: TrainEngineConfig, total_steps: int, *, dtype: str = "float32",
+                 device: str = "auto", attn_implementation: str = "sdpa", threads: int = 0, seed: int = 0) -> None:
+        _set_threads(threads)
+        torch.manual_seed(seed)
+        dev = resolve_device(device, getattr(self, "device", None))
+        model = load_model(model_path, dtype=dtype, device=dev, attn_implementation=attn_implementation)
+        self.engine = TorchTrainingEngine(model, engine, total_steps=total_steps, device=dev)
+        self.tokenizer = load_tokenizer(model_path)
+
+    def logprobs(self, batch: SequenceBatch, temperature: float = 1.0) -> list[torch.Tensor]:
+        """Per-row response log-probs (a list, so ``group.split`` concatenates ranks' results)."""
+        return self.engine.logprobs(batch, temperature=temperature)[0]
+
+    def update(self, batch: SequenceBatch, loss_fn: LossFn, *, mini_batches: int = 1, epochs: int = 1,
+               temperature: float = 1.0, with_entropy: bool | str = False, seed: int = 0) -> dict[str, float]:
+        gen = torch.Generator().manual_seed(seed)
+        return self.engine.train_step(batch, loss_fn, mini_batches=mini_batches, epochs=epochs,
+                                      temperature=temperature, with_entropy=with_entropy, generator=gen)
+
+    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
+        return self.engine.named_weights()
+
+    def state(self) -> dict:
+        return {"model": {n: t.detach().cpu() for n, t in self.engine.model.state_dict().items()}, **self.engine.state()}
+
+    def load_state(self, state: dict) -> None:
+        missing, unexpected = self.engine.model.load_state_dict(state["model"], strict=False)
+        missing = [m for m in missing if not m.endswith("lm_head.weight")]  # tied to the embeddings
+        if missing or unexpected:
+            raise ValueError(f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        self.engine.load_state(state)
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {n: tuple(t.shape) for n, t in self.engine.model.state_dict().items()}
+
+    def save_pretrained(self, path: str) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        self.engine.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+
+
+class ReferenceWorker(Worker):
+    """Frozen reference policy: log-probs only."""
+
+    def __init__(self, model_path: str, engine: TrainEngineConfig, *, dtype: str = "float32", device: str = "auto",
+                 attn_implementation: str = "sdpa", threads: int = 0) -> None:
+        _set_threads(threads)
+        dev = resolve_device(device, getattr(self, "device", None))
+        model = load_model(model_path, dtype=dtype, device=dev, attn_implementation=attn_implementation)
+        self.engine = TorchTrainingEngine(model, engine, total_steps=1, device=dev, trainable=False)
+
+    def logprobs(self, batch: SequenceBatch, temperature: float = 1.0):
+        return self.engine.logprobs(batch, temperature=temperature)[0]
+
+
+class RolloutWorker(Worker):
+    """Samples responses with the native engine; its RNG state is part of checkpoints."""
+
+    def __init__(self, model_path: str, *, max_batch: int = 256, dtype: str = "float32", device: str = "auto",
+                 attn_implementation: str = "sdpa", threads: int = 0, seed: int = 0) -> None:
+        _set_threads(threads)
+        dev = resolve_device(device, getattr(self, "device", None))
+        model = load_model(model_path, dtype=dtype, device=dev, attn_implementation=attn_implementation)
+        self.tokenizer = load_tokenizer(model_path)
+        self.engine = NativeGenerationEngine(model, self.tokenizer, max_batch=max_batch, device=dev)
+        self.generator = torch.Generator(device=dev).manual_seed(seed + 7919 * getattr(self, "rank", 0))
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+        return self.engine.generate(prompts, params, generator=self.generator if params.temperature > 0 else None)
+
+    def update_weights(self, named_tensors, version: int) -> None:
+        self.engine.update_weights(named_tensors, version)
+
+    @property
+    def weight_version(self) -> int:
+        return self.engine.weight_version
+
+    def rng_state(self) -> torch.Tensor:
+        return self.generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self.generator.set_state(state)
