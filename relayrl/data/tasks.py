@@ -85,13 +85,17 @@ class ArithmeticTask:
 
     ``min_digits``/``max_digits`` bound the number of digits of each operand;
     ``carries`` restricts problems to those without any carry (``"none"``),
-    with at least one (``"some"``) or either (``"any"``). The demo trains SFT on
-    2-digit sums and asks GRPO to extend that to 3-digit sums it never saw.
+    with at least one (``"some"``) or either (``"any"``);
+    ``carry_free_above=K`` draws problems whose longer operand has more than K
+    digits without carries. The demo's SFT data is ``max_digits=3,
+    carry_free_above=2``: it shows carrying only on 1-2 digit sums, and GRPO
+    must learn 3-digit sums with carries from the verifier alone.
     """
 
     min_digits: int = 1
     max_digits: int = 3
     carries: Literal["any", "none", "some"] = "any"
+    carry_free_above: int | None = None
     eval_size: int = 200
     eval_seed: int = 1234
     name: str = "arith"
@@ -116,6 +120,8 @@ class ArithmeticTask:
         for _ in range(10_000):
             a, b = self._operand(rng), self._operand(rng)
             c = _count_carries(a, b)
+            if c and self.carry_free_above is not None and max(len(str(a)), len(str(b))) > self.carry_free_above:
+                continue
             if self.carries == "none" and c:
                 continue
             if self.carries == "some" and not c:

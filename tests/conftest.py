@@ -1,0 +1,42 @@
+"""Shared fixtures: one tiny default model per test session, cached under .cache/ (git-ignored)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("RELAYRL_CACHE", str(ROOT / ".cache" / "test-models"))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_dir() -> Path:
+    """Directory of the tiny default model and tokenizer (built once, then reused)."""
+    from relayrl.models.tiny import build_tiny
+
+    return build_tiny(verbose=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_dir):
+    from relayrl.models.load import load_tokenizer
+
+    return load_tokenizer(tiny_dir)
+
+
+@pytest.fixture()
+def tiny_model(tiny_dir):
+    """A fresh copy of the tiny model, perturbed so that its outputs are not uniform."""
+    import torch
+
+    from relayrl.models.load import load_model
+
+    torch.manual_seed(0)
+    model = load_model(tiny_dir)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model

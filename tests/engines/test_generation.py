@@ -1,0 +1,95 @@
+import pytest
+import torch
+
+from relayrl.engines.generation.base import SamplingParams
+from relayrl.engines.generation.native import NativeGenerationEngine, sample_next
+
+PROMPTS = ["1+2=", "123+456=", "sort 5 12 9 =", "77+1=", "countdown 3 7 5 -> 9 :", "9+9="]
+
+
+def _ids(tok, texts):
+    return [tok(t)["input_ids"] for t in texts]
+
+
+def test_greedy_matches_hf_generate_across_refills(tiny_model, tiny_tokenizer):
+    # max_batch=2 forces rows to leave and new prompts (of other lengths) to join a running cache
+    eng = NativeGenerationEngine(tiny_model, tiny_tokenizer, max_batch=2)
+    prompts = _ids(tiny_tokenizer, PROMPTS)
+    outs = eng.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=10))
+    assert [o.prompt_index for o in outs] == list(range(len(PROMPTS)))
+    for p, o in zip(prompts, outs):
+        ref = tiny_model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                  max_new_tokens=10, do_sample=False, eos_token_id=tiny_tokenizer.eos_token_id,
+                                  pad_token_id=tiny_tokenizer.pad_token_id)[0, len(p):].tolist()
+        assert o.token_ids.tolist() == ref[: len(o.token_ids)]
+        assert o.finish_reason == ("stop" if o.token_ids[-1] == tiny_tokenizer.eos_token_id else "length")
+
+
+def test_sampled_logprobs_match_a_full_forward(tiny_model, tiny_tokenizer):
+    eng = NativeGenerationEngine(tiny_model, tiny_tokenizer, max_batch=5)
+    prompts = _ids(tiny_tokenizer, PROMPTS)
+    outs = eng.generate(prompts, SamplingParams(n=3, temperature=0.7, max_new_tokens=8),
+                        generator=torch.Generator().manual_seed(1))
+    assert len(outs) == 3 * len(PROMPTS)
+    assert [(o.prompt_index, o.sample_index) for o in outs] == [(i, s) for i in range(len(PROMPTS)) for s in range(3)]
+    for o in outs:
+        p = prompts[o.prompt_index]
+        with torch.no_grad():
+            logits = tiny_model(torch.tensor([p + o.token_ids.tolist()])).logits[0, len(p) - 1:-1] / 0.7
+        ref = torch.log_softmax(logits.float(), -1).gather(-1, o.token_ids[:, None]).squeeze(-1)
+        torch.testing.assert_close(o.logprobs, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_same_generator_seed_same_samples(tiny_model, tiny_tokenizer):
+    eng = NativeGenerationEngine(tiny_model, tiny_tokenizer)
+    sp = SamplingParams(n=4, temperature=1.0, max_new_tokens=6)
+    a = eng.generate(_ids(tiny_tokenizer, PROMPTS[:2]), sp, generator=torch.Generator().manual_seed(3))
+    b = eng.generate(_ids(tiny_tokenizer, PROMPTS[:2]), sp, generator=torch.Generator().manual_seed(3))
+    assert [x.token_ids.tolist() for x in a] == [x.token_ids.tolist() for x in b]
+
+
+def test_stop_strings_and_length(tiny_model, tiny_tokenizer):
+    eng = NativeGenerationEngine(tiny_model, tiny_tokenizer)
+    free = eng.generate(_ids(tiny_tokenizer, PROMPTS[:1]), SamplingParams(temperature=0.0, max_new_tokens=12))[0]
+    assert free.finish_reason == "length" and len(free.token_ids) == 12
+    stop = free.text[2:4]
+    cut = eng.generate(_ids(tiny_tokenizer, PROMPTS[:1]), SamplingParams(temperature=0.0, max_new_tokens=12,
+                                                                         stop_strings=(stop,)))[0]
+    assert cut.finish_reason == "stop" and stop in cut.text and len(cut.token_ids) < 12
+
+
+def test_top_k_one_is_greedy():
+    logits = torch.tensor([[0.1, 2.0, 0.3], [1.0, -1.0, 0.5]])
+    tok, logp = sample_next(logits, SamplingParams(temperature=1.0, top_k=1), torch.Generator().manual_seed(0))
+    assert tok.tolist() == [1, 0]
+    torch.testing.assert_close(logp, torch.log_softmax(logits, -1).gather(-1, tok[:, None]).squeeze(-1))
+
+
+def test_top_p_keeps_only_the_head():
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]]))
+    g = torch.Generator().manual_seed(0)
+    seen = {int(sample_next(logits, SamplingParams(top_p=0.6), g)[0]) for _ in range(50)}
+    assert seen == {0}
+
+
+def test_update_weights_in_place_and_errors(tiny_model, tiny_tokenizer, tiny_dir):
+    from relayrl.models.load import load_model
+
+    eng = NativeGenerationEngine(load_model(tiny_dir), tiny_tokenizer)
+    eng.update_weights([(n, p.detach()) for n, p in tiny_model.named_parameters()], version=3)
+    assert eng.weight_version == 3
+    for (n, p), (_, q) in zip(tiny_model.named_parameters(), eng.model.named_parameters()):
+        assert torch.equal(p, q), n
+    with pytest.raises(KeyError, match="no parameter 'nope'"):
+        eng.update_weights([("nope", torch.zeros(1))], version=4)
+    name, p = next(iter(tiny_model.named_parameters()))
+    with pytest.raises(ValueError, match="engine shape"):
+        eng.update_weights([(name, torch.zeros(3))], version=4)
+    assert eng.weight_version == 3
+
+
+def test_sampling_params_validation():
+    with pytest.raises(ValueError, match="greedy"):
+        SamplingParams(n=2, temperature=0.0)
+    with pytest.raises(ValueError):
+        SamplingParams(top_p=0.0)

@@ -1,0 +1,106 @@
+import math
+
+import pytest
+import torch
+
+from relayrl.engines.training.base import OptimConfig, SequenceBatch
+from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig, make_scheduler, plan_microbatches
+from relayrl.workflows.losses import PolicyLoss, SFTLoss
+
+
+def _batch(tok, n=6):
+    prompts = ["1+2=", "123+456=", "sort 5 12 9 =", "77+1=", "9+9=", "countdown 3 7 5 -> 9 :"][:n]
+    answers = ["3", "579", "5 9 12", "78", "18", "7+5-3"][:n]
+    eos = torch.tensor([tok.eos_token_id])
+    return SequenceBatch([torch.tensor(tok(p)["input_ids"]) for p in prompts],
+                         [torch.cat([torch.tensor(tok(a, add_special_tokens=False)["input_ids"]), eos]) for a in answers])
+
+
+def test_plan_microbatches_respects_budget_and_covers_rows():
+    lengths = [5, 30, 7, 12, 30, 3, 9]
+    plans = plan_microbatches(lengths, token_budget=40)
+    assert sorted(i for p in plans for i in p) == list(range(len(lengths)))
+    for p in plans:
+        assert len(p) == 1 or max(lengths[i] for i in p) * len(p) <= 40
+    assert plan_microbatches([100], 10) == [[0]]  # a row over budget gets its own micro-batch
+
+
+def test_logprobs_match_a_plain_forward(tiny_model, tiny_tokenizer):
+    batch = _batch(tiny_tokenizer)
+    eng = TorchTrainingEngine(tiny_model, TrainEngineConfig(token_budget=24), total_steps=1, trainable=False)
+    lps, ents = eng.logprobs(batch, temperature=0.8, with_entropy=True)
+    for p, r, lp, e in zip(batch.prompt_ids, batch.response_ids, lps, ents):
+        with torch.no_grad():
+            logits = tiny_model(torch.cat([p, r])[None]).logits[0, len(p) - 1:-1].float() / 0.8
+        logp = torch.log_softmax(logits, -1)
+        torch.testing.assert_close(lp, logp.gather(-1, r[:, None]).squeeze(-1), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(e, -(logp.exp() * logp).sum(-1), atol=1e-4, rtol=1e-4)
+
+
+def test_micro_batching_does_not_change_the_update(tiny_dir, tiny_tokenizer):
+    """Token-budget micro-batches with global normalisation give the full-batch gradient (seed 003, sec. 3)."""
+    from relayrl.models.load import load_model
+
+    batch = _batch(tiny_tokenizer)
+    batch.fields["advantages"] = [torch.randn(len(r), generator=torch.Generator().manual_seed(i))
+                                  for i, r in enumerate(batch.response_ids)]
+    results = []
+    for budget in (10_000, 16):
+        torch.manual_seed(0)
+        eng = TorchTrainingEngine(load_model(tiny_dir), TrainEngineConfig(token_budget=budget,
+                                  optim=OptimConfig(lr=1e-2, max_grad_norm=None)), total_steps=1)
+        grads = []
+        eng.optimizer.step = lambda: grads.extend(p.grad.clone() for p in eng.model.parameters() if p.grad is not None)
+        m = eng.train_step(batch, PolicyLoss(agg="token-mean"))
+        results.append((m["actor/grad_norm"], grads))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-4)
+    for a, b in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_sft_steps_reduce_the_loss(tiny_dir, tiny_tokenizer):
+    from relayrl.models.load import load_model
+
+    batch = _batch(tiny_tokenizer)
+    eng = TorchTrainingEngine(load_model(tiny_dir), TrainEngineConfig(optim=OptimConfig(lr=3e-3)), total_steps=20)
+    first = eng.train_step(batch, SFTLoss())["sft/loss"]
+    for _ in range(15):
+        last = eng.train_step(batch, SFTLoss())["sft/loss"]
+    assert last < first * 0.7
+
+
+def test_nonfinite_gradient_skips_the_step(tiny_model, tiny_tokenizer):
+    batch = _batch(tiny_tokenizer, 2)
+    eng = TorchTrainingEngine(tiny_model, TrainEngineConfig(), total_steps=2)
+    before = [p.detach().clone() for _, p in eng.named_weights()]
+    m = eng.train_step(batch, lambda mb: ((mb.logprobs * float("nan")).sum(), {}))
+    assert m["actor/nonfinite_grad"] == 1.0 and not math.isfinite(m["actor/grad_norm"])
+    assert all(torch.equal(a, b) for a, (_, b) in zip(before, eng.named_weights()))
+
+
+def test_mini_batches_and_errors(tiny_model, tiny_tokenizer):
+    batch = _batch(tiny_tokenizer, 4)
+    eng = TorchTrainingEngine(tiny_model, TrainEngineConfig(), total_steps=10)
+    m = eng.train_step(batch, SFTLoss(), mini_batches=2, epochs=2)
+    assert eng.scheduler.last_epoch == 4 and "sft/loss" in m
+    with pytest.raises(ValueError, match="mini_batches=5"):
+        eng.train_step(batch, SFTLoss(), mini_batches=5)
+    with pytest.raises(ValueError, match="empty"):
+        eng.train_step(batch.select([]), SFTLoss())
+
+
+def test_scheduler_warmup_then_cosine():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = make_scheduler(opt, OptimConfig(lr=1.0, warmup_steps=2, schedule="cosine", min_lr_ratio=0.1), total_steps=12)
+    lrs = []
+    for _ in range(12):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[0] == pytest.approx(0.5) and lrs[1] == pytest.approx(1.0) and lrs[2] == pytest.approx(1.0)
+    assert lrs[-1] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 9 / 10)))
+
+
+def test_sequence_batch_checks_rows():
+    with pytest.raises(ValueError, match="field 'x' has 1 rows, expected 2"):
+        SequenceBatch([torch.ones(1)] * 2, [torch.ones(1)] * 2, {"x": [1]})

@@ -1,0 +1,143 @@
+"""End-to-end runs of the CLI on the tiny model (slow: each run is a few seconds to a minute)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST = ["eval.size=16", "run.threads=1", "telemetry.sinks=[jsonl]"]
+
+
+def relayrl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "relayrl.cli.main", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def sft_model(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("sft")
+    r = relayrl("train", "recipes/arith_sft.yaml", "trainer.steps=4", f"run.dir={run}", *FAST)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = records(run)
+    assert [x["step"] for x in recs] == [0, 1, 2, 3, 4]
+    assert all("sft/loss" in x for x in recs[1:]) and "eval/accuracy" in recs[-1]
+    return run / "model"
+
+
+@pytest.mark.slow
+def test_sft_model_loads_with_transformers(sft_model):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(sft_model)
+    assert model.config.model_type == "qwen2"
+
+
+@pytest.mark.slow
+def test_grpo_writes_every_step_metric(sft_model, tmp_path):
+    r = relayrl("train", "recipes/arith_grpo.yaml", "trainer.steps=2", f"run.dir={tmp_path}",
+                f"trainer.init_from={sft_model}", "algorithm.kl_coef=0.01", *FAST)
+    assert r.returncode == 0, r.stderr[-3000:]
+    last = records(tmp_path)[-1]
+    for key in ["reward/mean", "reward/std", "train/accuracy", "response/length_mean", "response/length_max",
+                "response/clip_ratio", "actor/kl", "actor/entropy", "actor/clip_frac_low", "actor/clip_frac_high",
+                "actor/grad_norm", "actor/lr", "rollout/logprob_error", "perf/step_time_s",
+                "perf/tokens_per_s_per_device", "timing/generate_s", "timing/update_s", "timing/relay_s",
+                "dapo/dropped_groups", "eval/accuracy"]:
+        assert key in last, key
+    # the first update is on-policy: the trainer recomputes the generator's log-probs (fp32 CPU: ~exactly)
+    assert last["rollout/logprob_error"] == pytest.approx(1.0, abs=1e-3)
+    assert (tmp_path / "config.json").exists() and (tmp_path / "model" / "config.json").exists()
+    assert (tmp_path / "trace.json").exists()
+
+
+@pytest.mark.slow
+def test_dapo_recipe_runs(sft_model, tmp_path):
+    r = relayrl("train", "recipes/arith_dapo.yaml", "trainer.steps=2", f"run.dir={tmp_path}",
+                f"trainer.init_from={sft_model}", *FAST)
+    assert r.returncode == 0, r.stderr[-3000:]
+    last = records(tmp_path)[-1]
+    assert last["dapo/sampled_groups"] >= 8 and "dapo/dropped_groups" in last
+
+
+def test_bad_config_is_refused_before_work(tmp_path):
+    r = relayrl("train", "recipes/arith_grpo.yaml", "trainer.stepz=3", f"run.dir={tmp_path}")
+    assert r.returncode == 2
+    assert "trainer.stepz: unknown key; did you mean trainer.steps?" in r.stderr
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+VOLATILE = ("timing/", "perf/step_time_s", "perf/tokens_per_s_per_device", "reward/score_time_s")
+
+
+def _stable(rec: dict) -> dict:
+    return {k: v for k, v in rec.items() if not k.startswith(VOLATILE)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["arith_grpo", "arith_sft"])
+def test_killed_run_resumes_exactly(sft_model, tmp_path, recipe):
+    """Kill a run after its step-2 checkpoint; resume=auto must reproduce the uninterrupted run's metrics."""
+    steps = 6
+    common = [f"trainer.steps={steps}", "run.save_every=2", "eval.every=3", *FAST]
+    if recipe == "arith_grpo":
+        common.append(f"trainer.init_from={sft_model}")
+    ref, cut = tmp_path / "ref", tmp_path / "cut"
+    r = relayrl("train", f"recipes/{recipe}.yaml", f"run.dir={ref}", *common)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    proc = subprocess.Popen([sys.executable, "-m", "relayrl.cli.main", "train", f"recipes/{recipe}.yaml",
+                             f"run.dir={cut}", *common], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    marker = cut / "checkpoints" / "step-000002" / "manifest.json"
+    deadline = time.time() + 300
+    while not marker.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (cut / "model").exists(), "the run finished before it could be killed"
+
+    r = relayrl("train", f"recipes/{recipe}.yaml", f"run.dir={cut}", "run.resume=auto", *common)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resuming from" in r.stdout + r.stderr
+    a, b = records(ref), records(cut)
+    assert [x["step"] for x in b] == [x["step"] for x in a] == list(range(steps + 1))
+    for x, y in zip(a, b):
+        assert _stable(x) == _stable(y), f"step {x['step']} differs"
+
+
+@pytest.mark.slow
+def test_resume_refuses_a_corrupted_checkpoint(sft_model, tmp_path):
+    common = ["trainer.steps=2", "run.save_every=1", *FAST]
+    assert relayrl("train", "recipes/arith_sft.yaml", f"run.dir={tmp_path}", *common).returncode == 0
+    weights = tmp_path / "checkpoints" / "step-000002" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    r = relayrl("train", "recipes/arith_sft.yaml", f"run.dir={tmp_path}", "run.resume=auto", "trainer.steps=3", *FAST)
+    assert r.returncode != 0
+    assert "model.safetensors" in r.stderr
+
+
+@pytest.mark.slow
+def test_eval_and_plot_commands(sft_model, tmp_path):
+    out = tmp_path / "eval"
+    r = relayrl("eval", "--model", str(sft_model), "--task", "arith", "--size", "8", "--k", "3",
+                "--max-new-tokens", "6", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((out / "eval.json").read_text())
+    for key in ("eval/accuracy", "eval/pass@1", "eval/pass@3", "eval/avg@3"):
+        assert 0.0 <= report["metrics"][key] <= 1.0
+    samples = [json.loads(x) for x in (out / "eval_samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 8 + 8 * 3 and {"prompt", "response", "reward"} <= set(samples[0])
+    r = relayrl("plot", str(sft_model.parent))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (sft_model.parent / "plots" / "timeline.png").exists()
