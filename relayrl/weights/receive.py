@@ -22,6 +22,7 @@ import torch
 
 from relayrl.weights.layout import BucketLayout
 from relayrl.weights.packing import from_wire, unpack
+from relayrl.weights.shm import SharedBucket, open_shared
 
 __all__ = [
     "BucketPayload",
@@ -52,7 +53,8 @@ class BucketPayload:
     version: int
     """Weight version the receiver moves to."""
     buffers: tuple[Any, ...]
-    """One per bucket: a ``uint8`` numpy array (`to_wire`), a flat tensor, or a Ray ``ObjectRef`` to either."""
+    """One per bucket: a ``uint8`` numpy array (`to_wire`), a flat tensor, a `SharedBucket` handle,
+    or a Ray ``ObjectRef`` to an array."""
     layout: BucketLayout | None = None
     """The full layout, only on the first push of a key to a receiver (else ``None``)."""
 
@@ -103,8 +105,8 @@ def check_version(engine: Any, version: int, who: str = "receiver") -> None:
         raise StaleVersionError(f"{who} holds weight version {current}; refusing to go back to version {version}")
 
 
-def _resolve(buffers: Iterable[Any]) -> list[Any]:
-    out = list(buffers)
+def _resolve(buffers: Iterable[Any], cache: MutableMapping[Any, Any]) -> list[Any]:
+    out = [open_shared(b, cache) if isinstance(b, SharedBucket) else b for b in buffers]
     ray = sys.modules.get("ray")
     if ray is not None:
         refs = [i for i, b in enumerate(out) if isinstance(b, ray.ObjectRef)]
@@ -143,7 +145,7 @@ def receive_buckets(engine: Any, buffers: Iterable[Any], layout_key_or_layout: s
     if (layout.key, "checked") not in cache:
         check_receiver(engine, layout)
         cache[(layout.key, "checked")] = True
-    raw = _resolve(buffers)
+    raw = _resolve(buffers, cache)
     if len(raw) != len(layout.buckets):
         raise ValueError(f"buffers: {len(raw)} given, layout {layout.key} has {len(layout.buckets)} buckets")
     device = getattr(engine, "device", None)

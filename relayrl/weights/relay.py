@@ -15,10 +15,14 @@ and seed 002/004's delayed parameter update: `stage` packs a version into
 host buffers (pinned when CUDA is available) while generation goes on with the
 old weights, `apply` loads it between generations.
 
-Departures: buckets cross processes as host memory (pickled over a pipe for
-local ranks; one ``ray.put`` per bucket for Ray actors, read zero-copy by every
-rank on the node) rather than CUDA IPC handles or NCCL broadcasts; every rank
-receives every bucket (generation layouts are full, not tensor-parallel).
+Departures: buckets cross processes as host memory rather than CUDA IPC
+handles or NCCL broadcasts: local ranks get handles to ``/dev/shm`` buckets
+(`relayrl.weights.shm`, the host-memory analogue of seed 004's IPC handles),
+or the bytes pickled over their pipe when shared memory is short; Ray actors
+get one ``ray.put`` per bucket, read zero-copy by every rank on the node.
+Every rank receives every bucket (generation layouts are full, not
+tensor-parallel). `stage` copies synchronously (seed 002 writes to host
+memory asynchronously while generation runs; call it from a side thread for that).
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ import itertools
 import time
 import weakref
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Literal, Sequence
 
 import torch
 
@@ -34,6 +38,7 @@ from relayrl.weights.gather import gather_full_state
 from relayrl.weights.layout import DEFAULT_BUCKET_MB, BucketLayout, layout_from_signature, weights_signature
 from relayrl.weights.packing import allocate_buffers, pack, to_wire, unpack
 from relayrl.weights.receive import BucketPayload, StaleVersionError, check_receiver, check_version
+from relayrl.weights.shm import ShmBuckets, shm_available
 
 __all__ = ["WeightRelay", "StagedWeights"]
 
@@ -70,15 +75,24 @@ class WeightRelay:
     Args:
         bucket_mb: target bucket size in MiB (tensors grouped by dtype; a larger tensor gets its own bucket).
         pin_memory: pin host buffers (staging, worker-group pushes); default: when CUDA is available.
+        transport: how buckets reach the ranks of a local multi-process group: ``"shm"`` packs
+            into ``/dev/shm`` files and sends handles (`relayrl.weights.shm`), ``"pickle"`` sends
+            the bytes over the pipe, ``"auto"`` uses shm when ``/dev/shm`` has room. Ray groups
+            always use the object store; a one-rank in-process group gets numpy views.
 
     One relay serves one sender (one set of weight names); if the sender's
     names, shapes or dtypes change, the layout is rebuilt and resent.
     Not thread-safe: call it from the driver or trainer thread.
     """
 
-    def __init__(self, bucket_mb: float = DEFAULT_BUCKET_MB, pin_memory: bool | None = None) -> None:
+    def __init__(self, bucket_mb: float = DEFAULT_BUCKET_MB, pin_memory: bool | None = None,
+                 transport: Literal["auto", "shm", "pickle"] = "auto") -> None:
         if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
             raise ValueError(f"bucket_mb={bucket_mb!r} must be a positive number of MiB (e.g. 256)")
+        if transport not in ("auto", "shm", "pickle"):
+            raise ValueError(f"transport={transport!r} must be 'auto', 'shm' or 'pickle'")
+        self.transport = transport
+        self._shm: ShmBuckets | None = None
         self.bucket_bytes = int(bucket_mb * 2**20)
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
         self._layout: BucketLayout | None = None
@@ -171,16 +185,54 @@ class WeightRelay:
         ``relay/layout_sent`` (ranks that got the layout this time).
         """
         t0 = time.perf_counter()
+        _check_group(group)
         named, layout = self._prepare(named_weights)
+        kind = self._transport_for(group, layout)
         t1 = time.perf_counter()
-        buffers = pack(named, layout, out=self.buffers(layout, "cpu"))
+        target = self._shm_for(layout).tensors if kind == "shm" else self.buffers(layout, "cpu")
+        buffers = pack(named, layout, out=target)
         pack_s = time.perf_counter() - t1
-        return self._send_group(buffers, layout, group, method, version, pack_s, t0)
+        return self._send_group(self._wire(kind, buffers), layout, group, method, version, pack_s, t0)
 
-    def _send_group(self, buffers: Sequence[torch.Tensor], layout: BucketLayout, group: Any, method: str,
+    def _transport_for(self, group: Any, layout: BucketLayout) -> str:
+        if getattr(group, "backend", "local") == "ray":
+            return "ray"
+        if self.transport == "pickle" or getattr(group, "world_size", 1) == 1:
+            return "pickle"  # one in-process rank: numpy views, nothing is pickled
+        if self._shm is not None and self._shm.layout.key == layout.key:
+            return "shm"
+        if shm_available(layout.nbytes):
+            return "shm"
+        if self.transport == "shm":
+            raise RuntimeError(f"transport='shm': /dev/shm is missing or has less than {layout.nbytes} bytes free; "
+                               "use transport='auto' or 'pickle'")
+        return "pickle"
+
+    def _shm_for(self, layout: BucketLayout) -> ShmBuckets:
+        if self._shm is None or self._shm.layout.key != layout.key:
+            if self._shm is not None:
+                self._shm.close()
+            self._shm = ShmBuckets(layout)
+        return self._shm
+
+    def _wire(self, kind: str, buffers: Sequence[torch.Tensor]) -> tuple:
+        if kind == "shm":
+            return self._shm.handles
+        wire = tuple(to_wire(b) for b in buffers)
+        if kind == "ray":
+            import ray
+
+            wire = tuple(ray.put(a) for a in wire)  # one copy into the object store, read zero-copy by each rank
+        return wire
+
+    def close(self) -> None:
+        """Free shared-memory buckets (also done when the relay is garbage-collected)."""
+        if self._shm is not None:
+            self._shm.close()
+            self._shm = None
+
+    def _send_group(self, wire: tuple, layout: BucketLayout, group: Any, method: str,
                     version: int, pack_s: float, t0: float) -> dict[str, float]:
-        if not callable(getattr(group, "all", None)) or not callable(getattr(group, "one", None)):
-            raise TypeError(f"group must be a relayrl.cluster.WorkerGroup, got {type(group).__name__}")
         gref = _ref(group)
         last = self._group_version.get(gref)
         if isinstance(version, bool) or not isinstance(version, int):
@@ -188,11 +240,6 @@ class WeightRelay:
         if last is not None and version < last:
             raise StaleVersionError(f"group {getattr(group, 'name', group)!r} holds weight version {last}; "
                                     f"refusing to go back to version {version}")
-        wire = tuple(to_wire(b) for b in buffers)
-        if getattr(group, "backend", "local") == "ray":
-            import ray
-
-            wire = tuple(ray.put(a) for a in wire)  # one copy into the object store, read zero-copy by each rank
         sent = self._group_keys.setdefault(gref, set())
         first = layout.key not in sent
         payload = BucketPayload(layout.key, version, wire, layout if first else None)
@@ -255,7 +302,14 @@ class WeightRelay:
         """`push_to_group` of staged buffers (nothing is packed again)."""
         t0 = time.perf_counter()
         self._take(staged)
-        m = self._send_group(list(staged.buffers), staged.layout, group, method, staged.version, 0.0, t0)
+        _check_group(group)
+        kind = self._transport_for(group, staged.layout)
+        buffers = list(staged.buffers)
+        if kind == "shm":
+            buffers = self._shm_for(staged.layout).tensors
+            for dst, src in zip(buffers, staged.buffers):
+                dst.copy_(src)
+        m = self._send_group(self._wire(kind, buffers), staged.layout, group, method, staged.version, 0.0, t0)
         if release:
             self._release(staged)
         return m
@@ -266,6 +320,11 @@ class WeightRelay:
         return {"relay/bytes": float(layout.nbytes), "relay/buckets": float(len(layout.buckets)),
                 "relay/tensors": float(layout.num_tensors), "relay/receivers": float(receivers),
                 "relay/pack_s": pack_s, "relay/time_s": total_s}
+
+
+def _check_group(group: Any) -> None:
+    if not callable(getattr(group, "all", None)) or not callable(getattr(group, "one", None)):
+        raise TypeError(f"group must be a relayrl.cluster.WorkerGroup, got {type(group).__name__}")
 
 
 def _status(result: Any, method: str, rank: int) -> str:

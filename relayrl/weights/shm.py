@@ -1,0 +1,99 @@
+"""Host shared-memory buckets: the CPU stand-in for seed 004's CUDA IPC handles.
+
+NeMo-RL's refit sends a *handle* to a packed GPU buffer and lets the receiver
+map the same memory, instead of shipping the bytes. For ranks on the same host
+relayrl does the same with host memory: the sender packs each bucket straight
+into a file in ``/dev/shm`` (a tmpfs, so RAM), and a refit message carries only
+``SharedBucket(path, nbytes)``; each rank maps the file read-only once (cached)
+and copies from it into its engine. No bucket bytes go through pickling or a
+pipe. The sender owns the files and unlinks them when its `ShmBuckets` is
+closed or garbage-collected.
+
+Departures: host memory instead of device memory (so one device->host copy on
+the sender under CUDA); same-host ranks only (Ray actors use the object store,
+which does the same thing natively); the sender must not repack until every
+rank has returned (the relay's blocking ``group.all`` guarantees that).
+"""
+from __future__ import annotations
+
+import os
+import uuid
+import weakref
+from dataclasses import dataclass
+from typing import MutableMapping
+
+import numpy as np
+import torch
+
+from relayrl.weights.layout import BucketLayout
+
+__all__ = ["SharedBucket", "ShmBuckets", "shm_available", "open_shared"]
+
+SHM_DIR = "/dev/shm"
+
+
+@dataclass(frozen=True)
+class SharedBucket:
+    """A handle to one packed bucket in host shared memory."""
+
+    path: str
+    """File under ``/dev/shm`` holding the bucket's bytes."""
+    nbytes: int
+    """Bytes of the bucket (the file may be one byte longer for an empty bucket)."""
+
+
+def shm_available(nbytes: int) -> bool:
+    """Whether ``/dev/shm`` exists, is writable and has ``nbytes`` free (with 10% headroom)."""
+    if not os.path.isdir(SHM_DIR) or not os.access(SHM_DIR, os.W_OK):
+        return False
+    st = os.statvfs(SHM_DIR)
+    return st.f_bavail * st.f_frsize > 1.1 * nbytes
+
+
+def _unlink(paths: list[str]) -> None:
+    for p in paths:
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            pass
+
+
+class ShmBuckets:
+    """Sender side: one shared-memory file per bucket of ``layout``, exposed as flat tensors."""
+
+    def __init__(self, layout: BucketLayout) -> None:
+        tag = f"relayrl-{os.getpid()}-{layout.key}-{uuid.uuid4().hex[:8]}"
+        self.layout = layout
+        self.paths = [os.path.join(SHM_DIR, f"{tag}-{i}") for i in range(len(layout.buckets))]
+        self._finalizer = weakref.finalize(self, _unlink, list(self.paths))
+        self.tensors: list[torch.Tensor] = []
+        try:
+            for path, b in zip(self.paths, layout.buckets):
+                mm = np.memmap(path, dtype=np.uint8, mode="w+", shape=(max(1, b.nbytes),))
+                self.tensors.append(torch.from_numpy(mm[: b.nbytes]).view(b.dtype))
+        except BaseException:
+            self.close()
+            raise
+        self.handles = tuple(SharedBucket(p, b.nbytes) for p, b in zip(self.paths, layout.buckets))
+
+    def close(self) -> None:
+        """Unlink the files (ranks that mapped them keep their mappings until they drop them)."""
+        self.tensors = []
+        self._finalizer()
+
+
+def open_shared(handle: SharedBucket, cache: MutableMapping) -> np.ndarray:
+    """Receiver side: the bucket's bytes as a read-only ``uint8`` array, mapped once per path."""
+    key = ("shm", handle.path)
+    arr = cache.get(key)
+    if arr is None:
+        try:
+            arr = np.memmap(handle.path, dtype=np.uint8, mode="r")[: handle.nbytes]
+        except FileNotFoundError:
+            raise FileNotFoundError(f"shared bucket {handle.path} is gone: the sender closed its relay or runs "
+                                    "on another host (use the pickle transport across hosts)") from None
+        for old in [k for k in cache if isinstance(k, tuple) and k[0] == "shm"]:
+            if os.path.basename(old[1]).rsplit("-", 1)[0] != os.path.basename(handle.path).rsplit("-", 1)[0]:
+                del cache[old]  # buckets of an older layout or sender: drop the mapping
+        cache[key] = arr
+    return arr
