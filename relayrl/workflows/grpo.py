@@ -41,6 +41,7 @@ from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.engines.training.base import SequenceBatch
 from relayrl.engines.training.torch_engine import pad_right
 from relayrl.workflows.losses import PolicyLoss
+from relayrl.weights import WeightRelay
 from relayrl.workflows.relay import relay_weights
 from relayrl.workflows.session import Session
 from relayrl.workflows.workers import PolicyWorker, ReferenceWorker, RolloutWorker
@@ -69,6 +70,7 @@ class GRPOWorkflow:
             self.ref = make_group(cfg.cluster, ReferenceWorker, s.pool, "reference",
                                   init_kwargs=dict(model_path=path, engine=cfg.engine, **common))
         self.dock = Dock.from_config(cfg.dock)
+        self.relay = WeightRelay()
         ro = cfg.rollout
         self.sampling = SamplingParams(n=ro.n, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
                                        max_new_tokens=ro.max_new_tokens, stop_strings=tuple(ro.stop_strings))
@@ -135,7 +137,7 @@ class GRPOWorkflow:
             metrics.update(self.update(part, step, comps))
         self.dock.close_partition(part)
         with s.span("relay", "rollout", step):
-            relay_weights(self.actor, self.rollout, version=step)
+            metrics.update(relay_weights(self.actor, self.rollout, version=step, relay=self.relay))
         dt = time.perf_counter() - t0
         tokens = sum(len(s.encode(problems[c.prompt_index])) + len(c.token_ids) for c in comps)
         metrics.update({

@@ -1,19 +1,31 @@
 """Weight relay between worker groups: the actor's weights into every rollout rank.
 
 Colocated in one process (the embedded default), the rollout engine copies the
-actor's tensors in place: no serialization. Across processes or Ray actors
-the weights travel as packed buckets with a cached layout
-(:class:`relayrl.weights.WeightRelay`), not one message per tensor.
+actor's tensors in place: no serialization, no packing. Across processes or
+Ray actors the weights travel as packed buckets with a cached layout
+(:class:`relayrl.weights.WeightRelay`, seed 004's refit), one message per rank
+instead of one per tensor; under FSDP2 the full tensors are gathered first.
 """
 
 from __future__ import annotations
 
 from relayrl.cluster import WorkerGroup
+from relayrl.weights import WeightRelay, gather_full_state
 
 __all__ = ["relay_weights"]
 
 
-def relay_weights(actor: WorkerGroup, rollout: WorkerGroup, *, version: int) -> None:
-    """Make every rollout rank hold the actor's current weights, tagged ``version``."""
+def _in_process(group: WorkerGroup) -> bool:
+    return group.backend == "local" and group.world_size == 1
+
+
+def relay_weights(actor: WorkerGroup, rollout: WorkerGroup, *, version: int,
+                  relay: WeightRelay | None = None) -> dict[str, float]:
+    """Make every rollout rank hold the actor's current weights, tagged ``version``; returns relay metrics."""
     named = actor.one("named_weights")
-    rollout.all("update_weights", named, version)
+    if _in_process(actor) and _in_process(rollout):
+        rollout.all("update_weights", named, version)
+        return {}
+    relay = relay or WeightRelay()
+    metrics = relay.push_to_group(gather_full_state(named), rollout, "receive_weights", version=version)
+    return {k: float(v) for k, v in metrics.items()}

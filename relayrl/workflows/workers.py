@@ -21,6 +21,7 @@ from relayrl.engines.generation.native import NativeGenerationEngine
 from relayrl.engines.training.base import LossFn, SequenceBatch
 from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
 from relayrl.models.load import load_model, load_tokenizer
+from relayrl.weights import WeightReceiverMixin
 
 __all__ = ["PolicyWorker", "ReferenceWorker", "RolloutWorker", "resolve_device"]
 
@@ -99,8 +100,9 @@ class ReferenceWorker(Worker):
         return self.engine.logprobs(batch, temperature=temperature)[0]
 
 
-class RolloutWorker(Worker):
-    """Samples responses with the native engine; its RNG state is part of checkpoints."""
+class RolloutWorker(WeightReceiverMixin, Worker):
+    """Samples responses with the native engine; takes packed weights (``receive_weights``);
+    its RNG state is part of checkpoints."""
 
     def __init__(self, model_path: str, *, max_batch: int = 256, dtype: str = "float32", device: str = "auto",
                  attn_implementation: str = "sdpa", threads: int = 0, seed: int = 0) -> None:
