@@ -26,6 +26,7 @@ import argparse
 import os
 import statistics
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -80,7 +81,10 @@ class SinkWorker(WeightReceiverMixin, Worker):
         self.engine = Sink(shapes)
 
     def receive_one(self, name: str, array: np.ndarray, version: int) -> None:
-        self.engine.update_weights([(name, torch.from_numpy(array))], version)
+        with warnings.catch_warnings():  # Ray hands back read-only arrays; they are only read
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.from_numpy(array)
+        self.engine.update_weights([(name, t)], version)
 
     def checksum(self) -> float:
         return self.engine.checksum()
