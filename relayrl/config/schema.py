@@ -105,6 +105,12 @@ class AlgorithmConfig(_Section):
             raise ValueError(f"algorithm.advantage={self.advantage!r} is not one of {', '.join(ESTIMATORS)}")
         if self.loss_agg not in AGG_MODES:
             raise ValueError(f"algorithm.loss_agg={self.loss_agg!r} is not one of {', '.join(AGG_MODES)}")
+        if self.kl_in_reward and self.advantage != "reinforce++":
+            raise ValueError(f"algorithm.kl_in_reward=true puts the KL into per-token rewards, which only the "
+                             f"token-level estimator reads; set algorithm.advantage=reinforce++ (got {self.advantage!r}) "
+                             f"or use the KL as a loss term (kl_in_reward=false)")
+        if self.kl_in_reward and self.kl_coef == 0:
+            raise ValueError("algorithm.kl_in_reward=true needs algorithm.kl_coef > 0")
         if self.advantage in ("gae", "remax"):
             raise ValueError(f"algorithm.advantage={self.advantage!r} needs a critic/greedy baseline, which the "
                              f"synchronous GRPO workflow does not run; use grpo, drgrpo, rloo, reinforce++ or reinforce++-baseline")

@@ -34,6 +34,7 @@ import torch
 
 from relayrl.algorithms import advantages as adv_lib
 from relayrl.algorithms.dapo import dynamic_sampling_filter, overlong_penalty
+from relayrl.algorithms.kl import kl_penalty_rewards
 from relayrl.cluster import make_group
 from relayrl.config.schema import Config
 from relayrl.dock import Dock
@@ -78,6 +79,7 @@ class GRPOWorkflow:
                                level=a.ratio_level, kl_coef=0.0 if a.kl_in_reward else a.kl_coef, kl_kind=a.kl_kind,
                                entropy_coef=a.entropy_coef, agg_constant=float(ro.max_new_tokens))
         self.recompute_old = cfg.trainer.epochs * cfg.trainer.mini_batches > 1
+        self._kl_metrics: dict[str, float] = {}  # KL-in-reward metrics of the current step
 
     # ------------------------------------------------------------------ run
     def run(self) -> Path:
@@ -108,6 +110,7 @@ class GRPOWorkflow:
         """One GRPO/DAPO iteration; returns its metrics."""
         s, a = self.s, self.cfg.algorithm
         t0 = time.perf_counter()
+        self._kl_metrics = {}
         problems, comps, rewards, scores, metrics = self.rollout_and_score(step)
         if not comps:
             s.tracker.write_text(f"step {step}: dynamic sampling found no group with differing rewards in "
@@ -209,7 +212,14 @@ class GRPOWorkflow:
         lengths = [len(c.token_ids) for c in comps]
         mask = pad_right([torch.ones(L) for L in lengths])
         groups = torch.tensor([c.prompt_index for c in comps])
-        adv = adv_lib.compute(a.advantage, rewards=rewards, group_ids=groups, mask=mask,
+        token_rewards = None
+        if a.kl_in_reward and self.ref is not None:  # REINFORCE++: r_t = outcome at the end - coef * KL_t
+            got = self.dock.get(part, idx, ["gen_logprobs", "ref_logprobs"])
+            token_rewards, kl_metrics = kl_penalty_rewards(
+                adv_lib.outcome_to_token_rewards(rewards, mask), pad_right(got["gen_logprobs"]),
+                pad_right(got["ref_logprobs"]), mask, a.kl_coef, kind=a.kl_kind)
+            self._kl_metrics = kl_metrics
+        adv = adv_lib.compute(a.advantage, rewards=rewards, group_ids=groups, mask=mask, token_rewards=token_rewards,
                               normalize_std=a.normalize_std and a.advantage != "drgrpo")
         return [adv[i, :L].float() for i, L in enumerate(lengths)]
 
@@ -228,6 +238,7 @@ class GRPOWorkflow:
             metrics = self.actor.one("update", batch, self.loss, mini_batches=t.mini_batches, epochs=t.epochs,
                                      with_entropy="grad" if a.entropy_coef > 0 else True, seed=self.cfg.run.seed + step)
             b.ack()
+        metrics.update(self._kl_metrics)
         if "actor/ref_kl_k1" in metrics:
             metrics["actor/kl"] = metrics["actor/ref_kl_k1"]
         return metrics

@@ -71,6 +71,17 @@ def test_dapo_recipe_runs(sft_model, tmp_path):
     assert last["dapo/sampled_groups"] >= 8 and "dapo/dropped_groups" in last
 
 
+@pytest.mark.slow
+def test_reinforce_pp_with_kl_in_reward(sft_model, tmp_path):
+    r = relayrl("train", "recipes/arith_grpo.yaml", "trainer.steps=1", f"run.dir={tmp_path}",
+                f"trainer.init_from={sft_model}", "algorithm.advantage=reinforce++", "algorithm.kl_coef=0.05",
+                "algorithm.kl_in_reward=true", *FAST)
+    assert r.returncode == 0, r.stderr[-3000:]
+    last = records(tmp_path)[-1]
+    assert "actor/kl_loss" not in last  # the KL is in the rewards, not the loss
+    assert any(k.startswith("actor/") and "kl" in k for k in last)
+
+
 def test_bad_config_is_refused_before_work(tmp_path):
     r = relayrl("train", "recipes/arith_grpo.yaml", "trainer.stepz=3", f"run.dir={tmp_path}")
     assert r.returncode == 2
