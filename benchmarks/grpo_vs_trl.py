@@ -20,10 +20,21 @@ advantages, update, weight relay); for TRL the interval between consecutive
 ``on_step_end`` callbacks (data loading, generate, reward, advantages,
 forward/backward, optimizer). Warm-up steps are excluded from both.
 
+By default the systems are interleaved step by step in one process (TRL step
+k, then relayrl step k, each timed on its own), so both see the same load on a
+shared machine; ``--order trl-first|relayrl-first`` runs them one after the
+other instead.
+
+The randomly initialised tiny model answers with ``max_new_tokens`` random
+tokens and never gets a reward, so every group has zero advantage; the update
+is still computed by both systems. ``--sft-steps N`` first warm-starts the
+model with relayrl's arith SFT recipe (cached), which gives short answers that
+end in EOS, as in a real GRPO run after SFT.
+
 Run it with::
 
     .venv/bin/python benchmarks/grpo_vs_trl.py                 # 5 warm-up + 30 measured steps each
-    .venv/bin/python benchmarks/grpo_vs_trl.py --steps 10 --warmup 2 --threads 1
+    .venv/bin/python benchmarks/grpo_vs_trl.py --steps 10 --warmup 2 --threads 1 --sft-steps 150
 
 TRL is a benchmark-only extra (``pip install trl``, the ``bench`` extra). The
 last line printed is ``grpo_vs_trl: relayrl/trl throughput ratio R``.
@@ -90,6 +101,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="a local HF model directory (default: the relayrl tiny model)")
     p.add_argument("--hidden", type=int, default=None, help="tiny model width (default: TinyModelConfig's)")
     p.add_argument("--layers", type=int, default=None, help="tiny model layers (default: TinyModelConfig's)")
+    p.add_argument("--sft-steps", type=int, default=0,
+                   help="warm-start the model with this many steps of relayrl's arith SFT recipe first (cached), so "
+                        "answers are short and end in EOS and some GRPO groups have rewards that differ")
     p.add_argument("--order", choices=["interleaved", "trl-first", "relayrl-first"], default="interleaved",
                    help="interleaved: one relayrl step after each TRL step, so both see the same machine load")
     p.add_argument("--only", choices=["both", "relayrl", "trl"], default="both",
@@ -98,6 +112,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("steps", "prompts", "threads", "max_new_tokens"):
         if getattr(a, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+    if a.sft_steps < 0:
+        raise SystemExit(f"--sft-steps must be >= 0, got {a.sft_steps}")
     if a.warmup < 0:
         raise SystemExit(f"--warmup must be >= 0, got {a.warmup}")
     if a.n < 2:
@@ -118,6 +134,26 @@ def model_dir(a: argparse.Namespace) -> Path:
     cfg = TinyModelConfig(hidden_size=hidden, num_layers=a.layers or base.num_layers,
                           intermediate_size=4 * hidden if a.hidden else base.intermediate_size)
     return build_tiny(cfg)
+
+
+def sft_warm_start(a: argparse.Namespace, base: Path) -> Path:
+    """``base`` after ``a.sft_steps`` steps of ``recipes/arith_sft.yaml`` (built once, cached by its inputs)."""
+    import hashlib
+
+    from relayrl.models.tiny import default_cache_dir
+    from relayrl.workflows.sft import train_sft
+
+    key = hashlib.sha256(f"{base.resolve()}|{a.sft_steps}|{a.seed}".encode()).hexdigest()[:12]
+    run_dir = default_cache_dir() / f"grpo_vs_trl-sft-{key}"
+    if (run_dir / "model" / "config.json").is_file():
+        return run_dir / "model"
+    print(f"grpo_vs_trl: SFT warm start ({a.sft_steps} steps) into {run_dir} ...", flush=True)
+    cfg = load_config(Config, REPO / "recipes" / "arith_sft.yaml", [
+        f"run.dir={run_dir}", f"run.seed={a.seed}", f"run.threads={a.threads}", f"model.path={base}",
+        "model.device=cpu", f"trainer.steps={a.sft_steps}", "eval.every=0", "eval.size=50",
+        "telemetry.sinks=[jsonl]", "telemetry.console_table_every=0",
+    ])
+    return train_sft(cfg)
 
 
 def relayrl_config(a: argparse.Namespace, path: Path, run_dir: Path) -> Config:
@@ -326,9 +362,14 @@ def run_all(a: argparse.Namespace, path: Path, tmp: Path) -> dict[str, StepStats
 def main(argv: list[str] | None = None) -> None:
     from transformers import AutoConfig
 
+    from transformers.utils import logging as hf_logging
+
     a = parse_args(argv)
     torch.set_num_threads(a.threads)
+    hf_logging.disable_progress_bar()
     path = model_dir(a)
+    if a.sft_steps:
+        path = sft_warm_start(a, path)
     mc = AutoConfig.from_pretrained(path)
     print(f"grpo_vs_trl: model {path} ({mc.model_type}, hidden {mc.hidden_size}, {mc.num_hidden_layers} layers), "
           f"fp32 cpu, threads {a.threads}, {a.prompts} prompts x n={a.n}, max_new_tokens {a.max_new_tokens}, "
