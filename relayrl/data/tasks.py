@@ -116,12 +116,27 @@ class ArithmeticTask:
         lo = 0 if d == 1 else 10 ** (d - 1)
         return rng.randint(lo, 10**d - 1)
 
+    def _carry_free_partner(self, a: int, rng: random.Random) -> int:
+        """A second operand with as many digits as drawn, built digit by digit so that a + b has no carry."""
+        d = rng.randint(self.min_digits, self.max_digits)
+        da = [int(ch) for ch in reversed(str(a))]
+        digits = []
+        for i in range(d):
+            hi = 9 - (da[i] if i < len(da) else 0)
+            lo = 1 if (i == d - 1 and d > 1) else 0
+            if hi < lo:
+                return -1
+            digits.append(rng.randint(lo, hi))
+        return int("".join(map(str, reversed(digits))))
+
     def sample(self, rng: random.Random) -> Problem:
         for _ in range(10_000):
             a, b = self._operand(rng), self._operand(rng)
+            if self.carry_free_above is not None and max(len(str(a)), len(str(b))) > self.carry_free_above:
+                b = self._carry_free_partner(a, rng)  # same digit-length mix, no carry
+                if b < 0:
+                    continue
             c = _count_carries(a, b)
-            if c and self.carry_free_above is not None and max(len(str(a)), len(str(b))) > self.carry_free_above:
-                continue
             if self.carries == "none" and c:
                 continue
             if self.carries == "some" and not c:

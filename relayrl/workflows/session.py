@@ -162,9 +162,11 @@ class Session:
             if self.cfg.run.on_nonfinite == "skip":
                 self.tracker.write_text(f"warning: {e}; the update was skipped (run.on_nonfinite=skip)")
                 return False
-            save(step - 1)
-            raise RuntimeError(f"{e}. The last good state is saved in {self.ckpt.root}; "
-                               f"set run.on_nonfinite=skip to skip such steps instead") from None
+            # The engine never applies a non-finite update, so the weights are still the last good ones.
+            path = save(step)
+            raise RuntimeError(f"{e}. The update was not applied; the last good weights are saved in {path} "
+                               f"(resume continues after this batch); set run.on_nonfinite=skip to skip such "
+                               f"steps and go on") from None
         self.tracker.log(step, metrics)
         return True
 

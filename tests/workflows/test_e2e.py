@@ -152,3 +152,18 @@ def test_eval_and_plot_commands(sft_model, tmp_path):
     r = relayrl("plot", str(sft_model.parent))
     assert r.returncode == 0, r.stderr[-3000:]
     assert (sft_model.parent / "plots" / "timeline.png").exists()
+
+
+@pytest.mark.slow
+def test_nonfinite_update_stops_with_a_checkpoint(sft_model, tmp_path):
+    # an absurd learning rate drives the weights to inf within a few steps
+    common = ["trainer.steps=6", "engine.optim.lr=1e30", "engine.optim.max_grad_norm=null", *FAST]
+    r = relayrl("train", "recipes/arith_sft.yaml", f"run.dir={tmp_path}", *common)
+    assert r.returncode != 0
+    assert "is nan" in r.stderr or "is inf" in r.stderr
+    assert "The update was not applied" in r.stderr
+    assert any((tmp_path / "checkpoints").glob("step-*/manifest.json"))
+    skip = tmp_path / "skip"
+    r = relayrl("train", "recipes/arith_sft.yaml", f"run.dir={skip}", "run.on_nonfinite=skip", *common)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "was skipped" in r.stdout + r.stderr
