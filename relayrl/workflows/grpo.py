@@ -234,7 +234,8 @@ class GRPOWorkflow:
             rows = list(range(len(b.indexes)))
             if a.overlong_filter:  # DAPO: truncated responses count in the group statistics but not in the loss
                 rows = [r for r, i in enumerate(b.indexes) if comps[i].finish_reason != "length"] or rows
-            batch = SequenceBatch(b["prompt_ids"], b["response_ids"], {f: b[f] for f in fields}).select(rows)
+            groups = [comps[i].prompt_index for i in b.indexes]
+            batch = SequenceBatch(b["prompt_ids"], b["response_ids"], {f: b[f] for f in fields}, groups).select(rows)
             metrics = self.actor.one("update", batch, self.loss, mini_batches=t.mini_batches, epochs=t.epochs,
                                      with_entropy="grad" if a.entropy_coef > 0 else True, seed=self.cfg.run.seed + step)
             b.ack()

@@ -32,10 +32,15 @@ class SequenceBatch:
     prompt_ids: list[torch.Tensor]
     response_ids: list[torch.Tensor]
     fields: dict[str, list] = field(default_factory=dict)
+    groups: list[int] | None = None
+    """Prompt-group id per row (rows of one group share their prompt); lets an engine pack a group
+    as one prompt + its responses (shared-prompt attention, seed 003)."""
 
     def __post_init__(self) -> None:
         if len(self.prompt_ids) != len(self.response_ids):
             raise ValueError(f"prompt_ids has {len(self.prompt_ids)} rows but response_ids has {len(self.response_ids)}")
+        if self.groups is not None and len(self.groups) != len(self.response_ids):
+            raise ValueError(f"groups has {len(self.groups)} rows, expected {len(self.response_ids)}")
         for k, v in self.fields.items():
             if len(v) != len(self.response_ids):
                 raise ValueError(f"field {k!r} has {len(v)} rows, expected {len(self.response_ids)}")
@@ -53,6 +58,7 @@ class SequenceBatch:
             [self.prompt_ids[i] for i in rows],
             [self.response_ids[i] for i in rows],
             {k: [v[i] for i in rows] for k, v in self.fields.items()},
+            None if self.groups is None else [self.groups[i] for i in rows],
         )
 
     def split(self, n: int) -> list["SequenceBatch"]:
@@ -63,10 +69,12 @@ class SequenceBatch:
     @classmethod
     def concat(cls, parts: Sequence["SequenceBatch"]) -> "SequenceBatch":
         keys = parts[0].fields.keys() if parts else []
+        groups = None if not parts or any(p.groups is None for p in parts) else [g for p in parts for g in p.groups]
         return cls(
             [t for p in parts for t in p.prompt_ids],
             [t for p in parts for t in p.response_ids],
             {k: [t for p in parts for t in p.fields[k]] for k in keys},
+            groups,
         )
 
 
