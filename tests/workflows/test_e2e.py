@@ -167,3 +167,15 @@ def test_nonfinite_update_stops_with_a_checkpoint(sft_model, tmp_path):
     r = relayrl("train", "recipes/arith_sft.yaml", f"run.dir={skip}", "run.on_nonfinite=skip", *common)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "was skipped" in r.stdout + r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_same_driver_runs_on_ray(sft_model, tmp_path):
+    """The backend is a config value: the GRPO driver runs its worker groups as Ray actors, weights as packed buckets."""
+    r = relayrl("train", "recipes/arith_grpo.yaml", "trainer.steps=1", f"run.dir={tmp_path}",
+                f"trainer.init_from={sft_model}", "cluster.backend=ray", "cluster.num_cpus=4", *FAST)
+    assert r.returncode == 0, r.stderr[-3000:]
+    last = records(tmp_path)[-1]
+    assert last["relay/buckets"] >= 1 and last["relay/bytes"] > 1e6
+    assert "reward/mean" in last and (tmp_path / "model" / "config.json").exists()
