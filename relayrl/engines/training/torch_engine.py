@@ -1,11 +1,31 @@
 """Single-process PyTorch training engine (CPU or one GPU).
 
-Forward passes pad at the last moment: rows are sorted by length and cut into
-micro-batches whose *padded* token count stays under ``token_budget``, so
-padding is minimal and the micro-batch size adapts to sequence length (not a
-fixed sample count). Logits are computed only at response positions (decoder
-hidden states are gathered first, then the output head is applied), which
-avoids materialising ``[B, L, V]`` logits for the prompt.
+Forward passes lay out rows at the last moment, in one of three ways
+(``TrainEngineConfig.packing``):
+
+* ``"shared_prompt"`` (default; seed 003, section 4.2): the rows of one prompt
+  group are packed as one sequence ``[prompt, response_1, ..., response_n]``
+  with a shared-prompt attention mask and per-response position ids
+  (:mod:`relayrl.models.packing`), so the prompt is computed once and a group
+  carries no padding. Rows are grouped by ``SequenceBatch.groups`` *and* checked
+  to have identical prompts; without groups this is sequence packing.
+* ``"sequences"``: each row is its own unit; short rows share a packed row
+  under a block-diagonal causal mask.
+* ``"none"``: one row per sequence, right-padded to the micro-batch's longest.
+
+Packed units (a group never splits unless it alone exceeds the token budget)
+are bin-packed into rows no longer than the longest unit (or
+``pack_length``), and rows are cut into micro-batches whose *padded* token
+count stays under ``token_budget``. The mask goes to the Hugging Face model as
+a 4-D tensor, which transformers passes through untouched: boolean for
+``attn_implementation="sdpa"``, additive float for ``"eager"``; a model with
+sliding-window layers gets a per-layer-type mask dict. Other attention
+implementations (flash-attention, flex) would ignore or misread a dense 4-D
+mask, so the engine falls back to ``packing="none"`` with a warning for them.
+Logits are computed only at response positions (decoder hidden states are
+gathered first, then the output head is applied), which avoids materialising
+``[B, L, V]`` logits for the prompt. Every path returns response-aligned
+``[B, T]`` tensors, so loss functions do not know which layout ran.
 
 Gradients accumulate over micro-batches; the loss function normalises by the
 mini-batch's global token/sequence counts, so accumulation is exact (seed 003,
@@ -20,8 +40,9 @@ whether to stop or go on.
 from __future__ import annotations
 
 import math
+import warnings
 from collections import defaultdict
-from typing import Sequence
+from typing import Literal, Sequence
 
 import torch
 import torch.distributed as dist
@@ -29,6 +50,8 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from relayrl.engines.training.base import LossFn, MicroBatch, OptimConfig, SequenceBatch
+from relayrl.models.packing import (PackUnit, additive_mask, build_packed_batch, pack_units, plan_units,
+                                    shared_prompt_mask)
 
 __all__ = ["TrainEngineConfig", "TorchTrainingEngine", "plan_microbatches", "make_scheduler"]
 
@@ -40,6 +63,12 @@ class TrainEngineConfig(BaseModel):
     token_budget: int = Field(8192, ge=16, description="max padded tokens (prompt + response) per micro-batch")
     entropy_chunk: int = Field(1024, ge=1, description="positions per chunk when computing entropy")
     gradient_checkpointing: bool = False
+    packing: Literal["none", "sequences", "shared_prompt"] = Field(
+        "shared_prompt", description="forward layout: one prompt + its group's responses per unit (seed 003 4.2), "
+        "packed sequences, or right-padded rows")
+    pack_length: int | None = Field(
+        None, ge=16, description="max tokens per packed row; null packs rows up to the longest unit (a group or "
+        "a sequence), so a packed row's attention never spans more than an unpacked row would")
 
 
 def plan_microbatches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
@@ -116,10 +145,95 @@ class TorchTrainingEngine:
             self.scheduler = make_scheduler(self.optimizer, o, total_steps)
         else:
             self.model.requires_grad_(False).eval()
+        self._resolve_packing()
+
+    # --------------------------------------------------------------- layout
+    def _resolve_packing(self) -> None:
+        """Pick the effective packing mode and the mask form this model's attention accepts."""
+        conf = self.model.config
+        self.attn_impl = getattr(conf, "_attn_implementation", None)
+        layer_types = set(getattr(conf, "layer_types", None) or ["full_attention"])
+        self.sliding_window = getattr(conf, "sliding_window", None) if "sliding_attention" in layer_types else None
+        self.packing = self.cfg.packing
+        reason = None
+        if self.attn_impl not in ("sdpa", "eager"):
+            reason = (f"attn_implementation={self.attn_impl!r} does not take a dense 4-D mask "
+                      "(load the model with attn_implementation='sdpa')")
+        elif not layer_types <= {"full_attention", "sliding_attention"}:
+            reason = f"layer types {sorted(layer_types)} need masks the packed layout does not build"
+        elif "sliding_attention" in layer_types and not self.sliding_window:
+            reason = "the model has sliding-attention layers but no config.sliding_window"
+        if self.packing != "none" and reason is not None:
+            warnings.warn(f"packing={self.packing!r} disabled, using 'none': {reason}", stacklevel=3)
+            self.packing = "none"
+
+    def _plan(self, batch: SequenceBatch) -> list[list[int] | list[list[PackUnit]]]:
+        """Micro-batches: row lists (``packing="none"``) or packed rows, each a list of units."""
+        lengths = [int(p.numel() + r.numel()) for p, r in zip(batch.prompt_ids, batch.response_ids)]
+        if self.packing == "none" or not lengths:
+            return plan_microbatches(lengths, self.cfg.token_budget)
+        units = plan_units(batch.prompt_ids, batch.response_ids, batch.groups, mode=self.packing,
+                           max_len=min(self.cfg.pack_length or self.cfg.token_budget, self.cfg.token_budget))
+        capacity = self.cfg.pack_length or max(u.length for u in units)
+        rows = [[units[k] for k in pack] for pack in pack_units([u.length for u in units], capacity)]
+        row_len = [sum(u.length for u in r) for r in rows]
+        return [[rows[k] for k in mb] for mb in plan_microbatches(row_len, self.cfg.token_budget)]
+
+    def _attention_mask(self, doc_ids: torch.Tensor, seg_ids: torch.Tensor, pos_ids: torch.Tensor):
+        """The packed mask in the form the model's attention takes (bool for SDPA, additive for eager)."""
+
+        def form(mask: torch.Tensor) -> torch.Tensor:
+            return mask if self.attn_impl == "sdpa" else additive_mask(mask, self.model.dtype)
+
+        full = form(shared_prompt_mask(doc_ids, seg_ids))
+        if self.sliding_window is None:
+            return full
+        return {"full_attention": full, "sliding_attention": form(
+            shared_prompt_mask(doc_ids, seg_ids, pos_ids, sliding_window=self.sliding_window))}
 
     # --------------------------------------------------------------- forward
-    def _forward(self, batch: SequenceBatch, rows: list[int], temperature: float, with_entropy: bool):
-        """Log-probs (and entropy) of the response tokens of ``rows``: [B, T] each, plus mask [B, T]."""
+    def _forward(self, batch: SequenceBatch, item, temperature: float, with_entropy: bool | str):
+        """Log-probs (and entropy) of the response tokens of one micro-batch: [B, T] each, mask [B, T], rows [B]."""
+        if self.packing == "none":
+            lp, mask, ent = self._forward_padded(batch, item, temperature, with_entropy)
+            return lp, mask, ent, list(item), self._padded_len(batch, item)
+        pb = build_packed_batch(batch.prompt_ids, batch.response_ids, item).to(self.device)
+        mask4 = self._attention_mask(pb.doc_ids, pb.segment_ids, pb.position_ids)
+        hidden = self.model.get_decoder()(input_ids=pb.input_ids, attention_mask=mask4,
+                                          position_ids=pb.position_ids, use_cache=False).last_hidden_state
+        logits = self.model.get_output_embeddings()(hidden[pb.token_pack, pb.token_src]).float()  # [N, V]
+        lp, ent = self._token_logprobs(logits, pb.targets, None, temperature, with_entropy)
+        mask = pb.response_mask().to(self.device)
+        return (pb.to_rows(lp), mask, None if ent is None else pb.to_rows(ent), list(pb.rows),
+                int(pb.input_ids.numel()))
+
+    def _token_logprobs(self, logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None,
+                        temperature: float, with_entropy: bool | str):
+        """Log-probs of ``targets`` under ``logits`` [..., V] (and entropy), same leading shape."""
+        if temperature != 1.0:
+            logits = logits / temperature
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+        if mask is not None:
+            logprobs = logprobs * mask
+        if not with_entropy:
+            return logprobs, None
+        if logits.shape[0] == 0 or logits.shape[-2] == 0:
+            return logprobs, torch.zeros(logits.shape[:-1], device=logits.device)
+        from relayrl.algorithms.entropy import entropy_from_logits
+
+        # Gradient through the entropy only when a loss term uses it (an entropy bonus).
+        flat = logits.dim() == 2
+        entropy = entropy_from_logits(logits[None] if flat else logits, None if flat else mask,
+                                      chunk_size=self.cfg.entropy_chunk, grad=with_entropy == "grad")
+        return logprobs, entropy[0] if flat else entropy
+
+    @staticmethod
+    def _padded_len(batch: SequenceBatch, rows: list[int]) -> int:
+        return len(rows) * max(int(batch.prompt_ids[i].numel() + batch.response_ids[i].numel()) for i in rows)
+
+    def _forward_padded(self, batch: SequenceBatch, rows: list[int], temperature: float,
+                        with_entropy: bool | str):
+        """One row per sequence, right-padded: log-probs [B, T], mask [B, T], entropy [B, T] or None."""
         lp_len = [int(batch.prompt_ids[i].numel()) for i in rows]
         rs_len = [int(batch.response_ids[i].numel()) for i in rows]
         total = [a + b for a, b in zip(lp_len, rs_len)]
@@ -139,16 +253,7 @@ class TorchTrainingEngine:
         hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
         h = hidden.gather(1, pos[:, :, None].expand(-1, -1, hidden.shape[-1]))  # [B, T, H]
         logits = self.model.get_output_embeddings()(h).float()
-        if temperature != 1.0:
-            logits = logits / temperature
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets[:, :, None]).squeeze(-1) * mask
-        entropy = None
-        if with_entropy:
-            from relayrl.algorithms.entropy import entropy_from_logits
-
-            # Gradient through the entropy only when a loss term uses it (an entropy bonus).
-            entropy = entropy_from_logits(logits, mask, chunk_size=self.cfg.entropy_chunk,
-                                          grad=with_entropy == "grad")
+        logprobs, entropy = self._token_logprobs(logits, targets, mask, temperature, with_entropy)
         return logprobs, mask, entropy
 
     @torch.no_grad()
@@ -157,9 +262,8 @@ class TorchTrainingEngine:
         self.model.eval()
         out: list[torch.Tensor | None] = [None] * len(batch)
         ent: list[torch.Tensor | None] = [None] * len(batch)
-        lengths = [int(p.numel() + r.numel()) for p, r in zip(batch.prompt_ids, batch.response_ids)]
-        for rows in plan_microbatches(lengths, self.cfg.token_budget):
-            lp, _, e = self._forward(batch, rows, temperature, with_entropy)
+        for item in self._plan(batch):
+            lp, _, e, rows, _ = self._forward(batch, item, temperature, with_entropy)
             for j, i in enumerate(rows):
                 n = int(batch.response_ids[i].numel())
                 out[i] = lp[j, :n].float().cpu()
@@ -199,21 +303,23 @@ class TorchTrainingEngine:
         return {k: v / steps for k, v in sums.items()}
 
     def _optimizer_step(self, batch: SequenceBatch, rows: list[int], loss_fn: LossFn, temperature: float,
-                        with_entropy: bool) -> dict[str, float]:
-        tokens = sum(int(batch.response_ids[i].numel()) for i in rows)
-        g_tokens, g_seqs = self._global(tokens, len(rows))
-        lengths = [int(batch.prompt_ids[i].numel() + batch.response_ids[i].numel()) for i in rows]
+                        with_entropy: bool | str) -> dict[str, float]:
+        sub = batch.select(rows)
+        tokens = sub.num_tokens
+        g_tokens, g_seqs = self._global(tokens, len(sub))
         acc: dict[str, float] = defaultdict(float)
-        for plan in plan_microbatches(lengths, self.cfg.token_budget):
-            mb_rows = [rows[k] for k in plan]
-            lp, mask, ent = self._forward(batch, mb_rows, temperature, with_entropy)
-            fields = {k: _pad_field(v, mb_rows, lp.shape[1], self.device) for k, v in batch.fields.items()}
+        forward_tokens = 0
+        for item in self._plan(sub):
+            lp, mask, ent, mb_rows, n_fwd = self._forward(sub, item, temperature, with_entropy)
+            forward_tokens += n_fwd
+            fields = {k: _pad_field(v, mb_rows, lp.shape[1], self.device) for k, v in sub.fields.items()}
             mb = MicroBatch(lp, mask, fields, g_tokens, g_seqs, ent)
             loss, metrics = loss_fn(mb)
             loss.backward()
             weight = float(mask.sum()) / max(tokens, 1)
             for k, v in metrics.items():
                 acc[k] += v * weight
+        acc[f"{self.prefix}/forward_tokens"] = float(forward_tokens)
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.cfg.optim.max_grad_norm
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
