@@ -8,6 +8,15 @@ from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngi
 from relayrl.workflows.losses import PolicyLoss, SFTLoss
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Default threads on a shared 2-core machine oversubscribe (this file took ~65 s instead of ~8 s).
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _batch(tok, n=6):
     prompts = ["1+2=", "123+456=", "sort 5 12 9 =", "77+1=", "9+9=", "countdown 3 7 5 -> 9 :"][:n]
     answers = ["3", "579", "5 9 12", "78", "18", "7+5-3"][:n]
@@ -25,9 +34,12 @@ def test_plan_microbatches_respects_budget_and_covers_rows():
     assert plan_microbatches([100], 10) == [[0]]  # a row over budget gets its own micro-batch
 
 
-def test_logprobs_match_a_plain_forward(tiny_model, tiny_tokenizer):
+@pytest.mark.parametrize("packing", ["none", "sequences", "shared_prompt"])
+def test_logprobs_match_a_plain_forward(tiny_model, tiny_tokenizer, packing):
     batch = _batch(tiny_tokenizer)
-    eng = TorchTrainingEngine(tiny_model, TrainEngineConfig(token_budget=24), total_steps=1, trainable=False)
+    batch.groups = [0, 1, 2, 3, 4, 5]
+    eng = TorchTrainingEngine(tiny_model, TrainEngineConfig(token_budget=24, packing=packing), total_steps=1,
+                              trainable=False)
     lps, ents = eng.logprobs(batch, temperature=0.8, with_entropy=True)
     for p, r, lp, e in zip(batch.prompt_ids, batch.response_ids, lps, ents):
         with torch.no_grad():
