@@ -19,6 +19,7 @@ worker must flush its own files before the group is shut down, not at exit.
 from __future__ import annotations
 
 import itertools
+import contextlib
 import os
 import pickle
 import signal
@@ -210,10 +211,8 @@ class ProcessRanks:
 
     def shutdown(self) -> None:
         for conn in self.conns:
-            try:
+            with contextlib.suppress(BrokenPipeError, OSError):
                 conn.send_bytes(pickle.dumps(SHUTDOWN))
-            except (BrokenPipeError, OSError):
-                pass
         deadline = time.monotonic() + 5.0
         for proc in self.procs:
             proc.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -42,10 +42,10 @@ class TinyModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    hidden_size: int = Field(128, ge=16, description="model width")
+    hidden_size: int = Field(256, ge=16, description="model width")
     num_layers: int = Field(4, ge=1)
     num_heads: int = Field(4, ge=1)
-    intermediate_size: int = Field(512, ge=16)
+    intermediate_size: int = Field(1024, ge=16)
     vocab_size: int = Field(512, ge=64, description="upper bound for the trained BPE vocabulary")
     max_position_embeddings: int = Field(512, ge=32)
     seed: int = Field(0, description="seed of the random initialisation")

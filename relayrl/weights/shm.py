@@ -16,6 +16,7 @@ rank has returned (the relay's blocking ``group.all`` guarantees that).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 import weakref
@@ -52,10 +53,8 @@ def shm_available(nbytes: int) -> bool:
 
 def _unlink(paths: list[str]) -> None:
     for p in paths:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(p)
-        except FileNotFoundError:
-            pass
 
 
 class ShmBuckets:
