@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-FAST = ["eval.size=16", "run.threads=1", "telemetry.sinks=[jsonl]"]
+FAST = ["eval.size=16", "run.threads=1", "telemetry.sinks=[jsonl]", "model.tiny.hidden_size=64",
+        "model.tiny.intermediate_size=256"]
 
 
 def relayrl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
