@@ -14,10 +14,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(scope="session")
 def tiny_dir() -> Path:
-    """Directory of the tiny default model and tokenizer (built once, then reused)."""
-    from relayrl.models.tiny import build_tiny
+    """Directory of a small tiny-model variant and the default tokenizer (built once, then reused)."""
+    from relayrl.models.tiny import TinyModelConfig, build_tiny
 
-    return build_tiny(verbose=False)
+    return build_tiny(TinyModelConfig(hidden_size=64, intermediate_size=256), verbose=False)
 
 
 @pytest.fixture(scope="session")
