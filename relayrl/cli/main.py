@@ -51,14 +51,14 @@ def _final_accuracy(run_dir: Path) -> tuple[float | None, float | None]:
 
 
 def cmd_demo(args) -> int:
-    """SFT warm-up on 2-digit sums, then GRPO with the verifier alone on 3-digit sums."""
+    """SFT warm-up on 1-2 digit sums, then GRPO with the verifier alone on 2-digit sums."""
     t0 = time.perf_counter()
     root = Path(args.dir)
     sft_dir, grpo_dir = root / "sft", root / "grpo"
     print("relayrl demo: 1/2 SFT warm-up on 1-2 digit sums (recipes/arith_sft.yaml)", flush=True)
     sft = _load(str(RECIPES / "arith_sft.yaml"), [f"run.dir={sft_dir}", *args.overrides_sft])
     sft_model = _run(sft)
-    print("relayrl demo: 2/2 GRPO on 3-digit sums, verifier reward only (recipes/arith_grpo.yaml)", flush=True)
+    print("relayrl demo: 2/2 GRPO on 2-digit sums, verifier reward only (recipes/arith_grpo.yaml)", flush=True)
     t_rl = time.perf_counter()
     grpo = _load(str(RECIPES / "arith_grpo.yaml"), [f"run.dir={grpo_dir}", f"trainer.init_from={sft_model}",
                                                      *args.overrides_grpo])
@@ -66,7 +66,7 @@ def cmd_demo(args) -> int:
     rl_min = (time.perf_counter() - t_rl) / 60
     before, after = _final_accuracy(grpo_dir)
     minutes = (time.perf_counter() - t0) / 60
-    print(f"relayrl demo: GRPO took {rl_min:.1f} min; held-out 3-digit sums, greedy; run dirs under {root}")
+    print(f"relayrl demo: GRPO took {rl_min:.1f} min; held-out 2-digit sums, greedy; run dirs under {root}")
     print(f"demo: accuracy {100 * (before or 0):.1f}% -> {100 * (after or 0):.1f}% in {minutes:.1f} min")
     return 0
 
