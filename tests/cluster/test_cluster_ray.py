@@ -13,15 +13,15 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    started = not ray.is_initialized()
-    if started:
-        here = os.path.dirname(os.path.abspath(__file__))
-        root = os.path.dirname(os.path.dirname(here))
-        ray.init(num_cpus=2, include_dashboard=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([root, here])}})
-    yield ClusterConfig(backend="ray")
-    if started:
+    # The test workers live in this folder: always start a Ray whose workers have it on their path.
+    if ray.is_initialized():
         ray.shutdown()
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))
+    ray.init(num_cpus=2, include_dashboard=False,
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([root, here])}})
+    yield ClusterConfig(backend="ray")
+    ray.shutdown()
 
 
 def test_ray_group_dispatch_collectives_errors_and_colocation(ray_cluster):

@@ -14,12 +14,14 @@ def test_push_to_a_ray_group_loads_every_rank():
     from relayrl.cluster import ClusterConfig, ResourcePool, WorkerGroup
     from relayrl.weights import WeightRelay
 
-    started = not ray.is_initialized()  # (an already running Ray must have this directory on its workers' path)
-    if started:
-        here = os.path.dirname(os.path.abspath(__file__))
-        root = os.path.dirname(os.path.dirname(here))
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([root, here])}})
+    # Our workers live in this test folder, so Ray's workers need it on their path: always start our own
+    # Ray (one left running by another test module would not have it).
+    if ray.is_initialized():
+        ray.shutdown()
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([root, here])}})
     try:
         trainer = tiny_model(seed=0)
         pool = ResourcePool("relay-ray", devices=2)
@@ -34,5 +36,4 @@ def test_push_to_a_ray_group_loads_every_rank():
                 for n, p in trainer.named_parameters():
                     assert torch.equal(got[n], p.detach()), n
     finally:
-        if started:
-            ray.shutdown()
+        ray.shutdown()
