@@ -19,6 +19,8 @@ passing between groups yet).
 """
 from __future__ import annotations
 
+import contextlib
+
 import os
 import threading
 import time
@@ -206,13 +208,9 @@ class RayRanks:
             self.pool.ray_placement = None
             return
         if actors:
-            try:
+            with contextlib.suppress(Exception):  # dead or stuck ranks are killed below
                 ray.get([a.stop.remote() for a in actors], timeout=5.0)
-            except Exception:
-                pass  # dead or stuck ranks are killed below
             for a in actors:
-                try:
+                with contextlib.suppress(Exception):  # already dead
                     ray.kill(a, no_restart=True)
-                except Exception:
-                    pass  # already dead
         _release_placement(self.pool)
