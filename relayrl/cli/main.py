@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -93,7 +92,6 @@ def cmd_eval(args) -> int:
     else:
         from relayrl.data.datasets import DatasetConfig, load_problems
 
-        task = None
         problems = load_problems(DatasetConfig(path=args.data, prompt_key=args.prompt_key, answer_key=args.answer_key))[: args.size]
         reward = RewardEngine(RewardConfig(verifier=args.verifier), task=None)
     from relayrl.data.datasets import encode_prompt

@@ -28,6 +28,7 @@ in that pass.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -108,10 +109,10 @@ class GRPOWorkflow:
 
     def step(self, step: int) -> dict[str, float]:
         """One GRPO/DAPO iteration; returns its metrics."""
-        s, a = self.s, self.cfg.algorithm
+        s = self.s
         t0 = time.perf_counter()
         self._kl_metrics = {}
-        problems, comps, rewards, scores, metrics = self.rollout_and_score(step)
+        problems, comps, rewards, metrics = self.rollout_and_score(step)
         if not comps:
             s.tracker.write_text(f"step {step}: dynamic sampling found no group with differing rewards in "
                                  f"{int(metrics['dapo/rounds'])} rounds; no update this step "
@@ -189,7 +190,7 @@ class GRPOWorkflow:
         metrics.update({"dapo/dropped_groups": float(dropped), "dapo/sampled_groups": float(seen_groups),
                         "dapo/rounds": float(rounds)})
         if not comps:  # every group was uniform in every round: no learning signal in this step
-            return problems, comps, torch.empty(0), torch.empty(0), metrics
+            return problems, comps, torch.empty(0), metrics
         lengths = torch.tensor([len(c.token_ids) for c in comps], dtype=torch.float32)
         truncated = torch.tensor([c.finish_reason == "length" for c in comps])
         scores_t = torch.tensor(scores, dtype=torch.float32)
@@ -204,7 +205,7 @@ class GRPOWorkflow:
             "response/length_max": float(lengths.max()),
             "response/clip_ratio": float(truncated.float().mean()),
         })
-        return problems, comps, rewards, scores_t, metrics
+        return problems, comps, rewards, metrics
 
     def advantages(self, part: str, idx: list[int], rewards: torch.Tensor, comps: list[Completion]) -> list[torch.Tensor]:
         """Per-token advantages (unpadded rows) from the configured estimator."""
@@ -267,8 +268,6 @@ class GRPOWorkflow:
 
 
 def _reindex(c: Completion, prompt_index: int) -> Completion:
-    from dataclasses import replace
-
     return replace(c, prompt_index=prompt_index)
 
 

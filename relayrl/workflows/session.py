@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -218,6 +217,3 @@ class Session:
         export_chrome_trace(self.dir)
         return out
 
-
-def wall() -> float:
-    return time.perf_counter()

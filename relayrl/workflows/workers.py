@@ -119,10 +119,6 @@ class RolloutWorker(WeightReceiverMixin, Worker):
     def update_weights(self, named_tensors, version: int) -> None:
         self.engine.update_weights(named_tensors, version)
 
-    @property
-    def weight_version(self) -> int:
-        return self.engine.weight_version
-
     def rng_state(self) -> torch.Tensor:
         return self.generator.get_state()
 
