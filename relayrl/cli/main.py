@@ -50,22 +50,26 @@ def _final_accuracy(run_dir: Path) -> tuple[float | None, float | None]:
 
 
 def cmd_demo(args) -> int:
-    """SFT warm-up on 1-2 digit sums, then GRPO with the verifier alone on 2-digit sums."""
+    """Pretrain on correct sums, SFT on a careless teacher, then GRPO with the verifier alone."""
     t0 = time.perf_counter()
     root = Path(args.dir)
-    sft_dir, grpo_dir = root / "sft", root / "grpo"
-    print("relayrl demo: 1/2 SFT warm-up on 1-2 digit sums (recipes/arith_sft.yaml)", flush=True)
-    sft = _load(str(RECIPES / "arith_sft.yaml"), [f"run.dir={sft_dir}", *args.overrides_sft])
-    sft_model = _run(sft)
-    print("relayrl demo: 2/2 GRPO on 2-digit sums, verifier reward only (recipes/arith_grpo.yaml)", flush=True)
-    t_rl = time.perf_counter()
-    grpo = _load(str(RECIPES / "arith_grpo.yaml"), [f"run.dir={grpo_dir}", f"trainer.init_from={sft_model}",
-                                                     *args.overrides_grpo])
-    _run(grpo)
-    rl_min = (time.perf_counter() - t_rl) / 60
-    before, after = _final_accuracy(grpo_dir)
+    stages = (
+        ("base", "arith_base.yaml", "pretrain the tiny model on correct 2-digit sums", args.overrides_base),
+        ("sft", "arith_sft.yaml", "SFT on a careless teacher who forgets to carry in 70% of sums", args.overrides_sft),
+        ("grpo", "arith_grpo.yaml", "GRPO on fresh 2-digit sums, the verifier as the only reward", args.overrides_grpo),
+    )
+    model, rl_min = None, 0.0
+    for i, (name, recipe, what, overrides) in enumerate(stages, 1):
+        print(f"relayrl demo: {i}/{len(stages)} {what} (recipes/{recipe})", flush=True)
+        init = [f"trainer.init_from={model}"] if model else []
+        cfg = _load(str(RECIPES / recipe), [f"run.dir={root / name}", *init, *overrides])
+        t = time.perf_counter()
+        model = _run(cfg)
+        rl_min = (time.perf_counter() - t) / 60
+    before, after = _final_accuracy(root / "grpo")
     minutes = (time.perf_counter() - t0) / 60
-    print(f"relayrl demo: GRPO took {rl_min:.1f} min; held-out 2-digit sums, greedy; run dirs under {root}")
+    print(f"relayrl demo: GRPO took {rl_min:.1f} min; greedy accuracy on 200 held-out 2-digit sums that need "
+          f"a carry, before GRPO (the SFT model) and after; run dirs under {root}")
     print(f"demo: accuracy {100 * (before or 0):.1f}% -> {100 * (after or 0):.1f}% in {minutes:.1f} min")
     return 0
 
@@ -127,8 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("overrides", nargs="*", help="dotted.key=value")
     t.set_defaults(fn=cmd_train)
 
-    d = sub.add_parser("demo", help="SFT warm-up, then GRPO on the built-in arithmetic task (tiny model, CPU)")
+    d = sub.add_parser("demo", help="pretrain, SFT on a careless teacher, then GRPO on the built-in arithmetic task")
     d.add_argument("--dir", default="runs/demo")
+    d.add_argument("--base", dest="overrides_base", action="append", default=[], help="override for the pretraining stage")
     d.add_argument("--sft", dest="overrides_sft", action="append", default=[], help="override for the SFT stage")
     d.add_argument("--grpo", dest="overrides_grpo", action="append", default=[], help="override for the GRPO stage")
     d.set_defaults(fn=cmd_demo)

@@ -128,6 +128,8 @@ class TrainerConfig(_Section):
 class EvalConfig(_Section):
     every: int = Field(0, ge=0, description="evaluate every N steps (0: only before and after training)")
     size: int = Field(200, ge=1, description="held-out prompts")
+    stop_at: float | None = Field(None, ge=0.0, le=1.0, description="stop early once held-out accuracy reaches this "
+                                  "(checked at eval steps; the model is saved as at the last step)")
     max_new_tokens: int | None = None
 
 

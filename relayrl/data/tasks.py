@@ -18,7 +18,7 @@ embedded default trains a few-million-parameter model on a laptop CPU.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 __all__ = [
@@ -79,23 +79,42 @@ def _count_carries(a: int, b: int) -> int:
     return carries
 
 
+def _without_carries(a: int, b: int) -> str:
+    """``a + b`` written by a pupil who forgets to carry: columns mod 10, the leftmost column's sum in full."""
+    da, db = str(a)[::-1], str(b)[::-1]
+    width = max(len(da), len(db))
+    cols = [int(da[i] if i < len(da) else 0) + int(db[i] if i < len(db) else 0) for i in range(width)]
+    return str(cols[-1]) + "".join(str(c % 10) for c in reversed(cols[:-1]))
+
+
 @dataclass(frozen=True)
 class ArithmeticTask:
     """Multi-digit addition ``a+b=`` with adjustable difficulty.
 
     ``min_digits``/``max_digits`` bound the number of digits of each operand;
     ``carries`` restricts problems to those without any carry (``"none"``),
-    with at least one (``"some"``) or either (``"any"``);
+    with at least one (``"some"``), with a carry into a column of the operands
+    (``"inner"``: the sum differs from its columns added without carrying,
+    ``56+78`` but not ``50+70``) or either (``"any"``);
     ``carry_free_above=K`` draws problems whose longer operand has more than K
-    digits without carries. The demo's SFT data is ``max_digits=3,
-    carry_free_above=2``: it shows carrying only on 1-2 digit sums, and GRPO
-    must learn 3-digit sums with carries from the verifier alone.
+    digits without carries. ``forget_carry=p`` makes the *training* answers
+    those of a flawed teacher: with probability ``p`` a problem's answer is
+    written the way a pupil who forgets to carry the one writes it (each column
+    summed mod 10, only the leftmost column's overflow kept: ``56+78=124``).
+    The held-out set and the verifier always use the true sum, so SFT on such
+    data imitates the teacher's mistakes and GRPO can learn to carry from the
+    verifier alone (the demo's design). Use it for SFT data only.
+    ``reverse=True`` writes every answer ones digit first (``56+78=431``), the
+    order in which the sum is computed, which small transformers learn several
+    times faster than the usual order.
     """
 
     min_digits: int = 1
     max_digits: int = 3
-    carries: Literal["any", "none", "some"] = "any"
+    carries: Literal["any", "none", "some", "inner"] = "any"
     carry_free_above: int | None = None
+    forget_carry: float = 0.0
+    reverse: bool = False
     eval_size: int = 200
     eval_seed: int = 1234
     name: str = "arith"
@@ -106,10 +125,10 @@ class ArithmeticTask:
                 f"arith task: need 1 <= min_digits <= max_digits <= 18, "
                 f"got min_digits={self.min_digits}, max_digits={self.max_digits}"
             )
-        if self.carries not in ("any", "none", "some"):
-            raise ValueError(f"arith task: carries must be 'any', 'none' or 'some', got {self.carries!r}")
-        if self.carries == "some" and self.max_digits < 1:
-            raise ValueError("arith task: carries='some' needs max_digits >= 1")
+        if self.carries not in ("any", "none", "some", "inner"):
+            raise ValueError(f"arith task: carries must be 'any', 'none', 'some' or 'inner', got {self.carries!r}")
+        if not 0.0 <= self.forget_carry <= 1.0:
+            raise ValueError(f"arith task: forget_carry is a probability in [0, 1], got {self.forget_carry}")
 
     def _operand(self, rng: random.Random) -> int:
         d = rng.randint(self.min_digits, self.max_digits)
@@ -141,11 +160,20 @@ class ArithmeticTask:
                 continue
             if self.carries == "some" and not c:
                 continue
-            return Problem(f"{a}+{b}=", str(a + b), {"a": a, "b": b, "carries": c})
+            answer, careless = str(a + b), _without_carries(a, b)
+            if self.carries == "inner" and careless == answer:
+                continue
+            if self.forget_carry and careless != answer and rng.random() < self.forget_carry:
+                answer = careless
+            true = str(a + b)
+            if self.reverse:
+                answer, true = answer[::-1], true[::-1]
+            return Problem(f"{a}+{b}=", answer, {"a": a, "b": b, "carries": c, "true_answer": true})
         raise RuntimeError(f"arith task: could not draw a problem with carries={self.carries!r}")
 
     def eval_set(self) -> list[Problem]:
-        return _distinct(self, self.eval_size, self.eval_seed)
+        """Held-out problems with their true sums (``forget_carry`` never applies here)."""
+        return _distinct(replace(self, forget_carry=0.0), self.eval_size, self.eval_seed)
 
     def verify(self, response: str, answer: str) -> float:
         return _exact(response, answer)

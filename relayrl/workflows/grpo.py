@@ -100,9 +100,12 @@ class GRPOWorkflow:
             last = step == cfg.trainer.steps
             if (cfg.eval.every and step % cfg.eval.every == 0) or last:
                 metrics.update(self.evaluate(step))
+                last = s.target_reached(step, metrics) or last
             s.log_step(step, metrics, save=self.save)
             if (cfg.run.save_every and step % cfg.run.save_every == 0) or last:
                 self.save(step)
+            if last:
+                break
         out = s.finish(lambda p: self.actor.one("save_pretrained", p))
         self.shutdown()
         return out

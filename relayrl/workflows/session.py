@@ -40,16 +40,18 @@ def resolve_model_path(cfg: Config) -> Path:
 class PromptSource:
     """Training prompts in a reproducible order; :meth:`state` is the data position in checkpoints.
 
-    A built-in task draws fresh problems from a seeded ``random.Random``; a
-    dataset is walked in a per-epoch permutation.
+    A built-in task draws fresh problems from a seeded ``random.Random``,
+    skipping the prompts in ``exclude`` (the held-out set, so that it stays
+    held out); a dataset is walked in a per-epoch permutation.
     """
 
-    def __init__(self, seed: int, *, task=None, problems: list[Problem] | None = None) -> None:
+    def __init__(self, seed: int, *, task=None, problems: list[Problem] | None = None,
+                 exclude: frozenset[str] = frozenset()) -> None:
         if (task is None) == (problems is None):
             raise ValueError("PromptSource needs exactly one of task or problems")
         if problems is not None and not problems:
             raise ValueError("the training dataset is empty")
-        self.task, self.problems, self.seed = task, problems, seed
+        self.task, self.problems, self.seed, self.exclude = task, problems, seed, exclude
         self.rng = random.Random(seed)
         self.epoch, self.pos, self.consumed = 0, 0, 0
         self._order = self._permutation()
@@ -65,7 +67,7 @@ class PromptSource:
         out = []
         for _ in range(n):
             if self.task is not None:
-                out.append(self.task.sample(self.rng))
+                out.append(self._draw())
             else:
                 if self.pos == len(self._order):
                     self.epoch, self.pos = self.epoch + 1, 0
@@ -74,6 +76,14 @@ class PromptSource:
                 self.pos += 1
         self.consumed += n
         return out
+
+    def _draw(self) -> Problem:
+        for _ in range(10_000):
+            p = self.task.sample(self.rng)
+            if p.prompt not in self.exclude:
+                return p
+        raise RuntimeError(f"task {self.task.name!r}: 10,000 draws in a row were held-out prompts; "
+                           f"the task's problem space is too small for its held-out set")
 
     def state(self) -> dict:
         rng = self.rng.getstate()
@@ -104,7 +114,8 @@ class Session:
         self.model_path = resolve_model_path(cfg)
         self.tokenizer = load_tokenizer(self.model_path)
         self.task, train, self.eval_problems = self._data()
-        self.prompts = PromptSource(cfg.run.seed, task=self.task if train is None else None, problems=train)
+        self.prompts = PromptSource(cfg.run.seed, task=self.task if train is None else None, problems=train,
+                                    exclude=frozenset(p.prompt for p in self.eval_problems))
         self.reward = RewardEngine(cfg.reward, task=self.task)
         cuda = cfg.model.device == "cuda" or (cfg.model.device == "auto" and torch.cuda.is_available())
         self.pool = ResourcePool(name="main", devices=1, device_kind="cuda" if cuda else "cpu")
@@ -124,10 +135,17 @@ class Session:
             eval_task = make_task(d.task, **{**d.task_options, **(d.eval_task_options or {}), "eval_size": self.cfg.eval.size})
             return task, None, eval_task.eval_set()
         train = load_problems(DatasetConfig(path=d.path, prompt_key=d.prompt_key, answer_key=d.answer_key))
-        evals = train[: self.cfg.eval.size]
+        size = self.cfg.eval.size
         if d.eval_path:
             evals = load_problems(DatasetConfig(path=d.eval_path, prompt_key=d.prompt_key, answer_key=d.answer_key))
-        return None, train, evals[: self.cfg.eval.size]
+            return None, train, evals[:size]
+        if len(train) >= 2 * size:  # hold out a seeded sample of rows; train on the rest
+            held = set(random.Random(self.cfg.run.seed).sample(range(len(train)), size))
+            self.log(f"relayrl: no data.eval_path; holding out {size} of {len(train)} rows of {d.path} for evaluation")
+            return None, [p for i, p in enumerate(train) if i not in held], [train[i] for i in sorted(held)]
+        self.log(f"relayrl: no data.eval_path and only {len(train)} rows in {d.path}: evaluating on the first "
+                 f"{min(size, len(train))} training rows (not held out); set data.eval_path for a held-out score")
+        return None, train, train[:size]
 
     def encode(self, problem: Problem) -> list[int]:
         """Prompt token ids (chat template applied to chat-message prompts), cached by prompt text."""
@@ -178,6 +196,15 @@ class Session:
         write_report(result, self.dir / "eval", name=name if step is None else f"{name}-step{step:06d}",
                      extra={"step": step, "model": str(self.model_path)})
         return result
+
+    def target_reached(self, step: int, metrics: dict[str, float]) -> bool:
+        """True once ``eval.stop_at`` is set and this step's held-out accuracy reaches it."""
+        target, acc = self.cfg.eval.stop_at, metrics.get("eval/accuracy")
+        if target is None or acc is None or acc < target:
+            return False
+        self.tracker.write_text(f"relayrl: held-out accuracy {acc:.3f} >= eval.stop_at={target} at step {step}; "
+                                f"stopping early")
+        return True
 
     # ---------------------------------------------------------- checkpoints
     def save(self, step: int, policy_state: dict, *, generators: dict[str, Any] | None = None,

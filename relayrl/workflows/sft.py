@@ -69,9 +69,12 @@ def train_sft(cfg: Config) -> Path:
         last = step == cfg.trainer.steps
         if (cfg.eval.every and step % cfg.eval.every == 0) or last:
             metrics.update(evaluate(step))
+            last = s.target_reached(step, metrics) or last
         s.log_step(step, metrics, save=save)
         if (cfg.run.save_every and step % cfg.run.save_every == 0) or last:
             save(step)
+        if last:
+            break
     out = s.finish(lambda p: actor.one("save_pretrained", p))
     actor.shutdown()
     rollout.shutdown()

@@ -180,3 +180,16 @@ def test_same_driver_runs_on_ray(sft_model, tmp_path):
     last = records(tmp_path)[-1]
     assert last["relay/buckets"] >= 1 and last["relay/bytes"] > 1e6
     assert "reward/mean" in last and (tmp_path / "model" / "config.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["arith_base", "arith_grpo"])
+def test_eval_stop_at_ends_the_run_early(tmp_path, sft_model, recipe):
+    init = [f"trainer.init_from={sft_model}"] if recipe == "arith_grpo" else []
+    r = relayrl("train", f"recipes/{recipe}.yaml", "trainer.steps=6", "eval.every=2", "eval.stop_at=0.0",
+                f"run.dir={tmp_path}", *init, *FAST)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [x["step"] for x in records(tmp_path)] == [0, 1, 2]
+    assert "stopping early" in r.stdout + r.stderr
+    assert (tmp_path / "model" / "config.json").exists()
+    assert (tmp_path / "checkpoints").exists()
