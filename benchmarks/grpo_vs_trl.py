@@ -137,18 +137,18 @@ def model_dir(a: argparse.Namespace) -> Path:
 
 
 def sft_warm_start(a: argparse.Namespace, base: Path) -> Path:
-    """``base`` after ``a.sft_steps`` steps of ``recipes/arith_sft.yaml`` (built once, cached by its inputs)."""
+    """``base`` after ``a.sft_steps`` steps of ``recipes/arith_base.yaml`` (built once, cached by its inputs)."""
     import hashlib
 
     from relayrl.models.tiny import default_cache_dir
     from relayrl.workflows.sft import train_sft
 
-    key = hashlib.sha256(f"{base.resolve()}|{a.sft_steps}|{a.seed}".encode()).hexdigest()[:12]
+    key = hashlib.sha256(f"{base.resolve()}|arith_base|{a.sft_steps}|{a.seed}".encode()).hexdigest()[:12]
     run_dir = default_cache_dir() / f"grpo_vs_trl-sft-{key}"
     if (run_dir / "model" / "config.json").is_file():
         return run_dir / "model"
     print(f"grpo_vs_trl: SFT warm start ({a.sft_steps} steps) into {run_dir} ...", flush=True)
-    cfg = load_config(Config, REPO / "recipes" / "arith_sft.yaml", [
+    cfg = load_config(Config, REPO / "recipes" / "arith_base.yaml", [
         f"run.dir={run_dir}", f"run.seed={a.seed}", f"run.threads={a.threads}", f"model.path={base}",
         "model.device=cpu", f"trainer.steps={a.sft_steps}", "eval.every=0", "eval.size=50",
         "telemetry.sinks=[jsonl]", "telemetry.console_table_every=0",
