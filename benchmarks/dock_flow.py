@@ -175,8 +175,8 @@ def step_central(buf, cols) -> Result:
     def ship(d):
         out = {}
         for c, v in d.items():
-            rows, schema = normalize_column(c, v, None)
-            pk = pack(rows, schema)
+            rows, schema, lengths = normalize_column(c, v, None)
+            pk = pack(rows, schema, lengths)
             out[c] = (pk.flat, pk.lengths)
         return out
 

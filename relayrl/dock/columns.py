@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -64,8 +64,18 @@ class PackedColumn:
     schema: ColumnSchema
 
 
-def normalize_column(name: str, values: Any, n_rows: int | None) -> tuple[list[torch.Tensor], ColumnSchema]:
-    """Turn one column of a ``put`` into a list of row tensors and its schema.
+class Rows(NamedTuple):
+    """One column of a ``put`` after :func:`normalize_column`."""
+
+    values: list[torch.Tensor]
+    """one tensor per row (the caller's tensors, or 0-d views)"""
+    schema: ColumnSchema
+    lengths: np.ndarray
+    """``[n]`` int64 row lengths along dim 0 (1 for scalar rows)"""
+
+
+def normalize_column(name: str, values: Any, n_rows: int | None) -> Rows:
+    """Turn one column of a ``put`` into row tensors, their schema and their lengths.
 
     Args:
         name: column name (used in error messages).
@@ -73,7 +83,7 @@ def normalize_column(name: str, values: Any, n_rows: int | None) -> tuple[list[t
             tensor ``[n, ...]`` whose slices along dim 0 are the rows.
         n_rows: expected number of rows, or None to accept any.
     Returns:
-        ``(rows, schema)``; rows are the caller's tensors (no copy) or 0-d views.
+        ``Rows``; the row tensors are the caller's (no copy) or 0-d views.
     """
     if isinstance(values, torch.Tensor):
         if values.dim() == 0:
@@ -82,11 +92,12 @@ def normalize_column(name: str, values: Any, n_rows: int | None) -> tuple[list[t
     elif isinstance(values, (list, tuple)):
         if len(values) == 0:
             raise ValueError(f"column {name!r}: no rows given")
-        if all(isinstance(v, torch.Tensor) for v in values):
+        types = set(map(type, values))
+        if types == {torch.Tensor}:  # the common case, one pass over types only
             rows = list(values)
-        elif all(isinstance(v, numbers.Number) and not isinstance(v, np.generic) for v in values):
+        elif all(issubclass(t, numbers.Number) and not issubclass(t, np.generic) for t in types):
             rows = list(torch.tensor(values).unbind(0))  # Python floats -> default dtype (float32)
-        elif all(isinstance(v, (numbers.Number, np.generic)) for v in values):
+        elif all(issubclass(t, (numbers.Number, np.generic)) for t in types):
             rows = list(torch.as_tensor(np.asarray(values)).unbind(0))
         else:
             rows = []
@@ -105,17 +116,23 @@ def normalize_column(name: str, values: Any, n_rows: int | None) -> tuple[list[t
         raise ValueError(f"column {name!r} has {len(rows)} rows but the put has {n_rows}")
     first = rows[0]
     schema = ColumnSchema(dtype=first.dtype, tail=tuple(first.shape[1:]), scalar=first.dim() == 0)
-    # Set comprehensions keep the common case (all rows alike) cheap; the slow loop only names the culprit.
-    ok = {r.dtype for r in rows} == {schema.dtype} and {r.dim() for r in rows} == {first.dim()}
-    if ok and schema.tail:
-        ok = {tuple(r.shape[1:]) for r in rows} == {schema.tail}
+    # One pass over the rows' shapes and dtypes; the slow loop below only names the culprit.
+    shapes = [r.shape for r in rows]
+    ok = {r.dtype for r in rows} == {schema.dtype}
+    if schema.scalar:
+        ok = ok and not any(shapes)
+        lengths = np.ones(len(rows), dtype=np.int64)
+    else:
+        dims = set(map(len, shapes))
+        ok = ok and dims == {first.dim()} and (not schema.tail or {s[1:] for s in shapes} == {first.shape[1:]})
+        lengths = np.array([s[0] for s in shapes], dtype=np.int64) if ok else None
     if not ok:
         for i, r in enumerate(rows):
             if r.dtype != schema.dtype:
                 raise TypeError(f"column {name!r}, row {i}: dtype {r.dtype} differs from row 0 ({schema.dtype})")
             if (r.dim() == 0) != schema.scalar or (not schema.scalar and tuple(r.shape[1:]) != schema.tail):
                 raise ValueError(f"column {name!r}, row {i}: shape {tuple(r.shape)} does not match row 0 ({schema.describe()})")
-    return rows, schema
+    return Rows(rows, schema, lengths)
 
 
 def row_lengths(rows: Sequence[torch.Tensor], schema: ColumnSchema) -> np.ndarray:
@@ -125,9 +142,9 @@ def row_lengths(rows: Sequence[torch.Tensor], schema: ColumnSchema) -> np.ndarra
     return np.fromiter((r.shape[0] for r in rows), dtype=np.int64, count=len(rows))
 
 
-def pack(rows: Sequence[torch.Tensor], schema: ColumnSchema) -> PackedColumn:
-    """Pack row tensors into one flat CPU numpy buffer + lengths (one copy)."""
-    lengths = row_lengths(rows, schema)
+def pack(rows: Sequence[torch.Tensor], schema: ColumnSchema, lengths: np.ndarray | None = None) -> PackedColumn:
+    """Pack row tensors into one flat CPU numpy buffer + lengths (one copy); ``lengths`` if already known."""
+    lengths = row_lengths(rows, schema) if lengths is None else lengths
     if schema.scalar:
         flat = torch.stack(list(rows)) if rows else torch.empty(0, dtype=schema.dtype)
     else:

@@ -36,7 +36,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from .columns import ColumnSchema, normalize_column, row_lengths
+from .columns import ColumnSchema, Rows, normalize_column
 from .config import DockConfig, DockError, DockWriteError, PartitionClosedError, StageSpec
 from .controller import StageController
 from .loader import Batch, StreamLoader, balance_shards
@@ -188,14 +188,13 @@ class Dock:
         if not data:
             raise ValueError(f"put({partition!r}): no columns given")
         n = None if indexes is None else len(indexes)
-        cols: dict[str, tuple[list[torch.Tensor], ColumnSchema]] = {}
+        cols: dict[str, Rows] = {}
         for name, values in data.items():
-            rows, schema = normalize_column(name, values, n)
-            n = len(rows)
-            cols[name] = (rows, schema)
+            cols[name] = col = normalize_column(name, values, n)
+            n = len(col.values)
         with part.lock:
             self._check_open(part)
-            for name, (_, schema) in cols.items():
+            for name, (_, schema, _) in cols.items():
                 if part.declared is not None and name not in part.declared:
                     raise KeyError(f"put({partition!r}): column {name!r} is not declared (declared: {sorted(part.declared)})")
                 old = part.schemas.get(name)
@@ -223,8 +222,8 @@ class Dock:
                                      "new rows are put without indexes)")
                 if len(np.unique(idx)) != len(idx):
                     raise ValueError(f"put({partition!r}): indexes contain duplicates")
-            for name, (_, schema) in cols.items():
-                part.schemas.setdefault(name, schema)
+            for name, col in cols.items():
+                part.schemas.setdefault(name, col.schema)
         try:
             self._plane.write(part.gen, part.rows, idx, part.owner[idx], cols)
         except DockWriteError as e:
@@ -233,18 +232,18 @@ class Dock:
         self._publish(part, idx, cols)
         return idx.tolist()
 
-    def _publish(self, part: _Partition, idx: np.ndarray, cols: dict[str, tuple[list[torch.Tensor], ColumnSchema]]) -> None:
+    def _publish(self, part: _Partition, idx: np.ndarray, cols: dict[str, Rows]) -> None:
         with part.lock:
             if not part.open:
                 self._plane.drop(part.gen)
                 raise PartitionClosedError(f"partition {part.name!r} was closed while a put was in flight; the rows are dropped")
             news = []
-            for name, (rows, schema) in cols.items():
+            for name, col in cols.items():
                 present = part.present.get(name)
                 if present is None:
                     present = part.present[name] = np.zeros(part.rows, dtype=bool)
                     part.lengths[name] = np.zeros(part.rows, dtype=np.int64)
-                part.lengths[name][idx] = row_lengths(rows, schema)
+                part.lengths[name][idx] = col.lengths
                 new = idx[~present[idx]]
                 present[new] = True
                 news.append((name, new))

@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .columns import ColumnSchema, pack, unpack
+from .columns import ColumnSchema, Rows, pack, unpack
 from .config import DockWriteError
 from .units import LocalUnit, make_ray_unit_class
 
@@ -44,17 +44,17 @@ class LocalPlane:
         self.units = [LocalUnit() for _ in range(n_units)]
 
     def write(self, gen: int, n_rows: int, idx: np.ndarray, owner: np.ndarray,
-              columns: dict[str, tuple[list[torch.Tensor], ColumnSchema]]) -> None:
+              columns: dict[str, Rows]) -> None:
         rows = idx.tolist()
         parts = _split_by_unit(owner, self.n_units)
         for k, pos in parts:
             if len(parts) == 1:
-                for name, (vals, _) in columns.items():
-                    self.units[k].put(gen, name, rows, vals)
+                for name, col in columns.items():
+                    self.units[k].put(gen, name, rows, col.values)
             else:
                 pl = pos.tolist()
-                for name, (vals, _) in columns.items():
-                    self.units[k].put(gen, name, [rows[p] for p in pl], [vals[p] for p in pl])
+                for name, col in columns.items():
+                    self.units[k].put(gen, name, [rows[p] for p in pl], [col.values[p] for p in pl])
 
     def read(self, gen: int, columns: Sequence[str], idx: np.ndarray, owner: np.ndarray,
              schemas: dict[str, ColumnSchema]) -> dict[str, list[torch.Tensor]]:
@@ -95,14 +95,14 @@ class RayPlane:
         ray.get([u.ping.remote() for u in self.units], timeout=timeout_s)
 
     def write(self, gen: int, n_rows: int, idx: np.ndarray, owner: np.ndarray,
-              columns: dict[str, tuple[list[torch.Tensor], ColumnSchema]]) -> None:
+              columns: dict[str, Rows]) -> None:
         refs = []
         parts = _split_by_unit(owner, self.n_units)
         for k, pos in parts:
             pl = pos.tolist()
             packed = {
-                name: pack(vals if len(parts) == 1 else [vals[p] for p in pl], schema)
-                for name, (vals, schema) in columns.items()
+                name: pack(vals, schema, lengths) if len(parts) == 1 else pack([vals[p] for p in pl], schema, lengths[pos])
+                for name, (vals, schema, lengths) in columns.items()
             }
             refs.append(self.units[k].put.remote(gen, n_rows, idx[pos], packed))
         try:
