@@ -105,8 +105,8 @@ class ArithmeticTask:
     data imitates the teacher's mistakes and GRPO can learn to carry from the
     verifier alone (the demo's design). Use it for SFT data only.
     ``reverse=True`` writes every answer ones digit first (``56+78=431``), the
-    order in which the sum is computed, which small transformers learn several
-    times faster than the usual order.
+    order in which the sum is computed (on the tiny default model it was not
+    learned faster than the usual order: measured, 500 SFT steps).
     """
 
     min_digits: int = 1
@@ -160,12 +160,12 @@ class ArithmeticTask:
                 continue
             if self.carries == "some" and not c:
                 continue
-            answer, careless = str(a + b), _without_carries(a, b)
-            if self.carries == "inner" and careless == answer:
+            true = answer = str(a + b)
+            careless = _without_carries(a, b)
+            if self.carries == "inner" and careless == true:
                 continue
-            if self.forget_carry and careless != answer and rng.random() < self.forget_carry:
+            if self.forget_carry and careless != true and rng.random() < self.forget_carry:
                 answer = careless
-            true = str(a + b)
             if self.reverse:
                 answer, true = answer[::-1], true[::-1]
             return Problem(f"{a}+{b}=", answer, {"a": a, "b": b, "carries": c, "true_answer": true})
