@@ -71,6 +71,12 @@ def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
+        squashed = [k for k, v in value.items() if v is None and isinstance(k, str) and ":" in k] \
+            if isinstance(value, dict) else []
+        if squashed:  # {a:1} is YAML for {"a:1": null}
+            raise ConfigError(f"override {item!r}: YAML needs a space after the colon in a mapping "
+                              f"({squashed[0]!r} reads as one key); write {key}={{{squashed[0].replace(':', ': ', 1)}}} "
+                              f"or {key}.{squashed[0].split(':', 1)[0]}={squashed[0].split(':', 1)[1]}")
         node = out
         parts = key.split(".")
         for i, part in enumerate(parts[:-1]):
@@ -106,7 +112,7 @@ def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
 def _format(err: ValidationError, model: type[BaseModel]) -> str:
     lines = []
     for e in err.errors():
-        loc = tuple(p for p in e["loc"] if not isinstance(p, int) or True)
+        loc = tuple(e["loc"])
         key = ".".join(str(p) for p in loc) or "<root>"
         if e["type"] == "extra_forbidden":
             known = _fields_at(model, loc)

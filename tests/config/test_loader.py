@@ -1,0 +1,74 @@
+"""Recipes, overrides and validation: every error names the key path and the fix."""
+
+from pathlib import Path
+
+import pytest
+
+from relayrl.config.loader import ConfigError, apply_overrides, load_config
+from relayrl.config.schema import Config
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+
+
+def _errors(*overrides, recipe=None) -> str:
+    with pytest.raises(ConfigError) as e:
+        load_config(Config, recipe, list(overrides))
+    return str(e.value)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in RECIPES.glob("*.yaml")))
+def test_every_shipped_recipe_validates(name):
+    cfg = load_config(Config, RECIPES / name, [])
+    assert cfg.workflow in ("sft", "grpo")
+
+
+def test_base_recipe_is_merged_under_the_diff():
+    dapo = load_config(Config, RECIPES / "arith_dapo.yaml", [])
+    grpo = load_config(Config, RECIPES / "arith_grpo.yaml", [])
+    assert dapo.algorithm.clip_high == 0.28 and dapo.algorithm.dynamic_sampling
+    assert dapo.engine.optim.lr == grpo.engine.optim.lr and dapo.data == grpo.data
+
+
+def test_overrides_parse_yaml_values_and_nest():
+    cfg = load_config(Config, RECIPES / "arith_grpo.yaml",
+                      ["trainer.steps=3", "engine.optim.lr=1e-4", "telemetry.sinks=[jsonl]", "eval.stop_at=0.5",
+                       "data.task_options.forget_carry=0.2", "run.dir=/tmp/x"])
+    assert cfg.trainer.steps == 3 and cfg.engine.optim.lr == 1e-4 and cfg.eval.stop_at == 0.5
+    assert cfg.data.task_options == {"min_digits": 2, "max_digits": 2, "forget_carry": 0.2}
+    assert str(cfg.run.dir) == "/tmp/x"
+
+
+def test_unknown_key_suggests_the_close_one():
+    assert "trainer.stepz: unknown key; did you mean trainer.steps?" in _errors("trainer.stepz=3")
+    msg = _errors("eval.zzz=1")
+    assert "eval.zzz: unknown key; valid keys here:" in msg and "stop_at" in msg
+
+
+def test_bad_values_name_their_path():
+    assert "rollout.temperature" in _errors("rollout.temperature=-1")
+    assert "eval.stop_at" in _errors("eval.stop_at=1.5")
+    assert "algorithm.loss_agg='mean'" in _errors("algorithm.loss_agg=mean")
+    assert "rollout.n >= 2" in _errors("rollout.n=1")
+    assert "overlong_cache=8 must be < rollout.max_new_tokens=8" in _errors(
+        "algorithm.overlong_shaping=true", "algorithm.overlong_cache=8", "rollout.max_new_tokens=8")
+
+
+def test_malformed_overrides():
+    with pytest.raises(ConfigError, match="must look like key.path=value"):
+        apply_overrides({}, ["trainer.steps"])
+    with pytest.raises(ConfigError, match="empty key part"):
+        apply_overrides({}, ["trainer..steps=3"])
+    with pytest.raises(ConfigError, match="trainer.steps is a value, not a section"):
+        apply_overrides({"trainer": {"steps": 3}}, ["trainer.steps.x=1"])
+    with pytest.raises(ConfigError, match=r"space after the colon.*data.task_options.min_digits=2"):
+        apply_overrides({}, ["data.task_options={min_digits:2,max_digits:2}"])
+
+
+def test_recipe_file_errors(tmp_path):
+    assert "does not exist" in _errors(recipe=tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer: [1, 2\n")
+    assert "not valid YAML" in _errors(recipe=bad)
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    assert "base chain loops" in _errors(recipe=tmp_path / "a.yaml")
