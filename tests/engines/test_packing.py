@@ -13,14 +13,6 @@ from relayrl.workflows.losses import PolicyLoss
 V = 97
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Two threads on a shared 2-core machine oversubscribe badly; these models are tiny anyway.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def _model(attn="sdpa", seed=0, **kw):
     torch.manual_seed(seed)

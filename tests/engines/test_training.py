@@ -8,14 +8,6 @@ from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngi
 from relayrl.workflows.losses import PolicyLoss, SFTLoss
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Default threads on a shared 2-core machine oversubscribe (this file took ~65 s instead of ~8 s).
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def _batch(tok, n=6):
     prompts = ["1+2=", "123+456=", "sort 5 12 9 =", "77+1=", "9+9=", "countdown 3 7 5 -> 9 :"][:n]
