@@ -34,7 +34,6 @@ import threading
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-import torch
 
 from .columns import ColumnSchema, Rows, normalize_column
 from .config import DockConfig, DockError, DockWriteError, PartitionClosedError, StageSpec
