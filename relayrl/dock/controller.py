@@ -72,6 +72,7 @@ class _PartState:
     need: int
     lengths: dict[str, np.ndarray]  # shared with the partition: row lengths per column
     token_columns: tuple[str, ...]
+    owner: np.ndarray | None = None  # row -> storage unit, shared with the partition (None: one unit)
     count: np.ndarray = field(init=False)
     unit_ready: np.ndarray = field(init=False)
     unit_unacked: np.ndarray = field(init=False)
@@ -130,10 +131,13 @@ class StageController:
         self._parts: dict[int, _PartState] = {}
 
     # --- partitions -------------------------------------------------------------------
-    def attach(self, gen: int, rows: int, group_size: int, present: dict[str, np.ndarray], lengths: dict[str, np.ndarray]) -> None:
+    def attach(self, gen: int, rows: int, group_size: int, present: dict[str, np.ndarray], lengths: dict[str, np.ndarray],
+               owner: np.ndarray | None = None) -> None:
         """Start tracking a partition generation; ``present`` seeds readiness from rows already written.
 
-        The caller holds the partition's lock, so no write is published meanwhile.
+        ``owner`` (row -> storage unit) lets a grant prefer rows of one storage
+        unit, so that reading a batch is one request. The caller holds the
+        partition's lock, so no write is published meanwhile.
         """
         st = _PartState(
             rows=rows,
@@ -141,6 +145,7 @@ class StageController:
             need=len(self._need),
             lengths=lengths,
             token_columns=self.spec.token_columns,
+            owner=owner,
         )
         with self._cond:
             self._parts[gen] = st
@@ -253,7 +258,23 @@ class StageController:
                     )
                 self._cond.wait(None if not wake else max(0.0, min(wake) - now))
 
+    @staticmethod
+    def _home_first(st: _PartState) -> None:
+        """Reorder the ready queue: units stored where the oldest one is come first, the rest keep FIFO order.
+
+        The head stays the oldest ready unit, so no unit waits forever; a batch
+        then reads from as few storage units as readiness allows.
+        """
+        if st.owner is None or len(st.ready) < 2:
+            return
+        queued = np.fromiter(st.ready, dtype=np.int64, count=len(st.ready))
+        where = st.owner[queued * st.unit_size]
+        away = where != where[0]
+        if away.any():
+            st.ready = deque(queued[np.argsort(away, kind="stable")].tolist())
+
     def _grant(self, st: _PartState, consumer: str, n_units: int | None, max_tokens: int | None, now: float) -> Grant:
+        self._home_first(st)
         units: list[int] = []
         rows: list[int] = []
         tokens = 0

@@ -172,7 +172,8 @@ class Dock:
 
     def _attach(self, ctl: StageController, part: _Partition) -> None:
         self._check_columns(part, ctl.spec.stage, ctl.spec.columns)
-        ctl.attach(part.gen, part.rows, part.group_size, part.present, part.lengths)
+        ctl.attach(part.gen, part.rows, part.group_size, part.present, part.lengths,
+                   owner=part.owner if self._plane.n_units > 1 else None)
 
     # --- writes -----------------------------------------------------------------------
     def put(self, partition: str, data: Mapping[str, Any], indexes: Sequence[int] | None = None) -> list[int]:

@@ -139,3 +139,13 @@ def test_puts_are_spread_over_units():
     assert [len(u._data[1]["x"]) for u in d._plane.units] == [3, 3, 3]
     got = d.get("p", [8, 0, 4], ["x"])  # one read spanning all units, in request order
     assert got.indexes == [8, 0, 4] and all(torch.equal(v, torch.ones(2)) for v in got["x"])
+
+
+def test_batches_read_from_one_storage_unit_when_readiness_allows():
+    d = Dock(units=2)
+    d.open_partition("p", rows=16)
+    for _ in range(4):  # puts of 4 rows alternate between the two units: rows 0-3 u0, 4-7 u1, 8-11 u0, 12-15 u1
+        d.put("p", {"x": [torch.ones(1)] * 4})
+    batches = [b.indexes for b in d.stream("p", stage="s", columns=["x"], batch_size=8, auto_ack=True)]
+    assert [sorted(b) for b in batches] == [[0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]]
+    assert batches[0][0] == 0  # the oldest ready row still goes first
