@@ -278,6 +278,11 @@ class StageController:
         units: list[int] = []
         rows: list[int] = []
         tokens = 0
+        if max_tokens is None and n_units is not None and st.unit_size == 1:  # a row count only: no budget check
+            pop, drop = st.ready.popleft, st.unit_tokens.pop
+            units = [pop() for _ in range(min(n_units, len(st.ready)))]
+            rows = list(units)  # a queued single row is never acknowledged
+            st.ready_tokens -= sum(drop(u, 0) for u in units)
         while st.ready and (n_units is None or len(units) < n_units):
             u = st.ready[0]
             t = st.unit_tokens.pop(u, 0)

@@ -11,8 +11,9 @@ request to each unit that holds some of the requested rows, all concurrently.
 Ray actor per unit (spread over nodes with Ray's ``SPREAD`` strategy, which
 gives one unit per node when ``units`` equals the node count); a put packs
 each column's rows into one flat numpy buffer + lengths per unit, sends all
-units' shares concurrently and returns only after every unit has confirmed
-(or raises ``DockWriteError``); a read asks all units concurrently and
+units' shares concurrently (puts that meet at a busy unit share one call, see
+``wire.py``) and returns only after every unit has confirmed (or raises
+``DockWriteError``); a read asks all units concurrently and
 rebuilds rows as views of one writable buffer per column and unit.
 """
 
@@ -26,6 +27,7 @@ import torch
 from .columns import ColumnSchema, Rows, pack, unpack
 from .config import DockWriteError
 from .units import LocalUnit, make_ray_unit_class
+from .wire import UnitWriter
 
 
 def _split_by_unit(owner: np.ndarray, n_units: int) -> list[tuple[int, np.ndarray]]:
@@ -76,7 +78,7 @@ class LocalPlane:
             u.drop(gen)
 
     def shutdown(self) -> None:
-        self.units = []
+        self.units, self.writers = [], []
 
 
 class RayPlane:
@@ -93,10 +95,11 @@ class RayPlane:
         actor = make_ray_unit_class()
         self.units = [actor.options(scheduling_strategy="SPREAD").remote() for _ in range(n_units)]
         ray.get([u.ping.remote() for u in self.units], timeout=timeout_s)
+        self.writers = [UnitWriter(u, ray, timeout_s) for u in self.units]
 
     def write(self, gen: int, n_rows: int, idx: np.ndarray, owner: np.ndarray,
               columns: dict[str, Rows]) -> None:
-        refs = []
+        tickets = []
         parts = _split_by_unit(owner, self.n_units)
         for k, pos in parts:
             pl = pos.tolist()
@@ -104,9 +107,10 @@ class RayPlane:
                 name: pack(vals, schema, lengths) if len(parts) == 1 else pack([vals[p] for p in pl], schema, lengths[pos])
                 for name, (vals, schema, lengths) in columns.items()
             }
-            refs.append(self.units[k].put.remote(gen, n_rows, idx[pos], packed))
+            tickets.append((self.writers[k], self.writers[k].submit(gen, n_rows, idx[pos], packed)))
         try:
-            self._ray.get(refs, timeout=self.timeout_s)
+            for writer, t in tickets:
+                writer.wait(t)
         except Exception as e:  # noqa: BLE001 - any failure means the rows are not stored
             raise DockWriteError(f"put of {len(idx)} rows (columns {list(columns)}) was not stored: {e!r}") from e
 
@@ -131,4 +135,4 @@ class RayPlane:
     def shutdown(self) -> None:
         for u in self.units:
             self._ray.kill(u)
-        self.units = []
+        self.units, self.writers = [], []

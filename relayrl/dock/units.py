@@ -8,7 +8,8 @@ knows nothing of readiness or consumption (that is the controllers' job).
   serialization and no copy, so the embedded default stays in the
   microsecond range per row and CUDA tensors stay on their device.
 * ``RayUnit`` is the body of a Ray actor. Rows arrive packed (one flat numpy
-  buffer + lengths per column, see ``columns.py``) and are kept packed as
+  buffer + lengths per column, see ``columns.py``; several puts per call, see
+  ``wire.py``) and are kept packed as
   received chunks with per-row offsets; a read concatenates the requested
   slices into one buffer per column. The actor reserves no CPU
   (``num_cpus=0``), unlike TransferQueue's units, so it never starves a small
@@ -17,12 +18,13 @@ knows nothing of readiness or consumption (that is the controllers' job).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 
 from .columns import PackedColumn
+from .wire import decode
 
 
 class LocalUnit:
@@ -112,6 +114,10 @@ class RayUnit:
                 store = part[name] = _PackedStore(n_rows, packed)
             store.add(rows, packed)
         return len(rows)
+
+    def put_many(self, head: list, inline: bool, *args: Any) -> int:
+        """Store the writes of one group-committed call (see ``wire.py``); returns rows stored."""
+        return sum(self.put(*w) for w in decode(head, args if inline else args[0]))
 
     def get(self, gen: int, columns: Sequence[str], rows: np.ndarray) -> dict[str, PackedColumn]:
         part = self._data.get(gen, {})

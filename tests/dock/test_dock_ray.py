@@ -62,3 +62,26 @@ def test_put_to_dead_unit_raises(ray_cluster):
     with pytest.raises(KeyError, match="not been written"):
         d.get("p", [0], ["x"])  # nothing was published
     d._plane.units = d._plane.units[1:]
+
+
+def test_concurrent_puts_to_one_unit_keep_their_rows(ray_cluster):
+    import threading
+
+    d = Dock(units=1, backend="ray")
+    d.open_partition("g", rows=64)
+    out: dict[int, list[int]] = {}
+
+    def producer(p):
+        out[p] = d.put("g", {"x": [torch.full((p + 1,), float(p))] * 8})
+
+    for _ in range(2):  # new rows, then the same threads again
+        threads = [threading.Thread(target=producer, args=(p,)) for p in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        got = d.get("g", [i for p in range(4) for i in out[p]], ["x"])
+        vals = got["x"]
+        assert [int(v[0]) for v in vals] == [p for p in range(4) for _ in range(8)]
+        assert [len(v) for v in vals] == [p + 1 for p in range(4) for _ in range(8)]
+    d.shutdown()
