@@ -54,12 +54,14 @@ class PackedColumn:
     """Rows of one column packed for transfer.
 
     Attributes:
-        flat: ``[sum(lengths), *tail]`` (or ``[n]`` for scalars), numpy.
+        flat: ``[sum(lengths), *tail]`` (or ``[n]`` for scalars), numpy; on the
+            way back from a unit, possibly a list of such buffers to read back to
+            back (the unit does not join them: unpacking copies once anyway).
         lengths: ``[n]`` int64, row lengths along dim 0 (1 for scalars).
         schema: the column's schema, used to rebuild rows.
     """
 
-    flat: np.ndarray
+    flat: np.ndarray | list[np.ndarray]
     lengths: np.ndarray
     schema: ColumnSchema
 
@@ -155,12 +157,12 @@ def pack(rows: Sequence[torch.Tensor], schema: ColumnSchema, lengths: np.ndarray
     return PackedColumn(flat=flat.numpy(), lengths=lengths, schema=schema)
 
 
-def flat_tensor(packed: PackedColumn, copy: bool = True) -> torch.Tensor:
-    """The packed buffer as a torch tensor of the column's dtype.
-
-    ``copy=True`` makes it writable (buffers from Ray's object store are read-only).
-    """
-    arr = np.array(packed.flat, copy=True) if copy or not packed.flat.flags.writeable else packed.flat
+def flat_tensor(packed: PackedColumn) -> torch.Tensor:
+    """The packed buffer as one writable torch tensor of the column's dtype (always a fresh copy:
+    buffers from Ray's object store are read-only). ``packed.flat`` may be a list of buffers, which
+    are joined by the same copy."""
+    flat = packed.flat
+    arr = np.concatenate(flat) if isinstance(flat, list) else np.array(flat, copy=True)
     t = torch.from_numpy(arr)
     if packed.schema.dtype in _VIEW_AS:
         t = t.view(packed.schema.dtype)
@@ -173,12 +175,3 @@ def unpack(packed: PackedColumn) -> list[torch.Tensor]:
     if packed.schema.scalar:
         return list(flat.unbind(0))
     return list(flat.split(packed.lengths.tolist()))
-
-
-def concat_packed(parts: Sequence[PackedColumn], schema: ColumnSchema) -> PackedColumn:
-    """Concatenate packed pieces of one column (rows in the given order)."""
-    if len(parts) == 1:
-        return parts[0]
-    flat = np.concatenate([p.flat for p in parts]) if parts else np.empty(0)
-    lengths = np.concatenate([p.lengths for p in parts]) if parts else np.empty(0, dtype=np.int64)
-    return PackedColumn(flat=flat, lengths=lengths, schema=schema)

@@ -9,11 +9,10 @@ knows nothing of readiness or consumption (that is the controllers' job).
   microsecond range per row and CUDA tensors stay on their device.
 * ``RayUnit`` is the body of a Ray actor. Rows arrive packed (one flat numpy
   buffer + lengths per column, see ``columns.py``; several puts per call, see
-  ``wire.py``) and are kept packed as
-  received chunks with per-row offsets; a read concatenates the requested
-  slices into one buffer per column. The actor reserves no CPU
-  (``num_cpus=0``), unlike TransferQueue's units, so it never starves a small
-  Ray cluster.
+  ``wire.py``) and are kept packed as received chunks with per-row offsets; a
+  read returns the requested slices of each column, which the reader joins with
+  the one copy it makes anyway. The actor reserves no CPU (``num_cpus=0``),
+  unlike TransferQueue's units, so it never starves a small Ray cluster.
 """
 
 from __future__ import annotations
@@ -93,8 +92,7 @@ class _PackedStore:
         lo = np.concatenate([[0], cut])
         hi = np.concatenate([cut, [len(rows)]])
         runs = [self.chunks[c][s:e] for c, s, e in zip(ch[lo].tolist(), st[lo].tolist(), sp[hi - 1].tolist())]
-        flat = runs[0] if len(runs) == 1 else np.concatenate(runs)
-        return PackedColumn(flat=flat, lengths=lengths, schema=self.schema)
+        return PackedColumn(flat=runs[0] if len(runs) == 1 else runs, lengths=lengths, schema=self.schema)
 
 
 class RayUnit:

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from relayrl.dock.columns import concat_packed, normalize_column, pack, unpack
+from relayrl.dock.columns import PackedColumn, normalize_column, pack, unpack
 
 
 def test_ragged_pack_round_trip_is_unpadded():
@@ -30,11 +30,16 @@ def test_scalar_and_tail_shapes_and_bfloat16():
     assert back[1].dtype == torch.bfloat16 and torch.equal(back[1], hid[1])
 
 
-def test_concat_packed_keeps_order():
+def test_unpack_joins_buffers_read_back_to_back():
     a, s, _ = normalize_column("x", [torch.ones(2), torch.zeros(1)], None)
     b, _, _ = normalize_column("x", [torch.full((3,), 7.0)], None)
-    both = concat_packed([pack(a, s), pack(b, s)], s)
-    assert [r.tolist() for r in unpack(both)] == [[1.0, 1.0], [0.0], [7.0, 7.0, 7.0]]
+    pa, pb = pack(a, s), pack(b, s)
+    pa.flat.flags.writeable = False  # as received from Ray's object store
+    both = PackedColumn(flat=[pa.flat, pb.flat], lengths=np.concatenate([pa.lengths, pb.lengths]), schema=s)
+    rows = unpack(both)
+    assert [r.tolist() for r in rows] == [[1.0, 1.0], [0.0], [7.0, 7.0, 7.0]]
+    rows[0][0] = 5.0  # a fresh, writable copy
+    assert pa.flat[0] == 1.0
 
 
 @pytest.mark.parametrize(
