@@ -16,13 +16,16 @@ Systems, same workload, same process, same Ray cluster:
   columns as jagged nested tensors.
 
 Put time is the wall time of all four producers; get time the wall time of
-the update stage's loop. Figures are printed, not asserted. Run:
+the update stage's loop; "busy" the machine's CPU time over the step's wall
+time (all processes: driver, Ray, units), which shows when the machine rather
+than the store limits a step. Figures are printed, not asserted. Run:
 ``.venv/bin/python benchmarks/dock_flow.py [--steps 3]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import threading
 import time
@@ -62,6 +65,17 @@ def nbytes(cols: dict[str, list[torch.Tensor]]) -> int:
     return sum(t.numel() * t.element_size() for v in cols.values() for t in v)
 
 
+def busy_cpu_s() -> float | None:
+    """CPU seconds all processes of this machine have used since boot (Linux ``/proc/stat``), else None."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 @dataclass
 class Result:
     name: str
@@ -69,6 +83,7 @@ class Result:
     get_s: float
     put_lat: list[float] = field(default_factory=list)
     get_lat: list[float] = field(default_factory=list)
+    cores: float | None = None  # machine-wide CPU seconds per wall second during the step
 
     @property
     def total(self) -> float:
@@ -247,7 +262,11 @@ def measure_all(systems: list[tuple[str, str, object]], steps: int) -> dict[str,
         fn(-1)
     for s in range(steps):
         for key, _, fn in systems:
-            runs[key].append(fn(s))
+            c0, t0 = busy_cpu_s(), time.perf_counter()
+            r = fn(s)
+            c1, t1 = busy_cpu_s(), time.perf_counter()
+            r.cores = None if c0 is None else (c1 - c0) / (t1 - t0)
+            runs[key].append(r)
     out = {}
     for key, name, _ in systems:
         r = sorted(runs[key], key=lambda r: r.total)[len(runs[key]) // 2]
@@ -257,12 +276,16 @@ def measure_all(systems: list[tuple[str, str, object]], steps: int) -> dict[str,
 
 
 def report(r: Result, mb: float) -> None:
+    # Cores kept busy (machine-wide CPU time over the step's wall time): near the core count, the
+    # machine, not the store, limits the step, and more storage units cannot make it faster.
+    cores = "" if r.cores is None else f" | busy {r.cores:4.2f} of {os.cpu_count()} cores"
+
     def lat(xs):
         return f"{1e3 * statistics.mean(xs):7.2f} / {1e3 * sorted(xs)[int(0.95 * (len(xs) - 1))]:7.2f}"
 
     print(f"{r.name:<26} put {r.put_s:6.3f}s {ROWS / r.put_s:8.0f} rows/s {mb / r.put_s:7.1f} MB/s | "
           f"get {r.get_s:6.3f}s {ROWS / r.get_s:8.0f} rows/s {mb / r.get_s:7.1f} MB/s | "
-          f"put call ms mean/p95 {lat(r.put_lat)} | get call ms {lat(r.get_lat)} | total {r.total:6.3f}s")
+          f"put call ms mean/p95 {lat(r.put_lat)} | get call ms {lat(r.get_lat)} | total {r.total:6.3f}s{cores}")
 
 
 def main() -> None:
