@@ -95,7 +95,7 @@ class GRPOWorkflow:
         s.open_telemetry(cfg.trainer.steps, KEY_METRICS)
         if s.start_step == 0:
             s.tracker.log(0, self.evaluate(0))
-        for step in range(s.start_step + 1, cfg.trainer.steps + 1):
+        for step in s.steps():
             metrics = self.step(step)
             last = step == cfg.trainer.steps
             if (cfg.eval.every and step % cfg.eval.every == 0) or last:

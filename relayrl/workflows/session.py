@@ -122,6 +122,7 @@ class Session:
         self.ckpt = CheckpointManager(self.dir / "checkpoints", keep=cfg.run.keep_checkpoints)
         self.plan = resume_from(self.dir / "checkpoints", cfg.run.resume)
         self.start_step = 0
+        self.stopped_early: dict | None = None  # {"step", "accuracy", "stop_at"} once eval.stop_at was reached
         self._encode_cache: dict[str, list[int]] = {}
         (self.dir / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
 
@@ -204,7 +205,24 @@ class Session:
             return False
         self.tracker.write_text(f"relayrl: held-out accuracy {acc:.3f} >= eval.stop_at={target} at step {step}; "
                                 f"stopping early")
+        self.stopped_early = {"step": step, "accuracy": acc, "stop_at": target}
         return True
+
+    def steps(self) -> range:
+        """The steps left to train: after the resumed step, up to ``trainer.steps``; none when the resumed
+        run had stopped early at a held-out accuracy that still meets ``eval.stop_at``."""
+        stop = self.stopped_early
+        if stop is not None:
+            target = self.cfg.eval.stop_at
+            if target is not None and stop["accuracy"] >= target:
+                self.log(f"relayrl: the run stopped early at step {stop['step']} (held-out accuracy "
+                         f"{stop['accuracy']:.3f} >= eval.stop_at={target}); nothing left to train. Raise "
+                         f"eval.stop_at (or unset it) to train on")
+                return range(0)
+            self.log(f"relayrl: the run had stopped early at step {stop['step']} (accuracy {stop['accuracy']:.3f} >= "
+                     f"its eval.stop_at={stop['stop_at']}); eval.stop_at is now {target}: training on")
+            self.stopped_early = None
+        return range(self.start_step + 1, self.cfg.trainer.steps + 1)
 
     # ---------------------------------------------------------- checkpoints
     def save(self, step: int, policy_state: dict, *, generators: dict[str, Any] | None = None,
@@ -215,7 +233,8 @@ class Session:
             model_state=policy_state["model"],
             optimizer_state=policy_state.get("optimizer"),
             scheduler_state=policy_state.get("scheduler"),
-            trainer_state={"step": step, "data": self.prompts.state(), **(extra_state or {})},
+            trainer_state={"step": step, "data": self.prompts.state(), "stopped_early": self.stopped_early,
+                           **(extra_state or {})},
             rng_state=rng,
             config=self.cfg.model_dump(mode="json"),
         )
@@ -228,6 +247,7 @@ class Session:
         ck = self.ckpt.load(self.plan.path, expected_shapes=expected_shapes)
         self.prompts.load_state(ck.trainer_state["data"])
         self.start_step = ck.step
+        self.stopped_early = ck.trainer_state.get("stopped_early")
         return ck
 
     def restore_rng(self, ck, generators: dict[str, Any] | None = None) -> None:

@@ -53,7 +53,7 @@ def train_sft(cfg: Config) -> Path:
     s.open_telemetry(cfg.trainer.steps, KEY_METRICS)
     if s.start_step == 0:
         s.tracker.log(0, evaluate(0))
-    for step in range(s.start_step + 1, cfg.trainer.steps + 1):
+    for step in s.steps():
         t0 = time.perf_counter()
         problems = s.prompts.take(cfg.trainer.batch_size)
         batch = SequenceBatch(

@@ -193,3 +193,17 @@ def test_eval_stop_at_ends_the_run_early(tmp_path, sft_model, recipe):
     assert "stopping early" in r.stdout + r.stderr
     assert (tmp_path / "model" / "config.json").exists()
     assert (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_resume_after_an_early_stop_trains_only_if_the_target_was_raised(tmp_path):
+    args = ["recipes/arith_base.yaml", "trainer.steps=6", "eval.every=2", f"run.dir={tmp_path}", "run.resume=auto", *FAST]
+    assert relayrl("train", *args, "eval.stop_at=0.0").returncode == 0
+    r = relayrl("train", *args, "eval.stop_at=0.0")  # same target: the run is complete
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "nothing left to train" in r.stdout + r.stderr
+    assert [x["step"] for x in records(tmp_path)] == [0, 1, 2]
+    r = relayrl("train", *args, "eval.stop_at=1.0")  # a target the tiny model does not reach: train on
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "training on" in r.stdout + r.stderr
+    assert [x["step"] for x in records(tmp_path)][-1] == 6
