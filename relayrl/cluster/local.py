@@ -30,7 +30,7 @@ from typing import Any
 
 from relayrl.cluster.config import ClusterConfig
 from relayrl.cluster.errors import WorkerError
-from relayrl.cluster.rank import SHUTDOWN, START_CALL, Reply, StartSpec, free_port, rank_process_main
+from relayrl.cluster.rank import SHUTDOWN, START_CALL, Replies, Reply, StartSpec, free_port, rank_process_main
 from relayrl.cluster.worker import RankInfo, construct_worker
 
 Payload = tuple[tuple, dict]
@@ -166,20 +166,18 @@ class ProcessRanks:
     def _collect(self, call_id: int, ranks: list[int], method: str, deadline: float | None) -> list[Any]:
         """Wait for one reply per rank (results in `ranks` order). The first error
         or death raises; after an error the other ranks get `error_grace_s`."""
-        pending = set(ranks)
-        results: dict[int, Any] = {}
-        first_error: WorkerError | None = None
-        while pending:
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        replies = Replies(self.group, method, ranks, deadline, self.cfg.error_grace_s)
+        while replies.pending:
+            timeout = replies.timeout()
             if timeout == 0.0:
                 break
             waitables = {}
-            for r in pending:
+            for r in replies.pending:
                 waitables[self.conns[r]] = r
                 waitables[self.procs[r].sentinel] = r
             for obj in mp_wait(list(waitables), timeout=timeout):
                 r = waitables[obj]
-                if r not in pending:
+                if r not in replies.pending:
                     continue
                 conn = self.conns[r]
                 try:
@@ -193,21 +191,11 @@ class ProcessRanks:
                     continue
                 if reply.call_id != call_id:
                     continue  # a late reply of an earlier, failed call
-                pending.discard(r)
-                if reply.ok:
-                    results[r] = reply.value
-                elif first_error is None:
-                    first_error = WorkerError(self.group, r, method, reply.traceback)
-                    deadline = time.monotonic() + self.cfg.error_grace_s
-        if first_error is not None:
-            if pending:
-                self.broken = f"rank {first_error.rank} failed in {method!r} while ranks {sorted(pending)} did not answer"
-            raise first_error
-        if pending:
-            r = min(pending)
-            self.broken = f"rank {r} did not start"
-            raise WorkerError(self.group, r, method, f"no reply within {self.cfg.start_timeout_s} s")
-        return [results[r] for r in ranks]
+                replies.add(r, reply)
+        try:
+            return replies.outcome(self.cfg.start_timeout_s)
+        finally:
+            self.broken = replies.broken or self.broken
 
     def shutdown(self) -> None:
         for conn in self.conns:

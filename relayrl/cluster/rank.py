@@ -15,11 +15,13 @@ import os
 import pickle
 import socket
 import sys
+import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from relayrl.cluster.errors import WorkerError
 from relayrl.cluster.worker import RankInfo, construct_worker
 
 START_CALL = -1  # call id of the start-up reply
@@ -37,6 +39,47 @@ class Reply:
     """The method's return value when `ok`."""
     traceback: str = ""
     """Formatted remote traceback when not `ok`."""
+
+
+class Replies:
+    """One call's replies, one per rank, as the driver collects them (both backends).
+
+    The first error starts a grace period of ``grace_s`` for the other ranks;
+    :meth:`outcome` returns the results in rank order or raises. ``broken`` is
+    set when the group can no longer be trusted (a rank never answered).
+    """
+
+    def __init__(self, group: str, method: str, ranks: list[int], deadline: float | None, grace_s: float) -> None:
+        self.group, self.method, self.ranks, self.deadline, self.grace_s = group, method, ranks, deadline, grace_s
+        self.pending = set(ranks)
+        self.results: dict[int, Any] = {}
+        self.first_error: WorkerError | None = None
+        self.broken: str | None = None
+
+    def timeout(self) -> float | None:
+        """Seconds left to wait (None: no limit)."""
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def add(self, rank: int, reply: Reply) -> None:
+        self.pending.discard(rank)
+        if reply.ok:
+            self.results[rank] = reply.value
+        elif self.first_error is None:
+            self.first_error = WorkerError(self.group, rank, self.method, reply.traceback)
+            self.deadline = time.monotonic() + self.grace_s
+
+    def outcome(self, start_timeout_s: float) -> list[Any]:
+        """Results in rank order; else the first error, or the first rank that did not answer, raises."""
+        if self.first_error is not None:
+            if self.pending:
+                self.broken = (f"rank {self.first_error.rank} failed in {self.method!r} while ranks "
+                               f"{sorted(self.pending)} did not answer")
+            raise self.first_error
+        if self.pending:
+            r = min(self.pending)
+            self.broken = f"rank {r} did not start"
+            raise WorkerError(self.group, r, self.method, f"no reply within {start_timeout_s} s")
+        return [self.results[r] for r in self.ranks]
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from relayrl.cluster.config import ClusterConfig
 from relayrl.cluster.errors import WorkerError
 from relayrl.cluster.pool import ResourcePool
-from relayrl.cluster.rank import START_CALL, RankRuntime, Reply, StartSpec, free_port
+from relayrl.cluster.rank import START_CALL, RankRuntime, Replies, Reply, StartSpec, free_port
 from relayrl.cluster.worker import RankInfo
 
 _pg_lock = threading.Lock()
@@ -165,39 +165,25 @@ class RayRanks:
         after an error the others get `error_grace_s`."""
         ranks = list(range(len(refs))) if ranks is None else ranks
         rank_of = {ref: r for ref, r in zip(refs, ranks)}
-        results: dict[int, Any] = {}
+        replies = Replies(self.group, method, ranks, deadline, self.cfg.error_grace_s)
         pending = list(refs)
-        first_error: WorkerError | None = None
         while pending:
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, pending = ray.wait(pending, num_returns=1, timeout=timeout)
+            ready, pending = ray.wait(pending, num_returns=1, timeout=replies.timeout())
             if not ready:
                 break
-            ref = ready[0]
-            r = rank_of[ref]
+            r = rank_of[ready[0]]
             try:
-                value = ray.get(ref)
+                value = ray.get(ready[0])
             except ray.exceptions.RayActorError as exc:
                 self.broken = f"rank {r} died in {method!r}"
                 raise WorkerError(self.group, r, method, f"rank actor died: {exc}") from None
             except ray.exceptions.RayError as exc:  # the host's own method failed (e.g. unpicklable argument)
                 value = Reply(START_CALL, False, traceback=str(exc))
-            if raw and not isinstance(value, Reply):
-                results[r] = value
-            elif value.ok:
-                results[r] = value.value
-            elif first_error is None:
-                first_error = WorkerError(self.group, r, method, value.traceback)
-                deadline = time.monotonic() + self.cfg.error_grace_s
-        if first_error is not None:
-            if pending:
-                self.broken = f"rank {first_error.rank} failed in {method!r} while others did not answer"
-            raise first_error
-        if pending:
-            r = rank_of[pending[0]]
-            self.broken = f"rank {r} did not start"
-            raise WorkerError(self.group, r, method, f"no reply within {self.cfg.start_timeout_s} s")
-        return [results[r] for r in ranks]
+            replies.add(r, Reply(START_CALL, True, value) if raw and not isinstance(value, Reply) else value)
+        try:
+            return replies.outcome(self.cfg.start_timeout_s)
+        finally:
+            self.broken = replies.broken or self.broken
 
     def shutdown(self) -> None:
         if self._released:

@@ -101,27 +101,32 @@ def _put(writer, gen, errors):
         errors.append(e)
 
 
-def test_puts_arriving_during_a_call_share_the_next_call():
+def _first_in_flight_then_queued(gens):
+    """One put in flight on a fake unit, then one put per ``gens`` queued behind it."""
     unit = _FakeUnit()
     w = UnitWriter(unit, _FakeRay, timeout_s=10)
     errors: list = []
     first = threading.Thread(target=_put, args=(w, 1, errors))
     first.start()
     unit.wait_calls(1)
-    later = [threading.Thread(target=_put, args=(w, g, errors)) for g in (2, 3, 4)]
+    later = [threading.Thread(target=_put, args=(w, g, errors)) for g in gens]
     for t in later:
         t.start()
-    # The three later puts queue while the first call is in flight.
-    for _ in range(200):
-        if len(w._queue) == 3:
+    for _ in range(500):
+        if len(w._queue) == len(gens):
             break
         threading.Event().wait(0.01)
-    assert len(w._queue) == 3 and len(unit.calls) == 1
+    assert len(w._queue) == len(gens) and len(unit.calls) == 1
+    return unit, w, errors, first, later
+
+
+def test_puts_arriving_during_a_call_share_the_next_call():
+    unit, w, errors, first, later = _first_in_flight_then_queued((2, 3, 4))
     unit.calls[0][1].set()  # the first call completes: the queued puts leave together
     unit.wait_calls(2)
     assert sorted(h[0] for h in unit.calls[1][0]) == [2, 3, 4]
     first.join(10)
-    assert first.is_alive() is False and all(t.is_alive() for t in later)  # later puts wait for their own call
+    assert not first.is_alive() and all(t.is_alive() for t in later)  # later puts wait for their own call
     unit.calls[1][1].set()
     for t in later:
         t.join(10)
@@ -129,19 +134,7 @@ def test_puts_arriving_during_a_call_share_the_next_call():
 
 
 def test_a_failed_call_fails_every_put_it_carried():
-    unit = _FakeUnit()
-    w = UnitWriter(unit, _FakeRay, timeout_s=10)
-    errors: list = []
-    first = threading.Thread(target=_put, args=(w, 1, errors))
-    first.start()
-    unit.wait_calls(1)
-    later = [threading.Thread(target=_put, args=(w, g, errors)) for g in (-2, 3)]
-    for t in later:
-        t.start()
-    for _ in range(200):
-        if len(w._queue) == 2:
-            break
-        threading.Event().wait(0.01)
+    unit, w, errors, first, later = _first_in_flight_then_queued((-2, 3))  # gen -2 makes the fake unit fail
     unit.calls[0][1].set()
     unit.wait_calls(2)
     unit.calls[1][1].set()
