@@ -11,11 +11,16 @@ Seeds 000 (MindSpeed-RL transfer dock) and 002 (AsyncFlow TransferQueue); see
         batch["response_ids"]   # one unpadded 1-D tensor per row
         batch.ack()
     dock.close_partition("step-0")
+
+A worker in another process (``backend="ray"``) writes straight to the units:
+``slots = dock.reserve("step-0", 128)`` in the driver, ``receipt =
+slots.write({...})`` in the worker, ``dock.publish(receipt)`` in the driver.
 """
 
 from .config import DockConfig, DockError, DockWriteError, LeaseLostError, PartitionClosedError, StageSpec
 from .dock import Dock
 from .loader import Batch, StreamLoader, balance_shards
+from .slots import Receipt, Slots
 
 __all__ = [
     "Batch",
@@ -25,6 +30,8 @@ __all__ = [
     "DockWriteError",
     "LeaseLostError",
     "PartitionClosedError",
+    "Receipt",
+    "Slots",
     "StageSpec",
     "StreamLoader",
     "balance_shards",

@@ -20,8 +20,11 @@ loader), with the fixes listed in ``controller.py`` and these:
   machine), the driver is where workers' results arrive anyway, and a waiting
   consumer waits on a ``Condition`` that releases the lock, so producers'
   notifications never queue behind it (the failure of controllers that sleep
-  inside their only request thread). Departure: remote workers reach the dock
-  through the driver rather than calling a controller actor directly.
+  inside their only request thread). Workers in other processes write data
+  straight to the units (``reserve``/``slots`` -> ``Slots.write`` there, see
+  ``slots.py``) and the driver publishes their receipts, so only metadata
+  passes through the driver; departure: a worker cannot query a controller
+  itself, the driver does it for the stages it runs.
 
 Row layout: a partition declares ``rows`` (and optionally ``group_size``, the
 responses per prompt); new rows get consecutive indexes ``0..rows-1`` in put
@@ -35,11 +38,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .columns import ColumnSchema, Rows, normalize_column
-from .config import DockConfig, DockError, DockWriteError, PartitionClosedError, StageSpec
+from .columns import ColumnSchema
+from .config import DockConfig, DockError, PartitionClosedError, StageSpec
 from .controller import StageController
 from .loader import Batch, StreamLoader, balance_shards
 from .plane import LocalPlane, RayPlane
+from .slots import Receipt, Slots, normalize_columns
 
 
 class _Partition:
@@ -185,65 +189,108 @@ class Dock:
         recomputed) without publishing it twice.
         """
         part = self._part(partition)
-        if not data:
-            raise ValueError(f"put({partition!r}): no columns given")
-        n = None if indexes is None else len(indexes)
-        cols: dict[str, Rows] = {}
-        for name, values in data.items():
-            cols[name] = col = normalize_column(name, values, n)
-            n = len(col.values)
+        cols = normalize_columns(f"put({partition!r})", data, None if indexes is None else len(indexes))
+        n = len(next(iter(cols.values())).values)
+        with part.lock:  # reject bad input before any data moves
+            self._check_open(part)
+            schemas = {name: col.schema for name, col in cols.items()}
+            self._check_schemas(part, schemas, f"put({partition!r})")
+            slots = self._reserve(part, n) if indexes is None else self._existing(part, indexes)
+            for name, schema in schemas.items():
+                part.schemas.setdefault(name, schema)
+        slots.write_rows(cols)
+        receipt = Receipt(partition, part.gen, slots._idx, {name: (c.schema, c.lengths) for name, c in cols.items()})
+        self._publish(part, receipt)
+        return slots.indexes
+
+    def reserve(self, partition: str, rows: int) -> Slots:
+        """New rows for a writer in another process: ``slots.write(...)`` there, ``dock.publish(receipt)`` here.
+
+        The rows are placed together on the least-filled storage unit; ``rows``
+        must be a multiple of the partition's ``group_size``.
+        """
+        part = self._part(partition)
         with part.lock:
             self._check_open(part)
-            for name, (_, schema, _) in cols.items():
-                if part.declared is not None and name not in part.declared:
-                    raise KeyError(f"put({partition!r}): column {name!r} is not declared (declared: {sorted(part.declared)})")
-                old = part.schemas.get(name)
-                if old is not None and old != schema:
-                    raise TypeError(f"put({partition!r}): column {name!r} gets {schema.describe()} but earlier rows hold "
-                                    f"{old.describe()}")
-            if indexes is None:
-                if n % part.group_size:
-                    raise ValueError(f"put({partition!r}): {n} new rows is not a multiple of group_size={part.group_size}")
-                if part.allocated + n > part.rows:
-                    raise ValueError(f"put({partition!r}): {n} new rows would exceed the declared {part.rows} rows "
-                                     f"({part.allocated} already written)")
-                idx = np.arange(part.allocated, part.allocated + n, dtype=np.int64)
-                part.allocated += n
-                if not part.unit_rows:
-                    part.unit_rows = [0] * self._plane.n_units
-                k = min(range(len(part.unit_rows)), key=part.unit_rows.__getitem__)  # least-filled unit
-                part.unit_rows[k] += n
-                part.owner[idx] = k
-            else:
-                idx = np.asarray(indexes, dtype=np.int64).reshape(-1)
-                bad = idx[(idx < 0) | (idx >= part.allocated)]
-                if len(bad):
-                    raise IndexError(f"put({partition!r}): row {int(bad[0])} does not exist ({part.allocated} rows written; "
-                                     "new rows are put without indexes)")
-                if len(np.unique(idx)) != len(idx):
-                    raise ValueError(f"put({partition!r}): indexes contain duplicates")
-            for name, col in cols.items():
-                part.schemas.setdefault(name, col.schema)
-        try:
-            self._plane.write(part.gen, part.rows, idx, part.owner[idx], cols)
-        except DockWriteError as e:
-            e.indexes = idx.tolist()  # rows allocated by this put: retry with put(..., indexes=e.indexes)
-            raise
-        self._publish(part, idx, cols)
-        return idx.tolist()
+            return self._reserve(part, rows)
 
-    def _publish(self, part: _Partition, idx: np.ndarray, cols: dict[str, Rows]) -> None:
+    def slots(self, partition: str, indexes: Sequence[int]) -> Slots:
+        """Existing rows, for a writer in another process that fills more of their columns."""
+        part = self._part(partition)
+        with part.lock:
+            self._check_open(part)
+            return self._existing(part, indexes)
+
+    def publish(self, receipt: Receipt) -> list[int]:
+        """Make the cells a ``Slots.write`` stored visible to the stages; returns the rows' indexes.
+
+        Raises ``PartitionClosedError`` if the partition was closed since the slots
+        were handed out (the written data is dropped), and ``TypeError``/``KeyError``
+        if a column disagrees with earlier rows or the declared columns (the cells
+        stay invisible).
+        """
+        part = self._parts.get(receipt.partition)
+        if part is None or part.gen != receipt.gen:
+            self._plane.drop(receipt.gen)
+            raise PartitionClosedError(f"publish: partition {receipt.partition!r} was closed after its slots were "
+                                       "handed out; the written rows are dropped")
+        self._publish(part, receipt, check=True)
+        return receipt.indexes.tolist()
+
+    def _check_schemas(self, part: _Partition, schemas: Mapping[str, ColumnSchema], where: str) -> None:
+        for name, schema in schemas.items():
+            if part.declared is not None and name not in part.declared:
+                raise KeyError(f"{where}: column {name!r} is not declared (declared: {sorted(part.declared)})")
+            old = part.schemas.get(name)
+            if old is not None and old != schema:
+                raise TypeError(f"{where}: column {name!r} gets {schema.describe()} but earlier rows hold {old.describe()}")
+
+    def _reserve(self, part: _Partition, n: int) -> Slots:
+        """Allocate ``n`` new rows on the least-filled unit (caller holds the partition lock)."""
+        if not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"partition {part.name!r}: the number of new rows must be a positive int, got {n!r}")
+        if n % part.group_size:
+            raise ValueError(f"put({part.name!r}): {n} new rows is not a multiple of group_size={part.group_size}")
+        if part.allocated + n > part.rows:
+            raise ValueError(f"put({part.name!r}): {n} new rows would exceed the declared {part.rows} rows "
+                             f"({part.allocated} already written)")
+        idx = np.arange(part.allocated, part.allocated + n, dtype=np.int64)
+        part.allocated += n
+        if not part.unit_rows:
+            part.unit_rows = [0] * self._plane.n_units
+        k = min(range(len(part.unit_rows)), key=part.unit_rows.__getitem__)  # least-filled unit
+        part.unit_rows[k] += n
+        part.owner[idx] = k
+        return Slots(part.name, part.gen, part.rows, idx, part.owner[idx], self._plane)
+
+    def _existing(self, part: _Partition, indexes: Sequence[int]) -> Slots:
+        idx = np.asarray(indexes, dtype=np.int64).reshape(-1)
+        bad = idx[(idx < 0) | (idx >= part.allocated)]
+        if len(bad):
+            raise IndexError(f"put({part.name!r}): row {int(bad[0])} does not exist ({part.allocated} rows written; "
+                             "new rows are put without indexes)")
+        if len(np.unique(idx)) != len(idx):
+            raise ValueError(f"put({part.name!r}): indexes contain duplicates")
+        return Slots(part.name, part.gen, part.rows, idx, part.owner[idx], self._plane)
+
+    def _publish(self, part: _Partition, receipt: Receipt, check: bool = False) -> None:
+        idx = receipt.indexes
         with part.lock:
             if not part.open:
                 self._plane.drop(part.gen)
                 raise PartitionClosedError(f"partition {part.name!r} was closed while a put was in flight; the rows are dropped")
+            if check:
+                schemas = {name: schema for name, (schema, _) in receipt.columns.items()}
+                self._check_schemas(part, schemas, f"publish({part.name!r})")
+                for name, schema in schemas.items():
+                    part.schemas.setdefault(name, schema)
             news = []
-            for name, col in cols.items():
+            for name, (_, lengths) in receipt.columns.items():
                 present = part.present.get(name)
                 if present is None:
                     present = part.present[name] = np.zeros(part.rows, dtype=bool)
                     part.lengths[name] = np.zeros(part.rows, dtype=np.int64)
-                part.lengths[name][idx] = col.lengths
+                part.lengths[name][idx] = lengths
                 new = idx[~present[idx]]
                 present[new] = True
                 news.append((name, new))

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .columns import ColumnSchema, Rows, pack, unpack
-from .config import DockWriteError
+from .config import DockWriteError, PartitionClosedError
 from .units import LocalUnit, make_ray_unit_class
 from .wire import UnitWriter
 
@@ -77,6 +77,10 @@ class LocalPlane:
         for u in self.units:
             u.drop(gen)
 
+    def __reduce__(self):
+        raise TypeError("the local dock's storage units live in the driver process: Slots of a backend='local' dock "
+                        "cannot be sent to another process (use dock.put in the driver, or backend='ray')")
+
     def shutdown(self) -> None:
         self.units, self.writers = [], []
 
@@ -97,6 +101,18 @@ class RayPlane:
         ray.get([u.ping.remote() for u in self.units], timeout=timeout_s)
         self.writers = [UnitWriter(u, ray, timeout_s) for u in self.units]
 
+    # Slots carry the plane to writers in other processes: the unit handles travel, each process
+    # gets its own group-committing writers.
+    def __getstate__(self) -> dict:
+        return {"n_units": self.n_units, "timeout_s": self.timeout_s, "units": self.units}
+
+    def __setstate__(self, state: dict) -> None:
+        import ray
+
+        self._ray = ray
+        self.n_units, self.timeout_s, self.units = state["n_units"], state["timeout_s"], state["units"]
+        self.writers = [UnitWriter(u, ray, self.timeout_s) for u in self.units]
+
     def write(self, gen: int, n_rows: int, idx: np.ndarray, owner: np.ndarray,
               columns: dict[str, Rows]) -> None:
         tickets = []
@@ -111,6 +127,8 @@ class RayPlane:
         try:
             for writer, t in tickets:
                 writer.wait(t)
+        except PartitionClosedError as e:  # a unit refuses writes to a dropped generation
+            raise PartitionClosedError(f"put of {len(idx)} rows: the partition was closed; nothing is stored") from e
         except Exception as e:  # noqa: BLE001 - any failure means the rows are not stored
             raise DockWriteError(f"put of {len(idx)} rows (columns {list(columns)}) was not stored: {e!r}") from e
 

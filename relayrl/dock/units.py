@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from .columns import PackedColumn
+from .config import PartitionClosedError
 from .wire import decode
 
 
@@ -100,11 +101,14 @@ class RayUnit:
 
     def __init__(self) -> None:
         self._data: dict[int, dict[str, _PackedStore]] = {}
+        self._dropped: set[int] = set()  # generations closed: late writes (from other processes) are refused
 
     def ping(self) -> bool:
         return True
 
     def put(self, gen: int, n_rows: int, rows: np.ndarray, columns: dict[str, PackedColumn]) -> int:
+        if gen in self._dropped:
+            raise PartitionClosedError(f"partition generation {gen} is closed")
         part = self._data.setdefault(gen, {})
         for name, packed in columns.items():
             store = part.get(name)
@@ -113,9 +117,20 @@ class RayUnit:
             store.add(rows, packed)
         return len(rows)
 
-    def put_many(self, head: list, inline: bool, *args: Any) -> int:
-        """Store the writes of one group-committed call (see ``wire.py``); returns rows stored."""
-        return sum(self.put(*w) for w in decode(head, args if inline else args[0]))
+    def put_many(self, head: list, inline: bool, *args: Any) -> list[str | None]:
+        """Store the writes of one group-committed call (see ``wire.py``).
+
+        Returns one entry per write: None when stored, else why it was refused
+        (its partition was closed), so one late write does not fail the others.
+        """
+        out: list[str | None] = []
+        for w in decode(head, args if inline else args[0]):
+            try:
+                self.put(*w)
+                out.append(None)
+            except PartitionClosedError as e:
+                out.append(str(e))
+        return out
 
     def get(self, gen: int, columns: Sequence[str], rows: np.ndarray) -> dict[str, PackedColumn]:
         part = self._data.get(gen, {})
@@ -130,6 +145,7 @@ class RayUnit:
         return out
 
     def drop(self, gen: int) -> int:
+        self._dropped.add(gen)
         part = self._data.pop(gen, {})
         return len(part)
 

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .columns import PackedColumn
-from .config import DockWriteError
+from .config import DockWriteError, PartitionClosedError
 
 #: Ray inlines an argument whose serialized size is below this (its
 #: ``max_direct_call_object_size``, settable through the environment variable).
@@ -74,18 +74,21 @@ def decode(head: list, buffers: Sequence[np.ndarray]) -> list[tuple[int, int, np
 
 
 class _Ticket:
-    __slots__ = ("entry", "ref")
+    __slots__ = ("entry", "ref", "pos")
 
     def __init__(self, entry: tuple) -> None:
         self.entry = entry
         self.ref: Any = None  # the call carrying this write, once sent
+        self.pos = 0  # this write's place in that call
 
 
 class UnitWriter:
     """Group-committing writer for one unit actor (thread-safe).
 
     ``submit`` queues a write and sends it at once when no call to the unit is
-    in flight; ``wait`` blocks until the call carrying it has confirmed. Any
+    in flight; ``wait`` blocks until the call carrying it has confirmed, and
+    raises if that call failed or the unit refused this write (its partition
+    generation was closed). Any
     thread that finishes waiting on the in-flight call sends what queued
     meanwhile, so there is no writer thread to manage.
     """
@@ -111,8 +114,8 @@ class UnitWriter:
         args = buffers if inline else [buffers]
         ref = self._actor.put_many.remote(head, inline, *args)
         self.calls += 1
-        for t in batch:
-            t.ref = ref
+        for pos, t in enumerate(batch):
+            t.ref, t.pos = ref, pos
             t.entry = None  # the call holds the data now
         self._inflight = ref
 
@@ -125,7 +128,9 @@ class UnitWriter:
             ref = t.ref
         error = None
         try:
-            self._ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+            refused = self._ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))[t.pos]
+            if refused is not None:
+                error = PartitionClosedError(refused)
         except Exception as e:  # noqa: BLE001 - any failure means the rows are not stored
             error = e
         with self._cond:

@@ -149,3 +149,39 @@ def test_batches_read_from_one_storage_unit_when_readiness_allows():
     batches = [b.indexes for b in d.stream("p", stage="s", columns=["x"], batch_size=8, auto_ack=True)]
     assert [sorted(b) for b in batches] == [[0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]]
     assert batches[0][0] == 0  # the oldest ready row still goes first
+
+
+def test_reserve_write_publish_is_put_in_three_steps(dock):
+    dock.open_partition("r", rows=8, group_size=2)
+    slots = dock.reserve("r", 4)
+    assert slots.indexes == [0, 1, 2, 3]
+    receipt = slots.write({"response_ids": [torch.arange(n) for n in (1, 2, 3, 4)]})
+    loader = dock.stream("r", "s", ["response_ids"], batch_size=2, timeout_s=0.2)
+    with pytest.raises(TimeoutError):  # stored but not published: invisible
+        next(loader)
+    assert dock.publish(receipt) == [0, 1, 2, 3]
+    b = next(loader)
+    assert [len(t) for t in b["response_ids"]] == [1, 2]
+    fill = dock.slots("r", [3, 1]).write({"rewards": [3.0, 1.0]})
+    dock.publish(fill)
+    got = dock.get("r", [1, 3], ["rewards"])
+    assert [float(x) for x in got["rewards"]] == [1.0, 3.0]
+
+
+def test_publish_rejects_a_mismatched_column_and_a_closed_partition(dock):
+    import pickle
+
+    dock.open_partition("m", rows=4)
+    dock.put("m", {"x": [torch.ones(2)] * 2})
+    bad = dock.slots("m", [0]).write({"x": [torch.ones(2, dtype=torch.int64)]})
+    with pytest.raises(TypeError, match="column 'x' gets torch.int64"):
+        dock.publish(bad)
+    late = dock.reserve("m", 2).write({"x": [torch.ones(1)] * 2})
+    dock.close_partition("m")
+    with pytest.raises(PartitionClosedError, match="closed after its slots were handed out"):
+        dock.publish(late)
+    dock.open_partition("m", rows=4)
+    with pytest.raises(ValueError, match="positive int"):
+        dock.reserve("m", 0)
+    with pytest.raises(TypeError, match="live in the driver process"):
+        pickle.dumps(dock.reserve("m", 1))

@@ -1,9 +1,11 @@
 """The same scenarios with units as Ray actors (one session-scoped Ray cluster)."""
 
+import os
+
 import pytest
 import torch
 
-from relayrl.dock import Dock, DockWriteError
+from relayrl.dock import Dock, DockWriteError, PartitionClosedError
 
 from . import scenarios
 
@@ -84,4 +86,41 @@ def test_concurrent_puts_to_one_unit_keep_their_rows(ray_cluster):
         vals = got["x"]
         assert [int(v[0]) for v in vals] == [p for p in range(4) for _ in range(8)]
         assert [len(v) for v in vals] == [p + 1 for p in range(4) for _ in range(8)]
+    d.shutdown()
+
+
+def test_a_worker_in_another_process_writes_straight_to_the_units(ray_cluster):
+    """Slots travel to a Ray task, which stores rows in the unit actors; the driver publishes the receipts."""
+    d = Dock(units=2, backend="ray", lease_s=30.0)
+    d.open_partition("w", rows=8, group_size=4)
+
+    @ray_cluster.remote(num_cpus=0)
+    def produce(slots, fill):
+        import os
+
+        import torch
+
+        if fill is None:
+            return os.getpid(), slots.write({"response_ids": [torch.arange(k + 1) for k in slots.indexes]})
+        return os.getpid(), slots.write({"rewards": [float(k) for k in slots.indexes]})
+
+    first, second = d.reserve("w", 4), d.reserve("w", 4)
+    assert {int(first._owner[0]), int(second._owner[0])} == {0, 1}  # spread over both units
+    results = ray_cluster.get([produce.remote(s, None) for s in (first, second)])
+    assert all(pid != os.getpid() for pid, _ in results)
+    for _, receipt in results:
+        d.publish(receipt)
+    _, fill = ray_cluster.get(produce.remote(d.slots("w", [7, 0, 5]), True))
+    d.publish(fill)
+    got = d.get("w", list(range(8)), ["response_ids"])
+    assert [len(t) for t in got["response_ids"]] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert [float(x) for x in d.get("w", [0, 5, 7], ["rewards"])["rewards"]] == [0.0, 5.0, 7.0]
+    # A write that reaches the units after the partition closed is refused, and nothing leaks into a reopened one.
+    late = d.slots("w", [1])
+    d.close_partition("w")
+    d.open_partition("w", rows=8, group_size=4)
+    with pytest.raises(PartitionClosedError):
+        ray_cluster.get(produce.remote(late, True))
+    with pytest.raises(KeyError, match="not been written"):
+        d.get("w", [1], ["rewards"])
     d.shutdown()

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from relayrl.dock import PartitionClosedError
 from relayrl.dock.columns import normalize_column, pack, unpack
 from relayrl.dock.wire import PIECE_BYTES, UnitWriter, decode, encode
 
@@ -74,8 +75,8 @@ class _FakeUnit:
                     gate.wait(10)
                     if any(h[0] < 0 for h in head):
                         ref.fut.set_exception(RuntimeError("unit died"))
-                    else:
-                        ref.fut.set_result(sum(len(h[2]) for h in head))
+                    else:  # gen 0 stands for a closed partition: that write alone is refused
+                        ref.fut.set_result([None if h[0] else "generation 0 is closed" for h in head])
 
                 threading.Thread(target=run, daemon=True).start()
                 return ref
@@ -141,6 +142,16 @@ def test_a_failed_call_fails_every_put_it_carried():
     for t in [first, *later]:
         t.join(10)
     assert len(errors) == 2 and all("unit died" in str(e) for e in errors)
+
+
+def test_a_refused_write_fails_alone():
+    unit, w, errors, first, later = _first_in_flight_then_queued((0, 3))
+    unit.calls[0][1].set()
+    unit.wait_calls(2)
+    unit.calls[1][1].set()
+    for t in [first, *later]:
+        t.join(10)
+    assert len(errors) == 1 and isinstance(errors[0], PartitionClosedError) and "closed" in str(errors[0])
 
 
 def test_waiting_behind_a_stuck_call_times_out():

@@ -1,0 +1,95 @@
+"""Writing from another process: reserved rows (``Slots``) and write receipts.
+
+A rollout worker should send its samples straight to the storage units, not
+through the driver: seed 000's workers put into the transfer dock's
+warehouses themselves, and seed 002's clients write to the storage units while
+only metadata reaches the controllers. Here the driver hands a worker a
+``Slots`` (which rows to fill and on which units they live; picklable, a few
+hundred bytes); the worker calls ``slots.write(columns)``, which stores the
+data in the units and returns a ``Receipt`` (row indexes, schemas and row
+lengths: metadata only); the driver's ``dock.publish(receipt)`` then makes the
+cells visible to the stages. Until published, written cells are invisible, so
+the rows of a worker that dies between write and publish are never seen half
+written. ``dock.put`` is the same three steps in one process.
+
+Writes from other processes need ``backend="ray"``: the local backend's units
+are objects in the driver, and its ``Slots`` refuse to be pickled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from .columns import ColumnSchema, Rows, normalize_column
+from .config import DockWriteError
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """Proof that a ``Slots.write`` stored its data; ``dock.publish`` it in the driver.
+
+    Attributes:
+        partition: partition name.
+        gen: the partition's generation when the slots were handed out.
+        indexes: ``[n]`` int64 rows written.
+        columns: column -> (schema, ``[n]`` row lengths).
+    """
+
+    partition: str
+    gen: int
+    indexes: np.ndarray
+    columns: dict[str, tuple[ColumnSchema, np.ndarray]]
+
+
+def normalize_columns(where: str, data: Mapping[str, Any], n_rows: int | None) -> dict[str, Rows]:
+    """Every column of a write as ``Rows``; all columns must have the same row count (``n_rows`` if given)."""
+    if not data:
+        raise ValueError(f"{where}: no columns given")
+    cols: dict[str, Rows] = {}
+    for name, values in data.items():
+        cols[name] = col = normalize_column(name, values, n_rows)
+        n_rows = len(col.values)
+    return cols
+
+
+class Slots:
+    """Rows of one partition generation that a writer may fill, and the units that hold them.
+
+    Get one from ``dock.reserve`` (new rows) or ``dock.slots`` (columns of
+    existing rows). ``write`` works in any process of the Ray cluster.
+    """
+
+    def __init__(self, partition: str, gen: int, n_rows: int, indexes: np.ndarray, owner: np.ndarray, plane: Any) -> None:
+        self.partition, self._gen, self._n_rows = partition, gen, n_rows
+        self._idx, self._owner, self._plane = indexes, owner, plane
+
+    @property
+    def indexes(self) -> list[int]:
+        return self._idx.tolist()
+
+    def __len__(self) -> int:
+        return len(self._idx)
+
+    def __repr__(self) -> str:
+        return f"Slots({self.partition!r}, rows {self.indexes[:4]}{'...' if len(self) > 4 else ''})"
+
+    def write(self, data: Mapping[str, Any]) -> Receipt:
+        """Store ``data`` (column -> one tensor or scalar per slot row) in the units; nothing is visible yet.
+
+        Raises ``DockWriteError`` (with ``.indexes``) when the units did not all
+        confirm, and ``PartitionClosedError`` when the partition was closed.
+        """
+        cols = normalize_columns(f"write to {self!r}", data, len(self._idx))
+        self.write_rows(cols)
+        return Receipt(self.partition, self._gen, self._idx, {n: (c.schema, c.lengths) for n, c in cols.items()})
+
+    def write_rows(self, cols: dict[str, Rows]) -> None:
+        """``write`` for columns already normalized (``dock.put`` checks them before any data moves)."""
+        try:
+            self._plane.write(self._gen, self._n_rows, self._idx, self._owner, cols)
+        except DockWriteError as e:
+            e.indexes = self._idx.tolist()  # retry these rows with dock.slots(partition, e.indexes)
+            raise
