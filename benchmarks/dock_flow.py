@@ -11,6 +11,11 @@ Systems, same workload, same process, same Ray cluster:
 * ``dock/ray``: relayrl dock, units as Ray actors (1, 2, 4).
 * ``centralized``: one Ray actor holding everything; a put ships one flat
   numpy buffer + lengths per column, a get returns the same.
+* ``... procs``: the same puts made by four producer processes (Ray actors,
+  as rollout workers would be) instead of driver threads: they write straight
+  into the dock's units (``Slots.write``; the driver reserves rows and
+  publishes the receipts) or into the centralized actor. The driver then no
+  longer packs every put, which is what limits the thread runs.
 * ``transferqueue``: PyPI ``transferqueue`` 0.1.11 (AsyncFlow's TransferQueue),
   SimpleStorage with 1 (and 4) units, polling-mode controller, ragged
   columns as jagged nested tensors.
@@ -135,19 +140,7 @@ def step_dock(dock: Dock, cols, step: int) -> Result:
     part = f"step-{step}"
     dock.open_partition(part, rows=ROWS, group_size=N)
     put_s, put_lat = run_producers(lambda d: dock.put(part, d), lambda h, d: dock.put(part, d, indexes=h), cols)
-    get_lat, n = [], 0
-    t0 = time.perf_counter()
-    loader = dock.stream(part, "update", ALL_COLUMNS, batch_size=BATCH, timeout_s=60)
-    while True:
-        t = time.perf_counter()
-        try:
-            b = next(loader)
-        except StopIteration:
-            break
-        n += len(b.ack())
-        get_lat.append(time.perf_counter() - t)
-    get_s = time.perf_counter() - t0
-    assert n == ROWS, n
+    get_s, get_lat = read_all(dock, part)
     dock.close_partition(part)
     return Result("", put_s, get_s, put_lat, get_lat)
 
@@ -186,17 +179,7 @@ class CentralBuffer:
         self.rows, self.cols = 0, {}
 
 
-def step_central(buf, cols) -> Result:
-    def ship(d):
-        out = {}
-        for c, v in d.items():
-            rows, schema, lengths = normalize_column(c, v, None)
-            pk = pack(rows, schema, lengths)
-            out[c] = (pk.flat, pk.lengths)
-        return out
-
-    put_s, put_lat = run_producers(lambda d: ray.get(buf.put.remote(ship(d), None)),
-                                   lambda h, d: ray.get(buf.put.remote(ship(d), h)), cols)
+def central_reads(buf) -> tuple[float, list[float]]:
     get_lat = []
     t0 = time.perf_counter()
     for s in range(0, ROWS, BATCH):
@@ -207,7 +190,108 @@ def step_central(buf, cols) -> Result:
         get_lat.append(time.perf_counter() - t)
     get_s = time.perf_counter() - t0
     ray.get(buf.clear.remote())
+    return get_s, get_lat
+
+
+def step_central(buf, cols) -> Result:
+    put_s, put_lat = run_producers(lambda d: ray.get(buf.put.remote(ship(d), None)),
+                                   lambda h, d: ray.get(buf.put.remote(ship(d), h)), cols)
+    get_s, get_lat = central_reads(buf)
     return Result("", put_s, get_s, put_lat, get_lat)
+
+
+def ship(d: dict) -> dict:
+    """A put of the centralized buffer: one flat numpy buffer + lengths per column."""
+    out = {}
+    for c, v in d.items():
+        rows, schema, lengths = normalize_column(c, v, None)
+        pk = pack(rows, schema, lengths)
+        out[c] = (pk.flat, pk.lengths)
+    return out
+
+
+@ray.remote(num_cpus=0)
+class Producer:
+    """A rollout worker in its own process: it holds its share of the samples and writes them itself."""
+
+    def __init__(self, p: int) -> None:
+        torch.set_num_threads(1)
+        self.p, self.cols = p, make_workload()
+
+    def _puts(self):
+        for k, phase in enumerate(PHASES):
+            for j, rows in enumerate(chunks_of(self.p)):
+                yield k, j, {c: [self.cols[c][r] for r in rows] for c in phase}
+
+    def to_dock(self, slots: list):
+        """Write every put into the units (``slots[j]``: the rows of chunk j); yield (receipt, seconds) per put."""
+        for _, j, data in self._puts():
+            t = time.perf_counter()
+            receipt = slots[j].write(data)
+            yield receipt, time.perf_counter() - t
+
+    def to_central(self, buf) -> list[float]:
+        handles, lat = [], []
+        for k, j, data in self._puts():
+            t = time.perf_counter()
+            if k == 0:
+                handles.append(ray.get(buf.put.remote(ship(data), None)))
+            else:
+                ray.get(buf.put.remote(ship(data), handles[j]))
+            lat.append(time.perf_counter() - t)
+        return lat
+
+
+def read_all(dock: Dock, part: str) -> tuple[float, list[float]]:
+    get_lat, n = [], 0
+    t0 = time.perf_counter()
+    loader = dock.stream(part, "update", ALL_COLUMNS, batch_size=BATCH, timeout_s=60)
+    while True:
+        t = time.perf_counter()
+        try:
+            b = next(loader)
+        except StopIteration:
+            break
+        n += len(b.ack())
+        get_lat.append(time.perf_counter() - t)
+    assert n == ROWS, n
+    return time.perf_counter() - t0, get_lat
+
+
+def step_dock_procs(dock: Dock, producers, step: int) -> Result:
+    """Producers in their own processes write to the units; the driver reserves rows and publishes receipts."""
+    part = f"procs-{step}"
+    dock.open_partition(part, rows=ROWS, group_size=N)
+    lat: list[float] = []
+    lock = threading.Lock()
+
+    def publish(gen) -> None:  # one driver thread per producer: receipts are published as they arrive
+        for ref in gen:
+            receipt, dt = ray.get(ref)
+            dock.publish(receipt)
+            with lock:
+                lat.append(dt)
+
+    t0 = time.perf_counter()
+    gens = [pr.to_dock.remote([dock.reserve(part, CHUNK_PROMPTS * N) for _ in chunks_of(p)])
+            for p, pr in enumerate(producers)]
+    threads = [threading.Thread(target=publish, args=(g,)) for g in gens]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    put_s = time.perf_counter() - t0
+    get_s, get_lat = read_all(dock, part)
+    dock.close_partition(part)
+    return Result("", put_s, get_s, lat, get_lat)
+
+
+def step_central_procs(buf, producers) -> Result:
+    t0 = time.perf_counter()
+    lat = [x for xs in ray.get([pr.to_central.remote(buf) for pr in producers]) for x in xs]
+    put_s = time.perf_counter() - t0
+    get_s, get_lat = central_reads(buf)
+    return Result("", put_s, get_s, lat, get_lat)
 
 
 def tq_start(units: int):
@@ -292,6 +376,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--no-tq", action="store_true", help="skip TransferQueue")
+    ap.add_argument("--no-procs", action="store_true", help="skip the runs with producers in their own processes")
     args = ap.parse_args()
     torch.set_num_threads(2)
     cols = make_workload()
@@ -309,6 +394,15 @@ def main() -> None:
             systems.append((f"{backend}{units}", f"dock/{backend} units={units}", lambda s, d=d: step_dock(d, cols, s)))
     buf = CentralBuffer.remote()
     systems.append(("central", "centralized actor", lambda s: step_central(buf, cols)))
+    producers = []
+    if not args.no_procs:  # the same puts from four rollout-worker processes, writing straight to the store
+        producers = [Producer.remote(p) for p in range(PRODUCERS)]
+        for units in (1, 2, 4):
+            d = Dock(units=units, backend="ray", lease_s=60)
+            docks.append(d)
+            systems.append((f"procs{units}", f"dock/ray units={units} procs",
+                            lambda s, d=d: step_dock_procs(d, producers, s)))
+        systems.append(("central_procs", "centralized actor procs", lambda s: step_central_procs(buf, producers)))
     tq_note = ""
     if not args.no_tq:
         try:
@@ -334,7 +428,12 @@ def main() -> None:
         tq.close()
     for d in docks:
         d.shutdown()
-    ray.kill(buf)
+    for a in [buf, *producers]:
+        ray.kill(a)
+    if producers:
+        c = res["central_procs"].total
+        print(f"dock_flow (producer processes): dock/centralized time ratio P1 {res['procs1'].total / c:.2f} (1 unit), "
+              f"P2 {res['procs2'].total / c:.2f}, P4 {res['procs4'].total / c:.2f} (4 units)")
     r1 = res["ray1"].total / res["central"].total
     r4 = res["ray4"].total / res["central"].total
     t1 = f"{res['ray1'].total / res['tq1'].total:.2f}" if "tq1" in res else "n/a"
