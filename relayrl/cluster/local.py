@@ -144,8 +144,10 @@ class ProcessRanks:
             raise RuntimeError(f"worker group {self.group!r} is broken ({self.broken}); shut it down and create it again")
         call_id = next(self._ids)
         try:
-            msgs = [pickle.dumps((call_id, method, pickle.dumps(p, protocol=pickle.HIGHEST_PROTOCOL)))
-                    for p in payloads]
+            # An `all` call repeats one payload object for every rank: pickle it once.
+            done: dict[int, bytes] = {}
+            msgs = [done.get(id(p)) or done.setdefault(id(p), pickle.dumps(
+                (call_id, method, pickle.dumps(p, protocol=pickle.HIGHEST_PROTOCOL)))) for p in payloads]
         except Exception as exc:
             raise TypeError(f"group {self.group!r}: the arguments of {method!r} cannot be pickled for the rank "
                             f"processes: {exc}") from exc

@@ -70,6 +70,10 @@ class _RankHost:
     def call(self, call_id: int, method: str, args: tuple, kwargs: dict) -> Reply:
         return self.runtime.invoke(call_id, method, args, kwargs)
 
+    def call_shared(self, call_id: int, method: str, payload: tuple[tuple, dict]) -> Reply:
+        """`call` with (args, kwargs) given as one object (Ray resolves the shared reference)."""
+        return self.runtime.invoke(call_id, method, *payload)
+
     def stop(self) -> None:
         if self.runtime is not None:
             self.runtime.close()
@@ -156,7 +160,12 @@ class RayRanks:
         if self.broken is not None:
             raise RuntimeError(f"worker group {self.group!r} is broken ({self.broken}); shut it down and create it again")
         call_id, self._next_id = self._next_id, self._next_id + 1
-        refs = [self.actors[r].call.remote(call_id, method, a, k) for r, (a, k) in zip(ranks, payloads)]
+        if len(payloads) > 1 and all(p is payloads[0] for p in payloads):
+            # An `all` call: store the arguments once in the object store; every rank reads the same object.
+            shared = ray.put(payloads[0])
+            refs = [self.actors[r].call_shared.remote(call_id, method, shared) for r in ranks]
+        else:
+            refs = [self.actors[r].call.remote(call_id, method, a, k) for r, (a, k) in zip(ranks, payloads)]
         return self._gather(refs, method, None, ranks=ranks)
 
     def _gather(self, refs: list, method: str, deadline: float | None, ranks: list[int] | None = None,

@@ -114,3 +114,25 @@ class Echo(Worker):
 
     def meet(self, barrier: threading.Barrier) -> int:
         return barrier.wait()  # raises BrokenBarrierError unless another group's rank meets it concurrently
+
+
+class CountsPickles:
+    """A payload that counts how often the driver pickles it."""
+
+    pickled = 0
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __getstate__(self) -> dict:
+        CountsPickles.pickled += 1
+        return {"value": self.value}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CountsPickles) and other.value == self.value
+
+    def __mul__(self, k: int) -> "CountsPickles":
+        return CountsPickles(self.value * k)
+
+    def __add__(self, k: int) -> "CountsPickles":
+        return CountsPickles(self.value + k)

@@ -5,7 +5,7 @@ import signal
 import pytest
 import torch
 
-from cluster_workers import Echo, Rows
+from cluster_workers import CountsPickles, Echo, Rows
 from relayrl.cluster import ClusterConfig, ResourcePool, WorkerError, WorkerGroup
 
 pytestmark = pytest.mark.multiproc
@@ -33,6 +33,15 @@ def test_dispatch_and_gather_order(group):
     assert torch.equal(group.split("double", torch.arange(5)), torch.arange(5) * 2)
     assert group.split("rows_plus_rank", Rows([1, 2, 3, 4])) == Rows([1, 2, 103, 104])
     assert group.one("echo", "x", rank=1) == (1, "x")
+
+
+def test_an_all_call_pickles_its_payload_once(group):
+    CountsPickles.pickled = 0
+    assert group.all("echo", CountsPickles(7)) == [(0, CountsPickles(7)), (1, CountsPickles(7))]
+    assert CountsPickles.pickled == 1  # one pickle for both rank processes
+    CountsPickles.pickled = 0
+    group.split("tag_items", [CountsPickles(1), CountsPickles(2)])
+    assert CountsPickles.pickled == 2  # split payloads differ per rank
 
 
 def test_collectives_inside_the_group(group):
