@@ -31,6 +31,7 @@ $(VENV)/.bench-installed: $(STAMP)
 bench: $(VENV)/.bench-installed
 	$(BIN)/python benchmarks/dock_flow.py
 	$(BIN)/python benchmarks/grpo_vs_trl.py
+	$(BIN)/python benchmarks/weight_relay.py
 
 clean:
 	rm -rf $(VENV) runs .cache
