@@ -115,21 +115,24 @@ class RayPlane:
 
     def write(self, gen: int, n_rows: int, idx: np.ndarray, owner: np.ndarray,
               columns: dict[str, Rows]) -> None:
-        tickets = []
         parts = _split_by_unit(owner, self.n_units)
-        for k, pos in parts:
-            pl = pos.tolist()
-            packed = {
-                name: pack(vals, schema, lengths) if len(parts) == 1 else pack([vals[p] for p in pl], schema, lengths[pos])
-                for name, (vals, schema, lengths) in columns.items()
-            }
-            tickets.append((self.writers[k], self.writers[k].submit(gen, n_rows, idx[pos], packed)))
-        try:
-            for writer, t in tickets:
+        shares = [(k, pos, {
+            name: pack(vals, schema, lengths) if len(parts) == 1 else pack([vals[p] for p in pos.tolist()], schema, lengths[pos])
+            for name, (vals, schema, lengths) in columns.items()
+        }) for k, pos in parts]
+        # Every submitted write is waited for, even after one failed: the first waiter back from a
+        # call is what lets the writer send the next one.
+        tickets = [(self.writers[k], self.writers[k].submit(gen, n_rows, idx[pos], packed)) for k, pos, packed in shares]
+        errors = []
+        for writer, t in tickets:
+            try:
                 writer.wait(t)
-        except PartitionClosedError as e:  # a unit refuses writes to a dropped generation
-            raise PartitionClosedError(f"put of {len(idx)} rows: the partition was closed; nothing is stored") from e
-        except Exception as e:  # noqa: BLE001 - any failure means the rows are not stored
+            except Exception as e:  # noqa: BLE001 - any failure means the rows are not stored
+                errors.append(e)
+        if errors:
+            e = errors[0]
+            if isinstance(e, PartitionClosedError):  # a unit refuses writes to a dropped generation
+                raise PartitionClosedError(f"put of {len(idx)} rows: the partition was closed; nothing is stored") from e
             raise DockWriteError(f"put of {len(idx)} rows (columns {list(columns)}) was not stored: {e!r}") from e
 
     def read(self, gen: int, columns: Sequence[str], idx: np.ndarray, owner: np.ndarray,

@@ -88,9 +88,9 @@ class UnitWriter:
     ``submit`` queues a write and sends it at once when no call to the unit is
     in flight; ``wait`` blocks until the call carrying it has confirmed, and
     raises if that call failed or the unit refused this write (its partition
-    generation was closed). Any
-    thread that finishes waiting on the in-flight call sends what queued
-    meanwhile, so there is no writer thread to manage.
+    generation was closed). Any thread that finishes waiting on the in-flight
+    call sends what queued meanwhile, so there is no writer thread to manage;
+    hence every submitted write must be waited for.
     """
 
     def __init__(self, actor: Any, ray: Any, timeout_s: float) -> None:
