@@ -195,7 +195,8 @@ class Dock:
             self._check_open(part)
             schemas = {name: col.schema for name, col in cols.items()}
             self._check_schemas(part, schemas, f"put({partition!r})")
-            slots = self._reserve(part, n) if indexes is None else self._existing(part, indexes)
+            where = f"put({partition!r})"
+            slots = self._reserve(part, n, where) if indexes is None else self._existing(part, indexes, where)
             for name, schema in schemas.items():
                 part.schemas.setdefault(name, schema)
         slots.write_rows(cols)
@@ -212,14 +213,14 @@ class Dock:
         part = self._part(partition)
         with part.lock:
             self._check_open(part)
-            return self._reserve(part, rows)
+            return self._reserve(part, rows, f"reserve({partition!r})")
 
     def slots(self, partition: str, indexes: Sequence[int]) -> Slots:
         """Existing rows, for a writer in another process that fills more of their columns."""
         part = self._part(partition)
         with part.lock:
             self._check_open(part)
-            return self._existing(part, indexes)
+            return self._existing(part, indexes, f"slots({partition!r})")
 
     def publish(self, receipt: Receipt) -> list[int]:
         """Make the cells a ``Slots.write`` stored visible to the stages; returns the rows' indexes.
@@ -245,14 +246,14 @@ class Dock:
             if old is not None and old != schema:
                 raise TypeError(f"{where}: column {name!r} gets {schema.describe()} but earlier rows hold {old.describe()}")
 
-    def _reserve(self, part: _Partition, n: int) -> Slots:
+    def _reserve(self, part: _Partition, n: int, where: str) -> Slots:
         """Allocate ``n`` new rows on the least-filled unit (caller holds the partition lock)."""
         if not isinstance(n, (int, np.integer)) or n < 1:
-            raise ValueError(f"partition {part.name!r}: the number of new rows must be a positive int, got {n!r}")
+            raise ValueError(f"{where}: the number of new rows must be a positive int, got {n!r}")
         if n % part.group_size:
-            raise ValueError(f"put({part.name!r}): {n} new rows is not a multiple of group_size={part.group_size}")
+            raise ValueError(f"{where}: {n} new rows is not a multiple of group_size={part.group_size}")
         if part.allocated + n > part.rows:
-            raise ValueError(f"put({part.name!r}): {n} new rows would exceed the declared {part.rows} rows "
+            raise ValueError(f"{where}: {n} new rows would exceed the declared {part.rows} rows "
                              f"({part.allocated} already written)")
         idx = np.arange(part.allocated, part.allocated + n, dtype=np.int64)
         part.allocated += n
@@ -263,14 +264,14 @@ class Dock:
         part.owner[idx] = k
         return Slots(part.name, part.gen, part.rows, idx, part.owner[idx], self._plane)
 
-    def _existing(self, part: _Partition, indexes: Sequence[int]) -> Slots:
+    def _existing(self, part: _Partition, indexes: Sequence[int], where: str) -> Slots:
         idx = np.asarray(indexes, dtype=np.int64).reshape(-1)
         bad = idx[(idx < 0) | (idx >= part.allocated)]
         if len(bad):
-            raise IndexError(f"put({part.name!r}): row {int(bad[0])} does not exist ({part.allocated} rows written; "
+            raise IndexError(f"{where}: row {int(bad[0])} does not exist ({part.allocated} rows written; "
                              "new rows are put without indexes)")
         if len(np.unique(idx)) != len(idx):
-            raise ValueError(f"put({part.name!r}): indexes contain duplicates")
+            raise ValueError(f"{where}: indexes contain duplicates")
         return Slots(part.name, part.gen, part.rows, idx, part.owner[idx], self._plane)
 
     def _publish(self, part: _Partition, receipt: Receipt, check: bool = False) -> None:
