@@ -112,15 +112,25 @@ class GRPOWorkflow:
 
     def step(self, step: int) -> dict[str, float]:
         """One GRPO/DAPO iteration; returns its metrics."""
-        s = self.s
         t0 = time.perf_counter()
+        rolled = self.rollout_and_score(step)
+        metrics = self.learn(step, *rolled)
+        if "dapo/skipped_step" in metrics:
+            return self.perf(metrics, t0, rolled[0], rolled[1], None)
+        with self.s.span("relay", "rollout", step):
+            metrics.update(relay_weights(self.actor, self.rollout, version=step, relay=self.relay))
+        return self.perf(metrics, t0, rolled[0], rolled[1], step)
+
+    def learn(self, step: int, problems: list, comps: list[Completion], rewards: torch.Tensor,
+              metrics: dict[str, float]) -> dict[str, float]:
+        """Everything after generation: reference and old log-probs, advantages, the update (through the dock)."""
+        s = self.s
         self._kl_metrics = {}
-        problems, comps, rewards, metrics = self.rollout_and_score(step)
         if not comps:
             s.tracker.write_text(f"step {step}: dynamic sampling found no group with differing rewards in "
                                  f"{int(metrics['dapo/rounds'])} rounds; no update this step "
                                  f"(raise algorithm.max_resample_rounds or data.prompts_per_step)")
-            return {**metrics, "dapo/skipped_step": 1.0, "perf/step_time_s": time.perf_counter() - t0}
+            return {**metrics, "dapo/skipped_step": 1.0}
         part = f"step-{step}"
         n = self.sampling.n
         self.dock.open_partition(part, rows=len(comps), group_size=n)
@@ -143,16 +153,21 @@ class GRPOWorkflow:
         with s.span("update", "actor", step):
             metrics.update(self.update(part, step, comps))
         self.dock.close_partition(part)
-        with s.span("relay", "rollout", step):
-            metrics.update(relay_weights(self.actor, self.rollout, version=step, relay=self.relay))
+        return metrics
+
+    def perf(self, metrics: dict[str, float], t0: float, problems: list, comps: list[Completion],
+             version: int | None) -> dict[str, float]:
+        """Step time and throughput (generated + prompt tokens per device per second)."""
         dt = time.perf_counter() - t0
-        tokens = sum(len(s.encode(problems[c.prompt_index])) + len(c.token_ids) for c in comps)
+        tokens = sum(len(self.s.encode(problems[c.prompt_index])) + len(c.token_ids) for c in comps)
+        devices = sum(p.world_size for p in {id(g.pool): g.pool for g in (self.actor, self.rollout)}.values())
         metrics.update({
             "perf/step_time_s": dt,
             "perf/tokens": tokens,
-            "perf/tokens_per_s_per_device": tokens / (dt * self.s.pool.world_size),
-            "weights/version": step,
+            "perf/tokens_per_s_per_device": tokens / (dt * devices),
         })
+        if version is not None:
+            metrics["weights/version"] = version
         return metrics
 
     # --------------------------------------------------------------- phases
