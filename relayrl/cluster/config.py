@@ -24,6 +24,10 @@ class ClusterConfig(BaseModel):
     ray_address: str | None = None
     """`None` starts a local Ray instance; `"auto"` or `"ray://host:port"` connects
     to an existing cluster. Only read when `backend="ray"`."""
+    in_process: bool = True
+    """`local` backend: a one-rank group runs inside the driver process (no
+    serialization). False spawns it in its own process like larger groups (its
+    own interpreter lock, e.g. for a rollout that overlaps training)."""
     num_cpus: int | None = Field(default=None, ge=1)
     """CPUs for a Ray instance started by the driver (ignored when connecting)."""
     error_grace_s: float = Field(default=3.0, ge=0.0)

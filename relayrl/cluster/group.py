@@ -38,7 +38,7 @@ def _build_ranks(cfg: ClusterConfig, worker_cls: type, pool: ResourcePool, name:
     from relayrl.cluster.local import InProcessRanks, ProcessRanks
 
     devices = pool.local_devices()[:num_ranks]
-    if num_ranks == 1:
+    if num_ranks == 1 and cfg.in_process:
         return InProcessRanks(name, worker_cls, init_kwargs, devices[0], distributed, cfg)
     return ProcessRanks(name, worker_cls, init_kwargs, devices, distributed, cfg)
 

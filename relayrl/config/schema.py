@@ -98,6 +98,14 @@ class AlgorithmConfig(_Section):
     overlong_filter: bool = Field(False, description="mask truncated responses out of the loss")
     dynamic_sampling: bool = Field(False, description="drop groups whose rewards are all equal (and resample prompts)")
     max_resample_rounds: int = Field(3, ge=0)
+    old_logprobs: Literal["auto", "recompute", "rollout"] = Field(
+        "auto", description="pi_old of the PPO ratio. auto: recomputed by the trainer when a batch is used more than "
+        "once, off-policy or with tis_cap, else the current policy (one on-policy update); recompute: always; "
+        "rollout: the generation engine's log-probs (no extra forward pass; the ratio then also carries staleness "
+        "and engine mismatch)")
+    tis_cap: float | None = Field(None, gt=0.0, description="truncated importance sampling: weight each token's "
+                                  "policy loss by min(pi_old / mu, tis_cap), mu the rollout engine's log-probs "
+                                  "(corrects stale or mismatched rollouts; needs old log-probs, which it computes)")
 
     @model_validator(mode="after")
     def _names(self) -> "AlgorithmConfig":
@@ -111,6 +119,9 @@ class AlgorithmConfig(_Section):
                              f"or use the KL as a loss term (kl_in_reward=false)")
         if self.kl_in_reward and self.kl_coef == 0:
             raise ValueError("algorithm.kl_in_reward=true needs algorithm.kl_coef > 0")
+        if self.tis_cap is not None and self.old_logprobs == "rollout":
+            raise ValueError("algorithm.tis_cap weighs pi_old / mu with mu the rollout's log-probs; with "
+                             "old_logprobs=rollout that ratio is 1. Use old_logprobs=auto or recompute")
         if self.advantage in ("gae", "remax"):
             raise ValueError(f"algorithm.advantage={self.advantage!r} needs a critic/greedy baseline, which the "
                              f"synchronous GRPO workflow does not run; use grpo, drgrpo, rloo, reinforce++ or reinforce++-baseline")
@@ -123,6 +134,9 @@ class TrainerConfig(_Section):
     epochs: int = Field(1, ge=1, description="passes over each RL batch")
     batch_size: int = Field(64, ge=1, description="SFT: examples per optimizer step")
     init_from: str | None = Field(None, description="start from this model directory (e.g. an SFT run's model/)")
+    off_policy_steps: int = Field(0, ge=0, description="GRPO: k-step off-policy. Rollouts run ahead on their own "
+                                  "resource pool, with weights at most k updates older than the update that uses "
+                                  "them (staleness bound); 0: synchronous and colocated")
 
 
 class EvalConfig(_Section):
@@ -159,6 +173,9 @@ class Config(_Section):
         if self.algorithm.overlong_shaping and self.algorithm.overlong_cache >= self.rollout.max_new_tokens:
             raise ValueError(f"algorithm.overlong_cache={self.algorithm.overlong_cache} must be < "
                              f"rollout.max_new_tokens={self.rollout.max_new_tokens}")
+        if self.trainer.off_policy_steps and self.workflow != "grpo":
+            raise ValueError(f"trainer.off_policy_steps={self.trainer.off_policy_steps} applies to workflow grpo, "
+                             f"not {self.workflow}")
         if self.reward.verifier == "task" and self.data.task is None:
             raise ValueError("reward.verifier=task needs a built-in data.task; for data.path use "
                              "reward.verifier=math, exact or user")

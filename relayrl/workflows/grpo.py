@@ -36,7 +36,7 @@ import torch
 from relayrl.algorithms import advantages as adv_lib
 from relayrl.algorithms.dapo import dynamic_sampling_filter, overlong_penalty
 from relayrl.algorithms.kl import kl_penalty_rewards
-from relayrl.cluster import make_group
+from relayrl.cluster import ClusterConfig, ResourcePool, make_group
 from relayrl.config.schema import Config
 from relayrl.dock import Dock
 from relayrl.engines.generation.base import Completion, SamplingParams
@@ -65,7 +65,7 @@ class GRPOWorkflow:
         self.actor = make_group(cfg.cluster, PolicyWorker, s.pool, "actor", init_kwargs=dict(
             model_path=path, engine=cfg.engine, total_steps=cfg.trainer.steps * cfg.trainer.mini_batches * cfg.trainer.epochs,
             seed=cfg.run.seed, **common))
-        self.rollout = make_group(cfg.cluster, RolloutWorker, s.pool, "rollout", init_kwargs=dict(
+        self.rollout = make_group(self._rollout_cluster(), RolloutWorker, self._rollout_pool(s.pool), "rollout", init_kwargs=dict(
             model_path=path, max_batch=cfg.rollout.max_batch, seed=cfg.run.seed, **common))
         self.ref = None
         if a.kl_coef > 0:
@@ -78,13 +78,25 @@ class GRPOWorkflow:
                                        max_new_tokens=ro.max_new_tokens, stop_strings=tuple(ro.stop_strings))
         self.loss = PolicyLoss(clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip, agg=a.loss_agg,
                                level=a.ratio_level, kl_coef=0.0 if a.kl_in_reward else a.kl_coef, kl_kind=a.kl_kind,
-                               entropy_coef=a.entropy_coef, agg_constant=float(ro.max_new_tokens))
-        self.recompute_old = cfg.trainer.epochs * cfg.trainer.mini_batches > 1
+                               entropy_coef=a.entropy_coef, agg_constant=float(ro.max_new_tokens), tis_cap=a.tis_cap,
+                               old_key="gen_logprobs" if a.old_logprobs == "rollout" else "old_logprobs")
+        # auto: pi_old is recomputed when the batch is used more than once, when it may be stale (off-policy:
+        # the ratio is taken against the trainer's weights, not the rollout's), and for importance weights.
+        self.recompute_old = a.old_logprobs == "recompute" or (a.old_logprobs == "auto" and (
+            cfg.trainer.epochs * cfg.trainer.mini_batches > 1 or cfg.trainer.off_policy_steps > 0 or a.tis_cap is not None))
         self._kl_metrics: dict[str, float] = {}  # KL-in-reward metrics of the current step
 
+    def _rollout_pool(self, main: ResourcePool) -> ResourcePool:
+        """Where the rollout group runs: colocated with the actor (time-sharing the device)."""
+        return main
+
+    def _rollout_cluster(self) -> ClusterConfig:
+        return self.cfg.cluster
+
     # ------------------------------------------------------------------ run
-    def run(self) -> Path:
-        s, cfg = self.s, self.cfg
+    def restore(self) -> None:
+        """Load the checkpoint the resume plan chose (if any) and give the rollout the actor's weights."""
+        s = self.s
         ck = s.load(self.actor.one("param_shapes"))
         if ck is not None:
             self.actor.all("load_state", {"model": ck.model_state, "optimizer": ck.optimizer_state,
@@ -92,6 +104,10 @@ class GRPOWorkflow:
             self.rollout.all("set_rng_state", torch.tensor(ck.trainer_state["rollout_rng"], dtype=torch.uint8))
             s.restore_rng(ck)
         relay_weights(self.actor, self.rollout, version=s.start_step)
+
+    def run(self) -> Path:
+        s, cfg = self.s, self.cfg
+        self.restore()
         s.open_telemetry(cfg.trainer.steps, KEY_METRICS)
         if s.start_step == 0:
             s.tracker.log(0, self.evaluate(0))
@@ -290,5 +306,9 @@ def _reindex(c: Completion, prompt_index: int) -> Completion:
 
 
 def train_grpo(cfg: Config) -> Path:
-    """Run the synchronous GRPO/DAPO workflow; returns the final model directory."""
+    """Run GRPO/DAPO (synchronous, or k-step off-policy with ``trainer.off_policy_steps``); returns the model dir."""
+    if cfg.trainer.off_policy_steps > 0:
+        from relayrl.workflows.offpolicy import OffPolicyGRPO
+
+        return OffPolicyGRPO(cfg).run()
     return GRPOWorkflow(cfg).run()
