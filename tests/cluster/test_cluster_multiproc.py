@@ -101,3 +101,12 @@ def test_failing_rank_construction_raises_worker_error():
         WorkerGroup(Echo, pool, name="bad", init_kwargs={"fail_init": True}, distributed=False)
     assert info.value.method == "__init__"
     assert pool.groups == ()
+
+
+def test_a_one_rank_group_can_get_its_own_process():
+    g = WorkerGroup(Echo, ResourcePool("solo", devices=1), name="solo", backend=ClusterConfig(in_process=False))
+    try:
+        assert g.pids() != [os.getpid()] and len(g.pids()) == 1
+        assert g.one("echo", 3) == (0, 3)
+    finally:
+        g.shutdown()

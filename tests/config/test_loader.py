@@ -72,3 +72,11 @@ def test_recipe_file_errors(tmp_path):
     (tmp_path / "a.yaml").write_text("base: b.yaml\n")
     (tmp_path / "b.yaml").write_text("base: a.yaml\n")
     assert "base chain loops" in _errors(recipe=tmp_path / "a.yaml")
+
+
+def test_off_policy_settings_that_cannot_work_are_refused():
+    assert "applies to workflow grpo" in _errors("workflow=sft", "trainer.off_policy_steps=1")
+    assert "old_logprobs=rollout" in _errors("algorithm.tis_cap=2.0", "algorithm.old_logprobs=rollout")
+    assert "trainer.off_policy_steps" in _errors("trainer.off_policy_steps=-1")
+    cfg = load_config(Config, RECIPES / "arith_grpo.yaml", ["trainer.off_policy_steps=2", "algorithm.tis_cap=2"])
+    assert cfg.trainer.off_policy_steps == 2 and cfg.algorithm.tis_cap == 2.0
