@@ -15,8 +15,8 @@ updates on earlier batches::
 
 Batch ``t`` is trained by weights ``v_{t-1}``; it was generated with some
 ``v_g``, ``g >= t-1-k``: the **staleness** ``t-1-g`` is at most ``k`` (logged
-as ``async/staleness``). ``k = 0`` is on-policy but still overlaps nothing;
-use the synchronous workflow for that (``trainer.off_policy_steps=0``).
+as ``async/staleness``). ``trainer.off_policy_steps=0`` runs the synchronous
+workflow instead (``grpo.py``).
 
 The update is decoupled PPO: ``pi_old`` is recomputed by the trainer before
 the update (the ratio is clipped against the trainer's weights, not the stale
