@@ -112,17 +112,24 @@ class GRPOWorkflow:
         if s.start_step == 0:
             s.tracker.log(0, self.evaluate(0))
         for step in s.steps():
-            metrics = self.step(step)
-            last = step == cfg.trainer.steps
-            if (cfg.eval.every and step % cfg.eval.every == 0) or last:
-                metrics.update(self.evaluate(step))
-                last = s.target_reached(step, metrics) or last
-            s.log_step(step, metrics, save=self.save)
-            if (cfg.run.save_every and step % cfg.run.save_every == 0) or last:
-                self.save(step)
-            if last:
+            if self.end_step(step, self.step(step)):
                 break
-        out = s.finish(lambda p: self.actor.one("save_pretrained", p))
+        return self.finish()
+
+    def end_step(self, step: int, metrics: dict[str, float]) -> bool:
+        """Evaluate (every ``eval.every`` steps and at the end), log, checkpoint; True when the run stops here."""
+        s, cfg = self.s, self.cfg
+        last = step == cfg.trainer.steps
+        if (cfg.eval.every and step % cfg.eval.every == 0) or last:
+            metrics.update(self.evaluate(step))
+            last = s.target_reached(step, metrics) or last
+        s.log_step(step, metrics, save=self.save)
+        if (cfg.run.save_every and step % cfg.run.save_every == 0) or last:
+            self.save(step)
+        return last
+
+    def finish(self) -> Path:
+        out = self.s.finish(lambda p: self.actor.one("save_pretrained", p))
         self.shutdown()
         return out
 

@@ -164,21 +164,16 @@ class OffPolicyGRPO(GRPOWorkflow):
                 metrics = self.perf(metrics, t0, problems, comps, step)
                 metrics.update({"async/staleness": float(step - 1 - gen_version), "async/wait_rollout_s": waited,
                                 "async/rollout_version": float(gen_version)})
-                last = step == cfg.trainer.steps
-                if (cfg.eval.every and step % cfg.eval.every == 0) or last:
-                    self._push(step, _host_copy(self.actor.one("named_weights")))  # evaluate the trainer's weights
-                    metrics.update(self.evaluate(step))
-                    last = s.target_reached(step, metrics) or last
-                s.log_step(step, metrics, save=self.save)
-                if (cfg.run.save_every and step % cfg.run.save_every == 0) or last:
-                    self.save(step)
-                if last:
+                if self.end_step(step, metrics):
                     break
         finally:
             ahead.close()
-        out = s.finish(lambda p: self.actor.one("save_pretrained", p))
-        self.shutdown()
-        return out
+        return self.finish()
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        if step > 0:  # evaluate the trainer's weights, not the rollout's older ones
+            self._push(step, _host_copy(self.actor.one("named_weights")))
+        return super().evaluate(step)
 
     # ------------------------------------------------------------ rollout thread
     def _produce(self, step: int):
