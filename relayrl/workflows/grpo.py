@@ -105,13 +105,17 @@ class GRPOWorkflow:
             s.restore_rng(ck)
         relay_weights(self.actor, self.rollout, version=s.start_step)
 
-    def run(self) -> Path:
-        s, cfg = self.s, self.cfg
+    def begin(self) -> range:
+        """Restore, open telemetry, evaluate the starting model (fresh runs); returns the steps to train."""
+        s = self.s
         self.restore()
-        s.open_telemetry(cfg.trainer.steps, KEY_METRICS)
+        s.open_telemetry(self.cfg.trainer.steps, KEY_METRICS)
         if s.start_step == 0:
             s.tracker.log(0, self.evaluate(0))
-        for step in s.steps():
+        return s.steps()
+
+    def run(self) -> Path:
+        for step in self.begin():
             if self.end_step(step, self.step(step)):
                 break
         return self.finish()

@@ -43,7 +43,7 @@ import torch
 
 from relayrl.cluster import ClusterConfig, ResourcePool
 from relayrl.config.schema import Config
-from relayrl.workflows.grpo import KEY_METRICS, GRPOWorkflow
+from relayrl.workflows.grpo import GRPOWorkflow
 from relayrl.workflows.relay import relay_weights
 
 __all__ = ["OffPolicyGRPO", "RolloutAhead"]
@@ -140,13 +140,8 @@ class OffPolicyGRPO(GRPOWorkflow):
         return ResourcePool(name="rollout", devices=1, device_kind=main.device_kind, device_ids=ids)
 
     def run(self) -> Path:
-        s, cfg = self.s, self.cfg
-        self.restore()
-        s.open_telemetry(cfg.trainer.steps, KEY_METRICS)
-        if s.start_step == 0:
-            s.tracker.log(0, self.evaluate(0))
-        steps = s.steps()
-        self._steps = steps
+        s = self.s
+        self._steps = steps = self.begin()
         self._starts: dict[int, tuple[dict, list[int]]] = {}
         self._starts_cond = threading.Condition()
         self._ahead = ahead = RolloutAhead(self._produce, self._push, steps, self.k, version=s.start_step)

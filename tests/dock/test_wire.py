@@ -102,14 +102,20 @@ def _put(writer, gen, errors):
         errors.append(e)
 
 
-def _first_in_flight_then_queued(gens):
-    """One put in flight on a fake unit, then one put per ``gens`` queued behind it."""
+def _first_in_flight(timeout_s=10.0):
+    """A writer on a fake unit with one put in flight (its call blocked until the test releases it)."""
     unit = _FakeUnit()
-    w = UnitWriter(unit, _FakeRay, timeout_s=10)
+    w = UnitWriter(unit, _FakeRay, timeout_s=timeout_s)
     errors: list = []
     first = threading.Thread(target=_put, args=(w, 1, errors))
     first.start()
     unit.wait_calls(1)
+    return unit, w, errors, first
+
+
+def _first_in_flight_then_queued(gens):
+    """One put in flight on a fake unit, then one put per ``gens`` queued behind it."""
+    unit, w, errors, first = _first_in_flight()
     later = [threading.Thread(target=_put, args=(w, g, errors)) for g in gens]
     for t in later:
         t.start()
@@ -155,12 +161,7 @@ def test_a_refused_write_fails_alone():
 
 
 def test_waiting_behind_a_stuck_call_times_out():
-    unit = _FakeUnit()
-    w = UnitWriter(unit, _FakeRay, timeout_s=0.3)
-    errors: list = []
-    first = threading.Thread(target=_put, args=(w, 1, errors))
-    first.start()
-    unit.wait_calls(1)
+    unit, w, errors, first = _first_in_flight(timeout_s=0.3)
     _put(w, 2, errors)  # queued behind the first call, which never completes
     first.join(5)
     assert len(errors) == 2  # both puts fail; neither hangs
