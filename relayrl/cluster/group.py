@@ -102,6 +102,13 @@ class WorkerGroup:
         """Process id of each rank (the driver's own pid for an in-process rank)."""
         return self._ranks.pids()
 
+    @property
+    def in_driver(self) -> bool:
+        """True when the group's one rank runs inside the driver process (no serialization on calls)."""
+        from relayrl.cluster.local import InProcessRanks
+
+        return isinstance(self._ranks, InProcessRanks)
+
     # -- call kinds ------------------------------------------------------------------------------
     def all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Run `method(*args, **kwargs)` on every rank; results in rank order."""

@@ -197,7 +197,7 @@ class WeightRelay:
     def _transport_for(self, group: Any, layout: BucketLayout) -> str:
         if getattr(group, "backend", "local") == "ray":
             return "ray"
-        if self.transport == "pickle" or getattr(group, "world_size", 1) == 1:
+        if self.transport == "pickle" or getattr(group, "in_driver", getattr(group, "world_size", 1) == 1):
             return "pickle"  # one in-process rank: numpy views, nothing is pickled
         if self._shm is not None and self._shm.layout.key == layout.key:
             return "shm"

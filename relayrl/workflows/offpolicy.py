@@ -152,6 +152,7 @@ class OffPolicyGRPO(GRPOWorkflow):
         self._steps = steps = self.begin()
         self._starts: dict[int, tuple[dict, list[int]]] = {}
         self._starts_cond = threading.Condition()
+        self._relayed: dict[int, dict[str, float]] = {}  # relay metrics of each pushed version, logged once
         self._ahead = ahead = RolloutAhead(self._produce, self._push, steps, self.k, version=s.start_step)
         try:
             for step in steps:
@@ -166,7 +167,7 @@ class OffPolicyGRPO(GRPOWorkflow):
                     ahead.stage(step, _host_copy(self.actor.one("named_weights")))
                 metrics = self.perf(metrics, t0, problems, comps, step)
                 metrics.update({"async/staleness": float(step - 1 - gen_version), "async/wait_rollout_s": waited,
-                                "async/rollout_version": float(gen_version)})
+                                "async/rollout_version": float(gen_version), **self._relayed.pop(gen_version, {})})
                 if self.end_step(step, metrics):
                     break
         finally:
@@ -187,7 +188,9 @@ class OffPolicyGRPO(GRPOWorkflow):
 
     def _push(self, version: int, weights: list[tuple[str, torch.Tensor]]) -> None:
         """Load host weights into the rollout engine (calls to the rollout group never overlap)."""
-        relay_weights(self.actor, self.rollout, version=version, relay=self.relay, named=weights)
+        t0 = time.perf_counter()
+        metrics = relay_weights(self.actor, self.rollout, version=version, relay=self.relay, named=weights)
+        self._relayed[version] = {**metrics, "timing/relay_s": time.perf_counter() - t0}
 
     def save(self, step: int) -> Path:
         # The data position and sampler state at the start of batch step+1, the first not trained yet. The

@@ -15,17 +15,13 @@ from relayrl.weights import WeightRelay, gather_full_state
 __all__ = ["relay_weights"]
 
 
-def _in_process(group: WorkerGroup) -> bool:
-    return group.backend == "local" and group.world_size == 1
-
-
 def relay_weights(actor: WorkerGroup, rollout: WorkerGroup, *, version: int, relay: WeightRelay | None = None,
                   named: list | None = None) -> dict[str, float]:
     """Make every rollout rank hold the actor's current weights (or ``named``, host copies staged earlier),
     tagged ``version``; returns relay metrics."""
     if named is None:
         named = actor.one("named_weights")
-    if _in_process(actor) and _in_process(rollout):
+    if actor.in_driver and rollout.in_driver:
         rollout.all("update_weights", named, version)
         return {}
     relay = relay or WeightRelay()
