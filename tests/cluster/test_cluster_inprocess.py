@@ -32,7 +32,7 @@ def test_call_kinds(group):
 
 def test_single_rank_call_passes_objects_without_pickling(group):
     lock = threading.Lock()  # not picklable
-    assert group.one("identity", lock) is lock
+    assert group.one("identity", lock) is lock and group.in_driver
 
 
 def test_error_names_group_rank_method_with_traceback(group):
