@@ -48,6 +48,8 @@ FAMILIES: tuple[Family, ...] = (
            lambda k: k.startswith("reward/") or k.split("/")[-1].startswith("accuracy")
            or k.split("/")[-1].startswith("pass@") or k.split("/")[-1].startswith("avg@")),
     Family("response_length.png", "Response length and truncation", lambda k: k.startswith("response/")),
+    Family("off_policy.png", "Off-policy: staleness, rollout wait, importance weights",
+           lambda k: k.startswith(("async/", "offpolicy/"))),
     Family("kl.png", "KL divergence", lambda k: re.search(r"(^|[/_])kl($|[/_])", k) is not None),
     Family("entropy.png", "Entropy", lambda k: "entropy" in k),
     Family("clip_fractions.png", "Clip fractions", lambda k: "clip_frac" in k, shared_axes=True),

@@ -140,11 +140,12 @@ def _fake_run(run_dir, steps=5):
                 "response/clip_ratio": 0.0, "actor/kl": 0.01, "actor/entropy": 1.2, "actor/clip_frac_low": 0.01,
                 "actor/clip_frac_high": 0.02, "actor/grad_norm": float("nan") if s == 2 else 1.0,
                 "rollout/logprob_error": 1e-3, "perf/tokens_per_s_per_device": 900.0, "custom/thing": s,
+                "async/staleness": float(min(s - 1, 1)), "offpolicy/kl_k3": 1e-4,
                 **tl.timing_metrics(s),
             })
 
 
-@pytest.mark.slow  # draws 11 figures: ~5 s on 2 shared cores
+@pytest.mark.slow  # draws 12 figures: ~5 s on 2 shared cores
 def test_plot_run_writes_every_family_timeline_and_trace(tmp_path):
     from relayrl.telemetry.plots import plot_run
 
@@ -154,6 +155,7 @@ def test_plot_run_writes_every_family_timeline_and_trace(tmp_path):
     assert names == {
         "reward_accuracy.png", "response_length.png", "kl.png", "entropy.png", "clip_fractions.png",
         "logprob_error.png", "throughput.png", "timings.png", "actor.png", "custom.png", "timeline.png", "trace.json",
+        "off_policy.png",
     }
     for p in written:
         assert p.exists() and p.stat().st_size > 0
