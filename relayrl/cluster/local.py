@@ -145,9 +145,11 @@ class ProcessRanks:
         call_id = next(self._ids)
         try:
             # An `all` call repeats one payload object for every rank: pickle it once.
-            done: dict[int, bytes] = {}
-            msgs = [done.get(id(p)) or done.setdefault(id(p), pickle.dumps(
-                (call_id, method, pickle.dumps(p, protocol=pickle.HIGHEST_PROTOCOL)))) for p in payloads]
+            pickled: dict[int, bytes] = {}
+            for p in payloads:
+                if id(p) not in pickled:
+                    pickled[id(p)] = pickle.dumps((call_id, method, pickle.dumps(p, protocol=pickle.HIGHEST_PROTOCOL)))
+            msgs = [pickled[id(p)] for p in payloads]
         except Exception as exc:
             raise TypeError(f"group {self.group!r}: the arguments of {method!r} cannot be pickled for the rank "
                             f"processes: {exc}") from exc

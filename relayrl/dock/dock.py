@@ -189,18 +189,16 @@ class Dock:
         recomputed) without publishing it twice.
         """
         part = self._part(partition)
-        cols = normalize_columns(f"put({partition!r})", data, None if indexes is None else len(indexes))
+        where = f"put({partition!r})"
+        cols = normalize_columns(where, data, None if indexes is None else len(indexes))
         n = len(next(iter(cols.values())).values)
         with part.lock:  # reject bad input before any data moves
             self._check_open(part)
             schemas = {name: col.schema for name, col in cols.items()}
-            self._check_schemas(part, schemas, f"put({partition!r})")
-            where = f"put({partition!r})"
+            self._check_schemas(part, schemas, where)
             slots = self._reserve(part, n, where) if indexes is None else self._existing(part, indexes, where)
-            for name, schema in schemas.items():
-                part.schemas.setdefault(name, schema)
-        slots.write_rows(cols)
-        receipt = Receipt(partition, part.gen, slots._idx, {name: (c.schema, c.lengths) for name, c in cols.items()})
+            part.schemas.update(schemas)  # checked: each is new or equal to the earlier one
+        receipt = slots.write_rows(cols)
         self._publish(part, receipt)
         return slots.indexes
 
@@ -262,7 +260,7 @@ class Dock:
         k = min(range(len(part.unit_rows)), key=part.unit_rows.__getitem__)  # least-filled unit
         part.unit_rows[k] += n
         part.owner[idx] = k
-        return Slots(part.name, part.gen, part.rows, idx, part.owner[idx], self._plane)
+        return self._slots(part, idx)
 
     def _existing(self, part: _Partition, indexes: Sequence[int], where: str) -> Slots:
         idx = np.asarray(indexes, dtype=np.int64).reshape(-1)
@@ -272,6 +270,9 @@ class Dock:
                              "new rows are put without indexes)")
         if len(np.unique(idx)) != len(idx):
             raise ValueError(f"{where}: indexes contain duplicates")
+        return self._slots(part, idx)
+
+    def _slots(self, part: _Partition, idx: np.ndarray) -> Slots:
         return Slots(part.name, part.gen, part.rows, idx, part.owner[idx], self._plane)
 
     def _publish(self, part: _Partition, receipt: Receipt, check: bool = False) -> None:
@@ -283,8 +284,7 @@ class Dock:
             if check:
                 schemas = {name: schema for name, (schema, _) in receipt.columns.items()}
                 self._check_schemas(part, schemas, f"publish({part.name!r})")
-                for name, schema in schemas.items():
-                    part.schemas.setdefault(name, schema)
+                part.schemas.update(schemas)
             news = []
             for name, (_, lengths) in receipt.columns.items():
                 present = part.present.get(name)

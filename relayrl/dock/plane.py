@@ -82,7 +82,7 @@ class LocalPlane:
                         "cannot be sent to another process (use dock.put in the driver, or backend='ray')")
 
     def shutdown(self) -> None:
-        self.units, self.writers = [], []
+        self.units = []
 
 
 class RayPlane:

@@ -82,14 +82,13 @@ class Slots:
         Raises ``DockWriteError`` (with ``.indexes``) when the units did not all
         confirm, and ``PartitionClosedError`` when the partition was closed.
         """
-        cols = normalize_columns(f"write to {self!r}", data, len(self._idx))
-        self.write_rows(cols)
-        return Receipt(self.partition, self._gen, self._idx, {n: (c.schema, c.lengths) for n, c in cols.items()})
+        return self.write_rows(normalize_columns(f"write to {self!r}", data, len(self._idx)))
 
-    def write_rows(self, cols: dict[str, Rows]) -> None:
+    def write_rows(self, cols: dict[str, Rows]) -> Receipt:
         """``write`` for columns already normalized (``dock.put`` checks them before any data moves)."""
         try:
             self._plane.write(self._gen, self._n_rows, self._idx, self._owner, cols)
         except DockWriteError as e:
             e.indexes = self._idx.tolist()  # retry these rows with dock.slots(partition, e.indexes)
             raise
+        return Receipt(self.partition, self._gen, self._idx, {n: (c.schema, c.lengths) for n, c in cols.items()})
