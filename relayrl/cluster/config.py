@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 BackendName = Literal["local", "ray"]
 
@@ -28,6 +28,11 @@ class ClusterConfig(BaseModel):
     """`local` backend: a one-rank group runs inside the driver process (no
     serialization). False spawns it in its own process like larger groups (its
     own interpreter lock, e.g. for a rollout that overlaps training)."""
+    devices: int = Field(default=1, ge=1)
+    """Devices per node of a workflow's main resource pool (GPUs, or CPU slots). The actor, reference and
+    rollout groups get one rank per device: data parallel, the actor and reference sharded with FSDP2."""
+    nodes: int = Field(default=1, ge=1)
+    """Nodes of the main resource pool (more than one needs `backend="ray"`)."""
     num_cpus: int | None = Field(default=None, ge=1)
     """CPUs for a Ray instance started by the driver (ignored when connecting)."""
     error_grace_s: float = Field(default=3.0, ge=0.0)
@@ -38,6 +43,12 @@ class ClusterConfig(BaseModel):
     construction, Ray placement) may take before the driver raises."""
     collective_timeout_s: float = Field(default=1800.0, gt=0.0)
     """Timeout passed to `torch.distributed.init_process_group`."""
+
+    @model_validator(mode="after")
+    def _nodes_need_ray(self) -> "ClusterConfig":
+        if self.nodes > 1 and self.backend != "ray":
+            raise ValueError(f"nodes={self.nodes}: the local backend runs on one machine; set backend='ray'")
+        return self
 
     @field_validator("ray_address")
     @classmethod

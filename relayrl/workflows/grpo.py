@@ -46,7 +46,8 @@ from relayrl.workflows.losses import PolicyLoss
 from relayrl.weights import WeightRelay
 from relayrl.workflows.relay import relay_weights
 from relayrl.workflows.session import Session
-from relayrl.workflows.workers import PolicyWorker, ReferenceWorker, RolloutWorker
+from relayrl.workflows.workers import (PolicyWorker, ReferenceWorker, RolloutWorker, collective, generate,
+                                       restore_rollout_rng, rollout_rng)
 
 __all__ = ["GRPOWorkflow", "train_grpo"]
 
@@ -101,7 +102,7 @@ class GRPOWorkflow:
         if ck is not None:
             self.actor.all("load_state", {"model": ck.model_state, "optimizer": ck.optimizer_state,
                                           "scheduler": ck.scheduler_state})
-            self.rollout.all("set_rng_state", torch.tensor(ck.trainer_state["rollout_rng"], dtype=torch.uint8))
+            restore_rollout_rng(self.rollout, ck.trainer_state["rollout_rng"], s.log)
             s.restore_rng(ck)
         relay_weights(self.actor, self.rollout, version=s.start_step)
 
@@ -133,7 +134,7 @@ class GRPOWorkflow:
         return last
 
     def finish(self) -> Path:
-        out = self.s.finish(lambda p: self.actor.one("save_pretrained", p))
+        out = self.s.finish(lambda p: self.actor.all("save_pretrained", p))
         self.shutdown()
         return out
 
@@ -209,7 +210,7 @@ class GRPOWorkflow:
         while len(problems) < P:
             batch_problems = s.prompts.take(P - len(problems))
             with s.span("generate", "rollout", step):
-                new = self.rollout.one("generate", [s.encode(p) for p in batch_problems], self.sampling)
+                new = generate(self.rollout, [s.encode(p) for p in batch_problems], self.sampling)
             with s.span("reward", "reward", step):
                 new_scores, rmetrics = s.reward.score(
                     [batch_problems[c.prompt_index].prompt for c in new], [c.text for c in new],
@@ -282,8 +283,9 @@ class GRPOWorkflow:
                 rows = [r for r, i in enumerate(b.indexes) if comps[i].finish_reason != "length"] or rows
             groups = [comps[i].prompt_index for i in b.indexes]
             batch = SequenceBatch(b["prompt_ids"], b["response_ids"], {f: b[f] for f in fields}, groups).select(rows)
-            metrics = self.actor.one("update", batch, self.loss, mini_batches=t.mini_batches, epochs=t.epochs,
-                                     with_entropy="grad" if a.entropy_coef > 0 else True, seed=self.cfg.run.seed + step)
+            metrics = self.actor.split("update", batch, self.loss, mini_batches=t.mini_batches, epochs=t.epochs,
+                                       with_entropy="grad" if a.entropy_coef > 0 else True,
+                                       seed=self.cfg.run.seed + step)[0]  # every rank reports the global metrics
             b.ack()
         metrics.update(self._kl_metrics)
         if "actor/ref_kl_k1" in metrics:
@@ -297,13 +299,13 @@ class GRPOWorkflow:
     # ------------------------------------------------------- eval and state
     def evaluate(self, step: int) -> dict[str, float]:
         with self.s.span("eval", "rollout", step):
-            result = self.s.evaluate(lambda p, sp: self.rollout.one("generate", p, sp), step)
+            result = self.s.evaluate(lambda p, sp: generate(self.rollout, p, sp), step)
         return result.metrics
 
     def save(self, step: int) -> Path:
         with self.s.span("checkpoint", "driver", step):
-            rng = self.rollout.one("rng_state").tolist()
-            return self.s.save(step, self.actor.one("state"), extra_state={"rollout_rng": rng})
+            rng = rollout_rng(self.rollout)
+            return self.s.save(step, collective(self.actor, "state"), extra_state={"rollout_rng": rng})
 
     def shutdown(self) -> None:
         for g in (self.actor, self.rollout, self.ref):

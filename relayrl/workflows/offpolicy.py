@@ -46,6 +46,7 @@ from relayrl.cluster import ClusterConfig, ResourcePool
 from relayrl.config.schema import Config
 from relayrl.workflows.grpo import GRPOWorkflow
 from relayrl.workflows.relay import relay_weights
+from relayrl.workflows.workers import collective, rollout_rng
 
 __all__ = ["OffPolicyGRPO", "RolloutAhead"]
 
@@ -164,7 +165,7 @@ class OffPolicyGRPO(GRPOWorkflow):
                     self._starts.pop(step, None)  # a checkpoint from now on records a later start
                 metrics = self.learn(step, problems, comps, rewards, metrics)
                 with s.span("stage_weights", "actor", step):  # (unchanged weights after a skipped step)
-                    ahead.stage(step, _host_copy(self.actor.one("named_weights")))
+                    ahead.stage(step, _host_copy(collective(self.actor, "named_weights")))
                 metrics = self.perf(metrics, t0, problems, comps, step)
                 metrics.update({"async/staleness": float(step - 1 - gen_version), "async/wait_rollout_s": waited,
                                 "async/rollout_version": float(gen_version), **self._relayed.pop(gen_version, {})})
@@ -176,13 +177,13 @@ class OffPolicyGRPO(GRPOWorkflow):
 
     def evaluate(self, step: int) -> dict[str, float]:
         if step > 0:  # evaluate the trainer's weights, not the rollout's older ones
-            self._push(step, _host_copy(self.actor.one("named_weights")))
+            self._push(step, _host_copy(collective(self.actor, "named_weights")))
         return super().evaluate(step)
 
     # ------------------------------------------------------------ rollout thread
     def _produce(self, step: int):
         with self._starts_cond:
-            self._starts[step] = (self.s.prompts.state(), self.rollout.one("rng_state").tolist())
+            self._starts[step] = (self.s.prompts.state(), rollout_rng(self.rollout))
             self._starts_cond.notify_all()
         return self.rollout_and_score(step)
 
@@ -204,6 +205,6 @@ class OffPolicyGRPO(GRPOWorkflow):
                     self._starts_cond.wait(timeout=1.0)
                 data, rng = self._starts.pop(step + 1)
         else:  # the last step: nothing runs ahead any more
-            data, rng = self.s.prompts.state(), self.rollout.one("rng_state").tolist()
+            data, rng = self.s.prompts.state(), rollout_rng(self.rollout)
         with self.s.span("checkpoint", "driver", step):
-            return self.s.save(step, self.actor.one("state"), extra_state={"rollout_rng": rng, "data": data})
+            return self.s.save(step, collective(self.actor, "state"), extra_state={"rollout_rng": rng, "data": data})

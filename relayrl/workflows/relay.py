@@ -19,8 +19,8 @@ def relay_weights(actor: WorkerGroup, rollout: WorkerGroup, *, version: int, rel
                   named: list | None = None) -> dict[str, float]:
     """Make every rollout rank hold the actor's current weights (or ``named``, host copies staged earlier),
     tagged ``version``; returns relay metrics."""
-    if named is None:
-        named = actor.one("named_weights")
+    if named is None:  # every actor rank takes part (FSDP2 gathers the full tensors); rank 0 holds them
+        named = actor.all("named_weights")[0]
     if actor.in_driver and rollout.in_driver:
         rollout.all("update_weights", named, version)
         return {}

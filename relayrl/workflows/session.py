@@ -118,7 +118,8 @@ class Session:
                                     exclude=frozenset(p.prompt for p in self.eval_problems))
         self.reward = RewardEngine(cfg.reward, task=self.task)
         cuda = cfg.model.device == "cuda" or (cfg.model.device == "auto" and torch.cuda.is_available())
-        self.pool = ResourcePool(name="main", devices=1, device_kind="cuda" if cuda else "cpu")
+        self.pool = ResourcePool(name="main", devices=cfg.cluster.devices, nodes=cfg.cluster.nodes,
+                                 device_kind="cuda" if cuda else "cpu")
         self.ckpt = CheckpointManager(self.dir / "checkpoints", keep=cfg.run.keep_checkpoints)
         self.plan = resume_from(self.dir / "checkpoints", cfg.run.resume)
         self.start_step = 0

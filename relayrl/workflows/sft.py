@@ -19,7 +19,7 @@ from relayrl.engines.training.base import SequenceBatch
 from relayrl.workflows.losses import SFTLoss
 from relayrl.workflows.relay import relay_weights
 from relayrl.workflows.session import Session
-from relayrl.workflows.workers import PolicyWorker, RolloutWorker
+from relayrl.workflows.workers import PolicyWorker, RolloutWorker, collective, generate
 
 __all__ = ["train_sft"]
 
@@ -41,10 +41,10 @@ def train_sft(cfg: Config) -> Path:
     def evaluate(step: int) -> dict[str, float]:
         with s.span("eval", "rollout", step):
             relay_weights(actor, rollout, version=step)
-            return s.evaluate(lambda p, sp: rollout.one("generate", p, sp), step).metrics
+            return s.evaluate(lambda p, sp: generate(rollout, p, sp), step).metrics
 
     def save(step: int) -> Path:
-        return s.save(step, actor.one("state"))
+        return s.save(step, collective(actor, "state"))
 
     ck = s.load(actor.one("param_shapes"))
     if ck is not None:
@@ -61,7 +61,7 @@ def train_sft(cfg: Config) -> Path:
             [torch.cat([torch.tensor(s.tokenizer(p.answer, add_special_tokens=False)["input_ids"]), eos]) for p in problems],
         )
         with s.span("update", "actor", step):
-            metrics = actor.one("update", batch, loss, seed=cfg.run.seed + step)
+            metrics = actor.split("update", batch, loss, seed=cfg.run.seed + step)[0]  # global metrics on every rank
         dt = time.perf_counter() - t0
         tokens = sum(int(p.numel() + r.numel()) for p, r in zip(batch.prompt_ids, batch.response_ids))
         metrics.update({"perf/step_time_s": dt, "perf/tokens": tokens,
@@ -75,7 +75,7 @@ def train_sft(cfg: Config) -> Path:
             save(step)
         if last:
             break
-    out = s.finish(lambda p: actor.one("save_pretrained", p))
+    out = s.finish(lambda p: actor.all("save_pretrained", p))
     actor.shutdown()
     rollout.shutdown()
     return out

@@ -10,20 +10,24 @@ pool; the driver calls them by method name (``group.one("generate", ...)``).
 
 from __future__ import annotations
 
+import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from relayrl.cluster import Worker
+from relayrl.cluster import Worker, WorkerGroup
 from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.engines.generation.native import NativeGenerationEngine
+from relayrl.engines.training import fsdp
 from relayrl.engines.training.base import LossFn, SequenceBatch
 from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
 from relayrl.models.load import load_model, load_tokenizer
-from relayrl.weights import WeightReceiverMixin
+from relayrl.weights import WeightReceiverMixin, gather_full_state
 
-__all__ = ["PolicyWorker", "ReferenceWorker", "RolloutWorker", "resolve_device"]
+__all__ = ["PolicyWorker", "ReferenceWorker", "RolloutWorker", "resolve_device", "collective", "generate",
+           "rollout_rng", "restore_rollout_rng"]
 
 
 def resolve_device(name: str, worker_device: torch.device | None = None) -> torch.device:
@@ -37,7 +41,10 @@ def resolve_device(name: str, worker_device: torch.device | None = None) -> torc
     return torch.device(name)
 
 
-def _set_threads(threads: int) -> None:
+def _set_threads(threads: int, worker: Worker | None = None) -> None:
+    """``threads`` torch CPU threads; 0 on a CPU rank of a multi-rank group: the cores shared out over its ranks."""
+    if threads == 0 and worker is not None and getattr(worker, "world_size", 1) > 1 and worker.device.type == "cpu":
+        threads = max(1, (os.cpu_count() or 1) // worker.world_size)
     if threads > 0 and torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
 
@@ -47,7 +54,7 @@ class PolicyWorker(Worker):
 
     def __init__(self, model_path: str, engine: TrainEngineConfig, total_steps: int, *, dtype: str = "float32",
                  device: str = "auto", attn_implementation: str = "sdpa", threads: int = 0, seed: int = 0) -> None:
-        _set_threads(threads)
+        _set_threads(threads, self)
         torch.manual_seed(seed)
         dev = resolve_device(device, getattr(self, "device", None))
         model = load_model(model_path, dtype=dtype, device=dev, attn_implementation=attn_implementation)
@@ -64,25 +71,37 @@ class PolicyWorker(Worker):
         return self.engine.train_step(batch, loss_fn, mini_batches=mini_batches, epochs=epochs,
                                       temperature=temperature, with_entropy=with_entropy, generator=gen)
 
-    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
-        return self.engine.named_weights()
+    def named_weights(self) -> list[tuple[str, torch.Tensor]] | None:
+        """The weights to relay. Sharded (FSDP2): every rank must call this (the full tensors are gathered);
+        rank 0 gets them, the other ranks None. Unsharded: the live parameters, no copy."""
+        named = self.engine.named_weights()
+        if not self.engine.sharded:
+            return named
+        full = gather_full_state(named)
+        return full if self.rank == 0 else None
 
-    def state(self) -> dict:
-        return {"model": {n: t.detach().cpu() for n, t in self.engine.model.state_dict().items()}, **self.engine.state()}
+    def state(self) -> dict | None:
+        """Full model, optimizer and scheduler state (collective when sharded; None on ranks > 0)."""
+        state = self.engine.state()
+        return state if getattr(self, "rank", 0) == 0 else None
 
     def load_state(self, state: dict) -> None:
-        missing, unexpected = self.engine.model.load_state_dict(state["model"], strict=False)
+        """Load a checkpoint's state (every rank gets the full state and keeps its shard)."""
+        missing, unexpected = self.engine.load_state(state)
         missing = [m for m in missing if not m.endswith("lm_head.weight")]  # tied to the embeddings
         if missing or unexpected:
             raise ValueError(f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-        self.engine.load_state(state)
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         return {n: tuple(t.shape) for n, t in self.engine.model.state_dict().items()}
 
     def save_pretrained(self, path: str) -> None:
+        """Save the model as a Hugging Face directory (collective when sharded; rank 0 writes)."""
+        full = fsdp.full_model_state(self.engine.model)
+        if getattr(self, "rank", 0) != 0:
+            return
         Path(path).mkdir(parents=True, exist_ok=True)
-        self.engine.model.save_pretrained(path)
+        self.engine.model.save_pretrained(path, state_dict=full)
         self.tokenizer.save_pretrained(path)
 
 
@@ -91,7 +110,7 @@ class ReferenceWorker(Worker):
 
     def __init__(self, model_path: str, engine: TrainEngineConfig, *, dtype: str = "float32", device: str = "auto",
                  attn_implementation: str = "sdpa", threads: int = 0) -> None:
-        _set_threads(threads)
+        _set_threads(threads, self)
         dev = resolve_device(device, getattr(self, "device", None))
         model = load_model(model_path, dtype=dtype, device=dev, attn_implementation=attn_implementation)
         self.engine = TorchTrainingEngine(model, engine, total_steps=1, device=dev, trainable=False)
@@ -106,7 +125,7 @@ class RolloutWorker(WeightReceiverMixin, Worker):
 
     def __init__(self, model_path: str, *, max_batch: int = 256, dtype: str = "float32", device: str = "auto",
                  attn_implementation: str = "sdpa", threads: int = 0, seed: int = 0) -> None:
-        _set_threads(threads)
+        _set_threads(threads, self)
         dev = resolve_device(device, getattr(self, "device", None))
         model = load_model(model_path, dtype=dtype, device=dev, attn_implementation=attn_implementation)
         self.tokenizer = load_tokenizer(model_path)
@@ -116,6 +135,12 @@ class RolloutWorker(WeightReceiverMixin, Worker):
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         return self.engine.generate(prompts, params, generator=self.generator if params.temperature > 0 else None)
 
+    def generate_rows(self, items: Sequence[tuple[int, Sequence[int]]], params: SamplingParams) -> list[Completion]:
+        """``generate`` for ``(prompt_index, prompt)`` pairs: completions carry the given indexes (a rank of a
+        data-parallel rollout gets a slice of the prompts)."""
+        comps = self.generate([p for _, p in items], params)
+        return [replace(c, prompt_index=items[c.prompt_index][0]) for c in comps]
+
     def update_weights(self, named_tensors, version: int) -> None:
         self.engine.update_weights(named_tensors, version)
 
@@ -124,3 +149,32 @@ class RolloutWorker(WeightReceiverMixin, Worker):
 
     def set_rng_state(self, state: torch.Tensor) -> None:
         self.generator.set_state(state)
+
+
+# ------------------------------------------------------------- driver-side calls
+def collective(group: WorkerGroup, method: str, *args, **kwargs):
+    """Call ``method`` on every rank (FSDP2 gathers need them all); rank 0's result."""
+    return group.all(method, *args, **kwargs)[0]
+
+
+def generate(rollout: WorkerGroup, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+    """Generate on every rollout rank, each taking a contiguous slice of ``prompts``; completions come back
+    in prompt order with ``prompt_index`` into ``prompts``."""
+    return rollout.split("generate_rows", list(enumerate(prompts)), params)
+
+
+def rollout_rng(rollout: WorkerGroup) -> list[list[int]]:
+    """Each rollout rank's sampler state (for checkpoints)."""
+    return [t.tolist() for t in rollout.all("rng_state")]
+
+
+def restore_rollout_rng(rollout: WorkerGroup, states: list, log=print) -> None:
+    """Give each rollout rank its saved sampler state; with a different rank count, keep the fresh seeds."""
+    if states and isinstance(states[0], int):  # a checkpoint of one rank written before per-rank states
+        states = [states]
+    if len(states) != rollout.world_size:
+        log(f"relayrl: the checkpoint has the sampler state of {len(states)} rollout rank(s) and this run has "
+            f"{rollout.world_size}: rollout ranks start from fresh seeds")
+        return
+    for rank, st in enumerate(states):
+        rollout.one("set_rng_state", torch.tensor(st, dtype=torch.uint8), rank=rank)

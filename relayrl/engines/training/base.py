@@ -17,7 +17,7 @@ from typing import Callable, Literal, Protocol, Sequence
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["SequenceBatch", "MicroBatch", "LossFn", "OptimConfig", "TrainingEngine"]
+__all__ = ["SequenceBatch", "balanced_cuts", "MicroBatch", "LossFn", "metric_reduction", "OptimConfig", "TrainingEngine"]
 
 
 @dataclass
@@ -62,9 +62,16 @@ class SequenceBatch:
         )
 
     def split(self, n: int) -> list["SequenceBatch"]:
-        """``n`` contiguous chunks (for data-parallel dispatch)."""
-        size = -(-len(self) // n)
-        return [self.select(range(i, min(i + size, len(self)))) for i in range(0, len(self), size)]
+        """``n`` contiguous, non-empty chunks of about equal tokens (prompt + response), for data-parallel
+        dispatch: chunks are cut between prompt groups where possible, so a group stays on one rank (its
+        prompt is then computed once). Order is kept, so results concatenated in rank order line up."""
+        if not 1 <= n <= len(self):
+            raise ValueError(f"cannot split {len(self)} rows over {n} data-parallel ranks: every rank needs a row")
+        cost = [int(p.numel() + r.numel()) for p, r in zip(self.prompt_ids, self.response_ids)]
+        cuts = balanced_cuts(cost, n, None if self.groups is None else
+                             [i for i in range(1, len(self)) if self.groups[i] != self.groups[i - 1]])
+        bounds = [0, *cuts, len(self)]
+        return [self.select(range(a, b)) for a, b in zip(bounds, bounds[1:])]
 
     @classmethod
     def concat(cls, parts: Sequence["SequenceBatch"]) -> "SequenceBatch":
@@ -76,6 +83,24 @@ class SequenceBatch:
             {k: [t for p in parts for t in p.fields[k]] for k in keys},
             groups,
         )
+
+
+def balanced_cuts(cost: Sequence[int], n: int, preferred: Sequence[int] | None = None) -> list[int]:
+    """``n - 1`` increasing cut positions in ``1..len(cost)-1`` that split ``cost`` into ``n`` non-empty
+    contiguous runs of about equal sum. Each cut is the ``preferred`` position (e.g. group boundaries)
+    nearest to its share of the total, or the nearest row boundary when no preferred one fits."""
+    total, prefix = 0, [0]
+    for c in cost:
+        total += c
+        prefix.append(total)
+    cuts: list[int] = []
+    for k in range(1, n):
+        lo, hi = (cuts[-1] if cuts else 0) + 1, len(cost) - (n - k)  # leave a row for every later chunk
+        target = total * k / n
+        fits = [c for c in (preferred if preferred is not None else ()) if lo <= c <= hi]
+        pool = fits or range(lo, hi + 1)
+        cuts.append(min(pool, key=lambda c: (abs(prefix[c] - target), c)))
+    return cuts
 
 
 @dataclass
@@ -97,6 +122,22 @@ class MicroBatch:
 
 
 LossFn = Callable[[MicroBatch], "tuple[torch.Tensor, dict[str, float]]"]
+"""``loss_fn(micro_batch) -> (loss, metrics)``. The engine reports each metric over the whole mini-batch
+(all micro-batches and data-parallel ranks), reduced as :func:`metric_reduction` says."""
+
+
+def metric_reduction(name: str) -> Literal["sum", "max", "min", "mean"]:
+    """How a loss metric combines over micro-batches and ranks, by its name: ``..loss`` is summed (a
+    micro-batch's loss is its share of the mini-batch's, normalised by the global counts), as is
+    ``..tokens``; ``.._max`` / ``.._min`` take the extreme; anything else is a mean weighted by response
+    tokens."""
+    if name.endswith("loss") or name.endswith("tokens"):
+        return "sum"
+    if name.endswith("_max"):
+        return "max"
+    if name.endswith("_min"):
+        return "min"
+    return "mean"
 
 
 class OptimConfig(BaseModel):

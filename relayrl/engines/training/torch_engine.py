@@ -29,8 +29,10 @@ gathered first, then the output head is applied), which avoids materialising
 
 Gradients accumulate over micro-batches; the loss function normalises by the
 mini-batch's global token/sequence counts, so accumulation is exact (seed 003,
-section 3). With ``torch.distributed`` initialised, those counts are summed
-over ranks, which is what data parallelism (FSDP2) needs as well.
+section 3). With ``torch.distributed`` initialised over more than one rank the
+engine is data parallel: the model is sharded with FSDP2, the counts and the
+reported metrics are summed over ranks, and every rank runs as many forward
+passes as the busiest one (:mod:`relayrl.engines.training.fsdp`).
 
 A non-finite gradient norm skips the optimizer step (weights stay at the last
 good state) and is reported as ``actor/nonfinite_grad``; the workflow decides
@@ -45,11 +47,11 @@ from collections import defaultdict
 from typing import Literal, Sequence
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from relayrl.engines.training.base import LossFn, MicroBatch, OptimConfig, SequenceBatch
+from relayrl.engines.training import fsdp
+from relayrl.engines.training.base import LossFn, MicroBatch, OptimConfig, SequenceBatch, metric_reduction
 from relayrl.models.packing import (PackUnit, additive_mask, build_packed_batch, pack_units, plan_units,
                                     shared_prompt_mask)
 
@@ -133,6 +135,9 @@ class TorchTrainingEngine:
         self.prefix = metric_prefix
         if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
+        self.net = fsdp.ResponseLogits(self.model)
+        self.sharded = fsdp.shard_model(self.net, self.device)  # FSDP2 when the group has > 1 rank
+        self.world = fsdp.world_size()
         self.optimizer = None
         self.scheduler = None
         if trainable:
@@ -199,9 +204,7 @@ class TorchTrainingEngine:
             return lp, mask, ent, list(item), self._padded_len(batch, item)
         pb = build_packed_batch(batch.prompt_ids, batch.response_ids, item).to(self.device)
         mask4 = self._attention_mask(pb.doc_ids, pb.segment_ids, pb.position_ids)
-        hidden = self.model.get_decoder()(input_ids=pb.input_ids, attention_mask=mask4,
-                                          position_ids=pb.position_ids, use_cache=False).last_hidden_state
-        logits = self.model.get_output_embeddings()(hidden[pb.token_pack, pb.token_src]).float()  # [N, V]
+        logits = self.net(pb.input_ids, mask4, pb.position_ids, pb.token_pack, pb.token_src)  # [N, V]
         lp, ent = self._token_logprobs(logits, pb.targets, None, temperature, with_entropy)
         mask = pb.response_mask().to(self.device)
         return (pb.to_rows(lp), mask, None if ent is None else pb.to_rows(ent), list(pb.rows),
@@ -250,9 +253,8 @@ class TorchTrainingEngine:
         targets = ids.gather(1, (pos + 1).clamp(max=L - 1)) * mask.long()
         ids, attn, pos, mask, targets = (t.to(self.device) for t in (ids, attn, pos, mask, targets))
 
-        hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
-        h = hidden.gather(1, pos[:, :, None].expand(-1, -1, hidden.shape[-1]))  # [B, T, H]
-        logits = self.model.get_output_embeddings()(h).float()
+        rows_idx = torch.arange(len(rows), device=self.device)[:, None].expand_as(pos)
+        logits = self.net(ids, attn, None, rows_idx, pos)  # [B, T, V]
         logprobs, entropy = self._token_logprobs(logits, targets, mask, temperature, with_entropy)
         return logprobs, mask, entropy
 
@@ -262,7 +264,13 @@ class TorchTrainingEngine:
         self.model.eval()
         out: list[torch.Tensor | None] = [None] * len(batch)
         ent: list[torch.Tensor | None] = [None] * len(batch)
-        for item in self._plan(batch):
+        plan = self._plan(batch)
+        if self.sharded:  # every rank gathers each layer as often as the busiest rank
+            if not plan:
+                raise ValueError("logprobs: a data-parallel rank got no rows (fewer rows than ranks)")
+            for _ in range(fsdp.max_over_ranks(len(plan), self.device) - len(plan)):
+                self._forward(batch, plan[-1], temperature, False)
+        for item in plan:
             lp, _, e, rows, _ = self._forward(batch, item, temperature, with_entropy)
             for j, i in enumerate(rows):
                 n = int(batch.response_ids[i].numel())
@@ -274,11 +282,8 @@ class TorchTrainingEngine:
 
     # ---------------------------------------------------------------- update
     def _global(self, tokens: int, seqs: int) -> tuple[int, int]:
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            t = torch.tensor([tokens, seqs], dtype=torch.float64, device=self.device)
-            dist.all_reduce(t)
-            return int(t[0]), int(t[1])
-        return tokens, seqs
+        g_tokens, g_seqs = fsdp.sum_over_ranks([tokens, seqs], self.device)
+        return int(g_tokens), int(g_seqs)
 
     def train_step(self, batch: SequenceBatch, loss_fn: LossFn, *, mini_batches: int = 1, epochs: int = 1,
                    temperature: float = 1.0, with_entropy: bool | str = False,
@@ -307,23 +312,35 @@ class TorchTrainingEngine:
         sub = batch.select(rows)
         tokens = sub.num_tokens
         g_tokens, g_seqs = self._global(tokens, len(sub))
-        acc: dict[str, float] = defaultdict(float)
+        acc: dict[str, float] = {}  # loss metrics over the micro-batches (means as token-weighted sums)
         forward_tokens = 0
-        for item in self._plan(sub):
+        plan = self._plan(sub)
+        for item in plan:
             lp, mask, ent, mb_rows, n_fwd = self._forward(sub, item, temperature, with_entropy)
             forward_tokens += n_fwd
             fields = {k: _pad_field(v, mb_rows, lp.shape[1], self.device) for k, v in sub.fields.items()}
             mb = MicroBatch(lp, mask, fields, g_tokens, g_seqs, ent)
             loss, metrics = loss_fn(mb)
-            loss.backward()
-            weight = float(mask.sum()) / max(tokens, 1)
+            (loss * self.world if self.sharded else loss).backward()  # FSDP2 averages over ranks; we want the sum
+            weight = float(mask.sum())
             for k, v in metrics.items():
-                acc[k] += v * weight
-        acc[f"{self.prefix}/forward_tokens"] = float(forward_tokens)
+                how = metric_reduction(k)
+                if how in ("mean", "sum"):
+                    acc[k] = acc.get(k, 0.0) + (v * weight if how == "mean" else v)
+                else:
+                    acc[k] = v if k not in acc else max(acc[k], v) if how == "max" else min(acc[k], v)
+        if self.sharded:
+            # Ranks with fewer micro-batches repeat one with a zero loss, so that FSDP2's collectives match up.
+            for _ in range(fsdp.max_over_ranks(len(plan), self.device) - len(plan)):
+                lp = self._forward(sub, plan[-1], temperature, False)[0]
+                (lp.sum() * 0.0).backward()
+        acc = fsdp.reduce_over_ranks(acc, {k: metric_reduction(k) for k in acc}, self.device)
+        acc = {k: v / max(g_tokens, 1) if metric_reduction(k) == "mean" else v for k, v in acc.items()}
+        acc[f"{self.prefix}/forward_tokens"] = fsdp.sum_over_ranks([forward_tokens], self.device)[0]
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.cfg.optim.max_grad_norm
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
-        norm = float(norm)
+        norm = fsdp.scalar(norm)
         acc[f"{self.prefix}/grad_norm"] = norm
         acc[f"{self.prefix}/lr"] = self.optimizer.param_groups[0]["lr"]
         if math.isfinite(norm):
@@ -340,17 +357,22 @@ class TorchTrainingEngine:
         return [(n, p.detach()) for n, p in self.model.named_parameters()]
 
     def state(self) -> dict:
-        """Optimizer and scheduler state, for checkpoints."""
+        """Full model, optimizer (keyed by parameter name) and scheduler state, for checkpoints; the same
+        at every world size. A collective when sharded: rank 0 gets the state, other ranks ``{}`` entries."""
         return {
-            "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+            "model": fsdp.full_model_state(self.model),
+            "optimizer": fsdp.full_optimizer_state(self.model, self.optimizer) if self.optimizer else None,
             "scheduler": self.scheduler.state_dict() if self.scheduler else None,
         }
 
-    def load_state(self, state: dict) -> None:
-        if self.optimizer is not None and state.get("optimizer") is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
+    def load_state(self, state: dict) -> tuple[list[str], list[str]]:
+        """Load what :meth:`state` returned (any entry may be missing); returns the model's
+        (missing, unexpected) parameter names."""
+        opt = state.get("optimizer") if self.optimizer is not None else None
+        out = fsdp.load_full_state(self.model, state.get("model"), self.optimizer, opt)
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+        return out
 
 
 def pad_right(seqs: Sequence[torch.Tensor], value: float = 0.0) -> torch.Tensor:

@@ -1,0 +1,155 @@
+"""Data parallelism for the training engine: FSDP2 sharding and what it asks of the engine.
+
+When the ranks of a worker group form a ``torch.distributed`` process group of
+more than one rank, the engine shards its model with FSDP2 (``fully_shard``):
+each decoder layer is one unit, the root takes the embeddings, final norm and
+output head. Parameters, gradients and optimizer state then live as ``DTensor``
+shards; each rank trains on its own rows. The loss is already normalised by
+global token/sequence counts, so the exact gradient is the *sum* of the ranks'
+gradients (seed 003, section 3); FSDP2 averages them, so the engine scales each
+backward by the world size (a custom divide factor would need a pre-multiplied
+sum, which gloo lacks).
+
+FSDP2 gathers a unit's parameters collectively in every forward, so all ranks
+must run the same number of forward (and backward) passes: :func:`max_over_ranks`
+gives the count to pad to, and the engine runs the missing passes on a
+micro-batch it already has with the loss multiplied by zero.
+
+The root's hooks fire only when the root module itself is called. The engine
+computes log-probs by running the decoder and then the output head on the
+response positions only, so :class:`ResponseLogits` wraps both in one module
+that is the FSDP2 root.
+
+Checkpoints use full (unsharded) state dicts with parameter names, through
+``torch.distributed.checkpoint.state_dict``, at every world size; a run saved
+on N ranks resumes on M.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["ResponseLogits", "world_size", "shard_model", "max_over_ranks", "sum_over_ranks", "reduce_over_ranks", "full_model_state",
+           "full_optimizer_state", "load_full_state", "scalar"]
+
+
+class ResponseLogits(nn.Module):
+    """``model``'s output logits at chosen positions: the decoder runs on the whole input, the head only on
+    ``hidden[rows, cols]`` (so prompt positions never get ``[L, V]`` logits)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask, position_ids: torch.Tensor | None,
+                rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        hidden = self.model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                          position_ids=position_ids, use_cache=False).last_hidden_state
+        return self.model.get_output_embeddings()(hidden[rows, cols]).float()
+
+
+def world_size() -> int:
+    """Ranks of the default process group (1 when none is initialised)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks to shard one by one: modules named in ``model._no_split_modules`` (Hugging Face)."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} names no decoder layer class in _no_split_modules ({sorted(names)}); "
+                         "FSDP2 data parallelism shards one decoder layer at a time")
+    return layers
+
+
+def shard_model(root: ResponseLogits, device: torch.device) -> bool:
+    """Shard ``root`` (and its decoder layers) with FSDP2 over the default process group; False when
+    there is nothing to shard over (one rank)."""
+    n = world_size()
+    if n == 1:
+        return False
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (n,))
+    for unit in [*_decoder_layers(root.model), root]:
+        fully_shard(unit, mesh=mesh)
+    return True
+
+
+def max_over_ranks(n: int, device: torch.device) -> int:
+    """The largest ``n`` any rank holds (a collective; ``n`` itself with one rank)."""
+    if world_size() == 1:
+        return n
+    t = torch.tensor([n], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def sum_over_ranks(values: list[float], device: torch.device) -> list[float]:
+    """Element-wise sum over ranks (a collective; ``values`` unchanged with one rank)."""
+    if world_size() == 1:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def reduce_over_ranks(values: dict[str, float], how: dict[str, str], device: torch.device) -> dict[str, float]:
+    """Combine named values over ranks: ``how[name]`` is ``max``, ``min``, or anything else for a sum.
+    Every rank must hold the same names (a collective; ``values`` unchanged with one rank)."""
+    if world_size() == 1:
+        return dict(values)
+    names = sorted(values)
+    sign = [(-1.0 if how[k] == "min" else 1.0) for k in names]
+    extreme = [how[k] in ("max", "min") for k in names]
+    summed = sum_over_ranks([0.0 if e else values[k] for k, e in zip(names, extreme)], device)
+    t = torch.tensor([s * values[k] if e else 0.0 for k, s, e in zip(names, sign, extreme)], dtype=torch.float64,
+                     device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return {k: s * x if e else y for k, s, e, x, y in zip(names, sign, extreme, t.tolist(), summed)}
+
+
+def scalar(x: torch.Tensor) -> float:
+    """A 0-d tensor or DTensor (e.g. a gradient norm under FSDP2) as a float, the same on every rank."""
+    full = getattr(x, "full_tensor", None)
+    return float(full() if callable(full) else x)
+
+
+def _options(**kw):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True, **kw)
+
+
+def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's full state dict on the CPU (rank 0; other ranks get ``{}``). Collective when sharded."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_options())
+
+
+def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer's full state keyed by parameter name (rank 0; others ``{}``). Collective when sharded."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=_options())
+
+
+def load_full_state(model: nn.Module, model_state: dict | None, optimizer: torch.optim.Optimizer | None = None,
+                    optimizer_state: dict | None = None) -> tuple[list[str], list[str]]:
+    """Load full state dicts (every rank passes the same) into a plain or sharded model; returns the
+    (missing, unexpected) parameter names of the model state."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    missing: list[str] = []
+    unexpected: list[str] = []
+    if model_state is not None:
+        keys = set_model_state_dict(model, model_state, options=_options(strict=False))
+        missing, unexpected = list(keys.missing_keys), list(keys.unexpected_keys)
+    if optimizer is not None and optimizer_state:
+        set_optimizer_state_dict(model, optimizer, optimizer_state, options=_options())
+    return missing, unexpected
