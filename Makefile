@@ -32,6 +32,7 @@ bench: $(VENV)/.bench-installed
 	$(BIN)/python benchmarks/dock_flow.py
 	$(BIN)/python benchmarks/grpo_vs_trl.py
 	$(BIN)/python benchmarks/weight_relay.py
+	$(BIN)/python benchmarks/data_parallel.py
 
 clean:
 	rm -rf $(VENV) runs .cache

@@ -176,6 +176,12 @@ class Config(_Section):
         if self.trainer.off_policy_steps and self.workflow != "grpo":
             raise ValueError(f"trainer.off_policy_steps={self.trainer.off_policy_steps} applies to workflow grpo, "
                              f"not {self.workflow}")
+        ranks = self.cluster.devices * self.cluster.nodes
+        rows = self.trainer.batch_size if self.workflow == "sft" else self.data.prompts_per_step * self.rollout.n
+        if rows // ranks < self.trainer.mini_batches:
+            what = "trainer.batch_size" if self.workflow == "sft" else "data.prompts_per_step x rollout.n"
+            raise ValueError(f"{what} = {rows} rows over {ranks} data-parallel rank(s) leaves {rows // ranks} per "
+                             f"rank, fewer than trainer.mini_batches={self.trainer.mini_batches}")
         if self.reward.verifier == "task" and self.data.task is None:
             raise ValueError("reward.verifier=task needs a built-in data.task; for data.path use "
                              "reward.verifier=math, exact or user")

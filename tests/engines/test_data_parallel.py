@@ -101,3 +101,23 @@ def test_two_rank_reference_logprobs_match(tiny_dir, tiny_tokenizer):
         ref.shutdown()
     for a, b in zip(want, got):
         torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.multiproc
+def test_generation_split_over_rollout_ranks_keeps_prompt_indexes(tiny_dir, tiny_tokenizer):
+    """Greedy completions from 2 rollout ranks equal one rank's, in prompt order, with global prompt indexes."""
+    from relayrl.engines.generation.base import SamplingParams
+    from relayrl.workflows.workers import RolloutWorker, generate
+
+    prompts = [tiny_tokenizer(f"{i}+{i + 3}=")["input_ids"] for i in range(5)]
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=4)
+    kw = dict(model_path=str(tiny_dir), threads=1)
+    one = WorkerGroup(RolloutWorker, ResourcePool("r1", devices=1), "rollout", backend="local", init_kwargs=kw)
+    two = WorkerGroup(RolloutWorker, ResourcePool("r2", devices=2), "rollout", backend="local", init_kwargs=kw)
+    try:
+        want, got = generate(one, prompts, params), generate(two, prompts, params)
+    finally:
+        one.shutdown()
+        two.shutdown()
+    assert [c.prompt_index for c in got] == [c.prompt_index for c in want] == list(range(5))
+    assert [c.token_ids.tolist() for c in got] == [c.token_ids.tolist() for c in want]

@@ -230,3 +230,27 @@ def test_off_policy_grpo_respects_the_staleness_bound_and_resumes(sft_model, tmp
     r = relayrl("train", *args, "run.resume=auto")
     assert r.returncode == 0, r.stderr[-3000:]
     assert [x["step"] for x in records(tmp_path)][-2:] == [3, 4]
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_data_parallel_grpo_and_sft_resume_on_another_world_size(sft_model, tmp_path):
+    """cluster.devices=2: two actor ranks (FSDP2), two reference and two rollout ranks; the checkpoint holds
+    full state by parameter name, so the run resumes on one rank."""
+    dp = ["cluster.devices=2", "run.save_every=1", *FAST]
+    r = relayrl("train", "recipes/arith_grpo.yaml", "trainer.steps=2", f"run.dir={tmp_path / 'g'}",
+                f"trainer.init_from={sft_model}", "algorithm.kl_coef=0.01", *dp)
+    assert r.returncode == 0, r.stderr[-3000:]
+    last = records(tmp_path / "g")[-1]
+    assert last["relay/bytes"] > 1e6 and last["actor/grad_norm"] >= 0 and "actor/kl" in last
+    assert (tmp_path / "g" / "model" / "model.safetensors").exists()
+    r = relayrl("train", "recipes/arith_grpo.yaml", "trainer.steps=3", f"run.dir={tmp_path / 'g'}",
+                f"trainer.init_from={sft_model}", "algorithm.kl_coef=0.01", "run.resume=auto", *FAST)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resuming from" in r.stdout and "sampler state of 2 rollout rank(s)" in r.stdout
+    assert [x["step"] for x in records(tmp_path / "g")] == [0, 1, 2, 3]
+
+    r = relayrl("train", "recipes/arith_sft.yaml", "trainer.steps=2", f"run.dir={tmp_path / 's'}", *dp)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = records(tmp_path / "s")
+    assert recs[-1]["sft/loss"] > 0 and recs[-1]["sft/tokens"] > 0
