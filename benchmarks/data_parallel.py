@@ -35,13 +35,13 @@ from relayrl.workflows.losses import PolicyLoss
 from relayrl.workflows.workers import PolicyWorker
 
 
-def make_batch(prompts: int, n: int, max_len: int, seed: int = 0) -> SequenceBatch:
+def make_batch(prompts: int, n: int, max_len: int, vocab: int, seed: int = 0) -> SequenceBatch:
     g = torch.Generator().manual_seed(seed)
     p_ids, r_ids, adv, groups = [], [], [], []
     for p in range(prompts):
-        prompt = torch.randint(5, 500, (int(torch.randint(6, 13, (1,), generator=g)),), generator=g)
+        prompt = torch.randint(5, vocab, (int(torch.randint(6, 13, (1,), generator=g)),), generator=g)
         for _ in range(n):
-            r = torch.randint(5, 500, (int(torch.randint(4, max_len + 1, (1,), generator=g)),), generator=g)
+            r = torch.randint(5, vocab, (int(torch.randint(4, max_len + 1, (1,), generator=g)),), generator=g)
             p_ids.append(prompt)
             r_ids.append(r)
             adv.append(torch.randn(len(r), generator=g))
@@ -86,7 +86,9 @@ def main() -> None:
         from relayrl.models.tiny import build_tiny
 
         model = str(build_tiny(verbose=False))
-    batch = make_batch(args.prompts, args.n, args.max_len)
+    from transformers import AutoConfig
+
+    batch = make_batch(args.prompts, args.n, args.max_len, AutoConfig.from_pretrained(model).vocab_size)
     print(f"workload: {len(batch)} rows ({args.prompts} prompts x {args.n}), {batch.num_tokens} response tokens, "
           f"{args.threads} torch threads in total, median of {args.repeats}")
     results = {}

@@ -173,10 +173,12 @@ def test_nonfinite_update_stops_with_a_checkpoint(sft_model, tmp_path):
 @pytest.mark.slow
 @pytest.mark.ray
 def test_same_driver_runs_on_ray(sft_model, tmp_path):
-    """The backend is a config value: the GRPO driver runs its worker groups as Ray actors, weights as packed
-    buckets, and the samples through a dock of two Ray storage units."""
+    """The backend is a config value: the GRPO driver runs its worker groups as Ray actors (two data-parallel
+    ranks each, FSDP2 over gloo), weights as packed buckets, and the samples through a dock of two Ray
+    storage units."""
     r = relayrl("train", "recipes/arith_grpo.yaml", "trainer.steps=2", f"run.dir={tmp_path}",
                 f"trainer.init_from={sft_model}", "cluster.backend=ray", "cluster.num_cpus=4", "dock.backend=ray",
+                "cluster.devices=2",
                 "dock.units=2", "algorithm.kl_coef=0.01", *FAST)
     assert r.returncode == 0, r.stderr[-3000:]
     last = records(tmp_path)[-1]
