@@ -26,6 +26,10 @@ def _run(cfg) -> Path:
         from relayrl.workflows.sft import train_sft
 
         return train_sft(cfg)
+    if cfg.workflow == "dpo":
+        from relayrl.workflows.dpo import train_dpo
+
+        return train_dpo(cfg)
     from relayrl.workflows.grpo import train_grpo
 
     return train_grpo(cfg)

@@ -23,7 +23,7 @@ from relayrl.telemetry import TelemetryConfig
 
 __all__ = [
     "RunConfig", "ModelConfig", "DataConfig", "RolloutConfig", "AlgorithmConfig", "TrainerConfig",
-    "EvalConfig", "Config",
+    "DPOConfig", "EvalConfig", "Config",
 ]
 
 
@@ -57,6 +57,8 @@ class DataConfig(_Section):
     eval_path: str | None = None
     prompt_key: str = "prompt"
     answer_key: str = "answer"
+    rejected_key: str = Field("rejected", description="workflow dpo: field with the rejected answer (answer_key "
+                              "holds the chosen one)")
     chat_template: bool | None = Field(None, description="null: apply the tokenizer's chat template to chat-message prompts")
     prompts_per_step: int = Field(8, ge=1)
 
@@ -132,11 +134,21 @@ class TrainerConfig(_Section):
     steps: int = Field(100, ge=0, description="training steps (optimizer steps for SFT; RL iterations for GRPO)")
     mini_batches: int = Field(1, ge=1, description="optimizer steps per RL step (PPO mini-batches)")
     epochs: int = Field(1, ge=1, description="passes over each RL batch")
-    batch_size: int = Field(64, ge=1, description="SFT: examples per optimizer step")
+    batch_size: int = Field(64, ge=1, description="SFT: examples per optimizer step; DPO: preference pairs")
     init_from: str | None = Field(None, description="start from this model directory (e.g. an SFT run's model/)")
     off_policy_steps: int = Field(0, ge=0, description="GRPO: k-step off-policy. Rollouts run ahead on their own "
                                   "resource pool, with weights at most k updates older than the update that uses "
                                   "them (staleness bound); 0: synchronous and colocated")
+
+
+class DPOConfig(_Section):
+    """Direct preference optimisation (workflow dpo): pairs of a chosen and a rejected answer per prompt."""
+
+    beta: float = Field(0.1, gt=0.0, description="inverse temperature of the implicit reward")
+    kind: Literal["sigmoid", "ipo", "hinge"] = Field("sigmoid", description="DPO, IPO or SLiC-HF hinge loss")
+    label_smoothing: float = Field(0.0, ge=0.0, lt=0.5, description="conservative DPO (sigmoid only)")
+    nll_weight: float = Field(0.0, ge=0.0, description="weight of the chosen answers' NLL added to the loss (RPO, "
+                              "Pang et al. 2024; TRL's rpo_alpha): keeps the chosen answers likely")
 
 
 class EvalConfig(_Section):
@@ -150,7 +162,7 @@ class EvalConfig(_Section):
 class Config(_Section):
     """A whole run. ``workflow`` picks the driver program."""
 
-    workflow: Literal["sft", "grpo"] = "grpo"
+    workflow: Literal["sft", "grpo", "dpo"] = "grpo"
     run: RunConfig = RunConfig()
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
@@ -158,6 +170,7 @@ class Config(_Section):
     algorithm: AlgorithmConfig = AlgorithmConfig()
     trainer: TrainerConfig = TrainerConfig()
     engine: TrainEngineConfig = TrainEngineConfig()
+    dpo: DPOConfig = DPOConfig()
     eval: EvalConfig = EvalConfig()
     reward: RewardConfig = RewardConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
@@ -176,10 +189,21 @@ class Config(_Section):
         if self.trainer.off_policy_steps and self.workflow != "grpo":
             raise ValueError(f"trainer.off_policy_steps={self.trainer.off_policy_steps} applies to workflow grpo, "
                              f"not {self.workflow}")
+        if self.workflow == "dpo":
+            if self.engine.packing != "shared_prompt":
+                raise ValueError(f"workflow=dpo packs each prompt with its chosen and rejected answer, so that a pair "
+                                 f"stays in one micro-batch: set engine.packing=shared_prompt (got {self.engine.packing!r})")
+            if self.dpo.label_smoothing and self.dpo.kind != "sigmoid":
+                raise ValueError(f"dpo.label_smoothing is defined for dpo.kind=sigmoid only (got {self.dpo.kind!r})")
+            if self.data.task not in (None, "arith"):
+                raise ValueError(f"workflow=dpo needs preference pairs: the built-in arith task has them (the true "
+                                 f"sum over the careless one); data.task={self.data.task!r} has none, give data.path "
+                                 f"with data.answer_key (chosen) and data.rejected_key columns")
         ranks = self.cluster.devices * self.cluster.nodes
-        rows = self.trainer.batch_size if self.workflow == "sft" else self.data.prompts_per_step * self.rollout.n
+        rows = (self.trainer.batch_size * (2 if self.workflow == "dpo" else 1) if self.workflow != "grpo"
+                else self.data.prompts_per_step * self.rollout.n)
         if rows // ranks < self.trainer.mini_batches:
-            what = "trainer.batch_size" if self.workflow == "sft" else "data.prompts_per_step x rollout.n"
+            what = "data.prompts_per_step x rollout.n" if self.workflow == "grpo" else "trainer.batch_size"
             raise ValueError(f"{what} = {rows} rows over {ranks} data-parallel rank(s) leaves {rows // ranks} per "
                              f"rank, fewer than trainer.mini_batches={self.trainer.mini_batches}")
         if self.reward.verifier == "task" and self.data.task is None:

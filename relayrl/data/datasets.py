@@ -41,6 +41,8 @@ class DatasetConfig(BaseModel):
     path: Path = Field(description="a .jsonl/.json/.ndjson (JSON lines, or one JSON array) or .parquet file")
     prompt_key: str = Field("prompt", min_length=1, description='field with the prompt; dots reach nested fields ("x.prompt")')
     answer_key: str = Field("answer", min_length=1, description="field with the ground truth (string or number)")
+    rejected_key: str | None = Field(None, min_length=1, description="field with a rejected answer (preference "
+                                     "pairs: the answer field is the chosen one); None: not read")
     format: Literal["jsonl", "parquet"] | None = Field(None, description="None: inferred from the file suffix")
     limit: int | None = Field(None, ge=1, description="keep only the first N rows")
 
@@ -162,7 +164,17 @@ def _row_problem(row: Any, rowno: int, cfg: DatasetConfig, tokenizer) -> Problem
         )
     if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
         raise DatasetError(f"{where}: field {cfg.answer_key!r} is {type(answer).__name__}; expected a string or a number")
-    extra = {k: v for k, v in row.items() if k not in (cfg.prompt_key, cfg.answer_key)}
+    if cfg.rejected_key is not None:
+        rejected = _get(row, cfg.rejected_key)
+        if rejected is _MISSING:
+            raise DatasetError(f"{where}: field {cfg.rejected_key!r} (the rejected answer) is missing "
+                               f"(columns present: {present})")
+        if not isinstance(rejected, str) or not rejected.strip():
+            raise DatasetError(f"{where}: field {cfg.rejected_key!r} must be a non-empty string, got {rejected!r}")
+        if rejected == str(answer):
+            raise DatasetError(f"{where}: the rejected answer equals the chosen one ({rejected!r})")
+        meta["rejected"] = rejected
+    extra = {k: v for k, v in row.items() if k not in (cfg.prompt_key, cfg.answer_key, cfg.rejected_key)}
     if extra:
         meta["extra"] = extra
     return Problem(text, answer if isinstance(answer, str) else str(answer), meta)
@@ -191,7 +203,7 @@ def load_problems(cfg: DatasetConfig, tokenizer=None) -> list[Problem]:
         )
     if path.stat().st_size == 0:
         raise DatasetError(f"dataset file {path} is empty")
-    rows = _iter_jsonl(path) if fmt == "jsonl" else _iter_parquet(path, (cfg.prompt_key, cfg.answer_key))
+    rows = _iter_jsonl(path) if fmt == "jsonl" else _iter_parquet(path, tuple(k for k in (cfg.prompt_key, cfg.answer_key, cfg.rejected_key) if k))
     problems: list[Problem] = []
     for rowno, row in rows:
         problems.append(_row_problem(row, rowno, cfg, tokenizer))

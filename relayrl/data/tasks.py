@@ -103,7 +103,9 @@ class ArithmeticTask:
     summed mod 10, only the leftmost column's overflow kept: ``56+78=124``).
     The held-out set and the verifier always use the true sum, so SFT on such
     data imitates the teacher's mistakes and GRPO can learn to carry from the
-    verifier alone (the demo's design). Use it for SFT data only.
+    verifier alone (the demo's design). Use it for SFT data only. A problem
+    whose careless answer differs from the true sum carries it as
+    ``meta["rejected"]``: the preference pairs of ``workflow=dpo``.
     ``reverse=True`` writes every answer ones digit first (``56+78=431``), the
     order in which the sum is computed (on the tiny default model it was not
     learned faster than the usual order: measured, 500 SFT steps).
@@ -167,8 +169,11 @@ class ArithmeticTask:
             if self.forget_carry and careless != true and rng.random() < self.forget_carry:
                 answer = careless
             if self.reverse:
-                answer, true = answer[::-1], true[::-1]
-            return Problem(f"{a}+{b}=", answer, {"a": a, "b": b, "carries": c, "true_answer": true})
+                answer, true, careless = answer[::-1], true[::-1], careless[::-1]
+            meta = {"a": a, "b": b, "carries": c, "true_answer": true}
+            if careless != true and answer == true:  # a preference pair for DPO: the true sum over the careless one
+                meta["rejected"] = careless
+            return Problem(f"{a}+{b}=", answer, meta)
         raise RuntimeError(f"arith task: could not draw a problem with carries={self.carries!r}")
 
     def eval_set(self) -> list[Problem]:

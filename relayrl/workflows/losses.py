@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from relayrl.algorithms.dpo import dpo_loss
 from relayrl.algorithms.kl import kl_loss
 from relayrl.algorithms.losses import aggregate, policy_loss
 from relayrl.algorithms.mismatch import logprob_error
@@ -19,7 +20,7 @@ from relayrl.algorithms.offpolicy import truncated_is_weights
 from relayrl.algorithms.sft import sft_loss
 from relayrl.engines.training.base import MicroBatch
 
-__all__ = ["PolicyLoss", "SFTLoss"]
+__all__ = ["PolicyLoss", "SFTLoss", "DPOLoss"]
 
 
 @dataclass(frozen=True)
@@ -90,4 +91,54 @@ class SFTLoss:
     def __call__(self, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         loss, metrics = sft_loss(mb.logprobs, mb.mask, agg=self.agg,
                                  global_tokens=mb.global_tokens, global_seqs=mb.global_seqs)
+        return loss, metrics
+
+
+_DPO_METRICS = ("dpo/loss", "dpo/rewards_chosen", "dpo/rewards_rejected", "dpo/reward_accuracy", "dpo/reward_margin",
+                "dpo/logps_chosen", "dpo/logps_rejected", "dpo/nll_chosen")
+
+
+@dataclass(frozen=True)
+class DPOLoss:
+    """DPO / IPO / hinge over the (chosen, rejected) pairs of a micro-batch.
+
+    Rows come in pairs: field ``pair`` (the pair's id) and ``chosen`` (1 for the
+    chosen answer, 0 for the rejected one) per row, ``ref_logp`` the row's summed
+    reference log-prob. Both rows of a pair must be in the micro-batch (the
+    engine's shared-prompt packing keeps a prompt group together). The loss and
+    every metric are this micro-batch's share of the mean over all pairs of the
+    mini-batch (``global_seqs / 2``), so the engine sums them.
+
+    ``nll_weight`` > 0 adds the chosen answers' negative log-likelihood (mean
+    over pairs of the per-token mean), as in RPO (Pang et al. 2024, TRL's
+    ``rpo_alpha``): plain DPO can lower the chosen answers' likelihood along
+    with the rejected ones'.
+    """
+
+    beta: float = 0.1
+    kind: str = "sigmoid"
+    label_smoothing: float = 0.0
+    nll_weight: float = 0.0
+    summed: tuple[str, ...] = _DPO_METRICS
+
+    def __call__(self, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        f = mb.fields
+        pair, chosen = f["pair"].long(), f["chosen"] > 0.5
+        seq_logp = (mb.logprobs * mb.mask).sum(-1)
+        order = torch.argsort(pair * 2 + (~chosen).long())  # chosen then rejected, pair by pair
+        if len(order) % 2 or not (torch.equal(pair[order][0::2], pair[order][1::2])
+                                  and bool(chosen[order][0::2].all()) and not bool(chosen[order][1::2].any())):
+            raise ValueError("DPO: a micro-batch holds an incomplete (chosen, rejected) pair; a pair longer than "
+                             "engine.token_budget is split by the engine: raise engine.token_budget")
+        c, r = order[0::2], order[1::2]
+        loss, metrics = dpo_loss(seq_logp[c], seq_logp[r], f["ref_logp"][c], f["ref_logp"][r], beta=self.beta,
+                                 kind=self.kind, label_smoothing=self.label_smoothing)
+        share = len(c) / (mb.global_seqs / 2)  # this micro-batch's pairs among the mini-batch's
+        nll, _ = sft_loss(mb.logprobs[c], mb.mask[c], agg="seq-mean-token-mean", global_seqs=mb.global_seqs // 2)
+        metrics = {k: v * share for k, v in metrics.items()}
+        metrics["dpo/nll_chosen"] = float(nll.detach())  # already this micro-batch's share
+        loss = loss * share
+        if self.nll_weight > 0:
+            loss = loss + self.nll_weight * nll
+            metrics["dpo/loss"] = float(loss.detach())
         return loss, metrics

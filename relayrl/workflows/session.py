@@ -136,7 +136,9 @@ class Session:
             task = make_task(d.task, **d.task_options)
             eval_task = make_task(d.task, **{**d.task_options, **(d.eval_task_options or {}), "eval_size": self.cfg.eval.size})
             return task, None, eval_task.eval_set()
-        train = load_problems(DatasetConfig(path=d.path, prompt_key=d.prompt_key, answer_key=d.answer_key))
+        rejected = d.rejected_key if self.cfg.workflow == "dpo" else None  # preference pairs, every row checked
+        train = load_problems(DatasetConfig(path=d.path, prompt_key=d.prompt_key, answer_key=d.answer_key,
+                                            rejected_key=rejected))
         size = self.cfg.eval.size
         if d.eval_path:
             evals = load_problems(DatasetConfig(path=d.eval_path, prompt_key=d.prompt_key, answer_key=d.answer_key))

@@ -123,15 +123,16 @@ class MicroBatch:
 
 LossFn = Callable[[MicroBatch], "tuple[torch.Tensor, dict[str, float]]"]
 """``loss_fn(micro_batch) -> (loss, metrics)``. The engine reports each metric over the whole mini-batch
-(all micro-batches and data-parallel ranks), reduced as :func:`metric_reduction` says."""
+(all micro-batches and data-parallel ranks), reduced as :func:`metric_reduction` says. A loss function may
+name in a ``summed`` attribute metrics it already normalises by the global counts (summed as they are)."""
 
 
-def metric_reduction(name: str) -> Literal["sum", "max", "min", "mean"]:
+def metric_reduction(name: str, summed: Sequence[str] = ()) -> Literal["sum", "max", "min", "mean"]:
     """How a loss metric combines over micro-batches and ranks, by its name: ``..loss`` is summed (a
-    micro-batch's loss is its share of the mini-batch's, normalised by the global counts), as is
-    ``..tokens``; ``.._max`` / ``.._min`` take the extreme; anything else is a mean weighted by response
-    tokens."""
-    if name.endswith("loss") or name.endswith("tokens"):
+    micro-batch's loss is its share of the mini-batch's, normalised by the global counts), as are
+    ``..tokens`` and the names in ``summed``; ``.._max`` / ``.._min`` take the extreme; anything else is a
+    mean weighted by response tokens."""
+    if name.endswith("loss") or name.endswith("tokens") or name in summed:
         return "sum"
     if name.endswith("_max"):
         return "max"

@@ -315,6 +315,7 @@ class TorchTrainingEngine:
         acc: dict[str, float] = {}  # loss metrics over the micro-batches (means as token-weighted sums)
         forward_tokens = 0
         plan = self._plan(sub)
+        summed = tuple(getattr(loss_fn, "summed", ()))
         for item in plan:
             lp, mask, ent, mb_rows, n_fwd = self._forward(sub, item, temperature, with_entropy)
             forward_tokens += n_fwd
@@ -324,7 +325,7 @@ class TorchTrainingEngine:
             (loss * self.world if self.sharded else loss).backward()  # FSDP2 averages over ranks; we want the sum
             weight = float(mask.sum())
             for k, v in metrics.items():
-                how = metric_reduction(k)
+                how = metric_reduction(k, summed)
                 if how in ("mean", "sum"):
                     acc[k] = acc.get(k, 0.0) + (v * weight if how == "mean" else v)
                 else:
@@ -334,8 +335,8 @@ class TorchTrainingEngine:
             for _ in range(fsdp.max_over_ranks(len(plan), self.device) - len(plan)):
                 lp = self._forward(sub, plan[-1], temperature, False)[0]
                 (lp.sum() * 0.0).backward()
-        acc = fsdp.reduce_over_ranks(acc, {k: metric_reduction(k) for k in acc}, self.device)
-        acc = {k: v / max(g_tokens, 1) if metric_reduction(k) == "mean" else v for k, v in acc.items()}
+        acc = fsdp.reduce_over_ranks(acc, {k: metric_reduction(k, summed) for k in acc}, self.device)
+        acc = {k: v / max(g_tokens, 1) if metric_reduction(k, summed) == "mean" else v for k, v in acc.items()}
         acc[f"{self.prefix}/forward_tokens"] = fsdp.sum_over_ranks([forward_tokens], self.device)[0]
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.cfg.optim.max_grad_norm

@@ -1,0 +1,91 @@
+"""The loop of the workflows that train on given answers (SFT, DPO): no rollouts in the step.
+
+Each step::
+
+    problems <- the next trainer.batch_size problems
+    batch    <- step_batch(problems)            (the workflow's rows; DPO adds reference log-probs)
+    actor.update(batch, loss)                   (split over the data-parallel actor ranks)
+    every eval.every steps: relay weights actor -> rollout, greedy accuracy on the held-out set
+
+Checkpoints, resume, early stop at ``eval.stop_at`` and telemetry are the
+session's (the same as GRPO's).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+from relayrl.cluster import WorkerGroup, make_group
+from relayrl.engines.training.base import LossFn, SequenceBatch
+from relayrl.workflows.relay import relay_weights
+from relayrl.workflows.session import Session
+from relayrl.workflows.workers import PolicyWorker, RolloutWorker, collective, generate
+
+__all__ = ["OfflineRun"]
+
+
+class OfflineRun:
+    """Actor and rollout groups on the session's pool; :meth:`run` trains ``trainer.steps`` steps."""
+
+    def __init__(self, s: Session, loss: LossFn, key_metrics: tuple[str, ...]) -> None:
+        cfg = self.cfg = s.cfg
+        self.s, self.loss, self.key_metrics = s, loss, key_metrics
+        m = cfg.model
+        self.common = dict(dtype=m.dtype, device=m.device, attn_implementation=m.attn_implementation,
+                           threads=cfg.run.threads)
+        self.groups: list[WorkerGroup] = []
+        self.actor = self.group(PolicyWorker, "actor", engine=cfg.engine, total_steps=cfg.trainer.steps,
+                                seed=cfg.run.seed)
+        self.rollout = self.group(RolloutWorker, "rollout", max_batch=cfg.rollout.max_batch, seed=cfg.run.seed)
+
+    def group(self, worker_cls: type, name: str, **kwargs) -> WorkerGroup:
+        """Another worker group on the session's pool, built from the session's model."""
+        g = make_group(self.cfg.cluster, worker_cls, self.s.pool, name,
+                       init_kwargs=dict(model_path=str(self.s.model_path), **self.common, **kwargs))
+        self.groups.append(g)
+        return g
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        with self.s.span("eval", "rollout", step):
+            relay_weights(self.actor, self.rollout, version=step)
+            return self.s.evaluate(lambda p, sp: generate(self.rollout, p, sp), step).metrics
+
+    def save(self, step: int) -> Path:
+        return self.s.save(step, collective(self.actor, "state"))
+
+    def run(self, step_batch: Callable[[int], SequenceBatch]) -> Path:
+        """Train on ``step_batch(step)`` each step; returns the final model directory."""
+        s, cfg = self.s, self.cfg
+        try:
+            ck = s.load(self.actor.one("param_shapes"))
+            if ck is not None:
+                self.actor.all("load_state", {"model": ck.model_state, "optimizer": ck.optimizer_state,
+                                              "scheduler": ck.scheduler_state})
+                s.restore_rng(ck)
+            s.open_telemetry(cfg.trainer.steps, self.key_metrics)
+            if s.start_step == 0:
+                s.tracker.log(0, self.evaluate(0))
+            for step in s.steps():
+                t0 = time.perf_counter()
+                batch = step_batch(step)
+                with s.span("update", "actor", step):  # every rank reports the global metrics
+                    metrics = self.actor.split("update", batch, self.loss, seed=cfg.run.seed + step)[0]
+                dt = time.perf_counter() - t0
+                tokens = sum(int(p.numel() + r.numel()) for p, r in zip(batch.prompt_ids, batch.response_ids))
+                metrics.update({"perf/step_time_s": dt, "perf/tokens": tokens,
+                                "perf/tokens_per_s_per_device": tokens / (dt * s.pool.world_size)})
+                last = step == cfg.trainer.steps
+                if (cfg.eval.every and step % cfg.eval.every == 0) or last:
+                    metrics.update(self.evaluate(step))
+                    last = s.target_reached(step, metrics) or last
+                s.log_step(step, metrics, save=self.save)
+                if (cfg.run.save_every and step % cfg.run.save_every == 0) or last:
+                    self.save(step)
+                if last:
+                    break
+            return s.finish(lambda p: self.actor.all("save_pretrained", p))
+        finally:
+            for g in self.groups:
+                g.shutdown()
