@@ -19,7 +19,7 @@ def _errors(*overrides, recipe=None) -> str:
 @pytest.mark.parametrize("name", sorted(p.name for p in RECIPES.glob("*.yaml")))
 def test_every_shipped_recipe_validates(name):
     cfg = load_config(Config, RECIPES / name, [])
-    assert cfg.workflow in ("sft", "grpo")
+    assert cfg.workflow in ("sft", "grpo", "dpo")
 
 
 def test_base_recipe_is_merged_under_the_diff():
@@ -89,3 +89,11 @@ def test_data_parallel_settings_that_cannot_work_are_refused():
     assert "set backend='ray'" in _errors("cluster.nodes=2")
     cfg = load_config(Config, RECIPES / "arith_grpo.yaml", ["cluster.devices=2"])
     assert cfg.cluster.devices == 2
+
+
+def test_dpo_settings_that_cannot_work_are_refused():
+    assert "set engine.packing=shared_prompt" in _errors("workflow=dpo", "engine.packing=none")
+    assert "data.task='sort' has none" in _errors("workflow=dpo", "data.task=sort")
+    assert "dpo.label_smoothing is defined for dpo.kind=sigmoid" in _errors("workflow=dpo", "dpo.kind=ipo",
+                                                                            "dpo.label_smoothing=0.1")
+    assert "dpo.beta" in _errors("workflow=dpo", "dpo.beta=0")

@@ -149,3 +149,18 @@ def test_json_array_bad_item_has_its_position(tmp_path):
     f.write_text(json.dumps([{"prompt": "p", "answer": "1"}, 5]))
     with pytest.raises(DatasetError, match=r"^d.json row 2: expected a JSON object with fields, got int$"):
         load_problems(DatasetConfig(path=f))
+
+
+def test_preference_pairs_are_read_and_checked_per_row(tmp_path):
+    f = _jsonl(tmp_path / "pairs.jsonl", [{"q": "1+1=", "good": "2", "bad": "3", "id": 7}])
+    (p,) = load_problems(DatasetConfig(path=f, prompt_key="q", answer_key="good", rejected_key="bad"))
+    assert (p.answer, p.meta["rejected"], p.meta["extra"]) == ("2", "3", {"id": 7})
+    for row, message in [({"q": "1+1=", "good": "2"}, "row 1: field 'bad' .* is missing"),
+                         ({"q": "1+1=", "good": "2", "bad": ""}, "row 1: field 'bad' must be a non-empty string"),
+                         ({"q": "1+1=", "good": "2", "bad": "2"}, "row 1: the rejected answer equals the chosen")]:
+        with pytest.raises(DatasetError, match=message):
+            load_problems(DatasetConfig(path=_jsonl(tmp_path / "bad.jsonl", [row]), prompt_key="q", answer_key="good",
+                                        rejected_key="bad"))
+    pq.write_table(pa.table({"prompt": ["2+2="], "answer": ["4"], "rejected": ["5"]}), tmp_path / "p.parquet")
+    (p,) = load_problems(DatasetConfig(path=tmp_path / "p.parquet", rejected_key="rejected"))
+    assert p.meta["rejected"] == "5"

@@ -98,3 +98,13 @@ def test_reversed_answers_ones_digit_first():
         assert p.meta["true_answer"] == str(a + b)[::-1]
         assert p.answer == _without_carries(a, b)[::-1]
     assert all(p.answer == str(p.meta["a"] + p.meta["b"])[::-1] for p in task.eval_set())
+
+
+def test_arith_preference_pairs_prefer_the_true_sum_to_the_careless_one():
+    probs = _draw(make_task("arith", min_digits=2, max_digits=2, forget_carry=0.5), 2000)
+    paired = [p for p in probs if "rejected" in p.meta]
+    assert paired and all(p.answer == p.meta["true_answer"] != p.meta["rejected"] for p in paired)
+    assert all(p.meta["rejected"] == _without_carries(p.meta["a"], p.meta["b"]) for p in paired)
+    # no pair where the (careless) training answer would be its own rejected answer, or where there is no carry
+    assert not [p for p in probs if "rejected" in p.meta and p.answer != p.meta["true_answer"]]
+    assert not [p for p in _draw(make_task("arith", carries="none"), 500) if "rejected" in p.meta]

@@ -256,3 +256,35 @@ def test_data_parallel_grpo_and_sft_resume_on_another_world_size(sft_model, tmp_
     assert r.returncode == 0, r.stderr[-3000:]
     recs = records(tmp_path / "s")
     assert recs[-1]["sft/loss"] > 0 and recs[-1]["sft/tokens"] > 0
+
+
+@pytest.mark.slow
+def test_dpo_recipe_runs_resumes_and_reads_a_pair_dataset(sft_model, tmp_path):
+    common = ["trainer.steps=3", "trainer.batch_size=8", "eval.every=3", "run.save_every=1",
+              f"trainer.init_from={sft_model}", *FAST]
+    ref, cut = tmp_path / "ref", tmp_path / "cut"
+    r = relayrl("train", "recipes/arith_dpo.yaml", f"run.dir={ref}", *common)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = records(ref)
+    assert [x["step"] for x in recs] == [0, 1, 2, 3] and "eval/accuracy" in recs[-1]
+    assert recs[1]["dpo/loss"] > 0 and 0 <= recs[-1]["dpo/reward_accuracy"] <= 1 and "timing/ref_logprob_s" in recs[1]
+    # the same run cut after step 1 and resumed reproduces it
+    r = relayrl("train", "recipes/arith_dpo.yaml", f"run.dir={cut}", *common[1:], "trainer.steps=1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = relayrl("train", "recipes/arith_dpo.yaml", f"run.dir={cut}", "run.resume=auto", *common)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [_stable(x)["dpo/loss"] for x in records(cut)[1:] if "dpo/loss" in x] == pytest.approx(
+        [x["dpo/loss"] for x in recs[1:]], rel=1e-5)
+
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b), "rejected": str(a + b + 1)}) + "\n"
+                            for a in range(10, 30) for b in range(10, 14)))
+    r = relayrl("train", "recipes/arith_dpo.yaml", f"run.dir={tmp_path / 'ds'}", "data.task=null",
+                f"data.path={data}", "reward.verifier=exact", "cluster.devices=2", "eval.size=8", *common)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert records(tmp_path / "ds")[-1]["dpo/loss"] > 0
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+    r = relayrl("train", "recipes/arith_dpo.yaml", f"run.dir={tmp_path / 'bad'}", "data.task=null",
+                f"data.path={bad}", "reward.verifier=exact", *FAST)
+    assert r.returncode != 0 and "bad.jsonl row 1: field 'rejected' (the rejected answer) is missing" in r.stderr
