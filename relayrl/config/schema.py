@@ -17,13 +17,14 @@ from relayrl.algorithms.losses import AGG_MODES
 from relayrl.cluster import ClusterConfig
 from relayrl.dock.config import DockConfig
 from relayrl.engines.reward import RewardConfig
+from relayrl.engines.training.base import OptimConfig
 from relayrl.engines.training.torch_engine import TrainEngineConfig
 from relayrl.models.tiny import TinyModelConfig
 from relayrl.telemetry import TelemetryConfig
 
 __all__ = [
     "RunConfig", "ModelConfig", "DataConfig", "RolloutConfig", "AlgorithmConfig", "TrainerConfig",
-    "DPOConfig", "EvalConfig", "Config",
+    "CriticConfig", "DPOConfig", "EvalConfig", "Config",
 ]
 
 
@@ -105,6 +106,8 @@ class AlgorithmConfig(_Section):
         "once, off-policy or with tis_cap, else the current policy (one on-policy update); recompute: always; "
         "rollout: the generation engine's log-probs (no extra forward pass; the ratio then also carries staleness "
         "and engine mismatch)")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="advantage=gae: discount")
+    lam: float = Field(1.0, ge=0.0, le=1.0, description="advantage=gae: GAE lambda (1: Monte-Carlo returns)")
     tis_cap: float | None = Field(None, gt=0.0, description="truncated importance sampling: weight each token's "
                                   "policy loss by min(pi_old / mu, tis_cap), mu the rollout engine's log-probs "
                                   "(corrects stale or mismatched rollouts; needs old log-probs, which it computes)")
@@ -115,18 +118,18 @@ class AlgorithmConfig(_Section):
             raise ValueError(f"algorithm.advantage={self.advantage!r} is not one of {', '.join(ESTIMATORS)}")
         if self.loss_agg not in AGG_MODES:
             raise ValueError(f"algorithm.loss_agg={self.loss_agg!r} is not one of {', '.join(AGG_MODES)}")
-        if self.kl_in_reward and self.advantage != "reinforce++":
+        if self.kl_in_reward and self.advantage not in ("reinforce++", "gae"):
             raise ValueError(f"algorithm.kl_in_reward=true puts the KL into per-token rewards, which only the "
-                             f"token-level estimator reads; set algorithm.advantage=reinforce++ (got {self.advantage!r}) "
-                             f"or use the KL as a loss term (kl_in_reward=false)")
+                             f"token-level estimators read; set algorithm.advantage=reinforce++ or gae (got "
+                             f"{self.advantage!r}) or use the KL as a loss term (kl_in_reward=false)")
         if self.kl_in_reward and self.kl_coef == 0:
             raise ValueError("algorithm.kl_in_reward=true needs algorithm.kl_coef > 0")
         if self.tis_cap is not None and self.old_logprobs == "rollout":
             raise ValueError("algorithm.tis_cap weighs pi_old / mu with mu the rollout's log-probs; with "
                              "old_logprobs=rollout that ratio is 1. Use old_logprobs=auto or recompute")
-        if self.advantage in ("gae", "remax"):
-            raise ValueError(f"algorithm.advantage={self.advantage!r} needs a critic/greedy baseline, which the "
-                             f"synchronous GRPO workflow does not run; use grpo, drgrpo, rloo, reinforce++ or reinforce++-baseline")
+        if self.advantage == "remax":
+            raise ValueError("algorithm.advantage='remax' needs a greedy baseline rollout, which the workflow does "
+                             "not run; use grpo, drgrpo, rloo, reinforce++, reinforce++-baseline or gae (PPO with a critic)")
         return self
 
 
@@ -139,6 +142,15 @@ class TrainerConfig(_Section):
     off_policy_steps: int = Field(0, ge=0, description="GRPO: k-step off-policy. Rollouts run ahead on their own "
                                   "resource pool, with weights at most k updates older than the update that uses "
                                   "them (staleness bound); 0: synchronous and colocated")
+
+
+class CriticConfig(_Section):
+    """PPO's critic (``algorithm.advantage=gae``): the policy's network with a value head, trained on GAE returns."""
+
+    optim: OptimConfig = OptimConfig(lr=1e-4)
+    value_clip: float | None = Field(0.5, gt=0.0, description="clip the new values to old +- value_clip in the "
+                                     "loss (PPO's value clipping); null: plain squared error")
+    warmup_steps: int = Field(0, ge=0, description="first RL steps that train only the critic (the actor waits)")
 
 
 class DPOConfig(_Section):
@@ -170,6 +182,7 @@ class Config(_Section):
     algorithm: AlgorithmConfig = AlgorithmConfig()
     trainer: TrainerConfig = TrainerConfig()
     engine: TrainEngineConfig = TrainEngineConfig()
+    critic: CriticConfig = CriticConfig()
     dpo: DPOConfig = DPOConfig()
     eval: EvalConfig = EvalConfig()
     reward: RewardConfig = RewardConfig()

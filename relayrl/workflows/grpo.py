@@ -8,7 +8,9 @@ One step, as in the papers::
     [DAPO]    drop groups whose rewards are all equal, resample prompts, repeat
     ref_lp    <- reference.logprobs(responses)             (only when kl_coef > 0)
     old_lp    <- actor.logprobs(responses)                 (only with > 1 update per batch)
-    A         <- advantage estimator(rewards, groups)      (relayrl.algorithms)
+    [PPO]     V <- critic.values(responses)                (advantage=gae)
+    A         <- advantage estimator(rewards, groups)      (relayrl.algorithms; PPO: GAE(rewards, V) and returns)
+    [PPO]     critic.update(responses, V, returns)         (clipped value loss)
     actor.update(responses, A, old_lp, ref_lp)             (clip-higher, token-level loss, ...)
     relay weights actor -> rollout                         (weights v+1)
 
@@ -16,7 +18,9 @@ Samples move between the stages through the dock (one partition per step);
 workers are worker groups on one pool, so generation and training time-share
 the device (colocated placement). GRPO and DAPO are the same loop: DAPO is the
 configuration ``clip_high > clip_low``, ``loss_agg=token-mean``,
-``dynamic_sampling``, ``overlong_shaping`` (see ``recipes/arith_dapo.yaml``).
+``dynamic_sampling``, ``overlong_shaping`` (see ``recipes/arith_dapo.yaml``);
+PPO is ``advantage=gae``, which adds a critic group on the same pool
+(``recipes/arith_ppo.yaml``).
 
 Departure from PPO-style trainers: with one update per batch (``epochs=1,
 mini_batches=1``) the old-policy pass is skipped; the current log-probs,
@@ -42,12 +46,12 @@ from relayrl.dock import Dock
 from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.engines.training.base import SequenceBatch
 from relayrl.engines.training.torch_engine import pad_right
-from relayrl.workflows.losses import PolicyLoss
+from relayrl.workflows.losses import PolicyLoss, ValueLoss
 from relayrl.weights import WeightRelay
 from relayrl.workflows.relay import relay_weights
 from relayrl.workflows.session import Session
-from relayrl.workflows.workers import (PolicyWorker, ReferenceWorker, RolloutWorker, collective, generate,
-                                       restore_rollout_rng, rollout_rng)
+from relayrl.workflows.workers import (CriticWorker, PolicyWorker, ReferenceWorker, RolloutWorker, collective,
+                                       generate, restore_rollout_rng, rollout_rng)
 
 __all__ = ["GRPOWorkflow", "train_grpo"]
 
@@ -63,9 +67,15 @@ class GRPOWorkflow:
         m, a = cfg.model, cfg.algorithm
         common = dict(dtype=m.dtype, device=m.device, attn_implementation=m.attn_implementation, threads=cfg.run.threads)
         path = str(s.model_path)
+        updates = cfg.trainer.steps * cfg.trainer.mini_batches * cfg.trainer.epochs
         self.actor = make_group(cfg.cluster, PolicyWorker, s.pool, "actor", init_kwargs=dict(
-            model_path=path, engine=cfg.engine, total_steps=cfg.trainer.steps * cfg.trainer.mini_batches * cfg.trainer.epochs,
-            seed=cfg.run.seed, **common))
+            model_path=path, engine=cfg.engine, total_steps=updates, seed=cfg.run.seed, **common))
+        self.critic = None
+        if a.advantage == "gae":  # PPO: a critic from the same network, with its own optimizer settings
+            self.critic = make_group(cfg.cluster, CriticWorker, s.pool, "critic", init_kwargs=dict(
+                model_path=path, engine=cfg.engine.model_copy(update={"optim": cfg.critic.optim}), total_steps=updates,
+                seed=cfg.run.seed, **common))
+            self.value_loss = ValueLoss(clip=cfg.critic.value_clip)
         self.rollout = make_group(self._rollout_cluster(), RolloutWorker, self._rollout_pool(s.pool), "rollout", init_kwargs=dict(
             model_path=path, max_batch=cfg.rollout.max_batch, seed=cfg.run.seed, **common))
         self.ref = None
@@ -102,6 +112,11 @@ class GRPOWorkflow:
         if ck is not None:
             self.actor.all("load_state", {"model": ck.model_state, "optimizer": ck.optimizer_state,
                                           "scheduler": ck.scheduler_state})
+            if self.critic is not None:
+                if not isinstance(ck.extra, dict) or "critic" not in ck.extra:
+                    raise ValueError(f"{ck.path} holds no critic state (it was saved by a run without "
+                                     f"advantage=gae); resume it with its own advantage estimator")
+                self.critic.all("load_state", ck.extra["critic"])
             restore_rollout_rng(self.rollout, ck.trainer_state["rollout_rng"], s.log)
             s.restore_rng(ck)
         relay_weights(self.actor, self.rollout, version=s.start_step)
@@ -176,8 +191,11 @@ class GRPOWorkflow:
         if self.recompute_old:
             with s.span("old_logprob", "actor", step):
                 self.dock.put(part, {"old_logprobs": self.actor.split("logprobs", batch)}, indexes=idx)
+        if self.critic is not None:
+            with s.span("values", "critic", step):
+                self.dock.put(part, {"values": self.critic.split("values", batch)}, indexes=idx)
         with s.span("advantage", "driver", step):
-            self.dock.put(part, {"advantages": self.advantages(part, idx, rewards, comps)}, indexes=idx)
+            self.dock.put(part, self.advantages(part, idx, rewards, comps), indexes=idx)
         with s.span("update", "actor", step):
             metrics.update(self.update(part, step, comps))
         self.dock.close_partition(part)
@@ -253,8 +271,10 @@ class GRPOWorkflow:
         })
         return problems, comps, rewards, metrics
 
-    def advantages(self, part: str, idx: list[int], rewards: torch.Tensor, comps: list[Completion]) -> list[torch.Tensor]:
-        """Per-token advantages (unpadded rows) from the configured estimator."""
+    def advantages(self, part: str, idx: list[int], rewards: torch.Tensor,
+                   comps: list[Completion]) -> dict[str, list[torch.Tensor]]:
+        """Per-token ``advantages`` (unpadded rows) from the configured estimator; with GAE also the critic's
+        targets, ``returns``."""
         a = self.cfg.algorithm
         lengths = [len(c.token_ids) for c in comps]
         mask = pad_right([torch.ones(L) for L in lengths])
@@ -266,26 +286,42 @@ class GRPOWorkflow:
                 adv_lib.outcome_to_token_rewards(rewards, mask), pad_right(got["gen_logprobs"]),
                 pad_right(got["ref_logprobs"]), mask, a.kl_coef, kind=a.kl_kind)
             self._kl_metrics = kl_metrics
+
+        def rows(x: torch.Tensor) -> list[torch.Tensor]:
+            return [x[i, :L].float() for i, L in enumerate(lengths)]
+
+        if a.advantage == "gae":  # whitened over the batch, as PPO implementations do
+            values = pad_right(self.dock.get(part, idx, ["values"])["values"])
+            if token_rewards is None:
+                token_rewards = adv_lib.outcome_to_token_rewards(rewards, mask)
+            adv, returns = adv_lib.gae(token_rewards, values, mask, a.gamma, a.lam, whiten=True)
+            return {"advantages": rows(adv), "returns": rows(returns)}
         adv = adv_lib.compute(a.advantage, rewards=rewards, group_ids=groups, mask=mask, token_rewards=token_rewards,
                               normalize_std=a.normalize_std and a.advantage != "drgrpo")
-        return [adv[i, :L].float() for i, L in enumerate(lengths)]
+        return {"advantages": rows(adv)}
 
     def update(self, part: str, step: int, comps: list[Completion]) -> dict[str, float]:
-        """Stream the finished rows from the dock into the actor's update."""
+        """Stream the finished rows from the dock into the critic's (PPO) and the actor's update."""
         a, t = self.cfg.algorithm, self.cfg.trainer
         fields = ["advantages", "gen_logprobs"] + (["ref_logprobs"] if self.ref is not None else []) \
             + (["old_logprobs"] if self.recompute_old else [])
+        critic_fields = ["values", "returns"] if self.critic is not None else []
         metrics: dict[str, float] = {}
-        for b in self.dock.stream(part, stage="update", columns=["prompt_ids", "response_ids", *fields],
+        for b in self.dock.stream(part, stage="update", columns=["prompt_ids", "response_ids", *fields, *critic_fields],
                                   batch_size=len(comps)):
             rows = list(range(len(b.indexes)))
             if a.overlong_filter:  # DAPO: truncated responses count in the group statistics but not in the loss
                 rows = [r for r, i in enumerate(b.indexes) if comps[i].finish_reason != "length"] or rows
             groups = [comps[i].prompt_index for i in b.indexes]
             batch = SequenceBatch(b["prompt_ids"], b["response_ids"], {f: b[f] for f in fields}, groups).select(rows)
-            metrics = self.actor.split("update", batch, self.loss, mini_batches=t.mini_batches, epochs=t.epochs,
-                                       with_entropy="grad" if a.entropy_coef > 0 else True,
-                                       seed=self.cfg.run.seed + step)[0]  # every rank reports the global metrics
+            kw = dict(mini_batches=t.mini_batches, epochs=t.epochs, seed=self.cfg.run.seed + step)
+            if self.critic is not None:
+                values = SequenceBatch(batch.prompt_ids, batch.response_ids,
+                                       {f: [b[f][r] for r in rows] for f in critic_fields}, batch.groups)
+                metrics.update(self.critic.split("update", values, self.value_loss, **kw)[0])
+            if step > self.cfg.critic.warmup_steps or self.critic is None:  # every rank reports the global metrics
+                metrics.update(self.actor.split("update", batch, self.loss, **kw,
+                                                with_entropy="grad" if a.entropy_coef > 0 else True)[0])
             b.ack()
         metrics.update(self._kl_metrics)
         if "actor/ref_kl_k1" in metrics:
@@ -305,10 +341,15 @@ class GRPOWorkflow:
     def save(self, step: int) -> Path:
         with self.s.span("checkpoint", "driver", step):
             rng = rollout_rng(self.rollout)
-            return self.s.save(step, collective(self.actor, "state"), extra_state={"rollout_rng": rng})
+            return self.s.save(step, collective(self.actor, "state"), extra_state={"rollout_rng": rng},
+                               extra=self.extra_state())
+
+    def extra_state(self) -> dict | None:
+        """What a checkpoint holds besides the actor: the critic's full state (PPO)."""
+        return None if self.critic is None else {"critic": collective(self.critic, "state")}
 
     def shutdown(self) -> None:
-        for g in (self.actor, self.rollout, self.ref):
+        for g in (self.actor, self.rollout, self.ref, self.critic):
             if g is not None:
                 g.shutdown()
         self.dock.shutdown()

@@ -18,9 +18,10 @@ from relayrl.algorithms.losses import aggregate, policy_loss
 from relayrl.algorithms.mismatch import logprob_error
 from relayrl.algorithms.offpolicy import truncated_is_weights
 from relayrl.algorithms.sft import sft_loss
+from relayrl.algorithms.value import value_loss
 from relayrl.engines.training.base import MicroBatch
 
-__all__ = ["PolicyLoss", "SFTLoss", "DPOLoss"]
+__all__ = ["PolicyLoss", "ValueLoss", "SFTLoss", "DPOLoss"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,20 @@ class PolicyLoss:
                 metrics.update(logprob_error(f["gen_logprobs"], old.detach(), mb.mask))
         metrics["actor/loss"] = float(loss.detach())
         return loss, metrics
+
+
+@dataclass(frozen=True)
+class ValueLoss:
+    """The critic's clipped value loss (``relayrl.algorithms.value``) against the ``returns`` field, clipped
+    around the ``values`` field (the critic's values when the batch was generated). The engine of a critic
+    puts its current values where a policy's log-probs go (``mb.logprobs``)."""
+
+    clip: float | None = 0.5
+    agg: str = "token-mean"
+
+    def __call__(self, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        return value_loss(mb.logprobs, mb.fields["values"], mb.fields["returns"], mb.mask, clip=self.clip,
+                          agg=self.agg, global_tokens=mb.global_tokens, global_seqs=mb.global_seqs)
 
 
 @dataclass(frozen=True)

@@ -207,4 +207,5 @@ class OffPolicyGRPO(GRPOWorkflow):
         else:  # the last step: nothing runs ahead any more
             data, rng = self.s.prompts.state(), rollout_rng(self.rollout)
         with self.s.span("checkpoint", "driver", step):
-            return self.s.save(step, collective(self.actor, "state"), extra_state={"rollout_rng": rng, "data": data})
+            return self.s.save(step, collective(self.actor, "state"), extra_state={"rollout_rng": rng, "data": data},
+                               extra=self.extra_state())

@@ -229,7 +229,9 @@ class Session:
 
     # ---------------------------------------------------------- checkpoints
     def save(self, step: int, policy_state: dict, *, generators: dict[str, Any] | None = None,
-             extra_state: dict | None = None) -> Path:
+             extra_state: dict | None = None, extra: Any = None) -> Path:
+        """Checkpoint ``step``: the policy's state, the data position and RNG states, ``extra_state`` (JSON)
+        in the trainer state and ``extra`` (any picklable object, e.g. a critic's state) beside it."""
         rng = capture_rng_state(generators or {})
         return self.ckpt.save(
             step,
@@ -240,6 +242,7 @@ class Session:
                            **(extra_state or {})},
             rng_state=rng,
             config=self.cfg.model_dump(mode="json"),
+            extra=extra,
         )
 
     def load(self, expected_shapes: dict[str, tuple]) -> Any:

@@ -23,10 +23,10 @@ from relayrl.engines.generation.native import NativeGenerationEngine
 from relayrl.engines.training import fsdp
 from relayrl.engines.training.base import LossFn, SequenceBatch
 from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
-from relayrl.models.load import load_model, load_tokenizer
+from relayrl.models.load import load_model, load_tokenizer, load_value_model
 from relayrl.weights import WeightReceiverMixin, gather_full_state
 
-__all__ = ["PolicyWorker", "ReferenceWorker", "RolloutWorker", "resolve_device", "collective", "generate",
+__all__ = ["PolicyWorker", "CriticWorker", "ReferenceWorker", "RolloutWorker", "resolve_device", "collective", "generate",
            "rollout_rng", "restore_rollout_rng"]
 
 
@@ -49,36 +49,24 @@ def _set_threads(threads: int, worker: Worker | None = None) -> None:
         torch.set_num_threads(threads)
 
 
-class PolicyWorker(Worker):
-    """The actor: trains the policy and serves its weights to the relay."""
+class _TrainerWorker(Worker):
+    """A trained model behind a training engine: updates, checkpoint state (shared by actor and critic)."""
 
-    def __init__(self, model_path: str, engine: TrainEngineConfig, total_steps: int, *, dtype: str = "float32",
-                 device: str = "auto", attn_implementation: str = "sdpa", threads: int = 0, seed: int = 0) -> None:
+    engine: TorchTrainingEngine
+
+    def _start(self, load, model_path: str, engine: TrainEngineConfig, total_steps: int, *, dtype: str, device: str,
+               attn_implementation: str, threads: int, seed: int, **engine_kwargs) -> None:
         _set_threads(threads, self)
         torch.manual_seed(seed)
         dev = resolve_device(device, getattr(self, "device", None))
-        model = load_model(model_path, dtype=dtype, device=dev, attn_implementation=attn_implementation)
-        self.engine = TorchTrainingEngine(model, engine, total_steps=total_steps, device=dev)
-        self.tokenizer = load_tokenizer(model_path)
-
-    def logprobs(self, batch: SequenceBatch, temperature: float = 1.0) -> list[torch.Tensor]:
-        """Per-row response log-probs (a list, so ``group.split`` concatenates ranks' results)."""
-        return self.engine.logprobs(batch, temperature=temperature)[0]
+        model = load(model_path, dtype=dtype, device=dev, attn_implementation=attn_implementation)
+        self.engine = TorchTrainingEngine(model, engine, total_steps=total_steps, device=dev, **engine_kwargs)
 
     def update(self, batch: SequenceBatch, loss_fn: LossFn, *, mini_batches: int = 1, epochs: int = 1,
                temperature: float = 1.0, with_entropy: bool | str = False, seed: int = 0) -> dict[str, float]:
         gen = torch.Generator().manual_seed(seed)
         return self.engine.train_step(batch, loss_fn, mini_batches=mini_batches, epochs=epochs,
                                       temperature=temperature, with_entropy=with_entropy, generator=gen)
-
-    def named_weights(self) -> list[tuple[str, torch.Tensor]] | None:
-        """The weights to relay. Sharded (FSDP2): every rank must call this (the full tensors are gathered);
-        rank 0 gets them, the other ranks None. Unsharded: the live parameters, no copy."""
-        named = self.engine.named_weights()
-        if not self.engine.sharded:
-            return named
-        full = gather_full_state(named)
-        return full if self.rank == 0 else None
 
     def state(self) -> dict | None:
         """Full model, optimizer and scheduler state (collective when sharded; None on ranks > 0)."""
@@ -95,6 +83,29 @@ class PolicyWorker(Worker):
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         return {n: tuple(t.shape) for n, t in self.engine.model.state_dict().items()}
 
+
+class PolicyWorker(_TrainerWorker):
+    """The actor: trains the policy and serves its weights to the relay."""
+
+    def __init__(self, model_path: str, engine: TrainEngineConfig, total_steps: int, *, dtype: str = "float32",
+                 device: str = "auto", attn_implementation: str = "sdpa", threads: int = 0, seed: int = 0) -> None:
+        self._start(load_model, model_path, engine, total_steps, dtype=dtype, device=device,
+                    attn_implementation=attn_implementation, threads=threads, seed=seed)
+        self.tokenizer = load_tokenizer(model_path)
+
+    def logprobs(self, batch: SequenceBatch, temperature: float = 1.0) -> list[torch.Tensor]:
+        """Per-row response log-probs (a list, so ``group.split`` concatenates ranks' results)."""
+        return self.engine.logprobs(batch, temperature=temperature)[0]
+
+    def named_weights(self) -> list[tuple[str, torch.Tensor]] | None:
+        """The weights to relay. Sharded (FSDP2): every rank must call this (the full tensors are gathered);
+        rank 0 gets them, the other ranks None. Unsharded: the live parameters, no copy."""
+        named = self.engine.named_weights()
+        if not self.engine.sharded:
+            return named
+        full = gather_full_state(named)
+        return full if self.rank == 0 else None
+
     def save_pretrained(self, path: str) -> None:
         """Save the model as a Hugging Face directory (collective when sharded; rank 0 writes)."""
         full = fsdp.full_model_state(self.engine.model)
@@ -103,6 +114,20 @@ class PolicyWorker(Worker):
         Path(path).mkdir(parents=True, exist_ok=True)
         self.engine.model.save_pretrained(path, state_dict=full)
         self.tokenizer.save_pretrained(path)
+
+
+class CriticWorker(_TrainerWorker):
+    """The critic of PPO: the policy's network with a scalar value head, trained on GAE returns."""
+
+    def __init__(self, model_path: str, engine: TrainEngineConfig, total_steps: int, *, dtype: str = "float32",
+                 device: str = "auto", attn_implementation: str = "sdpa", threads: int = 0, seed: int = 0) -> None:
+        self._start(load_value_model, model_path, engine, total_steps, dtype=dtype, device=device,
+                    attn_implementation=attn_implementation, threads=threads, seed=seed, output="values",
+                    metric_prefix="critic")
+
+    def values(self, batch: SequenceBatch) -> list[torch.Tensor]:
+        """Per-row values ``V(s_t)`` of the response positions (a list, for ``group.split``)."""
+        return self.engine.logprobs(batch)[0]
 
 
 class ReferenceWorker(Worker):

@@ -25,7 +25,11 @@ mask, so the engine falls back to ``packing="none"`` with a warning for them.
 Logits are computed only at response positions (decoder hidden states are
 gathered first, then the output head is applied), which avoids materialising
 ``[B, L, V]`` logits for the prompt. Every path returns response-aligned
-``[B, T]`` tensors, so loss functions do not know which layout ran.
+``[B, T]`` tensors, so loss functions do not know which layout ran. A critic
+(``output="values"``: a model whose head has one output, see
+:func:`relayrl.models.load.load_value_model`) runs the same passes and returns
+the value ``V(s_t)`` of each response position where a policy returns
+log-probs; ``MicroBatch.logprobs`` then holds the values.
 
 Gradients accumulate over micro-batches; the loss function normalises by the
 mini-batch's global token/sequence counts, so accumulation is exact (seed 003,
@@ -128,7 +132,11 @@ class TorchTrainingEngine:
     """See the module docstring. ``model`` is a Hugging Face causal LM."""
 
     def __init__(self, model, cfg: TrainEngineConfig, *, total_steps: int, device: str | torch.device = "cpu",
-                 trainable: bool = True, metric_prefix: str = "actor") -> None:
+                 trainable: bool = True, metric_prefix: str = "actor",
+                 output: Literal["logprobs", "values"] = "logprobs") -> None:
+        if output not in ("logprobs", "values"):
+            raise ValueError(f"output={output!r} must be 'logprobs' (a policy) or 'values' (a critic)")
+        self.values = output == "values"  # a critic: the head's one output per position is the value
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.cfg = cfg
@@ -205,7 +213,10 @@ class TorchTrainingEngine:
         pb = build_packed_batch(batch.prompt_ids, batch.response_ids, item).to(self.device)
         mask4 = self._attention_mask(pb.doc_ids, pb.segment_ids, pb.position_ids)
         logits = self.net(pb.input_ids, mask4, pb.position_ids, pb.token_pack, pb.token_src)  # [N, V]
-        lp, ent = self._token_logprobs(logits, pb.targets, None, temperature, with_entropy)
+        if self.values:
+            lp, ent = logits[:, 0], None
+        else:
+            lp, ent = self._token_logprobs(logits, pb.targets, None, temperature, with_entropy)
         mask = pb.response_mask().to(self.device)
         return (pb.to_rows(lp), mask, None if ent is None else pb.to_rows(ent), list(pb.rows),
                 int(pb.input_ids.numel()))
@@ -255,6 +266,8 @@ class TorchTrainingEngine:
 
         rows_idx = torch.arange(len(rows), device=self.device)[:, None].expand_as(pos)
         logits = self.net(ids, attn, None, rows_idx, pos)  # [B, T, V]
+        if self.values:
+            return logits[..., 0] * mask, mask, None
         logprobs, entropy = self._token_logprobs(logits, targets, mask, temperature, with_entropy)
         return logprobs, mask, entropy
 
