@@ -97,3 +97,11 @@ def test_dpo_settings_that_cannot_work_are_refused():
     assert "dpo.label_smoothing is defined for dpo.kind=sigmoid" in _errors("workflow=dpo", "dpo.kind=ipo",
                                                                             "dpo.label_smoothing=0.1")
     assert "dpo.beta" in _errors("workflow=dpo", "dpo.beta=0")
+
+
+def test_ppo_settings():
+    assert "needs a greedy baseline rollout" in _errors("algorithm.advantage=remax")
+    assert "reinforce++ or gae" in _errors("algorithm.kl_in_reward=true", "algorithm.kl_coef=0.1")
+    cfg = load_config(Config, RECIPES / "arith_ppo.yaml", ["algorithm.kl_in_reward=true", "algorithm.kl_coef=0.1"])
+    assert cfg.algorithm.advantage == "gae" and cfg.critic.value_clip == 0.5
+    assert "critic.value_clip" in _errors("algorithm.advantage=gae", "critic.value_clip=0")

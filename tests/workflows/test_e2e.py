@@ -288,3 +288,29 @@ def test_dpo_recipe_runs_resumes_and_reads_a_pair_dataset(sft_model, tmp_path):
     r = relayrl("train", "recipes/arith_dpo.yaml", f"run.dir={tmp_path / 'bad'}", "data.task=null",
                 f"data.path={bad}", "reward.verifier=exact", *FAST)
     assert r.returncode != 0 and "bad.jsonl row 1: field 'rejected' (the rejected answer) is missing" in r.stderr
+
+
+@pytest.mark.slow
+def test_ppo_with_a_critic_runs_and_resumes_exactly(sft_model, tmp_path):
+    common = ["trainer.steps=3", "run.save_every=1", "eval.every=3", "algorithm.kl_coef=0.01",
+              "algorithm.kl_in_reward=true", f"trainer.init_from={sft_model}", *FAST]
+    ref, cut = tmp_path / "ref", tmp_path / "cut"
+    r = relayrl("train", "recipes/arith_ppo.yaml", f"run.dir={ref}", *common)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = records(ref)
+    for key in ("critic/vf_loss", "critic/vpred_mean", "critic/grad_norm", "actor/grad_norm", "timing/values_s",
+                "actor/reward_kl"):
+        assert key in recs[-1], key
+    r = relayrl("train", "recipes/arith_ppo.yaml", f"run.dir={cut}", *common[1:], "trainer.steps=1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = relayrl("train", "recipes/arith_ppo.yaml", f"run.dir={cut}", "run.resume=auto", *common)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for x, y in zip(recs[2:], records(cut)[2:]):  # steps 2 and 3 need the critic's saved state to match
+        assert (y["critic/vf_loss"], y["actor/loss"]) == pytest.approx((x["critic/vf_loss"], x["actor/loss"]), rel=1e-5)
+    # a GRPO checkpoint has no critic: resuming it as PPO is refused with the reason
+    g = tmp_path / "grpo"
+    assert relayrl("train", "recipes/arith_grpo.yaml", f"run.dir={g}", "trainer.steps=1",
+                   f"trainer.init_from={sft_model}", *FAST).returncode == 0
+    r = relayrl("train", "recipes/arith_ppo.yaml", f"run.dir={g}", "trainer.steps=2", "run.resume=auto",
+                f"trainer.init_from={sft_model}", *FAST)
+    assert r.returncode != 0 and "holds no critic state" in r.stderr

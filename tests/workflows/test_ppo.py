@@ -1,0 +1,49 @@
+"""PPO's critic: values at the right positions in every layout, and a value loss that fits the returns."""
+
+import pytest
+import torch
+
+from relayrl.engines.training.base import OptimConfig, SequenceBatch
+from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
+from relayrl.models.load import load_value_model
+from relayrl.workflows.losses import ValueLoss
+
+
+def _batch(tok):
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.tensor(tok(f"{i}{i}+{i}8=")["input_ids"]) for i in range(3)]
+    return SequenceBatch([p for p in prompts for _ in range(2)],
+                         [torch.randint(5, 200, (int(n),), generator=g) for n in torch.randint(2, 7, (6,), generator=g)],
+                         groups=[i // 2 for i in range(6)])
+
+
+@pytest.mark.parametrize("packing", ["none", "sequences", "shared_prompt"])
+def test_critic_values_are_the_head_on_the_state_before_each_response_token(tiny_dir, tiny_tokenizer, packing):
+    model = load_value_model(tiny_dir)
+    assert model.get_output_embeddings().out_features == 1
+    assert float(model.get_output_embeddings().weight.detach().abs().sum()) == 0.0  # every value starts at 0
+    with torch.no_grad():
+        model.get_output_embeddings().weight.normal_(0, 0.5)
+        model.get_output_embeddings().bias.fill_(0.3)
+    eng = TorchTrainingEngine(model, TrainEngineConfig(token_budget=24, packing=packing), total_steps=1,
+                              trainable=False, output="values")
+    batch = _batch(tiny_tokenizer)
+    values, _ = eng.logprobs(batch)
+    for p, r, v in zip(batch.prompt_ids, batch.response_ids, values):
+        with torch.no_grad():
+            hidden = model.get_decoder()(input_ids=torch.cat([p, r])[None]).last_hidden_state[0]
+            want = model.get_output_embeddings()(hidden[len(p) - 1:len(p) - 1 + len(r)])[:, 0]
+        torch.testing.assert_close(v, want, atol=1e-5, rtol=1e-5)
+
+
+def test_the_value_loss_fits_the_returns(tiny_dir, tiny_tokenizer):
+    batch = _batch(tiny_tokenizer)
+    returns = [torch.full((len(r),), 1.0 if i % 2 else -0.5) for i, r in enumerate(batch.response_ids)]
+    batch.fields.update({"values": [torch.zeros(len(r)) for r in batch.response_ids], "returns": returns})
+    eng = TorchTrainingEngine(load_value_model(tiny_dir), TrainEngineConfig(optim=OptimConfig(lr=3e-3)),
+                              total_steps=30, output="values", metric_prefix="critic")
+    losses = [eng.train_step(batch, ValueLoss(clip=None))["critic/vf_loss"] for _ in range(30)]
+    assert losses[0] == pytest.approx(0.5 * (1.0 + 0.25) / 2, rel=0.05)  # values start at 0
+    assert losses[-1] < 0.2 * losses[0]
+    clipped = eng.train_step(batch, ValueLoss(clip=0.01))  # values far from the old ones (0): clipped
+    assert clipped["critic/vf_clip_frac"] > 0.5
