@@ -138,15 +138,7 @@ class GRPOWorkflow:
 
     def end_step(self, step: int, metrics: dict[str, float]) -> bool:
         """Evaluate (every ``eval.every`` steps and at the end), log, checkpoint; True when the run stops here."""
-        s, cfg = self.s, self.cfg
-        last = step == cfg.trainer.steps
-        if (cfg.eval.every and step % cfg.eval.every == 0) or last:
-            metrics.update(self.evaluate(step))
-            last = s.target_reached(step, metrics) or last
-        s.log_step(step, metrics, save=self.save)
-        if (cfg.run.save_every and step % cfg.run.save_every == 0) or last:
-            self.save(step)
-        return last
+        return self.s.end_step(step, metrics, evaluate=self.evaluate, save=self.save)
 
     def finish(self) -> Path:
         out = self.s.finish(lambda p: self.actor.all("save_pretrained", p))

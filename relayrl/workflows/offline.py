@@ -76,14 +76,7 @@ class OfflineRun:
                 tokens = sum(int(p.numel() + r.numel()) for p, r in zip(batch.prompt_ids, batch.response_ids))
                 metrics.update({"perf/step_time_s": dt, "perf/tokens": tokens,
                                 "perf/tokens_per_s_per_device": tokens / (dt * s.pool.world_size)})
-                last = step == cfg.trainer.steps
-                if (cfg.eval.every and step % cfg.eval.every == 0) or last:
-                    metrics.update(self.evaluate(step))
-                    last = s.target_reached(step, metrics) or last
-                s.log_step(step, metrics, save=self.save)
-                if (cfg.run.save_every and step % cfg.run.save_every == 0) or last:
-                    self.save(step)
-                if last:
+                if s.end_step(step, metrics, evaluate=self.evaluate, save=self.save):
                     break
             return s.finish(lambda p: self.actor.all("save_pretrained", p))
         finally:

@@ -192,6 +192,19 @@ class Session:
         return True
 
     # ----------------------------------------------------------- evaluation
+    def end_step(self, step: int, metrics: dict[str, float], *, evaluate: Callable[[int], dict[str, float]],
+                 save: Callable[[int], Any]) -> bool:
+        """Evaluate (every ``eval.every`` steps and at the end), log, checkpoint; True when the run stops here."""
+        cfg = self.cfg
+        last = step == cfg.trainer.steps
+        if (cfg.eval.every and step % cfg.eval.every == 0) or last:
+            metrics.update(evaluate(step))
+            last = self.target_reached(step, metrics) or last
+        self.log_step(step, metrics, save=save)
+        if (cfg.run.save_every and step % cfg.run.save_every == 0) or last:
+            save(step)
+        return last
+
     def evaluate(self, generate, step: int | None, *, name: str = "eval", k: int = 1) -> EvalResult:
         ro = self.cfg.rollout
         result = evaluate(generate, self.encode, self.eval_problems, self.score,
