@@ -176,7 +176,9 @@ class GRPOWorkflow:
             "rewards": rewards.tolist(),
             "group": [c.prompt_index for c in comps],
         })
-        batch = self._batch(part, idx, ["prompt_ids", "response_ids"])
+        got = self.dock.get(part, idx, ["prompt_ids", "response_ids", "group"])
+        # with prompt groups, the forward passes below compute each prompt once (shared-prompt packing)
+        batch = SequenceBatch(got["prompt_ids"], got["response_ids"], groups=[int(g) for g in got["group"]])
         if self.ref is not None:
             with s.span("ref_logprob", "reference", step):
                 self.dock.put(part, {"ref_logprobs": self.ref.split("logprobs", batch)}, indexes=idx)
@@ -319,10 +321,6 @@ class GRPOWorkflow:
         if "actor/ref_kl_k1" in metrics:
             metrics["actor/kl"] = metrics["actor/ref_kl_k1"]
         return metrics
-
-    def _batch(self, part: str, idx: list[int], columns: list[str]) -> SequenceBatch:
-        got = self.dock.get(part, idx, columns)
-        return SequenceBatch(got["prompt_ids"], got["response_ids"])
 
     # ------------------------------------------------------- eval and state
     def evaluate(self, step: int) -> dict[str, float]:

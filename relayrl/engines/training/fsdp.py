@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["ResponseLogits", "world_size", "shard_model", "max_over_ranks", "sum_over_ranks", "reduce_over_ranks", "full_model_state",
-           "full_optimizer_state", "load_full_state", "scalar"]
+__all__ = ["ResponseLogits", "world_size", "shard_model", "max_over_ranks", "sum_over_ranks", "reduce_over_ranks",
+           "full_model_state", "full_optimizer_state", "load_full_state", "scalar"]
 
 
 class ResponseLogits(nn.Module):
