@@ -1,11 +1,15 @@
 """Worker roles: each owns one engine; none knows which algorithm runs.
 
 * :class:`PolicyWorker`  - the actor: a training engine (log-probs, updates, weights).
+* :class:`CriticWorker` - PPO's critic: the same engine on a value-head model (values, updates).
 * :class:`ReferenceWorker` - a frozen copy of the initial policy for KL (tri-model, seed 003).
 * :class:`RolloutWorker` - a generation engine that takes relayed weights.
 
 Workers are started by :class:`relayrl.cluster.WorkerGroup` on a resource
-pool; the driver calls them by method name (``group.one("generate", ...)``).
+pool; the driver calls them by method name (``group.split("update", ...)``).
+In a multi-rank group the actor, critic and reference shard their model with
+FSDP2, so the driver calls their state and weight methods on every rank
+(:func:`collective`).
 """
 
 from __future__ import annotations
