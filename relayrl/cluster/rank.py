@@ -15,6 +15,7 @@ import os
 import pickle
 import socket
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -168,9 +169,21 @@ def encode_reply(reply: Reply) -> bytes:
 SHUTDOWN = "__relayrl_shutdown__"
 
 
+def _thread_lock_for_progress_bars() -> None:
+    """tqdm guards its bars with a multiprocessing lock, a named semaphore that is removed at interpreter
+    exit. A rank process leaves with `os._exit` (below), so the driver's resource tracker would warn about
+    "leaked semaphore objects" after every run; a thread lock serves the one process that draws the bars."""
+    try:
+        import tqdm
+    except ImportError:
+        return
+    tqdm.tqdm.set_lock(threading.RLock())
+
+
 def rank_process_main(conn, start_payload: bytes) -> None:
     """Entry point of a spawned rank process: start, then serve calls until the
     driver sends `SHUTDOWN` or closes the pipe."""
+    _thread_lock_for_progress_bars()
     try:
         spec: StartSpec = pickle.loads(start_payload)
         runtime = RankRuntime(spec)

@@ -116,6 +116,18 @@ class Echo(Worker):
         return barrier.wait()  # raises BrokenBarrierError unless another group's rank meets it concurrently
 
 
+class Bars(Worker):
+    """Draws a tqdm progress bar in its rank process (as model loading does)."""
+
+    def __init__(self) -> None:
+        import tqdm
+
+        list(tqdm.tqdm(range(3), disable=False))
+
+    def ping(self) -> int:
+        return self.rank
+
+
 class CountsPickles:
     """A payload that counts how often the driver pickles it."""
 

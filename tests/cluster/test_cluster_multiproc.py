@@ -110,3 +110,25 @@ def test_a_one_rank_group_can_get_its_own_process():
         assert g.one("echo", 3) == (0, 3)
     finally:
         g.shutdown()
+
+
+def test_rank_processes_leave_no_semaphore_behind(tmp_path):
+    """Rank processes exit with os._exit; a progress bar's multiprocessing lock would then be reported by the
+    driver's resource tracker as a leaked semaphore at exit."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "bars.py"
+    script.write_text(
+        "from cluster_workers import Bars\n"
+        "from relayrl.cluster import ResourcePool, WorkerGroup\n"
+        "if __name__ == '__main__':\n"
+        "    g = WorkerGroup(Bars, ResourcePool('bars', devices=2), 'bars')\n"
+        "    assert g.all('ping') == [0, 1]\n"
+        "    g.shutdown()\n")
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parents[1]), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "leaked semaphore" not in r.stderr
