@@ -127,9 +127,6 @@ class AlgorithmConfig(_Section):
         if self.tis_cap is not None and self.old_logprobs == "rollout":
             raise ValueError("algorithm.tis_cap weighs pi_old / mu with mu the rollout's log-probs; with "
                              "old_logprobs=rollout that ratio is 1. Use old_logprobs=auto or recompute")
-        if self.advantage == "remax":
-            raise ValueError("algorithm.advantage='remax' needs a greedy baseline rollout, which the workflow does "
-                             "not run; use grpo, drgrpo, rloo, reinforce++, reinforce++-baseline or gae (PPO with a critic)")
         return self
 
 

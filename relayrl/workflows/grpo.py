@@ -9,6 +9,7 @@ One step, as in the papers::
     ref_lp    <- reference.logprobs(responses)             (only when kl_coef > 0)
     old_lp    <- actor.logprobs(responses)                 (only with > 1 update per batch)
     [PPO]     V <- critic.values(responses)                (advantage=gae)
+    [ReMax]   b <- verifier(rollout.generate(prompts, greedy))   (the greedy response's reward per prompt)
     A         <- advantage estimator(rewards, groups)      (relayrl.algorithms; PPO: GAE(rewards, V) and returns)
     [PPO]     critic.update(responses, V, returns)         (clipped value loss)
     actor.update(responses, A, old_lp, ref_lp)             (clip-higher, token-level loss, ...)
@@ -34,6 +35,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -87,6 +89,8 @@ class GRPOWorkflow:
         ro = cfg.rollout
         self.sampling = SamplingParams(n=ro.n, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
                                        max_new_tokens=ro.max_new_tokens, stop_strings=tuple(ro.stop_strings))
+        self.greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=ro.max_new_tokens,
+                                     stop_strings=tuple(ro.stop_strings))  # ReMax's baseline
         self.loss = PolicyLoss(clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip, agg=a.loss_agg,
                                level=a.ratio_level, kl_coef=0.0 if a.kl_in_reward else a.kl_coef, kl_kind=a.kl_kind,
                                entropy_coef=a.entropy_coef, agg_constant=float(ro.max_new_tokens), tis_cap=a.tis_cap,
@@ -157,7 +161,7 @@ class GRPOWorkflow:
         return self.perf(metrics, t0, rolled[0], rolled[1], step)
 
     def learn(self, step: int, problems: list, comps: list[Completion], rewards: torch.Tensor,
-              metrics: dict[str, float]) -> dict[str, float]:
+              metrics: dict[str, float], baselines: torch.Tensor | None = None) -> dict[str, float]:
         """Everything after generation: reference and old log-probs, advantages, the update (through the dock)."""
         s = self.s
         self._kl_metrics = {}
@@ -175,6 +179,7 @@ class GRPOWorkflow:
             "gen_logprobs": [c.logprobs for c in comps],
             "rewards": rewards.tolist(),
             "group": [c.prompt_index for c in comps],
+            **({} if baselines is None else {"baseline": baselines.tolist()}),
         })
         got = self.dock.get(part, idx, ["prompt_ids", "response_ids", "group"])
         # with prompt groups, the forward passes below compute each prompt once (shared-prompt packing)
@@ -211,12 +216,15 @@ class GRPOWorkflow:
         return metrics
 
     # --------------------------------------------------------------- phases
-    def rollout_and_score(self, step: int):
-        """Generate n responses per prompt and score them; DAPO's dynamic sampling refills dropped groups."""
+    def rollout_and_score(self, step: int) -> "Rollout":
+        """Generate n responses per prompt and score them; DAPO's dynamic sampling refills dropped groups;
+        ReMax also scores one greedy response per prompt (the baseline)."""
         s, a, P = self.s, self.cfg.algorithm, self.cfg.data.prompts_per_step
         problems: list = []
         comps: list[Completion] = []
         scores: list[float] = []
+        greedy: list[Completion] = []  # ReMax: the greedy response of each sample's prompt
+        greedy_scores: list[float] = []
         dropped, rounds, seen_groups = 0, 0, 0
         metrics: dict[str, float] = {}
         while len(problems) < P:
@@ -227,6 +235,7 @@ class GRPOWorkflow:
                 new_scores, rmetrics = s.reward.score(
                     [batch_problems[c.prompt_index].prompt for c in new], [c.text for c in new],
                     [batch_problems[c.prompt_index].answer for c in new])
+            base = self._greedy_baseline(step, batch_problems) if a.advantage == "remax" else {}
             if rounds == 0:
                 metrics.update(rmetrics)
             keep = list(range(len(batch_problems)))
@@ -241,6 +250,9 @@ class GRPOWorkflow:
                 if c.prompt_index in remap:
                     comps.append(_reindex(c, remap[c.prompt_index]))
                     scores.append(sc)
+                    if base:
+                        greedy.append(base[c.prompt_index][0])
+                        greedy_scores.append(base[c.prompt_index][1])
             problems += [batch_problems[i] for i in keep]
             rounds += 1
             if not a.dynamic_sampling or rounds > a.max_resample_rounds:
@@ -248,13 +260,16 @@ class GRPOWorkflow:
         metrics.update({"dapo/dropped_groups": float(dropped), "dapo/sampled_groups": float(seen_groups),
                         "dapo/rounds": float(rounds)})
         if not comps:  # every group was uniform in every round: no learning signal in this step
-            return problems, comps, torch.empty(0), metrics
+            return Rollout(problems, comps, torch.empty(0), metrics)
         lengths = torch.tensor([len(c.token_ids) for c in comps], dtype=torch.float32)
         truncated = torch.tensor([c.finish_reason == "length" for c in comps])
         scores_t = torch.tensor(scores, dtype=torch.float32)
-        rewards = scores_t.clone()
-        if a.overlong_shaping:
-            rewards = rewards + overlong_penalty(lengths, self.sampling.max_new_tokens, a.overlong_cache)
+        rewards = self._shaped(scores_t, lengths)
+        baselines = None
+        if greedy:
+            baselines = self._shaped(torch.tensor(greedy_scores, dtype=torch.float32),
+                                     torch.tensor([len(c.token_ids) for c in greedy], dtype=torch.float32))
+            metrics["remax/baseline_mean"] = float(baselines.mean())
         metrics.update({
             "reward/mean": float(rewards.mean()),
             "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
@@ -263,7 +278,23 @@ class GRPOWorkflow:
             "response/length_max": float(lengths.max()),
             "response/clip_ratio": float(truncated.float().mean()),
         })
-        return problems, comps, rewards, metrics
+        return Rollout(problems, comps, rewards, metrics, baselines)
+
+    def _shaped(self, scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Rewards from verifier scores: DAPO's overlong shaping when enabled."""
+        a = self.cfg.algorithm
+        if not a.overlong_shaping:
+            return scores.clone()
+        return scores + overlong_penalty(lengths, self.sampling.max_new_tokens, a.overlong_cache)
+
+    def _greedy_baseline(self, step: int, problems: list) -> dict[int, tuple[Completion, float]]:
+        """ReMax: each prompt's greedy response and its score, by prompt index."""
+        s = self.s
+        with s.span("greedy_baseline", "rollout", step):
+            comps = generate(self.rollout, [s.encode(p) for p in problems], self.greedy)
+            scores, _ = s.reward.score([problems[c.prompt_index].prompt for c in comps], [c.text for c in comps],
+                                       [problems[c.prompt_index].answer for c in comps])
+        return {c.prompt_index: (c, sc) for c, sc in zip(comps, scores)}
 
     def advantages(self, part: str, idx: list[int], rewards: torch.Tensor,
                    comps: list[Completion]) -> dict[str, list[torch.Tensor]]:
@@ -290,8 +321,11 @@ class GRPOWorkflow:
                 token_rewards = adv_lib.outcome_to_token_rewards(rewards, mask)
             adv, returns = adv_lib.gae(token_rewards, values, mask, a.gamma, a.lam, whiten=True)
             return {"advantages": rows(adv), "returns": rows(returns)}
+        baseline = None
+        if a.advantage == "remax":
+            baseline = torch.tensor([float(b) for b in self.dock.get(part, idx, ["baseline"])["baseline"]])
         adv = adv_lib.compute(a.advantage, rewards=rewards, group_ids=groups, mask=mask, token_rewards=token_rewards,
-                              normalize_std=a.normalize_std and a.advantage != "drgrpo")
+                              baseline_rewards=baseline, normalize_std=a.normalize_std and a.advantage != "drgrpo")
         return {"advantages": rows(adv)}
 
     def update(self, part: str, step: int, comps: list[Completion]) -> dict[str, float]:
@@ -343,6 +377,17 @@ class GRPOWorkflow:
             if g is not None:
                 g.shutdown()
         self.dock.shutdown()
+
+
+class Rollout(NamedTuple):
+    """One step's generated and scored samples (what ``learn`` takes)."""
+
+    problems: list
+    comps: list[Completion]
+    rewards: torch.Tensor
+    metrics: dict[str, float]
+    baselines: torch.Tensor | None = None
+    """ReMax: the reward of the greedy response to each sample's prompt."""
 
 
 def _reindex(c: Completion, prompt_index: int) -> Completion:

@@ -159,14 +159,14 @@ class OffPolicyGRPO(GRPOWorkflow):
             for step in steps:
                 t0 = time.perf_counter()
                 with s.span("wait_rollout", "actor", step):
-                    (problems, comps, rewards, metrics), gen_version = ahead.take(step)
+                    rolled, gen_version = ahead.take(step)
                 waited = time.perf_counter() - t0
                 with self._starts_cond:
                     self._starts.pop(step, None)  # a checkpoint from now on records a later start
-                metrics = self.learn(step, problems, comps, rewards, metrics)
+                metrics = self.learn(step, *rolled)
                 with s.span("stage_weights", "actor", step):  # (unchanged weights after a skipped step)
                     ahead.stage(step, _host_copy(collective(self.actor, "named_weights")))
-                metrics = self.perf(metrics, t0, problems, comps, step)
+                metrics = self.perf(metrics, t0, rolled.problems, rolled.comps, step)
                 metrics.update({"async/staleness": float(step - 1 - gen_version), "async/wait_rollout_s": waited,
                                 "async/rollout_version": float(gen_version), **self._relayed.pop(gen_version, {})})
                 if self.end_step(step, metrics):

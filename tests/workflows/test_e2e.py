@@ -314,3 +314,12 @@ def test_ppo_with_a_critic_runs_and_resumes_exactly(sft_model, tmp_path):
     r = relayrl("train", "recipes/arith_ppo.yaml", f"run.dir={g}", "trainer.steps=2", "run.resume=auto",
                 f"trainer.init_from={sft_model}", *FAST)
     assert r.returncode != 0 and "holds no critic state" in r.stderr
+
+
+@pytest.mark.slow
+def test_remax_uses_the_greedy_response_as_baseline(sft_model, tmp_path):
+    r = relayrl("train", "recipes/arith_grpo.yaml", "trainer.steps=2", f"run.dir={tmp_path}", "rollout.n=2",
+                f"trainer.init_from={sft_model}", "algorithm.advantage=remax", *FAST)
+    assert r.returncode == 0, r.stderr[-3000:]
+    last = records(tmp_path)[-1]
+    assert "remax/baseline_mean" in last and "timing/greedy_baseline_s" in last and "actor/grad_norm" in last
