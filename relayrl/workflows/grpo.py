@@ -223,8 +223,7 @@ class GRPOWorkflow:
         problems: list = []
         comps: list[Completion] = []
         scores: list[float] = []
-        greedy: list[Completion] = []  # ReMax: the greedy response of each sample's prompt
-        greedy_scores: list[float] = []
+        baselines: list[float] = []  # ReMax: the (shaped) reward of the greedy response to each sample's prompt
         dropped, rounds, seen_groups = 0, 0, 0
         metrics: dict[str, float] = {}
         while len(problems) < P:
@@ -235,7 +234,6 @@ class GRPOWorkflow:
                 new_scores, rmetrics = s.reward.score(
                     [batch_problems[c.prompt_index].prompt for c in new], [c.text for c in new],
                     [batch_problems[c.prompt_index].answer for c in new])
-            base = self._greedy_baseline(step, batch_problems) if a.advantage == "remax" else {}
             if rounds == 0:
                 metrics.update(rmetrics)
             keep = list(range(len(batch_problems)))
@@ -245,14 +243,16 @@ class GRPOWorkflow:
                 keep = sorted({c.prompt_index for c, k in zip(new, mask.tolist()) if k})
                 dropped += len(batch_problems) - len(keep)
             seen_groups += len(batch_problems)
+            if a.advantage == "remax" and keep:  # only for the prompts kept
+                base = self._greedy_baseline(step, [batch_problems[i] for i in keep])
+                base = {old: base[j] for j, old in enumerate(keep)}
             remap = {old: len(problems) + j for j, old in enumerate(keep)}
             for c, sc in zip(new, new_scores):
                 if c.prompt_index in remap:
                     comps.append(_reindex(c, remap[c.prompt_index]))
                     scores.append(sc)
-                    if base:
-                        greedy.append(base[c.prompt_index][0])
-                        greedy_scores.append(base[c.prompt_index][1])
+                    if a.advantage == "remax":
+                        baselines.append(base[c.prompt_index])
             problems += [batch_problems[i] for i in keep]
             rounds += 1
             if not a.dynamic_sampling or rounds > a.max_resample_rounds:
@@ -265,11 +265,8 @@ class GRPOWorkflow:
         truncated = torch.tensor([c.finish_reason == "length" for c in comps])
         scores_t = torch.tensor(scores, dtype=torch.float32)
         rewards = self._shaped(scores_t, lengths)
-        baselines = None
-        if greedy:
-            baselines = self._shaped(torch.tensor(greedy_scores, dtype=torch.float32),
-                                     torch.tensor([len(c.token_ids) for c in greedy], dtype=torch.float32))
-            metrics["remax/baseline_mean"] = float(baselines.mean())
+        if baselines:
+            metrics["remax/baseline_mean"] = sum(baselines) / len(baselines)
         metrics.update({
             "reward/mean": float(rewards.mean()),
             "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
@@ -278,7 +275,7 @@ class GRPOWorkflow:
             "response/length_max": float(lengths.max()),
             "response/clip_ratio": float(truncated.float().mean()),
         })
-        return Rollout(problems, comps, rewards, metrics, baselines)
+        return Rollout(problems, comps, rewards, metrics, torch.tensor(baselines) if baselines else None)
 
     def _shaped(self, scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Rewards from verifier scores: DAPO's overlong shaping when enabled."""
@@ -287,14 +284,15 @@ class GRPOWorkflow:
             return scores.clone()
         return scores + overlong_penalty(lengths, self.sampling.max_new_tokens, a.overlong_cache)
 
-    def _greedy_baseline(self, step: int, problems: list) -> dict[int, tuple[Completion, float]]:
-        """ReMax: each prompt's greedy response and its score, by prompt index."""
+    def _greedy_baseline(self, step: int, problems: list) -> list[float]:
+        """ReMax: the (shaped) reward of each prompt's greedy response, in prompt order."""
         s = self.s
         with s.span("greedy_baseline", "rollout", step):
-            comps = generate(self.rollout, [s.encode(p) for p in problems], self.greedy)
-            scores, _ = s.reward.score([problems[c.prompt_index].prompt for c in comps], [c.text for c in comps],
-                                       [problems[c.prompt_index].answer for c in comps])
-        return {c.prompt_index: (c, sc) for c, sc in zip(comps, scores)}
+            comps = generate(self.rollout, [s.encode(p) for p in problems], self.greedy)  # one per prompt, in order
+            scores, _ = s.reward.score([p.prompt for p in problems], [c.text for c in comps],
+                                       [p.answer for p in problems])
+        lengths = torch.tensor([len(c.token_ids) for c in comps], dtype=torch.float32)
+        return self._shaped(torch.tensor(scores, dtype=torch.float32), lengths).tolist()
 
     def advantages(self, part: str, idx: list[int], rewards: torch.Tensor,
                    comps: list[Completion]) -> dict[str, list[torch.Tensor]]:
