@@ -45,7 +45,14 @@ class RunConfig(_Section):
 class ModelConfig(_Section):
     path: str | None = Field(None, description="local Hugging Face model directory; null builds the tiny default")
     tiny: TinyModelConfig = TinyModelConfig()
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="compute dtype of the training passes, and the reference's and (by default) the "
+        "rollout's weight dtype. With bfloat16 the trained weights and the optimizer state stay float32 (mixed "
+        "precision: float32 master weights, bf16 compute) unless model.pure_low_precision")
+    pure_low_precision: bool = Field(
+        False, description="train weights stored in model.dtype itself, with no float32 master copy. Updates "
+        "smaller than the dtype's resolution are lost (a bf16 weight of 0.02 ignores steps below ~1e-4), so "
+        "this must be asked for explicitly")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
 
@@ -80,6 +87,12 @@ class RolloutConfig(_Section):
     max_new_tokens: int = Field(16, ge=1)
     stop_strings: list[str] = Field(default_factory=list)
     max_batch: int = Field(256, ge=1, description="sequences in flight in the generation engine")
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None, description="the rollout engine's weight dtype (null: model.dtype); the relay casts the actor's "
+        "weights to it")
+    decode: Literal["auto", "dynamic", "static"] = Field(
+        "auto", description="auto: on CUDA, Llama-family models decode on a static KV cache with CUDA graphs, "
+        "others (and CPU) with a dynamic cache; static: always the static cache (graphed on CUDA); dynamic: never")
 
 
 class AlgorithmConfig(_Section):
@@ -136,6 +149,10 @@ class TrainerConfig(_Section):
     epochs: int = Field(1, ge=1, description="passes over each RL batch")
     batch_size: int = Field(64, ge=1, description="SFT: examples per optimizer step; DPO: preference pairs")
     init_from: str | None = Field(None, description="start from this model directory (e.g. an SFT run's model/)")
+    offload: bool = Field(False, description="colocated memory: each role's idle state leaves the device between "
+                          "its phases (the actor's optimizer state and weights during generation, the "
+                          "reference's weights outside its pass, the rollout's weights and KV cache outside "
+                          "generation); costs host<->device copies (timing/offload_s)")
     off_policy_steps: int = Field(0, ge=0, description="GRPO: k-step off-policy. Rollouts run ahead on their own "
                                   "resource pool, with weights at most k updates older than the update that uses "
                                   "them (staleness bound); 0: synchronous and colocated")
@@ -209,6 +226,13 @@ class Config(_Section):
                 raise ValueError(f"workflow=dpo needs preference pairs: the built-in arith task has them (the true "
                                  f"sum over the careless one); data.task={self.data.task!r} has none, give data.path "
                                  f"with data.answer_key (chosen) and data.rejected_key columns")
+        if self.model.dtype == "float16":
+            raise ValueError("model.dtype=float16 trains with fp16 compute, whose gradients underflow without loss "
+                             "scaling (relayrl does not scale losses); use model.dtype=bfloat16 (rollout.dtype="
+                             "float16 is fine)")
+        if self.model.pure_low_precision and self.model.dtype == "float32":
+            raise ValueError("model.pure_low_precision=true trains low-precision weights, but model.dtype=float32; "
+                             "set model.dtype=bfloat16 or drop model.pure_low_precision")
         ranks = self.cluster.devices * self.cluster.nodes
         rows = (self.trainer.batch_size * (2 if self.workflow == "dpo" else 1) if self.workflow != "grpo"
                 else self.data.prompts_per_step * self.rollout.n)

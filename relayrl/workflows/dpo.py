@@ -56,7 +56,7 @@ def train_dpo(cfg: Config) -> Path:
     s = Session(cfg)
     d = cfg.dpo
     run = OfflineRun(s, DPOLoss(beta=d.beta, kind=d.kind, label_smoothing=d.label_smoothing, nll_weight=d.nll_weight), KEY_METRICS)
-    ref = run.group(ReferenceWorker, "reference", engine=cfg.engine)
+    ref = run.group(ReferenceWorker, "reference", engine=cfg.engine, **run.precision["frozen"])
 
     def step_batch(step: int) -> SequenceBatch:
         pairs = take_pairs(s.prompts.take, cfg.trainer.batch_size)

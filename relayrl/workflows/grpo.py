@@ -53,7 +53,7 @@ from relayrl.weights import WeightRelay
 from relayrl.workflows.relay import relay_weights
 from relayrl.workflows.session import Session
 from relayrl.workflows.workers import (CriticWorker, PolicyWorker, ReferenceWorker, RolloutWorker, collective,
-                                       generate, restore_rollout_rng, rollout_rng)
+                                       generate, restore_rollout_rng, role_precision, rollout_rng)
 
 __all__ = ["GRPOWorkflow", "train_grpo"]
 
@@ -67,23 +67,25 @@ class GRPOWorkflow:
         self.cfg = cfg
         self.s = s = session or Session(cfg)
         m, a = cfg.model, cfg.algorithm
-        common = dict(dtype=m.dtype, device=m.device, attn_implementation=m.attn_implementation, threads=cfg.run.threads)
+        common = dict(device=m.device, attn_implementation=m.attn_implementation, threads=cfg.run.threads)
+        prec = role_precision(m, cfg.rollout)
         path = str(s.model_path)
         updates = cfg.trainer.steps * cfg.trainer.mini_batches * cfg.trainer.epochs
         self.actor = make_group(cfg.cluster, PolicyWorker, s.pool, "actor", init_kwargs=dict(
-            model_path=path, engine=cfg.engine, total_steps=updates, seed=cfg.run.seed, **common))
+            model_path=path, engine=cfg.engine, total_steps=updates, seed=cfg.run.seed, **prec["trained"], **common))
         self.critic = None
         if a.advantage == "gae":  # PPO: a critic from the same network, with its own optimizer settings
             self.critic = make_group(cfg.cluster, CriticWorker, s.pool, "critic", init_kwargs=dict(
                 model_path=path, engine=cfg.engine.model_copy(update={"optim": cfg.critic.optim}), total_steps=updates,
-                seed=cfg.run.seed, **common))
+                seed=cfg.run.seed, **prec["trained"], **common))
             self.value_loss = ValueLoss(clip=cfg.critic.value_clip)
         self.rollout = make_group(self._rollout_cluster(), RolloutWorker, self._rollout_pool(s.pool), "rollout", init_kwargs=dict(
-            model_path=path, max_batch=cfg.rollout.max_batch, seed=cfg.run.seed, **common))
+            model_path=path, max_batch=cfg.rollout.max_batch, seed=cfg.run.seed, decode=cfg.rollout.decode,
+            **prec["rollout"], **common))
         self.ref = None
         if a.kl_coef > 0:
             self.ref = make_group(cfg.cluster, ReferenceWorker, s.pool, "reference",
-                                  init_kwargs=dict(model_path=path, engine=cfg.engine, **common))
+                                  init_kwargs=dict(model_path=path, engine=cfg.engine, **prec["frozen"], **common))
         self.dock = Dock.from_config(cfg.dock)
         self.relay = WeightRelay()
         ro = cfg.rollout

@@ -21,7 +21,7 @@ from relayrl.cluster import WorkerGroup, make_group
 from relayrl.engines.training.base import LossFn, SequenceBatch
 from relayrl.workflows.relay import relay_weights
 from relayrl.workflows.session import Session
-from relayrl.workflows.workers import PolicyWorker, RolloutWorker, collective, generate
+from relayrl.workflows.workers import PolicyWorker, RolloutWorker, collective, generate, role_precision
 
 __all__ = ["OfflineRun"]
 
@@ -33,12 +33,13 @@ class OfflineRun:
         cfg = self.cfg = s.cfg
         self.s, self.loss, self.key_metrics = s, loss, key_metrics
         m = cfg.model
-        self.common = dict(dtype=m.dtype, device=m.device, attn_implementation=m.attn_implementation,
-                           threads=cfg.run.threads)
+        self.common = dict(device=m.device, attn_implementation=m.attn_implementation, threads=cfg.run.threads)
+        self.precision = role_precision(m, cfg.rollout)
         self.groups: list[WorkerGroup] = []
         self.actor = self.group(PolicyWorker, "actor", engine=cfg.engine, total_steps=cfg.trainer.steps,
-                                seed=cfg.run.seed)
-        self.rollout = self.group(RolloutWorker, "rollout", max_batch=cfg.rollout.max_batch, seed=cfg.run.seed)
+                                seed=cfg.run.seed, **self.precision["trained"])
+        self.rollout = self.group(RolloutWorker, "rollout", max_batch=cfg.rollout.max_batch, seed=cfg.run.seed,
+                                  decode=cfg.rollout.decode, **self.precision["rollout"])
 
     def group(self, worker_cls: type, name: str, **kwargs) -> WorkerGroup:
         """Another worker group on the session's pool, built from the session's model."""

@@ -27,11 +27,26 @@ from relayrl.engines.generation.native import NativeGenerationEngine
 from relayrl.engines.training import fsdp
 from relayrl.engines.training.base import LossFn, SequenceBatch
 from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
-from relayrl.models.load import load_model, load_tokenizer, load_value_model
+from relayrl.models.load import load_model, load_tokenizer, load_value_model, resolve_dtype
 from relayrl.weights import WeightReceiverMixin, gather_full_state
 
 __all__ = ["PolicyWorker", "CriticWorker", "ReferenceWorker", "RolloutWorker", "resolve_device", "collective", "generate",
-           "rollout_rng", "restore_rollout_rng"]
+           "rollout_rng", "restore_rollout_rng", "role_precision"]
+
+
+def role_precision(model, rollout=None) -> dict[str, dict[str, str]]:
+    """Weight and compute dtypes of each role from ``model`` (``ModelConfig``) and ``rollout`` (``RolloutConfig``).
+
+    Trained roles (actor, critic) keep float32 weights and compute in ``model.dtype`` (mixed precision),
+    unless ``model.pure_low_precision``; frozen roles (reference) and the rollout hold their weights in the
+    compute dtype, since they are never updated.
+    """
+    trained = model.dtype if model.pure_low_precision else "float32"
+    return {
+        "trained": dict(dtype=trained, compute_dtype=model.dtype),
+        "frozen": dict(dtype=model.dtype),
+        "rollout": dict(dtype=(rollout.dtype if rollout is not None and rollout.dtype else model.dtype)),
+    }
 
 
 def resolve_device(name: str, worker_device: torch.device | None = None) -> torch.device:
@@ -59,12 +74,14 @@ class _TrainerWorker(Worker):
     engine: TorchTrainingEngine
 
     def _start(self, load, model_path: str, engine: TrainEngineConfig, total_steps: int, *, dtype: str, device: str,
-               attn_implementation: str, threads: int, seed: int, **engine_kwargs) -> None:
+               attn_implementation: str, threads: int, seed: int, compute_dtype: str | None = None,
+               **engine_kwargs) -> None:
         _set_threads(threads, self)
         torch.manual_seed(seed)
         dev = resolve_device(device, getattr(self, "device", None))
         model = load(model_path, dtype=dtype, device=dev, attn_implementation=attn_implementation)
-        self.engine = TorchTrainingEngine(model, engine, total_steps=total_steps, device=dev, **engine_kwargs)
+        self.engine = TorchTrainingEngine(model, engine, total_steps=total_steps, device=dev,
+                                          compute_dtype=resolve_dtype(compute_dtype or dtype), **engine_kwargs)
 
     def update(self, batch: SequenceBatch, loss_fn: LossFn, *, mini_batches: int = 1, epochs: int = 1,
                temperature: float = 1.0, with_entropy: bool | str = False, seed: int = 0) -> dict[str, float]:
@@ -92,9 +109,10 @@ class PolicyWorker(_TrainerWorker):
     """The actor: trains the policy and serves its weights to the relay."""
 
     def __init__(self, model_path: str, engine: TrainEngineConfig, total_steps: int, *, dtype: str = "float32",
-                 device: str = "auto", attn_implementation: str = "sdpa", threads: int = 0, seed: int = 0) -> None:
-        self._start(load_model, model_path, engine, total_steps, dtype=dtype, device=device,
-                    attn_implementation=attn_implementation, threads=threads, seed=seed)
+                 compute_dtype: str | None = None, device: str = "auto", attn_implementation: str = "sdpa",
+                 threads: int = 0, seed: int = 0) -> None:
+        self._start(load_model, model_path, engine, total_steps, dtype=dtype, compute_dtype=compute_dtype,
+                    device=device, attn_implementation=attn_implementation, threads=threads, seed=seed)
         self.tokenizer = load_tokenizer(model_path)
 
     def logprobs(self, batch: SequenceBatch, temperature: float = 1.0) -> list[torch.Tensor]:
@@ -124,8 +142,10 @@ class CriticWorker(_TrainerWorker):
     """The critic of PPO: the policy's network with a scalar value head, trained on GAE returns."""
 
     def __init__(self, model_path: str, engine: TrainEngineConfig, total_steps: int, *, dtype: str = "float32",
-                 device: str = "auto", attn_implementation: str = "sdpa", threads: int = 0, seed: int = 0) -> None:
-        self._start(load_value_model, model_path, engine, total_steps, dtype=dtype, device=device,
+                 compute_dtype: str | None = None, device: str = "auto", attn_implementation: str = "sdpa",
+                 threads: int = 0, seed: int = 0) -> None:
+        self._start(load_value_model, model_path, engine, total_steps, dtype=dtype, compute_dtype=compute_dtype,
+                    device=device,
                     attn_implementation=attn_implementation, threads=threads, seed=seed, output="values",
                     metric_prefix="critic")
 
@@ -153,12 +173,12 @@ class RolloutWorker(WeightReceiverMixin, Worker):
     its RNG state is part of checkpoints."""
 
     def __init__(self, model_path: str, *, max_batch: int = 256, dtype: str = "float32", device: str = "auto",
-                 attn_implementation: str = "sdpa", threads: int = 0, seed: int = 0) -> None:
+                 attn_implementation: str = "sdpa", threads: int = 0, seed: int = 0, decode: str = "auto") -> None:
         _set_threads(threads, self)
         dev = resolve_device(device, getattr(self, "device", None))
         model = load_model(model_path, dtype=dtype, device=dev, attn_implementation=attn_implementation)
         self.tokenizer = load_tokenizer(model_path)
-        self.engine = NativeGenerationEngine(model, self.tokenizer, max_batch=max_batch, device=dev)
+        self.engine = NativeGenerationEngine(model, self.tokenizer, max_batch=max_batch, device=dev, decode=decode)
         self.generator = torch.Generator(device=dev).manual_seed(seed + 7919 * getattr(self, "rank", 0))
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:

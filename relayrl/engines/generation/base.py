@@ -28,6 +28,7 @@ class SamplingParams(BaseModel):
     max_new_tokens: int = Field(16, ge=1)
     stop_strings: tuple[str, ...] = Field((), description="stop when the response text contains one of these")
     stop_token_ids: tuple[int, ...] = Field((), description="extra stop tokens beside the tokenizer's EOS")
+    ignore_eos: bool = Field(False, description="do not stop at the tokenizer's EOS (benchmarks: fixed-length work)")
 
     @model_validator(mode="after")
     def _check(self) -> "SamplingParams":

@@ -9,9 +9,15 @@ left-padded to the running cache length, and concatenated to the cache, so the
 batch stays full without waiting for its slowest row (continuous batching on a
 left-padded cache). Columns that are padding for every row are cropped.
 
-Departures from production engines (vLLM): no paged attention and no
-CUDA graphs; the cache is a dense tensor per layer. On CUDA the model runs in
-its loaded dtype (bf16 recommended) with SDPA attention.
+On CUDA, Llama-family models decode instead on a static per-slot KV cache
+whose decode step is replayed as a CUDA graph (:mod:`.static`, ``decode``
+``auto``/``static``): a finished row frees its slot and a waiting prompt is
+prefilled into it, so continuous batching is kept. ``release()`` frees that
+cache (colocated training wants the memory back).
+
+Departures from production engines (vLLM): no paged attention; the cache is a
+dense tensor per layer (the static cache is sized for the longest prompt plus
+``max_new_tokens``). The model runs in its loaded dtype (bf16 on GPUs).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
+from relayrl.engines.generation import static
 from relayrl.engines.generation.base import Completion, SamplingParams
 
 __all__ = ["NativeGenerationEngine", "sample_next"]
@@ -75,16 +82,21 @@ class _Batch:
 class NativeGenerationEngine:
     """Generation with a Hugging Face model; see the module docstring."""
 
-    def __init__(self, model, tokenizer, *, max_batch: int = 256, device: str | torch.device = "cpu") -> None:
+    def __init__(self, model, tokenizer, *, max_batch: int = 256, device: str | torch.device = "cpu",
+                 decode: str = "auto", log=print) -> None:
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.max_batch = max_batch
         self._version = 0
-        self._params = dict(self.model.named_parameters())
-        self._params.update(dict(self.model.named_buffers()))
+        self._index_params()
+        self.static = static.build(self.model, max_batch, decode, log)
         self.eos_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    def _index_params(self) -> None:
+        self._params = dict(self.model.named_parameters())
+        self._params.update(dict(self.model.named_buffers()))
 
     # ---------------------------------------------------------------- weights
     @property
@@ -103,6 +115,36 @@ class NativeGenerationEngine:
             p.copy_(t, non_blocking=True)
         self._version = version
 
+    def share_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Use ``named_tensors`` (another engine's live parameters, same dtype and device) as this engine's
+        weights: no copy, so later in-place updates of those tensors are seen here at once (zero-redundancy
+        relay between colocated roles). Tied parameters stay tied."""
+        from torch import nn
+
+        named = dict(named_tensors)
+        swap: dict[int, torch.Tensor] = {}
+        for name, p in self.model.named_parameters():
+            t = named.get(name)
+            if t is None:
+                raise KeyError(f"share_weights: no tensor for parameter {name!r}")
+            if t.shape != p.shape or t.dtype != p.dtype or t.device != p.device:
+                raise ValueError(f"share_weights: {name!r} is {tuple(t.shape)} {t.dtype} on {t.device}, the engine's "
+                                 f"{tuple(p.shape)} {p.dtype} on {p.device}")
+            swap[id(p)] = t
+        for module in self.model.modules():
+            for key, p in list(module._parameters.items()):
+                if p is not None and id(p) in swap:
+                    t = swap[id(p)]
+                    module._parameters[key] = t if isinstance(t, nn.Parameter) else nn.Parameter(t, requires_grad=False)
+        self._index_params()
+        self.release()  # recorded graphs point at the old tensors
+        self._version = version
+
+    def release(self) -> None:
+        """Free the static KV cache and its graphs (rebuilt on the next ``generate``)."""
+        if self.static is not None:
+            self.static.release()
+
     # ------------------------------------------------------------- generation
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
@@ -112,7 +154,10 @@ class NativeGenerationEngine:
         for i, p in enumerate(prompts):
             if len(p) == 0:
                 raise ValueError(f"prompt {i} is empty")
-        stop_ids = self.eos_ids | set(params.stop_token_ids)
+        stop_ids = set() if params.ignore_eos else self.eos_ids
+        stop_ids = stop_ids | set(params.stop_token_ids)
+        if self.static is not None:
+            return self._generate_static(prompts, params, generator, stop_ids)
         waiting = deque(range(len(prompts)))
         out: dict[tuple[int, int], Completion] = {}
         batch = _Batch()
@@ -131,16 +176,10 @@ class NativeGenerationEngine:
             for r in range(len(batch)):
                 batch.tokens[r].append(tok_l[r])
                 batch.logps[r].append(logp_l[r])
-                reason = None
-                if tok_l[r] in stop_ids:
-                    reason = "stop"
-                elif params.stop_strings and self._hit_stop_string(batch.tokens[r], params.stop_strings):
-                    reason = "stop"
-                elif len(batch.tokens[r]) >= params.max_new_tokens:
-                    reason = "length"
+                reason = self._finished(batch.tokens[r], params, stop_ids)
                 if reason:
                     done.append(r)
-                    out[batch.rows[r]] = self._completion(batch, r, reason)
+                    out[batch.rows[r]] = self._completion(batch.rows[r], batch.tokens[r], batch.logps[r], reason)
             keep = [r for r in range(len(batch)) if r not in set(done)]
             if done:
                 self._select(batch, keep, tok)
@@ -149,17 +188,78 @@ class NativeGenerationEngine:
                 self._decode(batch, tok)
         return [out[k] for k in sorted(out)]
 
+    def _generate_static(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                         generator: torch.Generator | None, stop_ids: set[int]) -> list[Completion]:
+        """Continuous batching on the static cache: each row owns a slot; freed slots take waiting prompts."""
+        st = self.static
+        st.ensure(max(len(p) for p in prompts) + params.max_new_tokens)
+        n = params.n
+        per_prompt = max(1, min(n, self.max_batch))
+        waiting = deque(range(len(prompts)))
+        free = list(range(self.max_batch))  # kept sorted: rows take the lowest slots, so buckets stay small
+        rows: dict[int, tuple[int, int]] = {}  # slot -> (prompt, sample)
+        toks: dict[int, list[int]] = {}
+        logps: dict[int, list[float]] = {}
+        pos = torch.zeros(self.max_batch, dtype=torch.long)  # index of the slot's next token
+        logits = torch.empty(self.max_batch, self.model.config.vocab_size, device=self.device)
+        out: dict[tuple[int, int], Completion] = {}
+        while waiting or rows:
+            admit: list[int] = []
+            while waiting and len(free) >= per_prompt:
+                admit.append(waiting.popleft())
+                take, free = free[:n], free[n:]
+                for s_i, slot in enumerate(take):
+                    rows[slot] = (admit[-1], s_i)
+                    toks[slot], logps[slot] = [], []
+                    pos[slot] = len(prompts[admit[-1]])
+            if admit:
+                slots = torch.tensor([s for s in sorted(rows) if rows[s][0] in set(admit)])
+                order = sorted(slots.tolist(), key=lambda s: rows[s])  # prompt-major, as prefill repeats them
+                logits[order] = st.prefill([list(prompts[i]) for i in admit], torch.tensor(order), n, self.pad_id)
+            busy = sorted(rows)
+            idx = torch.tensor(busy, device=self.device)
+            tok, logp = sample_next(logits[idx], params, generator)
+            tok_l, logp_l = tok.tolist(), logp.tolist()
+            for j, slot in enumerate(busy):
+                toks[slot].append(tok_l[j])
+                logps[slot].append(logp_l[j])
+                reason = self._finished(toks[slot], params, stop_ids)
+                if reason:
+                    row = rows.pop(slot)
+                    out[row] = self._completion(row, toks.pop(slot), logps.pop(slot), reason)
+                    free.append(slot)
+            free.sort()
+            if not rows:
+                continue
+            B = max(rows) + 1
+            step_tok = torch.zeros(B, dtype=torch.long, device=self.device)
+            step_tok[idx] = tok
+            step_logits = st.step(step_tok, pos[:B].to(self.device), B)
+            logits[:B] = step_logits
+            for slot in rows:
+                pos[slot] += 1
+        return [out[k] for k in sorted(out)]
+
+    def _finished(self, tokens: list[int], params: SamplingParams, stop_ids: set[int]) -> str | None:
+        """Why a row stops after its newest token (``stop``/``length``), or None."""
+        if tokens[-1] in stop_ids:
+            return "stop"
+        if params.stop_strings and self._hit_stop_string(tokens, params.stop_strings):
+            return "stop"
+        if len(tokens) >= params.max_new_tokens:
+            return "length"
+        return None
+
     def _hit_stop_string(self, tokens: list[int], stops: tuple[str, ...]) -> bool:
         tail = self.tokenizer.decode(tokens[-8:], skip_special_tokens=True)
         return any(s in tail for s in stops)
 
-    def _completion(self, batch: _Batch, r: int, reason: str) -> Completion:
-        toks = batch.tokens[r]
+    def _completion(self, row: tuple[int, int], toks: list[int], logps: list[float], reason: str) -> Completion:
         return Completion(
-            prompt_index=batch.rows[r][0],
-            sample_index=batch.rows[r][1],
+            prompt_index=row[0],
+            sample_index=row[1],
             token_ids=torch.tensor(toks, dtype=torch.long),
-            logprobs=torch.tensor(batch.logps[r], dtype=torch.float32),
+            logprobs=torch.tensor(logps, dtype=torch.float32),
             finish_reason=reason,  # type: ignore[arg-type]
             weight_version=self._version,
             text=self.tokenizer.decode(toks, skip_special_tokens=True),

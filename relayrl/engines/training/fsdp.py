@@ -65,18 +65,22 @@ def _decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
-def shard_model(root: ResponseLogits, device: torch.device) -> bool:
+def shard_model(root: ResponseLogits, device: torch.device, compute_dtype: torch.dtype | None = None) -> bool:
     """Shard ``root`` (and its decoder layers) with FSDP2 over the default process group; False when
-    there is nothing to shard over (one rank)."""
+    there is nothing to shard over (one rank). With ``compute_dtype`` the sharded parameters keep their
+    dtype (the master weights) and are gathered in ``compute_dtype`` for the passes; gradients are reduced
+    in float32 (FSDP2's ``MixedPrecisionPolicy``)."""
     n = world_size()
     if n == 1:
         return False
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(device.type, (n,))
+    policy = MixedPrecisionPolicy() if compute_dtype is None else \
+        MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     for unit in [*_decoder_layers(root.model), root]:
-        fully_shard(unit, mesh=mesh)
+        fully_shard(unit, mesh=mesh, mp_policy=policy)
     return True
 
 

@@ -38,6 +38,14 @@ engine is data parallel: the model is sharded with FSDP2, the counts and the
 reported metrics are summed over ranks, and every rank runs as many forward
 passes as the busiest one (:mod:`relayrl.engines.training.fsdp`).
 
+Mixed precision (``compute_dtype`` lower than the weights' dtype): the
+weights, gradients and optimizer state stay in the weights' dtype (float32
+master weights) and the forward and backward passes compute in
+``compute_dtype``: on one rank under ``torch.autocast``, under FSDP2 through
+its ``MixedPrecisionPolicy`` (parameters gathered in ``compute_dtype``,
+gradients reduced in float32). A 1e-6 step then moves a weight of 0.02, which
+a bf16 weight cannot represent.
+
 A non-finite gradient norm skips the optimizer step (weights stay at the last
 good state) and is reported as ``actor/nonfinite_grad``; the workflow decides
 whether to stop or go on.
@@ -45,6 +53,7 @@ whether to stop or go on.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from collections import defaultdict
@@ -133,7 +142,7 @@ class TorchTrainingEngine:
 
     def __init__(self, model, cfg: TrainEngineConfig, *, total_steps: int, device: str | torch.device = "cpu",
                  trainable: bool = True, metric_prefix: str = "actor",
-                 output: Literal["logprobs", "values"] = "logprobs") -> None:
+                 output: Literal["logprobs", "values"] = "logprobs", compute_dtype: torch.dtype | None = None) -> None:
         if output not in ("logprobs", "values"):
             raise ValueError(f"output={output!r} must be 'logprobs' (a policy) or 'values' (a critic)")
         self.values = output == "values"  # a critic: the head's one output per position is the value
@@ -144,7 +153,12 @@ class TorchTrainingEngine:
         if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.net = fsdp.ResponseLogits(self.model)
-        self.sharded = fsdp.shard_model(self.net, self.device)  # FSDP2 when the group has > 1 rank
+        weights = next(self.model.parameters()).dtype
+        self.compute_dtype = compute_dtype or weights
+        mixed = self.compute_dtype != weights
+        # FSDP2 when the group has > 1 rank; it casts the gathered parameters itself
+        self.sharded = fsdp.shard_model(self.net, self.device, compute_dtype=self.compute_dtype if mixed else None)
+        self._autocast = mixed and not self.sharded
         self.world = fsdp.world_size()
         self.optimizer = None
         self.scheduler = None
@@ -196,7 +210,7 @@ class TorchTrainingEngine:
         """The packed mask in the form the model's attention takes (bool for SDPA, additive for eager)."""
 
         def form(mask: torch.Tensor) -> torch.Tensor:
-            return mask if self.attn_impl == "sdpa" else additive_mask(mask, self.model.dtype)
+            return mask if self.attn_impl == "sdpa" else additive_mask(mask, self.compute_dtype)
 
         full = form(shared_prompt_mask(doc_ids, seg_ids))
         if self.sliding_window is None:
@@ -205,6 +219,12 @@ class TorchTrainingEngine:
             shared_prompt_mask(doc_ids, seg_ids, pos_ids, sliding_window=self.sliding_window))}
 
     # --------------------------------------------------------------- forward
+    def _compute(self):
+        """The mixed-precision context of a forward pass (autocast to ``compute_dtype`` on one rank)."""
+        if not self._autocast:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
     def _forward(self, batch: SequenceBatch, item, temperature: float, with_entropy: bool | str):
         """Log-probs (and entropy) of the response tokens of one micro-batch: [B, T] each, mask [B, T], rows [B]."""
         if self.packing == "none":
@@ -212,7 +232,8 @@ class TorchTrainingEngine:
             return lp, mask, ent, list(item), self._padded_len(batch, item)
         pb = build_packed_batch(batch.prompt_ids, batch.response_ids, item).to(self.device)
         mask4 = self._attention_mask(pb.doc_ids, pb.segment_ids, pb.position_ids)
-        logits = self.net(pb.input_ids, mask4, pb.position_ids, pb.token_pack, pb.token_src)  # [N, V]
+        with self._compute():
+            logits = self.net(pb.input_ids, mask4, pb.position_ids, pb.token_pack, pb.token_src)  # [N, V]
         if self.values:
             lp, ent = logits[:, 0], None
         else:
@@ -265,7 +286,8 @@ class TorchTrainingEngine:
         ids, attn, pos, mask, targets = (t.to(self.device) for t in (ids, attn, pos, mask, targets))
 
         rows_idx = torch.arange(len(rows), device=self.device)[:, None].expand_as(pos)
-        logits = self.net(ids, attn, None, rows_idx, pos)  # [B, T, V]
+        with self._compute():
+            logits = self.net(ids, attn, None, rows_idx, pos)  # [B, T, V]
         if self.values:
             return logits[..., 0] * mask, mask, None
         logprobs, entropy = self._token_logprobs(logits, targets, mask, temperature, with_entropy)

@@ -1,0 +1,112 @@
+"""Mixed precision: float32 master weights with bf16 compute (issue 15, item 1), and the static decoder."""
+
+import pytest
+import torch
+
+from relayrl.engines.generation.base import SamplingParams
+from relayrl.engines.generation.native import NativeGenerationEngine
+from relayrl.engines.training.base import OptimConfig, SequenceBatch
+from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
+from relayrl.models.load import load_model
+from relayrl.workflows.losses import PolicyLoss
+
+
+def _batch(tok):
+    prompts = ["1+2=", "123+456=", "sort 5 12 9 =", "77+1="]
+    answers = ["3", "579", "5 9 12", "78"]
+    eos = torch.tensor([tok.eos_token_id])
+    resp = [torch.cat([torch.tensor(tok(a, add_special_tokens=False)["input_ids"]), eos]) for a in answers]
+    g = torch.Generator().manual_seed(0)
+    return SequenceBatch([torch.tensor(tok(p)["input_ids"]) for p in prompts], resp,
+                         {"advantages": [torch.randn(len(r), generator=g) for r in resp]})
+
+
+def _engine(tiny_dir, weights: torch.dtype, compute: torch.dtype, lr: float = 1e-6):
+    torch.manual_seed(0)
+    model = load_model(tiny_dir, dtype={torch.float32: "float32", torch.bfloat16: "bfloat16"}[weights])
+    return TorchTrainingEngine(model, TrainEngineConfig(optim=OptimConfig(lr=lr, weight_decay=0.0, max_grad_norm=None)),
+                               total_steps=1, compute_dtype=compute)
+
+
+def _changed(eng, before):
+    after = {n: p.detach().clone() for n, p in eng.model.named_parameters()}
+    return sum(int((after[n] != before[n]).sum()) for n in before), sum(t.numel() for t in before.values())
+
+
+def test_a_1e6_update_changes_a_bf16_computed_model(tiny_dir, tiny_tokenizer):
+    """fp32 master weights + bf16 compute keep a 1e-6 Adam step; pure bf16 weights lose nearly all of it."""
+    batch = _batch(tiny_tokenizer)
+    mixed = _engine(tiny_dir, torch.float32, torch.bfloat16)
+    assert mixed._autocast and next(mixed.model.parameters()).dtype == torch.float32
+    before = {n: p.detach().clone() for n, p in mixed.model.named_parameters()}
+    mixed.train_step(batch, PolicyLoss(agg="token-mean"))
+    changed, total = _changed(mixed, before)
+    assert changed > 0.5 * total  # Adam moves every weight with a gradient by about lr
+
+    pure = _engine(tiny_dir, torch.bfloat16, torch.bfloat16)
+    before = {n: p.detach().clone() for n, p in pure.model.named_parameters()}
+    pure.train_step(batch, PolicyLoss(agg="token-mean"))
+    lost, _ = _changed(pure, before)
+    assert lost < 0.05 * total  # what pure bf16 training silently drops
+
+
+def test_mixed_precision_computes_in_bf16(tiny_dir, tiny_tokenizer):
+    """Log-probs of the mixed engine are bf16-computed: close to, but not equal to, the fp32 ones."""
+    batch = _batch(tiny_tokenizer)
+    fp32 = _engine(tiny_dir, torch.float32, torch.float32)
+    mixed = _engine(tiny_dir, torch.float32, torch.bfloat16)
+    a, _ = fp32.logprobs(batch)
+    b, _ = mixed.logprobs(batch)
+    diff = max(float((x - y).abs().max()) for x, y in zip(a, b))
+    assert 1e-5 < diff < 0.2
+    assert all(t.dtype == torch.float32 for t in b)
+
+
+def test_config_refuses_fp16_training_and_pointless_pure_precision():
+    from relayrl.config.schema import Config
+
+    with pytest.raises(ValueError, match="loss scaling"):
+        Config.model_validate({"model": {"dtype": "float16"}})
+    with pytest.raises(ValueError, match="pure_low_precision"):
+        Config.model_validate({"model": {"pure_low_precision": True}})
+    cfg = Config.model_validate({"model": {"dtype": "bfloat16"}, "rollout": {"dtype": "float16"}})
+    from relayrl.workflows.workers import role_precision
+
+    prec = role_precision(cfg.model, cfg.rollout)
+    assert prec["trained"] == {"dtype": "float32", "compute_dtype": "bfloat16"}
+    assert prec["frozen"] == {"dtype": "bfloat16"} and prec["rollout"] == {"dtype": "float16"}
+
+
+@pytest.mark.parametrize("n,max_batch", [(1, 2), (3, 4), (2, 16)])
+def test_static_decoder_matches_the_dynamic_path(tiny_model, tiny_dir, tiny_tokenizer, n, max_batch):
+    """The static-cache decode step (eager on CPU, graphed on CUDA) gives the same tokens and log-probs as the
+    Hugging Face forward with a dynamic cache, including slots freed and refilled (continuous batching)."""
+    texts = ["1+2=", "123+456=", "sort 5 12 9 =", "77+1=", "9+9=", "3+4+5=", "countdown 3 7 5 -> 9 :"]
+    prompts = [tiny_tokenizer(t)["input_ids"] for t in texts]
+    other = load_model(tiny_dir)
+    other.load_state_dict(tiny_model.state_dict())
+    dyn = NativeGenerationEngine(tiny_model, tiny_tokenizer, max_batch=max_batch, decode="dynamic")
+    sta = NativeGenerationEngine(other, tiny_tokenizer, max_batch=max_batch, decode="static")
+    assert dyn.static is None and sta.static is not None
+    params = SamplingParams(n=n, temperature=0.0 if n == 1 else 1.0, max_new_tokens=10)
+    a = dyn.generate(prompts, params, torch.Generator().manual_seed(3))
+    b = sta.generate(prompts, params, torch.Generator().manual_seed(3))
+    assert [(c.prompt_index, c.sample_index) for c in a] == [(c.prompt_index, c.sample_index) for c in b]
+    for x, y in zip(a, b):
+        assert x.token_ids.tolist() == y.token_ids.tolist() and x.finish_reason == y.finish_reason
+        torch.testing.assert_close(x.logprobs, y.logprobs, atol=1e-4, rtol=1e-4)
+
+
+def test_share_weights_is_zero_copy(tiny_model, tiny_dir, tiny_tokenizer):
+    """A colocated rollout engine can run on the actor's own parameters: an in-place update shows at once."""
+    actor = TorchTrainingEngine(tiny_model, TrainEngineConfig(), total_steps=1)
+    eng = NativeGenerationEngine(load_model(tiny_dir), tiny_tokenizer, max_batch=4)
+    eng.share_weights(actor.named_weights(), version=3)
+    assert eng.weight_version == 3
+    shared = {n: p.data_ptr() for n, p in eng.model.named_parameters()}
+    assert all(shared[n] == p.data_ptr() for n, p in actor.model.named_parameters())
+    with torch.no_grad():
+        actor.model.get_input_embeddings().weight.mul_(0.5)
+    torch.testing.assert_close(eng.model.get_input_embeddings().weight, actor.model.get_input_embeddings().weight)
+    with pytest.raises(ValueError, match="float32"):
+        eng.share_weights([(n, p.to(torch.bfloat16)) for n, p in actor.named_weights()], version=4)
