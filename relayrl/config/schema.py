@@ -226,6 +226,12 @@ class Config(_Section):
                 raise ValueError(f"workflow=dpo needs preference pairs: the built-in arith task has them (the true "
                                  f"sum over the careless one); data.task={self.data.task!r} has none, give data.path "
                                  f"with data.answer_key (chosen) and data.rejected_key columns")
+        if self.trainer.offload and (self.workflow != "grpo" or self.trainer.off_policy_steps):
+            raise ValueError("trainer.offload moves idle roles off a device they share (colocated GRPO); "
+                             + (f"workflow={self.workflow} has no rollout phase to make room for"
+                                if self.workflow != "grpo" else "with trainer.off_policy_steps the rollout has "
+                                "its own pool and runs while the trainer trains")
+                             + ": drop trainer.offload")
         if self.model.dtype == "float16":
             raise ValueError("model.dtype=float16 trains with fp16 compute, whose gradients underflow without loss "
                              "scaling (relayrl does not scale losses); use model.dtype=bfloat16 (rollout.dtype="

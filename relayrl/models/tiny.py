@@ -22,6 +22,8 @@ import json
 import os
 from pathlib import Path
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["TinyModelConfig", "SPECIAL_TOKENS", "build_tiny", "default_cache_dir"]
@@ -49,6 +51,17 @@ class TinyModelConfig(BaseModel):
     vocab_size: int = Field(512, ge=64, description="upper bound for the trained BPE vocabulary")
     max_position_embeddings: int = Field(512, ge=32)
     seed: int = Field(0, description="seed of the random initialisation")
+    shape: Literal["tiny", "qwen2-0.5b"] = Field(
+        "tiny", description="qwen2-0.5b: Qwen2-0.5B's shape (494M parameters, 24 layers, hidden 896, 14 query and 2 "
+        "key/value heads, vocabulary 151936) with random weights and the local tokenizer, for GPU runs and "
+        "benchmarks with nothing downloaded (it learns nothing useful); the other fields then apply to the "
+        "tokenizer only")
+
+
+# Qwen2-0.5B's config (its published shape): what a 0.5B GPU run allocates, reads and computes.
+QWEN2_0_5B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                  num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1_000_000.0,
+                  rms_norm_eps=1e-6)
 
 
 def default_cache_dir() -> Path:
@@ -119,20 +132,14 @@ def build_tiny(cfg: TinyModelConfig | None = None, cache_dir: Path | None = None
     tokenizer = _train_tokenizer(cfg.vocab_size)
     if cfg.hidden_size % cfg.num_heads:
         raise ValueError(f"model.tiny: hidden_size={cfg.hidden_size} must be divisible by num_heads={cfg.num_heads}")
-    mcfg = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_heads,
-        max_position_embeddings=cfg.max_position_embeddings,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        rope_theta=10000.0,
-    )
+    shape = dict(vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                 num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+                 num_key_value_heads=cfg.num_heads, max_position_embeddings=cfg.max_position_embeddings,
+                 rope_theta=10000.0)
+    if cfg.shape == "qwen2-0.5b":
+        shape = QWEN2_0_5B
+    mcfg = Qwen2Config(**shape, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(cfg.seed)
     model = Qwen2ForCausalLM(mcfg)
     tmp = out.with_name(out.name + f".tmp-{os.getpid()}")

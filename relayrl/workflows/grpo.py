@@ -32,6 +32,7 @@ in that pass.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -102,6 +103,50 @@ class GRPOWorkflow:
         self.recompute_old = a.old_logprobs == "recompute" or (a.old_logprobs == "auto" and (
             cfg.trainer.epochs * cfg.trainer.mini_batches > 1 or cfg.trainer.off_policy_steps > 0 or a.tis_cap is not None))
         self._kl_metrics: dict[str, float] = {}  # KL-in-reward metrics of the current step
+        self._phase_metrics: dict[str, float] = {}  # memory/<phase>_peak_gb and timing/offload_s of the step
+        self.offload = cfg.trainer.offload
+        self.shared = self._share_rollout_weights(prec)
+
+    def _share_rollout_weights(self, prec: dict) -> bool:
+        """Zero-redundancy colocation: when the actor and the rollout live in the driver process with the
+        same weight dtype, the rollout engine runs on the actor's parameters (no copy, no relay traffic)."""
+        a, r = self.actor, self.rollout
+        if not (a.in_driver and r.in_driver) or prec["trained"]["dtype"] != prec["rollout"]["dtype"]:
+            return False
+        r.one("share_weights", a.one("named_weights"), 0)
+        return True
+
+    # ---------------------------------------------------------- memory phases
+    @contextlib.contextmanager
+    def phase(self, name: str, group, step: int):
+        """A timed stage (timeline span) whose peak memory is logged as ``memory/<name>_peak_gb`` (the largest
+        over the group's ranks and over repeats of the stage within the step)."""
+        group.all("memory_reset")
+        with self.s.span(name, group.name, step):
+            yield
+        key = f"memory/{name}_peak_gb"
+        self._phase_metrics[key] = max(self._phase_metrics.get(key, 0.0), max(group.all("memory_peak_gb")))
+
+    def _idle(self, *groups) -> None:
+        """``trainer.offload``: move these roles' idle state to host (the actor keeps its weights on the device
+        when the rollout runs on them)."""
+        if not self.offload:
+            return
+        for g in groups:
+            if g is None:
+                continue
+            kw = {"weights": not self.shared} if g is self.actor else {}
+            self._offload_s(g.all("offload", **kw))
+
+    def _wake(self, *groups, restore: bool = True) -> None:
+        if not self.offload:
+            return
+        for g in groups:
+            if g is not None:
+                self._offload_s(g.all("reload", **({} if restore or g is not self.rollout else {"restore": False})))
+
+    def _offload_s(self, seconds: list[float]) -> None:
+        self._phase_metrics["timing/offload_s"] = self._phase_metrics.get("timing/offload_s", 0.0) + max(seconds)
 
     def _rollout_pool(self, main: ResourcePool) -> ResourcePool:
         """Where the rollout group runs: colocated with the actor (time-sharing the device)."""
@@ -126,6 +171,7 @@ class GRPOWorkflow:
             restore_rollout_rng(self.rollout, ck.trainer_state["rollout_rng"], s.log)
             s.restore_rng(ck)
         relay_weights(self.actor, self.rollout, version=s.start_step)
+        self._idle(self.actor, self.critic, self.ref)  # generation comes first
 
     def begin(self) -> range:
         """Restore, open telemetry, evaluate the starting model (fresh runs); returns the steps to train."""
@@ -154,13 +200,18 @@ class GRPOWorkflow:
     def step(self, step: int) -> dict[str, float]:
         """One GRPO/DAPO iteration; returns its metrics."""
         t0 = time.perf_counter()
+        self._phase_metrics = {}
         rolled = self.rollout_and_score(step)
+        self._idle(self.rollout)  # KV cache and (unless shared with the actor) weights leave the device
         metrics = self.learn(step, *rolled)
         if "dapo/skipped_step" in metrics:
-            return self.perf(metrics, t0, rolled[0], rolled[1], None)
+            self._wake(self.rollout)
+            return self.perf({**metrics, **self._phase_metrics}, t0, rolled[0], rolled[1], None)
+        self._wake(self.rollout, restore=False)  # its old weights are overwritten next
         with self.s.span("relay", "rollout", step):
             metrics.update(relay_weights(self.actor, self.rollout, version=step, relay=self.relay))
-        return self.perf(metrics, t0, rolled[0], rolled[1], step)
+        self._idle(self.actor, self.critic)
+        return self.perf({**metrics, **self._phase_metrics}, t0, rolled[0], rolled[1], step)
 
     def learn(self, step: int, problems: list, comps: list[Completion], rewards: torch.Tensor,
               metrics: dict[str, float], baselines: torch.Tensor | None = None) -> dict[str, float]:
@@ -187,17 +238,20 @@ class GRPOWorkflow:
         # with prompt groups, the forward passes below compute each prompt once (shared-prompt packing)
         batch = SequenceBatch(got["prompt_ids"], got["response_ids"], groups=[int(g) for g in got["group"]])
         if self.ref is not None:
-            with s.span("ref_logprob", "reference", step):
+            with self.phase("ref_logprob", self.ref, step):
+                self._wake(self.ref)
                 self.dock.put(part, {"ref_logprobs": self.ref.split("logprobs", batch)}, indexes=idx)
+                self._idle(self.ref)
+        self._wake(self.actor, self.critic)
         if self.recompute_old:
-            with s.span("old_logprob", "actor", step):
+            with self.phase("old_logprob", self.actor, step):
                 self.dock.put(part, {"old_logprobs": self.actor.split("logprobs", batch)}, indexes=idx)
         if self.critic is not None:
-            with s.span("values", "critic", step):
+            with self.phase("values", self.critic, step):
                 self.dock.put(part, {"values": self.critic.split("values", batch)}, indexes=idx)
         with s.span("advantage", "driver", step):
             self.dock.put(part, self.advantages(part, idx, rewards, comps), indexes=idx)
-        with s.span("update", "actor", step):
+        with self.phase("update", self.actor, step):
             metrics.update(self.update(part, step, comps))
         self.dock.close_partition(part)
         return metrics
@@ -230,7 +284,7 @@ class GRPOWorkflow:
         metrics: dict[str, float] = {}
         while len(problems) < P:
             batch_problems = s.prompts.take(P - len(problems))
-            with s.span("generate", "rollout", step):
+            with self.phase("generate", self.rollout, step):
                 new = generate(self.rollout, [s.encode(p) for p in batch_problems], self.sampling)
             with s.span("reward", "reward", step):
                 new_scores, rmetrics = s.reward.score(

@@ -163,7 +163,9 @@ class OffPolicyGRPO(GRPOWorkflow):
                 waited = time.perf_counter() - t0
                 with self._starts_cond:
                     self._starts.pop(step, None)  # a checkpoint from now on records a later start
+                self._phase_metrics = {}
                 metrics = self.learn(step, *rolled)
+                metrics.update(self._phase_metrics)
                 with s.span("stage_weights", "actor", step):  # (unchanged weights after a skipped step)
                     ahead.stage(step, _host_copy(collective(self.actor, "named_weights")))
                 metrics = self.perf(metrics, t0, rolled.problems, rolled.comps, step)

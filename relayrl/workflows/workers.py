@@ -15,6 +15,7 @@ FSDP2, so the driver calls their state and weight methods on every rank
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
@@ -27,6 +28,7 @@ from relayrl.engines.generation.native import NativeGenerationEngine
 from relayrl.engines.training import fsdp
 from relayrl.engines.training.base import LossFn, SequenceBatch
 from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
+from relayrl.telemetry import memory
 from relayrl.models.load import load_model, load_tokenizer, load_value_model, resolve_dtype
 from relayrl.weights import WeightReceiverMixin, gather_full_state
 
@@ -68,7 +70,33 @@ def _set_threads(threads: int, worker: Worker | None = None) -> None:
         torch.set_num_threads(threads)
 
 
-class _TrainerWorker(Worker):
+def _trim_heap() -> None:
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the pages stay with the process until reused
+        pass
+
+
+class _MemoryProbe:
+    """Peak memory of the worker's device (GPU) or process (CPU) since the last reset, for
+    ``memory/<phase>_peak_gb`` (:mod:`relayrl.telemetry.memory`)."""
+
+    def _memory_device(self) -> torch.device:
+        engine = getattr(self, "engine", None)
+        return getattr(engine, "device", None) or torch.device("cpu")
+
+    def memory_reset(self) -> None:
+        memory.reset_peak(self._memory_device())
+
+    def memory_peak_gb(self) -> float:
+        return memory.peak_gb(self._memory_device())
+
+
+class _TrainerWorker(_MemoryProbe, Worker):
     """A trained model behind a training engine: updates, checkpoint state (shared by actor and critic)."""
 
     engine: TorchTrainingEngine
@@ -103,6 +131,13 @@ class _TrainerWorker(Worker):
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         return {n: tuple(t.shape) for n, t in self.engine.model.state_dict().items()}
+
+    def offload(self, weights: bool = True) -> float:
+        """Optimizer state (and weights, unless a colocated rollout reads them) to host; seconds taken."""
+        return self.engine.offload(weights=weights)
+
+    def reload(self) -> float:
+        return self.engine.reload()
 
 
 class PolicyWorker(_TrainerWorker):
@@ -154,7 +189,7 @@ class CriticWorker(_TrainerWorker):
         return self.engine.logprobs(batch)[0]
 
 
-class ReferenceWorker(Worker):
+class ReferenceWorker(_MemoryProbe, Worker):
     """Frozen reference policy: log-probs only."""
 
     def __init__(self, model_path: str, engine: TrainEngineConfig, *, dtype: str = "float32", device: str = "auto",
@@ -167,8 +202,15 @@ class ReferenceWorker(Worker):
     def logprobs(self, batch: SequenceBatch, temperature: float = 1.0):
         return self.engine.logprobs(batch, temperature=temperature)[0]
 
+    def offload(self) -> float:
+        """Weights to host while the reference is idle; seconds taken."""
+        return self.engine.offload()
 
-class RolloutWorker(WeightReceiverMixin, Worker):
+    def reload(self) -> float:
+        return self.engine.reload()
+
+
+class RolloutWorker(WeightReceiverMixin, _MemoryProbe, Worker):
     """Samples responses with the native engine; takes packed weights (``receive_weights``);
     its RNG state is part of checkpoints."""
 
@@ -180,6 +222,8 @@ class RolloutWorker(WeightReceiverMixin, Worker):
         self.tokenizer = load_tokenizer(model_path)
         self.engine = NativeGenerationEngine(model, self.tokenizer, max_batch=max_batch, device=dev, decode=decode)
         self.generator = torch.Generator(device=dev).manual_seed(seed + 7919 * getattr(self, "rank", 0))
+        self.shared = False  # True once the engine runs on the actor's own parameters (share_weights)
+        self._offloaded = False
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         return self.engine.generate(prompts, params, generator=self.generator if params.temperature > 0 else None)
@@ -191,7 +235,40 @@ class RolloutWorker(WeightReceiverMixin, Worker):
         return [replace(c, prompt_index=items[c.prompt_index][0]) for c in comps]
 
     def update_weights(self, named_tensors, version: int) -> None:
+        if self.shared:  # the engine already reads these very tensors
+            self.engine._version = version
+            return
         self.engine.update_weights(named_tensors, version)
+
+    def share_weights(self, named_tensors, version: int) -> None:
+        """Run on ``named_tensors`` (the colocated actor's live parameters) instead of a copy."""
+        self.engine.share_weights(named_tensors, version)
+        self.shared = True
+        if self.engine.device.type == "cpu":  # give the dropped copy's pages back to the OS (glibc keeps them)
+            _trim_heap()
+
+    def offload(self) -> float:
+        """Free the KV cache, and move the weights to host unless they are the actor's; seconds taken."""
+        from relayrl.weights import offload as swap
+
+        t0 = time.perf_counter()
+        self.engine.release()
+        if not self.shared:
+            swap.offload_module(self.engine.model)
+            self._offloaded = True
+        if self.engine.device.type == "cuda":
+            torch.cuda.empty_cache()  # hand the freed blocks to the other roles' allocations
+        return time.perf_counter() - t0
+
+    def reload(self, restore: bool = True) -> float:
+        """Weights back on the device (``restore=False``: without their values, new weights come next)."""
+        from relayrl.weights import offload as swap
+
+        t0 = time.perf_counter()
+        if self._offloaded:
+            swap.reload_module(self.engine.model, restore=restore)
+            self._offloaded = False
+        return time.perf_counter() - t0
 
     def rng_state(self) -> torch.Tensor:
         return self.generator.get_state()

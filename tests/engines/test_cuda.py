@@ -83,3 +83,54 @@ def test_bf16_policy_update_on_cuda_is_finite_and_moves_the_weights(tiny_model, 
     m = eng.train_step(_grouped(tiny_tokenizer), PolicyLoss(), temperature=1.0, with_entropy=True)
     assert torch.isfinite(torch.tensor(m["actor/grad_norm"])) and m["actor/grad_norm"] > 0
     assert any(not torch.equal(b, p) for b, p in zip(before, eng.model.parameters()))
+
+
+def test_graphed_static_decode_matches_the_dynamic_path_on_cuda(tiny_model, tiny_dir, tiny_tokenizer):
+    from relayrl.models.load import load_model
+
+    other = load_model(tiny_dir)
+    other.load_state_dict(tiny_model.state_dict())
+    dyn = NativeGenerationEngine(tiny_model.cuda(), tiny_tokenizer, max_batch=3, device="cuda", decode="dynamic")
+    sta = NativeGenerationEngine(other.cuda(), tiny_tokenizer, max_batch=3, device="cuda", decode="auto")
+    assert sta.static is not None and sta.static.graphs
+    prompts = _ids(tiny_tokenizer, PROMPTS)
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=12)
+    for x, y in zip(dyn.generate(prompts, params), sta.generate(prompts, params)):
+        assert x.token_ids.tolist() == y.token_ids.tolist()
+        torch.testing.assert_close(x.logprobs, y.logprobs, atol=1e-3, rtol=1e-3)
+    assert sta.static._graphs  # the steps ran as graph replays
+
+
+def test_mixed_precision_keeps_small_updates_on_cuda(tiny_dir, tiny_tokenizer):
+    from relayrl.models.load import load_model
+
+    eng = TorchTrainingEngine(load_model(tiny_dir, device="cuda"), TrainEngineConfig(
+        optim=OptimConfig(lr=1e-6, weight_decay=0.0, max_grad_norm=None)), total_steps=1, device="cuda",
+        compute_dtype=torch.bfloat16)
+    before = {n: p.detach().clone() for n, p in eng.model.named_parameters()}
+    eng.train_step(_grouped(tiny_tokenizer), PolicyLoss(agg="token-mean"))
+    changed = sum(int((p.detach() != before[n]).sum()) for n, p in eng.model.named_parameters())
+    assert changed > 0.5 * sum(t.numel() for t in before.values())
+
+
+def test_offload_frees_device_memory_and_keeps_training_exact(tiny_dir, tiny_tokenizer):
+    from relayrl.models.load import load_model
+
+    def engine():
+        torch.manual_seed(0)
+        return TorchTrainingEngine(load_model(tiny_dir, device="cuda"), TrainEngineConfig(), total_steps=3,
+                                   device="cuda", compute_dtype=torch.bfloat16)
+
+    batch, loss = _grouped(tiny_tokenizer), PolicyLoss(agg="token-mean")
+    a, b = engine(), engine()
+    for eng in (a, b):
+        eng.train_step(batch, loss)
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated()
+    b.offload()
+    assert torch.cuda.memory_allocated() < held - 3 * sum(p.numel() * 4 for p in b.model.parameters()) * 0.9
+    b.reload()
+    for eng in (a, b):
+        eng.train_step(batch, loss)
+    for (n, p), q in zip(a.model.named_parameters(), b.model.parameters()):
+        assert torch.equal(p, q), n

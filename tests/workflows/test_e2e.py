@@ -90,7 +90,7 @@ def test_bad_config_is_refused_before_work(tmp_path):
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
-VOLATILE = ("timing/", "perf/step_time_s", "perf/tokens_per_s_per_device", "reward/score_time_s")
+VOLATILE = ("timing/", "memory/", "perf/step_time_s", "perf/tokens_per_s_per_device", "reward/score_time_s")
 
 
 def _stable(rec: dict) -> dict:

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 import warnings
 from collections import defaultdict
 from typing import Literal, Sequence
@@ -387,6 +388,39 @@ class TorchTrainingEngine:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return dict(acc)
+
+    # --------------------------------------------------------------- memory
+    def offload(self, weights: bool = True) -> float:
+        """Move the idle state to host memory: the optimizer state, and the weights unless ``weights=False``
+        (e.g. a colocated rollout engine reads them). Gradients need nothing: each step frees them.
+        Returns the seconds it took."""
+        from relayrl.weights import offload as swap
+
+        t0 = time.perf_counter()
+        if self.optimizer is not None and self.optimizer.state:
+            swap.offload_optimizer(self.optimizer)
+        if weights:
+            if self.sharded:  # FSDP2: each rank's shards move with the module
+                self.model.to("cpu")
+            else:
+                swap.offload_module(self.model)
+            self._weights_offloaded = True
+        return time.perf_counter() - t0
+
+    def reload(self) -> float:
+        """Undo :meth:`offload` (a no-op for what was not offloaded); returns the seconds it took."""
+        from relayrl.weights import offload as swap
+
+        t0 = time.perf_counter()
+        if self.optimizer is not None and swap.is_offloaded(self.optimizer):
+            swap.reload_optimizer(self.optimizer)
+        if getattr(self, "_weights_offloaded", False):
+            if self.sharded:
+                self.model.to(self.device)
+            else:
+                swap.reload_module(self.model)
+            self._weights_offloaded = False
+        return time.perf_counter() - t0
 
     # --------------------------------------------------------------- weights
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
