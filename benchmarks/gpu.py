@@ -134,7 +134,7 @@ def profile_decode(path: Path, B: int, prompt: int, steps: int) -> list[str]:
 
 
 # ------------------------------------------------------------------ training
-def bench_train(path: Path, peak: float, budget: int = 16384) -> dict:
+def bench_train(path: Path, peak: float, budget: int = 16384, profile: bool = False) -> dict:
     from relayrl.engines.training.base import OptimConfig, SequenceBatch
     from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
     from relayrl.models.load import load_model
@@ -169,6 +169,15 @@ def bench_train(path: Path, peak: float, budget: int = 16384) -> dict:
     flops = 6 * decoder * tokens + 6 * head * groups * n * R + 12 * pairs * c.num_hidden_layers * c.num_attention_heads * hd
     out = {"tokens": tokens, "update_s": dt, "tokens_per_s": tokens / dt, "mfu": flops / dt / peak,
            "peak_gb": torch.cuda.max_memory_allocated() / 2**30}
+    if profile:  # where an update's time goes
+        from torch.profiler import ProfilerActivity, profile as prof_
+
+        with prof_(activities=[ProfilerActivity.CUDA]) as prof:
+            eng.train_step(batch, loss)
+            torch.cuda.synchronize()
+        for line in prof.key_averages().table(sort_by="cuda_time_total", row_limit=12,
+                                              max_name_column_width=70).splitlines():
+            print("  " + line, flush=True)
     print(f"train: {tokens} tokens (budget {budget}/micro-batch) in {dt:.3f} s: {out['tokens_per_s']:.0f} tok/s, "
           f"MFU {out['mfu']:.1%}, peak {out['peak_gb']:.1f} GB", flush=True)
     del eng, model
@@ -177,7 +186,7 @@ def bench_train(path: Path, peak: float, budget: int = 16384) -> dict:
 
 
 # ------------------------------------------------------------------ GRPO step
-def bench_grpo(cache: Path, offload: bool, steps: int = 3) -> dict:
+def bench_grpo(cache: Path, offload: bool, steps: int = 3, new_tokens: int = 256, extra: tuple = ()) -> dict:
     from relayrl.config.loader import load_config
     from relayrl.config.schema import Config
     from relayrl.workflows.grpo import GRPOWorkflow
@@ -186,9 +195,12 @@ def bench_grpo(cache: Path, offload: bool, steps: int = 3) -> dict:
     run = Path(tempfile.mkdtemp(prefix="gpu-grpo-"))
     cfg = load_config(Config, Path(__file__).resolve().parents[1] / "recipes" / "arith_grpo.yaml", [
         "model.tiny.shape=qwen2-0.5b", "model.device=cuda", "model.dtype=bfloat16", f"run.dir={run}",
-        "data.prompts_per_step=32", "rollout.n=8", "rollout.max_new_tokens=256", "algorithm.kl_coef=0.001",
+        "data.prompts_per_step=32", "rollout.n=8", f"rollout.max_new_tokens={new_tokens}", "algorithm.kl_coef=0.001",
         "engine.token_budget=16384", f"trainer.offload={str(offload).lower()}", f"trainer.steps={steps}",
-        "eval.size=8", "eval.max_new_tokens=8", "telemetry.sinks=[jsonl]", "run.resume=never"])
+        "eval.size=8", "eval.max_new_tokens=8", "telemetry.sinks=[jsonl]", "run.resume=never", *extra])
+    import gc
+
+    gc.collect()  # the previous run's pool gives its GPU back
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     wf = GRPOWorkflow(cfg)
@@ -216,6 +228,9 @@ def main() -> None:
     ap.add_argument("--cache", default=None, help="where the random Qwen2-0.5B-shaped model is built")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: decode,profile,train,grpo")
+    ap.add_argument("--profile-train", action="store_true", help="print the update's top CUDA kernels")
+    ap.add_argument("--grpo-new-tokens", type=int, default=256, help="max_new_tokens of the GRPO steps")
+    ap.add_argument("--grpo", nargs="*", default=[], help="extra config overrides of the GRPO steps")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("gpu: no CUDA device (this benchmark measures a GPU)")
@@ -232,9 +247,10 @@ def main() -> None:
         for line in profile_decode(path, 256, 384, 20):
             print("  " + line, flush=True)
     if "train" not in skip:
-        res["train"] = bench_train(path, peak)
+        res["train"] = bench_train(path, peak, profile=args.profile_train)
     if "grpo" not in skip:
-        res["grpo"] = {"off": bench_grpo(cache, False), "on": bench_grpo(cache, True)}
+        kw = dict(new_tokens=args.grpo_new_tokens, extra=tuple(args.grpo))
+        res["grpo"] = {"off": bench_grpo(cache, False, **kw), "on": bench_grpo(cache, True, **kw)}
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1, default=str))
     d = res.get("decode", {}).get(256, {})

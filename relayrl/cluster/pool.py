@@ -20,13 +20,16 @@ a CUDA pool without explicit `device_ids` takes the next free GPU indices.
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Literal
 
 DeviceKind = Literal["cpu", "cuda"]
 Strategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 
 _local_cuda_lock = threading.Lock()
-_local_cuda_next = 0  # next GPU index handed to a local CUDA pool without device_ids
+# Local CUDA pools that hold GPU indices; a pool without device_ids takes the lowest indices none of the live
+# ones holds (a pool that was dropped gives its GPUs back, e.g. a second run in one process).
+_local_cuda_pools: "weakref.WeakSet[ResourcePool]" = weakref.WeakSet()
 
 
 class _TurnQueue:
@@ -177,14 +180,15 @@ class ResourcePool:
             raise ValueError(f"ResourcePool {self.name!r} has nodes={self.nodes}: the local backend runs on one machine; use backend='ray'")
         if self.device_kind == "cpu":
             return ["cpu"] * self.devices
-        global _local_cuda_next
-        with self._state_lock, _local_cuda_lock:
-            if self._device_ids is None:
-                self._device_ids = tuple(range(_local_cuda_next, _local_cuda_next + self.devices))
-                _local_cuda_next += self.devices
         import torch
 
         have = torch.cuda.device_count()
+        with self._state_lock, _local_cuda_lock:
+            if self._device_ids is None:
+                held = {i for p in list(_local_cuda_pools) if p is not self for i in (p._device_ids or ())}
+                free = [i for i in range(max(have, len(held) + self.devices)) if i not in held]
+                self._device_ids = tuple(free[: self.devices])
+                _local_cuda_pools.add(self)
         if max(self._device_ids) >= have:
             raise ValueError(
                 f"ResourcePool {self.name!r} needs GPUs {list(self._device_ids)} but this machine has {have}; "

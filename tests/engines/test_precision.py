@@ -110,3 +110,13 @@ def test_share_weights_is_zero_copy(tiny_model, tiny_dir, tiny_tokenizer):
     torch.testing.assert_close(eng.model.get_input_embeddings().weight, actor.model.get_input_embeddings().weight)
     with pytest.raises(ValueError, match="float32"):
         eng.share_weights([(n, p.to(torch.bfloat16)) for n, p in actor.named_weights()], version=4)
+
+
+def test_static_decoder_runs_a_bf16_model(tiny_dir, tiny_tokenizer):
+    """bf16 weights: float32 logits and log-probs come out, every row reaches its length."""
+    eng = NativeGenerationEngine(load_model(tiny_dir, dtype="bfloat16"), tiny_tokenizer, max_batch=4, decode="static")
+    prompts = [tiny_tokenizer(t)["input_ids"] for t in ["1+2=", "123+456=", "sort 5 12 9 ="]]
+    outs = eng.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=6, ignore_eos=True),
+                        torch.Generator().manual_seed(0))
+    assert len(outs) == 6 and all(len(c.token_ids) == 6 and torch.isfinite(c.logprobs).all() for c in outs)
+    assert all(c.logprobs.dtype == torch.float32 for c in outs)

@@ -163,7 +163,7 @@ class StaticDecoder:
         for layer, k_buf, v_buf in zip(out.past_key_values.layers, self.keys, self.values):
             k_buf[slots, :, :width] = layer.keys[src].to(self.dtype)
             v_buf[slots, :, :width] = layer.values[src].to(self.dtype)
-        return logits[src]
+        return logits[src].float()
 
     # ---------------------------------------------------------------- step
     def _attend(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, valid: torch.Tensor,

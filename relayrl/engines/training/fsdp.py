@@ -44,10 +44,22 @@ class ResponseLogits(nn.Module):
         self.model = model
 
     def forward(self, input_ids: torch.Tensor, attention_mask, position_ids: torch.Tensor | None,
-                rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+                rows: torch.Tensor, cols: torch.Tensor, targets: torch.Tensor | None = None,
+                temperature: float = 1.0, chunk: int = 0, with_entropy: bool = False):
+        """Logits ``[..., V]`` at ``(rows, cols)``; with ``targets`` (same shape as ``rows``) instead the
+        log-probs of the targets and the entropy (or None), the head applied ``chunk`` positions at a time
+        (:mod:`relayrl.engines.training.head`), so no ``[..., V]`` tensor is kept."""
         hidden = self.model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
                                           position_ids=position_ids, use_cache=False).last_hidden_state
-        return self.model.get_output_embeddings()(hidden[rows, cols]).float()
+        head = self.model.get_output_embeddings()
+        if targets is None:
+            return head(hidden[rows, cols]).float()
+        from relayrl.engines.training.head import chunked_token_logprobs
+
+        picked = hidden[rows, cols]
+        lp, ent = chunked_token_logprobs(picked.reshape(-1, picked.shape[-1]), head.weight, targets.reshape(-1),
+                                         temperature=temperature, chunk=chunk, with_entropy=with_entropy)
+        return lp.view(targets.shape), None if ent is None else ent.view(targets.shape)
 
 
 def world_size() -> int:

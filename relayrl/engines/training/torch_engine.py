@@ -78,6 +78,10 @@ class TrainEngineConfig(BaseModel):
     optim: OptimConfig = OptimConfig()
     token_budget: int = Field(8192, ge=16, description="max padded tokens (prompt + response) per micro-batch")
     entropy_chunk: int = Field(1024, ge=1, description="positions per chunk when computing entropy")
+    logprob_chunk: int = Field(4096, ge=0, description="positions per chunk of the output head in log-prob "
+                               "passes: each chunk's [chunk, vocab] logits are reduced at once and recomputed "
+                               "in the backward pass instead of stored; 0 materialises every position's logits "
+                               "(an entropy bonus, entropy_coef > 0, always does)")
     gradient_checkpointing: bool = False
     packing: Literal["none", "sequences", "shared_prompt"] = Field(
         "shared_prompt", description="forward layout: one prompt + its group's responses per unit (seed 003 4.2), "
@@ -233,15 +237,27 @@ class TorchTrainingEngine:
             return lp, mask, ent, list(item), self._padded_len(batch, item)
         pb = build_packed_batch(batch.prompt_ids, batch.response_ids, item).to(self.device)
         mask4 = self._attention_mask(pb.doc_ids, pb.segment_ids, pb.position_ids)
-        with self._compute():
-            logits = self.net(pb.input_ids, mask4, pb.position_ids, pb.token_pack, pb.token_src)  # [N, V]
-        if self.values:
-            lp, ent = logits[:, 0], None
+        if self._chunked(with_entropy):
+            with self._compute():
+                lp, ent = self.net(pb.input_ids, mask4, pb.position_ids, pb.token_pack, pb.token_src,
+                                   targets=pb.targets.to(self.device), temperature=temperature,
+                                   chunk=self.cfg.logprob_chunk, with_entropy=bool(with_entropy))
         else:
-            lp, ent = self._token_logprobs(logits, pb.targets, None, temperature, with_entropy)
+            with self._compute():
+                logits = self.net(pb.input_ids, mask4, pb.position_ids, pb.token_pack, pb.token_src)  # [N, V]
+            if self.values:
+                lp, ent = logits[:, 0], None
+            else:
+                lp, ent = self._token_logprobs(logits, pb.targets, None, temperature, with_entropy)
         mask = pb.response_mask().to(self.device)
         return (pb.to_rows(lp), mask, None if ent is None else pb.to_rows(ent), list(pb.rows),
                 int(pb.input_ids.numel()))
+
+    def _chunked(self, with_entropy: bool | str) -> bool:
+        """Whether a policy pass takes the chunked head (no [positions, vocab] logits kept)."""
+        head = self.model.get_output_embeddings()
+        return (not self.values and self.cfg.logprob_chunk > 0 and with_entropy != "grad"
+                and getattr(head, "bias", None) is None)
 
     def _token_logprobs(self, logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None,
                         temperature: float, with_entropy: bool | str):
@@ -287,6 +303,11 @@ class TorchTrainingEngine:
         ids, attn, pos, mask, targets = (t.to(self.device) for t in (ids, attn, pos, mask, targets))
 
         rows_idx = torch.arange(len(rows), device=self.device)[:, None].expand_as(pos)
+        if self._chunked(with_entropy):
+            with self._compute():
+                logprobs, entropy = self.net(ids, attn, None, rows_idx, pos, targets=targets, temperature=temperature,
+                                             chunk=self.cfg.logprob_chunk, with_entropy=bool(with_entropy))
+            return logprobs * mask, mask, None if entropy is None else entropy * mask
         with self._compute():
             logits = self.net(ids, attn, None, rows_idx, pos)  # [B, T, V]
         if self.values:
