@@ -42,7 +42,7 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
             lse[s:s + chunk] = z
             logp[s:s + chunk] = logits.gather(-1, targets[s:s + chunk, None]).squeeze(-1) - z
             if with_entropy:  # H = logsumexp - sum p * logits
-                ent[s:s + chunk] = z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+                ent[s:s + chunk] = z - torch.softmax(logits, dim=-1).mul_(logits).sum(-1)
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.temperature, ctx.chunk = temperature, chunk
         ctx.mark_non_differentiable(ent)
@@ -60,11 +60,12 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
         for s in range(0, hidden.shape[0], chunk):
             h = hidden[s:s + chunk]
             g = grad_logp[s:s + chunk].float()
-            logits = (h @ w.T).float()
+            dlogits = (h @ w.T).float()
             if T != 1.0:
-                logits /= T
-            # d logp[target] / d logits = onehot(target) - softmax, then / T for the temperature
-            dlogits = torch.exp(logits - lse[s:s + chunk, None]).mul_(-g[:, None])
+                dlogits /= T
+            # d logp[target] / d logits = onehot(target) - softmax, then / T for the temperature (in place:
+            # one float32 chunk alive at a time)
+            dlogits.sub_(lse[s:s + chunk, None]).exp_().mul_(-g[:, None])
             dlogits[rows[: h.shape[0]], targets[s:s + chunk]] += g
             if T != 1.0:
                 dlogits /= T

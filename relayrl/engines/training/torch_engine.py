@@ -78,7 +78,7 @@ class TrainEngineConfig(BaseModel):
     optim: OptimConfig = OptimConfig()
     token_budget: int = Field(8192, ge=16, description="max padded tokens (prompt + response) per micro-batch")
     entropy_chunk: int = Field(1024, ge=1, description="positions per chunk when computing entropy")
-    logprob_chunk: int = Field(4096, ge=0, description="positions per chunk of the output head in log-prob "
+    logprob_chunk: int = Field(1024, ge=0, description="positions per chunk of the output head in log-prob "
                                "passes: each chunk's [chunk, vocab] logits are reduced at once and recomputed "
                                "in the backward pass instead of stored; 0 materialises every position's logits "
                                "(an entropy bonus, entropy_coef > 0, always does)")
@@ -172,7 +172,7 @@ class TorchTrainingEngine:
             self.optimizer = torch.optim.AdamW(
                 [p for p in self.model.parameters() if p.requires_grad],
                 lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
-                foreach=True,
+                fused=True,  # one kernel per step and no parameter-sized temporaries (foreach makes some)
             )
             self.scheduler = make_scheduler(self.optimizer, o, total_steps)
         else:
