@@ -51,6 +51,14 @@ class PolicyLoss:
     old_key: str = "old_logprobs"
     """field holding pi_old (``gen_logprobs``: the rollout engine's log-probs)"""
 
+    @staticmethod
+    def trainer_logprobs(mb: MicroBatch) -> torch.Tensor:
+        """The trainer's log-probs of the sampled tokens [B, T] that ``rollout/logprob_error`` compares with the
+        generator's: the recomputed ``old_logprobs`` (the weights before this batch's update) when the batch
+        carries them, else the current policy's (detached). Never ``pi_old`` as such: with
+        ``old_logprobs=rollout`` pi_old *is* the generator's, and the metric would be 1.0 by construction."""
+        return (mb.fields["old_logprobs"] if "old_logprobs" in mb.fields else mb.logprobs).detach()
+
     def __call__(self, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         f = mb.fields
         old = f[self.old_key] if self.old_key in f else mb.logprobs.detach()
@@ -76,9 +84,9 @@ class PolicyLoss:
                 loss = loss - self.entropy_coef * ent
             with torch.no_grad():
                 metrics["actor/entropy"] = float((mb.entropy * mb.mask).sum() / mb.mask.sum().clamp_min(1))
-        if "gen_logprobs" in f:  # train/generation mismatch: against pi_old, or the current (= old) policy
+        if "gen_logprobs" in f:  # train/generation mismatch: the trainer's own log-probs against the generator's
             with torch.no_grad():
-                metrics.update(logprob_error(f["gen_logprobs"], old.detach(), mb.mask))
+                metrics.update(logprob_error(f["gen_logprobs"], self.trainer_logprobs(mb), mb.mask))
         metrics["actor/loss"] = float(loss.detach())
         return loss, metrics
 
