@@ -328,7 +328,8 @@ class GRPOWorkflow:
         if a.advantage == "remax":
             baseline = torch.tensor([float(b) for b in self.dock.get(part, idx, ["baseline"])["baseline"]])
         adv = adv_lib.compute(a.advantage, rewards=rewards, group_ids=groups, mask=mask, token_rewards=token_rewards,
-                              baseline_rewards=baseline, normalize_std=a.normalize_std and a.advantage != "drgrpo")
+                              baseline_rewards=baseline, gamma=a.gamma,
+                              normalize_std=a.normalize_std and a.advantage != "drgrpo")
         return {"advantages": rows(adv)}
 
     def update(self, part: str, step: int, comps: list[Completion]) -> dict[str, float]:
@@ -370,17 +371,19 @@ class GRPOWorkflow:
     def _cannot_update(self, batch: SequenceBatch, generated: int) -> str | None:
         """Why the actor cannot take its ``trainer.mini_batches`` optimizer steps on ``batch`` (None: it can).
         Every data-parallel rank takes exactly that many steps, one per mini-batch, so each rank needs a row
-        per mini-batch; rows can be short of that only when ``algorithm.overlong_filter`` dropped some (the
-        config check covers the full batch)."""
+        per mini-batch. The config check covers a full batch split evenly; a batch falls short of it when
+        ``algorithm.overlong_filter`` drops rows, dynamic sampling ends short of ``data.prompts_per_step``,
+        or the split at prompt-group boundaries is uneven."""
         mb, ranks = self.cfg.trainer.mini_batches, self.actor.world_size
         if len(batch) == 0:
             return (f"algorithm.overlong_filter dropped all {generated} responses (every one was cut at "
                     f"rollout.max_new_tokens={self.sampling.max_new_tokens}; raise it)")
         fewest = min(len(p) for p in batch.split(ranks)) if len(batch) >= ranks else 0
         if fewest < mb:
-            return (f"{len(batch)} of {generated} rows are left after algorithm.overlong_filter, "
-                    f"{fewest} on the data-parallel rank with the fewest, fewer than trainer.mini_batches={mb} "
-                    f"(each mini-batch is one optimizer step and needs a row on every rank)")
+            return (f"{len(batch)} of {generated} rows are left to train on (after DAPO's dynamic sampling and "
+                    f"algorithm.overlong_filter), {fewest} on the data-parallel rank with the fewest, fewer than "
+                    f"trainer.mini_batches={mb} (each mini-batch is one optimizer step and needs a row on every "
+                    f"rank: lower trainer.mini_batches)")
         return None
 
     # ------------------------------------------------------- eval and state

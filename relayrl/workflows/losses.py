@@ -31,7 +31,8 @@ class PolicyLoss:
     Fields read from the micro-batch: ``advantages`` [B, T], ``old_logprobs``
     [B, T] when present (otherwise the current log-probs, detached: exactly
     on-policy, ratio 1, for one update per batch), ``ref_logprobs`` [B, T] when
-    ``kl_coef > 0`` and the KL is a loss term, ``gen_logprobs`` [B, T] for the
+    there is a reference model (a loss term when ``kl_coef > 0``; with the KL in the rewards,
+    ``kl_coef=0``, only the ``actor/ref_kl_k1`` metric), ``gen_logprobs`` [B, T] for the
     train/generation mismatch metric and, with ``tis_cap``, for truncated
     importance weights ``min(pi_old / mu, tis_cap)`` on the token losses
     (decoupled PPO for stale rollouts: clip against ``pi_old``, correct for
@@ -78,6 +79,10 @@ class PolicyLoss:
             kl, kl_metrics = kl_loss(mb.logprobs, f["ref_logprobs"], mb.mask, kind=self.kl_kind, agg=self.agg, **counts)
             loss = loss + self.kl_coef * kl
             metrics.update(kl_metrics)
+        elif "ref_logprobs" in f:  # the KL is in the rewards (kl_in_reward): report the same k1 estimate, no loss
+            with torch.no_grad():
+                _, kl_metrics = kl_loss(mb.logprobs, f["ref_logprobs"], mb.mask, kind="k1", agg=self.agg, **counts)
+            metrics["actor/ref_kl_k1"] = kl_metrics["actor/ref_kl_k1"]
         if mb.entropy is not None:
             ent = aggregate(mb.entropy, mb.mask, self.agg, **counts)
             if self.entropy_coef > 0:
