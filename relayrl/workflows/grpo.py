@@ -262,8 +262,9 @@ class GRPOWorkflow:
             rounds += 1
             if not a.dynamic_sampling or rounds > a.max_resample_rounds:
                 break
+        # After max_resample_rounds the batch may hold fewer prompt groups than data.prompts_per_step: say so.
         metrics.update({"dapo/dropped_groups": float(dropped), "dapo/sampled_groups": float(seen_groups),
-                        "dapo/rounds": float(rounds)})
+                        "dapo/rounds": float(rounds), "dapo/missing_prompts": float(P - len(problems))})
         if not comps:  # every group was uniform in every round: no learning signal in this step
             return Rollout(problems, comps, torch.empty(0), metrics)
         lengths = torch.tensor([len(c.token_ids) for c in comps], dtype=torch.float32)
