@@ -57,6 +57,7 @@ def test_reinforce_pp_with_kl_in_reward(sft_model, tmp_path):
     last = records(tmp_path)[-1]
     assert "actor/kl_loss" not in last  # the KL is in the rewards, not the loss
     assert any(k.startswith("actor/") and "kl" in k for k in last)
+    assert "actor/kl" in last  # issue 11 item 7: logged in both KL modes (failed before)
 
 
 def test_bad_config_is_refused_before_work(tmp_path):
