@@ -36,7 +36,10 @@ mini-batch's global token/sequence counts, so accumulation is exact (seed 003,
 section 3). With ``torch.distributed`` initialised over more than one rank the
 engine is data parallel: the model is sharded with FSDP2, the counts and the
 reported metrics are summed over ranks, and every rank runs as many forward
-passes as the busiest one (:mod:`relayrl.engines.training.fsdp`).
+passes as the busiest one (:mod:`relayrl.engines.training.fsdp`). Each rank
+cuts its rows into exactly ``mini_batches`` slices (:func:`minibatch_slices`),
+one optimizer step each, so all ranks step together; when any rank holds
+fewer rows than that, every rank refuses the call (a collective decision).
 
 A non-finite gradient norm skips the optimizer step (weights stay at the last
 good state) and is reported as ``actor/nonfinite_grad``; the workflow decides
