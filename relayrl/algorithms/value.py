@@ -84,11 +84,21 @@ def value_loss(
     return loss, metrics
 
 
+_CONSTANT_RTOL = 1e-6  # explained_variance: returns whose std is below this share of their magnitude are constant
+
+
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
     """``1 - Var(R - V) / Var(R)`` over valid tokens of ``[B, T]`` tensors.
 
     1 is a perfect critic, 0 no better than a constant, negative worse; NaN
     when the returns are constant (or fewer than two valid tokens).
+
+    "Constant" has a tolerance: the returns' standard deviation at most
+    ``_CONSTANT_RTOL`` (1e-6) times their largest magnitude. Exact ``var == 0``
+    misses constant float64 returns whose mean rounds (``var`` about 1e-33),
+    and then ``1 - Var(R - V) / Var(R)`` is about -1e31. A spread below one
+    part in a million is under float32's resolution (eps 1.2e-7) after a few
+    roundings, so there is no variance a critic could explain.
     """
     check_batch(values=values, returns=returns, mask=mask)
     with torch.no_grad():
@@ -98,6 +108,6 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
         if r.numel() < 2:
             return float("nan")
         var_r = r.var()
-        if var_r.item() == 0.0:
+        if var_r.item() <= (_CONSTANT_RTOL * r.abs().max().item()) ** 2:
             return float("nan")
         return float((1.0 - (r - v).var() / var_r).item())

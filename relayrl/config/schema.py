@@ -119,7 +119,8 @@ class AlgorithmConfig(_Section):
         "once, off-policy or with tis_cap, else the current policy (one on-policy update); recompute: always; "
         "rollout: the generation engine's log-probs (no extra forward pass; the ratio then also carries staleness "
         "and engine mismatch)")
-    gamma: float = Field(1.0, ge=0.0, le=1.0, description="advantage=gae: discount")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="advantage=gae or reinforce++: discount of the "
+                         "token returns")
     lam: float = Field(1.0, ge=0.0, le=1.0, description="advantage=gae: GAE lambda (1: Monte-Carlo returns)")
     tis_cap: float | None = Field(None, gt=0.0, description="truncated importance sampling: weight each token's "
                                   "policy loss by min(pi_old / mu, tis_cap), mu the rollout engine's log-probs "
@@ -137,6 +138,9 @@ class AlgorithmConfig(_Section):
                              f"{self.advantage!r}) or use the KL as a loss term (kl_in_reward=false)")
         if self.kl_in_reward and self.kl_coef == 0:
             raise ValueError("algorithm.kl_in_reward=true needs algorithm.kl_coef > 0")
+        if self.gamma != 1.0 and self.advantage not in ("reinforce++", "gae"):
+            raise ValueError(f"algorithm.gamma={self.gamma} discounts token returns, which only advantage=reinforce++ "
+                             f"and gae compute; {self.advantage!r} ignores it: set algorithm.gamma=1.0")
         if self.tis_cap is not None and self.old_logprobs == "rollout":
             raise ValueError("algorithm.tis_cap weighs pi_old / mu with mu the rollout's log-probs; with "
                              "old_logprobs=rollout that ratio is 1. Use old_logprobs=auto or recompute")
@@ -216,6 +220,11 @@ class Config(_Section):
         if self.trainer.off_policy_steps and self.workflow != "grpo":
             raise ValueError(f"trainer.off_policy_steps={self.trainer.off_policy_steps} applies to workflow grpo, "
                              f"not {self.workflow}")
+        if self.workflow != "grpo" and (self.trainer.mini_batches != 1 or self.trainer.epochs != 1):
+            raise ValueError(f"trainer.mini_batches={self.trainer.mini_batches} and trainer.epochs="
+                             f"{self.trainer.epochs} split and repeat an RL batch (workflow grpo); workflow "
+                             f"{self.workflow} takes one optimizer step per trainer.batch_size examples: set "
+                             f"trainer.mini_batches=1 and trainer.epochs=1 (lower trainer.batch_size for smaller steps)")
         if self.workflow == "dpo":
             if self.engine.packing != "shared_prompt":
                 raise ValueError(f"workflow=dpo packs each prompt with its chosen and rejected answer, so that a pair "

@@ -92,6 +92,10 @@ class GRPOWorkflow:
         ro = cfg.rollout
         self.sampling = SamplingParams(n=ro.n, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
                                        max_new_tokens=ro.max_new_tokens, stop_strings=tuple(ro.stop_strings))
+        # The rollout records log-probs under softmax(logits / T) (greedy, T=0: under softmax(logits)); every
+        # trainer pass whose log-probs meet the rollout's (PPO ratio against pi_old, truncated IS weights,
+        # KL-in-reward, rollout/logprob_error) divides its logits by the same T, as verl and NeMo-RL do.
+        self.temperature = ro.temperature if ro.temperature > 0 else 1.0
         self.greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=ro.max_new_tokens,
                                      stop_strings=tuple(ro.stop_strings))  # ReMax's baseline
         self.loss = PolicyLoss(clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip, agg=a.loss_agg,
@@ -240,12 +244,14 @@ class GRPOWorkflow:
         if self.ref is not None:
             with self.phase("ref_logprob", self.ref, step):
                 self._wake(self.ref)
-                self.dock.put(part, {"ref_logprobs": self.ref.split("logprobs", batch)}, indexes=idx)
+                self.dock.put(part, {"ref_logprobs": self.ref.split("logprobs", batch, temperature=self.temperature)},
+                              indexes=idx)
                 self._idle(self.ref)
         self._wake(self.actor, self.critic)
         if self.recompute_old:
             with self.phase("old_logprob", self.actor, step):
-                self.dock.put(part, {"old_logprobs": self.actor.split("logprobs", batch)}, indexes=idx)
+                self.dock.put(part, {"old_logprobs": self.actor.split("logprobs", batch,
+                                                                           temperature=self.temperature)}, indexes=idx)
         if self.critic is not None:
             with self.phase("values", self.critic, step):
                 self.dock.put(part, {"values": self.critic.split("values", batch)}, indexes=idx)
@@ -313,8 +319,9 @@ class GRPOWorkflow:
             rounds += 1
             if not a.dynamic_sampling or rounds > a.max_resample_rounds:
                 break
+        # After max_resample_rounds the batch may hold fewer prompt groups than data.prompts_per_step: say so.
         metrics.update({"dapo/dropped_groups": float(dropped), "dapo/sampled_groups": float(seen_groups),
-                        "dapo/rounds": float(rounds)})
+                        "dapo/rounds": float(rounds), "dapo/missing_prompts": float(P - len(problems))})
         if not comps:  # every group was uniform in every round: no learning signal in this step
             return Rollout(problems, comps, torch.empty(0), metrics)
         lengths = torch.tensor([len(c.token_ids) for c in comps], dtype=torch.float32)
@@ -379,7 +386,8 @@ class GRPOWorkflow:
         if a.advantage == "remax":
             baseline = torch.tensor([float(b) for b in self.dock.get(part, idx, ["baseline"])["baseline"]])
         adv = adv_lib.compute(a.advantage, rewards=rewards, group_ids=groups, mask=mask, token_rewards=token_rewards,
-                              baseline_rewards=baseline, normalize_std=a.normalize_std and a.advantage != "drgrpo")
+                              baseline_rewards=baseline, gamma=a.gamma,
+                              normalize_std=a.normalize_std and a.advantage != "drgrpo")
         return {"advantages": rows(adv)}
 
     def update(self, part: str, step: int, comps: list[Completion]) -> dict[str, float]:
@@ -393,10 +401,18 @@ class GRPOWorkflow:
                                   batch_size=len(comps)):
             rows = list(range(len(b.indexes)))
             if a.overlong_filter:  # DAPO: truncated responses count in the group statistics but not in the loss
-                rows = [r for r, i in enumerate(b.indexes) if comps[i].finish_reason != "length"] or rows
+                rows = [r for r, i in enumerate(b.indexes) if comps[i].finish_reason != "length"]
+                metrics["actor/overlong_filtered"] = float(len(b.indexes) - len(rows))
             groups = [comps[i].prompt_index for i in b.indexes]
             batch = SequenceBatch(b["prompt_ids"], b["response_ids"], {f: b[f] for f in fields}, groups).select(rows)
-            kw = dict(mini_batches=t.mini_batches, epochs=t.epochs, seed=self.cfg.run.seed + step)
+            why = self._cannot_update(batch, len(b.indexes))
+            if why is not None:  # no optimizer step this RL step (the weights stay; relaying them is a no-op)
+                self.s.tracker.write_text(f"step {step}: {why}; no update this step")
+                metrics["actor/skipped_update"] = 1.0
+                b.ack()
+                continue
+            kw = dict(mini_batches=t.mini_batches, epochs=t.epochs, seed=self.cfg.run.seed + step,
+                      temperature=self.temperature)
             if self.critic is not None:
                 values = SequenceBatch(batch.prompt_ids, batch.response_ids,
                                        {f: [b[f][r] for r in rows] for f in critic_fields}, batch.groups)
@@ -409,6 +425,24 @@ class GRPOWorkflow:
         if "actor/ref_kl_k1" in metrics:
             metrics["actor/kl"] = metrics["actor/ref_kl_k1"]
         return metrics
+
+    def _cannot_update(self, batch: SequenceBatch, generated: int) -> str | None:
+        """Why the actor cannot take its ``trainer.mini_batches`` optimizer steps on ``batch`` (None: it can).
+        Every data-parallel rank takes exactly that many steps, one per mini-batch, so each rank needs a row
+        per mini-batch. The config check covers a full batch split evenly; a batch falls short of it when
+        ``algorithm.overlong_filter`` drops rows, dynamic sampling ends short of ``data.prompts_per_step``,
+        or the split at prompt-group boundaries is uneven."""
+        mb, ranks = self.cfg.trainer.mini_batches, self.actor.world_size
+        if len(batch) == 0:
+            return (f"algorithm.overlong_filter dropped all {generated} responses (every one was cut at "
+                    f"rollout.max_new_tokens={self.sampling.max_new_tokens}; raise it)")
+        fewest = min(len(p) for p in batch.split(ranks)) if len(batch) >= ranks else 0
+        if fewest < mb:
+            return (f"{len(batch)} of {generated} rows are left to train on (after DAPO's dynamic sampling and "
+                    f"algorithm.overlong_filter), {fewest} on the data-parallel rank with the fewest, fewer than "
+                    f"trainer.mini_batches={mb} (each mini-batch is one optimizer step and needs a row on every "
+                    f"rank: lower trainer.mini_batches)")
+        return None
 
     # ------------------------------------------------------- eval and state
     def evaluate(self, step: int) -> dict[str, float]:

@@ -31,7 +31,8 @@ class PolicyLoss:
     Fields read from the micro-batch: ``advantages`` [B, T], ``old_logprobs``
     [B, T] when present (otherwise the current log-probs, detached: exactly
     on-policy, ratio 1, for one update per batch), ``ref_logprobs`` [B, T] when
-    ``kl_coef > 0`` and the KL is a loss term, ``gen_logprobs`` [B, T] for the
+    there is a reference model (a loss term when ``kl_coef > 0``; with the KL in the rewards,
+    ``kl_coef=0``, only the ``actor/ref_kl_k1`` metric), ``gen_logprobs`` [B, T] for the
     train/generation mismatch metric and, with ``tis_cap``, for truncated
     importance weights ``min(pi_old / mu, tis_cap)`` on the token losses
     (decoupled PPO for stale rollouts: clip against ``pi_old``, correct for
@@ -50,6 +51,14 @@ class PolicyLoss:
     tis_cap: float | None = None
     old_key: str = "old_logprobs"
     """field holding pi_old (``gen_logprobs``: the rollout engine's log-probs)"""
+
+    @staticmethod
+    def trainer_logprobs(mb: MicroBatch) -> torch.Tensor:
+        """The trainer's log-probs of the sampled tokens [B, T] that ``rollout/logprob_error`` compares with the
+        generator's: the recomputed ``old_logprobs`` (the weights before this batch's update) when the batch
+        carries them, else the current policy's (detached). Never ``pi_old`` as such: with
+        ``old_logprobs=rollout`` pi_old *is* the generator's, and the metric would be 1.0 by construction."""
+        return (mb.fields["old_logprobs"] if "old_logprobs" in mb.fields else mb.logprobs).detach()
 
     def __call__(self, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         f = mb.fields
@@ -70,15 +79,19 @@ class PolicyLoss:
             kl, kl_metrics = kl_loss(mb.logprobs, f["ref_logprobs"], mb.mask, kind=self.kl_kind, agg=self.agg, **counts)
             loss = loss + self.kl_coef * kl
             metrics.update(kl_metrics)
+        elif "ref_logprobs" in f:  # the KL is in the rewards (kl_in_reward): report the same k1 estimate, no loss
+            with torch.no_grad():
+                _, kl_metrics = kl_loss(mb.logprobs, f["ref_logprobs"], mb.mask, kind="k1", agg=self.agg, **counts)
+            metrics["actor/ref_kl_k1"] = kl_metrics["actor/ref_kl_k1"]
         if mb.entropy is not None:
             ent = aggregate(mb.entropy, mb.mask, self.agg, **counts)
             if self.entropy_coef > 0:
                 loss = loss - self.entropy_coef * ent
             with torch.no_grad():
                 metrics["actor/entropy"] = float((mb.entropy * mb.mask).sum() / mb.mask.sum().clamp_min(1))
-        if "gen_logprobs" in f:  # train/generation mismatch: against pi_old, or the current (= old) policy
+        if "gen_logprobs" in f:  # train/generation mismatch: the trainer's own log-probs against the generator's
             with torch.no_grad():
-                metrics.update(logprob_error(f["gen_logprobs"], old.detach(), mb.mask))
+                metrics.update(logprob_error(f["gen_logprobs"], self.trainer_logprobs(mb), mb.mask))
         metrics["actor/loss"] = float(loss.detach())
         return loss, metrics
 

@@ -24,9 +24,13 @@ rollout's), and ``algorithm.tis_cap`` adds truncated importance weights
 ``min(pi_old / mu, cap)`` for the rollout policy ``mu``.
 
 Weights are copied out of the trainer after each update (host memory) and
-pushed into the rollout engine by the rollout thread between two
-generations, never during one. Evaluation pushes the trainer's current weights
-first. Checkpoints record the data position and sampler state at the start
+pushed into the rollout engine by the rollout thread between two batches,
+never during one (a DAPO batch may take several generation rounds). An
+evaluation takes the rollout engine between two batches too
+(``RolloutAhead.hold_engine``): it waits for the batch in progress, swaps in
+the newest staged weights (the trainer's current ones) and evaluates them, so
+a batch never mixes weight versions and the next batch's ``async/staleness``
+counts from the evaluated version. Checkpoints record the data position and sampler state at the start
 of the first batch not yet trained, so a resumed run regenerates the batches
 that were in flight, with the checkpoint's (newer) weights: it continues the
 run but is not bit-identical to an uninterrupted one.
@@ -34,6 +38,7 @@ run but is not bit-identical to an uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -48,7 +53,7 @@ from relayrl.workflows.grpo import GRPOWorkflow
 from relayrl.workflows.relay import relay_weights
 from relayrl.workflows.workers import collective, rollout_rng
 
-__all__ = ["OffPolicyGRPO", "RolloutAhead"]
+__all__ = ["OffPolicyGRPO", "RolloutAhead", "rollout_gpu"]
 
 
 class RolloutAhead:
@@ -66,6 +71,9 @@ class RolloutAhead:
         self._staged: tuple[int, Any] | None = None
         self.rollout_version = version  # weights the rollout engine holds
         self._ready: dict[int, tuple[Any, int]] = {}
+        # Held by whoever uses the rollout engine: the thread for one batch (push + every generation round of
+        # it), or the trainer for an evaluation. Weights change only while it is held, never inside a batch.
+        self._engine = threading.Lock()
         self._error: BaseException | None = None
         self._stop = False
         self._thread = threading.Thread(target=self._run, args=(steps,), name="rollout-ahead", daemon=True)
@@ -79,18 +87,34 @@ class RolloutAhead:
                     self._cond.wait_for(lambda: self._stop or self._trained >= j - 1 - self.k)
                     if self._stop:
                         return
-                    staged, self._staged = self._staged, None
-                if staged is not None:
-                    self._push(*staged)
-                    self.rollout_version = staged[0]
-                out = self._produce(j)
+                with self._engine:
+                    self._swap_in_staged()
+                    out = self._produce(j)
+                    version = self.rollout_version
                 with self._cond:
-                    self._ready[j] = (out, self.rollout_version)
+                    self._ready[j] = (out, version)
                     self._cond.notify_all()
         except BaseException as e:  # noqa: BLE001 - re-raised in the trainer by take()
             with self._cond:
                 self._error = e
                 self._cond.notify_all()
+
+    def _swap_in_staged(self) -> None:
+        """Push the newest staged weights, if any, into the rollout engine (holding ``_engine``)."""
+        with self._cond:
+            staged, self._staged = self._staged, None
+        if staged is not None:
+            self._push(*staged)
+            self.rollout_version = staged[0]
+
+    @contextlib.contextmanager
+    def hold_engine(self):
+        """The rollout engine for the trainer's thread (an evaluation), with the newest staged weights in it;
+        waits for the batch being generated to finish, and the rollout thread waits meanwhile. Yields the
+        version the engine holds."""
+        with self._engine:
+            self._swap_in_staged()
+            yield self.rollout_version
 
     def take(self, step: int) -> tuple[Any, int]:
         """Batch ``step`` and the weight version that generated it (waits for it)."""
@@ -116,6 +140,16 @@ class RolloutAhead:
             self._stop = True
             self._cond.notify_all()
         self._thread.join(timeout=600)
+
+
+def rollout_gpu(count: int, used: list[int]) -> int:
+    """The GPU index for the off-policy rollout on a machine with ``count`` GPUs, ``used`` by the trainer's
+    pool: the lowest one the trainer does not use, so generation overlaps training instead of time-sharing
+    a device; the last GPU (shared with the trainer) when every GPU is in use."""
+    if count < 1:
+        raise ValueError("a CUDA pool on a machine that torch sees no GPU on")
+    free = [i for i in range(count) if i not in set(used)]
+    return free[0] if free else count - 1
 
 
 def _host_copy(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
@@ -144,8 +178,9 @@ class OffPolicyGRPO(GRPOWorkflow):
 
     def _rollout_pool(self, main: ResourcePool) -> ResourcePool:
         ids = None
-        if main.device_kind == "cuda":  # the last GPU (on a one-GPU machine the actor's, shared)
-            ids = (torch.cuda.device_count() - 1,)
+        if main.device_kind == "cuda" and self.cfg.cluster.backend == "local":  # (Ray places pools itself)
+            used = [int(d.split(":")[1]) for d in main.local_devices()]
+            ids = (rollout_gpu(torch.cuda.device_count(), used),)
         return ResourcePool(name="rollout", devices=1, device_kind=main.device_kind, device_ids=ids)
 
     def run(self) -> Path:
@@ -178,9 +213,13 @@ class OffPolicyGRPO(GRPOWorkflow):
         return self.finish()
 
     def evaluate(self, step: int) -> dict[str, float]:
-        if step > 0:  # evaluate the trainer's weights, not the rollout's older ones
-            self._push(step, _host_copy(collective(self.actor, "named_weights")))
-        return super().evaluate(step)
+        if step == 0 or getattr(self, "_ahead", None) is None:  # before the rollout thread: the engine is free
+            return super().evaluate(step)
+        # The trainer staged version `step` before this call; the rollout engine takes it between two batches.
+        with self._ahead.hold_engine() as version:
+            if version != step:
+                raise RuntimeError(f"evaluation at step {step}: the rollout engine holds weights {version}")
+            return super().evaluate(step)
 
     # ------------------------------------------------------------ rollout thread
     def _produce(self, step: int):

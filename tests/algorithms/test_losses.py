@@ -172,3 +172,37 @@ def test_micro_batched_policy_loss_equals_full_batch(agg):
         for a, b in [(0, 2), (2, 3), (3, 6)]
     ]
     torch.testing.assert_close(sum(parts), full)
+
+
+def test_logprob_error_compares_the_trainers_logprobs_in_every_old_logprobs_mode():
+    """Issue 11 item 2: with old_logprobs=rollout pi_old is the generator's log-probs; the metric compared them
+    with themselves and read 1.0 whatever the mismatch (fails before)."""
+    from relayrl.engines.training.base import MicroBatch
+    from relayrl.workflows.losses import PolicyLoss
+
+    current = torch.tensor([[-1.0, -2.0, -0.5]])
+    gen = current + torch.tensor([[0.1, -0.2, 0.0]])
+    mask = torch.ones(1, 3)
+    want = (math.exp(0.1) + math.exp(0.2) + 1.0) / 3
+    fields = {"advantages": torch.ones(1, 3), "gen_logprobs": gen}
+    rollout_mode = PolicyLoss(old_key="gen_logprobs")(MicroBatch(current, mask, dict(fields), 3, 1))[1]
+    assert rollout_mode["rollout/logprob_error"] == pytest.approx(want, rel=1e-6)
+    on_policy = PolicyLoss()(MicroBatch(current, mask, dict(fields), 3, 1))[1]
+    assert on_policy["rollout/logprob_error"] == pytest.approx(want, rel=1e-6)
+    recomputed = PolicyLoss()(MicroBatch(current + 5.0, mask, {**fields, "old_logprobs": current}, 3, 1))[1]
+    assert recomputed["rollout/logprob_error"] == pytest.approx(want, rel=1e-6)  # pi_old, not the drifted policy
+
+
+def test_kl_to_the_reference_is_reported_when_it_is_in_the_rewards():
+    """Issue 11 item 7: with kl_in_reward the loss has kl_coef=0 and reported no KL (fails before)."""
+    from relayrl.engines.training.base import MicroBatch
+    from relayrl.workflows.losses import PolicyLoss
+
+    current = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    ref = torch.tensor([[-1.5, -2.0, -0.1]])
+    mb = MicroBatch(current, torch.ones(1, 3), {"advantages": torch.ones(1, 3), "ref_logprobs": ref}, 3, 1)
+    loss, metrics = PolicyLoss(kl_coef=0.0)(mb)
+    assert metrics["actor/ref_kl_k1"] == pytest.approx((0.5 + 0.0 - 0.4) / 3, rel=1e-6)
+    assert "actor/kl_loss" not in metrics
+    plain, _ = PolicyLoss(kl_coef=0.0)(MicroBatch(current, mb.mask, {"advantages": torch.ones(1, 3)}, 3, 1))
+    assert loss.item() == pytest.approx(plain.item())  # a metric, not a loss term

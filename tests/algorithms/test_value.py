@@ -46,3 +46,17 @@ def test_gradcheck_and_errors():
         value_loss(values, old, returns.T, mask)
     with pytest.raises(ValueError, match="empty batch"):
         value_loss(torch.zeros(0, 2), torch.zeros(0, 2), torch.zeros(0, 2), torch.zeros(0, 2))
+
+
+@pytest.mark.parametrize("c", [0.1, 1 / 3, 0.7, 1e3 / 7, -0.2])
+def test_explained_variance_of_constant_float64_returns_is_nan(c):
+    """Issue 11 item 7: ``var == 0`` missed constant float64 returns whose mean rounds (var ~1e-33), giving
+    about -1e31 (fails before for most of these shapes); a spread a float32 return can hold still counts."""
+    g = torch.Generator().manual_seed(0)
+    for b, t in [(3, 7), (5, 9), (6, 5), (4, 3)]:
+        returns = torch.full((b, t), c, dtype=torch.float64)
+        values = returns + torch.randn(b, t, dtype=torch.float64, generator=g)
+        assert math.isnan(explained_variance(values, returns, torch.ones(b, t)))
+    returns = torch.full((4, 3), c, dtype=torch.float64)
+    returns[0, 0] *= 1 + 1e-4  # a real spread (above the 1e-6 tolerance)
+    assert explained_variance(returns, returns, torch.ones(4, 3)) == pytest.approx(1.0)

@@ -105,3 +105,14 @@ def test_ppo_settings():
     cfg = load_config(Config, RECIPES / "arith_ppo.yaml", ["algorithm.kl_in_reward=true", "algorithm.kl_coef=0.1"])
     assert cfg.algorithm.advantage == "gae" and cfg.critic.value_clip == 0.5
     assert "critic.value_clip" in _errors("algorithm.advantage=gae", "critic.value_clip=0")
+
+
+def test_settings_a_workflow_would_ignore_are_refused():
+    """Issue 11 item 7: SFT and DPO accepted trainer.mini_batches / epochs and ignored them; algorithm.gamma
+    was ignored by every estimator but gae (fails before)."""
+    assert "set trainer.mini_batches=1 and trainer.epochs=1" in _errors("workflow=sft", "trainer.mini_batches=2")
+    assert "workflow dpo takes one optimizer step" in _errors("workflow=dpo", "trainer.epochs=2")
+    assert "set algorithm.gamma=1.0" in _errors("algorithm.gamma=0.9")
+    cfg = load_config(Config, RECIPES / "arith_grpo.yaml", ["algorithm.advantage=reinforce++", "algorithm.gamma=0.9",
+                                                            "trainer.mini_batches=2"])
+    assert cfg.algorithm.gamma == 0.9

@@ -121,3 +121,28 @@ def test_generation_split_over_rollout_ranks_keeps_prompt_indexes(tiny_dir, tiny
         two.shutdown()
     assert [c.prompt_index for c in got] == [c.prompt_index for c in want] == list(range(5))
     assert [c.token_ids.tolist() for c in got] == [c.token_ids.tolist() for c in want]
+
+
+@pytest.mark.multiproc
+def test_ranks_with_unequal_rows_take_the_same_mini_batch_steps(tiny_dir, tiny_tokenizer):
+    """Issue 11 item 3: the split gives rank 0 six rows and rank 1 four; with trainer.mini_batches=4 the old
+    ceil(rows / 4)-row slices gave rank 0 three optimizer steps and rank 1 four, and rank 1's fourth step
+    waited for a collective partner (a hang until the gloo timeout, so this is not run against the old code).
+    Now both take four; a rank short of rows makes every rank refuse together."""
+    b = _batch(tiny_tokenizer, rows=12)
+    batch = SequenceBatch([b.prompt_ids[0]] * 6 + [b.prompt_ids[-1]] * 4, b.response_ids[:10],
+                          {"advantages": b.fields["advantages"][:10]},
+                          groups=[0] * 6 + [1] * 4)  # the only group boundary: 6 rows on rank 0, 4 on rank 1
+    assert [len(p) for p in batch.split(2)] == [6, 4]
+    kw = dict(model_path=str(tiny_dir), engine=TrainEngineConfig(optim=OptimConfig(lr=1e-3)), total_steps=8,
+              threads=1, seed=0)
+    dp = WorkerGroup(PolicyWorker, ResourcePool("dp", devices=2), "actor", backend="local", init_kwargs=kw)
+    try:
+        m = dp.split("update", batch, PolicyLoss(), mini_batches=4, seed=0)
+        assert m[0] == pytest.approx(m[1])
+        assert collective(dp, "state")["scheduler"]["last_epoch"] == 4
+        with pytest.raises(Exception, match="mini_batches=5 must be in \\[1, 4\\]"):
+            dp.split("update", batch, PolicyLoss(), mini_batches=5, seed=1)
+        assert collective(dp, "state")["scheduler"]["last_epoch"] == 4  # both ranks refused; no step, no hang
+    finally:
+        dp.shutdown()

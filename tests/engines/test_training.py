@@ -108,3 +108,45 @@ def test_scheduler_warmup_then_cosine():
 def test_sequence_batch_checks_rows():
     with pytest.raises(ValueError, match="field 'x' has 1 rows, expected 2"):
         SequenceBatch([torch.ones(1)] * 2, [torch.ones(1)] * 2, {"x": [1]})
+
+
+def test_minibatch_slices_are_exactly_mini_batches_nonempty_slices():
+    from relayrl.engines.training.torch_engine import minibatch_slices
+
+    for rows, mb in [(6, 4), (9, 4), (16, 7), (4, 4), (5, 1)]:
+        slices = minibatch_slices(rows, mb)
+        assert len(slices) == mb and all(len(s) > 0 for s in slices)
+        assert [i for s in slices for i in s] == list(range(rows))
+        assert max(map(len, slices)) - min(map(len, slices)) <= 1
+    with pytest.raises(ValueError, match="mini_batches=5"):
+        minibatch_slices(4, 5)
+
+
+@pytest.mark.parametrize("rows,mb", [(6, 4), (5, 4), (6, 5)])
+def test_train_step_takes_exactly_mini_batches_optimizer_steps(tiny_model, tiny_tokenizer, rows, mb):
+    """Issue 11 item 3: ceil(rows / mb)-row slices took 3 steps for 6 rows in 4 mini-batches (fails before)."""
+    eng = TorchTrainingEngine(tiny_model, TrainEngineConfig(), total_steps=100)
+    m = eng.train_step(_batch(tiny_tokenizer, rows), SFTLoss(), mini_batches=mb, epochs=2)
+    assert eng.scheduler.last_epoch == 2 * mb and "sft/loss" in m
+
+
+def test_logprobs_divide_logits_by_the_sampling_temperature(tiny_model, tiny_tokenizer):
+    """The engine's log-probs at temperature T are those of softmax(logits / T), the generator's convention."""
+    from relayrl.engines.generation.base import SamplingParams
+    from relayrl.engines.generation.native import sample_next
+
+    batch = _batch(tiny_tokenizer, 3)
+    eng = TorchTrainingEngine(tiny_model, TrainEngineConfig(packing="none"), total_steps=1)
+    at_1, at_07 = eng.logprobs(batch)[0], eng.logprobs(batch, temperature=0.7)[0]
+    assert not torch.allclose(at_1[0], at_07[0])
+    row = 1
+    ids = torch.cat([batch.prompt_ids[row], batch.response_ids[row]])[None]
+    with torch.no_grad():
+        logits = tiny_model(ids).logits[0, batch.prompt_ids[row].numel() - 1: -1].float()  # [T, V]
+    want = torch.log_softmax(logits / 0.7, -1).gather(-1, batch.response_ids[row][:, None]).squeeze(-1)
+    torch.testing.assert_close(at_07[row], want, atol=1e-5, rtol=1e-5)
+    gen = torch.Generator().manual_seed(0)
+    tok, lp = sample_next(logits, SamplingParams(temperature=0.7), gen)
+    torch.testing.assert_close(lp, torch.log_softmax(logits / 0.7, -1).gather(-1, tok[:, None]).squeeze(-1))
+    with pytest.raises(ValueError, match="temperature"):
+        eng.logprobs(batch, temperature=0.0)

@@ -3,38 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-FAST = ["eval.size=16", "run.threads=1", "telemetry.sinks=[jsonl]", "model.tiny.hidden_size=64",
-        "model.tiny.intermediate_size=256"]
-
-
-def relayrl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "relayrl.cli.main", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-def records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-@pytest.fixture(scope="module")
-def sft_model(tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("sft")
-    r = relayrl("train", "recipes/arith_sft.yaml", "trainer.steps=4", f"run.dir={run}", *FAST)
-    assert r.returncode == 0, r.stderr[-3000:]
-    recs = records(run)
-    assert [x["step"] for x in recs] == [0, 1, 2, 3, 4]
-    assert all("sft/loss" in x for x in recs[1:]) and "eval/accuracy" in recs[-1]
-    return run / "model"
+from e2e_cli import FAST, ROOT, records, relayrl
 
 
 @pytest.mark.slow
@@ -81,6 +57,7 @@ def test_reinforce_pp_with_kl_in_reward(sft_model, tmp_path):
     last = records(tmp_path)[-1]
     assert "actor/kl_loss" not in last  # the KL is in the rewards, not the loss
     assert any(k.startswith("actor/") and "kl" in k for k in last)
+    assert "actor/kl" in last  # issue 11 item 7: logged in both KL modes (failed before)
 
 
 def test_bad_config_is_refused_before_work(tmp_path):

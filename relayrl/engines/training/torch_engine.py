@@ -36,7 +36,10 @@ mini-batch's global token/sequence counts, so accumulation is exact (seed 003,
 section 3). With ``torch.distributed`` initialised over more than one rank the
 engine is data parallel: the model is sharded with FSDP2, the counts and the
 reported metrics are summed over ranks, and every rank runs as many forward
-passes as the busiest one (:mod:`relayrl.engines.training.fsdp`).
+passes as the busiest one (:mod:`relayrl.engines.training.fsdp`). Each rank
+cuts its rows into exactly ``mini_batches`` slices (:func:`minibatch_slices`),
+one optimizer step each, so all ranks step together; when any rank holds
+fewer rows than that, every rank refuses the call (a collective decision).
 
 Mixed precision (``compute_dtype`` lower than the weights' dtype): the
 weights, gradients and optimizer state stay in the weights' dtype (float32
@@ -69,7 +72,7 @@ from relayrl.engines.training.base import LossFn, MicroBatch, OptimConfig, Seque
 from relayrl.models.packing import (PackUnit, additive_mask, build_packed_batch, pack_units, plan_units,
                                     shared_prompt_mask)
 
-__all__ = ["TrainEngineConfig", "TorchTrainingEngine", "plan_microbatches", "make_scheduler"]
+__all__ = ["TrainEngineConfig", "TorchTrainingEngine", "plan_microbatches", "minibatch_slices", "make_scheduler"]
 
 
 class TrainEngineConfig(BaseModel):
@@ -111,6 +114,22 @@ def plan_microbatches(lengths: Sequence[int], token_budget: int) -> list[list[in
     if cur:
         plans.append(cur)
     return plans
+
+
+def minibatch_slices(rows: int, mini_batches: int) -> list[range]:
+    """Exactly ``mini_batches`` contiguous, non-empty slices of ``range(rows)`` whose sizes differ by at most one
+    (the first ``rows % mini_batches`` are one row longer): one optimizer step each, so every data-parallel rank
+    takes the same number of steps whatever its row count. ``ceil(rows / mini_batches)``-row slices would not:
+    6 rows in 4 mini-batches would give 3 steps."""
+    if not 1 <= mini_batches <= rows:
+        raise ValueError(f"mini_batches={mini_batches} must be in [1, {rows}] (rows to slice)")
+    base, extra = divmod(rows, mini_batches)
+    out, start = [], 0
+    for k in range(mini_batches):
+        stop = start + base + (1 if k < extra else 0)
+        out.append(range(start, stop))
+        start = stop
+    return out
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int):
@@ -261,7 +280,11 @@ class TorchTrainingEngine:
 
     def _token_logprobs(self, logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None,
                         temperature: float, with_entropy: bool | str):
-        """Log-probs of ``targets`` under ``logits`` [..., V] (and entropy), same leading shape."""
+        """Log-probs of ``targets`` under ``softmax(logits / temperature)`` for ``logits`` [..., V] (and the
+        entropy of that distribution), same leading shape. The caller passes the temperature the tokens were
+        sampled at, so these log-probs are comparable with the generator's (the engine does not know why)."""
+        if temperature <= 0:
+            raise ValueError(f"temperature={temperature} must be > 0 (log-probs of greedy samples: pass 1.0)")
         if temperature != 1.0:
             logits = logits / temperature
         logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
@@ -349,16 +372,20 @@ class TorchTrainingEngine:
             raise RuntimeError("train_step on an engine built with trainable=False")
         if len(batch) == 0:
             raise ValueError("train_step got an empty batch")
-        if mini_batches < 1 or mini_batches > len(batch):
-            raise ValueError(f"mini_batches={mini_batches} must be in [1, {len(batch)}] (rows in the batch)")
+        # Every rank decides together (a collective), so a rank short of rows cannot leave the others waiting
+        # in a collective of an optimizer step it does not take.
+        fewest = -fsdp.max_over_ranks(-len(batch), self.device)
+        if mini_batches < 1 or mini_batches > fewest:
+            where = "rows in the batch" if not self.sharded else "rows on the data-parallel rank with the fewest"
+            raise ValueError(f"mini_batches={mini_batches} must be in [1, {fewest}] ({where}): every mini-batch "
+                             f"is one optimizer step and needs a row (lower trainer.mini_batches)")
         self.model.train()
         sums: dict[str, float] = defaultdict(float)
         steps = 0
         for _ in range(epochs):
             perm = torch.randperm(len(batch), generator=generator).tolist() if mini_batches > 1 else list(range(len(batch)))
-            size = -(-len(batch) // mini_batches)
-            for start in range(0, len(batch), size):
-                metrics = self._optimizer_step(batch, perm[start:start + size], loss_fn, temperature, with_entropy)
+            for rows in minibatch_slices(len(batch), mini_batches):
+                metrics = self._optimizer_step(batch, perm[rows.start:rows.stop], loss_fn, temperature, with_entropy)
                 for k, v in metrics.items():
                     sums[k] += v
                 steps += 1
