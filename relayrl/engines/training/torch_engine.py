@@ -251,6 +251,8 @@ class TorchTrainingEngine:
 
     def _forward(self, batch: SequenceBatch, item, temperature: float, with_entropy: bool | str):
         """Log-probs (and entropy) of the response tokens of one micro-batch: [B, T] each, mask [B, T], rows [B]."""
+        if temperature <= 0:
+            raise ValueError(f"temperature={temperature} must be > 0 (log-probs of greedy samples: pass 1.0)")
         if self.packing == "none":
             lp, mask, ent = self._forward_padded(batch, item, temperature, with_entropy)
             return lp, mask, ent, list(item), self._padded_len(batch, item)
@@ -283,8 +285,6 @@ class TorchTrainingEngine:
         """Log-probs of ``targets`` under ``softmax(logits / temperature)`` for ``logits`` [..., V] (and the
         entropy of that distribution), same leading shape. The caller passes the temperature the tokens were
         sampled at, so these log-probs are comparable with the generator's (the engine does not know why)."""
-        if temperature <= 0:
-            raise ValueError(f"temperature={temperature} must be > 0 (log-probs of greedy samples: pass 1.0)")
         if temperature != 1.0:
             logits = logits / temperature
         logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
