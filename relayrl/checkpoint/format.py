@@ -20,6 +20,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from relayrl.errors import UserError
+
 FORMAT = "relayrl-checkpoint"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -29,7 +31,7 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 _SCRATCH_DIR = re.compile(r"^\.(?:tmp|trash)-step-(\d+)-(\d+)$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint is missing, incomplete, corrupted or does not fit the model."""
 
 
@@ -82,6 +84,15 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     missing = [f for f in REQUIRED_FILES if f not in manifest.get("files", {})]
     if missing:
         raise CheckpointError(f"{mpath}: manifest lists no {missing}; the checkpoint is incompatible")
+    step = manifest.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(f"{mpath}: step is {step!r}, not an int >= 0; the manifest was edited or is damaged")
+    m = _STEP_DIR.match(path.name)
+    if m and int(m.group(1)) != step:
+        raise CheckpointError(
+            f"{mpath}: says step {step} but its directory is {path.name} (step {int(m.group(1))}); the manifest was "
+            f"edited or copied from another checkpoint. Restore it, or resume from another checkpoint"
+        )
     return manifest
 
 
@@ -163,6 +174,11 @@ def load_checkpoint(
         trainer_state = json.loads(tpath.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{tpath}: corrupted, not valid JSON ({exc})") from exc
+    if isinstance(trainer_state, dict) and "step" in trainer_state and trainer_state["step"] != manifest["step"]:
+        raise CheckpointError(
+            f"{path / MANIFEST}: says step {manifest['step']} but {tpath.name} says step {trainer_state['step']}; "
+            f"the checkpoint's files disagree. Resume from another checkpoint"
+        )
     config = None
     if "config.json" in files:
         cpath = path / "config.json"

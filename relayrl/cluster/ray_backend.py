@@ -24,7 +24,6 @@ import contextlib
 import os
 import threading
 import time
-import traceback
 from typing import Any
 
 import ray
@@ -34,7 +33,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from relayrl.cluster.config import ClusterConfig
 from relayrl.cluster.errors import WorkerError
 from relayrl.cluster.pool import ResourcePool
-from relayrl.cluster.rank import START_CALL, RankRuntime, Replies, Reply, StartSpec, free_port
+from relayrl.cluster.rank import START_CALL, RankRuntime, Replies, Reply, StartSpec, error_reply, free_port
 from relayrl.cluster.worker import RankInfo
 
 _pg_lock = threading.Lock()
@@ -63,8 +62,8 @@ class _RankHost:
     def start(self, spec: StartSpec) -> Reply:
         try:
             self.runtime = RankRuntime(spec)
-        except Exception:
-            return Reply(START_CALL, False, traceback=traceback.format_exc())
+        except Exception as exc:
+            return error_reply(START_CALL, exc)
         return Reply(START_CALL, True)
 
     def call(self, call_id: int, method: str, args: tuple, kwargs: dict) -> Reply:

@@ -18,12 +18,14 @@ from typing import Any, Sequence, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from relayrl.errors import UserError
+
 __all__ = ["ConfigError", "load_recipe_dict", "apply_overrides", "validate", "load_config"]
 
 M = TypeVar("M", bound=BaseModel)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A recipe, override or value that cannot be used; the message names the key and the fix."""
 
 

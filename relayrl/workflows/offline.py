@@ -58,6 +58,11 @@ class OfflineRun:
     def run(self, step_batch: Callable[[int], SequenceBatch]) -> Path:
         """Train on ``step_batch(step)`` each step; returns the final model directory."""
         s, cfg = self.s, self.cfg
+        with s.interruptible():
+            return self._run(step_batch)
+
+    def _run(self, step_batch: Callable[[int], SequenceBatch]) -> Path:
+        s, cfg = self.s, self.cfg
         try:
             ck = s.load(self.actor.one("param_shapes"))
             if ck is not None:
