@@ -97,7 +97,8 @@ def _read_manifest(path: Path) -> dict[str, Any]:
 
 
 def verify_checkpoint(path: Path, *, hashes: bool = True) -> dict[str, Any]:
-    """Check every file in the manifest exists with the recorded size (and sha256). Returns the manifest."""
+    """Check every file in the manifest exists with the recorded size (and sha256), and that the step agrees
+    in the manifest, the directory name and ``trainer_state.json``. Returns the manifest."""
     path = Path(path)
     manifest = _read_manifest(path)
     for name, meta in manifest["files"].items():
@@ -110,6 +111,16 @@ def verify_checkpoint(path: Path, *, hashes: bool = True) -> dict[str, Any]:
             raise CheckpointError(f"{fpath}: {what}: {size} bytes, manifest says {meta['size']}")
         if hashes and _sha256(fpath) != meta["sha256"]:
             raise CheckpointError(f"{fpath}: corrupted: sha256 differs from the one in {MANIFEST}")
+    tpath = path / "trainer_state.json"
+    try:
+        state_step = json.loads(tpath.read_text(encoding="utf-8")).get("step", manifest["step"])
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+        raise CheckpointError(f"{tpath}: corrupted, not a JSON object ({exc})") from exc
+    if state_step != manifest["step"]:
+        raise CheckpointError(
+            f"{path / MANIFEST}: says step {manifest['step']} but {tpath.name} says step {state_step}; the "
+            f"checkpoint's files disagree (was the manifest edited?). Resume from another checkpoint"
+        )
     return manifest
 
 
@@ -174,11 +185,6 @@ def load_checkpoint(
         trainer_state = json.loads(tpath.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{tpath}: corrupted, not valid JSON ({exc})") from exc
-    if isinstance(trainer_state, dict) and "step" in trainer_state and trainer_state["step"] != manifest["step"]:
-        raise CheckpointError(
-            f"{path / MANIFEST}: says step {manifest['step']} but {tpath.name} says step {trainer_state['step']}; "
-            f"the checkpoint's files disagree. Resume from another checkpoint"
-        )
     config = None
     if "config.json" in files:
         cpath = path / "config.json"

@@ -26,7 +26,7 @@ from relayrl.config.loader import ConfigError
 from relayrl.data.tasks import Problem, make_task
 from relayrl.errors import RunStopped
 from relayrl.evaluation.runner import EvalResult, evaluate, write_report
-from relayrl.models.load import load_tokenizer
+from relayrl.models.load import ModelLoadError, load_tokenizer
 from relayrl.models.tiny import build_tiny
 from relayrl.telemetry import Timeline, Tracker, check_finite
 
@@ -47,10 +47,13 @@ def check_device(cfg: Config) -> None:
 
 def resolve_model_path(cfg: Config) -> Path:
     """``trainer.init_from`` > ``model.path`` > the tiny default (built and cached on first use)."""
-    if cfg.trainer.init_from:
-        return Path(cfg.trainer.init_from)
-    if cfg.model.path:
-        return Path(cfg.model.path)
+    for key, value in (("trainer.init_from", cfg.trainer.init_from), ("model.path", cfg.model.path)):
+        if value:
+            path = Path(value)
+            if not path.is_dir():
+                raise ModelLoadError(f"{key}={value}: no such directory; give a local Hugging Face model directory "
+                                     f"(e.g. the RUN_DIR/model of an earlier run)")
+            return path
     return build_tiny(cfg.model.tiny)
 
 
