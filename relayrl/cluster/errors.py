@@ -9,6 +9,8 @@ remote traceback; `other_ranks` lists the ranks that failed with the same messag
 """
 from __future__ import annotations
 
+from relayrl.errors import UserError
+
 
 class WorkerError(RuntimeError):
     """A rank of a worker group raised or died while running a method.
@@ -44,3 +46,7 @@ class WorkerError(RuntimeError):
         who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, sorted(ranks)))}"
         last = self.user_message or (self.remote_traceback.strip().splitlines() or ["?"])[-1]
         return f"worker group {self.group!r} {who} failed in {self.method!r}: {last}"
+
+
+class PlacementError(UserError, RuntimeError):
+    """A resource pool asks for devices the cluster does not have (e.g. GPUs on a CPU-only cluster)."""

@@ -22,6 +22,8 @@ from __future__ import annotations
 import threading
 from typing import Literal
 
+from relayrl.cluster.errors import PlacementError
+
 DeviceKind = Literal["cpu", "cuda"]
 Strategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 
@@ -186,8 +188,8 @@ class ResourcePool:
 
         have = torch.cuda.device_count()
         if max(self._device_ids) >= have:
-            raise ValueError(
+            raise PlacementError(
                 f"ResourcePool {self.name!r} needs GPUs {list(self._device_ids)} but this machine has {have}; "
-                "lower devices or pass device_ids"
+                "lower cluster.devices, or set model.device=cpu"
             )
         return [f"cuda:{i}" for i in self._device_ids]

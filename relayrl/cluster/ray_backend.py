@@ -31,7 +31,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from relayrl.cluster.config import ClusterConfig
-from relayrl.cluster.errors import WorkerError
+from relayrl.cluster.errors import PlacementError, WorkerError
 from relayrl.cluster.pool import ResourcePool
 from relayrl.cluster.rank import START_CALL, RankRuntime, Replies, Reply, StartSpec, error_reply, free_port
 from relayrl.cluster.worker import RankInfo
@@ -86,13 +86,20 @@ def _acquire_placement(pool: ResourcePool, cfg: ClusterConfig):
             pool.ray_placement = (pg, refs + 1)
             return pg
         bundle = {"GPU": 1, "CPU": 1} if pool.device_kind == "cuda" else {"CPU": 1}
+        have = ray.cluster_resources().get("GPU", 0)
+        if pool.device_kind == "cuda" and have < pool.world_size:
+            raise PlacementError(
+                f"ResourcePool {pool.name!r} needs {pool.world_size} GPU(s) but the Ray cluster has {have:g}; set "
+                f"model.device=cpu (a cuda pool comes from model.device=cuda, or auto with a GPU in the driver), "
+                f"lower cluster.devices, or add GPU nodes"
+            )
         pg = placement_group([dict(bundle) for _ in range(pool.world_size)], strategy=pool.strategy,
                              name=f"relayrl-pool-{pool.name}-{os.getpid()}")
         try:
             ray.get(pg.ready(), timeout=cfg.start_timeout_s)
         except ray.exceptions.GetTimeoutError:
             remove_placement_group(pg)
-            raise RuntimeError(
+            raise PlacementError(
                 f"ResourcePool {pool.name!r} needs {pool.world_size} bundles of {bundle} ({pool.strategy}) but the Ray "
                 f"cluster could not place them within {cfg.start_timeout_s} s; available: {ray.available_resources()}"
             ) from None
