@@ -117,8 +117,8 @@ def cmd_eval(args) -> int:
     else:
         from relayrl.data.datasets import DatasetConfig, load_problems
 
-        problems = load_problems(DatasetConfig(path=args.data, prompt_key=args.prompt_key,
-                                               answer_key=args.answer_key))[: args.size]
+        problems = load_problems(DatasetConfig(path=args.data, prompt_key=args.prompt_key, answer_key=args.answer_key,
+                                               format=args.format))[: args.size]
         reward = RewardEngine(RewardConfig(verifier=args.verifier), task=None)
     from relayrl.data.datasets import encode_prompt
 
@@ -192,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--task", help="built-in task: arith, sort, countdown")
     e.add_argument("--task-options", help='JSON options of the task, e.g. \'{"min_digits": 3, "max_digits": 3}\'')
     e.add_argument("--data", help="JSONL or Parquet file with prompt and answer fields")
+    e.add_argument("--format", choices=["jsonl", "parquet"], help="format of --data (default: from its suffix)")
     e.add_argument("--prompt-key", default="prompt")
     e.add_argument("--answer-key", default="answer")
     e.add_argument("--verifier", default="math", choices=["math", "exact"], help="verifier for --data")

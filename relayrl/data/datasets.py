@@ -217,7 +217,8 @@ def load_problems(cfg: DatasetConfig, tokenizer=None) -> list[Problem]:
                 if path.suffix.lower() in (".csv", ".tsv") else "")
         raise DatasetError(
             f"cannot tell the format of {path.name} from its suffix {path.suffix!r}: use one of "
-            f"{', '.join(sorted(_SUFFIXES))}, or set data.format=jsonl or parquet if the file is one of those.{hint}"
+            f"{', '.join(sorted(_SUFFIXES))}, or, if the file is one of those, set its format (data.format=jsonl or parquet in a recipe, --format for "
+            f"relayrl eval).{hint}"
         )
     if path.stat().st_size == 0:
         raise DatasetError(f"dataset file {path} is empty")
