@@ -45,11 +45,12 @@ class Reply:
     """The error's message when it is the user's to fix (`relayrl.errors.is_user_error`)."""
 
 
-def error_reply(call_id: int, exc: BaseException, prefix: str = "") -> Reply:
-    """The reply for a call (or start-up) that raised `exc`: its traceback, and its message if a user error."""
+def error_reply(call_id: int, exc: BaseException) -> Reply:
+    """The reply for a call (or start-up) that raised `exc` (call it inside the `except` block): its
+    traceback, and its message if the error is the user's to fix."""
     from relayrl.errors import is_user_error, user_message
 
-    return Reply(call_id, False, traceback=prefix + traceback.format_exc(),
+    return Reply(call_id, False, traceback=traceback.format_exc(),
                  user_message=user_message(exc) if is_user_error(exc) else None)
 
 

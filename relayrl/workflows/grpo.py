@@ -120,7 +120,7 @@ class GRPOWorkflow:
             if self.critic is not None:
                 if not isinstance(ck.extra, dict) or "critic" not in ck.extra:
                     raise CheckpointError(f"{ck.path} holds no critic state (it was saved by a run without "
-                                     f"advantage=gae); resume it with its own advantage estimator")
+                                          f"advantage=gae); resume it with its own advantage estimator")
                 self.critic.all("load_state", ck.extra["critic"])
             restore_rollout_rng(self.rollout, ck.trainer_state["rollout_rng"], s.log)
             s.restore_rng(ck)

@@ -57,8 +57,7 @@ class OfflineRun:
 
     def run(self, step_batch: Callable[[int], SequenceBatch]) -> Path:
         """Train on ``step_batch(step)`` each step; returns the final model directory."""
-        s, cfg = self.s, self.cfg
-        with s.interruptible():
+        with self.s.interruptible():
             return self._run(step_batch)
 
     def _run(self, step_batch: Callable[[int], SequenceBatch]) -> Path:

@@ -21,8 +21,8 @@ from relayrl.checkpoint import CheckpointManager, capture_rng_state, restore_rng
 from relayrl.checkpoint.atomic import write_dir_atomically
 from relayrl.checkpoint.rundir import check_fingerprint, claim_run_dir, saved_config
 from relayrl.cluster import ResourcePool
-from relayrl.config.schema import Config
 from relayrl.config.loader import ConfigError
+from relayrl.config.schema import Config
 from relayrl.data.tasks import Problem, make_task
 from relayrl.errors import RunStopped
 from relayrl.evaluation.runner import EvalResult, evaluate, write_report
