@@ -115,12 +115,13 @@ def test_a_rank_error_on_two_ranks_is_one_message(tmp_path, tiny_dir):
 
 
 @pytest.mark.multiproc
-def test_ctrl_c_says_the_step_exits_130_and_leaves_no_process(tmp_path):
+@pytest.mark.parametrize("recipe,devices", [(SFT, 2), ("recipes/arith_grpo.yaml", 1)])
+def test_ctrl_c_says_the_step_exits_130_and_leaves_no_process(tmp_path, recipe, devices):
     """SIGINT to the whole process group, as a terminal's Ctrl-C sends it (the driver and its rank processes)."""
     run = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "relayrl.cli.main", "train", SFT, "trainer.steps=100000", "run.save_every=2",
-         "cluster.devices=2", f"run.dir={run}", *FAST], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [sys.executable, "-m", "relayrl.cli.main", "train", recipe, "trainer.steps=100000", "run.save_every=2",
+         f"cluster.devices={devices}", f"run.dir={run}", *FAST], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a background shell may ignore SIGINT
     deadline = time.time() + 300
@@ -144,6 +145,6 @@ def test_ctrl_c_says_the_step_exits_130_and_leaves_no_process(tmp_path):
         pytest.fail("processes of the interrupted run are still alive")
     assert not (run / "model").exists()
     done = steps(run)[-1]
-    r = relayrl("train", SFT, f"trainer.steps={done + 2}", f"run.dir={run}", "run.resume=auto", *FAST)
+    r = relayrl("train", recipe, f"trainer.steps={done + 2}", f"run.dir={run}", "run.resume=auto", *FAST)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resuming from" in r.stdout and steps(run)[-1] == done + 2
