@@ -52,7 +52,7 @@ def run_guarded(fn: Callable[[argparse.Namespace], int], args: argparse.Namespac
     except KeyboardInterrupt as exc:
         if debug:
             traceback.print_exc()
-        _say(str(exc) if str(exc) else "interrupted before training started; nothing to resume")
+        _say(str(exc) or "interrupted")  # a RunInterrupted says the step and the checkpoint
         return EXIT_INTERRUPTED
     except WorkerError as exc:
         if exc.user_message is None:

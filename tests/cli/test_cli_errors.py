@@ -204,3 +204,24 @@ def test_a_keyboard_interrupt_before_training_exits_130(capsys, monkeypatch, tmp
     monkeypatch.setattr(plots, "plot_run", interrupted)
     code, err = run(capsys, "plot", str(tmp_path))
     assert code == 130 and "relayrl: interrupted" in err
+
+
+# ------------------------------------------------------------------ classification
+def test_which_errors_are_the_users():
+    import errno
+    import pickle
+
+    from relayrl.cluster import WorkerError
+    from relayrl.errors import RunStopped, is_user_error, user_message
+
+    missing = FileNotFoundError(errno.ENOENT, "No such file or directory", "/data/x.jsonl")
+    assert is_user_error(missing) and user_message(missing) == "/data/x.jsonl: No such file or directory; check the path"
+    full = OSError(errno.ENOSPC, "No space left on device", "/runs/a/model")
+    assert user_message(full) == "/runs/a/model: No space left on device; free disk space or choose another run.dir"
+    assert not is_user_error(FileNotFoundError("no file name: could be anything"))  # a bug until shown otherwise
+    assert not is_user_error(OSError(errno.EIO, "I/O error", "/dev/x"))
+    assert is_user_error(RunStopped("step 3: actor/loss is nan")) and not is_user_error(KeyError("k"))
+    err = WorkerError("actor", 1, "update", "Traceback ...\nDatasetError: bad row", "bad row")
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.group, back.rank, back.method, back.user_message) == ("actor", 1, "update", "bad row")
+    assert back.brief() == "worker group 'actor' rank 1 failed in 'update': bad row"
