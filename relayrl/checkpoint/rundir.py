@@ -115,7 +115,10 @@ def check_fingerprint(checkpoint: Path, saved: Mapping[str, Any] | None, current
     """Refuse to resume ``checkpoint`` when its saved config differs from ``current`` on :data:`FINGERPRINT`."""
     if saved is None:
         return  # a checkpoint saved without its config (older runs): nothing to compare
-    diff = config_differences(saved, current)
+    keys = FINGERPRINT
+    if _at(current, "trainer.init_from") not in (None, "<unset>") or _at(current, "model.path") not in (None, "<unset>"):
+        keys = tuple(k for k in keys if k != "model.tiny")  # the tiny default's shape is not used then
+    diff = config_differences(saved, current, keys)
     if diff:
         raise CheckpointError(
             f"{checkpoint} belongs to a run with another configuration:\n  " + "\n  ".join(diff)

@@ -126,3 +126,12 @@ def test_write_dir_atomically_removes_scratch_of_dead_processes(tmp_path):
     (stale / "config.json").write_text("")
     write_dir_atomically(tmp_path / "model", lambda tmp: (tmp / "config.json").write_text("{}"))
     assert not stale.exists() and (tmp_path / "model" / "config.json").read_text() == "{}"
+
+
+def test_the_tiny_shape_matters_only_when_the_tiny_default_is_the_model():
+    saved = {"model": {"path": None, "tiny": {"hidden_size": 64}}, "trainer": {"init_from": "sft/model"}}
+    current = {"model": {"path": None, "tiny": {"hidden_size": 256}}, "trainer": {"init_from": "sft/model"}}
+    check_fingerprint(Path("ck"), saved, current)  # the model comes from init_from: tiny.* is unused
+    saved["trainer"]["init_from"] = current["trainer"]["init_from"] = None
+    with pytest.raises(CheckpointError, match=r"model.tiny: checkpoint \{'hidden_size': 64\}, now \{'hidden_size': 256\}"):
+        check_fingerprint(Path("ck"), saved, current)
