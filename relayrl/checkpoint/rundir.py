@@ -116,7 +116,7 @@ def check_fingerprint(checkpoint: Path, saved: Mapping[str, Any] | None, current
     if saved is None:
         return  # a checkpoint saved without its config (older runs): nothing to compare
     keys = FINGERPRINT
-    if _at(current, "trainer.init_from") not in (None, "<unset>") or _at(current, "model.path") not in (None, "<unset>"):
+    if any(_at(current, k) not in (None, "<unset>") for k in ("trainer.init_from", "model.path")):
         keys = tuple(k for k in keys if k != "model.tiny")  # the tiny default's shape is not used then
     diff = config_differences(saved, current, keys)
     if diff:

@@ -175,19 +175,22 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = p.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("train", parents=[common], help="run a recipe: relayrl train recipes/arith_grpo.yaml trainer.steps=3 run.dir=/tmp/x")
+    t = sub.add_parser(
+        "train", parents=[common], help="run a recipe: relayrl train recipes/arith_grpo.yaml trainer.steps=3 run.dir=/tmp/x")
     t.add_argument("recipe")
     t.add_argument("overrides", nargs="*", help="dotted.key=value")
     t.set_defaults(fn=cmd_train)
 
-    d = sub.add_parser("demo", parents=[common], help="pretrain, SFT on a careless teacher, then GRPO on the built-in arithmetic task")
+    d = sub.add_parser(
+        "demo", parents=[common], help="pretrain, SFT on a careless teacher, then GRPO on the built-in arithmetic task")
     d.add_argument("--dir", default="runs/demo")
     d.add_argument("--base", dest="overrides_base", action="append", default=[], help="override for the pretraining stage")
     d.add_argument("--sft", dest="overrides_sft", action="append", default=[], help="override for the SFT stage")
     d.add_argument("--grpo", dest="overrides_grpo", action="append", default=[], help="override for the GRPO stage")
     d.set_defaults(fn=cmd_demo)
 
-    e = sub.add_parser("eval", parents=[common], help="greedy accuracy, pass@k, avg@k of a model on a task or dataset")
+    e = sub.add_parser(
+        "eval", parents=[common], help="greedy accuracy, pass@k, avg@k of a model on a task or dataset")
     e.add_argument("--model", required=True, help="local Hugging Face model directory")
     e.add_argument("--task", help="built-in task: arith, sort, countdown")
     e.add_argument("--task-options", help='JSON options of the task, e.g. \'{"min_digits": 3, "max_digits": 3}\'')
@@ -197,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--answer-key", default="answer")
     e.add_argument("--verifier", default="math", choices=["math", "exact"], help="verifier for --data")
     e.add_argument("--size", type=_int_at_least(1), default=200, help="prompts to evaluate")
-    e.add_argument("--k", type=_int_at_least(1), default=1, help="samples per prompt for pass@k / avg@k (1: greedy only)")
+    e.add_argument("--k", type=_int_at_least(1), default=1,
+                   help="samples per prompt for pass@k / avg@k (1: greedy only)")
     e.add_argument("--temperature", type=_non_negative_float, default=1.0, help="sampling temperature of the k samples")
     e.add_argument("--max-new-tokens", type=_int_at_least(1), default=16)
     e.add_argument("--dtype", default="float32")
@@ -206,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--out", default="runs/eval", help="directory for eval.json and eval_samples.jsonl")
     e.set_defaults(fn=cmd_eval)
 
-    pl = sub.add_parser("plot", parents=[common], help="PNG figures, stage timeline and trace.json of a run directory")
+    pl = sub.add_parser(
+        "plot", parents=[common], help="PNG figures, stage timeline and trace.json of a run directory")
     pl.add_argument("run_dir")
     pl.set_defaults(fn=cmd_plot)
     return p
