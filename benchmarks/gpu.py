@@ -134,14 +134,16 @@ def profile_decode(path: Path, B: int, prompt: int, steps: int) -> list[str]:
 
 
 # ------------------------------------------------------------------ training
-def bench_train(path: Path, peak: float, budget: int = 16384, profile: bool = False) -> dict:
+def bench_train(path: Path, peak: float, budget: int = 16384, profile: bool = False, chunk: int = 1024,
+                weights: str = "float32", label: str = "fp32 master weights, bf16 compute") -> dict:
     from relayrl.engines.training.base import OptimConfig, SequenceBatch
     from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
     from relayrl.models.load import load_model
     from relayrl.workflows.losses import PolicyLoss
 
-    model = load_model(path, dtype="float32", device="cuda")
-    eng = TorchTrainingEngine(model, TrainEngineConfig(token_budget=budget, optim=OptimConfig(lr=1e-6)),
+    model = load_model(path, dtype=weights, device="cuda")
+    eng = TorchTrainingEngine(model, TrainEngineConfig(token_budget=budget, logprob_chunk=chunk,
+                                                       optim=OptimConfig(lr=1e-6)),
                               total_steps=10, device="cuda", compute_dtype=torch.bfloat16)
     g = torch.Generator().manual_seed(0)
     groups, n, P, R = 8, 8, 128, 384
@@ -178,8 +180,9 @@ def bench_train(path: Path, peak: float, budget: int = 16384, profile: bool = Fa
         for line in prof.key_averages().table(sort_by="cuda_time_total", row_limit=12,
                                               max_name_column_width=70).splitlines():
             print("  " + line, flush=True)
-    print(f"train: {tokens} tokens (budget {budget}/micro-batch) in {dt:.3f} s: {out['tokens_per_s']:.0f} tok/s, "
-          f"MFU {out['mfu']:.1%}, peak {out['peak_gb']:.1f} GB", flush=True)
+    print(f"train ({label}, head chunk {chunk or 'off'}): {tokens} tokens (budget {budget}/micro-batch) in "
+          f"{dt:.3f} s: {out['tokens_per_s']:.0f} tok/s, MFU {out['mfu']:.1%}, peak {out['peak_gb']:.1f} GB",
+          flush=True)
     del eng, model
     torch.cuda.empty_cache()
     return out
@@ -248,6 +251,8 @@ def main() -> None:
             print("  " + line, flush=True)
     if "train" not in skip:
         res["train"] = bench_train(path, peak, profile=args.profile_train)
+        res["train_unchunked"] = bench_train(path, peak, chunk=0)
+        res["train_pure_bf16"] = bench_train(path, peak, weights="bfloat16", label="pure bf16 weights (ceiling)")
     if "grpo" not in skip:
         kw = dict(new_tokens=args.grpo_new_tokens, extra=tuple(args.grpo))
         res["grpo"] = {"off": bench_grpo(cache, False, **kw), "on": bench_grpo(cache, True, **kw)}

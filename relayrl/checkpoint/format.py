@@ -20,6 +20,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from relayrl.errors import UserError
+
 FORMAT = "relayrl-checkpoint"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -29,7 +31,7 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 _SCRATCH_DIR = re.compile(r"^\.(?:tmp|trash)-step-(\d+)-(\d+)$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint is missing, incomplete, corrupted or does not fit the model."""
 
 
@@ -82,11 +84,21 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     missing = [f for f in REQUIRED_FILES if f not in manifest.get("files", {})]
     if missing:
         raise CheckpointError(f"{mpath}: manifest lists no {missing}; the checkpoint is incompatible")
+    step = manifest.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(f"{mpath}: step is {step!r}, not an int >= 0; the manifest was edited or is damaged")
+    m = _STEP_DIR.match(path.name)
+    if m and int(m.group(1)) != step:
+        raise CheckpointError(
+            f"{mpath}: says step {step} but its directory is {path.name} (step {int(m.group(1))}); the manifest was "
+            f"edited or copied from another checkpoint. Restore it, or resume from another checkpoint"
+        )
     return manifest
 
 
 def verify_checkpoint(path: Path, *, hashes: bool = True) -> dict[str, Any]:
-    """Check every file in the manifest exists with the recorded size (and sha256). Returns the manifest."""
+    """Check every file in the manifest exists with the recorded size (and sha256), and that the step agrees
+    in the manifest, the directory name and ``trainer_state.json``. Returns the manifest."""
     path = Path(path)
     manifest = _read_manifest(path)
     for name, meta in manifest["files"].items():
@@ -99,6 +111,16 @@ def verify_checkpoint(path: Path, *, hashes: bool = True) -> dict[str, Any]:
             raise CheckpointError(f"{fpath}: {what}: {size} bytes, manifest says {meta['size']}")
         if hashes and _sha256(fpath) != meta["sha256"]:
             raise CheckpointError(f"{fpath}: corrupted: sha256 differs from the one in {MANIFEST}")
+    tpath = path / "trainer_state.json"
+    try:
+        state_step = json.loads(tpath.read_text(encoding="utf-8")).get("step", manifest["step"])
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+        raise CheckpointError(f"{tpath}: corrupted, not a JSON object ({exc})") from exc
+    if state_step != manifest["step"]:
+        raise CheckpointError(
+            f"{path / MANIFEST}: says step {manifest['step']} but {tpath.name} says step {state_step}; the "
+            f"checkpoint's files disagree (was the manifest edited?). Resume from another checkpoint"
+        )
     return manifest
 
 

@@ -40,6 +40,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from relayrl.checkpoint.atomic import fsync_dir as _fsync_dir
+from relayrl.checkpoint.atomic import fsync_file as _fsync_file
+from relayrl.checkpoint.atomic import pid_alive
 from relayrl.checkpoint.format import (
     _SCRATCH_DIR,
     _STEP_DIR,
@@ -54,22 +57,6 @@ from relayrl.checkpoint.format import (
 from relayrl.checkpoint.rng import capture_rng_state
 
 log = logging.getLogger(__name__)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _find_unjsonable(value: Any, where: str) -> str | None:
@@ -124,16 +111,7 @@ def _remove_scratch(root: Path) -> None:
         if not m or not child.is_dir():
             continue
         pid = int(m.group(2))
-        alive = False
-        if pid != os.getpid():
-            try:
-                os.kill(pid, 0)
-                alive = True
-            except ProcessLookupError:
-                alive = False
-            except PermissionError:
-                alive = True
-        if not alive:
+        if pid == os.getpid() or not pid_alive(pid):
             shutil.rmtree(child, ignore_errors=True)
 
 

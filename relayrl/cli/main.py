@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 __all__ = ["main"]
 
@@ -67,6 +69,10 @@ def cmd_demo(args) -> int:
         print(f"relayrl demo: {i}/{len(stages)} {what} (recipes/{recipe})", flush=True)
         init = [f"trainer.init_from={model}"] if model else []
         cfg = _load(str(RECIPES / recipe), [f"run.dir={root / name}", *init, *overrides])
+        if cfg.run.resume == "never" and (root / name / "config.json").is_file():
+            # The demo owns its stage directories: a second demo replaces the first one's runs.
+            print(f"relayrl demo: replacing the previous demo run in {root / name}", flush=True)
+            shutil.rmtree(root / name)
         t = time.perf_counter()
         model = _run(cfg)
         rl_min = (time.perf_counter() - t) / 60
@@ -81,6 +87,7 @@ def cmd_demo(args) -> int:
 def cmd_eval(args) -> int:
     import torch
 
+    from relayrl.config.loader import ConfigError
     from relayrl.data.tasks import make_task
     from relayrl.engines.generation.native import NativeGenerationEngine
     from relayrl.engines.reward import RewardConfig, RewardEngine
@@ -88,8 +95,18 @@ def cmd_eval(args) -> int:
     from relayrl.models.load import load_model, load_tokenizer
 
     if (args.task is None) == (args.data is None):
-        raise SystemExit("relayrl eval: give exactly one of --task NAME or --data FILE")
-    task_options = json.loads(args.task_options) if args.task_options else {}
+        raise ConfigError("relayrl eval: give exactly one of --task NAME or --data FILE")
+    if args.k > 1 and args.temperature == 0:
+        raise ConfigError(f"relayrl eval: --k {args.k} samples at --temperature 0 are {args.k} copies of the greedy "
+                          f"answer; give --temperature > 0 (e.g. 1.0) or --k 1")
+    try:
+        task_options = json.loads(args.task_options) if args.task_options else {}
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"relayrl eval: --task-options is not valid JSON ({e.msg} at column {e.colno}); "
+                          f"write e.g. --task-options '{{\"min_digits\": 3}}'") from None
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"relayrl eval: --device {args.device} but torch sees no GPU here; give --device cpu "
+                          f"(or auto)")
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     tok = load_tokenizer(args.model)
     engine = NativeGenerationEngine(load_model(args.model, dtype=args.dtype, device=device), tok, device=device)
@@ -100,7 +117,8 @@ def cmd_eval(args) -> int:
     else:
         from relayrl.data.datasets import DatasetConfig, load_problems
 
-        problems = load_problems(DatasetConfig(path=args.data, prompt_key=args.prompt_key, answer_key=args.answer_key))[: args.size]
+        problems = load_problems(DatasetConfig(path=args.data, prompt_key=args.prompt_key, answer_key=args.answer_key,
+                                               format=args.format))[: args.size]
         reward = RewardEngine(RewardConfig(verifier=args.verifier), task=None)
     from relayrl.data.datasets import encode_prompt
 
@@ -120,61 +138,91 @@ def cmd_eval(args) -> int:
 def cmd_plot(args) -> int:
     from relayrl.telemetry.plots import plot_run
 
-    paths = plot_run(Path(args.run_dir))
+    paths = plot_run(Path(args.run_dir), warn=lambda note: print(f"relayrl plot: warning: {note}", file=sys.stderr))
     for p in paths:
         print(p)
     return 0
 
 
+def _int_at_least(low: int) -> Callable[[str], int]:
+    """argparse type: an integer >= ``low``, refused with the bound otherwise."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is not >= {low}")
+        return value
+
+    return parse
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not >= 0")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="relayrl", description="RL post-training of LLMs as a distributed dataflow")
+    p.add_argument("--debug", action="store_true", help="show the traceback of every error (also: RELAYRL_DEBUG=1)")
+    common = argparse.ArgumentParser(add_help=False)  # --debug after the command too; SUPPRESS keeps the first
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = p.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("train", help="run a recipe: relayrl train recipes/arith_grpo.yaml trainer.steps=3 run.dir=/tmp/x")
+    t = sub.add_parser(
+        "train", parents=[common], help="run a recipe: relayrl train recipes/arith_grpo.yaml trainer.steps=3 run.dir=/tmp/x")
     t.add_argument("recipe")
     t.add_argument("overrides", nargs="*", help="dotted.key=value")
     t.set_defaults(fn=cmd_train)
 
-    d = sub.add_parser("demo", help="pretrain, SFT on a careless teacher, then GRPO on the built-in arithmetic task")
+    d = sub.add_parser(
+        "demo", parents=[common], help="pretrain, SFT on a careless teacher, then GRPO on the built-in arithmetic task")
     d.add_argument("--dir", default="runs/demo")
     d.add_argument("--base", dest="overrides_base", action="append", default=[], help="override for the pretraining stage")
     d.add_argument("--sft", dest="overrides_sft", action="append", default=[], help="override for the SFT stage")
     d.add_argument("--grpo", dest="overrides_grpo", action="append", default=[], help="override for the GRPO stage")
     d.set_defaults(fn=cmd_demo)
 
-    e = sub.add_parser("eval", help="greedy accuracy, pass@k, avg@k of a model on a task or dataset")
+    e = sub.add_parser(
+        "eval", parents=[common], help="greedy accuracy, pass@k, avg@k of a model on a task or dataset")
     e.add_argument("--model", required=True, help="local Hugging Face model directory")
     e.add_argument("--task", help="built-in task: arith, sort, countdown")
     e.add_argument("--task-options", help='JSON options of the task, e.g. \'{"min_digits": 3, "max_digits": 3}\'')
     e.add_argument("--data", help="JSONL or Parquet file with prompt and answer fields")
+    e.add_argument("--format", choices=["jsonl", "parquet"], help="format of --data (default: from its suffix)")
     e.add_argument("--prompt-key", default="prompt")
     e.add_argument("--answer-key", default="answer")
     e.add_argument("--verifier", default="math", choices=["math", "exact"], help="verifier for --data")
-    e.add_argument("--size", type=int, default=200, help="prompts to evaluate")
-    e.add_argument("--k", type=int, default=1, help="samples per prompt for pass@k / avg@k (1: greedy only)")
-    e.add_argument("--temperature", type=float, default=1.0)
-    e.add_argument("--max-new-tokens", type=int, default=16)
+    e.add_argument("--size", type=_int_at_least(1), default=200, help="prompts to evaluate")
+    e.add_argument("--k", type=_int_at_least(1), default=1,
+                   help="samples per prompt for pass@k / avg@k (1: greedy only)")
+    e.add_argument("--temperature", type=_non_negative_float, default=1.0, help="sampling temperature of the k samples")
+    e.add_argument("--max-new-tokens", type=_int_at_least(1), default=16)
     e.add_argument("--dtype", default="float32")
     e.add_argument("--device", default="auto")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--out", default="runs/eval", help="directory for eval.json and eval_samples.jsonl")
     e.set_defaults(fn=cmd_eval)
 
-    pl = sub.add_parser("plot", help="PNG figures, stage timeline and trace.json of a run directory")
+    pl = sub.add_parser(
+        "plot", parents=[common], help="PNG figures, stage timeline and trace.json of a run directory")
     pl.add_argument("run_dir")
     pl.set_defaults(fn=cmd_plot)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse the command line and run the command inside the CLI's error boundary (``relayrl.cli.boundary``)."""
     args = build_parser().parse_args(argv)
-    from relayrl.config.loader import ConfigError
+    from relayrl.cli.boundary import debug_requested, run_guarded
 
-    try:
-        return args.fn(args)
-    except ConfigError as e:
-        print(f"relayrl: {e}", file=sys.stderr)
-        return 2
+    return run_guarded(args.fn, args, debug=debug_requested(getattr(args, "debug", False)))
 
 
 if __name__ == "__main__":

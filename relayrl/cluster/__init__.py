@@ -17,7 +17,7 @@ futures between groups; only the contiguous split/concat protocol is built in.
 """
 from relayrl.cluster.config import ClusterConfig
 from relayrl.cluster.dispatch import chunk_sizes, gather_split, split_items
-from relayrl.cluster.errors import WorkerError
+from relayrl.cluster.errors import PlacementError, WorkerError
 from relayrl.cluster.group import WorkerGroup, make_group
 from relayrl.cluster.pool import ResourcePool
 from relayrl.cluster.worker import RankInfo, Worker
@@ -27,6 +27,7 @@ __all__ = [
     "RankInfo",
     "ResourcePool",
     "Worker",
+    "PlacementError",
     "WorkerError",
     "WorkerGroup",
     "chunk_sizes",

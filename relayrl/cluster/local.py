@@ -54,7 +54,7 @@ class InProcessRanks:
         try:
             self.worker = construct_worker(worker_cls, info, init_kwargs)
         except Exception as exc:
-            raise WorkerError(group, 0, "__init__", traceback.format_exc()) from exc
+            raise WorkerError(group, 0, "__init__", traceback.format_exc(), _user_message(exc)) from exc
 
     def call(self, method: str, ranks: list[int], payloads: list[Payload]) -> list[Any]:
         if self.worker is None:
@@ -63,13 +63,19 @@ class InProcessRanks:
         try:
             return [getattr(self.worker, method)(*args, **kwargs)]
         except Exception as exc:
-            raise WorkerError(self.group, 0, method, traceback.format_exc()) from exc
+            raise WorkerError(self.group, 0, method, traceback.format_exc(), _user_message(exc)) from exc
 
     def pids(self) -> list[int]:
         return [os.getpid()]
 
     def shutdown(self) -> None:
         self.worker = None
+
+
+def _user_message(exc: BaseException) -> str | None:
+    from relayrl.errors import is_user_error, user_message
+
+    return user_message(exc) if is_user_error(exc) else None
 
 
 def _ensure_world_of_one(device: str, cfg: ClusterConfig) -> None:

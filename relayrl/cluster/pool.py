@@ -23,6 +23,8 @@ import threading
 import weakref
 from typing import Literal
 
+from relayrl.cluster.errors import PlacementError
+
 DeviceKind = Literal["cpu", "cuda"]
 Strategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 
@@ -190,8 +192,8 @@ class ResourcePool:
                 self._device_ids = tuple(free[: self.devices])
                 _local_cuda_pools.add(self)
         if max(self._device_ids) >= have:
-            raise ValueError(
+            raise PlacementError(
                 f"ResourcePool {self.name!r} needs GPUs {list(self._device_ids)} but this machine has {have}; "
-                "lower devices or pass device_ids"
+                "lower cluster.devices, or set model.device=cpu"
             )
         return [f"cuda:{i}" for i in self._device_ids]

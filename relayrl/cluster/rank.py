@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import socket
 import sys
 import threading
@@ -40,6 +41,17 @@ class Reply:
     """The method's return value when `ok`."""
     traceback: str = ""
     """Formatted remote traceback when not `ok`."""
+    user_message: str | None = None
+    """The error's message when it is the user's to fix (`relayrl.errors.is_user_error`)."""
+
+
+def error_reply(call_id: int, exc: BaseException) -> Reply:
+    """The reply for a call (or start-up) that raised `exc` (call it inside the `except` block): its
+    traceback, and its message if the error is the user's to fix."""
+    from relayrl.errors import is_user_error, user_message
+
+    return Reply(call_id, False, traceback=traceback.format_exc(),
+                 user_message=user_message(exc) if is_user_error(exc) else None)
 
 
 class Replies:
@@ -66,8 +78,10 @@ class Replies:
         if reply.ok:
             self.results[rank] = reply.value
         elif self.first_error is None:
-            self.first_error = WorkerError(self.group, rank, self.method, reply.traceback)
+            self.first_error = WorkerError(self.group, rank, self.method, reply.traceback, reply.user_message)
             self.deadline = time.monotonic() + self.grace_s
+        elif reply.user_message is not None and reply.user_message == self.first_error.user_message:
+            self.first_error.other_ranks.append(rank)  # the same mistake seen by every rank: one message
 
     def outcome(self, start_timeout_s: float) -> list[Any]:
         """Results in rank order; else the first error, or the first rank that did not answer, raises."""
@@ -146,8 +160,8 @@ class RankRuntime:
     def invoke(self, call_id: int, method: str, args: tuple, kwargs: dict) -> Reply:
         try:
             return Reply(call_id, True, getattr(self.worker, method)(*args, **kwargs))
-        except Exception:
-            return Reply(call_id, False, traceback=traceback.format_exc())
+        except Exception as exc:
+            return error_reply(call_id, exc)
 
     def close(self) -> None:
         import torch.distributed as dist
@@ -184,11 +198,14 @@ def rank_process_main(conn, start_payload: bytes) -> None:
     """Entry point of a spawned rank process: start, then serve calls until the
     driver sends `SHUTDOWN` or closes the pipe."""
     _thread_lock_for_progress_bars()
+    # Ctrl-C reaches every process of the terminal's process group; the driver alone handles it (and shuts
+    # the ranks down), so a rank prints no KeyboardInterrupt traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         spec: StartSpec = pickle.loads(start_payload)
         runtime = RankRuntime(spec)
-    except Exception:
-        conn.send_bytes(encode_reply(Reply(START_CALL, False, traceback=traceback.format_exc())))
+    except Exception as exc:
+        conn.send_bytes(encode_reply(error_reply(START_CALL, exc)))
         return
     conn.send_bytes(encode_reply(Reply(START_CALL, True)))
     try:

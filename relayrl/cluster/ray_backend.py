@@ -24,7 +24,6 @@ import contextlib
 import os
 import threading
 import time
-import traceback
 from typing import Any
 
 import ray
@@ -32,9 +31,9 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from relayrl.cluster.config import ClusterConfig
-from relayrl.cluster.errors import WorkerError
+from relayrl.cluster.errors import PlacementError, WorkerError
 from relayrl.cluster.pool import ResourcePool
-from relayrl.cluster.rank import START_CALL, RankRuntime, Replies, Reply, StartSpec, free_port
+from relayrl.cluster.rank import START_CALL, RankRuntime, Replies, Reply, StartSpec, error_reply, free_port
 from relayrl.cluster.worker import RankInfo
 
 _pg_lock = threading.Lock()
@@ -63,8 +62,8 @@ class _RankHost:
     def start(self, spec: StartSpec) -> Reply:
         try:
             self.runtime = RankRuntime(spec)
-        except Exception:
-            return Reply(START_CALL, False, traceback=traceback.format_exc())
+        except Exception as exc:
+            return error_reply(START_CALL, exc)
         return Reply(START_CALL, True)
 
     def call(self, call_id: int, method: str, args: tuple, kwargs: dict) -> Reply:
@@ -87,13 +86,20 @@ def _acquire_placement(pool: ResourcePool, cfg: ClusterConfig):
             pool.ray_placement = (pg, refs + 1)
             return pg
         bundle = {"GPU": 1, "CPU": 1} if pool.device_kind == "cuda" else {"CPU": 1}
+        have = ray.cluster_resources().get("GPU", 0)
+        if pool.device_kind == "cuda" and have < pool.world_size:
+            raise PlacementError(
+                f"ResourcePool {pool.name!r} needs {pool.world_size} GPU(s) but the Ray cluster has {have:g}; set "
+                f"model.device=cpu (a cuda pool comes from model.device=cuda, or auto with a GPU in the driver), "
+                f"lower cluster.devices, or add GPU nodes"
+            )
         pg = placement_group([dict(bundle) for _ in range(pool.world_size)], strategy=pool.strategy,
                              name=f"relayrl-pool-{pool.name}-{os.getpid()}")
         try:
             ray.get(pg.ready(), timeout=cfg.start_timeout_s)
         except ray.exceptions.GetTimeoutError:
             remove_placement_group(pg)
-            raise RuntimeError(
+            raise PlacementError(
                 f"ResourcePool {pool.name!r} needs {pool.world_size} bundles of {bundle} ({pool.strategy}) but the Ray "
                 f"cluster could not place them within {cfg.start_timeout_s} s; available: {ray.available_resources()}"
             ) from None

@@ -18,12 +18,14 @@ from typing import Any, Sequence, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from relayrl.errors import UserError
+
 __all__ = ["ConfigError", "load_recipe_dict", "apply_overrides", "validate", "load_config"]
 
 M = TypeVar("M", bound=BaseModel)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A recipe, override or value that cannot be used; the message names the key and the fix."""
 
 
@@ -121,6 +123,10 @@ def _format(err: ValidationError, model: type[BaseModel]) -> str:
             close = difflib.get_close_matches(str(loc[-1]), known, n=1)
             hint = f"did you mean {'.'.join(map(str, loc[:-1] + (close[0],)))}?" if close else f"valid keys here: {', '.join(known)}"
             lines.append(f"  {key}: unknown key; {hint}")
+        elif e["type"] == "value_error" and "error" in e.get("ctx", {}):
+            # A validator's own message already names its keys and the fix; print it as written.
+            msg = str(e["ctx"]["error"])
+            lines.append(f"  {msg}" if not loc else f"  {key}: {msg}")
         else:
             got = e.get("input")
             got_s = f" (got {got!r})" if not isinstance(got, dict) and got is not None else ""

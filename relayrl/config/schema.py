@@ -36,6 +36,10 @@ class RunConfig(_Section):
     dir: Path = Field(Path("runs/latest"), description="run directory (config, metrics.jsonl, checkpoints, final model)")
     seed: int = 0
     resume: str = Field("never", description='"never", "auto" (newest complete checkpoint in run.dir) or a checkpoint path')
+    overwrite: bool = Field(False, description="resume=never in a run.dir that holds another run's checkpoints: "
+                            "move that run aside to RUN_DIR.replaced-<time> (false: refuse)")
+    resume_check: bool = Field(True, description="refuse to resume a checkpoint whose saved config differs on the "
+                               "keys that define a run (workflow, seed, model, data, advantage estimator)")
     save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
     keep_checkpoints: int = Field(2, ge=1)
     on_nonfinite: Literal["stop", "skip"] = Field("stop", description="NaN/Inf loss or gradient: save and stop, or skip the step")
@@ -62,6 +66,8 @@ class DataConfig(_Section):
     task_options: dict[str, Any] = Field(default_factory=dict, description="options of the built-in task's training set")
     eval_task_options: dict[str, Any] | None = Field(None, description="options of the held-out set (default: task_options)")
     path: str | None = Field(None, description="JSONL/Parquet training prompts (a user dataset)")
+    format: Literal["jsonl", "parquet"] | None = Field(None, description="format of data.path and data.eval_path "
+                                                       "(null: from the file suffix)")
     eval_path: str | None = None
     prompt_key: str = "prompt"
     answer_key: str = "answer"
@@ -214,6 +220,10 @@ class Config(_Section):
                 and self.rollout.n < 2:
             raise ValueError(f"rollout.n={self.rollout.n}: group advantages ({self.algorithm.advantage}) need "
                              f"rollout.n >= 2 responses per prompt")
+        if self.workflow == "grpo" and self.rollout.temperature == 0 and self.rollout.n > 1:
+            raise ValueError(f"rollout.temperature=0 samples greedily, so the rollout.n={self.rollout.n} responses to "
+                             f"a prompt are identical and their group advantages all 0; set rollout.temperature > 0 "
+                             f"(e.g. 1.0)")
         if self.algorithm.overlong_shaping and self.algorithm.overlong_cache >= self.rollout.max_new_tokens:
             raise ValueError(f"algorithm.overlong_cache={self.algorithm.overlong_cache} must be < "
                              f"rollout.max_new_tokens={self.rollout.max_new_tokens}")

@@ -22,14 +22,17 @@ from typing import Any, Iterator, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from relayrl.data.tasks import Problem
+from relayrl.errors import UserError
 
 __all__ = ["DatasetConfig", "DatasetError", "load_problems", "encode_prompt", "render_prompt", "render_plain"]
 
 _MISSING = object()
+MAX_ROW_ERRORS = 20
+"""How many bad rows one error lists (all of them are counted)."""
 _SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError, ValueError):
     """A dataset file that cannot be used, with the file, the row and the reason."""
 
 
@@ -61,8 +64,14 @@ def _get(row: dict, key: str) -> Any:
     return cur
 
 
+class _BadRow(str):
+    """A row that could not even be parsed; the string says why (yielded in place of the row)."""
+
+
 def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
-    """(row number, parsed value) per non-blank line; a file starting with ``[`` is one JSON array."""
+    """(row number, parsed value) per non-blank line; a file starting with ``[`` is one JSON array.
+
+    A line that is not valid UTF-8 or JSON is yielded as a :class:`_BadRow`, so that every bad row is reported."""
     name = path.name
     with path.open("rb") as f:
         head = f.read(64).lstrip()
@@ -78,13 +87,16 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise DatasetError(f"{name} row {lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+                yield lineno, _BadRow(f"{name} row {lineno}: not valid UTF-8 ({e.reason} at byte {e.start})")
+                continue
             if not line.strip():
                 continue
             try:
-                yield lineno, json.loads(line)
+                value = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DatasetError(f"{name} row {lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+                yield lineno, _BadRow(f"{name} row {lineno}: invalid JSON ({e.msg} at column {e.colno})")
+                continue
+            yield lineno, value
 
 
 def _iter_parquet(path: Path, keys: tuple[str, ...]) -> Iterator[tuple[int, Any]]:
@@ -134,6 +146,8 @@ def render_plain(messages: list[dict[str, str]]) -> str:
 
 
 def _row_problem(row: Any, rowno: int, cfg: DatasetConfig, tokenizer) -> Problem:
+    if isinstance(row, _BadRow):
+        raise DatasetError(str(row))
     where = f"{Path(cfg.path).name} row {rowno}"
     if not isinstance(row, dict):
         raise DatasetError(f"{where}: expected a JSON object with fields, got {type(row).__name__}")
@@ -187,8 +201,9 @@ def load_problems(cfg: DatasetConfig, tokenizer=None) -> list[Problem]:
     tokenizer's rendering (chat template, generation prompt added) when a tokenizer
     with a template is given, else :func:`render_plain`. ``meta["row"]`` is the
     row number and ``meta["extra"]`` the row's other fields. Raises
-    :class:`DatasetError` for a missing, empty or unreadable file and for the
-    first malformed row (with its number).
+    :class:`DatasetError` for a missing, empty or unreadable file, and for
+    malformed rows: all of them are counted and the first
+    :data:`MAX_ROW_ERRORS` listed, each with its number.
     """
     path = Path(cfg.path)
     if not path.exists():
@@ -197,18 +212,34 @@ def load_problems(cfg: DatasetConfig, tokenizer=None) -> list[Problem]:
         raise DatasetError(f"dataset path {path} is not a file")
     fmt = cfg.format or _SUFFIXES.get(path.suffix.lower())
     if fmt is None:
+        hint = (" relayrl does not read CSV; convert it to JSON lines, e.g. python -c \"import pandas as pd; "
+                f"pd.read_csv('{path}').to_json('{path.with_suffix('.jsonl')}', orient='records', lines=True)\""
+                if path.suffix.lower() in (".csv", ".tsv") else "")
         raise DatasetError(
-            f"cannot tell the format of {path.name} from its suffix {path.suffix!r}; "
-            f"use one of {', '.join(sorted(_SUFFIXES))} or set format='jsonl' or 'parquet'"
+            f"cannot tell the format of {path.name} from its suffix {path.suffix!r}: use one of "
+            f"{', '.join(sorted(_SUFFIXES))}, or, if the file is one of those, set its format (data.format=jsonl or parquet in a recipe, --format for "
+            f"relayrl eval).{hint}"
         )
     if path.stat().st_size == 0:
         raise DatasetError(f"dataset file {path} is empty")
     rows = _iter_jsonl(path) if fmt == "jsonl" else _iter_parquet(path, tuple(k for k in (cfg.prompt_key, cfg.answer_key, cfg.rejected_key) if k))
     problems: list[Problem] = []
+    bad: list[str] = []
+    n_bad = 0
     for rowno, row in rows:
-        problems.append(_row_problem(row, rowno, cfg, tokenizer))
+        try:
+            problems.append(_row_problem(row, rowno, cfg, tokenizer))
+        except DatasetError as e:
+            n_bad += 1
+            if len(bad) < MAX_ROW_ERRORS:
+                bad.append(str(e))
         if cfg.limit is not None and len(problems) >= cfg.limit:
             break
+    if n_bad == 1:
+        raise DatasetError(bad[0])
+    if n_bad:
+        shown = "" if n_bad <= len(bad) else f" (the first {len(bad)} listed)"
+        raise DatasetError(f"{path}: {n_bad} bad rows{shown}; fix or remove them:\n  " + "\n  ".join(bad))
     if not problems:
         raise DatasetError(f"dataset file {path} has no rows")
     return problems

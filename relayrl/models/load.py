@@ -12,13 +12,15 @@ from pathlib import Path
 
 import torch
 
+from relayrl.errors import UserError
+
 __all__ = ["load_model", "load_tokenizer", "resolve_dtype", "ModelLoadError"]
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(UserError, ValueError):
     """A model or tokenizer directory that cannot be loaded, with the reason."""
 
 

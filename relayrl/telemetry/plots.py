@@ -27,7 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from relayrl.telemetry.sinks import read_jsonl_records  # noqa: E402
+from relayrl.telemetry.sinks import MetricsFileError, read_jsonl_records  # noqa: E402
 from relayrl.telemetry.timeline import SPANS_FILE, Span, export_chrome_trace, read_spans  # noqa: E402
 
 Series = dict[str, tuple[list[int], list[float]]]
@@ -59,13 +59,26 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 
-def load_series(run_dir: Path) -> Series:
-    """metrics.jsonl as {key: (steps, values)}; nulls (non-finite) become NaN gaps."""
+def load_series(run_dir: Path, warn: Callable[[str], None] | None = None) -> Series:
+    """metrics.jsonl as {key: (steps, values)}; nulls (non-finite) become NaN gaps.
+
+    A missing, empty or damaged file raises :class:`MetricsFileError`; a torn last line is skipped and
+    reported through ``warn``."""
     path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no metrics file; is {run_dir} a run directory?")
+    if not Path(run_dir).is_dir():
+        raise MetricsFileError(f"{run_dir}: no such directory; give a run directory (the run.dir of a training run)")
+    if not path.is_file():
+        raise MetricsFileError(f"{path}: no metrics file; is {run_dir} a run directory (the run.dir of a training "
+                               f"run)?")
+    skipped: list[str] = []
+    records = read_jsonl_records(path, skipped)
+    for note in skipped:
+        (warn or (lambda _: None))(note)
+    if not records:
+        raise MetricsFileError(f"{path}: holds no metrics records; the run logged nothing yet (plot it after its "
+                               f"first evaluation or step)")
     series: Series = {}
-    for record in read_jsonl_records(path):
+    for record in records:
         step = int(record["step"])
         for key, value in record.items():
             if key == "step" or isinstance(value, (str, list, dict)):
@@ -178,17 +191,19 @@ def plot_timeline(spans: list[Span], path: Path, *, last_steps: int = 3) -> None
     plt.close(fig)
 
 
-def plot_run(run_dir: Path, out_dir: Path | None = None, *, timeline_steps: int = 3) -> list[Path]:
+def plot_run(run_dir: Path, out_dir: Path | None = None, *, timeline_steps: int = 3,
+             warn: Callable[[str], None] | None = None) -> list[Path]:
     """Write the run's figures; returns the paths written (PNGs, then trace.json if spans exist).
 
     Args:
         run_dir: a run directory holding metrics.jsonl (and optionally spans.jsonl).
         out_dir: where the PNGs go; default RUN_DIR/plots.
         timeline_steps: how many of the last steps the Gantt chart shows.
+        warn: receives a sentence per metrics line skipped (a torn last line).
     """
     run_dir = Path(run_dir)
     out = Path(out_dir) if out_dir is not None else run_dir / "plots"
-    series = load_series(run_dir)
+    series = load_series(run_dir, warn)
     series = {k: v for k, v in series.items() if any(not math.isnan(x) for x in v[1])}
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []

@@ -22,6 +22,8 @@ from typing import IO, Any, Protocol
 
 from tqdm.auto import tqdm
 
+from relayrl.errors import UserError
+
 Number = float | int
 
 
@@ -36,10 +38,15 @@ class Sink(Protocol):
 # ----------------------------------------------------------------------------- jsonl
 
 
-def read_jsonl_records(path: Path) -> list[dict[str, Any]]:
+class MetricsFileError(UserError, ValueError):
+    """A metrics.jsonl that cannot be read, naming the file and the line."""
+
+
+def read_jsonl_records(path: Path, skipped: list[str] | None = None) -> list[dict[str, Any]]:
     """Parse a metrics.jsonl file; a torn last line (killed mid-write) is skipped.
 
-    A malformed line elsewhere raises ValueError naming the file and line.
+    A malformed line elsewhere raises MetricsFileError naming the file and line.
+    ``skipped``, when given, receives a sentence per line skipped.
     """
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     records: list[dict[str, Any]] = []
@@ -50,10 +57,15 @@ def read_jsonl_records(path: Path) -> list[dict[str, Any]]:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             if lineno == len(lines):
+                if skipped is not None:
+                    skipped.append(f"{path}:{lineno}: skipped the last line, which is not valid JSON ({exc.msg}); "
+                                   f"the run was probably killed while writing it")
                 break  # the writer died mid-line; everything before is intact
-            raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+            raise MetricsFileError(f"{path}:{lineno}: not valid JSON ({exc.msg}); the file is damaged: fix or "
+                                   f"delete that line") from exc
         if not isinstance(record, dict) or "step" not in record:
-            raise ValueError(f"{path}:{lineno}: expected an object with a 'step' key")
+            raise MetricsFileError(f"{path}:{lineno}: expected an object with a 'step' key; the file is damaged: "
+                                   f"fix or delete that line")
         records.append(record)
     return records
 

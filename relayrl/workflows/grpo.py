@@ -43,6 +43,7 @@ import torch
 from relayrl.algorithms import advantages as adv_lib
 from relayrl.algorithms.dapo import dynamic_sampling_filter, overlong_penalty
 from relayrl.algorithms.kl import kl_penalty_rewards
+from relayrl.checkpoint import CheckpointError
 from relayrl.cluster import ClusterConfig, ResourcePool, make_group
 from relayrl.config.schema import Config
 from relayrl.dock import Dock
@@ -169,8 +170,8 @@ class GRPOWorkflow:
                                           "scheduler": ck.scheduler_state})
             if self.critic is not None:
                 if not isinstance(ck.extra, dict) or "critic" not in ck.extra:
-                    raise ValueError(f"{ck.path} holds no critic state (it was saved by a run without "
-                                     f"advantage=gae); resume it with its own advantage estimator")
+                    raise CheckpointError(f"{ck.path} holds no critic state (it was saved by a run without "
+                                          f"advantage=gae); resume it with its own advantage estimator")
                 self.critic.all("load_state", ck.extra["critic"])
             restore_rollout_rng(self.rollout, ck.trainer_state["rollout_rng"], s.log)
             s.restore_rng(ck)
@@ -187,10 +188,15 @@ class GRPOWorkflow:
         return s.steps()
 
     def run(self) -> Path:
-        for step in self.begin():
-            if self.end_step(step, self.step(step)):
-                break
-        return self.finish()
+        with self.s.interruptible():
+            try:
+                for step in self.begin():
+                    if self.end_step(step, self.step(step)):
+                        break
+            except BaseException:
+                self.shutdown()  # the ranks stop now, not at interpreter exit
+                raise
+            return self.finish()
 
     def end_step(self, step: int, metrics: dict[str, float]) -> bool:
         """Evaluate (every ``eval.every`` steps and at the end), log, checkpoint; True when the run stops here."""

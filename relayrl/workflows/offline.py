@@ -58,6 +58,10 @@ class OfflineRun:
 
     def run(self, step_batch: Callable[[int], SequenceBatch]) -> Path:
         """Train on ``step_batch(step)`` each step; returns the final model directory."""
+        with self.s.interruptible():
+            return self._run(step_batch)
+
+    def _run(self, step_batch: Callable[[int], SequenceBatch]) -> Path:
         s, cfg = self.s, self.cfg
         try:
             ck = s.load(self.actor.one("param_shapes"))

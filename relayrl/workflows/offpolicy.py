@@ -190,27 +190,36 @@ class OffPolicyGRPO(GRPOWorkflow):
         self._starts_cond = threading.Condition()
         self._relayed: dict[int, dict[str, float]] = {}  # relay metrics of each pushed version, logged once
         self._ahead = ahead = RolloutAhead(self._produce, self._push, steps, self.k, version=s.start_step)
-        try:
-            for step in steps:
-                t0 = time.perf_counter()
-                with s.span("wait_rollout", "actor", step):
-                    rolled, gen_version = ahead.take(step)
-                waited = time.perf_counter() - t0
-                with self._starts_cond:
-                    self._starts.pop(step, None)  # a checkpoint from now on records a later start
-                self._phase_metrics = {}
-                metrics = self.learn(step, *rolled)
-                metrics.update(self._phase_metrics)
-                with s.span("stage_weights", "actor", step):  # (unchanged weights after a skipped step)
-                    ahead.stage(step, _host_copy(collective(self.actor, "named_weights")))
-                metrics = self.perf(metrics, t0, rolled.problems, rolled.comps, step)
-                metrics.update({"async/staleness": float(step - 1 - gen_version), "async/wait_rollout_s": waited,
-                                "async/rollout_version": float(gen_version), **self._relayed.pop(gen_version, {})})
-                if self.end_step(step, metrics):
-                    break
-        finally:
+        with s.interruptible():
+            try:
+                self._train(steps, ahead)
+            except BaseException:
+                ahead.close()
+                self.shutdown()  # the ranks stop now, not at interpreter exit
+                raise
             ahead.close()
-        return self.finish()
+            return self.finish()
+
+    def _train(self, steps: range, ahead: "RolloutAhead") -> None:
+        """The trainer's loop: take the batch the rollout thread made, learn, stage the weights, log."""
+        s = self.s
+        for step in steps:
+            t0 = time.perf_counter()
+            with s.span("wait_rollout", "actor", step):
+                rolled, gen_version = ahead.take(step)
+            waited = time.perf_counter() - t0
+            with self._starts_cond:
+                self._starts.pop(step, None)  # a checkpoint from now on records a later start
+            self._phase_metrics = {}
+            metrics = self.learn(step, *rolled)
+            metrics.update(self._phase_metrics)
+            with s.span("stage_weights", "actor", step):  # (unchanged weights after a skipped step)
+                ahead.stage(step, _host_copy(collective(self.actor, "named_weights")))
+            metrics = self.perf(metrics, t0, rolled.problems, rolled.comps, step)
+            metrics.update({"async/staleness": float(step - 1 - gen_version), "async/wait_rollout_s": waited,
+                            "async/rollout_version": float(gen_version), **self._relayed.pop(gen_version, {})})
+            if self.end_step(step, metrics):
+                break
 
     def evaluate(self, step: int) -> dict[str, float]:
         if step == 0 or getattr(self, "_ahead", None) is None:  # before the rollout thread: the engine is free

@@ -8,32 +8,52 @@ workflows (``sft.py``, ``grpo.py``) hold only their algorithm's loop.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 
 from relayrl.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state, resume_from
+from relayrl.checkpoint.atomic import write_dir_atomically
+from relayrl.checkpoint.rundir import check_fingerprint, claim_run_dir, saved_config
 from relayrl.cluster import ResourcePool
+from relayrl.config.loader import ConfigError
 from relayrl.config.schema import Config
 from relayrl.data.tasks import Problem, make_task
+from relayrl.errors import RunStopped
 from relayrl.evaluation.runner import EvalResult, evaluate, write_report
-from relayrl.models.load import load_tokenizer
+from relayrl.models.load import ModelLoadError, load_tokenizer
 from relayrl.models.tiny import build_tiny
 from relayrl.telemetry import Timeline, Tracker, check_finite
 
-__all__ = ["PromptSource", "Session", "resolve_model_path"]
+__all__ = ["PromptSource", "Session", "RunInterrupted", "resolve_model_path", "check_device"]
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during training; the message names the step, the last checkpoint and how to resume."""
+
+
+def check_device(cfg: Config) -> None:
+    """``model.device=cuda`` on a local run needs a GPU that torch can see; say so naming the key."""
+    if cfg.model.device == "cuda" and cfg.cluster.backend == "local" and not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU only"
+        raise ConfigError(f"model.device=cuda but torch sees no GPU here (torch {torch.__version__}, {build}); set "
+                          f"model.device=cpu (or auto, which picks a GPU when there is one)")
 
 
 def resolve_model_path(cfg: Config) -> Path:
     """``trainer.init_from`` > ``model.path`` > the tiny default (built and cached on first use)."""
-    if cfg.trainer.init_from:
-        return Path(cfg.trainer.init_from)
-    if cfg.model.path:
-        return Path(cfg.model.path)
+    for key, value in (("trainer.init_from", cfg.trainer.init_from), ("model.path", cfg.model.path)):
+        if value:
+            path = Path(value)
+            if not path.is_dir():
+                raise ModelLoadError(f"{key}={value}: no such directory; give a local Hugging Face model directory "
+                                     f"(e.g. the RUN_DIR/model of an earlier run)")
+            return path
     return build_tiny(cfg.model.tiny)
 
 
@@ -109,7 +129,11 @@ class Session:
         random.seed(cfg.run.seed)
         np.random.seed(cfg.run.seed % 2**32)
         torch.manual_seed(cfg.run.seed)
+        check_device(cfg)
         self.dir = Path(cfg.run.dir)
+        moved = claim_run_dir(self.dir, cfg.run.resume, cfg.run.overwrite)
+        if moved:
+            log(f"relayrl: {moved}")
         self.dir.mkdir(parents=True, exist_ok=True)
         self.model_path = resolve_model_path(cfg)
         self.tokenizer = load_tokenizer(self.model_path)
@@ -122,7 +146,10 @@ class Session:
                                  device_kind="cuda" if cuda else "cpu")
         self.ckpt = CheckpointManager(self.dir / "checkpoints", keep=cfg.run.keep_checkpoints)
         self.plan = resume_from(self.dir / "checkpoints", cfg.run.resume)
+        if self.plan.path is not None and cfg.run.resume_check:  # before any worker starts
+            check_fingerprint(self.plan.path, saved_config(self.plan.path), cfg.model_dump(mode="json"))
         self.start_step = 0
+        self.step_done = 0  # the last step logged (or resumed from)
         self.stopped_early: dict | None = None  # {"step", "accuracy", "stop_at"} once eval.stop_at was reached
         self._encode_cache: dict[str, list[int]] = {}
         (self.dir / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
@@ -138,10 +165,11 @@ class Session:
             return task, None, eval_task.eval_set()
         rejected = d.rejected_key if self.cfg.workflow == "dpo" else None  # preference pairs, every row checked
         train = load_problems(DatasetConfig(path=d.path, prompt_key=d.prompt_key, answer_key=d.answer_key,
-                                            rejected_key=rejected))
+                                            rejected_key=rejected, format=d.format))
         size = self.cfg.eval.size
         if d.eval_path:
-            evals = load_problems(DatasetConfig(path=d.eval_path, prompt_key=d.prompt_key, answer_key=d.answer_key))
+            evals = load_problems(DatasetConfig(path=d.eval_path, prompt_key=d.prompt_key, answer_key=d.answer_key,
+                                                format=d.format))
             return None, train, evals[:size]
         if len(train) >= 2 * size:  # hold out a seeded sample of rows; train on the rest
             held = set(random.Random(self.cfg.run.seed).sample(range(len(train)), size))
@@ -185,10 +213,11 @@ class Session:
                 return False
             # The engine never applies a non-finite update, so the weights are still the last good ones.
             path = save(step)
-            raise RuntimeError(f"{e}. The update was not applied; the last good weights are saved in {path} "
+            raise RunStopped(f"{e}. The update was not applied; the last good weights are saved in {path} "
                                f"(resume continues after this batch); set run.on_nonfinite=skip to skip such "
                                f"steps and go on") from None
         self.tracker.log(step, metrics)
+        self.step_done = step
         return True
 
     # ----------------------------------------------------------- evaluation
@@ -265,19 +294,35 @@ class Session:
             return None
         ck = self.ckpt.load(self.plan.path, expected_shapes=expected_shapes)
         self.prompts.load_state(ck.trainer_state["data"])
-        self.start_step = ck.step
+        self.start_step = self.step_done = ck.step
         self.stopped_early = ck.trainer_state.get("stopped_early")
         return ck
 
     def restore_rng(self, ck, generators: dict[str, Any] | None = None) -> None:
         restore_rng_state(ck.rng_state, generators or {})
 
-    # --------------------------------------------------------------- finish
+    # ------------------------------------------------------ interrupt, finish
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """Turn Ctrl-C inside the block into :class:`RunInterrupted` saying where the run stopped."""
+        try:
+            yield
+        except RunInterrupted:
+            raise
+        except KeyboardInterrupt:
+            latest = self.ckpt.latest()
+            if latest is not None:
+                saved = f"the last checkpoint is {latest}"
+            else:
+                saved = f"no checkpoint was written yet (run.save_every={self.cfg.run.save_every}), so it starts over"
+            raise RunInterrupted(f"interrupted at step {self.step_done + 1}; resume with run.resume=auto "
+                                 f"run.dir={self.dir} ({saved})") from None
+
     def finish(self, save_model: Callable[[str], None]) -> Path:
+        """Export the final model to ``RUN_DIR/model`` atomically (it appears complete or not at all)."""
         from relayrl.telemetry import export_chrome_trace
 
-        out = self.dir / "model"
-        save_model(str(out))
+        out = write_dir_atomically(self.dir / "model", lambda tmp: save_model(str(tmp)))
         self.timeline.close()
         self.tracker.close()
         export_chrome_trace(self.dir)

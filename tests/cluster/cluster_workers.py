@@ -81,6 +81,12 @@ class Echo(Worker):
             raise ValueError(f"boom on rank {self.rank}")
         return self.rank
 
+    def user_mistake(self, path: str):
+        """Every rank meets the same bad dataset row: a user error, whose message crosses the wire."""
+        from relayrl.data.datasets import DatasetError
+
+        raise DatasetError(f"{path} row 3: field 'answer' is missing (columns present: prompt)")
+
     def unpicklable(self):
         return threading.Lock()
 

@@ -117,3 +117,14 @@ def test_turn_queue_refuses_nested_wait_instead_of_deadlocking():
     t2 = q.take()
     q.wait(t2)  # t1 was given up, so t2 is served at once
     q.done(t2)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a GPU")
+def test_a_local_gpu_pool_without_gpus_is_a_user_error():
+    from relayrl.cluster import PlacementError
+    from relayrl.errors import is_user_error
+
+    with pytest.raises(PlacementError, match="needs GPUs .* but this machine has 0; lower cluster.devices, or set "
+                                             "model.device=cpu") as info:
+        ResourcePool("gpu", devices=1, device_kind="cuda").local_devices()
+    assert is_user_error(info.value)

@@ -67,6 +67,19 @@ def test_remote_error_carries_rank_method_and_traceback(group):
     assert group.all("echo", 1) == [(0, 1), (1, 1)]  # the group is still usable
 
 
+def test_a_user_error_on_every_rank_arrives_as_one_message(group):
+    with pytest.raises(WorkerError) as info:
+        group.all("user_mistake", "train.jsonl")
+    err = info.value
+    assert err.user_message == "train.jsonl row 3: field 'answer' is missing (columns present: prompt)"
+    assert sorted([err.rank, *err.other_ranks]) == [0, 1]
+    assert err.brief() == ("worker group 'mp' ranks 0, 1 failed in 'user_mistake': train.jsonl row 3: field "
+                           "'answer' is missing (columns present: prompt)")
+    with pytest.raises(WorkerError) as info:  # an internal error keeps its traceback and has no user message
+        group.all("boom", on_rank=0)
+    assert info.value.user_message is None and "ValueError: boom on rank 0" in info.value.remote_traceback
+
+
 def test_rank_exit_during_a_collective_raises_promptly():
     g = WorkerGroup(Echo, ResourcePool("die", devices=2), name="dying", distributed=True)
     try:

@@ -59,3 +59,13 @@ def test_ray_dead_actor_raises_worker_error(ray_cluster):
         assert (info.value.rank, info.value.method) == (0, "exit_or_reduce")
     finally:
         g.shutdown()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a GPU")
+def test_a_gpu_pool_on_a_cpu_cluster_is_refused_at_once_naming_model_device(ray_cluster):
+    from relayrl.cluster import PlacementError
+    from relayrl.errors import is_user_error
+
+    with pytest.raises(PlacementError, match=r"needs 1 GPU\(s\) but the Ray cluster has 0; set model.device=cpu") as info:
+        make_group(ray_cluster, Echo, ResourcePool("gpu", devices=1, device_kind="cuda"), "gpu-actor")
+    assert is_user_error(info.value)

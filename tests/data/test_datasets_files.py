@@ -164,3 +164,32 @@ def test_preference_pairs_are_read_and_checked_per_row(tmp_path):
     pq.write_table(pa.table({"prompt": ["2+2="], "answer": ["4"], "rejected": ["5"]}), tmp_path / "p.parquet")
     (p,) = load_problems(DatasetConfig(path=tmp_path / "p.parquet", rejected_key="rejected"))
     assert p.meta["rejected"] == "5"
+
+
+def test_every_bad_row_is_reported_up_to_a_limit(tmp_path):
+    from relayrl.data.datasets import MAX_ROW_ERRORS
+
+    f = tmp_path / "many.jsonl"
+    lines = [json.dumps({"prompt": "ok", "answer": "1"})]
+    lines += [json.dumps({"prompt": f"p{i}"}) for i in range(MAX_ROW_ERRORS + 5)]
+    f.write_bytes("\n".join(lines).encode("utf-8") + b"\n{broken\n\xff\xfe\n")  # + bad JSON, bad UTF-8
+    with pytest.raises(DatasetError) as info:
+        load_problems(DatasetConfig(path=f))
+    msg = str(info.value)
+    n_bad = MAX_ROW_ERRORS + 7
+    assert msg.startswith(f"{f}: {n_bad} bad rows (the first {MAX_ROW_ERRORS} listed); fix or remove them:")
+    assert msg.count("\n  many.jsonl row ") == MAX_ROW_ERRORS
+    assert "many.jsonl row 2: field 'answer' is missing" in msg
+    assert f"row {MAX_ROW_ERRORS + 1}:" in msg and f"row {MAX_ROW_ERRORS + 2}:" not in msg
+    # a few bad rows are all listed, whatever went wrong in each
+    f.write_bytes(b'{"prompt": "a", "answer": "1"}\n{broken\n\xff\n{"prompt": "", "answer": "2"}\n')
+    with pytest.raises(DatasetError) as info:
+        load_problems(DatasetConfig(path=f))
+    msg = str(info.value)
+    assert "3 bad rows; fix or remove them" in msg
+    for part in ("row 2: invalid JSON", "row 3: not valid UTF-8", "row 4: field 'prompt' is an empty string"):
+        assert part in msg
+    # one bad row reads as before: just that row
+    f.write_text('{"prompt": "a", "answer": "1"}\n{"prompt": "b"}\n')
+    with pytest.raises(DatasetError, match=r"^many.jsonl row 2: field 'answer' is missing"):
+        load_problems(DatasetConfig(path=f))

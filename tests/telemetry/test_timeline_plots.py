@@ -165,9 +165,9 @@ def test_plot_run_writes_every_family_timeline_and_trace(tmp_path):
 
 
 def test_plot_run_skips_absent_families_and_needs_metrics(tmp_path):
-    from relayrl.telemetry.plots import plot_run
+    from relayrl.telemetry.plots import MetricsFileError, plot_run
 
-    with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
+    with pytest.raises(MetricsFileError, match="metrics.jsonl"):
         plot_run(tmp_path)
     with Tracker(tmp_path, TelemetryConfig(sinks=["jsonl"]), total_steps=2) as t:
         t.log(1, {"sft/loss": 2.0, "actor/kl": float("nan")})  # all-NaN series is skipped

@@ -12,10 +12,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from relayrl.errors import UserError
+
 __all__ = ["RewardConfig", "RewardError"]
 
 
-class RewardError(ValueError):
+class RewardError(UserError, ValueError):
     """A reward function broke its contract (wrong length, non-numeric or NaN values, bad inputs)."""
 
 

@@ -1,0 +1,90 @@
+"""Directories that appear whole or not at all (the final ``model/`` of a run).
+
+:func:`write_dir_atomically` lets a writer fill ``PARENT/.tmp-NAME-<pid>/``,
+fsyncs every file in it and the directory, then renames it to ``NAME`` (one
+``rename(2)``, atomic on POSIX filesystems). An existing ``NAME`` is first
+renamed to ``.trash-NAME-<pid>`` and removed after the swap. A process killed
+at any point leaves the old ``NAME`` (or none) plus a scratch directory, never a
+half-written ``NAME``; the scratch directories of dead processes are removed on
+the next write. Checkpoints (``relayrl.checkpoint.manager``) follow the same
+protocol with their own names.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["fsync_file", "fsync_dir", "pid_alive", "write_dir_atomically"]
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def pid_alive(pid: int) -> bool:
+    """True when process ``pid`` exists (ours counts as alive)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_dead_scratch(parent: Path, name: str) -> None:
+    pattern = re.compile(rf"^\.(?:tmp|trash)-{re.escape(name)}-(\d+)$")
+    for child in parent.iterdir():
+        m = pattern.match(child.name)
+        if m and child.is_dir() and (int(m.group(1)) == os.getpid() or not pid_alive(int(m.group(1)))):
+            shutil.rmtree(child, ignore_errors=True)
+
+
+def write_dir_atomically(final: Path, write: Callable[[Path], None]) -> Path:
+    """Call ``write(tmp_dir)`` to fill a scratch directory, then swap it in as ``final``; returns ``final``.
+
+    ``write`` may create ``tmp_dir`` itself or find it created; if it raises, the scratch directory is
+    removed and ``final`` is left as it was.
+    """
+    final = Path(final)
+    parent = final.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    _remove_dead_scratch(parent, final.name)
+    tmp = parent / f".tmp-{final.name}-{os.getpid()}"
+    tmp.mkdir()
+    try:
+        write(tmp)
+        for root, _dirs, files in os.walk(tmp):
+            for f in files:
+                fsync_file(Path(root) / f)
+            fsync_dir(Path(root))
+        if final.exists():
+            trash = parent / f".trash-{final.name}-{os.getpid()}"
+            os.rename(final, trash)
+            os.rename(tmp, final)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+        fsync_dir(parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final

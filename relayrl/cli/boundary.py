@@ -1,0 +1,76 @@
+"""The CLI's one error boundary: what a user sees when a command fails.
+
+* An error that is the user's to fix (:func:`relayrl.errors.is_user_error`:
+  config, data, checkpoint, model path, reward function, run directory,
+  missing GPU, a file-system error naming its file) prints ``relayrl: error:``
+  and its message (which names the key, file or row and the fix) and exits 2
+  for config and argument errors, 1 otherwise, with no traceback.
+* The same error raised inside a worker rank arrives as one
+  :class:`~relayrl.cluster.errors.WorkerError` carrying the message; it is
+  printed as one line naming the group and the ranks that failed.
+* Ctrl-C prints where the run stopped ("interrupted at step N; resume with
+  run.resume=auto ...") and exits 130.
+* Anything else is a bug: its traceback is shown as Python shows it.
+
+``--debug`` or ``RELAYRL_DEBUG=1`` prints the traceback of user errors too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from typing import Callable
+
+from relayrl.errors import is_user_error, user_message
+
+__all__ = ["DEBUG_ENV", "debug_requested", "run_guarded", "EXIT_INTERRUPTED", "EXIT_CONFIG", "EXIT_USER"]
+
+DEBUG_ENV = "RELAYRL_DEBUG"
+EXIT_USER = 1
+EXIT_CONFIG = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
+
+
+def debug_requested(flag: bool) -> bool:
+    """``--debug`` given, or ``RELAYRL_DEBUG`` set to anything but "", "0", "false", "no"."""
+    return flag or os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _say(text: str) -> None:
+    print(f"relayrl: {text}", file=sys.stderr, flush=True)
+
+
+def run_guarded(fn: Callable[[argparse.Namespace], int], args: argparse.Namespace, *, debug: bool) -> int:
+    """Run one command; turn user errors and Ctrl-C into a message and an exit code."""
+    from relayrl.cluster.errors import WorkerError
+    from relayrl.config.loader import ConfigError
+
+    try:
+        return fn(args)
+    except KeyboardInterrupt as exc:
+        if debug:
+            traceback.print_exc()
+        _say(str(exc) or "interrupted")  # a RunInterrupted says the step and the checkpoint
+        return EXIT_INTERRUPTED
+    except WorkerError as exc:
+        if exc.user_message is None:
+            raise
+        if debug:
+            traceback.print_exc()
+        _say(f"error: {exc.brief()}")
+        if not debug:
+            _say(f"(--debug or {DEBUG_ENV}=1 shows the traceback)")
+        return EXIT_USER
+    except Exception as exc:
+        if not is_user_error(exc):
+            raise
+        if debug:
+            traceback.print_exc()
+        _say(f"error: {user_message(exc)}")
+        if isinstance(exc, ConfigError):
+            return EXIT_CONFIG
+        if not debug:
+            _say(f"(--debug or {DEBUG_ENV}=1 shows the traceback)")
+        return EXIT_USER

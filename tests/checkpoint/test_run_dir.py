@@ -1,0 +1,137 @@
+"""One run per run directory (claim, config fingerprint), the manifest's step, atomic directories."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from relayrl.checkpoint import CheckpointError, CheckpointManager, load_checkpoint, resume_from, verify_checkpoint
+from relayrl.checkpoint.atomic import write_dir_atomically
+from relayrl.checkpoint.rundir import (
+    FINGERPRINT,
+    RunDirError,
+    check_fingerprint,
+    claim_run_dir,
+    config_differences,
+    saved_config,
+)
+from relayrl.errors import is_user_error
+
+
+def _save(root: Path, step: int, config: dict | None = None) -> Path:
+    model = torch.nn.Linear(2, 2)
+    return CheckpointManager(root).save(step, model_state=model.state_dict(), optimizer_state=None,
+                                        scheduler_state=None, trainer_state={"data": {"pos": step}}, config=config)
+
+
+def test_a_fresh_run_refuses_a_dir_with_checkpoints_naming_it_and_the_ways_out(tmp_path):
+    run = tmp_path / "run"
+    assert claim_run_dir(run, "never", overwrite=False) is None  # nothing there yet
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 0}\n')
+    assert claim_run_dir(run, "never", overwrite=False) is None  # no checkpoint: nothing to mix up
+    _save(run / "checkpoints", 4)
+    with pytest.raises(RunDirError) as info:
+        claim_run_dir(run, "never", overwrite=False)
+    msg = str(info.value)
+    assert f"run.dir={run} already holds a run with checkpoints (step-000004)" in msg
+    assert "run.resume=auto" in msg and f"run.dir={run}-2" in msg and "run.overwrite=true" in msg
+    assert is_user_error(info.value)
+    assert claim_run_dir(run, "auto", overwrite=False) is None  # resuming it is what the directory is for
+
+
+def test_overwrite_moves_the_old_run_aside_without_deleting_it(tmp_path):
+    run = tmp_path / "run"
+    _save(run / "checkpoints", 2)
+    note = claim_run_dir(run, "never", overwrite=True)
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]
+    assert len(aside) == 1 and str(aside[0]) in note
+    assert (aside[0] / "checkpoints" / "step-000002" / "manifest.json").is_file()
+    assert not run.exists()
+
+
+def test_fingerprint_says_which_keys_differ_and_ignores_the_others():
+    saved = {"workflow": "grpo", "run": {"seed": 1, "save_every": 2}, "model": {"tiny": {"hidden_size": 64}},
+             "trainer": {"steps": 4, "init_from": "a/model"}, "algorithm": {"advantage": "grpo"}}
+    same = json.loads(json.dumps(saved))
+    same["trainer"]["steps"], same["run"]["save_every"] = 10, 5  # extending a run is fine
+    assert config_differences(saved, same) == []
+    other = json.loads(json.dumps(same))
+    other["run"]["seed"], other["algorithm"]["advantage"] = 2, "gae"
+    assert config_differences(saved, other) == ["run.seed: checkpoint 1, now 2",
+                                                "algorithm.advantage: checkpoint 'grpo', now 'gae'"]
+    with pytest.raises(CheckpointError, match=r"(?s)belongs to a run with another configuration.*run.seed: "
+                                              r"checkpoint 1, now 2.*run.resume_check=false"):
+        check_fingerprint(Path("ck"), saved, other)
+    check_fingerprint(Path("ck"), None, other)  # a checkpoint without a saved config: nothing to compare
+    assert "run.seed" in FINGERPRINT and "trainer.steps" not in FINGERPRINT
+
+
+def test_saved_config_reads_the_checkpoint_config(tmp_path):
+    path = _save(tmp_path, 1, config={"workflow": "sft", "run": {"seed": 3}})
+    assert saved_config(path) == {"workflow": "sft", "run": {"seed": 3}}
+    assert saved_config(_save(tmp_path / "b", 1)) is None
+
+
+def test_a_manifest_whose_step_was_edited_is_refused(tmp_path):
+    path = _save(tmp_path, 2)
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["step"] = 7
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="says step 7 but its directory is step-000002"):
+        resume_from(tmp_path, "auto")
+    moved = tmp_path / "step-000007"
+    path.rename(moved)  # the directory renamed to match: the trainer state still says 2
+    with pytest.raises(CheckpointError, match="says step 7 but trainer_state.json says step 2"):
+        verify_checkpoint(moved, hashes=False)
+    with pytest.raises(CheckpointError, match="says step 7 but trainer_state.json says step 2"):
+        load_checkpoint(moved)
+    manifest["step"] = "7"
+    (moved / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="step is '7', not an int"):
+        verify_checkpoint(moved)
+
+
+def test_write_dir_atomically_swaps_whole_directories(tmp_path):
+    final = tmp_path / "model"
+
+    def write(content: str):
+        def fill(tmp: Path) -> None:
+            assert tmp.parent == tmp_path and tmp.name.startswith(".tmp-model-")
+            (tmp / "config.json").write_text(content)
+            (tmp / "sub").mkdir()
+            (tmp / "sub" / "w.bin").write_bytes(b"x" * 10)
+        return fill
+
+    assert write_dir_atomically(final, write("v1")) == final
+    assert (final / "config.json").read_text() == "v1"
+
+    def killed(tmp: Path) -> None:
+        (tmp / "config.json").write_text("")  # a 0-byte file, then the writer dies
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_dir_atomically(final, killed)
+    assert (final / "config.json").read_text() == "v1"  # the old export is untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # no scratch left behind
+    write_dir_atomically(final, write("v2"))
+    assert (final / "config.json").read_text() == "v2" and (final / "sub" / "w.bin").stat().st_size == 10
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_write_dir_atomically_removes_scratch_of_dead_processes(tmp_path):
+    stale = tmp_path / ".tmp-model-999999999"  # no such pid
+    stale.mkdir()
+    (stale / "config.json").write_text("")
+    write_dir_atomically(tmp_path / "model", lambda tmp: (tmp / "config.json").write_text("{}"))
+    assert not stale.exists() and (tmp_path / "model" / "config.json").read_text() == "{}"
+
+
+def test_the_tiny_shape_matters_only_when_the_tiny_default_is_the_model():
+    saved = {"model": {"path": None, "tiny": {"hidden_size": 64}}, "trainer": {"init_from": "sft/model"}}
+    current = {"model": {"path": None, "tiny": {"hidden_size": 256}}, "trainer": {"init_from": "sft/model"}}
+    check_fingerprint(Path("ck"), saved, current)  # the model comes from init_from: tiny.* is unused
+    saved["trainer"]["init_from"] = current["trainer"]["init_from"] = None
+    with pytest.raises(CheckpointError, match=r"model.tiny: checkpoint \{'hidden_size': 64\}, now \{'hidden_size': 256\}"):
+        check_fingerprint(Path("ck"), saved, current)

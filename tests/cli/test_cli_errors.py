@@ -1,0 +1,227 @@
+"""The CLI's error boundary, run in-process through ``main()``: each user mistake gives a message, the fix
+and a non-zero exit code, never a traceback; ``--debug`` / ``RELAYRL_DEBUG=1`` show it; bugs keep theirs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from relayrl.cli import main as cli
+from relayrl.cli.boundary import EXIT_CONFIG, EXIT_USER
+
+ROOT = Path(__file__).resolve().parents[2]
+SFT, GRPO = str(ROOT / "recipes" / "arith_sft.yaml"), str(ROOT / "recipes" / "arith_grpo.yaml")
+FAST = ["eval.size=8", "run.threads=1", "telemetry.sinks=[jsonl]", "model.tiny.hidden_size=64",
+        "model.tiny.intermediate_size=256"]
+HINT = "(--debug or RELAYRL_DEBUG=1 shows the traceback)"
+
+
+@pytest.fixture(autouse=True)
+def _no_debug_env(monkeypatch):
+    monkeypatch.delenv("RELAYRL_DEBUG", raising=False)
+
+
+def run(capsys, *argv: str) -> tuple[int, str]:
+    """Exit code and stderr of ``relayrl ARGV``; asserts that no traceback was printed."""
+    code = cli.main(list(argv))
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return code, err
+
+
+def argparse_error(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit) as info:
+        cli.main(list(argv))
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+# ------------------------------------------------------------------------ eval arguments
+@pytest.mark.parametrize("k", ["0", "-3"])
+def test_eval_refuses_k_below_one(capsys, k):
+    err = argparse_error(capsys, "eval", "--model", "m", "--task", "arith", "--k", k)
+    assert f"argument --k: {k} is not >= 1" in err
+
+
+@pytest.mark.parametrize("flag,value,says", [("--size", "0", "argument --size: 0 is not >= 1"),
+                                             ("--max-new-tokens", "x", "argument --max-new-tokens: 'x' is not an integer"),
+                                             ("--temperature", "-1", "argument --temperature: -1.0 is not >= 0")])
+def test_eval_refuses_other_bad_numbers(capsys, flag, value, says):
+    assert says in argparse_error(capsys, "eval", "--model", "m", "--task", "arith", flag, value)
+
+
+def test_eval_argument_combinations_are_refused_before_loading_the_model(capsys, tmp_path):
+    missing = str(tmp_path / "no-model")  # never loaded: the arguments are checked first
+    code, err = run(capsys, "eval", "--model", missing)
+    assert code == EXIT_CONFIG and "give exactly one of --task NAME or --data FILE" in err
+    code, err = run(capsys, "eval", "--model", missing, "--task", "arith", "--k", "4", "--temperature", "0")
+    assert code == EXIT_CONFIG and "--k 4 samples at --temperature 0 are 4 copies of the greedy answer" in err
+    code, err = run(capsys, "eval", "--model", missing, "--task", "arith", "--task-options", "{min_digits: 3}")
+    assert code == EXIT_CONFIG and "--task-options is not valid JSON" in err
+
+
+def test_eval_of_a_missing_model_names_it(capsys, tmp_path):
+    code, err = run(capsys, "eval", "--model", str(tmp_path / "nope"), "--task", "arith", "--device", "cpu")
+    assert code == EXIT_USER and f"model path {tmp_path / 'nope'} is not a directory" in err and HINT in err
+
+
+# ------------------------------------------------------------------------------- plot
+def test_plot_of_a_missing_or_empty_metrics_file_says_so(capsys, tmp_path):
+    code, err = run(capsys, "plot", str(tmp_path / "nope"))
+    assert code == EXIT_USER and "no such directory; give a run directory" in err
+    code, err = run(capsys, "plot", str(tmp_path))
+    assert code == EXIT_USER and "metrics.jsonl: no metrics file" in err
+    (tmp_path / "metrics.jsonl").write_text("")
+    code, err = run(capsys, "plot", str(tmp_path))
+    assert code == EXIT_USER and "holds no metrics records; the run logged nothing yet" in err
+    assert not (tmp_path / "plots").exists()
+
+
+def test_plot_names_a_damaged_line_and_warns_about_a_torn_last_line(capsys, tmp_path):
+    good = [json.dumps({"step": s, "reward/mean": 0.1 * s}) for s in range(3)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join([good[0], "{not json", *good[1:]]) + "\n")
+    code, err = run(capsys, "plot", str(tmp_path))
+    assert code == EXIT_USER and "metrics.jsonl:2: not valid JSON" in err and "fix or delete that line" in err
+    (tmp_path / "metrics.jsonl").write_text("\n".join([*good, '{"step": 3, "rew']) + "\n")
+    code, err = run(capsys, "plot", str(tmp_path))
+    assert code == 0
+    assert "relayrl plot: warning:" in err and "metrics.jsonl:4: skipped the last line" in err
+    assert (tmp_path / "plots" / "reward_accuracy.png").exists()
+
+
+# ------------------------------------------------------------------------------ train
+def test_temperature_zero_with_several_responses_is_refused_at_config_time(capsys, tmp_path):
+    code, err = run(capsys, "train", GRPO, "rollout.temperature=0", f"run.dir={tmp_path}")
+    assert code == EXIT_CONFIG
+    assert "rollout.temperature=0 samples greedily, so the rollout.n=8 responses" in err
+    assert "set rollout.temperature > 0" in err and "Value error" not in err
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_cuda_without_a_gpu_names_model_device(capsys, tmp_path):
+    code, err = run(capsys, "train", SFT, "model.device=cuda", f"run.dir={tmp_path / 'r'}", *FAST)
+    assert code == EXIT_CONFIG and "model.device=cuda but torch sees no GPU here" in err
+    assert "set model.device=cpu" in err and not (tmp_path / "r").exists()
+    code, err = run(capsys, "eval", "--model", "m", "--task", "arith", "--device", "cuda")
+    assert code == EXIT_CONFIG and "--device cuda but torch sees no GPU" in err
+
+
+def test_csv_data_gets_advice_that_exists(capsys, tmp_path):
+    data = tmp_path / "d.csv"
+    data.write_text("prompt,answer\n1+1=,2\n")
+    code, err = run(capsys, "train", SFT, "data.task=null", f"data.path={data}",
+                    "reward.verifier=exact", f"run.dir={tmp_path / 'r'}", *FAST)
+    assert code == EXIT_USER and "relayrl does not read CSV; convert it to JSON lines" in err
+    assert "data.format=jsonl" in err
+    from relayrl.config.schema import DataConfig
+
+    assert "format" in DataConfig.model_fields  # the key the message names exists
+
+
+def test_every_bad_dataset_row_is_reported(capsys, tmp_path):
+    rows = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2="}, "{oops", {"prompt": "", "answer": "3"},
+            {"prompt": "3+3=", "answer": "6"}]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    code, err = run(capsys, "train", SFT, "data.task=null", f"data.path={data}",
+                    "reward.verifier=exact", f"run.dir={tmp_path / 'r'}", *FAST)
+    assert code == EXIT_USER and f"{data}: 3 bad rows; fix or remove them" in err
+    for line in ("train.jsonl row 2: field 'answer' is missing", "train.jsonl row 3: invalid JSON",
+                 "train.jsonl row 4: field 'prompt' is an empty string"):
+        assert line in err
+
+
+def test_missing_model_path_names_the_key(capsys, tmp_path):
+    code, err = run(capsys, "train", SFT, f"model.path={tmp_path / 'nope'}",
+                    f"run.dir={tmp_path / 'r'}", *FAST)
+    assert code == EXIT_USER and f"model.path={tmp_path / 'nope'}: no such directory" in err
+    code, err = run(capsys, "train", GRPO, f"trainer.init_from={tmp_path / 'nope'}",
+                    f"run.dir={tmp_path / 'r'}", *FAST)
+    assert code == EXIT_USER and f"trainer.init_from={tmp_path / 'nope'}: no such directory" in err
+
+
+def test_a_model_error_inside_a_rank_arrives_as_one_message(capsys, tmp_path, tiny_dir):
+    import shutil
+
+    broken = tmp_path / "no-weights"
+    shutil.copytree(tiny_dir, broken)
+    for f in broken.glob("*.safetensors"):
+        f.unlink()
+    code, err = run(capsys, "train", SFT, f"model.path={broken}", f"run.dir={tmp_path / 'r'}",
+                    *FAST)
+    assert code == EXIT_USER
+    assert (f"error: worker group 'actor' rank 0 failed in '__init__': model directory {broken} has config.json "
+            f"but no *.safetensors or *.bin weights") in err
+
+
+def test_a_file_system_error_names_the_file(capsys, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, err = run(capsys, "train", SFT, f"run.dir={blocker / 'run'}", *FAST)
+    assert code == EXIT_USER and f"error: {blocker / 'run'}: Not a directory" in err
+
+
+# ----------------------------------------------------------------------- debug, bugs
+def test_debug_flag_and_env_show_the_traceback(capsys, tmp_path, monkeypatch):
+    for argv in (["--debug", "plot", str(tmp_path)], ["plot", str(tmp_path), "--debug"]):
+        assert cli.main(argv) == EXIT_USER
+        err = capsys.readouterr().err
+        assert "Traceback (most recent call last)" in err and "MetricsFileError" in err
+        assert "error: " in err and HINT not in err
+    monkeypatch.setenv("RELAYRL_DEBUG", "1")
+    assert cli.main(["plot", str(tmp_path)]) == EXIT_USER
+    assert "Traceback (most recent call last)" in capsys.readouterr().err
+    monkeypatch.setenv("RELAYRL_DEBUG", "0")
+    run(capsys, "plot", str(tmp_path))
+
+
+def test_internal_errors_keep_their_traceback(monkeypatch, tmp_path):
+    import relayrl.telemetry.plots as plots
+
+    def buggy(*args, **kwargs):
+        raise RuntimeError("a bug in relayrl")
+
+    monkeypatch.setattr(plots, "plot_run", buggy)
+    with pytest.raises(RuntimeError, match="a bug in relayrl"):  # propagates: Python prints the traceback
+        cli.main(["plot", str(tmp_path)])
+    monkeypatch.setattr(plots, "plot_run", lambda *a, **k: (_ for _ in ()).throw(KeyError("x")))
+    with pytest.raises(KeyError):
+        cli.main(["plot", str(tmp_path)])
+
+
+def test_a_keyboard_interrupt_before_training_exits_130(capsys, monkeypatch, tmp_path):
+    import relayrl.telemetry.plots as plots
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plots, "plot_run", interrupted)
+    code, err = run(capsys, "plot", str(tmp_path))
+    assert code == 130 and "relayrl: interrupted" in err
+
+
+# ------------------------------------------------------------------ classification
+def test_which_errors_are_the_users():
+    import errno
+    import pickle
+
+    from relayrl.cluster import WorkerError
+    from relayrl.errors import RunStopped, is_user_error, user_message
+
+    missing = FileNotFoundError(errno.ENOENT, "No such file or directory", "/data/x.jsonl")
+    assert is_user_error(missing) and user_message(missing) == "/data/x.jsonl: No such file or directory; check the path"
+    full = OSError(errno.ENOSPC, "No space left on device", "/runs/a/model")
+    assert user_message(full) == "/runs/a/model: No space left on device; free disk space or choose another run.dir"
+    assert not is_user_error(FileNotFoundError("no file name: could be anything"))  # a bug until shown otherwise
+    assert not is_user_error(OSError(errno.EIO, "I/O error", "/dev/x"))
+    assert is_user_error(RunStopped("step 3: actor/loss is nan")) and not is_user_error(KeyError("k"))
+    err = WorkerError("actor", 1, "update", "Traceback ...\nDatasetError: bad row", "bad row")
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.group, back.rank, back.method, back.user_message) == ("actor", 1, "update", "bad row")
+    assert back.brief() == "worker group 'actor' rank 1 failed in 'update': bad row"
