@@ -189,7 +189,7 @@ def bench_train(path: Path, peak: float, budget: int = 16384, profile: bool = Fa
 
 
 # ------------------------------------------------------------------ GRPO step
-def bench_grpo(cache: Path, offload: bool, steps: int = 3, new_tokens: int = 256, extra: tuple = ()) -> dict:
+def bench_grpo(cache: Path, offload: bool, steps: int = 2, new_tokens: int = 256, extra: tuple = ()) -> dict:
     from relayrl.config.loader import load_config
     from relayrl.config.schema import Config
     from relayrl.workflows.grpo import GRPOWorkflow
