@@ -135,14 +135,14 @@ def profile_decode(path: Path, B: int, prompt: int, steps: int) -> list[str]:
 
 # ------------------------------------------------------------------ training
 def bench_train(path: Path, peak: float, budget: int = 16384, profile: bool = False, chunk: int = 1024,
-                weights: str = "float32", label: str = "fp32 master weights, bf16 compute") -> dict:
+                weights: str = "float32", label: str = "fp32 master weights, bf16 compute", compile: bool = False) -> dict:
     from relayrl.engines.training.base import OptimConfig, SequenceBatch
     from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
     from relayrl.models.load import load_model
     from relayrl.workflows.losses import PolicyLoss
 
     model = load_model(path, dtype=weights, device="cuda")
-    eng = TorchTrainingEngine(model, TrainEngineConfig(token_budget=budget, logprob_chunk=chunk,
+    eng = TorchTrainingEngine(model, TrainEngineConfig(token_budget=budget, logprob_chunk=chunk, compile=compile,
                                                        optim=OptimConfig(lr=1e-6)),
                               total_steps=10, device="cuda", compute_dtype=torch.bfloat16)
     g = torch.Generator().manual_seed(0)
@@ -157,7 +157,9 @@ def bench_train(path: Path, peak: float, budget: int = 16384, profile: bool = Fa
     fields = {"advantages": [torch.randn(R, generator=g) for _ in resp]}
     batch = SequenceBatch(prompts, resp, fields, gid)
     loss = PolicyLoss(agg="token-mean")
-    eng.train_step(batch, loss)  # warm-up
+    eng.train_step(batch, loss)  # warm-up (and compilation)
+    if compile:
+        eng.train_step(batch, loss)
     torch.cuda.reset_peak_memory_stats()
     reps = 3
     _, dt = sync_time(lambda: [eng.train_step(batch, loss) for _ in range(reps)])
@@ -232,6 +234,7 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="also write the figures to this file")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: decode,profile,train,grpo")
     ap.add_argument("--profile-train", action="store_true", help="print the update's top CUDA kernels")
+    ap.add_argument("--train-compiled-only", action="store_true", help="train part: only the compiled variant")
     ap.add_argument("--grpo-new-tokens", type=int, default=256, help="max_new_tokens of the GRPO steps")
     ap.add_argument("--grpo", nargs="*", default=[], help="extra config overrides of the GRPO steps")
     args = ap.parse_args()
@@ -250,9 +253,13 @@ def main() -> None:
         for line in profile_decode(path, 256, 384, 20):
             print("  " + line, flush=True)
     if "train" not in skip:
+        if args.train_compiled_only:
+            res["train_compiled"] = bench_train(path, peak, compile=True, label="compiled", profile=args.profile_train)
+    if "train" not in skip and not args.train_compiled_only:
         res["train"] = bench_train(path, peak, profile=args.profile_train)
         res["train_unchunked"] = bench_train(path, peak, chunk=0)
         res["train_pure_bf16"] = bench_train(path, peak, weights="bfloat16", label="pure bf16 weights (ceiling)")
+        res["train_compiled"] = bench_train(path, peak, compile=True, label="fp32 master, bf16, compiled layers")
     if "grpo" not in skip:
         kw = dict(new_tokens=args.grpo_new_tokens, extra=tuple(args.grpo))
         res["grpo"] = {"off": bench_grpo(cache, False, **kw), "on": bench_grpo(cache, True, **kw)}

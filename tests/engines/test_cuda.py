@@ -134,3 +134,19 @@ def test_offload_frees_device_memory_and_keeps_training_exact(tiny_dir, tiny_tok
         eng.train_step(batch, loss)
     for (n, p), q in zip(a.model.named_parameters(), b.model.parameters()):
         assert torch.equal(p, q), n
+
+
+def test_compiled_layers_match_eager_on_cuda(tiny_dir, tiny_tokenizer):
+    from relayrl.models.load import load_model
+
+    batch, out = _grouped(tiny_tokenizer), []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        eng = TorchTrainingEngine(load_model(tiny_dir, device="cuda"), TrainEngineConfig(compile=compiled),
+                                  total_steps=2, device="cuda", compute_dtype=torch.bfloat16)
+        lp = eng.logprobs(batch)[0]
+        m = eng.train_step(batch, PolicyLoss(agg="token-mean"))
+        out.append((lp, m["actor/grad_norm"]))
+    for x, y in zip(out[0][0], out[1][0]):
+        torch.testing.assert_close(x, y, atol=0.05, rtol=0.05)  # bf16 compute, fused differently
+    assert out[1][1] == pytest.approx(out[0][1], rel=0.05)

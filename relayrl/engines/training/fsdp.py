@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 __all__ = ["ResponseLogits", "world_size", "shard_model", "max_over_ranks", "sum_over_ranks", "reduce_over_ranks",
-           "full_model_state", "full_optimizer_state", "load_full_state", "scalar"]
+           "full_model_state", "full_optimizer_state", "load_full_state", "scalar", "decoder_layers"]
 
 
 class ResponseLogits(nn.Module):
@@ -67,7 +67,7 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def _decoder_layers(model: nn.Module) -> list[nn.Module]:
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The repeated blocks to shard one by one: modules named in ``model._no_split_modules`` (Hugging Face)."""
     names = set(getattr(model, "_no_split_modules", None) or [])
     layers = [m for m in model.modules() if type(m).__name__ in names]
@@ -91,7 +91,7 @@ def shard_model(root: ResponseLogits, device: torch.device, compute_dtype: torch
     mesh = init_device_mesh(device.type, (n,))
     policy = MixedPrecisionPolicy() if compute_dtype is None else \
         MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
-    for unit in [*_decoder_layers(root.model), root]:
+    for unit in [*decoder_layers(root.model), root]:
         fully_shard(unit, mesh=mesh, mp_policy=policy)
     return True
 

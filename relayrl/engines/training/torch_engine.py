@@ -86,6 +86,9 @@ class TrainEngineConfig(BaseModel):
                                "in the backward pass instead of stored; 0 materialises every position's logits "
                                "(an entropy bonus, entropy_coef > 0, always does)")
     gradient_checkpointing: bool = False
+    compile: bool = Field(False, description="compile each decoder layer with torch.compile (dynamic shapes): "
+                          "fuses the norms, activations and casts between the matrix products; the first "
+                          "passes pay the compilation (tens of seconds)")
     packing: Literal["none", "sequences", "shared_prompt"] = Field(
         "shared_prompt", description="forward layout: one prompt + its group's responses per unit (seed 003 4.2), "
         "packed sequences, or right-padded rows")
@@ -176,6 +179,9 @@ class TorchTrainingEngine:
         self.prefix = metric_prefix
         if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
+        if cfg.compile:  # per layer, before sharding (as torchtitan does): one graph reused by every layer
+            for layer in fsdp.decoder_layers(self.model):
+                layer.compile(dynamic=True)
         self.net = fsdp.ResponseLogits(self.model)
         weights = next(self.model.parameters()).dtype
         self.compute_dtype = compute_dtype or weights
