@@ -22,6 +22,7 @@ __all__ = ["fsync_file", "fsync_dir", "pid_alive", "write_dir_atomically"]
 
 
 def fsync_file(path: Path) -> None:
+    """Flush ``path`` (a file or a directory: its entries) to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -29,12 +30,7 @@ def fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+fsync_dir = fsync_file  # a directory opens read-only and fsyncs the same way
 
 
 def pid_alive(pid: int) -> bool:

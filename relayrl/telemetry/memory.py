@@ -13,6 +13,7 @@ other, not with a model's size alone.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -35,10 +36,8 @@ def reset_peak(device: torch.device | str) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return
-    try:
+    with contextlib.suppress(OSError):  # refused: the peak then counts from an earlier point (see above)
         Path("/proc/self/clear_refs").write_text("5")  # 5: reset the peak resident set size
-    except OSError:
-        pass
 
 
 def peak_gb(device: torch.device | str) -> float:

@@ -71,14 +71,13 @@ def _set_threads(threads: int, worker: Worker | None = None) -> None:
 
 
 def _trim_heap() -> None:
+    import contextlib
     import ctypes
     import gc
 
     gc.collect()
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: the pages stay with the process until reused
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: the pages stay with the process until reused
-        pass
 
 
 class _MemoryProbe:
