@@ -245,6 +245,9 @@ class Config(_Section):
                 raise ValueError(f"workflow=dpo needs preference pairs: the built-in arith task has them (the true "
                                  f"sum over the careless one); data.task={self.data.task!r} has none, give data.path "
                                  f"with data.answer_key (chosen) and data.rejected_key columns")
+        if self.rollout.n > self.rollout.max_batch:
+            raise ValueError(f"rollout.n={self.rollout.n} responses of one prompt must fit in the generation batch: "
+                             f"set rollout.max_batch >= {self.rollout.n} (got {self.rollout.max_batch})")
         if self.trainer.offload and (self.workflow != "grpo" or self.trainer.off_policy_steps):
             raise ValueError("trainer.offload moves idle roles off a device they share (colocated GRPO); "
                              + (f"workflow={self.workflow} has no rollout phase to make room for"

@@ -120,3 +120,13 @@ def test_static_decoder_runs_a_bf16_model(tiny_dir, tiny_tokenizer):
                         torch.Generator().manual_seed(0))
     assert len(outs) == 6 and all(len(c.token_ids) == 6 and torch.isfinite(c.logprobs).all() for c in outs)
     assert all(c.logprobs.dtype == torch.float32 for c in outs)
+
+
+def test_static_decoder_refuses_more_samples_than_slots(tiny_dir, tiny_tokenizer):
+    from relayrl.config.schema import Config
+
+    eng = NativeGenerationEngine(load_model(tiny_dir), tiny_tokenizer, max_batch=2, decode="static")
+    with pytest.raises(ValueError, match="max_batch"):
+        eng.generate([tiny_tokenizer("1+2=")["input_ids"]], SamplingParams(n=3, temperature=1.0, max_new_tokens=2))
+    with pytest.raises(ValueError, match="rollout.max_batch"):
+        Config.model_validate({"rollout": {"n": 8, "max_batch": 4}})

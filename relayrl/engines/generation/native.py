@@ -192,6 +192,9 @@ class NativeGenerationEngine:
                          generator: torch.Generator | None, stop_ids: set[int]) -> list[Completion]:
         """Continuous batching on the static cache: each row owns a slot; freed slots take waiting prompts."""
         st = self.static
+        if params.n > self.max_batch:
+            raise ValueError(f"n={params.n} samples of one prompt need {params.n} cache slots, but max_batch="
+                             f"{self.max_batch}; raise rollout.max_batch to at least rollout.n")
         st.ensure(max(len(p) for p in prompts) + params.max_new_tokens)
         n = params.n
         per_prompt = max(1, min(n, self.max_batch))
@@ -205,6 +208,7 @@ class NativeGenerationEngine:
         out: dict[tuple[int, int], Completion] = {}
         while waiting or rows:
             admit: list[int] = []
+            new_slots: list[int] = []  # prompt-major, as prefill repeats each prompt n times
             while waiting and len(free) >= per_prompt:
                 admit.append(waiting.popleft())
                 take, free = free[:n], free[n:]
@@ -212,10 +216,10 @@ class NativeGenerationEngine:
                     rows[slot] = (admit[-1], s_i)
                     toks[slot], logps[slot] = [], []
                     pos[slot] = len(prompts[admit[-1]])
+                new_slots += take
             if admit:
-                slots = torch.tensor([s for s in sorted(rows) if rows[s][0] in set(admit)])
-                order = sorted(slots.tolist(), key=lambda s: rows[s])  # prompt-major, as prefill repeats them
-                logits[order] = st.prefill([list(prompts[i]) for i in admit], torch.tensor(order), n, self.pad_id)
+                logits[new_slots] = st.prefill([list(prompts[i]) for i in admit], torch.tensor(new_slots), n,
+                                               self.pad_id)
             busy = sorted(rows)
             idx = torch.tensor(busy, device=self.device)
             tok, logp = sample_next(logits[idx], params, generator)

@@ -65,9 +65,9 @@ def unsupported_reason(model: nn.Module) -> str | None:
             return f"{type(layer).__name__} is not a Llama-style layer (q/k/v/o projections, two norms, an MLP)"
     if "sliding_attention" in set(getattr(conf, "layer_types", None) or []):
         return "the model has sliding-window layers"
-    if getattr(getattr(conf, "rope_parameters", None) or {}, "get", lambda *_: None)("rope_type") not in (None, "default",
-                                                                                                             "linear", "llama3"):
-        return "the model's rotary scaling depends on the sequence length"
+    rope = getattr(conf, "rope_parameters", None) or getattr(conf, "rope_scaling", None) or {}
+    if rope.get("rope_type", "default") not in ("default", "linear", "llama3"):
+        return f"its rotary scaling ({rope.get('rope_type')}) depends on the sequence length"
     attn = layers[0].self_attn
     if not callable(getattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb", None)):
         return f"{type(attn).__module__} has no apply_rotary_pos_emb"
