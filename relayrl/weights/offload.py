@@ -15,9 +15,9 @@ Plain tensors are packed into one flat host buffer per dtype (pinned when
 CUDA is available, kept and reused across steps) and the owners are pointed at
 views of it, so the device tensors are freed; the reload copies each back into
 a fresh device tensor, so training continues bitwise as if nothing had moved.
-``restore=False`` allocates the device tensors without copying (for weights
-that are overwritten next anyway, e.g. a rollout engine about to receive new
-weights). Scalar state (Adam's ``step``) stays where it is.
+``restore=False`` allocates the parameters without copying (for weights that
+are overwritten next anyway, e.g. a rollout engine about to receive new
+weights); buffers are still copied. Scalar state (Adam's ``step``) stays where it is.
 
 FSDP2's sharded tensors (``DTensor``) move shard by shard with ``.to``
 (their local shard goes to host and back; the mesh is unchanged). Gradients
@@ -122,7 +122,9 @@ def _offload(owner: object, entries: list[_Entry], what: str) -> dict[str, float
 
 
 @torch.no_grad()
-def _reload(owner: object, entries: list[_Entry], what: str, device, restore: bool) -> dict[str, float]:
+def _reload(owner: object, entries: list[_Entry], what: str, device, restore) -> dict[str, float]:
+    """``restore``: True (copy every tensor back), or the set of names to copy back (the rest is allocated
+    with undefined values)."""
     rec = _HOST.get(owner)
     if rec is None or not rec.offloaded:
         raise RuntimeError(f"{what} is not offloaded; offload it first")
@@ -135,7 +137,7 @@ def _reload(owner: object, entries: list[_Entry], what: str, device, restore: bo
             continue
         dev = target or rec.devices[name]
         fresh = torch.empty(view.shape, dtype=view.dtype, device=dev)
-        if restore:
+        if restore is True or name in restore:
             fresh.copy_(view, non_blocking=True)
         put(fresh)
         if dev.type == "cuda":
@@ -180,5 +182,8 @@ def offload_module(module: nn.Module) -> dict[str, float]:
 def reload_module(module: nn.Module, device: str | torch.device | None = None, *,
                   restore: bool = True) -> dict[str, float]:
     """Bring ``module``'s weights back to ``device`` (default: where each came from); ``restore=False``
-    allocates them without copying the values (they are about to be overwritten)."""
-    return _reload(module, _module_entries(module), "module weights", device, restore)
+    allocates the parameters without copying their values (they are about to be overwritten by new
+    weights); buffers (e.g. rotary frequencies), which no relay sends, are always copied back."""
+    entries = _module_entries(module)
+    keep = True if restore else {name for name, _ in module.named_buffers()}
+    return _reload(module, entries, "module weights", device, keep)

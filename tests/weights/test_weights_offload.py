@@ -65,3 +65,36 @@ def test_offload_reuses_its_host_buffer_and_checks_the_order_of_calls():
     reload_optimizer(opt)
     with pytest.raises(TypeError, match="torch.optim.Optimizer"):
         offload_optimizer(model)
+
+
+def test_module_offload_round_trip_and_buffers_survive_a_reload_without_restore(monkeypatch):
+    from torch import nn
+
+    from relayrl.weights.offload import is_offloaded, offload_module, reload_module
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 3)
+            self.register_buffer("freq", torch.arange(5.0))
+
+    net = Net()
+    before = {n: t.clone() for n, t in [*net.named_parameters(), *net.named_buffers()]}
+    offload_module(net)
+    assert is_offloaded(net)
+    with pytest.raises(RuntimeError, match="already offloaded"):
+        offload_module(net)
+    reload_module(net)
+    for n, t in [*net.named_parameters(), *net.named_buffers()]:
+        assert torch.equal(t, before[n]), n
+    offload_module(net)
+    empty = torch.empty
+
+    def nan_empty(*args, **kw):  # fresh tensors hold NaN (empty memory is undefined: it may hold old values)
+        return empty(*args, **kw).fill_(float("nan")) if kw.get("dtype", torch.float32).is_floating_point \
+            else empty(*args, **kw)
+
+    monkeypatch.setattr(torch, "empty", nan_empty)
+    reload_module(net, restore=False)
+    assert torch.isnan(net.lin.weight).all()  # parameters are not copied back: new weights come next
+    assert torch.equal(net.freq, before["freq"])  # buffers (which no relay sends) are always restored
