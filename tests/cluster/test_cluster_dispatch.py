@@ -128,3 +128,23 @@ def test_a_local_gpu_pool_without_gpus_is_a_user_error():
                                              "model.device=cpu") as info:
         ResourcePool("gpu", devices=1, device_kind="cuda").local_devices()
     assert is_user_error(info.value)
+
+
+def test_a_dropped_cuda_pool_gives_its_gpu_back(monkeypatch):
+    """A second run in one process gets GPU 0 again once the first run's pool is gone (it asked for GPU 1
+    on a one-GPU machine before)."""
+    import gc
+
+    import torch
+
+    from relayrl.cluster import ResourcePool
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    first = ResourcePool(name="main", devices=1, device_kind="cuda")
+    assert first.local_devices() == ["cuda:0"]
+    held = ResourcePool(name="other", devices=1, device_kind="cuda")
+    assert held.local_devices() == ["cuda:1"]  # GPU 0 is still held by the live pool
+    del first
+    gc.collect()
+    again = ResourcePool(name="main", devices=1, device_kind="cuda")
+    assert again.local_devices() == ["cuda:0"]
