@@ -252,10 +252,9 @@ def main() -> None:
     if "profile" not in skip:
         for line in profile_decode(path, 256, 384, 20):
             print("  " + line, flush=True)
-    if "train" not in skip:
-        if args.train_compiled_only:
-            res["train_compiled"] = bench_train(path, peak, compile=True, label="compiled", profile=args.profile_train)
-    if "train" not in skip and not args.train_compiled_only:
+    if "train" not in skip and args.train_compiled_only:
+        res["train_compiled"] = bench_train(path, peak, compile=True, label="compiled", profile=args.profile_train)
+    elif "train" not in skip:
         res["train"] = bench_train(path, peak, profile=args.profile_train)
         res["train_unchunked"] = bench_train(path, peak, chunk=0)
         res["train_pure_bf16"] = bench_train(path, peak, weights="bfloat16", label="pure bf16 weights (ceiling)")

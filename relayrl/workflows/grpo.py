@@ -143,12 +143,13 @@ class GRPOWorkflow:
             kw = {"weights": not self.shared} if g is self.actor else {}
             self._offload_s(g.all("offload", **kw))
 
-    def _wake(self, *groups, restore: bool = True) -> None:
+    def _wake(self, *groups, **kwargs) -> None:
+        """Undo :meth:`_idle` for these roles (``kwargs`` go to their ``reload``)."""
         if not self.offload:
             return
         for g in groups:
             if g is not None:
-                self._offload_s(g.all("reload", **({} if restore or g is not self.rollout else {"restore": False})))
+                self._offload_s(g.all("reload", **kwargs))
 
     def _offload_s(self, seconds: list[float]) -> None:
         self._phase_metrics["timing/offload_s"] = self._phase_metrics.get("timing/offload_s", 0.0) + max(seconds)

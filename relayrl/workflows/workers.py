@@ -28,8 +28,8 @@ from relayrl.engines.generation.native import NativeGenerationEngine
 from relayrl.engines.training import fsdp
 from relayrl.engines.training.base import LossFn, SequenceBatch
 from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
-from relayrl.telemetry import memory
 from relayrl.models.load import load_model, load_tokenizer, load_value_model, resolve_dtype
+from relayrl.telemetry import memory
 from relayrl.weights import WeightReceiverMixin, gather_full_state
 
 __all__ = ["PolicyWorker", "CriticWorker", "ReferenceWorker", "RolloutWorker", "resolve_device", "collective", "generate",
@@ -221,8 +221,6 @@ class RolloutWorker(WeightReceiverMixin, _MemoryProbe, Worker):
         self.tokenizer = load_tokenizer(model_path)
         self.engine = NativeGenerationEngine(model, self.tokenizer, max_batch=max_batch, device=dev, decode=decode)
         self.generator = torch.Generator(device=dev).manual_seed(seed + 7919 * getattr(self, "rank", 0))
-        self.shared = False  # True once the engine runs on the actor's own parameters (share_weights)
-        self._offloaded = False
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
         return self.engine.generate(prompts, params, generator=self.generator if params.temperature > 0 else None)
@@ -234,15 +232,11 @@ class RolloutWorker(WeightReceiverMixin, _MemoryProbe, Worker):
         return [replace(c, prompt_index=items[c.prompt_index][0]) for c in comps]
 
     def update_weights(self, named_tensors, version: int) -> None:
-        if self.shared:  # the engine already reads these very tensors
-            self.engine._version = version
-            return
         self.engine.update_weights(named_tensors, version)
 
     def share_weights(self, named_tensors, version: int) -> None:
         """Run on ``named_tensors`` (the colocated actor's live parameters) instead of a copy."""
         self.engine.share_weights(named_tensors, version)
-        self.shared = True
         if self.engine.device.type == "cpu":  # give the dropped copy's pages back to the OS (glibc keeps them)
             _trim_heap()
 
@@ -252,9 +246,8 @@ class RolloutWorker(WeightReceiverMixin, _MemoryProbe, Worker):
 
         t0 = time.perf_counter()
         self.engine.release()
-        if not self.shared:
+        if not self.engine.shared:
             swap.offload_module(self.engine.model)
-            self._offloaded = True
         if self.engine.device.type == "cuda":
             torch.cuda.empty_cache()  # hand the freed blocks to the other roles' allocations
         return time.perf_counter() - t0
@@ -264,9 +257,8 @@ class RolloutWorker(WeightReceiverMixin, _MemoryProbe, Worker):
         from relayrl.weights import offload as swap
 
         t0 = time.perf_counter()
-        if self._offloaded:
+        if swap.is_offloaded(self.engine.model):
             swap.reload_module(self.engine.model, restore=restore)
-            self._offloaded = False
         return time.perf_counter() - t0
 
     def rng_state(self) -> torch.Tensor:

@@ -18,6 +18,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from e2e_cli import FAST, records, relayrl
+
+from tests.workflows.test_e2e import _stable
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,3 +73,24 @@ def test_colocated_step_peak_is_below_the_roles_footprints(tmp_path):
     footprints = 4 * P + P + P  # actor (weights, gradients, Adam moments) + rollout + reference
     assert growth < footprints, f"peak grew {growth:.2f} GB over the baseline, roles' footprints {footprints:.2f} GB"
     assert growth > 4 * P  # the measure sees the actor's state at all (a probe that reads nothing would pass)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rollout_dtype", ["float32", "bfloat16"])
+def test_offload_does_not_change_the_run(sft_model, tmp_path, rollout_dtype):
+    """trainer.offload moves the idle roles to host and back between phases; the run's numbers are the same.
+    float32: the rollout runs on the actor's parameters (zero-copy), so only the actor's Adam state and the
+    reference move; bfloat16: the rollout has its own weights, which leave and come back without their values
+    (the relay overwrites them; their buffers must survive)."""
+    runs = {}
+    for offload in ("false", "true"):
+        run = tmp_path / offload
+        r = relayrl("train", "recipes/arith_grpo.yaml", f"run.dir={run}", f"trainer.init_from={sft_model}",
+                    "trainer.steps=3", "algorithm.kl_coef=0.01", f"rollout.dtype={rollout_dtype}",
+                    f"trainer.offload={offload}", *FAST)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs[offload] = records(run)
+    assert all(x.get("timing/offload_s", 0) > 0 for x in runs["true"][1:])
+    assert all("timing/offload_s" not in x for x in runs["false"][1:])
+    for a, b in zip(runs["false"], runs["true"]):
+        assert _stable(a) == _stable(b), f"step {a['step']} differs"

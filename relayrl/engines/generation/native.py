@@ -89,6 +89,7 @@ class NativeGenerationEngine:
         self.device = torch.device(device)
         self.max_batch = max_batch
         self._version = 0
+        self.shared = False  # True once the weights are another engine's live tensors (share_weights)
         self._index_params()
         self.static = static.build(self.model, max_batch, decode, log)
         self.eos_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
@@ -105,7 +106,11 @@ class NativeGenerationEngine:
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Copy weights in place; unknown names and shape mismatches raise before the version moves."""
+        """Copy weights in place; unknown names and shape mismatches raise before the version moves. With
+        shared weights (:meth:`share_weights`) the engine already reads the new values: only the version moves."""
+        if self.shared:
+            self._version = version
+            return
         for name, t in named_tensors:
             p = self._params.get(name)
             if p is None:
@@ -138,6 +143,7 @@ class NativeGenerationEngine:
                     module._parameters[key] = t if isinstance(t, nn.Parameter) else nn.Parameter(t, requires_grad=False)
         self._index_params()
         self.release()  # recorded graphs point at the old tensors
+        self.shared = True
         self._version = version
 
     def release(self) -> None:
@@ -197,7 +203,6 @@ class NativeGenerationEngine:
                              f"{self.max_batch}; raise rollout.max_batch to at least rollout.n")
         st.ensure(max(len(p) for p in prompts) + params.max_new_tokens)
         n = params.n
-        per_prompt = max(1, min(n, self.max_batch))
         waiting = deque(range(len(prompts)))
         free = list(range(self.max_batch))  # kept sorted: rows take the lowest slots, so buckets stay small
         rows: dict[int, tuple[int, int]] = {}  # slot -> (prompt, sample)
@@ -209,7 +214,7 @@ class NativeGenerationEngine:
         while waiting or rows:
             admit: list[int] = []
             new_slots: list[int] = []  # prompt-major, as prefill repeats each prompt n times
-            while waiting and len(free) >= per_prompt:
+            while waiting and len(free) >= n:
                 admit.append(waiting.popleft())
                 take, free = free[:n], free[n:]
                 for s_i, slot in enumerate(take):

@@ -189,6 +189,7 @@ class TorchTrainingEngine:
         # FSDP2 when the group has > 1 rank; it casts the gathered parameters itself
         self.sharded = fsdp.shard_model(self.net, self.device, compute_dtype=self.compute_dtype if mixed else None)
         self._autocast = mixed and not self.sharded
+        self._weights_offloaded = False  # offload() moved the weights to host (FSDP2 shards move with .to)
         self.world = fsdp.world_size()
         self.optimizer = None
         self.scheduler = None
@@ -468,7 +469,7 @@ class TorchTrainingEngine:
         t0 = time.perf_counter()
         if self.optimizer is not None and swap.is_offloaded(self.optimizer):
             swap.reload_optimizer(self.optimizer)
-        if getattr(self, "_weights_offloaded", False):
+        if self._weights_offloaded:
             if self.sharded:
                 self.model.to(self.device)
             else:
