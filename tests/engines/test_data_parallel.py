@@ -146,3 +146,34 @@ def test_ranks_with_unequal_rows_take_the_same_mini_batch_steps(tiny_dir, tiny_t
         assert collective(dp, "state")["scheduler"]["last_epoch"] == 4  # both ranks refused; no step, no hang
     finally:
         dp.shutdown()
+
+
+@pytest.mark.multiproc
+def test_two_rank_fsdp2_mixed_precision_and_offload(tiny_dir, tiny_tokenizer):
+    """Under FSDP2 the sharded master weights stay float32 while the passes compute in bf16 (its
+    MixedPrecisionPolicy): a 1e-6 step still moves the weights. Offloading the optimizer state and the
+    shards between updates and reloading them changes nothing."""
+    batch = _batch(tiny_tokenizer)
+    kw = dict(model_path=str(tiny_dir), engine=TrainEngineConfig(optim=OptimConfig(lr=1e-6, weight_decay=0.0,
+                                                                                    max_grad_norm=None)),
+              total_steps=4, threads=1, seed=0, compute_dtype="bfloat16")
+    loss = PolicyLoss(agg="token-mean", kl_coef=0.0)
+    dp = WorkerGroup(PolicyWorker, ResourcePool("dp", devices=2), "actor", backend="local", init_kwargs=kw)
+    try:
+        w0 = {n: t.clone() for n, t in collective(dp, "named_weights")}
+        assert all(t.dtype == torch.float32 for t in w0.values())
+        fp32 = PolicyWorker(**{**kw, "compute_dtype": None}).logprobs(batch)  # the same weights, float32 passes
+        diff = max(float((a - b).abs().max()) for a, b in zip(fp32, dp.split("logprobs", batch)))
+        assert 1e-5 < diff < 0.2  # the sharded passes ran in bf16
+        dp.split("update", batch, loss, seed=0)
+        w1 = {n: t.clone() for n, t in collective(dp, "named_weights")}
+        changed = sum(int((w1[n] != w0[n]).sum()) for n in w0)
+        assert changed > 0.5 * sum(t.numel() for t in w0.values())
+        assert all(s > 0 for s in dp.all("offload"))
+        dp.all("reload")
+        w2 = dict(collective(dp, "named_weights"))
+        assert all(torch.equal(w2[n], w1[n]) for n in w1)
+        m = dp.split("update", batch, loss, seed=1)[0]  # the reloaded optimizer state trains on
+        assert m["actor/nonfinite_grad"] == 0.0
+    finally:
+        dp.shutdown()
