@@ -24,7 +24,7 @@ from relayrl.telemetry import TelemetryConfig
 
 __all__ = [
     "RunConfig", "ModelConfig", "DataConfig", "RolloutConfig", "AlgorithmConfig", "TrainerConfig",
-    "CriticConfig", "DPOConfig", "EvalConfig", "Config",
+    "CriticConfig", "DPOConfig", "EvalConfig", "PlacementConfig", "Config",
 ]
 
 
@@ -163,9 +163,61 @@ class TrainerConfig(_Section):
                           "its phases (the actor's optimizer state and weights during generation, the "
                           "reference's weights outside its pass, the rollout's weights and KV cache outside "
                           "generation); costs host<->device copies (timing/offload_s)")
+    mode: Literal["sync", "periodic"] = Field("sync", description="GRPO step: 'sync' trains once the whole batch "
+                                              "is generated; 'periodic' (seed 003, needs the rollout on its own "
+                                              "pool) runs forward and backward on each prompt group as it "
+                                              "arrives and steps the optimizer once per batch: the same update, "
+                                              "strictly on-policy, overlapped with generation")
+    tri_model: bool = Field(False, description="the actor holds the reference weights in its own layout and "
+                            "computes policy, old-policy and reference log-probs in one micro-step (seed 003); "
+                            "no separate reference group (needs algorithm.kl_coef > 0)")
+    stream_groups: int = Field(1, ge=1, description="streaming stages take up to this many finished prompt "
+                               "groups per call (more: fewer, larger passes; fewer: earlier start)")
     off_policy_steps: int = Field(0, ge=0, description="GRPO: k-step off-policy. Rollouts run ahead on their own "
                                   "resource pool, with weights at most k updates older than the update that uses "
                                   "them (staleness bound); 0: synchronous and colocated")
+
+
+class PlacementConfig(_Section):
+    """Which resource pool each role runs on (HybridFlow's ResourcePool, seed 001).
+
+    The actor's pool is ``main``: ``cluster.devices`` devices per node. Other pools are named in ``pools``
+    with their device count. Roles on one pool time-share its devices (colocated); roles on different pools
+    run at the same time (split). On a CPU a device is a share of the cores: each pool's ranks get
+    ``cores / (devices of all pools)`` torch threads each; on a GPU a device is one GPU.
+    """
+
+    pools: dict[str, int] = Field(default_factory=dict, description="extra pools besides main: name -> devices "
+                                  "(e.g. {gen: 1} and rollout=gen for a rollout on its own device)")
+    rollout: str = Field("main", description="pool of the rollout (generation) group")
+    reference: str = Field("main", description="pool of the reference group (KL)")
+    critic: str = Field("main", description="pool of the critic group (PPO)")
+    reward: str = Field("main", description="pool of the reward scorer (rule verifiers and user functions run "
+                        "in a thread of the driver process; a pool of its own lets scoring overlap generation "
+                        "even when generation is colocated)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "PlacementConfig":
+        for name, n in self.pools.items():
+            if name == "main":
+                raise ValueError("placement.pools: 'main' is the actor's pool, sized by cluster.devices; "
+                                 "name the extra pools otherwise")
+            if not isinstance(n, int) or n < 1:
+                raise ValueError(f"placement.pools.{name}={n!r} must be a device count >= 1")
+        for role in ("rollout", "reference", "critic", "reward"):
+            pool = getattr(self, role)
+            if pool != "main" and pool not in self.pools:
+                raise ValueError(f"placement.{role}={pool!r} names no pool: declare it in placement.pools "
+                                 f"(pools: main, {', '.join(self.pools) or 'none other'})")
+        return self
+
+    def pool_of(self, role: str) -> str:
+        return "main" if role in ("actor", "trainer") else getattr(self, role)
+
+    @property
+    def split(self) -> bool:
+        """The rollout has devices of its own (generation overlaps the trainer's work)."""
+        return self.rollout != "main"
 
 
 class CriticConfig(_Section):
@@ -213,6 +265,7 @@ class Config(_Section):
     telemetry: TelemetryConfig = TelemetryConfig()
     cluster: ClusterConfig = ClusterConfig()
     dock: DockConfig = DockConfig()
+    placement: PlacementConfig = PlacementConfig()
 
     @model_validator(mode="after")
     def _cross(self) -> "Config":
@@ -268,7 +321,55 @@ class Config(_Section):
             what = "data.prompts_per_step x rollout.n" if self.workflow == "grpo" else "trainer.batch_size"
             raise ValueError(f"{what} = {rows} rows over {ranks} data-parallel rank(s) leaves {rows // ranks} per "
                              f"rank, fewer than trainer.mini_batches={self.trainer.mini_batches}")
+        self._check_placement()
         if self.reward.verifier == "task" and self.data.task is None:
             raise ValueError("reward.verifier=task needs a built-in data.task; for data.path use "
                              "reward.verifier=math, exact or user")
         return self
+
+
+def available_devices(cfg: "Config") -> tuple[str, int]:
+    """(kind, count) of the devices this machine offers the run: GPUs on CUDA, cores on a CPU."""
+    import os
+
+    import torch
+
+    cuda = cfg.model.device == "cuda" or (cfg.model.device == "auto" and torch.cuda.is_available())
+    if cuda:
+        return "GPU", torch.cuda.device_count()
+    return "CPU core", len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _check_placement(self: Config) -> None:
+    """Refuse placements, step modes and role options that cannot run, naming the key."""
+    pl, t = self.placement, self.trainer
+    if self.workflow != "grpo" and (pl.pools or pl.split or t.mode != "sync" or t.tri_model):
+        raise ValueError(f"placement, trainer.mode and trainer.tri_model apply to workflow grpo, not {self.workflow}")
+    if t.mode == "periodic" and not pl.split:
+        raise ValueError("trainer.mode=periodic overlaps training with generation, so the rollout needs devices "
+                         "of its own: add placement.pools.gen=1 placement.rollout=gen (or use trainer.mode=sync)")
+    if t.mode == "periodic" and t.off_policy_steps:
+        raise ValueError("trainer.mode=periodic is on-policy; trainer.off_policy_steps runs the k-step off-policy "
+                         "loop: choose one")
+    if t.tri_model:
+        if self.algorithm.kl_coef <= 0:
+            raise ValueError("trainer.tri_model computes the reference's log-probs inside the actor, and "
+                             "algorithm.kl_coef=0 needs none: set algorithm.kl_coef > 0 or drop trainer.tri_model")
+        if pl.reference != "main":
+            raise ValueError(f"trainer.tri_model keeps the reference in the actor's layout on pool main; "
+                             f"placement.reference={pl.reference!r} puts it elsewhere")
+    if self.trainer.offload and pl.split:
+        raise ValueError("trainer.offload makes room on a device the rollout shares with the trainer; with "
+                         f"placement.rollout={pl.rollout!r} it has its own: drop trainer.offload")
+    if not pl.pools or self.cluster.backend != "local":
+        return  # one pool: as before; Ray places pools over its cluster and refuses what does not fit
+    kind, have = available_devices(self)
+    main = self.cluster.devices
+    need = main + sum(pl.pools.values())
+    if need > have:
+        sizes = ", ".join([f"main={main} (cluster.devices)"] + [f"{k}={v}" for k, v in pl.pools.items()])
+        raise ValueError(f"placement needs {need} {kind}s ({sizes}) but this machine has {have}: shrink "
+                         f"placement.pools or cluster.devices")
+
+
+Config._check_placement = _check_placement  # type: ignore[attr-defined]

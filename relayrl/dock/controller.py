@@ -228,11 +228,14 @@ class StageController:
         max_tokens: int | None,
         timeout_s: float | None,
         describe: str = "",
+        eager: bool = False,
     ) -> Grant | None:
         """Lease the next ready units; ``None`` once every row of the partition is acknowledged.
 
         Returns as soon as ``n_units`` units (or ``max_tokens`` tokens) are ready,
-        or fewer when no more rows can become ready except through lease expiry.
+        or fewer when no more rows can become ready except through lease expiry;
+        ``eager``: as soon as one unit is ready (up to ``n_units`` of those ready then:
+        a streaming stage takes what has arrived instead of waiting for a full batch).
         Raises ``TimeoutError`` after ``timeout_s`` without a grant.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -244,7 +247,7 @@ class StageController:
                 if st.n_done == st.n_units:
                     return None
                 if st.ready:
-                    enough = (n_units is not None and len(st.ready) >= n_units) or (
+                    enough = eager or (n_units is not None and len(st.ready) >= n_units) or (
                         max_tokens is not None and st.ready_tokens >= max_tokens
                     )
                     if enough or st.pending() == 0:

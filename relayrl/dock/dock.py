@@ -363,8 +363,14 @@ class Dock:
         return StreamLoader(self, partition, stage, batch_size, max_tokens, dp_size, consumer_id, timeout_s, auto_ack)
 
     def acquire(self, partition: str, stage: str, *, batch_size: int | None, max_tokens: int | None = None,
-                dp_size: int = 1, consumer_id: str = "default", timeout_s: float | None = None) -> Batch | None:
-        """Lease and read one batch for a registered stage; ``None`` when the partition is fully acknowledged."""
+                dp_size: int = 1, consumer_id: str = "default", timeout_s: float | None = None,
+                eager: bool = False, read: bool = True) -> Batch | None:
+        """Lease and read one batch for a registered stage; ``None`` when the partition is fully acknowledged.
+
+        ``eager``: grant what is ready as soon as one scheduling unit is (up to ``batch_size``), instead of
+        waiting for a full batch. ``read=False``: lease the rows without reading them (the batch holds
+        indexes and no columns): the caller hands the indexes to a worker that reads the rows from the
+        units itself, so no sample data passes through the caller."""
         part = self._part(partition)
         with self._lock:
             ctl = self._stages.get(stage)
@@ -373,12 +379,14 @@ class Dock:
         us = part.group_size if ctl.spec.whole_groups else 1
         n_units = None if batch_size is None else max(1, batch_size * dp_size // us)
         budget = None if max_tokens is None else max_tokens * dp_size
-        grant = ctl.acquire(part.gen, consumer_id, n_units, budget, timeout_s, describe=f" on partition {partition!r}")
+        grant = ctl.acquire(part.gen, consumer_id, n_units, budget, timeout_s, describe=f" on partition {partition!r}",
+                            eager=eager)
         if grant is None:
             return None
         idx = np.asarray(grant.rows, dtype=np.int64)
         try:
-            data = self._plane.read(part.gen, ctl.spec.columns, idx, part.owner[idx], part.schemas)
+            data = (self._plane.read(part.gen, ctl.spec.columns, idx, part.owner[idx], part.schemas) if read
+                    else {})
         except Exception as e:
             ctl.release(consumer_id)
             raise DockError(f"stage {stage!r}: reading rows {grant.rows[:8]}... failed: {e!r}") from e

@@ -23,7 +23,7 @@ dense tensor per layer (the static cache is sized for the longest prompt plus
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -154,7 +154,11 @@ class NativeGenerationEngine:
     # ------------------------------------------------------------- generation
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 generator: torch.Generator | None = None) -> list[Completion]:
+                 generator: torch.Generator | None = None,
+                 on_finish: Callable[[Completion], None] | None = None) -> list[Completion]:
+        """Sample ``params.n`` responses per prompt with continuous batching; completions in (prompt, sample)
+        order. ``on_finish`` is called with each completion the moment it finishes (a streaming consumer,
+        e.g. a rollout worker writing whole prompt groups into the dock while the rest still decode)."""
         if not prompts:
             return []
         for i, p in enumerate(prompts):
@@ -163,7 +167,7 @@ class NativeGenerationEngine:
         stop_ids = set() if params.ignore_eos else self.eos_ids
         stop_ids = stop_ids | set(params.stop_token_ids)
         if self.static is not None:
-            return self._generate_static(prompts, params, generator, stop_ids)
+            return self._generate_static(prompts, params, generator, stop_ids, on_finish)
         waiting = deque(range(len(prompts)))
         out: dict[tuple[int, int], Completion] = {}
         batch = _Batch()
@@ -185,7 +189,9 @@ class NativeGenerationEngine:
                 reason = self._finished(batch.tokens[r], params, stop_ids)
                 if reason:
                     done.append(r)
-                    out[batch.rows[r]] = self._completion(batch.rows[r], batch.tokens[r], batch.logps[r], reason)
+                    out[batch.rows[r]] = c = self._completion(batch.rows[r], batch.tokens[r], batch.logps[r], reason)
+                    if on_finish is not None:
+                        on_finish(c)
             keep = [r for r in range(len(batch)) if r not in set(done)]
             if done:
                 self._select(batch, keep, tok)
@@ -195,7 +201,8 @@ class NativeGenerationEngine:
         return [out[k] for k in sorted(out)]
 
     def _generate_static(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                         generator: torch.Generator | None, stop_ids: set[int]) -> list[Completion]:
+                         generator: torch.Generator | None, stop_ids: set[int],
+                         on_finish: Callable[[Completion], None] | None = None) -> list[Completion]:
         """Continuous batching on the static cache: each row owns a slot; freed slots take waiting prompts."""
         st = self.static
         if params.n > self.max_batch:
@@ -235,7 +242,9 @@ class NativeGenerationEngine:
                 reason = self._finished(toks[slot], params, stop_ids)
                 if reason:
                     row = rows.pop(slot)
-                    out[row] = self._completion(row, toks.pop(slot), logps.pop(slot), reason)
+                    out[row] = c = self._completion(row, toks.pop(slot), logps.pop(slot), reason)
+                    if on_finish is not None:
+                        on_finish(c)
                     free.append(slot)
             free.sort()
             if not rows:
