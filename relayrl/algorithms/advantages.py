@@ -36,6 +36,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from dataclasses import dataclass
+
 import torch
 
 from relayrl.algorithms._checks import (
@@ -66,6 +68,38 @@ ESTIMATORS: tuple[str, ...] = (
     "remax",
     "gae",
 )
+
+
+@dataclass(frozen=True)
+class EstimatorNeeds:
+    """What an estimator needs from the rest of a step, so drivers and config checks ask this instead of
+    branching on estimator names.
+
+    Attributes:
+        values: per-token critic values (a critic group).
+        baseline: one greedy response per prompt, scored (ReMax's baseline).
+        token_level: per-token advantages from per-token rewards (a KL penalty in the reward applies).
+        group_relative: a group's advantages depend on that group alone, so a streaming step computes them
+            as each group arrives; False: whitened over the whole batch (computed once it is complete).
+        min_group: responses per prompt the estimator needs (2: a baseline from the other responses).
+    """
+
+    values: bool = False
+    baseline: bool = False
+    token_level: bool = False
+    group_relative: bool = True
+    min_group: int = 1
+
+
+NEEDS: dict[str, EstimatorNeeds] = {
+    "grpo": EstimatorNeeds(min_group=2),
+    "drgrpo": EstimatorNeeds(min_group=2),
+    "rloo": EstimatorNeeds(min_group=2),
+    "reinforce++": EstimatorNeeds(token_level=True, group_relative=False),
+    "reinforce++-baseline": EstimatorNeeds(token_level=True, group_relative=False, min_group=2),
+    "remax": EstimatorNeeds(baseline=True),
+    "gae": EstimatorNeeds(values=True, token_level=True, group_relative=False),
+}
 
 
 def _check_outcome(rewards: Tensor, group_ids: Tensor) -> None:

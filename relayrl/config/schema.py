@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from relayrl.algorithms.advantages import ESTIMATORS
+from relayrl.algorithms.advantages import ESTIMATORS, NEEDS
 from relayrl.algorithms.losses import AGG_MODES
 from relayrl.cluster import ClusterConfig
 from relayrl.dock.config import DockConfig
@@ -269,8 +269,7 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _cross(self) -> "Config":
-        if self.workflow == "grpo" and self.algorithm.advantage in ("grpo", "drgrpo", "rloo", "reinforce++-baseline") \
-                and self.rollout.n < 2:
+        if self.workflow == "grpo" and NEEDS[self.algorithm.advantage].min_group > self.rollout.n:
             raise ValueError(f"rollout.n={self.rollout.n}: group advantages ({self.algorithm.advantage}) need "
                              f"rollout.n >= 2 responses per prompt")
         if self.workflow == "grpo" and self.rollout.temperature == 0 and self.rollout.n > 1:

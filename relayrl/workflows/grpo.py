@@ -42,17 +42,16 @@ import torch
 
 from relayrl.algorithms import advantages as adv_lib
 from relayrl.algorithms.dapo import dynamic_sampling_filter, overlong_penalty
-from relayrl.algorithms.kl import kl_penalty_rewards
 from relayrl.checkpoint import CheckpointError
 from relayrl.cluster import ClusterConfig, ResourcePool, make_group
 from relayrl.config.schema import Config
 from relayrl.dock import Dock
 from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.engines.training.base import SequenceBatch
-from relayrl.engines.training.torch_engine import pad_right
 from relayrl.workflows.losses import PolicyLoss, ValueLoss
 from relayrl.weights import WeightRelay
 from relayrl.workflows.relay import relay_weights
+from relayrl.workflows.estimate import advantage_rows
 from relayrl.workflows.session import Session
 from relayrl.workflows.workers import (CriticWorker, PolicyWorker, ReferenceWorker, RolloutWorker, collective,
                                        generate, restore_rollout_rng, role_precision, rollout_rng)
@@ -76,7 +75,7 @@ class GRPOWorkflow:
         self.actor = make_group(cfg.cluster, PolicyWorker, s.pool, "actor", init_kwargs=dict(
             model_path=path, engine=cfg.engine, total_steps=updates, seed=cfg.run.seed, **prec["trained"], **common))
         self.critic = None
-        if a.advantage == "gae":  # PPO: a critic from the same network, with its own optimizer settings
+        if adv_lib.NEEDS[a.advantage].values:  # PPO: a critic from the same network, with its own optimizer settings
             self.critic = make_group(cfg.cluster, CriticWorker, s.pool, "critic", init_kwargs=dict(
                 model_path=path, engine=cfg.engine.model_copy(update={"optim": cfg.critic.optim}), total_steps=updates,
                 seed=cfg.run.seed, **prec["trained"], **common))
@@ -312,7 +311,7 @@ class GRPOWorkflow:
                 keep = sorted({c.prompt_index for c, k in zip(new, mask.tolist()) if k})
                 dropped += len(batch_problems) - len(keep)
             seen_groups += len(batch_problems)
-            if a.advantage == "remax" and keep:  # only for the prompts kept
+            if adv_lib.NEEDS[a.advantage].baseline and keep:  # ReMax: only for the prompts kept
                 base = self._greedy_baseline(step, [batch_problems[i] for i in keep])
                 base = {old: base[j] for j, old in enumerate(keep)}
             remap = {old: len(problems) + j for j, old in enumerate(keep)}
@@ -320,7 +319,7 @@ class GRPOWorkflow:
                 if c.prompt_index in remap:
                     comps.append(_reindex(c, remap[c.prompt_index]))
                     scores.append(sc)
-                    if a.advantage == "remax":
+                    if adv_lib.NEEDS[a.advantage].baseline:
                         baselines.append(base[c.prompt_index])
             problems += [batch_problems[i] for i in keep]
             rounds += 1
@@ -368,34 +367,17 @@ class GRPOWorkflow:
                    comps: list[Completion]) -> dict[str, list[torch.Tensor]]:
         """Per-token ``advantages`` (unpadded rows) from the configured estimator; with GAE also the critic's
         targets, ``returns``."""
-        a = self.cfg.algorithm
-        lengths = [len(c.token_ids) for c in comps]
-        mask = pad_right([torch.ones(L) for L in lengths])
-        groups = torch.tensor([c.prompt_index for c in comps])
-        token_rewards = None
-        if a.kl_in_reward and self.ref is not None:  # REINFORCE++: r_t = outcome at the end - coef * KL_t
-            got = self.dock.get(part, idx, ["gen_logprobs", "ref_logprobs"])
-            token_rewards, kl_metrics = kl_penalty_rewards(
-                adv_lib.outcome_to_token_rewards(rewards, mask), pad_right(got["gen_logprobs"]),
-                pad_right(got["ref_logprobs"]), mask, a.kl_coef, kind=a.kl_kind)
-            self._kl_metrics = kl_metrics
-
-        def rows(x: torch.Tensor) -> list[torch.Tensor]:
-            return [x[i, :L].float() for i, L in enumerate(lengths)]
-
-        if a.advantage == "gae":  # whitened over the batch, as PPO implementations do
-            values = pad_right(self.dock.get(part, idx, ["values"])["values"])
-            if token_rewards is None:
-                token_rewards = adv_lib.outcome_to_token_rewards(rewards, mask)
-            adv, returns = adv_lib.gae(token_rewards, values, mask, a.gamma, a.lam, whiten=True)
-            return {"advantages": rows(adv), "returns": rows(returns)}
-        baseline = None
-        if a.advantage == "remax":
-            baseline = torch.tensor([float(b) for b in self.dock.get(part, idx, ["baseline"])["baseline"]])
-        adv = adv_lib.compute(a.advantage, rewards=rewards, group_ids=groups, mask=mask, token_rewards=token_rewards,
-                              baseline_rewards=baseline, gamma=a.gamma,
-                              normalize_std=a.normalize_std and a.advantage != "drgrpo")
-        return {"advantages": rows(adv)}
+        a, needs = self.cfg.algorithm, adv_lib.NEEDS[self.cfg.algorithm.advantage]
+        cols = (["gen_logprobs", "ref_logprobs"] if a.kl_in_reward and self.ref is not None else []) \
+            + (["values"] if needs.values else []) + (["baseline"] if needs.baseline else [])
+        got = self.dock.get(part, idx, cols) if cols else {}
+        out, self._kl_metrics = advantage_rows(
+            a, rewards, [len(c.token_ids) for c in comps], torch.tensor([c.prompt_index for c in comps]),
+            gen_logprobs=got["gen_logprobs"] if "gen_logprobs" in cols else None,
+            ref_logprobs=got["ref_logprobs"] if "ref_logprobs" in cols else None,
+            values=got["values"] if needs.values else None,
+            baseline=torch.tensor([float(b) for b in got["baseline"]]) if needs.baseline else None)
+        return out
 
     def update(self, part: str, step: int, comps: list[Completion]) -> dict[str, float]:
         """Stream the finished rows from the dock into the critic's (PPO) and the actor's update."""
