@@ -357,6 +357,15 @@ def _check_placement(self: Config) -> None:
         if pl.reference != "main":
             raise ValueError(f"trainer.tri_model keeps the reference in the actor's layout on pool main; "
                              f"placement.reference={pl.reference!r} puts it elsewhere")
+    if (pl.split or t.mode == "periodic") and not t.off_policy_steps:
+        if self.algorithm.dynamic_sampling:
+            raise ValueError("algorithm.dynamic_sampling resamples prompts inside a step, which the streaming "
+                             "dataflow (a split placement or trainer.mode=periodic) does not do yet: run it "
+                             "colocated (placement.rollout=main) or drop dynamic_sampling")
+        if NEEDS[self.algorithm.advantage].baseline:
+            raise ValueError(f"algorithm.advantage={self.algorithm.advantage} generates a greedy baseline inside a "
+                             f"step, which the streaming dataflow (a split placement or trainer.mode=periodic) does "
+                             f"not do yet: run it colocated (placement.rollout=main)")
     if self.trainer.offload and pl.split:
         raise ValueError("trainer.offload makes room on a device the rollout shares with the trainer; with "
                          f"placement.rollout={pl.rollout!r} it has its own: drop trainer.offload")

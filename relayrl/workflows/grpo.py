@@ -64,6 +64,9 @@ KEY_METRICS = ("reward/mean", "eval/accuracy", "response/length_mean", "actor/en
 class GRPOWorkflow:
     """Builds the worker groups and the dock, then runs :meth:`step` ``trainer.steps`` times."""
 
+    # the worker classes of each role (the streaming dataflow swaps in ones that read and write the dock)
+    policy_cls, reference_cls, critic_cls, rollout_cls = PolicyWorker, ReferenceWorker, CriticWorker, RolloutWorker
+
     def __init__(self, cfg: Config, session: Session | None = None) -> None:
         self.cfg = cfg
         self.s = s = session or Session(cfg)
@@ -72,20 +75,20 @@ class GRPOWorkflow:
         prec = role_precision(m, cfg.rollout)
         path = str(s.model_path)
         updates = cfg.trainer.steps * cfg.trainer.mini_batches * cfg.trainer.epochs
-        self.actor = make_group(cfg.cluster, PolicyWorker, s.pool, "actor", init_kwargs=dict(
+        self.actor = make_group(cfg.cluster, self.policy_cls, s.pool, "actor", init_kwargs=dict(
             model_path=path, engine=cfg.engine, total_steps=updates, seed=cfg.run.seed, **prec["trained"], **common))
         self.critic = None
         if adv_lib.NEEDS[a.advantage].values:  # PPO: a critic from the same network, with its own optimizer settings
-            self.critic = make_group(cfg.cluster, CriticWorker, s.pool, "critic", init_kwargs=dict(
+            self.critic = make_group(cfg.cluster, self.critic_cls, self._critic_pool(s.pool), "critic", init_kwargs=dict(
                 model_path=path, engine=cfg.engine.model_copy(update={"optim": cfg.critic.optim}), total_steps=updates,
                 seed=cfg.run.seed, **prec["trained"], **common))
             self.value_loss = ValueLoss(clip=cfg.critic.value_clip)
-        self.rollout = make_group(self._rollout_cluster(), RolloutWorker, self._rollout_pool(s.pool), "rollout", init_kwargs=dict(
+        self.rollout = make_group(self._rollout_cluster(), self.rollout_cls, self._rollout_pool(s.pool), "rollout", init_kwargs=dict(
             model_path=path, max_batch=cfg.rollout.max_batch, seed=cfg.run.seed, decode=cfg.rollout.decode,
             **prec["rollout"], **common))
         self.ref = None
         if a.kl_coef > 0:
-            self.ref = make_group(cfg.cluster, ReferenceWorker, s.pool, "reference",
+            self.ref = make_group(cfg.cluster, self.reference_cls, self._reference_pool(s.pool), "reference",
                                   init_kwargs=dict(model_path=path, engine=cfg.engine, **prec["frozen"], **common))
         self.dock = Dock.from_config(cfg.dock)
         self.relay = WeightRelay()
@@ -159,6 +162,12 @@ class GRPOWorkflow:
 
     def _rollout_cluster(self) -> ClusterConfig:
         return self.cfg.cluster
+
+    def _reference_pool(self, main: ResourcePool) -> ResourcePool:
+        return main
+
+    def _critic_pool(self, main: ResourcePool) -> ResourcePool:
+        return main
 
     # ------------------------------------------------------------------ run
     def restore(self) -> None:
@@ -477,4 +486,8 @@ def train_grpo(cfg: Config) -> Path:
         from relayrl.workflows.offpolicy import OffPolicyGRPO
 
         return OffPolicyGRPO(cfg).run()
+    from relayrl.workflows.dataflow import DataflowGRPO, uses_dataflow
+
+    if uses_dataflow(cfg):
+        return DataflowGRPO(cfg).run()
     return GRPOWorkflow(cfg).run()

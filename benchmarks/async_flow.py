@@ -1,0 +1,186 @@
+"""Streaming dataflow benchmark: synchronous colocated, synchronous split and periodic-async split GRPO on a
+long-tail workload with a slow verifier (seed 003's comparison, on this machine).
+
+Workload: the demo's models (the tiny Qwen2 pretrained on 2-digit sums, then SFT on a careless teacher;
+built once and cached), GRPO on fresh sums with ``rollout.max_new_tokens`` well above the 3-token answers.
+At temperature 1.0 the SFT model sometimes misses its end-of-sequence token and then runs on to the limit,
+so response lengths are heavy-tailed: most responses are a few tokens, a few hit ``max_new_tokens``, and a
+whole batch's generation lasts as long as its longest response. The reward runs every answer in a Python
+subprocess (``subprocess_verifier``: ~20-40 ms each on this machine, as code execution or a judge call
+costs), so scoring has real latency.
+
+Modes, each in its own process, same seed, same prompts and number of steps:
+
+* ``sync-colocated``: today's default, everything on one pool with all the cores (``run.threads`` = cores);
+* ``sync-split``: the rollout on a pool of its own (half the cores, its own process), the trainer on the
+  other half; stages stream per group, the update waits for the whole batch;
+* ``periodic-split``: the same placement, ``trainer.mode=periodic``: the trainer runs forward and backward
+  on each group as it arrives and steps once per batch (the same update).
+
+Figures: tokens trained per second per device (TPSPD, seed 003: prompt + response tokens of the step's
+samples / step time / devices, a device being a core here, so every mode has 2) and the mean step time,
+both over the steps after ``--warmup``; held-out greedy accuracy after the last step. Printed, not asserted.
+The last line is::
+
+    async_flow: periodic/sync-split R_s, periodic/sync-colocated R_c; accuracy periodic A_p% sync A_s%
+
+Run it with::
+
+    .venv/bin/python benchmarks/async_flow.py               # 30 steps per mode (~10 min on 2 cores)
+    .venv/bin/python benchmarks/async_flow.py --steps 100   # the accuracy comparison
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+for p in (REPO, HERE):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+_CHECK = "import sys; a, b = sys.argv[1], sys.argv[2]; sys.exit(0 if a.split(chr(10), 1)[0].strip() == b.strip() else 1)"
+
+
+def subprocess_verifier(prompts: list[str], responses: list[str], answers: list[str]) -> list[float]:
+    """1.0 when the answer line matches, decided in a fresh Python subprocess per response (real latency)."""
+    out = []
+    for r, a in zip(responses, answers):
+        proc = subprocess.run([sys.executable, "-S", "-c", _CHECK, r, a or ""], capture_output=True, timeout=30)
+        out.append(1.0 if proc.returncode == 0 else 0.0)
+    return out
+
+
+MODES: dict[str, list[str]] = {
+    "sync-colocated": [],
+    "sync-split": ["placement.pools.gen=1", "placement.rollout=gen", "trainer.mode=sync"],
+    "periodic-split": ["placement.pools.gen=1", "placement.rollout=gen", "trainer.mode=periodic"],
+}
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def tail_sft_data(path: Path, rows: int, seed: int, p_tail: float, mean_tail: float) -> None:
+    """SFT rows of the demo's careless teacher (arith, forget_carry=0.7) where a share ``p_tail`` of the
+    answers go on after the answer line with a scratch line of random digits, its length geometric with mean
+    ``mean_tail`` tokens: a model trained on it mostly stops after the answer and sometimes runs long."""
+    import random
+
+    from relayrl.data.tasks import make_task
+
+    task = make_task("arith", min_digits=2, max_digits=2, forget_carry=0.7)
+    rng = random.Random(seed)
+    with path.open("w") as f:
+        for _ in range(rows):
+            pr = task.sample(rng)
+            answer = pr.answer
+            if rng.random() < p_tail:
+                k = 1
+                while rng.random() > 1.0 / mean_tail:
+                    k += 1
+                answer += "\n" + " ".join(str(rng.randrange(10)) for _ in range(k))
+            f.write(json.dumps({"prompt": pr.prompt, "answer": answer}) + "\n")
+
+
+def demo_models(seed: int) -> Path:
+    """The demo's pretrained model (stage 1 of ``relayrl demo``), then SFT on the long-tail teacher (see
+    :func:`tail_sft_data`); built once into the cache."""
+    from relayrl.config.loader import load_config
+    from relayrl.config.schema import Config
+    from relayrl.models.tiny import default_cache_dir
+    from relayrl.workflows.sft import train_sft
+
+    root = default_cache_dir() / f"async_flow-seed{seed}"
+    sft = root / "tail-sft" / "model"
+    if (sft / "config.json").is_file():
+        return sft
+    base = root / "base" / "model"
+    common = [f"run.seed={seed}", "run.overwrite=true", "telemetry.sinks=[jsonl]"]
+    if not (base / "config.json").is_file():
+        print(f"async_flow: pretraining the demo's base model into {base.parent} ...", flush=True)
+        train_sft(load_config(Config, REPO / "recipes" / "arith_base.yaml", [f"run.dir={base.parent}", *common]))
+    root.mkdir(parents=True, exist_ok=True)
+    data = root / "tail_sft.jsonl"
+    tail_sft_data(data, 20000, seed, p_tail=0.25, mean_tail=24.0)
+    print(f"async_flow: SFT on the long-tail teacher into {sft.parent} ...", flush=True)
+    return train_sft(load_config(Config, REPO / "recipes" / "arith_sft.yaml", [
+        f"run.dir={sft.parent}", *common, "data.task=null", f"data.path={data}", f"trainer.init_from={base}",
+        "trainer.steps=300", "eval.every=0", "eval.size=50", "rollout.max_new_tokens=48", "reward.verifier=exact"]))
+
+
+def run_mode(name: str, model: Path, out: Path, a: argparse.Namespace) -> dict:
+    over = [
+        f"trainer.init_from={model}", f"run.dir={out / name}", f"run.seed={a.seed}", "run.overwrite=true",
+        f"trainer.steps={a.steps}", "eval.every=0", f"eval.size={a.eval_size}", "run.save_every=0",
+        f"rollout.max_new_tokens={a.max_new_tokens}", f"data.prompts_per_step={a.prompts}", f"rollout.n={a.n}",
+        "reward.verifier=user", "reward.user_fn=async_flow:subprocess_verifier", "telemetry.sinks=[jsonl]",
+        *MODES[name],
+    ]
+    if name == "sync-colocated":
+        over.append(f"run.threads={cores()}")
+    cmd = [sys.executable, "-m", "relayrl.cli.main", "train", str(REPO / "recipes" / "arith_grpo.yaml"), *over]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")])}
+    print(f"async_flow: {name} ({a.steps} steps) ...", flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"async_flow: {name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    wall = time.perf_counter() - t0
+    rows = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r for r in rows if r.get("step", 0) > a.warmup and "perf/step_time_s" in r]
+    acc = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
+    step_s = statistics.mean(r["perf/step_time_s"] for r in steps)
+    tokens = sum(r["perf/tokens"] for r in steps)
+    tpspd = tokens / (sum(r["perf/step_time_s"] for r in steps) * cores())
+    lengths = [r["response/length_mean"] for r in steps]
+    clip = [r["response/clip_ratio"] for r in steps]
+    return {"mode": name, "step_s": step_s, "tpspd": tpspd, "accuracy": acc[-1] if acc else float("nan"),
+            "accuracy0": acc[0] if acc else float("nan"), "wall_s": wall, "length_mean": statistics.mean(lengths),
+            "clip_ratio": statistics.mean(clip), "driver_bytes": max((r.get("dock/driver_bytes", 0) for r in steps),
+                                                                     default=0.0)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=2, help="steps left out of the averages")
+    p.add_argument("--prompts", type=int, default=8, help="prompt groups per step")
+    p.add_argument("--n", type=int, default=8, help="responses per prompt")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--eval-size", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
+    a = p.parse_args(argv)
+    if a.steps <= a.warmup:
+        raise SystemExit(f"--steps ({a.steps}) must exceed --warmup ({a.warmup})")
+    model = demo_models(a.seed)
+    res = {}
+    with tempfile.TemporaryDirectory(prefix="async_flow-") as tmp:
+        for name in a.modes.split(","):
+            res[name] = run_mode(name, model, Path(tmp), a)
+    print(f"\n{'mode':<16}{'step s':>9}{'TPSPD':>10}{'acc %':>8}{'len':>7}{'clipped':>9}{'driver B':>10}")
+    for r in res.values():
+        print(f"{r['mode']:<16}{r['step_s']:>9.3f}{r['tpspd']:>10.1f}{100 * r['accuracy']:>8.1f}"
+              f"{r['length_mean']:>7.1f}{r['clip_ratio']:>9.3f}{r['driver_bytes']:>10.0f}")
+    print(f"(held-out accuracy before GRPO: {100 * next(iter(res.values()))['accuracy0']:.1f}%; TPSPD: tokens "
+          f"trained per second per core, {cores()} cores in every mode)")
+    if {"periodic-split", "sync-split", "sync-colocated"} <= set(res):
+        per, ss, sc = res["periodic-split"], res["sync-split"], res["sync-colocated"]
+        print(f"async_flow: periodic/sync-split {per['tpspd'] / ss['tpspd']:.2f}, periodic/sync-colocated "
+              f"{per['tpspd'] / sc['tpspd']:.2f}; accuracy periodic {100 * per['accuracy']:.1f}% sync "
+              f"{100 * sc['accuracy']:.1f}%")
+
+
+if __name__ == "__main__":
+    main()

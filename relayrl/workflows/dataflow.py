@@ -1,0 +1,371 @@
+"""GRPO as a streaming dataflow: workers on the dock, stages that start per prompt group, periodic asynchrony.
+
+Seed 003's Algorithm 1, with seed 002's streaming loaders between the stages. One step::
+
+    open partition p (P prompt groups of n rows)
+    sample:      the rollout writes each group into p as soon as its n responses are done
+    score:       for each group in p with responses         -> rewards        (the scorer)
+    reference:   for each group with responses              -> ref_logprobs   (reference group; KL only)
+    old:         for each group with responses              -> old_logprobs   (actor; > 1 update per batch)
+    values:      for each group with responses              -> values         (critic; PPO)
+    advantages:  for each group with rewards [, ref, values] -> advantages    (group-relative estimators;
+                 batch-whitened ones wait for the whole batch)
+    update:      sync:     once every group has advantages, the update (mini-batches, epochs)
+                 periodic: forward + backward on each group with advantages as it arrives,
+                           one optimizer step when the batch is consumed (the same update)
+    relay weights actor -> rollout; close p
+
+Every stage is a thread of the driver that leases ready groups from the dock's controller (metadata only),
+hands their row indexes to its worker group (a reader and slots), and publishes the receipt the worker
+returns: no sample tensor passes through the driver (``dock/driver_bytes``). Stages whose group shares a
+pool with the rollout wait for generation to end (a colocated device is time-shared); stages on other pools
+start on the first group. ``trainer.mode=periodic`` (rollout on its own pool) is seed 003's periodic
+asynchrony: the trainer consumes groups in arrival order while later groups are generated, and the weights
+go to the rollout once per step, so it stays strictly on-policy.
+
+Resume: checkpoints are taken between steps. A run killed inside a step resumes from the last checkpoint
+and regenerates that step's partition from the checkpoint's data position and sampler state (nothing of a
+half-consumed period is kept; the optimizer never stepped on it).
+
+Not in this path yet (refused by the config check): DAPO's dynamic sampling and ReMax's greedy baseline,
+which re-enter generation within a step; the colocated synchronous default runs ``grpo.py``'s loop.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Callable
+
+import torch
+
+from relayrl.algorithms import advantages as adv_lib
+from relayrl.cluster import ClusterConfig, ResourcePool, make_group
+from relayrl.config.schema import Config
+from relayrl.dock import Dock
+from relayrl.workflows.dataplane import (GROUP_COLUMNS, DockCriticWorker, DockPolicyWorker, DockReferenceWorker,
+                                         ScoreWorker, StreamingRollout)
+from relayrl.workflows.grpo import GRPOWorkflow
+from relayrl.workflows.relay import relay_weights
+
+__all__ = ["DataflowGRPO", "Flow", "uses_dataflow"]
+
+# worker-group methods whose arguments or results are weights or checkpoints, not samples
+_NOT_SAMPLES = frozenset({"named_weights", "update_weights", "receive_weights", "share_weights", "state",
+                          "load_state", "param_shapes", "save_pretrained", "rng_state", "set_rng_state"})
+
+
+def uses_dataflow(cfg: Config) -> bool:
+    """Whether a GRPO run takes the streaming dataflow (a split placement or periodic mode)."""
+    return cfg.trainer.off_policy_steps == 0 and (cfg.placement.split or cfg.trainer.mode == "periodic")
+
+
+class Flow:
+    """The stage threads of one step: each runs ``fn(flow)``; the first error stops them all and is raised
+    by :meth:`run`. ``leases`` are metadata-only dock batches of ready rows."""
+
+    def __init__(self, dock: Dock, part: str) -> None:
+        self.dock, self.part = dock, part
+        self.stop = threading.Event()
+        self.generated = threading.Event()  # the rollout has written every group
+        self.errors: list[BaseException] = []
+
+    def leases(self, stage: str, columns: list[str], *, batch_rows: int | None, whole_groups: bool = True,
+               after: threading.Event | None = None):
+        """Batches of ready rows for ``stage`` (indexes only, leased): ``batch_rows`` at most per batch as soon
+        as one group is ready (``None``: the whole partition at once); the caller acks each. ``after``: wait
+        for this event first."""
+        while after is not None and not after.wait(0.2):
+            if self.stop.is_set():
+                return
+        self.dock.register_stage(stage, columns, whole_groups=whole_groups, token_columns=())
+        total = self.dock.progress(self.part, stage)["rows"]
+        eager = batch_rows is not None
+        size = batch_rows if eager else total
+        while not self.stop.is_set():
+            try:
+                b = self.dock.acquire(self.part, stage, batch_size=size, eager=eager, read=False,
+                                      consumer_id=f"{stage}@{self.part}", timeout_s=0.2)
+            except TimeoutError:
+                continue
+            if b is None:
+                return
+            yield b
+
+    def run(self, stages: dict[str, Callable[["Flow"], None]]) -> None:
+        def body(name: str, fn) -> None:
+            try:
+                fn(self)
+            except BaseException as e:  # noqa: BLE001 - re-raised by run()
+                self.errors.append(e)
+                self.stop.set()
+
+        threads = [threading.Thread(target=body, args=(n, f), name=f"stage-{n}", daemon=True)
+                   for n, f in stages.items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if self.errors:
+            raise self.errors[0]
+
+
+class DataflowGRPO(GRPOWorkflow):
+    """GRPO/PPO whose step is a dataflow over the dock (see the module docstring)."""
+
+    policy_cls, reference_cls, critic_cls, rollout_cls = (DockPolicyWorker, DockReferenceWorker, DockCriticWorker,
+                                                          StreamingRollout)
+
+    def __init__(self, cfg: Config) -> None:
+        pl = cfg.placement
+        if cfg.model.device != "cuda" and not torch.cuda.is_available() and pl.pools:
+            # a CPU device is a share of the cores: every rank gets cores / (devices of all pools) threads
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            per = max(1, cores // (cfg.cluster.devices + sum(pl.pools.values())))
+            if cfg.run.threads == 0:
+                cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"threads": per})})
+        if pl.split and cfg.dock.backend == "local" and cfg.cluster.backend == "local":
+            # the rollout runs in its own process and writes to the units itself: they must be reachable
+            cfg = cfg.model_copy(update={"dock": cfg.dock.model_copy(update={"backend": "process"})})
+        self._pools: dict[str, ResourcePool] = {}
+        super().__init__(cfg)
+        a = cfg.algorithm
+        self.needs = adv_lib.NEEDS[a.advantage]
+        self.scorer = make_group(cfg.cluster.model_copy(update={"in_process": True}), ScoreWorker,
+                                 self._pool(pl.reward), "scorer", init_kwargs=dict(
+                                     reward=self.s.reward, tokenizer=self.s.tokenizer, algorithm=a, shape=self._shaped))
+        # Periodic accumulation is one optimizer step per batch. With several (mini-batches, epochs) or a
+        # batch-whitened estimator (advantages exist only once the batch is complete) the forward-only stages
+        # still stream per group, and the update waits for the whole batch, exactly as in sync mode.
+        t = cfg.trainer
+        self.periodic = t.mode == "periodic" and t.mini_batches == 1 and t.epochs == 1 and self.needs.group_relative \
+            and self.critic is None
+
+    # ------------------------------------------------------------ placement
+    def _pool(self, name: str) -> ResourcePool:
+        if name == "main":
+            return self.s.pool
+        if name not in self._pools:
+            self._pools[name] = ResourcePool(name=name, devices=self.cfg.placement.pools[name],
+                                             device_kind=self.s.pool.device_kind)
+        return self._pools[name]
+
+    def _rollout_pool(self, main: ResourcePool) -> ResourcePool:
+        return self._pool(self.cfg.placement.rollout)
+
+    def _reference_pool(self, main: ResourcePool) -> ResourcePool:
+        return self._pool(self.cfg.placement.reference)
+
+    def _critic_pool(self, main: ResourcePool) -> ResourcePool:
+        return self._pool(self.cfg.placement.critic)
+
+    def _rollout_cluster(self) -> ClusterConfig:
+        # its own process when it has its own pool: generation then overlaps training instead of competing
+        # with it for the driver's interpreter lock
+        return self.cfg.cluster.model_copy(update={"in_process": not self.cfg.placement.split})
+
+    # ------------------------------------------------------------------ step
+    def step(self, step: int) -> dict[str, float]:
+        """One step of seed 003's Algorithm 1 over the dock; returns its metrics."""
+        t0 = time.perf_counter()
+        s, P, n = self.s, self.cfg.data.prompts_per_step, self.sampling.n
+        self._phase_metrics, self._kl_metrics = {}, {}
+        for g in self._groups():
+            g.reset_bytes()
+        problems = s.prompts.take(P)
+        part = f"step-{step}"
+        self.dock.open_partition(part, rows=P * n, group_size=n)
+        self._step = {"problems": problems, "infos": [], "scores": [], "rewards": [], "metrics": {},
+                      "update": {}, "kl": {}}
+        self._flow = flow = Flow(self.dock, part)
+        self._step_no = step
+        stages = {"sample": self.sample, "score": self.score, "advantages": self.advantages_stage,
+                  "update": self.update_stage}
+        if self.ref is not None:
+            stages["reference"] = self.reference
+        if self.recompute_old:
+            stages["old"] = self.old_logprobs
+        if self.critic is not None:
+            stages["values"] = self.values
+        try:
+            flow.run(stages)
+        finally:
+            self.dock.close_partition(part)
+        metrics = self._metrics(step)
+        with s.span("relay", "rollout", step):
+            metrics.update(relay_weights(self.actor, self.rollout, version=step, relay=self.relay))
+        metrics["dock/driver_bytes"] = float(sum(b for g in self._groups() for m, b in g.bytes_by_method.items()
+                                                 if m not in _NOT_SAMPLES))
+        return self.perf_rows(metrics, t0, step)
+
+    def _groups(self):
+        return [g for g in (self.actor, self.rollout, self.ref, self.critic, getattr(self, "scorer", None))
+                if g is not None]
+
+    def _device_gate(self, group) -> threading.Event | None:
+        """Stages on the rollout's pool wait for generation to end (the device is time-shared)."""
+        return self._flow.generated if group.pool is self.rollout.pool else None
+
+    # ---------------------------------------------------------------- stages
+    def sample(self, f: Flow) -> None:
+        """The rollout ranks generate; each finished group is written to the dock by its rank and published
+        here (receipts only)."""
+        s, step, n = self.s, self._cur, self.sampling.n
+        problems = self._step["problems"]
+        slots = [self.dock.reserve(f.part, n) for _ in problems]
+        prompts = [s.encode(p) for p in problems]
+        ranks = self.rollout.world_size
+        chunks = [list(range(len(problems)))[r::ranks] for r in range(ranks)]
+        with self.phase("generate", self.rollout, step):
+            for r, idx in enumerate(chunks):
+                self.rollout.one("start_stream", [prompts[i] for i in idx], self.sampling, [slots[i] for i in idx],
+                                 idx, rank=r)
+            live = set(range(ranks))
+            while live and not f.stop.is_set():
+                for r in sorted(live):
+                    got, done = self.rollout.one("poll_stream", 0.05 if ranks > 1 else 0.2, rank=r)
+                    for receipt, info in got:
+                        self.dock.publish(receipt)
+                        self._step["infos"].append(info)
+                    if done:
+                        live.discard(r)
+        f.generated.set()
+
+    def score(self, f: Flow) -> None:
+        problems = self._step["problems"]
+        for b in f.leases("score", ["response_ids", "group"], batch_rows=self.sampling.n * self.cfg.trainer.stream_groups):
+            with self.s.span("reward", "reward", self._cur):
+                receipt, scores, rewards, metrics = self.scorer.one(
+                    "score_into", self.dock.reader(f.part, b.indexes, ["response_ids", "group"]),
+                    self.dock.slots(f.part, b.indexes), problems)
+            self.dock.publish(receipt)
+            self._step["scores"] += scores
+            self._step["rewards"] += rewards
+            for k, v in metrics.items():  # per-batch reward metrics: keep a running mean by rows
+                self._step["metrics"].setdefault(k, []).append((v, len(b.indexes)))
+            b.ack()
+
+    def _pass(self, f: Flow, stage: str, group, span: str, method: str, *args) -> None:
+        """A forward-only stage: each ready batch of groups -> ``method`` on every rank -> receipts published."""
+        cols = ["prompt_ids", "response_ids", "group"]
+        gate = self._device_gate(group)
+        rows = None if gate is not None else self.sampling.n * self.cfg.trainer.stream_groups
+        for b in f.leases(stage, cols, batch_rows=rows, after=gate):
+            with self.phase(span, group, self._cur):
+                receipts = group.split(method, self._items(f.part, b.indexes, cols, group.world_size), *args)
+            for r in receipts:
+                self.dock.publish(r)
+            b.ack()
+
+    def reference(self, f: Flow) -> None:
+        self._pass(f, "reference", self.ref, "ref_logprob", "logprobs_into", "ref_logprobs", self.temperature)
+
+    def old_logprobs(self, f: Flow) -> None:
+        self._pass(f, "old", self.actor, "old_logprob", "logprobs_into", "old_logprobs", self.temperature)
+
+    def values(self, f: Flow) -> None:
+        self._pass(f, "values", self.critic, "values", "values_into")
+
+    def advantages_stage(self, f: Flow) -> None:
+        a = self.cfg.algorithm
+        cols = ["rewards", "response_ids", "group"] + (["gen_logprobs", "ref_logprobs"] if a.kl_in_reward and
+                                                       self.ref is not None else []) \
+            + (["values"] if self.needs.values else [])
+        rows = self.sampling.n * self.cfg.trainer.stream_groups if self.needs.group_relative else None
+        for b in f.leases("advantages", cols, batch_rows=rows):
+            with self.s.span("advantage", "driver", self._cur):
+                receipt, kl = self.scorer.one("advantages_into", self.dock.reader(f.part, b.indexes, cols),
+                                              self.dock.slots(f.part, b.indexes))
+            self.dock.publish(receipt)
+            self._step["kl"].update(kl)
+            b.ack()
+
+    def _fields(self) -> list[str]:
+        return ["advantages", "gen_logprobs"] + (["ref_logprobs"] if self.ref is not None else []) \
+            + (["old_logprobs"] if self.recompute_old else [])
+
+    def update_stage(self, f: Flow) -> None:
+        """sync: the update on the whole batch; periodic: accumulate each arriving group, step at the end."""
+        a, t, step = self.cfg.algorithm, self.cfg.trainer, self._cur
+        fields = self._fields()
+        critic_fields = ["values", "returns"] if self.critic is not None else []
+        cols = ["prompt_ids", "response_ids", "group", "truncated", *fields, *critic_fields]
+        kw = dict(temperature=self.temperature)
+        actor_on = step > self.cfg.critic.warmup_steps or self.critic is None
+        gate = self._device_gate(self.actor)
+        if not self.periodic:
+            for b in f.leases("update", cols, batch_rows=None, after=gate):
+                with self.phase("update", self.actor, step):
+                    opt = dict(mini_batches=t.mini_batches, epochs=t.epochs, seed=self.cfg.run.seed + step, **kw)
+                    if self.critic is not None:
+                        self._step["update"].update(self.critic.split(
+                            "update_from", self._items(f.part, b.indexes, cols, self.critic.world_size),
+                            self.value_loss, critic_fields, drop_truncated=a.overlong_filter, **opt)[0])
+                    if actor_on:
+                        self._step["update"].update(self.actor.split(
+                            "update_from", self._items(f.part, b.indexes, cols, self.actor.world_size), self.loss,
+                            fields, drop_truncated=a.overlong_filter,
+                            with_entropy="grad" if a.entropy_coef > 0 else True, **opt)[0])
+                b.ack()
+            return
+        self.actor.all("begin_accumulation")
+        rows = self.sampling.n * t.stream_groups
+        for b in f.leases("update", cols, batch_rows=rows, after=gate):
+            with self.phase("update", self.actor, step):
+                self.actor.split("accumulate_from", self._items(f.part, b.indexes, cols, self.actor.world_size),
+                                 self.loss, fields, drop_truncated=a.overlong_filter,
+                                 with_entropy="grad" if a.entropy_coef > 0 else True, **kw)
+            b.ack()
+        if f.stop.is_set():
+            return
+        with self.phase("update", self.actor, step):
+            self._step["update"].update(self.actor.all("finish_accumulation")[0])
+
+    def _items(self, part: str, indexes: list[int], cols: list[str], ranks: int) -> list:
+        """One ``(reader, slots)`` per rank: contiguous whole groups of ``indexes``."""
+        n = self.sampling.n
+        groups = [indexes[i:i + n] for i in range(0, len(indexes), n)]
+        per = [sum(groups[r::ranks], []) for r in range(ranks)] if ranks > 1 else [indexes]
+        return [(self.dock.reader(part, idx, cols), self.dock.slots(part, idx)) for idx in per]
+
+    # --------------------------------------------------------------- metrics
+    def _metrics(self, step: int) -> dict[str, float]:
+        st = self._step
+        infos = st["infos"]
+        lengths = torch.tensor([L for i in infos for L in i["lengths"]], dtype=torch.float32)
+        truncated = torch.tensor([t for i in infos for t in i["truncated"]], dtype=torch.float32)
+        scores, rewards = torch.tensor(st["scores"]), torch.tensor(st["rewards"])
+        m: dict[str, float] = {k: sum(v * w for v, w in vs) / max(1, sum(w for _, w in vs))
+                               for k, vs in st["metrics"].items()}
+        m.update({
+            "reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+            "train/accuracy": float((scores >= 1.0).float().mean()),
+            "response/length_mean": float(lengths.mean()),
+            "response/length_max": float(lengths.max()),
+            "response/clip_ratio": float(truncated.mean()),
+        })
+        m.update(st["update"])
+        m.update(st["kl"])
+        if "actor/ref_kl_k1" in m:
+            m["actor/kl"] = m["actor/ref_kl_k1"]
+        m.update(self._phase_metrics)
+        return m
+
+    def perf_rows(self, metrics: dict[str, float], t0: float, step: int) -> dict[str, float]:
+        dt = time.perf_counter() - t0
+        tokens = sum(i["prompt_len"] * len(i["lengths"]) + sum(i["lengths"]) for i in self._step["infos"])
+        devices = sum(p.world_size for p in {id(g.pool): g.pool for g in (self.actor, self.rollout)}.values())
+        metrics.update({"perf/step_time_s": dt, "perf/tokens": tokens,
+                        "perf/tokens_per_s_per_device": tokens / (dt * devices), "weights/version": step})
+        return metrics
+
+    @property
+    def _cur(self) -> int:
+        return self._step_no
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        if getattr(self, "scorer", None) is not None:
+            self.scorer.shutdown()

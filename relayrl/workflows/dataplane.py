@@ -1,0 +1,194 @@
+"""Workers on the data plane: each reads its rows from the dock's storage units and writes its outputs back
+from its own process; the driver hands it row indexes (a reader and slots), never tensors.
+
+Seed 000's workers put into and get from the transfer dock themselves, and seed 002's clients talk to the
+storage units while only metadata reaches the controllers. Here:
+
+* the **rollout** generates with continuous batching and writes each prompt group the moment its last
+  response finishes (``start_stream`` / ``poll_stream``: generation runs on a thread of the worker, the
+  driver polls for the write receipts and publishes them, so later stages start on that group while the
+  rest still decode);
+* the **trainer-side** roles (actor, reference, critic) read a batch of rows through a reader, run their
+  pass, and write the output column (``old_logprobs``, ``ref_logprobs``, ``values``) through slots,
+  returning the receipt; the actor's update and its per-group accumulation read their rows the same way;
+* the **scorer** (reward verifier and advantage estimator, in the driver's process) decodes and scores the
+  responses and writes ``scores``/``rewards``, then ``advantages``.
+
+Columns of a step's partition: ``prompt_ids``, ``response_ids``, ``gen_logprobs`` (per token), ``group``
+(the prompt group), ``truncated`` (cut at ``max_new_tokens``), ``version`` (weights that generated it),
+then ``rewards``, ``ref_logprobs``, ``old_logprobs``, ``values``, ``advantages``, ``returns``.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Sequence
+
+import torch
+
+from relayrl.cluster import Worker
+from relayrl.engines.generation.base import Completion, SamplingParams
+from relayrl.engines.training.base import SequenceBatch
+from relayrl.workflows.estimate import advantage_rows
+from relayrl.workflows.workers import CriticWorker, PolicyWorker, ReferenceWorker, RolloutWorker
+
+__all__ = ["GROUP_COLUMNS", "StreamingRollout", "DockPolicyWorker", "DockReferenceWorker", "DockCriticWorker",
+           "ScoreWorker", "rows_batch"]
+
+GROUP_COLUMNS = ("prompt_ids", "response_ids", "gen_logprobs", "group", "truncated", "version")
+_DONE = object()
+
+
+def rows_batch(cols: dict[str, list], fields: Sequence[str] = (), drop_truncated: bool = False) -> SequenceBatch:
+    """The rows read from the dock as a :class:`SequenceBatch` (``groups`` from the ``group`` column);
+    ``drop_truncated``: without the rows cut at ``max_new_tokens`` (DAPO's overlong filter)."""
+    batch = SequenceBatch(cols["prompt_ids"], cols["response_ids"], {f: cols[f] for f in fields},
+                          [int(g) for g in cols["group"]])
+    if drop_truncated:
+        batch = batch.select([i for i, t in enumerate(cols["truncated"]) if not bool(t)])
+    return batch
+
+
+class StreamingRollout(RolloutWorker):
+    """A rollout worker that writes finished prompt groups into the dock while generation goes on."""
+
+    def start_stream(self, prompts: Sequence[Sequence[int]], params: SamplingParams, slots: Sequence[Any],
+                     groups: Sequence[int]) -> None:
+        """Generate ``params.n`` responses for each of ``prompts`` on a thread of this worker; prompt ``i``'s
+        group is written to ``slots[i]`` (its ``n`` rows, in sample order) as soon as it is complete. Take
+        the receipts with :meth:`poll_stream`."""
+        if getattr(self, "_stream", None) is not None and self._stream.is_alive():
+            raise RuntimeError("start_stream: the previous stream is still generating")
+        if len(slots) != len(prompts) or len(groups) != len(prompts):
+            raise ValueError(f"start_stream: {len(prompts)} prompts, {len(slots)} slots, {len(groups)} groups")
+        self._out: queue.Queue = queue.Queue()
+        n, version = params.n, self.engine.weight_version
+        pending: dict[int, list[Completion]] = {}
+
+        def on_finish(c: Completion) -> None:
+            got = pending.setdefault(c.prompt_index, [])
+            got.append(c)
+            if len(got) < n:
+                return
+            comps = sorted(pending.pop(c.prompt_index), key=lambda x: x.sample_index)
+            i = c.prompt_index
+            receipt = slots[i].write({
+                "prompt_ids": [torch.as_tensor(list(prompts[i]), dtype=torch.long)] * n,
+                "response_ids": [x.token_ids for x in comps],
+                "gen_logprobs": [x.logprobs for x in comps],
+                "group": [int(groups[i])] * n,
+                "truncated": [float(x.finish_reason == "length") for x in comps],
+                "version": [int(version)] * n,
+            })
+            info = {"group": int(groups[i]), "lengths": [len(x.token_ids) for x in comps],
+                    "prompt_len": len(prompts[i]), "truncated": [x.finish_reason == "length" for x in comps]}
+            self._out.put((receipt, info))
+
+        def run() -> None:
+            try:
+                self.engine.generate(prompts, params, generator=self.generator if params.temperature > 0 else None,
+                                     on_finish=on_finish)
+            except BaseException as e:  # noqa: BLE001 - handed to the driver by poll_stream
+                self._out.put(e)
+            finally:
+                self._out.put(_DONE)
+
+        self._stream = threading.Thread(target=run, name="rollout-stream", daemon=True)
+        self._stream.start()
+
+    def poll_stream(self, timeout: float = 0.5) -> tuple[list[tuple[Any, dict]], bool]:
+        """``(receipts with their groups' lengths, done)``: what finished since the last poll, waiting up to
+        ``timeout`` seconds for the first; an error of the generation thread is raised here."""
+        got: list = []
+        done = False
+        try:
+            item = self._out.get(timeout=timeout)
+            while True:
+                if item is _DONE:
+                    done = True
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                got.append(item)
+                item = self._out.get_nowait()
+        except queue.Empty:
+            pass
+        return got, done
+
+
+class _DockRows:
+    """Mixin for trainer-side workers: ``items`` are ``(reader, slots)`` pairs, one per data-parallel rank
+    (``group.split`` hands each rank its own); ``reader.read()`` gives the rows' columns."""
+
+    @staticmethod
+    def _read(items: Sequence, fields: Sequence[str] = (), drop_truncated: bool = False):
+        (reader, slots), = items
+        return rows_batch(reader.read(), fields, drop_truncated), slots
+
+
+class DockPolicyWorker(_DockRows, PolicyWorker):
+    def logprobs_into(self, items: Sequence, column: str, temperature: float = 1.0) -> list:
+        """Old-policy log-probs of the rows into ``column``; the write receipt (one per rank)."""
+        batch, slots = self._read(items)
+        return [slots.write({column: self.logprobs(batch, temperature)})]
+
+    def update_from(self, items: Sequence, loss_fn, fields: Sequence[str], *, drop_truncated: bool = False,
+                    **kwargs) -> list[dict]:
+        """``update`` on rows read from the dock (the synchronous step: the whole batch at once)."""
+        batch, _ = self._read(items, fields, drop_truncated)
+        return [self.update(batch, loss_fn, **kwargs)]
+
+    def accumulate_from(self, items: Sequence, loss_fn, fields: Sequence[str], *, drop_truncated: bool = False,
+                        **kwargs) -> list[int]:
+        """Forward and backward on rows read from the dock, gradients accumulated (periodic asynchrony);
+        the optimizer steps at ``finish_accumulation``. Returns the rows trained on."""
+        batch, _ = self._read(items, fields, drop_truncated)
+        self.accumulate(batch, loss_fn, **kwargs)
+        return [len(batch)]
+
+
+class DockReferenceWorker(_DockRows, ReferenceWorker):
+    def logprobs_into(self, items: Sequence, column: str, temperature: float = 1.0) -> list:
+        batch, slots = self._read(items)
+        return [slots.write({column: self.logprobs(batch, temperature)})]
+
+
+class DockCriticWorker(_DockRows, CriticWorker):
+    def values_into(self, items: Sequence) -> list:
+        batch, slots = self._read(items)
+        return [slots.write({"values": self.values(batch)})]
+
+    def update_from(self, items: Sequence, loss_fn, fields: Sequence[str], *, drop_truncated: bool = False,
+                    **kwargs) -> list[dict]:
+        batch, _ = self._read(items, fields, drop_truncated)
+        return [self.update(batch, loss_fn, **kwargs)]
+
+
+class ScoreWorker(Worker):
+    """The reward and advantage stages, in the driver's process: reads responses from the dock, scores them
+    with the run's reward engine (rule verifiers, user functions) and writes rewards; computes advantages of
+    complete groups (or of the whole batch) and writes them."""
+
+    def __init__(self, reward, tokenizer, algorithm, shape) -> None:
+        self.reward, self.tokenizer, self.algorithm, self.shape = reward, tokenizer, algorithm, shape
+
+    def score_into(self, reader, slots, problems: Sequence) -> tuple[Any, list[float], list[float], dict]:
+        """Score the rows (``problems[group]`` holds each row's prompt and answer); writes ``rewards`` (after
+        the run's shaping) and returns ``(receipt, scores, rewards, reward metrics)`` (scalars only)."""
+        cols = reader.read()
+        texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in cols["response_ids"]]
+        probs = [problems[int(g)] for g in cols["group"]]
+        scores, metrics = self.reward.score([p.prompt for p in probs], texts, [p.answer for p in probs])
+        lengths = torch.tensor([len(r) for r in cols["response_ids"]], dtype=torch.float32)
+        rewards = self.shape(torch.tensor(scores, dtype=torch.float32), lengths)
+        return slots.write({"rewards": rewards.tolist()}), list(scores), rewards.tolist(), metrics
+
+    def advantages_into(self, reader, slots) -> tuple[Any, dict[str, float]]:
+        """Advantages of the rows (whole groups, or the whole batch for batch-whitened estimators)."""
+        cols = reader.read()
+        out, kl = advantage_rows(
+            self.algorithm, torch.tensor([float(r) for r in cols["rewards"]]), [len(r) for r in cols["response_ids"]],
+            torch.tensor([int(g) for g in cols["group"]]), gen_logprobs=cols.get("gen_logprobs"),
+            ref_logprobs=cols.get("ref_logprobs"), values=cols.get("values"))
+        return slots.write(out), kl
