@@ -20,6 +20,7 @@ slots.write({...})`` in the worker, ``dock.publish(receipt)`` in the driver.
 from .config import DockConfig, DockError, DockWriteError, LeaseLostError, PartitionClosedError, StageSpec
 from .dock import Dock
 from .loader import Batch, StreamLoader, balance_shards
+from .payload import payload_bytes
 from .slots import Receipt, Slots
 
 __all__ = [
@@ -35,4 +36,5 @@ __all__ = [
     "StageSpec",
     "StreamLoader",
     "balance_shards",
+    "payload_bytes",
 ]
