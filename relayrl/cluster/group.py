@@ -14,11 +14,17 @@ driver can overlap groups on different pools (HybridFlow's asynchronous
 dataflow execution). Every call takes a turn on its pool at call time, so
 colocated groups run one call at a time in driver order.
 
+Every call counts the payload bytes (tensors and numpy arrays, see
+`relayrl.dock.payload_bytes`) of its arguments and results in
+`group.bytes_by_method`, on every backend: they are the sample data the
+driver handled, which should be small once the dock is the data plane.
+
 Departures: no `@register` decorators or metaprogrammed dispatch; data is
 materialised through the driver (no data futures passed worker-to-worker).
 """
 from __future__ import annotations
 
+import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
@@ -27,6 +33,7 @@ from relayrl.cluster.config import ClusterConfig, as_config
 from relayrl.cluster.dispatch import gather_split, split_items
 from relayrl.cluster.pool import ResourcePool
 from relayrl.cluster.worker import check_method, check_worker_class
+from relayrl.dock.payload import payload_bytes
 
 
 def _build_ranks(cfg: ClusterConfig, worker_cls: type, pool: ResourcePool, name: str, num_ranks: int,
@@ -91,6 +98,8 @@ class WorkerGroup:
             raise
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"relayrl-{self.name}")
         self._closed = False
+        self._bytes: dict[str, int] = {}
+        self._bytes_lock = threading.Lock()
         self._finalizer = weakref.finalize(self, _close, self._ranks, self._executor, pool, self.name)
 
     @property
@@ -108,6 +117,26 @@ class WorkerGroup:
         from relayrl.cluster.local import InProcessRanks
 
         return isinstance(self._ranks, InProcessRanks)
+
+    @property
+    def bytes_by_method(self) -> dict[str, int]:
+        """Payload bytes of the arguments and results of the calls since the last `reset_bytes`, by method.
+
+        Arguments count once per rank they go to (an `all` call's tensors
+        count `world_size` times); results once per rank that returned them.
+        """
+        with self._bytes_lock:
+            return dict(self._bytes)
+
+    def reset_bytes(self) -> dict[str, int]:
+        """Start counting afresh; returns the counts up to now."""
+        with self._bytes_lock:
+            counts, self._bytes = self._bytes, {}
+        return counts
+
+    def _count(self, method: str, n: int) -> None:
+        with self._bytes_lock:
+            self._bytes[method] = self._bytes.get(method, 0) + n
 
     # -- call kinds ------------------------------------------------------------------------------
     def all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
@@ -161,7 +190,11 @@ class WorkerGroup:
         def job() -> Any:
             turns.wait(ticket)
             try:
-                return post(self._ranks.call(method, ranks, payloads))
+                sizes: dict[int, int] = {}  # an `all` call repeats one payload object: walk it once
+                self._count(method, sum(sizes.setdefault(id(p), payload_bytes(p)) for p in payloads))
+                results = self._ranks.call(method, ranks, payloads)
+                self._count(method, payload_bytes(results))
+                return post(results)
             finally:
                 turns.done(ticket)
 

@@ -12,15 +12,21 @@ Seeds 000 (MindSpeed-RL transfer dock) and 002 (AsyncFlow TransferQueue); see
         batch.ack()
     dock.close_partition("step-0")
 
-A worker in another process (``backend="ray"``) writes straight to the units:
-``slots = dock.reserve("step-0", 128)`` in the driver, ``receipt =
-slots.write({...})`` in the worker, ``dock.publish(receipt)`` in the driver.
+A worker in another process (``backend="process"`` on one machine, or
+``backend="ray"``) writes straight to the units: ``slots =
+dock.reserve("step-0", 128)`` in the driver, ``receipt = slots.write({...})``
+in the worker, ``dock.publish(receipt)`` in the driver; and reads straight
+from them: ``reader = dock.reader("step-0", idx, ["response_ids"])`` in the
+driver, ``reader.read()`` in the worker. Only names, row indexes and these
+handles cross the driver (``payload_bytes`` counts what does).
 """
 
-from .config import DockConfig, DockError, DockWriteError, LeaseLostError, PartitionClosedError, StageSpec
+from .config import (DockConfig, DockError, DockWriteError, LeaseLostError, PartitionClosedError, StageSpec,
+                     UnitLostError)
 from .dock import Dock
 from .loader import Batch, StreamLoader, balance_shards
-from .slots import Receipt, Slots
+from .payload import payload_bytes
+from .slots import Receipt, RowReader, Slots
 
 __all__ = [
     "Batch",
@@ -31,8 +37,11 @@ __all__ = [
     "LeaseLostError",
     "PartitionClosedError",
     "Receipt",
+    "RowReader",
     "Slots",
     "StageSpec",
     "StreamLoader",
+    "UnitLostError",
     "balance_shards",
+    "payload_bytes",
 ]

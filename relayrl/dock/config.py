@@ -19,7 +19,9 @@ class DockConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     units: int = Field(1, ge=1, description="Storage units the rows are spread over (one per node is typical on Ray).")
-    backend: Literal["local", "ray"] = Field("local", description="'local': in-process units; 'ray': one actor per unit.")
+    backend: Literal["local", "process", "ray"] = Field(
+        "local", description="'local': in-process units; 'process': one local process per unit (reachable from rank "
+                             "processes); 'ray': one actor per unit.")
     lease_s: float = Field(60.0, gt=0.0, description="Seconds a handed-out row stays leased before it is re-delivered.")
 
 
@@ -55,6 +57,10 @@ class PartitionClosedError(DockError, KeyError):
 
 class DockWriteError(DockError):
     """A put could not be stored or published; the rows are not visible."""
+
+
+class UnitLostError(DockError):
+    """A storage unit died or stopped answering (process backend); the message names the unit and its pid."""
 
 
 class LeaseLostError(DockError):

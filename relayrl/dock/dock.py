@@ -13,9 +13,9 @@ loader), with the fixes listed in ``controller.py`` and these:
   units, controllers and batches are keyed by it, so closing a partition and
   reopening the same name cannot leak readiness or rows (an ack from a batch
   of the old generation raises ``PartitionClosedError``).
-* **Where the controllers live (Ray backend).** Units are actors; the
-  controllers live in the process that owns the ``Dock`` (the single-controller
-  driver of HybridFlow, seed 001). A readiness query is then a lock-protected
+* **Where the controllers live (Ray and process backends).** Units are
+  actors or processes; the controllers live in the process that owns the
+  ``Dock`` (the single-controller driver of HybridFlow, seed 001). A readiness query is then a lock-protected
   function call (microseconds) instead of an actor round trip (~0.7 ms on this
   machine), the driver is where workers' results arrive anyway, and a waiting
   consumer waits on a ``Condition`` that releases the lock, so producers'
@@ -24,7 +24,19 @@ loader), with the fixes listed in ``controller.py`` and these:
   straight to the units (``reserve``/``slots`` -> ``Slots.write`` there, see
   ``slots.py``) and the driver publishes their receipts, so only metadata
   passes through the driver; departure: a worker cannot query a controller
-  itself, the driver does it for the stages it runs.
+  itself, the driver does it for the stages it runs. Reads go the same way:
+  ``reader`` checks readiness here and hands out a ``RowReader`` that a
+  worker reads its rows with.
+* **Units for rank processes on one machine (process backend).** The local
+  cluster backend runs ranks as spawned processes, which cannot reach units
+  that are objects in the driver. ``backend="process"`` serves each unit from
+  its own process on a Unix socket (``unitproc.py``), storing the Ray unit's
+  packed format with the Ray unit's code; ``Slots`` and ``RowReader`` pickle
+  into a rank's call and connect from there. Chosen over starting Ray on one
+  machine (seconds to start, a raylet and object store for a few processes)
+  and over shared memory (buffer lifetimes across processes that may die).
+  The local backend stays the default where no other process touches data:
+  its puts store tensors by reference, which no transport can beat.
 
 Row layout: a partition declares ``rows`` (and optionally ``group_size``, the
 responses per prompt); new rows get consecutive indexes ``0..rows-1`` in put
@@ -42,8 +54,8 @@ from .columns import ColumnSchema
 from .config import DockConfig, DockError, PartitionClosedError, StageSpec
 from .controller import StageController
 from .loader import Batch, StreamLoader, balance_shards
-from .plane import LocalPlane, RayPlane
-from .slots import Receipt, Slots, normalize_columns
+from .plane import LocalPlane, ProcessPlane, RayPlane
+from .slots import Receipt, RowReader, Slots, normalize_columns
 
 
 class _Partition:
@@ -67,18 +79,26 @@ class Dock:
 
     Args:
         units: number of storage units rows are spread over.
-        backend: ``"local"`` (in-process) or ``"ray"`` (one actor per unit).
+        backend: ``"local"`` (in-process), ``"process"`` (one local process per
+            unit, reachable from rank processes) or ``"ray"`` (one actor per unit).
         lease_s: seconds a handed-out row stays leased before re-delivery.
         ray_address: passed to ``ray.init`` when Ray is not initialized yet.
-        io_timeout_s: limit on one data-plane call (Ray backend).
+        io_timeout_s: limit on one data-plane call (process and Ray backends).
     """
 
     def __init__(self, units: int = 1, backend: str = "local", lease_s: float = 60.0, *,
                  ray_address: str | None = None, io_timeout_s: float = 60.0) -> None:
         cfg = DockConfig(units=units, backend=backend, lease_s=lease_s)  # validates
+        if not io_timeout_s > 0:
+            raise ValueError(f"Dock: io_timeout_s={io_timeout_s!r} must be > 0 seconds (default 60)")
         self.config = cfg
         self.lease_s = cfg.lease_s
-        self._plane = LocalPlane(cfg.units) if cfg.backend == "local" else RayPlane(cfg.units, ray_address, io_timeout_s)
+        if cfg.backend == "local":
+            self._plane = LocalPlane(cfg.units)
+        elif cfg.backend == "process":
+            self._plane = ProcessPlane(cfg.units, io_timeout_s)
+        else:
+            self._plane = RayPlane(cfg.units, ray_address, io_timeout_s)
         self._lock = threading.Lock()
         self._parts: dict[str, _Partition] = {}
         self._stages: dict[str, StageController] = {}
@@ -314,6 +334,25 @@ class Dock:
         self._check_readable(part, columns, idx)
         return Batch(self, partition, part.gen, None, idx.tolist(), self._plane.read(part.gen, columns, idx, part.owner[idx], part.schemas), None)
 
+    def reader(self, partition: str, indexes: Sequence[int], columns: Sequence[str]) -> RowReader:
+        """A handle that reads ``columns`` of rows ``indexes`` from any process: ``reader.read()`` there.
+
+        Checks now that every requested cell is written (``KeyError``/``IndexError``
+        as ``get``). The reader holds the partition's generation: a read after
+        ``close_partition`` raises ``PartitionClosedError``. Picklable with the
+        process and Ray backends; with the local one it works in this process only.
+        """
+        part = self._part(partition)
+        idx = np.asarray(indexes, dtype=np.int64).reshape(-1)
+        columns = tuple(columns)
+        if not len(idx) or not columns:
+            raise ValueError(f"reader({partition!r}): give at least one row and one column")
+        with part.lock:
+            self._check_open(part)
+            self._check_readable(part, columns, idx)
+            schemas = {c: part.schemas[c] for c in columns}
+        return RowReader(part.name, part.gen, idx, part.owner[idx], columns, schemas, self._plane)
+
     @staticmethod
     def _check_readable(part: _Partition, columns: Sequence[str], idx: np.ndarray) -> None:
         for c in columns:
@@ -433,10 +472,19 @@ class Dock:
         return self._stages[stage].progress(part.gen)
 
     def shutdown(self) -> None:
-        """Close every partition and stop the units (kills the unit actors on Ray)."""
-        for name in self.partitions():
-            self.close_partition(name)
-        self._plane.shutdown()
+        """Close every partition and stop the units (kills the unit actors or processes).
+
+        The units stop even if dropping a partition fails; a unit already lost
+        (``DockError``) is not reported again here.
+        """
+        try:
+            for name in self.partitions():
+                try:
+                    self.close_partition(name)
+                except DockError:
+                    pass
+        finally:
+            self._plane.shutdown()
 
     # --- checkpoints (see checkpoint.py) ----------------------------------------------
     def state_dict(self, partition: str) -> dict[str, Any]:

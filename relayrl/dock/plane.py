@@ -15,19 +15,33 @@ units' shares concurrently (puts that meet at a busy unit share one call, see
 ``wire.py``) and returns only after every unit has confirmed (or raises
 ``DockWriteError``); a read asks all units concurrently and
 rebuilds rows as views of one writable buffer per column and unit.
+
+``ProcessPlane`` (``backend="process"``) does the same with one local process
+per unit (``unitproc.py``): same packing, same unit body, a Unix socket
+instead of Ray calls. It is how rank processes of the local cluster backend
+reach the units: the plane pickles into a few hundred bytes (socket paths,
+unit pids, the authkey), and each process that unpickles it (inside ``Slots``
+or a ``RowReader``) connects on first use, so a rollout rank writes its
+samples and a trainer rank reads its micro-batches without the driver
+touching the data. Chosen over Ray for one machine because it starts in a
+second with no cluster, and over shared memory because the lifetime of every
+buffer stays with one process (the unit), whoever dies.
 """
 
 from __future__ import annotations
 
+import os
+import weakref
 from typing import Sequence
 
 import numpy as np
 import torch
 
-from .columns import ColumnSchema, Rows, pack, unpack
-from .config import DockWriteError, PartitionClosedError
+from .columns import ColumnSchema, PackedColumn, Rows, pack, unpack
+from .config import DockError, DockWriteError, PartitionClosedError
 from .units import LocalUnit, make_ray_unit_class
-from .wire import UnitWriter
+from .unitproc import UnitClient, fan_out, start_units, stop_units
+from .wire import UnitWriter, put_many_args
 
 
 def _split_by_unit(owner: np.ndarray, n_units: int) -> list[tuple[int, np.ndarray]]:
@@ -36,6 +50,38 @@ def _split_by_unit(owner: np.ndarray, n_units: int) -> list[tuple[int, np.ndarra
     if n_units == 1 or (owner == first).all():
         return [(first, np.arange(len(owner)))]
     return [(k, pos) for k in range(n_units) if len(pos := np.flatnonzero(owner == k))]
+
+
+def _pack_shares(owner: np.ndarray, n_units: int, columns: dict[str, Rows]) -> list[tuple[int, np.ndarray, dict[str, PackedColumn]]]:
+    """``(unit, positions, {column: packed rows})`` for each unit that gets some of a write's rows."""
+    parts = _split_by_unit(owner, n_units)
+    return [(k, pos, {
+        name: pack(vals, schema, lengths) if len(parts) == 1 else pack([vals[p] for p in pos.tolist()], schema, lengths[pos])
+        for name, (vals, schema, lengths) in columns.items()
+    }) for k, pos in parts]
+
+
+def _raise_write_errors(errors: list[BaseException], n: int, columns: dict[str, Rows]) -> None:
+    if not errors:
+        return
+    e = errors[0]
+    if isinstance(e, PartitionClosedError):  # a unit refuses writes to a dropped generation
+        raise PartitionClosedError(f"put of {n} rows: the partition was closed; nothing is stored") from e
+    raise DockWriteError(f"put of {n} rows (columns {list(columns)}) was not stored: {type(e).__name__}: {e}") from e
+
+
+def _gather(columns: Sequence[str], n: int, parts: list[tuple[np.ndarray, dict[str, PackedColumn]]]) -> dict[str, list[torch.Tensor]]:
+    """Rows in request order from each unit's reply (``parts``: positions in the request, packed columns)."""
+    if len(parts) == 1:
+        return {c: unpack(parts[0][1][c]) for c in columns}
+    out: dict[str, list] = {c: [None] * n for c in columns}
+    for pos, res in parts:
+        pl = pos.tolist()
+        for c in columns:
+            col = out[c]
+            for p, v in zip(pl, unpack(res[c])):
+                col[p] = v
+    return out
 
 
 class LocalPlane:
@@ -78,8 +124,9 @@ class LocalPlane:
             u.drop(gen)
 
     def __reduce__(self):
-        raise TypeError("the local dock's storage units live in the driver process: Slots of a backend='local' dock "
-                        "cannot be sent to another process (use dock.put in the driver, or backend='ray')")
+        raise TypeError("the local dock's storage units live in the driver process: Slots and RowReaders of a "
+                        "backend='local' dock cannot be sent to another process (use dock.put/dock.get in the driver, "
+                        "or Dock(backend='process') for rank processes on this machine, or backend='ray')")
 
     def shutdown(self) -> None:
         self.units = []
@@ -115,11 +162,7 @@ class RayPlane:
 
     def write(self, gen: int, n_rows: int, idx: np.ndarray, owner: np.ndarray,
               columns: dict[str, Rows]) -> None:
-        parts = _split_by_unit(owner, self.n_units)
-        shares = [(k, pos, {
-            name: pack(vals, schema, lengths) if len(parts) == 1 else pack([vals[p] for p in pos.tolist()], schema, lengths[pos])
-            for name, (vals, schema, lengths) in columns.items()
-        }) for k, pos in parts]
+        shares = _pack_shares(owner, self.n_units, columns)
         # Every submitted write is waited for, even after one failed: the first waiter back from a
         # call is what lets the writer send the next one.
         tickets = [(self.writers[k], self.writers[k].submit(gen, n_rows, idx[pos], packed)) for k, pos, packed in shares]
@@ -129,26 +172,13 @@ class RayPlane:
                 writer.wait(t)
             except Exception as e:  # noqa: BLE001 - any failure means the rows are not stored
                 errors.append(e)
-        if errors:
-            e = errors[0]
-            if isinstance(e, PartitionClosedError):  # a unit refuses writes to a dropped generation
-                raise PartitionClosedError(f"put of {len(idx)} rows: the partition was closed; nothing is stored") from e
-            raise DockWriteError(f"put of {len(idx)} rows (columns {list(columns)}) was not stored: {e!r}") from e
+        _raise_write_errors(errors, len(idx), columns)
 
     def read(self, gen: int, columns: Sequence[str], idx: np.ndarray, owner: np.ndarray,
              schemas: dict[str, ColumnSchema]) -> dict[str, list[torch.Tensor]]:
         parts = [(pos, self.units[k].get.remote(gen, list(columns), idx[pos])) for k, pos in _split_by_unit(owner, self.n_units)]
         got = self._ray.get([ref for _, ref in parts], timeout=self.timeout_s)
-        if len(parts) == 1:
-            return {c: unpack(got[0][c]) for c in columns}
-        out: dict[str, list] = {c: [None] * len(idx) for c in columns}
-        for (pos, _), res in zip(parts, got):
-            pl = pos.tolist()
-            for c in columns:
-                col = out[c]
-                for p, v in zip(pl, unpack(res[c])):
-                    col[p] = v
-        return out
+        return _gather(columns, len(idx), [(pos, res) for (pos, _), res in zip(parts, got)])
 
     def drop(self, gen: int) -> None:
         self._ray.get([u.drop.remote(gen) for u in self.units], timeout=self.timeout_s)
@@ -157,3 +187,84 @@ class RayPlane:
         for u in self.units:
             self._ray.kill(u)
         self.units, self.writers = [], []
+
+
+# This process's clients of each unit set, shared by every copy of a ProcessPlane (each call that
+# carries Slots or a RowReader unpickles a new copy): connections are opened once per process.
+_CLIENTS: dict[tuple, list[UnitClient]] = {}
+
+
+class ProcessPlane:
+    """One local process per unit (``unitproc.py``); packed numpy buffers on a Unix socket.
+
+    Picklable: a copy in another process (inside ``Slots`` or a ``RowReader``)
+    connects to the units on first use; a process made by ``fork`` opens its
+    own connections too. Only the plane that started the units stops them.
+    """
+
+    def __init__(self, n_units: int, timeout_s: float, start_timeout_s: float = 120.0) -> None:
+        self.n_units, self.timeout_s = n_units, timeout_s
+        root, self._authkey, self._addresses, procs = start_units(n_units, start_timeout_s)
+        self.pids = [p.pid for p in procs]
+        self._procs: list | None = procs
+        self._owner_pid = os.getpid()
+        self._finalizer = weakref.finalize(self, stop_units, self._owner_pid, procs, root)
+
+    def __getstate__(self) -> dict:
+        return {"n_units": self.n_units, "timeout_s": self.timeout_s, "authkey": self._authkey,
+                "addresses": self._addresses, "pids": self.pids}
+
+    def __setstate__(self, state: dict) -> None:
+        self.n_units, self.timeout_s, self.pids = state["n_units"], state["timeout_s"], state["pids"]
+        self._authkey, self._addresses = state["authkey"], state["addresses"]
+        self._procs, self._owner_pid, self._finalizer = None, -1, None
+
+    def _units(self) -> list[UnitClient]:
+        if not self._addresses:
+            raise DockError("the dock's storage units were shut down")
+        key = (os.getpid(), *self._addresses)
+        clients = _CLIENTS.get(key)
+        if clients is None:
+            procs = self._procs if self._owner_pid == os.getpid() else [None] * self.n_units
+            clients = _CLIENTS.setdefault(key, [UnitClient(k, a, self._authkey, pid, self.timeout_s, proc)
+                                                for k, (a, pid, proc) in enumerate(zip(self._addresses, self.pids, procs))])
+        return clients
+
+    def write(self, gen: int, n_rows: int, idx: np.ndarray, owner: np.ndarray,
+              columns: dict[str, Rows]) -> None:
+        units = self._units()
+        shares = _pack_shares(owner, self.n_units, columns)
+        got = fan_out([(units[k], "put_many", put_many_args([(gen, n_rows, idx[pos], packed)], inline_bytes=0))
+                       for k, pos, packed in shares])
+        errors = []
+        for r in got:  # an exception, or put_many's list: None per stored write, else why it was refused
+            if isinstance(r, BaseException):
+                errors.append(r)
+            elif r[0] is not None:
+                errors.append(PartitionClosedError(r[0]))
+        _raise_write_errors(errors, len(idx), columns)
+
+    def read(self, gen: int, columns: Sequence[str], idx: np.ndarray, owner: np.ndarray,
+             schemas: dict[str, ColumnSchema]) -> dict[str, list[torch.Tensor]]:
+        units = self._units()
+        parts = _split_by_unit(owner, self.n_units)
+        got = fan_out([(units[k], "get", (gen, list(columns), idx[pos])) for k, pos in parts])
+        for r in got:
+            if isinstance(r, BaseException):
+                raise r
+        return _gather(columns, len(idx), [(pos, res) for (_, pos), res in zip(parts, got)])
+
+    def drop(self, gen: int) -> None:
+        units = self._units()
+        for r in fan_out([(u, "drop", (gen,)) for u in units]):
+            if isinstance(r, BaseException):
+                raise r
+
+    def shutdown(self) -> None:
+        """Stop the unit processes and remove their sockets (in the process that started them; else a no-op)."""
+        if self._finalizer is None or self._owner_pid != os.getpid():
+            return
+        for c in _CLIENTS.pop((os.getpid(), *self._addresses), []):
+            c.close()
+        self._finalizer()
+        self._addresses = []

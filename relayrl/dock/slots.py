@@ -1,4 +1,4 @@
-"""Writing from another process: reserved rows (``Slots``) and write receipts.
+"""Handles for other processes: reserved rows (``Slots``), write receipts, and ``RowReader``.
 
 A rollout worker should send its samples straight to the storage units, not
 through the driver: seed 000's workers put into the transfer dock's
@@ -12,8 +12,24 @@ cells visible to the stages. Until published, written cells are invisible, so
 the rows of a worker that dies between write and publish are never seen half
 written. ``dock.put`` is the same three steps in one process.
 
-Writes from other processes need ``backend="ray"``: the local backend's units
-are objects in the driver, and its ``Slots`` refuse to be pickled.
+Reading is the mirror image: ``dock.reader(partition, indexes, columns)``
+checks in the driver that every cell is written and returns a ``RowReader``
+(row indexes, their units, the partition generation: metadata only); a
+trainer rank calls ``reader.read()`` and gets ``{column: [tensor per row]}``
+from the units in request order. A read after the partition was closed raises
+``PartitionClosedError`` (the units remember dropped generations).
+
+Which backend reaches the units from where:
+
+* ``backend="local"``: units are objects in the driver; ``Slots`` and
+  ``RowReader`` work in the driver's threads and refuse to be pickled.
+* ``backend="process"``: each unit is a local process behind a Unix socket
+  (``unitproc.py``). The handles pickle into a few hundred bytes and connect
+  from whichever process unpickles them: the ranks of a
+  ``ClusterConfig(in_process=False)`` group, processes spawned or forked by
+  the driver. This is the data plane for the local multi-process backend.
+* ``backend="ray"``: units are actors; the handles work in any process of the
+  Ray cluster.
 """
 
 from __future__ import annotations
@@ -23,8 +39,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
+import torch
+
 from .columns import ColumnSchema, Rows, normalize_column
-from .config import DockWriteError
+from .config import DockWriteError, PartitionClosedError
 
 
 @dataclass(frozen=True)
@@ -59,7 +77,8 @@ class Slots:
     """Rows of one partition generation that a writer may fill, and the units that hold them.
 
     Get one from ``dock.reserve`` (new rows) or ``dock.slots`` (columns of
-    existing rows). ``write`` works in any process of the Ray cluster.
+    existing rows). ``write`` works in any process that can reach the units
+    (see the module docstring).
     """
 
     def __init__(self, partition: str, gen: int, n_rows: int, indexes: np.ndarray, owner: np.ndarray, plane: Any) -> None:
@@ -92,3 +111,43 @@ class Slots:
             e.indexes = self._idx.tolist()  # retry these rows with dock.slots(partition, e.indexes)
             raise
         return Receipt(self.partition, self._gen, self._idx, {n: (c.schema, c.lengths) for n, c in cols.items()})
+
+
+class RowReader:
+    """Rows of one partition generation to read from any process that can reach the units.
+
+    Get one from ``dock.reader`` (which checked that every cell is written);
+    send it to a worker and call ``read()`` there. It holds metadata only (16
+    bytes per row plus the column schemas).
+    """
+
+    def __init__(self, partition: str, gen: int, indexes: np.ndarray, owner: np.ndarray, columns: tuple[str, ...],
+                 schemas: dict[str, ColumnSchema], plane: Any) -> None:
+        self.partition, self.columns, self._gen = partition, columns, gen
+        self._idx, self._owner, self._schemas, self._plane = indexes, owner, schemas, plane
+
+    @property
+    def indexes(self) -> list[int]:
+        return self._idx.tolist()
+
+    def __len__(self) -> int:
+        return len(self._idx)
+
+    def __repr__(self) -> str:
+        return (f"RowReader({self.partition!r}, rows {self.indexes[:4]}{'...' if len(self) > 4 else ''}, "
+                f"columns {list(self.columns)})")
+
+    def read(self) -> dict[str, list[torch.Tensor]]:
+        """``{column: [one tensor per row]}`` in ``indexes`` order.
+
+        The tensors are fresh CPU copies (process and Ray backends) or the
+        stored tensors themselves (local backend: do not modify them). Raises
+        ``PartitionClosedError`` if the partition was closed since the reader
+        was made; with the process backend, ``UnitLostError`` naming the unit
+        and its pid if a unit died or stopped answering.
+        """
+        try:
+            return self._plane.read(self._gen, self.columns, self._idx, self._owner, self._schemas)
+        except PartitionClosedError as e:
+            raise PartitionClosedError(f"{self!r}: partition {self.partition!r} was closed after this reader was "
+                                       "made; its rows are gone") from e

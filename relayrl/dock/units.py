@@ -7,12 +7,18 @@ knows nothing of readiness or consumption (that is the controllers' job).
 * ``LocalUnit`` keeps the caller's row tensors by reference: no
   serialization and no copy, so the embedded default stays in the
   microsecond range per row and CUDA tensors stay on their device.
-* ``RayUnit`` is the body of a Ray actor. Rows arrive packed (one flat numpy
-  buffer + lengths per column, see ``columns.py``; several puts per call, see
-  ``wire.py``) and are kept packed as received chunks with per-row offsets; a
-  read returns the requested slices of each column, which the reader joins with
-  the one copy it makes anyway. The actor reserves no CPU (``num_cpus=0``),
-  unlike TransferQueue's units, so it never starves a small Ray cluster.
+* ``PackedUnit`` is the body of a unit in another process: a Ray actor
+  (``make_ray_unit_class``) or a unit process (``unitproc.py``) hosts the same
+  object. Rows arrive packed (one flat numpy buffer + lengths per column, see
+  ``columns.py``; several puts per call, see ``wire.py``) and are kept packed
+  as received chunks with per-row offsets; a read returns the requested slices
+  of each column, which the reader joins with the one copy it makes anyway.
+  The Ray actor reserves no CPU (``num_cpus=0``), unlike TransferQueue's
+  units, so it never starves a small Ray cluster.
+
+Both kinds remember the generations dropped from them: a late write to one is
+refused, and so is a read (a ``RowReader`` in another process learns that its
+partition was closed from the unit).
 """
 
 from __future__ import annotations
@@ -27,17 +33,26 @@ from .config import PartitionClosedError
 from .wire import decode
 
 
+def _closed(gen: int) -> PartitionClosedError:
+    return PartitionClosedError(f"partition generation {gen} is closed")
+
+
 class LocalUnit:
     """In-process unit: ``{generation: {column: {row: tensor}}}``."""
 
     def __init__(self) -> None:
         self._data: dict[int, dict[str, dict[int, torch.Tensor]]] = {}
+        self._dropped: set[int] = set()
 
     def put(self, gen: int, column: str, rows: Sequence[int], values: Sequence[torch.Tensor]) -> None:
+        if gen in self._dropped:
+            raise _closed(gen)
         col = self._data.setdefault(gen, {}).setdefault(column, {})
         col.update(zip(rows, values))
 
     def get(self, gen: int, columns: Sequence[str], rows: Sequence[int]) -> dict[str, list[torch.Tensor]]:
+        if gen in self._dropped:
+            raise _closed(gen)
         part = self._data.get(gen, {})
         out = {}
         for c in columns:
@@ -52,6 +67,7 @@ class LocalUnit:
 
     def drop(self, gen: int) -> int:
         """Forget a partition generation; returns the number of cells freed."""
+        self._dropped.add(gen)
         part = self._data.pop(gen, {})
         return sum(len(c) for c in part.values())
 
@@ -62,7 +78,7 @@ class LocalUnit:
 
 
 class _PackedStore:
-    """One column of one generation in a ``RayUnit``: received chunks + per-row offsets."""
+    """One column of one generation in a ``PackedUnit``: received chunks + per-row offsets."""
 
     __slots__ = ("chunks", "chunk", "start", "stop", "schema")
 
@@ -96,8 +112,8 @@ class _PackedStore:
         return PackedColumn(flat=runs[0] if len(runs) == 1 else runs, lengths=lengths, schema=self.schema)
 
 
-class RayUnit:
-    """Packed column store run as a Ray actor (see ``RAY_UNIT``)."""
+class PackedUnit:
+    """Packed column store: the body of a Ray unit actor and of a unit process."""
 
     def __init__(self) -> None:
         self._data: dict[int, dict[str, _PackedStore]] = {}
@@ -108,7 +124,7 @@ class RayUnit:
 
     def put(self, gen: int, n_rows: int, rows: np.ndarray, columns: dict[str, PackedColumn]) -> int:
         if gen in self._dropped:
-            raise PartitionClosedError(f"partition generation {gen} is closed")
+            raise _closed(gen)
         part = self._data.setdefault(gen, {})
         for name, packed in columns.items():
             store = part.get(name)
@@ -133,6 +149,8 @@ class RayUnit:
         return out
 
     def get(self, gen: int, columns: Sequence[str], rows: np.ndarray) -> dict[str, PackedColumn]:
+        if gen in self._dropped:
+            raise _closed(gen)
         part = self._data.get(gen, {})
         out = {}
         for c in columns:
@@ -151,7 +169,7 @@ class RayUnit:
 
 
 def make_ray_unit_class():
-    """The Ray actor class for ``RayUnit`` (built lazily: importing the dock never touches Ray)."""
+    """The Ray actor class for ``PackedUnit`` (built lazily: importing the dock never touches Ray)."""
     import ray
 
-    return ray.remote(num_cpus=0, max_restarts=0)(RayUnit)
+    return ray.remote(num_cpus=0, max_restarts=0)(PackedUnit)

@@ -73,6 +73,15 @@ def decode(head: list, buffers: Sequence[np.ndarray]) -> list[tuple[int, int, np
     return out
 
 
+def put_many_args(entries: Sequence[tuple[int, int, np.ndarray, dict[str, PackedColumn]]],
+                  inline_bytes: int = INLINE_BYTES) -> tuple:
+    """Arguments of one ``PackedUnit.put_many`` call storing ``entries``: ``(head, inline, *pieces)``
+    when inline, else ``(head, inline, buffers)`` (the unit process sends with ``inline_bytes=0``:
+    its transport moves each buffer out of band, so splitting into pieces would only add copies)."""
+    head, buffers, inline = encode(entries, inline_bytes)
+    return (head, inline, *buffers) if inline else (head, inline, buffers)
+
+
 class _Ticket:
     __slots__ = ("entry", "ref", "pos")
 
@@ -110,9 +119,7 @@ class UnitWriter:
 
     def _send_locked(self) -> None:
         batch, self._queue = self._queue, []
-        head, buffers, inline = encode([t.entry for t in batch])
-        args = buffers if inline else [buffers]
-        ref = self._actor.put_many.remote(head, inline, *args)
+        ref = self._actor.put_many.remote(*put_many_args([t.entry for t in batch]))
         self.calls += 1
         for pos, t in enumerate(batch):
             t.ref, t.pos = ref, pos

@@ -155,3 +155,20 @@ def test_cancelled_queued_call_does_not_stall_the_pool():
         assert running.result(timeout=5) == "held"
     finally:
         g.shutdown()
+
+
+def test_group_counts_payload_bytes_of_arguments_and_results_by_method(group):
+    import numpy as np
+    import torch
+
+    group.reset_bytes()
+    x = torch.ones(10)  # 40 bytes
+    assert group.one("identity", {"x": x, "ids": np.zeros(3, dtype=np.int64), "name": "step-0"})["x"] is x
+    group.all("echo", [x, x], scale=2)  # x reached twice (or four times in the result) counts once each way
+    group.split("tag_items", [1, 2, 3])  # no tensors: counted as 0
+    with pytest.raises(WorkerError):
+        group.one("echo", x, scale="a")  # a failed call still counts its arguments
+    assert group.bytes_by_method == {"identity": 2 * (40 + 24), "echo": 40 + 40 + 40, "tag_items": 0}
+    assert group.reset_bytes()["echo"] == 120 and group.bytes_by_method == {}
+    group.one_async("double", torch.zeros(4, dtype=torch.float64)).result(timeout=10)
+    assert group.bytes_by_method == {"double": 32 + 32}

@@ -35,6 +35,13 @@ def test_dispatch_and_gather_order(group):
     assert group.one("echo", "x", rank=1) == (1, "x")
 
 
+def test_bytes_count_arguments_per_rank_and_results(group):
+    group.reset_bytes()
+    group.all("echo", torch.ones(5))  # 20 bytes of arguments to each of 2 ranks, 20 bytes back from each
+    group.split("double", torch.arange(4, dtype=torch.float32))  # 8 bytes to each rank, 8 back from each
+    assert group.bytes_by_method == {"echo": 80, "double": 32}
+
+
 def test_an_all_call_pickles_its_payload_once(group):
     CountsPickles.pickled = 0
     assert group.all("echo", CountsPickles(7)) == [(0, CountsPickles(7)), (1, CountsPickles(7))]

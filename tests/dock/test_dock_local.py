@@ -185,3 +185,23 @@ def test_publish_rejects_a_mismatched_column_and_a_closed_partition(dock):
         dock.reserve("m", 0)
     with pytest.raises(TypeError, match="live in the driver process"):
         pickle.dumps(dock.reserve("m", 1))
+
+
+def test_reader_works_in_process_and_refuses_pickling(dock):
+    import pickle
+
+    dock.open_partition("r", rows=4)
+    rows = [torch.arange(k) for k in (3, 1, 4, 2)]
+    dock.put("r", {"response_ids": rows})
+    reader = dock.reader("r", [3, 0], ["response_ids"])
+    assert reader.indexes == [3, 0] and len(reader) == 2
+    assert [t.tolist() for t in reader.read()["response_ids"]] == [[0, 1], [0, 1, 2]]
+    with pytest.raises(TypeError, match="backend='process'"):
+        pickle.dumps(reader)
+    with pytest.raises(KeyError, match="has not been written"):
+        dock.reader("r", [0], ["rewards"])
+    with pytest.raises(IndexError):
+        dock.reader("r", [9], ["response_ids"])
+    dock.close_partition("r")
+    with pytest.raises(PartitionClosedError, match="closed after this reader was made"):
+        reader.read()

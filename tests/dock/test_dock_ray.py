@@ -124,3 +124,18 @@ def test_a_worker_in_another_process_writes_straight_to_the_units(ray_cluster):
     with pytest.raises(KeyError, match="not been written"):
         d.get("w", [1], ["rewards"])
     d.shutdown()
+
+
+def test_a_reader_reads_in_another_process_and_refuses_after_close(ray_dock, ray_cluster):
+    ray_dock.open_partition("rr", rows=4)
+    ray_dock.put("rr", {"response_ids": [torch.arange(k + 1) for k in range(4)]})
+    reader = ray_dock.reader("rr", [3, 1], ["response_ids"])
+
+    @ray_cluster.remote(num_cpus=0)
+    def read(r):
+        return [t.tolist() for t in r.read()["response_ids"]]
+
+    assert ray_cluster.get(read.remote(reader)) == [[0, 1, 2, 3], [0, 1]]
+    ray_dock.close_partition("rr")
+    with pytest.raises(PartitionClosedError, match="closed after this reader was made"):
+        reader.read()
