@@ -19,7 +19,8 @@ def payload_bytes(obj: Any) -> int:
     """Bytes of the torch tensors and numpy arrays inside ``obj``.
 
     Walks lists, tuples (named tuples too), sets, dict values and dataclass
-    fields, to any depth; other objects count 0. A tensor counts
+    fields, to any depth; other objects count 0, and so do objects whose class sets ``METADATA = True``
+    (the dock's write receipts: row indexes and lengths, not sample data). A tensor counts
     ``numel * element_size`` (its own elements, not the storage it views); an
     object reached twice counts once, as pickling would send it once.
     """
@@ -31,7 +32,7 @@ def payload_bytes(obj: Any) -> int:
     stack = [obj]
     while stack:
         x = stack.pop()
-        if isinstance(x, _ATOMS) or id(x) in seen:
+        if isinstance(x, _ATOMS) or id(x) in seen or getattr(type(x), "METADATA", False):
             continue
         seen.add(id(x))
         if isinstance(x, tensor):

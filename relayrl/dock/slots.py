@@ -35,7 +35,7 @@ Which backend reaches the units from where:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 import numpy as np
 
@@ -55,6 +55,8 @@ class Receipt:
         indexes: ``[n]`` int64 rows written.
         columns: column -> (schema, ``[n]`` row lengths).
     """
+
+    METADATA: ClassVar[bool] = True  # row indexes and lengths: not counted as sample bytes (payload_bytes)
 
     partition: str
     gen: int
