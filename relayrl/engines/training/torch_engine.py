@@ -16,12 +16,14 @@ Forward passes lay out rows at the last moment, in one of three ways
 Packed units (a group never splits unless it alone exceeds the token budget)
 are bin-packed into rows no longer than the longest unit (or
 ``pack_length``), and rows are cut into micro-batches whose *padded* token
-count stays under ``token_budget``. The mask goes to the Hugging Face model as
-a 4-D tensor, which transformers passes through untouched: boolean for
-``attn_implementation="sdpa"``, additive float for ``"eager"``; a model with
-sliding-window layers gets a per-layer-type mask dict. Other attention
-implementations (flash-attention, flex) would ignore or misread a dense 4-D
-mask, so the engine falls back to ``packing="none"`` with a warning for them.
+count stays under ``token_budget``. The mask goes to the Hugging Face model in
+a form transformers passes through untouched: a dense 4-D tensor, boolean for
+``attn_implementation="sdpa"`` and additive float for ``"eager"``, or for
+``"flex_attention"`` a block-sparse FlexAttention ``BlockMask`` that skips the
+empty tiles of the pack (:mod:`relayrl.engines.training.flex`; rows padded to
+a multiple of 128 tokens, CUDA only for training); a model with sliding-window
+layers gets a per-layer-type mask dict. Flash-attention would ignore or misread
+these masks, so the engine falls back to ``packing="none"`` with a warning.
 Logits are computed only at response positions (decoder hidden states are
 gathered first, then the output head is applied), which avoids materialising
 ``[B, L, V]`` logits for the prompt. Every path returns response-aligned
@@ -67,7 +69,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from relayrl.engines.training import fsdp
+from relayrl.engines.training import flex, fsdp
 from relayrl.engines.training.base import LossFn, MicroBatch, OptimConfig, SequenceBatch, metric_reduction
 from relayrl.models.packing import (PackUnit, additive_mask, build_packed_batch, pack_units, plan_units,
                                     shared_prompt_mask)
@@ -177,6 +179,7 @@ class TorchTrainingEngine:
         self.model = model.to(self.device)
         self.cfg = cfg
         self.prefix = metric_prefix
+        self._resolve_packing(trainable)
         if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         if cfg.compile:  # per layer, before sharding (as torchtitan does): one graph reused by every layer
@@ -203,20 +206,28 @@ class TorchTrainingEngine:
             self.scheduler = make_scheduler(self.optimizer, o, total_steps)
         else:
             self.model.requires_grad_(False).eval()
-        self._resolve_packing()
 
     # --------------------------------------------------------------- layout
-    def _resolve_packing(self) -> None:
-        """Pick the effective packing mode and the mask form this model's attention accepts."""
+    def _resolve_packing(self, trainable: bool) -> None:
+        """Pick the effective packing mode and the mask form this model's attention accepts (a model loaded
+        with flex_attention is switched to :func:`relayrl.engines.training.flex.flex_attention_forward`)."""
         conf = self.model.config
         self.attn_impl = getattr(conf, "_attn_implementation", None)
+        self.flex = flex.is_flex(self.attn_impl)
+        if self.flex:
+            if trainable and not flex.backward_supported(self.device):
+                raise ValueError(f"attn_implementation={self.attn_impl!r}: torch {torch.__version__} has no "
+                                 f"FlexAttention backward pass on {self.device.type}; train there with "
+                                 "model.attn_implementation=sdpa (flex_attention is for CUDA)")
+            flex.install(self.model)
+            self.attn_impl = flex.ATTN
         layer_types = set(getattr(conf, "layer_types", None) or ["full_attention"])
         self.sliding_window = getattr(conf, "sliding_window", None) if "sliding_attention" in layer_types else None
         self.packing = self.cfg.packing
         reason = None
-        if self.attn_impl not in ("sdpa", "eager"):
-            reason = (f"attn_implementation={self.attn_impl!r} does not take a dense 4-D mask "
-                      "(load the model with attn_implementation='sdpa')")
+        if self.attn_impl not in ("sdpa", "eager", flex.ATTN):
+            reason = (f"attn_implementation={self.attn_impl!r} takes neither a dense 4-D mask nor a BlockMask "
+                      "(load the model with attn_implementation='sdpa' or 'flex_attention')")
         elif not layer_types <= {"full_attention", "sliding_attention"}:
             reason = f"layer types {sorted(layer_types)} need masks the packed layout does not build"
         elif "sliding_attention" in layer_types and not self.sliding_window:
@@ -238,16 +249,18 @@ class TorchTrainingEngine:
         return [[rows[k] for k in mb] for mb in plan_microbatches(row_len, self.cfg.token_budget)]
 
     def _attention_mask(self, doc_ids: torch.Tensor, seg_ids: torch.Tensor, pos_ids: torch.Tensor):
-        """The packed mask in the form the model's attention takes (bool for SDPA, additive for eager)."""
+        """The packed mask in the form the model's attention takes (bool for SDPA, additive for eager, a
+        ``BlockMask`` for flex), built once for every layer; a dict by layer type with sliding layers."""
 
-        def form(mask: torch.Tensor) -> torch.Tensor:
-            return mask if self.attn_impl == "sdpa" else additive_mask(mask, self.compute_dtype)
+        def mask(window: int | None):
+            if self.flex:
+                return flex.block_mask(doc_ids, seg_ids, pos_ids, sliding_window=window)
+            dense = shared_prompt_mask(doc_ids, seg_ids, pos_ids, sliding_window=window)
+            return dense if self.attn_impl == "sdpa" else additive_mask(dense, self.compute_dtype)
 
-        full = form(shared_prompt_mask(doc_ids, seg_ids))
         if self.sliding_window is None:
-            return full
-        return {"full_attention": full, "sliding_attention": form(
-            shared_prompt_mask(doc_ids, seg_ids, pos_ids, sliding_window=self.sliding_window))}
+            return mask(None)
+        return {"full_attention": mask(None), "sliding_attention": mask(self.sliding_window)}
 
     # --------------------------------------------------------------- forward
     def _compute(self):
@@ -263,7 +276,10 @@ class TorchTrainingEngine:
         if self.packing == "none":
             lp, mask, ent = self._forward_padded(batch, item, temperature, with_entropy)
             return lp, mask, ent, list(item), self._padded_len(batch, item)
-        pb = build_packed_batch(batch.prompt_ids, batch.response_ids, item).to(self.device)
+        pb = build_packed_batch(batch.prompt_ids, batch.response_ids, item)
+        if self.flex:  # whole tiles: kernel shapes change in steps of 128 (see relayrl.engines.training.flex)
+            pb = pb.pad_to(flex.BLOCK)
+        pb = pb.to(self.device)
         mask4 = self._attention_mask(pb.doc_ids, pb.segment_ids, pb.position_ids)
         if self._chunked(with_entropy):
             with self._compute():
