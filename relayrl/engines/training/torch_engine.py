@@ -87,6 +87,10 @@ class TrainEngineConfig(BaseModel):
                                "passes: each chunk's [chunk, vocab] logits are reduced at once and recomputed "
                                "in the backward pass instead of stored; 0 materialises every position's logits "
                                "(an entropy bonus, entropy_coef > 0, always does)")
+    fused_head: bool = Field(False, description="compile the chunked head's float32 steps (log-sum-exp, target "
+                             "log-prob, entropy; the backward's softmax gradient) into fused kernels: each chunk's "
+                             "[chunk, vocab] logits are read once in the compute dtype instead of copied to float32 "
+                             "(for GPUs; rounding differs in the last bits; the first passes compile)")
     gradient_checkpointing: bool = False
     compile: bool = Field(False, description="compile each decoder layer with torch.compile (dynamic shapes): "
                           "fuses the norms, activations and casts between the matrix products; the first "
@@ -285,7 +289,8 @@ class TorchTrainingEngine:
             with self._compute():
                 lp, ent = self.net(pb.input_ids, mask4, pb.position_ids, pb.token_pack, pb.token_src,
                                    targets=pb.targets.to(self.device), temperature=temperature,
-                                   chunk=self.cfg.logprob_chunk, with_entropy=bool(with_entropy))
+                                   chunk=self.cfg.logprob_chunk, with_entropy=bool(with_entropy),
+                                   fused=self.cfg.fused_head)
         else:
             with self._compute():
                 logits = self.net(pb.input_ids, mask4, pb.position_ids, pb.token_pack, pb.token_src)  # [N, V]
@@ -352,7 +357,8 @@ class TorchTrainingEngine:
         if self._chunked(with_entropy):
             with self._compute():
                 logprobs, entropy = self.net(ids, attn, None, rows_idx, pos, targets=targets, temperature=temperature,
-                                             chunk=self.cfg.logprob_chunk, with_entropy=bool(with_entropy))
+                                             chunk=self.cfg.logprob_chunk, with_entropy=bool(with_entropy),
+                                             fused=self.cfg.fused_head)
             return logprobs * mask, mask, None if entropy is None else entropy * mask
         with self._compute():
             logits = self.net(ids, attn, None, rows_idx, pos)  # [B, T, V]
