@@ -49,7 +49,10 @@ master weights) and the forward and backward passes compute in
 ``compute_dtype``: on one rank under ``torch.autocast``, under FSDP2 through
 its ``MixedPrecisionPolicy`` (parameters gathered in ``compute_dtype``,
 gradients reduced in float32). A 1e-6 step then moves a weight of 0.02, which
-a bf16 weight cannot represent.
+a bf16 weight cannot represent. With ``compute_copy`` one rank instead runs the
+passes on a ``compute_dtype`` copy of the weights (like FSDP2's gathered
+parameters), adds each micro-batch's gradients into the float32 master
+gradients, and refreshes the copy after each optimizer step.
 
 A non-finite gradient norm skips the optimizer step (weights stay at the last
 good state) and is reported as ``actor/nonfinite_grad``; the workflow decides
@@ -59,6 +62,7 @@ whether to stop or go on.
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import time
 import warnings
@@ -91,6 +95,12 @@ class TrainEngineConfig(BaseModel):
                              "log-prob, entropy; the backward's softmax gradient) into fused kernels: each chunk's "
                              "[chunk, vocab] logits are read once in the compute dtype instead of copied to float32 "
                              "(for GPUs; rounding differs in the last bits; the first passes compile)")
+    compute_copy: bool = Field(False, description="mixed precision on one rank: run the passes on a copy of the "
+                               "trained weights in the compute dtype instead of under torch.autocast (no weight "
+                               "casts per pass; activations and the residual stream in the compute dtype, as under "
+                               "FSDP2's policy). Each micro-batch's gradients are added into the float32 master "
+                               "gradients and the copy is refreshed after each optimizer step; costs one copy of "
+                               "the weights in the compute dtype")
     gradient_checkpointing: bool = False
     compile: bool = Field(False, description="compile each decoder layer with torch.compile (dynamic shapes): "
                           "fuses the norms, activations and casts between the matrix products; the first "
@@ -184,18 +194,24 @@ class TorchTrainingEngine:
         self.cfg = cfg
         self.prefix = metric_prefix
         self._resolve_packing(trainable)
-        if cfg.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
-        if cfg.compile:  # per layer, before sharding (as torchtitan does): one graph reused by every layer
-            for layer in fsdp.decoder_layers(self.model):
-                layer.compile(dynamic=True)
-        self.net = fsdp.ResponseLogits(self.model)
         weights = next(self.model.parameters()).dtype
         self.compute_dtype = compute_dtype or weights
         mixed = self.compute_dtype != weights
+        # The module the passes run: the model, or (compute_copy, one rank) a copy of it in compute_dtype
+        self.runner = self.model
+        if mixed and trainable and cfg.compute_copy and fsdp.world_size() == 1:
+            self.runner = copy.deepcopy(self.model)
+            for p in self.runner.parameters():  # parameters only: buffers (rotary frequencies) stay float32
+                p.data = p.data.to(self.compute_dtype)
+        if cfg.gradient_checkpointing:
+            self.runner.gradient_checkpointing_enable()
+        if cfg.compile:  # per layer, before sharding (as torchtitan does): one graph reused by every layer
+            for layer in fsdp.decoder_layers(self.runner):
+                layer.compile(dynamic=True)
+        self.net = fsdp.ResponseLogits(self.runner)
         # FSDP2 when the group has > 1 rank; it casts the gathered parameters itself
         self.sharded = fsdp.shard_model(self.net, self.device, compute_dtype=self.compute_dtype if mixed else None)
-        self._autocast = mixed and not self.sharded
+        self._autocast = mixed and not self.sharded and self.runner is self.model
         self._weights_offloaded = False  # offload() moved the weights to host (FSDP2 shards move with .to)
         self.world = fsdp.world_size()
         self.optimizer = None
@@ -369,8 +385,8 @@ class TorchTrainingEngine:
 
     @torch.no_grad()
     def logprobs(self, batch: SequenceBatch, *, temperature: float = 1.0, with_entropy: bool = False):
-        was_training = self.model.training
-        self.model.eval()
+        was_training = self.runner.training
+        self.runner.eval()
         out: list[torch.Tensor | None] = [None] * len(batch)
         ent: list[torch.Tensor | None] = [None] * len(batch)
         plan = self._plan(batch)
@@ -386,7 +402,7 @@ class TorchTrainingEngine:
                 out[i] = lp[j, :n].float().cpu()
                 if e is not None:
                     ent[i] = e[j, :n].float().cpu()
-        self.model.train(was_training)
+        self.runner.train(was_training)
         return out, (ent if with_entropy else None)
 
     # ---------------------------------------------------------------- update
@@ -408,7 +424,7 @@ class TorchTrainingEngine:
             where = "rows in the batch" if not self.sharded else "rows on the data-parallel rank with the fewest"
             raise ValueError(f"mini_batches={mini_batches} must be in [1, {fewest}] ({where}): every mini-batch "
                              f"is one optimizer step and needs a row (lower trainer.mini_batches)")
-        self.model.train()
+        self.runner.train()
         sums: dict[str, float] = defaultdict(float)
         steps = 0
         for _ in range(epochs):
@@ -436,6 +452,7 @@ class TorchTrainingEngine:
             mb = MicroBatch(lp, mask, fields, g_tokens, g_seqs, ent)
             loss, metrics = loss_fn(mb)
             (loss * self.world if self.sharded else loss).backward()  # FSDP2 averages over ranks; we want the sum
+            self._master_grads()
             weight = float(mask.sum())
             for k, v in metrics.items():
                 how = metric_reduction(k, summed)
@@ -459,12 +476,32 @@ class TorchTrainingEngine:
         acc[f"{self.prefix}/lr"] = self.optimizer.param_groups[0]["lr"]
         if math.isfinite(norm):
             self.optimizer.step()
+            self._refresh_copy()
             acc[f"{self.prefix}/nonfinite_grad"] = 0.0
         else:
             acc[f"{self.prefix}/nonfinite_grad"] = 1.0
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return dict(acc)
+
+    def _master_grads(self) -> None:
+        """compute_copy: add the copy's gradients into the master weights' (float32) and free them."""
+        if self.runner is self.model:
+            return
+        for master, comp in zip(self.model.parameters(), self.runner.parameters()):
+            if comp.grad is not None:
+                if master.grad is None:
+                    master.grad = comp.grad.to(master.dtype)
+                else:
+                    master.grad.add_(comp.grad)
+                comp.grad = None
+
+    @torch.no_grad()
+    def _refresh_copy(self) -> None:
+        """compute_copy: the copy takes the master weights' new values."""
+        if self.runner is not self.model:
+            for master, comp in zip(self.model.parameters(), self.runner.parameters()):
+                comp.copy_(master)
 
     # --------------------------------------------------------------- memory
     def offload(self, weights: bool = True) -> float:
@@ -481,6 +518,8 @@ class TorchTrainingEngine:
                 self.model.to("cpu")
             else:
                 swap.offload_module(self.model)
+                if self.runner is not self.model:
+                    swap.offload_module(self.runner)
             self._weights_offloaded = True
         return time.perf_counter() - t0
 
@@ -496,6 +535,9 @@ class TorchTrainingEngine:
                 self.model.to(self.device)
             else:
                 swap.reload_module(self.model)
+                if self.runner is not self.model:
+                    swap.reload_module(self.runner, restore=False)  # refreshed from the master weights
+                    self._refresh_copy()
             self._weights_offloaded = False
         return time.perf_counter() - t0
 
@@ -517,6 +559,7 @@ class TorchTrainingEngine:
         (missing, unexpected) parameter names."""
         opt = state.get("optimizer") if self.optimizer is not None else None
         out = fsdp.load_full_state(self.model, state.get("model"), self.optimizer, opt)
+        self._refresh_copy()
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         return out
