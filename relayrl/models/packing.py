@@ -135,12 +135,14 @@ class PackedBatch:
         out = flat.new_zeros(self.num_rows, self.width)
         return out.index_put((self.token_row.to(flat.device), self.token_col.to(flat.device)), flat)
 
-    def pad_to(self, multiple: int) -> "PackedBatch":
-        """The same batch with ``L`` rounded up to a multiple of ``multiple``: padding columns (token 0, position
-        0, doc and segment -1) that attend only to themselves. Response tokens keep their indexes."""
+    def pad_to(self, multiple: int, at_least: int = 0) -> "PackedBatch":
+        """The same batch with ``L`` rounded up to a multiple of ``multiple`` (and to ``at_least``): padding
+        columns (token 0, position 0, doc and segment -1) that attend only to themselves. Response tokens keep
+        their indexes."""
         if multiple < 1:
             raise ValueError(f"multiple={multiple} must be >= 1")
-        extra = -self.input_ids.shape[1] % multiple
+        L = self.input_ids.shape[1]
+        extra = max(L, at_least) + (-max(L, at_least) % multiple) - L
         if extra == 0:
             return self
 

@@ -30,11 +30,16 @@ of two: 14 for Qwen2-0.5B); no log-sum-exp returned; inputs cast to the
 autocast dtype. Inside a compiled decoder layer (``engine.compile``) the
 uncompiled ``flex_attention`` is called and compiled with the layer.
 
-The engine pads packed rows to a multiple of the tile size (128): the kernel
-shapes then change in steps of 128 (the compiled function marks the length
-dynamic after the first change instead of compiling per length), tiles line up
-with the packed layout, and the query length is never below the 128 that
-FlexAttention's training kernel needs. Padding tokens attend to themselves only.
+Compiled shapes. Each distinct set of guards costs a compilation (tens of
+seconds for a forward and backward kernel), and after eight torch.compile
+falls back to the unfused implementation, so the engine keeps the shapes few.
+It lays a micro-batch out as one row (batch size 1: the units of all its packed
+rows in sequence, kept apart by the mask, so no row padding either), padded to
+a multiple of the tile size (128) and to at least two tiles (a size of 1 would
+be specialised). The function is compiled with dynamic shapes and
+:func:`block_mask` marks the length and tile dimensions dynamic, so every
+length reuses the first kernels: one compilation per mask kind (full, sliding
+window) and grad mode, at most four. Padding tokens attend to themselves only.
 
 CPU: FlexAttention is a CUDA route. On other devices the function calls
 torch's unfused reference implementation (correct, as slow as dense
@@ -70,7 +75,7 @@ def is_flex(attn_implementation: str | None) -> bool:
 
 
 def block_mask(doc_ids: torch.Tensor, segment_ids: torch.Tensor, position_ids: torch.Tensor | None = None, *,
-               sliding_window: int | None = None, block: int = BLOCK):
+               sliding_window: int | None = None, block: int = BLOCK, dynamic: bool = True):
     """The shared-prompt mask of a packed batch as a FlexAttention ``BlockMask`` over ``[P, 1, L, L]``.
 
     Args:
@@ -78,6 +83,8 @@ def block_mask(doc_ids: torch.Tensor, segment_ids: torch.Tensor, position_ids: t
             (``position_ids`` needed only with ``sliding_window``), ``L`` a multiple of ``block``.
         sliding_window: drop keys ``>= sliding_window`` positions behind the query, as
             :func:`relayrl.models.packing.shared_prompt_mask` does.
+        dynamic: mark the length and tile dimensions (of the mask and of these ids, which the mask reads)
+            dynamic for ``torch.compile``, so the first compilation serves every length.
     Returns: a ``BlockMask`` whose tiles are empty, full or partial exactly as the dense mask's are; partial
         tiles evaluate :func:`relayrl.models.packing.shared_prompt_mask_mod`.
     """
@@ -98,10 +105,19 @@ def block_mask(doc_ids: torch.Tensor, segment_ids: torch.Tensor, position_ids: t
         some, every = ok.any(dim=4).any(dim=2), ok.all(dim=4).all(dim=2)  # [P, tiles in slab, n]
         partial.append(some & ~every)
         full.append(every)
-    mod = shared_prompt_mask_mod(doc_ids, segment_ids, position_ids if sliding_window is not None else None,
-                                 sliding_window=sliding_window)
-    return BlockMask.from_kv_blocks(*_ordered(torch.cat(partial, 1)), *_ordered(torch.cat(full, 1)),
+    pos = position_ids if sliding_window is not None else None
+    mod = shared_prompt_mask_mod(doc_ids, segment_ids, pos, sliding_window=sliding_window)
+    mask = BlockMask.from_kv_blocks(*_ordered(torch.cat(partial, 1)), *_ordered(torch.cat(full, 1)),
                                     BLOCK_SIZE=block, mask_mod=mod, seq_lengths=(L, L))
+    if not dynamic:
+        return mask
+    for t in (doc_ids, segment_ids, pos):
+        if t is not None:
+            torch._dynamo.maybe_mark_dynamic(t, 1)
+    for t in mask.as_tuple(flatten=False):
+        if isinstance(t, torch.Tensor) and t.dim() > 2:
+            torch._dynamo.maybe_mark_dynamic(t, list(range(2, t.dim())))
+    return mask
 
 
 def _ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,17 +129,17 @@ def _ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _kernel(query: torch.Tensor):
-    """The ``flex_attention`` to call. On CUDA: compiled once per process (the fused block-sparse kernels), or
-    uncompiled inside a graph being compiled (it is traced into that graph). Elsewhere: torch's unfused
-    reference implementation (dense scores, the mask predicate on every pair), since torch 2.13's compiled CPU
-    kernel has no backward and miscompiles some dynamic shapes."""
+    """The ``flex_attention`` to call. On CUDA: compiled once per process with dynamic shapes (the fused
+    block-sparse kernels; see the module docstring), or uncompiled inside a graph being compiled (it is traced
+    into that graph). Elsewhere: torch's unfused reference implementation (dense scores, the mask predicate on
+    every pair), since torch 2.13's compiled CPU kernel has no backward and miscompiles some dynamic shapes."""
     global _compiled
     from torch.nn.attention.flex_attention import flex_attention
 
     if query.device.type != "cuda" or torch.compiler.is_compiling():
         return flex_attention
     if _compiled is None:
-        _compiled = torch.compile(flex_attention)
+        _compiled = torch.compile(flex_attention, dynamic=True)
     return _compiled
 
 

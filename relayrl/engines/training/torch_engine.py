@@ -20,8 +20,9 @@ count stays under ``token_budget``. The mask goes to the Hugging Face model in
 a form transformers passes through untouched: a dense 4-D tensor, boolean for
 ``attn_implementation="sdpa"`` and additive float for ``"eager"``, or for
 ``"flex_attention"`` a block-sparse FlexAttention ``BlockMask`` that skips the
-empty tiles of the pack (:mod:`relayrl.engines.training.flex`; rows padded to
-a multiple of 128 tokens, CUDA only for training); a model with sliding-window
+empty tiles of the pack (:mod:`relayrl.engines.training.flex`; a micro-batch's
+packed rows then run as one row padded to a multiple of 128 tokens, since the
+mask keeps units apart anyway; CUDA only for training); a model with sliding-window
 layers gets a per-layer-type mask dict. Flash-attention would ignore or misread
 these masks, so the engine falls back to ``packing="none"`` with a warning.
 Logits are computed only at response positions (decoder hidden states are
@@ -296,9 +297,11 @@ class TorchTrainingEngine:
         if self.packing == "none":
             lp, mask, ent = self._forward_padded(batch, item, temperature, with_entropy)
             return lp, mask, ent, list(item), self._padded_len(batch, item)
+        if self.flex:  # the micro-batch's units in one row: no row padding, batch size 1 for the compiled kernel
+            item = [[unit for row in item for unit in row]]
         pb = build_packed_batch(batch.prompt_ids, batch.response_ids, item)
-        if self.flex:  # whole tiles: kernel shapes change in steps of 128 (see relayrl.engines.training.flex)
-            pb = pb.pad_to(flex.BLOCK)
+        if self.flex:  # whole tiles, at least two (see relayrl.engines.training.flex)
+            pb = pb.pad_to(flex.BLOCK, at_least=2 * flex.BLOCK)
         pb = pb.to(self.device)
         mask4 = self._attention_mask(pb.doc_ids, pb.segment_ids, pb.position_ids)
         if self._chunked(with_entropy):
