@@ -154,6 +154,17 @@ def test_flex_logprobs_equal_sdpa(budget, pack_length, sliding):
         torch.testing.assert_close(c, d, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow  # transformers compiles its flex mask builder: ~8 s on 2 shared cores
+def test_flex_without_packing_equals_sdpa():
+    """packing=none: right-padded rows (to whole tiles) with transformers' own flex mask from the padding mask."""
+    batch = _batch(SPEC[1:])
+    want = _engine(_model("sdpa"), 2048, None).logprobs(batch)[0]
+    eng = TorchTrainingEngine(_model("flex_attention"), TrainEngineConfig(packing="none", token_budget=2048),
+                              total_steps=1, trainable=False)
+    for a, b in zip(eng.logprobs(batch)[0], want):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("budget,pack_length,sliding", [(*LAYOUTS[0], False), (*LAYOUTS[1], False),
                                                         (*LAYOUTS[1], True)])
 def test_flex_gradients_equal_sdpa(budget, pack_length, sliding, cpu_flex_backward):

@@ -360,6 +360,8 @@ class TorchTrainingEngine:
         rs_len = [int(batch.response_ids[i].numel()) for i in rows]
         total = [a + b for a, b in zip(lp_len, rs_len)]
         L, T = max(total), max(rs_len)
+        if self.flex:  # whole tiles, as packed rows get (relayrl.engines.training.flex)
+            L = max(2 * flex.BLOCK, -(-L // flex.BLOCK) * flex.BLOCK)
         ids = torch.zeros(len(rows), L, dtype=torch.long)
         attn = torch.zeros(len(rows), L, dtype=torch.long)
         for j, i in enumerate(rows):
