@@ -4,14 +4,18 @@ a colocated GRPO step's stage breakdown, and peak memory per phase with and with
 The model is Qwen2-0.5B's shape with random weights (``model.tiny.shape=qwen2-0.5b``), built locally: nothing
 is downloaded. Figures are printed, not asserted. Run on a GPU machine::
 
-    python benchmarks/gpu.py            # everything (about 4 minutes on an H100)
+    python benchmarks/gpu.py            # everything (several minutes on an H100)
     python benchmarks/gpu.py --quick    # smaller decode runs
+    python benchmarks/gpu.py --only train                  # training MFU: sdpa and flex variants side by side
+    python benchmarks/gpu.py --only train --profile        # ... and the top CUDA kernels of one update each
+    python benchmarks/gpu.py --only train --train-variants sdpa,flex+compile+fusedhead+copy
 
 Roofline of a decode step: the larger of (bytes read: the weights once plus every row's KV cache so far) /
 HBM bandwidth and (2 x parameters x rows + attention FLOPs) / peak bf16 rate; the figure is the sum of those
 bounds over all steps divided by the measured time. MFU counts the model FLOPs of the update (6 x decoder
 parameters per token, the output head on response positions only, and the attended query-key pairs of the
-packed layout), over the device's dense bf16 peak.
+packed layout), over the device's dense bf16 peak: the same count for every training variant, whatever pairs
+its attention kernel computes (SDPA the whole packed square, FlexAttention the non-empty 128 x 128 tiles).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+PARTS = ("decode", "profile", "train", "grpo")  # "profile": where a graphed decode step's time goes
 # (HBM bytes/s, dense bf16 FLOP/s) from the vendors' data sheets
 PEAKS = {"H100": (3.35e12, 989e12), "H200": (4.8e12, 989e12), "A100": (2.0e12, 312e12)}
 
@@ -134,19 +139,32 @@ def profile_decode(path: Path, B: int, prompt: int, steps: int) -> list[str]:
 
 
 # ------------------------------------------------------------------ training
-def bench_train(path: Path, peak: float, budget: int = 16384, profile: bool = False, chunk: int = 1024,
-                weights: str = "float32", label: str = "fp32 master weights, bf16 compute", compile: bool = False) -> dict:
-    from relayrl.engines.training.base import OptimConfig, SequenceBatch
-    from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
-    from relayrl.models.load import load_model
-    from relayrl.workflows.losses import PolicyLoss
+# A training variant is "+"-joined features; each maps to load / engine settings. The MFU formula is the same for
+# every variant (it counts the attended pairs of the packed layout, not what a kernel computes).
+FEATURES = {
+    "sdpa": "dense shared-prompt mask through SDPA (the default)",
+    "flex": "model.attn_implementation=flex_attention: block-sparse FlexAttention",
+    "compile": "engine.compile=true: each decoder layer compiled",
+    "fusedhead": "engine.fused_head=true: the chunked head's float32 steps compiled",
+    "copy": "engine.compute_copy=true: passes on a bf16 copy of the weights, no autocast",
+    "nochunk": "engine.logprob_chunk=0: full [positions, vocab] logits",
+    "bf16": "pure bf16 weights, no float32 masters (a ceiling, not a training setting)",
+}
+TRAIN_VARIANTS = "sdpa,flex,sdpa+compile,flex+compile,flex+compile+fusedhead,flex+compile+fusedhead+copy"
 
-    model = load_model(path, dtype=weights, device="cuda")
-    eng = TorchTrainingEngine(model, TrainEngineConfig(token_budget=budget, logprob_chunk=chunk, compile=compile,
-                                                       optim=OptimConfig(lr=1e-6)),
-                              total_steps=10, device="cuda", compute_dtype=torch.bfloat16)
+
+def variant_features(variant: str) -> set[str]:
+    feats = set(variant.split("+"))
+    if feats - set(FEATURES) or {"sdpa", "flex"} <= feats:
+        sys.exit(f"gpu: training variant {variant!r}: join features of {', '.join(FEATURES)} with '+' (sdpa or flex)")
+    return feats
+
+
+def train_batch(groups: int = 8, n: int = 8, P: int = 128, R: int = 384):
+    """``groups`` prompts of ``P`` tokens with ``n`` responses of ``R`` tokens each (random ids)."""
+    from relayrl.engines.training.base import SequenceBatch
+
     g = torch.Generator().manual_seed(0)
-    groups, n, P, R = 8, 8, 128, 384
     prompts, resp, gid = [], [], []
     for i in range(groups):
         p = torch.randint(10, 300, (P,), generator=g)
@@ -154,11 +172,81 @@ def bench_train(path: Path, peak: float, budget: int = 16384, profile: bool = Fa
             prompts.append(p)
             resp.append(torch.randint(10, 300, (R,), generator=g))
             gid.append(i)
-    fields = {"advantages": [torch.randn(R, generator=g) for _ in resp]}
-    batch = SequenceBatch(prompts, resp, fields, gid)
+    return SequenceBatch(prompts, resp, {"advantages": [torch.randn(R, generator=g) for _ in resp]}, gid)
+
+
+def pair_fractions(batch) -> tuple[float, float]:
+    """(attended pairs, pairs of the tiles FlexAttention computes) of one packed group, as fractions of the
+    dense ``L x L`` square SDPA computes."""
+    from relayrl.engines.training import flex
+    from relayrl.models.packing import build_packed_batch, plan_units, shared_prompt_mask
+
+    units = plan_units(batch.prompt_ids, batch.response_ids, batch.groups)
+    pb = build_packed_batch(batch.prompt_ids, batch.response_ids, [units[:1]])
+    L = pb.input_ids.shape[1]
+    useful = float(shared_prompt_mask(pb.doc_ids, pb.segment_ids).float().mean())
+    pb = pb.pad_to(flex.BLOCK)
+    tiles = flex.block_mask(pb.doc_ids, pb.segment_ids).to_dense().sum().item() * flex.BLOCK ** 2
+    return useful, tiles / L ** 2
+
+
+def kernel_profile(fn, top: int = 15) -> list[str]:
+    """The ``top`` CUDA kernels of one call of ``fn`` by total time, and the time by kind of kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    events = prof.key_averages()
+    if not events:
+        return [f"no CUDA kernels recorded in a {wall:.3f} s update"]
+    key = "device_time_total" if hasattr(events[0], "device_time_total") else "cuda_time_total"
+    lines = events.table(sort_by=key, row_limit=top, max_name_column_width=80).splitlines()
+    kinds = {  # by kernel name, first match (a heuristic on cuDNN/cuBLAS/Triton naming)
+        "attention (SDPA)": ("flash", "fmha", "cudnn", "attention", "sdpa"),
+        "triton template (flex attention)": ("triton_tem", "flex"),
+        "matmul": ("gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul", "sm90_", "sm80_"),
+        "triton fused (compiled)": ("triton_poi", "triton_red", "triton_per"),
+        "optimizer": ("adam", "multi_tensor", "foreach"),
+        "elementwise / copies / reductions": ("elementwise", "vectorized", "reduce", "copy", "fill", "index",
+                                              "scatter", "gather", "embedding", "cat", "softmax", "memcpy", "memset"),
+    }
+    spent: dict[str, float] = {}
+    for e in events:
+        us = getattr(e, key)
+        name = e.key.lower()
+        kind = next((k for k, marks in kinds.items() if any(m in name for m in marks)), "other")
+        spent[kind] = spent.get(kind, 0.0) + us
+    busy = max(sum(spent.values()) / 1e6, 1e-9)
+    lines.append(f"kernels {busy:.3f} s in a {wall:.3f} s update (GPU busy {busy / wall:.0%}); by kind: " + ", ".join(
+        f"{k} {v / 1e6 / busy:.0%}" for k, v in sorted(spent.items(), key=lambda kv: -kv[1])))
+    return lines
+
+
+def bench_train(path: Path, peak: float, variant: str = "sdpa", budget: int = 16384, profile: bool = False) -> dict:
+    """One training variant (see ``FEATURES``): seconds per update of ``train_batch()``, tokens/s, MFU, peak."""
+    import gc
+
+    from relayrl.engines.training.base import OptimConfig
+    from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
+    from relayrl.models.load import load_model
+    from relayrl.workflows.losses import PolicyLoss
+
+    feats = variant_features(variant)
+    attn = "flex_attention" if "flex" in feats else "sdpa"
+    model = load_model(path, dtype="bfloat16" if "bf16" in feats else "float32", device="cuda",
+                       attn_implementation=attn)
+    cfg = TrainEngineConfig(token_budget=budget, logprob_chunk=0 if "nochunk" in feats else 1024,
+                            compile="compile" in feats, fused_head="fusedhead" in feats,
+                            compute_copy="copy" in feats, optim=OptimConfig(lr=1e-6))
+    eng = TorchTrainingEngine(model, cfg, total_steps=10, device="cuda", compute_dtype=torch.bfloat16)
+    groups, n, P, R = 8, 8, 128, 384
+    batch = train_batch(groups, n, P, R)
     loss = PolicyLoss(agg="token-mean")
-    eng.train_step(batch, loss)  # warm-up (and compilation)
-    if compile:
+    for _ in range(2 if feats & {"compile", "flex", "fusedhead"} else 1):  # warm-up (and compilation)
         eng.train_step(batch, loss)
     torch.cuda.reset_peak_memory_stats()
     reps = 3
@@ -171,23 +259,32 @@ def bench_train(path: Path, peak: float, budget: int = 16384, profile: bool = Fa
     tokens = groups * (P + n * R)  # the prompt is computed once per group (shared-prompt packing)
     pairs = groups * (P * (P + 1) // 2 + n * (R * P + R * (R + 1) // 2))
     flops = 6 * decoder * tokens + 6 * head * groups * n * R + 12 * pairs * c.num_hidden_layers * c.num_attention_heads * hd
-    out = {"tokens": tokens, "update_s": dt, "tokens_per_s": tokens / dt, "mfu": flops / dt / peak,
+    out = {"variant": variant, "tokens": tokens, "update_s": dt, "tokens_per_s": tokens / dt, "mfu": flops / dt / peak,
            "peak_gb": torch.cuda.max_memory_allocated() / 2**30}
-    if profile:  # where an update's time goes
-        from torch.profiler import ProfilerActivity, profile as prof_
-
-        with prof_(activities=[ProfilerActivity.CUDA]) as prof:
-            eng.train_step(batch, loss)
-            torch.cuda.synchronize()
-        for line in prof.key_averages().table(sort_by="cuda_time_total", row_limit=12,
-                                              max_name_column_width=70).splitlines():
+    print(f"train {variant} ({'; '.join(FEATURES[f] for f in FEATURES if f in feats)}): {tokens} tokens (budget {budget}/"
+          f"micro-batch) in {dt:.3f} s: {out['tokens_per_s']:.0f} tok/s, MFU {out['mfu']:.1%}, peak "
+          f"{out['peak_gb']:.1f} GB", flush=True)
+    if profile:  # where one update's time goes
+        for line in kernel_profile(lambda: eng.train_step(batch, loss)):
             print("  " + line, flush=True)
-    print(f"train ({label}, head chunk {chunk or 'off'}): {tokens} tokens (budget {budget}/micro-batch) in "
-          f"{dt:.3f} s: {out['tokens_per_s']:.0f} tok/s, MFU {out['mfu']:.1%}, peak {out['peak_gb']:.1f} GB",
-          flush=True)
     del eng, model
+    gc.collect()
     torch.cuda.empty_cache()
     return out
+
+
+def bench_train_variants(path: Path, peak: float, variants: list[str], profile: bool = False) -> dict:
+    """Every variant in one run, then the ratios to the first."""
+    useful, computed = pair_fractions(train_batch())
+    print(f"train: one packed group attends {useful:.1%} of its L x L pairs; SDPA computes all of them, "
+          f"FlexAttention the {computed:.1%} in non-empty 128 x 128 tiles", flush=True)
+    res = {v: bench_train(path, peak, v, profile=profile) for v in variants}
+    base = res[variants[0]]
+    print(f"{'variant':48s} {'update s':>9s} {'MFU':>6s} {'speed-up':>8s} {'peak GB':>8s}")
+    for v, r in res.items():
+        print(f"{v:48s} {r['update_s']:9.3f} {r['mfu']:6.1%} {base['update_s'] / r['update_s']:7.2f}x "
+              f"{r['peak_gb']:8.1f}", flush=True)
+    return res
 
 
 # ------------------------------------------------------------------ GRPO step
@@ -232,42 +329,50 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="decode 128 new tokens instead of 512")
     ap.add_argument("--cache", default=None, help="where the random Qwen2-0.5B-shaped model is built")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
-    ap.add_argument("--skip", default="", help="comma-separated parts to skip: decode,profile,train,grpo")
-    ap.add_argument("--profile-train", action="store_true", help="print the update's top CUDA kernels")
-    ap.add_argument("--train-compiled-only", action="store_true", help="train part: only the compiled variant")
+    ap.add_argument("--only", default="", help="comma-separated parts to run (default all): " + ",".join(PARTS))
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: " + ",".join(PARTS))
+    ap.add_argument("--profile", action="store_true", help="train: print the top CUDA kernels of one update per "
+                    "variant, and the time by kind of kernel")
+    ap.add_argument("--train-variants", default=TRAIN_VARIANTS, help="comma-separated training variants, each "
+                    "features joined by '+': " + "; ".join(f"{k}: {v}" for k, v in FEATURES.items()) +
+                    ". Ratios are to the first")
     ap.add_argument("--grpo-new-tokens", type=int, default=256, help="max_new_tokens of the GRPO steps")
     ap.add_argument("--grpo", nargs="*", default=[], help="extra config overrides of the GRPO steps")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("gpu: no CUDA device (this benchmark measures a GPU)")
-    skip = set(filter(None, args.skip.split(",")))
+    only = set(filter(None, args.only.split(","))) or set(PARTS)
+    parts = only - set(filter(None, args.skip.split(",")))
+    if not parts <= set(PARTS):
+        sys.exit(f"gpu: parts are {', '.join(PARTS)}; got {', '.join(sorted(parts - set(PARTS)))}")
+    variants = [v for v in args.train_variants.split(",") if v]
+    for v in variants:
+        variant_features(v)
     bw, peak, name = peaks()
     cache = Path(args.cache or tempfile.mkdtemp(prefix="relayrl-gpu-"))
     print(f"gpu: {name}, HBM {bw / 1e12:.2f} TB/s, bf16 {peak / 1e12:.0f} TFLOP/s; torch {torch.__version__}", flush=True)
     path = model_dir(cache)
     res: dict = {"device": name}
     new = 128 if args.quick else 512
-    if "decode" not in skip:
+    if "decode" in parts:
         res["decode"] = bench_decode(path, [64, 256], 128, new, bw, peak)
-    if "profile" not in skip:
+    if "profile" in parts:
         for line in profile_decode(path, 256, 384, 20):
             print("  " + line, flush=True)
-    if "train" not in skip and args.train_compiled_only:
-        res["train_compiled"] = bench_train(path, peak, compile=True, label="compiled", profile=args.profile_train)
-    elif "train" not in skip:
-        res["train"] = bench_train(path, peak, profile=args.profile_train)
-        res["train_unchunked"] = bench_train(path, peak, chunk=0)
-        res["train_pure_bf16"] = bench_train(path, peak, weights="bfloat16", label="pure bf16 weights (ceiling)")
-        res["train_compiled"] = bench_train(path, peak, compile=True, label="fp32 master, bf16, compiled layers")
-    if "grpo" not in skip:
+    if "train" in parts:
+        res["train"] = bench_train_variants(path, peak, variants, profile=args.profile)
+    if "grpo" in parts:
         kw = dict(new_tokens=args.grpo_new_tokens, extra=tuple(args.grpo))
         res["grpo"] = {"off": bench_grpo(cache, False, **kw), "on": bench_grpo(cache, True, **kw)}
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1, default=str))
     d = res.get("decode", {}).get(256, {})
     g = res.get("grpo", {})
+    t = res.get("train", {})
+    best = max(t.values(), key=lambda r: r["mfu"], default={})
     print(f"gpu: decode {d.get('roof_frac', float('nan')):.0%} of roofline, {d.get('speedup', float('nan')):.1f}x HF "
-          f"generate; train MFU {res.get('train', {}).get('mfu', float('nan')):.1%}; peak memory with/without "
+          f"generate; train MFU {next(iter(t.values()), {}).get('mfu', float('nan')):.1%} "
+          f"(best {best.get('mfu', float('nan')):.1%}: {best.get('variant', '-')}); peak memory with/without "
           f"offload {g.get('on', {}).get('colocated_peak_gb', float('nan')):.1f}/"
           f"{g.get('off', {}).get('colocated_peak_gb', float('nan')):.1f} GB")
 

@@ -58,7 +58,17 @@ class ModelConfig(_Section):
         "smaller than the dtype's resolution are lost (a bf16 weight of 0.02 ignores steps below ~1e-4), so "
         "this must be asked for explicitly")
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flex_attention"] = Field(
+        "sdpa", description="attention of the trained and frozen models. flex_attention (CUDA): the packed "
+        "training passes attend only the tiles of the pack that the shared-prompt mask needs (a FlexAttention "
+        "BlockMask) instead of a dense masked square; the rollout engine still decodes with sdpa")
+
+    @model_validator(mode="after")
+    def _flex_on_cuda(self) -> "ModelConfig":
+        if self.attn_implementation == "flex_attention" and self.device == "cpu":
+            raise ValueError("model.attn_implementation=flex_attention trains on CUDA only (torch has no "
+                             "FlexAttention backward pass on CPU); set model.attn_implementation=sdpa on CPU")
+        return self
 
 
 class DataConfig(_Section):

@@ -31,14 +31,13 @@ Where this departs from seed 003:
   Face model (``attn_implementation="sdpa"``; an additive float mask for
   ``"eager"``). That is exact on CPU and GPU, but a dense mask costs
   ``P * L * L`` bytes (bool) -- and the kernel still computes the masked
-  blocks. For long rows on CUDA (``L`` in the thousands) a block-sparse kernel
-  is preferable: FlexAttention with a ``BlockMask`` built from
-  :func:`shared_prompt_mask_mod` (the same predicate, index-based) skips
-  empty blocks; flash-attention varlen (``cu_seqlens`` from position ids)
-  handles plain sequence packing but cannot express a prompt shared across
-  segments. The mask builder is one function, so it can be swapped
-  (see ``relayrl.engines.training.torch_engine``). FlexAttention backward is not
-  supported on CPU, which is why SDPA is the default here.
+  blocks. On CUDA, ``attn_implementation="flex_attention"`` runs the same
+  predicate (:func:`shared_prompt_mask_mod`, index-based) as a FlexAttention
+  ``BlockMask`` that skips the empty 128 x 128 tiles
+  (:mod:`relayrl.engines.training.flex`); flash-attention varlen
+  (``cu_seqlens`` from position ids) handles plain sequence packing but cannot
+  express a prompt shared across segments. FlexAttention has no backward pass
+  on CPU, which is why SDPA is the default.
 * Seed 003 packs a whole micro-batch of one group; we also split a group whose
   packed length exceeds the micro-batch token budget into several units (each
   repeats the prompt) and bin-pack small units together, so one token budget
@@ -50,7 +49,7 @@ Where this departs from seed 003:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Literal, Sequence
 
 import torch
@@ -135,6 +134,23 @@ class PackedBatch:
             raise ValueError(f"flat has {flat.shape[0]} entries, expected {self.token_row.numel()} (response tokens)")
         out = flat.new_zeros(self.num_rows, self.width)
         return out.index_put((self.token_row.to(flat.device), self.token_col.to(flat.device)), flat)
+
+    def pad_to(self, multiple: int, at_least: int = 0) -> "PackedBatch":
+        """The same batch with ``L`` rounded up to a multiple of ``multiple`` (and to ``at_least``): padding
+        columns (token 0, position 0, doc and segment -1) that attend only to themselves. Response tokens keep
+        their indexes."""
+        if multiple < 1:
+            raise ValueError(f"multiple={multiple} must be >= 1")
+        L = self.input_ids.shape[1]
+        extra = max(L, at_least) + (-max(L, at_least) % multiple) - L
+        if extra == 0:
+            return self
+
+        def pad(t: Tensor, value: int) -> Tensor:
+            return torch.nn.functional.pad(t, (0, extra), value=value)
+
+        return replace(self, input_ids=pad(self.input_ids, 0), position_ids=pad(self.position_ids, 0),
+                       doc_ids=pad(self.doc_ids, -1), segment_ids=pad(self.segment_ids, -1))
 
     def to(self, device: torch.device | str) -> "PackedBatch":
         moved = {k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in self.__dict__.items()}
@@ -287,8 +303,9 @@ def _allowed(q: Tensor, k: Tensor, doc_q: Tensor, doc_k: Tensor, seg_q: Tensor, 
 
 
 def shared_prompt_mask(doc_ids: Tensor, segment_ids: Tensor, position_ids: Tensor | None = None, *,
-                       sliding_window: int | None = None) -> Tensor:
-    """Dense boolean attention mask ``[P, 1, L, L]`` (True = attend) for a packed batch.
+                       sliding_window: int | None = None, queries: slice | None = None) -> Tensor:
+    """Dense boolean attention mask ``[P, 1, L, L]`` (True = attend) for a packed batch; with ``queries`` only
+    those query rows, ``[P, 1, len(queries), L]``.
 
     Query ``q`` sees key ``k <= q`` of the same unit when ``k`` is on the prompt
     or on q's own response; padding sees only itself. With ``sliding_window``
@@ -307,11 +324,12 @@ def shared_prompt_mask(doc_ids: Tensor, segment_ids: Tensor, position_ids: Tenso
         raise ValueError("sliding_window needs position_ids")
     L = doc_ids.shape[1]
     ar = torch.arange(L, device=doc_ids.device)
+    q = queries or slice(0, L)
     pq = pk = None
     if position_ids is not None:
-        pq, pk = position_ids[:, :, None], position_ids[:, None, :]
-    ok = _allowed(ar[None, :, None], ar[None, None, :], doc_ids[:, :, None], doc_ids[:, None, :],
-                  segment_ids[:, :, None], segment_ids[:, None, :], pq, pk, sliding_window)
+        pq, pk = position_ids[:, q, None], position_ids[:, None, :]
+    ok = _allowed(ar[None, q, None], ar[None, None, :], doc_ids[:, q, None], doc_ids[:, None, :],
+                  segment_ids[:, q, None], segment_ids[:, None, :], pq, pk, sliding_window)
     return ok[:, None]
 
 

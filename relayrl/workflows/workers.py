@@ -217,7 +217,9 @@ class RolloutWorker(WeightReceiverMixin, _MemoryProbe, Worker):
                  attn_implementation: str = "sdpa", threads: int = 0, seed: int = 0, decode: str = "auto") -> None:
         _set_threads(threads, self)
         dev = resolve_device(device, getattr(self, "device", None))
-        model = load_model(model_path, dtype=dtype, device=dev, attn_implementation=attn_implementation)
+        # flex_attention serves the trainer's block-sparse packed masks; decoding (a KV cache, CUDA graphs) uses sdpa
+        attn = "sdpa" if attn_implementation == "flex_attention" else attn_implementation
+        model = load_model(model_path, dtype=dtype, device=dev, attn_implementation=attn)
         self.tokenizer = load_tokenizer(model_path)
         self.engine = NativeGenerationEngine(model, self.tokenizer, max_batch=max_batch, device=dev, decode=decode)
         self.generator = torch.Generator(device=dev).manual_seed(seed + 7919 * getattr(self, "rank", 0))

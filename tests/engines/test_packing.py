@@ -218,7 +218,8 @@ def test_sliding_window_layers_get_their_own_mask():
 
 
 def test_attention_without_dense_masks_falls_back_to_padding():
-    model = _model("flex_attention")
-    with pytest.warns(UserWarning, match="packing='shared_prompt' disabled.*flex_attention"):
+    model = _model()
+    model.config._attn_implementation = "flash_attention_2"  # not installed here; the engine only reads the name
+    with pytest.warns(UserWarning, match="packing='shared_prompt' disabled.*flash_attention_2"):
         eng = TorchTrainingEngine(model, TrainEngineConfig(), total_steps=1, trainable=False)
     assert eng.packing == "none"

@@ -62,6 +62,54 @@ def test_mixed_precision_computes_in_bf16(tiny_dir, tiny_tokenizer):
     assert all(t.dtype == torch.float32 for t in b)
 
 
+def test_compute_copy_runs_the_passes_of_a_bf16_model_and_steps_float32_masters(tiny_dir, tiny_tokenizer,
+                                                                                 monkeypatch):
+    """engine.compute_copy: the passes (and so the gradients) are those of the model cast to bf16, summed over
+    micro-batches in float32; Adam steps the float32 masters (a 1e-6 step survives) and the copy follows them."""
+    batch = _batch(tiny_tokenizer)
+    cfg = TrainEngineConfig(token_budget=16, compute_copy=True,  # several micro-batches
+                            optim=OptimConfig(lr=1e-6, weight_decay=0.0, max_grad_norm=None))
+    torch.manual_seed(0)
+    eng = TorchTrainingEngine(load_model(tiny_dir), cfg, total_steps=1, compute_dtype=torch.bfloat16)
+    assert not eng._autocast and next(eng.runner.parameters()).dtype == torch.bfloat16
+    ref = TorchTrainingEngine(load_model(tiny_dir, dtype="bfloat16"), cfg, total_steps=1, trainable=False)
+    want = ref.logprobs(batch)[0]  # the same model cast to bf16, no autocast
+    for a, b in zip(eng.logprobs(batch)[0], want):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    bf16 = TorchTrainingEngine(load_model(tiny_dir, dtype="bfloat16"), cfg, total_steps=1)
+    per_mb = []  # the bf16 model's gradients of each micro-batch, summed in float32
+    bf16.optimizer.step = lambda: None
+    real_backward = torch.Tensor.backward
+
+    def backward(loss, *a, **k):
+        real_backward(loss, *a, **k)
+        per_mb.append([p.grad.float().clone() for p in bf16.model.parameters()])
+        bf16.optimizer.zero_grad(set_to_none=True)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.Tensor, "backward", backward)
+        m_ref = bf16.train_step(batch, PolicyLoss(agg="token-mean"))
+    assert len(per_mb) > 1
+    got = []
+    step = eng.optimizer.step
+    eng.optimizer.step = lambda: (got.extend(p.grad.clone() for p in eng.model.parameters()), step())
+    before = {n: p.detach().clone() for n, p in eng.model.named_parameters()}
+    m = eng.train_step(batch, PolicyLoss(agg="token-mean"))
+    assert m["actor/loss"] == pytest.approx(m_ref["actor/loss"], rel=1e-6)
+    for g, parts in zip(got, zip(*per_mb)):
+        assert g.dtype == torch.float32
+        torch.testing.assert_close(g, torch.stack(parts).sum(0), atol=1e-6, rtol=1e-5)
+    changed, total = _changed(eng, before)
+    assert changed > 0.5 * total
+    for master, comp in zip(eng.model.parameters(), eng.runner.parameters()):
+        assert torch.equal(comp, master.detach().to(torch.bfloat16))
+    after = eng.logprobs(batch)[0]
+    eng.offload()
+    eng.reload()  # the copy comes back from the master weights
+    for a, b in zip(eng.logprobs(batch)[0], after):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
 def test_config_refuses_fp16_training_and_pointless_pure_precision():
     from relayrl.config.schema import Config
 

@@ -14,6 +14,14 @@ comes out of the same chunks, without a gradient.
 The matrix products run in the hidden states' dtype (bf16 under mixed
 precision), the softmax in float32; the weight's gradient accumulates in
 float32 and is returned in the weight's dtype.
+
+With ``fused=True`` (``engine.fused_head``, for GPUs) the float32 steps of a
+chunk -- the log-sum-exp, the target's logit and the entropy, and in the
+backward pass the softmax gradient -- are two functions compiled with
+``torch.compile``: each reads the chunk's logits in the compute dtype once and
+writes per-position values (or the compute-dtype gradient), instead of
+materialising float32 ``[chunk, vocab]`` copies and several element-wise passes
+over them. The same formulas; the rounding differs in the last bits.
 """
 
 from __future__ import annotations
@@ -22,19 +30,62 @@ import torch
 
 __all__ = ["ChunkedTokenLogprobs", "chunked_token_logprobs"]
 
+_compiled: dict[str, object] = {}
+
+
+def _chunk_stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
+    """``logits [c, V]`` -> float32 (log-sum-exp, log-prob of the target, entropy or empty) of
+    ``softmax(logits / temperature)``, each ``[c]``."""
+    x = logits.float()
+    if temperature != 1.0:
+        x = x / temperature
+    z = torch.logsumexp(x, dim=-1)
+    logp = x.gather(-1, targets[:, None]).squeeze(-1) - z
+    ent = z - (torch.softmax(x, dim=-1) * x).sum(-1) if with_entropy else z.new_empty(0)
+    return z, logp, ent
+
+
+def _chunk_grad(logits: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor, targets: torch.Tensor,
+                temperature: float) -> torch.Tensor:
+    """``grad [c] x d logp[target] / d logits = grad * (onehot(target) - softmax) / temperature``, ``[c, V]``
+    in the logits' dtype."""
+    x = logits.float()
+    if temperature != 1.0:
+        x = x / temperature
+    onehot = torch.arange(x.shape[-1], device=x.device)[None, :] == targets[:, None]
+    d = (onehot.float() - torch.exp(x - lse[:, None])) * grad[:, None]
+    if temperature != 1.0:
+        d = d / temperature
+    return d.to(logits.dtype)
+
+
+def _fused(fn):
+    """``fn`` compiled once per process (dynamic shapes: the last chunk is shorter)."""
+    name = fn.__name__
+    if name not in _compiled:
+        _compiled[name] = torch.compile(fn, dynamic=True)
+    return _compiled[name]
+
 
 class ChunkedTokenLogprobs(torch.autograd.Function):
     """``(hidden [N, d], weight [V, d], targets [N]) -> (logprobs [N], entropy [N])``; see the module docstring."""
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
-                chunk: int, with_entropy: bool):
+                chunk: int, with_entropy: bool, fused: bool = False):
         w = weight.to(hidden.dtype)
         n = hidden.shape[0]
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
         logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
         ent = torch.empty(n if with_entropy else 0, dtype=torch.float32, device=hidden.device)
+        stats = _fused(_chunk_stats) if fused else None
         for s in range(0, n, chunk):
+            if stats is not None:
+                z, lp, e = stats(hidden[s:s + chunk] @ w.T, targets[s:s + chunk], temperature, with_entropy)
+                lse[s:s + chunk], logp[s:s + chunk] = z, lp
+                if with_entropy:
+                    ent[s:s + chunk] = e
+                continue
             logits = (hidden[s:s + chunk] @ w.T).float()
             if temperature != 1.0:
                 logits /= temperature
@@ -44,7 +95,7 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
             if with_entropy:  # H = logsumexp - sum p * logits
                 ent[s:s + chunk] = z - torch.softmax(logits, dim=-1).mul_(logits).sum(-1)
         ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.temperature, ctx.chunk, ctx.fused = temperature, chunk, fused
         ctx.mark_non_differentiable(ent)
         return logp, ent
 
@@ -57,36 +108,41 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
             if ctx.needs_input_grad[1] else None
         rows = torch.arange(min(chunk, hidden.shape[0]), device=hidden.device)
+        grad_fn = _fused(_chunk_grad) if ctx.fused else None
         for s in range(0, hidden.shape[0], chunk):
             h = hidden[s:s + chunk]
             g = grad_logp[s:s + chunk].float()
-            dlogits = (h @ w.T).float()
-            if T != 1.0:
-                dlogits /= T
-            # d logp[target] / d logits = onehot(target) - softmax, then / T for the temperature (in place:
-            # one float32 chunk alive at a time)
-            dlogits.sub_(lse[s:s + chunk, None]).exp_().mul_(-g[:, None])
-            dlogits[rows[: h.shape[0]], targets[s:s + chunk]] += g
-            if T != 1.0:
-                dlogits /= T
-            dlogits = dlogits.to(hidden.dtype)
+            if grad_fn is not None:
+                dlogits = grad_fn(h @ w.T, lse[s:s + chunk], g, targets[s:s + chunk], T)
+            else:
+                dlogits = (h @ w.T).float()
+                if T != 1.0:
+                    dlogits /= T
+                # d logp[target] / d logits = onehot(target) - softmax, then / T for the temperature (in place:
+                # one float32 chunk alive at a time)
+                dlogits.sub_(lse[s:s + chunk, None]).exp_().mul_(-g[:, None])
+                dlogits[rows[: h.shape[0]], targets[s:s + chunk]] += g
+                if T != 1.0:
+                    dlogits /= T
+                dlogits = dlogits.to(hidden.dtype)
             if grad_h is not None:
                 grad_h[s:s + chunk] = dlogits @ w
             if grad_w is not None:
                 grad_w += (dlogits.T @ h).float()
-        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None
+        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None
 
 
 def chunked_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
-                           temperature: float = 1.0, chunk: int = 4096, with_entropy: bool = False):
+                           temperature: float = 1.0, chunk: int = 4096, with_entropy: bool = False,
+                           fused: bool = False):
     """Log-probs of ``targets`` [N] under ``softmax(hidden [N, d] @ weight [V, d]^T / temperature)``, and the
     entropy of each position (no gradient) when ``with_entropy``; each ``[N, V]``-sized step is ``chunk``
-    positions at a time."""
+    positions at a time, its float32 steps compiled into fused kernels when ``fused``."""
     if chunk < 1:
         raise ValueError(f"chunk={chunk} must be >= 1")
     kind = hidden.device.type
     if torch.is_autocast_enabled(kind):  # the residual stream is float32 under autocast; the head runs in bf16
         hidden = hidden.to(torch.get_autocast_dtype(kind))
     logp, ent = ChunkedTokenLogprobs.apply(hidden, weight, targets.long(), float(temperature), int(chunk),
-                                           bool(with_entropy))
+                                           bool(with_entropy), bool(fused))
     return logp, (ent if with_entropy else None)

@@ -16,12 +16,15 @@ Forward passes lay out rows at the last moment, in one of three ways
 Packed units (a group never splits unless it alone exceeds the token budget)
 are bin-packed into rows no longer than the longest unit (or
 ``pack_length``), and rows are cut into micro-batches whose *padded* token
-count stays under ``token_budget``. The mask goes to the Hugging Face model as
-a 4-D tensor, which transformers passes through untouched: boolean for
-``attn_implementation="sdpa"``, additive float for ``"eager"``; a model with
-sliding-window layers gets a per-layer-type mask dict. Other attention
-implementations (flash-attention, flex) would ignore or misread a dense 4-D
-mask, so the engine falls back to ``packing="none"`` with a warning for them.
+count stays under ``token_budget``. The mask goes to the Hugging Face model in
+a form transformers passes through untouched: a dense 4-D tensor, boolean for
+``attn_implementation="sdpa"`` and additive float for ``"eager"``, or for
+``"flex_attention"`` a block-sparse FlexAttention ``BlockMask`` that skips the
+empty tiles of the pack (:mod:`relayrl.engines.training.flex`; a micro-batch's
+packed rows then run as one row padded to a multiple of 128 tokens, since the
+mask keeps units apart anyway; CUDA only for training); a model with sliding-window
+layers gets a per-layer-type mask dict. Flash-attention would ignore or misread
+these masks, so the engine falls back to ``packing="none"`` with a warning.
 Logits are computed only at response positions (decoder hidden states are
 gathered first, then the output head is applied), which avoids materialising
 ``[B, L, V]`` logits for the prompt. Every path returns response-aligned
@@ -47,7 +50,10 @@ master weights) and the forward and backward passes compute in
 ``compute_dtype``: on one rank under ``torch.autocast``, under FSDP2 through
 its ``MixedPrecisionPolicy`` (parameters gathered in ``compute_dtype``,
 gradients reduced in float32). A 1e-6 step then moves a weight of 0.02, which
-a bf16 weight cannot represent.
+a bf16 weight cannot represent. With ``compute_copy`` one rank instead runs the
+passes on a ``compute_dtype`` copy of the weights (like FSDP2's gathered
+parameters), adds each micro-batch's gradients into the float32 master
+gradients, and refreshes the copy after each optimizer step.
 
 A non-finite gradient norm skips the optimizer step (weights stay at the last
 good state) and is reported as ``actor/nonfinite_grad``; the workflow decides
@@ -57,6 +63,7 @@ whether to stop or go on.
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import time
 import warnings
@@ -67,7 +74,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from relayrl.engines.training import fsdp
+from relayrl.engines.training import flex, fsdp
 from relayrl.engines.training.base import LossFn, MicroBatch, OptimConfig, SequenceBatch, metric_reduction
 from relayrl.models.packing import (PackUnit, additive_mask, build_packed_batch, pack_units, plan_units,
                                     shared_prompt_mask)
@@ -85,6 +92,16 @@ class TrainEngineConfig(BaseModel):
                                "passes: each chunk's [chunk, vocab] logits are reduced at once and recomputed "
                                "in the backward pass instead of stored; 0 materialises every position's logits "
                                "(an entropy bonus, entropy_coef > 0, always does)")
+    fused_head: bool = Field(False, description="compile the chunked head's float32 steps (log-sum-exp, target "
+                             "log-prob, entropy; the backward's softmax gradient) into fused kernels: each chunk's "
+                             "[chunk, vocab] logits are read once in the compute dtype instead of copied to float32 "
+                             "(for GPUs; rounding differs in the last bits; the first passes compile)")
+    compute_copy: bool = Field(False, description="mixed precision on one rank: run the passes on a copy of the "
+                               "trained weights in the compute dtype instead of under torch.autocast (no weight "
+                               "casts per pass; activations and the residual stream in the compute dtype, as under "
+                               "FSDP2's policy). Each micro-batch's gradients are added into the float32 master "
+                               "gradients and the copy is refreshed after each optimizer step; costs one copy of "
+                               "the weights in the compute dtype")
     gradient_checkpointing: bool = False
     compile: bool = Field(False, description="compile each decoder layer with torch.compile (dynamic shapes): "
                           "fuses the norms, activations and casts between the matrix products; the first "
@@ -177,18 +194,25 @@ class TorchTrainingEngine:
         self.model = model.to(self.device)
         self.cfg = cfg
         self.prefix = metric_prefix
-        if cfg.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
-        if cfg.compile:  # per layer, before sharding (as torchtitan does): one graph reused by every layer
-            for layer in fsdp.decoder_layers(self.model):
-                layer.compile(dynamic=True)
-        self.net = fsdp.ResponseLogits(self.model)
+        self._resolve_packing(trainable)
         weights = next(self.model.parameters()).dtype
         self.compute_dtype = compute_dtype or weights
         mixed = self.compute_dtype != weights
+        # The module the passes run: the model, or (compute_copy, one rank) a copy of it in compute_dtype
+        self.runner = self.model
+        if mixed and trainable and cfg.compute_copy and fsdp.world_size() == 1:
+            self.runner = copy.deepcopy(self.model)
+            for p in self.runner.parameters():  # parameters only: buffers (rotary frequencies) stay float32
+                p.data = p.data.to(self.compute_dtype)
+        if cfg.gradient_checkpointing:
+            self.runner.gradient_checkpointing_enable()
+        if cfg.compile:  # per layer, before sharding (as torchtitan does): one graph reused by every layer
+            for layer in fsdp.decoder_layers(self.runner):
+                layer.compile(dynamic=True)
+        self.net = fsdp.ResponseLogits(self.runner)
         # FSDP2 when the group has > 1 rank; it casts the gathered parameters itself
         self.sharded = fsdp.shard_model(self.net, self.device, compute_dtype=self.compute_dtype if mixed else None)
-        self._autocast = mixed and not self.sharded
+        self._autocast = mixed and not self.sharded and self.runner is self.model
         self._weights_offloaded = False  # offload() moved the weights to host (FSDP2 shards move with .to)
         self.world = fsdp.world_size()
         self.optimizer = None
@@ -203,20 +227,28 @@ class TorchTrainingEngine:
             self.scheduler = make_scheduler(self.optimizer, o, total_steps)
         else:
             self.model.requires_grad_(False).eval()
-        self._resolve_packing()
 
     # --------------------------------------------------------------- layout
-    def _resolve_packing(self) -> None:
-        """Pick the effective packing mode and the mask form this model's attention accepts."""
+    def _resolve_packing(self, trainable: bool) -> None:
+        """Pick the effective packing mode and the mask form this model's attention accepts (a model loaded
+        with flex_attention is switched to :func:`relayrl.engines.training.flex.flex_attention_forward`)."""
         conf = self.model.config
         self.attn_impl = getattr(conf, "_attn_implementation", None)
+        self.flex = flex.is_flex(self.attn_impl)
+        if self.flex:
+            if trainable and not flex.backward_supported(self.device):
+                raise ValueError(f"attn_implementation={self.attn_impl!r}: torch {torch.__version__} has no "
+                                 f"FlexAttention backward pass on {self.device.type}; train there with "
+                                 "model.attn_implementation=sdpa (flex_attention is for CUDA)")
+            flex.install(self.model)
+            self.attn_impl = flex.ATTN
         layer_types = set(getattr(conf, "layer_types", None) or ["full_attention"])
         self.sliding_window = getattr(conf, "sliding_window", None) if "sliding_attention" in layer_types else None
         self.packing = self.cfg.packing
         reason = None
-        if self.attn_impl not in ("sdpa", "eager"):
-            reason = (f"attn_implementation={self.attn_impl!r} does not take a dense 4-D mask "
-                      "(load the model with attn_implementation='sdpa')")
+        if self.attn_impl not in ("sdpa", "eager", flex.ATTN):
+            reason = (f"attn_implementation={self.attn_impl!r} takes neither a dense 4-D mask nor a BlockMask "
+                      "(load the model with attn_implementation='sdpa' or 'flex_attention')")
         elif not layer_types <= {"full_attention", "sliding_attention"}:
             reason = f"layer types {sorted(layer_types)} need masks the packed layout does not build"
         elif "sliding_attention" in layer_types and not self.sliding_window:
@@ -238,16 +270,18 @@ class TorchTrainingEngine:
         return [[rows[k] for k in mb] for mb in plan_microbatches(row_len, self.cfg.token_budget)]
 
     def _attention_mask(self, doc_ids: torch.Tensor, seg_ids: torch.Tensor, pos_ids: torch.Tensor):
-        """The packed mask in the form the model's attention takes (bool for SDPA, additive for eager)."""
+        """The packed mask in the form the model's attention takes (bool for SDPA, additive for eager, a
+        ``BlockMask`` for flex), built once for every layer; a dict by layer type with sliding layers."""
 
-        def form(mask: torch.Tensor) -> torch.Tensor:
-            return mask if self.attn_impl == "sdpa" else additive_mask(mask, self.compute_dtype)
+        def mask(window: int | None):
+            if self.flex:
+                return flex.block_mask(doc_ids, seg_ids, pos_ids, sliding_window=window)
+            dense = shared_prompt_mask(doc_ids, seg_ids, pos_ids, sliding_window=window)
+            return dense if self.attn_impl == "sdpa" else additive_mask(dense, self.compute_dtype)
 
-        full = form(shared_prompt_mask(doc_ids, seg_ids))
         if self.sliding_window is None:
-            return full
-        return {"full_attention": full, "sliding_attention": form(
-            shared_prompt_mask(doc_ids, seg_ids, pos_ids, sliding_window=self.sliding_window))}
+            return mask(None)
+        return {"full_attention": mask(None), "sliding_attention": mask(self.sliding_window)}
 
     # --------------------------------------------------------------- forward
     def _compute(self):
@@ -263,13 +297,19 @@ class TorchTrainingEngine:
         if self.packing == "none":
             lp, mask, ent = self._forward_padded(batch, item, temperature, with_entropy)
             return lp, mask, ent, list(item), self._padded_len(batch, item)
-        pb = build_packed_batch(batch.prompt_ids, batch.response_ids, item).to(self.device)
+        if self.flex:  # the micro-batch's units in one row: no row padding, batch size 1 for the compiled kernel
+            item = [[unit for row in item for unit in row]]
+        pb = build_packed_batch(batch.prompt_ids, batch.response_ids, item)
+        if self.flex:  # whole tiles, at least two (see relayrl.engines.training.flex)
+            pb = pb.pad_to(flex.BLOCK, at_least=2 * flex.BLOCK)
+        pb = pb.to(self.device)
         mask4 = self._attention_mask(pb.doc_ids, pb.segment_ids, pb.position_ids)
         if self._chunked(with_entropy):
             with self._compute():
                 lp, ent = self.net(pb.input_ids, mask4, pb.position_ids, pb.token_pack, pb.token_src,
                                    targets=pb.targets.to(self.device), temperature=temperature,
-                                   chunk=self.cfg.logprob_chunk, with_entropy=bool(with_entropy))
+                                   chunk=self.cfg.logprob_chunk, with_entropy=bool(with_entropy),
+                                   fused=self.cfg.fused_head)
         else:
             with self._compute():
                 logits = self.net(pb.input_ids, mask4, pb.position_ids, pb.token_pack, pb.token_src)  # [N, V]
@@ -320,6 +360,8 @@ class TorchTrainingEngine:
         rs_len = [int(batch.response_ids[i].numel()) for i in rows]
         total = [a + b for a, b in zip(lp_len, rs_len)]
         L, T = max(total), max(rs_len)
+        if self.flex:  # whole tiles, as packed rows get (relayrl.engines.training.flex)
+            L = max(2 * flex.BLOCK, -(-L // flex.BLOCK) * flex.BLOCK)
         ids = torch.zeros(len(rows), L, dtype=torch.long)
         attn = torch.zeros(len(rows), L, dtype=torch.long)
         for j, i in enumerate(rows):
@@ -336,7 +378,8 @@ class TorchTrainingEngine:
         if self._chunked(with_entropy):
             with self._compute():
                 logprobs, entropy = self.net(ids, attn, None, rows_idx, pos, targets=targets, temperature=temperature,
-                                             chunk=self.cfg.logprob_chunk, with_entropy=bool(with_entropy))
+                                             chunk=self.cfg.logprob_chunk, with_entropy=bool(with_entropy),
+                                             fused=self.cfg.fused_head)
             return logprobs * mask, mask, None if entropy is None else entropy * mask
         with self._compute():
             logits = self.net(ids, attn, None, rows_idx, pos)  # [B, T, V]
@@ -347,8 +390,8 @@ class TorchTrainingEngine:
 
     @torch.no_grad()
     def logprobs(self, batch: SequenceBatch, *, temperature: float = 1.0, with_entropy: bool = False):
-        was_training = self.model.training
-        self.model.eval()
+        was_training = self.runner.training
+        self.runner.eval()
         out: list[torch.Tensor | None] = [None] * len(batch)
         ent: list[torch.Tensor | None] = [None] * len(batch)
         plan = self._plan(batch)
@@ -364,7 +407,7 @@ class TorchTrainingEngine:
                 out[i] = lp[j, :n].float().cpu()
                 if e is not None:
                     ent[i] = e[j, :n].float().cpu()
-        self.model.train(was_training)
+        self.runner.train(was_training)
         return out, (ent if with_entropy else None)
 
     # ---------------------------------------------------------------- update
@@ -386,7 +429,7 @@ class TorchTrainingEngine:
             where = "rows in the batch" if not self.sharded else "rows on the data-parallel rank with the fewest"
             raise ValueError(f"mini_batches={mini_batches} must be in [1, {fewest}] ({where}): every mini-batch "
                              f"is one optimizer step and needs a row (lower trainer.mini_batches)")
-        self.model.train()
+        self.runner.train()
         sums: dict[str, float] = defaultdict(float)
         steps = 0
         for _ in range(epochs):
@@ -414,6 +457,7 @@ class TorchTrainingEngine:
             mb = MicroBatch(lp, mask, fields, g_tokens, g_seqs, ent)
             loss, metrics = loss_fn(mb)
             (loss * self.world if self.sharded else loss).backward()  # FSDP2 averages over ranks; we want the sum
+            self._master_grads()
             weight = float(mask.sum())
             for k, v in metrics.items():
                 how = metric_reduction(k, summed)
@@ -437,12 +481,32 @@ class TorchTrainingEngine:
         acc[f"{self.prefix}/lr"] = self.optimizer.param_groups[0]["lr"]
         if math.isfinite(norm):
             self.optimizer.step()
+            self._refresh_copy()
             acc[f"{self.prefix}/nonfinite_grad"] = 0.0
         else:
             acc[f"{self.prefix}/nonfinite_grad"] = 1.0
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return dict(acc)
+
+    def _master_grads(self) -> None:
+        """compute_copy: add the copy's gradients into the master weights' (float32) and free them."""
+        if self.runner is self.model:
+            return
+        for master, comp in zip(self.model.parameters(), self.runner.parameters()):
+            if comp.grad is not None:
+                if master.grad is None:
+                    master.grad = comp.grad.to(master.dtype)
+                else:
+                    master.grad.add_(comp.grad)
+                comp.grad = None
+
+    @torch.no_grad()
+    def _refresh_copy(self) -> None:
+        """compute_copy: the copy takes the master weights' new values."""
+        if self.runner is not self.model:
+            for master, comp in zip(self.model.parameters(), self.runner.parameters()):
+                comp.copy_(master)
 
     # --------------------------------------------------------------- memory
     def offload(self, weights: bool = True) -> float:
@@ -459,6 +523,8 @@ class TorchTrainingEngine:
                 self.model.to("cpu")
             else:
                 swap.offload_module(self.model)
+                if self.runner is not self.model:
+                    swap.offload_module(self.runner)
             self._weights_offloaded = True
         return time.perf_counter() - t0
 
@@ -474,6 +540,9 @@ class TorchTrainingEngine:
                 self.model.to(self.device)
             else:
                 swap.reload_module(self.model)
+                if self.runner is not self.model:
+                    swap.reload_module(self.runner, restore=False)  # refreshed from the master weights
+                    self._refresh_copy()
             self._weights_offloaded = False
         return time.perf_counter() - t0
 
@@ -495,6 +564,7 @@ class TorchTrainingEngine:
         (missing, unexpected) parameter names."""
         opt = state.get("optimizer") if self.optimizer is not None else None
         out = fsdp.load_full_state(self.model, state.get("model"), self.optimizer, opt)
+        self._refresh_copy()
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         return out
