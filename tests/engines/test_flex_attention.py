@@ -154,6 +154,19 @@ def test_flex_logprobs_equal_sdpa(budget, pack_length, sliding):
         torch.testing.assert_close(c, d, atol=1e-5, rtol=1e-5)
 
 
+def test_flex_under_autocast_matches_sdpa():
+    """bf16 compute over float32 weights (torch.autocast): flex gets its inputs in bf16, as SDPA does."""
+    batch = _batch(SPEC[:2])
+    out = []
+    for attn in ("sdpa", "flex_attention"):
+        eng = TorchTrainingEngine(_model(attn), TrainEngineConfig(), total_steps=1, trainable=False,
+                                  compute_dtype=torch.bfloat16)
+        assert eng._autocast
+        out.append(eng.logprobs(batch)[0])
+    for a, b in zip(*out):
+        torch.testing.assert_close(a, b, atol=3e-2, rtol=3e-2)
+
+
 @pytest.mark.slow  # transformers compiles its flex mask builder: ~8 s on 2 shared cores
 def test_flex_without_packing_equals_sdpa():
     """packing=none: right-padded rows (to whole tiles) with transformers' own flex mask from the padding mask."""
