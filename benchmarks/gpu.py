@@ -261,9 +261,9 @@ def bench_train(path: Path, peak: float, variant: str = "sdpa", budget: int = 16
     flops = 6 * decoder * tokens + 6 * head * groups * n * R + 12 * pairs * c.num_hidden_layers * c.num_attention_heads * hd
     out = {"variant": variant, "tokens": tokens, "update_s": dt, "tokens_per_s": tokens / dt, "mfu": flops / dt / peak,
            "peak_gb": torch.cuda.max_memory_allocated() / 2**30}
-    print(f"train {variant} ({'; '.join(FEATURES[f] for f in FEATURES if f in feats)}): {tokens} tokens (budget {budget}/"
-          f"micro-batch) in {dt:.3f} s: {out['tokens_per_s']:.0f} tok/s, MFU {out['mfu']:.1%}, peak "
-          f"{out['peak_gb']:.1f} GB", flush=True)
+    what = "; ".join(FEATURES[f] for f in FEATURES if f in feats)
+    print(f"train {variant} ({what}): {tokens} tokens (budget {budget}/micro-batch) in {dt:.3f} s: "
+          f"{out['tokens_per_s']:.0f} tok/s, MFU {out['mfu']:.1%}, peak {out['peak_gb']:.1f} GB", flush=True)
     if profile:  # where one update's time goes
         for line in kernel_profile(lambda: eng.train_step(batch, loss)):
             print("  " + line, flush=True)

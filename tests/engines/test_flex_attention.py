@@ -27,8 +27,8 @@ SLIDING = dict(use_sliding_window=True, sliding_window=96, max_window_layers=1)
 
 def _model(attn: str, seed: int = 0, device: str = "cpu", **kw):
     torch.manual_seed(seed)
-    cfg = Qwen2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      intermediate_size=64, vocab_size=V, max_position_embeddings=1024, **kw)
+    cfg = Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      intermediate_size=128, vocab_size=V, max_position_embeddings=1024, **kw)  # head_dim 16
     cfg._attn_implementation = attn
     return Qwen2ForCausalLM(cfg).float().to(device)
 
@@ -154,6 +154,19 @@ def test_flex_logprobs_equal_sdpa(budget, pack_length, sliding):
         torch.testing.assert_close(c, d, atol=1e-5, rtol=1e-5)
 
 
+def test_flex_under_autocast_matches_sdpa():
+    """bf16 compute over float32 weights (torch.autocast): flex gets its inputs in bf16, as SDPA does."""
+    batch = _batch(SPEC[:2])
+    out = []
+    for attn in ("sdpa", "flex_attention"):
+        eng = TorchTrainingEngine(_model(attn), TrainEngineConfig(), total_steps=1, trainable=False,
+                                  compute_dtype=torch.bfloat16)
+        assert eng._autocast
+        out.append(eng.logprobs(batch)[0])
+    for a, b in zip(*out):
+        torch.testing.assert_close(a, b, atol=3e-2, rtol=3e-2)
+
+
 @pytest.mark.slow  # transformers compiles its flex mask builder: ~8 s on 2 shared cores
 def test_flex_without_packing_equals_sdpa():
     """packing=none: right-padded rows (to whole tiles) with transformers' own flex mask from the padding mask."""
@@ -197,13 +210,17 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 @cuda
-@pytest.mark.parametrize("compute_dtype", [torch.float32, torch.bfloat16])
-def test_flex_update_on_cuda_matches_sdpa(compute_dtype):
+@pytest.mark.parametrize("compute_dtype,options", [
+    (torch.float32, {}), (torch.bfloat16, {}),
+    (torch.bfloat16, dict(compile=True, fused_head=True, compute_copy=True)),  # the benchmark's fastest variant
+])
+def test_flex_update_on_cuda_matches_sdpa(compute_dtype, options):
     batch = _batch()
     loss = PolicyLoss(agg="seq-mean-token-mean")
     out = {}
     for attn in ("sdpa", "flex_attention"):
-        cfg = TrainEngineConfig(token_budget=2048, pack_length=1024, optim=OptimConfig(lr=1e-2, max_grad_norm=None))
+        cfg = TrainEngineConfig(token_budget=2048, pack_length=1024, optim=OptimConfig(lr=1e-2, max_grad_norm=None),
+                                **options)
         eng = TorchTrainingEngine(_model(attn, device="cuda", **SLIDING), cfg, total_steps=1, device="cuda",
                                   compute_dtype=compute_dtype)
         lp = eng.logprobs(batch)[0]

@@ -162,7 +162,8 @@ def flex_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
     kind = query.device.type
     dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else query.dtype
     q, k, v = (t.to(dtype) for t in (query, key, value))
-    out = _kernel(q)(q, k, v, block_mask=attention_mask, scale=scaling, enable_gqa=q.shape[1] != k.shape[1])
+    with torch.autocast(kind, enabled=False):  # inputs cast already; the kernel needs no autocast rule
+        out = _kernel(q)(q, k, v, block_mask=attention_mask, scale=scaling, enable_gqa=q.shape[1] != k.shape[1])
     return out.transpose(1, 2).contiguous(), None
 
 
