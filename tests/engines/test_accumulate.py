@@ -140,3 +140,50 @@ def test_accumulation_misuse_is_refused(tiny_dir, tiny_tokenizer):
     with pytest.raises(ValueError, match="no rows"):
         eng.finish_accumulation()
     assert all(p.grad is None for p in eng.model.parameters())
+
+
+class _PerRank:
+    """``group.split`` items that give each rank a chosen chunk (an empty one included)."""
+
+    def __init__(self, parts):
+        self.parts = parts
+
+    def split(self, n):
+        assert n == len(self.parts)
+        return self.parts
+
+
+@pytest.mark.multiproc
+def test_two_rank_streamed_tri_model_update_matches_one_rank(tiny_dir, tiny_tokenizer):
+    """FSDP2 over 2 gloo ranks, tri-model actor: the ranks get chunks of unequal micro-batch counts, one of
+    them empty (padding passes, the reference's included); the counts, gradients and metrics are global.
+    Equals one rank's update on the union, its reference log-probs computed in place too."""
+    from relayrl.cluster import ResourcePool, WorkerGroup
+    from relayrl.workflows.workers import PolicyWorker, collective
+
+    batch = _batch(tiny_tokenizer, prompts=4)
+    del batch.fields["ref_logprobs"]
+    kw = dict(model_path=str(tiny_dir), engine=TrainEngineConfig(token_budget=48, optim=OptimConfig(
+        lr=1e-2, eps=1e-3)), total_steps=2, threads=1, seed=0, tri_model=True)
+    loss = PolicyLoss(agg="token-mean", kl_coef=0.1, entropy_coef=0.01)
+    one = PolicyWorker(**kw)
+    m1 = one.update(batch, loss, with_entropy="grad")
+    calls = [[batch.select(range(3, 9)), batch.select([])],  # rank 0: two groups, rank 1: nothing yet
+             [batch.select(range(0, 3)), batch.select(range(9, 12))]]
+    assert len(one.engine._plan(calls[0][0])) > 1
+    dp = WorkerGroup(PolicyWorker, ResourcePool("dp", devices=2), "actor", backend="local", init_kwargs=kw)
+    try:
+        dp.all("begin_accumulation")
+        for parts in calls:
+            dp.split("accumulate", _PerRank(parts), loss, with_entropy="grad")
+        m2 = dp.all("finish_accumulation")
+        w2 = dict(collective(dp, "named_weights"))
+    finally:
+        dp.shutdown()
+    assert m2[0] == pytest.approx(m2[1])  # every rank reports the global figures
+    assert set(m2[0]) == set(m1)
+    for k, v in m1.items():
+        if k not in ("actor/forward_tokens", "actor/ref_forward_tokens", "actor/ref_forward_passes"):
+            assert m2[0][k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
+    for n, t in one.named_weights():
+        torch.testing.assert_close(w2[n], t, atol=1e-5, rtol=1e-4, msg=n)

@@ -473,6 +473,9 @@ class TorchTrainingEngine(StreamedUpdate):
         if with_reference and REF_FIELD in sub.fields:
             raise ValueError(f"with_reference computes {REF_FIELD!r}, and the batch carries them too: drop one")
         plan = self._plan(sub) if len(sub) else []
+        # Agreed before any pass: a rank done with its own passes must not enter this all-reduce while another
+        # is still in a pass's FSDP2 all-gather (the collectives would not match).
+        passes = fsdp.max_over_ranks(len(plan), self.device) if self.sharded else len(plan)
         for item in plan:
             f = self._forward(sub, item, temperature, with_entropy, with_reference)
             fields = {k: _pad_field(v, f.rows, f.logprobs.shape[1], self.device) for k, v in sub.fields.items()}
@@ -485,7 +488,7 @@ class TorchTrainingEngine(StreamedUpdate):
             # Ranks with fewer micro-batches repeat one with a zero loss, so that FSDP2's collectives match up;
             # a rank with no rows (a streamed chunk can be empty) repeats a one-token row.
             pad_batch, pad_item = (sub, plan[-1]) if plan else self._one_token()
-            for _ in range(fsdp.max_over_ranks(len(plan), self.device) - len(plan)):
+            for _ in range(passes - len(plan)):
                 lp = self._forward(pad_batch, pad_item, temperature, False, with_reference).logprobs
                 (lp.sum() * 0.0).backward()
 
