@@ -177,6 +177,19 @@ class TrainingEngine(Protocol):
         """Epochs x mini-batches optimizer steps over the batch; metrics averaged over steps."""
         ...
 
+    def begin_accumulation(self) -> None:
+        """Open a streamed update: one optimizer step over chunks that arrive one by one."""
+        ...
+
+    def accumulate(self, batch: SequenceBatch, loss_fn: LossFn, *, temperature: float = 1.0,
+                   with_entropy: bool = False) -> None:
+        """Forward + backward of a chunk, gradients accumulated (``loss_fn`` declares ``normalized_by``)."""
+        ...
+
+    def finish_accumulation(self) -> dict[str, float]:
+        """The streamed update's optimizer step: ``train_step``'s update and metrics on the union of the chunks."""
+        ...
+
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
         """Current weights by name (no copy) for the weight relay and checkpoints."""
         ...
