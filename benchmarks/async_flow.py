@@ -48,14 +48,21 @@ for p in (REPO, HERE):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-_CHECK = "import sys; a, b = sys.argv[1], sys.argv[2]; sys.exit(0 if a.split(chr(10), 1)[0].strip() == b.strip() else 1)"
+_CHECK = ("import sys, time; a, b, wait = sys.argv[1:4]; time.sleep(float(wait)); "
+          "sys.exit(0 if a.split(chr(10), 1)[0].strip() == b.strip() else 1)")
 
 
 def subprocess_verifier(prompts: list[str], responses: list[str], answers: list[str]) -> list[float]:
-    """1.0 when the answer line matches, decided in a fresh Python subprocess per response (real latency)."""
+    """1.0 when the answer line matches, decided in a fresh Python subprocess per response that also waits
+    20-60 ms (a test harness or a judge call: latency, little CPU); the wait is a hash of the response, so
+    every mode sees the same latencies for the same samples."""
+    import zlib
+
     out = []
     for r, a in zip(responses, answers):
-        proc = subprocess.run([sys.executable, "-S", "-c", _CHECK, r, a or ""], capture_output=True, timeout=30)
+        wait = 0.02 + (zlib.crc32(r.encode()) % 41) / 1000
+        proc = subprocess.run([sys.executable, "-S", "-c", _CHECK, r, a or "", f"{wait:.3f}"], capture_output=True,
+                              timeout=30)
         out.append(1.0 if proc.returncode == 0 else 0.0)
     return out
 
@@ -124,7 +131,8 @@ def run_mode(name: str, model: Path, out: Path, a: argparse.Namespace) -> dict:
         f"trainer.init_from={model}", f"run.dir={out / name}", f"run.seed={a.seed}", "run.overwrite=true",
         f"trainer.steps={a.steps}", "eval.every=0", f"eval.size={a.eval_size}", "run.save_every=0",
         f"rollout.max_new_tokens={a.max_new_tokens}", f"data.prompts_per_step={a.prompts}", f"rollout.n={a.n}",
-        "reward.verifier=user", "reward.user_fn=async_flow:subprocess_verifier", "telemetry.sinks=[jsonl]",
+        "reward.verifier=user", "reward.user_fn=async_flow:subprocess_verifier", f"reward.workers={a.reward_workers}",
+        "telemetry.sinks=[jsonl]",
         *MODES[name],
     ]
     if name == "sync-colocated":
@@ -147,7 +155,9 @@ def run_mode(name: str, model: Path, out: Path, a: argparse.Namespace) -> dict:
     clip = [r["response/clip_ratio"] for r in steps]
     return {"mode": name, "step_s": step_s, "tpspd": tpspd, "accuracy": acc[-1] if acc else float("nan"),
             "accuracy0": acc[0] if acc else float("nan"), "wall_s": wall, "length_mean": statistics.mean(lengths),
-            "clip_ratio": statistics.mean(clip), "driver_bytes": max((r.get("dock/driver_bytes", 0) for r in steps),
+            "clip_ratio": statistics.mean(clip),
+            **{k: statistics.mean(r.get(f"timing/{k}_s", 0.0) for r in steps) for k in ("generate", "reward", "update")},
+            "driver_bytes": max((r.get("dock/driver_bytes", 0) for r in steps),
                                                                      default=0.0)}
 
 
@@ -160,6 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--eval-size", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--reward-workers", type=int, default=8, help="verifier calls in flight at once")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
     a = p.parse_args(argv)
     if a.steps <= a.warmup:
@@ -169,10 +180,13 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="async_flow-") as tmp:
         for name in a.modes.split(","):
             res[name] = run_mode(name, model, Path(tmp), a)
-    print(f"\n{'mode':<16}{'step s':>9}{'TPSPD':>10}{'acc %':>8}{'len':>7}{'clipped':>9}{'driver B':>10}")
+    print(f"\n{'mode':<16}{'step s':>9}{'TPSPD':>10}{'acc %':>8}{'len':>7}{'clipped':>9}{'driver B':>10}"
+          f"{'gen s':>8}{'reward s':>9}{'update s':>9}")
     for r in res.values():
         print(f"{r['mode']:<16}{r['step_s']:>9.3f}{r['tpspd']:>10.1f}{100 * r['accuracy']:>8.1f}"
-              f"{r['length_mean']:>7.1f}{r['clip_ratio']:>9.3f}{r['driver_bytes']:>10.0f}")
+              f"{r['length_mean']:>7.1f}{r['clip_ratio']:>9.3f}{r['driver_bytes']:>10.0f}"
+              f"{r['generate']:>8.3f}{r['reward']:>9.3f}{r['update']:>9.3f}")
+    print("(gen/reward/update s: summed stage time per step; in the split modes they overlap)")
     print(f"(held-out accuracy before GRPO: {100 * next(iter(res.values()))['accuracy0']:.1f}%; TPSPD: tokens "
           f"trained per second per core, {cores()} cores in every mode)")
     if {"periodic-split", "sync-split", "sync-colocated"} <= set(res):

@@ -31,6 +31,8 @@ rather than NaN.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
 from relayrl.algorithms._checks import as_float_mask, check_batch, check_ndim
@@ -43,6 +45,15 @@ AGG_MODES: tuple[str, ...] = (
     "seq-mean-token-sum",
     "seq-mean-token-sum-norm",
 )
+
+
+def normalized_by(mode: str) -> Literal["tokens", "seqs"]:
+    """The global count ``mode`` divides by: ``"tokens"`` (``global_tokens``) for ``"token-mean"``,
+    ``"seqs"`` (``global_seqs``) for the ``seq-mean-*`` modes. A loss is linear in ``1 / count``, which lets a
+    streamed update run with unit counts and rescale its gradients once the count is known."""
+    if mode not in AGG_MODES:
+        raise ValueError(f"unknown aggregation mode {mode!r}; valid modes: {', '.join(AGG_MODES)}")
+    return "tokens" if mode == "token-mean" else "seqs"
 
 
 def count_tokens_and_seqs(mask: Tensor) -> tuple[int, int]:

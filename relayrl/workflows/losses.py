@@ -14,6 +14,7 @@ import torch
 
 from relayrl.algorithms.dpo import dpo_loss
 from relayrl.algorithms.kl import kl_loss
+from relayrl.algorithms.aggregation import normalized_by
 from relayrl.algorithms.losses import aggregate, policy_loss
 from relayrl.algorithms.mismatch import logprob_error
 from relayrl.algorithms.offpolicy import truncated_is_weights
@@ -51,6 +52,11 @@ class PolicyLoss:
     tis_cap: float | None = None
     old_key: str = "old_logprobs"
     """field holding pi_old (``gen_logprobs``: the rollout engine's log-probs)"""
+
+    @property
+    def normalized_by(self) -> str:
+        """The global count every term (policy loss, KL term, entropy bonus) divides by: ``agg``'s."""
+        return normalized_by(self.agg)
 
     @staticmethod
     def trainer_logprobs(mb: MicroBatch) -> torch.Tensor:
@@ -105,6 +111,10 @@ class ValueLoss:
     clip: float | None = 0.5
     agg: str = "token-mean"
 
+    @property
+    def normalized_by(self) -> str:
+        return normalized_by(self.agg)
+
     def __call__(self, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         return value_loss(mb.logprobs, mb.fields["values"], mb.fields["returns"], mb.mask, clip=self.clip,
                           agg=self.agg, global_tokens=mb.global_tokens, global_seqs=mb.global_seqs)
@@ -115,6 +125,10 @@ class SFTLoss:
     """Masked token cross-entropy on the response tokens."""
 
     agg: str = "token-mean"
+
+    @property
+    def normalized_by(self) -> str:
+        return normalized_by(self.agg)
 
     def __call__(self, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         loss, metrics = sft_loss(mb.logprobs, mb.mask, agg=self.agg,

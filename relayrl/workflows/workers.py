@@ -2,7 +2,8 @@
 
 * :class:`PolicyWorker`  - the actor: a training engine (log-probs, updates, weights).
 * :class:`CriticWorker` - PPO's critic: the same engine on a value-head model (values, updates).
-* :class:`ReferenceWorker` - a frozen copy of the initial policy for KL (tri-model, seed 003).
+* :class:`ReferenceWorker` - a frozen copy of the initial policy for KL, on its own (the tri-model
+  keeps it inside the actor instead: ``PolicyWorker(tri_model=True)``, seed 003 section 4.1).
 * :class:`RolloutWorker` - a generation engine that takes relayed weights.
 
 Workers are started by :class:`relayrl.cluster.WorkerGroup` on a resource
@@ -26,7 +27,7 @@ from relayrl.cluster import Worker, WorkerGroup
 from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.engines.generation.native import NativeGenerationEngine
 from relayrl.engines.training import fsdp
-from relayrl.engines.training.base import LossFn, SequenceBatch
+from relayrl.engines.training.base import REF_FIELD, LossFn, SequenceBatch
 from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
 from relayrl.models.load import load_model, load_tokenizer, load_value_model, resolve_dtype
 from relayrl.telemetry import memory
@@ -100,6 +101,9 @@ class _TrainerWorker(_MemoryProbe, Worker):
 
     engine: TorchTrainingEngine
 
+    tri_model = False
+    """Whether the engine holds a frozen reference copy and fills ``ref_logprobs`` in place (PolicyWorker)."""
+
     def _start(self, load, model_path: str, engine: TrainEngineConfig, total_steps: int, *, dtype: str, device: str,
                attn_implementation: str, threads: int, seed: int, compute_dtype: str | None = None,
                **engine_kwargs) -> None:
@@ -107,14 +111,44 @@ class _TrainerWorker(_MemoryProbe, Worker):
         torch.manual_seed(seed)
         dev = resolve_device(device, getattr(self, "device", None))
         model = load(model_path, dtype=dtype, device=dev, attn_implementation=attn_implementation)
+        reference = None
+        if self.tri_model:  # the initial policy again, its weights in the compute dtype (as a ReferenceWorker's)
+            reference = load_model(model_path, dtype=compute_dtype or dtype, device=dev,
+                                   attn_implementation=attn_implementation)
         self.engine = TorchTrainingEngine(model, engine, total_steps=total_steps, device=dev,
-                                          compute_dtype=resolve_dtype(compute_dtype or dtype), **engine_kwargs)
+                                          compute_dtype=resolve_dtype(compute_dtype or dtype), reference=reference,
+                                          **engine_kwargs)
+
+    def _in_place_reference(self, batch: SequenceBatch) -> bool:
+        """Tri-model: the update computes the reference log-probs unless the batch already carries them."""
+        return self.tri_model and REF_FIELD not in batch.fields
 
     def update(self, batch: SequenceBatch, loss_fn: LossFn, *, mini_batches: int = 1, epochs: int = 1,
                temperature: float = 1.0, with_entropy: bool | str = False, seed: int = 0) -> dict[str, float]:
+        """Epochs x mini-batches optimizer steps. Tri-model, batch without ``ref_logprobs``: every
+        micro-batch also runs the reference (once per epoch: with several, pass them from ``logprobs(...,
+        with_reference=True)`` instead)."""
         gen = torch.Generator().manual_seed(seed)
         return self.engine.train_step(batch, loss_fn, mini_batches=mini_batches, epochs=epochs,
-                                      temperature=temperature, with_entropy=with_entropy, generator=gen)
+                                      temperature=temperature, with_entropy=with_entropy,
+                                      with_reference=self._in_place_reference(batch), generator=gen)
+
+    def begin_accumulation(self) -> None:
+        """Open a streamed update: one optimizer step over chunks given to :meth:`accumulate` (every rank)."""
+        self.engine.begin_accumulation()
+
+    def accumulate(self, batch: SequenceBatch, loss_fn: LossFn, *, temperature: float = 1.0,
+                   with_entropy: bool | str = False) -> None:
+        """Forward + backward of a chunk of the batch (e.g. the prompt groups finished so far), gradients
+        accumulated (:mod:`relayrl.engines.training.accumulate`). Every rank gets the same number of calls;
+        a rank's chunk may be empty. Tri-model: the reference log-probs are computed in place (the chunk must
+        then not carry them: all chunks of one update, empty ones included, have the same fields)."""
+        self.engine.accumulate(batch, loss_fn, temperature=temperature, with_entropy=with_entropy,
+                               with_reference=self._in_place_reference(batch))
+
+    def finish_accumulation(self) -> dict[str, float]:
+        """The optimizer step of the streamed update; the metrics ``update`` returns for the whole batch."""
+        return self.engine.finish_accumulation()
 
     def state(self) -> dict | None:
         """Full model, optimizer and scheduler state (collective when sharded; None on ranks > 0)."""
@@ -140,17 +174,33 @@ class _TrainerWorker(_MemoryProbe, Worker):
 
 
 class PolicyWorker(_TrainerWorker):
-    """The actor: trains the policy and serves its weights to the relay."""
+    """The actor: trains the policy and serves its weights to the relay.
+
+    ``tri_model=True`` (seed 003, section 4.1): the actor also holds the reference policy, a frozen copy of
+    the initial weights loaded from ``model_path`` in the compute dtype, on the same device and sharded like
+    the actor, without optimizer or gradients; it follows :meth:`offload` / :meth:`reload`. An update (or a
+    streamed chunk) whose batch has no ``ref_logprobs`` then runs the reference on each micro-batch's packed
+    input under ``no_grad`` and hands the loss its log-probs (no separate reference worker, phase or
+    packing); the old policy is the detached current one when there is one update per batch (the loss's
+    default). The metrics ``actor/ref_forward_passes`` / ``actor/ref_forward_tokens`` count these
+    reference passes: each is a pass the separate reference phase no longer makes.
+    """
 
     def __init__(self, model_path: str, engine: TrainEngineConfig, total_steps: int, *, dtype: str = "float32",
                  compute_dtype: str | None = None, device: str = "auto", attn_implementation: str = "sdpa",
-                 threads: int = 0, seed: int = 0) -> None:
+                 threads: int = 0, seed: int = 0, tri_model: bool = False) -> None:
+        self.tri_model = tri_model
         self._start(load_model, model_path, engine, total_steps, dtype=dtype, compute_dtype=compute_dtype,
                     device=device, attn_implementation=attn_implementation, threads=threads, seed=seed)
         self.tokenizer = load_tokenizer(model_path)
 
-    def logprobs(self, batch: SequenceBatch, temperature: float = 1.0) -> list[torch.Tensor]:
-        """Per-row response log-probs (a list, so ``group.split`` concatenates ranks' results)."""
+    def logprobs(self, batch: SequenceBatch, temperature: float = 1.0, with_reference: bool = False):
+        """Per-row response log-probs (a list, so ``group.split`` concatenates ranks' results).
+        ``with_reference`` (tri-model): ``(policy, reference)`` log-probs, both from one micro-step per
+        micro-batch, e.g. the old and reference log-probs before several updates per batch (``group.split``
+        then gives each rank's pair)."""
+        if with_reference:
+            return self.engine.logprobs_with_reference(batch, temperature=temperature)
         return self.engine.logprobs(batch, temperature=temperature)[0]
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]] | None:

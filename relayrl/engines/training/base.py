@@ -17,7 +17,12 @@ from typing import Callable, Literal, Protocol, Sequence
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["SequenceBatch", "balanced_cuts", "MicroBatch", "LossFn", "metric_reduction", "OptimConfig", "TrainingEngine"]
+__all__ = ["SequenceBatch", "balanced_cuts", "MicroBatch", "LossFn", "REF_FIELD", "metric_reduction", "OptimConfig",
+           "TrainingEngine"]
+
+REF_FIELD = "ref_logprobs"
+"""The batch field of the reference policy's log-probs ([B, T] in a micro-batch); an engine holding a frozen
+reference fills it in place (``with_reference``)."""
 
 
 @dataclass
@@ -124,7 +129,10 @@ class MicroBatch:
 LossFn = Callable[[MicroBatch], "tuple[torch.Tensor, dict[str, float]]"]
 """``loss_fn(micro_batch) -> (loss, metrics)``. The engine reports each metric over the whole mini-batch
 (all micro-batches and data-parallel ranks), reduced as :func:`metric_reduction` says. A loss function may
-name in a ``summed`` attribute metrics it already normalises by the global counts (summed as they are)."""
+name in a ``summed`` attribute metrics it already normalises by the global counts (summed as they are).
+A loss whose every term is a sum over rows divided by one of the counts says which in a ``normalized_by``
+attribute (``"tokens"``: ``global_tokens``, ``"seqs"``: ``global_seqs``); only such a loss can be streamed
+(``accumulate``, :mod:`relayrl.engines.training.accumulate`), which fixes the count at the end."""
 
 
 def metric_reduction(name: str, summed: Sequence[str] = ()) -> Literal["sum", "max", "min", "mean"]:
@@ -167,6 +175,19 @@ class TrainingEngine(Protocol):
     def train_step(self, batch: SequenceBatch, loss_fn: LossFn, *, mini_batches: int = 1, epochs: int = 1,
                    temperature: float = 1.0, with_entropy: bool = False) -> dict[str, float]:
         """Epochs x mini-batches optimizer steps over the batch; metrics averaged over steps."""
+        ...
+
+    def begin_accumulation(self) -> None:
+        """Open a streamed update: one optimizer step over chunks that arrive one by one."""
+        ...
+
+    def accumulate(self, batch: SequenceBatch, loss_fn: LossFn, *, temperature: float = 1.0,
+                   with_entropy: bool = False) -> None:
+        """Forward + backward of a chunk, gradients accumulated (``loss_fn`` declares ``normalized_by``)."""
+        ...
+
+    def finish_accumulation(self) -> dict[str, float]:
+        """The streamed update's optimizer step: ``train_step``'s update and metrics on the union of the chunks."""
         ...
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:

@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["ResponseLogits", "world_size", "shard_model", "max_over_ranks", "sum_over_ranks", "reduce_over_ranks",
-           "full_model_state", "full_optimizer_state", "load_full_state", "scalar", "decoder_layers"]
+__all__ = ["ResponseLogits", "world_size", "shard_model", "max_over_ranks", "sum_over_ranks", "union_over_ranks",
+           "reduce_over_ranks", "full_model_state", "full_optimizer_state", "load_full_state", "scalar", "decoder_layers"]
 
 
 class ResponseLogits(nn.Module):
@@ -114,6 +114,15 @@ def sum_over_ranks(values: list[float], device: torch.device) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return t.tolist()
+
+
+def union_over_ranks(names: list[str]) -> list[str]:
+    """The sorted union of every rank's ``names`` (a collective; ``names`` sorted with one rank)."""
+    if world_size() == 1:
+        return sorted(names)
+    gathered: list[list[str] | None] = [None] * world_size()
+    dist.all_gather_object(gathered, sorted(names))
+    return sorted(set().union(*gathered))
 
 
 def reduce_over_ranks(values: dict[str, float], how: dict[str, str], device: torch.device) -> dict[str, float]:

@@ -43,6 +43,21 @@ passes as the busiest one (:mod:`relayrl.engines.training.fsdp`). Each rank
 cuts its rows into exactly ``mini_batches`` slices (:func:`minibatch_slices`),
 one optimizer step each, so all ranks step together; when any rank holds
 fewer rows than that, every rank refuses the call (a collective decision).
+The same step can be taken over a batch that arrives in chunks
+(``begin_accumulation`` / ``accumulate`` / ``finish_accumulation``, periodic
+asynchrony: :mod:`relayrl.engines.training.accumulate`).
+
+Tri-model (seed 003, section 4.1): with ``reference=`` (a frozen copy of the
+initial policy) the engine keeps it in the policy's layout (same device, FSDP2
+sharding when sharded, no optimizer, no grad; its weights in their own dtype,
+usually the compute dtype, under autocast only if that differs) and, when a
+call passes ``with_reference``, runs it under ``no_grad`` on each micro-batch's
+packed input before the policy pass: the loss gets the reference log-probs as
+the ``ref_logprobs`` field without a second packing or a separate worker.
+Departure from the paper: there is no separate old-policy copy; with one update
+per batch the old policy is the detached current policy (the loss's default),
+and with several the workflow computes old and reference log-probs together
+beforehand (``logprobs_with_reference``).
 
 Mixed precision (``compute_dtype`` lower than the weights' dtype): the
 weights, gradients and optimizer state stay in the weights' dtype (float32
@@ -68,18 +83,19 @@ import math
 import time
 import warnings
 from collections import defaultdict
-from typing import Literal, Sequence
+from typing import Literal, NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from relayrl.engines.training import flex, fsdp
-from relayrl.engines.training.base import LossFn, MicroBatch, OptimConfig, SequenceBatch, metric_reduction
+from relayrl.engines.training.accumulate import MetricSums, StreamedUpdate
+from relayrl.engines.training.base import REF_FIELD, LossFn, MicroBatch, OptimConfig, SequenceBatch
 from relayrl.models.packing import (PackUnit, additive_mask, build_packed_batch, pack_units, plan_units,
                                     shared_prompt_mask)
 
-__all__ = ["TrainEngineConfig", "TorchTrainingEngine", "plan_microbatches", "minibatch_slices", "make_scheduler"]
+__all__ = ["TrainEngineConfig", "TorchTrainingEngine", "Forward", "plan_microbatches", "minibatch_slices", "make_scheduler"]
 
 
 class TrainEngineConfig(BaseModel):
@@ -181,14 +197,34 @@ def _pad_field(values: list, rows: list[int], width: int, device) -> torch.Tenso
     return torch.tensor([float(values[i]) for i in rows], dtype=torch.float32, device=device)
 
 
-class TorchTrainingEngine:
-    """See the module docstring. ``model`` is a Hugging Face causal LM."""
+class Forward(NamedTuple):
+    """One micro-batch's pass, response-aligned: tensors ``[B, T]`` with ``B = len(rows)``."""
+
+    logprobs: torch.Tensor
+    """Log-probs of the response tokens (a critic: values), with grad in a training pass."""
+    mask: torch.Tensor
+    """Float, 1 on valid response tokens."""
+    entropy: torch.Tensor | None
+    rows: list[int]
+    """The batch row of each of the B rows."""
+    tokens: int
+    """Padded input tokens of the pass."""
+    ref: torch.Tensor | None = None
+    """The frozen reference's log-probs of the same tokens, from the same packed input (no grad)."""
+
+
+class TorchTrainingEngine(StreamedUpdate):
+    """See the module docstring. ``model`` is a Hugging Face causal LM; ``reference`` an optional frozen
+    copy of the initial policy (same architecture) laid out like ``model`` (tri-model, seed 003 4.1)."""
 
     def __init__(self, model, cfg: TrainEngineConfig, *, total_steps: int, device: str | torch.device = "cpu",
                  trainable: bool = True, metric_prefix: str = "actor",
-                 output: Literal["logprobs", "values"] = "logprobs", compute_dtype: torch.dtype | None = None) -> None:
+                 output: Literal["logprobs", "values"] = "logprobs", compute_dtype: torch.dtype | None = None,
+                 reference=None) -> None:
         if output not in ("logprobs", "values"):
             raise ValueError(f"output={output!r} must be 'logprobs' (a policy) or 'values' (a critic)")
+        if reference is not None and output == "values":
+            raise ValueError("a reference model belongs to a policy engine (output='logprobs'), not a critic")
         self.values = output == "values"  # a critic: the head's one output per position is the value
         self.device = torch.device(device)
         self.model = model.to(self.device)
@@ -214,6 +250,16 @@ class TorchTrainingEngine:
         self.sharded = fsdp.shard_model(self.net, self.device, compute_dtype=self.compute_dtype if mixed else None)
         self._autocast = mixed and not self.sharded and self.runner is self.model
         self._weights_offloaded = False  # offload() moved the weights to host (FSDP2 shards move with .to)
+        self.reference, self.reference_model, self._ref_autocast, self._ref_offloaded = None, None, False, False
+        if reference is not None:  # frozen, no optimizer; sharded like the policy; its own dtype (usually compute)
+            self.reference_model = reference.to(self.device).requires_grad_(False).eval()
+            for layer in fsdp.decoder_layers(reference) if cfg.compile else ():
+                layer.compile(dynamic=True)
+            self.reference = fsdp.ResponseLogits(self.reference_model).eval()
+            ref_mixed = next(reference.parameters()).dtype != self.compute_dtype
+            fsdp.shard_model(self.reference, self.device, compute_dtype=self.compute_dtype if ref_mixed else None)
+            self._ref_autocast = ref_mixed and not self.sharded
+        self._accumulation = None  # an open streamed update (accumulate.StreamedUpdate)
         self.world = fsdp.world_size()
         self.optimizer = None
         self.scheduler = None
@@ -284,42 +330,54 @@ class TorchTrainingEngine:
         return {"full_attention": mask(None), "sliding_attention": mask(self.sliding_window)}
 
     # --------------------------------------------------------------- forward
-    def _compute(self):
+    def _compute(self, enabled: bool | None = None):
         """The mixed-precision context of a forward pass (autocast to ``compute_dtype`` on one rank)."""
-        if not self._autocast:
+        if not (self._autocast if enabled is None else enabled):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
-    def _forward(self, batch: SequenceBatch, item, temperature: float, with_entropy: bool | str):
-        """Log-probs (and entropy) of the response tokens of one micro-batch: [B, T] each, mask [B, T], rows [B]."""
+    def _forward(self, batch: SequenceBatch, item, temperature: float, with_entropy: bool | str,
+                 with_reference: bool = False) -> Forward:
+        """One micro-batch's pass (see :class:`Forward`); ``with_reference`` also runs the reference copy
+        on the same input (first, so its activations are gone before the policy pass keeps its own)."""
         if temperature <= 0:
             raise ValueError(f"temperature={temperature} must be > 0 (log-probs of greedy samples: pass 1.0)")
         if self.packing == "none":
-            lp, mask, ent = self._forward_padded(batch, item, temperature, with_entropy)
-            return lp, mask, ent, list(item), self._padded_len(batch, item)
+            return self._forward_padded(batch, item, temperature, with_entropy, with_reference)
         if self.flex:  # the micro-batch's units in one row: no row padding, batch size 1 for the compiled kernel
             item = [[unit for row in item for unit in row]]
         pb = build_packed_batch(batch.prompt_ids, batch.response_ids, item)
         if self.flex:  # whole tiles, at least two (see relayrl.engines.training.flex)
             pb = pb.pad_to(flex.BLOCK, at_least=2 * flex.BLOCK)
         pb = pb.to(self.device)
-        mask4 = self._attention_mask(pb.doc_ids, pb.segment_ids, pb.position_ids)
-        if self._chunked(with_entropy):
-            with self._compute():
-                lp, ent = self.net(pb.input_ids, mask4, pb.position_ids, pb.token_pack, pb.token_src,
-                                   targets=pb.targets.to(self.device), temperature=temperature,
-                                   chunk=self.cfg.logprob_chunk, with_entropy=bool(with_entropy),
-                                   fused=self.cfg.fused_head)
-        else:
-            with self._compute():
-                logits = self.net(pb.input_ids, mask4, pb.position_ids, pb.token_pack, pb.token_src)  # [N, V]
-            if self.values:
-                lp, ent = logits[:, 0], None
-            else:
-                lp, ent = self._token_logprobs(logits, pb.targets, None, temperature, with_entropy)
-        mask = pb.response_mask().to(self.device)
-        return (pb.to_rows(lp), mask, None if ent is None else pb.to_rows(ent), list(pb.rows),
-                int(pb.input_ids.numel()))
+        args = (pb.input_ids, self._attention_mask(pb.doc_ids, pb.segment_ids, pb.position_ids), pb.position_ids,
+                pb.token_pack, pb.token_src)  # [N, V] logits at the response positions only
+        ref = pb.to_rows(self._reference_logprobs(args, pb.targets, None, temperature)) if with_reference else None
+        lp, ent = self._head(self.net, args, pb.targets, None, temperature, with_entropy, self._autocast)
+        return Forward(pb.to_rows(lp), pb.response_mask().to(self.device), None if ent is None else pb.to_rows(ent),
+                       list(pb.rows), int(pb.input_ids.numel()), ref)
+
+    def _head(self, net, args: tuple, targets: torch.Tensor, mask: torch.Tensor | None, temperature: float,
+              with_entropy: bool | str, autocast: bool):
+        """``net(*args)``'s log-probs of ``targets`` (a critic: its values) and entropy, shaped like
+        ``targets``; zero where ``mask`` (when given) is 0."""
+        with self._compute(autocast):
+            if self._chunked(with_entropy):
+                lp, ent = net(*args, targets=targets, temperature=temperature, chunk=self.cfg.logprob_chunk,
+                              with_entropy=bool(with_entropy), fused=self.cfg.fused_head)
+                return (lp, ent) if mask is None else (lp * mask, None if ent is None else ent * mask)
+            logits = net(*args)
+        if self.values:
+            return (logits[..., 0] if mask is None else logits[..., 0] * mask), None
+        return self._token_logprobs(logits, targets, mask, temperature, with_entropy)
+
+    @torch.no_grad()
+    def _reference_logprobs(self, args: tuple, targets: torch.Tensor, mask: torch.Tensor | None,
+                            temperature: float) -> torch.Tensor:
+        """The frozen reference's log-probs of ``targets`` on the policy pass's input ``args``."""
+        if self.reference is None:
+            raise RuntimeError("with_reference on an engine built without a reference model (pass reference=)")
+        return self._head(self.reference, args, targets, mask, temperature, False, self._ref_autocast)[0]
 
     def _chunked(self, with_entropy: bool | str) -> bool:
         """Whether a policy pass takes the chunked head (no [positions, vocab] logits kept)."""
@@ -354,8 +412,8 @@ class TorchTrainingEngine:
         return len(rows) * max(int(batch.prompt_ids[i].numel() + batch.response_ids[i].numel()) for i in rows)
 
     def _forward_padded(self, batch: SequenceBatch, rows: list[int], temperature: float,
-                        with_entropy: bool | str):
-        """One row per sequence, right-padded: log-probs [B, T], mask [B, T], entropy [B, T] or None."""
+                        with_entropy: bool | str, with_reference: bool) -> Forward:
+        """One row per sequence, right-padded."""
         lp_len = [int(batch.prompt_ids[i].numel()) for i in rows]
         rs_len = [int(batch.response_ids[i].numel()) for i in rows]
         total = [a + b for a, b in zip(lp_len, rs_len)]
@@ -374,41 +432,40 @@ class TorchTrainingEngine:
         targets = ids.gather(1, (pos + 1).clamp(max=L - 1)) * mask.long()
         ids, attn, pos, mask, targets = (t.to(self.device) for t in (ids, attn, pos, mask, targets))
 
-        rows_idx = torch.arange(len(rows), device=self.device)[:, None].expand_as(pos)
-        if self._chunked(with_entropy):
-            with self._compute():
-                logprobs, entropy = self.net(ids, attn, None, rows_idx, pos, targets=targets, temperature=temperature,
-                                             chunk=self.cfg.logprob_chunk, with_entropy=bool(with_entropy),
-                                             fused=self.cfg.fused_head)
-            return logprobs * mask, mask, None if entropy is None else entropy * mask
-        with self._compute():
-            logits = self.net(ids, attn, None, rows_idx, pos)  # [B, T, V]
-        if self.values:
-            return logits[..., 0] * mask, mask, None
-        logprobs, entropy = self._token_logprobs(logits, targets, mask, temperature, with_entropy)
-        return logprobs, mask, entropy
+        args = (ids, attn, None, torch.arange(len(rows), device=self.device)[:, None].expand_as(pos), pos)
+        ref = self._reference_logprobs(args, targets, mask, temperature) if with_reference else None
+        lp, ent = self._head(self.net, args, targets, mask, temperature, with_entropy, self._autocast)
+        return Forward(lp, mask, ent, list(rows), self._padded_len(batch, rows), ref)
 
     @torch.no_grad()
     def logprobs(self, batch: SequenceBatch, *, temperature: float = 1.0, with_entropy: bool = False):
+        lp, ent, _ = self._logprob_rows(batch, temperature, with_entropy, with_reference=False)
+        return lp, ent
+
+    @torch.no_grad()
+    def logprobs_with_reference(self, batch: SequenceBatch, *, temperature: float = 1.0):
+        """Per-row log-probs of the policy and of the frozen reference (``reference=``), from one micro-step
+        per micro-batch: both passes run on the same packed input. Returns ``(policy, reference)``."""
+        lp, _, ref = self._logprob_rows(batch, temperature, False, with_reference=True)
+        return lp, ref
+
+    def _logprob_rows(self, batch: SequenceBatch, temperature: float, with_entropy: bool, with_reference: bool):
         was_training = self.runner.training
         self.runner.eval()
-        out: list[torch.Tensor | None] = [None] * len(batch)
-        ent: list[torch.Tensor | None] = [None] * len(batch)
+        out: dict[str, list[torch.Tensor | None]] = {k: [None] * len(batch) for k in ("lp", "ent", "ref")}
         plan = self._plan(batch)
         if self.sharded:  # every rank gathers each layer as often as the busiest rank
             if not plan:
                 raise ValueError("logprobs: a data-parallel rank got no rows (fewer rows than ranks)")
             for _ in range(fsdp.max_over_ranks(len(plan), self.device) - len(plan)):
-                self._forward(batch, plan[-1], temperature, False)
+                self._forward(batch, plan[-1], temperature, False, with_reference)
         for item in plan:
-            lp, _, e, rows, _ = self._forward(batch, item, temperature, with_entropy)
-            for j, i in enumerate(rows):
-                n = int(batch.response_ids[i].numel())
-                out[i] = lp[j, :n].float().cpu()
-                if e is not None:
-                    ent[i] = e[j, :n].float().cpu()
+            f = self._forward(batch, item, temperature, with_entropy, with_reference)
+            for key, t in (("lp", f.logprobs), ("ent", f.entropy), ("ref", f.ref)):
+                for j, i in enumerate(f.rows if t is not None else ()):
+                    out[key][i] = t[j, :int(batch.response_ids[i].numel())].float().cpu()
         self.runner.train(was_training)
-        return out, (ent if with_entropy else None)
+        return out["lp"], (out["ent"] if with_entropy else None), (out["ref"] if with_reference else None)
 
     # ---------------------------------------------------------------- update
     def _global(self, tokens: int, seqs: int) -> tuple[int, int]:
@@ -416,10 +473,14 @@ class TorchTrainingEngine:
         return int(g_tokens), int(g_seqs)
 
     def train_step(self, batch: SequenceBatch, loss_fn: LossFn, *, mini_batches: int = 1, epochs: int = 1,
-                   temperature: float = 1.0, with_entropy: bool | str = False,
+                   temperature: float = 1.0, with_entropy: bool | str = False, with_reference: bool = False,
                    generator: torch.Generator | None = None) -> dict[str, float]:
+        """``with_reference``: each micro-batch also runs the frozen reference (``reference=``) on its packed
+        input and hands the loss its log-probs as the ``ref_logprobs`` field (tri-model, seed 003 4.1)."""
         if self.optimizer is None:
             raise RuntimeError("train_step on an engine built with trainable=False")
+        if self._accumulation is not None:
+            raise RuntimeError("train_step while an accumulation is open: call finish_accumulation() first")
         if len(batch) == 0:
             raise ValueError("train_step got an empty batch")
         # Every rank decides together (a collective), so a rank short of rows cannot leave the others waiting
@@ -435,59 +496,66 @@ class TorchTrainingEngine:
         for _ in range(epochs):
             perm = torch.randperm(len(batch), generator=generator).tolist() if mini_batches > 1 else list(range(len(batch)))
             for rows in minibatch_slices(len(batch), mini_batches):
-                metrics = self._optimizer_step(batch, perm[rows.start:rows.stop], loss_fn, temperature, with_entropy)
+                sub = batch.select(perm[rows.start:rows.stop])
+                g_tokens, g_seqs = self._global(sub.num_tokens, len(sub))
+                partial = MetricSums(tuple(getattr(loss_fn, "summed", ())), with_reference)
+                self._backward(sub, loss_fn, temperature, with_entropy, with_reference, (g_tokens, g_seqs), partial)
+                metrics = self._apply_gradients(partial.reduce(self.device, g_tokens, self.prefix))
                 for k, v in metrics.items():
                     sums[k] += v
                 steps += 1
         return {k: v / steps for k, v in sums.items()}
 
-    def _optimizer_step(self, batch: SequenceBatch, rows: list[int], loss_fn: LossFn, temperature: float,
-                        with_entropy: bool | str) -> dict[str, float]:
-        sub = batch.select(rows)
-        tokens = sub.num_tokens
-        g_tokens, g_seqs = self._global(tokens, len(sub))
-        acc: dict[str, float] = {}  # loss metrics over the micro-batches (means as token-weighted sums)
-        forward_tokens = 0
-        plan = self._plan(sub)
-        summed = tuple(getattr(loss_fn, "summed", ()))
+    def _backward(self, sub: SequenceBatch, loss_fn: LossFn, temperature: float, with_entropy: bool | str,
+                  with_reference: bool, counts: tuple[int, int], partial: MetricSums) -> None:
+        """Forward and backward of every micro-batch of ``sub``, gradients adding up in ``.grad``; the loss
+        sees ``counts`` as ``(global_tokens, global_seqs)``; its metrics go into ``partial``. Sharded: every
+        rank runs as many passes as the busiest one (a collective), padding with zero-loss passes."""
+        if with_reference and REF_FIELD in sub.fields:
+            raise ValueError(f"with_reference computes {REF_FIELD!r}, and the batch carries them too: drop one")
+        plan = self._plan(sub) if len(sub) else []
+        # Agreed before any pass: a rank done with its own passes must not enter this all-reduce while another
+        # is still in a pass's FSDP2 all-gather (the collectives would not match).
+        passes = fsdp.max_over_ranks(len(plan), self.device) if self.sharded else len(plan)
         for item in plan:
-            lp, mask, ent, mb_rows, n_fwd = self._forward(sub, item, temperature, with_entropy)
-            forward_tokens += n_fwd
-            fields = {k: _pad_field(v, mb_rows, lp.shape[1], self.device) for k, v in sub.fields.items()}
-            mb = MicroBatch(lp, mask, fields, g_tokens, g_seqs, ent)
-            loss, metrics = loss_fn(mb)
+            f = self._forward(sub, item, temperature, with_entropy, with_reference)
+            fields = {k: _pad_field(v, f.rows, f.logprobs.shape[1], self.device) for k, v in sub.fields.items()}
+            if f.ref is not None:
+                fields[REF_FIELD] = f.ref
+            loss, metrics = loss_fn(MicroBatch(f.logprobs, f.mask, fields, counts[0], counts[1], f.entropy))
             (loss * self.world if self.sharded else loss).backward()  # FSDP2 averages over ranks; we want the sum
             self._master_grads()
-            weight = float(mask.sum())
-            for k, v in metrics.items():
-                how = metric_reduction(k, summed)
-                if how in ("mean", "sum"):
-                    acc[k] = acc.get(k, 0.0) + (v * weight if how == "mean" else v)
-                else:
-                    acc[k] = v if k not in acc else max(acc[k], v) if how == "max" else min(acc[k], v)
+            partial.add(metrics, float(f.mask.sum()), f.tokens, with_reference)
         if self.sharded:
-            # Ranks with fewer micro-batches repeat one with a zero loss, so that FSDP2's collectives match up.
-            for _ in range(fsdp.max_over_ranks(len(plan), self.device) - len(plan)):
-                lp = self._forward(sub, plan[-1], temperature, False)[0]
+            # Ranks with fewer micro-batches repeat one with a zero loss, so that FSDP2's collectives match up;
+            # a rank with no rows (a streamed chunk can be empty) repeats a one-token row.
+            pad_batch, pad_item = (sub, plan[-1]) if plan else self._one_token()
+            for _ in range(passes - len(plan)):
+                lp = self._forward(pad_batch, pad_item, temperature, False, with_reference).logprobs
                 (lp.sum() * 0.0).backward()
-        acc = fsdp.reduce_over_ranks(acc, {k: metric_reduction(k, summed) for k in acc}, self.device)
-        acc = {k: v / max(g_tokens, 1) if metric_reduction(k, summed) == "mean" else v for k, v in acc.items()}
-        acc[f"{self.prefix}/forward_tokens"] = fsdp.sum_over_ranks([forward_tokens], self.device)[0]
+
+    def _one_token(self) -> tuple[SequenceBatch, list]:
+        batch = SequenceBatch([torch.zeros(1, dtype=torch.long)], [torch.zeros(1, dtype=torch.long)])
+        return batch, self._plan(batch)[0]
+
+    def _apply_gradients(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Clip, step (unless the norm is not finite), clear the gradients, advance the schedule; ``metrics``
+        with the grad norm, learning rate and ``nonfinite_grad`` added."""
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.cfg.optim.max_grad_norm
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
         norm = fsdp.scalar(norm)
-        acc[f"{self.prefix}/grad_norm"] = norm
-        acc[f"{self.prefix}/lr"] = self.optimizer.param_groups[0]["lr"]
+        metrics[f"{self.prefix}/grad_norm"] = norm
+        metrics[f"{self.prefix}/lr"] = self.optimizer.param_groups[0]["lr"]
         if math.isfinite(norm):
             self.optimizer.step()
             self._refresh_copy()
-            acc[f"{self.prefix}/nonfinite_grad"] = 0.0
+            metrics[f"{self.prefix}/nonfinite_grad"] = 0.0
         else:
-            acc[f"{self.prefix}/nonfinite_grad"] = 1.0
+            metrics[f"{self.prefix}/nonfinite_grad"] = 1.0
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        return dict(acc)
+        return metrics
 
     def _master_grads(self) -> None:
         """compute_copy: add the copy's gradients into the master weights' (float32) and free them."""
@@ -510,12 +578,21 @@ class TorchTrainingEngine:
 
     # --------------------------------------------------------------- memory
     def offload(self, weights: bool = True) -> float:
-        """Move the idle state to host memory: the optimizer state, and the weights unless ``weights=False``
-        (e.g. a colocated rollout engine reads them). Gradients need nothing: each step frees them.
-        Returns the seconds it took."""
+        """Move the idle state to host memory: the optimizer state, the reference copy, and the weights unless
+        ``weights=False`` (e.g. a colocated rollout engine reads them). Gradients need nothing: each step frees
+        them (not during an open accumulation, which refuses). Returns the seconds it took."""
         from relayrl.weights import offload as swap
 
+        if self._accumulation is not None:
+            raise RuntimeError("offload during an open accumulation (its gradients live on the device): "
+                               "finish_accumulation() first")
         t0 = time.perf_counter()
+        if self.reference_model is not None and not self._ref_offloaded:
+            if self.sharded:
+                self.reference_model.to("cpu")
+            else:
+                swap.offload_module(self.reference_model)
+            self._ref_offloaded = True
         if self.optimizer is not None and self.optimizer.state:
             swap.offload_optimizer(self.optimizer)
         if weights:
@@ -533,6 +610,12 @@ class TorchTrainingEngine:
         from relayrl.weights import offload as swap
 
         t0 = time.perf_counter()
+        if self._ref_offloaded:
+            if self.sharded:
+                self.reference_model.to(self.device)
+            else:
+                swap.reload_module(self.reference_model)
+            self._ref_offloaded = False
         if self.optimizer is not None and swap.is_offloaded(self.optimizer):
             swap.reload_optimizer(self.optimizer)
         if self._weights_offloaded:

@@ -1,0 +1,191 @@
+"""One optimizer step over a batch that arrives in chunks: the trainer side of periodic asynchrony.
+
+Periodic asynchrony (seed 003, section 4.3) starts training as soon as the
+first prompt groups of a batch finish generating: the trainer runs forward and
+backward on each finished group as it arrives, gradients accumulating, and
+takes one optimizer step once the whole batch is consumed. The update must
+equal the synchronous one (``train_step(full_batch, mini_batches=1,
+epochs=1)``), whatever the arrival order and however the rows are cut into
+chunks::
+
+    rollout --finished groups--> accumulate(chunk) --+  forward + backward per micro-batch,
+            --finished groups--> accumulate(chunk) --+  gradients add up in .grad,
+            ...                                      |  metric partial sums kept
+    batch consumed ------------> finish_accumulation()  counts summed (all-reduced), gradients
+                                                        rescaled, clip, optimizer + scheduler step
+
+**Normalisation (unit denominators, rescaled at the end).** A loss divides by a
+batch-wide count, ``global_tokens`` or ``global_seqs`` (:class:`MicroBatch`),
+which is known only when the last chunk has arrived. Every term of the losses
+here has the form ``sum over rows / N`` with ``N`` the count the loss declares
+as ``loss_fn.normalized_by`` (``"tokens"`` or ``"seqs"``). The chunks run with
+``global_tokens = global_seqs = 1``, so each backward adds the gradient of the
+*unnormalised* sum; :meth:`StreamedUpdate.finish_accumulation` sums the counts
+(over chunks and data-parallel ranks), multiplies every gradient by ``1 / N``
+and only then clips and steps. By linearity this is the full-batch gradient,
+exactly (up to float rounding: ``(sum g) / N`` instead of ``sum (g / N)``). The
+same factor rescales the loss metrics (names ending in ``loss`` and the loss's
+``summed`` names, which the contract says are normalised by the global counts);
+means are token-weighted over the whole batch and do not depend on ``N``;
+``_max`` / ``_min`` take extremes; ``..tokens`` are raw counts.
+
+What this asks of a loss: one normaliser for all its terms (a token-mean policy
+loss with a sequence-mean KL term could not be rescaled by one factor), and no
+other use of the counts. :class:`relayrl.workflows.losses.PolicyLoss` (policy
+loss, KL term and entropy bonus all aggregate with its one ``agg``),
+``ValueLoss`` and ``SFTLoss`` declare theirs. ``seq-mean-token-sum-norm``
+needs its constant fixed (``agg_constant``), else it divides by each
+micro-batch's padded width, which depends on how rows were cut (as for
+micro-batching in ``train_step``). ``DPOLoss`` declares none (its NLL term
+divides by ``global_seqs // 2``), so it is refused.
+
+Data parallel (FSDP2): each of :meth:`~StreamedUpdate.accumulate` and
+:meth:`~StreamedUpdate.finish_accumulation` is a collective. Every rank must
+get the same number of ``accumulate`` calls, but a rank's chunk may be empty
+(fewer finished rows than ranks): within a call every rank runs as many
+forward/backward passes as the busiest, padding with zero-loss passes (a
+one-token row when it has none). The counts and the metrics are summed over
+ranks at the finish; gradients are summed over ranks by each backward, as in
+``train_step``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from relayrl.engines.training import fsdp
+from relayrl.engines.training.base import LossFn, SequenceBatch, metric_reduction
+
+__all__ = ["MetricSums", "StreamedUpdate"]
+
+
+@dataclass
+class MetricSums:
+    """A loss's metrics summed over micro-batches (and chunks) before the reduction over ranks: means as
+    token-weighted sums, sums as sums, ``_max`` / ``_min`` as extremes (:func:`metric_reduction`); and the
+    engine's counters."""
+
+    summed: tuple[str, ...] = ()
+    """The loss's own summed metric names (``loss_fn.summed``)."""
+    with_reference: bool = False
+    """Whether the passes ran the reference (adds the ``ref_forward_*`` counters)."""
+    values: dict[str, float] = field(default_factory=dict)
+    forward_tokens: int = 0
+    """Padded input tokens of the policy passes (padding passes of a sharded engine not counted)."""
+    ref_passes: int = 0
+    ref_tokens: int = 0
+
+    def add(self, metrics: dict[str, float], weight: float, forward_tokens: int, with_reference: bool) -> None:
+        """One micro-batch's metrics; ``weight``: its valid response tokens."""
+        for k, v in metrics.items():
+            how = metric_reduction(k, self.summed)
+            if how in ("mean", "sum"):
+                self.values[k] = self.values.get(k, 0.0) + (v * weight if how == "mean" else v)
+            elif k not in self.values:
+                self.values[k] = v
+            else:
+                self.values[k] = max(self.values[k], v) if how == "max" else min(self.values[k], v)
+        self.forward_tokens += forward_tokens
+        if with_reference:
+            self.ref_passes += 1
+            self.ref_tokens += forward_tokens
+
+    def reduce(self, device: torch.device, global_tokens: int, prefix: str, *, scale: float = 1.0,
+               agree_names: bool = False) -> dict[str, float]:
+        """The metrics over the whole batch (a collective when sharded): means divided by ``global_tokens``,
+        normalised sums (``..loss``, ``summed``) multiplied by ``scale``. ``agree_names``: ranks may hold
+        different names (a rank that saw no rows has none), so they first agree on the union."""
+        how = {k: metric_reduction(k, self.summed) for k in self.values}
+        values = dict(self.values)
+        if agree_names:
+            neutral = {"max": float("-inf"), "min": float("inf")}
+            for k in fsdp.union_over_ranks(list(values)):
+                if k not in values:
+                    how[k] = metric_reduction(k, self.summed)
+                    values[k] = neutral.get(how[k], 0.0)
+        values = fsdp.reduce_over_ranks(values, how, device)
+        out = {}
+        for k, v in values.items():
+            if how[k] == "mean":
+                v = v / max(global_tokens, 1)
+            elif how[k] == "sum" and (k.endswith("loss") or k in self.summed):
+                v = v * scale
+            out[k] = v
+        fwd, ref_passes, ref_tokens = fsdp.sum_over_ranks([self.forward_tokens, self.ref_passes, self.ref_tokens],
+                                                          device)
+        out[f"{prefix}/forward_tokens"] = fwd
+        if self.with_reference:
+            out[f"{prefix}/ref_forward_passes"] = ref_passes
+            out[f"{prefix}/ref_forward_tokens"] = ref_tokens
+        return out
+
+
+@dataclass
+class _Accumulation:
+    """An open streamed update: what the finish needs."""
+
+    normalized_by: str | None = None
+    partial: MetricSums | None = None
+    tokens: int = 0
+    seqs: int = 0
+
+
+class StreamedUpdate:
+    """The streamed update of :class:`~relayrl.engines.training.torch_engine.TorchTrainingEngine` (a mixin
+    of it: it uses the engine's passes and optimizer step). See the module docstring."""
+
+    _accumulation: _Accumulation | None = None
+
+    def begin_accumulation(self) -> None:
+        """Open a streamed update (discarding any open one and its gradients)."""
+        if self.optimizer is None:
+            raise RuntimeError("begin_accumulation on an engine built with trainable=False")
+        self.optimizer.zero_grad(set_to_none=True)
+        self.runner.train()
+        self._accumulation = _Accumulation()
+
+    def accumulate(self, batch: SequenceBatch, loss_fn: LossFn, *, temperature: float = 1.0,
+                   with_entropy: bool | str = False, with_reference: bool = False) -> None:
+        """Forward and backward of every micro-batch of ``batch`` (any number of rows, none included),
+        gradients accumulated, the loss seeing unit counts; metric partial sums kept. A collective when
+        sharded (every rank makes the same number of calls). Every call of one update passes the same kind
+        of loss (``normalized_by``, ``summed``) and the same ``with_reference``."""
+        acc = self._accumulation
+        if acc is None:
+            raise RuntimeError("accumulate before begin_accumulation()")
+        by = getattr(loss_fn, "normalized_by", None)
+        if by not in ("tokens", "seqs"):
+            raise ValueError(f"accumulate needs the loss to declare normalized_by='tokens' or 'seqs' (the global "
+                             f"count all its terms divide by); {type(loss_fn).__name__} gives {by!r}: use train_step")
+        summed = tuple(getattr(loss_fn, "summed", ()))
+        if acc.partial is None:
+            acc.normalized_by, acc.partial = by, MetricSums(summed, with_reference)
+        elif (by, summed, with_reference) != (acc.normalized_by, acc.partial.summed, acc.partial.with_reference):
+            raise ValueError(f"accumulate: the chunks of one update must share the loss's normalized_by and "
+                             f"summed metrics, and with_reference: this chunk gives {(by, summed, with_reference)}, "
+                             f"the first gave {(acc.normalized_by, acc.partial.summed, acc.partial.with_reference)}")
+        self._backward(batch, loss_fn, temperature, with_entropy, with_reference, (1, 1), acc.partial)
+        acc.tokens += batch.num_tokens
+        acc.seqs += len(batch)
+
+    def finish_accumulation(self) -> dict[str, float]:
+        """Rescale the accumulated gradients by ``1 / N`` (``N``: the batch's global count the loss
+        normalises by), clip, step the optimizer and the scheduler. Returns the metrics ``train_step`` returns
+        for the union of the chunks (``forward_tokens`` counts the chunks' own packing). A collective when
+        sharded."""
+        acc, self._accumulation = self._accumulation, None
+        if acc is None or acc.partial is None:
+            raise RuntimeError("finish_accumulation without begin_accumulation() and accumulate()")
+        g_tokens, g_seqs = self._global(acc.tokens, acc.seqs)
+        if g_seqs == 0:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise ValueError("finish_accumulation: the accumulated chunks hold no rows")
+        scale = 1.0 / max(g_tokens if acc.normalized_by == "tokens" else g_seqs, 1)
+        with torch.no_grad():
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+        metrics = acc.partial.reduce(self.device, g_tokens, self.prefix, scale=scale, agree_names=self.sharded)
+        return self._apply_gradients(metrics)
