@@ -25,7 +25,7 @@ def config(run_dir, *over: str) -> Config:
     return load_config(Config, "recipes/arith_grpo.yaml", [
         f"run.dir={run_dir}", "trainer.steps=2", "eval.size=8", "eval.every=0", "data.prompts_per_step=4",
         "rollout.n=4", "rollout.max_new_tokens=6", "telemetry.sinks=[jsonl]", "reward.verifier=user",
-        "reward.user_fn=dataflow_rewards:by_length", "engine.optim.lr=1e-3", "engine.optim.warmup_steps=0",
+        "reward.user_fn=dataflow_rewards:by_length", "engine.optim.lr=1e-3", "engine.optim.warmup_steps=0", "engine.optim.eps=1e-3",
         "run.save_every=0", *SPLIT, *over])
 
 
@@ -49,6 +49,7 @@ def test_periodic_step_is_the_sync_step(tmp_path, agg):
     m_per, w_per = one_step(config(tmp_path / "periodic", "trainer.mode=periodic", *over))
     assert m_sync["reward/mean"] == m_per["reward/mean"] and m_sync["reward/std"] > 0  # the same samples
     assert m_per["actor/grad_norm"] > 0
+    torch.testing.assert_close(m_per["actor/grad_norm"], m_sync["actor/grad_norm"], rtol=1e-4, atol=0)
     for k in w_sync:
         torch.testing.assert_close(w_per[k], w_sync[k], rtol=1e-5, atol=1e-6, msg=k)
     assert m_sync["dock/driver_bytes"] == 0 and m_per["dock/driver_bytes"] == 0
