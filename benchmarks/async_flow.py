@@ -5,9 +5,9 @@ Workload: the demo's models (the tiny Qwen2 pretrained on 2-digit sums, then SFT
 built once and cached), GRPO on fresh sums with ``rollout.max_new_tokens`` well above the 3-token answers.
 At temperature 1.0 the SFT model sometimes misses its end-of-sequence token and then runs on to the limit,
 so response lengths are heavy-tailed: most responses are a few tokens, a few hit ``max_new_tokens``, and a
-whole batch's generation lasts as long as its longest response. The reward runs every answer in a Python
-subprocess (``subprocess_verifier``: ~20-40 ms each on this machine, as code execution or a judge call
-costs), so scoring has real latency.
+whole batch's generation lasts as long as its longest response. The reward checks every answer in a
+subprocess that waits 20-200 ms first (``subprocess_verifier``: the latency of a test harness or a judge
+call), so scoring has real latency.
 
 Modes, each in its own process, same seed, same prompts and number of steps:
 
@@ -48,23 +48,22 @@ for p in (REPO, HERE):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-_CHECK = ("import sys, time; a, b, wait = sys.argv[1:4]; time.sleep(float(wait)); "
-          "sys.exit(0 if a.split(chr(10), 1)[0].strip() == b.strip() else 1)")
+_CHECK = 'sleep "$3"; [ "$1" = "$2" ]'  # the harness: wait for the "judge", then compare
 
 
 def subprocess_verifier(prompts: list[str], responses: list[str], answers: list[str]) -> list[float]:
-    """1.0 when the answer line matches, decided in a fresh Python subprocess per response that also waits
-    20-60 ms (a test harness or a judge call: latency, little CPU); the wait is a hash of the response, so
-    every mode sees the same latencies for the same samples."""
+    """1.0 when the answer line matches, decided by a subprocess per response that first waits 20-200 ms
+    (a test harness or a judge call: latency, little CPU). The calls of one batch run concurrently, as a
+    client of a judge service sends them; the wait is a hash of the response, so every mode sees the same
+    latencies for the same samples."""
     import zlib
 
-    out = []
+    procs = []
     for r, a in zip(responses, answers):
-        wait = 0.02 + (zlib.crc32(r.encode()) % 41) / 1000
-        proc = subprocess.run([sys.executable, "-S", "-c", _CHECK, r, a or "", f"{wait:.3f}"], capture_output=True,
-                              timeout=30)
-        out.append(1.0 if proc.returncode == 0 else 0.0)
-    return out
+        wait = 0.02 + (zlib.crc32(r.encode()) % 181) / 1000
+        line = r.split("\n", 1)[0].strip()
+        procs.append(subprocess.Popen(["sh", "-c", _CHECK, "sh", line, (a or "").strip(), f"{wait:.3f}"]))
+    return [1.0 if p.wait(timeout=30) == 0 else 0.0 for p in procs]
 
 
 MODES: dict[str, list[str]] = {
@@ -131,12 +130,14 @@ def run_mode(name: str, model: Path, out: Path, a: argparse.Namespace) -> dict:
         f"trainer.init_from={model}", f"run.dir={out / name}", f"run.seed={a.seed}", "run.overwrite=true",
         f"trainer.steps={a.steps}", "eval.every=0", f"eval.size={a.eval_size}", "run.save_every=0",
         f"rollout.max_new_tokens={a.max_new_tokens}", f"data.prompts_per_step={a.prompts}", f"rollout.n={a.n}",
-        "reward.verifier=user", "reward.user_fn=async_flow:subprocess_verifier", f"reward.workers={a.reward_workers}",
+        "reward.verifier=user", "reward.user_fn=async_flow:subprocess_verifier",
         "telemetry.sinks=[jsonl]",
         *MODES[name],
     ]
     if name == "sync-colocated":
         over.append(f"run.threads={cores()}")
+    elif a.extra:
+        over += a.extra.split(",")
     cmd = [sys.executable, "-m", "relayrl.cli.main", "train", str(REPO / "recipes" / "arith_grpo.yaml"), *over]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")])}
     print(f"async_flow: {name} ({a.steps} steps) ...", flush=True)
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--eval-size", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--reward-workers", type=int, default=8, help="verifier calls in flight at once")
+    p.add_argument("--extra", default="", help="comma-separated config overrides for the split modes")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
     a = p.parse_args(argv)
     if a.steps <= a.warmup:

@@ -202,9 +202,9 @@ class PlacementConfig(_Section):
     rollout: str = Field("main", description="pool of the rollout (generation) group")
     reference: str = Field("main", description="pool of the reference group (KL)")
     critic: str = Field("main", description="pool of the critic group (PPO)")
-    reward: str = Field("main", description="pool of the reward scorer (rule verifiers and user functions run "
-                        "in a thread of the driver process; a pool of its own lets scoring overlap generation "
-                        "even when generation is colocated)")
+    reward: str = Field("driver", description="where the reward scorer runs: 'driver' (threads of the driver "
+                        "process, beside every pool: rule verifiers and user functions, the default), or a pool "
+                        "whose turns it takes (a reward model sharing that pool's devices)")
 
     @model_validator(mode="after")
     def _check(self) -> "PlacementConfig":
@@ -216,7 +216,7 @@ class PlacementConfig(_Section):
                 raise ValueError(f"placement.pools.{name}={n!r} must be a device count >= 1")
         for role in ("rollout", "reference", "critic", "reward"):
             pool = getattr(self, role)
-            if pool != "main" and pool not in self.pools:
+            if pool != "main" and pool not in self.pools and not (role == "reward" and pool == "driver"):
                 raise ValueError(f"placement.{role}={pool!r} names no pool: declare it in placement.pools "
                                  f"(pools: main, {', '.join(self.pools) or 'none other'})")
         return self

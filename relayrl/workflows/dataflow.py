@@ -36,6 +36,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Callable
 
 import torch
@@ -116,6 +117,7 @@ class DataflowGRPO(GRPOWorkflow):
 
     policy_cls, reference_cls, critic_cls, rollout_cls = (DockPolicyWorker, DockReferenceWorker, DockCriticWorker,
                                                           StreamingRollout)
+    SCORE_CALLS = 8  # reward calls in flight at once (placement.reward=driver)
 
     def __init__(self, cfg: Config) -> None:
         pl = cfg.placement
@@ -132,9 +134,14 @@ class DataflowGRPO(GRPOWorkflow):
         super().__init__(cfg)
         a = cfg.algorithm
         self.needs = adv_lib.NEEDS[a.advantage]
-        self.scorer = make_group(cfg.cluster.model_copy(update={"in_process": True}), ScoreWorker,
-                                 self._pool(pl.reward), "scorer", init_kwargs=dict(
-                                     reward=self.s.reward, tokenizer=self.s.tokenizer, algorithm=a, shape=self._shaped))
+        scorer = dict(reward=self.s.reward, tokenizer=self.s.tokenizer, algorithm=a, shape=self._shaped)
+        if pl.reward == "driver":  # threads of the driver: calls run concurrently, beside every pool's turns
+            worker = ScoreWorker(**scorer)
+            self.scorer, self._score = None, lambda method, *args: getattr(worker, method)(*args)
+        else:  # a pool's devices (a reward model): its calls take that pool's turns
+            self.scorer = make_group(cfg.cluster.model_copy(update={"in_process": True}), ScoreWorker,
+                                     self._pool(pl.reward), "scorer", init_kwargs=scorer)
+            self._score = self.scorer.one
         # Periodic accumulation is one optimizer step per batch. With several (mini-batches, epochs) or a
         # batch-whitened estimator (advantages exist only once the batch is complete) the forward-only stages
         # still stream per group, and the update waits for the whole batch, exactly as in sync mode.
@@ -146,9 +153,9 @@ class DataflowGRPO(GRPOWorkflow):
     def _pool(self, name: str) -> ResourcePool:
         if name == "main":
             return self.s.pool
-        if name not in self._pools:
-            self._pools[name] = ResourcePool(name=name, devices=self.cfg.placement.pools[name],
-                                             device_kind=self.s.pool.device_kind)
+        if name not in self._pools:  # 'driver': the driver's own threads (turns of their own, no device)
+            self._pools[name] = ResourcePool(name=name, devices=self.cfg.placement.pools.get(name, 1),
+                                             device_kind="cpu" if name == "driver" else self.s.pool.device_kind)
         return self._pools[name]
 
     def _rollout_pool(self, main: ResourcePool) -> ResourcePool:
@@ -233,18 +240,34 @@ class DataflowGRPO(GRPOWorkflow):
         f.generated.set()
 
     def score(self, f: Flow) -> None:
-        problems = self._step["problems"]
-        for b in f.leases("score", ["response_ids", "group"], batch_rows=self.sampling.n * self.cfg.trainer.stream_groups):
+        """Score every group that has landed since the last call (a verifier's latency is per call, not per
+        row), with up to ``SCORE_CALLS`` calls in flight so a slow one does not hold the groups behind it."""
+        problems, lock = self._step["problems"], threading.Lock()
+
+        def one(b) -> None:
             with self.s.span("reward", "reward", self._cur):
-                receipt, scores, rewards, metrics = self.scorer.one(
+                receipt, scores, rewards, metrics = self._score(
                     "score_into", self.dock.reader(f.part, b.indexes, ["response_ids", "group"]),
                     self.dock.slots(f.part, b.indexes), problems)
             self.dock.publish(receipt)
-            self._step["scores"] += scores
-            self._step["rewards"] += rewards
-            for k, v in metrics.items():  # per-batch reward metrics: keep a running mean by rows
-                self._step["metrics"].setdefault(k, []).append((v, len(b.indexes)))
+            with lock:
+                self._step["scores"] += scores
+                self._step["rewards"] += rewards
+                for k, v in metrics.items():  # per-call reward metrics: a mean weighted by rows
+                    self._step["metrics"].setdefault(k, []).append((v, len(b.indexes)))
             b.ack()
+
+        calls = self.SCORE_CALLS if self.scorer is None else 1
+        with ThreadPoolExecutor(calls, thread_name_prefix="score") as pool:
+            running: set = set()
+            for b in f.leases("score", ["response_ids", "group"], batch_rows=len(problems) * self.sampling.n):
+                while len(running) >= calls:
+                    done, running = wait(running, return_when=FIRST_COMPLETED)
+                    for d in done:
+                        d.result()
+                running.add(pool.submit(one, b))
+            for d in running:
+                d.result()
 
     def _pass(self, f: Flow, stage: str, group, span: str, method: str, *args) -> None:
         """A forward-only stage: each ready batch of groups -> ``method`` on every rank -> receipts published."""
@@ -275,8 +298,8 @@ class DataflowGRPO(GRPOWorkflow):
         rows = self.sampling.n * self.cfg.trainer.stream_groups if self.needs.group_relative else None
         for b in f.leases("advantages", cols, batch_rows=rows):
             with self.s.span("advantage", "driver", self._cur):
-                receipt, kl = self.scorer.one("advantages_into", self.dock.reader(f.part, b.indexes, cols),
-                                              self.dock.slots(f.part, b.indexes))
+                receipt, kl = self._score("advantages_into", self.dock.reader(f.part, b.indexes, cols),
+                                          self.dock.slots(f.part, b.indexes))
             self.dock.publish(receipt)
             self._step["kl"].update(kl)
             b.ack()
