@@ -364,6 +364,9 @@ def _check_placement(self: Config) -> None:
         if self.algorithm.kl_coef <= 0:
             raise ValueError("trainer.tri_model computes the reference's log-probs inside the actor, and "
                              "algorithm.kl_coef=0 needs none: set algorithm.kl_coef > 0 or drop trainer.tri_model")
+        if self.algorithm.kl_in_reward:
+            raise ValueError("trainer.tri_model computes the reference log-probs inside the update, after the "
+                             "advantages; algorithm.kl_in_reward needs them before (in the rewards): drop one")
         if pl.reference != "main":
             raise ValueError(f"trainer.tri_model keeps the reference in the actor's layout on pool main; "
                              f"placement.reference={pl.reference!r} puts it elsewhere")

@@ -371,6 +371,8 @@ class DataflowGRPO(GRPOWorkflow):
         })
         m.update(st["update"])
         m.update(st["kl"])
+        if self.tri_model:
+            m["trimodel/separate_passes_saved"] = m.get("actor/ref_forward_passes", 0.0)
         if "actor/ref_kl_k1" in m:
             m["actor/kl"] = m["actor/ref_kl_k1"]
         m.update(self._phase_metrics)

@@ -75,8 +75,12 @@ class GRPOWorkflow:
         prec = role_precision(m, cfg.rollout)
         path = str(s.model_path)
         updates = cfg.trainer.steps * cfg.trainer.mini_batches * cfg.trainer.epochs
+        # tri-model (seed 003 section 4.1): the actor holds the reference in its own layout and computes the
+        # reference log-probs inside its update's micro-steps; there is no reference group
+        self.tri_model = cfg.trainer.tri_model
         self.actor = make_group(cfg.cluster, self.policy_cls, s.pool, "actor", init_kwargs=dict(
-            model_path=path, engine=cfg.engine, total_steps=updates, seed=cfg.run.seed, **prec["trained"], **common))
+            model_path=path, engine=cfg.engine, total_steps=updates, seed=cfg.run.seed, tri_model=self.tri_model,
+            **prec["trained"], **common))
         self.critic = None
         if adv_lib.NEEDS[a.advantage].values:  # PPO: a critic from the same network, with its own optimizer settings
             self.critic = make_group(cfg.cluster, self.critic_cls, self._critic_pool(s.pool), "critic", init_kwargs=dict(
@@ -87,7 +91,7 @@ class GRPOWorkflow:
             model_path=path, max_batch=cfg.rollout.max_batch, seed=cfg.run.seed, decode=cfg.rollout.decode,
             **prec["rollout"], **common))
         self.ref = None
-        if a.kl_coef > 0:
+        if a.kl_coef > 0 and not self.tri_model:
             self.ref = make_group(cfg.cluster, self.reference_cls, self._reference_pool(s.pool), "reference",
                                   init_kwargs=dict(model_path=path, engine=cfg.engine, **prec["frozen"], **common))
         self.dock = Dock.from_config(cfg.dock)
@@ -420,6 +424,8 @@ class GRPOWorkflow:
                                                 with_entropy="grad" if a.entropy_coef > 0 else True)[0])
             b.ack()
         metrics.update(self._kl_metrics)
+        if self.tri_model:  # each in-place reference pass replaces one a reference group would run separately
+            metrics["trimodel/separate_passes_saved"] = metrics.get("actor/ref_forward_passes", 0.0)
         if "actor/ref_kl_k1" in metrics:
             metrics["actor/kl"] = metrics["actor/ref_kl_k1"]
         return metrics
