@@ -131,7 +131,7 @@ def run_mode(name: str, model: Path, out: Path, a: argparse.Namespace) -> dict:
         f"trainer.steps={a.steps}", "eval.every=0", f"eval.size={a.eval_size}", "run.save_every=0",
         f"rollout.max_new_tokens={a.max_new_tokens}", f"data.prompts_per_step={a.prompts}", f"rollout.n={a.n}",
         "reward.verifier=user", "reward.user_fn=async_flow:subprocess_verifier",
-        "telemetry.sinks=[jsonl]",
+        "telemetry.sinks=[jsonl]", f"model.device={a.device}",
         *MODES[name],
     ]
     if name == "sync-colocated":
@@ -171,6 +171,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--eval-size", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="model.device of every mode (a device is a share of the cores "
+                   "on a CPU)")
     p.add_argument("--extra", default="", help="comma-separated config overrides for the split modes")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
     a = p.parse_args(argv)

@@ -350,7 +350,8 @@ class DataflowGRPO(GRPOWorkflow):
         n = self.sampling.n
         groups = [indexes[i:i + n] for i in range(0, len(indexes), n)]
         per = [sum(groups[r::ranks], []) for r in range(ranks)] if ranks > 1 else [indexes]
-        return [(self.dock.reader(part, idx, cols), self.dock.slots(part, idx)) for idx in per]
+        return [(self.dock.reader(part, idx, cols), self.dock.slots(part, idx)) if idx else (None, None)
+                for idx in per]
 
     # --------------------------------------------------------------- metrics
     def _metrics(self, step: int) -> dict[str, float]:

@@ -123,7 +123,11 @@ class _DockRows:
 
     @staticmethod
     def _read(items: Sequence, fields: Sequence[str] = (), drop_truncated: bool = False):
+        """This rank's rows (an empty batch when the driver gave it none: a streamed chunk of fewer groups
+        than ranks; the engine still joins the group's collectives) and the slots for its outputs."""
         (reader, slots), = items
+        if reader is None:
+            return SequenceBatch([], [], {f: [] for f in fields}, []), None
         return rows_batch(reader.read(), fields, drop_truncated), slots
 
 
