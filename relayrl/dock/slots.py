@@ -75,7 +75,24 @@ def normalize_columns(where: str, data: Mapping[str, Any], n_rows: int | None) -
     return cols
 
 
-class Slots:
+class _RowSet:
+    """Rows of one partition generation held by index (the part ``Slots`` and ``RowReader`` share)."""
+
+    partition: str
+    _idx: np.ndarray
+
+    @property
+    def indexes(self) -> list[int]:
+        return self._idx.tolist()
+
+    def __len__(self) -> int:
+        return len(self._idx)
+
+    def _rows_repr(self) -> str:
+        return f"{self.partition!r}, rows {self.indexes[:4]}{'...' if len(self) > 4 else ''}"
+
+
+class Slots(_RowSet):
     """Rows of one partition generation that a writer may fill, and the units that hold them.
 
     Get one from ``dock.reserve`` (new rows) or ``dock.slots`` (columns of
@@ -87,15 +104,8 @@ class Slots:
         self.partition, self._gen, self._n_rows = partition, gen, n_rows
         self._idx, self._owner, self._plane = indexes, owner, plane
 
-    @property
-    def indexes(self) -> list[int]:
-        return self._idx.tolist()
-
-    def __len__(self) -> int:
-        return len(self._idx)
-
     def __repr__(self) -> str:
-        return f"Slots({self.partition!r}, rows {self.indexes[:4]}{'...' if len(self) > 4 else ''})"
+        return f"Slots({self._rows_repr()})"
 
     def write(self, data: Mapping[str, Any]) -> Receipt:
         """Store ``data`` (column -> one tensor or scalar per slot row) in the units; nothing is visible yet.
@@ -115,7 +125,7 @@ class Slots:
         return Receipt(self.partition, self._gen, self._idx, {n: (c.schema, c.lengths) for n, c in cols.items()})
 
 
-class RowReader:
+class RowReader(_RowSet):
     """Rows of one partition generation to read from any process that can reach the units.
 
     Get one from ``dock.reader`` (which checked that every cell is written);
@@ -128,16 +138,8 @@ class RowReader:
         self.partition, self.columns, self._gen = partition, columns, gen
         self._idx, self._owner, self._schemas, self._plane = indexes, owner, schemas, plane
 
-    @property
-    def indexes(self) -> list[int]:
-        return self._idx.tolist()
-
-    def __len__(self) -> int:
-        return len(self._idx)
-
     def __repr__(self) -> str:
-        return (f"RowReader({self.partition!r}, rows {self.indexes[:4]}{'...' if len(self) > 4 else ''}, "
-                f"columns {list(self.columns)})")
+        return f"RowReader({self._rows_repr()}, columns {list(self.columns)})"
 
     def read(self) -> dict[str, list[torch.Tensor]]:
         """``{column: [one tensor per row]}`` in ``indexes`` order.

@@ -47,7 +47,7 @@ from relayrl.config.schema import Config
 from relayrl.dock import Dock
 from relayrl.workflows.dataplane import (GROUP_COLUMNS, DockCriticWorker, DockPolicyWorker, DockReferenceWorker,
                                          ScoreWorker, StreamingRollout)
-from relayrl.workflows.grpo import GRPOWorkflow
+from relayrl.workflows.grpo import GRPOWorkflow, sample_metrics
 from relayrl.workflows.relay import relay_weights
 
 __all__ = ["DataflowGRPO", "Flow", "uses_dataflow"]
@@ -362,14 +362,7 @@ class DataflowGRPO(GRPOWorkflow):
         scores, rewards = torch.tensor(st["scores"]), torch.tensor(st["rewards"])
         m: dict[str, float] = {k: sum(v * w for v, w in vs) / max(1, sum(w for _, w in vs))
                                for k, vs in st["metrics"].items()}
-        m.update({
-            "reward/mean": float(rewards.mean()),
-            "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
-            "train/accuracy": float((scores >= 1.0).float().mean()),
-            "response/length_mean": float(lengths.mean()),
-            "response/length_max": float(lengths.max()),
-            "response/clip_ratio": float(truncated.mean()),
-        })
+        m.update(sample_metrics(scores, rewards, lengths, truncated))
         m.update(st["update"])
         m.update(st["kl"])
         if self.tri_model:

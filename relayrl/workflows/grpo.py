@@ -192,7 +192,8 @@ class GRPOWorkflow:
         self._idle(self.actor, self.critic, self.ref)  # generation comes first
 
     def begin(self) -> range:
-        """Restore, open telemetry, evaluate the starting model (fresh runs); returns the steps to train."""
+        """The first half of :meth:`run`, for tests and benchmarks that drive the steps themselves: restore,
+        open telemetry, evaluate the starting model (fresh runs); returns the steps to train."""
         s = self.s
         self.restore()
         s.open_telemetry(self.cfg.trainer.steps, KEY_METRICS)
@@ -201,24 +202,11 @@ class GRPOWorkflow:
         return s.steps()
 
     def run(self) -> Path:
-        with self.s.interruptible():
-            try:
-                for step in self.begin():
-                    if self.end_step(step, self.step(step)):
-                        break
-            except BaseException:
-                self.shutdown()  # the ranks stop now, not at interpreter exit
-                raise
-            return self.finish()
-
-    def end_step(self, step: int, metrics: dict[str, float]) -> bool:
-        """Evaluate (every ``eval.every`` steps and at the end), log, checkpoint; True when the run stops here."""
-        return self.s.end_step(step, metrics, evaluate=self.evaluate, save=self.save)
-
-    def finish(self) -> Path:
-        out = self.s.finish(lambda p: self.actor.all("save_pretrained", p))
-        self.shutdown()
-        return out
+        """Session.run's loop (restore, eval at step 0, steps, log, checkpoint, export) with this workflow's
+        step."""
+        return self.s.run(restore=self.restore, step=self.step, evaluate=self.evaluate, save=self.save,
+                          export=lambda p: self.actor.all("save_pretrained", p), shutdown=self.shutdown,
+                          key_metrics=KEY_METRICS)
 
     def step(self, step: int) -> dict[str, float]:
         """One GRPO/DAPO iteration; returns its metrics."""
@@ -349,14 +337,7 @@ class GRPOWorkflow:
         rewards = self._shaped(scores_t, lengths)
         if baselines:
             metrics["remax/baseline_mean"] = sum(baselines) / len(baselines)
-        metrics.update({
-            "reward/mean": float(rewards.mean()),
-            "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
-            "train/accuracy": float((scores_t >= 1.0).float().mean()),
-            "response/length_mean": float(lengths.mean()),
-            "response/length_max": float(lengths.max()),
-            "response/clip_ratio": float(truncated.float().mean()),
-        })
+        metrics.update(sample_metrics(scores_t, rewards, lengths, truncated))
         return Rollout(problems, comps, rewards, metrics, torch.tensor(baselines) if baselines else None)
 
     def _shaped(self, scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -480,6 +461,20 @@ class Rollout(NamedTuple):
     metrics: dict[str, float]
     baselines: torch.Tensor | None = None
     """ReMax: the reward of the greedy response to each sample's prompt."""
+
+
+def sample_metrics(scores: torch.Tensor, rewards: torch.Tensor, lengths: torch.Tensor,
+                   truncated: torch.Tensor) -> dict[str, float]:
+    """A step's reward, accuracy and response-length metrics from its samples' verifier ``scores``, shaped
+    ``rewards``, response ``lengths`` and ``truncated`` flags (cut at max_new_tokens)."""
+    return {
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+        "train/accuracy": float((scores >= 1.0).float().mean()),
+        "response/length_mean": float(lengths.mean()),
+        "response/length_max": float(lengths.max()),
+        "response/clip_ratio": float(truncated.float().mean()),
+    }
 
 
 def _reindex(c: Completion, prompt_index: int) -> Completion:

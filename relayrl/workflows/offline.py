@@ -57,33 +57,31 @@ class OfflineRun:
         return self.s.save(step, collective(self.actor, "state"))
 
     def run(self, step_batch: Callable[[int], SequenceBatch]) -> Path:
-        """Train on ``step_batch(step)`` each step; returns the final model directory."""
-        with self.s.interruptible():
-            return self._run(step_batch)
-
-    def _run(self, step_batch: Callable[[int], SequenceBatch]) -> Path:
+        """Train on ``step_batch(step)`` each step (Session.run's loop); returns the final model directory."""
         s, cfg = self.s, self.cfg
-        try:
+
+        def restore() -> None:
             ck = s.load(self.actor.one("param_shapes"))
             if ck is not None:
                 self.actor.all("load_state", {"model": ck.model_state, "optimizer": ck.optimizer_state,
                                               "scheduler": ck.scheduler_state})
                 s.restore_rng(ck)
-            s.open_telemetry(cfg.trainer.steps, self.key_metrics)
-            if s.start_step == 0:
-                s.tracker.log(0, self.evaluate(0))
-            for step in s.steps():
-                t0 = time.perf_counter()
-                batch = step_batch(step)
-                with s.span("update", "actor", step):  # every rank reports the global metrics
-                    metrics = self.actor.split("update", batch, self.loss, seed=cfg.run.seed + step)[0]
-                dt = time.perf_counter() - t0
-                tokens = sum(int(p.numel() + r.numel()) for p, r in zip(batch.prompt_ids, batch.response_ids))
-                metrics.update({"perf/step_time_s": dt, "perf/tokens": tokens,
-                                "perf/tokens_per_s_per_device": tokens / (dt * s.pool.world_size)})
-                if s.end_step(step, metrics, evaluate=self.evaluate, save=self.save):
-                    break
-            return s.finish(lambda p: self.actor.all("save_pretrained", p))
-        finally:
+
+        def step(st: int) -> dict[str, float]:
+            t0 = time.perf_counter()
+            batch = step_batch(st)
+            with s.span("update", "actor", st):  # every rank reports the global metrics
+                metrics = self.actor.split("update", batch, self.loss, seed=cfg.run.seed + st)[0]
+            dt = time.perf_counter() - t0
+            tokens = sum(int(p.numel() + r.numel()) for p, r in zip(batch.prompt_ids, batch.response_ids))
+            metrics.update({"perf/step_time_s": dt, "perf/tokens": tokens,
+                            "perf/tokens_per_s_per_device": tokens / (dt * s.pool.world_size)})
+            return metrics
+
+        def shutdown() -> None:
             for g in self.groups:
                 g.shutdown()
+
+        return s.run(restore=restore, step=step, evaluate=self.evaluate, save=self.save,
+                     export=lambda p: self.actor.all("save_pretrained", p), shutdown=shutdown,
+                     key_metrics=self.key_metrics)

@@ -49,7 +49,7 @@ import torch
 
 from relayrl.cluster import ClusterConfig, ResourcePool
 from relayrl.config.schema import Config
-from relayrl.workflows.grpo import GRPOWorkflow
+from relayrl.workflows.grpo import KEY_METRICS, GRPOWorkflow
 from relayrl.workflows.relay import relay_weights
 from relayrl.workflows.workers import collective, rollout_rng
 
@@ -184,45 +184,51 @@ class OffPolicyGRPO(GRPOWorkflow):
         return ResourcePool(name="rollout", devices=1, device_kind=main.device_kind, device_ids=ids)
 
     def run(self) -> Path:
-        s = self.s
-        self._steps = steps = self.begin()
+        """Session.run's loop; the rollout thread starts with the first step and stops before the export."""
+        self._ahead: RolloutAhead | None = None
         self._starts: dict[int, tuple[dict, list[int]]] = {}
         self._starts_cond = threading.Condition()
         self._relayed: dict[int, dict[str, float]] = {}  # relay metrics of each pushed version, logged once
-        self._ahead = ahead = RolloutAhead(self._produce, self._push, steps, self.k, version=s.start_step)
-        with s.interruptible():
-            try:
-                self._train(steps, ahead)
-            except BaseException:
-                ahead.close()
-                self.shutdown()  # the ranks stop now, not at interpreter exit
-                raise
-            ahead.close()
-            return self.finish()
 
-    def _train(self, steps: range, ahead: "RolloutAhead") -> None:
-        """The trainer's loop: take the batch the rollout thread made, learn, stage the weights, log."""
+        def export(path: str) -> None:
+            self._close_ahead()
+            self.actor.all("save_pretrained", path)
+
+        def shutdown() -> None:
+            self._close_ahead()
+            self.shutdown()
+
+        return self.s.run(restore=self.restore, step=self.train_step, evaluate=self.evaluate, save=self.save,
+                          export=export, shutdown=shutdown, key_metrics=KEY_METRICS)
+
+    def _close_ahead(self) -> None:
+        if self._ahead is not None:
+            self._ahead.close()
+
+    def train_step(self, step: int) -> dict[str, float]:
+        """The trainer's step: take the batch the rollout thread made, learn, stage the weights."""
         s = self.s
-        for step in steps:
-            t0 = time.perf_counter()
-            with s.span("wait_rollout", "actor", step):
-                rolled, gen_version = ahead.take(step)
-            waited = time.perf_counter() - t0
-            with self._starts_cond:
-                self._starts.pop(step, None)  # a checkpoint from now on records a later start
-            self._phase_metrics = {}
-            metrics = self.learn(step, *rolled)
-            metrics.update(self._phase_metrics)
-            with s.span("stage_weights", "actor", step):  # (unchanged weights after a skipped step)
-                ahead.stage(step, _host_copy(collective(self.actor, "named_weights")))
-            metrics = self.perf(metrics, t0, rolled.problems, rolled.comps, step)
-            metrics.update({"async/staleness": float(step - 1 - gen_version), "async/wait_rollout_s": waited,
-                            "async/rollout_version": float(gen_version), **self._relayed.pop(gen_version, {})})
-            if self.end_step(step, metrics):
-                break
+        if self._ahead is None:  # the steps left from here on, generated ahead within the staleness bound
+            self._steps = range(step, self.cfg.trainer.steps + 1)
+            self._ahead = RolloutAhead(self._produce, self._push, self._steps, self.k, version=step - 1)
+        t0 = time.perf_counter()
+        with s.span("wait_rollout", "actor", step):
+            rolled, gen_version = self._ahead.take(step)
+        waited = time.perf_counter() - t0
+        with self._starts_cond:
+            self._starts.pop(step, None)  # a checkpoint from now on records a later start
+        self._phase_metrics = {}
+        metrics = self.learn(step, *rolled)
+        metrics.update(self._phase_metrics)
+        with s.span("stage_weights", "actor", step):  # (unchanged weights after a skipped step)
+            self._ahead.stage(step, _host_copy(collective(self.actor, "named_weights")))
+        metrics = self.perf(metrics, t0, rolled.problems, rolled.comps, step)
+        metrics.update({"async/staleness": float(step - 1 - gen_version), "async/wait_rollout_s": waited,
+                        "async/rollout_version": float(gen_version), **self._relayed.pop(gen_version, {})})
+        return metrics
 
     def evaluate(self, step: int) -> dict[str, float]:
-        if step == 0 or getattr(self, "_ahead", None) is None:  # before the rollout thread: the engine is free
+        if getattr(self, "_ahead", None) is None:  # before the rollout thread: the engine is free
             return super().evaluate(step)
         # The trainer staged version `step` before this call; the rollout engine takes it between two batches.
         with self._ahead.hold_engine() as version:

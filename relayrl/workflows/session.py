@@ -301,6 +301,32 @@ class Session:
     def restore_rng(self, ck, generators: dict[str, Any] | None = None) -> None:
         restore_rng_state(ck.rng_state, generators or {})
 
+    # ------------------------------------------------------------- the loop
+    def run(self, *, restore: Callable[[], None], step: Callable[[int], dict[str, float]],
+            evaluate: Callable[[int], dict[str, float]], save: Callable[[int], Any], export: Callable[[str], None],
+            shutdown: Callable[[], None], key_metrics) -> Path:
+        """The run loop every workflow shares::
+
+            restore (the checkpoint the resume plan chose)
+            evaluate the starting model (fresh runs)
+            for each step left: metrics <- step(s); evaluate, log, checkpoint (end_step); stop early on target
+            export the model (atomically)
+
+        ``shutdown`` stops the workflow's workers whatever happens; Ctrl-C becomes :class:`RunInterrupted`
+        naming the checkpoint to resume from. Returns the exported model directory."""
+        with self.interruptible():
+            try:
+                restore()
+                self.open_telemetry(self.cfg.trainer.steps, key_metrics)
+                if self.start_step == 0:
+                    self.tracker.log(0, evaluate(0))
+                for s in self.steps():
+                    if self.end_step(s, step(s), evaluate=evaluate, save=save):
+                        break
+                return self.finish(export)
+            finally:
+                shutdown()  # the ranks stop now, not at interpreter exit
+
     # ------------------------------------------------------ interrupt, finish
     @contextlib.contextmanager
     def interruptible(self) -> Iterator[None]:
