@@ -3,11 +3,14 @@ frozen copy, inside the update's micro-steps, equals the step with a separate re
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from relayrl.config.loader import load_config
 from relayrl.config.schema import Config
 from relayrl.workflows.grpo import GRPOWorkflow
+
+pytestmark = pytest.mark.slow
 
 
 def one_step(run_dir, *over: str):
