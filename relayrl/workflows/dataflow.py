@@ -45,7 +45,7 @@ from relayrl.algorithms import advantages as adv_lib
 from relayrl.cluster import ClusterConfig, ResourcePool, make_group
 from relayrl.config.schema import Config
 from relayrl.dock import Dock
-from relayrl.workflows.dataplane import (GROUP_COLUMNS, DockCriticWorker, DockPolicyWorker, DockReferenceWorker,
+from relayrl.workflows.dataplane import (DockCriticWorker, DockPolicyWorker, DockReferenceWorker,
                                          ScoreWorker, StreamingRollout)
 from relayrl.workflows.grpo import GRPOWorkflow, sample_metrics
 from relayrl.workflows.relay import relay_weights

@@ -33,10 +33,9 @@ from relayrl.engines.training.base import SequenceBatch
 from relayrl.workflows.estimate import advantage_rows
 from relayrl.workflows.workers import CriticWorker, PolicyWorker, ReferenceWorker, RolloutWorker
 
-__all__ = ["GROUP_COLUMNS", "StreamingRollout", "DockPolicyWorker", "DockReferenceWorker", "DockCriticWorker",
+__all__ = ["StreamingRollout", "DockPolicyWorker", "DockReferenceWorker", "DockCriticWorker",
            "ScoreWorker", "rows_batch"]
 
-GROUP_COLUMNS = ("prompt_ids", "response_ids", "gen_logprobs", "group", "truncated", "version")
 _DONE = object()
 
 
@@ -101,20 +100,19 @@ class StreamingRollout(RolloutWorker):
         """``(receipts with their groups' lengths, done)``: what finished since the last poll, waiting up to
         ``timeout`` seconds for the first; an error of the generation thread is raised here."""
         got: list = []
-        done = False
         try:
             item = self._out.get(timeout=timeout)
-            while True:
-                if item is _DONE:
-                    done = True
-                    break
-                if isinstance(item, BaseException):
-                    raise item
-                got.append(item)
-                item = self._out.get_nowait()
         except queue.Empty:
-            pass
-        return got, done
+            return got, False
+        while item is not _DONE:
+            if isinstance(item, BaseException):
+                raise item
+            got.append(item)
+            try:
+                item = self._out.get_nowait()
+            except queue.Empty:
+                return got, False
+        return got, True
 
 
 class _DockRows:

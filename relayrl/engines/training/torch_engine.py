@@ -80,7 +80,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import time
 import warnings
 from collections import defaultdict
 from typing import Literal, NamedTuple, Sequence
@@ -91,6 +90,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from relayrl.engines.training import flex, fsdp
 from relayrl.engines.training.accumulate import MetricSums, StreamedUpdate
+from relayrl.engines.training.state import EngineState
 from relayrl.engines.training.base import REF_FIELD, LossFn, MicroBatch, OptimConfig, SequenceBatch
 from relayrl.models.packing import (PackUnit, additive_mask, build_packed_batch, pack_units, plan_units,
                                     shared_prompt_mask)
@@ -213,7 +213,7 @@ class Forward(NamedTuple):
     """The frozen reference's log-probs of the same tokens, from the same packed input (no grad)."""
 
 
-class TorchTrainingEngine(StreamedUpdate):
+class TorchTrainingEngine(StreamedUpdate, EngineState):
     """See the module docstring. ``model`` is a Hugging Face causal LM; ``reference`` an optional frozen
     copy of the initial policy (same architecture) laid out like ``model`` (tri-model, seed 003 4.1)."""
 
@@ -556,101 +556,6 @@ class TorchTrainingEngine(StreamedUpdate):
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return metrics
-
-    def _master_grads(self) -> None:
-        """compute_copy: add the copy's gradients into the master weights' (float32) and free them."""
-        if self.runner is self.model:
-            return
-        for master, comp in zip(self.model.parameters(), self.runner.parameters()):
-            if comp.grad is not None:
-                if master.grad is None:
-                    master.grad = comp.grad.to(master.dtype)
-                else:
-                    master.grad.add_(comp.grad)
-                comp.grad = None
-
-    @torch.no_grad()
-    def _refresh_copy(self) -> None:
-        """compute_copy: the copy takes the master weights' new values."""
-        if self.runner is not self.model:
-            for master, comp in zip(self.model.parameters(), self.runner.parameters()):
-                comp.copy_(master)
-
-    # --------------------------------------------------------------- memory
-    def offload(self, weights: bool = True) -> float:
-        """Move the idle state to host memory: the optimizer state, the reference copy, and the weights unless
-        ``weights=False`` (e.g. a colocated rollout engine reads them). Gradients need nothing: each step frees
-        them (not during an open accumulation, which refuses). Returns the seconds it took."""
-        from relayrl.weights import offload as swap
-
-        if self._accumulation is not None:
-            raise RuntimeError("offload during an open accumulation (its gradients live on the device): "
-                               "finish_accumulation() first")
-        t0 = time.perf_counter()
-        if self.reference_model is not None and not self._ref_offloaded:
-            if self.sharded:
-                self.reference_model.to("cpu")
-            else:
-                swap.offload_module(self.reference_model)
-            self._ref_offloaded = True
-        if self.optimizer is not None and self.optimizer.state:
-            swap.offload_optimizer(self.optimizer)
-        if weights:
-            if self.sharded:  # FSDP2: each rank's shards move with the module
-                self.model.to("cpu")
-            else:
-                swap.offload_module(self.model)
-                if self.runner is not self.model:
-                    swap.offload_module(self.runner)
-            self._weights_offloaded = True
-        return time.perf_counter() - t0
-
-    def reload(self) -> float:
-        """Undo :meth:`offload` (a no-op for what was not offloaded); returns the seconds it took."""
-        from relayrl.weights import offload as swap
-
-        t0 = time.perf_counter()
-        if self._ref_offloaded:
-            if self.sharded:
-                self.reference_model.to(self.device)
-            else:
-                swap.reload_module(self.reference_model)
-            self._ref_offloaded = False
-        if self.optimizer is not None and swap.is_offloaded(self.optimizer):
-            swap.reload_optimizer(self.optimizer)
-        if self._weights_offloaded:
-            if self.sharded:
-                self.model.to(self.device)
-            else:
-                swap.reload_module(self.model)
-                if self.runner is not self.model:
-                    swap.reload_module(self.runner, restore=False)  # refreshed from the master weights
-                    self._refresh_copy()
-            self._weights_offloaded = False
-        return time.perf_counter() - t0
-
-    # --------------------------------------------------------------- weights
-    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
-        return [(n, p.detach()) for n, p in self.model.named_parameters()]
-
-    def state(self) -> dict:
-        """Full model, optimizer (keyed by parameter name) and scheduler state, for checkpoints; the same
-        at every world size. A collective when sharded: rank 0 gets the state, other ranks ``{}`` entries."""
-        return {
-            "model": fsdp.full_model_state(self.model),
-            "optimizer": fsdp.full_optimizer_state(self.model, self.optimizer) if self.optimizer else None,
-            "scheduler": self.scheduler.state_dict() if self.scheduler else None,
-        }
-
-    def load_state(self, state: dict) -> tuple[list[str], list[str]]:
-        """Load what :meth:`state` returned (any entry may be missing); returns the model's
-        (missing, unexpected) parameter names."""
-        opt = state.get("optimizer") if self.optimizer is not None else None
-        out = fsdp.load_full_state(self.model, state.get("model"), self.optimizer, opt)
-        self._refresh_copy()
-        if self.scheduler is not None and state.get("scheduler") is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
-        return out
 
 
 def pad_right(seqs: Sequence[torch.Tensor], value: float = 0.0) -> torch.Tensor:
