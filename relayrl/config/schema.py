@@ -229,6 +229,12 @@ class PlacementConfig(_Section):
         """The rollout has devices of its own (generation overlaps the trainer's work)."""
         return self.rollout != "main"
 
+    @property
+    def custom(self) -> bool:
+        """Some role is placed away from the default (everything on main, rewards in the driver): the run
+        takes the streaming dataflow, which places each role on its pool."""
+        return self.split or self.reference != "main" or self.critic != "main" or self.reward != "driver"
+
 
 class CriticConfig(_Section):
     """PPO's critic (``algorithm.advantage=gae``): the policy's network with a value head, trained on GAE returns."""
@@ -352,7 +358,7 @@ def available_devices(cfg: "Config") -> tuple[str, int]:
 def _check_placement(self: Config) -> None:
     """Refuse placements, step modes and role options that cannot run, naming the key."""
     pl, t = self.placement, self.trainer
-    if self.workflow != "grpo" and (pl.pools or pl.split or t.mode != "sync" or t.tri_model):
+    if self.workflow != "grpo" and (pl.pools or pl.custom or t.mode != "sync" or t.tri_model):
         raise ValueError(f"placement, trainer.mode and trainer.tri_model apply to workflow grpo, not {self.workflow}")
     if t.mode == "periodic" and not pl.split:
         raise ValueError("trainer.mode=periodic overlaps training with generation, so the rollout needs devices "
@@ -370,18 +376,22 @@ def _check_placement(self: Config) -> None:
         if pl.reference != "main":
             raise ValueError(f"trainer.tri_model keeps the reference in the actor's layout on pool main; "
                              f"placement.reference={pl.reference!r} puts it elsewhere")
-    if (pl.split or t.mode == "periodic") and not t.off_policy_steps:
+    if (pl.custom or t.mode == "periodic") and t.off_policy_steps:
+        raise ValueError("trainer.off_policy_steps runs its own loop with the rollout on a pool of its own; "
+                         "placement and trainer.mode=periodic apply to the on-policy dataflow: drop one")
+    if pl.custom or t.mode == "periodic":
         if self.algorithm.dynamic_sampling:
             raise ValueError("algorithm.dynamic_sampling resamples prompts inside a step, which the streaming "
-                             "dataflow (a split placement or trainer.mode=periodic) does not do yet: run it "
-                             "colocated (placement.rollout=main) or drop dynamic_sampling")
+                             "dataflow (a placement other than the default, or trainer.mode=periodic) does not do "
+                             "yet: keep every role on main (placement.*=main, placement.reward=driver) or drop "
+                             "dynamic_sampling")
         if NEEDS[self.algorithm.advantage].baseline:
             raise ValueError(f"algorithm.advantage={self.algorithm.advantage} generates a greedy baseline inside a "
-                             f"step, which the streaming dataflow (a split placement or trainer.mode=periodic) does "
-                             f"not do yet: run it colocated (placement.rollout=main)")
-    if self.trainer.offload and pl.split:
-        raise ValueError("trainer.offload makes room on a device the rollout shares with the trainer; with "
-                         f"placement.rollout={pl.rollout!r} it has its own: drop trainer.offload")
+                             f"step, which the streaming dataflow (a placement other than the default, or "
+                             f"trainer.mode=periodic) does not do yet: keep every role on main")
+    if self.trainer.offload and pl.custom:
+        raise ValueError("trainer.offload moves idle roles off the one pool they share (the colocated loop); "
+                         "with roles placed on pools of their own, drop trainer.offload")
     if not pl.pools or self.cluster.backend != "local":
         return  # one pool: as before; Ray places pools over its cluster and refuses what does not fit
     kind, have = available_devices(self)

@@ -58,8 +58,8 @@ _NOT_SAMPLES = frozenset({"named_weights", "update_weights", "receive_weights", 
 
 
 def uses_dataflow(cfg: Config) -> bool:
-    """Whether a GRPO run takes the streaming dataflow (a split placement or periodic mode)."""
-    return cfg.trainer.off_policy_steps == 0 and (cfg.placement.split or cfg.trainer.mode == "periodic")
+    """Whether a GRPO run takes the streaming dataflow (a role placed off the default, or periodic mode)."""
+    return cfg.trainer.off_policy_steps == 0 and (cfg.placement.custom or cfg.trainer.mode == "periodic")
 
 
 class Flow:

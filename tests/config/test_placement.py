@@ -1,0 +1,43 @@
+"""Placement per role and the step modes: what the config accepts and what it refuses, naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from relayrl.config.schema import Config
+from relayrl.workflows.dataflow import uses_dataflow
+
+SPLIT = {"placement": {"pools": {"gen": 1}, "rollout": "gen"}}
+
+
+def refused(data: dict, *words: str) -> None:
+    with pytest.raises(ValueError) as info:
+        Config.model_validate(data)
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
+
+
+def test_default_is_colocated_sync_and_split_or_periodic_take_the_dataflow():
+    assert not uses_dataflow(Config())
+    assert uses_dataflow(Config.model_validate(SPLIT))
+    assert uses_dataflow(Config.model_validate({**SPLIT, "trainer": {"mode": "periodic"}}))
+    assert uses_dataflow(Config.model_validate({"placement": {"reward": "main"}}))  # no silent ignore
+
+
+def test_refusals_name_the_key_and_the_fix():
+    refused({"trainer": {"mode": "periodic"}}, "trainer.mode=periodic", "placement.rollout=gen")
+    refused({"placement": {"pools": {"gen": 64}, "rollout": "gen"}}, "gen=64", "CPU core")
+    refused({"placement": {"rollout": "nowhere"}}, "placement.rollout='nowhere'", "placement.pools")
+    refused({"placement": {"pools": {"main": 1}}}, "'main' is the actor's pool")
+    refused({"trainer": {"tri_model": True}}, "trainer.tri_model", "kl_coef")
+    refused({"trainer": {"tri_model": True}, "algorithm": {"kl_coef": 0.1, "kl_in_reward": True}}, "kl_in_reward")
+    refused({**SPLIT, "algorithm": {"dynamic_sampling": True}}, "dynamic_sampling")
+    refused({**SPLIT, "algorithm": {"advantage": "remax"}}, "remax")
+    refused({**SPLIT, "trainer": {"offload": True}}, "trainer.offload")
+    refused({**SPLIT, "trainer": {"off_policy_steps": 1}}, "off_policy_steps")
+    refused({"workflow": "sft", **SPLIT}, "workflow grpo")
+
+
+def test_tri_model_with_kl_is_accepted():
+    cfg = Config.model_validate({"trainer": {"tri_model": True}, "algorithm": {"kl_coef": 0.05}})
+    assert cfg.trainer.tri_model and not uses_dataflow(cfg)
