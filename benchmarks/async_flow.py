@@ -77,6 +77,9 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+P_TAIL, MEAN_TAIL = 0.25, 24.0  # the teacher runs on after its answer in a quarter of rows, for ~24 tokens
+
+
 def tail_sft_data(path: Path, rows: int, seed: int, p_tail: float, mean_tail: float) -> None:
     """SFT rows of the demo's careless teacher (arith, forget_carry=0.7) where a share ``p_tail`` of the
     answers go on after the answer line with a scratch line of random digits, its length geometric with mean
@@ -108,7 +111,7 @@ def demo_models(seed: int) -> Path:
     from relayrl.workflows.sft import train_sft
 
     root = default_cache_dir() / f"async_flow-seed{seed}"
-    sft = root / "tail-sft" / "model"
+    sft = root / f"tail{P_TAIL}-sft" / "model"
     if (sft / "config.json").is_file():
         return sft
     base = root / "base" / "model"
@@ -117,8 +120,8 @@ def demo_models(seed: int) -> Path:
         print(f"async_flow: pretraining the demo's base model into {base.parent} ...", flush=True)
         train_sft(load_config(Config, REPO / "recipes" / "arith_base.yaml", [f"run.dir={base.parent}", *common]))
     root.mkdir(parents=True, exist_ok=True)
-    data = root / "tail_sft.jsonl"
-    tail_sft_data(data, 20000, seed, p_tail=0.25, mean_tail=24.0)
+    data = root / f"tail{P_TAIL}_sft.jsonl"
+    tail_sft_data(data, 20000, seed, p_tail=P_TAIL, mean_tail=MEAN_TAIL)
     print(f"async_flow: SFT on the long-tail teacher into {sft.parent} ...", flush=True)
     return train_sft(load_config(Config, REPO / "recipes" / "arith_sft.yaml", [
         f"run.dir={sft.parent}", *common, "data.task=null", f"data.path={data}", f"trainer.init_from={base}",
