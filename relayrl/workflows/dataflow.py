@@ -33,7 +33,6 @@ which re-enter generation within a step; the colocated synchronous default runs 
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -43,7 +42,7 @@ import torch
 
 from relayrl.algorithms import advantages as adv_lib
 from relayrl.cluster import ClusterConfig, ResourcePool, make_group
-from relayrl.config.schema import Config
+from relayrl.config.schema import Config, available_devices
 from relayrl.dock import Dock
 from relayrl.workflows.dataplane import (DockCriticWorker, DockPolicyWorker, DockReferenceWorker,
                                          ScoreWorker, StreamingRollout)
@@ -121,9 +120,9 @@ class DataflowGRPO(GRPOWorkflow):
 
     def __init__(self, cfg: Config) -> None:
         pl = cfg.placement
-        if cfg.model.device != "cuda" and not torch.cuda.is_available() and pl.pools:
+        kind, cores = available_devices(cfg)
+        if kind == "CPU core" and pl.pools:
             # a CPU device is a share of the cores: every rank gets cores / (devices of all pools) threads
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
             per = max(1, cores // (cfg.cluster.devices + sum(pl.pools.values())))
             if cfg.run.threads == 0:
                 cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"threads": per})})
