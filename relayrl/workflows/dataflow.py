@@ -126,9 +126,11 @@ class DataflowGRPO(GRPOWorkflow):
             per = max(1, cores // (cfg.cluster.devices + sum(pl.pools.values())))
             if cfg.run.threads == 0:
                 cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"threads": per})})
-        if pl.split and cfg.dock.backend == "local" and cfg.cluster.backend == "local":
+        if pl.split and cfg.dock.backend == "local":
             # the rollout runs in its own process and writes to the units itself: they must be reachable
-            cfg = cfg.model_copy(update={"dock": cfg.dock.model_copy(update={"backend": "process"})})
+            # (units in processes of their own on the local backend, Ray actors on Ray)
+            backend = "ray" if cfg.cluster.backend == "ray" else "process"
+            cfg = cfg.model_copy(update={"dock": cfg.dock.model_copy(update={"backend": backend})})
         self._pools: dict[str, ResourcePool] = {}
         super().__init__(cfg)
         a = cfg.algorithm
