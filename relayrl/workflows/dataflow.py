@@ -320,6 +320,9 @@ class DataflowGRPO(GRPOWorkflow):
         gate = self._device_gate(self.actor)
         if not self.periodic:
             for b in f.leases("update", cols, batch_rows=None, after=gate):
+                if self._nothing_to_train(len(b.indexes)):
+                    b.ack()
+                    continue
                 with self.phase("update", self.actor, step):
                     opt = dict(mini_batches=t.mini_batches, epochs=t.epochs, seed=self.cfg.run.seed + step, **kw)
                     if self.critic is not None:
@@ -334,17 +337,32 @@ class DataflowGRPO(GRPOWorkflow):
                 b.ack()
             return
         self.actor.all("begin_accumulation")
-        rows = self.sampling.n * t.stream_groups
+        rows, consumed = self.sampling.n * t.stream_groups, 0
         for b in f.leases("update", cols, batch_rows=rows, after=gate):
             with self.phase("update", self.actor, step):
                 self.actor.split("accumulate_from", self._items(f.part, b.indexes, cols, self.actor.world_size),
                                  self.loss, fields, drop_truncated=a.overlong_filter,
                                  with_entropy="grad" if a.entropy_coef > 0 else True, **kw)
+            consumed += len(b.indexes)
             b.ack()
-        if f.stop.is_set():
+        if f.stop.is_set() or self._nothing_to_train(consumed):  # (the next begin_accumulation discards it)
             return
         with self.phase("update", self.actor, step):
             self._step["update"].update(self.actor.all("finish_accumulation")[0])
+
+    def _nothing_to_train(self, rows: int) -> bool:
+        """DAPO's overlong filter dropped every row of the batch: no optimizer step this step (said in the
+        log, ``actor/skipped_update``), as the synchronous loop does."""
+        truncated = sum(sum(i["truncated"]) for i in self._step["infos"])
+        if self.cfg.algorithm.overlong_filter:
+            self._step["update"]["actor/overlong_filtered"] = float(truncated)
+        if not self.cfg.algorithm.overlong_filter or truncated < rows:
+            return False
+        self.s.tracker.write_text(f"step {self._cur}: algorithm.overlong_filter dropped all {rows} responses (every "
+                                  f"one was cut at rollout.max_new_tokens={self.sampling.max_new_tokens}; raise it); "
+                                  f"no update this step")
+        self._step["update"]["actor/skipped_update"] = 1.0
+        return True
 
     def _items(self, part: str, indexes: list[int], cols: list[str], ranks: int) -> list:
         """One ``(reader, slots)`` per rank: contiguous whole groups of ``indexes``."""

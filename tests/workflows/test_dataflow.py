@@ -113,3 +113,21 @@ def test_the_same_dataflow_runs_on_ray(tmp_path):
     assert (out / "config.json").is_file()
     last = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["step"] == 2 and last["dock/driver_bytes"] == 0 and last["actor/grad_norm"] > 0
+
+
+@pytest.mark.parametrize("mode", ["sync", "periodic"])
+def test_a_batch_the_overlong_filter_empties_is_skipped_not_crashed(tmp_path, mode):
+    """Every response is cut at max_new_tokens=2 and DAPO's overlong filter drops them all: the step says so
+    and takes no optimizer step (before, the periodic finish raised on an update with no rows)."""
+    cfg = config(tmp_path, f"trainer.mode={mode}", "rollout.max_new_tokens=2", "algorithm.overlong_filter=true",
+                 "trainer.init_from=null", "trainer.steps=1")
+    wf = DataflowGRPO(cfg)
+    try:
+        wf.begin()
+        before = {k: v.detach().clone() for k, v in wf.actor.one("named_weights")}
+        metrics = wf.step(1)
+        assert metrics["actor/skipped_update"] == 1.0 and metrics["actor/overlong_filtered"] == 16
+        for k, v in wf.actor.one("named_weights"):
+            assert torch.equal(v, before[k]), k
+    finally:
+        wf.shutdown()
