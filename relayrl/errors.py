@@ -55,3 +55,18 @@ def user_message(exc: BaseException) -> str:
         }.get(exc.errno or 0)
         return f"{where}: {exc.strerror or exc}" + (f"; {fix}" if fix else "")
     return str(exc)
+
+
+def exit_reason(code: int | None, *, running: str = "still running") -> str:
+    """How a child process ended, from its exit code (``running`` when it has none yet): ``"killed by signal
+    SIGKILL"``, ``"exited with code 3"``."""
+    import signal
+
+    if code is None:
+        return running
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"

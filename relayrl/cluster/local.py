@@ -22,7 +22,6 @@ import itertools
 import contextlib
 import os
 import pickle
-import signal
 import time
 import traceback
 from multiprocessing.connection import wait as mp_wait
@@ -32,6 +31,7 @@ from relayrl.cluster.config import ClusterConfig
 from relayrl.cluster.errors import WorkerError
 from relayrl.cluster.rank import SHUTDOWN, START_CALL, Replies, Reply, StartSpec, free_port, rank_process_main
 from relayrl.cluster.worker import RankInfo, construct_worker
+from relayrl.errors import exit_reason
 
 Payload = tuple[tuple, dict]
 
@@ -96,17 +96,6 @@ def _ensure_world_of_one(device: str, cfg: ClusterConfig) -> None:
                             timeout=timedelta(seconds=cfg.collective_timeout_s))
 
 
-def _exit_reason(code: int | None) -> str:
-    if code is None:
-        return "its pipe closed"
-    if code < 0:
-        try:
-            return f"it was killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"it was killed by signal {-code}"
-    return f"it exited with code {code}"
-
-
 class ProcessRanks:
     """N ranks as spawned processes on this machine."""
 
@@ -169,7 +158,7 @@ class ProcessRanks:
     def _raise_dead(self, r: int, method: str) -> None:
         proc = self.procs[r]
         proc.join(timeout=1.0)
-        reason = f"rank process (pid {proc.pid}) died: {_exit_reason(proc.exitcode)}"
+        reason = f"rank process (pid {proc.pid}) died: {exit_reason(proc.exitcode, running='its pipe closed')}"
         self.broken = f"rank {r} died in {method!r}"
         raise WorkerError(self.group, r, method, reason)
 

@@ -55,6 +55,8 @@ import time
 from multiprocessing.connection import Connection, Listener, answer_challenge, deliver_challenge
 from typing import Any, Sequence
 
+from relayrl.errors import exit_reason
+
 from .config import DockError, UnitLostError
 from .units import PackedUnit
 
@@ -168,7 +170,7 @@ def start_units(n: int, timeout_s: float) -> tuple[str, bytes, list[str], list[s
                     p.wait(timeout=1.0)
                 except subprocess.TimeoutExpired:
                     pass
-                why = f"it exited ({exit_reason(p.returncode)})" if p.returncode is not None else f"not within {timeout_s:g} s"
+                why = f"it {exit_reason(p.returncode)}" if p.returncode is not None else f"not within {timeout_s:g} s"
                 raise DockError(f"storage unit {k} (pid {p.pid}) did not start: {why}")
     except BaseException:
         stop_units(os.getpid(), procs, root)
@@ -191,17 +193,6 @@ def stop_units(owner_pid: int, procs: Sequence[subprocess.Popen], root: str) -> 
             p.kill()
             p.wait(timeout=2.0)
     shutil.rmtree(root, ignore_errors=True)
-
-
-def exit_reason(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 # --- clients (any process) -------------------------------------------------------------------
