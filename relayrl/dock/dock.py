@@ -45,6 +45,7 @@ order, so a put of whole groups keeps each group's indexes consecutive.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any, Mapping, Sequence
 
@@ -479,10 +480,8 @@ class Dock:
         """
         try:
             for name in self.partitions():
-                try:
+                with contextlib.suppress(DockError):  # a unit already reported dead: stop the rest anyway
                     self.close_partition(name)
-                except DockError:
-                    pass
         finally:
             self._plane.shutdown()
 

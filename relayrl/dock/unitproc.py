@@ -39,6 +39,7 @@ Ray is the other backend, not something to start for one machine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -166,10 +167,8 @@ def start_units(n: int, timeout_s: float) -> tuple[str, bytes, list[str], list[s
             line = p.stdout.readline() if ready else b""
             p.stdout.close()
             if not line.strip():
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     p.wait(timeout=1.0)
-                except subprocess.TimeoutExpired:
-                    pass
                 why = f"it {exit_reason(p.returncode)}" if p.returncode is not None else f"not within {timeout_s:g} s"
                 raise DockError(f"storage unit {k} (pid {p.pid}) did not start: {why}")
     except BaseException:
@@ -285,10 +284,8 @@ class UnitClient:
         who = f"storage unit {self.unit} (pid {self.pid})"
         timed_out = isinstance(e, (BlockingIOError, TimeoutError))
         if self._proc is not None:
-            try:  # a unit that closed its socket is exiting: give it a moment to be reaped
-                self._proc.wait(timeout=0.0 if timed_out else 1.0)
-            except subprocess.TimeoutExpired:
-                pass
+            with contextlib.suppress(subprocess.TimeoutExpired):  # a unit that closed its socket is exiting:
+                self._proc.wait(timeout=0.0 if timed_out else 1.0)  # give it a moment to be reaped
             if self._proc.returncode is not None:
                 return UnitLostError(f"{who} died ({exit_reason(self._proc.returncode)}); its rows are lost [{op}: {e!r}]")
         if _gone(self.pid):
