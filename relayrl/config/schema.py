@@ -336,7 +336,7 @@ class Config(_Section):
             what = "data.prompts_per_step x rollout.n" if self.workflow == "grpo" else "trainer.batch_size"
             raise ValueError(f"{what} = {rows} rows over {ranks} data-parallel rank(s) leaves {rows // ranks} per "
                              f"rank, fewer than trainer.mini_batches={self.trainer.mini_batches}")
-        self._check_placement()
+        _check_placement(self)
         if self.reward.verifier == "task" and self.data.task is None:
             raise ValueError("reward.verifier=task needs a built-in data.task; for data.path use "
                              "reward.verifier=math, exact or user")
@@ -402,5 +402,3 @@ def _check_placement(self: Config) -> None:
         raise ValueError(f"placement needs {need} {kind}s ({sizes}) but this machine has {have}: shrink "
                          f"placement.pools or cluster.devices")
 
-
-Config._check_placement = _check_placement  # type: ignore[attr-defined]

@@ -65,21 +65,21 @@ class Flow:
     """The stage threads of one step: each runs ``fn(flow)``; the first error stops them all and is raised
     by :meth:`run`. ``leases`` are metadata-only dock batches of ready rows."""
 
-    def __init__(self, dock: Dock, part: str) -> None:
-        self.dock, self.part = dock, part
+    def __init__(self, dock: Dock, part: str, step: int) -> None:
+        self.dock, self.part, self.step = dock, part, step
         self.stop = threading.Event()
         self.generated = threading.Event()  # the rollout has written every group
         self.errors: list[BaseException] = []
 
-    def leases(self, stage: str, columns: list[str], *, batch_rows: int | None, whole_groups: bool = True,
+    def leases(self, stage: str, columns: list[str], *, batch_rows: int | None,
                after: threading.Event | None = None):
-        """Batches of ready rows for ``stage`` (indexes only, leased): ``batch_rows`` at most per batch as soon
-        as one group is ready (``None``: the whole partition at once); the caller acks each. ``after``: wait
+        """Batches of whole ready groups for ``stage`` (indexes only, leased): ``batch_rows`` at most per batch
+        as soon as one group is ready (``None``: the whole partition at once); the caller acks each. ``after``: wait
         for this event first."""
         while after is not None and not after.wait(0.2):
             if self.stop.is_set():
                 return
-        self.dock.register_stage(stage, columns, whole_groups=whole_groups, token_columns=())
+        self.dock.register_stage(stage, columns, whole_groups=True, token_columns=())
         total = self.dock.progress(self.part, stage)["rows"]
         eager = batch_rows is not None
         size = batch_rows if eager else total
@@ -94,14 +94,14 @@ class Flow:
             yield b
 
     def run(self, stages: dict[str, Callable[["Flow"], None]]) -> None:
-        def body(name: str, fn) -> None:
+        def body(fn) -> None:
             try:
                 fn(self)
             except BaseException as e:  # noqa: BLE001 - re-raised by run()
                 self.errors.append(e)
                 self.stop.set()
 
-        threads = [threading.Thread(target=body, args=(n, f), name=f"stage-{n}", daemon=True)
+        threads = [threading.Thread(target=body, args=(f,), name=f"stage-{n}", daemon=True)
                    for n, f in stages.items()]
         for t in threads:
             t.start()
@@ -178,7 +178,7 @@ class DataflowGRPO(GRPOWorkflow):
         """One step of seed 003's Algorithm 1 over the dock; returns its metrics."""
         t0 = time.perf_counter()
         s, P, n = self.s, self.cfg.data.prompts_per_step, self.sampling.n
-        self._phase_metrics, self._kl_metrics = {}, {}
+        self._phase_metrics = {}
         for g in self._groups():
             g.reset_bytes()
         problems = s.prompts.take(P)
@@ -186,8 +186,7 @@ class DataflowGRPO(GRPOWorkflow):
         self.dock.open_partition(part, rows=P * n, group_size=n)
         self._step = {"problems": problems, "infos": [], "scores": [], "rewards": [], "metrics": {},
                       "update": {}, "kl": {}}
-        self._flow = flow = Flow(self.dock, part)
-        self._step_no = step
+        flow = Flow(self.dock, part, step)
         stages = {"sample": self.sample, "score": self.score, "advantages": self.advantages_stage,
                   "update": self.update_stage}
         if self.ref is not None:
@@ -200,26 +199,27 @@ class DataflowGRPO(GRPOWorkflow):
             flow.run(stages)
         finally:
             self.dock.close_partition(part)
-        metrics = self._metrics(step)
+        metrics = self._metrics()
         with s.span("relay", "rollout", step):
             metrics.update(relay_weights(self.actor, self.rollout, version=step, relay=self.relay))
         metrics["dock/driver_bytes"] = float(sum(b for g in self._groups() for m, b in g.bytes_by_method.items()
                                                  if m not in _NOT_SAMPLES))
-        return self.perf_rows(metrics, t0, step)
+        tokens = sum(i["prompt_len"] * len(i["lengths"]) + sum(i["lengths"]) for i in self._step["infos"])
+        return self.perf(metrics, t0, tokens, step)
 
     def _groups(self):
         return [g for g in (self.actor, self.rollout, self.ref, self.critic, getattr(self, "scorer", None))
                 if g is not None]
 
-    def _device_gate(self, group) -> threading.Event | None:
+    def _device_gate(self, group, f: Flow) -> threading.Event | None:
         """Stages on the rollout's pool wait for generation to end (the device is time-shared)."""
-        return self._flow.generated if group.pool is self.rollout.pool else None
+        return f.generated if group.pool is self.rollout.pool else None
 
     # ---------------------------------------------------------------- stages
     def sample(self, f: Flow) -> None:
         """The rollout ranks generate; each finished group is written to the dock by its rank and published
         here (receipts only)."""
-        s, step, n = self.s, self._cur, self.sampling.n
+        s, step, n = self.s, f.step, self.sampling.n
         problems = self._step["problems"]
         slots = [self.dock.reserve(f.part, n) for _ in problems]
         prompts = [s.encode(p) for p in problems]
@@ -246,7 +246,7 @@ class DataflowGRPO(GRPOWorkflow):
         problems, lock = self._step["problems"], threading.Lock()
 
         def one(b) -> None:
-            with self.s.span("reward", "reward", self._cur):
+            with self.s.span("reward", "reward", f.step):
                 receipt, scores, rewards, metrics = self._score(
                     "score_into", self.dock.reader(f.part, b.indexes, ["response_ids", "group"]),
                     self.dock.slots(f.part, b.indexes), problems)
@@ -273,10 +273,10 @@ class DataflowGRPO(GRPOWorkflow):
     def _pass(self, f: Flow, stage: str, group, span: str, method: str, *args) -> None:
         """A forward-only stage: each ready batch of groups -> ``method`` on every rank -> receipts published."""
         cols = ["prompt_ids", "response_ids", "group"]
-        gate = self._device_gate(group)
+        gate = self._device_gate(group, f)
         rows = None if gate is not None else self.sampling.n * self.cfg.trainer.stream_groups
         for b in f.leases(stage, cols, batch_rows=rows, after=gate):
-            with self.phase(span, group, self._cur):
+            with self.phase(span, group, f.step):
                 receipts = group.split(method, self._items(f.part, b.indexes, cols, group.world_size), *args)
             for r in receipts:
                 self.dock.publish(r)
@@ -298,29 +298,25 @@ class DataflowGRPO(GRPOWorkflow):
             + (["values"] if self.needs.values else [])
         rows = self.sampling.n * self.cfg.trainer.stream_groups if self.needs.group_relative else None
         for b in f.leases("advantages", cols, batch_rows=rows):
-            with self.s.span("advantage", "driver", self._cur):
+            with self.s.span("advantage", "driver", f.step):
                 receipt, kl = self._score("advantages_into", self.dock.reader(f.part, b.indexes, cols),
                                           self.dock.slots(f.part, b.indexes))
             self.dock.publish(receipt)
             self._step["kl"].update(kl)
             b.ack()
 
-    def _fields(self) -> list[str]:
-        return ["advantages", "gen_logprobs"] + (["ref_logprobs"] if self.ref is not None else []) \
-            + (["old_logprobs"] if self.recompute_old else [])
-
     def update_stage(self, f: Flow) -> None:
         """sync: the update on the whole batch; periodic: accumulate each arriving group, step at the end."""
-        a, t, step = self.cfg.algorithm, self.cfg.trainer, self._cur
-        fields = self._fields()
+        a, t, step = self.cfg.algorithm, self.cfg.trainer, f.step
+        fields = self.update_fields()
         critic_fields = ["values", "returns"] if self.critic is not None else []
         cols = ["prompt_ids", "response_ids", "group", "truncated", *fields, *critic_fields]
         kw = dict(temperature=self.temperature)
         actor_on = step > self.cfg.critic.warmup_steps or self.critic is None
-        gate = self._device_gate(self.actor)
+        gate = self._device_gate(self.actor, f)
         if not self.periodic:
             for b in f.leases("update", cols, batch_rows=None, after=gate):
-                if self._nothing_to_train(len(b.indexes)):
+                if self._nothing_to_train(len(b.indexes), step):
                     b.ack()
                     continue
                 with self.phase("update", self.actor, step):
@@ -345,12 +341,12 @@ class DataflowGRPO(GRPOWorkflow):
                                  with_entropy="grad" if a.entropy_coef > 0 else True, **kw)
             consumed += len(b.indexes)
             b.ack()
-        if f.stop.is_set() or self._nothing_to_train(consumed):  # (the next begin_accumulation discards it)
+        if f.stop.is_set() or self._nothing_to_train(consumed, step):  # (the next begin_accumulation discards it)
             return
         with self.phase("update", self.actor, step):
             self._step["update"].update(self.actor.all("finish_accumulation")[0])
 
-    def _nothing_to_train(self, rows: int) -> bool:
+    def _nothing_to_train(self, rows: int, step: int) -> bool:
         """DAPO's overlong filter dropped every row of the batch: no optimizer step this step (said in the
         log, ``actor/skipped_update``), as the synchronous loop does."""
         truncated = sum(sum(i["truncated"]) for i in self._step["infos"])
@@ -358,7 +354,7 @@ class DataflowGRPO(GRPOWorkflow):
             self._step["update"]["actor/overlong_filtered"] = float(truncated)
         if not self.cfg.algorithm.overlong_filter or truncated < rows:
             return False
-        self.s.tracker.write_text(f"step {self._cur}: algorithm.overlong_filter dropped all {rows} responses (every "
+        self.s.tracker.write_text(f"step {step}: algorithm.overlong_filter dropped all {rows} responses (every "
                                   f"one was cut at rollout.max_new_tokens={self.sampling.max_new_tokens}; raise it); "
                                   f"no update this step")
         self._step["update"]["actor/skipped_update"] = 1.0
@@ -373,7 +369,7 @@ class DataflowGRPO(GRPOWorkflow):
                 for idx in per]
 
     # --------------------------------------------------------------- metrics
-    def _metrics(self, step: int) -> dict[str, float]:
+    def _metrics(self) -> dict[str, float]:
         st = self._step
         infos = st["infos"]
         lengths = torch.tensor([L for i in infos for L in i["lengths"]], dtype=torch.float32)
@@ -383,25 +379,9 @@ class DataflowGRPO(GRPOWorkflow):
                                for k, vs in st["metrics"].items()}
         m.update(sample_metrics(scores, rewards, lengths, truncated))
         m.update(st["update"])
-        m.update(st["kl"])
-        if self.tri_model:
-            m["trimodel/separate_passes_saved"] = m.get("actor/ref_forward_passes", 0.0)
-        if "actor/ref_kl_k1" in m:
-            m["actor/kl"] = m["actor/ref_kl_k1"]
+        self.kl_metrics(m, st["kl"])
         m.update(self._phase_metrics)
         return m
-
-    def perf_rows(self, metrics: dict[str, float], t0: float, step: int) -> dict[str, float]:
-        dt = time.perf_counter() - t0
-        tokens = sum(i["prompt_len"] * len(i["lengths"]) + sum(i["lengths"]) for i in self._step["infos"])
-        devices = sum(p.world_size for p in {id(g.pool): g.pool for g in (self.actor, self.rollout)}.values())
-        metrics.update({"perf/step_time_s": dt, "perf/tokens": tokens,
-                        "perf/tokens_per_s_per_device": tokens / (dt * devices), "weights/version": step})
-        return metrics
-
-    @property
-    def _cur(self) -> int:
-        return self._step_no
 
     def shutdown(self) -> None:
         super().shutdown()

@@ -217,12 +217,12 @@ class GRPOWorkflow:
         metrics = self.learn(step, *rolled)
         if "dapo/skipped_step" in metrics:
             self._wake(self.rollout)
-            return self.perf({**metrics, **self._phase_metrics}, t0, rolled[0], rolled[1], None)
+            return self.perf({**metrics, **self._phase_metrics}, t0, self.sample_tokens(*rolled[:2]), None)
         self._wake(self.rollout, restore=False)  # its old weights are overwritten next
         with self.s.span("relay", "rollout", step):
             metrics.update(relay_weights(self.actor, self.rollout, version=step, relay=self.relay))
         self._idle(self.actor, self.critic)
-        return self.perf({**metrics, **self._phase_metrics}, t0, rolled[0], rolled[1], step)
+        return self.perf({**metrics, **self._phase_metrics}, t0, self.sample_tokens(*rolled[:2]), step)
 
     def learn(self, step: int, problems: list, comps: list[Completion], rewards: torch.Tensor,
               metrics: dict[str, float], baselines: torch.Tensor | None = None) -> dict[str, float]:
@@ -269,11 +269,13 @@ class GRPOWorkflow:
         self.dock.close_partition(part)
         return metrics
 
-    def perf(self, metrics: dict[str, float], t0: float, problems: list, comps: list[Completion],
-             version: int | None) -> dict[str, float]:
-        """Step time and throughput (generated + prompt tokens per device per second)."""
+    def sample_tokens(self, problems: list, comps: list[Completion]) -> int:
+        """Prompt + generated tokens of a step's samples (what ``perf/tokens`` counts)."""
+        return sum(len(self.s.encode(problems[c.prompt_index])) + len(c.token_ids) for c in comps)
+
+    def perf(self, metrics: dict[str, float], t0: float, tokens: int, version: int | None) -> dict[str, float]:
+        """Step time and throughput (``tokens``: generated + prompt tokens, per device per second)."""
         dt = time.perf_counter() - t0
-        tokens = sum(len(self.s.encode(problems[c.prompt_index])) + len(c.token_ids) for c in comps)
         devices = sum(p.world_size for p in {id(g.pool): g.pool for g in (self.actor, self.rollout)}.values())
         metrics.update({
             "perf/step_time_s": dt,
@@ -376,8 +378,7 @@ class GRPOWorkflow:
     def update(self, part: str, step: int, comps: list[Completion]) -> dict[str, float]:
         """Stream the finished rows from the dock into the critic's (PPO) and the actor's update."""
         a, t = self.cfg.algorithm, self.cfg.trainer
-        fields = ["advantages", "gen_logprobs"] + (["ref_logprobs"] if self.ref is not None else []) \
-            + (["old_logprobs"] if self.recompute_old else [])
+        fields = self.update_fields()
         critic_fields = ["values", "returns"] if self.critic is not None else []
         metrics: dict[str, float] = {}
         for b in self.dock.stream(part, stage="update", columns=["prompt_ids", "response_ids", *fields, *critic_fields],
@@ -404,7 +405,16 @@ class GRPOWorkflow:
                 metrics.update(self.actor.split("update", batch, self.loss, **kw,
                                                 with_entropy="grad" if a.entropy_coef > 0 else True)[0])
             b.ack()
-        metrics.update(self._kl_metrics)
+        return self.kl_metrics(metrics, self._kl_metrics)
+
+    def update_fields(self) -> list[str]:
+        """The per-token columns the actor's loss reads (besides the prompt and response ids)."""
+        return ["advantages", "gen_logprobs"] + (["ref_logprobs"] if self.ref is not None else []) \
+            + (["old_logprobs"] if self.recompute_old else [])
+
+    def kl_metrics(self, metrics: dict[str, float], in_reward: dict[str, float]) -> dict[str, float]:
+        """``metrics`` with the step's KL-in-reward metrics, ``actor/kl`` and the tri-model's saved passes."""
+        metrics.update(in_reward)
         if self.tri_model:  # each in-place reference pass replaces one a reference group would run separately
             metrics["trimodel/separate_passes_saved"] = metrics.get("actor/ref_forward_passes", 0.0)
         if "actor/ref_kl_k1" in metrics:

@@ -222,7 +222,7 @@ class OffPolicyGRPO(GRPOWorkflow):
         metrics.update(self._phase_metrics)
         with s.span("stage_weights", "actor", step):  # (unchanged weights after a skipped step)
             self._ahead.stage(step, _host_copy(collective(self.actor, "named_weights")))
-        metrics = self.perf(metrics, t0, rolled.problems, rolled.comps, step)
+        metrics = self.perf(metrics, t0, self.sample_tokens(rolled.problems, rolled.comps), step)
         metrics.update({"async/staleness": float(step - 1 - gen_version), "async/wait_rollout_s": waited,
                         "async/rollout_version": float(gen_version), **self._relayed.pop(gen_version, {})})
         return metrics

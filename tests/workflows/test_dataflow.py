@@ -84,7 +84,7 @@ def test_a_run_killed_mid_period_resumes_from_its_checkpoint(tmp_path, monkeypat
     real = DataflowGRPO.update_stage
 
     def dies_at_step_3(self, f):
-        if self._cur == 3:
+        if f.step == 3:
             raise RuntimeError("killed mid-period")
         return real(self, f)
 
