@@ -61,6 +61,17 @@ def uses_dataflow(cfg: Config) -> bool:
     return cfg.trainer.off_policy_steps == 0 and (cfg.placement.custom or cfg.trainer.mode == "periodic")
 
 
+def placed_config(cfg: Config) -> Config:
+    """``cfg`` with ``run.threads`` set to every rank's share of the cores when the run is on a CPU and
+    declares pools (a CPU device is a share of the cores: cores / devices of all pools); unchanged when the
+    run uses GPUs, or when ``run.threads`` is set."""
+    kind, cores = available_devices(cfg)
+    if kind != "CPU core" or not cfg.placement.pools or cfg.run.threads:
+        return cfg
+    per = max(1, cores // (cfg.cluster.devices + sum(cfg.placement.pools.values())))
+    return cfg.model_copy(update={"run": cfg.run.model_copy(update={"threads": per})})
+
+
 class Flow:
     """The stage threads of one step: each runs ``fn(flow)``; the first error stops them all and is raised
     by :meth:`run`. ``leases`` are metadata-only dock batches of ready rows."""
@@ -120,12 +131,7 @@ class DataflowGRPO(GRPOWorkflow):
 
     def __init__(self, cfg: Config) -> None:
         pl = cfg.placement
-        kind, cores = available_devices(cfg)
-        if kind == "CPU core" and pl.pools:
-            # a CPU device is a share of the cores: every rank gets cores / (devices of all pools) threads
-            per = max(1, cores // (cfg.cluster.devices + sum(pl.pools.values())))
-            if cfg.run.threads == 0:
-                cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"threads": per})})
+        cfg = placed_config(cfg)
         if pl.split and cfg.dock.backend == "local":
             # the rollout runs in its own process and writes to the units itself: they must be reachable
             # (units in processes of their own on the local backend, Ray actors on Ray)

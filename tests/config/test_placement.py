@@ -41,3 +41,23 @@ def test_refusals_name_the_key_and_the_fix():
 def test_tri_model_with_kl_is_accepted():
     cfg = Config.model_validate({"trainer": {"tri_model": True}, "algorithm": {"kl_coef": 0.05}})
     assert cfg.trainer.tri_model and not uses_dataflow(cfg)
+
+
+def test_cpu_ranks_share_the_cores_even_where_a_gpu_exists(monkeypatch):
+    """A CPU run on a GPU machine got no thread share (the check asked whether CUDA exists, not which device
+    the run uses): 8 ranks x 4 threads on 16 cores. Now every rank gets cores / devices."""
+    import os
+
+    import torch
+
+    from relayrl.workflows.dataflow import placed_config
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    cpu = Config.model_validate({"model": {"device": "cpu"}, "cluster": {"devices": 4},
+                                 "placement": {"pools": {"gen": 4}, "rollout": "gen"}})
+    assert placed_config(cpu).run.threads == 2
+    assert placed_config(cpu.model_copy(update={"run": cpu.run.model_copy(update={"threads": 3})})).run.threads == 3
+    gpu = Config.model_validate({"model": {"device": "auto"}})  # one pool, GPUs: unchanged
+    assert placed_config(gpu).run.threads == 0

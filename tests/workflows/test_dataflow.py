@@ -131,3 +131,23 @@ def test_a_batch_the_overlong_filter_empties_is_skipped_not_crashed(tmp_path, mo
             assert torch.equal(v, before[k]), k
     finally:
         wf.shutdown()
+
+
+def test_stages_start_on_finished_groups_while_later_ones_generate(tmp_path):
+    """Streaming: with response lengths that differ (a stop string cuts random-model answers anywhere), the
+    periodic trainer updates on early groups while the rollout still generates the rest; the synchronous
+    split step scores early groups as they land, but its update waits for the whole batch."""
+    import json
+
+    def spans(mode: str) -> list[dict]:
+        run = tmp_path / mode
+        DataflowGRPO(config(run, f"trainer.mode={mode}", "trainer.init_from=null", "rollout.max_new_tokens=300",
+                            "rollout.stop_strings=[\"7\"]", "data.prompts_per_step=8", "trainer.steps=1")).run()
+        return [json.loads(x) for x in (run / "spans.jsonl").read_text().splitlines() if x.strip()]
+
+    for mode, updates_during_generation in (("periodic", True), ("sync", False)):
+        s = [x for x in spans(mode) if x.get("step") == 1]
+        gen_end = next(x["end"] for x in s if x["name"] == "generate")
+        early = [x for x in s if x["start"] < gen_end]
+        assert any(x["name"] == "reward" for x in early), mode
+        assert any(x["name"] == "update" for x in early) == updates_during_generation, mode
