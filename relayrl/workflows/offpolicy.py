@@ -13,7 +13,8 @@ dock, and samples pass only through it::
           partial: newer staged weights are applied      close partition t
           between two decode steps, in-flight rows
           prefilled again
-        [give the engine back when generation ends]
+        [give the engine back when generation ends;
+         the next batch starts while its last rewards land]
 
 Partition ``t`` is trained by weights ``v_{t-1}``. Each of its tokens was sampled by some ``v_g`` with
 ``g >= t-1-k`` (the batch started at a version >= t-1-k and versions only grow), so every token's staleness
@@ -45,6 +46,7 @@ partition it was consuming never reaches the optimizer step (the accumulated gra
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -224,16 +226,27 @@ class OffPolicyGRPO(DataflowGRPO):
                     with a.cond:
                         a.flows[j], a.producing = f, f
                         a.cond.notify_all()
-                    try:
-                        f.run(self.produce_stages())
-                    finally:
-                        f.produced.set()
+                    # the next batch starts when this one's generation ends; its last rewards land meanwhile
+                    threading.Thread(target=self._produce, args=(f,), name=f"produce-{j}", daemon=True).start()
+                    while not f.generated.wait(0.2):
+                        if f.stop.is_set():
+                            raise f.errors[0] if f.errors else RuntimeError(f"batch {j} was stopped")
+                    if f.errors:
+                        raise f.errors[0]
                 finally:
                     turn.release()
         except BaseException as e:  # noqa: BLE001 - raised in the trainer's thread
             with a.cond:
                 a.error = e
                 a.cond.notify_all()
+
+    def _produce(self, f: Flow) -> None:
+        """A partition's producing stages, on a thread of their own. An error stops the flow and stays in
+        ``f.errors``: the rollout loop raises it if generation had not ended, the trainer's run of the
+        partition's consuming stages raises it otherwise."""
+        with contextlib.suppress(BaseException):
+            f.run(self.produce_stages())
+        f.produced.set()
 
     def sample(self, f: Flow) -> None:
         """The dataflow's sample stage; the rollout engine is given back as soon as generation ends."""

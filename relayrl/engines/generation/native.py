@@ -276,6 +276,9 @@ class NativeGenerationEngine:
                 continue
             B = max(rows) + 1
             step_tok = torch.zeros(B, dtype=torch.long, device=self.device)
+            live = [j for j, slot in enumerate(busy) if slot in rows]  # (a slot that just finished may lie past B)
+            if len(live) < len(busy):
+                idx, tok = idx[live], tok[live]
             step_tok[idx] = tok
             step_logits = st.step(step_tok, pos[:B].to(self.device), B)
             logits[:B] = step_logits
