@@ -225,3 +225,25 @@ def test_a_killed_off_policy_run_resumes_from_its_checkpoint(tmp_path, monkeypat
     steps = [r["step"] for r in records(tmp_path)]
     assert steps.count(3) == 1 and steps[-1] == 4
     assert saved["data"] != {} and "rollout_rng" in saved
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_a_rollout_thread_that_fails_surfaces_in_the_trainer(tmp_path, monkeypatch):
+    """The driver's rollout thread raises while opening batch 3: the trainer's step 3 raises that error (it does
+    not wait for a batch that will never come), and no step 3 is logged."""
+    from relayrl.workflows.offpolicy import OffPolicyGRPO
+
+    real = OffPolicyGRPO.open_step
+
+    def breaks_at_3(self, step):
+        if step == 3:
+            raise ValueError("the rollout thread broke at batch 3")
+        return real(self, step)
+
+    monkeypatch.setattr(OffPolicyGRPO, "open_step", breaks_at_3)
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="broke at batch 3"):
+        OffPolicyGRPO(config(tmp_path, "trainer.off_policy_steps=1")).run()
+    assert time.monotonic() - t0 < 120
+    assert [r["step"] for r in records(tmp_path)] == [0, 1, 2]
