@@ -247,3 +247,18 @@ def test_a_rollout_thread_that_fails_surfaces_in_the_trainer(tmp_path, monkeypat
         OffPolicyGRPO(config(tmp_path, "trainer.off_policy_steps=1")).run()
     assert time.monotonic() - t0 < 120
     assert [r["step"] for r in records(tmp_path)] == [0, 1, 2]
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_off_policy_with_partial_rollout_runs_on_ray(tmp_path):
+    """The same driver on Ray: the rollout a Ray actor that takes staged weights mid-stream, the dock's units
+    Ray actors; no sample crosses the driver and the bound holds."""
+    from relayrl.workflows.offpolicy import OffPolicyGRPO
+
+    out = OffPolicyGRPO(config(tmp_path, "trainer.off_policy_steps=1", "rollout.partial=true",
+                               "cluster.backend=ray", "trainer.steps=3")).run()
+    assert (out / "config.json").is_file()
+    recs = [r for r in records(tmp_path) if r["step"] > 0]
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    assert all(r["dock/driver_bytes"] == 0 and r["async/staleness_max"] <= 1 for r in recs)
