@@ -24,10 +24,11 @@ from __future__ import annotations
 import queue
 import threading
 from collections import Counter
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 
+from relayrl.algorithms.dapo import dynamic_sampling_filter
 from relayrl.cluster import Worker
 from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.engines.training.base import SequenceBatch
@@ -35,7 +36,7 @@ from relayrl.workflows.estimate import advantage_rows
 from relayrl.workflows.workers import CriticWorker, PolicyWorker, ReferenceWorker, RolloutWorker
 
 __all__ = ["StreamingRollout", "DockPolicyWorker", "DockReferenceWorker", "DockCriticWorker",
-           "ScoreWorker", "rows_batch"]
+           "ScoreWorker", "Scored", "rows_batch"]
 
 _DONE = object()
 
@@ -250,6 +251,23 @@ class DockCriticWorker(_DockRows, CriticWorker):
         return [self.update(batch, loss_fn, **kwargs)]
 
 
+class Scored(NamedTuple):
+    """What :meth:`ScoreWorker.score_into` returns for a batch of rows (scalars and a receipt only)."""
+
+    receipt: Any
+    """The write receipt of the ``rewards`` of the kept rows (None when every group was dropped)."""
+    scores: list[float]
+    """The verifier's score of each row."""
+    rewards: list[float]
+    """Each row's reward after the run's shaping."""
+    metrics: dict[str, float]
+    """The reward engine's metrics for the call."""
+    kept: list[bool]
+    """False for the rows of groups dynamic sampling dropped."""
+    groups: list[int]
+    """Each row's prompt group."""
+
+
 class ScoreWorker(Worker):
     """The reward and advantage stages, in the driver's process: reads responses from the dock, scores them
     with the run's reward engine (rule verifiers, user functions) and writes rewards; computes advantages of
@@ -258,16 +276,27 @@ class ScoreWorker(Worker):
     def __init__(self, reward, tokenizer, algorithm, shape) -> None:
         self.reward, self.tokenizer, self.algorithm, self.shape = reward, tokenizer, algorithm, shape
 
-    def score_into(self, reader, slots, problems: Sequence) -> tuple[Any, list[float], list[float], dict]:
-        """Score the rows (``problems[group]`` holds each row's prompt and answer); writes ``rewards`` (after
-        the run's shaping) and returns ``(receipt, scores, rewards, reward metrics)`` (scalars only)."""
+    def score_into(self, reader, slots, problems: Sequence, dynamic_sampling: bool = False) -> "Scored":
+        """Score the rows (whole prompt groups; ``problems[group]`` holds each row's prompt and answer) and
+        write ``rewards`` (after the run's shaping). ``dynamic_sampling``: a group whose scores are all equal
+        is dropped (DAPO): its rows get no rewards and ``kept`` is False for them."""
         cols = reader.read()
         texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in cols["response_ids"]]
-        probs = [problems[int(g)] for g in cols["group"]]
+        groups = [int(g) for g in cols["group"]]
+        probs = [problems[g] for g in groups]
         scores, metrics = self.reward.score([p.prompt for p in probs], texts, [p.answer for p in probs])
         lengths = torch.tensor([len(r) for r in cols["response_ids"]], dtype=torch.float32)
         rewards = self.shape(torch.tensor(scores, dtype=torch.float32), lengths)
-        return slots.write({"rewards": rewards.tolist()}), list(scores), rewards.tolist(), metrics
+        kept = [True] * len(groups)
+        if dynamic_sampling:
+            mask, _ = dynamic_sampling_filter(torch.tensor(scores, dtype=torch.float32), torch.tensor(groups))
+            kept = [bool(k) for k in mask.tolist()]
+        keep = [i for i, k in enumerate(kept) if k]
+        receipt = None
+        if keep:
+            out = slots if len(keep) == len(kept) else slots.select(keep)
+            receipt = out.write({"rewards": [float(rewards[i]) for i in keep]})
+        return Scored(receipt, list(scores), rewards.tolist(), metrics, kept, groups)
 
     def advantages_into(self, reader, slots) -> tuple[Any, dict[str, float]]:
         """Advantages of the rows (whole groups, or the whole batch for batch-whitened estimators)."""

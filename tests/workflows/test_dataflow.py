@@ -40,11 +40,16 @@ def one_step(cfg: Config):
     return metrics, weights
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
-def test_periodic_step_is_the_sync_step(tmp_path, agg):
+@pytest.mark.parametrize("agg,dynamic", [("token-mean", False), ("seq-mean-token-mean", False), ("token-mean", True)])
+def test_periodic_step_is_the_sync_step(tmp_path, agg, dynamic):
     """Same seed, same samples: the periodic step (accumulate per arriving group, one optimizer step) leaves
-    the same weights as the synchronous one (the whole batch at once), and no sample crosses the driver."""
+    the same weights as the synchronous one (the whole batch at once), and no sample crosses the driver.
+    ``dynamic``: DAPO's dynamic sampling drops the uniform groups and resamples prompts in later rounds; the
+    dropped rows are retired from the dock and the step trains on the kept groups only."""
     over = [f"algorithm.loss_agg={agg}", "trainer.stream_groups=1", "engine.token_budget=64"]
+    if dynamic:
+        over += ["algorithm.dynamic_sampling=true", "reward.user_fn=dataflow_rewards:half_uniform",
+                 "algorithm.max_resample_rounds=4"]
     m_sync, w_sync = one_step(config(tmp_path / "sync", "trainer.mode=sync", *over))
     m_per, w_per = one_step(config(tmp_path / "periodic", "trainer.mode=periodic", *over))
     assert m_sync["reward/mean"] == m_per["reward/mean"] and m_sync["reward/std"] > 0  # the same samples
@@ -54,6 +59,11 @@ def test_periodic_step_is_the_sync_step(tmp_path, agg):
         torch.testing.assert_close(w_per[k], w_sync[k], rtol=1e-5, atol=1e-6, msg=k)
     assert m_sync["dock/driver_bytes"] == 0 and m_per["dock/driver_bytes"] == 0
     torch.testing.assert_close(m_per["actor/pg_loss"], m_sync["actor/pg_loss"], rtol=1e-4, atol=1e-6)
+    if dynamic:
+        for m in (m_sync, m_per):
+            assert m["dapo/dropped_groups"] > 0 and m["dapo/rounds"] >= 2 and m["dapo/missing_prompts"] == 0
+            assert m["dapo/sampled_groups"] == 4 + m["dapo/dropped_groups"]
+        assert m_sync["dapo/dropped_groups"] == m_per["dapo/dropped_groups"]
 
 
 def test_a_dead_rollout_rank_is_named_and_nothing_is_half_trained(tmp_path):
