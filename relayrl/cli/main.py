@@ -1,4 +1,4 @@
-"""``relayrl train | eval | plot | demo``."""
+"""``relayrl train | eval | plot | demo | plan``."""
 
 from __future__ import annotations
 
@@ -214,6 +214,10 @@ def build_parser() -> argparse.ArgumentParser:
         "plot", parents=[common], help="PNG figures, stage timeline and trace.json of a run directory")
     pl.add_argument("run_dir")
     pl.set_defaults(fn=cmd_plot)
+
+    from relayrl.planner.cli import add_parser as add_plan
+
+    add_plan(sub, common)
     return p
 
 

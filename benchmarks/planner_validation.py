@@ -1,0 +1,192 @@
+"""Validate ``relayrl plan``'s predictions against measured runs on this machine.
+
+In one run: calibrate a profile (``relayrl.planner.calibrate``, with the long-tail model and a reward
+function that spawns the verifier's subprocess without its wait), measure each workload's response lengths
+by sampling its model, predict the step time of each configuration with the simulator, then run each
+configuration for ``--steps`` steps with ``relayrl train`` and compare the mean step time after ``--warmup``.
+
+Workloads (the models of ``benchmarks/async_flow.py``, built once and cached):
+
+* ``demo``: the demo's GRPO step (``recipes/arith_grpo.yaml``: 8 prompts x 8, at most 5 new tokens, the task's
+  verifier) from the demo's pretrained model;
+* ``longtail``: async_flow's long-tail workload: the model SFT'd on a teacher that runs on in a quarter of
+  answers, ``--max-new-tokens`` (64) new tokens, 8 prompts x 8, the subprocess verifier that answers after
+  20-200 ms per response (its latency is the workload's ``reward_latency``, uniform 0.02-0.2 s).
+
+Configurations (every one uses both cores): ``colo1`` colocated, one rank of 2 threads; ``colo2`` colocated,
+two ranks (``cluster.devices=2``) of one thread (FSDP2); ``split`` the rollout on a pool of its own, synchronous;
+``periodic``; ``offk1`` off-policy k=1; ``offk1p`` off-policy k=1 with partial rollout.
+
+The last line::
+
+    planner: max relative error E, mean M over N configs; best predicted = best measured: yes|no
+
+("best": per workload, the configuration with the highest predicted TPSPD is the one with the highest
+measured TPSPD; "yes" when that holds for every workload run.) The machine may be shared: timings then swing,
+and the calibration (the fastest of a few repetitions) sees less of it than the runs do.
+
+    .venv/bin/python benchmarks/planner_validation.py                        # everything, ~15 min on 2 cores
+    .venv/bin/python benchmarks/planner_validation.py --steps 6 --configs colo1,split --workloads demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+for p in (REPO, HERE):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+from async_flow import cores, demo_models, subprocess_verifier  # noqa: E402,F401  (the verifier: runs import it)
+
+SPLIT = ["placement.pools.gen=1", "placement.rollout=gen"]
+CONFIGS: dict[str, list[str]] = {
+    "colo1": ["cluster.devices=1"],
+    "colo2": ["cluster.devices=2"],
+    "split": [*SPLIT, "trainer.mode=sync"],
+    "periodic": [*SPLIT, "trainer.mode=periodic"],
+    "offk1": [*SPLIT, "trainer.off_policy_steps=1", "rollout.partial=false", "algorithm.tis_cap=2.0"],
+    "offk1p": [*SPLIT, "trainer.off_policy_steps=1", "rollout.partial=true", "algorithm.tis_cap=2.0"],
+}
+
+
+def placement_of(name: str):
+    from relayrl.planner.simulate import Placement
+
+    return {"colo1": Placement("sync-colocated", main=1), "colo2": Placement("sync-colocated", main=2),
+            "split": Placement("sync-split", main=1, gen=1), "periodic": Placement("periodic", main=1, gen=1),
+            "offk1": Placement("offpolicy", main=1, gen=1, k=1),
+            "offk1p": Placement("offpolicy", main=1, gen=1, k=1, partial=True)}[name]
+
+
+def spawn_verifier(prompts: list[str], responses: list[str], answers: list[str]) -> list[float]:
+    """``subprocess_verifier`` without its wait: what the reward function itself costs (a process per
+    response); the wait is the workload's outside latency."""
+    procs = [subprocess.Popen(["sh", "-c", '[ "$1" = "$2" ]', "sh", r.split("\n", 1)[0].strip(), (a or "").strip()])
+             for r, a in zip(responses, answers)]
+    return [1.0 if p.wait(timeout=30) == 0 else 0.0 for p in procs]
+
+
+def workloads(a: argparse.Namespace) -> dict[str, dict]:
+    tail = demo_models(a.seed)
+    base = tail.parents[2] / "base" / "model"
+    return {
+        "demo": {"model": base, "over": ["rollout.max_new_tokens=5"], "latency": (0.0, 0.0), "reward": "task"},
+        "longtail": {"model": tail, "over": [f"rollout.max_new_tokens={a.max_new_tokens}", "reward.verifier=user",
+                                             "reward.user_fn=async_flow:subprocess_verifier"],
+                     "latency": (0.02, 0.2), "reward": "planner_validation:spawn_verifier"},
+    }
+
+
+def common(a: argparse.Namespace, model: Path, run_dir: Path) -> list[str]:
+    return [f"trainer.init_from={model}", f"run.dir={run_dir}", f"run.seed={a.seed}", "run.overwrite=true",
+            f"trainer.steps={a.steps}", "eval.every=0", "eval.size=10", "run.save_every=0",
+            f"data.prompts_per_step={a.prompts}", f"rollout.n={a.n}", "telemetry.sinks=[jsonl]", "model.device=cpu"]
+
+
+def measure(name: str, wl: dict, a: argparse.Namespace, tmp: Path) -> dict:
+    run_dir = tmp / f"{wl['name']}-{name}"
+    cmd = [sys.executable, "-m", "relayrl.cli.main", "train", str(REPO / "recipes" / "arith_grpo.yaml"),
+           *common(a, wl["model"], run_dir), *wl["over"], *CONFIGS[name]]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"planner_validation: {wl['name']}/{name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steps = [r for r in rows if r.get("step", 0) > a.warmup and "perf/step_time_s" in r]
+    step_s = statistics.mean(r["perf/step_time_s"] for r in steps)
+    return {"step_s": step_s, "tokens": statistics.mean(r["perf/tokens"] for r in steps),
+            "length": statistics.mean(r["response/length_mean"] for r in steps)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--warmup", type=int, default=3, help="steps left out of the measured mean")
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--n", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=64, help="long-tail workload's rollout.max_new_tokens")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of " + ", ".join(CONFIGS))
+    p.add_argument("--workloads", default="demo,longtail")
+    p.add_argument("--profile-out", default=None, help="also write the calibrated profile here")
+    p.add_argument("--profile-in", default=None, help="development: reuse this profile instead of calibrating "
+                   "(the figures of record calibrate in the same run)")
+    a = p.parse_args(argv)
+    if a.steps <= a.warmup:
+        raise SystemExit(f"--steps ({a.steps}) must exceed --warmup ({a.warmup})")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")])
+    from relayrl.config.loader import load_config
+    from relayrl.config.schema import Config
+    from relayrl.planner.calibrate import _reward, calibrate
+    from relayrl.planner.cli import workload_from_config
+    from relayrl.planner.profile import save_profile
+    from relayrl.planner.simulate import simulate
+
+    wls = workloads(a)
+    names = a.configs.split(",")
+    t0 = time.perf_counter()
+    if a.profile_in:
+        from relayrl.planner.profile import load_profile
+
+        prof = load_profile(a.profile_in)
+    else:
+        prof = calibrate(str(wls["longtail"]["model"]), reward_fn="planner_validation:spawn_verifier")
+    if a.profile_out:
+        save_profile(prof, a.profile_out)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="planner_validation-") as tmp:
+        for wname in a.workloads.split(","):
+            wl = {**wls[wname], "name": wname}
+            cfg = load_config(Config, REPO / "recipes" / "arith_grpo.yaml", common(a, wl["model"], Path(tmp) / "x")
+                              + wl["over"])
+            torch_threads = cores()
+            import torch
+
+            torch.set_num_threads(torch_threads)
+            w = workload_from_config(cfg, lengths="measure", reward_latency=wl["latency"], measure_prompts=32)
+            wprof = prof.model_copy(update={"reward": _reward(wl["reward"], 3)})
+            lengths = w.lengths.samples
+            print(f"planner_validation: {wname}: {w.prompts} x {w.n}, prompt {w.prompt_tokens} tokens, sampled "
+                  f"lengths mean {statistics.mean(lengths):.1f} max {max(lengths)} "
+                  f"(p90 {sorted(lengths)[int(0.9 * len(lengths))]})", flush=True)
+            for name in names:
+                pred = simulate(wprof, w, placement_of(name), steps=max(a.steps, 12), warmup=a.warmup)
+                meas = measure(name, wl, a, Path(tmp))
+                err = abs(pred.step_s - meas["step_s"]) / meas["step_s"]
+                results.append({"workload": wname, "config": name, "pred": pred.step_s, "meas": meas["step_s"],
+                                "err": err, "pred_tpspd": pred.tpspd,
+                                "meas_tpspd": meas["tokens"] / (meas["step_s"] * cores()),
+                                "pred_tokens": pred.tokens, "meas_tokens": meas["tokens"]})
+                print(f"planner_validation: {wname:<9}{name:<9} predicted {pred.step_s:7.3f} s  measured "
+                      f"{meas['step_s']:7.3f} s  error {100 * err:5.1f}%  (tokens/step predicted "
+                      f"{pred.tokens:.0f}, measured {meas['tokens']:.0f})", flush=True)
+    print(f"\n{'workload':<10}{'config':<10}{'pred s':>8}{'meas s':>8}{'err %':>7}{'pred TPSPD':>12}{'meas TPSPD':>12}")
+    for r in results:
+        print(f"{r['workload']:<10}{r['config']:<10}{r['pred']:>8.3f}{r['meas']:>8.3f}{100 * r['err']:>7.1f}"
+              f"{r['pred_tpspd']:>12.1f}{r['meas_tpspd']:>12.1f}")
+    same = []
+    for wname in dict.fromkeys(r["workload"] for r in results):
+        rs = [r for r in results if r["workload"] == wname]
+        bp = max(rs, key=lambda r: r["pred_tpspd"])["config"]
+        bm = max(rs, key=lambda r: r["meas_tpspd"])["config"]
+        print(f"{wname}: best predicted {bp}, best measured {bm}")
+        same.append(bp == bm)
+    errs = [r["err"] for r in results]
+    print(f"(total {time.perf_counter() - t0:.0f} s; {cores()} cores; TPSPD: tokens trained per second per core)")
+    print(f"planner: max relative error {100 * max(errs):.1f}%, mean {100 * statistics.mean(errs):.1f}% over "
+          f"{len(errs)} configs; best predicted = best measured: {'yes' if all(same) else 'no'}")
+
+
+if __name__ == "__main__":
+    main()

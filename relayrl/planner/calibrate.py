@@ -1,0 +1,346 @@
+"""``relayrl plan --profile``: measure a :class:`~relayrl.planner.profile.Profile` on this machine with
+relayrl's own engines (seed 001 §5 profiles each role's cost before it searches placements; this is that
+step).
+
+What is timed, each a few repetitions, the fastest kept (the machine may be shared; the minimum is the cost
+without interference):
+
+* decode: ``NativeGenerationEngine.generate`` with ``ignore_eos`` at several rows in flight and two response
+  lengths; per-step cost = (time at length L2 - time at L1) / (L2 - L1), fitted to ``base + row * rows +
+  row_ctx * rows * context`` by least squares;
+* prefill: the same engine with one new token, several prompt counts;
+* training: ``TorchTrainingEngine.accumulate`` (forward + backward, no optimizer) at several token counts,
+  the log-prob pass (``logprobs``) likewise, the optimizer step (``finish_accumulation``);
+* the weight relay (``WeightRelay.push`` of the model's weights into a generation engine), dock put/get of
+  rows with prompt and response columns, a gloo all-gather between two processes;
+* the user's reward function (or the built-in verifier) on 1, 8 and 32 rows;
+* the driver's fixed per-step cost: two trivial runs of ``relayrl train`` (the colocated loop and the
+  dataflow, one prompt token per response), their measured step time minus what the engine costs above
+  predict for them (``overhead``). ``overhead=False`` skips them (tests, quick looks).
+
+Each device kind is measured once per thread count a placement can give a rank: 1 thread and all cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from relayrl.planner.profile import Affine, DecodeCost, DeviceProfile, Overhead, Profile, RewardCost
+
+__all__ = ["calibrate", "measure_lengths", "cores"]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _best(fn: Callable[[], object], reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def _fit(xs: list[list[float]], ys: list[float]) -> list[float]:
+    """Least squares with non-negative coefficients (a coefficient that comes out negative is dropped and
+    the rest refitted)."""
+    a = np.asarray(xs, dtype=float)
+    y = np.asarray(ys, dtype=float)
+    keep = list(range(a.shape[1]))
+    while True:
+        coef, *_ = np.linalg.lstsq(a[:, keep], y, rcond=None)
+        if (coef >= 0).all() or len(keep) == 1:
+            out = [0.0] * a.shape[1]
+            for i, c in zip(keep, coef):
+                out[i] = max(0.0, float(c))
+            return out
+        keep.pop(int(np.argmin(coef)))
+
+
+def _load(model_dir: str | None):
+    from relayrl.models.load import load_model, load_tokenizer
+    from relayrl.models.tiny import build_tiny
+
+    path = model_dir or str(build_tiny(verbose=False))
+    return path, load_model(path), load_tokenizer(path)
+
+
+def _prompts(tok, count: int, length: int) -> list[list[int]]:
+    ids = [i for i in range(tok.vocab_size) if i not in (tok.eos_token_id, tok.pad_token_id)]
+    return [[ids[(7 * p + 3 * j) % len(ids)] for j in range(length)] for p in range(count)]
+
+
+def _device(model_dir: str, threads: int, reps: int, prompt_len: int) -> tuple[DeviceProfile, dict]:
+    import copy
+
+    from relayrl.engines.generation.base import SamplingParams
+    from relayrl.engines.generation.native import NativeGenerationEngine
+    from relayrl.engines.training.base import SequenceBatch
+    from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
+    from relayrl.models.load import load_model, load_tokenizer
+    from relayrl.workflows.losses import SFTLoss
+
+    torch.set_num_threads(threads)
+    tok = load_tokenizer(model_dir)
+    eng = NativeGenerationEngine(load_model(model_dir), tok, device="cpu")
+    gen = torch.Generator().manual_seed(0)
+    run = lambda prompts, n, length: eng.generate(  # noqa: E731
+        prompts, SamplingParams(n=n, max_new_tokens=length, ignore_eos=True), generator=gen)
+    xs, ys = [], []
+    l1, l2 = 4, 24
+    for rows in (8, 32, 128):
+        prompts = _prompts(tok, rows // 8, prompt_len)
+        t1 = _best(lambda: run(prompts, 8, l1), reps)
+        t2 = _best(lambda: run(prompts, 8, l2), reps)
+        per = (t2 - t1) / (l2 - l1)
+        xs.append([1.0, rows, rows * (prompt_len + (l1 + l2) / 2)])
+        ys.append(per)
+    xs.append([1.0, 32, 32 * (prompt_len + 144)])  # a long context
+    prompts = _prompts(tok, 4, prompt_len + 130)
+    ys.append((_best(lambda: run(prompts, 8, 24), reps) - _best(lambda: run(prompts, 8, 4), reps)) / 20)
+    base, row, row_ctx = _fit(xs, ys)
+    pre_x, pre_y = [], []
+    for count in (1, 8, 32):
+        prompts = _prompts(tok, count, prompt_len)
+        pre_x.append([1.0, count * prompt_len])
+        pre_y.append(_best(lambda: run(prompts, 1, 1), reps))
+    prefill = _fit(pre_x, pre_y)
+
+    model = load_model(model_dir)
+    train = TorchTrainingEngine(copy.deepcopy(model), TrainEngineConfig(), total_steps=1000, device="cpu")
+    loss = SFTLoss()
+    tx, ty, lx, ly, opt = [], [], [], [], []
+    for rows, resp in ((8, 8), (32, 16), (64, 32)):
+        prompts = [torch.tensor(p) for p in _prompts(tok, rows, prompt_len)]
+        responses = [torch.tensor(p[:resp] * (resp // len(p[:resp]) + 1))[:resp] for p in _prompts(tok, rows, 4 * resp)]
+        batch = SequenceBatch(prompts, responses, groups=[i // 8 for i in range(rows)])
+        tokens = rows * (prompt_len + resp)
+
+        def step():
+            train.begin_accumulation()
+            train.accumulate(batch, loss)
+            return train
+
+        fwd_bwd = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            step()
+            fwd_bwd.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            train.finish_accumulation()
+            opt.append(time.perf_counter() - t)
+        tx.append([1.0, tokens])
+        ty.append(min(fwd_bwd))
+        lx.append([1.0, tokens])
+        ly.append(_best(lambda: train.logprobs(batch), reps))
+    dev = DeviceProfile(kind="cpu", threads=threads, memory_gib=_memory_gib() / max(1, cores()) * threads,
+                        decode=DecodeCost(base_s=base, row_s=row, row_ctx_s=row_ctx),
+                        prefill=Affine(base_s=prefill[0], per_s=prefill[1]),
+                        train=Affine(base_s=_fit(tx, ty)[0], per_s=_fit(tx, ty)[1]),
+                        logprob=Affine(base_s=_fit(lx, ly)[0], per_s=_fit(lx, ly)[1]),
+                        optimizer_s=min(opt))
+    return dev, {"engine": eng, "train": train}
+
+
+def _memory_gib() -> float:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return 8.0
+
+
+def _relay(engine, train, reps: int) -> Affine:
+    from relayrl.weights.relay import WeightRelay
+
+    relay = WeightRelay()
+    weights = train.named_weights()
+    nbytes = sum(t.numel() * t.element_size() for _, t in weights)
+    version = iter(range(1, 10**6))
+    relay.push(weights, [engine], next(version))  # the layout is built once
+    t = _best(lambda: relay.push(weights, [engine], next(version)), reps)
+    return Affine(base_s=0.0, per_s=t / nbytes)
+
+
+def _dock(reps: int) -> tuple[Affine, Affine]:
+    from relayrl.dock import Dock
+
+    dock = Dock(units=1, backend="local")
+    px, py, gx, gy = [], [], [], []
+    try:
+        for i, rows in enumerate((8, 64, 256)):
+            data = {"prompt_ids": [torch.arange(12)] * rows, "response_ids": [torch.arange(24)] * rows}
+            puts = []
+            for r in range(reps):
+                name = f"cal{i}-{r}"
+                dock.open_partition(name, rows)
+                t = time.perf_counter()
+                idx = dock.put(name, data)
+                puts.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                dock.get(name, idx, ["prompt_ids", "response_ids"])
+                gy.append(time.perf_counter() - t)
+                gx.append([1.0, rows])
+                dock.close_partition(name)
+            px.append([1.0, rows])
+            py.append(min(puts))
+    finally:
+        dock.shutdown()
+    put = _fit(px, py)
+    get = _fit(gx, gy)
+    return Affine(base_s=put[0], per_s=put[1]), Affine(base_s=get[0], per_s=get[1])
+
+
+_GLOO = """
+import sys, time, torch, torch.distributed as dist
+rank, port, nbytes = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+out = {}
+for size in (nbytes // 16, nbytes):
+    x = torch.ones(size // 8)
+    parts = [torch.empty_like(x) for _ in range(2)]
+    best = 1e9
+    for _ in range(4):
+        dist.barrier(); t = time.perf_counter(); dist.all_gather(parts, x); best = min(best, time.perf_counter() - t)
+    out[size] = best
+if rank == 0:
+    print(out[nbytes // 16], out[nbytes])
+dist.destroy_process_group()
+"""
+
+
+def _collective(nbytes: int) -> Affine:
+    """gloo all-gather between two processes of one thread each: moving ``nbytes`` (the weights in fp32) and a
+    sixteenth of it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, "-c", _GLOO, str(r), str(port), str(nbytes)], stdout=subprocess.PIPE,
+                              text=True) for r in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError("calibration: the gloo all-gather between two processes failed")
+    small, big = map(float, outs[0].split())
+    per = max(0.0, (big - small) / (nbytes - nbytes // 16))
+    return Affine(base_s=max(0.0, small - per * nbytes / 16), per_s=per)
+
+
+def _reward(fn_path: str, reps: int) -> RewardCost:
+    from relayrl.engines.reward import RewardConfig, RewardEngine
+
+    if fn_path == "task":
+        from relayrl.data.tasks import make_task
+
+        engine = RewardEngine(RewardConfig(verifier="task"), task=make_task("arith"))
+    else:
+        engine = RewardEngine(RewardConfig(verifier="user", user_fn=fn_path), task=None)
+    xs, ys = [], []
+    for rows in (1, 8, 32):
+        prompts, responses, answers = ["1+2="] * rows, ["3"] * rows, ["3"] * rows
+        xs.append([1.0, rows])
+        ys.append(_best(lambda: engine.score(prompts, responses, answers), reps))
+    call, row = _fit(xs, ys)
+    return RewardCost(fn=fn_path, call_s=call, row_s=row)
+
+
+def _trivial_runs(model_dir: str) -> dict[str, float]:
+    """Measured mean step time of the colocated loop and the split dataflow on a trivial workload (2 prompts x
+    2 responses of 1 token), steps 3-8."""
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="relayrl-plan-") as tmp:
+        for name, extra in (("colocated", [f"run.threads={cores()}"]),
+                            ("dataflow", ["placement.pools.gen=1", "placement.rollout=gen"])):
+            run_dir = Path(tmp) / name
+            cmd = [sys.executable, "-m", "relayrl.cli.main", "train", str(REPO / "recipes" / "arith_grpo.yaml"),
+                   f"trainer.init_from={model_dir}", f"run.dir={run_dir}", "trainer.steps=8", "eval.every=0",
+                   "eval.size=10", "run.save_every=0", "rollout.max_new_tokens=1", "data.prompts_per_step=2",
+                   "rollout.n=2", "telemetry.sinks=[jsonl]", "model.device=cpu", *extra]
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if proc.returncode:
+                raise RuntimeError(f"calibration: the trivial {name} run failed:\n{proc.stderr[-2000:]}")
+            rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+            out[name] = statistics.mean(r["perf/step_time_s"] for r in rows if r.get("step", 0) > 2
+                                        and "perf/step_time_s" in r)
+    return out
+
+
+def calibrate(model_dir: str | None = None, *, reward_fn: str = "task", reps: int = 3, prompt_len: int = 12,
+              overhead: bool = True, log: Callable[[str], None] = print) -> Profile:
+    """Measure a profile of this machine (see the module docstring); ``model_dir`` is the model the costs
+    are measured with (default: the tiny model)."""
+    t0 = time.perf_counter()
+    path, model, tok = _load(model_dir)
+    from relayrl.planner.workload import ModelShape
+
+    shape = ModelShape.from_hf_config(model.config)
+    n_params = sum(p.numel() for p in model.parameters())
+    devices, handles = {}, {}
+    for threads in sorted({1, cores()}):
+        log(f"relayrl plan: calibrating with {threads} thread(s): decode, prefill, train, log-probs ...")
+        devices[f"cpu-t{threads}"], handles = _device(path, threads, reps, prompt_len)
+    torch.set_num_threads(1)
+    log("relayrl plan: calibrating the weight relay, the dock, a gloo all-gather, the reward ...")
+    relay = _relay(handles["engine"], handles["train"], reps)
+    put, get = _dock(reps)
+    coll = _collective(n_params * 4)
+    reward = _reward(reward_fn, reps)
+    profile = Profile(
+        name=f"cpu-{cores()}core (calibrated)",
+        source=f"relayrl plan --profile on {socket.gethostname()} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
+               f", model {path}",
+        cores=cores(), model_params=n_params, model_layers=shape.layers, model_hidden=shape.hidden,
+        model_kv_dim=shape.kv_dim, devices=devices, relay=relay, dock_put=put, dock_get=get, collective=coll,
+        reward=reward)
+    if overhead:
+        log("relayrl plan: two trivial runs for the driver's per-step cost ...")
+        profile = profile.model_copy(update={"overhead": _overhead(profile, path, tok)})
+    log(f"relayrl plan: calibrated in {time.perf_counter() - t0:.0f} s")
+    return profile
+
+
+def _overhead(profile: Profile, model_dir: str, tok) -> Overhead:
+    """Per-step driver cost: trivial runs' measured step time minus the engine costs predicted for them."""
+    from relayrl.planner.simulate import Placement, simulate
+    from relayrl.planner.workload import LengthDist, ModelShape, Workload
+    from relayrl.models.load import load_model
+
+    measured = _trivial_runs(model_dir)
+    shape = ModelShape.from_hf_config(load_model(model_dir).config)
+    w = Workload(prompts=2, n=2, prompt_tokens=12, lengths=LengthDist(kind="mixture", short=1, max_new_tokens=1),
+                 model=shape.model_copy(update={"params": profile.model_params}))
+    colo = simulate(profile, w, Placement("sync-colocated", main=1), steps=4, warmup=1).step_s
+    flow = simulate(profile, w, Placement("sync-split", main=1, gen=1), steps=4, warmup=1).step_s
+    return Overhead(colocated_s=max(0.0, measured["colocated"] - colo), dataflow_s=max(0.0, measured["dataflow"] - flow))
+
+
+def measure_lengths(model_dir: str, prompts: list[list[int]], n: int, max_new_tokens: int, *,
+                    temperature: float = 1.0, seed: int = 0, threads: int | None = None) -> list[int]:
+    """Response lengths of ``model_dir`` on ``prompts`` (``n`` samples each): the empirical length distribution
+    of a workload (:class:`relayrl.planner.workload.LengthDist`)."""
+    from relayrl.engines.generation.base import SamplingParams
+    from relayrl.engines.generation.native import NativeGenerationEngine
+    from relayrl.models.load import load_model, load_tokenizer
+
+    if threads:
+        torch.set_num_threads(threads)
+    eng = NativeGenerationEngine(load_model(model_dir), load_tokenizer(model_dir), device="cpu")
+    out = eng.generate(prompts, SamplingParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature),
+                       generator=torch.Generator().manual_seed(seed))
+    return [len(c.token_ids) for c in out]

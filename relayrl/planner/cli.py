@@ -1,0 +1,176 @@
+"""``relayrl plan``: calibrate a profile, or search placements for a recipe on N devices.
+
+    relayrl plan --profile [--out relayrl-profile.json]              # calibrate this machine (about a minute)
+    relayrl plan RECIPE --devices N [--hardware PROFILE] [overrides]  # the plan table and the best overrides
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from relayrl.planner.profile import Profile, load_profile, save_profile
+from relayrl.planner.workload import LatencyDist, LengthDist, ModelShape, Workload
+
+__all__ = ["add_parser", "cmd_plan", "workload_from_config"]
+
+DEFAULT_PROFILE = "relayrl-profile.json"
+PROFILES = Path(__file__).resolve().parent / "profiles"
+
+
+def add_parser(sub, common) -> None:
+    p = sub.add_parser("plan", parents=[common], help="calibrate a hardware profile (--profile), or rank placements "
+                       "and step modes of a recipe on N devices by predicted throughput")
+    p.add_argument("recipe", nargs="?", help="the recipe to plan (omit with --profile)")
+    p.add_argument("overrides", nargs="*", help="dotted.key=value, as for relayrl train")
+    p.add_argument("--profile", action="store_true", help="calibrate this machine and write the profile (--out)")
+    p.add_argument("--out", default=DEFAULT_PROFILE, help="where --profile writes (.json or .yaml)")
+    p.add_argument("--model", help="--profile: model directory the costs are measured with (default: the tiny one)")
+    p.add_argument("--reward-fn", default="task", help="--profile: reward function to time (module:function)")
+    p.add_argument("--no-overhead", action="store_true", help="--profile: skip the two trivial runs that measure "
+                   "the driver's per-step cost (faster; predictions then leave that cost out)")
+    p.add_argument("--devices", type=int, help="devices to plan for (GPUs, or on a CPU profile shares of the cores)")
+    p.add_argument("--hardware", default=None, help=f"profile file to plan with (default: {DEFAULT_PROFILE}; a "
+                   f"name in relayrl/planner/profiles, e.g. h100_7b)")
+    p.add_argument("--model-config", help="a Hugging Face config.json for the model's shape, when the recipe's "
+                   "model is not on this machine (e.g. relayrl/planner/profiles/qwen2_7b_config.json)")
+    p.add_argument("--prompt-tokens", type=int, default=None, help="prompt length in tokens (default: measured "
+                   "from the recipe's task and tokenizer)")
+    p.add_argument("--lengths", default=None, help="response lengths: 'measure' (sample the recipe's model), "
+                   "'max' (every response hits rollout.max_new_tokens), or 'mixture:SHORT,P_LONG,LONG_MEAN' "
+                   "(default: measure for a model on this machine, max otherwise)")
+    p.add_argument("--reward-latency", default="0,0", help="outside latency per scored response, uniform "
+                   "LOW,HIGH seconds")
+    p.add_argument("--no-offpolicy", action="store_true", help="leave the off-policy modes out of the search")
+    p.add_argument("--top", type=int, default=12, help="rows of the table")
+    p.set_defaults(fn=cmd_plan)
+
+
+def _hardware(arg: str | None) -> Profile:
+    if arg is None:
+        return load_profile(DEFAULT_PROFILE)
+    for cand in (Path(arg), PROFILES / arg, PROFILES / f"{arg}.yaml", PROFILES / f"{arg}.json"):
+        if cand.is_file():
+            return load_profile(cand)
+    return load_profile(arg)  # raises, naming how to make one
+
+
+def _model_dir(cfg) -> str | None:
+    if cfg.trainer.init_from:
+        return cfg.trainer.init_from
+    if cfg.model.path:
+        return cfg.model.path
+    if cfg.model.tiny.shape == "tiny":
+        from relayrl.models.tiny import build_tiny
+
+        return str(build_tiny(cfg.model.tiny, verbose=False))
+    return None
+
+
+def _lengths(spec: str, cfg, model_dir: str | None, prompts: list[list[int]] | None) -> LengthDist:
+    cap = cfg.rollout.max_new_tokens
+    if spec == "max":
+        return LengthDist(kind="mixture", short=cap, max_new_tokens=cap)
+    if spec.startswith("mixture:"):
+        try:
+            short, p_long, mean = spec.split(":", 1)[1].split(",")
+            return LengthDist(kind="mixture", short=int(short), p_long=float(p_long), long_mean=float(mean),
+                              max_new_tokens=cap)
+        except ValueError:
+            raise ValueError(f"--lengths {spec!r}: write mixture:SHORT,P_LONG,LONG_MEAN, e.g. mixture:4,0.25,24") from None
+    if spec == "measure":
+        if model_dir is None or prompts is None:
+            raise ValueError("--lengths measure samples the recipe's model, which is not on this machine: give "
+                             "--lengths max or --lengths mixture:SHORT,P_LONG,LONG_MEAN")
+        from relayrl.planner.calibrate import measure_lengths
+
+        return LengthDist(kind="empirical", max_new_tokens=cap, samples=tuple(
+            measure_lengths(model_dir, prompts, cfg.rollout.n, cap, temperature=cfg.rollout.temperature or 1.0)))
+    raise ValueError(f"--lengths {spec!r}: one of measure, max, mixture:SHORT,P_LONG,LONG_MEAN")
+
+
+def workload_from_config(cfg, *, model_config: str | None = None, prompt_tokens: int | None = None,
+                         lengths: str | None = None, reward_latency: tuple[float, float] = (0.0, 0.0),
+                         measure_prompts: int = 16) -> Workload:
+    """The :class:`Workload` of a GRPO recipe: batch shape from the config, the model's shape from its
+    directory (or ``model_config``), prompt tokens and response lengths measured from the task and model when
+    they are on this machine."""
+    if cfg.workflow != "grpo":
+        raise ValueError(f"relayrl plan plans GRPO steps (workflow grpo), not workflow {cfg.workflow}")
+    model_dir = None if model_config else _model_dir(cfg)
+    if model_config:
+        from transformers import AutoConfig
+
+        data = json.loads(Path(model_config).read_text())
+        shape = ModelShape.from_hf_config(AutoConfig.for_model(**data), dtype=cfg.model.dtype)
+    elif model_dir:
+        from transformers import AutoConfig
+
+        shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(model_dir), dtype=cfg.model.dtype)
+    else:
+        raise ValueError("the recipe's model is not on this machine: give --model-config CONFIG.json for its shape")
+    prompts = None
+    if model_dir and cfg.data.task:
+        import random
+
+        from relayrl.data.datasets import encode_prompt
+        from relayrl.data.tasks import make_task
+        from relayrl.models.load import load_tokenizer
+
+        task = make_task(cfg.data.task, **cfg.data.task_options)
+        tok = load_tokenizer(model_dir)
+        rng = random.Random(cfg.run.seed)
+        prompts = [encode_prompt(tok, task.sample(rng)) for _ in range(measure_prompts)]
+    if prompt_tokens is None:
+        if prompts is None:
+            raise ValueError("the prompt length cannot be measured without the recipe's task and tokenizer: give "
+                             "--prompt-tokens N")
+        prompt_tokens = round(sum(map(len, prompts)) / len(prompts))
+    spec = lengths or ("measure" if model_dir and prompts else "max")
+    return Workload(prompts=cfg.data.prompts_per_step, n=cfg.rollout.n, prompt_tokens=prompt_tokens,
+                    lengths=_lengths(spec, cfg, model_dir, prompts),
+                    reward_latency=LatencyDist(low_s=reward_latency[0], high_s=reward_latency[1]), model=shape,
+                    token_budget=cfg.engine.token_budget, stream_groups=cfg.trainer.stream_groups,
+                    kl=cfg.algorithm.kl_coef > 0)
+
+
+def cmd_plan(args) -> int:
+    from relayrl.config.loader import ConfigError
+
+    if args.profile:
+        if args.recipe:
+            raise ConfigError("relayrl plan --profile calibrates this machine and takes no recipe; run "
+                              "`relayrl plan RECIPE --devices N` afterwards")
+        from relayrl.planner.calibrate import calibrate
+
+        prof = calibrate(args.model, reward_fn=args.reward_fn, overhead=not args.no_overhead)
+        print(f"relayrl plan: profile written to {save_profile(prof, args.out)}")
+        return 0
+    if not args.recipe or args.devices is None:
+        raise ConfigError("relayrl plan: give a recipe and --devices N (e.g. relayrl plan recipes/arith_grpo.yaml "
+                          "--devices 2), or --profile to calibrate this machine")
+    if args.devices < 1:
+        raise ConfigError(f"relayrl plan: --devices {args.devices} must be >= 1")
+    try:
+        low, high = (float(x) for x in args.reward_latency.split(","))
+    except ValueError:
+        raise ConfigError(f"relayrl plan: --reward-latency {args.reward_latency!r}: write LOW,HIGH seconds, e.g. "
+                          f"0.02,0.2") from None
+    from relayrl.cli.main import _load
+    from relayrl.planner.search import candidates, format_plan, rank
+
+    cfg = _load(args.recipe, args.overrides)
+    try:
+        prof = _hardware(args.hardware)
+        w = workload_from_config(cfg, model_config=args.model_config, prompt_tokens=args.prompt_tokens,
+                                 lengths=args.lengths, reward_latency=(low, high))
+    except (ValueError, FileNotFoundError) as e:
+        raise ConfigError(f"relayrl plan: {e}") from None
+    preds = rank(prof, w, candidates(args.devices, offpolicy=not args.no_offpolicy,
+                                         cpu=prof.cores > 0))
+    title = (f"relayrl plan: PREDICTED for {args.recipe} on {args.devices} device(s) of profile '{prof.name}'\n"
+             f"  ({w.prompts} prompts x {w.n}, {w.prompt_tokens} prompt tokens, responses {w.lengths.kind} up to "
+             f"{w.lengths.max_new_tokens}, model {w.model.params / 1e6:.1f}M params; source: {prof.source})")
+    print(format_plan(preds, title=title, top=args.top))
+    return 0

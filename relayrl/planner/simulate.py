@@ -1,0 +1,379 @@
+"""A discrete-event model of GRPO steps for a placement and a step mode: predicted step time, busy time per
+pool, peak memory per device.
+
+It follows the cost model of HybridFlow's auto-mapping (seed 001 §5, Algorithm 1: the cost of each role's
+stage on its devices, the step as the critical path through generation, preparation and training) and
+AsyncFlow's resource planner (seed 002: producer/consumer overlap between a rollout pool and a trainer pool),
+with the step modes relayrl runs (README, "A step as a dataflow", "Off-policy GRPO"):
+
+* ``sync-colocated`` (``grpo.py``): every role on ``main``, one phase after another: generate, reward (one
+  call of the user function with the whole batch), [reference], update; weights shared in place.
+* ``sync-split`` (``dataflow.py``): the rollout on a pool of its own; each prompt group goes into the dock
+  when its last response finishes, the reward stage scores groups as they arrive (``reward.concurrency``
+  calls in flight), the update waits for the whole batch, then the weights are relayed and the next batch
+  starts (on-policy).
+* ``periodic``: the same, but the trainer runs forward + backward on each chunk of ``stream_groups`` groups
+  as it is scored and steps the optimizer once the batch is consumed (seed 003).
+* ``offpolicy`` with ``k``: the rollout starts batch ``t`` once batch ``t-1`` is generated and update
+  ``t-1-k`` is done (seed 002's delayed parameter update, staleness bound k); the trainer consumes groups as
+  for ``periodic``. ``partial``: each update that lands while a batch generates costs one prefill of the
+  rows in flight (the native engine re-prefills with the new weights).
+
+Generation is simulated row by row on the native engine's continuous batching: every row's length is drawn
+from the workload's distribution, a decode step costs ``DecodeCost(rows in flight, context)``, a group is
+done at its longest row, so the long tail decides when the batch ends. Reward calls take the function's cost
+plus the longest outside latency of their rows.
+
+Where the model simplifies: no contention between pools that share a CPU's cores, the driver's threads or
+the reward's processes (each pool is assumed to get its share of the cores); data-parallel ranks get equal
+shares of the prompts; FSDP traffic is three passes over the weights per micro-batch
+(all-gather forward and backward, reduce-scatter gradients) that do not overlap compute; attention cost in
+training is linear in tokens; the per-step driver overhead is a constant of the profile.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from dataclasses import dataclass, field
+from typing import Literal
+
+from relayrl.planner.profile import DeviceProfile, Profile
+from relayrl.planner.workload import Workload
+
+__all__ = ["Placement", "Prediction", "simulate", "generate_rank", "reward_times", "memory_gib"]
+
+Mode = Literal["sync-colocated", "sync-split", "periodic", "offpolicy"]
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the roles run and how a step is scheduled."""
+
+    mode: Mode
+    main: int
+    """Devices of the actor's pool (its data-parallel size): ``cluster.devices``."""
+    gen: int = 0
+    """Devices of the rollout's own pool (``placement.pools.gen``); 0: the rollout is on ``main``."""
+    k: int = 0
+    """``offpolicy``: the staleness bound ``trainer.off_policy_steps``."""
+    partial: bool = False
+    """``offpolicy``: partial rollout (``rollout.partial``)."""
+
+    def __post_init__(self) -> None:
+        if self.main < 1:
+            raise ValueError(f"main={self.main}: the actor needs at least one device")
+        if (self.mode == "sync-colocated") != (self.gen == 0):
+            raise ValueError(f"mode {self.mode} with gen={self.gen}: the colocated loop has no rollout pool, the "
+                             f"other modes need one (gen >= 1)")
+        if (self.mode == "offpolicy") != (self.k >= 1) or (self.partial and self.mode != "offpolicy"):
+            raise ValueError(f"mode {self.mode} with k={self.k}, partial={self.partial}: k >= 1 and partial are "
+                             f"for mode offpolicy only, which needs k >= 1")
+
+    @property
+    def devices(self) -> int:
+        return self.main + self.gen
+
+    @property
+    def pools(self) -> str:
+        return f"main={self.main}" + (f" gen={self.gen}" if self.gen else "")
+
+    @property
+    def mode_name(self) -> str:
+        return self.mode if self.mode != "offpolicy" else f"offpolicy-k{self.k}" + ("-partial" if self.partial else "")
+
+    def overrides(self) -> list[str]:
+        """The config overrides that run this placement."""
+        out = [f"cluster.devices={self.main}"]
+        if self.gen:
+            out += [f"placement.pools.gen={self.gen}", "placement.rollout=gen"]
+        if self.mode == "periodic":
+            out.append("trainer.mode=periodic")
+        if self.mode == "offpolicy":
+            out += [f"trainer.off_policy_steps={self.k}", f"rollout.partial={str(self.partial).lower()}"]
+        return out
+
+
+@dataclass
+class Prediction:
+    """What :func:`simulate` predicts for one placement."""
+
+    placement: Placement
+    step_s: float
+    tokens: float
+    """Prompt + response tokens trained per step (the mean over the simulated steps)."""
+    busy: dict[str, float]
+    """Share of the step each pool computes (0..1)."""
+    memory_gib: dict[str, float]
+    """Peak memory of one device of each pool."""
+    fits: bool
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds per step of each stage (summed, they overlap in the split modes)."""
+    per: int = 0
+    """Devices the throughput is divided by: the placement's, or on a CPU the machine's cores (every CPU
+    placement uses all of them, a device being a share)."""
+
+    @property
+    def tpspd(self) -> float:
+        """Tokens per second per device (seed 003's TPSPD)."""
+        return self.tokens / (self.step_s * (self.per or self.placement.devices))
+
+
+# -- generation -----------------------------------------------------------------------------------
+
+def generate_rank(dev: DeviceProfile, scale: float, prompt_tokens: int, groups: list[list[int]], max_batch: int,
+                  start: float = 0.0, weight_times: list[float] | None = None) -> tuple[float, list[float], float]:
+    """One rollout rank generates ``groups`` (response lengths per prompt group) with continuous batching.
+
+    Returns (end time, finish time of each group, peak KV-cache context: rows in flight x context tokens).
+    A prompt is admitted when ``n`` slots are free and prefilled once. With ``weight_times`` (partial
+    rollout), a new weight version landing while rows are in flight costs one prefill of their contexts."""
+    n = max(len(g) for g in groups)
+    waiting = list(range(len(groups)))
+    running: list[list[int]] = []  # [group, remaining tokens, generated tokens]
+    left = [len(g) for g in groups]
+    done = [0.0] * len(groups)
+    t, peak = start, 0.0
+    pending = sorted(w for w in (weight_times or []) if w > start)
+
+    def admit() -> float:
+        cost, free = 0.0, max_batch - len(running)
+        batch = []
+        while waiting and free >= min(n, max_batch):
+            g = waiting.pop(0)
+            batch.append(g)
+            running.extend([g, length, 0] for length in groups[g])
+            free -= len(groups[g])
+        if batch:
+            cost = scale * dev.prefill(prompt_tokens * len(batch))
+        return cost
+
+    t += admit()
+    while running:
+        rows = len(running)
+        ctx = prompt_tokens + max(r[2] for r in running)
+        m = min(r[1] for r in running)
+        step = scale * dev.decode(rows, ctx)
+        if pending and pending[0] < t + m * step:  # a version lands inside this stretch: stop there, refill
+            m = max(1, min(m, math.ceil((pending[0] - t) / step)))
+        # m sampling iterations: every row in flight gets m tokens; the decode after the last one skips the
+        # rows that finished.
+        finishing = sum(1 for r in running if r[1] == m)
+        t += (m - 1) * step + scale * dev.decode(rows - finishing, ctx + m - 1) * (rows > finishing)
+        t += scale * dev.decode.row_ctx_s * rows * (m - 1) * (m - 2) / 2 if m > 2 else 0.0
+        peak = max(peak, rows * (ctx + m))
+        for r in running:
+            r[1] -= m
+            r[2] += m
+        for r in running:
+            if r[1] == 0:
+                left[r[0]] -= 1
+                if left[r[0]] == 0:
+                    done[r[0]] = t
+        running[:] = [r for r in running if r[1] > 0]
+        if pending and pending[0] <= t:
+            while pending and pending[0] <= t:
+                pending.pop(0)
+            if running:
+                t += scale * dev.prefill(sum(prompt_tokens + r[2] for r in running))
+        t += admit()
+    return t, done, peak
+
+
+def reward_times(arrivals: list[float], latencies: list[list[float]], profile: Profile, concurrency: int,
+                 per_group_s: float = 0.0) -> list[float]:
+    """Completion time of each reward call: calls start in arrival order on ``concurrency`` slots; a call
+    lasts the function's cost for its rows plus the longest outside latency among them."""
+    slots = [0.0] * concurrency
+    out = [0.0] * len(arrivals)
+    for i in sorted(range(len(arrivals)), key=lambda j: arrivals[j]):
+        s = min(range(concurrency), key=lambda j: slots[j])
+        begin = max(arrivals[i], slots[s])
+        rows = latencies[i]
+        slots[s] = out[i] = (begin + profile.reward.call_s + profile.reward.row_s * len(rows)
+                             + max(rows, default=0.0) + per_group_s)
+    return out
+
+
+# -- training -------------------------------------------------------------------------------------
+
+def _micro_batches(units: list[int], budget: int) -> list[int]:
+    """Token counts of the micro-batches: units (a group's prompt + its responses) packed up to the budget."""
+    out, cur = [], 0
+    for u in units:
+        if cur and cur + u > budget:
+            out.append(cur)
+            cur = 0
+        cur += u
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _fsdp_s(profile: Profile, w: Workload, dp: int) -> float:
+    """FSDP traffic of one micro-batch on one of ``dp`` ranks: all-gather (forward, backward) and
+    reduce-scatter of the weights."""
+    if dp == 1:
+        return 0.0
+    return 3 * profile.collective(w.model.params * 4 * (dp - 1) / dp)
+
+
+def train_s(dev: DeviceProfile, profile: Profile, w: Workload, units: list[int], dp: int,
+            forward_only: bool = False) -> float:
+    """Forward + backward (or forward only) of ``units`` on one of ``dp`` ranks, without the optimizer."""
+    scale = profile.scale(w.model.params)
+    cost = dev.logprob if forward_only else dev.train
+    return sum(scale * cost(mb) + _fsdp_s(profile, w, dp) for mb in _micro_batches(units, w.token_budget))
+
+
+def optimizer_s(dev: DeviceProfile, profile: Profile, w: Workload, dp: int) -> float:
+    return profile.scale(w.model.params) * dev.optimizer_s / dp
+
+
+def relay_s(profile: Profile, w: Workload) -> float:
+    return profile.relay(w.model.params * w.model.compute_bytes)
+
+
+# -- memory ---------------------------------------------------------------------------------------
+
+def memory_gib(w: Workload, p: Placement, kv_peak_tokens: float) -> dict[str, float]:
+    """Peak memory of one device per pool: trainer state (master weights, fp32 gradients, Adam's two
+    moments) sharded over ``main`` ranks, activations of one micro-batch (about 18 values per hidden unit
+    per token per layer, Korthikanti et al.'s count without recomputation, plus one chunk of output
+    logits), and on the rollout's devices its weights in the compute dtype and the KV cache of its rows
+    in flight. Colocated: the trainer's state plus the larger of the KV cache and the activations."""
+    m = w.model
+    state = m.params * (m.train_bytes + 4 + 8) / p.main
+    acts = w.token_budget * m.hidden * m.layers * 18 * m.compute_bytes + 1024 * m.vocab * 4 * 2
+    kv = kv_peak_tokens * m.layers * 2 * m.kv_dim * m.compute_bytes
+    rollout_weights = m.params * m.compute_bytes
+    if p.gen == 0:
+        extra = rollout_weights if m.compute_bytes != m.train_bytes else 0.0
+        return {"main": (state + extra + max(kv, acts)) / GIB}
+    return {"main": (state + acts) / GIB, "gen": (rollout_weights + kv) / GIB}
+
+
+# -- the step -------------------------------------------------------------------------------------
+
+def _split(groups: list[list[int]], ranks: int) -> list[list[int]]:
+    """Indexes of the prompt groups each rank generates (contiguous, equal shares)."""
+    per = math.ceil(len(groups) / ranks)
+    return [list(range(r * per, min(len(groups), (r + 1) * per))) for r in range(ranks) if r * per < len(groups)]
+
+
+def _threads(profile: Profile, p: Placement) -> int:
+    return max(1, profile.cores // p.devices) if profile.cores else 0
+
+
+def simulate(profile: Profile, w: Workload, p: Placement, *, steps: int = 12, warmup: int = 2,
+             seed: int = 0) -> Prediction:
+    """Simulate ``steps`` steps with lengths and latencies drawn per step; the prediction is the mean step
+    time after ``warmup`` steps (for the off-policy pipeline, the interval between optimizer steps)."""
+    rng = random.Random(seed)
+    _, dev = profile.device_for(_threads(profile, p))
+    scale = profile.scale(w.model.params)
+    batches = []
+    for _ in range(steps):
+        lengths = w.lengths.draw(rng, w.rows)
+        lat = w.reward_latency.draw(rng, w.rows)
+        batches.append(([lengths[i * w.n:(i + 1) * w.n] for i in range(w.prompts)],
+                        [lat[i * w.n:(i + 1) * w.n] for i in range(w.prompts)]))
+    tokens = statistics.mean(w.rows * w.prompt_tokens + sum(map(sum, g)) for g, _ in batches[warmup:])
+    run = _colocated if p.mode == "sync-colocated" else _pipeline
+    step_s, busy, phases, kv_peak = run(profile, dev, scale, w, p, batches, warmup)
+    mem = memory_gib(w, p, kv_peak)
+    fits = all(v <= dev.memory_gib for v in mem.values())
+    return Prediction(p, step_s, tokens, busy, mem, fits, phases, per=profile.cores if dev.kind == "cpu" else 0)
+
+
+def _units(w: Workload, groups: list[list[int]]) -> list[int]:
+    return [w.prompt_tokens + sum(g) for g in groups]
+
+
+def _colocated(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
+    """grpo.py: generate, reward, [reference], update, one after another on ``main``."""
+    times, gen_s, rew_s, upd_s, kv_peak = [], [], [], [], 0.0
+    for groups, lat in batches:
+        ends = []
+        for idx in _split(groups, p.main):
+            end, _, peak = generate_rank(dev, scale, w.prompt_tokens, [groups[i] for i in idx], w.max_batch)
+            ends.append(end)
+            kv_peak = max(kv_peak, peak)
+        gen = max(ends)
+        rew = profile.reward.call_s + profile.reward.row_s * w.rows + max(x for g in lat for x in g)
+        shards = [_units(w, [groups[i] for i in idx]) for idx in _split(groups, p.main)]
+        upd = max(train_s(dev, profile, w, u, p.main) for u in shards) + optimizer_s(dev, profile, w, p.main)
+        if w.kl:
+            upd += max(train_s(dev, profile, w, u, p.main, forward_only=True) for u in shards)
+        dock = profile.dock_put(w.rows) + profile.dock_get(w.rows)
+        times.append(profile.overhead.colocated_s + gen + rew + upd + dock)
+        gen_s.append(gen)
+        rew_s.append(rew)
+        upd_s.append(upd)
+    step = statistics.mean(times[warmup:])
+    g, r, u = (statistics.mean(x[warmup:]) for x in (gen_s, rew_s, upd_s))
+    return step, {"main": (g + u) / step}, {"generate": g, "reward": r, "update": u}, kv_peak
+
+
+def _pipeline(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
+    """The dataflow (sync-split, periodic) and the off-policy pipeline on two pools; see the module
+    docstring for the rules each mode follows."""
+    k = p.k if p.mode == "offpolicy" else 0
+    relay = relay_s(profile, w)
+    gen_end: list[float] = []
+    upd_end: list[float] = []
+    gen_busy = trn_busy = 0.0
+    phases = {"generate": 0.0, "reward": 0.0, "update": 0.0}
+    kv_peak, train_free = 0.0, 0.0
+    over = profile.overhead
+    for t, (groups, lat) in enumerate(batches):
+        if k == 0:
+            start = upd_end[-1] + relay if upd_end else 0.0
+        else:
+            start = max(gen_end[-1] if gen_end else 0.0, upd_end[t - 1 - k] if t - 1 - k >= 0 else 0.0) + relay
+        weights = upd_end if p.partial else None
+        finish = [0.0] * len(groups)
+        ends = []
+        for idx in _split(groups, p.gen):
+            end, done, peak = generate_rank(dev, scale, w.prompt_tokens, [groups[i] for i in idx], w.max_batch,
+                                            start, weights)
+            for i, d in zip(idx, done):
+                finish[i] = d + profile.dock_put(w.n)
+            ends.append(end)
+            kv_peak = max(kv_peak, peak)
+        gen_end.append(max(ends))
+        chunks = [list(range(i, min(len(groups), i + w.stream_groups))) for i in range(0, len(groups), w.stream_groups)]
+        arrive = [max(finish[i] for i in c) for c in chunks]
+        scored = reward_times(arrive, [[x for i in c for x in lat[i]] for c in chunks], profile,
+                              profile.reward.concurrency, over.per_group_s)
+        shards = _split(groups, p.main)
+        if p.mode == "sync-split":
+            begin = max(train_free, max(scored))
+            work = max(train_s(dev, profile, w, _units(w, [groups[i] for i in idx]), p.main) for idx in shards)
+            work += profile.dock_get(w.rows / p.main)
+            end = begin + work
+        else:  # stream the chunks in the order they are scored
+            end = max(train_free, 0.0 if k else start)
+            work = 0.0
+            for c, ready in sorted(zip(chunks, scored), key=lambda x: x[1]):
+                one = max(train_s(dev, profile, w, _units(w, [groups[i] for i in c if i in set(idx)]), p.main)
+                          for idx in shards if set(idx) & set(c))
+                one += profile.dock_get(len(c) * w.n / p.main)
+                end = max(end, ready) + one
+                work += one
+        opt = optimizer_s(dev, profile, w, p.main) + (relay if k else 0.0)  # off-policy: stage to host buffers
+        train_free = end + opt + over.dataflow_s
+        upd_end.append(train_free)
+        if t >= warmup:
+            gen_busy += gen_end[-1] - start
+            trn_busy += work + opt
+            phases["generate"] += gen_end[-1] - start
+            phases["reward"] += sum(s - a for s, a in zip(scored, arrive))
+            phases["update"] += work + opt
+    span = upd_end[-1] - upd_end[warmup - 1] if warmup else upd_end[-1]
+    n = len(batches) - warmup
+    step = span / n
+    return (step, {"main": trn_busy / span, "gen": gen_busy / span}, {k_: v / n for k_, v in phases.items()},
+            kv_peak)

@@ -1,0 +1,118 @@
+"""What one step of a run asks for: prompts, samples, response lengths, reward latency, the model's shape.
+
+The simulator draws every response's length and every reward call's latency from these distributions (seed
+003's observation: the long tail of response lengths is what asynchronous modes exploit, so the step is
+simulated on sampled lengths, never on their mean). A length distribution is either *empirical* (lengths
+measured by generating from the run's model, :func:`relayrl.planner.calibrate.measure_lengths`) or a
+*mixture* (a share of responses that stop early, the rest geometric up to ``max_new_tokens``), the form a
+user writes for a model they have not run.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["LengthDist", "LatencyDist", "ModelShape", "Workload"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LengthDist(_Model):
+    """Response lengths in tokens, capped at ``max_new_tokens``."""
+
+    kind: Literal["empirical", "mixture"] = "mixture"
+    samples: tuple[int, ...] = Field((), description="empirical: measured lengths, drawn with replacement")
+    short: int = Field(4, ge=1, description="mixture: length of a response that stops early")
+    p_long: float = Field(0.0, ge=0.0, le=1.0, description="mixture: share of responses that run on")
+    long_mean: float = Field(32.0, gt=0.0, description="mixture: mean extra tokens of a long response (geometric)")
+    max_new_tokens: int = Field(..., ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> "LengthDist":
+        if self.kind == "empirical" and not self.samples:
+            raise ValueError("lengths.samples: an empirical length distribution needs measured lengths; give "
+                             "lengths.kind=mixture with short / p_long / long_mean instead")
+        return self
+
+    def draw(self, rng: random.Random, n: int) -> list[int]:
+        if self.kind == "empirical":
+            return [min(self.max_new_tokens, max(1, rng.choice(self.samples))) for _ in range(n)]
+        out = []
+        for _ in range(n):
+            length = self.short
+            if rng.random() < self.p_long:
+                length += 1
+                while rng.random() > 1.0 / self.long_mean and length < self.max_new_tokens:
+                    length += 1
+            out.append(min(length, self.max_new_tokens))
+        return out
+
+
+class LatencyDist(_Model):
+    """Outside latency of scoring one response (a judge call, a test harness), uniform in [low_s, high_s]."""
+
+    low_s: float = Field(0.0, ge=0.0)
+    high_s: float = Field(0.0, ge=0.0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "LatencyDist":
+        if self.high_s < self.low_s:
+            raise ValueError(f"reward_latency.high_s={self.high_s} is below low_s={self.low_s}; swap them")
+        return self
+
+    def draw(self, rng: random.Random, n: int) -> list[float]:
+        if self.high_s == 0.0:
+            return [0.0] * n
+        return [rng.uniform(self.low_s, self.high_s) for _ in range(n)]
+
+
+class ModelShape(_Model):
+    """What the memory model and the cost scaling need of the trained model."""
+
+    params: int = Field(..., gt=0)
+    layers: int = Field(..., gt=0)
+    hidden: int = Field(..., gt=0)
+    kv_dim: int = Field(..., gt=0, description="key/value width per layer (kv heads x head dim)")
+    vocab: int = Field(..., gt=0)
+    train_bytes: int = Field(4, description="bytes per weight of the master copy (fp32: 4)")
+    compute_bytes: int = Field(4, description="bytes per value of activations, the KV cache and relayed weights "
+                               "(fp32: 4, bf16: 2)")
+
+    @classmethod
+    def from_hf_config(cls, cfg, *, dtype: str = "float32") -> "ModelShape":
+        """From a Hugging Face model config (Qwen2/Llama-style fields)."""
+        hidden, layers, vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
+        heads = cfg.num_attention_heads
+        kv = getattr(cfg, "num_key_value_heads", heads) or heads
+        head_dim = getattr(cfg, "head_dim", None) or hidden // heads
+        ffn = cfg.intermediate_size
+        per_layer = hidden * (heads * head_dim) * 2 + hidden * kv * head_dim * 2 + 3 * hidden * ffn + 2 * hidden
+        tied = getattr(cfg, "tie_word_embeddings", False)
+        params = layers * per_layer + vocab * hidden * (1 if tied else 2) + hidden
+        return cls(params=params, layers=layers, hidden=hidden, kv_dim=kv * head_dim, vocab=vocab,
+                   compute_bytes=2 if dtype in ("bfloat16", "float16") else 4)
+
+
+class Workload(_Model):
+    """One step's work: ``prompts`` groups of ``n`` responses."""
+
+    prompts: int = Field(..., ge=1, description="data.prompts_per_step")
+    n: int = Field(..., ge=1, description="rollout.n")
+    prompt_tokens: int = Field(..., ge=1, description="prompt length in tokens (the mean; prompts vary little "
+                               "next to responses)")
+    lengths: LengthDist
+    reward_latency: LatencyDist = LatencyDist()
+    model: ModelShape
+    token_budget: int = Field(8192, ge=16, description="engine.token_budget: padded tokens per micro-batch")
+    stream_groups: int = Field(1, ge=1, description="trainer.stream_groups: groups per streamed chunk")
+    kl: bool = Field(False, description="a reference log-prob pass per step (algorithm.kl_coef > 0)")
+    max_batch: int = Field(256, ge=1, description="rows a rollout rank keeps in flight")
+
+    @property
+    def rows(self) -> int:
+        return self.prompts * self.n
