@@ -79,7 +79,7 @@ def spawn_verifier(prompts: list[str], responses: list[str], answers: list[str])
 
 def workloads(a: argparse.Namespace) -> dict[str, dict]:
     tail = demo_models(a.seed)
-    base = tail.parents[2] / "base" / "model"
+    base = tail.parents[1] / "base" / "model"
     return {
         "demo": {"model": base, "over": ["rollout.max_new_tokens=5"], "latency": (0.0, 0.0), "reward": "task"},
         "longtail": {"model": tail, "over": [f"rollout.max_new_tokens={a.max_new_tokens}", "reward.verifier=user",

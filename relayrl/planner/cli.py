@@ -1,7 +1,9 @@
 """``relayrl plan``: calibrate a profile, or search placements for a recipe on N devices.
 
     relayrl plan --profile [--out relayrl-profile.json]              # calibrate this machine (about a minute)
-    relayrl plan RECIPE --devices N [--hardware PROFILE] [overrides]  # the plan table and the best overrides
+    relayrl plan RECIPE [overrides] --devices N [--hardware PROFILE]  # the plan table and the best overrides
+
+The recipe's dotted overrides come right after it, before the options (as for ``relayrl train``).
 """
 
 from __future__ import annotations

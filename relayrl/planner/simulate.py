@@ -27,7 +27,8 @@ plus the longest outside latency of their rows.
 Where the model simplifies: no contention between pools that share a CPU's cores, the driver's threads or
 the reward's processes (each pool is assumed to get its share of the cores); data-parallel ranks get equal
 shares of the prompts; FSDP traffic is three passes over the weights per micro-batch
-(all-gather forward and backward, reduce-scatter gradients) that do not overlap compute; attention cost in
+(all-gather in the compute dtype forward and backward, reduce-scatter of fp32 gradients) that do not overlap
+compute; attention cost in
 training is linear in tokens; the per-step driver overhead is a constant of the profile.
 """
 
@@ -42,7 +43,7 @@ from typing import Literal
 from relayrl.planner.profile import DeviceProfile, Profile
 from relayrl.planner.workload import Workload
 
-__all__ = ["Placement", "Prediction", "simulate", "generate_rank", "reward_times", "memory_gib"]
+__all__ = ["Placement", "Prediction", "simulate", "simulate_batches", "generate_rank", "reward_times", "memory_gib"]
 
 Mode = Literal["sync-colocated", "sync-split", "periodic", "offpolicy"]
 GIB = 2**30
@@ -160,19 +161,21 @@ def generate_rank(dev: DeviceProfile, scale: float, prompt_tokens: int, groups: 
             m = max(1, min(m, math.ceil((pending[0] - t) / step)))
         # m sampling iterations: every row in flight gets m tokens; the decode after the last one skips the
         # rows that finished.
+        # m sampling iterations: every row in flight gets m tokens, with a decode after each of the first
+        # m - 1; a row that takes its last token is done then, and the decode after it skips it.
         finishing = sum(1 for r in running if r[1] == m)
-        t += (m - 1) * step + scale * dev.decode(rows - finishing, ctx + m - 1) * (rows > finishing)
-        t += scale * dev.decode.row_ctx_s * rows * (m - 1) * (m - 2) / 2 if m > 2 else 0.0
+        t += (m - 1) * step + scale * dev.decode.row_ctx_s * rows * (m - 1) * (m - 2) / 2
         peak = max(peak, rows * (ctx + m))
         for r in running:
             r[1] -= m
             r[2] += m
-        for r in running:
             if r[1] == 0:
                 left[r[0]] -= 1
                 if left[r[0]] == 0:
                     done[r[0]] = t
         running[:] = [r for r in running if r[1] > 0]
+        if running:
+            t += scale * dev.decode(rows - finishing, ctx + m - 1)
         if pending and pending[0] <= t:
             while pending and pending[0] <= t:
                 pending.pop(0)
@@ -217,7 +220,8 @@ def _fsdp_s(profile: Profile, w: Workload, dp: int) -> float:
     reduce-scatter of the weights."""
     if dp == 1:
         return 0.0
-    return 3 * profile.collective(w.model.params * 4 * (dp - 1) / dp)
+    moved = w.model.params * (2 * w.model.compute_bytes + 4) * (dp - 1) / dp
+    return 3 * profile.collective.base_s + profile.collective.per_s * moved
 
 
 def train_s(dev: DeviceProfile, profile: Profile, w: Workload, units: list[int], dp: int,
@@ -272,15 +276,24 @@ def simulate(profile: Profile, w: Workload, p: Placement, *, steps: int = 12, wa
     """Simulate ``steps`` steps with lengths and latencies drawn per step; the prediction is the mean step
     time after ``warmup`` steps (for the off-policy pipeline, the interval between optimizer steps)."""
     rng = random.Random(seed)
-    _, dev = profile.device_for(_threads(profile, p))
-    scale = profile.scale(w.model.params)
     batches = []
     for _ in range(steps):
         lengths = w.lengths.draw(rng, w.rows)
         lat = w.reward_latency.draw(rng, w.rows)
         batches.append(([lengths[i * w.n:(i + 1) * w.n] for i in range(w.prompts)],
                         [lat[i * w.n:(i + 1) * w.n] for i in range(w.prompts)]))
-    tokens = statistics.mean(w.rows * w.prompt_tokens + sum(map(sum, g)) for g, _ in batches[warmup:])
+    return simulate_batches(profile, w, p, batches, warmup=warmup)
+
+
+def simulate_batches(profile: Profile, w: Workload, p: Placement, batches: list[tuple[list[list[int]], list[list[float]]]],
+                     *, warmup: int = 0) -> Prediction:
+    """:func:`simulate` on given steps: per step, the response lengths of each prompt group and the outside
+    reward latency of each response."""
+    if len(batches) <= warmup:
+        raise ValueError(f"simulate {len(batches)} steps with warmup={warmup}: simulate more steps than the warm-up")
+    _, dev = profile.device_for(_threads(profile, p))
+    scale = profile.scale(w.model.params)
+    tokens = statistics.mean(len(g) * w.n * w.prompt_tokens + sum(map(sum, g)) for g, _ in batches[warmup:])
     run = _colocated if p.mode == "sync-colocated" else _pipeline
     step_s, busy, phases, kv_peak = run(profile, dev, scale, w, p, batches, warmup)
     mem = memory_gib(w, p, kv_peak)

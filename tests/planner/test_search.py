@@ -1,0 +1,129 @@
+"""The search's ranking on a toy profile, and ``relayrl plan`` end to end with stored profiles (no training)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from relayrl.cli import main as cli
+from relayrl.cli.boundary import EXIT_CONFIG, EXIT_USER
+from relayrl.planner.profile import load_profile, save_profile
+from relayrl.planner.search import candidates, format_plan, rank
+from relayrl.planner.simulate import Placement
+from relayrl.planner.workload import LatencyDist, LengthDist, ModelShape
+
+from .toy import toy_profile, toy_workload
+
+ROOT = Path(__file__).resolve().parents[2]
+GRPO = str(ROOT / "recipes" / "arith_grpo.yaml")
+PROFILES = ROOT / "relayrl" / "planner" / "profiles"
+
+
+def test_candidates_cover_every_mode_and_split():
+    c = candidates(3)
+    assert Placement("sync-colocated", main=3) in c
+    for gen in (1, 2):
+        assert Placement("periodic", main=3 - gen, gen=gen) in c
+        assert Placement("offpolicy", main=3 - gen, gen=gen, k=2, partial=True) in c
+    assert len(c) == 1 + 2 * (2 + 4)
+    assert {p.gen for p in candidates(64)} >= {0, 1, 2, 4, 8, 16, 32, 48, 56, 60, 62, 63}
+    assert len(candidates(2, offpolicy=False, cpu=True)) == 2 + 2  # colocated 1 and 2 ranks, sync-split, periodic
+
+
+def test_ranking_long_tail_prefers_overlap():
+    """Long tails (one response in eight runs to 64 tokens) and a slow verifier: generation-bound steps, so
+    the modes that overlap training with generation rank first, periodic above synchronous split."""
+    prof = toy_profile(train_token_s=0.001, decode_s=0.01)
+    w = toy_workload(8, 4, lengths=LengthDist(kind="mixture", short=4, p_long=0.125, long_mean=1000,
+                                              max_new_tokens=64), reward_latency=LatencyDist(low_s=0.1, high_s=0.3))
+    preds = rank(prof, w, candidates(2), steps=10)
+    order = [p.placement.mode_name for p in preds]
+    assert order[0].startswith("offpolicy")
+    assert order.index("periodic") < order.index("sync-split")
+    assert all(a.tpspd >= b.tpspd for a, b in zip(preds, preds[1:]))
+
+
+def test_ranking_puts_infeasible_placements_last():
+    """A 7B model on two 80 GiB devices: one trainer rank holds 104 GiB of state (split placements do not
+    fit); two sharded ranks hold 52 GiB each, plus the rollout's bf16 weights (13 GiB) and a 2048-token
+    micro-batch's activations (6.9 GiB): the colocated loop fits and ranks first although the split
+    placements are predicted faster."""
+    shape = ModelShape(params=7_000_000_000, layers=28, hidden=3584, kv_dim=512, vocab=152064, compute_bytes=2)
+    prof = toy_profile(train_token_s=1e-6, decode_s=0.01, memory_gib=80.0)
+    preds = rank(prof, toy_workload(8, 4, shape=shape, token_budget=2048), candidates(2), steps=4)
+    assert preds[0].placement == Placement("sync-colocated", main=2) and preds[0].fits
+    assert not any(p.fits for p in preds[1:])
+    assert max(p.tpspd for p in preds[1:]) > preds[0].tpspd
+    text = format_plan(preds, title="t")
+    assert text.splitlines()[-1] == "best: cluster.devices=2"
+    assert text.count(" NO") == len(preds) - 1
+
+
+def _toy_files(tmp_path: Path) -> tuple[Path, Path]:
+    prof = save_profile(toy_profile(kind="cpu", train_token_s=1e-4, decode_s=0.002), tmp_path / "toy.json")
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 256,
+                               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+                               "vocab_size": 512}))
+    return prof, cfg
+
+
+def test_cli_plan_with_a_stored_profile(tmp_path, capsys):
+    prof, cfg = _toy_files(tmp_path)
+    assert load_profile(prof).cores == 2
+    code = cli.main(["plan", GRPO, "data.prompts_per_step=4", "--devices", "2", "--hardware", str(prof),
+                     "--model-config", str(cfg), "--prompt-tokens", "6", "--lengths", "mixture:3,0.25,8",
+                     "--reward-latency", "0.02,0.2"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "PREDICTED" in out and "4 prompts x 8" in out
+    rows = [line for line in out.splitlines() if line.strip()[:1].isdigit()]
+    assert len(rows) == len(candidates(2, cpu=True))
+    best = out.strip().splitlines()[-1]
+    assert best.startswith("best: cluster.devices=")
+    tpspd = [float(r.split()[-4]) for r in rows]
+    assert tpspd == sorted(tpspd, reverse=True)
+
+
+def test_cli_plan_h100_7b_on_8_and_64_devices(capsys):
+    for devices in (8, 64):
+        code = cli.main(["plan", str(ROOT / "recipes" / "gpu_grpo.yaml"), "data.prompts_per_step=64", "rollout.n=8",
+                         "rollout.max_new_tokens=2048", "--devices", str(devices), "--hardware", "h100_7b",
+                         "--model-config", str(PROFILES / "qwen2_7b_config.json"), "--prompt-tokens", "200",
+                         "--lengths", "mixture:300,0.25,800", "--top", "5"])
+        out = capsys.readouterr().out
+        assert code == 0
+        assert "ASSUMED" in out and f"on {devices} device(s)" in out
+        assert "7615.5M params" in out
+        assert out.strip().splitlines()[-1].startswith("best: cluster.devices=")
+
+
+def test_cli_plan_errors_name_the_fix(tmp_path, capsys):
+    code = cli.main(["plan", GRPO, "--devices", "2", "--hardware", str(tmp_path / "none.json")])
+    assert code == EXIT_CONFIG
+    assert "relayrl plan --profile" in capsys.readouterr().err
+    prof, cfg = _toy_files(tmp_path)
+    code = cli.main(["plan", GRPO, "--hardware", str(prof)])
+    assert code == EXIT_CONFIG and "--devices N" in capsys.readouterr().err
+    code = cli.main(["plan", GRPO, "--devices", "2", "--hardware", str(prof), "--model-config", str(cfg),
+                     "--prompt-tokens", "6", "--lengths", "mixture:3"])
+    assert code == EXIT_CONFIG and "mixture:SHORT,P_LONG,LONG_MEAN" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**json.loads(prof.read_text()), "cores": 0}))
+    code = cli.main(["plan", GRPO, "--devices", "2", "--hardware", str(bad), "--model-config", str(cfg),
+                     "--prompt-tokens", "6", "--lengths", "max"])
+    assert code in (EXIT_CONFIG, EXIT_USER) and "cores" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_calibration_measures_positive_costs(tiny_dir):
+    from relayrl.planner.calibrate import calibrate
+
+    prof = calibrate(str(tiny_dir), reps=1, overhead=False, log=lambda _: None)
+    for dev in prof.devices.values():
+        assert dev.decode(32, 20) > dev.decode(1, 20) > 0
+        assert dev.train(4096) > dev.train(64) > 0
+        assert dev.optimizer_s > 0
+    assert prof.relay.per_s > 0 and prof.collective(1e8) > 0
