@@ -106,7 +106,8 @@ def measure(name: str, wl: dict, a: argparse.Namespace, tmp: Path) -> dict:
     steps = [r for r in rows if r.get("step", 0) > a.warmup and "perf/step_time_s" in r]
     step_s = statistics.mean(r["perf/step_time_s"] for r in steps)
     return {"step_s": step_s, "tokens": statistics.mean(r["perf/tokens"] for r in steps),
-            "length": statistics.mean(r["response/length_mean"] for r in steps)}
+            "length": statistics.mean(r["response/length_mean"] for r in steps),
+            **{k: statistics.mean(r.get(f"timing/{k}_s", 0.0) for r in steps) for k in ("generate", "reward", "update")}}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
             import torch
 
             torch.set_num_threads(torch_threads)
-            w = workload_from_config(cfg, lengths="measure", reward_latency=wl["latency"], measure_prompts=32)
+            w = workload_from_config(cfg, lengths="measure", reward_latency=wl["latency"], measure_prompts=64)
             wprof = prof.model_copy(update={"reward": _reward(wl["reward"], 3)})
             lengths = w.lengths.samples
             print(f"planner_validation: {wname}: {w.prompts} x {w.n}, prompt {w.prompt_tokens} tokens, sampled "
@@ -168,9 +169,11 @@ def main(argv: list[str] | None = None) -> None:
                                 "err": err, "pred_tpspd": pred.tpspd,
                                 "meas_tpspd": meas["tokens"] / (meas["step_s"] * cores()),
                                 "pred_tokens": pred.tokens, "meas_tokens": meas["tokens"]})
+                phases = " ".join(f"{k} {pred.phases[k]:.2f}/{meas[k]:.2f}" for k in ("generate", "reward", "update"))
                 print(f"planner_validation: {wname:<9}{name:<9} predicted {pred.step_s:7.3f} s  measured "
                       f"{meas['step_s']:7.3f} s  error {100 * err:5.1f}%  (tokens/step predicted "
-                      f"{pred.tokens:.0f}, measured {meas['tokens']:.0f})", flush=True)
+                      f"{pred.tokens:.0f}, measured {meas['tokens']:.0f}; s per step predicted/measured: {phases})",
+                      flush=True)
     print(f"\n{'workload':<10}{'config':<10}{'pred s':>8}{'meas s':>8}{'err %':>7}{'pred TPSPD':>12}{'meas TPSPD':>12}")
     for r in results:
         print(f"{r['workload']:<10}{r['config']:<10}{r['pred']:>8.3f}{r['meas']:>8.3f}{100 * r['err']:>7.1f}"

@@ -2,8 +2,8 @@
 relayrl's own engines (seed 001 §5 profiles each role's cost before it searches placements; this is that
 step).
 
-What is timed, each a few repetitions, the fastest kept (the machine may be shared; the minimum is the cost
-without interference):
+What is timed, each a few repetitions after one untimed call, the median kept (the machine may be shared;
+the median is what a run beside the other work sees):
 
 * decode: ``NativeGenerationEngine.generate`` with ``ignore_eos`` at several rows in flight and two response
   lengths; per-step cost = (time at length L2 - time at L1) / (L2 - L1), fitted to ``base + row * rows +
@@ -14,9 +14,10 @@ without interference):
 * the weight relay (``WeightRelay.push`` of the model's weights into a generation engine), dock put/get of
   rows with prompt and response columns, a gloo all-gather between two processes;
 * the user's reward function (or the built-in verifier) on 1, 8 and 32 rows;
-* the driver's fixed per-step cost: two trivial runs of ``relayrl train`` (the colocated loop and the
-  dataflow, one prompt token per response), their measured step time minus what the engine costs above
-  predict for them (``overhead``). ``overhead=False`` skips them (tests, quick looks).
+* the driver paths: a short real run of ``relayrl train`` on each (the colocated loop on one rank and on one
+  rank per core, the split dataflow) with a calibration workload (:data:`HARNESS`); the measured generate and
+  update times over the engine costs above give each path's factors, the rest of the step its fixed cost
+  (``overhead``). ``overhead=False`` skips them (tests, quick looks).
 
 Each device kind is measured once per thread count a placement can give a rank: 1 thread and all cores.
 """
@@ -37,7 +38,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from relayrl.planner.profile import Affine, DecodeCost, DeviceProfile, Overhead, Profile, RewardCost
+from relayrl.planner.profile import Affine, DecodeCost, DeviceProfile, Overhead, PathCost, Profile, RewardCost
 
 __all__ = ["calibrate", "measure_lengths", "cores"]
 
@@ -49,12 +50,15 @@ def cores() -> int:
 
 
 def _best(fn: Callable[[], object], reps: int) -> float:
+    """The median time of ``reps`` calls after one untimed call (on a shared machine the median is what a run
+    sees; the minimum would be the cost without interference, which runs there do not get)."""
+    fn()
     times = []
     for _ in range(reps):
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
-    return min(times)
+    return statistics.median(times)
 
 
 def _fit(xs: list[list[float]], ys: list[float]) -> list[float]:
@@ -103,7 +107,7 @@ def _device(model_dir: str, threads: int, reps: int, prompt_len: int) -> tuple[D
     run = lambda prompts, n, length: eng.generate(  # noqa: E731
         prompts, SamplingParams(n=n, max_new_tokens=length, ignore_eos=True), generator=gen)
     xs, ys = [], []
-    l1, l2 = 4, 24
+    l1, l2 = 8, 40
     for rows in (8, 32, 128):
         prompts = _prompts(tok, rows // 8, prompt_len)
         t1 = _best(lambda: run(prompts, 8, l1), reps)
@@ -111,9 +115,9 @@ def _device(model_dir: str, threads: int, reps: int, prompt_len: int) -> tuple[D
         per = (t2 - t1) / (l2 - l1)
         xs.append([1.0, rows, rows * (prompt_len + (l1 + l2) / 2)])
         ys.append(per)
-    xs.append([1.0, 32, 32 * (prompt_len + 144)])  # a long context
+    xs.append([1.0, 32, 32 * (prompt_len + 136)])  # a long context
     prompts = _prompts(tok, 4, prompt_len + 130)
-    ys.append((_best(lambda: run(prompts, 8, 24), reps) - _best(lambda: run(prompts, 8, 4), reps)) / 20)
+    ys.append((_best(lambda: run(prompts, 8, 40), reps) - _best(lambda: run(prompts, 8, 8), reps)) / 32)
     base, row, row_ctx = _fit(xs, ys)
     pre_x, pre_y = [], []
     for count in (1, 8, 32):
@@ -126,7 +130,7 @@ def _device(model_dir: str, threads: int, reps: int, prompt_len: int) -> tuple[D
     train = TorchTrainingEngine(copy.deepcopy(model), TrainEngineConfig(), total_steps=1000, device="cpu")
     loss = SFTLoss()
     tx, ty, lx, ly, opt = [], [], [], [], []
-    for rows, resp in ((8, 8), (32, 16), (64, 32)):
+    for rows, resp in ((8, 4), (8, 16), (32, 16), (64, 32)):
         prompts = [torch.tensor(p) for p in _prompts(tok, rows, prompt_len)]
         responses = [torch.tensor(p[:resp] * (resp // len(p[:resp]) + 1))[:resp] for p in _prompts(tok, rows, 4 * resp)]
         batch = SequenceBatch(prompts, responses, groups=[i // 8 for i in range(rows)])
@@ -138,6 +142,8 @@ def _device(model_dir: str, threads: int, reps: int, prompt_len: int) -> tuple[D
             return train
 
         fwd_bwd = []
+        step()
+        train.finish_accumulation()
         for _ in range(reps):
             t = time.perf_counter()
             step()
@@ -146,7 +152,7 @@ def _device(model_dir: str, threads: int, reps: int, prompt_len: int) -> tuple[D
             train.finish_accumulation()
             opt.append(time.perf_counter() - t)
         tx.append([1.0, tokens])
-        ty.append(min(fwd_bwd))
+        ty.append(statistics.median(fwd_bwd))
         lx.append([1.0, tokens])
         ly.append(_best(lambda: train.logprobs(batch), reps))
     dev = DeviceProfile(kind="cpu", threads=threads, memory_gib=_memory_gib() / max(1, cores()) * threads,
@@ -154,7 +160,7 @@ def _device(model_dir: str, threads: int, reps: int, prompt_len: int) -> tuple[D
                         prefill=Affine(base_s=prefill[0], per_s=prefill[1]),
                         train=Affine(base_s=_fit(tx, ty)[0], per_s=_fit(tx, ty)[1]),
                         logprob=Affine(base_s=_fit(lx, ly)[0], per_s=_fit(lx, ly)[1]),
-                        optimizer_s=min(opt))
+                        optimizer_s=statistics.median(opt))
     return dev, {"engine": eng, "train": train}
 
 
@@ -259,29 +265,63 @@ def _reward(fn_path: str, reps: int) -> RewardCost:
     return RewardCost(fn=fn_path, call_s=call, row_s=row)
 
 
-def _trivial_runs(model_dir: str) -> dict[str, float]:
-    """Measured mean step time of the colocated loop and the split dataflow on a trivial workload (2 prompts x
-    2 responses of 1 token), steps 3-8."""
-    out = {}
-    with tempfile.TemporaryDirectory(prefix="relayrl-plan-") as tmp:
-        for name, extra in (("colocated", [f"run.threads={cores()}"]),
-                            ("dataflow", ["placement.pools.gen=1", "placement.rollout=gen"])):
-            run_dir = Path(tmp) / name
-            cmd = [sys.executable, "-m", "relayrl.cli.main", "train", str(REPO / "recipes" / "arith_grpo.yaml"),
-                   f"trainer.init_from={model_dir}", f"run.dir={run_dir}", "trainer.steps=8", "eval.every=0",
-                   "eval.size=10", "run.save_every=0", "rollout.max_new_tokens=1", "data.prompts_per_step=2",
-                   "rollout.n=2", "telemetry.sinks=[jsonl]", "model.device=cpu", *extra]
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            if proc.returncode:
-                raise RuntimeError(f"calibration: the trivial {name} run failed:\n{proc.stderr[-2000:]}")
-            rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-            out[name] = statistics.mean(r["perf/step_time_s"] for r in rows if r.get("step", 0) > 2
-                                        and "perf/step_time_s" in r)
+HARNESS = ["trainer.steps=8", "eval.every=0", "eval.size=10", "run.save_every=0", "rollout.max_new_tokens=16",
+           "data.prompts_per_step=4", "rollout.n=8", "telemetry.sinks=[jsonl]", "model.device=cpu", "run.seed=0"]
+"""The calibration workload of the driver paths: the recipe's tiny default model, untrained (its responses
+mostly run to the 16-token limit), 4 prompts x 8 responses, the task's verifier, steps 3-8 averaged."""
+
+
+def _path_runs() -> dict[str, tuple[object, list[str]]]:
+    from relayrl.planner.simulate import Placement
+
+    out = {"colocated": (Placement("sync-colocated", main=1), [f"run.threads={cores()}"]),
+           "dataflow": (Placement("sync-split", main=1, gen=1), ["placement.pools.gen=1", "placement.rollout=gen"])}
+    if cores() > 1:
+        out["colocated_dp"] = (Placement("sync-colocated", main=cores()), [f"cluster.devices={cores()}"])
     return out
 
 
-def calibrate(model_dir: str | None = None, *, reward_fn: str = "task", reps: int = 3, prompt_len: int = 12,
+def _run_path(extra: list[str], run_dir: Path) -> dict[str, float]:
+    cmd = [sys.executable, "-m", "relayrl.cli.main", "train", str(REPO / "recipes" / "arith_grpo.yaml"),
+           f"run.dir={run_dir}", *HARNESS, *extra]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"calibration: the run {' '.join(extra)} failed:\n{proc.stderr[-2000:]}")
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steps = [r for r in rows if r.get("step", 0) > 2 and "perf/step_time_s" in r]
+    return {k: statistics.mean(r.get(m, 0.0) for r in steps) for k, m in
+            (("step", "perf/step_time_s"), ("generate", "timing/generate_s"), ("update", "timing/update_s"))}
+
+
+def _overhead(profile: Profile, log: Callable[[str], None]) -> Overhead:
+    """Per driver path: a short real run of the calibration workload (:data:`HARNESS`); the path's factors are
+    its measured generate and update time over what the engine costs predict for the same lengths, its
+    per-step cost what remains of the measured step."""
+    from relayrl.config.loader import load_config
+    from relayrl.config.schema import Config
+    from relayrl.planner.cli import workload_from_config
+    from relayrl.planner.simulate import simulate
+
+    paths = {}
+    with tempfile.TemporaryDirectory(prefix="relayrl-plan-") as tmp:
+        cfg = load_config(Config, REPO / "recipes" / "arith_grpo.yaml", [*HARNESS, f"run.dir={tmp}/w"])
+        torch.set_num_threads(1)
+        w = workload_from_config(cfg, lengths="measure", measure_prompts=32)
+        for name, (placement, extra) in _path_runs().items():
+            log(f"relayrl plan: a short run of the {name} path ({' '.join(extra)}) ...")
+            meas = _run_path(extra, Path(tmp) / name)
+            bare = profile.model_copy(update={"overhead": Overhead()})
+            pred = simulate(bare, w, placement, steps=8, warmup=2)
+            gen = meas["generate"] / pred.phases["generate"]
+            train = meas["update"] / pred.phases["update"]
+            scaled = bare.model_copy(update={"overhead": Overhead(**{name: PathCost(generate=gen, train=train)})})
+            rest = meas["step"] - simulate(scaled, w, placement, steps=8, warmup=2).step_s
+            paths[name] = PathCost(generate=gen, train=train, step_s=max(0.0, rest))
+    return Overhead(**paths)
+
+
+def calibrate(model_dir: str | None = None, *, reward_fn: str = "task", reps: int = 2, prompt_len: int = 12,
               overhead: bool = True, log: Callable[[str], None] = print) -> Profile:
     """Measure a profile of this machine (see the module docstring); ``model_dir`` is the model the costs
     are measured with (default: the tiny model)."""
@@ -309,25 +349,9 @@ def calibrate(model_dir: str | None = None, *, reward_fn: str = "task", reps: in
         model_kv_dim=shape.kv_dim, devices=devices, relay=relay, dock_put=put, dock_get=get, collective=coll,
         reward=reward)
     if overhead:
-        log("relayrl plan: two trivial runs for the driver's per-step cost ...")
-        profile = profile.model_copy(update={"overhead": _overhead(profile, path, tok)})
+        profile = profile.model_copy(update={"overhead": _overhead(profile, log)})
     log(f"relayrl plan: calibrated in {time.perf_counter() - t0:.0f} s")
     return profile
-
-
-def _overhead(profile: Profile, model_dir: str, tok) -> Overhead:
-    """Per-step driver cost: trivial runs' measured step time minus the engine costs predicted for them."""
-    from relayrl.planner.simulate import Placement, simulate
-    from relayrl.planner.workload import LengthDist, ModelShape, Workload
-    from relayrl.models.load import load_model
-
-    measured = _trivial_runs(model_dir)
-    shape = ModelShape.from_hf_config(load_model(model_dir).config)
-    w = Workload(prompts=2, n=2, prompt_tokens=12, lengths=LengthDist(kind="mixture", short=1, max_new_tokens=1),
-                 model=shape.model_copy(update={"params": profile.model_params}))
-    colo = simulate(profile, w, Placement("sync-colocated", main=1), steps=4, warmup=1).step_s
-    flow = simulate(profile, w, Placement("sync-split", main=1, gen=1), steps=4, warmup=1).step_s
-    return Overhead(colocated_s=max(0.0, measured["colocated"] - colo), dataflow_s=max(0.0, measured["dataflow"] - flow))
 
 
 def measure_lengths(model_dir: str, prompts: list[list[int]], n: int, max_new_tokens: int, *,

@@ -30,8 +30,8 @@ def add_parser(sub, common) -> None:
     p.add_argument("--out", default=DEFAULT_PROFILE, help="where --profile writes (.json or .yaml)")
     p.add_argument("--model", help="--profile: model directory the costs are measured with (default: the tiny one)")
     p.add_argument("--reward-fn", default="task", help="--profile: reward function to time (module:function)")
-    p.add_argument("--no-overhead", action="store_true", help="--profile: skip the two trivial runs that measure "
-                   "the driver's per-step cost (faster; predictions then leave that cost out)")
+    p.add_argument("--no-overhead", action="store_true", help="--profile: skip the short runs of each driver "
+                   "path that measure what the path adds (faster; predictions then leave it out)")
     p.add_argument("--devices", type=int, help="devices to plan for (GPUs, or on a CPU profile shares of the cores)")
     p.add_argument("--hardware", default=None, help=f"profile file to plan with (default: {DEFAULT_PROFILE}; a "
                    f"name in relayrl/planner/profiles, e.g. h100_7b)")

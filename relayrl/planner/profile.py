@@ -15,7 +15,9 @@ Each cost is affine in the work it is given, fitted to measurements:
   per row, a data-parallel collective (``base_s + bytes / bytes_per_s``);
 * a reward call of the user's function: ``call_s + row_s * rows`` (the function's own CPU cost; latency of
   an outside judge or harness is part of the *workload*, :class:`relayrl.planner.workload.Workload`);
-* a fixed per-step cost of the driver loop (``overhead``), measured on a trivial run of each path.
+* per driver path (``overhead``): factors on those costs and a fixed per-step cost, measured by a short real
+  run of each path on a calibration workload (the engines run slower inside their worker processes, beside
+  the driver, the dock and each other, than in a micro-benchmark; this is the harness's share).
 
 Where this simplifies: costs are measured for one model (``model_params``) and scale linearly with the
 parameter count for another (compute-bound); no kernel-level effects (batch sizes that fall off a GPU's
@@ -31,7 +33,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["Affine", "DecodeCost", "DeviceProfile", "RewardCost", "Overhead", "Profile", "load_profile",
+__all__ = ["Affine", "DecodeCost", "DeviceProfile", "RewardCost", "Overhead", "PathCost", "Profile", "load_profile",
            "save_profile"]
 
 
@@ -61,13 +63,24 @@ class DecodeCost(_Model):
         return self.base_s + self.row_s * rows + self.row_ctx_s * rows * context
 
 
-class Overhead(_Model):
-    """Fixed per-step cost of the driver (dispatch, dock bookkeeping, metrics, logging), measured on a trivial
-    workload of each path so that the engine costs above are left out."""
+class PathCost(_Model):
+    """How one driver path runs the engines: factors on the micro-benchmarked costs (the engine inside its
+    worker process, beside the driver's threads, the dock and the other ranks, versus alone) and a fixed
+    per-step cost of the driver. Measured by a short real run of the path (:mod:`.calibrate`)."""
 
-    colocated_s: float = Field(0.0, ge=0.0, description="grpo.py's colocated loop, per step")
-    dataflow_s: float = Field(0.0, ge=0.0, description="dataflow.py / offpolicy.py, per step")
-    per_group_s: float = Field(0.0, ge=0.0, description="dataflow: stage dispatch per prompt group and stage")
+    generate: float = Field(1.0, gt=0.0, description="factor on decode and prefill costs")
+    train: float = Field(1.0, gt=0.0, description="factor on training, log-prob and optimizer costs")
+    step_s: float = Field(0.0, ge=0.0, description="fixed per-step cost (dispatch, dock bookkeeping, metrics)")
+
+
+class Overhead(_Model):
+    """The driver paths: the colocated loop (``grpo.py``) on one rank and on several (data parallel), and the
+    dataflow (``dataflow.py``, ``offpolicy.py``)."""
+
+    colocated: PathCost = PathCost()
+    colocated_dp: PathCost = PathCost()
+    dataflow: PathCost = PathCost()
+    per_group_s: float = Field(0.0, ge=0.0, description="dataflow: stage dispatch per prompt group")
 
 
 class DeviceProfile(_Model):
@@ -132,6 +145,16 @@ class Profile(_Model):
         if items[0][1].kind == "gpu":
             return items[0]
         return min(items, key=lambda kv: (abs(kv[1].threads - threads), -kv[1].threads))
+
+    def scaled(self, name: str, generate: float, train: float) -> "Profile":
+        """This profile with device ``name``'s generation costs times ``generate`` and training costs times
+        ``train``."""
+        d = self.devices[name]
+        mul = lambda a, f: a.model_copy(update={k: v * f for k, v in a.model_dump().items()})  # noqa: E731
+        dev = d.model_copy(update={"decode": mul(d.decode, generate), "prefill": mul(d.prefill, generate),
+                                   "train": mul(d.train, train), "logprob": mul(d.logprob, train),
+                                   "optimizer_s": d.optimizer_s * train})
+        return self.model_copy(update={"devices": {**self.devices, name: dev}})
 
     def scale(self, params: int) -> float:
         """Cost factor of a model with ``params`` parameters relative to the profiled one (compute-bound)."""

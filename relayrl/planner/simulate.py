@@ -29,7 +29,9 @@ the reward's processes (each pool is assumed to get its share of the cores); dat
 shares of the prompts; FSDP traffic is three passes over the weights per micro-batch
 (all-gather in the compute dtype forward and backward, reduce-scatter of fp32 gradients) that do not overlap
 compute; attention cost in
-training is linear in tokens; the per-step driver overhead is a constant of the profile.
+training is linear in tokens; what a driver path adds (the engines slower inside worker processes beside
+the driver, a fixed cost per step) is one factor per kind of work and one constant per path, measured on a
+calibration workload (``Profile.overhead``).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Literal
 
-from relayrl.planner.profile import DeviceProfile, Profile
+from relayrl.planner.profile import DeviceProfile, PathCost, Profile
 from relayrl.planner.workload import Workload
 
 __all__ = ["Placement", "Prediction", "simulate", "simulate_batches", "generate_rank", "reward_times", "memory_gib"]
@@ -291,7 +293,11 @@ def simulate_batches(profile: Profile, w: Workload, p: Placement, batches: list[
     reward latency of each response."""
     if len(batches) <= warmup:
         raise ValueError(f"simulate {len(batches)} steps with warmup={warmup}: simulate more steps than the warm-up")
-    _, dev = profile.device_for(_threads(profile, p))
+    name, dev = profile.device_for(_threads(profile, p))
+    path = _path(profile, p)
+    if (path.generate, path.train) != (1.0, 1.0):
+        profile = profile.scaled(name, path.generate, path.train)
+        dev = profile.devices[name]
     scale = profile.scale(w.model.params)
     tokens = statistics.mean(len(g) * w.n * w.prompt_tokens + sum(map(sum, g)) for g, _ in batches[warmup:])
     run = _colocated if p.mode == "sync-colocated" else _pipeline
@@ -299,6 +305,14 @@ def simulate_batches(profile: Profile, w: Workload, p: Placement, batches: list[
     mem = memory_gib(w, p, kv_peak)
     fits = all(v <= dev.memory_gib for v in mem.values())
     return Prediction(p, step_s, tokens, busy, mem, fits, phases, per=profile.cores if dev.kind == "cpu" else 0)
+
+
+def _path(profile: Profile, p: Placement) -> PathCost:
+    """The driver path that runs ``p`` and its measured factors and per-step cost."""
+    o = profile.overhead
+    if p.mode == "sync-colocated":
+        return o.colocated if p.main == 1 else o.colocated_dp
+    return o.dataflow
 
 
 def _units(w: Workload, groups: list[list[int]]) -> list[int]:
@@ -321,7 +335,7 @@ def _colocated(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
         if w.kl:
             upd += max(train_s(dev, profile, w, u, p.main, forward_only=True) for u in shards)
         dock = profile.dock_put(w.rows) + profile.dock_get(w.rows)
-        times.append(profile.overhead.colocated_s + gen + rew + upd + dock)
+        times.append(_path(profile, p).step_s + gen + rew + upd + dock)
         gen_s.append(gen)
         rew_s.append(rew)
         upd_s.append(upd)
@@ -341,6 +355,7 @@ def _pipeline(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
     phases = {"generate": 0.0, "reward": 0.0, "update": 0.0}
     kv_peak, train_free = 0.0, 0.0
     over = profile.overhead
+    step_cost = over.dataflow.step_s
     for t, (groups, lat) in enumerate(batches):
         if k == 0:
             start = upd_end[-1] + relay if upd_end else 0.0
@@ -377,7 +392,7 @@ def _pipeline(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
                 end = max(end, ready) + one
                 work += one
         opt = optimizer_s(dev, profile, w, p.main) + (relay if k else 0.0)  # off-policy: stage to host buffers
-        train_free = end + opt + over.dataflow_s
+        train_free = end + opt + step_cost
         upd_end.append(train_free)
         if t >= warmup:
             gen_busy += gen_end[-1] - start
