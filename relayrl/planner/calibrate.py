@@ -278,6 +278,8 @@ def _path_runs() -> dict[str, tuple[object, list[str]]]:
            "dataflow": (Placement("sync-split", main=1, gen=1), ["placement.pools.gen=1", "placement.rollout=gen"])}
     if cores() > 1:
         out["colocated_dp"] = (Placement("sync-colocated", main=cores()), [f"cluster.devices={cores()}"])
+        out["concurrent"] = (Placement("offpolicy", main=1, gen=1, k=1), [
+            "placement.pools.gen=1", "placement.rollout=gen", "trainer.off_policy_steps=1", "algorithm.tis_cap=2.0"])
     return out
 
 
@@ -292,6 +294,24 @@ def _run_path(extra: list[str], run_dir: Path) -> dict[str, float]:
     steps = [r for r in rows if r.get("step", 0) > 2 and "perf/step_time_s" in r]
     return {k: statistics.mean(r.get(m, 0.0) for r in steps) for k, m in
             (("step", "perf/step_time_s"), ("generate", "timing/generate_s"), ("update", "timing/update_s"))}
+
+
+def _overlap(profile: Profile, w, placement):
+    """The pipeline's result with its overlap shares (simulate() hides them)."""
+    import random
+
+    from relayrl.planner import simulate as sim
+
+    rng = random.Random(0)
+    batches = []
+    for _ in range(8):
+        lengths = w.lengths.draw(rng, w.rows)
+        batches.append(([lengths[i * w.n:(i + 1) * w.n] for i in range(w.prompts)], [[0.0] * w.n] * w.prompts))
+    name, _ = profile.device_for(1)
+    flow = profile.overhead.dataflow
+    prof = profile.scaled(name, flow.generate, flow.train)
+    dev = prof.devices[name]
+    return sim._pipeline(prof, dev, prof.scale(w.model.params), w, placement, batches, 2)
 
 
 def _overhead(profile: Profile, log: Callable[[str], None]) -> Overhead:
@@ -315,6 +335,13 @@ def _overhead(profile: Profile, log: Callable[[str], None]) -> Overhead:
             pred = simulate(bare, w, placement, steps=8, warmup=2)
             gen = meas["generate"] / pred.phases["generate"]
             train = meas["update"] / pred.phases["update"]
+            if name == "concurrent":  # extrapolate to both pools busy all the time from this run's overlap
+                flow = paths["dataflow"]
+                _, _, _, _, (fg, ft) = _overlap(profile.model_copy(update={"overhead": Overhead(dataflow=flow)}),
+                                                w, placement)
+                paths[name] = PathCost(generate=flow.generate + (gen - flow.generate) / max(fg, 0.25),
+                                       train=flow.train + (train - flow.train) / max(ft, 0.25), step_s=flow.step_s)
+                continue
             scaled = bare.model_copy(update={"overhead": Overhead(**{name: PathCost(generate=gen, train=train)})})
             rest = meas["step"] - simulate(scaled, w, placement, steps=8, warmup=2).step_s
             paths[name] = PathCost(generate=gen, train=train, step_s=max(0.0, rest))

@@ -80,6 +80,8 @@ class Overhead(_Model):
     colocated: PathCost = PathCost()
     colocated_dp: PathCost = PathCost()
     dataflow: PathCost = PathCost()
+    concurrent: PathCost | None = Field(None, description="CPU: the dataflow's factors while both pools compute "
+                                        "at once (they share the cores); null: no slowdown")
     per_group_s: float = Field(0.0, ge=0.0, description="dataflow: stage dispatch per prompt group")
 
 

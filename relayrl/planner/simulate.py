@@ -31,7 +31,9 @@ shares of the prompts; FSDP traffic is three passes over the weights per micro-b
 compute; attention cost in
 training is linear in tokens; what a driver path adds (the engines slower inside worker processes beside
 the driver, a fixed cost per step) is one factor per kind of work and one constant per path, measured on a
-calibration workload (``Profile.overhead``).
+calibration workload (``Profile.overhead``); while the two pools compute at the same time on a CPU they
+slow each other: the factors move towards those of a fully concurrent run in proportion to the share of
+each pool's busy time the other pool is busy too (a second pass of the simulation).
 """
 
 from __future__ import annotations
@@ -293,15 +295,24 @@ def simulate_batches(profile: Profile, w: Workload, p: Placement, batches: list[
     reward latency of each response."""
     if len(batches) <= warmup:
         raise ValueError(f"simulate {len(batches)} steps with warmup={warmup}: simulate more steps than the warm-up")
-    name, dev = profile.device_for(_threads(profile, p))
+    name, dev0 = profile.device_for(_threads(profile, p))
     path = _path(profile, p)
-    if (path.generate, path.train) != (1.0, 1.0):
-        profile = profile.scaled(name, path.generate, path.train)
-        dev = profile.devices[name]
+    base = profile
+    profile = base.scaled(name, path.generate, path.train)
+    dev = profile.devices[name]
     scale = profile.scale(w.model.params)
     tokens = statistics.mean(len(g) * w.n * w.prompt_tokens + sum(map(sum, g)) for g, _ in batches[warmup:])
-    run = _colocated if p.mode == "sync-colocated" else _pipeline
-    step_s, busy, phases, kv_peak = run(profile, dev, scale, w, p, batches, warmup)
+    if p.mode == "sync-colocated":
+        step_s, busy, phases, kv_peak = _colocated(profile, dev, scale, w, p, batches, warmup)
+    else:
+        step_s, busy, phases, kv_peak, (fg, ft) = _pipeline(profile, dev, scale, w, p, batches, warmup)
+        conc = base.overhead.concurrent
+        if conc is not None:  # the pools slow each other while both compute: blend towards the concurrent factors
+            g = path.generate + (conc.generate - path.generate) * fg
+            t = path.train + (conc.train - path.train) * ft
+            profile = base.scaled(name, g, t)
+            dev = profile.devices[name]
+            step_s, busy, phases, kv_peak, _ = _pipeline(profile, dev, scale, w, p, batches, warmup)
     mem = memory_gib(w, p, kv_peak)
     fits = all(v <= dev.memory_gib for v in mem.values())
     return Prediction(p, step_s, tokens, busy, mem, fits, phases, per=profile.cores if dev.kind == "cpu" else 0)
@@ -352,6 +363,8 @@ def _pipeline(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
     gen_end: list[float] = []
     upd_end: list[float] = []
     gen_busy = trn_busy = 0.0
+    gen_iv: list[tuple[float, float]] = []
+    trn_iv: list[tuple[float, float]] = []
     phases = {"generate": 0.0, "reward": 0.0, "update": 0.0}
     kv_peak, train_free = 0.0, 0.0
     over = profile.overhead
@@ -382,19 +395,23 @@ def _pipeline(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
             work = max(train_s(dev, profile, w, _units(w, [groups[i] for i in idx]), p.main) for idx in shards)
             work += profile.dock_get(w.rows / p.main)
             end = begin + work
+            ivs = [(begin, end)]
         else:  # stream the chunks in the order they are scored
             end = max(train_free, 0.0 if k else start)
-            work = 0.0
+            work, ivs = 0.0, []
             for c, ready in sorted(zip(chunks, scored), key=lambda x: x[1]):
                 one = max(train_s(dev, profile, w, _units(w, [groups[i] for i in c if i in set(idx)]), p.main)
                           for idx in shards if set(idx) & set(c))
                 one += profile.dock_get(len(c) * w.n / p.main)
+                ivs.append((max(end, ready), max(end, ready) + one))
                 end = max(end, ready) + one
                 work += one
         opt = optimizer_s(dev, profile, w, p.main) + (relay if k else 0.0)  # off-policy: stage to host buffers
         train_free = end + opt + step_cost
         upd_end.append(train_free)
         if t >= warmup:
+            gen_iv.append((start, gen_end[-1]))
+            trn_iv += ivs
             gen_busy += gen_end[-1] - start
             trn_busy += work + opt
             phases["generate"] += gen_end[-1] - start
@@ -403,5 +420,7 @@ def _pipeline(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
     span = upd_end[-1] - upd_end[warmup - 1] if warmup else upd_end[-1]
     n = len(batches) - warmup
     step = span / n
+    both = sum(max(0.0, min(a1, b1) - max(a0, b0)) for a0, a1 in gen_iv for b0, b1 in trn_iv)
+    overlap = (min(1.0, both / gen_busy) if gen_busy else 0.0, min(1.0, both / trn_busy) if trn_busy else 0.0)
     return (step, {"main": trn_busy / span, "gen": gen_busy / span}, {k_: v / n for k_, v in phases.items()},
-            kv_peak)
+            kv_peak, overlap)
