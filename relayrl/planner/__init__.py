@@ -1,0 +1,10 @@
+"""``relayrl plan``: a placement planner whose predictions are checked against measured runs (seed 001 §5's
+auto-mapping, seed 002's resource planner).
+
+* :mod:`.profile`: what a device costs for each kind of work (calibrated or written by hand);
+* :mod:`.calibrate`: ``relayrl plan --profile``, the measurements with relayrl's own engines;
+* :mod:`.workload`: one step's work, with sampled response lengths and reward latencies;
+* :mod:`.simulate`: the discrete-event model of a step for a placement and step mode;
+* :mod:`.search`: candidate placements, the ranking by predicted TPSPD, the printed plan;
+* :mod:`.cli`: the command.
+"""
