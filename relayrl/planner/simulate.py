@@ -422,5 +422,5 @@ def _pipeline(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
     step = span / n
     both = sum(max(0.0, min(a1, b1) - max(a0, b0)) for a0, a1 in gen_iv for b0, b1 in trn_iv)
     overlap = (min(1.0, both / gen_busy) if gen_busy else 0.0, min(1.0, both / trn_busy) if trn_busy else 0.0)
-    return (step, {"main": trn_busy / span, "gen": gen_busy / span}, {k_: v / n for k_, v in phases.items()},
-            kv_peak, overlap)
+    busy = {"main": min(1.0, trn_busy / span), "gen": min(1.0, gen_busy / span)}  # spans end at updates
+    return step, busy, {k_: v / n for k_, v in phases.items()}, kv_peak, overlap
