@@ -1,4 +1,4 @@
-"""``relayrl train | eval | plot | demo``."""
+"""``relayrl train | eval | plot | demo | serve``."""
 
 from __future__ import annotations
 
@@ -144,6 +144,25 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    """An OpenAI-compatible server over the native engine (``relayrl.serving``)."""
+    import os
+
+    from relayrl.serving.protocol import ServeLimits
+    from relayrl.serving.server import ServeError, serve
+
+    key = os.environ.get("RELAYRL_API_KEY") or None
+    if args.api_key_file:
+        key = Path(args.api_key_file).read_text().strip()
+        if not key:
+            raise ServeError(f"--api-key-file {args.api_key_file} is empty; write the token into it")
+    limits = ServeLimits(max_body_bytes=args.max_body_bytes, max_tokens=args.max_tokens, max_n=args.max_n,
+                         max_waiting=args.max_waiting)
+    serve(args.model_dir, host=args.host, port=args.port, api_key=key, limits=limits, max_batch=args.max_batch,
+          dtype=args.dtype, device=args.device, seed=args.seed, threads=args.threads, name=args.name)
+    return 0
+
+
 def _int_at_least(low: int) -> Callable[[str], int]:
     """argparse type: an integer >= ``low``, refused with the bound otherwise."""
     def parse(text: str) -> int:
@@ -209,6 +228,24 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--out", default="runs/eval", help="directory for eval.json and eval_samples.jsonl")
     e.set_defaults(fn=cmd_eval)
+
+    sv = sub.add_parser(
+        "serve", parents=[common], help="OpenAI-compatible HTTP server over the native engine: relayrl serve MODEL_DIR")
+    sv.add_argument("model_dir", help="local Hugging Face model directory")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (not loopback: needs a bearer token)")
+    sv.add_argument("--port", type=_int_at_least(0), default=8000, help="0: any free port (printed at start)")
+    sv.add_argument("--api-key-file", help="file holding the bearer token clients must send (or set RELAYRL_API_KEY)")
+    sv.add_argument("--name", help="model name clients ask for (default: the directory's name)")
+    sv.add_argument("--max-batch", type=_int_at_least(1), default=64, help="sequences decoded together")
+    sv.add_argument("--max-tokens", type=_int_at_least(1), default=1024, help="largest max_tokens of a request")
+    sv.add_argument("--max-n", type=_int_at_least(1), default=16, help="largest n of a request")
+    sv.add_argument("--max-body-bytes", type=_int_at_least(1024), default=1 << 20, help="largest request body")
+    sv.add_argument("--max-waiting", type=_int_at_least(1), default=1024, help="queued requests before 503")
+    sv.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    sv.add_argument("--device", default="auto")
+    sv.add_argument("--seed", type=int, default=0, help="seed of unseeded requests' sampling")
+    sv.add_argument("--threads", type=_int_at_least(0), default=0, help="torch CPU threads (0: all cores)")
+    sv.set_defaults(fn=cmd_serve)
 
     pl = sub.add_parser(
         "plot", parents=[common], help="PNG figures, stage timeline and trace.json of a run directory")
