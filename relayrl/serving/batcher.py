@@ -79,7 +79,8 @@ class Request:
     seed: int | None = None
     top_logprobs: int = 0
     stream_tokens: bool = True
-    """Emit a :class:`TokenEvent` per token (streaming, top log-probs); else only the :class:`DoneEvent`\s."""
+    """Emit a :class:`TokenEvent` per token (streaming, top log-probs); else only each sample's
+    :class:`DoneEvent`."""
     cancelled: bool = False
     """Set by the handler when its client disconnected; the rows leave the batch at the next step."""
     id: int = field(default_factory=itertools.count().__next__)
