@@ -21,7 +21,6 @@ error object; an unexpected failure of one request is a 500 for it alone.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import time
 import uuid
@@ -37,6 +36,7 @@ from starlette.concurrency import run_in_threadpool
 from relayrl.engines.generation.base import SamplingParams
 from relayrl.serving import responses as R
 from relayrl.serving.batcher import Batcher, DoneEvent, Overloaded, Request, TokenEvent
+from relayrl.serving.guard import Guard, HTTPRefusal
 from relayrl.serving.protocol import ChatCompletionRequest, CompletionRequest, ServeLimits, WeightsRequest
 
 __all__ = ["ServerState", "build_app", "ApiError"]
@@ -44,12 +44,7 @@ __all__ = ["ServerState", "build_app", "ApiError"]
 WEIGHTS_PATH = "/v1/relayrl/weights"
 
 
-class ApiError(Exception):
-    """A request the server refuses: status, message and OpenAI error type."""
-
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param = status, message, kind, param
+ApiError = HTTPRefusal  # a request the server refuses: status, message and OpenAI error type
 
 
 @dataclass
@@ -66,55 +61,13 @@ class ServerState:
     default_max_tokens: int = 16
 
 
-def _json_error(e: ApiError) -> JSONResponse:
-    return JSONResponse(R.error_body(e.message, e.status, e.kind, e.param), status_code=e.status)
-
-
-class _Guard:
-    """ASGI middleware: bearer token, then the body-size limit (Content-Length first, then counted bytes)."""
-
-    def __init__(self, app, state: ServerState) -> None:
-        self.app, self.state = app, state
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        st = self.state
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        if st.api_key is not None and scope["path"] != "/health":
-            got = headers.get("authorization", "")
-            if not hmac.compare_digest(got.encode(), f"Bearer {st.api_key}".encode()):
-                return await _json_error(ApiError(401, "missing or wrong bearer token (Authorization: Bearer ...)",
-                                                  "authentication_error"))(scope, receive, send)
-        limit = st.max_weights_bytes if scope["path"] == WEIGHTS_PATH else st.limits.max_body_bytes
-        length = headers.get("content-length")
-        if length is not None:
-            if not length.isdigit():
-                return await _json_error(ApiError(400, f"bad Content-Length {length!r}"))(scope, receive, send)
-            if int(length) > limit:
-                return await _json_error(ApiError(413, f"request body of {int(length)} bytes exceeds the limit of "
-                                                  f"{limit} bytes"))(scope, receive, send)
-        seen = 0
-
-        async def counted():
-            nonlocal seen
-            msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > limit:
-                    raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
-            return msg
-
-        await self.app(scope, counted, send)
-
-
 def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="relayrl serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.relayrl = state
 
     @app.exception_handler(ApiError)
     async def _api_error(_, e: ApiError):
-        return _json_error(e)
+        return e.response()
 
     @app.exception_handler(Exception)
     async def _unexpected(_, e: Exception):  # one request failed; the server goes on
@@ -170,7 +123,9 @@ def build_app(state: ServerState) -> FastAPI:
         got = await run_in_threadpool(state.batcher.load_weights, apply)
         return {"version": got, "tensors": len(tensors), "seconds": round(time.perf_counter() - t0, 4)}
 
-    app.add_middleware(_Guard, state=state)
+    app.add_middleware(Guard, api_key=state.api_key,
+                       limit_for=lambda path: state.max_weights_bytes if path == WEIGHTS_PATH
+                       else state.limits.max_body_bytes)
     return app
 
 

@@ -16,12 +16,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from relayrl.serving.guard import error_body  # re-exported for the handlers
+
 __all__ = ["SampleText", "Sample", "completion_body", "chat_body", "sse", "error_body", "token_text"]
-
-
-def error_body(message: str, status: int, kind: str = "invalid_request_error", param: str | None = None) -> dict:
-    """OpenAI's error object."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
 def sse(obj: Any) -> str:

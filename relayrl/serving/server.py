@@ -9,12 +9,12 @@ anyone who can reach it.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import socket
 from pathlib import Path
 
 from relayrl.errors import UserError
+from relayrl.serving.guard import is_loopback
 from relayrl.serving.protocol import ServeLimits
 
 __all__ = ["ServeError", "is_loopback", "build_state", "serve"]
@@ -22,15 +22,6 @@ __all__ = ["ServeError", "is_loopback", "build_state", "serve"]
 
 class ServeError(UserError, ValueError):
     """A serve option that cannot work, with the fix in the message."""
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def build_state(model_dir: str, *, limits: ServeLimits, api_key: str | None, max_batch: int = 64,
