@@ -1,4 +1,4 @@
-"""``relayrl train | eval | plot | demo | serve``."""
+"""``relayrl train | eval | plot | demo | serve | dock``."""
 
 from __future__ import annotations
 
@@ -146,20 +146,37 @@ def cmd_plot(args) -> int:
 
 def cmd_serve(args) -> int:
     """An OpenAI-compatible server over the native engine (``relayrl.serving``)."""
-    import os
-
     from relayrl.serving.protocol import ServeLimits
-    from relayrl.serving.server import ServeError, serve
+    from relayrl.serving.server import serve
 
-    key = os.environ.get("RELAYRL_API_KEY") or None
-    if args.api_key_file:
-        key = Path(args.api_key_file).read_text().strip()
-        if not key:
-            raise ServeError(f"--api-key-file {args.api_key_file} is empty; write the token into it")
+    key = _api_key(args.api_key_file)
     limits = ServeLimits(max_body_bytes=args.max_body_bytes, max_tokens=args.max_tokens, max_n=args.max_n,
                          max_waiting=args.max_waiting)
     serve(args.model_dir, host=args.host, port=args.port, api_key=key, limits=limits, max_batch=args.max_batch,
           dtype=args.dtype, device=args.device, seed=args.seed, threads=args.threads, name=args.name)
+    return 0
+
+
+def _api_key(path: str | None) -> str | None:
+    """The bearer token: from ``--api-key-file``, else ``RELAYRL_API_KEY``, else none."""
+    import os
+
+    from relayrl.serving.server import ServeError
+
+    if path:
+        key = Path(path).read_text().strip()
+        if not key:
+            raise ServeError(f"--api-key-file {path} is empty; write the token into it")
+        return key
+    return os.environ.get("RELAYRL_API_KEY") or None
+
+
+def cmd_dock(args) -> int:
+    """The dock's service API for external producers and consumers (``relayrl.serving.dockapi``)."""
+    from relayrl.serving.dockapi import serve_dock
+
+    serve_dock(host=args.host, port=args.port, api_key=_api_key(args.api_key_file), units=args.units,
+               lease_s=args.lease_s, max_body_bytes=args.max_body_bytes)
     return 0
 
 
@@ -246,6 +263,16 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--seed", type=int, default=0, help="seed of unseeded requests' sampling")
     sv.add_argument("--threads", type=_int_at_least(0), default=0, help="torch CPU threads (0: all cores)")
     sv.set_defaults(fn=cmd_serve)
+
+    dk = sub.add_parser(
+        "dock", parents=[common], help="the dock's service API (put prompts/experience, lease, ack, weight notices)")
+    dk.add_argument("--host", default="127.0.0.1", help="address to bind (not loopback: needs a bearer token)")
+    dk.add_argument("--port", type=_int_at_least(0), default=8100, help="0: any free port (printed at start)")
+    dk.add_argument("--api-key-file", help="file holding the bearer token clients must send (or set RELAYRL_API_KEY)")
+    dk.add_argument("--units", type=_int_at_least(1), default=1, help="storage units")
+    dk.add_argument("--lease-s", type=_non_negative_float, default=60.0, help="seconds before a lease is re-delivered")
+    dk.add_argument("--max-body-bytes", type=_int_at_least(1024), default=256 << 20, help="largest put")
+    dk.set_defaults(fn=cmd_dock)
 
     pl = sub.add_parser(
         "plot", parents=[common], help="PNG figures, stage timeline and trace.json of a run directory")

@@ -95,6 +95,15 @@ class Batch:
     def columns(self) -> list[str]:
         return list(self._data)
 
+    @property
+    def generation(self) -> int:
+        """The partition generation the rows belong to (with ``lease_id``, what ``Dock.ack`` needs)."""
+        return self._gen
+
+    @property
+    def lease_id(self) -> int | None:
+        return self._lease
+
     def flat(self, column: str) -> tuple[torch.Tensor, torch.Tensor]:
         """``column`` as one flat tensor ``[sum L_i, *tail]`` and lengths ``[n]`` (int64)."""
         rows = self[column]
