@@ -119,7 +119,8 @@ class DockClient:
         raise DockServiceError(err, status)
 
     # ------------------------------------------------------------ partitions
-    def open_partition(self, name: str, rows: int, *, group_size: int = 1, columns: Sequence[str] | None = None) -> None:
+    def open_partition(self, name: str, rows: int, *, group_size: int = 1,
+                       columns: Sequence[str] | None = None) -> None:
         self._call("POST", "/v1/dock/partitions", retry=False,
                    json={"name": name, "rows": rows, "group_size": group_size,
                          "columns": None if columns is None else list(columns)})
@@ -171,7 +172,8 @@ class DockClient:
         return self._call("POST", "/v1/dock/release", retry=True, json={"consumer_id": consumer_id}).json()["requeued"]
 
     def progress(self, partition: str, stage: str) -> dict[str, int]:
-        return self._call("GET", "/v1/dock/progress", retry=True, params={"partition": partition, "stage": stage}).json()
+        return self._call("GET", "/v1/dock/progress", retry=True,
+                          params={"partition": partition, "stage": stage}).json()
 
     # ------------------------------------------------------------ weights
     def weight_sync_notify(self, version: int, path: str | None = None) -> WeightNotice:

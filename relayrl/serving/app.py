@@ -141,7 +141,8 @@ async def _body(http: HTTPRequest) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise ApiError(400, f"the request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        raise ApiError(400, f"the request body is not valid JSON: {e.msg} at line {e.lineno} column "
+                       f"{e.colno}") from None
 
 
 def _parse(data: Any, cls):
@@ -175,7 +176,8 @@ def _checked_prompts(state: ServerState, req: CompletionRequest) -> list[str | l
     _check_model(state, req.model)
     prompts = req.prompt_list()
     if len(prompts) > state.limits.max_prompts:
-        raise ApiError(400, f"{len(prompts)} prompts in one request; the limit is {state.limits.max_prompts}", param="prompt")
+        raise ApiError(400, f"{len(prompts)} prompts in one request; the limit is {state.limits.max_prompts}",
+                       param="prompt")
     return prompts
 
 
@@ -230,10 +232,13 @@ def _sampling(state: ServerState, req, prompts: list[list[int]], chat: bool) -> 
     if len(stops) > lim.max_stop or any(not s for s in stops):
         raise ApiError(400, f"stop: at most {lim.max_stop} non-empty strings", param="stop")
     top_k = req.top_k if req.top_k and req.top_k > 0 else 0
-    return SamplingParams(n=n, temperature=1.0 if req.temperature is None else req.temperature,
-                          top_p=1.0 if req.top_p is None else req.top_p, top_k=top_k, max_new_tokens=max_tokens,
-                          stop_strings=stops, stop_token_ids=tuple(req.stop_token_ids or ()),
-                          ignore_eos=bool(req.ignore_eos))
+    try:
+        return SamplingParams(n=n, temperature=1.0 if req.temperature is None else req.temperature,
+                              top_p=1.0 if req.top_p is None else req.top_p, top_k=top_k, max_new_tokens=max_tokens,
+                              stop_strings=stops, stop_token_ids=tuple(req.stop_token_ids or ()),
+                              ignore_eos=bool(req.ignore_eos))
+    except ValidationError as e:
+        raise ApiError(400, e.errors(include_url=False)[0]["msg"]) from None
 
 
 def _top_logprobs(state: ServerState, req, chat: bool) -> int:
@@ -265,7 +270,8 @@ async def _serve(state: ServerState, http: HTTPRequest, req, prompts: list[list[
             r.cancel()
         raise ApiError(503, f"the server is busy: {e}", "server_busy") from None
     if stream:
-        gen = _stream_chat(state, req, reqs, queue, params) if chat else _stream_completion(state, req, reqs, queue, params)
+        stream_fn = _stream_chat if chat else _stream_completion
+        gen = stream_fn(state, req, reqs, queue, params)
         return StreamingResponse(gen, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     try:
         samples = await _collect(state, reqs, queue, params, http)
@@ -368,7 +374,8 @@ async def _stream_completion(state: ServerState, req: CompletionRequest, reqs, q
             if isinstance(ev, TokenEvent):
                 completion_tokens += 1
                 delta = st.push(ev.token_id)
-                yield R.sse(R.completion_chunk(cid, state.model_name, k, delta, None, _lp_completion(state, req, ev, top),
+                lp = _lp_completion(state, req, ev, top)
+                yield R.sse(R.completion_chunk(cid, state.model_name, k, delta, None, lp,
                                                [ev.token_id] if ids else None))
             else:
                 _raise_failed(ev)

@@ -272,7 +272,8 @@ class Batcher:
             self._reqs.pop(rid).emit(DoneEvent(-1, "cancelled"))
 
     def _finish(self, req: Request, sample: int, reason: str, toks: list[int], logps: list[float]) -> None:
-        req.emit(DoneEvent(sample, reason, tuple(toks), tuple(logps), self.engine.weight_version))  # type: ignore[arg-type]
+        req.emit(DoneEvent(sample, reason, tuple(toks), tuple(logps),  # type: ignore[arg-type]
+                           self.engine.weight_version))
         req.left -= 1
         if req.left == 0:
             self._reqs.pop(req.id, None)

@@ -102,7 +102,8 @@ class DockService:
         self._weights = WeightNotice(version=0)
         self._weights_cond = threading.Condition()
 
-    def put(self, partition: str, columns: dict, indexes: list[int] | None, put_id: str | None) -> tuple[list[int], bool]:
+    def put(self, partition: str, columns: dict, indexes: list[int] | None,
+            put_id: str | None) -> tuple[list[int], bool]:
         """``dock.put`` once per ``(partition, put_id)``; returns (indexes, whether it was a repeat)."""
         if put_id is None:
             return self.dock.put(partition, columns, indexes), False
