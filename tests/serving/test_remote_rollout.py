@@ -52,6 +52,12 @@ def test_grpo_rollouts_through_relayrl_serve_with_weights_after_every_step(tiny_
         assert all(r["rollout/logprob_error"] == pytest.approx(1.0, abs=1e-3) for r in recs
                    if "rollout/logprob_error" in r)
         assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["weights-v2.safetensors"]
+        # split placement: the rollout rank is a process of its own that writes finished groups into the dock
+        # (the streaming dataflow) and takes relayed weight buckets, which it pushes on to the server
+        recs = train(tiny_dir, tmp_path / "split", server.url, "placement.pools.gen=1", "placement.rollout=gen",
+                     "trainer.steps=2")
+        steps = [r for r in recs if "rollout/logprob_error" in r]
+        assert len(steps) == 2 and all(r["rollout/logprob_error"] == pytest.approx(1.0, abs=1e-3) for r in steps)
     finally:
         server.stop()
 
