@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT
+from serve_proc import ROOT
 
 HERE = Path(__file__).resolve().parent
 

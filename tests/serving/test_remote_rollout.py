@@ -10,7 +10,7 @@ import sys
 import pytest
 import requests
 
-from conftest import ROOT, start_server
+from serve_proc import ROOT, start_server
 
 FAST = ["eval.size=8", "run.threads=1", "telemetry.sinks=[jsonl]", "trainer.steps=3", "eval.every=0",
         "engine.optim.lr=1e-3", "engine.optim.warmup_steps=0", "algorithm.entropy_coef=0.05",

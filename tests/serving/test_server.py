@@ -13,7 +13,7 @@ import pytest
 import requests
 import torch
 
-from conftest import ROOT, start_server
+from serve_proc import ROOT, start_server
 
 pytestmark = pytest.mark.slow
 
