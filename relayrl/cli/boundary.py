@@ -25,12 +25,19 @@ from typing import Callable
 
 from relayrl.errors import is_user_error, user_message
 
-__all__ = ["DEBUG_ENV", "debug_requested", "run_guarded", "EXIT_INTERRUPTED", "EXIT_CONFIG", "EXIT_USER"]
+__all__ = ["DEBUG_ENV", "debug_requested", "run_guarded", "EXIT_INTERRUPTED", "EXIT_TERMINATED", "EXIT_CONFIG",
+           "EXIT_USER", "Terminated"]
 
 DEBUG_ENV = "RELAYRL_DEBUG"
 EXIT_USER = 1
 EXIT_CONFIG = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM (kill, a scheduler's preemption)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread: the run stops as for Ctrl-C (workers shut down, the message names
+    the checkpoint to resume from)."""
 
 
 def debug_requested(flag: bool) -> bool:
@@ -43,17 +50,29 @@ def _say(text: str) -> None:
 
 
 def run_guarded(fn: Callable[[argparse.Namespace], int], args: argparse.Namespace, *, debug: bool) -> int:
-    """Run one command; turn user errors and Ctrl-C into a message and an exit code."""
+    """Run one command; turn user errors, Ctrl-C and SIGTERM into a message and an exit code."""
+    import signal
+    import threading
+
     from relayrl.cluster.errors import WorkerError
     from relayrl.config.loader import ConfigError
 
+    term = {"got": False}
+
+    def on_term(signum, frame) -> None:
+        term["got"] = True
+        raise Terminated("terminated (SIGTERM)")
+
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, on_term)
     try:
         return fn(args)
     except KeyboardInterrupt as exc:
         if debug:
             traceback.print_exc()
         _say(str(exc) or "interrupted")  # a RunInterrupted says the step and the checkpoint
-        return EXIT_INTERRUPTED
+        return EXIT_TERMINATED if term["got"] else EXIT_INTERRUPTED
     except WorkerError as exc:
         if exc.user_message is None:
             raise
@@ -74,3 +93,6 @@ def run_guarded(fn: Callable[[argparse.Namespace], int], args: argparse.Namespac
         if not debug:
             _say(f"(--debug or {DEBUG_ENV}=1 shows the traceback)")
         return EXIT_USER
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)

@@ -212,6 +212,7 @@ class Batcher:
             req = self._reqs[rid]
             batch.tokens[r].append(tok_l[r])
             batch.logps[r].append(logp_l[r])
+            batch.versions[r].append(eng.weight_version)
             if req.stream_tokens:
                 req.emit(TokenEvent(sample, tok_l[r], logp_l[r], tops.get(r, ())))
             reason = eng.finish_reason(batch.tokens[r], req.params, eng.stop_ids(req.params))

@@ -75,6 +75,9 @@ def test_remote_config_names_the_key_and_the_fix():
                                    "rollout.weight_sync=sglang"])
     with pytest.raises(ConfigError, match="rollout.engine=openai"):
         load_config(Config, None, ["rollout.base_url=http://h:1/v1"])
+    with pytest.raises(ConfigError, match="rollout.partial"):
+        load_config(Config, None, ["rollout.engine=openai", "rollout.base_url=http://h:1/v1", "rollout.partial=true",
+                                   "trainer.off_policy_steps=1"])
     with pytest.raises(ConfigError, match="trainer.offload"):
         load_config(Config, None, ["rollout.engine=openai", "rollout.base_url=http://h:1/v1", "trainer.offload=true"])
     cfg = load_config(Config, None, ["rollout.engine=openai", "rollout.base_url=http://h:1/v1"])

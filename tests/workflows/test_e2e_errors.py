@@ -115,9 +115,11 @@ def test_a_rank_error_on_two_ranks_is_one_message(tmp_path, tiny_dir):
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("recipe,devices", [(SFT, 2), ("recipes/arith_grpo.yaml", 1)])
-def test_ctrl_c_says_the_step_exits_130_and_leaves_no_process(tmp_path, recipe, devices):
-    """SIGINT to the whole process group, as a terminal's Ctrl-C sends it (the driver and its rank processes)."""
+@pytest.mark.parametrize("recipe,devices,sig", [(SFT, 2, signal.SIGINT), ("recipes/arith_grpo.yaml", 1, signal.SIGINT),
+                                                (SFT, 2, signal.SIGTERM)])
+def test_ctrl_c_says_the_step_exits_130_and_leaves_no_process(tmp_path, recipe, devices, sig):
+    """SIGINT to the whole process group, as a terminal's Ctrl-C sends it (the driver and its rank processes);
+    SIGTERM to the driver alone, as ``kill`` or a scheduler's preemption sends it: the same clean stop, exit 143."""
     run = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "relayrl.cli.main", "train", recipe, "trainer.steps=100000", "run.save_every=2",
@@ -128,9 +130,12 @@ def test_ctrl_c_says_the_step_exits_130_and_leaves_no_process(tmp_path, recipe, 
     while not any((run / "checkpoints").glob("step-*/manifest.json")) and time.time() < deadline:
         assert proc.poll() is None, proc.stderr.read()[-3000:]
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGINT)
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        os.kill(proc.pid, signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err[-3000:]
+    assert proc.returncode == (130 if sig == signal.SIGINT else 143), err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     assert "relayrl: interrupted at step " in err and "resume with run.resume=auto" in err
     assert f"the last checkpoint is {run / 'checkpoints'}" in err

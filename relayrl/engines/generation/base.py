@@ -56,6 +56,9 @@ class Completion:
     """Version of the weights that generated it (for staleness accounting)."""
     text: str = field(default="", compare=False)
     """Decoded response (without special tokens)."""
+    token_versions: torch.Tensor | None = field(default=None, compare=False)
+    """[L] int64, the weight version that sampled each token (they differ within a response when a partial
+    rollout swapped weights in while it was being generated); None: every token is ``weight_version``'s."""
 
 
 class GenerationEngine(Protocol):

@@ -15,6 +15,14 @@ whose decode step is replayed as a CUDA graph (:mod:`.static`, ``decode``
 prefilled into it, so continuous batching is kept. ``release()`` frees that
 cache (colocated training wants the memory back).
 
+Partial rollout (``generate(..., between=...)``): before each decode step the engine asks ``between()``
+whether the weights changed (a newer version was loaded while the batch was in flight). If so, every
+in-flight row's context (its prompt and the tokens it has so far) is prefilled again with the new weights,
+and decoding goes on from there; each token records the version that sampled it (``token_versions``). The
+engine re-prefills rather than keep the old cache: keys and values computed by the old weights feeding the
+new ones sample from neither policy, so the recorded behaviour log-probs would match no model the trainer
+can recompute. The cost is one prefill of the in-flight rows per weight update.
+
 Departures from production engines (vLLM): no paged attention; the cache is a
 dense tensor per layer (the static cache is sized for the longest prompt plus
 ``max_new_tokens``). The model runs in its loaded dtype (bf16 on GPUs).
@@ -77,6 +85,7 @@ class RunningBatch:
         self.rows: list[tuple] = []  # (owner, sample_index)
         self.tokens: list[list[int]] = []
         self.logps: list[list[float]] = []
+        self.versions: list[list[int]] = []
         self.next_logits: torch.Tensor | None = None  # [B, V]
 
     def __len__(self) -> int:
@@ -159,10 +168,13 @@ class NativeGenerationEngine:
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  generator: torch.Generator | None = None,
-                 on_finish: Callable[[Completion], None] | None = None) -> list[Completion]:
+                 on_finish: Callable[[Completion], None] | None = None,
+                 between: Callable[[], bool] | None = None) -> list[Completion]:
         """Sample ``params.n`` responses per prompt with continuous batching; completions in (prompt, sample)
         order. ``on_finish`` is called with each completion the moment it finishes (a streaming consumer,
-        e.g. a rollout worker writing whole prompt groups into the dock while the rest still decode)."""
+        e.g. a rollout worker writing whole prompt groups into the dock while the rest still decode).
+        ``between`` is called before every decode step and returns True when it loaded new weights: the
+        in-flight rows are then prefilled again and continue with them (partial rollout)."""
         if not prompts:
             return []
         for i, p in enumerate(prompts):
@@ -170,12 +182,14 @@ class NativeGenerationEngine:
                 raise ValueError(f"prompt {i} is empty")
         stop_ids = self.stop_ids(params)
         if self.static is not None:
-            return self._generate_static(prompts, params, generator, stop_ids, on_finish)
+            return self._generate_static(prompts, params, generator, stop_ids, on_finish, between)
         waiting = deque(range(len(prompts)))
         out: dict[tuple[int, int], Completion] = {}
         batch = RunningBatch()
         per_prompt = max(1, min(params.n, self.max_batch))
         while waiting or len(batch):
+            if between is not None and between() and len(batch):
+                self._refill(batch, prompts)
             free = self.max_batch - len(batch)
             admit: list[int] = []
             while waiting and free >= per_prompt:
@@ -189,10 +203,12 @@ class NativeGenerationEngine:
             for r in range(len(batch)):
                 batch.tokens[r].append(tok_l[r])
                 batch.logps[r].append(logp_l[r])
+                batch.versions[r].append(self._version)
                 reason = self.finish_reason(batch.tokens[r], params, stop_ids)
                 if reason:
                     done.append(r)
-                    out[batch.rows[r]] = c = self.completion(batch.rows[r], batch.tokens[r], batch.logps[r], reason)
+                    out[batch.rows[r]] = c = self.completion(batch.rows[r], batch.tokens[r], batch.logps[r], reason,
+                                                             batch.versions[r])
                     if on_finish is not None:
                         on_finish(c)
             keep = [r for r in range(len(batch)) if r not in set(done)]
@@ -205,7 +221,8 @@ class NativeGenerationEngine:
 
     def _generate_static(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                          generator: torch.Generator | None, stop_ids: set[int],
-                         on_finish: Callable[[Completion], None] | None = None) -> list[Completion]:
+                         on_finish: Callable[[Completion], None] | None = None,
+                         between: Callable[[], bool] | None = None) -> list[Completion]:
         """Continuous batching on the static cache: each row owns a slot; freed slots take waiting prompts."""
         st = self.static
         if params.n > self.max_batch:
@@ -218,10 +235,17 @@ class NativeGenerationEngine:
         rows: dict[int, tuple[int, int]] = {}  # slot -> (prompt, sample)
         toks: dict[int, list[int]] = {}
         logps: dict[int, list[float]] = {}
+        vers: dict[int, list[int]] = {}
         pos = torch.zeros(self.max_batch, dtype=torch.long)  # index of the slot's next token
         logits = torch.empty(self.max_batch, self.model.config.vocab_size, device=self.device)
         out: dict[tuple[int, int], Completion] = {}
         while waiting or rows:
+            if between is not None and between() and rows:  # new weights: prefill the in-flight contexts again
+                busy = sorted(rows)
+                ctx = [list(prompts[rows[slot][0]]) + toks[slot] for slot in busy]
+                logits[busy] = st.prefill(ctx, torch.tensor(busy), 1, self.pad_id)
+                for slot, c in zip(busy, ctx):
+                    pos[slot] = len(c)
             admit: list[int] = []
             new_slots: list[int] = []  # prompt-major, as prefill repeats each prompt n times
             while waiting and len(free) >= n:
@@ -229,7 +253,7 @@ class NativeGenerationEngine:
                 take, free = free[:n], free[n:]
                 for s_i, slot in enumerate(take):
                     rows[slot] = (admit[-1], s_i)
-                    toks[slot], logps[slot] = [], []
+                    toks[slot], logps[slot], vers[slot] = [], [], []
                     pos[slot] = len(prompts[admit[-1]])
                 new_slots += take
             if admit:
@@ -242,10 +266,11 @@ class NativeGenerationEngine:
             for j, slot in enumerate(busy):
                 toks[slot].append(tok_l[j])
                 logps[slot].append(logp_l[j])
+                vers[slot].append(self._version)
                 reason = self.finish_reason(toks[slot], params, stop_ids)
                 if reason:
                     row = rows.pop(slot)
-                    out[row] = c = self.completion(row, toks.pop(slot), logps.pop(slot), reason)
+                    out[row] = c = self.completion(row, toks.pop(slot), logps.pop(slot), reason, vers.pop(slot))
                     if on_finish is not None:
                         on_finish(c)
                     free.append(slot)
@@ -254,6 +279,9 @@ class NativeGenerationEngine:
                 continue
             B = max(rows) + 1
             step_tok = torch.zeros(B, dtype=torch.long, device=self.device)
+            live = [j for j, slot in enumerate(busy) if slot in rows]  # (a slot that just finished may lie past B)
+            if len(live) < len(busy):
+                idx, tok = idx[live], tok[live]
             step_tok[idx] = tok
             step_logits = st.step(step_tok, pos[:B].to(self.device), B)
             logits[:B] = step_logits
@@ -279,7 +307,8 @@ class NativeGenerationEngine:
         tail = self.tokenizer.decode(tokens[-8:], skip_special_tokens=True)
         return any(s in tail for s in stops)
 
-    def completion(self, row: tuple[int, int], toks: list[int], logps: list[float], reason: str) -> Completion:
+    def completion(self, row: tuple[int, int], toks: list[int], logps: list[float], reason: str,
+                   versions: list[int]) -> Completion:
         return Completion(
             prompt_index=row[0],
             sample_index=row[1],
@@ -288,6 +317,7 @@ class NativeGenerationEngine:
             finish_reason=reason,  # type: ignore[arg-type]
             weight_version=self._version,
             text=self.tokenizer.decode(toks, skip_special_tokens=True),
+            token_versions=torch.tensor(versions, dtype=torch.long),
         )
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, cache):
@@ -333,6 +363,24 @@ class NativeGenerationEngine:
         batch.rows += rows
         batch.tokens += [[] for _ in rows]
         batch.logps += [[] for _ in rows]
+        batch.versions += [[] for _ in rows]
+
+    def _refill(self, batch: RunningBatch, prompts: Sequence[Sequence[int]]) -> None:
+        """Partial rollout: rebuild the cache and next-token logits of every in-flight row from its context
+        (prompt + tokens so far) with the weights now loaded (see the module docstring)."""
+        from transformers import DynamicCache
+
+        ctx = [list(prompts[p]) + toks for (p, _), toks in zip(batch.rows, batch.tokens)]
+        width = max(len(c) for c in ctx)
+        ids = torch.full((len(ctx), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(ctx), width), dtype=torch.long)
+        for i, c in enumerate(ctx):
+            ids[i, width - len(c):] = torch.as_tensor(c, dtype=torch.long)
+            mask[i, width - len(c):] = 1
+        mask = mask.to(self.device)
+        batch.next_logits, batch.cache = self._forward(ids.to(self.device), mask,
+                                                       DynamicCache(config=self.model.config))
+        batch.mask = mask
 
     def retain(self, batch: RunningBatch, keep: list[int]) -> None:
         """Drop finished rows, then crop cache columns that are padding for every remaining row."""
@@ -346,6 +394,7 @@ class NativeGenerationEngine:
         batch.rows = [batch.rows[r] for r in keep]
         batch.tokens = [batch.tokens[r] for r in keep]
         batch.logps = [batch.logps[r] for r in keep]
+        batch.versions = [batch.versions[r] for r in keep]
         first = int(batch.mask.any(dim=0).long().argmax())
         if first > 0:
             batch.mask = batch.mask[:, first:]

@@ -189,10 +189,15 @@ class RemoteGenerationEngine:
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  generator: torch.Generator | None = None,
-                 on_finish: Callable[[Completion], None] | None = None) -> list[Completion]:
+                 on_finish: Callable[[Completion], None] | None = None,
+                 between: Callable[[], bool] | None = None) -> list[Completion]:
         """All ``n`` samples of every prompt in (prompt, sample) order. ``generator`` draws one seed per
         prompt, so a run's samples repeat with the same seed and server; ``on_finish`` sees each prompt's
-        samples as its reply arrives (in this thread)."""
+        samples as its reply arrives (in this thread). ``between`` (partial rollout: weights swapped in
+        between decode steps) needs the native engine; the config refuses rollout.partial with a server."""
+        if between is not None:
+            raise ValueError("partial rollout swaps weights between decode steps inside the native engine; a remote "
+                             "server cannot: set rollout.partial=false with rollout.engine=openai")
         for i, p in enumerate(prompts):
             if len(p) == 0:
                 raise ValueError(f"prompt {i} is empty")
