@@ -184,7 +184,8 @@ class RemoteGenerationEngine:
                                   token_ids=torch.tensor(ids, dtype=torch.long),
                                   logprobs=torch.tensor(logps, dtype=torch.float32), finish_reason=reason,
                                   weight_version=self._version,
-                                  text=self.tokenizer.decode(ids, skip_special_tokens=True)))
+                                  text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                                  token_versions=torch.full((len(ids),), self._version, dtype=torch.long)))
         return sorted(out, key=lambda c: c.sample_index)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
