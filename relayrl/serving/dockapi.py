@@ -294,6 +294,7 @@ def serve_dock(*, host: str = "127.0.0.1", port: int = 8100, api_key: str | None
         sock.bind((host, port))
     except OSError as e:
         raise ServeError(f"cannot bind {host}:{port}: {e.strerror}; pick another --port (0: any free one)") from None
+    sock.listen(2048)  # connections queue from now on, so a client may connect as soon as the address is printed
     log(f"relayrl dock: http://{host}:{sock.getsockname()[1]}/v1/dock (lease {lease_s:g} s, "
         f"auth={'bearer' if api_key else 'none'})", flush=True)
     try:

@@ -71,6 +71,7 @@ def serve(model_dir: str, *, host: str = "127.0.0.1", port: int = 8000, api_key:
         sock.bind((host, port))
     except OSError as e:
         raise ServeError(f"cannot bind {host}:{port}: {e.strerror}; pick another --port (0: any free one)") from None
+    sock.listen(2048)  # connections queue from now on, so a client may connect as soon as the address is printed
     bound = sock.getsockname()[1]
     log(f"relayrl serve: {state.model_name} on http://{host}:{bound}/v1 (max_batch={max_batch}, device={device}, "
         f"auth={'bearer' if api_key else 'none'}, pid={os.getpid()})", flush=True)
