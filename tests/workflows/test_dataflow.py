@@ -29,8 +29,8 @@ def config(run_dir, *over: str) -> Config:
         "run.save_every=0", *SPLIT, *over])
 
 
-def one_step(cfg: Config):
-    wf = DataflowGRPO(cfg)
+def one_step(cfg: Config, workflow=DataflowGRPO):
+    wf = workflow(cfg)
     try:
         wf.begin()
         metrics = wf.step(1)
@@ -177,14 +177,8 @@ def test_the_streaming_step_equals_the_colocated_loop_with_dapo_and_remax(tmp_pa
     over = ["algorithm.loss_agg=token-mean", "algorithm.dynamic_sampling=true", "algorithm.advantage=remax",
             "reward.user_fn=dataflow_rewards:half_uniform", "algorithm.max_resample_rounds=4"]
     m_flow, w_flow = one_step(config(tmp_path / "flow", *over))
-    colocated = config(tmp_path / "colo", *over, "placement.pools={}", "placement.rollout=main")
-    wf = GRPOWorkflow(colocated)
-    try:
-        wf.begin()
-        m_colo = wf.step(1)
-        w_colo = {k: v.detach().clone() for k, v in wf.actor.one("named_weights")}
-    finally:
-        wf.shutdown()
+    m_colo, w_colo = one_step(config(tmp_path / "colo", *over, "placement.pools={}", "placement.rollout=main"),
+                              GRPOWorkflow)
     for k in ("reward/mean", "reward/std", "dapo/dropped_groups", "dapo/rounds", "remax/baseline_mean",
               "actor/pg_loss", "actor/grad_norm"):
         assert m_flow[k] == pytest.approx(m_colo[k], rel=1e-5, abs=1e-7), k
