@@ -447,17 +447,6 @@ def _check_placement(self: Config) -> None:
         raise ValueError("rollout.partial swaps new weights into responses being generated, which only an "
                          "off-policy run does (on-policy steps relay weights between batches): set "
                          "trainer.off_policy_steps >= 1 or drop rollout.partial")
-    if pl.custom or t.mode == "periodic" or t.off_policy_steps:
-        if self.algorithm.dynamic_sampling:
-            raise ValueError("algorithm.dynamic_sampling resamples prompts inside a step, which the streaming "
-                             "dataflow (a placement other than the default, trainer.mode=periodic or "
-                             "trainer.off_policy_steps) does not do yet: keep every role on main (placement.*=main, "
-                             "placement.reward=driver) with trainer.mode=sync, or drop dynamic_sampling")
-        if NEEDS[self.algorithm.advantage].baseline:
-            raise ValueError(f"algorithm.advantage={self.algorithm.advantage} generates a greedy baseline inside a "
-                             f"step, which the streaming dataflow (a placement other than the default, "
-                             f"trainer.mode=periodic or trainer.off_policy_steps) does not do yet: keep every role "
-                             f"on main with trainer.mode=sync")
     if self.trainer.offload and pl.custom:
         raise ValueError("trainer.offload moves idle roles off the one pool they share (the colocated loop); "
                          "with roles placed on pools of their own, drop trainer.offload")

@@ -178,6 +178,27 @@ class StageController:
             rows = np.asarray(rows, dtype=np.int64)
             self._ack_rows(st, rows[~st.acked[rows]])
 
+    def retire(self, gen: int, rows: np.ndarray) -> None:
+        """Rows no consumer will take (``Dock.retire``): acknowledged without a lease and out of the ready
+        queue; a waiting ``acquire`` sees the partition end without them. Leased rows are refused."""
+        with self._cond:
+            st = self._part(gen)
+            rows = np.asarray(rows, dtype=np.int64)
+            rows = rows[~st.acked[rows]]
+            units = np.unique(rows // st.unit_size)
+            leased = units[st.lease_of[units] != 0]
+            if len(leased):
+                raise ValueError(f"stage {self.spec.stage!r} holds rows {rows.tolist()[:8]} leased; they cannot be "
+                                 f"retired")
+            gone = set(units.tolist())
+            if gone and st.ready:
+                for u in st.ready:
+                    if u in gone:
+                        st.ready_tokens -= st.unit_tokens.pop(u, 0)
+                st.ready = deque(u for u in st.ready if u not in gone)
+            self._ack_rows(st, rows)
+            self._cond.notify_all()
+
     # --- notifications (writers) -------------------------------------------------------
     def on_written(self, gen: int, column: str, rows: np.ndarray) -> None:
         """Rows that just received ``column`` for the first time (after the data is stored)."""

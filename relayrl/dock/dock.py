@@ -70,6 +70,7 @@ class _Partition:
         self.present: dict[str, np.ndarray] = {}
         self.lengths: dict[str, np.ndarray] = {}
         self.owner = np.zeros(rows, dtype=np.int64)  # storage unit of each row
+        self.retired = np.zeros(rows, dtype=bool)  # rows no stage will consume (Dock.retire)
         self.unit_rows: list[int] = []  # rows placed on each unit
         self.lock = threading.Lock()
         self.open = True
@@ -199,6 +200,35 @@ class Dock:
         self._check_columns(part, ctl.spec.stage, ctl.spec.columns)
         ctl.attach(part.gen, part.rows, part.group_size, part.present, part.lengths,
                    owner=part.owner if self._plane.n_units > 1 else None)
+        if part.retired.any():
+            ctl.retire(part.gen, np.flatnonzero(part.retired))
+
+    def retire(self, partition: str, indexes: Sequence[int] | None = None) -> list[int]:
+        """Rows no stage will ever consume: whole prompt groups that DAPO's dynamic sampling dropped, or
+        (``indexes=None``) every row not reserved yet, which also closes the partition to new rows. Every stage,
+        and every stage registered later, counts them as acknowledged, so neither its batches nor its end wait
+        for them. The caller makes sure no stage holds them leased (a stage that reads a column the retired
+        rows never get cannot lease them). Returns the retired indexes."""
+        part = self._part(partition)
+        with self._lock:  # lock order: dock -> partition -> controller
+            stages = list(self._stages.values())
+            with part.lock:
+                self._check_open(part)
+                if indexes is None:
+                    idx = np.arange(part.allocated, part.rows, dtype=np.int64)
+                    part.allocated = part.rows
+                else:
+                    idx = np.unique(np.asarray(indexes, dtype=np.int64).reshape(-1))
+                    bad = idx[(idx < 0) | (idx >= part.rows)]
+                    if len(bad):
+                        raise IndexError(f"retire({partition!r}): row {int(bad[0])} is outside its {part.rows} rows")
+                    g = part.group_size
+                    if g > 1 and len(idx) and np.any(np.bincount(idx // g)[np.unique(idx // g)] != g):
+                        raise ValueError(f"retire({partition!r}): rows {idx.tolist()[:8]} are not whole groups of {g}")
+                for ctl in stages:
+                    ctl.retire(part.gen, idx)
+                part.retired[idx] = True
+        return idx.tolist()
 
     # --- writes -----------------------------------------------------------------------
     def put(self, partition: str, data: Mapping[str, Any], indexes: Sequence[int] | None = None) -> list[int]:

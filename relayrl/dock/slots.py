@@ -35,7 +35,7 @@ Which backend reaches the units from where:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
@@ -106,6 +106,13 @@ class Slots(_RowSet):
 
     def __repr__(self) -> str:
         return f"Slots({self._rows_repr()})"
+
+    def select(self, positions: Sequence[int]) -> "Slots":
+        """The slots at ``positions`` (0-based, into these slots' rows): a writer fills only some of its rows."""
+        pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+        if len(pos) and (pos.min() < 0 or pos.max() >= len(self._idx)):
+            raise IndexError(f"select: positions {pos.tolist()[:8]} out of range for {len(self._idx)} slots")
+        return Slots(self.partition, self._gen, self._n_rows, self._idx[pos], self._owner[pos], self._plane)
 
     def write(self, data: Mapping[str, Any]) -> Receipt:
         """Store ``data`` (column -> one tensor or scalar per slot row) in the units; nothing is visible yet.

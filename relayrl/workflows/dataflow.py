@@ -27,8 +27,16 @@ Resume: checkpoints are taken between steps. A run killed inside a step resumes 
 and regenerates that step's partition from the checkpoint's data position and sampler state (nothing of a
 half-consumed period is kept; the optimizer never stepped on it).
 
-Not in this path yet (refused by the config check): DAPO's dynamic sampling and ReMax's greedy baseline,
-which re-enter generation within a step; the colocated synchronous default runs ``grpo.py``'s loop.
+DAPO's dynamic sampling: the partition has room for every resample round. The score stage drops a group
+whose rewards are all equal (it writes no rewards for it) and retires its rows from the dock, so no later
+stage waits for them (the forward-only stages then also wait for a group's rewards); the sample stage
+generates replacement prompts in further rounds until ``P`` groups are kept or ``max_resample_rounds``, and
+retires the rows no round used. The kept groups are trained exactly as in the synchronous loop.
+
+ReMax: once the groups are sampled (and kept), the rollout generates one greedy response per prompt into
+the group's rows (``baseline_ids``); a stage scores it into ``baseline``, which the advantages read.
+
+The colocated synchronous default runs ``grpo.py``'s loop.
 """
 
 from __future__ import annotations
@@ -202,16 +210,21 @@ class DataflowGRPO(GRPOWorkflow):
 
     def open_step(self, step: int) -> Flow:
         """Draw the step's prompts and open its partition (``P`` groups of ``n`` rows)."""
-        P, n = self.cfg.data.prompts_per_step, self.sampling.n
+        P, n, a = self.cfg.data.prompts_per_step, self.sampling.n, self.cfg.algorithm
         problems = self.s.prompts.take(P)
         part = f"step-{step}"
-        self.dock.open_partition(part, rows=P * n, group_size=n)
+        # dynamic sampling: room for every resample round (the rows not needed are retired)
+        groups = P * (1 + a.max_resample_rounds) if a.dynamic_sampling else P
+        self.dock.open_partition(part, rows=groups * n, group_size=n)
         return Flow(self.dock, part, step, {"problems": problems, "infos": [], "scores": [], "rewards": [],
-                                            "metrics": {}, "update": {}, "kl": {}})
+                                            "metrics": {}, "update": {}, "kl": {}, "rounds": 0, "judged": 0,
+                                            "kept": 0, "dropped": set(), "scored": threading.Condition(),
+                                            "rows": {}, "baselines": []})
 
     def produce_stages(self) -> dict[str, Callable[[Flow], None]]:
-        """The stages that fill a partition: generation and the reward."""
-        return {"sample": self.sample, "score": self.score}
+        """The stages that fill a partition: generation and the reward (and ReMax's baseline reward)."""
+        return {"sample": self.sample, "score": self.score, **({"baseline": self.baseline} if self.needs.baseline
+                                                               else {})}
 
     def consume_stages(self) -> dict[str, Callable[[Flow], None]]:
         """The stages that read a filled partition: log-prob passes, advantages, the update."""
@@ -226,15 +239,19 @@ class DataflowGRPO(GRPOWorkflow):
 
     def step_metrics(self, f: Flow) -> dict[str, float]:
         """The step's sample, reward and update metrics, and ``dock/driver_bytes``."""
-        metrics = self._metrics(f.state)
+        metrics = self._metrics(f)
         metrics["dock/driver_bytes"] = float(sum(b for g in self._groups() for m, b in g.bytes_by_method.items()
                                                  if m not in _NOT_SAMPLES))
         return metrics
 
     @staticmethod
-    def flow_tokens(f: Flow) -> int:
-        """Prompt + generated tokens of the partition's samples."""
-        return sum(i["prompt_len"] * len(i["lengths"]) + sum(i["lengths"]) for i in f.state["infos"])
+    def kept_infos(f: Flow) -> list[dict]:
+        """The rollout's record of each prompt group the step trains on (dynamic sampling drops some)."""
+        return [i for i in f.state["infos"] if i["group"] not in f.state["dropped"]]
+
+    def flow_tokens(self, f: Flow) -> int:
+        """Prompt + generated tokens of the partition's samples that the step trains on."""
+        return sum(i["prompt_len"] * len(i["lengths"]) + sum(i["lengths"]) for i in self.kept_infos(f))
 
     def _groups(self):
         return [g for g in (self.actor, self.rollout, self.ref, self.critic, getattr(self, "scorer", None))
@@ -247,28 +264,60 @@ class DataflowGRPO(GRPOWorkflow):
     # ---------------------------------------------------------------- stages
     def sample(self, f: Flow) -> None:
         """The rollout ranks generate; each finished group is written to the dock by its rank and published
-        here (receipts only)."""
-        s, step, n = self.s, f.step, self.sampling.n
-        problems = f.state["problems"]
-        slots = [self.dock.reserve(f.part, n) for _ in problems]
-        prompts = [s.encode(p) for p in problems]
-        ranks = self.rollout.world_size
-        chunks = [list(range(len(problems)))[r::ranks] for r in range(ranks)]
-        with self.phase("generate", self.rollout, step):
-            for r, idx in enumerate(chunks):
-                self.rollout.one("start_stream", [prompts[i] for i in idx], self.sampling, [slots[i] for i in idx],
-                                 idx, partial=self.partial, rank=r)
-            live = set(range(ranks))
-            while live and not f.stop.is_set():
-                for r in sorted(live):
-                    got, done = self.rollout.one("poll_stream", 0.05 if ranks > 1 else 0.2, rank=r)
-                    for receipt, info in got:
-                        self.dock.publish(receipt)
-                        f.state["infos"].append(info)
-                    if done:
-                        live.discard(r)
-                self._while_generating(f)
+        here (receipts only). With DAPO's dynamic sampling, groups the score stage drops are replaced by
+        fresh prompts in further rounds, until ``P`` groups are kept or ``algorithm.max_resample_rounds``."""
+        st, a, P = f.state, self.cfg.algorithm, self.cfg.data.prompts_per_step
+        todo = list(range(len(st["problems"])))
+        with self.phase("generate", self.rollout, f.step):
+            while True:
+                self._generate(f, todo)
+                st["rounds"] += 1
+                if not a.dynamic_sampling or f.stop.is_set():
+                    break
+                with st["scored"]:  # every group of the round scored: kept or dropped (or the flow stopped)
+                    while not st["scored"].wait_for(lambda: f.stop.is_set() or st["judged"] == len(st["problems"]),
+                                                    timeout=0.5):
+                        continue
+                need = P - st["kept"]
+                if need <= 0 or st["rounds"] > a.max_resample_rounds or f.stop.is_set():
+                    break
+                first = len(st["problems"])
+                st["problems"] += self.s.prompts.take(need)
+                todo = list(range(first, first + need))
+            if self.needs.baseline and not f.stop.is_set():  # ReMax: a greedy response per kept prompt
+                self._generate(f, [g for g in range(len(st["problems"])) if g not in st["dropped"]], baseline=True)
+        if a.dynamic_sampling and not f.stop.is_set():
+            self.dock.retire(f.part)  # the rounds that were not needed
         f.generated.set()
+
+    def _generate(self, f: Flow, groups: list[int], baseline: bool = False) -> None:
+        """One generation round: prompt groups ``groups`` (indexes into the step's problems) streamed into the
+        dock by the rollout ranks. ``baseline`` (ReMax): one greedy response per group, into its rows."""
+        s, n = self.s, self.sampling.n
+        problems, rows = f.state["problems"], f.state["rows"]
+        if baseline:
+            slots = [self.dock.slots(f.part, rows[g]) for g in groups]
+        else:
+            slots = [self.dock.reserve(f.part, n) for _ in groups]
+            rows.update({g: sl.indexes for g, sl in zip(groups, slots)})
+        params = self.greedy if baseline else self.sampling
+        prompts = [s.encode(problems[g]) for g in groups]
+        ranks = self.rollout.world_size
+        chunks = [list(range(len(groups)))[r::ranks] for r in range(ranks)]
+        for r, idx in enumerate(chunks):
+            self.rollout.one("start_stream", [prompts[i] for i in idx], params, [slots[i] for i in idx],
+                             [groups[i] for i in idx], partial=self.partial, baseline=baseline, rank=r)
+        live = set(range(ranks))
+        while live and not f.stop.is_set():
+            for r in sorted(live):
+                got, done = self.rollout.one("poll_stream", 0.05 if ranks > 1 else 0.2, rank=r)
+                for receipt, info in got:
+                    self.dock.publish(receipt)
+                    if not info.get("baseline"):
+                        f.state["infos"].append(info)
+                if done:
+                    live.discard(r)
+            self._while_generating(f)
 
     def _while_generating(self, f: Flow) -> None:
         """Called between two polls of the rollout ranks; on-policy steps have nothing to do there (the
@@ -283,16 +332,26 @@ class DataflowGRPO(GRPOWorkflow):
 
         def one(b) -> None:
             with self.s.span("reward", "reward", f.step):
-                receipt, scores, rewards, metrics = self._score(
-                    "score_into", self.dock.reader(f.part, b.indexes, ["response_ids", "group"]),
-                    self.dock.slots(f.part, b.indexes), problems)
-            self.dock.publish(receipt)
-            with lock:
-                st["scores"] += scores
-                st["rewards"] += rewards
-                for k, v in metrics.items():  # per-call reward metrics: a mean weighted by rows
-                    st["metrics"].setdefault(k, []).append((v, len(b.indexes)))
+                out = self._score("score_into", self.dock.reader(f.part, b.indexes, ["response_ids", "group"]),
+                                  self.dock.slots(f.part, b.indexes), problems, self.cfg.algorithm.dynamic_sampling)
+            if out.receipt is not None:
+                self.dock.publish(out.receipt)
             b.ack()
+            dropped = [i for i, k in zip(b.indexes, out.kept) if not k]
+            if dropped:  # DAPO: a group whose rewards are all equal carries no signal; no stage will read it
+                self.dock.retire(f.part, dropped)
+            with lock:
+                kept = [i for i, k in enumerate(out.kept) if k]
+                st["scores"] += [out.scores[i] for i in kept]
+                st["rewards"] += [out.rewards[i] for i in kept]
+                st["dropped"] |= set(out.groups[i] for i, k in enumerate(out.kept) if not k)
+                for k, v in out.metrics.items():  # per-call reward metrics: a mean weighted by rows
+                    st["metrics"].setdefault(k, []).append((v, len(b.indexes)))
+            with st["scored"]:
+                groups = set(out.groups)
+                st["judged"] += len(groups)
+                st["kept"] += len(groups - st["dropped"])
+                st["scored"].notify_all()
 
         calls = self.SCORE_CALLS if self.scorer is None else 1
         with ThreadPoolExecutor(calls, thread_name_prefix="score") as pool:
@@ -306,9 +365,21 @@ class DataflowGRPO(GRPOWorkflow):
             for d in running:
                 d.result()
 
+    def baseline(self, f: Flow) -> None:
+        """ReMax: score each group's greedy response as its baseline, as the greedy responses land."""
+        problems = f.state["problems"]
+        for b in f.leases("baseline", ["baseline_ids", "group"], batch_rows=self.sampling.n * len(problems)):
+            with self.s.span("greedy_baseline", "reward", f.step):
+                receipt, base = self._score("baseline_into", self.dock.reader(f.part, b.indexes, ["baseline_ids", "group"]),
+                                            self.dock.slots(f.part, b.indexes), problems)
+            self.dock.publish(receipt)
+            f.state["baselines"] += base
+            b.ack()
+
     def _pass(self, f: Flow, stage: str, group, span: str, method: str, *args) -> None:
-        """A forward-only stage: each ready batch of groups -> ``method`` on every rank -> receipts published."""
-        cols = ["prompt_ids", "response_ids", "group"]
+        """A forward-only stage: each ready batch of groups -> ``method`` on every rank -> receipts published.
+        With dynamic sampling it waits for a group's rewards too (a dropped group never gets them)."""
+        cols = ["prompt_ids", "response_ids", "group"] + (["rewards"] if self.cfg.algorithm.dynamic_sampling else [])
         gate = self._device_gate(group, f)
         rows = None if gate is not None else self.sampling.n * self.cfg.trainer.stream_groups
         for b in f.leases(stage, cols, batch_rows=rows, after=gate):
@@ -331,7 +402,7 @@ class DataflowGRPO(GRPOWorkflow):
         a = self.cfg.algorithm
         cols = ["rewards", "response_ids", "group"] + (["gen_logprobs", "ref_logprobs"] if a.kl_in_reward and
                                                        self.ref is not None else []) \
-            + (["values"] if self.needs.values else [])
+            + (["values"] if self.needs.values else []) + (["baseline"] if self.needs.baseline else [])
         rows = self.sampling.n * self.cfg.trainer.stream_groups if self.needs.group_relative else None
         for b in f.leases("advantages", cols, batch_rows=rows):
             with self.s.span("advantage", "driver", f.step):
@@ -377,15 +448,15 @@ class DataflowGRPO(GRPOWorkflow):
                                  with_entropy="grad" if a.entropy_coef > 0 else True, **kw)
             consumed += len(b.indexes)
             b.ack()
-        if f.stop.is_set() or self._nothing_to_train(consumed, f):  # (the next begin_accumulation discards it)
-            return
+        if f.stop.is_set() or consumed == 0 or self._nothing_to_train(consumed, f):
+            return  # (the next begin_accumulation discards what was accumulated)
         with self.phase("update", self.actor, step):
             f.state["update"].update(self.actor.all("finish_accumulation")[0])
 
     def _nothing_to_train(self, rows: int, f: Flow) -> bool:
         """DAPO's overlong filter dropped every row of the batch: no optimizer step this step (said in the
         log, ``actor/skipped_update``), as the synchronous loop does."""
-        truncated = sum(sum(i["truncated"]) for i in f.state["infos"])
+        truncated = sum(sum(i["truncated"]) for i in self.kept_infos(f))
         if self.cfg.algorithm.overlong_filter:
             f.state["update"]["actor/overlong_filtered"] = float(truncated)
         if not self.cfg.algorithm.overlong_filter or truncated < rows:
@@ -405,14 +476,26 @@ class DataflowGRPO(GRPOWorkflow):
                 for idx in per]
 
     # --------------------------------------------------------------- metrics
-    def _metrics(self, st: dict) -> dict[str, float]:
-        infos = st["infos"]
+    def _metrics(self, f: Flow) -> dict[str, float]:
+        st, infos, a = f.state, self.kept_infos(f), self.cfg.algorithm
         lengths = torch.tensor([L for i in infos for L in i["lengths"]], dtype=torch.float32)
         truncated = torch.tensor([t for i in infos for t in i["truncated"]], dtype=torch.float32)
         scores, rewards = torch.tensor(st["scores"]), torch.tensor(st["rewards"])
         m: dict[str, float] = {k: sum(v * w for v, w in vs) / max(1, sum(w for _, w in vs))
                                for k, vs in st["metrics"].items()}
-        m.update(sample_metrics(scores, rewards, lengths, truncated))
+        if a.dynamic_sampling:  # the same record as the synchronous loop's
+            m.update({"dapo/dropped_groups": float(len(st["dropped"])), "dapo/sampled_groups": float(st["judged"]),
+                      "dapo/rounds": float(st["rounds"]),
+                      "dapo/missing_prompts": float(max(0, self.cfg.data.prompts_per_step - st["kept"]))})
+        if st["baselines"]:
+            m["remax/baseline_mean"] = sum(st["baselines"]) / len(st["baselines"])
+        if len(scores):
+            m.update(sample_metrics(scores, rewards, lengths, truncated))
+        else:  # every group was uniform in every round: nothing to learn from this step
+            self.s.tracker.write_text(f"step {f.step}: dynamic sampling found no group with differing rewards in "
+                                      f"{st['rounds']} rounds; no update this step (raise "
+                                      f"algorithm.max_resample_rounds or data.prompts_per_step)")
+            m["dapo/skipped_step"] = 1.0
         m.update(st["update"])
         self.kl_metrics(m, st["kl"])
         m.update(self._phase_metrics)

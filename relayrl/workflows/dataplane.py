@@ -24,10 +24,11 @@ from __future__ import annotations
 import queue
 import threading
 from collections import Counter
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 
+from relayrl.algorithms.dapo import dynamic_sampling_filter
 from relayrl.cluster import Worker
 from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.engines.training.base import SequenceBatch
@@ -35,7 +36,7 @@ from relayrl.workflows.estimate import advantage_rows
 from relayrl.workflows.workers import CriticWorker, PolicyWorker, ReferenceWorker, RolloutWorker
 
 __all__ = ["StreamingRollout", "DockPolicyWorker", "DockReferenceWorker", "DockCriticWorker",
-           "ScoreWorker", "rows_batch"]
+           "ScoreWorker", "Scored", "rows_batch"]
 
 _DONE = object()
 
@@ -59,10 +60,12 @@ class StreamingRollout(RolloutWorker):
     in. Without it, weights may only arrive between streams."""
 
     def start_stream(self, prompts: Sequence[Sequence[int]], params: SamplingParams, slots: Sequence[Any],
-                     groups: Sequence[int], partial: bool = False) -> None:
+                     groups: Sequence[int], partial: bool = False, baseline: bool = False) -> None:
         """Generate ``params.n`` responses for each of ``prompts`` on a thread of this worker; prompt ``i``'s
         group is written to ``slots[i]`` (its ``n`` rows, in sample order) as soon as it is complete. Take
-        the receipts with :meth:`poll_stream`. ``partial``: weights may be swapped in mid-stream."""
+        the receipts with :meth:`poll_stream`. ``partial``: weights may be swapped in mid-stream.
+        ``baseline`` (ReMax): one response per prompt (greedy ``params``), written as ``baseline_ids`` into
+        every row of the group's existing ``slots[i]``."""
         if self._streaming():
             raise RuntimeError("start_stream: the previous stream is still generating")
         if len(slots) != len(prompts) or len(groups) != len(prompts):
@@ -79,6 +82,10 @@ class StreamingRollout(RolloutWorker):
                 return
             comps = sorted(pending.pop(c.prompt_index), key=lambda x: x.sample_index)
             i = c.prompt_index
+            if baseline:
+                receipt = slots[i].write({"baseline_ids": [c.token_ids] * len(slots[i])})
+                self._out.put((receipt, {"group": int(groups[i]), "baseline": True}))
+                return
             versions = [x.token_versions for x in comps]
             receipt = slots[i].write({
                 "prompt_ids": [torch.as_tensor(list(prompts[i]), dtype=torch.long)] * n,
@@ -250,6 +257,23 @@ class DockCriticWorker(_DockRows, CriticWorker):
         return [self.update(batch, loss_fn, **kwargs)]
 
 
+class Scored(NamedTuple):
+    """What :meth:`ScoreWorker.score_into` returns for a batch of rows (scalars and a receipt only)."""
+
+    receipt: Any
+    """The write receipt of the ``rewards`` of the kept rows (None when every group was dropped)."""
+    scores: list[float]
+    """The verifier's score of each row."""
+    rewards: list[float]
+    """Each row's reward after the run's shaping."""
+    metrics: dict[str, float]
+    """The reward engine's metrics for the call."""
+    kept: list[bool]
+    """False for the rows of groups dynamic sampling dropped."""
+    groups: list[int]
+    """Each row's prompt group."""
+
+
 class ScoreWorker(Worker):
     """The reward and advantage stages, in the driver's process: reads responses from the dock, scores them
     with the run's reward engine (rule verifiers, user functions) and writes rewards; computes advantages of
@@ -258,16 +282,41 @@ class ScoreWorker(Worker):
     def __init__(self, reward, tokenizer, algorithm, shape) -> None:
         self.reward, self.tokenizer, self.algorithm, self.shape = reward, tokenizer, algorithm, shape
 
-    def score_into(self, reader, slots, problems: Sequence) -> tuple[Any, list[float], list[float], dict]:
-        """Score the rows (``problems[group]`` holds each row's prompt and answer); writes ``rewards`` (after
-        the run's shaping) and returns ``(receipt, scores, rewards, reward metrics)`` (scalars only)."""
+    def score_into(self, reader, slots, problems: Sequence, dynamic_sampling: bool = False) -> "Scored":
+        """Score the rows (whole prompt groups; ``problems[group]`` holds each row's prompt and answer) and
+        write ``rewards`` (after the run's shaping). ``dynamic_sampling``: a group whose scores are all equal
+        is dropped (DAPO): its rows get no rewards and ``kept`` is False for them."""
         cols = reader.read()
         texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in cols["response_ids"]]
-        probs = [problems[int(g)] for g in cols["group"]]
+        groups = [int(g) for g in cols["group"]]
+        probs = [problems[g] for g in groups]
         scores, metrics = self.reward.score([p.prompt for p in probs], texts, [p.answer for p in probs])
         lengths = torch.tensor([len(r) for r in cols["response_ids"]], dtype=torch.float32)
         rewards = self.shape(torch.tensor(scores, dtype=torch.float32), lengths)
-        return slots.write({"rewards": rewards.tolist()}), list(scores), rewards.tolist(), metrics
+        kept = [True] * len(groups)
+        if dynamic_sampling:
+            mask, _ = dynamic_sampling_filter(torch.tensor(scores, dtype=torch.float32), torch.tensor(groups))
+            kept = [bool(k) for k in mask.tolist()]
+        keep = [i for i, k in enumerate(kept) if k]
+        receipt = None
+        if keep:
+            out = slots if len(keep) == len(kept) else slots.select(keep)
+            receipt = out.write({"rewards": [float(rewards[i]) for i in keep]})
+        return Scored(receipt, list(scores), rewards.tolist(), metrics, kept, groups)
+
+    def baseline_into(self, reader, slots, problems: Sequence) -> tuple[Any, list[float]]:
+        """ReMax: the (shaped) reward of each group's greedy response (``baseline_ids``, the same in every row
+        of the group), written as every row's ``baseline``; returns ``(receipt, one baseline per group)``."""
+        cols = reader.read()
+        groups = [int(g) for g in cols["group"]]
+        first = {g: i for i, g in reversed(list(enumerate(groups)))}
+        order = sorted(first)
+        ids = [cols["baseline_ids"][first[g]] for g in order]
+        texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in ids]
+        scores, _ = self.reward.score([problems[g].prompt for g in order], texts, [problems[g].answer for g in order])
+        lengths = torch.tensor([len(r) for r in ids], dtype=torch.float32)
+        base = dict(zip(order, self.shape(torch.tensor(scores, dtype=torch.float32), lengths).tolist()))
+        return slots.write({"baseline": [base[g] for g in groups]}), [base[g] for g in order]
 
     def advantages_into(self, reader, slots) -> tuple[Any, dict[str, float]]:
         """Advantages of the rows (whole groups, or the whole batch for batch-whitened estimators)."""
@@ -275,5 +324,6 @@ class ScoreWorker(Worker):
         out, kl = advantage_rows(
             self.algorithm, torch.tensor([float(r) for r in cols["rewards"]]), [len(r) for r in cols["response_ids"]],
             torch.tensor([int(g) for g in cols["group"]]), gen_logprobs=cols.get("gen_logprobs"),
-            ref_logprobs=cols.get("ref_logprobs"), values=cols.get("values"))
+            ref_logprobs=cols.get("ref_logprobs"), values=cols.get("values"),
+            baseline=torch.tensor([float(b) for b in cols["baseline"]]) if "baseline" in cols else None)
         return slots.write(out), kl

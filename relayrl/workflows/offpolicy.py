@@ -171,7 +171,7 @@ class OffPolicyGRPO(DataflowGRPO):
         metrics = self.step_metrics(f)
         with self.s.span("stage_weights", "actor", step):
             self._stage(step)
-        metrics.update(staleness_metrics([v for i in f.state["infos"] for v in i["versions"]], step, self.k))
+        metrics.update(staleness_metrics([v for i in self.kept_infos(f) for v in i["versions"]], step, self.k))
         with a.cond:
             relayed, a.relayed = a.relayed, {}
         metrics.update({"async/wait_rollout_s": waited, "async/rollout_version": float(a.rollout_version),

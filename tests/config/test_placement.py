@@ -31,12 +31,9 @@ def test_refusals_name_the_key_and_the_fix():
     refused({"placement": {"pools": {"main": 1}}}, "'main' is the actor's pool")
     refused({"trainer": {"tri_model": True}}, "trainer.tri_model", "kl_coef")
     refused({"trainer": {"tri_model": True}, "algorithm": {"kl_coef": 0.1, "kl_in_reward": True}}, "kl_in_reward")
-    refused({**SPLIT, "algorithm": {"dynamic_sampling": True}}, "dynamic_sampling")
-    refused({**SPLIT, "algorithm": {"advantage": "remax"}}, "remax")
     refused({**SPLIT, "trainer": {"offload": True}}, "trainer.offload")
     refused({**SPLIT, "trainer": {"off_policy_steps": 1, "mode": "periodic"}}, "choose one")
     refused({"rollout": {"partial": True}}, "rollout.partial", "off_policy_steps")
-    refused({"trainer": {"off_policy_steps": 1}, "algorithm": {"dynamic_sampling": True}}, "dynamic_sampling")
     refused({"trainer": {"off_policy_steps": 1}, "cluster": {"devices": 64}}, "rollout=1", "CPU core")
     refused({"workflow": "sft", **SPLIT}, "workflow grpo")
 
@@ -50,6 +47,13 @@ def test_off_policy_takes_the_dataflow_with_the_rollout_on_its_own_pool():
     assert placed.placement.split and placed.placement.pools == {"rollout": 1}
     named = Config.model_validate({**SPLIT, "trainer": {"off_policy_steps": 2}})
     assert offpolicy_placement(named) is named  # a placement that names the rollout's pool is kept
+
+
+def test_dynamic_sampling_and_remax_run_on_the_dataflow():
+    for extra in ({"trainer": {"mode": "periodic"}}, {"trainer": {"off_policy_steps": 1}}):
+        for algo in ({"dynamic_sampling": True}, {"advantage": "remax"}):
+            cfg = Config.model_validate({**SPLIT, **extra, "algorithm": algo})
+            assert uses_dataflow(cfg)
 
 
 def test_tri_model_with_kl_is_accepted():

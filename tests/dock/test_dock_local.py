@@ -205,3 +205,30 @@ def test_reader_works_in_process_and_refuses_pickling(dock):
     dock.close_partition("r")
     with pytest.raises(PartitionClosedError, match="closed after this reader was made"):
         reader.read()
+
+
+def test_retired_rows_are_never_handed_out_and_do_not_hold_a_stage_back(dock):
+    """DAPO's dynamic sampling drops a scored group and leaves capacity unused: retired rows leave the ready
+    queue of a stage that already saw them, a stage registered later never sees them, and the partition ends
+    (acquire returns None) once the kept rows are acknowledged."""
+    dock.open_partition("p", rows=8, group_size=2)
+    dock.register_stage("score", ["ids"], whole_groups=True)
+    dock.put("p", {"ids": [torch.tensor([i]) for i in range(6)]})  # groups 0, 1, 2; group 3 never written
+    dock.retire("p", [2, 3])  # group 1 dropped after it became ready for "score"
+    with pytest.raises(ValueError, match="not whole groups"):
+        dock.retire("p", [4])
+    assert sorted(dock.retire("p")) == [6, 7]  # unused capacity; the partition takes no new rows
+    with pytest.raises(ValueError, match="exceed"):
+        dock.reserve("p", 2)
+    seen = []
+    while (b := dock.acquire("p", "score", batch_size=8, timeout_s=5.0)) is not None:
+        seen += b.indexes
+        b.ack()
+    assert sorted(seen) == [0, 1, 4, 5]
+    dock.register_stage("late", ["ids"], whole_groups=True)
+    b = dock.acquire("p", "late", batch_size=None, timeout_s=5.0)
+    assert sorted(b.indexes) == [0, 1, 4, 5]
+    with pytest.raises(ValueError, match="leased"):
+        dock.retire("p", [0, 1])
+    b.ack()
+    assert dock.acquire("p", "late", batch_size=None, timeout_s=5.0) is None

@@ -3,3 +3,9 @@
 
 def by_length(prompts, responses, answers):
     return [float(len(r) % 3) / 2.0 for r in responses]
+
+
+def half_uniform(prompts, responses, answers):
+    """Every response to a prompt whose characters sum to an even number scores 1 (a group DAPO's dynamic
+    sampling drops); the others score by length, so their groups vary."""
+    return [1.0 if sum(map(ord, p)) % 2 == 0 else float(len(r) % 3) / 2.0 for p, r in zip(prompts, responses)]
