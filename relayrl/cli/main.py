@@ -24,6 +24,13 @@ def _load(recipe: str | None, overrides: list[str]):
 
 
 def _run(cfg) -> Path:
+    """Train ``cfg``'s workflow; a lost worker restarts it from the last checkpoint (``run.max_restarts``)."""
+    from relayrl.workflows.restart import run_with_restarts
+
+    return run_with_restarts(cfg, _workflow)
+
+
+def _workflow(cfg) -> Path:
     if cfg.workflow == "sft":
         from relayrl.workflows.sft import train_sft
 

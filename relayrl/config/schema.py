@@ -41,6 +41,10 @@ class RunConfig(_Section):
     resume_check: bool = Field(True, description="refuse to resume a checkpoint whose saved config differs on the "
                                "keys that define a run (workflow, seed, model, data, advantage estimator)")
     save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
+    max_restarts: int = Field(0, ge=0, description="when a worker process (or Ray actor) dies, tear the worker "
+                              "groups down, recreate them and go on from the last checkpoint, at most this many "
+                              "times per run (each restart is logged with its cause; run/restarts counts them); "
+                              "0: the run ends with an error naming the group and rank")
     keep_checkpoints: int = Field(2, ge=1)
     on_nonfinite: Literal["stop", "skip"] = Field("stop", description="NaN/Inf loss or gradient: save and stop, or skip the step")
     threads: int = Field(0, ge=0, description="torch CPU threads (0: all cores)")
