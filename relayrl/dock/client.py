@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from relayrl.dock.loader import ColumnAccess
 from relayrl.dock.rowcodec import decode_rows, encode_rows
 from relayrl.errors import UserError
 
@@ -48,7 +49,7 @@ class WeightNotice:
     """Where those weights are, if the notifier said."""
 
 
-class RemoteBatch:
+class RemoteBatch(ColumnAccess):
     """A leased batch from the service: ``indexes``, one tensor per row per column, and ``ack()``."""
 
     def __init__(self, client: "DockClient", columns: dict[str, list[torch.Tensor]], meta: dict[str, Any]) -> None:
@@ -63,15 +64,6 @@ class RemoteBatch:
     def __len__(self) -> int:
         return len(self.indexes)
 
-    def __getitem__(self, column: str) -> list[torch.Tensor]:
-        try:
-            return self._data[column]
-        except KeyError:
-            raise KeyError(f"batch has no column {column!r}; it holds {sorted(self._data)}") from None
-
-    @property
-    def columns(self) -> list[str]:
-        return list(self._data)
 
     def ack(self) -> list[int]:
         """Acknowledge the rows; returns those retired by this call (none whose lease expired meanwhile)."""

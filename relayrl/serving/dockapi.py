@@ -276,25 +276,17 @@ def build_dock_app(dock: Dock, *, api_key: str | None = None, max_body_bytes: in
 def serve_dock(*, host: str = "127.0.0.1", port: int = 8100, api_key: str | None = None, units: int = 1,
                lease_s: float = 60.0, max_body_bytes: int = 256 << 20, log=print) -> None:
     """``relayrl dock``: serve a fresh in-process dock until interrupted."""
-    import socket
-
     import uvicorn
 
     from relayrl.serving.guard import is_loopback
-    from relayrl.serving.server import ServeError
+    from relayrl.serving.server import ServeError, listening_socket
 
     if not is_loopback(host) and not api_key:
         raise ServeError(f"--host {host} exposes the dock beyond this machine; set a bearer token first "
                          f"(RELAYRL_API_KEY=... or --api-key-file FILE), or bind to 127.0.0.1")
     dock = Dock(units=units, backend="local", lease_s=lease_s)
     app = build_dock_app(dock, api_key=api_key, max_body_bytes=max_body_bytes)
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        raise ServeError(f"cannot bind {host}:{port}: {e.strerror}; pick another --port (0: any free one)") from None
-    sock.listen(2048)  # connections queue from now on, so a client may connect as soon as the address is printed
+    sock = listening_socket(host, port)
     log(f"relayrl dock: http://{host}:{sock.getsockname()[1]}/v1/dock (lease {lease_s:g} s, "
         f"auth={'bearer' if api_key else 'none'})", flush=True)
     try:

@@ -43,6 +43,20 @@ def build_state(model_dir: str, *, limits: ServeLimits, api_key: str | None, max
                        max_weights_bytes=4 * n_bytes + (64 << 20))  # float32 copies of bf16 weights, plus headers
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` and listening (port 0: any free one): connections queue from now on,
+    so a client may connect as soon as the address is printed."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ServeError(f"cannot bind {host}:{port}: {e.strerror}; pick another --port (0: any free one)") from None
+    sock.listen(2048)
+    return sock
+
+
 def serve(model_dir: str, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           limits: ServeLimits | None = None, max_batch: int = 64, dtype: str = "float32", device: str = "auto",
           seed: int = 0, threads: int = 0, name: str | None = None, log=print) -> None:
@@ -64,14 +78,7 @@ def serve(model_dir: str, *, host: str = "127.0.0.1", port: int = 8000, api_key:
     state = build_state(model_dir, limits=limits or ServeLimits(), api_key=api_key, max_batch=max_batch,
                         dtype=dtype, device=device, seed=seed, name=name)
     app = build_app(state)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        raise ServeError(f"cannot bind {host}:{port}: {e.strerror}; pick another --port (0: any free one)") from None
-    sock.listen(2048)  # connections queue from now on, so a client may connect as soon as the address is printed
+    sock = listening_socket(host, port)
     bound = sock.getsockname()[1]
     log(f"relayrl serve: {state.model_name} on http://{host}:{bound}/v1 (max_batch={max_batch}, device={device}, "
         f"auth={'bearer' if api_key else 'none'}, pid={os.getpid()})", flush=True)
