@@ -33,6 +33,7 @@ bench: $(VENV)/.bench-installed
 	$(BIN)/python benchmarks/grpo_vs_trl.py
 	$(BIN)/python benchmarks/weight_relay.py
 	$(BIN)/python benchmarks/data_parallel.py
+	$(BIN)/python benchmarks/serve_load.py
 
 clean:
 	rm -rf $(VENV) runs .cache

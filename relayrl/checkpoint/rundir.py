@@ -52,22 +52,28 @@ def _checkpoints(run_dir: Path) -> list[str]:
 def claim_run_dir(run_dir: Path, resume: str, overwrite: bool) -> str | None:
     """Make sure a run starting in ``run_dir`` does not mix with a previous run there.
 
-    With ``resume`` other than "never" the previous run is the one being
-    continued; nothing to check. With "never", a directory holding complete
-    checkpoints is refused (:class:`RunDirError`), unless ``overwrite``: then
-    it is renamed to ``RUN_DIR.replaced-YYYYmmdd-HHMMSS`` and a sentence saying
-    so is returned (None when nothing was moved).
+    With ``resume=auto``, or a path to one of ``run_dir``'s own checkpoints, the previous run is the one
+    being continued; nothing to check. With "never", or a path to another run's checkpoint (a new run that
+    starts from it), a directory holding complete checkpoints is refused (:class:`RunDirError`), unless
+    ``overwrite``: then it is renamed to ``RUN_DIR.replaced-YYYYmmdd-HHMMSS`` and a sentence saying so is
+    returned (None when nothing was moved).
     """
     run_dir = Path(run_dir)
-    if resume != "never":
+    if resume == "auto":
         return None
+    if resume != "never":
+        own = (run_dir / "checkpoints").resolve()
+        src = Path(resume).resolve()
+        if src == own or own in src.parents:
+            return None
     found = _checkpoints(run_dir)
     if not found:
         return None
     if not overwrite:
         listed = ", ".join(found[-3:]) + (f" and {len(found) - 3} older" if len(found) > 3 else "")
+        what = "a fresh run" if resume == "never" else f"a run resumed from another run's checkpoint ({resume})"
         raise RunDirError(
-            f"run.dir={run_dir} already holds a run with checkpoints ({listed}); a fresh run there would mix "
+            f"run.dir={run_dir} already holds a run with checkpoints ({listed}); {what} there would mix "
             f"the two. Resume it with run.resume=auto, choose a new run.dir (e.g. run.dir={run_dir}-2), or set "
             f"run.overwrite=true to move the old run aside"
         )

@@ -1,4 +1,4 @@
-"""``relayrl train | eval | plot | demo | plan``."""
+"""``relayrl train | eval | plot | demo | serve | dock | plan``."""
 
 from __future__ import annotations
 
@@ -24,6 +24,13 @@ def _load(recipe: str | None, overrides: list[str]):
 
 
 def _run(cfg) -> Path:
+    """Train ``cfg``'s workflow; a lost worker restarts it from the last checkpoint (``run.max_restarts``)."""
+    from relayrl.workflows.restart import run_with_restarts
+
+    return run_with_restarts(cfg, _workflow)
+
+
+def _workflow(cfg) -> Path:
     if cfg.workflow == "sft":
         from relayrl.workflows.sft import train_sft
 
@@ -144,6 +151,42 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    """An OpenAI-compatible server over the native engine (``relayrl.serving``)."""
+    from relayrl.serving.protocol import ServeLimits
+    from relayrl.serving.server import serve
+
+    key = _api_key(args.api_key_file)
+    limits = ServeLimits(max_body_bytes=args.max_body_bytes, max_tokens=args.max_tokens, max_n=args.max_n,
+                         max_waiting=args.max_waiting)
+    serve(args.model_dir, host=args.host, port=args.port, api_key=key, limits=limits, max_batch=args.max_batch,
+          dtype=args.dtype, device=args.device, seed=args.seed, threads=args.threads, name=args.name)
+    return 0
+
+
+def _api_key(path: str | None) -> str | None:
+    """The bearer token: from ``--api-key-file``, else ``RELAYRL_API_KEY``, else none."""
+    import os
+
+    from relayrl.serving.server import ServeError
+
+    if path:
+        key = Path(path).read_text().strip()
+        if not key:
+            raise ServeError(f"--api-key-file {path} is empty; write the token into it")
+        return key
+    return os.environ.get("RELAYRL_API_KEY") or None
+
+
+def cmd_dock(args) -> int:
+    """The dock's service API for external producers and consumers (``relayrl.serving.dockapi``)."""
+    from relayrl.serving.dockapi import serve_dock
+
+    serve_dock(host=args.host, port=args.port, api_key=_api_key(args.api_key_file), units=args.units,
+               lease_s=args.lease_s, max_body_bytes=args.max_body_bytes)
+    return 0
+
+
 def _int_at_least(low: int) -> Callable[[str], int]:
     """argparse type: an integer >= ``low``, refused with the bound otherwise."""
     def parse(text: str) -> int:
@@ -209,6 +252,34 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--out", default="runs/eval", help="directory for eval.json and eval_samples.jsonl")
     e.set_defaults(fn=cmd_eval)
+
+    sv = sub.add_parser(
+        "serve", parents=[common], help="OpenAI-compatible HTTP server over the native engine: relayrl serve MODEL_DIR")
+    sv.add_argument("model_dir", help="local Hugging Face model directory")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (not loopback: needs a bearer token)")
+    sv.add_argument("--port", type=_int_at_least(0), default=8000, help="0: any free port (printed at start)")
+    sv.add_argument("--api-key-file", help="file holding the bearer token clients must send (or set RELAYRL_API_KEY)")
+    sv.add_argument("--name", help="model name clients ask for (default: the directory's name)")
+    sv.add_argument("--max-batch", type=_int_at_least(1), default=64, help="sequences decoded together")
+    sv.add_argument("--max-tokens", type=_int_at_least(1), default=1024, help="largest max_tokens of a request")
+    sv.add_argument("--max-n", type=_int_at_least(1), default=16, help="largest n of a request")
+    sv.add_argument("--max-body-bytes", type=_int_at_least(1024), default=1 << 20, help="largest request body")
+    sv.add_argument("--max-waiting", type=_int_at_least(1), default=1024, help="queued requests before 503")
+    sv.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    sv.add_argument("--device", default="auto")
+    sv.add_argument("--seed", type=int, default=0, help="seed of unseeded requests' sampling")
+    sv.add_argument("--threads", type=_int_at_least(0), default=0, help="torch CPU threads (0: all cores)")
+    sv.set_defaults(fn=cmd_serve)
+
+    dk = sub.add_parser(
+        "dock", parents=[common], help="the dock's service API (put prompts/experience, lease, ack, weight notices)")
+    dk.add_argument("--host", default="127.0.0.1", help="address to bind (not loopback: needs a bearer token)")
+    dk.add_argument("--port", type=_int_at_least(0), default=8100, help="0: any free port (printed at start)")
+    dk.add_argument("--api-key-file", help="file holding the bearer token clients must send (or set RELAYRL_API_KEY)")
+    dk.add_argument("--units", type=_int_at_least(1), default=1, help="storage units")
+    dk.add_argument("--lease-s", type=_non_negative_float, default=60.0, help="seconds before a lease is re-delivered")
+    dk.add_argument("--max-body-bytes", type=_int_at_least(1024), default=256 << 20, help="largest put")
+    dk.set_defaults(fn=cmd_dock)
 
     pl = sub.add_parser(
         "plot", parents=[common], help="PNG figures, stage timeline and trace.json of a run directory")

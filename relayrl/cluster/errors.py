@@ -22,10 +22,13 @@ class WorkerError(RuntimeError):
         remote_traceback: the traceback text from the rank, or why it died.
         user_message: the error's message when it is the user's to fix (bad data, model path, ...), else None.
         other_ranks: further ranks that failed in the same call with the same user message.
+        lost: the rank's process (or Ray actor) died rather than raised: the worker is gone, which
+            ``run.max_restarts`` may recover from by recreating the groups from the last checkpoint.
     """
 
     def __init__(self, group: str, rank: int, method: str, remote_traceback: str,
-                 user_message: str | None = None) -> None:
+                 user_message: str | None = None, lost: bool = False) -> None:
+        self.lost = lost
         self.group = group
         self.rank = rank
         self.method = method
@@ -38,7 +41,8 @@ class WorkerError(RuntimeError):
         )
 
     def __reduce__(self):  # keep the four fields when pickled (e.g. through Ray)
-        return (WorkerError, (self.group, self.rank, self.method, self.remote_traceback, self.user_message))
+        return (WorkerError, (self.group, self.rank, self.method, self.remote_traceback, self.user_message,
+                              self.lost))
 
     def brief(self) -> str:
         """One line for the user: where it failed and the user message (or the last traceback line)."""

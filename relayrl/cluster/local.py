@@ -160,7 +160,7 @@ class ProcessRanks:
         proc.join(timeout=1.0)
         reason = f"rank process (pid {proc.pid}) died: {exit_reason(proc.exitcode, running='its pipe closed')}"
         self.broken = f"rank {r} died in {method!r}"
-        raise WorkerError(self.group, r, method, reason)
+        raise WorkerError(self.group, r, method, reason, lost=True)
 
     def _collect(self, call_id: int, ranks: list[int], method: str, deadline: float | None) -> list[Any]:
         """Wait for one reply per rank (results in `ranks` order). The first error

@@ -191,7 +191,7 @@ class RayRanks:
                 value = ray.get(ready[0])
             except ray.exceptions.RayActorError as exc:
                 self.broken = f"rank {r} died in {method!r}"
-                raise WorkerError(self.group, r, method, f"rank actor died: {exc}") from None
+                raise WorkerError(self.group, r, method, f"rank actor died: {exc}", lost=True) from None
             except ray.exceptions.RayError as exc:  # the host's own method failed (e.g. unpicklable argument)
                 value = Reply(START_CALL, False, traceback=str(exc))
             replies.add(r, Reply(START_CALL, True, value) if raw and not isinstance(value, Reply) else value)

@@ -41,6 +41,10 @@ class RunConfig(_Section):
     resume_check: bool = Field(True, description="refuse to resume a checkpoint whose saved config differs on the "
                                "keys that define a run (workflow, seed, model, data, advantage estimator)")
     save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
+    max_restarts: int = Field(0, ge=0, description="when a worker process (or Ray actor) dies, tear the worker "
+                              "groups down, recreate them and go on from the last checkpoint, at most this many "
+                              "times per run (each restart is logged with its cause; run/restarts counts them); "
+                              "0: the run ends with an error naming the group and rank")
     keep_checkpoints: int = Field(2, ge=1)
     on_nonfinite: Literal["stop", "skip"] = Field("stop", description="NaN/Inf loss or gradient: save and stop, or skip the step")
     threads: int = Field(0, ge=0, description="torch CPU threads (0: all cores)")
@@ -109,10 +113,57 @@ class RolloutConfig(_Section):
     decode: Literal["auto", "dynamic", "static"] = Field(
         "auto", description="auto: on CUDA, Llama-family models decode on a static KV cache with CUDA graphs, "
         "others (and CPU) with a dynamic cache; static: always the static cache (graphed on CUDA); dynamic: never")
+    engine: Literal["native", "openai"] = Field(
+        "native", description="native: relayrl's engine in the rollout workers; openai: sample through an "
+        "OpenAI-compatible server at rollout.base_url (relayrl serve, vLLM, SGLang), weights pushed after every update")
+    base_url: str | None = Field(None, description="rollout.engine=openai: the server's base URL, e.g. "
+                                 "http://127.0.0.1:8000/v1")
+    served_model: str | None = Field(None, description="rollout.engine=openai: the model name at the server "
+                                     "(null: the first one /v1/models lists)")
+    api_key_env: str | None = Field(None, description="rollout.engine=openai: environment variable holding the "
+                                    "server's bearer token")
+    weight_sync: Literal["relayrl", "vllm", "sglang", "none"] = Field(
+        "relayrl", description="rollout.engine=openai: how new weights reach the server: relayrl (relayrl serve's "
+        "weight endpoint), vllm or sglang (their reload endpoints, from rollout.weight_dir; untested here), none "
+        "(the server's weights stay: evaluation only)")
+    weight_dir: str | None = Field(None, description="rollout.engine=openai: a directory the server reads weights "
+                                   "from (needed by weight_sync=vllm/sglang; relayrl: instead of sending them)")
+    concurrency: int = Field(64, ge=1, description="rollout.engine=openai: requests in flight per rollout rank")
     partial: bool = Field(False, description="trainer.off_policy_steps > 0: partial rollout. When the trainer's "
                           "new weights arrive, responses still being generated pause, their contexts are "
                           "prefilled again with the new weights and they continue (each token records the "
                           "version that sampled it); off: weights change only between batches")
+
+    @model_validator(mode="after")
+    def _remote(self) -> "RolloutConfig":
+        if self.engine == "openai":
+            if not self.base_url:
+                raise ValueError("rollout.engine=openai needs rollout.base_url, the server's OpenAI base URL (e.g. "
+                                 "rollout.base_url=http://127.0.0.1:8000/v1 for relayrl serve MODEL_DIR --port 8000)")
+            if not self.base_url.startswith(("http://", "https://")):
+                raise ValueError(f"rollout.base_url={self.base_url!r} must start with http:// or https://")
+            if self.partial:
+                raise ValueError("rollout.partial swaps new weights into responses between decode steps of the "
+                                 "native engine; a server (rollout.engine=openai) takes weights between requests: "
+                                 "drop rollout.partial")
+            if self.weight_sync in ("vllm", "sglang") and not self.weight_dir:
+                raise ValueError(f"rollout.weight_sync={self.weight_sync} loads new weights from disk: set "
+                                 f"rollout.weight_dir to a directory the server can read")
+        else:
+            remote_only = [k for k in ("base_url", "served_model", "api_key_env", "weight_dir") if getattr(self, k)]
+            if remote_only:
+                raise ValueError(f"rollout.{remote_only[0]} is read by rollout.engine=openai only; set "
+                                 f"rollout.engine=openai or drop rollout.{remote_only[0]}")
+        return self
+
+    def remote(self):
+        """The remote engine's spec (``rollout.engine=openai``), else None."""
+        if self.engine != "openai":
+            return None
+        from relayrl.engines.generation.remote import RemoteSpec
+
+        return RemoteSpec(base_url=self.base_url, model=self.served_model, api_key_env=self.api_key_env,
+                          weight_sync=self.weight_sync, weight_dir=self.weight_dir, concurrency=self.concurrency)
 
 
 class AlgorithmConfig(_Section):
@@ -328,6 +379,9 @@ class Config(_Section):
                                 if self.workflow != "grpo" else "with trainer.off_policy_steps the rollout has "
                                 "its own pool and runs while the trainer trains")
                              + ": drop trainer.offload")
+        if self.trainer.offload and self.rollout.engine == "openai":
+            raise ValueError("trainer.offload makes room for the rollout's weights on a shared device; with "
+                             "rollout.engine=openai the server holds them: drop trainer.offload")
         if self.model.dtype == "float16":
             raise ValueError("model.dtype=float16 trains with fp16 compute, whose gradients underflow without loss "
                              "scaling (relayrl does not scale losses); use model.dtype=bfloat16 (rollout.dtype="
@@ -397,12 +451,6 @@ def _check_placement(self: Config) -> None:
         raise ValueError("rollout.partial swaps new weights into responses being generated, which only an "
                          "off-policy run does (on-policy steps relay weights between batches): set "
                          "trainer.off_policy_steps >= 1 or drop rollout.partial")
-    if pl.custom or t.mode == "periodic" or t.off_policy_steps:
-        if NEEDS[self.algorithm.advantage].baseline:
-            raise ValueError(f"algorithm.advantage={self.algorithm.advantage} generates a greedy baseline inside a "
-                             f"step, which the streaming dataflow (a placement other than the default, "
-                             f"trainer.mode=periodic or trainer.off_policy_steps) does not do yet: keep every role "
-                             f"on main with trainer.mode=sync")
     if self.trainer.offload and pl.custom:
         raise ValueError("trainer.offload moves idle roles off the one pool they share (the colocated loop); "
                          "with roles placed on pools of their own, drop trainer.offload")

@@ -483,11 +483,20 @@ class Dock:
         return [batch.select([p for i in sh for p in items[i]]) for sh in shards]
 
     # --- acknowledgements and failures ------------------------------------------------
+    def ack(self, partition: str, gen: int, stage: str, lease_id: int, indexes: Sequence[int]) -> list[int]:
+        """Acknowledge rows of a lease handed out earlier by its ``(gen, lease_id)`` (``Batch.generation``,
+        ``Batch.lease_id``), for a consumer that holds no ``Batch`` object (the service API's remote
+        consumers); returns the rows retired by this call, as ``Batch.ack``."""
+        return self._ack(partition, gen, stage, lease_id, list(indexes))
+
     def _ack(self, partition: str, gen: int, stage: str | None, lease: int, indexes: list[int]) -> list[int]:
         part = self._parts.get(partition)
         if part is None or part.gen != gen:
             raise PartitionClosedError(f"ack: the batch's partition {partition!r} has been closed since it was handed out")
-        return self._stages[stage].ack(gen, lease, indexes)
+        ctl = self._stages.get(stage) if stage is not None else None
+        if ctl is None:
+            raise KeyError(f"ack: stage {stage!r} is not registered")
+        return ctl.ack(gen, lease, indexes)
 
     def release(self, consumer_id: str) -> int:
         """Declare ``consumer_id`` dead: its leased rows are re-delivered now. Returns rows re-queued."""

@@ -64,6 +64,24 @@ def balance_shards(weights: Sequence[int], sizes: Sequence[int], k: int) -> list
     return shards
 
 
+class ColumnAccess:
+    """``batch[column]`` and ``batch.columns`` over a ``_data`` dict of columns (the in-process dock's batches
+    and the service client's share them)."""
+
+    _data: dict[str, list[torch.Tensor]]
+
+    def __getitem__(self, column: str) -> list[torch.Tensor]:
+        """Rows of ``column``: a list of ``[L_i, *tail]`` (or 0-d) tensors, in ``indexes`` order."""
+        try:
+            return self._data[column]
+        except KeyError:
+            raise KeyError(f"batch has no column {column!r}; it holds {sorted(self._data)}") from None
+
+    @property
+    def columns(self) -> list[str]:
+        return list(self._data)
+
+
 class Batch:
     """Rows handed to one consumer: ``indexes`` and one unpadded tensor per row per column."""
 
@@ -84,16 +102,17 @@ class Batch:
     def __len__(self) -> int:
         return len(self.indexes)
 
-    def __getitem__(self, column: str) -> list[torch.Tensor]:
-        """Rows of ``column``: a list of ``[L_i, *tail]`` (or 0-d) tensors, in ``indexes`` order."""
-        try:
-            return self._data[column]
-        except KeyError:
-            raise KeyError(f"batch has no column {column!r}; it holds {sorted(self._data)}") from None
+    __getitem__ = ColumnAccess.__getitem__
+    columns = ColumnAccess.columns
 
     @property
-    def columns(self) -> list[str]:
-        return list(self._data)
+    def generation(self) -> int:
+        """The partition generation the rows belong to (with ``lease_id``, what ``Dock.ack`` needs)."""
+        return self._gen
+
+    @property
+    def lease_id(self) -> int | None:
+        return self._lease
 
     def flat(self, column: str) -> tuple[torch.Tensor, torch.Tensor]:
         """``column`` as one flat tensor ``[sum L_i, *tail]`` and lengths ``[n]`` (int64)."""

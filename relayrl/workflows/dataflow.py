@@ -33,8 +33,10 @@ stage waits for them (the forward-only stages then also wait for a group's rewar
 generates replacement prompts in further rounds until ``P`` groups are kept or ``max_resample_rounds``, and
 retires the rows no round used. The kept groups are trained exactly as in the synchronous loop.
 
-Not in this path yet (refused by the config check): ReMax's greedy baseline, which generates again within a
-step; the colocated synchronous default runs ``grpo.py``'s loop.
+ReMax: once the groups are sampled (and kept), the rollout generates one greedy response per prompt into
+the group's rows (``baseline_ids``); a stage scores it into ``baseline``, which the advantages read.
+
+The colocated synchronous default runs ``grpo.py``'s loop.
 """
 
 from __future__ import annotations
@@ -216,11 +218,13 @@ class DataflowGRPO(GRPOWorkflow):
         self.dock.open_partition(part, rows=groups * n, group_size=n)
         return Flow(self.dock, part, step, {"problems": problems, "infos": [], "scores": [], "rewards": [],
                                             "metrics": {}, "update": {}, "kl": {}, "rounds": 0, "judged": 0,
-                                            "kept": 0, "dropped": set(), "scored": threading.Condition()})
+                                            "kept": 0, "dropped": set(), "scored": threading.Condition(),
+                                            "rows": {}, "baselines": []})
 
     def produce_stages(self) -> dict[str, Callable[[Flow], None]]:
-        """The stages that fill a partition: generation and the reward."""
-        return {"sample": self.sample, "score": self.score}
+        """The stages that fill a partition: generation and the reward (and ReMax's baseline reward)."""
+        return {"sample": self.sample, "score": self.score, **({"baseline": self.baseline} if self.needs.baseline
+                                                               else {})}
 
     def consume_stages(self) -> dict[str, Callable[[Flow], None]]:
         """The stages that read a filled partition: log-prob passes, advantages, the update."""
@@ -270,37 +274,47 @@ class DataflowGRPO(GRPOWorkflow):
                 st["rounds"] += 1
                 if not a.dynamic_sampling or f.stop.is_set():
                     break
-                with st["scored"]:  # every group of the round scored: kept or dropped
-                    st["scored"].wait_for(lambda: f.stop.is_set() or st["judged"] == len(st["problems"]))
+                with st["scored"]:  # every group of the round scored: kept or dropped (or the flow stopped)
+                    while not st["scored"].wait_for(lambda: f.stop.is_set() or st["judged"] == len(st["problems"]),
+                                                    timeout=0.5):
+                        continue
                 need = P - st["kept"]
                 if need <= 0 or st["rounds"] > a.max_resample_rounds or f.stop.is_set():
                     break
                 first = len(st["problems"])
                 st["problems"] += self.s.prompts.take(need)
                 todo = list(range(first, first + need))
+            if self.needs.baseline and not f.stop.is_set():  # ReMax: a greedy response per kept prompt
+                self._generate(f, [g for g in range(len(st["problems"])) if g not in st["dropped"]], baseline=True)
         if a.dynamic_sampling and not f.stop.is_set():
             self.dock.retire(f.part)  # the rounds that were not needed
         f.generated.set()
 
-    def _generate(self, f: Flow, groups: list[int]) -> None:
+    def _generate(self, f: Flow, groups: list[int], baseline: bool = False) -> None:
         """One generation round: prompt groups ``groups`` (indexes into the step's problems) streamed into the
-        dock by the rollout ranks."""
+        dock by the rollout ranks. ``baseline`` (ReMax): one greedy response per group, into its rows."""
         s, n = self.s, self.sampling.n
-        problems = f.state["problems"]
-        slots = [self.dock.reserve(f.part, n) for _ in groups]
+        problems, rows = f.state["problems"], f.state["rows"]
+        if baseline:
+            slots = [self.dock.slots(f.part, rows[g]) for g in groups]
+        else:
+            slots = [self.dock.reserve(f.part, n) for _ in groups]
+            rows.update({g: sl.indexes for g, sl in zip(groups, slots)})
+        params = self.greedy if baseline else self.sampling
         prompts = [s.encode(problems[g]) for g in groups]
         ranks = self.rollout.world_size
         chunks = [list(range(len(groups)))[r::ranks] for r in range(ranks)]
         for r, idx in enumerate(chunks):
-            self.rollout.one("start_stream", [prompts[i] for i in idx], self.sampling, [slots[i] for i in idx],
-                             [groups[i] for i in idx], partial=self.partial, rank=r)
+            self.rollout.one("start_stream", [prompts[i] for i in idx], params, [slots[i] for i in idx],
+                             [groups[i] for i in idx], partial=self.partial, baseline=baseline, rank=r)
         live = set(range(ranks))
         while live and not f.stop.is_set():
             for r in sorted(live):
                 got, done = self.rollout.one("poll_stream", 0.05 if ranks > 1 else 0.2, rank=r)
                 for receipt, info in got:
                     self.dock.publish(receipt)
-                    f.state["infos"].append(info)
+                    if not info.get("baseline"):
+                        f.state["infos"].append(info)
                 if done:
                     live.discard(r)
             self._while_generating(f)
@@ -351,6 +365,17 @@ class DataflowGRPO(GRPOWorkflow):
             for d in running:
                 d.result()
 
+    def baseline(self, f: Flow) -> None:
+        """ReMax: score each group's greedy response as its baseline, as the greedy responses land."""
+        problems = f.state["problems"]
+        for b in f.leases("baseline", ["baseline_ids", "group"], batch_rows=self.sampling.n * len(problems)):
+            with self.s.span("greedy_baseline", "reward", f.step):
+                receipt, base = self._score("baseline_into", self.dock.reader(f.part, b.indexes, ["baseline_ids", "group"]),
+                                            self.dock.slots(f.part, b.indexes), problems)
+            self.dock.publish(receipt)
+            f.state["baselines"] += base
+            b.ack()
+
     def _pass(self, f: Flow, stage: str, group, span: str, method: str, *args) -> None:
         """A forward-only stage: each ready batch of groups -> ``method`` on every rank -> receipts published.
         With dynamic sampling it waits for a group's rewards too (a dropped group never gets them)."""
@@ -377,7 +402,7 @@ class DataflowGRPO(GRPOWorkflow):
         a = self.cfg.algorithm
         cols = ["rewards", "response_ids", "group"] + (["gen_logprobs", "ref_logprobs"] if a.kl_in_reward and
                                                        self.ref is not None else []) \
-            + (["values"] if self.needs.values else [])
+            + (["values"] if self.needs.values else []) + (["baseline"] if self.needs.baseline else [])
         rows = self.sampling.n * self.cfg.trainer.stream_groups if self.needs.group_relative else None
         for b in f.leases("advantages", cols, batch_rows=rows):
             with self.s.span("advantage", "driver", f.step):
@@ -462,6 +487,8 @@ class DataflowGRPO(GRPOWorkflow):
             m.update({"dapo/dropped_groups": float(len(st["dropped"])), "dapo/sampled_groups": float(st["judged"]),
                       "dapo/rounds": float(st["rounds"]),
                       "dapo/missing_prompts": float(max(0, self.cfg.data.prompts_per_step - st["kept"]))})
+        if st["baselines"]:
+            m["remax/baseline_mean"] = sum(st["baselines"]) / len(st["baselines"])
         if len(scores):
             m.update(sample_metrics(scores, rewards, lengths, truncated))
         else:  # every group was uniform in every round: nothing to learn from this step

@@ -60,10 +60,12 @@ class StreamingRollout(RolloutWorker):
     in. Without it, weights may only arrive between streams."""
 
     def start_stream(self, prompts: Sequence[Sequence[int]], params: SamplingParams, slots: Sequence[Any],
-                     groups: Sequence[int], partial: bool = False) -> None:
+                     groups: Sequence[int], partial: bool = False, baseline: bool = False) -> None:
         """Generate ``params.n`` responses for each of ``prompts`` on a thread of this worker; prompt ``i``'s
         group is written to ``slots[i]`` (its ``n`` rows, in sample order) as soon as it is complete. Take
-        the receipts with :meth:`poll_stream`. ``partial``: weights may be swapped in mid-stream."""
+        the receipts with :meth:`poll_stream`. ``partial``: weights may be swapped in mid-stream.
+        ``baseline`` (ReMax): one response per prompt (greedy ``params``), written as ``baseline_ids`` into
+        every row of the group's existing ``slots[i]``."""
         if self._streaming():
             raise RuntimeError("start_stream: the previous stream is still generating")
         if len(slots) != len(prompts) or len(groups) != len(prompts):
@@ -80,6 +82,10 @@ class StreamingRollout(RolloutWorker):
                 return
             comps = sorted(pending.pop(c.prompt_index), key=lambda x: x.sample_index)
             i = c.prompt_index
+            if baseline:
+                receipt = slots[i].write({"baseline_ids": [c.token_ids] * len(slots[i])})
+                self._out.put((receipt, {"group": int(groups[i]), "baseline": True}))
+                return
             versions = [x.token_versions for x in comps]
             receipt = slots[i].write({
                 "prompt_ids": [torch.as_tensor(list(prompts[i]), dtype=torch.long)] * n,
@@ -298,11 +304,26 @@ class ScoreWorker(Worker):
             receipt = out.write({"rewards": [float(rewards[i]) for i in keep]})
         return Scored(receipt, list(scores), rewards.tolist(), metrics, kept, groups)
 
+    def baseline_into(self, reader, slots, problems: Sequence) -> tuple[Any, list[float]]:
+        """ReMax: the (shaped) reward of each group's greedy response (``baseline_ids``, the same in every row
+        of the group), written as every row's ``baseline``; returns ``(receipt, one baseline per group)``."""
+        cols = reader.read()
+        groups = [int(g) for g in cols["group"]]
+        first = {g: i for i, g in reversed(list(enumerate(groups)))}
+        order = sorted(first)
+        ids = [cols["baseline_ids"][first[g]] for g in order]
+        texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in ids]
+        scores, _ = self.reward.score([problems[g].prompt for g in order], texts, [problems[g].answer for g in order])
+        lengths = torch.tensor([len(r) for r in ids], dtype=torch.float32)
+        base = dict(zip(order, self.shape(torch.tensor(scores, dtype=torch.float32), lengths).tolist()))
+        return slots.write({"baseline": [base[g] for g in groups]}), [base[g] for g in order]
+
     def advantages_into(self, reader, slots) -> tuple[Any, dict[str, float]]:
         """Advantages of the rows (whole groups, or the whole batch for batch-whitened estimators)."""
         cols = reader.read()
         out, kl = advantage_rows(
             self.algorithm, torch.tensor([float(r) for r in cols["rewards"]]), [len(r) for r in cols["response_ids"]],
             torch.tensor([int(g) for g in cols["group"]]), gen_logprobs=cols.get("gen_logprobs"),
-            ref_logprobs=cols.get("ref_logprobs"), values=cols.get("values"))
+            ref_logprobs=cols.get("ref_logprobs"), values=cols.get("values"),
+            baseline=torch.tensor([float(b) for b in cols["baseline"]]) if "baseline" in cols else None)
         return slots.write(out), kl

@@ -89,7 +89,7 @@ class GRPOWorkflow:
             self.value_loss = ValueLoss(clip=cfg.critic.value_clip)
         self.rollout = make_group(self._rollout_cluster(), self.rollout_cls, self._rollout_pool(s.pool), "rollout", init_kwargs=dict(
             model_path=path, max_batch=cfg.rollout.max_batch, seed=cfg.run.seed, decode=cfg.rollout.decode,
-            **prec["rollout"], **common))
+            remote=cfg.rollout.remote(), **prec["rollout"], **common))
         self.ref = None
         if a.kl_coef > 0 and not self.tri_model:
             self.ref = make_group(cfg.cluster, self.reference_cls, self._reference_pool(s.pool), "reference",

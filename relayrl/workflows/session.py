@@ -20,6 +20,7 @@ import torch
 from relayrl.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state, resume_from
 from relayrl.checkpoint.atomic import write_dir_atomically
 from relayrl.checkpoint.rundir import check_fingerprint, claim_run_dir, saved_config
+from relayrl.workflows.restart import RESTARTS
 from relayrl.cluster import ResourcePool
 from relayrl.config.loader import ConfigError
 from relayrl.config.schema import Config
@@ -226,6 +227,8 @@ class Session:
         """Evaluate (every ``eval.every`` steps and at the end), log, checkpoint; True when the run stops here."""
         cfg = self.cfg
         last = step == cfg.trainer.steps
+        if RESTARTS.get():
+            metrics["run/restarts"] = float(RESTARTS.get())
         if (cfg.eval.every and step % cfg.eval.every == 0) or last:
             metrics.update(evaluate(step))
             last = self.target_reached(step, metrics) or last

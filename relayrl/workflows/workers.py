@@ -26,6 +26,7 @@ import torch
 from relayrl.cluster import Worker, WorkerGroup
 from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.engines.generation.native import NativeGenerationEngine
+from relayrl.engines.generation.remote import RemoteGenerationEngine, RemoteSpec
 from relayrl.engines.training import fsdp
 from relayrl.engines.training.base import REF_FIELD, LossFn, SequenceBatch
 from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
@@ -260,12 +261,19 @@ class ReferenceWorker(_MemoryProbe, Worker):
 
 
 class RolloutWorker(WeightReceiverMixin, _MemoryProbe, Worker):
-    """Samples responses with the native engine; takes packed weights (``receive_weights``);
-    its RNG state is part of checkpoints."""
+    """Samples responses with the native engine, or through an OpenAI-compatible server (``remote``,
+    ``rollout.engine=openai``); takes packed weights (``receive_weights``); its RNG state is part of
+    checkpoints."""
 
     def __init__(self, model_path: str, *, max_batch: int = 256, dtype: str = "float32", device: str = "auto",
-                 attn_implementation: str = "sdpa", threads: int = 0, seed: int = 0, decode: str = "auto") -> None:
+                 attn_implementation: str = "sdpa", threads: int = 0, seed: int = 0, decode: str = "auto",
+                 remote: RemoteSpec | None = None) -> None:
         _set_threads(threads, self)
+        if remote is not None:  # the server holds the model; this worker keeps the tokenizer and the seeds
+            self.tokenizer = load_tokenizer(model_path)
+            self.engine = RemoteGenerationEngine(remote, self.tokenizer, model_dir=model_path)
+            self.generator = torch.Generator().manual_seed(seed + 7919 * getattr(self, "rank", 0))
+            return
         dev = resolve_device(device, getattr(self, "device", None))
         # flex_attention serves the trainer's block-sparse packed masks; decoding (a KV cache, CUDA graphs) uses sdpa
         attn = "sdpa" if attn_implementation == "flex_attention" else attn_implementation
@@ -289,7 +297,7 @@ class RolloutWorker(WeightReceiverMixin, _MemoryProbe, Worker):
     def share_weights(self, named_tensors, version: int) -> None:
         """Run on ``named_tensors`` (the colocated actor's live parameters) instead of a copy."""
         self.engine.share_weights(named_tensors, version)
-        if self.engine.device.type == "cpu":  # give the dropped copy's pages back to the OS (glibc keeps them)
+        if isinstance(self.engine, NativeGenerationEngine) and self.engine.device.type == "cpu":  # give the dropped copy's pages back to the OS (glibc keeps them)
             _trim_heap()
 
     def offload(self) -> float:

@@ -39,6 +39,12 @@ def test_a_fresh_run_refuses_a_dir_with_checkpoints_naming_it_and_the_ways_out(t
     assert "run.resume=auto" in msg and f"run.dir={run}-2" in msg and "run.overwrite=true" in msg
     assert is_user_error(info.value)
     assert claim_run_dir(run, "auto", overwrite=False) is None  # resuming it is what the directory is for
+    own = run / "checkpoints" / "step-000004"
+    assert claim_run_dir(run, str(own), overwrite=False) is None  # an explicit checkpoint of this run
+    other = _save(tmp_path / "other" / "checkpoints", 9)
+    with pytest.raises(RunDirError, match="resumed from another run's checkpoint"):
+        claim_run_dir(run, str(other), overwrite=False)  # would continue run "other" among this run's files
+    assert claim_run_dir(tmp_path / "fresh", str(other), overwrite=False) is None  # a new dir: fine
 
 
 def test_overwrite_moves_the_old_run_aside_without_deleting_it(tmp_path):

@@ -31,11 +31,9 @@ def test_refusals_name_the_key_and_the_fix():
     refused({"placement": {"pools": {"main": 1}}}, "'main' is the actor's pool")
     refused({"trainer": {"tri_model": True}}, "trainer.tri_model", "kl_coef")
     refused({"trainer": {"tri_model": True}, "algorithm": {"kl_coef": 0.1, "kl_in_reward": True}}, "kl_in_reward")
-    refused({**SPLIT, "algorithm": {"advantage": "remax"}}, "remax")
     refused({**SPLIT, "trainer": {"offload": True}}, "trainer.offload")
     refused({**SPLIT, "trainer": {"off_policy_steps": 1, "mode": "periodic"}}, "choose one")
     refused({"rollout": {"partial": True}}, "rollout.partial", "off_policy_steps")
-    refused({"trainer": {"off_policy_steps": 1}, "algorithm": {"advantage": "remax"}}, "remax")
     refused({"trainer": {"off_policy_steps": 1}, "cluster": {"devices": 64}}, "rollout=1", "CPU core")
     refused({"workflow": "sft", **SPLIT}, "workflow grpo")
 
@@ -51,10 +49,11 @@ def test_off_policy_takes_the_dataflow_with_the_rollout_on_its_own_pool():
     assert offpolicy_placement(named) is named  # a placement that names the rollout's pool is kept
 
 
-def test_dynamic_sampling_runs_on_the_dataflow():
+def test_dynamic_sampling_and_remax_run_on_the_dataflow():
     for extra in ({"trainer": {"mode": "periodic"}}, {"trainer": {"off_policy_steps": 1}}):
-        cfg = Config.model_validate({**SPLIT, **extra, "algorithm": {"dynamic_sampling": True}})
-        assert uses_dataflow(cfg) and cfg.algorithm.dynamic_sampling
+        for algo in ({"dynamic_sampling": True}, {"advantage": "remax"}):
+            cfg = Config.model_validate({**SPLIT, **extra, "algorithm": algo})
+            assert uses_dataflow(cfg)
 
 
 def test_tri_model_with_kl_is_accepted():

@@ -185,18 +185,18 @@ def test_a_killed_or_stuck_unit_gives_a_clear_error_quickly():
     stranger = UnitClient(0, d._plane._addresses[0], d._plane._authkey, pids[0], 1.0)  # as a rank process sees it
     with pytest.raises(UnitLostError, match=rf"storage unit 0 \(pid {pids[0]}\) died"):
         stranger.call("ping")
-    assert time.monotonic() - t0 < 5.0
+    assert time.monotonic() - t0 < 20.0  # (bounds wide enough for a loaded machine; a hang would never end)
     assert d.get("k", [4, 7], ["x"])["x"][0].tolist() == [1.0, 1.0]  # the other unit still serves
     os.kill(pids[1], signal.SIGSTOP)  # alive but not answering: the call times out
     try:
         t0 = time.monotonic()
         with pytest.raises(DockError, match=rf"storage unit 1 \(pid {pids[1]}\) did not answer within 1 s"):
             d.get("k", [5], ["x"])
-        assert time.monotonic() - t0 < 6.0
+        assert time.monotonic() - t0 < 20.0
     finally:
         os.kill(pids[1], signal.SIGCONT)
     d.shutdown()
-    assert wait_gone(pids, 5.0)
+    assert wait_gone(pids, 20.0)
 
 
 def test_shutdown_or_garbage_collection_leaves_no_unit_process():

@@ -129,7 +129,7 @@ def test_compiled_block_sparse_kernel_equals_dense_sdpa():
 
 
 # ------------------------------------------------------------------ engine, CPU
-@pytest.mark.parametrize("budget,pack_length", LAYOUTS)
+@pytest.mark.parametrize("budget,pack_length", [pytest.param(*LAYOUTS[0], marks=pytest.mark.slow), LAYOUTS[1]])
 @pytest.mark.parametrize("sliding", [False, True])
 def test_flex_logprobs_equal_sdpa(budget, pack_length, sliding):
     kw = SLIDING if sliding else {}
@@ -178,8 +178,9 @@ def test_flex_without_packing_equals_sdpa():
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("budget,pack_length,sliding", [(*LAYOUTS[0], False), (*LAYOUTS[1], False),
-                                                        (*LAYOUTS[1], True)])
+@pytest.mark.parametrize("budget,pack_length,sliding", [pytest.param(*LAYOUTS[0], False, marks=pytest.mark.slow),
+                                                        (*LAYOUTS[1], False),
+                                                        pytest.param(*LAYOUTS[1], True, marks=pytest.mark.slow)])
 def test_flex_gradients_equal_sdpa(budget, pack_length, sliding, cpu_flex_backward):
     batch = _batch()
     loss = PolicyLoss(agg="seq-mean-token-mean")

@@ -53,6 +53,7 @@ def test_engine_update_is_the_same_with_the_chunked_head(tiny_dir, tiny_tokenize
         torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_fused_head_gives_the_same_logprobs_entropy_and_gradients(temperature=0.7):
     """engine.fused_head: the float32 steps compiled (here for CPU, ~5 s) give the eager chunks' numbers."""
     g = torch.Generator().manual_seed(0)

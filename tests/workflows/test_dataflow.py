@@ -29,8 +29,8 @@ def config(run_dir, *over: str) -> Config:
         "run.save_every=0", *SPLIT, *over])
 
 
-def one_step(cfg: Config):
-    wf = DataflowGRPO(cfg)
+def one_step(cfg: Config, workflow=DataflowGRPO):
+    wf = workflow(cfg)
     try:
         wf.begin()
         metrics = wf.step(1)
@@ -40,13 +40,16 @@ def one_step(cfg: Config):
     return metrics, weights
 
 
-@pytest.mark.parametrize("agg,dynamic", [("token-mean", False), ("seq-mean-token-mean", False), ("token-mean", True)])
-def test_periodic_step_is_the_sync_step(tmp_path, agg, dynamic):
+@pytest.mark.parametrize("agg,dynamic,advantage", [("token-mean", False, "grpo"), ("seq-mean-token-mean", False, "grpo"),
+                                                   ("token-mean", True, "grpo"), ("token-mean", True, "remax")])
+def test_periodic_step_is_the_sync_step(tmp_path, agg, dynamic, advantage):
     """Same seed, same samples: the periodic step (accumulate per arriving group, one optimizer step) leaves
     the same weights as the synchronous one (the whole batch at once), and no sample crosses the driver.
     ``dynamic``: DAPO's dynamic sampling drops the uniform groups and resamples prompts in later rounds; the
-    dropped rows are retired from the dock and the step trains on the kept groups only."""
-    over = [f"algorithm.loss_agg={agg}", "trainer.stream_groups=1", "engine.token_budget=64"]
+    dropped rows are retired from the dock and the step trains on the kept groups only. ``remax``: the rollout
+    also generates a greedy response per kept prompt, scored as the baseline."""
+    over = [f"algorithm.loss_agg={agg}", "trainer.stream_groups=1", "engine.token_budget=64",
+            f"algorithm.advantage={advantage}"]
     if dynamic:
         over += ["algorithm.dynamic_sampling=true", "reward.user_fn=dataflow_rewards:half_uniform",
                  "algorithm.max_resample_rounds=4"]
@@ -64,6 +67,8 @@ def test_periodic_step_is_the_sync_step(tmp_path, agg, dynamic):
             assert m["dapo/dropped_groups"] > 0 and m["dapo/rounds"] >= 2 and m["dapo/missing_prompts"] == 0
             assert m["dapo/sampled_groups"] == 4 + m["dapo/dropped_groups"]
         assert m_sync["dapo/dropped_groups"] == m_per["dapo/dropped_groups"]
+    if advantage == "remax":
+        assert m_sync["remax/baseline_mean"] == m_per["remax/baseline_mean"]
 
 
 def test_a_dead_rollout_rank_is_named_and_nothing_is_half_trained(tmp_path):
@@ -161,3 +166,22 @@ def test_stages_start_on_finished_groups_while_later_ones_generate(tmp_path):
         early = [x for x in s if x["start"] < gen_end]
         assert any(x["name"] == "reward" for x in early), mode
         assert any(x["name"] == "update" for x in early) == updates_during_generation, mode
+
+
+def test_the_streaming_step_equals_the_colocated_loop_with_dapo_and_remax(tmp_path):
+    """The dataflow (split placement, stages per group, dropped groups retired from the dock, ReMax's greedy
+    baselines streamed into the groups' rows) and the colocated synchronous loop of grpo.py, same seed: the
+    same samples, the same DAPO rounds and baselines, the same weights after the step."""
+    from relayrl.workflows.grpo import GRPOWorkflow
+
+    over = ["algorithm.loss_agg=token-mean", "algorithm.dynamic_sampling=true", "algorithm.advantage=remax",
+            "reward.user_fn=dataflow_rewards:half_uniform", "algorithm.max_resample_rounds=4"]
+    m_flow, w_flow = one_step(config(tmp_path / "flow", *over))
+    m_colo, w_colo = one_step(config(tmp_path / "colo", *over, "placement.pools={}", "placement.rollout=main"),
+                              GRPOWorkflow)
+    for k in ("reward/mean", "reward/std", "dapo/dropped_groups", "dapo/rounds", "remax/baseline_mean",
+              "actor/pg_loss", "actor/grad_norm"):
+        assert m_flow[k] == pytest.approx(m_colo[k], rel=1e-5, abs=1e-7), k
+    assert m_flow["dapo/dropped_groups"] > 0 and m_flow["actor/grad_norm"] > 0
+    for k in w_colo:
+        torch.testing.assert_close(w_flow[k], w_colo[k], rtol=1e-5, atol=1e-6, msg=k)

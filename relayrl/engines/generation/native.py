@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from relayrl.engines.generation import static
 from relayrl.engines.generation.base import Completion, SamplingParams
 
-__all__ = ["NativeGenerationEngine", "sample_next"]
+__all__ = ["NativeGenerationEngine", "RunningBatch", "sample_next"]
 
 
 def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None):
@@ -72,13 +72,17 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.G
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 
-class _Batch:
-    """Rows in flight: cache, attention mask and per-row bookkeeping."""
+class RunningBatch:
+    """Rows in flight on the dynamic cache: cache, attention mask and per-row bookkeeping.
+
+    A row's key is ``(owner, sample_index)``: ``owner`` is the prompt's index for :meth:`generate`, or any
+    hashable a caller driving the engine step by step chooses (the server's request ids, ``relayrl.serving``).
+    """
 
     def __init__(self) -> None:
         self.cache = None
         self.mask: torch.Tensor | None = None  # [B, Lc] 1 on real tokens
-        self.rows: list[tuple[int, int]] = []  # (prompt_index, sample_index)
+        self.rows: list[tuple] = []  # (owner, sample_index)
         self.tokens: list[list[int]] = []
         self.logps: list[list[float]] = []
         self.versions: list[list[int]] = []
@@ -176,13 +180,12 @@ class NativeGenerationEngine:
         for i, p in enumerate(prompts):
             if len(p) == 0:
                 raise ValueError(f"prompt {i} is empty")
-        stop_ids = set() if params.ignore_eos else self.eos_ids
-        stop_ids = stop_ids | set(params.stop_token_ids)
+        stop_ids = self.stop_ids(params)
         if self.static is not None:
             return self._generate_static(prompts, params, generator, stop_ids, on_finish, between)
         waiting = deque(range(len(prompts)))
         out: dict[tuple[int, int], Completion] = {}
-        batch = _Batch()
+        batch = RunningBatch()
         per_prompt = max(1, min(params.n, self.max_batch))
         while waiting or len(batch):
             if between is not None and between() and len(batch):
@@ -193,7 +196,7 @@ class NativeGenerationEngine:
                 admit.append(waiting.popleft())
                 free -= params.n
             if admit:
-                self._admit(batch, [prompts[i] for i in admit], admit, params.n)
+                self.admit(batch, [prompts[i] for i in admit], admit, params.n)
             tok, logp = sample_next(batch.next_logits.float(), params, generator)
             done = []
             tok_l, logp_l = tok.tolist(), logp.tolist()
@@ -201,19 +204,19 @@ class NativeGenerationEngine:
                 batch.tokens[r].append(tok_l[r])
                 batch.logps[r].append(logp_l[r])
                 batch.versions[r].append(self._version)
-                reason = self._finished(batch.tokens[r], params, stop_ids)
+                reason = self.finish_reason(batch.tokens[r], params, stop_ids)
                 if reason:
                     done.append(r)
-                    out[batch.rows[r]] = c = self._completion(batch.rows[r], batch.tokens[r], batch.logps[r], reason,
-                                                              batch.versions[r])
+                    out[batch.rows[r]] = c = self.completion(batch.rows[r], batch.tokens[r], batch.logps[r], reason,
+                                                             batch.versions[r])
                     if on_finish is not None:
                         on_finish(c)
             keep = [r for r in range(len(batch)) if r not in set(done)]
             if done:
-                self._select(batch, keep, tok)
+                self.retain(batch, keep)
                 tok = tok[keep]
             if len(batch):
-                self._decode(batch, tok)
+                self.advance(batch, tok)
         return [out[k] for k in sorted(out)]
 
     def _generate_static(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
@@ -264,10 +267,10 @@ class NativeGenerationEngine:
                 toks[slot].append(tok_l[j])
                 logps[slot].append(logp_l[j])
                 vers[slot].append(self._version)
-                reason = self._finished(toks[slot], params, stop_ids)
+                reason = self.finish_reason(toks[slot], params, stop_ids)
                 if reason:
                     row = rows.pop(slot)
-                    out[row] = c = self._completion(row, toks.pop(slot), logps.pop(slot), reason, vers.pop(slot))
+                    out[row] = c = self.completion(row, toks.pop(slot), logps.pop(slot), reason, vers.pop(slot))
                     if on_finish is not None:
                         on_finish(c)
                     free.append(slot)
@@ -286,7 +289,11 @@ class NativeGenerationEngine:
                 pos[slot] += 1
         return [out[k] for k in sorted(out)]
 
-    def _finished(self, tokens: list[int], params: SamplingParams, stop_ids: set[int]) -> str | None:
+    def stop_ids(self, params: SamplingParams) -> set[int]:
+        """Token ids that end a row under ``params`` (EOS unless ``ignore_eos``, plus ``stop_token_ids``)."""
+        return (set() if params.ignore_eos else self.eos_ids) | set(params.stop_token_ids)
+
+    def finish_reason(self, tokens: list[int], params: SamplingParams, stop_ids: set[int]) -> str | None:
         """Why a row stops after its newest token (``stop``/``length``), or None."""
         if tokens[-1] in stop_ids:
             return "stop"
@@ -300,8 +307,8 @@ class NativeGenerationEngine:
         tail = self.tokenizer.decode(tokens[-8:], skip_special_tokens=True)
         return any(s in tail for s in stops)
 
-    def _completion(self, row: tuple[int, int], toks: list[int], logps: list[float], reason: str,
-                    versions: list[int]) -> Completion:
+    def completion(self, row: tuple[int, int], toks: list[int], logps: list[float], reason: str,
+                   versions: list[int]) -> Completion:
         return Completion(
             prompt_index=row[0],
             sample_index=row[1],
@@ -318,8 +325,11 @@ class NativeGenerationEngine:
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
         return out.logits[:, -1, :], out.past_key_values
 
-    def _admit(self, batch: _Batch, prompts: list[Sequence[int]], indexes: list[int], n: int) -> None:
-        """Prefill new prompts once, repeat for n samples, and join them to the running batch."""
+    # ------------------------------------------- step-level API (dynamic cache)
+    # generate() drives these; so does a caller that admits work while a batch runs (relayrl.serving.batcher).
+    def admit(self, batch: RunningBatch, prompts: list[Sequence[int]], indexes: list, n: int) -> None:
+        """Prefill new prompts once, repeat for n samples, and join them to the running batch as rows
+        ``(indexes[i], 0..n-1)``; ``batch.next_logits`` then holds their first-token logits."""
         from transformers import DynamicCache
 
         length = max(len(p) for p in prompts)
@@ -355,7 +365,7 @@ class NativeGenerationEngine:
         batch.logps += [[] for _ in rows]
         batch.versions += [[] for _ in rows]
 
-    def _refill(self, batch: _Batch, prompts: Sequence[Sequence[int]]) -> None:
+    def _refill(self, batch: RunningBatch, prompts: Sequence[Sequence[int]]) -> None:
         """Partial rollout: rebuild the cache and next-token logits of every in-flight row from its context
         (prompt + tokens so far) with the weights now loaded (see the module docstring)."""
         from transformers import DynamicCache
@@ -372,7 +382,7 @@ class NativeGenerationEngine:
                                                        DynamicCache(config=self.model.config))
         batch.mask = mask
 
-    def _select(self, batch: _Batch, keep: list[int], tok: torch.Tensor) -> None:
+    def retain(self, batch: RunningBatch, keep: list[int]) -> None:
         """Drop finished rows, then crop cache columns that are padding for every remaining row."""
         if not keep:
             batch.__init__()
@@ -391,6 +401,7 @@ class NativeGenerationEngine:
             for layer in batch.cache.layers:
                 layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
 
-    def _decode(self, batch: _Batch, tok: torch.Tensor) -> None:
+    def advance(self, batch: RunningBatch, tok: torch.Tensor) -> None:
+        """Feed each row its newest token ``tok`` [B]; ``batch.next_logits`` becomes the next position's."""
         batch.mask = F.pad(batch.mask, (0, 1), value=1)
         batch.next_logits, batch.cache = self._forward(tok[:, None].to(self.device), batch.mask, batch.cache)

@@ -1,0 +1,465 @@
+"""``relayrl serve``: an OpenAI-compatible HTTP server over the native engine (FastAPI on uvicorn).
+
+Routes: ``/v1/completions``, ``/v1/chat/completions`` (the tokenizer's chat
+template), both with streaming (server-sent events), ``logprobs``, ``n`` and
+stop strings; ``/v1/models``; ``/health``; and relayrl's weight endpoint
+``/v1/relayrl/weights`` (GET: the version; POST: new weights, as a safetensors
+payload or a path), which the rollout adapter calls after every update
+(``relayrl.engines.generation.remote``). Every request is handed to one
+:class:`~relayrl.serving.batcher.Batcher`, so concurrent requests decode in one
+batch (continuous batching across requests).
+
+Guards (seed 002 section 5 exposes the trainer as a service; a service must not
+fall over on bad input): a bearer token on every route but ``/health`` when one
+is set (``cli.serve`` refuses a non-loopback host without one), a body-size
+limit checked before the body is read, limits on ``max_tokens``, ``n``, prompts
+and stop strings, a bounded queue (503 beyond). Malformed JSON, invalid UTF-8,
+unknown fields, unknown models and out-of-range values get a 4xx with OpenAI's
+error object; an unexpected failure of one request is a 500 for it alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request as HTTPRequest
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from relayrl.engines.generation.base import SamplingParams
+from relayrl.serving import responses as R
+from relayrl.serving.batcher import Batcher, DoneEvent, Overloaded, Request, TokenEvent
+from relayrl.serving.guard import Guard, HTTPRefusal
+from relayrl.serving.protocol import ChatCompletionRequest, CompletionRequest, ServeLimits, WeightsRequest
+
+__all__ = ["ServerState", "build_app", "ApiError"]
+
+WEIGHTS_PATH = "/v1/relayrl/weights"
+
+
+ApiError = HTTPRefusal  # a request the server refuses: status, message and OpenAI error type
+
+
+@dataclass
+class ServerState:
+    """What the handlers share: the batcher (which owns the engine), the tokenizer and the limits."""
+
+    batcher: Batcher
+    tokenizer: Any
+    model_name: str
+    limits: ServeLimits
+    api_key: str | None
+    max_model_len: int
+    max_weights_bytes: int
+    default_max_tokens: int = 16
+
+
+def build_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="relayrl serve", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.relayrl = state
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_, e: ApiError):
+        return e.response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_, e: Exception):  # one request failed; the server goes on
+        return JSONResponse(R.error_body(f"internal error: {e!r}", 500, "server_error"), status_code=500)
+
+    @app.get("/health")
+    async def health():
+        b = state.batcher
+        if b.error is not None:
+            return JSONResponse({"status": "error", "error": repr(b.error)}, status_code=503)
+        return {"status": "ok", **b.stats()}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": 0,
+                                            "owned_by": "relayrl", "max_model_len": state.max_model_len}]}
+
+    @app.post("/v1/completions")
+    async def completions(http: HTTPRequest):
+        req = _parse(await _body(http), CompletionRequest)
+        prompts = [_encode_prompt(state, p) for p in _checked_prompts(state, req)]
+        return await _serve(state, http, req, prompts, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(http: HTTPRequest):
+        req = _parse(await _body(http), ChatCompletionRequest)
+        _check_model(state, req.model)
+        return await _serve(state, http, req, [_render_chat(state, req)], chat=True)
+
+    @app.get(WEIGHTS_PATH)
+    async def weights_version():
+        return {"version": state.batcher.engine.weight_version}
+
+    @app.post(WEIGHTS_PATH)
+    async def load_weights(http: HTTPRequest):
+        ctype = http.headers.get("content-type", "").split(";")[0].strip()
+        if ctype == "application/octet-stream":
+            version = _int_query(http, "version")
+            payload = await http.body()
+            tensors = await run_in_threadpool(_load_payload, payload)
+        else:
+            w = _parse(await _body(http), WeightsRequest)
+            version = w.version
+            tensors = await run_in_threadpool(_load_path, w.path)
+        _check_names(state, tensors)
+        eng = state.batcher.engine
+
+        def apply() -> int:
+            eng.update_weights(tensors.items(), version)
+            return eng.weight_version
+
+        t0 = time.perf_counter()
+        got = await run_in_threadpool(state.batcher.load_weights, apply)
+        return {"version": got, "tensors": len(tensors), "seconds": round(time.perf_counter() - t0, 4)}
+
+    app.add_middleware(Guard, api_key=state.api_key,
+                       limit_for=lambda path: state.max_weights_bytes if path == WEIGHTS_PATH
+                       else state.limits.max_body_bytes)
+    return app
+
+
+# ------------------------------------------------------------------ request parsing
+async def _body(http: HTTPRequest) -> Any:
+    raw = await http.body()
+    if not raw:
+        raise ApiError(400, "the request body is empty; send a JSON object")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ApiError(400, f"the request body is not valid UTF-8 (byte {e.start})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ApiError(400, f"the request body is not valid JSON: {e.msg} at line {e.lineno} column "
+                       f"{e.colno}") from None
+
+
+def _parse(data: Any, cls):
+    if not isinstance(data, dict):
+        raise ApiError(400, f"the request body must be a JSON object, got {type(data).__name__}")
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        errs = e.errors(include_url=False)
+        first = errs[0]
+        loc = ".".join(str(x) for x in first["loc"]) or "body"
+        more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
+        msg = first["msg"] if first["type"] != "extra_forbidden" else "unknown field; relayrl serve does not support it"
+        raise ApiError(400, f"{loc}: {msg}{more}", param=loc) from None
+
+
+def _int_query(http: HTTPRequest, name: str) -> int:
+    v = http.query_params.get(name)
+    if v is None or not v.isdigit():
+        raise ApiError(400, f"give ?{name}=<non-negative integer> with a safetensors payload")
+    return int(v)
+
+
+def _check_model(state: ServerState, model: str) -> None:
+    if model != state.model_name:
+        raise ApiError(404, f"the model {model!r} does not exist; this server serves {state.model_name!r}",
+                       "not_found_error", "model")
+
+
+def _checked_prompts(state: ServerState, req: CompletionRequest) -> list[str | list[int]]:
+    _check_model(state, req.model)
+    prompts = req.prompt_list()
+    if len(prompts) > state.limits.max_prompts:
+        raise ApiError(400, f"{len(prompts)} prompts in one request; the limit is {state.limits.max_prompts}",
+                       param="prompt")
+    return prompts
+
+
+def _encode_prompt(state: ServerState, p: str | list[int]) -> list[int]:
+    if isinstance(p, str):
+        if not p:
+            raise ApiError(400, "a prompt is empty", param="prompt")
+        return list(state.tokenizer(p)["input_ids"])
+    vocab = len(state.tokenizer)
+    bad = [t for t in p if not 0 <= t < vocab]
+    if bad:
+        raise ApiError(400, f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="prompt")
+    if not p:
+        raise ApiError(400, "a prompt is empty", param="prompt")
+    return list(p)
+
+
+def _render_chat(state: ServerState, req: ChatCompletionRequest) -> list[int]:
+    tok = state.tokenizer
+    if not getattr(tok, "chat_template", None):
+        raise ApiError(400, f"the model {state.model_name!r} has no chat template; use /v1/completions")
+    try:
+        msgs = [{"role": m.role, "content": m.text()} for m in req.messages]
+        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=bool(req.add_generation_prompt))
+    except ValueError as e:
+        raise ApiError(400, f"messages: {e}", param="messages") from None
+    except Exception as e:  # noqa: BLE001 - a template that fails on these messages (jinja raise_exception)
+        raise ApiError(400, f"the chat template refused the messages: {e}", param="messages") from None
+    return list(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def _sampling(state: ServerState, req, prompts: list[list[int]], chat: bool) -> SamplingParams:
+    lim = state.limits
+    longest = max(len(p) for p in prompts)
+    room = state.max_model_len - longest
+    if room < 1:
+        raise ApiError(400, f"the prompt has {longest} tokens; the model's context is {state.max_model_len}",
+                       param="prompt")
+    max_tokens = req.max_tokens
+    if max_tokens is None:
+        max_tokens = min(lim.max_tokens, room) if chat else min(state.default_max_tokens, room)
+    if max_tokens > lim.max_tokens:
+        raise ApiError(400, f"max_tokens={max_tokens} exceeds this server's limit of {lim.max_tokens}",
+                       param="max_tokens")
+    if max_tokens > room:
+        raise ApiError(400, f"max_tokens={max_tokens} plus the prompt's {longest} tokens exceed the model's context "
+                       f"of {state.max_model_len}; lower max_tokens to <= {room}", param="max_tokens")
+    n = req.n or 1
+    if n > lim.max_n:
+        raise ApiError(400, f"n={n} exceeds this server's limit of {lim.max_n}", param="n")
+    stops = req.stops
+    if len(stops) > lim.max_stop or any(not s for s in stops):
+        raise ApiError(400, f"stop: at most {lim.max_stop} non-empty strings", param="stop")
+    top_k = req.top_k if req.top_k and req.top_k > 0 else 0
+    try:
+        return SamplingParams(n=n, temperature=1.0 if req.temperature is None else req.temperature,
+                              top_p=1.0 if req.top_p is None else req.top_p, top_k=top_k, max_new_tokens=max_tokens,
+                              stop_strings=stops, stop_token_ids=tuple(req.stop_token_ids or ()),
+                              ignore_eos=bool(req.ignore_eos))
+    except ValidationError as e:
+        raise ApiError(400, e.errors(include_url=False)[0]["msg"]) from None
+
+
+def _top_logprobs(state: ServerState, req, chat: bool) -> int:
+    k = (req.top_logprobs or 0) if chat else (req.logprobs or 0)
+    if k > state.limits.max_top_logprobs:
+        raise ApiError(400, f"{'top_logprobs' if chat else 'logprobs'}={k} exceeds the limit of "
+                       f"{state.limits.max_top_logprobs}", param="logprobs")
+    return k
+
+
+# ------------------------------------------------------------------ generation
+async def _serve(state: ServerState, http: HTTPRequest, req, prompts: list[list[int]], chat: bool):
+    params = _sampling(state, req, prompts, chat)
+    top = _top_logprobs(state, req, chat)
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    stream = bool(req.stream)
+    reqs = []
+    for i, p in enumerate(prompts):
+        seed = None if req.seed is None else req.seed + i
+        r = Request(p, params, emit=lambda ev, i=i: loop.call_soon_threadsafe(queue.put_nowait, (i, ev)), seed=seed,
+                    top_logprobs=top, stream_tokens=stream or top > 0)
+        reqs.append(r)
+    try:
+        for r in reqs:
+            state.batcher.submit(r)
+    except Overloaded as e:
+        for r in reqs:
+            r.cancel()
+        raise ApiError(503, f"the server is busy: {e}", "server_busy") from None
+    if stream:
+        stream_fn = _stream_chat if chat else _stream_completion
+        gen = stream_fn(state, req, reqs, queue, params)
+        return StreamingResponse(gen, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    try:
+        samples = await _collect(state, reqs, queue, params, http)
+    finally:
+        for r in reqs:
+            r.cancel()  # a no-op once done; frees the rows of a client that went away
+    as_ids, ids = bool(req.return_tokens_as_token_ids), bool(req.return_token_ids)
+    if chat:
+        return R.chat_body(state.model_name, state.tokenizer, samples, prompts[0], logprobs=bool(req.logprobs),
+                           top_logprobs=top, as_ids=as_ids, token_ids=ids)
+    return R.completion_body(state.model_name, state.tokenizer, samples, prompts, logprobs=req.logprobs,
+                             as_ids=as_ids, token_ids=ids)
+
+
+async def _next(queue: asyncio.Queue, http: HTTPRequest | None) -> tuple[int, Any]:
+    """The next event; while waiting, notice a client that disconnected (non-streaming requests)."""
+    while True:
+        try:
+            return await asyncio.wait_for(queue.get(), timeout=1.0)
+        except asyncio.TimeoutError:
+            if http is not None and await http.is_disconnected():
+                raise ApiError(499, "the client disconnected") from None
+
+
+async def _collect(state: ServerState, reqs: list[Request], queue: asyncio.Queue, params: SamplingParams,
+                   http: HTTPRequest) -> list[R.Sample]:
+    n = params.n
+    left = len(reqs) * n
+    tops: dict[tuple[int, int], list] = {}
+    out: list[R.Sample] = []
+    while left:
+        i, ev = await _next(queue, http)
+        if isinstance(ev, TokenEvent):
+            tops.setdefault((i, ev.sample), []).append(list(ev.top))
+            continue
+        _raise_failed(ev)
+        if ev.finish_reason == "cancelled":
+            continue
+        text = R.SampleText(state.tokenizer, params.stop_strings).full(ev.token_ids)
+        out.append(R.Sample(i * n + ev.sample, text, list(ev.token_ids), list(ev.logprobs), ev.finish_reason,
+                            reqs[i].prompt, tops.get((i, ev.sample), [])))
+        left -= 1
+    return sorted(out, key=lambda s: s.index)
+
+
+def _raise_failed(ev: DoneEvent) -> None:
+    if ev.finish_reason == "error":
+        raise ApiError(500, ev.error or "generation failed", "server_error")
+
+
+async def _events(reqs: list[Request], queue: asyncio.Queue, n: int) -> AsyncIterator[tuple[int, Any]]:
+    """Events of a streamed request until every sample is done; cancels the rest if the client goes away."""
+    left = len(reqs) * n
+    try:
+        while left:
+            i, ev = await _next(queue, None)
+            if isinstance(ev, DoneEvent):
+                if ev.finish_reason == "cancelled":
+                    continue
+                left -= 1
+            yield i, ev
+    finally:
+        for r in reqs:
+            r.cancel()
+
+
+def _lp_completion(state, req, ev: TokenEvent, top: int) -> dict | None:
+    if req.logprobs is None:
+        return None
+    as_ids = bool(req.return_tokens_as_token_ids)
+    t = R.token_text(state.tokenizer, ev.token_id, as_ids)
+    alts = {R.token_text(state.tokenizer, a, as_ids): v for a, v in ev.top[:top]} if top else None
+    return {"tokens": [t], "token_logprobs": [ev.logprob], "top_logprobs": [alts] if alts is not None else None,
+            "text_offset": [0]}
+
+
+def _lp_chat(state, req, ev: TokenEvent, top: int) -> dict | None:
+    if not req.logprobs:
+        return None
+    as_ids = bool(req.return_tokens_as_token_ids)
+
+    def entry(i: int, v: float) -> dict:
+        text = R.token_text(state.tokenizer, i, as_ids)
+        return {"token": text, "logprob": v, "bytes": list(text.encode("utf-8"))}
+
+    e = entry(ev.token_id, ev.logprob)
+    e["top_logprobs"] = [entry(a, v) for a, v in ev.top[:top]]
+    return {"content": [e]}
+
+
+async def _stream_completion(state: ServerState, req: CompletionRequest, reqs, queue, params) -> AsyncIterator[str]:
+    cid, n, top = f"cmpl-{uuid.uuid4().hex}", params.n, req.logprobs or 0
+    texts: dict[int, R.SampleText] = {}
+    ids = bool(req.return_token_ids)
+    completion_tokens = 0
+    try:
+        async for i, ev in _events(reqs, queue, n):
+            k = i * n + ev.sample
+            st = texts.setdefault(k, R.SampleText(state.tokenizer, params.stop_strings))
+            if isinstance(ev, TokenEvent):
+                completion_tokens += 1
+                delta = st.push(ev.token_id)
+                lp = _lp_completion(state, req, ev, top)
+                yield R.sse(R.completion_chunk(cid, state.model_name, k, delta, None, lp,
+                                               [ev.token_id] if ids else None))
+            else:
+                _raise_failed(ev)
+                yield R.sse(R.completion_chunk(cid, state.model_name, k, st.finish(), ev.finish_reason, None,
+                                               [] if ids else None))
+        if req.include_usage:
+            p = sum(len(r.prompt) for r in reqs)
+            yield R.sse({"id": cid, "object": "text_completion", "created": int(time.time()), "model": state.model_name,
+                         "choices": [], "usage": {"prompt_tokens": p, "completion_tokens": completion_tokens,
+                                                  "total_tokens": p + completion_tokens}})
+    except ApiError as e:
+        yield R.sse(R.error_body(e.message, e.status, e.kind))
+    yield "data: [DONE]\n\n"
+
+
+async def _stream_chat(state: ServerState, req: ChatCompletionRequest, reqs, queue, params) -> AsyncIterator[str]:
+    cid, n, top = f"chatcmpl-{uuid.uuid4().hex}", params.n, req.top_logprobs or 0
+    texts: dict[int, R.SampleText] = {}
+    ids = bool(req.return_token_ids)
+    completion_tokens = 0
+    for k in range(n):  # OpenAI opens each choice with the role
+        yield R.sse(R.chat_chunk(cid, state.model_name, k, {"role": "assistant", "content": ""}, None, None))
+    try:
+        async for _, ev in _events(reqs, queue, n):
+            k = ev.sample
+            st = texts.setdefault(k, R.SampleText(state.tokenizer, params.stop_strings))
+            if isinstance(ev, TokenEvent):
+                completion_tokens += 1
+                delta = st.push(ev.token_id)
+                yield R.sse(R.chat_chunk(cid, state.model_name, k, {"content": delta}, None,
+                                         _lp_chat(state, req, ev, top), [ev.token_id] if ids else None))
+            else:
+                _raise_failed(ev)
+                yield R.sse(R.chat_chunk(cid, state.model_name, k, {"content": st.finish()}, ev.finish_reason, None,
+                                         [] if ids else None))
+        if req.include_usage:
+            p = len(reqs[0].prompt)
+            yield R.sse({"id": cid, "object": "chat.completion.chunk", "created": int(time.time()),
+                         "model": state.model_name, "choices": [],
+                         "usage": {"prompt_tokens": p, "completion_tokens": completion_tokens,
+                                   "total_tokens": p + completion_tokens}})
+    except ApiError as e:
+        yield R.sse(R.error_body(e.message, e.status, e.kind))
+    yield "data: [DONE]\n\n"
+
+
+# ------------------------------------------------------------------ weights
+def _load_payload(payload: bytes) -> dict:
+    from safetensors.torch import load
+
+    if not payload:
+        raise ApiError(400, "the weight payload is empty")
+    try:
+        return load(payload)
+    except Exception as e:  # noqa: BLE001 - any parse failure of the client's bytes is a 400
+        raise ApiError(400, f"the body is not a safetensors payload: {e}") from None
+
+
+def _load_path(path: str) -> dict:
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    files = sorted(p.glob("*.safetensors")) if p.is_dir() else [p]
+    if not files or not all(f.is_file() for f in files):
+        raise ApiError(400, f"{path}: no safetensors file there (give a .safetensors file or a directory of them)",
+                       param="path")
+    out: dict = {}
+    for f in files:
+        try:
+            out.update(load_file(str(f)))
+        except Exception as e:  # noqa: BLE001 - a file that is not safetensors is the client's mistake
+            raise ApiError(400, f"{f}: not a safetensors file: {e}", param="path") from None
+    return out
+
+
+def _check_names(state: ServerState, tensors: dict) -> None:
+    model = state.batcher.engine.model
+    have = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    for name, t in tensors.items():
+        p = have.get(name)
+        if p is None:
+            raise ApiError(400, f"weight {name!r} is not a parameter of the served model")
+        if tuple(p.shape) != tuple(t.shape):
+            raise ApiError(400, f"weight {name!r}: the served model's shape is {tuple(p.shape)}, the payload's "
+                           f"{tuple(t.shape)}")
+    if not tensors:
+        raise ApiError(400, "no weights in the payload")

@@ -1,0 +1,304 @@
+"""Continuous batching across requests: one background thread steps the native engine for every client.
+
+The HTTP handlers (``app.py``) never touch the model. They submit a
+:class:`Request` and read its events; the batcher thread owns the
+:class:`~relayrl.engines.generation.native.NativeGenerationEngine` and runs
+
+::
+
+    handlers (event loop) ──submit──► waiting deque ──admit when slots free──► RunningBatch
+          ▲                                                                       │ one decode step
+          └──────── events (token, done) via Request.emit ◄── sample per request ◄┘
+    weight loads ──► queued; applied when the running batch has drained (admission pauses meanwhile)
+
+Each step admits waiting requests into the rows that finished (seed 003's
+continuous batching on the engine's left-padded dynamic cache), samples every
+request's rows with its own sampling settings (requests with equal settings
+and no seed share one ``sample_next`` call), and drops the rows of requests
+whose client went away. New weights are applied between steps once no row is
+in flight, so every completion comes from exactly one weight version (vLLM
+pauses generation for a weight update the same way).
+
+Departure from the engine's ``generate``: log-probs are the same quantity
+(``softmax(logits / T)`` before top-p/top-k), but rows of different
+requests are sampled with different settings in one batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+import torch
+
+from relayrl.engines.generation.base import SamplingParams
+from relayrl.engines.generation.native import NativeGenerationEngine, RunningBatch, sample_next
+
+__all__ = ["Request", "TokenEvent", "DoneEvent", "Batcher", "Overloaded"]
+
+
+class Overloaded(RuntimeError):
+    """The waiting queue is full; the server answers 503."""
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One sampled token of one sample of a request."""
+
+    sample: int
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+    """The ``Request.top_logprobs`` most likely tokens and their log-probs (same distribution as ``logprob``)."""
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    """A sample finished (``error``: the request failed as a whole, e.g. weights could not be loaded)."""
+
+    sample: int
+    finish_reason: Literal["stop", "length", "cancelled", "error"]
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] = ()
+    weight_version: int = 0
+    error: str | None = None
+
+
+@dataclass(eq=False)
+class Request:
+    """A generation request as the batcher sees it: token ids, sampling settings, an event sink."""
+
+    prompt: list[int]
+    params: SamplingParams
+    emit: Callable[[Any], None]
+    """Called from the batcher thread with each :class:`TokenEvent` and :class:`DoneEvent` (must not block)."""
+    seed: int | None = None
+    top_logprobs: int = 0
+    stream_tokens: bool = True
+    """Emit a :class:`TokenEvent` per token (streaming, top log-probs); else only each sample's
+    :class:`DoneEvent`."""
+    cancelled: bool = False
+    """Set by the handler when its client disconnected; the rows leave the batch at the next step."""
+    id: int = field(default_factory=itertools.count().__next__)
+    generator: torch.Generator | None = None
+    left: int = 0  # samples not yet finished
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+@dataclass(eq=False)
+class _WeightJob:
+    apply: Callable[[], int]
+    done: threading.Event = field(default_factory=threading.Event)
+    version: int | None = None
+    error: BaseException | None = None
+
+
+class Batcher:
+    """Owns the engine; ``submit`` requests from any thread, ``load_weights`` between steps."""
+
+    def __init__(self, engine: NativeGenerationEngine, *, max_waiting: int = 1024, seed: int = 0) -> None:
+        if engine.static is not None:
+            raise ValueError("the server batches on the dynamic KV cache; build the engine with decode='dynamic'")
+        self.engine = engine
+        self.max_waiting = max_waiting
+        self._waiting: deque[Request] = deque()
+        self._weights: deque[_WeightJob] = deque()
+        self._cond = threading.Condition()
+        self._stop = False
+        self._batch = RunningBatch()
+        self._reqs: dict[int, Request] = {}  # id -> request with rows in the batch
+        self._generator = torch.Generator(device=engine.device).manual_seed(seed)
+        self.steps = 0
+        self.generated_tokens = 0
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="relayrl-batcher", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ client side
+    def submit(self, req: Request) -> None:
+        """Queue ``req``; raises :class:`Overloaded` when ``max_waiting`` requests already wait."""
+        if not req.prompt:
+            raise ValueError("the prompt is empty")
+        if req.params.n > self.engine.max_batch:
+            raise ValueError(f"n={req.params.n} exceeds the server's batch of {self.engine.max_batch} sequences")
+        if req.seed is not None:
+            req.generator = torch.Generator(device=self.engine.device).manual_seed(req.seed)
+        req.left = req.params.n
+        with self._cond:
+            if self.error is not None:
+                raise RuntimeError(f"the generation loop stopped: {self.error!r}")
+            if len(self._waiting) >= self.max_waiting:
+                raise Overloaded(f"{len(self._waiting)} requests are waiting; retry later")
+            self._waiting.append(req)
+            self._cond.notify()
+
+    def load_weights(self, apply: Callable[[], int], timeout_s: float = 600.0) -> int:
+        """Run ``apply`` (loads weights into the engine, returns the new version) in the batcher thread once
+        the running batch has drained; blocks until done and returns the version."""
+        job = _WeightJob(apply)
+        with self._cond:
+            self._weights.append(job)
+            self._cond.notify()
+        if not job.done.wait(timeout_s):
+            raise TimeoutError(f"the weight load did not run within {timeout_s:.0f} s")
+        if job.error is not None:
+            raise job.error
+        assert job.version is not None
+        return job.version
+
+    def stats(self) -> dict[str, int]:
+        with self._cond:
+            return {"waiting": len(self._waiting), "running": len(self._batch), "steps": self.steps,
+                    "generated_tokens": self.generated_tokens, "weight_version": self.engine.weight_version}
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join(timeout_s)
+
+    # ------------------------------------------------------------ batcher thread
+    def _run(self) -> None:
+        try:
+            with torch.no_grad():
+                while self._wait_for_work():
+                    self._step()
+        except BaseException as e:  # noqa: BLE001 - reported to every waiting and running request, then re-raised
+            self._fail_all(e)
+            raise
+
+    def _wait_for_work(self) -> bool:
+        with self._cond:
+            while not self._stop and not self._waiting and not len(self._batch) and not self._weights:
+                self._cond.wait()
+            return not self._stop
+
+    def _step(self) -> None:
+        eng, batch = self.engine, self._batch
+        if self._weights and not len(batch):  # the batch drained: new weights go in before anything is admitted
+            self._apply_weights()
+            return
+        if not self._weights:  # while a weight load waits, admit nothing: the running rows drain
+            self._admit()
+        if not len(batch):
+            return
+        self._drop_cancelled()
+        if not len(batch):
+            return
+        tok = torch.empty(len(batch), dtype=torch.long, device=eng.device)
+        logp = torch.empty(len(batch), dtype=torch.float32, device=eng.device)
+        logits = batch.next_logits.float()
+        tops: dict[int, tuple[tuple[int, float], ...]] = {}
+        for params, gen, pos in self._sampling_groups():
+            idx = torch.tensor(pos, device=eng.device)
+            t, lp = sample_next(logits[idx], params, gen)
+            tok[idx], logp[idx] = t, lp
+            k = max(self._reqs[batch.rows[p][0]].top_logprobs for p in pos)
+            if k:
+                scaled = logits[idx] / params.temperature if params.temperature > 0 else logits[idx]
+                v, i = torch.log_softmax(scaled, dim=-1).topk(min(k, scaled.shape[-1]), dim=-1)
+                for j, p in enumerate(pos):
+                    n_top = self._reqs[batch.rows[p][0]].top_logprobs
+                    tops[p] = tuple(zip(i[j, :n_top].tolist(), v[j, :n_top].tolist()))
+        tok_l, logp_l = tok.tolist(), logp.tolist()
+        keep: list[int] = []
+        for r, (rid, sample) in enumerate(batch.rows):
+            req = self._reqs[rid]
+            batch.tokens[r].append(tok_l[r])
+            batch.logps[r].append(logp_l[r])
+            batch.versions[r].append(eng.weight_version)
+            if req.stream_tokens:
+                req.emit(TokenEvent(sample, tok_l[r], logp_l[r], tops.get(r, ())))
+            reason = eng.finish_reason(batch.tokens[r], req.params, eng.stop_ids(req.params))
+            if reason:
+                self._finish(req, sample, reason, batch.tokens[r], batch.logps[r])
+            else:
+                keep.append(r)
+        self.generated_tokens += len(batch)
+        self.steps += 1
+        if len(keep) < len(batch):
+            eng.retain(batch, keep)
+            tok = tok[keep]
+        if len(batch):
+            eng.advance(batch, tok)
+
+    def _admit(self) -> None:
+        eng, batch = self.engine, self._batch
+        free = eng.max_batch - len(batch)
+        with self._cond:
+            admit: list[Request] = []
+            while self._waiting and free >= self._waiting[0].params.n:
+                req = self._waiting.popleft()
+                if req.cancelled:
+                    req.emit(DoneEvent(-1, "cancelled"))
+                    continue
+                admit.append(req)
+                free -= req.params.n
+        # one prefill per distinct n (the engine repeats each prompt's cache n times)
+        for n in sorted({r.params.n for r in admit}):
+            group = [r for r in admit if r.params.n == n]
+            for r in group:
+                self._reqs[r.id] = r
+            eng.admit(batch, [r.prompt for r in group], [r.id for r in group], n)
+
+    def _sampling_groups(self) -> list[tuple[SamplingParams, torch.Generator, list[int]]]:
+        """Row positions grouped by (settings, generator): unseeded requests with equal settings share one
+        ``sample_next`` call on the batcher's generator; a seeded request samples from its own."""
+        groups: dict[tuple, list[int]] = {}
+        for r, (rid, _) in enumerate(self._batch.rows):
+            req = self._reqs[rid]
+            p = req.params
+            key = ((req.id,) if req.generator is not None else ()) + (p.temperature, p.top_p, p.top_k)
+            groups.setdefault(key, []).append(r)
+        out = []
+        for pos in groups.values():
+            req = self._reqs[self._batch.rows[pos[0]][0]]
+            out.append((req.params, req.generator or self._generator, pos))
+        return out
+
+    def _drop_cancelled(self) -> None:
+        batch = self._batch
+        gone = {rid for rid, _ in batch.rows if self._reqs[rid].cancelled}
+        if not gone:
+            return
+        keep = [r for r, (rid, _) in enumerate(batch.rows) if rid not in gone]
+        self.engine.retain(batch, keep)
+        for rid in gone:
+            self._reqs.pop(rid).emit(DoneEvent(-1, "cancelled"))
+
+    def _finish(self, req: Request, sample: int, reason: str, toks: list[int], logps: list[float]) -> None:
+        req.emit(DoneEvent(sample, reason, tuple(toks), tuple(logps),  # type: ignore[arg-type]
+                           self.engine.weight_version))
+        req.left -= 1
+        if req.left == 0:
+            self._reqs.pop(req.id, None)
+
+    def _apply_weights(self) -> None:
+        with self._cond:
+            job = self._weights.popleft()
+        t0 = time.perf_counter()
+        try:
+            job.version = job.apply()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller of load_weights, who raises it
+            job.error = e
+        self.last_weight_load_s = time.perf_counter() - t0
+        job.done.set()
+
+    def _fail_all(self, e: BaseException) -> None:
+        with self._cond:
+            self.error = e
+            reqs = list(self._waiting) + list(self._reqs.values())
+            self._waiting.clear()
+            jobs = list(self._weights)
+            self._weights.clear()
+        for r in reqs:
+            r.emit(DoneEvent(-1, "error", error=f"generation failed: {e!r}"))
+        for j in jobs:
+            j.error = e
+            j.done.set()

@@ -1,0 +1,81 @@
+"""The HTTP guard both services share (``relayrl serve`` and the dock's service API).
+
+An ASGI middleware: a bearer token on every route but the open ones (``/health``)
+when a token is set, compared in constant time; then a body-size limit per path,
+checked on ``Content-Length`` before the body is read and on the bytes as they
+arrive (chunked bodies). Refusals are OpenAI-style error objects (401, 413).
+``is_loopback`` is the rule both CLIs apply: a server bound beyond loopback needs
+a token.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from typing import Callable
+
+from starlette.responses import JSONResponse
+
+__all__ = ["Guard", "HTTPRefusal", "is_loopback", "error_body"]
+
+
+def error_body(message: str, status: int, kind: str = "invalid_request_error", param: str | None = None) -> dict:
+    """OpenAI's error object."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+class HTTPRefusal(Exception):
+    """A request a service refuses: status, message and error type (rendered with :func:`error_body`)."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param = status, message, kind, param
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(error_body(self.message, self.status, self.kind, self.param), status_code=self.status)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Guard:
+    """ASGI middleware: bearer token, then the body-size limit ``limit_for(path)``."""
+
+    def __init__(self, app, api_key: str | None, limit_for: Callable[[str], int], open_paths=("/health",)) -> None:
+        self.app, self.api_key, self.limit_for, self.open_paths = app, api_key, limit_for, tuple(open_paths)
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if self.api_key is not None and scope["path"] not in self.open_paths:
+            got = headers.get("authorization", "")
+            if not hmac.compare_digest(got.encode(), f"Bearer {self.api_key}".encode()):
+                return await HTTPRefusal(401, "missing or wrong bearer token (Authorization: Bearer ...)",
+                                         "authentication_error").response()(scope, receive, send)
+        limit = self.limit_for(scope["path"])
+        length = headers.get("content-length")
+        if length is not None:
+            if not length.isdigit():
+                return await HTTPRefusal(400, f"bad Content-Length {length!r}").response()(scope, receive, send)
+            if int(length) > limit:
+                return await HTTPRefusal(413, f"request body of {int(length)} bytes exceeds the limit of {limit} "
+                                         f"bytes").response()(scope, receive, send)
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > limit:
+                    raise HTTPRefusal(413, f"request body exceeds the limit of {limit} bytes")
+            return msg
+
+        await self.app(scope, counted, send)

@@ -1,0 +1,175 @@
+"""Request records of the OpenAI-compatible API (``/v1/completions``, ``/v1/chat/completions``).
+
+Field names and meanings follow the OpenAI API; the extensions are vLLM's
+(``top_k``, ``ignore_eos``, ``return_tokens_as_token_ids``,
+``return_token_ids``), so a client written for vLLM works unchanged. Unknown
+fields and options the server does not implement (``echo``, ``best_of > 1``,
+penalties, ``logit_bias``, ``suffix``, tools) are refused with a 400 naming the
+field, never silently ignored. Server-side limits (``ServeLimits``) are
+checked by the app, which knows the model.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = ["ServeLimits", "CompletionRequest", "ChatMessage", "ChatCompletionRequest", "WeightsRequest"]
+
+
+class ServeLimits(BaseModel):
+    """What one request may ask of ``relayrl serve`` (refused with 400/413/503 beyond)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="largest request body (weight payloads excepted)")
+    max_tokens: int = Field(1024, ge=1, description="largest max_tokens of one request")
+    max_n: int = Field(16, ge=1, description="largest n (samples per prompt)")
+    max_prompts: int = Field(64, ge=1, description="prompts in one /v1/completions request")
+    max_waiting: int = Field(1024, ge=1, description="requests queued beyond the running batch before 503")
+    max_stop: int = Field(4, ge=0, description="stop strings per request")
+    max_top_logprobs: int = Field(20, ge=0)
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    max_tokens: int | None = Field(None, description="new tokens per sample (null: the server's default, 16)")
+    temperature: float | None = Field(None, ge=0.0, le=100.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1, description="vLLM extension; 0 or -1 disables")
+    n: int | None = Field(None, ge=1)
+    stream: bool | None = False
+    stream_options: dict[str, Any] | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = Field(None, description="vLLM extension")
+    seed: int | None = None
+    user: str | None = None
+    ignore_eos: bool | None = Field(False, description="vLLM extension: do not stop at EOS")
+    return_tokens_as_token_ids: bool | None = Field(False, description="vLLM extension: logprob tokens as "
+                                                    "'token_id:<id>'")
+    return_token_ids: bool | None = Field(False, description="vLLM extension: prompt_token_ids and token_ids in "
+                                          "each choice")
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _max_tokens(cls, v: int | None) -> int | None:
+        if v is not None and v < 1:
+            raise ValueError(f"max_tokens={v} must be >= 1")
+        return v
+
+    @model_validator(mode="after")
+    def _unsupported(self) -> "_Request":
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                raise ValueError(f"{name} is not supported by relayrl serve; leave it unset or 0")
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported by relayrl serve; leave it unset")
+        if self.temperature == 0 and (self.n or 1) > 1:
+            raise ValueError(f"temperature=0 is greedy, so n={self.n} samples would be identical; set n=1 or "
+                             "temperature > 0")
+        return self
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.get("include_usage"))
+
+
+class CompletionRequest(_Request):
+    """``POST /v1/completions``: ``prompt`` is text, a list of texts, token ids, or a list of token-id lists."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0, description="top alternatives per token (0: the sampled token's only)")
+    echo: bool | None = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @model_validator(mode="after")
+    def _completion_only(self) -> "CompletionRequest":
+        if self.echo:
+            raise ValueError("echo is not supported by relayrl serve; leave it false")
+        if self.best_of not in (None, 1) and self.best_of != self.n:
+            raise ValueError("best_of is not supported by relayrl serve; leave it unset")
+        if self.suffix:
+            raise ValueError("suffix is not supported by relayrl serve; leave it unset")
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise ValueError("prompt is an empty list")
+        return self
+
+    def prompt_list(self) -> list[str | list[int]]:
+        """One entry per prompt: a text or token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        parts = []
+        for part in self.content:
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(f"message content part {part.get('type')!r} is not supported; only text parts")
+            parts.append(part["text"])
+        return "".join(parts)
+
+
+class ChatCompletionRequest(_Request):
+    """``POST /v1/chat/completions``: messages rendered with the tokenizer's chat template."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0)
+    max_completion_tokens: int | None = None
+    add_generation_prompt: bool | None = True
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+
+    @model_validator(mode="after")
+    def _chat_only(self) -> "ChatCompletionRequest":
+        if self.tools or self.tool_choice not in (None, "none"):
+            raise ValueError("tools are not supported by relayrl serve; leave tools and tool_choice unset")
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            raise ValueError("response_format other than text is not supported by relayrl serve")
+        if self.max_completion_tokens is not None:
+            if self.max_completion_tokens < 1:
+                raise ValueError(f"max_completion_tokens={self.max_completion_tokens} must be >= 1")
+            if self.max_tokens is None:
+                self.max_tokens = self.max_completion_tokens
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=true")
+        return self
+
+
+class WeightsRequest(BaseModel):
+    """``POST /v1/relayrl/weights`` as JSON: load a safetensors file (or a directory of them) by path."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(description="a .safetensors file, or a directory whose *.safetensors files are loaded")
+    version: int = Field(ge=0, description="weight version the engine reports afterwards")

@@ -1,0 +1,58 @@
+"""Runs that survive a lost worker: ``run.max_restarts``.
+
+When a worker process (or a Ray actor) dies, the run loop has already shut every worker group down
+(``Session.run``'s ``finally``). The run then starts again in the same run directory with
+``run.resume=auto``: the workflow recreates its worker groups on the devices there are, restores the newest
+complete checkpoint (weights, optimizer, data position, sampler states) and goes on; the steps after that
+checkpoint are trained again. Each restart is printed and written to the run's log with its cause, and the
+step records that follow carry ``run/restarts``. Errors that are not a lost worker (a bug, bad data, a
+user's reward function that raises) end the run as before: restarting would only fail again.
+
+Departure from the issue's wording: a lost *node* on Ray is recovered the same way (its actors die), but the
+driver does not wait for the node to come back: the groups are recreated on what Ray offers at once.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from pathlib import Path
+from typing import Callable
+
+from relayrl.checkpoint import CheckpointManager
+from relayrl.cluster.errors import WorkerError
+from relayrl.config.schema import Config
+
+__all__ = ["RESTARTS", "run_with_restarts"]
+
+RESTARTS: contextvars.ContextVar[int] = contextvars.ContextVar("relayrl_restarts", default=0)
+"""Restarts so far in this run (the run loop adds ``run/restarts`` to every step record when > 0)."""
+
+
+def run_with_restarts(cfg: Config, run: Callable[[Config], Path], log: Callable[[str], None] = print) -> Path:
+    """``run(cfg)``, started again from the last checkpoint up to ``cfg.run.max_restarts`` times when a worker
+    is lost (see the module docstring)."""
+    done = 0
+    token = RESTARTS.set(0)
+    try:
+        while True:
+            try:
+                return run(cfg)
+            except WorkerError as e:
+                if not e.lost or done >= cfg.run.max_restarts:
+                    raise
+                done += 1
+                RESTARTS.set(done)
+                log(f"relayrl: restart {done}/{cfg.run.max_restarts} (run.max_restarts): {e.brief()}; "
+                    f"recreating the worker groups and resuming from the last checkpoint in {cfg.run.dir}")
+                _note(cfg.run.dir, f"restart {done}/{cfg.run.max_restarts}: {e.brief()}")
+                if cfg.run.resume != "auto" and CheckpointManager(Path(cfg.run.dir) / "checkpoints").latest():
+                    # (no checkpoint of this run yet: start as the run did, from scratch or its resume path)
+                    cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"resume": "auto"})})
+    finally:
+        RESTARTS.reset(token)
+
+
+def _note(run_dir: Path, text: str) -> None:
+    """Append a line to the run's restart log (``RUN_DIR/restarts.log``)."""
+    with open(Path(run_dir) / "restarts.log", "a") as f:
+        f.write(text.rstrip() + "\n")

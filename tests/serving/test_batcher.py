@@ -1,0 +1,115 @@
+"""Continuous batching across requests (in-process, no HTTP): rows of different requests, admitted while
+others run, with their own settings, give what each request would get alone."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from relayrl.engines.generation.base import SamplingParams
+from relayrl.engines.generation.native import NativeGenerationEngine
+from relayrl.serving.batcher import Batcher, DoneEvent, Overloaded, Request, TokenEvent
+
+PROMPTS = ["1+2=", "123+456=", "sort 5 12 9 =", "77+1=", "countdown 3 7 5 -> 9 :", "9+9="]
+
+
+class Sink:
+    def __init__(self, n: int) -> None:
+        self.events: list = []
+        self.left = n
+        self.done = threading.Event()
+
+    def __call__(self, ev) -> None:
+        self.events.append(ev)
+        if isinstance(ev, DoneEvent):
+            self.left -= 1
+            if self.left <= 0:
+                self.done.set()
+
+    def finished(self) -> list[DoneEvent]:
+        return sorted((e for e in self.events if isinstance(e, DoneEvent)), key=lambda e: e.sample)
+
+
+@pytest.fixture()
+def batcher(tiny_model, tiny_tokenizer):
+    b = Batcher(NativeGenerationEngine(tiny_model, tiny_tokenizer, max_batch=4, decode="dynamic"))
+    yield b
+    b.close()
+
+
+def test_requests_batched_together_match_each_alone(batcher, tiny_tokenizer):
+    eng = batcher.engine
+    prompts = [tiny_tokenizer(t)["input_ids"] for t in PROMPTS]
+    lengths = [3, 9, 5, 12, 7, 4]
+    alone = [eng.generate([p], SamplingParams(temperature=0.0, max_new_tokens=m, ignore_eos=True))[0]
+             for p, m in zip(prompts, lengths)]
+    sinks = [Sink(1) for _ in prompts]
+    for p, m, s in zip(prompts, lengths, sinks):  # max_batch=4: later requests join as earlier ones finish
+        batcher.submit(Request(p, SamplingParams(temperature=0.0, max_new_tokens=m, ignore_eos=True), emit=s,
+                               stream_tokens=True))
+    for s, a in zip(sinks, alone):
+        assert s.done.wait(60)
+        (done,) = s.finished()
+        assert list(done.token_ids) == a.token_ids.tolist() and done.finish_reason == "length"
+        torch.testing.assert_close(torch.tensor(done.logprobs), a.logprobs, atol=1e-4, rtol=1e-4)
+        assert [e.token_id for e in s.events if isinstance(e, TokenEvent)] == list(done.token_ids)
+    assert batcher.steps < sum(lengths)  # rows of several requests shared decode steps
+
+
+def test_sampled_logprobs_follow_each_requests_temperature(batcher, tiny_model, tiny_tokenizer):
+    p = tiny_tokenizer(PROMPTS[1])["input_ids"]
+    sinks = {t: Sink(2) for t in (0.5, 1.5)}
+    for t, s in sinks.items():
+        batcher.submit(Request(p, SamplingParams(n=2, temperature=t, max_new_tokens=6), emit=s, seed=3,
+                               top_logprobs=2))
+    for t, s in sinks.items():
+        assert s.done.wait(60)
+        for d in s.finished():
+            with torch.no_grad():
+                logits = tiny_model(torch.tensor([p + list(d.token_ids)])).logits[0, len(p) - 1:-1] / t
+            ref = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(d.token_ids)[:, None]).squeeze(-1)
+            torch.testing.assert_close(torch.tensor(d.logprobs), ref, atol=1e-4, rtol=1e-4)
+        tops = [e.top for e in s.events if isinstance(e, TokenEvent)]
+        assert all(len(t2) == 2 and t2[0][1] >= t2[1][1] for t2 in tops)
+
+
+def test_seeded_requests_repeat(batcher, tiny_tokenizer):
+    p = tiny_tokenizer(PROMPTS[0])["input_ids"]
+    runs = []
+    for _ in range(2):
+        s = Sink(3)
+        batcher.submit(Request(p, SamplingParams(n=3, temperature=1.0, max_new_tokens=6), emit=s, seed=11))
+        assert s.done.wait(60)
+        runs.append([d.token_ids for d in s.finished()])
+    assert runs[0] == runs[1]
+
+
+def test_cancelled_request_leaves_the_batch_and_weights_wait_for_a_drain(batcher, tiny_tokenizer, tiny_model):
+    p = tiny_tokenizer(PROMPTS[2])["input_ids"]
+    s = Sink(1)
+    r = Request(p, SamplingParams(temperature=0.0, max_new_tokens=400, ignore_eos=True), emit=s, stream_tokens=True)
+    batcher.submit(r)
+    while not any(isinstance(e, TokenEvent) for e in s.events):
+        pass
+    r.cancel()
+    assert s.done.wait(30) and s.finished()[0].finish_reason == "cancelled"
+    named = [(n, t.detach().clone()) for n, t in tiny_model.named_parameters()]
+    assert batcher.load_weights(lambda: (batcher.engine.update_weights(named, 5), batcher.engine.weight_version)[1]) == 5
+    assert batcher.stats()["running"] == 0 and batcher.stats()["weight_version"] == 5
+
+
+def test_full_queue_is_refused(tiny_model, tiny_tokenizer):
+    b = Batcher(NativeGenerationEngine(tiny_model, tiny_tokenizer, max_batch=1, decode="dynamic"), max_waiting=1)
+    try:
+        p = tiny_tokenizer(PROMPTS[0])["input_ids"]
+        long = SamplingParams(temperature=0.0, max_new_tokens=300, ignore_eos=True)
+        reqs = [Request(p, long, emit=lambda ev: None) for _ in range(3)]
+        with pytest.raises(Overloaded):
+            for r in reqs:
+                b.submit(r)
+        for r in reqs:
+            r.cancel()
+    finally:
+        b.close()
