@@ -296,22 +296,18 @@ def _run_path(extra: list[str], run_dir: Path) -> dict[str, float]:
             (("step", "perf/step_time_s"), ("generate", "timing/generate_s"), ("update", "timing/update_s"))}
 
 
-def _overlap(profile: Profile, w, placement):
-    """The pipeline's result with its overlap shares (simulate() hides them)."""
+def _overlap(profile: Profile, w, placement) -> tuple[float, float]:
+    """Overlap shares of the calibration workload's pools (zero reward latency, 8 steps)."""
     import random
 
-    from relayrl.planner import simulate as sim
+    from relayrl.planner.simulate import overlap_shares
 
     rng = random.Random(0)
     batches = []
     for _ in range(8):
         lengths = w.lengths.draw(rng, w.rows)
         batches.append(([lengths[i * w.n:(i + 1) * w.n] for i in range(w.prompts)], [[0.0] * w.n] * w.prompts))
-    name, _ = profile.device_for(1)
-    flow = profile.overhead.dataflow
-    prof = profile.scaled(name, flow.generate, flow.train)
-    dev = prof.devices[name]
-    return sim._pipeline(prof, dev, prof.scale(w.model.params), w, placement, batches, 2)
+    return overlap_shares(profile, w, placement, batches)
 
 
 def _overhead(profile: Profile, log: Callable[[str], None]) -> Overhead:
@@ -337,8 +333,7 @@ def _overhead(profile: Profile, log: Callable[[str], None]) -> Overhead:
             train = meas["update"] / pred.phases["update"]
             if name == "concurrent":  # extrapolate to both pools busy all the time from this run's overlap
                 flow = paths["dataflow"]
-                _, _, _, _, (fg, ft) = _overlap(profile.model_copy(update={"overhead": Overhead(dataflow=flow)}),
-                                                w, placement)
+                fg, ft = _overlap(profile.model_copy(update={"overhead": Overhead(dataflow=flow)}), w, placement)
                 paths[name] = PathCost(generate=flow.generate + (gen - flow.generate) / max(fg, 0.25),
                                        train=flow.train + (train - flow.train) / max(ft, 0.25), step_s=flow.step_s)
                 continue

@@ -47,7 +47,7 @@ from typing import Literal
 from relayrl.planner.profile import DeviceProfile, PathCost, Profile
 from relayrl.planner.workload import Workload
 
-__all__ = ["Placement", "Prediction", "simulate", "simulate_batches", "generate_rank", "reward_times", "memory_gib"]
+__all__ = ["Placement", "Prediction", "simulate", "simulate_batches", "overlap_shares", "generate_rank", "reward_times", "memory_gib"]
 
 Mode = Literal["sync-colocated", "sync-split", "periodic", "offpolicy"]
 GIB = 2**30
@@ -316,6 +316,16 @@ def simulate_batches(profile: Profile, w: Workload, p: Placement, batches: list[
     mem = memory_gib(w, p, kv_peak)
     fits = all(v <= dev.memory_gib for v in mem.values())
     return Prediction(p, step_s, tokens, busy, mem, fits, phases, per=profile.cores if dev.kind == "cpu" else 0)
+
+
+def overlap_shares(profile: Profile, w: Workload, p: Placement, batches, *, warmup: int = 2) -> tuple[float, float]:
+    """Share of the rollout pool's and of the trainer's busy time during which the other pool computes too,
+    for a split placement with the dataflow's factors (what :func:`simulate_batches` blends the concurrent
+    factors by)."""
+    name, _ = profile.device_for(_threads(profile, p))
+    flow = profile.overhead.dataflow
+    prof = profile.scaled(name, flow.generate, flow.train)
+    return _pipeline(prof, prof.devices[name], prof.scale(w.model.params), w, p, batches, warmup)[4]
 
 
 def _path(profile: Profile, p: Placement) -> PathCost:
