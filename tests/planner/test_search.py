@@ -87,6 +87,7 @@ def test_cli_plan_with_a_stored_profile(tmp_path, capsys):
     assert tpspd == sorted(tpspd, reverse=True)
 
 
+@pytest.mark.slow  # (about 13 s: the 64-device search)
 def test_cli_plan_h100_7b_on_8_and_64_devices(capsys):
     for devices in (8, 64):
         code = cli.main(["plan", str(ROOT / "recipes" / "gpu_grpo.yaml"), "data.prompts_per_step=64", "rollout.n=8",
