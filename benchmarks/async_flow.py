@@ -66,7 +66,7 @@ def subprocess_verifier(prompts: list[str], responses: list[str], answers: list[
     procs = []
     for r, a in zip(responses, answers):
         wait = 0.02 + (zlib.crc32(r.encode()) % 181) / 1000
-        line = r.split("\n", 1)[0].strip()
+        line = r.split("\n", 1)[0].strip().replace("\x00", "")  # (a sampled NUL byte cannot go in an argv)
         procs.append(subprocess.Popen(["sh", "-c", _CHECK, "sh", line, (a or "").strip(), f"{wait:.3f}"]))
     return [1.0 if p.wait(timeout=30) == 0 else 0.0 for p in procs]
 
@@ -188,14 +188,25 @@ def main(argv: list[str] | None = None) -> None:
                    "on a CPU)")
     p.add_argument("--extra", default="", help="comma-separated config overrides for the split modes")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
+    p.add_argument("--results", default=None, help="a JSONL file: each finished mode's figures are appended to it, "
+                   "and modes already in it are not run again (a long run that stops keeps what it measured)")
     a = p.parse_args(argv)
     if a.steps <= a.warmup:
         raise SystemExit(f"--steps ({a.steps}) must exceed --warmup ({a.warmup})")
     model = demo_models(a.seed)
-    res = {}
+    res: dict[str, dict] = {}
+    saved = Path(a.results) if a.results else None
+    if saved is not None and saved.is_file():
+        res = {r["mode"]: r for r in map(json.loads, saved.read_text().splitlines()) if r["mode"] in a.modes.split(",")}
     with tempfile.TemporaryDirectory(prefix="async_flow-") as tmp:
         for name in a.modes.split(","):
+            if name in res:
+                print(f"async_flow: {name}: measured before, in {saved}", flush=True)
+                continue
             res[name] = run_mode(name, model, Path(tmp), a)
+            if saved is not None:
+                with saved.open("a") as f:
+                    f.write(json.dumps(res[name]) + "\n")
     print(f"\n{'mode':<22}{'step s':>8}{'TPSPD':>9}{'/colo':>7}{'acc %':>7}{'len':>6}{'clipped':>8}{'driver B':>9}"
           f"{'gen s':>7}{'reward s':>9}{'update s':>9}{'stale':>7}{'multi-v':>8}")
     colo = res.get("sync-colocated")
