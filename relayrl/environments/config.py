@@ -11,17 +11,20 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from relayrl.data.tasks import Problem
+from relayrl.engines.reward.config import RewardConfig
 from relayrl.environments.base import EnvFactory, Environment
+from relayrl.environments.episodes import EpisodeLimits
 from relayrl.environments.sandbox import SandboxConfig, check_available
 from relayrl.environments.tools import BUILTIN_TOOLS, Tool, ToolEnvironment
 from relayrl.errors import UserError
 
-__all__ = ["EnvConfig", "EnvLoadError", "load_tool", "load_env_factory"]
+__all__ = ["EnvConfig", "EnvLoadError", "EpisodeSpec", "load_tool", "load_env_factory", "build_env_factory"]
 
 
 class EnvLoadError(UserError, ValueError):
@@ -148,3 +151,35 @@ def load_env_factory(cfg: EnvConfig, score: Callable[[Problem, str], float] | No
             raise EnvLoadError(f"env.name={cfg.name!r} made a {type(env).__name__} without a {method}(x) method; an "
                                f"environment has reset(problem) -> str and step(action: str) -> StepResult")
     return factory
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """What a rollout worker needs to run episodes (picklable: it travels to worker processes)."""
+
+    env: EnvConfig
+    reward: RewardConfig
+    task: str | None
+    task_options: dict[str, Any]
+
+    @property
+    def limits(self) -> EpisodeLimits:
+        e = self.env
+        return EpisodeLimits(max_turns=e.max_turns, max_tokens=e.max_tokens, max_seconds=e.max_seconds,
+                             step_timeout_s=e.step_timeout_s)
+
+
+def build_env_factory(spec: EpisodeSpec) -> EnvFactory:
+    """The environment factory of ``spec``, contract checked; the built-in tool environment scores final
+    answers with the run's reward engine (``reward.*``, the task's verifier by default)."""
+    from relayrl.data.tasks import make_task
+    from relayrl.engines.reward import RewardEngine
+
+    score = None
+    if spec.env.name == "tools":
+        task = make_task(spec.task, **spec.task_options) if spec.task is not None else None
+        engine = RewardEngine(spec.reward, task=task)
+
+        def score(problem: Problem, text: str) -> float:
+            return engine.score([problem.prompt], [text], [problem.answer])[0][0]
+    return load_env_factory(spec.env, score)
