@@ -85,6 +85,9 @@ class DataConfig(_Section):
     rejected_key: str = Field("rejected", description="workflow dpo: field with the rejected answer (answer_key "
                               "holds the chosen one)")
     chat_template: bool | None = Field(None, description="null: apply the tokenizer's chat template to chat-message prompts")
+    messages_key: str | None = Field(None, description="workflow sft on data.path: field with whole conversations "
+                                     "(chat messages); only the assistant turns are trained (mask from the chat "
+                                     "template)")
     prompts_per_step: int = Field(8, ge=1)
 
     @model_validator(mode="after")
@@ -340,6 +343,9 @@ class Config(_Section):
                              f"rank, fewer than trainer.mini_batches={self.trainer.mini_batches}")
         _check_placement(self)
         _check_env(self)
+        if self.data.messages_key is not None and (self.workflow != "sft" or self.data.path is None):
+            raise ValueError("data.messages_key trains on whole conversations: it applies to workflow sft with "
+                             "data.path; unset data.messages_key")
         if self.reward.verifier == "task" and self.data.task is None:
             raise ValueError("reward.verifier=task needs a built-in data.task; for data.path use "
                              "reward.verifier=math, exact or user")
