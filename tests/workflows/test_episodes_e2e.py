@@ -36,8 +36,10 @@ def test_grpo_trains_on_episodes(tool_sft, tmp_path, extra):
     recs = records(run)
     assert [x["step"] for x in recs] == [0, 1, 2]
     for x in recs[1:]:
-        for key in ("env/errors", "env/turns_mean", "env/tool_call_rate", "env/model_tokens_mean", "reward/mean"):
+        for key in ("env/errors", "env/turns_mean", "env/tool_call_rate", "env/model_tokens_mean"):
             assert key in x, key
+        # dynamic sampling skips a step whose groups all have equal rewards (likely on a 3-step SFT model)
+        assert "reward/mean" in x or x.get("dapo/skipped_step") == 1.0
         assert x["env/turns_mean"] >= 1
         if "actor/loss" in x:
             assert x["actor/grad_norm"] == x["actor/grad_norm"]  # finite, trained
