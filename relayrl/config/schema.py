@@ -371,6 +371,9 @@ def _check_env(self: Config) -> None:
         return
     if self.workflow == "dpo":
         raise ValueError("env.name sets up multi-turn episodes, which workflow dpo does not generate; set env.name=null")
+    if e.name == "tools" and e.stop_string not in self.rollout.stop_strings:
+        raise ValueError(f"env.name=tools: a turn that calls a tool must end at its closing tag; add "
+                         f"{e.stop_string!r} to rollout.stop_strings")
     if self.workflow == "sft":
         return  # the task's tool-using demonstrations train with their loss mask; evaluation runs episodes
     if t.off_policy_steps or self.placement.custom or t.mode != "sync":
@@ -382,9 +385,6 @@ def _check_env(self: Config) -> None:
     if NEEDS[a.advantage].baseline:
         raise ValueError(f"algorithm.advantage={a.advantage} needs a greedy single-turn baseline; use grpo, "
                          f"drgrpo, rloo, reinforce++ or gae with env.name")
-    if e.name == "tools" and e.stop_string not in self.rollout.stop_strings:
-        raise ValueError(f"env.name=tools: a turn that calls a tool must end at its closing tag; add "
-                         f"{e.stop_string!r} to rollout.stop_strings")
 
 
 def _check_placement(self: Config) -> None:

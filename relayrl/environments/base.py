@@ -9,7 +9,7 @@ wait for the slowest turn of a batch.
 
 An episode::
 
-    context <- the problem's prompt tokens + tokens(env.reset(problem))
+    context <- the problem's prompt tokens + tokens(env.reset(problem))   (the reset text: context, loss_mask 0)
     repeat:
         turn   <- the model generates from the context        (trained: its tokens carry loss_mask 1)
         result <- env.step(turn text)                        (observation, reward, done)
@@ -91,7 +91,7 @@ class Episode:
     problem_index: int
     sample_index: int
     prompt_ids: list[int]
-    """The problem's prompt (and the reset text): context, not part of the response."""
+    """The problem's prompt: context, not part of the response (the reset text opens the response, masked)."""
     token_ids: list[int] = field(default_factory=list)
     """Every token after the prompt: the model's turns and the environment's observations, in order."""
     logprobs: list[float] = field(default_factory=list)

@@ -177,7 +177,13 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             with feed.lock:
                 feed.end(lv, EpisodeEnd.ERROR, f"env.reset returned {type(text).__name__}; expected str")
             return
-        lv.ep.prompt_ids = lv.ep.prompt_ids + encode(text)
+        ids = encode(text)[:limits.max_tokens - 1]  # context like an observation: it opens the response
+        with feed.lock:
+            lv.ep.token_ids += ids
+            lv.ep.logprobs += [0.0] * len(ids)
+            lv.ep.loss_mask += [0] * len(ids)
+        if text:
+            lv.ep.observations.append(text)
         feed.ready.put(lv.key)
 
     def step(lv: _Live, c: Completion) -> None:

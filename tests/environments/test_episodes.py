@@ -186,3 +186,18 @@ def test_rejoining_turns_see_their_exact_context(engine, tiny_tokenizer):
         context = list(prompt) + e.token_ids[:4 + n_obs]
         again = engine.generate([context], greedy)[0].token_ids.tolist()
         assert e.token_ids[4 + n_obs:4 + n_obs + 4] == again and first == engine.generate([prompt], greedy)[0].token_ids.tolist()
+
+
+def test_reset_text_opens_the_response_as_context(engine, tiny_tokenizer):
+    probs, prompts = _problems(tiny_tokenizer, 1)
+
+    class Greets(Counter):
+        def reset(self, problem):
+            super().reset(problem)
+            return "<hello>"
+
+    e = run_episodes(engine, tiny_tokenizer, probs, prompts, Greets, SamplingParams(max_new_tokens=3),
+                     EpisodeLimits(max_turns=1))[0]
+    n = len(tiny_tokenizer("<hello>", add_special_tokens=False)["input_ids"])
+    assert e.prompt_ids == prompts[0] and e.loss_mask[:n] == [0] * n and e.loss_mask[n] == 1
+    assert tiny_tokenizer.decode(e.token_ids[:n]) == "<hello>"
