@@ -15,19 +15,24 @@ Modes, each in its own process, same seed, same prompts and number of steps:
 * ``sync-split``: the rollout on a pool of its own (half the cores, its own process), the trainer on the
   other half; stages stream per group, the update waits for the whole batch;
 * ``periodic-split``: the same placement, ``trainer.mode=periodic``: the trainer runs forward and backward
-  on each group as it arrives and steps once per batch (the same update).
+  on each group as it arrives and steps once per batch (the same update);
+* ``offpolicy-k1``, ``offpolicy-k2``: the same placement, ``trainer.off_policy_steps=k``: the rollout runs
+  up to k weight versions ahead of the trainer, with truncated importance weights (``algorithm.tis_cap=2``);
+* ``offpolicy-k1-partial``, ``offpolicy-k2-partial``: the same with ``rollout.partial=true``: the trainer's
+  new weights reach responses still being generated (paused, prefilled again, continued).
 
 Figures: tokens trained per second per device (TPSPD, seed 003: prompt + response tokens of the step's
 samples / step time / devices, a device being a core here, so every mode has 2) and the mean step time,
 both over the steps after ``--warmup``; held-out greedy accuracy after the last step. Printed, not asserted.
 The last line is::
 
-    async_flow: periodic/sync-split R_s, periodic/sync-colocated R_c; accuracy periodic A_p% sync A_s%
+    async_flow: periodic/sync-split R_s, periodic/sync-colocated R_c; accuracy periodic A_p% sync A_s% \
+        offpolicy/sync-colocated R_o (k=1, partial)
 
 Run it with::
 
-    .venv/bin/python benchmarks/async_flow.py               # 30 steps per mode (~10 min on 2 cores)
-    .venv/bin/python benchmarks/async_flow.py --steps 100   # the accuracy comparison
+    .venv/bin/python benchmarks/async_flow.py               # 30 steps per mode (~20 min on 2 cores)
+    .venv/bin/python benchmarks/async_flow.py --steps 100   # the accuracy comparison (~45 min)
 """
 
 from __future__ import annotations
@@ -66,10 +71,14 @@ def subprocess_verifier(prompts: list[str], responses: list[str], answers: list[
     return [1.0 if p.wait(timeout=30) == 0 else 0.0 for p in procs]
 
 
+SPLIT = ["placement.pools.gen=1", "placement.rollout=gen"]
 MODES: dict[str, list[str]] = {
     "sync-colocated": [],
-    "sync-split": ["placement.pools.gen=1", "placement.rollout=gen", "trainer.mode=sync"],
-    "periodic-split": ["placement.pools.gen=1", "placement.rollout=gen", "trainer.mode=periodic"],
+    "sync-split": [*SPLIT, "trainer.mode=sync"],
+    "periodic-split": [*SPLIT, "trainer.mode=periodic"],
+    **{f"offpolicy-k{k}{'-partial' if partial else ''}": [
+        *SPLIT, f"trainer.off_policy_steps={k}", f"rollout.partial={str(partial).lower()}", "algorithm.tis_cap=2.0"]
+       for k in (1, 2) for partial in (False, True)},
 }
 
 
@@ -161,8 +170,9 @@ def run_mode(name: str, model: Path, out: Path, a: argparse.Namespace) -> dict:
             "accuracy0": acc[0] if acc else float("nan"), "wall_s": wall, "length_mean": statistics.mean(lengths),
             "clip_ratio": statistics.mean(clip),
             **{k: statistics.mean(r.get(f"timing/{k}_s", 0.0) for r in steps) for k in ("generate", "reward", "update")},
-            "driver_bytes": max((r.get("dock/driver_bytes", 0) for r in steps),
-                                                                     default=0.0)}
+            "driver_bytes": max((r.get("dock/driver_bytes", 0) for r in steps), default=0.0),
+            "staleness": statistics.mean(r.get("async/staleness_mean", 0.0) for r in steps),
+            "multi_version": statistics.mean(r.get("async/multi_version_frac", 0.0) for r in steps)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -186,20 +196,29 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="async_flow-") as tmp:
         for name in a.modes.split(","):
             res[name] = run_mode(name, model, Path(tmp), a)
-    print(f"\n{'mode':<16}{'step s':>9}{'TPSPD':>10}{'acc %':>8}{'len':>7}{'clipped':>9}{'driver B':>10}"
-          f"{'gen s':>8}{'reward s':>9}{'update s':>9}")
+    print(f"\n{'mode':<22}{'step s':>8}{'TPSPD':>9}{'/colo':>7}{'acc %':>7}{'len':>6}{'clipped':>8}{'driver B':>9}"
+          f"{'gen s':>7}{'reward s':>9}{'update s':>9}{'stale':>7}{'multi-v':>8}")
+    colo = res.get("sync-colocated")
     for r in res.values():
-        print(f"{r['mode']:<16}{r['step_s']:>9.3f}{r['tpspd']:>10.1f}{100 * r['accuracy']:>8.1f}"
-              f"{r['length_mean']:>7.1f}{r['clip_ratio']:>9.3f}{r['driver_bytes']:>10.0f}"
-              f"{r['generate']:>8.3f}{r['reward']:>9.3f}{r['update']:>9.3f}")
-    print("(gen/reward/update s: summed stage time per step; in the split modes they overlap)")
+        ratio = r["tpspd"] / colo["tpspd"] if colo else float("nan")
+        print(f"{r['mode']:<22}{r['step_s']:>8.3f}{r['tpspd']:>9.1f}{ratio:>7.2f}{100 * r['accuracy']:>7.1f}"
+              f"{r['length_mean']:>6.1f}{r['clip_ratio']:>8.3f}{r['driver_bytes']:>9.0f}"
+              f"{r['generate']:>7.3f}{r['reward']:>9.3f}{r['update']:>9.3f}{r['staleness']:>7.2f}"
+              f"{r['multi_version']:>8.3f}")
+    print("(gen/reward/update s: summed stage time per step; in the split modes they overlap. stale: mean token "
+          "staleness in versions; multi-v: share of samples whose tokens span several versions)")
     print(f"(held-out accuracy before GRPO: {100 * next(iter(res.values()))['accuracy0']:.1f}%; TPSPD: tokens "
           f"trained per second per core, {cores()} cores in every mode)")
     if {"periodic-split", "sync-split", "sync-colocated"} <= set(res):
         per, ss, sc = res["periodic-split"], res["sync-split"], res["sync-colocated"]
-        print(f"async_flow: periodic/sync-split {per['tpspd'] / ss['tpspd']:.2f}, periodic/sync-colocated "
-              f"{per['tpspd'] / sc['tpspd']:.2f}; accuracy periodic {100 * per['accuracy']:.1f}% sync "
-              f"{100 * sc['accuracy']:.1f}%")
+        line = (f"async_flow: periodic/sync-split {per['tpspd'] / ss['tpspd']:.2f}, periodic/sync-colocated "
+                f"{per['tpspd'] / sc['tpspd']:.2f}; accuracy periodic {100 * per['accuracy']:.1f}% sync "
+                f"{100 * sc['accuracy']:.1f}%")
+        if "offpolicy-k1-partial" in res:
+            op = res["offpolicy-k1-partial"]
+            line += (f" offpolicy/sync-colocated {op['tpspd'] / sc['tpspd']:.2f} (k=1, partial); accuracy "
+                     f"offpolicy {100 * op['accuracy']:.1f}%")
+        print(line)
 
 
 if __name__ == "__main__":

@@ -113,6 +113,10 @@ class RolloutConfig(_Section):
     decode: Literal["auto", "dynamic", "static"] = Field(
         "auto", description="auto: on CUDA, Llama-family models decode on a static KV cache with CUDA graphs, "
         "others (and CPU) with a dynamic cache; static: always the static cache (graphed on CUDA); dynamic: never")
+    partial: bool = Field(False, description="trainer.off_policy_steps > 0: partial rollout. When the trainer's "
+                          "new weights arrive, responses still being generated pause, their contexts are "
+                          "prefilled again with the new weights and they continue (each token records the "
+                          "version that sampled it); off: weights change only between batches")
 
 
 class AlgorithmConfig(_Section):
@@ -136,7 +140,8 @@ class AlgorithmConfig(_Section):
     max_resample_rounds: int = Field(3, ge=0)
     old_logprobs: Literal["auto", "recompute", "rollout"] = Field(
         "auto", description="pi_old of the PPO ratio. auto: recomputed by the trainer when a batch is used more than "
-        "once, off-policy or with tis_cap, else the current policy (one on-policy update); recompute: always; "
+        "once, else the current policy detached (one update per batch: the same weights, also off-policy and "
+        "with tis_cap); recompute: always; "
         "rollout: the generation engine's log-probs (no extra forward pass; the ratio then also carries staleness "
         "and engine mismatch)")
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="advantage=gae or reinforce++: discount of the "
@@ -144,7 +149,7 @@ class AlgorithmConfig(_Section):
     lam: float = Field(1.0, ge=0.0, le=1.0, description="advantage=gae: GAE lambda (1: Monte-Carlo returns)")
     tis_cap: float | None = Field(None, gt=0.0, description="truncated importance sampling: weight each token's "
                                   "policy loss by min(pi_old / mu, tis_cap), mu the rollout engine's log-probs "
-                                  "(corrects stale or mismatched rollouts; needs old log-probs, which it computes)")
+                                  "(corrects stale or mismatched rollouts: off-policy and partial rollout)")
 
     @model_validator(mode="after")
     def _names(self) -> "AlgorithmConfig":
@@ -188,8 +193,9 @@ class TrainerConfig(_Section):
     stream_groups: int = Field(1, ge=1, description="streaming stages take up to this many finished prompt "
                                "groups per call (more: fewer, larger passes; fewer: earlier start)")
     off_policy_steps: int = Field(0, ge=0, description="GRPO: k-step off-policy. Rollouts run ahead on their own "
-                                  "resource pool, with weights at most k updates older than the update that uses "
-                                  "them (staleness bound); 0: synchronous and colocated")
+                                  "resource pool (placement.rollout, or a pool 'rollout' of 1 device when none is "
+                                  "named), every token sampled by weights at most k updates older than the update "
+                                  "that uses it (staleness bound); 0: on-policy (trainer.mode)")
 
 
 class PlacementConfig(_Section):
@@ -387,6 +393,17 @@ def _check_env(self: Config) -> None:
                          f"drgrpo, rloo, reinforce++ or gae with env.name")
 
 
+def offpolicy_placement(cfg: "Config") -> "Config":
+    """``cfg`` with the rollout on a pool of its own when ``trainer.off_policy_steps`` asks for rollouts that
+    run ahead and the placement names none: a pool ``rollout`` of one device; otherwise ``cfg``."""
+    pl = cfg.placement
+    if not cfg.trainer.off_policy_steps or pl.split:
+        return cfg
+    name = "rollout" if "rollout" not in pl.pools else "rollout_ahead"
+    placed = pl.model_copy(update={"pools": {**pl.pools, name: 1}, "rollout": name})
+    return cfg.model_copy(update={"placement": placed})
+
+
 def _check_placement(self: Config) -> None:
     """Refuse placements, step modes and role options that cannot run, naming the key."""
     pl, t = self.placement, self.trainer
@@ -396,8 +413,8 @@ def _check_placement(self: Config) -> None:
         raise ValueError("trainer.mode=periodic overlaps training with generation, so the rollout needs devices "
                          "of its own: add placement.pools.gen=1 placement.rollout=gen (or use trainer.mode=sync)")
     if t.mode == "periodic" and t.off_policy_steps:
-        raise ValueError("trainer.mode=periodic is on-policy; trainer.off_policy_steps runs the k-step off-policy "
-                         "loop: choose one")
+        raise ValueError("trainer.mode=periodic is on-policy; trainer.off_policy_steps lets the rollout run up to "
+                         "k versions ahead (its trainer also consumes groups as they arrive): choose one")
     if t.tri_model:
         if self.algorithm.kl_coef <= 0:
             raise ValueError("trainer.tri_model computes the reference's log-probs inside the actor, and "
@@ -408,29 +425,32 @@ def _check_placement(self: Config) -> None:
         if pl.reference != "main":
             raise ValueError(f"trainer.tri_model keeps the reference in the actor's layout on pool main; "
                              f"placement.reference={pl.reference!r} puts it elsewhere")
-    if (pl.custom or t.mode == "periodic") and t.off_policy_steps:
-        raise ValueError("trainer.off_policy_steps runs its own loop with the rollout on a pool of its own; "
-                         "placement and trainer.mode=periodic apply to the on-policy dataflow: drop one")
-    if pl.custom or t.mode == "periodic":
+    if self.rollout.partial and not t.off_policy_steps:
+        raise ValueError("rollout.partial swaps new weights into responses being generated, which only an "
+                         "off-policy run does (on-policy steps relay weights between batches): set "
+                         "trainer.off_policy_steps >= 1 or drop rollout.partial")
+    if pl.custom or t.mode == "periodic" or t.off_policy_steps:
         if self.algorithm.dynamic_sampling:
             raise ValueError("algorithm.dynamic_sampling resamples prompts inside a step, which the streaming "
-                             "dataflow (a placement other than the default, or trainer.mode=periodic) does not do "
-                             "yet: keep every role on main (placement.*=main, placement.reward=driver) or drop "
-                             "dynamic_sampling")
+                             "dataflow (a placement other than the default, trainer.mode=periodic or "
+                             "trainer.off_policy_steps) does not do yet: keep every role on main (placement.*=main, "
+                             "placement.reward=driver) with trainer.mode=sync, or drop dynamic_sampling")
         if NEEDS[self.algorithm.advantage].baseline:
             raise ValueError(f"algorithm.advantage={self.algorithm.advantage} generates a greedy baseline inside a "
-                             f"step, which the streaming dataflow (a placement other than the default, or "
-                             f"trainer.mode=periodic) does not do yet: keep every role on main")
+                             f"step, which the streaming dataflow (a placement other than the default, "
+                             f"trainer.mode=periodic or trainer.off_policy_steps) does not do yet: keep every role "
+                             f"on main with trainer.mode=sync")
     if self.trainer.offload and pl.custom:
         raise ValueError("trainer.offload moves idle roles off the one pool they share (the colocated loop); "
                          "with roles placed on pools of their own, drop trainer.offload")
-    if not pl.pools or self.cluster.backend != "local":
+    if not (pl.pools or t.off_policy_steps) or self.cluster.backend != "local":
         return  # one pool: as before; Ray places pools over its cluster and refuses what does not fit
     kind, have = available_devices(self)
     main = self.cluster.devices
-    need = main + sum(pl.pools.values())
+    pools = offpolicy_placement(self).placement.pools
+    need = main + sum(pools.values())
     if need > have:
-        sizes = ", ".join([f"main={main} (cluster.devices)"] + [f"{k}={v}" for k, v in pl.pools.items()])
+        sizes = ", ".join([f"main={main} (cluster.devices)"] + [f"{k}={v}" for k, v in pools.items()])
         raise ValueError(f"placement needs {need} {kind}s ({sizes}) but this machine has {have}: shrink "
                          f"placement.pools or cluster.devices")
 

@@ -278,6 +278,12 @@ class WeightRelay:
             raise RuntimeError(f"staged weights version {staged.version} were already applied and released "
                                "(or come from another relay); stage them again")
 
+    def discard(self, staged: StagedWeights) -> None:
+        """Drop staged weights that will not be applied (a newer version replaced them); their host buffers
+        serve the next `stage`."""
+        self._take(staged)
+        self._release(staged)
+
     def _release(self, staged: StagedWeights) -> None:
         bufs = self._live.pop(staged.ticket)
         if self._layout is not None and staged.layout.key == self._layout.key:

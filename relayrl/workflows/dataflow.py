@@ -57,8 +57,9 @@ _NOT_SAMPLES = frozenset({"named_weights", "update_weights", "receive_weights", 
 
 
 def uses_dataflow(cfg: Config) -> bool:
-    """Whether a GRPO run takes the streaming dataflow (a role placed off the default, or periodic mode)."""
-    return cfg.trainer.off_policy_steps == 0 and (cfg.placement.custom or cfg.trainer.mode == "periodic")
+    """Whether a GRPO run takes the streaming dataflow (a role placed off the default, periodic mode, or
+    off-policy, whose workflow extends this one)."""
+    return cfg.placement.custom or cfg.trainer.mode == "periodic" or cfg.trainer.off_policy_steps > 0
 
 
 def placed_config(cfg: Config) -> Config:
@@ -76,10 +77,12 @@ class Flow:
     """The stage threads of one step: each runs ``fn(flow)``; the first error stops them all and is raised
     by :meth:`run`. ``leases`` are metadata-only dock batches of ready rows."""
 
-    def __init__(self, dock: Dock, part: str, step: int) -> None:
+    def __init__(self, dock: Dock, part: str, step: int, state: dict | None = None) -> None:
         self.dock, self.part, self.step = dock, part, step
+        self.state = state if state is not None else {}  # what the stages gather for the step's metrics
         self.stop = threading.Event()
         self.generated = threading.Event()  # the rollout has written every group
+        self.produced = threading.Event()  # the producing stages (sample, score) have all returned
         self.errors: list[BaseException] = []
 
     def leases(self, stage: str, columns: list[str], *, batch_rows: int | None,
@@ -128,6 +131,7 @@ class DataflowGRPO(GRPOWorkflow):
     policy_cls, reference_cls, critic_cls, rollout_cls = (DockPolicyWorker, DockReferenceWorker, DockCriticWorker,
                                                           StreamingRollout)
     SCORE_CALLS = 8  # reward calls in flight at once (placement.reward=driver)
+    partial = False  # on-policy: weights reach the rollout between batches only (off-policy may set it)
 
     def __init__(self, cfg: Config) -> None:
         pl = cfg.placement
@@ -153,7 +157,7 @@ class DataflowGRPO(GRPOWorkflow):
         # batch-whitened estimator (advantages exist only once the batch is complete) the forward-only stages
         # still stream per group, and the update waits for the whole batch, exactly as in sync mode.
         t = cfg.trainer
-        self.periodic = t.mode == "periodic" and t.mini_batches == 1 and t.epochs == 1 and self.needs.group_relative \
+        self.periodic = (t.mode == "periodic" or t.off_policy_steps > 0) and t.mini_batches == 1 and t.epochs == 1 and self.needs.group_relative \
             and self.critic is None
 
     # ------------------------------------------------------------ placement
@@ -183,35 +187,54 @@ class DataflowGRPO(GRPOWorkflow):
     def step(self, step: int) -> dict[str, float]:
         """One step of seed 003's Algorithm 1 over the dock; returns its metrics."""
         t0 = time.perf_counter()
-        s, P, n = self.s, self.cfg.data.prompts_per_step, self.sampling.n
         self._phase_metrics = {}
         for g in self._groups():
             g.reset_bytes()
-        problems = s.prompts.take(P)
+        f = self.open_step(step)
+        try:
+            f.run({**self.produce_stages(), **self.consume_stages()})
+        finally:
+            self.dock.close_partition(f.part)
+        metrics = self.step_metrics(f)
+        with self.s.span("relay", "rollout", step):
+            metrics.update(relay_weights(self.actor, self.rollout, version=step, relay=self.relay))
+        return self.perf(metrics, t0, self.flow_tokens(f), step)
+
+    def open_step(self, step: int) -> Flow:
+        """Draw the step's prompts and open its partition (``P`` groups of ``n`` rows)."""
+        P, n = self.cfg.data.prompts_per_step, self.sampling.n
+        problems = self.s.prompts.take(P)
         part = f"step-{step}"
         self.dock.open_partition(part, rows=P * n, group_size=n)
-        self._step = {"problems": problems, "infos": [], "scores": [], "rewards": [], "metrics": {},
-                      "update": {}, "kl": {}}
-        flow = Flow(self.dock, part, step)
-        stages = {"sample": self.sample, "score": self.score, "advantages": self.advantages_stage,
-                  "update": self.update_stage}
+        return Flow(self.dock, part, step, {"problems": problems, "infos": [], "scores": [], "rewards": [],
+                                            "metrics": {}, "update": {}, "kl": {}})
+
+    def produce_stages(self) -> dict[str, Callable[[Flow], None]]:
+        """The stages that fill a partition: generation and the reward."""
+        return {"sample": self.sample, "score": self.score}
+
+    def consume_stages(self) -> dict[str, Callable[[Flow], None]]:
+        """The stages that read a filled partition: log-prob passes, advantages, the update."""
+        stages = {"advantages": self.advantages_stage, "update": self.update_stage}
         if self.ref is not None:
             stages["reference"] = self.reference
         if self.recompute_old:
             stages["old"] = self.old_logprobs
         if self.critic is not None:
             stages["values"] = self.values
-        try:
-            flow.run(stages)
-        finally:
-            self.dock.close_partition(part)
-        metrics = self._metrics()
-        with s.span("relay", "rollout", step):
-            metrics.update(relay_weights(self.actor, self.rollout, version=step, relay=self.relay))
+        return stages
+
+    def step_metrics(self, f: Flow) -> dict[str, float]:
+        """The step's sample, reward and update metrics, and ``dock/driver_bytes``."""
+        metrics = self._metrics(f.state)
         metrics["dock/driver_bytes"] = float(sum(b for g in self._groups() for m, b in g.bytes_by_method.items()
                                                  if m not in _NOT_SAMPLES))
-        tokens = sum(i["prompt_len"] * len(i["lengths"]) + sum(i["lengths"]) for i in self._step["infos"])
-        return self.perf(metrics, t0, tokens, step)
+        return metrics
+
+    @staticmethod
+    def flow_tokens(f: Flow) -> int:
+        """Prompt + generated tokens of the partition's samples."""
+        return sum(i["prompt_len"] * len(i["lengths"]) + sum(i["lengths"]) for i in f.state["infos"])
 
     def _groups(self):
         return [g for g in (self.actor, self.rollout, self.ref, self.critic, getattr(self, "scorer", None))
@@ -226,7 +249,7 @@ class DataflowGRPO(GRPOWorkflow):
         """The rollout ranks generate; each finished group is written to the dock by its rank and published
         here (receipts only)."""
         s, step, n = self.s, f.step, self.sampling.n
-        problems = self._step["problems"]
+        problems = f.state["problems"]
         slots = [self.dock.reserve(f.part, n) for _ in problems]
         prompts = [s.encode(p) for p in problems]
         ranks = self.rollout.world_size
@@ -234,22 +257,29 @@ class DataflowGRPO(GRPOWorkflow):
         with self.phase("generate", self.rollout, step):
             for r, idx in enumerate(chunks):
                 self.rollout.one("start_stream", [prompts[i] for i in idx], self.sampling, [slots[i] for i in idx],
-                                 idx, rank=r)
+                                 idx, partial=self.partial, rank=r)
             live = set(range(ranks))
             while live and not f.stop.is_set():
                 for r in sorted(live):
                     got, done = self.rollout.one("poll_stream", 0.05 if ranks > 1 else 0.2, rank=r)
                     for receipt, info in got:
                         self.dock.publish(receipt)
-                        self._step["infos"].append(info)
+                        f.state["infos"].append(info)
                     if done:
                         live.discard(r)
+                self._while_generating(f)
         f.generated.set()
+
+    def _while_generating(self, f: Flow) -> None:
+        """Called between two polls of the rollout ranks; on-policy steps have nothing to do there (the
+        off-policy workflow hands over new weights for partial rollout)."""
+        return None
 
     def score(self, f: Flow) -> None:
         """Score every group that has landed since the last call (a verifier's latency is per call, not per
         row), with up to ``SCORE_CALLS`` calls in flight so a slow one does not hold the groups behind it."""
-        problems, lock = self._step["problems"], threading.Lock()
+        st, lock = f.state, threading.Lock()
+        problems = st["problems"]
 
         def one(b) -> None:
             with self.s.span("reward", "reward", f.step):
@@ -258,10 +288,10 @@ class DataflowGRPO(GRPOWorkflow):
                     self.dock.slots(f.part, b.indexes), problems)
             self.dock.publish(receipt)
             with lock:
-                self._step["scores"] += scores
-                self._step["rewards"] += rewards
+                st["scores"] += scores
+                st["rewards"] += rewards
                 for k, v in metrics.items():  # per-call reward metrics: a mean weighted by rows
-                    self._step["metrics"].setdefault(k, []).append((v, len(b.indexes)))
+                    st["metrics"].setdefault(k, []).append((v, len(b.indexes)))
             b.ack()
 
         calls = self.SCORE_CALLS if self.scorer is None else 1
@@ -308,7 +338,7 @@ class DataflowGRPO(GRPOWorkflow):
                 receipt, kl = self._score("advantages_into", self.dock.reader(f.part, b.indexes, cols),
                                           self.dock.slots(f.part, b.indexes))
             self.dock.publish(receipt)
-            self._step["kl"].update(kl)
+            f.state["kl"].update(kl)
             b.ack()
 
     def update_stage(self, f: Flow) -> None:
@@ -322,17 +352,17 @@ class DataflowGRPO(GRPOWorkflow):
         gate = self._device_gate(self.actor, f)
         if not self.periodic:
             for b in f.leases("update", cols, batch_rows=None, after=gate):
-                if self._nothing_to_train(len(b.indexes), step):
+                if self._nothing_to_train(len(b.indexes), f):
                     b.ack()
                     continue
                 with self.phase("update", self.actor, step):
                     opt = dict(mini_batches=t.mini_batches, epochs=t.epochs, seed=self.cfg.run.seed + step, **kw)
                     if self.critic is not None:
-                        self._step["update"].update(self.critic.split(
+                        f.state["update"].update(self.critic.split(
                             "update_from", self._items(f.part, b.indexes, cols, self.critic.world_size),
                             self.value_loss, critic_fields, drop_truncated=a.overlong_filter, **opt)[0])
                     if actor_on:
-                        self._step["update"].update(self.actor.split(
+                        f.state["update"].update(self.actor.split(
                             "update_from", self._items(f.part, b.indexes, cols, self.actor.world_size), self.loss,
                             fields, drop_truncated=a.overlong_filter,
                             with_entropy="grad" if a.entropy_coef > 0 else True, **opt)[0])
@@ -347,23 +377,23 @@ class DataflowGRPO(GRPOWorkflow):
                                  with_entropy="grad" if a.entropy_coef > 0 else True, **kw)
             consumed += len(b.indexes)
             b.ack()
-        if f.stop.is_set() or self._nothing_to_train(consumed, step):  # (the next begin_accumulation discards it)
+        if f.stop.is_set() or self._nothing_to_train(consumed, f):  # (the next begin_accumulation discards it)
             return
         with self.phase("update", self.actor, step):
-            self._step["update"].update(self.actor.all("finish_accumulation")[0])
+            f.state["update"].update(self.actor.all("finish_accumulation")[0])
 
-    def _nothing_to_train(self, rows: int, step: int) -> bool:
+    def _nothing_to_train(self, rows: int, f: Flow) -> bool:
         """DAPO's overlong filter dropped every row of the batch: no optimizer step this step (said in the
         log, ``actor/skipped_update``), as the synchronous loop does."""
-        truncated = sum(sum(i["truncated"]) for i in self._step["infos"])
+        truncated = sum(sum(i["truncated"]) for i in f.state["infos"])
         if self.cfg.algorithm.overlong_filter:
-            self._step["update"]["actor/overlong_filtered"] = float(truncated)
+            f.state["update"]["actor/overlong_filtered"] = float(truncated)
         if not self.cfg.algorithm.overlong_filter or truncated < rows:
             return False
-        self.s.tracker.write_text(f"step {step}: algorithm.overlong_filter dropped all {rows} responses (every "
+        self.s.tracker.write_text(f"step {f.step}: algorithm.overlong_filter dropped all {rows} responses (every "
                                   f"one was cut at rollout.max_new_tokens={self.sampling.max_new_tokens}; raise it); "
                                   f"no update this step")
-        self._step["update"]["actor/skipped_update"] = 1.0
+        f.state["update"]["actor/skipped_update"] = 1.0
         return True
 
     def _items(self, part: str, indexes: list[int], cols: list[str], ranks: int) -> list:
@@ -375,8 +405,7 @@ class DataflowGRPO(GRPOWorkflow):
                 for idx in per]
 
     # --------------------------------------------------------------- metrics
-    def _metrics(self) -> dict[str, float]:
-        st = self._step
+    def _metrics(self, st: dict) -> dict[str, float]:
         infos = st["infos"]
         lengths = torch.tensor([L for i in infos for L in i["lengths"]], dtype=torch.float32)
         truncated = torch.tensor([t for i in infos for t in i["truncated"]], dtype=torch.float32)

@@ -14,15 +14,16 @@ storage units while only metadata reaches the controllers. Here:
 * the **scorer** (reward verifier and advantage estimator, in the driver's process) decodes and scores the
   responses and writes ``scores``/``rewards``, then ``advantages``.
 
-Columns of a step's partition: ``prompt_ids``, ``response_ids``, ``gen_logprobs`` (per token), ``group``
-(the prompt group), ``truncated`` (cut at ``max_new_tokens``), ``version`` (weights that generated it),
-then ``rewards``, ``ref_logprobs``, ``old_logprobs``, ``values``, ``advantages``, ``returns``.
+Columns of a step's partition: ``prompt_ids``, ``response_ids``, ``gen_logprobs`` (per token: the behaviour
+log-probs), ``token_versions`` (per token: the weight version that sampled it), ``group`` (the prompt group),
+``truncated`` (cut at ``max_new_tokens``), ``version`` (the weights its first token was sampled with), then ``rewards``, ``ref_logprobs``, ``old_logprobs``, ``values``, ``advantages``, ``returns``.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+from collections import Counter
 from typing import Any, Sequence
 
 import torch
@@ -50,19 +51,25 @@ def rows_batch(cols: dict[str, list], fields: Sequence[str] = (), drop_truncated
 
 
 class StreamingRollout(RolloutWorker):
-    """A rollout worker that writes finished prompt groups into the dock while generation goes on."""
+    """A rollout worker that writes finished prompt groups into the dock while generation goes on.
+
+    With ``partial=True`` a stream takes new weights while it runs: :meth:`receive_weights` called during
+    the stream hands the payload to the generation thread, which loads it between two decode steps and
+    prefills the in-flight rows again (the engine's partial rollout); the call returns once the weights are
+    in. Without it, weights may only arrive between streams."""
 
     def start_stream(self, prompts: Sequence[Sequence[int]], params: SamplingParams, slots: Sequence[Any],
-                     groups: Sequence[int]) -> None:
+                     groups: Sequence[int], partial: bool = False) -> None:
         """Generate ``params.n`` responses for each of ``prompts`` on a thread of this worker; prompt ``i``'s
         group is written to ``slots[i]`` (its ``n`` rows, in sample order) as soon as it is complete. Take
-        the receipts with :meth:`poll_stream`."""
-        if getattr(self, "_stream", None) is not None and self._stream.is_alive():
+        the receipts with :meth:`poll_stream`. ``partial``: weights may be swapped in mid-stream."""
+        if self._streaming():
             raise RuntimeError("start_stream: the previous stream is still generating")
         if len(slots) != len(prompts) or len(groups) != len(prompts):
             raise ValueError(f"start_stream: {len(prompts)} prompts, {len(slots)} slots, {len(groups)} groups")
         self._out: queue.Queue = queue.Queue()
-        n, version = params.n, self.engine.weight_version
+        self._swap = getattr(self, "_swap", None) or _Swap()
+        n = params.n
         pending: dict[int, list[Completion]] = {}
 
         def on_finish(c: Completion) -> None:
@@ -72,29 +79,47 @@ class StreamingRollout(RolloutWorker):
                 return
             comps = sorted(pending.pop(c.prompt_index), key=lambda x: x.sample_index)
             i = c.prompt_index
+            versions = [x.token_versions for x in comps]
             receipt = slots[i].write({
                 "prompt_ids": [torch.as_tensor(list(prompts[i]), dtype=torch.long)] * n,
                 "response_ids": [x.token_ids for x in comps],
                 "gen_logprobs": [x.logprobs for x in comps],
+                "token_versions": versions,
                 "group": [int(groups[i])] * n,
                 "truncated": [float(x.finish_reason == "length") for x in comps],
-                "version": [int(version)] * n,
+                "version": [int(v[0]) if len(v) else int(x.weight_version) for v, x in zip(versions, comps)],
             })
             info = {"group": int(groups[i]), "lengths": [len(x.token_ids) for x in comps],
-                    "prompt_len": len(prompts[i]), "truncated": [x.finish_reason == "length" for x in comps]}
+                    "prompt_len": len(prompts[i]), "truncated": [x.finish_reason == "length" for x in comps],
+                    # tokens per weight version of each row (metadata for the staleness metrics)
+                    "versions": [dict(Counter(v.tolist())) for v in versions]}
             self._out.put((receipt, info))
 
         def run() -> None:
             try:
                 self.engine.generate(prompts, params, generator=self.generator if params.temperature > 0 else None,
-                                     on_finish=on_finish)
+                                     on_finish=on_finish, between=self._swap.take if partial else None)
             except BaseException as e:  # noqa: BLE001 - handed to the driver by poll_stream
                 self._out.put(e)
             finally:
+                self._swap.close()
                 self._out.put(_DONE)
 
+        self._swap.open(partial, lambda payload: super(StreamingRollout, self).receive_weights(payload))
         self._stream = threading.Thread(target=run, name="rollout-stream", daemon=True)
         self._stream.start()
+
+    def _streaming(self) -> bool:
+        return getattr(self, "_stream", None) is not None and self._stream.is_alive()
+
+    def receive_weights(self, payload) -> dict[str, Any]:
+        """Load packed weights: at once between streams; during a partial stream, by the generation thread
+        between two decode steps (this call waits for it); during any other stream it is an error (a batch
+        must not mix weight versions)."""
+        swap = getattr(self, "_swap", None)
+        if swap is None:
+            return super().receive_weights(payload)
+        return swap.deliver(payload, lambda p: super(StreamingRollout, self).receive_weights(p))
 
     def poll_stream(self, timeout: float = 0.5) -> tuple[list[tuple[Any, dict]], bool]:
         """``(receipts with their groups' lengths, done)``: what finished since the last poll, waiting up to
@@ -112,7 +137,65 @@ class StreamingRollout(RolloutWorker):
                 item = self._out.get_nowait()
             except queue.Empty:
                 return got, False
+        self._stream.join()  # (it has put its last item): the next stream may start as soon as this returns
         return got, True
+
+
+class _Swap:
+    """Weights handed from the worker's call thread to its generation thread (partial rollout).
+
+    ``deliver`` (call thread) loads at once when no stream runs, and otherwise parks the payload until the
+    generation thread ``take``s it between two decode steps (or ``close``s the stream), then returns what
+    the load returned. One payload at a time: the driver's relay call waits for it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active = self._partial = False
+        self._load = None
+        self._payload = None
+        self._done = threading.Event()
+        self._result: Any = None
+
+    def open(self, partial: bool, load) -> None:
+        with self._lock:
+            self._active, self._partial, self._load = True, partial, load
+
+    def deliver(self, payload, load) -> Any:
+        with self._lock:
+            if not self._active:
+                return load(payload)
+            if not self._partial:
+                raise RuntimeError("receive_weights during a stream started with partial=False: a batch must not "
+                                   "mix weight versions (send weights between streams)")
+            self._payload, self._result = payload, None
+            self._done.clear()
+        self._done.wait()
+        if isinstance(self._result, BaseException):
+            raise self._result
+        return self._result
+
+    def _run_pending(self) -> bool:
+        """Load the parked payload, if any (holding the lock); whether one was loaded."""
+        if self._payload is None:
+            return False
+        payload, self._payload = self._payload, None
+        try:
+            self._result = self._load(payload)
+        except BaseException as e:  # noqa: BLE001 - raised in deliver's thread
+            self._result = e
+        self._done.set()
+        return not isinstance(self._result, BaseException)
+
+    def take(self) -> bool:
+        """Generation thread, between two decode steps: load parked weights; True when the weights changed."""
+        with self._lock:
+            return self._run_pending()
+
+    def close(self) -> None:
+        """Generation thread, the stream ended: weights parked after the last decode step load now."""
+        with self._lock:
+            self._active = False
+            self._run_pending()
 
 
 class _DockRows:

@@ -115,10 +115,12 @@ class GRPOWorkflow:
                                level=a.ratio_level, kl_coef=0.0 if a.kl_in_reward else a.kl_coef, kl_kind=a.kl_kind,
                                entropy_coef=a.entropy_coef, agg_constant=float(ro.max_new_tokens), tis_cap=a.tis_cap,
                                old_key="gen_logprobs" if a.old_logprobs == "rollout" else "old_logprobs")
-        # auto: pi_old is recomputed when the batch is used more than once, when it may be stale (off-policy:
-        # the ratio is taken against the trainer's weights, not the rollout's), and for importance weights.
+        # auto: pi_old is recomputed when the batch is used more than once. With one optimizer step per batch
+        # pi_old is the trainer's weights before it, which the update's own forward pass computes (detached):
+        # the same numbers without a second pass, also off-policy, where pi_old is the trainer's weights and
+        # not the stale rollout's, and for truncated importance weights min(pi_old / mu, cap).
         self.recompute_old = a.old_logprobs == "recompute" or (a.old_logprobs == "auto" and (
-            cfg.trainer.epochs * cfg.trainer.mini_batches > 1 or cfg.trainer.off_policy_steps > 0 or a.tis_cap is not None))
+            cfg.trainer.epochs * cfg.trainer.mini_batches > 1))
         self._kl_metrics: dict[str, float] = {}  # KL-in-reward metrics of the current step
         self._phase_metrics: dict[str, float] = {}  # memory/<phase>_peak_gb and timing/offload_s of the step
         self.offload = cfg.trainer.offload
@@ -511,7 +513,8 @@ def _reindex(c: Completion, prompt_index: int) -> Completion:
 
 
 def train_grpo(cfg: Config) -> Path:
-    """Run GRPO/DAPO (synchronous, or k-step off-policy with ``trainer.off_policy_steps``); returns the model dir."""
+    """Run GRPO/DAPO (synchronous, periodic, or k-step off-policy with ``trainer.off_policy_steps``); returns
+    the model dir."""
     if cfg.trainer.off_policy_steps > 0:
         from relayrl.workflows.offpolicy import OffPolicyGRPO
 

@@ -72,8 +72,8 @@ class PolicyLoss:
         counts = dict(global_tokens=mb.global_tokens, global_seqs=mb.global_seqs, constant=self.agg_constant)
         is_weights, is_metrics = None, {}
         if self.tis_cap is not None:  # the rollout policy mu sampled the tokens; the ratio is taken against pi_old
-            if self.old_key not in f or "gen_logprobs" not in f:
-                raise ValueError(f"tis_cap needs {self.old_key} and gen_logprobs in the batch")
+            if "gen_logprobs" not in f:
+                raise ValueError("tis_cap needs gen_logprobs (the rollout's log-probs) in the batch")
             is_weights, is_metrics = truncated_is_weights(old, f["gen_logprobs"], mb.mask, cap=self.tis_cap)
         loss, metrics = policy_loss(
             mb.logprobs, old, f["advantages"], mb.mask,

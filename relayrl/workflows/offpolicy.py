@@ -1,265 +1,319 @@
-"""k-step off-policy GRPO / DAPO: rollouts run ahead of the trainer, with a staleness bound.
+"""k-step off-policy GRPO / DAPO on the streaming dataflow: rollouts run ahead within a staleness bound.
 
-Seed 002's delayed parameter update and seed 004's k-step asynchrony. The
-rollout group gets its own resource pool (split placement), and a rollout
-thread in the driver generates and scores batch ``j`` while the trainer
-updates on earlier batches::
+Seed 002's delayed parameter update (section 4.2.2) and seed 004's k-step asynchrony, on the pipeline of
+:mod:`relayrl.workflows.dataflow`. The rollout has a pool of its own; two threads of the driver share the
+dock, and samples pass only through it::
 
-    rollout thread                               trainer (driver main thread)
-    for j = 1, 2, ...:                           for t = 1, 2, ...:
-        wait until trained version >= j-1-k          batch <- batch t (wait if not ready)
-        swap in the newest staged weights            learn(batch)          -> weights v_t
-        batch j <- generate + score                  stage v_t in host memory
-                                                     (the rollout swaps it in before
-                                                      its next generation)
+    rollout thread                                   trainer (the run loop's thread)
+    for j = first, first+1, ...:                     for t = first, first+1, ...:
+        wait until trained >= j-1-k                      f <- partition t (waits until it is open)
+        [take the rollout engine]                        consume f: [reference, old, values,] advantages,
+        apply the newest staged weights                      update per arriving group (accumulated)
+        open partition j; sample + score into it         stage weights v_t (WeightRelay.stage), trained = t
+          partial: newer staged weights are applied      close partition t
+          between two decode steps, in-flight rows
+          prefilled again
+        [give the engine back when generation ends;
+         the next batch starts while its last rewards land]
 
-Batch ``t`` is trained by weights ``v_{t-1}``; it was generated with some
-``v_g``, ``g >= t-1-k``: the **staleness** ``t-1-g`` is at most ``k`` (logged
-as ``async/staleness``). ``trainer.off_policy_steps=0`` runs the synchronous
-workflow instead (``grpo.py``).
+Partition ``t`` is trained by weights ``v_{t-1}``. Each of its tokens was sampled by some ``v_g`` with
+``g >= t-1-k`` (the batch started at a version >= t-1-k and versions only grow), so every token's staleness
+``t-1-g`` is at most ``k``. Tokens carry ``g`` (``token_versions``) and their behaviour log-prob
+(``gen_logprobs``); the step logs the distribution: ``async/staleness_mean`` and ``_max`` over tokens,
+``async/tokens_stale_<s>`` (tokens at each staleness), and ``async/multi_version_frac`` (samples whose
+tokens span several versions: partial rollout).
 
-The update is decoupled PPO: ``pi_old`` is recomputed by the trainer before
-the update (the ratio is clipped against the trainer's weights, not the stale
-rollout's), and ``algorithm.tis_cap`` adds truncated importance weights
-``min(pi_old / mu, cap)`` for the rollout policy ``mu``.
+The update is decoupled PPO: ``pi_old`` is the trainer's weights ``v_{t-1}`` (with one update per batch,
+the update's own forward pass, detached: no second pass), and ``algorithm.tis_cap`` weights each token's
+loss by ``min(pi_old / mu, cap)``, ``mu`` the behaviour log-prob recorded when the token was sampled.
 
-Weights are copied out of the trainer after each update (host memory) and
-pushed into the rollout engine by the rollout thread between two batches,
-never during one (a DAPO batch may take several generation rounds). An
-evaluation takes the rollout engine between two batches too
-(``RolloutAhead.hold_engine``): it waits for the batch in progress, swaps in
-the newest staged weights (the trainer's current ones) and evaluates them, so
-a batch never mixes weight versions and the next batch's ``async/staleness``
-counts from the evaluated version. Checkpoints record the data position and sampler state at the start
-of the first batch not yet trained, so a resumed run regenerates the batches
-that were in flight, with the checkpoint's (newer) weights: it continues the
-run but is not bit-identical to an uninterrupted one.
+Weights: the trainer stages each version into host buffers (``WeightRelay.stage``) and goes on; the rollout
+thread applies the newest (``WeightRelay.apply_to_group``) before each batch, and with ``rollout.partial``
+also while a batch generates: the rollout worker loads it between two decode steps and prefills the rows in
+flight again (see the native engine for why it re-prefills rather than keep the cache). A staged version
+replaced by a newer one before it was applied is discarded. An evaluation takes the rollout engine only
+between two batches (it waits for the batch being generated), applies the trainer's newest weights and
+evaluates them, so it never changes the weights of a batch being generated.
+
+Checkpoints record the data position and sampler state at the start of batch ``t+1``, the first not
+trained yet; a resumed run regenerates the batches that were in flight, with the checkpoint's (newer)
+weights: it continues the run but is not bit-identical to an uninterrupted one.
+
+A rollout that dies (its process, or the rollout thread) stops the partitions in flight; the trainer
+raises the error (a :class:`~relayrl.cluster.errors.WorkerError` names the rank) instead of waiting, and a
+partition it was consuming never reaches the optimizer step (the accumulated gradients are dropped).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
+from collections import Counter
 from pathlib import Path
-from typing import Any
 
-import torch
-
-from relayrl.cluster import ClusterConfig, ResourcePool
-from relayrl.config.schema import Config
-from relayrl.workflows.grpo import KEY_METRICS, GRPOWorkflow
-from relayrl.workflows.relay import relay_weights
+from relayrl.config.schema import Config, offpolicy_placement
+from relayrl.weights.relay import StagedWeights
+from relayrl.workflows.dataflow import DataflowGRPO, Flow
+from relayrl.workflows.grpo import KEY_METRICS
 from relayrl.workflows.workers import collective, rollout_rng
 
-__all__ = ["OffPolicyGRPO", "RolloutAhead", "rollout_gpu"]
+__all__ = ["OffPolicyGRPO", "staleness_metrics"]
 
 
-class RolloutAhead:
-    """The rollout thread: generates batches ahead of the trainer within the staleness bound ``k``.
+def staleness_metrics(versions: list[dict[int, int]], step: int, k: int) -> dict[str, float]:
+    """The token staleness of a batch trained at ``step`` (by weights ``step-1``).
 
-    ``produce(step)`` is called on the thread for each step (it returns what
-    the trainer needs); ``push(version, weights)`` is called on the thread to
-    swap in staged weights. The trainer calls ``take(step)`` and ``stage``.
-    """
+    Args:
+        versions: per sample, ``{weight version: tokens it sampled}``.
+    Returns ``async/staleness_mean`` and ``_max`` over tokens, ``async/tokens_stale_<s>`` for ``s`` in
+    ``0..k``, and ``async/multi_version_frac``; raises when a token is staler than ``k`` (the bound is
+    broken: a bug, never trained on silently)."""
+    counts: Counter = Counter()
+    for row in versions:
+        for v, c in row.items():
+            counts[step - 1 - int(v)] += int(c)
+    tokens = sum(counts.values())
+    worst = max(counts) if counts else 0
+    if worst > k or (counts and min(counts) < 0):
+        raise RuntimeError(f"step {step}: tokens sampled by weight versions {sorted(step - 1 - s for s in counts)} "
+                           f"break the staleness bound k={k} (trainer weights {step - 1})")
+    m = {"async/staleness_mean": sum(s * c for s, c in counts.items()) / max(1, tokens),
+         "async/staleness_max": float(worst),
+         "async/multi_version_frac": sum(len(r) > 1 for r in versions) / max(1, len(versions))}
+    m.update({f"async/tokens_stale_{s}": float(counts.get(s, 0)) for s in range(k + 1)})
+    return m
 
-    def __init__(self, produce, push, steps: range, k: int, version: int) -> None:
-        self._produce, self._push, self.k = produce, push, k
-        self._cond = threading.Condition()
-        self._trained = version  # newest weights the trainer has staged
-        self._staged: tuple[int, Any] | None = None
+
+class _Turn:
+    """One hold of the rollout engine's lock that any thread may give back, once."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self._lock, self._mu = lock, threading.Lock()
+        lock.acquire()
+        self._held = True
+
+    def release(self) -> None:
+        with self._mu:
+            if self._held:
+                self._held = False
+                self._lock.release()
+
+
+class _Ahead:
+    """What the rollout thread and the trainer share; ``cond`` guards every field but ``engine``."""
+
+    def __init__(self, k: int, version: int) -> None:
+        self.cond = threading.Condition()
+        self.k = k
+        self.trained = version  # newest weights the trainer has staged
         self.rollout_version = version  # weights the rollout engine holds
-        self._ready: dict[int, tuple[Any, int]] = {}
-        # Held by whoever uses the rollout engine: the thread for one batch (push + every generation round of
-        # it), or the trainer for an evaluation. Weights change only while it is held, never inside a batch.
-        self._engine = threading.Lock()
-        self._error: BaseException | None = None
-        self._stop = False
-        self._thread = threading.Thread(target=self._run, args=(steps,), name="rollout-ahead", daemon=True)
-        self._thread.start()
-
-    def _run(self, steps: range) -> None:
-        try:
-            for j in steps:
-                with self._cond:
-                    # Batch j is trained at version j-1; generate it with version >= j-1-k.
-                    self._cond.wait_for(lambda: self._stop or self._trained >= j - 1 - self.k)
-                    if self._stop:
-                        return
-                with self._engine:
-                    self._swap_in_staged()
-                    out = self._produce(j)
-                    version = self.rollout_version
-                with self._cond:
-                    self._ready[j] = (out, version)
-                    self._cond.notify_all()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the trainer by take()
-            with self._cond:
-                self._error = e
-                self._cond.notify_all()
-
-    def _swap_in_staged(self) -> None:
-        """Push the newest staged weights, if any, into the rollout engine (holding ``_engine``)."""
-        with self._cond:
-            staged, self._staged = self._staged, None
-        if staged is not None:
-            self._push(*staged)
-            self.rollout_version = staged[0]
-
-    @contextlib.contextmanager
-    def hold_engine(self):
-        """The rollout engine for the trainer's thread (an evaluation), with the newest staged weights in it;
-        waits for the batch being generated to finish, and the rollout thread waits meanwhile. Yields the
-        version the engine holds."""
-        with self._engine:
-            self._swap_in_staged()
-            yield self.rollout_version
-
-    def take(self, step: int) -> tuple[Any, int]:
-        """Batch ``step`` and the weight version that generated it (waits for it)."""
-        with self._cond:
-            self._cond.wait_for(lambda: step in self._ready or self._error is not None)
-            if step not in self._ready:
-                raise RuntimeError(f"the rollout thread failed before batch {step}") from self._error
-            return self._ready.pop(step)
-
-    @property
-    def failed(self) -> bool:
-        return self._error is not None
-
-    def stage(self, version: int, weights: Any) -> None:
-        """New trainer weights (host copies): swapped into the rollout engine before its next generation."""
-        with self._cond:
-            self._trained = version
-            self._staged = (version, weights)
-            self._cond.notify_all()
-
-    def close(self) -> None:
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
-        self._thread.join(timeout=600)
+        self.staged: StagedWeights | None = None  # newest staged version not applied yet
+        self.flows: dict[int, Flow] = {}  # open partitions the trainer has not taken yet
+        self.producing: Flow | None = None
+        self.starts: dict[int, tuple[dict, list]] = {}  # data position and sampler state at a batch's start
+        self.relayed: dict[str, float] = {}  # relay metrics since the trainer's last step
+        self.error: BaseException | None = None
+        self.stopping = False
+        self.engine = threading.Lock()  # the rollout engine: one batch's generation, or an evaluation
 
 
-def rollout_gpu(count: int, used: list[int]) -> int:
-    """The GPU index for the off-policy rollout on a machine with ``count`` GPUs, ``used`` by the trainer's
-    pool: the lowest one the trainer does not use, so generation overlaps training instead of time-sharing
-    a device; the last GPU (shared with the trainer) when every GPU is in use."""
-    if count < 1:
-        raise ValueError("a CUDA pool on a machine that torch sees no GPU on")
-    free = [i for i in range(count) if i not in set(used)]
-    return free[0] if free else count - 1
-
-
-def _host_copy(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
-    """Detached CPU copies: the trainer may change its tensors while the rollout waits to load them."""
-    return [(n, t.detach().to("cpu", copy=True)) for n, t in named]
-
-
-class OffPolicyGRPO(GRPOWorkflow):
-    """GRPO/DAPO with rollouts up to ``trainer.off_policy_steps`` updates ahead (see the module docstring)."""
+class OffPolicyGRPO(DataflowGRPO):
+    """GRPO/DAPO with rollouts up to ``trainer.off_policy_steps`` versions ahead (see the module docstring)."""
 
     def __init__(self, cfg: Config) -> None:
-        if cfg.run.threads == 0 and cfg.model.device != "cuda" and not torch.cuda.is_available():
-            # Trainer and rollout compute at the same time: split the cores instead of oversubscribing them
-            # (2 x 2 threads on 2 cores measured 2.9x slower per step than 2 x 1: 1.8 vs 0.63 s).
-            half = max(1, (os.cpu_count() or 2) // 2)
-            cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"threads": half})})
-            print(f"relayrl: off-policy on CPU: {half} torch thread(s) for the trainer and {half} for the rollout "
-                  f"(set run.threads to choose)")
-        super().__init__(cfg)
+        placed = offpolicy_placement(cfg)
+        if placed is not cfg:
+            print(f"relayrl: off-policy: the rollout runs ahead on a pool of its own ({placed.placement.rollout!r}, "
+                  f"1 device; name another with placement.pools and placement.rollout)", flush=True)
+        super().__init__(placed)
         self.k = cfg.trainer.off_policy_steps
-
-    def _rollout_cluster(self) -> ClusterConfig:
-        # Its own process on the local backend: generation then overlaps training instead of
-        # competing with it for the driver's interpreter lock.
-        return self.cfg.cluster.model_copy(update={"in_process": False})
-
-    def _rollout_pool(self, main: ResourcePool) -> ResourcePool:
-        ids = None
-        if main.device_kind == "cuda" and self.cfg.cluster.backend == "local":  # (Ray places pools itself)
-            used = [int(d.split(":")[1]) for d in main.local_devices()]
-            ids = (rollout_gpu(torch.cuda.device_count(), used),)
-        return ResourcePool(name="rollout", devices=1, device_kind=main.device_kind, device_ids=ids)
+        self.partial = cfg.rollout.partial
+        self._relay_lock = threading.Lock()  # WeightRelay is single-threaded; the two threads both use it
+        self._ahead: _Ahead | None = None
+        self._thread: threading.Thread | None = None
 
     def run(self) -> Path:
         """Session.run's loop; the rollout thread starts with the first step and stops before the export."""
-        self._ahead: RolloutAhead | None = None
-        self._starts: dict[int, tuple[dict, list[int]]] = {}
-        self._starts_cond = threading.Condition()
-        self._relayed: dict[int, dict[str, float]] = {}  # relay metrics of each pushed version, logged once
-
         def export(path: str) -> None:
-            self._close_ahead()
+            self._stop_ahead()
             self.actor.all("save_pretrained", path)
 
         def shutdown() -> None:
-            self._close_ahead()
+            self._stop_ahead()
             self.shutdown()
 
-        return self.s.run(restore=self.restore, step=self.train_step, evaluate=self.evaluate, save=self.save,
+        return self.s.run(restore=self.restore, step=self.step, evaluate=self.evaluate, save=self.save,
                           export=export, shutdown=shutdown, key_metrics=KEY_METRICS)
 
-    def _close_ahead(self) -> None:
-        if self._ahead is not None:
-            self._ahead.close()
-
-    def train_step(self, step: int) -> dict[str, float]:
-        """The trainer's step: take the batch the rollout thread made, learn, stage the weights."""
-        s = self.s
+    # ------------------------------------------------------------------ trainer
+    def step(self, step: int) -> dict[str, float]:
+        """The trainer's step: consume partition ``step`` as its groups arrive, then stage the new weights."""
         if self._ahead is None:  # the steps left from here on, generated ahead within the staleness bound
-            self._steps = range(step, self.cfg.trainer.steps + 1)
-            self._ahead = RolloutAhead(self._produce, self._push, self._steps, self.k, version=step - 1)
+            self._start_ahead(step)
+        a = self._ahead
         t0 = time.perf_counter()
-        with s.span("wait_rollout", "actor", step):
-            rolled, gen_version = self._ahead.take(step)
-        waited = time.perf_counter() - t0
-        with self._starts_cond:
-            self._starts.pop(step, None)  # a checkpoint from now on records a later start
         self._phase_metrics = {}
-        metrics = self.learn(step, *rolled)
-        metrics.update(self._phase_metrics)
-        with s.span("stage_weights", "actor", step):  # (unchanged weights after a skipped step)
-            self._ahead.stage(step, _host_copy(collective(self.actor, "named_weights")))
-        metrics = self.perf(metrics, t0, self.sample_tokens(rolled.problems, rolled.comps), step)
-        metrics.update({"async/staleness": float(step - 1 - gen_version), "async/wait_rollout_s": waited,
-                        "async/rollout_version": float(gen_version), **self._relayed.pop(gen_version, {})})
-        return metrics
+        for g in self._groups():  # (an evaluation's completions since the last step are not samples)
+            g.reset_bytes()
+        with self.s.span("wait_rollout", "actor", step):
+            f = self._take(step)
+        waited = time.perf_counter() - t0
+        with a.cond:  # a checkpoint from now on records a later start
+            a.starts.pop(step, None)
+        try:
+            f.run(self.consume_stages())
+            while not f.produced.wait(0.2):  # the score stage's last acknowledgements
+                if a.error is not None:
+                    raise a.error
+        finally:
+            self.dock.close_partition(f.part)
+        metrics = self.step_metrics(f)
+        with self.s.span("stage_weights", "actor", step):
+            self._stage(step)
+        metrics.update(staleness_metrics([v for i in f.state["infos"] for v in i["versions"]], step, self.k))
+        with a.cond:
+            relayed, a.relayed = a.relayed, {}
+        metrics.update({"async/wait_rollout_s": waited, "async/rollout_version": float(a.rollout_version),
+                        **relayed})
+        return self.perf(metrics, t0, self.flow_tokens(f), step)
 
-    def evaluate(self, step: int) -> dict[str, float]:
-        if getattr(self, "_ahead", None) is None:  # before the rollout thread: the engine is free
-            return super().evaluate(step)
-        # The trainer staged version `step` before this call; the rollout engine takes it between two batches.
-        with self._ahead.hold_engine() as version:
-            if version != step:
-                raise RuntimeError(f"evaluation at step {step}: the rollout engine holds weights {version}")
-            return super().evaluate(step)
+    def _take(self, step: int) -> Flow:
+        a = self._ahead
+        with a.cond:
+            while step not in a.flows:
+                if a.error is not None:
+                    raise a.error
+                a.cond.wait(1.0)
+            return a.flows.pop(step)
+
+    def _stage(self, version: int) -> None:
+        """The trainer's new weights into host buffers, for the rollout thread to apply; an older staged
+        version it has not applied yet is dropped."""
+        with self._relay_lock:
+            staged = self.relay.stage(collective(self.actor, "named_weights"), version)
+        a = self._ahead
+        with a.cond:
+            old, a.staged, a.trained = a.staged, staged, version
+            a.cond.notify_all()
+        if old is not None:
+            with self._relay_lock:
+                self.relay.discard(old)
 
     # ------------------------------------------------------------ rollout thread
-    def _produce(self, step: int):
-        with self._starts_cond:
-            self._starts[step] = (self.s.prompts.state(), rollout_rng(self.rollout))
-            self._starts_cond.notify_all()
-        return self.rollout_and_score(step)
+    def _start_ahead(self, step: int) -> None:
+        self._steps = range(step, self.cfg.trainer.steps + 1)
+        self._ahead = _Ahead(self.k, version=step - 1)
+        self._thread = threading.Thread(target=self._rollout_loop, name="rollout-ahead", daemon=True)
+        self._thread.start()
 
-    def _push(self, version: int, weights: list[tuple[str, torch.Tensor]]) -> None:
-        """Load host weights into the rollout engine (calls to the rollout group never overlap)."""
+    def _rollout_loop(self) -> None:
+        a = self._ahead
+        try:
+            for j in self._steps:
+                with a.cond:  # batch j is trained by weights j-1; generate it with weights >= j-1-k
+                    a.cond.wait_for(lambda: a.stopping or a.trained >= j - 1 - self.k)
+                    if a.stopping:
+                        return
+                turn = _Turn(a.engine)
+                try:
+                    self._apply_staged()
+                    with a.cond:
+                        a.starts[j] = (self.s.prompts.state(), rollout_rng(self.rollout))
+                        a.cond.notify_all()
+                    f = self.open_step(j)
+                    f.state["turn"] = turn
+                    with a.cond:
+                        a.flows[j], a.producing = f, f
+                        a.cond.notify_all()
+                    # the next batch starts when this one's generation ends; its last rewards land meanwhile
+                    threading.Thread(target=self._produce, args=(f,), name=f"produce-{j}", daemon=True).start()
+                    while not f.generated.wait(0.2):
+                        if f.stop.is_set():
+                            raise f.errors[0] if f.errors else RuntimeError(f"batch {j} was stopped")
+                    if f.errors:
+                        raise f.errors[0]
+                finally:
+                    turn.release()
+        except BaseException as e:  # noqa: BLE001 - raised in the trainer's thread
+            with a.cond:
+                a.error = e
+                a.cond.notify_all()
+
+    def _produce(self, f: Flow) -> None:
+        """A partition's producing stages, on a thread of their own. An error stops the flow and stays in
+        ``f.errors``: the rollout loop raises it if generation had not ended, the trainer's run of the
+        partition's consuming stages raises it otherwise."""
+        with contextlib.suppress(BaseException):
+            f.run(self.produce_stages())
+        f.produced.set()
+
+    def sample(self, f: Flow) -> None:
+        """The dataflow's sample stage; the rollout engine is given back as soon as generation ends."""
+        try:
+            super().sample(f)
+        finally:
+            f.state["turn"].release()
+
+    def _while_generating(self, f: Flow) -> None:
+        """Partial rollout: weights staged since the batch started go to the rollout now (its ranks load them
+        between two decode steps)."""
+        if self.partial:
+            self._apply_staged()
+
+    def _apply_staged(self) -> None:
+        """The newest staged weights, if any, into every rollout rank (the caller holds the engine)."""
+        a = self._ahead
+        with a.cond:
+            staged, a.staged = a.staged, None
+        if staged is None:
+            return
         t0 = time.perf_counter()
-        metrics = relay_weights(self.actor, self.rollout, version=version, relay=self.relay, named=weights)
-        self._relayed[version] = {**metrics, "timing/relay_s": time.perf_counter() - t0}
+        with self._relay_lock:
+            m = self.relay.apply_to_group(staged, self.rollout, "receive_weights")
+        with a.cond:
+            a.rollout_version = staged.version
+            a.relayed = {**m, "timing/relay_s": a.relayed.get("timing/relay_s", 0.0) + time.perf_counter() - t0}
+
+    def _stop_ahead(self) -> None:
+        a = self._ahead
+        if a is None:
+            return
+        with a.cond:
+            a.stopping = True
+            flows = [*a.flows.values(), *([a.producing] if a.producing is not None else [])]
+            a.cond.notify_all()
+        for f in flows:
+            f.stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=600)
+
+    # ------------------------------------------------------------ eval and state
+    def evaluate(self, step: int) -> dict[str, float]:
+        a = self._ahead
+        if a is None:  # before the rollout thread: the engine is free
+            return super().evaluate(step)
+        with a.engine:  # between two batches: the newest staged weights (the trainer's) go in first
+            self._apply_staged()
+            if a.rollout_version != step:
+                raise RuntimeError(f"evaluation at step {step}: the rollout engine holds weights {a.rollout_version}")
+            return super().evaluate(step)
 
     def save(self, step: int) -> Path:
         # The data position and sampler state at the start of batch step+1, the first not trained yet. The
         # rollout thread is allowed to start it (the trainer staged version `step` >= step+1-1-k), so it will.
-        if step + 1 in self._steps:
+        a = self._ahead
+        if a is not None and step + 1 in self._steps:
             deadline = time.monotonic() + 600
-            with self._starts_cond:
-                while step + 1 not in self._starts:
-                    if self._ahead.failed or time.monotonic() > deadline:
-                        raise RuntimeError(f"checkpoint at step {step}: the rollout thread did not start batch {step + 1}")
-                    self._starts_cond.wait(timeout=1.0)
-                data, rng = self._starts.pop(step + 1)
+            with a.cond:
+                while step + 1 not in a.starts:
+                    if a.error is not None:
+                        raise a.error
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"checkpoint at step {step}: the rollout thread did not start batch "
+                                           f"{step + 1} in 600 s")
+                    a.cond.wait(1.0)
+                data, rng = a.starts[step + 1]
         else:  # the last step: nothing runs ahead any more
             data, rng = self.s.prompts.state(), rollout_rng(self.rollout)
         with self.s.span("checkpoint", "driver", step):

@@ -34,8 +34,22 @@ def test_refusals_name_the_key_and_the_fix():
     refused({**SPLIT, "algorithm": {"dynamic_sampling": True}}, "dynamic_sampling")
     refused({**SPLIT, "algorithm": {"advantage": "remax"}}, "remax")
     refused({**SPLIT, "trainer": {"offload": True}}, "trainer.offload")
-    refused({**SPLIT, "trainer": {"off_policy_steps": 1}}, "off_policy_steps")
+    refused({**SPLIT, "trainer": {"off_policy_steps": 1, "mode": "periodic"}}, "choose one")
+    refused({"rollout": {"partial": True}}, "rollout.partial", "off_policy_steps")
+    refused({"trainer": {"off_policy_steps": 1}, "algorithm": {"dynamic_sampling": True}}, "dynamic_sampling")
+    refused({"trainer": {"off_policy_steps": 1}, "cluster": {"devices": 64}}, "rollout=1", "CPU core")
     refused({"workflow": "sft", **SPLIT}, "workflow grpo")
+
+
+def test_off_policy_takes_the_dataflow_with_the_rollout_on_its_own_pool():
+    from relayrl.config.schema import offpolicy_placement
+
+    cfg = Config.model_validate({"trainer": {"off_policy_steps": 1}, "rollout": {"partial": True}})
+    assert uses_dataflow(cfg)
+    placed = offpolicy_placement(cfg)
+    assert placed.placement.split and placed.placement.pools == {"rollout": 1}
+    named = Config.model_validate({**SPLIT, "trainer": {"off_policy_steps": 2}})
+    assert offpolicy_placement(named) is named  # a placement that names the rollout's pool is kept
 
 
 def test_tri_model_with_kl_is_accepted():

@@ -93,3 +93,67 @@ def test_sampling_params_validation():
         SamplingParams(n=2, temperature=0.0)
     with pytest.raises(ValueError):
         SamplingParams(top_p=0.0)
+
+
+def _perturbed(model):
+    import copy
+
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(5)
+        for p in other.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    return other
+
+
+def _teacher_forced(model, prompt, tokens, temperature):
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1] / temperature
+    return torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(tokens)[:, None]).squeeze(-1)
+
+
+def test_partial_rollout_swaps_weights_mid_generation_and_tags_each_token(tiny_model, tiny_tokenizer):
+    """Weights change after the 3rd decode step: the tokens before keep the old version and log-probs (the same
+    as a run without the swap), the tokens after are sampled by the new weights with the in-flight rows
+    prefilled again, and their recorded log-probs are the new model's (teacher-forced)."""
+    import copy
+
+    new = _perturbed(tiny_model)
+    prompts = _ids(tiny_tokenizer, PROMPTS[:3])
+    sp = SamplingParams(n=2, temperature=1.0, max_new_tokens=10, ignore_eos=True)
+    plain = NativeGenerationEngine(copy.deepcopy(tiny_model), tiny_tokenizer, max_batch=4).generate(
+        prompts, sp, generator=torch.Generator().manual_seed(11))
+    eng = NativeGenerationEngine(copy.deepcopy(tiny_model), tiny_tokenizer, max_batch=4)  # 2 prompts at a time
+    calls = {"n": 0}
+
+    def between() -> bool:
+        calls["n"] += 1
+        if calls["n"] == 4:  # three tokens sampled by version 0
+            eng.update_weights(list(new.named_parameters()), version=1)
+            return True
+        return False
+
+    outs = eng.generate(prompts, sp, generator=torch.Generator().manual_seed(11), between=between)
+    first = [o for o in outs if o.prompt_index < 2]  # in flight at the swap
+    for o, p in zip(outs, plain):
+        if o.prompt_index < 2:
+            assert o.token_versions.tolist() == [0] * 3 + [1] * 7
+            assert o.token_ids[:3].tolist() == p.token_ids[:3].tolist()
+            torch.testing.assert_close(o.logprobs[:3], p.logprobs[:3])
+        else:  # admitted after the swap: all new weights
+            assert o.token_versions.tolist() == [1] * 10
+        prompt, toks = prompts[o.prompt_index], o.token_ids.tolist()
+        cut = int((o.token_versions == 0).sum())
+        torch.testing.assert_close(o.logprobs[:cut], _teacher_forced(tiny_model, prompt, toks, 1.0)[:cut],
+                                   atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(o.logprobs[cut:], _teacher_forced(new, prompt, toks, 1.0)[cut:],
+                                   atol=1e-4, rtol=1e-4)
+    assert len(first) == 4
+
+
+def test_without_a_swap_every_token_has_the_engine_version(tiny_model, tiny_tokenizer):
+    eng = NativeGenerationEngine(tiny_model, tiny_tokenizer)
+    eng.update_weights(list(tiny_model.named_parameters()), version=3)
+    outs = eng.generate(_ids(tiny_tokenizer, PROMPTS[:2]), SamplingParams(n=2, max_new_tokens=5),
+                        generator=torch.Generator().manual_seed(0), between=lambda: False)
+    assert all(o.token_versions.tolist() == [3] * len(o.token_ids) and o.weight_version == 3 for o in outs)

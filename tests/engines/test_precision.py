@@ -125,10 +125,14 @@ def test_config_refuses_fp16_training_and_pointless_pure_precision():
     assert prec["frozen"] == {"dtype": "bfloat16"} and prec["rollout"] == {"dtype": "float16"}
 
 
-@pytest.mark.parametrize("n,max_batch", [(1, 2), (3, 4), (2, 16)])
-def test_static_decoder_matches_the_dynamic_path(tiny_model, tiny_dir, tiny_tokenizer, n, max_batch):
+@pytest.mark.parametrize("n,max_batch,stops,swap", [(1, 2, False, False), (3, 4, False, False),
+                                                    (2, 16, False, False), (2, 16, True, False), (2, 16, True, True)])
+def test_static_decoder_matches_the_dynamic_path(tiny_model, tiny_dir, tiny_tokenizer, n, max_batch, stops, swap):
     """The static-cache decode step (eager on CPU, graphed on CUDA) gives the same tokens and log-probs as the
-    Hugging Face forward with a dynamic cache, including slots freed and refilled (continuous batching)."""
+    Hugging Face forward with a dynamic cache, including slots freed and refilled (continuous batching).
+    ``stops``: a third of the vocabulary ends a row, so rows finish at scattered steps (a slot above every
+    running one finishing used to index past the decode batch); ``swap``: new weights after the 3rd step
+    (partial rollout: both paths prefill the in-flight rows again)."""
     texts = ["1+2=", "123+456=", "sort 5 12 9 =", "77+1=", "9+9=", "3+4+5=", "countdown 3 7 5 -> 9 :"]
     prompts = [tiny_tokenizer(t)["input_ids"] for t in texts]
     other = load_model(tiny_dir)
@@ -136,13 +140,33 @@ def test_static_decoder_matches_the_dynamic_path(tiny_model, tiny_dir, tiny_toke
     dyn = NativeGenerationEngine(tiny_model, tiny_tokenizer, max_batch=max_batch, decode="dynamic")
     sta = NativeGenerationEngine(other, tiny_tokenizer, max_batch=max_batch, decode="static")
     assert dyn.static is None and sta.static is not None
-    params = SamplingParams(n=n, temperature=0.0 if n == 1 else 1.0, max_new_tokens=10)
-    a = dyn.generate(prompts, params, torch.Generator().manual_seed(3))
-    b = sta.generate(prompts, params, torch.Generator().manual_seed(3))
+    stop_ids = tuple(range(5, tiny_model.config.vocab_size, 3)) if stops else ()
+    params = SamplingParams(n=n, temperature=0.0 if n == 1 else 1.0, max_new_tokens=10, stop_token_ids=stop_ids)
+    new = [(k, v.detach() + 0.05 * torch.randn(v.shape, generator=torch.Generator().manual_seed(9)))
+           for k, v in tiny_model.named_parameters()]
+
+    def swapper(eng):
+        calls = [0]
+
+        def between() -> bool:
+            calls[0] += 1
+            if swap and calls[0] == 4:
+                eng.update_weights(new, version=1)
+                return True
+            return False
+        return between
+
+    a = dyn.generate(prompts, params, torch.Generator().manual_seed(3), between=swapper(dyn))
+    b = sta.generate(prompts, params, torch.Generator().manual_seed(3), between=swapper(sta))
+    if stops:
+        assert len({len(c.token_ids) for c in a}) > 2  # rows did finish at scattered steps
     assert [(c.prompt_index, c.sample_index) for c in a] == [(c.prompt_index, c.sample_index) for c in b]
     for x, y in zip(a, b):
         assert x.token_ids.tolist() == y.token_ids.tolist() and x.finish_reason == y.finish_reason
         torch.testing.assert_close(x.logprobs, y.logprobs, atol=1e-4, rtol=1e-4)
+        assert x.token_versions.tolist() == y.token_versions.tolist()
+    if swap:
+        assert any(1 in c.token_versions.tolist() and 0 in c.token_versions.tolist() for c in b)
 
 
 def test_share_weights_is_zero_copy(tiny_model, tiny_dir, tiny_tokenizer):

@@ -1,79 +1,26 @@
-"""k-step off-policy pieces: the rollout-ahead thread's staleness bound, and the loss's importance weights."""
+"""k-step off-policy on the streaming pipeline: per-token staleness, partial rollout (weights swapped into a
+stream), the loss's importance weights, evaluation between batches, a dead rollout, resume."""
 
+from __future__ import annotations
+
+import json
+import os
+import signal
 import threading
 import time
 
 import pytest
 import torch
 
+from relayrl.engines.generation.base import SamplingParams
 from relayrl.engines.training.base import MicroBatch
 from relayrl.workflows.losses import PolicyLoss
-from relayrl.workflows.offpolicy import RolloutAhead
-
-
-def _run(k: int, steps: int = 8, train_s: float = 0.01, gen_s: float = 0.0):
-    """A fake trainer on top of RolloutAhead; returns (batches as (step, version), pushes, max run-ahead)."""
-    started: list[tuple[int, int]] = []
-    pushes: list[int] = []
-    lock = threading.Lock()
-    trained = [0]
-    ahead_max = [0]
-    holder: dict = {}
-
-    def produce(j):
-        with lock:
-            started.append((j, holder["ra"].rollout_version))
-            ahead_max[0] = max(ahead_max[0], j - trained[0])
-        time.sleep(gen_s)
-        return f"batch{j}"
-
-    def push(version, weights):
-        assert weights == f"w{version}"
-        pushes.append(version)
-
-    holder["ra"] = ra = RolloutAhead.__new__(RolloutAhead)  # produce() may run before __init__ returns
-    RolloutAhead.__init__(ra, produce, push, range(1, steps + 1), k, version=0)
-    got = []
-    for t in range(1, steps + 1):
-        out, version = ra.take(t)
-        got.append((t, out, version))
-        time.sleep(train_s)  # the update
-        with lock:
-            trained[0] = t
-        ra.stage(t, f"w{t}")
-    ra.close()
-    return got, started, pushes, ahead_max[0]
-
-
-@pytest.mark.parametrize("k", [0, 1, 2])
-def test_staleness_never_exceeds_k_and_rollouts_run_ahead(k):
-    got, started, pushes, ahead = _run(k)
-    assert [out for _, out, _ in got] == [f"batch{t}" for t in range(1, 9)]
-    staleness = [t - 1 - v for t, _, v in got]
-    assert all(0 <= s <= k for s in staleness), staleness
-    assert max(staleness) == k  # the trainer is slower than generation: the bound is reached
-    assert ahead == k + 1  # generation of batch j starts while the trainer is at most k+1 steps behind
-    assert pushes == sorted(pushes) and all(v >= 1 for v in pushes)  # weights only move forward
-
-
-def test_a_failed_rollout_surfaces_in_the_trainer():
-    def produce(j):
-        if j == 2:
-            raise ValueError("generation broke")
-        return j
-
-    ra = RolloutAhead(produce, lambda v, w: None, range(1, 5), 1, version=0)
-    assert ra.take(1) == (1, 0)
-    ra.stage(1, None)
-    with pytest.raises(RuntimeError, match="before batch 2") as err:
-        ra.take(2)
-    assert isinstance(err.value.__cause__, ValueError)
-    ra.close()
+from relayrl.workflows.offpolicy import staleness_metrics
 
 
 def _mb(logprobs, old, gen, adv):
     mask = torch.ones_like(logprobs)
-    fields = {"old_logprobs": old, "gen_logprobs": gen, "advantages": adv}
+    fields = {"gen_logprobs": gen, "advantages": adv, **({} if old is None else {"old_logprobs": old})}
     return MicroBatch(logprobs, mask, fields, int(mask.sum()), logprobs.shape[0], None)
 
 
@@ -88,62 +35,215 @@ def test_truncated_importance_weights_scale_the_token_losses():
     w = torch.exp(old - gen).clamp(max=2.0)
     assert torch.allclose(weighted, plain * w.mean(), atol=1e-6)  # ratio 1: each token's loss is -A * w
     assert m["offpolicy/capped_frac"] == pytest.approx(1 / 6)
+    # one update per batch: no old_logprobs column, pi_old is the update's own log-probs (the same numbers)
+    no_old, m2 = PolicyLoss(agg="token-mean", tis_cap=2.0)(_mb(lp, None, gen, adv))
+    torch.testing.assert_close(no_old, weighted)
+    assert m2["offpolicy/capped_frac"] == m["offpolicy/capped_frac"]
     rollout_old, _ = PolicyLoss(agg="token-mean", old_key="gen_logprobs")(_mb(lp, old, gen, adv))
     assert not torch.allclose(rollout_old, plain)  # the ratio is taken against the rollout's log-probs
 
 
-def test_an_evaluation_never_swaps_weights_inside_a_batch():
-    """Issue 11 item 6: the trainer's evaluation pushed its weights into the rollout engine from the main
-    thread while the rollout thread was between two generation rounds of one batch (fails before: a push
-    between round 1 and round 2 of batch 2). Now it waits for the batch, then evaluates the staged weights."""
-    import contextlib
-    from types import SimpleNamespace
+def test_staleness_is_a_token_distribution_and_the_bound_is_enforced():
+    # step 5 trains with weights 4; k=2: versions 2, 3, 4 are allowed
+    m = staleness_metrics([{4: 3}, {3: 2, 4: 2}, {2: 1}], step=5, k=2)
+    assert m["async/tokens_stale_0"] == 5 and m["async/tokens_stale_1"] == 2 and m["async/tokens_stale_2"] == 1
+    assert m["async/staleness_max"] == 2 and m["async/staleness_mean"] == pytest.approx((2 + 2) / 8)
+    assert m["async/multi_version_frac"] == pytest.approx(1 / 3)
+    with pytest.raises(RuntimeError, match="staleness bound k=1"):
+        staleness_metrics([{2: 1}], step=5, k=1)
 
+
+class _OneRank:
+    """A one-rank in-process group around ``worker`` (what WeightRelay pushes to)."""
+
+    backend, in_driver, world_size, name = "local", True, 1, "rollout"
+
+    def __init__(self, worker) -> None:
+        self.w = worker
+
+    def all(self, method, *args, **kwargs):
+        return [getattr(self.w, method)(*args, **kwargs)]
+
+    def one(self, method, *args, rank=0, **kwargs):
+        return getattr(self.w, method)(*args, **kwargs)
+
+
+def _stream(worker, dock, prompts, params, partial):
+    n = params.n
+    dock.open_partition("p", rows=len(prompts) * n, group_size=n)
+    slots = [dock.reserve("p", n) for _ in prompts]
+    worker.start_stream(prompts, params, slots, list(range(len(prompts))), partial=partial)
+
+
+def _drain(worker, dock):
+    infos, done = [], False
+    while not done:
+        got, done = worker.poll_stream(0.2)
+        for receipt, info in got:
+            dock.publish(receipt)
+            infos.append(info)
+    return infos
+
+
+def test_weights_sent_during_a_partial_stream_load_between_decode_steps(tiny_dir):
+    """A partial stream takes new weights mid-generation: the relay call returns once they are in, the rows
+    written to the dock carry per-token versions (old then new), and each row's earlier tokens keep the
+    behaviour log-probs they were sampled with (the same as a stream that got no new weights)."""
+    from relayrl.dock import Dock
+    from relayrl.weights import WeightRelay
+    from relayrl.workflows.dataplane import StreamingRollout
+
+    torch.set_num_threads(1)
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=120, ignore_eos=True)
+    prompts = [[5, 6, 7], [8, 9]]
+
+    def rows(partial: bool, swap: bool):
+        worker = StreamingRollout(str(tiny_dir), seed=3)
+        dock = Dock()
+        relay = WeightRelay()
+        new = [(k, v + 0.05 * torch.randn_like(v)) for k, v in worker.engine.model.named_parameters()]
+        _stream(worker, dock, prompts, params, partial)
+        if swap:
+            relay.push_to_group(new, _OneRank(worker), version=1)  # waits for a decode-step boundary
+        infos = _drain(worker, dock)
+        got = dock.get("p", list(range(4)), ["response_ids", "gen_logprobs", "token_versions", "version"])
+        dock.shutdown()
+        return got, infos, worker
+
+    plain, _, _ = rows(partial=True, swap=False)
+    got, infos, worker = rows(partial=True, swap=True)
+    assert worker.engine.weight_version == 1
+    for i in range(4):
+        v = got["token_versions"][i]
+        cut = int((v == 0).sum())
+        assert 0 < cut < len(v) and v[cut:].eq(1).all(), v  # old weights, then the new ones, never back
+        assert int(got["version"][i]) == 0
+        assert torch.equal(got["response_ids"][i][:cut], plain["response_ids"][i][:cut])
+        torch.testing.assert_close(got["gen_logprobs"][i][:cut], plain["gen_logprobs"][i][:cut])
+    assert all(len(r) == 2 for info in infos for r in info["versions"])  # tokens per version, per row
+    # without partial, weights sent mid-stream are refused: a batch must not mix weight versions
+    worker = StreamingRollout(str(tiny_dir), seed=3)
+    dock = Dock()
+    _stream(worker, dock, prompts, params, partial=False)
+    with pytest.raises(RuntimeError, match="must not mix weight versions"):
+        WeightRelay().push_to_group(list(worker.engine.model.named_parameters()), _OneRank(worker), version=1)
+    _drain(worker, dock)
+    dock.shutdown()
+
+
+# ------------------------------------------------------------------------------------ the workflow
+def config(run_dir, *over: str):
+    from relayrl.config.loader import load_config
+    from relayrl.config.schema import Config
+
+    return load_config(Config, "recipes/arith_grpo.yaml", [
+        f"run.dir={run_dir}", "trainer.steps=4", "eval.size=8", "eval.every=0", "data.prompts_per_step=4",
+        "rollout.n=4", "rollout.max_new_tokens=24", "telemetry.sinks=[jsonl]", "reward.verifier=user",
+        "reward.user_fn=dataflow_rewards:by_length", "engine.optim.lr=1e-3", "engine.optim.warmup_steps=0",
+        "run.save_every=0", "trainer.init_from=null", "algorithm.tis_cap=2.0", *over])
+
+
+def records(run_dir) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+@pytest.mark.parametrize("partial", [False, True])
+def test_off_policy_runs_on_the_dock_within_the_staleness_bound(tmp_path, partial):
+    """k=2 with an evaluation after every step: every token is at most 2 versions stale, no sample crosses
+    the driver, weights reach the rollout packed, the model learns something (weights move), and without
+    partial rollout no batch mixes weight versions (an evaluation waits for the batch being generated)."""
     from relayrl.workflows.offpolicy import OffPolicyGRPO
 
-    events: list[tuple[str, int]] = []
+    out = OffPolicyGRPO(config(tmp_path, "trainer.off_policy_steps=2", f"rollout.partial={str(partial).lower()}",
+                               "eval.every=1")).run()
+    assert (out / "config.json").is_file()
+    recs = [r for r in records(tmp_path) if r["step"] > 0]
+    assert [r["step"] for r in recs] == [1, 2, 3, 4]
+    for r in recs:
+        assert 0 <= r["async/staleness_max"] <= 2 and r["dock/driver_bytes"] == 0
+        tokens = sum(r[f"async/tokens_stale_{s}"] for s in range(3))
+        assert tokens == pytest.approx(r["response/length_mean"] * 16)  # every response token, once
+        assert "offpolicy/is_weight_mean" in r and "eval/accuracy" in r
+        if not partial:
+            assert r["async/multi_version_frac"] == 0
+    assert recs[0]["async/staleness_max"] == 0  # batch 1 was generated by the starting weights
+    assert any(r.get("relay/buckets", 0) >= 1 for r in recs)
+    assert any(r["actor/grad_norm"] > 0 for r in recs)
 
-    def produce(j):  # a DAPO batch: two generation rounds
-        events.append(("round1", j))
-        time.sleep(0.3)
-        events.append(("round2", j))
-        return f"batch{j}"
 
-    def push(version, weights):
-        events.append(("push", version))
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_a_dead_rollout_surfaces_by_name_and_nothing_hangs(tmp_path):
+    """The rollout process is killed while it generates ahead: the trainer's step raises a WorkerError naming
+    the rollout's rank within seconds (it does not wait for a batch that will never come)."""
+    from relayrl.cluster.errors import WorkerError
+    from relayrl.workflows.offpolicy import OffPolicyGRPO
 
-    class Workflow(OffPolicyGRPO):
-        def __init__(self):  # no worker groups: the evaluation's collaborators are stubbed
-            pass
-
-    wf = Workflow()
-    wf._push = push
-    wf.actor = SimpleNamespace(all=lambda method, *a, **k: [[("w", torch.zeros(1))]])
-    wf.rollout = SimpleNamespace()
-    wf.s = SimpleNamespace(span=lambda *a: contextlib.nullcontext(),
-                           evaluate=lambda fn, step: events.append(("eval", step)) or SimpleNamespace(metrics={}))
-    wf._ahead = ra = RolloutAhead(produce, push, range(1, 4), k=1, version=0)
+    wf = OffPolicyGRPO(config(tmp_path, "trainer.off_policy_steps=1", "rollout.partial=true",
+                              "rollout.max_new_tokens=400", "data.prompts_per_step=8", "trainer.steps=20"))
     try:
-        assert ra.take(1) == ("batch1", 0)
-        time.sleep(0.1)  # batch 2 (k=1: it may start at once) is between its two rounds
-        ra.stage(1, "w1")
-        wf.evaluate(1)
-        versions = [ra.take(2)[1], ra.take(3)[1]]
+        wf.begin()
+        pid = wf.rollout._ranks.pids()[0]
+        threading.Timer(1.0, os.kill, (pid, signal.SIGKILL)).start()
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError) as info:
+            for step in range(1, 21):
+                wf.step(step)
+        assert time.monotonic() - t0 < 90
+        assert "rollout" in str(info.value) and "rank 0" in str(info.value)
     finally:
-        ra.close()
-    for i, e in enumerate(events):
-        if e[0] == "round1":
-            assert events[i + 1] == ("round2", e[1]), events  # nothing happens to the engine inside a batch
-    assert events.index(("push", 1)) < events.index(("eval", 1))  # the evaluation sees the trainer's weights
-    assert versions == [0, 1]  # batch 2 was generated by weights 0 only; batch 3 by 1 (staleness counts right)
+        wf._stop_ahead()
+        wf.shutdown()
 
 
-def test_off_policy_rollout_takes_a_gpu_the_trainer_does_not_use():
-    """Issue 11 item 7: the rollout was pinned to the last GPU even when the trainer's pool used it."""
-    from relayrl.workflows.offpolicy import rollout_gpu
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_a_killed_off_policy_run_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    """The trainer dies in step 3 (after the checkpoint of step 2, with batches 3 and 4 in flight): the resumed
+    run starts from step 2's checkpoint, regenerates batch 3 from the data position saved for it, and ends."""
+    from relayrl.workflows.dataflow import DataflowGRPO
+    from relayrl.workflows.offpolicy import OffPolicyGRPO
 
-    assert rollout_gpu(4, [2, 3]) == 0  # the old rule took GPU 3, the trainer's
-    assert rollout_gpu(4, [0, 1]) == 2
-    assert rollout_gpu(2, [0]) == 1
-    assert rollout_gpu(1, [0]) == 0  # one GPU: shared
-    assert rollout_gpu(2, [0, 1]) == 1
+    over = ["trainer.off_policy_steps=1", "rollout.partial=true", "run.save_every=1"]
+    real = DataflowGRPO.update_stage
+
+    def dies_at_step_3(self, f):
+        if f.step == 3:
+            raise RuntimeError("killed in step 3")
+        return real(self, f)
+
+    monkeypatch.setattr(DataflowGRPO, "update_stage", dies_at_step_3)
+    with pytest.raises(RuntimeError, match="killed in step 3"):
+        OffPolicyGRPO(config(tmp_path, *over)).run()
+    monkeypatch.setattr(DataflowGRPO, "update_stage", real)
+    saved = json.loads((tmp_path / "checkpoints" / "step-000002" / "trainer_state.json").read_text())
+    wf = OffPolicyGRPO(config(tmp_path, *over, "run.resume=auto"))
+    out = wf.run()
+    assert wf.s.start_step == 2 and (out / "config.json").is_file()
+    steps = [r["step"] for r in records(tmp_path)]
+    assert steps.count(3) == 1 and steps[-1] == 4
+    assert saved["data"] != {} and "rollout_rng" in saved
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_a_rollout_thread_that_fails_surfaces_in_the_trainer(tmp_path, monkeypatch):
+    """The driver's rollout thread raises while opening batch 3: the trainer's step 3 raises that error (it does
+    not wait for a batch that will never come), and no step 3 is logged."""
+    from relayrl.workflows.offpolicy import OffPolicyGRPO
+
+    real = OffPolicyGRPO.open_step
+
+    def breaks_at_3(self, step):
+        if step == 3:
+            raise ValueError("the rollout thread broke at batch 3")
+        return real(self, step)
+
+    monkeypatch.setattr(OffPolicyGRPO, "open_step", breaks_at_3)
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="broke at batch 3"):
+        OffPolicyGRPO(config(tmp_path, "trainer.off_policy_steps=1")).run()
+    assert time.monotonic() - t0 < 120
+    assert [r["step"] for r in records(tmp_path)] == [0, 1, 2]

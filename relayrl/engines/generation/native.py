@@ -15,6 +15,14 @@ whose decode step is replayed as a CUDA graph (:mod:`.static`, ``decode``
 prefilled into it, so continuous batching is kept. ``release()`` frees that
 cache (colocated training wants the memory back).
 
+Partial rollout (``generate(..., between=...)``): before each decode step the engine asks ``between()``
+whether the weights changed (a newer version was loaded while the batch was in flight). If so, every
+in-flight row's context (its prompt and the tokens it has so far) is prefilled again with the new weights,
+and decoding goes on from there; each token records the version that sampled it (``token_versions``). The
+engine re-prefills rather than keep the old cache: keys and values computed by the old weights feeding the
+new ones sample from neither policy, so the recorded behaviour log-probs would match no model the trainer
+can recompute. The cost is one prefill of the in-flight rows per weight update.
+
 Prompts may also arrive while generating (:meth:`NativeGenerationEngine.generate_feed`): a
 :class:`PromptFeed` hands over new rows whenever slots are free, each with its own token budget, and the
 loop waits on it when the batch is empty. Multi-turn episodes use this (``relayrl.environments.episodes``):
@@ -112,6 +120,8 @@ class _Batch:
         self.rows: list[tuple[int, int]] = []  # (prompt_index, sample_index)
         self.tokens: list[list[int]] = []
         self.logps: list[list[float]] = []
+        self.versions: list[list[int]] = []
+        self.prompts: list[Sequence[int]] = []  # each row's context before its first new token
         self.budget: list[int] = []  # max new tokens of each row
         self.next_logits: torch.Tensor | None = None  # [B, V]
 
@@ -195,10 +205,13 @@ class NativeGenerationEngine:
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  generator: torch.Generator | None = None,
-                 on_finish: Callable[[Completion], None] | None = None) -> list[Completion]:
+                 on_finish: Callable[[Completion], None] | None = None,
+                 between: Callable[[], bool] | None = None) -> list[Completion]:
         """Sample ``params.n`` responses per prompt with continuous batching; completions in (prompt, sample)
         order. ``on_finish`` is called with each completion the moment it finishes (a streaming consumer,
-        e.g. a rollout worker writing whole prompt groups into the dock while the rest still decode)."""
+        e.g. a rollout worker writing whole prompt groups into the dock while the rest still decode).
+        ``between`` is called before every decode step and returns True when it loaded new weights: the
+        in-flight rows are then prefilled again and continue with them (partial rollout)."""
         if not prompts:
             return []
         for i, p in enumerate(prompts):
@@ -207,7 +220,7 @@ class NativeGenerationEngine:
         stop_ids = set() if params.ignore_eos else self.eos_ids
         stop_ids = stop_ids | set(params.stop_token_ids)
         if self.static is not None:
-            return self._generate_static(prompts, params, generator, stop_ids, on_finish)
+            return self._generate_static(prompts, params, generator, stop_ids, on_finish, between)
         out: dict[tuple[int, int], Completion] = {}
 
         def keep(c: Completion) -> None:
@@ -215,24 +228,27 @@ class NativeGenerationEngine:
             if on_finish is not None:
                 on_finish(c)
 
-        self._generate_dynamic(_ListFeed(prompts, params.max_new_tokens), params, generator, stop_ids, keep)
+        self._generate_dynamic(_ListFeed(prompts, params.max_new_tokens), params, generator, stop_ids, keep, between)
         return [out[k] for k in sorted(out)]
 
     @torch.no_grad()
     def generate_feed(self, feed: PromptFeed, params: SamplingParams, generator: torch.Generator | None,
-                      on_finish: Callable[[Completion], None]) -> None:
+                      on_finish: Callable[[Completion], None], between: Callable[[], bool] | None = None) -> None:
         """Continuous batching over rows that arrive while generating (see :class:`PromptFeed`): each row
         gets ``params.n`` samples and its own token budget; ``on_finish`` gets each completion as it ends.
         Returns when the batch is empty and ``feed.wait()`` says nothing more will come."""
         stop_ids = (set() if params.ignore_eos else self.eos_ids) | set(params.stop_token_ids)
-        self._generate_dynamic(feed, params, generator, stop_ids, on_finish)
+        self._generate_dynamic(feed, params, generator, stop_ids, on_finish, between)
 
     def _generate_dynamic(self, feed: PromptFeed, params: SamplingParams, generator: torch.Generator | None,
-                          stop_ids: set[int], on_finish: Callable[[Completion], None]) -> None:
+                          stop_ids: set[int], on_finish: Callable[[Completion], None],
+                          between: Callable[[], bool] | None = None) -> None:
         """Continuous batching on a left-padded dynamic cache: free slots take the feed's rows."""
         batch = _Batch()
         per_prompt = max(1, min(params.n, self.max_batch))
         while True:
+            if between is not None and between() and len(batch):
+                self._refill(batch)
             free = self.max_batch - len(batch)
             admit: list[tuple[int, Sequence[int], int]] = []
             while free >= per_prompt:
@@ -256,10 +272,12 @@ class NativeGenerationEngine:
             for r in range(len(batch)):
                 batch.tokens[r].append(tok_l[r])
                 batch.logps[r].append(logp_l[r])
+                batch.versions[r].append(self._version)
                 reason = self._finished(batch.tokens[r], params, stop_ids, batch.budget[r])
                 if reason:
                     done.append(r)
-                    on_finish(self._completion(batch.rows[r], batch.tokens[r], batch.logps[r], reason))
+                    on_finish(self._completion(batch.rows[r], batch.tokens[r], batch.logps[r], reason,
+                                               batch.versions[r]))
             keep = [r for r in range(len(batch)) if r not in set(done)]
             if done:
                 self._select(batch, keep, tok)
@@ -269,7 +287,8 @@ class NativeGenerationEngine:
 
     def _generate_static(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                          generator: torch.Generator | None, stop_ids: set[int],
-                         on_finish: Callable[[Completion], None] | None = None) -> list[Completion]:
+                         on_finish: Callable[[Completion], None] | None = None,
+                         between: Callable[[], bool] | None = None) -> list[Completion]:
         """Continuous batching on the static cache: each row owns a slot; freed slots take waiting prompts."""
         st = self.static
         if params.n > self.max_batch:
@@ -282,10 +301,17 @@ class NativeGenerationEngine:
         rows: dict[int, tuple[int, int]] = {}  # slot -> (prompt, sample)
         toks: dict[int, list[int]] = {}
         logps: dict[int, list[float]] = {}
+        vers: dict[int, list[int]] = {}
         pos = torch.zeros(self.max_batch, dtype=torch.long)  # index of the slot's next token
         logits = torch.empty(self.max_batch, self.model.config.vocab_size, device=self.device)
         out: dict[tuple[int, int], Completion] = {}
         while waiting or rows:
+            if between is not None and between() and rows:  # new weights: prefill the in-flight contexts again
+                busy = sorted(rows)
+                ctx = [list(prompts[rows[slot][0]]) + toks[slot] for slot in busy]
+                logits[busy] = st.prefill(ctx, torch.tensor(busy), 1, self.pad_id)
+                for slot, c in zip(busy, ctx):
+                    pos[slot] = len(c)
             admit: list[int] = []
             new_slots: list[int] = []  # prompt-major, as prefill repeats each prompt n times
             while waiting and len(free) >= n:
@@ -293,7 +319,7 @@ class NativeGenerationEngine:
                 take, free = free[:n], free[n:]
                 for s_i, slot in enumerate(take):
                     rows[slot] = (admit[-1], s_i)
-                    toks[slot], logps[slot] = [], []
+                    toks[slot], logps[slot], vers[slot] = [], [], []
                     pos[slot] = len(prompts[admit[-1]])
                 new_slots += take
             if admit:
@@ -306,10 +332,11 @@ class NativeGenerationEngine:
             for j, slot in enumerate(busy):
                 toks[slot].append(tok_l[j])
                 logps[slot].append(logp_l[j])
+                vers[slot].append(self._version)
                 reason = self._finished(toks[slot], params, stop_ids)
                 if reason:
                     row = rows.pop(slot)
-                    out[row] = c = self._completion(row, toks.pop(slot), logps.pop(slot), reason)
+                    out[row] = c = self._completion(row, toks.pop(slot), logps.pop(slot), reason, vers.pop(slot))
                     if on_finish is not None:
                         on_finish(c)
                     free.append(slot)
@@ -318,6 +345,9 @@ class NativeGenerationEngine:
                 continue
             B = max(rows) + 1
             step_tok = torch.zeros(B, dtype=torch.long, device=self.device)
+            live = [j for j, slot in enumerate(busy) if slot in rows]  # (a slot that just finished may lie past B)
+            if len(live) < len(busy):
+                idx, tok = idx[live], tok[live]
             step_tok[idx] = tok
             step_logits = st.step(step_tok, pos[:B].to(self.device), B)
             logits[:B] = step_logits
@@ -341,7 +371,8 @@ class NativeGenerationEngine:
         tail = self.tokenizer.decode(tokens[-8:], skip_special_tokens=True)
         return any(s in tail for s in stops)
 
-    def _completion(self, row: tuple[int, int], toks: list[int], logps: list[float], reason: str) -> Completion:
+    def _completion(self, row: tuple[int, int], toks: list[int], logps: list[float], reason: str,
+                    versions: list[int]) -> Completion:
         return Completion(
             prompt_index=row[0],
             sample_index=row[1],
@@ -350,6 +381,7 @@ class NativeGenerationEngine:
             finish_reason=reason,  # type: ignore[arg-type]
             weight_version=self._version,
             text=self.tokenizer.decode(toks, skip_special_tokens=True),
+            token_versions=torch.tensor(versions, dtype=torch.long),
         )
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, cache):
@@ -391,9 +423,28 @@ class NativeGenerationEngine:
             batch.mask = torch.cat([batch.mask, mask], dim=0)
             batch.next_logits = torch.cat([batch.next_logits, logits], dim=0)
         batch.rows += rows
-        batch.budget += [b for b in budgets for _ in range(n)]
         batch.tokens += [[] for _ in rows]
         batch.logps += [[] for _ in rows]
+        batch.versions += [[] for _ in rows]
+        batch.prompts += [p for p in prompts for _ in range(n)]
+        batch.budget += [b for b in budgets for _ in range(n)]
+
+    def _refill(self, batch: _Batch) -> None:
+        """Partial rollout: rebuild the cache and next-token logits of every in-flight row from its context
+        (prompt + tokens so far) with the weights now loaded (see the module docstring)."""
+        from transformers import DynamicCache
+
+        ctx = [list(p) + toks for p, toks in zip(batch.prompts, batch.tokens)]
+        width = max(len(c) for c in ctx)
+        ids = torch.full((len(ctx), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(ctx), width), dtype=torch.long)
+        for i, c in enumerate(ctx):
+            ids[i, width - len(c):] = torch.as_tensor(c, dtype=torch.long)
+            mask[i, width - len(c):] = 1
+        mask = mask.to(self.device)
+        batch.next_logits, batch.cache = self._forward(ids.to(self.device), mask,
+                                                       DynamicCache(config=self.model.config))
+        batch.mask = mask
 
     def _select(self, batch: _Batch, keep: list[int], tok: torch.Tensor) -> None:
         """Drop finished rows, then crop cache columns that are padding for every remaining row."""
@@ -407,6 +458,8 @@ class NativeGenerationEngine:
         batch.rows = [batch.rows[r] for r in keep]
         batch.tokens = [batch.tokens[r] for r in keep]
         batch.logps = [batch.logps[r] for r in keep]
+        batch.versions = [batch.versions[r] for r in keep]
+        batch.prompts = [batch.prompts[r] for r in keep]
         batch.budget = [batch.budget[r] for r in keep]
         first = int(batch.mask.any(dim=0).long().argmax())
         if first > 0:
