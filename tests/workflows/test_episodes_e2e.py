@@ -45,3 +45,16 @@ def test_grpo_trains_on_episodes(tool_sft, tmp_path, extra):
             assert x["actor/grad_norm"] == x["actor/grad_norm"]  # finite, trained
     samples = [json.loads(l) for l in (run / "eval" / "eval-step000002_samples.jsonl").read_text().splitlines()]
     assert len(samples) == 4 and all("turns" in s for s in samples)
+
+
+@pytest.mark.slow
+def test_demo_tools_ends_with_the_accuracy_line(tmp_path):
+    import re
+
+    small = [f"--sft={o}" for o in (*SMALL, "trainer.steps=2", "trainer.batch_size=4", "eval.every=0")] + \
+            [f"--grpo={o}" for o in (*SMALL, "trainer.steps=1", "data.prompts_per_step=2", "rollout.n=2", "eval.every=0")]
+    r = relayrl("demo", "--tools", f"--dir={tmp_path}", *small)
+    assert r.returncode == 0, r.stderr[-3000:]
+    last = r.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"tools: accuracy \d+\.\d% -> \d+\.\d% in \d+\.\d min", last), last
+    assert (tmp_path / "sft" / "model").is_dir() and (tmp_path / "grpo" / "model").is_dir()
