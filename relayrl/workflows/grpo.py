@@ -246,7 +246,7 @@ class GRPOWorkflow:
         part = f"step-{step}"
         n = self.sampling.n
         self.dock.open_partition(part, rows=len(comps), group_size=n)
-        masks = {"loss_mask": [c.loss_mask for c in comps]} if self.episodes is not None else {}
+        masks = {} if _loss_masks(comps) is None else {"loss_mask": _loss_masks(comps)}
         idx = self.dock.put(part, {**masks,
             "prompt_ids": [torch.tensor(s.encode(problems[c.prompt_index])) for c in comps],
             "response_ids": [c.token_ids for c in comps],
@@ -388,7 +388,7 @@ class GRPOWorkflow:
             ref_logprobs=got["ref_logprobs"] if "ref_logprobs" in cols else None,
             values=got["values"] if needs.values else None,
             baseline=torch.tensor([float(b) for b in got["baseline"]]) if needs.baseline else None,
-            loss_masks=[c.loss_mask for c in comps] if self.episodes is not None else None)
+            loss_masks=_loss_masks(comps))
         return out
 
     def update(self, part: str, step: int, comps: list[Completion]) -> dict[str, float]:
@@ -506,6 +506,17 @@ def sample_metrics(scores: torch.Tensor, rewards: torch.Tensor, lengths: torch.T
         "response/length_max": float(lengths.max()),
         "response/clip_ratio": float(truncated.float().mean()),
     }
+
+
+def _loss_masks(comps: list[Completion]) -> list[torch.Tensor] | None:
+    """The samples' loss masks (multi-turn episodes: 0 on the environment's tokens); None when every token
+    of every sample is the model's."""
+    masks = [getattr(c, "loss_mask", None) for c in comps]
+    if all(m is None for m in masks):
+        return None
+    if any(m is None for m in masks):
+        raise ValueError("a step mixes samples with and without a loss mask (episodes and single responses)")
+    return masks
 
 
 def _reindex(c: Completion, prompt_index: int) -> Completion:
