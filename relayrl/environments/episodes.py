@@ -14,7 +14,8 @@ whole context (prompt, turns, observations, exactly the token ids seen so far: n
 is prefilled again; the engine has no prefix cache, so that prefill is the price of rejoining.
 
 Limits per episode: ``max_turns`` model turns, ``max_tokens`` response tokens (a turn's budget is what is
-left), ``max_seconds`` of wall time. An environment step that raises, returns a malformed result or runs
+left), ``max_seconds`` of wall time from the moment its first turn enters the batch (time spent queued for a
+free slot does not count), checked at turn boundaries and while its environment step runs. An environment step that raises, returns a malformed result or runs
 past ``step_timeout_s`` ends its episode as an error with reward 0; the hung thread cannot be killed (Python
 threads cannot), so it keeps its pool slot until it returns and its late result is dropped. Tools with
 their own limits (the sandbox) return on time.
@@ -52,8 +53,9 @@ class EpisodeLimits:
 class _Live:
     """An episode in progress."""
 
-    def __init__(self, key: int, episode: Episode, env, deadline: float) -> None:
-        self.key, self.ep, self.env, self.deadline = key, episode, env, deadline
+    def __init__(self, key: int, episode: Episode, env) -> None:
+        self.key, self.ep, self.env = key, episode, env
+        self.deadline: float | None = None  # wall-time limit, set when the first turn enters the batch
         self.step_deadline: float | None = None  # set while an environment step runs
         self.epoch = 0  # bumped when the episode ends; a late step result with an old epoch is dropped
 
@@ -80,6 +82,8 @@ class _Feed:
                 lv = self.live.get(key)
                 if lv is None or lv.ep.end is not None:
                     continue
+                if lv.deadline is None:  # the wall-time clock starts when the first turn enters the batch
+                    lv.deadline = time.monotonic() + self.limits.max_seconds
                 budget = min(self.turn_tokens, self.limits.max_tokens - len(lv.ep.token_ids))
                 return key, lv.ep.prompt_ids + lv.ep.token_ids, budget
 
@@ -119,7 +123,7 @@ class _Feed:
                 if now > lv.step_deadline:
                     self.end(lv, EpisodeEnd.ERROR, f"environment step ran past env.step_timeout_s="
                                                    f"{self.limits.step_timeout_s:g} s")
-                elif now > lv.deadline:
+                elif lv.deadline is not None and now > lv.deadline:
                     self.end(lv, EpisodeEnd.TIMEOUT)
 
 
@@ -130,12 +134,10 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
     sample) order. ``prompts[i]`` is problem i's prompt token ids; ``params.max_new_tokens`` caps a turn."""
     turn = params.model_copy(update={"n": 1})
     live: dict[int, _Live] = {}
-    start = time.monotonic()
     for i, p in enumerate(problems):
         for s in range(params.n):
             key = len(live)
-            live[key] = _Live(key, Episode(i, s, list(prompts[i]), weight_version=engine.weight_version),
-                              None, start + limits.max_seconds)
+            live[key] = _Live(key, Episode(i, s, list(prompts[i]), weight_version=engine.weight_version), None)
     feed = _Feed(live, limits, params.max_new_tokens, log)
     tok_lock = threading.Lock()  # a fast tokenizer is not safe to call from several threads at once
 
@@ -215,7 +217,7 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
                 feed.end(lv, EpisodeEnd.MAX_TURNS)
             elif len(ep.token_ids) >= limits.max_tokens:
                 feed.end(lv, EpisodeEnd.MAX_TOKENS)
-            elif time.monotonic() > lv.deadline:
+            elif lv.deadline is not None and time.monotonic() > lv.deadline:
                 feed.end(lv, EpisodeEnd.TIMEOUT)
             else:
                 feed.ready.put(lv.key)

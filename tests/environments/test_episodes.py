@@ -201,3 +201,19 @@ def test_reset_text_opens_the_response_as_context(engine, tiny_tokenizer):
     n = len(tiny_tokenizer("<hello>", add_special_tokens=False)["input_ids"])
     assert e.prompt_ids == prompts[0] and e.loss_mask[:n] == [0] * n and e.loss_mask[n] == 1
     assert tiny_tokenizer.decode(e.token_ids[:n]) == "<hello>"
+
+
+def test_time_queued_for_a_slot_does_not_count_against_an_episode():
+    """The wall-time clock of an episode starts when its first turn is taken into the batch."""
+    from relayrl.environments.base import Episode
+    from relayrl.environments.episodes import _Feed, _Live
+
+    live = {k: _Live(k, Episode(k, 0, [1, 2]), None) for k in range(2)}
+    feed = _Feed(live, EpisodeLimits(max_seconds=5.0), turn_tokens=8, log=lambda m: None)
+    feed.ready.put(0)
+    feed.ready.put(1)
+    t0 = time.monotonic()
+    assert feed.take()[0] == 0
+    assert live[0].deadline is not None and live[0].deadline >= t0 + 5.0 and live[1].deadline is None
+    time.sleep(0.05)
+    assert feed.take()[0] == 1 and live[1].deadline > live[0].deadline
