@@ -17,7 +17,8 @@ Limits per episode: ``max_turns`` model turns, ``max_tokens`` response tokens (a
 left), ``max_seconds`` of wall time from the moment its first turn enters the batch (time spent queued for a
 free slot does not count), checked at turn boundaries and while its environment step runs. An environment step that raises, returns a malformed result or runs
 past ``step_timeout_s`` ends its episode as an error with reward 0; the hung thread cannot be killed (Python
-threads cannot), so it keeps its pool slot until it returns and its late result is dropped. Tools with
+threads cannot), so it keeps its pool slot until it returns and its late result is dropped; the pool's
+threads are daemons, so a step that never returns does not keep the process from exiting. Tools with
 their own limits (the sandbox) return on time.
 
 Departure from NeMo-RL (seed 004): environments step one episode at a time in threads, not a batch of
@@ -29,7 +30,6 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -58,6 +58,29 @@ class _Live:
         self.deadline: float | None = None  # wall-time limit, set when the first turn enters the batch
         self.step_deadline: float | None = None  # set while an environment step runs
         self.epoch = 0  # bumped when the episode ends; a late step result with an old epoch is dropped
+
+
+class _DaemonPool:
+    """``n`` daemon threads over a task queue. Daemon threads, unlike ``ThreadPoolExecutor``'s, do not keep
+    the process alive at exit, so an environment step that hangs forever cannot hang the run's end."""
+
+    def __init__(self, n: int, name: str) -> None:
+        self.q: queue.SimpleQueue = queue.SimpleQueue()
+        self.n = n
+        for i in range(n):
+            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True).start()
+
+    def submit(self, fn: Callable, *args) -> None:
+        self.q.put((fn, args))
+
+    def _work(self) -> None:
+        while (item := self.q.get()) is not None:
+            fn, args = item
+            fn(*args)
+
+    def shutdown(self) -> None:
+        for _ in range(self.n):
+            self.q.put(None)
 
 
 class _Feed:
@@ -222,7 +245,18 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             else:
                 feed.ready.put(lv.key)
 
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="relayrl-env")
+    def guarded(fn: Callable[[_Live], None]) -> Callable[..., None]:
+        """Run an episode task; an exception in relayrl's own bookkeeping ends that episode (it would
+        otherwise stay open and the generation loop would wait for it forever)."""
+        def run(lv: _Live, *args) -> None:
+            try:
+                fn(lv, *args)
+            except Exception as e:
+                with feed.lock:
+                    feed.end(lv, EpisodeEnd.ERROR, f"episode bookkeeping failed: {type(e).__name__}: {e}")
+        return run
+
+    pool = _DaemonPool(workers, "relayrl-env")
 
     def on_finish(c: Completion) -> None:  # generation thread: record the turn, hand the step to the pool
         lv = live[c.prompt_index]
@@ -236,14 +270,14 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             ep.turns += 1
             ep.turn_texts.append(c.text)
             ep.weight_version = c.weight_version
-        pool.submit(step, lv, c)
+        pool.submit(guarded(step), lv, c)
 
     try:
         for lv in live.values():
-            pool.submit(reset, lv)
+            pool.submit(guarded(reset), lv)
         engine.generate_feed(feed, turn, generator, on_finish)
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)  # a hung step keeps its thread; its result is dropped
+        pool.shutdown()  # a hung step keeps its (daemon) thread; its result is dropped
     return [live[k].ep for k in sorted(live)]
 
 
