@@ -134,7 +134,7 @@ class Raises:
         if self.p.prompt == "2+2=":
             return "not a StepResult"
         if self.p.prompt == "3+3=":
-            time.sleep(3)
+            time.sleep(30)  # a daemon thread: it does not hold the test process at exit
         return StepResult("", reward=1.0, done=True)
 
 
@@ -144,7 +144,7 @@ def test_raising_malformed_and_hanging_environments_end_their_episode_only(engin
     t0 = time.monotonic()
     eps = run_episodes(engine, tiny_tokenizer, probs, prompts, Raises, SamplingParams(n=1, max_new_tokens=4),
                        EpisodeLimits(step_timeout_s=0.5), log=logged.append)
-    assert time.monotonic() - t0 < 2.5  # the hung step was not waited for
+    assert time.monotonic() - t0 < 20  # the hung step (30 s) was not waited for
     assert eps[0].end is EpisodeEnd.DONE and eps[0].reward == 1.0
     for e, why in zip(eps[1:], ("tool crashed", "expected a StepResult", "step_timeout_s")):
         assert e.end is EpisodeEnd.ERROR and e.reward == 0.0 and why in e.error
