@@ -57,8 +57,8 @@ class Environment(Protocol):
     """One episode's environment. Its methods run in a worker thread, never in the generation loop."""
 
     def reset(self, problem: Problem) -> str:
-        """Start an episode on ``problem``; returns text appended to the prompt before the first turn
-        (usually "")."""
+        """Start an episode on ``problem``; returns text placed after the prompt, before the first turn
+        (context: loss mask 0; usually "")."""
         ...
 
     def step(self, action: str) -> StepResult:
