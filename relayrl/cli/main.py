@@ -63,14 +63,23 @@ def _final_accuracy(run_dir: Path) -> tuple[float | None, float | None]:
 
 
 def cmd_demo(args) -> int:
-    """Pretrain on correct sums, SFT on a careless teacher, then GRPO with the verifier alone."""
+    """Pretrain on correct sums, SFT on a careless teacher, then GRPO with the verifier alone; ``--tools``:
+    SFT on a few calculator-using episodes, then GRPO on multi-turn episodes with the calculator."""
     t0 = time.perf_counter()
-    root = Path(args.dir)
-    stages = (
-        ("base", "arith_base.yaml", "pretrain the tiny model on correct 2-digit sums", args.overrides_base),
-        ("sft", "arith_sft.yaml", "SFT on a careless teacher who forgets to carry in 70% of sums", args.overrides_sft),
-        ("grpo", "arith_grpo.yaml", "GRPO on fresh 2-digit sums, the verifier as the only reward", args.overrides_grpo),
-    )
+    root = Path(args.dir or ("runs/demo-tools" if args.tools else "runs/demo"))
+    if args.tools:
+        stages = (
+            ("sft", "toolsum_sft.yaml", "SFT on a few episodes of a teacher who adds 5-digit numbers with the "
+             "calculator", args.overrides_sft),
+            ("grpo", "toolsum_grpo.yaml", "GRPO on multi-turn calculator episodes, the final answer's verifier as "
+             "the only reward", args.overrides_grpo),
+        )
+    else:
+        stages = (
+            ("base", "arith_base.yaml", "pretrain the tiny model on correct 2-digit sums", args.overrides_base),
+            ("sft", "arith_sft.yaml", "SFT on a careless teacher who forgets to carry in 70% of sums", args.overrides_sft),
+            ("grpo", "arith_grpo.yaml", "GRPO on fresh 2-digit sums, the verifier as the only reward", args.overrides_grpo),
+        )
     model, rl_min = None, 0.0
     for i, (name, recipe, what, overrides) in enumerate(stages, 1):
         print(f"relayrl demo: {i}/{len(stages)} {what} (recipes/{recipe})", flush=True)
@@ -85,6 +94,12 @@ def cmd_demo(args) -> int:
         rl_min = (time.perf_counter() - t) / 60
     before, after = _final_accuracy(root / "grpo")
     minutes = (time.perf_counter() - t0) / 60
+    if args.tools:
+        print(f"relayrl demo: greedy accuracy of multi-turn calculator episodes on held-out 5-digit sums, before "
+              f"GRPO (the SFT model) and after {rl_min:.1f} min of GRPO; {minutes:.1f} min in all; run dirs under "
+              f"{root}")
+        print(f"tools: accuracy {100 * (before or 0):.1f}% -> {100 * (after or 0):.1f}% in {rl_min:.1f} min")
+        return 0
     print(f"relayrl demo: GRPO took {rl_min:.1f} min; greedy accuracy on 200 held-out 2-digit sums that need "
           f"a carry, before GRPO (the SFT model) and after; run dirs under {root}")
     print(f"demo: accuracy {100 * (before or 0):.1f}% -> {100 * (after or 0):.1f}% in {minutes:.1f} min")
@@ -226,7 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser(
         "demo", parents=[common], help="pretrain, SFT on a careless teacher, then GRPO on the built-in arithmetic task")
-    d.add_argument("--dir", default="runs/demo")
+    d.add_argument("--dir", default=None, help="run directories (default runs/demo, or runs/demo-tools with --tools)")
+    d.add_argument("--tools", action="store_true", help="the tool demo: SFT on calculator episodes, then GRPO on "
+                   "multi-turn episodes (recipes/toolsum_*.yaml)")
     d.add_argument("--base", dest="overrides_base", action="append", default=[], help="override for the pretraining stage")
     d.add_argument("--sft", dest="overrides_sft", action="append", default=[], help="override for the SFT stage")
     d.add_argument("--grpo", dest="overrides_grpo", action="append", default=[], help="override for the GRPO stage")

@@ -19,6 +19,7 @@ from relayrl.dock.config import DockConfig
 from relayrl.engines.reward import RewardConfig
 from relayrl.engines.training.base import OptimConfig
 from relayrl.engines.training.torch_engine import TrainEngineConfig
+from relayrl.environments.config import EnvConfig
 from relayrl.models.tiny import TinyModelConfig
 from relayrl.telemetry import TelemetryConfig
 
@@ -88,6 +89,9 @@ class DataConfig(_Section):
     rejected_key: str = Field("rejected", description="workflow dpo: field with the rejected answer (answer_key "
                               "holds the chosen one)")
     chat_template: bool | None = Field(None, description="null: apply the tokenizer's chat template to chat-message prompts")
+    messages_key: str | None = Field(None, description="workflow sft on data.path: field with whole conversations "
+                                     "(chat messages); only the assistant turns are trained (mask from the chat "
+                                     "template)")
     prompts_per_step: int = Field(8, ge=1)
 
     @model_validator(mode="after")
@@ -339,6 +343,7 @@ class Config(_Section):
     cluster: ClusterConfig = ClusterConfig()
     dock: DockConfig = DockConfig()
     placement: PlacementConfig = PlacementConfig()
+    env: EnvConfig = EnvConfig()
 
     @model_validator(mode="after")
     def _cross(self) -> "Config":
@@ -397,6 +402,10 @@ class Config(_Section):
             raise ValueError(f"{what} = {rows} rows over {ranks} data-parallel rank(s) leaves {rows // ranks} per "
                              f"rank, fewer than trainer.mini_batches={self.trainer.mini_batches}")
         _check_placement(self)
+        _check_env(self)
+        if self.data.messages_key is not None and (self.workflow != "sft" or self.data.path is None):
+            raise ValueError("data.messages_key trains on whole conversations: it applies to workflow sft with "
+                             "data.path; unset data.messages_key")
         if self.reward.verifier == "task" and self.data.task is None:
             raise ValueError("reward.verifier=task needs a built-in data.task; for data.path use "
                              "reward.verifier=math, exact or user")
@@ -413,6 +422,29 @@ def available_devices(cfg: "Config") -> tuple[str, int]:
     if cuda:
         return "GPU", torch.cuda.device_count()
     return "CPU core", len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _check_env(self: Config) -> None:
+    """Multi-turn episodes (``env.name``) run on the synchronous colocated GRPO loop; refuse the rest."""
+    e, a, t = self.env, self.algorithm, self.trainer
+    if not e.enabled:
+        return
+    if self.workflow == "dpo":
+        raise ValueError("env.name sets up multi-turn episodes, which workflow dpo does not generate; set env.name=null")
+    if e.name == "tools" and e.stop_string not in self.rollout.stop_strings:
+        raise ValueError(f"env.name=tools: a turn that calls a tool must end at its closing tag; add "
+                         f"{e.stop_string!r} to rollout.stop_strings")
+    if self.workflow == "sft":
+        return  # the task's tool-using demonstrations train with their loss mask; evaluation runs episodes
+    if t.off_policy_steps or self.placement.custom or t.mode != "sync":
+        raise ValueError("env.name: multi-turn episodes run on the synchronous colocated GRPO loop; drop "
+                         "trainer.off_policy_steps, trainer.mode=periodic and placements off main")
+    if a.overlong_shaping:
+        raise ValueError("algorithm.overlong_shaping penalises a response's length against rollout.max_new_tokens; "
+                         "an episode's length is bounded by env.max_tokens instead: drop overlong_shaping")
+    if NEEDS[a.advantage].baseline:
+        raise ValueError(f"algorithm.advantage={a.advantage} needs a greedy single-turn baseline; use grpo, "
+                         f"drgrpo, rloo, reinforce++ or gae with env.name")
 
 
 def offpolicy_placement(cfg: "Config") -> "Config":

@@ -47,6 +47,8 @@ class DatasetConfig(BaseModel):
     rejected_key: str | None = Field(None, min_length=1, description="field with a rejected answer (preference "
                                      "pairs: the answer field is the chosen one); None: not read")
     format: Literal["jsonl", "parquet"] | None = Field(None, description="None: inferred from the file suffix")
+    messages_key: str | None = Field(None, min_length=1, description="multi-turn SFT: field with a whole "
+                                     "conversation (chat messages); prompt_key and answer_key are then not read")
     limit: int | None = Field(None, ge=1, description="keep only the first N rows")
 
 
@@ -151,6 +153,8 @@ def _row_problem(row: Any, rowno: int, cfg: DatasetConfig, tokenizer) -> Problem
     where = f"{Path(cfg.path).name} row {rowno}"
     if not isinstance(row, dict):
         raise DatasetError(f"{where}: expected a JSON object with fields, got {type(row).__name__}")
+    if cfg.messages_key is not None:
+        return _conversation_problem(row, rowno, where, cfg)
     present = ", ".join(map(str, row)) or "none"
     prompt = _get(row, cfg.prompt_key)
     answer = _get(row, cfg.answer_key)
@@ -192,6 +196,22 @@ def _row_problem(row: Any, rowno: int, cfg: DatasetConfig, tokenizer) -> Problem
     if extra:
         meta["extra"] = extra
     return Problem(text, answer if isinstance(answer, str) else str(answer), meta)
+
+
+def _conversation_problem(row: dict, rowno: int, where: str, cfg: DatasetConfig) -> Problem:
+    """A whole conversation (multi-turn SFT): ``meta["conversation"]`` holds every message; the prompt is the
+    conversation up to its first assistant turn and the answer that turn (what evaluation compares)."""
+    msgs = _get(row, cfg.messages_key)
+    if not isinstance(msgs, list):
+        raise DatasetError(f"{where}: field {cfg.messages_key!r} must be a list of {{'role', 'content'}} messages, got "
+                           f"{'nothing' if msgs is _MISSING else type(msgs).__name__}")
+    messages = _check_messages(msgs, where, cfg.messages_key)
+    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
+    if first is None or first == 0:
+        raise DatasetError(f"{where}: field {cfg.messages_key!r} needs a user turn followed by an assistant turn to "
+                           f"train on")
+    return Problem(render_plain(messages[:first]), messages[first]["content"],
+                   {"row": rowno, "source": str(cfg.path), "messages": messages[:first], "conversation": messages})
 
 
 def load_problems(cfg: DatasetConfig, tokenizer=None) -> list[Problem]:

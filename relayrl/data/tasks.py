@@ -277,12 +277,23 @@ def _distinct(task: Task, size: int, seed: int) -> list[Problem]:
 
 TASKS = {"arith": ArithmeticTask, "sort": SortTask, "countdown": CountdownTask}
 
+EXTRA_TASKS = {"toolsum": "relayrl.environments.task:ToolSumTask"}
+"""Built-in tasks defined in higher layers (multi-turn tool use), imported when named; they are not part of
+the tiny model's tokenizer corpus (which stays as it was)."""
+
 
 def make_task(name: str, **options) -> Task:
     """Build a built-in task by name, e.g. ``make_task("arith", min_digits=3, max_digits=3)``."""
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; built-in tasks are {sorted(TASKS)}")
+    if name in EXTRA_TASKS:
+        import importlib
+
+        module, _, attr = EXTRA_TASKS[name].partition(":")
+        cls = getattr(importlib.import_module(module), attr)
+    elif name in TASKS:
+        cls = TASKS[name]
+    else:
+        raise ValueError(f"unknown task {name!r}; built-in tasks are {sorted([*TASKS, *EXTRA_TASKS])}")
     try:
-        return TASKS[name](**options)
+        return cls(**options)
     except TypeError as e:
         raise ValueError(f"task {name!r}: {e}") from None

@@ -54,6 +54,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("entropy.png", "Entropy", lambda k: "entropy" in k),
     Family("clip_fractions.png", "Clip fractions", lambda k: "clip_frac" in k, shared_axes=True),
     Family("logprob_error.png", "Generator vs trainer log-prob error", lambda k: "logprob_error" in k),
+    Family("episodes.png", "Multi-turn episodes: turns, tool calls, endings, errors",
+           lambda k: k.startswith(("env/", "eval/env/"))),
     Family("throughput.png", "Throughput", lambda k: k.startswith("perf/")),
     Family("timings.png", "Per-stage timings (s)", lambda k: k.startswith("timing/"), shared_axes=True),
 )

@@ -4,6 +4,12 @@ values, reference log-probs, baselines) into per-token advantages.
 A pure function over unpadded rows, so the synchronous loop calls it on the whole batch and the streaming
 dataflow calls it on each prompt group as it arrives (estimators whose ``NEEDS[...].group_relative`` is
 true) or once on the complete batch (batch-whitened estimators: GAE, REINFORCE++).
+
+Multi-turn episodes (``loss_masks`` given): every estimator runs on the model's tokens only. Each row is
+squeezed to the tokens its loss mask keeps (the environment's tokens are skipped, not zero-reward steps),
+the estimator runs on those rows (GAE's recursion then goes from the last token of one model turn
+straight to the first token of the next, and whitening counts model tokens only), and the results are put
+back in place with 0 on the environment's tokens (which the loss masks out anyway).
 """
 
 from __future__ import annotations
@@ -22,13 +28,28 @@ __all__ = ["advantage_rows"]
 def advantage_rows(a, rewards: torch.Tensor, lengths: Sequence[int], groups: torch.Tensor, *,
                    gen_logprobs: list[torch.Tensor] | None = None, ref_logprobs: list[torch.Tensor] | None = None,
                    values: list[torch.Tensor] | None = None, baseline: torch.Tensor | None = None,
+                   loss_masks: list[torch.Tensor] | None = None,
                    ) -> tuple[dict[str, list[torch.Tensor]], dict[str, float]]:
     """``({"advantages": rows[, "returns": rows]}, kl_metrics)`` for rows with outcome ``rewards [N]``.
 
     ``a`` is the ``algorithm`` config section. With ``a.kl_in_reward`` and reference log-probs given, the
     per-token reward is the outcome at the last token minus ``kl_coef`` x KL (REINFORCE++), and the KL
     metrics come back. GAE (``values`` given) also returns the critic's targets ``returns``.
+    ``loss_masks`` (one ``[L_i]`` row of 0/1 per row): compute over the 1 tokens only (module docstring).
     """
+    if loss_masks is not None:
+        keep = [m.bool() for m in loss_masks]
+        for i, (k, L) in enumerate(zip(keep, lengths)):
+            if k.numel() != L:
+                raise ValueError(f"row {i}: loss mask of {k.numel()} tokens for a response of {L}")
+
+        def squeeze(rows: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
+            return None if rows is None else [r[k] for r, k in zip(rows, keep)]
+
+        out, kl_metrics = advantage_rows(a, rewards, [int(k.sum()) for k in keep], groups,
+                                         gen_logprobs=squeeze(gen_logprobs), ref_logprobs=squeeze(ref_logprobs),
+                                         values=squeeze(values), baseline=baseline)
+        return {name: [_unsqueeze(r, k) for r, k in zip(rows, keep)] for name, rows in out.items()}, kl_metrics
     mask = pad_right([torch.ones(L) for L in lengths])
     token_rewards, kl_metrics = None, {}
     if a.kl_in_reward and ref_logprobs is not None:
@@ -48,3 +69,10 @@ def advantage_rows(a, rewards: torch.Tensor, lengths: Sequence[int], groups: tor
                           baseline_rewards=baseline, gamma=a.gamma,
                           normalize_std=a.normalize_std and a.advantage != "drgrpo")
     return {"advantages": rows(adv)}, kl_metrics
+
+
+def _unsqueeze(row: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``row`` (one value per kept token) back at full length, 0 where ``keep`` is False."""
+    full = torch.zeros(keep.numel(), dtype=row.dtype)
+    full[keep] = row
+    return full

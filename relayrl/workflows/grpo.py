@@ -23,6 +23,11 @@ configuration ``clip_high > clip_low``, ``loss_agg=token-mean``,
 PPO is ``advantage=gae``, which adds a critic group on the same pool
 (``recipes/arith_ppo.yaml``).
 
+Multi-turn episodes (``env.name``, :mod:`relayrl.workflows.episodes`): the generate and reward phases become
+one, the rollout group running episodes whose environment gives the rewards; a sample's response is every
+token after the prompt, and its ``loss_mask`` column keeps the environment's tokens out of the advantages,
+the losses and their token counts (``recipes/toolsum_grpo.yaml``).
+
 Departure from PPO-style trainers: with one update per batch (``epochs=1,
 mini_batches=1``) the old-policy pass is skipped; the current log-probs,
 detached, are the old ones (ratio 1, exactly on-policy), as in GRPO's original
@@ -52,6 +57,7 @@ from relayrl.workflows.losses import PolicyLoss, ValueLoss
 from relayrl.weights import WeightRelay
 from relayrl.workflows.relay import relay_weights
 from relayrl.workflows.estimate import advantage_rows
+from relayrl.workflows.episodes import episode_spec, evaluate_episodes, rollout_episodes
 from relayrl.workflows.session import Session
 from relayrl.workflows.workers import (CriticWorker, PolicyWorker, ReferenceWorker, RolloutWorker, collective,
                                        generate, restore_rollout_rng, role_precision, rollout_rng)
@@ -118,6 +124,7 @@ class GRPOWorkflow:
         self._kl_metrics: dict[str, float] = {}  # KL-in-reward metrics of the current step
         self._phase_metrics: dict[str, float] = {}  # memory/<phase>_peak_gb and timing/offload_s of the step
         self.offload = cfg.trainer.offload
+        self.episodes = episode_spec(cfg)  # multi-turn episodes (env.name), contract checked before any work
         self.shared = self._share_rollout_weights(prec)
 
     def _share_rollout_weights(self, prec: dict) -> bool:
@@ -239,7 +246,8 @@ class GRPOWorkflow:
         part = f"step-{step}"
         n = self.sampling.n
         self.dock.open_partition(part, rows=len(comps), group_size=n)
-        idx = self.dock.put(part, {
+        masks = {} if _loss_masks(comps) is None else {"loss_mask": _loss_masks(comps)}
+        idx = self.dock.put(part, {**masks,
             "prompt_ids": [torch.tensor(s.encode(problems[c.prompt_index])) for c in comps],
             "response_ids": [c.token_ids for c in comps],
             "gen_logprobs": [c.logprobs for c in comps],
@@ -301,12 +309,17 @@ class GRPOWorkflow:
         metrics: dict[str, float] = {}
         while len(problems) < P:
             batch_problems = s.prompts.take(P - len(problems))
-            with self.phase("generate", self.rollout, step):
-                new = generate(self.rollout, [s.encode(p) for p in batch_problems], self.sampling)
-            with s.span("reward", "reward", step):
-                new_scores, rmetrics = s.reward.score(
-                    [batch_problems[c.prompt_index].prompt for c in new], [c.text for c in new],
-                    [batch_problems[c.prompt_index].answer for c in new])
+            if self.episodes is not None:  # the environment's steps give the rewards
+                with self.phase("generate", self.rollout, step):
+                    new, new_scores, rmetrics = rollout_episodes(self.rollout, s, batch_problems, self.sampling,
+                                                                 self.episodes, step)
+            else:
+                with self.phase("generate", self.rollout, step):
+                    new = generate(self.rollout, [s.encode(p) for p in batch_problems], self.sampling)
+                with s.span("reward", "reward", step):
+                    new_scores, rmetrics = s.reward.score(
+                        [batch_problems[c.prompt_index].prompt for c in new], [c.text for c in new],
+                        [batch_problems[c.prompt_index].answer for c in new])
             if rounds == 0:
                 metrics.update(rmetrics)
             keep = list(range(len(batch_problems)))
@@ -374,16 +387,19 @@ class GRPOWorkflow:
             gen_logprobs=got["gen_logprobs"] if "gen_logprobs" in cols else None,
             ref_logprobs=got["ref_logprobs"] if "ref_logprobs" in cols else None,
             values=got["values"] if needs.values else None,
-            baseline=torch.tensor([float(b) for b in got["baseline"]]) if needs.baseline else None)
+            baseline=torch.tensor([float(b) for b in got["baseline"]]) if needs.baseline else None,
+            loss_masks=_loss_masks(comps))
         return out
 
     def update(self, part: str, step: int, comps: list[Completion]) -> dict[str, float]:
         """Stream the finished rows from the dock into the critic's (PPO) and the actor's update."""
         a, t = self.cfg.algorithm, self.cfg.trainer
         fields = self.update_fields()
-        critic_fields = ["values", "returns"] if self.critic is not None else []
+        critic_fields = ["values", "returns"] + (["loss_mask"] if self.episodes is not None else []) \
+            if self.critic is not None else []
         metrics: dict[str, float] = {}
-        for b in self.dock.stream(part, stage="update", columns=["prompt_ids", "response_ids", *fields, *critic_fields],
+        columns = list(dict.fromkeys(["prompt_ids", "response_ids", *fields, *critic_fields]))
+        for b in self.dock.stream(part, stage="update", columns=columns,
                                   batch_size=len(comps)):
             rows = list(range(len(b.indexes)))
             if a.overlong_filter:  # DAPO: truncated responses count in the group statistics but not in the loss
@@ -412,7 +428,7 @@ class GRPOWorkflow:
     def update_fields(self) -> list[str]:
         """The per-token columns the actor's loss reads (besides the prompt and response ids)."""
         return ["advantages", "gen_logprobs"] + (["ref_logprobs"] if self.ref is not None else []) \
-            + (["old_logprobs"] if self.recompute_old else [])
+            + (["old_logprobs"] if self.recompute_old else []) + (["loss_mask"] if self.episodes is not None else [])
 
     def kl_metrics(self, metrics: dict[str, float], in_reward: dict[str, float]) -> dict[str, float]:
         """``metrics`` with the step's KL-in-reward metrics, ``actor/kl`` and the tri-model's saved passes."""
@@ -443,6 +459,9 @@ class GRPOWorkflow:
 
     # ------------------------------------------------------- eval and state
     def evaluate(self, step: int) -> dict[str, float]:
+        if self.episodes is not None:
+            with self.s.span("eval", "rollout", step):
+                return evaluate_episodes(self.rollout, self.s, self.episodes, step)
         with self.s.span("eval", "rollout", step):
             result = self.s.evaluate(lambda p, sp: generate(self.rollout, p, sp), step)
         return result.metrics
@@ -487,6 +506,17 @@ def sample_metrics(scores: torch.Tensor, rewards: torch.Tensor, lengths: torch.T
         "response/length_max": float(lengths.max()),
         "response/clip_ratio": float(truncated.float().mean()),
     }
+
+
+def _loss_masks(comps: list[Completion]) -> list[torch.Tensor] | None:
+    """The samples' loss masks (multi-turn episodes: 0 on the environment's tokens); None when every token
+    of every sample is the model's."""
+    masks = [getattr(c, "loss_mask", None) for c in comps]
+    if all(m is None for m in masks):
+        return None
+    if any(m is None for m in masks):
+        raise ValueError("a step mixes samples with and without a loss mask (episodes and single responses)")
+    return masks
 
 
 def _reindex(c: Completion, prompt_index: int) -> Completion:

@@ -19,6 +19,7 @@ from typing import Callable
 
 from relayrl.cluster import WorkerGroup, make_group
 from relayrl.engines.training.base import LossFn, SequenceBatch
+from relayrl.workflows.episodes import episode_spec, evaluate_episodes
 from relayrl.workflows.relay import relay_weights
 from relayrl.workflows.session import Session
 from relayrl.workflows.workers import PolicyWorker, RolloutWorker, collective, generate, role_precision
@@ -40,6 +41,7 @@ class OfflineRun:
                                 seed=cfg.run.seed, **self.precision["trained"])
         self.rollout = self.group(RolloutWorker, "rollout", max_batch=cfg.rollout.max_batch, seed=cfg.run.seed,
                                   decode=cfg.rollout.decode, **self.precision["rollout"])
+        self.episodes = episode_spec(cfg)  # env.name: evaluate with multi-turn episodes
 
     def group(self, worker_cls: type, name: str, **kwargs) -> WorkerGroup:
         """Another worker group on the session's pool, built from the session's model."""
@@ -51,6 +53,8 @@ class OfflineRun:
     def evaluate(self, step: int) -> dict[str, float]:
         with self.s.span("eval", "rollout", step):
             relay_weights(self.actor, self.rollout, version=step)
+            if self.episodes is not None:
+                return evaluate_episodes(self.rollout, self.s, self.episodes, step)
             return self.s.evaluate(lambda p, sp: generate(self.rollout, p, sp), step).metrics
 
     def save(self, step: int) -> Path:

@@ -166,11 +166,11 @@ class Session:
             return task, None, eval_task.eval_set()
         rejected = d.rejected_key if self.cfg.workflow == "dpo" else None  # preference pairs, every row checked
         train = load_problems(DatasetConfig(path=d.path, prompt_key=d.prompt_key, answer_key=d.answer_key,
-                                            rejected_key=rejected, format=d.format))
+                                            rejected_key=rejected, format=d.format, messages_key=d.messages_key))
         size = self.cfg.eval.size
         if d.eval_path:
             evals = load_problems(DatasetConfig(path=d.eval_path, prompt_key=d.prompt_key, answer_key=d.answer_key,
-                                                format=d.format))
+                                                format=d.format, messages_key=d.messages_key))
             return None, train, evals[:size]
         if len(train) >= 2 * size:  # hold out a seeded sample of rows; train on the rest
             held = set(random.Random(self.cfg.run.seed).sample(range(len(train)), size))

@@ -24,12 +24,15 @@ from typing import Sequence
 import torch
 
 from relayrl.cluster import Worker, WorkerGroup
+from relayrl.data.tasks import Problem
 from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.engines.generation.native import NativeGenerationEngine
 from relayrl.engines.generation.remote import RemoteGenerationEngine, RemoteSpec
 from relayrl.engines.training import fsdp
 from relayrl.engines.training.base import REF_FIELD, LossFn, SequenceBatch
 from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
+from relayrl.environments.base import Episode
+from relayrl.environments.config import EpisodeSpec
 from relayrl.models.load import load_model, load_tokenizer, load_value_model, resolve_dtype
 from relayrl.telemetry import memory
 from relayrl.weights import WeightReceiverMixin, gather_full_state
@@ -290,6 +293,22 @@ class RolloutWorker(WeightReceiverMixin, _MemoryProbe, Worker):
         data-parallel rollout gets a slice of the prompts)."""
         comps = self.generate([p for _, p in items], params)
         return [replace(c, prompt_index=items[c.prompt_index][0]) for c in comps]
+
+    def run_episodes(self, items: Sequence[tuple[int, Sequence[int], Problem]], params: SamplingParams,
+                     spec: EpisodeSpec) -> list[Episode]:
+        """``params.n`` multi-turn episodes per ``(problem_index, prompt ids, problem)`` triple, continuously
+        batched across turns (:mod:`relayrl.environments.episodes`); episodes carry the given indexes."""
+        from relayrl.environments.config import build_env_factory
+        from relayrl.environments.episodes import run_episodes
+
+        if getattr(self, "_env_spec", None) != spec:  # built (and its contract checked) once per spec
+            self._env_factory, self._env_spec = build_env_factory(spec), spec
+        eps = run_episodes(self.engine, self.tokenizer, [p for _, _, p in items], [q for _, q, _ in items],
+                           self._env_factory, params, spec.limits, workers=spec.env.workers,
+                           generator=self.generator if params.temperature > 0 else None)
+        for e in eps:
+            e.problem_index = items[e.problem_index][0]
+        return eps
 
     def update_weights(self, named_tensors, version: int) -> None:
         self.engine.update_weights(named_tensors, version)

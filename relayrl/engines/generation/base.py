@@ -56,6 +56,10 @@ class Completion:
     """Version of the weights that generated it (for staleness accounting)."""
     text: str = field(default="", compare=False)
     """Decoded response (without special tokens)."""
+    loss_mask: torch.Tensor | None = field(default=None, compare=False)
+    """[L] float, multi-turn episodes only: 1 on the tokens the model wrote, 0 on the tokens an environment
+    wrote (tool output, user turns), which are context and never trained on; None: every token is the
+    model's."""
     token_versions: torch.Tensor | None = field(default=None, compare=False)
     """[L] int64, the weight version that sampled each token (they differ within a response when a partial
     rollout swapped weights in while it was being generated); None: every token is ``weight_version``'s."""

@@ -23,6 +23,14 @@ engine re-prefills rather than keep the old cache: keys and values computed by t
 new ones sample from neither policy, so the recorded behaviour log-probs would match no model the trainer
 can recompute. The cost is one prefill of the in-flight rows per weight update.
 
+Prompts may also arrive while generating (:meth:`NativeGenerationEngine.generate_feed`): a
+:class:`PromptFeed` hands over new rows whenever slots are free, each with its own token budget, and the
+loop waits on it when the batch is empty. Multi-turn episodes use this (``relayrl.environments.episodes``):
+a finished turn leaves the batch, its environment step runs in another thread, and the next turn rejoins
+the running batch as a new row whose whole context (prompt, earlier turns, observations) is prefilled
+again; there is no prefix cache, so a rejoining turn pays that prefill. Fed rows decode on the dynamic
+cache (the static one is sized for one prompt plus ``max_new_tokens``).
+
 Departures from production engines (vLLM): no paged attention; the cache is a
 dense tensor per layer (the static cache is sized for the longest prompt plus
 ``max_new_tokens``). The model runs in its loaded dtype (bf16 on GPUs).
@@ -31,7 +39,7 @@ dense tensor per layer (the static cache is sized for the longest prompt plus
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +47,38 @@ import torch.nn.functional as F
 from relayrl.engines.generation import static
 from relayrl.engines.generation.base import Completion, SamplingParams
 
-__all__ = ["NativeGenerationEngine", "RunningBatch", "sample_next"]
+__all__ = ["NativeGenerationEngine", "PromptFeed", "RunningBatch", "sample_next"]
+
+
+class PromptFeed(Protocol):
+    """Rows that arrive while the engine generates (multi-turn episodes: each next turn of an episode)."""
+
+    def take(self) -> tuple[int, Sequence[int], int] | None:
+        """A row ready now, ``(key, prompt token ids, max new tokens)``, or None; never blocks. The
+        completion of that row has ``prompt_index == key``."""
+        ...
+
+    def wait(self) -> bool:
+        """Block until :meth:`take` may have a row (True) or no row will ever come again (False). Called
+        only while the engine has nothing to decode."""
+        ...
+
+
+class _ListFeed:
+    """A fixed list of prompts, in order (what :meth:`NativeGenerationEngine.generate` decodes)."""
+
+    def __init__(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+        self.waiting = deque(range(len(prompts)))
+        self.prompts, self.max_new = prompts, max_new_tokens
+
+    def take(self) -> tuple[int, Sequence[int], int] | None:
+        if not self.waiting:
+            return None
+        i = self.waiting.popleft()
+        return i, self.prompts[i], self.max_new
+
+    def wait(self) -> bool:
+        return bool(self.waiting)
 
 
 def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None):
@@ -86,6 +125,8 @@ class RunningBatch:
         self.tokens: list[list[int]] = []
         self.logps: list[list[float]] = []
         self.versions: list[list[int]] = []
+        self.prompts: list[Sequence[int]] = []  # each row's context before its first new token
+        self.budget: list[int | None] = []  # max new tokens of each row (None: the sampling params')
         self.next_logits: torch.Tensor | None = None  # [B, V]
 
     def __len__(self) -> int:
@@ -183,20 +224,51 @@ class NativeGenerationEngine:
         stop_ids = self.stop_ids(params)
         if self.static is not None:
             return self._generate_static(prompts, params, generator, stop_ids, on_finish, between)
-        waiting = deque(range(len(prompts)))
         out: dict[tuple[int, int], Completion] = {}
+
+        def keep(c: Completion) -> None:
+            out[(c.prompt_index, c.sample_index)] = c
+            if on_finish is not None:
+                on_finish(c)
+
+        self._generate_dynamic(_ListFeed(prompts, params.max_new_tokens), params, generator, stop_ids, keep, between)
+        return [out[k] for k in sorted(out)]
+
+    @torch.no_grad()
+    def generate_feed(self, feed: PromptFeed, params: SamplingParams, generator: torch.Generator | None,
+                      on_finish: Callable[[Completion], None], between: Callable[[], bool] | None = None) -> None:
+        """Continuous batching over rows that arrive while generating (see :class:`PromptFeed`): each row
+        gets ``params.n`` samples and its own token budget; ``on_finish`` gets each completion as it ends.
+        Returns when the batch is empty and ``feed.wait()`` says nothing more will come."""
+        stop_ids = self.stop_ids(params)
+        self._generate_dynamic(feed, params, generator, stop_ids, on_finish, between)
+
+    def _generate_dynamic(self, feed: PromptFeed, params: SamplingParams, generator: torch.Generator | None,
+                          stop_ids: set[int], on_finish: Callable[[Completion], None],
+                          between: Callable[[], bool] | None = None) -> None:
+        """Continuous batching on a left-padded dynamic cache: free slots take the feed's rows."""
         batch = RunningBatch()
         per_prompt = max(1, min(params.n, self.max_batch))
-        while waiting or len(batch):
+        while True:
             if between is not None and between() and len(batch):
-                self._refill(batch, prompts)
+                self._refill(batch)
             free = self.max_batch - len(batch)
-            admit: list[int] = []
-            while waiting and free >= per_prompt:
-                admit.append(waiting.popleft())
+            admit: list[tuple[int, Sequence[int], int]] = []
+            while free >= per_prompt:
+                item = feed.take()
+                if item is None:
+                    break
+                if len(item[1]) == 0:
+                    raise ValueError(f"prompt {item[0]} is empty")
+                admit.append(item)
                 free -= params.n
             if admit:
-                self.admit(batch, [prompts[i] for i in admit], admit, params.n)
+                self.admit(batch, [p for _, p, _ in admit], [k for k, _, _ in admit], params.n,
+                           [b for _, _, b in admit])
+            if not len(batch):
+                if not feed.wait():
+                    return
+                continue
             tok, logp = sample_next(batch.next_logits.float(), params, generator)
             done = []
             tok_l, logp_l = tok.tolist(), logp.tolist()
@@ -204,20 +276,17 @@ class NativeGenerationEngine:
                 batch.tokens[r].append(tok_l[r])
                 batch.logps[r].append(logp_l[r])
                 batch.versions[r].append(self._version)
-                reason = self.finish_reason(batch.tokens[r], params, stop_ids)
+                reason = self.finish_reason(batch.tokens[r], params, stop_ids, batch.budget[r])
                 if reason:
                     done.append(r)
-                    out[batch.rows[r]] = c = self.completion(batch.rows[r], batch.tokens[r], batch.logps[r], reason,
-                                                             batch.versions[r])
-                    if on_finish is not None:
-                        on_finish(c)
+                    on_finish(self.completion(batch.rows[r], batch.tokens[r], batch.logps[r], reason,
+                                              batch.versions[r]))
             keep = [r for r in range(len(batch)) if r not in set(done)]
             if done:
                 self.retain(batch, keep)
                 tok = tok[keep]
             if len(batch):
                 self.advance(batch, tok)
-        return [out[k] for k in sorted(out)]
 
     def _generate_static(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                          generator: torch.Generator | None, stop_ids: set[int],
@@ -293,13 +362,15 @@ class NativeGenerationEngine:
         """Token ids that end a row under ``params`` (EOS unless ``ignore_eos``, plus ``stop_token_ids``)."""
         return (set() if params.ignore_eos else self.eos_ids) | set(params.stop_token_ids)
 
-    def finish_reason(self, tokens: list[int], params: SamplingParams, stop_ids: set[int]) -> str | None:
-        """Why a row stops after its newest token (``stop``/``length``), or None."""
+    def finish_reason(self, tokens: list[int], params: SamplingParams, stop_ids: set[int],
+                      max_new: int | None = None) -> str | None:
+        """Why a row stops after its newest token (``stop``/``length``), or None; ``max_new`` overrides
+        ``params.max_new_tokens`` (a fed row's own budget)."""
         if tokens[-1] in stop_ids:
             return "stop"
         if params.stop_strings and self._hit_stop_string(tokens, params.stop_strings):
             return "stop"
-        if len(tokens) >= params.max_new_tokens:
+        if len(tokens) >= (params.max_new_tokens if max_new is None else max_new):
             return "length"
         return None
 
@@ -326,10 +397,13 @@ class NativeGenerationEngine:
         return out.logits[:, -1, :], out.past_key_values
 
     # ------------------------------------------- step-level API (dynamic cache)
-    # generate() drives these; so does a caller that admits work while a batch runs (relayrl.serving.batcher).
-    def admit(self, batch: RunningBatch, prompts: list[Sequence[int]], indexes: list, n: int) -> None:
+    # generate() and generate_feed() drive these; so does a caller that admits work while a batch runs
+    # (relayrl.serving.batcher).
+    def admit(self, batch: RunningBatch, prompts: list[Sequence[int]], indexes: list, n: int,
+              budgets: list[int | None] | None = None) -> None:
         """Prefill new prompts once, repeat for n samples, and join them to the running batch as rows
-        ``(indexes[i], 0..n-1)``; ``batch.next_logits`` then holds their first-token logits."""
+        ``(indexes[i], 0..n-1)``; ``batch.next_logits`` then holds their first-token logits. ``budgets``:
+        each prompt's own max new tokens (None: the sampling params')."""
         from transformers import DynamicCache
 
         length = max(len(p) for p in prompts)
@@ -364,13 +438,15 @@ class NativeGenerationEngine:
         batch.tokens += [[] for _ in rows]
         batch.logps += [[] for _ in rows]
         batch.versions += [[] for _ in rows]
+        batch.prompts += [p for p in prompts for _ in range(n)]
+        batch.budget += [b for b in (budgets or [None] * len(prompts)) for _ in range(n)]
 
-    def _refill(self, batch: RunningBatch, prompts: Sequence[Sequence[int]]) -> None:
+    def _refill(self, batch: RunningBatch) -> None:
         """Partial rollout: rebuild the cache and next-token logits of every in-flight row from its context
         (prompt + tokens so far) with the weights now loaded (see the module docstring)."""
         from transformers import DynamicCache
 
-        ctx = [list(prompts[p]) + toks for (p, _), toks in zip(batch.rows, batch.tokens)]
+        ctx = [list(p) + toks for p, toks in zip(batch.prompts, batch.tokens)]
         width = max(len(c) for c in ctx)
         ids = torch.full((len(ctx), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(ctx), width), dtype=torch.long)
@@ -395,6 +471,8 @@ class NativeGenerationEngine:
         batch.tokens = [batch.tokens[r] for r in keep]
         batch.logps = [batch.logps[r] for r in keep]
         batch.versions = [batch.versions[r] for r in keep]
+        batch.prompts = [batch.prompts[r] for r in keep]
+        batch.budget = [batch.budget[r] for r in keep]
         first = int(batch.mask.any(dim=0).long().argmax())
         if first > 0:
             batch.mask = batch.mask[:, first:]

@@ -17,12 +17,19 @@ from typing import Callable, Literal, Protocol, Sequence
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["SequenceBatch", "balanced_cuts", "MicroBatch", "LossFn", "REF_FIELD", "metric_reduction", "OptimConfig",
-           "TrainingEngine"]
+__all__ = ["SequenceBatch", "balanced_cuts", "MicroBatch", "LossFn", "REF_FIELD", "LOSS_MASK_FIELD", "metric_reduction",
+           "OptimConfig", "TrainingEngine"]
 
 REF_FIELD = "ref_logprobs"
 """The batch field of the reference policy's log-probs ([B, T] in a micro-batch); an engine holding a frozen
 reference fills it in place (``with_reference``)."""
+
+LOSS_MASK_FIELD = "loss_mask"
+"""The optional per-token batch field (1-D float per row, aligned with the response) that says which
+response tokens the model wrote (1) and which an environment wrote (0: tool output, user turns in a
+multi-turn episode or chat). An engine multiplies it into :attr:`MicroBatch.mask`, so every loss term,
+token count (``global_tokens``) and masked metric sees only the model's tokens; the 0 tokens are context
+(the model attends to them) and are never trained on."""
 
 
 @dataclass
@@ -55,7 +62,9 @@ class SequenceBatch:
 
     @property
     def num_tokens(self) -> int:
-        """Response tokens (the ones a loss sees)."""
+        """Response tokens a loss sees: all of them, or with a ``loss_mask`` field only its 1 tokens."""
+        if LOSS_MASK_FIELD in self.fields:
+            return int(sum(float(m.sum()) for m in self.fields[LOSS_MASK_FIELD]))
         return sum(int(r.numel()) for r in self.response_ids)
 
     def select(self, rows: Sequence[int]) -> "SequenceBatch":
@@ -115,7 +124,8 @@ class MicroBatch:
     logprobs: torch.Tensor
     """[B, T] log-probs of the response tokens under the current model (with grad)."""
     mask: torch.Tensor
-    """[B, T] float, 1 on valid response tokens."""
+    """[B, T] float, 1 on valid response tokens that the model wrote (times the ``loss_mask`` field when the
+    batch has one)."""
     fields: dict[str, torch.Tensor]
     """Each batch field padded to [B, T] (token-aligned) or [B] (per sequence)."""
     global_tokens: int

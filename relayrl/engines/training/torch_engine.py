@@ -91,7 +91,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from relayrl.engines.training import flex, fsdp
 from relayrl.engines.training.accumulate import MetricSums, StreamedUpdate
 from relayrl.engines.training.state import EngineState
-from relayrl.engines.training.base import REF_FIELD, LossFn, MicroBatch, OptimConfig, SequenceBatch
+from relayrl.engines.training.base import LOSS_MASK_FIELD, REF_FIELD, LossFn, MicroBatch, OptimConfig, SequenceBatch
 from relayrl.models.packing import (PackUnit, additive_mask, build_packed_batch, pack_units, plan_units,
                                     shared_prompt_mask)
 
@@ -522,6 +522,7 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
             fields = {k: _pad_field(v, f.rows, f.logprobs.shape[1], self.device) for k, v in sub.fields.items()}
             if f.ref is not None:
                 fields[REF_FIELD] = f.ref
+            f = with_loss_mask(f, fields)
             loss, metrics = loss_fn(MicroBatch(f.logprobs, f.mask, fields, counts[0], counts[1], f.entropy))
             (loss * self.world if self.sharded else loss).backward()  # FSDP2 averages over ranks; we want the sum
             self._master_grads()
@@ -556,6 +557,18 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return metrics
+
+
+def with_loss_mask(f: Forward, fields: dict[str, torch.Tensor]) -> Forward:
+    """``f`` with its mask multiplied by the batch's ``loss_mask`` field (environment-written tokens out of
+    every loss term and count); ``f`` itself when the batch has none."""
+    lm = fields.get(LOSS_MASK_FIELD)
+    if lm is None:
+        return f
+    if lm.shape != f.mask.shape:
+        raise ValueError(f"{LOSS_MASK_FIELD} is {tuple(lm.shape)}, the response mask {tuple(f.mask.shape)}: the field "
+                         f"must have one value per response token")
+    return f._replace(mask=f.mask * lm.to(f.mask.dtype))
 
 
 def pad_right(seqs: Sequence[torch.Tensor], value: float = 0.0) -> torch.Tensor:

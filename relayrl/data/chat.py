@@ -1,0 +1,64 @@
+"""Multi-turn SFT: which tokens of a rendered conversation are the assistant's (the ones trained on).
+
+Two sources of the mask, both from the tokenizer's own chat template:
+
+* a template that marks assistant text with ``{% generation %}`` ... ``{% endgeneration %}`` gives it
+  directly (``apply_chat_template(..., return_assistant_tokens_mask=True)``, transformers);
+* otherwise the mask is the difference of prefixes, as TRL and OpenRLHF build it: the tokens of assistant
+  message ``i`` are those after ``render(messages[:i], add_generation_prompt=True)`` up to the end of
+  ``render(messages[:i+1])``: the reply and what the template closes it with (ChatML's ``<|im_end|>``
+  and newline). That needs a template whose rendering of a prefix of the conversation is a prefix of the
+  whole; one that is not (e.g. it rewrites earlier turns) is refused with the row's reason.
+
+System and user turns, and tool results, are context: they get 0 and are never trained on.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+__all__ = ["assistant_mask", "conversation_ids", "ChatMaskError"]
+
+
+class ChatMaskError(ValueError):
+    """The conversation cannot be masked (no assistant turn, or a template that is not prefix-stable)."""
+
+
+def _ids(tokenizer, messages: Sequence[dict], generation_prompt: bool) -> list[int]:
+    if not messages:
+        return []
+    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def assistant_mask(tokenizer, messages: Sequence[dict]) -> tuple[list[int], list[int]]:
+    """``(token ids of the whole conversation, mask)`` with mask 1 on the assistant turns' tokens."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ChatMaskError("multi-turn SFT needs a tokenizer with a chat template")
+    if not any(m["role"] == "assistant" for m in messages):
+        raise ChatMaskError("the conversation has no assistant turn to train on")
+    if "{% generation %}" in tokenizer.chat_template or "{%- generation %}" in tokenizer.chat_template:
+        out = tokenizer.apply_chat_template(list(messages), tokenize=True, return_dict=True,
+                                            return_assistant_tokens_mask=True)
+        return list(out["input_ids"]), [int(x) for x in out["assistant_masks"]]
+    ids = _ids(tokenizer, messages, False)
+    mask = [0] * len(ids)
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before, through = _ids(tokenizer, messages[:i], True), _ids(tokenizer, messages[:i + 1], False)
+        if ids[:len(before)] != before or ids[:len(through)] != through:
+            raise ChatMaskError(f"the chat template renders the conversation up to message {i + 1} differently "
+                                f"from the start of the whole conversation, so the assistant's tokens cannot be "
+                                f"found by prefixes; use a template with {{% generation %}} markers")
+        for t in range(len(before), len(through)):
+            mask[t] = 1
+    return ids, mask
+
+
+def conversation_ids(tokenizer, messages: Sequence[dict]) -> tuple[list[int], tuple[list[int], list[int]]]:
+    """A conversation as an SFT row: ``(prompt ids, (response ids, loss mask))``, the prompt being every
+    token before the first assistant token (the trainer's packing keeps the prompt apart)."""
+    ids, mask = assistant_mask(tokenizer, messages)
+    first = mask.index(1)
+    return ids[:first], (ids[first:], mask[first:])

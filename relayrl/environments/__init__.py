@@ -1,0 +1,9 @@
+"""Multi-turn environments and tools (seed 004: NeMo-RL's environments).
+
+* :mod:`.base` - the ``Environment`` protocol (``reset``, ``step``) and the records (``StepResult``, ``Episode``);
+* :mod:`.episodes` - many episodes at once, continuously batched across turns on the native engine;
+* :mod:`.tools` - the tool-call format, the calculator and the Python tool, the built-in tool environment;
+* :mod:`.sandbox` - the jail the Python tool runs model-written code in;
+* :mod:`.config` - the ``env`` config section, loading environments and tools by dotted path;
+* :mod:`.task` - ``toolsum``, a built-in task the tiny model solves only with its calculator.
+"""

@@ -1,0 +1,135 @@
+"""The environment interface of multi-turn episodes: typed records and two small protocols.
+
+Seed 004 (NeMo-RL) gives an environment a batched ``step(message_logs, metadata) -> (observations,
+metadata, next_stop_strings, rewards, terminateds)`` run as a Ray actor. relayrl keeps one environment
+object per episode with a two-method protocol instead, because the episode loop
+(:mod:`relayrl.environments.episodes`) already runs environment steps concurrently in worker threads, one
+episode at a time, as each turn finishes (continuous batching across turns); a batched interface would
+wait for the slowest turn of a batch.
+
+An episode::
+
+    context <- the problem's prompt tokens + tokens(env.reset(problem))   (the reset text: context, loss_mask 0)
+    repeat:
+        turn   <- the model generates from the context        (trained: its tokens carry loss_mask 1)
+        result <- env.step(turn text)                        (observation, reward, done)
+        context += turn + tokens(result.observation)          (the observation is context: loss_mask 0)
+    until result.done or a limit (turns, tokens, wall time) or an error
+
+The episode's reward is the sum of its step rewards; an episode that ends with an error gets 0.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, runtime_checkable
+
+import torch
+
+from relayrl.data.tasks import Problem
+from relayrl.engines.generation.base import Completion
+
+__all__ = ["StepResult", "Environment", "EnvFactory", "EpisodeEnd", "Episode", "EnvError", "check_step_result"]
+
+
+class EnvError(RuntimeError):
+    """An environment or tool broke its contract (raised, hung, returned a malformed observation)."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What an environment returns for one model turn."""
+
+    observation: str
+    """Text appended to the context after the model's turn (tool output, a user's reply); "" for none."""
+    reward: float = 0.0
+    """Reward of this step; the episode's reward is the sum over its steps."""
+    done: bool = False
+    """The episode ends after this step."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """Free-form details; ``info["tool"]`` names the tool this step ran (counted as a tool call)."""
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """One episode's environment. Its methods run in a worker thread, never in the generation loop."""
+
+    def reset(self, problem: Problem) -> str:
+        """Start an episode on ``problem``; returns text placed after the prompt, before the first turn
+        (context: loss mask 0; usually "")."""
+        ...
+
+    def step(self, action: str) -> StepResult:
+        """React to the model's turn ``action`` (its decoded text)."""
+        ...
+
+
+EnvFactory = Callable[[], Environment]
+"""Makes a fresh environment for each episode."""
+
+
+class EpisodeEnd(str, enum.Enum):
+    """Why an episode ended."""
+
+    DONE = "done"
+    """The environment said done."""
+    MAX_TURNS = "max_turns"
+    MAX_TOKENS = "max_tokens"
+    TIMEOUT = "timeout"
+    """The episode's wall-time limit passed."""
+    ERROR = "error"
+    """The environment raised, hung past its step limit or returned a malformed result (reward 0)."""
+
+
+@dataclass
+class Episode:
+    """A finished episode: what the trainer needs (tokens, log-probs, loss mask, reward) and what the logs
+    need (turns, tool calls, why it ended)."""
+
+    problem_index: int
+    sample_index: int
+    prompt_ids: list[int]
+    """The problem's prompt: context, not part of the response (the reset text opens the response, masked)."""
+    token_ids: list[int] = field(default_factory=list)
+    """Every token after the prompt: the model's turns and the environment's observations, in order."""
+    logprobs: list[float] = field(default_factory=list)
+    """The sampler's log-prob of each model token; 0 on observation tokens."""
+    loss_mask: list[int] = field(default_factory=list)
+    """1 on tokens the model wrote (trained), 0 on tokens the environment wrote (context only)."""
+    reward: float = 0.0
+    turns: int = 0
+    tool_calls: int = 0
+    end: EpisodeEnd | None = None
+    error: str | None = None
+    weight_version: int = 0
+    turn_texts: list[str] = field(default_factory=list)
+    """The decoded text of each model turn (the last one is the final answer when the episode is done)."""
+    observations: list[str] = field(default_factory=list)
+    env_seconds: float = 0.0
+    """Time spent in the environment's steps."""
+
+    def completion(self, tokenizer) -> Completion:
+        """The episode as the record the GRPO driver trains on (response = turns and observations)."""
+        return Completion(
+            prompt_index=self.problem_index, sample_index=self.sample_index,
+            token_ids=torch.tensor(self.token_ids, dtype=torch.long),
+            logprobs=torch.tensor(self.logprobs, dtype=torch.float32),
+            finish_reason="stop" if self.end is EpisodeEnd.DONE else "length",
+            weight_version=self.weight_version,
+            text=tokenizer.decode(self.token_ids, skip_special_tokens=True),
+            loss_mask=torch.tensor(self.loss_mask, dtype=torch.float32))
+
+
+def check_step_result(result: Any, where: str) -> StepResult:
+    """``result`` if it is a well-formed :class:`StepResult`, else :class:`EnvError` naming the breach."""
+    if not isinstance(result, StepResult):
+        raise EnvError(f"{where} returned {type(result).__name__}; expected a StepResult(observation, reward, done)")
+    if not isinstance(result.observation, str):
+        raise EnvError(f"{where} returned an observation of type {type(result.observation).__name__}; expected str")
+    if isinstance(result.reward, bool) or not isinstance(result.reward, (int, float)) or not math.isfinite(result.reward):
+        raise EnvError(f"{where} returned reward {result.reward!r}; expected a finite float")
+    if not isinstance(result.done, bool):
+        raise EnvError(f"{where} returned done={result.done!r}; expected a bool")
+    return result

@@ -1,0 +1,185 @@
+"""Configuration of multi-turn episodes (the ``env`` section) and the loading of environments and tools.
+
+User environments and tools load by dotted path (``package.module:attribute``) as user reward functions do
+(:mod:`relayrl.engines.reward.user`), and their contract is checked when the run starts, before any
+worker generates: an environment factory is called once and the object it makes must have ``reset(problem)``
+and ``step(action)``; a tool must have a ``name``, a ``description`` and take one ``arguments`` dict.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from relayrl.data.tasks import Problem
+from relayrl.engines.reward.config import RewardConfig
+from relayrl.environments.base import EnvFactory, Environment
+from relayrl.environments.episodes import EpisodeLimits
+from relayrl.environments.sandbox import SandboxConfig, check_available
+from relayrl.environments.tools import BUILTIN_TOOLS, Tool, ToolEnvironment
+from relayrl.errors import UserError
+
+__all__ = ["EnvConfig", "EnvLoadError", "EpisodeSpec", "load_tool", "load_env_factory", "build_env_factory"]
+
+
+class EnvLoadError(UserError, ValueError):
+    """An environment or tool named in the config cannot be loaded or breaks its contract."""
+
+
+class EnvConfig(BaseModel):
+    """Multi-turn episodes: which environment, its tools and the per-episode limits."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str | None = Field(None, description="null: single-turn (one response per prompt, scored by reward.*); "
+                             "'tools': the built-in tool environment (env.tools, final answer scored by the "
+                             "reward verifier); or 'package.module:factory' of a user environment")
+    tools: list[str] = Field(default_factory=lambda: ["calculator"], description="env.name=tools: built-in "
+                             "tools (calculator, python) or 'package.module:attribute' of user tools")
+    tool_tag: str = Field("tool", description="the tag of a tool call, <TAG>{json}</TAG> ('tool_call': the "
+                          "Qwen2.5/Hermes form)")
+    max_turns: int = Field(4, ge=1, description="model turns per episode")
+    max_tokens: int = Field(256, ge=1, description="response tokens per episode (model turns + observations)")
+    max_seconds: float = Field(60.0, gt=0, description="wall time per episode")
+    step_timeout_s: float = Field(30.0, gt=0, description="an environment step that runs longer is an error")
+    workers: int = Field(4, ge=1, description="threads running environment steps")
+    observation_chars: int = Field(512, ge=16, description="longest observation text (longer is cut)")
+    sandbox: SandboxConfig = SandboxConfig()
+
+    @field_validator("tool_tag")
+    @classmethod
+    def _tag(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            raise ValueError(f"env.tool_tag={v!r} must be a plain tag name such as 'tool' or 'tool_call'")
+        return v
+
+    @property
+    def enabled(self) -> bool:
+        return self.name is not None
+
+    @property
+    def stop_string(self) -> str:
+        """Where a model's turn that calls a tool ends."""
+        return f"</{self.tool_tag}>"
+
+
+def _resolve(path: str, what: str) -> Any:
+    """The object at ``package.module:attribute`` (or ``package.module.attribute``)."""
+    if ":" in path:
+        mod_name, _, attr = path.partition(":")
+    else:
+        mod_name, _, attr = path.rpartition(".")
+    if not mod_name or not attr:
+        raise EnvLoadError(f"{what}={path!r} must look like 'package.module:attribute'")
+    try:
+        module = importlib.import_module(mod_name)
+    except ModuleNotFoundError as e:
+        raise EnvLoadError(f"{what}={path!r}: no module named {e.name!r} (is it installed or on PYTHONPATH?)") from None
+    except Exception as e:
+        raise EnvLoadError(f"{what}={path!r}: importing {mod_name!r} raised {type(e).__name__}: {e}") from e
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise EnvLoadError(f"{what}={path!r}: {mod_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _binds(fn: Callable, n: int) -> bool:
+    try:
+        inspect.signature(fn).bind(*([None] * n))
+        return True
+    except TypeError:
+        return False
+    except ValueError:  # no signature (a builtin): the call itself will tell
+        return True
+
+
+def load_tool(spec: str, sandbox: SandboxConfig) -> Tool:
+    """A built-in tool by name, or a user tool (a class, made with no arguments, or an object) by path."""
+    if spec in BUILTIN_TOOLS:
+        if spec == "python":
+            try:
+                check_available()
+            except RuntimeError as e:
+                raise EnvLoadError(f"env.tools: the python tool cannot run here: {e}") from None
+        return BUILTIN_TOOLS[spec](sandbox)
+    if ":" not in spec and "." not in spec:
+        raise EnvLoadError(f"env.tools: {spec!r} is not a built-in tool ({', '.join(BUILTIN_TOOLS)}) nor a "
+                           f"'package.module:attribute' path")
+    obj = _resolve(spec, "env.tools")
+    tool = obj() if inspect.isclass(obj) else obj
+    for attr in ("name", "description"):
+        if not isinstance(getattr(tool, attr, None), str):
+            raise EnvLoadError(f"env.tools: {spec!r} has no string attribute {attr!r} (a tool needs name, "
+                               f"description and __call__(arguments: dict) -> str)")
+    if not callable(tool) or not _binds(tool, 1):
+        raise EnvLoadError(f"env.tools: {spec!r} cannot be called as tool(arguments: dict) -> str")
+    return tool
+
+
+def load_env_factory(cfg: EnvConfig, score: Callable[[Problem, str], float] | None) -> EnvFactory:
+    """The factory of one environment per episode, its contract checked on one instance now."""
+    if cfg.name is None:
+        raise EnvLoadError("env.name is null: single-turn runs have no environment")
+    if cfg.name == "tools":
+        if score is None:
+            raise EnvLoadError("env.name=tools scores the final answer with the reward verifier; none was given")
+        tools = {t.name: t for t in (load_tool(s, cfg.sandbox) for s in cfg.tools)}
+        if not tools:
+            raise EnvLoadError("env.name=tools with env.tools=[]: give at least one tool (calculator, python)")
+
+        def factory() -> Environment:
+            return ToolEnvironment(tools, score, tag=cfg.tool_tag, max_chars=cfg.observation_chars)
+    else:
+        factory = _resolve(cfg.name, "env.name")
+        if not callable(factory):
+            raise EnvLoadError(f"env.name={cfg.name!r} is a {type(factory).__name__}; point at a class or a "
+                               f"function that makes an environment")
+    try:
+        env = factory()
+    except Exception as e:
+        raise EnvLoadError(f"env.name={cfg.name!r}: making an environment raised {type(e).__name__}: {e}") from e
+    for method in ("reset", "step"):
+        fn = getattr(env, method, None)
+        if not callable(fn) or not _binds(fn, 1):
+            raise EnvLoadError(f"env.name={cfg.name!r} made a {type(env).__name__} without a {method}(x) method; an "
+                               f"environment has reset(problem) -> str and step(action: str) -> StepResult")
+    return factory
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """What a rollout worker needs to run episodes (picklable: it travels to worker processes)."""
+
+    env: EnvConfig
+    reward: RewardConfig
+    task: str | None
+    task_options: dict[str, Any]
+
+    @property
+    def limits(self) -> EpisodeLimits:
+        e = self.env
+        return EpisodeLimits(max_turns=e.max_turns, max_tokens=e.max_tokens, max_seconds=e.max_seconds,
+                             step_timeout_s=e.step_timeout_s)
+
+
+def build_env_factory(spec: EpisodeSpec) -> EnvFactory:
+    """The environment factory of ``spec``, contract checked; the built-in tool environment scores final
+    answers with the run's reward engine (``reward.*``, the task's verifier by default)."""
+    from relayrl.data.tasks import make_task
+    from relayrl.engines.reward import RewardEngine
+
+    score = None
+    if spec.env.name == "tools":
+        task = make_task(spec.task, **spec.task_options) if spec.task is not None else None
+        engine = RewardEngine(spec.reward, task=task)
+
+        def score(problem: Problem, text: str) -> float:
+            return engine.score([problem.prompt], [text], [problem.answer])[0][0]
+    return load_env_factory(spec.env, score)

@@ -1,0 +1,307 @@
+"""The episode loop: many multi-turn episodes at once, continuously batched across turns.
+
+::
+
+    generation thread (the engine's loop, NativeGenerationEngine.generate_feed)
+        decode the batch; a finished turn leaves it  ──on_finish──▶  submit env.step(turn) to the pool
+        free slots take ready turns from the feed    ◀──feed.put──  pool thread: append the observation,
+        batch empty: wait on the feed                                 decide (next turn | episode ends)
+    env pool (env.workers threads): reset and step of every episode, one at a time per episode
+
+A turn's environment step never blocks the decoding of other episodes: the generation thread only hands
+the finished turn to the pool. When the next turn is ready it rejoins the running batch as a new row whose
+whole context (prompt, turns, observations, exactly the token ids seen so far: nothing is re-tokenized)
+is prefilled again; the engine has no prefix cache, so that prefill is the price of rejoining.
+
+Limits per episode: ``max_turns`` model turns, ``max_tokens`` response tokens (a turn's budget is what is
+left), ``max_seconds`` of wall time from the moment its first turn enters the batch (time spent queued for a
+free slot does not count), checked at turn boundaries and while its environment step runs. An environment step that raises, returns a malformed result or runs
+past ``step_timeout_s`` ends its episode as an error with reward 0; the hung thread cannot be killed (Python
+threads cannot), so it keeps its pool slot until it returns and its late result is dropped; the pool's
+threads are daemons, so a step that never returns does not keep the process from exiting. Tools with
+their own limits (the sandbox) return on time.
+
+Departure from NeMo-RL (seed 004): environments step one episode at a time in threads, not a batch of
+episodes in a Ray actor, so a slow step delays only its own episode.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from relayrl.data.tasks import Problem
+from relayrl.engines.generation.base import Completion, SamplingParams
+from relayrl.environments.base import EnvFactory, Episode, EpisodeEnd, check_step_result
+
+__all__ = ["EpisodeLimits", "run_episodes", "episode_metrics"]
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    max_turns: int = 4
+    max_tokens: int = 256
+    max_seconds: float = 60.0
+    step_timeout_s: float = 30.0
+
+
+class _Live:
+    """An episode in progress."""
+
+    def __init__(self, key: int, episode: Episode, env) -> None:
+        self.key, self.ep, self.env = key, episode, env
+        self.deadline: float | None = None  # wall-time limit, set when the first turn enters the batch
+        self.step_deadline: float | None = None  # set while an environment step runs
+        self.epoch = 0  # bumped when the episode ends; a late step result with an old epoch is dropped
+
+
+class _DaemonPool:
+    """``n`` daemon threads over a task queue. Daemon threads, unlike ``ThreadPoolExecutor``'s, do not keep
+    the process alive at exit, so an environment step that hangs forever cannot hang the run's end."""
+
+    def __init__(self, n: int, name: str) -> None:
+        self.q: queue.SimpleQueue = queue.SimpleQueue()
+        self.n = n
+        for i in range(n):
+            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True).start()
+
+    def submit(self, fn: Callable, *args) -> None:
+        self.q.put((fn, args))
+
+    def _work(self) -> None:
+        while (item := self.q.get()) is not None:
+            fn, args = item
+            fn(*args)
+
+    def shutdown(self) -> None:
+        for _ in range(self.n):
+            self.q.put(None)
+
+
+class _Feed:
+    """The turns ready to generate (a :class:`relayrl.engines.generation.native.PromptFeed`), and the
+    bookkeeping of the episodes still open."""
+
+    def __init__(self, live: dict[int, _Live], limits: EpisodeLimits, turn_tokens: int,
+                 log: Callable[[str], None]) -> None:
+        self.live, self.limits, self.turn_tokens, self.log = live, limits, turn_tokens, log
+        self.ready: queue.Queue[int] = queue.Queue()
+        self.lock = threading.Lock()
+        self.open = len(live)
+
+    def take(self) -> tuple[int, Sequence[int], int] | None:
+        self._expire()
+        while True:
+            try:
+                key = self.ready.get_nowait()
+            except queue.Empty:
+                return None
+            with self.lock:
+                lv = self.live.get(key)
+                if lv is None or lv.ep.end is not None:
+                    continue
+                if lv.deadline is None:  # the wall-time clock starts when the first turn enters the batch
+                    lv.deadline = time.monotonic() + self.limits.max_seconds
+                budget = min(self.turn_tokens, self.limits.max_tokens - len(lv.ep.token_ids))
+                return key, lv.ep.prompt_ids + lv.ep.token_ids, budget
+
+    def wait(self) -> bool:
+        while True:
+            self._expire()
+            with self.lock:
+                if self.open == 0:
+                    return False
+            if not self.ready.empty():
+                return True
+            try:  # wake up to check deadlines
+                key = self.ready.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            self.ready.put(key)
+            return True
+
+    def end(self, lv: _Live, why: EpisodeEnd, error: str | None = None) -> None:
+        """Close an episode (under ``lock``)."""
+        if lv.ep.end is not None:
+            return
+        lv.ep.end, lv.ep.error = why, error
+        if why is EpisodeEnd.ERROR:
+            lv.ep.reward = 0.0
+            self.log(f"relayrl: episode {lv.ep.problem_index}/{lv.ep.sample_index} ended with an environment "
+                     f"error: {error}")
+        lv.epoch += 1
+        self.open -= 1
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        with self.lock:
+            for lv in self.live.values():
+                if lv.ep.end is not None or lv.step_deadline is None:
+                    continue
+                if now > lv.step_deadline:
+                    self.end(lv, EpisodeEnd.ERROR, f"environment step ran past env.step_timeout_s="
+                                                   f"{self.limits.step_timeout_s:g} s")
+                elif lv.deadline is not None and now > lv.deadline:
+                    self.end(lv, EpisodeEnd.TIMEOUT)
+
+
+def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequence[Sequence[int]],
+                 make_env: EnvFactory, params: SamplingParams, limits: EpisodeLimits, *, workers: int = 4,
+                 generator: torch.Generator | None = None, log: Callable[[str], None] = print) -> list[Episode]:
+    """``params.n`` episodes per problem on ``engine`` (a NativeGenerationEngine); episodes in (problem,
+    sample) order. ``prompts[i]`` is problem i's prompt token ids; ``params.max_new_tokens`` caps a turn."""
+    turn = params.model_copy(update={"n": 1})
+    live: dict[int, _Live] = {}
+    for i, p in enumerate(problems):
+        for s in range(params.n):
+            key = len(live)
+            live[key] = _Live(key, Episode(i, s, list(prompts[i]), weight_version=engine.weight_version), None)
+    feed = _Feed(live, limits, params.max_new_tokens, log)
+    tok_lock = threading.Lock()  # a fast tokenizer is not safe to call from several threads at once
+
+    def encode(text: str) -> list[int]:
+        with tok_lock:
+            return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+    def call(lv: _Live, what: str, fn: Callable[[], object]):
+        """Run an environment method with its step deadline; None (and the episode ended) on failure."""
+        with feed.lock:
+            if lv.ep.end is not None:
+                return None
+            lv.step_deadline = time.monotonic() + limits.step_timeout_s
+            epoch = lv.epoch
+        t0 = time.monotonic()
+        try:
+            out = fn()
+            err = None
+        except Exception as e:  # an environment's or a tool's own failure: the episode ends, the run goes on
+            out, err = None, f"{what} raised {type(e).__name__}: {e}"
+        with feed.lock:
+            lv.ep.env_seconds += time.monotonic() - t0
+            lv.step_deadline = None
+            if lv.epoch != epoch or lv.ep.end is not None:
+                return None  # it timed out meanwhile: drop the late result
+            if err is not None:
+                feed.end(lv, EpisodeEnd.ERROR, err)
+                return None
+        return out
+
+    def reset(lv: _Live) -> None:
+        lv.env = env = _make(make_env, lv, feed)
+        if env is None:
+            return
+        text = call(lv, "env.reset", lambda: env.reset(problems[lv.ep.problem_index]))
+        if text is None:
+            return
+        if not isinstance(text, str):
+            with feed.lock:
+                feed.end(lv, EpisodeEnd.ERROR, f"env.reset returned {type(text).__name__}; expected str")
+            return
+        ids = encode(text)[:limits.max_tokens - 1]  # context like an observation: it opens the response
+        with feed.lock:
+            lv.ep.token_ids += ids
+            lv.ep.logprobs += [0.0] * len(ids)
+            lv.ep.loss_mask += [0] * len(ids)
+        if text:
+            lv.ep.observations.append(text)
+        feed.ready.put(lv.key)
+
+    def step(lv: _Live, c: Completion) -> None:
+        raw = call(lv, "env.step", lambda: lv.env.step(c.text))
+        if raw is None:
+            return
+        try:
+            result = check_step_result(raw, f"{type(lv.env).__name__}.step")
+        except Exception as e:
+            with feed.lock:
+                feed.end(lv, EpisodeEnd.ERROR, str(e))
+            return
+        obs = encode(result.observation)
+        with feed.lock:
+            ep = lv.ep
+            if ep.end is not None:
+                return
+            ep.reward += float(result.reward)
+            ep.tool_calls += int("tool" in result.info)
+            if result.observation:
+                ep.observations.append(result.observation)
+            room = limits.max_tokens - len(ep.token_ids)
+            ep.token_ids += obs[:room]
+            ep.logprobs += [0.0] * len(obs[:room])
+            ep.loss_mask += [0] * len(obs[:room])
+            if result.done:
+                feed.end(lv, EpisodeEnd.DONE)
+            elif ep.turns >= limits.max_turns:
+                feed.end(lv, EpisodeEnd.MAX_TURNS)
+            elif len(ep.token_ids) >= limits.max_tokens:
+                feed.end(lv, EpisodeEnd.MAX_TOKENS)
+            elif lv.deadline is not None and time.monotonic() > lv.deadline:
+                feed.end(lv, EpisodeEnd.TIMEOUT)
+            else:
+                feed.ready.put(lv.key)
+
+    def guarded(fn: Callable[[_Live], None]) -> Callable[..., None]:
+        """Run an episode task; an exception in relayrl's own bookkeeping ends that episode (it would
+        otherwise stay open and the generation loop would wait for it forever)."""
+        def run(lv: _Live, *args) -> None:
+            try:
+                fn(lv, *args)
+            except Exception as e:
+                with feed.lock:
+                    feed.end(lv, EpisodeEnd.ERROR, f"episode bookkeeping failed: {type(e).__name__}: {e}")
+        return run
+
+    pool = _DaemonPool(workers, "relayrl-env")
+
+    def on_finish(c: Completion) -> None:  # generation thread: record the turn, hand the step to the pool
+        lv = live[c.prompt_index]
+        with feed.lock:
+            ep = lv.ep
+            if ep.end is not None:
+                return
+            ep.token_ids += c.token_ids.tolist()
+            ep.logprobs += c.logprobs.tolist()
+            ep.loss_mask += [1] * len(c.token_ids)
+            ep.turns += 1
+            ep.turn_texts.append(c.text)
+            ep.weight_version = c.weight_version
+        pool.submit(guarded(step), lv, c)
+
+    try:
+        for lv in live.values():
+            pool.submit(guarded(reset), lv)
+        engine.generate_feed(feed, turn, generator, on_finish)
+    finally:
+        pool.shutdown()  # a hung step keeps its (daemon) thread; its result is dropped
+    return [live[k].ep for k in sorted(live)]
+
+
+def _make(make_env: EnvFactory, lv: _Live, feed: _Feed):
+    try:
+        return make_env()
+    except Exception as e:
+        with feed.lock:
+            feed.end(lv, EpisodeEnd.ERROR, f"making the environment raised {type(e).__name__}: {e}")
+        return None
+
+
+def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """``env/*`` metrics of a step's episodes: errors (count), turns, tool calls, how episodes ended."""
+    n = max(len(episodes), 1)
+    out = {
+        "env/errors": float(sum(e.end is EpisodeEnd.ERROR for e in episodes)),
+        "env/turns_mean": sum(e.turns for e in episodes) / n,
+        "env/tool_calls_mean": sum(e.tool_calls for e in episodes) / n,
+        "env/tool_call_rate": sum(e.tool_calls > 0 for e in episodes) / n,
+        "env/model_tokens_mean": sum(sum(e.loss_mask) for e in episodes) / n,
+        "env/env_tokens_mean": sum(len(e.loss_mask) - sum(e.loss_mask) for e in episodes) / n,
+        "env/step_seconds_mean": sum(e.env_seconds for e in episodes) / n,
+    }
+    for why in EpisodeEnd:
+        out[f"env/end_{why.value}"] = sum(e.end is why for e in episodes) / n
+    return out

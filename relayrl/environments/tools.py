@@ -1,0 +1,201 @@
+"""Tools, the tool-call format, and the built-in environment that runs them.
+
+**The format.** A model calls a tool by writing, anywhere in its turn, one tag whose body is JSON::
+
+    <tool>{"name": "calculator", "arguments": {"expression": "48213+99377"}}</tool>
+
+The turn stops at ``</tool>`` (a stop string of the rollout), the tool runs, and its result comes back as
+context in the next tag, which the model never writes and is never trained on::
+
+    <result>147590</result>          (success)
+    <error>unknown tool 'calc'; tools: calculator, python</error>        (a failed call)
+
+A turn without a tool call is the final answer; the task's verifier scores it. The tag is configurable
+(``env.tool_tag``): ``tool_call`` gives the ``<tool_call>{...}</tool_call>`` form that Qwen2.5/Hermes chat
+templates document for tool calls, with the same JSON body. (Rendering the result through the chat
+template's ``tool`` role is not done: results are the plain ``<result>`` text above.)
+
+**Built-in tools.** ``calculator`` (``{"expression": str}``: + - * / // % ** and parentheses over integers
+and decimals, evaluated from the syntax tree with size limits, no ``eval``) and ``python`` (``{"code":
+str}``: the sandbox of :mod:`relayrl.environments.sandbox`; what it prints is the result). A tool raises
+:class:`ToolError` for a bad call by the model (that becomes an ``<error>`` observation); any other
+exception is the tool's own failure and ends the episode as an environment error.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, runtime_checkable
+
+from relayrl.data.tasks import Problem
+from relayrl.environments.base import EnvError, StepResult
+from relayrl.environments.sandbox import SandboxConfig, run_python
+
+__all__ = ["Tool", "ToolError", "ToolCall", "parse_tool_call", "format_call", "Calculator", "PythonTool",
+           "ToolEnvironment", "BUILTIN_TOOLS"]
+
+
+class ToolError(Exception):
+    """The model called a tool wrongly (bad arguments, an expression that does not evaluate): the
+    message goes back to the model as an ``<error>`` observation."""
+
+
+@runtime_checkable
+class Tool(Protocol):
+    """A named function of JSON arguments returning text."""
+
+    name: str
+    description: str
+
+    def __call__(self, arguments: dict[str, Any]) -> str:
+        ...
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+def format_call(name: str, arguments: dict[str, Any], tag: str = "tool") -> str:
+    """The text of a tool call in the documented format (demonstrations and tests write it this way)."""
+    return f"<{tag}>" + json.dumps({"name": name, "arguments": arguments}) + f"</{tag}>"
+
+
+def parse_tool_call(text: str, tag: str = "tool") -> ToolCall | None:
+    """The first tool call in ``text``; None when there is none (the turn is a final answer). A tag that
+    is opened but malformed (no closing tag, bad JSON, missing fields) raises :class:`ToolError`."""
+    start = text.find(f"<{tag}>")
+    if start < 0:
+        return None
+    end = text.find(f"</{tag}>", start)
+    if end < 0:
+        raise ToolError(f"tool call without a closing </{tag}>")
+    body = text[start + len(tag) + 2:end].strip()
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError as e:
+        raise ToolError(f"tool call is not JSON ({e.msg} at char {e.pos})") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        raise ToolError('tool call must be {"name": str, "arguments": {...}}')
+    args = obj.get("arguments", {})
+    if not isinstance(args, dict):
+        raise ToolError("tool call arguments must be a JSON object")
+    return ToolCall(obj["name"], args)
+
+
+_BINOPS: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+}
+
+
+class Calculator:
+    """Arithmetic on the syntax tree: numbers, + - * / // % **, unary minus, parentheses."""
+
+    name = "calculator"
+    description = 'evaluate an arithmetic expression: {"expression": "12*(3+4)"}'
+    max_chars = 200
+    max_digits = 64
+
+    def __call__(self, arguments: dict[str, Any]) -> str:
+        expr = arguments.get("expression")
+        if not isinstance(expr, str) or not expr.strip():
+            raise ToolError('calculator needs {"expression": "<arithmetic>"}')
+        if len(expr) > self.max_chars:
+            raise ToolError(f"expression longer than {self.max_chars} characters")
+        try:
+            tree = ast.parse(expr.strip(), mode="eval")
+        except SyntaxError:
+            raise ToolError(f"cannot parse {expr!r}") from None
+        value = self._eval(tree.body)
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        return str(value)
+
+    def _eval(self, node: ast.AST):
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            v = self._eval(node.operand)
+            return -v if isinstance(node.op, ast.USub) else v
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+            a, b = self._eval(node.left), self._eval(node.right)
+            if isinstance(node.op, ast.Pow) and (abs(b) > 64 or abs(a) > 10**6):
+                raise ToolError("exponent too large")
+            try:
+                v = _BINOPS[type(node.op)](a, b)
+            except ZeroDivisionError:
+                raise ToolError("division by zero") from None
+            if isinstance(v, int) and len(str(abs(v))) > self.max_digits:
+                raise ToolError(f"result has more than {self.max_digits} digits")
+            return v
+        raise ToolError(f"unsupported syntax: {type(node).__name__}")
+
+
+class PythonTool:
+    """Runs model-written code in the sandbox; the result is what it printed (or the error)."""
+
+    name = "python"
+    description = 'run Python code in a sandbox and return what it prints: {"code": "print(2**10)"}'
+
+    def __init__(self, sandbox: SandboxConfig | None = None) -> None:
+        self.sandbox = sandbox or SandboxConfig()
+
+    def __call__(self, arguments: dict[str, Any]) -> str:
+        code = arguments.get("code")
+        if not isinstance(code, str):
+            raise ToolError('python needs {"code": "<source>"}')
+        result = run_python(code, self.sandbox)
+        if not result.ok:
+            raise ToolError(f"{result.error}" + (f"; output: {result.stdout[-200:]}" if result.stdout else ""))
+        return result.stdout
+
+
+BUILTIN_TOOLS: dict[str, Callable[[SandboxConfig], Tool]] = {
+    "calculator": lambda sandbox: Calculator(),
+    "python": lambda sandbox: PythonTool(sandbox),
+}
+
+
+class ToolEnvironment:
+    """The built-in environment: tool calls get results; a turn without one is the final answer, scored by
+    ``score(problem, answer_text)`` (the task's verifier). Observations are capped at ``max_chars``."""
+
+    def __init__(self, tools: dict[str, Tool], score: Callable[[Problem, str], float], *, tag: str = "tool",
+                 max_chars: int = 512) -> None:
+        self.tools, self.score, self.tag, self.max_chars = tools, score, tag, max_chars
+        self.problem: Problem | None = None
+
+    def reset(self, problem: Problem) -> str:
+        self.problem = problem
+        return ""
+
+    def step(self, action: str) -> StepResult:
+        try:
+            call = parse_tool_call(action, self.tag)
+        except ToolError as e:
+            return StepResult(self._wrap("error", str(e)), info={"tool": "?", "tool_error": True})
+        if call is None:
+            return StepResult("", reward=float(self.score(self.problem, action)), done=True)
+        tool = self.tools.get(call.name)
+        if tool is None:
+            return StepResult(self._wrap("error", f"unknown tool {call.name!r}; tools: {', '.join(self.tools)}"),
+                              info={"tool": call.name, "tool_error": True})
+        try:
+            out = tool(call.arguments)
+        except ToolError as e:
+            return StepResult(self._wrap("error", str(e)), info={"tool": call.name, "tool_error": True})
+        if not isinstance(out, str):
+            raise EnvError(f"tool {call.name!r} returned {type(out).__name__}; a tool returns str")
+        return StepResult(self._wrap("result", out), info={"tool": call.name})
+
+    def _wrap(self, kind: str, text: str) -> str:
+        text = text.strip()
+        if len(text) > self.max_chars:
+            text = text[:self.max_chars] + f"... [{len(text) - self.max_chars} more characters cut]"
+        return f"<{kind}>{text}</{kind}>"
+

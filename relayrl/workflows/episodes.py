@@ -1,0 +1,79 @@
+"""Driver-side calls for multi-turn episodes: roll out a step's episodes, evaluate with episodes.
+
+The rollout group runs the episodes (``RolloutWorker.run_episodes``, each rank a contiguous slice of the
+problems; the lists are concatenated in rank order). An episode becomes a :class:`Completion` whose
+response is every token after the prompt (model turns and observations) with its ``loss_mask``, so the
+rest of the GRPO step (dock, advantages, update) is the single-turn one with one more column.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from relayrl.config.schema import Config
+from relayrl.data.tasks import Problem
+from relayrl.engines.generation.base import Completion, SamplingParams
+from relayrl.environments.base import Episode, EpisodeEnd
+from relayrl.environments.config import EpisodeSpec, build_env_factory
+from relayrl.environments.episodes import episode_metrics
+from relayrl.evaluation.runner import EvalResult, write_report
+
+__all__ = ["episode_spec", "rollout_episodes", "evaluate_episodes"]
+
+MAX_ERROR_LINES = 5
+"""Environment errors written to the run's log per call (all of them are counted in ``env/errors``)."""
+
+
+def episode_spec(cfg: Config) -> EpisodeSpec | None:
+    """The run's episode spec (None for single-turn runs), its environment's contract checked now, before
+    any worker starts generating."""
+    if not cfg.env.enabled:
+        return None
+    d = cfg.data
+    spec = EpisodeSpec(cfg.env, cfg.reward, d.task, dict(d.task_options))
+    build_env_factory(spec)
+    return spec
+
+
+def rollout_episodes(rollout, s, problems: Sequence[Problem], params: SamplingParams, spec: EpisodeSpec,
+                     step: int) -> tuple[list[Completion], list[float], dict[str, float]]:
+    """``params.n`` episodes per problem: (completions with loss masks, episode rewards, ``env/*`` metrics)."""
+    eps: list[Episode] = rollout.split("run_episodes", [(i, s.encode(p), p) for i, p in enumerate(problems)],
+                                       params, spec)
+    _log_errors(s, eps, step)
+    return [e.completion(s.tokenizer) for e in eps], [e.reward for e in eps], episode_metrics(eps)
+
+
+def evaluate_episodes(rollout, s, spec: EpisodeSpec, step: int) -> dict[str, float]:
+    """Greedy episodes on the held-out problems: ``eval/accuracy`` (reward >= 1) and the ``eval/env/*``
+    metrics (tool-call rate, turns); a report with every episode under ``RUN_DIR/eval``."""
+    ro = s.cfg.rollout
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=s.cfg.eval.max_new_tokens or ro.max_new_tokens,
+                            stop_strings=tuple(ro.stop_strings))
+    problems = s.eval_problems
+    eps: list[Episode] = rollout.split("run_episodes", [(i, s.encode(p), p) for i, p in enumerate(problems)],
+                                       params, spec)
+    _log_errors(s, eps, step)
+    rewards = torch.tensor([e.reward for e in eps], dtype=torch.float32)
+    metrics = {"eval/accuracy": float((rewards >= 1.0).float().mean()), "eval/reward_mean": float(rewards.mean())}
+    metrics.update({f"eval/{k}": v for k, v in episode_metrics(eps).items()})
+    samples = [{"mode": "greedy", "prompt": problems[e.problem_index].prompt, "answer": problems[e.problem_index].answer,
+                "response": s.tokenizer.decode(e.token_ids, skip_special_tokens=True), "reward": e.reward,
+                "turns": e.turns, "tool_calls": e.tool_calls, "end": e.end.value if e.end else None,
+                "error": e.error} for e in eps]
+    write_report(EvalResult(metrics, samples), s.dir / "eval", name=f"eval-step{step:06d}",
+                 extra={"step": step, "model": str(s.model_path)})
+    return metrics
+
+
+def _log_errors(s, eps: Sequence[Episode], step: int) -> None:
+    errors = [e for e in eps if e.end is EpisodeEnd.ERROR]
+    tracker = getattr(s, "tracker", None)
+    for e in errors[:MAX_ERROR_LINES]:
+        line = f"step {step}: episode of problem {e.problem_index} ended with an environment error: {e.error}"
+        tracker.write_text(line) if tracker is not None else s.log(line)
+    if len(errors) > MAX_ERROR_LINES:
+        line = f"step {step}: {len(errors) - MAX_ERROR_LINES} more episodes ended with environment errors"
+        tracker.write_text(line) if tracker is not None else s.log(line)

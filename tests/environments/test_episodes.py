@@ -1,0 +1,219 @@
+"""The episode loop: continuous batching across turns, loss masks, limits, and environments that fail."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from relayrl.data.tasks import Problem
+from relayrl.engines.generation.base import SamplingParams
+from relayrl.engines.generation.native import NativeGenerationEngine
+from relayrl.environments.base import EpisodeEnd, StepResult
+from relayrl.environments.episodes import EpisodeLimits, episode_metrics, run_episodes
+
+
+@pytest.fixture()
+def engine(tiny_model, tiny_tokenizer):
+    return NativeGenerationEngine(tiny_model, tiny_tokenizer, max_batch=8)
+
+
+def _problems(tok, k=3):
+    probs = [Problem(f"{i}+{i}=", str(2 * i)) for i in range(k)]
+    return probs, [tok(p.prompt)["input_ids"] for p in probs]
+
+
+class Counter:
+    """Three turns; observation ``<obsK>``; reward 1 at the end; records the thread it stepped in."""
+
+    threads: set = set()
+
+    def reset(self, problem):
+        self.t = 0
+        return ""
+
+    def step(self, action):
+        Counter.threads.add(threading.current_thread().name)
+        self.t += 1
+        return StepResult(f"<obs{self.t}>", reward=1.0 if self.t == 3 else 0.0, done=self.t == 3)
+
+
+def test_turns_alternate_with_observations_under_the_loss_mask(engine, tiny_tokenizer):
+    probs, prompts = _problems(tiny_tokenizer)
+    eps = run_episodes(engine, tiny_tokenizer, probs, prompts, Counter, SamplingParams(n=2, max_new_tokens=5),
+                       EpisodeLimits(max_turns=5, max_tokens=100))
+    assert [(e.problem_index, e.sample_index) for e in eps] == [(i, s) for i in range(3) for s in range(2)]
+    obs_len = [len(tiny_tokenizer(f"<obs{k}>", add_special_tokens=False)["input_ids"]) for k in (1, 2, 3)]
+    for e in eps:
+        assert e.end is EpisodeEnd.DONE and e.reward == 1.0 and e.turns == 3
+        assert len(e.token_ids) == len(e.logprobs) == len(e.loss_mask)
+        # model turn, observation, model turn, observation, ... : the observations are 0 in the mask
+        runs, cur = [], None
+        for m in e.loss_mask:
+            if m != cur:
+                runs.append([m, 0])
+                cur = m
+            runs[-1][1] += 1
+        assert [m for m, _ in runs] == [1, 0, 1, 0, 1, 0] and [n for m, n in runs if m == 0] == obs_len
+        assert all(lp == 0.0 for lp, m in zip(e.logprobs, e.loss_mask) if m == 0)
+        assert all(lp < 0.0 for lp, m in zip(e.logprobs, e.loss_mask) if m == 1)
+        obs_text = tiny_tokenizer.decode([t for t, m in zip(e.token_ids, e.loss_mask) if m == 0])
+        assert obs_text == "<obs1><obs2><obs3>"
+        c = e.completion(tiny_tokenizer)
+        assert c.loss_mask.tolist() == e.loss_mask and c.finish_reason == "stop"
+    assert all(name.startswith("relayrl-env") for name in Counter.threads)  # never the generation thread
+
+
+class Slow:
+    """The first episode's steps are slow; the others' are instant."""
+
+    def reset(self, problem):
+        self.slow = problem.prompt == "0+0="
+        return ""
+
+    def step(self, action):
+        if self.slow:
+            time.sleep(0.4)
+        return StepResult("", reward=1.0, done=True)
+
+
+def test_a_slow_environment_step_does_not_hold_other_episodes(engine, tiny_tokenizer):
+    probs, prompts = _problems(tiny_tokenizer, 4)
+    t0 = time.monotonic()
+    done_at = {}
+
+    class Timed(Slow):
+        def step(self, action):
+            r = super().step(action)
+            done_at[self.slow] = min(done_at.get(self.slow, 1e9), time.monotonic() - t0)
+            return r
+
+    eps = run_episodes(engine, tiny_tokenizer, probs, prompts, Timed, SamplingParams(n=1, max_new_tokens=4),
+                       EpisodeLimits())
+    assert all(e.end is EpisodeEnd.DONE for e in eps)
+    assert done_at[False] < done_at[True] - 0.2  # the fast ones finished while the slow step still ran
+
+
+def test_per_episode_limits(engine, tiny_tokenizer):
+    probs, prompts = _problems(tiny_tokenizer, 2)
+
+    class Forever:
+        def reset(self, problem):
+            return ""
+
+        def step(self, action):
+            return StepResult("<more>")
+
+    eps = run_episodes(engine, tiny_tokenizer, probs, prompts, Forever, SamplingParams(n=1, max_new_tokens=4),
+                       EpisodeLimits(max_turns=2, max_tokens=1000))
+    assert all(e.end is EpisodeEnd.MAX_TURNS and e.turns == 2 for e in eps)
+    eps = run_episodes(engine, tiny_tokenizer, probs, prompts, Forever, SamplingParams(n=1, max_new_tokens=4),
+                       EpisodeLimits(max_turns=50, max_tokens=20))
+    assert all(e.end is EpisodeEnd.MAX_TOKENS and len(e.token_ids) <= 20 for e in eps)
+
+    class Sleepy(Forever):
+        def step(self, action):
+            time.sleep(0.3)
+            return StepResult("<more>")
+
+    eps = run_episodes(engine, tiny_tokenizer, probs, prompts, Sleepy, SamplingParams(n=1, max_new_tokens=4),
+                       EpisodeLimits(max_turns=50, max_tokens=1000, max_seconds=0.5))
+    assert all(e.end is EpisodeEnd.TIMEOUT for e in eps)
+
+
+class Raises:
+    def reset(self, problem):
+        self.p = problem
+        return ""
+
+    def step(self, action):
+        if self.p.prompt == "1+1=":
+            raise RuntimeError("tool crashed")
+        if self.p.prompt == "2+2=":
+            return "not a StepResult"
+        if self.p.prompt == "3+3=":
+            time.sleep(30)  # a daemon thread: it does not hold the test process at exit
+        return StepResult("", reward=1.0, done=True)
+
+
+def test_raising_malformed_and_hanging_environments_end_their_episode_only(engine, tiny_tokenizer):
+    probs, prompts = _problems(tiny_tokenizer, 4)
+    logged = []
+    t0 = time.monotonic()
+    eps = run_episodes(engine, tiny_tokenizer, probs, prompts, Raises, SamplingParams(n=1, max_new_tokens=4),
+                       EpisodeLimits(step_timeout_s=0.5), log=logged.append)
+    assert time.monotonic() - t0 < 20  # the hung step (30 s) was not waited for
+    assert eps[0].end is EpisodeEnd.DONE and eps[0].reward == 1.0
+    for e, why in zip(eps[1:], ("tool crashed", "expected a StepResult", "step_timeout_s")):
+        assert e.end is EpisodeEnd.ERROR and e.reward == 0.0 and why in e.error
+    assert len(logged) == 3
+    m = episode_metrics(eps)
+    assert m["env/errors"] == 3.0 and m["env/end_done"] == 0.25
+
+
+def test_bad_reward_and_failing_factory_are_errors(engine, tiny_tokenizer):
+    probs, prompts = _problems(tiny_tokenizer, 1)
+
+    class NaN:
+        def reset(self, problem):
+            return ""
+
+        def step(self, action):
+            return StepResult("", reward=float("nan"), done=True)
+
+    eps = run_episodes(engine, tiny_tokenizer, probs, prompts, NaN, SamplingParams(max_new_tokens=3), EpisodeLimits(),
+                       log=lambda s: None)
+    assert eps[0].end is EpisodeEnd.ERROR and "finite" in eps[0].error
+
+    def broken():
+        raise ValueError("no")
+
+    eps = run_episodes(engine, tiny_tokenizer, probs, prompts, broken, SamplingParams(max_new_tokens=3),
+                       EpisodeLimits(), log=lambda s: None)
+    assert eps[0].end is EpisodeEnd.ERROR and eps[0].turns == 0
+
+
+def test_rejoining_turns_see_their_exact_context(engine, tiny_tokenizer):
+    """Greedy: an episode's second turn equals a single-turn generation from the same context ids."""
+    probs, prompts = _problems(tiny_tokenizer, 2)
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=4)
+    eps = run_episodes(engine, tiny_tokenizer, probs, prompts, Counter, greedy, EpisodeLimits(max_turns=2))
+    for e, prompt in zip(eps, prompts):
+        first = [t for t, m in zip(e.token_ids, e.loss_mask)][:4]
+        n_obs = len(tiny_tokenizer("<obs1>", add_special_tokens=False)["input_ids"])
+        context = list(prompt) + e.token_ids[:4 + n_obs]
+        again = engine.generate([context], greedy)[0].token_ids.tolist()
+        assert e.token_ids[4 + n_obs:4 + n_obs + 4] == again and first == engine.generate([prompt], greedy)[0].token_ids.tolist()
+
+
+def test_reset_text_opens_the_response_as_context(engine, tiny_tokenizer):
+    probs, prompts = _problems(tiny_tokenizer, 1)
+
+    class Greets(Counter):
+        def reset(self, problem):
+            super().reset(problem)
+            return "<hello>"
+
+    e = run_episodes(engine, tiny_tokenizer, probs, prompts, Greets, SamplingParams(max_new_tokens=3),
+                     EpisodeLimits(max_turns=1))[0]
+    n = len(tiny_tokenizer("<hello>", add_special_tokens=False)["input_ids"])
+    assert e.prompt_ids == prompts[0] and e.loss_mask[:n] == [0] * n and e.loss_mask[n] == 1
+    assert tiny_tokenizer.decode(e.token_ids[:n]) == "<hello>"
+
+
+def test_time_queued_for_a_slot_does_not_count_against_an_episode():
+    """The wall-time clock of an episode starts when its first turn is taken into the batch."""
+    from relayrl.environments.base import Episode
+    from relayrl.environments.episodes import _Feed, _Live
+
+    live = {k: _Live(k, Episode(k, 0, [1, 2]), None) for k in range(2)}
+    feed = _Feed(live, EpisodeLimits(max_seconds=5.0), turn_tokens=8, log=lambda m: None)
+    feed.ready.put(0)
+    feed.ready.put(1)
+    t0 = time.monotonic()
+    assert feed.take()[0] == 0
+    assert live[0].deadline is not None and live[0].deadline >= t0 + 5.0 and live[1].deadline is None
+    time.sleep(0.05)
+    assert feed.take()[0] == 1 and live[1].deadline > live[0].deadline

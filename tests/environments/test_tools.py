@@ -1,0 +1,162 @@
+"""Tool-call format, the calculator, the built-in tool environment, and loading with contract checks."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from relayrl.data.tasks import Problem, make_task
+from relayrl.environments.config import EnvConfig, EnvLoadError, load_env_factory, load_tool
+from relayrl.environments.sandbox import SandboxConfig
+from relayrl.environments.tools import Calculator, ToolEnvironment, ToolError, format_call, parse_tool_call
+
+
+def test_format_round_trips_through_the_parser():
+    text = "let me compute " + format_call("calculator", {"expression": "1+2"}) + " trailing"
+    call = parse_tool_call(text)
+    assert call.name == "calculator" and call.arguments == {"expression": "1+2"}
+    assert parse_tool_call("12345") is None
+    assert parse_tool_call(format_call("calculator", {"expression": "3"}, tag="tool_call"), tag="tool_call").arguments == {"expression": "3"}
+
+
+@pytest.mark.parametrize("text, why", [
+    ('<tool>{"name": "calculator"', "closing"),
+    ("<tool>not json</tool>", "not JSON"),
+    ('<tool>{"arguments": {}}</tool>', "name"),
+    ('<tool>{"name": "c", "arguments": [1]}</tool>', "arguments"),
+])
+def test_malformed_calls_are_tool_errors(text, why):
+    with pytest.raises(ToolError, match=why):
+        parse_tool_call(text)
+
+
+@pytest.mark.parametrize("expr, value", [("48213+99377", "147590"), ("2*(3+4)", "14"), ("-3+10", "7"),
+                                         ("7/2", "3.5"), ("2**10", "1024"), ("17//5", "3"), ("10/5", "2")])
+def test_calculator_values(expr, value):
+    assert Calculator()({"expression": expr}) == value
+
+
+@pytest.mark.parametrize("expr, why", [("__import__('os')", "unsupported"), ("1/0", "division"),
+                                       ("9**9999", "exponent"), ("a+1", "unsupported"), ("1+", "parse")])
+def test_calculator_refuses(expr, why):
+    with pytest.raises(ToolError, match=why):
+        Calculator()({"expression": expr})
+
+
+def test_tool_environment_runs_tools_then_scores_the_answer():
+    task = make_task("toolsum", digits=5)
+    p = Problem("48213+99377=", "147590", {"expression": "48213+99377"})
+    env = ToolEnvironment({"calculator": Calculator()}, score=lambda prob, text: task.verify(text, prob.answer))
+    assert env.reset(p) == ""
+    r = env.step(format_call("calculator", {"expression": "48213+99377"}))
+    assert r.observation == "<result>147590</result>" and not r.done and r.reward == 0 and r.info["tool"] == "calculator"
+    r = env.step(format_call("calc", {"expression": "1"}))
+    assert r.observation.startswith("<error>unknown tool 'calc'") and not r.done
+    r = env.step("147590")
+    assert r.done and r.reward == 1.0
+    env.reset(p)
+    assert env.step("147591").reward == 0.0
+
+
+def test_long_observations_are_cut():
+    env = ToolEnvironment({"calculator": Calculator()}, score=lambda p, t: 0.0, max_chars=16)
+    env.reset(None)
+    r = env.step(format_call("calculator", {"expression": "9**60"}))
+    assert r.observation.startswith("<result>") and "more characters cut" in r.observation
+
+
+def test_toolsum_demonstrations_follow_the_format():
+    import random
+
+    task = make_task("toolsum", digits=4, tool_rate=0.5)
+    rng = random.Random(0)
+    kinds = set()
+    for _ in range(40):
+        p = task.sample(rng)
+        segs = task.demonstration(p, rng)
+        kinds.add(len(segs))
+        if len(segs) == 3:
+            call = parse_tool_call(segs[0][0])
+            assert Calculator()(call.arguments) == p.answer and segs[1] == (f"<result>{p.answer}</result>", False)
+        assert segs[-1] == (p.answer, True) and task.verify(segs[-1][0], p.answer) == 1.0
+    assert kinds == {1, 3}
+
+
+# ------------------------------------------------------------------------- loading and contracts
+class GoodTool:
+    name = "echo"
+    description = "echo the text"
+
+    def __call__(self, arguments):
+        return str(arguments.get("text", ""))
+
+
+class NoName:
+    def __call__(self, arguments):
+        return ""
+
+
+class GoodEnv:
+    def reset(self, problem):
+        return ""
+
+    def step(self, action):
+        from relayrl.environments.base import StepResult
+
+        return StepResult("", 1.0, True)
+
+
+class NoStep:
+    def reset(self, problem):
+        return ""
+
+
+@pytest.fixture()
+def user_module():
+    mod = types.ModuleType("relayrl_test_userenv")
+    mod.GoodTool, mod.NoName, mod.GoodEnv, mod.NoStep = GoodTool, NoName, GoodEnv, NoStep
+    mod.not_callable = 3
+    sys.modules[mod.__name__] = mod
+    yield mod.__name__
+    del sys.modules[mod.__name__]
+
+
+def test_user_tools_and_environments_load_by_dotted_path(user_module):
+    assert load_tool(f"{user_module}:GoodTool", SandboxConfig())({"text": "hi"}) == "hi"
+    factory = load_env_factory(EnvConfig(name=f"{user_module}:GoodEnv"), None)
+    assert isinstance(factory(), GoodEnv)
+    f = load_env_factory(EnvConfig(name="tools", tools=["calculator", f"{user_module}:GoodTool"]), lambda p, t: 0.0)
+    assert set(f().tools) == {"calculator", "echo"}
+
+
+@pytest.mark.parametrize("name, match", [
+    ("{m}:NoStep", "without a step"),
+    ("{m}:not_callable", "is a int"),
+    ("{m}:Missing", "no attribute"),
+    ("no_such_pkg_xyz.mod:Env", "no module named"),
+    ("justaname", "package.module:attribute"),
+])
+def test_bad_environments_fail_at_load_naming_the_key(user_module, name, match):
+    with pytest.raises(EnvLoadError, match=match) as e:
+        load_env_factory(EnvConfig(name=name.format(m=user_module)), None)
+    assert "env.name" in str(e.value)
+
+
+def test_bad_tools_fail_at_load(user_module):
+    with pytest.raises(EnvLoadError, match="name"):
+        load_tool(f"{user_module}:NoName", SandboxConfig())
+    with pytest.raises(EnvLoadError, match="not a built-in tool"):
+        load_tool("abacus", SandboxConfig())
+
+
+def test_config_names_the_key_to_fix():
+    from relayrl.config.schema import Config
+
+    with pytest.raises(ValueError, match="rollout.stop_strings"):
+        Config(env={"name": "tools"})
+    with pytest.raises(ValueError, match="off_policy_steps"):
+        Config(env={"name": "tools"}, rollout={"stop_strings": ["</tool>"]}, trainer={"off_policy_steps": 1})
+    with pytest.raises(ValueError, match="tool_tag"):
+        EnvConfig(tool_tag="a b")

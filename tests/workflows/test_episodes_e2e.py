@@ -1,0 +1,60 @@
+"""Multi-turn episodes train from the CLI by recipe: SFT on tool demonstrations, then GRPO and PPO on
+episodes (the calculator's tokens in the loss mask's 0s)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from e2e_cli import FAST, records, relayrl
+
+SMALL = [*FAST, "eval.size=4", "rollout.max_new_tokens=24", "env.max_tokens=48", "data.task_options.digits=3"]
+
+
+@pytest.fixture(scope="module")
+def tool_sft(tmp_path_factory):
+    run = tmp_path_factory.mktemp("toolsum_sft")
+    r = relayrl("train", "recipes/toolsum_sft.yaml", "trainer.steps=3", "trainer.batch_size=8", "eval.every=0",
+                f"run.dir={run}", *SMALL)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = records(run)
+    assert [x["step"] for x in recs] == [0, 1, 2, 3] and all("sft/loss" in x for x in recs[1:])
+    assert "eval/env/tool_call_rate" in recs[0]  # evaluation runs episodes
+    return run / "model"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [[], ["algorithm.advantage=gae", "critic.optim.lr=1e-4"],
+                                   ["algorithm.clip_high=0.28", "algorithm.loss_agg=token-mean",
+                                    "algorithm.dynamic_sampling=true"]], ids=["grpo", "ppo", "dapo"])
+def test_grpo_trains_on_episodes(tool_sft, tmp_path, extra):
+    run = tmp_path / "grpo"
+    r = relayrl("train", "recipes/toolsum_grpo.yaml", f"trainer.init_from={tool_sft}", "trainer.steps=2",
+                "data.prompts_per_step=2", "rollout.n=4", "eval.every=0", f"run.dir={run}", *SMALL, *extra)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = records(run)
+    assert [x["step"] for x in recs] == [0, 1, 2]
+    for x in recs[1:]:
+        for key in ("env/errors", "env/turns_mean", "env/tool_call_rate", "env/model_tokens_mean"):
+            assert key in x, key
+        # dynamic sampling skips a step whose groups all have equal rewards (likely on a 3-step SFT model)
+        assert "reward/mean" in x or x.get("dapo/skipped_step") == 1.0
+        assert x["env/turns_mean"] >= 1
+        if "actor/loss" in x:
+            assert x["actor/grad_norm"] == x["actor/grad_norm"]  # finite, trained
+    samples = [json.loads(l) for l in (run / "eval" / "eval-step000002_samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 4 and all("turns" in s for s in samples)
+
+
+@pytest.mark.slow
+def test_demo_tools_ends_with_the_accuracy_line(tmp_path):
+    import re
+
+    small = [f"--sft={o}" for o in (*SMALL, "trainer.steps=2", "trainer.batch_size=4", "eval.every=0")] + \
+            [f"--grpo={o}" for o in (*SMALL, "trainer.steps=1", "data.prompts_per_step=2", "rollout.n=2", "eval.every=0")]
+    r = relayrl("demo", "--tools", f"--dir={tmp_path}", *small)
+    assert r.returncode == 0, r.stderr[-3000:]
+    last = r.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"tools: accuracy \d+\.\d% -> \d+\.\d% in \d+\.\d min", last), last
+    assert (tmp_path / "sft" / "model").is_dir() and (tmp_path / "grpo" / "model").is_dir()
