@@ -40,3 +40,15 @@ def tiny_model(tiny_dir):
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     return model
+
+
+@pytest.fixture()
+def one_torch_thread():
+    """torch on one thread for the test (tiny models: more threads on a shared 2-core machine oversubscribe;
+    the engine tests took ~65 s instead of ~8 s). Directories that want it for every test use it autouse."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

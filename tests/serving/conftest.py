@@ -4,17 +4,13 @@ in-process tests run torch on one thread (the machine is shared)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from serve_proc import start_server
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def one_thread(one_torch_thread):
+    """Every test here runs torch on one thread (tests/conftest.py)."""
 
 
 @pytest.fixture(scope="module")
