@@ -39,6 +39,7 @@ uses one core until its CPU limit); third-party packages of the virtualenv are n
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -213,20 +214,16 @@ def processes_of_uid(uid: int) -> list[int]:
 
 def _kill_all(proc: subprocess.Popen, uid: int) -> None:
     """Kill the sandbox's process group, then any process left with its uid, and reap the launcher."""
-    try:
+    with contextlib.suppress(ProcessLookupError):  # the group is already gone
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline:
         left = processes_of_uid(uid)
         if not left:
             break
         for pid in left:
-            try:
+            with contextlib.suppress(ProcessLookupError):  # it ended between the scan and the kill
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         time.sleep(0.01)
     try:
         proc.wait(timeout=5.0)
@@ -259,11 +256,9 @@ def run_python(code: str, cfg: SandboxConfig | None = None) -> SandboxResult:
     error = None
     chunks = {"stdout": bytearray(), "stderr": bytearray()}
     try:
-        try:
+        with contextlib.suppress(BrokenPipeError):  # the code's process ended before reading it all: _collect says why
             proc.stdin.write(code.encode("utf-8", "replace"))
             proc.stdin.close()
-        except BrokenPipeError:
-            pass
         error = _collect(proc, chunks, cfg, t0)
     finally:
         _kill_all(proc, uid)
