@@ -71,7 +71,8 @@ class StreamingRollout(RolloutWorker):
         if len(slots) != len(prompts) or len(groups) != len(prompts):
             raise ValueError(f"start_stream: {len(prompts)} prompts, {len(slots)} slots, {len(groups)} groups")
         self._out: queue.Queue = queue.Queue()
-        self._swap = getattr(self, "_swap", None) or _Swap()
+        self._swap = getattr(self, "_swap", None) or _Swap(
+            lambda payload: super(StreamingRollout, self).receive_weights(payload))
         n = params.n
         pending: dict[int, list[Completion]] = {}
 
@@ -112,7 +113,7 @@ class StreamingRollout(RolloutWorker):
                 self._swap.close()
                 self._out.put(_DONE)
 
-        self._swap.open(partial, lambda payload: super(StreamingRollout, self).receive_weights(payload))
+        self._swap.open(partial)
         self._stream = threading.Thread(target=run, name="rollout-stream", daemon=True)
         self._stream.start()
 
@@ -126,7 +127,7 @@ class StreamingRollout(RolloutWorker):
         swap = getattr(self, "_swap", None)
         if swap is None:
             return super().receive_weights(payload)
-        return swap.deliver(payload, lambda p: super(StreamingRollout, self).receive_weights(p))
+        return swap.deliver(payload)
 
     def poll_stream(self, timeout: float = 0.5) -> tuple[list[tuple[Any, dict]], bool]:
         """``(receipts with their groups' lengths, done)``: what finished since the last poll, waiting up to
@@ -155,22 +156,22 @@ class _Swap:
     generation thread ``take``s it between two decode steps (or ``close``s the stream), then returns what
     the load returned. One payload at a time: the driver's relay call waits for it."""
 
-    def __init__(self) -> None:
+    def __init__(self, load) -> None:
         self._lock = threading.Lock()
         self._active = self._partial = False
-        self._load = None
+        self._load = load  # loads a payload into the engine (the mixin's receive_weights)
         self._payload = None
         self._done = threading.Event()
         self._result: Any = None
 
-    def open(self, partial: bool, load) -> None:
+    def open(self, partial: bool) -> None:
         with self._lock:
-            self._active, self._partial, self._load = True, partial, load
+            self._active, self._partial = True, partial
 
-    def deliver(self, payload, load) -> Any:
+    def deliver(self, payload) -> Any:
         with self._lock:
             if not self._active:
-                return load(payload)
+                return self._load(payload)
             if not self._partial:
                 raise RuntimeError("receive_weights during a stream started with partial=False: a batch must not "
                                    "mix weight versions (send weights between streams)")

@@ -103,9 +103,8 @@ class _Turn:
 class _Ahead:
     """What the rollout thread and the trainer share; ``cond`` guards every field but ``engine``."""
 
-    def __init__(self, k: int, version: int) -> None:
+    def __init__(self, version: int) -> None:
         self.cond = threading.Condition()
-        self.k = k
         self.trained = version  # newest weights the trainer has staged
         self.rollout_version = version  # weights the rollout engine holds
         self.staged: StagedWeights | None = None  # newest staged version not applied yet
@@ -203,7 +202,7 @@ class OffPolicyGRPO(DataflowGRPO):
     # ------------------------------------------------------------ rollout thread
     def _start_ahead(self, step: int) -> None:
         self._steps = range(step, self.cfg.trainer.steps + 1)
-        self._ahead = _Ahead(self.k, version=step - 1)
+        self._ahead = _Ahead(version=step - 1)
         self._thread = threading.Thread(target=self._rollout_loop, name="rollout-ahead", daemon=True)
         self._thread.start()
 
