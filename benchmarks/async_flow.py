@@ -146,9 +146,15 @@ def run_mode(name: str, model: Path, out: Path, a: argparse.Namespace) -> dict:
         "telemetry.sinks=[jsonl]", f"model.device={a.device}",
         *MODES[name],
     ]
-    if name == "sync-colocated":
+    if a.devices:  # R rollout + T trainer devices: the split modes place them so, colocated runs R + T ranks
+        r, t = a.devices
+        if name == "sync-colocated":
+            over += [f"cluster.devices={r + t}", f"run.threads={max(1, cores() // (r + t))}"]
+        else:
+            over += [f"placement.pools.gen={r}", f"cluster.devices={t}"]
+    elif name == "sync-colocated":
         over.append(f"run.threads={cores()}")
-    elif a.extra:
+    if a.extra and name != "sync-colocated":
         over += a.extra.split(",")
     cmd = [sys.executable, "-m", "relayrl.cli.main", "train", str(REPO / "recipes" / "arith_grpo.yaml"), *over]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")])}
@@ -190,7 +196,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
     p.add_argument("--results", default=None, help="a JSONL file: each finished mode's figures are appended to it, "
                    "and modes already in it are not run again (a long run that stops keeps what it measured)")
+    p.add_argument("--devices", default=None, metavar="R,T", help="R rollout and T trainer devices (a device is "
+                   "cores / (R + T) threads on a CPU): the split modes get pools of R and T, sync-colocated R + T "
+                   "ranks on one pool (default: one rank with every core colocated, 1 + 1 split)")
     a = p.parse_args(argv)
+    if a.devices is not None:
+        try:
+            a.devices = tuple(int(x) for x in a.devices.split(","))
+            assert len(a.devices) == 2 and min(a.devices) >= 1
+        except (ValueError, AssertionError):
+            raise SystemExit(f"--devices {a.devices!r}: give two device counts >= 1, as R,T (e.g. 4,4)") from None
     if a.steps <= a.warmup:
         raise SystemExit(f"--steps ({a.steps}) must exceed --warmup ({a.warmup})")
     model = demo_models(a.seed)

@@ -226,7 +226,59 @@ def kernel_profile(fn, top: int = 15) -> list[str]:
     return lines
 
 
-def bench_train(path: Path, peak: float, variant: str = "sdpa", budget: int = 16384, profile: bool = False) -> dict:
+def idle_gaps(trace: dict, top: int = 20, min_us: float = 20.0) -> list[str]:
+    """Where the GPU waits in a Chrome trace of CPU and CUDA events: the gaps between kernels (the union of
+    kernel, copy and memset intervals) of at least ``min_us``, summed by the innermost relayrl (else any)
+    Python frame running on the host when each gap began: the host work the GPU is waiting for."""
+    ev = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    dev = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in ev
+                 if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    if not dev:
+        return ["no device events in the trace"]
+    host = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["name"]) for e in ev
+                  if e.get("cat") in ("python_function", "cpu_op"))
+    gaps, end = [], dev[0][1]
+    for a, b in dev[1:]:
+        if a - end >= min_us:
+            gaps.append((end, a))
+        end = max(end, b)
+    span = dev[-1][1] - dev[0][0]
+    by: dict[str, list[float]] = {}
+    for a, b in gaps:
+        inner = [h for h in host if h[0] <= a <= h[1]]
+        ours = [h for h in inner if "relayrl" in h[2]] or inner
+        name = min(ours, key=lambda h: h[1] - h[0])[2] if ours else "(no host event)"
+        by.setdefault(name[:110], []).append(b - a)
+    idle = sum(b - a for a, b in gaps)
+    lines = [f"GPU idle {idle / 1e3:.1f} ms of {span / 1e3:.1f} ms in {len(gaps)} gaps >= {min_us:.0f} us; by the "
+             f"host frame running when each began:"]
+    for name, ds in sorted(by.items(), key=lambda kv: -sum(kv[1]))[:top]:
+        lines.append(f"{sum(ds) / 1e3:8.2f} ms {len(ds):5d} gaps  {name}")
+    return lines
+
+
+def trace_update(fn, out: Path) -> list[str]:
+    """One call of ``fn`` under the profiler with host events and Python frames: the Chrome trace gzipped to
+    ``out``, and :func:`idle_gaps` of it."""
+    import gzip
+
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
+        fn()
+        torch.cuda.synchronize()
+    raw = out.with_suffix("")
+    prof.export_chrome_trace(str(raw))
+    trace = json.loads(raw.read_text())
+    with gzip.open(out, "wt") as f:
+        json.dump(trace, f)
+    raw.unlink()
+    return idle_gaps(trace)
+
+
+def bench_train(path: Path, peak: float, variant: str = "sdpa", budget: int = 16384, profile: bool = False,
+                trace: Path | None = None) -> dict:
     """One training variant (see ``FEATURES``): seconds per update of ``train_batch()``, tokens/s, MFU, peak."""
     import gc
 
@@ -267,18 +319,24 @@ def bench_train(path: Path, peak: float, variant: str = "sdpa", budget: int = 16
     if profile:  # where one update's time goes
         for line in kernel_profile(lambda: eng.train_step(batch, loss)):
             print("  " + line, flush=True)
+    if trace is not None:  # where the GPU waits on the host
+        for line in trace_update(lambda: eng.train_step(batch, loss), trace):
+            print("  " + line, flush=True)
     del eng, model
     gc.collect()
     torch.cuda.empty_cache()
     return out
 
 
-def bench_train_variants(path: Path, peak: float, variants: list[str], profile: bool = False) -> dict:
+def bench_train_variants(path: Path, peak: float, variants: list[str], profile: bool = False,
+                         budget: int = 16384, trace: Path | None = None) -> dict:
     """Every variant in one run, then the ratios to the first."""
     useful, computed = pair_fractions(train_batch())
     print(f"train: one packed group attends {useful:.1%} of its L x L pairs; SDPA computes all of them, "
           f"FlexAttention the {computed:.1%} in non-empty 128 x 128 tiles", flush=True)
-    res = {v: bench_train(path, peak, v, profile=profile) for v in variants}
+    res = {v: bench_train(path, peak, v, budget, profile=profile,
+                          trace=trace.with_name(f"trace-{v.replace('+', '-')}.json.gz") if trace else None)
+           for v in variants}
     base = res[variants[0]]
     print(f"{'variant':48s} {'update s':>9s} {'MFU':>6s} {'speed-up':>8s} {'peak GB':>8s}")
     for v, r in res.items():
@@ -336,6 +394,10 @@ def main() -> None:
     ap.add_argument("--train-variants", default=TRAIN_VARIANTS, help="comma-separated training variants, each "
                     "features joined by '+': " + "; ".join(f"{k}: {v}" for k, v in FEATURES.items()) +
                     ". Ratios are to the first")
+    ap.add_argument("--budget", type=int, default=16384, help="train: tokens per micro-batch")
+    ap.add_argument("--trace", default=None, help="train: a folder; each variant's update is traced (host and "
+                    "CUDA events, Python frames) into trace-VARIANT.json.gz there, and the GPU's idle gaps are "
+                    "summed by the host frame that was running")
     ap.add_argument("--grpo-new-tokens", type=int, default=256, help="max_new_tokens of the GRPO steps")
     ap.add_argument("--grpo", nargs="*", default=[], help="extra config overrides of the GRPO steps")
     args = ap.parse_args()
@@ -360,7 +422,11 @@ def main() -> None:
         for line in profile_decode(path, 256, 384, 20):
             print("  " + line, flush=True)
     if "train" in parts:
-        res["train"] = bench_train_variants(path, peak, variants, profile=args.profile)
+        trace = Path(args.trace) / "trace.json.gz" if args.trace else None
+        if trace:
+            trace.parent.mkdir(parents=True, exist_ok=True)
+        res["train"] = bench_train_variants(path, peak, variants, profile=args.profile, budget=args.budget,
+                                            trace=trace)
     if "grpo" in parts:
         kw = dict(new_tokens=args.grpo_new_tokens, extra=tuple(args.grpo))
         res["grpo"] = {"off": bench_grpo(cache, False, **kw), "on": bench_grpo(cache, True, **kw)}

@@ -10,18 +10,25 @@ from relayrl.workflows.dataflow import uses_dataflow
 SPLIT = {"placement": {"pools": {"gen": 1}, "rollout": "gen"}}
 
 
+def validate(data: dict) -> Config:
+    """The config on CPU cores (``model.device=auto`` would count GPUs on a GPU machine, where a single GPU
+    cannot hold a split placement), unless the test names a device."""
+    model = {"device": "cpu", **data.get("model", {})}
+    return Config.model_validate({**data, "model": model})
+
+
 def refused(data: dict, *words: str) -> None:
     with pytest.raises(ValueError) as info:
-        Config.model_validate(data)
+        validate(data)
     for w in words:
         assert w in str(info.value), (w, str(info.value))
 
 
 def test_default_is_colocated_sync_and_split_or_periodic_take_the_dataflow():
-    assert not uses_dataflow(Config())
-    assert uses_dataflow(Config.model_validate(SPLIT))
-    assert uses_dataflow(Config.model_validate({**SPLIT, "trainer": {"mode": "periodic"}}))
-    assert uses_dataflow(Config.model_validate({"placement": {"reward": "main"}}))  # no silent ignore
+    assert not uses_dataflow(validate({}))
+    assert uses_dataflow(validate(SPLIT))
+    assert uses_dataflow(validate({**SPLIT, "trainer": {"mode": "periodic"}}))
+    assert uses_dataflow(validate({"placement": {"reward": "main"}}))  # no silent ignore
 
 
 def test_refusals_name_the_key_and_the_fix():
@@ -41,23 +48,23 @@ def test_refusals_name_the_key_and_the_fix():
 def test_off_policy_takes_the_dataflow_with_the_rollout_on_its_own_pool():
     from relayrl.config.schema import offpolicy_placement
 
-    cfg = Config.model_validate({"trainer": {"off_policy_steps": 1}, "rollout": {"partial": True}})
+    cfg = validate({"trainer": {"off_policy_steps": 1}, "rollout": {"partial": True}})
     assert uses_dataflow(cfg)
     placed = offpolicy_placement(cfg)
     assert placed.placement.split and placed.placement.pools == {"rollout": 1}
-    named = Config.model_validate({**SPLIT, "trainer": {"off_policy_steps": 2}})
+    named = validate({**SPLIT, "trainer": {"off_policy_steps": 2}})
     assert offpolicy_placement(named) is named  # a placement that names the rollout's pool is kept
 
 
 def test_dynamic_sampling_and_remax_run_on_the_dataflow():
     for extra in ({"trainer": {"mode": "periodic"}}, {"trainer": {"off_policy_steps": 1}}):
         for algo in ({"dynamic_sampling": True}, {"advantage": "remax"}):
-            cfg = Config.model_validate({**SPLIT, **extra, "algorithm": algo})
+            cfg = validate({**SPLIT, **extra, "algorithm": algo})
             assert uses_dataflow(cfg)
 
 
 def test_tri_model_with_kl_is_accepted():
-    cfg = Config.model_validate({"trainer": {"tri_model": True}, "algorithm": {"kl_coef": 0.05}})
+    cfg = validate({"trainer": {"tri_model": True}, "algorithm": {"kl_coef": 0.05}})
     assert cfg.trainer.tri_model and not uses_dataflow(cfg)
 
 
@@ -73,9 +80,9 @@ def test_cpu_ranks_share_the_cores_even_where_a_gpu_exists(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
-    cpu = Config.model_validate({"model": {"device": "cpu"}, "cluster": {"devices": 4},
+    cpu = validate({"model": {"device": "cpu"}, "cluster": {"devices": 4},
                                  "placement": {"pools": {"gen": 4}, "rollout": "gen"}})
     assert placed_config(cpu).run.threads == 2
     assert placed_config(cpu.model_copy(update={"run": cpu.run.model_copy(update={"threads": 3})})).run.threads == 3
-    gpu = Config.model_validate({"model": {"device": "auto"}})  # one pool, GPUs: unchanged
+    gpu = validate({"model": {"device": "auto"}})  # one pool, GPUs: unchanged
     assert placed_config(gpu).run.threads == 0

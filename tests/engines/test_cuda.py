@@ -85,19 +85,44 @@ def test_bf16_policy_update_on_cuda_is_finite_and_moves_the_weights(tiny_model, 
     assert any(not torch.equal(b, p) for b, p in zip(before, eng.model.parameters()))
 
 
-def test_graphed_static_decode_matches_the_dynamic_path_on_cuda(tiny_model, tiny_dir, tiny_tokenizer):
+@pytest.mark.parametrize("swap", [False, True])
+def test_graphed_static_decode_matches_the_dynamic_path_on_cuda(tiny_model, tiny_dir, tiny_tokenizer, swap):
+    """Graph replays give the dynamic path's tokens, with rows ending at scattered steps (continuous
+    batching); ``swap``: new weights land after the 3rd decode step (partial rollout), loaded in place under
+    the recorded graphs, and both paths prefill the in-flight rows again."""
     from relayrl.models.load import load_model
 
     other = load_model(tiny_dir)
     other.load_state_dict(tiny_model.state_dict())
+    new = [(k, v.detach() + 0.05 * torch.randn(v.shape, generator=torch.Generator().manual_seed(9)))
+           for k, v in tiny_model.named_parameters()]
     dyn = NativeGenerationEngine(tiny_model.cuda(), tiny_tokenizer, max_batch=3, device="cuda", decode="dynamic")
     sta = NativeGenerationEngine(other.cuda(), tiny_tokenizer, max_batch=3, device="cuda", decode="auto")
     assert sta.static is not None and sta.static.graphs
     prompts = _ids(tiny_tokenizer, PROMPTS)
-    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=12)
-    for x, y in zip(dyn.generate(prompts, params), sta.generate(prompts, params)):
-        assert x.token_ids.tolist() == y.token_ids.tolist()
+    stop_ids = tuple(range(5, tiny_model.config.vocab_size, 3))
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=12, stop_token_ids=stop_ids)
+
+    def swapper(eng):
+        calls = [0]
+
+        def between() -> bool:
+            calls[0] += 1
+            if swap and calls[0] == 4:
+                eng.update_weights(new, version=1)
+                return True
+            return False
+        return between
+
+    a = dyn.generate(prompts, params, between=swapper(dyn))
+    b = sta.generate(prompts, params, between=swapper(sta))
+    assert len({len(c.token_ids) for c in a}) > 1  # rows ended at different steps
+    for x, y in zip(a, b):
+        assert x.token_ids.tolist() == y.token_ids.tolist() and x.finish_reason == y.finish_reason
         torch.testing.assert_close(x.logprobs, y.logprobs, atol=1e-3, rtol=1e-3)
+        assert x.token_versions.tolist() == y.token_versions.tolist()
+    if swap:
+        assert any(1 in c.token_versions.tolist() and 0 in c.token_versions.tolist() for c in b)
     assert sta.static._graphs  # the steps ran as graph replays
 
 
