@@ -16,6 +16,10 @@ Configurations (``--threads`` torch threads in total, shared out over ranks):
 On a CPU machine the ranks share its cores, so data parallelism can only add
 its communication and padding passes; the figure shows that overhead. On a
 machine with one GPU per rank the same code divides the batch's compute.
+A second part streams the same update as the periodic and off-policy trainers
+do: ``--chunks`` chunks of whole groups accumulated on N ranks, one optimizer
+step, with ``engine.grad_sync=every`` (a reduce-scatter after every pass) and
+``last`` (the default: one reduction per optimizer step).
 Figures are printed, not asserted. Run:
 ``.venv/bin/python benchmarks/data_parallel.py [--ranks 2] [--repeats 5]``.
 """
@@ -71,6 +75,31 @@ def measure(ranks: int, model: str, batch: SequenceBatch, threads: int, repeats:
     return statistics.median(upd), statistics.median(lp)
 
 
+def measure_streamed(ranks: int, model: str, batch: SequenceBatch, threads: int, repeats: int, chunks: int,
+                     grad_sync: str) -> float:
+    """Median seconds of one streamed update: ``chunks`` accumulate calls of whole groups, then the step."""
+    kw = dict(model_path=model, engine=TrainEngineConfig(grad_sync=grad_sync), total_steps=repeats + 1,
+              threads=max(1, threads // ranks), seed=0)
+    group = WorkerGroup(PolicyWorker, ResourcePool(f"st{ranks}", devices=ranks), "actor", backend="local",
+                        init_kwargs=kw)
+    loss = PolicyLoss(agg="token-mean")
+    ids = sorted(set(batch.groups))
+    parts = [batch.select([i for i, g in enumerate(batch.groups) if g in ids[c::chunks]]) for c in range(chunks)]
+    times = []
+    try:
+        for i in range(repeats + 1):
+            t = time.perf_counter()
+            group.all("begin_accumulation")
+            for part in parts:
+                group.split("accumulate", part, loss)
+            group.all("finish_accumulation")
+            if i:
+                times.append(time.perf_counter() - t)
+    finally:
+        group.shutdown()
+    return statistics.median(times)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="local model directory (default: the tiny default model)")
@@ -80,6 +109,7 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=16)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--chunks", type=int, default=8, help="streamed part: accumulate calls per update (0: skip)")
     args = ap.parse_args()
     model = args.model
     if model is None:
@@ -98,7 +128,15 @@ def main() -> None:
         label = "1 rank (in driver)" if ranks == 1 else f"{ranks} ranks (FSDP2)"
         print(f"{label:20s} update {upd * 1e3:8.1f} ms | logprobs {lp * 1e3:8.1f} ms", flush=True)
     (u1, l1), (un, ln) = results[1], results[args.ranks]
-    print(f"data_parallel: {args.ranks}-rank/1-rank time ratio update {un / u1:.2f}, logprobs {ln / l1:.2f}")
+    line = f"data_parallel: {args.ranks}-rank/1-rank time ratio update {un / u1:.2f}, logprobs {ln / l1:.2f}"
+    if args.chunks:
+        st = {how: measure_streamed(args.ranks, model, batch, args.threads, args.repeats, args.chunks, how)
+              for how in ("every", "last")}
+        for how, t in st.items():
+            print(f"{args.ranks} ranks, {args.chunks} streamed chunks, grad_sync={how:5s} update {t * 1e3:8.1f} ms",
+                  flush=True)
+        line += f"; streamed update grad_sync every/last {st['every'] / st['last']:.2f}"
+    print(line)
 
 
 if __name__ == "__main__":

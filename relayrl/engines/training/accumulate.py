@@ -142,6 +142,8 @@ class StreamedUpdate:
         """Open a streamed update (discarding any open one and its gradients)."""
         if self.optimizer is None:
             raise RuntimeError("begin_accumulation on an engine built with trainable=False")
+        if self._accumulation is not None and self._accumulation.partial is not None:
+            self._sync_gradients()  # a discarded update's held (unreduced) gradients must not reach the next
         self.optimizer.zero_grad(set_to_none=True)
         self.runner.train()
         self._accumulation = _Accumulation()
@@ -166,7 +168,7 @@ class StreamedUpdate:
             raise ValueError(f"accumulate: the chunks of one update must share the loss's normalized_by and "
                              f"summed metrics, and with_reference: this chunk gives {(by, summed, with_reference)}, "
                              f"the first gave {(acc.normalized_by, acc.partial.summed, acc.partial.with_reference)}")
-        self._backward(batch, loss_fn, temperature, with_entropy, with_reference, (1, 1), acc.partial)
+        self._backward(batch, loss_fn, temperature, with_entropy, with_reference, (1, 1), acc.partial, sync=False)
         acc.tokens += batch.num_tokens
         acc.seqs += len(batch)
 
@@ -182,6 +184,7 @@ class StreamedUpdate:
         if g_seqs == 0:
             self.optimizer.zero_grad(set_to_none=True)
             raise ValueError("finish_accumulation: the accumulated chunks hold no rows")
+        self._sync_gradients()  # the chunks' passes left the reduction over ranks to the end
         scale = 1.0 / max(g_tokens if acc.normalized_by == "tokens" else g_seqs, 1)
         with torch.no_grad():
             for p in self.model.parameters():

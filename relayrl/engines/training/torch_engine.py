@@ -118,6 +118,11 @@ class TrainEngineConfig(BaseModel):
                                "FSDP2's policy). Each micro-batch's gradients are added into the float32 master "
                                "gradients and the copy is refreshed after each optimizer step; costs one copy of "
                                "the weights in the compute dtype")
+    grad_sync: Literal["last", "every"] = Field(
+        "last", description="data parallel (FSDP2): when gradients are reduced over ranks. last: once per "
+        "optimizer step, after the last micro-batch (or streamed chunk); between micro-batches every rank holds "
+        "its unsharded float32 gradients. every: reduce-scatter after every micro-batch (less memory, a "
+        "collective per micro-batch)")
     gradient_checkpointing: bool = False
     compile: bool = Field(False, description="compile each decoder layer with torch.compile (dynamic shapes): "
                           "fuses the norms, activations and casts between the matrix products; the first "
@@ -507,17 +512,19 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
         return {k: v / steps for k, v in sums.items()}
 
     def _backward(self, sub: SequenceBatch, loss_fn: LossFn, temperature: float, with_entropy: bool | str,
-                  with_reference: bool, counts: tuple[int, int], partial: MetricSums) -> None:
+                  with_reference: bool, counts: tuple[int, int], partial: MetricSums, *, sync: bool = True) -> None:
         """Forward and backward of every micro-batch of ``sub``, gradients adding up in ``.grad``; the loss
         sees ``counts`` as ``(global_tokens, global_seqs)``; its metrics go into ``partial``. Sharded: every
-        rank runs as many passes as the busiest one (a collective), padding with zero-loss passes."""
+        rank runs as many passes as the busiest one (a collective), padding with zero-loss passes; the last
+        pass reduces the gradients over ranks (``sync=False``: none does, :meth:`_sync_gradients` will)."""
         if with_reference and REF_FIELD in sub.fields:
             raise ValueError(f"with_reference computes {REF_FIELD!r}, and the batch carries them too: drop one")
         plan = self._plan(sub) if len(sub) else []
         # Agreed before any pass: a rank done with its own passes must not enter this all-reduce while another
         # is still in a pass's FSDP2 all-gather (the collectives would not match).
         passes = fsdp.max_over_ranks(len(plan), self.device) if self.sharded else len(plan)
-        for item in plan:
+        for i, item in enumerate(plan):
+            self._grad_sync(sync and i == passes - 1)
             f = self._forward(sub, item, temperature, with_entropy, with_reference)
             fields = {k: _pad_field(v, f.rows, f.logprobs.shape[1], self.device) for k, v in sub.fields.items()}
             if f.ref is not None:
@@ -531,9 +538,26 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
             # Ranks with fewer micro-batches repeat one with a zero loss, so that FSDP2's collectives match up;
             # a rank with no rows (a streamed chunk can be empty) repeats a one-token row.
             pad_batch, pad_item = (sub, plan[-1]) if plan else self._one_token()
-            for _ in range(passes - len(plan)):
+            for i in range(len(plan), passes):
+                self._grad_sync(sync and i == passes - 1)
                 lp = self._forward(pad_batch, pad_item, temperature, False, with_reference).logprobs
                 (lp.sum() * 0.0).backward()
+
+    def _grad_sync(self, last: bool) -> None:
+        """Sharded: whether the coming backward reduce-scatters the gradients (with ``grad_sync=last``, only
+        the last pass before an optimizer step does; the others add into every rank's unsharded gradients)."""
+        if self.sharded:
+            self.net.set_requires_gradient_sync(last or self.cfg.grad_sync == "every")
+
+    def _sync_gradients(self) -> None:
+        """Sharded, ``grad_sync=last``, after passes that did not reduce (streamed chunks): reduce-scatter the
+        held gradients now, through one zero-loss one-token pass (FSDP2 reduces the held gradients with that
+        pass's zero ones). A collective: every rank calls it once."""
+        if not self.sharded or self.cfg.grad_sync == "every":
+            return
+        self._grad_sync(True)
+        batch, item = self._one_token()
+        (self._forward(batch, item, 1.0, False, False).logprobs.sum() * 0.0).backward()
 
     def _one_token(self) -> tuple[SequenceBatch, list]:
         batch = SequenceBatch([torch.zeros(1, dtype=torch.long)], [torch.zeros(1, dtype=torch.long)])
