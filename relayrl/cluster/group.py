@@ -111,6 +111,11 @@ class WorkerGroup:
         """Process id of each rank (the driver's own pid for an in-process rank)."""
         return self._ranks.pids()
 
+    def nodes(self) -> list[str]:
+        """The IP address of each rank's node (Ray), or ``"local"`` for every rank of the local backend."""
+        nodes = getattr(self._ranks, "nodes", None)
+        return nodes() if nodes is not None else ["local"] * len(self._ranks.pids())
+
     @property
     def in_driver(self) -> bool:
         """True when the group's one rank runs inside the driver process (no serialization on calls)."""

@@ -104,6 +104,8 @@ class ResourcePool:
         strategy: Ray placement strategy for the pool's bundles.
         device_ids: local backend, CUDA only: the GPU indices to use (length
             `devices`); default takes the next unused indices.
+        node: Ray backend: the IP address of the node every bundle is pinned to
+            (through Ray's ``node:<ip>`` resource); None lets ``strategy`` choose.
     """
 
     def __init__(
@@ -115,6 +117,7 @@ class ResourcePool:
         max_colocated: int = 4,
         strategy: Strategy = "PACK",
         device_ids: tuple[int, ...] | list[int] | None = None,
+        node: str | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"ResourcePool name={name!r} must be a non-empty string")
@@ -137,6 +140,9 @@ class ResourcePool:
         self.nodes = nodes
         self.max_colocated = max_colocated
         self.strategy: Strategy = strategy
+        if node is not None and (not isinstance(node, str) or not node.strip()):
+            raise ValueError(f"ResourcePool {name!r}: node={node!r} must be a node's IP address")
+        self.node = node
         self._device_ids: tuple[int, ...] | None = device_ids
         self._turns = _TurnQueue(name)
         self._state_lock = threading.Lock()
@@ -150,7 +156,7 @@ class ResourcePool:
 
     def __repr__(self) -> str:
         return (f"ResourcePool(name={self.name!r}, devices={self.devices}, device_kind={self.device_kind!r}, "
-                f"nodes={self.nodes})")
+                f"nodes={self.nodes}{'' if self.node is None else f', node={self.node!r}'})")
 
     # -- colocation bookkeeping ---------------------------------------------------------
     def attach(self, group: str) -> None:
@@ -180,6 +186,9 @@ class ResourcePool:
         """Device strings of this pool's slots on the local backend (length `devices`)."""
         if self.nodes != 1:
             raise ValueError(f"ResourcePool {self.name!r} has nodes={self.nodes}: the local backend runs on one machine; use backend='ray'")
+        if self.node is not None:
+            raise ValueError(f"ResourcePool {self.name!r} is pinned to node {self.node!r}: the local backend runs on "
+                             f"this machine only; use backend='ray'")
         if self.device_kind == "cpu":
             return ["cpu"] * self.devices
         import torch

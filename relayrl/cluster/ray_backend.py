@@ -86,7 +86,10 @@ def _acquire_placement(pool: ResourcePool, cfg: ClusterConfig):
             pool.ray_placement = (pg, refs + 1)
             return pg
         bundle = {"GPU": 1, "CPU": 1} if pool.device_kind == "cuda" else {"CPU": 1}
-        have = ray.cluster_resources().get("GPU", 0)
+        resources = ray.cluster_resources()
+        if pool.node is not None:  # pinned: every bundle asks for a sliver of the node's own resource
+            bundle[_node_resource(pool, resources)] = 1e-3
+        have = resources.get("GPU", 0)
         if pool.device_kind == "cuda" and have < pool.world_size:
             raise PlacementError(
                 f"ResourcePool {pool.name!r} needs {pool.world_size} GPU(s) but the Ray cluster has {have:g}; set "
@@ -105,6 +108,23 @@ def _acquire_placement(pool: ResourcePool, cfg: ClusterConfig):
             ) from None
         pool.ray_placement = (pg, 1)
         return pg
+
+
+def _node_resource(pool: ResourcePool, resources: dict[str, float]) -> str:
+    """Ray's ``node:<ip>`` resource of the node ``pool`` is pinned to; refuses a node the cluster lacks."""
+    key = f"node:{pool.node}"
+    if key not in resources:
+        known = sorted(k[5:] for k in resources if k.startswith("node:") and not k.startswith("node:__"))
+        raise PlacementError(f"ResourcePool {pool.name!r} is pinned to node {pool.node!r} (placement.nodes), which "
+                             f"is not in the Ray cluster; its nodes: {', '.join(known) or 'none'}")
+    if pool.world_size > 1000:
+        raise PlacementError(f"ResourcePool {pool.name!r}: a pinned pool holds at most 1000 devices")
+    return key
+
+
+def node_ips() -> list[str]:
+    """The IP address of every live node of the connected Ray cluster."""
+    return sorted(n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive"))
 
 
 def _release_placement(pool: ResourcePool) -> None:
@@ -145,7 +165,7 @@ class RayRanks:
             where = self._gather([a.where.remote() for a in self.actors], "__init__",
                                  time.monotonic() + cfg.start_timeout_s, raw=True)
             ips = [w[0] for w in where]
-            self._pids = [w[2] for w in where]
+            self._pids, self._ips = [w[2] for w in where], ips
             device = "cuda:0" if pool.device_kind == "cuda" else "cpu"  # Ray sets CUDA_VISIBLE_DEVICES per actor
             specs = [
                 StartSpec(info=RankInfo(group, r, num_ranks, ips[:r].count(ips[r]), device, distributed),
@@ -161,6 +181,9 @@ class RayRanks:
 
     def pids(self) -> list[int]:
         return list(self._pids)
+
+    def nodes(self) -> list[str]:
+        return list(self._ips)
 
     def call(self, method: str, ranks: list[int], payloads: list[tuple[tuple, dict]]) -> list[Any]:
         if self.broken is not None:
@@ -191,7 +214,8 @@ class RayRanks:
                 value = ray.get(ready[0])
             except ray.exceptions.RayActorError as exc:
                 self.broken = f"rank {r} died in {method!r}"
-                raise WorkerError(self.group, r, method, f"rank actor died: {exc}", lost=True) from None
+                node = self._ips[r] if r < len(getattr(self, "_ips", ())) else "an unknown node"
+                raise WorkerError(self.group, r, method, f"rank actor died (node {node}): {exc}", lost=True) from None
             except ray.exceptions.RayError as exc:  # the host's own method failed (e.g. unpicklable argument)
                 value = Reply(START_CALL, False, traceback=str(exc))
             replies.add(r, Reply(START_CALL, True, value) if raw and not isinstance(value, Reply) else value)

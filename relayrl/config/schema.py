@@ -263,6 +263,10 @@ class PlacementConfig(_Section):
     rollout: str = Field("main", description="pool of the rollout (generation) group")
     reference: str = Field("main", description="pool of the reference group (KL)")
     critic: str = Field("main", description="pool of the critic group (PPO)")
+    nodes: dict[str, str] = Field(default_factory=dict, description="Ray backend: pool name -> the IP address of "
+                                  "the node whose devices it takes (e.g. {main: 10.0.0.1, gen: 10.0.0.2}: the "
+                                  "actor and reference on one node, the rollout on the other); unnamed pools go "
+                                  "where Ray's PACK strategy puts them")
     reward: str = Field("driver", description="where the reward scorer runs: 'driver' (threads of the driver "
                         "process, beside every pool: rule verifiers and user functions, the default), or a pool "
                         "whose turns it takes (a reward model sharing that pool's devices)")
@@ -275,6 +279,12 @@ class PlacementConfig(_Section):
                                  "name the extra pools otherwise")
             if not isinstance(n, int) or n < 1:
                 raise ValueError(f"placement.pools.{name}={n!r} must be a device count >= 1")
+        for pool, ip in self.nodes.items():
+            if pool != "main" and pool not in self.pools:
+                raise ValueError(f"placement.nodes.{pool}: no pool {pool!r} (pools: main, "
+                                 f"{', '.join(self.pools) or 'none other'})")
+            if not isinstance(ip, str) or not ip.strip():
+                raise ValueError(f"placement.nodes.{pool}={ip!r} must be a node's IP address")
         for role in ("rollout", "reference", "critic", "reward"):
             pool = getattr(self, role)
             if pool != "main" and pool not in self.pools and not (role == "reward" and pool == "driver"):
@@ -486,6 +496,9 @@ def _check_placement(self: Config) -> None:
     if self.trainer.offload and pl.custom:
         raise ValueError("trainer.offload moves idle roles off the one pool they share (the colocated loop); "
                          "with roles placed on pools of their own, drop trainer.offload")
+    if pl.nodes and self.cluster.backend != "ray":
+        raise ValueError(f"placement.nodes pins pools to cluster nodes ({', '.join(pl.nodes)}), which only the Ray "
+                         f"backend has: set cluster.backend=ray (with cluster.ray_address) or drop placement.nodes")
     if not (pl.pools or t.off_policy_steps) or self.cluster.backend != "local":
         return  # one pool: as before; Ray places pools over its cluster and refuses what does not fit
     kind, have = available_devices(self)

@@ -174,7 +174,8 @@ class DataflowGRPO(GRPOWorkflow):
             return self.s.pool
         if name not in self._pools:  # 'driver': the driver's own threads (turns of their own, no device)
             self._pools[name] = ResourcePool(name=name, devices=self.cfg.placement.pools.get(name, 1),
-                                             device_kind="cpu" if name == "driver" else self.s.pool.device_kind)
+                                             device_kind="cpu" if name == "driver" else self.s.pool.device_kind,
+                                             node=self.cfg.placement.nodes.get(name))
         return self._pools[name]
 
     def _rollout_pool(self, main: ResourcePool) -> ResourcePool:

@@ -100,6 +100,10 @@ class GRPOWorkflow:
         if a.kl_coef > 0 and not self.tri_model:
             self.ref = make_group(cfg.cluster, self.reference_cls, self._reference_pool(s.pool), "reference",
                                   init_kwargs=dict(model_path=path, engine=cfg.engine, **prec["frozen"], **common))
+        if cfg.cluster.backend == "ray":  # say where each role landed (a multi-node run places them by pool)
+            groups = {"actor": self.actor, "critic": self.critic, "rollout": self.rollout, "reference": self.ref}
+            s.log("relayrl: placed " + ", ".join(f"{k} on {'/'.join(sorted(set(g.nodes())))}"
+                                                for k, g in groups.items() if g is not None))
         self.dock = Dock.from_config(cfg.dock)
         self.relay = WeightRelay()
         ro = cfg.rollout

@@ -144,7 +144,7 @@ class Session:
         self.reward = RewardEngine(cfg.reward, task=self.task)
         cuda = cfg.model.device == "cuda" or (cfg.model.device == "auto" and torch.cuda.is_available())
         self.pool = ResourcePool(name="main", devices=cfg.cluster.devices, nodes=cfg.cluster.nodes,
-                                 device_kind="cuda" if cuda else "cpu")
+                                 device_kind="cuda" if cuda else "cpu", node=cfg.placement.nodes.get("main"))
         self.ckpt = CheckpointManager(self.dir / "checkpoints", keep=cfg.run.keep_checkpoints)
         self.plan = resume_from(self.dir / "checkpoints", cfg.run.resume)
         if self.plan.path is not None and cfg.run.resume_check:  # before any worker starts

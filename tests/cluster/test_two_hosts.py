@@ -1,0 +1,76 @@
+"""A real two-host Ray cluster (two network namespaces on this machine, see ``two_hosts.py``): roles placed
+on the intended nodes, a GRPO run whose rollout and trainer sit on different hosts, and a host lost mid-run."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from two_hosts import start_two_hosts, usable
+
+pytestmark = [pytest.mark.multinode, pytest.mark.ray, pytest.mark.slow]
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    why = usable()
+    if why:
+        pytest.skip(why)
+    h = start_two_hosts({"PYTHONPATH": os.pathsep.join([str(ROOT), str(HERE)]),
+                         "RELAYRL_CACHE": os.environ.get("RELAYRL_CACHE", str(ROOT / ".cache" / "test-models"))})
+    yield h
+    h.close()
+
+
+def driver(hosts, code: str, *args: str):
+    out = hosts.run([sys.executable, "-c", textwrap.dedent(code), *args], timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_pools_pinned_to_nodes_land_there_and_an_unknown_node_is_refused(hosts):
+    got = driver(hosts, """
+        import json, sys
+        from cluster_workers import Echo
+        from relayrl.cluster import ClusterConfig, PlacementError, ResourcePool, make_group
+        cfg = ClusterConfig(backend="ray", ray_address=sys.argv[1])
+        a = make_group(cfg, Echo, ResourcePool("a", devices=2, node=sys.argv[2]), "on_head", init_kwargs={"tag": "a"})
+        b = make_group(cfg, Echo, ResourcePool("b", devices=1, node=sys.argv[3]), "on_worker", init_kwargs={"tag": "b"})
+        out = {"a": a.nodes(), "b": b.nodes(), "echo": b.all("echo", 7)}
+        try:
+            make_group(cfg, Echo, ResourcePool("c", node="10.99.99.99"), "nowhere")
+        except PlacementError as e:
+            out["refused"] = str(e)
+        a.shutdown(); b.shutdown()
+        print(json.dumps(out))
+        """, hosts.address, hosts.head, hosts.worker)
+    assert got["a"] == [hosts.head, hosts.head] and got["b"] == [hosts.worker]
+    assert got["echo"] == [[0, 7]]
+    assert "placement.nodes" in got["refused"] and hosts.worker in got["refused"] and hosts.head in got["refused"]
+
+
+def grpo(hosts, run_dir: Path, *extra: str):
+    return hosts.run([sys.executable, "-m", "relayrl.cli.main", "train", str(ROOT / "recipes" / "arith_grpo.yaml"),
+                      "cluster.backend=ray", f"cluster.ray_address={hosts.address}", "placement.pools.gen=1",
+                      "placement.rollout=gen", f"placement.nodes.main={hosts.head}",
+                      f"placement.nodes.gen={hosts.worker}", f"run.dir={run_dir}", "run.threads=1",
+                      "trainer.init_from=null", "data.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=8",
+                      "eval.every=0", "eval.size=8", "telemetry.sinks=[jsonl]", *extra], timeout=600)
+
+
+def test_grpo_with_the_rollout_on_the_other_host(hosts, tmp_path):
+    out = grpo(hosts, tmp_path, "trainer.mode=periodic", "trainer.steps=3")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert f"actor on {hosts.head}" in out.stdout and f"rollout on {hosts.worker}" in out.stdout
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steps = [r for r in rows if "perf/step_time_s" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert all(r["relay/bytes"] > 0 for r in steps[1:])  # the weights crossed to the rollout's host
+    assert all(r["dock/driver_bytes"] == 0 for r in steps)  # the samples went rollout host -> units -> trainer
