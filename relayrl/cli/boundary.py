@@ -8,6 +8,8 @@
 * The same error raised inside a worker rank arrives as one
   :class:`~relayrl.cluster.errors.WorkerError` carrying the message; it is
   printed as one line naming the group and the ranks that failed.
+* A worker that is lost (its process or host died) is printed the same way,
+  with the keys that resume the run.
 * Ctrl-C prints where the run stopped ("interrupted at step N; resume with
   run.resume=auto ...") and exits 130.
 * Anything else is a bug: its traceback is shown as Python shows it.
@@ -74,6 +76,13 @@ def run_guarded(fn: Callable[[argparse.Namespace], int], args: argparse.Namespac
         _say(str(exc) or "interrupted")  # a RunInterrupted says the step and the checkpoint
         return EXIT_TERMINATED if term["got"] else EXIT_INTERRUPTED
     except WorkerError as exc:
+        if exc.lost and exc.user_message is None:  # a process or host went away: not a bug, no traceback
+            if debug:
+                traceback.print_exc()
+            _say(f"error: {exc.brief()}")
+            _say("(the worker's process or host is gone: run.max_restarts=N recreates the worker groups and "
+                 "resumes from the last checkpoint by itself; run.resume=auto resumes by hand)")
+            return EXIT_USER
         if exc.user_message is None:
             raise
         if debug:

@@ -8,8 +8,10 @@ checkpoint are trained again. Each restart is printed and written to the run's l
 step records that follow carry ``run/restarts``. Errors that are not a lost worker (a bug, bad data, a
 user's reward function that raises) end the run as before: restarting would only fail again.
 
-Departure from the issue's wording: a lost *node* on Ray is recovered the same way (its actors die), but the
-driver does not wait for the node to come back: the groups are recreated on what Ray offers at once.
+A lost *node* on Ray is recovered the same way (its actors die). Groups of pools that are not pinned
+(``placement.nodes``) are recreated on what Ray offers; a pool pinned to the lost node waits for that node to
+join again, up to ``cluster.start_timeout_s``, and the run ends if it does not (tested with two hosts in
+``tests/cluster/test_two_hosts.py``).
 """
 
 from __future__ import annotations

@@ -74,3 +74,63 @@ def test_grpo_with_the_rollout_on_the_other_host(hosts, tmp_path):
     assert [r["step"] for r in steps] == [1, 2, 3]
     assert all(r["relay/bytes"] > 0 for r in steps[1:])  # the weights crossed to the rollout's host
     assert all(r["dock/driver_bytes"] == 0 for r in steps)  # the samples went rollout host -> units -> trainer
+
+
+def _steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(x)["step"] for x in path.read_text().splitlines() if x.strip() and "perf/step_time_s" in x]
+
+
+def test_losing_the_rollout_host(hosts, tmp_path):
+    """Without restarts the run ends with an error naming the group, rank and host, and hangs nowhere; with
+    ``run.max_restarts=1`` it waits for the host to come back, resumes from the last checkpoint and finishes."""
+    import subprocess
+    import time
+
+    def launch(run_dir: Path, *extra: str) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "relayrl.cli.main", "train", str(ROOT / "recipes" / "arith_grpo.yaml"),
+               "cluster.backend=ray", f"cluster.ray_address={hosts.address}", "placement.pools.gen=1",
+               "placement.rollout=gen", f"placement.nodes.main={hosts.head}", f"placement.nodes.gen={hosts.worker}",
+               f"run.dir={run_dir}", "run.threads=1", "trainer.init_from=null", "data.prompts_per_step=4",
+               "rollout.n=4", "rollout.max_new_tokens=8", "eval.every=0", "eval.size=8", "telemetry.sinks=[jsonl]",
+               "run.save_every=1", "trainer.steps=5", "cluster.start_timeout_s=120", *extra]
+        return subprocess.Popen(hosts.exec("head", cmd), env={**os.environ, **hosts.env}, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+
+    def kill_after_step(proc: subprocess.Popen, run_dir: Path, step: int) -> None:
+        deadline = time.monotonic() + 300
+        while max(_steps(run_dir), default=0) < step:
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, "the run made no progress"
+            time.sleep(0.5)
+        hosts.kill_node("worker")
+
+    lone = tmp_path / "no-restart"
+    proc = launch(lone)
+    try:
+        kill_after_step(proc, lone, 2)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        hosts.start_node("worker")
+        hosts.wait_nodes(2)
+    assert proc.returncode not in (0, None), out[-3000:]
+    assert "'rollout' rank 0" in out and hosts.worker in out and "run.max_restarts" in out, out[-3000:]
+    assert "relayrl.cluster.errors.WorkerError" not in out, out[-3000:]  # no bug: one message, no traceback
+
+    again = tmp_path / "restart"
+    proc = launch(again, "run.max_restarts=1")
+    try:
+        kill_after_step(proc, again, 2)
+        time.sleep(3)
+        hosts.start_node("worker")  # the host comes back while the driver waits to place the rollout there
+        out, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    assert "restart 1/1" in out and "restart 1/1" in (again / "restarts.log").read_text()
+    assert max(_steps(again)) == 5
