@@ -119,21 +119,20 @@ def demo_models(seed: int) -> Path:
     from relayrl.models.tiny import default_cache_dir
     from relayrl.workflows.sft import train_sft
 
+    from demo_models import base_model
+
     root = default_cache_dir() / f"async_flow-seed{seed}"
     sft = root / f"tail{P_TAIL}-sft" / "model"
     if (sft / "config.json").is_file():
         return sft
-    base = root / "base" / "model"
-    common = [f"run.seed={seed}", "run.overwrite=true", "telemetry.sinks=[jsonl]"]
-    if not (base / "config.json").is_file():
-        print(f"async_flow: pretraining the demo's base model into {base.parent} ...", flush=True)
-        train_sft(load_config(Config, REPO / "recipes" / "arith_base.yaml", [f"run.dir={base.parent}", *common]))
+    base = base_model(seed)
     root.mkdir(parents=True, exist_ok=True)
     data = root / f"tail{P_TAIL}_sft.jsonl"
     tail_sft_data(data, 20000, seed, p_tail=P_TAIL, mean_tail=MEAN_TAIL)
     print(f"async_flow: SFT on the long-tail teacher into {sft.parent} ...", flush=True)
     return train_sft(load_config(Config, REPO / "recipes" / "arith_sft.yaml", [
-        f"run.dir={sft.parent}", *common, "data.task=null", f"data.path={data}", f"trainer.init_from={base}",
+        f"run.dir={sft.parent}", f"run.seed={seed}", "run.overwrite=true", "telemetry.sinks=[jsonl]",
+        "data.task=null", f"data.path={data}", f"trainer.init_from={base}",
         "trainer.steps=300", "eval.every=0", "eval.size=50", "rollout.max_new_tokens=48", "reward.verifier=exact"]))
 
 

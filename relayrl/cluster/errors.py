@@ -24,11 +24,13 @@ class WorkerError(RuntimeError):
         other_ranks: further ranks that failed in the same call with the same user message.
         lost: the rank's process (or Ray actor) died rather than raised: the worker is gone, which
             ``run.max_restarts`` may recover from by recreating the groups from the last checkpoint.
+        node_id: Ray: the id of the node the lost rank ran on (a restart waits until Ray has marked it dead).
     """
 
     def __init__(self, group: str, rank: int, method: str, remote_traceback: str,
-                 user_message: str | None = None, lost: bool = False) -> None:
+                 user_message: str | None = None, lost: bool = False, node_id: str | None = None) -> None:
         self.lost = lost
+        self.node_id = node_id
         self.group = group
         self.rank = rank
         self.method = method
@@ -40,9 +42,9 @@ class WorkerError(RuntimeError):
             f"--- remote traceback (rank {rank}) ---\n{remote_traceback.rstrip()}\n--- end remote traceback ---"
         )
 
-    def __reduce__(self):  # keep the four fields when pickled (e.g. through Ray)
+    def __reduce__(self):  # keep the fields when pickled (e.g. through Ray)
         return (WorkerError, (self.group, self.rank, self.method, self.remote_traceback, self.user_message,
-                              self.lost))
+                              self.lost, self.node_id))
 
     def brief(self) -> str:
         """One line for the user: where it failed and the user message (or the last traceback line)."""

@@ -55,9 +55,9 @@ class _RankHost:
     def __init__(self) -> None:
         self.runtime: RankRuntime | None = None
 
-    def where(self) -> tuple[str, int, int]:
-        """(node IP, a free port on that node, pid)."""
-        return ray.util.get_node_ip_address(), free_port(), os.getpid()
+    def where(self) -> tuple[str, int, int, str]:
+        """(node IP, a free port on that node, pid, node id)."""
+        return ray.util.get_node_ip_address(), free_port(), os.getpid(), ray.get_runtime_context().get_node_id()
 
     def start(self, spec: StartSpec) -> Reply:
         try:
@@ -122,6 +122,18 @@ def _node_resource(pool: ResourcePool, resources: dict[str, float]) -> str:
     return key
 
 
+def wait_node_dead(node_id: str, timeout_s: float = 90.0) -> bool:
+    """Until Ray's control store reports the node ``node_id`` dead (it notices a lost node by missed health
+    checks, some seconds after its actors' connections break); False if it still looks alive at the
+    deadline. Scheduling before that may place new actors on the node that is gone."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(n["NodeID"] == node_id and n.get("Alive") for n in ray.nodes()):
+            return True
+        time.sleep(0.5)
+    return False
+
+
 def node_ips() -> list[str]:
     """The IP address of every live node of the connected Ray cluster."""
     return sorted(n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive"))
@@ -165,7 +177,7 @@ class RayRanks:
             where = self._gather([a.where.remote() for a in self.actors], "__init__",
                                  time.monotonic() + cfg.start_timeout_s, raw=True)
             ips = [w[0] for w in where]
-            self._pids, self._ips = [w[2] for w in where], ips
+            self._pids, self._ips, self._node_ids = [w[2] for w in where], ips, [w[3] for w in where]
             device = "cuda:0" if pool.device_kind == "cuda" else "cpu"  # Ray sets CUDA_VISIBLE_DEVICES per actor
             specs = [
                 StartSpec(info=RankInfo(group, r, num_ranks, ips[:r].count(ips[r]), device, distributed),
@@ -214,8 +226,10 @@ class RayRanks:
                 value = ray.get(ready[0])
             except ray.exceptions.RayActorError as exc:
                 self.broken = f"rank {r} died in {method!r}"
-                node = self._ips[r] if r < len(getattr(self, "_ips", ())) else "an unknown node"
-                raise WorkerError(self.group, r, method, f"rank actor died (node {node}): {exc}", lost=True) from None
+                known = r < len(getattr(self, "_ips", ()))
+                node = self._ips[r] if known else "an unknown node"
+                raise WorkerError(self.group, r, method, f"rank actor died (node {node}): {exc}", lost=True,
+                                  node_id=self._node_ids[r] if known else None) from None
             except ray.exceptions.RayError as exc:  # the host's own method failed (e.g. unpicklable argument)
                 value = Reply(START_CALL, False, traceback=str(exc))
             replies.add(r, Reply(START_CALL, True, value) if raw and not isinstance(value, Reply) else value)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class DockConfig(BaseModel):
@@ -23,6 +23,15 @@ class DockConfig(BaseModel):
         "local", description="'local': in-process units; 'process': one local process per unit (reachable from rank "
                              "processes); 'ray': one actor per unit.")
     lease_s: float = Field(60.0, gt=0.0, description="Seconds a handed-out row stays leased before it is re-delivered.")
+    nodes: tuple[str, ...] = Field((), description="'ray': the IP addresses of the nodes the units live on (unit i "
+                                   "on nodes[i % len(nodes)]); empty: Ray spreads them over the cluster")
+
+    @model_validator(mode="after")
+    def _check_nodes(self) -> "DockConfig":
+        if self.nodes and self.backend != "ray":
+            raise ValueError(f"dock.nodes places units on Ray nodes; dock.backend={self.backend!r} runs them on this "
+                             f"machine: set dock.backend=ray or drop dock.nodes")
+        return self
 
 
 @dataclass(frozen=True)

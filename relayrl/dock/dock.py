@@ -89,8 +89,8 @@ class Dock:
     """
 
     def __init__(self, units: int = 1, backend: str = "local", lease_s: float = 60.0, *,
-                 ray_address: str | None = None, io_timeout_s: float = 60.0) -> None:
-        cfg = DockConfig(units=units, backend=backend, lease_s=lease_s)  # validates
+                 ray_address: str | None = None, io_timeout_s: float = 60.0, nodes: tuple[str, ...] = ()) -> None:
+        cfg = DockConfig(units=units, backend=backend, lease_s=lease_s, nodes=tuple(nodes))  # validates
         if not io_timeout_s > 0:
             raise ValueError(f"Dock: io_timeout_s={io_timeout_s!r} must be > 0 seconds (default 60)")
         self.config = cfg
@@ -100,7 +100,7 @@ class Dock:
         elif cfg.backend == "process":
             self._plane = ProcessPlane(cfg.units, io_timeout_s)
         else:
-            self._plane = RayPlane(cfg.units, ray_address, io_timeout_s)
+            self._plane = RayPlane(cfg.units, ray_address, io_timeout_s, cfg.nodes)
         self._lock = threading.Lock()
         self._parts: dict[str, _Partition] = {}
         self._stages: dict[str, StageController] = {}
@@ -109,7 +109,7 @@ class Dock:
     @classmethod
     def from_config(cls, cfg: DockConfig, **kwargs: Any) -> "Dock":
         """Build a dock from a ``DockConfig`` (extra keyword options as in ``__init__``)."""
-        return cls(units=cfg.units, backend=cfg.backend, lease_s=cfg.lease_s, **kwargs)
+        return cls(units=cfg.units, backend=cfg.backend, lease_s=cfg.lease_s, nodes=cfg.nodes, **kwargs)
 
     # --- partitions -------------------------------------------------------------------
     def open_partition(self, name: str, rows: int, *, group_size: int = 1, columns: Sequence[str] | None = None) -> None:

@@ -135,7 +135,7 @@ class LocalPlane:
 class RayPlane:
     """One Ray actor per unit; packed numpy buffers on the wire."""
 
-    def __init__(self, n_units: int, address: str | None, timeout_s: float) -> None:
+    def __init__(self, n_units: int, address: str | None, timeout_s: float, nodes: Sequence[str] = ()) -> None:
         import ray
 
         if not ray.is_initialized():
@@ -144,7 +144,13 @@ class RayPlane:
         self.n_units = n_units
         self.timeout_s = timeout_s
         actor = make_ray_unit_class()
-        self.units = [actor.options(scheduling_strategy="SPREAD").remote() for _ in range(n_units)]
+        have = ray.cluster_resources()
+        missing = [ip for ip in nodes if f"node:{ip}" not in have]
+        if missing:
+            raise DockError(f"dock.nodes names {', '.join(missing)}, not in the Ray cluster (its nodes: "
+                            f"{', '.join(sorted(k[5:] for k in have if k.startswith('node:') and k[5:7] != '__'))})")
+        self.units = [actor.options(resources={f"node:{nodes[i % len(nodes)]}": 1e-3}).remote() if nodes else
+                      actor.options(scheduling_strategy="SPREAD").remote() for i in range(n_units)]
         ray.get([u.ping.remote() for u in self.units], timeout=timeout_s)
         self.writers = [UnitWriter(u, ray, timeout_s) for u in self.units]
 

@@ -47,11 +47,27 @@ def run_with_restarts(cfg: Config, run: Callable[[Config], Path], log: Callable[
                 log(f"relayrl: restart {done}/{cfg.run.max_restarts} (run.max_restarts): {e.brief()}; "
                     f"recreating the worker groups and resuming from the last checkpoint in {cfg.run.dir}")
                 _note(cfg.run.dir, f"restart {done}/{cfg.run.max_restarts}: {e.brief()}")
+                if e.node_id is not None:
+                    _settle(e.node_id, log)
                 if cfg.run.resume != "auto" and CheckpointManager(Path(cfg.run.dir) / "checkpoints").latest():
                     # (no checkpoint of this run yet: start as the run did, from scratch or its resume path)
                     cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"resume": "auto"})})
     finally:
         RESTARTS.reset(token)
+
+
+def _settle(node_id: str, log: Callable[[str], None]) -> None:
+    """Ray: wait until the node a lost rank ran on is marked dead, so that the new groups (and the dock's
+    units) are not scheduled onto it."""
+    import ray
+
+    from relayrl.cluster.ray_backend import wait_node_dead
+
+    if not ray.is_initialized():
+        return
+    log(f"relayrl: waiting for Ray to mark node {node_id[:12]} dead before placing the groups again")
+    if not wait_node_dead(node_id):
+        log(f"relayrl: node {node_id[:12]} still looks alive to Ray after 90 s; placing the groups anyway")
 
 
 def _note(run_dir: Path, text: str) -> None:
