@@ -177,6 +177,11 @@ class _TrainerWorker(_MemoryProbe, Worker):
 
     def load_state(self, state: dict) -> None:
         """Load a checkpoint's state (every rank gets the full state and keeps its shard)."""
+        if self.lora is not None and state.get("model") is not None:  # before the optimizer state meets it
+            extra = sorted(set(state["model"]) - set(lora_lib.trainable_names(self.engine.model)))
+            if extra:
+                raise ValueError(f"checkpoint does not match the LoRA model (model.lora.enabled): unexpected "
+                                 f"{extra[:5]}; a LoRA checkpoint holds the adapters only")
         missing, unexpected = self.engine.load_state(state)
         missing = [m for m in missing if not m.endswith("lm_head.weight")]  # tied to the embeddings
         if self.lora is not None:  # the frozen base comes from the model path, not the checkpoint
