@@ -190,6 +190,10 @@ class _TrainerWorker(_MemoryProbe, Worker):
         if missing or unexpected:
             raise ValueError(f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
+    def footprint(self) -> dict[str, float]:
+        """Total and trainable parameters and the optimizer state's bytes (this rank's shard when sharded)."""
+        return self.engine.footprint()
+
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         """Shapes of what a checkpoint of this model holds (LoRA: the trained parameters only)."""
         shapes = {n: tuple(t.shape) for n, t in self.engine.model.state_dict().items()}
