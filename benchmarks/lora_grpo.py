@@ -71,6 +71,11 @@ def workflow(recipe: str, model: Path, out: Path, a: argparse.Namespace):
         "telemetry.sinks=[jsonl]", f"run.threads={a.threads}", *a.override]))
 
 
+def last_accuracy(wf) -> float:
+    lines = (wf.s.dir / "metrics.jsonl").read_text().splitlines()
+    return next(r["eval/accuracy"] for r in map(json.loads, reversed(lines)) if "eval/accuracy" in r)
+
+
 def summary(wf, times: list[float], a: argparse.Namespace) -> dict:
     recs = [json.loads(line) for line in (wf.s.dir / "metrics.jsonl").read_text().splitlines()]
     acc = [r["eval/accuracy"] for r in recs if "eval/accuracy" in r]
@@ -106,9 +111,8 @@ def main() -> int:
             times[k].append(time.perf_counter() - t0)
             wf.s.end_step(step, metrics, evaluate=wf.evaluate, save=wf.save)
         if step % a.eval_every == 0:
-            print(f"lora_grpo: step {step}: " + ", ".join(
-                f"{k} accuracy {100 * json.loads((wf.s.dir / 'metrics.jsonl').read_text().splitlines()[-1])['eval/accuracy']:.1f}%"
-                for k, wf in runs.items()), flush=True)
+            print(f"lora_grpo: step {step}: " + ", ".join(f"{k} accuracy {100 * last_accuracy(wf):.1f}%"
+                                                          for k, wf in runs.items()), flush=True)
     assert all(list(s) == list(range(1, a.steps + 1)) for s in steps.values())
     res = {k: summary(wf, times[k], a) for k, wf in runs.items()}
     for wf in runs.values():

@@ -109,7 +109,7 @@ class _TrainerWorker(_MemoryProbe, Worker):
     tri_model = False
     """Whether the engine holds a frozen reference copy and fills ``ref_logprobs`` in place (PolicyWorker)."""
 
-    lora = None
+    peft_model = None
     """The ``peft.PeftModel`` around the engine's model when ``model.lora.enabled`` (adapters trained, base
     frozen; :mod:`relayrl.models.lora`), else None."""
 
@@ -122,16 +122,16 @@ class _TrainerWorker(_MemoryProbe, Worker):
         model = load(model_path, dtype=dtype, device=dev, attn_implementation=attn_implementation)
         if lora is not None and lora.enabled:  # a critic's value head (fresh, zero) trains in full
             head = (model.get_output_embeddings(),) if engine_kwargs.get("output") == "values" else ()
-            self.lora = lora_lib.apply_lora(model, lora, trainable=head)
+            self.peft_model = lora_lib.apply_lora(model, lora, trainable=head)
         reference = None
-        if self.tri_model and self.lora is None:  # the initial policy again, in the compute dtype (as a ReferenceWorker's)
+        if self.tri_model and self.peft_model is None:  # the initial policy again, in the compute dtype
             reference = load_model(model_path, dtype=compute_dtype or dtype, device=dev,
                                    attn_implementation=attn_implementation)
         self.engine = TorchTrainingEngine(model, engine, total_steps=total_steps, device=dev,
                                           compute_dtype=resolve_dtype(compute_dtype or dtype), reference=reference,
-                                          reference_adapters_off=self.tri_model and self.lora is not None,
+                                          reference_adapters_off=self.tri_model and self.peft_model is not None,
                                           **engine_kwargs)
-        if self.lora is not None and self.engine.sharded:
+        if self.peft_model is not None and self.engine.sharded:
             raise ValueError("model.lora.enabled with a sharded (FSDP2) trainer is not supported: train LoRA on "
                              "one data-parallel rank (cluster.devices=1, cluster.nodes=1)")
 
@@ -170,22 +170,22 @@ class _TrainerWorker(_MemoryProbe, Worker):
         """Full model, optimizer and scheduler state (collective when sharded; None on ranks > 0). LoRA: the
         model state holds the trained parameters only (the adapters; a critic's head), as does the optimizer."""
         state = self.engine.state()
-        if self.lora is not None:
-            keep = set(lora_lib.trainable_names(self.engine.model))
+        keep = self._checkpointed()
+        if keep is not None:
             state["model"] = {k: v for k, v in state["model"].items() if k in keep}
         return state if getattr(self, "rank", 0) == 0 else None
 
     def load_state(self, state: dict) -> None:
         """Load a checkpoint's state (every rank gets the full state and keeps its shard)."""
-        if self.lora is not None and state.get("model") is not None:  # before the optimizer state meets it
-            extra = sorted(set(state["model"]) - set(lora_lib.trainable_names(self.engine.model)))
+        keep = self._checkpointed()
+        if keep is not None and state.get("model") is not None:  # before the optimizer state meets it
+            extra = sorted(set(state["model"]) - keep)
             if extra:
                 raise ValueError(f"checkpoint does not match the LoRA model (model.lora.enabled): unexpected "
                                  f"{extra[:5]}; a LoRA checkpoint holds the adapters only")
         missing, unexpected = self.engine.load_state(state)
         missing = [m for m in missing if not m.endswith("lm_head.weight")]  # tied to the embeddings
-        if self.lora is not None:  # the frozen base comes from the model path, not the checkpoint
-            keep = set(lora_lib.trainable_names(self.engine.model))
+        if keep is not None:  # the frozen base comes from the model path, not the checkpoint
             missing = [m for m in missing if m in keep]
         if missing or unexpected:
             raise ValueError(f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
@@ -197,10 +197,13 @@ class _TrainerWorker(_MemoryProbe, Worker):
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         """Shapes of what a checkpoint of this model holds (LoRA: the trained parameters only)."""
         shapes = {n: tuple(t.shape) for n, t in self.engine.model.state_dict().items()}
-        if self.lora is not None:
-            keep = set(lora_lib.trainable_names(self.engine.model))
-            shapes = {n: s for n, s in shapes.items() if n in keep}
-        return shapes
+        keep = self._checkpointed()
+        return shapes if keep is None else {n: s for n, s in shapes.items() if n in keep}
+
+    def _checkpointed(self) -> set[str] | None:
+        """LoRA: the names a checkpoint holds (the trained parameters: adapters, a critic's head); None: the
+        whole model state."""
+        return None if self.peft_model is None else set(lora_lib.trainable_names(self.engine.model))
 
     def offload(self, weights: bool = True) -> float:
         """Optimizer state (and weights, unless a colocated rollout reads them) to host; seconds taken."""
@@ -245,7 +248,7 @@ class PolicyWorker(_TrainerWorker):
         """The weights to relay. Sharded (FSDP2): every rank must call this (the full tensors are gathered);
         rank 0 gets them, the other ranks None. Unsharded: the live parameters, no copy. LoRA: the merged
         weights ``W + scale * B @ A`` under the base model's names (new tensors for the adapted layers)."""
-        if self.lora is not None:
+        if self.peft_model is not None:
             return lora_lib.merged_weights(self.engine.model)
         named = self.engine.named_weights()
         if not self.engine.sharded:
@@ -257,7 +260,7 @@ class PolicyWorker(_TrainerWorker):
         """Save the model as a Hugging Face directory (collective when sharded; rank 0 writes). LoRA: the
         merged model there (base names, loads like any model) and the adapter alone in ``path/adapter``
         (peft's format: ``adapter_config.json``, ``adapter_model.safetensors``)."""
-        if self.lora is not None:
+        if self.peft_model is not None:
             full = {n: t.detach().cpu().clone() for n, t in lora_lib.merged_weights(self.engine.model)}
         else:
             full = fsdp.full_model_state(self.engine.model)
@@ -266,8 +269,8 @@ class PolicyWorker(_TrainerWorker):
         Path(path).mkdir(parents=True, exist_ok=True)
         self.engine.model.save_pretrained(path, state_dict=full)
         self.tokenizer.save_pretrained(path)
-        if self.lora is not None:
-            self.lora.save_pretrained(str(Path(path) / "adapter"))
+        if self.peft_model is not None:
+            self.peft_model.save_pretrained(str(Path(path) / "adapter"))
 
 
 class CriticWorker(_TrainerWorker):

@@ -57,7 +57,10 @@ the ``ref_logprobs`` field without a second packing or a separate worker.
 Departure from the paper: there is no separate old-policy copy; with one update
 per batch the old policy is the detached current policy (the loss's default),
 and with several the workflow computes old and reference log-probs together
-beforehand (``logprobs_with_reference``).
+beforehand (``logprobs_with_reference``). With LoRA adapters on the model
+(``reference_adapters_off``, :mod:`relayrl.models.lora`) the reference is the
+model's own pass with every adapter switched off: the frozen base, which is the
+initial policy since adapters start at zero, with no second copy of the weights.
 
 Mixed precision (``compute_dtype`` lower than the weights' dtype): the
 weights, gradients and optimizer state stay in the weights' dtype (float32
