@@ -58,3 +58,19 @@ def test_lora_tri_model_kl_run(sft_model, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     last = records(tmp_path)[-1]
     assert last["actor/ref_forward_passes"] >= 1 and "actor/kl" in last
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["arith_ppo", "arith_dpo", "arith_sft"])
+def test_lora_runs_in_every_workflow(sft_model, tmp_path, recipe):
+    """PPO (actor and critic adapted, the critic's head trained in full), DPO and SFT take model.lora too."""
+    r = relayrl("train", f"recipes/{recipe}.yaml", f"run.dir={tmp_path}", "trainer.steps=2", "run.save_every=2",
+                "model.lora.enabled=true", "model.lora.r=4", f"trainer.init_from={sft_model}", *FAST)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ck = tmp_path / "checkpoints" / "step-000002"
+    assert all(".lora_" in k for k in load_file(ck / "model.safetensors"))
+    if recipe == "arith_ppo":
+        critic = torch.load(ck / "extra.pt", weights_only=False)["critic"]["model"]
+        assert {"lm_head.weight", "lm_head.bias"} <= set(critic)
+        assert all(".lora_" in k or k.startswith("lm_head.") for k in critic)
+    assert (tmp_path / "model" / "adapter" / "adapter_config.json").is_file()
