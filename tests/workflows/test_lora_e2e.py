@@ -74,3 +74,29 @@ def test_lora_runs_in_every_workflow(sft_model, tmp_path, recipe):
         assert {"lm_head.weight", "lm_head.bias"} <= set(critic)
         assert all(".lora_" in k or k.startswith("lm_head.") for k in critic)
     assert (tmp_path / "model" / "adapter" / "adapter_config.json").is_file()
+
+
+@pytest.mark.slow
+def test_colocated_rollout_takes_merged_weights_not_the_actors_parameters(tmp_path):
+    """In one process the rollout would run on the actor's parameters (zero-copy); with LoRA it keeps its own
+    copy, and after a step holds exactly the actor's merged weights."""
+    from relayrl.config.loader import load_config
+    from relayrl.config.schema import Config
+    from relayrl.workflows.grpo import GRPOWorkflow
+
+    wf = GRPOWorkflow(load_config(Config, "recipes/arith_grpo_lora.yaml", [
+        f"run.dir={tmp_path}", "trainer.steps=1", "eval.every=0", "data.prompts_per_step=2", "rollout.n=4",
+        "rollout.max_new_tokens=8", "reward.verifier=user", "reward.user_fn=dataflow_rewards:by_length",
+        "trainer.init_from=null", "engine.optim.warmup_steps=0", *FAST]))
+    try:
+        assert wf.actor.in_driver and wf.rollout.in_driver and not wf.shared
+        assert list(wf.begin()) == [1]  # restore (the first relay), telemetry, the step-0 evaluation
+        metrics = wf.step(1)
+        assert metrics["actor/grad_norm"] > 0
+        merged = dict(wf.actor.one("named_weights"))
+        rollout = dict(wf.rollout._ranks.worker.engine.model.named_parameters())
+        assert set(rollout) == set(merged)
+        for n, p in rollout.items():
+            assert torch.equal(p, merged[n]) and p.data_ptr() != merged[n].data_ptr(), n
+    finally:
+        wf.shutdown()
