@@ -59,10 +59,6 @@ class LoraConfig(BaseModel):
             raise ValueError("model.lora.target_modules is empty: name at least one linear layer (e.g. q_proj)")
         return v
 
-    @property
-    def scale(self) -> float:
-        return self.alpha / self.r
-
 
 def apply_lora(model: torch.nn.Module, cfg: LoraConfig, *, trainable: tuple[torch.nn.Module, ...] = ()):
     """Inject ``cfg``'s adapters into ``model`` (in place) and freeze everything else but ``trainable``
