@@ -159,3 +159,17 @@ def test_config_errors_name_the_key(tiny_dir):
              "cluster.devices=1")
     with pytest.raises(ValueError, match=r"model\.lora\.target_modules names \['c_attn'\]"):
         PolicyWorker(**_kw(tiny_dir), lora=LoraConfig(enabled=True, target_modules=["q_proj", "c_attn"]))
+
+
+def test_resuming_with_lora_switched_is_refused_naming_the_key():
+    from pathlib import Path
+
+    from relayrl.checkpoint import CheckpointError
+    from relayrl.checkpoint.rundir import check_fingerprint
+
+    lora = Config.model_validate({"model": {"lora": {"enabled": True}}}).model_dump(mode="json")
+    full = Config().model_dump(mode="json")
+    with pytest.raises(CheckpointError, match="model.lora.enabled: checkpoint True, now False"):
+        check_fingerprint(Path("ck"), lora, full)
+    del lora["model"]["lora"]  # a checkpoint written before model.lora existed: nothing to compare
+    check_fingerprint(Path("ck"), lora, full)
