@@ -34,6 +34,7 @@ __all__ = ["FINGERPRINT", "RunDirError", "claim_run_dir", "config_differences", 
 FINGERPRINT: tuple[str, ...] = (
     "workflow", "run.seed", "model.path", "model.tiny", "model.dtype", "trainer.init_from",
     "data.task", "data.task_options", "data.path", "data.prompt_key", "data.answer_key", "algorithm.advantage",
+    "model.lora.enabled", "model.lora.r", "model.lora.target_modules",
 )
 """Dotted config keys that must match between a checkpoint and the run that resumes it."""
 
@@ -121,7 +122,8 @@ def check_fingerprint(checkpoint: Path, saved: Mapping[str, Any] | None, current
     """Refuse to resume ``checkpoint`` when its saved config differs from ``current`` on :data:`FINGERPRINT`."""
     if saved is None:
         return  # a checkpoint saved without its config (older runs): nothing to compare
-    keys = FINGERPRINT
+    # a key the saved config lacks was added to relayrl after the checkpoint was written: nothing to compare
+    keys = tuple(k for k in FINGERPRINT if _at(saved, k) != "<unset>")
     if any(_at(current, k) not in (None, "<unset>") for k in ("trainer.init_from", "model.path")):
         keys = tuple(k for k in keys if k != "model.tiny")  # the tiny default's shape is not used then
     diff = config_differences(saved, current, keys)

@@ -20,6 +20,7 @@ from relayrl.engines.reward import RewardConfig
 from relayrl.engines.training.base import OptimConfig
 from relayrl.engines.training.torch_engine import TrainEngineConfig
 from relayrl.environments.config import EnvConfig
+from relayrl.models.lora import LoraConfig
 from relayrl.models.tiny import TinyModelConfig
 from relayrl.telemetry import TelemetryConfig
 
@@ -63,6 +64,8 @@ class ModelConfig(_Section):
         "smaller than the dtype's resolution are lost (a bf16 weight of 0.02 ignores steps below ~1e-4), so "
         "this must be asked for explicitly")
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    lora: LoraConfig = Field(LoraConfig(), description="LoRA adapters on the trained roles (peft); the rollout "
+                             "gets merged weights, checkpoints hold the adapters")
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flex_attention"] = Field(
         "sdpa", description="attention of the trained and frozen models. flex_attention (CUDA): the packed "
         "training passes attend only the tiles of the pack that the shared-prompt mask needs (a FlexAttention "
@@ -411,6 +414,10 @@ class Config(_Section):
             what = "data.prompts_per_step x rollout.n" if self.workflow == "grpo" else "trainer.batch_size"
             raise ValueError(f"{what} = {rows} rows over {ranks} data-parallel rank(s) leaves {rows // ranks} per "
                              f"rank, fewer than trainer.mini_batches={self.trainer.mini_batches}")
+        if self.model.lora.enabled and ranks > 1:
+            raise ValueError(f"model.lora.enabled trains on one data-parallel rank; cluster.devices x cluster.nodes "
+                             f"= {ranks} would shard the adapted model with FSDP2, which relayrl does not support "
+                             f"with LoRA: set cluster.devices=1 and cluster.nodes=1 (or model.lora.enabled=false)")
         _check_placement(self)
         _check_env(self)
         if self.data.messages_key is not None and (self.workflow != "sft" or self.data.path is None):

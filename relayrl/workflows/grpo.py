@@ -86,12 +86,12 @@ class GRPOWorkflow:
         self.tri_model = cfg.trainer.tri_model
         self.actor = make_group(cfg.cluster, self.policy_cls, s.pool, "actor", init_kwargs=dict(
             model_path=path, engine=cfg.engine, total_steps=updates, seed=cfg.run.seed, tri_model=self.tri_model,
-            **prec["trained"], **common))
+            lora=m.lora, **prec["trained"], **common))
         self.critic = None
         if adv_lib.NEEDS[a.advantage].values:  # PPO: a critic from the same network, with its own optimizer settings
             self.critic = make_group(cfg.cluster, self.critic_cls, self._critic_pool(s.pool), "critic", init_kwargs=dict(
                 model_path=path, engine=cfg.engine.model_copy(update={"optim": cfg.critic.optim}), total_steps=updates,
-                seed=cfg.run.seed, **prec["trained"], **common))
+                seed=cfg.run.seed, lora=m.lora, **prec["trained"], **common))
             self.value_loss = ValueLoss(clip=cfg.critic.value_clip)
         self.rollout = make_group(self._rollout_cluster(), self.rollout_cls, self._rollout_pool(s.pool), "rollout", init_kwargs=dict(
             model_path=path, max_batch=cfg.rollout.max_batch, seed=cfg.run.seed, decode=cfg.rollout.decode,
@@ -133,9 +133,12 @@ class GRPOWorkflow:
 
     def _share_rollout_weights(self, prec: dict) -> bool:
         """Zero-redundancy colocation: when the actor and the rollout live in the driver process with the
-        same weight dtype, the rollout engine runs on the actor's parameters (no copy, no relay traffic)."""
+        same weight dtype, the rollout engine runs on the actor's parameters (no copy, no relay traffic). Not
+        with LoRA: the rollout needs the merged weights, which the actor does not hold, so it keeps a copy."""
         a, r = self.actor, self.rollout
         if not (a.in_driver and r.in_driver) or prec["trained"]["dtype"] != prec["rollout"]["dtype"]:
+            return False
+        if self.cfg.model.lora.enabled:
             return False
         r.one("share_weights", a.one("named_weights"), 0)
         return True

@@ -38,7 +38,7 @@ class OfflineRun:
         self.precision = role_precision(m, cfg.rollout)
         self.groups: list[WorkerGroup] = []
         self.actor = self.group(PolicyWorker, "actor", engine=cfg.engine, total_steps=cfg.trainer.steps,
-                                seed=cfg.run.seed, **self.precision["trained"])
+                                seed=cfg.run.seed, lora=m.lora, **self.precision["trained"])
         self.rollout = self.group(RolloutWorker, "rollout", max_batch=cfg.rollout.max_batch, seed=cfg.run.seed,
                                   decode=cfg.rollout.decode, **self.precision["rollout"])
         self.episodes = episode_spec(cfg)  # env.name: evaluate with multi-turn episodes

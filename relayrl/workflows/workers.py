@@ -33,6 +33,7 @@ from relayrl.engines.training.base import REF_FIELD, LossFn, SequenceBatch
 from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
 from relayrl.environments.base import Episode
 from relayrl.environments.config import EpisodeSpec
+from relayrl.models import lora as lora_lib
 from relayrl.models.load import load_model, load_tokenizer, load_value_model, resolve_dtype
 from relayrl.telemetry import memory
 from relayrl.weights import WeightReceiverMixin, gather_full_state
@@ -108,20 +109,31 @@ class _TrainerWorker(_MemoryProbe, Worker):
     tri_model = False
     """Whether the engine holds a frozen reference copy and fills ``ref_logprobs`` in place (PolicyWorker)."""
 
+    peft_model = None
+    """The ``peft.PeftModel`` around the engine's model when ``model.lora.enabled`` (adapters trained, base
+    frozen; :mod:`relayrl.models.lora`), else None."""
+
     def _start(self, load, model_path: str, engine: TrainEngineConfig, total_steps: int, *, dtype: str, device: str,
                attn_implementation: str, threads: int, seed: int, compute_dtype: str | None = None,
-               **engine_kwargs) -> None:
+               lora: lora_lib.LoraConfig | None = None, **engine_kwargs) -> None:
         _set_threads(threads, self)
         torch.manual_seed(seed)
         dev = resolve_device(device, getattr(self, "device", None))
         model = load(model_path, dtype=dtype, device=dev, attn_implementation=attn_implementation)
+        if lora is not None and lora.enabled:  # a critic's value head (fresh, zero) trains in full
+            head = (model.get_output_embeddings(),) if engine_kwargs.get("output") == "values" else ()
+            self.peft_model = lora_lib.apply_lora(model, lora, trainable=head)
         reference = None
-        if self.tri_model:  # the initial policy again, its weights in the compute dtype (as a ReferenceWorker's)
+        if self.tri_model and self.peft_model is None:  # the initial policy again, in the compute dtype
             reference = load_model(model_path, dtype=compute_dtype or dtype, device=dev,
                                    attn_implementation=attn_implementation)
         self.engine = TorchTrainingEngine(model, engine, total_steps=total_steps, device=dev,
                                           compute_dtype=resolve_dtype(compute_dtype or dtype), reference=reference,
+                                          reference_adapters_off=self.tri_model and self.peft_model is not None,
                                           **engine_kwargs)
+        if self.peft_model is not None and self.engine.sharded:
+            raise ValueError("model.lora.enabled with a sharded (FSDP2) trainer is not supported: train LoRA on "
+                             "one data-parallel rank (cluster.devices=1, cluster.nodes=1)")
 
     def _in_place_reference(self, batch: SequenceBatch) -> bool:
         """Tri-model: the update computes the reference log-probs unless the batch already carries them."""
@@ -155,19 +167,43 @@ class _TrainerWorker(_MemoryProbe, Worker):
         return self.engine.finish_accumulation()
 
     def state(self) -> dict | None:
-        """Full model, optimizer and scheduler state (collective when sharded; None on ranks > 0)."""
+        """Full model, optimizer and scheduler state (collective when sharded; None on ranks > 0). LoRA: the
+        model state holds the trained parameters only (the adapters; a critic's head), as does the optimizer."""
         state = self.engine.state()
+        keep = self._checkpointed()
+        if keep is not None:
+            state["model"] = {k: v for k, v in state["model"].items() if k in keep}
         return state if getattr(self, "rank", 0) == 0 else None
 
     def load_state(self, state: dict) -> None:
         """Load a checkpoint's state (every rank gets the full state and keeps its shard)."""
+        keep = self._checkpointed()
+        if keep is not None and state.get("model") is not None:  # before the optimizer state meets it
+            extra = sorted(set(state["model"]) - keep)
+            if extra:
+                raise ValueError(f"checkpoint does not match the LoRA model (model.lora.enabled): unexpected "
+                                 f"{extra[:5]}; a LoRA checkpoint holds the adapters only")
         missing, unexpected = self.engine.load_state(state)
         missing = [m for m in missing if not m.endswith("lm_head.weight")]  # tied to the embeddings
+        if keep is not None:  # the frozen base comes from the model path, not the checkpoint
+            missing = [m for m in missing if m in keep]
         if missing or unexpected:
             raise ValueError(f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
+    def footprint(self) -> dict[str, float]:
+        """Total and trainable parameters and the optimizer state's bytes (this rank's shard when sharded)."""
+        return self.engine.footprint()
+
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
-        return {n: tuple(t.shape) for n, t in self.engine.model.state_dict().items()}
+        """Shapes of what a checkpoint of this model holds (LoRA: the trained parameters only)."""
+        shapes = {n: tuple(t.shape) for n, t in self.engine.model.state_dict().items()}
+        keep = self._checkpointed()
+        return shapes if keep is None else {n: s for n, s in shapes.items() if n in keep}
+
+    def _checkpointed(self) -> set[str] | None:
+        """LoRA: the names a checkpoint holds (the trained parameters: adapters, a critic's head); None: the
+        whole model state."""
+        return None if self.peft_model is None else set(lora_lib.trainable_names(self.engine.model))
 
     def offload(self, weights: bool = True) -> float:
         """Optimizer state (and weights, unless a colocated rollout reads them) to host; seconds taken."""
@@ -192,10 +228,11 @@ class PolicyWorker(_TrainerWorker):
 
     def __init__(self, model_path: str, engine: TrainEngineConfig, total_steps: int, *, dtype: str = "float32",
                  compute_dtype: str | None = None, device: str = "auto", attn_implementation: str = "sdpa",
-                 threads: int = 0, seed: int = 0, tri_model: bool = False) -> None:
+                 threads: int = 0, seed: int = 0, tri_model: bool = False,
+                 lora: lora_lib.LoraConfig | None = None) -> None:
         self.tri_model = tri_model
         self._start(load_model, model_path, engine, total_steps, dtype=dtype, compute_dtype=compute_dtype,
-                    device=device, attn_implementation=attn_implementation, threads=threads, seed=seed)
+                    device=device, attn_implementation=attn_implementation, threads=threads, seed=seed, lora=lora)
         self.tokenizer = load_tokenizer(model_path)
 
     def logprobs(self, batch: SequenceBatch, temperature: float = 1.0, with_reference: bool = False):
@@ -209,7 +246,10 @@ class PolicyWorker(_TrainerWorker):
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]] | None:
         """The weights to relay. Sharded (FSDP2): every rank must call this (the full tensors are gathered);
-        rank 0 gets them, the other ranks None. Unsharded: the live parameters, no copy."""
+        rank 0 gets them, the other ranks None. Unsharded: the live parameters, no copy. LoRA: the merged
+        weights ``W + scale * B @ A`` under the base model's names (new tensors for the adapted layers)."""
+        if self.peft_model is not None:
+            return lora_lib.merged_weights(self.engine.model)
         named = self.engine.named_weights()
         if not self.engine.sharded:
             return named
@@ -217,13 +257,20 @@ class PolicyWorker(_TrainerWorker):
         return full if self.rank == 0 else None
 
     def save_pretrained(self, path: str) -> None:
-        """Save the model as a Hugging Face directory (collective when sharded; rank 0 writes)."""
-        full = fsdp.full_model_state(self.engine.model)
+        """Save the model as a Hugging Face directory (collective when sharded; rank 0 writes). LoRA: the
+        merged model there (base names, loads like any model) and the adapter alone in ``path/adapter``
+        (peft's format: ``adapter_config.json``, ``adapter_model.safetensors``)."""
+        if self.peft_model is not None:
+            full = {n: t.detach().cpu().clone() for n, t in lora_lib.merged_weights(self.engine.model)}
+        else:
+            full = fsdp.full_model_state(self.engine.model)
         if getattr(self, "rank", 0) != 0:
             return
         Path(path).mkdir(parents=True, exist_ok=True)
         self.engine.model.save_pretrained(path, state_dict=full)
         self.tokenizer.save_pretrained(path)
+        if self.peft_model is not None:
+            self.peft_model.save_pretrained(str(Path(path) / "adapter"))
 
 
 class CriticWorker(_TrainerWorker):
@@ -231,11 +278,10 @@ class CriticWorker(_TrainerWorker):
 
     def __init__(self, model_path: str, engine: TrainEngineConfig, total_steps: int, *, dtype: str = "float32",
                  compute_dtype: str | None = None, device: str = "auto", attn_implementation: str = "sdpa",
-                 threads: int = 0, seed: int = 0) -> None:
+                 threads: int = 0, seed: int = 0, lora: lora_lib.LoraConfig | None = None) -> None:
         self._start(load_value_model, model_path, engine, total_steps, dtype=dtype, compute_dtype=compute_dtype,
-                    device=device,
-                    attn_implementation=attn_implementation, threads=threads, seed=seed, output="values",
-                    metric_prefix="critic")
+                    device=device, attn_implementation=attn_implementation, threads=threads, seed=seed,
+                    lora=lora, output="values", metric_prefix="critic")
 
     def values(self, batch: SequenceBatch) -> list[torch.Tensor]:
         """Per-row values ``V(s_t)`` of the response positions (a list, for ``group.split``)."""

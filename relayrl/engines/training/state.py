@@ -91,6 +91,17 @@ class EngineState:
             self._weights_offloaded = False
         return time.perf_counter() - t0
 
+    def footprint(self) -> dict[str, float]:
+        """Parameter counts and the optimizer state's bytes on this rank (``params/total``,
+        ``params/trainable``, ``optimizer/state_bytes``: Adam's two moments and step counts; 0 before the
+        first step, which creates them)."""
+        state_bytes = sum(t.numel() * t.element_size() for s in (self.optimizer.state.values() if self.optimizer
+                                                                  else ()) for t in s.values()
+                          if isinstance(t, torch.Tensor))
+        return {"params/total": float(sum(p.numel() for p in self.model.parameters())),
+                "params/trainable": float(sum(p.numel() for p in self.model.parameters() if p.requires_grad)),
+                "optimizer/state_bytes": float(state_bytes)}
+
     # --------------------------------------------------------------- weights
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
         return [(n, p.detach()) for n, p in self.model.named_parameters()]

@@ -57,7 +57,10 @@ the ``ref_logprobs`` field without a second packing or a separate worker.
 Departure from the paper: there is no separate old-policy copy; with one update
 per batch the old policy is the detached current policy (the loss's default),
 and with several the workflow computes old and reference log-probs together
-beforehand (``logprobs_with_reference``).
+beforehand (``logprobs_with_reference``). With LoRA adapters on the model
+(``reference_adapters_off``, :mod:`relayrl.models.lora`) the reference is the
+model's own pass with every adapter switched off: the frozen base, which is the
+initial policy since adapters start at zero, with no second copy of the weights.
 
 Mixed precision (``compute_dtype`` lower than the weights' dtype): the
 weights, gradients and optimizer state stay in the weights' dtype (float32
@@ -225,11 +228,14 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
     def __init__(self, model, cfg: TrainEngineConfig, *, total_steps: int, device: str | torch.device = "cpu",
                  trainable: bool = True, metric_prefix: str = "actor",
                  output: Literal["logprobs", "values"] = "logprobs", compute_dtype: torch.dtype | None = None,
-                 reference=None) -> None:
+                 reference=None, reference_adapters_off: bool = False) -> None:
         if output not in ("logprobs", "values"):
             raise ValueError(f"output={output!r} must be 'logprobs' (a policy) or 'values' (a critic)")
-        if reference is not None and output == "values":
+        if (reference is not None or reference_adapters_off) and output == "values":
             raise ValueError("a reference model belongs to a policy engine (output='logprobs'), not a critic")
+        if reference is not None and reference_adapters_off:
+            raise ValueError("pass reference= (a frozen copy) or reference_adapters_off=True (the model's base "
+                             "under its LoRA adapters), not both")
         self.values = output == "values"  # a critic: the head's one output per position is the value
         self.device = torch.device(device)
         self.model = model.to(self.device)
@@ -256,6 +262,7 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
         self._autocast = mixed and not self.sharded and self.runner is self.model
         self._weights_offloaded = False  # offload() moved the weights to host (FSDP2 shards move with .to)
         self.reference, self.reference_model, self._ref_autocast, self._ref_offloaded = None, None, False, False
+        self.reference_adapters_off = reference_adapters_off  # LoRA: the reference is the base, adapters off
         if reference is not None:  # frozen, no optimizer; sharded like the policy; its own dtype (usually compute)
             self.reference_model = reference.to(self.device).requires_grad_(False).eval()
             for layer in fsdp.decoder_layers(reference) if cfg.compile else ():
@@ -380,6 +387,11 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
     def _reference_logprobs(self, args: tuple, targets: torch.Tensor, mask: torch.Tensor | None,
                             temperature: float) -> torch.Tensor:
         """The frozen reference's log-probs of ``targets`` on the policy pass's input ``args``."""
+        if self.reference_adapters_off:  # LoRA: the policy's own pass with every adapter off (B = 0 at start)
+            from relayrl.models.lora import adapters_disabled
+
+            with adapters_disabled(self.runner):
+                return self._head(self.net, args, targets, mask, temperature, False, self._autocast)[0]
         if self.reference is None:
             raise RuntimeError("with_reference on an engine built without a reference model (pass reference=)")
         return self._head(self.reference, args, targets, mask, temperature, False, self._ref_autocast)[0]

@@ -1,0 +1,132 @@
+"""LoRA adapters through ``peft``: config, wrapping, merged weights and adapter-only state.
+
+LoRA (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models") freezes
+a pretrained weight ``W`` [out, in] and trains a low-rank update beside it: the
+layer computes ``x W^T + (alpha / r) * dropout(x) A^T B^T`` with ``A`` [r, in]
+(random) and ``B`` [out, r] (zeros, so training starts at the base model). The
+merged weight is ``W + (alpha / r) * B @ A``.
+
+relayrl applies it with ``peft.get_peft_model`` to the trained roles (the
+actor, and PPO's critic, whose value head stays fully trainable) and keeps
+the engine's module the Hugging Face model itself, whose target linears peft
+replaced in place; peft renames their weights (``q_proj.weight`` becomes
+``q_proj.base_layer.weight`` beside ``q_proj.lora_A.default.weight``). So:
+
+* the rollout gets :func:`merged_weights`: every base parameter under its base
+  model name, the adapted ones as ``W + scale * B @ A`` (fresh tensors, so a
+  colocated rollout cannot run on the actor's parameters; it keeps its own copy);
+* checkpoints hold :func:`trainable_names` only (adapters, and a critic's head),
+  and the optimizer only ever sees those parameters;
+* :func:`adapters_disabled` runs the base model (the frozen reference of KL
+  terms) without a second copy of the weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["LoraConfig", "apply_lora", "merged_weights", "base_name", "trainable_names", "adapters_disabled",
+           "DEFAULT_TARGETS"]
+
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The attention and MLP projections of Llama, Qwen2, Mistral and their kin (every linear of a decoder layer)."""
+
+_ADAPTER = "default"  # peft's name for the one adapter relayrl trains
+
+
+class LoraConfig(BaseModel):
+    """``model.lora``: low-rank adapters on the trained roles instead of training every weight."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    enabled: bool = Field(False, description="train LoRA adapters (through peft) on the actor and the critic; "
+                          "the base weights stay frozen")
+    r: int = Field(16, ge=1, description="rank of each adapter (A: [r, in], B: [out, r])")
+    alpha: float = Field(32.0, gt=0, description="the update is scaled by alpha / r")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input (0: none)")
+    target_modules: list[str] = Field(list(DEFAULT_TARGETS), description="names of the linear layers that get an "
+                                      "adapter (module-name suffixes, as peft matches them); the default covers "
+                                      "the attention and MLP projections of Llama/Qwen2-style models")
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("model.lora.target_modules is empty: name at least one linear layer (e.g. q_proj)")
+        return v
+
+
+def apply_lora(model: torch.nn.Module, cfg: LoraConfig, *, trainable: tuple[torch.nn.Module, ...] = ()):
+    """Inject ``cfg``'s adapters into ``model`` (in place) and freeze everything else but ``trainable``
+    (e.g. a critic's value head). Returns the ``peft.PeftModel`` around ``model`` (for saving the adapter);
+    ``model`` itself keeps its class, and is what the engine trains."""
+    import peft
+
+    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    missing = [t for t in cfg.target_modules if t not in names]
+    if missing:
+        raise ValueError(f"model.lora.target_modules names {missing}, which {type(model).__name__} has no linear "
+                         f"layer called; its linear layers are {sorted(names)}")
+    wrapped = peft.get_peft_model(model, peft.LoraConfig(
+        r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules),
+        bias="none"))
+    for m in trainable:
+        m.requires_grad_(True)
+    return wrapped
+
+
+def base_name(name: str) -> str:
+    """A parameter's name in the base model (``...q_proj.base_layer.weight`` -> ``...q_proj.weight``)."""
+    return name.replace(".base_layer.", ".")
+
+
+def _is_adapter(name: str) -> bool:
+    return ".lora_A." in name or ".lora_B." in name or ".lora_embedding_" in name or ".lora_magnitude" in name
+
+
+@torch.no_grad()
+def merged_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """``model``'s weights as the base model names them, each adapted linear merged: ``W + scale * B @ A``
+    (peft's ``get_delta_weight``, in ``W``'s dtype). Unadapted parameters are returned as they are (no copy);
+    merged ones are new tensors. A model without adapters gives its named parameters."""
+    from peft.tuners.lora import LoraLayer
+
+    merged: dict[str, torch.Tensor] = {}
+    for prefix, m in model.named_modules():
+        if isinstance(m, LoraLayer) and _ADAPTER in m.lora_A:
+            w = m.get_base_layer().weight
+            merged[f"{prefix}.weight"] = w.detach() + m.get_delta_weight(_ADAPTER).to(w.dtype)
+    out = []
+    for name, p in model.named_parameters():
+        if _is_adapter(name):
+            continue
+        key = base_name(name)
+        out.append((key, merged.get(key, p.detach())))
+    return out
+
+
+def trainable_names(model: torch.nn.Module) -> list[str]:
+    """Names of the parameters that train (the adapters, and any module kept trainable): what a LoRA
+    checkpoint holds."""
+    return [n for n, p in model.named_parameters() if p.requires_grad]
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: torch.nn.Module) -> Iterator[None]:
+    """Run ``model`` as its base model (every adapter off) inside the block: the frozen initial policy,
+    since adapters start at ``B = 0``. peft turns the adapters' ``requires_grad`` off while disabled and
+    back on after."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    for m in layers:
+        m.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.enable_adapters(True)

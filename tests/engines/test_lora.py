@@ -1,0 +1,175 @@
+"""LoRA through peft (relayrl.models.lora): merged weights, what trains, what the rollout receives, what a
+checkpoint holds, the adapters-off reference, and config errors that name their key."""
+
+import copy
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from relayrl.config.schema import Config
+from relayrl.engines.training.base import OptimConfig, SequenceBatch
+from relayrl.engines.training.torch_engine import TrainEngineConfig
+from relayrl.models.load import load_model
+from relayrl.models.lora import LoraConfig, adapters_disabled, apply_lora, merged_weights
+from relayrl.weights import WeightRelay
+from relayrl.workflows.losses import PolicyLoss, ValueLoss
+from relayrl.workflows.workers import CriticWorker, PolicyWorker, ReferenceWorker, RolloutWorker
+
+LORA = LoraConfig(enabled=True, r=4, alpha=8.0)
+LOSS = PolicyLoss(agg="seq-mean-token-mean")
+
+
+def _batch(tok, prompts=3, group=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    rows = prompts * group
+    ids = [torch.tensor(tok(f"{i}+{i + 5}=")["input_ids"]) for i in range(prompts) for _ in range(group)]
+    resp = [torch.randint(5, 200, (int(n),), generator=g) for n in torch.randint(2, 8, (rows,), generator=g)]
+    adv = [torch.randn(len(r), generator=g) for r in resp]
+    return SequenceBatch(ids, resp, {"advantages": adv, "values": [torch.zeros(len(r)) for r in resp],
+                                     "returns": adv}, groups=[i // group for i in range(rows)])
+
+
+def _kw(tiny_dir, **over):
+    return dict(model_path=str(tiny_dir), engine=TrainEngineConfig(token_budget=64, optim=OptimConfig(lr=1e-2)),
+                total_steps=4, threads=1, seed=0, **over)
+
+
+def _perturb_adapters(model, seed=0):
+    """B starts at zero (the adapted model is the base); give every adapter a random B so merging shows."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if ".lora_B." in n:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+
+
+def test_merged_weights_equal_base_plus_scaled_b_a_by_hand(tiny_dir):
+    base = {n: p.detach().clone() for n, p in load_model(tiny_dir).named_parameters()}
+    model = load_model(tiny_dir)
+    apply_lora(model, LORA)
+    _perturb_adapters(model)
+    merged = dict(merged_weights(model))
+    assert list(merged) == list(base)  # the base model's names, in its order; no adapter tensors
+    layer = model.model.layers[1].self_attn.q_proj
+    A, B = layer.lora_A["default"].weight, layer.lora_B["default"].weight  # [r, in], [out, r]
+    name = "model.layers.1.self_attn.q_proj.weight"
+    torch.testing.assert_close(merged[name], base[name] + B @ A * (8.0 / 4))
+    adapted = [n for n in base if n.rsplit(".", 2)[-2] in LORA.target_modules and n.endswith(".weight")]
+    assert len(adapted) == 7 * len(model.model.layers)
+    for n in base:  # the adapted linears moved, nothing else did
+        assert torch.equal(merged[n], base[n]) != (n in adapted), n
+    # the merged model computes what the adapted one does
+    plain = load_model(tiny_dir)
+    plain.load_state_dict(merged, strict=False)
+    ids = torch.tensor([[3, 17, 42, 9, 5]])
+    model.eval(), plain.eval()
+    torch.testing.assert_close(plain(ids).logits, model(ids).logits, atol=1e-5, rtol=1e-5)
+    with adapters_disabled(model):  # adapters off: the base model
+        torch.testing.assert_close(model(ids).logits, load_model(tiny_dir).eval()(ids).logits)
+    assert all(p.requires_grad for n, p in model.named_parameters() if ".lora_" in n)  # back on after the block
+
+
+def test_lora_trains_only_the_adapters_and_the_rollout_receives_merged_weights(tiny_dir, tiny_tokenizer):
+    actor = PolicyWorker(**_kw(tiny_dir), lora=LORA)
+    trainable = [n for n, p in actor.engine.model.named_parameters() if p.requires_grad]
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    opt = [p for g in actor.engine.optimizer.param_groups for p in g["params"]]
+    assert sum(p.numel() for p in opt) == sum(p.numel() for p in actor.engine.model.parameters() if p.requires_grad)
+    before = {n: p.detach().clone() for n, p in actor.engine.model.named_parameters()}
+    for seed in range(2):  # B is zero at first, so A only moves from the second step on
+        actor.update(_batch(tiny_tokenizer, seed=seed), LOSS)
+    for n, p in actor.engine.model.named_parameters():
+        assert torch.equal(p, before[n]) != (n in trainable), n  # base frozen, every adapter moved
+
+    merged = dict(actor.named_weights())
+    rollout = RolloutWorker(str(tiny_dir), threads=1)
+    assert set(merged) == {n for n, _ in rollout.engine.model.named_parameters()}
+    WeightRelay(pin_memory=False).push(list(merged.items()), [rollout.engine], version=1)  # packed buckets
+    for n, p in rollout.engine.model.named_parameters():
+        assert torch.equal(p, merged[n]), n
+    assert any(not torch.equal(merged[n], before[n.replace("q_proj.", "q_proj.base_layer.")])
+               for n in merged if "q_proj.weight" in n)
+
+    # the relayed model generates what the adapted actor computes: same log-probs of the same tokens
+    batch = _batch(tiny_tokenizer, seed=5)
+    plain = ReferenceWorker(str(tiny_dir), _kw(tiny_dir)["engine"], threads=1)
+    plain.engine.model.load_state_dict({n: t for n, t in merged.items()}, strict=False)
+    for a, b in zip(actor.logprobs(batch), plain.logprobs(batch), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_lora_checkpoint_holds_the_adapters_and_resumes_exactly(tiny_dir, tiny_tokenizer):
+    a = PolicyWorker(**_kw(tiny_dir), lora=LORA)
+    a.update(_batch(tiny_tokenizer, seed=0), LOSS)
+    state = a.state()
+    assert set(state["model"]) == set(a.param_shapes()) == {
+        n for n, p in a.engine.model.named_parameters() if p.requires_grad}
+    assert len(state["optimizer"]["state"]) == len(state["model"])  # Adam moments of the adapters only
+    b = PolicyWorker(**_kw(tiny_dir), lora=LORA)
+    b.load_state(copy.deepcopy(state))  # as from disk: on a CPU the state holds the live tensors
+    batch = _batch(tiny_tokenizer, seed=1)
+    ma, mb = a.update(batch, LOSS), b.update(batch, LOSS)
+    assert ma == mb
+    for (n, x), (_, y) in zip(a.engine.model.named_parameters(), b.engine.model.named_parameters()):
+        assert torch.equal(x, y), n
+    full = PolicyWorker(**_kw(tiny_dir))  # a full fine-tuning checkpoint does not fit a LoRA actor
+    with pytest.raises(ValueError, match="unexpected"):
+        b.load_state(full.state())
+
+
+def test_critic_lora_keeps_the_value_head_trainable(tiny_dir, tiny_tokenizer):
+    critic = CriticWorker(**_kw(tiny_dir), lora=LORA)
+    trainable = [n for n, p in critic.engine.model.named_parameters() if p.requires_grad]
+    assert {"lm_head.weight", "lm_head.bias"} <= set(trainable)
+    assert all(".lora_" in n or n.startswith("lm_head.") for n in trainable)
+    head = critic.engine.model.get_output_embeddings().weight.detach().clone()
+    critic.update(_batch(tiny_tokenizer), ValueLoss(clip=None))
+    assert not torch.equal(head, critic.engine.model.get_output_embeddings().weight)
+    assert {"lm_head.weight", "lm_head.bias"} <= set(critic.state()["model"])
+
+
+def test_tri_model_reference_is_the_base_with_adapters_off(tiny_dir, tiny_tokenizer):
+    tri = PolicyWorker(**_kw(tiny_dir), lora=LORA, tri_model=True)
+    assert tri.engine.reference_model is None  # no second copy of the weights
+    _perturb_adapters(tri.engine.model)
+    batch = _batch(tiny_tokenizer, seed=2)
+    policy, reference = tri.logprobs(batch, with_reference=True)
+    base = ReferenceWorker(str(tiny_dir), _kw(tiny_dir)["engine"], threads=1).logprobs(batch)
+    for r, b in zip(reference, base, strict=True):
+        torch.testing.assert_close(r, b, atol=1e-5, rtol=1e-5)
+    assert max(float((p - r).abs().max()) for p, r in zip(policy, reference)) > 1e-3
+    loss = PolicyLoss(agg="seq-mean-token-mean", kl_coef=0.1, kl_kind="k3")
+    m = tri.update(batch, loss)
+    assert m["actor/ref_forward_passes"] >= 1 and m["actor/ref_kl_k1"] != 0.0
+
+
+def _refused(over: dict, *words: str):
+    with pytest.raises((ValidationError, ValueError)) as e:
+        Config.model_validate(over)
+    for w in words:
+        assert w in str(e.value), (w, str(e.value))
+
+
+def test_config_errors_name_the_key(tiny_dir):
+    _refused({"model": {"lora": {"enabled": True, "r": 0}}}, "model", "lora", "r")
+    _refused({"model": {"lora": {"rank": 8}}}, "lora", "rank")
+    _refused({"model": {"lora": {"enabled": True, "target_modules": []}}}, "model.lora.target_modules")
+    _refused({"model": {"lora": {"enabled": True}}, "cluster": {"devices": 2}}, "model.lora.enabled",
+             "cluster.devices=1")
+    with pytest.raises(ValueError, match=r"model\.lora\.target_modules names \['c_attn'\]"):
+        PolicyWorker(**_kw(tiny_dir), lora=LoraConfig(enabled=True, target_modules=["q_proj", "c_attn"]))
+
+
+def test_resuming_with_lora_switched_is_refused_naming_the_key():
+    from pathlib import Path
+
+    from relayrl.checkpoint import CheckpointError
+    from relayrl.checkpoint.rundir import check_fingerprint
+
+    lora = Config.model_validate({"model": {"lora": {"enabled": True}}}).model_dump(mode="json")
+    full = Config().model_dump(mode="json")
+    with pytest.raises(CheckpointError, match="model.lora.enabled: checkpoint True, now False"):
+        check_fingerprint(Path("ck"), lora, full)
+    del lora["model"]["lora"]  # a checkpoint written before model.lora existed: nothing to compare
+    check_fingerprint(Path("ck"), lora, full)
