@@ -138,6 +138,22 @@ class StreamedUpdate:
 
     _accumulation: _Accumulation | None = None
 
+    def _grad_sync(self, last: bool) -> None:
+        """Sharded: whether the coming backward reduce-scatters the gradients (with ``grad_sync=last``, only
+        the last pass before an optimizer step does; the others add into every rank's unsharded gradients)."""
+        if self.sharded:
+            self.net.set_requires_gradient_sync(last or self.cfg.grad_sync == "every")
+
+    def _sync_gradients(self) -> None:
+        """Sharded, ``grad_sync=last``, after passes that did not reduce (streamed chunks): reduce-scatter the
+        held gradients now, through one zero-loss one-token pass (FSDP2 reduces the held gradients with that
+        pass's zero ones). A collective: every rank calls it once."""
+        if not self.sharded or self.cfg.grad_sync == "every":
+            return
+        self._grad_sync(True)
+        batch, item = self._one_token()
+        (self._forward(batch, item, 1.0, False, False).logprobs.sum() * 0.0).backward()
+
     def begin_accumulation(self) -> None:
         """Open a streamed update (discarding any open one and its gradients)."""
         if self.optimizer is None:
