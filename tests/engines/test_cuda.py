@@ -12,6 +12,7 @@ from relayrl.engines.generation.native import NativeGenerationEngine
 from relayrl.engines.training.base import OptimConfig, SequenceBatch
 from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
 from relayrl.workflows.losses import PolicyLoss
+from weight_swap import swap_at
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -103,19 +104,8 @@ def test_graphed_static_decode_matches_the_dynamic_path_on_cuda(tiny_model, tiny
     stop_ids = tuple(range(5, tiny_model.config.vocab_size, 3))
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=12, stop_token_ids=stop_ids)
 
-    def swapper(eng):
-        calls = [0]
-
-        def between() -> bool:
-            calls[0] += 1
-            if swap and calls[0] == 4:
-                eng.update_weights(new, version=1)
-                return True
-            return False
-        return between
-
-    a = dyn.generate(prompts, params, between=swapper(dyn))
-    b = sta.generate(prompts, params, between=swapper(sta))
+    a = dyn.generate(prompts, params, between=swap_at(dyn, new, 4 if swap else None))
+    b = sta.generate(prompts, params, between=swap_at(sta, new, 4 if swap else None))
     assert len({len(c.token_ids) for c in a}) > 1  # rows ended at different steps
     for x, y in zip(a, b):
         assert x.token_ids.tolist() == y.token_ids.tolist() and x.finish_reason == y.finish_reason

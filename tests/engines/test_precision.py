@@ -9,6 +9,7 @@ from relayrl.engines.training.base import OptimConfig, SequenceBatch
 from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
 from relayrl.models.load import load_model
 from relayrl.workflows.losses import PolicyLoss
+from weight_swap import swap_at
 
 
 def _batch(tok):
@@ -145,19 +146,9 @@ def test_static_decoder_matches_the_dynamic_path(tiny_model, tiny_dir, tiny_toke
     new = [(k, v.detach() + 0.05 * torch.randn(v.shape, generator=torch.Generator().manual_seed(9)))
            for k, v in tiny_model.named_parameters()]
 
-    def swapper(eng):
-        calls = [0]
-
-        def between() -> bool:
-            calls[0] += 1
-            if swap and calls[0] == 4:
-                eng.update_weights(new, version=1)
-                return True
-            return False
-        return between
-
-    a = dyn.generate(prompts, params, torch.Generator().manual_seed(3), between=swapper(dyn))
-    b = sta.generate(prompts, params, torch.Generator().manual_seed(3), between=swapper(sta))
+    at = 4 if swap else None
+    a = dyn.generate(prompts, params, torch.Generator().manual_seed(3), between=swap_at(dyn, new, at))
+    b = sta.generate(prompts, params, torch.Generator().manual_seed(3), between=swap_at(sta, new, at))
     if stops:
         assert len({len(c.token_ids) for c in a}) > 2  # rows did finish at scattered steps
     assert [(c.prompt_index, c.sample_index) for c in a] == [(c.prompt_index, c.sample_index) for c in b]
