@@ -125,8 +125,9 @@ def test_losing_the_rollout_host(hosts, tmp_path):
     proc = launch(again, "run.max_restarts=1")
     try:
         kill_after_step(proc, again, 2)
-        time.sleep(3)
-        hosts.start_node("worker")  # the host comes back while the driver waits to place the rollout there
+        # The host comes back at once, before Ray has noticed that the old one died (the restart must not place
+        # anything on the dead node meanwhile), and the driver waits to place the rollout there.
+        hosts.start_node("worker")
         out, _ = proc.communicate(timeout=400)
     finally:
         if proc.poll() is None:

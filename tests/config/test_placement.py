@@ -43,6 +43,11 @@ def test_refusals_name_the_key_and_the_fix():
     refused({"rollout": {"partial": True}}, "rollout.partial", "off_policy_steps")
     refused({"trainer": {"off_policy_steps": 1}, "cluster": {"devices": 64}}, "rollout=1", "CPU core")
     refused({"workflow": "sft", **SPLIT}, "workflow grpo")
+    refused({**SPLIT, "placement": {**SPLIT["placement"], "nodes": {"gen": "10.0.0.2"}}}, "placement.nodes",
+            "cluster.backend=ray")
+    refused({"cluster": {"backend": "ray"}, "placement": {"nodes": {"gpu": "10.0.0.2"}}}, "placement.nodes.gpu",
+            "no pool 'gpu'")
+    refused({"dock": {"nodes": ["10.0.0.2"]}}, "dock.nodes", "dock.backend=ray")
 
 
 def test_off_policy_takes_the_dataflow_with_the_rollout_on_its_own_pool():
