@@ -114,9 +114,8 @@ def _node_resource(pool: ResourcePool, resources: dict[str, float]) -> str:
     """Ray's ``node:<ip>`` resource of the node ``pool`` is pinned to; refuses a node the cluster lacks."""
     key = f"node:{pool.node}"
     if key not in resources:
-        known = sorted(k[5:] for k in resources if k.startswith("node:") and not k.startswith("node:__"))
         raise PlacementError(f"ResourcePool {pool.name!r} is pinned to node {pool.node!r} (placement.nodes), which "
-                             f"is not in the Ray cluster; its nodes: {', '.join(known) or 'none'}")
+                             f"is not in the Ray cluster; its nodes: {', '.join(node_ips()) or 'none'}")
     if pool.world_size > 1000:
         raise PlacementError(f"ResourcePool {pool.name!r}: a pinned pool holds at most 1000 devices")
     return key
