@@ -18,8 +18,9 @@ its communication and padding passes; the figure shows that overhead. On a
 machine with one GPU per rank the same code divides the batch's compute.
 A second part streams the same update as the periodic and off-policy trainers
 do: ``--chunks`` chunks of whole groups accumulated on N ranks, one optimizer
-step, with ``engine.grad_sync=every`` (a reduce-scatter after every pass) and
-``last`` (the default: one reduction per optimizer step).
+step, with ``engine.dp_sync=pass`` (FSDP2 gathers the parameters and
+reduce-scatters the gradients in every pass) and ``step`` (the default: the
+parameters stay gathered and the gradients are reduced once per step).
 Figures are printed, not asserted. Run:
 ``.venv/bin/python benchmarks/data_parallel.py [--ranks 2] [--repeats 5]``.
 """
@@ -76,9 +77,9 @@ def measure(ranks: int, model: str, batch: SequenceBatch, threads: int, repeats:
 
 
 def measure_streamed(ranks: int, model: str, batch: SequenceBatch, threads: int, repeats: int, chunks: int,
-                     grad_sync: str) -> float:
+                     dp_sync: str) -> float:
     """Median seconds of one streamed update: ``chunks`` accumulate calls of whole groups, then the step."""
-    kw = dict(model_path=model, engine=TrainEngineConfig(grad_sync=grad_sync), total_steps=repeats + 1,
+    kw = dict(model_path=model, engine=TrainEngineConfig(dp_sync=dp_sync), total_steps=repeats + 1,
               threads=max(1, threads // ranks), seed=0)
     group = WorkerGroup(PolicyWorker, ResourcePool(f"st{ranks}", devices=ranks), "actor", backend="local",
                         init_kwargs=kw)
@@ -131,11 +132,11 @@ def main() -> None:
     line = f"data_parallel: {args.ranks}-rank/1-rank time ratio update {un / u1:.2f}, logprobs {ln / l1:.2f}"
     if args.chunks:
         st = {how: measure_streamed(args.ranks, model, batch, args.threads, args.repeats, args.chunks, how)
-              for how in ("every", "last")}
+              for how in ("pass", "step")}
         for how, t in st.items():
-            print(f"{args.ranks} ranks, {args.chunks} streamed chunks, grad_sync={how:5s} update {t * 1e3:8.1f} ms",
+            print(f"{args.ranks} ranks, {args.chunks} streamed chunks, dp_sync={how:4s} update {t * 1e3:8.1f} ms",
                   flush=True)
-        line += f"; streamed update grad_sync every/last {st['every'] / st['last']:.2f}"
+        line += f"; streamed update dp_sync pass/step {st['pass'] / st['step']:.2f}"
     print(line)
 
 

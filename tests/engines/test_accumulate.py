@@ -154,12 +154,12 @@ class _PerRank:
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("grad_sync", ["last", "every"])
-def test_two_rank_streamed_tri_model_update_matches_one_rank(tiny_dir, tiny_tokenizer, grad_sync):
+@pytest.mark.parametrize("dp_sync", ["step", "pass"])
+def test_two_rank_streamed_tri_model_update_matches_one_rank(tiny_dir, tiny_tokenizer, dp_sync):
     """FSDP2 over 2 gloo ranks, tri-model actor: the ranks get chunks of unequal micro-batch counts, one of
     them empty (padding passes, the reference's included); the counts, gradients and metrics are global.
     Equals one rank's update on the union, its reference log-probs computed in place too; whether the
-    gradients are reduced once at the end (``last``) or after every pass (``every``)."""
+    parameters are gathered and gradients reduced once per update (``step``) or in every pass (``pass``)."""
     from relayrl.cluster import ResourcePool, WorkerGroup
     from relayrl.workflows.workers import PolicyWorker, collective
 
@@ -173,7 +173,7 @@ def test_two_rank_streamed_tri_model_update_matches_one_rank(tiny_dir, tiny_toke
     calls = [[batch.select(range(3, 9)), batch.select([])],  # rank 0: two groups, rank 1: nothing yet
              [batch.select(range(0, 3)), batch.select(range(9, 12))]]
     assert len(one.engine._plan(calls[0][0])) > 1
-    kw["engine"] = kw["engine"].model_copy(update={"grad_sync": grad_sync})
+    kw["engine"] = kw["engine"].model_copy(update={"dp_sync": dp_sync})
     dp = WorkerGroup(PolicyWorker, ResourcePool("dp", devices=2), "actor", backend="local", init_kwargs=kw)
     try:
         dp.all("begin_accumulation")

@@ -139,16 +139,21 @@ class StreamedUpdate:
     _accumulation: _Accumulation | None = None
 
     def _grad_sync(self, last: bool) -> None:
-        """Sharded: whether the coming backward reduce-scatters the gradients (with ``grad_sync=last``, only
-        the last pass before an optimizer step does; the others add into every rank's unsharded gradients)."""
+        """Sharded, before a pass: with ``dp_sync=step`` only the last pass before an optimizer step reshards
+        the parameters and reduce-scatters the gradients; the others keep the gathered parameters (no
+        all-gather in the next pass) and add into every rank's unsharded gradients. ``dp_sync=pass``: every
+        pass gathers, reshards and reduces (FSDP2's default)."""
         if self.sharded:
-            self.net.set_requires_gradient_sync(last or self.cfg.grad_sync == "every")
+            sync = last or self.cfg.dp_sync == "pass"
+            self.net.set_requires_gradient_sync(sync)
+            self.net.set_reshard_after_forward(sync)
+            self.net.set_reshard_after_backward(sync)
 
     def _sync_gradients(self) -> None:
-        """Sharded, ``grad_sync=last``, after passes that did not reduce (streamed chunks): reduce-scatter the
-        held gradients now, through one zero-loss one-token pass (FSDP2 reduces the held gradients with that
-        pass's zero ones). A collective: every rank calls it once."""
-        if not self.sharded or self.cfg.grad_sync == "every":
+        """Sharded, ``dp_sync=step``, after passes that did not reduce (streamed chunks): reduce-scatter the
+        held gradients and reshard the parameters now, through one zero-loss one-token pass (FSDP2 reduces
+        the held gradients with that pass's zero ones). A collective: every rank calls it once."""
+        if not self.sharded or self.cfg.dp_sync == "pass":
             return
         self._grad_sync(True)
         batch, item = self._one_token()

@@ -121,11 +121,11 @@ class TrainEngineConfig(BaseModel):
                                "FSDP2's policy). Each micro-batch's gradients are added into the float32 master "
                                "gradients and the copy is refreshed after each optimizer step; costs one copy of "
                                "the weights in the compute dtype")
-    grad_sync: Literal["last", "every"] = Field(
-        "last", description="data parallel (FSDP2): when gradients are reduced over ranks. last: once per "
-        "optimizer step, after the last micro-batch (or streamed chunk); between micro-batches every rank holds "
-        "its unsharded float32 gradients. every: reduce-scatter after every micro-batch (less memory, a "
-        "collective per micro-batch)")
+    dp_sync: Literal["step", "pass"] = Field(
+        "step", description="data parallel (FSDP2): how often parameters are gathered and gradients reduced. "
+        "step: once per optimizer step; between the micro-batches (or streamed chunks) of one step every rank "
+        "keeps the gathered parameters and its unsharded float32 gradients. pass: every micro-batch gathers, "
+        "reshards and reduce-scatters (FSDP2's default: the least memory, collectives in every pass)")
     gradient_checkpointing: bool = False
     compile: bool = Field(False, description="compile each decoder layer with torch.compile (dynamic shapes): "
                           "fuses the norms, activations and casts between the matrix products; the first "
