@@ -26,9 +26,10 @@ plus the longest outside latency of their rows.
 
 Where the model simplifies: no contention between pools that share a CPU's cores, the driver's threads or
 the reward's processes (each pool is assumed to get its share of the cores); data-parallel ranks get equal
-shares of the prompts; FSDP traffic is three passes over the weights per micro-batch
-(all-gather in the compute dtype forward and backward, reduce-scatter of fp32 gradients) that do not overlap
-compute; attention cost in
+shares of the prompts; FSDP traffic (all-gathers in the compute dtype, reduce-scatters of fp32 gradients)
+does not overlap compute: one gather and one reduction per optimizer step with ``engine.dp_sync=step``, a
+gather forward and backward and a reduction per micro-batch with ``pass``, a gather per forward-only
+micro-batch; attention cost in
 training is linear in tokens; what a driver path adds (the engines slower inside worker processes beside
 the driver, a fixed cost per step) is one factor per kind of work and one constant per path, measured on a
 calibration workload (``Profile.overhead``); while the two pools compute at the same time on a CPU they
@@ -219,25 +220,35 @@ def _micro_batches(units: list[int], budget: int) -> list[int]:
     return out
 
 
-def _fsdp_s(profile: Profile, w: Workload, dp: int) -> float:
-    """FSDP traffic of one micro-batch on one of ``dp`` ranks: all-gather (forward, backward) and
-    reduce-scatter of the weights."""
+def _fsdp_s(profile: Profile, w: Workload, dp: int, gathers: int = 2, reduce: bool = True) -> float:
+    """FSDP traffic on one of ``dp`` ranks: ``gathers`` all-gathers of the weights in the compute dtype and
+    (``reduce``) one reduce-scatter of the fp32 gradients."""
     if dp == 1:
         return 0.0
-    moved = w.model.params * (2 * w.model.compute_bytes + 4) * (dp - 1) / dp
-    return 3 * profile.collective.base_s + profile.collective.per_s * moved
+    moved = w.model.params * (gathers * w.model.compute_bytes + 4 * reduce) * (dp - 1) / dp
+    return (gathers + reduce) * profile.collective.base_s + profile.collective.per_s * moved
 
 
 def train_s(dev: DeviceProfile, profile: Profile, w: Workload, units: list[int], dp: int,
             forward_only: bool = False) -> float:
-    """Forward + backward (or forward only) of ``units`` on one of ``dp`` ranks, without the optimizer."""
+    """Forward + backward (or forward only) of ``units`` on one of ``dp`` ranks, without the optimizer.
+    FSDP traffic per micro-batch: with ``dp_sync=pass`` every training pass gathers (forward, backward) and
+    reduces; with ``step`` that happens once per optimizer step (:func:`optimizer_s`); a forward-only pass
+    gathers once."""
     scale = profile.scale(w.model.params)
     cost = dev.logprob if forward_only else dev.train
-    return sum(scale * cost(mb) + _fsdp_s(profile, w, dp) for mb in _micro_batches(units, w.token_budget))
+    if forward_only:
+        per_pass = _fsdp_s(profile, w, dp, gathers=1, reduce=False)
+    else:
+        per_pass = _fsdp_s(profile, w, dp) if w.dp_sync == "pass" else 0.0
+    return sum(scale * cost(mb) + per_pass for mb in _micro_batches(units, w.token_budget))
 
 
 def optimizer_s(dev: DeviceProfile, profile: Profile, w: Workload, dp: int) -> float:
-    return profile.scale(w.model.params) * dev.optimizer_s / dp
+    """The optimizer step on one of ``dp`` ranks (with ``dp_sync=step``, the step's one gather and
+    reduction too)."""
+    once = _fsdp_s(profile, w, dp, gathers=1) if w.dp_sync == "step" else 0.0
+    return profile.scale(w.model.params) * dev.optimizer_s / dp + once
 
 
 def relay_s(profile: Profile, w: Workload) -> float:
@@ -254,6 +265,8 @@ def memory_gib(w: Workload, p: Placement, kv_peak_tokens: float) -> dict[str, fl
     in flight. Colocated: the trainer's state plus the larger of the KV cache and the activations."""
     m = w.model
     state = m.params * (m.train_bytes + 4 + 8) / p.main
+    if p.main > 1 and w.dp_sync == "step":  # during a step: the gathered weights and unreduced fp32 gradients
+        state += m.params * (m.compute_bytes + 4) * (p.main - 1) / p.main
     acts = w.token_budget * m.hidden * m.layers * 18 * m.compute_bytes + 1024 * m.vocab * 4 * 2
     kv = kv_peak_tokens * m.layers * 2 * m.kv_dim * m.compute_bytes
     rollout_weights = m.params * m.compute_bytes

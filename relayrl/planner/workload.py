@@ -110,6 +110,8 @@ class Workload(_Model):
     model: ModelShape
     token_budget: int = Field(8192, ge=16, description="engine.token_budget: padded tokens per micro-batch")
     stream_groups: int = Field(1, ge=1, description="trainer.stream_groups: groups per streamed chunk")
+    dp_sync: Literal["pass", "step"] = Field("pass", description="engine.dp_sync: FSDP2 gathers the weights and "
+                                             "reduces the gradients once per optimizer step, or in every pass")
     kl: bool = Field(False, description="a reference log-prob pass per step (algorithm.kl_coef > 0)")
     max_batch: int = Field(256, ge=1, description="rows a rollout rank keeps in flight")
 

@@ -124,3 +124,26 @@ def test_pools_computing_at_once_slow_each_other():
     pred = simulate_batches(prof, toy_workload(2, 1), Placement("periodic", main=1, gen=1), _steps([[2], [10]]),
                             warmup=2)
     assert pred.step_s == pytest.approx(0.9 * 7 / 6 + 0.55 * 17 / 14)
+
+
+def test_dp_sync_step_trades_collectives_for_memory():
+    """engine.dp_sync: with ``pass`` every micro-batch pays two gathers and a reduction (3 x 1 s here), with
+    ``step`` the optimizer step pays one gather and one reduction (2 x 1 s); a forward-only micro-batch
+    gathers once either way; ``step`` holds the gathered weights and unreduced fp32 gradients on every rank."""
+    from relayrl.planner import simulate as sim
+    from relayrl.planner.profile import Affine
+
+    prof = toy_profile().model_copy(update={"collective": Affine(base_s=1.0)})
+    dev = prof.devices["toy"]
+    shape = ModelShape(params=1_000_000_000, layers=4, hidden=64, kv_dim=64, vocab=1000, compute_bytes=2)
+    w = {s: toy_workload(8, 4, shape=shape, token_budget=16, dp_sync=s) for s in ("pass", "step")}
+    units = [20] * 8  # each over the token budget: eight micro-batches
+    assert len(sim._micro_batches(units, 16)) == 8
+    assert sim.train_s(dev, prof, w["pass"], units, 2) == pytest.approx(3.0 * 8)
+    assert sim.train_s(dev, prof, w["step"], units, 2) == 0.0
+    assert sim.optimizer_s(dev, prof, w["step"], 2) == pytest.approx(2.0)
+    assert sim.optimizer_s(dev, prof, w["pass"], 2) == 0.0
+    assert sim.train_s(dev, prof, w["step"], units, 2, forward_only=True) == pytest.approx(1.0 * 8)
+    pl = Placement("sync-colocated", main=2)
+    more = memory_gib(w["step"], pl, 0)["main"] - memory_gib(w["pass"], pl, 0)["main"]
+    assert more == pytest.approx(1e9 * (2 + 4) / 2 / 2**30)

@@ -121,11 +121,12 @@ class TrainEngineConfig(BaseModel):
                                "FSDP2's policy). Each micro-batch's gradients are added into the float32 master "
                                "gradients and the copy is refreshed after each optimizer step; costs one copy of "
                                "the weights in the compute dtype")
-    dp_sync: Literal["step", "pass"] = Field(
-        "step", description="data parallel (FSDP2): how often parameters are gathered and gradients reduced. "
-        "step: once per optimizer step; between the micro-batches (or streamed chunks) of one step every rank "
-        "keeps the gathered parameters and its unsharded float32 gradients. pass: every micro-batch gathers, "
-        "reshards and reduce-scatters (FSDP2's default: the least memory, collectives in every pass)")
+    dp_sync: Literal["pass", "step"] = Field(
+        "pass", description="data parallel (FSDP2): how often parameters are gathered and gradients reduced. "
+        "pass: every micro-batch gathers, reshards and reduce-scatters (FSDP2's default: the least memory, "
+        "collectives in every pass). step: once per optimizer step; between the micro-batches (or streamed "
+        "chunks) of one step every rank keeps the gathered parameters and its unsharded float32 gradients "
+        "(far fewer collectives, e.g. for the periodic trainer's chunks, when that fits a device)")
     gradient_checkpointing: bool = False
     compile: bool = Field(False, description="compile each decoder layer with torch.compile (dynamic shapes): "
                           "fuses the norms, activations and casts between the matrix products; the first "
