@@ -104,16 +104,26 @@ def test_the_judge_runs_a_local_model_through_the_native_engine(tiny_dir):
 
 
 @pytest.mark.parametrize("kwargs, key", [
-    ({"model": "/nonexistent/rm"}, "reward.model='/nonexistent/rm' is not a model directory"),
     ({"verifier_weight": 0.0}, "reward.verifier_weight=0 leaves no reward"),
     ({"judge": {"template": "{question}"}}, "reward.judge.template has a field other than"),
     ({"judge": {"min_score": 5, "max_score": 5}}, "reward.judge.max_score=5.0 must be > reward.judge.min_score"),
-    ({"judge": {"path": "/nonexistent/judge"}}, "reward.judge.path='/nonexistent/judge' is not a model directory"),
     ({"clip": 0}, "clip"),
 ])
 def test_config_errors_name_the_key(kwargs, key):
     with pytest.raises(ValueError, match=key.replace("(", r"\(").replace(".", r"\.").replace("[", r"\[")):
         RewardConfig(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, key", [
+    ({"model": "/nonexistent/rm"}, "reward.model='/nonexistent/rm' is not a model directory"),
+    ({"judge": {"path": "/nonexistent/judge"}}, "reward.judge.path='/nonexistent/judge' is not a model directory"),
+])
+def test_missing_model_directories_are_named_when_the_run_starts(kwargs, key):
+    from relayrl.engines.reward import RewardError
+
+    cfg = RewardConfig(**kwargs)  # a recipe may name a model an earlier run will write
+    with pytest.raises(RewardError, match=key.replace(".", r"\.")):
+        RewardEngine(cfg, task=_Task())
 
 
 def test_a_causal_lm_is_refused_as_a_reward_model(tiny_dir):

@@ -85,12 +85,6 @@ class RewardConfig(BaseModel):
                 re.compile(self.format_regex)
             except re.error as e:
                 raise ValueError(f"reward.format_regex {self.format_regex!r} is not a valid regex: {e}") from None
-        if self.model is not None and not (Path(self.model) / "config.json").is_file():
-            raise ValueError(f"reward.model={self.model!r} is not a model directory (no config.json); give the "
-                             f"directory a 'workflow: rm' run saved (its run.dir/model) or set reward.model=null")
-        if self.judge.path is not None and not (Path(self.judge.path) / "config.json").is_file():
-            raise ValueError(f"reward.judge.path={self.judge.path!r} is not a model directory (no config.json); give a "
-                             f"local causal LM or set reward.judge.path=null")
         if (self.verifier_weight == 0 and self.model is None and self.judge.path is None
                 and self.format_weight == 0):
             raise ValueError("reward.verifier_weight=0 leaves no reward: set reward.model (a reward model), "
@@ -101,6 +95,16 @@ class RewardConfig(BaseModel):
                 "or set reward.format_weight=0"
             )
         return self
+
+    def check_paths(self) -> None:
+        """The model directories exist (checked when a run starts, not when a recipe is read: a recipe may
+        name a reward model that an earlier run will write)."""
+        if self.model is not None and not (Path(self.model) / "config.json").is_file():
+            raise RewardError(f"reward.model={self.model!r} is not a model directory (no config.json); give the "
+                              f"directory a 'workflow: rm' run saved (its run.dir/model) or set reward.model=null")
+        if self.judge.path is not None and not (Path(self.judge.path) / "config.json").is_file():
+            raise RewardError(f"reward.judge.path={self.judge.path!r} is not a model directory (no config.json); "
+                              f"give a local causal LM or set reward.judge.path=null")
 
     def resolved_format_on(self) -> Literal["answer", "response"]:
         """``format_on`` with ``auto`` resolved for this verifier."""

@@ -58,6 +58,7 @@ class RewardEngine:
 
     def __init__(self, cfg: RewardConfig, task=None, *, chat_template: bool | None = None, device: str = "cpu",
                  judge_ask: Callable[[list[str]], list[str]] | None = None) -> None:
+        cfg.check_paths()
         self.cfg = cfg
         self.chat_template = chat_template
         self.device = str(device) if cfg.model_device == "auto" else cfg.model_device
