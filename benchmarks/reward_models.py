@@ -21,7 +21,7 @@ The last lines are::
 Run it with::
 
     .venv/bin/python benchmarks/reward_models.py                       # builds the demo models if needed
-    .venv/bin/python benchmarks/reward_models.py --sft runs/demo/sft/model --grpo-steps 200
+    .venv/bin/python benchmarks/reward_models.py --sft runs/demo/sft/model --grpo-steps 150   # reward over-optimisation shows
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "reward_models")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rm-steps", type=int, default=150)
-    ap.add_argument("--grpo-steps", type=int, default=300)
-    ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--grpo-steps", type=int, default=50)
+    ap.add_argument("--eval-every", type=int, default=25)
     ap.add_argument("--threads", type=int, default=0, help="run.threads (0: torch's default)")
     a = ap.parse_args(argv)
 
