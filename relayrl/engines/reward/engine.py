@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
@@ -65,6 +66,7 @@ class RewardEngine:
         self._rm = None  # the reward model's scorer, loaded on first use
         self._judge = LLMJudge(cfg.judge, device=self.device, ask=judge_ask) if cfg.judge.path or judge_ask else None
         self._moments = RunningMoments() if cfg.normalize == "running" else None
+        self._lock = threading.Lock()  # concurrent score calls (the dataflow's driver threads): one load, one update
         self._row_fn: Callable[[str, str], float] | None = None
         self._user_fn = None
         if cfg.verifier == "task":
@@ -102,11 +104,12 @@ class RewardEngine:
     @property
     def reward_model(self):
         """The reward model's :class:`~relayrl.models.reward.RewardModelScorer` (loaded on first use)."""
-        if self._rm is None and self.cfg.model is not None:
-            from relayrl.models.reward import RewardModelScorer
+        with self._lock:
+            if self._rm is None and self.cfg.model is not None:
+                from relayrl.models.reward import RewardModelScorer
 
-            self._rm = RewardModelScorer(self.cfg.model, device=self.device, batch_size=self.cfg.model_batch,
-                                         chat_template=self.chat_template)
+                self._rm = RewardModelScorer(self.cfg.model, device=self.device, batch_size=self.cfg.model_batch,
+                                             chat_template=self.chat_template)
         return self._rm
 
     def verify(self, prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str | None]) -> list[float]:
@@ -135,7 +138,8 @@ class RewardEngine:
         row (``"length"``) gets format reward 0, since its format never finished;
         its fraction is logged as ``reward/truncated_frac``.
 
-        Metrics: ``reward/mean``, ``reward/std``, ``reward/verifier_mean``,
+        Metrics: ``reward/mean``, ``reward/std``, ``reward/verifier_mean``, ``reward/verifier_accuracy``
+        (rows the verifier accepts, score >= 1, whatever its weight),
         ``reward/format_mean`` (when a format regex is set), ``reward/errors``
         (rows whose verifier raised, scored 0), ``reward/truncated_frac`` (when
         finish reasons are given), ``reward/score_time_s``; with a reward model
@@ -171,7 +175,8 @@ class RewardEngine:
             learned.update({"reward/judge_mean": _mean(judged), "reward/judge_malformed": float(malformed)})
         if self._moments is not None or c.clip is not None:
             learned["reward/raw_mean"] = _mean(rewards)
-            out, norm = normalize_rewards(torch.tensor(rewards, dtype=torch.float64), self._moments, clip=c.clip)
+            with self._lock:
+                out, norm = normalize_rewards(torch.tensor(rewards, dtype=torch.float64), self._moments, clip=c.clip)
             rewards = out.tolist()
             learned.update(norm)
         if errors:
@@ -182,6 +187,7 @@ class RewardEngine:
             "reward/mean": _mean(rewards),
             "reward/std": _std(rewards),
             "reward/verifier_mean": _mean(verifier),
+            "reward/verifier_accuracy": _mean([float(v >= 1.0) for v in verifier]),
             "reward/errors": float(len(errors)),
         }
         if fmt is not None:
