@@ -65,3 +65,15 @@ def test_grpo_with_the_reward_model_as_the_only_reward_logs_the_verifier(rm_run,
         assert key in last, key
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert cfg["reward"]["verifier_weight"] == 0.0
+
+
+@pytest.mark.slow
+def test_grpo_with_an_llm_judge_counts_its_malformed_verdicts(sft_model, tmp_path):
+    # the SFT model as the judge: it answers sums, not "Score: N" verdicts, so many are malformed (scored 0)
+    r = relayrl("train", "recipes/arith_grpo.yaml", f"run.dir={tmp_path}", "trainer.steps=1",
+                f"trainer.init_from={sft_model}", "reward.verifier_weight=0", f"reward.judge.path={sft_model}",
+                "reward.judge.max_new_tokens=4", *FAST)
+    assert r.returncode == 0, r.stderr[-3000:]
+    last = records(tmp_path)[-1]
+    assert 0 <= last["reward/judge_malformed"] <= 64 and 0 <= last["reward/judge_mean"] <= 1
+    assert "reward/verifier_mean" in last and "eval/accuracy" in last
