@@ -39,6 +39,10 @@ def _workflow(cfg) -> Path:
         from relayrl.workflows.dpo import train_dpo
 
         return train_dpo(cfg)
+    if cfg.workflow == "rm":
+        from relayrl.workflows.rm import train_rm
+
+        return train_rm(cfg)
     from relayrl.workflows.grpo import train_grpo
 
     return train_grpo(cfg)

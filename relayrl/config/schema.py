@@ -26,7 +26,7 @@ from relayrl.telemetry import TelemetryConfig
 
 __all__ = [
     "RunConfig", "ModelConfig", "DataConfig", "RolloutConfig", "AlgorithmConfig", "TrainerConfig",
-    "CriticConfig", "DPOConfig", "EvalConfig", "PlacementConfig", "Config",
+    "CriticConfig", "DPOConfig", "RMConfig", "EvalConfig", "PlacementConfig", "Config",
 ]
 
 
@@ -329,6 +329,13 @@ class DPOConfig(_Section):
                               "Pang et al. 2024; TRL's rpo_alpha): keeps the chosen answers likely")
 
 
+class RMConfig(_Section):
+    """Reward-model training (workflow rm): a scalar head trained with the Bradley-Terry loss on pairs."""
+
+    margin: float = Field(0.0, description="margin m of the loss -log sigmoid(r_chosen - r_rejected - m) (0: plain "
+                          "Bradley-Terry)")
+
+
 class EvalConfig(_Section):
     every: int = Field(0, ge=0, description="evaluate every N steps (0: only before and after training)")
     size: int = Field(200, ge=1, description="held-out prompts")
@@ -340,7 +347,7 @@ class EvalConfig(_Section):
 class Config(_Section):
     """A whole run. ``workflow`` picks the driver program."""
 
-    workflow: Literal["sft", "grpo", "dpo"] = "grpo"
+    workflow: Literal["sft", "grpo", "dpo", "rm"] = "grpo"
     run: RunConfig = RunConfig()
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
@@ -350,6 +357,7 @@ class Config(_Section):
     engine: TrainEngineConfig = TrainEngineConfig()
     critic: CriticConfig = CriticConfig()
     dpo: DPOConfig = DPOConfig()
+    rm: RMConfig = RMConfig()
     eval: EvalConfig = EvalConfig()
     reward: RewardConfig = RewardConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
@@ -378,14 +386,14 @@ class Config(_Section):
                              f"{self.trainer.epochs} split and repeat an RL batch (workflow grpo); workflow "
                              f"{self.workflow} takes one optimizer step per trainer.batch_size examples: set "
                              f"trainer.mini_batches=1 and trainer.epochs=1 (lower trainer.batch_size for smaller steps)")
-        if self.workflow == "dpo":
+        if self.workflow in ("dpo", "rm"):
             if self.engine.packing != "shared_prompt":
-                raise ValueError(f"workflow=dpo packs each prompt with its chosen and rejected answer, so that a pair "
+                raise ValueError(f"workflow={self.workflow} packs each prompt with its chosen and rejected answer, so that a pair "
                                  f"stays in one micro-batch: set engine.packing=shared_prompt (got {self.engine.packing!r})")
             if self.dpo.label_smoothing and self.dpo.kind != "sigmoid":
                 raise ValueError(f"dpo.label_smoothing is defined for dpo.kind=sigmoid only (got {self.dpo.kind!r})")
             if self.data.task not in (None, "arith"):
-                raise ValueError(f"workflow=dpo needs preference pairs: the built-in arith task has them (the true "
+                raise ValueError(f"workflow={self.workflow} needs preference pairs: the built-in arith task has them (the true "
                                  f"sum over the careless one); data.task={self.data.task!r} has none, give data.path "
                                  f"with data.answer_key (chosen) and data.rejected_key columns")
         if self.rollout.n > self.rollout.max_batch:
@@ -408,7 +416,7 @@ class Config(_Section):
             raise ValueError("model.pure_low_precision=true trains low-precision weights, but model.dtype=float32; "
                              "set model.dtype=bfloat16 or drop model.pure_low_precision")
         ranks = self.cluster.devices * self.cluster.nodes
-        rows = (self.trainer.batch_size * (2 if self.workflow == "dpo" else 1) if self.workflow != "grpo"
+        rows = (self.trainer.batch_size * (2 if self.workflow in ("dpo", "rm") else 1) if self.workflow != "grpo"
                 else self.data.prompts_per_step * self.rollout.n)
         if rows // ranks < self.trainer.mini_batches:
             what = "data.prompts_per_step x rollout.n" if self.workflow == "grpo" else "trainer.batch_size"
@@ -418,6 +426,9 @@ class Config(_Section):
             raise ValueError(f"model.lora.enabled trains on one data-parallel rank; cluster.devices x cluster.nodes "
                              f"= {ranks} would shard the adapted model with FSDP2, which relayrl does not support "
                              f"with LoRA: set cluster.devices=1 and cluster.nodes=1 (or model.lora.enabled=false)")
+        if self.model.lora.enabled and self.workflow == "rm":
+            raise ValueError("model.lora.enabled: workflow rm trains the whole reward model (its scalar head and "
+                             "the network under it); set model.lora.enabled=false")
         _check_placement(self)
         _check_env(self)
         if self.data.messages_key is not None and (self.workflow != "sft" or self.data.path is None):
@@ -446,8 +457,9 @@ def _check_env(self: Config) -> None:
     e, a, t = self.env, self.algorithm, self.trainer
     if not e.enabled:
         return
-    if self.workflow == "dpo":
-        raise ValueError("env.name sets up multi-turn episodes, which workflow dpo does not generate; set env.name=null")
+    if self.workflow in ("dpo", "rm"):
+        raise ValueError(f"env.name sets up multi-turn episodes, which workflow {self.workflow} does not generate; "
+                         "set env.name=null")
     if e.name == "tools" and e.stop_string not in self.rollout.stop_strings:
         raise ValueError(f"env.name=tools: a turn that calls a tool must end at its closing tag; add "
                          f"{e.stop_string!r} to rollout.stop_strings")

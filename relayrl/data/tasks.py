@@ -105,7 +105,12 @@ class ArithmeticTask:
     data imitates the teacher's mistakes and GRPO can learn to carry from the
     verifier alone (the demo's design). Use it for SFT data only. A problem
     whose careless answer differs from the true sum carries it as
-    ``meta["rejected"]``: the preference pairs of ``workflow=dpo``.
+    ``meta["rejected"]``: the preference pairs of ``workflow=dpo`` and ``rm``.
+    ``overshoot=q``: with probability ``q`` the rejected answer is instead one
+    carry too many (the true sum plus 10 or 100..., a column above the ones;
+    ``56+78`` rejects ``144``), so that not every rejected sum is smaller than
+    the chosen one (a reward model trained on careless sums alone can learn
+    "larger is better", and GRPO then games it with sums too large: measured).
     ``reverse=True`` writes every answer ones digit first (``56+78=431``), the
     order in which the sum is computed (on the tiny default model it was not
     learned faster than the usual order: measured, 500 SFT steps).
@@ -116,6 +121,7 @@ class ArithmeticTask:
     carries: Literal["any", "none", "some", "inner"] = "any"
     carry_free_above: int | None = None
     forget_carry: float = 0.0
+    overshoot: float = 0.0
     reverse: bool = False
     eval_size: int = 200
     eval_seed: int = 1234
@@ -131,6 +137,8 @@ class ArithmeticTask:
             raise ValueError(f"arith task: carries must be 'any', 'none', 'some' or 'inner', got {self.carries!r}")
         if not 0.0 <= self.forget_carry <= 1.0:
             raise ValueError(f"arith task: forget_carry is a probability in [0, 1], got {self.forget_carry}")
+        if not 0.0 <= self.overshoot <= 1.0:
+            raise ValueError(f"arith task: overshoot is a probability in [0, 1], got {self.overshoot}")
 
     def _operand(self, rng: random.Random) -> int:
         d = rng.randint(self.min_digits, self.max_digits)
@@ -168,6 +176,8 @@ class ArithmeticTask:
                 continue
             if self.forget_carry and careless != true and rng.random() < self.forget_carry:
                 answer = careless
+            if self.overshoot and careless != true and rng.random() < self.overshoot:
+                careless = str(a + b + 10 ** rng.randint(1, max(1, len(true) - 1)))  # the rejected one: a carry too many
             if self.reverse:
                 answer, true, careless = answer[::-1], true[::-1], careless[::-1]
             meta = {"a": a, "b": b, "carries": c, "true_answer": true}

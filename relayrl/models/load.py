@@ -77,17 +77,19 @@ def load_model(path: str | Path, *, dtype: str = "float32", device: str | torch.
 
 
 def load_value_model(path: str | Path, *, dtype: str = "float32", device: str | torch.device = "cpu",
-                     attn_implementation: str = "sdpa"):
+                     attn_implementation: str = "sdpa", bias: bool = True):
     """A critic: the causal LM at ``path`` with its output head replaced by a scalar value head
     (``Linear(hidden, 1)``, zero-initialised, so every value starts at 0). The engine reads the head
-    through ``get_output_embeddings``, as for the policy."""
+    through ``get_output_embeddings``, as for the policy. ``bias=False``: a head without bias (a reward
+    model's, whose Bradley-Terry loss cannot see a bias; Hugging Face's sequence classifiers have none)."""
     from torch import nn
 
     model = load_model(path, dtype=dtype, device=device, attn_implementation=attn_implementation)
     hidden = model.get_output_embeddings().in_features
-    head = nn.Linear(hidden, 1, bias=True, device=device, dtype=resolve_dtype(dtype))
+    head = nn.Linear(hidden, 1, bias=bias, device=device, dtype=resolve_dtype(dtype))
     nn.init.zeros_(head.weight)
-    nn.init.zeros_(head.bias)
+    if bias:
+        nn.init.zeros_(head.bias)
     model.config.tie_word_embeddings = False  # the value head is not the embedding matrix
     model.set_output_embeddings(head)
     return model

@@ -277,11 +277,14 @@ class Scored(NamedTuple):
 
 class ScoreWorker(Worker):
     """The reward and advantage stages, in the driver's process: reads responses from the dock, scores them
-    with the run's reward engine (rule verifiers, user functions) and writes rewards; computes advantages of
+    with the run's reward engine (rule verifiers, user functions, a reward model or LLM judge, on this
+    worker's pool device when it has one) and writes rewards; computes advantages of
     complete groups (or of the whole batch) and writes them."""
 
     def __init__(self, reward, tokenizer, algorithm, shape) -> None:
         self.reward, self.tokenizer, self.algorithm, self.shape = reward, tokenizer, algorithm, shape
+        if hasattr(self, "device") and reward.cfg.model_device == "auto":  # a rank of a pool (placement.reward=<pool>)
+            reward.place(self.device)  # its learned rewards (reward model, judge) run on the pool's device
 
     def score_into(self, reader, slots, problems: Sequence, dynamic_sampling: bool = False) -> "Scored":
         """Score the rows (whole prompt groups; ``problems[group]`` holds each row's prompt and answer) and

@@ -18,11 +18,12 @@ from relayrl.algorithms.aggregation import normalized_by
 from relayrl.algorithms.losses import aggregate, policy_loss
 from relayrl.algorithms.mismatch import logprob_error
 from relayrl.algorithms.offpolicy import truncated_is_weights
+from relayrl.algorithms.reward_model import bradley_terry_loss
 from relayrl.algorithms.sft import sft_loss
 from relayrl.algorithms.value import value_loss
 from relayrl.engines.training.base import MicroBatch
 
-__all__ = ["PolicyLoss", "ValueLoss", "SFTLoss", "DPOLoss"]
+__all__ = ["PolicyLoss", "ValueLoss", "SFTLoss", "DPOLoss", "BTLoss", "pair_order", "last_values"]
 
 
 @dataclass(frozen=True)
@@ -165,14 +166,8 @@ class DPOLoss:
 
     def __call__(self, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         f = mb.fields
-        pair, chosen = f["pair"].long(), f["chosen"] > 0.5
         seq_logp = (mb.logprobs * mb.mask).sum(-1)
-        order = torch.argsort(pair * 2 + (~chosen).long())  # chosen then rejected, pair by pair
-        if len(order) % 2 or not (torch.equal(pair[order][0::2], pair[order][1::2])
-                                  and bool(chosen[order][0::2].all()) and not bool(chosen[order][1::2].any())):
-            raise ValueError("DPO: a micro-batch holds an incomplete (chosen, rejected) pair; a pair longer than "
-                             "engine.token_budget is split by the engine: raise engine.token_budget")
-        c, r = order[0::2], order[1::2]
+        c, r = pair_order(f)
         loss, metrics = dpo_loss(seq_logp[c], seq_logp[r], f["ref_logp"][c], f["ref_logp"][r], beta=self.beta,
                                  kind=self.kind, label_smoothing=self.label_smoothing)
         share = len(c) / (mb.global_seqs / 2)  # this micro-batch's pairs among the mini-batch's
@@ -184,3 +179,47 @@ class DPOLoss:
             loss = loss + self.nll_weight * nll
             metrics["dpo/loss"] = float(loss.detach())
         return loss, metrics
+
+
+def pair_order(fields: dict, what: str = "DPO") -> tuple[torch.Tensor, torch.Tensor]:
+    """Row indexes ``(chosen [N], rejected [N])`` of the pairs of a micro-batch whose rows carry the fields
+    ``pair`` (the pair's id) and ``chosen`` (1 for the chosen row, 0 for the rejected one)."""
+    pair, chosen = fields["pair"].long(), fields["chosen"] > 0.5
+    order = torch.argsort(pair * 2 + (~chosen).long())  # chosen then rejected, pair by pair
+    if len(order) % 2 or not (torch.equal(pair[order][0::2], pair[order][1::2])
+                              and bool(chosen[order][0::2].all()) and not bool(chosen[order][1::2].any())):
+        raise ValueError(f"{what}: a micro-batch holds an incomplete (chosen, rejected) pair; a pair longer than "
+                         "engine.token_budget is split by the engine: raise engine.token_budget")
+    return order[0::2], order[1::2]
+
+
+def last_values(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[B]``: each row's value at its last response position (``values``, ``mask`` ``[B, T]``): a reward
+    model's score of the whole sequence (:mod:`relayrl.models.reward`)."""
+    pos = torch.arange(mask.shape[-1], device=mask.device)
+    last = (pos * (mask > 0)).argmax(-1)
+    return values.gather(-1, last[:, None]).squeeze(-1)
+
+
+_RM_METRICS = ("rm/loss", "rm/accuracy", "rm/reward_margin", "rm/chosen_mean", "rm/rejected_mean")
+
+
+@dataclass(frozen=True)
+class BTLoss:
+    """Bradley-Terry loss of a reward model (``relayrl.algorithms.reward_model``) over the (chosen,
+    rejected) pairs of a micro-batch, laid out as for :class:`DPOLoss` (fields ``pair`` and ``chosen``;
+    optional ``margin`` per row, the pair's margin on both rows). The engine of a reward model puts its
+    per-position values where a policy's log-probs go; a row's score is the value at its last position.
+    The loss and metrics are this micro-batch's share of the mean over the mini-batch's pairs."""
+
+    margin: float = 0.0
+    summed: tuple[str, ...] = _RM_METRICS
+
+    def __call__(self, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        f = mb.fields
+        c, r = pair_order(f, "workflow rm")
+        scores = last_values(mb.logprobs, mb.mask)
+        margin = f["margin"][c] if "margin" in f else self.margin
+        loss, metrics = bradley_terry_loss(scores[c], scores[r], margin=margin)
+        share = len(c) / (mb.global_seqs / 2)
+        return loss * share, {k: v * share for k, v in metrics.items()}

@@ -28,19 +28,24 @@ __all__ = ["OfflineRun"]
 
 
 class OfflineRun:
-    """Actor and rollout groups on the session's pool; :meth:`run` trains ``trainer.steps`` steps."""
+    """Actor and rollout groups on the session's pool; :meth:`run` trains ``trainer.steps`` steps.
+    ``actor_cls``: the trained worker (a reward model's for workflow rm, which has no rollout)."""
 
-    def __init__(self, s: Session, loss: LossFn, key_metrics: tuple[str, ...]) -> None:
+    def __init__(self, s: Session, loss: LossFn, key_metrics: tuple[str, ...], *, actor_cls: type = PolicyWorker,
+                 rollout: bool = True) -> None:
         cfg = self.cfg = s.cfg
         self.s, self.loss, self.key_metrics = s, loss, key_metrics
         m = cfg.model
         self.common = dict(device=m.device, attn_implementation=m.attn_implementation, threads=cfg.run.threads)
         self.precision = role_precision(m, cfg.rollout)
         self.groups: list[WorkerGroup] = []
-        self.actor = self.group(PolicyWorker, "actor", engine=cfg.engine, total_steps=cfg.trainer.steps,
-                                seed=cfg.run.seed, lora=m.lora, **self.precision["trained"])
-        self.rollout = self.group(RolloutWorker, "rollout", max_batch=cfg.rollout.max_batch, seed=cfg.run.seed,
-                                  decode=cfg.rollout.decode, **self.precision["rollout"])
+        lora = {"lora": m.lora} if m.lora.enabled else {}  # (config load refuses LoRA for a reward model)
+        self.actor = self.group(actor_cls, "actor", engine=cfg.engine, total_steps=cfg.trainer.steps,
+                                seed=cfg.run.seed, **lora, **self.precision["trained"])
+        self.rollout = None  # a reward model (workflow rm) generates nothing: its subclass evaluates on pairs
+        if rollout:
+            self.rollout = self.group(RolloutWorker, "rollout", max_batch=cfg.rollout.max_batch, seed=cfg.run.seed,
+                                      decode=cfg.rollout.decode, **self.precision["rollout"])
         self.episodes = episode_spec(cfg)  # env.name: evaluate with multi-turn episodes
 
     def group(self, worker_cls: type, name: str, **kwargs) -> WorkerGroup:

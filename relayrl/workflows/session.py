@@ -141,8 +141,9 @@ class Session:
         self.task, train, self.eval_problems = self._data()
         self.prompts = PromptSource(cfg.run.seed, task=self.task if train is None else None, problems=train,
                                     exclude=frozenset(p.prompt for p in self.eval_problems))
-        self.reward = RewardEngine(cfg.reward, task=self.task)
         cuda = cfg.model.device == "cuda" or (cfg.model.device == "auto" and torch.cuda.is_available())
+        self.reward = RewardEngine(cfg.reward, task=self.task, chat_template=cfg.data.chat_template,
+                                   device="cuda" if cuda else "cpu")
         self.pool = ResourcePool(name="main", devices=cfg.cluster.devices, nodes=cfg.cluster.nodes,
                                  device_kind="cuda" if cuda else "cpu", node=cfg.placement.nodes.get("main"))
         self.ckpt = CheckpointManager(self.dir / "checkpoints", keep=cfg.run.keep_checkpoints)
@@ -164,12 +165,13 @@ class Session:
             task = make_task(d.task, **d.task_options)
             eval_task = make_task(d.task, **{**d.task_options, **(d.eval_task_options or {}), "eval_size": self.cfg.eval.size})
             return task, None, eval_task.eval_set()
-        rejected = d.rejected_key if self.cfg.workflow == "dpo" else None  # preference pairs, every row checked
+        rejected = d.rejected_key if self.cfg.workflow in ("dpo", "rm") else None  # preference pairs, every row checked
         train = load_problems(DatasetConfig(path=d.path, prompt_key=d.prompt_key, answer_key=d.answer_key,
                                             rejected_key=rejected, format=d.format, messages_key=d.messages_key))
         size = self.cfg.eval.size
         if d.eval_path:
             evals = load_problems(DatasetConfig(path=d.eval_path, prompt_key=d.prompt_key, answer_key=d.answer_key,
+                                                rejected_key=rejected if self.cfg.workflow == "rm" else None,
                                                 format=d.format, messages_key=d.messages_key))
             return None, train, evals[:size]
         if len(train) >= 2 * size:  # hold out a seeded sample of rows; train on the rest
@@ -190,7 +192,9 @@ class Session:
         return ids
 
     def score(self, prompts: list[str], responses: list[str], answers: list[str]) -> list[float]:
-        return self.reward.score(prompts, responses, answers)[0]
+        """Evaluation's score: the verifier (and format term) only, never a learned reward, so held-out
+        accuracy stays the task's whatever the training reward is."""
+        return self.reward.verify(prompts, responses, answers)
 
     # ------------------------------------------------------------ telemetry
     def open_telemetry(self, total_steps: int, key_metrics) -> None:

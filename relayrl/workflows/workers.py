@@ -2,6 +2,8 @@
 
 * :class:`PolicyWorker`  - the actor: a training engine (log-probs, updates, weights).
 * :class:`CriticWorker` - PPO's critic: the same engine on a value-head model (values, updates).
+* :class:`RewardModelTrainer` - ``workflow: rm``: the critic's engine on a reward model (scores, updates,
+  saved as a Hugging Face sequence classifier).
 * :class:`ReferenceWorker` - a frozen copy of the initial policy for KL, on its own (the tri-model
   keeps it inside the actor instead: ``PolicyWorker(tri_model=True)``, seed 003 section 4.1).
 * :class:`RolloutWorker` - a generation engine that takes relayed weights.
@@ -38,7 +40,7 @@ from relayrl.models.load import load_model, load_tokenizer, load_value_model, re
 from relayrl.telemetry import memory
 from relayrl.weights import WeightReceiverMixin, gather_full_state
 
-__all__ = ["PolicyWorker", "CriticWorker", "ReferenceWorker", "RolloutWorker", "resolve_device", "collective", "generate",
+__all__ = ["PolicyWorker", "CriticWorker", "RewardModelTrainer", "ReferenceWorker", "RolloutWorker", "resolve_device", "collective", "generate",
            "rollout_rng", "restore_rollout_rng", "role_precision"]
 
 
@@ -286,6 +288,34 @@ class CriticWorker(_TrainerWorker):
     def values(self, batch: SequenceBatch) -> list[torch.Tensor]:
         """Per-row values ``V(s_t)`` of the response positions (a list, for ``group.split``)."""
         return self.engine.logprobs(batch)[0]
+
+
+class RewardModelTrainer(_TrainerWorker):
+    """A reward model in training (``workflow: rm``): the policy's network with a scalar head without bias
+    (:func:`relayrl.models.load.load_value_model`), trained on preference pairs; exported as a one-label
+    sequence classifier (:mod:`relayrl.models.reward`)."""
+
+    def __init__(self, model_path: str, engine: TrainEngineConfig, total_steps: int, *, dtype: str = "float32",
+                 compute_dtype: str | None = None, device: str = "auto", attn_implementation: str = "sdpa",
+                 threads: int = 0, seed: int = 0) -> None:
+        from functools import partial
+
+        self._start(partial(load_value_model, bias=False), model_path, engine, total_steps, dtype=dtype,
+                    compute_dtype=compute_dtype, device=device, attn_implementation=attn_implementation,
+                    threads=threads, seed=seed, output="values", metric_prefix="rm")
+        self.tokenizer = load_tokenizer(model_path)
+
+    def values(self, batch: SequenceBatch) -> list[torch.Tensor]:
+        """Per-row values of the response positions (a row's score is the last one), a list for ``split``."""
+        return self.engine.logprobs(batch)[0]
+
+    def save_pretrained(self, path: str) -> None:
+        """Save as a Hugging Face ``*ForSequenceClassification`` (collective when sharded; rank 0 writes)."""
+        from relayrl.models.reward import export_reward_model
+
+        full = fsdp.full_model_state(self.engine.model)
+        if getattr(self, "rank", 0) == 0:
+            export_reward_model(self.engine.model, self.tokenizer, path, state_dict=full)
 
 
 class ReferenceWorker(_MemoryProbe, Worker):

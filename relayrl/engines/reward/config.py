@@ -1,8 +1,16 @@
 """Configuration and error type of the reward engine.
 
-The reward of one response is ``verifier(response, answer) + format_weight *
-format(response)``: a rule verifier (seed 001's rule-based reward for math and
-code-like tasks, as in DeepSeek-R1/DAPO) plus an optional format term.
+The reward of one response is::
+
+    verifier_weight * verifier(response, answer) + format_weight * format(response)
+      + model_weight * reward_model(prompt, response) + judge.weight * judge(prompt, response, answer)
+
+a rule verifier (seed 001's rule-based reward for math and code-like tasks, as
+in DeepSeek-R1/DAPO), an optional format term, an optional learned reward
+model (``model``, trained by ``workflow: rm``) and an optional LLM judge
+(``judge.path``); then optionally whitened by running moments (``normalize``)
+and clipped (``clip``). The verifier is computed and logged even at
+``verifier_weight=0``, so a learned reward's hacking shows beside it.
 """
 
 from __future__ import annotations
@@ -10,8 +18,11 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+from pathlib import Path
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from relayrl.engines.reward.judge import JudgeConfig
 from relayrl.errors import UserError
 
 __all__ = ["RewardConfig", "RewardError"]
@@ -39,6 +50,19 @@ class RewardConfig(BaseModel):
         description="what format_regex is searched in: 'answer' (first line, stripped), 'response' (the whole "
         "response); 'auto' is 'response' for the math verifier and 'answer' otherwise",
     )
+    verifier_weight: float = Field(1.0, description="weight of the verifier in the reward; 0: logged only "
+                                   "(reward/verifier_mean), e.g. with a learned reward")
+    model: str | None = Field(None, description="directory of a reward model (what workflow rm saves) scoring each "
+                              "(prompt, response); null: none")
+    model_weight: float = Field(1.0, description="weight of the reward model's score in the reward")
+    model_device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="device of the reward model and judge; auto: the run's model device (a reward worker on "
+        "its own pool, placement.reward=<pool>, takes that pool's device)")
+    model_batch: int = Field(64, ge=1, description="rows per reward-model forward pass")
+    judge: JudgeConfig = JudgeConfig()
+    normalize: Literal["none", "running"] = Field(
+        "none", description="running: whiten the reward by the running mean and std of all rewards so far")
+    clip: float | None = Field(None, gt=0.0, description="clip the (normalised) reward to [-clip, clip]; null: no clip")
     workers: int = Field(1, ge=1, description="threads for batched row-wise scoring")
     math_timeout_s: int = Field(
         5, ge=1, description="math-verify timeout per parse/compare (only enforceable on the main thread)"
@@ -61,12 +85,26 @@ class RewardConfig(BaseModel):
                 re.compile(self.format_regex)
             except re.error as e:
                 raise ValueError(f"reward.format_regex {self.format_regex!r} is not a valid regex: {e}") from None
+        if (self.verifier_weight == 0 and self.model is None and self.judge.path is None
+                and self.format_weight == 0):
+            raise ValueError("reward.verifier_weight=0 leaves no reward: set reward.model (a reward model), "
+                             "reward.judge.path (an LLM judge) or reward.format_weight, or raise reward.verifier_weight")
         if self.format_weight != 0.0 and self.format_regex is None:
             raise ValueError(
                 f"reward.format_weight={self.format_weight} needs reward.format_regex (e.g. '^\\d+$'); "
                 "or set reward.format_weight=0"
             )
         return self
+
+    def check_paths(self) -> None:
+        """The model directories exist (checked when a run starts, not when a recipe is read: a recipe may
+        name a reward model that an earlier run will write)."""
+        if self.model is not None and not (Path(self.model) / "config.json").is_file():
+            raise RewardError(f"reward.model={self.model!r} is not a model directory (no config.json); give the "
+                              f"directory a 'workflow: rm' run saved (its run.dir/model) or set reward.model=null")
+        if self.judge.path is not None and not (Path(self.judge.path) / "config.json").is_file():
+            raise RewardError(f"reward.judge.path={self.judge.path!r} is not a model directory (no config.json); "
+                              f"give a local causal LM or set reward.judge.path=null")
 
     def resolved_format_on(self) -> Literal["answer", "response"]:
         """``format_on`` with ``auto`` resolved for this verifier."""

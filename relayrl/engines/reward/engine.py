@@ -13,6 +13,13 @@ A verifier that raises on one row scores that row 0 and counts it in
 stop a run. A *user function* that breaks its contract (wrong length, non-numeric,
 NaN) raises :class:`RewardError`, because that is a bug to fix, not noise.
 
+Learned rewards (``reward.model``: a reward model, ``reward.judge.path``: an LLM
+judge) are scored in the same call, on the engine's device, and combined with
+the verifier and format term by their weights; the verifier is computed and
+logged even at weight 0. The models load on first use, so a run that never
+scores (SFT, DPO) never loads them. Evaluation calls :meth:`verify`, the
+verifier and format term alone.
+
 Threads share the GIL, so pure-Python verifiers gain little from ``workers > 1``
 beyond overlapping with torch work that releases the GIL; the point of the
 thread pool is non-blocking scoring, not CPU parallelism.
@@ -23,12 +30,17 @@ from __future__ import annotations
 import logging
 import math
 import re
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Callable, Sequence
 
+import torch
+
+from relayrl.algorithms.reward_model import RunningMoments, normalize_rewards
 from relayrl.engines.reward.config import RewardConfig, RewardError
+from relayrl.engines.reward.judge import LLMJudge
 from relayrl.engines.reward.user import check_rewards, describe_fn, load_reward_fn
 from relayrl.engines.reward.verifiers import exact_reward, format_reward, math_reward
 
@@ -45,8 +57,16 @@ class RewardEngine:
     signature checked here, so a bad ``user_fn`` fails at construction.
     """
 
-    def __init__(self, cfg: RewardConfig, task=None) -> None:
+    def __init__(self, cfg: RewardConfig, task=None, *, chat_template: bool | None = None, device: str = "cpu",
+                 judge_ask: Callable[[list[str]], list[str]] | None = None) -> None:
+        cfg.check_paths()
         self.cfg = cfg
+        self.chat_template = chat_template
+        self.device = str(device) if cfg.model_device == "auto" else cfg.model_device
+        self._rm = None  # the reward model's scorer, loaded on first use
+        self._judge = LLMJudge(cfg.judge, device=self.device, ask=judge_ask) if cfg.judge.path or judge_ask else None
+        self._moments = RunningMoments() if cfg.normalize == "running" else None
+        self._lock = threading.Lock()  # concurrent score calls (the dataflow's driver threads): one load, one update
         self._row_fn: Callable[[str, str], float] | None = None
         self._user_fn = None
         if cfg.verifier == "task":
@@ -73,6 +93,38 @@ class RewardEngine:
         self._closed = False
 
     # ---------------------------------------------------------------- scoring
+    def place(self, device) -> None:
+        """Score the learned rewards on ``device`` (a reward worker on its own pool's device)."""
+        self.device = str(device)
+        if self._rm is not None:
+            self._rm.to(device)
+        if self._judge is not None:
+            self._judge.to(device)
+
+    @property
+    def reward_model(self):
+        """The reward model's :class:`~relayrl.models.reward.RewardModelScorer` (loaded on first use)."""
+        with self._lock:
+            if self._rm is None and self.cfg.model is not None:
+                from relayrl.models.reward import RewardModelScorer
+
+                self._rm = RewardModelScorer(self.cfg.model, device=self.device, batch_size=self.cfg.model_batch,
+                                             chat_template=self.chat_template)
+        return self._rm
+
+    def verify(self, prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str | None]) -> list[float]:
+        """The verifier plus the format term (unweighted verifier; no learned reward, no normalisation): what
+        held-out accuracy is measured with."""
+        n = self._check_inputs(prompts, responses, answers, None)
+        if self._user_fn is not None:
+            verifier = self._call_user(list(prompts), list(responses), list(answers))
+        else:
+            verifier, _ = self._score_rows(list(responses), list(answers))
+        if self._format is None:
+            return verifier
+        return [v + self.cfg.format_weight * format_reward(self._format_target(responses[i]), self._format)
+                for i, v in enumerate(verifier[:n])]
+
     def score(
         self,
         prompts: Sequence[str],
@@ -86,10 +138,15 @@ class RewardEngine:
         row (``"length"``) gets format reward 0, since its format never finished;
         its fraction is logged as ``reward/truncated_frac``.
 
-        Metrics: ``reward/mean``, ``reward/std``, ``reward/verifier_mean``,
+        Metrics: ``reward/mean``, ``reward/std``, ``reward/verifier_mean``, ``reward/verifier_accuracy``
+        (rows the verifier accepts, score >= 1, whatever its weight),
         ``reward/format_mean`` (when a format regex is set), ``reward/errors``
         (rows whose verifier raised, scored 0), ``reward/truncated_frac`` (when
-        finish reasons are given), ``reward/score_time_s``.
+        finish reasons are given), ``reward/score_time_s``; with a reward model
+        ``reward/model_mean``, ``reward/model_std``; with a judge ``reward/judge_mean``,
+        ``reward/judge_malformed`` (verdicts scored by ``reward.judge.malformed_score``);
+        with normalisation ``reward/raw_mean`` (before it), ``reward/norm_mean``,
+        ``reward/norm_std``; with clipping ``reward/clip_frac``.
         """
         if self._closed:
             raise RuntimeError("RewardEngine.score after close()")
@@ -102,11 +159,26 @@ class RewardEngine:
             verifier, errors = self._score_rows(list(responses), list(answers))
         truncated = [fr == "length" for fr in finish_reasons] if finish_reasons is not None else [False] * n
         fmt = None
+        c = self.cfg
+        rewards = [c.verifier_weight * v for v in verifier]
         if self._format is not None:
             fmt = [0.0 if truncated[i] else format_reward(self._format_target(responses[i]), self._format) for i in range(n)]
-            rewards = [v + self.cfg.format_weight * f for v, f in zip(verifier, fmt)]
-        else:
-            rewards = list(verifier)
+            rewards = [x + c.format_weight * f for x, f in zip(rewards, fmt)]
+        learned: dict[str, float] = {}
+        if self.reward_model is not None:
+            rm = self.reward_model.score(list(prompts), list(responses))
+            rewards = [x + c.model_weight * m for x, m in zip(rewards, rm)]
+            learned.update({"reward/model_mean": _mean(rm), "reward/model_std": _std(rm)})
+        if self._judge is not None:
+            judged, malformed = self._judge.score(list(prompts), list(responses), list(answers))
+            rewards = [x + c.judge.weight * j for x, j in zip(rewards, judged)]
+            learned.update({"reward/judge_mean": _mean(judged), "reward/judge_malformed": float(malformed)})
+        if self._moments is not None or c.clip is not None:
+            learned["reward/raw_mean"] = _mean(rewards)
+            with self._lock:
+                out, norm = normalize_rewards(torch.tensor(rewards, dtype=torch.float64), self._moments, clip=c.clip)
+            rewards = out.tolist()
+            learned.update(norm)
         if errors:
             i, msg = errors[0]
             log.warning("reward: %d of %d rows raised in verifier %s and scored 0 (first: row %d: %s)",
@@ -115,10 +187,12 @@ class RewardEngine:
             "reward/mean": _mean(rewards),
             "reward/std": _std(rewards),
             "reward/verifier_mean": _mean(verifier),
+            "reward/verifier_accuracy": _mean([float(v >= 1.0) for v in verifier]),
             "reward/errors": float(len(errors)),
         }
         if fmt is not None:
             metrics["reward/format_mean"] = _mean(fmt)
+        metrics.update(learned)
         if finish_reasons is not None:
             metrics["reward/truncated_frac"] = _mean([float(t) for t in truncated])
         metrics["reward/score_time_s"] = time.perf_counter() - t0

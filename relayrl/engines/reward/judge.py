@@ -1,0 +1,151 @@
+"""An LLM judge: a generative reward that asks a model a templated question and parses a score from its
+answer (LLM-as-a-judge, Zheng et al. 2023).
+
+The judge model is a local Hugging Face causal LM (``reward.judge.path``) decoded greedily by relayrl's
+native generation engine. Its answer is searched with ``reward.judge.score_regex``; the first capture
+group (or the whole match) must be a number in ``[min_score, max_score]``, and the reward is that number
+rescaled to ``[0, 1]``.
+
+Malformed output -- no match, a match that is not a number, or a number outside the range -- scores
+``reward.judge.malformed_score`` (0 by default), is counted in ``reward/judge_malformed`` and the first
+such answer of a batch is logged. Model output is untrusted text: a malformed verdict is noise to count,
+not an error that stops the run.
+
+Departure: no OpenAI-compatible judge server (relayrl's serving client is the rollout's); a judge runs
+in-process on the reward engine's device.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from typing import Callable, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["JudgeConfig", "LLMJudge", "parse_judge_score"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TEMPLATE = ("Question: {prompt}\nProposed answer: {response}\nRate the proposed answer from "
+                    "{min_score} (wrong) to {max_score} (right). Score:")
+
+
+class JudgeConfig(BaseModel):
+    """``reward.judge``: a generative reward (off while ``path`` is null)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str | None = Field(None, description="local directory of the judge's causal LM; null: no judge")
+    weight: float = Field(1.0, description="weight of the judge's score (in [0, 1]) in the reward")
+    template: str = Field(DEFAULT_TEMPLATE, description="question asked per response; fields {prompt}, {response}, "
+                          "{answer} (the ground truth, empty when there is none), {min_score}, {max_score}")
+    score_regex: str = Field(r"-?\d+(?:\.\d+)?", description="searched in the judge's answer; the first group (or the "
+                             "match) is the score")
+    min_score: float = Field(0.0, description="lowest valid score (rescaled to reward 0)")
+    max_score: float = Field(10.0, description="highest valid score (rescaled to reward 1)")
+    malformed_score: float = Field(0.0, description="reward of a malformed verdict (no valid score found)")
+    max_new_tokens: int = Field(8, ge=1, description="tokens the judge may write")
+    batch_size: int = Field(64, ge=1, description="questions per generation call")
+
+    @model_validator(mode="after")
+    def _check(self) -> "JudgeConfig":
+        try:
+            self.template.format(prompt="", response="", answer="", min_score=0, max_score=1)
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"reward.judge.template has a field other than {{prompt}}, {{response}}, {{answer}}, "
+                             f"{{min_score}}, {{max_score}} or a stray brace ({type(e).__name__}: {e}); write "
+                             f"literal braces as {{{{ and }}}}") from None
+        try:
+            re.compile(self.score_regex)
+        except re.error as e:
+            raise ValueError(f"reward.judge.score_regex {self.score_regex!r} is not a valid regex: {e}") from None
+        if not self.max_score > self.min_score:
+            raise ValueError(f"reward.judge.max_score={self.max_score} must be > reward.judge.min_score={self.min_score}")
+        return self
+
+
+def parse_judge_score(text: str, pattern: re.Pattern, min_score: float, max_score: float) -> float | None:
+    """The verdict in ``text`` rescaled to ``[0, 1]``, or None when malformed (no match, not a finite
+    number, or outside ``[min_score, max_score]``)."""
+    m = pattern.search(text)
+    if m is None:
+        return None
+    raw = m.group(1) if m.groups() else m.group(0)
+    try:
+        v = float(raw)
+    except (TypeError, ValueError):
+        return None
+    if not math.isfinite(v) or not min_score <= v <= max_score:
+        return None
+    return (v - min_score) / (max_score - min_score)
+
+
+class LLMJudge:
+    """Asks the judge per response and parses its verdicts.
+
+    ``ask`` (tests, other back ends): a function from questions to answers; by default the model at
+    ``cfg.path`` on ``device``, greedy, through :class:`NativeGenerationEngine`, loaded on first use.
+    """
+
+    def __init__(self, cfg: JudgeConfig, *, device: str = "cpu",
+                 ask: Callable[[list[str]], list[str]] | None = None) -> None:
+        self.cfg, self.device, self._ask = cfg, device, ask
+        self._pattern = re.compile(cfg.score_regex)
+        self._engine = None
+
+    def to(self, device) -> "LLMJudge":
+        self.device = str(device)
+        if self._engine is not None:
+            self._engine.model.to(device)
+            self._engine.device = self._engine.model.device
+        return self
+
+    def questions(self, prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str | None]) -> list[str]:
+        c = self.cfg
+        return [c.template.format(prompt=p, response=r, answer=a or "", min_score=_num(c.min_score),
+                                  max_score=_num(c.max_score)) for p, r, a in zip(prompts, responses, answers)]
+
+    def ask(self, questions: list[str]) -> list[str]:
+        if self._ask is not None:
+            return list(self._ask(questions))
+        from relayrl.engines.generation.base import SamplingParams
+
+        if self._engine is None:
+            from relayrl.engines.generation.native import NativeGenerationEngine
+            from relayrl.models.load import load_model, load_tokenizer
+
+            tok = load_tokenizer(self.cfg.path)
+            model = load_model(self.cfg.path, device=self.device).eval()
+            self._engine = NativeGenerationEngine(model, tok, max_batch=self.cfg.batch_size, device=self.device)
+        tok = self._engine.tokenizer
+        out: list[str] = []
+        params = SamplingParams(n=1, temperature=0.0, max_new_tokens=self.cfg.max_new_tokens)
+        for s in range(0, len(questions), self.cfg.batch_size):
+            ids = [tok(q)["input_ids"] for q in questions[s:s + self.cfg.batch_size]]
+            comps = sorted(self._engine.generate(ids, params), key=lambda c: c.prompt_index)
+            out += [c.text for c in comps]
+        return out
+
+    def score(self, prompts: Sequence[str], responses: Sequence[str],
+              answers: Sequence[str | None]) -> tuple[list[float], int]:
+        """Rewards ``[N]`` in ``[0, 1]`` (malformed verdicts: ``malformed_score``) and the malformed count."""
+        verdicts = self.ask(self.questions(prompts, responses, answers))
+        if len(verdicts) != len(prompts):
+            raise RuntimeError(f"LLM judge: {len(verdicts)} verdicts for {len(prompts)} questions")
+        scores, bad = [], []
+        for i, v in enumerate(verdicts):
+            s = parse_judge_score(str(v), self._pattern, self.cfg.min_score, self.cfg.max_score)
+            if s is None:
+                bad.append(i)
+                s = self.cfg.malformed_score
+            scores.append(s)
+        if bad:
+            log.warning("reward: %d of %d judge verdicts malformed, scored %s (first: %r)", len(bad), len(verdicts),
+                        self.cfg.malformed_score, str(verdicts[bad[0]])[:200])
+        return scores, len(bad)
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)

@@ -1,0 +1,143 @@
+"""Learned rewards: a reward model's scores (worker = direct forward pass = the trainer's value), weights,
+normalisation, an LLM judge's malformed verdicts, and config errors that name the key."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relayrl.engines.reward import RewardConfig, RewardEngine
+from relayrl.engines.training.base import SequenceBatch
+from relayrl.models.load import load_tokenizer, load_value_model
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+ROWS = [("12+39=", "51"), ("7+8=", "15"), ("45+45=", "80"), ("1+1=", "")]
+
+
+class _Task:
+    name = "sum"
+
+    @staticmethod
+    def verify(response: str, answer: str) -> float:
+        return float(response.strip() == answer)
+
+
+@pytest.fixture(scope="module")
+def rm_dir(tiny_dir, tmp_path_factory):
+    """A reward model exported from the tiny network with a random head (what workflow rm saves)."""
+    from relayrl.models.reward import export_reward_model
+
+    torch.manual_seed(0)
+    model = load_value_model(tiny_dir, bias=False)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.normal_()
+    out = tmp_path_factory.mktemp("rm")
+    export_reward_model(model, load_tokenizer(tiny_dir), out)
+    return out, model
+
+
+def test_the_reward_worker_scores_equal_a_direct_forward_pass_and_the_trainers_value(rm_dir):
+    from transformers import AutoModelForSequenceClassification
+
+    from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
+    from relayrl.models.reward import RewardModelScorer
+
+    path, value_model = rm_dir
+    scorer = RewardModelScorer(path, batch_size=3)  # a padded batch of 3, then one row alone
+    got = scorer.score([p for p, _ in ROWS], [r for _, r in ROWS])
+    direct = AutoModelForSequenceClassification.from_pretrained(path).eval()
+    with torch.no_grad():
+        want = [float(direct(torch.tensor([scorer.ids(p, r)])).logits[0, 0]) for p, r in ROWS]
+    assert got == pytest.approx(want, abs=1e-5)
+    assert len(set(round(x, 4) for x in got)) == len(got)  # the rows score differently
+    # the trainer (workflow rm) reads the value at the EOS position of prompt + response + EOS: the same score
+    tok = scorer.tokenizer
+    engine = TorchTrainingEngine(value_model, TrainEngineConfig(), total_steps=1, device=torch.device("cpu"),
+                                 trainable=False, output="values")
+    batch = SequenceBatch([torch.tensor(scorer.ids(p, "")) for p, _ in ROWS],
+                          [torch.tensor(tok(r, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]) for _, r in ROWS])
+    values = engine.logprobs(batch)[0]
+    assert [float(v[-1]) for v in values] == pytest.approx(want, abs=1e-4)
+
+
+def test_the_reward_combines_verifier_model_and_logs_the_verifier_at_weight_zero(rm_dir):
+    path, _ = rm_dir
+    prompts, responses = [p for p, _ in ROWS], [r for _, r in ROWS]
+    answers = ["51", "15", "90", "2"]
+    rm = RewardEngine(RewardConfig(model=str(path)), task=_Task()).reward_model.score(prompts, responses)
+    eng = RewardEngine(RewardConfig(model=str(path), verifier_weight=0.0, model_weight=2.0), task=_Task())
+    rewards, m = eng.score(prompts, responses, answers)
+    assert rewards == pytest.approx([2 * x for x in rm], abs=1e-5)
+    assert m["reward/verifier_mean"] == 0.5  # logged although it is not in the reward
+    assert m["reward/model_mean"] == pytest.approx(sum(rm) / 4, abs=1e-5)
+    both = RewardEngine(RewardConfig(model=str(path), verifier_weight=1.0, model_weight=0.5), task=_Task())
+    assert both.score(prompts, responses, answers)[0] == pytest.approx(
+        [v + 0.5 * x for v, x in zip([1, 1, 0, 0], rm)], abs=1e-5)
+    assert both.verify(prompts, responses, answers) == [1.0, 1.0, 0.0, 0.0]  # evaluation: the verifier alone
+    norm = RewardEngine(RewardConfig(verifier_weight=1.0, normalize="running", clip=0.5), task=_Task())
+    r, m = norm.score(prompts, responses, answers)
+    assert r == pytest.approx([0.5, 0.5, -0.5, -0.5]) and m["reward/clip_frac"] == 1.0
+    assert (m["reward/norm_mean"], m["reward/norm_std"], m["reward/raw_mean"]) == pytest.approx((0.5, 0.5, 0.5))
+
+
+def test_a_judge_that_returns_garbage_is_counted_and_scored_by_the_rule(tiny_dir, caplog):
+    asked: list[str] = []
+
+    def judge(questions):
+        asked.extend(questions)
+        return ["banana", "Score: 7", "11 out of 10", "score 10"]
+
+    cfg = RewardConfig(verifier_weight=0.0, judge={"path": str(tiny_dir), "malformed_score": -1.0})
+    rewards, m = RewardEngine(cfg, task=_Task(), judge_ask=judge).score(
+        [p for p, _ in ROWS], [r for _, r in ROWS], ["51", "15", "90", "2"])
+    assert rewards == pytest.approx([-1.0, 0.7, -1.0, 1.0])  # malformed: reward.judge.malformed_score
+    assert m["reward/judge_malformed"] == 2.0 and m["reward/judge_mean"] == pytest.approx(-0.3 / 4)
+    assert "2 of 4 judge verdicts malformed" in caplog.text and "banana" in caplog.text
+    assert asked[0].startswith("Question: 12+39=\nProposed answer: 51\nRate the proposed answer from 0 (wrong) to 10")
+
+
+def test_the_judge_runs_a_local_model_through_the_native_engine(tiny_dir):
+    cfg = RewardConfig(verifier_weight=0.0, judge={"path": str(tiny_dir), "max_new_tokens": 3})
+    rewards, m = RewardEngine(cfg, task=_Task()).score(["1+1="], ["2"], ["2"])
+    assert len(rewards) == 1 and m["reward/judge_malformed"] in (0.0, 1.0)  # an untrained judge: any verdict
+
+
+@pytest.mark.parametrize("kwargs, key", [
+    ({"verifier_weight": 0.0}, "reward.verifier_weight=0 leaves no reward"),
+    ({"judge": {"template": "{question}"}}, "reward.judge.template has a field other than"),
+    ({"judge": {"min_score": 5, "max_score": 5}}, "reward.judge.max_score=5.0 must be > reward.judge.min_score"),
+    ({"clip": 0}, "clip"),
+])
+def test_config_errors_name_the_key(kwargs, key):
+    with pytest.raises(ValueError, match=key.replace("(", r"\(").replace(".", r"\.").replace("[", r"\[")):
+        RewardConfig(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, key", [
+    ({"model": "/nonexistent/rm"}, "reward.model='/nonexistent/rm' is not a model directory"),
+    ({"judge": {"path": "/nonexistent/judge"}}, "reward.judge.path='/nonexistent/judge' is not a model directory"),
+])
+def test_missing_model_directories_are_named_when_the_run_starts(kwargs, key):
+    from relayrl.engines.reward import RewardError
+
+    cfg = RewardConfig(**kwargs)  # a recipe may name a model an earlier run will write
+    with pytest.raises(RewardError, match=key.replace(".", r"\.")):
+        RewardEngine(cfg, task=_Task())
+
+
+def test_a_causal_lm_is_refused_as_a_reward_model(tiny_dir):
+    from relayrl.models.load import ModelLoadError
+
+    eng = RewardEngine(RewardConfig(model=str(tiny_dir)), task=_Task())
+    with pytest.raises(ModelLoadError, match="reward.model=.* is not a reward model"):
+        eng.score(["1+1="], ["2"], ["2"])
+
+
+def test_workflow_rm_config_errors_name_the_key():
+    from relayrl.config.schema import Config
+
+    with pytest.raises(ValueError, match="engine.packing=shared_prompt"):
+        Config(workflow="rm", engine={"packing": "sequences"})
+    with pytest.raises(ValueError, match="workflow=rm needs preference pairs"):
+        Config(workflow="rm", data={"task": "toolsum"})
