@@ -35,29 +35,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+HERE = Path(__file__).resolve().parent
+for _p in (REPO, HERE):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
-
-def demo_sft(seed: int) -> Path:
-    """The demo's SFT model (stage 2 of ``relayrl demo`` from its stage 1), built once into the cache; the
-    base model is shared with ``benchmarks/async_flow.py``'s cache."""
-    from relayrl.config.loader import load_config
-    from relayrl.config.schema import Config
-    from relayrl.models.tiny import default_cache_dir
-    from relayrl.workflows.sft import train_sft
-
-    root = default_cache_dir() / f"async_flow-seed{seed}"
-    sft, base = root / "sft" / "model", root / "base" / "model"
-    if (sft / "config.json").is_file():
-        return sft
-    common = [f"run.seed={seed}", "run.overwrite=true", "telemetry.sinks=[jsonl]"]
-    if not (base / "config.json").is_file():
-        print(f"lora_grpo: pretraining the demo's base model into {base.parent} ...", flush=True)
-        train_sft(load_config(Config, REPO / "recipes" / "arith_base.yaml", [f"run.dir={base.parent}", *common]))
-    print(f"lora_grpo: SFT on the careless teacher into {sft.parent} ...", flush=True)
-    return train_sft(load_config(Config, REPO / "recipes" / "arith_sft.yaml",
-                                 [f"run.dir={sft.parent}", *common, f"trainer.init_from={base}"]))
+from demo_models import sft_model  # noqa: E402
 
 
 def workflow(recipe: str, model: Path, out: Path, a: argparse.Namespace):
@@ -87,7 +70,9 @@ def summary(wf, times: list[float], a: argparse.Namespace) -> dict:
             **wf.actor.one("footprint")}
 
 
-def main() -> int:
+def run(argv: list[str] | None = None, sft: Path | None = None) -> str:
+    """Both runs and the table; returns the ``lora_grpo:`` line (printed last). ``sft``: the demo's SFT model
+    when the caller has it."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--eval-every", type=int, default=50)
@@ -97,8 +82,10 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--out", default="runs/lora_grpo")
     p.add_argument("override", nargs="*", help="dotted overrides for both runs (e.g. rollout.n=4)")
-    a = p.parse_args()
-    model = demo_sft(a.seed)
+    a = p.parse_args(argv)
+    if a.steps <= a.warmup:
+        raise SystemExit(f"lora_grpo: --steps ({a.steps}) must exceed --warmup ({a.warmup})")
+    model = sft or sft_model(a.seed)
     out = Path(a.out)
     runs = {"lora": workflow("arith_grpo_lora.yaml", model, out / "lora", a),
             "full": workflow("arith_grpo.yaml", model, out / "full", a)}
@@ -135,8 +122,14 @@ def main() -> int:
                                           for k, r in res.items()))
     print(f"step-time ratio {lo['step_s'] / fu['step_s']:.2f} (LoRA/full), update-time ratio "
           f"{lo['update_s'] / fu['update_s']:.2f}")
-    print(f"lora_grpo: accuracy {100 * lo['before']:.1f}% -> {100 * lo['after']:.1f}%, optimizer memory "
-          f"{lo['optimizer/state_bytes'] / mb:.2f}/{fu['optimizer/state_bytes'] / mb:.2f} MB (LoRA/full)")
+    line = (f"lora_grpo: accuracy {100 * lo['before']:.1f}% -> {100 * lo['after']:.1f}%, optimizer memory "
+            f"{lo['optimizer/state_bytes'] / mb:.2f}/{fu['optimizer/state_bytes'] / mb:.2f} MB (LoRA/full)")
+    print(line)
+    return line
+
+
+def main() -> int:
+    run()
     return 0
 
 

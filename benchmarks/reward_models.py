@@ -12,11 +12,14 @@ or given with ``--sft``).
    reward (``reward.verifier_weight=0``); the verifier is still computed and logged
    (``reward/verifier_mean`` per step), and held-out greedy accuracy (200 sums needing a carry) is the
    verifier's, before GRPO (the SFT model) and after.
+3. ``lora_grpo``: LoRA and full GRPO from the SFT model side by side (``benchmarks/lora_grpo.py``,
+   ``--lora-steps``; 0 skips it).
 
 The last lines are::
 
     rm: pair accuracy X%
     rm_grpo: accuracy B% -> A% (verifier)
+    lora_grpo: accuracy B% -> A%, optimizer memory L/F MB (LoRA/full)
 
 Run it with::
 
@@ -33,28 +36,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+HERE = Path(__file__).resolve().parent
+for _p in (REPO, HERE):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
-
-def demo_sft(seed: int) -> Path:
-    """The demo's SFT model (stages 1 and 2 of ``relayrl demo``), built once into the cache."""
-    from relayrl.config.loader import load_config
-    from relayrl.config.schema import Config
-    from relayrl.models.tiny import default_cache_dir
-    from relayrl.workflows.sft import train_sft
-
-    root = default_cache_dir() / f"reward_models-seed{seed}"
-    base, sft = root / "base" / "model", root / "sft" / "model"
-    common = ["run.overwrite=true", "telemetry.sinks=[jsonl]"]
-    if not (base / "config.json").is_file():
-        print(f"reward_models: pretraining the demo's base model into {base.parent} ...", flush=True)
-        train_sft(load_config(Config, REPO / "recipes" / "arith_base.yaml", [f"run.dir={base.parent}", *common]))
-    if not (sft / "config.json").is_file():
-        print(f"reward_models: SFT on the careless teacher into {sft.parent} ...", flush=True)
-        train_sft(load_config(Config, REPO / "recipes" / "arith_sft.yaml",
-                              [f"run.dir={sft.parent}", f"trainer.init_from={base}", *common]))
-    return sft
+from demo_models import sft_model  # noqa: E402
 
 
 def records(run: Path) -> list[dict]:
@@ -70,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grpo-steps", type=int, default=50)
     ap.add_argument("--eval-every", type=int, default=25)
     ap.add_argument("--threads", type=int, default=0, help="run.threads (0: torch's default)")
+    ap.add_argument("--lora-steps", type=int, default=300, help="steps of LoRA and full GRPO side by side "
+                    "(benchmarks/lora_grpo.py); 0 skips them")
     a = ap.parse_args(argv)
 
     from relayrl.config.loader import load_config
@@ -77,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     from relayrl.workflows.grpo import train_grpo
     from relayrl.workflows.rm import train_rm
 
-    sft = a.sft or demo_sft(a.seed)
+    sft = a.sft or sft_model(a.seed)
     common = [f"run.seed={a.seed}", "run.overwrite=true", "telemetry.sinks=[jsonl]", f"trainer.init_from={sft}",
               f"run.threads={a.threads}"]
 
@@ -110,8 +99,16 @@ def main(argv: list[str] | None = None) -> int:
           f"{window(steps[:20], 'reward/verifier_mean'):.2f} -> {window(steps[-20:], 'reward/verifier_mean'):.2f}")
     for r in evals:
         print(f"  step {r['step']:4d}: held-out greedy accuracy (verifier) {100 * r['eval/accuracy']:.1f}%")
+    lora_line = None
+    if a.lora_steps:
+        import lora_grpo
+
+        lora_line = lora_grpo.run([f"--steps={a.lora_steps}", f"--seed={a.seed}", f"--threads={a.threads}",
+                                   f"--out={a.out / 'lora_grpo'}"], sft=sft)
     print(f"rm: pair accuracy {100 * rm_last['eval/pair_accuracy']:.1f}%")
     print(f"rm_grpo: accuracy {100 * before:.1f}% -> {100 * after:.1f}% (verifier)")
+    if lora_line:
+        print(lora_line)
     return 0
 
 
