@@ -161,6 +161,8 @@ class RayRanks:
         self.broken: str | None = None
         self._next_id = 0
         self.actors: list = []
+        self._ips: list[str] = []
+        self._node_ids: list[str] = []
         self._released = True
         pg = _acquire_placement(pool, cfg)
         self._released = False
@@ -225,7 +227,7 @@ class RayRanks:
                 value = ray.get(ready[0])
             except ray.exceptions.RayActorError as exc:
                 self.broken = f"rank {r} died in {method!r}"
-                known = r < len(getattr(self, "_ips", ()))
+                known = r < len(self._ips)  # (not yet during start-up)
                 node = self._ips[r] if known else "an unknown node"
                 raise WorkerError(self.group, r, method, f"rank actor died (node {node}): {exc}", lost=True,
                                   node_id=self._node_ids[r] if known else None) from None

@@ -147,9 +147,10 @@ class RayPlane:
         have = ray.cluster_resources()
         missing = [ip for ip in nodes if f"node:{ip}" not in have]
         if missing:
-            alive = sorted(n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive"))
+            from relayrl.cluster.ray_backend import node_ips
+
             raise DockError(f"dock.nodes names {', '.join(missing)}, not in the Ray cluster (its nodes: "
-                            f"{', '.join(alive)})")
+                            f"{', '.join(node_ips())})")
         self.units = [actor.options(resources={f"node:{nodes[i % len(nodes)]}": 1e-3}).remote() if nodes else
                       actor.options(scheduling_strategy="SPREAD").remote() for i in range(n_units)]
         ray.get([u.ping.remote() for u in self.units], timeout=timeout_s)

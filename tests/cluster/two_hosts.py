@@ -44,7 +44,8 @@ class TwoHosts:
     def address(self) -> str:
         return f"{self.head}:{PORT}"
 
-    def exec(self, host: str, argv: list[str], **kw) -> list[str]:
+    def exec(self, host: str, argv: list[str]) -> list[str]:
+        """``argv`` run inside ``host``'s namespace."""
         return ["ip", "netns", "exec", self.ns[0 if host == "head" else 1], *argv]
 
     def run(self, argv: list[str], timeout: float = 600, **kw) -> subprocess.CompletedProcess:
