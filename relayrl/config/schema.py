@@ -453,8 +453,9 @@ def available_devices(cfg: "Config") -> tuple[str, int]:
 
 
 def _check_env(self: Config) -> None:
-    """Multi-turn episodes (``env.name``) run on the synchronous colocated GRPO loop; refuse the rest."""
-    e, a, t = self.env, self.algorithm, self.trainer
+    """Multi-turn episodes (``env.name``) run in GRPO (every mode and placement) and train SFT; refuse the
+    options that assume single-turn responses."""
+    e, a = self.env, self.algorithm
     if not e.enabled:
         return
     if self.workflow in ("dpo", "rm"):
@@ -465,9 +466,6 @@ def _check_env(self: Config) -> None:
                          f"{e.stop_string!r} to rollout.stop_strings")
     if self.workflow == "sft":
         return  # the task's tool-using demonstrations train with their loss mask; evaluation runs episodes
-    if t.off_policy_steps or self.placement.custom or t.mode != "sync":
-        raise ValueError("env.name: multi-turn episodes run on the synchronous colocated GRPO loop; drop "
-                         "trainer.off_policy_steps, trainer.mode=periodic and placements off main")
     if a.overlong_shaping:
         raise ValueError("algorithm.overlong_shaping penalises a response's length against rollout.max_new_tokens; "
                          "an episode's length is bounded by env.max_tokens instead: drop overlong_shaping")

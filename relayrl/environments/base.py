@@ -31,7 +31,8 @@ import torch
 from relayrl.data.tasks import Problem
 from relayrl.engines.generation.base import Completion
 
-__all__ = ["StepResult", "Environment", "EnvFactory", "EpisodeEnd", "Episode", "EnvError", "check_step_result"]
+__all__ = ["StepResult", "Environment", "EnvFactory", "EpisodeEnd", "Episode", "EpisodeSummary", "EnvError",
+           "check_step_result"]
 
 
 class EnvError(RuntimeError):
@@ -109,6 +110,15 @@ class Episode:
     observations: list[str] = field(default_factory=list)
     env_seconds: float = 0.0
     """Time spent in the environment's steps."""
+    token_versions: list[int] = field(default_factory=list)
+    """The weight version of each token: the one that sampled it for the model's tokens, the episode's
+    latest for the environment's (a partial rollout may swap weights between, or inside, turns)."""
+
+    def summary(self) -> "EpisodeSummary":
+        """What the logs and metrics need of the episode, without its tokens."""
+        model = sum(self.loss_mask)
+        return EpisodeSummary(self.problem_index, self.sample_index, self.reward, self.turns, self.tool_calls,
+                              self.end, self.error, model, len(self.loss_mask) - model, self.env_seconds)
 
     def completion(self, tokenizer) -> Completion:
         """The episode as the record the GRPO driver trains on (response = turns and observations)."""
@@ -120,6 +130,22 @@ class Episode:
             weight_version=self.weight_version,
             text=tokenizer.decode(self.token_ids, skip_special_tokens=True),
             loss_mask=torch.tensor(self.loss_mask, dtype=torch.float32))
+
+
+@dataclass(frozen=True)
+class EpisodeSummary:
+    """An episode's record for metrics and logs (``env/*``); what a streaming rollout sends the driver."""
+
+    problem_index: int
+    sample_index: int
+    reward: float
+    turns: int
+    tool_calls: int
+    end: EpisodeEnd | None
+    error: str | None
+    model_tokens: int
+    env_tokens: int
+    env_seconds: float
 
 
 def check_step_result(result: Any, where: str) -> StepResult:

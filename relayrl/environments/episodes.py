@@ -37,7 +37,7 @@ import torch
 
 from relayrl.data.tasks import Problem
 from relayrl.engines.generation.base import Completion, SamplingParams
-from relayrl.environments.base import EnvFactory, Episode, EpisodeEnd, check_step_result
+from relayrl.environments.base import EnvFactory, Episode, EpisodeEnd, EpisodeSummary, check_step_result
 
 __all__ = ["EpisodeLimits", "run_episodes", "episode_metrics"]
 
@@ -88,8 +88,8 @@ class _Feed:
     bookkeeping of the episodes still open."""
 
     def __init__(self, live: dict[int, _Live], limits: EpisodeLimits, turn_tokens: int,
-                 log: Callable[[str], None]) -> None:
-        self.live, self.limits, self.turn_tokens, self.log = live, limits, turn_tokens, log
+                 log: Callable[[str], None], on_end: Callable[[Episode], None] | None = None) -> None:
+        self.live, self.limits, self.turn_tokens, self.log, self.on_end = live, limits, turn_tokens, log, on_end
         self.ready: queue.Queue[int] = queue.Queue()
         self.lock = threading.Lock()
         self.open = len(live)
@@ -136,6 +136,8 @@ class _Feed:
                      f"error: {error}")
         lv.epoch += 1
         self.open -= 1
+        if self.on_end is not None:  # (under the lock: the episode is final; the callback must not block)
+            self.on_end(lv.ep)
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -152,16 +154,22 @@ class _Feed:
 
 def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequence[Sequence[int]],
                  make_env: EnvFactory, params: SamplingParams, limits: EpisodeLimits, *, workers: int = 4,
-                 generator: torch.Generator | None = None, log: Callable[[str], None] = print) -> list[Episode]:
+                 generator: torch.Generator | None = None, log: Callable[[str], None] = print,
+                 on_end: Callable[[Episode], None] | None = None,
+                 between: Callable[[], bool] | None = None) -> list[Episode]:
     """``params.n`` episodes per problem on ``engine`` (a NativeGenerationEngine); episodes in (problem,
-    sample) order. ``prompts[i]`` is problem i's prompt token ids; ``params.max_new_tokens`` caps a turn."""
+    sample) order. ``prompts[i]`` is problem i's prompt token ids; ``params.max_new_tokens`` caps a turn.
+
+    ``on_end`` gets each episode the moment it ends (from whichever thread ends it, holding the loop's lock:
+    it must hand the episode on, not work on it), e.g. a streaming rollout writing finished groups into the
+    dock. ``between`` is the engine's partial-rollout hook (weights loaded between two decode steps)."""
     turn = params.model_copy(update={"n": 1})
     live: dict[int, _Live] = {}
     for i, p in enumerate(problems):
         for s in range(params.n):
             key = len(live)
             live[key] = _Live(key, Episode(i, s, list(prompts[i]), weight_version=engine.weight_version), None)
-    feed = _Feed(live, limits, params.max_new_tokens, log)
+    feed = _Feed(live, limits, params.max_new_tokens, log, on_end)
     tok_lock = threading.Lock()  # a fast tokenizer is not safe to call from several threads at once
 
     def encode(text: str) -> list[int]:
@@ -207,6 +215,7 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             lv.ep.token_ids += ids
             lv.ep.logprobs += [0.0] * len(ids)
             lv.ep.loss_mask += [0] * len(ids)
+            lv.ep.token_versions += [lv.ep.weight_version] * len(ids)
         if text:
             lv.ep.observations.append(text)
         feed.ready.put(lv.key)
@@ -234,6 +243,7 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             ep.token_ids += obs[:room]
             ep.logprobs += [0.0] * len(obs[:room])
             ep.loss_mask += [0] * len(obs[:room])
+            ep.token_versions += [ep.weight_version] * len(obs[:room])
             if result.done:
                 feed.end(lv, EpisodeEnd.DONE)
             elif ep.turns >= limits.max_turns:
@@ -267,6 +277,8 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             ep.token_ids += c.token_ids.tolist()
             ep.logprobs += c.logprobs.tolist()
             ep.loss_mask += [1] * len(c.token_ids)
+            ep.token_versions += (c.token_versions.tolist() if c.token_versions is not None
+                                  else [c.weight_version] * len(c.token_ids))
             ep.turns += 1
             ep.turn_texts.append(c.text)
             ep.weight_version = c.weight_version
@@ -275,7 +287,7 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
     try:
         for lv in live.values():
             pool.submit(guarded(reset), lv)
-        engine.generate_feed(feed, turn, generator, on_finish)
+        engine.generate_feed(feed, turn, generator, on_finish, between)
     finally:
         pool.shutdown()  # a hung step keeps its (daemon) thread; its result is dropped
     return [live[k].ep for k in sorted(live)]
@@ -290,16 +302,18 @@ def _make(make_env: EnvFactory, lv: _Live, feed: _Feed):
         return None
 
 
-def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
-    """``env/*`` metrics of a step's episodes: errors (count), turns, tool calls, how episodes ended."""
+def episode_metrics(episodes: Sequence[Episode | EpisodeSummary]) -> dict[str, float]:
+    """``env/*`` metrics of a step's episodes (or their summaries): errors (count), turns, tool calls, how
+    episodes ended."""
+    episodes = [e.summary() if isinstance(e, Episode) else e for e in episodes]
     n = max(len(episodes), 1)
     out = {
         "env/errors": float(sum(e.end is EpisodeEnd.ERROR for e in episodes)),
         "env/turns_mean": sum(e.turns for e in episodes) / n,
         "env/tool_calls_mean": sum(e.tool_calls for e in episodes) / n,
         "env/tool_call_rate": sum(e.tool_calls > 0 for e in episodes) / n,
-        "env/model_tokens_mean": sum(sum(e.loss_mask) for e in episodes) / n,
-        "env/env_tokens_mean": sum(len(e.loss_mask) - sum(e.loss_mask) for e in episodes) / n,
+        "env/model_tokens_mean": sum(e.model_tokens for e in episodes) / n,
+        "env/env_tokens_mean": sum(e.env_tokens for e in episodes) / n,
         "env/step_seconds_mean": sum(e.env_seconds for e in episodes) / n,
     }
     for why in EpisodeEnd:

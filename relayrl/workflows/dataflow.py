@@ -36,6 +36,10 @@ retires the rows no round used. The kept groups are trained exactly as in the sy
 ReMax: once the groups are sampled (and kept), the rollout generates one greedy response per prompt into
 the group's rows (``baseline_ids``); a stage scores it into ``baseline``, which the advantages read.
 
+Multi-turn episodes (``env.name``): the rollout runs episodes instead of single responses and writes a
+group when its last episode ends (``loss_mask``, ``env_rewards``: see :mod:`relayrl.workflows.dataplane`);
+the score stage takes the episodes' rewards, and the advantages and the update read the loss mask.
+
 The colocated synchronous default runs ``grpo.py``'s loop.
 """
 
@@ -52,9 +56,11 @@ from relayrl.algorithms import advantages as adv_lib
 from relayrl.cluster import ClusterConfig, ResourcePool, make_group
 from relayrl.config.schema import Config, available_devices
 from relayrl.dock import Dock
+from relayrl.environments.episodes import episode_metrics
 from relayrl.workflows.dataplane import (DockCriticWorker, DockPolicyWorker, DockReferenceWorker,
                                          ScoreWorker, StreamingRollout)
 from relayrl.workflows.grpo import GRPOWorkflow, sample_metrics
+from relayrl.workflows.episodes import log_episode_errors
 from relayrl.workflows.relay import relay_weights
 
 __all__ = ["DataflowGRPO", "Flow", "uses_dataflow"]
@@ -305,9 +311,12 @@ class DataflowGRPO(GRPOWorkflow):
         prompts = [s.encode(problems[g]) for g in groups]
         ranks = self.rollout.world_size
         chunks = [list(range(len(groups)))[r::ranks] for r in range(ranks)]
+        episodes = dict(episodes=self.episodes, problems=[problems[g] for g in groups]) \
+            if self.episodes is not None else {}
         for r, idx in enumerate(chunks):
+            mine = {k: [v[i] for i in idx] if k == "problems" else v for k, v in episodes.items()}
             self.rollout.one("start_stream", [prompts[i] for i in idx], params, [slots[i] for i in idx],
-                             [groups[i] for i in idx], partial=self.partial, baseline=baseline, rank=r)
+                             [groups[i] for i in idx], partial=self.partial, baseline=baseline, **mine, rank=r)
         live = set(range(ranks))
         while live and not f.stop.is_set():
             for r in sorted(live):
@@ -333,7 +342,7 @@ class DataflowGRPO(GRPOWorkflow):
 
         def one(b) -> None:
             with self.s.span("reward", "reward", f.step):
-                out = self._score("score_into", self.dock.reader(f.part, b.indexes, ["response_ids", "group"]),
+                out = self._score("score_into", self.dock.reader(f.part, b.indexes, cols),
                                   self.dock.slots(f.part, b.indexes), problems, self.cfg.algorithm.dynamic_sampling)
             if out.receipt is not None:
                 self.dock.publish(out.receipt)
@@ -354,10 +363,12 @@ class DataflowGRPO(GRPOWorkflow):
                 st["kept"] += len(groups - st["dropped"])
                 st["scored"].notify_all()
 
+        # episodes: the environment gave the rewards (``env_rewards``), the score stage shapes and filters them
+        cols = ["response_ids", "group"] + (["env_rewards"] if self.episodes is not None else [])
         calls = self.SCORE_CALLS if self.scorer is None else 1
         with ThreadPoolExecutor(calls, thread_name_prefix="score") as pool:
             running: set = set()
-            for b in f.leases("score", ["response_ids", "group"], batch_rows=len(problems) * self.sampling.n):
+            for b in f.leases("score", cols, batch_rows=len(problems) * self.sampling.n):
                 while len(running) >= calls:
                     done, running = wait(running, return_when=FIRST_COMPLETED)
                     for d in done:
@@ -403,7 +414,8 @@ class DataflowGRPO(GRPOWorkflow):
         a = self.cfg.algorithm
         cols = ["rewards", "response_ids", "group"] + (["gen_logprobs", "ref_logprobs"] if a.kl_in_reward and
                                                        self.ref is not None else []) \
-            + (["values"] if self.needs.values else []) + (["baseline"] if self.needs.baseline else [])
+            + (["values"] if self.needs.values else []) + (["baseline"] if self.needs.baseline else []) \
+            + (["loss_mask"] if self.episodes is not None else [])
         rows = self.sampling.n * self.cfg.trainer.stream_groups if self.needs.group_relative else None
         for b in f.leases("advantages", cols, batch_rows=rows):
             with self.s.span("advantage", "driver", f.step):
@@ -417,8 +429,9 @@ class DataflowGRPO(GRPOWorkflow):
         """sync: the update on the whole batch; periodic: accumulate each arriving group, step at the end."""
         a, t, step = self.cfg.algorithm, self.cfg.trainer, f.step
         fields = self.update_fields()
-        critic_fields = ["values", "returns"] if self.critic is not None else []
-        cols = ["prompt_ids", "response_ids", "group", "truncated", *fields, *critic_fields]
+        critic_fields = ["values", "returns"] + (["loss_mask"] if self.episodes is not None else []) \
+            if self.critic is not None else []
+        cols = list(dict.fromkeys(["prompt_ids", "response_ids", "group", "truncated", *fields, *critic_fields]))
         kw = dict(temperature=self.temperature)
         actor_on = step > self.cfg.critic.warmup_steps or self.critic is None
         gate = self._device_gate(self.actor, f)
@@ -490,6 +503,10 @@ class DataflowGRPO(GRPOWorkflow):
                       "dapo/missing_prompts": float(max(0, self.cfg.data.prompts_per_step - st["kept"]))})
         if st["baselines"]:
             m["remax/baseline_mean"] = sum(st["baselines"]) / len(st["baselines"])
+        if self.episodes is not None:  # every episode generated, dropped groups too (as the synchronous loop)
+            eps = [e for i in st["infos"] for e in i["episodes"]]
+            log_episode_errors(self.s, eps, f.step)
+            m.update(episode_metrics(eps))
         if len(scores):
             m.update(sample_metrics(scores, rewards, lengths, truncated))
         else:  # every group was uniform in every round: nothing to learn from this step

@@ -17,6 +17,9 @@ storage units while only metadata reaches the controllers. Here:
 Columns of a step's partition: ``prompt_ids``, ``response_ids``, ``gen_logprobs`` (per token: the behaviour
 log-probs), ``token_versions`` (per token: the weight version that sampled it), ``group`` (the prompt group),
 ``truncated`` (cut at ``max_new_tokens``), ``version`` (the weights its first token was sampled with), then ``rewards``, ``ref_logprobs``, ``old_logprobs``, ``values``, ``advantages``, ``returns``.
+Multi-turn episodes (``env.name``) add ``loss_mask`` (per token: 0 where the environment wrote) and
+``env_rewards`` (the episode's reward): the rollout runs the episodes, continuously batched across turns,
+and writes a group when its last episode ends; the score stage takes ``env_rewards`` for the verifier.
 """
 
 from __future__ import annotations
@@ -31,12 +34,15 @@ import torch
 from relayrl.algorithms.dapo import dynamic_sampling_filter
 from relayrl.cluster import Worker
 from relayrl.engines.generation.base import Completion, SamplingParams
+from relayrl.data.tasks import Problem
 from relayrl.engines.training.base import SequenceBatch
+from relayrl.environments.base import Episode
+from relayrl.environments.config import EpisodeSpec
 from relayrl.workflows.estimate import advantage_rows
 from relayrl.workflows.workers import CriticWorker, PolicyWorker, ReferenceWorker, RolloutWorker
 
 __all__ = ["StreamingRollout", "DockPolicyWorker", "DockReferenceWorker", "DockCriticWorker",
-           "ScoreWorker", "Scored", "rows_batch"]
+           "ScoreWorker", "Scored", "rows_batch", "group_rows"]
 
 _DONE = object()
 
@@ -51,6 +57,39 @@ def rows_batch(cols: dict[str, list], fields: Sequence[str] = (), drop_truncated
     return batch
 
 
+def group_rows(prompt: Sequence[int], group: int, comps: Sequence[Completion],
+               episodes: Sequence[Episode] | None = None) -> tuple[dict[str, list], dict]:
+    """The dock columns of one finished prompt group (``comps``, in sample order) and its record for the
+    driver (lengths, truncation, tokens per weight version: metadata only). Episodes (``comps[i]`` is
+    ``episodes[i].completion(...)``) add ``loss_mask`` (0 on the environment's tokens) and ``env_rewards``
+    (the episode's reward, which the score stage takes instead of a verifier's), their ``token_versions``
+    cover the whole response, the staleness record counts the model's tokens only, and the record carries
+    each episode's :class:`~relayrl.environments.base.EpisodeSummary`."""
+    n = len(comps)
+    if episodes is not None:
+        versions = [torch.tensor(e.token_versions, dtype=torch.long) for e in episodes]
+        masks = [c.loss_mask for c in comps]
+    else:
+        versions = [c.token_versions for c in comps]
+        masks = [torch.ones(len(c.token_ids)) for c in comps]
+    cols = {
+        "prompt_ids": [torch.as_tensor(list(prompt), dtype=torch.long)] * n,
+        "response_ids": [x.token_ids for x in comps],
+        "gen_logprobs": [x.logprobs for x in comps],
+        "token_versions": versions,
+        "group": [int(group)] * n,
+        "truncated": [float(x.finish_reason == "length") for x in comps],
+        "version": [int(v[0]) if len(v) else int(x.weight_version) for v, x in zip(versions, comps)],
+    }
+    info = {"group": int(group), "lengths": [len(x.token_ids) for x in comps], "prompt_len": len(prompt),
+            "truncated": [x.finish_reason == "length" for x in comps],
+            "versions": [dict(Counter(v[m.bool()].tolist())) for v, m in zip(versions, masks)]}
+    if episodes is not None:
+        cols.update(loss_mask=masks, env_rewards=[float(e.reward) for e in episodes])
+        info["episodes"] = [e.summary() for e in episodes]
+    return cols, info
+
+
 class StreamingRollout(RolloutWorker):
     """A rollout worker that writes finished prompt groups into the dock while generation goes on.
 
@@ -60,62 +99,89 @@ class StreamingRollout(RolloutWorker):
     in. Without it, weights may only arrive between streams."""
 
     def start_stream(self, prompts: Sequence[Sequence[int]], params: SamplingParams, slots: Sequence[Any],
-                     groups: Sequence[int], partial: bool = False, baseline: bool = False) -> None:
+                     groups: Sequence[int], partial: bool = False, baseline: bool = False,
+                     episodes: EpisodeSpec | None = None, problems: Sequence[Problem] | None = None) -> None:
         """Generate ``params.n`` responses for each of ``prompts`` on a thread of this worker; prompt ``i``'s
         group is written to ``slots[i]`` (its ``n`` rows, in sample order) as soon as it is complete. Take
         the receipts with :meth:`poll_stream`. ``partial``: weights may be swapped in mid-stream.
         ``baseline`` (ReMax): one response per prompt (greedy ``params``), written as ``baseline_ids`` into
-        every row of the group's existing ``slots[i]``."""
+        every row of the group's existing ``slots[i]``. ``episodes`` (multi-turn, with ``problems[i]`` the
+        problem of prompt ``i``): ``params.n`` episodes per problem, a group written when its last episode
+        ends, with the ``loss_mask`` and ``env_rewards`` columns (:meth:`_episode_rows`)."""
         if self._streaming():
             raise RuntimeError("start_stream: the previous stream is still generating")
         if len(slots) != len(prompts) or len(groups) != len(prompts):
             raise ValueError(f"start_stream: {len(prompts)} prompts, {len(slots)} slots, {len(groups)} groups")
+        if episodes is not None and (problems is None or len(problems) != len(prompts)):
+            raise ValueError("start_stream: episodes need the problem of every prompt")
         self._out: queue.Queue = queue.Queue()
         self._swap = getattr(self, "_swap", None) or _Swap(
             lambda payload: super(StreamingRollout, self).receive_weights(payload))
         n = params.n
-        pending: dict[int, list[Completion]] = {}
+        pending: dict[int, list] = {}
+
+        def complete(i: int, item) -> list | None:
+            """The group of prompt ``i`` once ``item`` was its last sample, in sample order; else None."""
+            got = pending.setdefault(i, [])
+            got.append(item)
+            if len(got) < n:
+                return None
+            return sorted(pending.pop(i), key=lambda x: x.sample_index)
 
         def on_finish(c: Completion) -> None:
-            got = pending.setdefault(c.prompt_index, [])
-            got.append(c)
-            if len(got) < n:
+            comps = complete(c.prompt_index, c)
+            if comps is None:
                 return
-            comps = sorted(pending.pop(c.prompt_index), key=lambda x: x.sample_index)
             i = c.prompt_index
             if baseline:
                 receipt = slots[i].write({"baseline_ids": [c.token_ids] * len(slots[i])})
                 self._out.put((receipt, {"group": int(groups[i]), "baseline": True}))
                 return
-            versions = [x.token_versions for x in comps]
-            receipt = slots[i].write({
-                "prompt_ids": [torch.as_tensor(list(prompts[i]), dtype=torch.long)] * n,
-                "response_ids": [x.token_ids for x in comps],
-                "gen_logprobs": [x.logprobs for x in comps],
-                "token_versions": versions,
-                "group": [int(groups[i])] * n,
-                "truncated": [float(x.finish_reason == "length") for x in comps],
-                "version": [int(v[0]) if len(v) else int(x.weight_version) for v, x in zip(versions, comps)],
-            })
-            info = {"group": int(groups[i]), "lengths": [len(x.token_ids) for x in comps],
-                    "prompt_len": len(prompts[i]), "truncated": [x.finish_reason == "length" for x in comps],
-                    # tokens per weight version of each row (metadata for the staleness metrics)
-                    "versions": [dict(Counter(v.tolist())) for v in versions]}
-            self._out.put((receipt, info))
+            self._write_group(slots[i], prompts[i], groups[i], comps)
+
+        ended: queue.SimpleQueue = queue.SimpleQueue()  # episodes: ended under the loop's lock, written here
+
+        def write_episodes() -> None:
+            while (ep := ended.get()) is not None:
+                eps = complete(ep.problem_index, ep)
+                if eps is not None:
+                    i = ep.problem_index
+                    self._write_group(slots[i], prompts[i], groups[i],
+                                      [e.completion(self.tokenizer) for e in eps], eps)
 
         def run() -> None:
+            writer = None
             try:
-                self.engine.generate(prompts, params, generator=self.generator if params.temperature > 0 else None,
-                                     on_finish=on_finish, between=self._swap.take if partial else None)
+                between = self._swap.take if partial else None
+                gen = self.generator if params.temperature > 0 else None
+                if episodes is None:
+                    self.engine.generate(prompts, params, generator=gen, on_finish=on_finish, between=between)
+                else:
+                    from relayrl.environments.episodes import run_episodes
+
+                    writer = threading.Thread(target=write_episodes, name="rollout-episodes", daemon=True)
+                    writer.start()
+                    run_episodes(self.engine, self.tokenizer, problems, prompts, self._env(episodes), params,
+                                 episodes.limits, workers=episodes.env.workers, generator=gen,
+                                 on_end=ended.put, between=between)
             except BaseException as e:  # noqa: BLE001 - handed to the driver by poll_stream
                 self._out.put(e)
             finally:
+                if writer is not None:
+                    ended.put(None)
+                    writer.join()
                 self._swap.close()
                 self._out.put(_DONE)
 
         self._swap.open(partial)
         self._stream = threading.Thread(target=run, name="rollout-stream", daemon=True)
         self._stream.start()
+
+    def _write_group(self, slots, prompt: Sequence[int], group: int, comps: Sequence[Completion],
+                     episodes: Sequence[Episode] | None = None) -> None:
+        """Write one finished prompt group into its rows; queue the receipt with the group's record."""
+        cols, info = group_rows(prompt, group, comps, episodes)
+        self._out.put((slots.write(cols), info))
 
     def _streaming(self) -> bool:
         return getattr(self, "_stream", None) is not None and self._stream.is_alive()
@@ -288,13 +354,16 @@ class ScoreWorker(Worker):
 
     def score_into(self, reader, slots, problems: Sequence, dynamic_sampling: bool = False) -> "Scored":
         """Score the rows (whole prompt groups; ``problems[group]`` holds each row's prompt and answer) and
-        write ``rewards`` (after the run's shaping). ``dynamic_sampling``: a group whose scores are all equal
+        write ``rewards`` (after the run's shaping); rows with ``env_rewards`` (episodes) take those as scores. ``dynamic_sampling``: a group whose scores are all equal
         is dropped (DAPO): its rows get no rewards and ``kept`` is False for them."""
         cols = reader.read()
-        texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in cols["response_ids"]]
         groups = [int(g) for g in cols["group"]]
-        probs = [problems[g] for g in groups]
-        scores, metrics = self.reward.score([p.prompt for p in probs], texts, [p.answer for p in probs])
+        if "env_rewards" in cols:  # multi-turn episodes: their environments gave the rewards
+            scores, metrics = [float(r) for r in cols["env_rewards"]], {}
+        else:
+            texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in cols["response_ids"]]
+            probs = [problems[g] for g in groups]
+            scores, metrics = self.reward.score([p.prompt for p in probs], texts, [p.answer for p in probs])
         lengths = torch.tensor([len(r) for r in cols["response_ids"]], dtype=torch.float32)
         rewards = self.shape(torch.tensor(scores, dtype=torch.float32), lengths)
         kept = [True] * len(groups)
@@ -329,5 +398,6 @@ class ScoreWorker(Worker):
             self.algorithm, torch.tensor([float(r) for r in cols["rewards"]]), [len(r) for r in cols["response_ids"]],
             torch.tensor([int(g) for g in cols["group"]]), gen_logprobs=cols.get("gen_logprobs"),
             ref_logprobs=cols.get("ref_logprobs"), values=cols.get("values"),
-            baseline=torch.tensor([float(b) for b in cols["baseline"]]) if "baseline" in cols else None)
+            baseline=torch.tensor([float(b) for b in cols["baseline"]]) if "baseline" in cols else None,
+            loss_masks=cols.get("loss_mask"))
         return slots.write(out), kl

@@ -15,12 +15,12 @@ import torch
 from relayrl.config.schema import Config
 from relayrl.data.tasks import Problem
 from relayrl.engines.generation.base import Completion, SamplingParams
-from relayrl.environments.base import Episode, EpisodeEnd
+from relayrl.environments.base import Episode, EpisodeEnd, EpisodeSummary
 from relayrl.environments.config import EpisodeSpec, build_env_factory
 from relayrl.environments.episodes import episode_metrics
 from relayrl.evaluation.runner import EvalResult, write_report
 
-__all__ = ["episode_spec", "rollout_episodes", "evaluate_episodes"]
+__all__ = ["episode_spec", "rollout_episodes", "evaluate_episodes", "log_episode_errors"]
 
 MAX_ERROR_LINES = 5
 """Environment errors written to the run's log per call (all of them are counted in ``env/errors``)."""
@@ -42,7 +42,7 @@ def rollout_episodes(rollout, s, problems: Sequence[Problem], params: SamplingPa
     """``params.n`` episodes per problem: (completions with loss masks, episode rewards, ``env/*`` metrics)."""
     eps: list[Episode] = rollout.split("run_episodes", [(i, s.encode(p), p) for i, p in enumerate(problems)],
                                        params, spec)
-    _log_errors(s, eps, step)
+    log_episode_errors(s, eps, step)
     return [e.completion(s.tokenizer) for e in eps], [e.reward for e in eps], episode_metrics(eps)
 
 
@@ -55,7 +55,7 @@ def evaluate_episodes(rollout, s, spec: EpisodeSpec, step: int) -> dict[str, flo
     problems = s.eval_problems
     eps: list[Episode] = rollout.split("run_episodes", [(i, s.encode(p), p) for i, p in enumerate(problems)],
                                        params, spec)
-    _log_errors(s, eps, step)
+    log_episode_errors(s, eps, step)
     rewards = torch.tensor([e.reward for e in eps], dtype=torch.float32)
     metrics = {"eval/accuracy": float((rewards >= 1.0).float().mean()), "eval/reward_mean": float(rewards.mean())}
     metrics.update({f"eval/{k}": v for k, v in episode_metrics(eps).items()})
@@ -68,7 +68,8 @@ def evaluate_episodes(rollout, s, spec: EpisodeSpec, step: int) -> dict[str, flo
     return metrics
 
 
-def _log_errors(s, eps: Sequence[Episode], step: int) -> None:
+def log_episode_errors(s, eps: Sequence[Episode | EpisodeSummary], step: int) -> None:
+    """Write the first ``MAX_ERROR_LINES`` environment errors of a step to the run's log (and how many more)."""
     errors = [e for e in eps if e.end is EpisodeEnd.ERROR]
     tracker = getattr(s, "tracker", None)
     for e in errors[:MAX_ERROR_LINES]:

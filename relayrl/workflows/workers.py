@@ -374,17 +374,22 @@ class RolloutWorker(WeightReceiverMixin, _MemoryProbe, Worker):
                      spec: EpisodeSpec) -> list[Episode]:
         """``params.n`` multi-turn episodes per ``(problem_index, prompt ids, problem)`` triple, continuously
         batched across turns (:mod:`relayrl.environments.episodes`); episodes carry the given indexes."""
-        from relayrl.environments.config import build_env_factory
         from relayrl.environments.episodes import run_episodes
 
-        if getattr(self, "_env_spec", None) != spec:  # built (and its contract checked) once per spec
-            self._env_factory, self._env_spec = build_env_factory(spec), spec
         eps = run_episodes(self.engine, self.tokenizer, [p for _, _, p in items], [q for _, q, _ in items],
-                           self._env_factory, params, spec.limits, workers=spec.env.workers,
+                           self._env(spec), params, spec.limits, workers=spec.env.workers,
                            generator=self.generator if params.temperature > 0 else None)
         for e in eps:
             e.problem_index = items[e.problem_index][0]
         return eps
+
+    def _env(self, spec: EpisodeSpec):
+        """The environment factory of ``spec``, built (and its contract checked) once per spec."""
+        from relayrl.environments.config import build_env_factory
+
+        if getattr(self, "_env_spec", None) != spec:
+            self._env_factory, self._env_spec = build_env_factory(spec), spec
+        return self._env_factory
 
     def update_weights(self, named_tensors, version: int) -> None:
         self.engine.update_weights(named_tensors, version)

@@ -156,7 +156,11 @@ def test_config_names_the_key_to_fix():
 
     with pytest.raises(ValueError, match="rollout.stop_strings"):
         Config(env={"name": "tools"})
-    with pytest.raises(ValueError, match="off_policy_steps"):
-        Config(env={"name": "tools"}, rollout={"stop_strings": ["</tool>"]}, trainer={"off_policy_steps": 1})
+    with pytest.raises(ValueError, match="overlong_shaping"):
+        Config(env={"name": "tools"}, rollout={"stop_strings": ["</tool>"]}, algorithm={"overlong_shaping": True})
+    with pytest.raises(ValueError, match="advantage=remax"):
+        Config(env={"name": "tools"}, rollout={"stop_strings": ["</tool>"]}, algorithm={"advantage": "remax"})
+    # episodes run on every GRPO mode: off-policy, periodic, split placements
+    Config(env={"name": "tools"}, rollout={"stop_strings": ["</tool>"]}, trainer={"off_policy_steps": 1})
     with pytest.raises(ValueError, match="tool_tag"):
         EnvConfig(tool_tag="a b")

@@ -27,8 +27,13 @@ def tool_sft(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("extra", [[], ["algorithm.advantage=gae", "critic.optim.lr=1e-4"],
                                    ["algorithm.clip_high=0.28", "algorithm.loss_agg=token-mean",
-                                    "algorithm.dynamic_sampling=true"]], ids=["grpo", "ppo", "dapo"])
+                                    "algorithm.dynamic_sampling=true"],
+                                   ["placement.pools.gen=1", "placement.rollout=gen", "trainer.mode=periodic"],
+                                   ["trainer.off_policy_steps=1", "rollout.partial=true"]],
+                         ids=["grpo", "ppo", "dapo", "periodic", "offpolicy-partial"])
 def test_grpo_trains_on_episodes(tool_sft, tmp_path, extra):
+    """From the CLI by recipe, on the colocated loop and on the streaming dataflow (the rollout's own
+    process runs the episodes and writes each finished group into the dock)."""
     run = tmp_path / "grpo"
     r = relayrl("train", "recipes/toolsum_grpo.yaml", f"trainer.init_from={tool_sft}", "trainer.steps=2",
                 "data.prompts_per_step=2", "rollout.n=4", "eval.every=0", f"run.dir={run}", *SMALL, *extra)
@@ -43,6 +48,10 @@ def test_grpo_trains_on_episodes(tool_sft, tmp_path, extra):
         assert x["env/turns_mean"] >= 1
         if "actor/loss" in x:
             assert x["actor/grad_norm"] == x["actor/grad_norm"]  # finite, trained
+        if "placement.rollout=gen" in extra or "trainer.off_policy_steps=1" in extra:
+            assert x["dock/driver_bytes"] == 0  # the episodes went from the rollout's process into the dock
+        if "trainer.off_policy_steps=1" in extra:
+            assert x["async/staleness_max"] <= 1
     samples = [json.loads(l) for l in (run / "eval" / "eval-step000002_samples.jsonl").read_text().splitlines()]
     assert len(samples) == 4 and all("turns" in s for s in samples)
 

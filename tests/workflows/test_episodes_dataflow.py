@@ -1,0 +1,146 @@
+"""Multi-turn episodes on the streaming dataflow: the rows a rollout writes for a group of episodes
+(``loss_mask``, ``env_rewards``, per-token versions) train exactly as in the colocated synchronous loop, on
+the split synchronous step, the periodic one (groups arriving in any order) and PPO's critic.
+
+The episodes here are fixed (written by a stand-in sample stage with the rollout's own ``group_rows``), so
+the three paths see the same samples; real episodes batch their turns by thread timing, which makes two
+runs sample differently. The rollout side is covered end to end in ``test_episodes_e2e.py``.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from relayrl.config.loader import load_config
+from relayrl.config.schema import Config
+from relayrl.environments.base import Episode, EpisodeEnd
+from relayrl.workflows.dataflow import DataflowGRPO, Flow
+from relayrl.workflows.dataplane import group_rows
+from relayrl.workflows.grpo import GRPOWorkflow
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
+
+P, N = 4, 4
+
+
+def config(run_dir, *over: str) -> Config:
+    return load_config(Config, "recipes/toolsum_grpo.yaml", [
+        f"run.dir={run_dir}", "trainer.steps=1", "eval.every=0", "eval.size=4", f"data.prompts_per_step={P}",
+        f"rollout.n={N}", "rollout.max_new_tokens=8", "env.max_tokens=32", "data.task_options.digits=3",
+        "telemetry.sinks=[jsonl]", "model.tiny.hidden_size=64", "model.tiny.intermediate_size=256",
+        "engine.optim.lr=1e-3", "engine.optim.warmup_steps=0", "engine.optim.eps=1e-3", "run.save_every=0",
+        "run.threads=1", *over])
+
+
+def fixed_episodes(seed: int = 0) -> list[list[Episode]]:
+    """``P`` groups of ``N`` episodes: model turns and observations interleaved (some open with a reset
+    text), rewards that vary within every group."""
+    g = torch.Generator().manual_seed(seed)
+    groups = []
+    for p in range(P):
+        eps = []
+        for s in range(N):
+            ep = Episode(p, s, [], end=EpisodeEnd.DONE, reward=float((p + s) % 2), turns=2, weight_version=0)
+            for k, writer in enumerate(["env", "model", "env", "model"][int(torch.randint(0, 2, (1,), generator=g)):]):
+                L = int(torch.randint(1, 5, (1,), generator=g))
+                ep.token_ids += torch.randint(5, 60, (L,), generator=g).tolist()
+                model = writer == "model"
+                ep.logprobs += (-torch.rand(L, generator=g)).tolist() if model else [0.0] * L
+                ep.loss_mask += [int(model)] * L
+                ep.token_versions += [0] * L
+            eps.append(ep)
+        groups.append(eps)
+    return groups
+
+
+class FixedEpisodes(DataflowGRPO):
+    """The dataflow with a stand-in sample stage that writes the fixed episodes' groups (in ``order``)."""
+
+    order: list[int] = list(range(P))
+
+    def produce_stages(self):
+        return {"sample": self.write_fixed, "score": self.score}
+
+    def write_fixed(self, f: Flow) -> None:
+        st = f.state
+        for grp in self.order:
+            eps = fixed_episodes()[grp]
+            sl = self.dock.reserve(f.part, N)
+            st["rows"][grp] = sl.indexes
+            cols, info = group_rows(self.s.encode(st["problems"][grp]), grp,
+                                    [e.completion(self.s.tokenizer) for e in eps], eps)
+            self.dock.publish(sl.write(cols))
+            st["infos"].append(info)
+        st["rounds"] = 1
+        f.generated.set()
+
+
+def colocated_step(cfg: Config):
+    wf = GRPOWorkflow(cfg)
+    try:
+        wf.begin()
+        problems = wf.s.prompts.take(P)
+        eps = [e for grp in fixed_episodes() for e in grp]
+        comps = [e.completion(wf.s.tokenizer) for e in eps]
+        metrics = wf.learn(1, problems, comps, torch.tensor([e.reward for e in eps]), {})
+        return metrics, {k: v.detach().clone() for k, v in wf.actor.one("named_weights")}, problems
+    finally:
+        wf.shutdown()
+
+
+def dataflow_step(cfg: Config, order: list[int]):
+    wf = type("Ordered", (FixedEpisodes,), {"order": order})(cfg)
+    try:
+        wf.begin()
+        metrics = wf.step(1)
+        return metrics, {k: v.detach().clone() for k, v in wf.actor.one("named_weights")}
+    finally:
+        wf.shutdown()
+
+
+@pytest.mark.parametrize("mode,over", [
+    ("periodic", ["algorithm.loss_agg=token-mean"]),
+    ("periodic", ["algorithm.loss_agg=seq-mean-token-mean"]),
+    ("sync", ["algorithm.advantage=gae", "critic.optim.lr=1e-3", "algorithm.loss_agg=token-mean"]),
+], ids=["periodic-token-mean", "periodic-seq-mean", "sync-ppo"])
+def test_episode_rows_train_on_the_dataflow_as_in_the_colocated_loop(tmp_path, mode, over):
+    """The same episodes: the colocated loop's update and the dataflow's (rollout on its own pool; periodic:
+    accumulated per group in a shuffled arrival order) leave the same weights; the environment's tokens
+    are out of the advantages and the loss on both (the loss mask travels through the dock)."""
+    order = list(range(P))
+    random.Random(3).shuffle(order)
+    m_colo, w_colo, problems = colocated_step(config(tmp_path / "colo", "placement.pools={}",
+                                                     "placement.rollout=main", *over))
+    m_flow, w_flow = dataflow_step(config(tmp_path / "flow", "placement.pools.gen=1", "placement.rollout=gen",
+                                          f"trainer.mode={mode}", "trainer.stream_groups=1", *over), order)
+    assert m_flow["actor/grad_norm"] > 0
+    for k in ("actor/pg_loss", "actor/grad_norm"):
+        assert m_flow[k] == pytest.approx(m_colo[k], rel=1e-4, abs=1e-7), k
+    for k in w_colo:
+        torch.testing.assert_close(w_flow[k], w_colo[k], rtol=1e-5, atol=1e-6, msg=k)
+    eps = [e for grp in fixed_episodes() for e in grp]
+    assert m_flow["dock/driver_bytes"] == 0
+    assert m_flow["reward/mean"] == pytest.approx(sum(e.reward for e in eps) / len(eps))
+    assert m_flow["env/model_tokens_mean"] == pytest.approx(sum(sum(e.loss_mask) for e in eps) / len(eps))
+    assert m_flow["env/end_done"] == 1.0 and m_flow["env/errors"] == 0
+
+
+def test_group_rows_of_episodes_count_model_tokens_for_staleness():
+    """A group's rows carry the episodes' loss masks, rewards and per-token versions; the staleness record
+    counts only the tokens the model sampled (an observation's tokens were not sampled by any version)."""
+    ep = Episode(0, 0, [1, 2], token_ids=[7, 8, 9, 10, 11], logprobs=[-0.1, -0.2, 0.0, 0.0, -0.3],
+                 loss_mask=[1, 1, 0, 0, 1], reward=1.0, turns=2, end=EpisodeEnd.DONE, weight_version=4,
+                 token_versions=[3, 3, 4, 4, 4])
+
+    class Tok:
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(map(str, ids))
+
+    cols, info = group_rows([1, 2], 5, [ep.completion(Tok())], [ep])
+    assert cols["loss_mask"][0].tolist() == [1, 1, 0, 0, 1] and cols["env_rewards"] == [1.0]
+    assert cols["token_versions"][0].tolist() == [3, 3, 4, 4, 4] and cols["version"] == [3]
+    assert info["versions"] == [{3: 2, 4: 1}] and info["episodes"][0].model_tokens == 3
+    assert info["episodes"][0].env_tokens == 2 and cols["group"] == [5]
