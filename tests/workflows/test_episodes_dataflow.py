@@ -32,7 +32,7 @@ def config(run_dir, *over: str) -> Config:
         f"rollout.n={N}", "rollout.max_new_tokens=8", "env.max_tokens=32", "data.task_options.digits=3",
         "telemetry.sinks=[jsonl]", "model.tiny.hidden_size=64", "model.tiny.intermediate_size=256",
         "engine.optim.lr=1e-3", "engine.optim.warmup_steps=0", "engine.optim.eps=1e-3", "run.save_every=0",
-        "run.threads=1", *over])
+        "run.threads=1", "algorithm.dynamic_sampling=false", *over])  # (the stand-in writes every group once)
 
 
 def fixed_episodes(seed: int = 0) -> list[list[Episode]]:
