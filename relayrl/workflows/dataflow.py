@@ -311,12 +311,11 @@ class DataflowGRPO(GRPOWorkflow):
         prompts = [s.encode(problems[g]) for g in groups]
         ranks = self.rollout.world_size
         chunks = [list(range(len(groups)))[r::ranks] for r in range(ranks)]
-        episodes = dict(episodes=self.episodes, problems=[problems[g] for g in groups]) \
-            if self.episodes is not None else {}
         for r, idx in enumerate(chunks):
-            mine = {k: [v[i] for i in idx] if k == "problems" else v for k, v in episodes.items()}
+            episodes = {} if self.episodes is None else dict(episodes=self.episodes,
+                                                              problems=[problems[groups[i]] for i in idx])
             self.rollout.one("start_stream", [prompts[i] for i in idx], params, [slots[i] for i in idx],
-                             [groups[i] for i in idx], partial=self.partial, baseline=baseline, **mine, rank=r)
+                             [groups[i] for i in idx], partial=self.partial, baseline=baseline, **episodes, rank=r)
         live = set(range(ranks))
         while live and not f.stop.is_set():
             for r in sorted(live):

@@ -107,7 +107,7 @@ class StreamingRollout(RolloutWorker):
         ``baseline`` (ReMax): one response per prompt (greedy ``params``), written as ``baseline_ids`` into
         every row of the group's existing ``slots[i]``. ``episodes`` (multi-turn, with ``problems[i]`` the
         problem of prompt ``i``): ``params.n`` episodes per problem, a group written when its last episode
-        ends, with the ``loss_mask`` and ``env_rewards`` columns (:meth:`_episode_rows`)."""
+        ends, with the ``loss_mask`` and ``env_rewards`` columns (:func:`group_rows`)."""
         if self._streaming():
             raise RuntimeError("start_stream: the previous stream is still generating")
         if len(slots) != len(prompts) or len(groups) != len(prompts):
