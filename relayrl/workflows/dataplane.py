@@ -68,10 +68,9 @@ def group_rows(prompt: Sequence[int], group: int, comps: Sequence[Completion],
     n = len(comps)
     if episodes is not None:
         versions = [torch.tensor(e.token_versions, dtype=torch.long) for e in episodes]
-        masks = [c.loss_mask for c in comps]
+        sampled = [v[c.loss_mask.bool()] for v, c in zip(versions, comps)]  # the model's tokens
     else:
-        versions = [c.token_versions for c in comps]
-        masks = [torch.ones(len(c.token_ids)) for c in comps]
+        versions = sampled = [c.token_versions for c in comps]
     cols = {
         "prompt_ids": [torch.as_tensor(list(prompt), dtype=torch.long)] * n,
         "response_ids": [x.token_ids for x in comps],
@@ -83,9 +82,9 @@ def group_rows(prompt: Sequence[int], group: int, comps: Sequence[Completion],
     }
     info = {"group": int(group), "lengths": [len(x.token_ids) for x in comps], "prompt_len": len(prompt),
             "truncated": [x.finish_reason == "length" for x in comps],
-            "versions": [dict(Counter(v[m.bool()].tolist())) for v, m in zip(versions, masks)]}
+            "versions": [dict(Counter(v.tolist())) for v in sampled]}
     if episodes is not None:
-        cols.update(loss_mask=masks, env_rewards=[float(e.reward) for e in episodes])
+        cols.update(loss_mask=[c.loss_mask for c in comps], env_rewards=[float(e.reward) for e in episodes])
         info["episodes"] = [e.summary() for e in episodes]
     return cols, info
 
@@ -142,12 +141,18 @@ class StreamingRollout(RolloutWorker):
         ended: queue.SimpleQueue = queue.SimpleQueue()  # episodes: ended under the loop's lock, written here
 
         def write_episodes() -> None:
+            failed = False
             while (ep := ended.get()) is not None:
                 eps = complete(ep.problem_index, ep)
-                if eps is not None:
-                    i = ep.problem_index
+                if eps is None or failed:  # (after a failure: drain, so the episode loop never blocks on us)
+                    continue
+                i = ep.problem_index
+                try:
                     self._write_group(slots[i], prompts[i], groups[i],
                                       [e.completion(self.tokenizer) for e in eps], eps)
+                except BaseException as e:  # noqa: BLE001 - handed to the driver by poll_stream
+                    failed = True
+                    self._out.put(e)
 
         def run() -> None:
             writer = None

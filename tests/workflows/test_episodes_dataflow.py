@@ -144,3 +144,27 @@ def test_group_rows_of_episodes_count_model_tokens_for_staleness():
     assert cols["token_versions"][0].tolist() == [3, 3, 4, 4, 4] and cols["version"] == [3]
     assert info["versions"] == [{3: 2, 4: 1}] and info["episodes"][0].model_tokens == 3
     assert info["episodes"][0].env_tokens == 2 and cols["group"] == [5]
+
+
+def test_a_failed_write_of_an_episode_group_reaches_the_driver(tiny_dir):
+    """A group the rollout cannot write into the dock is raised by ``poll_stream`` (the driver's call), not
+    lost in the rollout's writer thread, where the stages would wait for its rows forever."""
+    from relayrl.config.schema import EnvConfig, RewardConfig
+    from relayrl.data.tasks import make_task
+    from relayrl.engines.generation.base import SamplingParams
+    from relayrl.environments.config import EpisodeSpec
+    from relayrl.workflows.dataplane import StreamingRollout
+
+    class Broken:
+        def write(self, cols):
+            raise OSError("storage unit gone")
+
+    rollout = StreamingRollout(str(tiny_dir), threads=1)
+    problems = [make_task("toolsum", digits=3).sample(random.Random(i)) for i in range(2)]
+    prompts = [rollout.tokenizer(p.prompt)["input_ids"] for p in problems]
+    spec = EpisodeSpec(EnvConfig(name="tools", max_turns=2, max_tokens=16), RewardConfig(), "toolsum", {"digits": 3})
+    rollout.start_stream(prompts, SamplingParams(n=2, max_new_tokens=4, stop_strings=("</tool>",)),
+                         [Broken(), Broken()], [0, 1], episodes=spec, problems=problems)
+    with pytest.raises(OSError, match="storage unit gone"):
+        for _ in range(300):
+            rollout.poll_stream(0.2)
