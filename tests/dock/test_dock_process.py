@@ -6,6 +6,7 @@ and hands out readers, trainer ranks read and write back; no sample tensor
 passes through the driver.
 """
 
+import contextlib
 import gc
 import os
 import pickle
@@ -45,6 +46,26 @@ def wait_gone(pids: list[int], within_s: float) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def stop_all_threads(pid: int, within_s: float = 20.0) -> None:
+    """SIGSTOP ``pid`` and wait until every one of its threads is stopped.
+
+    ``kill`` returns once the signal is queued: the kernel wakes one thread to
+    start the group stop, and until that thread runs, the unit's serving
+    thread can still answer a request (seen once on a loaded CI machine).
+    """
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(FileNotFoundError), open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        if states and all(s in "Tt" for s in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"pid {pid} did not stop within {within_s} s")
 
 
 @pytest.fixture(scope="module")
@@ -187,8 +208,8 @@ def test_a_killed_or_stuck_unit_gives_a_clear_error_quickly():
         stranger.call("ping")
     assert time.monotonic() - t0 < 20.0  # (bounds wide enough for a loaded machine; a hang would never end)
     assert d.get("k", [4, 7], ["x"])["x"][0].tolist() == [1.0, 1.0]  # the other unit still serves
-    os.kill(pids[1], signal.SIGSTOP)  # alive but not answering: the call times out
     try:
+        stop_all_threads(pids[1])  # alive but not answering: the call times out
         t0 = time.monotonic()
         with pytest.raises(DockError, match=rf"storage unit 1 \(pid {pids[1]}\) did not answer within 1 s"):
             d.get("k", [5], ["x"])
