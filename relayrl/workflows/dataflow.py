@@ -4,7 +4,9 @@ Seed 003's Algorithm 1, with seed 002's streaming loaders between the stages. On
 
     open partition p (P prompt groups of n rows)
     sample:      the rollout writes each group into p as soon as its n responses are done
-    score:       for each group in p with responses         -> rewards        (the scorer)
+    score:       for each group in p with responses         -> rewards        (the scorer; with
+                 reward.stream=sample each response is scored as it lands, a group's rewards written
+                 once all its rows are scored)
     reference:   for each group with responses              -> ref_logprobs   (reference group; KL only)
     old:         for each group with responses              -> old_logprobs   (actor; > 1 update per batch)
     values:      for each group with responses              -> values         (critic; PPO)
@@ -53,6 +55,7 @@ from typing import Callable
 import torch
 
 from relayrl.algorithms import advantages as adv_lib
+from relayrl.algorithms.dapo import dynamic_sampling_filter
 from relayrl.cluster import ClusterConfig, ResourcePool, make_group
 from relayrl.config.schema import Config, available_devices
 from relayrl.dock import Dock
@@ -100,14 +103,14 @@ class Flow:
         self.errors: list[BaseException] = []
 
     def leases(self, stage: str, columns: list[str], *, batch_rows: int | None,
-               after: threading.Event | None = None):
+               after: threading.Event | None = None, whole_groups: bool = True):
         """Batches of whole ready groups for ``stage`` (indexes only, leased): ``batch_rows`` at most per batch
         as soon as one group is ready (``None``: the whole partition at once); the caller acks each. ``after``: wait
-        for this event first."""
+        for this event first. ``whole_groups=False``: any ready rows, as soon as one is."""
         while after is not None and not after.wait(0.2):
             if self.stop.is_set():
                 return
-        self.dock.register_stage(stage, columns, whole_groups=True, token_columns=())
+        self.dock.register_stage(stage, columns, whole_groups=whole_groups, token_columns=())
         total = self.dock.progress(self.part, stage)["rows"]
         eager = batch_rows is not None
         size = batch_rows if eager else total
@@ -145,6 +148,7 @@ class DataflowGRPO(GRPOWorkflow):
     policy_cls, reference_cls, critic_cls, rollout_cls = (DockPolicyWorker, DockReferenceWorker, DockCriticWorker,
                                                           StreamingRollout)
     SCORE_CALLS = 8  # reward calls in flight at once (placement.reward=driver)
+    SAMPLE_CALLS = 32  # the same with reward.stream=sample (calls of a row or a few each)
     partial = False  # on-policy: weights reach the rollout between batches only (off-policy may set it)
 
     def __init__(self, cfg: Config) -> None:
@@ -315,7 +319,8 @@ class DataflowGRPO(GRPOWorkflow):
             episodes = {} if self.episodes is None else dict(episodes=self.episodes,
                                                               problems=[problems[groups[i]] for i in idx])
             self.rollout.one("start_stream", [prompts[i] for i in idx], params, [slots[i] for i in idx],
-                             [groups[i] for i in idx], partial=self.partial, baseline=baseline, **episodes, rank=r)
+                             [groups[i] for i in idx], partial=self.partial, baseline=baseline, **episodes,
+                             per_sample=self.cfg.reward.stream == "sample" and not baseline, rank=r)
         live = set(range(ranks))
         while live and not f.stop.is_set():
             for r in sorted(live):
@@ -334,40 +339,40 @@ class DataflowGRPO(GRPOWorkflow):
         return None
 
     def score(self, f: Flow) -> None:
-        """Score every group that has landed since the last call (a verifier's latency is per call, not per
-        row), with up to ``SCORE_CALLS`` calls in flight so a slow one does not hold the groups behind it."""
-        st, lock = f.state, threading.Lock()
+        """Score responses as they land; write a group's rewards once every row of it is scored.
+
+        ``reward.stream=group``: one call per landed batch of whole groups (a verifier's latency is per call);
+        ``sample``: the rollout writes each response the moment it ends and this stage scores it at once (seed
+        003's producer scores every response as it returns), so a group's rewards wait only for the call of
+        its last response. Up to ``SCORE_CALLS`` calls are in flight, so a slow one does not hold the rows
+        behind it."""
+        st, lock, n = f.state, threading.Lock(), self.sampling.n
         problems = st["problems"]
+        pending: dict[int, dict[int, tuple[float, float]]] = {}  # group -> row -> (score, reward)
 
         def one(b) -> None:
             with self.s.span("reward", "reward", f.step):
-                out = self._score("score_into", self.dock.reader(f.part, b.indexes, cols),
-                                  self.dock.slots(f.part, b.indexes), problems, self.cfg.algorithm.dynamic_sampling)
-            if out.receipt is not None:
-                self.dock.publish(out.receipt)
+                out = self._score("score_rows", self.dock.reader(f.part, b.indexes, cols), problems)
             b.ack()
-            dropped = [i for i, k in zip(b.indexes, out.kept) if not k]
-            if dropped:  # DAPO: a group whose rewards are all equal carries no signal; no stage will read it
-                self.dock.retire(f.part, dropped)
+            done = []
             with lock:
-                kept = [i for i, k in enumerate(out.kept) if k]
-                st["scores"] += [out.scores[i] for i in kept]
-                st["rewards"] += [out.rewards[i] for i in kept]
-                st["dropped"] |= set(out.groups[i] for i, k in enumerate(out.kept) if not k)
+                for i, g, score, reward in zip(b.indexes, out.groups, out.scores, out.rewards):
+                    pending.setdefault(g, {})[i] = (score, reward)
                 for k, v in out.metrics.items():  # per-call reward metrics: a mean weighted by rows
                     st["metrics"].setdefault(k, []).append((v, len(b.indexes)))
-            with st["scored"]:
-                groups = set(out.groups)
-                st["judged"] += len(groups)
-                st["kept"] += len(groups - st["dropped"])
-                st["scored"].notify_all()
+                for g in dict.fromkeys(out.groups):
+                    if len(pending[g]) == n:
+                        done.append((g, sorted(pending.pop(g).items())))
+            if done:
+                self._judge(f, done, lock)
 
         # episodes: the environment gave the rewards (``env_rewards``), the score stage shapes and filters them
         cols = ["response_ids", "group"] + (["env_rewards"] if self.episodes is not None else [])
-        calls = self.SCORE_CALLS if self.scorer is None else 1
+        per_sample = self.cfg.reward.stream == "sample"
+        calls = (self.SAMPLE_CALLS if per_sample else self.SCORE_CALLS) if self.scorer is None else 1
         with ThreadPoolExecutor(calls, thread_name_prefix="score") as pool:
             running: set = set()
-            for b in f.leases("score", cols, batch_rows=len(problems) * self.sampling.n):
+            for b in f.leases("score", cols, batch_rows=len(problems) * n, whole_groups=not per_sample):
                 while len(running) >= calls:
                     done, running = wait(running, return_when=FIRST_COMPLETED)
                     for d in done:
@@ -375,6 +380,33 @@ class DataflowGRPO(GRPOWorkflow):
                 running.add(pool.submit(one, b))
             for d in running:
                 d.result()
+
+    def _judge(self, f: Flow, done: list[tuple[int, list[tuple[int, tuple[float, float]]]]],
+               lock: threading.Lock) -> None:
+        """Groups whose every row is scored (``(group, [(row, (score, reward)), ...])``): write the rewards of
+        those kept in one write; DAPO's dynamic sampling drops a group whose scores are all equal (it carries
+        no signal): no rewards, its rows retired so no later stage waits for them."""
+        st = f.state
+        rows = [i for _, got in done for i, _ in got]
+        groups = torch.tensor([g for g, got in done for _ in got])
+        scores = torch.tensor([sr[0] for _, got in done for _, sr in got], dtype=torch.float32)
+        rewards = [sr[1] for _, got in done for _, sr in got]
+        keep = dynamic_sampling_filter(scores, groups)[0].tolist() if self.cfg.algorithm.dynamic_sampling \
+            else [True] * len(rows)
+        kept = [i for i, k in enumerate(keep) if k]
+        if kept:
+            self.dock.publish(self._score("write_rewards", self.dock.slots(f.part, [rows[i] for i in kept]),
+                                          [rewards[i] for i in kept]))
+        if len(kept) < len(rows):
+            self.dock.retire(f.part, [r for r, k in zip(rows, keep) if not k])
+        with lock:
+            st["scores"] += [float(scores[i]) for i in kept]
+            st["rewards"] += [rewards[i] for i in kept]
+            st["dropped"] |= {int(g) for g, k in zip(groups.tolist(), keep) if not k}
+        with st["scored"]:
+            st["judged"] += len(done)
+            st["kept"] += sum(1 for g, _ in done if g not in st["dropped"])
+            st["scored"].notify_all()
 
     def baseline(self, f: Flow) -> None:
         """ReMax: score each group's greedy response as its baseline, as the greedy responses land."""

@@ -31,7 +31,6 @@ from typing import Any, NamedTuple, Sequence
 
 import torch
 
-from relayrl.algorithms.dapo import dynamic_sampling_filter
 from relayrl.cluster import Worker
 from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.data.tasks import Problem
@@ -59,8 +58,9 @@ def rows_batch(cols: dict[str, list], fields: Sequence[str] = (), drop_truncated
 
 def group_rows(prompt: Sequence[int], group: int, comps: Sequence[Completion],
                episodes: Sequence[Episode] | None = None) -> tuple[dict[str, list], dict]:
-    """The dock columns of one finished prompt group (``comps``, in sample order) and its record for the
-    driver (lengths, truncation, tokens per weight version: metadata only). Episodes (``comps[i]`` is
+    """The dock columns of finished samples of one prompt group (``comps``: the whole group in sample order,
+    or the samples written per row) and their record for the driver (lengths, truncation, tokens per weight
+    version: metadata only). Episodes (``comps[i]`` is
     ``episodes[i].completion(...)``) add ``loss_mask`` (0 on the environment's tokens) and ``env_rewards``
     (the episode's reward, which the score stage takes instead of a verifier's), their ``token_versions``
     cover the whole response, the staleness record counts the model's tokens only, and the record carries
@@ -99,14 +99,17 @@ class StreamingRollout(RolloutWorker):
 
     def start_stream(self, prompts: Sequence[Sequence[int]], params: SamplingParams, slots: Sequence[Any],
                      groups: Sequence[int], partial: bool = False, baseline: bool = False,
-                     episodes: EpisodeSpec | None = None, problems: Sequence[Problem] | None = None) -> None:
+                     episodes: EpisodeSpec | None = None, problems: Sequence[Problem] | None = None,
+                     per_sample: bool = False) -> None:
         """Generate ``params.n`` responses for each of ``prompts`` on a thread of this worker; prompt ``i``'s
         group is written to ``slots[i]`` (its ``n`` rows, in sample order) as soon as it is complete. Take
         the receipts with :meth:`poll_stream`. ``partial``: weights may be swapped in mid-stream.
         ``baseline`` (ReMax): one response per prompt (greedy ``params``), written as ``baseline_ids`` into
         every row of the group's existing ``slots[i]``. ``episodes`` (multi-turn, with ``problems[i]`` the
         problem of prompt ``i``): ``params.n`` episodes per problem, a group written when its last episode
-        ends, with the ``loss_mask`` and ``env_rewards`` columns (:func:`group_rows`)."""
+        ends, with the ``loss_mask`` and ``env_rewards`` columns (:func:`group_rows`). ``per_sample``: each
+        response (or episode) is written into its row the moment it ends, one receipt per row (the score
+        stage scores it at once; the other stages still wait for whole groups)."""
         if self._streaming():
             raise RuntimeError("start_stream: the previous stream is still generating")
         if len(slots) != len(prompts) or len(groups) != len(prompts):
@@ -128,6 +131,10 @@ class StreamingRollout(RolloutWorker):
             return sorted(pending.pop(i), key=lambda x: x.sample_index)
 
         def on_finish(c: Completion) -> None:
+            if per_sample and not baseline:
+                i = c.prompt_index
+                self._write_rows(slots[i], prompts[i], groups[i], [c], positions=[c.sample_index])
+                return
             comps = complete(c.prompt_index, c)
             if comps is None:
                 return
@@ -136,20 +143,20 @@ class StreamingRollout(RolloutWorker):
                 receipt = slots[i].write({"baseline_ids": [c.token_ids] * len(slots[i])})
                 self._out.put((receipt, {"group": int(groups[i]), "baseline": True}))
                 return
-            self._write_group(slots[i], prompts[i], groups[i], comps)
+            self._write_rows(slots[i], prompts[i], groups[i], comps)
 
         ended: queue.SimpleQueue = queue.SimpleQueue()  # episodes: ended under the loop's lock, written here
 
         def write_episodes() -> None:
             failed = False
             while (ep := ended.get()) is not None:
-                eps = complete(ep.problem_index, ep)
+                eps = [ep] if per_sample else complete(ep.problem_index, ep)
                 if eps is None or failed:  # (after a failure: drain, so the episode loop never blocks on us)
                     continue
                 i = ep.problem_index
                 try:
-                    self._write_group(slots[i], prompts[i], groups[i],
-                                      [e.completion(self.tokenizer) for e in eps], eps)
+                    self._write_rows(slots[i], prompts[i], groups[i], [e.completion(self.tokenizer) for e in eps],
+                                     eps, positions=[ep.sample_index] if per_sample else None)
                 except BaseException as e:  # noqa: BLE001 - handed to the driver by poll_stream
                     failed = True
                     self._out.put(e)
@@ -182,11 +189,12 @@ class StreamingRollout(RolloutWorker):
         self._stream = threading.Thread(target=run, name="rollout-stream", daemon=True)
         self._stream.start()
 
-    def _write_group(self, slots, prompt: Sequence[int], group: int, comps: Sequence[Completion],
-                     episodes: Sequence[Episode] | None = None) -> None:
-        """Write one finished prompt group into its rows; queue the receipt with the group's record."""
+    def _write_rows(self, slots, prompt: Sequence[int], group: int, comps: Sequence[Completion],
+                    episodes: Sequence[Episode] | None = None, positions: Sequence[int] | None = None) -> None:
+        """Write finished samples of one prompt group into its rows (all of them, in sample order, or those at
+        ``positions`` of the group's slots); queue the receipt with their record."""
         cols, info = group_rows(prompt, group, comps, episodes)
-        self._out.put((slots.write(cols), info))
+        self._out.put(((slots if positions is None else slots.select(positions)).write(cols), info))
 
     def _streaming(self) -> bool:
         return getattr(self, "_stream", None) is not None and self._stream.is_alive()
@@ -330,18 +338,14 @@ class DockCriticWorker(_DockRows, CriticWorker):
 
 
 class Scored(NamedTuple):
-    """What :meth:`ScoreWorker.score_into` returns for a batch of rows (scalars and a receipt only)."""
+    """What :meth:`ScoreWorker.score_rows` returns for a batch of rows (scalars only)."""
 
-    receipt: Any
-    """The write receipt of the ``rewards`` of the kept rows (None when every group was dropped)."""
     scores: list[float]
     """The verifier's score of each row."""
     rewards: list[float]
     """Each row's reward after the run's shaping."""
     metrics: dict[str, float]
     """The reward engine's metrics for the call."""
-    kept: list[bool]
-    """False for the rows of groups dynamic sampling dropped."""
     groups: list[int]
     """Each row's prompt group."""
 
@@ -357,10 +361,11 @@ class ScoreWorker(Worker):
         if hasattr(self, "device") and reward.cfg.model_device == "auto":  # a rank of a pool (placement.reward=<pool>)
             reward.place(self.device)  # its learned rewards (reward model, judge) run on the pool's device
 
-    def score_into(self, reader, slots, problems: Sequence, dynamic_sampling: bool = False) -> "Scored":
-        """Score the rows (whole prompt groups; ``problems[group]`` holds each row's prompt and answer) and
-        write ``rewards`` (after the run's shaping); rows with ``env_rewards`` (episodes) take those as scores. ``dynamic_sampling``: a group whose scores are all equal
-        is dropped (DAPO): its rows get no rewards and ``kept`` is False for them."""
+    def score_rows(self, reader, problems: Sequence) -> Scored:
+        """Score the rows (any rows: a group's responses may come in several calls; ``problems[group]`` holds
+        each row's prompt and answer): the verifier's scores and the rewards after the run's shaping. Rows
+        with ``env_rewards`` (episodes) take those as scores. Nothing is written: the score stage writes a
+        group's rewards once all its rows are scored (:meth:`write_rewards`), or drops it (DAPO)."""
         cols = reader.read()
         groups = [int(g) for g in cols["group"]]
         if "env_rewards" in cols:  # multi-turn episodes: their environments gave the rewards
@@ -371,16 +376,12 @@ class ScoreWorker(Worker):
             scores, metrics = self.reward.score([p.prompt for p in probs], texts, [p.answer for p in probs])
         lengths = torch.tensor([len(r) for r in cols["response_ids"]], dtype=torch.float32)
         rewards = self.shape(torch.tensor(scores, dtype=torch.float32), lengths)
-        kept = [True] * len(groups)
-        if dynamic_sampling:
-            mask, _ = dynamic_sampling_filter(torch.tensor(scores, dtype=torch.float32), torch.tensor(groups))
-            kept = [bool(k) for k in mask.tolist()]
-        keep = [i for i, k in enumerate(kept) if k]
-        receipt = None
-        if keep:
-            out = slots if len(keep) == len(kept) else slots.select(keep)
-            receipt = out.write({"rewards": [float(rewards[i]) for i in keep]})
-        return Scored(receipt, list(scores), rewards.tolist(), metrics, kept, groups)
+        return Scored([float(x) for x in scores], rewards.tolist(), metrics, groups)
+
+    @staticmethod
+    def write_rewards(slots, rewards: Sequence[float]) -> Any:
+        """Write ``rewards`` (one per slot row); returns the receipt."""
+        return slots.write({"rewards": [float(r) for r in rewards]})
 
     def baseline_into(self, reader, slots, problems: Sequence) -> tuple[Any, list[float]]:
         """ReMax: the (shaped) reward of each group's greedy response (``baseline_ids``, the same in every row

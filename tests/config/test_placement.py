@@ -48,6 +48,8 @@ def test_refusals_name_the_key_and_the_fix():
     refused({"cluster": {"backend": "ray"}, "placement": {"nodes": {"gpu": "10.0.0.2"}}}, "placement.nodes.gpu",
             "no pool 'gpu'")
     refused({"dock": {"nodes": ["10.0.0.2"]}}, "dock.nodes", "dock.backend=ray")
+    refused({"reward": {"stream": "sample"}}, "reward.stream=sample", "placement.rollout=gen")
+    refused({"workflow": "sft", "reward": {"stream": "sample"}}, "reward.stream=sample", "no rollout")
 
 
 def test_off_policy_takes_the_dataflow_with_the_rollout_on_its_own_pool():
@@ -66,6 +68,12 @@ def test_dynamic_sampling_and_remax_run_on_the_dataflow():
         for algo in ({"dynamic_sampling": True}, {"advantage": "remax"}):
             cfg = validate({**SPLIT, **extra, "algorithm": algo})
             assert uses_dataflow(cfg)
+
+
+def test_per_sample_scoring_runs_on_the_dataflow():
+    for extra in (SPLIT, {"trainer": {"off_policy_steps": 1}}):
+        cfg = validate({**extra, "reward": {"stream": "sample"}})
+        assert uses_dataflow(cfg) and cfg.reward.stream == "sample"
 
 
 def test_tri_model_with_kl_is_accepted():

@@ -40,21 +40,25 @@ def one_step(cfg: Config, workflow=DataflowGRPO):
     return metrics, weights
 
 
-@pytest.mark.parametrize("agg,dynamic,advantage", [("token-mean", False, "grpo"), ("seq-mean-token-mean", False, "grpo"),
-                                                   ("token-mean", True, "grpo"), ("token-mean", True, "remax")])
-def test_periodic_step_is_the_sync_step(tmp_path, agg, dynamic, advantage):
+@pytest.mark.parametrize("agg,dynamic,advantage,stream", [
+    ("token-mean", False, "grpo", "group"), ("seq-mean-token-mean", False, "grpo", "group"),
+    ("token-mean", True, "grpo", "group"), ("token-mean", True, "remax", "group"),
+    ("token-mean", True, "grpo", "sample"), ("seq-mean-token-mean", False, "remax", "sample")])
+def test_periodic_step_is_the_sync_step(tmp_path, agg, dynamic, advantage, stream):
     """Same seed, same samples: the periodic step (accumulate per arriving group, one optimizer step) leaves
     the same weights as the synchronous one (the whole batch at once), and no sample crosses the driver.
     ``dynamic``: DAPO's dynamic sampling drops the uniform groups and resamples prompts in later rounds; the
     dropped rows are retired from the dock and the step trains on the kept groups only. ``remax``: the rollout
-    also generates a greedy response per kept prompt, scored as the baseline."""
+    also generates a greedy response per kept prompt, scored as the baseline. ``stream=sample`` (the periodic
+    run only; the synchronous one scores whole groups): each response is written and scored as it ends, and
+    a group's rewards are written (or the group dropped) once all its rows are scored."""
     over = [f"algorithm.loss_agg={agg}", "trainer.stream_groups=1", "engine.token_budget=64",
             f"algorithm.advantage={advantage}"]
     if dynamic:
         over += ["algorithm.dynamic_sampling=true", "reward.user_fn=dataflow_rewards:half_uniform",
                  "algorithm.max_resample_rounds=4"]
     m_sync, w_sync = one_step(config(tmp_path / "sync", "trainer.mode=sync", *over))
-    m_per, w_per = one_step(config(tmp_path / "periodic", "trainer.mode=periodic", *over))
+    m_per, w_per = one_step(config(tmp_path / "periodic", "trainer.mode=periodic", f"reward.stream={stream}", *over))
     assert m_sync["reward/mean"] == m_per["reward/mean"] and m_sync["reward/std"] > 0  # the same samples
     assert m_per["actor/grad_norm"] > 0
     torch.testing.assert_close(m_per["actor/grad_norm"], m_sync["actor/grad_norm"], rtol=1e-4, atol=0)

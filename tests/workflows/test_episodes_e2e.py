@@ -29,11 +29,12 @@ def tool_sft(tmp_path_factory):
                                    ["algorithm.clip_high=0.28", "algorithm.loss_agg=token-mean",
                                     "algorithm.dynamic_sampling=true"],
                                    ["placement.pools.gen=1", "placement.rollout=gen", "trainer.mode=periodic"],
-                                   ["trainer.off_policy_steps=1", "rollout.partial=true"]],
-                         ids=["grpo", "ppo", "dapo", "periodic", "offpolicy-partial"])
+                                   ["trainer.off_policy_steps=1", "rollout.partial=true", "reward.stream=sample"]],
+                         ids=["grpo", "ppo", "dapo", "periodic", "offpolicy-partial-per-sample"])
 def test_grpo_trains_on_episodes(tool_sft, tmp_path, extra):
     """From the CLI by recipe, on the colocated loop and on the streaming dataflow (the rollout's own
-    process runs the episodes and writes each finished group into the dock)."""
+    process runs the episodes and writes each finished group, or with reward.stream=sample each finished
+    episode, into the dock)."""
     run = tmp_path / "grpo"
     r = relayrl("train", "recipes/toolsum_grpo.yaml", f"trainer.init_from={tool_sft}", "trainer.steps=2",
                 "data.prompts_per_step=2", "rollout.n=4", "eval.every=0", f"run.dir={run}", *SMALL, *extra)

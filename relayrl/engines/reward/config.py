@@ -64,6 +64,12 @@ class RewardConfig(BaseModel):
         "none", description="running: whiten the reward by the running mean and std of all rewards so far")
     clip: float | None = Field(None, gt=0.0, description="clip the (normalised) reward to [-clip, clip]; null: no clip")
     workers: int = Field(1, ge=1, description="threads for batched row-wise scoring")
+    stream: Literal["group", "sample"] = Field(
+        "group", description="streaming dataflow (a role on its own pool, trainer.mode=periodic, off-policy): "
+        "'group' scores each finished prompt group in one call (rewards that batch: a reward model, a judge); "
+        "'sample' writes each response into the dock the moment it ends and scores it at once (seed 003), so a "
+        "group's rewards wait only for the call of its last response (verifiers with latency: code runs, "
+        "judge calls)")
     math_timeout_s: int = Field(
         5, ge=1, description="math-verify timeout per parse/compare (only enforceable on the main thread)"
     )
