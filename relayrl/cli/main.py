@@ -74,7 +74,7 @@ def cmd_demo(args) -> int:
     if args.tools:
         stages = (
             ("sft", "toolsum_sft.yaml", "SFT on a few episodes of a teacher who adds 5-digit numbers with the "
-             "calculator", args.overrides_sft),
+             "calculator in half of them", args.overrides_sft),
             ("grpo", "toolsum_grpo.yaml", "GRPO on multi-turn calculator episodes, the final answer's verifier as "
              "the only reward", args.overrides_grpo),
         )
