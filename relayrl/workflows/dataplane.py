@@ -130,58 +130,63 @@ class StreamingRollout(RolloutWorker):
                 return None
             return sorted(pending.pop(i), key=lambda x: x.sample_index)
 
-        def on_finish(c: Completion) -> None:
+        def write(c: Completion) -> None:
+            i = c.prompt_index
             if per_sample and not baseline:
-                i = c.prompt_index
                 self._write_rows(slots[i], prompts[i], groups[i], [c], positions=[c.sample_index])
                 return
-            comps = complete(c.prompt_index, c)
+            comps = complete(i, c)
             if comps is None:
                 return
-            i = c.prompt_index
             if baseline:
                 receipt = slots[i].write({"baseline_ids": [c.token_ids] * len(slots[i])})
                 self._out.put((receipt, {"group": int(groups[i]), "baseline": True}))
                 return
             self._write_rows(slots[i], prompts[i], groups[i], comps)
 
-        ended: queue.SimpleQueue = queue.SimpleQueue()  # episodes: ended under the loop's lock, written here
+        def write_episode(ep: Episode) -> None:
+            eps = [ep] if per_sample else complete(ep.problem_index, ep)
+            if eps is None:
+                return
+            i = ep.problem_index
+            self._write_rows(slots[i], prompts[i], groups[i], [e.completion(self.tokenizer) for e in eps], eps,
+                             positions=[ep.sample_index] if per_sample else None)
 
-        def write_episodes() -> None:
+        # Finished samples (or episodes) go to a writer thread: a dock write waits on a storage unit's reply,
+        # and the decode loop must not (on a busy machine each round trip costs milliseconds of generation).
+        ended: queue.SimpleQueue = queue.SimpleQueue()
+
+        def writer(write_one) -> None:
             failed = False
-            while (ep := ended.get()) is not None:
-                eps = [ep] if per_sample else complete(ep.problem_index, ep)
-                if eps is None or failed:  # (after a failure: drain, so the episode loop never blocks on us)
+            while (item := ended.get()) is not None:
+                if failed:  # (after a failure: drain, so the generation loop never blocks on us)
                     continue
-                i = ep.problem_index
                 try:
-                    self._write_rows(slots[i], prompts[i], groups[i], [e.completion(self.tokenizer) for e in eps],
-                                     eps, positions=[ep.sample_index] if per_sample else None)
+                    write_one(item)
                 except BaseException as e:  # noqa: BLE001 - handed to the driver by poll_stream
                     failed = True
                     self._out.put(e)
 
         def run() -> None:
-            writer = None
+            writes = threading.Thread(target=writer, args=(write if episodes is None else write_episode,),
+                                      name="rollout-writer", daemon=True)
+            writes.start()
             try:
                 between = self._swap.take if partial else None
                 gen = self.generator if params.temperature > 0 else None
                 if episodes is None:
-                    self.engine.generate(prompts, params, generator=gen, on_finish=on_finish, between=between)
+                    self.engine.generate(prompts, params, generator=gen, on_finish=ended.put, between=between)
                 else:
                     from relayrl.environments.episodes import run_episodes
 
-                    writer = threading.Thread(target=write_episodes, name="rollout-episodes", daemon=True)
-                    writer.start()
                     run_episodes(self.engine, self.tokenizer, problems, prompts, self._env(episodes), params,
                                  episodes.limits, workers=episodes.env.workers, generator=gen,
                                  on_end=ended.put, between=between)
             except BaseException as e:  # noqa: BLE001 - handed to the driver by poll_stream
                 self._out.put(e)
             finally:
-                if writer is not None:
-                    ended.put(None)
-                    writer.join()
+                ended.put(None)
+                writes.join()
                 self._swap.close()
                 self._out.put(_DONE)
 

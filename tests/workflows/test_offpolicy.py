@@ -102,8 +102,12 @@ def test_weights_sent_during_a_partial_stream_load_between_decode_steps(tiny_dir
         dock = Dock()
         relay = WeightRelay()
         new = [(k, v + 0.05 * torch.randn_like(v)) for k, v in worker.engine.model.named_parameters()]
+        decoding = threading.Event()  # the first token is sampled: the new weights must land mid-stream
+        advance = worker.engine.advance
+        worker.engine.advance = lambda *a, **k: (decoding.set(), advance(*a, **k))[1]
         _stream(worker, dock, prompts, params, partial)
         if swap:
+            assert decoding.wait(60)
             relay.push_to_group(new, _OneRank(worker), version=1)  # waits for a decode-step boundary
         infos = _drain(worker, dock)
         got = dock.get("p", list(range(4)), ["response_ids", "gen_logprobs", "token_versions", "version"])
