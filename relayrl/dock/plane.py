@@ -135,6 +135,8 @@ class LocalPlane:
 class RayPlane:
     """One Ray actor per unit; packed numpy buffers on the wire."""
 
+    START_S = 120.0  # how long the units may take to start (at least the I/O timeout)
+
     def __init__(self, n_units: int, address: str | None, timeout_s: float, nodes: Sequence[str] = ()) -> None:
         import ray
 
@@ -153,7 +155,16 @@ class RayPlane:
                             f"{', '.join(node_ips())})")
         self.units = [actor.options(resources={f"node:{nodes[i % len(nodes)]}": 1e-3}).remote() if nodes else
                       actor.options(scheduling_strategy="SPREAD").remote() for i in range(n_units)]
-        ray.get([u.ping.remote() for u in self.units], timeout=timeout_s)
+        # a unit's start (a worker process, its imports) is not I/O: on a busy machine it takes longer than a
+        # write may, so it gets its own bound
+        start_s = max(timeout_s, self.START_S)
+        try:
+            ray.get([u.ping.remote() for u in self.units], timeout=start_s)
+        except ray.exceptions.GetTimeoutError:
+            for u in self.units:
+                ray.kill(u)
+            raise DockError(f"the dock's {n_units} Ray storage units did not start within {start_s:.0f} s (is the "
+                            f"cluster short of CPUs? each unit is an actor)") from None
         self.writers = [UnitWriter(u, ray, timeout_s) for u in self.units]
 
     # Slots carry the plane to writers in other processes: the unit handles travel, each process

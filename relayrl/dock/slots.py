@@ -114,6 +114,19 @@ class Slots(_RowSet):
             raise IndexError(f"select: positions {pos.tolist()[:8]} out of range for {len(self._idx)} slots")
         return Slots(self.partition, self._gen, self._n_rows, self._idx[pos], self._owner[pos], self._plane)
 
+    @classmethod
+    def join(cls, parts: Sequence["Slots"]) -> "Slots":
+        """The rows of several ``Slots`` of one partition as one (in order), so a writer that has filled several
+        groups stores them in one write with one receipt."""
+        if not parts:
+            raise ValueError("Slots.join: no slots given")
+        first = parts[0]
+        for p in parts[1:]:
+            if (p.partition, p._gen, p._n_rows) != (first.partition, first._gen, first._n_rows):
+                raise ValueError(f"Slots.join: {p!r} and {first!r} are of different partitions or generations")
+        return cls(first.partition, first._gen, first._n_rows, np.concatenate([p._idx for p in parts]),
+                   np.concatenate([p._owner for p in parts]), first._plane)
+
     def write(self, data: Mapping[str, Any]) -> Receipt:
         """Store ``data`` (column -> one tensor or scalar per slot row) in the units; nothing is visible yet.
 

@@ -325,10 +325,9 @@ class DataflowGRPO(GRPOWorkflow):
         while live and not f.stop.is_set():
             for r in sorted(live):
                 got, done = self.rollout.one("poll_stream", 0.05 if ranks > 1 else 0.2, rank=r)
-                for receipt, info in got:
+                for receipt, infos in got:
                     self.dock.publish(receipt)
-                    if not info.get("baseline"):
-                        f.state["infos"].append(info)
+                    f.state["infos"] += [i for i in infos if not i.get("baseline")]
                 if done:
                     live.discard(r)
             self._while_generating(f)

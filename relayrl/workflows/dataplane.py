@@ -34,6 +34,7 @@ import torch
 from relayrl.cluster import Worker
 from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.data.tasks import Problem
+from relayrl.dock import Slots
 from relayrl.engines.training.base import SequenceBatch
 from relayrl.environments.base import Episode
 from relayrl.environments.config import EpisodeSpec
@@ -130,45 +131,52 @@ class StreamingRollout(RolloutWorker):
                 return None
             return sorted(pending.pop(i), key=lambda x: x.sample_index)
 
-        def write(c: Completion) -> None:
+        def rows_of(c: Completion) -> list[tuple]:
+            """The writes ``(slots, columns, record)`` that finishing ``c`` makes due (none before its group is
+            complete, unless written per sample)."""
             i = c.prompt_index
             if per_sample and not baseline:
-                self._write_rows(slots[i], prompts[i], groups[i], [c], positions=[c.sample_index])
-                return
+                return [self._rows(slots[i], prompts[i], groups[i], [c], positions=[c.sample_index])]
             comps = complete(i, c)
             if comps is None:
-                return
+                return []
             if baseline:
-                receipt = slots[i].write({"baseline_ids": [c.token_ids] * len(slots[i])})
-                self._out.put((receipt, {"group": int(groups[i]), "baseline": True}))
-                return
-            self._write_rows(slots[i], prompts[i], groups[i], comps)
+                return [(slots[i], {"baseline_ids": [c.token_ids] * len(slots[i])},
+                         {"group": int(groups[i]), "baseline": True})]
+            return [self._rows(slots[i], prompts[i], groups[i], comps)]
 
-        def write_episode(ep: Episode) -> None:
+        def rows_of_episode(ep: Episode) -> list[tuple]:
             eps = [ep] if per_sample else complete(ep.problem_index, ep)
             if eps is None:
-                return
+                return []
             i = ep.problem_index
-            self._write_rows(slots[i], prompts[i], groups[i], [e.completion(self.tokenizer) for e in eps], eps,
-                             positions=[ep.sample_index] if per_sample else None)
+            return [self._rows(slots[i], prompts[i], groups[i], [e.completion(self.tokenizer) for e in eps], eps,
+                               positions=[ep.sample_index] if per_sample else None)]
 
-        # Finished samples (or episodes) go to a writer thread: a dock write waits on a storage unit's reply,
-        # and the decode loop must not (on a busy machine each round trip costs milliseconds of generation).
+        # Finished samples (or episodes) go to a writer thread: a dock write waits on the storage units'
+        # replies, and the decode loop must not. The writer takes everything that finished since its last
+        # write and stores it in one write (one receipt, one publish), however many groups or rows it spans.
         ended: queue.SimpleQueue = queue.SimpleQueue()
 
-        def writer(write_one) -> None:
-            failed = False
-            while (item := ended.get()) is not None:
+        def writer(due) -> None:
+            failed = last = False
+            while not last:
+                items = [ended.get()]
+                while not ended.empty():
+                    items.append(ended.get())
+                last = items[-1] is None
                 if failed:  # (after a failure: drain, so the generation loop never blocks on us)
                     continue
                 try:
-                    write_one(item)
+                    writes = [w for item in items if item is not None for w in due(item)]
+                    if writes:
+                        self._out.put(self._write_all(writes))
                 except BaseException as e:  # noqa: BLE001 - handed to the driver by poll_stream
                     failed = True
                     self._out.put(e)
 
         def run() -> None:
-            writes = threading.Thread(target=writer, args=(write if episodes is None else write_episode,),
+            writes = threading.Thread(target=writer, args=(rows_of if episodes is None else rows_of_episode,),
                                       name="rollout-writer", daemon=True)
             writes.start()
             try:
@@ -194,12 +202,22 @@ class StreamingRollout(RolloutWorker):
         self._stream = threading.Thread(target=run, name="rollout-stream", daemon=True)
         self._stream.start()
 
-    def _write_rows(self, slots, prompt: Sequence[int], group: int, comps: Sequence[Completion],
-                    episodes: Sequence[Episode] | None = None, positions: Sequence[int] | None = None) -> None:
-        """Write finished samples of one prompt group into its rows (all of them, in sample order, or those at
-        ``positions`` of the group's slots); queue the receipt with their record."""
+    @staticmethod
+    def _rows(slots, prompt: Sequence[int], group: int, comps: Sequence[Completion],
+              episodes: Sequence[Episode] | None = None, positions: Sequence[int] | None = None) -> tuple:
+        """``(slots, columns, record)`` of finished samples of one prompt group: all its rows, in sample order,
+        or those at ``positions`` of the group's slots."""
         cols, info = group_rows(prompt, group, comps, episodes)
-        self._out.put(((slots if positions is None else slots.select(positions)).write(cols), info))
+        return (slots if positions is None else slots.select(positions)), cols, info
+
+    @staticmethod
+    def _write_all(writes: Sequence[tuple]) -> tuple[Any, list[dict]]:
+        """One dock write of several ``(slots, columns, record)`` (the same columns): ``(receipt, records)``."""
+        if len(writes) == 1:
+            sl, cols, info = writes[0]
+            return sl.write(cols), [info]
+        cols = {k: [v for _, c, _ in writes for v in c[k]] for k in writes[0][1]}
+        return Slots.join([sl for sl, _, _ in writes]).write(cols), [info for _, _, info in writes]
 
     def _streaming(self) -> bool:
         return getattr(self, "_stream", None) is not None and self._stream.is_alive()
@@ -213,8 +231,8 @@ class StreamingRollout(RolloutWorker):
             return super().receive_weights(payload)
         return swap.deliver(payload)
 
-    def poll_stream(self, timeout: float = 0.5) -> tuple[list[tuple[Any, dict]], bool]:
-        """``(receipts with their groups' lengths, done)``: what finished since the last poll, waiting up to
+    def poll_stream(self, timeout: float = 0.5) -> tuple[list[tuple[Any, list[dict]]], bool]:
+        """``([(receipt, records of the groups or rows it wrote: lengths, versions), ...], done)``: what finished since the last poll, waiting up to
         ``timeout`` seconds for the first; an error of the generation thread is raised here."""
         got: list = []
         try:

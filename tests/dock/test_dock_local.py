@@ -168,6 +168,21 @@ def test_reserve_write_publish_is_put_in_three_steps(dock):
     assert [float(x) for x in got["rewards"]] == [1.0, 3.0]
 
 
+def test_joined_slots_of_several_groups_are_one_write_and_one_receipt(dock):
+    from relayrl.dock import Slots
+
+    dock.open_partition("j", rows=8, group_size=2)
+    a, b = dock.reserve("j", 2), dock.reserve("j", 2)
+    both = Slots.join([b.select([1]), a, b.select([0])])
+    assert both.indexes == [3, 0, 1, 2]
+    receipt = both.write({"x": [torch.full((1,), float(i)) for i in (3, 0, 1, 2)]})
+    assert dock.publish(receipt) == [3, 0, 1, 2]
+    assert [float(t) for t in dock.get("j", [0, 1, 2, 3], ["x"])["x"]] == [0.0, 1.0, 2.0, 3.0]
+    dock.open_partition("k", rows=2)
+    with pytest.raises(ValueError, match="different partitions"):
+        Slots.join([dock.reserve("j", 2), dock.reserve("k", 2)])
+
+
 def test_publish_rejects_a_mismatched_column_and_a_closed_partition(dock):
     import pickle
 

@@ -46,8 +46,9 @@ def test_two_rank_fsdp2_update_matches_one_rank(tiny_dir, tiny_tokenizer):
     """Same weights after two updates, same metrics, same log-probs; the ranks get unequal micro-batch
     counts (token_budget), so the padding passes are exercised. State saved on 2 ranks loads on 1."""
     batch = _batch(tiny_tokenizer)
-    batch.response_ids[0] = torch.randint(5, 200, (40,))  # one long row: rank 0 has more micro-batches
-    batch.fields["advantages"][0] = torch.randn(40)
+    g = torch.Generator().manual_seed(2)  # (not the global generator: the test's data must not depend on the
+    batch.response_ids[0] = torch.randint(5, 200, (40,), generator=g)  # tests run before it in the process)
+    batch.fields["advantages"][0] = torch.randn(40, generator=g)  # one long row: rank 0 has more micro-batches
     kw = dict(model_path=str(tiny_dir), engine=TrainEngineConfig(token_budget=48, optim=OptimConfig(lr=1e-2)),
               total_steps=4, threads=1, seed=0)
     loss = PolicyLoss(agg="token-mean", kl_coef=0.0)
@@ -67,7 +68,7 @@ def test_two_rank_fsdp2_update_matches_one_rank(tiny_dir, tiny_tokenizer):
         w2 = dict(collective(dp, "named_weights"))
         assert set(w1) == set(w2)
         for n, t in w1.items():
-            torch.testing.assert_close(w2[n], t, atol=1e-4, rtol=1e-3, msg=n)  # Adam amplifies float noise
+            torch.testing.assert_close(w2[n], t, atol=2e-4, rtol=1e-3, msg=n)  # Adam amplifies float noise
         lp1 = one.logprobs(batch)
         lp2 = dp.split("logprobs", batch)
         for a, b in zip(lp1, lp2):

@@ -155,16 +155,23 @@ def test_a_failed_write_of_an_episode_group_reaches_the_driver(tiny_dir):
     from relayrl.environments.config import EpisodeSpec
     from relayrl.workflows.dataplane import StreamingRollout
 
-    class Broken:
-        def write(self, cols):
+    import numpy as np
+
+    from relayrl.dock import Slots
+
+    class BrokenUnits:  # the data plane behind the slots: every write fails
+        def write(self, *args):
             raise OSError("storage unit gone")
+
+    def broken(first: int) -> Slots:
+        return Slots("p", 0, 4, np.arange(first, first + 2), np.zeros(2, dtype=np.int64), BrokenUnits())
 
     rollout = StreamingRollout(str(tiny_dir), threads=1)
     problems = [make_task("toolsum", digits=3).sample(random.Random(i)) for i in range(2)]
     prompts = [rollout.tokenizer(p.prompt)["input_ids"] for p in problems]
     spec = EpisodeSpec(EnvConfig(name="tools", max_turns=2, max_tokens=16), RewardConfig(), "toolsum", {"digits": 3})
     rollout.start_stream(prompts, SamplingParams(n=2, max_new_tokens=4, stop_strings=("</tool>",)),
-                         [Broken(), Broken()], [0, 1], episodes=spec, problems=problems)
+                         [broken(0), broken(2)], [0, 1], episodes=spec, problems=problems)
     with pytest.raises(OSError, match="storage unit gone"):
         for _ in range(300):
             rollout.poll_stream(0.2)

@@ -79,9 +79,9 @@ def _drain(worker, dock):
     infos, done = [], False
     while not done:
         got, done = worker.poll_stream(0.2)
-        for receipt, info in got:
+        for receipt, records in got:
             dock.publish(receipt)
-            infos.append(info)
+            infos += records
     return infos
 
 
