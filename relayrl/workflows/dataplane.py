@@ -232,8 +232,9 @@ class StreamingRollout(RolloutWorker):
         return swap.deliver(payload)
 
     def poll_stream(self, timeout: float = 0.5) -> tuple[list[tuple[Any, list[dict]]], bool]:
-        """``([(receipt, records of the groups or rows it wrote: lengths, versions), ...], done)``: what finished since the last poll, waiting up to
-        ``timeout`` seconds for the first; an error of the generation thread is raised here."""
+        """``([(receipt, records of the groups or rows it wrote: lengths, versions), ...], done)``: what
+        finished since the last poll, waiting up to ``timeout`` seconds for the first; an error of the
+        generation thread is raised here."""
         got: list = []
         try:
             item = self._out.get(timeout=timeout)

@@ -66,6 +66,15 @@ def test_put_to_dead_unit_raises(ray_cluster):
     d._plane.units = d._plane.units[1:]
 
 
+def test_units_that_do_not_start_in_time_are_a_clear_error(ray_cluster, monkeypatch):
+    from relayrl.dock import DockError
+    from relayrl.dock.plane import RayPlane
+
+    monkeypatch.setattr(RayPlane, "START_S", 0.001)
+    with pytest.raises(DockError, match="did not start within"):
+        Dock(units=1, backend="ray", io_timeout_s=0.001)
+
+
 def test_concurrent_puts_to_one_unit_keep_their_rows(ray_cluster):
     import threading
 
