@@ -213,9 +213,6 @@ class StreamingRollout(RolloutWorker):
     @staticmethod
     def _write_all(writes: Sequence[tuple]) -> tuple[Any, list[dict]]:
         """One dock write of several ``(slots, columns, record)`` (the same columns): ``(receipt, records)``."""
-        if len(writes) == 1:
-            sl, cols, info = writes[0]
-            return sl.write(cols), [info]
         cols = {k: [v for _, c, _ in writes for v in c[k]] for k in writes[0][1]}
         return Slots.join([sl for sl, _, _ in writes]).write(cols), [info for _, _, info in writes]
 
