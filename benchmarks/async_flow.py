@@ -171,13 +171,28 @@ def run_mode(name: str, model: Path, out: Path, a: argparse.Namespace) -> dict:
     tpspd = tokens / (sum(r["perf/step_time_s"] for r in steps) * cores())
     lengths = [r["response/length_mean"] for r in steps]
     clip = [r["response/clip_ratio"] for r in steps]
+    scored = scored_s(out / name / "spans.jsonl", {r["step"] for r in steps})
     return {"mode": name, "step_s": step_s, "tpspd": tpspd, "accuracy": acc[-1] if acc else float("nan"),
             "accuracy0": acc[0] if acc else float("nan"), "wall_s": wall, "length_mean": statistics.mean(lengths),
-            "clip_ratio": statistics.mean(clip),
+            "clip_ratio": statistics.mean(clip), "scored_s": scored,
             **{k: statistics.mean(r.get(f"timing/{k}_s", 0.0) for r in steps) for k in ("generate", "reward", "update")},
             "driver_bytes": max((r.get("dock/driver_bytes", 0) for r in steps), default=0.0),
             "staleness": statistics.mean(r.get("async/staleness_mean", 0.0) for r in steps),
             "multi_version": statistics.mean(r.get("async/multi_version_frac", 0.0) for r in steps)}
+
+
+def scored_s(spans: Path, steps: set[int]) -> float:
+    """Mean time from a step's start until its last sample is generated and scored (the end of its last
+    generate, reward or advantage span), over ``steps``; nan without spans."""
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    for line in spans.read_text().splitlines() if spans.is_file() else []:
+        s = json.loads(line)
+        if s.get("step") in steps:
+            first[s["step"]] = min(first.get(s["step"], s["start"]), s["start"])
+            if s["name"] in ("generate", "reward", "advantage"):
+                last[s["step"]] = max(last.get(s["step"], s["end"]), s["end"])
+    return statistics.mean(last[k] - first[k] for k in last) if last else float("nan")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -239,6 +254,14 @@ def main(argv: list[str] | None = None) -> None:
         line = (f"async_flow: periodic/sync-split {per['tpspd'] / ss['tpspd']:.2f}, periodic/sync-colocated "
                 f"{per['tpspd'] / sc['tpspd']:.2f}; accuracy periodic {100 * per['accuracy']:.1f}% sync "
                 f"{100 * sc['accuracy']:.1f}%")
+        # Periodic asynchrony trains the split synchronous run's samples: its step cannot end before they are
+        # generated on the same rollout device and scored, so that time bounds both ratios whatever the trainer.
+        if ss.get("scored_s", 0) > 0:
+            bound = ss["step_s"] / ss["scored_s"]
+            print(f"(ceiling: the split synchronous step's samples are generated and scored {ss['scored_s']:.3f} s "
+                  f"into its {ss['step_s']:.3f} s; a periodic step takes at least about as long, so even with free "
+                  f"training periodic/sync-split <= {bound:.2f}, periodic/sync-colocated <= "
+                  f"{bound * ss['tpspd'] / sc['tpspd']:.2f})")
         if "offpolicy-k1-partial" in res:
             op = res["offpolicy-k1-partial"]
             line += (f" offpolicy/sync-colocated {op['tpspd'] / sc['tpspd']:.2f} (k=1, partial); accuracy "
