@@ -34,9 +34,10 @@ __all__ = ["FINGERPRINT", "RunDirError", "claim_run_dir", "config_differences", 
 FINGERPRINT: tuple[str, ...] = (
     "workflow", "run.seed", "model.path", "model.tiny", "model.dtype", "trainer.init_from",
     "data.task", "data.task_options", "data.path", "data.prompt_key", "data.answer_key", "algorithm.advantage",
-    "model.lora.enabled", "model.lora.r", "model.lora.target_modules",
+    "model.lora.enabled", "model.lora.r", "model.lora.alpha", "model.lora.target_modules",
 )
-"""Dotted config keys that must match between a checkpoint and the run that resumes it."""
+"""Dotted config keys that must match between a checkpoint and the run that resumes it (``model.lora.alpha``:
+the same adapter weights scaled by another ``alpha / r`` are another model)."""
 
 
 class RunDirError(UserError, RuntimeError):

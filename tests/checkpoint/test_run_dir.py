@@ -74,6 +74,15 @@ def test_fingerprint_says_which_keys_differ_and_ignores_the_others():
     assert "run.seed" in FINGERPRINT and "trainer.steps" not in FINGERPRINT
 
 
+def test_a_lora_run_resumed_with_another_alpha_is_refused():
+    saved = {"workflow": "grpo", "model": {"lora": {"enabled": True, "r": 16, "alpha": 32, "dropout": 0.0}}}
+    other = json.loads(json.dumps(saved))
+    other["model"]["lora"]["dropout"] = 0.1  # a training-time option: fine
+    assert config_differences(saved, other) == []
+    other["model"]["lora"]["alpha"] = 64  # the adapter's scale: another model
+    assert config_differences(saved, other) == ["model.lora.alpha: checkpoint 32, now 64"]
+
+
 def test_saved_config_reads_the_checkpoint_config(tmp_path):
     path = _save(tmp_path, 1, config={"workflow": "sft", "run": {"seed": 3}})
     assert saved_config(path) == {"workflow": "sft", "run": {"seed": 3}}
