@@ -130,14 +130,18 @@ def cmd_eval(args) -> int:
     except json.JSONDecodeError as e:
         raise ConfigError(f"relayrl eval: --task-options is not valid JSON ({e.msg} at column {e.colno}); "
                           f"write e.g. --task-options '{{\"min_digits\": 3}}'") from None
+    if not isinstance(task_options, dict):
+        raise ConfigError(f"relayrl eval: --task-options must be a JSON object, got {args.task_options!r}; write e.g. "
+                          f"--task-options '{{\"min_digits\": 3}}'")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"relayrl eval: --device {args.device} but torch sees no GPU here; give --device cpu "
                           f"(or auto)")
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    tok = load_tokenizer(args.model)
-    engine = NativeGenerationEngine(load_model(args.model, dtype=args.dtype, device=device), tok, device=device)
-    if args.task:
-        task = make_task(args.task, **task_options, eval_size=args.size)
+    if args.task:  # the problems first: a bad task or data file is refused before the model loads
+        try:
+            task = make_task(args.task, **task_options, eval_size=args.size)
+        except ValueError as e:
+            raise ConfigError(f"relayrl eval: --task {args.task} --task-options {args.task_options or '{}'}: {e}") from None
         problems = task.eval_set()
         reward = RewardEngine(RewardConfig(verifier="task"), task=task)
     else:
@@ -146,6 +150,8 @@ def cmd_eval(args) -> int:
         problems = load_problems(DatasetConfig(path=args.data, prompt_key=args.prompt_key, answer_key=args.answer_key,
                                                format=args.format))[: args.size]
         reward = RewardEngine(RewardConfig(verifier=args.verifier), task=None)
+    tok = load_tokenizer(args.model)
+    engine = NativeGenerationEngine(load_model(args.model, dtype=args.dtype, device=device), tok, device=device)
     from relayrl.data.datasets import encode_prompt
 
     gen = torch.Generator(device=device).manual_seed(args.seed)
@@ -220,6 +226,23 @@ def _int_at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
+def _port(text: str) -> int:
+    """argparse type: a TCP port, 0-65535 (0: any free one)."""
+    port = _int_at_least(0)(text)
+    if port > 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port (0-65535)")
+    return port
+
+
+def _device(text: str) -> str:
+    """argparse type: auto, cpu, cuda or cuda:N (what torch accepts for the engines)."""
+    import re
+
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device: give auto, cpu, cuda or cuda:N")
+    return text
+
+
 def _non_negative_float(text: str) -> float:
     try:
         value = float(text)
@@ -268,8 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="samples per prompt for pass@k / avg@k (1: greedy only)")
     e.add_argument("--temperature", type=_non_negative_float, default=1.0, help="sampling temperature of the k samples")
     e.add_argument("--max-new-tokens", type=_int_at_least(1), default=16)
-    e.add_argument("--dtype", default="float32")
-    e.add_argument("--device", default="auto")
+    e.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    e.add_argument("--device", type=_device, default="auto")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--out", default="runs/eval", help="directory for eval.json and eval_samples.jsonl")
     e.set_defaults(fn=cmd_eval)
@@ -278,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", parents=[common], help="OpenAI-compatible HTTP server over the native engine: relayrl serve MODEL_DIR")
     sv.add_argument("model_dir", help="local Hugging Face model directory")
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (not loopback: needs a bearer token)")
-    sv.add_argument("--port", type=_int_at_least(0), default=8000, help="0: any free port (printed at start)")
+    sv.add_argument("--port", type=_port, default=8000, help="0: any free port (printed at start)")
     sv.add_argument("--api-key-file", help="file holding the bearer token clients must send (or set RELAYRL_API_KEY)")
     sv.add_argument("--name", help="model name clients ask for (default: the directory's name)")
     sv.add_argument("--max-batch", type=_int_at_least(1), default=64, help="sequences decoded together")
@@ -287,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-body-bytes", type=_int_at_least(1024), default=1 << 20, help="largest request body")
     sv.add_argument("--max-waiting", type=_int_at_least(1), default=1024, help="queued requests before 503")
     sv.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    sv.add_argument("--device", default="auto")
+    sv.add_argument("--device", type=_device, default="auto")
     sv.add_argument("--seed", type=int, default=0, help="seed of unseeded requests' sampling")
     sv.add_argument("--threads", type=_int_at_least(0), default=0, help="torch CPU threads (0: all cores)")
     sv.set_defaults(fn=cmd_serve)
@@ -295,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     dk = sub.add_parser(
         "dock", parents=[common], help="the dock's service API (put prompts/experience, lease, ack, weight notices)")
     dk.add_argument("--host", default="127.0.0.1", help="address to bind (not loopback: needs a bearer token)")
-    dk.add_argument("--port", type=_int_at_least(0), default=8100, help="0: any free port (printed at start)")
+    dk.add_argument("--port", type=_port, default=8100, help="0: any free port (printed at start)")
     dk.add_argument("--api-key-file", help="file holding the bearer token clients must send (or set RELAYRL_API_KEY)")
     dk.add_argument("--units", type=_int_at_least(1), default=1, help="storage units")
     dk.add_argument("--lease-s", type=_non_negative_float, default=60.0, help="seconds before a lease is re-delivered")

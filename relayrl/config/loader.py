@@ -4,7 +4,9 @@ A recipe may name a ``base`` recipe (a path relative to itself); the base is
 loaded first and the recipe's keys are merged over it, so a recipe reads as a
 diff (``arith_dapo.yaml`` is ``arith_grpo.yaml`` plus a few DAPO switches).
 Overrides ``a.b.c=value`` are applied last; values are parsed as YAML
-(``3``, ``1e-4``, ``true``, ``[1, 2]``, ``null``).
+(``3``, ``1e-4``, ``true``, ``[1, 2]``, ``null``). A mapping value is merged
+into the section as a base recipe's keys are (``engine.optim={lr: 1e-4}``
+keeps the recipe's other optimizer keys); ``{}`` empties it.
 
 Every error names the key path and how to fix it, and happens before any work
 starts.
@@ -20,13 +22,31 @@ from pydantic import BaseModel, ValidationError
 
 from relayrl.errors import UserError
 
-__all__ = ["ConfigError", "load_recipe_dict", "apply_overrides", "validate", "load_config"]
+__all__ = ["ConfigError", "load_recipe_dict", "apply_overrides", "validate", "load_config", "field_errors"]
 
 M = TypeVar("M", bound=BaseModel)
 
 
 class ConfigError(UserError, ValueError):
     """A recipe, override or value that cannot be used; the message names the key and the fix."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader that refuses a key written twice in one mapping (PyYAML keeps the last silently)."""
+
+
+def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} appears twice (first on line {seen[key] + 1})", key_node.start_mark)
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -48,13 +68,21 @@ def load_recipe_dict(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
     if not path.is_file():
         raise ConfigError(f"recipe {path} does not exist")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"recipe {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as e:
         raise ConfigError(f"recipe {path} is not valid YAML: {e}") from None
+    if data is None:
+        raise ConfigError(f"recipe {path} is empty; a recipe is a mapping of keys (see recipes/ for examples)")
     if not isinstance(data, dict):
         raise ConfigError(f"recipe {path} must be a mapping of keys, got {type(data).__name__}")
     base = data.pop("base", None)
     if base is not None:
+        if not isinstance(base, str):
+            raise ConfigError(f"recipe {path}: base must be the path of one recipe, got {base!r}")
         data = _merge(load_recipe_dict(path.parent / base, (*_seen, path)), data)
     return data
 
@@ -90,7 +118,9 @@ def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
             else:
                 nxt = node[part] = dict(nxt)
             node = nxt
-        node[parts[-1]] = value
+        old = node.get(parts[-1])
+        merge = isinstance(value, dict) and value and isinstance(old, dict)
+        node[parts[-1]] = _merge(old, value) if merge else value
     return out
 
 
@@ -111,27 +141,33 @@ def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
     return sorted(getattr(cls, "model_fields", {}))
 
 
-def _format(err: ValidationError, model: type[BaseModel]) -> str:
+def field_errors(err: ValidationError, model: type[BaseModel] | None = None) -> list[str]:
+    """One line per error of ``err``: the key path and what is wrong (an unknown key of ``model`` with the close
+    one or the valid keys; a validator's own message as written)."""
     lines = []
     for e in err.errors():
         loc = tuple(e["loc"])
         key = ".".join(str(p) for p in loc) or "<root>"
-        if e["type"] == "extra_forbidden":
+        if e["type"] == "extra_forbidden" and model is not None:
             known = _fields_at(model, loc)
             import difflib
 
             close = difflib.get_close_matches(str(loc[-1]), known, n=1)
             hint = f"did you mean {'.'.join(map(str, loc[:-1] + (close[0],)))}?" if close else f"valid keys here: {', '.join(known)}"
-            lines.append(f"  {key}: unknown key; {hint}")
+            lines.append(f"{key}: unknown key; {hint}")
         elif e["type"] == "value_error" and "error" in e.get("ctx", {}):
             # A validator's own message already names its keys and the fix; print it as written.
             msg = str(e["ctx"]["error"])
-            lines.append(f"  {msg}" if not loc else f"  {key}: {msg}")
+            lines.append(msg if not loc else f"{key}: {msg}")
         else:
             got = e.get("input")
             got_s = f" (got {got!r})" if not isinstance(got, dict) and got is not None else ""
-            lines.append(f"  {key}: {e['msg']}{got_s}")
-    return "invalid config:\n" + "\n".join(lines)
+            lines.append(f"{key}: {e['msg']}{got_s}")
+    return lines
+
+
+def _format(err: ValidationError, model: type[BaseModel]) -> str:
+    return "invalid config:\n" + "\n".join(f"  {line}" for line in field_errors(err, model))
 
 
 def validate(model: type[M], data: dict) -> M:

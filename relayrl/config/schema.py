@@ -103,6 +103,15 @@ class DataConfig(_Section):
             raise ValueError("set data.task (a built-in task) or data.path (a JSONL/Parquet file)")
         if self.task is not None and self.path is not None:
             raise ValueError("data.task and data.path are both set; set data.task=null to train on data.path")
+        if self.task is not None:  # an unknown task or option fails here, not after the model has loaded
+            from relayrl.data.tasks import make_task
+
+            for key, options in (("data.task_options", self.task_options),
+                                 ("data.eval_task_options", {**self.task_options, **(self.eval_task_options or {})})):
+                try:
+                    make_task(self.task, **options)
+                except ValueError as e:
+                    raise ValueError(f"data.task={self.task!r} with {key}={options}: {e}") from None
         return self
 
 
@@ -179,7 +188,7 @@ class AlgorithmConfig(_Section):
     advantage: str = Field("grpo", description=f"one of {', '.join(ESTIMATORS)}")
     normalize_std: bool = True
     loss_agg: str = Field("seq-mean-token-mean", description=f"one of {', '.join(AGG_MODES)}")
-    clip_low: float = Field(0.2, ge=0.0)
+    clip_low: float = Field(0.2, ge=0.0, lt=1.0)
     clip_high: float = Field(0.2, ge=0.0)
     dual_clip: float | None = Field(None, gt=1.0)
     ratio_level: Literal["token", "sequence"] = "token"
@@ -217,6 +226,9 @@ class AlgorithmConfig(_Section):
                              f"{self.advantage!r}) or use the KL as a loss term (kl_in_reward=false)")
         if self.kl_in_reward and self.kl_coef == 0:
             raise ValueError("algorithm.kl_in_reward=true needs algorithm.kl_coef > 0")
+        if self.lam != 1.0 and self.advantage != "gae":
+            raise ValueError(f"algorithm.lam={self.lam} is GAE's lambda, which only advantage=gae uses; "
+                             f"{self.advantage!r} ignores it: set algorithm.lam=1.0")
         if self.gamma != 1.0 and self.advantage not in ("reinforce++", "gae"):
             raise ValueError(f"algorithm.gamma={self.gamma} discounts token returns, which only advantage=reinforce++ "
                              f"and gae compute; {self.advantage!r} ignores it: set algorithm.gamma=1.0")
@@ -341,7 +353,8 @@ class EvalConfig(_Section):
     size: int = Field(200, ge=1, description="held-out prompts")
     stop_at: float | None = Field(None, ge=0.0, le=1.0, description="stop early once held-out accuracy reaches this "
                                   "(checked at eval steps; the model is saved as at the last step)")
-    max_new_tokens: int | None = None
+    max_new_tokens: int | None = Field(None, ge=1, description="greedy answer length on the held-out set "
+                                       "(null: rollout.max_new_tokens)")
 
 
 class Config(_Section):

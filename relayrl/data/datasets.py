@@ -16,6 +16,7 @@ templates.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
@@ -124,6 +125,10 @@ def _iter_parquet(path: Path, keys: tuple[str, ...]) -> Iterator[tuple[int, Any]
             yield rowno, row
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool")
+"""Chat roles a message may have."""
+
+
 def _check_messages(msgs: list, where: str, key: str) -> list[dict[str, str]]:
     if not msgs:
         raise DatasetError(f"{where}: field {key!r} is an empty list of messages")
@@ -138,6 +143,12 @@ def _check_messages(msgs: list, where: str, key: str) -> list[dict[str, str]]:
                 raise DatasetError(
                     f"{where}: field {key!r} message {j} {part!r} is {type(m[part]).__name__}; expected a string"
                 )
+        if m["role"] not in ROLES:
+            raise DatasetError(f"{where}: field {key!r} message {j} has role {m['role']!r}; expected one of "
+                               f"{', '.join(ROLES)}")
+        if m["role"] == "assistant" and not m["content"].strip():
+            raise DatasetError(f"{where}: field {key!r} message {j} is an empty assistant turn (nothing to learn "
+                               f"or compare against)")
         out.append({"role": m["role"], "content": m["content"]})
     return out
 
@@ -180,22 +191,35 @@ def _row_problem(row: Any, rowno: int, cfg: DatasetConfig, tokenizer) -> Problem
             f"{where}: field {cfg.prompt_key!r} is {type(prompt).__name__}; expected a string or a list of "
             "{'role', 'content'} messages"
         )
-    if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
-        raise DatasetError(f"{where}: field {cfg.answer_key!r} is {type(answer).__name__}; expected a string or a number")
+    answer = _answer_text(answer, where, cfg.answer_key)
     if cfg.rejected_key is not None:
         rejected = _get(row, cfg.rejected_key)
         if rejected is _MISSING:
             raise DatasetError(f"{where}: field {cfg.rejected_key!r} (the rejected answer) is missing "
                                f"(columns present: {present})")
-        if not isinstance(rejected, str) or not rejected.strip():
-            raise DatasetError(f"{where}: field {cfg.rejected_key!r} must be a non-empty string, got {rejected!r}")
-        if rejected == str(answer):
-            raise DatasetError(f"{where}: the rejected answer equals the chosen one ({rejected!r})")
+        rejected = _answer_text(rejected, where, cfg.rejected_key)
+        if rejected.strip() == answer.strip():
+            raise DatasetError(f"{where}: the rejected answer equals the chosen one ({rejected!r}"
+                               f"{'' if rejected == answer else f' against {answer!r}, apart from spaces'})")
         meta["rejected"] = rejected
     extra = {k: v for k, v in row.items() if k not in (cfg.prompt_key, cfg.answer_key, cfg.rejected_key)}
     if extra:
         meta["extra"] = extra
-    return Problem(text, answer if isinstance(answer, str) else str(answer), meta)
+    return Problem(text, answer, meta)
+
+
+def _answer_text(value: Any, where: str, key: str) -> str:
+    """An answer field as text: a non-empty string, or a finite number."""
+    if value is None:
+        raise DatasetError(f"{where}: field {key!r} is null")
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise DatasetError(f"{where}: field {key!r} is {type(value).__name__}; expected a string or a number")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise DatasetError(f"{where}: field {key!r} is {value}, not an answer")
+    if isinstance(value, str) and not value.strip():
+        raise DatasetError(f"{where}: field {key!r} must be a non-empty string, got {value!r} (there is no answer "
+                           f"to train on or verify against)")
+    return value if isinstance(value, str) else str(value)
 
 
 def _conversation_problem(row: dict, rowno: int, where: str, cfg: DatasetConfig) -> Problem:

@@ -303,6 +303,13 @@ def make_task(name: str, **options) -> Task:
         cls = TASKS[name]
     else:
         raise ValueError(f"unknown task {name!r}; built-in tasks are {sorted([*TASKS, *EXTRA_TASKS])}")
+    import dataclasses
+
+    known = {f.name for f in dataclasses.fields(cls) if f.init} if dataclasses.is_dataclass(cls) else None
+    unknown = sorted(set(options) - known) if known is not None else []
+    if unknown:
+        raise ValueError(f"task {name!r} has no option {', '.join(map(repr, unknown))}; its options are "
+                         f"{sorted(known)}")
     try:
         return cls(**options)
     except TypeError as e:

@@ -22,6 +22,8 @@ PROFILES = Path(__file__).resolve().parent / "profiles"
 
 
 def add_parser(sub, common) -> None:
+    from relayrl.cli.main import _int_at_least
+
     p = sub.add_parser("plan", parents=[common], help="calibrate a hardware profile (--profile), or rank placements "
                        "and step modes of a recipe on N devices by predicted throughput")
     p.add_argument("recipe", nargs="?", help="the recipe to plan (omit with --profile)")
@@ -32,12 +34,12 @@ def add_parser(sub, common) -> None:
     p.add_argument("--reward-fn", default="task", help="--profile: reward function to time (module:function)")
     p.add_argument("--no-overhead", action="store_true", help="--profile: skip the short runs of each driver "
                    "path that measure what the path adds (faster; predictions then leave it out)")
-    p.add_argument("--devices", type=int, help="devices to plan for (GPUs, or on a CPU profile shares of the cores)")
+    p.add_argument("--devices", type=_int_at_least(1), help="devices to plan for (GPUs, or on a CPU profile shares of the cores)")
     p.add_argument("--hardware", default=None, help=f"profile file to plan with (default: {DEFAULT_PROFILE}; a "
                    f"name in relayrl/planner/profiles, e.g. h100_7b)")
     p.add_argument("--model-config", help="a Hugging Face config.json for the model's shape, when the recipe's "
                    "model is not on this machine (e.g. relayrl/planner/profiles/qwen2_7b_config.json)")
-    p.add_argument("--prompt-tokens", type=int, default=None, help="prompt length in tokens (default: measured "
+    p.add_argument("--prompt-tokens", type=_int_at_least(1), default=None, help="prompt length in tokens (default: measured "
                    "from the recipe's task and tokenizer)")
     p.add_argument("--lengths", default=None, help="response lengths: 'measure' (sample the recipe's model), "
                    "'max' (every response hits rollout.max_new_tokens), or 'mixture:SHORT,P_LONG,LONG_MEAN' "
@@ -45,7 +47,7 @@ def add_parser(sub, common) -> None:
     p.add_argument("--reward-latency", default="0,0", help="outside latency per scored response, uniform "
                    "LOW,HIGH seconds")
     p.add_argument("--no-offpolicy", action="store_true", help="leave the off-policy modes out of the search")
-    p.add_argument("--top", type=int, default=12, help="rows of the table")
+    p.add_argument("--top", type=_int_at_least(1), default=12, help="rows of the table")
     p.set_defaults(fn=cmd_plan)
 
 
@@ -109,7 +111,11 @@ def workload_from_config(cfg, *, model_config: str | None = None, prompt_tokens:
     elif model_dir:
         from transformers import AutoConfig
 
-        shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(model_dir), dtype=cfg.model.dtype)
+        if not (Path(model_dir) / "config.json").is_file():
+            raise ValueError(f"model directory {model_dir} (trainer.init_from or model.path) has no config.json; "
+                             f"give the model's directory, or --model-config CONFIG.json for its shape")
+        shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(model_dir, local_files_only=True),
+                                          dtype=cfg.model.dtype)
     else:
         raise ValueError("the recipe's model is not on this machine: give --model-config CONFIG.json for its shape")
     prompts = None
@@ -139,7 +145,9 @@ def workload_from_config(cfg, *, model_config: str | None = None, prompt_tokens:
 
 
 def cmd_plan(args) -> int:
-    from relayrl.config.loader import ConfigError
+    from pydantic import ValidationError
+
+    from relayrl.config.loader import ConfigError, field_errors
 
     if args.profile:
         if args.recipe:
@@ -153,8 +161,6 @@ def cmd_plan(args) -> int:
     if not args.recipe or args.devices is None:
         raise ConfigError("relayrl plan: give a recipe and --devices N (e.g. relayrl plan recipes/arith_grpo.yaml "
                           "--devices 2), or --profile to calibrate this machine")
-    if args.devices < 1:
-        raise ConfigError(f"relayrl plan: --devices {args.devices} must be >= 1")
     try:
         low, high = (float(x) for x in args.reward_latency.split(","))
     except ValueError:
@@ -168,6 +174,9 @@ def cmd_plan(args) -> int:
         prof = _hardware(args.hardware)
         w = workload_from_config(cfg, model_config=args.model_config, prompt_tokens=args.prompt_tokens,
                                  lengths=args.lengths, reward_latency=(low, high))
+    except ValidationError as e:  # (a workload built from bad flags)
+        raise ConfigError(f"relayrl plan: {'; '.join(field_errors(e))} (check --prompt-tokens, --reward-latency, "
+                          f"--lengths)") from None
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(f"relayrl plan: {e}") from None
     preds = rank(prof, w, candidates(args.devices, offpolicy=not args.no_offpolicy,

@@ -169,14 +169,21 @@ def load_profile(path: str | Path) -> Profile:
     if not p.is_file():
         raise FileNotFoundError(f"profile {p} does not exist: write one with `relayrl plan --profile --out {p}` "
                                 f"or by hand (see relayrl/planner/profiles/h100_7b.yaml)")
-    text = p.read_text()
-    if p.suffix in (".yaml", ".yml"):
-        import yaml
+    import yaml
+    from pydantic import ValidationError
 
-        data = yaml.safe_load(text)
-    else:
-        data = json.loads(text)
-    return Profile.model_validate(data)
+    kind = "YAML" if p.suffix in (".yaml", ".yml") else "JSON"
+    try:
+        text = p.read_text(encoding="utf-8")
+        data = yaml.safe_load(text) if kind == "YAML" else json.loads(text)
+    except (ValueError, yaml.YAMLError) as e:  # (undecodable bytes and JSON's errors are ValueErrors)
+        raise ValueError(f"profile {p} is not valid {kind}: {e}") from None
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as e:
+        from relayrl.config.loader import field_errors
+
+        raise ValueError(f"profile {p}: {'; '.join(field_errors(e, Profile))}") from None
 
 
 def save_profile(profile: Profile, path: str | Path) -> Path:

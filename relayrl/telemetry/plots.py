@@ -88,6 +88,8 @@ def load_series(run_dir: Path, warn: Callable[[str], None] | None = None) -> Ser
             steps, values = series.setdefault(key, ([], []))
             steps.append(step)
             values.append(math.nan if value is None else float(value))
+    if not series:
+        raise MetricsFileError(f"{path}: its {len(records)} records hold no numeric metrics to plot")
     return series
 
 

@@ -48,7 +48,11 @@ def read_jsonl_records(path: Path, skipped: list[str] | None = None) -> list[dic
     A malformed line elsewhere raises MetricsFileError naming the file and line.
     ``skipped``, when given, receives a sentence per line skipped.
     """
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise MetricsFileError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); the file is damaged or "
+                               f"is not a metrics.jsonl") from None
     records: list[dict[str, Any]] = []
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
@@ -66,6 +70,9 @@ def read_jsonl_records(path: Path, skipped: list[str] | None = None) -> list[dic
         if not isinstance(record, dict) or "step" not in record:
             raise MetricsFileError(f"{path}:{lineno}: expected an object with a 'step' key; the file is damaged: "
                                    f"fix or delete that line")
+        if not isinstance(record["step"], int) or isinstance(record["step"], bool):
+            raise MetricsFileError(f"{path}:{lineno}: 'step' is {record['step']!r}, not an integer; the file is "
+                                   f"damaged: fix or delete that line")
         records.append(record)
     return records
 

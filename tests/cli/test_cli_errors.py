@@ -63,6 +63,36 @@ def test_eval_argument_combinations_are_refused_before_loading_the_model(capsys,
     assert code == EXIT_CONFIG and "--k 4 samples at --temperature 0 are 4 copies of the greedy answer" in err
     code, err = run(capsys, "eval", "--model", missing, "--task", "arith", "--task-options", "{min_digits: 3}")
     assert code == EXIT_CONFIG and "--task-options is not valid JSON" in err
+    code, err = run(capsys, "eval", "--model", missing, "--task", "arith", "--task-options", "[1]")
+    assert code == EXIT_CONFIG and "--task-options must be a JSON object, got '[1]'" in err
+    code, err = run(capsys, "eval", "--model", missing, "--task", "nosuch", "--device", "cpu")
+    assert code == EXIT_CONFIG and "unknown task 'nosuch'" in err
+    code, err = run(capsys, "eval", "--model", missing, "--task", "arith", "--task-options", '{"foo": 1}',
+                    "--device", "cpu")
+    assert code == EXIT_CONFIG and "task 'arith' has no option 'foo'" in err
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["eval", "--model", "m", "--task", "arith", "--device", "gpu"], "'gpu' is not a device: give auto, cpu, cuda"),
+    (["eval", "--model", "m", "--task", "arith", "--dtype", "float64"], "argument --dtype: invalid choice"),
+    (["serve", "m", "--port", "99999"], "argument --port: 99999 is not a port (0-65535)"),
+    (["serve", "m", "--device", "tpu"], "'tpu' is not a device"),
+    (["plan", "r.yaml", "--devices", "0"], "argument --devices: 0 is not >= 1"),
+    (["plan", "r.yaml", "--devices", "2", "--prompt-tokens", "-5"], "argument --prompt-tokens: -5 is not >= 1"),
+    (["plan", "r.yaml", "--devices", "2", "--top", "0"], "argument --top: 0 is not >= 1")])
+def test_bad_flags_are_refused_before_anything_loads(capsys, argv, says):
+    assert says in argparse_error(capsys, *argv)
+
+
+def test_plan_names_a_missing_model_and_a_damaged_profile(capsys, tmp_path):
+    code, err = run(capsys, "plan", GRPO, f"model.path={tmp_path / 'nope'}", "--devices", "2", "--hardware", "h100_7b")
+    assert code == EXIT_CONFIG and f"model directory {tmp_path / 'nope'} (trainer.init_from or model.path) has no" in err
+    (tmp_path / "p.json").write_text('{"name": ')
+    code, err = run(capsys, "plan", GRPO, "--devices", "2", "--hardware", str(tmp_path / "p.json"))
+    assert code == EXIT_CONFIG and f"profile {tmp_path / 'p.json'} is not valid JSON" in err
+    (tmp_path / "p.json").write_text('{"name": 3}')
+    code, err = run(capsys, "plan", GRPO, "--devices", "2", "--hardware", str(tmp_path / "p.json"))
+    assert code == EXIT_CONFIG and "name: Input should be a valid string (got 3); source: Field required" in err
 
 
 def test_eval_of_a_missing_model_names_it(capsys, tmp_path):

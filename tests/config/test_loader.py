@@ -72,6 +72,22 @@ def test_recipe_file_errors(tmp_path):
     (tmp_path / "a.yaml").write_text("base: b.yaml\n")
     (tmp_path / "b.yaml").write_text("base: a.yaml\n")
     assert "base chain loops" in _errors(recipe=tmp_path / "a.yaml")
+    (tmp_path / "empty.yaml").write_text("")
+    assert "is empty" in _errors(recipe=tmp_path / "empty.yaml")
+    (tmp_path / "bin.yaml").write_bytes(b"\xff\xfeworkflow: sft\n")
+    assert "is not UTF-8 text" in _errors(recipe=tmp_path / "bin.yaml")
+    (tmp_path / "list_base.yaml").write_text("base: [a.yaml]\n")
+    assert "base must be the path of one recipe" in _errors(recipe=tmp_path / "list_base.yaml")
+    (tmp_path / "twice.yaml").write_text("trainer:\n  steps: 2\n  steps: 5\n")
+    assert "key 'steps' appears twice (first on line 2)" in _errors(recipe=tmp_path / "twice.yaml")
+
+
+def test_a_mapping_override_merges_into_its_section_and_an_empty_one_clears_it():
+    data = {"engine": {"optim": {"lr": 1e-3, "warmup_steps": 10}}, "data": {"task_options": {"max_digits": 2}}}
+    out = apply_overrides(data, ["engine.optim={lr: 0.0001}", "data.task_options={}"])
+    assert out["engine"]["optim"] == {"lr": 1e-4, "warmup_steps": 10}
+    assert out["data"]["task_options"] == {}
+    assert data["engine"]["optim"]["lr"] == 1e-3  # the input is not changed
 
 
 def test_off_policy_settings_that_cannot_work_are_refused():
@@ -116,3 +132,16 @@ def test_settings_a_workflow_would_ignore_are_refused():
     cfg = load_config(Config, RECIPES / "arith_grpo.yaml", ["algorithm.advantage=reinforce++", "algorithm.gamma=0.9",
                                                             "trainer.mini_batches=2"])
     assert cfg.algorithm.gamma == 0.9
+
+
+def test_values_that_would_fail_in_a_worker_are_refused_when_the_config_loads():
+    assert "unknown task 'nosuch'" in _errors("data.task=nosuch")
+    msg = _errors("data.task_options={foo: 1}")
+    assert "task 'arith' has no option 'foo'; its options are" in msg and "max_digits" in msg
+    assert "need 1 <= min_digits <= max_digits" in _errors("data.task_options={min_digits: 5, max_digits: 2}")
+    assert "data.eval_task_options=" in _errors("data.eval_task_options={bar: 2}")
+    assert "algorithm.clip_low" in _errors("algorithm.clip_low=1.5")
+    assert "eval.max_new_tokens" in _errors("eval.max_new_tokens=-3")
+    assert "engine.optim.betas.0" in _errors("engine.optim.betas=[1.5,0.9]")
+    assert "algorithm.lam=0.5 is GAE's lambda" in _errors("algorithm.lam=0.5")
+    load_config(Config, None, ["algorithm.advantage=gae", "algorithm.lam=0.95"])  # where lam means something

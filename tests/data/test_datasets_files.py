@@ -193,3 +193,23 @@ def test_every_bad_row_is_reported_up_to_a_limit(tmp_path):
     f.write_text('{"prompt": "a", "answer": "1"}\n{"prompt": "b"}\n')
     with pytest.raises(DatasetError, match=r"^many.jsonl row 2: field 'answer' is missing"):
         load_problems(DatasetConfig(path=f))
+
+
+def test_empty_or_meaningless_answers_are_refused_per_row(tmp_path):
+    for row, message in [({"prompt": "4+4=", "answer": "  "}, "row 1: field 'answer' must be a non-empty string"),
+                         ({"prompt": "4+4=", "answer": float("nan")}, "row 1: field 'answer' is nan, not an answer"),
+                         ({"prompt": "4+4=", "answer": "8", "rejected": " 8"},
+                          "row 1: the rejected answer equals the chosen one .* apart from spaces")]:
+        with pytest.raises(DatasetError, match=message):
+            load_problems(DatasetConfig(path=_jsonl(tmp_path / "bad.jsonl", [row]),
+                                        rejected_key="rejected" if "rejected" in row else None))
+    (p,) = load_problems(DatasetConfig(path=_jsonl(tmp_path / "num.jsonl", [{"prompt": "3+3=", "answer": 6,
+                                                                             "rejected": 7}]), rejected_key="rejected"))
+    assert (p.answer, p.meta["rejected"]) == ("6", "7")  # numbers on both sides, as text
+    for msgs, message in [([{"role": "user", "content": "3+3="}, {"role": "assistant", "content": ""}],
+                           "message 2 is an empty assistant turn"),
+                          ([{"role": "usr", "content": "3+3="}, {"role": "assistant", "content": "6"}],
+                           "message 1 has role 'usr'; expected one of system, developer, user, assistant, tool")]:
+        with pytest.raises(DatasetError, match=message):
+            load_problems(DatasetConfig(path=_jsonl(tmp_path / "conv.jsonl", [{"messages": msgs}]),
+                                        messages_key="messages"))

@@ -175,3 +175,18 @@ def test_plot_run_skips_absent_families_and_needs_metrics(tmp_path):
     out = tmp_path / "figs"
     assert [p.name for p in plot_run(tmp_path, out)] == ["sft.png"]
     assert (out / "sft.png").exists()
+
+
+def test_plot_refuses_damaged_metrics_naming_the_line(tmp_path):
+    from relayrl.telemetry.plots import MetricsFileError, plot_run
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1, "x": 1.0}\n{"step": "a", "x": 2.0}\n{"step": 3, "x": 3.0}\n')
+    with pytest.raises(MetricsFileError, match=r"metrics.jsonl:2: 'step' is 'a', not an integer"):
+        plot_run(tmp_path)
+    metrics.write_bytes(b'\xff\xfe{"step": 1}\n')
+    with pytest.raises(MetricsFileError, match="not UTF-8 text"):
+        plot_run(tmp_path)
+    metrics.write_text('{"step": 1, "note": "a"}\n{"step": 2, "note": "b"}\n')
+    with pytest.raises(MetricsFileError, match="hold no numeric metrics"):
+        plot_run(tmp_path)

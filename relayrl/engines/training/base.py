@@ -12,7 +12,7 @@ loss over micro-batches (seed 003, section 3).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Protocol, Sequence
+from typing import Annotated, Callable, Literal, Protocol, Sequence
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -166,7 +166,7 @@ class OptimConfig(BaseModel):
 
     lr: float = Field(1e-5, gt=0)
     weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[Annotated[float, Field(ge=0.0, lt=1.0)], Annotated[float, Field(ge=0.0, lt=1.0)]] = (0.9, 0.999)
     eps: float = Field(1e-8, gt=0)
     warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warm-up from 0")
     schedule: Literal["constant", "cosine", "linear"] = "constant"
