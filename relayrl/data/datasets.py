@@ -77,10 +77,10 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
     A line that is not valid UTF-8 or JSON is yielded as a :class:`_BadRow`, so that every bad row is reported."""
     name = path.name
     with path.open("rb") as f:
-        head = f.read(64).lstrip()
+        head = f.read(64).removeprefix(b"\xef\xbb\xbf").lstrip()  # (a UTF-8 byte-order mark, as editors write)
     if head.startswith(b"["):
         try:
-            rows = json.loads(path.read_text(encoding="utf-8"))
+            rows = json.loads(path.read_text(encoding="utf-8-sig"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise DatasetError(f"{name}: invalid JSON array ({e})") from None
         yield from enumerate(rows, start=1)
@@ -88,7 +88,7 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
             except UnicodeDecodeError as e:
                 yield lineno, _BadRow(f"{name} row {lineno}: not valid UTF-8 ({e.reason} at byte {e.start})")
                 continue

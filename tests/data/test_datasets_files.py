@@ -213,3 +213,11 @@ def test_empty_or_meaningless_answers_are_refused_per_row(tmp_path):
         with pytest.raises(DatasetError, match=message):
             load_problems(DatasetConfig(path=_jsonl(tmp_path / "conv.jsonl", [{"messages": msgs}]),
                                         messages_key="messages"))
+
+
+def test_a_byte_order_mark_is_read_past(tmp_path):
+    f = tmp_path / "bom.jsonl"
+    f.write_bytes(b"\xef\xbb\xbf" + json.dumps({"prompt": "1+1=", "answer": "2"}).encode() + b"\n")
+    assert [p.answer for p in load_problems(DatasetConfig(path=f))] == ["2"]
+    f.write_bytes(b"\xef\xbb\xbf" + json.dumps([{"prompt": "1+1=", "answer": "2"}]).encode())
+    assert [p.answer for p in load_problems(DatasetConfig(path=f))] == ["2"]
