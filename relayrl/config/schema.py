@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from relayrl.algorithms.advantages import ESTIMATORS, NEEDS
 from relayrl.algorithms.losses import AGG_MODES
@@ -50,6 +50,14 @@ class RunConfig(_Section):
     keep_checkpoints: int = Field(2, ge=1)
     on_nonfinite: Literal["stop", "skip"] = Field("stop", description="NaN/Inf loss or gradient: save and stop, or skip the step")
     threads: int = Field(0, ge=0, description="torch CPU threads (0: all cores)")
+
+    @field_validator("resume", mode="before")
+    @classmethod
+    def _resume_word(cls, v: Any) -> Any:
+        if isinstance(v, bool):  # YAML reads yes/no/true/false as booleans
+            raise ValueError(f"{str(v).lower()} (YAML reads yes, no, true and false as booleans) is not a resume "
+                             f"mode: write never, auto or a checkpoint path")
+        return v
 
 
 class ModelConfig(_Section):

@@ -145,3 +145,8 @@ def test_values_that_would_fail_in_a_worker_are_refused_when_the_config_loads():
     assert "engine.optim.betas.0" in _errors("engine.optim.betas=[1.5,0.9]")
     assert "algorithm.lam=0.5 is GAE's lambda" in _errors("algorithm.lam=0.5")
     load_config(Config, None, ["algorithm.advantage=gae", "algorithm.lam=0.95"])  # where lam means something
+
+
+def test_a_yes_for_run_resume_says_what_to_write():
+    assert "run.resume: true (YAML reads yes, no, true and false as booleans) is not a resume mode: write never, " \
+           "auto or a checkpoint path" in _errors("run.resume=yes")
