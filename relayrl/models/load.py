@@ -2,19 +2,23 @@
 
 No hub is reachable from relayrl's machines, so loading is always local
 (``local_files_only=True``): a missing or incomplete directory is reported with
-what is missing instead of an attempted download.
+what is missing instead of an attempted download. A damaged directory is
+reported naming the file and what is wrong with it: a JSON file that does not
+parse (with the line and column), a truncated or foreign ``*.safetensors`` file,
+weights whose shapes do not match ``config.json`` (the first mismatched tensor).
 """
 
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import torch
 
 from relayrl.errors import UserError
 
-__all__ = ["load_model", "load_tokenizer", "resolve_dtype", "ModelLoadError"]
+__all__ = ["load_model", "load_tokenizer", "load_pretrained", "read_json", "resolve_dtype", "ModelLoadError"]
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -28,6 +32,78 @@ def resolve_dtype(name: str) -> torch.dtype:
     if name not in _DTYPES:
         raise ValueError(f"unknown dtype {name!r}; use one of {sorted(_DTYPES)}")
     return _DTYPES[name]
+
+
+_JSON_FILES = ("config.json", "tokenizer_config.json", "tokenizer.json", "special_tokens_map.json",
+               "added_tokens.json", "model.safetensors.index.json")
+"""The JSON files of a model directory that ``from_pretrained`` cannot do without (it skips a damaged
+``generation_config.json``)."""
+
+_REFETCH = "copy it again from the original model (or save the model again)"
+
+
+def read_json(path: Path, name: str) -> dict:
+    """``path/name`` as a JSON object, or a :class:`ModelLoadError` naming the file and where it breaks."""
+    try:
+        data = json.loads((path / name).read_bytes())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"model directory {path}: {name} is not valid JSON ({e.msg} at line {e.lineno} "
+                             f"column {e.colno}); fix it, or {_REFETCH}") from None
+    except UnicodeDecodeError as e:
+        raise ModelLoadError(f"model directory {path}: {name} is not UTF-8 text (byte {e.start}); "
+                             f"{_REFETCH}") from None
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"model directory {path}: {name} holds a JSON {type(data).__name__}, not an object "
+                             f"({{...}}); {_REFETCH}")
+    return data
+
+
+def _name_bad_json(path: Path) -> None:
+    """Raise the :class:`ModelLoadError` of the first JSON file in ``path`` that does not parse (if any)."""
+    for name in _JSON_FILES:
+        if (path / name).is_file():
+            read_json(path, name)
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    """The ``*.safetensors`` files ``from_pretrained`` reads: the shards of the index, else ``model.safetensors``."""
+    if (path / "model.safetensors.index.json").is_file():
+        shards = sorted(set(read_json(path, "model.safetensors.index.json").get("weight_map", {}).values()))
+        missing = [s for s in shards if not (path / s).is_file()]
+        if missing:
+            raise ModelLoadError(f"model directory {path} lacks {', '.join(missing)} (named in "
+                                 f"model.safetensors.index.json); copy the missing shards")
+        return [path / s for s in shards]
+    return [path / "model.safetensors"] if (path / "model.safetensors").is_file() else []
+
+
+def _check_safetensors(path: Path) -> None:
+    """Read the header of each weight file (cheap: no tensor is read); a damaged one is named."""
+    from safetensors import SafetensorError, safe_open
+
+    for file in _safetensors_files(path):
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except SafetensorError as e:
+            raise ModelLoadError(f"model directory {path}: {file.name} is truncated or not a safetensors file "
+                                 f"({e}); {_REFETCH}") from None
+
+
+def _unreadable_bin(e: BaseException) -> bool:
+    """Whether ``torch.load`` failed on the bytes of a ``*.bin`` file (rather than on a bug)."""
+    return isinstance(e, (EOFError, pickle.UnpicklingError)) or "PytorchStreamReader" in str(e)
+
+
+def _mismatch_error(path: Path, mismatched) -> ModelLoadError:
+    """The error for weights whose shapes differ from the model ``config.json`` describes; ``mismatched`` holds
+    ``(name, shape in the weights, shape by config.json)``, as transformers reports them."""
+    rows = sorted((str(k), list(a), list(b)) for k, a, b in mismatched)
+    name, ckpt, want = rows[0]
+    more = f" (and {len(rows) - 1} more tensors)" if len(rows) > 1 else ""
+    return ModelLoadError(f"model directory {path}: the weights do not match config.json: {name} is {ckpt} in the "
+                          f"weights but {want} by config.json{more}; put the config.json saved with these weights "
+                          f"beside them (or weights saved with this config.json)")
 
 
 def _check_dir(path: Path, needed: tuple[str, ...]) -> None:
@@ -44,12 +120,18 @@ def load_tokenizer(path: str | Path):
 
     path = Path(path)
     _check_dir(path, ("tokenizer_config.json",))
-    cfg = json.loads((path / "tokenizer_config.json").read_text())
-    if cfg.get("tokenizer_class") == "PreTrainedTokenizerFast" and (path / "tokenizer.json").exists():
-        # A tokenizer trained with `tokenizers` (like the tiny default): AutoTokenizer would swap its pre-tokenizer.
-        tok = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
-    else:
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    cfg = read_json(path, "tokenizer_config.json")
+    if (path / "config.json").is_file():  # AutoTokenizer reads it too
+        read_json(path, "config.json")
+    try:
+        if cfg.get("tokenizer_class") == "PreTrainedTokenizerFast" and (path / "tokenizer.json").exists():
+            # Trained with `tokenizers` (like the tiny default): AutoTokenizer would swap its pre-tokenizer.
+            tok = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+        else:
+            tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as e:  # a JSON error carries no file name: find the file
+        _name_bad_json(path)
+        raise ModelLoadError(f"could not load the tokenizer from {path}: {e}") from e
     if tok.pad_token is None:
         if tok.eos_token is None:
             raise ModelLoadError(f"tokenizer in {path} has neither a pad nor an eos token")
@@ -63,17 +145,33 @@ def load_model(path: str | Path, *, dtype: str = "float32", device: str | torch.
     """Load a causal LM from ``path`` in ``dtype`` on ``device``, in train mode."""
     from transformers import AutoModelForCausalLM
 
-    path = Path(path)
+    model = load_pretrained(AutoModelForCausalLM, Path(path), dtype=dtype, attn_implementation=attn_implementation)
+    return model.to(device)
+
+
+def load_pretrained(auto_class, path: Path, *, dtype: str = "float32", **kwargs):
+    """``auto_class.from_pretrained(path)`` from local files, in ``dtype``; a missing, damaged or mismatched
+    directory is a :class:`ModelLoadError` naming the file and what is wrong (see the module docstring)."""
     _check_dir(path, ("config.json",))
+    read_json(path, "config.json")
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
         raise ModelLoadError(f"model directory {path} has config.json but no *.safetensors or *.bin weights")
+    _check_safetensors(path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=resolve_dtype(dtype), local_files_only=True, attn_implementation=attn_implementation
-        )
+        # Mismatched shapes are loaded (and re-initialised) so that they come back listed, then refused below.
+        model, info = auto_class.from_pretrained(path, dtype=resolve_dtype(dtype), local_files_only=True,
+                                                 ignore_mismatched_sizes=True, output_loading_info=True, **kwargs)
     except (OSError, ValueError) as e:
+        _name_bad_json(path)
         raise ModelLoadError(f"could not load model from {path}: {e}") from e
-    return model.to(device)
+    except (RuntimeError, EOFError, pickle.UnpicklingError) as e:
+        if not _safetensors_files(path) and _unreadable_bin(e):
+            raise ModelLoadError(f"model directory {path}: a *.bin weight file is truncated or not a PyTorch "
+                                 f"checkpoint ({str(e).split('. ')[0]}); {_REFETCH}") from e
+        raise
+    if info.get("mismatched_keys"):
+        raise _mismatch_error(path, info["mismatched_keys"])
+    return model
 
 
 def load_value_model(path: str | Path, *, dtype: str = "float32", device: str | torch.device = "cpu",

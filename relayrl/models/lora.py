@@ -19,6 +19,12 @@ replaced in place; peft renames their weights (``q_proj.weight`` becomes
   and the optimizer only ever sees those parameters;
 * :func:`adapters_disabled` runs the base model (the frozen reference of KL
   terms) without a second copy of the weights.
+
+:func:`apply_lora` refuses, naming the key, what cannot work on the model at
+hand: a target it has no linear layer for, a rank above a targeted layer's
+``min(in, out)`` (the update's rank cannot exceed it; the adapters would only
+take memory), and the output head (the engine computes log-probs from the
+head's weight, past any adapter; a tied head is the input embedding as well).
 """
 
 from __future__ import annotations
@@ -29,13 +35,19 @@ from typing import Iterator
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["LoraConfig", "apply_lora", "merged_weights", "base_name", "trainable_names", "adapters_disabled",
-           "DEFAULT_TARGETS"]
+from relayrl.errors import UserError
+
+__all__ = ["LoraConfig", "LoraError", "apply_lora", "merged_weights", "base_name", "trainable_names",
+           "adapters_disabled", "DEFAULT_TARGETS"]
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The attention and MLP projections of Llama, Qwen2, Mistral and their kin (every linear of a decoder layer)."""
 
 _ADAPTER = "default"  # peft's name for the one adapter relayrl trains
+
+
+class LoraError(UserError, ValueError):
+    """``model.lora`` settings that do not fit the model being loaded; the message names the key and the fix."""
 
 
 class LoraConfig(BaseModel):
@@ -63,20 +75,47 @@ class LoraConfig(BaseModel):
 def apply_lora(model: torch.nn.Module, cfg: LoraConfig, *, trainable: tuple[torch.nn.Module, ...] = ()):
     """Inject ``cfg``'s adapters into ``model`` (in place) and freeze everything else but ``trainable``
     (e.g. a critic's value head). Returns the ``peft.PeftModel`` around ``model`` (for saving the adapter);
-    ``model`` itself keeps its class, and is what the engine trains."""
+    ``model`` itself keeps its class, and is what the engine trains. Raises :class:`LoraError` for targets
+    the model cannot take (see the module docstring)."""
     import peft
 
-    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    missing = [t for t in cfg.target_modules if t not in names]
-    if missing:
-        raise ValueError(f"model.lora.target_modules names {missing}, which {type(model).__name__} has no linear "
-                         f"layer called; its linear layers are {sorted(names)}")
+    _check_targets(model, cfg)
     wrapped = peft.get_peft_model(model, peft.LoraConfig(
         r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules),
         bias="none"))
     for m in trainable:
         m.requires_grad_(True)
     return wrapped
+
+
+def _check_targets(model: torch.nn.Module, cfg: LoraConfig) -> None:
+    """The linear layers ``cfg.target_modules`` names (by peft's rule: a module name equal to a target or
+    ending in ``.target``) exist, none is the output head, and none is narrower than ``cfg.r``."""
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    names = {n.rsplit(".", 1)[-1] for n in linears}
+    hits = {t: [n for n in linears if n == t or n.endswith("." + t)] for t in cfg.target_modules}
+    missing = [t for t, found in hits.items() if not found]
+    if missing:
+        raise LoraError(f"model.lora.target_modules names {missing}, which {type(model).__name__} has no linear "
+                        f"layer called; its linear layers are {sorted(names)}")
+    targeted = {n: linears[n] for found in hits.values() for n in found}
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    for name, m in targeted.items():
+        if m is head:
+            tied = embedding is not None and head.weight is getattr(embedding, "weight", None)
+            why = (" (tied: it shares its weight with the input embedding, so one merged weight cannot serve "
+                   "both)" if tied else "")
+            raise LoraError(f"model.lora.target_modules targets {name}, the output head of "
+                            f"{type(model).__name__}{why}; adapters on the output head are not supported (the "
+                            f"training engine computes log-probs from the head's weight directly, past an "
+                            f"adapter); drop it from model.lora.target_modules")
+    name, narrowest = min(targeted.items(), key=lambda kv: min(kv[1].in_features, kv[1].out_features))
+    limit = min(narrowest.in_features, narrowest.out_features)
+    if cfg.r > limit:
+        raise LoraError(f"model.lora.r={cfg.r} is larger than {name} allows ({narrowest.in_features} inputs, "
+                        f"{narrowest.out_features} outputs: an update of it has rank at most {limit}, so a larger r "
+                        f"only takes memory); set model.lora.r <= {limit} (8 to 64 is usual), or drop "
+                        f"{name.rsplit('.', 1)[-1]} from model.lora.target_modules")
 
 
 def base_name(name: str) -> str:

@@ -13,23 +13,21 @@ Hugging Face sequence classifier pools at the last non-pad token, so the saved m
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from relayrl.models.load import ModelLoadError, _check_dir, load_tokenizer, resolve_dtype
+from relayrl.models.load import ModelLoadError, _check_dir, load_pretrained, load_tokenizer, read_json
 
 __all__ = ["export_reward_model", "load_reward_model", "RewardModelScorer", "is_reward_model"]
 
 
 def is_reward_model(path: str | Path) -> bool:
     """Whether ``path`` holds a one-label sequence classifier (what ``workflow: rm`` saves)."""
-    cfg = Path(path) / "config.json"
-    if not cfg.is_file():
+    if not (Path(path) / "config.json").is_file():
         return False
-    c = json.loads(cfg.read_text())
+    c = read_json(Path(path), "config.json")
     archs = c.get("architectures") or []
     return any(a.endswith("ForSequenceClassification") for a in archs) and c.get("num_labels", len(c.get("id2label", {}))) == 1
 
@@ -70,13 +68,12 @@ def load_reward_model(path: str | Path, *, dtype: str = "float32", device: str |
     path = Path(path)
     try:
         _check_dir(path, ("config.json",))
+        if is_reward_model(path):
+            return load_pretrained(AutoModelForSequenceClassification, path, dtype=dtype).to(device).eval()
     except ModelLoadError as e:
         raise ModelLoadError(f"{key}: {e}") from None
-    if not is_reward_model(path):
-        raise ModelLoadError(f"{key}={path} is not a reward model (a one-label *ForSequenceClassification, what "
-                             f"'workflow: rm' saves); train one with recipes/arith_rm.yaml")
-    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=resolve_dtype(dtype), local_files_only=True)
-    return model.to(device).eval()
+    raise ModelLoadError(f"{key}={path} is not a reward model (a one-label *ForSequenceClassification, what "
+                         f"'workflow: rm' saves); train one with recipes/arith_rm.yaml")
 
 
 class RewardModelScorer:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["TinyModelConfig", "SPECIAL_TOKENS", "build_tiny", "default_cache_dir"]
 
@@ -56,6 +56,19 @@ class TinyModelConfig(BaseModel):
         "key/value heads, vocabulary 151936) with random weights and the local tokenizer, for GPU runs and "
         "benchmarks with nothing downloaded (it learns nothing useful); the other fields then apply to the "
         "tokenizer only")
+
+    @model_validator(mode="after")
+    def _heads_fit(self) -> "TinyModelConfig":
+        """Each attention head gets ``hidden_size / num_heads`` dimensions: a whole number, and even (rotary
+        position embeddings turn pairs of dimensions). Checked here, not when the model is built."""
+        h, n = self.hidden_size, self.num_heads
+        if self.shape != "tiny" or (h % n == 0 and h // n % 2 == 0):
+            return self
+        fits = [k for k in range(1, h + 1) if h % k == 0 and h // k % 2 == 0]
+        what = (f"num_heads={n} does not divide hidden_size={h} (each head gets hidden_size / num_heads dimensions)"
+                if h % n else f"hidden_size={h} / num_heads={n} gives heads of {h // n} dimensions, an odd number "
+                f"(rotary position embeddings turn pairs of dimensions)")
+        raise ValueError(f"{what}; set model.tiny.num_heads to one of {fits} (or change model.tiny.hidden_size)")
 
 
 # Qwen2-0.5B's config (its published shape): what a 0.5B GPU run allocates, reads and computes.
@@ -130,8 +143,6 @@ def build_tiny(cfg: TinyModelConfig | None = None, cache_dir: Path | None = None
     if verbose:
         print(f"relayrl: building the tiny default model in {out} ...", flush=True)
     tokenizer = _train_tokenizer(cfg.vocab_size)
-    if cfg.hidden_size % cfg.num_heads:
-        raise ValueError(f"model.tiny: hidden_size={cfg.hidden_size} must be divisible by num_heads={cfg.num_heads}")
     shape = dict(vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
                  num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
                  num_key_value_heads=cfg.num_heads, max_position_embeddings=cfg.max_position_embeddings,

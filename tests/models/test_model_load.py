@@ -1,0 +1,105 @@
+"""A damaged model directory is a ModelLoadError (a user error) naming the directory, the file and what is
+wrong with it: truncated or foreign safetensors, weights of another shape, JSON files that do not parse."""
+
+import json
+
+import pytest
+
+from relayrl.errors import is_user_error
+from relayrl.models.load import ModelLoadError, load_model, load_tokenizer
+
+TRUNCATED = "model.safetensors is truncated or not a safetensors file"
+
+
+def _refused(load, path, *says: str) -> str:
+    with pytest.raises(ModelLoadError) as e:
+        load(path)
+    assert is_user_error(e.value)
+    msg = str(e.value)
+    assert f"model directory {path}" in msg
+    for s in says:
+        assert s in msg, msg
+    return msg
+
+
+@pytest.mark.parametrize("damage,detail", [
+    (lambda b: b[: len(b) // 2], "file not fully covered"),  # a copy cut short
+    (lambda b: b"", "header too small"),
+    (lambda b: bytes(range(256)) * 64, "header too large"),  # not safetensors at all
+], ids=["cut-short", "empty", "random-bytes"])
+def test_a_damaged_safetensors_file_is_named(model_copy, damage, detail):
+    weights = model_copy / "model.safetensors"
+    weights.write_bytes(damage(weights.read_bytes()))
+    _refused(load_model, model_copy, TRUNCATED, detail, "copy it again from the original model")
+
+
+def test_a_missing_shard_of_a_sharded_model_is_named(model_copy):
+    (model_copy / "model.safetensors").rename(model_copy / "model-00001-of-00002.safetensors")
+    index = {"metadata": {}, "weight_map": {"model.norm.weight": "model-00001-of-00002.safetensors",
+                                            "model.embed_tokens.weight": "model-00002-of-00002.safetensors"}}
+    (model_copy / "model.safetensors.index.json").write_text(json.dumps(index))
+    _refused(load_model, model_copy, "lacks model-00002-of-00002.safetensors (named in "
+             "model.safetensors.index.json)")
+
+
+def test_weights_of_another_shape_name_the_first_mismatched_tensor(model_copy):
+    cfg = json.loads((model_copy / "config.json").read_text())
+    width, vocab = cfg["hidden_size"], cfg["vocab_size"]
+    cfg.update(hidden_size=2 * width, intermediate_size=4 * width)  # the weights stay those of `width`
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    msg = _refused(load_model, model_copy, "the weights do not match config.json: ")
+    assert f"model.embed_tokens.weight is [{vocab}, {width}] in the weights but [{vocab}, {2 * width}] by " \
+           f"config.json (and " in msg
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer_config.json", "tokenizer.json"])
+def test_a_json_file_that_does_not_parse_is_named_with_its_position(model_copy, name):
+    (model_copy / name).write_text('{"architectures": [')
+    load = load_model if name == "config.json" else load_tokenizer
+    _refused(load, model_copy, f"{name} is not valid JSON (Expecting value at line 1 column 20)")
+    if name == "config.json":  # the tokenizer reads it too
+        _refused(load_tokenizer, model_copy, f"{name} is not valid JSON")
+
+
+def test_a_config_that_is_not_an_object_is_refused(model_copy):
+    (model_copy / "config.json").write_text("[1, 2]")
+    _refused(load_model, model_copy, "config.json holds a JSON list, not an object")
+    _refused(load_tokenizer, model_copy, "config.json holds a JSON list, not an object")
+
+
+def test_a_truncated_bin_checkpoint_is_named(model_copy):
+    import torch
+    from safetensors.torch import load_file
+
+    weights = model_copy / "model.safetensors"
+    torch.save(load_file(weights), model_copy / "pytorch_model.bin")
+    weights.unlink()
+    load_model(model_copy)  # whole, it loads
+    data = (model_copy / "pytorch_model.bin").read_bytes()
+    (model_copy / "pytorch_model.bin").write_bytes(data[: len(data) // 2])
+    _refused(load_model, model_copy, "a *.bin weight file is truncated or not a PyTorch checkpoint")
+
+
+def test_a_damaged_reward_model_names_its_key_and_file(tiny_dir, tiny_tokenizer, tmp_path):
+    from relayrl.models.load import load_value_model
+    from relayrl.models.reward import export_reward_model, load_reward_model
+
+    path = tmp_path / "rm"
+    export_reward_model(load_value_model(tiny_dir, bias=False), tiny_tokenizer, path)
+    load_reward_model(path)
+    data = (path / "model.safetensors").read_bytes()
+    (path / "model.safetensors").write_bytes(data[:100])
+    msg = _refused(load_reward_model, path, TRUNCATED)
+    assert msg.startswith(f"reward.model: model directory {path}: ")
+    (path / "config.json").write_text("{")
+    _refused(load_reward_model, path, "config.json is not valid JSON")
+
+
+def test_a_whole_directory_still_loads_its_weights(model_copy):
+    import torch
+    from safetensors.torch import load_file
+
+    load_tokenizer(model_copy)
+    params = dict(load_model(model_copy).named_parameters())
+    for name, t in load_file(model_copy / "model.safetensors").items():
+        torch.testing.assert_close(params[name].detach(), t)
