@@ -5,8 +5,17 @@ Two runs mixed in one directory are worse than either alone: a fresh run
 checkpoints restarts ``metrics.jsonl`` but leaves the old checkpoints, so a
 later ``run.resume=auto`` resumes the other run without a word. Hence:
 
+* :func:`check_run_dir` — before anything is loaded or written, refuse a
+  ``run.dir`` that a run would damage: one that is, lies inside or holds a
+  model directory the run reads (``model.path``, ``trainer.init_from``, ...),
+  one whose ``config.json`` is not a relayrl run config (a Hugging Face model
+  directory's, say), and one that holds a previous run a fresh start would
+  overwrite (the same refusal as :func:`claim_run_dir`, made early).
 * :func:`claim_run_dir` — a fresh run refuses a directory that holds a
-  previous run's checkpoints, naming it and the ways out (resume it, choose
+  previous run: complete checkpoints, or, for a run that never wrote one, its
+  ``metrics.jsonl``, ``model/``, run ``config.json`` or an unfinished
+  checkpoint (``run.resume=auto`` with no complete checkpoint is a fresh start
+  too). The message names what is there and the ways out (resume it, choose
   another ``run.dir``, or ``run.overwrite=true``, which moves the previous run
   aside to ``RUN_DIR.replaced-<time>`` rather than deleting anything).
 * :func:`check_fingerprint` — a resumed run compares the checkpoint's saved
@@ -28,8 +37,8 @@ from typing import Any
 from relayrl.checkpoint.format import _STEP_DIR, MANIFEST, CheckpointError
 from relayrl.errors import UserError
 
-__all__ = ["FINGERPRINT", "RunDirError", "claim_run_dir", "config_differences", "check_fingerprint",
-           "saved_config"]
+__all__ = ["FINGERPRINT", "RUN_CONFIG_KEYS", "RunDirError", "check_run_dir", "claim_run_dir", "config_differences",
+           "check_fingerprint", "is_run_config", "saved_config"]
 
 FINGERPRINT: tuple[str, ...] = (
     "workflow", "run.seed", "model.path", "model.tiny", "model.dtype", "trainer.init_from",
@@ -40,8 +49,13 @@ FINGERPRINT: tuple[str, ...] = (
 the same adapter weights scaled by another ``alpha / r`` are another model)."""
 
 
+RUN_CONFIG_KEYS: frozenset[str] = frozenset({"workflow", "run", "model", "trainer"})
+"""Top-level keys every relayrl run config (``RUN_DIR/config.json``) has; a Hugging Face model's
+``config.json`` has none of them but ``model_type``."""
+
+
 class RunDirError(UserError, RuntimeError):
-    """A run directory that already holds another run."""
+    """A run directory that already holds another run, or that a run would damage."""
 
 
 def _checkpoints(run_dir: Path) -> list[str]:
@@ -51,34 +65,138 @@ def _checkpoints(run_dir: Path) -> list[str]:
     return sorted(c.name for c in root.iterdir() if _STEP_DIR.match(c.name) and (c / MANIFEST).is_file())
 
 
-def claim_run_dir(run_dir: Path, resume: str, overwrite: bool) -> str | None:
-    """Make sure a run starting in ``run_dir`` does not mix with a previous run there.
+def is_run_config(path: Path) -> bool:
+    """True when ``path`` is a JSON object with every key of :data:`RUN_CONFIG_KEYS` (a relayrl run config)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and RUN_CONFIG_KEYS <= data.keys() and "model_type" not in data
 
-    With ``resume=auto``, or a path to one of ``run_dir``'s own checkpoints, the previous run is the one
-    being continued; nothing to check. With "never", or a path to another run's checkpoint (a new run that
-    starts from it), a directory holding complete checkpoints is refused (:class:`RunDirError`), unless
-    ``overwrite``: then it is renamed to ``RUN_DIR.replaced-YYYYmmdd-HHMMSS`` and a sentence saying so is
-    returned (None when nothing was moved).
-    """
-    run_dir = Path(run_dir)
-    if resume == "auto":
-        return None
-    if resume != "never":
+
+def _traces(run_dir: Path) -> list[str]:
+    """The files of a run that wrote no complete checkpoint: what a fresh start in ``run_dir`` would overwrite."""
+    found = []
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size > 0:
+        with open(metrics, "rb") as f:
+            records = sum(1 for line in f if line.strip())
+        if records:
+            found.append(f"metrics.jsonl with {records} record{'s' if records != 1 else ''}")
+    if (run_dir / "model").is_dir():
+        found.append("model/")
+    if (run_dir / "config.json").is_file() and is_run_config(run_dir / "config.json"):
+        found.append("config.json")
+    root = run_dir / "checkpoints"
+    if root.is_dir():
+        found += [f"unfinished checkpoints/{c.name}" for c in sorted(root.iterdir())
+                  if _STEP_DIR.match(c.name) and not (c / MANIFEST).is_file()]
+    return found
+
+
+def _previous_run(run_dir: Path, resume: str) -> RunDirError | None:
+    """The refusal a run starting in ``run_dir`` with ``resume`` meets without ``run.overwrite``, or None when
+    there is no previous run to mix with or to overwrite (see :func:`claim_run_dir`)."""
+    if resume not in ("never", "auto"):
         own = (run_dir / "checkpoints").resolve()
         src = Path(resume).resolve()
         if src == own or own in src.parents:
             return None
     found = _checkpoints(run_dir)
-    if not found:
-        return None
-    if not overwrite:
+    if found and resume == "auto":
+        return None  # the run being continued
+    ways = (f"choose a new run.dir (e.g. run.dir={run_dir}-2), or set run.overwrite=true to move the old run "
+            f"aside (to {run_dir}.replaced-<time>)")
+    if found:
         listed = ", ".join(found[-3:]) + (f" and {len(found) - 3} older" if len(found) > 3 else "")
         what = "a fresh run" if resume == "never" else f"a run resumed from another run's checkpoint ({resume})"
-        raise RunDirError(
+        return RunDirError(
             f"run.dir={run_dir} already holds a run with checkpoints ({listed}); {what} there would mix "
             f"the two. Resume it with run.resume=auto, choose a new run.dir (e.g. run.dir={run_dir}-2), or set "
             f"run.overwrite=true to move the old run aside"
         )
+    traces = _traces(run_dir)
+    if not traces:
+        return None
+    held = f"run.dir={run_dir} already holds a run that wrote no complete checkpoint ({', '.join(traces)})"
+    if resume == "auto":
+        return RunDirError(f"{held}, so run.resume=auto has nothing to resume, and starting over there would "
+                           f"overwrite that run. To start over, {ways}")
+    what = "a fresh run" if resume == "never" else f"a run resumed from another run's checkpoint ({resume})"
+    return RunDirError(f"{held}; {what} there would overwrite it. To keep it, {ways}")
+
+
+def _model_conflict(run_dir: Path, models: Mapping[str, str | Path | None]) -> RunDirError | None:
+    """A run.dir that is, lies inside or holds one of the model directories ``{key: path}`` the run reads."""
+    here = run_dir.resolve()
+    for key, value in models.items():
+        if not value:
+            continue
+        model = Path(value).resolve()
+        if here == model:
+            where = f"run.dir={run_dir} is {key}={value}"
+        elif model in here.parents:
+            where = f"run.dir={run_dir} lies inside {key}={value}"
+        elif here in model.parents:
+            return RunDirError(
+                f"{key}={value} lies inside run.dir={run_dir}: the run writes into run.dir (its config.json, "
+                f"metrics, model/) and run.overwrite=true would move it aside, model and all; choose a run.dir "
+                f"that does not hold the model (e.g. run.dir={run_dir}-2)"
+            )
+        else:
+            continue
+        return RunDirError(f"{where}: the run would write its config.json, metrics and model/ into the model "
+                           f"directory; choose a run.dir outside it (e.g. run.dir=runs/<name>)")
+    return None
+
+
+def check_run_dir(run_dir: Path, resume: str, overwrite: bool,
+                  models: Mapping[str, str | Path | None] | None = None) -> None:
+    """Refuse, writing nothing, a ``run_dir`` that a run starting there would damage (:class:`RunDirError`).
+
+    ``models`` maps config keys to the model directories the run reads (``{"model.path": ..., ...}``; None
+    values are skipped): ``run_dir`` may neither be, lie inside nor hold one of them. A ``config.json`` in
+    ``run_dir`` that is not a relayrl run config (:func:`is_run_config`) is refused, ``overwrite`` or not: the
+    directory is not a run. Without ``overwrite``, a previous run there is refused as :func:`claim_run_dir`
+    refuses it, before the model and the data are loaded.
+    """
+    run_dir = Path(run_dir)
+    conflict = _model_conflict(run_dir, models or {})
+    if conflict is not None:
+        raise conflict
+    config = run_dir / "config.json"
+    if config.is_file() and not is_run_config(config):
+        try:
+            kind = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            kind = None
+        seen = f" (it has model_type={kind!r}: a Hugging Face model directory)" if kind else ""
+        raise RunDirError(f"run.dir={run_dir} holds a config.json that is not a relayrl run config{seen}; a run "
+                          f"there would overwrite it. Leave that directory alone and choose another run.dir "
+                          f"(a new or empty directory, e.g. run.dir=runs/<name>)")
+    if not overwrite:
+        refusal = _previous_run(run_dir, resume)
+        if refusal is not None:
+            raise refusal
+
+
+def claim_run_dir(run_dir: Path, resume: str, overwrite: bool) -> str | None:
+    """Make sure a run starting in ``run_dir`` does not mix with, or overwrite, a previous run there.
+
+    With ``resume=auto`` and a complete checkpoint, or a path to one of ``run_dir``'s own checkpoints, the
+    previous run is the one being continued; nothing to check. Otherwise (``resume=never``, ``auto`` with no
+    complete checkpoint, or a path to another run's checkpoint: a new run that starts from it) a directory
+    holding a previous run (complete checkpoints, or a non-empty ``metrics.jsonl``, ``model/``, a run
+    ``config.json``, an unfinished checkpoint) is refused (:class:`RunDirError`), unless ``overwrite``: then
+    it is renamed to ``RUN_DIR.replaced-YYYYmmdd-HHMMSS`` and a sentence saying so is returned (None when
+    nothing was moved). Call :func:`check_run_dir` first: it refuses the directories not to be moved.
+    """
+    run_dir = Path(run_dir)
+    refusal = _previous_run(run_dir, resume)
+    if refusal is None:
+        return None
+    if not overwrite:
+        raise refusal
     aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
     n = 1
     while aside.exists():

@@ -11,7 +11,8 @@
 * A worker that is lost (its process or host died) is printed the same way,
   with the keys that resume the run.
 * Ctrl-C prints where the run stopped ("interrupted at step N; resume with
-  run.resume=auto ...") and exits 130.
+  run.resume=auto ...", or with no checkpoint yet how to start over) and
+  exits 130.
 * Anything else is a bug: its traceback is shown as Python shows it.
 
 ``--debug`` or ``RELAYRL_DEBUG=1`` prints the traceback of user errors too.

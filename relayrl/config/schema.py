@@ -38,8 +38,9 @@ class RunConfig(_Section):
     dir: Path = Field(Path("runs/latest"), description="run directory (config, metrics.jsonl, checkpoints, final model)")
     seed: int = 0
     resume: str = Field("never", description='"never", "auto" (newest complete checkpoint in run.dir) or a checkpoint path')
-    overwrite: bool = Field(False, description="resume=never in a run.dir that holds another run's checkpoints: "
-                            "move that run aside to RUN_DIR.replaced-<time> (false: refuse)")
+    overwrite: bool = Field(False, description="a fresh start (resume=never, or auto with no complete checkpoint) "
+                            "in a run.dir that holds another run (checkpoints, or a metrics.jsonl, model/ or run "
+                            "config.json): move that run aside to RUN_DIR.replaced-<time> (false: refuse)")
     resume_check: bool = Field(True, description="refuse to resume a checkpoint whose saved config differs on the "
                                "keys that define a run (workflow, seed, model, data, advantage estimator)")
     save_every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")

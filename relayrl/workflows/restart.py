@@ -72,5 +72,6 @@ def _settle(node_id: str, log: Callable[[str], None]) -> None:
 
 def _note(run_dir: Path, text: str) -> None:
     """Append a line to the run's restart log (``RUN_DIR/restarts.log``)."""
+    Path(run_dir).mkdir(parents=True, exist_ok=True)  # a worker lost while the groups started: no files yet
     with open(Path(run_dir) / "restarts.log", "a") as f:
         f.write(text.rstrip() + "\n")

@@ -17,9 +17,10 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from relayrl.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state, resume_from
+from relayrl.checkpoint import CheckpointManager, ResumePlan, capture_rng_state, restore_rng_state, resume_from
 from relayrl.checkpoint.atomic import write_dir_atomically
-from relayrl.checkpoint.rundir import check_fingerprint, claim_run_dir, saved_config
+from relayrl.checkpoint.format import _STEP_DIR, MANIFEST
+from relayrl.checkpoint.rundir import check_fingerprint, check_run_dir, claim_run_dir, saved_config
 from relayrl.workflows.restart import RESTARTS
 from relayrl.cluster import ResourcePool
 from relayrl.config.loader import ConfigError
@@ -31,11 +32,12 @@ from relayrl.models.load import ModelLoadError, load_tokenizer
 from relayrl.models.tiny import build_tiny
 from relayrl.telemetry import Timeline, Tracker, check_finite
 
-__all__ = ["PromptSource", "Session", "RunInterrupted", "resolve_model_path", "check_device"]
+__all__ = ["PromptSource", "Session", "RunInterrupted", "model_dirs", "resolve_model_path", "check_device"]
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C during training; the message names the step, the last checkpoint and how to resume."""
+    """Ctrl-C during training; the message names the step, the last checkpoint and how to resume (with no
+    checkpoint yet: how to start over, the partial run moved aside)."""
 
 
 def check_device(cfg: Config) -> None:
@@ -46,6 +48,12 @@ def check_device(cfg: Config) -> None:
                           f"model.device=cpu (or auto, which picks a GPU when there is one)")
 
 
+def model_dirs(cfg: Config) -> dict[str, str | None]:
+    """The model directories a run reads, by config key (None: unset)."""
+    return {"trainer.init_from": cfg.trainer.init_from, "model.path": cfg.model.path,
+            "reward.model": cfg.reward.model, "reward.judge.path": cfg.reward.judge.path}
+
+
 def resolve_model_path(cfg: Config) -> Path:
     """``trainer.init_from`` > ``model.path`` > the tiny default (built and cached on first use)."""
     for key, value in (("trainer.init_from", cfg.trainer.init_from), ("model.path", cfg.model.path)):
@@ -54,8 +62,27 @@ def resolve_model_path(cfg: Config) -> Path:
             if not path.is_dir():
                 raise ModelLoadError(f"{key}={value}: no such directory; give a local Hugging Face model directory "
                                      f"(e.g. the RUN_DIR/model of an earlier run)")
+            if not (path / "tokenizer_config.json").exists():
+                raise ModelLoadError(f"{key}={value}: {_not_a_model(path, key)}")
             return path
     return build_tiny(cfg.model.tiny)
+
+
+def _not_a_model(path: Path, key: str) -> str:
+    """Why ``path`` (no ``tokenizer_config.json``) is not a model directory, with the likely fix."""
+    checkpoint = (path / MANIFEST).is_file() or bool(_STEP_DIR.match(path.name))
+    run = path.parent.parent if checkpoint else path.parent if path.name == "checkpoints" else path
+    meant = f"; did you mean {key}={run / 'model'}?" if (run / "model" / "tokenizer_config.json").exists() else ""
+    if checkpoint:
+        return (f"{path} is a checkpoint (a run's training state), not a model directory"
+                f"{meant or '; give a model directory (the RUN_DIR/model a run exports)'} (run.resume={path} "
+                f"continues that run from the checkpoint)")
+    if path.name == "checkpoints":
+        return f"{path} is a run's checkpoints directory, not a model directory{meant}"
+    if meant:
+        return f"{path} is a run directory, not a model directory{meant}"
+    return (f"model directory {path} lacks tokenizer_config.json; give a local Hugging Face model directory (e.g. "
+            f"the RUN_DIR/model of an earlier run)")
 
 
 class PromptSource:
@@ -132,10 +159,10 @@ class Session:
         torch.manual_seed(cfg.run.seed)
         check_device(cfg)
         self.dir = Path(cfg.run.dir)
-        moved = claim_run_dir(self.dir, cfg.run.resume, cfg.run.overwrite)
-        if moved:
-            log(f"relayrl: {moved}")
-        self.dir.mkdir(parents=True, exist_ok=True)
+        # An in-process restart (run.max_restarts) starts again in the directory its first attempt claimed.
+        restart = RESTARTS.get() > 0
+        if not restart:
+            check_run_dir(self.dir, cfg.run.resume, cfg.run.overwrite, models=model_dirs(cfg))
         self.model_path = resolve_model_path(cfg)
         self.tokenizer = load_tokenizer(self.model_path)
         self.task, train, self.eval_problems = self._data()
@@ -147,14 +174,24 @@ class Session:
         self.pool = ResourcePool(name="main", devices=cfg.cluster.devices, nodes=cfg.cluster.nodes,
                                  device_kind="cuda" if cuda else "cpu", node=cfg.placement.nodes.get("main"))
         self.ckpt = CheckpointManager(self.dir / "checkpoints", keep=cfg.run.keep_checkpoints)
-        self.plan = resume_from(self.dir / "checkpoints", cfg.run.resume)
-        if self.plan.path is not None and cfg.run.resume_check:  # before any worker starts
-            check_fingerprint(self.plan.path, saved_config(self.plan.path), cfg.model_dump(mode="json"))
+        # A checkpoint path is checked before run.overwrite moves anything; resume=auto looks after the move
+        # (a run moved aside leaves nothing to resume). Only then is anything written.
+        plan = self._resume_plan() if cfg.run.resume not in ("never", "auto") else None
+        moved = None if restart else claim_run_dir(self.dir, cfg.run.resume, cfg.run.overwrite)
+        if moved:
+            log(f"relayrl: {moved}")
+        self.plan = plan if plan is not None else self._resume_plan()
         self.start_step = 0
         self.step_done = 0  # the last step logged (or resumed from)
         self.stopped_early: dict | None = None  # {"step", "accuracy", "stop_at"} once eval.stop_at was reached
         self._encode_cache: dict[str, list[int]] = {}
-        (self.dir / "config.json").write_text(json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n")
+
+    def _resume_plan(self) -> ResumePlan:
+        """Where the run starts (``run.resume``), its checkpoint's config compared with this run's."""
+        plan = resume_from(self.dir / "checkpoints", self.cfg.run.resume)
+        if plan.path is not None and self.cfg.run.resume_check:  # before any worker starts
+            check_fingerprint(plan.path, saved_config(plan.path), self.cfg.model_dump(mode="json"))
+        return plan
 
     # ------------------------------------------------------------------ data
     def _data(self):
@@ -198,6 +235,10 @@ class Session:
 
     # ------------------------------------------------------------ telemetry
     def open_telemetry(self, total_steps: int, key_metrics) -> None:
+        """Start the run's files: ``config.json``, then the metrics sinks and the stage timeline. Nothing is
+        written to ``run.dir`` before (a run that fails while its workers start leaves no run behind)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "config.json").write_text(json.dumps(self.cfg.model_dump(mode="json"), indent=2) + "\n")
         self.tracker = Tracker(self.dir, self.cfg.telemetry, total_steps, key_metrics=key_metrics,
                                start_step=self.start_step, run_config=self.cfg.model_dump(mode="json"))
         self.timeline = Timeline(self.dir, start_step=self.start_step)
@@ -343,13 +384,18 @@ class Session:
         except RunInterrupted:
             raise
         except KeyboardInterrupt:
+            step = self.step_done + 1
             latest = self.ckpt.latest()
             if latest is not None:
-                saved = f"the last checkpoint is {latest}"
-            else:
-                saved = f"no checkpoint was written yet (run.save_every={self.cfg.run.save_every}), so it starts over"
-            raise RunInterrupted(f"interrupted at step {self.step_done + 1}; resume with run.resume=auto "
-                                 f"run.dir={self.dir} ({saved})") from None
+                raise RunInterrupted(f"interrupted at step {step}; resume with run.resume=auto run.dir={self.dir} "
+                                     f"(the last checkpoint is {latest})") from None
+            # Nothing to resume; a fresh start refuses the partial run's files unless it may move them aside.
+            raise RunInterrupted(
+                f"interrupted at step {step}; no checkpoint was written yet (run.save_every="
+                f"{self.cfg.run.save_every}), so there is nothing to resume. To start over, run the same command "
+                f"with run.overwrite=true run.dir={self.dir} (it moves this partial run aside to "
+                f"{self.dir}.replaced-<time>), or choose another run.dir"
+            ) from None
 
     def finish(self, save_model: Callable[[str], None]) -> Path:
         """Export the final model to ``RUN_DIR/model`` atomically (it appears complete or not at all)."""

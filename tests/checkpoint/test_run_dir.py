@@ -12,6 +12,7 @@ from relayrl.checkpoint.rundir import (
     FINGERPRINT,
     RunDirError,
     check_fingerprint,
+    check_run_dir,
     claim_run_dir,
     config_differences,
     saved_config,
@@ -29,8 +30,8 @@ def test_a_fresh_run_refuses_a_dir_with_checkpoints_naming_it_and_the_ways_out(t
     run = tmp_path / "run"
     assert claim_run_dir(run, "never", overwrite=False) is None  # nothing there yet
     (run / "checkpoints").mkdir(parents=True)
-    (run / "metrics.jsonl").write_text('{"step": 0}\n')
-    assert claim_run_dir(run, "never", overwrite=False) is None  # no checkpoint: nothing to mix up
+    (run / "metrics.jsonl").write_text("\n")
+    assert claim_run_dir(run, "never", overwrite=False) is None  # an empty metrics.jsonl and checkpoints/: no run yet
     _save(run / "checkpoints", 4)
     with pytest.raises(RunDirError) as info:
         claim_run_dir(run, "never", overwrite=False)
@@ -55,6 +56,89 @@ def test_overwrite_moves_the_old_run_aside_without_deleting_it(tmp_path):
     assert len(aside) == 1 and str(aside[0]) in note
     assert (aside[0] / "checkpoints" / "step-000002" / "manifest.json").is_file()
     assert not run.exists()
+
+
+def _traces(run: Path, which: str) -> None:
+    run.mkdir(parents=True, exist_ok=True)
+    if which == "metrics":
+        (run / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
+    elif which == "model":
+        (run / "model").mkdir()
+    elif which == "config":
+        (run / "config.json").write_text(json.dumps({"workflow": "sft", "run": {}, "model": {}, "trainer": {}}))
+    else:  # a checkpoint the run was killed while writing
+        (run / "checkpoints" / "step-000003").mkdir(parents=True)
+
+
+@pytest.mark.parametrize("which,says", [("metrics", "metrics.jsonl with 2 records"), ("model", "model/"),
+                                        ("config", "config.json"), ("partial", "unfinished checkpoints/step-000003")])
+def test_a_run_without_a_complete_checkpoint_is_a_run_too(tmp_path, which, says):
+    run = tmp_path / "run"
+    _traces(run, which)
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    for resume in ("never", "auto"):
+        with pytest.raises(RunDirError) as info:
+            claim_run_dir(run, resume, overwrite=False)
+        msg = str(info.value)
+        assert f"run.dir={run} already holds a run" in msg and says in msg, msg
+        assert "run.overwrite=true" in msg and f"run.dir={run}-2" in msg
+        with pytest.raises(RunDirError):
+            check_run_dir(run, resume, overwrite=False)  # the same refusal, before anything is loaded
+    assert "run.resume=auto has nothing to resume" in msg  # resume=auto says why it cannot resume
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before  # nothing touched
+    check_run_dir(run, "auto", overwrite=True)  # overwrite: no refusal; the claim moves the run aside
+    note = claim_run_dir(run, "auto", overwrite=True)
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]
+    assert len(aside) == 1 and str(aside[0]) in note and not run.exists()
+    assert sorted(p.relative_to(aside[0]) for p in aside[0].rglob("*")) == before
+
+
+def test_a_checkpoint_makes_the_other_traces_the_run_that_resume_auto_continues(tmp_path):
+    run = tmp_path / "run"
+    for which in ("metrics", "model", "config"):
+        _traces(run, which)
+    _save(run / "checkpoints", 2)
+    assert claim_run_dir(run, "auto", overwrite=False) is None
+    check_run_dir(run, "auto", overwrite=False)
+    with pytest.raises(RunDirError, match=r"already holds a run with checkpoints \(step-000002\)"):
+        claim_run_dir(run, "never", overwrite=False)
+
+
+def test_a_run_dir_must_not_be_or_hold_the_model_it_starts_from(tmp_path):
+    model, run = tmp_path / "m", tmp_path / "run"
+    model.mkdir()
+    for key in ("model.path", "trainer.init_from", "reward.model"):
+        for where, says in ((model, f"run.dir={model} is {key}={model}"),
+                            (model / "sub", f"run.dir={model / 'sub'} lies inside {key}={model}")):
+            with pytest.raises(RunDirError) as info:
+                check_run_dir(where, "never", overwrite=False, models={key: str(model)})
+            assert says in str(info.value) and "choose a run.dir outside it" in str(info.value)
+    inner = run / "model"
+    with pytest.raises(RunDirError) as info:  # e.g. init_from=RUN/model with run.dir=RUN (and run.overwrite)
+        check_run_dir(run, "never", overwrite=True, models={"trainer.init_from": str(inner), "model.path": None})
+    assert f"trainer.init_from={inner} lies inside run.dir={run}" in str(info.value)
+    assert "run.overwrite=true would move it aside" in str(info.value)
+    check_run_dir(tmp_path / "elsewhere", "never", overwrite=False, models={"model.path": str(model),
+                                                                           "trainer.init_from": None})
+
+
+def test_a_config_json_that_is_not_a_relayrl_run_config_is_never_overwritten(tmp_path):
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": 64}))
+    for overwrite in (False, True):
+        with pytest.raises(RunDirError) as info:
+            check_run_dir(hf, "never", overwrite=overwrite)
+        msg = str(info.value)
+        assert f"run.dir={hf} holds a config.json that is not a relayrl run config" in msg
+        assert "model_type='qwen2'" in msg and "choose another run.dir" in msg
+    (hf / "config.json").write_text("{not json")
+    with pytest.raises(RunDirError, match="not a relayrl run config"):
+        check_run_dir(hf, "never", overwrite=False)
+    (hf / "config.json").write_text(json.dumps({"workflow": "sft", "run": {}, "model": {}, "trainer": {}}))
+    with pytest.raises(RunDirError, match="already holds a run"):  # relayrl's: a previous run
+        check_run_dir(hf, "never", overwrite=False)
+    check_run_dir(hf, "never", overwrite=True)
 
 
 def test_fingerprint_says_which_keys_differ_and_ignores_the_others():
