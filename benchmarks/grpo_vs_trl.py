@@ -152,7 +152,7 @@ def sft_warm_start(a: argparse.Namespace, base: Path) -> Path:
         f"run.dir={run_dir}", f"run.seed={a.seed}", f"run.threads={a.threads}", f"model.path={base}",
         "model.device=cpu", f"trainer.steps={a.sft_steps}", "eval.every=0", "eval.size=50",
         "telemetry.sinks=[jsonl]", "telemetry.console_table_every=0",
-        "run.resume=auto",  # a warm start that was cut off goes on from its checkpoint
+        "run.resume=auto", "run.overwrite=true",  # a cut-off warm start goes on from its checkpoint, or starts over
     ])
     return train_sft(cfg)
 
