@@ -82,7 +82,8 @@ def run_guarded(fn: Callable[[argparse.Namespace], int], args: argparse.Namespac
                 traceback.print_exc()
             _say(f"error: {exc.brief()}")
             _say("(the worker's process or host is gone: run.max_restarts=N recreates the worker groups and "
-                 "resumes from the last checkpoint by itself; run.resume=auto resumes by hand)")
+                 "resumes from the last checkpoint by itself; run.resume=auto resumes by hand, or, with no checkpoint "
+                 "yet, run.overwrite=true starts over)")
             return EXIT_USER
         if exc.user_message is None:
             raise
