@@ -10,27 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from relayrl.cli import main as cli
 from relayrl.cli.boundary import EXIT_CONFIG, EXIT_USER
+from test_cli_errors import HINT, run  # (the same in-process runner)
 
 ROOT = Path(__file__).resolve().parents[2]
 SFT, GRPO = str(ROOT / "recipes" / "arith_sft.yaml"), str(ROOT / "recipes" / "arith_grpo.yaml")
 FAST = ["trainer.steps=2", "eval.every=0", "eval.size=8", "run.threads=1", "telemetry.sinks=[jsonl]"]
-HINT = "(--debug or RELAYRL_DEBUG=1 shows the traceback)"
 TRUNCATED = "model.safetensors is truncated or not a safetensors file"
 
 
 @pytest.fixture(autouse=True)
 def _no_debug_env(monkeypatch, one_torch_thread):
     monkeypatch.delenv("RELAYRL_DEBUG", raising=False)
-
-
-def run(capsys, *argv: str) -> tuple[int, str]:
-    """Exit code and stderr of ``relayrl ARGV``; asserts that no traceback was printed."""
-    code = cli.main(list(argv))
-    err = capsys.readouterr().err
-    assert "Traceback" not in err, err
-    return code, err
 
 
 @pytest.fixture()
