@@ -12,6 +12,14 @@ os.environ.setdefault("RELAYRL_CACHE", str(ROOT / ".cache" / "test-models"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def pytest_sessionstart(session) -> None:
+    """Create transformers' log handler now: made lazily inside a test that captures stderr (capsys), it would
+    keep writing to that test's closed stream in every later test of the process ("Logging error")."""
+    from transformers.utils import logging
+
+    logging.get_logger("transformers")
+
+
 @pytest.fixture(scope="session")
 def tiny_dir() -> Path:
     """Directory of a small tiny-model variant and the default tokenizer (built once, then reused)."""
