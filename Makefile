@@ -27,7 +27,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q $(TESTFLAGS)
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not ray and not multiproc and not multinode"
+	$(BIN)/python -m pytest -q $(TESTFLAGS) -m "not slow and not ray and not multiproc and not multinode"
 
 $(VENV)/.bench-installed: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'

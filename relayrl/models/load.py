@@ -83,8 +83,8 @@ def _check_safetensors(path: Path) -> None:
 
     for file in _safetensors_files(path):
         try:
-            with safe_open(str(file), framework="pt"):
-                pass
+            with safe_open(str(file), framework="pt") as f:
+                f.keys()  # the header: names, shapes and offsets
         except SafetensorError as e:
             raise ModelLoadError(f"model directory {path}: {file.name} is truncated or not a safetensors file "
                                  f"({e}); {_REFETCH}") from None
