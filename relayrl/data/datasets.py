@@ -77,7 +77,11 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
     A line that is not valid UTF-8 or JSON is yielded as a :class:`_BadRow`, so that every bad row is reported."""
     name = path.name
     with path.open("rb") as f:
-        head = f.read(64).removeprefix(b"\xef\xbb\xbf").lstrip()  # (a UTF-8 byte-order mark, as editors write)
+        head = f.read(64)
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise DatasetError(f"{name}: the file is UTF-16 text (it starts with a UTF-16 byte-order mark); save it as "
+                           f"UTF-8 (e.g. iconv -f UTF-16 -t UTF-8 {name} > {path.stem}.utf8{path.suffix})")
+    head = head.removeprefix(b"\xef\xbb\xbf").lstrip()  # (a UTF-8 byte-order mark, as editors write)
     if head.startswith(b"["):
         try:
             rows = json.loads(path.read_text(encoding="utf-8-sig"))

@@ -221,3 +221,10 @@ def test_a_byte_order_mark_is_read_past(tmp_path):
     assert [p.answer for p in load_problems(DatasetConfig(path=f))] == ["2"]
     f.write_bytes(b"\xef\xbb\xbf" + json.dumps([{"prompt": "1+1=", "answer": "2"}]).encode())
     assert [p.answer for p in load_problems(DatasetConfig(path=f))] == ["2"]
+
+
+def test_a_utf16_file_is_named_as_such_once(tmp_path):
+    f = tmp_path / "w.jsonl"
+    f.write_bytes(json.dumps({"prompt": "1+1=", "answer": "2"}).encode("utf-16"))  # (with its BOM)
+    with pytest.raises(DatasetError, match=r"w.jsonl: the file is UTF-16 text .* save it as UTF-8"):
+        load_problems(DatasetConfig(path=f))
