@@ -211,6 +211,19 @@ def test_debug_flag_and_env_show_the_traceback(capsys, tmp_path, monkeypatch):
     run(capsys, "plot", str(tmp_path))
 
 
+def test_a_lost_worker_says_how_to_go_on_with_or_without_a_checkpoint(capsys, monkeypatch, tmp_path):
+    import relayrl.telemetry.plots as plots
+    from relayrl.cluster.errors import WorkerError
+
+    def lost(*args, **kwargs):
+        raise WorkerError("actor", 0, "update", "rank process died", lost=True)
+
+    monkeypatch.setattr(plots, "plot_run", lost)
+    code, err = run(capsys, "plot", str(tmp_path))
+    assert code == EXIT_USER and "rank process died" in err
+    assert "run.resume=auto resumes by hand, or, with no checkpoint yet, run.overwrite=true starts over" in err
+
+
 def test_internal_errors_keep_their_traceback(monkeypatch, tmp_path):
     import relayrl.telemetry.plots as plots
 
