@@ -77,12 +77,16 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig, *, trainable: tuple[torc
     (e.g. a critic's value head). Returns the ``peft.PeftModel`` around ``model`` (for saving the adapter);
     ``model`` itself keeps its class, and is what the engine trains. Raises :class:`LoraError` for targets
     the model cannot take (see the module docstring)."""
+    import warnings
+
     import peft
 
     _check_targets(model, cfg)
-    wrapped = peft.get_peft_model(model, peft.LoraConfig(
-        r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules),
-        bias="none"))
+    with warnings.catch_warnings():  # peft reads transformers' deprecated attribute: noise in every LoRA run
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        wrapped = peft.get_peft_model(model, peft.LoraConfig(
+            r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules),
+            bias="none"))
     for m in trainable:
         m.requires_grad_(True)
     return wrapped
