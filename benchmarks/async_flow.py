@@ -33,6 +33,10 @@ Run it with::
 
     .venv/bin/python benchmarks/async_flow.py               # 30 steps per mode (~20 min on 2 cores)
     .venv/bin/python benchmarks/async_flow.py --steps 100   # the accuracy comparison (~45 min)
+
+``--rounds K`` cuts every mode's steps into K rounds and runs the modes' rounds in turn, each round resuming
+its mode's checkpoint (resume is exact: the same samples and weights as one run), so that a machine that
+speeds up or slows down during the run does so for every mode alike.
 """
 
 from __future__ import annotations
@@ -136,10 +140,13 @@ def demo_models(seed: int) -> Path:
         "trainer.steps=300", "eval.every=0", "eval.size=50", "rollout.max_new_tokens=48", "reward.verifier=exact"]))
 
 
-def run_mode(name: str, model: Path, out: Path, a: argparse.Namespace) -> dict:
+def run_mode(name: str, model: Path, out: Path, a: argparse.Namespace, upto: int, after: int) -> float:
+    """Train mode ``name`` from step ``after`` (0: a fresh run; else the checkpoint that its previous round
+    ended with) up to step ``upto``, in its own process. Returns the wall seconds."""
+    start = ["run.overwrite=true"] if after == 0 else [f"run.resume={out / name / 'checkpoints' / f'step-{after:06d}'}"]
     over = [
-        f"trainer.init_from={model}", f"run.dir={out / name}", f"run.seed={a.seed}", "run.overwrite=true",
-        f"trainer.steps={a.steps}", "eval.every=0", f"eval.size={a.eval_size}", "run.save_every=0",
+        f"trainer.init_from={model}", f"run.dir={out / name}", f"run.seed={a.seed}", *start,
+        f"trainer.steps={upto}", "eval.every=0", f"eval.size={a.eval_size}", "run.save_every=0",
         f"rollout.max_new_tokens={a.max_new_tokens}", f"data.prompts_per_step={a.prompts}", f"rollout.n={a.n}",
         "reward.verifier=user", "reward.user_fn=async_flow:subprocess_verifier",
         "telemetry.sinks=[jsonl]", f"model.device={a.device}",
@@ -157,14 +164,28 @@ def run_mode(name: str, model: Path, out: Path, a: argparse.Namespace) -> dict:
         over += a.extra.split(",")
     cmd = [sys.executable, "-m", "relayrl.cli.main", "train", str(REPO / "recipes" / "arith_grpo.yaml"), *over]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")])}
-    print(f"async_flow: {name} ({a.steps} steps) ...", flush=True)
+    print(f"async_flow: {name} (steps {after + 1}-{upto}) ...", flush=True)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"async_flow: {name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    wall = time.perf_counter() - t0
-    rows = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    steps = [r for r in rows if r.get("step", 0) > a.warmup and "perf/step_time_s" in r]
+    trained = {r["step"] for r in _metrics(out / name) if "perf/step_time_s" in r}
+    if trained != set(range(1, upto + 1)):
+        raise SystemExit(f"async_flow: {name}: after the round to step {upto}, {out / name}/metrics.jsonl has steps "
+                         f"{sorted(trained)[:5]}... ({len(trained)}), not 1..{upto}")
+    return time.perf_counter() - t0
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def summarize(name: str, out: Path, a: argparse.Namespace, starts: list[int], wall: float) -> dict:
+    """A mode's figures over its steps, leaving out the first ``--warmup`` steps of every round (a round
+    starts a fresh process)."""
+    rows = _metrics(out / name)
+    skip = {s + k for s in starts for k in range(a.warmup)}
+    steps = [r for r in rows if r.get("step", 0) >= 1 and r["step"] not in skip and "perf/step_time_s" in r]
     acc = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
     step_s = statistics.mean(r["perf/step_time_s"] for r in steps)
     tokens = sum(r["perf/tokens"] for r in steps)
@@ -179,6 +200,11 @@ def run_mode(name: str, model: Path, out: Path, a: argparse.Namespace) -> dict:
             "driver_bytes": max((r.get("dock/driver_bytes", 0) for r in steps), default=0.0),
             "staleness": statistics.mean(r.get("async/staleness_mean", 0.0) for r in steps),
             "multi_version": statistics.mean(r.get("async/multi_version_frac", 0.0) for r in steps)}
+
+
+def round_ends(steps: int, rounds: int) -> list[int]:
+    """The last step of each of ``rounds`` rounds of ``steps`` steps (as even as integers allow)."""
+    return [round(steps * (j + 1) / rounds) for j in range(rounds)]
 
 
 def scored_s(spans: Path, steps: set[int]) -> float:
@@ -198,7 +224,11 @@ def scored_s(spans: Path, steps: set[int]) -> float:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=2, help="steps left out of the averages")
+    p.add_argument("--warmup", type=int, default=2, help="steps left out of the averages (at the start of "
+                   "every round)")
+    p.add_argument("--rounds", type=int, default=1, help="cut every mode's steps into this many rounds and run "
+                   "the modes' rounds in turn (each round resumes its mode's checkpoint), so that the machine's "
+                   "drift over the run falls on every mode alike")
     p.add_argument("--prompts", type=int, default=8, help="prompt groups per step")
     p.add_argument("--n", type=int, default=8, help="responses per prompt")
     p.add_argument("--max-new-tokens", type=int, default=32)
@@ -220,19 +250,26 @@ def main(argv: list[str] | None = None) -> None:
             assert len(a.devices) == 2 and min(a.devices) >= 1
         except (ValueError, AssertionError):
             raise SystemExit(f"--devices {a.devices!r}: give two device counts >= 1, as R,T (e.g. 4,4)") from None
-    if a.steps <= a.warmup:
-        raise SystemExit(f"--steps ({a.steps}) must exceed --warmup ({a.warmup})")
+    if a.rounds < 1 or a.steps // a.rounds <= a.warmup:
+        raise SystemExit(f"--steps ({a.steps}) / --rounds ({a.rounds}) must exceed --warmup ({a.warmup}): every "
+                         f"round leaves out its first --warmup steps")
     model = demo_models(a.seed)
     res: dict[str, dict] = {}
     saved = Path(a.results) if a.results else None
     if saved is not None and saved.is_file():
         res = {r["mode"]: r for r in map(json.loads, saved.read_text().splitlines()) if r["mode"] in a.modes.split(",")}
+    todo = [m for m in a.modes.split(",") if m not in res]
+    for name in res:
+        print(f"async_flow: {name}: measured before, in {saved}", flush=True)
+    ends = round_ends(a.steps, a.rounds)
+    starts = [1] + [e + 1 for e in ends[:-1]]
     with tempfile.TemporaryDirectory(prefix="async_flow-") as tmp:
-        for name in a.modes.split(","):
-            if name in res:
-                print(f"async_flow: {name}: measured before, in {saved}", flush=True)
-                continue
-            res[name] = run_mode(name, model, Path(tmp), a)
+        wall = dict.fromkeys(todo, 0.0)
+        for after, upto in zip([0, *ends[:-1]], ends):
+            for name in todo:
+                wall[name] += run_mode(name, model, Path(tmp), a, upto, after)
+        for name in todo:
+            res[name] = summarize(name, Path(tmp), a, starts, wall[name])
             if saved is not None:
                 with saved.open("a") as f:
                     f.write(json.dumps(res[name]) + "\n")
