@@ -238,8 +238,9 @@ def main(argv: list[str] | None = None) -> None:
                    "on a CPU)")
     p.add_argument("--extra", default="", help="comma-separated config overrides for the split modes")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
-    p.add_argument("--results", default=None, help="a JSONL file: each finished mode's figures are appended to it, "
-                   "and modes already in it are not run again (a long run that stops keeps what it measured)")
+    p.add_argument("--results", default=None, help="a JSONL file: each mode's figures are appended to it once its "
+                   "last round is done, and modes already in it are not run again (a long run that stops keeps "
+                   "what it finished)")
     p.add_argument("--devices", default=None, metavar="R,T", help="R rollout and T trainer devices (a device is "
                    "cores / (R + T) threads on a CPU): the split modes get pools of R and T, sync-colocated R + T "
                    "ranks on one pool (default: one rank with every core colocated, 1 + 1 split)")
@@ -268,11 +269,11 @@ def main(argv: list[str] | None = None) -> None:
         for after, upto in zip([0, *ends[:-1]], ends):
             for name in todo:
                 wall[name] += run_mode(name, model, Path(tmp), a, upto, after)
-        for name in todo:
-            res[name] = summarize(name, Path(tmp), a, starts, wall[name])
-            if saved is not None:
-                with saved.open("a") as f:
-                    f.write(json.dumps(res[name]) + "\n")
+                if upto == a.steps:  # the mode's last round: its figures, kept at once
+                    res[name] = summarize(name, Path(tmp), a, starts, wall[name])
+                    if saved is not None:
+                        with saved.open("a") as f:
+                            f.write(json.dumps(res[name]) + "\n")
     print(f"\n{'mode':<22}{'step s':>8}{'TPSPD':>9}{'/colo':>7}{'acc %':>7}{'len':>6}{'clipped':>8}{'driver B':>9}"
           f"{'gen s':>7}{'reward s':>9}{'update s':>9}{'stale':>7}{'multi-v':>8}")
     colo = res.get("sync-colocated")
