@@ -576,7 +576,9 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
         else:
             metrics[f"{self.prefix}/nonfinite_grad"] = 1.0
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
+        with warnings.catch_warnings():  # a skipped first step still counts; torch would call it a misordering
+            warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)`", UserWarning)
+            self.scheduler.step()
         return metrics
 
 
