@@ -107,14 +107,11 @@ def _previous_run(run_dir: Path, resume: str) -> RunDirError | None:
         return None  # the run being continued
     ways = (f"choose a new run.dir (e.g. run.dir={run_dir}-2), or set run.overwrite=true to move the old run "
             f"aside (to {run_dir}.replaced-<time>)")
+    what = "a fresh run" if resume == "never" else f"a run resumed from another run's checkpoint ({resume})"
     if found:
         listed = ", ".join(found[-3:]) + (f" and {len(found) - 3} older" if len(found) > 3 else "")
-        what = "a fresh run" if resume == "never" else f"a run resumed from another run's checkpoint ({resume})"
-        return RunDirError(
-            f"run.dir={run_dir} already holds a run with checkpoints ({listed}); {what} there would mix "
-            f"the two. Resume it with run.resume=auto, choose a new run.dir (e.g. run.dir={run_dir}-2), or set "
-            f"run.overwrite=true to move the old run aside"
-        )
+        return RunDirError(f"run.dir={run_dir} already holds a run with checkpoints ({listed}); {what} there "
+                           f"would mix the two. Resume it with run.resume=auto, {ways}")
     traces = _traces(run_dir)
     if not traces:
         return None
@@ -122,7 +119,6 @@ def _previous_run(run_dir: Path, resume: str) -> RunDirError | None:
     if resume == "auto":
         return RunDirError(f"{held}, so run.resume=auto has nothing to resume, and starting over there would "
                            f"overwrite that run. To start over, {ways}")
-    what = "a fresh run" if resume == "never" else f"a run resumed from another run's checkpoint ({resume})"
     return RunDirError(f"{held}; {what} there would overwrite it. To keep it, {ways}")
 
 
