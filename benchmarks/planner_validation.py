@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     from relayrl.config.loader import load_config
     from relayrl.config.schema import Config
     from relayrl.planner.calibrate import _reward, calibrate
-    from relayrl.planner.cli import workload_from_config
+    from relayrl.planner.from_config import workload_from_config
     from relayrl.planner.profile import save_profile
     from relayrl.planner.simulate import simulate
 

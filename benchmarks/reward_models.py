@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from relayrl.config.loader import load_config
     from relayrl.config.schema import Config
-    from relayrl.workflows.grpo import train_grpo
+    from relayrl.workflows.registry import train_grpo
     from relayrl.workflows.rm import train_rm
 
     sft = a.sft or sft_model(a.seed)

@@ -18,6 +18,14 @@ import torch
 Tensor = torch.Tensor
 
 
+def pad_right(seqs, value: float = 0.0) -> Tensor:
+    """Stack 1-D tensors (a sequence of unpadded rows) into ``[B, max_len]``, padded on the right."""
+    width = max((int(s.numel()) for s in seqs), default=0)
+    if not seqs:
+        return torch.empty(0, 0)
+    return torch.stack([torch.nn.functional.pad(s, (0, width - s.numel()), value=value) for s in seqs])
+
+
 def group_index(group_ids: Tensor) -> tuple[Tensor, int]:
     """Dense index ``[N]`` in ``0..G-1`` for arbitrary group ids, and ``G``."""
     _, inverse = torch.unique(group_ids, return_inverse=True)

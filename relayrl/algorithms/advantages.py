@@ -1,4 +1,5 @@
-"""Advantage estimators for RL post-training, and one dispatch by config name.
+"""Advantage formulas for RL post-training: pure tensor functions. :mod:`relayrl.algorithms.estimators`
+binds each to a config name and declares what it needs.
 
 Implemented (config name -> paper):
 
@@ -34,10 +35,6 @@ Departures from the papers:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from dataclasses import dataclass
-
 import torch
 
 from relayrl.algorithms._checks import (
@@ -58,49 +55,6 @@ from relayrl.algorithms._ops import (
 )
 
 Tensor = torch.Tensor
-
-ESTIMATORS: tuple[str, ...] = (
-    "grpo",
-    "drgrpo",
-    "rloo",
-    "reinforce++",
-    "reinforce++-baseline",
-    "remax",
-    "gae",
-)
-
-
-@dataclass(frozen=True)
-class EstimatorNeeds:
-    """What an estimator needs from the rest of a step, so drivers and config checks ask this instead of
-    branching on estimator names.
-
-    Attributes:
-        values: per-token critic values (a critic group).
-        baseline: one greedy response per prompt, scored (ReMax's baseline).
-        token_level: per-token advantages from per-token rewards (a KL penalty in the reward applies).
-        group_relative: a group's advantages depend on that group alone, so a streaming step computes them
-            as each group arrives; False: whitened over the whole batch (computed once it is complete).
-        min_group: responses per prompt the estimator needs (2: a baseline from the other responses).
-    """
-
-    values: bool = False
-    baseline: bool = False
-    token_level: bool = False
-    group_relative: bool = True
-    min_group: int = 1
-
-
-NEEDS: dict[str, EstimatorNeeds] = {
-    "grpo": EstimatorNeeds(min_group=2),
-    "drgrpo": EstimatorNeeds(min_group=2),
-    "rloo": EstimatorNeeds(min_group=2),
-    "reinforce++": EstimatorNeeds(token_level=True, group_relative=False),
-    "reinforce++-baseline": EstimatorNeeds(token_level=True, group_relative=False, min_group=2),
-    "remax": EstimatorNeeds(baseline=True),
-    "gae": EstimatorNeeds(values=True, token_level=True, group_relative=False),
-}
-
 
 def _check_outcome(rewards: Tensor, group_ids: Tensor) -> None:
     check_nonempty("rewards", rewards)
@@ -271,91 +225,6 @@ def remax(rewards: Tensor, baseline_rewards: Tensor) -> Tensor:
     return (rewards.detach() - baseline_rewards.detach().to(rewards.dtype)).to(
         torch.promote_types(rewards.dtype, torch.float32)
     )
-
-
-def compute(
-    estimator: str,
-    *,
-    rewards: Tensor,
-    group_ids: Tensor,
-    mask: Tensor,
-    token_rewards: Tensor | None = None,
-    values: Tensor | None = None,
-    baseline_rewards: Tensor | None = None,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    normalize_std: bool = True,
-    eps: float = 1e-6,
-    whiten: bool = False,
-) -> Tensor:
-    """Advantages ``[B, T]`` by estimator name (one of :data:`ESTIMATORS`).
-
-    Outcome estimators (grpo, drgrpo, rloo, remax) broadcast the per-sequence
-    advantage over ``mask``. Token estimators use ``token_rewards`` when given,
-    else the outcome ``rewards`` placed on each row's last valid token.
-
-    Args:
-        estimator: config name.
-        rewards: ``[N]`` outcome reward per response (``N == B``).
-        group_ids: ``[N]`` prompt-group id per response.
-        mask: ``[B, T]`` valid response tokens.
-        token_rewards: ``[B, T]`` per-token rewards (reinforce++, gae).
-        values: ``[B, T]`` critic values (required by gae).
-        baseline_rewards: ``[N]`` greedy-rollout rewards (required by remax).
-        gamma, lam: discount and GAE lambda.
-        normalize_std: std division for grpo (drgrpo forces ``False``).
-        eps: std epsilon for grpo.
-        whiten: whiten GAE advantages over the batch (ignored by others).
-    """
-    fn = _DISPATCH.get(estimator)
-    if fn is None:
-        raise ValueError(
-            f"unknown advantage estimator {estimator!r}; valid names: {', '.join(ESTIMATORS)}"
-        )
-    check_nonempty("rewards", rewards)
-    check_rows("rewards", rewards, "mask", mask)
-    check_same_shape(mask=mask, token_rewards=token_rewards, values=values)
-    args = dict(
-        rewards=rewards, group_ids=group_ids, mask=mask, token_rewards=token_rewards,
-        values=values, baseline_rewards=baseline_rewards, gamma=gamma, lam=lam,
-        normalize_std=normalize_std, eps=eps, whiten=whiten,
-    )
-    return fn(**args)
-
-
-def _broadcast(adv: Tensor, mask: Tensor) -> Tensor:
-    return adv.unsqueeze(1) * as_float_mask(mask, adv)
-
-
-def _token_rewards(a: dict) -> Tensor:
-    if a["token_rewards"] is not None:
-        return a["token_rewards"]
-    return outcome_to_token_rewards(a["rewards"], a["mask"])
-
-
-def _need(a: dict, key: str, estimator: str) -> Tensor:
-    if a[key] is None:
-        raise ValueError(f"advantage estimator {estimator!r} needs {key}; pass {key}=...")
-    return a[key]
-
-
-_DISPATCH: dict[str, Callable[..., Tensor]] = {
-    "grpo": lambda **a: _broadcast(
-        grpo(a["rewards"], a["group_ids"], normalize_std=a["normalize_std"], eps=a["eps"]), a["mask"]
-    ),
-    "drgrpo": lambda **a: _broadcast(
-        grpo(a["rewards"], a["group_ids"], normalize_std=False, eps=a["eps"]), a["mask"]
-    ),
-    "rloo": lambda **a: _broadcast(rloo(a["rewards"], a["group_ids"]), a["mask"]),
-    "reinforce++": lambda **a: reinforce_pp(_token_rewards(a), a["mask"], gamma=a["gamma"]),
-    "reinforce++-baseline": lambda **a: reinforce_pp_baseline(a["rewards"], a["group_ids"], a["mask"]),
-    "remax": lambda **a: _broadcast(
-        remax(a["rewards"], _need(a, "baseline_rewards", "remax")), a["mask"]
-    ),
-    "gae": lambda **a: gae(
-        _token_rewards(a), _need(a, "values", "gae"), a["mask"], a["gamma"], a["lam"], whiten=a["whiten"]
-    )[0],
-}
 
 
 def _check_discount(name: str, x: float) -> None:

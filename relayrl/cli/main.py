@@ -8,7 +8,8 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+
+from relayrl.cli import argtypes
 
 __all__ = ["main"]
 
@@ -17,10 +18,9 @@ RECIPES = REPO / "recipes"
 
 
 def _load(recipe: str | None, overrides: list[str]):
-    from relayrl.config.loader import load_config
-    from relayrl.config.schema import Config
+    from relayrl.config.loader import load_run_config
 
-    return load_config(Config, recipe, overrides)
+    return load_run_config(recipe, overrides)
 
 
 def _run(cfg) -> Path:
@@ -31,21 +31,9 @@ def _run(cfg) -> Path:
 
 
 def _workflow(cfg) -> Path:
-    if cfg.workflow == "sft":
-        from relayrl.workflows.sft import train_sft
+    from relayrl.workflows.registry import train
 
-        return train_sft(cfg)
-    if cfg.workflow == "dpo":
-        from relayrl.workflows.dpo import train_dpo
-
-        return train_dpo(cfg)
-    if cfg.workflow == "rm":
-        from relayrl.workflows.rm import train_rm
-
-        return train_rm(cfg)
-    from relayrl.workflows.grpo import train_grpo
-
-    return train_grpo(cfg)
+    return train(cfg)
 
 
 def cmd_train(args) -> int:
@@ -212,47 +200,6 @@ def cmd_dock(args) -> int:
     return 0
 
 
-def _int_at_least(low: int) -> Callable[[str], int]:
-    """argparse type: an integer >= ``low``, refused with the bound otherwise."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{value} is not >= {low}")
-        return value
-
-    return parse
-
-
-def _port(text: str) -> int:
-    """argparse type: a TCP port, 0-65535 (0: any free one)."""
-    port = _int_at_least(0)(text)
-    if port > 65535:
-        raise argparse.ArgumentTypeError(f"{port} is not a port (0-65535)")
-    return port
-
-
-def _device(text: str) -> str:
-    """argparse type: auto, cpu, cuda or cuda:N (what torch accepts for the engines)."""
-    import re
-
-    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a device: give auto, cpu, cuda or cuda:N")
-    return text
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{value} is not >= 0")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="relayrl", description="RL post-training of LLMs as a distributed dataflow")
     p.add_argument("--debug", action="store_true", help="show the traceback of every error (also: RELAYRL_DEBUG=1)")
@@ -286,13 +233,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--prompt-key", default="prompt")
     e.add_argument("--answer-key", default="answer")
     e.add_argument("--verifier", default="math", choices=["math", "exact"], help="verifier for --data")
-    e.add_argument("--size", type=_int_at_least(1), default=200, help="prompts to evaluate")
-    e.add_argument("--k", type=_int_at_least(1), default=1,
+    e.add_argument("--size", type=argtypes.int_at_least(1), default=200, help="prompts to evaluate")
+    e.add_argument("--k", type=argtypes.int_at_least(1), default=1,
                    help="samples per prompt for pass@k / avg@k (1: greedy only)")
-    e.add_argument("--temperature", type=_non_negative_float, default=1.0, help="sampling temperature of the k samples")
-    e.add_argument("--max-new-tokens", type=_int_at_least(1), default=16)
+    e.add_argument("--temperature", type=argtypes.non_negative_float, default=1.0, help="sampling temperature of the k samples")
+    e.add_argument("--max-new-tokens", type=argtypes.int_at_least(1), default=16)
     e.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    e.add_argument("--device", type=_device, default="auto")
+    e.add_argument("--device", type=argtypes.device, default="auto")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--out", default="runs/eval", help="directory for eval.json and eval_samples.jsonl")
     e.set_defaults(fn=cmd_eval)
@@ -301,28 +248,28 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", parents=[common], help="OpenAI-compatible HTTP server over the native engine: relayrl serve MODEL_DIR")
     sv.add_argument("model_dir", help="local Hugging Face model directory")
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (not loopback: needs a bearer token)")
-    sv.add_argument("--port", type=_port, default=8000, help="0: any free port (printed at start)")
+    sv.add_argument("--port", type=argtypes.port, default=8000, help="0: any free port (printed at start)")
     sv.add_argument("--api-key-file", help="file holding the bearer token clients must send (or set RELAYRL_API_KEY)")
     sv.add_argument("--name", help="model name clients ask for (default: the directory's name)")
-    sv.add_argument("--max-batch", type=_int_at_least(1), default=64, help="sequences decoded together")
-    sv.add_argument("--max-tokens", type=_int_at_least(1), default=1024, help="largest max_tokens of a request")
-    sv.add_argument("--max-n", type=_int_at_least(1), default=16, help="largest n of a request")
-    sv.add_argument("--max-body-bytes", type=_int_at_least(1024), default=1 << 20, help="largest request body")
-    sv.add_argument("--max-waiting", type=_int_at_least(1), default=1024, help="queued requests before 503")
+    sv.add_argument("--max-batch", type=argtypes.int_at_least(1), default=64, help="sequences decoded together")
+    sv.add_argument("--max-tokens", type=argtypes.int_at_least(1), default=1024, help="largest max_tokens of a request")
+    sv.add_argument("--max-n", type=argtypes.int_at_least(1), default=16, help="largest n of a request")
+    sv.add_argument("--max-body-bytes", type=argtypes.int_at_least(1024), default=1 << 20, help="largest request body")
+    sv.add_argument("--max-waiting", type=argtypes.int_at_least(1), default=1024, help="queued requests before 503")
     sv.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    sv.add_argument("--device", type=_device, default="auto")
+    sv.add_argument("--device", type=argtypes.device, default="auto")
     sv.add_argument("--seed", type=int, default=0, help="seed of unseeded requests' sampling")
-    sv.add_argument("--threads", type=_int_at_least(0), default=0, help="torch CPU threads (0: all cores)")
+    sv.add_argument("--threads", type=argtypes.int_at_least(0), default=0, help="torch CPU threads (0: all cores)")
     sv.set_defaults(fn=cmd_serve)
 
     dk = sub.add_parser(
         "dock", parents=[common], help="the dock's service API (put prompts/experience, lease, ack, weight notices)")
     dk.add_argument("--host", default="127.0.0.1", help="address to bind (not loopback: needs a bearer token)")
-    dk.add_argument("--port", type=_port, default=8100, help="0: any free port (printed at start)")
+    dk.add_argument("--port", type=argtypes.port, default=8100, help="0: any free port (printed at start)")
     dk.add_argument("--api-key-file", help="file holding the bearer token clients must send (or set RELAYRL_API_KEY)")
-    dk.add_argument("--units", type=_int_at_least(1), default=1, help="storage units")
-    dk.add_argument("--lease-s", type=_non_negative_float, default=60.0, help="seconds before a lease is re-delivered")
-    dk.add_argument("--max-body-bytes", type=_int_at_least(1024), default=256 << 20, help="largest put")
+    dk.add_argument("--units", type=argtypes.int_at_least(1), default=1, help="storage units")
+    dk.add_argument("--lease-s", type=argtypes.non_negative_float, default=60.0, help="seconds before a lease is re-delivered")
+    dk.add_argument("--max-body-bytes", type=argtypes.int_at_least(1024), default=256 << 20, help="largest put")
     dk.set_defaults(fn=cmd_dock)
 
     pl = sub.add_parser(

@@ -22,7 +22,8 @@ from pydantic import BaseModel, ValidationError
 
 from relayrl.errors import UserError
 
-__all__ = ["ConfigError", "load_recipe_dict", "apply_overrides", "validate", "load_config", "field_errors"]
+__all__ = ["ConfigError", "load_recipe_dict", "apply_overrides", "validate", "load_config", "load_run_config",
+           "field_errors"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -181,3 +182,11 @@ def load_config(model: type[M], recipe: str | Path | None, overrides: Sequence[s
     """Recipe (or the defaults when ``recipe`` is None) + overrides, validated into ``model``."""
     data = load_recipe_dict(recipe) if recipe is not None else {}
     return validate(model, apply_overrides(data, overrides))
+
+
+def load_run_config(recipe: str | Path | None, overrides: Sequence[str] = ()):
+    """A run's :class:`~relayrl.config.schema.Config` from a recipe and dotted overrides (what ``relayrl train``
+    and ``relayrl plan`` read)."""
+    from relayrl.config.schema import Config
+
+    return load_config(Config, recipe, overrides)

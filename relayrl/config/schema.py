@@ -12,7 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from relayrl.algorithms.advantages import ESTIMATORS, NEEDS
+from relayrl.algorithms.estimators import ESTIMATORS
+from relayrl.config.plan import rollout_pool
 from relayrl.algorithms.losses import AGG_MODES
 from relayrl.cluster import ClusterConfig
 from relayrl.dock.config import DockConfig
@@ -229,18 +230,19 @@ class AlgorithmConfig(_Section):
             raise ValueError(f"algorithm.advantage={self.advantage!r} is not one of {', '.join(ESTIMATORS)}")
         if self.loss_agg not in AGG_MODES:
             raise ValueError(f"algorithm.loss_agg={self.loss_agg!r} is not one of {', '.join(AGG_MODES)}")
-        if self.kl_in_reward and self.advantage not in ("reinforce++", "gae"):
+        est = ESTIMATORS[self.advantage]
+        if self.kl_in_reward and not est.reads_token_rewards:
+            readers = " or ".join(n for n, e in ESTIMATORS.items() if e.reads_token_rewards)
             raise ValueError(f"algorithm.kl_in_reward=true puts the KL into per-token rewards, which only the "
-                             f"token-level estimators read; set algorithm.advantage=reinforce++ or gae (got "
+                             f"token-level estimators read; set algorithm.advantage={readers} (got "
                              f"{self.advantage!r}) or use the KL as a loss term (kl_in_reward=false)")
         if self.kl_in_reward and self.kl_coef == 0:
             raise ValueError("algorithm.kl_in_reward=true needs algorithm.kl_coef > 0")
-        if self.lam != 1.0 and self.advantage != "gae":
-            raise ValueError(f"algorithm.lam={self.lam} is GAE's lambda, which only advantage=gae uses; "
-                             f"{self.advantage!r} ignores it: set algorithm.lam=1.0")
-        if self.gamma != 1.0 and self.advantage not in ("reinforce++", "gae"):
-            raise ValueError(f"algorithm.gamma={self.gamma} discounts token returns, which only advantage=reinforce++ "
-                             f"and gae compute; {self.advantage!r} ignores it: set algorithm.gamma=1.0")
+        for key, what in (("lam", "GAE's lambda"), ("gamma", "the discount of token returns")):
+            if getattr(self, key) != 1.0 and key not in est.params:
+                users = " and ".join(n for n, e in ESTIMATORS.items() if key in e.params)
+                raise ValueError(f"algorithm.{key}={getattr(self, key)} is {what}, which only advantage={users} "
+                                 f"uses; {self.advantage!r} ignores it: set algorithm.{key}=1.0")
         if self.tis_cap is not None and self.old_logprobs == "rollout":
             raise ValueError("algorithm.tis_cap weighs pi_old / mu with mu the rollout's log-probs; with "
                              "old_logprobs=rollout that ratio is 1. Use old_logprobs=auto or recompute")
@@ -390,7 +392,7 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _cross(self) -> "Config":
-        if self.workflow == "grpo" and NEEDS[self.algorithm.advantage].min_group > self.rollout.n:
+        if self.workflow == "grpo" and ESTIMATORS[self.algorithm.advantage].min_group > self.rollout.n:
             raise ValueError(f"rollout.n={self.rollout.n}: group advantages ({self.algorithm.advantage}) need "
                              f"rollout.n >= 2 responses per prompt")
         if self.workflow == "grpo" and self.rollout.temperature == 0 and self.rollout.n > 1:
@@ -491,20 +493,19 @@ def _check_env(self: Config) -> None:
     if a.overlong_shaping:
         raise ValueError("algorithm.overlong_shaping penalises a response's length against rollout.max_new_tokens; "
                          "an episode's length is bounded by env.max_tokens instead: drop overlong_shaping")
-    if NEEDS[a.advantage].baseline:
-        raise ValueError(f"algorithm.advantage={a.advantage} needs a greedy single-turn baseline; use grpo, "
-                         f"drgrpo, rloo, reinforce++ or gae with env.name")
+    if ESTIMATORS[a.advantage].baseline:
+        others = ", ".join(n for n, e in ESTIMATORS.items() if not e.baseline)
+        raise ValueError(f"algorithm.advantage={a.advantage} needs a greedy single-turn baseline; use one of "
+                         f"{others} with env.name")
 
 
 def offpolicy_placement(cfg: "Config") -> "Config":
-    """``cfg`` with the rollout on a pool of its own when ``trainer.off_policy_steps`` asks for rollouts that
-    run ahead and the placement names none: a pool ``rollout`` of one device; otherwise ``cfg``."""
-    pl = cfg.placement
-    if not cfg.trainer.off_policy_steps or pl.split:
+    """``cfg`` with the rollout on the pool its step plan gives it (off-policy rollouts run ahead on a pool of
+    their own: :func:`relayrl.config.plan.rollout_pool`); ``cfg`` itself when that is its placement."""
+    rollout, pools = rollout_pool(cfg)
+    if rollout == cfg.placement.rollout:
         return cfg
-    name = "rollout" if "rollout" not in pl.pools else "rollout_ahead"
-    placed = pl.model_copy(update={"pools": {**pl.pools, name: 1}, "rollout": name})
-    return cfg.model_copy(update={"placement": placed})
+    return cfg.model_copy(update={"placement": cfg.placement.model_copy(update={"pools": pools, "rollout": rollout})})
 
 
 def _check_placement(self: Config) -> None:

@@ -11,21 +11,17 @@ Python values and CPU/GPU tensors, so ``torch.save`` can write it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from .dock import Dock
 
 STATE_VERSION = 1
 
 
-def partition_state(dock: "Dock", name: str) -> dict[str, Any]:
-    """Snapshot of partition ``name`` (see module docstring)."""
-    part = dock._part(name)
-    with dock._lock:
-        stages = dict(dock._stages)
+def partition_state(name: str, part: Any, stages: Mapping[str, Any],
+                    read: Callable[[str, np.ndarray], list]) -> dict[str, Any]:
+    """Snapshot of partition ``name`` (see module docstring): ``part`` is its record, ``stages`` the dock's
+    stage controllers, ``read(column, rows)`` the values of ``rows`` of a column from the storage units."""
     with part.lock:
         allocated = part.allocated
         present = {c: p.copy() for c, p in part.present.items()}
@@ -36,7 +32,7 @@ def partition_state(dock: "Dock", name: str) -> dict[str, Any]:
     for c, p in present.items():
         rows = keep[p[keep]]
         if len(rows):
-            data[c] = {"indexes": rows.tolist(), "values": dock._plane.read(part.gen, [c], rows, part.owner[rows], part.schemas)[c]}
+            data[c] = {"indexes": rows.tolist(), "values": read(c, rows)}
     return {
         "version": STATE_VERSION,
         "name": name,
@@ -57,21 +53,10 @@ def partition_state(dock: "Dock", name: str) -> dict[str, Any]:
     }
 
 
-def restore_partition(dock: "Dock", state: Mapping[str, Any]) -> None:
-    """Re-open the partition described by ``state`` in ``dock`` (which must not have it open)."""
+def check_state(state: Mapping[str, Any]) -> None:
+    """Refuse a state that :func:`partition_state` did not make (a missing key, another version)."""
     for key in ("version", "name", "rows", "group_size", "allocated", "data", "stages"):
         if key not in state:
             raise KeyError(f"load_state_dict: state has no {key!r}; it was not made by Dock.state_dict")
     if state["version"] != STATE_VERSION:
         raise ValueError(f"load_state_dict: state version {state['version']} is not {STATE_VERSION}")
-    name = state["name"]
-    dock.open_partition(name, state["rows"], group_size=state["group_size"], columns=state["columns"])
-    for stage, spec in state["stages"].items():
-        dock.register_stage(stage, spec["columns"], whole_groups=spec["whole_groups"], token_columns=spec["token_columns"])
-    part = dock._part(name)
-    with part.lock:
-        part.allocated = int(state["allocated"])
-    for stage, spec in state["stages"].items():
-        dock._stages[stage].set_acked(part.gen, np.asarray(spec["acked"], dtype=np.int64))
-    for column, cell in state["data"].items():
-        dock.put(name, {column: cell["values"]}, indexes=cell["indexes"])

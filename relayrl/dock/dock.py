@@ -51,6 +51,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from .checkpoint import check_state, partition_state
 from .columns import ColumnSchema
 from .config import DockConfig, DockError, PartitionClosedError, StageSpec
 from .controller import StageController
@@ -526,11 +527,24 @@ class Dock:
 
     # --- checkpoints (see checkpoint.py) ----------------------------------------------
     def state_dict(self, partition: str) -> dict[str, Any]:
-        from .checkpoint import partition_state
-
-        return partition_state(self, partition)
+        part = self._part(partition)
+        with self._lock:
+            stages = dict(self._stages)
+        return partition_state(partition, part, stages, lambda c, rows: self._plane.read(
+            part.gen, [c], rows, part.owner[rows], part.schemas)[c])
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        from .checkpoint import restore_partition
-
-        restore_partition(self, state)
+        """Re-open the partition ``state`` describes (this dock must not have it open)."""
+        check_state(state)
+        name = state["name"]
+        self.open_partition(name, state["rows"], group_size=state["group_size"], columns=state["columns"])
+        for stage, spec in state["stages"].items():
+            self.register_stage(stage, spec["columns"], whole_groups=spec["whole_groups"],
+                                token_columns=spec["token_columns"])
+        part = self._part(name)
+        with part.lock:
+            part.allocated = int(state["allocated"])
+        for stage, spec in state["stages"].items():
+            self._stages[stage].set_acked(part.gen, np.asarray(spec["acked"], dtype=np.int64))
+        for column, cell in state["data"].items():
+            self.put(name, {column: cell["values"]}, indexes=cell["indexes"])

@@ -18,12 +18,18 @@ from __future__ import annotations
 
 import heapq
 import uuid
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import Iterator, Protocol, Sequence
 
 import torch
 
-if TYPE_CHECKING:
-    from .dock import Dock
+class Dock(Protocol):
+    """What batches and loaders ask of the dock (:class:`relayrl.dock.dock.Dock`, which imports this module)."""
+
+    def acquire(self, partition: str, stage: str, **kwargs) -> "Batch | None": ...
+
+    def release(self, consumer_id: str) -> int: ...
+
+    def _ack(self, partition: str, gen: int, stage: str | None, lease: int, indexes: list[int]) -> int: ...
 
 
 def balance_shards(weights: Sequence[int], sizes: Sequence[int], k: int) -> list[list[int]]:

@@ -40,7 +40,7 @@ import torch
 
 from relayrl.planner.profile import Affine, DecodeCost, DeviceProfile, Overhead, PathCost, Profile, RewardCost
 
-__all__ = ["calibrate", "measure_lengths", "cores"]
+__all__ = ["calibrate", "cores"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -316,7 +316,7 @@ def _overhead(profile: Profile, log: Callable[[str], None]) -> Overhead:
     per-step cost what remains of the measured step."""
     from relayrl.config.loader import load_config
     from relayrl.config.schema import Config
-    from relayrl.planner.cli import workload_from_config
+    from relayrl.planner.from_config import workload_from_config
     from relayrl.planner.simulate import simulate
 
     paths = {}
@@ -374,19 +374,3 @@ def calibrate(model_dir: str | None = None, *, reward_fn: str = "task", reps: in
         profile = profile.model_copy(update={"overhead": _overhead(profile, log)})
     log(f"relayrl plan: calibrated in {time.perf_counter() - t0:.0f} s")
     return profile
-
-
-def measure_lengths(model_dir: str, prompts: list[list[int]], n: int, max_new_tokens: int, *,
-                    temperature: float = 1.0, seed: int = 0, threads: int | None = None) -> list[int]:
-    """Response lengths of ``model_dir`` on ``prompts`` (``n`` samples each): the empirical length distribution
-    of a workload (:class:`relayrl.planner.workload.LengthDist`)."""
-    from relayrl.engines.generation.base import SamplingParams
-    from relayrl.engines.generation.native import NativeGenerationEngine
-    from relayrl.models.load import load_model, load_tokenizer
-
-    if threads:
-        torch.set_num_threads(threads)
-    eng = NativeGenerationEngine(load_model(model_dir), load_tokenizer(model_dir), device="cpu")
-    out = eng.generate(prompts, SamplingParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature),
-                       generator=torch.Generator().manual_seed(seed))
-    return [len(c.token_ids) for c in out]

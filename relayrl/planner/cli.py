@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from relayrl.planner.profile import Profile, load_profile, save_profile
-from relayrl.planner.workload import LatencyDist, LengthDist, ModelShape, Workload
+from relayrl.planner.from_config import workload_from_config
 
 __all__ = ["add_parser", "cmd_plan", "workload_from_config"]
 
@@ -22,7 +22,7 @@ PROFILES = Path(__file__).resolve().parent / "profiles"
 
 
 def add_parser(sub, common) -> None:
-    from relayrl.cli.main import _int_at_least
+    from relayrl.cli.argtypes import int_at_least
 
     p = sub.add_parser("plan", parents=[common], help="calibrate a hardware profile (--profile), or rank placements "
                        "and step modes of a recipe on N devices by predicted throughput")
@@ -34,12 +34,12 @@ def add_parser(sub, common) -> None:
     p.add_argument("--reward-fn", default="task", help="--profile: reward function to time (module:function)")
     p.add_argument("--no-overhead", action="store_true", help="--profile: skip the short runs of each driver "
                    "path that measure what the path adds (faster; predictions then leave it out)")
-    p.add_argument("--devices", type=_int_at_least(1), help="devices to plan for (GPUs, or on a CPU profile shares of the cores)")
+    p.add_argument("--devices", type=int_at_least(1), help="devices to plan for (GPUs, or on a CPU profile shares of the cores)")
     p.add_argument("--hardware", default=None, help=f"profile file to plan with (default: {DEFAULT_PROFILE}; a "
                    f"name in relayrl/planner/profiles, e.g. h100_7b)")
     p.add_argument("--model-config", help="a Hugging Face config.json for the model's shape, when the recipe's "
                    "model is not on this machine (e.g. relayrl/planner/profiles/qwen2_7b_config.json)")
-    p.add_argument("--prompt-tokens", type=_int_at_least(1), default=None, help="prompt length in tokens (default: measured "
+    p.add_argument("--prompt-tokens", type=int_at_least(1), default=None, help="prompt length in tokens (default: measured "
                    "from the recipe's task and tokenizer)")
     p.add_argument("--lengths", default=None, help="response lengths: 'measure' (sample the recipe's model), "
                    "'max' (every response hits rollout.max_new_tokens), or 'mixture:SHORT,P_LONG,LONG_MEAN' "
@@ -47,7 +47,7 @@ def add_parser(sub, common) -> None:
     p.add_argument("--reward-latency", default="0,0", help="outside latency per scored response, uniform "
                    "LOW,HIGH seconds")
     p.add_argument("--no-offpolicy", action="store_true", help="leave the off-policy modes out of the search")
-    p.add_argument("--top", type=_int_at_least(1), default=12, help="rows of the table")
+    p.add_argument("--top", type=int_at_least(1), default=12, help="rows of the table")
     p.set_defaults(fn=cmd_plan)
 
 
@@ -58,90 +58,6 @@ def _hardware(arg: str | None) -> Profile:
         if cand.is_file():
             return load_profile(cand)
     return load_profile(arg)  # raises, naming how to make one
-
-
-def _model_dir(cfg) -> str | None:
-    if cfg.trainer.init_from:
-        return cfg.trainer.init_from
-    if cfg.model.path:
-        return cfg.model.path
-    if cfg.model.tiny.shape == "tiny":
-        from relayrl.models.tiny import build_tiny
-
-        return str(build_tiny(cfg.model.tiny, verbose=False))
-    return None
-
-
-def _lengths(spec: str, cfg, model_dir: str | None, prompts: list[list[int]] | None) -> LengthDist:
-    cap = cfg.rollout.max_new_tokens
-    if spec == "max":
-        return LengthDist(kind="mixture", short=cap, max_new_tokens=cap)
-    if spec.startswith("mixture:"):
-        try:
-            short, p_long, mean = spec.split(":", 1)[1].split(",")
-            return LengthDist(kind="mixture", short=int(short), p_long=float(p_long), long_mean=float(mean),
-                              max_new_tokens=cap)
-        except ValueError:
-            raise ValueError(f"--lengths {spec!r}: write mixture:SHORT,P_LONG,LONG_MEAN, e.g. mixture:4,0.25,24") from None
-    if spec == "measure":
-        if model_dir is None or prompts is None:
-            raise ValueError("--lengths measure samples the recipe's model, which is not on this machine: give "
-                             "--lengths max or --lengths mixture:SHORT,P_LONG,LONG_MEAN")
-        from relayrl.planner.calibrate import measure_lengths
-
-        return LengthDist(kind="empirical", max_new_tokens=cap, samples=tuple(
-            measure_lengths(model_dir, prompts, cfg.rollout.n, cap, temperature=cfg.rollout.temperature or 1.0)))
-    raise ValueError(f"--lengths {spec!r}: one of measure, max, mixture:SHORT,P_LONG,LONG_MEAN")
-
-
-def workload_from_config(cfg, *, model_config: str | None = None, prompt_tokens: int | None = None,
-                         lengths: str | None = None, reward_latency: tuple[float, float] = (0.0, 0.0),
-                         measure_prompts: int = 16) -> Workload:
-    """The :class:`Workload` of a GRPO recipe: batch shape from the config, the model's shape from its
-    directory (or ``model_config``), prompt tokens and response lengths measured from the task and model when
-    they are on this machine."""
-    if cfg.workflow != "grpo":
-        raise ValueError(f"relayrl plan plans GRPO steps (workflow grpo), not workflow {cfg.workflow}")
-    model_dir = None if model_config else _model_dir(cfg)
-    if model_config:
-        from transformers import AutoConfig
-
-        data = json.loads(Path(model_config).read_text())
-        shape = ModelShape.from_hf_config(AutoConfig.for_model(**data), dtype=cfg.model.dtype)
-    elif model_dir:
-        from transformers import AutoConfig
-
-        if not (Path(model_dir) / "config.json").is_file():
-            raise ValueError(f"model directory {model_dir} (trainer.init_from or model.path) has no config.json; "
-                             f"give the model's directory, or --model-config CONFIG.json for its shape")
-        shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(model_dir, local_files_only=True),
-                                          dtype=cfg.model.dtype)
-    else:
-        raise ValueError("the recipe's model is not on this machine: give --model-config CONFIG.json for its shape")
-    prompts = None
-    if model_dir and cfg.data.task:
-        import random
-
-        from relayrl.data.datasets import encode_prompt
-        from relayrl.data.tasks import make_task
-        from relayrl.models.load import load_tokenizer
-
-        task = make_task(cfg.data.task, **cfg.data.task_options)
-        tok = load_tokenizer(model_dir)
-        rng = random.Random(cfg.run.seed)
-        prompts = [encode_prompt(tok, task.sample(rng)) for _ in range(measure_prompts)]
-    if prompt_tokens is None:
-        if prompts is None:
-            raise ValueError("the prompt length cannot be measured without the recipe's task and tokenizer: give "
-                             "--prompt-tokens N")
-        prompt_tokens = round(sum(map(len, prompts)) / len(prompts))
-    spec = lengths or ("measure" if model_dir and prompts else "max")
-    return Workload(prompts=cfg.data.prompts_per_step, n=cfg.rollout.n, prompt_tokens=prompt_tokens,
-                    lengths=_lengths(spec, cfg, model_dir, prompts),
-                    reward_latency=LatencyDist(low_s=reward_latency[0], high_s=reward_latency[1]), model=shape,
-                    token_budget=cfg.engine.token_budget, stream_groups=cfg.trainer.stream_groups,
-                    dp_sync=cfg.engine.dp_sync,
-                    kl=cfg.algorithm.kl_coef > 0)
 
 
 def cmd_plan(args) -> int:
@@ -166,10 +82,10 @@ def cmd_plan(args) -> int:
     except ValueError:
         raise ConfigError(f"relayrl plan: --reward-latency {args.reward_latency!r}: write LOW,HIGH seconds, e.g. "
                           f"0.02,0.2") from None
-    from relayrl.cli.main import _load
+    from relayrl.config.loader import load_run_config
     from relayrl.planner.search import candidates, format_plan, rank
 
-    cfg = _load(args.recipe, args.overrides)
+    cfg = load_run_config(args.recipe, args.overrides)
     try:
         prof = _hardware(args.hardware)
         w = workload_from_config(cfg, model_config=args.model_config, prompt_tokens=args.prompt_tokens,

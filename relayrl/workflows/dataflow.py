@@ -54,7 +54,6 @@ from typing import Callable
 
 import torch
 
-from relayrl.algorithms import advantages as adv_lib
 from relayrl.algorithms.dapo import dynamic_sampling_filter
 from relayrl.cluster import ClusterConfig, ResourcePool, make_group
 from relayrl.config.schema import Config, available_devices
@@ -66,17 +65,11 @@ from relayrl.workflows.grpo import GRPOWorkflow, sample_metrics
 from relayrl.workflows.episodes import log_episode_errors
 from relayrl.workflows.relay import relay_weights
 
-__all__ = ["DataflowGRPO", "Flow", "uses_dataflow"]
+__all__ = ["DataflowGRPO", "Flow"]
 
 # worker-group methods whose arguments or results are weights or checkpoints, not samples
 _NOT_SAMPLES = frozenset({"named_weights", "update_weights", "receive_weights", "share_weights", "state",
                           "load_state", "param_shapes", "save_pretrained", "rng_state", "set_rng_state"})
-
-
-def uses_dataflow(cfg: Config) -> bool:
-    """Whether a GRPO run takes the streaming dataflow (a role placed off the default, periodic mode, or
-    off-policy, whose workflow extends this one)."""
-    return cfg.placement.custom or cfg.trainer.mode == "periodic" or cfg.trainer.off_policy_steps > 0
 
 
 def placed_config(cfg: Config) -> Config:
@@ -162,7 +155,6 @@ class DataflowGRPO(GRPOWorkflow):
         self._pools: dict[str, ResourcePool] = {}
         super().__init__(cfg)
         a = cfg.algorithm
-        self.needs = adv_lib.NEEDS[a.advantage]
         scorer = dict(reward=self.s.reward, tokenizer=self.s.tokenizer, algorithm=a, shape=self._shaped)
         if pl.reward == "driver":  # threads of the driver: calls run concurrently, beside every pool's turns
             worker = ScoreWorker(**scorer)
@@ -171,12 +163,8 @@ class DataflowGRPO(GRPOWorkflow):
             self.scorer = make_group(cfg.cluster.model_copy(update={"in_process": True}), ScoreWorker,
                                      self._pool(pl.reward), "scorer", init_kwargs=scorer)
             self._score = self.scorer.one
-        # Periodic accumulation is one optimizer step per batch. With several (mini-batches, epochs) or a
-        # batch-whitened estimator (advantages exist only once the batch is complete) the forward-only stages
-        # still stream per group, and the update waits for the whole batch, exactly as in sync mode.
-        t = cfg.trainer
-        self.periodic = (t.mode == "periodic" or t.off_policy_steps > 0) and t.mini_batches == 1 and t.epochs == 1 and self.needs.group_relative \
-            and self.critic is None
+        # accumulate per arriving group (periodic, off-policy) or update on the whole batch: the plan decides
+        self.periodic = self.plan.update == "accumulate"
 
     # ------------------------------------------------------------ placement
     def _pool(self, name: str) -> ResourcePool:
@@ -225,7 +213,7 @@ class DataflowGRPO(GRPOWorkflow):
         problems = self.s.prompts.take(P)
         part = f"step-{step}"
         # dynamic sampling: room for every resample round (the rows not needed are retired)
-        groups = P * (1 + a.max_resample_rounds) if a.dynamic_sampling else P
+        groups = P * (1 + a.max_resample_rounds) if self.plan.group_filter else P
         self.dock.open_partition(part, rows=groups * n, group_size=n)
         return Flow(self.dock, part, step, {"problems": problems, "infos": [], "scores": [], "rewards": [],
                                             "metrics": {}, "update": {}, "kl": {}, "rounds": 0, "judged": 0,
@@ -234,7 +222,7 @@ class DataflowGRPO(GRPOWorkflow):
 
     def produce_stages(self) -> dict[str, Callable[[Flow], None]]:
         """The stages that fill a partition: generation and the reward (and ReMax's baseline reward)."""
-        return {"sample": self.sample, "score": self.score, **({"baseline": self.baseline} if self.needs.baseline
+        return {"sample": self.sample, "score": self.score, **({"baseline": self.baseline} if self.plan.baseline
                                                                else {})}
 
     def consume_stages(self) -> dict[str, Callable[[Flow], None]]:
@@ -283,7 +271,7 @@ class DataflowGRPO(GRPOWorkflow):
             while True:
                 self._generate(f, todo)
                 st["rounds"] += 1
-                if not a.dynamic_sampling or f.stop.is_set():
+                if not self.plan.group_filter or f.stop.is_set():
                     break
                 with st["scored"]:  # every group of the round scored: kept or dropped (or the flow stopped)
                     while not st["scored"].wait_for(lambda: f.stop.is_set() or st["judged"] == len(st["problems"]),
@@ -295,9 +283,9 @@ class DataflowGRPO(GRPOWorkflow):
                 first = len(st["problems"])
                 st["problems"] += self.s.prompts.take(need)
                 todo = list(range(first, first + need))
-            if self.needs.baseline and not f.stop.is_set():  # ReMax: a greedy response per kept prompt
+            if self.plan.baseline and not f.stop.is_set():  # ReMax: a greedy response per kept prompt
                 self._generate(f, [g for g in range(len(st["problems"])) if g not in st["dropped"]], baseline=True)
-        if a.dynamic_sampling and not f.stop.is_set():
+        if self.plan.group_filter and not f.stop.is_set():
             self.dock.retire(f.part)  # the rounds that were not needed
         f.generated.set()
 
@@ -390,7 +378,7 @@ class DataflowGRPO(GRPOWorkflow):
         groups = torch.tensor([g for g, got in done for _ in got])
         scores = torch.tensor([sr[0] for _, got in done for _, sr in got], dtype=torch.float32)
         rewards = [sr[1] for _, got in done for _, sr in got]
-        keep = dynamic_sampling_filter(scores, groups)[0].tolist() if self.cfg.algorithm.dynamic_sampling \
+        keep = dynamic_sampling_filter(scores, groups)[0].tolist() if self.plan.group_filter \
             else [True] * len(rows)
         kept = [i for i, k in enumerate(keep) if k]
         if kept:
@@ -421,7 +409,7 @@ class DataflowGRPO(GRPOWorkflow):
     def _pass(self, f: Flow, stage: str, group, span: str, method: str, *args) -> None:
         """A forward-only stage: each ready batch of groups -> ``method`` on every rank -> receipts published.
         With dynamic sampling it waits for a group's rewards too (a dropped group never gets them)."""
-        cols = ["prompt_ids", "response_ids", "group"] + (["rewards"] if self.cfg.algorithm.dynamic_sampling else [])
+        cols = ["prompt_ids", "response_ids", "group"] + (["rewards"] if self.plan.group_filter else [])
         gate = self._device_gate(group, f)
         rows = None if gate is not None else self.sampling.n * self.cfg.trainer.stream_groups
         for b in f.leases(stage, cols, batch_rows=rows, after=gate):
@@ -444,9 +432,9 @@ class DataflowGRPO(GRPOWorkflow):
         a = self.cfg.algorithm
         cols = ["rewards", "response_ids", "group"] + (["gen_logprobs", "ref_logprobs"] if a.kl_in_reward and
                                                        self.ref is not None else []) \
-            + (["values"] if self.needs.values else []) + (["baseline"] if self.needs.baseline else []) \
+            + (["values"] if self.plan.estimator.values else []) + (["baseline"] if self.plan.baseline else []) \
             + (["loss_mask"] if self.episodes is not None else [])
-        rows = self.sampling.n * self.cfg.trainer.stream_groups if self.needs.group_relative else None
+        rows = self.sampling.n * self.cfg.trainer.stream_groups if self.plan.estimator.group_relative else None
         for b in f.leases("advantages", cols, batch_rows=rows):
             with self.s.span("advantage", "driver", f.step):
                 receipt, kl = self._score("advantages_into", self.dock.reader(f.part, b.indexes, cols),
@@ -527,7 +515,7 @@ class DataflowGRPO(GRPOWorkflow):
         scores, rewards = torch.tensor(st["scores"]), torch.tensor(st["rewards"])
         m: dict[str, float] = {k: sum(v * w for v, w in vs) / max(1, sum(w for _, w in vs))
                                for k, vs in st["metrics"].items()}
-        if a.dynamic_sampling:  # the same record as the synchronous loop's
+        if self.plan.group_filter:  # the same record as the synchronous loop's
             m.update({"dapo/dropped_groups": float(len(st["dropped"])), "dapo/sampled_groups": float(st["judged"]),
                       "dapo/rounds": float(st["rounds"]),
                       "dapo/missing_prompts": float(max(0, self.cfg.data.prompts_per_step - st["kept"]))})

@@ -2,8 +2,10 @@
 values, reference log-probs, baselines) into per-token advantages.
 
 A pure function over unpadded rows, so the synchronous loop calls it on the whole batch and the streaming
-dataflow calls it on each prompt group as it arrives (estimators whose ``NEEDS[...].group_relative`` is
-true) or once on the complete batch (batch-whitened estimators: GAE, REINFORCE++).
+dataflow calls it on each prompt group as it arrives (estimators that are ``group_relative``) or once on
+the complete batch (batch-whitened ones). It knows no estimator by name: the registered
+:class:`~relayrl.algorithms.estimators.Estimator` says what it reads. In a training step the advantages of
+estimators with a critic are whitened over the batch, as PPO implementations do.
 
 Multi-turn episodes (``loss_masks`` given): every estimator runs on the model's tokens only. Each row is
 squeezed to the tokens its loss mask keeps (the environment's tokens are skipped, not zero-reward steps),
@@ -18,9 +20,10 @@ from typing import Sequence
 
 import torch
 
-from relayrl.algorithms import advantages as adv_lib
+from relayrl.algorithms._ops import pad_right
+from relayrl.algorithms.advantages import outcome_to_token_rewards
+from relayrl.algorithms.estimators import EstimatorInputs, estimator
 from relayrl.algorithms.kl import kl_penalty_rewards
-from relayrl.engines.training.torch_engine import pad_right
 
 __all__ = ["advantage_rows"]
 
@@ -54,21 +57,18 @@ def advantage_rows(a, rewards: torch.Tensor, lengths: Sequence[int], groups: tor
     token_rewards, kl_metrics = None, {}
     if a.kl_in_reward and ref_logprobs is not None:
         token_rewards, kl_metrics = kl_penalty_rewards(
-            adv_lib.outcome_to_token_rewards(rewards, mask), pad_right(gen_logprobs), pad_right(ref_logprobs),
+            outcome_to_token_rewards(rewards, mask), pad_right(gen_logprobs), pad_right(ref_logprobs),
             mask, a.kl_coef, kind=a.kl_kind)
+    est = estimator(a.advantage)
+    out = est(EstimatorInputs(rewards, groups, mask, token_rewards=token_rewards,
+                              values=pad_right(values) if values is not None else None, baseline=baseline,
+                              gamma=a.gamma, lam=a.lam, normalize_std=a.normalize_std, whiten=est.values))
 
     def rows(x: torch.Tensor) -> list[torch.Tensor]:
         return [x[i, :L].float() for i, L in enumerate(lengths)]
 
-    if adv_lib.NEEDS[a.advantage].values:  # whitened over the batch, as PPO implementations do
-        if token_rewards is None:
-            token_rewards = adv_lib.outcome_to_token_rewards(rewards, mask)
-        adv, returns = adv_lib.gae(token_rewards, pad_right(values), mask, a.gamma, a.lam, whiten=True)
-        return {"advantages": rows(adv), "returns": rows(returns)}, kl_metrics
-    adv = adv_lib.compute(a.advantage, rewards=rewards, group_ids=groups, mask=mask, token_rewards=token_rewards,
-                          baseline_rewards=baseline, gamma=a.gamma,
-                          normalize_std=a.normalize_std and a.advantage != "drgrpo")
-    return {"advantages": rows(adv)}, kl_metrics
+    return {"advantages": rows(out.advantages),
+            **({"returns": rows(out.returns)} if out.returns is not None else {})}, kl_metrics
 
 
 def _unsqueeze(row: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:

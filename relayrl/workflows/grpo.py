@@ -45,10 +45,10 @@ from typing import NamedTuple
 
 import torch
 
-from relayrl.algorithms import advantages as adv_lib
 from relayrl.algorithms.dapo import dynamic_sampling_filter, overlong_penalty
 from relayrl.checkpoint import CheckpointError
 from relayrl.cluster import ClusterConfig, ResourcePool, make_group
+from relayrl.config.plan import step_plan
 from relayrl.config.schema import Config
 from relayrl.dock import Dock
 from relayrl.engines.generation.base import Completion, SamplingParams
@@ -62,7 +62,7 @@ from relayrl.workflows.session import Session
 from relayrl.workflows.workers import (CriticWorker, PolicyWorker, ReferenceWorker, RolloutWorker, collective,
                                        generate, restore_rollout_rng, role_precision, rollout_rng)
 
-__all__ = ["GRPOWorkflow", "train_grpo"]
+__all__ = ["GRPOWorkflow"]
 
 KEY_METRICS = ("reward/mean", "eval/accuracy", "response/length_mean", "actor/entropy", "perf/step_time_s")
 
@@ -75,7 +75,9 @@ class GRPOWorkflow:
 
     def __init__(self, cfg: Config, session: Session | None = None) -> None:
         self.cfg = cfg
+        self.plan = plan = step_plan(cfg)
         self.s = s = session or Session(cfg)
+        s.log(f"relayrl: {plan.describe()}" + "".join(f"\nrelayrl: {n}" for n in plan.notes))
         m, a = cfg.model, cfg.algorithm
         common = dict(device=m.device, attn_implementation=m.attn_implementation, threads=cfg.run.threads)
         prec = role_precision(m, cfg.rollout)
@@ -83,12 +85,12 @@ class GRPOWorkflow:
         updates = cfg.trainer.steps * cfg.trainer.mini_batches * cfg.trainer.epochs
         # tri-model (seed 003 section 4.1): the actor holds the reference in its own layout and computes the
         # reference log-probs inside its update's micro-steps; there is no reference group
-        self.tri_model = cfg.trainer.tri_model
+        self.tri_model = plan.tri_model
         self.actor = make_group(cfg.cluster, self.policy_cls, s.pool, "actor", init_kwargs=dict(
             model_path=path, engine=cfg.engine, total_steps=updates, seed=cfg.run.seed, tri_model=self.tri_model,
             lora=m.lora, **prec["trained"], **common))
         self.critic = None
-        if adv_lib.NEEDS[a.advantage].values:  # PPO: a critic from the same network, with its own optimizer settings
+        if "critic" in plan.roles:  # PPO: a critic from the same network, with its own optimizer settings
             self.critic = make_group(cfg.cluster, self.critic_cls, self._critic_pool(s.pool), "critic", init_kwargs=dict(
                 model_path=path, engine=cfg.engine.model_copy(update={"optim": cfg.critic.optim}), total_steps=updates,
                 seed=cfg.run.seed, lora=m.lora, **prec["trained"], **common))
@@ -97,7 +99,7 @@ class GRPOWorkflow:
             model_path=path, max_batch=cfg.rollout.max_batch, seed=cfg.run.seed, decode=cfg.rollout.decode,
             remote=cfg.rollout.remote(), **prec["rollout"], **common))
         self.ref = None
-        if a.kl_coef > 0 and not self.tri_model:
+        if "reference" in plan.roles:
             self.ref = make_group(cfg.cluster, self.reference_cls, self._reference_pool(s.pool), "reference",
                                   init_kwargs=dict(model_path=path, engine=cfg.engine, **prec["frozen"], **common))
         if cfg.cluster.backend == "ray":  # say where each role landed (a multi-node run places them by pool)
@@ -123,8 +125,7 @@ class GRPOWorkflow:
         # pi_old is the trainer's weights before it, which the update's own forward pass computes (detached):
         # the same numbers without a second pass, also off-policy, where pi_old is the trainer's weights and
         # not the stale rollout's, and for truncated importance weights min(pi_old / mu, cap).
-        self.recompute_old = a.old_logprobs == "recompute" or (a.old_logprobs == "auto" and (
-            cfg.trainer.epochs * cfg.trainer.mini_batches > 1))
+        self.recompute_old = plan.recompute_old
         self._kl_metrics: dict[str, float] = {}  # KL-in-reward metrics of the current step
         self._phase_metrics: dict[str, float] = {}  # memory/<phase>_peak_gb and timing/offload_s of the step
         self.offload = cfg.trainer.offload
@@ -330,13 +331,13 @@ class GRPOWorkflow:
             if rounds == 0:
                 metrics.update(rmetrics)
             keep = list(range(len(batch_problems)))
-            if a.dynamic_sampling:
+            if self.plan.group_filter:
                 groups = torch.tensor([c.prompt_index for c in new])
                 mask, _ = dynamic_sampling_filter(torch.tensor(new_scores, dtype=torch.float32), groups)
                 keep = sorted({c.prompt_index for c, k in zip(new, mask.tolist()) if k})
                 dropped += len(batch_problems) - len(keep)
             seen_groups += len(batch_problems)
-            if adv_lib.NEEDS[a.advantage].baseline and keep:  # ReMax: only for the prompts kept
+            if self.plan.baseline and keep:  # ReMax: only for the prompts kept
                 base = self._greedy_baseline(step, [batch_problems[i] for i in keep])
                 base = {old: base[j] for j, old in enumerate(keep)}
             remap = {old: len(problems) + j for j, old in enumerate(keep)}
@@ -344,11 +345,11 @@ class GRPOWorkflow:
                 if c.prompt_index in remap:
                     comps.append(_reindex(c, remap[c.prompt_index]))
                     scores.append(sc)
-                    if adv_lib.NEEDS[a.advantage].baseline:
+                    if self.plan.baseline:
                         baselines.append(base[c.prompt_index])
             problems += [batch_problems[i] for i in keep]
             rounds += 1
-            if not a.dynamic_sampling or rounds > a.max_resample_rounds:
+            if not self.plan.group_filter or rounds > a.max_resample_rounds:
                 break
         # After max_resample_rounds the batch may hold fewer prompt groups than data.prompts_per_step: say so.
         metrics.update({"dapo/dropped_groups": float(dropped), "dapo/sampled_groups": float(seen_groups),
@@ -385,7 +386,7 @@ class GRPOWorkflow:
                    comps: list[Completion]) -> dict[str, list[torch.Tensor]]:
         """Per-token ``advantages`` (unpadded rows) from the configured estimator; with GAE also the critic's
         targets, ``returns``."""
-        a, needs = self.cfg.algorithm, adv_lib.NEEDS[self.cfg.algorithm.advantage]
+        a, needs = self.cfg.algorithm, self.plan.estimator
         cols = (["gen_logprobs", "ref_logprobs"] if a.kl_in_reward and self.ref is not None else []) \
             + (["values"] if needs.values else []) + (["baseline"] if needs.baseline else [])
         got = self.dock.get(part, idx, cols) if cols else {}
@@ -528,17 +529,3 @@ def _loss_masks(comps: list[Completion]) -> list[torch.Tensor] | None:
 
 def _reindex(c: Completion, prompt_index: int) -> Completion:
     return replace(c, prompt_index=prompt_index)
-
-
-def train_grpo(cfg: Config) -> Path:
-    """Run GRPO/DAPO (synchronous, periodic, or k-step off-policy with ``trainer.off_policy_steps``); returns
-    the model dir."""
-    if cfg.trainer.off_policy_steps > 0:
-        from relayrl.workflows.offpolicy import OffPolicyGRPO
-
-        return OffPolicyGRPO(cfg).run()
-    from relayrl.workflows.dataflow import DataflowGRPO, uses_dataflow
-
-    if uses_dataflow(cfg):
-        return DataflowGRPO(cfg).run()
-    return GRPOWorkflow(cfg).run()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from relayrl.algorithms import advantages as A
+from relayrl.algorithms import estimators as E
 
 
 def gae_loop(r, v, m, gamma, lam):
@@ -124,29 +125,29 @@ def test_reinforce_pp_baseline_and_remax():
     tokens = torch.tensor([0.5, 0.5, -0.5, -0.5, -0.5, 0.0], dtype=torch.float64)
     expected = (tokens - tokens.mean()) / (tokens.std() + 1e-8)
     torch.testing.assert_close(adv[m.bool()], expected)
-    rm = A.compute("remax", rewards=rewards, group_ids=gids, mask=m, baseline_rewards=torch.tensor([0.5, 0.5, 3.0], dtype=torch.float64))
+    rm = E.compute("remax", rewards=rewards, group_ids=gids, mask=m, baseline_rewards=torch.tensor([0.5, 0.5, 3.0], dtype=torch.float64))
     torch.testing.assert_close(rm, torch.tensor([[0.5, 0.5, 0], [-0.5, -0.5, -0.5], [0, 0, 0]], dtype=torch.float64))
 
 
 def test_compute_dispatch_broadcasts_and_validates():
     m = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.float32)
     rewards, gids = torch.tensor([1.0, 0.0]), torch.tensor([3, 3])
-    out = A.compute("drgrpo", rewards=rewards, group_ids=gids, mask=m)
+    out = E.compute("drgrpo", rewards=rewards, group_ids=gids, mask=m)
     torch.testing.assert_close(out, torch.tensor([[0.5, 0.5, 0.0], [-0.5, -0.5, -0.5]]))
-    out = A.compute("grpo", rewards=rewards, group_ids=gids, mask=m)
+    out = E.compute("grpo", rewards=rewards, group_ids=gids, mask=m)
     assert out.shape == m.shape and out[0, 2] == 0
-    for name in A.ESTIMATORS:
+    for name in E.ESTIMATORS:
         kw = {"values": torch.zeros(2, 3), "baseline_rewards": torch.zeros(2)}
-        res = A.compute(name, rewards=rewards, group_ids=gids, mask=m, **kw)
+        res = E.compute(name, rewards=rewards, group_ids=gids, mask=m, **kw)
         assert res.shape == (2, 3) and torch.isfinite(res).all(), name
-    gae_adv = A.compute("gae", rewards=rewards, group_ids=gids, mask=m, values=torch.zeros(2, 3))
+    gae_adv = E.compute("gae", rewards=rewards, group_ids=gids, mask=m, values=torch.zeros(2, 3))
     torch.testing.assert_close(gae_adv, torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]))
     with pytest.raises(ValueError, match="grpo, drgrpo, rloo"):
-        A.compute("ppo2", rewards=rewards, group_ids=gids, mask=m)
+        E.compute("ppo2", rewards=rewards, group_ids=gids, mask=m)
     with pytest.raises(ValueError, match="baseline_rewards"):
-        A.compute("remax", rewards=rewards, group_ids=gids, mask=m)
+        E.compute("remax", rewards=rewards, group_ids=gids, mask=m)
     with pytest.raises(ValueError, match="values"):
-        A.compute("gae", rewards=rewards, group_ids=gids, mask=m)
+        E.compute("gae", rewards=rewards, group_ids=gids, mask=m)
 
 
 def test_errors_name_shapes_and_empty_batch():
@@ -159,7 +160,7 @@ def test_errors_name_shapes_and_empty_batch():
     with pytest.raises(ValueError, match="empty batch"):
         A.gae(torch.zeros(0, 3), torch.zeros(0, 3), torch.ones(0, 3), 1.0, 1.0)
     with pytest.raises(ValueError, match="mask"):
-        A.compute("grpo", rewards=torch.zeros(3), group_ids=torch.zeros(3, dtype=torch.long), mask=torch.ones(2, 4))
+        E.compute("grpo", rewards=torch.zeros(3), group_ids=torch.zeros(3, dtype=torch.long), mask=torch.ones(2, 4))
     with pytest.raises(ValueError, match="gamma"):
         A.gae(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), 1.5, 1.0)
 

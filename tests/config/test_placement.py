@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from relayrl.config.schema import Config
-from relayrl.workflows.dataflow import uses_dataflow
+from relayrl.config.plan import step_plan
 
 SPLIT = {"placement": {"pools": {"gen": 1}, "rollout": "gen"}}
 
@@ -25,10 +25,10 @@ def refused(data: dict, *words: str) -> None:
 
 
 def test_default_is_colocated_sync_and_split_or_periodic_take_the_dataflow():
-    assert not uses_dataflow(validate({}))
-    assert uses_dataflow(validate(SPLIT))
-    assert uses_dataflow(validate({**SPLIT, "trainer": {"mode": "periodic"}}))
-    assert uses_dataflow(validate({"placement": {"reward": "main"}}))  # no silent ignore
+    assert not step_plan(validate({})).streaming
+    assert step_plan(validate(SPLIT)).streaming
+    assert step_plan(validate({**SPLIT, "trainer": {"mode": "periodic"}})).streaming
+    assert step_plan(validate({"placement": {"reward": "main"}})).streaming  # no silent ignore
 
 
 def test_refusals_name_the_key_and_the_fix():
@@ -56,7 +56,7 @@ def test_off_policy_takes_the_dataflow_with_the_rollout_on_its_own_pool():
     from relayrl.config.schema import offpolicy_placement
 
     cfg = validate({"trainer": {"off_policy_steps": 1}, "rollout": {"partial": True}})
-    assert uses_dataflow(cfg)
+    assert step_plan(cfg).streaming
     placed = offpolicy_placement(cfg)
     assert placed.placement.split and placed.placement.pools == {"rollout": 1}
     named = validate({**SPLIT, "trainer": {"off_policy_steps": 2}})
@@ -67,18 +67,18 @@ def test_dynamic_sampling_and_remax_run_on_the_dataflow():
     for extra in ({"trainer": {"mode": "periodic"}}, {"trainer": {"off_policy_steps": 1}}):
         for algo in ({"dynamic_sampling": True}, {"advantage": "remax"}):
             cfg = validate({**SPLIT, **extra, "algorithm": algo})
-            assert uses_dataflow(cfg)
+            assert step_plan(cfg).streaming
 
 
 def test_per_sample_scoring_runs_on_the_dataflow():
     for extra in (SPLIT, {"trainer": {"off_policy_steps": 1}}):
         cfg = validate({**extra, "reward": {"stream": "sample"}})
-        assert uses_dataflow(cfg) and cfg.reward.stream == "sample"
+        assert step_plan(cfg).streaming and cfg.reward.stream == "sample"
 
 
 def test_tri_model_with_kl_is_accepted():
     cfg = validate({"trainer": {"tri_model": True}, "algorithm": {"kl_coef": 0.05}})
-    assert cfg.trainer.tri_model and not uses_dataflow(cfg)
+    assert cfg.trainer.tri_model and not step_plan(cfg).streaming
 
 
 def test_cpu_ranks_share_the_cores_even_where_a_gpu_exists(monkeypatch):

@@ -592,9 +592,3 @@ def with_loss_mask(f: Forward, fields: dict[str, torch.Tensor]) -> Forward:
         raise ValueError(f"{LOSS_MASK_FIELD} is {tuple(lm.shape)}, the response mask {tuple(f.mask.shape)}: the field "
                          f"must have one value per response token")
     return f._replace(mask=f.mask * lm.to(f.mask.dtype))
-
-
-def pad_right(seqs: Sequence[torch.Tensor], value: float = 0.0) -> torch.Tensor:
-    """Stack 1-D tensors into [B, max_len], padded on the right."""
-    width = max((int(s.numel()) for s in seqs), default=0)
-    return torch.stack([F.pad(s, (0, width - s.numel()), value=value) for s in seqs]) if seqs else torch.empty(0, 0)

@@ -1,0 +1,54 @@
+"""Advantage estimators by config name (``algorithm.advantage``): a registry of small records
+(:class:`~relayrl.algorithms.estimators.base.Estimator`) that declare what they need and compute.
+
+Adding an estimator that needs only rewards: a file here defining
+``MINE = Estimator("mine", lambda x: Advantages(broadcast(my_formula(x.rewards, x.group_ids), x.mask)), paper=...)``
+and its line in ``ESTIMATORS`` below; the config accepts ``algorithm.advantage=mine`` and every step mode
+runs it (``docs/algorithms.md`` shows it whole).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from relayrl.algorithms._checks import check_nonempty, check_rows, check_same_shape
+from relayrl.algorithms.estimators.base import Advantages, Estimator, EstimatorInputs
+from relayrl.algorithms.estimators.gae import GAE
+from relayrl.algorithms.estimators.grpo import DRGRPO, GRPO
+from relayrl.algorithms.estimators.reinforce import REINFORCE_PP, REINFORCE_PP_BASELINE
+from relayrl.algorithms.estimators.remax import REMAX
+from relayrl.algorithms.estimators.rloo import RLOO
+
+__all__ = ["ESTIMATORS", "Advantages", "Estimator", "EstimatorInputs", "compute", "estimator"]
+
+ESTIMATORS: dict[str, Estimator] = {e.name: e for e in (
+    GRPO,
+    DRGRPO,
+    RLOO,
+    REINFORCE_PP,
+    REINFORCE_PP_BASELINE,
+    REMAX,
+    GAE,
+)}
+
+
+def estimator(name: str) -> Estimator:
+    """The estimator registered as ``name``; a ValueError lists the valid names."""
+    try:
+        return ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(f"unknown advantage estimator {name!r}; valid names: {', '.join(ESTIMATORS)}") from None
+
+
+def compute(name: str, *, rewards: torch.Tensor, group_ids: torch.Tensor, mask: torch.Tensor,
+            token_rewards: torch.Tensor | None = None, values: torch.Tensor | None = None,
+            baseline_rewards: torch.Tensor | None = None, gamma: float = 1.0, lam: float = 1.0,
+            normalize_std: bool = True, eps: float = 1e-6, whiten: bool = False) -> torch.Tensor:
+    """Advantages ``[B, T]`` of estimator ``name`` (shapes as in :class:`EstimatorInputs`); GAE's returns are
+    dropped (call the estimator itself for them)."""
+    est = estimator(name)
+    check_nonempty("rewards", rewards)
+    check_rows("rewards", rewards, "mask", mask)
+    check_same_shape(mask=mask, token_rewards=token_rewards, values=values)
+    return est(EstimatorInputs(rewards, group_ids, mask, token_rewards, values, baseline_rewards, gamma, lam,
+                               normalize_std, eps, whiten)).advantages

@@ -1,0 +1,96 @@
+"""What an advantage estimator is to the rest of relayrl: a small frozen record that says what it needs and
+computes, so the pipeline and the config checks ask it instead of branching on estimator names.
+
+The formulas themselves are pure functions in :mod:`relayrl.algorithms.advantages`; an estimator binds one of
+them to the inputs a step has (:class:`EstimatorInputs`) and declares:
+
+* ``values``: it reads per-token critic values, so the step runs a critic (PPO);
+* ``baseline``: it reads the reward of one greedy response per prompt, so the step generates and scores one
+  (ReMax);
+* ``reads_token_rewards``: its advantages come from per-token rewards, so a KL penalty in the reward
+  applies (``algorithm.kl_in_reward``);
+* ``group_relative``: a group's advantages depend on that group alone, so a streaming step computes them as
+  each group arrives; otherwise they are whitened over the whole batch and wait for it;
+* ``min_group``: responses per prompt it needs (2: a baseline from the other responses);
+* ``params``: the ``algorithm`` keys it reads besides the rewards (``gamma``, ``lam``, ``normalize_std``), so
+  a value set for an estimator that ignores it is refused when the config loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import torch
+
+Tensor = torch.Tensor
+
+__all__ = ["Advantages", "Estimator", "EstimatorInputs", "broadcast", "token_rewards"]
+
+
+@dataclass(frozen=True)
+class EstimatorInputs:
+    """One batch of responses in the padded ``[B, T]`` response-token layout (``N == B`` responses)."""
+
+    rewards: Tensor
+    """``[N]`` outcome reward per response."""
+    group_ids: Tensor
+    """``[N]`` integer prompt-group id per response."""
+    mask: Tensor
+    """``[B, T]`` 1 on valid response tokens."""
+    token_rewards: Tensor | None = None
+    """``[B, T]`` per-token rewards (the outcome at the last token minus a KL penalty); read only by
+    estimators with ``reads_token_rewards``."""
+    values: Tensor | None = None
+    """``[B, T]`` critic values ``V(s_t)`` (``values=True`` estimators)."""
+    baseline: Tensor | None = None
+    """``[N]`` reward of the greedy response to each response's prompt (``baseline=True`` estimators)."""
+    gamma: float = 1.0
+    lam: float = 1.0
+    normalize_std: bool = True
+    eps: float = 1e-6
+    whiten: bool = False
+    """GAE: whiten the advantages over the batch's valid tokens (as PPO implementations do in training)."""
+
+
+class Advantages(NamedTuple):
+    advantages: Tensor
+    """``[B, T]``, 0 at masked positions."""
+    returns: Tensor | None = None
+    """``[B, T]`` the critic's regression targets (estimators with ``values=True``)."""
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """An advantage estimator: a config name, what it needs (module docstring) and ``fn``."""
+
+    name: str
+    fn: Callable[[EstimatorInputs], Advantages]
+    paper: str
+    values: bool = False
+    baseline: bool = False
+    reads_token_rewards: bool = False
+    group_relative: bool = True
+    min_group: int = 1
+    params: frozenset[str] = frozenset()
+
+    def __call__(self, x: EstimatorInputs) -> Advantages:
+        if self.values and x.values is None:
+            raise ValueError(f"advantage estimator {self.name!r} needs values; pass values=...")
+        if self.baseline and x.baseline is None:
+            raise ValueError(f"advantage estimator {self.name!r} needs baseline_rewards; pass baseline_rewards=...")
+        return self.fn(x)
+
+
+def broadcast(adv: Tensor, mask: Tensor) -> Tensor:
+    """A per-response advantage ``[N]`` on every valid token of its row ``[N, T]``."""
+    from relayrl.algorithms._checks import as_float_mask
+
+    return adv.unsqueeze(1) * as_float_mask(mask, adv)
+
+
+def token_rewards(x: EstimatorInputs) -> Tensor:
+    """The per-token rewards of ``x``, or each outcome reward on its row's last valid token."""
+    from relayrl.algorithms.advantages import outcome_to_token_rewards
+
+    return x.token_rewards if x.token_rewards is not None else outcome_to_token_rewards(x.rewards, x.mask)

@@ -1,0 +1,49 @@
+"""argparse types of relayrl's commands: each turns a bad value into a one-line error naming it."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+__all__ = ["int_at_least", "port", "device", "non_negative_float"]
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """argparse type: an integer >= ``low``, refused with the bound otherwise."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is not >= {low}")
+        return value
+
+    return parse
+
+
+def port(text: str) -> int:
+    """argparse type: a TCP port, 0-65535 (0: any free one)."""
+    port = int_at_least(0)(text)
+    if port > 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port (0-65535)")
+    return port
+
+
+def device(text: str) -> str:
+    """argparse type: auto, cpu, cuda or cuda:N (what torch accepts for the engines)."""
+    import re
+
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device: give auto, cpu, cuda or cuda:N")
+    return text
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not >= 0")
+    return value

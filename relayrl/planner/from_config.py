@@ -1,0 +1,111 @@
+"""A recipe's :class:`~relayrl.planner.workload.Workload`: the batch shape from its config, the model's shape
+from its config file, response lengths given or measured by generating from the run's model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from relayrl.planner.workload import LatencyDist, LengthDist, ModelShape, Workload
+
+__all__ = ["workload_from_config", "measure_lengths"]
+
+
+def _model_dir(cfg) -> str | None:
+    if cfg.trainer.init_from:
+        return cfg.trainer.init_from
+    if cfg.model.path:
+        return cfg.model.path
+    if cfg.model.tiny.shape == "tiny":
+        from relayrl.models.tiny import build_tiny
+
+        return str(build_tiny(cfg.model.tiny, verbose=False))
+    return None
+
+
+def _lengths(spec: str, cfg, model_dir: str | None, prompts: list[list[int]] | None) -> LengthDist:
+    cap = cfg.rollout.max_new_tokens
+    if spec == "max":
+        return LengthDist(kind="mixture", short=cap, max_new_tokens=cap)
+    if spec.startswith("mixture:"):
+        try:
+            short, p_long, mean = spec.split(":", 1)[1].split(",")
+            return LengthDist(kind="mixture", short=int(short), p_long=float(p_long), long_mean=float(mean),
+                              max_new_tokens=cap)
+        except ValueError:
+            raise ValueError(f"--lengths {spec!r}: write mixture:SHORT,P_LONG,LONG_MEAN, e.g. mixture:4,0.25,24") from None
+    if spec == "measure":
+        if model_dir is None or prompts is None:
+            raise ValueError("--lengths measure samples the recipe's model, which is not on this machine: give "
+                             "--lengths max or --lengths mixture:SHORT,P_LONG,LONG_MEAN")
+        return LengthDist(kind="empirical", max_new_tokens=cap, samples=tuple(
+            measure_lengths(model_dir, prompts, cfg.rollout.n, cap, temperature=cfg.rollout.temperature or 1.0)))
+    raise ValueError(f"--lengths {spec!r}: one of measure, max, mixture:SHORT,P_LONG,LONG_MEAN")
+
+
+def workload_from_config(cfg, *, model_config: str | None = None, prompt_tokens: int | None = None,
+                         lengths: str | None = None, reward_latency: tuple[float, float] = (0.0, 0.0),
+                         measure_prompts: int = 16) -> Workload:
+    """The :class:`Workload` of a GRPO recipe: batch shape from the config, the model's shape from its
+    directory (or ``model_config``), prompt tokens and response lengths measured from the task and model when
+    they are on this machine."""
+    if cfg.workflow != "grpo":
+        raise ValueError(f"relayrl plan plans GRPO steps (workflow grpo), not workflow {cfg.workflow}")
+    model_dir = None if model_config else _model_dir(cfg)
+    if model_config:
+        from transformers import AutoConfig
+
+        data = json.loads(Path(model_config).read_text())
+        shape = ModelShape.from_hf_config(AutoConfig.for_model(**data), dtype=cfg.model.dtype)
+    elif model_dir:
+        from transformers import AutoConfig
+
+        if not (Path(model_dir) / "config.json").is_file():
+            raise ValueError(f"model directory {model_dir} (trainer.init_from or model.path) has no config.json; "
+                             f"give the model's directory, or --model-config CONFIG.json for its shape")
+        shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(model_dir, local_files_only=True),
+                                          dtype=cfg.model.dtype)
+    else:
+        raise ValueError("the recipe's model is not on this machine: give --model-config CONFIG.json for its shape")
+    prompts = None
+    if model_dir and cfg.data.task:
+        import random
+
+        from relayrl.data.datasets import encode_prompt
+        from relayrl.data.tasks import make_task
+        from relayrl.models.load import load_tokenizer
+
+        task = make_task(cfg.data.task, **cfg.data.task_options)
+        tok = load_tokenizer(model_dir)
+        rng = random.Random(cfg.run.seed)
+        prompts = [encode_prompt(tok, task.sample(rng)) for _ in range(measure_prompts)]
+    if prompt_tokens is None:
+        if prompts is None:
+            raise ValueError("the prompt length cannot be measured without the recipe's task and tokenizer: give "
+                             "--prompt-tokens N")
+        prompt_tokens = round(sum(map(len, prompts)) / len(prompts))
+    spec = lengths or ("measure" if model_dir and prompts else "max")
+    return Workload(prompts=cfg.data.prompts_per_step, n=cfg.rollout.n, prompt_tokens=prompt_tokens,
+                    lengths=_lengths(spec, cfg, model_dir, prompts),
+                    reward_latency=LatencyDist(low_s=reward_latency[0], high_s=reward_latency[1]), model=shape,
+                    token_budget=cfg.engine.token_budget, stream_groups=cfg.trainer.stream_groups,
+                    dp_sync=cfg.engine.dp_sync,
+                    kl=cfg.algorithm.kl_coef > 0)
+
+
+def measure_lengths(model_dir: str, prompts: list[list[int]], n: int, max_new_tokens: int, *,
+                    temperature: float = 1.0, seed: int = 0, threads: int | None = None) -> list[int]:
+    """Response lengths of ``model_dir`` on ``prompts`` (``n`` samples each): the empirical length distribution
+    of a workload (:class:`relayrl.planner.workload.LengthDist`)."""
+    from relayrl.engines.generation.base import SamplingParams
+    from relayrl.engines.generation.native import NativeGenerationEngine
+    from relayrl.models.load import load_model, load_tokenizer
+
+    if threads:
+        torch.set_num_threads(threads)
+    eng = NativeGenerationEngine(load_model(model_dir), load_tokenizer(model_dir), device="cpu")
+    out = eng.generate(prompts, SamplingParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature),
+                       generator=torch.Generator().manual_seed(seed))
+    return [len(c.token_ids) for c in out]
