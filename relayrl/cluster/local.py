@@ -27,6 +27,7 @@ import traceback
 from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
+from relayrl.cluster import compute
 from relayrl.cluster.config import ClusterConfig
 from relayrl.cluster.errors import WorkerError
 from relayrl.cluster.rank import SHUTDOWN, START_CALL, Replies, Reply, StartSpec, free_port, rank_process_main
@@ -61,7 +62,7 @@ class InProcessRanks:
             raise RuntimeError(f"worker group {self.group!r} is shut down")
         (args, kwargs), = payloads
         try:
-            return [getattr(self.worker, method)(*args, **kwargs)]
+            return [compute.run(getattr(self.worker, method), *args, **kwargs)]
         except Exception as exc:
             raise WorkerError(self.group, 0, method, traceback.format_exc(), _user_message(exc)) from exc
 

@@ -55,7 +55,7 @@ from typing import Callable
 import torch
 
 from relayrl.algorithms.dapo import dynamic_sampling_filter
-from relayrl.cluster import ClusterConfig, ResourcePool, make_group
+from relayrl.cluster import ClusterConfig, ResourcePool, compute, make_group
 from relayrl.config.schema import Config, available_devices
 from relayrl.dock import Dock
 from relayrl.environments.episodes import episode_metrics
@@ -124,11 +124,13 @@ class Flow:
             except BaseException as e:  # noqa: BLE001 - re-raised by run()
                 self.errors.append(e)
                 self.stop.set()
+            finally:
+                compute.wake()
 
         threads = [threading.Thread(target=body, args=(f,), name=f"stage-{n}", daemon=True)
                    for n, f in stages.items()]
-        for t in threads:
-            t.start()
+        # the calling (main) thread runs the torch work the stages route to the driver's own workers
+        compute.serve_until(lambda: [t.start() for t in threads], lambda: not any(t.is_alive() for t in threads))
         for t in threads:
             t.join()
         if self.errors:

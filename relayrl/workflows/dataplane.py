@@ -31,7 +31,7 @@ from typing import Any, NamedTuple, Sequence
 
 import torch
 
-from relayrl.cluster import Worker
+from relayrl.cluster import Worker, compute
 from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.data.tasks import Problem
 from relayrl.dock import Slots
@@ -199,8 +199,7 @@ class StreamingRollout(RolloutWorker):
                 self._out.put(_DONE)
 
         self._swap.open(partial)
-        self._stream = threading.Thread(target=run, name="rollout-stream", daemon=True)
-        self._stream.start()
+        self._stream = compute.submit(run, name="rollout-stream")  # the driver's main thread, or a thread here
 
     @staticmethod
     def _rows(slots, prompt: Sequence[int], group: int, comps: Sequence[Completion],
@@ -217,7 +216,7 @@ class StreamingRollout(RolloutWorker):
         return Slots.join([sl for sl, _, _ in writes]).write(cols), [info for _, _, info in writes]
 
     def _streaming(self) -> bool:
-        return getattr(self, "_stream", None) is not None and self._stream.is_alive()
+        return getattr(self, "_stream", None) is not None and not self._stream.done()
 
     def receive_weights(self, payload) -> dict[str, Any]:
         """Load packed weights: at once between streams; during a partial stream, by the generation thread
@@ -245,7 +244,7 @@ class StreamingRollout(RolloutWorker):
                 item = self._out.get_nowait()
             except queue.Empty:
                 return got, False
-        self._stream.join()  # (it has put its last item): the next stream may start as soon as this returns
+        self._stream.result()  # (it has put its last item): the next stream may start as soon as this returns
         return got, True
 
 
