@@ -90,10 +90,9 @@ def measure_streamed(ranks: int, model: str, batch: SequenceBatch, threads: int,
     try:
         for i in range(repeats + 1):
             t = time.perf_counter()
-            group.all("begin_accumulation")
-            for part in parts:
-                group.split("accumulate", part, loss)
-            group.all("finish_accumulation")
+            for j, part in enumerate(parts):
+                group.split("accumulate", part, loss, fresh=j == 0)
+            group.all("optim_step")
             if i:
                 times.append(time.perf_counter() - t)
     finally:

@@ -349,7 +349,7 @@ def bench_train_variants(path: Path, peak: float, variants: list[str], profile: 
 def bench_grpo(cache: Path, offload: bool, steps: int = 2, new_tokens: int = 256, extra: tuple = ()) -> dict:
     from relayrl.config.loader import load_config
     from relayrl.config.schema import Config
-    from relayrl.workflows.grpo import GRPOWorkflow
+    from relayrl.workflows.pipeline import GRPOPipeline
 
     os.environ["RELAYRL_CACHE"] = str(cache)
     run = Path(tempfile.mkdtemp(prefix="gpu-grpo-"))
@@ -363,7 +363,7 @@ def bench_grpo(cache: Path, offload: bool, steps: int = 2, new_tokens: int = 256
     gc.collect()  # the previous run's pool gives its GPU back
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    wf = GRPOWorkflow(cfg)
+    wf = GRPOPipeline(cfg)
     last: dict = {}
     for step in wf.begin():
         last = wf.step(step)

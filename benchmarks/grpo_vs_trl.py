@@ -1,4 +1,4 @@
-"""End-to-end synchronous GRPO throughput: relayrl's ``GRPOWorkflow`` against TRL's ``GRPOTrainer``.
+"""End-to-end synchronous GRPO throughput: relayrl's ``GRPOPipeline`` against TRL's ``GRPOTrainer``.
 
 Both systems train the same model directory (by default relayrl's tiny Qwen2,
 fp32, CPU, same torch thread count) on the same ``arith`` prompts in the same
@@ -182,25 +182,17 @@ class RelayrlRunner:
     """relayrl's synchronous GRPO workflow, stepped one iteration at a time (no eval, no checkpoints)."""
 
     def __init__(self, a: argparse.Namespace, cfg: Config) -> None:
-        from relayrl.workflows.grpo import KEY_METRICS, GRPOWorkflow
+        from relayrl.workflows.pipeline import KEY_METRICS, GRPOPipeline
         from relayrl.workflows.relay import relay_weights
 
         torch.set_num_threads(a.threads)
         torch.manual_seed(a.seed)
         self.warmup = a.warmup
-        self.wf = wf = GRPOWorkflow(cfg)
+        self.wf = wf = GRPOPipeline(cfg)
         wf.s.open_telemetry(cfg.trainer.steps, KEY_METRICS)  # step() records its phases on the timeline
         relay_weights(wf.actor, wf.rollout, version=0)
         self.stats = StepStats("relayrl")
-        self._generated: dict[int, int] = {}
-        orig = wf.rollout_and_score
-
-        def counted(step: int):
-            out = orig(step)
-            self._generated[step] = sum(len(c.token_ids) for c in out[1])  # completions of this step
-            return out
-
-        wf.rollout_and_score = counted  # type: ignore[method-assign]
+        self.rows = cfg.data.prompts_per_step * cfg.rollout.n
 
     def step(self, step: int) -> None:
         t0 = time.perf_counter()
@@ -208,7 +200,7 @@ class RelayrlRunner:
         dt = time.perf_counter() - t0
         if step > self.warmup:
             self.stats.times.append(dt)
-            self.stats.generated.append(self._generated[step])
+            self.stats.generated.append(round(m["response/length_mean"] * self.rows))  # completions of this step
             self.stats.trained.append(int(m["perf/tokens"]))  # prompt + response tokens of the updated samples
             for k, v in self.wf.s.timeline.timing_metrics(step).items():
                 self.stats.add_phase(k.removeprefix("timing/").removesuffix("_s"), v)

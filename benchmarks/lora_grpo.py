@@ -46,9 +46,9 @@ from demo_models import sft_model  # noqa: E402
 def workflow(recipe: str, model: Path, out: Path, a: argparse.Namespace):
     from relayrl.config.loader import load_config
     from relayrl.config.schema import Config
-    from relayrl.workflows.grpo import GRPOWorkflow
+    from relayrl.workflows.pipeline import GRPOPipeline
 
-    return GRPOWorkflow(load_config(Config, REPO / "recipes" / recipe, [
+    return GRPOPipeline(load_config(Config, REPO / "recipes" / recipe, [
         f"trainer.init_from={model}", f"run.dir={out}", f"run.seed={a.seed}", "run.overwrite=true",
         f"trainer.steps={a.steps}", f"eval.every={a.eval_every}", f"eval.size={a.eval_size}", "run.save_every=0",
         "telemetry.sinks=[jsonl]", f"run.threads={a.threads}", *a.override]))

@@ -1,4 +1,4 @@
-"""The workflows by config name (``workflow:``), and the GRPO-family workflow a step plan asks for.
+"""The workflows by config name (``workflow:``).
 
 Each entry is the import path of a ``train(cfg) -> model dir`` function, imported when it runs (a run of
 one workflow does not import the others). A new workflow is a module with that function and one line here.
@@ -10,10 +10,9 @@ from importlib import import_module
 from pathlib import Path
 from typing import Callable
 
-from relayrl.config.plan import step_plan
 from relayrl.config.schema import Config
 
-__all__ = ["WORKFLOWS", "train", "train_grpo", "grpo_workflow"]
+__all__ = ["WORKFLOWS", "train", "train_grpo"]
 
 WORKFLOWS: dict[str, str] = {
     "grpo": "relayrl.workflows.registry:train_grpo",
@@ -30,23 +29,8 @@ def train(cfg: Config) -> Path:
     return fn(cfg)
 
 
-def grpo_workflow(cfg: Config) -> type:
-    """The workflow class of a GRPO-family run: the colocated loop, the streaming dataflow, or the dataflow
-    whose rollout runs ahead (``StepPlan.ahead``)."""
-    plan = step_plan(cfg)
-    if plan.ahead:
-        from relayrl.workflows.offpolicy import OffPolicyGRPO
-
-        return OffPolicyGRPO
-    if plan.streaming:
-        from relayrl.workflows.dataflow import DataflowGRPO
-
-        return DataflowGRPO
-    from relayrl.workflows.grpo import GRPOWorkflow
-
-    return GRPOWorkflow
-
-
 def train_grpo(cfg: Config) -> Path:
     """Run a GRPO-family workflow (synchronous, periodic, or k-step off-policy); returns the model dir."""
-    return grpo_workflow(cfg)(cfg).run()
+    from relayrl.workflows.pipeline import GRPOPipeline
+
+    return GRPOPipeline(cfg).run()

@@ -39,8 +39,9 @@ from relayrl.models import lora as lora_lib
 from relayrl.models.load import load_model, load_tokenizer, load_value_model, resolve_dtype
 from relayrl.telemetry import memory
 from relayrl.weights import WeightReceiverMixin, gather_full_state
+from relayrl.workflows.rollout_stream import StreamingGeneration
 
-__all__ = ["PolicyWorker", "CriticWorker", "RewardModelTrainer", "ReferenceWorker", "RolloutWorker", "resolve_device", "collective", "generate",
+__all__ = ["rows_batch", "PolicyWorker", "CriticWorker", "RewardModelTrainer", "ReferenceWorker", "RolloutWorker", "resolve_device", "collective", "generate",
            "rollout_rng", "restore_rollout_rng", "role_precision"]
 
 
@@ -103,8 +104,39 @@ class _MemoryProbe:
         return memory.peak_gb(self._memory_device())
 
 
+def rows_batch(cols: dict[str, list], fields: Sequence[str] = (), drop_truncated: bool = False) -> SequenceBatch:
+    """Rows read from the dock as a :class:`SequenceBatch` (``groups`` from the ``group`` column);
+    ``drop_truncated``: without the rows cut at ``max_new_tokens`` (DAPO's overlong filter)."""
+    batch = SequenceBatch(cols["prompt_ids"], cols["response_ids"], {f: cols[f] for f in fields},
+                          [int(g) for g in cols["group"]])
+    if drop_truncated:
+        batch = batch.select([i for i, t in enumerate(cols["truncated"]) if not bool(t)])
+    return batch
+
+
+def _dock_rows(items: Sequence, fields: Sequence[str] = (), drop_truncated: bool = False):
+    """This rank's rows and the slots for its outputs, from ``items``: its ``(reader, slots)`` pair
+    (``group.split`` hands each rank its own). An empty batch when the driver gave it none (a chunk of fewer
+    groups than ranks: the engine still joins the group's collectives)."""
+    (reader, slots), = items
+    if reader is None:
+        return SequenceBatch([], [], {f: [] for f in fields}, []), None
+    return rows_batch(reader.read(), fields, drop_truncated), slots
+
+
 class _TrainerWorker(_MemoryProbe, Worker):
-    """A trained model behind a training engine: updates, checkpoint state (shared by actor and critic)."""
+    """A trained model behind a training engine: updates, checkpoint state (shared by actor and critic).
+
+    In a GRPO-family step every call reads its rows from the dock (``items``: this rank's reader and slots)::
+
+        forward_into(items, column)         a forward-only pass, its output written into ``column``
+        forward_backward(items, loss, ...)  forward + backward, gradients accumulated (``fresh``: the first
+                                            chunk of an update, older gradients dropped)
+        optim_step()                        the optimizer step over what was accumulated
+        train_batch(items, loss, ...)       mini-batches x epochs optimizer steps on the rows
+
+    Whole batch or accumulated per arriving group is the caller's choice; both are the same update.
+    """
 
     engine: TorchTrainingEngine
 
@@ -151,22 +183,37 @@ class _TrainerWorker(_MemoryProbe, Worker):
                                       temperature=temperature, with_entropy=with_entropy,
                                       with_reference=self._in_place_reference(batch), generator=gen)
 
-    def begin_accumulation(self) -> None:
-        """Open a streamed update: one optimizer step over chunks given to :meth:`accumulate` (every rank)."""
-        self.engine.begin_accumulation()
+    def forward_backward(self, items: Sequence, loss_fn: LossFn, fields: Sequence[str], *, fresh: bool = False,
+                         drop_truncated: bool = False, temperature: float = 1.0,
+                         with_entropy: bool | str = False) -> list[int]:
+        """Forward and backward on this rank's rows from the dock, gradients accumulated for :meth:`optim_step`;
+        ``fresh``: start a new update (gradients of an unfinished one are dropped). Returns the rows trained."""
+        batch, _ = _dock_rows(items, fields, drop_truncated)
+        self.accumulate(batch, loss_fn, fresh=fresh, temperature=temperature, with_entropy=with_entropy)
+        return [len(batch)]
 
-    def accumulate(self, batch: SequenceBatch, loss_fn: LossFn, *, temperature: float = 1.0,
+    def optim_step(self) -> dict[str, float]:
+        """The optimizer step over the chunks given to :meth:`forward_backward` (or :meth:`accumulate`); the
+        metrics ``update`` returns for the whole batch (every rank: the global figures)."""
+        return self.engine.finish_accumulation()
+
+    def train_batch(self, items: Sequence, loss_fn: LossFn, fields: Sequence[str], *, drop_truncated: bool = False,
+                    **kwargs) -> list[dict[str, float]]:
+        """:meth:`update` (mini-batches x epochs optimizer steps) on this rank's rows from the dock."""
+        batch, _ = _dock_rows(items, fields, drop_truncated)
+        return [self.update(batch, loss_fn, **kwargs)]
+
+    def accumulate(self, batch: SequenceBatch, loss_fn: LossFn, *, fresh: bool = False, temperature: float = 1.0,
                    with_entropy: bool | str = False) -> None:
         """Forward + backward of a chunk of the batch (e.g. the prompt groups finished so far), gradients
         accumulated (:mod:`relayrl.engines.training.accumulate`). Every rank gets the same number of calls;
         a rank's chunk may be empty. Tri-model: the reference log-probs are computed in place (the chunk must
-        then not carry them: all chunks of one update, empty ones included, have the same fields)."""
+        then not carry them: all chunks of one update, empty ones included, have the same fields). ``fresh``:
+        the first chunk of an update (gradients of an unfinished one are dropped)."""
+        if fresh:
+            self.engine.begin_accumulation()
         self.engine.accumulate(batch, loss_fn, temperature=temperature, with_entropy=with_entropy,
                                with_reference=self._in_place_reference(batch))
-
-    def finish_accumulation(self) -> dict[str, float]:
-        """The optimizer step of the streamed update; the metrics ``update`` returns for the whole batch."""
-        return self.engine.finish_accumulation()
 
     def state(self) -> dict | None:
         """Full model, optimizer and scheduler state (collective when sharded; None on ranks > 0). LoRA: the
@@ -246,6 +293,11 @@ class PolicyWorker(_TrainerWorker):
             return self.engine.logprobs_with_reference(batch, temperature=temperature)
         return self.engine.logprobs(batch, temperature=temperature)[0]
 
+    def forward_into(self, items: Sequence, column: str, temperature: float = 1.0) -> list:
+        """Log-probs of this rank's dock rows (pi_old) into ``column``; the write receipt."""
+        batch, slots = _dock_rows(items)
+        return [slots.write({column: self.logprobs(batch, temperature)})]
+
     def named_weights(self) -> list[tuple[str, torch.Tensor]] | None:
         """The weights to relay. Sharded (FSDP2): every rank must call this (the full tensors are gathered);
         rank 0 gets them, the other ranks None. Unsharded: the live parameters, no copy. LoRA: the merged
@@ -289,6 +341,11 @@ class CriticWorker(_TrainerWorker):
         """Per-row values ``V(s_t)`` of the response positions (a list, for ``group.split``)."""
         return self.engine.logprobs(batch)[0]
 
+    def forward_into(self, items: Sequence, column: str = "values") -> list:
+        """Values of this rank's dock rows into ``column``; the write receipt."""
+        batch, slots = _dock_rows(items)
+        return [slots.write({column: self.values(batch)})]
+
 
 class RewardModelTrainer(_TrainerWorker):
     """A reward model in training (``workflow: rm``): the policy's network with a scalar head without bias
@@ -331,6 +388,11 @@ class ReferenceWorker(_MemoryProbe, Worker):
     def logprobs(self, batch: SequenceBatch, temperature: float = 1.0):
         return self.engine.logprobs(batch, temperature=temperature)[0]
 
+    def forward_into(self, items: Sequence, column: str, temperature: float = 1.0) -> list:
+        """Reference log-probs of this rank's dock rows into ``column``; the write receipt."""
+        batch, slots = _dock_rows(items)
+        return [slots.write({column: self.logprobs(batch, temperature)})]
+
     def offload(self) -> float:
         """Weights to host while the reference is idle; seconds taken."""
         return self.engine.offload()
@@ -339,10 +401,10 @@ class ReferenceWorker(_MemoryProbe, Worker):
         return self.engine.reload()
 
 
-class RolloutWorker(WeightReceiverMixin, _MemoryProbe, Worker):
+class RolloutWorker(StreamingGeneration, WeightReceiverMixin, _MemoryProbe, Worker):
     """Samples responses with the native engine, or through an OpenAI-compatible server (``remote``,
-    ``rollout.engine=openai``); takes packed weights (``receive_weights``); its RNG state is part of
-    checkpoints."""
+    ``rollout.engine=openai``); streams finished groups into the dock (:class:`StreamingGeneration`); takes
+    packed weights (``receive_weights``); its RNG state is part of checkpoints."""
 
     def __init__(self, model_path: str, *, max_batch: int = 256, dtype: str = "float32", device: str = "auto",
                  attn_implementation: str = "sdpa", threads: int = 0, seed: int = 0, decode: str = "auto",

@@ -176,10 +176,9 @@ def test_two_rank_streamed_tri_model_update_matches_one_rank(tiny_dir, tiny_toke
     kw["engine"] = kw["engine"].model_copy(update={"dp_sync": dp_sync})
     dp = WorkerGroup(PolicyWorker, ResourcePool("dp", devices=2), "actor", backend="local", init_kwargs=kw)
     try:
-        dp.all("begin_accumulation")
-        for parts in calls:
-            dp.split("accumulate", _PerRank(parts), loss, with_entropy="grad")
-        m2 = dp.all("finish_accumulation")
+        for i, parts in enumerate(calls):
+            dp.split("accumulate", _PerRank(parts), loss, with_entropy="grad", fresh=i == 0)
+        m2 = dp.all("optim_step")
         w2 = dict(collective(dp, "named_weights"))
     finally:
         dp.shutdown()

@@ -59,10 +59,9 @@ def test_tri_model_update_and_stream_equal_a_separate_reference(tiny_dir, tiny_t
     tri.reload()
     assert not swap.is_offloaded(tri.engine.reference_model)
 
-    tri.begin_accumulation()  # the second step streamed, in two chunks
-    for rows in (range(6, 12), range(0, 6)):
-        tri.accumulate(second.select(rows), LOSS)
-    m_tri = tri.finish_accumulation()
+    for i, rows in enumerate((range(6, 12), range(0, 6))):  # the second step streamed, in two chunks
+        tri.accumulate(second.select(rows), LOSS, fresh=i == 0)
+    m_tri = tri.optim_step()
     m_two = two.update(_with(second, ref_logprobs=ref.logprobs(second)), LOSS)
     assert m_tri["actor/ref_forward_passes"] >= 2
     for k, v in m_two.items():

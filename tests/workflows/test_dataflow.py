@@ -14,7 +14,8 @@ import torch
 from relayrl.cluster.errors import WorkerError
 from relayrl.config.loader import load_config
 from relayrl.config.schema import Config
-from relayrl.workflows.dataflow import DataflowGRPO
+from relayrl.workflows.consume import Consume
+from relayrl.workflows.pipeline import GRPOPipeline
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
 
@@ -29,7 +30,7 @@ def config(run_dir, *over: str) -> Config:
         "run.save_every=0", *SPLIT, *over])
 
 
-def one_step(cfg: Config, workflow=DataflowGRPO):
+def one_step(cfg: Config, workflow=GRPOPipeline):
     wf = workflow(cfg)
     try:
         wf.begin()
@@ -80,7 +81,7 @@ def test_a_dead_rollout_rank_is_named_and_nothing_is_half_trained(tmp_path):
     within seconds, and the actor's weights are those from before the step (no partial period applied)."""
     cfg = config(tmp_path, "trainer.mode=periodic", "rollout.max_new_tokens=400", "data.prompts_per_step=8",
                  "trainer.init_from=null")
-    wf = DataflowGRPO(cfg)
+    wf = GRPOPipeline(cfg)
     try:
         wf.begin()
         before = {k: v.detach().clone() for k, v in wf.actor.one("named_weights")}
@@ -100,18 +101,18 @@ def test_a_dead_rollout_rank_is_named_and_nothing_is_half_trained(tmp_path):
 
 def test_a_run_killed_mid_period_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     cfg = config(tmp_path, "trainer.mode=periodic", "trainer.steps=3", "run.save_every=1")
-    real = DataflowGRPO.update_stage
+    real = Consume.update
 
     def dies_at_step_3(self, f):
         if f.step == 3:
             raise RuntimeError("killed mid-period")
         return real(self, f)
 
-    monkeypatch.setattr(DataflowGRPO, "update_stage", dies_at_step_3)
+    monkeypatch.setattr(Consume, "update", dies_at_step_3)
     with pytest.raises(RuntimeError, match="killed mid-period"):
-        DataflowGRPO(cfg).run()
-    monkeypatch.setattr(DataflowGRPO, "update_stage", real)
-    wf = DataflowGRPO(config(tmp_path, "trainer.mode=periodic", "trainer.steps=3", "run.save_every=1",
+        GRPOPipeline(cfg).run()
+    monkeypatch.setattr(Consume, "update", real)
+    wf = GRPOPipeline(config(tmp_path, "trainer.mode=periodic", "trainer.steps=3", "run.save_every=1",
                              "run.resume=auto"))
     out = wf.run()
     assert wf.s.start_step == 2  # the last checkpoint; step 3's partition was regenerated
@@ -128,7 +129,7 @@ def test_the_same_dataflow_runs_on_ray(tmp_path):
     (chosen for a split placement), and no sample crosses the driver."""
     import json
 
-    out = DataflowGRPO(config(tmp_path, "trainer.mode=periodic", "cluster.backend=ray")).run()
+    out = GRPOPipeline(config(tmp_path, "trainer.mode=periodic", "cluster.backend=ray")).run()
     assert (out / "config.json").is_file()
     last = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["step"] == 2 and last["dock/driver_bytes"] == 0 and last["actor/grad_norm"] > 0
@@ -140,7 +141,7 @@ def test_a_batch_the_overlong_filter_empties_is_skipped_not_crashed(tmp_path, mo
     and takes no optimizer step (before, the periodic finish raised on an update with no rows)."""
     cfg = config(tmp_path, f"trainer.mode={mode}", "rollout.max_new_tokens=2", "algorithm.overlong_filter=true",
                  "trainer.init_from=null", "trainer.steps=1")
-    wf = DataflowGRPO(cfg)
+    wf = GRPOPipeline(cfg)
     try:
         wf.begin()
         before = {k: v.detach().clone() for k, v in wf.actor.one("named_weights")}
@@ -160,7 +161,7 @@ def test_stages_start_on_finished_groups_while_later_ones_generate(tmp_path):
 
     def spans(mode: str) -> list[dict]:
         run = tmp_path / mode
-        DataflowGRPO(config(run, f"trainer.mode={mode}", "trainer.init_from=null", "rollout.max_new_tokens=300",
+        GRPOPipeline(config(run, f"trainer.mode={mode}", "trainer.init_from=null", "rollout.max_new_tokens=300",
                             "rollout.stop_strings=[\"7\"]", "data.prompts_per_step=8", "trainer.steps=1")).run()
         return [json.loads(x) for x in (run / "spans.jsonl").read_text().splitlines() if x.strip()]
 
@@ -176,13 +177,13 @@ def test_the_streaming_step_equals_the_colocated_loop_with_dapo_and_remax(tmp_pa
     """The dataflow (split placement, stages per group, dropped groups retired from the dock, ReMax's greedy
     baselines streamed into the groups' rows) and the colocated synchronous loop of grpo.py, same seed: the
     same samples, the same DAPO rounds and baselines, the same weights after the step."""
-    from relayrl.workflows.grpo import GRPOWorkflow
+    from relayrl.workflows.pipeline import GRPOPipeline
 
     over = ["algorithm.loss_agg=token-mean", "algorithm.dynamic_sampling=true", "algorithm.advantage=remax",
             "reward.user_fn=dataflow_rewards:half_uniform", "algorithm.max_resample_rounds=4"]
     m_flow, w_flow = one_step(config(tmp_path / "flow", *over))
     m_colo, w_colo = one_step(config(tmp_path / "colo", *over, "placement.pools={}", "placement.rollout=main"),
-                              GRPOWorkflow)
+                              GRPOPipeline)
     for k in ("reward/mean", "reward/std", "dapo/dropped_groups", "dapo/rounds", "remax/baseline_mean",
               "actor/pg_loss", "actor/grad_norm"):
         assert m_flow[k] == pytest.approx(m_colo[k], rel=1e-5, abs=1e-7), k

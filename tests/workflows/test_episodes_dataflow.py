@@ -1,6 +1,6 @@
-"""Multi-turn episodes on the streaming dataflow: the rows a rollout writes for a group of episodes
-(``loss_mask``, ``env_rewards``, per-token versions) train exactly as in the colocated synchronous loop, on
-the split synchronous step, the periodic one (groups arriving in any order) and PPO's critic.
+"""Multi-turn episodes on the step: the rows a rollout writes for a group of episodes (``loss_mask``,
+``env_rewards``, per-token versions) train the same in the colocated placement, the split synchronous step,
+the periodic one (groups arriving in any order) and PPO's critic.
 
 The episodes here are fixed (written by a stand-in sample stage with the rollout's own ``group_rows``), so
 the three paths see the same samples; real episodes batch their turns by thread timing, which makes two
@@ -17,9 +17,8 @@ import torch
 from relayrl.config.loader import load_config
 from relayrl.config.schema import Config
 from relayrl.environments.base import Episode, EpisodeEnd
-from relayrl.workflows.dataflow import DataflowGRPO, Flow
-from relayrl.workflows.dataplane import group_rows
-from relayrl.workflows.grpo import GRPOWorkflow
+from relayrl.workflows.pipeline import GRPOPipeline
+from relayrl.workflows.rollout_stream import group_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
 
@@ -56,43 +55,26 @@ def fixed_episodes(seed: int = 0) -> list[list[Episode]]:
     return groups
 
 
-class FixedEpisodes(DataflowGRPO):
-    """The dataflow with a stand-in sample stage that writes the fixed episodes' groups (in ``order``)."""
+def fixed_step(cfg: Config, order: list[int]):
+    """One step of the pipeline whose sample stage is a stand-in that writes the fixed episodes' groups (in
+    ``order``) with the rollout's own ``group_rows``; its metrics and the actor's weights after it."""
+    wf = GRPOPipeline(cfg)
 
-    order: list[int] = list(range(P))
-
-    def produce_stages(self):
-        return {"sample": self.write_fixed, "score": self.score}
-
-    def write_fixed(self, f: Flow) -> None:
+    def write_fixed(f) -> None:
         st = f.state
-        for grp in self.order:
+        for grp in order:
             eps = fixed_episodes()[grp]
-            sl = self.dock.reserve(f.part, N)
-            st["rows"][grp] = sl.indexes
-            cols, info = group_rows(self.s.encode(st["problems"][grp]), grp,
-                                    [e.completion(self.s.tokenizer) for e in eps], eps)
-            self.dock.publish(sl.write(cols))
-            st["infos"].append(info)
-        st["rounds"] = 1
+            sl = wf.dock.reserve(f.part, N)
+            cols, record = group_rows(wf.s.encode(st.problems[grp]), grp,
+                                      [e.completion(wf.s.tokenizer) for e in eps], eps)
+            with st.cond:
+                st.rows[grp] = sl.indexes
+                st.records.append(record)
+            wf.dock.publish(sl.write(cols))
+        st.rounds = 1
         f.generated.set()
 
-
-def colocated_step(cfg: Config):
-    wf = GRPOWorkflow(cfg)
-    try:
-        wf.begin()
-        problems = wf.s.prompts.take(P)
-        eps = [e for grp in fixed_episodes() for e in grp]
-        comps = [e.completion(wf.s.tokenizer) for e in eps]
-        metrics = wf.learn(1, problems, comps, torch.tensor([e.reward for e in eps]), {})
-        return metrics, {k: v.detach().clone() for k, v in wf.actor.one("named_weights")}, problems
-    finally:
-        wf.shutdown()
-
-
-def dataflow_step(cfg: Config, order: list[int]):
-    wf = type("Ordered", (FixedEpisodes,), {"order": order})(cfg)
+    wf.produce.sample = write_fixed
     try:
         wf.begin()
         metrics = wf.step(1)
@@ -106,16 +88,16 @@ def dataflow_step(cfg: Config, order: list[int]):
     ("periodic", ["algorithm.loss_agg=seq-mean-token-mean"]),
     ("sync", ["algorithm.advantage=gae", "critic.optim.lr=1e-3", "algorithm.loss_agg=token-mean"]),
 ], ids=["periodic-token-mean", "periodic-seq-mean", "sync-ppo"])
-def test_episode_rows_train_on_the_dataflow_as_in_the_colocated_loop(tmp_path, mode, over):
-    """The same episodes: the colocated loop's update and the dataflow's (rollout on its own pool; periodic:
+def test_episode_rows_train_the_same_colocated_and_split(tmp_path, mode, over):
+    """The same episodes: the colocated step's update and the split one's (rollout on its own pool; periodic:
     accumulated per group in a shuffled arrival order) leave the same weights; the environment's tokens
     are out of the advantages and the loss on both (the loss mask travels through the dock)."""
     order = list(range(P))
     random.Random(3).shuffle(order)
-    m_colo, w_colo, problems = colocated_step(config(tmp_path / "colo", "placement.pools={}",
-                                                     "placement.rollout=main", *over))
-    m_flow, w_flow = dataflow_step(config(tmp_path / "flow", "placement.pools.gen=1", "placement.rollout=gen",
-                                          f"trainer.mode={mode}", "trainer.stream_groups=1", *over), order)
+    m_colo, w_colo = fixed_step(config(tmp_path / "colo", "placement.pools={}", "placement.rollout=main", *over),
+                                list(range(P)))
+    m_flow, w_flow = fixed_step(config(tmp_path / "flow", "placement.pools.gen=1", "placement.rollout=gen",
+                                       f"trainer.mode={mode}", "trainer.stream_groups=1", *over), order)
     assert m_flow["actor/grad_norm"] > 0
     for k in ("actor/pg_loss", "actor/grad_norm"):
         assert m_flow[k] == pytest.approx(m_colo[k], rel=1e-4, abs=1e-7), k
@@ -142,8 +124,8 @@ def test_group_rows_of_episodes_count_model_tokens_for_staleness():
     cols, info = group_rows([1, 2], 5, [ep.completion(Tok())], [ep])
     assert cols["loss_mask"][0].tolist() == [1, 1, 0, 0, 1] and cols["env_rewards"] == [1.0]
     assert cols["token_versions"][0].tolist() == [3, 3, 4, 4, 4] and cols["version"] == [3]
-    assert info["versions"] == [{3: 2, 4: 1}] and info["episodes"][0].model_tokens == 3
-    assert info["episodes"][0].env_tokens == 2 and cols["group"] == [5]
+    assert info.versions == [{3: 2, 4: 1}] and info.episodes[0].model_tokens == 3
+    assert info.episodes[0].env_tokens == 2 and cols["group"] == [5]
 
 
 def test_a_failed_write_of_an_episode_group_reaches_the_driver(tiny_dir):
@@ -153,7 +135,7 @@ def test_a_failed_write_of_an_episode_group_reaches_the_driver(tiny_dir):
     from relayrl.data.tasks import make_task
     from relayrl.engines.generation.base import SamplingParams
     from relayrl.environments.config import EpisodeSpec
-    from relayrl.workflows.dataplane import StreamingRollout
+    from relayrl.workflows.workers import RolloutWorker as StreamingRollout
 
     import numpy as np
 

@@ -82,9 +82,9 @@ def test_colocated_rollout_takes_merged_weights_not_the_actors_parameters(tmp_pa
     copy, and after a step holds exactly the actor's merged weights."""
     from relayrl.config.loader import load_config
     from relayrl.config.schema import Config
-    from relayrl.workflows.grpo import GRPOWorkflow
+    from relayrl.workflows.pipeline import GRPOPipeline
 
-    wf = GRPOWorkflow(load_config(Config, "recipes/arith_grpo_lora.yaml", [
+    wf = GRPOPipeline(load_config(Config, "recipes/arith_grpo_lora.yaml", [
         f"run.dir={tmp_path}", "trainer.steps=1", "eval.every=0", "data.prompts_per_step=2", "rollout.n=4",
         "rollout.max_new_tokens=8", "reward.verifier=user", "reward.user_fn=dataflow_rewards:by_length",
         "trainer.init_from=null", "engine.optim.warmup_steps=0", *FAST]))

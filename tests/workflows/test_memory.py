@@ -30,10 +30,10 @@ PROBE = textwrap.dedent('''
     from relayrl.config.loader import load_config
     from relayrl.config.schema import Config
     from relayrl.telemetry import memory
-    from relayrl.workflows.grpo import GRPOWorkflow
+    from relayrl.workflows.pipeline import GRPOPipeline
 
     def run(overrides, steps):
-        wf = GRPOWorkflow(load_config(Config, "recipes/arith_grpo.yaml", overrides))
+        wf = GRPOPipeline(load_config(Config, "recipes/arith_grpo.yaml", overrides))
         peaks = {}
         for step in wf.begin():
             m = wf.step(step)

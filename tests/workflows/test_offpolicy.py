@@ -15,7 +15,7 @@ import torch
 from relayrl.engines.generation.base import SamplingParams
 from relayrl.engines.training.base import MicroBatch
 from relayrl.workflows.losses import PolicyLoss
-from relayrl.workflows.offpolicy import staleness_metrics
+from relayrl.workflows.step_metrics import staleness_metrics
 
 
 def _mb(logprobs, old, gen, adv):
@@ -91,7 +91,7 @@ def test_weights_sent_during_a_partial_stream_load_between_decode_steps(tiny_dir
     behaviour log-probs they were sampled with (the same as a stream that got no new weights)."""
     from relayrl.dock import Dock
     from relayrl.weights import WeightRelay
-    from relayrl.workflows.dataplane import StreamingRollout
+    from relayrl.workflows.workers import RolloutWorker as StreamingRollout
 
     torch.set_num_threads(1)
     params = SamplingParams(n=2, temperature=1.0, max_new_tokens=120, ignore_eos=True)
@@ -124,7 +124,7 @@ def test_weights_sent_during_a_partial_stream_load_between_decode_steps(tiny_dir
         assert int(got["version"][i]) == 0
         assert torch.equal(got["response_ids"][i][:cut], plain["response_ids"][i][:cut])
         torch.testing.assert_close(got["gen_logprobs"][i][:cut], plain["gen_logprobs"][i][:cut])
-    assert all(len(r) == 2 for info in infos for r in info["versions"])  # tokens per version, per row
+    assert all(len(r) == 2 for info in infos for r in info.versions)  # tokens per version, per row
     # without partial, weights sent mid-stream are refused: a batch must not mix weight versions
     worker = StreamingRollout(str(tiny_dir), seed=3)
     dock = Dock()
@@ -158,9 +158,9 @@ def test_off_policy_runs_on_the_dock_within_the_staleness_bound(tmp_path, partia
     """k=2 with an evaluation after every step: every token is at most 2 versions stale, no sample crosses
     the driver, weights reach the rollout packed, the model learns something (weights move), and without
     partial rollout no batch mixes weight versions (an evaluation waits for the batch being generated)."""
-    from relayrl.workflows.offpolicy import OffPolicyGRPO
+    from relayrl.workflows.pipeline import GRPOPipeline
 
-    out = OffPolicyGRPO(config(tmp_path, "trainer.off_policy_steps=2", f"rollout.partial={str(partial).lower()}",
+    out = GRPOPipeline(config(tmp_path, "trainer.off_policy_steps=2", f"rollout.partial={str(partial).lower()}",
                                "eval.every=1")).run()
     assert (out / "config.json").is_file()
     recs = [r for r in records(tmp_path) if r["step"] > 0]
@@ -183,9 +183,9 @@ def test_a_dead_rollout_surfaces_by_name_and_nothing_hangs(tmp_path):
     """The rollout process is killed while it generates ahead: the trainer's step raises a WorkerError naming
     the rollout's rank within seconds (it does not wait for a batch that will never come)."""
     from relayrl.cluster.errors import WorkerError
-    from relayrl.workflows.offpolicy import OffPolicyGRPO
+    from relayrl.workflows.pipeline import GRPOPipeline
 
-    wf = OffPolicyGRPO(config(tmp_path, "trainer.off_policy_steps=1", "rollout.partial=true",
+    wf = GRPOPipeline(config(tmp_path, "trainer.off_policy_steps=1", "rollout.partial=true",
                               "rollout.max_new_tokens=400", "data.prompts_per_step=8", "trainer.steps=20"))
     try:
         wf.begin()
@@ -207,23 +207,23 @@ def test_a_dead_rollout_surfaces_by_name_and_nothing_hangs(tmp_path):
 def test_a_killed_off_policy_run_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     """The trainer dies in step 3 (after the checkpoint of step 2, with batches 3 and 4 in flight): the resumed
     run starts from step 2's checkpoint, regenerates batch 3 from the data position saved for it, and ends."""
-    from relayrl.workflows.dataflow import DataflowGRPO
-    from relayrl.workflows.offpolicy import OffPolicyGRPO
+    from relayrl.workflows.consume import Consume
+    from relayrl.workflows.pipeline import GRPOPipeline
 
     over = ["trainer.off_policy_steps=1", "rollout.partial=true", "run.save_every=1"]
-    real = DataflowGRPO.update_stage
+    real = Consume.update
 
     def dies_at_step_3(self, f):
         if f.step == 3:
             raise RuntimeError("killed in step 3")
         return real(self, f)
 
-    monkeypatch.setattr(DataflowGRPO, "update_stage", dies_at_step_3)
+    monkeypatch.setattr(Consume, "update", dies_at_step_3)
     with pytest.raises(RuntimeError, match="killed in step 3"):
-        OffPolicyGRPO(config(tmp_path, *over)).run()
-    monkeypatch.setattr(DataflowGRPO, "update_stage", real)
+        GRPOPipeline(config(tmp_path, *over)).run()
+    monkeypatch.setattr(Consume, "update", real)
     saved = json.loads((tmp_path / "checkpoints" / "step-000002" / "trainer_state.json").read_text())
-    wf = OffPolicyGRPO(config(tmp_path, *over, "run.resume=auto"))
+    wf = GRPOPipeline(config(tmp_path, *over, "run.resume=auto"))
     out = wf.run()
     assert wf.s.start_step == 2 and (out / "config.json").is_file()
     steps = [r["step"] for r in records(tmp_path)]
@@ -236,19 +236,19 @@ def test_a_killed_off_policy_run_resumes_from_its_checkpoint(tmp_path, monkeypat
 def test_a_rollout_thread_that_fails_surfaces_in_the_trainer(tmp_path, monkeypatch):
     """The driver's rollout thread raises while opening batch 3: the trainer's step 3 raises that error (it does
     not wait for a batch that will never come), and no step 3 is logged."""
-    from relayrl.workflows.offpolicy import OffPolicyGRPO
+    from relayrl.workflows.pipeline import GRPOPipeline
 
-    real = OffPolicyGRPO.open_step
+    real = GRPOPipeline.open_step
 
     def breaks_at_3(self, step):
         if step == 3:
             raise ValueError("the rollout thread broke at batch 3")
         return real(self, step)
 
-    monkeypatch.setattr(OffPolicyGRPO, "open_step", breaks_at_3)
+    monkeypatch.setattr(GRPOPipeline, "open_step", breaks_at_3)
     t0 = time.monotonic()
     with pytest.raises(ValueError, match="broke at batch 3"):
-        OffPolicyGRPO(config(tmp_path, "trainer.off_policy_steps=1")).run()
+        GRPOPipeline(config(tmp_path, "trainer.off_policy_steps=1")).run()
     assert time.monotonic() - t0 < 120
     assert [r["step"] for r in records(tmp_path)] == [0, 1, 2]
 
@@ -258,9 +258,9 @@ def test_a_rollout_thread_that_fails_surfaces_in_the_trainer(tmp_path, monkeypat
 def test_off_policy_with_partial_rollout_runs_on_ray(tmp_path):
     """The same driver on Ray: the rollout a Ray actor that takes staged weights mid-stream, the dock's units
     Ray actors; no sample crosses the driver and the bound holds."""
-    from relayrl.workflows.offpolicy import OffPolicyGRPO
+    from relayrl.workflows.pipeline import GRPOPipeline
 
-    out = OffPolicyGRPO(config(tmp_path, "trainer.off_policy_steps=1", "rollout.partial=true",
+    out = GRPOPipeline(config(tmp_path, "trainer.off_policy_steps=1", "rollout.partial=true",
                                "cluster.backend=ray", "trainer.steps=3")).run()
     assert (out / "config.json").is_file()
     recs = [r for r in records(tmp_path) if r["step"] > 0]
@@ -273,9 +273,9 @@ def test_off_policy_with_partial_rollout_runs_on_ray(tmp_path):
 def test_off_policy_with_dynamic_sampling_trains_on_kept_groups_only(tmp_path):
     """DAPO's dynamic sampling on the off-policy pipeline: uniform groups are dropped and replaced by later
     rounds while the trainer works on an earlier batch; the staleness counts only the kept groups' tokens."""
-    from relayrl.workflows.offpolicy import OffPolicyGRPO
+    from relayrl.workflows.pipeline import GRPOPipeline
 
-    OffPolicyGRPO(config(tmp_path, "trainer.off_policy_steps=1", "rollout.partial=true", "trainer.steps=3",
+    GRPOPipeline(config(tmp_path, "trainer.off_policy_steps=1", "rollout.partial=true", "trainer.steps=3",
                          "algorithm.dynamic_sampling=true", "reward.user_fn=dataflow_rewards:half_uniform",
                          "algorithm.max_resample_rounds=8")).run()
     recs = [r for r in records(tmp_path) if r["step"] > 0]

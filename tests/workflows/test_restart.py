@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from relayrl.cluster.errors import WorkerError
-from relayrl.workflows.dataflow import DataflowGRPO
+from relayrl.workflows.pipeline import GRPOPipeline
 from relayrl.workflows.restart import run_with_restarts
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
@@ -28,7 +28,7 @@ def config(run_dir, *over: str):
 
 def _kill_the_rollout_in_step_3(monkeypatch):
     """The rollout's process is SIGKILLed as step 3 starts, on the first attempt only."""
-    real, killed = DataflowGRPO.step, []
+    real, killed = GRPOPipeline.step, []
 
     def step(self, s):
         if s == 3 and not killed:
@@ -36,14 +36,14 @@ def _kill_the_rollout_in_step_3(monkeypatch):
             os.kill(killed[0], signal.SIGKILL)
         return real(self, s)
 
-    monkeypatch.setattr(DataflowGRPO, "step", step)
+    monkeypatch.setattr(GRPOPipeline, "step", step)
     return killed
 
 
 def test_a_lost_rollout_is_recreated_and_the_run_finishes_from_its_checkpoint(tmp_path, monkeypatch):
     killed = _kill_the_rollout_in_step_3(monkeypatch)
     lines: list[str] = []
-    out = run_with_restarts(config(tmp_path, "run.max_restarts=1"), lambda c: DataflowGRPO(c).run(), lines.append)
+    out = run_with_restarts(config(tmp_path, "run.max_restarts=1"), lambda c: GRPOPipeline(c).run(), lines.append)
     assert killed and (out / "config.json").is_file()
     recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines() if x.strip()]
     assert [r["step"] for r in recs] == [0, 1, 2, 3, 4]  # step 3 trained once, after the restart
@@ -55,7 +55,7 @@ def test_a_lost_rollout_is_recreated_and_the_run_finishes_from_its_checkpoint(tm
 def test_without_restarts_a_lost_worker_ends_the_run_naming_it(tmp_path, monkeypatch):
     _kill_the_rollout_in_step_3(monkeypatch)
     with pytest.raises(WorkerError) as info:
-        run_with_restarts(config(tmp_path), lambda c: DataflowGRPO(c).run())
+        run_with_restarts(config(tmp_path), lambda c: GRPOPipeline(c).run())
     assert info.value.lost and info.value.group == "rollout" and "died" in str(info.value)
     assert not (tmp_path / "restarts.log").exists()
 

@@ -8,7 +8,7 @@ import torch
 
 from relayrl.config.loader import load_config
 from relayrl.config.schema import Config
-from relayrl.workflows.grpo import GRPOWorkflow
+from relayrl.workflows.pipeline import GRPOPipeline
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +19,7 @@ def one_step(run_dir, *over: str):
         "rollout.max_new_tokens=6", "telemetry.sinks=[jsonl]", "reward.verifier=user",
         "reward.user_fn=dataflow_rewards:by_length", "engine.optim.lr=1e-3", "engine.optim.warmup_steps=0",
         "engine.optim.eps=1e-3", "algorithm.kl_coef=0.05", *over])
-    wf = GRPOWorkflow(cfg)
+    wf = GRPOPipeline(cfg)
     try:
         wf.begin()
         wf.step(1)

@@ -1,0 +1,211 @@
+"""k-step off-policy: a rollout thread that runs up to ``k`` weight versions ahead of the trainer.
+
+The delayed parameter update of AsyncFlow (TransferQueue, §4.2.2) and NeMo-RL's k-step asynchrony, on the
+same step as the on-policy modes; two threads of the driver share the dock, and samples pass only through
+it::
+
+    rollout thread (this module)                     trainer (the run loop's thread: the pipeline)
+    for j = first, first+1, ...:                     for t = first, first+1, ...:
+        wait until trained >= j-1-k                      f <- take(t) (waits until partition t is open)
+        [hold the rollout engine]                        consume f: [reference, old, values,] advantages,
+        apply the newest staged weights                      update per arriving group (accumulated)
+        open partition j; sample + score into it         stage(v_t): host buffers, trained = t
+          partial: newer staged weights are applied      close partition t
+          between two decode steps
+        [the hold ends when generation ends;
+         the next batch starts while its last rewards land]
+
+Partition ``t`` is trained by weights ``v_{t-1}``. Each of its tokens was sampled by some ``v_g`` with
+``g >= t-1-k`` (its batch started at a version >= t-1-k and versions only grow), so every token's staleness
+``t-1-g`` is at most ``k`` (``async/staleness_*``, checked every step by
+:func:`~relayrl.workflows.step_metrics.staleness_metrics`).
+
+Weights: the trainer stages each version into host buffers (``WeightRelay.stage``) and goes on; this thread
+applies the newest before each batch and, with partial rollout, while a batch generates (the rollout loads
+it between two decode steps). A staged version replaced by a newer one before it was applied is discarded.
+An evaluation holds the engine between two batches and evaluates the trainer's newest weights.
+
+Checkpoints record the data position and sampler state at the start of batch ``t+1``, the first not trained
+yet; a resumed run regenerates the batches that were in flight, with the checkpoint's (newer) weights.
+
+Errors: a rollout that dies, or a producing stage that fails (also after generation ended), stops the
+partitions in flight; the trainer raises the error instead of waiting, and a partition it was consuming
+never reaches the optimizer step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from relayrl.weights.relay import StagedWeights, WeightRelay
+from relayrl.workflows.flow import Flow
+
+__all__ = ["RolloutAhead"]
+
+
+class _Hold:
+    """One hold of the rollout engine's lock that any thread may give back, once."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self._lock, self._mu = lock, threading.Lock()
+        lock.acquire()
+        self._held = True
+
+    def release(self) -> None:
+        with self._mu:
+            if self._held:
+                self._held = False
+                self._lock.release()
+
+
+class RolloutAhead:
+    """The rollout thread and what it shares with the trainer (module docstring); ``cond`` guards every field
+    but ``engine``."""
+
+    def __init__(self, k: int, steps: range, *, open_flow: Callable[[int], Flow], produce: Callable[[Flow], None],
+                 batch_start: Callable[[], tuple], relay: WeightRelay, rollout, partial: bool) -> None:
+        self.k, self.steps, self.partial = k, steps, partial
+        self._open, self._produce, self._batch_start = open_flow, produce, batch_start
+        self.relay, self.rollout = relay, rollout
+        self.cond = threading.Condition()
+        self.trained = steps.start - 1  # newest weights the trainer has staged
+        self.rollout_version = steps.start - 1  # weights the rollout engine holds
+        self.staged: StagedWeights | None = None  # newest staged version not applied yet
+        self.flows: dict[int, Flow] = {}  # open partitions the trainer has not taken yet
+        self.producing: list[Flow] = []
+        self.starts: dict[int, tuple] = {}  # batch -> data position and sampler state at its start
+        self.relayed: dict[str, float] = {}  # relay metrics since the trainer's last step
+        self.error: BaseException | None = None
+        self.stopping = False
+        self.engine = threading.Lock()  # the rollout engine: one batch's generation, or an evaluation
+        self._relay_lock = threading.Lock()  # WeightRelay is single-threaded; both threads use it
+        self._thread = threading.Thread(target=self._loop, name="rollout-ahead", daemon=True)
+        self._thread.start()
+
+    # ----------------------------------------------------------------- trainer
+    def take(self, step: int) -> Flow:
+        """Partition ``step``, once the rollout thread has opened it (raises the rollout's error)."""
+        with self.cond:
+            while step not in self.flows:
+                self.raise_error()
+                self.cond.wait(1.0)
+            self.starts.pop(step, None)  # a checkpoint from now on records a later start
+            return self.flows.pop(step)
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def stage(self, version: int, named) -> None:
+        """The trainer's new weights into host buffers for the rollout thread; an older staged version it has
+        not applied yet is dropped."""
+        with self._relay_lock:
+            staged = self.relay.stage(named, version)
+        with self.cond:
+            old, self.staged, self.trained = self.staged, staged, version
+            self.cond.notify_all()
+        if old is not None:
+            with self._relay_lock:
+                self.relay.discard(old)
+
+    def step_metrics(self) -> dict[str, float]:
+        """The rollout's weight version and the relay metrics since the last call."""
+        with self.cond:
+            relayed, self.relayed = self.relayed, {}
+            return {"async/rollout_version": float(self.rollout_version), **relayed}
+
+    def start_of(self, step: int, timeout_s: float = 600) -> tuple:
+        """The data position and sampler state at the start of batch ``step`` (waits for the rollout thread
+        to start it; it may, as the trainer staged weights ``step-1``)."""
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while step not in self.starts:
+                self.raise_error()
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"checkpoint: the rollout thread did not start batch {step} in {timeout_s:.0f} s")
+                self.cond.wait(1.0)
+            return self.starts[step]
+
+    def evaluate(self, step: int, fn: Callable[[], dict]) -> dict:
+        """``fn()`` with the rollout engine held between two batches and holding the trainer's weights ``step``."""
+        with self.engine:
+            self.apply_staged()
+            if self.rollout_version != step:
+                raise RuntimeError(f"evaluation at step {step}: the rollout engine holds weights {self.rollout_version}")
+            return fn()
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            flows = [*self.flows.values(), *self.producing]
+            self.cond.notify_all()
+        for f in flows:
+            f.stop.set()
+        self._thread.join(timeout=600)
+
+    # ----------------------------------------------------------------- rollout
+    def between_polls(self) -> None:
+        """Partial rollout: weights staged since the batch started go to the rollout now."""
+        if self.partial:
+            self.apply_staged()
+
+    def apply_staged(self) -> None:
+        """The newest staged weights, if any, into every rollout rank (the caller holds the engine)."""
+        with self.cond:
+            staged, self.staged = self.staged, None
+        if staged is None:
+            return
+        t0 = time.perf_counter()
+        with self._relay_lock:
+            m = self.relay.apply_to_group(staged, self.rollout, "receive_weights")
+        with self.cond:
+            self.rollout_version = staged.version
+            self.relayed = {**m, "timing/relay_s": self.relayed.get("timing/relay_s", 0.0) + time.perf_counter() - t0}
+
+    def _loop(self) -> None:
+        try:
+            for j in self.steps:
+                with self.cond:  # batch j is trained by weights j-1; generate it with weights >= j-1-k
+                    self.cond.wait_for(lambda: self.stopping or self.trained >= j - 1 - self.k)
+                    if self.stopping:
+                        return
+                hold = _Hold(self.engine)
+                try:
+                    self.apply_staged()
+                    with self.cond:
+                        self.starts[j] = self._batch_start()
+                        self.cond.notify_all()
+                    f = self._open(j)
+                    f.state.hold = hold
+                    with self.cond:
+                        self.flows[j] = f
+                        self.producing = [x for x in self.producing if not x.produced.is_set()] + [f]
+                        self.cond.notify_all()
+                    # the next batch starts when this one's generation ends; its last rewards land meanwhile
+                    threading.Thread(target=self._produce_flow, args=(f,), name=f"produce-{j}", daemon=True).start()
+                    while not f.generated.wait(0.2):
+                        if f.stop.is_set():
+                            raise f.errors[0] if f.errors else RuntimeError(f"batch {j} was stopped")
+                    if f.errors:
+                        raise f.errors[0]
+                finally:
+                    hold.release()
+        except BaseException as e:  # noqa: BLE001 - raised in the trainer's thread
+            with self.cond:
+                self.error = e
+                self.cond.notify_all()
+
+    def _produce_flow(self, f: Flow) -> None:
+        """A partition's producing stages on a thread of their own; an error stops the flow, and reaches the
+        trainer (the flow's errors, and this object's error so the trainer stops waiting)."""
+        try:
+            self._produce(f)
+        except BaseException as e:  # noqa: BLE001 - the trainer raises it
+            with self.cond:
+                if self.error is None and not self.stopping:
+                    self.error = e
+                self.cond.notify_all()
+        finally:
+            f.produced.set()

@@ -1,0 +1,193 @@
+"""The stages that read a step's partition: the forward-only passes, the advantages and the update.
+
+::
+
+    reference:   groups with responses [and rewards]   -> ref_logprobs  (reference group; KL outside the actor)
+    old:         groups with responses [and rewards]   -> old_logprobs  (actor; the batch is used more than once)
+    values:      groups with responses [and rewards]   -> values        (critic)
+    advantages:  groups with rewards [, ref, values]   -> advantages [, returns]
+                 (group-relative estimators per group; batch-whitened ones once the batch is complete)
+    update:      batch:       once every row has advantages, mini-batches x epochs optimizer steps
+                 accumulate:  forward + backward on each group as it gets advantages, one optimizer step
+                              when the batch is consumed (the same update, overlapped with generation)
+
+A stage whose group shares the rollout's pool waits until generation ends (its devices are time-shared);
+on a pool of its own it starts on the first group. With dynamic sampling the forward passes also wait for
+a group's rewards (a dropped group never gets them, and its rows are retired).
+"""
+
+from __future__ import annotations
+
+from relayrl.cluster import WorkerGroup
+from relayrl.workflows.flow import Flow
+from relayrl.workflows.parts import StepParts
+
+__all__ = ["Consume"]
+
+
+class Consume:
+    """The consuming stages of a step (module docstring)."""
+
+    def __init__(self, parts: StepParts) -> None:
+        self.p = parts
+
+    def stages(self) -> dict:
+        p = self.p
+        stages = {"advantages": self.advantages, "update": self.update}
+        if p.reference is not None:
+            stages["reference"] = self.reference
+        if p.plan.recompute_old:
+            stages["old"] = self.old_logprobs
+        if p.critic is not None:
+            stages["values"] = self.values
+        return stages
+
+    # ---------------------------------------------------------- forward passes
+    def _pass(self, f: Flow, stage: str, group: WorkerGroup, span: str, column: str, **kwargs) -> None:
+        """Each ready batch of groups -> ``forward_into`` on every rank -> the receipts published."""
+        p = self.p
+        cols = ["prompt_ids", "response_ids", "group"] + (["rewards"] if p.plan.group_filter else [])
+        gate = self._gate(group, f)
+        rows = None if gate is not None else p.sampling.n * p.cfg.trainer.stream_groups
+        for b in f.leases(stage, cols, batch_rows=rows, after=gate):
+            with p.phases.phase(span, group, f.step):
+                for r in group.split("forward_into", self._items(f, b.indexes, cols, group.world_size), column,
+                                     **kwargs):
+                    p.dock.publish(r)
+            b.ack()
+
+    def reference(self, f: Flow) -> None:
+        p = self.p
+        gate = self._gate(p.reference, f)
+        while gate is not None and not gate.wait(0.2):  # (trainer.offload: back on the device for its turn only)
+            if f.stop.is_set():
+                return
+        p.phases.wake(p.reference)
+        self._pass(f, "reference", p.reference, "ref_logprob", "ref_logprobs", temperature=p.temperature)
+        p.phases.idle(p.reference)
+
+    def old_logprobs(self, f: Flow) -> None:
+        self._pass(f, "old", self.p.actor, "old_logprob", "old_logprobs", temperature=self.p.temperature)
+
+    def values(self, f: Flow) -> None:
+        self._pass(f, "values", self.p.critic, "values", "values")
+
+    # -------------------------------------------------------------- advantages
+    def advantages(self, f: Flow) -> None:
+        p, est = self.p, self.p.plan.estimator
+        a = p.cfg.algorithm
+        cols = ["rewards", "response_ids", "group"] \
+            + (["gen_logprobs", "ref_logprobs"] if a.kl_in_reward and p.reference is not None else []) \
+            + (["values"] if est.values else []) + (["baseline"] if est.baseline else []) \
+            + (["loss_mask"] if p.episodes is not None else [])
+        rows = p.sampling.n * p.cfg.trainer.stream_groups if est.group_relative else None
+        for b in f.leases("advantages", cols, batch_rows=rows):
+            with p.session.span("advantage", "driver", f.step):
+                receipt, kl = p.score("advantages_into", p.dock.reader(f.part, b.indexes, cols),
+                                      p.dock.slots(f.part, b.indexes))
+            p.dock.publish(receipt)
+            with f.state.cond:
+                f.state.kl.update(kl)
+            b.ack()
+
+    # ------------------------------------------------------------------ update
+    def update_fields(self) -> list[str]:
+        """The per-token columns the actor's loss reads (besides the prompt and response ids)."""
+        p = self.p
+        return ["advantages", "gen_logprobs"] + (["ref_logprobs"] if p.reference is not None else []) \
+            + (["old_logprobs"] if p.plan.recompute_old else []) + (["loss_mask"] if p.episodes is not None else [])
+
+    def update(self, f: Flow) -> None:
+        """The plan's update: on the whole batch, or accumulated per arriving group (one optimizer step)."""
+        p, a, step = self.p, self.p.cfg.algorithm, f.step
+        fields = self.update_fields()
+        critic_fields = (["values", "returns"] + (["loss_mask"] if p.episodes is not None else [])
+                         if p.critic is not None else [])
+        cols = list(dict.fromkeys(["prompt_ids", "response_ids", "group", "truncated", *fields, *critic_fields]))
+        loss_kw = dict(drop_truncated=a.overlong_filter, temperature=p.temperature,
+                       with_entropy="grad" if a.entropy_coef > 0 else True)
+        gate = self._gate(p.actor, f)
+        st = f.state
+        if p.plan.update == "batch":
+            for b in f.leases("update", cols, batch_rows=None, after=gate):
+                if not self._can_train(f, b.indexes):
+                    b.ack()
+                    continue
+                with p.phases.phase("update", p.actor, step):
+                    opt = dict(mini_batches=p.cfg.trainer.mini_batches, epochs=p.cfg.trainer.epochs,
+                               seed=p.cfg.run.seed + step, temperature=p.temperature, drop_truncated=a.overlong_filter)
+                    if p.critic is not None:
+                        m = p.critic.split("train_batch", self._items(f, b.indexes, cols, p.critic.world_size),
+                                           p.value_loss, critic_fields, **opt)[0]  # every rank: the global figures
+                        with st.cond:
+                            st.update.update(m)
+                    if step > p.cfg.critic.warmup_steps or p.critic is None:
+                        m = p.actor.split("train_batch", self._items(f, b.indexes, cols, p.actor.world_size), p.loss,
+                                          fields, **opt, with_entropy=loss_kw["with_entropy"])[0]
+                        with st.cond:
+                            st.update.update(m)
+                b.ack()
+            return
+        consumed = 0
+        for b in f.leases("update", cols, batch_rows=p.sampling.n * p.cfg.trainer.stream_groups, after=gate):
+            with p.phases.phase("update", p.actor, step):
+                p.actor.split("forward_backward", self._items(f, b.indexes, cols, p.actor.world_size), p.loss, fields,
+                              fresh=consumed == 0, **loss_kw)
+            consumed += len(b.indexes)
+            b.ack()
+        if f.stop.is_set() or consumed == 0 or not self._can_train(f, None):
+            return  # (what was accumulated is dropped by the next update's first chunk)
+        with p.phases.phase("update", p.actor, step):
+            m = p.actor.all("optim_step")[0]  # every rank: the global figures
+        with st.cond:
+            st.update.update(m)
+
+    def _can_train(self, f: Flow, indexes: list[int] | None) -> bool:
+        """Whether the update can take its optimizer steps; if not, say why in the run's log and record
+        ``actor/skipped_update``. DAPO's overlong filter may drop every row; with the whole batch at once
+        (``indexes``), every data-parallel rank needs a row per mini-batch after the filter and dynamic
+        sampling (each mini-batch is an optimizer step on every rank)."""
+        p, st = self.p, f.state
+        records = st.kept_records()
+        rows = sum(len(r.lengths) for r in records)
+        cut = {i: t for r in records for i, t in zip(st.rows[r.group], r.truncated)}
+        if p.cfg.algorithm.overlong_filter:
+            with st.cond:
+                st.update["actor/overlong_filtered"] = float(sum(cut.values()))
+        why = None
+        if p.cfg.algorithm.overlong_filter and sum(cut.values()) >= rows:
+            why = (f"algorithm.overlong_filter dropped all {rows} responses (every one was cut at "
+                   f"rollout.max_new_tokens={p.sampling.max_new_tokens}; raise it)")
+        elif indexes is not None:
+            mb, ranks = p.cfg.trainer.mini_batches, p.actor.world_size
+            trained = [sum(not (p.cfg.algorithm.overlong_filter and cut.get(i, False)) for i in idx)
+                       for idx, _ in self._shares(indexes, ranks)]
+            left = sum(trained)
+            if min(trained) < mb:
+                why = (f"{left} of {rows} rows are left to train on (after DAPO's dynamic sampling and "
+                       f"algorithm.overlong_filter), {min(trained)} on the data-parallel rank with the fewest, fewer "
+                       f"than trainer.mini_batches={mb} (each mini-batch is one optimizer step and needs a row on "
+                       f"every rank: lower trainer.mini_batches)")
+        if why is None:
+            return True
+        p.session.tracker.write_text(f"step {f.step}: {why}; no update this step")
+        with st.cond:
+            st.update["actor/skipped_update"] = 1.0
+        return False
+
+    # ----------------------------------------------------------------- helpers
+    def _gate(self, group: WorkerGroup, f: Flow):
+        """Stages on the rollout's pool wait for generation to end (the devices are time-shared)."""
+        return f.generated if self.p.same_pool_as_rollout(group) else None
+
+    def _shares(self, indexes: list[int], ranks: int) -> list[tuple[list[int], None]]:
+        """Each rank's rows: whole groups of ``indexes``, dealt out in turn."""
+        n = self.p.sampling.n
+        groups = [indexes[i:i + n] for i in range(0, len(indexes), n)]
+        return [(sum(groups[r::ranks], []), None) for r in range(ranks)] if ranks > 1 else [(indexes, None)]
+
+    def _items(self, f: Flow, indexes: list[int], cols: list[str], ranks: int) -> list:
+        """One ``(reader, slots)`` per rank over its share of ``indexes`` (``(None, None)``: no rows)."""
+        dock = self.p.dock
+        return [(dock.reader(f.part, idx, cols), dock.slots(f.part, idx)) if idx else (None, None)
+                for idx, _ in self._shares(indexes, ranks)]

@@ -1,0 +1,297 @@
+"""The GRPO-family step: one implementation for every mode (GRPO, DAPO, Dr.GRPO, RLOO, REINFORCE++, ReMax,
+PPO with a critic, multi-turn episodes, reward models and judges as scorers).
+
+The stages run as threads over one dock partition per step (the streaming dataflow of AsyncFlow's
+TransferQueue and the periodic asynchrony paper's Algorithm 1)::
+
+        rollout ──► [prompt_ids response_ids gen_logprobs ...] ──► score ──► [rewards] ──┐
+           │                                                                              ▼
+           └─ReMax─► [baseline_ids] ──► baseline ──► [baseline] ──────────────────► advantages ──► [advantages]
+                                                                                          ▲             │
+        reference ──► [ref_logprobs] ──(kl in reward)─────────────────────────────────────┘             │
+        old (actor) ──► [old_logprobs] ──────────────────────────────────────────────────────┐          │
+        values (critic) ──► [values] ──► advantages                                          ▼          ▼
+                                                                                          update ◄─────┘
+                                                                        weights ──► relay ──► rollout
+
+    stage       consumes                      waits for                        unblocks
+    sample      prompts                       weights of the step (or k ahead) score, every pass
+    score       response_ids                  a landed batch of rows           advantages; DAPO's next round
+    baseline    baseline_ids (ReMax)          the kept groups' greedy rows     advantages
+    reference   prompt_ids, response_ids      a group (its pool's turn)        advantages (KL in reward), update
+    old/values  prompt_ids, response_ids      a group (its pool's turn)        update / advantages (GAE)
+    advantages  rewards [, values, baseline]  a group (or the whole batch)     update
+    update      advantages and the passes     a group (accumulate) or all      the relay
+    relay       the actor's weights           the update                       the next step's sample
+
+What the config sets is worked out once by the step plan (:mod:`relayrl.config.plan`):
+
+* ``ahead`` (``trainer.off_policy_steps``): how many weight versions the rollout may run ahead. 0: the
+  partition's producing and consuming stages run in one step and the weights reach the rollout at its end
+  (on-policy). k: the producing stages run on a rollout thread up to k partitions ahead
+  (:mod:`relayrl.workflows.ahead`), so every token is at most k versions stale.
+* ``update``: ``batch`` waits for every row; ``accumulate`` trains each group as it gets its advantages and
+  steps the optimizer once (periodic asynchrony; the same update).
+* placement: a stage whose group shares the rollout's pool waits for generation to end (colocated: the
+  phases take turns, as in HybridFlow's hybrid engine); on another pool it starts on the first group.
+
+Departure from PPO-style trainers: with one optimizer step per batch, pi_old is the update's own forward
+pass, detached (ratio 1 on the trainer's weights; the rollout/trainer mismatch is still measured); the
+separate old-policy pass runs when the batch is used more than once.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from relayrl.algorithms.dapo import overlong_penalty
+from relayrl.checkpoint import CheckpointError
+from relayrl.cluster import make_group
+from relayrl.config.plan import step_plan
+from relayrl.config.schema import Config, available_devices, offpolicy_placement
+from relayrl.dock import Dock
+from relayrl.engines.generation.base import SamplingParams
+from relayrl.weights import WeightRelay
+from relayrl.workflows.ahead import RolloutAhead
+from relayrl.workflows.consume import Consume
+from relayrl.workflows.episodes import episode_spec, evaluate_episodes
+from relayrl.workflows.flow import Flow
+from relayrl.workflows.losses import PolicyLoss, ValueLoss
+from relayrl.workflows.parts import Phases, StepParts
+from relayrl.workflows.produce import Produce
+from relayrl.workflows.relay import relay_weights
+from relayrl.workflows.roles import Pools, build_roles
+from relayrl.workflows.scoring import ScoreWorker
+from relayrl.workflows.session import Session
+from relayrl.workflows.state import StepState
+from relayrl.workflows.step_metrics import staleness_metrics, step_metrics, step_tokens
+from relayrl.workflows.workers import collective, generate, restore_rollout_rng, rollout_rng
+
+__all__ = ["GRPOPipeline", "KEY_METRICS"]
+
+KEY_METRICS = ("reward/mean", "eval/accuracy", "response/length_mean", "actor/entropy", "perf/step_time_s")
+
+# worker-group methods whose arguments or results are weights or checkpoints, not samples
+_NOT_SAMPLES = frozenset({"named_weights", "update_weights", "receive_weights", "share_weights", "state",
+                          "load_state", "param_shapes", "save_pretrained", "rng_state", "set_rng_state"})
+
+
+class GRPOPipeline:
+    """Builds the roles, the dock and the stages from the step plan, then runs :meth:`step` per RL step."""
+
+    def __init__(self, cfg: Config, session: Session | None = None) -> None:
+        cfg = placed_config(offpolicy_placement(cfg))
+        self.cfg, self.plan = cfg, (plan := step_plan(cfg))
+        self.s = s = session or Session(cfg)
+        s.log(f"relayrl: {plan.describe()}" + "".join(f"\nrelayrl: {n}" for n in plan.notes))
+        pools = Pools(cfg, s.pool)
+        groups = build_roles(cfg, plan, pools, str(s.model_path))
+        self.actor, self.rollout = groups["actor"], groups["rollout"]
+        self.ref, self.critic = groups.get("reference"), groups.get("critic")
+        if cfg.cluster.backend == "ray":  # say where each role landed (a multi-node run places them by pool)
+            s.log("relayrl: placed " + ", ".join(f"{k} on {'/'.join(sorted(set(g.nodes())))}" for k, g in groups.items()))
+        self.dock = Dock.from_config(cfg.dock)
+        self.relay = WeightRelay()
+        self.shared = self._share_rollout_weights()
+        ro, a = cfg.rollout, cfg.algorithm
+        scorer = dict(reward=s.reward, tokenizer=s.tokenizer, algorithm=a, shape=self.shaped)
+        if cfg.placement.reward == "driver":  # threads of the driver: calls run concurrently, beside every pool
+            worker = ScoreWorker(**scorer)
+            self.scorer, score = None, lambda method, *args: getattr(worker, method)(*args)
+        else:  # a pool's devices (a reward model): its calls take that pool's turns
+            self.scorer = make_group(cfg.cluster.model_copy(update={"in_process": True}), ScoreWorker,
+                                     pools(cfg.placement.reward), "scorer", init_kwargs=scorer)
+            score = self.scorer.one
+        self.ahead: RolloutAhead | None = None
+        self.parts = StepParts(
+            cfg=cfg, plan=plan, session=s, dock=self.dock, actor=self.actor, rollout=self.rollout, reference=self.ref,
+            critic=self.critic, score=score, loss=PolicyLoss(
+                clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip, agg=a.loss_agg, level=a.ratio_level,
+                kl_coef=0.0 if a.kl_in_reward else a.kl_coef, kl_kind=a.kl_kind, entropy_coef=a.entropy_coef,
+                agg_constant=float(ro.max_new_tokens), tis_cap=a.tis_cap,
+                old_key="gen_logprobs" if a.old_logprobs == "rollout" else "old_logprobs"),
+            value_loss=ValueLoss(clip=cfg.critic.value_clip) if self.critic is not None else None,
+            sampling=SamplingParams(n=ro.n, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
+                                    max_new_tokens=ro.max_new_tokens, stop_strings=tuple(ro.stop_strings)),
+            greedy=SamplingParams(n=1, temperature=0.0, max_new_tokens=ro.max_new_tokens,
+                                  stop_strings=tuple(ro.stop_strings)),
+            # the rollout records log-probs under softmax(logits / T); every trainer pass that meets them divides
+            # its logits by the same T (greedy: T=1), as verl and NeMo-RL do
+            temperature=ro.temperature if ro.temperature > 0 else 1.0,
+            episodes=episode_spec(cfg), phases=Phases(s, cfg.trainer.offload, self.actor, self.shared),
+            between_polls=lambda: self.ahead.between_polls() if self.ahead is not None else None)
+        self.produce, self.consume = Produce(self.parts, partial=plan.partial), Consume(self.parts)
+
+    def _share_rollout_weights(self) -> bool:
+        """Zero-redundancy colocation: an actor and a rollout both in the driver process with the same weight
+        dtype share the parameters (no copy, no relay traffic). Not with LoRA: the rollout needs the merged
+        weights, which the actor does not hold."""
+        prec = {"trained": self.cfg.model.dtype if self.cfg.model.pure_low_precision else "float32",
+                "rollout": self.cfg.rollout.dtype or self.cfg.model.dtype}
+        if not (self.actor.in_driver and self.rollout.in_driver) or prec["trained"] != prec["rollout"] \
+                or self.cfg.model.lora.enabled:
+            return False
+        self.rollout.one("share_weights", self.actor.one("named_weights"), 0)
+        return True
+
+    def shaped(self, scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Rewards from verifier scores: DAPO's overlong shaping when enabled."""
+        a = self.cfg.algorithm
+        if not a.overlong_shaping:
+            return scores.clone()
+        return scores + overlong_penalty(lengths, self.cfg.rollout.max_new_tokens, a.overlong_cache)
+
+    # ---------------------------------------------------------------- the step
+    def step(self, step: int) -> dict[str, float]:
+        """One RL step: fill partition ``step`` (here, or ahead on the rollout thread), consume it, relay."""
+        t0 = time.perf_counter()
+        self.parts.phases.metrics = {}
+        for g in self._groups():  # (an evaluation's completions since the last step are not samples)
+            g.reset_bytes()
+        if self.plan.ahead:
+            if self.ahead is None:  # the steps left from here on, generated ahead within the staleness bound
+                self.ahead = self._start_ahead(step)
+            with self.s.span("wait_rollout", "actor", step):
+                f = self.ahead.take(step)
+            waited = time.perf_counter() - t0
+            stages = self.consume.stages()
+        else:
+            f, stages = self.open_step(step), {**self.produce.stages(), **self.consume.stages()}
+        try:
+            f.run(stages)
+            while not f.produced.wait(0.2):  # off-policy: the score stage's last acknowledgements
+                self.ahead.raise_error()
+            if f.errors:  # a producing stage failed after the consuming ones had returned
+                raise f.errors[0]
+        finally:
+            self.dock.close_partition(f.part)
+        m = step_metrics(f.state, step=step, prompts_per_step=self.cfg.data.prompts_per_step,
+                         group_filter=self.plan.group_filter, tri_model=self.plan.tri_model, session=self.s)
+        m["dock/driver_bytes"] = float(sum(b for g in self._groups() for k, b in g.bytes_by_method.items()
+                                           if k not in _NOT_SAMPLES))
+        if self.ahead is not None:
+            with self.s.span("stage_weights", "actor", step):
+                self.ahead.stage(step, collective(self.actor, "named_weights"))
+            m.update(staleness_metrics([v for r in f.state.kept_records() for v in r.versions], step, self.plan.ahead))
+            m.update({"async/wait_rollout_s": waited, **self.ahead.step_metrics()})
+        elif "dapo/skipped_step" in m:
+            self.parts.phases.wake(self.rollout)
+        else:
+            self.parts.phases.wake(self.rollout, restore=False)  # its old weights are overwritten next
+            with self.s.span("relay", "rollout", step):
+                m.update(relay_weights(self.actor, self.rollout, version=step, relay=self.relay))
+            self.parts.phases.idle(self.actor, self.critic)
+        m.update(self.parts.phases.metrics)
+        return self.perf(m, t0, step_tokens(f.state), None if "dapo/skipped_step" in m and not self.plan.ahead else step)
+
+    def open_step(self, step: int) -> Flow:
+        """Draw the step's prompts and open its partition (``P`` groups of ``n`` rows; with dynamic sampling
+        room for every resample round, the rows not needed retired)."""
+        P, n = self.cfg.data.prompts_per_step, self.parts.sampling.n
+        problems = self.s.prompts.take(P)
+        part = f"step-{step}"
+        rounds = 1 + self.cfg.algorithm.max_resample_rounds if self.plan.group_filter else 1
+        self.dock.open_partition(part, rows=P * rounds * n, group_size=n)
+        return Flow(self.dock, part, step, StepState(problems))
+
+    def perf(self, metrics: dict[str, float], t0: float, tokens: int, version: int | None) -> dict[str, float]:
+        """Step time and throughput (``tokens``: prompt + generated tokens, per device per second)."""
+        dt = time.perf_counter() - t0
+        devices = sum(p.world_size for p in {id(g.pool): g.pool for g in (self.actor, self.rollout)}.values())
+        metrics.update({"perf/step_time_s": dt, "perf/tokens": tokens,
+                        "perf/tokens_per_s_per_device": tokens / (dt * devices)})
+        if version is not None:
+            metrics["weights/version"] = version
+        return metrics
+
+    def _start_ahead(self, step: int) -> RolloutAhead:
+        return RolloutAhead(self.plan.ahead, range(step, self.cfg.trainer.steps + 1), open_flow=self.open_step,
+                            produce=lambda f: f.run(self.produce.stages()),
+                            batch_start=lambda: (self.s.prompts.state(), rollout_rng(self.rollout)),
+                            relay=self.relay, rollout=self.rollout, partial=self.plan.partial)
+
+    def _groups(self):
+        return [g for g in (self.actor, self.rollout, self.ref, self.critic, self.scorer) if g is not None]
+
+    # --------------------------------------------------------------- run loop
+    def restore(self) -> None:
+        """Load the checkpoint the resume plan chose (if any) and give the rollout the actor's weights."""
+        s = self.s
+        ck = s.load(self.actor.one("param_shapes"))
+        if ck is not None:
+            self.actor.all("load_state", {"model": ck.model_state, "optimizer": ck.optimizer_state,
+                                          "scheduler": ck.scheduler_state})
+            if self.critic is not None:
+                if not isinstance(ck.extra, dict) or "critic" not in ck.extra:
+                    raise CheckpointError(f"{ck.path} holds no critic state (it was saved by a run without "
+                                          f"advantage=gae); resume it with its own advantage estimator")
+                self.critic.all("load_state", ck.extra["critic"])
+            restore_rollout_rng(self.rollout, ck.trainer_state["rollout_rng"], s.log)
+            s.restore_rng(ck)
+        relay_weights(self.actor, self.rollout, version=s.start_step)
+        self.parts.phases.idle(self.actor, self.critic, self.ref)  # generation comes first
+
+    def begin(self) -> range:
+        """Restore, open telemetry, evaluate a fresh run's starting model; the steps to train (for tests and
+        benchmarks that drive :meth:`step` themselves)."""
+        self.restore()
+        self.s.open_telemetry(self.cfg.trainer.steps, KEY_METRICS)
+        if self.s.start_step == 0:
+            self.s.tracker.log(0, self.evaluate(0))
+        return self.s.steps()
+
+    def run(self) -> Path:
+        """The shared run loop (restore, eval at step 0, steps, log, checkpoint, export) with this step."""
+        def export(path: str) -> None:
+            self._stop_ahead()
+            self.actor.all("save_pretrained", path)
+
+        return self.s.run(restore=self.restore, step=self.step, evaluate=self.evaluate, save=self.save,
+                          export=export, shutdown=self.shutdown, key_metrics=KEY_METRICS)
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        def held_out() -> dict[str, float]:
+            with self.s.span("eval", "rollout", step):
+                if self.parts.episodes is not None:
+                    return evaluate_episodes(self.rollout, self.s, self.parts.episodes, step)
+                return self.s.evaluate(lambda p, sp: generate(self.rollout, p, sp), step).metrics
+
+        return held_out() if self.ahead is None else self.ahead.evaluate(step, held_out)
+
+    def save(self, step: int) -> Path:
+        extra_state = {"rollout_rng": rollout_rng(self.rollout)}
+        if self.ahead is not None:  # the position of batch step+1, the first not trained yet
+            data, rng = (self.ahead.start_of(step + 1) if step + 1 in self.ahead.steps
+                         else (self.s.prompts.state(), extra_state["rollout_rng"]))
+            extra_state = {"rollout_rng": rng, "data": data}
+        with self.s.span("checkpoint", "driver", step):
+            extra = None if self.critic is None else {"critic": collective(self.critic, "state")}
+            return self.s.save(step, collective(self.actor, "state"), extra_state=extra_state, extra=extra)
+
+    def _stop_ahead(self) -> None:
+        if self.ahead is not None:
+            self.ahead.stop()
+
+    def shutdown(self) -> None:
+        self._stop_ahead()
+        for g in self._groups():
+            g.shutdown()
+        self.dock.shutdown()
+
+
+def placed_config(cfg: Config) -> Config:
+    """``cfg`` ready to place: ``run.threads`` set to every rank's share of the cores when the run is on a CPU
+    and declares pools (a CPU device is a share of the cores), and the dock's storage units reachable from a
+    rollout in its own process (units in processes of their own on the local backend, Ray actors on Ray)."""
+    pl = cfg.placement
+    if pl.split and cfg.dock.backend == "local":
+        backend = "ray" if cfg.cluster.backend == "ray" else "process"
+        cfg = cfg.model_copy(update={"dock": cfg.dock.model_copy(update={"backend": backend})})
+    kind, cores = available_devices(cfg)
+    if kind != "CPU core" or not pl.pools or cfg.run.threads:
+        return cfg
+    per = max(1, cores // (cfg.cluster.devices + sum(pl.pools.values())))
+    return cfg.model_copy(update={"run": cfg.run.model_copy(update={"threads": per})})

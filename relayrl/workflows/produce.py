@@ -1,0 +1,184 @@
+"""The stages that fill a step's partition: generation, rewards, and ReMax's greedy baseline.
+
+::
+
+    sample:    the rollout ranks stream each prompt group into the partition as its n responses finish;
+               dynamic sampling: further rounds of fresh prompts replace dropped groups
+    score:     each landed batch of rows -> the scorer -> once every row of a group is scored, its rewards
+               are written, or (dynamic sampling) the group is dropped and its rows retired
+    baseline:  ReMax: each kept group's greedy response, scored, written as its rows' ``baseline``
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+import torch
+
+from relayrl.algorithms.dapo import dynamic_sampling_filter
+from relayrl.workflows.flow import Flow
+from relayrl.workflows.parts import StepParts
+
+__all__ = ["Produce"]
+
+
+class Produce:
+    """The producing stages of a step (module docstring)."""
+
+    def __init__(self, parts: StepParts, partial: bool = False) -> None:
+        self.p, self.partial = parts, partial
+
+    def stages(self) -> dict:
+        p = self.p
+        return {"sample": self.sample, "score": self.score, **({"baseline": self.baseline} if p.plan.baseline else {})}
+
+    # ------------------------------------------------------------------ sample
+    def sample(self, f: Flow) -> None:
+        """Generation rounds until ``P`` groups are kept (one round without dynamic sampling), then ReMax's
+        greedy responses of the kept groups; the rows no round used are retired."""
+        p, st = self.p, f.state
+        P, rounds_max = p.cfg.data.prompts_per_step, p.cfg.algorithm.max_resample_rounds
+        todo = list(range(len(st.problems)))
+        with p.phases.phase("generate", p.rollout, f.step):
+            while True:
+                self._generate(f, todo)
+                with st.cond:
+                    st.rounds += 1
+                if not p.plan.group_filter or f.stop.is_set():
+                    break
+                with st.cond:  # every group of the round judged: kept or dropped (or the flow stopped)
+                    while not st.cond.wait_for(lambda: f.stop.is_set() or st.judged == len(st.problems), timeout=0.5):
+                        continue
+                    need, rounds = P - st.kept, st.rounds
+                if need <= 0 or rounds > rounds_max or f.stop.is_set():
+                    break
+                first = len(st.problems)
+                fresh = p.session.prompts.take(need)
+                with st.cond:
+                    st.problems += fresh
+                todo = list(range(first, first + need))
+            if p.plan.baseline and not f.stop.is_set():
+                with st.cond:
+                    kept = [g for g in range(len(st.problems)) if g not in st.dropped]
+                self._generate(f, kept, baseline=True)
+        if p.plan.group_filter and not f.stop.is_set():
+            p.dock.retire(f.part)  # the rounds that were not needed
+        if st.hold is not None:  # off-policy: the rollout engine is free for the next batch
+            st.hold.release()
+        p.phases.idle(p.rollout)
+        p.phases.wake(p.actor, p.critic)
+        f.generated.set()
+
+    def _generate(self, f: Flow, groups: list[int], baseline: bool = False) -> None:
+        """One round: prompt groups ``groups`` streamed into the partition by the rollout ranks (each a
+        strided share); ``baseline``: one greedy response per group, into its existing rows."""
+        p, st, n = self.p, f.state, self.p.sampling.n
+        with st.cond:
+            problems = list(st.problems)
+        if baseline:
+            slots = [p.dock.slots(f.part, st.rows[g]) for g in groups]
+        else:
+            slots = [p.dock.reserve(f.part, n) for _ in groups]
+            with st.cond:
+                st.rows.update({g: sl.indexes for g, sl in zip(groups, slots)})
+        params = p.greedy if baseline else p.sampling
+        prompts = [p.session.encode(problems[g]) for g in groups]
+        ranks = p.rollout.world_size
+        per_sample = p.cfg.reward.stream == "sample" and not baseline
+        for r in range(ranks):
+            idx = list(range(len(groups)))[r::ranks]
+            episodes = {} if p.episodes is None else dict(episodes=p.episodes, problems=[problems[groups[i]] for i in idx])
+            p.rollout.one("start_stream", [prompts[i] for i in idx], params, [slots[i] for i in idx],
+                          [groups[i] for i in idx], partial=self.partial, baseline=baseline, **episodes,
+                          per_sample=per_sample, rank=r)
+        live = set(range(ranks))
+        while live and not f.stop.is_set():
+            for r in sorted(live):
+                got, done = p.rollout.one("poll_stream", 0.05 if ranks > 1 else 0.2, rank=r)
+                for receipt, records in got:
+                    p.dock.publish(receipt)
+                    with st.cond:
+                        st.records += [x for x in records if not x.baseline]
+                if done:
+                    live.discard(r)
+            if p.between_polls is not None:
+                p.between_polls()
+
+    # ------------------------------------------------------------------- score
+    def score(self, f: Flow) -> None:
+        """Score rows as they land; write a group's rewards once all its rows are scored. One call per landed
+        batch of whole groups (``reward.stream=group``) or per landed row (``sample``: the rollout writes each
+        response as it ends); several calls in flight so a slow one does not hold the rows behind it."""
+        p, st, n = self.p, f.state, self.p.sampling.n
+        pending: dict[int, dict[int, tuple[float, float]]] = {}  # group -> row -> (score, reward); under st.cond
+
+        def one(b) -> None:
+            with st.cond:
+                problems = list(st.problems)
+            with p.session.span("reward", "reward", f.step):
+                out = p.score("score_rows", p.dock.reader(f.part, b.indexes, cols), problems)
+            b.ack()
+            done = []
+            with st.cond:
+                for i, g, score, reward in zip(b.indexes, out.groups, out.scores, out.rewards):
+                    pending.setdefault(g, {})[i] = (score, reward)
+                for k, v in out.metrics.items():
+                    st.reward_metrics.setdefault(k, []).append((v, len(b.indexes)))
+                for g in dict.fromkeys(out.groups):
+                    if len(pending[g]) == n:
+                        done.append((g, sorted(pending.pop(g).items())))
+            if done:
+                self._judge(f, done)
+
+        cols = ["response_ids", "group"] + (["env_rewards"] if p.episodes is not None else [])
+        per_sample = p.cfg.reward.stream == "sample"
+        calls = p.sample_calls if per_sample else p.score_calls
+        with ThreadPoolExecutor(calls, thread_name_prefix="score") as pool:
+            running: set = set()
+            for b in f.leases("score", cols, batch_rows=len(st.problems) * n, whole_groups=not per_sample):
+                while len(running) >= calls:
+                    done, running = wait(running, return_when=FIRST_COMPLETED)
+                    for d in done:
+                        d.result()
+                running.add(pool.submit(one, b))
+            for d in running:
+                d.result()
+
+    def _judge(self, f: Flow, done: list[tuple[int, list[tuple[int, tuple[float, float]]]]]) -> None:
+        """Groups whose rows are all scored (``(group, [(row, (score, reward)), ...])``): the kept groups'
+        rewards in one write; dynamic sampling drops a group whose scores are all equal (no signal): no
+        rewards, its rows retired so no later stage waits for them."""
+        p, st = self.p, f.state
+        rows = [i for _, got in done for i, _ in got]
+        groups = torch.tensor([g for g, got in done for _ in got])
+        scores = torch.tensor([sr[0] for _, got in done for _, sr in got], dtype=torch.float32)
+        rewards = [sr[1] for _, got in done for _, sr in got]
+        keep = dynamic_sampling_filter(scores, groups)[0].tolist() if p.plan.group_filter else [True] * len(rows)
+        kept = [i for i, k in enumerate(keep) if k]
+        if kept:
+            p.dock.publish(p.score("write_rewards", p.dock.slots(f.part, [rows[i] for i in kept]),
+                                   [rewards[i] for i in kept]))
+        if len(kept) < len(rows):
+            p.dock.retire(f.part, [r for r, k in zip(rows, keep) if not k])
+        with st.cond:
+            st.scores += [float(scores[i]) for i in kept]
+            st.rewards += [rewards[i] for i in kept]
+            st.dropped |= {int(g) for g, k in zip(groups.tolist(), keep) if not k}
+            st.judged += len(done)
+            st.kept += sum(1 for g, _ in done if g not in st.dropped)
+            st.cond.notify_all()
+
+    # ---------------------------------------------------------------- baseline
+    def baseline(self, f: Flow) -> None:
+        """ReMax: score each kept group's greedy response as its baseline, as they land."""
+        p, st = self.p, f.state
+        for b in f.leases("baseline", ["baseline_ids", "group"], batch_rows=p.sampling.n * len(st.problems)):
+            with st.cond:
+                problems = list(st.problems)
+            with p.session.span("greedy_baseline", "reward", f.step):
+                receipt, base = p.score("baseline_into", p.dock.reader(f.part, b.indexes, ["baseline_ids", "group"]),
+                                        p.dock.slots(f.part, b.indexes), problems)
+            p.dock.publish(receipt)
+            with st.cond:
+                st.baselines += base
+            b.ack()

@@ -1,0 +1,82 @@
+"""The worker roles of a GRPO-family step as a table: a new role is one entry and its worker class.
+
+Each role names its worker class, the placement key of its pool, and the engine settings it is built with;
+which roles a run has is the step plan's answer (:attr:`relayrl.config.plan.StepPlan.roles`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from relayrl.cluster import ClusterConfig, ResourcePool, WorkerGroup, make_group
+from relayrl.config.plan import StepPlan
+from relayrl.config.schema import Config
+from relayrl.workflows.workers import CriticWorker, PolicyWorker, ReferenceWorker, RolloutWorker, role_precision
+
+__all__ = ["Role", "ROLES", "build_roles", "Pools"]
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str
+    worker: type
+    init: Callable[[Config, StepPlan, dict, str, dict], dict]
+    """``init(cfg, plan, precision, model_path, common)``: the worker's constructor arguments."""
+    own_process: bool = False
+    """On a pool of its own, the role runs in its own process (generation then overlaps training instead of
+    competing with it for the driver's interpreter)."""
+
+
+def _updates(cfg: Config) -> int:
+    return cfg.trainer.steps * cfg.trainer.mini_batches * cfg.trainer.epochs
+
+
+ROLES: tuple[Role, ...] = (
+    Role("actor", PolicyWorker, lambda cfg, plan, prec, path, common: dict(
+        model_path=path, engine=cfg.engine, total_steps=_updates(cfg), seed=cfg.run.seed, tri_model=plan.tri_model,
+        lora=cfg.model.lora, **prec["trained"], **common)),
+    Role("critic", CriticWorker, lambda cfg, plan, prec, path, common: dict(
+        model_path=path, engine=cfg.engine.model_copy(update={"optim": cfg.critic.optim}), total_steps=_updates(cfg),
+        seed=cfg.run.seed, lora=cfg.model.lora, **prec["trained"], **common)),
+    Role("rollout", RolloutWorker, lambda cfg, plan, prec, path, common: dict(
+        model_path=path, max_batch=cfg.rollout.max_batch, seed=cfg.run.seed, decode=cfg.rollout.decode,
+        remote=cfg.rollout.remote(), **prec["rollout"], **common), own_process=True),
+    Role("reference", ReferenceWorker, lambda cfg, plan, prec, path, common: dict(
+        model_path=path, engine=cfg.engine, **prec["frozen"], **common)),
+)
+
+
+class Pools:
+    """The run's resource pools by name: ``main`` (the actor's) and the placement's others."""
+
+    def __init__(self, cfg: Config, main: ResourcePool) -> None:
+        self.cfg, self.main, self._pools = cfg, main, {}
+
+    def __call__(self, name: str) -> ResourcePool:
+        if name == "main":
+            return self.main
+        if name not in self._pools:  # 'driver': the driver's own threads (turns of their own, no device)
+            pl = self.cfg.placement
+            self._pools[name] = ResourcePool(name=name, devices=pl.pools.get(name, 1),
+                                             device_kind="cpu" if name == "driver" else self.main.device_kind,
+                                             node=pl.nodes.get(name))
+        return self._pools[name]
+
+
+def build_roles(cfg: Config, plan: StepPlan, pools: Pools, model_path: str) -> dict[str, WorkerGroup]:
+    """A worker group for every role of ``plan``, each on its pool (in :data:`ROLES` order)."""
+    m = cfg.model
+    common = dict(device=m.device, attn_implementation=m.attn_implementation, threads=cfg.run.threads)
+    prec = role_precision(m, cfg.rollout)
+    groups: dict[str, WorkerGroup] = {}
+    for role in ROLES:
+        if role.name not in plan.roles:
+            continue
+        pool = plan.pools[role.name]
+        cluster: ClusterConfig = cfg.cluster
+        if role.own_process and pool != "main":
+            cluster = cluster.model_copy(update={"in_process": False})
+        groups[role.name] = make_group(cluster, role.worker, pools(pool), role.name,
+                                       init_kwargs=role.init(cfg, plan, prec, model_path, common))
+    return groups

@@ -1,0 +1,90 @@
+"""The scorer: reward and advantage calls of a GRPO-family step, reading responses from the dock and writing
+rewards, baselines and advantages back (scalars and receipts to the driver, no sample tensors).
+
+It runs in the driver's process: on the driver's threads (rule verifiers, user functions: calls in flight
+at once), or as a one-rank group on a pool whose turns it takes (``placement.reward=<pool>``: a reward model
+or judge on that pool's device).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+import torch
+
+from relayrl.cluster import Worker
+from relayrl.workflows.estimate import advantage_rows
+
+__all__ = ["ScoreWorker", "Scored"]
+
+
+class Scored(NamedTuple):
+    """What :meth:`ScoreWorker.score_rows` returns for a batch of rows (scalars only)."""
+
+    scores: list[float]
+    """The verifier's score of each row."""
+    rewards: list[float]
+    """Each row's reward after the run's shaping."""
+    metrics: dict[str, float]
+    """The reward engine's metrics for the call."""
+    groups: list[int]
+    """Each row's prompt group."""
+
+
+class ScoreWorker(Worker):
+    """The reward and advantage stages, in the driver's process: reads responses from the dock, scores them
+    with the run's reward engine (rule verifiers, user functions, a reward model or LLM judge, on this
+    worker's pool device when it has one) and writes rewards; computes advantages of
+    complete groups (or of the whole batch) and writes them."""
+
+    def __init__(self, reward, tokenizer, algorithm, shape) -> None:
+        self.reward, self.tokenizer, self.algorithm, self.shape = reward, tokenizer, algorithm, shape
+        if hasattr(self, "device") and reward.cfg.model_device == "auto":  # a rank of a pool (placement.reward=<pool>)
+            reward.place(self.device)  # its learned rewards (reward model, judge) run on the pool's device
+
+    def score_rows(self, reader, problems: Sequence) -> Scored:
+        """Score the rows (any rows: a group's responses may come in several calls; ``problems[group]`` holds
+        each row's prompt and answer): the verifier's scores and the rewards after the run's shaping. Rows
+        with ``env_rewards`` (episodes) take those as scores. Nothing is written: the score stage writes a
+        group's rewards once all its rows are scored (:meth:`write_rewards`), or drops it (DAPO)."""
+        cols = reader.read()
+        groups = [int(g) for g in cols["group"]]
+        if "env_rewards" in cols:  # multi-turn episodes: their environments gave the rewards
+            scores, metrics = [float(r) for r in cols["env_rewards"]], {}
+        else:
+            texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in cols["response_ids"]]
+            probs = [problems[g] for g in groups]
+            scores, metrics = self.reward.score([p.prompt for p in probs], texts, [p.answer for p in probs])
+        lengths = torch.tensor([len(r) for r in cols["response_ids"]], dtype=torch.float32)
+        rewards = self.shape(torch.tensor(scores, dtype=torch.float32), lengths)
+        return Scored([float(x) for x in scores], rewards.tolist(), metrics, groups)
+
+    @staticmethod
+    def write_rewards(slots, rewards: Sequence[float]) -> Any:
+        """Write ``rewards`` (one per slot row); returns the receipt."""
+        return slots.write({"rewards": [float(r) for r in rewards]})
+
+    def baseline_into(self, reader, slots, problems: Sequence) -> tuple[Any, list[float]]:
+        """ReMax: the (shaped) reward of each group's greedy response (``baseline_ids``, the same in every row
+        of the group), written as every row's ``baseline``; returns ``(receipt, one baseline per group)``."""
+        cols = reader.read()
+        groups = [int(g) for g in cols["group"]]
+        first = {g: i for i, g in reversed(list(enumerate(groups)))}
+        order = sorted(first)
+        ids = [cols["baseline_ids"][first[g]] for g in order]
+        texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in ids]
+        scores, _ = self.reward.score([problems[g].prompt for g in order], texts, [problems[g].answer for g in order])
+        lengths = torch.tensor([len(r) for r in ids], dtype=torch.float32)
+        base = dict(zip(order, self.shape(torch.tensor(scores, dtype=torch.float32), lengths).tolist()))
+        return slots.write({"baseline": [base[g] for g in groups]}), [base[g] for g in order]
+
+    def advantages_into(self, reader, slots) -> tuple[Any, dict[str, float]]:
+        """Advantages of the rows (whole groups, or the whole batch for batch-whitened estimators)."""
+        cols = reader.read()
+        out, kl = advantage_rows(
+            self.algorithm, torch.tensor([float(r) for r in cols["rewards"]]), [len(r) for r in cols["response_ids"]],
+            torch.tensor([int(g) for g in cols["group"]]), gen_logprobs=cols.get("gen_logprobs"),
+            ref_logprobs=cols.get("ref_logprobs"), values=cols.get("values"),
+            baseline=torch.tensor([float(b) for b in cols["baseline"]]) if "baseline" in cols else None,
+            loss_masks=cols.get("loss_mask"))
+        return slots.write(out), kl

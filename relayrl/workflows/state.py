@@ -1,0 +1,55 @@
+"""The state one GRPO-family step gathers while its stages run (:class:`StepState`).
+
+Lock discipline: every field below ``cond`` is read and written only while holding ``cond`` (a
+``threading.Condition``), by any stage thread; a stage that waits for another (the sample stage waiting for
+a round's groups to be judged) waits on ``cond``, and every write that could end such a wait notifies it.
+The fields above it are set before the stages start and not changed while they run. Samples themselves are
+in the dock; the state holds scalars and metadata only.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from relayrl.workflows.rollout_stream import GroupRecord
+
+__all__ = ["StepState"]
+
+
+@dataclass
+class StepState:
+    problems: list
+    """The step's prompt problems; a group's id is its index here (dynamic sampling appends replacements)."""
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    records: list[GroupRecord] = field(default_factory=list)
+    """What the rollout wrote, group by group (metadata of every generated group, dropped ones too)."""
+    rows: dict[int, list[int]] = field(default_factory=dict)
+    """group -> its rows in the partition."""
+    scores: list[float] = field(default_factory=list)
+    """Verifier scores of the kept groups' rows, in the order they were judged."""
+    rewards: list[float] = field(default_factory=list)
+    """Shaped rewards of the same rows."""
+    reward_metrics: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    """Per reward call: ``(value, rows)`` of each metric the reward engine returned (a row-weighted mean)."""
+    baselines: list[float] = field(default_factory=list)
+    """ReMax: each kept group's greedy reward."""
+    update: dict[str, float] = field(default_factory=dict)
+    """The update's metrics (actor, critic), and its skip records."""
+    kl: dict[str, float] = field(default_factory=dict)
+    """KL-in-reward metrics of the advantage calls."""
+    rounds: int = 0
+    """Generation rounds (dynamic sampling: refills)."""
+    judged: int = 0
+    """Groups whose rewards were judged (kept or dropped)."""
+    kept: int = 0
+    dropped: set[int] = field(default_factory=set)
+    """Groups dynamic sampling dropped (all rewards equal)."""
+    hold: Any = None
+    """Off-policy: the rollout engine's hold for this batch, given back when its generation ends."""
+
+    def kept_records(self) -> list[GroupRecord]:
+        """Records of the groups the step trains on."""
+        with self.cond:
+            return [r for r in self.records if r.group not in self.dropped]

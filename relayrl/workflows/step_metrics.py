@@ -1,0 +1,95 @@
+"""A GRPO-family step's metrics from what its stages gathered (:class:`~relayrl.workflows.state.StepState`)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from relayrl.environments.episodes import episode_metrics
+from relayrl.workflows.episodes import log_episode_errors
+from relayrl.workflows.state import StepState
+
+__all__ = ["sample_metrics", "step_metrics", "staleness_metrics", "kl_metrics", "step_tokens"]
+
+
+def sample_metrics(scores: torch.Tensor, rewards: torch.Tensor, lengths: torch.Tensor,
+                   truncated: torch.Tensor) -> dict[str, float]:
+    """A step's reward, accuracy and response-length metrics from its samples' verifier ``scores``, shaped
+    ``rewards``, response ``lengths`` and ``truncated`` flags (cut at max_new_tokens)."""
+    return {
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+        "train/accuracy": float((scores >= 1.0).float().mean()),
+        "response/length_mean": float(lengths.mean()),
+        "response/length_max": float(lengths.max()),
+        "response/clip_ratio": float(truncated.float().mean()),
+    }
+
+
+def kl_metrics(metrics: dict[str, float], in_reward: dict[str, float], tri_model: bool) -> dict[str, float]:
+    """``metrics`` with the step's KL-in-reward metrics, ``actor/kl`` and the tri-model's saved passes."""
+    metrics.update(in_reward)
+    if tri_model:  # each in-place reference pass replaces one a reference group would run separately
+        metrics["trimodel/separate_passes_saved"] = metrics.get("actor/ref_forward_passes", 0.0)
+    if "actor/ref_kl_k1" in metrics:
+        metrics["actor/kl"] = metrics["actor/ref_kl_k1"]
+    return metrics
+
+
+def step_metrics(st: StepState, *, step: int, prompts_per_step: int, group_filter: bool, tri_model: bool,
+                 session) -> dict[str, float]:
+    """Reward, length, DAPO, ReMax, episode, update and KL metrics of a finished step; says in the run's log
+    when dynamic sampling left nothing to train on (``dapo/skipped_step``)."""
+    records = st.kept_records()
+    lengths = torch.tensor([L for r in records for L in r.lengths], dtype=torch.float32)
+    truncated = torch.tensor([t for r in records for t in r.truncated], dtype=torch.float32)
+    m: dict[str, float] = {k: sum(v * w for v, w in vs) / max(1, sum(w for _, w in vs))
+                           for k, vs in st.reward_metrics.items()}
+    if group_filter:
+        m.update({"dapo/dropped_groups": float(len(st.dropped)), "dapo/sampled_groups": float(st.judged),
+                  "dapo/rounds": float(st.rounds), "dapo/missing_prompts": float(max(0, prompts_per_step - st.kept))})
+    if st.baselines:
+        m["remax/baseline_mean"] = sum(st.baselines) / len(st.baselines)
+    episodes = [e for r in st.records for e in r.episodes]  # every episode generated, dropped groups too
+    if episodes:
+        log_episode_errors(session, episodes, step)
+        m.update(episode_metrics(episodes))
+    if st.scores:
+        m.update(sample_metrics(torch.tensor(st.scores), torch.tensor(st.rewards), lengths, truncated))
+    else:  # every group was uniform in every round: nothing to learn from this step
+        session.tracker.write_text(f"step {step}: dynamic sampling found no group with differing rewards in "
+                                   f"{st.rounds} rounds; no update this step (raise algorithm.max_resample_rounds "
+                                   f"or data.prompts_per_step)")
+        m["dapo/skipped_step"] = 1.0
+    m.update(st.update)
+    return kl_metrics(m, st.kl, tri_model)
+
+
+def step_tokens(st: StepState) -> int:
+    """Prompt + generated tokens of the samples the step trains on (``perf/tokens``)."""
+    return sum(r.prompt_len * len(r.lengths) + sum(r.lengths) for r in st.kept_records())
+
+
+def staleness_metrics(versions: list[dict[int, int]], step: int, k: int) -> dict[str, float]:
+    """The token staleness of a batch trained at ``step`` (by weights ``step-1``).
+
+    Args:
+        versions: per sample, ``{weight version: tokens it sampled}``.
+    Returns ``async/staleness_mean`` and ``_max`` over tokens, ``async/tokens_stale_<s>`` for ``s`` in
+    ``0..k``, and ``async/multi_version_frac``; raises when a token is staler than ``k`` (the bound is
+    broken: a bug, never trained on silently)."""
+    counts: Counter = Counter()
+    for row in versions:
+        for v, c in row.items():
+            counts[step - 1 - int(v)] += int(c)
+    tokens = sum(counts.values())
+    worst = max(counts) if counts else 0
+    if worst > k or (counts and min(counts) < 0):
+        raise RuntimeError(f"step {step}: tokens sampled by weight versions {sorted(step - 1 - s for s in counts)} "
+                           f"break the staleness bound k={k} (trainer weights {step - 1})")
+    m = {"async/staleness_mean": sum(s * c for s, c in counts.items()) / max(1, tokens),
+         "async/staleness_max": float(worst),
+         "async/multi_version_frac": sum(len(r) > 1 for r in versions) / max(1, len(versions))}
+    m.update({f"async/tokens_stale_{s}": float(counts.get(s, 0)) for s in range(k + 1)})
+    return m
