@@ -162,14 +162,14 @@ class GRPOPipeline:
             f, stages = self.open_step(step), {**self.produce.stages(), **self.consume.stages()}
         try:
             f.run(stages)
-            while not f.produced.wait(0.2):  # off-policy: the score stage's last acknowledgements
+            while self.ahead is not None and not f.produced.wait(0.2):  # the score stage's last acknowledgements
                 self.ahead.raise_error()
             if f.errors:  # a producing stage failed after the consuming ones had returned
                 raise f.errors[0]
         finally:
             self.dock.close_partition(f.part)
         m = step_metrics(f.state, step=step, prompts_per_step=self.cfg.data.prompts_per_step,
-                         group_filter=self.plan.group_filter, tri_model=self.plan.tri_model, session=self.s)
+                         tri_model=self.plan.tri_model, session=self.s)
         m["dock/driver_bytes"] = float(sum(b for g in self._groups() for k, b in g.bytes_by_method.items()
                                            if k not in _NOT_SAMPLES))
         if self.ahead is not None:
@@ -286,8 +286,9 @@ def placed_config(cfg: Config) -> Config:
     """``cfg`` ready to place: ``run.threads`` set to every rank's share of the cores when the run is on a CPU
     and declares pools (a CPU device is a share of the cores), and the dock's storage units reachable from a
     rollout in its own process (units in processes of their own on the local backend, Ray actors on Ray)."""
-    pl = cfg.placement
-    if pl.split and cfg.dock.backend == "local":
+    pl, cl = cfg.placement, cfg.cluster
+    outside = pl.split or cl.devices * cl.nodes > 1 or not cl.in_process  # some rank lives outside the driver
+    if outside and cfg.dock.backend == "local":
         backend = "ray" if cfg.cluster.backend == "ray" else "process"
         cfg = cfg.model_copy(update={"dock": cfg.dock.model_copy(update={"backend": backend})})
     kind, cores = available_devices(cfg)

@@ -37,7 +37,7 @@ def kl_metrics(metrics: dict[str, float], in_reward: dict[str, float], tri_model
     return metrics
 
 
-def step_metrics(st: StepState, *, step: int, prompts_per_step: int, group_filter: bool, tri_model: bool,
+def step_metrics(st: StepState, *, step: int, prompts_per_step: int, tri_model: bool,
                  session) -> dict[str, float]:
     """Reward, length, DAPO, ReMax, episode, update and KL metrics of a finished step; says in the run's log
     when dynamic sampling left nothing to train on (``dapo/skipped_step``)."""
@@ -46,9 +46,9 @@ def step_metrics(st: StepState, *, step: int, prompts_per_step: int, group_filte
     truncated = torch.tensor([t for r in records for t in r.truncated], dtype=torch.float32)
     m: dict[str, float] = {k: sum(v * w for v, w in vs) / max(1, sum(w for _, w in vs))
                            for k, vs in st.reward_metrics.items()}
-    if group_filter:
-        m.update({"dapo/dropped_groups": float(len(st.dropped)), "dapo/sampled_groups": float(st.judged),
-                  "dapo/rounds": float(st.rounds), "dapo/missing_prompts": float(max(0, prompts_per_step - st.kept))})
+    # dynamic sampling's record (without it: nothing dropped, one round)
+    m.update({"dapo/dropped_groups": float(len(st.dropped)), "dapo/sampled_groups": float(st.judged),
+              "dapo/rounds": float(st.rounds), "dapo/missing_prompts": float(max(0, prompts_per_step - st.kept))})
     if st.baselines:
         m["remax/baseline_mean"] = sum(st.baselines) / len(st.baselines)
     episodes = [e for r in st.records for e in r.episodes]  # every episode generated, dropped groups too
