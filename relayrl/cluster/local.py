@@ -28,6 +28,7 @@ from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
 from relayrl.cluster import compute
+from relayrl.dock import traffic
 from relayrl.cluster.config import ClusterConfig
 from relayrl.cluster.errors import WorkerError
 from relayrl.cluster.rank import SHUTDOWN, START_CALL, Replies, Reply, StartSpec, free_port, rank_process_main
@@ -146,6 +147,7 @@ class ProcessRanks:
                 if id(p) not in pickled:
                     pickled[id(p)] = pickle.dumps((call_id, method, pickle.dumps(p, protocol=pickle.HIGHEST_PROTOCOL)))
             msgs = [pickled[id(p)] for p in payloads]
+            traffic.add("calls", sum(len(m) for m in msgs))
         except Exception as exc:
             raise TypeError(f"group {self.group!r}: the arguments of {method!r} cannot be pickled for the rank "
                             f"processes: {exc}") from exc
@@ -182,7 +184,9 @@ class ProcessRanks:
                 conn = self.conns[r]
                 try:
                     has_data = conn.poll()
-                    reply: Reply | None = pickle.loads(conn.recv_bytes()) if has_data else None
+                    raw = conn.recv_bytes() if has_data else b""
+                    traffic.add("calls", len(raw))
+                    reply: Reply | None = pickle.loads(raw) if has_data else None
                 except (EOFError, OSError):
                     reply, has_data = None, False
                 if not has_data:

@@ -37,8 +37,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from . import traffic
 from .columns import ColumnSchema, PackedColumn, Rows, pack, unpack
 from .config import DockError, DockWriteError, PartitionClosedError
+from .payload import payload_bytes
 from .units import LocalUnit, make_ray_unit_class
 from .unitproc import UnitClient, fan_out, start_units, stop_units
 from .wire import UnitWriter, put_many_args
@@ -185,6 +187,7 @@ class RayPlane:
         # Every submitted write is waited for, even after one failed: the first waiter back from a
         # call is what lets the writer send the next one.
         tickets = [(self.writers[k], self.writers[k].submit(gen, n_rows, idx[pos], packed)) for k, pos, packed in shares]
+        traffic.add("units", payload_bytes(columns))
         errors = []
         for writer, t in tickets:
             try:
@@ -197,7 +200,9 @@ class RayPlane:
              schemas: dict[str, ColumnSchema]) -> dict[str, list[torch.Tensor]]:
         parts = [(pos, self.units[k].get.remote(gen, list(columns), idx[pos])) for k, pos in _split_by_unit(owner, self.n_units)]
         got = self._ray.get([ref for _, ref in parts], timeout=self.timeout_s)
-        return _gather(columns, len(idx), [(pos, res) for (pos, _), res in zip(parts, got)])
+        out = _gather(columns, len(idx), [(pos, res) for (pos, _), res in zip(parts, got)])
+        traffic.add("units", payload_bytes(out))
+        return out
 
     def drop(self, gen: int) -> None:
         self._ray.get([u.drop.remote(gen) for u in self.units], timeout=self.timeout_s)
@@ -255,6 +260,7 @@ class ProcessPlane:
         shares = _pack_shares(owner, self.n_units, columns)
         got = fan_out([(units[k], "put_many", put_many_args([(gen, n_rows, idx[pos], packed)], inline_bytes=0))
                        for k, pos, packed in shares])
+        traffic.add("units", payload_bytes(columns))
         errors = []
         for r in got:  # an exception, or put_many's list: None per stored write, else why it was refused
             if isinstance(r, BaseException):
@@ -271,7 +277,9 @@ class ProcessPlane:
         for r in got:
             if isinstance(r, BaseException):
                 raise r
-        return _gather(columns, len(idx), [(pos, res) for (_, pos), res in zip(parts, got)])
+        out = _gather(columns, len(idx), [(pos, res) for (_, pos), res in zip(parts, got)])
+        traffic.add("units", payload_bytes(out))
+        return out
 
     def drop(self, gen: int) -> None:
         units = self._units()

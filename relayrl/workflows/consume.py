@@ -80,7 +80,7 @@ class Consume:
             + (["gen_logprobs", "ref_logprobs"] if a.kl_in_reward and p.reference is not None else []) \
             + (["values"] if est.values else []) + (["baseline"] if est.baseline else []) \
             + (["loss_mask"] if p.episodes is not None else [])
-        rows = p.sampling.n * p.cfg.trainer.stream_groups if est.group_relative else None
+        rows = self._chunk() if est.group_relative else None
         for b in f.leases("advantages", cols, batch_rows=rows):
             with p.session.span("advantage", "driver", f.step):
                 receipt, kl = p.score("advantages_into", p.dock.reader(f.part, b.indexes, cols),
@@ -176,6 +176,15 @@ class Consume:
         return False
 
     # ----------------------------------------------------------------- helpers
+    def _chunk(self) -> int | None:
+        """Rows per call of a stage that may stream per group: ``trainer.stream_groups`` groups when anything
+        downstream overlaps generation; None (the whole batch in one call) when every consumer waits for
+        generation to end anyway (one pool, the whole-batch update)."""
+        p = self.p
+        waits = p.plan.update == "batch" and all(
+            self.p.same_pool_as_rollout(g) for g in (p.actor, p.reference, p.critic) if g is not None)
+        return None if waits else p.sampling.n * p.cfg.trainer.stream_groups
+
     def _gate(self, group: WorkerGroup, f: Flow):
         """Stages on the rollout's pool wait for generation to end (the devices are time-shared)."""
         return f.generated if self.p.same_pool_as_rollout(group) else None

@@ -52,7 +52,7 @@ from relayrl.checkpoint import CheckpointError
 from relayrl.cluster import make_group
 from relayrl.config.plan import step_plan
 from relayrl.config.schema import Config, available_devices, offpolicy_placement
-from relayrl.dock import Dock
+from relayrl.dock import Dock, traffic
 from relayrl.engines.generation.base import SamplingParams
 from relayrl.weights import WeightRelay
 from relayrl.workflows.ahead import RolloutAhead
@@ -151,6 +151,7 @@ class GRPOPipeline:
         self.parts.phases.metrics = {}
         for g in self._groups():  # (an evaluation's completions since the last step are not samples)
             g.reset_bytes()
+        traffic.take()
         if self.plan.ahead:
             if self.ahead is None:  # the steps left from here on, generated ahead within the staleness bound
                 self.ahead = self._start_ahead(step)
@@ -170,8 +171,7 @@ class GRPOPipeline:
             self.dock.close_partition(f.part)
         m = step_metrics(f.state, step=step, prompts_per_step=self.cfg.data.prompts_per_step,
                          tri_model=self.plan.tri_model, session=self.s)
-        m["dock/driver_bytes"] = float(sum(b for g in self._groups() for k, b in g.bytes_by_method.items()
-                                           if k not in _NOT_SAMPLES))
+        m.update(self._driver_bytes())
         if self.ahead is not None:
             with self.s.span("stage_weights", "actor", step):
                 self.ahead.stage(step, collective(self.actor, "named_weights"))
@@ -212,6 +212,18 @@ class GRPOPipeline:
                             produce=lambda f: f.run(self.produce.stages()),
                             batch_start=lambda: (self.s.prompts.state(), rollout_rng(self.rollout)),
                             relay=self.relay, rollout=self.rollout, partial=self.plan.partial)
+
+    def _driver_bytes(self) -> dict[str, float]:
+        """What crossed the driver's process this step: ``dock/driver_bytes``, the sample tensors inside
+        worker-group calls (the dock keeps them at 0: calls carry row indexes and receipts); and what the
+        driver's process really moved: ``dock/driver_call_bytes``, the calls' pickled messages to and from ranks
+        in other processes, and ``dock/driver_unit_bytes``, the sample data its own workers (an in-driver
+        trainer, ``cluster.in_process``) read from and wrote to storage units in other processes."""
+        moved = traffic.take()
+        return {"dock/driver_bytes": float(sum(b for g in self._groups() for k, b in g.bytes_by_method.items()
+                                              if k not in _NOT_SAMPLES)),
+                "dock/driver_call_bytes": float(moved.get("calls", 0)),
+                "dock/driver_unit_bytes": float(moved.get("units", 0))}
 
     def _groups(self):
         return [g for g in (self.actor, self.rollout, self.ref, self.critic, self.scorer) if g is not None]
