@@ -10,9 +10,9 @@ config checks and the workflows ask the plan instead of reading ``trainer.mode``
     update     'batch': the update waits for the whole batch (mini-batches, epochs);
                'accumulate': forward + backward on each prompt group as it arrives, one optimizer step
                when the batch is consumed (the same update, overlapped with generation)
-    streaming  the step's stages are threads over the dock that start per prompt group (any role off
-               the main pool, periodic, off-policy); otherwise the colocated loop runs its phases in turn
-    colocated  the rollout shares the actor's pool (generation and training take turns on its devices)
+    colocated  the rollout shares the actor's pool (generation and training take turns on its devices);
+               a stage whose group shares the rollout's pool waits for generation to end, one on another
+               pool starts on the first prompt group
 
 The synchronous colocated step is ``ahead=0, update=batch`` on one pool; periodic asynchrony is ``ahead=0,
 update=accumulate`` with the rollout on its own pool; k-step off-policy is ``ahead=k``; partial rollout is a
@@ -50,7 +50,6 @@ class StepPlan:
     overlapped: bool
     """The trainer consumes prompt groups while later ones generate (periodic or off-policy)."""
     update: Literal["batch", "accumulate"]
-    streaming: bool
     colocated: bool
     partial: bool
     """Off-policy: weights staged while a batch generates go into it between two decode steps."""
@@ -104,7 +103,6 @@ def step_plan(cfg: Config) -> StepPlan:
     rollout, _ = rollout_pool(cfg)
     pools = {"actor": "main", "rollout": rollout, "reference": pl.reference, "critic": pl.critic}
     ahead = t.off_policy_steps
-    streaming = pl.custom or t.mode == "periodic" or ahead > 0
     overlapped = t.mode == "periodic" or ahead > 0
     why_batch = [why for why, on in (
         (f"the critic (advantage={est.name}) trains on the whole batch", est.values),
@@ -118,7 +116,7 @@ def step_plan(cfg: Config) -> StepPlan:
                      f"forward-only passes still overlap per prompt group")
     return StepPlan(
         estimator=est, roles=tuple(roles), pools={r: pools[r] for r in roles}, ahead=ahead, overlapped=overlapped, update=update,
-        streaming=streaming, colocated=rollout == "main", partial=cfg.rollout.partial and ahead > 0,
+        colocated=rollout == "main", partial=cfg.rollout.partial and ahead > 0,
         group_filter=a.dynamic_sampling, baseline=est.baseline,
         recompute_old=a.old_logprobs == "recompute" or (a.old_logprobs == "auto" and t.epochs * t.mini_batches > 1),
         tri_model=t.tri_model, notes=tuple(notes))

@@ -529,12 +529,9 @@ def _check_placement(self: Config) -> None:
         if pl.reference != "main":
             raise ValueError(f"trainer.tri_model keeps the reference in the actor's layout on pool main; "
                              f"placement.reference={pl.reference!r} puts it elsewhere")
-    if self.reward.stream == "sample" and not (self.workflow == "grpo" and (pl.custom or t.off_policy_steps)):
-        raise ValueError("reward.stream=sample scores each response as the streaming dataflow's rollout writes it "
-                         "(GRPO with the rollout on its own pool, or off-policy); "
-                         + ("the colocated loop scores the whole batch after generation: add placement.pools.gen=1 "
-                            "placement.rollout=gen, " if self.workflow == "grpo" else f"workflow {self.workflow} "
-                            "has no rollout: ") + "or drop reward.stream")
+    if self.reward.stream == "sample" and self.workflow != "grpo":
+        raise ValueError(f"reward.stream=sample scores each response as the rollout writes it; workflow "
+                         f"{self.workflow} has no rollout: drop reward.stream")
     if self.rollout.partial and not t.off_policy_steps:
         raise ValueError("rollout.partial swaps new weights into responses being generated, which only an "
                          "off-policy run does (on-policy steps relay weights between batches): set "

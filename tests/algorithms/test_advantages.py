@@ -183,3 +183,26 @@ def test_reinforce_pp_matches_loop_with_holes():
     adv = A.reinforce_pp(tr, m, gamma=gamma)
     torch.testing.assert_close(adv[m.bool()], expected)
     assert adv[~m.bool()].abs().sum() == 0
+
+
+def test_an_estimator_added_to_the_registry_is_accepted_and_computed(monkeypatch):
+    """Adding an estimator that needs only rewards is one record in the registry: the config accepts its name,
+    the step plan reads what it needs, and the advantage phase computes it."""
+    from relayrl.algorithms.estimators.base import Advantages, Estimator, broadcast
+    from relayrl.config.plan import step_plan
+    from relayrl.config.schema import AlgorithmConfig, Config
+    from relayrl.workflows.estimate import advantage_rows
+
+    scaled = Estimator("scaled", lambda x: Advantages(broadcast(A.grpo(x.rewards, x.group_ids, normalize_std=False) * 0.5,
+                                                                x.mask)), paper="test", min_group=2)
+    monkeypatch.setitem(E.ESTIMATORS, "scaled", scaled)
+    cfg = Config.model_validate({"algorithm": {"advantage": "scaled"}})
+    plan = step_plan(cfg)
+    assert plan.estimator is scaled and plan.roles == ("actor", "rollout") and plan.update == "batch"
+    out, _ = advantage_rows(AlgorithmConfig(advantage="scaled"), torch.tensor([1.0, 0.0]), [2, 3], torch.tensor([0, 0]))
+    torch.testing.assert_close(out["advantages"][0], torch.tensor([0.25, 0.25]))
+    torch.testing.assert_close(out["advantages"][1], torch.tensor([-0.25, -0.25, -0.25]))
+    with pytest.raises(ValueError, match="rollout.n >= 2"):
+        Config.model_validate({"algorithm": {"advantage": "scaled"}, "rollout": {"n": 1, "temperature": 1.0}})
+    with pytest.raises(ValueError, match="scaled"):  # gamma is not one of its params
+        AlgorithmConfig(advantage="scaled", gamma=0.9)

@@ -24,11 +24,28 @@ def refused(data: dict, *words: str) -> None:
         assert w in str(info.value), (w, str(info.value))
 
 
-def test_default_is_colocated_sync_and_split_or_periodic_take_the_dataflow():
-    assert not step_plan(validate({})).streaming
-    assert step_plan(validate(SPLIT)).streaming
-    assert step_plan(validate({**SPLIT, "trainer": {"mode": "periodic"}})).streaming
-    assert step_plan(validate({"placement": {"reward": "main"}})).streaming  # no silent ignore
+def test_the_plan_reads_mode_and_placement():
+    default = step_plan(validate({}))
+    assert default.colocated and default.update == "batch" and default.ahead == 0 and default.mode == "sync"
+    assert default.roles == ("actor", "rollout") and default.pools == {"actor": "main", "rollout": "main"}
+    split = step_plan(validate(SPLIT))
+    assert not split.colocated and split.update == "batch" and split.pools["rollout"] == "gen"
+    periodic = step_plan(validate({**SPLIT, "trainer": {"mode": "periodic"}}))
+    assert periodic.update == "accumulate" and periodic.mode == "periodic" and not periodic.notes
+    ref = step_plan(validate({"algorithm": {"kl_coef": 0.1}, "placement": {"pools": {"r": 1}, "reference": "r"}}))
+    assert ref.roles == ("actor", "rollout", "reference") and ref.pools["reference"] == "r"
+
+
+@pytest.mark.parametrize("over,why", [
+    ({"algorithm": {"advantage": "gae"}}, "critic"), ({"algorithm": {"advantage": "reinforce++"}}, "whitens"),
+    ({"trainer": {"mini_batches": 2}}, "mini_batches=2"), ({"trainer": {"epochs": 2}}, "epochs=2")])
+def test_a_periodic_step_that_cannot_accumulate_says_so(over, why):
+    """Issue 31 item 10: periodic with a critic, a batch-whitened estimator or several optimizer steps per
+    batch updated on the whole batch without a word; the plan now says so (printed at start-up)."""
+    data = {**SPLIT, **over, "trainer": {"mode": "periodic", **over.get("trainer", {})}}
+    plan = step_plan(validate(data))
+    assert plan.update == "batch" and plan.mode == "periodic"
+    assert len(plan.notes) == 1 and why in plan.notes[0] and "whole batch" in plan.notes[0]
 
 
 def test_refusals_name_the_key_and_the_fix():
@@ -48,7 +65,6 @@ def test_refusals_name_the_key_and_the_fix():
     refused({"cluster": {"backend": "ray"}, "placement": {"nodes": {"gpu": "10.0.0.2"}}}, "placement.nodes.gpu",
             "no pool 'gpu'")
     refused({"dock": {"nodes": ["10.0.0.2"]}}, "dock.nodes", "dock.backend=ray")
-    refused({"reward": {"stream": "sample"}}, "reward.stream=sample", "placement.rollout=gen")
     refused({"workflow": "sft", "reward": {"stream": "sample"}}, "reward.stream=sample", "no rollout")
 
 
@@ -56,29 +72,29 @@ def test_off_policy_takes_the_dataflow_with_the_rollout_on_its_own_pool():
     from relayrl.config.schema import offpolicy_placement
 
     cfg = validate({"trainer": {"off_policy_steps": 1}, "rollout": {"partial": True}})
-    assert step_plan(cfg).streaming
+    plan = step_plan(cfg)
+    assert plan.ahead == 1 and plan.partial and plan.update == "accumulate" and plan.pools["rollout"] == "rollout"
     placed = offpolicy_placement(cfg)
     assert placed.placement.split and placed.placement.pools == {"rollout": 1}
     named = validate({**SPLIT, "trainer": {"off_policy_steps": 2}})
     assert offpolicy_placement(named) is named  # a placement that names the rollout's pool is kept
 
 
-def test_dynamic_sampling_and_remax_run_on_the_dataflow():
-    for extra in ({"trainer": {"mode": "periodic"}}, {"trainer": {"off_policy_steps": 1}}):
-        for algo in ({"dynamic_sampling": True}, {"advantage": "remax"}):
-            cfg = validate({**SPLIT, **extra, "algorithm": algo})
-            assert step_plan(cfg).streaming
+def test_dynamic_sampling_and_remax_are_plan_parts_in_every_mode():
+    for extra in ({}, {"trainer": {"mode": "periodic"}}, {"trainer": {"off_policy_steps": 1}}):
+        for algo, part in (({"dynamic_sampling": True}, "group_filter"), ({"advantage": "remax"}, "baseline")):
+            cfg = validate({**(SPLIT if extra else {}), **extra, "algorithm": algo})
+            assert getattr(step_plan(cfg), part)
 
 
-def test_per_sample_scoring_runs_on_the_dataflow():
-    for extra in (SPLIT, {"trainer": {"off_policy_steps": 1}}):
-        cfg = validate({**extra, "reward": {"stream": "sample"}})
-        assert step_plan(cfg).streaming and cfg.reward.stream == "sample"
+def test_per_sample_scoring_is_accepted_in_every_placement():
+    for extra in ({}, SPLIT, {"trainer": {"off_policy_steps": 1}}):
+        assert validate({**extra, "reward": {"stream": "sample"}}).reward.stream == "sample"
 
 
-def test_tri_model_with_kl_is_accepted():
-    cfg = validate({"trainer": {"tri_model": True}, "algorithm": {"kl_coef": 0.05}})
-    assert cfg.trainer.tri_model and not step_plan(cfg).streaming
+def test_tri_model_with_kl_is_accepted_and_has_no_reference_group():
+    plan = step_plan(validate({"trainer": {"tri_model": True}, "algorithm": {"kl_coef": 0.05}}))
+    assert plan.tri_model and "reference" not in plan.roles
 
 
 def test_cpu_ranks_share_the_cores_even_where_a_gpu_exists(monkeypatch):
