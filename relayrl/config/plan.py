@@ -65,6 +65,15 @@ class StepPlan:
     notes: tuple[str, ...] = ()
     """What the run says at start-up about how the step departs from what its keys suggest."""
 
+    def keep_groups(self, scores, groups) -> list[bool]:
+        """Per row: whether its prompt group is kept. With dynamic sampling (DAPO) a group whose scores are all
+        equal carries no signal and is dropped; otherwise every row is kept. ``scores``, ``groups``: ``[N]``."""
+        if not self.group_filter:
+            return [True] * len(scores)
+        from relayrl.algorithms.dapo import dynamic_sampling_filter
+
+        return dynamic_sampling_filter(scores, groups)[0].tolist()
+
     @property
     def mode(self) -> str:
         """``sync``, ``periodic`` or ``off-policy k=<ahead>`` (for messages and the run's first line)."""

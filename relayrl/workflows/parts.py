@@ -13,9 +13,10 @@ from relayrl.config.schema import Config
 from relayrl.dock import Dock
 from relayrl.engines.generation.base import SamplingParams
 from relayrl.environments.config import EpisodeSpec
+from relayrl.workflows.episodes import episode_spec
 from relayrl.workflows.losses import PolicyLoss, ValueLoss
 
-__all__ = ["StepParts", "Phases"]
+__all__ = ["StepParts", "Phases", "build_parts"]
 
 
 class Phases:
@@ -92,3 +93,27 @@ class StepParts:
     def same_pool_as_rollout(self, group: WorkerGroup) -> bool:
         """A group sharing the rollout's pool time-shares its devices: its stages wait for generation."""
         return group.pool is self.rollout.pool
+
+
+def build_parts(cfg: Config, plan: StepPlan, session, dock: Dock, groups: dict[str, WorkerGroup],
+                score: Callable[..., Any], phases: Phases, between_polls: Callable[[], None]) -> StepParts:
+    """The step's parts from the config: the losses, the sampling settings, the episode spec (its
+    environment's contract checked now, before any worker generates)."""
+    ro, a = cfg.rollout, cfg.algorithm
+    critic = groups.get("critic")
+    return StepParts(
+        cfg=cfg, plan=plan, session=session, dock=dock, actor=groups["actor"], rollout=groups["rollout"],
+        reference=groups.get("reference"), critic=critic, score=score,
+        loss=PolicyLoss(clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip, agg=a.loss_agg,
+                        level=a.ratio_level, kl_coef=0.0 if a.kl_in_reward else a.kl_coef, kl_kind=a.kl_kind,
+                        entropy_coef=a.entropy_coef, agg_constant=float(ro.max_new_tokens), tis_cap=a.tis_cap,
+                        old_key="gen_logprobs" if a.old_logprobs == "rollout" else "old_logprobs"),
+        value_loss=ValueLoss(clip=cfg.critic.value_clip) if critic is not None else None,
+        sampling=SamplingParams(n=ro.n, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
+                                max_new_tokens=ro.max_new_tokens, stop_strings=tuple(ro.stop_strings)),
+        greedy=SamplingParams(n=1, temperature=0.0, max_new_tokens=ro.max_new_tokens,
+                              stop_strings=tuple(ro.stop_strings)),
+        # the rollout records log-probs under softmax(logits / T); every trainer pass that meets them divides
+        # its logits by the same T (greedy: T=1), as verl and NeMo-RL do
+        temperature=ro.temperature if ro.temperature > 0 else 1.0,
+        episodes=episode_spec(cfg), phases=phases, between_polls=between_polls)

@@ -51,19 +51,17 @@ from relayrl.algorithms.dapo import overlong_penalty
 from relayrl.checkpoint import CheckpointError
 from relayrl.cluster import make_group
 from relayrl.config.plan import step_plan
-from relayrl.config.schema import Config, available_devices, offpolicy_placement
+from relayrl.config.schema import Config, offpolicy_placement
 from relayrl.dock import Dock, traffic
-from relayrl.engines.generation.base import SamplingParams
 from relayrl.weights import WeightRelay
 from relayrl.workflows.ahead import RolloutAhead
 from relayrl.workflows.consume import Consume
-from relayrl.workflows.episodes import episode_spec, evaluate_episodes
+from relayrl.workflows.episodes import evaluate_episodes
 from relayrl.workflows.flow import Flow
-from relayrl.workflows.losses import PolicyLoss, ValueLoss
-from relayrl.workflows.parts import Phases, StepParts
+from relayrl.workflows.parts import Phases, build_parts
 from relayrl.workflows.produce import Produce
 from relayrl.workflows.relay import relay_weights
-from relayrl.workflows.roles import Pools, build_roles
+from relayrl.workflows.roles import Pools, build_roles, placed_config
 from relayrl.workflows.scoring import ScoreWorker
 from relayrl.workflows.session import Session
 from relayrl.workflows.state import StepState
@@ -96,8 +94,7 @@ class GRPOPipeline:
         self.dock = Dock.from_config(cfg.dock)
         self.relay = WeightRelay()
         self.shared = self._share_rollout_weights()
-        ro, a = cfg.rollout, cfg.algorithm
-        scorer = dict(reward=s.reward, tokenizer=s.tokenizer, algorithm=a, shape=self.shaped)
+        scorer = dict(reward=s.reward, tokenizer=s.tokenizer, algorithm=cfg.algorithm, shape=self.shaped)
         if cfg.placement.reward == "driver":  # threads of the driver: calls run concurrently, beside every pool
             worker = ScoreWorker(**scorer)
             self.scorer, score = None, lambda method, *args: getattr(worker, method)(*args)
@@ -106,23 +103,8 @@ class GRPOPipeline:
                                      pools(cfg.placement.reward), "scorer", init_kwargs=scorer)
             score = self.scorer.one
         self.ahead: RolloutAhead | None = None
-        self.parts = StepParts(
-            cfg=cfg, plan=plan, session=s, dock=self.dock, actor=self.actor, rollout=self.rollout, reference=self.ref,
-            critic=self.critic, score=score, loss=PolicyLoss(
-                clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip, agg=a.loss_agg, level=a.ratio_level,
-                kl_coef=0.0 if a.kl_in_reward else a.kl_coef, kl_kind=a.kl_kind, entropy_coef=a.entropy_coef,
-                agg_constant=float(ro.max_new_tokens), tis_cap=a.tis_cap,
-                old_key="gen_logprobs" if a.old_logprobs == "rollout" else "old_logprobs"),
-            value_loss=ValueLoss(clip=cfg.critic.value_clip) if self.critic is not None else None,
-            sampling=SamplingParams(n=ro.n, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
-                                    max_new_tokens=ro.max_new_tokens, stop_strings=tuple(ro.stop_strings)),
-            greedy=SamplingParams(n=1, temperature=0.0, max_new_tokens=ro.max_new_tokens,
-                                  stop_strings=tuple(ro.stop_strings)),
-            # the rollout records log-probs under softmax(logits / T); every trainer pass that meets them divides
-            # its logits by the same T (greedy: T=1), as verl and NeMo-RL do
-            temperature=ro.temperature if ro.temperature > 0 else 1.0,
-            episodes=episode_spec(cfg), phases=Phases(s, cfg.trainer.offload, self.actor, self.shared),
-            between_polls=lambda: self.ahead.between_polls() if self.ahead is not None else None)
+        self.parts = build_parts(cfg, plan, s, self.dock, groups, score, Phases(s, cfg.trainer.offload, self.actor, self.shared),
+                                 between_polls=lambda: self.ahead.between_polls() if self.ahead is not None else None)
         self.produce, self.consume = Produce(self.parts, partial=plan.partial), Consume(self.parts)
 
     def _share_rollout_weights(self) -> bool:
@@ -238,8 +220,8 @@ class GRPOPipeline:
                                           "scheduler": ck.scheduler_state})
             if self.critic is not None:
                 if not isinstance(ck.extra, dict) or "critic" not in ck.extra:
-                    raise CheckpointError(f"{ck.path} holds no critic state (it was saved by a run without "
-                                          f"advantage=gae); resume it with its own advantage estimator")
+                    raise CheckpointError(f"{ck.path} holds no critic state (it was saved by a run whose "
+                                          f"advantage estimator has no critic); resume it with its own estimator")
                 self.critic.all("load_state", ck.extra["critic"])
             restore_rollout_rng(self.rollout, ck.trainer_state["rollout_rng"], s.log)
             s.restore_rng(ck)
@@ -292,19 +274,3 @@ class GRPOPipeline:
         for g in self._groups():
             g.shutdown()
         self.dock.shutdown()
-
-
-def placed_config(cfg: Config) -> Config:
-    """``cfg`` ready to place: ``run.threads`` set to every rank's share of the cores when the run is on a CPU
-    and declares pools (a CPU device is a share of the cores), and the dock's storage units reachable from a
-    rollout in its own process (units in processes of their own on the local backend, Ray actors on Ray)."""
-    pl, cl = cfg.placement, cfg.cluster
-    outside = pl.split or cl.devices * cl.nodes > 1 or not cl.in_process  # some rank lives outside the driver
-    if outside and cfg.dock.backend == "local":
-        backend = "ray" if cfg.cluster.backend == "ray" else "process"
-        cfg = cfg.model_copy(update={"dock": cfg.dock.model_copy(update={"backend": backend})})
-    kind, cores = available_devices(cfg)
-    if kind != "CPU core" or not pl.pools or cfg.run.threads:
-        return cfg
-    per = max(1, cores // (cfg.cluster.devices + sum(pl.pools.values())))
-    return cfg.model_copy(update={"run": cfg.run.model_copy(update={"threads": per})})

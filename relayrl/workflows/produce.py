@@ -15,7 +15,6 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 import torch
 
-from relayrl.algorithms.dapo import dynamic_sampling_filter
 from relayrl.workflows.flow import Flow
 from relayrl.workflows.parts import StepParts
 
@@ -153,7 +152,7 @@ class Produce:
         groups = torch.tensor([g for g, got in done for _ in got])
         scores = torch.tensor([sr[0] for _, got in done for _, sr in got], dtype=torch.float32)
         rewards = [sr[1] for _, got in done for _, sr in got]
-        keep = dynamic_sampling_filter(scores, groups)[0].tolist() if p.plan.group_filter else [True] * len(rows)
+        keep = p.plan.keep_groups(scores, groups)
         kept = [i for i, k in enumerate(keep) if k]
         if kept:
             p.dock.publish(p.score("write_rewards", p.dock.slots(f.part, [rows[i] for i in kept]),

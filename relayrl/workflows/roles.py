@@ -11,10 +11,10 @@ from typing import Callable
 
 from relayrl.cluster import ClusterConfig, ResourcePool, WorkerGroup, make_group
 from relayrl.config.plan import StepPlan
-from relayrl.config.schema import Config
+from relayrl.config.schema import Config, available_devices
 from relayrl.workflows.workers import CriticWorker, PolicyWorker, ReferenceWorker, RolloutWorker, role_precision
 
-__all__ = ["Role", "ROLES", "build_roles", "Pools"]
+__all__ = ["Role", "ROLES", "build_roles", "Pools", "placed_config"]
 
 
 @dataclass(frozen=True)
@@ -80,3 +80,19 @@ def build_roles(cfg: Config, plan: StepPlan, pools: Pools, model_path: str) -> d
         groups[role.name] = make_group(cluster, role.worker, pools(pool), role.name,
                                        init_kwargs=role.init(cfg, plan, prec, model_path, common))
     return groups
+
+
+def placed_config(cfg: Config) -> Config:
+    """``cfg`` ready to place: ``run.threads`` set to every rank's share of the cores when the run is on a CPU
+    and declares pools (a CPU device is a share of the cores), and the dock's storage units reachable from a
+    rollout in its own process (units in processes of their own on the local backend, Ray actors on Ray)."""
+    pl, cl = cfg.placement, cfg.cluster
+    outside = pl.split or cl.devices * cl.nodes > 1 or not cl.in_process  # some rank lives outside the driver
+    if outside and cfg.dock.backend == "local":
+        backend = "ray" if cfg.cluster.backend == "ray" else "process"
+        cfg = cfg.model_copy(update={"dock": cfg.dock.model_copy(update={"backend": backend})})
+    kind, cores = available_devices(cfg)
+    if kind != "CPU core" or not pl.pools or cfg.run.threads:
+        return cfg
+    per = max(1, cores // (cfg.cluster.devices + sum(pl.pools.values())))
+    return cfg.model_copy(update={"run": cfg.run.model_copy(update={"threads": per})})

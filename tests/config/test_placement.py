@@ -104,7 +104,7 @@ def test_cpu_ranks_share_the_cores_even_where_a_gpu_exists(monkeypatch):
 
     import torch
 
-    from relayrl.workflows.pipeline import placed_config
+    from relayrl.workflows.roles import placed_config
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
