@@ -128,46 +128,62 @@ class GRPOPipeline:
 
     # ---------------------------------------------------------------- the step
     def step(self, step: int) -> dict[str, float]:
-        """One RL step: fill partition ``step`` (here, or ahead on the rollout thread), consume it, relay."""
+        """One RL step: fill partition ``step`` (here, or ahead on the rollout thread), consume it, and give the
+        rollout the new weights (now, or staged for the rollout thread)."""
         t0 = time.perf_counter()
-        self.parts.phases.metrics = {}
-        for g in self._groups():  # (an evaluation's completions since the last step are not samples)
-            g.reset_bytes()
-        traffic.take()
-        if self.plan.ahead:
-            if self.ahead is None:  # the steps left from here on, generated ahead within the staleness bound
-                self.ahead = self._start_ahead(step)
+        self._reset_counters()
+        if self.ahead is None and self.plan.ahead:  # from here on, batches are generated ahead (staleness <= k)
+            self.ahead = self._start_ahead(step)
+        if self.ahead is not None:
             with self.s.span("wait_rollout", "actor", step):
                 f = self.ahead.take(step)
-            waited = time.perf_counter() - t0
-            stages = self.consume.stages()
+            stages, waited = self.consume.stages(), {"async/wait_rollout_s": time.perf_counter() - t0}
         else:
-            f, stages = self.open_step(step), {**self.produce.stages(), **self.consume.stages()}
+            f, waited = self.open_step(step), {}
+            stages = {**self.produce.stages(), **self.consume.stages()}
+        self._run(f, stages)
+        m = {**step_metrics(f.state, step=step, prompts_per_step=self.cfg.data.prompts_per_step,
+                            tri_model=self.plan.tri_model, session=self.s), **self._driver_bytes(), **waited}
+        trained = "dapo/skipped_step" not in m
+        m.update(self._hand_over_weights(step, f, trained))
+        m.update(self.parts.phases.metrics)
+        return self.perf(m, t0, step_tokens(f.state), step if trained or self.ahead is not None else None)
+
+    def _run(self, f: Flow, stages: dict) -> None:
+        """Run the partition's stages to their end (off-policy: also wait for the producing stages on the rollout
+        thread to finish scoring), raise the first error, and close the partition."""
         try:
             f.run(stages)
-            while self.ahead is not None and not f.produced.wait(0.2):  # the score stage's last acknowledgements
+            while self.ahead is not None and not f.produced.wait(0.2):
                 self.ahead.raise_error()
             if f.errors:  # a producing stage failed after the consuming ones had returned
                 raise f.errors[0]
         finally:
             self.dock.close_partition(f.part)
-        m = step_metrics(f.state, step=step, prompts_per_step=self.cfg.data.prompts_per_step,
-                         tri_model=self.plan.tri_model, session=self.s)
-        m.update(self._driver_bytes())
+
+    def _hand_over_weights(self, step: int, f: Flow, trained: bool) -> dict[str, float]:
+        """On-policy: relay the new weights to the rollout now (nothing to relay when the step trained on
+        nothing). Off-policy: stage them for the rollout thread, and check the batch's token staleness."""
+        phases = self.parts.phases
         if self.ahead is not None:
             with self.s.span("stage_weights", "actor", step):
                 self.ahead.stage(step, collective(self.actor, "named_weights"))
-            m.update(staleness_metrics([v for r in f.state.kept_records() for v in r.versions], step, self.plan.ahead))
-            m.update({"async/wait_rollout_s": waited, **self.ahead.step_metrics()})
-        elif "dapo/skipped_step" in m:
-            self.parts.phases.wake(self.rollout)
-        else:
-            self.parts.phases.wake(self.rollout, restore=False)  # its old weights are overwritten next
-            with self.s.span("relay", "rollout", step):
-                m.update(relay_weights(self.actor, self.rollout, version=step, relay=self.relay))
-            self.parts.phases.idle(self.actor, self.critic)
-        m.update(self.parts.phases.metrics)
-        return self.perf(m, t0, step_tokens(f.state), None if "dapo/skipped_step" in m and not self.plan.ahead else step)
+            versions = [v for r in f.state.kept_records() for v in r.versions]
+            return {**staleness_metrics(versions, step, self.plan.ahead), **self.ahead.step_metrics()}
+        if not trained:
+            phases.wake(self.rollout)
+            return {}
+        phases.wake(self.rollout, restore=False)  # its old weights are overwritten next
+        with self.s.span("relay", "rollout", step):
+            m = relay_weights(self.actor, self.rollout, version=step, relay=self.relay)
+        phases.idle(self.actor, self.critic)
+        return m
+
+    def _reset_counters(self) -> None:
+        self.parts.phases.metrics = {}
+        for g in self._groups():  # (an evaluation's completions since the last step are not samples)
+            g.reset_bytes()
+        traffic.take()
 
     def open_step(self, step: int) -> Flow:
         """Draw the step's prompts and open its partition (``P`` groups of ``n`` rows; with dynamic sampling

@@ -285,3 +285,25 @@ def test_off_policy_with_dynamic_sampling_trains_on_kept_groups_only(tmp_path):
         tokens = sum(r[f"async/tokens_stale_{s}"] for s in range(2))
         assert tokens == pytest.approx(r["response/length_mean"] * 16)  # 4 kept groups of 4
         assert r["reward/std"] > 0 and r["async/staleness_max"] <= 1
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_a_producing_stage_that_fails_late_stops_the_trainers_step(tmp_path, monkeypatch):
+    """Issue 31 item 10: the score stage of batch 2 fails after it wrote every reward (the trainer may already
+    have consumed the batch): the trainer's step 2 raises that error instead of logging the step (the
+    off-policy producer used to swallow errors raised after generation ended)."""
+    from relayrl.workflows.pipeline import GRPOPipeline
+    from relayrl.workflows.produce import Produce
+
+    real = Produce.score
+
+    def fails_late(self, f):
+        real(self, f)
+        if f.step == 2:
+            raise RuntimeError("the verifier broke after batch 2")
+
+    monkeypatch.setattr(Produce, "score", fails_late)
+    with pytest.raises(RuntimeError, match="verifier broke after batch 2"):
+        GRPOPipeline(config(tmp_path, "trainer.off_policy_steps=1", "trainer.steps=3")).run()
+    assert [r["step"] for r in records(tmp_path)] == [0, 1]
