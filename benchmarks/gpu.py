@@ -32,7 +32,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-PARTS = ("decode", "profile", "train", "grpo")  # "profile": where a graphed decode step's time goes
+PARTS = ("decode", "profile", "train", "grpo", "trl", "big")  # "profile": where a graphed decode step's time goes
+# "trl": benchmarks/grpo_vs_trl.py on the GPU; "big": GRPO steps of billion-parameter shapes (BIG below)
+BIG = {  # name: (model.tiny.shape, config overrides)
+    "7b-lora": ("qwen2.5-7b", ["model.lora.enabled=true"]),
+    "3b-full": ("qwen2.5-3b", []),
+    "1.5b-full": ("qwen2.5-1.5b", []),
+}
 # (HBM bytes/s, dense bf16 FLOP/s) from the vendors' data sheets
 PEAKS = {"H100": (3.35e12, 989e12), "H200": (4.8e12, 989e12), "A100": (2.0e12, 312e12)}
 
@@ -346,7 +352,8 @@ def bench_train_variants(path: Path, peak: float, variants: list[str], profile: 
 
 
 # ------------------------------------------------------------------ GRPO step
-def bench_grpo(cache: Path, offload: bool, steps: int = 2, new_tokens: int = 256, extra: tuple = ()) -> dict:
+def bench_grpo(cache: Path, offload: bool, steps: int = 2, new_tokens: int = 256, extra: tuple = (),
+               shape: str = "qwen2-0.5b", label: str = "") -> dict:
     from relayrl.config.loader import load_config
     from relayrl.config.schema import Config
     from relayrl.workflows.pipeline import GRPOPipeline
@@ -354,7 +361,7 @@ def bench_grpo(cache: Path, offload: bool, steps: int = 2, new_tokens: int = 256
     os.environ["RELAYRL_CACHE"] = str(cache)
     run = Path(tempfile.mkdtemp(prefix="gpu-grpo-"))
     cfg = load_config(Config, Path(__file__).resolve().parents[1] / "recipes" / "arith_grpo.yaml", [
-        "model.tiny.shape=qwen2-0.5b", "model.device=cuda", "model.dtype=bfloat16", f"run.dir={run}",
+        f"model.tiny.shape={shape}", "model.device=cuda", "model.dtype=bfloat16", f"run.dir={run}",
         "data.prompts_per_step=32", "rollout.n=8", f"rollout.max_new_tokens={new_tokens}", "algorithm.kl_coef=0.001",
         "engine.token_budget=16384", f"trainer.offload={str(offload).lower()}", f"trainer.steps={steps}",
         "eval.size=8", "eval.max_new_tokens=8", "telemetry.sinks=[jsonl]", "run.resume=never", *extra])
@@ -363,23 +370,61 @@ def bench_grpo(cache: Path, offload: bool, steps: int = 2, new_tokens: int = 256
     gc.collect()  # the previous run's pool gives its GPU back
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
     wf = GRPOPipeline(cfg)
+    start_s = time.perf_counter() - t0
     last: dict = {}
     for step in wf.begin():
         last = wf.step(step)
         last.update(wf.s.timeline.timing_metrics(step))
     wf.shutdown()
+    last["start_s"] = start_s
     keys = sorted(k for k in last if k.startswith(("memory/", "timing/")))
     out = {k: last[k] for k in keys}
     out["step_s"] = last["perf/step_time_s"]
     out["tokens_per_s_per_device"] = last["perf/tokens_per_s_per_device"]
     out["colocated_peak_gb"] = max(v for k, v in last.items() if k.startswith("memory/"))
-    label = "with offload" if offload else "without offload"
+    out["device_peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    out["start_s"] = last["start_s"]
+    label = label or ("with offload" if offload else "without offload")
     print(f"grpo step ({label}): {out['step_s']:.2f} s, {out['tokens_per_s_per_device']:.0f} tok/s/device, "
-          f"colocated peak {out['colocated_peak_gb']:.2f} GB", flush=True)
+          f"colocated peak {out['colocated_peak_gb']:.2f} GB (torch peak {out['device_peak_gb']:.2f} GiB; "
+          f"start-up {out['start_s']:.0f} s)", flush=True)
     for k in keys:
         print(f"    {k:32s} {last[k]:.3f}", flush=True)
     return out
+
+
+def bench_big(cache: Path, names: list[str], new_tokens: int, extra: tuple = ()) -> dict:
+    """GRPO steps of billion-parameter shapes with offload (``BIG``), one after another; a shape that does not
+    fit is reported, not fatal."""
+    out = {}
+    for name in names:
+        shape, over = BIG[name]
+        try:
+            out[name] = bench_grpo(cache, True, steps=2, new_tokens=new_tokens, shape=shape, label=name,
+                                   extra=("data.prompts_per_step=16", "engine.gradient_checkpointing=true", *over,
+                                          *extra))
+        except torch.OutOfMemoryError as e:
+            print(f"grpo step ({name}): out of GPU memory: {str(e).splitlines()[0]}", flush=True)
+            out[name] = {"oom": True}
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()
+    return out
+
+
+def bench_trl(steps: int, warmup: int, prompts: int, new_tokens: int) -> dict:
+    """TRL's GRPOTrainer (HF generate) against relayrl on the GPU: ``benchmarks/grpo_vs_trl.py``, interleaved."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import grpo_vs_trl
+
+    res = grpo_vs_trl.main(["--device", "cuda", "--shape", "qwen2-0.5b", "--steps", str(steps), "--warmup",
+                            str(warmup), "--prompts", str(prompts), "--n", "8", "--max-new-tokens", str(new_tokens)])
+    r, t = res["relayrl"], res["trl"]
+    return {"ratio": r.tokens_per_s / t.tokens_per_s, "steps_ratio": sum(t.times) / sum(r.times),
+            "relayrl_tok_s": r.tokens_per_s, "trl_tok_s": t.tokens_per_s}
 
 
 def main() -> None:
@@ -400,6 +445,11 @@ def main() -> None:
                     "summed by the host frame that was running")
     ap.add_argument("--grpo-new-tokens", type=int, default=256, help="max_new_tokens of the GRPO steps")
     ap.add_argument("--grpo", nargs="*", default=[], help="extra config overrides of the GRPO steps")
+    ap.add_argument("--decode-sizes", default="64,256", help="decode: comma-separated batch sizes")
+    ap.add_argument("--big", default="7b-lora,3b-full", help="big: comma-separated, of " + ", ".join(BIG))
+    ap.add_argument("--big-new-tokens", type=int, default=256, help="big: max_new_tokens")
+    ap.add_argument("--trl", default="3,2,16,128", help="trl: measured steps, warm-up steps, prompts (x8 "
+                    "samples), max new tokens")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("gpu: no CUDA device (this benchmark measures a GPU)")
@@ -416,31 +466,57 @@ def main() -> None:
     path = model_dir(cache)
     res: dict = {"device": name}
     new = 128 if args.quick else 512
-    if "decode" in parts:
-        res["decode"] = bench_decode(path, [64, 256], 128, new, bw, peak)
-    if "profile" in parts:
+    def decode():
+        res["decode"] = bench_decode(path, [int(x) for x in args.decode_sizes.split(",")], 128, new, bw, peak)
+
+    def profile():
         for line in profile_decode(path, 256, 384, 20):
             print("  " + line, flush=True)
-    if "train" in parts:
+
+    def train():
         trace = Path(args.trace) / "trace.json.gz" if args.trace else None
         if trace:
             trace.parent.mkdir(parents=True, exist_ok=True)
         res["train"] = bench_train_variants(path, peak, variants, profile=args.profile, budget=args.budget,
                                             trace=trace)
-    if "grpo" in parts:
+
+    def grpo():
         kw = dict(new_tokens=args.grpo_new_tokens, extra=tuple(args.grpo))
         res["grpo"] = {"off": bench_grpo(cache, False, **kw), "on": bench_grpo(cache, True, **kw)}
+
+    def trl():
+        steps, warm, prompts, new_t = (int(x) for x in args.trl.split(","))
+        res["trl"] = bench_trl(steps, warm, prompts, new_t)
+
+    def big():
+        res["big"] = bench_big(cache, [b for b in args.big.split(",") if b], args.big_new_tokens)
+
+    runs = {"decode": decode, "profile": profile, "train": train, "grpo": grpo, "trl": trl, "big": big}
+    for part in PARTS:
+        if part in parts:
+            try:  # one part's failure is reported; the others still run
+                runs[part]()
+            except Exception:
+                import traceback
+
+                traceback.print_exc()
+                print(f"gpu: part {part} FAILED (traceback above)", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1, default=str))
     d = res.get("decode", {}).get(256, {})
     g = res.get("grpo", {})
     t = res.get("train", {})
     best = max(t.values(), key=lambda r: r["mfu"], default={})
-    print(f"gpu: decode {d.get('roof_frac', float('nan')):.0%} of roofline, {d.get('speedup', float('nan')):.1f}x HF "
+    print(f"gpu detail: decode {d.get('roof_frac', float('nan')):.0%} of roofline, {d.get('speedup', float('nan')):.1f}x HF "
           f"generate; train MFU {next(iter(t.values()), {}).get('mfu', float('nan')):.1%} "
           f"(best {best.get('mfu', float('nan')):.1%}: {best.get('variant', '-')}); peak memory with/without "
           f"offload {g.get('on', {}).get('colocated_peak_gb', float('nan')):.1f}/"
           f"{g.get('off', {}).get('colocated_peak_gb', float('nan')):.1f} GB")
+    b = res.get("big", {}).get("7b-lora", {})
+    nan = float("nan")
+    print(f"gpu: decode {d.get('roof_frac', nan):.0%} of roofline, {d.get('speedup', nan):.1f}x HF generate; "
+          f"train MFU {best.get('mfu', nan):.1%}; relayrl/trl {res.get('trl', {}).get('ratio', nan):.2f} on GPU; "
+          f"7B LoRA step {b.get('step_s', nan):.1f} s, peak {b.get('device_peak_gb', nan):.1f} GB")
 
 
 if __name__ == "__main__":

@@ -106,6 +106,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "answers are short and end in EOS and some GRPO groups have rewards that differ")
     p.add_argument("--order", choices=["interleaved", "trl-first", "relayrl-first"], default="interleaved",
                    help="interleaved: one relayrl step after each TRL step, so both see the same machine load")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: both systems on the GPU in bf16 mixed precision (float32 master weights; TRL "
+                        "bf16=True, HF generate; relayrl model.dtype=bfloat16, its own engine)")
+    p.add_argument("--shape", default=None, help="a published shape with random weights instead of the tiny model "
+                   "(model.tiny.shape, e.g. qwen2-0.5b)")
     p.add_argument("--only", choices=["both", "relayrl", "trl"], default="both",
                    help="run one system only (for profiling); the ratio line needs both")
     a = p.parse_args(argv)
@@ -118,8 +123,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise SystemExit(f"--warmup must be >= 0, got {a.warmup}")
     if a.n < 2:
         raise SystemExit(f"--n must be >= 2 (GRPO group advantages), got {a.n}")
-    if a.model and (a.hidden or a.layers):
-        raise SystemExit("--model and --hidden/--layers are exclusive")
+    if sum(map(bool, (a.model, a.hidden or a.layers, a.shape))) > 1:
+        raise SystemExit("--model, --hidden/--layers and --shape are exclusive")
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device")
     return a
 
 
@@ -129,6 +136,8 @@ def model_dir(a: argparse.Namespace) -> Path:
         if not (path / "config.json").is_file():
             raise SystemExit(f"--model {path}: no config.json there (expected a Hugging Face model directory)")
         return path
+    if a.shape:
+        return build_tiny(TinyModelConfig(shape=a.shape))
     base = TinyModelConfig()
     hidden = a.hidden or base.hidden_size
     cfg = TinyModelConfig(hidden_size=hidden, num_layers=a.layers or base.num_layers,
@@ -160,7 +169,8 @@ def sft_warm_start(a: argparse.Namespace, base: Path) -> Path:
 def relayrl_config(a: argparse.Namespace, path: Path, run_dir: Path) -> Config:
     overrides = [
         f"run.dir={run_dir}", f"run.seed={a.seed}", f"run.threads={a.threads}",
-        f"model.path={path}", "model.device=cpu", "model.dtype=float32",
+        f"model.path={path}", f"model.device={a.device}",
+        f"model.dtype={'bfloat16' if a.device == 'cuda' else 'float32'}",
         f"data.prompts_per_step={a.prompts}", f"rollout.n={a.n}", f"rollout.max_new_tokens={a.max_new_tokens}",
         "rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.top_k=0",
         "algorithm.kl_coef=0.0", "algorithm.loss_agg=seq-mean-token-mean",
@@ -197,6 +207,8 @@ class RelayrlRunner:
     def step(self, step: int) -> None:
         t0 = time.perf_counter()
         m = self.wf.step(step)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         if step > self.warmup:
             self.stats.times.append(dt)
@@ -260,6 +272,8 @@ class TrlRunner:
                 marks.append(time.perf_counter())
 
             def on_step_end(self, args, state, control, **kw):
+                if a.device == "cuda":
+                    torch.cuda.synchronize()
                 dt = time.perf_counter() - marks[-1]
                 if state.global_step > a.warmup:
                     stats.times.append(dt)
@@ -286,7 +300,8 @@ class TrlRunner:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             args = GRPOConfig(
-                output_dir=str(out_dir), use_cpu=True, bf16=False, fp16=False, seed=a.seed,
+                output_dir=str(out_dir), use_cpu=a.device == "cpu", bf16=a.device == "cuda", fp16=False,
+                seed=a.seed,
                 max_steps=a.warmup + a.steps, per_device_train_batch_size=a.prompts * a.n,
                 gradient_accumulation_steps=1, num_generations=a.n, num_iterations=1, beta=0.0,
                 max_completion_length=a.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
@@ -352,7 +367,7 @@ def run_all(a: argparse.Namespace, path: Path, tmp: Path) -> dict[str, StepStats
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict[str, StepStats]:
     from transformers import AutoConfig
 
     from transformers.utils import logging as hf_logging
@@ -365,7 +380,7 @@ def main(argv: list[str] | None = None) -> None:
         path = sft_warm_start(a, path)
     mc = AutoConfig.from_pretrained(path)
     print(f"grpo_vs_trl: model {path} ({mc.model_type}, hidden {mc.hidden_size}, {mc.num_hidden_layers} layers), "
-          f"fp32 cpu, threads {a.threads}, {a.prompts} prompts x n={a.n}, max_new_tokens {a.max_new_tokens}, "
+          f"{'bf16 mixed cuda' if a.device == 'cuda' else 'fp32 cpu'}, threads {a.threads}, {a.prompts} prompts x n={a.n}, max_new_tokens {a.max_new_tokens}, "
           f"{a.warmup} warm-up + {a.steps} measured steps each, {a.order if a.only == 'both' else a.only}",
           flush=True)
     t0 = time.perf_counter()
@@ -376,6 +391,7 @@ def main(argv: list[str] | None = None) -> None:
     if len(results) == 2:
         ratio = results["relayrl"].tokens_per_s / results["trl"].tokens_per_s
         print(f"grpo_vs_trl: relayrl/trl throughput ratio {ratio:.2f}")
+    return results
 
 
 if __name__ == "__main__":

@@ -11,22 +11,25 @@ How: while the main thread waits for a step's stage threads (:func:`serve_until`
 route here (:func:`run`) one at a time, in arrival order; a call from the main thread itself, or made while
 nobody serves, runs at once on the caller's thread (so nothing can wait for a server that is not there).
 :func:`submit` starts long work (a rollout's generation) without waiting for it: served by the main thread
-when it serves, on a thread of its own otherwise (a worker process, whose main thread takes the driver's
-calls). A device is time-shared anyway: colocated roles never needed to compute at the same time.
+when it serves, at once when the main thread runs a step's stages one after another (:func:`inline`), on a
+thread of its own otherwise (a worker process, whose main thread takes the driver's calls). A device is
+time-shared anyway: colocated roles never needed to compute at the same time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from concurrent.futures import Future
 from typing import Any, Callable
 
-__all__ = ["run", "submit", "serve_until", "serving", "wake"]
+__all__ = ["run", "submit", "serve_until", "serving", "wake", "inline"]
 
 _calls: "queue.SimpleQueue[tuple[Callable, tuple, dict, Future] | None]" = queue.SimpleQueue()
 _state = threading.Lock()
 _serving = False
+_inline = False
 
 
 def serving() -> bool:
@@ -64,6 +67,9 @@ def submit(fn: Callable[..., Any], *args: Any, name: str = "relayrl-compute", **
     if fut is not None:
         return fut
     fut = Future()
+    if _inline and _on_main():
+        _execute(fn, args, kwargs, fut)
+        return fut
 
     def body() -> None:
         _execute(fn, args, kwargs, fut)
@@ -79,6 +85,21 @@ def _execute(fn: Callable, args: tuple, kwargs: dict, fut: Future) -> None:
         fut.set_result(fn(*args, **kwargs))
     except BaseException as e:  # noqa: BLE001 - the caller's result() raises it
         fut.set_exception(e)
+
+
+@contextlib.contextmanager
+def inline():
+    """On the main thread: while inside, :func:`submit` runs its work at once, here (a step whose stages run
+    one after another on this thread: the work it starts is the next thing to do anyway)."""
+    global _inline
+    if not _on_main():
+        yield
+        return
+    _inline = True
+    try:
+        yield
+    finally:
+        _inline = False
 
 
 def wake() -> None:

@@ -51,6 +51,10 @@ class StepPlan:
     """The trainer consumes prompt groups while later ones generate (periodic or off-policy)."""
     update: Literal["batch", "accumulate"]
     colocated: bool
+    sequential: bool
+    """Every stage waits for the one before (one pool for every role and the scorer, the whole batch at once,
+    no refill rounds, whole groups scored): the stages run one after another on the driver's main thread,
+    the rollout writing its groups once generation ends (HybridFlow's colocated hybrid engine)."""
     partial: bool
     """Off-policy: weights staged while a batch generates go into it between two decode steps."""
     group_filter: bool
@@ -119,13 +123,16 @@ def step_plan(cfg: Config) -> StepPlan:
         (f"trainer.mini_batches={t.mini_batches} splits the batch", t.mini_batches > 1),
         (f"trainer.epochs={t.epochs} repeats the batch", t.epochs > 1)) if on]
     update = "accumulate" if overlapped and not why_batch else "batch"
+    same_pool = all(pools[r] == rollout for r in roles) and pl.reward in ("driver", rollout)
+    sequential = (ahead == 0 and update == "batch" and same_pool and not a.dynamic_sampling
+                  and cfg.reward.stream == "group")
     notes = []
     if overlapped and why_batch:
         notes.append(f"the update waits for the whole batch ({'; '.join(why_batch)}); generation, scoring and the "
                      f"forward-only passes still overlap per prompt group")
     return StepPlan(
         estimator=est, roles=tuple(roles), pools={r: pools[r] for r in roles}, ahead=ahead, overlapped=overlapped, update=update,
-        colocated=rollout == "main", partial=cfg.rollout.partial and ahead > 0,
+        colocated=rollout == "main", sequential=sequential, partial=cfg.rollout.partial and ahead > 0,
         group_filter=a.dynamic_sampling, baseline=est.baseline,
         recompute_old=a.old_logprobs == "recompute" or (a.old_logprobs == "auto" and t.epochs * t.mini_batches > 1),
         tri_model=t.tri_model, notes=tuple(notes))

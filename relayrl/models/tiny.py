@@ -51,11 +51,12 @@ class TinyModelConfig(BaseModel):
     vocab_size: int = Field(512, ge=64, description="upper bound for the trained BPE vocabulary")
     max_position_embeddings: int = Field(512, ge=32)
     seed: int = Field(0, description="seed of the random initialisation")
-    shape: Literal["tiny", "qwen2-0.5b"] = Field(
-        "tiny", description="qwen2-0.5b: Qwen2-0.5B's shape (494M parameters, 24 layers, hidden 896, 14 query and 2 "
-        "key/value heads, vocabulary 151936) with random weights and the local tokenizer, for GPU runs and "
-        "benchmarks with nothing downloaded (it learns nothing useful); the other fields then apply to the "
-        "tokenizer only")
+    shape: Literal["tiny", "qwen2-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"] = Field(
+        "tiny", description="a published model's shape with random weights and the local tokenizer, for GPU runs "
+        "and benchmarks with nothing downloaded (it learns nothing useful): qwen2-0.5b (494M parameters, 24 "
+        "layers, hidden 896, 14 query and 2 key/value heads, vocabulary 151936), qwen2.5-1.5b, qwen2.5-3b, "
+        "qwen2.5-7b (7.6B, 28 layers, hidden 3584, untied head). The other fields then apply to the tokenizer "
+        "only. Shapes past 0.5B are built on the GPU when there is one and saved in bfloat16")
 
     @model_validator(mode="after")
     def _heads_fit(self) -> "TinyModelConfig":
@@ -75,6 +76,17 @@ class TinyModelConfig(BaseModel):
 QWEN2_0_5B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                   num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1_000_000.0,
                   rms_norm_eps=1e-6)
+# The Qwen2.5 family's published shapes (same architecture; 7B unties the output head).
+_QWEN25 = dict(max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6)
+SHAPES = {
+    "qwen2-0.5b": dict(QWEN2_0_5B, tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(_QWEN25, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "qwen2.5-3b": dict(_QWEN25, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                       num_attention_heads=16, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "qwen2.5-7b": dict(_QWEN25, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                       num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
+}
 
 
 def default_cache_dir() -> Path:
@@ -146,15 +158,21 @@ def build_tiny(cfg: TinyModelConfig | None = None, cache_dir: Path | None = None
     shape = dict(vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
                  num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
                  num_key_value_heads=cfg.num_heads, max_position_embeddings=cfg.max_position_embeddings,
-                 rope_theta=10000.0)
-    if cfg.shape == "qwen2-0.5b":
-        shape = QWEN2_0_5B
-    mcfg = Qwen2Config(**shape, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                 rope_theta=10000.0, tie_word_embeddings=True)
+    shape = SHAPES.get(cfg.shape, shape)
+    mcfg = Qwen2Config(**shape, bos_token_id=tokenizer.bos_token_id,
                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(cfg.seed)
-    model = Qwen2ForCausalLM(mcfg)
+    # Billions of parameters: initialised on the GPU (seconds, not minutes on the CPU) and saved in bfloat16.
+    big = cfg.shape not in ("tiny", "qwen2-0.5b")
+    device = "cuda" if big and torch.cuda.is_available() else "cpu"
+    with torch.device(device):
+        model = Qwen2ForCausalLM(mcfg)
+    if big:
+        model = model.to(torch.bfloat16)
     tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
     model.save_pretrained(tmp)
+    del model
     tokenizer.save_pretrained(tmp)
     tmp.parent.mkdir(parents=True, exist_ok=True)
     try:

@@ -58,7 +58,8 @@ def workload_from_config(cfg, *, model_config: str | None = None, prompt_tokens:
         from transformers import AutoConfig
 
         data = json.loads(Path(model_config).read_text())
-        shape = ModelShape.from_hf_config(AutoConfig.for_model(**data), dtype=cfg.model.dtype)
+        shape = ModelShape.from_hf_config(AutoConfig.for_model(**data), dtype=cfg.model.dtype,
+                                          lora=cfg.model.lora)
     elif model_dir:
         from transformers import AutoConfig
 
@@ -66,7 +67,14 @@ def workload_from_config(cfg, *, model_config: str | None = None, prompt_tokens:
             raise ValueError(f"model directory {model_dir} (trainer.init_from or model.path) has no config.json; "
                              f"give the model's directory, or --model-config CONFIG.json for its shape")
         shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(model_dir, local_files_only=True),
-                                          dtype=cfg.model.dtype)
+                                          dtype=cfg.model.dtype, lora=cfg.model.lora)
+    elif cfg.model.tiny.shape != "tiny":  # a published shape, not built yet: its config is known
+        from transformers import Qwen2Config
+
+        from relayrl.models.tiny import SHAPES
+
+        shape = ModelShape.from_hf_config(Qwen2Config(**SHAPES[cfg.model.tiny.shape]), dtype=cfg.model.dtype,
+                                          lora=cfg.model.lora)
     else:
         raise ValueError("the recipe's model is not on this machine: give --model-config CONFIG.json for its shape")
     prompts = None
@@ -92,7 +100,8 @@ def workload_from_config(cfg, *, model_config: str | None = None, prompt_tokens:
                     reward_latency=LatencyDist(low_s=reward_latency[0], high_s=reward_latency[1]), model=shape,
                     token_budget=cfg.engine.token_budget, stream_groups=cfg.trainer.stream_groups,
                     dp_sync=cfg.engine.dp_sync,
-                    kl=cfg.algorithm.kl_coef > 0)
+                    kl=cfg.algorithm.kl_coef > 0, offload=cfg.trainer.offload,
+                    checkpointing=cfg.engine.gradient_checkpointing)
 
 
 def measure_lengths(model_dir: str, prompts: list[list[int]], n: int, max_new_tokens: int, *,

@@ -260,18 +260,23 @@ def relay_s(profile: Profile, w: Workload) -> float:
 def memory_gib(w: Workload, p: Placement, kv_peak_tokens: float) -> dict[str, float]:
     """Peak memory of one device per pool: trainer state (master weights, fp32 gradients, Adam's two
     moments) sharded over ``main`` ranks, activations of one micro-batch (about 18 values per hidden unit
-    per token per layer, Korthikanti et al.'s count without recomputation, plus one chunk of output
-    logits), and on the rollout's devices its weights in the compute dtype and the KV cache of its rows
-    in flight. Colocated: the trainer's state plus the larger of the KV cache and the activations."""
+    per token per layer, Korthikanti et al.'s count without recomputation; with gradient checkpointing each
+    layer's input and one layer's 18; plus one chunk of output logits), and on the rollout's devices its weights in the compute dtype and the KV cache of its rows
+    in flight. Colocated: the trainer's state plus the larger of the KV cache and the activations; with
+    offload, the larger of the two phases (training: trainer state and activations; generation: the rollout's
+    weights and KV cache). LoRA: the frozen base in the compute dtype, gradients and moments of the adapters."""
     m = w.model
-    state = m.params * (m.train_bytes + 4 + 8) / p.main
+    state = (m.params * m.train_bytes + m.trained_params * (4 + 8)) / p.main
     if p.main > 1 and w.dp_sync == "step":  # during a step: the gathered weights and unreduced fp32 gradients
-        state += m.params * (m.compute_bytes + 4) * (p.main - 1) / p.main
-    acts = w.token_budget * m.hidden * m.layers * 18 * m.compute_bytes + 1024 * m.vocab * 4 * 2
+        state += (m.params * m.compute_bytes + m.trained_params * 4) * (p.main - 1) / p.main
+    per_token = (m.layers + 18) if w.checkpointing else m.layers * 18  # values per hidden unit kept per token
+    acts = w.token_budget * m.hidden * per_token * m.compute_bytes + 1024 * m.vocab * 4 * 2
     kv = kv_peak_tokens * m.layers * 2 * m.kv_dim * m.compute_bytes
     rollout_weights = m.params * m.compute_bytes
+    if p.gen == 0 and w.offload:
+        return {"main": max(state + acts, rollout_weights + kv) / GIB}
     if p.gen == 0:
-        extra = rollout_weights if m.compute_bytes != m.train_bytes else 0.0
+        extra = rollout_weights if m.compute_bytes != m.train_bytes or m.trainable else 0.0
         return {"main": (state + extra + max(kv, acts)) / GIB}
     return {"main": (state + acts) / GIB, "gen": (rollout_weights + kv) / GIB}
 

@@ -82,10 +82,17 @@ class ModelShape(_Model):
     train_bytes: int = Field(4, description="bytes per weight of the master copy (fp32: 4)")
     compute_bytes: int = Field(4, description="bytes per value of activations, the KV cache and relayed weights "
                                "(fp32: 4, bf16: 2)")
+    trainable: int = Field(0, ge=0, description="parameters that train (gradients, Adam's moments, float32); 0: "
+                           "all of them. LoRA: the adapters' (the frozen base then holds compute_bytes per weight)")
+
+    @property
+    def trained_params(self) -> int:
+        return self.trainable or self.params
 
     @classmethod
-    def from_hf_config(cls, cfg, *, dtype: str = "float32") -> "ModelShape":
-        """From a Hugging Face model config (Qwen2/Llama-style fields)."""
+    def from_hf_config(cls, cfg, *, dtype: str = "float32", lora=None) -> "ModelShape":
+        """From a Hugging Face model config (Qwen2/Llama-style fields); ``lora``: a ``LoraConfig`` whose
+        adapters are what trains."""
         hidden, layers, vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
         heads = cfg.num_attention_heads
         kv = getattr(cfg, "num_key_value_heads", heads) or heads
@@ -94,8 +101,18 @@ class ModelShape(_Model):
         per_layer = hidden * (heads * head_dim) * 2 + hidden * kv * head_dim * 2 + 3 * hidden * ffn + 2 * hidden
         tied = getattr(cfg, "tie_word_embeddings", False)
         params = layers * per_layer + vocab * hidden * (1 if tied else 2) + hidden
+        compute = 2 if dtype in ("bfloat16", "float16") else 4
+        if lora is None or not lora.enabled:
+            return cls(params=params, layers=layers, hidden=hidden, kv_dim=kv * head_dim, vocab=vocab,
+                       compute_bytes=compute)
+        # (in, out) of each projection a target name matches; an adapter holds r x (in + out) weights
+        dims = {"q_proj": (hidden, heads * head_dim), "k_proj": (hidden, kv * head_dim),
+                "v_proj": (hidden, kv * head_dim), "o_proj": (heads * head_dim, hidden),
+                "gate_proj": (hidden, ffn), "up_proj": (hidden, ffn), "down_proj": (ffn, hidden)}
+        adapters = sum(lora.r * (i + o) for name, (i, o) in dims.items()
+                       if any(name.endswith(t) or t.endswith(name) for t in lora.target_modules))
         return cls(params=params, layers=layers, hidden=hidden, kv_dim=kv * head_dim, vocab=vocab,
-                   compute_bytes=2 if dtype in ("bfloat16", "float16") else 4)
+                   compute_bytes=compute, train_bytes=compute, trainable=max(1, adapters * layers))
 
 
 class Workload(_Model):
@@ -113,6 +130,10 @@ class Workload(_Model):
     dp_sync: Literal["pass", "step"] = Field("pass", description="engine.dp_sync: FSDP2 gathers the weights and "
                                              "reduces the gradients once per optimizer step, or in every pass")
     kl: bool = Field(False, description="a reference log-prob pass per step (algorithm.kl_coef > 0)")
+    checkpointing: bool = Field(False, description="engine.gradient_checkpointing: a layer's activations are "
+                                "recomputed in the backward pass; only each layer's input is kept")
+    offload: bool = Field(False, description="trainer.offload: colocated, each role's idle state leaves the "
+                          "device between phases (the peak is the larger phase, not their sum)")
     max_batch: int = Field(256, ge=1, description="rows a rollout rank keeps in flight")
 
     @property

@@ -32,15 +32,16 @@ class Consume:
         self.p = parts
 
     def stages(self) -> dict:
+        """The consuming stages, in the order a sequential step runs them."""
         p = self.p
-        stages = {"advantages": self.advantages, "update": self.update}
+        stages = {}
         if p.reference is not None:
             stages["reference"] = self.reference
         if p.plan.recompute_old:
             stages["old"] = self.old_logprobs
         if p.critic is not None:
             stages["values"] = self.values
-        return stages
+        return {**stages, "advantages": self.advantages, "update": self.update}
 
     # ---------------------------------------------------------- forward passes
     def _pass(self, f: Flow, stage: str, group: WorkerGroup, span: str, column: str, **kwargs) -> None:

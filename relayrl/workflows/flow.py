@@ -51,8 +51,16 @@ class Flow:
                 return
             yield b
 
-    def run(self, stages: dict[str, Callable[["Flow"], None]]) -> None:
-        """Run ``stages`` (name -> function of this flow) to their end; raise the first error."""
+    def run(self, stages: dict[str, Callable[["Flow"], None]], *, sequential: bool = False) -> None:
+        """Run ``stages`` (name -> function of this flow) to their end; raise the first error. ``sequential``:
+        one after another in the given order on this thread, each starting once the one before has returned
+        (a step in which every stage waits for the one before: no threads to hand work between)."""
+        if sequential:
+            with compute.inline():
+                for fn in stages.values():
+                    fn(self)
+            return
+
         def body(fn) -> None:
             try:
                 fn(self)

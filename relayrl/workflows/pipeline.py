@@ -153,7 +153,7 @@ class GRPOPipeline:
         """Run the partition's stages to their end (off-policy: also wait for the producing stages on the rollout
         thread to finish scoring), raise the first error, and close the partition."""
         try:
-            f.run(stages)
+            f.run(stages, sequential=self.plan.sequential)
             while self.ahead is not None and not f.produced.wait(0.2):
                 self.ahead.raise_error()
             if f.errors:  # a producing stage failed after the consuming ones had returned

@@ -89,7 +89,7 @@ class Produce:
             episodes = {} if p.episodes is None else dict(episodes=p.episodes, problems=[problems[groups[i]] for i in idx])
             p.rollout.one("start_stream", [prompts[i] for i in idx], params, [slots[i] for i in idx],
                           [groups[i] for i in idx], partial=self.partial, baseline=baseline, **episodes,
-                          per_sample=per_sample, rank=r)
+                          per_sample=per_sample, deferred=p.plan.sequential, rank=r)
         live = set(range(ranks))
         while live and not f.stop.is_set():
             for r in sorted(live):

@@ -100,7 +100,7 @@ class StreamingGeneration:
     def start_stream(self, prompts: Sequence[Sequence[int]], params: SamplingParams, slots: Sequence[Any],
                      groups: Sequence[int], partial: bool = False, baseline: bool = False,
                      episodes: EpisodeSpec | None = None, problems: Sequence[Problem] | None = None,
-                     per_sample: bool = False) -> None:
+                     per_sample: bool = False, deferred: bool = False) -> None:
         """Generate ``params.n`` responses for each of ``prompts`` on a thread of this worker; prompt ``i``'s
         group is written to ``slots[i]`` (its ``n`` rows, in sample order) as soon as it is complete. Take
         the receipts with :meth:`poll_stream`. ``partial``: weights may be swapped in mid-stream.
@@ -109,7 +109,9 @@ class StreamingGeneration:
         problem of prompt ``i``): ``params.n`` episodes per problem, a group written when its last episode
         ends, with the ``loss_mask`` and ``env_rewards`` columns (:func:`group_rows`). ``per_sample``: each
         response (or episode) is written into its row the moment it ends, one receipt per row (the score
-        stage scores it at once; the other stages still wait for whole groups)."""
+        stage scores it at once; the other stages still wait for whole groups). ``deferred``: write everything
+        in one write when generation ends (when every stage waits for generation anyway, a writer working
+        beside the decode loop only competes with it for the interpreter)."""
         if self._streaming():
             raise RuntimeError("start_stream: the previous stream is still generating")
         if len(slots) != len(prompts) or len(groups) != len(prompts):
@@ -177,7 +179,8 @@ class StreamingGeneration:
         def run() -> None:
             writes = threading.Thread(target=writer, args=(rows_of if episodes is None else rows_of_episode,),
                                       name="rollout-writer", daemon=True)
-            writes.start()
+            if not deferred:
+                writes.start()
             try:
                 between = self._swap.take if partial else None
                 gen = self.generator if params.temperature > 0 else None
@@ -193,6 +196,8 @@ class StreamingGeneration:
                 self._out.put(e)
             finally:
                 ended.put(None)
+                if deferred:
+                    writes.start()
                 writes.join()
                 self._swap.close()
                 self._out.put(_DONE)

@@ -50,9 +50,10 @@ def role_precision(model, rollout=None) -> dict[str, dict[str, str]]:
 
     Trained roles (actor, critic) keep float32 weights and compute in ``model.dtype`` (mixed precision),
     unless ``model.pure_low_precision``; frozen roles (reference) and the rollout hold their weights in the
-    compute dtype, since they are never updated.
+    compute dtype, since they are never updated. With LoRA the trained roles' base weights are frozen too: they
+    load in the compute dtype, and peft keeps the adapters (the weights that train) in float32.
     """
-    trained = model.dtype if model.pure_low_precision else "float32"
+    trained = model.dtype if model.pure_low_precision or model.lora.enabled else "float32"
     return {
         "trained": dict(dtype=trained, compute_dtype=model.dtype),
         "frozen": dict(dtype=model.dtype),
