@@ -124,6 +124,29 @@ def test_config_refuses_fp16_training_and_pointless_pure_precision():
     prec = role_precision(cfg.model, cfg.rollout)
     assert prec["trained"] == {"dtype": "float32", "compute_dtype": "bfloat16"}
     assert prec["frozen"] == {"dtype": "bfloat16"} and prec["rollout"] == {"dtype": "float16"}
+    # LoRA: the trained roles' base is frozen too, so it loads in the compute dtype (the adapters are float32)
+    lora = Config.model_validate({"model": {"dtype": "bfloat16", "lora": {"enabled": True}}})
+    assert role_precision(lora.model)["trained"] == {"dtype": "bfloat16", "compute_dtype": "bfloat16"}
+
+
+def test_lora_on_a_bf16_base_trains_float32_adapters(tiny_dir, tiny_tokenizer):
+    """The adapters peft adds to a bf16 base are float32 and the only weights with a gradient; a step moves
+    them and leaves the base as it was."""
+    from relayrl.models.lora import LoraConfig, apply_lora
+
+    model = load_model(tiny_dir, dtype="bfloat16")
+    apply_lora(model, LoraConfig(enabled=True))
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    adapters = {n: p for n, p in model.named_parameters() if "lora_" in n}
+    assert adapters and all(p.dtype == torch.float32 and p.requires_grad for p in adapters.values())
+    assert all(p.dtype == torch.bfloat16 and not p.requires_grad for n, p in model.named_parameters()
+               if n in base)
+    eng = TorchTrainingEngine(model, TrainEngineConfig(optim=OptimConfig(lr=1e-2)), total_steps=2,
+                              compute_dtype=torch.bfloat16)
+    lora_b = {n: p.detach().clone() for n, p in adapters.items() if "lora_B" in n}
+    eng.train_step(_batch(tiny_tokenizer), PolicyLoss())
+    assert any(not torch.equal(lora_b[n], adapters[n]) for n in lora_b)
+    assert all(torch.equal(base[n], p) for n, p in model.named_parameters() if n in base)
 
 
 @pytest.mark.parametrize("n,max_batch,stops,swap", [(1, 2, False, False), (3, 4, False, False),

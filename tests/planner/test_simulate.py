@@ -147,3 +147,35 @@ def test_dp_sync_step_trades_collectives_for_memory():
     pl = Placement("sync-colocated", main=2)
     more = memory_gib(w["step"], pl, 0)["main"] - memory_gib(w["pass"], pl, 0)["main"]
     assert more == pytest.approx(1e9 * (2 + 4) / 2 / 2**30)
+
+
+def test_lora_offload_and_checkpointing_in_the_memory_model():
+    """Qwen2.5-7B's shape (7.6B parameters) with LoRA r=16 on the seven projections: 28 layers x 16 x
+    (q 3584+3584, k 3584+512, v 3584+512, o 3584+3584, gate/up 3584+18944 each, down 18944+3584) = 40.4M
+    adapter weights. The frozen base holds 2 bytes per weight (bf16), the adapters 4 + 4 + 8 (float32 weight,
+    gradient, two moments). Gradient checkpointing keeps one value per hidden unit per layer and token (plus
+    one layer's 18), not 18 per layer; offload peaks at the larger phase instead of their sum."""
+    from transformers import Qwen2Config
+
+    from relayrl.models.lora import LoraConfig
+    from relayrl.models.tiny import SHAPES
+
+    cfg = Qwen2Config(**SHAPES["qwen2.5-7b"])
+    full = ModelShape.from_hf_config(cfg, dtype="bfloat16")
+    lora = ModelShape.from_hf_config(cfg, dtype="bfloat16", lora=LoraConfig(enabled=True, r=16))
+    assert full.params == lora.params == 7_615_487_488 and full.trained_params == full.params  # (biases left out)
+    assert lora.trainable == 28 * 16 * (2 * 7168 + 2 * 4096 + 3 * (3584 + 18944)) == 40_370_176
+    assert lora.train_bytes == 2
+    on = Placement("sync-colocated", main=1)
+    plain = toy_workload(16, 8, shape=lora, token_budget=16384)
+    ckpt = toy_workload(16, 8, shape=lora, token_budget=16384, checkpointing=True)
+    both = toy_workload(16, 8, shape=lora, token_budget=16384, checkpointing=True, offload=True)
+    head = 1024 * 152064 * 8
+    state = 7_615_487_488 * 2 + 40_370_176 * 12
+    rollout = 7_615_487_488 * 2
+    assert memory_gib(plain, on, 0)["main"] * 2**30 == pytest.approx(
+        state + rollout + 16384 * 3584 * 28 * 18 * 2 + head)
+    assert memory_gib(ckpt, on, 0)["main"] * 2**30 == pytest.approx(state + rollout + 16384 * 3584 * 46 * 2 + head)
+    assert memory_gib(both, on, 0)["main"] * 2**30 == pytest.approx(max(state + 16384 * 3584 * 46 * 2 + head, rollout))
+    full_ft = toy_workload(16, 8, shape=full, token_budget=16384, checkpointing=True, offload=True)
+    assert memory_gib(full_ft, on, 0)["main"] > 7_615_487_488 * 16 / 2**30 > 80  # no H100 holds it
