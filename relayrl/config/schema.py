@@ -19,6 +19,7 @@ from relayrl.cluster import ClusterConfig
 from relayrl.dock.config import DockConfig
 from relayrl.engines.reward import RewardConfig
 from relayrl.engines.training.base import OptimConfig
+from relayrl.engines.generation.vllm_engine import VLLMSpec
 from relayrl.engines.training.torch_engine import TrainEngineConfig
 from relayrl.environments.config import EnvConfig
 from relayrl.models.lora import LoraConfig
@@ -139,9 +140,11 @@ class RolloutConfig(_Section):
     decode: Literal["auto", "dynamic", "static"] = Field(
         "auto", description="auto: on CUDA, Llama-family models decode on a static KV cache with CUDA graphs, "
         "others (and CPU) with a dynamic cache; static: always the static cache (graphed on CUDA); dynamic: never")
-    engine: Literal["native", "openai"] = Field(
-        "native", description="native: relayrl's engine in the rollout workers; openai: sample through an "
+    engine: Literal["native", "vllm", "openai"] = Field(
+        "native", description="native: relayrl's engine in the rollout workers; vllm: a vLLM engine in each rollout "
+        "worker's process (pip install 'relayrl[vllm]'; see rollout.vllm); openai: sample through an "
         "OpenAI-compatible server at rollout.base_url (relayrl serve, vLLM, SGLang), weights pushed after every update")
+    vllm: VLLMSpec = Field(VLLMSpec(), description="rollout.engine=vllm: how each rollout rank starts its vLLM engine")
     base_url: str | None = Field(None, description="rollout.engine=openai: the server's base URL, e.g. "
                                  "http://127.0.0.1:8000/v1")
     served_model: str | None = Field(None, description="rollout.engine=openai: the model name at the server "
@@ -175,12 +178,30 @@ class RolloutConfig(_Section):
             if self.weight_sync in ("vllm", "sglang") and not self.weight_dir:
                 raise ValueError(f"rollout.weight_sync={self.weight_sync} loads new weights from disk: set "
                                  f"rollout.weight_dir to a directory the server can read")
-        else:
+        if self.engine == "vllm":
+            from relayrl.engines.generation.vllm_engine import INSTALL, vllm_available
+
+            if not vllm_available():
+                raise ValueError(f"rollout.engine=vllm: vLLM is not installed here; install it with {INSTALL}, "
+                                 f"or set rollout.engine=native")
+        if self.engine == "vllm" and (self.top_p < 1.0 or self.top_k > 0):
+            raise ValueError(f"rollout.engine=vllm records log-probs after top-p/top-k filtering (vLLM's "
+                             f"processed_logprobs), the trainer recomputes them before it, so every ratio would be "
+                             f"off: set rollout.top_p=1.0 and rollout.top_k=0 (got top_p={self.top_p}, "
+                             f"top_k={self.top_k}), or rollout.engine=native")
+        if self.engine != "vllm" and "vllm" in self.model_fields_set:
+            raise ValueError("rollout.vllm is read by rollout.engine=vllm only; set rollout.engine=vllm or drop "
+                             "rollout.vllm")
+        if self.engine != "openai":
             remote_only = [k for k in ("base_url", "served_model", "api_key_env", "weight_dir") if getattr(self, k)]
             if remote_only:
                 raise ValueError(f"rollout.{remote_only[0]} is read by rollout.engine=openai only; set "
                                  f"rollout.engine=openai or drop rollout.{remote_only[0]}")
         return self
+
+    def vllm_spec(self):
+        """The vLLM engine's spec (``rollout.engine=vllm``), else None."""
+        return self.vllm if self.engine == "vllm" else None
 
     def remote(self):
         """The remote engine's spec (``rollout.engine=openai``), else None."""

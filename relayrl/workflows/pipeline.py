@@ -116,8 +116,7 @@ class GRPOPipeline:
         if not (self.actor.in_driver and self.rollout.in_driver) or prec["trained"] != prec["rollout"] \
                 or self.cfg.model.lora.enabled:
             return False
-        self.rollout.one("share_weights", self.actor.one("named_weights"), 0)
-        return True
+        return bool(self.rollout.one("share_weights", self.actor.one("named_weights"), 0))
 
     def shaped(self, scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Rewards from verifier scores: DAPO's overlong shaping when enabled."""

