@@ -176,9 +176,16 @@ METRIC_KEY = re.compile(r"^([a-z][a-z0-9_]*)/([A-Za-z0-9_{}<>@.\-]*)$")
 NOT_METRIC_FAMILIES = {"application", "text", "runs", "model"}
 
 
+def _is_prefix(value: ast.AST) -> bool:
+    """An f-string field holding the training engine's metric prefix (``{self.prefix}``, ``{prefix}``)."""
+    expr = getattr(value, "value", None)
+    return (isinstance(expr, ast.Name) and expr.id == "prefix") or (
+        isinstance(expr, ast.Attribute) and expr.attr == "prefix")
+
+
 def logged_metric_keys(package: Path = ROOT / "relayrl") -> dict[str, set[str]]:
     """Metric keys written in the package's code: ``{key: files}``. An f-string's fields read ``{}``
-    (``timing/{}_s``); a key whose family is a field (``{}/grad_norm``: the engine's metric prefix,
+    (``timing/{}_s``); a key whose family is the training engine's metric prefix (``{self.prefix}/grad_norm``;
     ``actor`` by default) is reported as ``actor/grad_norm``."""
     found: dict[str, set[str]] = {}
     for path in sorted(package.rglob("*.py")):
@@ -187,7 +194,7 @@ def logged_metric_keys(package: Path = ROOT / "relayrl") -> dict[str, set[str]]:
                 s = node.value
             elif isinstance(node, ast.JoinedStr):
                 s = "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
-                if s.startswith("{}/") and METRIC_KEY.match("actor" + s[2:]):
+                if s.startswith("{}/") and _is_prefix(node.values[0]):
                     s = "actor" + s[2:]
             else:
                 continue
