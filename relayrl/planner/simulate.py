@@ -4,7 +4,7 @@ pool, peak memory per device.
 It follows the cost model of HybridFlow's auto-mapping (§6, Algorithm 1: the cost of each role's
 stage on its devices, the step as the critical path through generation, preparation and training) and
 AsyncFlow's resource planner (producer/consumer overlap between a rollout pool and a trainer pool),
-with the step modes relayrl runs (README, "A step as a dataflow", "Off-policy GRPO"):
+with the step modes relayrl runs (docs/step-modes.md):
 
 * ``sync-colocated`` (``grpo.py``): every role on ``main``, one phase after another: generate, reward (one
   call of the user function with the whole batch), [reference], update; weights shared in place.
