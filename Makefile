@@ -1,16 +1,16 @@
-# relayrl: two commands for a new user: `make demo` and `make test`.
+# relayrl: two commands for a new user: `make demo` and `make test`; `make docs` builds the documentation site.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench install clean
+.PHONY: demo test test-fast bench docs docs-serve install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch first, pinned: the CPU wheel on this machine (an unpinned torch pulls CUDA).
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,docs]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -40,5 +40,20 @@ bench: $(VENV)/.bench-installed
 	$(BIN)/python benchmarks/data_parallel.py
 	$(BIN)/python benchmarks/serve_load.py
 
+# The documentation site (MkDocs + Material, docs/ and mkdocs.yml): regenerate the config reference from the
+# schema, then build strictly into site/ (a broken link or a page missing from the nav fails).
+# `make docs SERVE=1` or `make docs-serve` serves it at http://127.0.0.1:8000 instead, rebuilding on change.
+docs: $(STAMP)
+	$(BIN)/python docs/gen_reference.py
+ifeq ($(SERVE),1)
+	$(BIN)/mkdocs serve
+else
+	$(BIN)/mkdocs build --strict
+endif
+
+docs-serve: $(STAMP)
+	$(BIN)/python docs/gen_reference.py
+	$(BIN)/mkdocs serve
+
 clean:
-	rm -rf $(VENV) runs .cache
+	rm -rf $(VENV) runs .cache site

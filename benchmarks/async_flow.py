@@ -1,5 +1,5 @@
 """Streaming dataflow benchmark: synchronous colocated, synchronous split and periodic-async split GRPO on a
-long-tail workload with a slow verifier (seed 003's comparison, on this machine).
+long-tail workload with a slow verifier (Periodic Asynchrony's comparison, on this machine).
 
 Workload: the demo's models (the tiny Qwen2 pretrained on 2-digit sums, then SFT on a careless teacher;
 built once and cached), GRPO on fresh sums with ``rollout.max_new_tokens`` well above the 3-token answers.
@@ -21,7 +21,7 @@ Modes, each in its own process, same seed, same prompts and number of steps:
 * ``offpolicy-k1-partial``, ``offpolicy-k2-partial``: the same with ``rollout.partial=true``: the trainer's
   new weights reach responses still being generated (paused, prefilled again, continued).
 
-Figures: tokens trained per second per device (TPSPD, seed 003: prompt + response tokens of the step's
+Figures: tokens trained per second per device (TPSPD, Periodic Asynchrony: prompt + response tokens of the step's
 samples / step time / devices, a device being a core here, so every mode has 2) and the mean step time,
 both over the steps after ``--warmup``; held-out greedy accuracy after the last step. Printed, not asserted.
 The last line is::

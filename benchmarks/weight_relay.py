@@ -1,4 +1,4 @@
-"""Refit time: one message per parameter vs packed buckets with a cached layout (seed 004).
+"""Refit time: one message per parameter vs packed buckets with a cached layout (NeMo RL's refit).
 
 Workload: synthetic weights with the shapes of a Qwen2-style decoder (24
 layers, hidden 576, 9 query / 3 KV heads, FFN 1536, vocab 32000, tied head):

@@ -4,9 +4,9 @@ binds each to a config name and declares what it needs.
 Implemented (config name -> paper):
 
 * ``"gae"`` -- Generalised Advantage Estimation (Schulman et al. 2016; PPO for
-  RLHF as in Ouyang et al. 2022; seed 001 eqs. 2-3).
+  RLHF as in Ouyang et al. 2022; DAPO eqs. 2-3).
 * ``"grpo"`` -- group-normalised outcome advantage (Shao et al. 2024,
-  DeepSeekMath; seed 001 eq. 4). ``"drgrpo"`` is the same without the std
+  DeepSeekMath; DAPO eq. 4). ``"drgrpo"`` is the same without the std
   division (Liu et al. 2025, Dr.GRPO).
 * ``"rloo"`` -- REINFORCE leave-one-out baseline (Ahmadian et al. 2024).
 * ``"reinforce++"`` -- discounted token returns of the (KL-penalised) token
@@ -112,7 +112,7 @@ def gae(
 def grpo(
     rewards: Tensor, group_ids: Tensor, *, normalize_std: bool = True, eps: float = 1e-6
 ) -> Tensor:
-    """GRPO outcome advantage ``(r_i - mean_g) / (std_g + eps)`` (seed 001 eq. 4).
+    """GRPO outcome advantage ``(r_i - mean_g) / (std_g + eps)`` (DAPO eq. 4).
 
     Args:
         rewards: ``[N]`` scalar reward per response.

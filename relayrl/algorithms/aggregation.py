@@ -4,16 +4,16 @@ Modes (config names) and where they come from:
 
 * ``"token-mean"`` -- sum over every valid token of the batch divided by the
   number of valid tokens. DAPO's token-level policy-gradient loss (Yu et al.
-  2025, seed 001 eq. 12): long responses weigh in proportion to their length.
+  2025, DAPO eq. 12): long responses weigh in proportion to their length.
 * ``"seq-mean-token-mean"`` -- mean over tokens inside each sequence, then mean
-  over sequences. The original GRPO objective (Shao et al. 2024, seed 001 eq. 5).
+  over sequences. The original GRPO objective (Shao et al. 2024, DAPO eq. 5).
 * ``"seq-mean-token-sum"`` -- sum over tokens inside each sequence, then mean
   over sequences.
 * ``"seq-mean-token-sum-norm"`` -- sum over tokens inside each sequence divided
   by a constant (the maximum response length), then mean over sequences.
   Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training").
 
-Micro-batching and data parallelism (seed 003, section 3): the full-batch loss
+Micro-batching and data parallelism (Periodic Asynchrony §3): the full-batch loss
 is a sum over rows divided by a batch-wide count. Splitting the rows into
 micro-batches (or data-parallel ranks) and normalising each part by the
 **global** count (``global_tokens`` / ``global_seqs``) makes the parts add up

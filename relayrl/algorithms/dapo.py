@@ -1,6 +1,6 @@
-"""DAPO's sample-level techniques (Yu et al. 2025; seed 001 section 3.2).
+"""DAPO's sample-level techniques (Yu et al. 2025, §3).
 
-* :func:`overlong_penalty` -- soft overlong punishment, seed 001 eq. 13: 0 up
+* :func:`overlong_penalty` -- soft overlong punishment, DAPO eq. 13: 0 up
   to ``max_len - cache_len`` tokens, then a linear ramp to -1 over the cache
   interval, and -1 beyond ``max_len``. Added to the rule-based reward.
 * :func:`overlong_filter_mask` -- overlong filtering: truncated samples are
@@ -26,7 +26,7 @@ Tensor = torch.Tensor
 
 
 def overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tensor:
-    """Soft overlong punishment ``R_length`` (seed 001 eq. 13).
+    """Soft overlong punishment ``R_length`` (DAPO eq. 13).
 
     Args:
         lengths: ``[N]`` response lengths in tokens.

@@ -1,4 +1,4 @@
-"""Direct preference optimisation losses (seed 004 lists DPO among the algorithms).
+"""Direct preference optimisation losses (NeMo RL lists DPO among its algorithms).
 
 With ``h = (log pi(y_w) - log pi_ref(y_w)) - (log pi(y_l) - log pi_ref(y_l))``:
 

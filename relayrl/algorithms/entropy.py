@@ -2,7 +2,7 @@
 
 ``H_t = logsumexp(z_t) - sum_v softmax(z_t)_v * z_{t,v}`` for logits ``z``
 ``[B, T, V]``. Entropy is both a monitored metric (entropy collapse is what
-DAPO's clip-higher addresses, seed 001 section 3.2.1) and an optional bonus
+DAPO's clip-higher addresses, DAPO §3.1) and an optional bonus
 term in the loss.
 
 Memory: a full-vocabulary softmax in fp32 over ``B*T`` positions costs as much

@@ -6,7 +6,7 @@ Per-token estimators of ``KL(pi || pi_ref)`` from samples of ``pi`` (Schulman,
 * ``"k1"`` -- ``d``: unbiased, high variance, can be negative.
 * ``"k2"`` (alias ``"mse"``) -- ``d**2 / 2``: biased, low variance, >= 0.
 * ``"k3"`` (alias ``"low_var_kl"``) -- ``exp(-d) - 1 + d``: unbiased, >= 0;
-  the GRPO KL term (Shao et al. 2024, seed 001 eq. 5).
+  the GRPO KL term (Shao et al. 2024, DAPO eq. 5).
 * ``"abs"`` -- ``|d|``.
 
 The KL is used either as a loss term (:func:`kl_loss`, GRPO) or folded into

@@ -1,6 +1,6 @@
 """Clipped policy-gradient loss (PPO / GRPO / DAPO / GSPO) and loss aggregation.
 
-Implements the PPO clipped surrogate (Schulman et al. 2017; seed 001 eq. 1) as
+Implements the PPO clipped surrogate (Schulman et al. 2017; DAPO eq. 1) as
 a loss to minimise, per token::
 
     pg_t = max(-A_t * r_t, -A_t * clip(r_t, 1 - clip_low, 1 + clip_high))
@@ -8,7 +8,7 @@ a loss to minimise, per token::
 with
 
 * decoupled bounds ``clip_low`` / ``clip_high`` -- DAPO clip-higher (Yu et al.
-  2025, seed 001 eq. 10; DAPO uses 0.2 / 0.28). Equal bounds are PPO/GRPO.
+  2025, DAPO eq. 10; DAPO uses 0.2 / 0.28). Equal bounds are PPO/GRPO.
 * optional dual-clip for negative advantages (Ye et al. 2020, "Mastering
   Complex Control in MOBA Games"): ``pg_t = min(pg_t, -A_t * dual_clip)`` when
   ``A_t < 0``, bounding the loss of a token whose ratio has exploded.

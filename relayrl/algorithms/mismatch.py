@@ -1,9 +1,9 @@
-"""Train/generation mismatch: the "logprob error" metric of NeMo-RL (seed 004).
+"""Train/generation mismatch: the "logprob error" metric of NeMo RL.
 
 On-policy RL assumes the generation engine samples from the same distribution
 the trainer computes. The metric is the mean over valid tokens of
 ``exp(|logp_generation - logp_train|)``: 1.0 is a perfect match and values
-above about 1.05 call for investigation (seed 004, "Motivation for tracking
+above about 1.05 call for investigation (the NeMo RL talk, "Motivation for tracking
 logprob error"). The maximum and a per-sequence version localise a bad token
 or sample.
 

@@ -1,6 +1,6 @@
 """Truncated importance weights between the trainer and the rollout engine.
 
-With asynchronous or k-step off-policy training (seeds 002, 004), and even
+With asynchronous or k-step off-policy training (AsyncFlow, NeMo RL), and even
 on-policy when the generation engine's numerics differ from the trainer's,
 the tokens were sampled by the rollout policy ``mu`` while the loss is taken
 for the training policy ``pi``. The ratio ``w = pi / mu`` corrects for that;

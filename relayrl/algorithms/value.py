@@ -1,7 +1,7 @@
 """Critic loss with value clipping, and the explained-variance metric (PPO).
 
 The clipped value loss follows the PPO implementation used for RLHF
-(Schulman et al. 2017; Ouyang et al. 2022; seed 001 section on PPO)::
+(Schulman et al. 2017; Ouyang et al. 2022; DAPO §2, PPO)::
 
     v_clip = old_v + clip(v - old_v, -clip, clip)
     loss_t = 0.5 * max((v - R)^2, (v_clip - R)^2)

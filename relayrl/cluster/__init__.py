@@ -1,6 +1,6 @@
 """relayrl.cluster: the single controller's view of devices and workers.
 
-Maps HybridFlow's hybrid programming model (seed 001) to code:
+Maps HybridFlow's hybrid programming model (§4) to code:
 
 | HybridFlow                                   | here                                      |
 |----------------------------------------------|-------------------------------------------|

@@ -1,7 +1,7 @@
 """Dispatch and collect: how `WorkerGroup.split` cuts data over ranks and
 gathers results back.
 
-These are HybridFlow's DP-style transfer protocol (seed 001, Sec. 2.4.1: a
+These are HybridFlow's DP-style transfer protocol (§4.1: a
 dispatch function splits a batch over data-parallel ranks, a collect function
 gathers their outputs in rank order) written as two pure functions. Departure:
 HybridFlow binds a protocol to a method with a `@register` decorator; here the

@@ -1,6 +1,6 @@
 """`WorkerGroup`: the driver's handle on N ranks of one worker class on a pool.
 
-HybridFlow's single controller (seed 001) calls methods of a worker group and
+HybridFlow's single controller calls methods of a worker group and
 the group's registered transfer protocol decides whether the call is broadcast
 (ONE_TO_ALL), split over data-parallel ranks and collected (DP_COMPUTE), or
 sent to one rank. Here the call kind is spelled at the call site instead:

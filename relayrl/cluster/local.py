@@ -11,7 +11,7 @@
   (killed, segfault, `os._exit`) surfaces at once as `WorkerError`.
 
 This plays the part of HybridFlow's single controller talking to its
-multi-controller workers (seed 001) without Ray. Departures: data crosses the
+multi-controller workers (HybridFlow) without Ray. Departures: data crosses the
 pipe by plain pickling (no shared memory or CUDA IPC yet); a rank process
 leaves with `os._exit(0)` after shutdown (skipping slow torch teardown), so a
 worker must flush its own files before the group is shut down, not at exit.

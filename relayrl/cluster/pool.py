@@ -1,6 +1,6 @@
 """`ResourcePool`: a named set of devices that worker groups are placed on.
 
-HybridFlow (seed 001, Sec. 2.4) virtualises a set of GPUs as a ResourcePool:
+HybridFlow (§4) virtualises a set of GPUs as a ResourcePool:
 models given the same pool are colocated on the same devices and run one after
 another in call order; models on different pools run concurrently (split
 placement). This module implements exactly that contract:

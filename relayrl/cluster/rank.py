@@ -2,7 +2,7 @@
 construction and method invocation, shared by the spawned-process and the Ray
 backends.
 
-This is the "multi-controller" half of HybridFlow's hierarchy (seed 001): each
+This is the "multi-controller" half of HybridFlow's hierarchy: each
 rank runs the same SPMD code, and `torch.distributed` is initialised before the
 worker is built (gloo for CPU ranks; on CUDA a `cpu:gloo,cuda:nccl` group, so
 NCCL carries GPU tensors and gloo any CPU tensors). Errors never cross the

@@ -1,6 +1,6 @@
 """The `ray` backend: ranks are Ray actors placed by a placement group per pool.
 
-HybridFlow (seed 001) maps a ResourcePool onto Ray placement groups and its
+HybridFlow maps a ResourcePool onto Ray placement groups and its
 workers onto Ray actors; this module does the same with the small interface
 the local backend has (`call`, `pids`, `shutdown`):
 

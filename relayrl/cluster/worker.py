@@ -1,6 +1,6 @@
 """`Worker`: the base class of everything a worker group runs on its ranks.
 
-HybridFlow (seed 001) gives each model a ParallelWorker base class that, given
+HybridFlow gives each model a ParallelWorker base class that, given
 its devices, sets up the process groups for SPMD computation. Here the group
 sets up `torch.distributed` (rank, world size, master address) *before* the
 subclass's `__init__` runs, so the subclass can build FSDP or tensor-parallel

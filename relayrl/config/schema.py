@@ -281,12 +281,12 @@ class TrainerConfig(_Section):
                           "reference's weights outside its pass, the rollout's weights and KV cache outside "
                           "generation); costs host<->device copies (timing/offload_s)")
     mode: Literal["sync", "periodic"] = Field("sync", description="GRPO step: 'sync' trains once the whole batch "
-                                              "is generated; 'periodic' (seed 003, needs the rollout on its own "
+                                              "is generated; 'periodic' (Periodic Asynchrony, needs the rollout on its own "
                                               "pool) runs forward and backward on each prompt group as it "
                                               "arrives and steps the optimizer once per batch: the same update, "
                                               "strictly on-policy, overlapped with generation")
     tri_model: bool = Field(False, description="the actor holds the reference weights in its own layout and "
-                            "computes policy, old-policy and reference log-probs in one micro-step (seed 003); "
+                            "computes policy, old-policy and reference log-probs in one micro-step (Periodic Asynchrony); "
                             "no separate reference group (needs algorithm.kl_coef > 0)")
     stream_groups: int = Field(1, ge=1, description="streaming stages take up to this many finished prompt "
                                "groups per call (more: fewer, larger passes; fewer: earlier start)")
@@ -297,7 +297,7 @@ class TrainerConfig(_Section):
 
 
 class PlacementConfig(_Section):
-    """Which resource pool each role runs on (HybridFlow's ResourcePool, seed 001).
+    """Which resource pool each role runs on (HybridFlow's ResourcePool).
 
     The actor's pool is ``main``: ``cluster.devices`` devices per node. Other pools are named in ``pools``
     with their device count. Roles on one pool time-share its devices (colocated); roles on different pools

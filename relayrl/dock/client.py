@@ -1,6 +1,6 @@
 """Python client of the dock's service API (``relayrl dock``; routes in ``relayrl.serving.dockapi``).
 
-AsyncFlow's service calls (seed 002 section 5) by their names::
+AsyncFlow's service calls (§5) by their names::
 
     dock = DockClient("http://127.0.0.1:8100", api_key=None)
     dock.open_partition("step-0", rows=64, group_size=8)

@@ -1,4 +1,4 @@
-"""Stage controllers: the control plane of the dock (seed 000's TD controllers, seed 002 Sec. 3.3).
+"""Stage controllers: the control plane of the dock (MindSpeed RL's TD controllers, AsyncFlow §3.3).
 
 One ``StageController`` per consuming stage keeps, for each open partition,
 which rows carry every column the stage needs and which it has handed out.

@@ -1,7 +1,7 @@
 """The dock: a partitioned, columnar sample store with per-stage controllers.
 
-Implements seed 000's distributed transfer dock (warehouses sharded along the
-batch + one controller per worker state) and seed 002's TransferQueue (data
+Implements MindSpeed RL's distributed transfer dock (warehouses sharded along the
+batch + one controller per worker state) and AsyncFlow's TransferQueue (data
 plane of storage units, control plane of per-task controllers, streaming
 loader), with the fixes listed in ``controller.py`` and these:
 
@@ -15,7 +15,7 @@ loader), with the fixes listed in ``controller.py`` and these:
   of the old generation raises ``PartitionClosedError``).
 * **Where the controllers live (Ray and process backends).** Units are
   actors or processes; the controllers live in the process that owns the
-  ``Dock`` (the single-controller driver of HybridFlow, seed 001). A readiness query is then a lock-protected
+  ``Dock`` (the single-controller driver of HybridFlow). A readiness query is then a lock-protected
   function call (microseconds) instead of an actor round trip (~0.7 ms on this
   machine), the driver is where workers' results arrive anyway, and a waiting
   consumer waits on a ``Condition`` that releases the lock, so producers'

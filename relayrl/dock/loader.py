@@ -1,4 +1,4 @@
-"""Batches and the streaming loader (seed 002 Sec. 3.4: TransferQueue as a streaming dataloader).
+"""Batches and the streaming loader (AsyncFlow §3.4: TransferQueue as a streaming dataloader).
 
 ``StreamLoader`` is the per-stage iterator: each ``next`` asks the stage's
 controller for a lease on ready rows (waiting on an event, never polling),
@@ -7,7 +7,7 @@ every declared row of the partition is acknowledged by the stage. A ``Batch``
 holds one unpadded tensor per row and column; ``ack()`` retires its rows, and
 rows never acknowledged are re-delivered after the lease expires.
 
-Data-parallel balancing (seed 002's "equitable distribution of processed
+Data-parallel balancing (AsyncFlow's "equitable distribution of processed
 tokens across DP groups"): with ``dp_size=k`` the loader leases ``k`` x
 ``batch_size`` rows at once and splits them into ``k`` shards with equal row
 counts and nearly equal token counts (``balance_shards``), so no rank waits on

@@ -1,8 +1,8 @@
 """Handles for other processes: reserved rows (``Slots``), write receipts, and ``RowReader``.
 
 A rollout worker should send its samples straight to the storage units, not
-through the driver: seed 000's workers put into the transfer dock's
-warehouses themselves, and seed 002's clients write to the storage units while
+through the driver: MindSpeed RL's workers put into the transfer dock's
+warehouses themselves, and AsyncFlow's clients write to the storage units while
 only metadata reaches the controllers. Here the driver hands a worker a
 ``Slots`` (which rows to fill and on which units they live; picklable, a few
 hundred bytes); the worker calls ``slots.write(columns)``, which stores the

@@ -1,4 +1,4 @@
-"""Storage units: the data plane of the dock (seed 000's TD warehouses, seed 002's storage units).
+"""Storage units: the data plane of the dock (MindSpeed RL's TD warehouses, AsyncFlow's storage units).
 
 Each unit holds the rows the dock placed on it (see ``plane.py``) for every
 open partition generation. A unit only stores and returns data; it

@@ -1,4 +1,4 @@
-"""Multi-turn environments and tools (seed 004: NeMo-RL's environments).
+"""Multi-turn environments and tools (NeMo RL's environments).
 
 * :mod:`.base` - the ``Environment`` protocol (``reset``, ``step``) and the records (``StepResult``, ``Episode``);
 * :mod:`.episodes` - many episodes at once, continuously batched across turns on the native engine;

@@ -21,7 +21,7 @@ threads cannot), so it keeps its pool slot until it returns and its late result 
 threads are daemons, so a step that never returns does not keep the process from exiting. Tools with
 their own limits (the sandbox) return on time.
 
-Departure from NeMo-RL (seed 004): environments step one episode at a time in threads, not a batch of
+Departure from NeMo RL: environments step one episode at a time in threads, not a batch of
 episodes in a Ray actor, so a slow step delays only its own episode.
 """
 

@@ -1,6 +1,6 @@
 """A Python sandbox for model-written code: a jailed, unprivileged, resource-limited child process.
 
-Code execution is the most common tool of agentic RL (NeMo-RL's code environments, seed 004) and the most
+Code execution is the most common tool of agentic RL (NeMo RL's code environments) and the most
 common way such a system lets someone in where they do not belong. :func:`run_python` runs ``code`` like
 this (Linux, as root; :func:`check_available` says why not when it cannot)::
 

@@ -1,4 +1,4 @@
-"""Packed layouts for training forwards: shared-prompt attention (seed 003, section 4.2) and sequence packing.
+"""Packed layouts for training forwards: shared-prompt attention (Periodic Asynchrony §4.2) and sequence packing.
 
 A GRPO group is n responses to one prompt. Padded per-row training repeats the
 prompt n times and pads every row to the longest one. Seed 003 (4.2) instead
@@ -24,7 +24,7 @@ rows, rows are right-padded to a common length ``L``; padding tokens attend
 only to themselves (a fully masked query row would give NaN in SDPA, and NaN
 activations poison weight gradients even where the loss ignores them).
 
-Where this departs from seed 003:
+Where this departs from Periodic Asynchrony:
 
 * Seed 003 runs the mask inside a Megatron-style NPU kernel. We hand a dense
   4-D mask to PyTorch's ``scaled_dot_product_attention`` through the Hugging

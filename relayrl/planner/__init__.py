@@ -1,5 +1,5 @@
-"""``relayrl plan``: a placement planner whose predictions are checked against measured runs (seed 001 §5's
-auto-mapping, seed 002's resource planner).
+"""``relayrl plan``: a placement planner whose predictions are checked against measured runs (HybridFlow §6's
+auto-mapping, AsyncFlow's resource planner).
 
 * :mod:`.profile`: what a device costs for each kind of work (calibrated or written by hand);
 * :mod:`.calibrate`: ``relayrl plan --profile``, the measurements with relayrl's own engines;

@@ -1,5 +1,5 @@
 """``relayrl plan --profile``: measure a :class:`~relayrl.planner.profile.Profile` on this machine with
-relayrl's own engines (seed 001 §5 profiles each role's cost before it searches placements; this is that
+relayrl's own engines (HybridFlow §6, auto device mapping, profiles each role's cost before it searches placements; this is that
 step).
 
 What is timed, each a few repetitions after one untimed call, the median kept (the machine may be shared;

@@ -1,6 +1,6 @@
 """A hardware profile: what one device costs for each kind of work a GRPO step does.
 
-HybridFlow's auto-mapping (seed 001 §5, Algorithm 1) and AsyncFlow's resource planner (seed 002) both rest
+HybridFlow's auto-mapping (§6, Algorithm 1) and AsyncFlow's resource planner both rest
 on a cost model of the stages on a device; this is relayrl's. A profile is written by ``relayrl plan
 --profile`` (a calibration with relayrl's own engines on the present machine, :mod:`.calibrate`) or by hand
 for hardware one does not have (``relayrl/planner/profiles/h100_7b.yaml``): every field is a number a user

@@ -1,11 +1,11 @@
 """Search placements and step modes for a device count, rank them by predicted throughput, print the plan.
 
-HybridFlow's Algorithm 1 (seed 001 §5) enumerates allocations of devices to roles and parallel sizes,
+HybridFlow's Algorithm 1 (§6) enumerates allocations of devices to roles and parallel sizes,
 simulates each and keeps the fastest; here the candidates are relayrl's placements: every role on ``main``
 (the colocated loop, data parallel over all devices), or the rollout on a pool of ``g`` devices and the
 actor on the other ``N - g``, each with the step modes of the dataflow (synchronous, periodic, off-policy
 ``k`` in {1, 2} with and without partial rollout). Candidates whose peak memory does not fit a device are
-listed as infeasible and never ranked first. The ranking is by tokens per second per device (seed 003's
+listed as infeasible and never ranked first. The ranking is by tokens per second per device (Periodic Asynchrony's
 TPSPD), which for a fixed device count is the inverse of the step time per token.
 
 Simplifications: pool sizes are searched over every split for up to 16 devices and over powers of two

@@ -1,10 +1,10 @@
 """A discrete-event model of GRPO steps for a placement and a step mode: predicted step time, busy time per
 pool, peak memory per device.
 
-It follows the cost model of HybridFlow's auto-mapping (seed 001 §5, Algorithm 1: the cost of each role's
+It follows the cost model of HybridFlow's auto-mapping (§6, Algorithm 1: the cost of each role's
 stage on its devices, the step as the critical path through generation, preparation and training) and
-AsyncFlow's resource planner (seed 002: producer/consumer overlap between a rollout pool and a trainer pool),
-with the step modes relayrl runs (README, "A step as a dataflow", "Off-policy GRPO"):
+AsyncFlow's resource planner (producer/consumer overlap between a rollout pool and a trainer pool),
+with the step modes relayrl runs (docs/step-modes.md):
 
 * ``sync-colocated`` (``grpo.py``): every role on ``main``, one phase after another: generate, reward (one
   call of the user function with the whole batch), [reference], update; weights shared in place.
@@ -13,9 +13,9 @@ with the step modes relayrl runs (README, "A step as a dataflow", "Off-policy GR
   calls in flight), the update waits for the whole batch, then the weights are relayed and the next batch
   starts (on-policy).
 * ``periodic``: the same, but the trainer runs forward + backward on each chunk of ``stream_groups`` groups
-  as it is scored and steps the optimizer once the batch is consumed (seed 003).
+  as it is scored and steps the optimizer once the batch is consumed (Periodic Asynchrony).
 * ``offpolicy`` with ``k``: the rollout starts batch ``t`` once batch ``t-1`` is generated and update
-  ``t-1-k`` is done (seed 002's delayed parameter update, staleness bound k); the trainer consumes groups as
+  ``t-1-k`` is done (AsyncFlow's delayed parameter update, staleness bound k); the trainer consumes groups as
   for ``periodic``. ``partial``: each update that lands while a batch generates costs one prefill of the
   rows in flight (the native engine re-prefills with the new weights).
 
@@ -123,7 +123,7 @@ class Prediction:
 
     @property
     def tpspd(self) -> float:
-        """Tokens per second per device (seed 003's TPSPD)."""
+        """Tokens per second per device (Periodic Asynchrony's TPSPD)."""
         return self.tokens / (self.step_s * (self.per or self.placement.devices))
 
 

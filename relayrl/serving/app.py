@@ -9,7 +9,7 @@ payload or a path), which the rollout adapter calls after every update
 :class:`~relayrl.serving.batcher.Batcher`, so concurrent requests decode in one
 batch (continuous batching across requests).
 
-Guards (seed 002 section 5 exposes the trainer as a service; a service must not
+Guards (AsyncFlow §5 exposes the trainer as a service; a service must not
 fall over on bad input): a bearer token on every route but ``/health`` when one
 is set (``cli.serve`` refuses a non-loopback host without one), a body-size
 limit checked before the body is read, limits on ``max_tokens``, ``n``, prompts

@@ -11,7 +11,7 @@ The HTTP handlers (``app.py``) never touch the model. They submit a
           └──────── events (token, done) via Request.emit ◄── sample per request ◄┘
     weight loads ──► queued; applied when the running batch has drained (admission pauses meanwhile)
 
-Each step admits waiting requests into the rows that finished (seed 003's
+Each step admits waiting requests into the rows that finished (Periodic Asynchrony's
 continuous batching on the engine's left-padded dynamic cache), samples every
 request's rows with its own sampling settings (requests with equal settings
 and no seed share one ``sample_next`` call), and drops the rows of requests

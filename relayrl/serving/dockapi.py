@@ -1,4 +1,4 @@
-"""The dock's service API: external producers and consumers over HTTP (AsyncFlow, seed 002 section 5).
+"""The dock's service API: external producers and consumers over HTTP (AsyncFlow §5).
 
 AsyncFlow exposes its TransferQueue to an industrial workflow through a few
 calls: ``put_prompts_data``, ``put_experience_data``, ``get_experience_data``

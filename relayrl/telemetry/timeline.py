@@ -1,6 +1,6 @@
 """Stage timeline: spans of generate / reward / log-prob / update / weight relay per worker group.
 
-This records what AsyncFlow (seed 002, Figure 11) draws as its per-step stage
+This records what AsyncFlow (Figure 11) draws as its per-step stage
 timeline. Each span is (name, group, step, start, end, pid, tid, attrs); it is
 appended as one JSON line to RUN_DIR/spans.jsonl the moment it closes, so a
 crash keeps every finished span. `export_chrome_trace` turns the file into

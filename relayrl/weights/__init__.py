@@ -1,7 +1,7 @@
 """relayrl.weights: the resharding flow, trainer weights -> generation engines.
 
 Seed 004's refit (tensor packing into a few flat buckets, per-receiver
-messages, minimal metadata with cached layouts), seed 002/004's delayed
+messages, minimal metadata with cached layouts), AsyncFlow's and NeMo RL's delayed
 parameter update (stage in host memory, apply between generations) and seed
 000's swap of training state to host memory. Modules:
 

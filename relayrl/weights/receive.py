@@ -4,7 +4,7 @@ Seed 004's third refit optimisation is *minimal metadata*: dtypes, shapes and
 offsets never change between steps, so the receiver caches them and each
 refit carries only the buffers, a layout key and the version. A receiver that
 has not seen a key answers ``{"status": "need_layout"}`` and the sender sends
-the layout to that receiver alone (seed 004's per-receiver messages instead of
+the layout to that receiver alone (NeMo RL's per-receiver messages instead of
 one broadcast carrying everyone's metadata).
 
 Checks happen before any weight is copied, so a bad refit leaves the engine

@@ -1,6 +1,6 @@
 """`WeightRelay`: trainer weights -> generation engines in a few packed buckets.
 
-Implements seed 004's refit (tensor packing, per-receiver messages, minimal
+Implements NeMo RL's refit (tensor packing, per-receiver messages, minimal
 metadata; "14x overall") on relayrl's engines and worker groups:
 
     trainer.named_weights()
@@ -11,17 +11,17 @@ metadata; "14x overall") on relayrl's engines and worker groups:
                                          buffers as uint8 numpy or Ray refs,
                                          layout only on a key's first push))
 
-and seed 002/004's delayed parameter update: `stage` packs a version into
+and AsyncFlow's and NeMo RL's delayed parameter update: `stage` packs a version into
 host buffers (pinned when CUDA is available) while generation goes on with the
 old weights, `apply` loads it between generations.
 
 Departures: buckets cross processes as host memory rather than CUDA IPC
 handles or NCCL broadcasts: local ranks get handles to ``/dev/shm`` buckets
-(`relayrl.weights.shm`, the host-memory analogue of seed 004's IPC handles),
+(`relayrl.weights.shm`, the host-memory analogue of NeMo RL's IPC handles),
 or the bytes pickled over their pipe when shared memory is short; Ray actors
 get one ``ray.put`` per bucket, read zero-copy by every rank on the node.
 Every rank receives every bucket (generation layouts are full, not
-tensor-parallel). `stage` copies synchronously (seed 002 writes to host
+tensor-parallel). `stage` copies synchronously (AsyncFlow writes to host
 memory asynchronously while generation runs; call it from a side thread for that).
 """
 from __future__ import annotations

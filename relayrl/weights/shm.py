@@ -1,4 +1,4 @@
-"""Host shared-memory buckets: the CPU stand-in for seed 004's CUDA IPC handles.
+"""Host shared-memory buckets: the CPU stand-in for NeMo RL's CUDA IPC handles.
 
 NeMo-RL's refit sends a *handle* to a packed GPU buffer and lets the receiver
 map the same memory, instead of shipping the bytes. For ranks on the same host

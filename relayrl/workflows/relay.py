@@ -3,7 +3,7 @@
 Colocated in one process (the embedded default), the rollout engine copies the
 actor's tensors in place: no serialization, no packing. Across processes or
 Ray actors the weights travel as packed buckets with a cached layout
-(:class:`relayrl.weights.WeightRelay`, seed 004's refit), one message per rank
+(:class:`relayrl.weights.WeightRelay`, NeMo RL's refit), one message per rank
 instead of one per tensor; under FSDP2 the full tensors are gathered first.
 """
 

@@ -5,7 +5,7 @@
 * :class:`RewardModelTrainer` - ``workflow: rm``: the critic's engine on a reward model (scores, updates,
   saved as a Hugging Face sequence classifier).
 * :class:`ReferenceWorker` - a frozen copy of the initial policy for KL, on its own (the tri-model
-  keeps it inside the actor instead: ``PolicyWorker(tri_model=True)``, seed 003 section 4.1).
+  keeps it inside the actor instead: ``PolicyWorker(tri_model=True)``, Periodic Asynchrony §4.1).
 * :class:`RolloutWorker` - a generation engine that takes relayed weights.
 
 Workers are started by :class:`relayrl.cluster.WorkerGroup` on a resource
@@ -267,7 +267,7 @@ class _TrainerWorker(_MemoryProbe, Worker):
 class PolicyWorker(_TrainerWorker):
     """The actor: trains the policy and serves its weights to the relay.
 
-    ``tri_model=True`` (seed 003, section 4.1): the actor also holds the reference policy, a frozen copy of
+    ``tri_model=True`` (Periodic Asynchrony §4.1): the actor also holds the reference policy, a frozen copy of
     the initial weights loaded from ``model_path`` in the compute dtype, on the same device and sharded like
     the actor, without optimizer or gradients; it follows :meth:`offload` / :meth:`reload`. An update (or a
     streamed chunk) whose batch has no ``ref_logprobs`` then runs the reference on each micro-batch's packed

@@ -1,4 +1,4 @@
-"""Loss aggregation: hand values and micro-batch / data-parallel exactness (seed 003 sec. 3)."""
+"""Loss aggregation: hand values and micro-batch / data-parallel exactness (Periodic Asynchrony §3)."""
 
 from __future__ import annotations
 

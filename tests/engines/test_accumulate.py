@@ -1,5 +1,5 @@
 """A streamed update (chunks accumulated as they arrive, one optimizer step at the end) is the update
-``train_step`` takes on the whole batch (periodic asynchrony, seed 003 section 4.3)."""
+``train_step`` takes on the whole batch (Periodic Asynchrony §4.3)."""
 
 import random
 

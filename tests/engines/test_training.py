@@ -43,7 +43,7 @@ def test_logprobs_match_a_plain_forward(tiny_model, tiny_tokenizer, packing):
 
 
 def test_micro_batching_does_not_change_the_update(tiny_dir, tiny_tokenizer):
-    """Token-budget micro-batches with global normalisation give the full-batch gradient (seed 003, sec. 3)."""
+    """Token-budget micro-batches with global normalisation give the full-batch gradient (Periodic Asynchrony §3)."""
     from relayrl.models.load import load_model
 
     batch = _batch(tiny_tokenizer)

@@ -1,4 +1,4 @@
-"""Tri-model actor (seed 003 section 4.1): the reference runs inside the actor's micro-steps and gives what a
+"""Tri-model actor (Periodic Asynchrony §4.1): the reference runs inside the actor's micro-steps and gives what a
 separate reference worker gives."""
 
 import pytest

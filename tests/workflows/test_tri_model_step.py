@@ -1,4 +1,4 @@
-"""trainer.tri_model (seed 003 section 4.1): a GRPO step whose reference log-probs come from the actor's own
+"""trainer.tri_model (Periodic Asynchrony §4.1): a GRPO step whose reference log-probs come from the actor's own
 frozen copy, inside the update's micro-steps, equals the step with a separate reference group."""
 
 from __future__ import annotations

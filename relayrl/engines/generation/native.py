@@ -2,7 +2,7 @@
 
 The engine keeps up to ``max_batch`` sequences in flight. Prompts are
 prefilled once and their cache is repeated for the ``n`` samples (the
-prompt is shared, as in seed 003's shared-prompt idea, but on the generation
+prompt is shared, as in Periodic Asynchrony's shared-prompt idea, but on the generation
 side). When rows finish, they leave the batch (``batch_select_indices``) and
 waiting prompts are admitted into the freed slots: a new prompt is prefilled,
 left-padded to the running cache length, and concatenated to the cache, so the

@@ -1,6 +1,6 @@
 """A generation engine that samples through an OpenAI-compatible server (``rollout.engine: openai``).
 
-AsyncFlow (seed 002 section 5) puts backend adapters under one engine
+AsyncFlow §5 puts backend adapters under one engine
 interface so the inference engine can change; this is that adapter for any
 server speaking the OpenAI completions API: ``relayrl serve``, vLLM, SGLang.
 It implements :class:`~relayrl.engines.generation.base.GenerationEngine`:

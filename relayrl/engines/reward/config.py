@@ -5,7 +5,7 @@ The reward of one response is::
     verifier_weight * verifier(response, answer) + format_weight * format(response)
       + model_weight * reward_model(prompt, response) + judge.weight * judge(prompt, response, answer)
 
-a rule verifier (seed 001's rule-based reward for math and code-like tasks, as
+a rule verifier (DAPO's rule-based reward for math and code-like tasks, as
 in DeepSeek-R1/DAPO), an optional format term, an optional learned reward
 model (``model``, trained by ``workflow: rm``) and an optional LLM judge
 (``judge.path``); then optionally whitened by running moments (``normalize``)
@@ -67,7 +67,7 @@ class RewardConfig(BaseModel):
     stream: Literal["group", "sample"] = Field(
         "group", description="streaming dataflow (a role on its own pool, trainer.mode=periodic, off-policy): "
         "'group' scores each finished prompt group in one call (rewards that batch: a reward model, a judge); "
-        "'sample' writes each response into the dock the moment it ends and scores it at once (seed 003), so a "
+        "'sample' writes each response into the dock the moment it ends and scores it at once (Periodic Asynchrony), so a "
         "group's rewards wait only for the call of its last response (verifiers with latency: code runs, "
         "judge calls)")
     math_timeout_s: int = Field(

@@ -4,7 +4,7 @@
 metrics; ``score_async`` runs the same on a background thread and returns a
 ``concurrent.futures.Future``, so a workflow can score one batch while it
 computes log-probs for another (the reward stage overlapping other stages, as
-in seed 001/002's dataflow). Row-wise verifiers (task, math, exact) are spread
+in HybridFlow's and AsyncFlow's dataflow). Row-wise verifiers (task, math, exact) are spread
 over ``workers`` threads in contiguous chunks; a user function receives the
 whole batch in one call (it may look across rows, e.g. within a group).
 

@@ -4,7 +4,7 @@ Each verifier maps one ``(response, answer)`` pair to a reward in ``[0, 1]`` and
 may raise on inputs it cannot handle; the engine turns a raise into a zero
 reward and counts it under ``reward/errors``.
 
-Math answers follow the rule-based reward of DAPO / DeepSeek-R1 (seed 001): the
+Math answers follow the rule-based reward of DAPO / DeepSeek-R1: the
 model's final answer is the content of its last ``\\boxed{...}``, or, when it
 boxed nothing, the last number in the response; it is compared with the ground
 truth for mathematical equivalence (``\\frac{1}{2}`` equals ``0.5``) by Hugging

@@ -1,6 +1,6 @@
 """One optimizer step over a batch that arrives in chunks: the trainer side of periodic asynchrony.
 
-Periodic asynchrony (seed 003, section 4.3) starts training as soon as the
+Periodic asynchrony (Periodic Asynchrony §4.3) starts training as soon as the
 first prompt groups of a batch finish generating: the trainer runs forward and
 backward on each finished group as it arrives, gradients accumulating, and
 takes one optimizer step once the whole batch is consumed. The update must

@@ -6,7 +6,7 @@ at the last moment, runs forward/backward over micro-batches, and steps the
 optimizer. The loss function receives a :class:`MicroBatch` whose padded
 tensors are response-aligned (``[B, T]``) and the **global** token and sequence
 counts of the mini-batch, so losses normalised by them sum to the full-batch
-loss over micro-batches (seed 003, section 3).
+loss over micro-batches (Periodic Asynchrony §3).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class SequenceBatch:
     fields: dict[str, list] = field(default_factory=dict)
     groups: list[int] | None = None
     """Prompt-group id per row (rows of one group share their prompt); lets an engine pack a group
-    as one prompt + its responses (shared-prompt attention, seed 003)."""
+    as one prompt + its responses (shared-prompt attention, Periodic Asynchrony)."""
 
     def __post_init__(self) -> None:
         if len(self.prompt_ids) != len(self.response_ids):

@@ -2,7 +2,7 @@
 
 The SDPA route hands attention a dense ``[P, 1, L, L]`` boolean mask, and the
 kernel computes every query-key pair of the pack before masking. A GRPO group
-packed as ``[prompt, response_1, ..., response_n]`` (seed 003, section 4.2)
+packed as ``[prompt, response_1, ..., response_n]`` (Periodic Asynchrony §4.2)
 needs far fewer: each response sees the prompt and itself, so for n = 8
 responses of 384 tokens after a 128-token prompt about a tenth of the pairs are
 attended. PyTorch's FlexAttention (Dong et al. 2024, "Flex Attention: A

@@ -6,7 +6,7 @@ each decoder layer is one unit, the root takes the embeddings, final norm and
 output head. Parameters, gradients and optimizer state then live as ``DTensor``
 shards; each rank trains on its own rows. The loss is already normalised by
 global token/sequence counts, so the exact gradient is the *sum* of the ranks'
-gradients (seed 003, section 3); FSDP2 averages them, so the engine scales each
+gradients (Periodic Asynchrony §3); FSDP2 averages them, so the engine scales each
 backward by the world size (a custom divide factor would need a pre-multiplied
 sum, which gloo lacks).
 

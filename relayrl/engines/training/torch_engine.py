@@ -3,7 +3,7 @@
 Forward passes lay out rows at the last moment, in one of three ways
 (``TrainEngineConfig.packing``):
 
-* ``"shared_prompt"`` (default; seed 003, section 4.2): the rows of one prompt
+* ``"shared_prompt"`` (default; Periodic Asynchrony §4.2): the rows of one prompt
   group are packed as one sequence ``[prompt, response_1, ..., response_n]``
   with a shared-prompt attention mask and per-response position ids
   (:mod:`relayrl.models.packing`), so the prompt is computed once and a group
@@ -35,8 +35,8 @@ the value ``V(s_t)`` of each response position where a policy returns
 log-probs; ``MicroBatch.logprobs`` then holds the values.
 
 Gradients accumulate over micro-batches; the loss function normalises by the
-mini-batch's global token/sequence counts, so accumulation is exact (seed 003,
-section 3). With ``torch.distributed`` initialised over more than one rank the
+mini-batch's global token/sequence counts, so accumulation is exact (Periodic Asynchrony
+§3). With ``torch.distributed`` initialised over more than one rank the
 engine is data parallel: the model is sharded with FSDP2, the counts and the
 reported metrics are summed over ranks, and every rank runs as many forward
 passes as the busiest one (:mod:`relayrl.engines.training.fsdp`). Each rank
@@ -47,7 +47,7 @@ The same step can be taken over a batch that arrives in chunks
 (``begin_accumulation`` / ``accumulate`` / ``finish_accumulation``, periodic
 asynchrony: :mod:`relayrl.engines.training.accumulate`).
 
-Tri-model (seed 003, section 4.1): with ``reference=`` (a frozen copy of the
+Tri-model (Periodic Asynchrony §4.1): with ``reference=`` (a frozen copy of the
 initial policy) the engine keeps it in the policy's layout (same device, FSDP2
 sharding when sharded, no optimizer, no grad; its weights in their own dtype,
 usually the compute dtype, under autocast only if that differs) and, when a
@@ -132,7 +132,7 @@ class TrainEngineConfig(BaseModel):
                           "fuses the norms, activations and casts between the matrix products; the first "
                           "passes pay the compilation (tens of seconds)")
     packing: Literal["none", "sequences", "shared_prompt"] = Field(
-        "shared_prompt", description="forward layout: one prompt + its group's responses per unit (seed 003 4.2), "
+        "shared_prompt", description="forward layout: one prompt + its group's responses per unit (Periodic Asynchrony §4.2), "
         "packed sequences, or right-padded rows")
     pack_length: int | None = Field(
         None, ge=16, description="max tokens per packed row; null packs rows up to the longest unit (a group or "
@@ -224,7 +224,7 @@ class Forward(NamedTuple):
 
 class TorchTrainingEngine(StreamedUpdate, EngineState):
     """See the module docstring. ``model`` is a Hugging Face causal LM; ``reference`` an optional frozen
-    copy of the initial policy (same architecture) laid out like ``model`` (tri-model, seed 003 4.1)."""
+    copy of the initial policy (same architecture) laid out like ``model`` (tri-model, Periodic Asynchrony §4.1)."""
 
     def __init__(self, model, cfg: TrainEngineConfig, *, total_steps: int, device: str | torch.device = "cpu",
                  trainable: bool = True, metric_prefix: str = "actor",
@@ -494,7 +494,7 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
                    temperature: float = 1.0, with_entropy: bool | str = False, with_reference: bool = False,
                    generator: torch.Generator | None = None) -> dict[str, float]:
         """``with_reference``: each micro-batch also runs the frozen reference (``reference=``) on its packed
-        input and hands the loss its log-probs as the ``ref_logprobs`` field (tri-model, seed 003 4.1)."""
+        input and hands the loss its log-probs as the ``ref_logprobs`` field (tri-model, Periodic Asynchrony §4.1)."""
         if self.optimizer is None:
             raise RuntimeError("train_step on an engine built with trainable=False")
         if self._accumulation is not None:
