@@ -16,6 +16,7 @@ from relayrl.algorithms.estimators import ESTIMATORS
 from relayrl.config.plan import rollout_pool
 from relayrl.algorithms.losses import AGG_MODES
 from relayrl.cluster import ClusterConfig
+from relayrl.data.config import DataConfig
 from relayrl.dock.config import DockConfig
 from relayrl.engines.reward import RewardConfig
 from relayrl.engines.training.base import OptimConfig
@@ -86,42 +87,6 @@ class ModelConfig(_Section):
         if self.attn_implementation == "flex_attention" and self.device == "cpu":
             raise ValueError("model.attn_implementation=flex_attention trains on CUDA only (torch has no "
                              "FlexAttention backward pass on CPU); set model.attn_implementation=sdpa on CPU")
-        return self
-
-
-class DataConfig(_Section):
-    task: str | None = Field("arith", description="built-in task name (arith, sort, countdown); null when data.path is set")
-    task_options: dict[str, Any] = Field(default_factory=dict, description="options of the built-in task's training set")
-    eval_task_options: dict[str, Any] | None = Field(None, description="options of the held-out set (default: task_options)")
-    path: str | None = Field(None, description="JSONL/Parquet training prompts (a user dataset)")
-    format: Literal["jsonl", "parquet"] | None = Field(None, description="format of data.path and data.eval_path "
-                                                       "(null: from the file suffix)")
-    eval_path: str | None = None
-    prompt_key: str = "prompt"
-    answer_key: str = "answer"
-    rejected_key: str = Field("rejected", description="workflow dpo: field with the rejected answer (answer_key "
-                              "holds the chosen one)")
-    chat_template: bool | None = Field(None, description="null: apply the tokenizer's chat template to chat-message prompts")
-    messages_key: str | None = Field(None, description="workflow sft on data.path: field with whole conversations "
-                                     "(chat messages); only the assistant turns are trained (mask from the chat "
-                                     "template)")
-    prompts_per_step: int = Field(8, ge=1)
-
-    @model_validator(mode="after")
-    def _one_source(self) -> "DataConfig":
-        if self.task is None and self.path is None:
-            raise ValueError("set data.task (a built-in task) or data.path (a JSONL/Parquet file)")
-        if self.task is not None and self.path is not None:
-            raise ValueError("data.task and data.path are both set; set data.task=null to train on data.path")
-        if self.task is not None:  # an unknown task or option fails here, not after the model has loaded
-            from relayrl.data.tasks import make_task
-
-            for key, options in (("data.task_options", self.task_options),
-                                 ("data.eval_task_options", {**self.task_options, **(self.eval_task_options or {})})):
-                try:
-                    make_task(self.task, **options)
-                except ValueError as e:
-                    raise ValueError(f"data.task={self.task!r} with {key}={options}: {e}") from None
         return self
 
 
