@@ -167,7 +167,15 @@ class AlgorithmConfig(_Section):
     clip_high: float = Field(0.2, ge=0.0)
     dual_clip: float | None = Field(None, gt=1.0)
     ratio_level: Literal["token", "sequence"] = "token"
-    kl_coef: float = Field(0.0, ge=0.0, description="KL to the reference model (0: no reference model is loaded)")
+    kl_coef: float = Field(0.0, ge=0.0, description="KL to the reference model (0: no reference model is loaded); "
+                           "with algorithm.kl_target, the adaptive coefficient's starting value")
+    kl_target: float | None = Field(None, gt=0.0, description="adaptive KL coefficient (Ziegler et al. 2019, as "
+                                    "TRL's and verl's kl_ctrl=adaptive): after each step coef *= 1 + clip(KL / "
+                                    "kl_target - 1, -0.2, 0.2) x samples / kl_horizon, KL the step's mean KL "
+                                    "estimate (algorithm.kl_kind; actor/kl_loss, or actor/reward_kl with "
+                                    "kl_in_reward); logged as actor/kl_coef and checkpointed. null: kl_coef fixed")
+    kl_horizon: int = Field(10_000, ge=1, description="adaptive KL: samples (responses) over which the "
+                            "coefficient moves by the clipped relative error (Ziegler et al.: 10000)")
     kl_kind: Literal["k1", "k2", "k3", "abs", "mse", "low_var_kl"] = "k3"
     kl_in_reward: bool = Field(False, description="KL as a per-token reward penalty instead of a loss term")
     entropy_coef: float = Field(0.0, ge=0.0)
@@ -203,6 +211,12 @@ class AlgorithmConfig(_Section):
                              f"{self.advantage!r}) or use the KL as a loss term (kl_in_reward=false)")
         if self.kl_in_reward and self.kl_coef == 0:
             raise ValueError("algorithm.kl_in_reward=true needs algorithm.kl_coef > 0")
+        if self.kl_target is not None and self.kl_coef == 0:
+            raise ValueError("algorithm.kl_target adapts the KL coefficient from algorithm.kl_coef, which is 0 (no "
+                             "reference model, and 0 stays 0): set algorithm.kl_coef > 0, e.g. 0.05")
+        if self.kl_target is None and self.kl_horizon != 10_000:
+            raise ValueError(f"algorithm.kl_horizon={self.kl_horizon} paces the adaptive KL coefficient, which "
+                             f"algorithm.kl_target turns on: set algorithm.kl_target or drop kl_horizon")
         for key, what in (("lam", "GAE's lambda"), ("gamma", "the discount of token returns")):
             if getattr(self, key) != 1.0 and key not in est.params:
                 users = " and ".join(n for n, e in ESTIMATORS.items() if key in e.params)
