@@ -154,6 +154,13 @@ class FixedKLController:
         self.last_kl = float(current_kl)
         return self.coef
 
+    def state_dict(self) -> dict[str, float | None]:
+        return {"coef": self.coef, "last_kl": self.last_kl}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Only the observed KL: a fixed coefficient is the config's, not the checkpoint's."""
+        self.last_kl = state.get("last_kl")
+
 
 @dataclass
 class AdaptiveKLController:
@@ -191,3 +198,22 @@ class AdaptiveKLController:
         error = min(max(self.last_kl / self.target - 1.0, -0.2), 0.2)
         self.coef *= 1.0 + error * n_steps / self.horizon
         return self.coef
+
+    def state_dict(self) -> dict[str, float | None]:
+        return {"coef": self.coef, "last_kl": self.last_kl}
+
+    def load_state_dict(self, state: dict) -> None:
+        """The coefficient where a checkpointed run left it (and the KL it last saw)."""
+        coef = float(state["coef"])
+        if coef < 0 or not math.isfinite(coef):
+            raise ValueError(f"a checkpointed KL coefficient must be a finite number >= 0, got {coef}")
+        self.coef, self.last_kl = coef, state.get("last_kl")
+
+
+def kl_controller(coef: float, target: float | None = None,
+                  horizon: int = 10_000) -> FixedKLController | AdaptiveKLController:
+    """The KL coefficient's controller: fixed at ``coef``, or, with a ``target`` KL, adaptive from ``coef``
+    (Ziegler et al. 2019; ``horizon`` in samples, as ``update``'s ``n_steps`` counts them)."""
+    if target is None:
+        return FixedKLController(coef)
+    return AdaptiveKLController(coef, target, horizon)

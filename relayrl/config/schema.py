@@ -16,6 +16,7 @@ from relayrl.algorithms.estimators import ESTIMATORS
 from relayrl.config.plan import rollout_pool
 from relayrl.algorithms.losses import AGG_MODES
 from relayrl.cluster import ClusterConfig
+from relayrl.data.config import DataConfig
 from relayrl.dock.config import DockConfig
 from relayrl.engines.reward import RewardConfig
 from relayrl.engines.training.base import OptimConfig
@@ -87,42 +88,6 @@ class ModelConfig(_Section):
         if self.attn_implementation == "flex_attention" and self.device == "cpu":
             raise ValueError("model.attn_implementation=flex_attention trains on CUDA only (torch has no "
                              "FlexAttention backward pass on CPU); set model.attn_implementation=sdpa on CPU")
-        return self
-
-
-class DataConfig(_Section):
-    task: str | None = Field("arith", description="built-in task name (arith, sort, countdown); null when data.path is set")
-    task_options: dict[str, Any] = Field(default_factory=dict, description="options of the built-in task's training set")
-    eval_task_options: dict[str, Any] | None = Field(None, description="options of the held-out set (default: task_options)")
-    path: str | None = Field(None, description="JSONL/Parquet training prompts (a user dataset)")
-    format: Literal["jsonl", "parquet"] | None = Field(None, description="format of data.path and data.eval_path "
-                                                       "(null: from the file suffix)")
-    eval_path: str | None = None
-    prompt_key: str = "prompt"
-    answer_key: str = "answer"
-    rejected_key: str = Field("rejected", description="workflow dpo: field with the rejected answer (answer_key "
-                              "holds the chosen one)")
-    chat_template: bool | None = Field(None, description="null: apply the tokenizer's chat template to chat-message prompts")
-    messages_key: str | None = Field(None, description="workflow sft on data.path: field with whole conversations "
-                                     "(chat messages); only the assistant turns are trained (mask from the chat "
-                                     "template)")
-    prompts_per_step: int = Field(8, ge=1)
-
-    @model_validator(mode="after")
-    def _one_source(self) -> "DataConfig":
-        if self.task is None and self.path is None:
-            raise ValueError("set data.task (a built-in task) or data.path (a JSONL/Parquet file)")
-        if self.task is not None and self.path is not None:
-            raise ValueError("data.task and data.path are both set; set data.task=null to train on data.path")
-        if self.task is not None:  # an unknown task or option fails here, not after the model has loaded
-            from relayrl.data.tasks import make_task
-
-            for key, options in (("data.task_options", self.task_options),
-                                 ("data.eval_task_options", {**self.task_options, **(self.eval_task_options or {})})):
-                try:
-                    make_task(self.task, **options)
-                except ValueError as e:
-                    raise ValueError(f"data.task={self.task!r} with {key}={options}: {e}") from None
         return self
 
 
@@ -223,7 +188,15 @@ class AlgorithmConfig(_Section):
     clip_high: float = Field(0.2, ge=0.0)
     dual_clip: float | None = Field(None, gt=1.0)
     ratio_level: Literal["token", "sequence"] = "token"
-    kl_coef: float = Field(0.0, ge=0.0, description="KL to the reference model (0: no reference model is loaded)")
+    kl_coef: float = Field(0.0, ge=0.0, description="KL to the reference model (0: no reference model is loaded); "
+                           "with algorithm.kl_target, the adaptive coefficient's starting value")
+    kl_target: float | None = Field(None, gt=0.0, description="adaptive KL coefficient (Ziegler et al. 2019, as "
+                                    "TRL's and verl's kl_ctrl=adaptive): after each step coef *= 1 + clip(KL / "
+                                    "kl_target - 1, -0.2, 0.2) x samples / kl_horizon, KL the step's mean KL "
+                                    "estimate (algorithm.kl_kind; actor/kl_loss, or actor/reward_kl with "
+                                    "kl_in_reward); logged as actor/kl_coef and checkpointed. null: kl_coef fixed")
+    kl_horizon: int = Field(10_000, ge=1, description="adaptive KL: samples (responses) over which the "
+                            "coefficient moves by the clipped relative error (Ziegler et al.: 10000)")
     kl_kind: Literal["k1", "k2", "k3", "abs", "mse", "low_var_kl"] = "k3"
     kl_in_reward: bool = Field(False, description="KL as a per-token reward penalty instead of a loss term")
     entropy_coef: float = Field(0.0, ge=0.0)
@@ -259,6 +232,12 @@ class AlgorithmConfig(_Section):
                              f"{self.advantage!r}) or use the KL as a loss term (kl_in_reward=false)")
         if self.kl_in_reward and self.kl_coef == 0:
             raise ValueError("algorithm.kl_in_reward=true needs algorithm.kl_coef > 0")
+        if self.kl_target is not None and self.kl_coef == 0:
+            raise ValueError("algorithm.kl_target adapts the KL coefficient from algorithm.kl_coef, which is 0 (no "
+                             "reference model, and 0 stays 0): set algorithm.kl_coef > 0, e.g. 0.05")
+        if self.kl_target is None and self.kl_horizon != 10_000:
+            raise ValueError(f"algorithm.kl_horizon={self.kl_horizon} paces the adaptive KL coefficient, which "
+                             f"algorithm.kl_target turns on: set algorithm.kl_target or drop kl_horizon")
         for key, what in (("lam", "GAE's lambda"), ("gamma", "the discount of token returns")):
             if getattr(self, key) != 1.0 and key not in est.params:
                 users = " and ".join(n for n, e in ESTIMATORS.items() if key in e.params)

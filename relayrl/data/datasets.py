@@ -1,4 +1,5 @@
-"""User prompt datasets: JSONL (or JSON) and Parquet files -> :class:`Problem` records.
+"""User prompt datasets: JSONL (or JSON) and Parquet files, and Hugging Face ``datasets`` (a ``save_to_disk``
+directory, an Arrow file, a dataset name: :mod:`relayrl.data.hf`) -> :class:`Problem` records.
 
 Each row holds a prompt (plain text, or chat messages ``[{"role", "content"}, ...]``)
 and a ground-truth answer (a string; numbers are converted to strings) under
@@ -10,31 +11,31 @@ training starts.
 Chat prompts keep their messages in ``Problem.meta["messages"]``; the tokenizer's
 chat template is applied when a prompt is encoded (:func:`encode_prompt`), as
 the HybridFlow/verl data path does, so one dataset serves models with different
-templates.
+templates. A ``system_prompt`` makes every prompt chat messages (the system
+message, then the row's prompt as the user's); an ``answer_regex`` cuts the
+ground truth out of a worked solution (GSM8K's ``... #### 42``).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from relayrl.data.errors import DatasetError
 from relayrl.data.tasks import Problem
-from relayrl.errors import UserError
 
 __all__ = ["DatasetConfig", "DatasetError", "load_problems", "encode_prompt", "render_prompt", "render_plain"]
 
 _MISSING = object()
 MAX_ROW_ERRORS = 20
 """How many bad rows one error lists (all of them are counted)."""
-_SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
-
-
-class DatasetError(UserError, ValueError):
-    """A dataset file that cannot be used, with the file, the row and the reason."""
+_SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet",
+             ".arrow": "arrow"}
 
 
 class DatasetConfig(BaseModel):
@@ -42,15 +43,40 @@ class DatasetConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    path: Path = Field(description="a .jsonl/.json/.ndjson (JSON lines, or one JSON array) or .parquet file")
+    path: Path | None = Field(None, description="a .jsonl/.json/.ndjson (JSON lines, or one JSON array), .parquet or "
+                              ".arrow file, or a directory datasets' save_to_disk wrote; None: hf_name")
+    hf_name: str | None = Field(None, min_length=1, description="a dataset name for datasets.load_dataset (a hub "
+                                "name, read from the cache first, or a local directory of data files)")
+    hf_config: str | None = Field(None, min_length=1, description="the dataset's configuration (e.g. 'main')")
+    split: str = Field("train", min_length=1, description="split of hf_name, or of a DatasetDict directory")
+    system_prompt: str | None = Field(None, description="a system message put before every prompt (the prompt "
+                                      "becomes chat messages); a chat prompt that has one keeps its own")
+    answer_regex: str | None = Field(None, min_length=1, description="the answer is this regex's first group (or "
+                                     "whole match) searched in the answer field; a row without a match is an error")
     prompt_key: str = Field("prompt", min_length=1, description='field with the prompt; dots reach nested fields ("x.prompt")')
     answer_key: str = Field("answer", min_length=1, description="field with the ground truth (string or number)")
     rejected_key: str | None = Field(None, min_length=1, description="field with a rejected answer (preference "
                                      "pairs: the answer field is the chosen one); None: not read")
-    format: Literal["jsonl", "parquet"] | None = Field(None, description="None: inferred from the file suffix")
+    format: Literal["jsonl", "parquet", "arrow"] | None = Field(None, description="None: inferred from the file suffix")
     messages_key: str | None = Field(None, min_length=1, description="multi-turn SFT: field with a whole "
                                      "conversation (chat messages); prompt_key and answer_key are then not read")
     limit: int | None = Field(None, ge=1, description="keep only the first N rows")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "DatasetConfig":
+        if (self.path is None) == (self.hf_name is None):
+            raise ValueError("give exactly one of path (a file or a save_to_disk directory) and hf_name")
+        if self.answer_regex is not None:
+            try:
+                re.compile(self.answer_regex)
+            except re.error as e:
+                raise ValueError(f"answer_regex={self.answer_regex!r} is not a regular expression ({e})") from None
+        return self
+
+    @property
+    def label(self) -> str:
+        """How row errors name the source: the file's name, or the dataset name and split."""
+        return Path(self.path).name if self.path is not None else f"{self.hf_name}[{self.split}]"
 
 
 def _get(row: dict, key: str) -> Any:
@@ -162,10 +188,10 @@ def render_plain(messages: list[dict[str, str]]) -> str:
     return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
 
 
-def _row_problem(row: Any, rowno: int, cfg: DatasetConfig, tokenizer) -> Problem:
+def _row_problem(row: Any, rowno: int, cfg: DatasetConfig, tokenizer, label: str | None = None) -> Problem:
     if isinstance(row, _BadRow):
         raise DatasetError(str(row))
-    where = f"{Path(cfg.path).name} row {rowno}"
+    where = f"{label or cfg.label} row {rowno}"
     if not isinstance(row, dict):
         raise DatasetError(f"{where}: expected a JSON object with fields, got {type(row).__name__}")
     if cfg.messages_key is not None:
@@ -178,13 +204,16 @@ def _row_problem(row: Any, rowno: int, cfg: DatasetConfig, tokenizer) -> Problem
             raise DatasetError(f"{where}: field {key!r} is missing (columns present: {present})")
         if value is None:
             raise DatasetError(f"{where}: field {key!r} is null")
-    meta: dict[str, Any] = {"row": rowno, "source": str(cfg.path)}
-    if isinstance(prompt, str):
-        if not prompt.strip():
-            raise DatasetError(f"{where}: field {cfg.prompt_key!r} is an empty string")
+    meta: dict[str, Any] = {"row": rowno, "source": str(cfg.path or cfg.hf_name)}
+    if isinstance(prompt, str) and not prompt.strip():
+        raise DatasetError(f"{where}: field {cfg.prompt_key!r} is an empty string")
+    if isinstance(prompt, str) and cfg.system_prompt is None:
         text = prompt
-    elif isinstance(prompt, list):
-        messages = _check_messages(prompt, where, cfg.prompt_key)
+    elif isinstance(prompt, (list, str)):
+        messages = (_check_messages(prompt, where, cfg.prompt_key) if isinstance(prompt, list)
+                    else [{"role": "user", "content": prompt}])
+        if cfg.system_prompt is not None and messages[0]["role"] != "system":
+            messages = [{"role": "system", "content": cfg.system_prompt}, *messages]
         meta["messages"] = messages
         if tokenizer is not None and getattr(tokenizer, "chat_template", None):
             text = _render(tokenizer, Problem("", "", {"messages": messages}), None)[0]
@@ -196,6 +225,8 @@ def _row_problem(row: Any, rowno: int, cfg: DatasetConfig, tokenizer) -> Problem
             "{'role', 'content'} messages"
         )
     answer = _answer_text(answer, where, cfg.answer_key)
+    if cfg.answer_regex is not None:
+        answer = _cut_answer(answer, cfg.answer_regex, where, cfg.answer_key)
     if cfg.rejected_key is not None:
         rejected = _get(row, cfg.rejected_key)
         if rejected is _MISSING:
@@ -226,6 +257,18 @@ def _answer_text(value: Any, where: str, key: str) -> str:
     return value if isinstance(value, str) else str(value)
 
 
+def _cut_answer(text: str, pattern: str, where: str, key: str) -> str:
+    """The answer inside a worked solution: ``pattern``'s first group (or whole match), stripped."""
+    m = re.search(pattern, text)
+    if m is None:
+        tail = text if len(text) <= 80 else "..." + text[-77:]
+        raise DatasetError(f"{where}: field {key!r} ({tail!r}) has no match for answer_regex {pattern!r}")
+    cut = (m.group(1) if m.re.groups else m.group(0)).strip()
+    if not cut:
+        raise DatasetError(f"{where}: answer_regex {pattern!r} matched an empty answer in field {key!r}")
+    return cut
+
+
 def _conversation_problem(row: dict, rowno: int, where: str, cfg: DatasetConfig) -> Problem:
     """A whole conversation (multi-turn SFT): ``meta["conversation"]`` holds every message; the prompt is the
     conversation up to its first assistant turn and the answer that turn (what evaluation compares)."""
@@ -239,11 +282,11 @@ def _conversation_problem(row: dict, rowno: int, where: str, cfg: DatasetConfig)
         raise DatasetError(f"{where}: field {cfg.messages_key!r} needs a user turn followed by an assistant turn to "
                            f"train on")
     return Problem(render_plain(messages[:first]), messages[first]["content"],
-                   {"row": rowno, "source": str(cfg.path), "messages": messages[:first], "conversation": messages})
+                   {"row": rowno, "source": str(cfg.path or cfg.hf_name), "messages": messages[:first], "conversation": messages})
 
 
 def load_problems(cfg: DatasetConfig, tokenizer=None) -> list[Problem]:
-    """Read every row of ``cfg.path`` into a :class:`Problem`.
+    """Read every row of ``cfg.path`` (or of the dataset ``cfg.hf_name``) into a :class:`Problem`.
 
     A chat prompt's messages go to ``meta["messages"]``; its ``prompt`` text is the
     tokenizer's rendering (chat template, generation prompt added) when a tokenizer
@@ -253,6 +296,38 @@ def load_problems(cfg: DatasetConfig, tokenizer=None) -> list[Problem]:
     malformed rows: all of them are counted and the first
     :data:`MAX_ROW_ERRORS` listed, each with its number.
     """
+    rows, label = _rows(cfg)
+    problems: list[Problem] = []
+    bad: list[str] = []
+    n_bad = 0
+    for rowno, row in rows:
+        try:
+            problems.append(_row_problem(row, rowno, cfg, tokenizer, label))
+        except DatasetError as e:
+            n_bad += 1
+            if len(bad) < MAX_ROW_ERRORS:
+                bad.append(str(e))
+        if cfg.limit is not None and len(problems) >= cfg.limit:
+            break
+    source = cfg.path or cfg.hf_name
+    if n_bad == 1:
+        raise DatasetError(bad[0])
+    if n_bad:
+        shown = "" if n_bad <= len(bad) else f" (the first {len(bad)} listed)"
+        raise DatasetError(f"{source}: {n_bad} bad rows{shown}; fix or remove them:\n  " + "\n  ".join(bad))
+    if not problems:
+        raise DatasetError(f"dataset {label if cfg.path is None else f'file {source}'} has no rows")
+    return problems
+
+
+def _rows(cfg: DatasetConfig) -> tuple[Iterator[tuple[int, Any]], str]:
+    """``(rows, label)``: the source's ``(row number, row)`` pairs, and its name in row errors."""
+    keys = tuple(k for k in (cfg.prompt_key, cfg.answer_key, cfg.rejected_key, cfg.messages_key) if k)
+    if cfg.hf_name is not None or (cfg.path is not None and Path(cfg.path).is_dir()):
+        from relayrl.data.hf import iter_rows, open_dataset
+
+        ds, label = open_dataset(None if cfg.path is None else Path(cfg.path), cfg.hf_name, cfg.hf_config, cfg.split)
+        return iter_rows(ds, label, keys if cfg.messages_key is None else (cfg.messages_key,)), label
     path = Path(cfg.path)
     if not path.exists():
         raise DatasetError(f"dataset file {path} does not exist")
@@ -265,32 +340,19 @@ def load_problems(cfg: DatasetConfig, tokenizer=None) -> list[Problem]:
                 if path.suffix.lower() in (".csv", ".tsv") else "")
         raise DatasetError(
             f"cannot tell the format of {path.name} from its suffix {path.suffix!r}: use one of "
-            f"{', '.join(sorted(_SUFFIXES))}, or, if the file is one of those, set its format (data.format=jsonl or parquet in a recipe, --format for "
-            f"relayrl eval).{hint}"
+            f"{', '.join(sorted(_SUFFIXES))}, or, if the file is one of those, set its format (data.format=jsonl, "
+            f"parquet or arrow in a recipe, --format for relayrl eval).{hint}"
         )
     if path.stat().st_size == 0:
         raise DatasetError(f"dataset file {path} is empty")
-    rows = _iter_jsonl(path) if fmt == "jsonl" else _iter_parquet(path, tuple(k for k in (cfg.prompt_key, cfg.answer_key, cfg.rejected_key) if k))
-    problems: list[Problem] = []
-    bad: list[str] = []
-    n_bad = 0
-    for rowno, row in rows:
-        try:
-            problems.append(_row_problem(row, rowno, cfg, tokenizer))
-        except DatasetError as e:
-            n_bad += 1
-            if len(bad) < MAX_ROW_ERRORS:
-                bad.append(str(e))
-        if cfg.limit is not None and len(problems) >= cfg.limit:
-            break
-    if n_bad == 1:
-        raise DatasetError(bad[0])
-    if n_bad:
-        shown = "" if n_bad <= len(bad) else f" (the first {len(bad)} listed)"
-        raise DatasetError(f"{path}: {n_bad} bad rows{shown}; fix or remove them:\n  " + "\n  ".join(bad))
-    if not problems:
-        raise DatasetError(f"dataset file {path} has no rows")
-    return problems
+    if fmt == "arrow":
+        from relayrl.data.hf import iter_rows, open_dataset
+
+        ds, label = open_dataset(path, None, None, cfg.split)
+        return iter_rows(ds, label, keys if cfg.messages_key is None else (cfg.messages_key,)), label
+    if fmt == "jsonl":
+        return _iter_jsonl(path), path.name
+    return _iter_parquet(path, tuple(k for k in (cfg.prompt_key, cfg.answer_key, cfg.rejected_key) if k)), path.name
 
 
 def _tokenizer_name(tokenizer) -> str:

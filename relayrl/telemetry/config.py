@@ -39,7 +39,9 @@ class TelemetryConfig(BaseModel):
     )
     wandb_project: str | None = Field(None, description="W&B project; None uses 'relayrl'.")
     wandb_mode: Literal["online", "offline", "disabled"] = Field(
-        "offline", description="W&B mode; offline writes under RUN_DIR/wandb with no network."
+        "offline", description="W&B mode; offline writes under RUN_DIR/wandb with no network (upload it later with "
+        "wandb sync RUN_DIR/wandb/offline-run-*); online streams to wandb.ai (or WANDB_BASE_URL) and needs "
+        "`wandb login` or WANDB_API_KEY; disabled writes nothing"
     )
 
     @field_validator("sinks", mode="before")

@@ -18,6 +18,8 @@ a group's rewards (a dropped group never gets them, and its rows are retired).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from relayrl.cluster import WorkerGroup
 from relayrl.workflows.flow import Flow
 from relayrl.workflows.parts import StepParts
@@ -85,10 +87,11 @@ class Consume:
         for b in f.leases("advantages", cols, batch_rows=rows):
             with p.session.span("advantage", "driver", f.step):
                 receipt, kl = p.score("advantages_into", p.dock.reader(f.part, b.indexes, cols),
-                                      p.dock.slots(f.part, b.indexes))
+                                      p.dock.slots(f.part, b.indexes), f.state.kl_coef)
             p.dock.publish(receipt)
             with f.state.cond:
-                f.state.kl.update(kl)
+                for k, v in kl.items():
+                    f.state.kl.setdefault(k, []).append((v, len(b.indexes)))
             b.ack()
 
     # ------------------------------------------------------------------ update
@@ -101,6 +104,7 @@ class Consume:
     def update(self, f: Flow) -> None:
         """The plan's update: on the whole batch, or accumulated per arriving group (one optimizer step)."""
         p, a, step = self.p, self.p.cfg.algorithm, f.step
+        loss = p.loss if a.kl_in_reward else replace(p.loss, kl_coef=f.state.kl_coef)  # (the KL controller's)
         fields = self.update_fields()
         critic_fields = (["values", "returns"] + (["loss_mask"] if p.episodes is not None else [])
                          if p.critic is not None else [])
@@ -123,7 +127,7 @@ class Consume:
                         with st.cond:
                             st.update.update(m)
                     if step > p.cfg.critic.warmup_steps or p.critic is None:
-                        m = p.actor.split("train_batch", self._items(f, b.indexes, cols, p.actor.world_size), p.loss,
+                        m = p.actor.split("train_batch", self._items(f, b.indexes, cols, p.actor.world_size), loss,
                                           fields, **opt, with_entropy=loss_kw["with_entropy"])[0]
                         with st.cond:
                             st.update.update(m)
@@ -132,7 +136,7 @@ class Consume:
         consumed = 0
         for b in f.leases("update", cols, batch_rows=p.sampling.n * p.cfg.trainer.stream_groups, after=gate):
             with p.phases.phase("update", p.actor, step):
-                p.actor.split("forward_backward", self._items(f, b.indexes, cols, p.actor.world_size), p.loss, fields,
+                p.actor.split("forward_backward", self._items(f, b.indexes, cols, p.actor.world_size), loss, fields,
                               fresh=consumed == 0, **loss_kw)
             consumed += len(b.indexes)
             b.ack()

@@ -31,7 +31,7 @@ __all__ = ["advantage_rows"]
 def advantage_rows(a, rewards: torch.Tensor, lengths: Sequence[int], groups: torch.Tensor, *,
                    gen_logprobs: list[torch.Tensor] | None = None, ref_logprobs: list[torch.Tensor] | None = None,
                    values: list[torch.Tensor] | None = None, baseline: torch.Tensor | None = None,
-                   loss_masks: list[torch.Tensor] | None = None,
+                   loss_masks: list[torch.Tensor] | None = None, kl_coef: float | None = None,
                    ) -> tuple[dict[str, list[torch.Tensor]], dict[str, float]]:
     """``({"advantages": rows[, "returns": rows]}, kl_metrics)`` for rows with outcome ``rewards [N]``.
 
@@ -39,6 +39,7 @@ def advantage_rows(a, rewards: torch.Tensor, lengths: Sequence[int], groups: tor
     per-token reward is the outcome at the last token minus ``kl_coef`` x KL (REINFORCE++), and the KL
     metrics come back. GAE (``values`` given) also returns the critic's targets ``returns``.
     ``loss_masks`` (one ``[L_i]`` row of 0/1 per row): compute over the 1 tokens only (module docstring).
+    ``kl_coef``: the step's coefficient (an adaptive KL controller's); None: ``a.kl_coef``.
     """
     if loss_masks is not None:
         keep = [m.bool() for m in loss_masks]
@@ -51,14 +52,14 @@ def advantage_rows(a, rewards: torch.Tensor, lengths: Sequence[int], groups: tor
 
         out, kl_metrics = advantage_rows(a, rewards, [int(k.sum()) for k in keep], groups,
                                          gen_logprobs=squeeze(gen_logprobs), ref_logprobs=squeeze(ref_logprobs),
-                                         values=squeeze(values), baseline=baseline)
+                                         values=squeeze(values), baseline=baseline, kl_coef=kl_coef)
         return {name: [_unsqueeze(r, k) for r, k in zip(rows, keep)] for name, rows in out.items()}, kl_metrics
     mask = pad_right([torch.ones(L) for L in lengths])
     token_rewards, kl_metrics = None, {}
     if a.kl_in_reward and ref_logprobs is not None:
         token_rewards, kl_metrics = kl_penalty_rewards(
             outcome_to_token_rewards(rewards, mask), pad_right(gen_logprobs), pad_right(ref_logprobs),
-            mask, a.kl_coef, kind=a.kl_kind)
+            mask, a.kl_coef if kl_coef is None else kl_coef, kind=a.kl_kind)
     est = estimator(a.advantage)
     out = est(EstimatorInputs(rewards, groups, mask, token_rewards=token_rewards,
                               values=pad_right(values) if values is not None else None, baseline=baseline,

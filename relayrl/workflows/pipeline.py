@@ -48,6 +48,7 @@ from pathlib import Path
 import torch
 
 from relayrl.algorithms.dapo import overlong_penalty
+from relayrl.algorithms.kl import kl_controller
 from relayrl.checkpoint import CheckpointError
 from relayrl.cluster import make_group
 from relayrl.config.plan import step_plan
@@ -106,6 +107,9 @@ class GRPOPipeline:
         self.parts = build_parts(cfg, plan, s, self.dock, groups, score, Phases(s, cfg.trainer.offload, self.actor, self.shared),
                                  between_polls=lambda: self.ahead.between_polls() if self.ahead is not None else None)
         self.produce, self.consume = Produce(self.parts, partial=plan.partial), Consume(self.parts)
+        a = cfg.algorithm
+        self.kl_ctrl = kl_controller(a.kl_coef, a.kl_target, a.kl_horizon)
+        """The KL coefficient of each step: fixed, or adaptive toward ``algorithm.kl_target`` (checkpointed)."""
 
     def _share_rollout_weights(self) -> bool:
         """Zero-redundancy colocation: an actor and a rollout both in the driver process with the same weight
@@ -140,13 +144,27 @@ class GRPOPipeline:
         else:
             f, waited = self.open_step(step), {}
             stages = {**self.produce.stages(), **self.consume.stages()}
+        f.state.kl_coef = self.kl_ctrl.value  # (set before the consuming stages start; off-policy too)
         self._run(f, stages)
         m = {**step_metrics(f.state, step=step, prompts_per_step=self.cfg.data.prompts_per_step,
                             tri_model=self.plan.tri_model, session=self.s), **self._driver_bytes(), **waited}
         trained = "dapo/skipped_step" not in m
+        m.update(self._adapt_kl(m, f, trained))
         m.update(self._hand_over_weights(step, f, trained))
         m.update(self.parts.phases.metrics)
         return self.perf(m, t0, step_tokens(f.state), step if trained or self.ahead is not None else None)
+
+    def _adapt_kl(self, m: dict[str, float], f: Flow, trained: bool) -> dict[str, float]:
+        """``actor/kl_coef``, the coefficient this step used; then an adaptive controller moves it by the step's
+        KL (the penalty's own estimate: ``actor/reward_kl`` in the rewards, ``actor/kl_loss`` in the loss) over
+        the step's samples (Ziegler et al. 2019; TRL and verl count samples the same way)."""
+        a = self.cfg.algorithm
+        if a.kl_coef == 0:
+            return {}
+        kl = m.get("actor/reward_kl" if a.kl_in_reward else "actor/kl_loss")
+        if trained and kl is not None and "actor/skipped_update" not in m:
+            self.kl_ctrl.update(kl, n_steps=sum(len(r.lengths) for r in f.state.kept_records()))
+        return {"actor/kl_coef": f.state.kl_coef}
 
     def _run(self, f: Flow, stages: dict) -> None:
         """Run the partition's stages to their end (off-policy: also wait for the producing stages on the rollout
@@ -239,6 +257,8 @@ class GRPOPipeline:
                                           f"advantage estimator has no critic); resume it with its own estimator")
                 self.critic.all("load_state", ck.extra["critic"])
             restore_rollout_rng(self.rollout, ck.trainer_state["rollout_rng"], s.log)
+            if "kl_ctrl" in ck.trainer_state:  # (checkpoints before the adaptive KL have none)
+                self.kl_ctrl.load_state_dict(ck.trainer_state["kl_ctrl"])
             s.restore_rng(ck)
         relay_weights(self.actor, self.rollout, version=s.start_step)
         self.parts.phases.idle(self.actor, self.critic, self.ref)  # generation comes first
@@ -276,6 +296,7 @@ class GRPOPipeline:
             data, rng = (self.ahead.start_of(step + 1) if step + 1 in self.ahead.steps
                          else (self.s.prompts.state(), extra_state["rollout_rng"]))
             extra_state = {"rollout_rng": rng, "data": data}
+        extra_state["kl_ctrl"] = self.kl_ctrl.state_dict()
         with self.s.span("checkpoint", "driver", step):
             extra = None if self.critic is None else {"critic": collective(self.critic, "state")}
             return self.s.save(step, collective(self.actor, "state"), extra_state=extra_state, extra=extra)

@@ -78,13 +78,14 @@ class ScoreWorker(Worker):
         base = dict(zip(order, self.shape(torch.tensor(scores, dtype=torch.float32), lengths).tolist()))
         return slots.write({"baseline": [base[g] for g in groups]}), [base[g] for g in order]
 
-    def advantages_into(self, reader, slots) -> tuple[Any, dict[str, float]]:
-        """Advantages of the rows (whole groups, or the whole batch for batch-whitened estimators)."""
+    def advantages_into(self, reader, slots, kl_coef: float | None = None) -> tuple[Any, dict[str, float]]:
+        """Advantages of the rows (whole groups, or the whole batch for batch-whitened estimators); ``kl_coef``:
+        the step's KL coefficient (KL in the rewards; None: ``algorithm.kl_coef``)."""
         cols = reader.read()
         out, kl = advantage_rows(
             self.algorithm, torch.tensor([float(r) for r in cols["rewards"]]), [len(r) for r in cols["response_ids"]],
             torch.tensor([int(g) for g in cols["group"]]), gen_logprobs=cols.get("gen_logprobs"),
             ref_logprobs=cols.get("ref_logprobs"), values=cols.get("values"),
             baseline=torch.tensor([float(b) for b in cols["baseline"]]) if "baseline" in cols else None,
-            loss_masks=cols.get("loss_mask"))
+            loss_masks=cols.get("loss_mask"), kl_coef=kl_coef)
         return slots.write(out), kl

@@ -195,7 +195,7 @@ class Session:
 
     # ------------------------------------------------------------------ data
     def _data(self):
-        from relayrl.data.datasets import DatasetConfig, load_problems
+        from relayrl.data.datasets import load_problems
 
         d = self.cfg.data
         if d.task is not None:
@@ -203,19 +203,16 @@ class Session:
             eval_task = make_task(d.task, **{**d.task_options, **(d.eval_task_options or {}), "eval_size": self.cfg.eval.size})
             return task, None, eval_task.eval_set()
         rejected = d.rejected_key if self.cfg.workflow in ("dpo", "rm") else None  # preference pairs, every row checked
-        train = load_problems(DatasetConfig(path=d.path, prompt_key=d.prompt_key, answer_key=d.answer_key,
-                                            rejected_key=rejected, format=d.format, messages_key=d.messages_key))
+        train = load_problems(d.dataset(rejected_key=rejected))
         size = self.cfg.eval.size
-        if d.eval_path:
-            evals = load_problems(DatasetConfig(path=d.eval_path, prompt_key=d.prompt_key, answer_key=d.answer_key,
-                                                rejected_key=rejected if self.cfg.workflow == "rm" else None,
-                                                format=d.format, messages_key=d.messages_key))
-            return None, train, evals[:size]
+        held_out = d.dataset(held_out=True, rejected_key=rejected if self.cfg.workflow == "rm" else None)
+        if held_out is not None:
+            return None, train, load_problems(held_out)[:size]
         if len(train) >= 2 * size:  # hold out a seeded sample of rows; train on the rest
             held = set(random.Random(self.cfg.run.seed).sample(range(len(train)), size))
-            self.log(f"relayrl: no data.eval_path; holding out {size} of {len(train)} rows of {d.path} for evaluation")
+            self.log(f"relayrl: no data.eval_path; holding out {size} of {len(train)} rows of {d.path or d.hf_name} for evaluation")
             return None, [p for i, p in enumerate(train) if i not in held], [train[i] for i in sorted(held)]
-        self.log(f"relayrl: no data.eval_path and only {len(train)} rows in {d.path}: evaluating on the first "
+        self.log(f"relayrl: no data.eval_path and only {len(train)} rows in {d.path or d.hf_name}: evaluating on the first "
                  f"{min(size, len(train))} training rows (not held out); set data.eval_path for a held-out score")
         return None, train, train[:size]
 

@@ -22,6 +22,8 @@ __all__ = ["StepState"]
 class StepState:
     problems: list
     """The step's prompt problems; a group's id is its index here (dynamic sampling appends replacements)."""
+    kl_coef: float = 0.0
+    """The KL coefficient the consuming stages use (the KL controller's value when they start)."""
     cond: threading.Condition = field(default_factory=threading.Condition)
     records: list[GroupRecord] = field(default_factory=list)
     """What the rollout wrote, group by group (metadata of every generated group, dropped ones too)."""
@@ -37,8 +39,8 @@ class StepState:
     """ReMax: each kept group's greedy reward."""
     update: dict[str, float] = field(default_factory=dict)
     """The update's metrics (actor, critic), and its skip records."""
-    kl: dict[str, float] = field(default_factory=dict)
-    """KL-in-reward metrics of the advantage calls."""
+    kl: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    """KL-in-reward metrics of the advantage calls: ``(value, rows)`` per call (a row-weighted mean)."""
     rounds: int = 0
     """Generation rounds (dynamic sampling: refills)."""
     judged: int = 0

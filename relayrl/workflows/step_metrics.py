@@ -63,7 +63,8 @@ def step_metrics(st: StepState, *, step: int, prompts_per_step: int, tri_model: 
                                    f"or data.prompts_per_step)")
         m["dapo/skipped_step"] = 1.0
     m.update(st.update)
-    return kl_metrics(m, st.kl, tri_model)
+    in_reward = {k: sum(v * w for v, w in vs) / max(1, sum(w for _, w in vs)) for k, vs in st.kl.items()}
+    return kl_metrics(m, in_reward, tri_model)
 
 
 def step_tokens(st: StepState) -> int:

@@ -83,3 +83,21 @@ def test_controllers():
         AdaptiveKLController(init_coef=0.1, target=0.0, horizon=10)
     with pytest.raises(ValueError, match="coef"):
         FixedKLController(-1.0)
+
+
+def test_kl_controller_from_config_values_and_its_state_round_trip():
+    from relayrl.algorithms.kl import AdaptiveKLController, FixedKLController, kl_controller
+
+    assert isinstance(kl_controller(0.1), FixedKLController)
+    ctrl = kl_controller(0.1, target=0.02, horizon=100)
+    assert isinstance(ctrl, AdaptiveKLController)
+    ctrl.update(0.04, n_steps=50)  # KL twice the target: error clipped to +0.2, half the horizon
+    assert ctrl.value == pytest.approx(0.1 * 1.1)
+    again = kl_controller(0.1, target=0.02, horizon=100)
+    again.load_state_dict(ctrl.state_dict())
+    assert again.value == ctrl.value and again.last_kl == 0.04
+    fixed = kl_controller(0.3)
+    fixed.load_state_dict({"coef": 9.0, "last_kl": 0.5})  # a fixed coefficient is the config's
+    assert fixed.value == 0.3 and fixed.last_kl == 0.5
+    with pytest.raises(ValueError, match="finite number >= 0"):
+        again.load_state_dict({"coef": float("nan")})

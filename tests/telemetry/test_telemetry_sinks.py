@@ -3,6 +3,7 @@
 import importlib.util
 import io
 import json
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -153,17 +154,62 @@ def test_tensorboard_events_readable_and_purged_on_resume(tmp_path):
 # ----------------------------------------------------------------------------- wandb
 
 
+def _wandb_records(run_file: Path) -> list:
+    """The protobuf records of an offline run's ``run-<id>.wandb`` file: a 7-byte W&B header, then LevelDB's
+    log format (32 KiB blocks of records with a 7-byte header: crc32, length, type FULL=1 / FIRST=2 /
+    MIDDLE=3 / LAST=4), each record a serialised ``wandb_internal_pb2.Record``."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    raw, block, pos, buf, out = run_file.read_bytes(), 32768, 7, b"", []
+    assert raw[:4] == b":W&B", raw[:8]
+    while pos + 7 <= len(raw):
+        left = block - pos % block
+        if left < 7:  # a block's tail too short for a header is padding
+            pos += left
+            continue
+        _, n, kind = struct.unpack("<IHB", raw[pos:pos + 7])
+        if n == 0 and kind == 0:
+            pos += left
+            continue
+        buf, pos = buf + raw[pos + 7:pos + 7 + n], pos + 7 + n
+        if kind in (1, 4):
+            rec = pb.Record()
+            rec.ParseFromString(buf)
+            out.append(rec)
+            buf = b""
+    return out
+
+
+def _history(rec) -> dict:
+    """A history record's metrics (wandb writes a key as ``key`` or, split at slashes, ``nested_key``)."""
+    return {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item}
+
+
 @pytest.mark.slow  # starts the wandb-core service
-@pytest.mark.skipif(not HAS_WANDB, reason="wandb not installed")
+@pytest.mark.skipif(not HAS_WANDB, reason="wandb not installed (pip install -e '.[test]' installs it)")
 def test_wandb_offline_writes_a_run(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_dir"))
     monkeypatch.setenv("WANDB_SILENT", "true")
     cfg = TelemetryConfig(sinks=["wandb"], wandb_mode="offline", wandb_project="relayrl-test")
-    with Tracker(tmp_path, cfg, total_steps=2) as t:
-        t.log(1, {"reward/mean": 0.5})
+    run_config = {"workflow": "grpo", "algorithm": {"kl_coef": 0.05, "kl_target": 0.02}}
+    with Tracker(tmp_path, cfg, total_steps=2, run_config=run_config) as t:
+        t.log(1, {"reward/mean": 0.5, "actor/kl_coef": 0.05})
+        t.log(2, {"reward/mean": 0.75, "actor/kl_coef": 0.04})
     run_id = (tmp_path / "wandb_run_id").read_text().strip()
     (run_file,) = (tmp_path / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")
-    assert b"reward/mean" in run_file.read_bytes()  # the logged key is in the run's record stream
-    with Tracker(tmp_path, cfg, total_steps=2, start_step=1) as t:  # a resume continues the same run id
-        t.log(2, {"reward/mean": 0.7})
+    recs = _wandb_records(run_file)
+    (run,) = [r.run for r in recs if r.WhichOneof("record_type") == "run"]
+    assert run.run_id == run_id and run.project == "relayrl-test"
+    config = {i.key: json.loads(i.value_json) for i in run.config.update}
+    assert config["workflow"] == "grpo" and config["algorithm"] == {"kl_coef": 0.05, "kl_target": 0.02}
+    history = [_history(r) for r in recs if r.WhichOneof("record_type") == "history"]
+    assert [(h.get("_step"), h.get("reward/mean"), h.get("actor/kl_coef")) for h in history] == [(1, 0.5, 0.05), (2, 0.75, 0.04)], history
+    with Tracker(tmp_path, cfg, total_steps=3, start_step=2) as t:  # a resume continues the same run id
+        t.log(3, {"reward/mean": 0.7})
     assert (tmp_path / "wandb_run_id").read_text().strip() == run_id
+    runs = sorted((tmp_path / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
+    resumed = [_history(r) for f in runs for r in _wandb_records(f) if r.WhichOneof("record_type") == "history"]
+    assert {h.get("_step"): h.get("reward/mean") for h in resumed}[3] == 0.7, resumed

@@ -1,0 +1,95 @@
+"""The ``data`` section of a run's config: a built-in task, or a user dataset (a file, a ``datasets``
+directory or Arrow file, or a dataset name) with the fields that hold the prompt and the answer."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from relayrl.data.datasets import DatasetConfig
+
+__all__ = ["DataConfig"]
+
+
+class DataConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    task: str | None = Field("arith", description="built-in task name (arith, sort, countdown); null when data.path "
+                             "or data.hf_name is set")
+    task_options: dict[str, Any] = Field(default_factory=dict, description="options of the built-in task's training set")
+    eval_task_options: dict[str, Any] | None = Field(None, description="options of the held-out set (default: task_options)")
+    path: str | None = Field(None, description="training prompts: a JSONL, Parquet or Arrow file, or a directory "
+                             "written by datasets' save_to_disk (a Dataset, or a DatasetDict whose data.hf_split "
+                             "is read)")
+    hf_name: str | None = Field(None, description="training prompts from datasets.load_dataset: a hub name (e.g. "
+                                "openai/gsm8k; read from the local datasets cache first, downloaded only when it is "
+                                "not there and HF_HUB_OFFLINE is unset) or a local directory of data files")
+    hf_config: str | None = Field(None, description="data.hf_name's configuration (e.g. main for openai/gsm8k)")
+    hf_split: str = Field("train", min_length=1, description="the split that trains: of data.hf_name, or of a "
+                          "DatasetDict directory at data.path")
+    hf_eval_split: str | None = Field(None, min_length=1, description="the held-out split of the same source (e.g. "
+                                      "test); null: data.eval_path, else rows held out of the training split")
+    format: Literal["jsonl", "parquet", "arrow"] | None = Field(None, description="format of data.path and "
+                                                                "data.eval_path files (null: from the file suffix)")
+    eval_path: str | None = Field(None, description="held-out prompts, in any form data.path takes")
+    prompt_key: str = Field("prompt", description='field with the prompt (text, or chat messages); dots reach nested '
+                            'fields ("extra.question")')
+    answer_key: str = Field("answer", description="field with the ground truth (string or number)")
+    answer_regex: str | None = Field(None, description="cut the ground truth out of the answer field: the regex's "
+                                     r"first group (or whole match), e.g. '####\s*(.+)$' for GSM8K's solutions; a row "
+                                     "without a match is an error naming it")
+    system_prompt: str | None = Field(None, description="a system message put before every prompt (text prompts "
+                                      "become chat messages, rendered with the tokenizer's chat template); a chat "
+                                      "prompt with its own system message keeps it")
+    rejected_key: str = Field("rejected", description="workflow dpo: field with the rejected answer (answer_key "
+                              "holds the chosen one)")
+    chat_template: bool | None = Field(None, description="null: apply the tokenizer's chat template to chat-message prompts")
+    messages_key: str | None = Field(None, description="workflow sft on data.path: field with whole conversations "
+                                     "(chat messages); only the assistant turns are trained (mask from the chat "
+                                     "template)")
+    prompts_per_step: int = Field(8, ge=1)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "DataConfig":
+        given = [k for k in ("task", "path", "hf_name") if getattr(self, k) is not None]
+        if not given:
+            raise ValueError("set data.task (a built-in task), data.path (a JSONL/Parquet/Arrow file or a datasets "
+                             "save_to_disk directory) or data.hf_name (a datasets name)")
+        if len(given) > 1:
+            drop = "data.task=null" if "task" in given else "one of them to null"
+            raise ValueError(f"{' and '.join(f'data.{k}' for k in given)} are both set; set {drop} to train on "
+                             f"data.{given[-1]}")
+        if self.hf_eval_split is not None and self.eval_path is not None:
+            raise ValueError("data.hf_eval_split and data.eval_path both name a held-out set; set one to null")
+        if self.hf_eval_split is not None and self.task is not None:
+            raise ValueError("data.hf_eval_split is a split of data.path or data.hf_name; a built-in task holds out "
+                             "its own (data.eval_task_options): drop data.hf_eval_split")
+        if self.answer_regex is not None:
+            try:
+                re.compile(self.answer_regex)
+            except re.error as e:
+                raise ValueError(f"data.answer_regex={self.answer_regex!r} is not a regular expression ({e})") from None
+        if self.task is not None:  # an unknown task or option fails here, not after the model has loaded
+            from relayrl.data.tasks import make_task
+
+            for key, options in (("data.task_options", self.task_options),
+                                 ("data.eval_task_options", {**self.task_options, **(self.eval_task_options or {})})):
+                try:
+                    make_task(self.task, **options)
+                except ValueError as e:
+                    raise ValueError(f"data.task={self.task!r} with {key}={options}: {e}") from None
+        return self
+
+    def dataset(self, *, held_out: bool = False, rejected_key: str | None = None) -> DatasetConfig | None:
+        """The :class:`DatasetConfig` of the training rows, or of the held-out ones (None when no held-out
+        source is named: data.eval_path or data.hf_eval_split)."""
+        if held_out and self.eval_path is None and self.hf_eval_split is None:
+            return None
+        path = self.eval_path if held_out and self.eval_path is not None else self.path
+        return DatasetConfig(
+            path=path, hf_name=None if path is not None else self.hf_name, hf_config=self.hf_config,
+            split=self.hf_eval_split if held_out and self.eval_path is None else self.hf_split,
+            prompt_key=self.prompt_key, answer_key=self.answer_key, rejected_key=rejected_key, format=self.format,
+            messages_key=self.messages_key, system_prompt=self.system_prompt, answer_regex=self.answer_regex)
