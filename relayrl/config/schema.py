@@ -118,7 +118,7 @@ class RolloutConfig(_Section):
                                     "server's bearer token")
     weight_sync: Literal["relayrl", "vllm", "sglang", "none"] = Field(
         "relayrl", description="rollout.engine=openai: how new weights reach the server: relayrl (relayrl serve's "
-        "weight endpoint), vllm or sglang (their reload endpoints, from rollout.weight_dir; untested here), none "
+        "weight endpoint), vllm or sglang (their reload endpoints, from rollout.weight_dir; vllm tested with vllm serve 0.32, sglang untested), none "
         "(the server's weights stay: evaluation only)")
     weight_dir: str | None = Field(None, description="rollout.engine=openai: a directory the server reads weights "
                                    "from (needed by weight_sync=vllm/sglang; relayrl: instead of sending them)")

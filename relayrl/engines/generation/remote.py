@@ -241,6 +241,8 @@ class RemoteGenerationEngine:
             self._call("POST", f"{self.root}/collective_rpc",
                        json={"method": "reload_weights", "kwargs": {"weights_path": str(d)}})
             self._call("POST", f"{self.root}/reset_prefix_cache")  # cached prompt KV came from the old weights
+        if kind in ("vllm", "sglang"):
+            self._drop_old_dirs(version)  # the server has loaded this version: a model copy per step would pile up
         self._version = version
 
     def share_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> bool:
@@ -292,6 +294,12 @@ class RemoteGenerationEngine:
         save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
         (d / "relayrl_version.json").write_text(json.dumps({"version": version}))
         return d
+
+    def _drop_old_dirs(self, version: int) -> None:
+        """Remove the directories of versions before ``version`` that this adapter wrote."""
+        for d in Path(self.spec.weight_dir).glob("v*"):
+            if d.is_dir() and d.name != f"v{version}" and (d / "relayrl_version.json").is_file():
+                shutil.rmtree(d, ignore_errors=True)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
