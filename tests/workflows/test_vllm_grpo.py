@@ -39,8 +39,12 @@ def grpo(run, model, *extra, steps=3):
     return r, records(run)
 
 
-@pytest.mark.parametrize("extra", [[], SPLIT, [*SPLIT, "trainer.mode=periodic"]],
-                         ids=["colocated", "split", "periodic"])
+RAY = ["cluster.backend=ray", "cluster.num_cpus=4"]
+
+
+@pytest.mark.parametrize("extra", [[], SPLIT, [*SPLIT, "trainer.mode=periodic"],
+                                   pytest.param([*SPLIT, *RAY], marks=pytest.mark.ray)],
+                         ids=["colocated", "split", "periodic", "ray-split"])
 def test_on_policy_modes_keep_the_engines_logprobs_the_trainers(sft32, tmp_path, extra):
     _, recs = grpo(tmp_path, sft32, *MOVE, *extra)
     steps = recs[1:]
