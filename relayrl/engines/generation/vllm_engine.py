@@ -112,6 +112,10 @@ class VLLMGenerationEngine:
                        max_num_seqs=max_batch, skip_tokenizer_init=True, logprobs_mode="processed_logprobs",
                        enable_prefix_caching=spec.prefix_caching)
         self.engine = self.llm.llm_engine
+        # vLLM's CPU attention plans its work for the OpenMP threads it saw at start-up and checks them at every
+        # call; OpenMP's thread count is per thread, and generation may run on another thread (a rank process
+        # generates on a thread of its own): each call sets the same count first.
+        self._threads = torch.get_num_threads()
         self.eos_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
         self._version = 0
         self._sleeping = False
@@ -152,6 +156,7 @@ class VLLMGenerationEngine:
         if self._tied and "lm_head.weight" not in named and "model.embed_tokens.weight" in named:
             named["lm_head.weight"] = named["model.embed_tokens.weight"]  # vLLM's CPU head is a copy, not a tie
         self.wake()
+        self._same_threads()
         self.engine.collective_rpc(_reload_weights, args=(list(named.items()),))
         self.engine.reset_prefix_cache()
         self._version = version
@@ -200,6 +205,7 @@ class VLLMGenerationEngine:
         """Rows from ``feed`` as slots free up (multi-turn episodes feed each next turn); each gets
         ``params.n`` samples and its own token budget; returns when the feed is done and nothing runs."""
         self.wake()
+        self._same_threads()
         stops = sorted((set() if params.ignore_eos else self.eos_ids) | set(params.stop_token_ids))
         live: dict[str, _Row] = {}
         while True:
@@ -230,6 +236,10 @@ class VLLMGenerationEngine:
                     if not o.finished:
                         self.engine.abort_request([o.request_id])
                     on_finish(self._completion(row, done))
+
+    def _same_threads(self) -> None:
+        if self.device.type == "cpu" and torch.get_num_threads() != self._threads:
+            torch.set_num_threads(self._threads)
 
     def _sampling(self, row: _Row, params: SamplingParams, stops: list[int]):
         from vllm import SamplingParams as VSampling
