@@ -40,7 +40,9 @@ def cispo_loss(
     *,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
+    dual_clip: float | None = None,
     agg: str = "token-mean",
+    level: str = "token",
     is_weights: Tensor | None = None,
     global_tokens: int | None = None,
     global_seqs: int | None = None,
@@ -54,6 +56,8 @@ def cispo_loss(
         advantages: ``[B, T]`` per-token advantages (detached here).
         mask: ``[B, T]`` 1 on valid response tokens.
         clip_low, clip_high: the weight is clipped to ``[1 - clip_low, 1 + clip_high]``.
+        dual_clip, level: :func:`~relayrl.algorithms.losses.policy_loss`'s options, accepted so that both
+            losses take the same arguments; only ``None`` and ``"token"`` are valid (CISPO has neither).
         agg: aggregation mode (:data:`relayrl.algorithms.aggregation.AGG_MODES`).
         is_weights: ``[B, T]`` further factors on the token loss (a rollout correction, detached).
         global_tokens, global_seqs, constant: normalisers for :func:`aggregate`.
@@ -70,6 +74,9 @@ def cispo_loss(
         raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
     if clip_high < 0:
         raise ValueError(f"clip_high must be >= 0, got {clip_high}")
+    if dual_clip is not None or level != "token":
+        raise ValueError(f"CISPO clips each token's own weight: dual_clip must be None and level 'token' (got "
+                         f"{dual_clip!r}, {level!r})")
     m = as_float_mask(mask, logprobs)
     valid = m > 0
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
