@@ -120,12 +120,12 @@ def test_plan_places_the_teacher_and_says_what_tis_cap_runs(tiny_dir):
 
 
 # ------------------------------------------------------------------------------------ end to end
-def _run(run_dir, *over: str) -> list[dict]:
+def _run(run_dir, student, *over: str) -> list[dict]:
     from relayrl.workflows.pipeline import GRPOPipeline
 
     cfg = _cfg(f"run.dir={run_dir}", "trainer.steps=2", "eval.size=8", "eval.every=0", "data.prompts_per_step=2",
                "rollout.n=4", "rollout.max_new_tokens=8", "telemetry.sinks=[jsonl]", "engine.optim.lr=1e-3",
-               "engine.optim.warmup_steps=0", "run.save_every=0", "trainer.init_from=null", *over)
+               "engine.optim.warmup_steps=0", "run.save_every=0", f"trainer.init_from={student}", *over)
     GRPOPipeline(cfg).run()
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()][1:]
 
@@ -137,10 +137,10 @@ def _run(run_dir, *over: str) -> list[dict]:
     ["trainer.off_policy_steps=1", "rollout.partial=true"],
 ], ids=["sync", "periodic", "offpolicy-partial"])
 def test_distillation_with_corrections_runs_in_every_step_mode(tmp_path, tiny_dir, mode):
-    """The teacher is the student's own starting model: the reverse KL starts at 0 (up to sampling noise of
-    the rollout's log-probs against the teacher's pass) and the run carries the correction's and distillation's
-    metrics in every mode."""
-    recs = _run(tmp_path, f"algorithm.distill.teacher={tiny_dir}", "algorithm.distill.reward_weight=0.5",
+    """The teacher is the student's own starting model: the reverse KL of the first batch is 0 (the rollout's
+    log-probs and the teacher's pass agree token by token), later ones not (the student moved), and the run
+    carries the correction's and distillation's metrics in every mode."""
+    recs = _run(tmp_path, tiny_dir, f"algorithm.distill.teacher={tiny_dir}", "algorithm.distill.reward_weight=0.5",
                 "algorithm.policy_loss=cispo", "algorithm.correction.level=sequence",
                 "algorithm.correction.mode=mask", "algorithm.correction.kl_threshold=0.5", *mode)
     assert [r["step"] for r in recs] == [1, 2]
@@ -154,5 +154,5 @@ def test_distillation_with_corrections_runs_in_every_step_mode(tmp_path, tiny_di
 
 @pytest.mark.slow
 def test_distillation_with_offload_keeps_the_teacher_off_the_device_when_idle(tmp_path, tiny_dir):
-    recs = _run(tmp_path, f"algorithm.distill.teacher={tiny_dir}", "trainer.offload=true")
+    recs = _run(tmp_path, tiny_dir, f"algorithm.distill.teacher={tiny_dir}", "trainer.offload=true")
     assert all("timing/offload_s" in r and "distill/reverse_kl" in r for r in recs)
