@@ -156,3 +156,19 @@ def test_distillation_with_corrections_runs_in_every_step_mode(tmp_path, tiny_di
 def test_distillation_with_offload_keeps_the_teacher_off_the_device_when_idle(tmp_path, tiny_dir):
     recs = _run(tmp_path, tiny_dir, f"algorithm.distill.teacher={tiny_dir}", "trainer.offload=true")
     assert all("timing/offload_s" in r and "distill/reverse_kl" in r for r in recs)
+
+
+@pytest.mark.slow
+def test_each_item_runs_from_the_cli(tmp_path, tiny_dir):
+    """``relayrl train`` with CISPO, the correction family and a teacher (k=2 off-policy): the run ends, says
+    how it corrects, and its metrics carry all three."""
+    from e2e_cli import FAST, records, relayrl
+
+    r = relayrl("train", "recipes/arith_grpo.yaml", "trainer.steps=2", f"run.dir={tmp_path}",
+                f"trainer.init_from={tiny_dir}", "data.prompts_per_step=2", "rollout.n=4", "trainer.off_policy_steps=2",
+                "algorithm.policy_loss=cispo", "algorithm.tis_cap=2.0", f"algorithm.distill.teacher={tiny_dir}",
+                "algorithm.distill.reward_weight=1.0", *FAST)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "algorithm.tis_cap=2.0 runs as algorithm.correction.level=token" in r.stdout
+    last = records(tmp_path)[-1]
+    assert {"correction/token_capped_frac", "distill/reverse_kl", "actor/clip_frac_high"} <= set(last)
