@@ -94,6 +94,7 @@ class Consume:
             + (["values"] if est.values else []) + (["baseline"] if est.baseline else []) \
             + (["gen_logprobs", "teacher_logprobs"] if p.teacher is not None else []) \
             + (["loss_mask"] if p.episodes is not None else [])
+        cols = list(dict.fromkeys(cols))  # (gen_logprobs for both the KL in the reward and the teacher)
         rows = self._chunk() if est.group_relative else None
         for b in f.leases("advantages", cols, batch_rows=rows):
             with p.session.span("advantage", "driver", f.step):
