@@ -115,7 +115,8 @@ class AlgorithmConfig(_Section):
     normalize_std: bool = True
     loss_agg: str = Field("seq-mean-token-mean", description=f"one of {', '.join(AGG_MODES)}")
     clip_low: float = Field(0.2, ge=0.0, lt=1.0)
-    clip_high: float = Field(0.2, ge=0.0)
+    clip_high: float = Field(0.2, ge=0.0, description="ratio bounds [1 - clip_low, 1 + clip_high]: PPO's clip "
+                             "(DAPO's clip-higher when clip_high > clip_low), or CISPO's clip of the weight")
     dual_clip: float | None = Field(None, gt=1.0)
     ratio_level: Literal["token", "sequence"] = "token"
     kl_coef: float = Field(0.0, ge=0.0, description="KL to the reference model (0: no reference model is loaded)")
@@ -130,7 +131,7 @@ class AlgorithmConfig(_Section):
     old_logprobs: Literal["auto", "recompute", "rollout"] = Field(
         "auto", description="pi_old of the PPO ratio. auto: recomputed by the trainer when a batch is used more than "
         "once, else the current policy detached (one update per batch: the same weights, also off-policy and "
-        "with tis_cap); recompute: always; "
+        "with a rollout correction); recompute: always; "
         "rollout: the generation engine's log-probs (no extra forward pass; the ratio then also carries staleness "
         "and engine mismatch)")
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="advantage=gae or reinforce++: discount of the "
