@@ -102,7 +102,8 @@ class Consume:
                                       p.dock.slots(f.part, b.indexes))
             p.dock.publish(receipt)
             with f.state.cond:
-                f.state.kl.update(kl)
+                for k, v in kl.items():
+                    f.state.kl.setdefault(k, []).append((v, len(b.indexes)))
             b.ack()
 
     # ------------------------------------------------------------------ update

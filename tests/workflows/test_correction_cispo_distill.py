@@ -172,3 +172,10 @@ def test_each_item_runs_from_the_cli(tmp_path, tiny_dir):
     assert "algorithm.tis_cap=2.0 runs as algorithm.correction.level=token" in r.stdout
     last = records(tmp_path)[-1]
     assert {"correction/token_capped_frac", "distill/reverse_kl", "actor/clip_frac_high"} <= set(last)
+
+
+def test_advantage_metrics_of_a_step_are_row_weighted_over_its_calls():
+    from relayrl.workflows.step_metrics import weighted
+
+    calls = {"distill/reverse_kl": [(0.5, 4), (0.1, 12)], "distill/reverse_kl_seq_max": [(0.9, 4), (0.3, 12)]}
+    assert weighted(calls) == {"distill/reverse_kl": pytest.approx((2.0 + 1.2) / 16), "distill/reverse_kl_seq_max": 0.9}
