@@ -29,8 +29,8 @@ def test_the_comparison_runs_and_ends_with_its_line(tmp_path, tiny_dir, monkeypa
     at the asked steps, and the last line has the asked form."""
     import demo_models
 
-    monkeypatch.setattr(distill, "teacher_model", lambda seed, steps, stop: (tiny_dir, 0.5))
-    monkeypatch.setattr(demo_models, "sft_model", lambda seed=0: tiny_dir)
+    monkeypatch.setattr(distill, "teacher_model", lambda seed, steps, stop, threads=(): (tiny_dir, 0.5))
+    monkeypatch.setattr(demo_models, "sft_model", lambda seed=0, overrides=(): tiny_dir)
     distill.main(["--steps", "2", "--eval-every", "1", "--eval-size", "8", "--out", str(tmp_path)])
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("distill: opd ") and "after 2 steps (teacher 50.0%); steps to 90% of teacher: opd " in last
