@@ -17,7 +17,8 @@ Modes, each in its own process, same seed, same prompts and number of steps:
 * ``periodic-split``: the same placement, ``trainer.mode=periodic``: the trainer runs forward and backward
   on each group as it arrives and steps once per batch (the same update);
 * ``offpolicy-k1``, ``offpolicy-k2``: the same placement, ``trainer.off_policy_steps=k``: the rollout runs
-  up to k weight versions ahead of the trainer, with truncated importance weights (``algorithm.tis_cap=2``);
+  up to k weight versions ahead of the trainer, with truncated importance weights (``algorithm.tis_cap=2``,
+  or ``--correction``'s keys of ``algorithm.correction``; the table gives the shares it masked and capped);
 * ``offpolicy-k1-partial``, ``offpolicy-k2-partial``: the same with ``rollout.partial=true``: the trainer's
   new weights reach responses still being generated (paused, prefilled again, continued).
 
@@ -152,6 +153,9 @@ def run_mode(name: str, model: Path, out: Path, a: argparse.Namespace, upto: int
         "telemetry.sinks=[jsonl]", f"model.device={a.device}",
         *MODES[name],
     ]
+    if a.correction and name.startswith("offpolicy"):  # the correction section instead of tis_cap
+        over = [o for o in over if not o.startswith("algorithm.tis_cap=")]
+        over += [f"algorithm.correction.{kv}" for kv in a.correction.split(",")]
     if a.devices:  # R rollout + T trainer devices: the split modes place them so, colocated runs R + T ranks
         r, t = a.devices
         if name == "sync-colocated":
@@ -199,7 +203,9 @@ def summarize(name: str, out: Path, a: argparse.Namespace, starts: list[int], wa
             **{k: statistics.mean(r.get(f"timing/{k}_s", 0.0) for r in steps) for k in ("generate", "reward", "update")},
             "driver_bytes": max((r.get("dock/driver_bytes", 0) for r in steps), default=0.0),
             "staleness": statistics.mean(r.get("async/staleness_mean", 0.0) for r in steps),
-            "multi_version": statistics.mean(r.get("async/multi_version_frac", 0.0) for r in steps)}
+            "multi_version": statistics.mean(r.get("async/multi_version_frac", 0.0) for r in steps),
+            **{k: statistics.mean(r.get(f"correction/{k}_frac", 0.0) for r in steps)
+               for k in ("token_masked", "seq_masked", "token_capped")}}
 
 
 def round_ends(steps: int, rounds: int) -> list[int]:
@@ -236,6 +242,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="model.device of every mode (a device is a share of the cores "
                    "on a CPU)")
+    p.add_argument("--correction", default="", help="the off-policy modes' rollout correction instead of "
+                   "algorithm.tis_cap=2, as comma-separated algorithm.correction keys, e.g. level=token,mode=mask,"
+                   "high=2,kl_threshold=0.1,negative_only=true")
     p.add_argument("--extra", default="", help="comma-separated config overrides for the split modes")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
     p.add_argument("--results", default=None, help="a JSONL file: each mode's figures are appended to it once its "
@@ -275,16 +284,20 @@ def main(argv: list[str] | None = None) -> None:
                         with saved.open("a") as f:
                             f.write(json.dumps(res[name]) + "\n")
     print(f"\n{'mode':<22}{'step s':>8}{'TPSPD':>9}{'/colo':>7}{'acc %':>7}{'len':>6}{'clipped':>8}{'driver B':>9}"
-          f"{'gen s':>7}{'reward s':>9}{'update s':>9}{'stale':>7}{'multi-v':>8}")
+          f"{'gen s':>7}{'reward s':>9}{'update s':>9}{'stale':>7}{'multi-v':>8}{'masked':>8}{'seq-m':>7}"
+          f"{'capped':>8}")
     colo = res.get("sync-colocated")
     for r in res.values():
         ratio = r["tpspd"] / colo["tpspd"] if colo else float("nan")
         print(f"{r['mode']:<22}{r['step_s']:>8.3f}{r['tpspd']:>9.1f}{ratio:>7.2f}{100 * r['accuracy']:>7.1f}"
               f"{r['length_mean']:>6.1f}{r['clip_ratio']:>8.3f}{r['driver_bytes']:>9.0f}"
               f"{r['generate']:>7.3f}{r['reward']:>9.3f}{r['update']:>9.3f}{r['staleness']:>7.2f}"
-              f"{r['multi_version']:>8.3f}")
+              f"{r['multi_version']:>8.3f}{r.get('token_masked', 0):>8.3f}{r.get('seq_masked', 0):>7.3f}"
+              f"{r.get('token_capped', 0):>8.3f}")
     print("(gen/reward/update s: summed stage time per step; in the split modes they overlap. stale: mean token "
-          "staleness in versions; multi-v: share of samples whose tokens span several versions)")
+          "staleness in versions; multi-v: share of samples whose tokens span several versions; masked, seq-m, "
+          "capped: shares of tokens masked, of sequences masked whole and of tokens capped by the rollout "
+          "correction)")
     print(f"(held-out accuracy before GRPO: {100 * next(iter(res.values()))['accuracy0']:.1f}%; TPSPD: tokens "
           f"trained per second per core, {cores()} cores in every mode)")
     if {"periodic-split", "sync-split", "sync-colocated"} <= set(res):

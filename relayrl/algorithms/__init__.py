@@ -11,7 +11,11 @@ per module:
 * :mod:`~relayrl.algorithms.value` -- clipped value loss, explained variance
 * :mod:`~relayrl.algorithms.entropy` -- chunked entropy from logits
 * :mod:`~relayrl.algorithms.dapo` -- overlong shaping/filtering, dynamic sampling
-* :mod:`~relayrl.algorithms.offpolicy` -- truncated importance weights
+* :mod:`~relayrl.algorithms.correction` -- rollout correction: token/sequence IS weights, truncated or
+  masked, divergence masking (TIS, IcePop, DeepSeek-V3.2)
+* :mod:`~relayrl.algorithms.offpolicy` -- truncated importance weights (the correction's upper-bound case)
+* :mod:`~relayrl.algorithms.cispo` -- CISPO's clipped-weight policy loss (MiniMax-M1)
+* :mod:`~relayrl.algorithms.distill` -- on-policy distillation advantages (GKD; Thinking Machines)
 * :mod:`~relayrl.algorithms.dpo` -- DPO / IPO / hinge
 * :mod:`~relayrl.algorithms.sft` -- masked token cross-entropy
 * :mod:`~relayrl.algorithms.mismatch` -- train/generation logprob error
@@ -22,7 +26,10 @@ See ``docs/algorithms.md`` for config names and papers.
 from relayrl.algorithms import (
     advantages,
     aggregation,
+    cispo,
+    correction,
     dapo,
+    distill,
     dpo,
     entropy,
     kl,
@@ -36,7 +43,10 @@ from relayrl.algorithms import (
 __all__ = [
     "advantages",
     "aggregation",
+    "cispo",
+    "correction",
     "dapo",
+    "distill",
     "dpo",
     "entropy",
     "kl",

@@ -39,7 +39,7 @@ from relayrl.algorithms.aggregation import AGG_MODES, aggregate, count_tokens_an
 
 Tensor = torch.Tensor
 
-__all__ = ["AGG_MODES", "LEVELS", "aggregate", "count_tokens_and_seqs", "policy_loss"]
+__all__ = ["AGG_MODES", "LEVELS", "POLICY_LOSSES", "aggregate", "count_tokens_and_seqs", "policy_loss"]
 
 LEVELS: tuple[str, ...] = ("token", "sequence")
 _LOG_CLAMP = 20.0
@@ -146,3 +146,13 @@ def policy_loss(
         if dual_active is not None:
             metrics["actor/dual_clip_frac"] = masked_mean(dual_active.to(m.dtype), m)
     return loss, to_floats(metrics)
+
+
+def _policy_losses() -> dict:
+    from relayrl.algorithms.cispo import cispo_loss
+
+    return {"ppo": policy_loss, "cispo": cispo_loss}
+
+
+POLICY_LOSSES: dict = _policy_losses()
+"""``algorithm.policy_loss`` -> the loss function; every one takes :func:`policy_loss`'s arguments."""

@@ -17,25 +17,23 @@ Training").
   ``w <= cap`` and 0 elsewhere (the token or sequence is dropped).
 
 The weights are detached; pass them as ``is_weights`` to
-:func:`relayrl.algorithms.losses.policy_loss`. Departure: log-ratios are
-clamped to ``[-20, 20]`` before ``exp``; the cap is applied in log space, so
-a huge sequence ratio never overflows.
+:func:`relayrl.algorithms.losses.policy_loss`. This is the upper-bound case of
+:func:`relayrl.algorithms.correction.rollout_correction` (which also masks
+below a lower bound and by divergence), under its older metric names; the
+math, clamping included, is that function's.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from relayrl.algorithms._checks import as_float_mask, check_batch, check_ndim, to_floats
-from relayrl.algorithms._ops import masked_mean
+from relayrl.algorithms._checks import check_batch
+from relayrl.algorithms.correction import rollout_correction
 
 Tensor = torch.Tensor
 
 IS_LEVELS: tuple[str, ...] = ("token", "sequence", "geometric")
 IS_MODES: tuple[str, ...] = ("truncate", "mask")
-_LOG_CLAMP = 20.0
 
 
 def truncated_is_weights(
@@ -65,41 +63,14 @@ def truncated_is_weights(
         was truncated or masked), ``offpolicy/kl_k1`` and ``offpolicy/kl_k3``
         (``KL(mu || pi)`` estimates per token).
     """
-    check_ndim("train_logprobs", train_logprobs, 2)
     check_batch(train_logprobs=train_logprobs, rollout_logprobs=rollout_logprobs, mask=mask)
     if level not in IS_LEVELS:
         raise ValueError(f"unknown level {level!r}; valid levels: {', '.join(IS_LEVELS)}")
-    if mode not in IS_MODES:
-        raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(IS_MODES)}")
     if not cap > 0:
         raise ValueError(f"cap must be > 0, got {cap}")
-    with torch.no_grad():
-        m = as_float_mask(mask, train_logprobs)
-        valid = m > 0
-        zero = torch.zeros((), dtype=m.dtype, device=m.device)
-        lr = torch.where(valid, train_logprobs.detach() - rollout_logprobs.detach().to(m.dtype), zero)
-        if level == "token":
-            log_w = lr
-        else:
-            seq = lr.sum(dim=1)
-            if level == "geometric":
-                seq = seq / m.sum(dim=1).clamp(min=1.0)
-            log_w = seq.unsqueeze(1).expand_as(lr)
-        log_w = log_w.clamp(-_LOG_CLAMP, _LOG_CLAMP)
-        log_cap = math.log(cap)
-        over = (log_w > log_cap) & valid
-        if mode == "truncate":
-            weights = torch.exp(log_w.clamp(max=log_cap))
-        else:
-            weights = torch.where(over, zero, torch.exp(log_w.clamp(max=log_cap)))
-        weights = weights * m
-        raw = torch.exp(log_w)
-        raw_valid = raw[valid]
-        metrics = {
-            "offpolicy/is_weight_mean": masked_mean(weights, m),
-            "offpolicy/is_weight_max": raw_valid.max() if raw_valid.numel() else torch.ones(()),
-            "offpolicy/capped_frac": masked_mean(over.to(m.dtype), m),
-            "offpolicy/kl_k1": masked_mean(-lr, m),
-            "offpolicy/kl_k3": masked_mean(torch.expm1(lr.clamp(-_LOG_CLAMP, _LOG_CLAMP)) - lr, m),
-        }
-    return weights, to_floats(metrics)
+    weights, m = rollout_correction(train_logprobs, rollout_logprobs, mask, level=level, mode=mode, high=cap,
+                                    low=0.0 if mode == "mask" else None)
+    over = m["correction/token_capped_frac"] if mode == "truncate" else m["correction/token_masked_frac"]
+    return weights, {"offpolicy/is_weight_mean": m["correction/weight_mean"],
+                     "offpolicy/is_weight_max": m["correction/ratio_max"], "offpolicy/capped_frac": over,
+                     "offpolicy/kl_k1": m["correction/kl_k1"], "offpolicy/kl_k3": m["correction/kl_k3"]}

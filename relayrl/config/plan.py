@@ -32,7 +32,7 @@ Config = Any  # relayrl.config.schema.Config (which asks this module; not import
 
 __all__ = ["StepPlan", "step_plan", "ROLES"]
 
-ROLES = ("actor", "rollout", "reference", "critic")
+ROLES = ("actor", "rollout", "reference", "critic", "teacher")
 """The worker roles of a GRPO-family step, in the order they are built."""
 
 
@@ -43,7 +43,7 @@ class StepPlan:
     estimator: Estimator
     roles: tuple[str, ...]
     """The worker groups to build (a subset of :data:`ROLES`): ``reference`` when the KL needs one outside
-    the actor, ``critic`` when the estimator reads values."""
+    the actor, ``critic`` when the estimator reads values, ``teacher`` for on-policy distillation."""
     pools: dict[str, str]
     """The pool of each role in :attr:`roles` (``main``: the actor's)."""
     ahead: int
@@ -113,8 +113,11 @@ def step_plan(cfg: Config) -> StepPlan:
         roles.append("reference")
     if est.values:
         roles.append("critic")
+    if a.distill.enabled:
+        roles.append("teacher")
     rollout, _ = rollout_pool(cfg)
-    pools = {"actor": "main", "rollout": rollout, "reference": pl.reference, "critic": pl.critic}
+    pools = {"actor": "main", "rollout": rollout, "reference": pl.reference, "critic": pl.critic,
+             "teacher": pl.teacher}
     ahead = t.off_policy_steps
     overlapped = t.mode == "periodic" or ahead > 0
     why_batch = [why for why, on in (
@@ -127,6 +130,10 @@ def step_plan(cfg: Config) -> StepPlan:
     sequential = (ahead == 0 and update == "batch" and same_pool and not a.dynamic_sampling
                   and cfg.reward.stream == "group")
     notes = []
+    if a.tis_cap is not None:
+        notes.append(f"algorithm.tis_cap={a.tis_cap} runs as algorithm.correction.level=token, mode=truncate, "
+                     f"high={a.tis_cap} (the correction section also has sequence weights, masking and "
+                     f"divergence masking; metrics correction/*)")
     if overlapped and why_batch:
         notes.append(f"the update waits for the whole batch ({'; '.join(why_batch)}); generation, scoring and the "
                      f"forward-only passes still overlap per prompt group")

@@ -13,8 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from relayrl.algorithms.estimators import ESTIMATORS
+from relayrl.config.algorithm import AlgorithmConfig, CorrectionConfig, DistillConfig
 from relayrl.config.plan import rollout_pool
-from relayrl.algorithms.losses import AGG_MODES
 from relayrl.cluster import ClusterConfig
 from relayrl.data.config import DataConfig
 from relayrl.dock.config import DockConfig
@@ -28,7 +28,7 @@ from relayrl.models.tiny import TinyModelConfig
 from relayrl.telemetry import TelemetryConfig
 
 __all__ = [
-    "RunConfig", "ModelConfig", "DataConfig", "RolloutConfig", "AlgorithmConfig", "TrainerConfig",
+    "RunConfig", "ModelConfig", "DataConfig", "RolloutConfig", "AlgorithmConfig", "CorrectionConfig", "DistillConfig", "TrainerConfig",
     "CriticConfig", "DPOConfig", "RMConfig", "EvalConfig", "PlacementConfig", "Config",
 ]
 
@@ -178,77 +178,6 @@ class RolloutConfig(_Section):
                           weight_sync=self.weight_sync, weight_dir=self.weight_dir, concurrency=self.concurrency)
 
 
-class AlgorithmConfig(_Section):
-    """GRPO by default; DAPO is GRPO with clip_high > clip_low, token-mean, dynamic sampling, overlong shaping."""
-
-    advantage: str = Field("grpo", description=f"one of {', '.join(ESTIMATORS)}")
-    normalize_std: bool = True
-    loss_agg: str = Field("seq-mean-token-mean", description=f"one of {', '.join(AGG_MODES)}")
-    clip_low: float = Field(0.2, ge=0.0, lt=1.0)
-    clip_high: float = Field(0.2, ge=0.0)
-    dual_clip: float | None = Field(None, gt=1.0)
-    ratio_level: Literal["token", "sequence"] = "token"
-    kl_coef: float = Field(0.0, ge=0.0, description="KL to the reference model (0: no reference model is loaded); "
-                           "with algorithm.kl_target, the adaptive coefficient's starting value")
-    kl_target: float | None = Field(None, gt=0.0, description="adaptive KL coefficient (Ziegler et al. 2019, as "
-                                    "TRL's and verl's kl_ctrl=adaptive): after each step coef *= 1 + clip(KL / "
-                                    "kl_target - 1, -0.2, 0.2) x samples / kl_horizon, KL the step's mean KL "
-                                    "estimate (algorithm.kl_kind; actor/kl_loss, or actor/reward_kl with "
-                                    "kl_in_reward); logged as actor/kl_coef and checkpointed. null: kl_coef fixed")
-    kl_horizon: int = Field(10_000, ge=1, description="adaptive KL: samples (responses) over which the "
-                            "coefficient moves by the clipped relative error (Ziegler et al.: 10000)")
-    kl_kind: Literal["k1", "k2", "k3", "abs", "mse", "low_var_kl"] = "k3"
-    kl_in_reward: bool = Field(False, description="KL as a per-token reward penalty instead of a loss term")
-    entropy_coef: float = Field(0.0, ge=0.0)
-    overlong_shaping: bool = False
-    overlong_cache: int = Field(4, ge=1, description="tokens before max_new_tokens where the soft penalty starts")
-    overlong_filter: bool = Field(False, description="mask truncated responses out of the loss")
-    dynamic_sampling: bool = Field(False, description="drop groups whose rewards are all equal (and resample prompts)")
-    max_resample_rounds: int = Field(3, ge=0)
-    old_logprobs: Literal["auto", "recompute", "rollout"] = Field(
-        "auto", description="pi_old of the PPO ratio. auto: recomputed by the trainer when a batch is used more than "
-        "once, else the current policy detached (one update per batch: the same weights, also off-policy and "
-        "with tis_cap); recompute: always; "
-        "rollout: the generation engine's log-probs (no extra forward pass; the ratio then also carries staleness "
-        "and engine mismatch)")
-    gamma: float = Field(1.0, ge=0.0, le=1.0, description="advantage=gae or reinforce++: discount of the "
-                         "token returns")
-    lam: float = Field(1.0, ge=0.0, le=1.0, description="advantage=gae: GAE lambda (1: Monte-Carlo returns)")
-    tis_cap: float | None = Field(None, gt=0.0, description="truncated importance sampling: weight each token's "
-                                  "policy loss by min(pi_old / mu, tis_cap), mu the rollout engine's log-probs "
-                                  "(corrects stale or mismatched rollouts: off-policy and partial rollout)")
-
-    @model_validator(mode="after")
-    def _names(self) -> "AlgorithmConfig":
-        if self.advantage not in ESTIMATORS:
-            raise ValueError(f"algorithm.advantage={self.advantage!r} is not one of {', '.join(ESTIMATORS)}")
-        if self.loss_agg not in AGG_MODES:
-            raise ValueError(f"algorithm.loss_agg={self.loss_agg!r} is not one of {', '.join(AGG_MODES)}")
-        est = ESTIMATORS[self.advantage]
-        if self.kl_in_reward and not est.reads_token_rewards:
-            readers = " or ".join(n for n, e in ESTIMATORS.items() if e.reads_token_rewards)
-            raise ValueError(f"algorithm.kl_in_reward=true puts the KL into per-token rewards, which only the "
-                             f"token-level estimators read; set algorithm.advantage={readers} (got "
-                             f"{self.advantage!r}) or use the KL as a loss term (kl_in_reward=false)")
-        if self.kl_in_reward and self.kl_coef == 0:
-            raise ValueError("algorithm.kl_in_reward=true needs algorithm.kl_coef > 0")
-        if self.kl_target is not None and self.kl_coef == 0:
-            raise ValueError("algorithm.kl_target adapts the KL coefficient from algorithm.kl_coef, which is 0 (no "
-                             "reference model, and 0 stays 0): set algorithm.kl_coef > 0, e.g. 0.05")
-        if self.kl_target is None and self.kl_horizon != 10_000:
-            raise ValueError(f"algorithm.kl_horizon={self.kl_horizon} paces the adaptive KL coefficient, which "
-                             f"algorithm.kl_target turns on: set algorithm.kl_target or drop kl_horizon")
-        for key, what in (("lam", "GAE's lambda"), ("gamma", "the discount of token returns")):
-            if getattr(self, key) != 1.0 and key not in est.params:
-                users = " and ".join(n for n, e in ESTIMATORS.items() if key in e.params)
-                raise ValueError(f"algorithm.{key}={getattr(self, key)} is {what}, which only advantage={users} "
-                                 f"uses; {self.advantage!r} ignores it: set algorithm.{key}=1.0")
-        if self.tis_cap is not None and self.old_logprobs == "rollout":
-            raise ValueError("algorithm.tis_cap weighs pi_old / mu with mu the rollout's log-probs; with "
-                             "old_logprobs=rollout that ratio is 1. Use old_logprobs=auto or recompute")
-        return self
-
-
 class TrainerConfig(_Section):
     steps: int = Field(100, ge=0, description="training steps (optimizer steps for SFT; RL iterations for GRPO)")
     mini_batches: int = Field(1, ge=1, description="optimizer steps per RL step (PPO mini-batches)")
@@ -289,6 +218,8 @@ class PlacementConfig(_Section):
     rollout: str = Field("main", description="pool of the rollout (generation) group")
     reference: str = Field("main", description="pool of the reference group (KL)")
     critic: str = Field("main", description="pool of the critic group (PPO)")
+    teacher: str = Field("main", description="pool of the teacher group (on-policy distillation, "
+                         "algorithm.distill.teacher)")
     nodes: dict[str, str] = Field(default_factory=dict, description="Ray backend: pool name -> the IP address of "
                                   "the node whose devices it takes (e.g. {main: 10.0.0.1, gen: 10.0.0.2}: the "
                                   "actor and reference on one node, the rollout on the other); unnamed pools go "
@@ -311,7 +242,7 @@ class PlacementConfig(_Section):
                                  f"{', '.join(self.pools) or 'none other'})")
             if not isinstance(ip, str) or not ip.strip():
                 raise ValueError(f"placement.nodes.{pool}={ip!r} must be a node's IP address")
-        for role in ("rollout", "reference", "critic", "reward"):
+        for role in ("rollout", "reference", "critic", "teacher", "reward"):
             pool = getattr(self, role)
             if pool != "main" and pool not in self.pools and not (role == "reward" and pool == "driver"):
                 raise ValueError(f"placement.{role}={pool!r} names no pool: declare it in placement.pools "
@@ -330,7 +261,8 @@ class PlacementConfig(_Section):
     def custom(self) -> bool:
         """Some role is placed away from the default (everything on main, rewards in the driver): the run
         takes the streaming dataflow, which places each role on its pool."""
-        return self.split or self.reference != "main" or self.critic != "main" or self.reward != "driver"
+        return (self.split or self.reference != "main" or self.critic != "main" or self.teacher != "main"
+                or self.reward != "driver")
 
 
 class CriticConfig(_Section):
@@ -392,7 +324,12 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _cross(self) -> "Config":
-        if self.workflow == "grpo" and ESTIMATORS[self.algorithm.advantage].min_group > self.rollout.n:
+        if self.algorithm.distill.enabled and self.workflow != "grpo":
+            raise ValueError(f"algorithm.distill.teacher scores the responses the policy samples, which workflow "
+                             f"{self.workflow} does not generate: use workflow grpo or drop algorithm.distill.teacher")
+        pure_distill = self.algorithm.distill.enabled and self.algorithm.distill.reward_weight == 0
+        if self.workflow == "grpo" and ESTIMATORS[self.algorithm.advantage].min_group > self.rollout.n \
+                and not pure_distill:
             raise ValueError(f"rollout.n={self.rollout.n}: group advantages ({self.algorithm.advantage}) need "
                              f"rollout.n >= 2 responses per prompt")
         if self.workflow == "grpo" and self.rollout.temperature == 0 and self.rollout.n > 1:

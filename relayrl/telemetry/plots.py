@@ -49,7 +49,7 @@ FAMILIES: tuple[Family, ...] = (
            or k.split("/")[-1].startswith("pass@") or k.split("/")[-1].startswith("avg@")),
     Family("response_length.png", "Response length and truncation", lambda k: k.startswith("response/")),
     Family("off_policy.png", "Off-policy: staleness, rollout wait, importance weights",
-           lambda k: k.startswith(("async/", "offpolicy/"))),
+           lambda k: k.startswith(("async/", "offpolicy/", "correction/"))),
     Family("kl.png", "KL divergence", lambda k: re.search(r"(^|[/_])kl($|[/_])", k) is not None),
     Family("entropy.png", "Entropy", lambda k: "entropy" in k),
     Family("clip_fractions.png", "Clip fractions", lambda k: "clip_frac" in k, shared_axes=True),

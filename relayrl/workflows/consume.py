@@ -3,9 +3,11 @@
 ::
 
     reference:   groups with responses [and rewards]   -> ref_logprobs  (reference group; KL outside the actor)
+    teacher:     groups with responses [and rewards]   -> teacher_logprobs  (on-policy distillation's teacher)
     old:         groups with responses [and rewards]   -> old_logprobs  (actor; the batch is used more than once)
     values:      groups with responses [and rewards]   -> values        (critic)
-    advantages:  groups with rewards [, ref, values]   -> advantages [, returns]
+    advantages:  groups with rewards [, ref, values,   -> advantages [, returns]
+                 teacher]
                  (group-relative estimators per group; batch-whitened ones once the batch is complete)
     update:      batch:       once every row has advantages, mini-batches x epochs optimizer steps
                  accumulate:  forward + backward on each group as it gets advantages, one optimizer step
@@ -39,6 +41,8 @@ class Consume:
         stages = {}
         if p.reference is not None:
             stages["reference"] = self.reference
+        if p.teacher is not None:
+            stages["teacher"] = self.teacher
         if p.plan.recompute_old:
             stages["old"] = self.old_logprobs
         if p.critic is not None:
@@ -60,14 +64,22 @@ class Consume:
             b.ack()
 
     def reference(self, f: Flow) -> None:
+        self._frozen_pass(f, "reference", self.p.reference, "ref_logprob", "ref_logprobs")
+
+    def teacher(self, f: Flow) -> None:
+        self._frozen_pass(f, "teacher", self.p.teacher, "teacher_logprob", "teacher_logprobs")
+
+    def _frozen_pass(self, f: Flow, stage: str, group: WorkerGroup, span: str, column: str) -> None:
+        """A frozen model's log-probs (reference, teacher); with trainer.offload it is on the device for its
+        turn only."""
         p = self.p
-        gate = self._gate(p.reference, f)
-        while gate is not None and not gate.wait(0.2):  # (trainer.offload: back on the device for its turn only)
+        gate = self._gate(group, f)
+        while gate is not None and not gate.wait(0.2):
             if f.stop.is_set():
                 return
-        p.phases.wake(p.reference)
-        self._pass(f, "reference", p.reference, "ref_logprob", "ref_logprobs", temperature=p.temperature)
-        p.phases.idle(p.reference)
+        p.phases.wake(group)
+        self._pass(f, stage, group, span, column, temperature=p.temperature)
+        p.phases.idle(group)
 
     def old_logprobs(self, f: Flow) -> None:
         self._pass(f, "old", self.p.actor, "old_logprob", "old_logprobs", temperature=self.p.temperature)
@@ -82,7 +94,9 @@ class Consume:
         cols = ["rewards", "response_ids", "group"] \
             + (["gen_logprobs", "ref_logprobs"] if a.kl_in_reward and p.reference is not None else []) \
             + (["values"] if est.values else []) + (["baseline"] if est.baseline else []) \
+            + (["gen_logprobs", "teacher_logprobs"] if p.teacher is not None else []) \
             + (["loss_mask"] if p.episodes is not None else [])
+        cols = list(dict.fromkeys(cols))  # (gen_logprobs for both the KL in the reward and the teacher)
         rows = self._chunk() if est.group_relative else None
         for b in f.leases("advantages", cols, batch_rows=rows):
             with p.session.span("advantage", "driver", f.step):
@@ -187,7 +201,7 @@ class Consume:
         generation to end anyway (one pool, the whole-batch update)."""
         p = self.p
         waits = p.plan.update == "batch" and all(
-            self.p.same_pool_as_rollout(g) for g in (p.actor, p.reference, p.critic) if g is not None)
+            self.p.same_pool_as_rollout(g) for g in (p.actor, p.reference, p.critic, p.teacher) if g is not None)
         return None if waits else p.sampling.n * p.cfg.trainer.stream_groups
 
     def _gate(self, group: WorkerGroup, f: Flow):

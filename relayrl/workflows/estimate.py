@@ -22,6 +22,7 @@ import torch
 
 from relayrl.algorithms._ops import pad_right
 from relayrl.algorithms.advantages import outcome_to_token_rewards
+from relayrl.algorithms.distill import distill_advantages
 from relayrl.algorithms.estimators import EstimatorInputs, estimator
 from relayrl.algorithms.kl import kl_penalty_rewards
 
@@ -32,6 +33,7 @@ def advantage_rows(a, rewards: torch.Tensor, lengths: Sequence[int], groups: tor
                    gen_logprobs: list[torch.Tensor] | None = None, ref_logprobs: list[torch.Tensor] | None = None,
                    values: list[torch.Tensor] | None = None, baseline: torch.Tensor | None = None,
                    loss_masks: list[torch.Tensor] | None = None, kl_coef: float | None = None,
+                   teacher_logprobs: list[torch.Tensor] | None = None,
                    ) -> tuple[dict[str, list[torch.Tensor]], dict[str, float]]:
     """``({"advantages": rows[, "returns": rows]}, kl_metrics)`` for rows with outcome ``rewards [N]``.
 
@@ -40,6 +42,10 @@ def advantage_rows(a, rewards: torch.Tensor, lengths: Sequence[int], groups: tor
     metrics come back. GAE (``values`` given) also returns the critic's targets ``returns``.
     ``loss_masks`` (one ``[L_i]`` row of 0/1 per row): compute over the 1 tokens only (module docstring).
     ``kl_coef``: the step's coefficient (an adaptive KL controller's); None: ``a.kl_coef``.
+    ``teacher_logprobs`` (on-policy distillation, ``a.distill``): the advantages become the negative
+    per-token reverse KL between the student's ``gen_logprobs`` and the teacher's, plus
+    ``a.distill.reward_weight`` x the estimator's (:func:`~relayrl.algorithms.distill.distill_advantages`);
+    its ``distill/*`` metrics come back with the KL ones.
     """
     if loss_masks is not None:
         keep = [m.bool() for m in loss_masks]
@@ -52,7 +58,8 @@ def advantage_rows(a, rewards: torch.Tensor, lengths: Sequence[int], groups: tor
 
         out, kl_metrics = advantage_rows(a, rewards, [int(k.sum()) for k in keep], groups,
                                          gen_logprobs=squeeze(gen_logprobs), ref_logprobs=squeeze(ref_logprobs),
-                                         values=squeeze(values), baseline=baseline, kl_coef=kl_coef)
+                                         values=squeeze(values), baseline=baseline, kl_coef=kl_coef,
+                                         teacher_logprobs=squeeze(teacher_logprobs))
         return {name: [_unsqueeze(r, k) for r, k in zip(rows, keep)] for name, rows in out.items()}, kl_metrics
     mask = pad_right([torch.ones(L) for L in lengths])
     token_rewards, kl_metrics = None, {}
@@ -65,10 +72,20 @@ def advantage_rows(a, rewards: torch.Tensor, lengths: Sequence[int], groups: tor
                               values=pad_right(values) if values is not None else None, baseline=baseline,
                               gamma=a.gamma, lam=a.lam, normalize_std=a.normalize_std, whiten=est.values))
 
+    advantages = out.advantages
+    if teacher_logprobs is not None:
+        if gen_logprobs is None:
+            raise ValueError("on-policy distillation needs the student's gen_logprobs beside teacher_logprobs")
+        d = a.distill
+        advantages, distill_metrics = distill_advantages(
+            pad_right(gen_logprobs), pad_right(teacher_logprobs), mask, out.advantages.to(mask.dtype),
+            coef=d.coef, reward_weight=d.reward_weight)
+        kl_metrics = {**kl_metrics, **distill_metrics}
+
     def rows(x: torch.Tensor) -> list[torch.Tensor]:
         return [x[i, :L].float() for i, L in enumerate(lengths)]
 
-    return {"advantages": rows(out.advantages),
+    return {"advantages": rows(advantages),
             **({"returns": rows(out.returns)} if out.returns is not None else {})}, kl_metrics
 
 

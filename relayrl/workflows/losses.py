@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
+from relayrl.algorithms.correction import Correction
 from relayrl.algorithms.dpo import dpo_loss
 from relayrl.algorithms.kl import kl_loss
 from relayrl.algorithms.aggregation import normalized_by
-from relayrl.algorithms.losses import aggregate, policy_loss
+from relayrl.algorithms.losses import POLICY_LOSSES, aggregate
 from relayrl.algorithms.mismatch import logprob_error
-from relayrl.algorithms.offpolicy import truncated_is_weights
 from relayrl.algorithms.reward_model import bradley_terry_loss
 from relayrl.algorithms.sft import sft_loss
 from relayrl.algorithms.value import value_loss
@@ -28,17 +28,19 @@ __all__ = ["PolicyLoss", "ValueLoss", "SFTLoss", "DPOLoss", "BTLoss", "pair_orde
 
 @dataclass(frozen=True)
 class PolicyLoss:
-    """PPO-clip surrogate (+ KL to the reference, - entropy bonus), GRPO/DAPO by configuration.
+    """The policy loss (+ KL to the reference, - entropy bonus): PPO-clip (GRPO/DAPO/GSPO by configuration)
+    or another of :data:`~relayrl.algorithms.losses.POLICY_LOSSES` (``kind``), with an optional rollout
+    correction.
 
     Fields read from the micro-batch: ``advantages`` [B, T], ``old_logprobs``
     [B, T] when present (otherwise the current log-probs, detached: exactly
     on-policy, ratio 1, for one update per batch), ``ref_logprobs`` [B, T] when
     there is a reference model (a loss term when ``kl_coef > 0``; with the KL in the rewards,
     ``kl_coef=0``, only the ``actor/ref_kl_k1`` metric), ``gen_logprobs`` [B, T] for the
-    train/generation mismatch metric and, with ``tis_cap``, for truncated
-    importance weights ``min(pi_old / mu, tis_cap)`` on the token losses
-    (decoupled PPO for stale rollouts: clip against ``pi_old``, correct for
-    ``mu``).
+    train/generation mismatch metric and, with a ``correction``, for the factor
+    :func:`~relayrl.algorithms.correction.rollout_correction` puts on the token losses
+    (importance weights ``pi_old / mu`` truncated or masked, divergent sequences dropped: decoupled PPO
+    for stale rollouts, clip against ``pi_old``, correct for ``mu``).
     """
 
     clip_low: float = 0.2
@@ -50,7 +52,9 @@ class PolicyLoss:
     kl_kind: str = "k3"
     entropy_coef: float = 0.0
     agg_constant: float | None = None
-    tis_cap: float | None = None
+    kind: str = "ppo"
+    """The policy loss by name (:data:`relayrl.algorithms.losses.POLICY_LOSSES`)."""
+    correction: Correction | None = None
     old_key: str = "old_logprobs"
     """field holding pi_old (``gen_logprobs``: the rollout engine's log-probs)"""
 
@@ -72,11 +76,11 @@ class PolicyLoss:
         old = f[self.old_key] if self.old_key in f else mb.logprobs.detach()
         counts = dict(global_tokens=mb.global_tokens, global_seqs=mb.global_seqs, constant=self.agg_constant)
         is_weights, is_metrics = None, {}
-        if self.tis_cap is not None:  # the rollout policy mu sampled the tokens; the ratio is taken against pi_old
+        if self.correction is not None:  # the rollout policy mu sampled the tokens; the ratio is taken against pi_old
             if "gen_logprobs" not in f:
-                raise ValueError("tis_cap needs gen_logprobs (the rollout's log-probs) in the batch")
-            is_weights, is_metrics = truncated_is_weights(old, f["gen_logprobs"], mb.mask, cap=self.tis_cap)
-        loss, metrics = policy_loss(
+                raise ValueError("the rollout correction needs gen_logprobs (the rollout's log-probs) in the batch")
+            is_weights, is_metrics = self.correction(old, f["gen_logprobs"], mb.mask, f["advantages"])
+        loss, metrics = POLICY_LOSSES[self.kind](
             mb.logprobs, old, f["advantages"], mb.mask,
             clip_low=self.clip_low, clip_high=self.clip_high, dual_clip=self.dual_clip,
             agg=self.agg, level=self.level, is_weights=is_weights, **counts,

@@ -71,6 +71,8 @@ class StepParts:
     rollout: WorkerGroup
     reference: WorkerGroup | None
     critic: WorkerGroup | None
+    teacher: WorkerGroup | None
+    """On-policy distillation's frozen teacher (``algorithm.distill.teacher``): log-probs only."""
     score: Callable[..., Any]
     """``score(method, *args)``: a :class:`~relayrl.workflows.scoring.ScoreWorker` call (driver threads or
     its pool)."""
@@ -103,10 +105,11 @@ def build_parts(cfg: Config, plan: StepPlan, session, dock: Dock, groups: dict[s
     critic = groups.get("critic")
     return StepParts(
         cfg=cfg, plan=plan, session=session, dock=dock, actor=groups["actor"], rollout=groups["rollout"],
-        reference=groups.get("reference"), critic=critic, score=score,
+        reference=groups.get("reference"), critic=critic, teacher=groups.get("teacher"), score=score,
         loss=PolicyLoss(clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip, agg=a.loss_agg,
                         level=a.ratio_level, kl_coef=0.0 if a.kl_in_reward else a.kl_coef, kl_kind=a.kl_kind,
-                        entropy_coef=a.entropy_coef, agg_constant=float(ro.max_new_tokens), tis_cap=a.tis_cap,
+                        entropy_coef=a.entropy_coef, agg_constant=float(ro.max_new_tokens), kind=a.policy_loss,
+                        correction=a.rollout_correction(),
                         old_key="gen_logprobs" if a.old_logprobs == "rollout" else "old_logprobs"),
         value_loss=ValueLoss(clip=cfg.critic.value_clip) if critic is not None else None,
         sampling=SamplingParams(n=ro.n, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,

@@ -19,6 +19,7 @@ TransferQueue and the periodic asynchrony paper's Algorithm 1)::
     score       response_ids                  a landed batch of rows           advantages; DAPO's next round
     baseline    baseline_ids (ReMax)          the kept groups' greedy rows     advantages
     reference   prompt_ids, response_ids      a group (its pool's turn)        advantages (KL in reward), update
+    teacher     prompt_ids, response_ids      a group (its pool's turn)        advantages (distillation)
     old/values  prompt_ids, response_ids      a group (its pool's turn)        update / advantages (GAE)
     advantages  rewards [, values, baseline]  a group (or the whole batch)     update
     update      advantages and the passes     a group (accumulate) or all      the relay
@@ -62,7 +63,7 @@ from relayrl.workflows.flow import Flow
 from relayrl.workflows.parts import Phases, build_parts
 from relayrl.workflows.produce import Produce
 from relayrl.workflows.relay import relay_weights
-from relayrl.workflows.roles import Pools, build_roles, placed_config
+from relayrl.workflows.roles import Pools, build_roles, check_teacher, placed_config
 from relayrl.workflows.scoring import ScoreWorker
 from relayrl.workflows.session import Session
 from relayrl.workflows.state import StepState
@@ -87,9 +88,11 @@ class GRPOPipeline:
         self.s = s = session or Session(cfg)
         s.log(f"relayrl: {plan.describe()}" + "".join(f"\nrelayrl: {n}" for n in plan.notes))
         pools = Pools(cfg, s.pool)
+        if "teacher" in plan.roles:  # before any model loads
+            check_teacher(cfg.algorithm.distill.teacher, s.tokenizer)
         groups = build_roles(cfg, plan, pools, str(s.model_path))
         self.actor, self.rollout = groups["actor"], groups["rollout"]
-        self.ref, self.critic = groups.get("reference"), groups.get("critic")
+        self.ref, self.critic, self.teacher = groups.get("reference"), groups.get("critic"), groups.get("teacher")
         if cfg.cluster.backend == "ray":  # say where each role landed (a multi-node run places them by pool)
             s.log("relayrl: placed " + ", ".join(f"{k} on {'/'.join(sorted(set(g.nodes())))}" for k, g in groups.items()))
         self.dock = Dock.from_config(cfg.dock)
@@ -241,7 +244,8 @@ class GRPOPipeline:
                 "dock/driver_unit_bytes": float(moved.get("units", 0))}
 
     def _groups(self):
-        return [g for g in (self.actor, self.rollout, self.ref, self.critic, self.scorer) if g is not None]
+        return [g for g in (self.actor, self.rollout, self.ref, self.critic, self.teacher, self.scorer)
+                if g is not None]
 
     # --------------------------------------------------------------- run loop
     def restore(self) -> None:
@@ -261,7 +265,7 @@ class GRPOPipeline:
                 self.kl_ctrl.load_state_dict(ck.trainer_state["kl_ctrl"])
             s.restore_rng(ck)
         relay_weights(self.actor, self.rollout, version=s.start_step)
-        self.parts.phases.idle(self.actor, self.critic, self.ref)  # generation comes first
+        self.parts.phases.idle(self.actor, self.critic, self.ref, self.teacher)  # generation comes first
 
     def begin(self) -> range:
         """Restore, open telemetry, evaluate a fresh run's starting model; the steps to train (for tests and

@@ -14,7 +14,7 @@ from relayrl.config.plan import StepPlan
 from relayrl.config.schema import Config, available_devices
 from relayrl.workflows.workers import CriticWorker, PolicyWorker, ReferenceWorker, RolloutWorker, role_precision
 
-__all__ = ["Role", "ROLES", "build_roles", "Pools", "placed_config"]
+__all__ = ["Role", "ROLES", "build_roles", "Pools", "placed_config", "check_teacher"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,8 @@ ROLES: tuple[Role, ...] = (
         remote=cfg.rollout.remote(), vllm=cfg.rollout.vllm_spec(), **prec["rollout"], **common), own_process=True),
     Role("reference", ReferenceWorker, lambda cfg, plan, prec, path, common: dict(
         model_path=path, engine=cfg.engine, **prec["frozen"], **common)),
+    Role("teacher", ReferenceWorker, lambda cfg, plan, prec, path, common: dict(  # a frozen model's log-probs
+        model_path=cfg.algorithm.distill.teacher, engine=cfg.engine, **prec["frozen"], **common)),
 )
 
 
@@ -96,3 +98,13 @@ def placed_config(cfg: Config) -> Config:
         return cfg
     per = max(1, cores // (cfg.cluster.devices + sum(pl.pools.values())))
     return cfg.model_copy(update={"run": cfg.run.model_copy(update={"threads": per})})
+
+
+def check_teacher(path: str, tokenizer) -> None:
+    """Refuse a teacher whose tokenizer differs from the student's: its log-probs would score other tokens."""
+    from relayrl.models.load import load_tokenizer
+
+    if load_tokenizer(path).get_vocab() != tokenizer.get_vocab():
+        raise ValueError(f"algorithm.distill.teacher={path!r} has a tokenizer other than the student's (model.path "
+                         f"or the tiny default): on-policy distillation compares the two models token by token; "
+                         f"give a teacher with the student's tokenizer")

@@ -40,7 +40,8 @@ class StepState:
     update: dict[str, float] = field(default_factory=dict)
     """The update's metrics (actor, critic), and its skip records."""
     kl: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
-    """KL-in-reward metrics of the advantage calls: ``(value, rows)`` per call (a row-weighted mean)."""
+    """Per advantage call: ``(value, rows)`` of each metric it returned (KL in the reward, distillation): a
+    row-weighted mean over the calls (the largest value for ``.._max`` names)."""
     rounds: int = 0
     """Generation rounds (dynamic sampling: refills)."""
     judged: int = 0

@@ -10,7 +10,7 @@ from relayrl.environments.episodes import episode_metrics
 from relayrl.workflows.episodes import log_episode_errors
 from relayrl.workflows.state import StepState
 
-__all__ = ["sample_metrics", "step_metrics", "staleness_metrics", "kl_metrics", "step_tokens"]
+__all__ = ["sample_metrics", "step_metrics", "staleness_metrics", "kl_metrics", "weighted", "step_tokens"]
 
 
 def sample_metrics(scores: torch.Tensor, rewards: torch.Tensor, lengths: torch.Tensor,
@@ -25,6 +25,13 @@ def sample_metrics(scores: torch.Tensor, rewards: torch.Tensor, lengths: torch.T
         "response/length_max": float(lengths.max()),
         "response/clip_ratio": float(truncated.float().mean()),
     }
+
+
+def weighted(calls: dict[str, list[tuple[float, int]]]) -> dict[str, float]:
+    """Metrics gathered per call as ``(value, rows)``: the row-weighted mean, or the largest value for names
+    ending in ``_max`` (a step whose advantages are computed group by group reports the whole batch)."""
+    return {k: max(v for v, _ in vs) if k.endswith("_max") else sum(v * w for v, w in vs) / max(1, sum(w for _, w in vs))
+            for k, vs in calls.items()}
 
 
 def kl_metrics(metrics: dict[str, float], in_reward: dict[str, float], tri_model: bool) -> dict[str, float]:
@@ -63,8 +70,7 @@ def step_metrics(st: StepState, *, step: int, prompts_per_step: int, tri_model: 
                                    f"or data.prompts_per_step)")
         m["dapo/skipped_step"] = 1.0
     m.update(st.update)
-    in_reward = {k: sum(v * w for v, w in vs) / max(1, sum(w for _, w in vs)) for k, vs in st.kl.items()}
-    return kl_metrics(m, in_reward, tri_model)
+    return kl_metrics(m, weighted(st.kl), tri_model)
 
 
 def step_tokens(st: StepState) -> int:

@@ -207,7 +207,7 @@ def test_off_policy_grpo_respects_the_staleness_bound_and_resumes(sft_model, tmp
     recs = records(tmp_path)[1:]
     assert [x["step"] for x in recs] == [1, 2, 3, 4]
     assert recs[0]["async/staleness_max"] == 0 and all(0 <= x["async/staleness_max"] <= 1 for x in recs)
-    assert all("offpolicy/is_weight_mean" in x and x["dock/driver_bytes"] == 0 for x in recs)
+    assert all("correction/weight_mean" in x and x["dock/driver_bytes"] == 0 for x in recs)
     assert any(x.get("relay/buckets", 0) >= 1 for x in recs)  # weights reached the rollout process packed
     assert (tmp_path / "model" / "config.json").exists()
     # Resume from step 2: the batches in flight are regenerated; the run ends at step 4 again.

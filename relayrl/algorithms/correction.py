@@ -1,0 +1,202 @@
+"""Rollout correction: the mismatch between the policy that sampled the tokens and the one being trained.
+
+The rollout engine samples each token from its behaviour policy ``mu`` (stale weights in off-policy and
+partial-rollout modes, other kernels or a lower precision even on-policy); the policy loss is taken against
+``pi_old``, the trainer's policy before the update. One function, :func:`rollout_correction`, gives the
+per-token factor ``c [B, T]`` (detached) that multiplies the token losses (``is_weights`` of
+:func:`relayrl.algorithms.losses.policy_loss`), from these parts, each optional::
+
+    log-ratio        l_t   = log pi_old(y_t) - log mu(y_t)             (per valid token)
+    level  token     log w = l_t                                        TIS / IcePop
+           sequence  log w = sum_t l_t     (the product of the ratios)  sequence-level IS
+           geometric log w = mean_t l_t    (their geometric mean)       geometric-mean IS
+    mode   truncate  w' = min(w, high)                                  Yao et al. 2025 ("TIS")
+           mask      w' = w if low <= w <= high else 0                  IcePop (Ling team / AReaL 2025)
+    divergence mask  drop token t of sequence i when
+                     KL_i = mean_t kl(mu || pi_old) > threshold          DeepSeek-V3.2 (2025),
+                     [and A_{i,t} < 0 (negative_only)]                   "off-policy sequence masking"
+
+The factor is ``c = w' * keep`` (``w' = 1`` without a level), 0 on padding. ``kl`` is the k1 estimate
+``log mu - log pi_old`` (the DeepSeek-V3.2 form) or k3 ``r - 1 - log r`` with ``r = pi_old / mu`` (never
+negative), both unbiased for ``KL(mu || pi_old)`` as the tokens are sampled from ``mu``.
+
+Edge cases (chosen, and tested):
+
+* non-finite log-probs: a log-ratio of ``+inf`` (``mu = 0``) is clamped to ``+20`` (the ratio is capped or
+  the token masked), ``-inf`` (``pi_old = 0``) to ``-20`` (weight ~0; masked below ``low``), and ``NaN``
+  (both ``-inf``: a token neither policy could sample) is treated as ``-inf``. Sequence sums are clamped to
+  ``[-20, 20]`` again, so a long sequence's product never overflows.
+* a row without valid tokens: ratio 1, KL 0, never counted among the sequences of the metrics.
+* every token masked: the factor is all 0 (the loss is 0, never NaN) and the metrics are finite.
+
+Departures: masked tokens contribute 0 to the policy loss but still count in its normaliser (as a weight of
+0 does; the global token counts are fixed before the loss sees a micro-batch), and only the policy-gradient
+term is corrected (the KL and entropy terms are not masked). Metrics are over the call's micro-batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from relayrl.algorithms._checks import as_float_mask, check_batch, check_ndim, to_floats
+from relayrl.algorithms._ops import masked_mean
+
+Tensor = torch.Tensor
+
+__all__ = ["LEVELS", "MODES", "KL_KINDS", "Correction", "rollout_correction", "log_ratios"]
+
+LEVELS: tuple[str, ...] = ("token", "sequence", "geometric")
+MODES: tuple[str, ...] = ("truncate", "mask")
+KL_KINDS: tuple[str, ...] = ("k1", "k3")
+_LOG_CLAMP = 20.0
+
+
+def log_ratios(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """``(l [B, T], m [B, T])``: the clamped token log-ratios ``log pi_old - log mu`` (0 on padding; non-finite
+    values as the module docstring says) and the float mask."""
+    check_ndim("old_logprobs", old_logprobs, 2)
+    check_batch(old_logprobs=old_logprobs, rollout_logprobs=rollout_logprobs, mask=mask)
+    m = as_float_mask(mask, old_logprobs)
+    d = old_logprobs.detach() - rollout_logprobs.detach().to(old_logprobs.dtype)
+    d = torch.nan_to_num(d, nan=-_LOG_CLAMP, posinf=_LOG_CLAMP, neginf=-_LOG_CLAMP).clamp(-_LOG_CLAMP, _LOG_CLAMP)
+    return torch.where(m > 0, d, torch.zeros((), dtype=d.dtype, device=d.device)), m
+
+
+def rollout_correction(
+    old_logprobs: Tensor,
+    rollout_logprobs: Tensor,
+    mask: Tensor,
+    advantages: Tensor | None = None,
+    *,
+    level: str | None = "token",
+    mode: str = "truncate",
+    high: float = 2.0,
+    low: float | None = None,
+    kl_threshold: float | None = None,
+    kl_kind: str = "k1",
+    negative_only: bool = False,
+) -> tuple[Tensor, dict[str, float]]:
+    """The per-token correction factor of the module docstring and what it did.
+
+    Args:
+        old_logprobs: ``[B, T]`` log-probs of the sampled tokens under ``pi_old``.
+        rollout_logprobs: ``[B, T]`` the rollout engine's (behaviour, ``mu``) log-probs of the same tokens.
+        mask: ``[B, T]`` 1 on valid response tokens.
+        advantages: ``[B, T]``; read only with ``negative_only``.
+        level: ``"token"``, ``"sequence"``, ``"geometric"`` or ``None`` (no importance weight: only the
+            divergence mask).
+        mode: ``"truncate"`` (cap at ``high``) or ``"mask"`` (drop outside ``[low, high]``).
+        high: upper bound of the weight (> 0).
+        low: lower bound, mask mode only (default ``1 / high``); 0 masks only above ``high``.
+        kl_threshold: drop sequences whose mean per-token ``KL(mu || pi_old)`` exceeds it (``None``: off).
+        kl_kind: ``"k1"`` or ``"k3"``, the per-token estimate averaged over a sequence.
+        negative_only: the divergence mask drops only tokens with a negative advantage (DeepSeek-V3.2).
+
+    Returns:
+        ``(factor [B, T] detached, metrics)``, metrics (this call's tokens; fractions of valid tokens or of
+        sequences with a valid token): ``correction/ratio_mean``, ``correction/ratio_max`` (the level's
+        ratio before the correction; the token ratio without a level), ``correction/weight_mean`` (the
+        factor), ``correction/token_capped_frac``, ``correction/token_masked_frac`` (factor 0 on a valid
+        token, by either mask), ``correction/seq_capped_frac``, ``correction/seq_masked_frac`` (every
+        token masked), ``correction/kl_k1``, ``correction/kl_k3`` (token means of ``KL(mu || pi_old)``),
+        ``correction/seq_kl_max`` and ``correction/kl_masked_frac`` (tokens dropped by the divergence mask).
+    """
+    if level is not None and level not in LEVELS:
+        raise ValueError(f"unknown level {level!r}; valid levels: {', '.join(LEVELS)} (or None)")
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
+    if kl_kind not in KL_KINDS:
+        raise ValueError(f"unknown kl_kind {kl_kind!r}; valid kinds: {', '.join(KL_KINDS)}")
+    if not high > 0:
+        raise ValueError(f"high must be > 0, got {high}")
+    if low is not None and not 0 <= low <= high:
+        raise ValueError(f"low must be in [0, high={high}], got {low}")
+    if low is not None and mode == "truncate":
+        raise ValueError("low bounds the mask mode; truncation caps the weight at high only")
+    if negative_only and advantages is None:
+        raise ValueError("negative_only needs the advantages")
+    if kl_threshold is not None and not kl_threshold >= 0:
+        raise ValueError(f"kl_threshold must be >= 0, got {kl_threshold}")
+    with torch.no_grad():
+        lr, m = log_ratios(old_logprobs, rollout_logprobs, mask)
+        if advantages is not None:
+            check_batch(old_logprobs=old_logprobs, advantages=advantages)
+        valid = m > 0
+        n_tok = m.sum(dim=1)
+        has_tok = n_tok > 0
+        zero = torch.zeros((), dtype=m.dtype, device=m.device)
+
+        if level is None or level == "token":
+            log_w = lr
+        else:
+            seq = lr.sum(dim=1)
+            if level == "geometric":
+                seq = seq / n_tok.clamp(min=1.0)
+            log_w = seq.clamp(-_LOG_CLAMP, _LOG_CLAMP).unsqueeze(1).expand_as(lr)
+        ratio = torch.exp(log_w)
+        capped = torch.zeros_like(valid)
+        out = torch.zeros_like(valid)
+        if level is None:
+            weight = torch.ones_like(lr)
+        elif mode == "truncate":
+            capped = (log_w > math.log(high)) & valid
+            weight = torch.exp(log_w.clamp(max=math.log(high)))
+        else:
+            lo = 1.0 / high if low is None else low
+            log_lo = math.log(lo) if lo > 0 else -math.inf
+            out = ((log_w > math.log(high)) | (log_w < log_lo)) & valid
+            weight = torch.where(out, zero, ratio)
+
+        k1 = -lr
+        k3 = torch.expm1(lr) - lr
+        per_tok = k1 if kl_kind == "k1" else k3
+        seq_kl = (per_tok * m).sum(dim=1) / n_tok.clamp(min=1.0)
+        dropped = torch.zeros_like(valid)
+        if kl_threshold is not None:
+            dropped = (seq_kl > kl_threshold).unsqueeze(1) & valid
+            if negative_only:
+                dropped = dropped & (advantages.detach() < 0)
+
+        factor = torch.where(dropped, zero, weight) * m
+        masked = (out | dropped) & valid
+        seqs = has_tok.to(m.dtype)
+        seq_any_cap = capped.any(dim=1).to(m.dtype)
+        seq_all_masked = ((masked.sum(dim=1) == n_tok) & has_tok).to(m.dtype)
+        r_valid = ratio[valid]
+        one = torch.ones((), dtype=m.dtype, device=m.device)
+        metrics = {
+            "correction/ratio_mean": masked_mean(ratio, m),
+            "correction/ratio_max": r_valid.max() if r_valid.numel() else one,
+            "correction/weight_mean": masked_mean(factor, m),
+            "correction/token_capped_frac": masked_mean(capped.to(m.dtype), m),
+            "correction/token_masked_frac": masked_mean(masked.to(m.dtype), m),
+            "correction/seq_capped_frac": (seq_any_cap * seqs).sum() / seqs.sum().clamp(min=1.0),
+            "correction/seq_masked_frac": seq_all_masked.sum() / seqs.sum().clamp(min=1.0),
+            "correction/kl_k1": masked_mean(k1, m),
+            "correction/kl_k3": masked_mean(k3, m),
+            "correction/seq_kl_max": seq_kl[has_tok].max() if bool(has_tok.any()) else zero,
+            "correction/kl_masked_frac": masked_mean(dropped.to(m.dtype), m),
+        }
+    return factor, to_floats(metrics)
+
+
+@dataclass(frozen=True)
+class Correction:
+    """The settings of :func:`rollout_correction` (``algorithm.correction``), picklable, for a loss object."""
+
+    level: str | None = "token"
+    mode: str = "truncate"
+    high: float = 2.0
+    low: float | None = None
+    kl_threshold: float | None = None
+    kl_kind: str = "k1"
+    negative_only: bool = False
+
+    def __call__(self, old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor,
+                 advantages: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+        return rollout_correction(old_logprobs, rollout_logprobs, mask, advantages, level=self.level,
+                                  mode=self.mode, high=self.high, low=self.low, kl_threshold=self.kl_threshold,
+                                  kl_kind=self.kl_kind, negative_only=self.negative_only)

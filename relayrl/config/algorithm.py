@@ -1,0 +1,205 @@
+"""The ``algorithm`` section of the config: the advantage estimator, the policy loss and its options, the
+rollout correction (``algorithm.correction``) and on-policy distillation (``algorithm.distill``).
+
+Each key's description is the config reference; a refusal names the key and the fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from relayrl.algorithms.correction import Correction
+from relayrl.algorithms.estimators import ESTIMATORS
+from relayrl.algorithms.losses import AGG_MODES, POLICY_LOSSES
+
+__all__ = ["AlgorithmConfig", "CorrectionConfig", "DistillConfig"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class CorrectionConfig(_Section):
+    """Rollout correction (:mod:`relayrl.algorithms.correction`): importance weights ``pi_old / mu`` between
+    the trainer's policy before the update and the rollout engine's behaviour policy ``mu`` (its per-token
+    log-probs), truncated or masked, and masking of sequences that diverged. Off unless ``level`` or
+    ``kl_threshold`` is set."""
+
+    level: Literal["token", "sequence", "geometric"] | None = Field(
+        None, description="importance weight of each token: token (pi_old / mu of the token: TIS, IcePop), "
+        "sequence (the product of the sequence's token ratios) or geometric (their geometric mean, the same "
+        "on every token of the sequence); null: no importance weight")
+    mode: Literal["truncate", "mask"] = Field(
+        "truncate", description="truncate: the weight is capped at high (truncated importance sampling, Yao et "
+        "al. 2025); mask: a token (level=token) or a whole sequence whose weight falls outside [low, high] is "
+        "dropped from the policy loss (IcePop)")
+    high: float = Field(2.0, gt=0.0, description="upper bound of the weight (truncate: the cap)")
+    low: float | None = Field(None, ge=0.0, description="mode=mask: lower bound of the weight (null: 1/high; 0: "
+                              "mask only above high)")
+    kl_threshold: float | None = Field(
+        None, ge=0.0, description="drop a sequence from the policy loss when its mean per-token estimate of "
+        "KL(mu || pi_old) exceeds this (DeepSeek-V3.2's off-policy sequence masking); null: off")
+    kl_kind: Literal["k1", "k3"] = Field("k1", description="the per-token KL estimate averaged over a sequence for "
+                                         "kl_threshold: k1 = log mu - log pi_old (DeepSeek-V3.2), k3 = r - 1 - log r "
+                                         "with r = pi_old / mu (never negative)")
+    negative_only: bool = Field(False, description="kl_threshold drops only the tokens with a negative advantage "
+                                "(DeepSeek-V3.2: a sample the policy drifted from is not pushed down)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "CorrectionConfig":
+        if self.level is None:
+            idle = [k for k in ("mode", "high", "low") if k in self.model_fields_set]
+            if idle:
+                raise ValueError(f"algorithm.correction.{idle[0]} shapes the importance weight, and "
+                                 f"algorithm.correction.level is null (no weight): set algorithm.correction.level="
+                                 f"token (or sequence, geometric) or drop algorithm.correction.{idle[0]}")
+        if self.low is not None and self.mode == "truncate":
+            raise ValueError(f"algorithm.correction.low={self.low} bounds the weight from below in mode=mask; "
+                             f"truncation only caps it at high: set algorithm.correction.mode=mask or drop low")
+        if self.low is not None and self.low > self.high:
+            raise ValueError(f"algorithm.correction.low={self.low} is above high={self.high}: every token would "
+                             f"be masked; set low <= high")
+        if self.negative_only and self.kl_threshold is None:
+            raise ValueError("algorithm.correction.negative_only limits the divergence mask, which is off: set "
+                             "algorithm.correction.kl_threshold (e.g. 0.1) or drop negative_only")
+        if self.kl_kind != "k1" and self.kl_threshold is None and "kl_kind" in self.model_fields_set:
+            raise ValueError("algorithm.correction.kl_kind is the estimate kl_threshold compares, which is off: set "
+                             "algorithm.correction.kl_threshold or drop kl_kind")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.level is not None or self.kl_threshold is not None
+
+    def spec(self) -> Correction:
+        """The settings as the loss's :class:`~relayrl.algorithms.correction.Correction`."""
+        return Correction(level=self.level, mode=self.mode, high=self.high, low=self.low,
+                          kl_threshold=self.kl_threshold, kl_kind=self.kl_kind, negative_only=self.negative_only)
+
+
+class DistillConfig(_Section):
+    """On-policy distillation (:mod:`relayrl.algorithms.distill`; GKD, Agarwal et al. 2024; Thinking Machines
+    2025): the student (the trained policy) samples, a frozen teacher scores every sampled token, and the
+    advantage of each token is the negative per-token reverse KL ``-(log pi_student - log pi_teacher)``,
+    optionally plus ``reward_weight`` x the verifier reward's advantages. Off unless ``teacher`` is set."""
+
+    teacher: str | None = Field(
+        None, description="local Hugging Face model directory of the teacher (same tokenizer as the student); "
+        "placed like the reference (placement.teacher, colocated on main by default; off the device between "
+        "its passes with trainer.offload); null: no distillation")
+    coef: float = Field(1.0, gt=0.0, description="weight of the reverse-KL advantage")
+    reward_weight: float = Field(0.0, ge=0.0, description="weight of the verifier reward's advantages (the "
+                                 "algorithm.advantage estimator's) added to the distillation advantage; 0: pure "
+                                 "distillation (rewards are still scored and logged)")
+
+    @model_validator(mode="after")
+    def _teacher(self) -> "DistillConfig":
+        if self.teacher is not None and not (Path(self.teacher) / "config.json").is_file():
+            raise ValueError(f"algorithm.distill.teacher={self.teacher!r} is not a model directory (no "
+                             f"config.json there): give the path of a saved Hugging Face model, e.g. a run's "
+                             f"model/ directory")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.teacher is not None
+
+
+class AlgorithmConfig(_Section):
+    """GRPO by default; DAPO is GRPO with clip_high > clip_low, token-mean, dynamic sampling, overlong shaping."""
+
+    advantage: str = Field("grpo", description=f"one of {', '.join(ESTIMATORS)}")
+    normalize_std: bool = True
+    loss_agg: str = Field("seq-mean-token-mean", description=f"one of {', '.join(AGG_MODES)}")
+    clip_low: float = Field(0.2, ge=0.0, lt=1.0)
+    clip_high: float = Field(0.2, ge=0.0, description="ratio bounds [1 - clip_low, 1 + clip_high]: PPO's clip "
+                             "(DAPO's clip-higher when clip_high > clip_low), or CISPO's clip of the weight")
+    dual_clip: float | None = Field(None, gt=1.0)
+    ratio_level: Literal["token", "sequence"] = "token"
+    kl_coef: float = Field(0.0, ge=0.0, description="KL to the reference model (0: no reference model is loaded); "
+                           "with algorithm.kl_target, the adaptive coefficient's starting value")
+    kl_target: float | None = Field(None, gt=0.0, description="adaptive KL coefficient (Ziegler et al. 2019, as "
+                                    "TRL's and verl's kl_ctrl=adaptive): after each step coef *= 1 + clip(KL / "
+                                    "kl_target - 1, -0.2, 0.2) x samples / kl_horizon, KL the step's mean KL "
+                                    "estimate (algorithm.kl_kind; actor/kl_loss, or actor/reward_kl with "
+                                    "kl_in_reward); logged as actor/kl_coef and checkpointed. null: kl_coef fixed")
+    kl_horizon: int = Field(10_000, ge=1, description="adaptive KL: samples (responses) over which the "
+                            "coefficient moves by the clipped relative error (Ziegler et al.: 10000)")
+    kl_kind: Literal["k1", "k2", "k3", "abs", "mse", "low_var_kl"] = "k3"
+    kl_in_reward: bool = Field(False, description="KL as a per-token reward penalty instead of a loss term")
+    entropy_coef: float = Field(0.0, ge=0.0)
+    overlong_shaping: bool = False
+    overlong_cache: int = Field(4, ge=1, description="tokens before max_new_tokens where the soft penalty starts")
+    overlong_filter: bool = Field(False, description="mask truncated responses out of the loss")
+    dynamic_sampling: bool = Field(False, description="drop groups whose rewards are all equal (and resample prompts)")
+    max_resample_rounds: int = Field(3, ge=0)
+    old_logprobs: Literal["auto", "recompute", "rollout"] = Field(
+        "auto", description="pi_old of the PPO ratio. auto: recomputed by the trainer when a batch is used more than "
+        "once, else the current policy detached (one update per batch: the same weights, also off-policy and "
+        "with a rollout correction); recompute: always; "
+        "rollout: the generation engine's log-probs (no extra forward pass; the ratio then also carries staleness "
+        "and engine mismatch)")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="advantage=gae or reinforce++: discount of the "
+                         "token returns")
+    lam: float = Field(1.0, ge=0.0, le=1.0, description="advantage=gae: GAE lambda (1: Monte-Carlo returns)")
+    tis_cap: float | None = Field(None, gt=0.0, description="truncated importance sampling: weight each token's "
+                                  "policy loss by min(pi_old / mu, tis_cap), mu the rollout engine's log-probs. "
+                                  "The same as algorithm.correction.level=token, mode=truncate, high=tis_cap "
+                                  "(which also has sequence weights, masking and divergence masking)")
+    policy_loss: Literal[tuple(POLICY_LOSSES)] = Field(  # type: ignore[valid-type]
+        "ppo", description="ppo: the clipped surrogate (PPO, GRPO, DAPO; GSPO with ratio_level=sequence); cispo: "
+        "MiniMax-M1's CISPO, -sg(clip(r, 1-clip_low, 1+clip_high)) * A * log pi, which clips the importance "
+        "weight and keeps every token's gradient (MiniMax-M1 uses loss_agg=token-mean and a large clip_low)")
+    correction: CorrectionConfig = Field(CorrectionConfig(), description="rollout correction between the "
+                                         "rollout engine's policy mu and pi_old")
+    distill: DistillConfig = Field(DistillConfig(), description="on-policy distillation from a teacher model")
+
+    @model_validator(mode="after")
+    def _names(self) -> "AlgorithmConfig":
+        if self.advantage not in ESTIMATORS:
+            raise ValueError(f"algorithm.advantage={self.advantage!r} is not one of {', '.join(ESTIMATORS)}")
+        if self.loss_agg not in AGG_MODES:
+            raise ValueError(f"algorithm.loss_agg={self.loss_agg!r} is not one of {', '.join(AGG_MODES)}")
+        est = ESTIMATORS[self.advantage]
+        if self.kl_in_reward and not est.reads_token_rewards:
+            readers = " or ".join(n for n, e in ESTIMATORS.items() if e.reads_token_rewards)
+            raise ValueError(f"algorithm.kl_in_reward=true puts the KL into per-token rewards, which only the "
+                             f"token-level estimators read; set algorithm.advantage={readers} (got "
+                             f"{self.advantage!r}) or use the KL as a loss term (kl_in_reward=false)")
+        if self.kl_in_reward and self.kl_coef == 0:
+            raise ValueError("algorithm.kl_in_reward=true needs algorithm.kl_coef > 0")
+        if self.kl_target is not None and self.kl_coef == 0:
+            raise ValueError("algorithm.kl_target adapts the KL coefficient from algorithm.kl_coef, which is 0 (no "
+                             "reference model, and 0 stays 0): set algorithm.kl_coef > 0, e.g. 0.05")
+        if self.kl_target is None and self.kl_horizon != 10_000:
+            raise ValueError(f"algorithm.kl_horizon={self.kl_horizon} paces the adaptive KL coefficient, which "
+                             f"algorithm.kl_target turns on: set algorithm.kl_target or drop kl_horizon")
+        for key, what in (("lam", "GAE's lambda"), ("gamma", "the discount of token returns")):
+            if getattr(self, key) != 1.0 and key not in est.params:
+                users = " and ".join(n for n, e in ESTIMATORS.items() if key in e.params)
+                raise ValueError(f"algorithm.{key}={getattr(self, key)} is {what}, which only advantage={users} "
+                                 f"uses; {self.advantage!r} ignores it: set algorithm.{key}=1.0")
+        if self.tis_cap is not None and self.correction.enabled:
+            raise ValueError(f"algorithm.tis_cap={self.tis_cap} is algorithm.correction.level=token, mode=truncate, "
+                             f"high={self.tis_cap}, and algorithm.correction is set too: drop algorithm.tis_cap")
+        corrected = "algorithm.tis_cap" if self.tis_cap is not None else "algorithm.correction"
+        if (self.tis_cap is not None or self.correction.enabled) and self.old_logprobs == "rollout":
+            raise ValueError(f"{corrected} weighs pi_old / mu with mu the rollout's log-probs; with "
+                             "old_logprobs=rollout that ratio is 1. Use old_logprobs=auto or recompute")
+        if self.policy_loss == "cispo":
+            if self.ratio_level == "sequence":
+                raise ValueError("algorithm.policy_loss=cispo weighs each token by its own clipped ratio; "
+                                 "ratio_level=sequence is GSPO's (a ppo loss): set algorithm.ratio_level=token")
+            if self.dual_clip is not None:
+                raise ValueError("algorithm.dual_clip bounds PPO's surrogate for negative advantages; CISPO's weight "
+                                 "is already clipped on both sides: drop algorithm.dual_clip")
+        return self
+
+    def rollout_correction(self) -> Correction | None:
+        """The loss's rollout correction: ``correction``'s, or ``tis_cap``'s (token-level truncation), or None."""
+        if self.tis_cap is not None:
+            return Correction(level="token", mode="truncate", high=self.tis_cap)
+        return self.correction.spec() if self.correction.enabled else None

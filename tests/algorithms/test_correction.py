@@ -1,0 +1,125 @@
+"""Rollout correction (relayrl.algorithms.correction) against hand-computed values and its edge cases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from relayrl.algorithms.correction import Correction, rollout_correction
+from relayrl.algorithms.offpolicy import truncated_is_weights
+
+e = math.exp
+OLD = torch.tensor([[0.0, 1.0, 0.2], [-0.5, 0.1, 0.0]])  # log pi_old; log mu = 0, so these are the log-ratios
+MU = torch.zeros(2, 3)
+MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
+
+
+def test_token_truncate():
+    w, m = rollout_correction(OLD, MU, MASK, level="token", mode="truncate", high=2.0)
+    torch.testing.assert_close(w, torch.tensor([[1.0, 2.0, e(0.2)], [e(-0.5), e(0.1), 0.0]]))
+    assert m["correction/token_capped_frac"] == pytest.approx(1 / 5)
+    assert m["correction/seq_capped_frac"] == pytest.approx(1 / 2)
+    assert m["correction/token_masked_frac"] == 0.0
+    assert m["correction/ratio_max"] == pytest.approx(e(1.0), rel=1e-6)
+    assert m["correction/ratio_mean"] == pytest.approx((1 + e(1) + e(0.2) + e(-0.5) + e(0.1)) / 5, rel=1e-6)
+    assert m["correction/weight_mean"] == pytest.approx((1 + 2 + e(0.2) + e(-0.5) + e(0.1)) / 5, rel=1e-6)
+
+
+def test_token_mask_icepop_bounds():
+    w, m = rollout_correction(OLD, MU, MASK, level="token", mode="mask", high=2.0)  # low = 1/2
+    torch.testing.assert_close(w, torch.tensor([[1.0, 0.0, e(0.2)], [e(-0.5), e(0.1), 0.0]]))
+    assert m["correction/token_masked_frac"] == pytest.approx(1 / 5)
+    assert m["correction/seq_masked_frac"] == 0.0
+    w, m = rollout_correction(OLD, MU, MASK, level="token", mode="mask", high=2.0, low=0.7)  # e^-0.5 = 0.61 < 0.7
+    torch.testing.assert_close(w, torch.tensor([[1.0, 0.0, e(0.2)], [0.0, e(0.1), 0.0]]))
+    assert m["correction/token_masked_frac"] == pytest.approx(2 / 5)
+
+
+def test_sequence_product_and_geometric():
+    w, m = rollout_correction(OLD, MU, MASK, level="sequence", mode="truncate", high=2.0)
+    torch.testing.assert_close(w, torch.tensor([[2.0, 2.0, 2.0], [e(-0.4), e(-0.4), 0.0]]))  # exp(1.2) capped
+    assert m["correction/seq_capped_frac"] == pytest.approx(1 / 2)
+    w, m = rollout_correction(OLD, MU, MASK, level="sequence", mode="mask", high=2.0)
+    torch.testing.assert_close(w, torch.tensor([[0.0, 0.0, 0.0], [e(-0.4), e(-0.4), 0.0]]))
+    assert m["correction/seq_masked_frac"] == pytest.approx(1 / 2)
+    assert m["correction/token_masked_frac"] == pytest.approx(3 / 5)
+    w, _ = rollout_correction(OLD, MU, MASK, level="geometric", mode="mask", high=1.3, low=0.0)
+    torch.testing.assert_close(w, torch.tensor([[0.0, 0.0, 0.0], [e(-0.2), e(-0.2), 0.0]]))  # e^0.4 = 1.49 > 1.3
+
+
+def test_kl_estimates_and_divergence_mask():
+    _, m = rollout_correction(OLD, MU, MASK, level=None)
+    assert m["correction/kl_k1"] == pytest.approx((0 - 1 - 0.2 + 0.5 - 0.1) / 5, abs=1e-6)
+    k3 = [e(x) - 1 - x for x in (0.0, 1.0, 0.2, -0.5, 0.1)]
+    assert m["correction/kl_k3"] == pytest.approx(sum(k3) / 5, rel=1e-6)
+    # per-sequence k1 = mean(log mu - log pi_old): row 0 -0.4, row 1 +0.2 -> row 1 dropped at 0.1
+    w, m = rollout_correction(OLD, MU, MASK, level=None, kl_threshold=0.1)
+    torch.testing.assert_close(w, torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))
+    assert m["correction/kl_masked_frac"] == pytest.approx(2 / 5)
+    assert m["correction/seq_masked_frac"] == pytest.approx(1 / 2)
+    assert m["correction/seq_kl_max"] == pytest.approx(0.2, abs=1e-6)
+    # DeepSeek-V3.2: only the negative-advantage tokens of a divergent sequence
+    adv = torch.tensor([[-1.0, -1.0, -1.0], [1.0, -1.0, 0.0]])
+    w, _ = rollout_correction(OLD, MU, MASK, adv, level=None, kl_threshold=0.1, negative_only=True)
+    torch.testing.assert_close(w, torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]]))
+    # k3 per sequence: row 0 (0 + 0.718 + 0.021) / 3 = 0.247, row 1 (0.107 + 0.005) / 2 = 0.056 -> row 0 dropped
+    w, _ = rollout_correction(OLD, MU, MASK, level="token", high=2.0, kl_threshold=0.1, kl_kind="k3")
+    torch.testing.assert_close(w, torch.tensor([[0.0, 0.0, 0.0], [e(-0.5), e(0.1), 0.0]]))
+
+
+def test_all_tokens_masked_and_empty_rows():
+    w, m = rollout_correction(OLD, MU, torch.zeros(2, 3), level="sequence", mode="mask", kl_threshold=0.0)
+    assert torch.equal(w, torch.zeros(2, 3))
+    assert all(math.isfinite(v) for v in m.values())
+    assert m["correction/ratio_max"] == 1.0 and m["correction/seq_masked_frac"] == 0.0
+    # an empty row: ratio 1, KL 0, not a sequence of the fractions; the other row is masked whole
+    w, m = rollout_correction(OLD, MU, torch.tensor([[1, 1, 1], [0, 0, 0]]), level="sequence", mode="mask")
+    assert torch.equal(w, torch.zeros(2, 3))
+    assert m["correction/seq_masked_frac"] == 1.0 and m["correction/token_masked_frac"] == 1.0
+    # every token masked: a loss weighted by the factor is 0, with a zero (finite) gradient
+    lp = torch.zeros(2, 3, requires_grad=True)
+    (lp * w).sum().backward()
+    assert torch.equal(lp.grad, torch.zeros(2, 3))
+
+
+def test_ratios_zero_inf_and_nan():
+    inf = float("inf")
+    old = torch.tensor([[-inf, 0.0, -inf, -1.0]])  # ratio 0, inf, nan (both -inf), e^-1
+    mu = torch.tensor([[0.0, -inf, -inf, 0.0]])
+    mask = torch.ones(1, 4)
+    w, m = rollout_correction(old, mu, mask, level="token", mode="truncate", high=2.0)
+    torch.testing.assert_close(w, torch.tensor([[e(-20), 2.0, e(-20), e(-1)]]))
+    assert m["correction/token_capped_frac"] == pytest.approx(1 / 4)
+    w, m = rollout_correction(old, mu, mask, level="token", mode="mask", high=2.0, low=0.1)
+    torch.testing.assert_close(w, torch.tensor([[0.0, 0.0, 0.0, e(-1)]]))
+    assert all(math.isfinite(v) for v in m.values())
+    w, _ = rollout_correction(old, mu, mask, level="sequence", mode="truncate", high=2.0)  # -20+20-20-1, clamped
+    assert torch.isfinite(w).all() and float(w.max()) == pytest.approx(e(-20))
+    huge = rollout_correction(torch.full((1, 50), 5.0), torch.zeros(1, 50), torch.ones(1, 50), level="sequence")[0]
+    assert torch.isfinite(huge).all() and float(huge.max()) == 2.0
+
+
+def test_refusals_and_spec():
+    with pytest.raises(ValueError, match="valid levels"):
+        rollout_correction(OLD, MU, MASK, level="seq")
+    with pytest.raises(ValueError, match="truncation caps"):
+        rollout_correction(OLD, MU, MASK, mode="truncate", low=0.5)
+    with pytest.raises(ValueError, match="needs the advantages"):
+        rollout_correction(OLD, MU, MASK, kl_threshold=0.1, negative_only=True)
+    with pytest.raises(ValueError, match=r"old_logprobs has shape \(2, 3\) but rollout_logprobs has shape \(3, 2\)"):
+        rollout_correction(OLD, MU.T, MASK)
+    with pytest.raises(ValueError, match="empty batch"):
+        rollout_correction(torch.zeros(0, 3), torch.zeros(0, 3), torch.zeros(0, 3))
+    spec = Correction(level="token", mode="mask", high=2.0)
+    torch.testing.assert_close(spec(OLD, MU, MASK)[0], rollout_correction(OLD, MU, MASK, mode="mask", high=2.0)[0])
+
+
+def test_truncated_is_weights_is_the_upper_bound_case():
+    for level in ("token", "sequence", "geometric"):
+        for mode in ("truncate", "mask"):
+            w, _ = truncated_is_weights(OLD, MU, MASK, level=level, mode=mode, cap=1.5)
+            ref, _ = rollout_correction(OLD, MU, MASK, level=level, mode=mode, high=1.5,
+                                        low=0.0 if mode == "mask" else None)
+            torch.testing.assert_close(w, ref)
