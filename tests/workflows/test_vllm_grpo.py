@@ -62,7 +62,7 @@ def test_off_policy_partial_rollout_holds_the_staleness_bound_per_token(sft32, t
     steps = recs[1:]
     assert [x["step"] for x in steps] == [1, 2, 3, 4]
     assert all(0 <= x["async/staleness_max"] <= 1 for x in steps)
-    assert all("offpolicy/is_weight_mean" in x for x in steps)
+    assert all("correction/weight_mean" in x for x in steps)  # (tis_cap: the token-truncation correction)
 
 
 def test_a_vllm_run_resumes(sft32, tmp_path):
