@@ -20,7 +20,7 @@ import torch
 from relayrl.checkpoint import CheckpointManager, ResumePlan, capture_rng_state, restore_rng_state, resume_from
 from relayrl.checkpoint.atomic import write_dir_atomically
 from relayrl.checkpoint.format import _STEP_DIR, MANIFEST
-from relayrl.checkpoint.rundir import check_fingerprint, check_run_dir, claim_run_dir, saved_config
+from relayrl.checkpoint.rundir import check_fingerprint, check_run_dir, claim_run_dir, hold_run_dir, saved_config
 from relayrl.workflows.restart import RESTARTS
 from relayrl.cluster import ResourcePool
 from relayrl.config.loader import ConfigError
@@ -177,8 +177,11 @@ class Session:
         # A checkpoint path is checked before run.overwrite moves anything; resume=auto looks after the move
         # (a run moved aside leaves nothing to resume). Only then is anything written.
         plan = self._resume_plan() if cfg.run.resume not in ("never", "auto") else None
+        if not restart:  # one run at a time in run.dir (a second one started beside it is refused here)
+            hold_run_dir(self.dir)
         moved = None if restart else claim_run_dir(self.dir, cfg.run.resume, cfg.run.overwrite)
         if moved:
+            hold_run_dir(self.dir)  # the lock file moved aside with the previous run
             log(f"relayrl: {moved}")
         self.plan = plan if plan is not None else self._resume_plan()
         self.start_step = 0
