@@ -165,7 +165,9 @@ class Session:
             check_run_dir(self.dir, cfg.run.resume, cfg.run.overwrite, models=model_dirs(cfg))
         self.model_path = resolve_model_path(cfg)
         self.tokenizer = load_tokenizer(self.model_path)
+        self._encode_cache: dict[str, list[int]] = {}
         self.task, train, self.eval_problems = self._data()
+        self._check_lengths(train)
         self.prompts = PromptSource(cfg.run.seed, task=self.task if train is None else None, problems=train,
                                     exclude=frozenset(p.prompt for p in self.eval_problems))
         cuda = cfg.model.device == "cuda" or (cfg.model.device == "auto" and torch.cuda.is_available())
@@ -187,7 +189,6 @@ class Session:
         self.start_step = 0
         self.step_done = 0  # the last step logged (or resumed from)
         self.stopped_early: dict | None = None  # {"step", "accuracy", "stop_at"} once eval.stop_at was reached
-        self._encode_cache: dict[str, list[int]] = {}
 
     def _resume_plan(self) -> ResumePlan:
         """Where the run starts (``run.resume``), its checkpoint's config compared with this run's."""
@@ -218,6 +219,32 @@ class Session:
         self.log(f"relayrl: no data.eval_path and only {len(train)} rows in {d.path or d.hf_name}: evaluating on the first "
                  f"{min(size, len(train))} training rows (not held out); set data.eval_path for a held-out score")
         return None, train, train[:size]
+
+    def _check_lengths(self, train: list[Problem] | None) -> None:
+        """Refuse a row whose prompt plus the tokens generated after it exceed the model's
+        ``max_position_embeddings`` (positions past it were never trained): the training rows when the workflow
+        samples from them (grpo), the held-out rows always (evaluation generates)."""
+        from relayrl.data.errors import DatasetError
+
+        try:
+            limit = int(json.loads((self.model_path / "config.json").read_text())["max_position_embeddings"])
+        except (OSError, KeyError, TypeError, ValueError):
+            return  # a model config without the field: nothing to check against
+        r, e = self.cfg.rollout, self.cfg.eval
+        checks = [(self.eval_problems, e.max_new_tokens or r.max_new_tokens,
+                   "eval.max_new_tokens" if e.max_new_tokens else "rollout.max_new_tokens")]
+        if train is not None and self.cfg.workflow == "grpo":
+            checks.insert(0, (train, r.max_new_tokens, "rollout.max_new_tokens"))
+        for problems, budget, key in checks:
+            for i, p in enumerate(problems, start=1):
+                n = len(self.encode(p))
+                if n + budget > limit:
+                    row = (f"{p.meta['source']} row {p.meta['row']}" if "row" in p.meta
+                           else f"held-out prompt {i} ({p.prompt[:40]!r})")
+                    raise DatasetError(
+                        f"{row}: the prompt is {n} tokens and {key}={budget} more make {n + budget}, beyond the "
+                        f"model's max_position_embeddings={limit} ({self.model_path}); shorten or drop the row, or "
+                        f"lower {key} to at most {max(limit - n, 0)}")
 
     def encode(self, problem: Problem) -> list[int]:
         """Prompt token ids (chat template applied to chat-message prompts), cached by prompt text."""

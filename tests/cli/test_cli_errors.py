@@ -167,6 +167,18 @@ def test_every_bad_dataset_row_is_reported(capsys, tmp_path):
         assert line in err
 
 
+def test_a_prompt_that_leaves_no_room_for_the_response_is_refused_naming_the_row(capsys, tmp_path):
+    rows = [{"prompt": "1+1=", "answer": "2"}] * 20 + [{"prompt": "9" * 2000, "answer": "9"}]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, err = run(capsys, "train", GRPO, "data.task=null", f"data.path={data}", "reward.verifier=exact",
+                    "eval.size=4", f"run.dir={tmp_path / 'r'}", *FAST[1:])
+    assert code == EXIT_USER, err
+    assert f"{data} row 21: the prompt is " in err and " tokens and rollout.max_new_tokens=" in err
+    assert "beyond the model's max_position_embeddings=512" in err and "shorten or drop the row" in err
+    assert not (tmp_path / "r").exists()
+
+
 def test_missing_model_path_names_the_key(capsys, tmp_path):
     code, err = run(capsys, "train", SFT, f"model.path={tmp_path / 'nope'}",
                     f"run.dir={tmp_path / 'r'}", *FAST)
