@@ -289,7 +289,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line and run the command inside the CLI's error boundary (``relayrl.cli.boundary``)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # dotted overrides after an option (argparse takes a positional list in one piece)
+        if not hasattr(args, "overrides") or any("=" not in x or x.startswith("-") for x in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
     from relayrl.cli.boundary import debug_requested, run_guarded
 
     return run_guarded(args.fn, args, debug=debug_requested(getattr(args, "debug", False)))

@@ -95,6 +95,17 @@ def test_plan_names_a_missing_model_and_a_damaged_profile(capsys, tmp_path):
     assert code == EXIT_CONFIG and "name: Input should be a valid string (got 3); source: Field required" in err
 
 
+def test_overrides_may_follow_the_options_of_plan_and_train(capsys, tmp_path):
+    code, err = run(capsys, "plan", GRPO, "--devices", "2", "--hardware", "h100_7b", f"model.path={tmp_path / 'nope'}")
+    assert code == EXIT_CONFIG and f"model directory {tmp_path / 'nope'} (trainer.init_from or model.path)" in err
+    code, err = run(capsys, "plan", GRPO, "run.seed=1", "--devices", "2", "--hardware", "h100_7b", "trainer.steps=true")
+    assert code == EXIT_CONFIG and "trainer.steps=true: an integer is expected" in err
+    assert cli.main(["train", GRPO, "--debug", "trainer.steps=true"]) == EXIT_CONFIG  # (--debug: a traceback)
+    assert "trainer.steps=true: an integer is expected" in capsys.readouterr().err
+    assert "unrecognized arguments: --bogus" in argparse_error(capsys, "plan", GRPO, "--devices", "2", "--bogus")
+    assert "unrecognized arguments: nokey" in argparse_error(capsys, "plan", GRPO, "--devices", "2", "nokey")
+
+
 def test_eval_of_a_missing_model_names_it(capsys, tmp_path):
     code, err = run(capsys, "eval", "--model", str(tmp_path / "nope"), "--task", "arith", "--device", "cpu")
     assert code == EXIT_USER and f"model path {tmp_path / 'nope'} is not a directory" in err and HINT in err
