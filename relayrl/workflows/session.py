@@ -241,10 +241,11 @@ class Session:
                 if n + budget > limit:
                     row = (f"{p.meta['source']} row {p.meta['row']}" if "row" in p.meta
                            else f"held-out prompt {i} ({p.prompt[:40]!r})")
+                    lower = f", or lower {key} to at most {limit - n}" if n < limit else ""
                     raise DatasetError(
                         f"{row}: the prompt is {n} tokens and {key}={budget} more make {n + budget}, beyond the "
-                        f"model's max_position_embeddings={limit} ({self.model_path}); shorten or drop the row, or "
-                        f"lower {key} to at most {max(limit - n, 0)}")
+                        f"model's max_position_embeddings={limit} ({self.model_path}); shorten or drop the "
+                        f"row{lower}")
 
     def encode(self, problem: Problem) -> list[int]:
         """Prompt token ids (chat template applied to chat-message prompts), cached by prompt text."""
