@@ -1,6 +1,6 @@
 """A reward function that raises for one prompt's responses (issue 35 item 2): by default the step fails naming
 the prompt and the cause; ``reward.on_error=drop_group`` drops that prompt's group from the step and counts its
-rows in ``reward/errors``. The synchronous (colocated) step, through ``relayrl train``."""
+rows in ``reward/errors``. The synchronous (colocated) and the periodic step, through ``relayrl train``."""
 
 from __future__ import annotations
 
@@ -36,9 +36,12 @@ def test_by_default_the_step_fails_naming_the_prompt_and_the_cause(capsys, tmp_p
     assert sum(map(ord, eval(prompt))) % 3 == 0  # the prompt named is one the function fails on
 
 
-def test_drop_group_drops_the_failing_groups_and_counts_their_rows(capsys, tmp_path):
+@pytest.mark.parametrize("mode", [[], ["trainer.mode=periodic", "placement.pools.gen=1", "placement.rollout=gen"]],
+                         ids=["sync", "periodic"])
+def test_drop_group_drops_the_failing_groups_and_counts_their_rows(capsys, tmp_path, mode):
     run = tmp_path / "r"
-    assert cli.main(["train", *RUN, f"run.dir={run}", "reward.on_error=drop_group"]) == 0, capsys.readouterr().err
+    code = cli.main(["train", *RUN, f"run.dir={run}", "reward.on_error=drop_group", *mode])
+    assert code == 0, capsys.readouterr().err
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
     steps = [r for r in records if r.get("step", 0) >= 1 and "reward/errors" in r]
     assert len(steps) == 2
