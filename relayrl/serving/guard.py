@@ -33,14 +33,15 @@ def error_body(message: str, status: int, kind: str = "invalid_request_error", p
 class HTTPRefusal(Exception):
     """A request a service refuses: status, message and error type (rendered with :func:`error_body`)."""
 
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                 close: bool = False):
         super().__init__(message)
         self.status, self.message, self.kind, self.param = status, message, kind, param
+        self.close = close  # a refused body: close the connection rather than read the rest of it
 
     def response(self) -> JSONResponse:
-        close = {"Connection": "close"} if self.status in (408, 413) else None  # the rest of the body is not read
         return JSONResponse(error_body(self.message, self.status, self.kind, self.param), status_code=self.status,
-                            headers=close)
+                            headers={"Connection": "close"} if self.close else None)
 
 
 def is_loopback(host: str) -> bool:
@@ -77,7 +78,7 @@ class Guard:
                 return await HTTPRefusal(400, f"bad Content-Length {length!r}").response()(scope, receive, send)
             if int(length) > limit:
                 return await HTTPRefusal(413, f"request body of {int(length)} bytes exceeds the limit of {limit} "
-                                         f"bytes").response()(scope, receive, send)
+                                         f"bytes", close=True).response()(scope, receive, send)
         seen, done = 0, False
         timeout = self.timeout_for(scope["path"])
         deadline = asyncio.get_running_loop().time() + timeout
@@ -90,11 +91,12 @@ class Guard:
                 msg = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
             except asyncio.TimeoutError:
                 raise HTTPRefusal(408, f"the request body did not arrive within {timeout:g} s ({seen} bytes "
-                                  f"came); send it whole, or raise the server's body timeout", "timeout") from None
+                                  f"came); send it whole, or raise the server's body timeout", "timeout",
+                                  close=True) from None
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > limit:
-                    raise HTTPRefusal(413, f"request body exceeds the limit of {limit} bytes")
+                    raise HTTPRefusal(413, f"request body exceeds the limit of {limit} bytes", close=True)
                 done = not msg.get("more_body", False)
             else:
                 done = True
