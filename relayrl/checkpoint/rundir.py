@@ -21,9 +21,10 @@ later ``run.resume=auto`` resumes the other run without a word. Hence:
 * :func:`hold_run_dir` — one run at a time: two runs started at the same
   moment in one directory both pass the checks above, so the run takes an
   exclusive ``flock`` on ``RUN_DIR/.relayrl.lock`` before it claims the
-  directory, holds it until its process ends, and a second run is refused
-  with the holder's pid, host and start time (the kernel drops the lock of a
-  process that died, so a stale lock file never blocks).
+  directory, holds it until the run ends (:func:`release_run_dir`, or its
+  process's end), and a second run is refused with the holder's pid, host and
+  start time (the kernel drops the lock of a process that died, so a stale
+  lock file never blocks).
 * :func:`check_fingerprint` — a resumed run compares the checkpoint's saved
   config with its own on the keys that define the run (:data:`FINGERPRINT`:
   workflow, seed, model, data, advantage estimator) and says which differ.
