@@ -18,6 +18,13 @@ later ``run.resume=auto`` resumes the other run without a word. Hence:
   too). The message names what is there and the ways out (resume it, choose
   another ``run.dir``, or ``run.overwrite=true``, which moves the previous run
   aside to ``RUN_DIR.replaced-<time>`` rather than deleting anything).
+* :func:`hold_run_dir` — one run at a time: two runs started at the same
+  moment in one directory both pass the checks above, so the run takes an
+  exclusive ``flock`` on ``RUN_DIR/.relayrl.lock`` before it claims the
+  directory, holds it until the run ends (:func:`release_run_dir`, or its
+  process's end), and a second run is refused with the holder's pid, host and
+  start time (the kernel drops the lock of a process that died, so a stale
+  lock file never blocks).
 * :func:`check_fingerprint` — a resumed run compares the checkpoint's saved
   config with its own on the keys that define the run (:data:`FINGERPRINT`:
   workflow, seed, model, data, advantage estimator) and says which differ.
@@ -27,8 +34,10 @@ later ``run.resume=auto`` resumes the other run without a word. Hence:
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import socket
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -38,7 +47,10 @@ from relayrl.checkpoint.format import _STEP_DIR, MANIFEST, CheckpointError
 from relayrl.errors import UserError
 
 __all__ = ["FINGERPRINT", "RUN_CONFIG_KEYS", "RunDirError", "check_run_dir", "claim_run_dir", "config_differences",
-           "check_fingerprint", "is_run_config", "saved_config"]
+           "check_fingerprint", "hold_run_dir", "is_run_config", "release_run_dir", "saved_config"]
+
+LOCK_FILE = ".relayrl.lock"
+_HELD: dict[Path, Any] = {}  # run directories this process holds: {resolved path: open lock file}
 
 FINGERPRINT: tuple[str, ...] = (
     "workflow", "run.seed", "model.path", "model.tiny", "model.dtype", "trainer.init_from",
@@ -174,6 +186,51 @@ def check_run_dir(run_dir: Path, resume: str, overwrite: bool,
         refusal = _previous_run(run_dir, resume)
         if refusal is not None:
             raise refusal
+
+
+def hold_run_dir(run_dir: Path) -> None:
+    """Take ``run_dir``'s lock for the rest of this process (creating the directory), or refuse
+    (:class:`RunDirError`) naming the run that holds it. Taking it again in the same process (an in-process
+    restart) is a no-op; after ``run.overwrite=true`` moved the old run aside, take it again for the new one."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    key = run_dir.resolve()
+    held = _HELD.pop(key, None)
+    if held is not None:
+        try:
+            same = os.path.samestat(os.fstat(held.fileno()), os.stat(key / LOCK_FILE))
+        except FileNotFoundError:
+            same = False
+        if same:
+            _HELD[key] = held
+            return
+        held.close()  # its directory was moved aside
+    f = open(key / LOCK_FILE, "a+", encoding="utf-8")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        try:
+            who = json.loads(f.read())
+            holder = f"pid {who['pid']} on {who['host']}, started {who['started']}"
+        except (json.JSONDecodeError, KeyError, TypeError):
+            holder = "a process that has not yet written its name"
+        f.close()
+        raise RunDirError(f"run.dir={run_dir} is in use by another run ({holder}; lock {key / LOCK_FILE}); "
+                          f"wait for it to finish, or choose another run.dir (e.g. run.dir={run_dir}-2)") from None
+    f.seek(0)
+    f.truncate()
+    f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}) + "\n")
+    f.flush()
+    _HELD[key] = f
+
+
+def release_run_dir(run_dir: Path) -> None:
+    """Give up ``run_dir``'s lock if this process holds it (the run is over)."""
+    held = _HELD.pop(Path(run_dir).resolve(), None)
+    if held is not None:
+        held.close()
 
 
 def claim_run_dir(run_dir: Path, resume: str, overwrite: bool) -> str | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-__all__ = ["int_at_least", "port", "device", "non_negative_float"]
+__all__ = ["int_at_least", "port", "device", "non_negative_float", "positive_float"]
 
 
 def int_at_least(low: int) -> Callable[[str], int]:
@@ -46,4 +46,11 @@ def non_negative_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"{value} is not >= 0")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = non_negative_float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value} is not > 0")
     return value

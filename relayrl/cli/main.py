@@ -171,7 +171,7 @@ def cmd_serve(args) -> int:
 
     key = _api_key(args.api_key_file)
     limits = ServeLimits(max_body_bytes=args.max_body_bytes, max_tokens=args.max_tokens, max_n=args.max_n,
-                         max_waiting=args.max_waiting)
+                         max_waiting=args.max_waiting, body_timeout_s=args.body_timeout_s)
     serve(args.model_dir, host=args.host, port=args.port, api_key=key, limits=limits, max_batch=args.max_batch,
           dtype=args.dtype, device=args.device, seed=args.seed, threads=args.threads, name=args.name)
     return 0
@@ -196,7 +196,7 @@ def cmd_dock(args) -> int:
     from relayrl.serving.dockapi import serve_dock
 
     serve_dock(host=args.host, port=args.port, api_key=_api_key(args.api_key_file), units=args.units,
-               lease_s=args.lease_s, max_body_bytes=args.max_body_bytes)
+               lease_s=args.lease_s, max_body_bytes=args.max_body_bytes, body_timeout_s=args.body_timeout_s)
     return 0
 
 
@@ -255,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-tokens", type=argtypes.int_at_least(1), default=1024, help="largest max_tokens of a request")
     sv.add_argument("--max-n", type=argtypes.int_at_least(1), default=16, help="largest n of a request")
     sv.add_argument("--max-body-bytes", type=argtypes.int_at_least(1024), default=1 << 20, help="largest request body")
+    sv.add_argument("--body-timeout-s", type=argtypes.positive_float, default=60.0,
+                    help="seconds to receive a request body before 408 (weights payloads: 600)")
     sv.add_argument("--max-waiting", type=argtypes.int_at_least(1), default=1024, help="queued requests before 503")
     sv.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     sv.add_argument("--device", type=argtypes.device, default="auto")
@@ -270,6 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     dk.add_argument("--units", type=argtypes.int_at_least(1), default=1, help="storage units")
     dk.add_argument("--lease-s", type=argtypes.non_negative_float, default=60.0, help="seconds before a lease is re-delivered")
     dk.add_argument("--max-body-bytes", type=argtypes.int_at_least(1024), default=256 << 20, help="largest put")
+    dk.add_argument("--body-timeout-s", type=argtypes.positive_float, default=300.0,
+                    help="seconds to receive a request body before 408")
     dk.set_defaults(fn=cmd_dock)
 
     pl = sub.add_parser(
@@ -285,7 +289,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line and run the command inside the CLI's error boundary (``relayrl.cli.boundary``)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # dotted overrides after an option (argparse takes a positional list in one piece)
+        if not hasattr(args, "overrides") or any("=" not in x or x.startswith("-") for x in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
     from relayrl.cli.boundary import debug_requested, run_guarded
 
     return run_guarded(args.fn, args, debug=debug_requested(getattr(args, "debug", False)))

@@ -31,6 +31,9 @@ class ClusterConfig(BaseModel):
     devices: int = Field(default=1, ge=1)
     """Devices per node of a workflow's main resource pool (GPUs, or CPU slots). The actor, reference and
     rollout groups get one rank per device: data parallel, the actor and reference sharded with FSDP2."""
+    oversubscribe: bool = False
+    """`local` backend on a CPU: allow more ranks (`devices` plus the placement's pools) than this machine has
+    cores; refused otherwise, since every rank then shares the cores and the run only slows down."""
     nodes: int = Field(default=1, ge=1)
     """Nodes of the main resource pool (more than one needs `backend="ray"`)."""
     num_cpus: int | None = Field(default=None, ge=1)

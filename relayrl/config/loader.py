@@ -9,7 +9,9 @@ into the section as a base recipe's keys are (``engine.optim={lr: 1e-4}``
 keeps the recipe's other optimizer keys); ``{}`` empties it.
 
 Every error names the key path and how to fix it, and happens before any work
-starts.
+starts. Numbers are strict: pydantic's lax mode reads ``true`` as 1 for an
+integer or float key (``trainer.steps=true`` ran one step); :func:`validate`
+refuses a boolean wherever a number was validated.
 """
 
 from __future__ import annotations
@@ -173,9 +175,35 @@ def _format(err: ValidationError, model: type[BaseModel]) -> str:
 
 def validate(model: type[M], data: dict) -> M:
     try:
-        return model.model_validate(data)
+        out = model.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_format(e, model)) from None
+    lines = _booleans_read_as_numbers(out, data, "")
+    if lines:
+        raise ConfigError("invalid config:\n" + "\n".join(f"  {line}" for line in lines))
+    return out
+
+
+def _booleans_read_as_numbers(value: Any, raw: Any, key: str) -> list[str]:
+    """The keys whose input was ``true``/``false`` and whose validated value is a number (walking the validated
+    models, mappings and lists beside the input they came from)."""
+    if isinstance(raw, bool):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            kind = "an integer" if isinstance(value, int) else "a number"
+            return [f"{key}={str(raw).lower()}: {kind} is expected, not a boolean; write the number (e.g. "
+                    f"{key}={int(raw)})"]
+        return []
+    at = (lambda k: f"{key}.{k}" if key else str(k))
+    if isinstance(value, BaseModel) and isinstance(raw, dict):
+        pairs = [(getattr(value, name), raw[f.alias or name], f.alias or name)
+                 for name, f in type(value).model_fields.items() if (f.alias or name) in raw]
+    elif isinstance(value, dict) and isinstance(raw, dict):
+        pairs = [(value[k], raw[k], k) for k in raw if k in value]
+    elif isinstance(value, (list, tuple)) and isinstance(raw, (list, tuple)) and len(value) == len(raw):
+        pairs = [(v, r, str(i)) for i, (v, r) in enumerate(zip(value, raw))]
+    else:
+        return []
+    return [line for v, r, k in pairs for line in _booleans_read_as_numbers(v, r, at(k))]
 
 
 def load_config(model: type[M], recipe: str | Path | None, overrides: Sequence[str] = ()) -> M:

@@ -479,14 +479,22 @@ def _check_placement(self: Config) -> None:
     if pl.nodes and self.cluster.backend != "ray":
         raise ValueError(f"placement.nodes pins pools to cluster nodes ({', '.join(pl.nodes)}), which only the Ray "
                          f"backend has: set cluster.backend=ray (with cluster.ray_address) or drop placement.nodes")
-    if not (pl.pools or t.off_policy_steps) or self.cluster.backend != "local":
-        return  # one pool: as before; Ray places pools over its cluster and refuses what does not fit
+    if self.cluster.backend != "local":
+        return  # Ray places pools over its cluster and refuses what does not fit
     kind, have = available_devices(self)
     main = self.cluster.devices
-    pools = offpolicy_placement(self).placement.pools
+    pools = offpolicy_placement(self).placement.pools if pl.pools or t.off_policy_steps else {}
     need = main + sum(pools.values())
-    if need > have:
-        sizes = ", ".join([f"main={main} (cluster.devices)"] + [f"{k}={v}" for k, v in pools.items()])
-        raise ValueError(f"placement needs {need} {kind}s ({sizes}) but this machine has {have}: shrink "
-                         f"placement.pools or cluster.devices")
+    if need <= have or (kind == "CPU core" and self.cluster.oversubscribe):
+        return
+    anyway = (f", or set cluster.oversubscribe=true to start {need} ranks on {have} cores anyway (slow: they share "
+              f"the cores)") if kind == "CPU core" else ""
+    if not pools:
+        if kind != "CPU core":
+            return  # GPUs: model.device=cuda with none is refused at start (a recipe may be read on a laptop)
+        raise ValueError(f"cluster.devices={main} starts {main} ranks, one per CPU core, but this machine has "
+                         f"{have}: set cluster.devices <= {have}{anyway}")
+    sizes = ", ".join([f"main={main} (cluster.devices)"] + [f"{k}={v}" for k, v in pools.items()])
+    raise ValueError(f"placement needs {need} {kind}s ({sizes}) but this machine has {have}: shrink "
+                     f"placement.pools or cluster.devices{anyway}")
 

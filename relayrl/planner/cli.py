@@ -3,7 +3,7 @@
     relayrl plan --profile [--out relayrl-profile.json]              # calibrate this machine (about a minute)
     relayrl plan RECIPE [overrides] --devices N [--hardware PROFILE]  # the plan table and the best overrides
 
-The recipe's dotted overrides come right after it, before the options (as for ``relayrl train``).
+The recipe's dotted overrides may come before, between or after the options (as for ``relayrl train``).
 """
 
 from __future__ import annotations

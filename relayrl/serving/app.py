@@ -12,7 +12,7 @@ batch (continuous batching across requests).
 Guards (AsyncFlow §5 exposes the trainer as a service; a service must not
 fall over on bad input): a bearer token on every route but ``/health`` when one
 is set (``cli.serve`` refuses a non-loopback host without one), a body-size
-limit checked before the body is read, limits on ``max_tokens``, ``n``, prompts
+limit checked before the body is read and a deadline for it (413/408), limits on ``max_tokens``, ``n``, prompts
 and stop strings, a bounded queue (503 beyond). Malformed JSON, invalid UTF-8,
 unknown fields, unknown models and out-of-range values get a 4xx with OpenAI's
 error object; an unexpected failure of one request is a 500 for it alone.
@@ -125,7 +125,9 @@ def build_app(state: ServerState) -> FastAPI:
 
     app.add_middleware(Guard, api_key=state.api_key,
                        limit_for=lambda path: state.max_weights_bytes if path == WEIGHTS_PATH
-                       else state.limits.max_body_bytes)
+                       else state.limits.max_body_bytes,
+                       timeout_for=lambda path: state.limits.weights_timeout_s if path == WEIGHTS_PATH
+                       else state.limits.body_timeout_s)
     return app
 
 

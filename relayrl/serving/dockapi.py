@@ -168,7 +168,8 @@ async def _json(http: HTTPRequest, cls):
     return _parse(data, cls)
 
 
-def build_dock_app(dock: Dock, *, api_key: str | None = None, max_body_bytes: int = 256 << 20) -> FastAPI:
+def build_dock_app(dock: Dock, *, api_key: str | None = None, max_body_bytes: int = 256 << 20,
+                   body_timeout_s: float = 300.0) -> FastAPI:
     svc = DockService(dock)
     app = FastAPI(title="relayrl dock", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = svc
@@ -269,12 +270,14 @@ def build_dock_app(dock: Dock, *, api_key: str | None = None, max_body_bytes: in
             raise HTTPRefusal(400, f"timeout_s={timeout_s} must lie in [0, 600]")
         return (await run_in_threadpool(svc.wait_weights, after, timeout_s)).model_dump()
 
-    app.add_middleware(Guard, api_key=api_key, limit_for=lambda path: max_body_bytes)
+    app.add_middleware(Guard, api_key=api_key, limit_for=lambda path: max_body_bytes,
+                       timeout_for=lambda path: body_timeout_s)
     return app
 
 
 def serve_dock(*, host: str = "127.0.0.1", port: int = 8100, api_key: str | None = None, units: int = 1,
-               lease_s: float = 60.0, max_body_bytes: int = 256 << 20, log=print) -> None:
+               lease_s: float = 60.0, max_body_bytes: int = 256 << 20, body_timeout_s: float = 300.0,
+               log=print) -> None:
     """``relayrl dock``: serve a fresh in-process dock until interrupted."""
     import uvicorn
 
@@ -285,7 +288,7 @@ def serve_dock(*, host: str = "127.0.0.1", port: int = 8100, api_key: str | None
         raise ServeError(f"--host {host} exposes the dock beyond this machine; set a bearer token first "
                          f"(RELAYRL_API_KEY=... or --api-key-file FILE), or bind to 127.0.0.1")
     dock = Dock(units=units, backend="local", lease_s=lease_s)
-    app = build_dock_app(dock, api_key=api_key, max_body_bytes=max_body_bytes)
+    app = build_dock_app(dock, api_key=api_key, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s)
     sock = listening_socket(host, port)
     log(f"relayrl dock: http://{host}:{sock.getsockname()[1]}/v1/dock (lease {lease_s:g} s, "
         f"auth={'bearer' if api_key else 'none'})", flush=True)

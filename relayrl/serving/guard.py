@@ -3,13 +3,19 @@
 An ASGI middleware: a bearer token on every route but the open ones (``/health``)
 when a token is set, compared in constant time; then a body-size limit per path,
 checked on ``Content-Length`` before the body is read and on the bytes as they
-arrive (chunked bodies). Refusals are OpenAI-style error objects (401, 413).
+arrive (chunked bodies); then a deadline for the whole body, so a client that
+sends it slowly or never finishes it is answered 408 instead of holding the
+request open. Refusals are OpenAI-style error objects (401, 408, 413); a 408 or
+413 also closes the connection, so the server reads no more of a body it refused
+than the limit (clients that send the whole body first, like ``openai``'s httpx,
+still read the status).
 ``is_loopback`` is the rule both CLIs apply: a server bound beyond loopback needs
 a token.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 from typing import Callable
@@ -27,12 +33,15 @@ def error_body(message: str, status: int, kind: str = "invalid_request_error", p
 class HTTPRefusal(Exception):
     """A request a service refuses: status, message and error type (rendered with :func:`error_body`)."""
 
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                 close: bool = False):
         super().__init__(message)
         self.status, self.message, self.kind, self.param = status, message, kind, param
+        self.close = close  # a refused body: close the connection rather than read the rest of it
 
     def response(self) -> JSONResponse:
-        return JSONResponse(error_body(self.message, self.status, self.kind, self.param), status_code=self.status)
+        return JSONResponse(error_body(self.message, self.status, self.kind, self.param), status_code=self.status,
+                            headers={"Connection": "close"} if self.close else None)
 
 
 def is_loopback(host: str) -> bool:
@@ -45,10 +54,13 @@ def is_loopback(host: str) -> bool:
 
 
 class Guard:
-    """ASGI middleware: bearer token, then the body-size limit ``limit_for(path)``."""
+    """ASGI middleware: bearer token, then the body-size limit ``limit_for(path)`` and the body deadline
+    ``timeout_for(path)`` (seconds from the request's headers to the body's last byte)."""
 
-    def __init__(self, app, api_key: str | None, limit_for: Callable[[str], int], open_paths=("/health",)) -> None:
+    def __init__(self, app, api_key: str | None, limit_for: Callable[[str], int],
+                 timeout_for: Callable[[str], float] = lambda path: 60.0, open_paths=("/health",)) -> None:
         self.app, self.api_key, self.limit_for, self.open_paths = app, api_key, limit_for, tuple(open_paths)
+        self.timeout_for = timeout_for
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -66,16 +78,28 @@ class Guard:
                 return await HTTPRefusal(400, f"bad Content-Length {length!r}").response()(scope, receive, send)
             if int(length) > limit:
                 return await HTTPRefusal(413, f"request body of {int(length)} bytes exceeds the limit of {limit} "
-                                         f"bytes").response()(scope, receive, send)
-        seen = 0
+                                         f"bytes", close=True).response()(scope, receive, send)
+        seen, done = 0, False
+        timeout = self.timeout_for(scope["path"])
+        deadline = asyncio.get_running_loop().time() + timeout
 
         async def counted():
-            nonlocal seen
-            msg = await receive()
+            nonlocal seen, done
+            if done:  # the body is in: later receives wait for a disconnect (streaming responses)
+                return await receive()
+            try:
+                msg = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
+            except asyncio.TimeoutError:
+                raise HTTPRefusal(408, f"the request body did not arrive within {timeout:g} s ({seen} bytes "
+                                  f"came); send it whole, or raise the server's body timeout", "timeout",
+                                  close=True) from None
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > limit:
-                    raise HTTPRefusal(413, f"request body exceeds the limit of {limit} bytes")
+                    raise HTTPRefusal(413, f"request body exceeds the limit of {limit} bytes", close=True)
+                done = not msg.get("more_body", False)
+            else:
+                done = True
             return msg
 
         await self.app(scope, counted, send)

@@ -30,6 +30,8 @@ class ServeLimits(BaseModel):
     max_waiting: int = Field(1024, ge=1, description="requests queued beyond the running batch before 503")
     max_stop: int = Field(4, ge=0, description="stop strings per request")
     max_top_logprobs: int = Field(20, ge=0)
+    body_timeout_s: float = Field(60.0, gt=0, description="seconds to receive a request body (408 beyond)")
+    weights_timeout_s: float = Field(600.0, gt=0, description="seconds to receive a weights payload (408 beyond)")
 
 
 class _Request(BaseModel):

@@ -152,7 +152,8 @@ class Produce:
         groups = torch.tensor([g for g, got in done for _ in got])
         scores = torch.tensor([sr[0] for _, got in done for _, sr in got], dtype=torch.float32)
         rewards = [sr[1] for _, got in done for _, sr in got]
-        keep = p.plan.keep_groups(scores, groups)
+        failed = {int(g) for g, s in zip(groups.tolist(), scores.tolist()) if s != s}  # NaN: reward.on_error
+        keep = [k and int(g) not in failed for k, g in zip(p.plan.keep_groups(scores, groups), groups.tolist())]
         kept = [i for i, k in enumerate(keep) if k]
         if kept:
             p.dock.publish(p.score("write_rewards", p.dock.slots(f.part, [rows[i] for i in kept]),

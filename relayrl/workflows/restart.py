@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from relayrl.checkpoint import CheckpointManager
+from relayrl.checkpoint.rundir import release_run_dir
 from relayrl.cluster.errors import WorkerError
 from relayrl.config.schema import Config
 
@@ -54,6 +55,7 @@ def run_with_restarts(cfg: Config, run: Callable[[Config], Path], log: Callable[
                     cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"resume": "auto"})})
     finally:
         RESTARTS.reset(token)
+        release_run_dir(cfg.run.dir)  # held since the first attempt's Session (checkpoint.rundir.hold_run_dir)
 
 
 def _settle(node_id: str, log: Callable[[str], None]) -> None:

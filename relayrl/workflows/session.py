@@ -20,7 +20,7 @@ import torch
 from relayrl.checkpoint import CheckpointManager, ResumePlan, capture_rng_state, restore_rng_state, resume_from
 from relayrl.checkpoint.atomic import write_dir_atomically
 from relayrl.checkpoint.format import _STEP_DIR, MANIFEST
-from relayrl.checkpoint.rundir import check_fingerprint, check_run_dir, claim_run_dir, saved_config
+from relayrl.checkpoint.rundir import check_fingerprint, check_run_dir, claim_run_dir, hold_run_dir, saved_config
 from relayrl.workflows.restart import RESTARTS
 from relayrl.cluster import ResourcePool
 from relayrl.config.loader import ConfigError
@@ -165,7 +165,9 @@ class Session:
             check_run_dir(self.dir, cfg.run.resume, cfg.run.overwrite, models=model_dirs(cfg))
         self.model_path = resolve_model_path(cfg)
         self.tokenizer = load_tokenizer(self.model_path)
+        self._encode_cache: dict[str, list[int]] = {}
         self.task, train, self.eval_problems = self._data()
+        self._check_lengths(train)
         self.prompts = PromptSource(cfg.run.seed, task=self.task if train is None else None, problems=train,
                                     exclude=frozenset(p.prompt for p in self.eval_problems))
         cuda = cfg.model.device == "cuda" or (cfg.model.device == "auto" and torch.cuda.is_available())
@@ -177,14 +179,16 @@ class Session:
         # A checkpoint path is checked before run.overwrite moves anything; resume=auto looks after the move
         # (a run moved aside leaves nothing to resume). Only then is anything written.
         plan = self._resume_plan() if cfg.run.resume not in ("never", "auto") else None
+        if not restart:  # one run at a time in run.dir (a second one started beside it is refused here)
+            hold_run_dir(self.dir)
         moved = None if restart else claim_run_dir(self.dir, cfg.run.resume, cfg.run.overwrite)
         if moved:
+            hold_run_dir(self.dir)  # the lock file moved aside with the previous run
             log(f"relayrl: {moved}")
         self.plan = plan if plan is not None else self._resume_plan()
         self.start_step = 0
         self.step_done = 0  # the last step logged (or resumed from)
         self.stopped_early: dict | None = None  # {"step", "accuracy", "stop_at"} once eval.stop_at was reached
-        self._encode_cache: dict[str, list[int]] = {}
 
     def _resume_plan(self) -> ResumePlan:
         """Where the run starts (``run.resume``), its checkpoint's config compared with this run's."""
@@ -215,6 +219,33 @@ class Session:
         self.log(f"relayrl: no data.eval_path and only {len(train)} rows in {d.path or d.hf_name}: evaluating on the first "
                  f"{min(size, len(train))} training rows (not held out); set data.eval_path for a held-out score")
         return None, train, train[:size]
+
+    def _check_lengths(self, train: list[Problem] | None) -> None:
+        """Refuse a row whose prompt plus the tokens generated after it exceed the model's
+        ``max_position_embeddings`` (positions past it were never trained): the training rows when the workflow
+        samples from them (grpo), the held-out rows always (evaluation generates)."""
+        from relayrl.data.errors import DatasetError
+
+        try:
+            limit = int(json.loads((self.model_path / "config.json").read_text())["max_position_embeddings"])
+        except (OSError, KeyError, TypeError, ValueError):
+            return  # a model config without the field: nothing to check against
+        r, e = self.cfg.rollout, self.cfg.eval
+        checks = [(self.eval_problems, e.max_new_tokens or r.max_new_tokens,
+                   "eval.max_new_tokens" if e.max_new_tokens else "rollout.max_new_tokens")]
+        if train is not None and self.cfg.workflow == "grpo":
+            checks.insert(0, (train, r.max_new_tokens, "rollout.max_new_tokens"))
+        for problems, budget, key in checks:
+            for i, p in enumerate(problems, start=1):
+                n = len(self.encode(p))
+                if n + budget > limit:
+                    row = (f"{p.meta['source']} row {p.meta['row']}" if "row" in p.meta
+                           else f"held-out prompt {i} ({p.prompt[:40]!r})")
+                    lower = f", or lower {key} to at most {limit - n}" if n < limit else ""
+                    raise DatasetError(
+                        f"{row}: the prompt is {n} tokens and {key}={budget} more make {n + budget}, beyond the "
+                        f"model's max_position_embeddings={limit} ({self.model_path}); shorten or drop the "
+                        f"row{lower}")
 
     def encode(self, problem: Problem) -> list[int]:
         """Prompt token ids (chat template applied to chat-message prompts), cached by prompt text."""

@@ -12,6 +12,9 @@ from relayrl.workflows.state import StepState
 
 __all__ = ["sample_metrics", "step_metrics", "staleness_metrics", "kl_metrics", "weighted", "step_tokens"]
 
+COUNTS = ("reward/errors", "reward/judge_malformed")
+"""Reward metrics that count rows: a step reports the sum over its scoring calls (the others: a mean by rows)."""
+
 
 def sample_metrics(scores: torch.Tensor, rewards: torch.Tensor, lengths: torch.Tensor,
                    truncated: torch.Tensor) -> dict[str, float]:
@@ -53,6 +56,9 @@ def step_metrics(st: StepState, *, step: int, prompts_per_step: int, tri_model: 
     truncated = torch.tensor([t for r in records for t in r.truncated], dtype=torch.float32)
     m: dict[str, float] = {k: sum(v * w for v, w in vs) / max(1, sum(w for _, w in vs))
                            for k, vs in st.reward_metrics.items()}
+    for k in COUNTS:  # counts of the step's calls add up
+        if k in st.reward_metrics:
+            m[k] = sum(v for v, _ in st.reward_metrics[k])
     # dynamic sampling's record (without it: nothing dropped, one round)
     m.update({"dapo/dropped_groups": float(len(st.dropped)), "dapo/sampled_groups": float(st.judged),
               "dapo/rounds": float(st.rounds), "dapo/missing_prompts": float(max(0, prompts_per_step - st.kept))})

@@ -15,6 +15,8 @@ from relayrl.checkpoint.rundir import (
     check_run_dir,
     claim_run_dir,
     config_differences,
+    hold_run_dir,
+    release_run_dir,
     saved_config,
 )
 from relayrl.errors import is_user_error
@@ -234,3 +236,46 @@ def test_the_tiny_shape_matters_only_when_the_tiny_default_is_the_model():
     saved["trainer"]["init_from"] = current["trainer"]["init_from"] = None
     with pytest.raises(CheckpointError, match=r"model.tiny: checkpoint \{'hidden_size': 64\}, now \{'hidden_size': 256\}"):
         check_fingerprint(Path("ck"), saved, current)
+
+
+HOLD = """
+import sys
+from relayrl.checkpoint.rundir import hold_run_dir
+hold_run_dir(sys.argv[1])
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_run_dir_is_held_by_one_run_and_the_refusal_names_the_holder(tmp_path):
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    other = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    try:
+        assert other.stdout.readline().strip() == "held"
+        with pytest.raises(RunDirError) as e:
+            hold_run_dir(run)
+        msg = str(e.value)
+        assert f"run.dir={run} is in use by another run (pid {other.pid} on {socket.gethostname()}, started " in msg
+        assert f"choose another run.dir (e.g. run.dir={run}-2)" in msg and is_user_error(e.value)
+    finally:
+        other.stdin.close()
+        other.wait(30)
+    hold_run_dir(run)  # the holder is gone: its lock with it
+    hold_run_dir(run)  # held by this process already: a restart takes it again
+    release_run_dir(run)
+
+
+def test_overwrite_moves_the_lock_aside_with_the_run_and_the_new_run_holds_its_own(tmp_path):
+    run = tmp_path / "run"
+    hold_run_dir(run)
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert "moved the previous run" in claim_run_dir(run, "never", overwrite=True)
+    hold_run_dir(run)
+    assert (run / ".relayrl.lock").read_text().startswith('{"pid": ')
+    release_run_dir(run)

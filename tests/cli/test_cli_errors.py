@@ -95,6 +95,17 @@ def test_plan_names_a_missing_model_and_a_damaged_profile(capsys, tmp_path):
     assert code == EXIT_CONFIG and "name: Input should be a valid string (got 3); source: Field required" in err
 
 
+def test_overrides_may_follow_the_options_of_plan_and_train(capsys, tmp_path):
+    code, err = run(capsys, "plan", GRPO, "--devices", "2", "--hardware", "h100_7b", f"model.path={tmp_path / 'nope'}")
+    assert code == EXIT_CONFIG and f"model directory {tmp_path / 'nope'} (trainer.init_from or model.path)" in err
+    code, err = run(capsys, "plan", GRPO, "run.seed=1", "--devices", "2", "--hardware", "h100_7b", "trainer.steps=true")
+    assert code == EXIT_CONFIG and "trainer.steps=true: an integer is expected" in err
+    assert cli.main(["train", GRPO, "--debug", "trainer.steps=true"]) == EXIT_CONFIG  # (--debug: a traceback)
+    assert "trainer.steps=true: an integer is expected" in capsys.readouterr().err
+    assert "unrecognized arguments: --bogus" in argparse_error(capsys, "plan", GRPO, "--devices", "2", "--bogus")
+    assert "unrecognized arguments: nokey" in argparse_error(capsys, "plan", GRPO, "--devices", "2", "nokey")
+
+
 def test_eval_of_a_missing_model_names_it(capsys, tmp_path):
     code, err = run(capsys, "eval", "--model", str(tmp_path / "nope"), "--task", "arith", "--device", "cpu")
     assert code == EXIT_USER and f"model path {tmp_path / 'nope'} is not a directory" in err and HINT in err
@@ -165,6 +176,18 @@ def test_every_bad_dataset_row_is_reported(capsys, tmp_path):
     for line in ("train.jsonl row 2: field 'answer' is missing", "train.jsonl row 3: invalid JSON",
                  "train.jsonl row 4: field 'prompt' is an empty string"):
         assert line in err
+
+
+def test_a_prompt_that_leaves_no_room_for_the_response_is_refused_naming_the_row(capsys, tmp_path):
+    rows = [{"prompt": "1+1=", "answer": "2"}] * 20 + [{"prompt": "9" * 2000, "answer": "9"}]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, err = run(capsys, "train", GRPO, "data.task=null", f"data.path={data}", "reward.verifier=exact",
+                    "eval.size=4", f"run.dir={tmp_path / 'r'}", *FAST[1:])
+    assert code == EXIT_USER, err
+    assert f"{data} row 21: the prompt is " in err and " tokens and rollout.max_new_tokens=" in err
+    assert "beyond the model's max_position_embeddings=512" in err and "shorten or drop the row" in err
+    assert not (tmp_path / "r").exists()
 
 
 def test_missing_model_path_names_the_key(capsys, tmp_path):

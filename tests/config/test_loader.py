@@ -150,3 +150,26 @@ def test_values_that_would_fail_in_a_worker_are_refused_when_the_config_loads():
 def test_a_yes_for_run_resume_says_what_to_write():
     assert "run.resume: true (YAML reads yes, no, true and false as booleans) is not a resume mode: write never, " \
            "auto or a checkpoint path" in _errors("run.resume=yes")
+
+
+@pytest.mark.parametrize("override, says", [
+    ("trainer.steps=true", "trainer.steps=true: an integer is expected, not a boolean; write the number"),
+    ("trainer.steps=false", "trainer.steps=false: an integer is expected"),
+    ("rollout.top_p=true", "rollout.top_p=true: a number is expected, not a boolean"),
+    ("placement.pools={gen: true}", "placement.pools.gen=true: an integer is expected")])
+def test_a_boolean_is_not_read_as_a_number(override, says):
+    extra = ["placement.rollout=gen"] if "pools" in override else []
+    assert says in _errors(override, *extra, recipe=RECIPES / "arith_grpo.yaml")
+    assert load_config(Config, RECIPES / "arith_grpo.yaml", ["trainer.steps=3"]).trainer.steps == 3
+
+
+def test_more_cpu_ranks_than_cores_are_refused_unless_asked_for():
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    over = [f"cluster.devices={cores + 1}", "model.device=cpu", "data.prompts_per_step=64"]
+    says = _errors(*over, recipe=RECIPES / "arith_grpo.yaml")
+    assert f"cluster.devices={cores + 1} starts {cores + 1} ranks, one per CPU core, but this machine has {cores}" in says
+    assert f"set cluster.devices <= {cores}, or set cluster.oversubscribe=true" in says
+    cfg = load_config(Config, RECIPES / "arith_grpo.yaml", [*over, "cluster.oversubscribe=true"])
+    assert cfg.cluster.devices == cores + 1

@@ -149,3 +149,29 @@ def test_check_rewards_shapes():
         check_rewards(np.zeros((2, 1)), 2, "f")
     with pytest.raises(RewardError, match="returned dict"):
         check_rewards({"a": 1.0}, 1, "f")
+
+
+def _fails_on_b(prompts, responses, answers):
+    if "b" in prompts:
+        raise KeyError("no reference")
+    return [float(len(r)) for r in responses]
+
+
+def test_a_reward_function_failing_on_one_prompt_is_named_or_its_rows_dropped(monkeypatch):
+    import math
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "flaky_rewards", types.SimpleNamespace(score=_fails_on_b))
+    prompts, responses = ["a", "a", "b", "b", "c"], ["x", "xx", "y", "yy", "zzz"]
+    eng = RewardEngine(RewardConfig(verifier="user", user_fn="flaky_rewards:score"))
+    with pytest.raises(RewardError) as e:
+        eng.score(prompts, responses, [None] * 5)
+    assert "raised KeyError: 'no reference', scoring the responses to prompt 'b'; fix the function" in str(e.value)
+    eng = RewardEngine(RewardConfig(verifier="user", user_fn="flaky_rewards:score", on_error="drop_group"))
+    rewards, metrics = eng.score(prompts, responses, [None] * 5)
+    assert rewards[:2] == [1.0, 2.0] and math.isnan(rewards[2]) and math.isnan(rewards[3]) and rewards[4] == 3.0
+    assert metrics["reward/errors"] == 2.0 and metrics["reward/mean"] == 2.0  # the mean of the rows scored
+    assert eng.verify(prompts, responses, [None] * 5) == [1.0, 2.0, 0.0, 0.0, 3.0]
+    with pytest.raises(ValueError, match="reward.on_error=drop_group applies to a reward function"):
+        RewardConfig(verifier="exact", on_error="drop_group")

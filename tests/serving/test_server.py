@@ -178,3 +178,29 @@ def test_bearer_token_and_public_host_refusal(tiny_dir, tmp_path):
                        cwd=ROOT, capture_output=True, text=True, timeout=120,
                        env={k: v for k, v in __import__("os").environ.items() if k != "RELAYRL_API_KEY"})
     assert r.returncode == 1 and "bearer token" in r.stderr
+
+
+def test_limits_of_relayrl_serve_answer_with_a_status(tiny_dir, tmp_path):
+    """64 MiB to /v1/completions through the official client: 413; a weights payload declared over its limit:
+    413 before the body is read, the connection closed; a body that never finishes: 408 after --body-timeout-s."""
+    openai = pytest.importorskip("openai")
+    s = start_server(tiny_dir, tmp_path / "limits.log", "--name", "tiny", "--body-timeout-s", "1")
+    try:
+        client = openai.OpenAI(base_url=s.url, api_key="unused", max_retries=0, timeout=60)
+        with pytest.raises(openai.APIStatusError) as e:
+            client.completions.create(model="tiny", prompt="x" * (64 << 20))
+        assert e.value.status_code == 413
+        host, port = s.root[len("http://"):].split(":")
+        for head in (f"POST /v1/relayrl/weights?version=3 HTTP/1.1\r\nContent-Length: {1 << 40}\r\n",
+                     "POST /v1/completions HTTP/1.1\r\nContent-Length: 100\r\n"):
+            sock = socket.create_connection((host, int(port)), timeout=30)
+            sock.sendall(f"{head}Host: x\r\nContent-Type: application/octet-stream\r\n\r\n".encode() + b"{")
+            reply = b""
+            while chunk := sock.recv(65536):  # the server closes the connection after its answer
+                reply += chunk
+            sock.close()
+            assert reply.startswith(b"HTTP/1.1 413" if "weights" in head else b"HTTP/1.1 408"), reply
+            assert b'"code":4' in reply
+        assert client.completions.create(model="tiny", prompt="1+1=", max_tokens=2).choices
+    finally:
+        s.stop()

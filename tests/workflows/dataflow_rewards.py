@@ -9,3 +9,11 @@ def half_uniform(prompts, responses, answers):
     """Every response to a prompt whose characters sum to an even number scores 1 (a group DAPO's dynamic
     sampling drops); the others score by length, so their groups vary."""
     return [1.0 if sum(map(ord, p)) % 2 == 0 else float(len(r) % 3) / 2.0 for p, r in zip(prompts, responses)]
+
+
+def fails_on_some_prompts(prompts, responses, answers):
+    """by_length, but raises on a prompt whose characters sum to a multiple of 3 (a third of the prompts)."""
+    for p in prompts:
+        if sum(map(ord, p)) % 3 == 0:
+            raise KeyError(f"no reference for {p!r}")
+    return by_length(prompts, responses, answers)

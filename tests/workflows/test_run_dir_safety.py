@@ -34,9 +34,9 @@ def train(capsys, *argv: str) -> tuple[int, str]:
 
 
 def snapshot(directory: Path) -> dict[str, str]:
-    """{relative path: sha256} of every file under ``directory``."""
+    """{relative path: sha256} of every file under ``directory`` but the lock (it names the run that held it last)."""
     return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(directory.rglob("*")) if p.is_file()}
+            for p in sorted(directory.rglob("*")) if p.is_file() and p.name != ".relayrl.lock"}
 
 
 def steps(run: Path) -> list[int]:
@@ -163,3 +163,22 @@ def test_an_in_process_restart_before_the_first_checkpoint_is_not_refused(tmp_pa
 
     assert run_with_restarts(cfg, run, log=lambda _: None) == tmp_path / "run"
     assert len(attempts) == 2 and steps(tmp_path / "run") == [0]
+
+
+def test_a_second_run_started_in_a_held_run_dir_is_refused_naming_the_holder(capsys, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    hold = "import sys; from relayrl.checkpoint.rundir import hold_run_dir as h; h(sys.argv[1]); print('held', flush=True); sys.stdin.read()"
+    other = subprocess.Popen([sys.executable, "-c", hold, str(run)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert other.stdout.readline().strip() == "held"
+        code, out = train(capsys, SFT, f"run.dir={run}", "trainer.steps=1", *FAST)
+        assert code == EXIT_USER and f"run.dir={run} is in use by another run (pid {other.pid} on " in out, out
+        assert [p.name for p in run.iterdir()] == [".relayrl.lock"]  # the refused run wrote nothing
+    finally:
+        other.stdin.close()
+        other.wait(30)

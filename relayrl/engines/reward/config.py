@@ -43,6 +43,10 @@ class RewardConfig(BaseModel):
         "last number); exact: string match after strip; user: the function named by user_fn",
     )
     user_fn: str | None = Field(None, description='"package.module:function" or "package.module.function"')
+    on_error: Literal["fail", "drop_group"] = Field(
+        "fail", description="a reward function (user_fn) that raises or returns garbage (NaN, wrong length) for a "
+        "batch: its prompt groups are scored one by one; fail stops the step naming the prompt and the cause, "
+        "drop_group drops the groups that fail from the step (counted in reward/errors)")
     format_weight: float = Field(0.0, description="weight of the format reward added to the verifier reward")
     format_regex: str | None = Field(None, description=r'regex searched in the format target, e.g. "^\d+$" or "\\boxed\{.+\}"')
     format_on: Literal["auto", "answer", "response"] = Field(
@@ -81,6 +85,10 @@ class RewardConfig(BaseModel):
     def _check(self) -> "RewardConfig":
         if self.verifier == "user" and not self.user_fn:
             raise ValueError("reward.verifier='user' needs reward.user_fn='package.module:function'")
+        if self.on_error != "fail" and self.verifier != "user":
+            raise ValueError(f"reward.on_error={self.on_error} applies to a reward function (reward.verifier=user); "
+                             f"the built-in verifiers score a row they raise on 0 (counted in reward/errors): "
+                             f"drop reward.on_error")
         if self.user_fn and self.verifier != "user":
             raise ValueError(
                 f"reward.user_fn is set but reward.verifier={self.verifier!r}; set reward.verifier='user' "

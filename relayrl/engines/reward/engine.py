@@ -10,8 +10,13 @@ whole batch in one call (it may look across rows, e.g. within a group).
 
 A verifier that raises on one row scores that row 0 and counts it in
 ``reward/errors``: model output is untrusted text and one odd response must not
-stop a run. A *user function* that breaks its contract (wrong length, non-numeric,
-NaN) raises :class:`RewardError`, because that is a bug to fix, not noise.
+stop a run. A *user function* that raises or breaks its contract (wrong length,
+non-numeric, NaN) on a batch is called again once per prompt (the rows sharing a
+prompt text: a group), so the failure names its prompt; then ``reward.on_error``
+decides: ``fail`` raises :class:`RewardError` naming the prompt and the cause,
+``drop_group`` scores those rows NaN (the score stage drops their group;
+evaluation scores them 0 with a warning) and counts them in ``reward/errors``.
+No failed call becomes a reward.
 
 Learned rewards (``reward.model``: a reward model, ``reward.judge.path``: an LLM
 judge) are scored in the same call, on the engine's device, and combined with
@@ -118,6 +123,10 @@ class RewardEngine:
         n = self._check_inputs(prompts, responses, answers, None)
         if self._user_fn is not None:
             verifier = self._call_user(list(prompts), list(responses), list(answers))
+            if any(v != v for v in verifier):  # reward.on_error=drop_group: no group to drop in an evaluation
+                log.warning("evaluation: the reward function failed on %d of %d rows, scored 0 (reward.on_error="
+                            "drop_group)", sum(v != v for v in verifier), len(verifier))
+                verifier = [0.0 if v != v else v for v in verifier]
         else:
             verifier, _ = self._score_rows(list(responses), list(answers))
         if self._format is None:
@@ -154,6 +163,15 @@ class RewardEngine:
         n = self._check_inputs(prompts, responses, answers, finish_reasons)
         if self._user_fn is not None:
             verifier = self._call_user(list(prompts), list(responses), list(answers))
+            ok = [i for i, v in enumerate(verifier) if v == v]
+            if len(ok) < n:  # reward.on_error=drop_group: the failed rows stay NaN, the rest is scored as usual
+                pick = (lambda xs: None if xs is None else [xs[i] for i in ok])
+                sub, metrics = self.score(pick(prompts), pick(responses), pick(answers), pick(finish_reasons)) \
+                    if ok else ([], {})
+                rewards = [math.nan] * n
+                for i, r in zip(ok, sub):
+                    rewards[i] = r
+                return rewards, {**metrics, "reward/errors": float(n - len(ok))}
             errors: list[tuple[int, str]] = []
         else:
             verifier, errors = self._score_rows(list(responses), list(answers))
@@ -257,6 +275,30 @@ class RewardEngine:
         return response.split("\n", 1)[0].strip() if self._format_on == "answer" else response
 
     def _call_user(self, prompts: list[str], responses: list[str], answers: list[str | None]) -> list[float]:
+        """The user function's scores; a call that fails is made again per prompt (module docstring): NaN for
+        the rows of a prompt it fails on with ``reward.on_error=drop_group``, else :class:`RewardError`."""
+        try:
+            return self._call_user_once(prompts, responses, answers)
+        except RewardError as failed:
+            if len(set(prompts)) == 1 and self.cfg.on_error == "fail":
+                raise RewardError(f"{failed}, scoring the responses to prompt {prompts[0][:200]!r}; {_WAYS}") from None
+            out, dropped = [math.nan] * len(prompts), 0
+            for p in dict.fromkeys(prompts):
+                rows = [i for i, q in enumerate(prompts) if q == p]
+                try:
+                    got = self._call_user_once([p] * len(rows), [responses[i] for i in rows], [answers[i] for i in rows])
+                except RewardError as e:
+                    if self.cfg.on_error == "fail":
+                        raise RewardError(f"{e}, scoring the responses to prompt {p[:200]!r}; {_WAYS}") from None
+                    dropped += 1
+                    continue
+                for i, v in zip(rows, got):
+                    out[i] = v
+            if not dropped and self.cfg.on_error == "fail":
+                raise failed  # the batch failed, no prompt alone did: nothing narrower to name
+            return out
+
+    def _call_user_once(self, prompts: list[str], responses: list[str], answers: list[str | None]) -> list[float]:
         name = describe_fn(self._user_fn)
         try:
             result = self._user_fn(prompts, responses, answers)
@@ -290,6 +332,10 @@ class RewardEngine:
             scores += s
             errors += e
         return scores, errors
+
+
+_WAYS = ("fix the function, or set reward.on_error=drop_group to drop such a prompt's group from its step "
+         "(counted in reward/errors)")
 
 
 def _mean(xs: Sequence[float]) -> float:

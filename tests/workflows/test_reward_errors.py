@@ -1,0 +1,50 @@
+"""A reward function that raises for one prompt's responses (issue 35 item 2): by default the step fails naming
+the prompt and the cause; ``reward.on_error=drop_group`` drops that prompt's group from the step and counts its
+rows in ``reward/errors``. The synchronous (colocated) and the periodic step, through ``relayrl train``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from relayrl.cli import main as cli
+from relayrl.cli.boundary import EXIT_USER
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = [str(ROOT / "recipes" / "arith_grpo.yaml"), "trainer.steps=2", "eval.size=8", "eval.every=0",
+       "data.prompts_per_step=6", "rollout.n=4", "rollout.max_new_tokens=6", "telemetry.sinks=[jsonl]",
+       "run.threads=1", "run.save_every=0", "model.tiny.hidden_size=64", "model.tiny.intermediate_size=256",
+       "reward.verifier=user", "reward.user_fn=dataflow_rewards:fails_on_some_prompts"]
+
+
+@pytest.fixture(autouse=True)
+def _no_debug_env(monkeypatch):
+    monkeypatch.delenv("RELAYRL_DEBUG", raising=False)
+
+
+def test_by_default_the_step_fails_naming_the_prompt_and_the_cause(capsys, tmp_path):
+    code = cli.main(["train", *RUN, f"run.dir={tmp_path / 'r'}"])
+    err = capsys.readouterr().err
+    assert code == EXIT_USER, err
+    assert "reward function dataflow_rewards:fails_on_some_prompts raised KeyError: \"no reference for '" in err
+    assert ", scoring the responses to prompt '" in err and "reward.on_error=drop_group" in err
+    prompt = err.split("scoring the responses to prompt ", 1)[1].split(";", 1)[0]
+    assert sum(map(ord, eval(prompt))) % 3 == 0  # the prompt named is one the function fails on
+
+
+@pytest.mark.parametrize("mode", [[], ["trainer.mode=periodic", "placement.pools.gen=1", "placement.rollout=gen"]],
+                         ids=["sync", "periodic"])
+def test_drop_group_drops_the_failing_groups_and_counts_their_rows(capsys, tmp_path, mode):
+    run = tmp_path / "r"
+    code = cli.main(["train", *RUN, f"run.dir={run}", "reward.on_error=drop_group", *mode])
+    assert code == 0, capsys.readouterr().err
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steps = [r for r in records if r.get("step", 0) >= 1 and "reward/errors" in r]
+    assert len(steps) == 2
+    for r in steps:
+        assert r["reward/errors"] == 4 * r["dapo/dropped_groups"]  # n=4 rows per dropped group
+    assert sum(r["reward/errors"] for r in steps) > 0  # a third of the prompts fail: some step dropped a group
