@@ -85,6 +85,8 @@ def _execute(fn: Callable, args: tuple, kwargs: dict, fut: Future) -> None:
         fut.set_result(fn(*args, **kwargs))
     except BaseException as e:  # noqa: BLE001 - the caller's result() raises it
         fut.set_exception(e)
+        if isinstance(e, (KeyboardInterrupt, SystemExit)) and _on_main():
+            raise  # Ctrl-C on the main thread stops the run here too, not only whoever reads the future
 
 
 @contextlib.contextmanager

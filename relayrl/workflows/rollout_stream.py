@@ -195,12 +195,14 @@ class StreamingGeneration:
             except BaseException as e:  # noqa: BLE001 - handed to the driver by poll_stream
                 self._out.put(e)
             finally:
-                ended.put(None)
-                if deferred:
-                    writes.start()
-                writes.join()
-                self._swap.close()
-                self._out.put(_DONE)
+                try:
+                    ended.put(None)
+                    if deferred:
+                        writes.start()
+                    writes.join()
+                    self._swap.close()
+                finally:  # (even when a Ctrl-C lands in the lines above: a poller must not wait for ever)
+                    self._out.put(_DONE)
 
         self._swap.open(partial)
         self._stream = compute.submit(run, name="rollout-stream")  # the driver's main thread, or a thread here
