@@ -107,10 +107,10 @@ def open_dataset(path: Path | None, name: str | None, config: str | None, split:
         dict_dir = isinstance(ds, datasets.DatasetDict)
         return _pick_split(ds, split, f"dataset directory {path}", split_key), \
             f"{path.name}/{split}" if dict_dir else path.name
-    try:
+    import contextlib
+
+    with contextlib.suppress(Exception):  # not the streaming format datasets writes: try Arrow's random-access file
         return datasets.Dataset.from_file(str(path)), path.name
-    except Exception:  # noqa: BLE001 - not the streaming format datasets writes: try Arrow's random-access file
-        pass
     import pyarrow as pa
 
     try:
