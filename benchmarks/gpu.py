@@ -82,7 +82,8 @@ def decode_roofline(model, B: int, prompt: int, new: int, bw: float, peak: float
     return total
 
 
-def bench_decode(path: Path, sizes: list[int], prompt: int, new: int, bw: float, peak: float) -> dict:
+def bench_decode(path: Path, sizes: list[int], prompt: int, new: int, bw: float, peak: float,
+                 baselines: bool = True) -> dict:
     from relayrl.engines.generation.base import SamplingParams
     from relayrl.engines.generation.native import NativeGenerationEngine
     from relayrl.models.load import load_model, load_tokenizer
@@ -96,52 +97,71 @@ def bench_decode(path: Path, sizes: list[int], prompt: int, new: int, bw: float,
         prompts = ids.tolist()
         params = SamplingParams(n=1, temperature=1.0, max_new_tokens=new, ignore_eos=True)
         eng = NativeGenerationEngine(model, tok, max_batch=B, device="cuda", decode="static")
-        eng.generate(prompts[:B], SamplingParams(n=1, temperature=1.0, max_new_tokens=8, ignore_eos=True), gen)
+        eng.generate(prompts, params, gen)  # warm-up: the graphs of every cache length get recorded
         torch.cuda.reset_peak_memory_stats()
         comps, dt = sync_time(lambda: eng.generate(prompts, params, gen))
         assert all(len(c.token_ids) == new for c in comps)
         eng.release()
         roof = decode_roofline(model, B, prompt, new, bw, peak)
-        row = {"relayrl_tok_s": B * new / dt, "relayrl_s": dt, "roofline_s": roof, "roof_frac": roof / dt}
-        # Hugging Face generate on the same work (sampling, no early stop)
-        x = ids.cuda()
-        _, hf = sync_time(lambda: model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new,
-                                                 min_new_tokens=new, do_sample=True, top_k=0, top_p=1.0,
-                                                 pad_token_id=tok.pad_token_id))
+        row = {"relayrl_tok_s": B * new / dt, "relayrl_s": dt, "roofline_s": roof, "roof_frac": roof / dt,
+               "step_ms": dt / new * 1e3}
+        hf = float("nan")
+        if baselines:  # Hugging Face generate on the same work (sampling, no early stop)
+            x = ids.cuda()
+            _, hf = sync_time(lambda: model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new,
+                                                     min_new_tokens=new, do_sample=True, top_k=0, top_p=1.0,
+                                                     pad_token_id=tok.pad_token_id))
         row.update({"hf_tok_s": B * new / hf, "hf_s": hf, "speedup": hf / dt})
-        if B == sizes[-1]:  # the dynamic-cache path relayrl uses on CPU, on the same work
+        if baselines and B == sizes[-1]:  # the static path without its compiled step (rollout.decode_compile=false)
+            plain = NativeGenerationEngine(model, tok, max_batch=B, device="cuda", decode="static",
+                                           decode_compile=False)
+            plain.generate(prompts, params, gen)
+            _, t_plain = sync_time(lambda: plain.generate(prompts, params, gen))
+            plain.release()
+            row["uncompiled_tok_s"] = B * new / t_plain
+        if baselines and B == sizes[-1]:  # the dynamic-cache path relayrl uses on CPU, on the same work
             dyn = NativeGenerationEngine(model, tok, max_batch=B, device="cuda", decode="dynamic")
             _, t_dyn = sync_time(lambda: dyn.generate(prompts, params, gen))
             row["dynamic_tok_s"] = B * new / t_dyn
         out[B] = row
-        print(f"decode B={B}: relayrl {row['relayrl_tok_s']:.0f} tok/s ({dt:.2f} s, {row['roof_frac']:.0%} of "
+        print(f"decode B={B}: relayrl {row['relayrl_tok_s']:.0f} tok/s ({dt:.2f} s, {row['step_ms']:.2f} ms/step, "
+              f"{row['roof_frac']:.1%} of "
               f"roofline {roof:.2f} s), HF generate {row['hf_tok_s']:.0f} tok/s ({hf:.2f} s): "
-              f"{row['speedup']:.1f}x" + (f"; dynamic path {row['dynamic_tok_s']:.0f} tok/s" if "dynamic_tok_s" in row
-                                         else ""), flush=True)
+              f"{row['speedup']:.1f}x" + (f"; step not compiled {row['uncompiled_tok_s']:.0f} tok/s; dynamic path "
+                                         f"{row['dynamic_tok_s']:.0f} tok/s" if "dynamic_tok_s" in row else ""),
+              flush=True)
     return out
 
 
-def profile_decode(path: Path, B: int, prompt: int, steps: int) -> list[str]:
-    """Where a graphed decode step's time goes: the top CUDA kernels over a few replays."""
+def profile_decode(path: Path, B: int, prompt: int, steps: int, compile_step: bool = False) -> list[str]:
+    """Where a graphed decode step's time goes (sampling included): the top CUDA kernels over a few replays.
+    ``compile_step``: the step compiled by Inductor (fused element-wise kernels) before recording."""
     from torch.profiler import ProfilerActivity, profile
 
+    from relayrl.engines.generation.base import SamplingParams
     from relayrl.engines.generation.static import StaticDecoder
     from relayrl.models.load import load_model
 
     model = load_model(path, dtype="bfloat16", device="cuda").eval()
-    dec = StaticDecoder(model, B, graphs=True)
-    dec.ensure(prompt + steps + 1)
-    tok = torch.randint(10, 300, (B,), device="cuda")
-    pos = torch.full((B,), prompt, device="cuda")
-    dec.step(tok, pos, B)
+    t0 = time.perf_counter()
+    dec = StaticDecoder(model, B, graphs=True, compile=compile_step)
+    dec.ensure(prompt + 3 * steps + 8, 3 * steps + 8)
+    dec.tokens.random_(10, 300)
+    dec.positions.fill_(prompt)
+    params = SamplingParams(temperature=1.0)
+    L = -(-(prompt + 3 * steps + 1) // 128) * 128
+    dec.run(B, L, 1, params)  # records the graph
     torch.cuda.synchronize()
+    ready = time.perf_counter() - t0
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            dec.step(tok, pos, B)
+        dec.run(B, L, steps, params)
         torch.cuda.synchronize()
-    _, dt = sync_time(lambda: [dec.step(tok, pos, B) for _ in range(steps)])
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=8, max_name_column_width=60)
-    return [f"graphed step at B={B}, context {prompt}: {dt / steps * 1e3:.2f} ms", *table.splitlines()]
+    _, dt = sync_time(lambda: dec.run(B, L, steps, params))
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=10, max_name_column_width=60)
+    kernels = sum(e.count for e in prof.key_averages()) / steps
+    return [f"graphed step{' (compiled)' if compile_step else ''} at B={B}, context {prompt}, attending {L}: "
+            f"{dt / steps * 1e3:.2f} ms, {kernels:.0f} kernels per step (record{' + compile' if compile_step else ''} "
+            f"{ready:.1f} s)", *table.splitlines()]
 
 
 # ------------------------------------------------------------------ training
@@ -153,6 +173,7 @@ FEATURES = {
     "compile": "engine.compile=true: each decoder layer compiled",
     "fusedhead": "engine.fused_head=true: the chunked head's float32 steps compiled",
     "copy": "engine.compute_copy=true: passes on a bf16 copy of the weights, no autocast",
+    "graphs": "engine.cuda_graphs=true: each compiled layer replayed as CUDA graphs (needs compile)",
     "nochunk": "engine.logprob_chunk=0: full [positions, vocab] logits",
     "bf16": "pure bf16 weights, no float32 masters (a ceiling, not a training setting)",
 }
@@ -299,12 +320,13 @@ def bench_train(path: Path, peak: float, variant: str = "sdpa", budget: int = 16
                        attn_implementation=attn)
     cfg = TrainEngineConfig(token_budget=budget, logprob_chunk=0 if "nochunk" in feats else 1024,
                             compile="compile" in feats, fused_head="fusedhead" in feats,
-                            compute_copy="copy" in feats, optim=OptimConfig(lr=1e-6))
+                            compute_copy="copy" in feats, cuda_graphs="graphs" in feats,
+                            optim=OptimConfig(lr=1e-6))
     eng = TorchTrainingEngine(model, cfg, total_steps=10, device="cuda", compute_dtype=torch.bfloat16)
     groups, n, P, R = 8, 8, 128, 384
     batch = train_batch(groups, n, P, R)
     loss = PolicyLoss(agg="token-mean")
-    for _ in range(2 if feats & {"compile", "flex", "fusedhead"} else 1):  # warm-up (and compilation)
+    for _ in range(3 if feats & {"compile", "flex", "fusedhead"} else 1):  # warm-up (compilation, graph records)
         eng.train_step(batch, loss)
     torch.cuda.reset_peak_memory_stats()
     reps = 3
@@ -443,6 +465,8 @@ def main() -> None:
     ap.add_argument("--trace", default=None, help="train: a folder; each variant's update is traced (host and "
                     "CUDA events, Python frames) into trace-VARIANT.json.gz there, and the GPU's idle gaps are "
                     "summed by the host frame that was running")
+    ap.add_argument("--no-decode-baselines", action="store_true", help="decode: relayrl only (no HF generate, "
+                    "no dynamic-cache path)")
     ap.add_argument("--grpo-new-tokens", type=int, default=256, help="max_new_tokens of the GRPO steps")
     ap.add_argument("--grpo", nargs="*", default=[], help="extra config overrides of the GRPO steps")
     ap.add_argument("--decode-sizes", default="64,256", help="decode: comma-separated batch sizes")
@@ -467,11 +491,13 @@ def main() -> None:
     res: dict = {"device": name}
     new = 128 if args.quick else 512
     def decode():
-        res["decode"] = bench_decode(path, [int(x) for x in args.decode_sizes.split(",")], 128, new, bw, peak)
+        res["decode"] = bench_decode(path, [int(x) for x in args.decode_sizes.split(",")], 128, new, bw, peak,
+                                     baselines=not args.no_decode_baselines)
 
     def profile():
-        for line in profile_decode(path, 256, 384, 20):
-            print("  " + line, flush=True)
+        for compiled in (False, True):
+            for line in profile_decode(path, 256, 384, 20, compile_step=compiled):
+                print("  " + line, flush=True)
 
     def train():
         trace = Path(args.trace) / "trace.json.gz" if args.trace else None

@@ -105,6 +105,10 @@ class RolloutConfig(_Section):
     decode: Literal["auto", "dynamic", "static"] = Field(
         "auto", description="auto: on CUDA, Llama-family models decode on a static KV cache with CUDA graphs, "
         "others (and CPU) with a dynamic cache; static: always the static cache (graphed on CUDA); dynamic: never")
+    decode_compile: bool = Field(
+        True, description="static decoding on CUDA: compile the decode step (sampling included) with torch.compile "
+        "before recording its graphs: fused element-wise kernels, about 1.7x faster per step on an H200; the first "
+        "generate pays the compilation (about 30 s)")
     engine: Literal["native", "vllm", "openai"] = Field(
         "native", description="native: relayrl's engine in the rollout workers; vllm: a vLLM engine in each rollout "
         "worker's process (pip install 'relayrl[vllm]'; see rollout.vllm); openai: sample through an "

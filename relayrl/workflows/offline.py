@@ -45,7 +45,8 @@ class OfflineRun:
         self.rollout = None  # a reward model (workflow rm) generates nothing: its subclass evaluates on pairs
         if rollout:
             self.rollout = self.group(RolloutWorker, "rollout", max_batch=cfg.rollout.max_batch, seed=cfg.run.seed,
-                                      decode=cfg.rollout.decode, vllm=cfg.rollout.vllm_spec(),
+                                      decode=cfg.rollout.decode, decode_compile=cfg.rollout.decode_compile,
+                                      vllm=cfg.rollout.vllm_spec(),
                                       **self.precision["rollout"])
         self.episodes = episode_spec(cfg)  # env.name: evaluate with multi-turn episodes
 

@@ -41,7 +41,7 @@ ROLES: tuple[Role, ...] = (
         seed=cfg.run.seed, lora=cfg.model.lora, **prec["trained"], **common)),
     Role("rollout", RolloutWorker, lambda cfg, plan, prec, path, common: dict(
         model_path=path, max_batch=cfg.rollout.max_batch, seed=cfg.run.seed, decode=cfg.rollout.decode,
-        remote=cfg.rollout.remote(), vllm=cfg.rollout.vllm_spec(), **prec["rollout"], **common), own_process=True),
+        decode_compile=cfg.rollout.decode_compile, remote=cfg.rollout.remote(), vllm=cfg.rollout.vllm_spec(), **prec["rollout"], **common), own_process=True),
     Role("reference", ReferenceWorker, lambda cfg, plan, prec, path, common: dict(
         model_path=path, engine=cfg.engine, **prec["frozen"], **common)),
     Role("teacher", ReferenceWorker, lambda cfg, plan, prec, path, common: dict(  # a frozen model's log-probs

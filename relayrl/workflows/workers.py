@@ -410,6 +410,7 @@ class RolloutWorker(StreamingGeneration, WeightReceiverMixin, _MemoryProbe, Work
 
     def __init__(self, model_path: str, *, max_batch: int = 256, dtype: str = "float32", device: str = "auto",
                  attn_implementation: str = "sdpa", threads: int = 0, seed: int = 0, decode: str = "auto",
+                 decode_compile: bool = True,
                  remote: RemoteSpec | None = None, vllm: VLLMSpec | None = None) -> None:
         _set_threads(threads, self)
         if vllm is not None:  # a vLLM engine in this process, on the model directory
@@ -429,7 +430,8 @@ class RolloutWorker(StreamingGeneration, WeightReceiverMixin, _MemoryProbe, Work
         attn = "sdpa" if attn_implementation == "flex_attention" else attn_implementation
         model = load_model(model_path, dtype=dtype, device=dev, attn_implementation=attn)
         self.tokenizer = load_tokenizer(model_path)
-        self.engine = NativeGenerationEngine(model, self.tokenizer, max_batch=max_batch, device=dev, decode=decode)
+        self.engine = NativeGenerationEngine(model, self.tokenizer, max_batch=max_batch, device=dev, decode=decode,
+                                             decode_compile=decode_compile)
         self.generator = torch.Generator(device=dev).manual_seed(seed + 7919 * getattr(self, "rank", 0))
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:

@@ -116,6 +116,31 @@ def test_graphed_static_decode_matches_the_dynamic_path_on_cuda(tiny_model, tiny
     assert sta.static._graphs  # the steps ran as graph replays
 
 
+@pytest.mark.parametrize("compile_step", [False, True])
+def test_sampled_graphed_decode_in_chunks_matches_the_dynamic_path_on_cuda(tiny_model, tiny_dir, tiny_tokenizer,
+                                                                          compile_step):
+    """Sampling inside the graph (counter-based uniforms) over chunks of steps between host reads gives the
+    dynamic path's tokens and log-probs, with the step compiled or not; rows end at scattered steps inside
+    chunks and freed slots take waiting prompts."""
+    from relayrl.models.load import load_model
+
+    other = load_model(tiny_dir)
+    other.load_state_dict(tiny_model.state_dict())
+    dyn = NativeGenerationEngine(tiny_model.cuda(), tiny_tokenizer, max_batch=8, device="cuda", decode="dynamic")
+    sta = NativeGenerationEngine(other.cuda(), tiny_tokenizer, max_batch=8, device="cuda", decode="auto",
+                                 decode_compile=compile_step)
+    assert sta.static is not None and sta.static.graphs and sta.decode_chunk > 1
+    prompts = _ids(tiny_tokenizer, PROMPTS) * 3
+    params = SamplingParams(n=2, temperature=0.9, top_k=50, max_new_tokens=40,
+                            stop_token_ids=tuple(range(5, tiny_model.config.vocab_size, 11)))
+    a = dyn.generate(prompts, params, torch.Generator(device="cuda").manual_seed(5))
+    b = sta.generate(prompts, params, torch.Generator(device="cuda").manual_seed(5))
+    assert len({len(c.token_ids) for c in a}) > 3
+    for x, y in zip(a, b):
+        assert x.token_ids.tolist() == y.token_ids.tolist() and x.finish_reason == y.finish_reason
+        torch.testing.assert_close(x.logprobs, y.logprobs, atol=1e-3, rtol=1e-3)
+
+
 def test_mixed_precision_keeps_small_updates_on_cuda(tiny_dir, tiny_tokenizer):
     from relayrl.models.load import load_model
 
@@ -165,3 +190,25 @@ def test_compiled_layers_match_eager_on_cuda(tiny_dir, tiny_tokenizer):
     for x, y in zip(out[0][0], out[1][0]):
         torch.testing.assert_close(x, y, atol=0.05, rtol=0.05)  # bf16 compute, fused differently
     assert out[1][1] == pytest.approx(out[0][1], rel=0.05)
+
+
+@pytest.mark.parametrize("copy", [False, True])
+def test_cuda_graph_layers_match_compiled_ones_over_micro_batches_on_cuda(tiny_dir, tiny_tokenizer, copy):
+    """engine.cuda_graphs: each micro-batch starts a graph step, and the first micro-batch's gradients survive
+    the second's replays (with or without a compute copy): two updates of several micro-batches each give the
+    compiled layers' log-probs and gradient norms."""
+    from relayrl.models.load import load_model
+
+    batch, out = _grouped(tiny_tokenizer), []
+    for graphs in (False, True):
+        torch.manual_seed(0)
+        cfg = TrainEngineConfig(compile=True, cuda_graphs=graphs, compute_copy=copy, token_budget=32)
+        eng = TorchTrainingEngine(load_model(tiny_dir, device="cuda"), cfg, total_steps=2, device="cuda",
+                                  compute_dtype=torch.bfloat16)
+        assert len(eng._plan(batch)) > 1  # several micro-batches per update
+        norms = [eng.train_step(batch, PolicyLoss(agg="token-mean"))["actor/grad_norm"] for _ in range(2)]
+        out.append((eng.logprobs(batch)[0], norms))
+    for x, y in zip(out[0][0], out[1][0]):
+        torch.testing.assert_close(x, y, atol=0.02, rtol=0.02)
+    assert out[1][1] == pytest.approx(out[0][1], rel=0.02)
+

@@ -153,3 +153,13 @@ def test_logprobs_divide_logits_by_the_sampling_temperature(tiny_model, tiny_tok
     torch.testing.assert_close(lp, torch.log_softmax(logits / 0.7, -1).gather(-1, tok[:, None]).squeeze(-1))
     with pytest.raises(ValueError, match="temperature"):
         eng.logprobs(batch, temperature=0.0)
+
+
+def test_cuda_graphs_are_refused_where_they_cannot_run(tiny_dir):
+    """engine.cuda_graphs needs compiled layers on one CUDA device: elsewhere the engine says which and stops."""
+    from relayrl.models.load import load_model
+
+    with pytest.raises(ValueError, match="engine.cuda_graphs=true needs .* engine.compile=false"):
+        TorchTrainingEngine(load_model(tiny_dir), TrainEngineConfig(cuda_graphs=True), total_steps=1)
+    with pytest.raises(ValueError, match="engine.cuda_graphs=true needs .* runs on cpu"):
+        TorchTrainingEngine(load_model(tiny_dir), TrainEngineConfig(compile=True, cuda_graphs=True), total_steps=1)

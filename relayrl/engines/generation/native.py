@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 from relayrl.engines.generation import static
 from relayrl.engines.generation.base import Completion, SamplingParams
+from relayrl.engines.generation.sampling import draw_seed, row_key, row_uniforms, sample_next
 
 __all__ = ["NativeGenerationEngine", "PromptFeed", "RunningBatch", "sample_next"]
 
@@ -81,36 +82,6 @@ class _ListFeed:
         return bool(self.waiting)
 
 
-def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None):
-    """Sample one token per row.
-
-    Args:
-        logits: [B, V] next-token logits (float32).
-    Returns:
-        tokens [B] int64 and their log-probs [B] under ``softmax(logits / T)``
-        (greedy: under ``softmax(logits)``), before top-k/top-p filtering.
-    """
-    if params.temperature == 0.0:
-        logp = torch.log_softmax(logits, dim=-1)
-        tok = logp.argmax(dim=-1)
-        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
-    scaled = logits / params.temperature
-    logp = torch.log_softmax(scaled, dim=-1)
-    filtered = scaled
-    if params.top_k and params.top_k < filtered.shape[-1]:
-        kth = torch.topk(filtered, params.top_k, dim=-1).values[:, -1:]
-        filtered = filtered.masked_fill(filtered < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(filtered, descending=True, dim=-1)
-        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
-        drop = cum - torch.softmax(sorted_logits, dim=-1) >= params.top_p  # keep the token that crosses top_p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        filtered = torch.full_like(filtered, float("-inf")).scatter(-1, order, sorted_logits)
-    probs = torch.softmax(filtered, dim=-1)
-    tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
-
-
 class RunningBatch:
     """Rows in flight on the dynamic cache: cache, attention mask and per-row bookkeeping.
 
@@ -137,7 +108,7 @@ class NativeGenerationEngine:
     """Generation with a Hugging Face model; see the module docstring."""
 
     def __init__(self, model, tokenizer, *, max_batch: int = 256, device: str | torch.device = "cpu",
-                 decode: str = "auto", log=print) -> None:
+                 decode: str = "auto", decode_compile: bool = True, decode_chunk: int = 16, log=print) -> None:
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.device = torch.device(device)
@@ -145,7 +116,8 @@ class NativeGenerationEngine:
         self._version = 0
         self.shared = False  # True once the weights are another engine's live tensors (share_weights)
         self._index_params()
-        self.static = static.build(self.model, max_batch, decode, log)
+        self.static = static.build(self.model, max_batch, decode, log, compile=decode_compile)
+        self.decode_chunk = decode_chunk  # static cache: decode steps between two reads on the host
         self.eos_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
@@ -249,6 +221,8 @@ class NativeGenerationEngine:
         """Continuous batching on a left-padded dynamic cache: free slots take the feed's rows."""
         batch = RunningBatch()
         per_prompt = max(1, min(params.n, self.max_batch))
+        seed, serial = draw_seed(generator) if params.temperature > 0 else 0, 0  # (greedy draws nothing)
+        keys: list[int] = []  # each row's sampling key (sampling.row_key of its admission's serial number)
         while True:
             if between is not None and between() and len(batch):
                 self._refill(batch)
@@ -265,11 +239,15 @@ class NativeGenerationEngine:
             if admit:
                 self.admit(batch, [p for _, p, _ in admit], [k for k, _, _ in admit], params.n,
                            [b for _, _, b in admit])
+                keys += [row_key(seed, serial + j, s) for j in range(len(admit)) for s in range(params.n)]
+                serial += len(admit)
             if not len(batch):
                 if not feed.wait():
                     return
                 continue
-            tok, logp = sample_next(batch.next_logits.float(), params, generator)
+            counts = torch.tensor([len(t) for t in batch.tokens])
+            tok, logp = sample_next(batch.next_logits.float(), params,
+                                    uniforms=row_uniforms(torch.tensor(keys), counts))
             done = []
             tok_l, logp_l = tok.tolist(), logp.tolist()
             for r in range(len(batch)):
@@ -284,6 +262,7 @@ class NativeGenerationEngine:
             keep = [r for r in range(len(batch)) if r not in set(done)]
             if done:
                 self.retain(batch, keep)
+                keys = [keys[r] for r in keep]
                 tok = tok[keep]
             if len(batch):
                 self.advance(batch, tok)
@@ -292,29 +271,39 @@ class NativeGenerationEngine:
                          generator: torch.Generator | None, stop_ids: set[int],
                          on_finish: Callable[[Completion], None] | None = None,
                          between: Callable[[], bool] | None = None) -> list[Completion]:
-        """Continuous batching on the static cache: each row owns a slot; freed slots take waiting prompts."""
+        """Continuous batching on the static cache: each row owns a slot; freed slots take waiting prompts.
+
+        The device decodes up to ``decode_chunk`` steps (sampling included) between two reads on the host;
+        a row that stops inside a chunk decodes on until its end, and those tokens are dropped. With
+        ``between`` (partial rollout) the host reads after every step, so new weights come in at once."""
         st = self.static
         if params.n > self.max_batch:
             raise ValueError(f"n={params.n} samples of one prompt need {params.n} cache slots, but max_batch="
                              f"{self.max_batch}; raise rollout.max_batch to at least rollout.n")
-        st.ensure(max(len(p) for p in prompts) + params.max_new_tokens)
+        st.ensure(max(len(p) for p in prompts) + params.max_new_tokens, params.max_new_tokens)
+        seed = draw_seed(generator) if params.temperature > 0 else 0  # (greedy draws nothing)
+        chunk = 1 if between is not None else self.decode_chunk
         n = params.n
         waiting = deque(range(len(prompts)))
         free = list(range(self.max_batch))  # kept sorted: rows take the lowest slots, so buckets stay small
         rows: dict[int, tuple[int, int]] = {}  # slot -> (prompt, sample)
-        toks: dict[int, list[int]] = {}
+        toks: dict[int, list[int]] = {}  # the tokens read to the host
         logps: dict[int, list[float]] = {}
         vers: dict[int, list[int]] = {}
-        pos = torch.zeros(self.max_batch, dtype=torch.long)  # index of the slot's next token
-        logits = torch.empty(self.max_batch, self.model.config.vocab_size, device=self.device)
+        count: dict[int, int] = {}  # tokens sampled on the device (read, and not yet read)
         out: dict[tuple[int, int], Completion] = {}
+
+        def start(slots: list[int], ctx: list[list[int]], repeat: int, done: list[int]) -> None:
+            logits = st.prefill(ctx, torch.tensor(slots), repeat, self.pad_id)
+            ctx_len = [len(c) for c in ctx for _ in range(repeat)]
+            st.start(slots, logits, params, [row_key(seed, *rows[s]) for s in slots], done, ctx_len)
+            for s, d in zip(slots, done):
+                count[s] = d + 1
+
         while waiting or rows:
             if between is not None and between() and rows:  # new weights: prefill the in-flight contexts again
                 busy = sorted(rows)
-                ctx = [list(prompts[rows[slot][0]]) + toks[slot] for slot in busy]
-                logits[busy] = st.prefill(ctx, torch.tensor(busy), 1, self.pad_id)
-                for slot, c in zip(busy, ctx):
-                    pos[slot] = len(c)
+                start(busy, [list(prompts[rows[s][0]]) + toks[s] for s in busy], 1, [len(toks[s]) for s in busy])
             admit: list[int] = []
             new_slots: list[int] = []  # prompt-major, as prefill repeats each prompt n times
             while waiting and len(free) >= n:
@@ -323,39 +312,37 @@ class NativeGenerationEngine:
                 for s_i, slot in enumerate(take):
                     rows[slot] = (admit[-1], s_i)
                     toks[slot], logps[slot], vers[slot] = [], [], []
-                    pos[slot] = len(prompts[admit[-1]])
                 new_slots += take
             if admit:
-                logits[new_slots] = st.prefill([list(prompts[i]) for i in admit], torch.tensor(new_slots), n,
-                                               self.pad_id)
-            busy = sorted(rows)
-            idx = torch.tensor(busy, device=self.device)
-            tok, logp = sample_next(logits[idx], params, generator)
-            tok_l, logp_l = tok.tolist(), logp.tolist()
-            for j, slot in enumerate(busy):
-                toks[slot].append(tok_l[j])
-                logps[slot].append(logp_l[j])
-                vers[slot].append(self._version)
-                reason = self.finish_reason(toks[slot], params, stop_ids)
-                if reason:
-                    row = rows.pop(slot)
-                    out[row] = c = self.completion(row, toks.pop(slot), logps.pop(slot), reason, vers.pop(slot))
-                    if on_finish is not None:
-                        on_finish(c)
-                    free.append(slot)
+                start(new_slots, [list(prompts[i]) for i in admit], n, [0] * len(new_slots))
+            busy = sorted(rows)  # read what the device sampled since the last read; finish rows
+            lo = min(len(toks[s]) for s in busy)
+            tok_h, logp_h = st.read(busy[-1] + 1, lo, max(count[s] for s in busy))
+            tok_l, logp_l = tok_h.tolist(), logp_h.tolist()
+            for slot in busy:
+                for c in range(len(toks[slot]), count[slot]):
+                    toks[slot].append(tok_l[slot][c - lo])
+                    logps[slot].append(logp_l[slot][c - lo])
+                    vers[slot].append(self._version)
+                    reason = self.finish_reason(toks[slot], params, stop_ids)
+                    if reason:
+                        row = rows.pop(slot)
+                        del count[slot]
+                        out[row] = c_ = self.completion(row, toks.pop(slot), logps.pop(slot), reason, vers.pop(slot))
+                        if on_finish is not None:
+                            on_finish(c_)
+                        free.append(slot)
+                        break
             free.sort()
             if not rows:
                 continue
-            B = max(rows) + 1
-            step_tok = torch.zeros(B, dtype=torch.long, device=self.device)
-            live = [j for j, slot in enumerate(busy) if slot in rows]  # (a slot that just finished may lie past B)
-            if len(live) < len(busy):
-                idx, tok = idx[live], tok[live]
-            step_tok[idx] = tok
-            step_logits = st.step(step_tok, pos[:B].to(self.device), B)
-            logits[:B] = step_logits
-            for slot in rows:
-                pos[slot] += 1
+            busy = sorted(rows)
+            steps = min(chunk, min(params.max_new_tokens - count[s] for s in busy))  # >= 1: full rows finished
+            # the last position a step feeds is the context length + count - 2 + steps; attend up to it
+            last = max(len(prompts[rows[s][0]]) + count[s] - 2 + steps for s in busy)
+            st.run(busy[-1] + 1, min(st.max_len, -(-(last + 1) // 128) * 128), steps, params)
+            for s in busy:
+                count[s] += steps
         return [out[k] for k in sorted(out)]
 
     def stop_ids(self, params: SamplingParams) -> set[int]:

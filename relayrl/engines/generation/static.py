@@ -40,6 +40,9 @@ from typing import Callable
 import torch
 from torch import nn
 
+from relayrl.engines.generation.base import SamplingParams
+from relayrl.engines.generation.sampling import row_uniforms, sample_next, sample_with
+
 __all__ = ["StaticDecoder", "unsupported_reason"]
 
 _LAYER_PARTS = ("input_layernorm", "post_attention_layernorm", "mlp", "self_attn")
@@ -90,7 +93,7 @@ class StaticDecoder:
     wanted back); the next use builds them again.
     """
 
-    def __init__(self, model: nn.Module, slots: int, *, graphs: bool) -> None:
+    def __init__(self, model: nn.Module, slots: int, *, graphs: bool, compile: bool = False) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"static decoding: {reason}")
@@ -107,32 +110,40 @@ class StaticDecoder:
         self.graphs = graphs
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self.max_len = 0
+        self.max_len = self.width = 0
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._pool = None
+        # compile: one Inductor compilation (dynamic batch and cache length) serves every graph recorded after
+        self._decode_fn = torch.compile(self._decode, dynamic=True) if compile else self._decode
 
     # ------------------------------------------------------------- buffers
-    def ensure(self, max_len: int) -> None:
-        """A cache of at least ``max_len`` positions per slot (rounded up to 128; graphs are recorded again
-        when it grows)."""
-        if max_len <= self.max_len:
+    def ensure(self, max_len: int, width: int = 1) -> None:
+        """A cache of at least ``max_len`` positions per slot (rounded up to 128) and room for ``width`` sampled
+        tokens per slot; graphs are recorded again when either grows."""
+        if max_len <= self.max_len and width <= self.width:
             return
         self.release()
         self.max_len = -(-max_len // 128) * 128
+        self.width = max(width, 1)
         shape = (self.slots, self.kv_heads, self.max_len, self.head_dim)
         self.keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
         self.values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
-        self.tokens = torch.zeros(self.slots, dtype=torch.long, device=self.device)
-        self.positions = torch.zeros(self.slots, dtype=torch.long, device=self.device)
+        slot = dict(dtype=torch.long, device=self.device)
+        self.tokens = torch.zeros(self.slots, **slot)  # each slot's newest sampled token, the next input
+        self.positions = torch.zeros(self.slots, **slot)  # ... and the position it goes in at
+        self.row_keys = torch.zeros(self.slots, **slot)  # sampling.row_key of the row in the slot
+        self.counts = torch.zeros(self.slots, **slot)  # tokens the row has sampled
+        self.hist_tokens = torch.zeros(self.slots, self.width, **slot)  # token t of the row at [slot, t]
+        self.hist_logprobs = torch.zeros(self.slots, self.width, dtype=torch.float32, device=self.device)
 
     def release(self) -> None:
         """Free the KV cache and the recorded graphs."""
         self._graphs.clear()
         self._pool = None
         self.keys, self.values = [], []
-        self.max_len = 0
+        self.max_len = self.width = 0
 
     @property
     def cache_bytes(self) -> int:
@@ -177,12 +188,13 @@ class StaticDecoder:
         probs = torch.softmax(scores, dim=-1).to(v_buf.dtype)
         return torch.matmul(probs, v_buf).reshape(B, self.heads, self.head_dim)
 
-    def _step(self, B: int) -> torch.Tensor:
-        """One decode step for slots ``[0, B)`` from ``self.tokens``/``self.positions``; logits [B, V] float32."""
+    def _logits(self, B: int, L: int) -> torch.Tensor:
+        """The next-token logits [B, V] (float32) of slots ``[0, B)``: each slot's ``tokens`` goes in at its
+        ``positions``, attending over the first ``L`` cache positions (``L`` above every slot's position)."""
         tokens, pos = self.tokens[:B], self.positions[:B]
         x = self.dec.embed_tokens(tokens)[:, None, :]  # [B, 1, H]
         cos, sin = self.dec.rotary_emb(x, pos[:, None])
-        valid = torch.arange(self.max_len, device=self.device)[None, :] <= pos[:, None]  # [B, L]
+        valid = torch.arange(L, device=self.device)[None, :] <= pos[:, None]  # [B, L]
         rows = torch.arange(B, device=self.device)
         for layer, k_buf, v_buf in zip(self.layers, self.keys, self.values):
             attn = layer.self_attn
@@ -197,59 +209,109 @@ class StaticDecoder:
             q, k = self.rope(q, k, cos, sin)
             k_buf[rows, :, pos] = k[:, :, 0].to(k_buf.dtype)
             v_buf[rows, :, pos] = v[:, :, 0].to(v_buf.dtype)
-            o = self._attend(q, k_buf[:B], v_buf[:B], valid, attn.scaling)
+            o = self._attend(q, k_buf[:B, :, :L], v_buf[:B, :, :L], valid, attn.scaling)
             x = x + attn.o_proj(o.reshape(B, 1, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         hidden = self.dec.norm(x)[:, 0]
         return self.model.get_output_embeddings()(hidden).float()
 
-    @torch.no_grad()
-    def step(self, tokens: torch.Tensor, positions: torch.Tensor, B: int) -> torch.Tensor:
-        """Decode: ``tokens`` [B] at ``positions`` [B] (slots ``0..B-1``) -> next-token logits [B, V] float32.
-        The returned tensor is a static buffer on CUDA: read it before the next call."""
-        self.tokens[:B].copy_(tokens, non_blocking=True)
-        self.positions[:B].copy_(positions, non_blocking=True)
-        if not self.graphs:
-            return self._step(B)
-        bucket = next(b for b in _buckets(self.slots) if b >= B)
-        if bucket > B:  # slots past B decode masked garbage at position 0
-            self.positions[B:bucket].zero_()
-        graph = self._graphs.get(bucket) or self._record(bucket)
-        graph[0].replay()
-        return graph[1][:B]
+    def _decode(self, B: int, L: int, temperature: float, top_k: int, top_p: float):
+        """The step's tensor work (what ``compile`` compiles): logits of slots ``[0, B)`` and a token sampled
+        from them with each row's counter-based uniform; returns (tokens, log-probs)."""
+        logits = self._logits(B, L)
+        uniforms = row_uniforms(self.row_keys[:B], self.counts[:B])
+        return sample_with(logits, temperature, top_k, top_p, uniforms)
 
-    def _record(self, B: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """Record the step for ``B`` slots as a CUDA graph (warm-up on a side stream first, as CUDA asks)."""
+    def _record_token(self, idx, tok: torch.Tensor, logp: torch.Tensor) -> None:
+        """Slots ``idx`` (a slice or an index tensor) sampled ``tok``: into the history at each row's count,
+        and the next input."""
+        counts = self.counts[idx]
+        at = counts.clamp_max(self.width - 1)  # free slots decoding garbage never write past the history
+        rows = torch.arange(self.slots, device=self.device)[idx]
+        self.hist_tokens[rows, at] = tok
+        self.hist_logprobs[rows, at] = logp.float()
+        self.tokens[idx] = tok
+        self.counts[idx] = counts + 1
+
+    def _step(self, B: int, L: int, params: SamplingParams) -> None:
+        """One decode step of slots ``[0, B)``: logits, a sampled token per slot, positions one further (free
+        slots decoding garbage stay inside the cache)."""
+        tok, logp = self._decode_fn(B, L, params.temperature, params.top_k, params.top_p)
+        self._record_token(slice(0, B), tok, logp)
+        self.positions[:B] = (self.positions[:B] + 1).clamp_max(self.max_len - 1)
+
+    @torch.no_grad()
+    def start(self, slots: list[int], logits: torch.Tensor, params: SamplingParams, keys: list[int],
+              counts: list[int], positions: list[int]) -> None:
+        """Rows enter ``slots`` after a prefill: ``logits`` [len(slots), V] are their next-token logits; each has
+        its sampling key (``sampling.row_key``), the number of tokens it sampled before (0 for a new row) and
+        the position its next token goes in at. Their first token is sampled here, on the device."""
+        idx = torch.tensor(slots, device=self.device)
+        self.row_keys[idx] = torch.tensor(keys, dtype=torch.long, device=self.device)
+        self.counts[idx] = torch.tensor(counts, dtype=torch.long, device=self.device)
+        self.positions[idx] = torch.tensor(positions, dtype=torch.long, device=self.device)
+        tok, logp = sample_next(logits.float(), params, uniforms=row_uniforms(self.row_keys[idx], self.counts[idx]))
+        self._record_token(idx, tok, logp)
+
+    @torch.no_grad()
+    def run(self, B: int, L: int, steps: int, params: SamplingParams) -> None:
+        """``steps`` decode steps of slots ``[0, B)`` with no host synchronisation: each samples one token per
+        slot into the history (on CUDA, replays of the graph recorded for the batch bucket, ``L`` and ``params``;
+        slots past ``B`` in the bucket decode garbage)."""
+        if not self.graphs:
+            for _ in range(steps):
+                self._step(B, L, params)
+            return
+        bucket = next(b for b in _buckets(self.slots) if b >= B)
+        key = (bucket, L, params.temperature, params.top_k, params.top_p)
+        graph = self._graphs.get(key) or self._record(key, params)
+        for _ in range(steps):
+            graph.replay()
+
+    def read(self, B: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens ``lo..hi-1`` of the rows in slots ``[0, B)`` and their log-probs, on the host (one copy)."""
+        return self.hist_tokens[:B, lo:hi].cpu(), self.hist_logprobs[:B, lo:hi].cpu()
+
+    def _record(self, key: tuple, params: SamplingParams) -> torch.cuda.CUDAGraph:
+        """Record the step for ``key`` = (slots, L, sampling) as a CUDA graph. The warm-up CUDA asks for runs on
+        a side stream, on copies of the slot state, which is put back after: recording changes nothing."""
+        B, L = key[0], key[1]
+        state = [t.clone() for t in (self.tokens, self.positions, self.counts, self.hist_tokens, self.hist_logprobs)]
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._step(B)
+                self._step(B, L, params)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = self._step(B)
-        self._graphs[B] = (graph, out)
-        return self._graphs[B]
+            self._step(B, L, params)
+        for live, saved in zip((self.tokens, self.positions, self.counts, self.hist_tokens, self.hist_logprobs),
+                               state):
+            live.copy_(saved)
+        self._graphs[key] = graph
+        return graph
 
 
-def build(model: nn.Module, slots: int, mode: str, log: Callable[[str], None] | None = None) -> StaticDecoder | None:
+def build(model: nn.Module, slots: int, mode: str, log: Callable[[str], None] | None = None,
+          compile: bool = True) -> StaticDecoder | None:
     """The static decoder for ``mode`` (``auto``: on CUDA for supported models; ``static``: always, graphed on
-    CUDA; ``dynamic``: never). ``static`` on an unsupported model raises; ``auto`` says why it stays dynamic."""
+    CUDA; ``dynamic``: never). ``static`` on an unsupported model raises; ``auto`` says why it stays dynamic.
+    ``compile``: on CUDA, the step is compiled by Inductor before its graphs are recorded."""
     if mode == "dynamic":
         return None
-    device = next(model.parameters()).device
+    cuda = next(model.parameters()).device.type == "cuda"
     reason = unsupported_reason(model)
     if mode == "static":
         if reason is not None:
             raise ValueError(f"rollout.decode=static: {reason}; use rollout.decode=dynamic")
-        return StaticDecoder(model, slots, graphs=device.type == "cuda")
-    if device.type != "cuda":
+        return StaticDecoder(model, slots, graphs=cuda, compile=compile and cuda)
+    if not cuda:
         return None
     if reason is not None:
         if log is not None:
             log(f"relayrl: rollout.decode=auto keeps the dynamic decode path ({reason})")
         return None
-    return StaticDecoder(model, slots, graphs=True)
+    return StaticDecoder(model, slots, graphs=True, compile=compile)

@@ -131,6 +131,10 @@ class TrainEngineConfig(BaseModel):
     compile: bool = Field(False, description="compile each decoder layer with torch.compile (dynamic shapes): "
                           "fuses the norms, activations and casts between the matrix products; the first "
                           "passes pay the compilation (tens of seconds)")
+    cuda_graphs: bool = Field(False, description="with compile, on one CUDA device: replay each compiled decoder "
+                              "layer's forward and backward as CUDA graphs (torch.compile's reduce-overhead mode, a "
+                              "graph per packed length; each micro-batch starts a new step). Removes the kernel "
+                              "launch gaps of small models; costs graph memory and a recording per new length")
     packing: Literal["none", "sequences", "shared_prompt"] = Field(
         "shared_prompt", description="forward layout: one prompt + its group's responses per unit (Periodic Asynchrony §4.2), "
         "packed sequences, or right-padded rows")
@@ -254,9 +258,12 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
                 p.data = p.data.to(self.compute_dtype)
         if cfg.gradient_checkpointing:
             self.runner.gradient_checkpointing_enable()
+        if cfg.cuda_graphs:
+            self._check_cuda_graphs()
+        mode = "reduce-overhead" if cfg.cuda_graphs else None
         if cfg.compile:  # per layer, before sharding (as torchtitan does): one graph reused by every layer
             for layer in fsdp.decoder_layers(self.runner):
-                layer.compile(dynamic=True)
+                layer.compile(dynamic=True, mode=mode)
         self.net = fsdp.ResponseLogits(self.runner)
         # FSDP2 when the group has > 1 rank; it casts the gathered parameters itself
         self.sharded = fsdp.shard_model(self.net, self.device, compute_dtype=self.compute_dtype if mixed else None)
@@ -267,7 +274,7 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
         if reference is not None:  # frozen, no optimizer; sharded like the policy; its own dtype (usually compute)
             self.reference_model = reference.to(self.device).requires_grad_(False).eval()
             for layer in fsdp.decoder_layers(reference) if cfg.compile else ():
-                layer.compile(dynamic=True)
+                layer.compile(dynamic=True, mode=mode)
             self.reference = fsdp.ResponseLogits(self.reference_model).eval()
             ref_mixed = next(reference.parameters()).dtype != self.compute_dtype
             fsdp.shard_model(self.reference, self.device, compute_dtype=self.compute_dtype if ref_mixed else None)
@@ -286,6 +293,17 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
             self.scheduler = make_scheduler(self.optimizer, o, total_steps)
         else:
             self.model.requires_grad_(False).eval()
+
+    def _check_cuda_graphs(self) -> None:
+        """engine.cuda_graphs needs what the graphs assume: compiled layers, one CUDA device, no recomputation."""
+        why = ("engine.compile=false (the graphs are of the compiled layers)" if not self.cfg.compile else
+               f"the engine runs on {self.device.type}" if self.device.type != "cuda" else
+               "the model is sharded over ranks (FSDP2's hooks run between the layers)" if fsdp.world_size() > 1 else
+               "engine.gradient_checkpointing=true (recomputed layers replay outside the step)"
+               if self.cfg.gradient_checkpointing else None)
+        if why:
+            raise ValueError(f"engine.cuda_graphs=true needs compiled layers on one CUDA device, but {why}; set "
+                             f"engine.cuda_graphs=false")
 
     # --------------------------------------------------------------- layout
     def _resolve_packing(self, trainable: bool) -> None:
@@ -355,6 +373,8 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
         on the same input (first, so its activations are gone before the policy pass keeps its own)."""
         if temperature <= 0:
             raise ValueError(f"temperature={temperature} must be > 0 (log-probs of greedy samples: pass 1.0)")
+        if self.cfg.cuda_graphs:  # a new micro-batch: the previous one's graph outputs are no longer read
+            torch.compiler.cudagraph_mark_step_begin()
         if self.packing == "none":
             return self._forward_padded(batch, item, temperature, with_entropy, with_reference)
         if self.flex:  # the micro-batch's units in one row: no row padding, batch size 1 for the compiled kernel
@@ -546,6 +566,10 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
             loss, metrics = loss_fn(MicroBatch(f.logprobs, f.mask, fields, counts[0], counts[1], f.entropy))
             (loss * self.world if self.sharded else loss).backward()  # FSDP2 averages over ranks; we want the sum
             self._master_grads()
+            if self.cfg.cuda_graphs and self.runner is self.model:  # a first gradient may be a graph's output,
+                for p in self.model.parameters():  # which the next micro-batch's replay overwrites
+                    if p.grad is not None:
+                        p.grad = p.grad.clone()
             partial.add(metrics, float(f.mask.sum()), f.tokens, with_reference)
         if self.sharded:
             # Ranks with fewer micro-batches repeat one with a zero loss, so that FSDP2's collectives match up;
