@@ -106,9 +106,10 @@ class RolloutConfig(_Section):
         "auto", description="auto: on CUDA, Llama-family models decode on a static KV cache with CUDA graphs, "
         "others (and CPU) with a dynamic cache; static: always the static cache (graphed on CUDA); dynamic: never")
     decode_compile: bool = Field(
-        True, description="static decoding on CUDA: compile the decode step (sampling included) with torch.compile "
-        "before recording its graphs: fused element-wise kernels, about 1.7x faster per step on an H200; the first "
-        "generate pays the compilation (about 30 s)")
+        False, description="static decoding on CUDA, an experiment: compile the decode step (sampling included) "
+        "with torch.compile, dynamic shapes, before recording its graphs. Fused element-wise kernels (a step of "
+        "the 0.5B shape compiled for one shape took 3.3 ms instead of 5.7 ms on an H200), but the first generate "
+        "pays the compilation, which took over two minutes on that shape")
     engine: Literal["native", "vllm", "openai"] = Field(
         "native", description="native: relayrl's engine in the rollout workers; vllm: a vLLM engine in each rollout "
         "worker's process (pip install 'relayrl[vllm]'; see rollout.vllm); openai: sample through an "

@@ -410,7 +410,7 @@ class RolloutWorker(StreamingGeneration, WeightReceiverMixin, _MemoryProbe, Work
 
     def __init__(self, model_path: str, *, max_batch: int = 256, dtype: str = "float32", device: str = "auto",
                  attn_implementation: str = "sdpa", threads: int = 0, seed: int = 0, decode: str = "auto",
-                 decode_compile: bool = True,
+                 decode_compile: bool = False,
                  remote: RemoteSpec | None = None, vllm: VLLMSpec | None = None) -> None:
         _set_threads(threads, self)
         if vllm is not None:  # a vLLM engine in this process, on the model directory

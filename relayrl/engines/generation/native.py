@@ -15,6 +15,11 @@ whose decode step is replayed as a CUDA graph (:mod:`.static`, ``decode``
 prefilled into it, so continuous batching is kept. ``release()`` frees that
 cache (colocated training wants the memory back).
 
+Sampling (:mod:`.sampling`): every token is drawn by inverse CDF from one uniform that hashes the row's key
+(a seed drawn once per ``generate`` call from the generator, and the row's prompt and sample index) and the
+row's token count. A sample's tokens therefore do not depend on batch composition, slots or chunking: both
+decode paths give the same tokens for the same seed (up to the logits' rounding).
+
 Partial rollout (``generate(..., between=...)``): before each decode step the engine asks ``between()``
 whether the weights changed (a newer version was loaded while the batch was in flight). If so, every
 in-flight row's context (its prompt and the tokens it has so far) is prefilled again with the new weights,
@@ -108,7 +113,7 @@ class NativeGenerationEngine:
     """Generation with a Hugging Face model; see the module docstring."""
 
     def __init__(self, model, tokenizer, *, max_batch: int = 256, device: str | torch.device = "cpu",
-                 decode: str = "auto", decode_compile: bool = True, decode_chunk: int = 16, log=print) -> None:
+                 decode: str = "auto", decode_compile: bool = False, decode_chunk: int = 16, log=print) -> None:
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.device = torch.device(device)

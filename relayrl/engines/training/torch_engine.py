@@ -133,8 +133,9 @@ class TrainEngineConfig(BaseModel):
                           "passes pay the compilation (tens of seconds)")
     cuda_graphs: bool = Field(False, description="with compile, on one CUDA device: replay each compiled decoder "
                               "layer's forward and backward as CUDA graphs (torch.compile's reduce-overhead mode, a "
-                              "graph per packed length; each micro-batch starts a new step). Removes the kernel "
-                              "launch gaps of small models; costs graph memory and a recording per new length")
+                              "graph per packed length; each micro-batch starts a new step), against the launch gaps "
+                              "of small models. Measured once, on an H200 (0.5B shape, two micro-batches): 0.276 s "
+                              "per update against 0.282 s compiled without graphs; costs a recording per new length")
     packing: Literal["none", "sequences", "shared_prompt"] = Field(
         "shared_prompt", description="forward layout: one prompt + its group's responses per unit (Periodic Asynchrony §4.2), "
         "packed sequences, or right-padded rows")
