@@ -206,9 +206,11 @@ def _jail_plan() -> tuple[list[tuple[str, str]], list[str]]:
 def check_available() -> None:
     """Raise :class:`SandboxUnavailable` naming what is missing (checked when a tool is loaded)."""
     if sys.platform != "linux":
-        raise SandboxUnavailable(f"the Python sandbox needs Linux namespaces; this is {sys.platform}")
+        raise SandboxUnavailable(f"the Python sandbox needs Linux namespaces; this is {sys.platform}: run relayrl on "
+                                 f"Linux or drop the python tool from env.tools")
     if shutil.which("unshare") is None:
-        raise SandboxUnavailable("the Python sandbox needs util-linux's unshare on PATH (apt-get install util-linux)")
+        raise SandboxUnavailable("the Python sandbox needs util-linux's unshare on PATH; install it (apt-get install "
+                                 "util-linux) or drop the python tool from env.tools")
     try:
         sandbox_seccomp.filter_program()
     except (ImportError, RuntimeError, OSError) as e:
@@ -391,39 +393,55 @@ def run_python(code: str, cfg: SandboxConfig | None = None) -> SandboxResult:
                                 start_new_session=True, close_fds=True, pass_fds=(report_w,), cwd=str(work),
                                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
         os.close(report_w)
-        error = None
+        stopped_why = None
         try:
             with contextlib.suppress(BrokenPipeError):  # the code's process ended before reading it all
                 proc.stdin.write(code.encode("utf-8", "replace"))
                 proc.stdin.close()
-            error = _collect(proc, chunks, cfg, t0)
+            stopped_why = _collect(proc, chunks, cfg, t0)
         finally:
             _stop(proc, uid)
             for pipe in (proc.stdout, proc.stderr):
                 pipe.close()
             with os.fdopen(report_r) as f:
-                report = [json.loads(line) for line in f.read().splitlines() if line.strip()]
+                report = f.read()
         oom_kills = group.oom_kills() if group is not None else 0
-    seconds = time.monotonic() - t0
     stderr = chunks["stderr"].decode("utf-8", "replace")
-    boot_error = next((r["boot_error"] for r in report if "boot_error" in r), None)
-    exit_code = next((r["exit"] for r in report if "exit" in r), None) if error is None else None
+    error, exit_code = _verdict(cfg, stopped_why, report, oom_kills, proc.returncode, stderr)
+    return SandboxResult(chunks["stdout"].decode("utf-8", "replace"), stderr, exit_code, error,
+                         time.monotonic() - t0, uid, group.controllers if group is not None else ())
+
+
+def _verdict(cfg: SandboxConfig, stopped_why: str | None, report: str, oom_kills: int, launcher_status: int | None,
+             stderr: str) -> tuple[str | None, int | None]:
+    """(error, exit_code) of a run from why the parent stopped it (None: it ended by itself), pid 1's report
+    (JSON lines: ``{"exit": status}``, or ``{"boot_error": why}`` from the code's process before its exec)
+    and the memory cgroup's OOM kills."""
+    records = []
+    for line in report.splitlines():
+        with contextlib.suppress(ValueError):  # a line cut short by the kill
+            records.append(json.loads(line))
+    boot_error = next((r["boot_error"] for r in records if "boot_error" in r), None)
+    exit_code = next((r["exit"] for r in records if "exit" in r), None) if stopped_why is None else None
     if boot_error is not None:
-        error, exit_code = f"the sandbox failed to start: {boot_error}", None
-    elif oom_kills:
-        error = (f"memory limit of {cfg.memory_mb + cfg.disk_mb} MB for the whole sandbox reached ({oom_kills} "
-                 f"process{'es' if oom_kills > 1 else ''} killed)")
-    elif error is None and exit_code is None:
-        error = f"the sandbox failed to start (launcher exit status {proc.returncode}): {stderr.strip()[-300:]}"
-    elif error is None and exit_code in (-signal.SIGXCPU, -signal.SIGKILL):
-        error = f"CPU time limit of {cfg.cpu_s} s reached (killed)"
-    elif error is None and exit_code != 0:
+        return f"the sandbox failed to start: {boot_error}", None
+    if oom_kills:
+        return (f"memory limit of {cfg.memory_mb + cfg.disk_mb} MB for the whole sandbox reached ({oom_kills} "
+                f"process{'es' if oom_kills > 1 else ''} killed)"), exit_code
+    if stopped_why is not None:
+        return stopped_why, None
+    if exit_code is None:
+        return f"the sandbox failed to start (launcher exit status {launcher_status}): {stderr.strip()[-300:]}", None
+    if exit_code == -signal.SIGSYS:
+        return "a system call of another ABI (i386 or x32), which the sandbox's filter forbids (killed)", exit_code
+    if exit_code in (-signal.SIGXCPU, -signal.SIGKILL):
+        return f"CPU time limit of {cfg.cpu_s} s reached (killed)", exit_code
+    if exit_code != 0:
         last = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit status {exit_code}"
         if "MemoryError" in stderr:
             last = f"MemoryError (the memory limit is {cfg.memory_mb} MB per process)"
-        error = f"the code failed: {last}"
-    return SandboxResult(chunks["stdout"].decode("utf-8", "replace"), stderr, exit_code, error, seconds, uid,
-                         group.controllers if group is not None else ())
+        return f"the code failed: {last}", exit_code
+    return None, 0
 
 
 def _collect(proc: subprocess.Popen, chunks: dict[str, bytearray], cfg: SandboxConfig, t0: float) -> str | None:
