@@ -345,13 +345,15 @@ def test_uid_leases_are_exclusive_and_come_back():
         pytest.skip("uids are leased in root mode only")
     import contextlib
 
-    from relayrl.environments.sandbox import _lease_uid
+    from relayrl.environments.sandbox import _lease_uid, _uid_registry
 
     with contextlib.ExitStack() as stack:
         held = [stack.enter_context(_lease_uid(300_000)) for _ in range(260)]  # the old scheme wrapped at 256
         assert len(set(held)) == 260
     with _lease_uid(300_000) as uid:
         assert uid == 300_000
+    for uid in range(300_000, 300_260):  # this test's range only, every lease released
+        (_uid_registry() / f"{uid}.lock").unlink(missing_ok=True)
 
 
 def test_concurrent_runs_never_share_a_uid():
