@@ -22,6 +22,7 @@ the standard library only (the virtualenv is not on its path) and is never impor
 import ctypes
 import json
 import os
+import re
 import resource
 import sys
 
@@ -71,7 +72,7 @@ def _mounts_under(tgt):
     with open("/proc/self/mountinfo") as f:
         for line in f:
             fields = line.split()
-            point = fields[4].encode().decode("unicode_escape")  # \040 for a space, ...
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])  # \040: a space
             if point == tgt or point.startswith(tgt.rstrip("/") + "/"):
                 flags = 0
                 for opt in fields[5].split(","):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass
@@ -47,7 +48,8 @@ class _Hierarchy:
 
 
 def _unescape(field: str) -> str:
-    return field.encode().decode("unicode_escape")
+    """A path of /proc/self/mountinfo, whose spaces and the like are octal escapes (\\040)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def _hierarchies() -> list[_Hierarchy]:
