@@ -2,66 +2,93 @@
 
 Code execution is the most common tool of agentic RL (NeMo RL's code environments) and the most
 common way such a system lets someone in where they do not belong. :func:`run_python` runs ``code`` like
-this (Linux, as root; :func:`check_available` says why not when it cannot)::
+this (Linux; as root, or as any user where the kernel allows user namespaces; :func:`check_available` says
+why not when it cannot)::
 
-    relayrl (root)
-      └─ unshare --mount --net --pid --ipc --uts --fork --kill-child      (new session, own process group)
-           └─ boot script, pid 1 of a new PID namespace, root of a new mount namespace
-                mount a size-capped tmpfs as the new root; bind read-only: /usr /bin /lib* and the Python
-                install; /dev/null, /dev/zero, /dev/urandom; an empty /work (the cwd) and /tmp
-                chroot; drop to a fresh uid/gid (no supplementary groups); PR_SET_PDEATHSIG=SIGKILL
-                setrlimit: CPU, address space, processes (fork bombs), file size, open files, no core
-                exec python -I -S -B /work/main.py
+    relayrl
+      └─ unshare [--user --map-root-user] --mount --net --pid --ipc --uts --fork --kill-child  (new session)
+           └─ sandbox_boot.py: pid 1 of a new PID namespace, root of a new mount namespace
+                join the run's cgroup (cpu, memory, pids), where the machine lets it make one
+                mount a size-capped tmpfs as the new root; bind read-only, recursively: /usr /bin /lib*, the
+                Python executable, standard library and shared libraries (site-packages hidden under empty
+                tmpfs); /dev/null, /dev/zero, /dev/urandom; an empty /work (the cwd) and /tmp
+                pivot_root into it and detach the host's root
+                └─ fork: drop every capability; a uid of its own (root mode); PR_SET_PDEATHSIG=SIGKILL;
+                   setrlimit: CPU, address space, processes, file size, open files, no core;
+                   PR_SET_NO_NEW_PRIVS; seccomp filter; exec python -I -S -B /work/main.py
+
+Root mode (relayrl runs as root) gives each run a uid of its own, leased from a registry of lock files
+(``/run/relayrl-sandbox-uids``), so two runs never share one, whatever their trainers' pids. User-namespace
+mode (any other user) runs the code as root of a user namespace that maps that one user, with every
+capability dropped: to the host it is relayrl's own uid, confined by the namespaces and the filter.
 
 What it guarantees (each is a test in ``tests/environments/test_sandbox.py``):
 
-* **time**: wall time (the parent kills the whole process group at ``wall_s``) and CPU time (RLIMIT_CPU);
-* **memory**: RLIMIT_AS per process; with RLIMIT_NPROC the whole tree holds at most
-  ``max_processes x memory_mb`` (there is no cgroup, so that product is the bound);
-* **processes**: RLIMIT_NPROC counts the processes of the sandbox's own uid (a fresh one per run), so a
-  fork bomb stops at ``max_processes``; when pid 1 of the PID namespace ends, the kernel kills every
-  process left in it, and the parent kills the process group and then any process of the sandbox uid;
+* **time**: wall time (the parent kills the whole PID namespace at ``wall_s``) and CPU time (RLIMIT_CPU);
+  CPU share: the whole tree gets at most ``cpus`` cores (cgroup cpu quota);
+* **memory**: RLIMIT_AS per process, and the cgroup caps the whole tree (its tmpfs files included) at
+  ``memory_mb + disk_mb``; without a memory cgroup the bound is ``max_processes x memory_mb``;
+* **processes**: RLIMIT_NPROC (per uid, and per user namespace) and the cgroup's ``pids.max`` stop a fork
+  bomb at ``max_processes``; when pid 1 of the PID namespace ends, the kernel kills every process left in
+  it, and the parent ends a run by killing that pid 1 and waiting until the namespace is empty;
 * **network**: a fresh network namespace has only a loopback device, down: no route anywhere, and the
   abstract Unix sockets of the host are in the host's namespace;
-* **files**: the real filesystem is not mounted in the jail, apart from the read-only system directories
-  above (so the run directory, ``$HOME``, ``/work``, ``/tmp`` of the host cannot be read or written); writes go
-  to a tmpfs of ``disk_mb`` that vanishes with the namespace; RLIMIT_FSIZE caps a single file;
-* **the parent**: the code runs as an unprivileged uid in its own PID namespace, so it can neither see nor
-  signal relayrl's processes;
+* **files**: the host's root is not mounted in the jail's namespace (pivot_root, then detached); only the
+  read-only binds above are (so the run directory, the rest of ``$HOME``, ``/work``, ``/tmp`` of the host
+  cannot be read or written, submounts under the binds included); writes go to a tmpfs of ``disk_mb``
+  that vanishes with the namespace; RLIMIT_FSIZE caps a single file;
+* **system calls**: a seccomp filter (:mod:`.sandbox_seccomp`) refuses ptrace, mounts, new namespaces,
+  bpf, perf, io_uring, keyrings and the machine's configuration; no-new-privs and an empty capability set
+  (bounding set included) mean no program it runs can gain a privilege;
+* **the parent**: the code runs in its own PID namespace, without privileges (another uid in root mode),
+  so it can neither see nor signal relayrl's processes;
 * **output**: stdout and stderr are read up to ``output_bytes`` together; past that the run is killed and
   reported as such (printing 1 GB costs the parent ``output_bytes``).
 
-What it does not guarantee: the read-only system directories and the Python install are visible (so code
-can read ``/usr`` and the standard library); there is no seccomp filter, so every system call of an
-unprivileged user is available (a kernel exploit is out of scope); CPU share is not limited (a busy loop
-uses one core until its CPU limit); third-party packages of the virtualenv are not importable inside.
+What it does not guarantee: the read-only system directories and the Python standard library are visible
+(so code can read ``/usr``); the filter is a deny list, so the other system calls of an unprivileged user
+remain (a kernel exploit through them is out of scope); where no cgroup can be made (not root and no
+delegated cgroup) CPU share is not limited and memory is bounded per process only (a log line says so);
+uids are unique among the runs that share ``/run``: containers that share a kernel but not ``/run`` need
+different ``uid_base``; third-party packages of the virtualenv are not importable inside.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
+import fcntl
+import functools
 import json
+import logging
 import os
+import secrets
 import selectors
 import shutil
 import signal
+import site
+import stat
 import subprocess
 import sys
+import sysconfig
 import tempfile
-import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from relayrl.environments import sandbox_cgroup, sandbox_seccomp
+
 __all__ = ["SandboxConfig", "SandboxResult", "SandboxUnavailable", "run_python", "check_available",
            "processes_of_uid"]
 
+log = logging.getLogger(__name__)
+
 
 class SandboxUnavailable(RuntimeError):
-    """This machine cannot build the jail (not Linux, not root, no ``unshare``)."""
+    """This machine cannot build the jail (not Linux, no ``unshare``, no libseccomp, neither root nor user
+    namespaces)."""
 
 
 class SandboxConfig(BaseModel):
@@ -71,13 +98,18 @@ class SandboxConfig(BaseModel):
 
     wall_s: float = Field(5.0, gt=0, description="wall-clock limit; the whole process tree is killed after it")
     cpu_s: int = Field(5, ge=1, description="CPU-seconds limit of each process (RLIMIT_CPU)")
-    memory_mb: int = Field(512, ge=64, description="address-space limit of each process (RLIMIT_AS)")
-    max_processes: int = Field(8, ge=1, description="processes the sandbox uid may have (RLIMIT_NPROC)")
+    cpus: float = Field(1.0, gt=0, description="CPU share of the whole process tree, in cores (cgroup cpu "
+                        "quota; not limited where no cgroup can be made)")
+    memory_mb: int = Field(512, ge=64, description="address-space limit of each process (RLIMIT_AS); the whole "
+                           "tree's memory, its files included, is capped at memory_mb + disk_mb (memory cgroup)")
+    max_processes: int = Field(8, ge=1, description="processes the sandbox may have (RLIMIT_NPROC, cgroup "
+                               "pids.max)")
     output_bytes: int = Field(16384, ge=256, description="stdout+stderr kept; more kills the run")
     disk_mb: int = Field(32, ge=1, description="size of the jail's tmpfs (its /work and /tmp)")
     file_mb: int = Field(16, ge=1, description="largest file the code may write (RLIMIT_FSIZE)")
-    uid_base: int = Field(200_000, ge=1000, description="sandbox uids are uid_base + a per-run offset (no "
-                          "such user needs to exist); pick a range no real user has")
+    uid_base: int = Field(200_000, ge=1000, le=2**31, description="as root, each run leases a uid of its own "
+                          "in uid_base .. uid_base+65535 (no such user needs to exist); pick a range no real "
+                          "user has")
 
 
 @dataclass(frozen=True)
@@ -91,108 +123,123 @@ class SandboxResult:
     error: str | None
     """Why the run failed, in one line (None: it exited 0)."""
     seconds: float
-    uid: int
-    """The uid it ran as (for checking that no process of it is left)."""
+    uid: int | None
+    """The uid it ran as in root mode (for checking that no process of it is left); None in a user namespace,
+    where it ran as relayrl's own uid."""
+    cgroup: tuple[str, ...] = ()
+    """The cgroup controllers that limited the run (cpu, memory, pids; empty where none could be made)."""
 
     @property
     def ok(self) -> bool:
         return self.error is None
 
 
-_BOOT = r'''
-import ctypes, json, os, resource, sys
-cfg = json.loads(sys.argv[1])
-libc = ctypes.CDLL(None, use_errno=True)
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
-def mount(src, tgt, fstype, flags, data=None):
-    enc = lambda s: None if s is None else s.encode()
-    if libc.mount(enc(src), enc(tgt), enc(fstype), flags, enc(data)) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, "sandbox: mount %s on %s: %s" % (src, tgt, os.strerror(e)))
-mount(None, "/", None, MS_REC | MS_PRIVATE)
-root = cfg["root"]
-mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=%dm,mode=755" % cfg["disk_mb"])
-for path in cfg["ro"]:
-    tgt = root + path
+_BOOT = str(Path(__file__).with_name("sandbox_boot.py"))
+_SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/lib32", "/sbin", "/etc/alternatives")
+_SYSTEM_FILES = ("/etc/ld.so.cache",)
+_UID_SLOTS = 65536
+_UID_REGISTRIES = (Path("/run/relayrl-sandbox-uids"), Path(tempfile.gettempdir()) / "relayrl-sandbox-uids")
+_logged: set[str] = set()
+
+
+# ---------------------------------------------------------------- what the jail shows of the host
+
+def _under(path: str, dirs: list[str]) -> bool:
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in dirs)
+
+
+def _kind(path: str) -> str | None:
     if os.path.islink(path):
-        os.makedirs(os.path.dirname(tgt), exist_ok=True)
-        os.symlink(os.readlink(path), tgt)
-        continue
-    if not os.path.isdir(path):
-        continue
-    os.makedirs(tgt, exist_ok=True)
-    mount(path, tgt, None, MS_BIND | MS_REC)
-    mount(None, tgt, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
-os.makedirs(root + "/dev", exist_ok=True)
-for dev in ("/dev/null", "/dev/zero", "/dev/urandom"):
-    open(root + dev, "w").close()
-    mount(dev, root + dev, None, MS_BIND)
-uid = cfg["uid"]
-for d, mode in (("/work", 0o700), ("/tmp", 0o1777)):
-    os.makedirs(root + d, exist_ok=True)
-    os.chmod(root + d, mode)
-os.chown(root + "/work", uid, uid)
-code = sys.stdin.buffer.read()
-with open(root + "/work/main.py", "wb") as f:
-    f.write(code)
-os.chown(root + "/work/main.py", uid, uid)
-report = os.fdopen(cfg["report_fd"], "w")
-child = os.fork()
-if child == 0:
-    report.close()
-    os.chroot(root)
-    os.chdir("/work")
-    os.setgroups([])
-    os.setgid(uid)
-    os.setuid(uid)
-    libc.prctl(1, 9)  # PR_SET_PDEATHSIG=SIGKILL (the uid change cleared it): dies with pid 1
-    fd = os.open("/dev/null", os.O_RDONLY)
-    os.dup2(fd, 0)
-    lim = cfg["limits"]
-    for name, value in (("RLIMIT_CPU", (lim["cpu_s"], lim["cpu_s"] + 1)), ("RLIMIT_AS", (lim["as"], lim["as"])),
-                        ("RLIMIT_NPROC", (lim["nproc"], lim["nproc"])), ("RLIMIT_FSIZE", (lim["fsize"], lim["fsize"])),
-                        ("RLIMIT_NOFILE", (64, 64)), ("RLIMIT_CORE", (0, 0))):
-        resource.setrlimit(getattr(resource, name), value)
-    env = {"PATH": "/usr/bin:/bin", "HOME": "/work", "TMPDIR": "/tmp", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
-    os.execve(cfg["python"], [cfg["python"], "-I", "-S", "-B", "/work/main.py"], env)
-os.close(0)
-for fd in (1, 2):  # pid 1 keeps no end of the output pipes: they close when the code's processes end
-    os.dup2(os.open("/dev/null", os.O_WRONLY), fd)
-while True:  # pid 1 reaps every orphan until the code's own process ends; then the kernel kills the rest
-    pid, status = os.wait()
-    if pid == child:
-        break
-report.write(json.dumps({"exit": os.waitstatus_to_exitcode(status)}))
-report.close()
-'''
-
-_uid_counter = itertools.count()
-_uid_lock = threading.Lock()
+        return "link"
+    if os.path.isdir(path):
+        return "dir"
+    return "file" if os.path.isfile(path) else None
 
 
-def _next_uid(base: int) -> int:
-    """A uid no other run of this machine's relayrl processes uses at the same time."""
-    with _uid_lock:
-        k = next(_uid_counter)
-    return base + (os.getpid() % 4096) * 256 + k % 256
+def _python_paths() -> list[str]:
+    """What the interpreter needs to run ``python -I -S``: its executable, its standard library (with
+    lib-dynload) and, for a shared build, the shared libraries beside libpython (a conda install links its
+    extension modules to them). Not the rest of its install (bin/, include/, share/), nor site-packages."""
+    paths = [os.path.realpath(sys.executable), os.path.realpath(os.path.dirname(os.__file__))]
+    dynload = sysconfig.get_config_var("DESTSHARED")
+    if dynload and os.path.isdir(dynload):
+        paths.append(os.path.realpath(dynload))
+    libdir = os.path.realpath(sysconfig.get_config_var("LIBDIR") or "/nonexistent")
+    if sysconfig.get_config_var("Py_ENABLE_SHARED") and os.path.isdir(libdir):
+        paths += [os.path.join(libdir, n) for n in sorted(os.listdir(libdir)) if n.startswith("lib") and ".so" in n]
+    return paths
 
 
-def _readonly_paths() -> list[str]:
-    prefix = os.path.realpath(sys.base_prefix)
-    paths = ["/usr", "/bin", "/lib", "/lib64", "/lib32", "/sbin", "/etc/alternatives", "/etc/ld.so.cache"]
-    return paths + ([prefix] if not prefix.startswith("/usr") else [])
+def _site_dirs() -> list[str]:
+    """Package directories of this interpreter and its base install (hidden in the jail where a bind shows
+    them: ``-S`` never reads them, and the trainer's packages are not the code's business)."""
+    stdlib = os.path.realpath(os.path.dirname(os.__file__))
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    dirs = [os.path.join(stdlib, "site-packages"), os.path.join(stdlib, "dist-packages"),
+            "/usr/lib/python3/dist-packages", f"/usr/local/lib/python{version}/dist-packages",
+            f"/usr/local/lib/python{version}/site-packages", site.getusersitepackages()]
+    with contextlib.suppress(AttributeError):  # site.getsitepackages is missing in some old virtualenvs
+        dirs += site.getsitepackages()
+    return [os.path.realpath(d) for d in dirs]
 
+
+@functools.lru_cache(maxsize=1)
+def _jail_plan() -> tuple[list[tuple[str, str]], list[str]]:
+    """(binds, masks): the host paths bound into the jail, each with its kind (dir, file, link: a symlink
+    made again), and the directories among them hidden under an empty read-only tmpfs. No bind lies inside
+    another (the boot would create its mount point in the host's directory)."""
+    binds: list[tuple[str, str]] = []
+    dirs: list[str] = []
+    for path in (*_SYSTEM_DIRS, *_SYSTEM_FILES, *_python_paths()):
+        kind = _kind(path)
+        if kind is None or _under(path, dirs):
+            continue
+        binds.append((path, kind))
+        if kind == "dir":
+            dirs.append(path)
+    masks = sorted({d for d in _site_dirs() if os.path.isdir(d) and _under(d, dirs)})
+    return binds, masks
+
+
+# ---------------------------------------------------------------- who may build it
 
 def check_available() -> None:
     """Raise :class:`SandboxUnavailable` naming what is missing (checked when a tool is loaded)."""
     if sys.platform != "linux":
-        raise SandboxUnavailable(f"the Python sandbox needs Linux namespaces; this is {sys.platform}")
-    if os.geteuid() != 0:
-        raise SandboxUnavailable("the Python sandbox mounts a jail and drops to a fresh uid, which needs root; "
-                                 "run relayrl as root (e.g. in its container) or drop the python tool from env.tools")
+        raise SandboxUnavailable(f"the Python sandbox needs Linux namespaces; this is {sys.platform}: run relayrl on "
+                                 f"Linux or drop the python tool from env.tools")
     if shutil.which("unshare") is None:
-        raise SandboxUnavailable("the Python sandbox needs util-linux's unshare on PATH (apt-get install util-linux)")
+        raise SandboxUnavailable("the Python sandbox needs util-linux's unshare on PATH; install it (apt-get install "
+                                 "util-linux) or drop the python tool from env.tools")
+    try:
+        sandbox_seccomp.filter_program()
+    except (ImportError, RuntimeError, OSError) as e:
+        raise SandboxUnavailable(f"the Python sandbox filters system calls with libseccomp, which cannot be loaded "
+                                 f"here ({e}); install libseccomp (apt-get install libseccomp2) and pyseccomp (pip "
+                                 f"install pyseccomp), or drop the python tool from env.tools") from None
+    if os.geteuid() != 0:
+        why = _user_namespaces_refused()
+        if why is not None:
+            raise SandboxUnavailable(
+                f"the Python sandbox needs root or a user namespace, and this kernel refuses user namespaces to uid "
+                f"{os.geteuid()} ({why}); run relayrl as root, allow unprivileged user namespaces (sysctl "
+                f"user.max_user_namespaces, kernel.unprivileged_userns_clone=1 or "
+                f"kernel.apparmor_restrict_unprivileged_userns=0, by distribution), or drop the python tool from "
+                f"env.tools")
 
+
+@functools.lru_cache(maxsize=1)
+def _user_namespaces_refused() -> str | None:
+    """Why ``unshare`` cannot make the namespaces of the jail as this user (None: it can)."""
+    cmd = ["unshare", "--user", "--map-root-user", "--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "true"]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
+    return None if p.returncode == 0 else (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
+
+
+# ---------------------------------------------------------------- uids of their own, and cleaning up
 
 def processes_of_uid(uid: int) -> list[int]:
     """Pids of live processes whose real uid is ``uid`` (from /proc)."""
@@ -212,74 +259,189 @@ def processes_of_uid(uid: int) -> list[int]:
     return out
 
 
-def _kill_all(proc: subprocess.Popen, uid: int) -> None:
-    """Kill the sandbox's process group, then any process left with its uid, and reap the launcher."""
-    with contextlib.suppress(ProcessLookupError):  # the group is already gone
-        os.killpg(proc.pid, signal.SIGKILL)
+def _kill_uid(uid: int) -> None:
+    """SIGKILL every process of ``uid`` until none is left (5 s at most)."""
     deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline:
         left = processes_of_uid(uid)
         if not left:
-            break
+            return
         for pid in left:
             with contextlib.suppress(ProcessLookupError):  # it ended between the scan and the kill
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.01)
-    try:
-        proc.wait(timeout=5.0)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+
+
+def _uid_registry() -> Path:
+    """The directory of uid lock files, shared by every relayrl process of this machine (root only)."""
+    for d in _UID_REGISTRIES:
+        try:
+            d.mkdir(mode=0o700, exist_ok=True)
+        except OSError:
+            continue
+        st = os.lstat(d)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+            raise SandboxUnavailable(f"{d}, the registry of sandbox uids, must be a directory owned by root and "
+                                     f"writable by root only; remove it and run again")
+        return d
+    raise SandboxUnavailable(f"the registry of sandbox uids cannot be made in {' or '.join(map(str, _UID_REGISTRIES))}")
+
+
+@contextlib.contextmanager
+def _lease_uid(base: int) -> Iterator[int]:
+    """A uid no other run on this machine holds: the first of ``base``, ``base + 1``, ... whose lock file this
+    process can flock. The lock lives as long as the open file, so a trainer that dies frees its uids; the
+    next holder first kills what that run left."""
+    registry = _uid_registry()
+    for uid in range(base, base + _UID_SLOTS):
+        fd = os.open(registry / f"{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        try:
+            _kill_uid(uid)
+            yield uid
+        finally:
+            os.close(fd)
+        return
+    raise SandboxUnavailable(f"all {_UID_SLOTS} sandbox uids from env.sandbox.uid_base={base} are in use")
+
+
+def _cgroup(cfg: SandboxConfig, uid: int | None) -> sandbox_cgroup.Cgroup | None:
+    """The run's cgroup with its limits (None where none can be made: logged once per reason)."""
+    name = f"relayrl-sandbox-{uid if uid is not None else secrets.token_hex(8)}"
+    limits = sandbox_cgroup.CgroupLimits(cpus=cfg.cpus, memory_bytes=(cfg.memory_mb + cfg.disk_mb) << 20,
+                                         pids=cfg.max_processes + 1)  # + pid 1
+    group, why = sandbox_cgroup.create(name, limits)
+    if why is not None and why not in _logged:
+        _logged.add(why)
+        log.warning("python sandbox: %s; runs go on without it (the rlimits still hold: CPU share is not limited, "
+                    "memory is bounded per process and processes per uid)", why)
+    return group
+
+
+def _children_of(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+def _stop(proc: subprocess.Popen, uid: int | None) -> None:
+    """End every process of the run: SIGKILL pid 1 of its PID namespace (the kernel kills the rest, and
+    unshare exits once they are all gone), then the launcher, then (root mode) any process of the uid."""
+    if proc.poll() is None:
+        for pid in _children_of(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5.0)
+    if proc.poll() is None:  # pid 1 not started yet, or stuck: the launcher's group (pid 1 is in it)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    if uid is not None:
+        _kill_uid(uid)
+
+
+# ---------------------------------------------------------------- a run
+
+def _boot_config(cfg: SandboxConfig, uid: int | None, root: Path, group: sandbox_cgroup.Cgroup | None,
+                 report_fd: int) -> dict:
+    binds, masks = _jail_plan()
+    try:
+        mount_setattr = sandbox_seccomp.syscall_number("mount_setattr")
+    except OSError:  # older than libseccomp 2.5.2: the boot remounts each submount
+        mount_setattr = None
+    return {"root": str(root), "uid": uid, "disk_mb": cfg.disk_mb, "python": os.path.realpath(sys.executable),
+            "binds": binds, "masks": masks, "cgroup_procs": group.procs_files if group else [],
+            "seccomp": sandbox_seccomp.filter_program().hex(), "report_fd": report_fd,
+            "nr": {"pivot_root": sandbox_seccomp.syscall_number("pivot_root"), "mount_setattr": mount_setattr},
+            # in a user namespace pid 1 has the code's uid, and RLIMIT_NPROC counts it
+            "limits": {"cpu_s": cfg.cpu_s, "as": cfg.memory_mb << 20, "fsize": cfg.file_mb << 20,
+                       "nproc": cfg.max_processes + (1 if uid is None else 0)}}
 
 
 def run_python(code: str, cfg: SandboxConfig | None = None) -> SandboxResult:
     """Run ``code`` in the jail described in the module docstring; never raises for what the code does."""
     cfg = cfg or SandboxConfig()
     check_available()
-    uid = _next_uid(cfg.uid_base)
-    work = Path(tempfile.mkdtemp(prefix="relayrl-sbx-"))
-    root = work / "root"
-    root.mkdir()
-    boot_cfg = {"root": str(root), "uid": uid, "disk_mb": cfg.disk_mb, "python": os.path.realpath(sys.executable),
-                "ro": _readonly_paths(),
-                "limits": {"cpu_s": cfg.cpu_s, "as": cfg.memory_mb << 20, "nproc": cfg.max_processes,
-                           "fsize": cfg.file_mb << 20}}
-    report_r, report_w = os.pipe()
-    boot_cfg["report_fd"] = report_w
-    cmd = ["unshare", "--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--",
-           os.path.realpath(sys.executable), "-I", "-S", "-c", _BOOT, json.dumps(boot_cfg)]
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True, close_fds=True, pass_fds=(report_w,), cwd=str(work),
-                            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
-    os.close(report_w)
-    error = None
     chunks = {"stdout": bytearray(), "stderr": bytearray()}
-    try:
-        with contextlib.suppress(BrokenPipeError):  # the code's process ended before reading it all: _collect says why
-            proc.stdin.write(code.encode("utf-8", "replace"))
-            proc.stdin.close()
-        error = _collect(proc, chunks, cfg, t0)
-    finally:
-        _kill_all(proc, uid)
-        for pipe in (proc.stdout, proc.stderr):
-            pipe.close()
-        with os.fdopen(report_r) as f:
-            report = f.read()
-        shutil.rmtree(work, ignore_errors=True)
+    with contextlib.ExitStack() as cleanup:  # undone in reverse: the cgroup, the jail's directory, the uid
+        uid = cleanup.enter_context(_lease_uid(cfg.uid_base)) if os.geteuid() == 0 else None
+        work = Path(tempfile.mkdtemp(prefix="relayrl-sbx-"))
+        cleanup.callback(shutil.rmtree, work, ignore_errors=True)
+        (work / "root").mkdir()
+        group = _cgroup(cfg, uid)
+        if group is not None:
+            cleanup.callback(group.kill_and_remove)
+        report_r, report_w = os.pipe()
+        boot_cfg = _boot_config(cfg, uid, work / "root", group, report_w)
+        userns = ["--user", "--map-root-user"] if uid is None else []
+        cmd = ["unshare", *userns, "--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--",
+               os.path.realpath(sys.executable), "-I", "-S", "-B", _BOOT, json.dumps(boot_cfg)]
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True, close_fds=True, pass_fds=(report_w,), cwd=str(work),
+                                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        os.close(report_w)
+        stopped_why = None
+        try:
+            with contextlib.suppress(BrokenPipeError):  # the code's process ended before reading it all
+                proc.stdin.write(code.encode("utf-8", "replace"))
+                proc.stdin.close()
+            stopped_why = _collect(proc, chunks, cfg, t0)
+        finally:
+            _stop(proc, uid)
+            for pipe in (proc.stdout, proc.stderr):
+                pipe.close()
+            with os.fdopen(report_r) as f:
+                report = f.read()
+        oom_kills = group.oom_kills() if group is not None else 0
     stderr = chunks["stderr"].decode("utf-8", "replace")
-    exit_code = json.loads(report)["exit"] if report and error is None else None
-    if error is None and exit_code is None:
-        error = f"the sandbox failed to start (launcher exit status {proc.returncode}): {stderr.strip()[-300:]}"
-    elif error is None and exit_code in (-signal.SIGXCPU, -signal.SIGKILL):
-        error = f"CPU time limit of {cfg.cpu_s} s reached (killed)"
-    elif error is None and exit_code != 0:
+    error, exit_code = _verdict(cfg, stopped_why, report, oom_kills, proc.returncode, stderr)
+    return SandboxResult(chunks["stdout"].decode("utf-8", "replace"), stderr, exit_code, error,
+                         time.monotonic() - t0, uid, group.controllers if group is not None else ())
+
+
+def _verdict(cfg: SandboxConfig, stopped_why: str | None, report: str, oom_kills: int, launcher_status: int | None,
+             stderr: str) -> tuple[str | None, int | None]:
+    """(error, exit_code) of a run from why the parent stopped it (None: it ended by itself), pid 1's report
+    (JSON lines: ``{"exit": status}``, or ``{"boot_error": why}`` from the code's process before its exec)
+    and the memory cgroup's OOM kills."""
+    records = []
+    for line in report.splitlines():
+        with contextlib.suppress(ValueError):  # a line cut short by the kill
+            records.append(json.loads(line))
+    boot_error = next((r["boot_error"] for r in records if "boot_error" in r), None)
+    exit_code = next((r["exit"] for r in records if "exit" in r), None) if stopped_why is None else None
+    if boot_error is not None:
+        return f"the sandbox failed to start: {boot_error}", None
+    if oom_kills:
+        return (f"memory limit of {cfg.memory_mb + cfg.disk_mb} MB for the whole sandbox reached ({oom_kills} "
+                f"process{'es' if oom_kills > 1 else ''} killed)"), exit_code
+    if stopped_why is not None:
+        return stopped_why, None
+    if exit_code is None:
+        return f"the sandbox failed to start (launcher exit status {launcher_status}): {stderr.strip()[-300:]}", None
+    if exit_code == -signal.SIGSYS:
+        return "a system call of another ABI (i386 or x32), which the sandbox's filter forbids (killed)", exit_code
+    if exit_code in (-signal.SIGXCPU, -signal.SIGKILL):
+        return f"CPU time limit of {cfg.cpu_s} s reached (killed)", exit_code
+    if exit_code != 0:
         last = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit status {exit_code}"
         if "MemoryError" in stderr:
             last = f"MemoryError (the memory limit is {cfg.memory_mb} MB per process)"
-        error = f"the code failed: {last}"
-    return SandboxResult(chunks["stdout"].decode("utf-8", "replace"), stderr, exit_code, error,
-                         time.monotonic() - t0, uid)
+        return f"the code failed: {last}", exit_code
+    return None, 0
 
 
 def _collect(proc: subprocess.Popen, chunks: dict[str, bytearray], cfg: SandboxConfig, t0: float) -> str | None:

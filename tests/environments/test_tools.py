@@ -151,6 +151,34 @@ def test_bad_tools_fail_at_load(user_module):
         load_tool("abacus", SandboxConfig())
 
 
+def _no_libseccomp():
+    raise OSError("libseccomp.so.2: cannot open shared object file: No such file or directory")
+
+
+@pytest.mark.parametrize("why, patch, expected", [
+    ("not Linux", lambda mp, sb: mp.setattr(sb.sys, "platform", "darwin"), "needs Linux namespaces; this is darwin"),
+    ("no unshare", lambda mp, sb: mp.setattr(sb.shutil, "which", lambda name: None), "apt-get install util-linux"),
+    ("no libseccomp", lambda mp, sb: mp.setattr(sb.sandbox_seccomp, "filter_program", _no_libseccomp),
+     "libseccomp, which cannot be loaded here (libseccomp.so.2: cannot open shared object file"),
+    ("neither root nor user namespaces", lambda mp, sb: (
+        mp.setattr(sb.os, "geteuid", lambda: 1000),
+        mp.setattr(sb, "_user_namespaces_refused", lambda: "unshare: unshare failed: Operation not permitted")),
+     "refuses user namespaces to uid 1000 (unshare: unshare failed: Operation not permitted); run relayrl as root"),
+])
+def test_python_tool_refuses_to_load_where_the_sandbox_cannot_run(monkeypatch, why, patch, expected):
+    """The sandbox checks at load, not at the first tool call: the run stops before any worker generates,
+    with what is missing and the fix (or: drop the python tool)."""
+    from relayrl.environments import sandbox
+
+    patch(monkeypatch, sandbox)
+    with pytest.raises(EnvLoadError, match="env.tools: the python tool cannot run here") as e:
+        load_tool("python", SandboxConfig())
+    assert expected in str(e.value) and "drop the python tool from env.tools" in str(e.value)
+    with pytest.raises(EnvLoadError, match="the python tool cannot run here"):
+        load_env_factory(EnvConfig(name="tools", tools=["calculator", "python"]), lambda p, t: 0.0)
+    assert load_tool("calculator", SandboxConfig())({"expression": "1+1"}) == "2"  # other tools still load
+
+
 def test_config_names_the_key_to_fix():
     from relayrl.config.schema import Config
 
