@@ -2,6 +2,7 @@
 
     relayrl plan --profile [--out relayrl-profile.json]              # calibrate this machine (about a minute)
     relayrl plan RECIPE [overrides] --devices N [--hardware PROFILE]  # the plan table and the best overrides
+    relayrl plan --from-run RUN_DIR [--devices N]                     # fitted to a run's spans and lengths
 
 The recipe's dotted overrides may come before, between or after the options (as for ``relayrl train``).
 """
@@ -46,6 +47,10 @@ def add_parser(sub, common) -> None:
                    "(default: measure for a model on this machine, max otherwise)")
     p.add_argument("--reward-latency", default="0,0", help="outside latency per scored response, uniform "
                    "LOW,HIGH seconds")
+    p.add_argument("--from-run", metavar="RUN_DIR", help="fit the profile to a run's own spans and lengths "
+                   "(RUN_DIR: its run.dir) and rank the placements for that workload (no recipe)")
+    p.add_argument("--lengths-at", choices=("rest", "now"), default="rest", help="--from-run: plan with the "
+                   "response lengths the run's trend predicts over its remaining steps (rest) or its last steps' (now)")
     p.add_argument("--no-offpolicy", action="store_true", help="leave the off-policy modes out of the search")
     p.add_argument("--top", type=int_at_least(1), default=12, help="rows of the table")
     p.set_defaults(fn=cmd_plan)
@@ -73,6 +78,18 @@ def cmd_plan(args) -> int:
 
         prof = calibrate(args.model, reward_fn=args.reward_fn, overhead=not args.no_overhead)
         print(f"relayrl plan: profile written to {save_profile(prof, args.out)}")
+        return 0
+    if args.from_run:
+        if args.recipe:
+            raise ConfigError("relayrl plan --from-run RUN_DIR reads the run's own config; give no recipe")
+        from relayrl.planner.from_run import plan_from_run
+
+        try:
+            print(plan_from_run(args.from_run, _hardware(args.hardware), devices=args.devices,
+                                lengths_at=args.lengths_at, top=args.top, offpolicy=not args.no_offpolicy,
+                                prompt_tokens=args.prompt_tokens, model_config=args.model_config))
+        except (ValueError, FileNotFoundError) as e:
+            raise ConfigError(f"relayrl plan: {e}") from None
         return 0
     if not args.recipe or args.devices is None:
         raise ConfigError("relayrl plan: give a recipe and --devices N (e.g. relayrl plan recipes/arith_grpo.yaml "

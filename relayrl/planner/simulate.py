@@ -48,7 +48,8 @@ from typing import Literal
 from relayrl.planner.profile import DeviceProfile, PathCost, Profile
 from relayrl.planner.workload import Workload
 
-__all__ = ["Placement", "Prediction", "simulate", "simulate_batches", "overlap_shares", "generate_rank", "reward_times", "memory_gib"]
+__all__ = ["Placement", "Prediction", "simulate", "simulate_batches", "overlap_shares", "generate_rank", "reward_times", "memory_gib",
+           "path_key"]
 
 Mode = Literal["sync-colocated", "sync-split", "periodic", "offpolicy"]
 GIB = 2**30
@@ -346,12 +347,16 @@ def overlap_shares(profile: Profile, w: Workload, p: Placement, batches, *, warm
     return _pipeline(prof, prof.devices[name], prof.scale(w.model.params), w, p, batches, warmup)[4]
 
 
+def path_key(p: Placement) -> str:
+    """The field of :class:`~relayrl.planner.profile.Overhead` holding the driver path that runs ``p``."""
+    if p.mode == "sync-colocated":
+        return "colocated" if p.main == 1 else "colocated_dp"
+    return "dataflow"
+
+
 def _path(profile: Profile, p: Placement) -> PathCost:
     """The driver path that runs ``p`` and its measured factors and per-step cost."""
-    o = profile.overhead
-    if p.mode == "sync-colocated":
-        return o.colocated if p.main == 1 else o.colocated_dp
-    return o.dataflow
+    return getattr(profile.overhead, path_key(p))
 
 
 def _units(w: Workload, groups: list[list[int]]) -> list[int]:

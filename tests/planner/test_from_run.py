@@ -1,0 +1,136 @@
+"""``relayrl plan --from-run``: the run's placement from the step plan, lengths and their trend from the run's
+metrics, the profile fitted to its spans, and the report end to end on a real run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from relayrl.cli import main as cli
+from relayrl.cli.boundary import EXIT_CONFIG
+from relayrl.config.loader import load_run_config
+from relayrl.planner.from_run import _measured, fit_profile, length_trend, placement_of, read_run, run_lengths
+from relayrl.planner.profile import save_profile
+from relayrl.planner.simulate import Placement, simulate
+
+from .toy import toy_profile, toy_workload
+
+ROOT = Path(__file__).resolve().parents[2]
+GRPO = str(ROOT / "recipes" / "arith_grpo.yaml")
+SPLIT = ["placement.pools.gen=1", "placement.rollout=gen"]
+
+
+@pytest.mark.parametrize("overrides,want", [
+    ([], Placement("sync-colocated", main=1)),
+    (["cluster.devices=2", "cluster.oversubscribe=true"], Placement("sync-colocated", main=2)),
+    ([*SPLIT], Placement("sync-split", main=1, gen=1)),
+    ([*SPLIT, "trainer.mode=periodic"], Placement("periodic", main=1, gen=1)),
+    ([*SPLIT, "trainer.mode=periodic", "trainer.mini_batches=2"], Placement("sync-split", main=1, gen=1)),
+    ([*SPLIT, "trainer.off_policy_steps=2", "rollout.partial=true"],
+     Placement("offpolicy", main=1, gen=1, k=2, partial=True)),
+    (["trainer.off_policy_steps=1"], Placement("offpolicy", main=1, gen=1, k=1)),
+])
+def test_the_runs_placement_comes_from_the_step_plan(overrides, want):
+    """Periodic with two mini-batches trains on the whole batch (the plan says so), so it is simulated as the
+    synchronous split step; off-policy without a pool gets the plan's own one-device rollout pool."""
+    assert placement_of(load_run_config(GRPO, overrides)) == want
+
+
+def _fake_run(tmp_path: Path, lengths: list[float], *, quantiles: bool = True, steps: int = 10,
+              overrides: tuple[str, ...] = ()) -> Path:
+    """A run directory with a config, metrics (step time, lengths) and spans written by hand."""
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = load_run_config(GRPO, [f"trainer.steps={steps}", *overrides])
+    (run / "config.json").write_text(json.dumps(cfg.model_dump(mode="json")))
+    metrics, spans, t = [], [], 0.0
+    for step, mean in enumerate(lengths, 1):
+        row = {"step": step, "perf/step_time_s": 0.5, "response/length_mean": mean, "response/length_max": 2 * mean,
+               "response/clip_ratio": 0.0}
+        if quantiles:
+            row.update({"response/length_p10": 0.5 * mean, "response/length_p50": mean, "response/length_p90": 1.5 * mean})
+        metrics.append(row)
+        for name, group, secs in (("generate", "rollout", 0.2), ("reward", "reward", 0.05), ("update", "actor", 0.2)):
+            spans.append({"name": name, "group": group, "step": step, "start": t, "end": t + secs, "wall_start": t,
+                          "pid": 1, "tid": 1, "attrs": {}})
+            t += secs
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    (run / "spans.jsonl").write_text("".join(json.dumps(s) + "\n" for s in spans))
+    return run
+
+
+def test_lengths_and_their_trend_come_from_the_runs_metrics(tmp_path):
+    rec = read_run(_fake_run(tmp_path, [10.0 + 2 * i for i in range(6)]))
+    assert rec.steps == [1, 2, 3, 4, 5, 6]
+    slope, now = length_trend(rec)
+    assert slope == pytest.approx(2.0) and now == pytest.approx(20.0)
+    dist = run_lengths(rec, cap=64, window=1)  # the last step: p10 10, p50 20, p90 30, max 40
+    s = sorted(dist.samples)
+    assert s[50] == pytest.approx(20, abs=1) and s[10] == pytest.approx(10, abs=1) and s[90] == pytest.approx(30, abs=1)
+    assert max(s) <= 40
+    grown = run_lengths(rec, cap=64, window=1, factor=1.5)
+    assert sorted(grown.samples)[50] == pytest.approx(30, abs=1)
+    assert max(run_lengths(rec, cap=25, window=1).samples) == 25  # capped at max_new_tokens
+
+
+def test_the_fit_makes_the_runs_own_placement_match_its_spans():
+    """A profile twice too slow for generation and half as fast for training: the fit finds the factors and the
+    run's own prediction equals its step time."""
+    prof = toy_profile(decode_s=0.01, train_token_s=1e-3, reward_row_s=1e-3)
+    w = toy_workload(prompts=4, n=2)
+    p = Placement("sync-colocated", main=1)
+    base = simulate(prof, w, p, steps=8, warmup=2)
+    measured = {"generate": base.phases["generate"] / 2, "update": base.phases["update"] * 2,
+                "reward": base.phases["reward"], "step": base.step_s + 0.1}
+    fitted, factors, before = fit_profile(prof, w, p, measured)
+    assert factors["generate"] == pytest.approx(0.5) and factors["train"] == pytest.approx(2.0)
+    assert factors["step_s"] == pytest.approx(measured["step"] - measured["generate"] - measured["update"]
+                                              - measured["reward"], rel=1e-6)
+    assert simulate(fitted, w, p, steps=8, warmup=2).step_s == pytest.approx(measured["step"], rel=1e-6)
+    assert before.step_s == pytest.approx(base.step_s)
+
+
+def test_from_run_reports_and_plans_with_the_lengths_ahead(tmp_path, capsys):
+    run = _fake_run(tmp_path, [10.0 + 2 * i for i in range(6)], steps=20)
+    prof = save_profile(toy_profile(kind="cpu", train_token_s=1e-4, decode_s=0.002), tmp_path / "toy.json")
+    assert cli.main(["plan", "--from-run", str(run), "--hardware", str(prof), "--devices", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "took 0.500 s/step over steps 2-6" in out
+    assert "trend +2.00 tokens/step" in out and "predicted over steps 7-20" in out
+    assert "(+0%)" in out  # the fit reproduces the run's own step
+    rows = [line for line in out.splitlines() if line.strip()[:1].isdigit()]
+    assert len(rows) >= 8 and "best: cluster.devices=" in out
+    assert cli.main(["plan", "--from-run", str(run), "--hardware", str(prof), "--lengths-at", "now"]) == 0
+    assert "(the last steps')" in capsys.readouterr().out
+
+
+def test_from_run_errors_name_what_is_missing(tmp_path, capsys):
+    prof = save_profile(toy_profile(kind="cpu"), tmp_path / "toy.json")
+    assert cli.main(["plan", "--from-run", str(tmp_path), "--hardware", str(prof)]) == EXIT_CONFIG
+    assert "no config.json" in capsys.readouterr().err
+    old = _fake_run(tmp_path, [10.0] * 4, quantiles=False)
+    assert cli.main(["plan", "--from-run", str(old), "--hardware", str(prof)]) == EXIT_CONFIG
+    assert "logged no response/length_p10/p50/p90" in capsys.readouterr().err
+    assert cli.main(["plan", GRPO, "--from-run", str(old), "--hardware", str(prof)]) == EXIT_CONFIG
+    assert "give no recipe" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # (two short GRPO runs, about 20 s)
+@pytest.mark.parametrize("mode", [[], [*SPLIT, "trainer.mode=periodic"]])
+def test_from_run_on_a_real_run(tmp_path, capsys, mode):
+    """A colocated and a periodic run of 4 steps: the report reads their spans and metrics and the fitted
+    model predicts each run's own step time within 30%."""
+    run = tmp_path / "run"
+    assert cli.main(["train", GRPO, "trainer.steps=4", f"run.dir={run}", "eval.every=0", *mode]) == 0
+    prof = ROOT / "docs" / "planner_profile_cpu2.json"
+    capsys.readouterr()
+    assert cli.main(["plan", "--from-run", str(run), "--hardware", str(prof), "--devices", "2"]) == 0
+    out = capsys.readouterr().out
+    want = placement_of(read_run(run).cfg)
+    assert f"this run ({want.pools}, {want.mode_name})" in out
+    err = float(out.split("predicts ")[1].split("(")[1].split("%")[0])
+    assert abs(err) <= 30
+    assert "best: cluster.devices=" in out
+    assert _measured(read_run(run), [2, 3, 4])["generate"] > 0
