@@ -26,8 +26,8 @@ def sample_metrics(scores: torch.Tensor, rewards: torch.Tensor, lengths: torch.T
         "train/accuracy": float((scores >= 1.0).float().mean()),
         "response/length_mean": float(lengths.mean()),
         "response/length_max": float(lengths.max()),
-        **{f"response/length_p{q}": float(v) for q, v in
-           zip((10, 50, 90), torch.quantile(lengths.double(), torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)))},
+        **dict(zip(("response/length_p10", "response/length_p50", "response/length_p90"),
+                   torch.quantile(lengths.double(), torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)).tolist())),
         "response/clip_ratio": float(truncated.float().mean()),
     }
 
