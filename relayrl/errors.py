@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import errno
 
-__all__ = ["UserError", "RunStopped", "is_user_error", "user_message"]
+__all__ = ["UserError", "RunStopped", "ProcessLost", "is_user_error", "user_message"]
 
 _USER_ERRNOS = frozenset({
     errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EROFS, errno.EISDIR, errno.ENOTDIR,
@@ -32,6 +32,12 @@ class UserError(Exception):
 class RunStopped(UserError, RuntimeError):
     """The run stopped on purpose (e.g. a non-finite loss) after saving what it could; the message says how
     to go on."""
+
+
+class ProcessLost(RuntimeError):
+    """A process the run depends on, other than a worker rank (a dock storage unit), died or stopped
+    answering. Nothing in the run's inputs to fix: ``run.max_restarts`` recovers from it as from a lost worker
+    (:mod:`relayrl.workflows.restart`), whether the driver or a rank met it."""
 
 
 def is_user_error(exc: BaseException) -> bool:

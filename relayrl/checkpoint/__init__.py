@@ -3,6 +3,7 @@
 from relayrl.checkpoint.format import (
     CheckpointError,
     LoadedCheckpoint,
+    check_fits,
     load_checkpoint,
     shapes_of,
     verify_checkpoint,
@@ -17,6 +18,7 @@ __all__ = [
     "LoadedCheckpoint",
     "ResumePlan",
     "capture_rng_state",
+    "check_fits",
     "load_checkpoint",
     "restore_rng_state",
     "resume_from",

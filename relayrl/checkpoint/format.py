@@ -124,7 +124,9 @@ def verify_checkpoint(path: Path, *, hashes: bool = True) -> dict[str, Any]:
     return manifest
 
 
-def _check_shapes(fpath: Path, state: Mapping[str, torch.Tensor], expected: Mapping[str, Any]) -> None:
+def check_fits(fpath: Path, state: Mapping[str, torch.Tensor], expected: Mapping[str, Any]) -> None:
+    """Refuse (``CheckpointError`` naming ``fpath``) a model state with missing, unexpected or differently shaped
+    tensors against ``expected`` ({name: shape} of the model it is for, see `shapes_of`)."""
     def short(keys: list[str]) -> str:
         return str(keys[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
 
@@ -179,7 +181,7 @@ def load_checkpoint(
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{mpath}: cannot be read as safetensors ({exc})") from exc
     if expected_shapes is not None:
-        _check_shapes(mpath, model_state, expected_shapes)
+        check_fits(mpath, model_state, expected_shapes)
     tpath = path / "trainer_state.json"
     try:
         trainer_state = json.loads(tpath.read_text(encoding="utf-8"))

@@ -23,7 +23,9 @@ class WorkerError(RuntimeError):
         user_message: the error's message when it is the user's to fix (bad data, model path, ...), else None.
         other_ranks: further ranks that failed in the same call with the same user message.
         lost: the rank's process (or Ray actor) died rather than raised: the worker is gone, which
-            ``run.max_restarts`` may recover from by recreating the groups from the last checkpoint.
+            ``run.max_restarts`` may recover from by recreating the groups from the last checkpoint; also set
+            when the rank raised because a process it depends on was lost (``relayrl.errors.ProcessLost``: a
+            dock storage unit), which a restart recovers from too.
         node_id: Ray: the id of the node the lost rank ran on (a restart waits until Ray has marked it dead).
     """
 

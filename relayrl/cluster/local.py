@@ -33,7 +33,7 @@ from relayrl.cluster.config import ClusterConfig
 from relayrl.cluster.errors import WorkerError
 from relayrl.cluster.rank import SHUTDOWN, START_CALL, Replies, Reply, StartSpec, free_port, rank_process_main
 from relayrl.cluster.worker import RankInfo, construct_worker
-from relayrl.errors import exit_reason
+from relayrl.errors import ProcessLost, exit_reason
 
 Payload = tuple[tuple, dict]
 
@@ -56,7 +56,8 @@ class InProcessRanks:
         try:
             self.worker = construct_worker(worker_cls, info, init_kwargs)
         except Exception as exc:
-            raise WorkerError(group, 0, "__init__", traceback.format_exc(), _user_message(exc)) from exc
+            raise WorkerError(group, 0, "__init__", traceback.format_exc(), _user_message(exc),
+                              lost=isinstance(exc, ProcessLost)) from exc
 
     def call(self, method: str, ranks: list[int], payloads: list[Payload]) -> list[Any]:
         if self.worker is None:
@@ -65,7 +66,8 @@ class InProcessRanks:
         try:
             return [compute.run(getattr(self.worker, method), *args, **kwargs)]
         except Exception as exc:
-            raise WorkerError(self.group, 0, method, traceback.format_exc(), _user_message(exc)) from exc
+            raise WorkerError(self.group, 0, method, traceback.format_exc(), _user_message(exc),
+                              lost=isinstance(exc, ProcessLost)) from exc
 
     def pids(self) -> list[int]:
         return [os.getpid()]

@@ -43,15 +43,17 @@ class Reply:
     """Formatted remote traceback when not `ok`."""
     user_message: str | None = None
     """The error's message when it is the user's to fix (`relayrl.errors.is_user_error`)."""
+    lost: bool = False
+    """The error was a process the rank depends on lost (`relayrl.errors.ProcessLost`, e.g. a dock unit)."""
 
 
 def error_reply(call_id: int, exc: BaseException) -> Reply:
     """The reply for a call (or start-up) that raised `exc` (call it inside the `except` block): its
     traceback, and its message if the error is the user's to fix."""
-    from relayrl.errors import is_user_error, user_message
+    from relayrl.errors import ProcessLost, is_user_error, user_message
 
     return Reply(call_id, False, traceback=traceback.format_exc(),
-                 user_message=user_message(exc) if is_user_error(exc) else None)
+                 user_message=user_message(exc) if is_user_error(exc) else None, lost=isinstance(exc, ProcessLost))
 
 
 class Replies:
@@ -78,7 +80,8 @@ class Replies:
         if reply.ok:
             self.results[rank] = reply.value
         elif self.first_error is None:
-            self.first_error = WorkerError(self.group, rank, self.method, reply.traceback, reply.user_message)
+            self.first_error = WorkerError(self.group, rank, self.method, reply.traceback, reply.user_message,
+                                           lost=reply.lost)
             self.deadline = time.monotonic() + self.grace_s
         elif reply.user_message is not None and reply.user_message == self.first_error.user_message:
             self.first_error.other_ranks.append(rank)  # the same mistake seen by every rank: one message

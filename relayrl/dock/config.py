@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from relayrl.errors import ProcessLost
+
 
 class DockConfig(BaseModel):
     """How a :class:`relayrl.dock.Dock` is built (``Dock.from_config(cfg)``)."""
@@ -68,8 +70,9 @@ class DockWriteError(DockError):
     """A put could not be stored or published; the rows are not visible."""
 
 
-class UnitLostError(DockError):
-    """A storage unit died or stopped answering (process backend); the message names the unit and its pid."""
+class UnitLostError(DockError, ProcessLost):
+    """A storage unit died or stopped answering (process backend); the message names the unit and its pid.
+    A :class:`~relayrl.errors.ProcessLost`: ``run.max_restarts`` starts the run again with a new dock."""
 
 
 class LeaseLostError(DockError):

@@ -5,7 +5,10 @@ No hub is reachable from relayrl's machines, so loading is always local
 what is missing instead of an attempted download. A damaged directory is
 reported naming the file and what is wrong with it: a JSON file that does not
 parse (with the line and column), a truncated or foreign ``*.safetensors`` file,
-weights whose shapes do not match ``config.json`` (the first mismatched tensor).
+weights whose shapes do not match ``config.json`` (the first mismatched tensor),
+weights that lack some of the model's tensors (named: transformers would start
+them at random and only log a report). A tied weight (``lm_head.weight`` tied to
+``model.embed_tokens.weight``) is saved once, and its absence is not refused.
 """
 
 from __future__ import annotations
@@ -13,12 +16,14 @@ from __future__ import annotations
 import json
 import pickle
 from pathlib import Path
+from typing import Iterable
 
 import torch
 
 from relayrl.errors import UserError
 
-__all__ = ["load_model", "load_tokenizer", "load_pretrained", "read_json", "resolve_dtype", "ModelLoadError"]
+__all__ = ["load_model", "load_tokenizer", "load_pretrained", "read_json", "resolve_dtype", "absent_weights",
+           "few_names", "ModelLoadError"]
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -106,6 +111,29 @@ def _mismatch_error(path: Path, mismatched) -> ModelLoadError:
                           f"beside them (or weights saved with this config.json)")
 
 
+def few_names(names: list[str], n: int = 5) -> str:
+    """The first ``n`` of ``names``, then "and N more"."""
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+def absent_weights(model: torch.nn.Module, present: Iterable[str]) -> list[str]:
+    """The names of ``model``'s state dict that ``present`` lacks, sorted. A tied weight (one tensor under
+    several names: ``lm_head.weight`` tied to ``model.embed_tokens.weight``) counts as present when any of its
+    names is."""
+    present = set(present)
+    names_of: dict[int, list[str]] = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        names_of.setdefault(id(t), []).append(name)
+    return sorted(n for names in names_of.values() if present.isdisjoint(names) for n in names)
+
+
+def _missing_error(path: Path, missing: list[str]) -> ModelLoadError:
+    return ModelLoadError(f"model directory {path}: the weights lack {len(missing)} of the model's tensors "
+                          f"({few_names(missing)}), which would start at random; copy the weights again from the "
+                          f"original model (or save the model again), or put the config.json saved with these "
+                          f"weights beside them")
+
+
 def _check_dir(path: Path, needed: tuple[str, ...]) -> None:
     if not path.is_dir():
         raise ModelLoadError(f"model path {path} is not a directory (relayrl loads models from local paths only)")
@@ -171,6 +199,11 @@ def load_pretrained(auto_class, path: Path, *, dtype: str = "float32", **kwargs)
         raise
     if info.get("mismatched_keys"):
         raise _mismatch_error(path, info["mismatched_keys"])
+    reported = set(info.get("missing_keys") or ())
+    if reported:
+        missing = absent_weights(model, set(model.state_dict()) - reported)
+        if missing:
+            raise _missing_error(path, missing)
     return model
 
 

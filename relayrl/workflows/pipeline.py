@@ -50,7 +50,7 @@ import torch
 
 from relayrl.algorithms.dapo import overlong_penalty
 from relayrl.algorithms.kl import kl_controller
-from relayrl.checkpoint import CheckpointError
+from relayrl.checkpoint import CheckpointError, check_fits
 from relayrl.cluster import make_group
 from relayrl.config.plan import step_plan
 from relayrl.config.schema import Config, offpolicy_placement
@@ -259,7 +259,9 @@ class GRPOPipeline:
                 if not isinstance(ck.extra, dict) or "critic" not in ck.extra:
                     raise CheckpointError(f"{ck.path} holds no critic state (it was saved by a run whose "
                                           f"advantage estimator has no critic); resume it with its own estimator")
-                self.critic.all("load_state", ck.extra["critic"])
+                critic = ck.extra["critic"]
+                check_fits(ck.path / "extra.pt", critic.get("model") or {}, self.critic.one("param_shapes"))
+                self.critic.all("load_state", critic)
             restore_rollout_rng(self.rollout, ck.trainer_state["rollout_rng"], s.log)
             if "kl_ctrl" in ck.trainer_state:  # (checkpoints before the adaptive KL have none)
                 self.kl_ctrl.load_state_dict(ck.trainer_state["kl_ctrl"])

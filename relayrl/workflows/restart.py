@@ -8,6 +8,10 @@ checkpoint are trained again. Each restart is printed and written to the run's l
 step records that follow carry ``run/restarts``. Errors that are not a lost worker (a bug, bad data, a
 user's reward function that raises) end the run as before: restarting would only fail again.
 
+A lost dock storage unit (``dock.backend=process``: its process died or stopped answering,
+:class:`~relayrl.dock.UnitLostError`, met by the driver or inside a rank) is recovered the same way: the new
+attempt builds a new dock, and the rows of the interrupted step are generated again.
+
 A lost *node* on Ray is recovered the same way (its actors die). Groups of pools that are not pinned
 (``placement.nodes``) are recreated on what Ray offers; a pool pinned to the lost node waits for that node to
 join again, up to ``cluster.start_timeout_s``, and the run ends if it does not (tested with two hosts in
@@ -24,6 +28,7 @@ from relayrl.checkpoint import CheckpointManager
 from relayrl.checkpoint.rundir import release_run_dir
 from relayrl.cluster.errors import WorkerError
 from relayrl.config.schema import Config
+from relayrl.errors import ProcessLost
 
 __all__ = ["RESTARTS", "run_with_restarts"]
 
@@ -33,22 +38,25 @@ RESTARTS: contextvars.ContextVar[int] = contextvars.ContextVar("relayrl_restarts
 
 def run_with_restarts(cfg: Config, run: Callable[[Config], Path], log: Callable[[str], None] = print) -> Path:
     """``run(cfg)``, started again from the last checkpoint up to ``cfg.run.max_restarts`` times when a worker
-    is lost (see the module docstring)."""
+    or a dock storage unit is lost (see the module docstring)."""
     done = 0
     token = RESTARTS.set(0)
     try:
         while True:
             try:
                 return run(cfg)
-            except WorkerError as e:
-                if not e.lost or done >= cfg.run.max_restarts:
+            except (WorkerError, ProcessLost) as e:
+                worker = isinstance(e, WorkerError)
+                if (worker and not e.lost) or done >= cfg.run.max_restarts:
                     raise
                 done += 1
                 RESTARTS.set(done)
-                log(f"relayrl: restart {done}/{cfg.run.max_restarts} (run.max_restarts): {e.brief()}; "
-                    f"recreating the worker groups and resuming from the last checkpoint in {cfg.run.dir}")
-                _note(cfg.run.dir, f"restart {done}/{cfg.run.max_restarts}: {e.brief()}")
-                if e.node_id is not None:
+                cause = e.brief() if worker else str(e)
+                log(f"relayrl: restart {done}/{cfg.run.max_restarts} (run.max_restarts): {cause}; "
+                    f"recreating the worker groups (and the dock) and resuming from the last checkpoint in "
+                    f"{cfg.run.dir}")
+                _note(cfg.run.dir, f"restart {done}/{cfg.run.max_restarts}: {cause}")
+                if worker and e.node_id is not None:
                     _settle(e.node_id, log)
                 if cfg.run.resume != "auto" and CheckpointManager(Path(cfg.run.dir) / "checkpoints").latest():
                     # (no checkpoint of this run yet: start as the run did, from scratch or its resume path)

@@ -30,7 +30,7 @@ from relayrl.errors import RunStopped
 from relayrl.evaluation.runner import EvalResult, evaluate, write_report
 from relayrl.models.load import ModelLoadError, load_tokenizer
 from relayrl.models.tiny import build_tiny
-from relayrl.telemetry import Timeline, Tracker, check_finite
+from relayrl.telemetry import NonFiniteError, Timeline, Tracker, check_updates
 
 __all__ = ["PromptSource", "Session", "RunInterrupted", "model_dirs", "resolve_model_path", "check_device"]
 
@@ -189,6 +189,7 @@ class Session:
         self.start_step = 0
         self.step_done = 0  # the last step logged (or resumed from)
         self.stopped_early: dict | None = None  # {"step", "accuracy", "stop_at"} once eval.stop_at was reached
+        self.nonfinite_skips = 0  # updates skipped for a NaN/Inf loss or gradient norm (run.on_nonfinite=skip)
 
     def _resume_plan(self) -> ResumePlan:
         """Where the run starts (``run.resume``), its checkpoint's config compared with this run's."""
@@ -275,21 +276,27 @@ class Session:
         return self.timeline.span(name, group, step)
 
     def log_step(self, step: int, metrics: dict[str, float], *, save: Callable[[int], None]) -> bool:
-        """Log one step; on NaN/Inf save the last good state and stop (or report a skip). False = skipped."""
+        """Log one step; on a NaN/Inf loss or gradient norm of any trained role (the actor, the critic, a reward
+        model: ``telemetry.finite.UPDATE_METRICS``) save the last good state and stop, or, with
+        ``run.on_nonfinite=skip``, say so and count it in ``run/nonfinite_skips``. False = skipped."""
         metrics.update(self.timeline.timing_metrics(step))
-        bad = [k for k in ("actor/loss", "actor/grad_norm", "sft/loss") if k in metrics]
         try:
-            check_finite(step, metrics, bad)
-        except Exception as e:
-            self.tracker.log(step, metrics)
+            check_updates(step, metrics)
+        except NonFiniteError as e:
+            was = "were" if len(e.roles) > 1 else "was"
             if self.cfg.run.on_nonfinite == "skip":
-                self.tracker.write_text(f"warning: {e}; the update was skipped (run.on_nonfinite=skip)")
+                self.nonfinite_skips += 1
+                metrics["run/nonfinite_skips"] = float(self.nonfinite_skips)
+                self.tracker.log(step, metrics)
+                self.tracker.write_text(f"warning: {e}; {e.updates} {was} not applied (run.on_nonfinite=skip; "
+                                        f"{self.nonfinite_skips} skipped so far)")
                 return False
-            # The engine never applies a non-finite update, so the weights are still the last good ones.
+            self.tracker.log(step, metrics)
+            # The engine never applies a non-finite update, so the role's weights are still the last good ones.
             path = save(step)
-            raise RunStopped(f"{e}. The update was not applied; the last good weights are saved in {path} "
-                               f"(resume continues after this batch); set run.on_nonfinite=skip to skip such "
-                               f"steps and go on") from None
+            raise RunStopped(f"{e}. {e.updates[0].upper()}{e.updates[1:]} {was} not applied; the last good weights "
+                             f"are saved in {path} (resume continues after this batch); set run.on_nonfinite=skip "
+                             f"to skip such updates and go on") from None
         self.tracker.log(step, metrics)
         self.step_done = step
         return True
@@ -357,7 +364,7 @@ class Session:
             optimizer_state=policy_state.get("optimizer"),
             scheduler_state=policy_state.get("scheduler"),
             trainer_state={"step": step, "data": self.prompts.state(), "stopped_early": self.stopped_early,
-                           **(extra_state or {})},
+                           "nonfinite_skips": self.nonfinite_skips, **(extra_state or {})},
             rng_state=rng,
             config=self.cfg.model_dump(mode="json"),
             extra=extra,
@@ -372,6 +379,7 @@ class Session:
         self.prompts.load_state(ck.trainer_state["data"])
         self.start_step = self.step_done = ck.step
         self.stopped_early = ck.trainer_state.get("stopped_early")
+        self.nonfinite_skips = int(ck.trainer_state.get("nonfinite_skips", 0))
         return ck
 
     def restore_rng(self, ck, generators: dict[str, Any] | None = None) -> None:

@@ -37,7 +37,7 @@ from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngi
 from relayrl.environments.base import Episode
 from relayrl.environments.config import EpisodeSpec
 from relayrl.models import lora as lora_lib
-from relayrl.models.load import load_model, load_tokenizer, load_value_model, resolve_dtype
+from relayrl.models.load import few_names, load_model, load_tokenizer, load_value_model, resolve_dtype
 from relayrl.telemetry import memory
 from relayrl.weights import WeightReceiverMixin, gather_full_state
 from relayrl.workflows.rollout_stream import StreamingGeneration
@@ -235,11 +235,12 @@ class _TrainerWorker(_MemoryProbe, Worker):
                 raise ValueError(f"checkpoint does not match the LoRA model (model.lora.enabled): unexpected "
                                  f"{extra[:5]}; a LoRA checkpoint holds the adapters only")
         missing, unexpected = self.engine.load_state(state)
-        missing = [m for m in missing if not m.endswith("lm_head.weight")]  # tied to the embeddings
         if keep is not None:  # the frozen base comes from the model path, not the checkpoint
             missing = [m for m in missing if m in keep]
         if missing or unexpected:
-            raise ValueError(f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+            problems = [f"{what} {few_names(names)}" for what, names in (("missing", missing),
+                                                                         ("unexpected", sorted(unexpected))) if names]
+            raise ValueError(f"checkpoint does not match the model: {'; '.join(problems)}")
 
     def footprint(self) -> dict[str, float]:
         """Total and trainable parameters and the optimizer state's bytes (this rank's shard when sharded)."""

@@ -90,6 +90,12 @@ class Echo(Worker):
     def unpicklable(self):
         return threading.Lock()
 
+    def lose_a_unit(self):
+        """A dock storage unit this rank writes to is gone (relayrl.errors.ProcessLost)."""
+        from relayrl.dock import UnitLostError
+
+        raise UnitLostError("storage unit 0 (pid 4242) died (killed by signal SIGKILL); its rows are lost [put_many]")
+
     def all_reduce_rank(self) -> float:
         t = torch.tensor([float(self.rank + 1)])
         dist.all_reduce(t)

@@ -45,6 +45,17 @@ def test_error_names_group_rank_method_with_traceback(group):
     assert group.one("echo", 1) == (0, 1)  # still usable
 
 
+def test_a_lost_dock_unit_in_a_rank_counts_as_lost(group):
+    """run.max_restarts restarts a run whose rank lost a dock storage unit, as for a lost rank (fails before:
+    a rank's UnitLostError was an ordinary error)."""
+    with pytest.raises(WorkerError) as info:
+        group.all("lose_a_unit")
+    assert info.value.lost and "storage unit 0 (pid 4242) died" in info.value.brief()
+    with pytest.raises(WorkerError) as info:
+        group.all("boom")
+    assert not info.value.lost
+
+
 def test_construction_error_is_a_worker_error():
     pool = ResourcePool("bad")
     with pytest.raises(WorkerError, match="init failed on rank 0") as info:

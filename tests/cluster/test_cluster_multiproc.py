@@ -87,6 +87,15 @@ def test_a_user_error_on_every_rank_arrives_as_one_message(group):
     assert info.value.user_message is None and "ValueError: boom on rank 0" in info.value.remote_traceback
 
 
+def test_a_lost_dock_unit_in_a_rank_process_counts_as_lost(group):
+    with pytest.raises(WorkerError) as info:
+        group.all("lose_a_unit")
+    assert info.value.lost and "storage unit 0 (pid 4242) died" in info.value.brief()
+    with pytest.raises(WorkerError) as info:
+        group.all("boom", on_rank=0)
+    assert not info.value.lost
+
+
 def test_rank_exit_during_a_collective_raises_promptly():
     g = WorkerGroup(Echo, ResourcePool("die", devices=2), name="dying", distributed=True)
     try:

@@ -157,3 +157,47 @@ def test_without_a_swap_every_token_has_the_engine_version(tiny_model, tiny_toke
     outs = eng.generate(_ids(tiny_tokenizer, PROMPTS[:2]), SamplingParams(n=2, max_new_tokens=5),
                         generator=torch.Generator().manual_seed(0), between=lambda: False)
     assert all(o.token_versions.tolist() == [3] * len(o.token_ids) and o.weight_version == 3 for o in outs)
+
+
+def _cache_named_model(model):
+    """``model`` as a model class whose forward names the key/value cache ``cache`` (transformers >= 5.24)
+    and warns, as 5.24 does, when it is given as ``past_key_values``."""
+    import inspect
+    import warnings
+    from dataclasses import dataclass
+
+    from transformers.utils import ModelOutput
+
+    base = type(model)
+    inner = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+    @dataclass
+    class Output(ModelOutput):
+        logits: torch.Tensor | None = None
+        cache: object | None = None
+
+    class CacheNamed(base):
+        def forward(self, *args, cache=None, **kwargs):
+            if "past_key_values" in kwargs:
+                warnings.warn("`past_key_values` is deprecated. Use `cache` instead.", FutureWarning)
+                cache = kwargs.pop("past_key_values")
+            out = super().forward(*args, **{inner: cache}, **kwargs)
+            return Output(logits=out.logits, cache=out[inner] if inner in out else None)
+
+    model.__class__ = CacheNamed
+    return model
+
+
+@pytest.mark.filterwarnings("error")
+def test_a_model_that_names_its_cache_cache_gets_it_so(tiny_model, tiny_tokenizer):
+    """transformers 5.24 takes the cache as ``cache`` and warns at every call that says ``past_key_values``
+    (fails before the engines read the name from the model's forward)."""
+    prompts = _ids(tiny_tokenizer, PROMPTS)
+    sp = SamplingParams(n=2, temperature=0.7, max_new_tokens=8)
+    want = NativeGenerationEngine(tiny_model, tiny_tokenizer, max_batch=3).generate(
+        prompts, sp, generator=torch.Generator().manual_seed(1))
+    eng = NativeGenerationEngine(_cache_named_model(tiny_model), tiny_tokenizer, max_batch=3)
+    got = eng.generate(prompts, sp, generator=torch.Generator().manual_seed(1))
+    assert [o.token_ids.tolist() for o in got] == [o.token_ids.tolist() for o in want]
+    for a, b in zip(got, want):
+        assert torch.equal(a.logprobs, b.logprobs)

@@ -103,3 +103,46 @@ def test_a_whole_directory_still_loads_its_weights(model_copy):
     params = dict(load_model(model_copy).named_parameters())
     for name, t in load_file(model_copy / "model.safetensors").items():
         torch.testing.assert_close(params[name].detach(), t)
+
+
+def _drop(path, keep):
+    """Rewrite ``path/model.safetensors`` with only the tensors whose name ``keep`` accepts."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(path / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if keep(k)}, path / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_weights_missing_from_the_directory_are_named_not_initialised_at_random(model_copy):
+    """transformers starts a tensor missing from the weights at random and only logs a report (fails before)."""
+    _drop(model_copy, lambda k: k != "model.layers.1.mlp.down_proj.weight")
+    _refused(load_model, model_copy, "the weights lack 1 of the model's tensors (model.layers.1.mlp.down_proj.weight), "
+             "which would start at random; copy the weights again")
+    _drop(model_copy, lambda k: ".layers.0." not in k)  # and a whole layer: a few names, then how many more
+    _refused(load_model, model_copy, "the weights lack 13 of the model's tensors (model.layers.0.input_layernorm."
+             "weight, model.layers.0.mlp.down_proj.weight, model.layers.0.mlp.gate_proj.weight, model.layers.0.mlp."
+             "up_proj.weight, model.layers.0.post_attention_layernorm.weight and 8 more)")
+
+
+def test_a_tied_head_is_not_in_the_file_and_loads(model_copy):
+    """lm_head.weight tied to the embeddings is saved once (as the embeddings) and is not missing."""
+    from safetensors import safe_open
+
+    with safe_open(str(model_copy / "model.safetensors"), framework="pt") as f:
+        assert "lm_head.weight" not in f.keys()
+    model = load_model(model_copy)
+    assert model.config.tie_word_embeddings and model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_an_untied_head_missing_from_the_file_is_refused(tiny_dir, tmp_path):
+    import torch
+
+    model = load_model(tiny_dir)
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    path = tmp_path / "untied"
+    model.save_pretrained(path)
+    load_tokenizer(tiny_dir).save_pretrained(path)
+    assert not load_model(path).config.tie_word_embeddings  # whole: it loads
+    _drop(path, lambda k: k != "lm_head.weight")
+    _refused(load_model, path, "the weights lack 1 of the model's tensors (lm_head.weight)")

@@ -13,6 +13,7 @@ from relayrl.telemetry import (
     TelemetryConfig,
     Tracker,
     check_finite,
+    check_updates,
     export_chrome_trace,
     read_spans,
 )
@@ -120,6 +121,30 @@ def test_check_finite_restricted_keys_and_tensors():
         check_finite(3, metrics, keys=["actor/loss", "actor/grad_norm"])
     with pytest.raises(KeyError, match="sft/loss"):
         check_finite(3, metrics, keys=["sft/loss"])
+
+
+def test_check_updates_covers_every_trained_role_and_names_it():
+    """The critic's and a reward model's loss and gradient norm are checked too (only actor/* and sft/loss
+    were: a NaN critic or reward-model update went on without a word), and the message names the role."""
+    nan = float("nan")
+    check_updates(1, {"actor/loss": 0.5, "critic/vf_loss": 1.0, "critic/grad_norm": 2.0, "eval/loss": nan})
+    with pytest.raises(NonFiniteError, match=r"^step 4: critic/vf_loss is nan \(non-finite\) in the critic's "
+                                             r"update; also non-finite: critic/grad_norm=inf$") as info:
+        check_updates(4, {"actor/loss": 0.5, "critic/vf_loss": nan, "critic/grad_norm": float("inf")})
+    assert info.value.roles == ("critic",)
+    with pytest.raises(NonFiniteError, match=r"^step 2: rm/grad_norm is nan \(non-finite\) in the reward model's "
+                                             r"update$"):
+        check_updates(2, {"rm/loss": 0.7, "rm/grad_norm": nan})
+    with pytest.raises(NonFiniteError, match="dpo/loss is -inf") as info:
+        check_updates(2, {"dpo/loss": float("-inf"), "actor/grad_norm": 1.0})
+    assert info.value.updates == "the actor's update"
+    with pytest.raises(NonFiniteError) as info:
+        check_updates(3, {"actor/loss": nan, "critic/vf_loss": nan})
+    assert info.value.updates == "the actor's and the critic's updates"
+    import pickle
+
+    again = pickle.loads(pickle.dumps(info.value))
+    assert str(again) == str(info.value) and again.roles == ("actor", "critic")
 
 
 # ----------------------------------------------------------------------------- plots

@@ -47,3 +47,39 @@ def test_the_value_loss_fits_the_returns(tiny_dir, tiny_tokenizer):
     assert losses[-1] < 0.2 * losses[0]
     clipped = eng.train_step(batch, ValueLoss(clip=0.01))  # values far from the old ones (0): clipped
     assert clipped["critic/vf_clip_frac"] > 0.5
+
+
+def test_a_critic_state_without_a_tensor_is_refused(tiny_dir):
+    """The engine reported no missing name ever (torch's full-state load fills them in with the model's own
+    values) and the worker let any lm_head.weight go (for the critic: its value head); fails before."""
+    from relayrl.engines.training.torch_engine import TrainEngineConfig
+    from relayrl.workflows.workers import CriticWorker
+
+    critic = CriticWorker(str(tiny_dir), TrainEngineConfig(), total_steps=1)
+    state = critic.state()
+    critic.load_state(state)  # whole: fine
+    for name in ("lm_head.weight", "model.layers.0.mlp.down_proj.weight"):
+        with pytest.raises(ValueError, match=rf"checkpoint does not match the model: missing {name}$"):
+            critic.load_state({"model": {k: v for k, v in state["model"].items() if k != name}})
+
+
+def test_resuming_a_checkpoint_whose_critic_lacks_a_tensor_names_the_file_and_tensor(tmp_path, monkeypatch):
+    from relayrl.checkpoint import CheckpointError
+    from relayrl.config.loader import load_config
+    from relayrl.config.schema import Config
+    from relayrl.workflows.registry import train
+    from relayrl.workflows.workers import CriticWorker
+
+    over = [f"run.dir={tmp_path}", "eval.size=8", "eval.every=0", "telemetry.sinks=[jsonl]", "run.threads=1",
+            "model.tiny.hidden_size=64", "model.tiny.intermediate_size=256", "data.prompts_per_step=4",
+            "rollout.n=4", "rollout.max_new_tokens=6"]
+    real = CriticWorker.state
+    with monkeypatch.context() as patch:  # a checkpoint whose critic state lacks its value head's bias
+        patch.setattr(CriticWorker, "state",
+                      lambda self: {**(s := real(self)), "model": {k: v for k, v in s["model"].items()
+                                                                   if k != "lm_head.bias"}})
+        train(load_config(Config, "recipes/arith_ppo.yaml", [*over, "trainer.steps=1"]))
+    with pytest.raises(CheckpointError) as info:
+        train(load_config(Config, "recipes/arith_ppo.yaml", [*over, "trainer.steps=2", "run.resume=auto"]))
+    assert str(info.value) == (f"{tmp_path}/checkpoints/step-000001/extra.pt: does not fit the model: missing keys "
+                               f"['lm_head.bias']")

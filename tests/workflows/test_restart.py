@@ -1,4 +1,5 @@
-"""run.max_restarts: a lost worker process is survived by recreating the groups from the last checkpoint."""
+"""run.max_restarts: a lost worker process (or dock storage unit) is survived by recreating the groups (and the
+dock) from the last checkpoint."""
 
 from __future__ import annotations
 
@@ -9,11 +10,9 @@ import signal
 import pytest
 
 from relayrl.cluster.errors import WorkerError
+from relayrl.dock import UnitLostError
 from relayrl.workflows.pipeline import GRPOPipeline
 from relayrl.workflows.restart import run_with_restarts
-
-pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
-
 
 def config(run_dir, *over: str):
     from relayrl.config.loader import load_config
@@ -40,6 +39,8 @@ def _kill_the_rollout_in_step_3(monkeypatch):
     return killed
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_a_lost_rollout_is_recreated_and_the_run_finishes_from_its_checkpoint(tmp_path, monkeypatch):
     killed = _kill_the_rollout_in_step_3(monkeypatch)
     lines: list[str] = []
@@ -52,6 +53,8 @@ def test_a_lost_rollout_is_recreated_and_the_run_finishes_from_its_checkpoint(tm
     assert "died" in (tmp_path / "restarts.log").read_text()
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
 def test_without_restarts_a_lost_worker_ends_the_run_naming_it(tmp_path, monkeypatch):
     _kill_the_rollout_in_step_3(monkeypatch)
     with pytest.raises(WorkerError) as info:
@@ -70,3 +73,44 @@ def test_an_error_that_is_not_a_lost_worker_is_not_retried(tmp_path):
     with pytest.raises(WorkerError):
         run_with_restarts(config(tmp_path, "run.max_restarts=3"), run)
     assert len(calls) == 1
+
+
+def test_a_lost_dock_unit_is_restarted_like_a_lost_worker(tmp_path):
+    """A storage unit met dead by the driver (UnitLostError) restarts the run when run.max_restarts allows
+    (fails before: it ended the run); without restarts it ends the run as before."""
+    calls, lines = [], []
+
+    def run(cfg):
+        calls.append(cfg)
+        if len(calls) == 1:
+            raise UnitLostError("storage unit 0 (pid 4242) died (killed by signal SIGKILL); its rows are lost [drop]")
+        return tmp_path / "model"
+
+    assert run_with_restarts(config(tmp_path, "run.max_restarts=1"), run, lines.append) == tmp_path / "model"
+    assert len(calls) == 2 and len(lines) == 1
+    assert "restart 1/1" in lines[0] and "storage unit 0 (pid 4242) died" in lines[0] and "the dock" in lines[0]
+    assert "storage unit 0" in (tmp_path / "restarts.log").read_text()
+    calls.clear()
+    with pytest.raises(UnitLostError):
+        run_with_restarts(config(tmp_path / "none"), run)
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_a_killed_dock_unit_process_is_recreated_and_the_run_finishes(tmp_path, monkeypatch):
+    real, killed = GRPOPipeline.step, []
+
+    def step(self, s):
+        if s == 3 and not killed:
+            killed.append(self.dock._plane.pids[0])
+            os.kill(killed[0], signal.SIGKILL)
+        return real(self, s)
+
+    monkeypatch.setattr(GRPOPipeline, "step", step)
+    lines: list[str] = []
+    cfg = config(tmp_path, "run.max_restarts=1", "dock.backend=process", "placement.pools={}",
+                 "placement.rollout=main")
+    run_with_restarts(cfg, lambda c: GRPOPipeline(c).run(), lines.append)
+    recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert killed and [r["step"] for r in recs] == [0, 1, 2, 3, 4]
+    assert len(lines) == 1 and f"storage unit 0 (pid {killed[0]}) died" in lines[0]

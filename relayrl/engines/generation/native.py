@@ -51,6 +51,7 @@ import torch.nn.functional as F
 
 from relayrl.engines.generation import static
 from relayrl.engines.generation.base import Completion, SamplingParams
+from relayrl.engines.generation.kv_cache import forward_with_cache
 from relayrl.engines.generation.sampling import draw_seed, row_key, row_uniforms, sample_next
 
 __all__ = ["NativeGenerationEngine", "PromptFeed", "RunningBatch", "sample_next"]
@@ -385,8 +386,8 @@ class NativeGenerationEngine:
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, cache):
         pos = (mask.long().cumsum(-1) - 1).clamp_min(0)[:, -ids.shape[1]:]
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
-        return out.logits[:, -1, :], out.past_key_values
+        out, cache = forward_with_cache(self.model, cache, input_ids=ids, attention_mask=mask, position_ids=pos)
+        return out.logits[:, -1, :], cache
 
     # ------------------------------------------- step-level API (dynamic cache)
     # generate() and generate_feed() drive these; so does a caller that admits work while a batch runs

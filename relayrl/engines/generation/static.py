@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 from relayrl.engines.generation.base import SamplingParams
+from relayrl.engines.generation.kv_cache import forward_with_cache
 from relayrl.engines.generation.sampling import row_uniforms, sample_next, sample_with
 
 __all__ = ["StaticDecoder", "unsupported_reason"]
@@ -173,13 +174,13 @@ class StaticDecoder:
             mask[i, : len(p)] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = torch.arange(width, device=self.device)[None].expand(len(prompts), -1)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                         past_key_values=DynamicCache(config=self.model.config), use_cache=True)
+        out, cache = forward_with_cache(self.model, DynamicCache(config=self.model.config), input_ids=ids,
+                                        attention_mask=mask, position_ids=pos)
         last = (lengths - 1).to(self.device)
         logits = out.logits[torch.arange(len(prompts), device=self.device), last]  # [P, V]
         src = torch.arange(len(prompts), device=self.device).repeat_interleave(repeat)
         slots = slots.to(self.device)
-        for layer, k_buf, v_buf in zip(out.past_key_values.layers, self.keys, self.values):
+        for layer, k_buf, v_buf in zip(cache.layers, self.keys, self.values):
             k_buf[slots, :, :width] = layer.keys[src].to(self.dtype)
             v_buf[slots, :, :width] = layer.values[src].to(self.dtype)
         return logits[src].float()

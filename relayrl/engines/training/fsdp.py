@@ -169,14 +169,20 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
 def load_full_state(model: nn.Module, model_state: dict | None, optimizer: torch.optim.Optimizer | None = None,
                     optimizer_state: dict | None = None) -> tuple[list[str], list[str]]:
     """Load full state dicts (every rank passes the same) into a plain or sharded model; returns the
-    (missing, unexpected) parameter names of the model state."""
+    (missing, unexpected) parameter names of the model state. Missing names keep the model's values; a tied
+    weight is missing only when none of its names is in the state."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    from relayrl.models.load import absent_weights
 
     missing: list[str] = []
     unexpected: list[str] = []
     if model_state is not None:
+        # set_model_state_dict with full state dicts fills what the state lacks with the model's own values
+        # and so never reports a missing name: they are found here, before it runs.
+        missing = absent_weights(model, model_state)
         keys = set_model_state_dict(model, model_state, options=_options(strict=False))
-        missing, unexpected = list(keys.missing_keys), list(keys.unexpected_keys)
+        unexpected = list(keys.unexpected_keys)
     if optimizer is not None and optimizer_state:
         set_optimizer_state_dict(model, optimizer, optimizer_state, options=_options())
     return missing, unexpected
