@@ -45,6 +45,9 @@ def add_parser(sub, common) -> None:
     p.add_argument("--lengths", default=None, help="response lengths: 'measure' (sample the recipe's model), "
                    "'max' (every response hits rollout.max_new_tokens), or 'mixture:SHORT,P_LONG,LONG_MEAN' "
                    "(default: measure for a model on this machine, max otherwise)")
+    p.add_argument("--length-growth", type=float, default=0.0, help="response tokens gained per step as training "
+                   "goes on (GRPO responses usually lengthen): the plan uses the mean length over the run's "
+                   "trainer.steps, the lengths given or measured growing from step 0")
     p.add_argument("--reward-latency", default="0,0", help="outside latency per scored response, uniform "
                    "LOW,HIGH seconds")
     p.add_argument("--from-run", metavar="RUN_DIR", help="fit the profile to a run's own spans and lengths "
@@ -107,6 +110,10 @@ def cmd_plan(args) -> int:
         prof = _hardware(args.hardware)
         w = workload_from_config(cfg, model_config=args.model_config, prompt_tokens=args.prompt_tokens,
                                  lengths=args.lengths, reward_latency=(low, high))
+        if args.length_growth:
+            start = w.lengths.mean()
+            over_run = max(1.0, start + args.length_growth * cfg.trainer.steps / 2)
+            w = w.model_copy(update={"lengths": w.lengths.scaled(over_run / start)})
     except ValidationError as e:  # (a workload built from bad flags)
         raise ConfigError(f"relayrl plan: {'; '.join(field_errors(e))} (check --prompt-tokens, --reward-latency, "
                           f"--lengths)") from None
@@ -116,6 +123,8 @@ def cmd_plan(args) -> int:
                                          cpu=prof.cores > 0))
     title = (f"relayrl plan: PREDICTED for {args.recipe} on {args.devices} device(s) of profile '{prof.name}'\n"
              f"  ({w.prompts} prompts x {w.n}, {w.prompt_tokens} prompt tokens, responses {w.lengths.kind} up to "
-             f"{w.lengths.max_new_tokens}, model {w.model.params / 1e6:.1f}M params; source: {prof.source})")
+             f"{w.lengths.max_new_tokens}" + (f", mean {w.lengths.mean():.0f} over the run with "
+                                              f"{args.length_growth:+g} tokens/step" if args.length_growth else "")
+             + f", model {w.model.params / 1e6:.1f}M params; source: {prof.source})")
     print(format_plan(preds, title=title, top=args.top))
     return 0

@@ -39,6 +39,19 @@ class LengthDist(_Model):
                              "lengths.kind=mixture with short / p_long / long_mean instead")
         return self
 
+    def mean(self) -> float:
+        """The mean length (empirical: of the samples; mixture: of the distribution, ignoring the cap)."""
+        if self.kind == "empirical":
+            return sum(min(x, self.max_new_tokens) for x in self.samples) / len(self.samples)
+        return self.short + self.p_long * self.long_mean
+
+    def scaled(self, factor: float) -> "LengthDist":
+        """Every length times ``factor`` (still capped at ``max_new_tokens``): responses that grow or shrink."""
+        if self.kind == "empirical":
+            return self.model_copy(update={"samples": tuple(max(1, round(x * factor)) for x in self.samples)})
+        return self.model_copy(update={"short": max(1, round(self.short * factor)),
+                                       "long_mean": max(1.0, self.long_mean * factor)})
+
     def draw(self, rng: random.Random, n: int) -> list[int]:
         if self.kind == "empirical":
             return [min(self.max_new_tokens, max(1, rng.choice(self.samples))) for _ in range(n)]

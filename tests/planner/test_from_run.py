@@ -134,3 +134,25 @@ def test_from_run_on_a_real_run(tmp_path, capsys, mode):
     assert abs(err) <= 30
     assert "best: cluster.devices=" in out
     assert _measured(read_run(run), [2, 3, 4])["generate"] > 0
+
+
+def test_a_stated_length_growth_plans_with_the_mean_over_the_run(tmp_path, capsys):
+    """``--length-growth G``: lengths grow by G tokens a step from the given ones; the plan uses their mean
+    over trainer.steps (here 3 + 0.5 x 20 / 2 = 8 tokens, from a mixture whose responses all stop at 3)."""
+    from tests.planner.test_search import _toy_files
+
+    prof, cfg = _toy_files(tmp_path)
+    args = ["plan", GRPO, "trainer.steps=20", "--devices", "2", "--hardware", str(prof), "--model-config",
+            str(cfg), "--prompt-tokens", "6", "--lengths", "mixture:3,0,8"]
+    assert cli.main(args) == 0
+    flat = capsys.readouterr().out
+    assert cli.main([*args, "--length-growth", "0.5"]) == 0
+    grown = capsys.readouterr().out
+    assert "mean 8 over the run with +0.5 tokens/step" in grown
+    def step(out: str) -> float:  # the first-ranked row's step seconds (the first number with 3 decimals)
+        import re
+
+        row = next(line for line in out.splitlines() if line.strip().startswith("1 "))
+        return float(re.findall(r"\s(\d+\.\d{3})\s", row)[0])
+
+    assert step(grown) > step(flat)
