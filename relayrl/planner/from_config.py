@@ -10,7 +10,7 @@ import torch
 
 from relayrl.planner.workload import LatencyDist, LengthDist, ModelShape, Workload
 
-__all__ = ["workload_from_config", "measure_lengths"]
+__all__ = ["workload_from_config", "measure_lengths", "plan_passes"]
 
 
 def _model_dir(cfg) -> str | None:
@@ -43,6 +43,19 @@ def _lengths(spec: str, cfg, model_dir: str | None, prompts: list[list[int]] | N
         return LengthDist(kind="empirical", max_new_tokens=cap, samples=tuple(
             measure_lengths(model_dir, prompts, cfg.rollout.n, cap, temperature=cfg.rollout.temperature or 1.0)))
     raise ValueError(f"--lengths {spec!r}: one of measure, max, mixture:SHORT,P_LONG,LONG_MEAN")
+
+
+def plan_passes(cfg) -> dict:
+    """The extra passes of a step, read from the pipeline's step plan: forward-only passes (the reference or
+    the actor's own reference pass for KL, a teacher, pi_old recomputed, the critic's values) and whether a
+    critic trains."""
+    from relayrl.config.plan import step_plan
+
+    plan = step_plan(cfg)
+    kl = "reference" in plan.roles or (plan.tri_model and cfg.algorithm.kl_coef > 0)
+    critic = "critic" in plan.roles
+    return {"passes": int(kl) + int("teacher" in plan.roles) + int(plan.recompute_old) + int(critic),
+            "critic": critic}
 
 
 def workload_from_config(cfg, *, model_config: str | None = None, prompt_tokens: int | None = None,
@@ -100,7 +113,7 @@ def workload_from_config(cfg, *, model_config: str | None = None, prompt_tokens:
                     reward_latency=LatencyDist(low_s=reward_latency[0], high_s=reward_latency[1]), model=shape,
                     token_budget=cfg.engine.token_budget, stream_groups=cfg.trainer.stream_groups,
                     dp_sync=cfg.engine.dp_sync,
-                    kl=cfg.algorithm.kl_coef > 0, offload=cfg.trainer.offload,
+                    **plan_passes(cfg), offload=cfg.trainer.offload,
                     checkpointing=cfg.engine.gradient_checkpointing)
 
 

@@ -252,6 +252,20 @@ def optimizer_s(dev: DeviceProfile, profile: Profile, w: Workload, dp: int) -> f
     return profile.scale(w.model.params) * dev.optimizer_s / dp + once
 
 
+def _trainer_s(dev: DeviceProfile, profile: Profile, w: Workload, units: list[int], dp: int) -> float:
+    """The trainer pool's work on ``units``: the update's forward + backward, the plan's forward-only passes
+    (``w.passes``) and, with a critic, its forward + backward."""
+    work = train_s(dev, profile, w, units, dp) * (2 if w.critic else 1)
+    if w.passes:
+        work += w.passes * train_s(dev, profile, w, units, dp, forward_only=True)
+    return work
+
+
+def _optimizers_s(dev: DeviceProfile, profile: Profile, w: Workload, dp: int) -> float:
+    """The optimizer steps of a step: the actor's, and the critic's when one trains."""
+    return optimizer_s(dev, profile, w, dp) * (2 if w.critic else 1)
+
+
 def relay_s(profile: Profile, w: Workload) -> float:
     return profile.relay(w.model.params * w.model.compute_bytes)
 
@@ -375,9 +389,7 @@ def _colocated(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
         gen = max(ends)
         rew = profile.reward.call_s + profile.reward.row_s * w.rows + max(x for g in lat for x in g)
         shards = [_units(w, [groups[i] for i in idx]) for idx in _split(groups, p.main)]
-        upd = max(train_s(dev, profile, w, u, p.main) for u in shards) + optimizer_s(dev, profile, w, p.main)
-        if w.kl:
-            upd += max(train_s(dev, profile, w, u, p.main, forward_only=True) for u in shards)
+        upd = max(_trainer_s(dev, profile, w, u, p.main) for u in shards) + _optimizers_s(dev, profile, w, p.main)
         dock = profile.dock_put(w.rows) + profile.dock_get(w.rows)
         times.append(_path(profile, p).step_s + gen + rew + upd + dock)
         gen_s.append(gen)
@@ -425,7 +437,7 @@ def _pipeline(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
         shards = _split(groups, p.main)
         if p.mode == "sync-split":
             begin = max(train_free, max(scored))
-            work = max(train_s(dev, profile, w, _units(w, [groups[i] for i in idx]), p.main) for idx in shards)
+            work = max(_trainer_s(dev, profile, w, _units(w, [groups[i] for i in idx]), p.main) for idx in shards)
             work += profile.dock_get(w.rows / p.main)
             end = begin + work
             ivs = [(begin, end)]
@@ -433,13 +445,13 @@ def _pipeline(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
             end = max(train_free, 0.0 if k else start)
             work, ivs = 0.0, []
             for c, ready in sorted(zip(chunks, scored), key=lambda x: x[1]):
-                one = max(train_s(dev, profile, w, _units(w, [groups[i] for i in c if i in set(idx)]), p.main)
+                one = max(_trainer_s(dev, profile, w, _units(w, [groups[i] for i in c if i in set(idx)]), p.main)
                           for idx in shards if set(idx) & set(c))
                 one += profile.dock_get(len(c) * w.n / p.main)
                 ivs.append((max(end, ready), max(end, ready) + one))
                 end = max(end, ready) + one
                 work += one
-        opt = optimizer_s(dev, profile, w, p.main) + (relay if k else 0.0)  # off-policy: stage to host buffers
+        opt = _optimizers_s(dev, profile, w, p.main) + (relay if k else 0.0)  # off-policy: stage to host buffers
         train_free = end + opt + step_cost
         upd_end.append(train_free)
         if t >= warmup:

@@ -142,7 +142,10 @@ class Workload(_Model):
     stream_groups: int = Field(1, ge=1, description="trainer.stream_groups: groups per streamed chunk")
     dp_sync: Literal["pass", "step"] = Field("pass", description="engine.dp_sync: FSDP2 gathers the weights and "
                                              "reduces the gradients once per optimizer step, or in every pass")
-    kl: bool = Field(False, description="a reference log-prob pass per step (algorithm.kl_coef > 0)")
+    passes: int = Field(0, ge=0, description="forward-only passes of the batch per step besides the update, on the "
+                        "trainer's pool: the reference's (KL), a teacher's (distillation), pi_old's (recomputed), "
+                        "the critic's values (from the step plan's roles)")
+    critic: bool = Field(False, description="a critic is trained each step (GAE), costed like the actor's update")
     checkpointing: bool = Field(False, description="engine.gradient_checkpointing: a layer's activations are "
                                 "recomputed in the backward pass; only each layer's input is kept")
     offload: bool = Field(False, description="trainer.offload: colocated, each role's idle state leaves the "

@@ -156,3 +156,26 @@ def test_a_stated_length_growth_plans_with_the_mean_over_the_run(tmp_path, capsy
         return float(re.findall(r"\s(\d+\.\d{3})\s", row)[0])
 
     assert step(grown) > step(flat)
+
+
+def test_every_candidate_runs_as_the_placement_it_was_simulated_as():
+    """The search's overrides, read by the pipeline's step plan, give back the placement that was simulated:
+    a change to how the plan reads a config breaks this before it breaks a prediction."""
+    from relayrl.planner.search import candidates
+
+    for p in candidates(4, cpu=True):
+        cfg = load_run_config(GRPO, [*p.overrides(), "cluster.oversubscribe=true"])
+        assert placement_of(cfg) == p, p.overrides()
+
+
+@pytest.mark.parametrize("overrides,passes,critic", [
+    ([], 0, False),
+    (["algorithm.kl_coef=0.01"], 1, False),
+    (["algorithm.kl_coef=0.01", "trainer.tri_model=true"], 1, False),
+    (["algorithm.advantage=gae"], 1, True),
+    (["trainer.epochs=2"], 1, False),
+])
+def test_the_workloads_passes_come_from_the_step_plan(overrides, passes, critic):
+    from relayrl.planner.from_config import plan_passes
+
+    assert plan_passes(load_run_config(GRPO, overrides)) == {"passes": passes, "critic": critic}
