@@ -114,15 +114,20 @@ class Produce:
         def one(b) -> None:
             with st.cond:
                 problems = list(st.problems)
-            with p.session.span("reward", "reward", f.step):
-                out = p.score("score_rows", p.dock.reader(f.part, b.indexes, cols), problems)
+            try:
+                with p.session.span("reward", "reward", f.step):
+                    out = p.score("score_rows", p.dock.reader(f.part, b.indexes, cols), problems)
+            except BaseException:
+                f.stop.set()  # the lease loop ends now and the error is raised below (the rows stay unacked)
+                raise
             b.ack()
             done = []
             with st.cond:
                 for i, g, score, reward in zip(b.indexes, out.groups, out.scores, out.rewards):
                     pending.setdefault(g, {})[i] = (score, reward)
+                scored = sum(x == x for x in out.scores)  # (the reward's means are over the rows not left NaN)
                 for k, v in out.metrics.items():
-                    st.reward_metrics.setdefault(k, []).append((v, len(b.indexes)))
+                    st.reward_metrics.setdefault(k, []).append((v, scored))
                 for g in dict.fromkeys(out.groups):
                     if len(pending[g]) == n:
                         done.append((g, sorted(pending.pop(g).items())))

@@ -34,7 +34,8 @@ class StepState:
     rewards: list[float] = field(default_factory=list)
     """Shaped rewards of the same rows."""
     reward_metrics: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
-    """Per reward call: ``(value, rows)`` of each metric the reward engine returned (a row-weighted mean)."""
+    """Per reward call: ``(value, rows scored)`` of each metric the reward engine returned (a row-weighted mean
+    over the rows a source did not fail on; the counts in ``step_metrics.COUNTS`` are summed)."""
     baselines: list[float] = field(default_factory=list)
     """ReMax: each kept group's greedy reward."""
     update: dict[str, float] = field(default_factory=dict)

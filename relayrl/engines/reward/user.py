@@ -117,29 +117,29 @@ def load_reward_fn(path: str) -> RewardFn:
     return fn
 
 
-def check_rewards(result: Any, n: int, fn_name: str) -> list[float]:
-    """Validate a user function's result: ``n`` finite real numbers; return them as floats.
+def check_rewards(result: Any, n: int, fn_name: str, what: str = "reward function") -> list[float]:
+    """Validate a reward source's result: ``n`` finite real numbers; return them as floats. Errors name it as
+    ``f"{what} {fn_name}"`` (``what=""``: ``fn_name`` alone, e.g. "reward model DIR").
 
     Accepts a list or tuple, a 1-D numpy array or a 1-D torch tensor.
     """
+    fn_name = f"{what} {fn_name}".strip()
     if hasattr(result, "tolist") and hasattr(result, "ndim"):  # numpy array, torch tensor
         if result.ndim != 1:
             raise RewardError(
-                f"reward function {fn_name} returned an array of shape {tuple(result.shape)}; expected {n} values (1-D)"
+                f"{fn_name} returned an array of shape {tuple(result.shape)}; expected {n} values (1-D)"
             )
         result = result.tolist()
     if isinstance(result, (str, bytes)) or not isinstance(result, Sequence):
-        raise RewardError(f"reward function {fn_name} returned {type(result).__name__}; expected a list of {n} floats")
+        raise RewardError(f"{fn_name} returned {type(result).__name__}; expected a list of {n} floats")
     if len(result) != n:
-        raise RewardError(f"reward function {fn_name} returned {len(result)} values for {n} responses; expected {n}")
+        raise RewardError(f"{fn_name} returned {len(result)} values for {n} responses; expected {n}")
     out = []
     for i, v in enumerate(result):
         if not isinstance(v, numbers.Real):
-            raise RewardError(
-                f"reward function {fn_name} returned {type(v).__name__} {v!r} at index {i}; expected a float"
-            )
+            raise RewardError(f"{fn_name} returned {type(v).__name__} {v!r} at index {i}; expected a float")
         v = float(v)
         if not math.isfinite(v):
-            raise RewardError(f"reward function {fn_name} returned {v} at index {i}; rewards must be finite")
+            raise RewardError(f"{fn_name} returned {v} at index {i}; rewards must be finite")
         out.append(v)
     return out
