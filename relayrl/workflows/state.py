@@ -49,7 +49,9 @@ class StepState:
     """Groups whose rewards were judged (kept or dropped)."""
     kept: int = 0
     dropped: set[int] = field(default_factory=set)
-    """Groups dynamic sampling dropped (all rewards equal)."""
+    """Groups dynamic sampling dropped (all rewards equal), and groups a failure dropped (``*.on_error=drop_group``)."""
+    rollout_errors: int = 0
+    """Groups whose generation request failed (``rollout.on_error=drop_group``)."""
     hold: Any = None
     """Off-policy: the rollout engine's hold for this batch, given back when its generation ends."""
 
