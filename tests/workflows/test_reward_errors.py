@@ -83,3 +83,39 @@ def test_a_judge_that_fails_on_one_prompt_fails_the_step_or_drops_its_group(caps
     assert len(steps) == 2 and all(r["reward/errors"] == 4 * r["dapo/dropped_groups"] for r in steps)
     assert sum(r["reward/errors"] for r in steps) > 0
     assert all(r["reward/judge_mean"] == pytest.approx(0.7) for r in steps)  # the kept rows' verdicts
+
+
+MODES = {"sync": [], "periodic": ["trainer.mode=periodic", "placement.pools.gen=1", "placement.rollout=gen"]}
+
+
+@pytest.mark.parametrize("mode", ["sync", "periodic"])
+def test_a_failure_inside_the_step_fails_it_at_once(capsys, tmp_path, mode):
+    """The function fails on training groups only (evaluations pass): the step's score stage raises the error
+    within seconds (it used to wait for the failed rows' 60-second lease to expire, several times over)."""
+    import time
+
+    t0 = time.monotonic()
+    code = cli.main(["train", *RUN, f"run.dir={tmp_path / 'r'}", "reward.user_fn=dataflow_rewards:fails_on_some_groups",
+                     *MODES[mode]])
+    err = capsys.readouterr().err
+    assert code == EXIT_USER, err
+    assert time.monotonic() - t0 < 45
+    assert "reward function dataflow_rewards:fails_on_some_groups raised KeyError" in err
+    assert ", scoring the responses to prompt '" in err
+
+
+@pytest.mark.parametrize("mode", ["sync", "periodic"])
+def test_a_reward_function_that_hangs_on_one_prompt_is_an_error_under_the_same_policy(capsys, tmp_path, mode):
+    hangs = ["reward.user_fn=dataflow_rewards:hangs_on_some_groups", "reward.timeout_s=0.2"]
+    code = cli.main(["train", *RUN, f"run.dir={tmp_path / 'fail'}", *hangs, *MODES[mode]])
+    err = capsys.readouterr().err
+    assert code == EXIT_USER, err
+    assert ("reward function dataflow_rewards:hangs_on_some_groups ran past reward.timeout_s=0.2 (0.2 s for the 1 "
+            "prompt(s) of the call), scoring the responses to prompt '") in err
+    run = tmp_path / "drop"
+    code = cli.main(["train", *RUN, f"run.dir={run}", *hangs, "reward.on_error=drop_group", *MODES[mode]])
+    assert code == 0, capsys.readouterr().err
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steps = [r for r in records if r.get("step", 0) >= 1]
+    assert len(steps) == 2 and all(r["reward/errors"] == 4 * r["dapo/dropped_groups"] for r in steps)
+    assert sum(r["reward/errors"] for r in steps) > 0
