@@ -138,3 +138,25 @@ def test_the_policy_and_the_time_limit_name_what_they_apply_to(tiny_dir):
         RewardConfig(verifier="exact", on_error="drop_group")
     with pytest.raises(ValueError, match="reward.timeout_s limits a reward function"):
         RewardConfig(verifier="math", timeout_s=5)
+
+
+def test_a_remax_baseline_that_fails_stops_the_step_even_with_drop_group(monkeypatch, tiny_tokenizer):
+    """ReMax's greedy baseline is due after the group's rewards: too late to drop the group, so a NaN baseline
+    (a source failing under drop_group) is an error naming the prompt, not a NaN advantage."""
+    import torch
+
+    from relayrl.data.tasks import Problem
+    from relayrl.workflows.scoring import ScoreWorker
+
+    monkeypatch.setitem(sys.modules, "flaky_rewards", types.SimpleNamespace(
+        score=lambda p, r, a: [math.nan if q == "b" else 1.0 for q in p]))  # (NaN: a contract breach)
+    eng = RewardEngine(RewardConfig(verifier="user", user_fn="flaky_rewards:score", on_error="drop_group"))
+    worker = ScoreWorker(eng, tiny_tokenizer, None, lambda scores, lengths: scores)
+
+    class Reader:
+        def read(self):
+            return {"group": [0, 0, 1, 1], "baseline_ids": [torch.tensor([11, 12])] * 4}
+
+    with pytest.raises(RewardError, match=r"the reward failed on the greedy baseline response to prompt 'b' "
+                                          r"\(ReMax\): a group cannot be dropped once its baseline is due"):
+        worker.baseline_into(Reader(), None, [Problem("a", "1"), Problem("b", "2")])
