@@ -55,7 +55,7 @@ import torch
 from relayrl.algorithms.reward_model import RunningMoments, normalize_rewards
 from relayrl.engines.reward.config import RewardConfig, RewardError
 from relayrl.engines.reward.judge import JudgeError, LLMJudge
-from relayrl.engines.reward.user import check_rewards, describe_fn, load_reward_fn
+from relayrl.engines.reward.user import Overtime, call_within, check_rewards, describe_fn, load_reward_fn
 from relayrl.engines.reward.verifiers import exact_reward, format_reward, math_reward
 
 __all__ = ["RewardEngine", "MAX_ABANDONED"]
@@ -353,7 +353,7 @@ class RewardEngine:
             result = self._within(limit, self._user_fn, prompts, responses, answers)
         except _TooManyHung:
             raise
-        except _Overtime:
+        except Overtime:
             raise RewardError(f"reward function {name} ran past reward.timeout_s={self.cfg.timeout_s:g} "
                               f"({limit:g} s for the {len(set(prompts))} prompt(s) of the call)") from None
         except Exception as e:
@@ -361,36 +361,22 @@ class RewardEngine:
         return check_rewards(result, len(responses), name)
 
     def _within(self, limit: float | None, fn: Callable, *args):
-        """``fn(*args)``, or :class:`_Overtime` once ``limit`` seconds pass (the call is abandoned on its daemon
-        thread: module docstring); ``limit=None``: on this thread, no limit."""
+        """``fn(*args)`` within ``limit`` seconds (:func:`call_within`; ``None``: on this thread, no limit);
+        refuses once ``MAX_ABANDONED`` abandoned calls are alive (module docstring)."""
         if limit is None:
             return fn(*args)
         with self._lock:
             self._abandoned = [t for t in self._abandoned if t.is_alive()]
             if len(self._abandoned) >= MAX_ABANDONED:
                 raise _TooManyHung(f"{len(self._abandoned)} calls of reward function {describe_fn(self._user_fn)} "
-                                  f"are still running past reward.timeout_s={self.cfg.timeout_s:g}: it hangs (each "
-                                  f"hung call holds a thread); fix the function or raise reward.timeout_s")
-        box: dict[str, object] = {}
-        done = threading.Event()
-
-        def call() -> None:
-            try:
-                box["out"] = fn(*args)
-            except BaseException as e:  # noqa: BLE001 - re-raised by the caller's thread
-                box["error"] = e
-            finally:
-                done.set()
-
-        t = threading.Thread(target=call, name="reward-call", daemon=True)
-        t.start()
-        if not done.wait(limit):
+                                   f"are still running past reward.timeout_s={self.cfg.timeout_s:g}: it hangs (each "
+                                   f"hung call holds a thread); fix the function or raise reward.timeout_s")
+        try:
+            return call_within(limit, fn, *args)
+        except Overtime as e:
             with self._lock:
-                self._abandoned.append(t)
-            raise _Overtime
-        if "error" in box:
-            raise box["error"]  # type: ignore[misc]
-        return box["out"]
+                self._abandoned.append(e.thread)
+            raise
 
     def _rm_once(self, prompts: list[str], responses: list[str], answers: list) -> list[float]:
         name = f"reward model {self.cfg.model}"
@@ -445,10 +431,6 @@ class RewardEngine:
 class _TooManyHung(RewardError):
     """More than ``MAX_ABANDONED`` calls of the user function run past the time limit: the run stops whatever
     ``reward.on_error`` says."""
-
-
-class _Overtime(Exception):
-    """A call ran past its time limit (and was abandoned)."""
 
 
 def _mean(xs: Sequence[float]) -> float:

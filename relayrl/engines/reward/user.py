@@ -5,7 +5,8 @@ A user function follows :class:`RewardFn`: it takes the whole batch
 per row. Loading rejects what cannot work before any training starts (missing
 module or attribute, a non-callable, a signature that cannot take the three
 lists); each call's result is checked (length, numeric, finite) and a breach
-raises :class:`RewardError` naming the function.
+raises :class:`RewardError` naming the function. :func:`call_within` gives a call a time limit
+(``reward.timeout_s``).
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import importlib
 import inspect
 import math
 import numbers
+import threading
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from relayrl.engines.reward.config import RewardError
 
-__all__ = ["RewardFn", "load_reward_fn", "check_rewards", "describe_fn"]
+__all__ = ["RewardFn", "load_reward_fn", "check_rewards", "describe_fn", "call_within", "Overtime"]
 
 
 @runtime_checkable
@@ -143,3 +145,35 @@ def check_rewards(result: Any, n: int, fn_name: str, what: str = "reward functio
             raise RewardError(f"{fn_name} returned {v} at index {i}; rewards must be finite")
         out.append(v)
     return out
+
+
+class Overtime(Exception):
+    """A call ran past its time limit; ``thread`` still runs it (abandoned, not stopped)."""
+
+    def __init__(self, thread: threading.Thread) -> None:
+        super().__init__(f"{thread.name} ran past its time limit")
+        self.thread = thread
+
+
+def call_within(limit: float, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` on a daemon thread, its result (or its exception) once it returns within ``limit``
+    seconds; else :class:`Overtime`. Python cannot interrupt a thread: an overtime call is abandoned and runs
+    on until ``fn`` returns (its result is dropped); being a daemon, it does not keep the process alive."""
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def call() -> None:
+        try:
+            box["out"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = e
+        finally:
+            done.set()
+
+    t = threading.Thread(target=call, name="reward-call", daemon=True)
+    t.start()
+    if not done.wait(limit):
+        raise Overtime(t)
+    if "error" in box:
+        raise box["error"]
+    return box["out"]
