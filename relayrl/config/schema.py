@@ -128,6 +128,15 @@ class RolloutConfig(_Section):
     weight_dir: str | None = Field(None, description="rollout.engine=openai: a directory the server reads weights "
                                    "from (needed by weight_sync=vllm/sglang; relayrl: instead of sending them)")
     concurrency: int = Field(64, ge=1, description="rollout.engine=openai: requests in flight per rollout rank")
+    timeout_s: float = Field(600.0, gt=0, description="rollout.engine=openai: seconds a request may wait for its "
+                             "reply; past it the request has failed (rollout.on_error)")
+    retries: int = Field(5, ge=0, description="rollout.engine=openai: retries of a request refused with 502, 503 or "
+                         "504 (busy, a gateway) or a dropped connection, before it has failed")
+    on_error: Literal["fail", "drop_group"] = Field(
+        "fail", description="rollout.engine=openai: a prompt's generation request that failed (an error reply, a "
+        "malformed reply, rollout.timeout_s passed, after rollout.retries): fail stops the step naming the prompt "
+        "and the cause; drop_group drops that prompt's group from the step (counted in rollout/errors; with "
+        "algorithm.dynamic_sampling a later round replaces it)")
     partial: bool = Field(False, description="trainer.off_policy_steps > 0: partial rollout. When the trainer's "
                           "new weights arrive, responses still being generated pause, their contexts are "
                           "prefilled again with the new weights and they continue (each token records the "
@@ -163,7 +172,12 @@ class RolloutConfig(_Section):
             raise ValueError("rollout.vllm is read by rollout.engine=vllm only; set rollout.engine=vllm or drop "
                              "rollout.vllm")
         if self.engine != "openai":
+            if self.on_error != "fail":
+                raise ValueError(f"rollout.on_error={self.on_error} drops the group of a prompt whose request to a "
+                                 f"server failed (rollout.engine=openai); the {self.engine} engine generates a "
+                                 f"batch in one pass, so its errors are the whole batch's: drop rollout.on_error")
             remote_only = [k for k in ("base_url", "served_model", "api_key_env", "weight_dir") if getattr(self, k)]
+            remote_only += [k for k in ("timeout_s", "retries") if k in self.model_fields_set]
             if remote_only:
                 raise ValueError(f"rollout.{remote_only[0]} is read by rollout.engine=openai only; set "
                                  f"rollout.engine=openai or drop rollout.{remote_only[0]}")
@@ -180,7 +194,8 @@ class RolloutConfig(_Section):
         from relayrl.engines.generation.remote import RemoteSpec
 
         return RemoteSpec(base_url=self.base_url, model=self.served_model, api_key_env=self.api_key_env,
-                          weight_sync=self.weight_sync, weight_dir=self.weight_dir, concurrency=self.concurrency)
+                          weight_sync=self.weight_sync, weight_dir=self.weight_dir, concurrency=self.concurrency,
+                          timeout_s=self.timeout_s, retries=self.retries)
 
 
 class TrainerConfig(_Section):

@@ -12,7 +12,7 @@ import importlib
 import inspect
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -47,6 +47,11 @@ class EnvConfig(BaseModel):
     max_tokens: int = Field(256, ge=1, description="response tokens per episode (model turns + observations)")
     max_seconds: float = Field(60.0, gt=0, description="wall time per episode")
     step_timeout_s: float = Field(30.0, gt=0, description="an environment step that runs longer is an error")
+    on_error: Literal["fail", "drop_group"] = Field(
+        "fail", description="an episode that ends with an environment error (the environment or a tool raised, "
+        "returned a malformed result or ran past step_timeout_s): fail stops the step naming the prompt and the "
+        "cause; drop_group drops that prompt's group from the step (counted in env/errors). Evaluation scores "
+        "such an episode 0 (counted in eval/env/errors)")
     workers: int = Field(4, ge=1, description="threads running environment steps")
     observation_chars: int = Field(512, ge=16, description="longest observation text (longer is cut)")
     sandbox: SandboxConfig = SandboxConfig()

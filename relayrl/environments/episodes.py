@@ -16,10 +16,12 @@ is prefilled again; the engine has no prefix cache, so that prefill is the price
 Limits per episode: ``max_turns`` model turns, ``max_tokens`` response tokens (a turn's budget is what is
 left), ``max_seconds`` of wall time from the moment its first turn enters the batch (time spent queued for a
 free slot does not count), checked at turn boundaries and while its environment step runs. An environment step that raises, returns a malformed result or runs
-past ``step_timeout_s`` ends its episode as an error with reward 0; the hung thread cannot be killed (Python
-threads cannot), so it keeps its pool slot until it returns and its late result is dropped; the pool's
+past ``step_timeout_s`` ends its episode as an error with reward 0 here; the hung thread cannot be killed
+(Python threads cannot), so it keeps its pool slot until it returns and its late result is dropped; the pool's
 threads are daemons, so a step that never returns does not keep the process from exiting. Tools with
-their own limits (the sandbox) return on time.
+their own limits (the sandbox) return on time. A training step never trains on such an episode:
+``env.on_error`` fails the step naming the prompt, or drops the episode's group
+(:mod:`relayrl.workflows.rollout_stream`); evaluation scores it 0 and counts it.
 
 Departure from NeMo RL: environments step one episode at a time in threads, not a batch of
 episodes in a Ray actor, so a slow step delays only its own episode.

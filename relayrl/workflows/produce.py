@@ -89,12 +89,15 @@ class Produce:
             episodes = {} if p.episodes is None else dict(episodes=p.episodes, problems=[problems[groups[i]] for i in idx])
             p.rollout.one("start_stream", [prompts[i] for i in idx], params, [slots[i] for i in idx],
                           [groups[i] for i in idx], partial=self.partial, baseline=baseline, **episodes,
-                          per_sample=per_sample, deferred=p.plan.sequential, rank=r)
+                          per_sample=per_sample, deferred=p.plan.sequential, on_error=p.cfg.rollout.on_error, rank=r)
         live = set(range(ranks))
         while live and not f.stop.is_set():
             for r in sorted(live):
                 got, done = p.rollout.one("poll_stream", 0.05 if ranks > 1 else 0.2, rank=r)
                 for receipt, records in got:
+                    if receipt is None:  # groups whose generation request failed (rollout.on_error=drop_group)
+                        self._drop_failed(f, records)
+                        continue
                     p.dock.publish(receipt)
                     with st.cond:
                         st.records += [x for x in records if not x.baseline]
@@ -102,6 +105,23 @@ class Produce:
                     live.discard(r)
             if p.between_polls is not None:
                 p.between_polls()
+
+    def _drop_failed(self, f: Flow, records: list) -> None:
+        """Groups the rollout could not generate (``rollout.on_error=drop_group``): their rows retired, the
+        groups judged and dropped (dynamic sampling's next round replaces them), counted in ``rollout/errors``."""
+        p, st = self.p, f.state
+        with st.cond:
+            rows = [i for r in records for i in st.rows[r.group]]
+        p.dock.retire(f.part, rows)
+        for r in records:
+            p.session.tracker.write_text(f"step {f.step}: dropped the group of prompt "
+                                         f"{st.problems[r.group].prompt[:200]!r}: its generation request failed: "
+                                         f"{r.failed} (rollout.on_error=drop_group)")
+        with st.cond:
+            st.dropped |= {r.group for r in records}
+            st.judged += len(records)
+            st.rollout_errors += len(records)
+            st.cond.notify_all()
 
     # ------------------------------------------------------------------- score
     def score(self, f: Flow) -> None:
@@ -114,15 +134,20 @@ class Produce:
         def one(b) -> None:
             with st.cond:
                 problems = list(st.problems)
-            with p.session.span("reward", "reward", f.step):
-                out = p.score("score_rows", p.dock.reader(f.part, b.indexes, cols), problems)
+            try:
+                with p.session.span("reward", "reward", f.step):
+                    out = p.score("score_rows", p.dock.reader(f.part, b.indexes, cols), problems)
+            except BaseException:
+                f.stop.set()  # the lease loop ends now and the error is raised below (the rows stay unacked)
+                raise
             b.ack()
             done = []
             with st.cond:
                 for i, g, score, reward in zip(b.indexes, out.groups, out.scores, out.rewards):
                     pending.setdefault(g, {})[i] = (score, reward)
+                scored = sum(x == x for x in out.scores)  # (the reward's means are over the rows not left NaN)
                 for k, v in out.metrics.items():
-                    st.reward_metrics.setdefault(k, []).append((v, len(b.indexes)))
+                    st.reward_metrics.setdefault(k, []).append((v, scored))
                 for g in dict.fromkeys(out.groups):
                     if len(pending[g]) == n:
                         done.append((g, sorted(pending.pop(g).items())))

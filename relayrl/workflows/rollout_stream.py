@@ -13,6 +13,12 @@ group), ``truncated`` (cut at ``max_new_tokens``), ``version`` (the weights its 
 with). Multi-turn episodes add ``loss_mask`` (per token: 0 where the environment wrote) and ``env_rewards``
 (the episode's reward): the rollout runs the episodes, continuously batched across turns, and writes a group
 when its last episode ends.
+
+Failures (issue 35 item 1): a prompt's generation request that fails on a server (``rollout.engine=openai``)
+stops the stream naming the prompt (``rollout.on_error=fail``), or becomes a :class:`GroupRecord` with
+``failed`` set and no rows (``drop_group``: the driver retires the group's rows). An episode that ends with an
+environment error stops the stream naming the prompt (``env.on_error=fail``), or is written with a NaN
+``env_rewards`` (``drop_group``: the score stage drops its group). No failure is written as a reward.
 """
 
 from __future__ import annotations
@@ -28,13 +34,22 @@ import torch
 from relayrl.cluster import compute
 from relayrl.data.tasks import Problem
 from relayrl.dock import Slots
-from relayrl.engines.generation.base import Completion, SamplingParams
-from relayrl.environments.base import Episode, EpisodeSummary
+from relayrl.engines.generation.base import Completion, RequestFailed, SamplingParams
+from relayrl.environments.base import Episode, EpisodeEnd, EpisodeSummary
 from relayrl.environments.config import EpisodeSpec
+from relayrl.errors import UserError
 
-__all__ = ["StreamingGeneration", "GroupRecord", "group_rows"]
+__all__ = ["StreamingGeneration", "GroupRecord", "group_rows", "GenerationFailed", "EpisodeFailed"]
 
 _DONE = object()
+
+
+class GenerationFailed(UserError, RuntimeError):
+    """A prompt's generation request failed and ``rollout.on_error=fail``: the message names the prompt."""
+
+
+class EpisodeFailed(UserError, RuntimeError):
+    """An episode ended with an environment error and ``env.on_error=fail``: the message names the prompt."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +68,8 @@ class GroupRecord:
     """Multi-turn: each row's episode summary."""
     baseline: bool = False
     """ReMax: the write was the group's greedy response (``baseline_ids``), not samples."""
+    failed: str | None = None
+    """The group's generation request failed (``rollout.on_error=drop_group``): why; nothing was written."""
 
 
 def group_rows(prompt: Sequence[int], group: int, comps: Sequence[Completion],
@@ -100,7 +117,7 @@ class StreamingGeneration:
     def start_stream(self, prompts: Sequence[Sequence[int]], params: SamplingParams, slots: Sequence[Any],
                      groups: Sequence[int], partial: bool = False, baseline: bool = False,
                      episodes: EpisodeSpec | None = None, problems: Sequence[Problem] | None = None,
-                     per_sample: bool = False, deferred: bool = False) -> None:
+                     per_sample: bool = False, deferred: bool = False, on_error: str = "fail") -> None:
         """Generate ``params.n`` responses for each of ``prompts`` on a thread of this worker; prompt ``i``'s
         group is written to ``slots[i]`` (its ``n`` rows, in sample order) as soon as it is complete. Take
         the receipts with :meth:`poll_stream`. ``partial``: weights may be swapped in mid-stream.
@@ -111,7 +128,8 @@ class StreamingGeneration:
         response (or episode) is written into its row the moment it ends, one receipt per row (the score
         stage scores it at once; the other stages still wait for whole groups). ``deferred``: write everything
         in one write when generation ends (when every stage waits for generation anyway, a writer working
-        beside the decode loop only competes with it for the interpreter)."""
+        beside the decode loop only competes with it for the interpreter). ``on_error`` (``rollout.on_error``)
+        and ``episodes.env.on_error``: what a failed request or an environment error does (module docstring)."""
         if self._streaming():
             raise RuntimeError("start_stream: the previous stream is still generating")
         if len(slots) != len(prompts) or len(groups) != len(prompts):
@@ -146,7 +164,16 @@ class StreamingGeneration:
                          GroupRecord(group=int(groups[i]), baseline=True))]
             return [self._rows(slots[i], prompts[i], groups[i], comps)]
 
+        env_policy = None if episodes is None else episodes.env.on_error
+
         def rows_of_episode(ep: Episode) -> list[tuple]:
+            if ep.end is EpisodeEnd.ERROR:
+                if env_policy == "fail":
+                    raise EpisodeFailed(
+                        f"an episode of prompt {problems[ep.problem_index].prompt[:200]!r} (sample {ep.sample_index}) "
+                        f"ended with an environment error: {ep.error}; fix the environment or tool, or set "
+                        f"env.on_error=drop_group to drop such a prompt's group from its step (counted in env/errors)")
+                ep.reward = float("nan")  # env.on_error=drop_group: the score stage drops the group
             eps = [ep] if per_sample else complete(ep.problem_index, ep)
             if eps is None:
                 return []
@@ -160,20 +187,25 @@ class StreamingGeneration:
         ended: queue.SimpleQueue = queue.SimpleQueue()
 
         def writer(due) -> None:
-            failed = last = False
+            broken = last = False
             while not last:
                 items = [ended.get()]
                 while not ended.empty():
                     items.append(ended.get())
                 last = items[-1] is None
-                if failed:  # (after a failure: drain, so the generation loop never blocks on us)
+                if broken:  # (after a failure: drain, so the generation loop never blocks on us)
                     continue
                 try:
-                    writes = [w for item in items if item is not None for w in due(item)]
+                    writes = [w for item in items if item is not None and not isinstance(item, RequestFailed)
+                              for w in due(item)]
                     if writes:
                         self._out.put(self._write_all(writes))
+                    dropped = [GroupRecord(group=int(groups[x.index]), failed=x.cause) for x in items
+                               if isinstance(x, RequestFailed)]  # rollout.on_error=drop_group: no rows
+                    if dropped:
+                        self._out.put((None, dropped))
                 except BaseException as e:  # noqa: BLE001 - handed to the driver by poll_stream
-                    failed = True
+                    broken = True
                     self._out.put(e)
 
         def run() -> None:
@@ -185,13 +217,16 @@ class StreamingGeneration:
                 between = self._swap.take if partial else None
                 gen = self.generator if params.temperature > 0 else None
                 if episodes is None:
-                    self.engine.generate(prompts, params, generator=gen, on_finish=ended.put, between=between)
+                    drop = {"on_error": ended.put} if on_error == "drop_group" and not baseline else {}
+                    self.engine.generate(prompts, params, generator=gen, on_finish=ended.put, between=between, **drop)
                 else:
                     from relayrl.environments.episodes import run_episodes
 
                     run_episodes(self.engine, self.tokenizer, problems, prompts, self._env(episodes), params,
                                  episodes.limits, workers=episodes.env.workers, generator=gen,
                                  on_end=ended.put, between=between)
+            except RequestFailed as e:  # rollout.on_error=fail (or a ReMax baseline: too late to drop a group)
+                self._out.put(self._request_failed(prompts, e))
             except BaseException as e:  # noqa: BLE001 - handed to the driver by poll_stream
                 self._out.put(e)
             finally:
@@ -206,6 +241,16 @@ class StreamingGeneration:
 
         self._swap.open(partial)
         self._stream = compute.submit(run, name="rollout-stream")  # the driver's main thread, or a thread here
+
+    def _request_failed(self, prompts: Sequence[Sequence[int]], e: RequestFailed) -> GenerationFailed:
+        """The error of a failed request under ``rollout.on_error=fail``, naming its prompt and the cause."""
+        return GenerationFailed(f"generating the responses to prompt {self._text(prompts[e.index])!r} failed: "
+                                f"{e.cause}; fix the server, or set rollout.on_error=drop_group to drop such a "
+                                f"prompt's group from its step (counted in rollout/errors)")
+
+    def _text(self, prompt: Sequence[int]) -> str:
+        """A prompt's text for a message (its token ids decoded, the first 200 characters)."""
+        return self.tokenizer.decode(list(prompt), skip_special_tokens=True).strip()[:200]
 
     @staticmethod
     def _rows(slots, prompt: Sequence[int], group: int, comps: Sequence[Completion],

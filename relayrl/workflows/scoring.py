@@ -13,6 +13,7 @@ from typing import Any, NamedTuple, Sequence
 import torch
 
 from relayrl.cluster import Worker
+from relayrl.engines.reward import RewardError
 from relayrl.workflows.estimate import advantage_rows
 
 __all__ = ["ScoreWorker", "Scored"]
@@ -74,6 +75,12 @@ class ScoreWorker(Worker):
         ids = [cols["baseline_ids"][first[g]] for g in order]
         texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in ids]
         scores, _ = self.reward.score([problems[g].prompt for g in order], texts, [problems[g].answer for g in order])
+        failed = [g for g, x in zip(order, scores) if x != x]  # reward.on_error=drop_group
+        if failed:  # (the group's sampled rows may be in other stages' hands already: too late to drop it)
+            raise RewardError(f"the reward failed on the greedy baseline response to prompt "
+                              f"{problems[failed[0]].prompt[:200]!r} (ReMax): a group cannot be dropped once its "
+                              f"baseline is due; fix the reward source (the log names the cause), or use another "
+                              f"algorithm.advantage with reward.on_error=drop_group")
         lengths = torch.tensor([len(r) for r in ids], dtype=torch.float32)
         base = dict(zip(order, self.shape(torch.tensor(scores, dtype=torch.float32), lengths).tolist()))
         return slots.write({"baseline": [base[g] for g in groups]}), [base[g] for g in order]

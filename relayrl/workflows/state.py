@@ -34,7 +34,8 @@ class StepState:
     rewards: list[float] = field(default_factory=list)
     """Shaped rewards of the same rows."""
     reward_metrics: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
-    """Per reward call: ``(value, rows)`` of each metric the reward engine returned (a row-weighted mean)."""
+    """Per reward call: ``(value, rows scored)`` of each metric the reward engine returned (a row-weighted mean
+    over the rows a source did not fail on; the counts in ``step_metrics.COUNTS`` are summed)."""
     baselines: list[float] = field(default_factory=list)
     """ReMax: each kept group's greedy reward."""
     update: dict[str, float] = field(default_factory=dict)
@@ -48,7 +49,9 @@ class StepState:
     """Groups whose rewards were judged (kept or dropped)."""
     kept: int = 0
     dropped: set[int] = field(default_factory=set)
-    """Groups dynamic sampling dropped (all rewards equal)."""
+    """Groups dynamic sampling dropped (all rewards equal), and groups a failure dropped (``*.on_error=drop_group``)."""
+    rollout_errors: int = 0
+    """Groups whose generation request failed (``rollout.on_error=drop_group``)."""
     hold: Any = None
     """Off-policy: the rollout engine's hold for this batch, given back when its generation ends."""
 

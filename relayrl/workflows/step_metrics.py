@@ -63,7 +63,8 @@ def step_metrics(st: StepState, *, step: int, prompts_per_step: int, tri_model: 
             m[k] = sum(v for v, _ in st.reward_metrics[k])
     # dynamic sampling's record (without it: nothing dropped, one round)
     m.update({"dapo/dropped_groups": float(len(st.dropped)), "dapo/sampled_groups": float(st.judged),
-              "dapo/rounds": float(st.rounds), "dapo/missing_prompts": float(max(0, prompts_per_step - st.kept))})
+              "dapo/rounds": float(st.rounds), "dapo/missing_prompts": float(max(0, prompts_per_step - st.kept)),
+              "rollout/errors": float(st.rollout_errors)})
     if st.baselines:
         m["remax/baseline_mean"] = sum(st.baselines) / len(st.baselines)
     episodes = [e for r in st.records for e in r.episodes]  # every episode generated, dropped groups too
@@ -72,6 +73,11 @@ def step_metrics(st: StepState, *, step: int, prompts_per_step: int, tri_model: 
         m.update(episode_metrics(episodes))
     if st.scores:
         m.update(sample_metrics(torch.tensor(st.scores), torch.tensor(st.rewards), lengths, truncated))
+    elif m.get("reward/errors", 0) or st.rollout_errors or m.get("env/errors", 0):  # *.on_error=drop_group
+        session.tracker.write_text(f"step {step}: every group was dropped (failures under *.on_error=drop_group: "
+                                   f"rollout/errors {st.rollout_errors:g}, reward/errors {m.get('reward/errors', 0):g}, "
+                                   f"env/errors {m.get('env/errors', 0):g}; or equal rewards); no update this step")
+        m["dapo/skipped_step"] = 1.0
     else:  # every group was uniform in every round: nothing to learn from this step
         session.tracker.write_text(f"step {step}: dynamic sampling found no group with differing rewards in "
                                    f"{st.rounds} rounds; no update this step (raise algorithm.max_resample_rounds "

@@ -17,6 +17,7 @@ FSDP2, so the driver calls their state and weight methods on every rank
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import replace
@@ -27,7 +28,7 @@ import torch
 
 from relayrl.cluster import Worker, WorkerGroup
 from relayrl.data.tasks import Problem
-from relayrl.engines.generation.base import Completion, SamplingParams
+from relayrl.engines.generation.base import Completion, RequestFailed, SamplingParams
 from relayrl.engines.generation.native import NativeGenerationEngine
 from relayrl.engines.generation.remote import RemoteGenerationEngine, RemoteSpec
 from relayrl.engines.generation.vllm_engine import VLLMGenerationEngine, VLLMSpec
@@ -44,6 +45,8 @@ from relayrl.workflows.rollout_stream import StreamingGeneration
 
 __all__ = ["rows_batch", "PolicyWorker", "CriticWorker", "RewardModelTrainer", "ReferenceWorker", "RolloutWorker", "resolve_device", "collective", "generate",
            "rollout_rng", "restore_rollout_rng", "role_precision"]
+
+log = logging.getLogger(__name__)
 
 
 def role_precision(model, rollout=None) -> dict[str, dict[str, str]]:
@@ -435,13 +438,33 @@ class RolloutWorker(StreamingGeneration, WeightReceiverMixin, _MemoryProbe, Work
                                              decode_compile=decode_compile)
         self.generator = torch.Generator(device=dev).manual_seed(seed + 7919 * getattr(self, "rank", 0))
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
-        return self.engine.generate(prompts, params, generator=self.generator if params.temperature > 0 else None)
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 on_error: str = "fail") -> list[Completion]:
+        """``params.n`` samples of each prompt (evaluations). A prompt whose request to a server failed
+        (``rollout.engine=openai``) raises :class:`GenerationFailed` naming it; ``on_error="drop_group"``
+        (``rollout.on_error``): its samples are empty responses instead, with a warning (an evaluation has no
+        group to drop; it scores them as it scores any response)."""
+        gen = self.generator if params.temperature > 0 else None
+        if on_error == "fail":
+            try:
+                return self.engine.generate(prompts, params, generator=gen)
+            except RequestFailed as e:
+                raise self._request_failed(prompts, e) from None
+        failed: list[RequestFailed] = []
+        comps = self.engine.generate(prompts, params, generator=gen, on_error=failed.append)
+        empty = torch.zeros(0, dtype=torch.long)
+        for e in failed:
+            log.warning("relayrl: generating the responses to prompt %r failed: %s; scored as empty responses "
+                        "(rollout.on_error=drop_group)", self._text(prompts[e.index]), e.cause)
+            comps += [Completion(e.index, i, empty, torch.zeros(0), "stop", self.engine.weight_version, "")
+                      for i in range(params.n)]
+        return sorted(comps, key=lambda c: (c.prompt_index, c.sample_index))
 
-    def generate_rows(self, items: Sequence[tuple[int, Sequence[int]]], params: SamplingParams) -> list[Completion]:
+    def generate_rows(self, items: Sequence[tuple[int, Sequence[int]]], params: SamplingParams,
+                      on_error: str = "fail") -> list[Completion]:
         """``generate`` for ``(prompt_index, prompt)`` pairs: completions carry the given indexes (a rank of a
         data-parallel rollout gets a slice of the prompts)."""
-        comps = self.generate([p for _, p in items], params)
+        comps = self.generate([p for _, p in items], params, on_error)
         return [replace(c, prompt_index=items[c.prompt_index][0]) for c in comps]
 
     def run_episodes(self, items: Sequence[tuple[int, Sequence[int], Problem]], params: SamplingParams,
@@ -515,10 +538,12 @@ def collective(group: WorkerGroup, method: str, *args, **kwargs):
     return group.all(method, *args, **kwargs)[0]
 
 
-def generate(rollout: WorkerGroup, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Completion]:
+def generate(rollout: WorkerGroup, prompts: Sequence[Sequence[int]], params: SamplingParams,
+             on_error: str = "fail") -> list[Completion]:
     """Generate on every rollout rank, each taking a contiguous slice of ``prompts``; completions come back
-    in prompt order with ``prompt_index`` into ``prompts``."""
-    return rollout.split("generate_rows", list(enumerate(prompts)), params)
+    in prompt order with ``prompt_index`` into ``prompts``. ``on_error``: ``rollout.on_error``
+    (:meth:`RolloutWorker.generate`)."""
+    return rollout.split("generate_rows", list(enumerate(prompts)), params, on_error)
 
 
 def rollout_rng(rollout: WorkerGroup) -> list[list[int]]:

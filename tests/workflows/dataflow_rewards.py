@@ -17,3 +17,22 @@ def fails_on_some_prompts(prompts, responses, answers):
         if sum(map(ord, p)) % 3 == 0:
             raise KeyError(f"no reference for {p!r}")
     return by_length(prompts, responses, answers)
+
+
+def fails_on_some_groups(prompts, responses, answers):
+    """by_length, but raises on a prompt whose characters sum to a multiple of 3 when it comes with several
+    responses (a training group, not the one greedy answer of an evaluation)."""
+    for p in prompts:
+        if sum(map(ord, p)) % 3 == 0 and prompts.count(p) > 1:
+            raise KeyError(f"no reference for {p!r}")
+    return by_length(prompts, responses, answers)
+
+
+def hangs_on_some_groups(prompts, responses, answers):
+    """by_length, but hangs for 2 s on a prompt whose characters sum to a multiple of 3 when it comes with
+    several responses (a training group, not the one greedy answer of an evaluation)."""
+    import time
+
+    if any(sum(map(ord, p)) % 3 == 0 and prompts.count(p) > 1 for p in prompts):
+        time.sleep(2)
+    return by_length(prompts, responses, answers)

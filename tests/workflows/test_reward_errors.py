@@ -48,3 +48,74 @@ def test_drop_group_drops_the_failing_groups_and_counts_their_rows(capsys, tmp_p
     for r in steps:
         assert r["reward/errors"] == 4 * r["dapo/dropped_groups"]  # n=4 rows per dropped group
     assert sum(r["reward/errors"] for r in steps) > 0  # a third of the prompts fail: some step dropped a group
+
+
+def _judge_fails_on_some_prompts(self, questions):
+    """An LLM judge whose server fails on the questions about a prompt whose characters sum to a multiple of 3."""
+    for q in questions:
+        prompt = q.split("Question: ", 1)[1].split("\nProposed answer:", 1)[0]
+        if sum(map(ord, prompt)) % 3 == 0:
+            raise ConnectionError(f"judge server reset the connection on {prompt!r}")
+    return ["Score: 7"] * len(questions)
+
+
+JUDGED = ["reward.user_fn=dataflow_rewards:by_length", "reward.judge.weight=0.5"]
+
+
+@pytest.mark.parametrize("mode", [[], ["trainer.mode=periodic", "placement.pools.gen=1", "placement.rollout=gen"]],
+                         ids=["sync", "periodic"])
+def test_a_judge_that_fails_on_one_prompt_fails_the_step_or_drops_its_group(capsys, tmp_path, monkeypatch,
+                                                                           tiny_dir, mode):
+    from relayrl.engines.reward.judge import LLMJudge
+
+    monkeypatch.setattr(LLMJudge, "ask", _judge_fails_on_some_prompts)
+    judge = [f"reward.judge.path={tiny_dir}", *JUDGED]
+    code = cli.main(["train", *RUN, f"run.dir={tmp_path / 'fail'}", *judge, *mode])
+    err = capsys.readouterr().err
+    assert code == EXIT_USER, err
+    assert f"LLM judge {tiny_dir} raised ConnectionError: judge server reset the connection on '" in err
+    assert ", scoring the responses to prompt '" in err and "fix the judge, or set reward.on_error=drop_group" in err
+    run = tmp_path / "drop"
+    code = cli.main(["train", *RUN, f"run.dir={run}", *judge, "reward.on_error=drop_group", *mode])
+    assert code == 0, capsys.readouterr().err
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steps = [r for r in records if r.get("step", 0) >= 1]
+    assert len(steps) == 2 and all(r["reward/errors"] == 4 * r["dapo/dropped_groups"] for r in steps)
+    assert sum(r["reward/errors"] for r in steps) > 0
+    assert all(r["reward/judge_mean"] == pytest.approx(0.7) for r in steps)  # the kept rows' verdicts
+
+
+MODES = {"sync": [], "periodic": ["trainer.mode=periodic", "placement.pools.gen=1", "placement.rollout=gen"]}
+
+
+@pytest.mark.parametrize("mode", ["sync", "periodic"])
+def test_a_failure_inside_the_step_fails_it_at_once(capsys, tmp_path, mode):
+    """The function fails on training groups only (evaluations pass): the step's score stage raises the error
+    within seconds (it used to wait for the failed rows' 60-second lease to expire, several times over)."""
+    import time
+
+    t0 = time.monotonic()
+    code = cli.main(["train", *RUN, f"run.dir={tmp_path / 'r'}", "reward.user_fn=dataflow_rewards:fails_on_some_groups",
+                     *MODES[mode]])
+    err = capsys.readouterr().err
+    assert code == EXIT_USER, err
+    assert time.monotonic() - t0 < 45
+    assert "reward function dataflow_rewards:fails_on_some_groups raised KeyError" in err
+    assert ", scoring the responses to prompt '" in err
+
+
+@pytest.mark.parametrize("mode", ["sync", "periodic"])
+def test_a_reward_function_that_hangs_on_one_prompt_is_an_error_under_the_same_policy(capsys, tmp_path, mode):
+    hangs = ["reward.user_fn=dataflow_rewards:hangs_on_some_groups", "reward.timeout_s=0.2"]
+    code = cli.main(["train", *RUN, f"run.dir={tmp_path / 'fail'}", *hangs, *MODES[mode]])
+    err = capsys.readouterr().err
+    assert code == EXIT_USER, err
+    assert ("reward function dataflow_rewards:hangs_on_some_groups ran past reward.timeout_s=0.2 (0.2 s for the 1 "
+            "prompt(s) of the call), scoring the responses to prompt '") in err
+    run = tmp_path / "drop"
+    code = cli.main(["train", *RUN, f"run.dir={run}", *hangs, "reward.on_error=drop_group", *MODES[mode]])
+    assert code == 0, capsys.readouterr().err
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steps = [r for r in records if r.get("step", 0) >= 1]
+    assert len(steps) == 2 and all(r["reward/errors"] == 4 * r["dapo/dropped_groups"] for r in steps)
+    assert sum(r["reward/errors"] for r in steps) > 0

@@ -13,7 +13,21 @@ from typing import Iterable, Literal, Protocol, Sequence
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["SamplingParams", "Completion", "GenerationEngine"]
+from relayrl.errors import UserError
+
+__all__ = ["SamplingParams", "Completion", "GenerationEngine", "RequestFailed"]
+
+
+class RequestFailed(UserError, RuntimeError):
+    """The generation request of one prompt failed (a server's error reply or timeout, after its retries):
+    ``index`` is the prompt's position in the request list, ``cause`` what went wrong."""
+
+    def __init__(self, index: int, cause: str) -> None:
+        super().__init__(f"the generation request of prompt {index} failed: {cause}")
+        self.index, self.cause = index, cause
+
+    def __reduce__(self):  # (keeps the fields when pickled across processes)
+        return (RequestFailed, (self.index, self.cause))
 
 
 class SamplingParams(BaseModel):

@@ -49,7 +49,7 @@ from typing import Callable, Iterable, Literal, Sequence
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from relayrl.engines.generation.base import Completion, SamplingParams
+from relayrl.engines.generation.base import Completion, RequestFailed, SamplingParams
 from relayrl.errors import UserError
 
 __all__ = ["RemoteSpec", "RemoteEngineError", "RemoteGenerationEngine", "parse_choice"]
@@ -70,8 +70,9 @@ class RemoteSpec(BaseModel):
     weight_sync: Literal["relayrl", "vllm", "sglang", "none"] = "relayrl"
     weight_dir: str | None = Field(None, description="directory the server can read for path-based weight sync")
     concurrency: int = Field(64, ge=1, description="requests in flight")
-    timeout_s: float = Field(600.0, gt=0)
-    retries: int = Field(5, ge=0, description="retries of a request refused with 503 (busy) or a dropped connection")
+    timeout_s: float = Field(600.0, gt=0, description="seconds a request may wait for its reply")
+    retries: int = Field(5, ge=0, description="retries of a request refused with 502, 503 or 504 (busy, a gateway) "
+                         "or a dropped connection")
 
 
 def parse_choice(choice: dict) -> tuple[list[int], list[float]]:
@@ -126,16 +127,19 @@ class RemoteGenerationEngine:
         return s
 
     def _call(self, method: str, url: str, **kw) -> dict:
-        """One HTTP call with retries on 503 and dropped connections; the server's error message otherwise."""
+        """One HTTP call with retries on 502/503/504 and dropped connections; the server's error message
+        otherwise, or the time limit when no reply came within ``timeout_s``."""
         err = ""
         for attempt in range(self.spec.retries + 1):
             try:
                 r = self._session().request(method, url, timeout=self.spec.timeout_s, **kw)
             except self._requests.ConnectionError as e:
                 err = f"cannot reach {url}: {e}"
+            except self._requests.Timeout:
+                raise RemoteEngineError(f"{url}: no reply within rollout.timeout_s={self.spec.timeout_s:g} s") from None
             else:
-                if r.status_code == 503:
-                    err = f"{url}: 503 {r.text[:300]}"
+                if r.status_code in (502, 503, 504):
+                    err = f"{url}: {r.status_code} {r.text[:300]}"
                 elif r.status_code >= 400:
                     raise RemoteEngineError(f"{url} answered {r.status_code}: {_message(r)}")
                 else:
@@ -193,11 +197,15 @@ class RemoteGenerationEngine:
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  generator: torch.Generator | None = None,
                  on_finish: Callable[[Completion], None] | None = None,
-                 between: Callable[[], bool] | None = None) -> list[Completion]:
+                 between: Callable[[], bool] | None = None,
+                 on_error: Callable[[RequestFailed], None] | None = None) -> list[Completion]:
         """All ``n`` samples of every prompt in (prompt, sample) order. ``generator`` draws one seed per
         prompt, so a run's samples repeat with the same seed and server; ``on_finish`` sees each prompt's
-        samples as its reply arrives (in this thread). ``between`` (partial rollout: weights swapped in
-        between decode steps) needs the native engine; the config refuses rollout.partial with a server."""
+        samples as its reply arrives (in this thread). A prompt whose request fails (an error reply, a
+        malformed reply, no reply within ``timeout_s``; after the retries of :meth:`_call`) raises
+        :class:`RequestFailed`; with ``on_error`` it is handed to it instead, and the prompt has no samples
+        in the result. ``between`` (partial rollout: weights swapped in between decode steps) needs the
+        native engine; the config refuses rollout.partial with a server."""
         if between is not None:
             raise ValueError("partial rollout swaps weights between decode steps inside the native engine; a remote "
                              "server cannot: set rollout.partial=false with rollout.engine=openai")
@@ -211,7 +219,15 @@ class RemoteGenerationEngine:
         out: dict[int, list[Completion]] = {}
         try:
             for f in as_completed(futures):
-                comps = f.result()
+                try:
+                    comps = f.result()
+                except Exception as e:  # noqa: BLE001 - one request's failure: the caller's policy decides
+                    failed = RequestFailed(futures[f], str(e) if isinstance(e, RemoteEngineError)
+                                           else f"{type(e).__name__}: {e}")
+                    if on_error is None:
+                        raise failed from e
+                    on_error(failed)
+                    continue
                 out[futures[f]] = comps
                 if on_finish is not None:
                     for c in comps:
@@ -219,7 +235,7 @@ class RemoteGenerationEngine:
         finally:
             for f in futures:
                 f.cancel()
-        return [c for i in range(len(prompts)) for c in out[i]]
+        return [c for i in range(len(prompts)) for c in out.get(i, [])]
 
     # ---------------------------------------------------------------- weights
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:

@@ -44,9 +44,15 @@ class RewardConfig(BaseModel):
     )
     user_fn: str | None = Field(None, description='"package.module:function" or "package.module.function"')
     on_error: Literal["fail", "drop_group"] = Field(
-        "fail", description="a reward function (user_fn) that raises or returns garbage (NaN, wrong length) for a "
-        "batch: its prompt groups are scored one by one; fail stops the step naming the prompt and the cause, "
-        "drop_group drops the groups that fail from the step (counted in reward/errors)")
+        "fail", description="a reward function (user_fn), reward model (model) or LLM judge (judge.path) that "
+        "raises, returns garbage (NaN, wrong length, non-numbers) or runs past timeout_s for a batch: its prompt "
+        "groups are scored one by one; fail stops the step naming the prompt and the cause, drop_group drops the "
+        "groups that fail from the step (counted in reward/errors)")
+    timeout_s: float | None = Field(
+        None, gt=0, description="reward.verifier=user: seconds a call of the reward function may take per prompt "
+        "group it scores (a call of g groups: g x timeout_s); a call past it is a failure under on_error. The "
+        "call is abandoned, not interrupted (Python cannot stop a thread): its thread runs on until the function "
+        "returns; null: no limit")
     format_weight: float = Field(0.0, description="weight of the format reward added to the verifier reward")
     format_regex: str | None = Field(None, description=r'regex searched in the format target, e.g. "^\d+$" or "\\boxed\{.+\}"')
     format_on: Literal["auto", "answer", "response"] = Field(
@@ -85,10 +91,13 @@ class RewardConfig(BaseModel):
     def _check(self) -> "RewardConfig":
         if self.verifier == "user" and not self.user_fn:
             raise ValueError("reward.verifier='user' needs reward.user_fn='package.module:function'")
-        if self.on_error != "fail" and self.verifier != "user":
-            raise ValueError(f"reward.on_error={self.on_error} applies to a reward function (reward.verifier=user); "
-                             f"the built-in verifiers score a row they raise on 0 (counted in reward/errors): "
-                             f"drop reward.on_error")
+        if self.on_error != "fail" and self.verifier != "user" and self.model is None and self.judge.path is None:
+            raise ValueError(f"reward.on_error={self.on_error} applies to a reward function (reward.verifier=user), "
+                             f"a reward model (reward.model) or an LLM judge (reward.judge.path); the built-in "
+                             f"verifiers score a row they raise on 0 (counted in reward/errors): drop reward.on_error")
+        if self.timeout_s is not None and self.verifier != "user":
+            raise ValueError(f"reward.timeout_s limits a reward function (reward.verifier=user); verifier "
+                             f"{self.verifier!r} has its own limits (reward.math_timeout_s): drop reward.timeout_s")
         if self.user_fn and self.verifier != "user":
             raise ValueError(
                 f"reward.user_fn is set but reward.verifier={self.verifier!r}; set reward.verifier='user' "

@@ -10,13 +10,22 @@ whole batch in one call (it may look across rows, e.g. within a group).
 
 A verifier that raises on one row scores that row 0 and counts it in
 ``reward/errors``: model output is untrusted text and one odd response must not
-stop a run. A *user function* that raises or breaks its contract (wrong length,
-non-numeric, NaN) on a batch is called again once per prompt (the rows sharing a
-prompt text: a group), so the failure names its prompt; then ``reward.on_error``
-decides: ``fail`` raises :class:`RewardError` naming the prompt and the cause,
-``drop_group`` scores those rows NaN (the score stage drops their group;
-evaluation scores them 0 with a warning) and counts them in ``reward/errors``.
-No failed call becomes a reward.
+stop a run. A *user function*, a *reward model* or an *LLM judge* that raises or
+breaks its contract on a batch (wrong length, non-numeric, NaN; a user function
+that runs past ``reward.timeout_s``; a judge verdict with no valid score when
+``reward.judge.malformed_score`` is null) is called again once per prompt (the
+rows sharing a prompt text: a group), so the failure names its prompt; then
+``reward.on_error`` decides: ``fail`` raises :class:`RewardError` naming the
+prompt and the cause, ``drop_group`` scores those rows NaN (the score stage drops
+their group; evaluation scores them 0 with a warning) and counts them in
+``reward/errors``. No failed call becomes a reward.
+
+The time limit runs the user function on a daemon thread and waits for it. A
+Python function cannot be interrupted: a call that runs past the limit is
+abandoned, and its thread runs on until the function returns (its result is
+dropped). More than ``MAX_ABANDONED`` such threads alive at once stop the run
+whatever ``reward.on_error`` says (the function hangs for good, and each hung
+call holds a thread).
 
 Learned rewards (``reward.model``: a reward model, ``reward.judge.path``: an LLM
 judge) are scored in the same call, on the engine's device, and combined with
@@ -45,13 +54,20 @@ import torch
 
 from relayrl.algorithms.reward_model import RunningMoments, normalize_rewards
 from relayrl.engines.reward.config import RewardConfig, RewardError
-from relayrl.engines.reward.judge import LLMJudge
-from relayrl.engines.reward.user import check_rewards, describe_fn, load_reward_fn
+from relayrl.engines.reward.judge import JudgeError, LLMJudge
+from relayrl.engines.reward.user import Overtime, call_within, check_rewards, describe_fn, load_reward_fn
 from relayrl.engines.reward.verifiers import exact_reward, format_reward, math_reward
 
-__all__ = ["RewardEngine"]
+__all__ = ["RewardEngine", "MAX_ABANDONED"]
 
 log = logging.getLogger(__name__)
+
+MAX_ABANDONED = 16
+"""Calls of the user function still running past ``reward.timeout_s`` (abandoned threads) that stop the run."""
+
+Scorer = Callable[[list[str], list[str], list], list[float]]
+"""One source of a reward (the user function, the reward model, the judge): finite scores of the rows, or
+:class:`RewardError`."""
 
 
 class RewardEngine:
@@ -96,6 +112,7 @@ class RewardEngine:
         self._pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="reward") if cfg.workers > 1 else None
         self._driver: ThreadPoolExecutor | None = None
         self._closed = False
+        self._abandoned: list[threading.Thread] = []  # user-function calls that ran past reward.timeout_s
 
     # ---------------------------------------------------------------- scoring
     def place(self, device) -> None:
@@ -122,7 +139,7 @@ class RewardEngine:
         held-out accuracy is measured with."""
         n = self._check_inputs(prompts, responses, answers, None)
         if self._user_fn is not None:
-            verifier = self._call_user(list(prompts), list(responses), list(answers))
+            verifier = self._guarded(self._user_once, "the function", list(prompts), list(responses), list(answers))
             if any(v != v for v in verifier):  # reward.on_error=drop_group: no group to drop in an evaluation
                 log.warning("evaluation: the reward function failed on %d of %d rows, scored 0 (reward.on_error="
                             "drop_group)", sum(v != v for v in verifier), len(verifier))
@@ -141,7 +158,8 @@ class RewardEngine:
         answers: Sequence[str | None],
         finish_reasons: Sequence[str] | None = None,
     ) -> tuple[list[float], dict[str, float]]:
-        """Rewards ``[N]`` and metrics for ``N`` rows.
+        """Rewards ``[N]`` and metrics for ``N`` rows; NaN for the rows of a prompt a source failed on with
+        ``reward.on_error=drop_group`` (module docstring).
 
         ``finish_reasons`` (``"stop"``/``"length"`` per row, optional): a truncated
         row (``"length"``) gets format reward 0, since its format never finished;
@@ -150,7 +168,7 @@ class RewardEngine:
         Metrics: ``reward/mean``, ``reward/std``, ``reward/verifier_mean``, ``reward/verifier_accuracy``
         (rows the verifier accepts, score >= 1, whatever its weight),
         ``reward/format_mean`` (when a format regex is set), ``reward/errors``
-        (rows whose verifier raised, scored 0), ``reward/truncated_frac`` (when
+        (rows whose built-in verifier raised, scored 0, and rows left NaN), ``reward/truncated_frac`` (when
         finish reasons are given), ``reward/score_time_s``; with a reward model
         ``reward/model_mean``, ``reward/model_std``; with a judge ``reward/judge_mean``,
         ``reward/judge_malformed`` (verdicts scored by ``reward.judge.malformed_score``);
@@ -161,37 +179,36 @@ class RewardEngine:
             raise RuntimeError("RewardEngine.score after close()")
         t0 = time.perf_counter()
         n = self._check_inputs(prompts, responses, answers, finish_reasons)
+        prompts, responses, answers = list(prompts), list(responses), list(answers)
         if self._user_fn is not None:
-            verifier = self._call_user(list(prompts), list(responses), list(answers))
-            ok = [i for i, v in enumerate(verifier) if v == v]
-            if len(ok) < n:  # reward.on_error=drop_group: the failed rows stay NaN, the rest is scored as usual
-                pick = (lambda xs: None if xs is None else [xs[i] for i in ok])
-                sub, metrics = self.score(pick(prompts), pick(responses), pick(answers), pick(finish_reasons)) \
-                    if ok else ([], {})
-                rewards = [math.nan] * n
-                for i, r in zip(ok, sub):
-                    rewards[i] = r
-                return rewards, {**metrics, "reward/errors": float(n - len(ok))}
+            verifier = self._guarded(self._user_once, "the function", prompts, responses, answers)
             errors: list[tuple[int, str]] = []
         else:
-            verifier, errors = self._score_rows(list(responses), list(answers))
+            verifier, errors = self._score_rows(responses, answers)
+        c = self.cfg
+        learned: dict[str, float] = {}
+        rm = judged = None
+        if self.reward_model is not None:  # (rows a source failed on are not scored by the next one)
+            rm = self._on_rows(self._rm_once, "the reward model", verifier, prompts, responses, answers)
+        if self._judge is not None:
+            malformed: list[int] = []
+            judged = self._on_rows(partial(self._judge_once, malformed=malformed), "the judge",
+                                   rm or verifier, prompts, responses, answers)
+        ok = [i for i in range(n) if all(x[i] == x[i] for x in (verifier, rm, judged) if x is not None)]
+        pick = (lambda xs: [xs[i] for i in ok])
         truncated = [fr == "length" for fr in finish_reasons] if finish_reasons is not None else [False] * n
         fmt = None
-        c = self.cfg
-        rewards = [c.verifier_weight * v for v in verifier]
+        rewards = [c.verifier_weight * v for v in pick(verifier)]
         if self._format is not None:
-            fmt = [0.0 if truncated[i] else format_reward(self._format_target(responses[i]), self._format) for i in range(n)]
+            fmt = [0.0 if truncated[i] else format_reward(self._format_target(responses[i]), self._format) for i in ok]
             rewards = [x + c.format_weight * f for x, f in zip(rewards, fmt)]
-        learned: dict[str, float] = {}
-        if self.reward_model is not None:
-            rm = self.reward_model.score(list(prompts), list(responses))
-            rewards = [x + c.model_weight * m for x, m in zip(rewards, rm)]
-            learned.update({"reward/model_mean": _mean(rm), "reward/model_std": _std(rm)})
-        if self._judge is not None:
-            judged, malformed = self._judge.score(list(prompts), list(responses), list(answers))
-            rewards = [x + c.judge.weight * j for x, j in zip(rewards, judged)]
-            learned.update({"reward/judge_mean": _mean(judged), "reward/judge_malformed": float(malformed)})
-        if self._moments is not None or c.clip is not None:
+        if rm is not None:
+            rewards = [x + c.model_weight * m for x, m in zip(rewards, pick(rm))]
+            learned.update({"reward/model_mean": _mean(pick(rm)), "reward/model_std": _std(pick(rm))})
+        if judged is not None:
+            rewards = [x + c.judge.weight * j for x, j in zip(rewards, pick(judged))]
+            learned.update({"reward/judge_mean": _mean(pick(judged)), "reward/judge_malformed": float(sum(malformed))})
+        if (self._moments is not None or c.clip is not None) and rewards:
             learned["reward/raw_mean"] = _mean(rewards)
             with self._lock:
                 out, norm = normalize_rewards(torch.tensor(rewards, dtype=torch.float64), self._moments, clip=c.clip)
@@ -204,15 +221,19 @@ class RewardEngine:
         metrics = {
             "reward/mean": _mean(rewards),
             "reward/std": _std(rewards),
-            "reward/verifier_mean": _mean(verifier),
-            "reward/verifier_accuracy": _mean([float(v >= 1.0) for v in verifier]),
-            "reward/errors": float(len(errors)),
+            "reward/verifier_mean": _mean(pick(verifier)),
+            "reward/verifier_accuracy": _mean([float(v >= 1.0) for v in pick(verifier)]),
+            "reward/errors": float(len(errors) + n - len(ok)),  # built-in verifier rows scored 0, failed rows
         }
         if fmt is not None:
             metrics["reward/format_mean"] = _mean(fmt)
         metrics.update(learned)
         if finish_reasons is not None:
-            metrics["reward/truncated_frac"] = _mean([float(t) for t in truncated])
+            metrics["reward/truncated_frac"] = _mean([float(truncated[i]) for i in ok])
+        full = [math.nan] * n  # reward.on_error=drop_group: the rows a source failed on stay NaN
+        for i, r in zip(ok, rewards):
+            full[i] = r
+        rewards = full
         metrics["reward/score_time_s"] = time.perf_counter() - t0
         return rewards, metrics
 
@@ -274,22 +295,26 @@ class RewardEngine:
     def _format_target(self, response: str) -> str:
         return response.split("\n", 1)[0].strip() if self._format_on == "answer" else response
 
-    def _call_user(self, prompts: list[str], responses: list[str], answers: list[str | None]) -> list[float]:
-        """The user function's scores; a call that fails is made again per prompt (module docstring): NaN for
-        the rows of a prompt it fails on with ``reward.on_error=drop_group``, else :class:`RewardError`."""
+    def _guarded(self, fn: Scorer, what: str, prompts: list[str], responses: list[str], answers: list) -> list[float]:
+        """``fn``'s scores of the rows; a call that fails is made again per prompt (module docstring): NaN for
+        the rows of a prompt it fails on with ``reward.on_error=drop_group``, else :class:`RewardError` naming
+        the prompt (``what``: the source, for the fix)."""
         try:
-            return self._call_user_once(prompts, responses, answers)
+            return fn(prompts, responses, answers)
+        except _TooManyHung:
+            raise
         except RewardError as failed:
-            if len(set(prompts)) == 1 and self.cfg.on_error == "fail":
-                raise RewardError(f"{failed}, scoring the responses to prompt {prompts[0][:200]!r}; {_WAYS}") from None
+            if len(set(prompts)) == 1:  # (one prompt: nothing narrower to call)
+                return self._failed(failed, what, prompts[0], len(prompts))
             out, dropped = [math.nan] * len(prompts), 0
             for p in dict.fromkeys(prompts):
                 rows = [i for i, q in enumerate(prompts) if q == p]
                 try:
-                    got = self._call_user_once([p] * len(rows), [responses[i] for i in rows], [answers[i] for i in rows])
+                    got = fn([p] * len(rows), [responses[i] for i in rows], [answers[i] for i in rows])
+                except _TooManyHung:
+                    raise
                 except RewardError as e:
-                    if self.cfg.on_error == "fail":
-                        raise RewardError(f"{e}, scoring the responses to prompt {p[:200]!r}; {_WAYS}") from None
+                    self._failed(e, what, p, len(rows))
                     dropped += 1
                     continue
                 for i, v in zip(rows, got):
@@ -298,13 +323,82 @@ class RewardEngine:
                 raise failed  # the batch failed, no prompt alone did: nothing narrower to name
             return out
 
-    def _call_user_once(self, prompts: list[str], responses: list[str], answers: list[str | None]) -> list[float]:
+    def _failed(self, e: RewardError, what: str, prompt: str, rows: int) -> list[float]:
+        """A source failed on the rows of one prompt: :class:`RewardError` naming it (``reward.on_error=fail``),
+        or NaN for its rows, with a warning (``drop_group``)."""
+        if self.cfg.on_error == "fail":
+            raise RewardError(f"{e}, scoring the responses to prompt {prompt[:200]!r}; fix {what}, or set "
+                              f"reward.on_error=drop_group to drop such a prompt's group from its step (counted in "
+                              f"reward/errors)") from None
+        log.warning("reward: %s, scoring the responses to prompt %r; their rows are NaN (the step drops the group: "
+                    "reward.on_error=drop_group)", e, prompt[:200])
+        return [math.nan] * rows
+
+    def _on_rows(self, fn: Scorer, what: str, before: list[float], prompts: list[str], responses: list[str],
+                 answers: list) -> list[float]:
+        """:meth:`_guarded` on the rows an earlier source did not fail on (``before`` not NaN); NaN elsewhere."""
+        rows = [i for i, v in enumerate(before) if v == v]
+        out = [math.nan] * len(before)
+        if rows:
+            got = self._guarded(fn, what, [prompts[i] for i in rows], [responses[i] for i in rows],
+                                [answers[i] for i in rows])
+            for i, v in zip(rows, got):
+                out[i] = v
+        return out
+
+    def _user_once(self, prompts: list[str], responses: list[str], answers: list[str | None]) -> list[float]:
         name = describe_fn(self._user_fn)
+        limit = None if self.cfg.timeout_s is None else self.cfg.timeout_s * len(set(prompts))
         try:
-            result = self._user_fn(prompts, responses, answers)
+            result = self._within(limit, self._user_fn, prompts, responses, answers)
+        except _TooManyHung:
+            raise
+        except Overtime:
+            raise RewardError(f"reward function {name} ran past reward.timeout_s={self.cfg.timeout_s:g} "
+                              f"({limit:g} s for the {len(set(prompts))} prompt(s) of the call)") from None
         except Exception as e:
             raise RewardError(f"reward function {name} raised {type(e).__name__}: {e}") from e
         return check_rewards(result, len(responses), name)
+
+    def _within(self, limit: float | None, fn: Callable, *args):
+        """``fn(*args)`` within ``limit`` seconds (:func:`call_within`; ``None``: on this thread, no limit);
+        refuses once ``MAX_ABANDONED`` abandoned calls are alive (module docstring)."""
+        if limit is None:
+            return fn(*args)
+        with self._lock:
+            self._abandoned = [t for t in self._abandoned if t.is_alive()]
+            if len(self._abandoned) >= MAX_ABANDONED:
+                raise _TooManyHung(f"{len(self._abandoned)} calls of reward function {describe_fn(self._user_fn)} "
+                                   f"are still running past reward.timeout_s={self.cfg.timeout_s:g}: it hangs (each "
+                                   f"hung call holds a thread); fix the function or raise reward.timeout_s")
+        try:
+            return call_within(limit, fn, *args)
+        except Overtime as e:
+            with self._lock:
+                self._abandoned.append(e.thread)
+            raise
+
+    def _rm_once(self, prompts: list[str], responses: list[str], answers: list) -> list[float]:
+        name = f"reward model {self.cfg.model}"
+        try:
+            result = self.reward_model.score(prompts, responses)
+        except Exception as e:
+            raise RewardError(f"{name} raised {type(e).__name__}: {e}") from e
+        return check_rewards(result, len(responses), name, what="")
+
+    def _judge_once(self, prompts: list[str], responses: list[str], answers: list, *,
+                    malformed: list[int]) -> list[float]:
+        """The judge's scores; the count of malformed verdicts (scored ``malformed_score``) into ``malformed``."""
+        name = f"LLM judge {self.cfg.judge.path or 'judge_ask'}"
+        try:
+            scores, bad = self._judge.score(prompts, responses, answers)
+        except JudgeError as e:
+            raise RewardError(f"{name}: {e}") from None
+        except Exception as e:
+            raise RewardError(f"{name} raised {type(e).__name__}: {e}") from e
+        scores = check_rewards(scores, len(responses), name, what="")
+        malformed.append(bad)
+        return scores
 
     def _score_chunk(self, responses: list[str], answers: list[str], start: int, stop: int):
         scores, errors = [], []
@@ -334,8 +428,9 @@ class RewardEngine:
         return scores, errors
 
 
-_WAYS = ("fix the function, or set reward.on_error=drop_group to drop such a prompt's group from its step "
-         "(counted in reward/errors)")
+class _TooManyHung(RewardError):
+    """More than ``MAX_ABANDONED`` calls of the user function run past the time limit: the run stops whatever
+    ``reward.on_error`` says."""
 
 
 def _mean(xs: Sequence[float]) -> float:

@@ -8,8 +8,11 @@ rescaled to ``[0, 1]``.
 
 Malformed output -- no match, a match that is not a number, or a number outside the range -- scores
 ``reward.judge.malformed_score`` (0 by default), is counted in ``reward/judge_malformed`` and the first
-such answer of a batch is logged. Model output is untrusted text: a malformed verdict is noise to count,
-not an error that stops the run.
+such answer of a batch is logged: model output is untrusted text, and a malformed verdict is a score the
+user chose. With ``malformed_score: null`` it is an error instead (:class:`JudgeError`), which
+``reward.on_error`` handles as any failure of a reward source (the step fails naming the prompt, or the
+group is dropped). A judge that raises or answers a different number of questions is always such an
+error.
 
 Departure: no OpenAI-compatible judge server (relayrl's serving client is the rollout's); a judge runs
 in-process on the reward engine's device.
@@ -24,9 +27,14 @@ from typing import Callable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["JudgeConfig", "LLMJudge", "parse_judge_score"]
+__all__ = ["JudgeConfig", "JudgeError", "LLMJudge", "parse_judge_score"]
 
 log = logging.getLogger(__name__)
+
+class JudgeError(ValueError):
+    """The judge's answers cannot be scores: a count that differs from the questions', or a malformed verdict
+    with ``reward.judge.malformed_score: null``."""
+
 
 DEFAULT_TEMPLATE = ("Question: {prompt}\nProposed answer: {response}\nRate the proposed answer from "
                     "{min_score} (wrong) to {max_score} (right). Score:")
@@ -45,7 +53,10 @@ class JudgeConfig(BaseModel):
                              "match) is the score")
     min_score: float = Field(0.0, description="lowest valid score (rescaled to reward 0)")
     max_score: float = Field(10.0, description="highest valid score (rescaled to reward 1)")
-    malformed_score: float = Field(0.0, description="reward of a malformed verdict (no valid score found)")
+    malformed_score: float | None = Field(0.0, description="reward of a malformed verdict (no valid score found), "
+                                          "counted in reward/judge_malformed; null: a malformed verdict is an error "
+                                          "under reward.on_error (the step fails naming the prompt, or its group is "
+                                          "dropped)")
     max_new_tokens: int = Field(8, ge=1, description="tokens the judge may write")
     batch_size: int = Field(64, ge=1, description="questions per generation call")
 
@@ -130,14 +141,19 @@ class LLMJudge:
 
     def score(self, prompts: Sequence[str], responses: Sequence[str],
               answers: Sequence[str | None]) -> tuple[list[float], int]:
-        """Rewards ``[N]`` in ``[0, 1]`` (malformed verdicts: ``malformed_score``) and the malformed count."""
+        """Rewards ``[N]`` in ``[0, 1]`` (malformed verdicts: ``malformed_score``) and the malformed count;
+        :class:`JudgeError` for a wrong count of verdicts, or a malformed one when ``malformed_score`` is None."""
         verdicts = self.ask(self.questions(prompts, responses, answers))
         if len(verdicts) != len(prompts):
-            raise RuntimeError(f"LLM judge: {len(verdicts)} verdicts for {len(prompts)} questions")
+            raise JudgeError(f"{len(verdicts)} verdicts for {len(prompts)} questions")
         scores, bad = [], []
         for i, v in enumerate(verdicts):
             s = parse_judge_score(str(v), self._pattern, self.cfg.min_score, self.cfg.max_score)
             if s is None:
+                if self.cfg.malformed_score is None:
+                    raise JudgeError(f"malformed verdict {str(v)[:200]!r} (no score in [{_num(self.cfg.min_score)}, "
+                                     f"{_num(self.cfg.max_score)}] matching reward.judge.score_regex; "
+                                     f"reward.judge.malformed_score is null)")
                 bad.append(i)
                 s = self.cfg.malformed_score
             scores.append(s)

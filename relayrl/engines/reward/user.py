@@ -5,7 +5,8 @@ A user function follows :class:`RewardFn`: it takes the whole batch
 per row. Loading rejects what cannot work before any training starts (missing
 module or attribute, a non-callable, a signature that cannot take the three
 lists); each call's result is checked (length, numeric, finite) and a breach
-raises :class:`RewardError` naming the function.
+raises :class:`RewardError` naming the function. :func:`call_within` gives a call a time limit
+(``reward.timeout_s``).
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import importlib
 import inspect
 import math
 import numbers
+import threading
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from relayrl.engines.reward.config import RewardError
 
-__all__ = ["RewardFn", "load_reward_fn", "check_rewards", "describe_fn"]
+__all__ = ["RewardFn", "load_reward_fn", "check_rewards", "describe_fn", "call_within", "Overtime"]
 
 
 @runtime_checkable
@@ -117,29 +119,61 @@ def load_reward_fn(path: str) -> RewardFn:
     return fn
 
 
-def check_rewards(result: Any, n: int, fn_name: str) -> list[float]:
-    """Validate a user function's result: ``n`` finite real numbers; return them as floats.
+def check_rewards(result: Any, n: int, fn_name: str, what: str = "reward function") -> list[float]:
+    """Validate a reward source's result: ``n`` finite real numbers; return them as floats. Errors name it as
+    ``f"{what} {fn_name}"`` (``what=""``: ``fn_name`` alone, e.g. "reward model DIR").
 
     Accepts a list or tuple, a 1-D numpy array or a 1-D torch tensor.
     """
+    fn_name = f"{what} {fn_name}".strip()
     if hasattr(result, "tolist") and hasattr(result, "ndim"):  # numpy array, torch tensor
         if result.ndim != 1:
             raise RewardError(
-                f"reward function {fn_name} returned an array of shape {tuple(result.shape)}; expected {n} values (1-D)"
+                f"{fn_name} returned an array of shape {tuple(result.shape)}; expected {n} values (1-D)"
             )
         result = result.tolist()
     if isinstance(result, (str, bytes)) or not isinstance(result, Sequence):
-        raise RewardError(f"reward function {fn_name} returned {type(result).__name__}; expected a list of {n} floats")
+        raise RewardError(f"{fn_name} returned {type(result).__name__}; expected a list of {n} floats")
     if len(result) != n:
-        raise RewardError(f"reward function {fn_name} returned {len(result)} values for {n} responses; expected {n}")
+        raise RewardError(f"{fn_name} returned {len(result)} values for {n} responses; expected {n}")
     out = []
     for i, v in enumerate(result):
         if not isinstance(v, numbers.Real):
-            raise RewardError(
-                f"reward function {fn_name} returned {type(v).__name__} {v!r} at index {i}; expected a float"
-            )
+            raise RewardError(f"{fn_name} returned {type(v).__name__} {v!r} at index {i}; expected a float")
         v = float(v)
         if not math.isfinite(v):
-            raise RewardError(f"reward function {fn_name} returned {v} at index {i}; rewards must be finite")
+            raise RewardError(f"{fn_name} returned {v} at index {i}; rewards must be finite")
         out.append(v)
     return out
+
+
+class Overtime(Exception):
+    """A call ran past its time limit; ``thread`` still runs it (abandoned, not stopped)."""
+
+    def __init__(self, thread: threading.Thread) -> None:
+        super().__init__(f"{thread.name} ran past its time limit")
+        self.thread = thread
+
+
+def call_within(limit: float, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` on a daemon thread, its result (or its exception) once it returns within ``limit``
+    seconds; else :class:`Overtime`. Python cannot interrupt a thread: an overtime call is abandoned and runs
+    on until ``fn`` returns (its result is dropped); being a daemon, it does not keep the process alive."""
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def call() -> None:
+        try:
+            box["out"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = e
+        finally:
+            done.set()
+
+    t = threading.Thread(target=call, name="reward-call", daemon=True)
+    t.start()
+    if not done.wait(limit):
+        raise Overtime(t)
+    if "error" in box:
+        raise box["error"]
+    return box["out"]
