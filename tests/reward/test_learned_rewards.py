@@ -98,7 +98,8 @@ def test_a_judge_that_returns_garbage_is_counted_and_scored_by_the_rule(tiny_dir
 
 
 def test_the_judge_runs_a_local_model_through_the_native_engine(tiny_dir):
-    cfg = RewardConfig(verifier_weight=0.0, judge={"path": str(tiny_dir), "max_new_tokens": 3})
+    cfg = RewardConfig(verifier_weight=0.0, judge={"path": str(tiny_dir), "max_new_tokens": 3,
+                                                 "malformed_score": 0.0})
     rewards, m = RewardEngine(cfg, task=_Task()).score(["1+1="], ["2"], ["2"])
     assert len(rewards) == 1 and m["reward/judge_malformed"] in (0.0, 1.0)  # an untrained judge: any verdict
 

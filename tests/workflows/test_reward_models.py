@@ -72,7 +72,7 @@ def test_grpo_with_an_llm_judge_counts_its_malformed_verdicts(sft_model, tmp_pat
     # the SFT model as the judge: it answers sums, not "Score: N" verdicts, so many are malformed (scored 0)
     r = relayrl("train", "recipes/arith_grpo.yaml", f"run.dir={tmp_path}", "trainer.steps=1",
                 f"trainer.init_from={sft_model}", "reward.verifier_weight=0", f"reward.judge.path={sft_model}",
-                "reward.judge.max_new_tokens=4", *FAST)
+                "reward.judge.max_new_tokens=4", "reward.judge.malformed_score=0", *FAST)
     assert r.returncode == 0, r.stderr[-3000:]
     last = records(tmp_path)[-1]
     assert 0 <= last["reward/judge_malformed"] <= 64 and 0 <= last["reward/judge_mean"] <= 1

@@ -6,13 +6,12 @@ native generation engine. Its answer is searched with ``reward.judge.score_regex
 group (or the whole match) must be a number in ``[min_score, max_score]``, and the reward is that number
 rescaled to ``[0, 1]``.
 
-Malformed output -- no match, a match that is not a number, or a number outside the range -- scores
-``reward.judge.malformed_score`` (0 by default), is counted in ``reward/judge_malformed`` and the first
-such answer of a batch is logged: model output is untrusted text, and a malformed verdict is a score the
-user chose. With ``malformed_score: null`` it is an error instead (:class:`JudgeError`), which
-``reward.on_error`` handles as any failure of a reward source (the step fails naming the prompt, or the
-group is dropped). A judge that raises or answers a different number of questions is always such an
-error.
+Malformed output -- no match, a match that is not a number, or a number outside the range -- is an
+error by default (:class:`JudgeError`; ``malformed_score: null``), which ``reward.on_error`` handles as any
+failure of a reward source (the step fails naming the prompt, or the group is dropped). With a number set, such a verdict scores it instead, is counted in
+``reward/judge_malformed`` and the first one of a batch is logged: model output is untrusted text, and
+that score is then the user's choice. A judge that raises or answers a different number of questions is
+always an error.
 
 Departure: no OpenAI-compatible judge server (relayrl's serving client is the rollout's); a judge runs
 in-process on the reward engine's device.
@@ -53,10 +52,10 @@ class JudgeConfig(BaseModel):
                              "match) is the score")
     min_score: float = Field(0.0, description="lowest valid score (rescaled to reward 0)")
     max_score: float = Field(10.0, description="highest valid score (rescaled to reward 1)")
-    malformed_score: float | None = Field(0.0, description="reward of a malformed verdict (no valid score found), "
-                                          "counted in reward/judge_malformed; null: a malformed verdict is an error "
-                                          "under reward.on_error (the step fails naming the prompt, or its group is "
-                                          "dropped)")
+    malformed_score: float | None = Field(None, description="null (default): a malformed verdict (no valid score "
+                                          "found) is an error under reward.on_error (the step fails naming the prompt, "
+                                          "or its group is dropped); a number: the reward such a verdict gets, counted "
+                                          "in reward/judge_malformed")
     max_new_tokens: int = Field(8, ge=1, description="tokens the judge may write")
     batch_size: int = Field(64, ge=1, description="questions per generation call")
 
