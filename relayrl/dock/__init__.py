@@ -22,7 +22,7 @@ handles cross the driver (``payload_bytes`` counts what does).
 """
 
 from .config import (DockConfig, DockError, DockWriteError, LeaseLostError, PartitionClosedError, StageSpec,
-                     UnitLostError)
+                     UnitLostError, UnitLostWriteError)
 from .dock import Dock
 from .loader import Batch, StreamLoader, balance_shards
 from .payload import payload_bytes
@@ -42,6 +42,7 @@ __all__ = [
     "StageSpec",
     "StreamLoader",
     "UnitLostError",
+    "UnitLostWriteError",
     "balance_shards",
     "payload_bytes",
 ]

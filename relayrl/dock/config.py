@@ -71,8 +71,14 @@ class DockWriteError(DockError):
 
 
 class UnitLostError(DockError, ProcessLost):
-    """A storage unit died or stopped answering (process backend); the message names the unit and its pid.
-    A :class:`~relayrl.errors.ProcessLost`: ``run.max_restarts`` starts the run again with a new dock."""
+    """A storage unit died or stopped answering; the message names the unit (and its pid with the process
+    backend, its Ray actor with the Ray one). A :class:`~relayrl.errors.ProcessLost`: ``run.max_restarts``
+    starts the run again with a new dock."""
+
+
+class UnitLostWriteError(DockWriteError, UnitLostError):
+    """A put that was not stored because a unit it wrote to is lost: a :class:`DockWriteError` (the rows are
+    not visible; ``indexes`` says which) that ``run.max_restarts`` recovers as a :class:`UnitLostError`."""
 
 
 class LeaseLostError(DockError):

@@ -39,7 +39,7 @@ import torch
 
 from . import traffic
 from .columns import ColumnSchema, PackedColumn, Rows, pack, unpack
-from .config import DockError, DockWriteError, PartitionClosedError
+from .config import DockError, DockWriteError, PartitionClosedError, UnitLostError, UnitLostWriteError
 from .payload import payload_bytes
 from .units import LocalUnit, make_ray_unit_class
 from .unitproc import UnitClient, fan_out, start_units, stop_units
@@ -69,6 +69,9 @@ def _raise_write_errors(errors: list[BaseException], n: int, columns: dict[str, 
     e = errors[0]
     if isinstance(e, PartitionClosedError):  # a unit refuses writes to a dropped generation
         raise PartitionClosedError(f"put of {n} rows: the partition was closed; nothing is stored") from e
+    lost = next((x for x in errors if isinstance(x, UnitLostError)), None)
+    if lost is not None:  # (recoverable by run.max_restarts, as a lost unit met by a read)
+        raise UnitLostWriteError(f"put of {n} rows (columns {list(columns)}) was not stored: {lost}") from lost
     raise DockWriteError(f"put of {n} rows (columns {list(columns)}) was not stored: {type(e).__name__}: {e}") from e
 
 
@@ -189,28 +192,56 @@ class RayPlane:
         tickets = [(self.writers[k], self.writers[k].submit(gen, n_rows, idx[pos], packed)) for k, pos, packed in shares]
         traffic.add("units", payload_bytes(columns))
         errors = []
-        for writer, t in tickets:
+        for k, (writer, t) in zip((k for k, _, _ in shares), tickets):
             try:
                 writer.wait(t)
             except Exception as e:  # noqa: BLE001 - any failure means the rows are not stored
-                errors.append(e)
+                errors.append(self._lost(k, "put", e) or e)
         _raise_write_errors(errors, len(idx), columns)
+
+    def _lost(self, unit: int | None, op: str, e: BaseException) -> UnitLostError | None:
+        """A :class:`UnitLostError` naming the unit when ``e`` says its actor died, else None."""
+        if not isinstance(e, self._ray.exceptions.RayActorError):
+            return None
+        who = f"Ray storage unit {unit}" if unit is not None else "a Ray storage unit"
+        return UnitLostError(f"{who} died; its rows are lost [{op}: {type(e).__name__}: {str(e).splitlines()[0]}]")
+
+    def _get(self, refs: list, units: list[int], op: str) -> list:
+        """``ray.get`` of one call per unit in ``units``; a dead unit's actor error becomes :class:`UnitLostError`."""
+        try:
+            return self._ray.get(refs, timeout=self.timeout_s)
+        except self._ray.exceptions.RayActorError as e:
+            dead = next((k for k, r in zip(units, refs) if _failed(self._ray, r)), None)
+            raise self._lost(dead, op, e) from e
 
     def read(self, gen: int, columns: Sequence[str], idx: np.ndarray, owner: np.ndarray,
              schemas: dict[str, ColumnSchema]) -> dict[str, list[torch.Tensor]]:
-        parts = [(pos, self.units[k].get.remote(gen, list(columns), idx[pos])) for k, pos in _split_by_unit(owner, self.n_units)]
-        got = self._ray.get([ref for _, ref in parts], timeout=self.timeout_s)
+        split = _split_by_unit(owner, self.n_units)
+        parts = [(pos, self.units[k].get.remote(gen, list(columns), idx[pos])) for k, pos in split]
+        got = self._get([ref for _, ref in parts], [k for k, _ in split], "get")
         out = _gather(columns, len(idx), [(pos, res) for (pos, _), res in zip(parts, got)])
         traffic.add("units", payload_bytes(out))
         return out
 
     def drop(self, gen: int) -> None:
-        self._ray.get([u.drop.remote(gen) for u in self.units], timeout=self.timeout_s)
+        self._get([u.drop.remote(gen) for u in self.units], list(range(self.n_units)), "drop")
 
     def shutdown(self) -> None:
         for u in self.units:
             self._ray.kill(u)
         self.units, self.writers = [], []
+
+
+def _failed(ray, ref) -> bool:
+    """Whether the finished call ``ref`` raised (a call still running has not)."""
+    ready, _ = ray.wait([ref], timeout=0)
+    if not ready:
+        return False
+    try:
+        ray.get(ref, timeout=0)
+    except Exception:  # noqa: BLE001 - any failure of this call
+        return True
+    return False
 
 
 # This process's clients of each unit set, shared by every copy of a ProcessPlane (each call that

@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from relayrl.dock import Dock, DockWriteError, PartitionClosedError
+from relayrl.dock import Dock, DockWriteError, PartitionClosedError, UnitLostError
 
 from . import scenarios
 
@@ -58,11 +58,14 @@ def test_put_to_dead_unit_raises(ray_cluster):
     with pytest.raises(ray_cluster.exceptions.RayActorError):  # kill is asynchronous: wait until it took effect
         for _ in range(100):
             ray_cluster.get(dead.ping.remote(), timeout=10)
-    with pytest.raises(DockWriteError, match="not stored") as err:
+    with pytest.raises(DockWriteError, match="not stored: Ray storage unit 0 died") as err:
         d.put("p", {"x": [torch.ones(1)] * 4})
     assert err.value.indexes == [0, 1, 2, 3]  # the caller can retry these rows with indexes=
+    assert isinstance(err.value, UnitLostError)  # and run.max_restarts recovers it (a ProcessLost)
     with pytest.raises(KeyError, match="not been written"):
         d.get("p", [0], ["x"])  # nothing was published
+    with pytest.raises(UnitLostError, match="Ray storage unit 0 died"):  # a call to every unit names the dead one
+        d._plane.drop(0)
     d._plane.units = d._plane.units[1:]
 
 

@@ -134,7 +134,8 @@ def _run(run_dir, student, *over: str) -> list[dict]:
 @pytest.mark.parametrize("mode", [
     [],  # sync, colocated
     ["trainer.mode=periodic", "placement.pools={gen: 1}", "placement.rollout=gen"],
-    ["trainer.off_policy_steps=1", "rollout.partial=true"],
+    # (3 steps: with k=1 batch 2 may be sampled wholly by the starting weights; batch 3 never is)
+    ["trainer.off_policy_steps=1", "rollout.partial=true", "trainer.steps=3"],
 ], ids=["sync", "periodic", "offpolicy-partial"])
 def test_distillation_with_corrections_runs_in_every_step_mode(tmp_path, tiny_dir, mode):
     """The teacher is the student's own starting model: the reverse KL of the first batch is 0 (the rollout's
@@ -143,7 +144,7 @@ def test_distillation_with_corrections_runs_in_every_step_mode(tmp_path, tiny_di
     recs = _run(tmp_path, tiny_dir, f"algorithm.distill.teacher={tiny_dir}", "algorithm.distill.reward_weight=0.5",
                 "algorithm.policy_loss=cispo", "algorithm.correction.level=sequence",
                 "algorithm.correction.mode=mask", "algorithm.correction.kl_threshold=0.5", *mode)
-    assert [r["step"] for r in recs] == [1, 2]
+    assert [r["step"] for r in recs] == [1, 2, 3][:len(recs)] and len(recs) >= 2
     first = recs[0]
     assert abs(first["distill/reverse_kl"]) < 1e-3  # the same weights: log pi_s == log pi_t per token
     for r in recs:
