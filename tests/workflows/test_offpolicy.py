@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 
+from killing import run_killed_in_step
 from relayrl.algorithms.correction import Correction
 from relayrl.engines.generation.base import SamplingParams
 from relayrl.engines.training.base import MicroBatch
@@ -209,21 +210,10 @@ def test_a_dead_rollout_surfaces_by_name_and_nothing_hangs(tmp_path):
 def test_a_killed_off_policy_run_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     """The trainer dies in step 3 (after the checkpoint of step 2, with batches 3 and 4 in flight): the resumed
     run starts from step 2's checkpoint, regenerates batch 3 from the data position saved for it, and ends."""
-    from relayrl.workflows.consume import Consume
     from relayrl.workflows.pipeline import GRPOPipeline
 
     over = ["trainer.off_policy_steps=1", "rollout.partial=true", "run.save_every=1"]
-    real = Consume.update
-
-    def dies_at_step_3(self, f):
-        if f.step == 3:
-            raise RuntimeError("killed in step 3")
-        return real(self, f)
-
-    monkeypatch.setattr(Consume, "update", dies_at_step_3)
-    with pytest.raises(RuntimeError, match="killed in step 3"):
-        GRPOPipeline(config(tmp_path, *over)).run()
-    monkeypatch.setattr(Consume, "update", real)
+    run_killed_in_step(monkeypatch, config(tmp_path, *over), 3)
     saved = json.loads((tmp_path / "checkpoints" / "step-000002" / "trainer_state.json").read_text())
     wf = GRPOPipeline(config(tmp_path, *over, "run.resume=auto"))
     out = wf.run()

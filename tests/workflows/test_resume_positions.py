@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from relayrl.workflows.consume import Consume
+from killing import run_killed_in_step
 from relayrl.workflows.pipeline import GRPOPipeline
 from relayrl.workflows.session import PromptSource
 
@@ -75,19 +75,9 @@ def record(monkeypatch):
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_a_killed_run_trains_every_data_position_exactly_once_after_resume(tmp_path, monkeypatch, record, mode):
-    real = Consume.update
-
-    def dies_at_step_3(self, f):
-        if f.step == 3:
-            raise RuntimeError("killed in step 3")
-        return real(self, f)
-
-    monkeypatch.setattr(Consume, "update", dies_at_step_3)
-    with pytest.raises(RuntimeError, match="killed in step 3"):
-        GRPOPipeline(config(tmp_path, *MODES[mode])).run()
+    run_killed_in_step(monkeypatch, config(tmp_path, *MODES[mode]), 3)
     first = list(record)
     record.clear()
-    monkeypatch.setattr(Consume, "update", real)
     wf = GRPOPipeline(config(tmp_path, *MODES[mode], "run.resume=auto"))
     wf.run()
     assert wf.s.start_step == 2

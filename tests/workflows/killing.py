@@ -1,0 +1,26 @@
+"""Runs ended in a chosen step, as a kill there would end them (resume tests)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def run_killed_in_step(monkeypatch, cfg, step: int) -> None:
+    """Run ``GRPOPipeline(cfg)`` with its update raising in ``step`` (after the checkpoints before it, with the
+    batches generated ahead in flight), as a kill there would end it; the update is put back after."""
+    from relayrl.workflows.consume import Consume
+    from relayrl.workflows.pipeline import GRPOPipeline
+
+    real = Consume.update
+
+    def dies(self, f):
+        if f.step == step:
+            raise RuntimeError(f"killed in step {step}")
+        return real(self, f)
+
+    monkeypatch.setattr(Consume, "update", dies)
+    try:
+        with pytest.raises(RuntimeError, match=f"killed in step {step}"):
+            GRPOPipeline(cfg).run()
+    finally:
+        monkeypatch.setattr(Consume, "update", real)
