@@ -410,6 +410,13 @@ class Session:
                 return self.finish(export)
             finally:
                 shutdown()  # the ranks stop now, not at interpreter exit
+                self.close_telemetry()  # (a failed run's metrics and spans files too: finish closes them otherwise)
+
+    def close_telemetry(self) -> None:
+        """Close the metrics sinks and the timeline's file (again is a no-op)."""
+        for part in (getattr(self, "timeline", None), getattr(self, "tracker", None)):
+            if part is not None:
+                part.close()
 
     # ------------------------------------------------------ interrupt, finish
     @contextlib.contextmanager

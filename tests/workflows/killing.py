@@ -24,3 +24,23 @@ def run_killed_in_step(monkeypatch, cfg, step: int) -> None:
             GRPOPipeline(cfg).run()
     finally:
         monkeypatch.setattr(Consume, "update", real)
+    # the failed run closed its metrics and spans files (the run.dir lock stays with the process, as it does
+    # for restarts: relayrl.checkpoint.rundir)
+    assert [f for f in open_files_under(cfg.run.dir) if not f.endswith(".relayrl.lock")] == []
+
+
+def open_files_under(folder) -> list[str]:
+    """Files under ``folder`` this process holds open (Linux: /proc/self/fd)."""
+    import os
+    from pathlib import Path
+
+    root = str(Path(folder).resolve())
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(root + os.sep):
+            out.append(target)
+    return out
