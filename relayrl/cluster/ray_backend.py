@@ -88,7 +88,9 @@ def _acquire_placement(pool: ResourcePool, cfg: ClusterConfig):
         bundle = {"GPU": 1, "CPU": 1} if pool.device_kind == "cuda" else {"CPU": 1}
         resources = ray.cluster_resources()
         if pool.node is not None:  # pinned: every bundle asks for a sliver of the node's own resource
-            bundle[_node_resource(pool, resources)] = 1e-3
+            wait = cfg.start_timeout_s if pool.node in _LOST_IPS else 0.0  # a lost node may be joining again
+            bundle[_node_resource(pool, resources, wait)] = 1e-3
+            resources = ray.cluster_resources()
         have = resources.get("GPU", 0)
         if pool.device_kind == "cuda" and have < pool.world_size:
             raise PlacementError(
@@ -110,15 +112,29 @@ def _acquire_placement(pool: ResourcePool, cfg: ClusterConfig):
         return pg
 
 
-def _node_resource(pool: ResourcePool, resources: dict[str, float]) -> str:
-    """Ray's ``node:<ip>`` resource of the node ``pool`` is pinned to; refuses a node the cluster lacks."""
+def _node_resource(pool: ResourcePool, resources: dict[str, float], wait_s: float = 0.0) -> str:
+    """Ray's ``node:<ip>`` resource of the node ``pool`` is pinned to. A node the cluster lacks is waited for up
+    to ``wait_s`` (a lost node joining again after a restart), then refused."""
     key = f"node:{pool.node}"
+    deadline = time.monotonic() + wait_s
+    if key not in resources and wait_s > 0:
+        print(f"relayrl: ResourcePool {pool.name!r} is pinned to node {pool.node!r}, not in the Ray cluster now; "
+              f"waiting up to {wait_s:g} s (cluster.start_timeout_s) for it to join", flush=True)
+    while key not in resources and time.monotonic() < deadline:
+        time.sleep(0.5)
+        resources = ray.cluster_resources()
     if key not in resources:
         raise PlacementError(f"ResourcePool {pool.name!r} is pinned to node {pool.node!r} (placement.nodes), which "
-                             f"is not in the Ray cluster; its nodes: {', '.join(node_ips()) or 'none'}")
+                             f"is not in the Ray cluster{f' (waited {wait_s:g} s)' if wait_s else ''}; its nodes: "
+                             f"{', '.join(node_ips()) or 'none'}")
     if pool.world_size > 1000:
         raise PlacementError(f"ResourcePool {pool.name!r}: a pinned pool holds at most 1000 devices")
     return key
+
+
+_LOST_IPS: set[str] = set()
+"""Addresses of nodes this process saw die (:func:`wait_node_dead`): a pool pinned to one waits for it to join
+again when the groups are placed after a restart; a pool pinned to an unknown address is refused at once."""
 
 
 def wait_node_dead(node_id: str, timeout_s: float = 90.0) -> bool:
@@ -127,7 +143,9 @@ def wait_node_dead(node_id: str, timeout_s: float = 90.0) -> bool:
     deadline. Scheduling before that may place new actors on the node that is gone."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not any(n["NodeID"] == node_id and n.get("Alive") for n in ray.nodes()):
+        nodes = ray.nodes()
+        _LOST_IPS.update(n.get("NodeManagerAddress") for n in nodes if n["NodeID"] == node_id)
+        if not any(n["NodeID"] == node_id and n.get("Alive") for n in nodes):
             return True
         time.sleep(0.5)
     return False
