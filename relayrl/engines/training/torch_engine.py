@@ -89,59 +89,16 @@ from typing import Literal, NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
 
 from relayrl.engines.training import flex, fsdp
 from relayrl.engines.training.accumulate import MetricSums, StreamedUpdate
 from relayrl.engines.training.state import EngineState
 from relayrl.engines.training.base import LOSS_MASK_FIELD, REF_FIELD, LossFn, MicroBatch, OptimConfig, SequenceBatch
+from relayrl.engines.training.config import TrainEngineConfig
 from relayrl.models.packing import (PackUnit, additive_mask, build_packed_batch, pack_units, plan_units,
                                     shared_prompt_mask)
 
 __all__ = ["TrainEngineConfig", "TorchTrainingEngine", "Forward", "plan_microbatches", "minibatch_slices", "make_scheduler"]
-
-
-class TrainEngineConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    optim: OptimConfig = OptimConfig()
-    token_budget: int = Field(8192, ge=16, description="max padded tokens (prompt + response) per micro-batch")
-    entropy_chunk: int = Field(1024, ge=1, description="positions per chunk when computing entropy")
-    logprob_chunk: int = Field(1024, ge=0, description="positions per chunk of the output head in log-prob "
-                               "passes: each chunk's [chunk, vocab] logits are reduced at once and recomputed "
-                               "in the backward pass instead of stored; 0 materialises every position's logits "
-                               "(an entropy bonus, entropy_coef > 0, always does)")
-    fused_head: bool = Field(False, description="compile the chunked head's float32 steps (log-sum-exp, target "
-                             "log-prob, entropy; the backward's softmax gradient) into fused kernels: each chunk's "
-                             "[chunk, vocab] logits are read once in the compute dtype instead of copied to float32 "
-                             "(for GPUs; rounding differs in the last bits; the first passes compile)")
-    compute_copy: bool = Field(False, description="mixed precision on one rank: run the passes on a copy of the "
-                               "trained weights in the compute dtype instead of under torch.autocast (no weight "
-                               "casts per pass; activations and the residual stream in the compute dtype, as under "
-                               "FSDP2's policy). Each micro-batch's gradients are added into the float32 master "
-                               "gradients and the copy is refreshed after each optimizer step; costs one copy of "
-                               "the weights in the compute dtype")
-    dp_sync: Literal["pass", "step"] = Field(
-        "pass", description="data parallel (FSDP2): how often parameters are gathered and gradients reduced. "
-        "pass: every micro-batch gathers, reshards and reduce-scatters (FSDP2's default: the least memory, "
-        "collectives in every pass). step: once per optimizer step; between the micro-batches (or streamed "
-        "chunks) of one step every rank keeps the gathered parameters and its unsharded float32 gradients "
-        "(far fewer collectives, e.g. for the periodic trainer's chunks, when that fits a device)")
-    gradient_checkpointing: bool = False
-    compile: bool = Field(False, description="compile each decoder layer with torch.compile (dynamic shapes): "
-                          "fuses the norms, activations and casts between the matrix products; the first "
-                          "passes pay the compilation (tens of seconds)")
-    cuda_graphs: bool = Field(False, description="with compile, on one CUDA device: replay each compiled decoder "
-                              "layer's forward and backward as CUDA graphs (torch.compile's reduce-overhead mode, a "
-                              "graph per packed length; each micro-batch starts a new step), against the launch gaps "
-                              "of small models. Measured once, on an H200 (0.5B shape, two micro-batches): 0.276 s "
-                              "per update against 0.282 s compiled without graphs; costs a recording per new length")
-    packing: Literal["none", "sequences", "shared_prompt"] = Field(
-        "shared_prompt", description="forward layout: one prompt + its group's responses per unit (Periodic Asynchrony §4.2), "
-        "packed sequences, or right-padded rows")
-    pack_length: int | None = Field(
-        None, ge=16, description="max tokens per packed row; null packs rows up to the longest unit (a group or "
-        "a sequence), so a packed row's attention never spans more than an unpacked row would")
 
 
 def plan_microbatches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
