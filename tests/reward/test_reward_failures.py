@@ -98,6 +98,7 @@ def _hangs_on_b(prompts, responses, answers):
     return [float(len(r)) for r in responses]
 
 
+@pytest.mark.slow  # (a hanging call waited out: about 4 s)
 def test_a_reward_function_that_hangs_on_one_prompt_is_an_error_under_the_same_policy(monkeypatch):
     monkeypatch.setitem(sys.modules, "hanging_rewards", types.SimpleNamespace(score=_hangs_on_b))
     cfg = dict(verifier="user", user_fn="hanging_rewards:score", timeout_s=0.3)

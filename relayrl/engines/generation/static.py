@@ -285,7 +285,8 @@ class StaticDecoder:
         """Record the step for ``key`` = (slots, L, sampling) as a CUDA graph. The warm-up CUDA asks for runs on
         a side stream, on copies of the slot state, which is put back after: recording changes nothing."""
         B, L = key[0], key[1]
-        state = [t.clone() for t in (self.tokens, self.positions, self.counts, self.hist_tokens, self.hist_logprobs)]
+        live = (self.tokens, self.positions, self.counts, self.hist_tokens, self.hist_logprobs)  # what a step writes
+        state = [t.clone() for t in live]
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -297,9 +298,8 @@ class StaticDecoder:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             self._step(B, L, params)
-        for live, saved in zip((self.tokens, self.positions, self.counts, self.hist_tokens, self.hist_logprobs),
-                               state):
-            live.copy_(saved)
+        for t, saved in zip(live, state):
+            t.copy_(saved)
         self._graphs[key] = graph
         return graph
 
