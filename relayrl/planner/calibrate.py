@@ -9,14 +9,17 @@ the median is what a run beside the other work sees):
   lengths; per-step cost = (time at length L2 - time at L1) / (L2 - L1), fitted to ``base + row * rows +
   row_ctx * rows * context`` by least squares;
 * prefill: the same engine with one new token, several prompt counts;
-* training: ``TorchTrainingEngine.accumulate`` (forward + backward, no optimizer) at several token counts,
-  the log-prob pass (``logprobs``) likewise, the optimizer step (``finish_accumulation``);
+* training: ``TorchTrainingEngine.accumulate`` (forward + backward, no optimizer) on batches shaped as the
+  pipeline's (groups of 8 responses sharing a prompt), from one group of short responses (a streamed chunk)
+  to a batch of long ones, the log-prob pass (``logprobs``) likewise, the optimizer step
+  (``finish_accumulation``); every fit minimises the relative error, so a small call's fixed cost is kept;
 * the weight relay (``WeightRelay.push`` of the model's weights into a generation engine), dock put/get of
   rows with prompt and response columns, a gloo all-gather between two processes;
 * the user's reward function (or the built-in verifier) on 1, 8 and 32 rows;
-* the driver paths: a short real run of ``relayrl train`` on each (the colocated loop on one rank and on one
-  rank per core, the split dataflow) with a calibration workload (:data:`HARNESS`); the measured generate and
-  update times over the engine costs above give each path's factors, the rest of the step its fixed cost
+* the driver paths: short real runs of ``relayrl train`` on each (the colocated loop on one rank and on one
+  rank per core, the split dataflow) with two calibration workloads (:data:`HARNESS`, long responses, and
+  :data:`SHORT`); per phase, the measured seconds fitted to the engines' costs times a factor plus a fixed
+  cost per call give each path's factors and call costs, the rest of the step its fixed cost
   (``overhead``). ``overhead=False`` skips them (tests, quick looks).
 
 Each device kind is measured once per thread count a placement can give a rank: 1 thread and all cores.
@@ -62,10 +65,13 @@ def _best(fn: Callable[[], object], reps: int) -> float:
 
 
 def _fit(xs: list[list[float]], ys: list[float]) -> list[float]:
-    """Least squares with non-negative coefficients (a coefficient that comes out negative is dropped and
-    the rest refitted)."""
+    """Least squares of the relative error (each row weighted by 1 / its measured time: a 20 ms call counts
+    as much as a 2 s one, so the per-call cost of small calls is not lost in the large ones) with
+    non-negative coefficients (a coefficient that comes out negative is dropped and the rest refitted)."""
     a = np.asarray(xs, dtype=float)
     y = np.asarray(ys, dtype=float)
+    w = 1.0 / np.maximum(y, 1e-9)
+    a, y = a * w[:, None], y * w
     keep = list(range(a.shape[1]))
     while True:
         coef, *_ = np.linalg.lstsq(a[:, keep], y, rcond=None)
@@ -130,11 +136,14 @@ def _device(model_dir: str, threads: int, reps: int, prompt_len: int) -> tuple[D
     train = TorchTrainingEngine(copy.deepcopy(model), TrainEngineConfig(), total_steps=1000, device="cpu")
     loss = SFTLoss()
     tx, ty, lx, ly, opt = [], [], [], [], []
-    for rows, resp in ((8, 4), (8, 16), (32, 16), (64, 32)):
-        prompts = [torch.tensor(p) for p in _prompts(tok, rows, prompt_len)]
+    # batches shaped as the pipeline's: groups of 8 responses sharing their prompt (one packed unit each),
+    # from one group of short responses (a streamed chunk) to a whole batch of long ones
+    for groups, resp in ((1, 4), (1, 16), (4, 8), (8, 16), (8, 32)):
+        rows = 8 * groups
+        prompts = [torch.tensor(p) for p in _prompts(tok, groups, prompt_len) for _ in range(8)]
         responses = [torch.tensor(p[:resp] * (resp // len(p[:resp]) + 1))[:resp] for p in _prompts(tok, rows, 4 * resp)]
         batch = SequenceBatch(prompts, responses, groups=[i // 8 for i in range(rows)])
-        tokens = rows * (prompt_len + resp)
+        tokens = groups * prompt_len + rows * resp  # what the simulator counts: a group's prompt once
 
         def step():
             train.begin_accumulation()
@@ -144,7 +153,7 @@ def _device(model_dir: str, threads: int, reps: int, prompt_len: int) -> tuple[D
         fwd_bwd = []
         step()
         train.finish_accumulation()
-        for _ in range(reps):
+        for _ in range(max(reps, 3)):
             t = time.perf_counter()
             step()
             fwd_bwd.append(time.perf_counter() - t)
@@ -154,7 +163,7 @@ def _device(model_dir: str, threads: int, reps: int, prompt_len: int) -> tuple[D
         tx.append([1.0, tokens])
         ty.append(statistics.median(fwd_bwd))
         lx.append([1.0, tokens])
-        ly.append(_best(lambda: train.logprobs(batch), reps))
+        ly.append(_best(lambda: train.logprobs(batch), max(reps, 3)))
     dev = DeviceProfile(kind="cpu", threads=threads, memory_gib=_memory_gib() / max(1, cores()) * threads,
                         decode=DecodeCost(base_s=base, row_s=row, row_ctx_s=row_ctx),
                         prefill=Affine(base_s=prefill[0], per_s=prefill[1]),
@@ -269,6 +278,9 @@ HARNESS = ["trainer.steps=8", "eval.every=0", "eval.size=10", "run.save_every=0"
            "data.prompts_per_step=4", "rollout.n=8", "telemetry.sinks=[jsonl]", "model.device=cpu", "run.seed=0"]
 """The calibration workload of the driver paths: the recipe's tiny default model, untrained (its responses
 mostly run to the 16-token limit), 4 prompts x 8 responses, the task's verifier, steps 3-8 averaged."""
+SHORT = ["rollout.max_new_tokens=4", "data.prompts_per_step=8"]
+"""The second calibration workload, on top of :data:`HARNESS`: twice the prompts and a quarter of the tokens,
+so that a path's fixed cost per call and its factor on the engines' costs can be told apart."""
 
 
 def _path_runs() -> dict[str, tuple[object, list[str]]]:
@@ -277,6 +289,8 @@ def _path_runs() -> dict[str, tuple[object, list[str]]]:
     out = {"colocated": (Placement("sync-colocated", main=1), [f"run.threads={cores()}"]),
            "dataflow": (Placement("sync-split", main=1, gen=1), ["placement.pools.gen=1", "placement.rollout=gen"])}
     if cores() > 1:
+        out["periodic"] = (Placement("periodic", main=1, gen=1), ["placement.pools.gen=1", "placement.rollout=gen",
+                                                                  "trainer.mode=periodic"])
         out["colocated_dp"] = (Placement("sync-colocated", main=cores()), [f"cluster.devices={cores()}"])
         out["concurrent"] = (Placement("offpolicy", main=1, gen=1, k=1), [
             "placement.pools.gen=1", "placement.rollout=gen", "trainer.off_policy_steps=1", "algorithm.tis_cap=2.0"])
@@ -310,37 +324,70 @@ def _overlap(profile: Profile, w, placement) -> tuple[float, float]:
     return overlap_shares(profile, w, placement, batches)
 
 
+def _terms(profile: Profile, w, placement, name: str) -> dict[str, tuple[float, float]]:
+    """Per phase (generate, update): (what the engines' costs predict, how many fixed calls it pays) on the
+    calibration workload ``w``: the simulator is linear in a path's factor and its fixed costs."""
+    from relayrl.planner.simulate import simulate
+
+    bare = profile.model_copy(update={"overhead": Overhead()})
+    ones = profile.model_copy(update={"overhead": Overhead(**{name: PathCost(call_s=1.0, generate_call_s=1.0)})})
+    e = simulate(bare, w, placement, steps=8, warmup=2).phases
+    n = simulate(ones, w, placement, steps=8, warmup=2).phases
+    return {k: (e[k], n[k] - e[k]) for k in ("generate", "update")}
+
+
 def _overhead(profile: Profile, log: Callable[[str], None]) -> Overhead:
-    """Per driver path: a short real run of the calibration workload (:data:`HARNESS`); the path's factors are
-    its measured generate and update time over what the engine costs predict for the same lengths, its
-    per-step cost what remains of the measured step."""
+    """Per driver path: short real runs on the two calibration workloads (:data:`HARNESS`, and with
+    :data:`SHORT`). For each phase the measured seconds are fitted to ``factor x engine cost + fixed cost x
+    calls`` over the two runs (relative least squares, non-negative); what the step has beyond the fitted
+    phases is the path's per-step cost. A periodic run gives the streamed update's extra cost per chunk
+    (``chunk_s``) beyond the dataflow's fit; the concurrent factors (an off-policy run, both pools busy at
+    once) come from one run, its fixed costs taken as the dataflow's."""
     from relayrl.config.loader import load_config
     from relayrl.config.schema import Config
     from relayrl.planner.from_config import workload_from_config
     from relayrl.planner.simulate import simulate
 
-    paths = {}
+    paths: dict[str, PathCost] = {}
+    chunk_s = 0.0
     with tempfile.TemporaryDirectory(prefix="relayrl-plan-") as tmp:
-        cfg = load_config(Config, REPO / "recipes" / "arith_grpo.yaml", [*HARNESS, f"run.dir={tmp}/w"])
         torch.set_num_threads(1)
-        w = workload_from_config(cfg, lengths="measure", measure_prompts=32)
+        shapes = {}
+        for label, over in (("long", []), ("short", SHORT)):
+            cfg = load_config(Config, REPO / "recipes" / "arith_grpo.yaml", [*HARNESS, *over, f"run.dir={tmp}/w"])
+            shapes[label] = (workload_from_config(cfg, lengths="measure", measure_prompts=32), over)
         for name, (placement, extra) in _path_runs().items():
-            log(f"relayrl plan: a short run of the {name} path ({' '.join(extra)}) ...")
-            meas = _run_path(extra, Path(tmp) / name)
-            bare = profile.model_copy(update={"overhead": Overhead()})
-            pred = simulate(bare, w, placement, steps=8, warmup=2)
-            gen = meas["generate"] / pred.phases["generate"]
-            train = meas["update"] / pred.phases["update"]
+            runs = []
+            for label, (w, over) in shapes.items():
+                if name in ("periodic", "concurrent") and label == "short":
+                    continue
+                log(f"relayrl plan: a short run of the {name} path, {label} responses ({' '.join(extra)}) ...")
+                runs.append((w, _terms(profile, w, placement, "dataflow" if name in ("periodic", "concurrent") else name),
+                             _run_path([*over, *extra], Path(tmp) / f"{name}-{label}")))
+            if name == "periodic":  # the streamed update's extra cost per chunk, on the dataflow's fit
+                (w, terms, meas), = runs
+                flow = profile.model_copy(update={"overhead": Overhead(dataflow=paths["dataflow"])})
+                pred = simulate(flow, w, placement, steps=8, warmup=2).phases["update"]
+                chunks = w.prompts / w.stream_groups
+                chunk_s = max(0.0, (meas["update"] - pred) / chunks)
+                continue
             if name == "concurrent":  # extrapolate to both pools busy all the time from this run's overlap
                 flow = paths["dataflow"]
+                (w, terms, meas), = runs
+                meas = {**meas, "update": meas["update"] - chunk_s * w.prompts / w.stream_groups}
                 fg, ft = _overlap(profile.model_copy(update={"overhead": Overhead(dataflow=flow)}), w, placement)
-                paths[name] = PathCost(generate=flow.generate + (gen - flow.generate) / max(fg, 0.25),
-                                       train=flow.train + (train - flow.train) / max(ft, 0.25), step_s=flow.step_s)
+                gen = max(1e-3, meas["generate"] - flow.generate_call_s * terms["generate"][1]) / terms["generate"][0]
+                train = max(1e-3, meas["update"] - flow.call_s * terms["update"][1]) / terms["update"][0]
+                paths[name] = flow.model_copy(update={"generate": flow.generate + (gen - flow.generate) / max(fg, 0.25),
+                                                      "train": flow.train + (train - flow.train) / max(ft, 0.25)})
                 continue
-            scaled = bare.model_copy(update={"overhead": Overhead(**{name: PathCost(generate=gen, train=train)})})
-            rest = meas["step"] - simulate(scaled, w, placement, steps=8, warmup=2).step_s
-            paths[name] = PathCost(generate=gen, train=train, step_s=max(0.0, rest))
-    return Overhead(**paths)
+            gen, gen_call = _fit([list(t["generate"]) for _, t, _ in runs], [m["generate"] for _, _, m in runs])
+            train, call = _fit([list(t["update"]) for _, t, _ in runs], [m["update"] for _, _, m in runs])
+            cost = PathCost(generate=max(gen, 1e-3), train=max(train, 1e-3), call_s=call, generate_call_s=gen_call)
+            fitted = profile.model_copy(update={"overhead": Overhead(**{name: cost})})
+            rest = [m["step"] - simulate(fitted, w, placement, steps=8, warmup=2).step_s for w, _, m in runs]
+            paths[name] = cost.model_copy(update={"step_s": max(0.0, statistics.mean(rest))})
+    return Overhead(**paths, chunk_s=chunk_s)
 
 
 def calibrate(model_dir: str | None = None, *, reward_fn: str = "task", reps: int = 2, prompt_len: int = 12,

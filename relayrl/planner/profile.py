@@ -15,9 +15,11 @@ Each cost is affine in the work it is given, fitted to measurements:
   per row, a data-parallel collective (``base_s + bytes / bytes_per_s``);
 * a reward call of the user's function: ``call_s + row_s * rows`` (the function's own CPU cost; latency of
   an outside judge or harness is part of the *workload*, :class:`relayrl.planner.workload.Workload`);
-* per driver path (``overhead``): factors on those costs and a fixed per-step cost, measured by a short real
-  run of each path on a calibration workload (the engines run slower inside their worker processes, beside
-  the driver, the dock and each other, than in a micro-benchmark; this is the harness's share).
+* per driver path (``overhead``): factors on those costs, a fixed cost per training call and per generation
+  call, and a fixed per-step cost, measured by short real runs of each path on two calibration workloads
+  (short and long responses, so that a fixed cost and a factor can be told apart; the engines run slower
+  inside their worker processes, beside the driver, the dock and each other, than in a micro-benchmark:
+  this is the harness's share).
 
 Where this simplifies: costs are measured for one model (``model_params``) and scale linearly with the
 parameter count for another (compute-bound); no kernel-level effects (batch sizes that fall off a GPU's
@@ -71,6 +73,11 @@ class PathCost(_Model):
     generate: float = Field(1.0, gt=0.0, description="factor on decode and prefill costs")
     train: float = Field(1.0, gt=0.0, description="factor on training, log-prob and optimizer costs")
     step_s: float = Field(0.0, ge=0.0, description="fixed per-step cost (dispatch, dock bookkeeping, metrics)")
+    call_s: float = Field(0.0, ge=0.0, description="fixed cost of one training-pool call beyond the engine's "
+                          "(reading its rows from the dock, the RL loss and its metrics, the dispatch): paid per "
+                          "streamed chunk, per forward-only pass and per whole-batch update")
+    generate_call_s: float = Field(0.0, ge=0.0, description="fixed cost of one rank's generation of a batch "
+                                   "beyond the engine's decode and prefill (the call, the dock's reservations)")
 
 
 class Overhead(_Model):
@@ -83,6 +90,9 @@ class Overhead(_Model):
     concurrent: PathCost | None = Field(None, description="CPU: the dataflow's factors while both pools compute "
                                         "at once (they share the cores); null: no slowdown")
     per_group_s: float = Field(0.0, ge=0.0, description="dataflow: stage dispatch per prompt group")
+    chunk_s: float = Field(0.0, ge=0.0, description="dataflow, streamed update (periodic, off-policy): the trainer's "
+                           "extra time per chunk (the driver's scoring, advantages and leases for it share the "
+                           "interpreter with an in-driver trainer), measured by a periodic run")
 
 
 class DeviceProfile(_Model):

@@ -252,10 +252,12 @@ def optimizer_s(dev: DeviceProfile, profile: Profile, w: Workload, dp: int) -> f
     return profile.scale(w.model.params) * dev.optimizer_s / dp + once
 
 
-def _trainer_s(dev: DeviceProfile, profile: Profile, w: Workload, units: list[int], dp: int) -> float:
+def _trainer_s(dev: DeviceProfile, profile: Profile, w: Workload, units: list[int], dp: int, call_s: float) -> float:
     """The trainer pool's work on ``units``: the update's forward + backward, the plan's forward-only passes
-    (``w.passes``) and, with a critic, its forward + backward."""
-    work = train_s(dev, profile, w, units, dp) * (2 if w.critic else 1)
+    (``w.passes``) and, with a critic, its forward + backward; each of those calls also pays the driver path's
+    fixed ``call_s``."""
+    calls = (2 if w.critic else 1) + w.passes
+    work = train_s(dev, profile, w, units, dp) * (2 if w.critic else 1) + calls * call_s
     if w.passes:
         work += w.passes * train_s(dev, profile, w, units, dp, forward_only=True)
     return work
@@ -380,18 +382,21 @@ def _units(w: Workload, groups: list[list[int]]) -> list[int]:
 def _colocated(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
     """grpo.py: generate, reward, [reference], update, one after another on ``main``."""
     times, gen_s, rew_s, upd_s, kv_peak = [], [], [], [], 0.0
+    path = _path(profile, p)
     for groups, lat in batches:
         ends = []
         for idx in _split(groups, p.main):
-            end, _, peak = generate_rank(dev, scale, w.prompt_tokens, [groups[i] for i in idx], w.max_batch)
+            end, _, peak = generate_rank(dev, scale, w.prompt_tokens, [groups[i] for i in idx], w.max_batch,
+                                         path.generate_call_s)
             ends.append(end)
             kv_peak = max(kv_peak, peak)
         gen = max(ends)
         rew = profile.reward.call_s + profile.reward.row_s * w.rows + max(x for g in lat for x in g)
         shards = [_units(w, [groups[i] for i in idx]) for idx in _split(groups, p.main)]
-        upd = max(_trainer_s(dev, profile, w, u, p.main) for u in shards) + _optimizers_s(dev, profile, w, p.main)
+        upd = max(_trainer_s(dev, profile, w, u, p.main, path.call_s) for u in shards) \
+            + _optimizers_s(dev, profile, w, p.main)
         dock = profile.dock_put(w.rows) + profile.dock_get(w.rows)
-        times.append(_path(profile, p).step_s + gen + rew + upd + dock)
+        times.append(path.step_s + gen + rew + upd + dock)
         gen_s.append(gen)
         rew_s.append(rew)
         upd_s.append(upd)
@@ -413,7 +418,8 @@ def _pipeline(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
     phases = {"generate": 0.0, "reward": 0.0, "update": 0.0}
     kv_peak, train_free = 0.0, 0.0
     over = profile.overhead
-    step_cost = over.dataflow.step_s
+    path = _path(profile, p)
+    step_cost = path.step_s
     for t, (groups, lat) in enumerate(batches):
         if k == 0:
             start = upd_end[-1] + relay if upd_end else 0.0
@@ -424,7 +430,7 @@ def _pipeline(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
         ends = []
         for idx in _split(groups, p.gen):
             end, done, peak = generate_rank(dev, scale, w.prompt_tokens, [groups[i] for i in idx], w.max_batch,
-                                            start, weights)
+                                            start + path.generate_call_s, weights)
             for i, d in zip(idx, done):
                 finish[i] = d + profile.dock_put(w.n)
             ends.append(end)
@@ -437,7 +443,8 @@ def _pipeline(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
         shards = _split(groups, p.main)
         if p.mode == "sync-split":
             begin = max(train_free, max(scored))
-            work = max(_trainer_s(dev, profile, w, _units(w, [groups[i] for i in idx]), p.main) for idx in shards)
+            work = max(_trainer_s(dev, profile, w, _units(w, [groups[i] for i in idx]), p.main, path.call_s)
+                       for idx in shards)
             work += profile.dock_get(w.rows / p.main)
             end = begin + work
             ivs = [(begin, end)]
@@ -445,9 +452,9 @@ def _pipeline(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
             end = max(train_free, 0.0 if k else start)
             work, ivs = 0.0, []
             for c, ready in sorted(zip(chunks, scored), key=lambda x: x[1]):
-                one = max(_trainer_s(dev, profile, w, _units(w, [groups[i] for i in c if i in set(idx)]), p.main)
-                          for idx in shards if set(idx) & set(c))
-                one += profile.dock_get(len(c) * w.n / p.main)
+                one = max(_trainer_s(dev, profile, w, _units(w, [groups[i] for i in c if i in set(idx)]), p.main,
+                                     path.call_s) for idx in shards if set(idx) & set(c))
+                one += profile.dock_get(len(c) * w.n / p.main) + over.chunk_s
                 ivs.append((max(end, ready), max(end, ready) + one))
                 end = max(end, ready) + one
                 work += one
