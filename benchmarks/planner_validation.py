@@ -21,11 +21,17 @@ The last line::
 
     planner: max relative error E, mean M over N configs; best predicted = best measured: yes|no
 
+or, with ``--repeats R``, a table of each configuration's measured step time per repeat and its spread, each
+repeat's line, and::
+
+    planner: K of R repeats within max 25% / mean 12% with the best configuration predicted; worst ...
+
 ("best": per workload, the configuration with the highest predicted TPSPD is the one with the highest
 measured TPSPD; "yes" when that holds for every workload run.) The machine may be shared: timings then swing,
 and the calibration (the fastest of a few repetitions) sees less of it than the runs do.
 
-    .venv/bin/python benchmarks/planner_validation.py                        # everything, ~15 min on 2 cores
+    .venv/bin/python benchmarks/planner_validation.py                        # everything, ~9 min on 2 cores
+    .venv/bin/python benchmarks/planner_validation.py --repeats 3            # three in a row, with the spread
     .venv/bin/python benchmarks/planner_validation.py --steps 6 --configs colo1,split --workloads demo
 """
 
@@ -117,6 +123,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=64, help="long-tail workload's rollout.max_new_tokens")
+    p.add_argument("--sim-steps", type=int, default=64, help="steps the simulator draws lengths for (its prediction "
+                   "is the mean after --warmup: the expected step, not one draw of 12)")
+    p.add_argument("--repeats", type=int, default=1, help="independent runs (each calibrates and measures anew); "
+                   "prints the spread of the measured step times and each repeat's errors")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of " + ", ".join(CONFIGS))
     p.add_argument("--workloads", default="demo,longtail")
@@ -127,6 +137,29 @@ def main(argv: list[str] | None = None) -> None:
     if a.steps <= a.warmup:
         raise SystemExit(f"--steps ({a.steps}) must exceed --warmup ({a.warmup})")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")])
+    summaries = []
+    for rep in range(a.repeats):
+        if a.repeats > 1:
+            print(f"\nplanner_validation: repeat {rep + 1} of {a.repeats}", flush=True)
+        summaries.append(one_run(a, profile_out=a.profile_out if rep == 0 else None))
+    if a.repeats > 1:
+        print(f"\n{'workload':<10}{'config':<10}{'meas s (each repeat)':>28}{'spread %':>10}{'err % (each repeat)':>26}")
+        for key in summaries[0]["results"]:
+            meas = [s["results"][key]["meas"] for s in summaries]
+            errs = [s["results"][key]["err"] for s in summaries]
+            print(f"{key[0]:<10}{key[1]:<10}{' '.join(f'{m:8.3f}' for m in meas):>28}"
+                  f"{100 * (max(meas) - min(meas)) / statistics.mean(meas):>10.1f}"
+                  f"{' '.join(f'{100 * e:7.1f}' for e in errs):>26}")
+        for i, sm in enumerate(summaries, 1):
+            print(f"repeat {i}: {sm['line']}")
+        ok = sum(sm["max"] <= 0.25 and sm["mean"] <= 0.12 and sm["same"] for sm in summaries)
+        print(f"planner: {ok} of {a.repeats} repeats within max 25% / mean 12% with the best configuration "
+              f"predicted; worst max error {100 * max(sm['max'] for sm in summaries):.1f}%, worst mean "
+              f"{100 * max(sm['mean'] for sm in summaries):.1f}%")
+
+
+def one_run(a: argparse.Namespace, profile_out: str | None) -> dict:
+    """Calibrate (or load the profile), predict and measure every configuration once; print the table."""
     from relayrl.config.loader import load_config
     from relayrl.config.schema import Config
     from relayrl.planner.calibrate import _reward, calibrate
@@ -143,8 +176,10 @@ def main(argv: list[str] | None = None) -> None:
         prof = load_profile(a.profile_in)
     else:
         prof = calibrate(str(wls["longtail"]["model"]), reward_fn="planner_validation:spawn_verifier")
-    if a.profile_out:
-        save_profile(prof, a.profile_out)
+    if profile_out:
+        save_profile(prof, profile_out)
+
+
     results = []
     with tempfile.TemporaryDirectory(prefix="planner_validation-") as tmp:
         for wname in a.workloads.split(","):
@@ -162,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"lengths mean {statistics.mean(lengths):.1f} max {max(lengths)} "
                   f"(p90 {sorted(lengths)[int(0.9 * len(lengths))]})", flush=True)
             for name in names:
-                pred = simulate(wprof, w, placement_of(name), steps=max(a.steps, 12), warmup=a.warmup)
+                pred = simulate(wprof, w, placement_of(name), steps=a.sim_steps, warmup=a.warmup)
                 meas = measure(name, wl, a, Path(tmp))
                 err = abs(pred.step_s - meas["step_s"]) / meas["step_s"]
                 results.append({"workload": wname, "config": name, "pred": pred.step_s, "meas": meas["step_s"],
@@ -187,8 +222,12 @@ def main(argv: list[str] | None = None) -> None:
         same.append(bp == bm)
     errs = [r["err"] for r in results]
     print(f"(total {time.perf_counter() - t0:.0f} s; {cores()} cores; TPSPD: tokens trained per second per core)")
-    print(f"planner: max relative error {100 * max(errs):.1f}%, mean {100 * statistics.mean(errs):.1f}% over "
-          f"{len(errs)} configs; best predicted = best measured: {'yes' if all(same) else 'no'}")
+    line = (f"max relative error {100 * max(errs):.1f}%, mean {100 * statistics.mean(errs):.1f}% over "
+            f"{len(errs)} configs; best predicted = best measured: {'yes' if all(same) else 'no'}")
+    print(f"planner: {line}", flush=True)
+    return {"results": {(r["workload"], r["config"]): r for r in results}, "max": max(errs),
+            "mean": statistics.mean(errs), "same": all(same), "line": line}
+
 
 
 if __name__ == "__main__":

@@ -274,10 +274,10 @@ def _reward(fn_path: str, reps: int) -> RewardCost:
     return RewardCost(fn=fn_path, call_s=call, row_s=row)
 
 
-HARNESS = ["trainer.steps=8", "eval.every=0", "eval.size=10", "run.save_every=0", "rollout.max_new_tokens=16",
+HARNESS = ["trainer.steps=12", "eval.every=0", "eval.size=10", "run.save_every=0", "rollout.max_new_tokens=16",
            "data.prompts_per_step=4", "rollout.n=8", "telemetry.sinks=[jsonl]", "model.device=cpu", "run.seed=0"]
 """The calibration workload of the driver paths: the recipe's tiny default model, untrained (its responses
-mostly run to the 16-token limit), 4 prompts x 8 responses, the task's verifier, steps 3-8 averaged."""
+mostly run to the 16-token limit), 4 prompts x 8 responses, the task's verifier, steps 3-12 averaged."""
 SHORT = ["rollout.max_new_tokens=4", "data.prompts_per_step=8"]
 """The second calibration workload, on top of :data:`HARNESS`: twice the prompts and a quarter of the tokens,
 so that a path's fixed cost per call and its factor on the engines' costs can be told apart."""
@@ -362,8 +362,11 @@ def _overhead(profile: Profile, log: Callable[[str], None]) -> Overhead:
                 if name in ("periodic", "concurrent") and label == "short":
                     continue
                 log(f"relayrl plan: a short run of the {name} path, {label} responses ({' '.join(extra)}) ...")
-                runs.append((w, _terms(profile, w, placement, "dataflow" if name in ("periodic", "concurrent") else name),
-                             _run_path([*over, *extra], Path(tmp) / f"{name}-{label}")))
+                terms = _terms(profile, w, placement, "dataflow" if name in ("periodic", "concurrent") else name)
+                meas = _run_path([*over, *extra], Path(tmp) / f"{name}-{label}")
+                log("relayrl plan:   " + ", ".join(f"{k} {meas[k]:.3f} s (engines {terms[k][0]:.3f} s)"
+                                                   for k in ("generate", "update")) + f", step {meas['step']:.3f} s")
+                runs.append((w, terms, meas))
             if name == "periodic":  # the streamed update's extra cost per chunk, on the dataflow's fit
                 (w, terms, meas), = runs
                 flow = profile.model_copy(update={"overhead": Overhead(dataflow=paths["dataflow"])})
