@@ -23,17 +23,77 @@ prints at start-up, instead of quietly doing something else.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from relayrl.algorithms.estimators import Estimator, estimator
 
 Config = Any  # relayrl.config.schema.Config (which asks this module; not imported back, no cycle)
 
-__all__ = ["StepPlan", "step_plan", "ROLES"]
+__all__ = ["StepPlan", "step_plan", "ROLES", "Stage", "stage_graph", "FORWARD_STAGES"]
 
 ROLES = ("actor", "rollout", "reference", "critic", "teacher")
 """The worker roles of a GRPO-family step, in the order they are built."""
+
+
+FORWARD_STAGES = {"reference": "reference", "teacher": "teacher", "old": "actor", "values": "critic"}
+"""The forward-only stages of a step and the role each runs on."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the step's dataflow: the pipeline runs it as a thread over the step's partition
+    (:mod:`relayrl.workflows.produce`, :mod:`relayrl.workflows.consume`), the planner's simulator schedules it
+    (:mod:`relayrl.planner.simulate`)."""
+
+    name: str
+    role: str
+    """The worker role that runs it (``scorer``: the reward's scorer, on the driver or a pool of its own)."""
+    pool: str
+    """The pool it runs on (``driver``: threads of the driver process)."""
+    reads: tuple[str, ...]
+    """The stages whose output it needs for a prompt group before it can take that group."""
+    per: Literal["chunk", "batch"]
+    """``chunk``: one call per ready chunk of ``trainer.stream_groups`` groups; ``batch``: one call once every
+    group is ready."""
+    after_generation: bool
+    """Its pool is the rollout's: it starts once generation has ended (the devices are time-shared)."""
+    producing: bool
+    """It fills the partition (with ``ahead`` > 0 it runs on the rollout thread, ahead of the trainer)."""
+
+
+def stage_graph(*, roles: tuple[str, ...], pools: dict[str, str], reward_pool: str, update: str, sequential: bool,
+                group_filter: bool, baseline: bool, recompute_old: bool, kl_in_reward: bool,
+                group_relative: bool) -> tuple[Stage, ...]:
+    """The stages of a step in the order a sequential step runs them (each stage's ``reads`` come before it;
+    in a ``sequential`` step each stage also reads the one before it). ``pools``: the pool of each role in
+    ``roles`` (``rollout`` and ``actor`` always)."""
+    rollout = pools["rollout"]
+    on_rollout = {r: pools[r] == rollout for r in roles}
+    whole = "batch" if sequential else "chunk"
+    out = [Stage("sample", "rollout", rollout, (), whole, False, True),
+           Stage("score", "scorer", reward_pool, ("sample",), whole, False, True)]
+    if baseline:
+        out.append(Stage("baseline", "scorer", reward_pool, ("sample", "score"), "chunk", False, True))
+    forward = [name for name, role in FORWARD_STAGES.items() if role in roles and (name != "old" or recompute_old)]
+    for name in forward:
+        role = FORWARD_STAGES[name]
+        gated = on_rollout[role]
+        out.append(Stage(name, role, pools[role], ("sample",) + (("score",) if group_filter else ()),
+                         "batch" if gated else "chunk", gated, False))
+    # group-relative advantages go per chunk unless every consumer waits for generation anyway
+    waits = update == "batch" and all(on_rollout[r] for r in roles if r != "rollout")
+    reads = ("score",) + (("reference",) if kl_in_reward and "reference" in roles else ()) \
+        + (("values",) if "critic" in roles else ()) + (("baseline",) if baseline else ()) \
+        + (("teacher",) if "teacher" in roles else ())
+    out.append(Stage("advantages", "scorer", reward_pool, reads, "chunk" if group_relative and not waits else "batch",
+                     False, False))
+    reads = ("advantages",) + tuple(n for n in ("reference", "old", "values") if n in forward)
+    out.append(Stage("update", "actor", pools["actor"], reads, "chunk" if update == "accumulate" else "batch",
+                     on_rollout["actor"], False))
+    if sequential:  # one after another on the driver's thread: each stage also waits for the one before
+        out[1:] = [replace(st, reads=tuple(dict.fromkeys((prev.name, *st.reads)))) for prev, st in zip(out, out[1:])]
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -66,8 +126,18 @@ class StepPlan:
     or ``algorithm.old_logprobs=recompute``); otherwise the update's own pass gives it, detached."""
     tri_model: bool
     """The actor computes the reference log-probs in its own layout (no reference group)."""
+    stages: tuple[Stage, ...] = ()
+    """The step's dataflow (:func:`stage_graph`): what each stage reads, its pool, whether it streams per chunk
+    or waits for the batch, whether it waits for generation to end."""
     notes: tuple[str, ...] = ()
     """What the run says at start-up about how the step departs from what its keys suggest."""
+
+    def stage(self, name: str) -> Stage:
+        """The stage called ``name`` (KeyError when the step has none)."""
+        for s in self.stages:
+            if s.name == name:
+                return s
+        raise KeyError(f"the step has no stage {name!r} (it has {', '.join(s.name for s in self.stages)})")
 
     def keep_groups(self, scores, groups) -> list[bool]:
         """Per row: whether its prompt group is kept. With dynamic sampling (DAPO) a group whose scores are all
@@ -137,9 +207,13 @@ def step_plan(cfg: Config) -> StepPlan:
     if overlapped and why_batch:
         notes.append(f"the update waits for the whole batch ({'; '.join(why_batch)}); generation, scoring and the "
                      f"forward-only passes still overlap per prompt group")
+    pools = {r: pools[r] for r in roles}
+    recompute_old = a.old_logprobs == "recompute" or (a.old_logprobs == "auto" and t.epochs * t.mini_batches > 1)
+    stages = stage_graph(roles=tuple(roles), pools=pools, reward_pool=pl.reward, update=update, sequential=sequential,
+                         group_filter=a.dynamic_sampling, baseline=est.baseline, recompute_old=recompute_old,
+                         kl_in_reward=a.kl_in_reward, group_relative=est.group_relative)
     return StepPlan(
-        estimator=est, roles=tuple(roles), pools={r: pools[r] for r in roles}, ahead=ahead, overlapped=overlapped, update=update,
+        estimator=est, roles=tuple(roles), pools=pools, ahead=ahead, overlapped=overlapped, update=update,
         colocated=rollout == "main", sequential=sequential, partial=cfg.rollout.partial and ahead > 0,
-        group_filter=a.dynamic_sampling, baseline=est.baseline,
-        recompute_old=a.old_logprobs == "recompute" or (a.old_logprobs == "auto" and t.epochs * t.mini_batches > 1),
-        tri_model=t.tri_model, notes=tuple(notes))
+        group_filter=a.dynamic_sampling, baseline=est.baseline, recompute_old=recompute_old,
+        tri_model=t.tri_model, stages=stages, notes=tuple(notes))

@@ -46,16 +46,18 @@ def _lengths(spec: str, cfg, model_dir: str | None, prompts: list[list[int]] | N
 
 
 def plan_passes(cfg) -> dict:
-    """The extra passes of a step, read from the pipeline's step plan: forward-only passes (the reference or
-    the actor's own reference pass for KL, a teacher, pi_old recomputed, the critic's values) and whether a
-    critic trains."""
-    from relayrl.config.plan import step_plan
+    """What the simulator needs of the pipeline's step plan (:func:`relayrl.config.plan.step_plan`) besides the
+    placement: the forward-only stages of its stage graph, whether the actor runs the reference inside the
+    update (tri-model), a critic, how the advantages stream, and whether the update may accumulate per chunk
+    in an overlapped mode."""
+    from relayrl.config.plan import FORWARD_STAGES, step_plan
 
     plan = step_plan(cfg)
-    kl = "reference" in plan.roles or (plan.tri_model and cfg.algorithm.kl_coef > 0)
-    critic = "critic" in plan.roles
-    return {"passes": int(kl) + int("teacher" in plan.roles) + int(plan.recompute_old) + int(critic),
-            "critic": critic}
+    overlapped = step_plan(cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"mode": "periodic"})}))
+    return {"forward": tuple(s.name for s in plan.stages if s.name in FORWARD_STAGES),
+            "ref_in_update": plan.tri_model and cfg.algorithm.kl_coef > 0, "critic": "critic" in plan.roles,
+            "kl_in_reward": cfg.algorithm.kl_in_reward, "group_relative": plan.estimator.group_relative,
+            "accumulate": overlapped.update == "accumulate", "group_filter": plan.group_filter}
 
 
 def workload_from_config(cfg, *, model_config: str | None = None, prompt_tokens: int | None = None,

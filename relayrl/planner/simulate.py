@@ -4,52 +4,58 @@ pool, peak memory per device.
 It follows the cost model of HybridFlow's auto-mapping (§6, Algorithm 1: the cost of each role's
 stage on its devices, the step as the critical path through generation, preparation and training) and
 AsyncFlow's resource planner (producer/consumer overlap between a rollout pool and a trainer pool),
-with the step modes relayrl runs (docs/step-modes.md):
+with the step modes relayrl runs (docs/step-modes.md).
 
-* ``sync-colocated`` (``grpo.py``): every role on ``main``, one phase after another: generate, reward (one
-  call of the user function with the whole batch), [reference], update; weights shared in place.
-* ``sync-split`` (``dataflow.py``): the rollout on a pool of its own; each prompt group goes into the dock
-  when its last response finishes, the reward stage scores groups as they arrive (``reward.concurrency``
-  calls in flight), the update waits for the whole batch, then the weights are relayed and the next batch
-  starts (on-policy).
-* ``periodic``: the same, but the trainer runs forward + backward on each chunk of ``stream_groups`` groups
-  as it is scored and steps the optimizer once the batch is consumed (Periodic Asynchrony).
+The step is scheduled on the pipeline's own stage graph (:func:`relayrl.config.plan.stage_graph`, the table
+the pipeline's stage threads are built from): which stages run (sample, score, the forward-only passes,
+advantages, update), what each reads, whether it takes each chunk of ``trainer.stream_groups`` groups as it
+is ready or waits for the whole batch, and whether it waits for generation to end (its pool is the
+rollout's). :func:`step_graph` builds it for a candidate placement from the workload's plan fields, with the
+same function the pipeline's step plan calls, so a change to the pipeline's graph changes the prediction.
+What the graph does not say, the placement does:
+
+* ``sync-colocated``: every role on ``main``; the step is sequential (each stage waits for the one before),
+  weights shared in place.
+* ``sync-split``, ``periodic``: the rollout on a pool of its own; the update waits for the batch or
+  accumulates per chunk; the weights are relayed, then the next batch starts (on-policy).
 * ``offpolicy`` with ``k``: the rollout starts batch ``t`` once batch ``t-1`` is generated and update
-  ``t-1-k`` is done (AsyncFlow's delayed parameter update, staleness bound k); the trainer consumes groups as
-  for ``periodic``. ``partial``: each update that lands while a batch generates costs one prefill of the
-  rows in flight (the native engine re-prefills with the new weights).
+  ``t-1-k`` is done (AsyncFlow's delayed parameter update, staleness bound k). ``partial``: each update that
+  lands while a batch generates costs one prefill of the rows in flight (the native engine re-prefills with
+  the new weights).
 
 Generation is simulated row by row on the native engine's continuous batching: every row's length is drawn
 from the workload's distribution, a decode step costs ``DecodeCost(rows in flight, context)``, a group is
 done at its longest row, so the long tail decides when the batch ends. Reward calls take the function's cost
 plus the longest outside latency of their rows.
 
-Where the model simplifies: no contention between pools that share a CPU's cores, the driver's threads or
-the reward's processes (each pool is assumed to get its share of the cores); data-parallel ranks get equal
-shares of the prompts; FSDP traffic (all-gathers in the compute dtype, reduce-scatters of fp32 gradients)
+Where the model simplifies: the trainer's pool runs one call at a time, the earliest ready first; the
+advantages cost nothing; ReMax's greedy baseline and DAPO's resampling rounds are not simulated; the reward
+runs on the driver's threads; data-parallel ranks get the groups of each chunk in turn; FSDP traffic (all-gathers in the compute dtype, reduce-scatters of fp32 gradients)
 does not overlap compute: one gather and one reduction per optimizer step with ``engine.dp_sync=step``, a
 gather forward and backward and a reduction per micro-batch with ``pass``, a gather per forward-only
 micro-batch; attention cost in
 training is linear in tokens; what a driver path adds (the engines slower inside worker processes beside
-the driver, a fixed cost per step) is one factor per kind of work and one constant per path, measured on a
-calibration workload (``Profile.overhead``); while the two pools compute at the same time on a CPU they
-slow each other: the factors move towards those of a fully concurrent run in proportion to the share of
+the driver, fixed costs per training call, per generation call, per streamed chunk and per step) is one
+factor per kind of work and one constant per call kind, measured on two calibration workloads
+(``Profile.overhead``); while the two pools compute at the same time on a CPU they slow each other: the factors move towards those of a fully concurrent run in proportion to the share of
 each pool's busy time the other pool is busy too (a second pass of the simulation).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 import statistics
 from dataclasses import dataclass, field
 from typing import Literal
 
+from relayrl.config.plan import Stage, stage_graph
 from relayrl.planner.profile import DeviceProfile, PathCost, Profile
 from relayrl.planner.workload import Workload
 
-__all__ = ["Placement", "Prediction", "simulate", "simulate_batches", "overlap_shares", "generate_rank", "reward_times", "memory_gib",
-           "path_key"]
+__all__ = ["Placement", "Prediction", "simulate", "simulate_batches", "overlap_shares", "generate_rank", "memory_gib",
+           "path_key", "step_graph"]
 
 Mode = Literal["sync-colocated", "sync-split", "periodic", "offpolicy"]
 GIB = 2**30
@@ -191,21 +197,6 @@ def generate_rank(dev: DeviceProfile, scale: float, prompt_tokens: int, groups: 
     return t, done, peak
 
 
-def reward_times(arrivals: list[float], latencies: list[list[float]], profile: Profile, concurrency: int,
-                 per_group_s: float = 0.0) -> list[float]:
-    """Completion time of each reward call: calls start in arrival order on ``concurrency`` slots; a call
-    lasts the function's cost for its rows plus the longest outside latency among them."""
-    slots = [0.0] * concurrency
-    out = [0.0] * len(arrivals)
-    for i in sorted(range(len(arrivals)), key=lambda j: arrivals[j]):
-        s = min(range(concurrency), key=lambda j: slots[j])
-        begin = max(arrivals[i], slots[s])
-        rows = latencies[i]
-        slots[s] = out[i] = (begin + profile.reward.call_s + profile.reward.row_s * len(rows)
-                             + max(rows, default=0.0) + per_group_s)
-    return out
-
-
 # -- training -------------------------------------------------------------------------------------
 
 def _micro_batches(units: list[int], budget: int) -> list[int]:
@@ -250,17 +241,6 @@ def optimizer_s(dev: DeviceProfile, profile: Profile, w: Workload, dp: int) -> f
     reduction too)."""
     once = _fsdp_s(profile, w, dp, gathers=1) if w.dp_sync == "step" else 0.0
     return profile.scale(w.model.params) * dev.optimizer_s / dp + once
-
-
-def _trainer_s(dev: DeviceProfile, profile: Profile, w: Workload, units: list[int], dp: int, call_s: float) -> float:
-    """The trainer pool's work on ``units``: the update's forward + backward, the plan's forward-only passes
-    (``w.passes``) and, with a critic, its forward + backward; each of those calls also pays the driver path's
-    fixed ``call_s``."""
-    calls = (2 if w.critic else 1) + w.passes
-    work = train_s(dev, profile, w, units, dp) * (2 if w.critic else 1) + calls * call_s
-    if w.passes:
-        work += w.passes * train_s(dev, profile, w, units, dp, forward_only=True)
-    return work
 
 
 def _optimizers_s(dev: DeviceProfile, profile: Profile, w: Workload, dp: int) -> float:
@@ -337,17 +317,15 @@ def simulate_batches(profile: Profile, w: Workload, p: Placement, batches: list[
     dev = profile.devices[name]
     scale = profile.scale(w.model.params)
     tokens = statistics.mean(len(g) * w.n * w.prompt_tokens + sum(map(sum, g)) for g, _ in batches[warmup:])
-    if p.mode == "sync-colocated":
-        step_s, busy, phases, kv_peak = _colocated(profile, dev, scale, w, p, batches, warmup)
-    else:
-        step_s, busy, phases, kv_peak, (fg, ft) = _pipeline(profile, dev, scale, w, p, batches, warmup)
-        conc = base.overhead.concurrent
-        if conc is not None:  # the pools slow each other while both compute: blend towards the concurrent factors
-            g = path.generate + (conc.generate - path.generate) * fg
-            t = path.train + (conc.train - path.train) * ft
-            profile = base.scaled(name, g, t)
-            dev = profile.devices[name]
-            step_s, busy, phases, kv_peak, _ = _pipeline(profile, dev, scale, w, p, batches, warmup)
+    step_s, busy, phases, kv_peak, (fg, ft) = _run(profile, dev, scale, w, p, batches, warmup)
+    conc = base.overhead.concurrent
+    if p.mode != "sync-colocated" and conc is not None:
+        # the pools slow each other while both compute: blend towards the concurrent factors
+        g = path.generate + (conc.generate - path.generate) * fg
+        t = path.train + (conc.train - path.train) * ft
+        profile = base.scaled(name, g, t)
+        dev = profile.devices[name]
+        step_s, busy, phases, kv_peak, _ = _run(profile, dev, scale, w, p, batches, warmup)
     mem = memory_gib(w, p, kv_peak)
     fits = all(v <= dev.memory_gib for v in mem.values())
     return Prediction(p, step_s, tokens, busy, mem, fits, phases, per=profile.cores if dev.kind == "cpu" else 0)
@@ -360,7 +338,7 @@ def overlap_shares(profile: Profile, w: Workload, p: Placement, batches, *, warm
     name, _ = profile.device_for(_threads(profile, p))
     flow = profile.overhead.dataflow
     prof = profile.scaled(name, flow.generate, flow.train)
-    return _pipeline(prof, prof.devices[name], prof.scale(w.model.params), w, p, batches, warmup)[4]
+    return _run(prof, prof.devices[name], prof.scale(w.model.params), w, p, batches, warmup)[4]
 
 
 def path_key(p: Placement) -> str:
@@ -379,37 +357,60 @@ def _units(w: Workload, groups: list[list[int]]) -> list[int]:
     return [w.prompt_tokens + sum(g) for g in groups]
 
 
-def _colocated(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
-    """grpo.py: generate, reward, [reference], update, one after another on ``main``."""
-    times, gen_s, rew_s, upd_s, kv_peak = [], [], [], [], 0.0
+def step_graph(w: Workload, p: Placement) -> tuple[Stage, ...]:
+    """The pipeline's stage graph (:func:`relayrl.config.plan.stage_graph`, the one the pipeline runs by) for
+    ``w``'s step on placement ``p``: every trainer-side role on ``main``, the rollout on ``main`` (colocated) or
+    on ``gen``, the reward on the driver's threads."""
+    roles = ("actor", "rollout") + tuple(r for r, on in (("reference", "reference" in w.forward),
+                                                         ("critic", w.critic), ("teacher", "teacher" in w.forward)) if on)
+    pools = {r: "main" for r in roles}
+    pools["rollout"] = "main" if p.mode == "sync-colocated" else "gen"
+    update = "accumulate" if p.mode in ("periodic", "offpolicy") and w.accumulate else "batch"
+    return stage_graph(roles=roles, pools=pools, reward_pool="driver", update=update,
+                       sequential=p.mode == "sync-colocated" and not w.group_filter, group_filter=w.group_filter,
+                       baseline=False, recompute_old="old" in w.forward, kl_in_reward=w.kl_in_reward,
+                       group_relative=w.group_relative)
+
+
+def _shares(c: list[int], ranks: int) -> list[list[int]]:
+    """Each data-parallel rank's groups of chunk ``c``: dealt out in turn, as the pipeline does."""
+    return [c[r::ranks] for r in range(ranks) if c[r::ranks]]
+
+
+def _trainer_task(dev, profile: Profile, w: Workload, p: Placement, stage: Stage, groups, c: list[int]) -> float:
+    """Seconds of ``stage`` (a forward pass or the update) on chunk ``c`` on the trainer's pool: the slowest
+    rank's share, each call paying the path's fixed cost; the update also reads its rows from the dock, pays the
+    streamed chunk's cost, trains the critic and (tri-model) runs the reference's forward."""
     path = _path(profile, p)
-    for groups, lat in batches:
-        ends = []
-        for idx in _split(groups, p.main):
-            end, _, peak = generate_rank(dev, scale, w.prompt_tokens, [groups[i] for i in idx], w.max_batch,
-                                         path.generate_call_s)
-            ends.append(end)
-            kv_peak = max(kv_peak, peak)
-        gen = max(ends)
-        rew = profile.reward.call_s + profile.reward.row_s * w.rows + max(x for g in lat for x in g)
-        shards = [_units(w, [groups[i] for i in idx]) for idx in _split(groups, p.main)]
-        upd = max(_trainer_s(dev, profile, w, u, p.main, path.call_s) for u in shards) \
-            + _optimizers_s(dev, profile, w, p.main)
-        dock = profile.dock_put(w.rows) + profile.dock_get(w.rows)
-        times.append(path.step_s + gen + rew + upd + dock)
-        gen_s.append(gen)
-        rew_s.append(rew)
-        upd_s.append(upd)
-    step = statistics.mean(times[warmup:])
-    g, r, u = (statistics.mean(x[warmup:]) for x in (gen_s, rew_s, upd_s))
-    return step, {"main": (g + u) / step}, {"generate": g, "reward": r, "update": u}, kv_peak
+    if stage.name != "update":
+        return max(train_s(dev, profile, w, _units(w, [groups[i] for i in idx]), p.main, forward_only=True)
+                   for idx in _shares(c, p.main)) + path.call_s
+    def one(idx):
+        units = _units(w, [groups[i] for i in idx])
+        work = train_s(dev, profile, w, units, p.main) * (2 if w.critic else 1) + path.call_s * (2 if w.critic else 1)
+        if w.ref_in_update:
+            work += train_s(dev, profile, w, units, p.main, forward_only=True)
+        return work
+    cost = max(one(idx) for idx in _shares(c, p.main)) + profile.dock_get(len(c) * w.n / p.main)
+    return cost + (profile.overhead.chunk_s if stage.per == "chunk" else 0.0)
 
 
-def _pipeline(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
-    """The dataflow (sync-split, periodic) and the off-policy pipeline on two pools; see the module
-    docstring for the rules each mode follows."""
-    k = p.k if p.mode == "offpolicy" else 0
-    relay = relay_s(profile, w)
+def _run(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
+    """The steps of ``p`` scheduled on the pipeline's stage graph (:func:`step_graph`).
+
+    Per batch: the rollout ranks generate (continuous batching; a group is ready when its last response is
+    written to the dock, or, in a sequential step, when generation ends); then every later stage takes each
+    chunk of groups (``per='chunk'``: ``stream_groups`` groups; ``'batch'``: all of them) once the stages it
+    ``reads`` are done with those groups and, when ``after_generation``, generation has ended. Stages compete
+    for resources: the trainer's pool runs one call at a time (earliest ready first), reward calls take
+    ``reward.concurrency`` slots on the driver, the advantages cost nothing. The update ends with the optimizer
+    step; then the weights are relayed (on-policy; shared in place when colocated) and the next batch starts, or,
+    with ``ahead`` k, the next batch starts once this one is generated and update ``t-1-k`` is done."""
+    graph = step_graph(w, p)
+    deps = {st.name: [d for d in graph if st.name in d.reads] for st in graph}
+    colocated, k = p.mode == "sync-colocated", (p.k if p.mode == "offpolicy" else 0)
+    relay = 0.0 if colocated else relay_s(profile, w)
+    path = _path(profile, p)
     gen_end: list[float] = []
     upd_end: list[float] = []
     gen_busy = trn_busy = 0.0
@@ -417,62 +418,91 @@ def _pipeline(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
     trn_iv: list[tuple[float, float]] = []
     phases = {"generate": 0.0, "reward": 0.0, "update": 0.0}
     kv_peak, train_free = 0.0, 0.0
-    over = profile.overhead
-    path = _path(profile, p)
-    step_cost = path.step_s
     for t, (groups, lat) in enumerate(batches):
-        if k == 0:
+        if colocated:
+            start = upd_end[-1] if upd_end else 0.0
+        elif k == 0:
             start = upd_end[-1] + relay if upd_end else 0.0
         else:
             start = max(gen_end[-1] if gen_end else 0.0, upd_end[t - 1 - k] if t - 1 - k >= 0 else 0.0) + relay
-        weights = upd_end if p.partial else None
-        finish = [0.0] * len(groups)
-        ends = []
-        for idx in _split(groups, p.gen):
+        finish, ends = [0.0] * len(groups), []
+        for idx in _split(groups, p.main if colocated else p.gen):
             end, done, peak = generate_rank(dev, scale, w.prompt_tokens, [groups[i] for i in idx], w.max_batch,
-                                            start + path.generate_call_s, weights)
+                                            start + path.generate_call_s, upd_end if p.partial else None)
             for i, d in zip(idx, done):
-                finish[i] = d + profile.dock_put(w.n)
+                finish[i] = d
             ends.append(end)
             kv_peak = max(kv_peak, peak)
-        gen_end.append(max(ends))
-        chunks = [list(range(i, min(len(groups), i + w.stream_groups))) for i in range(0, len(groups), w.stream_groups)]
-        arrive = [max(finish[i] for i in c) for c in chunks]
-        scored = reward_times(arrive, [[x for i in c for x in lat[i]] for c in chunks], profile,
-                              profile.reward.concurrency, over.per_group_s)
-        shards = _split(groups, p.main)
-        if p.mode == "sync-split":
-            begin = max(train_free, max(scored))
-            work = max(_trainer_s(dev, profile, w, _units(w, [groups[i] for i in idx]), p.main, path.call_s)
-                       for idx in shards)
-            work += profile.dock_get(w.rows / p.main)
-            end = begin + work
-            ivs = [(begin, end)]
-        else:  # stream the chunks in the order they are scored
-            end = max(train_free, 0.0 if k else start)
-            work, ivs = 0.0, []
-            for c, ready in sorted(zip(chunks, scored), key=lambda x: x[1]):
-                one = max(_trainer_s(dev, profile, w, _units(w, [groups[i] for i in c if i in set(idx)]), p.main,
-                                     path.call_s) for idx in shards if set(idx) & set(c))
-                one += profile.dock_get(len(c) * w.n / p.main) + over.chunk_s
-                ivs.append((max(end, ready), max(end, ready) + one))
-                end = max(end, ready) + one
-                work += one
+        g_end = max(ends)
+        gen_end.append(g_end)
+        if graph[0].per == "batch":  # a sequential step: the rollout writes every group once generation ends
+            finish = [g_end + profile.dock_put(w.rows)] * len(groups)
+        else:
+            finish = [d + profile.dock_put(w.n) for d in finish]
+        # tasks: (stage index, chunk); a task is ready once every (read stage, group) of its chunk is done
+        every = list(range(len(groups)))
+        chunked = [every[i:i + w.stream_groups] for i in range(0, len(groups), w.stream_groups)]
+        chunks = {st.name: (chunked if st.per == "chunk" else [every]) for st in graph}
+        task_of = {st.name: {g: ci for ci, c in enumerate(chunks[st.name]) for g in c} for st in graph}
+        waiting = {(si, ci): len(st.reads) * len(c) for si, st in enumerate(graph) if si
+                   for ci, c in enumerate(chunks[st.name])}
+        avail = {key: g_end if graph[key[0]].after_generation else start for key in waiting}
+        done_at: dict[str, dict[int, float]] = {"sample": dict(enumerate(finish))}
+        heap: list[tuple[float, int, int]] = []
+
+        def resolve(name: str, gs: list[int], at: float) -> None:
+            for d in deps[name]:
+                di = graph.index(d)
+                for g in gs:
+                    key = (di, task_of[d.name][g])
+                    avail[key] = max(avail[key], at)
+                    waiting[key] -= 1
+                    if waiting[key] == 0:
+                        heapq.heappush(heap, (avail[key], di, key[1]))
+
+        for g, at in enumerate(finish):
+            resolve("sample", [g], at)
+        slots = [0.0] * profile.reward.concurrency
+        work = 0.0
+        ivs: list[tuple[float, float]] = []
+        end_train = max(train_free, 0.0 if k else start)
+        while heap:
+            ready, si, ci = heapq.heappop(heap)
+            st, c = graph[si], chunks[graph[si].name][ci]
+            if st.name == "score":
+                s_i = min(range(len(slots)), key=lambda j: slots[j])
+                begin = max(ready, slots[s_i])
+                rows = [x for i in c for x in lat[i]]
+                end = slots[s_i] = (begin + profile.reward.call_s + profile.reward.row_s * len(rows)
+                                    + max(rows, default=0.0) + profile.overhead.per_group_s)
+                phases["reward"] += (end - ready) if t >= warmup else 0.0
+            elif st.role == "scorer":  # the advantages (and a baseline) on the driver: no device time
+                end = ready
+            else:
+                begin = max(ready, end_train)
+                cost = _trainer_task(dev, profile, w, p, st, groups, c)
+                end = end_train = begin + cost
+                work += cost
+                ivs.append((begin, end))
+            for g in c:
+                done_at.setdefault(st.name, {})[g] = end
+            resolve(st.name, c, end)
         opt = _optimizers_s(dev, profile, w, p.main) + (relay if k else 0.0)  # off-policy: stage to host buffers
-        train_free = end + opt + step_cost
+        train_free = end_train + opt + path.step_s
         upd_end.append(train_free)
         if t >= warmup:
-            gen_iv.append((start, gen_end[-1]))
+            gen_iv.append((start, g_end))
             trn_iv += ivs
-            gen_busy += gen_end[-1] - start
+            gen_busy += g_end - start
             trn_busy += work + opt
-            phases["generate"] += gen_end[-1] - start
-            phases["reward"] += sum(s - a for s, a in zip(scored, arrive))
+            phases["generate"] += g_end - start
             phases["update"] += work + opt
     span = upd_end[-1] - upd_end[warmup - 1] if warmup else upd_end[-1]
     n = len(batches) - warmup
-    step = span / n
     both = sum(max(0.0, min(a1, b1) - max(a0, b0)) for a0, a1 in gen_iv for b0, b1 in trn_iv)
     overlap = (min(1.0, both / gen_busy) if gen_busy else 0.0, min(1.0, both / trn_busy) if trn_busy else 0.0)
-    busy = {"main": min(1.0, trn_busy / span), "gen": min(1.0, gen_busy / span)}  # spans end at updates
-    return step, busy, {k_: v / n for k_, v in phases.items()}, kv_peak, overlap
+    if colocated:
+        busy = {"main": min(1.0, (gen_busy + trn_busy) / span)}
+    else:
+        busy = {"main": min(1.0, trn_busy / span), "gen": min(1.0, gen_busy / span)}  # spans end at updates
+    return span / n, busy, {k_: v / n for k_, v in phases.items()}, kv_peak, overlap

@@ -142,10 +142,22 @@ class Workload(_Model):
     stream_groups: int = Field(1, ge=1, description="trainer.stream_groups: groups per streamed chunk")
     dp_sync: Literal["pass", "step"] = Field("pass", description="engine.dp_sync: FSDP2 gathers the weights and "
                                              "reduces the gradients once per optimizer step, or in every pass")
-    passes: int = Field(0, ge=0, description="forward-only passes of the batch per step besides the update, on the "
-                        "trainer's pool: the reference's (KL), a teacher's (distillation), pi_old's (recomputed), "
-                        "the critic's values (from the step plan's roles)")
+    forward: tuple[Literal["reference", "teacher", "old", "values"], ...] = Field(
+        (), description="the forward-only stages of the step plan's stage graph besides the update, on the "
+        "trainer's pool: the reference's log-probs (KL), a teacher's (distillation), pi_old's (recomputed), the "
+        "critic's values")
+    ref_in_update: bool = Field(False, description="tri-model: the actor runs the reference's forward pass inside "
+                                "the update (no reference stage)")
     critic: bool = Field(False, description="a critic is trained each step (GAE), costed like the actor's update")
+    kl_in_reward: bool = Field(False, description="the KL is a reward penalty: the advantages wait for the "
+                               "reference's log-probs")
+    group_relative: bool = Field(True, description="the advantages of a group need only its own rewards (GRPO, "
+                                 "RLOO, ...): they stream per chunk; False: whitened over the whole batch")
+    accumulate: bool = Field(True, description="in an overlapped mode (periodic, off-policy) the update "
+                             "accumulates per chunk: the step plan's update='accumulate' (no critic, group-relative "
+                             "advantages, one optimizer step per batch)")
+    group_filter: bool = Field(False, description="DAPO's dynamic sampling: the forward passes wait for a group's "
+                               "rewards (resampling rounds are not simulated)")
     checkpointing: bool = Field(False, description="engine.gradient_checkpointing: a layer's activations are "
                                 "recomputed in the backward pass; only each layer's input is kept")
     offload: bool = Field(False, description="trainer.offload: colocated, each role's idle state leaves the "

@@ -36,26 +36,18 @@ class Consume:
         self.p = parts
 
     def stages(self) -> dict:
-        """The consuming stages, in the order a sequential step runs them."""
-        p = self.p
-        stages = {}
-        if p.reference is not None:
-            stages["reference"] = self.reference
-        if p.teacher is not None:
-            stages["teacher"] = self.teacher
-        if p.plan.recompute_old:
-            stages["old"] = self.old_logprobs
-        if p.critic is not None:
-            stages["values"] = self.values
-        return {**stages, "advantages": self.advantages, "update": self.update}
+        """The consuming stages of the plan's stage graph, in the order a sequential step runs them."""
+        run = {"reference": self.reference, "teacher": self.teacher, "old": self.old_logprobs, "values": self.values,
+               "advantages": self.advantages, "update": self.update}
+        return {s.name: run[s.name] for s in self.p.plan.stages if not s.producing}
 
     # ---------------------------------------------------------- forward passes
     def _pass(self, f: Flow, stage: str, group: WorkerGroup, span: str, column: str, **kwargs) -> None:
         """Each ready batch of groups -> ``forward_into`` on every rank -> the receipts published."""
         p = self.p
         cols = ["prompt_ids", "response_ids", "group"] + (["rewards"] if p.plan.group_filter else [])
-        gate = self._gate(group, f)
-        rows = None if gate is not None else p.sampling.n * p.cfg.trainer.stream_groups
+        gate = self._gate(stage, f)
+        rows = self._rows(stage)
         for b in f.leases(stage, cols, batch_rows=rows, after=gate):
             with p.phases.phase(span, group, f.step):
                 for r in group.split("forward_into", self._items(f, b.indexes, cols, group.world_size), column,
@@ -73,7 +65,7 @@ class Consume:
         """A frozen model's log-probs (reference, teacher); with trainer.offload it is on the device for its
         turn only."""
         p = self.p
-        gate = self._gate(group, f)
+        gate = self._gate(stage, f)
         while gate is not None and not gate.wait(0.2):
             if f.stop.is_set():
                 return
@@ -97,8 +89,7 @@ class Consume:
             + (["gen_logprobs", "teacher_logprobs"] if p.teacher is not None else []) \
             + (["loss_mask"] if p.episodes is not None else [])
         cols = list(dict.fromkeys(cols))  # (gen_logprobs for both the KL in the reward and the teacher)
-        rows = self._chunk() if est.group_relative else None
-        for b in f.leases("advantages", cols, batch_rows=rows):
+        for b in f.leases("advantages", cols, batch_rows=self._rows("advantages")):
             with p.session.span("advantage", "driver", f.step):
                 receipt, kl = p.score("advantages_into", p.dock.reader(f.part, b.indexes, cols),
                                       p.dock.slots(f.part, b.indexes), f.state.kl_coef)
@@ -125,7 +116,7 @@ class Consume:
         cols = list(dict.fromkeys(["prompt_ids", "response_ids", "group", "truncated", *fields, *critic_fields]))
         loss_kw = dict(drop_truncated=a.overlong_filter, temperature=p.temperature,
                        with_entropy="grad" if a.entropy_coef > 0 else True)
-        gate = self._gate(p.actor, f)
+        gate = self._gate("update", f)
         st = f.state
         if p.plan.update == "batch":
             for b in f.leases("update", cols, batch_rows=None, after=gate):
@@ -195,18 +186,15 @@ class Consume:
         return False
 
     # ----------------------------------------------------------------- helpers
-    def _chunk(self) -> int | None:
-        """Rows per call of a stage that may stream per group: ``trainer.stream_groups`` groups when anything
-        downstream overlaps generation; None (the whole batch in one call) when every consumer waits for
-        generation to end anyway (one pool, the whole-batch update)."""
+    def _rows(self, stage: str) -> int | None:
+        """Rows per call of ``stage``: ``trainer.stream_groups`` groups when the stage graph streams it per
+        chunk, None (the whole batch in one call) when it waits for the batch."""
         p = self.p
-        waits = p.plan.update == "batch" and all(
-            self.p.same_pool_as_rollout(g) for g in (p.actor, p.reference, p.critic, p.teacher) if g is not None)
-        return None if waits else p.sampling.n * p.cfg.trainer.stream_groups
+        return p.sampling.n * p.cfg.trainer.stream_groups if p.plan.stage(stage).per == "chunk" else None
 
-    def _gate(self, group: WorkerGroup, f: Flow):
-        """Stages on the rollout's pool wait for generation to end (the devices are time-shared)."""
-        return f.generated if self.p.same_pool_as_rollout(group) else None
+    def _gate(self, stage: str, f: Flow):
+        """A stage on the rollout's pool waits for generation to end (the devices are time-shared)."""
+        return f.generated if self.p.plan.stage(stage).after_generation else None
 
     def _shares(self, indexes: list[int], ranks: int) -> list[tuple[list[int], None]]:
         """Each rank's rows: whole groups of ``indexes``, dealt out in turn."""

@@ -92,10 +92,6 @@ class StepParts:
     between_polls: Callable[[], None] | None = None
     """Called between two polls of the rollout ranks (off-policy partial rollout hands over new weights)."""
 
-    def same_pool_as_rollout(self, group: WorkerGroup) -> bool:
-        """A group sharing the rollout's pool time-shares its devices: its stages wait for generation."""
-        return group.pool is self.rollout.pool
-
 
 def build_parts(cfg: Config, plan: StepPlan, session, dock: Dock, groups: dict[str, WorkerGroup],
                 score: Callable[..., Any], phases: Phases, between_polls: Callable[[], None]) -> StepParts:

@@ -28,8 +28,9 @@ class Produce:
         self.p, self.partial = parts, partial
 
     def stages(self) -> dict:
-        p = self.p
-        return {"sample": self.sample, "score": self.score, **({"baseline": self.baseline} if p.plan.baseline else {})}
+        """The producing stages of the plan's stage graph."""
+        run = {"sample": self.sample, "score": self.score, "baseline": self.baseline}
+        return {s.name: run[s.name] for s in self.p.plan.stages if s.producing}
 
     # ------------------------------------------------------------------ sample
     def sample(self, f: Flow) -> None:

@@ -168,14 +168,52 @@ def test_every_candidate_runs_as_the_placement_it_was_simulated_as():
         assert placement_of(cfg) == p, p.overrides()
 
 
-@pytest.mark.parametrize("overrides,passes,critic", [
-    ([], 0, False),
-    (["algorithm.kl_coef=0.01"], 1, False),
-    (["algorithm.kl_coef=0.01", "trainer.tri_model=true"], 1, False),
-    (["algorithm.advantage=gae"], 1, True),
-    (["trainer.epochs=2"], 1, False),
+@pytest.mark.parametrize("overrides,forward,ref_in_update,critic", [
+    ([], (), False, False),
+    (["algorithm.kl_coef=0.01"], ("reference",), False, False),
+    (["algorithm.kl_coef=0.01", "trainer.tri_model=true"], (), True, False),
+    (["algorithm.advantage=gae"], ("values",), False, True),
+    (["trainer.epochs=2"], ("old",), False, False),
 ])
-def test_the_workloads_passes_come_from_the_step_plan(overrides, passes, critic):
+def test_the_workloads_passes_come_from_the_step_plan(overrides, forward, ref_in_update, critic):
     from relayrl.planner.from_config import plan_passes
 
-    assert plan_passes(load_run_config(GRPO, overrides)) == {"passes": passes, "critic": critic}
+    got = plan_passes(load_run_config(GRPO, overrides))
+    assert (got["forward"], got["ref_in_update"], got["critic"]) == (forward, ref_in_update, critic)
+    assert got["accumulate"] == (not critic and "trainer.epochs=2" not in overrides)
+
+
+@pytest.mark.parametrize("extra", [[], ["algorithm.kl_coef=0.01"], ["algorithm.kl_coef=0.01", "algorithm.kl_in_reward=true",
+                                                                  "algorithm.advantage=reinforce++"],
+                                   ["algorithm.advantage=gae"], ["trainer.epochs=2"], ["algorithm.dynamic_sampling=true"]])
+def test_the_simulator_schedules_the_pipelines_own_stage_graph(extra):
+    """For every search candidate, the stage graph the simulator schedules (built from the workload and the
+    placement) is the one the pipeline runs by (the step plan of the candidate's overrides): the same stages,
+    reads, pools, chunking and gates. A change to the pipeline's graph changes the prediction, or fails here."""
+    from relayrl.planner.from_config import workload_from_config
+    from relayrl.planner.search import candidates
+    from relayrl.planner.simulate import step_graph
+    from relayrl.config.plan import step_plan
+
+    w = workload_from_config(load_run_config(GRPO, extra), lengths="max")
+    for p in candidates(4, cpu=True):
+        cfg = load_run_config(GRPO, [*extra, *p.overrides(), "cluster.oversubscribe=true"])
+        plan = step_plan(cfg)
+        want = tuple(st for st in plan.stages if st.name != "baseline")
+        assert step_graph(w, p) == want, p.overrides()
+
+
+def test_the_pipeline_runs_the_stages_of_its_graph():
+    """The pipeline's stage threads are the graph's, producing and consuming, in its order."""
+    from relayrl.config.plan import step_plan
+    from relayrl.workflows.consume import Consume
+    from relayrl.workflows.produce import Produce
+
+    class Parts:
+        def __init__(self, plan):
+            self.plan = plan
+
+    for extra in ([], ["algorithm.kl_coef=0.01", "trainer.epochs=2"], ["algorithm.advantage=gae", *SPLIT]):
+        plan = step_plan(load_run_config(GRPO, extra))
+        names = [*Produce(Parts(plan)).stages(), *Consume(Parts(plan)).stages()]
+        assert names == [st.name for st in plan.stages]
