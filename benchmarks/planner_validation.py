@@ -118,7 +118,7 @@ def measure(name: str, wl: dict, a: argparse.Namespace, tmp: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--steps", type=int, default=16)
     p.add_argument("--warmup", type=int, default=3, help="steps left out of the measured mean")
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--n", type=int, default=8)

@@ -274,10 +274,10 @@ def _reward(fn_path: str, reps: int) -> RewardCost:
     return RewardCost(fn=fn_path, call_s=call, row_s=row)
 
 
-HARNESS = ["trainer.steps=12", "eval.every=0", "eval.size=10", "run.save_every=0", "rollout.max_new_tokens=16",
+HARNESS = ["trainer.steps=16", "eval.every=0", "eval.size=10", "run.save_every=0", "rollout.max_new_tokens=16",
            "data.prompts_per_step=4", "rollout.n=8", "telemetry.sinks=[jsonl]", "model.device=cpu", "run.seed=0"]
 """The calibration workload of the driver paths: the recipe's tiny default model, untrained (its responses
-mostly run to the 16-token limit), 4 prompts x 8 responses, the task's verifier, steps 3-12 averaged."""
+mostly run to the 16-token limit), 4 prompts x 8 responses, the task's verifier, steps 3-16 averaged."""
 SHORT = ["rollout.max_new_tokens=4", "data.prompts_per_step=8"]
 """The second calibration workload, on top of :data:`HARNESS`: twice the prompts and a quarter of the tokens,
 so that a path's fixed cost per call and its factor on the engines' costs can be told apart."""
@@ -393,7 +393,7 @@ def _overhead(profile: Profile, log: Callable[[str], None]) -> Overhead:
     return Overhead(**paths, chunk_s=chunk_s)
 
 
-def calibrate(model_dir: str | None = None, *, reward_fn: str = "task", reps: int = 2, prompt_len: int = 12,
+def calibrate(model_dir: str | None = None, *, reward_fn: str = "task", reps: int = 3, prompt_len: int = 12,
               overhead: bool = True, log: Callable[[str], None] = print) -> Profile:
     """Measure a profile of this machine (see the module docstring); ``model_dir`` is the model the costs
     are measured with (default: the tiny model)."""

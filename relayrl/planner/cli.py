@@ -35,7 +35,8 @@ def add_parser(sub, common) -> None:
     p.add_argument("--reward-fn", default="task", help="--profile: reward function to time (module:function)")
     p.add_argument("--no-overhead", action="store_true", help="--profile: skip the short runs of each driver "
                    "path that measure what the path adds (faster; predictions then leave it out)")
-    p.add_argument("--devices", type=int_at_least(1), help="devices to plan for (GPUs, or on a CPU profile shares of the cores)")
+    p.add_argument("--devices", type=int_at_least(1), help="devices to plan for (GPUs, or on a CPU profile shares of the cores); --from-run: "
+                   "default the run's, on a CPU profile at least the profile's cores")
     p.add_argument("--hardware", default=None, help=f"profile file to plan with (default: {DEFAULT_PROFILE}; a "
                    f"name in relayrl/planner/profiles, e.g. h100_7b)")
     p.add_argument("--model-config", help="a Hugging Face config.json for the model's shape, when the recipe's "

@@ -242,7 +242,8 @@ def plan_from_run(run_dir: str | Path, profile: Profile, *, devices: int | None 
     fitted, factors, before = fit_profile(profile, w_now, placement, measured)
     own = simulate(fitted, w_now, placement, steps=8, warmup=2)
     w_plan = w.model_copy(update={"lengths": dist})
-    n_dev = devices or placement.devices
+    # on a CPU a device is a share of the cores, and a run on fewer ranks than cores used them all (threads)
+    n_dev = devices or max(placement.devices, fitted.cores)
     preds = rank(fitted, w_plan, candidates(n_dev, offpolicy=offpolicy, cpu=fitted.cores > 0))
     err = own.step_s / measured["step"] - 1.0
     lines = [

@@ -103,7 +103,10 @@ def test_from_run_reports_and_plans_with_the_lengths_ahead(tmp_path, capsys):
     rows = [line for line in out.splitlines() if line.strip()[:1].isdigit()]
     assert len(rows) >= 8 and "best: cluster.devices=" in out
     assert cli.main(["plan", "--from-run", str(run), "--hardware", str(prof), "--lengths-at", "now"]) == 0
-    assert "(the last steps')" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "(the last steps')" in out
+    # without --devices: the run's one rank used both of the CPU profile's cores, so it plans for both
+    assert "this run (main=1, sync-colocated)" in out and "PREDICTED for 2 device(s)" in out
 
 
 def test_from_run_errors_name_what_is_missing(tmp_path, capsys):
