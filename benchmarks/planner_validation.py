@@ -3,7 +3,9 @@
 In one run: calibrate a profile (``relayrl.planner.calibrate``, with the long-tail model and a reward
 function that spawns the verifier's subprocess without its wait), measure each workload's response lengths
 by sampling its model, predict the step time of each configuration with the simulator, then run each
-configuration for ``--steps`` steps with ``relayrl train`` and compare the mean step time after ``--warmup``.
+configuration for ``--steps`` steps with ``relayrl train``, ``--passes`` times (every configuration in order,
+then in reverse order: the machine's speed drifts over minutes), and compare the mean step time after
+``--warmup`` over the passes.
 
 Workloads (the models of ``benchmarks/async_flow.py``, built once and cached):
 
@@ -118,7 +120,9 @@ def measure(name: str, wl: dict, a: argparse.Namespace, tmp: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--passes", type=int, default=2, help="measure every configuration this many times, alternating "
+                   "the order (forward, reverse, ...); the mean is compared")
     p.add_argument("--warmup", type=int, default=3, help="steps left out of the measured mean")
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--n", type=int, default=8)
@@ -159,7 +163,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def one_run(a: argparse.Namespace, profile_out: str | None) -> dict:
-    """Calibrate (or load the profile), predict and measure every configuration once; print the table."""
+    """Calibrate (or load the profile), predict every configuration and measure it ``--passes`` times; print
+    the table."""
     from relayrl.config.loader import load_config
     from relayrl.config.schema import Config
     from relayrl.planner.calibrate import _reward, calibrate
@@ -178,18 +183,15 @@ def one_run(a: argparse.Namespace, profile_out: str | None) -> dict:
         prof = calibrate(str(wls["longtail"]["model"]), reward_fn="planner_validation:spawn_verifier")
     if profile_out:
         save_profile(prof, profile_out)
-
-
-    results = []
+    results, plans = [], {}
     with tempfile.TemporaryDirectory(prefix="planner_validation-") as tmp:
         for wname in a.workloads.split(","):
             wl = {**wls[wname], "name": wname}
             cfg = load_config(Config, REPO / "recipes" / "arith_grpo.yaml", common(a, wl["model"], Path(tmp) / "x")
                               + wl["over"])
-            torch_threads = cores()
             import torch
 
-            torch.set_num_threads(torch_threads)
+            torch.set_num_threads(cores())
             w = workload_from_config(cfg, lengths="measure", reward_latency=wl["latency"], measure_prompts=64)
             wprof = prof.model_copy(update={"reward": _reward(wl["reward"], 3)})
             lengths = w.lengths.samples
@@ -197,18 +199,30 @@ def one_run(a: argparse.Namespace, profile_out: str | None) -> dict:
                   f"lengths mean {statistics.mean(lengths):.1f} max {max(lengths)} "
                   f"(p90 {sorted(lengths)[int(0.9 * len(lengths))]})", flush=True)
             for name in names:
-                pred = simulate(wprof, w, placement_of(name), steps=a.sim_steps, warmup=a.warmup)
-                meas = measure(name, wl, a, Path(tmp))
-                err = abs(pred.step_s - meas["step_s"]) / meas["step_s"]
-                results.append({"workload": wname, "config": name, "pred": pred.step_s, "meas": meas["step_s"],
-                                "err": err, "pred_tpspd": pred.tpspd,
-                                "meas_tpspd": meas["tokens"] / (meas["step_s"] * cores()),
-                                "pred_tokens": pred.tokens, "meas_tokens": meas["tokens"]})
-                phases = " ".join(f"{k} {pred.phases[k]:.2f}/{meas[k]:.2f}" for k in ("generate", "reward", "update"))
-                print(f"planner_validation: {wname:<9}{name:<9} predicted {pred.step_s:7.3f} s  measured "
-                      f"{meas['step_s']:7.3f} s  error {100 * err:5.1f}%  (tokens/step predicted "
-                      f"{pred.tokens:.0f}, measured {meas['tokens']:.0f}; s per step predicted/measured: {phases})",
-                      flush=True)
+                plans[wname, name] = (wl, simulate(wprof, w, placement_of(name), steps=a.sim_steps, warmup=a.warmup))
+        # every configuration once in order, then again in reverse order (the machine's speed drifts over
+        # minutes; the mean of the passes is what is compared)
+        order = list(plans)
+        passes: dict[tuple[str, str], list[dict]] = {key: [] for key in order}
+        for i in range(a.passes):
+            for key in (order if i % 2 == 0 else order[::-1]):
+                passes[key].append(measure(key[1], plans[key][0], a, Path(tmp)))
+                print(f"planner_validation: pass {i + 1}: {key[0]:<9}{key[1]:<9} measured "
+                      f"{passes[key][-1]['step_s']:7.3f} s", flush=True)
+        for (wname, name), (wl, pred) in plans.items():
+            runs = passes[wname, name]
+            meas = {k: statistics.mean(r[k] for r in runs) for k in runs[0]}
+            err = abs(pred.step_s - meas["step_s"]) / meas["step_s"]
+            results.append({"workload": wname, "config": name, "pred": pred.step_s, "meas": meas["step_s"],
+                            "err": err, "pred_tpspd": pred.tpspd,
+                            "meas_tpspd": meas["tokens"] / (meas["step_s"] * cores()),
+                            "pred_tokens": pred.tokens, "meas_tokens": meas["tokens"]})
+            phases = " ".join(f"{k} {pred.phases[k]:.2f}/{meas[k]:.2f}" for k in ("generate", "reward", "update"))
+            each = "/".join(f"{r['step_s']:.3f}" for r in runs)
+            print(f"planner_validation: {wname:<9}{name:<9} predicted {pred.step_s:7.3f} s  measured "
+                  f"{meas['step_s']:7.3f} s ({each})  error {100 * err:5.1f}%  (tokens/step predicted "
+                  f"{pred.tokens:.0f}, measured {meas['tokens']:.0f}; s per step predicted/measured: {phases})",
+                  flush=True)
     print(f"\n{'workload':<10}{'config':<10}{'pred s':>8}{'meas s':>8}{'err %':>7}{'pred TPSPD':>12}{'meas TPSPD':>12}")
     for r in results:
         print(f"{r['workload']:<10}{r['config']:<10}{r['pred']:>8.3f}{r['meas']:>8.3f}{100 * r['err']:>7.1f}"
