@@ -342,7 +342,7 @@ def _overhead(profile: Profile, log: Callable[[str], None]) -> Overhead:
     calls`` over the two runs (relative least squares, non-negative); what the step has beyond the fitted
     phases is the path's per-step cost. A periodic run gives the streamed update's extra cost per chunk
     (``chunk_s``) beyond the dataflow's fit; the concurrent factors (an off-policy run, both pools busy at
-    once) come from one run, its fixed costs taken as the dataflow's."""
+    once) are the mean over its two runs, its fixed costs taken as the dataflow's."""
     from relayrl.config.loader import load_config
     from relayrl.config.schema import Config
     from relayrl.planner.from_config import workload_from_config
@@ -359,7 +359,7 @@ def _overhead(profile: Profile, log: Callable[[str], None]) -> Overhead:
         for name, (placement, extra) in _path_runs().items():
             runs = []
             for label, (w, over) in shapes.items():
-                if name in ("periodic", "concurrent") and label == "short":
+                if name == "periodic" and label == "short":
                     continue
                 log(f"relayrl plan: a short run of the {name} path, {label} responses ({' '.join(extra)}) ...")
                 terms = _terms(profile, w, placement, "dataflow" if name in ("periodic", "concurrent") else name)
@@ -374,15 +374,18 @@ def _overhead(profile: Profile, log: Callable[[str], None]) -> Overhead:
                 chunks = w.prompts / w.stream_groups
                 chunk_s = max(0.0, (meas["update"] - pred) / chunks)
                 continue
-            if name == "concurrent":  # extrapolate to both pools busy all the time from this run's overlap
+            if name == "concurrent":  # extrapolate to both pools busy all the time from each run's overlap
                 flow = paths["dataflow"]
-                (w, terms, meas), = runs
-                meas = {**meas, "update": meas["update"] - chunk_s * w.prompts / w.stream_groups}
-                fg, ft = _overlap(profile.model_copy(update={"overhead": Overhead(dataflow=flow)}), w, placement)
-                gen = max(1e-3, meas["generate"] - flow.generate_call_s * terms["generate"][1]) / terms["generate"][0]
-                train = max(1e-3, meas["update"] - flow.call_s * terms["update"][1]) / terms["update"][0]
-                paths[name] = flow.model_copy(update={"generate": flow.generate + (gen - flow.generate) / max(fg, 0.25),
-                                                      "train": flow.train + (train - flow.train) / max(ft, 0.25)})
+                factors = []
+                for w, terms, meas in runs:
+                    fg, ft = _overlap(profile.model_copy(update={"overhead": Overhead(dataflow=flow)}), w, placement)
+                    update = meas["update"] - chunk_s * w.prompts / w.stream_groups
+                    gen = max(1e-3, meas["generate"] - flow.generate_call_s * terms["generate"][1]) / terms["generate"][0]
+                    train = max(1e-3, update - flow.call_s * terms["update"][1]) / terms["update"][0]
+                    factors.append((flow.generate + (gen - flow.generate) / max(fg, 0.25),
+                                    flow.train + (train - flow.train) / max(ft, 0.25)))
+                paths[name] = flow.model_copy(update={"generate": statistics.mean(f[0] for f in factors),
+                                                      "train": statistics.mean(f[1] for f in factors)})
                 continue
             gen, gen_call = _fit([list(t["generate"]) for _, t, _ in runs], [m["generate"] for _, _, m in runs])
             train, call = _fit([list(t["update"]) for _, t, _ in runs], [m["update"] for _, _, m in runs])
