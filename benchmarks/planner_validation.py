@@ -230,9 +230,11 @@ def one_run(a: argparse.Namespace, profile_out: str | None) -> dict:
     same = []
     for wname in dict.fromkeys(r["workload"] for r in results):
         rs = [r for r in results if r["workload"] == wname]
-        bp = max(rs, key=lambda r: r["pred_tpspd"])["config"]
-        bm = max(rs, key=lambda r: r["meas_tpspd"])["config"]
-        print(f"{wname}: best predicted {bp}, best measured {bm}")
+        bp = max(rs, key=lambda r: r["pred_tpspd"])
+        bm = max(rs, key=lambda r: r["meas_tpspd"])
+        gap = "" if bp is bm else f" (the predicted best measured {100 * (1 - bp['meas_tpspd'] / bm['meas_tpspd']):.1f}% slower)"
+        bp, bm = bp["config"], bm["config"]
+        print(f"{wname}: best predicted {bp}, best measured {bm}{gap}")
         same.append(bp == bm)
     errs = [r["err"] for r in results]
     print(f"(total {time.perf_counter() - t0:.0f} s; {cores()} cores; TPSPD: tokens trained per second per core)")
