@@ -447,7 +447,6 @@ def _run(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
         waiting = {(si, ci): len(st.reads) * len(c) for si, st in enumerate(graph) if si
                    for ci, c in enumerate(chunks[st.name])}
         avail = {key: g_end if graph[key[0]].after_generation else start for key in waiting}
-        done_at: dict[str, dict[int, float]] = {"sample": dict(enumerate(finish))}
         heap: list[tuple[float, int, int]] = []
 
         def resolve(name: str, gs: list[int], at: float) -> None:
@@ -484,8 +483,6 @@ def _run(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
                 end = end_train = begin + cost
                 work += cost
                 ivs.append((begin, end))
-            for g in c:
-                done_at.setdefault(st.name, {})[g] = end
             resolve(st.name, c, end)
         opt = _optimizers_s(dev, profile, w, p.main) + (relay if k else 0.0)  # off-policy: stage to host buffers
         train_free = end_train + opt + path.step_s
