@@ -407,7 +407,7 @@ def _run(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
     step; then the weights are relayed (on-policy; shared in place when colocated) and the next batch starts, or,
     with ``ahead`` k, the next batch starts once this one is generated and update ``t-1-k`` is done."""
     graph = step_graph(w, p)
-    deps = {st.name: [d for d in graph if st.name in d.reads] for st in graph}
+    deps = {st.name: [(di, d) for di, d in enumerate(graph) if st.name in d.reads] for st in graph}
     colocated, k = p.mode == "sync-colocated", (p.k if p.mode == "offpolicy" else 0)
     relay = 0.0 if colocated else relay_s(profile, w)
     path = _path(profile, p)
@@ -450,8 +450,7 @@ def _run(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
         heap: list[tuple[float, int, int]] = []
 
         def resolve(name: str, gs: list[int], at: float) -> None:
-            for d in deps[name]:
-                di = graph.index(d)
+            for di, d in deps[name]:
                 for g in gs:
                     key = (di, task_of[d.name][g])
                     avail[key] = max(avail[key], at)
