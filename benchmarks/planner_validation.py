@@ -5,7 +5,9 @@ function that spawns the verifier's subprocess without its wait), measure each w
 by sampling its model, predict the step time of each configuration with the simulator, then run each
 configuration for ``--steps`` steps with ``relayrl train``, ``--passes`` times (every configuration in order,
 then in reverse order: the machine's speed drifts over minutes), and compare the mean step time after
-``--warmup`` over the passes.
+``--warmup`` over the passes. When a workload's two fastest configurations are too close for the passes to tell
+apart, both are measured ``--decide`` more times, alternating, before the fastest is named (the rule looks at
+the measurements only, not at the predictions).
 
 Workloads (the models of ``benchmarks/async_flow.py``, built once and cached):
 
@@ -123,6 +125,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--passes", type=int, default=2, help="measure every configuration this many times, alternating "
                    "the order (forward, reverse, ...); the mean is compared")
+    p.add_argument("--decide", type=int, default=2, help="when a workload's two fastest measured configurations "
+                   "overlap (each one's passes reach the other's mean), measure both this many more times, "
+                   "alternating, before naming the fastest (0: never)")
     p.add_argument("--warmup", type=int, default=3, help="steps left out of the measured mean")
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--n", type=int, default=8)
@@ -209,6 +214,17 @@ def one_run(a: argparse.Namespace, profile_out: str | None) -> dict:
                 passes[key].append(measure(key[1], plans[key][0], a, Path(tmp)))
                 print(f"planner_validation: pass {i + 1}: {key[0]:<9}{key[1]:<9} measured "
                       f"{passes[key][-1]['step_s']:7.3f} s", flush=True)
+        for wname in dict.fromkeys(w for w, _ in order):
+            pair = near_tie(wname, passes) if a.decide else None
+            if pair is None:
+                continue
+            print(f"planner_validation: {wname}: {pair[0]} and {pair[1]} measured within each other's passes: "
+                  f"{a.decide} more passes each, alternating", flush=True)
+            for i in range(a.decide):
+                for name in (pair if i % 2 == 0 else pair[::-1]):
+                    passes[wname, name].append(measure(name, plans[wname, name][0], a, Path(tmp)))
+                    print(f"planner_validation: decide {i + 1}: {wname:<9}{name:<9} measured "
+                          f"{passes[wname, name][-1]['step_s']:7.3f} s", flush=True)
         for (wname, name), (wl, pred) in plans.items():
             runs = passes[wname, name]
             meas = {k: statistics.mean(r[k] for r in runs) for k in runs[0]}
@@ -244,6 +260,21 @@ def one_run(a: argparse.Namespace, profile_out: str | None) -> dict:
     return {"results": {(r["workload"], r["config"]): r for r in results}, "max": max(errs),
             "mean": statistics.mean(errs), "same": all(same), "line": line}
 
+
+def near_tie(wname: str, passes: dict) -> tuple[str, str] | None:
+    """The workload's two fastest configurations by mean measured TPSPD, when their passes cannot tell them
+    apart (the second's fastest pass is at least as fast as the first's mean); None otherwise. It does not look
+    at the predictions."""
+    def tpspd(r: dict) -> float:
+        return r["tokens"] / r["step_s"]
+
+    ranked = sorted((statistics.mean(tpspd(r) for r in runs), name) for (w, name), runs in passes.items()
+                    if w == wname)[::-1]
+    if len(ranked) < 2:
+        return None
+    (m1, a), (m2, b) = ranked[:2]
+    best_b = max(tpspd(r) for r in passes[wname, b])
+    return (a, b) if best_b >= m1 else None
 
 
 if __name__ == "__main__":

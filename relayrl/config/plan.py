@@ -30,7 +30,7 @@ from relayrl.algorithms.estimators import Estimator, estimator
 
 Config = Any  # relayrl.config.schema.Config (which asks this module; not imported back, no cycle)
 
-__all__ = ["StepPlan", "step_plan", "ROLES", "Stage", "stage_graph", "FORWARD_STAGES"]
+__all__ = ["StepPlan", "step_plan", "ROLES", "Stage", "stage_graph", "FORWARD_STAGES", "PARTIAL_POLL_S"]
 
 ROLES = ("actor", "rollout", "reference", "critic", "teacher")
 """The worker roles of a GRPO-family step, in the order they are built."""
@@ -38,6 +38,10 @@ ROLES = ("actor", "rollout", "reference", "critic", "teacher")
 
 FORWARD_STAGES = {"reference": "reference", "teacher": "teacher", "old": "actor", "values": "critic"}
 """The forward-only stages of a step and the role each runs on."""
+
+PARTIAL_POLL_S = 0.02
+"""Partial rollout: the longest the driver's poll of a generating rollout rank waits. Weights the trainer
+stages meanwhile go to the ranks after the poll returns, so this bounds how long they wait."""
 
 
 @dataclass(frozen=True)

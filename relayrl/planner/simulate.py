@@ -50,7 +50,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Literal
 
-from relayrl.config.plan import Stage, stage_graph
+from relayrl.config.plan import PARTIAL_POLL_S, Stage, stage_graph
 from relayrl.planner.profile import DeviceProfile, PathCost, Profile
 from relayrl.planner.workload import Workload
 
@@ -410,6 +410,7 @@ def _run(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
     deps = {st.name: [(di, d) for di, d in enumerate(graph) if st.name in d.reads] for st in graph}
     colocated, k = p.mode == "sync-colocated", (p.k if p.mode == "offpolicy" else 0)
     relay = 0.0 if colocated else relay_s(profile, w)
+    land = relay + PARTIAL_POLL_S / 2  # partial: an update reaches the generating ranks after a poll, relayed
     path = _path(profile, p)
     gen_end: list[float] = []
     upd_end: list[float] = []
@@ -424,11 +425,17 @@ def _run(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
         elif k == 0:
             start = upd_end[-1] + relay if upd_end else 0.0
         else:
-            start = max(gen_end[-1] if gen_end else 0.0, upd_end[t - 1 - k] if t - 1 - k >= 0 else 0.0) + relay
+            prev = gen_end[-1] if gen_end else 0.0
+            start = max(prev, upd_end[t - 1 - k] if t - 1 - k >= 0 else 0.0)
+            # the newest weights go to the rollout first, unless partial rollout took them in while the batch
+            # before generated
+            if not p.partial or any(prev < u + land <= start for u in upd_end):
+                start += relay
         finish, ends = [0.0] * len(groups), []
         for idx in _split(groups, p.main if colocated else p.gen):
             end, done, peak = generate_rank(dev, scale, w.prompt_tokens, [groups[i] for i in idx], w.max_batch,
-                                            start + path.generate_call_s, upd_end if p.partial else None)
+                                            start + path.generate_call_s,
+                                            [u + land for u in upd_end] if p.partial else None)
             for i, d in zip(idx, done):
                 finish[i] = d
             ends.append(end)

@@ -15,6 +15,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 import torch
 
+from relayrl.config.plan import PARTIAL_POLL_S
 from relayrl.workflows.flow import Flow
 from relayrl.workflows.parts import StepParts
 
@@ -92,9 +93,13 @@ class Produce:
                           [groups[i] for i in idx], partial=self.partial, baseline=baseline, **episodes,
                           per_sample=per_sample, deferred=p.plan.sequential, on_error=p.cfg.rollout.on_error, rank=r)
         live = set(range(ranks))
+        # a poll waits for the first finished group; with partial rollout the weights staged meanwhile reach
+        # the ranks only between two polls, so it waits briefly (a long wait kept the new weights out of the
+        # tail of the batch, up to 0.2 s)
+        wait = PARTIAL_POLL_S if self.partial else 0.05 if ranks > 1 else 0.2
         while live and not f.stop.is_set():
             for r in sorted(live):
-                got, done = p.rollout.one("poll_stream", 0.05 if ranks > 1 else 0.2, rank=r)
+                got, done = p.rollout.one("poll_stream", wait, rank=r)
                 for receipt, records in got:
                     if receipt is None:  # groups whose generation request failed (rollout.on_error=drop_group)
                         self._drop_failed(f, records)

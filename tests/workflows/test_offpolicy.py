@@ -299,3 +299,35 @@ def test_a_producing_stage_that_fails_late_stops_the_trainers_step(tmp_path, mon
     with pytest.raises(RuntimeError, match="verifier broke after batch 2"):
         GRPOPipeline(config(tmp_path, "trainer.off_policy_steps=1", "trainer.steps=3")).run()
     assert [r["step"] for r in records(tmp_path)] == [0, 1]
+
+
+@pytest.mark.parametrize("partial", [True, False])
+def test_partial_rollout_polls_briefly_so_staged_weights_go_out_at_once(partial):
+    """The driver hands weights staged during a partial stream to the ranks between two polls of it, so a
+    poll waits at most ``PARTIAL_POLL_S`` for a finished group; without partial rollout it may wait longer."""
+    from types import SimpleNamespace
+
+    from relayrl.config.plan import PARTIAL_POLL_S
+    from relayrl.workflows.produce import Produce
+
+    waits, handed = [], []
+
+    class Ranks:
+        world_size = 1
+
+        def one(self, method, *args, rank=0, **kwargs):
+            if method == "poll_stream":
+                waits.append(args[0])
+                return [], len(waits) == 3  # nothing finished twice, then the stream ends
+
+    parts = SimpleNamespace(
+        sampling=SimpleNamespace(n=2), greedy=None, rollout=Ranks(), episodes=None,
+        dock=SimpleNamespace(reserve=lambda part, n: SimpleNamespace(indexes=list(range(n)))),
+        session=SimpleNamespace(encode=lambda problem: [1, 2]), plan=SimpleNamespace(sequential=False),
+        cfg=SimpleNamespace(reward=SimpleNamespace(stream="group"), rollout=SimpleNamespace(on_error="raise")),
+        between_polls=lambda: handed.append(True))
+    f = SimpleNamespace(part="p", stop=threading.Event(),
+                        state=SimpleNamespace(cond=threading.Condition(), problems=["q"], rows={}, records=[]))
+    Produce(parts, partial=partial)._generate(f, [0])
+    assert waits == [PARTIAL_POLL_S if partial else 0.2] * 3 and len(handed) == 3
+    assert PARTIAL_POLL_S < 0.2
