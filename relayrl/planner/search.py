@@ -58,6 +58,11 @@ def rank(profile: Profile, workload: Workload, placements: Iterable[Placement], 
     return sorted(preds, key=lambda r: (not r.fits, -r.tpspd))
 
 
+NEAR_TIE = 0.05
+"""Candidates predicted within this share of the best one's TPSPD are named as near-ties: the model's error
+(up to about 20% per configuration on a calibrated CPU) cannot rank them."""
+
+
 def format_plan(preds: list[Prediction], *, title: str, top: int = 12, base: list[str] | None = None) -> str:
     """The plan table and the overrides that run the best feasible placement."""
     lines = [title, f"{'#':>3}  {'placement':<14} {'mode':<22}{'step s':>9}{'TPSPD':>10}{'busy main/gen':>15}"
@@ -74,5 +79,12 @@ def format_plan(preds: list[Prediction], *, title: str, top: int = 12, base: lis
         lines.append("no placement fits the devices' memory: more devices, a smaller engine.token_budget or "
                      "rollout batch (fewer prompts per step) would be needed")
     else:
+        close = [(i, r) for i, r in enumerate(preds, 1) if r.fits and r is not best
+                 and r.tpspd >= (1 - NEAR_TIE) * best.tpspd]
+        for i, r in close[:3]:
+            lines.append(f"near-tie: #{i} ({r.placement.pools.strip()} {r.placement.mode_name}) is predicted within "
+                         f"{100 * (1 - r.tpspd / best.tpspd):.1f}% of the best, closer than the model's error "
+                         f"(docs/planner.md, 'How far to trust it'): measure both; its overrides: "
+                         + " ".join([*(base or []), *r.placement.overrides()]))
         lines.append("best: " + " ".join([*(base or []), *best.placement.overrides()]))
     return "\n".join(lines)

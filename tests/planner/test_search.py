@@ -87,6 +87,28 @@ def test_cli_plan_with_a_stored_profile(tmp_path, capsys):
     assert tpspd == sorted(tpspd, reverse=True)
 
 
+def test_the_plan_names_candidates_too_close_to_rank_as_near_ties():
+    """A candidate predicted within NEAR_TIE of the best is named with its overrides before the best line; one
+    further away, or one that does not fit, is not."""
+    from relayrl.planner.search import NEAR_TIE
+    from relayrl.planner.simulate import Prediction
+
+    def pred(placement, step_s, fits=True):
+        return Prediction(placement, step_s, tokens=100.0, busy={"main": 1.0}, memory_gib={"main": 1.0}, fits=fits)
+
+    k1, k1p = Placement("offpolicy", main=1, gen=1, k=1), Placement("offpolicy", main=1, gen=1, k=1, partial=True)
+    split = Placement("sync-split", main=1, gen=1)
+    close = 1.0 / (1 - NEAR_TIE / 2)  # TPSPD NEAR_TIE / 2 below the best
+    preds = [pred(k1, 1.0), pred(k1p, close), pred(split, 1.5), pred(Placement("periodic", 1, 1), 1.0, fits=False)]
+    out = format_plan(preds, title="t", base=["x=1"]).splitlines()
+    assert out[-1] == "best: x=1 " + " ".join(k1.overrides())
+    ties = [line for line in out if line.startswith("near-tie")]
+    assert len(ties) == 1 and ties[0].startswith("near-tie: #2 (main=1 gen=1 offpolicy-k1-partial)")
+    assert ties[0].endswith("x=1 " + " ".join(k1p.overrides())) and "2.5%" in ties[0]
+    assert not any(line.startswith("near-tie") for line in format_plan([pred(k1, 1.0), pred(split, 1.5)], title="t")
+                   .splitlines())
+
+
 @pytest.mark.slow  # (about 13 s: the 64-device search)
 def test_cli_plan_h100_7b_on_8_and_64_devices(capsys):
     for devices in (8, 64):
