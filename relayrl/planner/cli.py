@@ -23,7 +23,7 @@ PROFILES = Path(__file__).resolve().parent / "profiles"
 
 
 def add_parser(sub, common) -> None:
-    from relayrl.cli.argtypes import int_at_least
+    from relayrl.cli.argtypes import int_at_least, positive_float
 
     p = sub.add_parser("plan", parents=[common], help="calibrate a hardware profile (--profile), or rank placements "
                        "and step modes of a recipe on N devices by predicted throughput")
@@ -55,6 +55,10 @@ def add_parser(sub, common) -> None:
                    "(RUN_DIR: its run.dir) and rank the placements for that workload (no recipe)")
     p.add_argument("--lengths-at", choices=("rest", "now"), default="rest", help="--from-run: plan with the "
                    "response lengths the run's trend predicts over its remaining steps (rest) or its last steps' (now)")
+    p.add_argument("--keep-frac", type=positive_float, default=None, help="dynamic sampling "
+                   "(algorithm.dynamic_sampling=true): the share of groups a round keeps, their rewards not all "
+                   "equal (default 1: no round resamples); a run logs it as 1 - dapo/dropped_groups / "
+                   "dapo/sampled_groups, and --from-run reads it there")
     p.add_argument("--no-offpolicy", action="store_true", help="leave the off-policy modes out of the search")
     p.add_argument("--top", type=int_at_least(1), default=12, help="rows of the table")
     p.set_defaults(fn=cmd_plan)
@@ -86,6 +90,9 @@ def cmd_plan(args) -> int:
     if args.from_run:
         if args.recipe:
             raise ConfigError("relayrl plan --from-run RUN_DIR reads the run's own config; give no recipe")
+        if args.keep_frac is not None:
+            raise ConfigError("relayrl plan --from-run reads the share of groups dynamic sampling kept from the "
+                              "run's dapo/ metrics; drop --keep-frac")
         from relayrl.planner.from_run import plan_from_run
 
         try:
@@ -111,13 +118,21 @@ def cmd_plan(args) -> int:
         prof = _hardware(args.hardware)
         w = workload_from_config(cfg, model_config=args.model_config, prompt_tokens=args.prompt_tokens,
                                  lengths=args.lengths, reward_latency=(low, high))
+        if args.keep_frac is not None:
+            if not w.group_filter:
+                raise ValueError(f"--keep-frac {args.keep_frac:g} is the share of groups dynamic sampling keeps; "
+                                 f"this recipe does not filter groups (set algorithm.dynamic_sampling=true or drop "
+                                 f"--keep-frac)")
+            from relayrl.planner.workload import Workload
+
+            w = Workload.model_validate({**w.model_dump(), "keep_frac": args.keep_frac})
         if args.length_growth:
             start = w.lengths.mean()
             over_run = max(1.0, start + args.length_growth * cfg.trainer.steps / 2)
             w = w.model_copy(update={"lengths": w.lengths.scaled(over_run / start)})
     except ValidationError as e:  # (a workload built from bad flags)
         raise ConfigError(f"relayrl plan: {'; '.join(field_errors(e))} (check --prompt-tokens, --reward-latency, "
-                          f"--lengths)") from None
+                          f"--lengths, --keep-frac)") from None
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(f"relayrl plan: {e}") from None
     preds = rank(prof, w, candidates(args.devices, offpolicy=not args.no_offpolicy,
@@ -126,6 +141,8 @@ def cmd_plan(args) -> int:
              f"  ({w.prompts} prompts x {w.n}, {w.prompt_tokens} prompt tokens, responses {w.lengths.kind} up to "
              f"{w.lengths.max_new_tokens}" + (f", mean {w.lengths.mean():.0f} over the run with "
                                               f"{args.length_growth:+g} tokens/step" if args.length_growth else "")
+             + (f", dynamic sampling keeping {w.keep_frac:.0%} of groups a round, up to {w.resample_rounds} more "
+                f"round(s)" if w.group_filter else "")
              + f", model {w.model.params / 1e6:.1f}M params; source: {prof.source})")
     print(format_plan(preds, title=title, top=args.top))
     return 0

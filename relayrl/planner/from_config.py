@@ -57,7 +57,9 @@ def plan_passes(cfg) -> dict:
     return {"forward": tuple(s.name for s in plan.stages if s.name in FORWARD_STAGES),
             "ref_in_update": plan.tri_model and cfg.algorithm.kl_coef > 0, "critic": "critic" in plan.roles,
             "kl_in_reward": cfg.algorithm.kl_in_reward, "group_relative": plan.estimator.group_relative,
-            "accumulate": overlapped.update == "accumulate", "group_filter": plan.group_filter}
+            "accumulate": overlapped.update == "accumulate", "group_filter": plan.group_filter,
+            "baseline": plan.baseline,
+            "resample_rounds": cfg.algorithm.max_resample_rounds if plan.group_filter else 0}
 
 
 def workload_from_config(cfg, *, model_config: str | None = None, prompt_tokens: int | None = None,

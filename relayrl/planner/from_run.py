@@ -52,10 +52,21 @@ class RunRecord:
     """Per step: seconds of each stage name, the extent of its spans (first start to last end over ranks)."""
     lengths: dict[int, dict[str, float]] = field(default_factory=dict)
     """Per step: the response-length metrics (``response/length_*`` and ``response/clip_ratio``)."""
+    groups: dict[int, tuple[float, float]] = field(default_factory=dict)
+    """Per step: dynamic sampling's (groups sampled, groups dropped) (``dapo/sampled_groups``,
+    ``dapo/dropped_groups``)."""
 
     @property
     def steps(self) -> list[int]:
         return sorted(set(self.step_s) & set(self.stages))
+
+
+def keep_frac(rec: RunRecord, window: int = 5) -> float:
+    """The share of sampled groups dynamic sampling kept over the run's last ``window`` steps (1.0 when it
+    dropped none, or the run did not log the counts)."""
+    counts = [rec.groups[s] for s in sorted(rec.groups)[-window:]]
+    sampled = sum(c[0] for c in counts)
+    return max(0.01, 1.0 - sum(c[1] for c in counts) / sampled) if sampled else 1.0
 
 
 def read_run(run_dir: str | Path) -> RunRecord:
@@ -93,6 +104,8 @@ def read_run(run_dir: str | Path) -> RunRecord:
         lens = {k: float(v) for k, v in row.items() if k.startswith("response/length_") or k == "response/clip_ratio"}
         if lens:
             rec.lengths[step] = lens
+        if "dapo/sampled_groups" in row:
+            rec.groups[step] = (float(row["dapo/sampled_groups"]), float(row.get("dapo/dropped_groups", 0.0)))
     extent: dict[int, dict[str, list[float]]] = {}
     for s in read_spans(d):
         box = extent.setdefault(s.step, {}).setdefault(s.name, [s.start, s.end, 0.0])
@@ -237,6 +250,7 @@ def plan_from_run(run_dir: str | Path, profile: Profile, *, devices: int | None 
     cap = cfg.rollout.max_new_tokens
     dist = run_lengths(rec, cap, window=window, factor=ahead_mean / max(1.0, now))
     w = workload_from_config(cfg, model_config=model_config, prompt_tokens=prompt_tokens, lengths="max")
+    w = w.model_copy(update={"keep_frac": keep_frac(rec, window)})
     w_now = w.model_copy(update={"lengths": run_lengths(rec, cap, window=window)})
     measured = _measured(rec, steps)
     fitted, factors, before = fit_profile(profile, w_now, placement, measured)

@@ -28,10 +28,15 @@ from the workload's distribution, a decode step costs ``DecodeCost(rows in fligh
 done at its longest row, so the long tail decides when the batch ends. Reward calls take the function's cost
 plus the longest outside latency of their rows.
 
+ReMax's greedy responses are generated once sampling ends, one per group of the group's median length, and
+scored as they land; the advantages of a group wait for its baseline. DAPO's dynamic sampling keeps each group
+with the workload's ``keep_frac`` and resamples the missing ones in rounds (each once the round before is
+scored), up to ``resample_rounds`` more; only kept groups go on to the forward passes and the update.
+
 Where the model simplifies: the trainer's pool runs one call at a time, the earliest ready first; the
-advantages cost nothing; ReMax's greedy baseline and DAPO's resampling rounds are not simulated; the reward
-runs on the driver's threads; data-parallel ranks get the groups of each chunk in turn; FSDP traffic (all-gathers in the compute dtype, reduce-scatters of fp32 gradients)
-does not overlap compute: one gather and one reduction per optimizer step with ``engine.dp_sync=step``, a
+advantages cost nothing; a group is dropped by a draw, not by its rewards; the reward runs on the
+driver's threads; data-parallel ranks get the groups of each chunk in turn; FSDP traffic (all-gathers in the
+compute dtype, reduce-scatters of fp32 gradients) does not overlap compute: one gather and one reduction per optimizer step with ``engine.dp_sync=step``, a
 gather forward and backward and a reduction per micro-batch with ``pass``, a gather per forward-only
 micro-batch; attention cost in
 training is linear in tokens; what a driver path adds (the engines slower inside worker processes beside
@@ -46,7 +51,6 @@ from __future__ import annotations
 import heapq
 import math
 import random
-import statistics
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -171,8 +175,6 @@ def generate_rank(dev: DeviceProfile, scale: float, prompt_tokens: int, groups: 
         step = scale * dev.decode(rows, ctx)
         if pending and pending[0] < t + m * step:  # a version lands inside this stretch: stop there, refill
             m = max(1, min(m, math.ceil((pending[0] - t) / step)))
-        # m sampling iterations: every row in flight gets m tokens; the decode after the last one skips the
-        # rows that finished.
         # m sampling iterations: every row in flight gets m tokens, with a decode after each of the first
         # m - 1; a row that takes its last token is done then, and the decode after it skips it.
         finishing = sum(1 for r in running if r[1] == m)
@@ -316,8 +318,7 @@ def simulate_batches(profile: Profile, w: Workload, p: Placement, batches: list[
     profile = base.scaled(name, path.generate, path.train)
     dev = profile.devices[name]
     scale = profile.scale(w.model.params)
-    tokens = statistics.mean(len(g) * w.n * w.prompt_tokens + sum(map(sum, g)) for g, _ in batches[warmup:])
-    step_s, busy, phases, kv_peak, (fg, ft) = _run(profile, dev, scale, w, p, batches, warmup)
+    step_s, busy, phases, kv_peak, (fg, ft), tokens = _run(profile, dev, scale, w, p, batches, warmup)
     conc = base.overhead.concurrent
     if p.mode != "sync-colocated" and conc is not None:
         # the pools slow each other while both compute: blend towards the concurrent factors
@@ -325,7 +326,7 @@ def simulate_batches(profile: Profile, w: Workload, p: Placement, batches: list[
         t = path.train + (conc.train - path.train) * ft
         profile = base.scaled(name, g, t)
         dev = profile.devices[name]
-        step_s, busy, phases, kv_peak, _ = _run(profile, dev, scale, w, p, batches, warmup)
+        step_s, busy, phases, kv_peak, _, tokens = _run(profile, dev, scale, w, p, batches, warmup)
     mem = memory_gib(w, p, kv_peak)
     fits = all(v <= dev.memory_gib for v in mem.values())
     return Prediction(p, step_s, tokens, busy, mem, fits, phases, per=profile.cores if dev.kind == "cpu" else 0)
@@ -368,7 +369,7 @@ def step_graph(w: Workload, p: Placement) -> tuple[Stage, ...]:
     update = "accumulate" if p.mode in ("periodic", "offpolicy") and w.accumulate else "batch"
     return stage_graph(roles=roles, pools=pools, reward_pool="driver", update=update,
                        sequential=p.mode == "sync-colocated" and not w.group_filter, group_filter=w.group_filter,
-                       baseline=False, recompute_old="old" in w.forward, kl_in_reward=w.kl_in_reward,
+                       baseline=w.baseline, recompute_old="old" in w.forward, kl_in_reward=w.kl_in_reward,
                        group_relative=w.group_relative)
 
 
@@ -395,11 +396,65 @@ def _trainer_task(dev, profile: Profile, w: Workload, p: Placement, stage: Stage
     return cost + (profile.overhead.chunk_s if stage.per == "chunk" else 0.0)
 
 
+def _rollout(dev, scale, profile: Profile, w: Workload, p: Placement, groups, lat, start: float, call_s: float,
+             weight_times: list[float] | None, rng: random.Random):
+    """One batch's generation on the rollout ranks from ``start``, each call paying ``call_s``: the sampling
+    round(s), then ReMax's greedy responses. Returns (groups, latencies, finish time of each group, the kept
+    groups, end of generation, when each group's greedy baseline is scored, peak KV context).
+
+    Dynamic sampling (``group_filter``): each group is kept with probability ``keep_frac``; while fewer than
+    ``prompts`` are kept and rounds remain, a next round generates as many new groups as are missing (the
+    batch's own lengths again) once every group of the round before is scored. ReMax: one greedy response per
+    kept group once sampling ends, of the group's median length, scored as it lands."""
+    ranks = p.main if p.mode == "sync-colocated" else p.gen
+    groups, lat = list(groups), list(lat)
+    finish, kept, peak = [0.0] * len(groups), [], 0.0
+    todo, t0, g_end = list(range(len(groups))), start, start
+    for r in range(1 + (w.resample_rounds if w.group_filter else 0)):
+        ends = []
+        for idx in _split([groups[i] for i in todo], ranks):
+            end, done, pk = generate_rank(dev, scale, w.prompt_tokens, [groups[todo[i]] for i in idx], w.max_batch,
+                                          t0 + call_s, weight_times)
+            for i, d in zip(idx, done):
+                finish[todo[i]] = d
+            ends.append(end)
+            peak = max(peak, pk)
+        g_end = max(ends)
+        if not w.group_filter:
+            kept = todo
+            break
+        kept += [g for g in todo if rng.random() < w.keep_frac]
+        need = w.prompts - len(kept)
+        if need <= 0 or r == w.resample_rounds:
+            break
+        t0 = max(finish[g] + profile.dock_put(w.n) + profile.reward.call_s + profile.reward.row_s * w.n
+                 + max(lat[g], default=0.0) for g in todo)  # every group of the round judged
+        todo = list(range(len(groups), len(groups) + need))
+        groups += [groups[i % w.prompts] for i in range(need)]
+        lat += [lat[i % w.prompts] for i in range(need)]
+        finish += [0.0] * need
+    ready_base = [start] * len(groups)
+    if w.baseline and kept:
+        greedy = [[sorted(groups[g])[len(groups[g]) // 2]] for g in kept]
+        ends = []
+        for idx in _split(greedy, ranks):
+            end, done, _ = generate_rank(dev, scale, w.prompt_tokens, [greedy[i] for i in idx], w.max_batch,
+                                         g_end + call_s)
+            for i, d in zip(idx, done):
+                g = kept[i]
+                ready_base[g] = (d + profile.dock_put(1) + profile.reward.call_s + profile.reward.row_s
+                                 + (lat[g][0] if lat[g] else 0.0))
+            ends.append(end)
+        g_end = max(ends)
+    return groups, lat, finish, kept, g_end, ready_base, peak
+
+
 def _run(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
     """The steps of ``p`` scheduled on the pipeline's stage graph (:func:`step_graph`).
 
-    Per batch: the rollout ranks generate (continuous batching; a group is ready when its last response is
-    written to the dock, or, in a sequential step, when generation ends); then every later stage takes each
+    Per batch: the rollout ranks generate (:func:`_rollout`: continuous batching, dynamic sampling's rounds,
+    ReMax's greedy responses; a group is ready when its last response is written to the dock, or, in a
+    sequential step, when generation ends); then every later stage (on the kept groups) takes each
     chunk of groups (``per='chunk'``: ``stream_groups`` groups; ``'batch'``: all of them) once the stages it
     ``reads`` are done with those groups and, when ``after_generation``, generation has ended. Stages compete
     for resources: the trainer's pool runs one call at a time (earliest ready first), reward calls take
@@ -418,7 +473,7 @@ def _run(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
     gen_iv: list[tuple[float, float]] = []
     trn_iv: list[tuple[float, float]] = []
     phases = {"generate": 0.0, "reward": 0.0, "update": 0.0}
-    kv_peak, train_free = 0.0, 0.0
+    kv_peak, train_free, tokens = 0.0, 0.0, 0.0
     for t, (groups, lat) in enumerate(batches):
         if colocated:
             start = upd_end[-1] if upd_end else 0.0
@@ -431,25 +486,24 @@ def _run(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
             # before generated
             if not p.partial or any(prev < u + land <= start for u in upd_end):
                 start += relay
-        finish, ends = [0.0] * len(groups), []
-        for idx in _split(groups, p.main if colocated else p.gen):
-            end, done, peak = generate_rank(dev, scale, w.prompt_tokens, [groups[i] for i in idx], w.max_batch,
-                                            start + path.generate_call_s,
-                                            [u + land for u in upd_end] if p.partial else None)
-            for i, d in zip(idx, done):
-                finish[i] = d
-            ends.append(end)
-            kv_peak = max(kv_peak, peak)
-        g_end = max(ends)
+        groups, lat, finish, kept, g_end, ready_base, peak = _rollout(
+            dev, scale, profile, w, p, groups, lat, start, path.generate_call_s,
+            [u + land for u in upd_end] if p.partial else None, random.Random(t))
+        kv_peak = max(kv_peak, peak)
         gen_end.append(g_end)
         if graph[0].per == "batch":  # a sequential step: the rollout writes every group once generation ends
             finish = [g_end + profile.dock_put(w.rows)] * len(groups)
         else:
             finish = [d + profile.dock_put(w.n) for d in finish]
         # tasks: (stage index, chunk); a task is ready once every (read stage, group) of its chunk is done
-        every = list(range(len(groups)))
-        chunked = [every[i:i + w.stream_groups] for i in range(0, len(groups), w.stream_groups)]
-        chunks = {st.name: (chunked if st.per == "chunk" else [every]) for st in graph}
+        # (sampling and scoring see every group generated; the later stages only the kept ones)
+        def split_up(st: Stage) -> list[list[int]]:
+            gs = list(range(len(groups))) if st.name in ("sample", "score") else kept
+            if st.per == "batch":
+                return [gs]
+            return [gs[i:i + w.stream_groups] for i in range(0, len(gs), w.stream_groups)]
+
+        chunks = {st.name: split_up(st) for st in graph}
         task_of = {st.name: {g: ci for ci, c in enumerate(chunks[st.name]) for g in c} for st in graph}
         waiting = {(si, ci): len(st.reads) * len(c) for si, st in enumerate(graph) if si
                    for ci, c in enumerate(chunks[st.name])}
@@ -459,6 +513,8 @@ def _run(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
         def resolve(name: str, gs: list[int], at: float) -> None:
             for di, d in deps[name]:
                 for g in gs:
+                    if g not in task_of[d.name]:  # a group dynamic sampling dropped goes no further
+                        continue
                     key = (di, task_of[d.name][g])
                     avail[key] = max(avail[key], at)
                     waiting[key] -= 1
@@ -471,6 +527,7 @@ def _run(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
         work = 0.0
         ivs: list[tuple[float, float]] = []
         end_train = max(train_free, 0.0 if k else start)
+        last = g_end
         while heap:
             ready, si, ci = heapq.heappop(heap)
             st, c = graph[si], chunks[graph[si].name][ci]
@@ -481,7 +538,9 @@ def _run(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
                 end = slots[s_i] = (begin + profile.reward.call_s + profile.reward.row_s * len(rows)
                                     + max(rows, default=0.0) + profile.overhead.per_group_s)
                 phases["reward"] += (end - ready) if t >= warmup else 0.0
-            elif st.role == "scorer":  # the advantages (and a baseline) on the driver: no device time
+            elif st.name == "baseline":  # the greedy responses' rewards, scored as they land
+                end = max([ready] + [ready_base[i] for i in c])
+            elif st.role == "scorer":  # the advantages on the driver: no device time
                 end = ready
             else:
                 begin = max(ready, end_train)
@@ -490,10 +549,14 @@ def _run(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
                 work += cost
                 ivs.append((begin, end))
             resolve(st.name, c, end)
+            last = max(last, end)
+        if not kept:  # dynamic sampling kept nothing: no update, the step ends once every group is judged
+            end_train = max(end_train, last)
         opt = _optimizers_s(dev, profile, w, p.main) + (relay if k else 0.0)  # off-policy: stage to host buffers
         train_free = end_train + opt + path.step_s
         upd_end.append(train_free)
         if t >= warmup:
+            tokens += sum(w.n * w.prompt_tokens + sum(groups[g]) for g in kept)
             gen_iv.append((start, g_end))
             trn_iv += ivs
             gen_busy += g_end - start
@@ -508,4 +571,4 @@ def _run(profile, dev, scale, w: Workload, p: Placement, batches, warmup):
         busy = {"main": min(1.0, (gen_busy + trn_busy) / span)}
     else:
         busy = {"main": min(1.0, trn_busy / span), "gen": min(1.0, gen_busy / span)}  # spans end at updates
-    return span / n, busy, {k_: v / n for k_, v in phases.items()}, kv_peak, overlap
+    return span / n, busy, {k_: v / n for k_, v in phases.items()}, kv_peak, overlap, tokens / n

@@ -157,7 +157,13 @@ class Workload(_Model):
                              "accumulates per chunk: the step plan's update='accumulate' (no critic, group-relative "
                              "advantages, one optimizer step per batch)")
     group_filter: bool = Field(False, description="DAPO's dynamic sampling: the forward passes wait for a group's "
-                               "rewards (resampling rounds are not simulated)")
+                               "rewards; a group whose rewards are all equal is dropped and replaced in a next round")
+    keep_frac: float = Field(1.0, gt=0.0, le=1.0, description="dynamic sampling: the share of groups a round keeps "
+                             "(rewards not all equal); a run logs it as 1 - dapo/dropped_groups / dapo/sampled_groups")
+    resample_rounds: int = Field(0, ge=0, description="dynamic sampling: algorithm.max_resample_rounds, the rounds "
+                                 "after the first that replace dropped groups")
+    baseline: bool = Field(False, description="ReMax: one greedy response per group, generated once sampling "
+                           "ends and scored; the advantages wait for it")
     checkpointing: bool = Field(False, description="engine.gradient_checkpointing: a layer's activations are "
                                 "recomputed in the backward pass; only each layer's input is kept")
     offload: bool = Field(False, description="trainer.offload: colocated, each role's idle state leaves the "

@@ -75,6 +75,21 @@ def test_lengths_and_their_trend_come_from_the_runs_metrics(tmp_path):
     assert max(run_lengths(rec, cap=25, window=1).samples) == 25  # capped at max_new_tokens
 
 
+def test_the_share_of_groups_dynamic_sampling_kept_comes_from_the_runs_metrics(tmp_path):
+    """The last five steps sampled 5 x 12 groups and dropped 5 x 3 (the first step's 12 of 12 is left out of
+    the window): 75% kept. A run without the counts keeps everything."""
+    from relayrl.planner.from_run import keep_frac
+
+    run = _fake_run(tmp_path, [10.0] * 6, overrides=("algorithm.dynamic_sampling=true",))
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        r.update({"dapo/sampled_groups": 12.0, "dapo/dropped_groups": 12.0 if r["step"] == 1 else 3.0})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert keep_frac(read_run(run)) == pytest.approx(0.75)
+    (tmp_path / "plain").mkdir()
+    assert keep_frac(read_run(_fake_run(tmp_path / "plain", [10.0] * 6))) == 1.0
+
+
 def test_the_fit_makes_the_runs_own_placement_match_its_spans():
     """A profile twice too slow for generation and half as fast for training: the fit finds the factors and the
     run's own prediction equals its step time."""
@@ -188,7 +203,8 @@ def test_the_workloads_passes_come_from_the_step_plan(overrides, forward, ref_in
 
 @pytest.mark.parametrize("extra", [[], ["algorithm.kl_coef=0.01"], ["algorithm.kl_coef=0.01", "algorithm.kl_in_reward=true",
                                                                   "algorithm.advantage=reinforce++"],
-                                   ["algorithm.advantage=gae"], ["trainer.epochs=2"], ["algorithm.dynamic_sampling=true"]])
+                                   ["algorithm.advantage=gae"], ["trainer.epochs=2"], ["algorithm.dynamic_sampling=true"],
+                                   ["algorithm.advantage=remax"]])
 def test_the_simulator_schedules_the_pipelines_own_stage_graph(extra):
     """For every search candidate, the stage graph the simulator schedules (built from the workload and the
     placement) is the one the pipeline runs by (the step plan of the candidate's overrides): the same stages,
@@ -202,8 +218,7 @@ def test_the_simulator_schedules_the_pipelines_own_stage_graph(extra):
     for p in candidates(4, cpu=True):
         cfg = load_run_config(GRPO, [*extra, *p.overrides(), "cluster.oversubscribe=true"])
         plan = step_plan(cfg)
-        want = tuple(st for st in plan.stages if st.name != "baseline")
-        assert step_graph(w, p) == want, p.overrides()
+        assert step_graph(w, p) == plan.stages, p.overrides()
 
 
 def test_the_pipeline_runs_the_stages_of_its_graph():

@@ -123,6 +123,17 @@ def test_cli_plan_h100_7b_on_8_and_64_devices(capsys):
         assert out.strip().splitlines()[-1].startswith("best: cluster.devices=")
 
 
+def test_cli_plan_with_dynamic_sampling_says_how_many_groups_a_round_keeps(tmp_path, capsys):
+    prof, cfg = _toy_files(tmp_path)
+    args = ["plan", GRPO, "algorithm.dynamic_sampling=true", "algorithm.max_resample_rounds=2", "--devices", "2",
+            "--hardware", str(prof), "--model-config", str(cfg), "--prompt-tokens", "6", "--lengths", "max"]
+    assert cli.main([*args, "--keep-frac", "0.5"]) == 0
+    half = capsys.readouterr().out
+    assert "dynamic sampling keeping 50% of groups a round, up to 2 more round(s)" in half
+    assert cli.main(args) == 0
+    assert "keeping 100% of groups" in capsys.readouterr().out
+
+
 def test_cli_plan_errors_name_the_fix(tmp_path, capsys):
     code = cli.main(["plan", GRPO, "--devices", "2", "--hardware", str(tmp_path / "none.json")])
     assert code == EXIT_CONFIG
@@ -133,6 +144,12 @@ def test_cli_plan_errors_name_the_fix(tmp_path, capsys):
     code = cli.main(["plan", GRPO, "--devices", "2", "--hardware", str(prof), "--model-config", str(cfg),
                      "--prompt-tokens", "6", "--lengths", "mixture:3"])
     assert code == EXIT_CONFIG and "mixture:SHORT,P_LONG,LONG_MEAN" in capsys.readouterr().err
+    code = cli.main(["plan", GRPO, "--devices", "2", "--hardware", str(prof), "--model-config", str(cfg),
+                     "--prompt-tokens", "6", "--lengths", "max", "--keep-frac", "0.5"])
+    assert code == EXIT_CONFIG and "algorithm.dynamic_sampling=true" in capsys.readouterr().err
+    code = cli.main(["plan", GRPO, "algorithm.dynamic_sampling=true", "--devices", "2", "--hardware", str(prof),
+                     "--model-config", str(cfg), "--prompt-tokens", "6", "--lengths", "max", "--keep-frac", "1.5"])
+    assert code == EXIT_CONFIG and "keep_frac" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({**json.loads(prof.read_text()), "cores": 0}))
     code = cli.main(["plan", GRPO, "--devices", "2", "--hardware", str(bad), "--model-config", str(cfg),

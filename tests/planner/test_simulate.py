@@ -88,6 +88,30 @@ def test_partial_rollout_pays_a_refill_per_update_in_flight():
     assert partial.step_s > plain.step_s
 
 
+@pytest.mark.parametrize("placement", [Placement("sync-colocated", main=1), Placement("sync-split", main=1, gen=1)])
+def test_remax_generates_a_greedy_response_per_group_once_sampling_ends(placement):
+    """One group of rows of 2 and 10 tokens: sampling takes 9 decodes (0.9 s). ReMax then generates one
+    greedy response of the group's median length (10 tokens: 9 more decodes) and the advantages wait for it:
+    the step takes 1.8 s, against 0.9 s without the baseline (training and rewards free)."""
+    steps = _steps([[2, 10]], 3)
+    plain = simulate_batches(toy_profile(), toy_workload(1, 2), placement, steps, warmup=1)
+    remax = simulate_batches(toy_profile(), toy_workload(1, 2, baseline=True), placement, steps, warmup=1)
+    assert (plain.step_s, remax.step_s) == pytest.approx((0.9, 1.8))
+
+
+def test_dynamic_sampling_resamples_the_dropped_groups_in_rounds():
+    """Two groups of one 2-token row (one decode, 0.1 s), rollout on a pool of its own, everything else free.
+    Every group kept: one round, 0.1 s a step. Almost none kept (keep_frac 0.01) with two resample rounds: three
+    rounds of 0.1 s, each once the round before is scored, and almost nothing left to train; with no resample
+    round, one round again."""
+    split, steps = Placement("sync-split", main=1, gen=1), _steps([[2], [2]], 4)
+    run = lambda **kw: simulate_batches(toy_profile(), toy_workload(2, 1, group_filter=True, **kw), split, steps,
+                                        warmup=1)  # noqa: E731
+    every, dropped, one_round = run(resample_rounds=2), run(resample_rounds=2, keep_frac=0.01), run(keep_frac=0.01)
+    assert (every.step_s, dropped.step_s, one_round.step_s) == pytest.approx((0.1, 0.3, 0.1))
+    assert every.tokens == pytest.approx(2 * (1 + 2)) and dropped.tokens < every.tokens
+
+
 def test_memory_infeasible_on_one_device_fits_on_eight():
     """A 7B model: fp32 master weights, fp32 gradients and Adam's two moments are 16 bytes per parameter,
     7e9 x 16 B = 104.3 GiB on one device (> 80 GiB: infeasible); sharded over 8 ranks 13.0 GiB, plus the
