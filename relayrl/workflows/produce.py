@@ -96,10 +96,10 @@ class Produce:
         # a poll waits for the first finished group; with partial rollout the weights staged meanwhile reach
         # the ranks only between two polls, so it waits briefly (a long wait kept the new weights out of the
         # tail of the batch, up to 0.2 s)
-        wait = PARTIAL_POLL_S if self.partial else 0.05 if ranks > 1 else 0.2
+        poll_s = PARTIAL_POLL_S if self.partial else 0.05 if ranks > 1 else 0.2
         while live and not f.stop.is_set():
             for r in sorted(live):
-                got, done = p.rollout.one("poll_stream", wait, rank=r)
+                got, done = p.rollout.one("poll_stream", poll_s, rank=r)
                 for receipt, records in got:
                     if receipt is None:  # groups whose generation request failed (rollout.on_error=drop_group)
                         self._drop_failed(f, records)
