@@ -5,9 +5,9 @@ function that spawns the verifier's subprocess without its wait), measure each w
 by sampling its model, predict the step time of each configuration with the simulator, then run each
 configuration for ``--steps`` (long tail) or ``--demo-steps`` steps with ``relayrl train``, ``--passes``
 times (every configuration in order, then in reverse order: the machine's speed drifts over minutes), and
-compare the mean step time after ``--warmup`` over the passes. When a workload's two fastest configurations
-are too close for the passes to tell apart, both are measured ``--decide`` more times, alternating, before the
-fastest is named (the rule looks at the measurements only, not at the predictions).
+compare the mean step time after ``--warmup`` over the passes. When the passes of a workload's two fastest
+configurations overlap (too close for them to tell apart), both are measured ``--decide`` more times,
+alternating, before the fastest is named (the rule looks at the measurements only, not at the predictions).
 
 Workloads (the models of ``benchmarks/async_flow.py``, built once and cached):
 
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--passes", type=int, default=2, help="measure every configuration this many times, alternating "
                    "the order (forward, reverse, ...); the mean is compared")
     p.add_argument("--decide", type=int, default=2, help="when a workload's two fastest measured configurations "
-                   "overlap (each one's passes reach the other's mean), measure both this many more times, "
+                   "overlap (the ranges of their passes' step times meet), measure both this many more times, "
                    "alternating, before naming the fastest (0: never)")
     p.add_argument("--warmup", type=int, default=3, help="steps left out of the measured mean")
     p.add_argument("--prompts", type=int, default=8)
@@ -280,8 +280,8 @@ def one_run(a: argparse.Namespace, profile_out: str | None) -> dict:
 
 def near_tie(wname: str, passes: dict) -> tuple[str, str] | None:
     """The workload's two fastest configurations by mean measured TPSPD, when their passes cannot tell them
-    apart (the second's fastest pass is at least as fast as the first's mean); None otherwise. It does not look
-    at the predictions."""
+    apart (the ranges of their passes overlap: the second's fastest pass is at least as fast as the first's
+    slowest); None otherwise. It does not look at the predictions."""
     def tpspd(r: dict) -> float:
         return r["tokens"] / r["step_s"]
 
@@ -289,9 +289,8 @@ def near_tie(wname: str, passes: dict) -> tuple[str, str] | None:
                     if w == wname)[::-1]
     if len(ranked) < 2:
         return None
-    (m1, a), (m2, b) = ranked[:2]
-    best_b = max(tpspd(r) for r in passes[wname, b])
-    return (a, b) if best_b >= m1 else None
+    (_, a), (_, b) = ranked[:2]
+    return (a, b) if max(tpspd(r) for r in passes[wname, b]) >= min(tpspd(r) for r in passes[wname, a]) else None
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ the median is what a run beside the other work sees):
 * the user's reward function (or the built-in verifier) on 1, 8 and 32 rows;
 * the driver paths: short real runs of ``relayrl train`` on each (the colocated loop on one rank and on one
   rank per core, the split dataflow) with two calibration workloads (:data:`HARNESS`, long responses, and
-  :data:`SHORT`); per phase, the measured seconds fitted to the engines' costs times a factor plus a fixed
+  :data:`SHORT`), each twice (every run in order, then in reverse order), the mean kept; per phase, the measured seconds fitted to the engines' costs times a factor plus a fixed
   cost per call give each path's factors and call costs, the rest of the step its fixed cost
   (``overhead``). ``overhead=False`` skips them (tests, quick looks).
 
@@ -336,13 +336,15 @@ def _terms(profile: Profile, w, placement, name: str) -> dict[str, tuple[float, 
     return {k: (e[k], n[k] - e[k]) for k in ("generate", "update")}
 
 
-def _overhead(profile: Profile, log: Callable[[str], None]) -> Overhead:
+def _overhead(profile: Profile, log: Callable[[str], None], passes: int = 2) -> Overhead:
     """Per driver path: short real runs on the two calibration workloads (:data:`HARNESS`, and with
-    :data:`SHORT`). For each phase the measured seconds are fitted to ``factor x engine cost + fixed cost x
-    calls`` over the two runs (relative least squares, non-negative); what the step has beyond the fitted
-    phases is the path's per-step cost. A periodic run gives the streamed update's extra cost per chunk
-    (``chunk_s``) beyond the dataflow's fit; the concurrent factors (an off-policy run, both pools busy at
-    once) are the mean over its two runs, its fixed costs taken as the dataflow's."""
+    :data:`SHORT`), every run ``passes`` times (all in order, then in reverse order, ...: a machine whose speed
+    drifts over minutes is sampled at several times) and the mean kept. For each phase the measured seconds are
+    fitted to ``factor x engine cost + fixed cost x calls`` over the two workloads (relative least squares,
+    non-negative); what the step has beyond the fitted phases is the path's per-step cost. Periodic runs give
+    the streamed update's extra cost per chunk (``chunk_s``, over both workloads) beyond the dataflow's fit;
+    the concurrent factors (an off-policy run, both pools busy at once) are the mean over its two workloads,
+    its fixed costs taken as the dataflow's."""
     from relayrl.config.loader import load_config
     from relayrl.config.schema import Config
     from relayrl.planner.from_config import workload_from_config
@@ -356,23 +358,32 @@ def _overhead(profile: Profile, log: Callable[[str], None]) -> Overhead:
         for label, over in (("long", []), ("short", SHORT)):
             cfg = load_config(Config, REPO / "recipes" / "arith_grpo.yaml", [*HARNESS, *over, f"run.dir={tmp}/w"])
             shapes[label] = (workload_from_config(cfg, lengths="measure", measure_prompts=32), over)
-        for name, (placement, extra) in _path_runs().items():
+        path_runs = _path_runs()
+        order = [(name, label) for name in path_runs for label in shapes]
+        measured: dict[tuple[str, str], list[dict[str, float]]] = {key: [] for key in order}
+        for i in range(passes):
+            for name, label in (order if i % 2 == 0 else order[::-1]):
+                extra = path_runs[name][1]
+                log(f"relayrl plan: a short run of the {name} path, {label} responses ({' '.join(extra)})"
+                    + (f", pass {i + 1} of {passes}" if passes > 1 else "") + " ...")
+                m = _run_path([*shapes[label][1], *extra], Path(tmp) / f"{name}-{label}-{i}")
+                log("relayrl plan:   " + ", ".join(f"{k} {m[k]:.3f} s" for k in ("generate", "update"))
+                    + f", step {m['step']:.3f} s")
+                measured[name, label].append(m)
+        for name, (placement, _) in path_runs.items():
             runs = []
-            for label, (w, over) in shapes.items():
-                if name == "periodic" and label == "short":
-                    continue
-                log(f"relayrl plan: a short run of the {name} path, {label} responses ({' '.join(extra)}) ...")
+            for label, (w, _) in shapes.items():
                 terms = _terms(profile, w, placement, "dataflow" if name in ("periodic", "concurrent") else name)
-                meas = _run_path([*over, *extra], Path(tmp) / f"{name}-{label}")
-                log("relayrl plan:   " + ", ".join(f"{k} {meas[k]:.3f} s (engines {terms[k][0]:.3f} s)"
-                                                   for k in ("generate", "update")) + f", step {meas['step']:.3f} s")
+                meas = {k: statistics.mean(m[k] for m in measured[name, label]) for k in measured[name, label][0]}
+                log(f"relayrl plan: {name} path, {label} responses: " + ", ".join(
+                    f"{k} {meas[k]:.3f} s (engines {terms[k][0]:.3f} s)" for k in ("generate", "update"))
+                    + f", step {meas['step']:.3f} s")
                 runs.append((w, terms, meas))
             if name == "periodic":  # the streamed update's extra cost per chunk, on the dataflow's fit
-                (w, terms, meas), = runs
                 flow = profile.model_copy(update={"overhead": Overhead(dataflow=paths["dataflow"])})
-                pred = simulate(flow, w, placement, steps=8, warmup=2).phases["update"]
-                chunks = w.prompts / w.stream_groups
-                chunk_s = max(0.0, (meas["update"] - pred) / chunks)
+                extra_s = [(meas["update"] - simulate(flow, w, placement, steps=8, warmup=2).phases["update"],
+                            w.prompts / w.stream_groups) for w, _, meas in runs]
+                chunk_s = max(0.0, sum(e * c for e, c in extra_s) / sum(c * c for _, c in extra_s))
                 continue
             if name == "concurrent":  # extrapolate to both pools busy all the time from each run's overlap
                 flow = paths["dataflow"]
