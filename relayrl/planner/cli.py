@@ -1,6 +1,6 @@
 """``relayrl plan``: calibrate a profile, or search placements for a recipe on N devices.
 
-    relayrl plan --profile [--out relayrl-profile.json]              # calibrate this machine (about a minute)
+    relayrl plan --profile [--out relayrl-profile.json]              # calibrate this machine (about 5 minutes)
     relayrl plan RECIPE [overrides] --devices N [--hardware PROFILE]  # the plan table and the best overrides
     relayrl plan --from-run RUN_DIR [--devices N]                     # fitted to a run's spans and lengths
 
