@@ -18,9 +18,9 @@ the median is what a run beside the other work sees):
 * the user's reward function (or the built-in verifier) on 1, 8 and 32 rows;
 * the driver paths: short real runs of ``relayrl train`` on each (the colocated loop on one rank and on one
   rank per core, the split dataflow) with two calibration workloads (:data:`HARNESS`, long responses, and
-  :data:`SHORT`), each twice (every run in order, then in reverse order), the mean kept; per phase, the measured seconds fitted to the engines' costs times a factor plus a fixed
-  cost per call give each path's factors and call costs, the rest of the step its fixed cost
-  (``overhead``). ``overhead=False`` skips them (tests, quick looks).
+  :data:`SHORT`), each twice (every run in order, then in reverse order), the mean kept; per phase, the
+  measured seconds fitted to the engines' costs times a factor plus a fixed cost per call give each path's
+  factors and call costs, the rest of the step its fixed cost (``overhead``). ``overhead=False`` skips them (tests, quick looks).
 
 Each device kind is measured once per thread count a placement can give a rank: 1 thread and all cores.
 """
@@ -342,9 +342,9 @@ def _overhead(profile: Profile, log: Callable[[str], None], passes: int = 2) -> 
     drifts over minutes is sampled at several times) and the mean kept. For each phase the measured seconds are
     fitted to ``factor x engine cost + fixed cost x calls`` over the two workloads (relative least squares,
     non-negative); what the step has beyond the fitted phases is the path's per-step cost. Periodic runs give
-    the streamed update's extra cost per chunk (``chunk_s``, over both workloads) beyond the dataflow's fit;
-    the concurrent factors (an off-policy run, both pools busy at once) are the mean over its two workloads,
-    its fixed costs taken as the dataflow's."""
+    the streamed update's cost per chunk beyond the dataflow's fit (``chunk_s``, over both workloads; negative
+    down to minus the dataflow's call cost); the concurrent factors (an off-policy run, both pools busy at
+    once) are the mean over its two workloads, its fixed costs taken as the dataflow's."""
     from relayrl.config.loader import load_config
     from relayrl.config.schema import Config
     from relayrl.planner.from_config import workload_from_config
@@ -383,7 +383,9 @@ def _overhead(profile: Profile, log: Callable[[str], None], passes: int = 2) -> 
                 flow = profile.model_copy(update={"overhead": Overhead(dataflow=paths["dataflow"])})
                 extra_s = [(meas["update"] - simulate(flow, w, placement, steps=8, warmup=2).phases["update"],
                             w.prompts / w.stream_groups) for w, _, meas in runs]
-                chunk_s = max(0.0, sum(e * c for e, c in extra_s) / sum(c * c for _, c in extra_s))
+                # (negative when the whole-batch runs' call cost overstates a streamed chunk's)
+                fit = sum(e * c for e, c in extra_s) / sum(c * c for _, c in extra_s)
+                chunk_s = max(-paths["dataflow"].call_s, fit)
                 continue
             if name == "concurrent":  # extrapolate to both pools busy all the time from each run's overlap
                 flow = paths["dataflow"]

@@ -90,9 +90,18 @@ class Overhead(_Model):
     concurrent: PathCost | None = Field(None, description="CPU: the dataflow's factors while both pools compute "
                                         "at once (they share the cores); null: no slowdown")
     per_group_s: float = Field(0.0, ge=0.0, description="dataflow: stage dispatch per prompt group")
-    chunk_s: float = Field(0.0, ge=0.0, description="dataflow, streamed update (periodic, off-policy): the trainer's "
-                           "extra time per chunk (the driver's scoring, advantages and leases for it share the "
-                           "interpreter with an in-driver trainer), measured by a periodic run")
+    chunk_s: float = Field(0.0, description="dataflow, streamed update (periodic, off-policy): the trainer's "
+                           "time per chunk beyond a training call's (``dataflow.call_s``, fitted on whole-batch "
+                           "runs), measured by periodic runs; down to -dataflow.call_s, when a chunk's call costs "
+                           "less than a whole batch's")
+
+    @model_validator(mode="after")
+    def _chunk_not_below_a_free_call(self) -> "Overhead":
+        if self.chunk_s < -self.dataflow.call_s - 1e-12:
+            raise ValueError(f"overhead.chunk_s={self.chunk_s:g}: a streamed chunk's call would cost "
+                             f"{self.dataflow.call_s + self.chunk_s:g} s, below 0 (chunk_s >= -dataflow.call_s="
+                             f"{-self.dataflow.call_s:g})")
+        return self
 
 
 class DeviceProfile(_Model):

@@ -223,6 +223,12 @@ def test_path_fixed_costs_per_call_per_chunk_and_per_generation():
     colo = toy_profile(train_token_s=0.05).model_copy(update={"overhead": Overhead(colocated=flow)})
     assert simulate_batches(colo, w, Placement("sync-colocated", main=1), steps, warmup=2).step_s == pytest.approx(
         1.6 + 0.01 + 0.1)
+    # a streamed chunk's call cheaper than a whole batch's: chunk_s down to -call_s (a free chunk call), no lower
+    cheap = prof.model_copy(update={"overhead": Overhead(dataflow=flow, chunk_s=-0.01)})
+    assert simulate_batches(cheap, w, Placement("periodic", main=1, gen=1), steps, warmup=2).step_s == pytest.approx(
+        1.0 + 0.55)
+    with pytest.raises(ValueError, match="chunk_s >= -dataflow.call_s"):
+        Overhead(dataflow=flow, chunk_s=-0.02)
 
 
 def test_calibration_fit_keeps_a_small_calls_fixed_cost():
