@@ -216,3 +216,28 @@ def test_static_decoder_refuses_more_samples_than_slots(tiny_dir, tiny_tokenizer
         eng.generate([tiny_tokenizer("1+2=")["input_ids"]], SamplingParams(n=3, temperature=1.0, max_new_tokens=2))
     with pytest.raises(ValueError, match="rollout.max_batch"):
         Config.model_validate({"rollout": {"n": 8, "max_batch": 4}})
+
+
+@pytest.mark.slow
+def test_compiled_decode_step_gives_the_eager_tokens_and_compiles_once_for_every_shape(tiny_model):
+    """``rollout.decode_compile``: the layer step and the head compiled by Inductor (here for the CPU) sample the
+    eager step's tokens, and one compilation of each serves every batch bucket and cache length."""
+    from torch._dynamo.utils import counters
+
+    from relayrl.engines.generation.static import StaticDecoder
+
+    torch._dynamo.reset()
+    counters.clear()
+    out = []
+    for compiled in (False, True):
+        dec = StaticDecoder(tiny_model, 8, graphs=False, compile=compiled)
+        dec.ensure(300, 40)
+        dec.tokens.copy_(torch.arange(8) * 5 + 11)
+        dec.positions.fill_(5)
+        dec.row_keys.copy_(torch.arange(8) * 7 + 1)
+        for B, L in ((8, 128), (3, 128), (8, 256), (2, 256), (6, 128)):
+            dec.run(B, L, 4, SamplingParams(temperature=1.0))
+        out.append((dec.hist_tokens.clone(), dec.hist_logprobs.clone()))
+    assert torch.equal(out[0][0], out[1][0])
+    torch.testing.assert_close(out[0][1], out[1][1], atol=1e-5, rtol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 2  # the layer step and the head, once each

@@ -42,6 +42,7 @@ dynamic path); graphs need CUDA.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Callable
 
@@ -87,11 +88,55 @@ def unsupported_reason(model: nn.Module) -> str | None:
 
 
 def _buckets(slots: int) -> list[int]:
-    out, b = [], 1
+    """Batch buckets 2, 4, 8, ... up to ``slots`` (no bucket of 1: a compiled step would compile again for it)."""
+    out, b = [], min(2, slots)
     while b < slots:
         out.append(b)
         b *= 2
     return out + [slots]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, scaling: float) -> torch.Tensor:
+    """q [B, H, 1, D] over the cache k, v [B, KV, L, D] (the query heads of a key/value head grouped, no
+    repetition of keys and values), ``valid`` [B, L] -> [B, H, D]."""
+    B, H, _, D = q.shape
+    KV = k.shape[1]
+    qg = q.reshape(B, KV, H // KV, D)
+    scores = torch.matmul(qg, k.transpose(-1, -2)).float() * scaling  # [B, KV, g, L]
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    return torch.matmul(probs, v).reshape(B, H, D)
+
+
+def _layer_step(layer: nn.Module, x: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor,
+                valid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: Callable) -> torch.Tensor:
+    """One decoder layer of the decode step: ``x`` [B, 1, hidden] holds the new token of slots ``[0, B)``, at
+    ``pos`` [B]; its key and value go into the layer's cache ``k_buf``/``v_buf`` [slots, KV, max_len, D] at
+    ``pos``, and it attends over the first ``L`` positions, those ``valid`` [B, L] marks. The layer's own modules
+    do the rest. One function for every layer, so that ``compile`` compiles it once (dynamic shapes) and every
+    layer reuses it."""
+    attn = layer.self_attn
+    B, D = x.shape[0], k_buf.shape[-1]
+    h = layer.input_layernorm(x)
+    shape = (B, 1, -1, D)
+    q, k, v = attn.q_proj(h).view(shape), attn.k_proj(h).view(shape), attn.v_proj(h).view(shape)
+    if hasattr(attn, "q_norm"):  # Qwen3: per-head norms before the rotary embedding
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, 1, D]
+    q, k = rope(q, k, cos, sin)
+    rows = torch.arange(B, device=x.device)
+    k_buf[rows, :, pos] = k[:, :, 0].to(k_buf.dtype)
+    v_buf[rows, :, pos] = v[:, :, 0].to(v_buf.dtype)
+    L = valid.shape[1]
+    o = _attend(q, k_buf[:B, :, :L], v_buf[:B, :, :L], valid, attn.scaling)
+    x = x + attn.o_proj(o.reshape(B, 1, -1))
+    return x + layer.mlp(layer.post_attention_layernorm(x))
+
+
+def _no_duck_shapes(on: bool):
+    """Compilation without duck sizing: the batch and the cache length get a symbol each even when their sizes
+    happen to be equal (B = L = 128, or B = slots), so that a later call where they differ compiles nothing."""
+    return torch.fx.experimental._config.patch(use_duck_shape=False) if on else contextlib.nullcontext()
 
 
 class StaticDecoder:
@@ -124,8 +169,12 @@ class StaticDecoder:
         self.values: list[torch.Tensor] = []
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._pool = None
-        # compile: one Inductor compilation (dynamic batch and cache length) serves every graph recorded after
-        self._decode_fn = torch.compile(self._decode, dynamic=True) if compile else self._decode
+        # compile: the layer step and the head are compiled by Inductor (dynamic batch and cache length) before
+        # any graph is recorded: fused element-wise kernels; one compilation of the layer serves every layer.
+        # Sampling stays eager (its search over the vocabulary compiled for minutes with dynamic shapes).
+        self.compiled = compile
+        self._layer_fn = torch.compile(_layer_step) if compile else _layer_step
+        self._head_fn = torch.compile(self._head) if compile else self._head
 
     # ------------------------------------------------------------- buffers
     def ensure(self, max_len: int, width: int = 1) -> None:
@@ -186,47 +235,28 @@ class StaticDecoder:
         return logits[src].float()
 
     # ---------------------------------------------------------------- step
-    def _attend(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, valid: torch.Tensor,
-                scaling: float) -> torch.Tensor:
-        """q [B, H, 1, D] over the cache [B, KV, L, D] (query heads grouped per key/value head) -> [B, H, D]."""
-        B = q.shape[0]
-        g = self.heads // self.kv_heads
-        qg = q.reshape(B, self.kv_heads, g, self.head_dim)
-        scores = torch.matmul(qg, k_buf.transpose(-1, -2)).float() * scaling  # [B, KV, g, L]
-        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(v_buf.dtype)
-        return torch.matmul(probs, v_buf).reshape(B, self.heads, self.head_dim)
-
     def _logits(self, B: int, L: int) -> torch.Tensor:
         """The next-token logits [B, V] (float32) of slots ``[0, B)``: each slot's ``tokens`` goes in at its
         ``positions``, attending over the first ``L`` cache positions (``L`` above every slot's position)."""
         tokens, pos = self.tokens[:B], self.positions[:B]
-        x = self.dec.embed_tokens(tokens)[:, None, :]  # [B, 1, H]
+        x = self.dec.embed_tokens(tokens[:, None])  # [B, 1, H]
         cos, sin = self.dec.rotary_emb(x, pos[:, None])
         valid = torch.arange(L, device=self.device)[None, :] <= pos[:, None]  # [B, L]
-        rows = torch.arange(B, device=self.device)
-        for layer, k_buf, v_buf in zip(self.layers, self.keys, self.values):
-            attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            shape = (B, 1, -1, self.head_dim)
-            q = attn.q_proj(h).view(shape)
-            k = attn.k_proj(h).view(shape)
-            v = attn.v_proj(h).view(shape)
-            if hasattr(attn, "q_norm"):  # Qwen3: per-head norms before the rotary embedding
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, 1, D]
-            q, k = self.rope(q, k, cos, sin)
-            k_buf[rows, :, pos] = k[:, :, 0].to(k_buf.dtype)
-            v_buf[rows, :, pos] = v[:, :, 0].to(v_buf.dtype)
-            o = self._attend(q, k_buf[:B, :, :L], v_buf[:B, :, :L], valid, attn.scaling)
-            x = x + attn.o_proj(o.reshape(B, 1, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        hidden = self.dec.norm(x)[:, 0]
-        return self.model.get_output_embeddings()(hidden).float()
+        if self.compiled:  # one compilation for every batch bucket and cache length (B = 1 aside)
+            for t in (x, pos, valid, cos, sin):
+                torch._dynamo.maybe_mark_dynamic(t, 0)
+            torch._dynamo.maybe_mark_dynamic(valid, 1)
+        with _no_duck_shapes(self.compiled):
+            for layer, k_buf, v_buf in zip(self.layers, self.keys, self.values):
+                x = self._layer_fn(layer, x, k_buf, v_buf, pos, valid, cos, sin, self.rope)
+            return self._head_fn(x)
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model.get_output_embeddings()(self.dec.norm(x)[:, 0]).float()
 
     def _decode(self, B: int, L: int, temperature: float, top_k: int, top_p: float):
-        """The step's tensor work (what ``compile`` compiles): logits of slots ``[0, B)`` and a token sampled
-        from them with each row's counter-based uniform; returns (tokens, log-probs)."""
+        """The step's tensor work: logits of slots ``[0, B)`` and a token sampled from them with each row's
+        counter-based uniform; returns (tokens, log-probs)."""
         logits = self._logits(B, L)
         uniforms = row_uniforms(self.row_keys[:B], self.counts[:B])
         return sample_with(logits, temperature, top_k, top_p, uniforms)
@@ -245,7 +275,7 @@ class StaticDecoder:
     def _step(self, B: int, L: int, params: SamplingParams) -> None:
         """One decode step of slots ``[0, B)``: logits, a sampled token per slot, positions one further (free
         slots decoding garbage stay inside the cache)."""
-        tok, logp = self._decode_fn(B, L, params.temperature, params.top_k, params.top_p)
+        tok, logp = self._decode(B, L, params.temperature, params.top_k, params.top_p)
         self._record_token(slice(0, B), tok, logp)
         self.positions[:B] = (self.positions[:B] + 1).clamp_max(self.max_len - 1)
 
