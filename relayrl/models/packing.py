@@ -57,7 +57,7 @@ import torch
 Tensor = torch.Tensor
 
 __all__ = [
-    "PackUnit", "PackedBatch", "plan_units", "pack_units", "build_packed_batch",
+    "PackUnit", "PackedBatch", "plan_units", "pack_units", "plan_microbatches", "build_packed_batch",
     "shared_prompt_mask", "shared_prompt_mask_mod", "additive_mask",
 ]
 
@@ -234,6 +234,28 @@ def pack_units(lengths: Sequence[int], capacity: int) -> list[list[int]]:
             bins.append([i])
             free.append(capacity - lengths[i])
     return bins
+
+
+def plan_microbatches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
+    """Group row indexes into micro-batches of at most ``token_budget`` padded tokens.
+
+    Rows are taken longest first, so each micro-batch holds rows of similar
+    length. A single row longer than the budget gets a micro-batch of its own.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    plans: list[list[int]] = []
+    cur: list[int] = []
+    cur_max = 0
+    for i in order:
+        new_max = max(cur_max, lengths[i])
+        if cur and new_max * (len(cur) + 1) > token_budget:
+            plans.append(cur)
+            cur, new_max = [], lengths[i]
+        cur.append(i)
+        cur_max = new_max
+    if cur:
+        plans.append(cur)
+    return plans
 
 
 def build_packed_batch(prompt_ids: Sequence[Tensor], response_ids: Sequence[Tensor],

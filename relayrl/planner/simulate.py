@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from relayrl.config.plan import PARTIAL_POLL_S, Stage, stage_graph
+from relayrl.models.packing import pack_units, plan_microbatches
 from relayrl.planner.profile import DeviceProfile, PathCost, Profile
 from relayrl.planner.workload import Workload
 
@@ -202,16 +203,14 @@ def generate_rank(dev: DeviceProfile, scale: float, prompt_tokens: int, groups: 
 # -- training -------------------------------------------------------------------------------------
 
 def _micro_batches(units: list[int], budget: int) -> list[int]:
-    """Token counts of the micro-batches: units (a group's prompt + its responses) packed up to the budget."""
-    out, cur = [], 0
-    for u in units:
-        if cur and cur + u > budget:
-            out.append(cur)
-            cur = 0
-        cur += u
-    if cur:
-        out.append(cur)
-    return out
+    """Padded token counts of the micro-batches the training engine runs ``units`` (token lengths) in, by its
+    own planning: units bin-packed into rows no longer than the longest unit (:func:`pack_units`), rows cut
+    into micro-batches of at most ``budget`` padded tokens (:func:`plan_microbatches`), each micro-batch as
+    many rows as it holds, padded to its longest. Uneven units (a long tail) pay their padding."""
+    if not units:
+        return []
+    rows = [sum(units[k] for k in pack) for pack in pack_units(units, max(units))]
+    return [len(mb) * max(rows[k] for k in mb) for mb in plan_microbatches(rows, budget)]
 
 
 def _fsdp_s(profile: Profile, w: Workload, dp: int, gathers: int = 2, reduce: bool = True) -> float:
@@ -355,7 +354,18 @@ def _path(profile: Profile, p: Placement) -> PathCost:
 
 
 def _units(w: Workload, groups: list[list[int]]) -> list[int]:
-    return [w.prompt_tokens + sum(g) for g in groups]
+    """Token lengths of the units shared-prompt packing makes of ``groups`` (response lengths per group): a
+    group's prompt and its responses, a group over the token budget cut as :func:`plan_units` cuts it."""
+    out = []
+    for g in groups:
+        cur, count = 0, 0
+        for r in g:
+            if count and w.prompt_tokens + cur + r > w.token_budget:
+                out.append(w.prompt_tokens + cur)
+                cur, count = 0, 0
+            cur, count = cur + r, count + 1
+        out.append(w.prompt_tokens + cur)
+    return out
 
 
 def step_graph(w: Workload, p: Placement) -> tuple[Stage, ...]:

@@ -36,8 +36,9 @@ def test_two_stages_overlap():
     token + the response: 0.15 s and 0.55 s). Synchronous: 0.9 + 0.7 = 1.6 s per step, colocated or split.
     Periodic: the short group trains at 0.1-0.25 while the long one generates, the long one at 0.9-1.45:
     1.45 s. Off-policy k=1: the next batch generates while the trainer works, the step is generation-bound:
-    0.9 s."""
-    prof, w = toy_profile(train_token_s=0.05), toy_workload(2, 1)
+    0.9 s. A token budget of 16 keeps the two units in micro-batches of their own (no padding: see
+    test_micro_batches_pay_the_engines_padding)."""
+    prof, w = toy_profile(train_token_s=0.05), toy_workload(2, 1, token_budget=16)
     steps = _steps([[2], [10]])
     pred = {mode: simulate_batches(prof, w, p, steps, warmup=2).step_s for mode, p in {
         "colocated": Placement("sync-colocated", main=1), "split": Placement("sync-split", main=1, gen=1),
@@ -50,8 +51,9 @@ def test_long_tail_decides_the_step():
     row: 63 decodes, 6.3 s (a model on the mean length would say 1.05 s). Training 0.05 s per token: 0.25 s
     per short group, 3.25 s for the tail. sync-split: 6.3 + 5.0 = 11.3 s. Periodic: the short groups train
     during the tail (0.3 - 2.05 s), the tail after it: 6.3 + 3.25 = 9.55 s. Off-policy k=1: 6.3 s (the
-    trainer's 5 s per batch hides behind generation)."""
-    prof, w = toy_profile(train_token_s=0.05), toy_workload(8, 1)
+    trainer's 5 s per batch hides behind generation). A token budget of 65: the tail's unit and the seven
+    short ones packed in one row run as two micro-batches, unpadded."""
+    prof, w = toy_profile(train_token_s=0.05), toy_workload(8, 1, token_budget=65)
     steps = _steps([[4]] * 7 + [[64]])
     split = simulate_batches(prof, w, Placement("sync-split", main=1, gen=1), steps, warmup=2)
     periodic = simulate_batches(prof, w, Placement("periodic", main=1, gen=1), steps, warmup=2)
@@ -62,6 +64,28 @@ def test_long_tail_decides_the_step():
     assert split.phases["generate"] == pytest.approx(6.3)
     assert off.busy["gen"] == pytest.approx(1.0)
     assert off.busy["main"] == pytest.approx(5.0 / 6.3)
+
+
+def test_micro_batches_pay_the_engines_padding():
+    """The training engine's own planning: units of 11, 11, 5 and 3 tokens go into rows of at most 11 (the
+    longest unit): [11], [11], [5 + 3]. Under a budget of 8192 padded tokens the three rows are one
+    micro-batch padded to 11: 33 tokens, not 30. Under 22, two rows of 11 fit (22), the third starts another
+    micro-batch (8). A group over the budget is cut as the engine cuts it (each piece repeats the prompt);
+    with the padding, two groups of 2 and 10 tokens (units of 3 and 11) train as 22 tokens, 1.1 s at 0.05 s a
+    token, where the unpadded count said 0.7 s."""
+    from relayrl.planner import simulate as sim
+
+    assert sim._micro_batches([11, 11, 5, 3], 8192) == [33]
+    assert sim._micro_batches([11, 11, 5, 3], 22) == [22, 8]
+    assert sim._micro_batches([], 22) == []
+    w = toy_workload(2, 4, token_budget=16)
+    assert sim._units(w, [[5, 5, 5, 5], [20]]) == [1 + 15, 1 + 5, 1 + 20]  # cut at 16; one response stays whole
+    prof = toy_profile(train_token_s=0.05)
+    dev = prof.devices["toy"]
+    units = sim._units(toy_workload(2, 1), [[2], [10]])
+    assert units == [3, 11]
+    assert sim.train_s(dev, prof, toy_workload(2, 1), units, 1) == pytest.approx(1.1)
+    assert sim.train_s(dev, prof, toy_workload(2, 1, token_budget=16), units, 1) == pytest.approx(0.7)
 
 
 def test_reward_latency_on_the_critical_path_and_concurrency():
@@ -214,7 +238,7 @@ def test_path_fixed_costs_per_call_per_chunk_and_per_generation():
 
     flow = PathCost(call_s=0.01, generate_call_s=0.1)
     prof = toy_profile(train_token_s=0.05).model_copy(update={"overhead": Overhead(dataflow=flow, chunk_s=0.02)})
-    w, steps = toy_workload(2, 1), _steps([[2], [10]])
+    w, steps = toy_workload(2, 1, token_budget=16), _steps([[2], [10]])
     split = simulate_batches(prof, w, Placement("sync-split", main=1, gen=1), steps, warmup=2)
     assert split.step_s == pytest.approx(1.6 + 0.01 + 0.1)
     periodic = simulate_batches(prof, w, Placement("periodic", main=1, gen=1), steps, warmup=2)

@@ -95,32 +95,10 @@ from relayrl.engines.training.accumulate import MetricSums, StreamedUpdate
 from relayrl.engines.training.state import EngineState
 from relayrl.engines.training.base import LOSS_MASK_FIELD, REF_FIELD, LossFn, MicroBatch, OptimConfig, SequenceBatch
 from relayrl.engines.training.config import TrainEngineConfig
-from relayrl.models.packing import (PackUnit, additive_mask, build_packed_batch, pack_units, plan_units,
-                                    shared_prompt_mask)
+from relayrl.models.packing import (PackUnit, additive_mask, build_packed_batch, pack_units, plan_microbatches,
+                                    plan_units, shared_prompt_mask)
 
 __all__ = ["TrainEngineConfig", "TorchTrainingEngine", "Forward", "plan_microbatches", "minibatch_slices", "make_scheduler"]
-
-
-def plan_microbatches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
-    """Group row indexes into micro-batches of at most ``token_budget`` padded tokens.
-
-    Rows are taken longest first, so each micro-batch holds rows of similar
-    length. A single row longer than the budget gets a micro-batch of its own.
-    """
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    plans: list[list[int]] = []
-    cur: list[int] = []
-    cur_max = 0
-    for i in order:
-        new_max = max(cur_max, lengths[i])
-        if cur and new_max * (len(cur) + 1) > token_budget:
-            plans.append(cur)
-            cur, new_max = [], lengths[i]
-        cur.append(i)
-        cur_max = new_max
-    if cur:
-        plans.append(cur)
-    return plans
 
 
 def minibatch_slices(rows: int, mini_batches: int) -> list[range]:
