@@ -338,8 +338,10 @@ def _terms(profile: Profile, w, placement, name: str) -> dict[str, tuple[float, 
 
 def _overhead(profile: Profile, log: Callable[[str], None], passes: int = 2) -> Overhead:
     """Per driver path: short real runs on the two calibration workloads (:data:`HARNESS`, and with
-    :data:`SHORT`), every run ``passes`` times (all in order, then in reverse order, ...: a machine whose speed
-    drifts over minutes is sampled at several times) and the mean kept. For each phase the measured seconds are
+    :data:`SHORT`), every run ``passes`` times and the mean kept: all in order, then all again in the same order,
+    so that each run's samples are a whole pass apart (3 minutes on 2 cores) and a slow patch of a shared
+    machine rarely takes both (in reverse order, the last run's two samples were back to back, and one slow
+    patch made the off-policy path 25% slower than every run after it). For each phase the measured seconds are
     fitted to ``factor x engine cost + fixed cost x calls`` over the two workloads (relative least squares,
     non-negative); what the step has beyond the fitted phases is the path's per-step cost. Periodic runs give
     the streamed update's cost per chunk beyond the dataflow's fit (``chunk_s``, over both workloads; negative
@@ -362,7 +364,7 @@ def _overhead(profile: Profile, log: Callable[[str], None], passes: int = 2) -> 
         order = [(name, label) for name in path_runs for label in shapes]
         measured: dict[tuple[str, str], list[dict[str, float]]] = {key: [] for key in order}
         for i in range(passes):
-            for name, label in (order if i % 2 == 0 else order[::-1]):
+            for name, label in order:
                 extra = path_runs[name][1]
                 log(f"relayrl plan: a short run of the {name} path, {label} responses ({' '.join(extra)})"
                     + (f", pass {i + 1} of {passes}" if passes > 1 else "") + " ...")

@@ -34,16 +34,18 @@ with the workload's ``keep_frac`` and resamples the missing ones in rounds (each
 scored), up to ``resample_rounds`` more; only kept groups go on to the forward passes and the update.
 
 Where the model simplifies: the trainer's pool runs one call at a time, the earliest ready first; the
-advantages cost nothing; a group is dropped by a draw, not by its rewards; the reward runs on the
-driver's threads; data-parallel ranks get the groups of each chunk in turn; FSDP traffic (all-gathers in the
-compute dtype, reduce-scatters of fp32 gradients) does not overlap compute: one gather and one reduction per optimizer step with ``engine.dp_sync=step``, a
-gather forward and backward and a reduction per micro-batch with ``pass``, a gather per forward-only
-micro-batch; attention cost in
-training is linear in tokens; what a driver path adds (the engines slower inside worker processes beside
-the driver, fixed costs per training call, per generation call, per streamed chunk and per step) is one
-factor per kind of work and one constant per call kind, measured on two calibration workloads
-(``Profile.overhead``); while the two pools compute at the same time on a CPU they slow each other: the factors move towards those of a fully concurrent run in proportion to the share of
-each pool's busy time the other pool is busy too (a second pass of the simulation).
+advantages cost nothing; a group is dropped by a draw, not by its rewards; the reward runs on the driver's
+threads; data-parallel ranks get the groups of each chunk in turn; FSDP traffic (all-gathers in the compute
+dtype, reduce-scatters of fp32 gradients) does not overlap compute: one gather and one reduction per optimizer
+step with ``engine.dp_sync=step``, a gather forward and backward and a reduction per micro-batch with
+``pass``, a gather per forward-only micro-batch; a training pass costs its micro-batches' padded tokens,
+planned as the engine plans them (``_micro_batches``), and attention cost in training is linear in those
+tokens; what a driver path adds (the engines slower inside worker processes beside the driver, fixed costs per
+training call, per generation call, per streamed chunk and per step) is one factor per kind of work and one
+constant per call kind, measured on two calibration workloads (``Profile.overhead``); while the two pools
+compute at the same time on a CPU they slow each other: the factors move towards those of a fully concurrent
+run in proportion to the share of each pool's busy time the other pool is busy too (a second pass of the
+simulation).
 """
 
 from __future__ import annotations
