@@ -18,7 +18,7 @@ the median is what a run beside the other work sees):
 * the user's reward function (or the built-in verifier) on 1, 8 and 32 rows;
 * the driver paths: short real runs of ``relayrl train`` on each (the colocated loop on one rank and on one
   rank per core, the split dataflow) with two calibration workloads (:data:`HARNESS`, long responses, and
-  :data:`SHORT`), each twice (every run in order, then in reverse order), the mean kept; per phase, the
+  :data:`SHORT`), each twice (every run in order, then again, a whole pass apart), the mean kept; per phase, the
   measured seconds fitted to the engines' costs times a factor plus a fixed cost per call give each path's
   factors and call costs, the rest of the step its fixed cost (``overhead``). ``overhead=False`` skips them (tests, quick looks).
 
