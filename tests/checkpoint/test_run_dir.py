@@ -247,6 +247,7 @@ sys.stdin.read()
 """
 
 
+@pytest.mark.slow  # (over a second; the full `make test` runs it)
 def test_a_run_dir_is_held_by_one_run_and_the_refusal_names_the_holder(tmp_path):
     import os
     import socket

@@ -130,6 +130,7 @@ def test_a_local_gpu_pool_without_gpus_is_a_user_error():
     assert is_user_error(info.value)
 
 
+@pytest.mark.slow  # (over half a second; the full `make test` runs it)
 def test_a_dropped_cuda_pool_gives_its_gpu_back(monkeypatch):
     """A second run in one process gets GPU 0 again once the first run's pool is gone (it asked for GPU 1
     on a one-GPU machine before)."""

@@ -36,6 +36,7 @@ def test_carry_filters():
     assert any(_without_carries(p.meta["a"], p.meta["b"]) == p.answer for p in some)  # 50+70: a carry, not inner
 
 
+@pytest.mark.slow  # (over a second; the full `make test` runs it)
 def test_careless_teacher_rate_and_true_answers_elsewhere():
     task = make_task("arith", min_digits=2, max_digits=2, forget_carry=0.7)
     probs = _draw(task, 6000)

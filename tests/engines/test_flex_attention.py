@@ -131,6 +131,7 @@ def test_compiled_block_sparse_kernel_equals_dense_sdpa():
 # ------------------------------------------------------------------ engine, CPU
 @pytest.mark.parametrize("budget,pack_length", [pytest.param(*LAYOUTS[0], marks=pytest.mark.slow), LAYOUTS[1]])
 @pytest.mark.parametrize("sliding", [False, True])
+@pytest.mark.slow  # (over half a second; the full `make test` runs it)
 def test_flex_logprobs_equal_sdpa(budget, pack_length, sliding):
     kw = SLIDING if sliding else {}
     batch = _batch()
@@ -154,6 +155,7 @@ def test_flex_logprobs_equal_sdpa(budget, pack_length, sliding):
         torch.testing.assert_close(c, d, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow  # (over half a second; the full `make test` runs it)
 def test_flex_under_autocast_matches_sdpa():
     """bf16 compute over float32 weights (torch.autocast): flex gets its inputs in bf16, as SDPA does."""
     batch = _batch(SPEC[:2])
@@ -181,6 +183,7 @@ def test_flex_without_packing_equals_sdpa():
 @pytest.mark.parametrize("budget,pack_length,sliding", [pytest.param(*LAYOUTS[0], False, marks=pytest.mark.slow),
                                                         (*LAYOUTS[1], False),
                                                         pytest.param(*LAYOUTS[1], True, marks=pytest.mark.slow)])
+@pytest.mark.slow  # (over a second; the full `make test` runs it)
 def test_flex_gradients_equal_sdpa(budget, pack_length, sliding, cpu_flex_backward):
     batch = _batch()
     loss = PolicyLoss(agg="seq-mean-token-mean")

@@ -44,6 +44,7 @@ def _perturb_adapters(model, seed=0):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.1)
 
 
+@pytest.mark.slow  # (over half a second; the full `make test` runs it)
 def test_merged_weights_equal_base_plus_scaled_b_a_by_hand(tiny_dir):
     base = {n: p.detach().clone() for n, p in load_model(tiny_dir).named_parameters()}
     model = load_model(tiny_dir)

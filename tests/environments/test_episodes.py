@@ -96,6 +96,7 @@ def test_a_slow_environment_step_does_not_hold_other_episodes(engine, tiny_token
     assert done_at[False] < done_at[True] - 0.2  # the fast ones finished while the slow step still ran
 
 
+@pytest.mark.slow  # (over half a second; the full `make test` runs it)
 def test_per_episode_limits(engine, tiny_tokenizer):
     probs, prompts = _problems(tiny_tokenizer, 2)
 
@@ -138,6 +139,7 @@ class Raises:
         return StepResult("", reward=1.0, done=True)
 
 
+@pytest.mark.slow  # (over half a second; the full `make test` runs it)
 def test_raising_malformed_and_hanging_environments_end_their_episode_only(engine, tiny_tokenizer):
     probs, prompts = _problems(tiny_tokenizer, 4)
     logged = []

@@ -258,6 +258,7 @@ def _descends_from(pid: str, ancestor: int) -> bool:
     return False
 
 
+@pytest.mark.slow  # (over half a second; the full `make test` runs it)
 def test_the_hosts_root_is_not_mounted_in_the_jails_namespace():
     """pivot_root and a detached old root: no process of the jail (pid 1 included, which a chroot leaves
     outside) has a path back to the host's tree."""
@@ -340,6 +341,7 @@ def test_two_trainers_with_colliding_pids_get_their_own_uids():
     assert a["uid"] != b["uid"]
 
 
+@pytest.mark.slow  # (over half a second; the full `make test` runs it)
 def test_uid_leases_are_exclusive_and_come_back():
     if not IS_ROOT:
         pytest.skip("uids are leased in root mode only")
@@ -356,6 +358,7 @@ def test_uid_leases_are_exclusive_and_come_back():
         (_uid_registry() / f"{uid}.lock").unlink(missing_ok=True)
 
 
+@pytest.mark.slow  # (over half a second; the full `make test` runs it)
 def test_concurrent_runs_never_share_a_uid():
     """Tools run in threads: runs whose code overlaps in time hold different uids (and all succeed)."""
     code = "import os, time\nt = time.time()\ntime.sleep(0.5)\nprint(os.getuid(), t, time.time())"

@@ -62,6 +62,7 @@ def _documented_patterns(page: str) -> set[str]:
     return names
 
 
+@pytest.mark.slow  # (over half a second; the full `make test` runs it)
 def test_every_logged_metric_is_on_the_metrics_page():
     gen = _gen()
     logged = gen.logged_metric_keys()

@@ -86,6 +86,7 @@ def test_seeded_requests_repeat(batcher, tiny_tokenizer):
     assert runs[0] == runs[1]
 
 
+@pytest.mark.slow  # (over a second; the full `make test` runs it)
 def test_cancelled_request_leaves_the_batch_and_weights_wait_for_a_drain(batcher, tiny_tokenizer, tiny_model):
     p = tiny_tokenizer(PROMPTS[2])["input_ids"]
     s = Sink(1)

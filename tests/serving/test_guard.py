@@ -73,6 +73,7 @@ def read_until_closed(s: socket.socket) -> bytes:
     return got
 
 
+@pytest.mark.slow  # (over a second; the full `make test` runs it)
 def test_the_official_client_gets_413_for_64_mib_and_the_server_goes_on(echo):
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=f"{echo.url}/v1", api_key="unused", max_retries=0, timeout=60)
@@ -100,6 +101,7 @@ def test_a_chunked_body_over_the_limit_is_refused(echo):
 
 
 @pytest.mark.parametrize("sent", [0, 3])
+@pytest.mark.slow  # (over half a second; the full `make test` runs it)
 def test_a_body_that_never_finishes_gets_408_and_others_are_served_meanwhile(echo, sent):
     t0 = time.monotonic()
     s = raw(echo, "Content-Length: 100\r\n", b"abc"[:sent])
@@ -111,6 +113,7 @@ def test_a_body_that_never_finishes_gets_408_and_others_are_served_meanwhile(ech
     s.close()
 
 
+@pytest.mark.slow  # (over half a second; the full `make test` runs it)
 def test_a_body_sent_slowly_gets_408_at_the_deadline(echo):
     s = raw(echo, "Transfer-Encoding: chunked\r\n")
     t0, reply = time.monotonic(), b""
@@ -130,6 +133,7 @@ def test_a_body_sent_slowly_gets_408_at_the_deadline(echo):
     s.close()
 
 
+@pytest.mark.slow  # (over a second; the full `make test` runs it)
 def test_the_dock_service_api_refuses_with_413_and_408():
     from relayrl.dock import Dock
     from relayrl.serving.dockapi import build_dock_app

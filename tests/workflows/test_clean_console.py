@@ -18,6 +18,7 @@ from relayrl.workflows.registry import train
 
 
 @pytest.mark.filterwarnings("error")
+@pytest.mark.slow  # (over half a second; the full `make test` runs it)
 def test_a_short_grpo_run_prints_no_warning(tmp_path):
     with warnings.catch_warnings():  # what earlier tests in this process left to the collector is not this run's
         warnings.simplefilter("ignore")

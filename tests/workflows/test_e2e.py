@@ -60,6 +60,7 @@ def test_reinforce_pp_with_kl_in_reward(sft_model, tmp_path):
     assert "actor/kl" in last  # issue 11 item 7: logged in both KL modes (failed before)
 
 
+@pytest.mark.slow  # (over a second; the full `make test` runs it)
 def test_bad_config_is_refused_before_work(tmp_path):
     r = relayrl("train", "recipes/arith_grpo.yaml", "trainer.stepz=3", f"run.dir={tmp_path}")
     assert r.returncode == 2

@@ -44,6 +44,7 @@ def _records(run_dir) -> list[dict]:
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.slow  # (over half a second; the full `make test` runs it)
 def test_a_nan_update_stops_the_run_naming_the_role(tmp_path, monkeypatch, case):
     _, cls, _, metric, role = CASES[case]
     _poison(monkeypatch, cls)
@@ -58,6 +59,7 @@ def test_a_nan_update_stops_the_run_naming_the_role(tmp_path, monkeypatch, case)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.slow  # (over half a second; the full `make test` runs it)
 def test_skip_mode_skips_and_counts_the_nan_updates(tmp_path, monkeypatch, capsys, case):
     _, cls, _, metric, role = CASES[case]
     _poison(monkeypatch, cls)

@@ -88,6 +88,7 @@ def _drain(worker, dock):
     return infos
 
 
+@pytest.mark.slow  # (over a second; the full `make test` runs it)
 def test_weights_sent_during_a_partial_stream_load_between_decode_steps(tiny_dir):
     """A partial stream takes new weights mid-generation: the relay call returns once they are in, the rows
     written to the dock carry per-token versions (old then new), and each row's earlier tokens keep the

@@ -63,6 +63,7 @@ def test_a_critic_state_without_a_tensor_is_refused(tiny_dir):
             critic.load_state({"model": {k: v for k, v in state["model"].items() if k != name}})
 
 
+@pytest.mark.slow  # (over a second; the full `make test` runs it)
 def test_resuming_a_checkpoint_whose_critic_lacks_a_tensor_names_the_file_and_tensor(tmp_path, monkeypatch):
     from relayrl.checkpoint import CheckpointError
     from relayrl.config.loader import load_config

@@ -165,6 +165,7 @@ def test_an_in_process_restart_before_the_first_checkpoint_is_not_refused(tmp_pa
     assert len(attempts) == 2 and steps(tmp_path / "run") == [0]
 
 
+@pytest.mark.slow  # (over a second; the full `make test` runs it)
 def test_a_second_run_started_in_a_held_run_dir_is_refused_naming_the_holder(capsys, tmp_path):
     import os
     import subprocess
