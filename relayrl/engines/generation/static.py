@@ -158,8 +158,7 @@ class StaticDecoder:
         self.rope = getattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb")
         conf = model.config
         self.head_dim = attn.head_dim
-        self.heads = conf.num_attention_heads
-        self.kv_heads = getattr(conf, "num_key_value_heads", None) or self.heads
+        self.kv_heads = getattr(conf, "num_key_value_heads", None) or conf.num_attention_heads
         self.slots = slots
         self.graphs = graphs
         self.device = next(model.parameters()).device
