@@ -3,6 +3,7 @@
 import importlib.util
 import io
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -182,6 +183,26 @@ def _wandb_records(run_file: Path) -> list:
     return out
 
 
+def _finished_runs(wandb_dir: Path, run_id: str, count: int) -> list[list]:
+    """The records of ``count`` offline runs of ``run_id``, oldest first, once each ends in its exit record.
+
+    ``run.finish()`` returns before the wandb-core service has always written the log out, so this polls (10 s at
+    most). A resume in the same second as the run before it gets the same folder name with "-1" added.
+    """
+    deadline = time.monotonic() + 10.0
+    while True:
+        files = sorted(wandb_dir.glob(f"offline-run-*-{run_id}*/run-{run_id}.wandb"))
+        try:
+            runs = [_wandb_records(f) for f in files]
+        except Exception:  # a record the service is still writing  # noqa: BLE001
+            runs = []
+        done = len(runs) == count and all(r and r[-1].WhichOneof("record_type") == "exit" for r in runs)
+        if done or time.monotonic() > deadline:
+            assert done, f"{len(files)} run files of {count}, exit records: {[r and r[-1].WhichOneof('record_type') for r in runs]}"
+            return runs
+        time.sleep(0.1)
+
+
 def _history(rec) -> dict:
     """A history record's metrics (wandb writes a key as ``key`` or, split at slashes, ``nested_key``)."""
     return {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item}
@@ -199,8 +220,7 @@ def test_wandb_offline_writes_a_run(tmp_path, monkeypatch):
         t.log(1, {"reward/mean": 0.5, "actor/kl_coef": 0.05})
         t.log(2, {"reward/mean": 0.75, "actor/kl_coef": 0.04})
     run_id = (tmp_path / "wandb_run_id").read_text().strip()
-    (run_file,) = (tmp_path / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")
-    recs = _wandb_records(run_file)
+    (recs,) = _finished_runs(tmp_path / "wandb", run_id, 1)
     (run,) = [r.run for r in recs if r.WhichOneof("record_type") == "run"]
     assert run.run_id == run_id and run.project == "relayrl-test"
     config = {i.key: json.loads(i.value_json) for i in run.config.update}
@@ -210,6 +230,6 @@ def test_wandb_offline_writes_a_run(tmp_path, monkeypatch):
     with Tracker(tmp_path, cfg, total_steps=3, start_step=2) as t:  # a resume continues the same run id
         t.log(3, {"reward/mean": 0.7})
     assert (tmp_path / "wandb_run_id").read_text().strip() == run_id
-    runs = sorted((tmp_path / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
-    resumed = [_history(r) for f in runs for r in _wandb_records(f) if r.WhichOneof("record_type") == "history"]
+    runs = _finished_runs(tmp_path / "wandb", run_id, 2)
+    resumed = [_history(r) for recs in runs for r in recs if r.WhichOneof("record_type") == "history"]
     assert {h.get("_step"): h.get("reward/mean") for h in resumed}[3] == 0.7, resumed
