@@ -5,6 +5,7 @@ import torch
 
 from relayrl.engines.generation.base import SamplingParams
 from relayrl.engines.generation.native import NativeGenerationEngine
+from relayrl.engines.generation.static import StaticDecoder
 from relayrl.engines.training.base import OptimConfig, SequenceBatch
 from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
 from relayrl.models.load import load_model
@@ -149,14 +150,17 @@ def test_lora_on_a_bf16_base_trains_float32_adapters(tiny_dir, tiny_tokenizer):
     assert all(torch.equal(base[n], p) for n, p in model.named_parameters() if n in base)
 
 
-@pytest.mark.parametrize("n,max_batch,stops,swap", [(1, 2, False, False), (3, 4, False, False),
-                                                    (2, 16, False, False), (2, 16, True, False), (2, 16, True, True)])
-def test_static_decoder_matches_the_dynamic_path(tiny_model, tiny_dir, tiny_tokenizer, n, max_batch, stops, swap):
+@pytest.mark.parametrize("n,max_batch,stops,swap,fuse", [
+    (1, 2, False, False, False), (3, 4, False, False, False), (2, 16, False, False, False),
+    (2, 16, True, False, False), (2, 16, True, True, False), (3, 4, False, False, True), (2, 16, True, True, True)])
+def test_static_decoder_matches_the_dynamic_path(tiny_model, tiny_dir, tiny_tokenizer, n, max_batch, stops, swap,
+                                                 fuse):
     """The static-cache decode step (eager on CPU, graphed on CUDA) gives the same tokens and log-probs as the
     Hugging Face forward with a dynamic cache, including slots freed and refilled (continuous batching).
     ``stops``: a third of the vocabulary ends a row, so rows finish at scattered steps (a slot above every
     running one finishing used to index past the decode batch); ``swap``: new weights after the 3rd step
-    (partial rollout: both paths prefill the in-flight rows again)."""
+    (partial rollout: both paths prefill the in-flight rows again); ``fuse``: q/k/v and gate/up as one product
+    each (what ``rollout.decode_compile`` runs), whose weight copies must follow the swap."""
     texts = ["1+2=", "123+456=", "sort 5 12 9 =", "77+1=", "9+9=", "3+4+5=", "countdown 3 7 5 -> 9 :"]
     prompts = [tiny_tokenizer(t)["input_ids"] for t in texts]
     other = load_model(tiny_dir)
@@ -164,6 +168,8 @@ def test_static_decoder_matches_the_dynamic_path(tiny_model, tiny_dir, tiny_toke
     dyn = NativeGenerationEngine(tiny_model, tiny_tokenizer, max_batch=max_batch, decode="dynamic")
     sta = NativeGenerationEngine(other, tiny_tokenizer, max_batch=max_batch, decode="static")
     assert dyn.static is None and sta.static is not None
+    if fuse:
+        sta.static = StaticDecoder(other, max_batch, graphs=False, fuse=True)
     stop_ids = tuple(range(5, tiny_model.config.vocab_size, 3)) if stops else ()
     params = SamplingParams(n=n, temperature=0.0 if n == 1 else 1.0, max_new_tokens=10, stop_token_ids=stop_ids)
     new = [(k, v.detach() + 0.05 * torch.randn(v.shape, generator=torch.Generator().manual_seed(9)))
@@ -181,6 +187,25 @@ def test_static_decoder_matches_the_dynamic_path(tiny_model, tiny_dir, tiny_toke
         assert x.token_versions.tolist() == y.token_versions.tolist()
     if swap:
         assert any(1 in c.token_versions.tolist() and 0 in c.token_versions.tolist() for c in b)
+    if fuse:  # the copies hold the swapped weights
+        layer, fused = other.model.layers[0], sta.static._fused[0]
+        assert torch.equal(fused.w_qkv[: layer.self_attn.q_proj.out_features], layer.self_attn.q_proj.weight)
+        assert torch.equal(fused.w_gu[-layer.mlp.up_proj.out_features:], layer.mlp.up_proj.weight)
+
+
+def test_fusing_refuses_layers_it_cannot_fuse(tiny_model):
+    from torch import nn
+
+    from relayrl.engines.generation.static import fuse_reason
+
+    layer = tiny_model.model.layers[0]
+    assert fuse_reason(layer) is None
+    layer.self_attn.k_proj.bias = None  # q and v keep theirs
+    assert "bias on some" in fuse_reason(layer)
+    layer.mlp.up_proj = nn.Sequential(layer.mlp.up_proj)  # a wrapper (LoRA, quantization) is not nn.Linear
+    assert "not plain nn.Linear" in fuse_reason(layer)
+    with pytest.raises(ValueError, match="fused projections: .*not plain nn.Linear"):
+        StaticDecoder(tiny_model, 4, graphs=False, fuse=True)
 
 
 def test_share_weights_is_zero_copy(tiny_model, tiny_dir, tiny_tokenizer):
@@ -220,8 +245,9 @@ def test_static_decoder_refuses_more_samples_than_slots(tiny_dir, tiny_tokenizer
 
 @pytest.mark.slow
 def test_compiled_decode_step_gives_the_eager_tokens_and_compiles_once_for_every_shape(tiny_model):
-    """``rollout.decode_compile``: the layer step and the head compiled by Inductor (here for the CPU) sample the
-    eager step's tokens, and one compilation of each serves every batch bucket and cache length."""
+    """``rollout.decode_compile``: the layer step (its projections fused), the head and the sampler's block masses
+    compiled by Inductor (here for the CPU) sample the eager step's tokens, and one compilation of each serves every batch bucket and
+    cache length."""
     from torch._dynamo.utils import counters
 
     from relayrl.engines.generation.static import StaticDecoder
@@ -230,7 +256,7 @@ def test_compiled_decode_step_gives_the_eager_tokens_and_compiles_once_for_every
     counters.clear()
     out = []
     for compiled in (False, True):
-        dec = StaticDecoder(tiny_model, 8, graphs=False, compile=compiled)
+        dec = StaticDecoder(tiny_model, 8, graphs=False, compile=compiled, fuse=compiled)  # fused as on CUDA
         dec.ensure(300, 40)
         dec.tokens.copy_(torch.arange(8) * 5 + 11)
         dec.positions.fill_(5)
@@ -240,4 +266,4 @@ def test_compiled_decode_step_gives_the_eager_tokens_and_compiles_once_for_every
         out.append((dec.hist_tokens.clone(), dec.hist_logprobs.clone()))
     assert torch.equal(out[0][0], out[1][0])
     torch.testing.assert_close(out[0][1], out[1][1], atol=1e-5, rtol=1e-5)
-    assert counters["stats"]["unique_graphs"] == 2  # the layer step and the head, once each
+    assert counters["stats"]["unique_graphs"] == 3  # the layer step, the head and the block masses, once each

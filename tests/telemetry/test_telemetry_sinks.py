@@ -198,7 +198,8 @@ def _finished_runs(wandb_dir: Path, run_id: str, count: int) -> list[list]:
             runs = []
         done = len(runs) == count and all(r and r[-1].WhichOneof("record_type") == "exit" for r in runs)
         if done or time.monotonic() > deadline:
-            assert done, f"{len(files)} run files of {count}, exit records: {[r and r[-1].WhichOneof('record_type') for r in runs]}"
+            last = [r and r[-1].WhichOneof("record_type") for r in runs]
+            assert done, f"{len(files)} run files of {count}, their last records: {last}"
             return runs
         time.sleep(0.1)
 

@@ -140,16 +140,16 @@ class NativeGenerationEngine:
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Copy weights in place; unknown names and shape mismatches raise before the version moves. With
         shared weights (:meth:`share_weights`) the engine already reads the new values: only the version moves."""
-        if self.shared:
-            self._version = version
-            return
-        for name, t in named_tensors:
-            p = self._params.get(name)
-            if p is None:
-                raise KeyError(f"generation engine has no parameter {name!r}")
-            if p.shape != t.shape:
-                raise ValueError(f"weight {name!r}: engine shape {tuple(p.shape)} != incoming {tuple(t.shape)}")
-            p.copy_(t, non_blocking=True)
+        if not self.shared:
+            for name, t in named_tensors:
+                p = self._params.get(name)
+                if p is None:
+                    raise KeyError(f"generation engine has no parameter {name!r}")
+                if p.shape != t.shape:
+                    raise ValueError(f"weight {name!r}: engine shape {tuple(p.shape)} != incoming {tuple(t.shape)}")
+                p.copy_(t, non_blocking=True)
+        if self.static is not None:
+            self.static.refresh()  # its fused projection weights, if any, are copies
         self._version = version
 
     def share_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:

@@ -24,6 +24,14 @@ the cumulative sums run in float64, so the last of 152k tokens is placed as
 exactly as the first, and in two levels (blocks of 128 tokens, then one block),
 so no scan runs over the whole vocabulary: on a GPU a 152k-long float64 scan
 per row took 0.37 ms of a 3.3 ms decode step.
+
+Without top-k or top-p (the usual RL rollout) no probability tensor of the
+vocabulary's size is written: :func:`block_mass` reads the logits for the
+row's log-sum-exp and its blocks' masses (two reductions, which the static
+decoder compiles into two kernels), the chosen block's 128 probabilities are
+computed again from its logits, and the token's log-prob is its scaled logit
+less the log-sum-exp. The logits may come in the model's dtype (bf16 on a
+GPU); every sum is taken in float32 or float64.
 """
 
 from __future__ import annotations
@@ -32,7 +40,8 @@ import torch
 
 from relayrl.engines.generation.base import SamplingParams
 
-__all__ = ["mix32", "row_key", "row_uniforms", "draw_seed", "sample_next", "sample_with", "inverse_cdf"]
+__all__ = ["mix32", "row_key", "row_uniforms", "draw_seed", "sample_next", "sample_with", "inverse_cdf", "block_mass",
+           "sample_from_logits"]
 
 _M = 0x45D9F3B  # the multiplier of a well-tested 32-bit integer hash (< 2**27)
 _MASK = 0xFFFFFFFF
@@ -75,6 +84,39 @@ def _first_above(cdf: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return torch.minimum(above, last).squeeze(-1)
 
 
+def block_mass(logits: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of ``logits`` [B, V] (any float dtype): the log-sum-exp of ``logits / temperature`` (float32 [B])
+    and the probability mass of each block of 128 tokens under ``softmax(logits / temperature)`` (float64
+    [B, ceil(V / 128)]; the last block padded with zero mass). Two reductions over the logits and nothing of
+    size [B, V] kept, once compiled."""
+    scaled = logits.float() / temperature
+    lse = torch.logsumexp(scaled, dim=-1)
+    B, V = scaled.shape
+    pad = -V % _BLOCK
+    probs = (scaled - lse[:, None]).exp()
+    if pad:
+        probs = torch.nn.functional.pad(probs, (0, pad))
+    return lse, probs.view(B, -1, _BLOCK).sum(-1, dtype=torch.float64)
+
+
+def sample_from_logits(logits: torch.Tensor, temperature: float, u: torch.Tensor, mass=block_mass):
+    """A token per row of ``softmax(logits / temperature)`` by inverse CDF at ``u`` [B], and its log-prob, with no
+    [B, V] probability tensor: ``mass`` (:func:`block_mass`, or a compiled copy of it) gives the log-sum-exp and
+    the blocks' masses; the chosen block's probabilities are computed again from its 128 logits."""
+    B, V = logits.shape
+    lse, sums = mass(logits, temperature)
+    cdf = sums.cumsum(-1)  # [B, V / 128] float64
+    target = u.to(torch.float64) * cdf[:, -1]
+    block = _first_above(cdf, target)
+    before = torch.where(block > 0, cdf.gather(1, (block - 1).clamp_min(0)[:, None]).squeeze(1), 0.0)
+    idx = block[:, None] * _BLOCK + torch.arange(_BLOCK, device=logits.device)  # [B, 128]
+    inside = idx < V
+    vals = logits.gather(1, idx.clamp_max(V - 1)).float() / temperature
+    inner = torch.where(inside, (vals - lse[:, None]).exp(), 0.0).double().cumsum(-1)
+    tok = (block * _BLOCK + _first_above(inner, target - before)).clamp_max(V - 1)
+    return tok, logits.gather(1, tok[:, None]).squeeze(1).float() / temperature - lse
+
+
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """The token of each row of ``probs`` [B, V] where its cumulative sum first exceeds ``u`` [B] (scaled by the
     row's total); tokens of probability zero are never returned.
@@ -98,7 +140,7 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.G
     """Sample one token per row.
 
     Args:
-        logits: [B, V] next-token logits (float32).
+        logits: [B, V] next-token logits (float32, or the model's dtype: sums are taken in float32/64).
         uniforms: [B] one uniform per row (:func:`row_uniforms`); None draws them from ``generator``.
     Returns:
         tokens [B] int64 and their log-probs [B] under ``softmax(logits / T)``
@@ -110,16 +152,21 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.G
     return sample_with(logits, params.temperature, params.top_k, params.top_p, uniforms)
 
 
-def sample_with(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, uniforms: torch.Tensor | None):
-    """:func:`sample_next` on plain arguments (what the static decoder compiles into its step)."""
+def sample_with(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, uniforms: torch.Tensor | None,
+                mass=block_mass):
+    """:func:`sample_next` on plain arguments (what the static decoder records into its step); ``logits`` may be
+    in the model's dtype. ``mass``: :func:`block_mass` or a compiled copy (the plain-temperature path uses it)."""
     if temperature == 0.0:
-        logp = torch.log_softmax(logits, dim=-1)
-        tok = logp.argmax(dim=-1)
-        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
-    scaled = logits / temperature
+        tok = logits.argmax(dim=-1)
+        lse = torch.logsumexp(logits.float(), dim=-1)
+        return tok, logits.gather(-1, tok[:, None]).squeeze(-1).float() - lse
+    V = logits.shape[-1]
+    if (not top_k or top_k >= V) and top_p >= 1.0:
+        return sample_from_logits(logits, temperature, uniforms.to(logits.device), mass)
+    scaled = logits.float() / temperature
     logp = torch.log_softmax(scaled, dim=-1)
     filtered = scaled
-    if top_k and top_k < filtered.shape[-1]:
+    if top_k and top_k < V:
         kth = torch.topk(filtered, top_k, dim=-1).values[:, -1:]
         filtered = filtered.masked_fill(filtered < kth, float("-inf"))
     if top_p < 1.0:
@@ -128,6 +175,5 @@ def sample_with(logits: torch.Tensor, temperature: float, top_k: int, top_p: flo
         drop = cum - torch.softmax(sorted_logits, dim=-1) >= top_p  # keep the token that crosses top_p
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         filtered = torch.full_like(filtered, float("-inf")).scatter(-1, order, sorted_logits)
-    probs = logp.exp() if filtered is scaled else torch.softmax(filtered, dim=-1)
-    tok = inverse_cdf(probs, uniforms.to(logits.device))
+    tok = inverse_cdf(torch.softmax(filtered, dim=-1), uniforms.to(logits.device))
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)

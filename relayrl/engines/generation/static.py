@@ -51,9 +51,9 @@ from torch import nn
 
 from relayrl.engines.generation.base import SamplingParams
 from relayrl.engines.generation.kv_cache import forward_with_cache
-from relayrl.engines.generation.sampling import row_uniforms, sample_next, sample_with
+from relayrl.engines.generation.sampling import block_mass, row_uniforms, sample_next, sample_with
 
-__all__ = ["StaticDecoder", "unsupported_reason"]
+__all__ = ["StaticDecoder", "unsupported_reason", "fuse_reason"]
 
 _LAYER_PARTS = ("input_layernorm", "post_attention_layernorm", "mlp", "self_attn")
 _ATTN_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -108,18 +108,70 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tens
     return torch.matmul(probs, v).reshape(B, H, D)
 
 
+def fuse_reason(layer: nn.Module) -> str | None:
+    """Why ``layer``'s q/k/v and gate/up projections cannot run as one matrix product each (None when they can):
+    each must be a plain ``nn.Linear``, the MLP ``down(act(gate(x)) * up(x))``, and biases all there or none."""
+    attn, mlp = layer.self_attn, layer.mlp
+    parts = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj")]
+    mlp_parts = [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+    if not all(type(m) is nn.Linear for m in parts + mlp_parts) or not callable(getattr(mlp, "act_fn", None)):
+        return f"{type(layer).__name__}'s projections are not plain nn.Linear modules with a gated MLP"
+    for group in (parts, mlp_parts[:2]):
+        if len({m.bias is None for m in group}) > 1:
+            return f"{type(layer).__name__} has a bias on some of its projections only"
+    return None
+
+
+class _Fused:
+    """One layer's q/k/v weights as one [q + 2 kv, hidden] matrix and its gate/up weights as one [2 I, hidden]
+    matrix (copies, refreshed from the layer by :meth:`refresh`), so a decode step runs two matrix products where
+    the layer runs five."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+        self.qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
+        self.gate_up = [mlp.gate_proj, mlp.up_proj]
+        self.split = [m.out_features for m in self.qkv]
+        self.w_qkv = torch.cat([m.weight for m in self.qkv])
+        self.b_qkv = torch.cat([m.bias for m in self.qkv]) if attn.q_proj.bias is not None else None
+        self.w_gu = torch.cat([m.weight for m in self.gate_up])
+        self.b_gu = torch.cat([m.bias for m in self.gate_up]) if mlp.gate_proj.bias is not None else None
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        torch.cat([m.weight for m in self.qkv], out=self.w_qkv)
+        torch.cat([m.weight for m in self.gate_up], out=self.w_gu)
+        if self.b_qkv is not None:
+            torch.cat([m.bias for m in self.qkv], out=self.b_qkv)
+        if self.b_gu is not None:
+            torch.cat([m.bias for m in self.gate_up], out=self.b_gu)
+
+    def tensors(self) -> tuple:
+        return self.w_qkv, self.b_qkv, self.w_gu, self.b_gu
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors() if t is not None)
+
+
 def _layer_step(layer: nn.Module, x: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor,
-                valid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: Callable) -> torch.Tensor:
+                valid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: Callable,
+                fused: tuple | None = None, split: tuple[int, int, int] | None = None) -> torch.Tensor:
     """One decoder layer of the decode step: ``x`` [B, 1, hidden] holds the new token of slots ``[0, B)``, at
     ``pos`` [B]; its key and value go into the layer's cache ``k_buf``/``v_buf`` [slots, KV, max_len, D] at
     ``pos``, and it attends over the first ``L`` positions, those ``valid`` [B, L] marks. The layer's own modules
-    do the rest. One function for every layer, so that ``compile`` compiles it once (dynamic shapes) and every
-    layer reuses it."""
+    do the rest, or, with ``fused`` (:meth:`_Fused.tensors`, ``split`` the q/k/v widths), one product for q/k/v
+    and one for gate/up. One function for every layer, so that ``compile`` compiles it once (dynamic shapes) and
+    every layer reuses it."""
     attn = layer.self_attn
     B, D = x.shape[0], k_buf.shape[-1]
     h = layer.input_layernorm(x)
     shape = (B, 1, -1, D)
-    q, k, v = attn.q_proj(h).view(shape), attn.k_proj(h).view(shape), attn.v_proj(h).view(shape)
+    if fused is None:
+        q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+    else:
+        q, k, v = torch.nn.functional.linear(h, fused[0], fused[1]).split(split, dim=-1)
+    q, k, v = q.view(shape), k.view(shape), v.view(shape)
     if hasattr(attn, "q_norm"):  # Qwen3: per-head norms before the rotary embedding
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, 1, D]
@@ -130,7 +182,11 @@ def _layer_step(layer: nn.Module, x: torch.Tensor, k_buf: torch.Tensor, v_buf: t
     L = valid.shape[1]
     o = _attend(q, k_buf[:B, :, :L], v_buf[:B, :, :L], valid, attn.scaling)
     x = x + attn.o_proj(o.reshape(B, 1, -1))
-    return x + layer.mlp(layer.post_attention_layernorm(x))
+    h = layer.post_attention_layernorm(x)
+    if fused is None:
+        return x + layer.mlp(h)
+    gate, up = torch.nn.functional.linear(h, fused[2], fused[3]).chunk(2, dim=-1)
+    return x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
 
 
 def _no_duck_shapes(on: bool):
@@ -147,7 +203,8 @@ class StaticDecoder:
     wanted back); the next use builds them again.
     """
 
-    def __init__(self, model: nn.Module, slots: int, *, graphs: bool, compile: bool = False) -> None:
+    def __init__(self, model: nn.Module, slots: int, *, graphs: bool, compile: bool = False,
+                 fuse: bool = False) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"static decoding: {reason}")
@@ -168,20 +225,35 @@ class StaticDecoder:
         self.values: list[torch.Tensor] = []
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._pool = None
-        # compile: the layer step and the head are compiled by Inductor (dynamic batch and cache length) before
-        # any graph is recorded: fused element-wise kernels; one compilation of the layer serves every layer.
-        # Sampling stays eager (its search over the vocabulary compiled for minutes with dynamic shapes).
+        # compile: the layer step, the head and the sampler's two reductions over the vocabulary (block_mass) are
+        # compiled by Inductor (dynamic batch and cache length) before any graph is recorded: fused element-wise
+        # kernels; one compilation of the layer serves every layer. The sampler's search stays eager (compiled
+        # with dynamic shapes it took minutes); it reads [B, V / 128] block masses and one block per row.
         self.compiled = compile
         self._layer_fn = torch.compile(_layer_step) if compile else _layer_step
         self._head_fn = torch.compile(self._head) if compile else self._head
+        self._mass_fn = torch.compile(block_mass) if compile else block_mass
+        # fuse: each layer's q/k/v and gate/up weights also kept concatenated (two products where there were
+        # five), at the cost of a copy of those weights; refreshed at every generate and weight update.
+        self.fuse = fuse
+        self._fused: list[_Fused] = []
+        if fuse and (why := next(filter(None, map(fuse_reason, self.layers)), None)) is not None:
+            raise ValueError(f"static decoding with fused projections: {why}")
 
     # ------------------------------------------------------------- buffers
     def ensure(self, max_len: int, width: int = 1) -> None:
         """A cache of at least ``max_len`` positions per slot (rounded up to 128) and room for ``width`` sampled
         tokens per slot; graphs are recorded again when either grows."""
+        if self.fuse:
+            if self._fused:
+                self.refresh()
+            else:
+                self._fused = [_Fused(layer) for layer in self.layers]
         if max_len <= self.max_len and width <= self.width:
             return
-        self.release()
+        self._graphs.clear()
+        self._pool = None
+        self.keys, self.values = [], []
         self.max_len = -(-max_len // 128) * 128
         self.width = max(width, 1)
         shape = (self.slots, self.kv_heads, self.max_len, self.head_dim)
@@ -200,11 +272,21 @@ class StaticDecoder:
         self._graphs.clear()
         self._pool = None
         self.keys, self.values = [], []
+        self._fused = []
         self.max_len = self.width = 0
+
+    def refresh(self) -> None:
+        """Copy the layers' weights into the fused copies again (after an in-place weight update)."""
+        for f in self._fused:
+            f.refresh()
 
     @property
     def cache_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+    @property
+    def fused_bytes(self) -> int:
+        return sum(f.nbytes for f in self._fused)
 
     # ------------------------------------------------------------- prefill
     @torch.no_grad()
@@ -235,7 +317,7 @@ class StaticDecoder:
 
     # ---------------------------------------------------------------- step
     def _logits(self, B: int, L: int) -> torch.Tensor:
-        """The next-token logits [B, V] (float32) of slots ``[0, B)``: each slot's ``tokens`` goes in at its
+        """The next-token logits [B, V] (the model's dtype) of slots ``[0, B)``: each slot's ``tokens`` goes in at its
         ``positions``, attending over the first ``L`` cache positions (``L`` above every slot's position)."""
         tokens, pos = self.tokens[:B], self.positions[:B]
         x = self.dec.embed_tokens(tokens[:, None])  # [B, 1, H]
@@ -246,19 +328,25 @@ class StaticDecoder:
                 torch._dynamo.maybe_mark_dynamic(t, 0)
             torch._dynamo.maybe_mark_dynamic(valid, 1)
         with _no_duck_shapes(self.compiled):
-            for layer, k_buf, v_buf in zip(self.layers, self.keys, self.values):
-                x = self._layer_fn(layer, x, k_buf, v_buf, pos, valid, cos, sin, self.rope)
+            for i, (layer, k_buf, v_buf) in enumerate(zip(self.layers, self.keys, self.values)):
+                f = self._fused[i] if self._fused else None
+                x = self._layer_fn(layer, x, k_buf, v_buf, pos, valid, cos, sin, self.rope,
+                                   f and f.tensors(), f and tuple(f.split))
             return self._head_fn(x)
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model.get_output_embeddings()(self.dec.norm(x)[:, 0]).float()
+        """Logits [B, V] in the model's dtype (the sampler takes its sums in float32/64)."""
+        return self.model.get_output_embeddings()(self.dec.norm(x)[:, 0])
 
     def _decode(self, B: int, L: int, temperature: float, top_k: int, top_p: float):
         """The step's tensor work: logits of slots ``[0, B)`` and a token sampled from them with each row's
         counter-based uniform; returns (tokens, log-probs)."""
         logits = self._logits(B, L)
+        if self.compiled:
+            torch._dynamo.maybe_mark_dynamic(logits, 0)
         uniforms = row_uniforms(self.row_keys[:B], self.counts[:B])
-        return sample_with(logits, temperature, top_k, top_p, uniforms)
+        with _no_duck_shapes(self.compiled):
+            return sample_with(logits, temperature, top_k, top_p, uniforms, mass=self._mass_fn)
 
     def _record_token(self, idx, tok: torch.Tensor, logp: torch.Tensor) -> None:
         """Slots ``idx`` (a slice or an index tensor) sampled ``tok``: into the history at each row's count,
@@ -337,7 +425,8 @@ def build(model: nn.Module, slots: int, mode: str, log: Callable[[str], None] | 
           compile: bool = False) -> StaticDecoder | None:
     """The static decoder for ``mode`` (``auto``: on CUDA for supported models; ``static``: always, graphed on
     CUDA; ``dynamic``: never). ``static`` on an unsupported model raises; ``auto`` says why it stays dynamic.
-    ``compile``: on CUDA, the step is compiled by Inductor before its graphs are recorded."""
+    ``compile``: on CUDA, the step is compiled by Inductor before its graphs are recorded, with each layer's
+    q/k/v and gate/up projections fused where the layers allow it (:func:`fuse_reason`)."""
     if mode == "dynamic":
         return None
     cuda = next(model.parameters()).device.type == "cuda"
@@ -345,11 +434,22 @@ def build(model: nn.Module, slots: int, mode: str, log: Callable[[str], None] | 
     if mode == "static":
         if reason is not None:
             raise ValueError(f"rollout.decode=static: {reason}; use rollout.decode=dynamic")
-        return StaticDecoder(model, slots, graphs=cuda, compile=compile and cuda)
+        compile = compile and cuda
+        return StaticDecoder(model, slots, graphs=cuda, compile=compile, fuse=_fuse(model, compile, log))
     if not cuda:
         return None
     if reason is not None:
         if log is not None:
             log(f"relayrl: rollout.decode=auto keeps the dynamic decode path ({reason})")
         return None
-    return StaticDecoder(model, slots, graphs=True, compile=compile)
+    return StaticDecoder(model, slots, graphs=True, compile=compile, fuse=_fuse(model, compile, log))
+
+
+def _fuse(model: nn.Module, compile: bool, log: Callable[[str], None] | None) -> bool:
+    """Whether the compiled step fuses the projections: when compiled and every layer allows it (said if not)."""
+    if not compile:
+        return False
+    why = next(filter(None, map(fuse_reason, _decoder(model).layers)), None)
+    if why is not None and log is not None:
+        log(f"relayrl: rollout.decode_compile keeps separate q/k/v and gate/up projections ({why})")
+    return why is None
