@@ -83,9 +83,10 @@ def decode_roofline(model, B: int, prompt: int, new: int, bw: float, peak: float
 
 
 def bench_decode(path: Path, sizes: list[int], prompt: int, new: int, bw: float, peak: float,
-                 baselines: bool = True, compiled: bool = False) -> dict:
+                 baselines: bool = True, compiled: bool = False, unfused: bool = False) -> dict:
     """relayrl's static decode (and, ``compiled``, the same with ``rollout.decode_compile``: its first generate,
-    compilation included, is timed apart) against the roofline, HF ``generate`` and the dynamic-cache path."""
+    compilation included, is timed apart; ``unfused``, also compiled with separate q/k/v and gate/up products)
+    against the roofline, HF ``generate`` and the dynamic-cache path."""
     from relayrl.engines.generation.base import SamplingParams
     from relayrl.engines.generation.native import NativeGenerationEngine
     from relayrl.models.load import load_model, load_tokenizer
@@ -118,16 +119,22 @@ def bench_decode(path: Path, sizes: list[int], prompt: int, new: int, bw: float,
             dyn = NativeGenerationEngine(model, tok, max_batch=B, device="cuda", decode="dynamic")
             _, t_dyn = sync_time(lambda: dyn.generate(prompts, params, gen))
             row["dynamic_tok_s"] = B * new / t_dyn
-        if compiled:  # the same work with the layer step and the head compiled (rollout.decode_compile)
+        for fuse in ([True, False] if unfused else [True]) if compiled else []:
+            # the same work with the layer step, the head and the sampler's reductions compiled (decode_compile)
             cmp = NativeGenerationEngine(model, tok, max_batch=B, device="cuda", decode="static", decode_compile=True)
-            _, row["compiled_first_s"] = sync_time(lambda: cmp.generate(prompts, params, gen))
+            if not fuse:
+                from relayrl.engines.generation.static import StaticDecoder
+
+                cmp.static = StaticDecoder(model, B, graphs=True, compile=True, fuse=False)
+            name = "compiled" if fuse else "compiled_unfused"
+            _, first = sync_time(lambda: cmp.generate(prompts, params, gen))
             _, t_cmp = sync_time(lambda: cmp.generate(prompts, params, gen))
             cmp.release()
-            row.update({"compiled_tok_s": B * new / t_cmp, "compiled_s": t_cmp, "compiled_step_ms": t_cmp / new * 1e3,
-                        "compiled_roof_frac": roof / t_cmp})
-            print(f"decode B={B}, compiled: {row['compiled_tok_s']:.0f} tok/s ({t_cmp:.2f} s, "
-                  f"{row['compiled_step_ms']:.2f} ms/step, {row['compiled_roof_frac']:.1%} of roofline; first "
-                  f"generate with compilation {row['compiled_first_s']:.1f} s)", flush=True)
+            row.update({f"{name}_first_s": first, f"{name}_tok_s": B * new / t_cmp, f"{name}_s": t_cmp,
+                        f"{name}_step_ms": t_cmp / new * 1e3, f"{name}_roof_frac": roof / t_cmp})
+            print(f"decode B={B}, {name.replace('_', ', ')}: {B * new / t_cmp:.0f} tok/s ({t_cmp:.2f} s, "
+                  f"{t_cmp / new * 1e3:.2f} ms/step, {roof / t_cmp:.1%} of roofline; first generate with "
+                  f"compilation {first:.1f} s)", flush=True)
         out[B] = row
         print(f"decode B={B}: relayrl {row['relayrl_tok_s']:.0f} tok/s ({dt:.2f} s, {row['step_ms']:.2f} ms/step, "
               f"{row['roof_frac']:.1%} of "
@@ -148,7 +155,7 @@ def profile_decode(path: Path, B: int, prompt: int, steps: int, compile_step: bo
 
     model = load_model(path, dtype="bfloat16", device="cuda").eval()
     t0 = time.perf_counter()
-    dec = StaticDecoder(model, B, graphs=True, compile=compile_step)
+    dec = StaticDecoder(model, B, graphs=True, compile=compile_step, fuse=compile_step)  # as decode_compile builds it
     dec.ensure(prompt + 3 * steps + 8, 3 * steps + 8)
     dec.tokens.random_(10, 300)
     dec.positions.fill_(prompt)
@@ -473,6 +480,8 @@ def main() -> None:
                     "no dynamic-cache path)")
     ap.add_argument("--compile-decode", action="store_true", help="decode and profile: also the step compiled "
                     "(rollout.decode_compile)")
+    ap.add_argument("--decode-unfused", action="store_true", help="decode, with --compile-decode: also the "
+                    "compiled step with separate q/k/v and gate/up products (what the fusion gains)")
     ap.add_argument("--grpo-new-tokens", type=int, default=256, help="max_new_tokens of the GRPO steps")
     ap.add_argument("--grpo", nargs="*", default=[], help="extra config overrides of the GRPO steps")
     ap.add_argument("--decode-sizes", default="64,256", help="decode: comma-separated batch sizes")
@@ -498,7 +507,8 @@ def main() -> None:
     new = 128 if args.quick else 512
     def decode():
         res["decode"] = bench_decode(path, [int(x) for x in args.decode_sizes.split(",")], 128, new, bw, peak,
-                                     baselines=not args.no_decode_baselines, compiled=args.compile_decode)
+                                     baselines=not args.no_decode_baselines, compiled=args.compile_decode,
+                                     unfused=args.decode_unfused)
 
     def profile():
         for compiled in (False, True) if args.compile_decode else (False,):

@@ -117,11 +117,12 @@ def test_graphed_static_decode_matches_the_dynamic_path_on_cuda(tiny_model, tiny
 
 
 @pytest.mark.parametrize("compile_step", [False, True])
+@pytest.mark.parametrize("top_k", [50, 0])  # 0: the blockwise sampler (block_mass, compiled with the step)
 def test_sampled_graphed_decode_in_chunks_matches_the_dynamic_path_on_cuda(tiny_model, tiny_dir, tiny_tokenizer,
-                                                                          compile_step):
+                                                                          compile_step, top_k):
     """Sampling inside the graph (counter-based uniforms) over chunks of steps between host reads gives the
-    dynamic path's tokens and log-probs, with the step compiled or not; rows end at scattered steps inside
-    chunks and freed slots take waiting prompts."""
+    dynamic path's tokens and log-probs, with the step compiled (its projections fused) or not; rows end at
+    scattered steps inside chunks and freed slots take waiting prompts."""
     from relayrl.models.load import load_model
 
     other = load_model(tiny_dir)
@@ -130,8 +131,9 @@ def test_sampled_graphed_decode_in_chunks_matches_the_dynamic_path_on_cuda(tiny_
     sta = NativeGenerationEngine(other.cuda(), tiny_tokenizer, max_batch=8, device="cuda", decode="auto",
                                  decode_compile=compile_step)
     assert sta.static is not None and sta.static.graphs and sta.decode_chunk > 1
+    assert sta.static.fuse == compile_step
     prompts = _ids(tiny_tokenizer, PROMPTS) * 3
-    params = SamplingParams(n=2, temperature=0.9, top_k=50, max_new_tokens=40,
+    params = SamplingParams(n=2, temperature=0.9, top_k=top_k, max_new_tokens=40,
                             stop_token_ids=tuple(range(5, tiny_model.config.vocab_size, 11)))
     a = dyn.generate(prompts, params, torch.Generator(device="cuda").manual_seed(5))
     b = sta.generate(prompts, params, torch.Generator(device="cuda").manual_seed(5))
