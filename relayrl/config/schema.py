@@ -106,10 +106,12 @@ class RolloutConfig(_Section):
         "auto", description="auto: on CUDA, Llama-family models decode on a static KV cache with CUDA graphs, "
         "others (and CPU) with a dynamic cache; static: always the static cache (graphed on CUDA); dynamic: never")
     decode_compile: bool = Field(
-        False, description="static decoding on CUDA: compile each decoder layer's decode step and the output head "
-        "with torch.compile (one compilation for every batch and cache length) before recording the graphs; "
-        "sampling stays eager. Fused element-wise kernels: a step of the 0.5B shape at batch 256 took 4.2 ms "
-        "instead of 6.3 ms on an H100; the first generate pays the compilation (17 s on that shape)")
+        False, description="static decoding on CUDA: compile each decoder layer's decode step, the output head and "
+        "the sampler's two reductions over the vocabulary with torch.compile (one compilation for every batch and "
+        "cache length) before recording the graphs, with each layer's q/k/v and gate/up projections run as one "
+        "product each (a copy of those weights: about 0.5 GB for a 0.5B model, 8.5 GB for a 7B). Fused "
+        "element-wise kernels: a step of the 0.5B shape at batch 256 took 4.2 ms instead of 6.3 ms on an H100 "
+        "(before the fused projections and sampler); the first generate pays the compilation (17 s on that shape)")
     engine: Literal["native", "vllm", "openai"] = Field(
         "native", description="native: relayrl's engine in the rollout workers; vllm: a vLLM engine in each rollout "
         "worker's process (pip install 'relayrl[vllm]'; see rollout.vllm); openai: sample through an "

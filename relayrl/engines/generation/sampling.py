@@ -28,7 +28,7 @@ per row took 0.37 ms of a 3.3 ms decode step.
 Without top-k or top-p (the usual RL rollout) no probability tensor of the
 vocabulary's size is written: :func:`block_mass` reads the logits for the
 row's log-sum-exp and its blocks' masses (two reductions, which the static
-decoder compiles into two kernels), the chosen block's 128 probabilities are
+decoder compiles with ``rollout.decode_compile``), the chosen block's 128 probabilities are
 computed again from its logits, and the token's log-prob is its scaled logit
 less the log-sum-exp. The logits may come in the model's dtype (bf16 on a
 GPU); every sum is taken in float32 or float64.
