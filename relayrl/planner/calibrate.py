@@ -336,6 +336,12 @@ def _terms(profile: Profile, w, placement, name: str) -> dict[str, tuple[float, 
     return {k: (e[k], n[k] - e[k]) for k in ("generate", "update")}
 
 
+def calibration_order(paths: list[str], workloads: list[str], passes: int) -> list[tuple[int, str, str]]:
+    """The order of the calibration runs, as (pass, path, workload): every (path, workload) once per pass, each
+    pass in the same order, so that the samples of one run are a whole pass apart."""
+    return [(i, name, label) for i in range(passes) for name in paths for label in workloads]
+
+
 def _overhead(profile: Profile, log: Callable[[str], None], passes: int = 2) -> Overhead:
     """Per driver path: short real runs on the two calibration workloads (:data:`HARNESS`, and with
     :data:`SHORT`), every run ``passes`` times and the mean kept: all in order, then all again in the same order,
@@ -361,17 +367,15 @@ def _overhead(profile: Profile, log: Callable[[str], None], passes: int = 2) -> 
             cfg = load_config(Config, REPO / "recipes" / "arith_grpo.yaml", [*HARNESS, *over, f"run.dir={tmp}/w"])
             shapes[label] = (workload_from_config(cfg, lengths="measure", measure_prompts=32), over)
         path_runs = _path_runs()
-        order = [(name, label) for name in path_runs for label in shapes]
-        measured: dict[tuple[str, str], list[dict[str, float]]] = {key: [] for key in order}
-        for i in range(passes):
-            for name, label in order:
-                extra = path_runs[name][1]
-                log(f"relayrl plan: a short run of the {name} path, {label} responses ({' '.join(extra)})"
-                    + (f", pass {i + 1} of {passes}" if passes > 1 else "") + " ...")
-                m = _run_path([*shapes[label][1], *extra], Path(tmp) / f"{name}-{label}-{i}")
-                log("relayrl plan:   " + ", ".join(f"{k} {m[k]:.3f} s" for k in ("generate", "update"))
-                    + f", step {m['step']:.3f} s")
-                measured[name, label].append(m)
+        measured: dict[tuple[str, str], list[dict[str, float]]] = {(n, lb): [] for n in path_runs for lb in shapes}
+        for i, name, label in calibration_order(list(path_runs), list(shapes), passes):
+            extra = path_runs[name][1]
+            log(f"relayrl plan: a short run of the {name} path, {label} responses ({' '.join(extra)})"
+                + (f", pass {i + 1} of {passes}" if passes > 1 else "") + " ...")
+            m = _run_path([*shapes[label][1], *extra], Path(tmp) / f"{name}-{label}-{i}")
+            log("relayrl plan:   " + ", ".join(f"{k} {m[k]:.3f} s" for k in ("generate", "update"))
+                + f", step {m['step']:.3f} s")
+            measured[name, label].append(m)
         for name, (placement, _) in path_runs.items():
             runs = []
             for label, (w, _) in shapes.items():

@@ -169,3 +169,16 @@ def test_calibration_measures_positive_costs(tiny_dir):
         assert dev.train(4096) > dev.train(64) > 0
         assert dev.optimizer_s > 0
     assert prof.relay.per_s > 0 and prof.collective(1e8) > 0
+
+
+def test_calibration_samples_each_run_a_whole_pass_apart():
+    """Both samples of a run never sit back to back (a slow patch of a shared machine would take both)."""
+    from relayrl.planner.calibrate import calibration_order
+
+    order = calibration_order(["sync", "dataflow", "offpolicy"], ["long", "short"], passes=2)
+    assert len(order) == 12 and len({(p, w) for _, p, w in order}) == 6
+    at = {}
+    for k, (_, path, workload) in enumerate(order):
+        at.setdefault((path, workload), []).append(k)
+    assert all(b - a == 6 for a, b in at.values())  # one pass of all six runs between a run's two samples
+    assert [i for i, _, _ in order] == [0] * 6 + [1] * 6
