@@ -257,14 +257,16 @@ def relay_s(profile: Profile, w: Workload) -> float:
 
 # -- memory ---------------------------------------------------------------------------------------
 
-def memory_gib(w: Workload, p: Placement, kv_peak_tokens: float) -> dict[str, float]:
+def memory_gib(w: Workload, p: Placement, kv_peak_tokens: float, gpu: bool = False) -> dict[str, float]:
     """Peak memory of one device per pool: trainer state (master weights, fp32 gradients, Adam's two
     moments) sharded over ``main`` ranks, activations of one micro-batch (about 18 values per hidden unit
     per token per layer, Korthikanti et al.'s count without recomputation; with gradient checkpointing each
     layer's input and one layer's 18; plus one chunk of output logits), and on the rollout's devices its weights in the compute dtype and the KV cache of its rows
     in flight. Colocated: the trainer's state plus the larger of the KV cache and the activations; with
     offload, the larger of the two phases (training: trainer state and activations; generation: the rollout's
-    weights and KV cache). LoRA: the frozen base in the compute dtype, gradients and moments of the adapters."""
+    weights and KV cache). LoRA: the frozen base in the compute dtype, gradients and moments of the adapters.
+    ``gpu`` with ``w.decode_fused``: the rollout's fused copy of its q/k/v and gate/up weights too (kept between
+    phases unless offloaded)."""
     m = w.model
     state = (m.params * m.train_bytes + m.trained_params * (4 + 8)) / p.main
     if p.main > 1 and w.dp_sync == "step":  # during a step: the gathered weights and unreduced fp32 gradients
@@ -273,12 +275,13 @@ def memory_gib(w: Workload, p: Placement, kv_peak_tokens: float) -> dict[str, fl
     acts = w.token_budget * m.hidden * per_token * m.compute_bytes + 1024 * m.vocab * 4 * 2
     kv = kv_peak_tokens * m.layers * 2 * m.kv_dim * m.compute_bytes
     rollout_weights = m.params * m.compute_bytes
+    fused = m.fused * m.compute_bytes if gpu and w.decode_fused else 0.0
     if p.gen == 0 and w.offload:
-        return {"main": max(state + acts, rollout_weights + kv) / GIB}
+        return {"main": max(state + acts, rollout_weights + fused + kv) / GIB}
     if p.gen == 0:
         extra = rollout_weights if m.compute_bytes != m.train_bytes or m.trainable else 0.0
-        return {"main": (state + extra + max(kv, acts)) / GIB}
-    return {"main": (state + acts) / GIB, "gen": (rollout_weights + kv) / GIB}
+        return {"main": (state + extra + fused + max(kv, acts)) / GIB}
+    return {"main": (state + acts) / GIB, "gen": (rollout_weights + fused + kv) / GIB}
 
 
 # -- the step -------------------------------------------------------------------------------------
@@ -328,7 +331,7 @@ def simulate_batches(profile: Profile, w: Workload, p: Placement, batches: list[
         profile = base.scaled(name, g, t)
         dev = profile.devices[name]
         step_s, busy, phases, kv_peak, _, tokens = _run(profile, dev, scale, w, p, batches, warmup)
-    mem = memory_gib(w, p, kv_peak)
+    mem = memory_gib(w, p, kv_peak, gpu=dev.kind == "gpu")
     fits = all(v <= dev.memory_gib for v in mem.values())
     return Prediction(p, step_s, tokens, busy, mem, fits, phases, per=profile.cores if dev.kind == "cpu" else 0)
 

@@ -97,6 +97,8 @@ class ModelShape(_Model):
                                "(fp32: 4, bf16: 2)")
     trainable: int = Field(0, ge=0, description="parameters that train (gradients, Adam's moments, float32); 0: "
                            "all of them. LoRA: the adapters' (the frozen base then holds compute_bytes per weight)")
+    fused: int = Field(0, ge=0, description="weights of the q/k/v and gate/up projections, of which "
+                       "rollout.decode_compile keeps a fused copy on a GPU")
 
     @property
     def trained_params(self) -> int:
@@ -115,9 +117,10 @@ class ModelShape(_Model):
         tied = getattr(cfg, "tie_word_embeddings", False)
         params = layers * per_layer + vocab * hidden * (1 if tied else 2) + hidden
         compute = 2 if dtype in ("bfloat16", "float16") else 4
+        fused = layers * hidden * ((heads + 2 * kv) * head_dim + 2 * ffn)
         if lora is None or not lora.enabled:
             return cls(params=params, layers=layers, hidden=hidden, kv_dim=kv * head_dim, vocab=vocab,
-                       compute_bytes=compute)
+                       compute_bytes=compute, fused=fused)
         # (in, out) of each projection a target name matches; an adapter holds r x (in + out) weights
         dims = {"q_proj": (hidden, heads * head_dim), "k_proj": (hidden, kv * head_dim),
                 "v_proj": (hidden, kv * head_dim), "o_proj": (heads * head_dim, hidden),
@@ -125,7 +128,7 @@ class ModelShape(_Model):
         adapters = sum(lora.r * (i + o) for name, (i, o) in dims.items()
                        if any(name.endswith(t) or t.endswith(name) for t in lora.target_modules))
         return cls(params=params, layers=layers, hidden=hidden, kv_dim=kv * head_dim, vocab=vocab,
-                   compute_bytes=compute, train_bytes=compute, trainable=max(1, adapters * layers))
+                   compute_bytes=compute, train_bytes=compute, trainable=max(1, adapters * layers), fused=fused)
 
 
 class Workload(_Model):
@@ -169,6 +172,8 @@ class Workload(_Model):
     offload: bool = Field(False, description="trainer.offload: colocated, each role's idle state leaves the "
                           "device between phases (the peak is the larger phase, not their sum)")
     max_batch: int = Field(256, ge=1, description="rows a rollout rank keeps in flight")
+    decode_fused: bool = Field(False, description="rollout.decode_compile: on a GPU each rollout rank keeps a copy "
+                               "of the model's q/k/v and gate/up weights (ModelShape.fused), fused")
 
     @property
     def rows(self) -> int:

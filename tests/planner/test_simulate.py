@@ -227,6 +227,12 @@ def test_lora_offload_and_checkpointing_in_the_memory_model():
     assert memory_gib(both, on, 0)["main"] * 2**30 == pytest.approx(max(state + 16384 * 3584 * 46 * 2 + head, rollout))
     full_ft = toy_workload(16, 8, shape=full, token_budget=16384, checkpointing=True, offload=True)
     assert memory_gib(full_ft, on, 0)["main"] > 7_615_487_488 * 16 / 2**30 > 80  # no H100 holds it
+    # rollout.decode_compile on a GPU: a fused copy of q/k/v (28 + 2 x 4 heads of 128) and gate/up (2 x 18944)
+    assert lora.fused == full.fused == 28 * 3584 * (36 * 128 + 2 * 18944) == 4_264_558_592
+    fused = toy_workload(16, 8, shape=lora, token_budget=16384, decode_fused=True)
+    assert memory_gib(fused, on, 0, gpu=True)["main"] * 2**30 == pytest.approx(
+        state + rollout + 4_264_558_592 * 2 + 16384 * 3584 * 28 * 18 * 2 + head)
+    assert memory_gib(fused, on, 0, gpu=False) == memory_gib(plain, on, 0)  # on a CPU nothing is fused
 
 
 def test_path_fixed_costs_per_call_per_chunk_and_per_generation():
