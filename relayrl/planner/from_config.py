@@ -118,7 +118,8 @@ def workload_from_config(cfg, *, model_config: str | None = None, prompt_tokens:
                     token_budget=cfg.engine.token_budget, stream_groups=cfg.trainer.stream_groups,
                     dp_sync=cfg.engine.dp_sync,
                     **plan_passes(cfg), offload=cfg.trainer.offload,
-                    checkpointing=cfg.engine.gradient_checkpointing, decode_fused=cfg.rollout.decode_compile)
+                    checkpointing=cfg.engine.gradient_checkpointing, decode_fused=cfg.rollout.decode_compile,
+                    packing=cfg.engine.packing, pack_length=cfg.engine.pack_length or 0)
 
 
 def measure_lengths(model_dir: str, prompts: list[list[int]], n: int, max_new_tokens: int, *,

@@ -204,14 +204,18 @@ def generate_rank(dev: DeviceProfile, scale: float, prompt_tokens: int, groups: 
 
 # -- training -------------------------------------------------------------------------------------
 
-def _micro_batches(units: list[int], budget: int) -> list[int]:
+def _micro_batches(units: list[int], budget: int, packing: str = "shared_prompt", pack_length: int = 0) -> list[int]:
     """Padded token counts of the micro-batches the training engine runs ``units`` (token lengths) in, by its
-    own planning: units bin-packed into rows no longer than the longest unit (:func:`pack_units`), rows cut
-    into micro-batches of at most ``budget`` padded tokens (:func:`plan_microbatches`), each micro-batch as
-    many rows as it holds, padded to its longest. Uneven units (a long tail) pay their padding."""
+    own planning: units bin-packed into rows no longer than ``pack_length`` or else the longest unit
+    (:func:`pack_units`; ``packing="none"``: each unit a row of its own), rows cut into micro-batches of at
+    most ``budget`` padded tokens (:func:`plan_microbatches`), each micro-batch as many rows as it holds,
+    padded to its longest. Uneven units (a long tail) pay their padding."""
     if not units:
         return []
-    rows = [sum(units[k] for k in pack) for pack in pack_units(units, max(units))]
+    if packing == "none":
+        rows = list(units)
+    else:
+        rows = [sum(units[k] for k in pack) for pack in pack_units(units, pack_length or max(units))]
     return [len(mb) * max(rows[k] for k in mb) for mb in plan_microbatches(rows, budget)]
 
 
@@ -236,7 +240,7 @@ def train_s(dev: DeviceProfile, profile: Profile, w: Workload, units: list[int],
         per_pass = _fsdp_s(profile, w, dp, gathers=1, reduce=False)
     else:
         per_pass = _fsdp_s(profile, w, dp) if w.dp_sync == "pass" else 0.0
-    return sum(scale * cost(mb) + per_pass for mb in _micro_batches(units, w.token_budget))
+    return sum(scale * cost(mb) + per_pass for mb in _micro_batches(units, w.token_budget, w.packing, w.pack_length))
 
 
 def optimizer_s(dev: DeviceProfile, profile: Profile, w: Workload, dp: int) -> float:
@@ -359,13 +363,17 @@ def _path(profile: Profile, p: Placement) -> PathCost:
 
 
 def _units(w: Workload, groups: list[list[int]]) -> list[int]:
-    """Token lengths of the units shared-prompt packing makes of ``groups`` (response lengths per group): a
-    group's prompt and its responses, a group over the token budget cut as :func:`plan_units` cuts it."""
+    """Token lengths of the units the training engine makes of ``groups`` (response lengths per group). Shared-
+    prompt packing: a group's prompt and its responses, a group over the token budget (or ``pack_length``) cut
+    as :func:`plan_units` cuts it; ``sequences`` and ``none``: each response with its own copy of the prompt."""
+    if w.packing != "shared_prompt":
+        return [w.prompt_tokens + r for g in groups for r in g]
+    limit = min(w.pack_length or w.token_budget, w.token_budget)
     out = []
     for g in groups:
         cur, count = 0, 0
         for r in g:
-            if count and w.prompt_tokens + cur + r > w.token_budget:
+            if count and w.prompt_tokens + cur + r > limit:
                 out.append(w.prompt_tokens + cur)
                 cur, count = 0, 0
             cur, count = cur + r, count + 1

@@ -172,6 +172,11 @@ class Workload(_Model):
     offload: bool = Field(False, description="trainer.offload: colocated, each role's idle state leaves the "
                           "device between phases (the peak is the larger phase, not their sum)")
     max_batch: int = Field(256, ge=1, description="rows a rollout rank keeps in flight")
+    packing: Literal["shared_prompt", "sequences", "none"] = Field(
+        "shared_prompt", description="engine.packing: the training passes' layout (shared-prompt units, packed "
+        "sequences, or padded rows)")
+    pack_length: int = Field(0, ge=0, description="engine.pack_length: max tokens of a packed row; 0 packs rows up "
+                             "to the longest unit")
     decode_fused: bool = Field(False, description="rollout.decode_compile: on a GPU each rollout rank keeps a copy "
                                "of the model's q/k/v and gate/up weights (ModelShape.fused), fused")
 

@@ -88,6 +88,29 @@ def test_micro_batches_pay_the_engines_padding():
     assert sim.train_s(dev, prof, toy_workload(2, 1, token_budget=16), units, 1) == pytest.approx(0.7)
 
 
+def test_micro_batches_follow_the_engines_packing_mode():
+    """``engine.packing=sequences``: each response a unit with its own prompt, packed as before; ``none``: each
+    a padded row of its own; ``pack_length`` caps a packed row (and cuts a shared-prompt group) as the engine
+    does. Groups [5, 5, 5, 5] and [20] after a 1-token prompt."""
+    from relayrl.planner import simulate as sim
+
+    groups = [[5, 5, 5, 5], [20]]
+    seq = toy_workload(2, 4, packing="sequences")
+    assert sim._units(seq, groups) == [6, 6, 6, 6, 21]
+    # rows of at most 21: [21], [6 + 6 + 6], [6]; one micro-batch of three rows padded to 21
+    assert sim._micro_batches([6, 6, 6, 6, 21], 8192, "sequences") == [63]
+    # no packing: five rows padded to 21 under a large budget; under 24, rows of 21 and 6 go alone
+    assert sim._micro_batches([6, 6, 6, 6, 21], 8192, "none") == [105]
+    assert sim._micro_batches([6, 6, 6, 6, 21], 24, "none") == [21, 24]
+    capped = toy_workload(2, 4, pack_length=12)
+    assert sim._units(capped, groups) == [1 + 10, 1 + 10, 1 + 20]  # cut at 12 tokens
+    assert sim._micro_batches([11, 11, 21], 8192, "shared_prompt", 12) == [63]  # rows of 12 at most: no two fit
+    prof = toy_profile(train_token_s=0.01)
+    dev = prof.devices["toy"]
+    assert sim.train_s(dev, prof, toy_workload(2, 4, packing="none"), sim._units(seq, groups), 1) == \
+        pytest.approx(1.05)
+
+
 def test_reward_latency_on_the_critical_path_and_concurrency():
     """Two groups of 2 tokens (done at 0.1 s), a reward latency of 1 s per response, no training. One call in
     flight: the calls run one after another, 0.1 + 1 + 1 = 2.1 s; two in flight: 1.1 s. The colocated loop
