@@ -127,6 +127,7 @@ class _Fused:
     matrix (copies, refreshed from the layer by :meth:`refresh`), so a decode step runs two matrix products where
     the layer runs five."""
 
+    @torch.no_grad()
     def __init__(self, layer: nn.Module) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
