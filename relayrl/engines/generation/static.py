@@ -450,7 +450,16 @@ def _fuse(model: nn.Module, compile: bool, log: Callable[[str], None] | None) ->
     """Whether the compiled step fuses the projections: when compiled and every layer allows it (said if not)."""
     if not compile:
         return False
-    why = next(filter(None, map(fuse_reason, _decoder(model).layers)), None)
-    if why is not None and log is not None:
+    layers = list(_decoder(model).layers)
+    why = next(filter(None, map(fuse_reason, layers)), None)
+    if log is not None and why is not None:
         log(f"relayrl: rollout.decode_compile keeps separate q/k/v and gate/up projections ({why})")
+    elif log is not None:
+        size = 0
+        for layer in layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            for m in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj):
+                size += sum(p.numel() * p.element_size() for p in m.parameters())
+        log(f"relayrl: rollout.decode_compile runs q/k/v and gate/up as one product each, on a copy of those "
+            f"weights ({size / 2**30:.2f} GiB)")
     return why is None
