@@ -55,3 +55,15 @@ def test_block_mass_is_the_softmax_summed_by_blocks_of_128():
     probs = torch.nn.functional.pad(torch.softmax(logits.double() / 2.0, -1), (0, 84)).view(4, 3, 128).sum(-1)
     torch.testing.assert_close(mass, probs)
     torch.testing.assert_close(lse, torch.logsumexp(logits / 2.0, -1))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_compiled_steps_sampler_draws_the_eager_samplers_tokens(temperature):
+    """``mass`` (what the compiled decode step passes) takes the blockwise path; without it the eager path keeps
+    the probabilities. Same tokens, same log-probs to float32 rounding."""
+    logits = _logits(64, 1000, seed=4)
+    u = torch.rand(64, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    tok, logp = sample_with(logits, temperature, 0, 1.0, u, mass=block_mass)
+    ref_tok, ref_logp = sample_with(logits, temperature, 0, 1.0, u)
+    assert torch.equal(tok, ref_tok)
+    torch.testing.assert_close(logp, ref_logp)

@@ -25,13 +25,15 @@ exactly as the first, and in two levels (blocks of 128 tokens, then one block),
 so no scan runs over the whole vocabulary: on a GPU a 152k-long float64 scan
 per row took 0.37 ms of a 3.3 ms decode step.
 
-Without top-k or top-p (the usual RL rollout) no probability tensor of the
-vocabulary's size is written: :func:`block_mass` reads the logits for the
-row's log-sum-exp and its blocks' masses (two reductions, which the static
-decoder compiles with ``rollout.decode_compile``), the chosen block's 128 probabilities are
-computed again from its logits, and the token's log-prob is its scaled logit
-less the log-sum-exp. The logits may come in the model's dtype (bf16 on a
-GPU); every sum is taken in float32 or float64.
+In the compiled decode step (``rollout.decode_compile``), without top-k or
+top-p (the usual RL rollout), no probability tensor of the vocabulary's size
+is written (:func:`sample_from_logits`): :func:`block_mass`, compiled, reads
+the logits for the row's log-sum-exp and its blocks' masses (two reductions),
+the chosen block's 128 probabilities are computed again from its logits, and
+the token's log-prob is its scaled logit less the log-sum-exp. Run eagerly
+that takes more passes than ``log_softmax``, so eager sampling keeps the
+probabilities. The logits may come in the model's dtype (bf16 on a GPU);
+every sum is taken in float32 or float64.
 """
 
 from __future__ import annotations
@@ -153,15 +155,16 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.G
 
 
 def sample_with(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, uniforms: torch.Tensor | None,
-                mass=block_mass):
+                mass=None):
     """:func:`sample_next` on plain arguments (what the static decoder records into its step); ``logits`` may be
-    in the model's dtype. ``mass``: :func:`block_mass` or a compiled copy (the plain-temperature path uses it)."""
+    in the model's dtype. ``mass``: a compiled :func:`block_mass`, for :func:`sample_from_logits` when neither
+    top-k nor top-p filters (the compiled decode step); None keeps the eager path (fewer passes run eagerly)."""
     if temperature == 0.0:
-        tok = logits.argmax(dim=-1)
-        lse = torch.logsumexp(logits.float(), dim=-1)
-        return tok, logits.gather(-1, tok[:, None]).squeeze(-1).float() - lse
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        tok = logp.argmax(dim=-1)
+        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
     V = logits.shape[-1]
-    if (not top_k or top_k >= V) and top_p >= 1.0:
+    if mass is not None and (not top_k or top_k >= V) and top_p >= 1.0:
         return sample_from_logits(logits, temperature, uniforms.to(logits.device), mass)
     scaled = logits.float() / temperature
     logp = torch.log_softmax(scaled, dim=-1)
@@ -175,5 +178,6 @@ def sample_with(logits: torch.Tensor, temperature: float, top_k: int, top_p: flo
         drop = cum - torch.softmax(sorted_logits, dim=-1) >= top_p  # keep the token that crosses top_p
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         filtered = torch.full_like(filtered, float("-inf")).scatter(-1, order, sorted_logits)
-    tok = inverse_cdf(torch.softmax(filtered, dim=-1), uniforms.to(logits.device))
+    probs = logp.exp() if filtered is scaled else torch.softmax(filtered, dim=-1)
+    tok = inverse_cdf(probs, uniforms.to(logits.device))
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)

@@ -233,7 +233,7 @@ class StaticDecoder:
         self.compiled = compile
         self._layer_fn = torch.compile(_layer_step) if compile else _layer_step
         self._head_fn = torch.compile(self._head) if compile else self._head
-        self._mass_fn = torch.compile(block_mass) if compile else block_mass
+        self._mass_fn = torch.compile(block_mass) if compile else None
         # fuse: each layer's q/k/v and gate/up weights also kept concatenated (two products where there were
         # five), at the cost of a copy of those weights; refreshed at every generate and weight update.
         self.fuse = fuse
