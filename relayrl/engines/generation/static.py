@@ -26,6 +26,13 @@ by Inductor first, 4.2 ms, after 17 s of compilation):
   past the highest busy one are not computed; free slots below it compute
   garbage that stays inside the cache and the history.
 
+With ``rollout.decode_compile`` the step is compiled by Inductor before it is
+recorded (one compilation of the layer step for every layer, batch bucket and
+cache length), each layer's q/k/v projections run as one matrix product and
+its gate/up projections as another (on a copy of those weights, refreshed at
+every ``generate`` and weight update), and sampling reads the logits in two
+compiled reductions (:func:`.sampling.sample_from_logits`).
+
 Prefill is not graphed: new prompts run through the Hugging Face model
 (right-padded, so that every prompt's tokens start at index 0), and their keys
 and values are copied into their slots, repeated for the ``n`` samples.
@@ -132,7 +139,7 @@ class _Fused:
         attn, mlp = layer.self_attn, layer.mlp
         self.qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
         self.gate_up = [mlp.gate_proj, mlp.up_proj]
-        self.split = [m.out_features for m in self.qkv]
+        self.split = tuple(m.out_features for m in self.qkv)
         self.w_qkv = torch.cat([m.weight for m in self.qkv])
         self.b_qkv = torch.cat([m.bias for m in self.qkv]) if attn.q_proj.bias is not None else None
         self.w_gu = torch.cat([m.weight for m in self.gate_up])
@@ -318,8 +325,8 @@ class StaticDecoder:
 
     # ---------------------------------------------------------------- step
     def _logits(self, B: int, L: int) -> torch.Tensor:
-        """The next-token logits [B, V] (the model's dtype) of slots ``[0, B)``: each slot's ``tokens`` goes in at its
-        ``positions``, attending over the first ``L`` cache positions (``L`` above every slot's position)."""
+        """The next-token logits [B, V] (the model's dtype) of slots ``[0, B)``: each slot's ``tokens`` goes in at
+        its ``positions``, attending over the first ``L`` cache positions (``L`` above every slot's position)."""
         tokens, pos = self.tokens[:B], self.positions[:B]
         x = self.dec.embed_tokens(tokens[:, None])  # [B, 1, H]
         cos, sin = self.dec.rotary_emb(x, pos[:, None])
@@ -332,7 +339,7 @@ class StaticDecoder:
             for i, (layer, k_buf, v_buf) in enumerate(zip(self.layers, self.keys, self.values)):
                 f = self._fused[i] if self._fused else None
                 x = self._layer_fn(layer, x, k_buf, v_buf, pos, valid, cos, sin, self.rope,
-                                   f and f.tensors(), f and tuple(f.split))
+                                   f and f.tensors(), f and f.split)
             return self._head_fn(x)
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
