@@ -91,11 +91,11 @@ def block_mass(logits: torch.Tensor, temperature: float) -> tuple[torch.Tensor, 
     and the probability mass of each block of 128 tokens under ``softmax(logits / temperature)`` (float64
     [B, ceil(V / 128)]; the last block padded with zero mass). Two reductions over the logits and nothing of
     size [B, V] kept, once compiled."""
-    scaled = logits.float() if temperature == 1.0 else logits.float() / temperature  # (x / 1 is x: one pass less)
+    scaled = logits.float() / temperature
     lse = torch.logsumexp(scaled, dim=-1)
     B, V = scaled.shape
     pad = -V % _BLOCK
-    probs = (scaled - lse[:, None]).exp_()  # in place on the difference (a new tensor): one pass less eagerly
+    probs = (scaled - lse[:, None]).exp()
     if pad:
         probs = torch.nn.functional.pad(probs, (0, pad))
     return lse, probs.view(B, -1, _BLOCK).sum(-1, dtype=torch.float64)

@@ -259,9 +259,7 @@ class StaticDecoder:
                 self._fused = [_Fused(layer) for layer in self.layers]
         if max_len <= self.max_len and width <= self.width:
             return
-        self._graphs.clear()
-        self._pool = None
-        self.keys, self.values = [], []
+        self._drop_cache()
         self.max_len = -(-max_len // 128) * 128
         self.width = max(width, 1)
         shape = (self.slots, self.kv_heads, self.max_len, self.head_dim)
@@ -276,12 +274,15 @@ class StaticDecoder:
         self.hist_logprobs = torch.zeros(self.slots, self.width, dtype=torch.float32, device=self.device)
 
     def release(self) -> None:
-        """Free the KV cache and the recorded graphs."""
+        """Free the KV cache, the recorded graphs and the fused weight copies."""
+        self._drop_cache()
+        self._fused = []
+        self.max_len = self.width = 0
+
+    def _drop_cache(self) -> None:
         self._graphs.clear()
         self._pool = None
         self.keys, self.values = [], []
-        self._fused = []
-        self.max_len = self.width = 0
 
     def refresh(self) -> None:
         """Copy the layers' weights into the fused copies again (after an in-place weight update)."""
