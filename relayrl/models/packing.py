@@ -57,7 +57,7 @@ import torch
 Tensor = torch.Tensor
 
 __all__ = [
-    "PackUnit", "PackedBatch", "plan_units", "pack_units", "plan_microbatches", "build_packed_batch",
+    "PackUnit", "PackedBatch", "plan_units", "cut_group", "pack_units", "plan_microbatches", "build_packed_batch",
     "shared_prompt_mask", "shared_prompt_mask_mod", "additive_mask",
 ]
 
@@ -205,14 +205,25 @@ def plan_units(prompt_ids: Sequence[Tensor], response_ids: Sequence[Tensor], gro
     units = []
     for rows in clusters:
         lp = int(prompt_ids[rows[0]].numel())
-        cur: list[int] = []
-        for i in rows:
-            if cur and max_len is not None and lp + sum(rlen[j] for j in cur) + rlen[i] > max_len:
-                units.append(PackUnit(tuple(cur), lp, tuple(rlen[j] for j in cur)))
-                cur = []
-            cur.append(i)
-        units.append(PackUnit(tuple(cur), lp, tuple(rlen[j] for j in cur)))
+        for part in cut_group(lp, [rlen[i] for i in rows], max_len):
+            units.append(PackUnit(tuple(rows[k] for k in part), lp, tuple(rlen[rows[k]] for k in part)))
     return units
+
+
+def cut_group(prompt_len: int, response_lens: Sequence[int], max_len: int | None) -> list[list[int]]:
+    """How a shared-prompt group is cut into units: indexes into ``response_lens`` per unit, in order, each unit's
+    prompt + responses at most ``max_len`` tokens (None: one unit); a single prompt + response longer stays
+    whole. The training engine (:func:`plan_units`) and the planner's simulator cut groups by this."""
+    parts: list[list[int]] = []
+    cur: list[int] = []
+    total = prompt_len
+    for k, n in enumerate(response_lens):
+        if cur and max_len is not None and total + n > max_len:
+            parts.append(cur)
+            cur, total = [], prompt_len
+        cur.append(k)
+        total += n
+    return parts + [cur] if cur else parts
 
 
 def pack_units(lengths: Sequence[int], capacity: int) -> list[list[int]]:

@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from relayrl.config.plan import PARTIAL_POLL_S, Stage, stage_graph
-from relayrl.models.packing import pack_units, plan_microbatches
+from relayrl.models.packing import cut_group, pack_units, plan_microbatches
 from relayrl.planner.profile import DeviceProfile, PathCost, Profile
 from relayrl.planner.workload import Workload
 
@@ -369,16 +369,7 @@ def _units(w: Workload, groups: list[list[int]]) -> list[int]:
     if w.packing != "shared_prompt":
         return [w.prompt_tokens + r for g in groups for r in g]
     limit = min(w.pack_length or w.token_budget, w.token_budget)
-    out = []
-    for g in groups:
-        cur, count = 0, 0
-        for r in g:
-            if count and w.prompt_tokens + cur + r > limit:
-                out.append(w.prompt_tokens + cur)
-                cur, count = 0, 0
-            cur, count = cur + r, count + 1
-        out.append(w.prompt_tokens + cur)
-    return out
+    return [w.prompt_tokens + sum(g[k] for k in part) for g in groups for part in cut_group(w.prompt_tokens, g, limit)]
 
 
 def step_graph(w: Workload, p: Placement) -> tuple[Stage, ...]:
