@@ -10,9 +10,12 @@ is downloaded. Figures are printed, not asserted. Run on a GPU machine::
     python benchmarks/gpu.py --only train --profile        # ... and the top CUDA kernels of one update each
     python benchmarks/gpu.py --only train --train-variants sdpa,flex+compile+fusedhead+copy
 
-Roofline of a decode step: the larger of (bytes read: the weights once plus every row's KV cache so far) /
-HBM bandwidth and (2 x parameters x rows + attention FLOPs) / peak bf16 rate; the figure is the sum of those
-bounds over all steps divided by the measured time. MFU counts the model FLOPs of the update (6 x decoder
+Roofline of a ``generate``: its prefill, the larger of (the weights and the prompts' keys and values) / HBM
+bandwidth and (2 x decoder parameters x prompt tokens + causal attention FLOPs + the head at the last position) /
+peak bf16 rate, plus each decode step, the larger of (bytes read: the weights once plus every row's KV cache so
+far) / HBM bandwidth and (2 x parameters x rows + attention FLOPs) / peak bf16 rate; the figure is that sum
+divided by the measured time of the ``generate`` (which includes its prefill). Until 2026-11-26 the prefill
+was left out of the sum while its time was measured (figures 1.4 points lower at batch 256 on an H100). MFU counts the model FLOPs of the update (6 x decoder
 parameters per token, the output head on response positions only, and the attended query-key pairs of the
 packed layout), over the device's dense bf16 peak: the same count for every training variant, whatever pairs
 its attention kernel computes (SDPA the whole packed square, FlexAttention the non-empty 128 x 128 tiles).
@@ -67,23 +70,64 @@ def model_dir(cache: Path) -> Path:
 
 # ------------------------------------------------------------------ decode
 def decode_roofline(model, B: int, prompt: int, new: int, bw: float, peak: float) -> float:
-    """Seconds the decode of ``new`` tokens for ``B`` rows needs at the roofline (see the module docstring)."""
+    """Seconds a ``generate`` of ``new`` tokens for ``B`` rows of ``prompt`` tokens needs at the roofline: the
+    prefill, then every decode step (see the module docstring)."""
     c = model.config
     params = sum(p.numel() for p in model.parameters())
+    embed = model.get_input_embeddings().weight.numel()
     weight_bytes = params * 2
     head_dim = c.hidden_size // c.num_attention_heads
     kv_per_token = c.num_hidden_layers * 2 * c.num_key_value_heads * head_dim * 2
-    total = 0.0
+    attn = 4 * c.num_hidden_layers * c.num_attention_heads * head_dim  # FLOPs per attended (query, key) pair
+    # prefill: every prompt token through the layers (the embedding is a lookup), the head at the last
+    # position only, causal attention; it reads the weights once and writes the prompt's keys and values
+    flops = 2 * (params - embed) * B * prompt + 2 * embed * B + attn * B * prompt * (prompt + 1) / 2
+    total = max((weight_bytes + B * prompt * kv_per_token) / bw, flops / peak)
     for t in range(new):
         ctx = prompt + t
         bytes_ = weight_bytes + B * ctx * kv_per_token
-        flops = 2 * params * B + 4 * B * ctx * c.num_hidden_layers * c.num_attention_heads * head_dim
+        flops = 2 * params * B + attn * B * ctx
         total += max(bytes_ / bw, flops / peak)
     return total
 
 
+def decode_breakdown(eng, prompts, params, gen) -> str:
+    """Where one ``generate`` of the static engine spends its time, measured on the host: the prefills (waited
+    for), the first tokens' sampling, queueing the graph replays, waiting for the device at each read, the
+    completions, and the rest of the host's work (reading and finishing rows while the device decodes)."""
+    st = eng.static
+    spent = {"prefill": 0.0, "start": 0.0, "queue": 0.0, "wait": 0.0, "completion": 0.0}
+
+    def timed(name, fn, sync=False):
+        def call(*a, **k):
+            t0 = time.perf_counter()
+            out = fn(*a, **k)
+            if sync:
+                torch.cuda.synchronize()
+            spent[name] += time.perf_counter() - t0
+            return out
+        return call
+
+    def read(*a):
+        return timed("wait", st_read(*a))
+
+    st_read = st.read
+    st.prefill, st.start, st.run = timed("prefill", st.prefill, True), timed("start", st.start, True), \
+        timed("queue", st.run)
+    st.read, eng.completion = read, timed("completion", eng.completion)
+    try:
+        _, total = sync_time(lambda: eng.generate(prompts, params, gen))
+    finally:
+        for name in ("prefill", "start", "run", "read"):
+            delattr(st, name)
+        del eng.completion
+    rest = total - sum(spent.values())
+    return f"{total:.3f} s: " + ", ".join(f"{k} {v:.3f}" for k, v in {**spent, "host rest": rest}.items())
+
+
 def bench_decode(path: Path, sizes: list[int], prompt: int, new: int, bw: float, peak: float,
-                 baselines: bool = True, compiled: bool = False, unfused: bool = False) -> dict:
+                 baselines: bool = True, compiled: bool = False, unfused: bool = False,
+                 breakdown: bool = False) -> dict:
     """relayrl's static decode (and, ``compiled``, the same with ``rollout.decode_compile``: its first generate,
     compilation included, is timed apart; ``unfused``, also compiled with separate q/k/v and gate/up products)
     against the roofline, HF ``generate`` and the dynamic-cache path."""
@@ -129,6 +173,9 @@ def bench_decode(path: Path, sizes: list[int], prompt: int, new: int, bw: float,
             name = "compiled" if fuse else "compiled_unfused"
             _, first = sync_time(lambda: cmp.generate(prompts, params, gen))
             _, t_cmp = sync_time(lambda: cmp.generate(prompts, params, gen))
+            if breakdown:
+                print(f"decode B={B}, {name.replace('_', ', ')}, one generate: "
+                      f"{decode_breakdown(cmp, prompts, params, gen)}", flush=True)
             cmp.release()
             row.update({f"{name}_first_s": first, f"{name}_tok_s": B * new / t_cmp, f"{name}_s": t_cmp,
                         f"{name}_step_ms": t_cmp / new * 1e3, f"{name}_roof_frac": roof / t_cmp})
@@ -482,6 +529,8 @@ def main() -> None:
                     "(rollout.decode_compile)")
     ap.add_argument("--decode-unfused", action="store_true", help="decode, with --compile-decode: also the "
                     "compiled step with separate q/k/v and gate/up products (what the fusion gains)")
+    ap.add_argument("--decode-breakdown", action="store_true", help="decode, with --compile-decode: where one "
+                    "more generate of the compiled path spends its time (prefill, replays, waits, host work)")
     ap.add_argument("--grpo-new-tokens", type=int, default=256, help="max_new_tokens of the GRPO steps")
     ap.add_argument("--grpo", nargs="*", default=[], help="extra config overrides of the GRPO steps")
     ap.add_argument("--decode-sizes", default="64,256", help="decode: comma-separated batch sizes")
@@ -508,7 +557,7 @@ def main() -> None:
     def decode():
         res["decode"] = bench_decode(path, [int(x) for x in args.decode_sizes.split(",")], 128, new, bw, peak,
                                      baselines=not args.no_decode_baselines, compiled=args.compile_decode,
-                                     unfused=args.decode_unfused)
+                                     unfused=args.decode_unfused, breakdown=args.decode_breakdown)
 
     def profile():
         for compiled in (False, True) if args.compile_decode else (False,):

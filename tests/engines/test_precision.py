@@ -150,34 +150,39 @@ def test_lora_on_a_bf16_base_trains_float32_adapters(tiny_dir, tiny_tokenizer):
     assert all(torch.equal(base[n], p) for n, p in model.named_parameters() if n in base)
 
 
-@pytest.mark.parametrize("n,max_batch,stops,swap,fuse", [
-    (1, 2, False, False, False), (3, 4, False, False, False), (2, 16, False, False, False),
-    (2, 16, True, False, False), (2, 16, True, True, False), (3, 4, False, False, True), (2, 16, True, True, True)])
+@pytest.mark.parametrize("n,max_batch,stops,swap,fuse,chunk", [
+    (1, 2, 0, False, False, 16), (3, 4, 0, False, False, 16), (2, 16, 0, False, False, 16),
+    (2, 16, 3, False, False, 16), (2, 16, 3, True, False, 16), (3, 4, 0, False, True, 16),
+    (2, 16, 3, True, True, 16), (2, 4, 3, False, False, 3), (2, 3, 3, False, False, 1),
+    (3, 4, 0, False, False, 4), (2, 4, 13, False, False, 3)])
 def test_static_decoder_matches_the_dynamic_path(tiny_model, tiny_dir, tiny_tokenizer, n, max_batch, stops, swap,
-                                                 fuse):
+                                                 fuse, chunk):
     """The static-cache decode step (eager on CPU, graphed on CUDA) gives the same tokens and log-probs as the
     Hugging Face forward with a dynamic cache, including slots freed and refilled (continuous batching).
-    ``stops``: a third of the vocabulary ends a row, so rows finish at scattered steps (a slot above every
-    running one finishing used to index past the decode batch); ``swap``: new weights after the 3rd step
+    ``stops``: every ``stops``-th token id ends a row (3: a third of the vocabulary), so rows finish at
+    scattered steps (a slot above every running one finishing used to index past the decode batch; with 13,
+    rows that reach the budget run beside rows that started later); ``swap``: new weights after the 3rd step
     (partial rollout: both paths prefill the in-flight rows again); ``fuse``: q/k/v and gate/up as one product
-    each (what ``rollout.decode_compile`` runs), whose weight copies must follow the swap."""
+    each (what ``rollout.decode_compile`` runs), whose weight copies must follow the swap; ``chunk``: decode
+    steps between two reads (below ``max_new_tokens``: a chunk is queued before the last is read, so a row
+    that stopped decodes on through it, and its slot is refilled a chunk later)."""
     texts = ["1+2=", "123+456=", "sort 5 12 9 =", "77+1=", "9+9=", "3+4+5=", "countdown 3 7 5 -> 9 :"]
     prompts = [tiny_tokenizer(t)["input_ids"] for t in texts]
     other = load_model(tiny_dir)
     other.load_state_dict(tiny_model.state_dict())
     dyn = NativeGenerationEngine(tiny_model, tiny_tokenizer, max_batch=max_batch, decode="dynamic")
-    sta = NativeGenerationEngine(other, tiny_tokenizer, max_batch=max_batch, decode="static")
+    sta = NativeGenerationEngine(other, tiny_tokenizer, max_batch=max_batch, decode="static", decode_chunk=chunk)
     assert dyn.static is None and sta.static is not None
     if fuse:
         sta.static = StaticDecoder(other, max_batch, graphs=False, fuse=True)
-    stop_ids = tuple(range(5, tiny_model.config.vocab_size, 3)) if stops else ()
+    stop_ids = tuple(range(5, tiny_model.config.vocab_size, stops)) if stops else ()
     params = SamplingParams(n=n, temperature=0.0 if n == 1 else 1.0, max_new_tokens=10, stop_token_ids=stop_ids)
     new = [(k, v.detach() + 0.05 * torch.randn(v.shape, generator=torch.Generator().manual_seed(9)))
            for k, v in tiny_model.named_parameters()]
 
-    at = 4 if swap else None
-    a = dyn.generate(prompts, params, torch.Generator().manual_seed(3), between=swap_at(dyn, new, at))
-    b = sta.generate(prompts, params, torch.Generator().manual_seed(3), between=swap_at(sta, new, at))
+    # without a swap no ``between`` hook either: the static path then decodes in chunks
+    a = dyn.generate(prompts, params, torch.Generator().manual_seed(3), between=swap_at(dyn, new, 4) if swap else None)
+    b = sta.generate(prompts, params, torch.Generator().manual_seed(3), between=swap_at(sta, new, 4) if swap else None)
     if stops:
         assert len({len(c.token_ids) for c in a}) > 2  # rows did finish at scattered steps
     assert [(c.prompt_index, c.sample_index) for c in a] == [(c.prompt_index, c.sample_index) for c in b]
@@ -206,6 +211,20 @@ def test_fusing_refuses_layers_it_cannot_fuse(tiny_model):
     assert "not plain nn.Linear" in fuse_reason(layer)
     with pytest.raises(ValueError, match="fused projections: .*not plain nn.Linear"):
         StaticDecoder(tiny_model, 4, graphs=False, fuse=True)
+
+
+def test_static_decoding_refuses_a_model_whose_forward_keeps_every_logit(tiny_dir):
+    from relayrl.engines.generation.static import unsupported_reason
+
+    model = load_model(tiny_dir)
+    assert unsupported_reason(model) is None
+
+    class AllLogits(type(model)):
+        def forward(self, input_ids=None, attention_mask=None, **kwargs):
+            return super().forward(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+
+    model.__class__ = AllLogits
+    assert "takes no logits_to_keep" in unsupported_reason(model)
 
 
 def test_share_weights_is_zero_copy(tiny_model, tiny_dir, tiny_tokenizer):

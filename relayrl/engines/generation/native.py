@@ -279,9 +279,11 @@ class NativeGenerationEngine:
                          between: Callable[[], bool] | None = None) -> list[Completion]:
         """Continuous batching on the static cache: each row owns a slot; freed slots take waiting prompts.
 
-        The device decodes up to ``decode_chunk`` steps (sampling included) between two reads on the host;
-        a row that stops inside a chunk decodes on until its end, and those tokens are dropped. With
-        ``between`` (partial rollout) the host reads after every step, so new weights come in at once."""
+        The device decodes up to ``decode_chunk`` steps (sampling included) between two reads on the host,
+        and the next chunk is queued before the host reads the last one, so the device is not idle while the
+        host finishes rows: a row that stops inside a chunk decodes on through the next one, and those tokens
+        are dropped (its slot takes a waiting prompt one chunk later). With ``between`` (partial rollout) the
+        host reads after every step and queues the next only then, so new weights come in at once."""
         st = self.static
         if params.n > self.max_batch:
             raise ValueError(f"n={params.n} samples of one prompt need {params.n} cache slots, but max_batch="
@@ -306,6 +308,19 @@ class NativeGenerationEngine:
             for s, d in zip(slots, done):
                 count[s] = d + 1
 
+        def launch() -> None:
+            """The next chunk of decode steps for the rows still short of their budget (a row that stopped
+            inside the last chunk and is not read yet decodes on; its tokens are dropped when it is read)."""
+            live = sorted(s for s in rows if count[s] < params.max_new_tokens)
+            if not live:
+                return
+            steps = min(chunk, min(params.max_new_tokens - count[s] for s in live))
+            # the last position a step feeds is the context length + count - 2 + steps; attend up to it
+            last = max(len(prompts[rows[s][0]]) + count[s] - 2 + steps for s in live)
+            st.run(live[-1] + 1, min(st.max_len, -(-(last + 1) // 128) * 128), steps, params)
+            for s in live:
+                count[s] += steps
+
         while waiting or rows:
             if between is not None and between() and rows:  # new weights: prefill the in-flight contexts again
                 busy = sorted(rows)
@@ -321,12 +336,18 @@ class NativeGenerationEngine:
                 new_slots += take
             if admit:
                 start(new_slots, [list(prompts[i]) for i in admit], n, [0] * len(new_slots))
-            busy = sorted(rows)  # read what the device sampled since the last read; finish rows
+            # copy what the device sampled since the last read; without ``between`` the next chunk is queued
+            # behind the copy at once, so the device decodes while the host reads and finishes rows
+            busy = sorted(rows)
+            seen = {s: count[s] for s in busy}
             lo = min(len(toks[s]) for s in busy)
-            tok_h, logp_h = st.read(busy[-1] + 1, lo, max(count[s] for s in busy))
+            copied = st.read(busy[-1] + 1, lo, max(seen.values()))
+            if between is None:
+                launch()
+            tok_h, logp_h = copied()
             tok_l, logp_l = tok_h.tolist(), logp_h.tolist()
             for slot in busy:
-                for c in range(len(toks[slot]), count[slot]):
+                for c in range(len(toks[slot]), seen[slot]):
                     toks[slot].append(tok_l[slot][c - lo])
                     logps[slot].append(logp_l[slot][c - lo])
                     vers[slot].append(self._version)
@@ -340,15 +361,8 @@ class NativeGenerationEngine:
                         free.append(slot)
                         break
             free.sort()
-            if not rows:
-                continue
-            busy = sorted(rows)
-            steps = min(chunk, min(params.max_new_tokens - count[s] for s in busy))  # >= 1: full rows finished
-            # the last position a step feeds is the context length + count - 2 + steps; attend up to it
-            last = max(len(prompts[rows[s][0]]) + count[s] - 2 + steps for s in busy)
-            st.run(busy[-1] + 1, min(st.max_len, -(-(last + 1) // 128) * 128), steps, params)
-            for s in busy:
-                count[s] += steps
+            if between is not None:
+                launch()
         return [out[k] for k in sorted(out)]
 
     def stop_ids(self, params: SamplingParams) -> set[int]:

@@ -21,8 +21,10 @@ by Inductor first, 4.2 ms, after 17 s of compilation):
   per-slot history and becomes the next input;
 * the step is captured once per (batch bucket of 2, 4, 8, ... slots, ``L``,
   sampling settings) and replayed up to ``decode_chunk`` times in a row before
-  the host reads the new tokens once (the engine's loop); a row that stopped
-  inside a chunk decodes on until its end and those tokens are dropped. Slots
+  the host reads the new tokens once (the engine's loop, which queues the next
+  chunk before it reads, so the device decodes while the host finishes rows);
+  a row that stopped inside a chunk decodes on through the next one and those
+  tokens are dropped. Slots
   past the highest busy one are not computed; free slots below it compute
   garbage that stays inside the cache and the history.
 
@@ -50,6 +52,7 @@ dynamic path); graphs need CUDA.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 from typing import Callable
 
@@ -91,6 +94,8 @@ def unsupported_reason(model: nn.Module) -> str | None:
     attn = layers[0].self_attn
     if not callable(getattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb", None)):
         return f"{type(attn).__module__} has no apply_rotary_pos_emb"
+    if "logits_to_keep" not in inspect.signature(type(model).forward).parameters:
+        return f"{type(model).__name__}.forward takes no logits_to_keep (prefill keeps the last positions' logits)"
     return None
 
 
@@ -313,10 +318,12 @@ class StaticDecoder:
             mask[i, : len(p)] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = torch.arange(width, device=self.device)[None].expand(len(prompts), -1)
+        # the head runs at the prompts' last positions only (at batch 256 x 128 tokens, the logits of every
+        # position would be 10 GB in bf16 for a 152k vocabulary)
+        keep, which = torch.unique(lengths - 1, return_inverse=True)
         out, cache = forward_with_cache(self.model, DynamicCache(config=self.model.config), input_ids=ids,
-                                        attention_mask=mask, position_ids=pos)
-        last = (lengths - 1).to(self.device)
-        logits = out.logits[torch.arange(len(prompts), device=self.device), last]  # [P, V]
+                                        attention_mask=mask, position_ids=pos, logits_to_keep=keep.to(self.device))
+        logits = out.logits[torch.arange(len(prompts), device=self.device), which.to(self.device)]  # [P, V]
         src = torch.arange(len(prompts), device=self.device).repeat_interleave(repeat)
         slots = slots.to(self.device)
         for layer, k_buf, v_buf in zip(cache.layers, self.keys, self.values):
@@ -403,9 +410,25 @@ class StaticDecoder:
         for _ in range(steps):
             graph.replay()
 
-    def read(self, B: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tokens ``lo..hi-1`` of the rows in slots ``[0, B)`` and their log-probs, on the host (one copy)."""
-        return self.hist_tokens[:B, lo:hi].cpu(), self.hist_logprobs[:B, lo:hi].cpu()
+    def read(self, B: int, lo: int, hi: int) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+        """Start copying tokens ``lo..hi-1`` of the rows in slots ``[0, B)`` and their log-probs to the host;
+        returns the function that waits for the copy and gives them. The copy is queued on the device's stream,
+        so steps queued after this call do not change what it reads."""
+        tok, logp = self.hist_tokens[:B, lo:hi], self.hist_logprobs[:B, lo:hi]
+        if tok.device.type != "cuda":  # eager steps run at once: copy before the next one
+            tok, logp = tok.clone(), logp.clone()
+            return lambda: (tok, logp)
+        host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in (tok, logp)]
+        host[0].copy_(tok, non_blocking=True)
+        host[1].copy_(logp, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+
+        def wait() -> tuple[torch.Tensor, torch.Tensor]:
+            done.synchronize()
+            return host[0], host[1]
+
+        return wait
 
     def _record(self, key: tuple, params: SamplingParams) -> torch.cuda.CUDAGraph:
         """Record the step for ``key`` = (slots, L, sampling) as a CUDA graph. The warm-up CUDA asks for runs on
