@@ -110,8 +110,8 @@ class RolloutConfig(_Section):
         "the sampler's two reductions over the vocabulary with torch.compile (one compilation for every batch and "
         "cache length) before recording the graphs, with each layer's q/k/v and gate/up projections run as one "
         "product each (a copy of those weights: about 0.5 GB for a 0.5B model, 8.5 GB for a 7B). Fused "
-        "element-wise kernels: a step of the 0.5B shape at batch 256 took 4.2 ms instead of 6.3 ms on an H100 "
-        "(before the fused projections and sampler); the first generate pays the compilation (17 s on that shape)")
+        "element-wise kernels: a step of the 0.5B shape at batch 256 took 3.2 ms instead of 6.2 ms on an H100; "
+        "the first generate pays the compilation (18-21 s on that shape)")
     engine: Literal["native", "vllm", "openai"] = Field(
         "native", description="native: relayrl's engine in the rollout workers; vllm: a vLLM engine in each rollout "
         "worker's process (pip install 'relayrl[vllm]'; see rollout.vllm); openai: sample through an "

@@ -5,9 +5,10 @@ Face model once per decode step. On a GPU that step is bound by Python and
 kernel launches, not by the GPU: a Qwen2-0.5B step at batch 256 took 28 ms
 eagerly on an H100, where reading the weights and the KV cache takes about
 1 ms. This module runs the decode step on fixed buffers so that it can be
-recorded once as a CUDA graph and replayed (6.3 ms a step at batch 256 on an
-H100, sampling included; with ``compile``, the layer step and the head compiled
-by Inductor first, 4.2 ms, after 17 s of compilation):
+recorded once as a CUDA graph and replayed (6.2 ms a step at batch 256 on an
+H100, sampling included; with ``compile``, the layer step, the head and the
+sampler's reductions compiled by Inductor first, 3.2 ms, after 18-21 s of
+compilation):
 
 * the KV cache is one ``[slots, kv_heads, max_len, head_dim]`` buffer per layer
   (``slots`` = the engine's ``max_batch``); a sequence owns a slot from
