@@ -35,6 +35,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpu_decode import bench_decode, profile_decode  # noqa: E402  (beside this file)
+from gpu_profile import kernel_profile, sync_time, trace_update  # noqa: E402
+
 PARTS = ("decode", "profile", "train", "grpo", "trl", "big")  # "profile": where a graphed decode step's time goes
 # "trl": benchmarks/grpo_vs_trl.py on the GPU; "big": GRPO steps of billion-parameter shapes (BIG below)
 BIG = {  # name: (model.tiny.shape, config overrides)
@@ -54,172 +57,11 @@ def peaks() -> tuple[float, float, str]:
     return 3.35e12, 989e12, name + " (H100 figures assumed)"
 
 
-def sync_time(fn):
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    out = fn()
-    torch.cuda.synchronize()
-    return out, time.perf_counter() - t0
-
 
 def model_dir(cache: Path) -> Path:
     from relayrl.models.tiny import TinyModelConfig, build_tiny
 
     return build_tiny(TinyModelConfig(shape="qwen2-0.5b"), cache, verbose=True)
-
-
-# ------------------------------------------------------------------ decode
-def decode_roofline(model, B: int, prompt: int, new: int, bw: float, peak: float) -> float:
-    """Seconds a ``generate`` of ``new`` tokens for ``B`` rows of ``prompt`` tokens needs at the roofline: the
-    prefill, then every decode step (see the module docstring)."""
-    c = model.config
-    params = sum(p.numel() for p in model.parameters())
-    embed = model.get_input_embeddings().weight.numel()
-    weight_bytes = params * 2
-    head_dim = c.hidden_size // c.num_attention_heads
-    kv_per_token = c.num_hidden_layers * 2 * c.num_key_value_heads * head_dim * 2
-    attn = 4 * c.num_hidden_layers * c.num_attention_heads * head_dim  # FLOPs per attended (query, key) pair
-    # prefill: every prompt token through the layers (the embedding is a lookup), the head at the last
-    # position only, causal attention; it reads the weights once and writes the prompt's keys and values
-    flops = 2 * (params - embed) * B * prompt + 2 * embed * B + attn * B * prompt * (prompt + 1) / 2
-    total = max((weight_bytes + B * prompt * kv_per_token) / bw, flops / peak)
-    for t in range(new):
-        ctx = prompt + t
-        bytes_ = weight_bytes + B * ctx * kv_per_token
-        flops = 2 * params * B + attn * B * ctx
-        total += max(bytes_ / bw, flops / peak)
-    return total
-
-
-def decode_breakdown(eng, prompts, params, gen) -> str:
-    """Where one ``generate`` of the static engine spends its time, measured on the host: the prefills (waited
-    for), the first tokens' sampling, queueing the graph replays, waiting for the device at each read, the
-    completions, and the rest of the host's work (reading and finishing rows while the device decodes)."""
-    st = eng.static
-    spent = {"prefill": 0.0, "start": 0.0, "queue": 0.0, "wait": 0.0, "completion": 0.0}
-
-    def timed(name, fn, sync=False):
-        def call(*a, **k):
-            t0 = time.perf_counter()
-            out = fn(*a, **k)
-            if sync:
-                torch.cuda.synchronize()
-            spent[name] += time.perf_counter() - t0
-            return out
-        return call
-
-    def read(*a):
-        return timed("wait", st_read(*a))
-
-    st_read = st.read
-    st.prefill, st.start, st.run = timed("prefill", st.prefill, True), timed("start", st.start, True), \
-        timed("queue", st.run)
-    st.read, eng.completion = read, timed("completion", eng.completion)
-    try:
-        _, total = sync_time(lambda: eng.generate(prompts, params, gen))
-    finally:
-        for name in ("prefill", "start", "run", "read"):
-            delattr(st, name)
-        del eng.completion
-    rest = total - sum(spent.values())
-    return f"{total:.3f} s: " + ", ".join(f"{k} {v:.3f}" for k, v in {**spent, "host rest": rest}.items())
-
-
-def bench_decode(path: Path, sizes: list[int], prompt: int, new: int, bw: float, peak: float,
-                 baselines: bool = True, compiled: bool = False, unfused: bool = False,
-                 breakdown: bool = False) -> dict:
-    """relayrl's static decode (and, ``compiled``, the same with ``rollout.decode_compile``: its first generate,
-    compilation included, is timed apart; ``unfused``, also compiled with separate q/k/v and gate/up products)
-    against the roofline, HF ``generate`` and the dynamic-cache path."""
-    from relayrl.engines.generation.base import SamplingParams
-    from relayrl.engines.generation.native import NativeGenerationEngine
-    from relayrl.models.load import load_model, load_tokenizer
-
-    tok = load_tokenizer(path)
-    model = load_model(path, dtype="bfloat16", device="cuda").eval()
-    out = {}
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    for B in sizes:
-        ids = torch.randint(10, len(tok), (B, prompt), generator=torch.Generator().manual_seed(B))
-        prompts = ids.tolist()
-        params = SamplingParams(n=1, temperature=1.0, max_new_tokens=new, ignore_eos=True)
-        eng = NativeGenerationEngine(model, tok, max_batch=B, device="cuda", decode="static")
-        eng.generate(prompts, params, gen)  # warm-up: the graphs of every cache length get recorded
-        torch.cuda.reset_peak_memory_stats()
-        comps, dt = sync_time(lambda: eng.generate(prompts, params, gen))
-        assert all(len(c.token_ids) == new for c in comps)
-        eng.release()
-        roof = decode_roofline(model, B, prompt, new, bw, peak)
-        row = {"relayrl_tok_s": B * new / dt, "relayrl_s": dt, "roofline_s": roof, "roof_frac": roof / dt,
-               "step_ms": dt / new * 1e3}
-        hf = float("nan")
-        if baselines:  # Hugging Face generate on the same work (sampling, no early stop)
-            x = ids.cuda()
-            _, hf = sync_time(lambda: model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new,
-                                                     min_new_tokens=new, do_sample=True, top_k=0, top_p=1.0,
-                                                     pad_token_id=tok.pad_token_id))
-        row.update({"hf_tok_s": B * new / hf, "hf_s": hf, "speedup": hf / dt})
-        if baselines and B == sizes[-1]:  # the dynamic-cache path relayrl uses on CPU, on the same work
-            dyn = NativeGenerationEngine(model, tok, max_batch=B, device="cuda", decode="dynamic")
-            _, t_dyn = sync_time(lambda: dyn.generate(prompts, params, gen))
-            row["dynamic_tok_s"] = B * new / t_dyn
-        for fuse in ([True, False] if unfused else [True]) if compiled else []:
-            # the same work with the layer step, the head and the sampler's reductions compiled (decode_compile)
-            cmp = NativeGenerationEngine(model, tok, max_batch=B, device="cuda", decode="static", decode_compile=True)
-            if not fuse:
-                from relayrl.engines.generation.static import StaticDecoder
-
-                cmp.static = StaticDecoder(model, B, graphs=True, compile=True, fuse=False)
-            name = "compiled" if fuse else "compiled_unfused"
-            _, first = sync_time(lambda: cmp.generate(prompts, params, gen))
-            _, t_cmp = sync_time(lambda: cmp.generate(prompts, params, gen))
-            if breakdown:
-                print(f"decode B={B}, {name.replace('_', ', ')}, one generate: "
-                      f"{decode_breakdown(cmp, prompts, params, gen)}", flush=True)
-            cmp.release()
-            row.update({f"{name}_first_s": first, f"{name}_tok_s": B * new / t_cmp, f"{name}_s": t_cmp,
-                        f"{name}_step_ms": t_cmp / new * 1e3, f"{name}_roof_frac": roof / t_cmp})
-            print(f"decode B={B}, {name.replace('_', ', ')}: {B * new / t_cmp:.0f} tok/s ({t_cmp:.2f} s, "
-                  f"{t_cmp / new * 1e3:.2f} ms/step, {roof / t_cmp:.1%} of roofline; first generate with "
-                  f"compilation {first:.1f} s)", flush=True)
-        out[B] = row
-        print(f"decode B={B}: relayrl {row['relayrl_tok_s']:.0f} tok/s ({dt:.2f} s, {row['step_ms']:.2f} ms/step, "
-              f"{row['roof_frac']:.1%} of "
-              f"roofline {roof:.2f} s), HF generate {row['hf_tok_s']:.0f} tok/s ({hf:.2f} s): "
-              f"{row['speedup']:.1f}x" + (f"; dynamic path {row['dynamic_tok_s']:.0f} tok/s" if "dynamic_tok_s" in row
-                                         else ""), flush=True)
-    return out
-
-
-def profile_decode(path: Path, B: int, prompt: int, steps: int, compile_step: bool = False) -> list[str]:
-    """Where a graphed decode step's time goes (sampling included): the top CUDA kernels over a few replays.
-    ``compile_step``: the step compiled by Inductor (fused element-wise kernels) before recording."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from relayrl.engines.generation.base import SamplingParams
-    from relayrl.engines.generation.static import StaticDecoder
-    from relayrl.models.load import load_model
-
-    model = load_model(path, dtype="bfloat16", device="cuda").eval()
-    t0 = time.perf_counter()
-    dec = StaticDecoder(model, B, graphs=True, compile=compile_step, fuse=compile_step)  # as decode_compile builds it
-    dec.ensure(prompt + 3 * steps + 8, 3 * steps + 8)
-    dec.tokens.random_(10, 300)
-    dec.positions.fill_(prompt)
-    params = SamplingParams(temperature=1.0)
-    L = -(-(prompt + 3 * steps + 1) // 128) * 128
-    dec.run(B, L, 1, params)  # records the graph
-    torch.cuda.synchronize()
-    ready = time.perf_counter() - t0
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        dec.run(B, L, steps, params)
-        torch.cuda.synchronize()
-    _, dt = sync_time(lambda: dec.run(B, L, steps, params))
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=10, max_name_column_width=60)
-    kernels = sum(e.count for e in prof.key_averages()) / steps
-    return [f"graphed step{' (compiled)' if compile_step else ''} at B={B}, context {prompt}, attending {L}: "
-            f"{dt / steps * 1e3:.2f} ms, {kernels:.0f} kernels per step (record{' + compile' if compile_step else ''} "
-            f"{ready:.1f} s)", *table.splitlines()]
 
 
 # ------------------------------------------------------------------ training
@@ -273,93 +115,6 @@ def pair_fractions(batch) -> tuple[float, float]:
     pb = pb.pad_to(flex.BLOCK)
     tiles = flex.block_mask(pb.doc_ids, pb.segment_ids).to_dense().sum().item() * flex.BLOCK ** 2
     return useful, tiles / L ** 2
-
-
-def kernel_profile(fn, top: int = 15) -> list[str]:
-    """The ``top`` CUDA kernels of one call of ``fn`` by total time, and the time by kind of kernel."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    wall = time.perf_counter() - t0
-    events = prof.key_averages()
-    if not events:
-        return [f"no CUDA kernels recorded in a {wall:.3f} s update"]
-    key = "device_time_total" if hasattr(events[0], "device_time_total") else "cuda_time_total"
-    lines = events.table(sort_by=key, row_limit=top, max_name_column_width=80).splitlines()
-    kinds = {  # by kernel name, first match (a heuristic on cuDNN/cuBLAS/Triton naming)
-        "attention (SDPA)": ("flash", "fmha", "cudnn", "attention", "sdpa"),
-        "triton template (flex attention)": ("triton_tem", "flex"),
-        "matmul": ("gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul", "sm90_", "sm80_"),
-        "triton fused (compiled)": ("triton_poi", "triton_red", "triton_per"),
-        "optimizer": ("adam", "multi_tensor", "foreach"),
-        "elementwise / copies / reductions": ("elementwise", "vectorized", "reduce", "copy", "fill", "index",
-                                              "scatter", "gather", "embedding", "cat", "softmax", "memcpy", "memset"),
-    }
-    spent: dict[str, float] = {}
-    for e in events:
-        us = getattr(e, key)
-        name = e.key.lower()
-        kind = next((k for k, marks in kinds.items() if any(m in name for m in marks)), "other")
-        spent[kind] = spent.get(kind, 0.0) + us
-    busy = max(sum(spent.values()) / 1e6, 1e-9)
-    lines.append(f"kernels {busy:.3f} s in a {wall:.3f} s update (GPU busy {busy / wall:.0%}); by kind: " + ", ".join(
-        f"{k} {v / 1e6 / busy:.0%}" for k, v in sorted(spent.items(), key=lambda kv: -kv[1])))
-    return lines
-
-
-def idle_gaps(trace: dict, top: int = 20, min_us: float = 20.0) -> list[str]:
-    """Where the GPU waits in a Chrome trace of CPU and CUDA events: the gaps between kernels (the union of
-    kernel, copy and memset intervals) of at least ``min_us``, summed by the innermost relayrl (else any)
-    Python frame running on the host when each gap began: the host work the GPU is waiting for."""
-    ev = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
-    dev = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in ev
-                 if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
-    if not dev:
-        return ["no device events in the trace"]
-    host = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["name"]) for e in ev
-                  if e.get("cat") in ("python_function", "cpu_op"))
-    gaps, end = [], dev[0][1]
-    for a, b in dev[1:]:
-        if a - end >= min_us:
-            gaps.append((end, a))
-        end = max(end, b)
-    span = dev[-1][1] - dev[0][0]
-    by: dict[str, list[float]] = {}
-    for a, b in gaps:
-        inner = [h for h in host if h[0] <= a <= h[1]]
-        ours = [h for h in inner if "relayrl" in h[2]] or inner
-        name = min(ours, key=lambda h: h[1] - h[0])[2] if ours else "(no host event)"
-        by.setdefault(name[:110], []).append(b - a)
-    idle = sum(b - a for a, b in gaps)
-    lines = [f"GPU idle {idle / 1e3:.1f} ms of {span / 1e3:.1f} ms in {len(gaps)} gaps >= {min_us:.0f} us; by the "
-             f"host frame running when each began:"]
-    for name, ds in sorted(by.items(), key=lambda kv: -sum(kv[1]))[:top]:
-        lines.append(f"{sum(ds) / 1e3:8.2f} ms {len(ds):5d} gaps  {name}")
-    return lines
-
-
-def trace_update(fn, out: Path) -> list[str]:
-    """One call of ``fn`` under the profiler with host events and Python frames: the Chrome trace gzipped to
-    ``out``, and :func:`idle_gaps` of it."""
-    import gzip
-
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
-        fn()
-        torch.cuda.synchronize()
-    raw = out.with_suffix("")
-    prof.export_chrome_trace(str(raw))
-    trace = json.loads(raw.read_text())
-    with gzip.open(out, "wt") as f:
-        json.dump(trace, f)
-    raw.unlink()
-    return idle_gaps(trace)
 
 
 def bench_train(path: Path, peak: float, variant: str = "sdpa", budget: int = 16384, profile: bool = False,
@@ -522,13 +277,16 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=16384, help="train: tokens per micro-batch")
     ap.add_argument("--trace", default=None, help="train: a folder; each variant's update is traced (host and "
                     "CUDA events, Python frames) into trace-VARIANT.json.gz there, and the GPU's idle gaps are "
-                    "summed by the host frame that was running")
+                    "summed by the host frame that was running; decode, with --compile-decode: the same for one "
+                    "compiled generate (trace-decode.json.gz), after its top kernels")
     ap.add_argument("--no-decode-baselines", action="store_true", help="decode: relayrl only (no HF generate, "
                     "no dynamic-cache path)")
     ap.add_argument("--compile-decode", action="store_true", help="decode and profile: also the step compiled "
                     "(rollout.decode_compile)")
     ap.add_argument("--decode-unfused", action="store_true", help="decode, with --compile-decode: also the "
                     "compiled step with separate q/k/v and gate/up products (what the fusion gains)")
+    ap.add_argument("--decode-flex", action="store_true", help="decode and profile, with --compile-decode: also "
+                    "the compiled step with its attention as one FlexAttention call")
     ap.add_argument("--decode-breakdown", action="store_true", help="decode, with --compile-decode: where one "
                     "more generate of the compiled path spends its time (prefill, replays, waits, host work)")
     ap.add_argument("--grpo-new-tokens", type=int, default=256, help="max_new_tokens of the GRPO steps")
@@ -555,13 +313,19 @@ def main() -> None:
     res: dict = {"device": name}
     new = 128 if args.quick else 512
     def decode():
+        if args.trace:
+            Path(args.trace).mkdir(parents=True, exist_ok=True)
         res["decode"] = bench_decode(path, [int(x) for x in args.decode_sizes.split(",")], 128, new, bw, peak,
                                      baselines=not args.no_decode_baselines, compiled=args.compile_decode,
-                                     unfused=args.decode_unfused, breakdown=args.decode_breakdown)
+                                     unfused=args.decode_unfused, breakdown=args.decode_breakdown,
+                                     trace=Path(args.trace) / "trace-decode.json.gz" if args.trace else None,
+                                     flex=args.decode_flex)
 
     def profile():
-        for compiled in (False, True) if args.compile_decode else (False,):
-            for line in profile_decode(path, 256, 384, 20, compile_step=compiled):
+        steps = [(False, "matmul")] + [(True, "matmul")] * args.compile_decode + [(True, "flex")] * (
+            args.compile_decode and args.decode_flex)
+        for compiled, attention in steps:
+            for line in profile_decode(path, 256, 384, 20, compile_step=compiled, attention=attention):
                 print("  " + line, flush=True)
 
     def train():

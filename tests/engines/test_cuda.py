@@ -116,22 +116,26 @@ def test_graphed_static_decode_matches_the_dynamic_path_on_cuda(tiny_model, tiny
     assert sta.static._graphs  # the steps ran as graph replays
 
 
-@pytest.mark.parametrize("compile_step", [False, True])
+@pytest.mark.parametrize("compile_step", [False, True, "flex"])
 @pytest.mark.parametrize("top_k", [50, 0])  # 0: the blockwise sampler (block_mass, compiled with the step)
 def test_sampled_graphed_decode_in_chunks_matches_the_dynamic_path_on_cuda(tiny_model, tiny_dir, tiny_tokenizer,
                                                                           compile_step, top_k):
     """Sampling inside the graph (counter-based uniforms) over chunks of steps between host reads gives the
-    dynamic path's tokens and log-probs, with the step compiled (its projections fused) or not; rows end at
-    scattered steps inside chunks and freed slots take waiting prompts."""
+    dynamic path's tokens and log-probs, with the step compiled (its projections fused) or not, or compiled
+    with its attention as one FlexAttention call (``flex``); rows end at scattered steps inside chunks and
+    freed slots take waiting prompts."""
+    from relayrl.engines.generation.static import StaticDecoder
     from relayrl.models.load import load_model
 
     other = load_model(tiny_dir)
     other.load_state_dict(tiny_model.state_dict())
     dyn = NativeGenerationEngine(tiny_model.cuda(), tiny_tokenizer, max_batch=8, device="cuda", decode="dynamic")
     sta = NativeGenerationEngine(other.cuda(), tiny_tokenizer, max_batch=8, device="cuda", decode="auto",
-                                 decode_compile=compile_step)
+                                 decode_compile=bool(compile_step))
     assert sta.static is not None and sta.static.graphs and sta.decode_chunk > 1
-    assert sta.static.fuse == compile_step
+    assert sta.static.fuse == bool(compile_step)
+    if compile_step == "flex":
+        sta.static = StaticDecoder(other, 8, graphs=True, compile=True, fuse=True, attention="flex")
     prompts = _ids(tiny_tokenizer, PROMPTS) * 3
     params = SamplingParams(n=2, temperature=0.9, top_k=top_k, max_new_tokens=40,
                             stop_token_ids=tuple(range(5, tiny_model.config.vocab_size, 11)))

@@ -213,6 +213,37 @@ def test_fusing_refuses_layers_it_cannot_fuse(tiny_model):
         StaticDecoder(tiny_model, 4, graphs=False, fuse=True)
 
 
+def test_flex_attention_decode_step_samples_the_matmul_steps_tokens(tiny_model):
+    """The step's attention as one FlexAttention call (the score masked past each row's position) samples what
+    the two matrix products do, with rows at different positions. Run eagerly here (FlexAttention's reference
+    path): Inductor's CPU kernel for it fails to build with a dynamic batch in torch 2.13, and the compiled
+    step it is meant for runs on CUDA (``tests/engines/test_cuda.py``)."""
+    import warnings
+
+    out = []
+    for flex in (False, True):
+        dec = StaticDecoder(tiny_model, 8, graphs=False)
+        dec.flex = flex  # what attention="flex" sets (it also asks for compile)
+        dec.ensure(300, 20)
+        dec.tokens.copy_(torch.arange(8) * 5 + 11)
+        dec.positions.copy_(torch.tensor([5, 5, 40, 127, 3, 60, 5, 9]))
+        dec.row_keys.copy_(torch.arange(8) * 7 + 1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "flex_attention called without torch.compile()"
+            for B, L in ((8, 256), (3, 256), (6, 384)):
+                dec.run(B, L, 3, SamplingParams(temperature=1.0))
+        out.append((dec.hist_tokens.clone(), dec.hist_logprobs.clone()))
+    assert torch.equal(out[0][0], out[1][0])
+    torch.testing.assert_close(out[0][1], out[1][1], atol=1e-5, rtol=1e-5)
+
+
+def test_flex_attention_decode_needs_compile_and_a_known_name(tiny_model):
+    with pytest.raises(ValueError, match="'flex' needs compile"):
+        StaticDecoder(tiny_model, 4, graphs=False, attention="flex")
+    with pytest.raises(ValueError, match="attention 'sdpa': one of matmul: .*; flex: "):
+        StaticDecoder(tiny_model, 4, graphs=False, attention="sdpa")
+
+
 def test_static_decoding_refuses_a_model_whose_forward_keeps_every_logit(tiny_dir):
     from relayrl.engines.generation.static import unsupported_reason
 
@@ -265,8 +296,8 @@ def test_static_decoder_refuses_more_samples_than_slots(tiny_dir, tiny_tokenizer
 @pytest.mark.slow
 def test_compiled_decode_step_gives_the_eager_tokens_and_compiles_once_for_every_shape(tiny_model):
     """``rollout.decode_compile``: the layer step (its projections fused), the head and the sampler's block masses
-    compiled by Inductor (here for the CPU) sample the eager step's tokens, and one compilation of each serves every batch bucket and
-    cache length."""
+    compiled by Inductor (here for the CPU) sample the eager step's tokens, and one compilation of each serves
+    every batch bucket and cache length (slot 3 a row further on than the others)."""
     from torch._dynamo.utils import counters
 
     from relayrl.engines.generation.static import StaticDecoder
@@ -279,6 +310,7 @@ def test_compiled_decode_step_gives_the_eager_tokens_and_compiles_once_for_every
         dec.ensure(300, 40)
         dec.tokens.copy_(torch.arange(8) * 5 + 11)
         dec.positions.fill_(5)
+        dec.positions[3] = 60
         dec.row_keys.copy_(torch.arange(8) * 7 + 1)
         for B, L in ((8, 128), (3, 128), (8, 256), (2, 256), (6, 128)):
             dec.run(B, L, 4, SamplingParams(temperature=1.0))

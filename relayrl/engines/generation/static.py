@@ -121,6 +121,23 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tens
     return torch.matmul(probs, v).reshape(B, H, D)
 
 
+def _attend_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, scaling: float) -> torch.Tensor:
+    """What :func:`_attend` computes, as one FlexAttention call: each row's keys past its position ``pos`` [B]
+    masked in the score; compiled (``compile``), one kernel reads the cache once (FlexAttention's decode kernel)
+    where :func:`_attend` runs two matrix products and a softmax between them. -> [B, H, D]."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    def past_position(score, b, h, q_idx, kv_idx):
+        return torch.where(kv_idx <= pos[b], score, -float("inf"))
+
+    o = flex_attention(q, k, v, score_mod=past_position, scale=scaling, enable_gqa=True)
+    return o.reshape(q.shape[0], q.shape[1], q.shape[-1])
+
+
+ATTENTION = {"matmul": "two batched matrix products and a softmax (the default)",
+             "flex": "one FlexAttention call (needs compile)"}
+
+
 def fuse_reason(layer: nn.Module) -> str | None:
     """Why ``layer``'s q/k/v and gate/up projections cannot run as one matrix product each (None when they can):
     each must be a plain ``nn.Linear``, the MLP ``down(act(gate(x)) * up(x))``, and biases all there or none."""
@@ -170,13 +187,14 @@ class _Fused:
 
 def _layer_step(layer: nn.Module, x: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor,
                 valid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: Callable,
-                fused: tuple | None = None, split: tuple[int, int, int] | None = None) -> torch.Tensor:
+                fused: tuple | None = None, split: tuple[int, int, int] | None = None,
+                flex: bool = False) -> torch.Tensor:
     """One decoder layer of the decode step: ``x`` [B, 1, hidden] holds the new token of slots ``[0, B)``, at
     ``pos`` [B]; its key and value go into the layer's cache ``k_buf``/``v_buf`` [slots, KV, max_len, D] at
     ``pos``, and it attends over the first ``L`` positions, those ``valid`` [B, L] marks. The layer's own modules
     do the rest, or, with ``fused`` (:meth:`_Fused.tensors`, ``split`` the q/k/v widths), one product for q/k/v
-    and one for gate/up. One function for every layer, so that ``compile`` compiles it once (dynamic shapes) and
-    every layer reuses it."""
+    and one for gate/up; with ``flex``, the attention is :func:`_attend_flex`. One function for every layer, so
+    that ``compile`` compiles it once (dynamic shapes) and every layer reuses it."""
     attn = layer.self_attn
     B, D = x.shape[0], k_buf.shape[-1]
     h = layer.input_layernorm(x)
@@ -194,7 +212,10 @@ def _layer_step(layer: nn.Module, x: torch.Tensor, k_buf: torch.Tensor, v_buf: t
     k_buf[rows, :, pos] = k[:, :, 0].to(k_buf.dtype)
     v_buf[rows, :, pos] = v[:, :, 0].to(v_buf.dtype)
     L = valid.shape[1]
-    o = _attend(q, k_buf[:B, :, :L], v_buf[:B, :, :L], valid, attn.scaling)
+    if flex:
+        o = _attend_flex(q, k_buf[:B, :, :L], v_buf[:B, :, :L], pos, attn.scaling)
+    else:
+        o = _attend(q, k_buf[:B, :, :L], v_buf[:B, :, :L], valid, attn.scaling)
     x = x + attn.o_proj(o.reshape(B, 1, -1))
     h = layer.post_attention_layernorm(x)
     if fused is None:
@@ -218,10 +239,17 @@ class StaticDecoder:
     """
 
     def __init__(self, model: nn.Module, slots: int, *, graphs: bool, compile: bool = False,
-                 fuse: bool = False) -> None:
+                 fuse: bool = False, attention: str = "matmul") -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"static decoding: {reason}")
+        if attention not in ATTENTION:
+            raise ValueError(f"static decoding: attention {attention!r}: one of " + "; ".join(
+                f"{k}: {v}" for k, v in ATTENTION.items()))
+        if attention == "flex" and not compile:
+            raise ValueError("static decoding: attention 'flex' needs compile (eager FlexAttention materialises "
+                             "every score, slower than the default)")
+        self.flex = attention == "flex"
         self.model = model
         self.dec = _decoder(model)
         self.layers = list(self.dec.layers)
@@ -348,7 +376,7 @@ class StaticDecoder:
             for i, (layer, k_buf, v_buf) in enumerate(zip(self.layers, self.keys, self.values)):
                 f = self._fused[i] if self._fused else None
                 x = self._layer_fn(layer, x, k_buf, v_buf, pos, valid, cos, sin, self.rope,
-                                   f and f.tensors(), f and f.split)
+                                   f and f.tensors(), f and f.split, self.flex)
             return self._head_fn(x)
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
