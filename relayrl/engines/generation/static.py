@@ -341,17 +341,18 @@ class StaticDecoder:
         lengths = torch.tensor([len(p) for p in prompts])
         width = int(lengths.max())
         ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, p in enumerate(prompts):
             ids[i, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
-            mask[i, : len(p)] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
+        ids = ids.to(self.device)
         pos = torch.arange(width, device=self.device)[None].expand(len(prompts), -1)
-        # the head runs at the prompts' last positions only (at batch 256 x 128 tokens, the logits of every
-        # position would be 10 GB in bf16 for a 152k vocabulary)
+        # Right-padded, so the causal mask alone is exact for every prompt token (none sees a pad after it) and
+        # the attention runs without a padding mask (SDPA's fused causal kernels, no key/value repetition for
+        # grouped heads); what the pads compute lands past each prompt in the cache, where a decode step
+        # writes its own key and value before it attends there. The head runs at the prompts' last positions
+        # only (at batch 256 x 128 tokens, every position's logits would be 10 GB in bf16 for a 152k vocabulary).
         keep, which = torch.unique(lengths - 1, return_inverse=True)
         out, cache = forward_with_cache(self.model, DynamicCache(config=self.model.config), input_ids=ids,
-                                        attention_mask=mask, position_ids=pos, logits_to_keep=keep.to(self.device))
+                                        position_ids=pos, logits_to_keep=keep.to(self.device))
         logits = out.logits[torch.arange(len(prompts), device=self.device), which.to(self.device)]  # [P, V]
         src = torch.arange(len(prompts), device=self.device).repeat_interleave(repeat)
         slots = slots.to(self.device)
