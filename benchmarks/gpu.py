@@ -287,6 +287,8 @@ def main() -> None:
                     "compiled step with separate q/k/v and gate/up products (what the fusion gains)")
     ap.add_argument("--decode-flex", action="store_true", help="decode and profile, with --compile-decode: also "
                     "the compiled step with its attention as one FlexAttention call")
+    ap.add_argument("--decode-bucket", type=int, default=None, help="decode, with --compile-decode: also the "
+                    "compiled step attending over multiples of this many cache positions (16, 32 or 64; default 128)")
     ap.add_argument("--decode-breakdown", action="store_true", help="decode, with --compile-decode: where one "
                     "more generate of the compiled path spends its time (prefill, replays, waits, host work)")
     ap.add_argument("--grpo-new-tokens", type=int, default=256, help="max_new_tokens of the GRPO steps")
@@ -319,7 +321,7 @@ def main() -> None:
                                      baselines=not args.no_decode_baselines, compiled=args.compile_decode,
                                      unfused=args.decode_unfused, breakdown=args.decode_breakdown,
                                      trace=Path(args.trace) / "trace-decode.json.gz" if args.trace else None,
-                                     flex=args.decode_flex)
+                                     flex=args.decode_flex, bucket=args.decode_bucket)
 
     def profile():
         steps = [(False, "matmul")] + [(True, "matmul")] * args.compile_decode + [(True, "flex")] * (

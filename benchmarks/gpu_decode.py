@@ -71,7 +71,8 @@ def decode_breakdown(eng, prompts, params, gen) -> str:
 
 def bench_decode(path: Path, sizes: list[int], prompt: int, new: int, bw: float, peak: float,
                  baselines: bool = True, compiled: bool = False, unfused: bool = False,
-                 breakdown: bool = False, trace: Path | None = None, flex: bool = False) -> dict:
+                 breakdown: bool = False, trace: Path | None = None, flex: bool = False,
+                 bucket: int | None = None) -> dict:
     """relayrl's static decode (and, ``compiled``, the same with ``rollout.decode_compile``: its first generate,
     compilation included, is timed apart; ``unfused``, also compiled with separate q/k/v and gate/up products)
     against the roofline, HF ``generate`` and the dynamic-cache path."""
@@ -107,10 +108,14 @@ def bench_decode(path: Path, sizes: list[int], prompt: int, new: int, bw: float,
             dyn = NativeGenerationEngine(model, tok, max_batch=B, device="cuda", decode="dynamic")
             _, t_dyn = sync_time(lambda: dyn.generate(prompts, params, gen))
             row["dynamic_tok_s"] = B * new / t_dyn
-        variants = {"compiled": None, "compiled_unfused": dict(fuse=False), "compiled_flex": dict(attention="flex")}
+        variants = {"compiled": None}
+        if unfused:
+            variants["compiled_unfused"] = dict(fuse=False)
+        if flex:
+            variants["compiled_flex"] = dict(attention="flex")
+        if bucket:
+            variants[f"compiled_bucket{bucket}"] = dict(bucket=bucket)
         for name, kw in variants.items() if compiled else ():
-            if (name == "compiled_unfused" and not unfused) or (name == "compiled_flex" and not flex):
-                continue
             # the same work with the layer step, the head and the sampler's reductions compiled (decode_compile)
             cmp = NativeGenerationEngine(model, tok, max_batch=B, device="cuda", decode="static", decode_compile=True)
             if kw is not None:  # a variant of the compiled step that no setting names (yet)

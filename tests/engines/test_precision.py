@@ -154,7 +154,7 @@ def test_lora_on_a_bf16_base_trains_float32_adapters(tiny_dir, tiny_tokenizer):
     (1, 2, 0, False, False, 16), (3, 4, 0, False, False, 16), (2, 16, 0, False, False, 16),
     (2, 16, 3, False, False, 16), (2, 16, 3, True, False, 16), (3, 4, 0, False, True, 16),
     (2, 16, 3, True, True, 16), (2, 4, 3, False, False, 3), (2, 3, 3, False, False, 1),
-    (3, 4, 0, False, False, 4), (2, 4, 13, False, False, 3)])
+    (3, 4, 0, False, False, 4), (2, 4, 13, False, False, 3), (2, 4, 13, False, False, (3, 16))])
 def test_static_decoder_matches_the_dynamic_path(tiny_model, tiny_dir, tiny_tokenizer, n, max_batch, stops, swap,
                                                  fuse, chunk):
     """The static-cache decode step (eager on CPU, graphed on CUDA) gives the same tokens and log-probs as the
@@ -165,13 +165,17 @@ def test_static_decoder_matches_the_dynamic_path(tiny_model, tiny_dir, tiny_toke
     (partial rollout: both paths prefill the in-flight rows again); ``fuse``: q/k/v and gate/up as one product
     each (what ``rollout.decode_compile`` runs), whose weight copies must follow the swap; ``chunk``: decode
     steps between two reads (below ``max_new_tokens``: a chunk is queued before the last is read, so a row
-    that stopped decodes on through it, and its slot is refilled a chunk later)."""
+    that stopped decodes on through it, and its slot is refilled a chunk later; a pair: the chunk and the
+    attended span's bucket, 16 positions where the default is 128)."""
     texts = ["1+2=", "123+456=", "sort 5 12 9 =", "77+1=", "9+9=", "3+4+5=", "countdown 3 7 5 -> 9 :"]
     prompts = [tiny_tokenizer(t)["input_ids"] for t in texts]
     other = load_model(tiny_dir)
     other.load_state_dict(tiny_model.state_dict())
     dyn = NativeGenerationEngine(tiny_model, tiny_tokenizer, max_batch=max_batch, decode="dynamic")
+    chunk, bucket = chunk if isinstance(chunk, tuple) else (chunk, 128)
     sta = NativeGenerationEngine(other, tiny_tokenizer, max_batch=max_batch, decode="static", decode_chunk=chunk)
+    if bucket != 128:
+        sta.static = StaticDecoder(other, max_batch, graphs=False, bucket=bucket)
     assert dyn.static is None and sta.static is not None
     if fuse:
         sta.static = StaticDecoder(other, max_batch, graphs=False, fuse=True)
@@ -240,6 +244,11 @@ def test_flex_attention_decode_step_samples_the_matmul_steps_tokens(tiny_model):
 def test_flex_attention_decode_needs_compile_and_a_known_name(tiny_model):
     with pytest.raises(ValueError, match="'flex' needs compile"):
         StaticDecoder(tiny_model, 4, graphs=False, attention="flex")
+    with pytest.raises(ValueError, match="bucket 48: .* multiple of 16, 32, 64 or 128"):
+        StaticDecoder(tiny_model, 4, graphs=False, bucket=48)
+    dec = StaticDecoder(tiny_model, 4, graphs=False, bucket=32)
+    dec.ensure(300)  # 384 positions
+    assert [dec.span(last) for last in (0, 31, 32, 200, 383, 500)] == [32, 32, 64, 224, 384, 384]
     with pytest.raises(ValueError, match="attention 'sdpa': one of matmul: .*; flex: "):
         StaticDecoder(tiny_model, 4, graphs=False, attention="sdpa")
 

@@ -317,7 +317,7 @@ class NativeGenerationEngine:
             steps = min(chunk, min(params.max_new_tokens - count[s] for s in live))
             # the last position a step feeds is the context length + count - 2 + steps; attend up to it
             last = max(len(prompts[rows[s][0]]) + count[s] - 2 + steps for s in live)
-            st.run(live[-1] + 1, min(st.max_len, -(-(last + 1) // 128) * 128), steps, params)
+            st.run(live[-1] + 1, st.span(last), steps, params)
             for s in live:
                 count[s] += steps
 

@@ -16,7 +16,7 @@ compilation):
 * a decode step takes one token and one position per slot, writes the new key
   and value at that position, attends over the slot's first ``position + 1``
   entries (a length mask over the first ``L`` positions of the buffer, ``L`` the
-  step's bucket of 128 above every slot's position), and samples the next
+  step's bucket, a multiple of 128 above every slot's position), and samples the next
   token inside the step (:mod:`.sampling`: one counter-based uniform per row, so
   there is no generator state to carry between replays); the token goes into a
   per-slot history and becomes the next input;
@@ -239,7 +239,7 @@ class StaticDecoder:
     """
 
     def __init__(self, model: nn.Module, slots: int, *, graphs: bool, compile: bool = False,
-                 fuse: bool = False, attention: str = "matmul") -> None:
+                 fuse: bool = False, attention: str = "matmul", bucket: int = 128) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"static decoding: {reason}")
@@ -250,6 +250,14 @@ class StaticDecoder:
             raise ValueError("static decoding: attention 'flex' needs compile (eager FlexAttention materialises "
                              "every score, slower than the default)")
         self.flex = attention == "flex"
+        if bucket not in (16, 32, 64, 128):
+            raise ValueError(f"static decoding: bucket {bucket}: the attended length is a multiple of 16, 32, 64 or "
+                             "128 cache positions (a divisor of the cache's 128-position rounding)")
+        if self.flex and bucket != 128:
+            raise ValueError("static decoding: attention 'flex' reads the cache in 128-position blocks: bucket 128")
+        # a step attends over the cache's first ``span`` positions, a multiple of ``bucket``: one graph per
+        # multiple; a smaller bucket reads fewer positions past the rows' own, for more graphs to record
+        self.bucket = bucket
         self.model = model
         self.dec = _decoder(model)
         self.layers = list(self.dec.layers)
@@ -322,6 +330,10 @@ class StaticDecoder:
         """Copy the layers' weights into the fused copies again (after an in-place weight update)."""
         for f in self._fused:
             f.refresh()
+
+    def span(self, last: int) -> int:
+        """The cache positions a step attends over when the furthest position it feeds is ``last``."""
+        return min(self.max_len, -(-(last + 1) // self.bucket) * self.bucket)
 
     @property
     def cache_bytes(self) -> int:
