@@ -202,6 +202,41 @@ def test_static_decoder_matches_the_dynamic_path(tiny_model, tiny_dir, tiny_toke
         assert torch.equal(fused.w_gu[-layer.mlp.up_proj.out_features:], layer.mlp.up_proj.weight)
 
 
+def test_finished_rows_takes_the_first_stop_token_or_the_last_of_the_budget():
+    from relayrl.engines.generation.native import finished_rows
+
+    # slots 0-3; read from token 4 on (lo=4), 4 columns: tokens 4..7
+    tokens = torch.tensor([[5, 9, 9, 9],    # slot 0: a stop token (9) at token 5, read already (done=6)
+                           [1, 2, 9, 3],    # slot 1: stop at token 6
+                           [1, 2, 3, 4],    # slot 2: no stop; the budget's last token is token max_new - 1
+                           [1, 9, 3, 4]])   # slot 3: not in the read
+    ends = finished_rows(tokens, [0, 1, 2], done=[6, 4, 4], seen=[8, 8, 8], lo=4, max_new=8, stop_ids={9})
+    assert ends == {0: (7, "stop"), 1: (7, "stop"), 2: (8, "length")}
+    ends = finished_rows(tokens, [0, 1, 2], done=[6, 4, 4], seen=[8, 8, 8], lo=4, max_new=9, stop_ids={9})
+    assert ends == {0: (7, "stop"), 1: (7, "stop")}  # slot 2 goes on
+    ends = finished_rows(tokens, [0, 1, 2], done=[6, 4, 4], seen=[8, 6, 8], lo=4, max_new=7, stop_ids={9})
+    assert ends == {0: (7, "stop"), 2: (7, "length")}  # slot 1's stop is past what the device sampled
+    assert finished_rows(tokens, [1], done=[4], seen=[8], lo=4, max_new=20, stop_ids=set()) == {}
+    assert finished_rows(tokens, [1], done=[4], seen=[8], lo=4, max_new=7, stop_ids={2}) == {1: (6, "stop")}
+
+
+def test_static_decoder_stop_strings_match_the_dynamic_path(tiny_model, tiny_dir, tiny_tokenizer):
+    """With stop strings the static path finishes rows token by token on their text, as the dynamic path."""
+    prompts = [tiny_tokenizer(t)["input_ids"] for t in ["1+2=", "123+456=", "sort 5 12 9 =", "9+9="]]
+    other = load_model(tiny_dir)
+    other.load_state_dict(tiny_model.state_dict())
+    dyn = NativeGenerationEngine(tiny_model, tiny_tokenizer, max_batch=4, decode="dynamic")
+    sta = NativeGenerationEngine(other, tiny_tokenizer, max_batch=4, decode="static", decode_chunk=3)
+    free = dyn.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=12),
+                        torch.Generator().manual_seed(1))
+    stops = tuple({c.text[3:5] for c in free[:3] if len(c.text) >= 5})
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=12, stop_strings=stops)
+    a = dyn.generate(prompts, params, torch.Generator().manual_seed(1))
+    b = sta.generate(prompts, params, torch.Generator().manual_seed(1))
+    assert {c.finish_reason for c in a} == {"stop", "length"}
+    assert [(c.token_ids.tolist(), c.finish_reason) for c in a] == [(c.token_ids.tolist(), c.finish_reason) for c in b]
+
+
 def test_fusing_refuses_layers_it_cannot_fuse(tiny_model):
     from torch import nn
 

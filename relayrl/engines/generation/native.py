@@ -110,6 +110,27 @@ class RunningBatch:
         return len(self.rows)
 
 
+def finished_rows(tokens: torch.Tensor, slots: list[int], done: list[int], seen: list[int], lo: int, max_new: int,
+                  stop_ids: set[int]) -> dict[int, tuple[int, str]]:
+    """The rows that end among tokens read from the device: ``tokens`` [rows, W] holds token ``lo + j`` of the
+    row in slot ``r`` at ``[r, j]``; the row in ``slots[i]`` had ``done[i]`` tokens before and the device has
+    sampled ``seen[i]``. A row ends at its first token in ``stop_ids`` ("stop"), else at its ``max_new``-th
+    ("length"). Returns ``{slot: (tokens it keeps in all, reason)}`` for the rows that end."""
+    idx = torch.tensor(slots, dtype=torch.long)
+    start = torch.tensor(done, dtype=torch.long)[:, None] - lo
+    end = torch.tensor(seen, dtype=torch.long)[:, None] - lo
+    col = torch.arange(tokens.shape[1])[None]
+    rows = tokens[idx]
+    stop = torch.isin(rows, torch.tensor(sorted(stop_ids), dtype=rows.dtype)) if stop_ids else torch.zeros_like(
+        rows, dtype=torch.bool)
+    ending = (col >= start) & (col < end) & (stop | (col == max_new - 1 - lo))  # or its max_new-th token
+    hit = ending.any(1)
+    first = ending.to(torch.int8).argmax(1)  # the first ending column (argmax gives the first maximum)
+    by_stop = stop.gather(1, first[:, None])[:, 0]
+    return {slots[i]: (lo + int(first[i]) + 1, "stop" if by_stop[i] else "length")
+            for i in hit.nonzero()[:, 0].tolist()}
+
+
 class NativeGenerationEngine:
     """Generation with a Hugging Face model; see the module docstring."""
 
@@ -346,20 +367,32 @@ class NativeGenerationEngine:
                 launch()
             tok_h, logp_h = copied()
             tok_l, logp_l = tok_h.tolist(), logp_h.tolist()
+            if params.stop_strings:  # a stop string needs each token's text: row by row, token by token
+                ends = {}
+                for slot in busy:
+                    seq = list(toks[slot])
+                    for c in range(len(seq), seen[slot]):
+                        seq.append(tok_l[slot][c - lo])
+                        reason = self.finish_reason(seq, params, stop_ids)
+                        if reason:
+                            ends[slot] = (c + 1, reason)
+                            break
+            else:  # the first stop token or the last of the budget, for every row at once
+                ends = finished_rows(tok_h, busy, [len(toks[s]) for s in busy], [seen[s] for s in busy], lo,
+                                     params.max_new_tokens, stop_ids)
             for slot in busy:
-                for c in range(len(toks[slot]), seen[slot]):
-                    toks[slot].append(tok_l[slot][c - lo])
-                    logps[slot].append(logp_l[slot][c - lo])
-                    vers[slot].append(self._version)
-                    reason = self.finish_reason(toks[slot], params, stop_ids)
-                    if reason:
-                        row = rows.pop(slot)
-                        del count[slot]
-                        out[row] = c_ = self.completion(row, toks.pop(slot), logps.pop(slot), reason, vers.pop(slot))
-                        if on_finish is not None:
-                            on_finish(c_)
-                        free.append(slot)
-                        break
+                upto, reason = ends.get(slot, (seen[slot], None))
+                a, b = len(toks[slot]) - lo, upto - lo
+                toks[slot] += tok_l[slot][a:b]
+                logps[slot] += logp_l[slot][a:b]
+                vers[slot] += [self._version] * (b - a)
+                if reason:
+                    row = rows.pop(slot)
+                    del count[slot]
+                    out[row] = c_ = self.completion(row, toks.pop(slot), logps.pop(slot), reason, vers.pop(slot))
+                    if on_finish is not None:
+                        on_finish(c_)
+                    free.append(slot)
             free.sort()
             if between is not None:
                 launch()
