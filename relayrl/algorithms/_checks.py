@@ -7,11 +7,49 @@ and both shapes, instead of a broadcast silently producing a wrong loss.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping
 
 import torch
 
 Tensor = torch.Tensor
+
+_deferred = threading.local()
+
+
+@contextlib.contextmanager
+def deferred_metrics() -> Iterator[None]:
+    """Inside: :func:`to_floats` and :func:`metric_value` leave a tensor metric on its device, as a detached
+    0-dim float64 tensor, instead of reading it to the host. A training engine runs its passes so, and reads
+    every metric of an optimizer step at once (:func:`host_floats`): a read per micro-batch would stop the
+    host until the GPU caught up, and leave the GPU idle while the host prepared the next pass. The values
+    are the same either way (float64, as the host reads them)."""
+    before = getattr(_deferred, "on", False)
+    _deferred.on = True
+    try:
+        yield
+    finally:
+        _deferred.on = before
+
+
+def metric_value(v: Tensor | float) -> Tensor | float:
+    """One metric as a Python float, or (inside :func:`deferred_metrics`) a tensor's detached float64 value."""
+    if not isinstance(v, torch.Tensor):
+        return float(v)
+    v = v.detach().reshape(()).double()
+    return v if getattr(_deferred, "on", False) else float(v)
+
+
+def host_floats(values: Mapping[str, Tensor | float]) -> dict[str, float]:
+    """``values`` as Python floats, the tensors among them read to the host together (one synchronisation)."""
+    keys = [k for k, v in values.items() if isinstance(v, torch.Tensor)]
+    out = {k: float(v) for k, v in values.items() if not isinstance(v, torch.Tensor)}
+    if keys:
+        with torch.no_grad():
+            stacked = torch.stack([values[k].detach().reshape(()).double() for k in keys])
+            out.update(zip(keys, stacked.cpu().tolist()))
+    return {k: out[k] for k in values}
 
 
 def check_nonempty(name: str, t: Tensor) -> None:
@@ -76,13 +114,9 @@ def to_floats(metrics: Mapping[str, Tensor | float]) -> dict[str, float]:
     """Turn tensor metrics into Python floats with one device sync.
 
     Scalar tensors are stacked and moved to the host together, so a CUDA
-    caller pays one synchronisation per call rather than one per metric.
+    caller pays one synchronisation per call rather than one per metric;
+    inside :func:`deferred_metrics`, none (see there).
     """
-    keys = [k for k, v in metrics.items() if isinstance(v, torch.Tensor)]
-    out = {k: float(v) for k, v in metrics.items() if not isinstance(v, torch.Tensor)}
-    if keys:
-        with torch.no_grad():
-            stacked = torch.stack([metrics[k].detach().reshape(()).double() for k in keys])
-            for k, v in zip(keys, stacked.cpu().tolist()):
-                out[k] = float(v)
-    return {k: out[k] for k in metrics}
+    if getattr(_deferred, "on", False):
+        return {k: metric_value(v) for k, v in metrics.items()}  # type: ignore[misc]
+    return host_floats(metrics)

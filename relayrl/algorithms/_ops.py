@@ -73,6 +73,14 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return xm.sum(dim=dim) / m.sum(dim=dim).clamp(min=1.0)
 
 
+def masked_max(x: Tensor, keep: Tensor, empty: float = 0.0) -> Tensor:
+    """Largest ``x`` where ``keep`` is true, ``empty`` when nothing is kept; no host read (``x[keep].max()``
+    would wait for the device to count the kept entries)."""
+    low = torch.full((), float("-inf"), dtype=x.dtype, device=x.device)
+    best = torch.where(keep, x, low).max()
+    return torch.where(keep.any(), best, torch.full((), empty, dtype=x.dtype, device=x.device))
+
+
 def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
     """``(x - mean) / (std + eps)`` with mean/std over valid positions; 0 where masked."""
     m = mask.to(x.dtype)

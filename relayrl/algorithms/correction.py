@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from relayrl.algorithms._checks import as_float_mask, check_batch, check_ndim, to_floats
-from relayrl.algorithms._ops import masked_mean
+from relayrl.algorithms._ops import masked_max, masked_mean
 
 Tensor = torch.Tensor
 
@@ -165,11 +165,9 @@ def rollout_correction(
         seqs = has_tok.to(m.dtype)
         seq_any_cap = capped.any(dim=1).to(m.dtype)
         seq_all_masked = ((masked.sum(dim=1) == n_tok) & has_tok).to(m.dtype)
-        r_valid = ratio[valid]
-        one = torch.ones((), dtype=m.dtype, device=m.device)
         metrics = {
             "correction/ratio_mean": masked_mean(ratio, m),
-            "correction/ratio_max": r_valid.max() if r_valid.numel() else one,
+            "correction/ratio_max": masked_max(ratio, valid, empty=1.0),
             "correction/weight_mean": masked_mean(factor, m),
             "correction/token_capped_frac": masked_mean(capped.to(m.dtype), m),
             "correction/token_masked_frac": masked_mean(masked.to(m.dtype), m),
@@ -177,7 +175,7 @@ def rollout_correction(
             "correction/seq_masked_frac": seq_all_masked.sum() / seqs.sum().clamp(min=1.0),
             "correction/kl_k1": masked_mean(k1, m),
             "correction/kl_k3": masked_mean(k3, m),
-            "correction/seq_kl_max": seq_kl[has_tok].max() if bool(has_tok.any()) else zero,
+            "correction/seq_kl_max": masked_max(seq_kl, has_tok),
             "correction/kl_masked_frac": masked_mean(dropped.to(m.dtype), m),
         }
     return factor, to_floats(metrics)

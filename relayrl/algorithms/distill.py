@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from relayrl.algorithms._checks import as_float_mask, check_batch, check_ndim, to_floats
-from relayrl.algorithms._ops import masked_mean
+from relayrl.algorithms._ops import masked_max, masked_mean
 
 Tensor = torch.Tensor
 
@@ -80,7 +80,7 @@ def distill_advantages(
         finite = lambda x: torch.where(valid, torch.nan_to_num(x.detach().to(m.dtype), neginf=-1e4), zero)  # noqa: E731
         metrics = {
             "distill/reverse_kl": masked_mean(d, m),
-            "distill/reverse_kl_seq_max": per_seq[n > 0].max() if bool((n > 0).any()) else zero,
+            "distill/reverse_kl_seq_max": masked_max(per_seq, n > 0),
             "distill/teacher_logprob_mean": masked_mean(finite(teacher_logprobs), m),
             "distill/student_logprob_mean": masked_mean(finite(student_logprobs), m),
         }

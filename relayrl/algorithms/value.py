@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from relayrl.algorithms._checks import as_float_mask, check_batch, check_ndim, to_floats
+from relayrl.algorithms._checks import as_float_mask, check_batch, check_ndim, metric_value, to_floats
 from relayrl.algorithms._ops import masked_mean
 from relayrl.algorithms.aggregation import aggregate
 
@@ -87,7 +87,7 @@ def value_loss(
 _CONSTANT_RTOL = 1e-6  # explained_variance: returns whose std is below this share of their magnitude are constant
 
 
-def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor | float:
     """``1 - Var(R - V) / Var(R)`` over valid tokens of ``[B, T]`` tensors.
 
     1 is a perfect critic, 0 no better than a constant, negative worse; NaN
@@ -101,13 +101,18 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
     roundings, so there is no variance a critic could explain.
     """
     check_batch(values=values, returns=returns, mask=mask)
-    with torch.no_grad():
+    with torch.no_grad():  # masked sums rather than x[valid]: no host read until the metric is (metric_value)
         valid = mask.bool()
-        v = values.detach()[valid].double()
-        r = returns.detach()[valid].double()
-        if r.numel() < 2:
-            return float("nan")
-        var_r = r.var()
-        if var_r.item() <= (_CONSTANT_RTOL * r.abs().max().item()) ** 2:
-            return float("nan")
-        return float((1.0 - (r - v).var() / var_r).item())
+        zero = torch.zeros((), dtype=torch.float64, device=values.device)
+        r = torch.where(valid, returns.detach().double(), zero)
+        d = r - torch.where(valid, values.detach().double(), zero)
+        n = valid.sum()
+
+        def var(x: Tensor) -> Tensor:  # unbiased, over the valid tokens (as torch.var)
+            centred = torch.where(valid, x - x.sum() / n.clamp(min=1), zero)
+            return centred.square().sum() / (n - 1).clamp(min=1)
+
+        var_r = var(r)
+        defined = (n >= 2) & (var_r > (_CONSTANT_RTOL * r.abs().max()) ** 2)
+        ev = torch.where(defined, 1.0 - var(d) / torch.where(defined, var_r, 1.0), float("nan"))
+        return metric_value(ev)

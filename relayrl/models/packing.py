@@ -58,8 +58,18 @@ Tensor = torch.Tensor
 
 __all__ = [
     "PackUnit", "PackedBatch", "plan_units", "cut_group", "pack_units", "plan_microbatches", "build_packed_batch",
-    "shared_prompt_mask", "shared_prompt_mask_mod", "additive_mask",
+    "shared_prompt_mask", "shared_prompt_mask_mod", "additive_mask", "to_device",
 ]
+
+
+def to_device(t: Tensor, device: torch.device | str) -> Tensor:
+    """``t`` on ``device``. A host tensor bound for a GPU goes through pinned memory without blocking the host:
+    a copy from pageable memory waits for every kernel queued before it, so a training pass that uploads its
+    next micro-batch that way leaves the GPU idle while the host prepares it."""
+    device = torch.device(device)
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 @dataclass(frozen=True)
@@ -153,7 +163,7 @@ class PackedBatch:
                        doc_ids=pad(self.doc_ids, -1), segment_ids=pad(self.segment_ids, -1))
 
     def to(self, device: torch.device | str) -> "PackedBatch":
-        moved = {k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in self.__dict__.items()}
+        moved = {k: (to_device(v, device) if isinstance(v, Tensor) else v) for k, v in self.__dict__.items()}
         return PackedBatch(**moved)
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from relayrl.algorithms._checks import metric_value
 from relayrl.algorithms.correction import Correction
 from relayrl.algorithms.dpo import dpo_loss
 from relayrl.algorithms.kl import kl_loss
@@ -99,11 +100,11 @@ class PolicyLoss:
             if self.entropy_coef > 0:
                 loss = loss - self.entropy_coef * ent
             with torch.no_grad():
-                metrics["actor/entropy"] = float((mb.entropy * mb.mask).sum() / mb.mask.sum().clamp_min(1))
+                metrics["actor/entropy"] = metric_value((mb.entropy * mb.mask).sum() / mb.mask.sum().clamp_min(1))
         if "gen_logprobs" in f:  # train/generation mismatch: the trainer's own log-probs against the generator's
             with torch.no_grad():
                 metrics.update(logprob_error(f["gen_logprobs"], self.trainer_logprobs(mb), mb.mask))
-        metrics["actor/loss"] = float(loss.detach())
+        metrics["actor/loss"] = metric_value(loss)
         return loss, metrics
 
 
@@ -177,11 +178,11 @@ class DPOLoss:
         share = len(c) / (mb.global_seqs / 2)  # this micro-batch's pairs among the mini-batch's
         nll, _ = sft_loss(mb.logprobs[c], mb.mask[c], agg="seq-mean-token-mean", global_seqs=mb.global_seqs // 2)
         metrics = {k: v * share for k, v in metrics.items()}
-        metrics["dpo/nll_chosen"] = float(nll.detach())  # already this micro-batch's share
+        metrics["dpo/nll_chosen"] = metric_value(nll)  # already this micro-batch's share
         loss = loss * share
         if self.nll_weight > 0:
             loss = loss + self.nll_weight * nll
-            metrics["dpo/loss"] = float(loss.detach())
+            metrics["dpo/loss"] = metric_value(loss)
         return loss, metrics
 
 

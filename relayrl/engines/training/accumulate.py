@@ -55,10 +55,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from relayrl.algorithms._checks import host_floats
 from relayrl.engines.training import fsdp
 from relayrl.engines.training.base import LossFn, SequenceBatch, metric_reduction
 
 __all__ = ["MetricSums", "StreamedUpdate"]
+
+
+def _device(*values) -> torch.device:
+    return next((v.device for v in values if isinstance(v, torch.Tensor)), torch.device("cpu"))
 
 
 @dataclass
@@ -77,14 +82,23 @@ class MetricSums:
     ref_passes: int = 0
     ref_tokens: int = 0
 
-    def add(self, metrics: dict[str, float], weight: float, forward_tokens: int, with_reference: bool) -> None:
-        """One micro-batch's metrics; ``weight``: its valid response tokens."""
+    def add(self, metrics: dict[str, float | torch.Tensor], weight: float | torch.Tensor, forward_tokens: int,
+            with_reference: bool) -> None:
+        """One micro-batch's metrics; ``weight``: its valid response tokens. Values may be floats or 0-dim
+        float64 tensors on the device (:func:`relayrl.algorithms._checks.deferred_metrics`): sums and extremes
+        stay on the device then, and :meth:`reduce` reads them to the host together."""
         for k, v in metrics.items():
+            if isinstance(v, torch.Tensor):  # a loss of the caller's may hand its metric with its graph
+                v = v.detach().reshape(()).double()
             how = metric_reduction(k, self.summed)
             if how in ("mean", "sum"):
                 self.values[k] = self.values.get(k, 0.0) + (v * weight if how == "mean" else v)
             elif k not in self.values:
                 self.values[k] = v
+            elif isinstance(v, torch.Tensor) or isinstance(self.values[k], torch.Tensor):
+                pick, where = torch.maximum if how == "max" else torch.minimum, _device(v, self.values[k])
+                self.values[k] = pick(*(torch.as_tensor(x, dtype=torch.float64, device=where)
+                                        for x in (self.values[k], v)))
             else:
                 self.values[k] = max(self.values[k], v) if how == "max" else min(self.values[k], v)
         self.forward_tokens += forward_tokens
@@ -98,7 +112,7 @@ class MetricSums:
         normalised sums (``..loss``, ``summed``) multiplied by ``scale``. ``agree_names``: ranks may hold
         different names (a rank that saw no rows has none), so they first agree on the union."""
         how = {k: metric_reduction(k, self.summed) for k in self.values}
-        values = dict(self.values)
+        values = host_floats(self.values)  # the step's one read of metrics kept on the device
         if agree_names:
             neutral = {"max": float("-inf"), "min": float("inf")}
             for k in fsdp.union_over_ranks(list(values)):

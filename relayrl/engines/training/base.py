@@ -142,7 +142,10 @@ LossFn = Callable[[MicroBatch], "tuple[torch.Tensor, dict[str, float]]"]
 name in a ``summed`` attribute metrics it already normalises by the global counts (summed as they are).
 A loss whose every term is a sum over rows divided by one of the counts says which in a ``normalized_by``
 attribute (``"tokens"``: ``global_tokens``, ``"seqs"``: ``global_seqs``); only such a loss can be streamed
-(``accumulate``, :mod:`relayrl.engines.training.accumulate`), which fixes the count at the end."""
+(``accumulate``, :mod:`relayrl.engines.training.accumulate`), which fixes the count at the end. Metric
+values are floats or 0-dim tensors; the engine calls the loss inside
+:func:`relayrl.algorithms._checks.deferred_metrics`, where relayrl's losses leave them on the device, and reads
+an optimizer step's metrics to the host at once."""
 
 
 def metric_reduction(name: str, summed: Sequence[str] = ()) -> Literal["sum", "max", "min", "mean"]:

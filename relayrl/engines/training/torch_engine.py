@@ -85,18 +85,18 @@ import copy
 import math
 import warnings
 from collections import defaultdict
-from typing import Literal, NamedTuple, Sequence
+from typing import Literal, NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 from relayrl.engines.training import flex, fsdp
+from relayrl.algorithms._checks import deferred_metrics, metric_value
 from relayrl.engines.training.accumulate import MetricSums, StreamedUpdate
 from relayrl.engines.training.state import EngineState
 from relayrl.engines.training.base import LOSS_MASK_FIELD, REF_FIELD, LossFn, MicroBatch, OptimConfig, SequenceBatch
 from relayrl.engines.training.config import TrainEngineConfig
 from relayrl.models.packing import (PackUnit, additive_mask, build_packed_batch, pack_units, plan_microbatches,
-                                    plan_units, shared_prompt_mask)
+                                    plan_units, shared_prompt_mask, to_device)
 
 __all__ = ["TrainEngineConfig", "TorchTrainingEngine", "Forward", "plan_microbatches", "minibatch_slices", "make_scheduler"]
 
@@ -142,8 +142,8 @@ def _pad_field(values: list, rows: list[int], width: int, device) -> torch.Tenso
         for j, i in enumerate(rows):
             v = values[i]
             out[j, : v.numel()] = v
-        return out.to(device)
-    return torch.tensor([float(values[i]) for i in rows], dtype=torch.float32, device=device)
+        return to_device(out, device)
+    return to_device(torch.tensor([float(values[i]) for i in rows], dtype=torch.float32), device)
 
 
 class Forward(NamedTuple):
@@ -323,7 +323,7 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
                 pb.token_pack, pb.token_src)  # [N, V] logits at the response positions only
         ref = pb.to_rows(self._reference_logprobs(args, pb.targets, None, temperature)) if with_reference else None
         lp, ent = self._head(self.net, args, pb.targets, None, temperature, with_entropy, self._autocast)
-        return Forward(pb.to_rows(lp), pb.response_mask().to(self.device), None if ent is None else pb.to_rows(ent),
+        return Forward(pb.to_rows(lp), to_device(pb.response_mask(), self.device), None if ent is None else pb.to_rows(ent),
                        list(pb.rows), int(pb.input_ids.numel()), ref)
 
     def _head(self, net, args: tuple, targets: torch.Tensor, mask: torch.Tensor | None, temperature: float,
@@ -404,7 +404,7 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
         pos = (torch.tensor(lp_len)[:, None] - 1 + ar[None, :]).clamp(max=L - 1)  # position predicting token t
         mask = (ar[None, :] < torch.tensor(rs_len)[:, None]).float()
         targets = ids.gather(1, (pos + 1).clamp(max=L - 1)) * mask.long()
-        ids, attn, pos, mask, targets = (t.to(self.device) for t in (ids, attn, pos, mask, targets))
+        ids, attn, pos, mask, targets = (to_device(t, self.device) for t in (ids, attn, pos, mask, targets))
 
         args = (ids, attn, None, torch.arange(len(rows), device=self.device)[:, None].expand_as(pos), pos)
         ref = self._reference_logprobs(args, targets, mask, temperature) if with_reference else None
@@ -499,14 +499,16 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
             if f.ref is not None:
                 fields[REF_FIELD] = f.ref
             f = with_loss_mask(f, fields)
-            loss, metrics = loss_fn(MicroBatch(f.logprobs, f.mask, fields, counts[0], counts[1], f.entropy))
+            with deferred_metrics():  # no host read between passes: the metrics stay on the device until reduce
+                loss, metrics = loss_fn(MicroBatch(f.logprobs, f.mask, fields, counts[0], counts[1], f.entropy))
+                weight = metric_value(f.mask.sum())
             (loss * self.world if self.sharded else loss).backward()  # FSDP2 averages over ranks; we want the sum
             self._master_grads()
             if self.cfg.cuda_graphs and self.runner is self.model:  # a first gradient may be a graph's output,
                 for p in self.model.parameters():  # which the next micro-batch's replay overwrites
                     if p.grad is not None:
                         p.grad = p.grad.clone()
-            partial.add(metrics, float(f.mask.sum()), f.tokens, with_reference)
+            partial.add(metrics, weight, f.tokens, with_reference)
         if self.sharded:
             # Ranks with fewer micro-batches repeat one with a zero loss, so that FSDP2's collectives match up;
             # a rank with no rows (a streamed chunk can be empty) repeats a one-token row.
