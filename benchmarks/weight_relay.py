@@ -15,7 +15,14 @@ receivers, which copy them into their own preallocated tensors:
   row sends the packed bytes over the pipes instead).
 
 Targets: in process; a 2-rank local worker group (spawned processes, pipes);
-with ``--ray`` also a 2-rank Ray group. The first refit of each kind is a
+with ``--ray`` also a 2-rank Ray group.
+
+From a sharded trainer: the weights row-sharded over a 2-rank sender group (FSDP2's layout, DTensors over
+gloo) to a 2-rank receiver group, three ways in one run: each tensor gathered by its own collective
+(``DTensor.full_tensor``, relayrl before 2026-11-27) and the full state sent to the driver, which packs and
+pushes it; the same with the gather in flat buckets (``gather_full_state``); and the sender's rank 0 packing
+straight into the relay's shared memory, only handles passing the driver (``WeightRelay.push_from_group``,
+what ``cluster.devices=N`` runs now). The first refit of each kind is a
 warm-up (not timed); the median of ``--repeats`` refits is reported.
 Figures are printed, not asserted. Run:
 ``.venv/bin/python benchmarks/weight_relay.py [--repeats 3] [--scale 1.0] [--ray]``.
@@ -88,6 +95,68 @@ class SinkWorker(WeightReceiverMixin, Worker):
 
     def checksum(self) -> float:
         return self.engine.checksum()
+
+
+class ShardedSource(Worker):
+    """A sender rank holding ``shapes`` as row-sharded DTensors over its group (FSDP2's layout)."""
+
+    def __init__(self, shapes) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        torch.set_num_threads(1)
+        mesh = init_device_mesh("cpu", (self.world_size,))
+        g = torch.Generator().manual_seed(0)
+        self.named = [(n, distribute_tensor(torch.randn(s, generator=g), mesh, [Shard(0)])) for n, s in shapes]
+
+    def bump(self) -> None:
+        with torch.no_grad():
+            for _, t in self.named:
+                t.to_local().add_(1.0)
+
+    def full_state(self, per_tensor: bool):
+        from relayrl.weights import gather_full_state
+
+        full = [(n, t.full_tensor()) for n, t in self.named] if per_tensor else gather_full_state(self.named)
+        return full if self.rank == 0 else None
+
+    def pack_weights_into(self, handles, key, bucket_bytes):
+        from relayrl.weights.shm import pack_into_shared
+
+        full = self.full_state(False)
+        return None if full is None else pack_into_shared(full, handles, key, bucket_bytes, self.__dict__.setdefault("_shm", {}))
+
+    def checksum(self) -> float:
+        return float(sum(t.full_tensor().double().sum() for _, t in self.named))
+
+
+def bench_sharded(shapes, repeats: int, bucket_mb: float) -> dict[str, float]:
+    """Median refit seconds from a 2-rank sharded sender to 2 receivers, by the three ways (module docstring),
+    the ways interleaved refit by refit so that each sees the same machine load."""
+    ways = ("per-tensor gather, via driver", "bucketed gather, via driver", "rank 0 to shared memory")
+    times: dict[str, list[float]] = {w: [] for w in ways}
+    with WorkerGroup(ShardedSource, ResourcePool("relay-bench-src", devices=2), name="sharded-src", distributed=True,
+                     init_kwargs={"shapes": shapes}) as src, \
+            WorkerGroup(SinkWorker, ResourcePool("relay-bench-dst", devices=2), name="sharded-dst", distributed=False,
+                        init_kwargs={"shapes": shapes}) as dst:
+        relays = {w: WeightRelay(bucket_mb=bucket_mb) for w in ways}
+        version = 0
+        for rep in range(repeats + 1):  # the first round is a warm-up
+            for w in ways:
+                src.all("bump")
+                version += 1
+                t0 = time.perf_counter()
+                if w == ways[2]:
+                    relays[w].push_from_group(src, "pack_weights_into", dst, version=version)
+                else:
+                    relays[w].push_to_group(src.all("full_state", w == ways[0])[0], dst, version=version)
+                if rep:
+                    times[w].append(time.perf_counter() - t0)
+                want = src.all("checksum")[0]
+                assert all(abs(c - want) < 1e-6 * abs(want) + 1e-3 for c in dst.all("checksum")), w
+        for r in relays.values():
+            r.close()
+    return {w: statistics.median(t) for w, t in times.items()}
 
 
 def bump(named: list[tuple[str, torch.Tensor]]) -> None:
@@ -163,8 +232,15 @@ def main() -> None:
     print(f"{'target':<16}{'per-tensor s':>14}{'packed s':>11}{'speedup':>9}   (load average {os.getloadavg()[0]:.1f})")
     for name, a, b in rows:
         print(f"{name:<16}{a:>14.3f}{b:>11.3f}{a / b:>9.2f}")
+    sharded = bench_sharded(shapes, args.repeats, args.bucket_mb)
+    print("from a 2-rank sharded sender to 2 ranks:")
+    first = next(iter(sharded.values()))
+    for w, t in sharded.items():
+        print(f"  {w:<32}{t:>8.3f} s{first / t:>7.2f}x")
     s, p = rows[0][1] / rows[0][2], rows[1][1] / rows[1][2]
-    print(f"weight_relay: packed/per-tensor speedup {s:.2f} (in-process), {p:.2f} (worker group)")
+    d = first / list(sharded.values())[-1]
+    print(f"weight_relay: packed/per-tensor speedup {s:.2f} (in-process), {p:.2f} (worker group); "
+          f"sharded sender: shared memory from rank 0 {d:.2f}x the per-tensor gather via the driver")
 
 
 if __name__ == "__main__":

@@ -100,6 +100,7 @@ class WeightRelay:
         self._checked: dict[Any, str] = {}  # receiver ref -> layout key whose shapes it passed
         self._group_keys: dict[Any, set[str]] = {}  # group ref -> layout keys its ranks hold
         self._group_version: dict[Any, int] = {}
+        self._sender_sigs: dict[Any, Any] = {}  # sender group ref -> signature of its weights (push_from_group)
         self._free_staging: list[list[torch.Tensor]] = []
         self._live: dict[int, list[torch.Tensor]] = {}
         self._tickets = itertools.count()
@@ -107,7 +108,9 @@ class WeightRelay:
     # -- layout and buffers --------------------------------------------------------------------
     def layout_for(self, named_weights: Sequence[tuple[str, torch.Tensor]]) -> BucketLayout:
         """The cached layout, rebuilt only when names, shapes or dtypes change."""
-        sig = weights_signature(named_weights)
+        return self._layout_of(weights_signature(named_weights))
+
+    def _layout_of(self, sig) -> BucketLayout:
         if self._layout is None or self._layout.signature != sig:
             self._layout = layout_from_signature(sig, self.bucket_bytes)
             self._buffers.clear()
@@ -193,6 +196,41 @@ class WeightRelay:
         buffers = pack(named, layout, out=target)
         pack_s = time.perf_counter() - t1
         return self._send_group(self._wire(kind, buffers), layout, group, method, version, pack_s, t0)
+
+    def push_from_group(self, sender: Any, sender_method: str, group: Any, method: str = "receive_weights", *,
+                        version: int) -> dict[str, float] | None:
+        """Relay from a multi-process local group to another without the weights passing through the driver:
+        every rank of ``sender`` runs ``sender_method(handles, key, bucket_bytes)`` (a collective: FSDP2's
+        ranks gather the full tensors), whose rank 0 packs them straight into this relay's shared-memory
+        buckets and returns what :func:`relayrl.weights.shm.pack_into_shared` returns; then only the handles
+        go to ``group``, as in :meth:`push_to_group`. The first call (or one after the weights' signature
+        changed) learns the layout from the sender and asks again. Returns the `push_to_group` metrics, or
+        None where host memory cannot be shared (Ray, an in-process group, ``transport='pickle'``, no room in
+        ``/dev/shm``): use :meth:`push_to_group` then."""
+        t0 = time.perf_counter()
+        _check_group(group)
+        _check_group(sender)
+        local = [getattr(g, "backend", "local") == "local" and not getattr(g, "in_driver", True)
+                 for g in (sender, group)]
+        if not all(local) or self.transport == "pickle":
+            return None
+        sref = _ref(sender)
+        for _ in range(2):
+            sig = self._sender_sigs.get(sref)
+            layout = None if sig is None else self._layout_of(sig)
+            if layout is not None and not (self._shm is not None and self._shm.layout.key == layout.key
+                                           or shm_available(layout.nbytes)):
+                return None
+            handles = None if layout is None else self._shm_for(layout).handles
+            res = sender.all(sender_method, handles, None if layout is None else layout.key, self.bucket_bytes)[0]
+            if not isinstance(res, dict) or res.get("status") not in ("ok", "layout"):
+                raise TypeError(f"{sender_method!r} on rank 0 returned {res!r}; it must return what "
+                                "relayrl.weights.shm.pack_into_shared returns")
+            if res["status"] == "ok":
+                return self._send_group(handles, layout, group, method, version, float(res["pack_s"]), t0)
+            self._sender_sigs[sref] = res["signature"]
+        raise RuntimeError(f"{sender_method!r} asked for a new layout twice in a row: the sender's weights changed "
+                           "their names, shapes or dtypes between two calls")
 
     def _transport_for(self, group: Any, layout: BucketLayout) -> str:
         if getattr(group, "backend", "local") == "ray":

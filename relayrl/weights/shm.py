@@ -18,17 +18,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import uuid
 import weakref
 from dataclasses import dataclass
-from typing import MutableMapping
+from typing import MutableMapping, Sequence
 
 import numpy as np
 import torch
 
-from relayrl.weights.layout import BucketLayout
+from relayrl.weights.layout import BucketLayout, layout_from_signature, weights_signature
+from relayrl.weights.packing import from_wire, pack
 
-__all__ = ["SharedBucket", "ShmBuckets", "shm_available", "open_shared"]
+__all__ = ["SharedBucket", "ShmBuckets", "shm_available", "open_shared", "pack_into_shared"]
 
 SHM_DIR = "/dev/shm"
 
@@ -81,13 +83,14 @@ class ShmBuckets:
         self._finalizer()
 
 
-def open_shared(handle: SharedBucket, cache: MutableMapping) -> np.ndarray:
-    """Receiver side: the bucket's bytes as a read-only ``uint8`` array, mapped once per path."""
+def open_shared(handle: SharedBucket, cache: MutableMapping, writable: bool = False) -> np.ndarray:
+    """The bucket's bytes as a ``uint8`` array, mapped once per path: read-only on a receiver, ``writable``
+    on a rank that packs into the sender's buckets (:func:`pack_into_shared`)."""
     key = ("shm", handle.path)
     arr = cache.get(key)
     if arr is None:
         try:
-            arr = np.memmap(handle.path, dtype=np.uint8, mode="r")[: handle.nbytes]
+            arr = np.memmap(handle.path, dtype=np.uint8, mode="r+" if writable else "r")[: handle.nbytes]
         except FileNotFoundError:
             raise FileNotFoundError(f"shared bucket {handle.path} is gone: the sender closed its relay or runs "
                                     "on another host (use the pickle transport across hosts)") from None
@@ -96,3 +99,26 @@ def open_shared(handle: SharedBucket, cache: MutableMapping) -> np.ndarray:
                 del cache[old]  # buckets of an older layout or sender: drop the mapping
         cache[key] = arr
     return arr
+
+
+def pack_into_shared(named_weights: Sequence[tuple[str, torch.Tensor]], handles: Sequence[SharedBucket] | None,
+                     key: str | None, bucket_bytes: int, cache: MutableMapping) -> dict:
+    """A training rank's half of a relay that skips the driver: pack ``named_weights`` straight into the
+    driver's shared buckets (``handles`` of the layout ``key``, from
+    :meth:`relayrl.weights.WeightRelay.push_from_group`). Returns ``{"status": "ok", "pack_s"}``, or
+    ``{"status": "layout", "signature"}`` without writing when ``key`` is not the layout of these weights (the
+    driver's first relay, or the weights' names, shapes or dtypes changed): the driver builds that layout's
+    buckets and asks again."""
+    sig = weights_signature(named_weights)
+    layout = cache.get(("layout", sig, bucket_bytes))
+    if layout is None:
+        layout = layout_from_signature(sig, bucket_bytes)
+        for old in [k for k in cache if isinstance(k, tuple) and k[0] == "layout"]:
+            del cache[old]
+        cache[("layout", sig, bucket_bytes)] = layout
+    if handles is None or layout.key != key:
+        return {"status": "layout", "signature": sig}
+    t0 = time.perf_counter()
+    out = [from_wire(open_shared(h, cache, writable=True), b.dtype, b.numel) for h, b in zip(handles, layout.buckets)]
+    pack(named_weights, layout, out=out)
+    return {"status": "ok", "pack_s": time.perf_counter() - t0}

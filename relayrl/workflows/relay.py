@@ -5,6 +5,9 @@ actor's tensors in place: no serialization, no packing. Across processes or
 Ray actors the weights travel as packed buckets with a cached layout
 (:class:`relayrl.weights.WeightRelay`, NeMo RL's refit), one message per rank
 instead of one per tensor; under FSDP2 the full tensors are gathered first.
+Between two multi-process groups on this machine, the actor's rank 0 packs
+them straight into the relay's shared-memory buckets and only the handles pass
+through the driver (``WeightRelay.push_from_group``).
 """
 
 from __future__ import annotations
@@ -19,11 +22,15 @@ def relay_weights(actor: WorkerGroup, rollout: WorkerGroup, *, version: int, rel
                   named: list | None = None) -> dict[str, float]:
     """Make every rollout rank hold the actor's current weights (or ``named``, host copies staged earlier),
     tagged ``version``; returns relay metrics."""
+    relay = relay or WeightRelay()
+    if named is None and not actor.in_driver:  # actor rank 0 packs into the relay's shared memory: the
+        metrics = relay.push_from_group(actor, "pack_weights_into", rollout, "receive_weights", version=version)
+        if metrics is not None:  # weights skip the driver (None: the groups cannot share host memory)
+            return {k: float(v) for k, v in metrics.items()}
     if named is None:  # every actor rank takes part (FSDP2 gathers the full tensors); rank 0 holds them
         named = actor.all("named_weights")[0]
     if actor.in_driver and rollout.in_driver:
         rollout.all("update_weights", named, version)
         return {}
-    relay = relay or WeightRelay()
     metrics = relay.push_to_group(gather_full_state(named), rollout, "receive_weights", version=version)
     return {k: float(v) for k, v in metrics.items()}

@@ -41,6 +41,7 @@ from relayrl.models import lora as lora_lib
 from relayrl.models.load import few_names, load_model, load_tokenizer, load_value_model, resolve_dtype
 from relayrl.telemetry import memory
 from relayrl.weights import WeightReceiverMixin, gather_full_state
+from relayrl.weights.shm import pack_into_shared
 from relayrl.workflows.rollout_stream import StreamingGeneration
 
 __all__ = ["rows_batch", "PolicyWorker", "CriticWorker", "RewardModelTrainer", "ReferenceWorker", "RolloutWorker", "resolve_device", "collective", "generate",
@@ -315,6 +316,14 @@ class PolicyWorker(_TrainerWorker):
             return named
         full = gather_full_state(named)
         return full if self.rank == 0 else None
+
+    def pack_weights_into(self, handles, key: str | None, bucket_bytes: int) -> dict | None:
+        """:meth:`named_weights` packed by rank 0 straight into the driver's shared-memory buckets (every rank
+        must call this; see :meth:`relayrl.weights.WeightRelay.push_from_group`); the other ranks return None."""
+        named = self.named_weights()
+        if named is None:
+            return None
+        return pack_into_shared(named, handles, key, bucket_bytes, self.__dict__.setdefault("_relay_shm", {}))
 
     def save_pretrained(self, path: str) -> None:
         """Save the model as a Hugging Face directory (collective when sharded; rank 0 writes). LoRA: the

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from relayrl.cluster import ResourcePool, WorkerGroup
-from weights_workers import RolloutWorker, tiny_model
+from weights_workers import RolloutWorker, ShardedSender, tiny_model
 
 pytestmark = pytest.mark.multiproc
 
@@ -48,3 +48,49 @@ def test_push_to_two_ranks_sends_layout_once_and_every_rank_matches(group, trans
 def test_gather_full_state_gathers_dtensor_shards(group):
     full = torch.arange(24.0).reshape(6, 4)
     assert group.all("gather_sharded", full) == [(True, True), (True, True)]
+
+
+@pytest.mark.parametrize("bucket_bytes", [1 << 20, 100, 36])
+def test_gather_full_state_in_buckets_matches_every_shape(group, bucket_bytes):
+    """Row-sharded tensors are gathered in flat buckets (one bucket, or a few at 100 or 36 bytes): uneven
+    splits (5 rows on 2 ranks), a rank with no rows (1 row), 1-D and 3-D shapes, two dtypes (two buckets), with
+    a replicated DTensor and a plain tensor between them; every rank gets every tensor back exactly. At 36
+    bytes rank 0's shard of ``a`` fills a bucket and rank 1's (2 rows of 3) does not: the ranks must still cut
+    the buckets alike (else their collectives would not match)."""
+    g = torch.Generator().manual_seed(0)
+    fulls = {"a": torch.randn(5, 3, generator=g), "b.plain": torch.randn(2), "c": torch.randn(1, 4, generator=g),
+             "d": torch.randn(7, generator=g).to(torch.bfloat16), "e.replicated": torch.randn(3, 2, generator=g),
+             "f": torch.randn(4, 2, 3, generator=g), "g": torch.randn(6, generator=g).to(torch.bfloat16)}
+    want = {n: True for n in fulls}
+    assert group.all("gather_many", fulls, bucket_bytes) == [want, want]
+
+
+def test_push_from_a_sharded_group_skips_the_driver_and_every_rank_matches(group):
+    """The sender group's rank 0 packs into the relay's shared memory: the first push learns the layout (two
+    pack calls, the second one writing), the next one packs once; every receiving rank holds the sender's
+    full weights each time. A relay that may not share memory (transport='pickle') says None and packs nothing."""
+    from relayrl.weights import WeightRelay
+
+    sender = WorkerGroup(ShardedSender, ResourcePool("relay-send", devices=2), name="relay-send", distributed=True)
+    try:
+        group.all("forget_layouts")
+        base = group.one("version")
+        relay = WeightRelay(bucket_mb=0.02)
+        m1 = relay.push_from_group(sender, "pack_weights_into", group, version=base + 1)
+        assert sender.all("pack_calls") == [2, 2] and m1["relay/layout_sent"] == 2.0 and m1["relay/buckets"] > 1
+        for got in group.all("weights"):
+            for n, p in tiny_model(0).named_parameters():
+                assert torch.equal(got[n], p.detach()), n
+        sender.all("set_seed", 7)
+        m2 = relay.push_from_group(sender, "pack_weights_into", group, version=base + 2)
+        assert sender.all("pack_calls") == [3, 3] and m2["relay/layout_sent"] == 0.0
+        assert group.all("version") == [base + 2, base + 2]
+        for got in group.all("weights"):
+            for n, p in tiny_model(7).named_parameters():
+                assert torch.equal(got[n], p.detach()), n
+        assert WeightRelay(transport="pickle").push_from_group(sender, "pack_weights_into", group,
+                                                                 version=base + 3) is None
+        assert sender.all("pack_calls") == [3, 3] and group.all("version") == [base + 2, base + 2]
+        relay.close()
+    finally:
+        sender.shutdown()

@@ -67,3 +67,46 @@ class RolloutWorker(WeightReceiverMixin, Worker):
         d = distribute_tensor(full, mesh, [Shard(0)])
         (_, out), = gather_full_state([("w", d)])
         return isinstance(d, DTensor) and d.to_local().shape[0] < full.shape[0], bool(torch.equal(out, full))
+
+    def gather_many(self, fulls: dict, bucket_bytes: int) -> dict[str, bool]:
+        """Shard each of ``fulls`` by rows (a name ending in ``.replicated``: replicated; ``.plain``: a plain
+        tensor), gather them in one call: name -> equal to the original (dtype and shape included)."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        named = [(n, t if n.endswith(".plain") else
+                  distribute_tensor(t, mesh, [Replicate() if n.endswith(".replicated") else Shard(0)]))
+                 for n, t in fulls.items()]
+        got = gather_full_state(named, bucket_bytes=bucket_bytes)
+        assert [n for n, _ in got] == list(fulls)
+        return {n: t.dtype == fulls[n].dtype and torch.equal(t, fulls[n]) for n, t in got}
+
+
+class ShardedSender(Worker):
+    """A trainer rank whose weights are row-sharded DTensors over the group (as FSDP2's), packing them for a
+    relay that skips the driver; counts its pack calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.set_seed(0)
+
+    def set_seed(self, seed: int) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        mesh = init_device_mesh("cpu", (self.world_size,))
+        self.named = [(n, distribute_tensor(p.detach(), mesh, [Shard(0)]))
+                      for n, p in tiny_model(seed).named_parameters()]
+
+    def pack_weights_into(self, handles, key, bucket_bytes):
+        from relayrl.weights.shm import pack_into_shared
+
+        self.calls += 1
+        full = gather_full_state(self.named)
+        if self.rank != 0:
+            return None
+        return pack_into_shared(full, handles, key, bucket_bytes, self.__dict__.setdefault("_shm", {}))
+
+    def pack_calls(self) -> int:
+        return self.calls

@@ -231,6 +231,9 @@ def test_data_parallel_grpo_and_sft_resume_on_another_world_size(sft_model, tmp_
     assert r.returncode == 0, r.stderr[-3000:]
     last = records(tmp_path / "g")[-1]
     assert last["relay/bytes"] > 1e6 and last["actor/grad_norm"] >= 0 and "actor/kl" in last
+    # the rollout ranks sampled with the actor's weights of the step (relayed by actor rank 0 through shared
+    # memory): the generator's log-probs are the trainer's to float32 rounding
+    assert all(x["rollout/logprob_error_max"] < 1.001 for x in records(tmp_path / "g")[1:])
     assert (tmp_path / "g" / "model" / "model.safetensors").exists()
     r = relayrl("train", "recipes/arith_grpo.yaml", "trainer.steps=3", f"run.dir={tmp_path / 'g'}",
                 f"trainer.init_from={sft_model}", "algorithm.kl_coef=0.01", "run.resume=auto", *FAST)
