@@ -30,7 +30,7 @@ import torch
 from relayrl.weights.layout import BucketLayout, layout_from_signature, weights_signature
 from relayrl.weights.packing import from_wire, pack
 
-__all__ = ["SharedBucket", "ShmBuckets", "shm_available", "open_shared", "pack_into_shared"]
+__all__ = ["SharedBucket", "ShmBuckets", "shm_available", "open_shared", "pack_into_shared", "sweep_stale"]
 
 SHM_DIR = "/dev/shm"
 
@@ -59,10 +59,37 @@ def _unlink(paths: list[str]) -> None:
             os.unlink(p)
 
 
+def sweep_stale(directory: str = SHM_DIR, min_age_s: float = 3600.0) -> list[str]:
+    """Unlink the bucket files of senders that no longer run (``relayrl-<pid>-...`` with no process ``pid``,
+    untouched for ``min_age_s``): a sender killed outright (SIGKILL, a crash) cannot unlink its own. The age
+    spares a live sender of another pid namespace that shares ``/dev/shm`` (its pid looks dead from here) as
+    long as it relays more often than that. Returns the paths removed."""
+    removed = []
+    now = time.time()
+    for name in os.listdir(directory) if os.path.isdir(directory) else []:
+        parts = name.split("-")
+        if len(parts) < 3 or parts[0] != "relayrl" or not parts[1].isdigit():
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            if now - os.stat(os.path.join(directory, name)).st_mtime < min_age_s:
+                continue
+        try:
+            os.kill(int(parts[1]), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(FileNotFoundError, PermissionError):
+                os.unlink(os.path.join(directory, name))
+                removed.append(os.path.join(directory, name))
+        except PermissionError:
+            pass  # another user's live process
+    return removed
+
+
 class ShmBuckets:
-    """Sender side: one shared-memory file per bucket of ``layout``, exposed as flat tensors."""
+    """Sender side: one shared-memory file per bucket of ``layout``, exposed as flat tensors. Creating one
+    first removes the files that dead senders left (:func:`sweep_stale`)."""
 
     def __init__(self, layout: BucketLayout) -> None:
+        sweep_stale()
         tag = f"relayrl-{os.getpid()}-{layout.key}-{uuid.uuid4().hex[:8]}"
         self.layout = layout
         self.paths = [os.path.join(SHM_DIR, f"{tag}-{i}") for i in range(len(layout.buckets))]

@@ -186,3 +186,24 @@ def test_bad_arguments_are_rejected_by_name(trainer):
     with pytest.raises(TypeError, match="must be a BucketPayload"):
         WeightReceiverMixin.receive_weights(object(), {"key": "x"})
     assert BucketPayload("k", 1, ()).layout is None
+
+
+def test_bucket_files_of_dead_senders_are_swept(tmp_path):
+    """A sender killed outright leaves its /dev/shm files; the next sender removes those untouched for an hour,
+    and only them: a live process's files, a fresh file of a dead pid, and other names stay."""
+    import os
+    import subprocess
+    import sys
+
+    from relayrl.weights.shm import sweep_stale
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    names = [f"relayrl-{dead.pid}-abc-0123-0", f"relayrl-{os.getpid()}-abc-0123-0", "relayrl-x-1", "other-1-2",
+             f"relayrl-{dead.pid}-abc-0123-1"]
+    for n in names:
+        (tmp_path / n).write_bytes(b"x")
+        if n != names[-1]:  # the last one was written just now: a sender of another pid namespace, maybe
+            os.utime(tmp_path / n, (1e9, 1e9))
+    assert sweep_stale(str(tmp_path)) == [str(tmp_path / names[0])]
+    assert sorted(os.listdir(tmp_path)) == sorted(names[1:])
