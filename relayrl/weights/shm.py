@@ -68,20 +68,25 @@ def sweep_stale(directory: str = SHM_DIR, min_age_s: float = 3600.0) -> list[str
     now = time.time()
     for name in os.listdir(directory) if os.path.isdir(directory) else []:
         parts = name.split("-")
-        if len(parts) < 3 or parts[0] != "relayrl" or not parts[1].isdigit():
+        if len(parts) < 3 or parts[0] != "relayrl" or not parts[1].isdigit() or _pid_alive(int(parts[1])):
             continue
-        with contextlib.suppress(FileNotFoundError):
-            if now - os.stat(os.path.join(directory, name)).st_mtime < min_age_s:
-                continue
-        try:
-            os.kill(int(parts[1]), 0)
-        except ProcessLookupError:
-            with contextlib.suppress(FileNotFoundError, PermissionError):
-                os.unlink(os.path.join(directory, name))
-                removed.append(os.path.join(directory, name))
-        except PermissionError:
-            pass  # another user's live process
+        path = os.path.join(directory, name)
+        with contextlib.suppress(FileNotFoundError, PermissionError):
+            if now - os.stat(path).st_mtime >= min_age_s:
+                os.unlink(path)
+                removed.append(path)
     return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs in this pid namespace (another user's counts: signalling it is refused)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class ShmBuckets:
