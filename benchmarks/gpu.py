@@ -36,9 +36,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpu_decode import bench_decode, profile_decode  # noqa: E402  (beside this file)
+from gpu_flex import DEFAULT_PRESETS, PRESETS, bench_flex, parse_presets  # noqa: E402
 from gpu_profile import kernel_profile, sync_time, trace_update  # noqa: E402
 
-PARTS = ("decode", "profile", "train", "grpo", "trl", "big")  # "profile": where a graphed decode step's time goes
+PARTS = ("decode", "profile", "flex", "train", "grpo", "trl", "big")  # "profile": where a graphed decode step's time goes
+# "flex": the training attention alone, per set of FlexAttention kernel options (gpu_flex.py)
 # "trl": benchmarks/grpo_vs_trl.py on the GPU; "big": GRPO steps of billion-parameter shapes (BIG below)
 BIG = {  # name: (model.tiny.shape, config overrides)
     "7b-lora": ("qwen2.5-7b", ["model.lora.enabled=true"]),
@@ -75,6 +77,8 @@ FEATURES = {
     "copy": "engine.compute_copy=true: passes on a bf16 copy of the weights, no autocast",
     "graphs": "engine.cuda_graphs=true: each compiled layer replayed as CUDA graphs (needs compile)",
     "nochunk": "engine.logprob_chunk=0: full [positions, vocab] logits",
+    "chunk4k": "engine.logprob_chunk=4096: a quarter as many head chunks (and float32 weight-gradient sums)",
+    "opt=NAME": "FlexAttention's kernel options of gpu_flex.PRESETS[NAME] over relayrl's (for example opt=bwd-n1-32)",
     "bf16": "pure bf16 weights, no float32 masters (a ceiling, not a training setting)",
 }
 TRAIN_VARIANTS = "sdpa,flex,sdpa+compile,flex+compile,flex+compile+fusedhead,flex+compile+fusedhead+copy"
@@ -82,7 +86,8 @@ TRAIN_VARIANTS = "sdpa,flex,sdpa+compile,flex+compile,flex+compile+fusedhead,fle
 
 def variant_features(variant: str) -> set[str]:
     feats = set(variant.split("+"))
-    if feats - set(FEATURES) or {"sdpa", "flex"} <= feats:
+    bad = {f for f in feats - set(FEATURES) if not (f.startswith("opt=") and f[4:] in PRESETS)}
+    if bad or {"sdpa", "flex"} <= feats:
         sys.exit(f"gpu: training variant {variant!r}: join features of {', '.join(FEATURES)} with '+' (sdpa or flex)")
     return feats
 
@@ -118,7 +123,7 @@ def pair_fractions(batch) -> tuple[float, float]:
 
 
 def bench_train(path: Path, peak: float, variant: str = "sdpa", budget: int = 16384, profile: bool = False,
-                trace: Path | None = None) -> dict:
+                trace: Path | None = None, label: str | None = None) -> dict:
     """One training variant (see ``FEATURES``): seconds per update of ``train_batch()``, tokens/s, MFU, peak."""
     import gc
 
@@ -128,10 +133,22 @@ def bench_train(path: Path, peak: float, variant: str = "sdpa", budget: int = 16
     from relayrl.workflows.losses import PolicyLoss
 
     feats = variant_features(variant)
+    opt = next((f[4:] for f in feats if f.startswith("opt=")), None)
+    if opt is not None:  # kernel options of the flex path: set for this variant, restored after
+        from relayrl.engines.training import flex
+
+        saved = flex.CUDA_KERNEL_OPTIONS
+        flex.CUDA_KERNEL_OPTIONS = {**saved, **(PRESETS[opt] or {})}
+        try:
+            return bench_train(path, peak, "+".join(f for f in variant.split("+") if not f.startswith("opt=")),
+                               budget, profile, trace, label=variant)
+        finally:
+            flex.CUDA_KERNEL_OPTIONS = saved
     attn = "flex_attention" if "flex" in feats else "sdpa"
     model = load_model(path, dtype="bfloat16" if "bf16" in feats else "float32", device="cuda",
                        attn_implementation=attn)
-    cfg = TrainEngineConfig(token_budget=budget, logprob_chunk=0 if "nochunk" in feats else 1024,
+    cfg = TrainEngineConfig(token_budget=budget,
+                            logprob_chunk=0 if "nochunk" in feats else 4096 if "chunk4k" in feats else 1024,
                             compile="compile" in feats, fused_head="fusedhead" in feats,
                             compute_copy="copy" in feats, cuda_graphs="graphs" in feats,
                             optim=OptimConfig(lr=1e-6))
@@ -152,9 +169,11 @@ def bench_train(path: Path, peak: float, variant: str = "sdpa", budget: int = 16
     tokens = groups * (P + n * R)  # the prompt is computed once per group (shared-prompt packing)
     pairs = groups * (P * (P + 1) // 2 + n * (R * P + R * (R + 1) // 2))
     flops = 6 * decoder * tokens + 6 * head * groups * n * R + 12 * pairs * c.num_hidden_layers * c.num_attention_heads * hd
+    variant = label or variant
     out = {"variant": variant, "tokens": tokens, "update_s": dt, "tokens_per_s": tokens / dt, "mfu": flops / dt / peak,
            "peak_gb": torch.cuda.max_memory_allocated() / 2**30}
-    what = "; ".join(FEATURES[f] for f in FEATURES if f in feats)
+    opts = [f"flex kernel options {label.split('opt=')[1].split('+')[0]}"] if label and "opt=" in label else []
+    what = "; ".join([FEATURES[f] for f in FEATURES if f in feats] + opts)
     print(f"train {variant} ({what}): {tokens} tokens (budget {budget}/micro-batch) in {dt:.3f} s: "
           f"{out['tokens_per_s']:.0f} tok/s, MFU {out['mfu']:.1%}, peak {out['peak_gb']:.1f} GB", flush=True)
     if profile:  # where one update's time goes
@@ -289,8 +308,12 @@ def main() -> None:
                     "the compiled step with its attention as one FlexAttention call")
     ap.add_argument("--decode-bucket", type=int, default=None, help="decode, with --compile-decode: also the "
                     "compiled step attending over multiples of this many cache positions (16, 32 or 64; default 128)")
+    ap.add_argument("--decode-autotune", action="store_true", help="decode, with --compile-decode: also the "
+                    "step compiled with mode=max-autotune-no-cudagraphs (Triton matmul templates timed against cuBLAS)")
     ap.add_argument("--decode-breakdown", action="store_true", help="decode, with --compile-decode: where one "
                     "more generate of the compiled path spends its time (prefill, replays, waits, host work)")
+    ap.add_argument("--flex-presets", default=DEFAULT_PRESETS, help="flex: comma-separated kernel-option sets of "
+                    "gpu_flex.PRESETS (" + ", ".join(PRESETS) + "), or ';'-separated name=JSON")
     ap.add_argument("--grpo-new-tokens", type=int, default=256, help="max_new_tokens of the GRPO steps")
     ap.add_argument("--grpo", nargs="*", default=[], help="extra config overrides of the GRPO steps")
     ap.add_argument("--decode-sizes", default="64,256", help="decode: comma-separated batch sizes")
@@ -321,7 +344,8 @@ def main() -> None:
                                      baselines=not args.no_decode_baselines, compiled=args.compile_decode,
                                      unfused=args.decode_unfused, breakdown=args.decode_breakdown,
                                      trace=Path(args.trace) / "trace-decode.json.gz" if args.trace else None,
-                                     flex=args.decode_flex, bucket=args.decode_bucket)
+                                     flex=args.decode_flex, bucket=args.decode_bucket,
+                                     autotune=args.decode_autotune)
 
     def profile():
         steps = [(False, "matmul")] + [(True, "matmul")] * args.compile_decode + [(True, "flex")] * (
@@ -329,6 +353,9 @@ def main() -> None:
         for compiled, attention in steps:
             for line in profile_decode(path, 256, 384, 20, compile_step=compiled, attention=attention):
                 print("  " + line, flush=True)
+
+    def flex_part():
+        res["flex"] = bench_flex(parse_presets(args.flex_presets))
 
     def train():
         trace = Path(args.trace) / "trace.json.gz" if args.trace else None
@@ -348,7 +375,7 @@ def main() -> None:
     def big():
         res["big"] = bench_big(cache, [b for b in args.big.split(",") if b], args.big_new_tokens)
 
-    runs = {"decode": decode, "profile": profile, "train": train, "grpo": grpo, "trl": trl, "big": big}
+    runs = {"decode": decode, "profile": profile, "flex": flex_part, "train": train, "grpo": grpo, "trl": trl, "big": big}
     for part in PARTS:
         if part in parts:
             try:  # one part's failure is reported; the others still run

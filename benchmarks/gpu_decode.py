@@ -72,9 +72,10 @@ def decode_breakdown(eng, prompts, params, gen) -> str:
 def bench_decode(path: Path, sizes: list[int], prompt: int, new: int, bw: float, peak: float,
                  baselines: bool = True, compiled: bool = False, unfused: bool = False,
                  breakdown: bool = False, trace: Path | None = None, flex: bool = False,
-                 bucket: int | None = None) -> dict:
+                 bucket: int | None = None, autotune: bool = False) -> dict:
     """relayrl's static decode (and, ``compiled``, the same with ``rollout.decode_compile``: its first generate,
-    compilation included, is timed apart; ``unfused``, also compiled with separate q/k/v and gate/up products)
+    compilation included, is timed apart; ``unfused``, also compiled with separate q/k/v and gate/up products;
+    ``flex``, ``bucket``, ``autotune``: the compiled step with FlexAttention, another bucket, max-autotune)
     against the roofline, HF ``generate`` and the dynamic-cache path."""
     from relayrl.engines.generation.base import SamplingParams
     from relayrl.engines.generation.native import NativeGenerationEngine
@@ -115,6 +116,8 @@ def bench_decode(path: Path, sizes: list[int], prompt: int, new: int, bw: float,
             variants["compiled_flex"] = dict(attention="flex")
         if bucket:
             variants[f"compiled_bucket{bucket}"] = dict(bucket=bucket)
+        if autotune:  # Inductor times its Triton matmul templates against cuBLAS (the small-M products)
+            variants["compiled_autotune"] = dict(compile_mode="max-autotune-no-cudagraphs")
         for name, kw in variants.items() if compiled else ():
             # the same work with the layer step, the head and the sampler's reductions compiled (decode_compile)
             cmp = NativeGenerationEngine(model, tok, max_batch=B, device="cuda", decode="static", decode_compile=True)

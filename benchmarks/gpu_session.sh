@@ -1,29 +1,43 @@
 #!/usr/bin/env bash
-# One device call's worth of GPU checks (about 8 minutes on an H100): the CUDA tests, then the decode and
-# training figures of benchmarks/gpu.py; a log per part goes to $OUT (the device tool's folder) or ./gpu-out
-# (at most 6 files, within what the device tool brings back).
+# One device call's worth of GPU checks (under 10 minutes on an H100): by default the training attention's
+# kernel-option sweep, the training variants and the compiled decode of benchmarks/gpu.py; the CUDA tests on
+# request. A log per part goes to $OUT (the device tool's folder) or ./gpu-out (at most 6 files).
 #
-#   bash benchmarks/gpu_session.sh                 # this tree
-#   OLD=.gpu/old bash benchmarks/gpu_session.sh    # and an older tree's relayrl/ + benchmarks/ in the same run
+#   bash benchmarks/gpu_session.sh                      # this tree, PARTS="flex train decode"
+#   PARTS="tests" bash benchmarks/gpu_session.sh        # the four files that hold the CUDA tests
+#   OLD=.gpu/old bash benchmarks/gpu_session.sh         # and an older tree's decode and training, same run
 #
-# OLD: a folder holding an earlier commit's relayrl/ and benchmarks/ (`git archive REV relayrl benchmarks |
-# tar -x -C .gpu/old`), timed right after this tree's figures on the same warm GPU, for a before/after ratio.
-# TEST_FILES: the test files (the four that hold CUDA tests by default). TESTS: pytest's -k expression for the CUDA tests ("" runs them all); TEST_S / PART_S: time limits.
-# PARTS: which of "tests decode profile train" to run, in that order (all by default). TRACE=1: a profiler
-# trace of the decode (folder $OUT/trace; large). DECODE_ARGS / TRAIN_ARGS: extra arguments of those parts
-# (for example TRAIN_ARGS=--profile, DECODE_ARGS=--no-decode-baselines); DECODE_S / TRAIN_S: their limits.
+# The device image has no pydantic (2026-11-27): download its wheels here into .whl/ (ignored by git through
+# .git/info/exclude) and carry .whl; this script installs them into /tmp/site when the folder exists:
+#   for p in pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5; do
+#     .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+#       --implementation cp --platform manylinux2014_x86_64 -d .whl $p; done
+#
+# PARTS: which of "tests flex train decode profile" to run, in the order given. TEST_FILES: the test files
+# (default: the four that hold CUDA tests); TESTS: pytest's -k expression. OLD: a folder holding an earlier
+# commit's relayrl/ and benchmarks/ (`git archive REV relayrl benchmarks | tar -x -C .gpu/old`, carried),
+# timed right after this tree's figures for a before/after ratio. DECODE_ARGS / TRAIN_ARGS / FLEX_ARGS: extra
+# arguments of those parts (TRAIN_ARGS=--profile, FLEX_ARGS="--flex-presets relayrl,bwd-n1-32"); TRAIN_VARIANTS.
+# TEST_S, FLEX_S, TRAIN_S, DECODE_S: each part's time limit (else PART_S). TRACE=1: a profiler trace of the
+# decode (folder $OUT/trace; large).
 set -u -o pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-PARTS=${PARTS:-tests decode profile train}
+PARTS=${PARTS:-flex train decode}
 TEST_S=${TEST_S:-240}
 TEST_FILES=${TEST_FILES:-tests/engines/test_cuda.py tests/engines/test_flex_attention.py tests/checkpoint/test_rng_state.py \
   tests/config/test_placement.py}
 PART_S=${PART_S:-150}
-DECODE=(--only decode --decode-sizes 256 --compile-decode --decode-flex --decode-bucket 64 --decode-breakdown)
-TRAIN=(--only train --train-variants flex+compile+fusedhead+copy,flex+compile+fusedhead+copy+graphs)
+FLEX_S=${FLEX_S:-180} TRAIN_S=${TRAIN_S:-220} DECODE_S=${DECODE_S:-170}  # about 9.5 minutes with the defaults
+DECODE=(--only decode --decode-sizes 256 --compile-decode --decode-autotune --decode-breakdown)
+TRAIN=(--only train --train-variants "${TRAIN_VARIANTS:-flex+compile+fusedhead+copy,flex+compile+fusedhead+copy+opt=divisible,\
+flex+compile+fusedhead+copy+opt=bwd-n1-32,flex+compile+fusedhead+copy+chunk4k,flex+compile+fusedhead+copy+opt=bwd-n1-32+chunk4k}")
 
+if [[ -d .whl ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} || exit 1
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 
@@ -46,11 +60,12 @@ for part in $PARTS; do
       run decode . "${DECODE_S:-$PART_S}" "${DECODE[@]}" ${TRACE:+--trace "$OUT/trace"} ${DECODE_ARGS:-}
       [[ -n "${OLD:-}" ]] && run decode-old "$OLD" "${DECODE_S:-$PART_S}" --only decode --decode-sizes 256 \
         --compile-decode --no-decode-baselines ;;
-    profile) run profile . "$PART_S" --only profile --compile-decode --decode-flex ;;
+    profile) run profile . "$PART_S" --only profile --compile-decode ;;
+    flex) run flex . "${FLEX_S:-$PART_S}" --only flex ${FLEX_ARGS:-} ;;
     train)
       run train . "${TRAIN_S:-$PART_S}" "${TRAIN[@]}" ${TRAIN_ARGS:-}
       [[ -n "${OLD:-}" ]] && run train-old "$OLD" "${TRAIN_S:-$PART_S}" "${TRAIN[@]}" ;;
-    *) echo "gpu_session: unknown part $part (tests, decode, profile, train)"; exit 2 ;;
+    *) echo "gpu_session: unknown part $part (tests, flex, train, decode, profile)"; exit 2 ;;
   esac
 done
 echo "== done"

@@ -362,3 +362,24 @@ def test_compiled_decode_step_gives_the_eager_tokens_and_compiles_once_for_every
     assert torch.equal(out[0][0], out[1][0])
     torch.testing.assert_close(out[0][1], out[1][1], atol=1e-5, rtol=1e-5)
     assert counters["stats"]["unique_graphs"] == 3  # the layer step, the head and the block masses, once each
+
+
+@pytest.mark.slow
+def test_decode_step_compiled_with_a_mode_gives_the_eager_tokens(tiny_model):
+    """``StaticDecoder(compile_mode=...)``: the layer step and the head compiled with another torch.compile mode
+    (here max-autotune without CUDA graphs, on the CPU) sample the eager step's tokens."""
+    from relayrl.engines.generation.static import StaticDecoder
+
+    out = []
+    for kw in ({"compile": False}, {"compile": True, "compile_mode": "max-autotune-no-cudagraphs"}):
+        torch._dynamo.reset()
+        dec = StaticDecoder(tiny_model, 8, graphs=False, fuse=kw["compile"], **kw)
+        dec.ensure(300, 40)
+        dec.tokens.copy_(torch.arange(8) * 5 + 11)
+        dec.positions.fill_(5)
+        dec.row_keys.copy_(torch.arange(8) * 7 + 1)
+        for B, L in ((8, 128), (3, 128)):
+            dec.run(B, L, 4, SamplingParams(temperature=1.0))
+        out.append((dec.hist_tokens.clone(), dec.hist_logprobs.clone()))
+    assert torch.equal(out[0][0], out[1][0])
+    torch.testing.assert_close(out[0][1], out[1][1], atol=1e-5, rtol=1e-5)

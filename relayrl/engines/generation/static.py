@@ -239,7 +239,8 @@ class StaticDecoder:
     """
 
     def __init__(self, model: nn.Module, slots: int, *, graphs: bool, compile: bool = False,
-                 fuse: bool = False, attention: str = "matmul", bucket: int = 128) -> None:
+                 fuse: bool = False, attention: str = "matmul", bucket: int = 128,
+                 compile_mode: str | None = None) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"static decoding: {reason}")
@@ -279,9 +280,11 @@ class StaticDecoder:
         # compiled by Inductor (dynamic batch and cache length) before any graph is recorded: fused element-wise
         # kernels; one compilation of the layer serves every layer. The sampler's search stays eager (compiled
         # with dynamic shapes it took minutes); it reads [B, V / 128] block masses and one block per row.
+        # compile_mode: torch.compile's mode for the layer and the head (for example "max-autotune-no-cudagraphs":
+        # Inductor times Triton templates against cuBLAS for each product; the graphs here are recorded apart)
         self.compiled = compile
-        self._layer_fn = torch.compile(_layer_step) if compile else _layer_step
-        self._head_fn = torch.compile(self._head) if compile else self._head
+        self._layer_fn = torch.compile(_layer_step, mode=compile_mode) if compile else _layer_step
+        self._head_fn = torch.compile(self._head, mode=compile_mode) if compile else self._head
         self._mass_fn = torch.compile(block_mass) if compile else None
         # fuse: each layer's q/k/v and gate/up weights also kept concatenated (two products where there were
         # five), at the cost of a copy of those weights; refreshed at every generate and weight update.
