@@ -137,13 +137,15 @@ def bench_train(path: Path, peak: float, variant: str = "sdpa", budget: int = 16
     if opt is not None:  # kernel options of the flex path: set for this variant, restored after
         from relayrl.engines.training import flex
 
-        saved = flex.CUDA_KERNEL_OPTIONS
-        flex.CUDA_KERNEL_OPTIONS = {**saved, **(PRESETS[opt] or {})}
+        saved = flex.CUDA_KERNEL_OPTIONS, flex.EXPAND_KV
+        opts = {**saved[0], **(PRESETS[opt] or {})}
+        flex.EXPAND_KV = opts.pop("EXPAND_KV", False)
+        flex.CUDA_KERNEL_OPTIONS = opts
         try:
             return bench_train(path, peak, "+".join(f for f in variant.split("+") if not f.startswith("opt=")),
                                budget, profile, trace, label=variant)
         finally:
-            flex.CUDA_KERNEL_OPTIONS = saved
+            flex.CUDA_KERNEL_OPTIONS, flex.EXPAND_KV = saved
     attn = "flex_attention" if "flex" in feats else "sdpa"
     model = load_model(path, dtype="bfloat16" if "bf16" in feats else "float32", device="cuda",
                        attn_implementation=attn)

@@ -10,6 +10,9 @@ key tiles in that pass (``BLOCK_N1``) split the prompt's work over more programs
 packed length is a multiple of 128, which the dynamically shaped compilation cannot know, so its loads are
 bounds-checked unless told.
 
+``EXPAND_KV`` (relayrl's, not torch's): the key/value heads repeated to the query heads before the kernel, so
+that pass has a program per query head rather than one per key/value head walking its group's seven.
+
 Each set of options is compiled afresh (``torch._dynamo.reset()``); a set the installed torch rejects is
 reported and skipped. Figures: milliseconds per call (forward; forward and backward) and TFLOP/s over the
 attended query-key pairs (4 x head dim FLOPs a pair forward, 2.5 times that backward)."""
@@ -33,8 +36,12 @@ PRESETS = {
     "bwd-n1-32": {"IS_DIVISIBLE": True, "BLOCK_M1": 32, "BLOCK_N1": 32, "BLOCK_M2": 64, "BLOCK_N2": 32},
     "bwd-n1-32-m2-128": {"IS_DIVISIBLE": True, "BLOCK_M1": 32, "BLOCK_N1": 32, "BLOCK_M2": 128, "BLOCK_N2": 64},
     "bwd-n1-16": {"IS_DIVISIBLE": True, "BLOCK_M1": 16, "BLOCK_N1": 16, "BLOCK_M2": 64, "BLOCK_N2": 16},
+    # EXPAND_KV is not torch's: the key/value heads repeated to the query heads (relayrl's flex.EXPAND_KV)
+    "expand-kv": {"EXPAND_KV": True, "BLOCK_M": 64, "BLOCK_N": 64, "IS_DIVISIBLE": True},
+    "expand-kv-n1-64": {"EXPAND_KV": True, "BLOCK_M": 64, "BLOCK_N": 64, "IS_DIVISIBLE": True,
+                        "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32},
 }
-DEFAULT_PRESETS = "relayrl,torch-default,divisible,bwd-n1-64,bwd-n1-32,bwd-n1-32-m2-128,bwd-n1-16"
+DEFAULT_PRESETS = "relayrl,divisible,bwd-n1-64,bwd-n1-32,bwd-n1-32-m2-128,bwd-n1-16,expand-kv,expand-kv-n1-64"
 
 
 def packed_layout(groups: int = 4, n: int = 8, P: int = 128, R: int = 384):
@@ -72,37 +79,44 @@ def parse_presets(spec: str) -> dict[str, dict | None]:
 
 
 def bench_flex(presets: dict[str, dict | None], heads: tuple[int, int] = (14, 2), head_dim: int = 64,
-               reps: int = 10) -> dict:
-    """Forward, and forward + backward, of the compiled FlexAttention per set of kernel options."""
+               reps: int = 10, device: str = "cuda", groups: int = 4) -> dict:
+    """Forward, and forward + backward, of the compiled FlexAttention per set of kernel options (``device`` and
+    ``groups`` other than the benchmark's for a smoke run)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     from relayrl.engines.training import flex
 
-    doc, seg, pairs = packed_layout()
+    doc, seg, pairs = packed_layout(groups)
     L = doc.shape[1]
-    mask = flex.block_mask(doc.cuda(), seg.cuda())
+    mask = flex.block_mask(doc.to(device), seg.to(device))
     hq, hkv = heads
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(1, hq, L, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
-    k = torch.randn(1, hkv, L, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
-    v = torch.randn(1, hkv, L, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    g = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(1, hq, L, head_dim, device=device, dtype=torch.bfloat16, generator=g)
+    k = torch.randn(1, hkv, L, head_dim, device=device, dtype=torch.bfloat16, generator=g)
+    v = torch.randn(1, hkv, L, head_dim, device=device, dtype=torch.bfloat16, generator=g)
     dout = torch.randn_like(q)
     fwd_flops = 4 * pairs * head_dim * hq
     print(f"flex: one packed row of {L} tokens, {hq}/{hkv} heads of {head_dim}; attended pairs {pairs / L**2:.1%} "
           f"of L x L; {mask.sparsity():.1f}% of the 128 x 128 tiles empty", flush=True)
     out = {}
     for name, opts in presets.items():
-        opts = dict(flex.CUDA_KERNEL_OPTIONS) if opts is None else opts
+        opts = dict(flex.CUDA_KERNEL_OPTIONS) if opts is None else dict(opts)
+        expand = opts.pop("EXPAND_KV", False)
         torch._dynamo.reset()
         fn = torch.compile(flex_attention, dynamic=True)
         qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
 
+        def call(q_, k_, v_):  # as flex.flex_attention_forward calls it (the repeat timed with the kernel)
+            if expand:
+                k_, v_ = (t.repeat_interleave(hq // hkv, dim=1) for t in (k_, v_))
+            return fn(q_, k_, v_, block_mask=mask, enable_gqa=not expand, kernel_options=opts)
+
         def fwd():
             with torch.no_grad():
-                return fn(q, k, v, block_mask=mask, enable_gqa=True, kernel_options=opts)
+                return call(q, k, v)
 
         def both():
-            o = fn(qg, kg, vg, block_mask=mask, enable_gqa=True, kernel_options=opts)
+            o = call(qg, kg, vg)
             o.backward(dout)
             return o
 
@@ -114,13 +128,13 @@ def bench_flex(presets: dict[str, dict | None], heads: tuple[int, int] = (14, 2)
             print(f"flex {name}: FAILED ({type(e).__name__}: {str(e).splitlines()[0][:160]})", flush=True)
             continue
         tf, tb = tf / reps, tb / reps
-        row = {"options": opts, "fwd_ms": tf * 1e3, "fwd_bwd_ms": tb * 1e3, "bwd_ms": (tb - tf) * 1e3,
+        row = {"options": {**opts, "EXPAND_KV": True} if expand else opts, "fwd_ms": tf * 1e3, "fwd_bwd_ms": tb * 1e3, "bwd_ms": (tb - tf) * 1e3,
                "fwd_tflops": fwd_flops / tf / 1e12, "bwd_tflops": 2.5 * fwd_flops / max(tb - tf, 1e-9) / 1e12,
                "compile_s": first}
         out[name] = row
         print(f"flex {name:18s} forward {row['fwd_ms']:6.3f} ms ({row['fwd_tflops']:4.0f} TFLOP/s), backward "
               f"{row['bwd_ms']:6.3f} ms ({row['bwd_tflops']:4.0f} TFLOP/s), both {row['fwd_bwd_ms']:6.3f} ms; "
-              f"compiled in {first:.0f} s; options {json.dumps(opts)}", flush=True)
+              f"compiled in {first:.0f} s; options {json.dumps(row['options'])}", flush=True)
     if out:
         base = next(iter(out.values()))
         best = min(out, key=lambda n: out[n]["fwd_bwd_ms"])

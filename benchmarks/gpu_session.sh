@@ -31,8 +31,9 @@ TEST_FILES=${TEST_FILES:-tests/engines/test_cuda.py tests/engines/test_flex_atte
 PART_S=${PART_S:-150}
 FLEX_S=${FLEX_S:-180} TRAIN_S=${TRAIN_S:-220} DECODE_S=${DECODE_S:-170}  # about 9.5 minutes with the defaults
 DECODE=(--only decode --decode-sizes 256 --compile-decode --decode-autotune --decode-breakdown)
-TRAIN=(--only train --train-variants "${TRAIN_VARIANTS:-flex+compile+fusedhead+copy,flex+compile+fusedhead+copy+opt=divisible,\
-flex+compile+fusedhead+copy+opt=bwd-n1-32,flex+compile+fusedhead+copy+chunk4k,flex+compile+fusedhead+copy+opt=bwd-n1-32+chunk4k}")
+B=flex+compile+fusedhead+copy  # the fastest training variant so far
+TRAIN=(--only train --train-variants "${TRAIN_VARIANTS:-$B,$B+opt=divisible,$B+opt=bwd-n1-32,$B+opt=expand-kv,$B+chunk4k,\
+$B+opt=expand-kv+chunk4k}")
 
 if [[ -d .whl ]]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

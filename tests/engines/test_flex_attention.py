@@ -201,6 +201,14 @@ def test_flex_gradients_equal_sdpa(budget, pack_length, sliding, cpu_flex_backwa
         assert metrics["flex_attention"][key] == pytest.approx(metrics["sdpa"][key], rel=1e-5)
 
 
+@pytest.mark.slow  # (over a second; the full `make test` runs it)
+def test_flex_with_key_value_heads_repeated_gives_the_gradients_of_sdpa(monkeypatch, cpu_flex_backward):
+    """flex.EXPAND_KV: the key/value heads repeated to the query heads (4 / 2 here) instead of enable_gqa; the
+    same log-probs and gradients as dense attention."""
+    monkeypatch.setattr(flex, "EXPAND_KV", True)
+    test_flex_gradients_equal_sdpa(*LAYOUTS[1], False, cpu_flex_backward)
+
+
 def test_training_with_flex_on_cpu_is_refused_without_a_backward():
     if flex.backward_supported(torch.device("cpu")):
         pytest.skip("this torch build has a FlexAttention backward on CPU")

@@ -133,6 +133,15 @@ def _ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 # took 0.350 s against 0.377 s with the default tiles (benchmarks/gpu.py --only train, flex+compile+fusedhead)
 CUDA_KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64}
 
+# Grouped-query attention: False hands the kernel the key/value heads as they are (enable_gqa); True repeats
+# them to the query heads first. The backward's key/value pass runs one program per key tile and key/value
+# head, walking every query that attends the tile for each query head of its group: with a shared prompt, the
+# prompt's tile is attended by every response of the group, and with enable_gqa that program walks them seven
+# times over (Qwen2-0.5B's 14 / 2 heads) while the others wait. Repeated heads give each query head its own
+# program (the repeat's backward sums the seven gradients). To be measured on a GPU (benchmarks/gpu.py --only
+# flex, preset expand-kv) before it is made the default.
+EXPAND_KV = False
+
 
 def _kernel(query: torch.Tensor):
     """The ``flex_attention`` to call. On CUDA: compiled once per process with dynamic shapes (the fused
@@ -168,8 +177,12 @@ def flex_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
     kind = query.device.type
     dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else query.dtype
     q, k, v = (t.to(dtype) for t in (query, key, value))
+    gqa = q.shape[1] != k.shape[1]
+    if gqa and EXPAND_KV:  # query head h reads key/value head h // (Hq / Hkv), as enable_gqa maps them
+        k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+        gqa = False
     with torch.autocast(kind, enabled=False):  # inputs cast already; the kernel needs no autocast rule
-        out = _kernel(q)(q, k, v, block_mask=attention_mask, scale=scaling, enable_gqa=q.shape[1] != k.shape[1],
+        out = _kernel(q)(q, k, v, block_mask=attention_mask, scale=scaling, enable_gqa=gqa,
                          kernel_options=CUDA_KERNEL_OPTIONS if q.is_cuda else None)
     return out.transpose(1, 2).contiguous(), None
 
