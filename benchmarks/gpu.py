@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpu_decode import bench_decode, profile_decode  # noqa: E402  (beside this file)
-from gpu_flex import DEFAULT_PRESETS, PRESETS, bench_flex, parse_presets  # noqa: E402
+from gpu_flex import DEFAULT_PRESETS, PRESETS, bench_flex, parse_presets, random_groups  # noqa: E402
 from gpu_profile import kernel_profile, sync_time, trace_update  # noqa: E402
 
 PARTS = ("decode", "profile", "flex", "train", "grpo", "trl", "big")  # "profile": where a graphed decode step's time goes
@@ -97,13 +97,7 @@ def train_batch(groups: int = 8, n: int = 8, P: int = 128, R: int = 384):
     from relayrl.engines.training.base import SequenceBatch
 
     g = torch.Generator().manual_seed(0)
-    prompts, resp, gid = [], [], []
-    for i in range(groups):
-        p = torch.randint(10, 300, (P,), generator=g)
-        for _ in range(n):
-            prompts.append(p)
-            resp.append(torch.randint(10, 300, (R,), generator=g))
-            gid.append(i)
+    prompts, resp, gid = random_groups(groups, n, P, R, g)
     return SequenceBatch(prompts, resp, {"advantages": [torch.randn(R, generator=g) for _ in resp]}, gid)
 
 

@@ -44,13 +44,9 @@ PRESETS = {
 DEFAULT_PRESETS = "relayrl,divisible,bwd-n1-64,bwd-n1-32,bwd-n1-32-m2-128,bwd-n1-16,expand-kv,expand-kv-n1-64"
 
 
-def packed_layout(groups: int = 4, n: int = 8, P: int = 128, R: int = 384):
-    """(doc ids, segment ids, attended pairs) of one packed row of ``groups`` shared-prompt groups, as the
-    training benchmark's 16k-token micro-batch lays them out (padded to the flex tile)."""
-    from relayrl.engines.training import flex
-    from relayrl.models.packing import build_packed_batch, plan_units, shared_prompt_mask
-
-    g = torch.Generator().manual_seed(0)
+def random_groups(groups: int, n: int, P: int, R: int, g: torch.Generator):
+    """(prompts, responses, group ids): ``groups`` prompts of ``P`` random tokens, each with ``n`` responses of
+    ``R`` (the training benchmark's batch)."""
     prompts, resp, gid = [], [], []
     for i in range(groups):
         p = torch.randint(10, 300, (P,), generator=g)
@@ -58,6 +54,16 @@ def packed_layout(groups: int = 4, n: int = 8, P: int = 128, R: int = 384):
             prompts.append(p)
             resp.append(torch.randint(10, 300, (R,), generator=g))
             gid.append(i)
+    return prompts, resp, gid
+
+
+def packed_layout(groups: int = 4, n: int = 8, P: int = 128, R: int = 384):
+    """(doc ids, segment ids, attended pairs) of one packed row of ``groups`` shared-prompt groups, as the
+    training benchmark's 16k-token micro-batch lays them out (padded to the flex tile)."""
+    from relayrl.engines.training import flex
+    from relayrl.models.packing import build_packed_batch, plan_units, shared_prompt_mask
+
+    prompts, resp, gid = random_groups(groups, n, P, R, torch.Generator().manual_seed(0))
     units = plan_units(prompts, resp, gid)
     pb = build_packed_batch(prompts, resp, [units]).pad_to(flex.BLOCK, at_least=2 * flex.BLOCK)
     pairs = int(shared_prompt_mask(pb.doc_ids, pb.segment_ids).sum())
