@@ -127,8 +127,8 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
                 dlogits = dlogits.to(hidden.dtype)
             if grad_h is not None:
                 grad_h[s:s + chunk] = dlogits @ w
-            if grad_w is not None:
-                grad_w += (dlogits.T @ h).float()
+            if grad_w is not None:  # the product in the compute dtype, summed in float32 by one kernel (no copy)
+                grad_w.add_(dlogits.T @ h)
         return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None
 
 
