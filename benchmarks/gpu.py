@@ -306,6 +306,8 @@ def main() -> None:
                     "compiled step attending over multiples of this many cache positions (16, 32 or 64; default 128)")
     ap.add_argument("--decode-autotune", action="store_true", help="decode, with --compile-decode: also the "
                     "step compiled with mode=max-autotune-no-cudagraphs (Triton matmul templates timed against cuBLAS)")
+    ap.add_argument("--decode-prefill-compile", action="store_true", help="decode, with --compile-decode: also the "
+                    "compiled step with each decoder layer's forward compiled (the prefill runs through them)")
     ap.add_argument("--decode-breakdown", action="store_true", help="decode, with --compile-decode: where one "
                     "more generate of the compiled path spends its time (prefill, replays, waits, host work)")
     ap.add_argument("--flex-presets", default=DEFAULT_PRESETS, help="flex: comma-separated kernel-option sets of "
@@ -341,7 +343,7 @@ def main() -> None:
                                      unfused=args.decode_unfused, breakdown=args.decode_breakdown,
                                      trace=Path(args.trace) / "trace-decode.json.gz" if args.trace else None,
                                      flex=args.decode_flex, bucket=args.decode_bucket,
-                                     autotune=args.decode_autotune)
+                                     autotune=args.decode_autotune, prefill=args.decode_prefill_compile)
 
     def profile():
         steps = [(False, "matmul")] + [(True, "matmul")] * args.compile_decode + [(True, "flex")] * (

@@ -72,13 +72,15 @@ def decode_breakdown(eng, prompts, params, gen) -> str:
 def bench_decode(path: Path, sizes: list[int], prompt: int, new: int, bw: float, peak: float,
                  baselines: bool = True, compiled: bool = False, unfused: bool = False,
                  breakdown: bool = False, trace: Path | None = None, flex: bool = False,
-                 bucket: int | None = None, autotune: bool = False) -> dict:
+                 bucket: int | None = None, autotune: bool = False, prefill: bool = False) -> dict:
     """relayrl's static decode (and, ``compiled``, the same with ``rollout.decode_compile``: its first generate,
     compilation included, is timed apart; ``unfused``, also compiled with separate q/k/v and gate/up products;
-    ``flex``, ``bucket``, ``autotune``: the compiled step with FlexAttention, another bucket, max-autotune)
+    ``flex``, ``bucket``, ``autotune``: the compiled step with FlexAttention, another bucket, max-autotune;
+    ``prefill``: also each decoder layer's forward compiled, which the prefill runs through)
     against the roofline, HF ``generate`` and the dynamic-cache path."""
     from relayrl.engines.generation.base import SamplingParams
     from relayrl.engines.generation.native import NativeGenerationEngine
+    from relayrl.engines.generation.static import StaticDecoder, _decoder
     from relayrl.models.load import load_model, load_tokenizer
 
     tok = load_tokenizer(path)
@@ -116,24 +118,36 @@ def bench_decode(path: Path, sizes: list[int], prompt: int, new: int, bw: float,
             variants["compiled_flex"] = dict(attention="flex")
         if bucket:
             variants[f"compiled_bucket{bucket}"] = dict(bucket=bucket)
-        if autotune:  # Inductor times its Triton matmul templates against cuBLAS (the small-M products)
-            variants["compiled_autotune"] = dict(compile_mode="max-autotune-no-cudagraphs")
+        if prefill:  # the decoder layers' forward compiled too: the prefill runs through them (an experiment)
+            variants["compiled_prefill"] = "prefill"
+        if autotune:  # Inductor times its Triton matmul templates against cuBLAS (the small-M products); last,
+            variants["compiled_autotune"] = dict(compile_mode="max-autotune-no-cudagraphs")  # the slowest to compile
         for name, kw in variants.items() if compiled else ():
-            # the same work with the layer step, the head and the sampler's reductions compiled (decode_compile)
-            cmp = NativeGenerationEngine(model, tok, max_batch=B, device="cuda", decode="static", decode_compile=True)
-            if kw is not None:  # a variant of the compiled step that no setting names (yet)
-                from relayrl.engines.generation.static import StaticDecoder
-
-                cmp.static = StaticDecoder(model, B, graphs=True, compile=True, **{"fuse": True, **kw})
-            _, first = sync_time(lambda: cmp.generate(prompts, params, gen))
-            _, t_cmp = sync_time(lambda: cmp.generate(prompts, params, gen))
-            if breakdown and name == "compiled":
-                print(f"decode B={B}, {name.replace('_', ', ')}, one generate: "
-                      f"{decode_breakdown(cmp, prompts, params, gen)}", flush=True)
-            if trace is not None and name == "compiled":  # the kernels of one generate, then the GPU's idle gaps in a trace
-                for line in [*kernel_profile(lambda: cmp.generate(prompts, params, gen)),
-                             *trace_update(lambda: cmp.generate(prompts, params, gen), trace)]:
-                    print(f"  {line}", flush=True)
+            layers = list(_decoder(model).layers) if kw == "prefill" else []
+            try:
+                for layer in layers:
+                    layer.compile(dynamic=True)
+                # the same work with the layer step, the head and the sampler's reductions compiled (decode_compile)
+                cmp = NativeGenerationEngine(model, tok, max_batch=B, device="cuda", decode="static",
+                                             decode_compile=True)
+                if isinstance(kw, dict):  # a variant of the compiled step that no setting names (yet)
+                    cmp.static = StaticDecoder(model, B, graphs=True, compile=True, **{"fuse": True, **kw})
+                _, first = sync_time(lambda: cmp.generate(prompts, params, gen))
+                _, t_cmp = sync_time(lambda: cmp.generate(prompts, params, gen))
+                if breakdown and name in ("compiled", "compiled_prefill"):
+                    print(f"decode B={B}, {name.replace('_', ', ')}, one generate: "
+                          f"{decode_breakdown(cmp, prompts, params, gen)}", flush=True)
+                if trace is not None and name == "compiled":  # the kernels of one generate, the GPU's idle gaps
+                    for line in [*kernel_profile(lambda: cmp.generate(prompts, params, gen)),
+                                 *trace_update(lambda: cmp.generate(prompts, params, gen), trace)]:
+                        print(f"  {line}", flush=True)
+            except Exception as e:  # an experiment's failure is reported; the figures already taken stand
+                print(f"decode B={B}, {name.replace('_', ', ')}: FAILED ({type(e).__name__}: "
+                      f"{str(e).splitlines()[0][:160] if str(e) else ''})", flush=True)
+                continue
+            finally:
+                for layer in layers:  # the model's own forward again for what follows
+                    layer._compiled_call_impl = None
             cmp.release()
             row.update({f"{name}_first_s": first, f"{name}_tok_s": B * new / t_cmp, f"{name}_s": t_cmp,
                         f"{name}_step_ms": t_cmp / new * 1e3, f"{name}_roof_frac": roof / t_cmp})

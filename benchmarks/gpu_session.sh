@@ -18,8 +18,8 @@
 # commit's relayrl/ and benchmarks/ (`git archive REV relayrl benchmarks | tar -x -C .gpu/old`, carried),
 # timed right after this tree's figures for a before/after ratio. DECODE_ARGS / TRAIN_ARGS / FLEX_ARGS: extra
 # arguments of those parts (TRAIN_ARGS=--profile, FLEX_ARGS="--flex-presets relayrl,bwd-n1-32"); TRAIN_VARIANTS.
-# TEST_S, FLEX_S, TRAIN_S, DECODE_S: each part's time limit (else PART_S). TRACE=1: a profiler trace of the
-# decode (folder $OUT/trace; large).
+# HF=1: the decode part also times HF generate and the dynamic-cache path. TEST_S, FLEX_S, TRAIN_S, DECODE_S:
+# each part's time limit (else PART_S). TRACE=1: a profiler trace of the decode (folder $OUT/trace; large).
 set -u -o pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -29,8 +29,9 @@ TEST_S=${TEST_S:-240}
 TEST_FILES=${TEST_FILES:-tests/engines/test_cuda.py tests/engines/test_flex_attention.py tests/checkpoint/test_rng_state.py \
   tests/config/test_placement.py}
 PART_S=${PART_S:-150}
-FLEX_S=${FLEX_S:-180} TRAIN_S=${TRAIN_S:-220} DECODE_S=${DECODE_S:-170}  # about 9.5 minutes with the defaults
-DECODE=(--only decode --decode-sizes 256 --compile-decode --decode-autotune --decode-breakdown)
+FLEX_S=${FLEX_S:-170} TRAIN_S=${TRAIN_S:-200} DECODE_S=${DECODE_S:-190}  # at most 9.5 minutes with the defaults
+DECODE=(--only decode --decode-sizes 256 --compile-decode --decode-prefill-compile --decode-autotune --decode-breakdown)
+[[ -n "${HF:-}" ]] || DECODE+=(--no-decode-baselines)  # HF=1: also HF generate and the dynamic path (about 55 s)
 B=flex+compile+fusedhead+copy  # the fastest training variant so far
 TRAIN=(--only train --train-variants "${TRAIN_VARIANTS:-$B,$B+opt=divisible,$B+opt=bwd-n1-32,$B+opt=expand-kv,$B+chunk4k,\
 $B+opt=expand-kv+chunk4k}")
