@@ -25,9 +25,10 @@ import torch
 
 from gpu_profile import sync_time
 
-# name -> kernel options (relayrl's own first; the training engine passes relayrl.engines.training.flex's
-# CUDA_KERNEL_OPTIONS). BLOCK_M1/BLOCK_N1 tile the backward's key/value pass (N1 keys a program),
-# BLOCK_M2/BLOCK_N2 its query pass; torch needs N1 % M1 == 0, M2 % N2 == 0 and 128 divisible by each.
+# name -> kernel options, applied over relayrl's own (relayrl.engines.training.flex.CUDA_KERNEL_OPTIONS, which
+# the training engine passes; an empty set means torch's defaults). BLOCK_M1/BLOCK_N1 tile the backward's
+# key/value pass (N1 keys a program), BLOCK_M2/BLOCK_N2 its query pass; torch needs N1 % M1 == 0,
+# M2 % N2 == 0 and 128 divisible by each.
 PRESETS = {
     "relayrl": None,
     "torch-default": {},
@@ -37,9 +38,9 @@ PRESETS = {
     "bwd-n1-32-m2-128": {"IS_DIVISIBLE": True, "BLOCK_M1": 32, "BLOCK_N1": 32, "BLOCK_M2": 128, "BLOCK_N2": 64},
     "bwd-n1-16": {"IS_DIVISIBLE": True, "BLOCK_M1": 16, "BLOCK_N1": 16, "BLOCK_M2": 64, "BLOCK_N2": 16},
     # EXPAND_KV is not torch's: the key/value heads repeated to the query heads (relayrl's flex.EXPAND_KV)
-    "expand-kv": {"EXPAND_KV": True, "BLOCK_M": 64, "BLOCK_N": 64, "IS_DIVISIBLE": True},
-    "expand-kv-n1-64": {"EXPAND_KV": True, "BLOCK_M": 64, "BLOCK_N": 64, "IS_DIVISIBLE": True,
-                        "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32},
+    "expand-kv": {"EXPAND_KV": True, "IS_DIVISIBLE": True},
+    "expand-kv-n1-64": {"EXPAND_KV": True, "IS_DIVISIBLE": True, "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64,
+                        "BLOCK_N2": 32},
 }
 DEFAULT_PRESETS = "relayrl,divisible,bwd-n1-64,bwd-n1-32,bwd-n1-32-m2-128,bwd-n1-16,expand-kv,expand-kv-n1-64"
 
@@ -106,7 +107,8 @@ def bench_flex(presets: dict[str, dict | None], heads: tuple[int, int] = (14, 2)
           f"of L x L; {mask.sparsity():.1f}% of the 128 x 128 tiles empty", flush=True)
     out = {}
     for name, opts in presets.items():
-        opts = dict(flex.CUDA_KERNEL_OPTIONS) if opts is None else dict(opts)
+        # None: relayrl's options; {}: torch's defaults; else the preset's over relayrl's (as train variants do)
+        opts = dict(flex.CUDA_KERNEL_OPTIONS) if opts is None else {**flex.CUDA_KERNEL_OPTIONS, **opts} if opts else {}
         expand = opts.pop("EXPAND_KV", False)
         torch._dynamo.reset()
         fn = torch.compile(flex_attention, dynamic=True)
@@ -134,7 +136,8 @@ def bench_flex(presets: dict[str, dict | None], heads: tuple[int, int] = (14, 2)
             print(f"flex {name}: FAILED ({type(e).__name__}: {str(e).splitlines()[0][:160]})", flush=True)
             continue
         tf, tb = tf / reps, tb / reps
-        row = {"options": {**opts, "EXPAND_KV": True} if expand else opts, "fwd_ms": tf * 1e3, "fwd_bwd_ms": tb * 1e3, "bwd_ms": (tb - tf) * 1e3,
+        row = {"options": {**opts, "EXPAND_KV": True} if expand else opts,
+               "fwd_ms": tf * 1e3, "fwd_bwd_ms": tb * 1e3, "bwd_ms": (tb - tf) * 1e3,
                "fwd_tflops": fwd_flops / tf / 1e12, "bwd_tflops": 2.5 * fwd_flops / max(tb - tf, 1e-9) / 1e12,
                "compile_s": first}
         out[name] = row
