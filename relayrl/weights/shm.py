@@ -27,6 +27,7 @@ from typing import MutableMapping, Sequence
 import numpy as np
 import torch
 
+from relayrl.checkpoint.atomic import pid_alive
 from relayrl.weights.layout import BucketLayout, layout_from_signature, weights_signature
 from relayrl.weights.packing import from_wire, pack
 
@@ -68,7 +69,7 @@ def sweep_stale(directory: str = SHM_DIR, min_age_s: float = 3600.0) -> list[str
     now = time.time()
     for name in os.listdir(directory) if os.path.isdir(directory) else []:
         parts = name.split("-")
-        if len(parts) < 3 or parts[0] != "relayrl" or not parts[1].isdigit() or _pid_alive(int(parts[1])):
+        if len(parts) < 3 or parts[0] != "relayrl" or not parts[1].isdigit() or pid_alive(int(parts[1])):
             continue
         path = os.path.join(directory, name)
         with contextlib.suppress(FileNotFoundError, PermissionError):
@@ -76,17 +77,6 @@ def sweep_stale(directory: str = SHM_DIR, min_age_s: float = 3600.0) -> list[str
                 os.unlink(path)
                 removed.append(path)
     return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` runs in this pid namespace (another user's counts: signalling it is refused)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class ShmBuckets:
