@@ -252,6 +252,7 @@ def test_fusing_refuses_layers_it_cannot_fuse(tiny_model):
         StaticDecoder(tiny_model, 4, graphs=False, fuse=True)
 
 
+@pytest.mark.slow  # (4 s: the eager FlexAttention reference on CPU; the full `make test` runs it)
 def test_flex_attention_decode_step_samples_the_matmul_steps_tokens(tiny_model):
     """The step's attention as one FlexAttention call (the score masked past each row's position) samples what
     the two matrix products do, with rows at different positions. Run eagerly here (FlexAttention's reference
