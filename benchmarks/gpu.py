@@ -168,8 +168,9 @@ def bench_train(path: Path, peak: float, variant: str = "sdpa", budget: int = 16
     variant = label or variant
     out = {"variant": variant, "tokens": tokens, "update_s": dt, "tokens_per_s": tokens / dt, "mfu": flops / dt / peak,
            "peak_gb": torch.cuda.max_memory_allocated() / 2**30}
-    opts = [f"flex kernel options {label.split('opt=')[1].split('+')[0]}"] if label and "opt=" in label else []
-    what = "; ".join([FEATURES[f] for f in FEATURES if f in feats] + opts)
+    shown = variant_features(variant)
+    what = "; ".join([FEATURES[f] for f in FEATURES if f in shown] +
+                     [f"flex kernel options {f[4:]}" for f in sorted(shown) if f.startswith("opt=")])
     print(f"train {variant} ({what}): {tokens} tokens (budget {budget}/micro-batch) in {dt:.3f} s: "
           f"{out['tokens_per_s']:.0f} tok/s, MFU {out['mfu']:.1%}, peak {out['peak_gb']:.1f} GB", flush=True)
     if profile:  # where one update's time goes

@@ -119,18 +119,19 @@ def bench_decode(path: Path, sizes: list[int], prompt: int, new: int, bw: float,
         if bucket:
             variants[f"compiled_bucket{bucket}"] = dict(bucket=bucket)
         if prefill:  # the decoder layers' forward compiled too: the prefill runs through them (an experiment)
-            variants["compiled_prefill"] = "prefill"
+            variants["compiled_prefill"] = dict(compile_layers=True)
         if autotune:  # Inductor times its Triton matmul templates against cuBLAS (the small-M products); last,
             variants["compiled_autotune"] = dict(compile_mode="max-autotune-no-cudagraphs")  # the slowest to compile
         for name, kw in variants.items() if compiled else ():
-            layers = list(_decoder(model).layers) if kw == "prefill" else []
+            kw = dict(kw or {})
+            layers = list(_decoder(model).layers) if kw.pop("compile_layers", False) else []
             try:
                 for layer in layers:
                     layer.compile(dynamic=True)
                 # the same work with the layer step, the head and the sampler's reductions compiled (decode_compile)
                 cmp = NativeGenerationEngine(model, tok, max_batch=B, device="cuda", decode="static",
                                              decode_compile=True)
-                if isinstance(kw, dict):  # a variant of the compiled step that no setting names (yet)
+                if kw:  # a variant of the compiled step that no setting names (yet)
                     cmp.static = StaticDecoder(model, B, graphs=True, compile=True, **{"fuse": True, **kw})
                 _, first = sync_time(lambda: cmp.generate(prompts, params, gen))
                 _, t_cmp = sync_time(lambda: cmp.generate(prompts, params, gen))
