@@ -60,20 +60,33 @@ def _unlink(paths: list[str]) -> None:
             os.unlink(p)
 
 
+def _pid_namespace() -> str:
+    """This process's pid namespace as a tag for bucket file names (the namespace's inode number), or ``"0"``
+    where the system does not say (not Linux)."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"
+
+
 def sweep_stale(directory: str = SHM_DIR, min_age_s: float = 3600.0) -> list[str]:
-    """Unlink the bucket files of senders that no longer run (``relayrl-<pid>-...`` with no process ``pid``,
-    untouched for ``min_age_s``): a sender killed outright (SIGKILL, a crash) cannot unlink its own. The age
-    spares a live sender of another pid namespace that shares ``/dev/shm`` (its pid looks dead from here) as
-    long as it relays more often than that. Returns the paths removed."""
+    """Unlink the bucket files of senders that no longer run: a sender killed outright (SIGKILL, a crash)
+    cannot unlink its own. A file is named ``relayrl-<pid>-<pid namespace>-...``; one of this pid namespace
+    whose pid is gone is removed at once. One of another namespace that shares ``/dev/shm`` (a container, a
+    Ray worker's sandbox), or of an older name without the namespace, may belong to a live sender whose pid
+    means nothing here: it is removed only when its pid looks dead and it was untouched for ``min_age_s``.
+    Returns the paths removed."""
     removed = []
     now = time.time()
+    ours = _pid_namespace()
     for name in os.listdir(directory) if os.path.isdir(directory) else []:
         parts = name.split("-")
         if len(parts) < 3 or parts[0] != "relayrl" or not parts[1].isdigit() or pid_alive(int(parts[1])):
             continue
         path = os.path.join(directory, name)
+        here = ours != "0" and parts[2] == ours
         with contextlib.suppress(FileNotFoundError, PermissionError):
-            if now - os.stat(path).st_mtime >= min_age_s:
+            if here or now - os.stat(path).st_mtime >= min_age_s:
                 os.unlink(path)
                 removed.append(path)
     return removed
@@ -85,7 +98,7 @@ class ShmBuckets:
 
     def __init__(self, layout: BucketLayout) -> None:
         sweep_stale()
-        tag = f"relayrl-{os.getpid()}-{layout.key}-{uuid.uuid4().hex[:8]}"
+        tag = f"relayrl-{os.getpid()}-{_pid_namespace()}-{layout.key}-{uuid.uuid4().hex[:8]}"
         self.layout = layout
         self.paths = [os.path.join(SHM_DIR, f"{tag}-{i}") for i in range(len(layout.buckets))]
         self._finalizer = weakref.finalize(self, _unlink, list(self.paths))

@@ -189,21 +189,59 @@ def test_bad_arguments_are_rejected_by_name(trainer):
 
 
 def test_bucket_files_of_dead_senders_are_swept(tmp_path):
-    """A sender killed outright leaves its /dev/shm files; the next sender removes those untouched for an hour,
-    and only them: a live process's files, a fresh file of a dead pid, and other names stay."""
+    """A sender killed outright leaves its /dev/shm files; the next sender removes them: at once when the sender
+    was of this pid namespace, after an hour untouched when it was of another namespace (its pid may be alive
+    there) or its name has none. A live process's files and other names stay."""
     import os
     import subprocess
     import sys
 
-    from relayrl.weights.shm import sweep_stale
+    from relayrl.weights.shm import _pid_namespace, sweep_stale
 
+    ns = _pid_namespace()
+    assert ns.isdigit() and ns != "0"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    names = [f"relayrl-{dead.pid}-abc-0123-0", f"relayrl-{os.getpid()}-abc-0123-0", "relayrl-x-1", "other-1-2",
-             f"relayrl-{dead.pid}-abc-0123-1"]
-    for n in names:
+    old, fresh = [f"relayrl-{dead.pid}-1-abc-0123-0", f"relayrl-{dead.pid}-abc-0123-0"], []
+    fresh += [f"relayrl-{dead.pid}-{ns}-abc-0123-0", f"relayrl-{dead.pid}-{ns}-abc-0123-1"]  # ours, dead: swept
+    kept = [f"relayrl-{os.getpid()}-{ns}-abc-0123-0", f"relayrl-{os.getpid()}-abc-0123-0", "relayrl-x-1",
+            "other-1-2", f"relayrl-{dead.pid}-1-abc-4567-0", f"relayrl-{dead.pid}-abc-4567-0"]  # last two: fresh
+    for n in old + fresh + kept:
         (tmp_path / n).write_bytes(b"x")
-        if n != names[-1]:  # the last one was written just now: a sender of another pid namespace, maybe
+        if n in old or n in kept[:4]:
             os.utime(tmp_path / n, (1e9, 1e9))
-    assert sweep_stale(str(tmp_path)) == [str(tmp_path / names[0])]
-    assert sorted(os.listdir(tmp_path)) == sorted(names[1:])
+    assert sorted(sweep_stale(str(tmp_path))) == sorted(str(tmp_path / n) for n in old + fresh)
+    assert sorted(os.listdir(tmp_path)) == sorted(kept)
+
+
+def test_buckets_of_a_killed_sender_are_gone_when_the_next_sender_starts():
+    """A sender SIGKILLed while it holds buckets (no finalizer runs) leaves its files; the next ``ShmBuckets``
+    of this machine removes them before it writes its own."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from relayrl.weights.layout import build_layout
+    from relayrl.weights.shm import ShmBuckets
+
+    code = ("import sys, time, torch\n"
+            "from relayrl.weights.layout import build_layout\n"
+            "from relayrl.weights.shm import ShmBuckets\n"
+            "b = ShmBuckets(build_layout([('w', torch.zeros(64))]))\n"
+            "print(b.paths[0], flush=True)\n"
+            "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        path = proc.stdout.readline().strip()
+        assert os.path.exists(path), path
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert os.path.exists(path)  # nothing ran in the killed process
+    mine = ShmBuckets(build_layout([("v", torch.ones(8))]))
+    try:
+        assert not os.path.exists(path)
+        assert all(os.path.exists(p) for p in mine.paths)
+    finally:
+        mine.close()

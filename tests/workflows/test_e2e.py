@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import signal
 import subprocess
@@ -108,6 +109,7 @@ def test_killed_run_resumes_exactly(sft_model, tmp_path, recipe, extra):
     r = relayrl("train", f"recipes/{recipe}.yaml", f"run.dir={cut}", "run.resume=auto", *common)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resuming from" in r.stdout + r.stderr
+    assert not glob.glob(f"/dev/shm/relayrl-{proc.pid}-*"), "the killed run's weight buckets outlived the resume"
     a, b = records(ref), records(cut)
     assert [x["step"] for x in b] == [x["step"] for x in a] == list(range(steps + 1))
     for x, y in zip(a, b):
