@@ -102,7 +102,8 @@ class WeightRelay:
         self._group_version: dict[Any, int] = {}
         self._sender_sigs: dict[Any, Any] = {}  # sender group ref -> signature of its weights (push_from_group)
         self._free_staging: list[list[torch.Tensor]] = []
-        self._live: dict[int, list[torch.Tensor]] = {}
+        self._free_shm: list[ShmBuckets] = []  # shared-memory staging slots (stage_from_group)
+        self._live: dict[int, list[torch.Tensor] | ShmBuckets] = {}  # ticket -> a staged version's buffers
         self._tickets = itertools.count()
 
     # -- layout and buffers --------------------------------------------------------------------
@@ -115,6 +116,9 @@ class WeightRelay:
             self._layout = layout_from_signature(sig, self.bucket_bytes)
             self._buffers.clear()
             self._free_staging.clear()
+            for shm in self._free_shm:
+                shm.close()
+            self._free_shm.clear()
         return self._layout
 
     def buffers(self, layout: BucketLayout, device: str | torch.device) -> list[torch.Tensor]:
@@ -209,25 +213,42 @@ class WeightRelay:
         ``/dev/shm``): use :meth:`push_to_group` then."""
         t0 = time.perf_counter()
         _check_group(group)
+        if not _local_processes(group):
+            return None
+
+        def buckets(layout: BucketLayout) -> ShmBuckets | None:
+            if self._shm is not None and self._shm.layout.key == layout.key or shm_available(layout.nbytes):
+                return self._shm_for(layout)
+            return None
+
+        packed = self._pack_in_sender(sender, sender_method, buckets)
+        if packed is None:
+            return None
+        shm, pack_s = packed
+        return self._send_group(shm.handles, shm.layout, group, method, version, pack_s, t0)
+
+    def _pack_in_sender(self, sender: Any, sender_method: str, buckets) -> tuple[ShmBuckets, float] | None:
+        """Have ``sender``'s rank 0 pack its weights into ``buckets(layout)`` (shared-memory buckets, or None
+        when there is no room: then None), learning the layout from the sender first where it is unknown or
+        changed. Returns the buckets written and the sender's pack seconds, or None where host memory cannot
+        be shared with ``sender``."""
         _check_group(sender)
-        local = [getattr(g, "backend", "local") == "local" and not getattr(g, "in_driver", True)
-                 for g in (sender, group)]
-        if not all(local) or self.transport == "pickle":
+        if not _local_processes(sender) or self.transport == "pickle":
             return None
         sref = _ref(sender)
         for _ in range(2):
             sig = self._sender_sigs.get(sref)
             layout = None if sig is None else self._layout_of(sig)
-            if layout is not None and not (self._shm is not None and self._shm.layout.key == layout.key
-                                           or shm_available(layout.nbytes)):
+            shm = None if layout is None else buckets(layout)
+            if layout is not None and shm is None:
                 return None
-            handles = None if layout is None else self._shm_for(layout).handles
-            res = sender.all(sender_method, handles, None if layout is None else layout.key, self.bucket_bytes)[0]
+            res = sender.all(sender_method, None if shm is None else shm.handles,
+                             None if layout is None else layout.key, self.bucket_bytes)[0]
             if not isinstance(res, dict) or res.get("status") not in ("ok", "layout"):
                 raise TypeError(f"{sender_method!r} on rank 0 returned {res!r}; it must return what "
                                 "relayrl.weights.shm.pack_into_shared returns")
             if res["status"] == "ok":
-                return self._send_group(handles, layout, group, method, version, float(res["pack_s"]), t0)
+                return shm, float(res["pack_s"])
             self._sender_sigs[sref] = res["signature"]
         raise RuntimeError(f"{sender_method!r} asked for a new layout twice in a row: the sender's weights changed "
                            "their names, shapes or dtypes between two calls")
@@ -264,10 +285,13 @@ class WeightRelay:
         return wire
 
     def close(self) -> None:
-        """Free shared-memory buckets (also done when the relay is garbage-collected)."""
+        """Free shared-memory buckets, staging slots included (also done when the relay is garbage-collected)."""
         if self._shm is not None:
             self._shm.close()
             self._shm = None
+        for shm in [*self._free_shm, *(b for b in self._live.values() if isinstance(b, ShmBuckets))]:
+            shm.close()
+        self._free_shm.clear()
 
     def _send_group(self, wire: tuple, layout: BucketLayout, group: Any, method: str,
                     version: int, pack_s: float, t0: float) -> dict[str, float]:
@@ -309,6 +333,33 @@ class WeightRelay:
         self._live[ticket] = bufs
         return StagedWeights(layout, tuple(bufs), version, ticket)
 
+    def stage_from_group(self, sender: Any, sender_method: str, version: int) -> StagedWeights | None:
+        """`stage` from a multi-process local group without the weights passing through the driver: the
+        sender's rank 0 packs them straight into a shared-memory staging slot (as in `push_from_group`), and
+        `apply_to_group` later hands the slot's files to the receiving ranks without another copy. Returns
+        None where host memory cannot be shared (Ray, an in-process sender, ``transport='pickle'``, no room
+        in ``/dev/shm``): use `stage` then."""
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise TypeError(f"version={version!r} must be an int")
+
+        def slot(layout: BucketLayout) -> ShmBuckets | None:
+            for shm in self._free_shm:
+                if shm.layout.key == layout.key:
+                    return shm
+            if not shm_available(layout.nbytes):
+                return None
+            self._free_shm.append(ShmBuckets(layout))
+            return self._free_shm[-1]
+
+        packed = self._pack_in_sender(sender, sender_method, slot)
+        if packed is None:
+            return None
+        shm = packed[0]
+        self._free_shm.remove(shm)
+        ticket = next(self._tickets)
+        self._live[ticket] = shm
+        return StagedWeights(shm.layout, tuple(shm.tensors), version, ticket)
+
     def _take(self, staged: StagedWeights) -> None:
         if not isinstance(staged, StagedWeights):
             raise TypeError(f"staged must be a StagedWeights from WeightRelay.stage, got {type(staged).__name__}")
@@ -324,7 +375,10 @@ class WeightRelay:
 
     def _release(self, staged: StagedWeights) -> None:
         bufs = self._live.pop(staged.ticket)
-        if self._layout is not None and staged.layout.key == self._layout.key:
+        current = self._layout is not None and staged.layout.key == self._layout.key
+        if isinstance(bufs, ShmBuckets):
+            self._free_shm.append(bufs) if current else bufs.close()
+        elif current:
             self._free_staging.append(bufs)
 
     @torch.no_grad()
@@ -349,6 +403,12 @@ class WeightRelay:
         _check_group(group)
         kind = self._transport_for(group, staged.layout)
         buffers = list(staged.buffers)
+        shm = self._live[staged.ticket]
+        if kind == "shm" and isinstance(shm, ShmBuckets):  # staged in shared memory: send its files
+            m = self._send_group(shm.handles, staged.layout, group, method, staged.version, 0.0, t0)
+            if release:
+                self._release(staged)
+            return m
         if kind == "shm":
             buffers = self._shm_for(staged.layout).tensors
             for dst, src in zip(buffers, staged.buffers):
@@ -364,6 +424,11 @@ class WeightRelay:
         return {"relay/bytes": float(layout.nbytes), "relay/buckets": float(len(layout.buckets)),
                 "relay/tensors": float(layout.num_tensors), "relay/receivers": float(receivers),
                 "relay/pack_s": pack_s, "relay/time_s": total_s}
+
+
+def _local_processes(group: Any) -> bool:
+    """Whether ``group`` runs in local processes of its own (it can map the driver's shared memory)."""
+    return getattr(group, "backend", "local") == "local" and not getattr(group, "in_driver", True)
 
 
 def _check_group(group: Any) -> None:

@@ -20,7 +20,8 @@ Partition ``t`` is trained by weights ``v_{t-1}``. Each of its tokens was sample
 ``t-1-g`` is at most ``k`` (``async/staleness_*``, checked every step by
 :func:`~relayrl.workflows.step_metrics.staleness_metrics`).
 
-Weights: the trainer stages each version into host buffers (``WeightRelay.stage``) and goes on; this thread
+Weights: the trainer stages each version into host buffers (``WeightRelay.stage``; an actor in processes of
+its own packs into shared memory, ``stage_from_group``, so the weights skip the driver) and goes on; this thread
 applies the newest before each batch and, with partial rollout, while a batch generates (the rollout loads
 it between two decode steps). A staged version replaced by a newer one before it was applied is discarded.
 An evaluation holds the engine between two batches and evaluates the trainer's newest weights.
@@ -98,11 +99,16 @@ class RolloutAhead:
         if self.error is not None:
             raise self.error
 
-    def stage(self, version: int, named) -> None:
+    def stage(self, version: int, actor) -> None:
         """The trainer's new weights into host buffers for the rollout thread; an older staged version it has
-        not applied yet is dropped."""
+        not applied yet is dropped. An actor in processes of its own packs them straight into shared memory
+        (its rank 0; the weights do not pass through the driver); else they are gathered here and packed."""
         with self._relay_lock:
-            staged = self.relay.stage(named, version)
+            staged = None if actor.in_driver else self.relay.stage_from_group(actor, "pack_weights_into", version)
+        if staged is None:
+            named = actor.all("named_weights")[0]  # every rank takes part (FSDP2 gathers); rank 0 holds them
+            with self._relay_lock:
+                staged = self.relay.stage(named, version)
         with self.cond:
             old, self.staged, self.trained = self.staged, staged, version
             self.cond.notify_all()

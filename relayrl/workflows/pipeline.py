@@ -150,11 +150,12 @@ class GRPOPipeline:
         f.state.kl_coef = self.kl_ctrl.value  # (set before the consuming stages start; off-policy too)
         self._run(f, stages)
         m = {**step_metrics(f.state, step=step, prompts_per_step=self.cfg.data.prompts_per_step,
-                            tri_model=self.plan.tri_model, session=self.s), **self._driver_bytes(), **waited}
+                            tri_model=self.plan.tri_model, session=self.s), **waited}
         trained = "dapo/skipped_step" not in m
         m.update(self._adapt_kl(m, f, trained))
         m.update(self._hand_over_weights(step, f, trained))
         m.update(self.parts.phases.metrics)
+        m.update(self._driver_bytes())  # (after the hand-over: weights relayed through the driver count)
         return self.perf(m, t0, step_tokens(f.state), step if trained or self.ahead is not None else None)
 
     def _adapt_kl(self, m: dict[str, float], f: Flow, trained: bool) -> dict[str, float]:
@@ -187,7 +188,7 @@ class GRPOPipeline:
         phases = self.parts.phases
         if self.ahead is not None:
             with self.s.span("stage_weights", "actor", step):
-                self.ahead.stage(step, collective(self.actor, "named_weights"))
+                self.ahead.stage(step, self.actor)
             versions = [v for r in f.state.kept_records() for v in r.versions]
             return {**staleness_metrics(versions, step, self.plan.ahead), **self.ahead.step_metrics()}
         if not trained:

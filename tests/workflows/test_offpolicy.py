@@ -332,3 +332,21 @@ def test_partial_rollout_polls_briefly_so_staged_weights_go_out_at_once(partial)
     Produce(parts, partial=partial)._generate(f, [0])
     assert waits == [PARTIAL_POLL_S if partial else 0.2] * 3 and len(handed) == 3
     assert PARTIAL_POLL_S < 0.2
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_off_policy_with_sharded_actor_stages_weights_without_the_driver(tmp_path):
+    """cluster.devices=2 (two FSDP2 actor ranks; the rollout in a process of its own): the actor's rank 0 packs each version
+    into shared memory and only file handles pass through the driver, so the driver's process moves far fewer
+    bytes a step than one copy of the weights; the rollout still gets new versions."""
+    from relayrl.workflows.pipeline import GRPOPipeline
+
+    GRPOPipeline(config(tmp_path, "trainer.off_policy_steps=1", "cluster.devices=2", "cluster.oversubscribe=true",
+                        "trainer.steps=3")).run()
+    recs = [r for r in records(tmp_path) if r["step"] > 0]
+    weights = max(r.get("relay/bytes", 0) for r in recs)
+    assert weights > 1e6 and [r["step"] for r in recs] == [1, 2, 3]
+    for r in recs:
+        assert r["dock/driver_call_bytes"] < weights / 4, (r["step"], r["dock/driver_call_bytes"], weights)
+    assert max(r["async/rollout_version"] for r in recs) >= 1
