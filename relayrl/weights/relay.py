@@ -13,7 +13,9 @@ metadata; "14x overall") on relayrl's engines and worker groups:
 
 and AsyncFlow's and NeMo RL's delayed parameter update: `stage` packs a version into
 host buffers (pinned when CUDA is available) while generation goes on with the
-old weights, `apply` loads it between generations.
+old weights, `apply` loads it between generations; `stage_from_group` has a
+sender group's rank 0 pack it into a shared-memory slot instead, so the bytes
+skip the driver and `apply_to_group` sends only the slot's file names.
 
 Departures: buckets cross processes as host memory rather than CUDA IPC
 handles or NCCL broadcasts: local ranks get handles to ``/dev/shm`` buckets
@@ -376,8 +378,10 @@ class WeightRelay:
     def _release(self, staged: StagedWeights) -> None:
         bufs = self._live.pop(staged.ticket)
         current = self._layout is not None and staged.layout.key == self._layout.key
-        if isinstance(bufs, ShmBuckets):
-            self._free_shm.append(bufs) if current else bufs.close()
+        if isinstance(bufs, ShmBuckets) and not current:
+            bufs.close()
+        elif isinstance(bufs, ShmBuckets):
+            self._free_shm.append(bufs)
         elif current:
             self._free_staging.append(bufs)
 
