@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import warnings
 import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Literal, Sequence
@@ -107,6 +108,7 @@ class WeightRelay:
         self._free_shm: list[ShmBuckets] = []  # shared-memory staging slots (stage_from_group)
         self._live: dict[int, list[torch.Tensor] | ShmBuckets] = {}  # ticket -> a staged version's buffers
         self._tickets = itertools.count()
+        self._warned_shm = False  # said once that /dev/shm has no room (_shm_room)
 
     # -- layout and buffers --------------------------------------------------------------------
     def layout_for(self, named_weights: Sequence[tuple[str, torch.Tensor]]) -> BucketLayout:
@@ -219,7 +221,7 @@ class WeightRelay:
             return None
 
         def buckets(layout: BucketLayout) -> ShmBuckets | None:
-            if self._shm is not None and self._shm.layout.key == layout.key or shm_available(layout.nbytes):
+            if self._shm is not None and self._shm.layout.key == layout.key or self._shm_room(layout.nbytes):
                 return self._shm_for(layout)
             return None
 
@@ -262,12 +264,23 @@ class WeightRelay:
             return "pickle"  # one in-process rank: numpy views, nothing is pickled
         if self._shm is not None and self._shm.layout.key == layout.key:
             return "shm"
-        if shm_available(layout.nbytes):
-            return "shm"
-        if self.transport == "shm":
+        if self.transport == "shm" and not shm_available(layout.nbytes):
             raise RuntimeError(f"transport='shm': /dev/shm is missing or has less than {layout.nbytes} bytes free; "
                                "use transport='auto' or 'pickle'")
-        return "pickle"
+        return "shm" if self.transport == "shm" or self._shm_room(layout.nbytes) else "pickle"
+
+    def _shm_room(self, nbytes: int) -> bool:
+        """Whether ``/dev/shm`` has room for ``nbytes`` more; the first time it has not, say so (the weights
+        then pass through the driver, a copy more per relay)."""
+        if shm_available(nbytes):
+            return True
+        if not self._warned_shm:
+            self._warned_shm = True
+            warnings.warn(f"relayrl: /dev/shm is missing or has less than {nbytes / 2**20:.0f} MiB free for the "
+                          "weight relay's buckets; the weights pass through the driver's process instead (a "
+                          "copy more per relay). Give /dev/shm more room (docker run --shm-size) to avoid it.",
+                          RuntimeWarning, stacklevel=3)
+        return False
 
     def _shm_for(self, layout: BucketLayout) -> ShmBuckets:
         if self._shm is None or self._shm.layout.key != layout.key:
@@ -348,7 +361,7 @@ class WeightRelay:
             for shm in self._free_shm:
                 if shm.layout.key == layout.key:
                     return shm
-            if not shm_available(layout.nbytes):
+            if not self._shm_room(layout.nbytes):
                 return None
             self._free_shm.append(ShmBuckets(layout))
             return self._free_shm[-1]

@@ -138,3 +138,35 @@ def test_stage_from_a_sharded_group_skips_the_driver_and_applies_without_a_copy(
         assert WeightRelay(transport="pickle").stage_from_group(sender, "pack_weights_into", version=1) is None
     finally:
         sender.shutdown()
+
+
+def test_a_full_dev_shm_is_said_once_and_the_weights_still_arrive(group, monkeypatch):
+    """No room in /dev/shm: the relay warns once that the weights go through the driver, and they arrive;
+    the paths that pack in the sender say None (the caller falls back) after the same warning."""
+    import warnings
+
+    from relayrl.weights import WeightRelay
+    from relayrl.weights import relay as relay_mod
+
+    monkeypatch.setattr(relay_mod, "shm_available", lambda nbytes: False)
+    trainer = tiny_model(seed=3)
+    base = group.one("version")
+    relay = WeightRelay(bucket_mb=0.02)
+    with pytest.warns(RuntimeWarning, match=r"/dev/shm is missing or has less than \d+ MiB free.*--shm-size"):
+        relay.push_to_group(trainer.named_parameters(), group, version=base + 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once per relay
+        relay.push_to_group(trainer.named_parameters(), group, version=base + 2)
+    assert relay._shm is None and group.all("version") == [base + 2, base + 2]
+    for got in group.all("weights"):
+        for n, p in trainer.named_parameters():
+            assert torch.equal(got[n], p.detach()), n
+    sender = WorkerGroup(ShardedSender, ResourcePool("relay-full", devices=2), name="relay-full", distributed=True)
+    try:
+        other = WeightRelay(bucket_mb=0.02)
+        with pytest.warns(RuntimeWarning, match="pass through the driver"):
+            assert other.push_from_group(sender, "pack_weights_into", group, version=base + 3) is None
+        assert other.stage_from_group(sender, "pack_weights_into", version=base + 3) is None
+        assert group.all("version") == [base + 2, base + 2]
+    finally:
+        sender.shutdown()
