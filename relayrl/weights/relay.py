@@ -419,18 +419,16 @@ class WeightRelay:
         self._take(staged)
         _check_group(group)
         kind = self._transport_for(group, staged.layout)
-        buffers = list(staged.buffers)
-        shm = self._live[staged.ticket]
-        if kind == "shm" and isinstance(shm, ShmBuckets):  # staged in shared memory: send its files
-            m = self._send_group(shm.handles, staged.layout, group, method, staged.version, 0.0, t0)
-            if release:
-                self._release(staged)
-            return m
-        if kind == "shm":
-            buffers = self._shm_for(staged.layout).tensors
-            for dst, src in zip(buffers, staged.buffers):
+        slot = self._live[staged.ticket]
+        if kind == "shm" and isinstance(slot, ShmBuckets):  # staged in shared memory: send its files as they are
+            wire = slot.handles
+        elif kind == "shm":
+            for dst, src in zip(self._shm_for(staged.layout).tensors, staged.buffers):
                 dst.copy_(src)
-        m = self._send_group(self._wire(kind, buffers), staged.layout, group, method, staged.version, 0.0, t0)
+            wire = self._shm.handles
+        else:
+            wire = self._wire(kind, list(staged.buffers))
+        m = self._send_group(wire, staged.layout, group, method, staged.version, 0.0, t0)
         if release:
             self._release(staged)
         return m
