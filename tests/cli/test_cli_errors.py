@@ -112,6 +112,7 @@ def test_eval_of_a_missing_model_names_it(capsys, tmp_path):
 
 
 # ------------------------------------------------------------------------------- plot
+@pytest.mark.slow  # (about 1 s; the full `make test` runs it)
 def test_plot_of_a_missing_or_empty_metrics_file_says_so(capsys, tmp_path):
     code, err = run(capsys, "plot", str(tmp_path / "nope"))
     assert code == EXIT_USER and "no such directory; give a run directory" in err

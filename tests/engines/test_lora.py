@@ -100,6 +100,7 @@ def test_lora_trains_only_the_adapters_and_the_rollout_receives_merged_weights(t
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow  # (about 1 s; the full `make test` runs it)
 def test_lora_checkpoint_holds_the_adapters_and_resumes_exactly(tiny_dir, tiny_tokenizer):
     a = PolicyWorker(**_kw(tiny_dir), lora=LORA)
     a.update(_batch(tiny_tokenizer, seed=0), LOSS)

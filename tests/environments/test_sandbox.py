@@ -389,6 +389,7 @@ print((time.process_time() - c) / (time.monotonic() - t))"""
     assert float(r.stdout) < 0.5, f"a busy loop got {float(r.stdout):.2f} cores with cpus=0.25"
 
 
+@pytest.mark.slow  # (about 1 s; the full `make test` runs it)
 def test_memory_of_the_whole_tree_is_capped_by_the_cgroup():
     """Two processes of 170 MB each: within RLIMIT_AS (256 MB each), beyond the tree's 256 + 32 MB."""
     code = """import os, time

@@ -214,6 +214,7 @@ def test_bucket_files_of_dead_senders_are_swept(tmp_path):
     assert sorted(os.listdir(tmp_path)) == sorted(kept)
 
 
+@pytest.mark.multiproc  # (a sender process of its own, 2 s)
 def test_buckets_of_a_killed_sender_are_gone_when_the_next_sender_starts():
     """A sender SIGKILLed while it holds buckets (no finalizer runs) leaves its files; the next ``ShmBuckets``
     of this machine removes them before it writes its own."""

@@ -36,6 +36,7 @@ def test_critic_values_are_the_head_on_the_state_before_each_response_token(tiny
         torch.testing.assert_close(v, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow  # (about 1 s; the full `make test` runs it)
 def test_the_value_loss_fits_the_returns(tiny_dir, tiny_tokenizer):
     batch = _batch(tiny_tokenizer)
     returns = [torch.full((len(r),), 1.0 if i % 2 else -0.5) for i, r in enumerate(batch.response_ids)]

@@ -105,6 +105,7 @@ def test_init_from_a_run_or_checkpoint_directory_says_which_directory_was_meant(
     assert not (tmp_path / "grpo").exists() and not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow  # (about 1 s; the full `make test` runs it)
 def test_a_run_interrupted_before_its_first_checkpoint_is_kept_and_the_message_says_how_to_start_over(
         capsys, tmp_path, monkeypatch):
     from relayrl.workflows.session import Session
