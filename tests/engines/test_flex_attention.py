@@ -202,10 +202,12 @@ def test_flex_gradients_equal_sdpa(budget, pack_length, sliding, cpu_flex_backwa
 
 
 @pytest.mark.slow  # (over a second; the full `make test` runs it)
-def test_flex_with_key_value_heads_repeated_gives_the_gradients_of_sdpa(monkeypatch, cpu_flex_backward):
-    """flex.EXPAND_KV: the key/value heads repeated to the query heads (4 / 2 here) instead of enable_gqa; the
-    same log-probs and gradients as dense attention."""
-    monkeypatch.setattr(flex, "EXPAND_KV", True)
+@pytest.mark.parametrize("expand", [True, False])
+def test_flex_with_key_value_heads_repeated_or_shared_gives_the_gradients_of_sdpa(expand, monkeypatch,
+                                                                                  cpu_flex_backward):
+    """flex.EXPAND_KV (the default): the key/value heads repeated to the query heads (4 / 2 here); off: the kernel
+    maps them itself (enable_gqa). Either way the same log-probs and gradients as dense attention."""
+    monkeypatch.setattr(flex, "EXPAND_KV", expand)
     test_flex_gradients_equal_sdpa(*LAYOUTS[1], False, cpu_flex_backward)
 
 
