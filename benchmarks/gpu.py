@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpu_decode import bench_decode, profile_decode  # noqa: E402  (beside this file)
-from gpu_flex import DEFAULT_PRESETS, PRESETS, bench_flex, parse_presets, random_groups  # noqa: E402
+from gpu_flex import DEFAULT_PRESETS, PRESETS, bench_flex, kernel_options, parse_presets, random_groups  # noqa: E402
 from gpu_profile import kernel_profile, sync_time, trace_update  # noqa: E402
 
 PARTS = ("decode", "profile", "flex", "train", "grpo", "trl", "big")  # "profile": where a graphed decode step's time goes
@@ -132,9 +132,7 @@ def bench_train(path: Path, peak: float, variant: str = "sdpa", budget: int = 16
         from relayrl.engines.training import flex
 
         saved = flex.CUDA_KERNEL_OPTIONS, flex.EXPAND_KV
-        opts = {**saved[0], **(PRESETS[opt] or {})}
-        flex.EXPAND_KV = opts.pop("EXPAND_KV", False)
-        flex.CUDA_KERNEL_OPTIONS = opts
+        flex.CUDA_KERNEL_OPTIONS, flex.EXPAND_KV = kernel_options(PRESETS[opt])
         try:
             return bench_train(path, peak, "+".join(f for f in variant.split("+") if not f.startswith("opt=")),
                                budget, profile, trace, label=variant)

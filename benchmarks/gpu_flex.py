@@ -26,23 +26,39 @@ import torch
 from gpu_profile import sync_time
 
 # name -> kernel options, applied over relayrl's own (relayrl.engines.training.flex.CUDA_KERNEL_OPTIONS, which
-# the training engine passes; an empty set means torch's defaults). BLOCK_M1/BLOCK_N1 tile the backward's
-# key/value pass (N1 keys a program), BLOCK_M2/BLOCK_N2 its query pass; torch needs N1 % M1 == 0,
-# M2 % N2 == 0 and 128 divisible by each.
+# the training engine passes, and flex.EXPAND_KV; None: relayrl's as they are; an empty set: torch's defaults).
+# BLOCK_M1/BLOCK_N1 tile the backward's key/value pass (N1 keys a program), BLOCK_M2/BLOCK_N2 its query pass;
+# torch needs N1 % M1 == 0, M2 % N2 == 0 and 128 divisible by each. EXPAND_KV is not torch's: the key/value
+# heads repeated to the query heads (relayrl's flex.EXPAND_KV); False hands the kernel the shared heads.
 PRESETS = {
     "relayrl": None,
     "torch-default": {},
-    "divisible": {"IS_DIVISIBLE": True},
-    "bwd-n1-64": {"IS_DIVISIBLE": True, "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32},
-    "bwd-n1-32": {"IS_DIVISIBLE": True, "BLOCK_M1": 32, "BLOCK_N1": 32, "BLOCK_M2": 64, "BLOCK_N2": 32},
-    "bwd-n1-32-m2-128": {"IS_DIVISIBLE": True, "BLOCK_M1": 32, "BLOCK_N1": 32, "BLOCK_M2": 128, "BLOCK_N2": 64},
-    "bwd-n1-16": {"IS_DIVISIBLE": True, "BLOCK_M1": 16, "BLOCK_N1": 16, "BLOCK_M2": 64, "BLOCK_N2": 16},
-    # EXPAND_KV is not torch's: the key/value heads repeated to the query heads (relayrl's flex.EXPAND_KV)
-    "expand-kv": {"EXPAND_KV": True, "IS_DIVISIBLE": True},
-    "expand-kv-n1-64": {"EXPAND_KV": True, "IS_DIVISIBLE": True, "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64,
+    "tiles-64": {"IS_DIVISIBLE": False, "EXPAND_KV": False},  # relayrl's options until 2026-11-27
+    "divisible": {"IS_DIVISIBLE": True, "EXPAND_KV": False},
+    "bwd-n1-64": {"IS_DIVISIBLE": True, "EXPAND_KV": False, "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64,
+                  "BLOCK_N2": 32},
+    "bwd-n1-32": {"IS_DIVISIBLE": True, "EXPAND_KV": False, "BLOCK_M1": 32, "BLOCK_N1": 32, "BLOCK_M2": 64,
+                  "BLOCK_N2": 32},
+    "bwd-n1-32-m2-128": {"IS_DIVISIBLE": True, "EXPAND_KV": False, "BLOCK_M1": 32, "BLOCK_N1": 32, "BLOCK_M2": 128,
+                         "BLOCK_N2": 64},
+    "bwd-n1-16": {"IS_DIVISIBLE": True, "EXPAND_KV": False, "BLOCK_M1": 16, "BLOCK_N1": 16, "BLOCK_M2": 64,
+                  "BLOCK_N2": 16},
+    "expand-kv": {"IS_DIVISIBLE": True, "EXPAND_KV": True},  # relayrl's default since 2026-11-27
+    "expand-kv-n1-64": {"IS_DIVISIBLE": True, "EXPAND_KV": True, "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64,
                         "BLOCK_N2": 32},
 }
-DEFAULT_PRESETS = "relayrl,divisible,bwd-n1-64,bwd-n1-32,bwd-n1-32-m2-128,bwd-n1-16,expand-kv,expand-kv-n1-64"
+DEFAULT_PRESETS = "relayrl,tiles-64,divisible,bwd-n1-64,bwd-n1-32,bwd-n1-32-m2-128,bwd-n1-16,expand-kv,expand-kv-n1-64"
+
+
+def kernel_options(preset: dict | None) -> tuple[dict, bool]:
+    """A preset (a value of :data:`PRESETS`) -> (the kernel options to pass, whether to repeat the key/value
+    heads): None gives relayrl's own, ``{}`` torch's defaults, anything else the preset's over relayrl's."""
+    from relayrl.engines.training import flex
+
+    if preset == {}:
+        return {}, False
+    opts = {**flex.CUDA_KERNEL_OPTIONS, "EXPAND_KV": flex.EXPAND_KV, **(preset or {})}
+    return opts, bool(opts.pop("EXPAND_KV"))
 
 
 def random_groups(groups: int, n: int, P: int, R: int, g: torch.Generator):
@@ -107,9 +123,7 @@ def bench_flex(presets: dict[str, dict | None], heads: tuple[int, int] = (14, 2)
           f"of L x L; {mask.sparsity():.1f}% of the 128 x 128 tiles empty", flush=True)
     out = {}
     for name, opts in presets.items():
-        # None: relayrl's options; {}: torch's defaults; else the preset's over relayrl's (as train variants do)
-        opts = dict(flex.CUDA_KERNEL_OPTIONS) if opts is None else {**flex.CUDA_KERNEL_OPTIONS, **opts} if opts else {}
-        expand = opts.pop("EXPAND_KV", False)
+        opts, expand = kernel_options(opts)
         torch._dynamo.reset()
         fn = torch.compile(flex_attention, dynamic=True)
         qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))

@@ -32,9 +32,9 @@ PART_S=${PART_S:-150}
 FLEX_S=${FLEX_S:-170} TRAIN_S=${TRAIN_S:-200} DECODE_S=${DECODE_S:-190}  # at most 9.5 minutes with the defaults
 DECODE=(--only decode --decode-sizes 256 --compile-decode --decode-prefill-compile --decode-autotune --decode-breakdown)
 [[ -n "${HF:-}" ]] || DECODE+=(--no-decode-baselines)  # HF=1: also HF generate and the dynamic path (about 55 s)
-B=flex+compile+fusedhead+copy  # the fastest training variant so far
-TRAIN=(--only train --train-variants "${TRAIN_VARIANTS:-$B,$B+opt=divisible,$B+opt=bwd-n1-32,$B+opt=expand-kv,$B+chunk4k,\
-$B+opt=expand-kv+chunk4k}")
+B=flex+compile+fusedhead+copy  # the fastest training variant so far (relayrl's kernel options: IS_DIVISIBLE, EXPAND_KV)
+TRAIN=(--only train --train-variants "${TRAIN_VARIANTS:-$B,$B+opt=tiles-64,$B+opt=divisible,$B+opt=expand-kv-n1-64,\
+$B+graphs}")
 
 if [[ -d .whl ]]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
