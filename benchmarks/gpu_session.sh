@@ -7,6 +7,12 @@
 #   PARTS="tests" bash benchmarks/gpu_session.sh        # the four files that hold the CUDA tests
 #   OLD=.gpu/old bash benchmarks/gpu_session.sh         # and an older tree's decode and training, same run
 #
+# The next session's call (planned 2026-11-27; about 9.5 minutes): test_cuda.py with the new FlexAttention
+# defaults, where one update's time goes now, and decode with max-autotune given the time to finish:
+#   PARTS="tests train decode" TEST_FILES=tests/engines/test_cuda.py TEST_S=170 TRAIN_ARGS=--profile \
+#     TRAIN_VARIANTS=flex+compile+fusedhead+copy,flex+compile+fusedhead+copy+graphs TRAIN_S=110 DECODE_S=290 \
+#     bash benchmarks/gpu_session.sh
+#
 # The device image has no pydantic (2026-11-27): download its wheels here into .whl/ (ignored by git through
 # .git/info/exclude) and carry .whl; this script installs them into /tmp/site when the folder exists:
 #   for p in pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5; do
@@ -29,8 +35,10 @@ TEST_S=${TEST_S:-240}
 TEST_FILES=${TEST_FILES:-tests/engines/test_cuda.py tests/engines/test_flex_attention.py tests/checkpoint/test_rng_state.py \
   tests/config/test_placement.py}
 PART_S=${PART_S:-150}
-FLEX_S=${FLEX_S:-170} TRAIN_S=${TRAIN_S:-200} DECODE_S=${DECODE_S:-190}  # at most 9.5 minutes with the defaults
-DECODE=(--only decode --decode-sizes 256 --compile-decode --decode-prefill-compile --decode-autotune --decode-breakdown)
+FLEX_S=${FLEX_S:-170} TRAIN_S=${TRAIN_S:-200} DECODE_S=${DECODE_S:-300}  # the limits of each part
+# the compiled step and, timed after it, the same with max-autotune (about 20 s of autotuning per matrix product
+# shape: give it DECODE_S=300); DECODE_ARGS=--decode-prefill-compile adds the compiled prefill (22.2% vs 21.8%)
+DECODE=(--only decode --decode-sizes 256 --compile-decode --decode-autotune --decode-breakdown)
 [[ -n "${HF:-}" ]] || DECODE+=(--no-decode-baselines)  # HF=1: also HF generate and the dynamic path (about 55 s)
 B=flex+compile+fusedhead+copy  # the fastest training variant so far (relayrl's kernel options: IS_DIVISIBLE, EXPAND_KV)
 TRAIN=(--only train --train-variants "${TRAIN_VARIANTS:-$B,$B+opt=tiles-64,$B+opt=divisible,$B+opt=expand-kv-n1-64,\
