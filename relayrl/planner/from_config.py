@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from relayrl.engines.training import flex
 from relayrl.planner.workload import LatencyDist, LengthDist, ModelShape, Workload
 
 __all__ = ["workload_from_config", "measure_lengths", "plan_passes"]
@@ -119,6 +120,7 @@ def workload_from_config(cfg, *, model_config: str | None = None, prompt_tokens:
                     dp_sync=cfg.engine.dp_sync,
                     **plan_passes(cfg), offload=cfg.trainer.offload,
                     checkpointing=cfg.engine.gradient_checkpointing, decode_fused=cfg.rollout.decode_compile,
+                    expand_kv=cfg.model.attn_implementation == "flex_attention" and flex.EXPAND_KV,
                     packing=cfg.engine.packing, pack_length=cfg.engine.pack_length or 0)
 
 

@@ -270,13 +270,16 @@ def memory_gib(w: Workload, p: Placement, kv_peak_tokens: float, gpu: bool = Fal
     offload, the larger of the two phases (training: trainer state and activations; generation: the rollout's
     weights and KV cache). LoRA: the frozen base in the compute dtype, gradients and moments of the adapters.
     ``gpu`` with ``w.decode_fused``: the rollout's fused copy of its q/k/v and gate/up weights too (kept between
-    phases unless offloaded)."""
+    phases unless offloaded); with ``w.expand_kv``: each kept layer's keys and values at the query heads' width
+    (taken as the hidden size)."""
     m = w.model
     state = (m.params * m.train_bytes + m.trained_params * (4 + 8)) / p.main
     if p.main > 1 and w.dp_sync == "step":  # during a step: the gathered weights and unreduced fp32 gradients
         state += (m.params * m.compute_bytes + m.trained_params * 4) * (p.main - 1) / p.main
     per_token = (m.layers + 18) if w.checkpointing else m.layers * 18  # values per hidden unit kept per token
     acts = w.token_budget * m.hidden * per_token * m.compute_bytes + 1024 * m.vocab * 4 * 2
+    if gpu and w.expand_kv:  # keys and values repeated to the query heads (about hidden wide), in every kept layer
+        acts += w.token_budget * 2 * max(0, m.hidden - m.kv_dim) * (1 if w.checkpointing else m.layers) * m.compute_bytes
     kv = kv_peak_tokens * m.layers * 2 * m.kv_dim * m.compute_bytes
     rollout_weights = m.params * m.compute_bytes
     fused = m.fused * m.compute_bytes if gpu and w.decode_fused else 0.0

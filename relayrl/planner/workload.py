@@ -179,6 +179,9 @@ class Workload(_Model):
                              "to the longest unit")
     decode_fused: bool = Field(False, description="rollout.decode_compile: on a GPU each rollout rank keeps a copy "
                                "of the model's q/k/v and gate/up weights (ModelShape.fused), fused")
+    expand_kv: bool = Field(False, description="model.attn_implementation=flex_attention (GPU only) with grouped "
+                            "keys and values: each layer keeps its keys and values repeated to the query heads for "
+                            "the backward (relayrl.engines.training.flex.EXPAND_KV)")
 
     @property
     def rows(self) -> int:

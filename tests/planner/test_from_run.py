@@ -235,3 +235,15 @@ def test_the_pipeline_runs_the_stages_of_its_graph():
         plan = step_plan(load_run_config(GRPO, extra))
         names = [*Produce(Parts(plan)).stages(), *Consume(Parts(plan)).stages()]
         assert names == [st.name for st in plan.stages]
+
+
+def test_flex_attention_on_a_gpu_plans_the_repeated_keys_and_values():
+    """model.attn_implementation=flex_attention: the workload says the keys and values are repeated to the
+    query heads (flex.EXPAND_KV, the default), which the memory model counts on a GPU; sdpa says not."""
+    from relayrl.engines.training import flex
+    from relayrl.planner.from_config import workload_from_config
+
+    gpu = ["model.device=cuda", "model.dtype=bfloat16"]
+    w = workload_from_config(load_run_config(GRPO, [*gpu, "model.attn_implementation=flex_attention"]), lengths="max")
+    assert w.expand_kv is flex.EXPAND_KV is True
+    assert not workload_from_config(load_run_config(GRPO, gpu), lengths="max").expand_kv

@@ -256,6 +256,15 @@ def test_lora_offload_and_checkpointing_in_the_memory_model():
     assert memory_gib(fused, on, 0, gpu=True)["main"] * 2**30 == pytest.approx(
         state + rollout + 4_264_558_592 * 2 + 16384 * 3584 * 28 * 18 * 2 + head)
     assert memory_gib(fused, on, 0, gpu=False) == memory_gib(plain, on, 0)  # on a CPU nothing is fused
+    # FlexAttention's keys and values repeated to the 28 query heads: 2 x (3584 - 512) more values a token, in
+    # every layer without checkpointing and in one with it; only on a GPU (flex trains nowhere else)
+    expanded = toy_workload(16, 8, shape=lora, token_budget=16384, expand_kv=True)
+    assert memory_gib(expanded, on, 0, gpu=True)["main"] * 2**30 == pytest.approx(
+        state + rollout + 16384 * 3584 * 28 * 18 * 2 + 16384 * 2 * 3072 * 28 * 2 + head)
+    ckpt_expanded = toy_workload(16, 8, shape=lora, token_budget=16384, checkpointing=True, expand_kv=True)
+    assert memory_gib(ckpt_expanded, on, 0, gpu=True)["main"] * 2**30 == pytest.approx(
+        state + rollout + 16384 * 3584 * 46 * 2 + 16384 * 2 * 3072 * 2 + head)
+    assert memory_gib(expanded, on, 0, gpu=False) == memory_gib(plain, on, 0)
 
 
 def test_path_fixed_costs_per_call_per_chunk_and_per_generation():
