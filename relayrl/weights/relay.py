@@ -29,6 +29,7 @@ memory asynchronously while generation runs; call it from a side thread for that
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 import warnings
 import weakref
@@ -85,7 +86,9 @@ class WeightRelay:
 
     One relay serves one sender (one set of weight names); if the sender's
     names, shapes or dtypes change, the layout is rebuilt and resent.
-    Not thread-safe: call it from the driver or trainer thread.
+    Threads: one thread may stage (`stage`, `stage_from_group`, `discard`) while another applies
+    (`apply`, `apply_to_group`): neither waits for the other's packing or sending, only for the
+    staging slots' bookkeeping. Every other use is from one thread at a time.
     """
 
     def __init__(self, bucket_mb: float = DEFAULT_BUCKET_MB, pin_memory: bool | None = None,
@@ -109,6 +112,7 @@ class WeightRelay:
         self._live: dict[int, list[torch.Tensor] | ShmBuckets] = {}  # ticket -> a staged version's buffers
         self._tickets = itertools.count()
         self._warned_shm = False  # said once that /dev/shm has no room (_shm_room)
+        self._mu = threading.RLock()  # the layout and the staging slots (_free_*, _live), shared by two threads
 
     # -- layout and buffers --------------------------------------------------------------------
     def layout_for(self, named_weights: Sequence[tuple[str, torch.Tensor]]) -> BucketLayout:
@@ -116,14 +120,15 @@ class WeightRelay:
         return self._layout_of(weights_signature(named_weights))
 
     def _layout_of(self, sig) -> BucketLayout:
-        if self._layout is None or self._layout.signature != sig:
-            self._layout = layout_from_signature(sig, self.bucket_bytes)
-            self._buffers.clear()
-            self._free_staging.clear()
-            for shm in self._free_shm:
-                shm.close()
-            self._free_shm.clear()
-        return self._layout
+        with self._mu:
+            if self._layout is None or self._layout.signature != sig:
+                self._layout = layout_from_signature(sig, self.bucket_bytes)
+                self._buffers.clear()
+                self._free_staging.clear()
+                for shm in self._free_shm:
+                    shm.close()
+                self._free_shm.clear()
+            return self._layout
 
     def buffers(self, layout: BucketLayout, device: str | torch.device) -> list[torch.Tensor]:
         """The relay's reusable pack buffers for ``layout`` on ``device`` (allocated on first use)."""
@@ -304,9 +309,10 @@ class WeightRelay:
         if self._shm is not None:
             self._shm.close()
             self._shm = None
-        for shm in [*self._free_shm, *(b for b in self._live.values() if isinstance(b, ShmBuckets))]:
-            shm.close()
-        self._free_shm.clear()
+        with self._mu:
+            for shm in [*self._free_shm, *(b for b in self._live.values() if isinstance(b, ShmBuckets))]:
+                shm.close()
+            self._free_shm.clear()
 
     def _send_group(self, wire: tuple, layout: BucketLayout, group: Any, method: str,
                     version: int, pack_s: float, t0: float) -> dict[str, float]:
@@ -342,11 +348,18 @@ class WeightRelay:
         if isinstance(version, bool) or not isinstance(version, int):
             raise TypeError(f"version={version!r} must be an int")
         named, layout = self._prepare(named_weights)
-        bufs = self._free_staging.pop() if self._free_staging else allocate_buffers(layout, "cpu", self.pin_memory)
-        pack(named, layout, out=bufs)
-        ticket = next(self._tickets)
-        self._live[ticket] = bufs
-        return StagedWeights(layout, tuple(bufs), version, ticket)
+        with self._mu:
+            bufs = self._free_staging.pop() if self._free_staging else None
+        if bufs is None:
+            bufs = allocate_buffers(layout, "cpu", self.pin_memory)
+        pack(named, layout, out=bufs)  # no lock held: an apply may run meanwhile
+        return self._register(bufs, layout, version)
+
+    def _register(self, bufs: list[torch.Tensor] | ShmBuckets, layout: BucketLayout, version: int) -> StagedWeights:
+        with self._mu:
+            ticket = next(self._tickets)
+            self._live[ticket] = bufs
+        return StagedWeights(layout, tuple(bufs.tensors if isinstance(bufs, ShmBuckets) else bufs), version, ticket)
 
     def stage_from_group(self, sender: Any, sender_method: str, version: int) -> StagedWeights | None:
         """`stage` from a multi-process local group without the weights passing through the driver: the
@@ -357,30 +370,38 @@ class WeightRelay:
         if isinstance(version, bool) or not isinstance(version, int):
             raise TypeError(f"version={version!r} must be an int")
 
+        taken: list[ShmBuckets] = []  # slots reserved for this stage (a second one if the layout changes)
+
         def slot(layout: BucketLayout) -> ShmBuckets | None:
-            for shm in self._free_shm:
-                if shm.layout.key == layout.key:
-                    return shm
-            if not self._shm_room(layout.nbytes):
-                return None
-            self._free_shm.append(ShmBuckets(layout))
-            return self._free_shm[-1]
+            with self._mu:
+                shm = next((s for s in self._free_shm if s.layout.key == layout.key), None)
+                if shm is not None:
+                    self._free_shm.remove(shm)
+            if shm is None and self._shm_room(layout.nbytes):
+                shm = ShmBuckets(layout)
+            if shm is not None:
+                taken.append(shm)
+            return shm
 
-        packed = self._pack_in_sender(sender, sender_method, slot)
-        if packed is None:
-            return None
-        shm = packed[0]
-        self._free_shm.remove(shm)
-        ticket = next(self._tickets)
-        self._live[ticket] = shm
-        return StagedWeights(shm.layout, tuple(shm.tensors), version, ticket)
+        packed = None
+        try:  # the sender packs with no lock held: an apply may run meanwhile
+            packed = self._pack_in_sender(sender, sender_method, slot)
+        finally:
+            for shm in taken:
+                if packed is None or shm is not packed[0]:
+                    self._give_back(shm, shm.layout)
+        return None if packed is None else self._register(packed[0], packed[0].layout, version)
 
-    def _take(self, staged: StagedWeights) -> None:
+    def _take(self, staged: StagedWeights) -> list[torch.Tensor] | ShmBuckets:
+        """The buffers of ``staged``, checked to be live."""
         if not isinstance(staged, StagedWeights):
             raise TypeError(f"staged must be a StagedWeights from WeightRelay.stage, got {type(staged).__name__}")
-        if staged.ticket not in self._live:
+        with self._mu:
+            bufs = self._live.get(staged.ticket)
+        if bufs is None:
             raise RuntimeError(f"staged weights version {staged.version} were already applied and released "
                                "(or come from another relay); stage them again")
+        return bufs
 
     def discard(self, staged: StagedWeights) -> None:
         """Drop staged weights that will not be applied (a newer version replaced them); their host buffers
@@ -389,14 +410,20 @@ class WeightRelay:
         self._release(staged)
 
     def _release(self, staged: StagedWeights) -> None:
-        bufs = self._live.pop(staged.ticket)
-        current = self._layout is not None and staged.layout.key == self._layout.key
-        if isinstance(bufs, ShmBuckets) and not current:
-            bufs.close()
-        elif isinstance(bufs, ShmBuckets):
-            self._free_shm.append(bufs)
-        elif current:
-            self._free_staging.append(bufs)
+        with self._mu:
+            self._give_back(self._live.pop(staged.ticket), staged.layout)
+
+    def _give_back(self, bufs: list[torch.Tensor] | ShmBuckets, layout: BucketLayout) -> None:
+        """A staging slot of ``layout`` that no version holds: kept for the next stage while ``layout`` is
+        current, else freed."""
+        with self._mu:
+            current = self._layout is not None and layout.key == self._layout.key
+            if isinstance(bufs, ShmBuckets) and not current:
+                bufs.close()
+            elif isinstance(bufs, ShmBuckets):
+                self._free_shm.append(bufs)
+            elif current:
+                self._free_staging.append(bufs)
 
     @torch.no_grad()
     def apply(self, staged: StagedWeights, receivers: Sequence[Any], release: bool = True) -> dict[str, float]:
@@ -416,10 +443,9 @@ class WeightRelay:
                        release: bool = True) -> dict[str, float]:
         """`push_to_group` of staged buffers (nothing is packed again)."""
         t0 = time.perf_counter()
-        self._take(staged)
+        slot = self._take(staged)
         _check_group(group)
         kind = self._transport_for(group, staged.layout)
-        slot = self._live[staged.ticket]
         if kind == "shm" and isinstance(slot, ShmBuckets):  # staged in shared memory: send its files as they are
             wire = slot.handles
         elif kind == "shm":

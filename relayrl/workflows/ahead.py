@@ -81,7 +81,6 @@ class RolloutAhead:
         self.error: BaseException | None = None
         self.stopping = False
         self.engine = threading.Lock()  # the rollout engine: one batch's generation, or an evaluation
-        self._relay_lock = threading.Lock()  # WeightRelay is single-threaded; both threads use it
         self._thread = threading.Thread(target=self._loop, name="rollout-ahead", daemon=True)
         self._thread.start()
 
@@ -103,18 +102,16 @@ class RolloutAhead:
         """The trainer's new weights into host buffers for the rollout thread; an older staged version it has
         not applied yet is dropped. An actor in processes of its own packs them straight into shared memory
         (its rank 0; the weights do not pass through the driver); else they are gathered here and packed."""
-        with self._relay_lock:
-            staged = None if actor.in_driver else self.relay.stage_from_group(actor, "pack_weights_into", version)
+        # (the relay lets this thread stage while the rollout thread applies: neither waits for the other)
+        staged = None if actor.in_driver else self.relay.stage_from_group(actor, "pack_weights_into", version)
         if staged is None:
             named = actor.all("named_weights")[0]  # every rank takes part (FSDP2 gathers); rank 0 holds them
-            with self._relay_lock:
-                staged = self.relay.stage(named, version)
+            staged = self.relay.stage(named, version)
         with self.cond:
             old, self.staged, self.trained = self.staged, staged, version
             self.cond.notify_all()
         if old is not None:
-            with self._relay_lock:
-                self.relay.discard(old)
+            self.relay.discard(old)
 
     def step_metrics(self) -> dict[str, float]:
         """The rollout's weight version and the relay metrics since the last call."""
@@ -164,8 +161,7 @@ class RolloutAhead:
         if staged is None:
             return
         t0 = time.perf_counter()
-        with self._relay_lock:
-            m = self.relay.apply_to_group(staged, self.rollout, "receive_weights")
+        m = self.relay.apply_to_group(staged, self.rollout, "receive_weights")
         with self.cond:
             self.rollout_version = staged.version
             self.relayed = {**m, "timing/relay_s": self.relayed.get("timing/relay_s", 0.0) + time.perf_counter() - t0}
