@@ -301,6 +301,9 @@ def main() -> None:
                     "compiled step with separate q/k/v and gate/up products (what the fusion gains)")
     ap.add_argument("--decode-flex", action="store_true", help="decode and profile, with --compile-decode: also "
                     "the compiled step with its attention as one FlexAttention call")
+    ap.add_argument("--decode-triton", action="store_true", help="decode and profile: also the step with its "
+                    "attention as one Triton kernel reading each row's own positions (eager graphs and, with "
+                    "--compile-decode, compiled)")
     ap.add_argument("--decode-bucket", type=int, default=None, help="decode, with --compile-decode: also the "
                     "compiled step attending over multiples of this many cache positions (16, 32 or 64; default 128)")
     ap.add_argument("--decode-autotune", action="store_true", help="decode, with --compile-decode: also the "
@@ -341,12 +344,13 @@ def main() -> None:
                                      baselines=not args.no_decode_baselines, compiled=args.compile_decode,
                                      unfused=args.decode_unfused, breakdown=args.decode_breakdown,
                                      trace=Path(args.trace) / "trace-decode.json.gz" if args.trace else None,
-                                     flex=args.decode_flex, bucket=args.decode_bucket,
+                                     flex=args.decode_flex, triton=args.decode_triton, bucket=args.decode_bucket,
                                      autotune=args.decode_autotune, prefill=args.decode_prefill_compile)
 
     def profile():
-        steps = [(False, "matmul")] + [(True, "matmul")] * args.compile_decode + [(True, "flex")] * (
-            args.compile_decode and args.decode_flex)
+        steps = [(False, "matmul")] + [(False, "triton")] * args.decode_triton + [(True, "matmul")] * (
+            args.compile_decode) + [(True, "flex")] * (args.compile_decode and args.decode_flex) + [(True, "triton")] * (
+            args.compile_decode and args.decode_triton)
         for compiled, attention in steps:
             for line in profile_decode(path, 256, 384, 20, compile_step=compiled, attention=attention):
                 print("  " + line, flush=True)

@@ -71,11 +71,12 @@ def decode_breakdown(eng, prompts, params, gen) -> str:
 
 def bench_decode(path: Path, sizes: list[int], prompt: int, new: int, bw: float, peak: float,
                  baselines: bool = True, compiled: bool = False, unfused: bool = False,
-                 breakdown: bool = False, trace: Path | None = None, flex: bool = False,
+                 breakdown: bool = False, trace: Path | None = None, flex: bool = False, triton: bool = False,
                  bucket: int | None = None, autotune: bool = False, prefill: bool = False) -> dict:
     """relayrl's static decode (and, ``compiled``, the same with ``rollout.decode_compile``: its first generate,
     compilation included, is timed apart; ``unfused``, also compiled with separate q/k/v and gate/up products;
     ``flex``, ``bucket``, ``autotune``: the compiled step with FlexAttention, another bucket, max-autotune;
+    ``triton``: the step with the Triton attention kernel, graphed eagerly and, ``compiled``, compiled;
     ``prefill``: also each decoder layer's forward compiled, which the prefill runs through)
     against the roofline, HF ``generate`` and the dynamic-cache path."""
     from relayrl.engines.generation.base import SamplingParams
@@ -111,11 +112,22 @@ def bench_decode(path: Path, sizes: list[int], prompt: int, new: int, bw: float,
             dyn = NativeGenerationEngine(model, tok, max_batch=B, device="cuda", decode="dynamic")
             _, t_dyn = sync_time(lambda: dyn.generate(prompts, params, gen))
             row["dynamic_tok_s"] = B * new / t_dyn
+        if triton:  # the default (uncompiled) graphed step with the Triton attention, beside the matmul one above
+            tri = NativeGenerationEngine(model, tok, max_batch=B, device="cuda", decode="static")
+            tri.static = StaticDecoder(model, B, graphs=True, attention="triton")
+            tri.generate(prompts, params, gen)
+            _, t_tri = sync_time(lambda: tri.generate(prompts, params, gen))
+            tri.release()
+            row.update({"triton_tok_s": B * new / t_tri, "triton_roof_frac": roof / t_tri})
+            print(f"decode B={B}, triton attention (not compiled): {B * new / t_tri:.0f} tok/s ({t_tri:.2f} s, "
+                  f"{t_tri / new * 1e3:.2f} ms/step, {roof / t_tri:.1%} of roofline; matmul {dt:.2f} s)", flush=True)
         variants = {"compiled": None}
         if unfused:
             variants["compiled_unfused"] = dict(fuse=False)
         if flex:
             variants["compiled_flex"] = dict(attention="flex")
+        if triton:
+            variants["compiled_triton"] = dict(attention="triton")
         if bucket:
             variants[f"compiled_bucket{bucket}"] = dict(bucket=bucket)
         if prefill:  # the decoder layers' forward compiled too: the prefill runs through them (an experiment)
@@ -193,6 +205,7 @@ def profile_decode(path: Path, B: int, prompt: int, steps: int, compile_step: bo
     _, dt = sync_time(lambda: dec.run(B, L, steps, params))
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=10, max_name_column_width=60)
     kernels = sum(e.count for e in prof.key_averages()) / steps
-    return [f"graphed step{' (compiled)' if compile_step else ''}{' (flex)' if attention == 'flex' else ''} at B={B}, context {prompt}, attending {L}: "
+    kind = (" (compiled)" if compile_step else "") + (f" ({attention})" if attention != "matmul" else "")
+    return [f"graphed step{kind} at B={B}, context {prompt}, attending {L}: "
             f"{dt / steps * 1e3:.2f} ms, {kernels:.0f} kernels per step (record{' + compile' if compile_step else ''} "
             f"{ready:.1f} s)", *table.splitlines()]

@@ -116,14 +116,14 @@ def test_graphed_static_decode_matches_the_dynamic_path_on_cuda(tiny_model, tiny
     assert sta.static._graphs  # the steps ran as graph replays
 
 
-@pytest.mark.parametrize("compile_step", [False, True, "flex"])
+@pytest.mark.parametrize("compile_step", [False, True, "flex", "triton"])
 @pytest.mark.parametrize("top_k", [50, 0])  # 0: the blockwise sampler (block_mass, compiled with the step)
 def test_sampled_graphed_decode_in_chunks_matches_the_dynamic_path_on_cuda(tiny_model, tiny_dir, tiny_tokenizer,
                                                                           compile_step, top_k):
     """Sampling inside the graph (counter-based uniforms) over chunks of steps between host reads gives the
     dynamic path's tokens and log-probs, with the step compiled (its projections fused) or not, or compiled
-    with its attention as one FlexAttention call (``flex``); rows end at scattered steps inside chunks and
-    freed slots take waiting prompts."""
+    with its attention as one FlexAttention call (``flex``) or one Triton kernel (``triton``); rows end at
+    scattered steps inside chunks and freed slots take waiting prompts."""
     from relayrl.engines.generation.static import StaticDecoder
     from relayrl.models.load import load_model
 
@@ -134,8 +134,8 @@ def test_sampled_graphed_decode_in_chunks_matches_the_dynamic_path_on_cuda(tiny_
                                  decode_compile=bool(compile_step))
     assert sta.static is not None and sta.static.graphs and sta.decode_chunk > 1
     assert sta.static.fuse == bool(compile_step)
-    if compile_step == "flex":
-        sta.static = StaticDecoder(other, 8, graphs=True, compile=True, fuse=True, attention="flex")
+    if compile_step in ("flex", "triton"):
+        sta.static = StaticDecoder(other, 8, graphs=True, compile=True, fuse=True, attention=compile_step)
     prompts = _ids(tiny_tokenizer, PROMPTS) * 3
     params = SamplingParams(n=2, temperature=0.9, top_k=top_k, max_new_tokens=40,
                             stop_token_ids=tuple(range(5, tiny_model.config.vocab_size, 11)))

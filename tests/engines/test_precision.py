@@ -265,7 +265,7 @@ def test_flex_attention_decode_step_samples_the_matmul_steps_tokens(tiny_model):
     out = []
     for flex in (False, True):
         dec = StaticDecoder(tiny_model, 8, graphs=False)
-        dec.flex = flex  # what attention="flex" sets (it also asks for compile)
+        dec.attention = "flex" if flex else "matmul"  # what attention="flex" sets (it also asks for compile)
         dec.ensure(300, 20)
         dec.tokens.copy_(torch.arange(8) * 5 + 11)
         dec.positions.copy_(torch.tensor([5, 5, 40, 127, 3, 60, 5, 9]))

@@ -134,8 +134,30 @@ def _attend_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.T
     return o.reshape(q.shape[0], q.shape[1], q.shape[-1])
 
 
+def _attend_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, scaling: float) -> torch.Tensor:
+    """What :func:`_attend` computes, as one Triton kernel that reads each row's positions ``0..pos`` once
+    (:mod:`.decode_attention`; ``k``, ``v`` the cache's rows, any length above ``pos``). -> [B, H, D]."""
+    from relayrl.engines.generation.decode_attention import decode_attention
+
+    return decode_attention(q, k, v, pos, scaling)
+
+
 ATTENTION = {"matmul": "two batched matrix products and a softmax (the default)",
-             "flex": "one FlexAttention call (needs compile)"}
+             "flex": "one FlexAttention call (needs compile)",
+             "triton": "one Triton kernel reading each row's own positions once (CUDA)"}
+
+
+def triton_reason(device: torch.device) -> str | None:
+    """Why the Triton attention cannot run on ``device`` (None when it can): it needs the triton package and
+    CUDA, or Triton's interpreter on the CPU (``TRITON_INTERPRET=1``, which the tests use)."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("triton") is None:
+        return "the triton package is not installed"
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return f"it runs on CUDA (the model is on {device.type}; on a CPU only under TRITON_INTERPRET=1)"
+    return None
 
 
 def fuse_reason(layer: nn.Module) -> str | None:
@@ -188,12 +210,13 @@ class _Fused:
 def _layer_step(layer: nn.Module, x: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor,
                 valid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: Callable,
                 fused: tuple | None = None, split: tuple[int, int, int] | None = None,
-                flex: bool = False) -> torch.Tensor:
+                attention: str = "matmul") -> torch.Tensor:
     """One decoder layer of the decode step: ``x`` [B, 1, hidden] holds the new token of slots ``[0, B)``, at
     ``pos`` [B]; its key and value go into the layer's cache ``k_buf``/``v_buf`` [slots, KV, max_len, D] at
     ``pos``, and it attends over the first ``L`` positions, those ``valid`` [B, L] marks. The layer's own modules
     do the rest, or, with ``fused`` (:meth:`_Fused.tensors`, ``split`` the q/k/v widths), one product for q/k/v
-    and one for gate/up; with ``flex``, the attention is :func:`_attend_flex`. One function for every layer, so
+    and one for gate/up; ``attention`` (:data:`ATTENTION`) picks :func:`_attend`, :func:`_attend_flex` or
+    :func:`_attend_triton`. One function for every layer, so
     that ``compile`` compiles it once (dynamic shapes) and every layer reuses it."""
     attn = layer.self_attn
     B, D = x.shape[0], k_buf.shape[-1]
@@ -212,8 +235,10 @@ def _layer_step(layer: nn.Module, x: torch.Tensor, k_buf: torch.Tensor, v_buf: t
     k_buf[rows, :, pos] = k[:, :, 0].to(k_buf.dtype)
     v_buf[rows, :, pos] = v[:, :, 0].to(v_buf.dtype)
     L = valid.shape[1]
-    if flex:
+    if attention == "flex":
         o = _attend_flex(q, k_buf[:B, :, :L], v_buf[:B, :, :L], pos, attn.scaling)
+    elif attention == "triton":
+        o = _attend_triton(q, k_buf[:B], v_buf[:B], pos, attn.scaling)
     else:
         o = _attend(q, k_buf[:B, :, :L], v_buf[:B, :, :L], valid, attn.scaling)
     x = x + attn.o_proj(o.reshape(B, 1, -1))
@@ -250,11 +275,11 @@ class StaticDecoder:
         if attention == "flex" and not compile:
             raise ValueError("static decoding: attention 'flex' needs compile (eager FlexAttention materialises "
                              "every score, slower than the default)")
-        self.flex = attention == "flex"
+        self.attention = attention
         if bucket not in (16, 32, 64, 128):
             raise ValueError(f"static decoding: bucket {bucket}: the attended length is a multiple of 16, 32, 64 or "
                              "128 cache positions (a divisor of the cache's 128-position rounding)")
-        if self.flex and bucket != 128:
+        if attention == "flex" and bucket != 128:
             raise ValueError("static decoding: attention 'flex' reads the cache in 128-position blocks: bucket 128")
         # a step attends over the cache's first ``span`` positions, a multiple of ``bucket``: one graph per
         # multiple; a smaller bucket reads fewer positions past the rows' own, for more graphs to record
@@ -270,6 +295,8 @@ class StaticDecoder:
         self.slots = slots
         self.graphs = graphs
         self.device = next(model.parameters()).device
+        if attention == "triton" and (why := triton_reason(self.device)) is not None:
+            raise ValueError(f"static decoding: attention 'triton': {why}")
         self.dtype = next(model.parameters()).dtype
         self.max_len = self.width = 0
         self.keys: list[torch.Tensor] = []
@@ -392,7 +419,7 @@ class StaticDecoder:
             for i, (layer, k_buf, v_buf) in enumerate(zip(self.layers, self.keys, self.values)):
                 f = self._fused[i] if self._fused else None
                 x = self._layer_fn(layer, x, k_buf, v_buf, pos, valid, cos, sin, self.rope,
-                                   f and f.tensors(), f and f.split, self.flex)
+                                   f and f.tensors(), f and f.split, self.attention)
             return self._head_fn(x)
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
