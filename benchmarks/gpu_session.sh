@@ -8,7 +8,8 @@
 #   OLD=.gpu/old bash benchmarks/gpu_session.sh         # and an older tree's decode and training, same run
 #
 # The next session's call (planned 2026-11-27; about 9.5 minutes): test_cuda.py with the new FlexAttention
-# defaults, where one update's time goes now, and decode with max-autotune given the time to finish:
+# defaults and the Triton decode attention, where one update's time goes now, and decode with the Triton
+# attention and max-autotune:
 #   PARTS="tests train decode" TEST_FILES=tests/engines/test_cuda.py TEST_S=170 TRAIN_ARGS=--profile \
 #     TRAIN_VARIANTS=flex+compile+fusedhead+copy,flex+compile+fusedhead+copy+graphs TRAIN_S=110 DECODE_S=290 \
 #     bash benchmarks/gpu_session.sh
@@ -36,9 +37,9 @@ TEST_FILES=${TEST_FILES:-tests/engines/test_cuda.py tests/engines/test_flex_atte
   tests/config/test_placement.py}
 PART_S=${PART_S:-150}
 FLEX_S=${FLEX_S:-170} TRAIN_S=${TRAIN_S:-200} DECODE_S=${DECODE_S:-300}  # the limits of each part
-# the compiled step and, timed after it, the same with max-autotune (about 20 s of autotuning per matrix product
-# shape: give it DECODE_S=300); DECODE_ARGS=--decode-prefill-compile adds the compiled prefill (22.2% vs 21.8%)
-DECODE=(--only decode --decode-sizes 256 --compile-decode --decode-autotune --decode-breakdown)
+# the compiled step, the Triton attention kernel (graphed, then compiled) and, last, the compiled step with
+# max-autotune (about 20 s of autotuning per matrix product shape: give it DECODE_S=300); DECODE_ARGS=--decode-prefill-compile adds the compiled prefill (22.2% vs 21.8%)
+DECODE=(--only decode --decode-sizes 256 --compile-decode --decode-triton --decode-autotune --decode-breakdown)
 [[ -n "${HF:-}" ]] || DECODE+=(--no-decode-baselines)  # HF=1: also HF generate and the dynamic path (about 55 s)
 B=flex+compile+fusedhead+copy  # the fastest training variant so far (relayrl's kernel options: IS_DIVISIBLE, EXPAND_KV)
 TRAIN=(--only train --train-variants "${TRAIN_VARIANTS:-$B,$B+opt=tiles-64,$B+opt=divisible,$B+opt=expand-kv-n1-64,\

@@ -43,7 +43,8 @@ and values are copied into their slots, repeated for the ``n`` samples.
 The step reuses the model's own modules (projections, norms, MLP, rotary
 embedding, ``apply_rotary_pos_emb``); only the attention over the cache is
 written here, as two batched matrix products with the query heads of a
-key/value head grouped (no key/value repetition). Models whose layers do not
+key/value head grouped (no key/value repetition), or (``attention``) one
+FlexAttention call or one Triton kernel (:mod:`.decode_attention`). Models whose layers do not
 have that structure, or use sliding-window attention, are refused with the
 reason (:func:`unsupported_reason`), and the engine keeps its dynamic path.
 On CPU the same step runs eagerly (that is how it is tested against the
