@@ -135,12 +135,14 @@ def _attend_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.T
     return o.reshape(q.shape[0], q.shape[1], q.shape[-1])
 
 
+_decode_attention: Callable | None = None  # relayrl.engines.generation.decode_attention's op, once loaded
+
+
 def _attend_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, scaling: float) -> torch.Tensor:
     """What :func:`_attend` computes, as one Triton kernel that reads each row's positions ``0..pos`` once
-    (:mod:`.decode_attention`; ``k``, ``v`` the cache's rows, any length above ``pos``). -> [B, H, D]."""
-    from relayrl.engines.generation.decode_attention import decode_attention
-
-    return decode_attention(q, k, v, pos, scaling)
+    (:mod:`.decode_attention`, loaded by the decoder that asks for it: no import inside a compiled step;
+    ``k``, ``v`` the cache's rows, any length above ``pos``). -> [B, H, D]."""
+    return _decode_attention(q, k, v, pos, scaling)
 
 
 ATTENTION = {"matmul": "two batched matrix products and a softmax (the default)",
@@ -296,8 +298,11 @@ class StaticDecoder:
         self.slots = slots
         self.graphs = graphs
         self.device = next(model.parameters()).device
-        if attention == "triton" and (why := triton_reason(self.device)) is not None:
-            raise ValueError(f"static decoding: attention 'triton': {why}")
+        if attention == "triton":
+            if (why := triton_reason(self.device)) is not None:
+                raise ValueError(f"static decoding: attention 'triton': {why}")
+            global _decode_attention
+            from relayrl.engines.generation.decode_attention import decode_attention as _decode_attention
         self.dtype = next(model.parameters()).dtype
         self.max_len = self.width = 0
         self.keys: list[torch.Tensor] = []
