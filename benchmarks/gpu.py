@@ -348,9 +348,9 @@ def main() -> None:
                                      autotune=args.decode_autotune, prefill=args.decode_prefill_compile)
 
     def profile():
-        steps = [(False, "matmul")] + [(False, "triton")] * args.decode_triton + [(True, "matmul")] * (
-            args.compile_decode) + [(True, "flex")] * (args.compile_decode and args.decode_flex) + [(True, "triton")] * (
-            args.compile_decode and args.decode_triton)
+        eager = ["matmul"] + ["triton"] * args.decode_triton
+        compiled = (["matmul"] + ["flex"] * args.decode_flex + ["triton"] * args.decode_triton) * args.compile_decode
+        steps = [(False, a) for a in eager] + [(True, a) for a in compiled]
         for compiled, attention in steps:
             for line in profile_decode(path, 256, 384, 20, compile_step=compiled, attention=attention):
                 print("  " + line, flush=True)

@@ -38,7 +38,8 @@ TEST_FILES=${TEST_FILES:-tests/engines/test_cuda.py tests/engines/test_flex_atte
 PART_S=${PART_S:-150}
 FLEX_S=${FLEX_S:-170} TRAIN_S=${TRAIN_S:-200} DECODE_S=${DECODE_S:-300}  # the limits of each part
 # the compiled step, the Triton attention kernel (graphed, then compiled) and, last, the compiled step with
-# max-autotune (about 20 s of autotuning per matrix product shape: give it DECODE_S=300); DECODE_ARGS=--decode-prefill-compile adds the compiled prefill (22.2% vs 21.8%)
+# max-autotune (about 20 s of autotuning per matrix product shape: give it DECODE_S=300);
+# DECODE_ARGS=--decode-prefill-compile adds the compiled prefill (22.2% vs 21.8%)
 DECODE=(--only decode --decode-sizes 256 --compile-decode --decode-triton --decode-autotune --decode-breakdown)
 [[ -n "${HF:-}" ]] || DECODE+=(--no-decode-baselines)  # HF=1: also HF generate and the dynamic path (about 55 s)
 B=flex+compile+fusedhead+copy  # the fastest training variant so far (relayrl's kernel options: IS_DIVISIBLE, EXPAND_KV)

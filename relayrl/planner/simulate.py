@@ -279,7 +279,8 @@ def memory_gib(w: Workload, p: Placement, kv_peak_tokens: float, gpu: bool = Fal
     per_token = (m.layers + 18) if w.checkpointing else m.layers * 18  # values per hidden unit kept per token
     acts = w.token_budget * m.hidden * per_token * m.compute_bytes + 1024 * m.vocab * 4 * 2
     if gpu and w.expand_kv:  # keys and values repeated to the query heads (about hidden wide), in every kept layer
-        acts += w.token_budget * 2 * max(0, m.hidden - m.kv_dim) * (1 if w.checkpointing else m.layers) * m.compute_bytes
+        kept = 1 if w.checkpointing else m.layers
+        acts += w.token_budget * 2 * max(0, m.hidden - m.kv_dim) * kept * m.compute_bytes
     kv = kv_peak_tokens * m.layers * 2 * m.kv_dim * m.compute_bytes
     rollout_weights = m.params * m.compute_bytes
     fused = m.fused * m.compute_bytes if gpu and w.decode_fused else 0.0

@@ -138,7 +138,8 @@ def _attend_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.T
 _decode_attention: Callable | None = None  # relayrl.engines.generation.decode_attention's op, once loaded
 
 
-def _attend_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, scaling: float) -> torch.Tensor:
+def _attend_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
+                   scaling: float) -> torch.Tensor:
     """What :func:`_attend` computes, as one Triton kernel that reads each row's positions ``0..pos`` once
     (:mod:`.decode_attention`, loaded by the decoder that asks for it: no import inside a compiled step;
     ``k``, ``v`` the cache's rows, any length above ``pos``). -> [B, H, D]."""
