@@ -1,4 +1,5 @@
 """Ray backend: rank actors on a placement group, gloo group across actors."""
+import importlib.util
 import os
 
 import pytest
@@ -6,13 +7,14 @@ import pytest
 from cluster_workers import Echo
 from relayrl.cluster import ClusterConfig, ResourcePool, WorkerError, make_group
 
-pytestmark = pytest.mark.ray
-
-ray = pytest.importorskip("ray")
+# (ray is imported by the fixture, not at collection: the fast set deselects these tests and need not pay for it)
+pytestmark = [pytest.mark.ray, pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")]
 
 
 @pytest.fixture(scope="module")
 def ray_cluster():
+    import ray
+
     # The test workers live in this folder: always start a Ray whose workers have it on their path.
     if ray.is_initialized():
         ray.shutdown()

@@ -4,6 +4,7 @@ in a process of its own); on CUDA, ``tests/engines/test_cuda.py`` runs it compil
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 
 from relayrl.engines.generation.static import StaticDecoder
 
-pytest.importorskip("triton")
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 CHECKS = Path(__file__).with_name("decode_attention_checks.py")
 
 

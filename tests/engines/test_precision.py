@@ -150,12 +150,15 @@ def test_lora_on_a_bf16_base_trains_float32_adapters(tiny_dir, tiny_tokenizer):
     assert all(torch.equal(base[n], p) for n, p in model.named_parameters() if n in base)
 
 
+_SLOW = pytest.mark.slow  # (the fast set keeps one case per feature: stops, swap, fuse, chunk sizes; `make test` runs all)
+
+
 @pytest.mark.parametrize("n,max_batch,stops,swap,fuse,chunk", [
-    (1, 2, 0, False, False, 16), (3, 4, 0, False, False, 16), (2, 16, 0, False, False, 16),
-    (2, 16, 3, False, False, 16), (2, 16, 3, True, False, 16),
-    pytest.param(3, 4, 0, False, True, 16, marks=pytest.mark.slow),  # (about 1 s each; `make test` runs them)
-    (2, 16, 3, True, True, 16), (2, 4, 3, False, False, 3), (2, 3, 3, False, False, 1),
-    pytest.param(3, 4, 0, False, False, 4, marks=pytest.mark.slow), (2, 4, 13, False, False, 3),
+    (1, 2, 0, False, False, 16), pytest.param(3, 4, 0, False, False, 16, marks=_SLOW),
+    pytest.param(2, 16, 0, False, False, 16, marks=_SLOW), pytest.param(2, 16, 3, False, False, 16, marks=_SLOW),
+    pytest.param(2, 16, 3, True, False, 16, marks=_SLOW), pytest.param(3, 4, 0, False, True, 16, marks=_SLOW),
+    (2, 16, 3, True, True, 16), pytest.param(2, 4, 3, False, False, 3, marks=_SLOW), (2, 3, 3, False, False, 1),
+    pytest.param(3, 4, 0, False, False, 4, marks=_SLOW), pytest.param(2, 4, 13, False, False, 3, marks=_SLOW),
     (2, 4, 13, False, False, (3, 16))])
 def test_static_decoder_matches_the_dynamic_path(tiny_model, tiny_dir, tiny_tokenizer, n, max_batch, stops, swap,
                                                  fuse, chunk):

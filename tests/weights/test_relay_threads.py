@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from relayrl.weights import WeightRelay
+from relayrl.weights import WeightRelay, pack
 from relayrl.weights.shm import open_shared, pack_into_shared, shm_available
 from relayrl.workflows.ahead import RolloutAhead
 from weights_workers import tiny_model
@@ -62,8 +62,6 @@ def _bytes_of(relay, model) -> bytes:
     named = [(n, p.detach()) for n, p in model.named_parameters()]
     layout = relay.layout_for(named)
     out = [torch.empty(b.numel, dtype=b.dtype) for b in layout.buckets]
-    from relayrl.weights import pack
-
     return b"".join(np.asarray(t.view(torch.uint8)).tobytes() for t in pack(named, layout, out=out))
 
 
