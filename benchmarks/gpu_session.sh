@@ -8,10 +8,10 @@
 #   OLD=.gpu/old bash benchmarks/gpu_session.sh         # and an older tree's decode and training, same run
 #
 # The next session's call (planned 2026-11-27; about 9.5 minutes): test_cuda.py with the new FlexAttention
-# defaults and the Triton decode attention, where one update's time goes now, and decode with the Triton
-# attention and max-autotune:
+# defaults and the Triton decode attention, where one update's time goes now (profiled), the head's backward a
+# vocabulary slice at a time, and decode with the Triton attention and max-autotune:
 #   PARTS="tests train decode" TEST_FILES=tests/engines/test_cuda.py TEST_S=170 TRAIN_ARGS=--profile \
-#     TRAIN_VARIANTS=flex+compile+fusedhead+copy,flex+compile+fusedhead+copy+graphs TRAIN_S=110 DECODE_S=290 \
+#     TRAIN_VARIANTS=flex+compile+fusedhead+copy,flex+compile+fusedhead+copy+vocabgrad TRAIN_S=110 DECODE_S=290 \
 #     bash benchmarks/gpu_session.sh
 #
 # The device image has no pydantic (2026-11-27): download its wheels here into .whl/ (ignored by git through

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from relayrl.engines.training.base import OptimConfig
-from relayrl.engines.training.head import chunked_token_logprobs
+from relayrl.engines.training.head import _vocab_slice, chunked_token_logprobs
 from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
 from relayrl.models.load import load_model
 from relayrl.workflows.losses import PolicyLoss
@@ -12,14 +12,16 @@ from relayrl.workflows.losses import PolicyLoss
 from tests.engines.test_precision import _batch
 
 
+@pytest.mark.parametrize("grad_by", ["positions", "vocab"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_chunked_logprobs_and_gradients_match_materialised_logits(temperature):
+def test_chunked_logprobs_and_gradients_match_materialised_logits(temperature, grad_by):
     g = torch.Generator().manual_seed(0)
     h = torch.randn(11, 8, generator=g, dtype=torch.float64, requires_grad=True)
     w = torch.randn(30, 8, generator=g, dtype=torch.float64, requires_grad=True)
     t = torch.randint(0, 30, (11,), generator=g)
+    t[:3] = torch.tensor([0, 29, 10])  # the first and last entry, and a slice's first (slices of 4 * 30 // 11 = 10)
     up = torch.randn(11, generator=g, dtype=torch.float64)
-    lp, ent = chunked_token_logprobs(h, w, t, temperature=temperature, chunk=4, with_entropy=True)
+    lp, ent = chunked_token_logprobs(h, w, t, temperature=temperature, chunk=4, with_entropy=True, grad_by=grad_by)
     (lp * up).sum().backward()
     gh, gw = h.grad.clone(), w.grad.clone()
     h.grad = w.grad = None
@@ -32,15 +34,27 @@ def test_chunked_logprobs_and_gradients_match_materialised_logits(temperature):
     torch.testing.assert_close(gw, w.grad, atol=1e-6, rtol=1e-6)
 
 
+def test_vocab_slices_hold_no_more_values_than_a_chunk():
+    assert _vocab_slice(1024, 151936, 12800) == 12032  # 12155 rounded down to a multiple of 128
+    assert _vocab_slice(1024, 151936, 500) == 151936  # fewer positions than a chunk: one slice
+    assert _vocab_slice(4, 30, 11) == 10 and _vocab_slice(1, 30, 1000) == 1
+    for chunk, vocab, n in [(1024, 151936, 12800), (7, 1000, 333), (1024, 512, 5000)]:
+        assert 1 <= _vocab_slice(chunk, vocab, n) * n <= max(n, chunk * vocab)
+    with pytest.raises(ValueError, match="grad_by='rows' must be one of"):
+        chunked_token_logprobs(torch.zeros(2, 4), torch.zeros(3, 4), torch.zeros(2), chunk=1, grad_by="rows")
+
+
 @pytest.mark.parametrize("packing", ["none", "shared_prompt"])
-def test_engine_update_is_the_same_with_the_chunked_head(tiny_dir, tiny_tokenizer, packing):
+@pytest.mark.parametrize("head_grad", ["positions", "vocab"])
+def test_engine_update_is_the_same_with_the_chunked_head(tiny_dir, tiny_tokenizer, packing, head_grad):
     batch = _batch(tiny_tokenizer)
     batch.groups = [0, 1, 2, 3]
     out = []
     for chunk in (0, 3):
         torch.manual_seed(0)
         eng = TorchTrainingEngine(load_model(tiny_dir), TrainEngineConfig(
-            logprob_chunk=chunk, packing=packing, optim=OptimConfig(lr=1e-3, max_grad_norm=None)), total_steps=1)
+            logprob_chunk=chunk, packing=packing, head_grad=head_grad,
+            optim=OptimConfig(lr=1e-3, max_grad_norm=None)), total_steps=1)
         assert eng._chunked(True) == (chunk > 0)
         lps, ents = eng.logprobs(batch, temperature=0.8, with_entropy=True)
         m = eng.train_step(batch, PolicyLoss(agg="token-mean"), temperature=0.8, with_entropy=True)
@@ -54,7 +68,8 @@ def test_engine_update_is_the_same_with_the_chunked_head(tiny_dir, tiny_tokenize
 
 
 @pytest.mark.slow
-def test_fused_head_gives_the_same_logprobs_entropy_and_gradients(temperature=0.7):
+@pytest.mark.parametrize("grad_by", ["positions", "vocab"])
+def test_fused_head_gives_the_same_logprobs_entropy_and_gradients(grad_by, temperature=0.7):
     """engine.fused_head: the float32 steps compiled (here for CPU, ~5 s) give the eager chunks' numbers."""
     g = torch.Generator().manual_seed(0)
     h = torch.randn(37, 16, generator=g, requires_grad=True)
@@ -63,7 +78,8 @@ def test_fused_head_gives_the_same_logprobs_entropy_and_gradients(temperature=0.
     up = torch.randn(37, generator=g)
     out = []
     for fused in (False, True):
-        lp, ent = chunked_token_logprobs(h, w, t, temperature=temperature, chunk=16, with_entropy=True, fused=fused)
+        lp, ent = chunked_token_logprobs(h, w, t, temperature=temperature, chunk=16, with_entropy=True, fused=fused,
+                                         grad_by=grad_by)
         (lp * up).sum().backward()
         out.append((lp.detach(), ent, h.grad.clone(), w.grad.clone()))
         h.grad = w.grad = None

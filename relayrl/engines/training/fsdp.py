@@ -45,11 +45,12 @@ class ResponseLogits(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask, position_ids: torch.Tensor | None,
                 rows: torch.Tensor, cols: torch.Tensor, targets: torch.Tensor | None = None,
-                temperature: float = 1.0, chunk: int = 0, with_entropy: bool = False, fused: bool = False):
+                temperature: float = 1.0, chunk: int = 0, with_entropy: bool = False, fused: bool = False,
+                grad_by: str = "positions"):
         """Logits ``[..., V]`` at ``(rows, cols)``; with ``targets`` (same shape as ``rows``) instead the
         log-probs of the targets and the entropy (or None), the head applied ``chunk`` positions at a time
-        (:mod:`relayrl.engines.training.head`, its float32 steps compiled when ``fused``), so no ``[..., V]``
-        tensor is kept."""
+        (:mod:`relayrl.engines.training.head`, its float32 steps compiled when ``fused``, its backward sliced
+        by ``grad_by``), so no ``[..., V]`` tensor is kept."""
         hidden = self.model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
                                           position_ids=position_ids, use_cache=False).last_hidden_state
         head = self.model.get_output_embeddings()
@@ -60,7 +61,7 @@ class ResponseLogits(nn.Module):
         picked = hidden[rows, cols]
         lp, ent = chunked_token_logprobs(picked.reshape(-1, picked.shape[-1]), head.weight, targets.reshape(-1),
                                          temperature=temperature, chunk=chunk, with_entropy=with_entropy,
-                                         fused=fused)
+                                         fused=fused, grad_by=grad_by)
         return lp.view(targets.shape), None if ent is None else ent.view(targets.shape)
 
 

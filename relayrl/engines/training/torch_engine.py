@@ -333,7 +333,8 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
         with self._compute(autocast):
             if self._chunked(with_entropy):
                 lp, ent = net(*args, targets=targets, temperature=temperature, chunk=self.cfg.logprob_chunk,
-                              with_entropy=bool(with_entropy), fused=self.cfg.fused_head)
+                              with_entropy=bool(with_entropy), fused=self.cfg.fused_head,
+                              grad_by=self.cfg.head_grad)
                 return (lp, ent) if mask is None else (lp * mask, None if ent is None else ent * mask)
             logits = net(*args)
         if self.values:
