@@ -80,6 +80,7 @@ FEATURES = {
     "chunk4k": "engine.logprob_chunk=4096: a quarter as many head chunks (and float32 weight-gradient sums)",
     "vocabgrad": "engine.head_grad=vocab: the head's backward a vocabulary slice at a time (its weight's "
                  "gradient written once, no float32 sums over chunks)",
+    "storedgrad": "engine.head_grad=stored: the head's logits kept from the forward pass in bf16, no recompute",
     "opt=NAME": "FlexAttention's kernel options of gpu_flex.PRESETS[NAME] over relayrl's (for example opt=bwd-n1-32)",
     "bf16": "pure bf16 weights, no float32 masters (a ceiling, not a training setting)",
 }
@@ -147,7 +148,8 @@ def bench_train(path: Path, peak: float, variant: str = "sdpa", budget: int = 16
                             logprob_chunk=0 if "nochunk" in feats else 4096 if "chunk4k" in feats else 1024,
                             compile="compile" in feats, fused_head="fusedhead" in feats,
                             compute_copy="copy" in feats, cuda_graphs="graphs" in feats,
-                            head_grad="vocab" if "vocabgrad" in feats else "positions",
+                            head_grad="vocab" if "vocabgrad" in feats else "stored" if "storedgrad" in feats
+                            else "positions",
                             optim=OptimConfig(lr=1e-6))
     eng = TorchTrainingEngine(model, cfg, total_steps=10, device="cuda", compute_dtype=torch.bfloat16)
     groups, n, P, R = 8, 8, 128, 384

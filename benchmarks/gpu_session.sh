@@ -7,12 +7,15 @@
 #   PARTS="tests" bash benchmarks/gpu_session.sh        # the four files that hold the CUDA tests
 #   OLD=.gpu/old bash benchmarks/gpu_session.sh         # and an older tree's decode and training, same run
 #
-# The next session's call (planned 2026-11-27; about 9.5 minutes): test_cuda.py with the new FlexAttention
-# defaults and the Triton decode attention, where one update's time goes now (profiled), the head's backward a
-# vocabulary slice at a time, and decode with the Triton attention and max-autotune:
-#   PARTS="tests train decode" TEST_FILES=tests/engines/test_cuda.py TEST_S=170 TRAIN_ARGS=--profile \
-#     TRAIN_VARIANTS=flex+compile+fusedhead+copy,flex+compile+fusedhead+copy+vocabgrad TRAIN_S=110 DECODE_S=290 \
-#     bash benchmarks/gpu_session.sh
+# The next session's two calls (planned 2026-11-27; about 9 and 3.5 minutes on one warm machine). First, where
+# one update's time goes now (profiled) beside the head's backward a vocabulary slice at a time and on stored
+# logits, and decode with the Triton attention and max-autotune:
+#   V=flex+compile+fusedhead+copy; PARTS="train decode" TRAIN_ARGS=--profile \
+#     TRAIN_VARIANTS=$V,$V+vocabgrad,$V+storedgrad TRAIN_S=200 DECODE_S=320 bash benchmarks/gpu_session.sh
+# Then test_cuda.py with the new FlexAttention defaults and the Triton decode attention, and the head's two new
+# backward orders on CUDA:
+#   PARTS=tests TEST_S=190 TESTS="not flex or head_grad" \
+#     TEST_FILES="tests/engines/test_cuda.py tests/engines/test_flex_attention.py" bash benchmarks/gpu_session.sh
 #
 # The device image has no pydantic (2026-11-27): download its wheels here into .whl/ (ignored by git through
 # .git/info/exclude) and carry .whl; this script installs them into /tmp/site when the folder exists:

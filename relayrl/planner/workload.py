@@ -179,6 +179,9 @@ class Workload(_Model):
                              "to the longest unit")
     decode_fused: bool = Field(False, description="rollout.decode_compile: on a GPU each rollout rank keeps a copy "
                                "of the model's q/k/v and gate/up weights (ModelShape.fused), fused")
+    head_stored: bool = Field(False, description="engine.head_grad=stored: the policy pass keeps its output "
+                              "logits for the backward (positions x vocab values in the compute dtype; counted "
+                              "for a whole micro-batch's token budget)")
     expand_kv: bool = Field(False, description="model.attn_implementation=flex_attention (GPU only) with grouped "
                             "keys and values: each layer keeps its keys and values repeated to the query heads for "
                             "the backward (relayrl.engines.training.flex.EXPAND_KV)")

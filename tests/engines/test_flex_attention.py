@@ -227,7 +227,10 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("compute_dtype,options", [
     (torch.float32, {}), (torch.bfloat16, {}),
     (torch.bfloat16, dict(compile=True, fused_head=True, compute_copy=True)),  # the benchmark's fastest variant
-    (torch.bfloat16, dict(compile=True, fused_head=True, compute_copy=True, head_grad="vocab")),
+    pytest.param(torch.bfloat16, dict(compile=True, fused_head=True, compute_copy=True, head_grad="vocab"),
+                 id="head_grad-vocab"),
+    pytest.param(torch.bfloat16, dict(compile=True, fused_head=True, compute_copy=True, head_grad="stored"),
+                 id="head_grad-stored"),
 ])
 def test_flex_update_on_cuda_matches_sdpa(compute_dtype, options):
     batch = _batch()

@@ -12,7 +12,7 @@ from relayrl.workflows.losses import PolicyLoss
 from tests.engines.test_precision import _batch
 
 
-@pytest.mark.parametrize("grad_by", ["positions", "vocab"])
+@pytest.mark.parametrize("grad_by", ["positions", "vocab", "stored"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_chunked_logprobs_and_gradients_match_materialised_logits(temperature, grad_by):
     g = torch.Generator().manual_seed(0)
@@ -44,8 +44,26 @@ def test_vocab_slices_hold_no_more_values_than_a_chunk():
         chunked_token_logprobs(torch.zeros(2, 4), torch.zeros(3, 4), torch.zeros(2), chunk=1, grad_by="rows")
 
 
+def test_stored_logits_serve_one_backward_and_no_grad_passes_store_none():
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(9, 8, generator=g, requires_grad=True)
+    w = torch.randn(20, 8, generator=g, requires_grad=True)
+    t = torch.randint(0, 20, (9,), generator=g)
+    lp, _ = chunked_token_logprobs(h, w, t, chunk=4, grad_by="stored")
+    assert len(lp.grad_fn.saved_tensors) == 5  # hidden, weight, targets, log-sum-exp and the [9, 20] logits
+    assert lp.grad_fn.saved_tensors[-1].shape == (9, 20)
+    lp.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="stored logits were spent by a first backward pass"):
+        lp.sum().backward()
+    with torch.no_grad():
+        ref, _ = chunked_token_logprobs(h, w, t, chunk=4, grad_by="stored")
+    torch.testing.assert_close(ref, lp.detach())
+    frozen, _ = chunked_token_logprobs(h.detach(), w.detach(), t, chunk=4, grad_by="stored")
+    assert frozen.grad_fn is None
+
+
 @pytest.mark.parametrize("packing", ["none", "shared_prompt"])
-@pytest.mark.parametrize("head_grad", ["positions", "vocab"])
+@pytest.mark.parametrize("head_grad", ["positions", "vocab", "stored"])
 def test_engine_update_is_the_same_with_the_chunked_head(tiny_dir, tiny_tokenizer, packing, head_grad):
     batch = _batch(tiny_tokenizer)
     batch.groups = [0, 1, 2, 3]
@@ -68,7 +86,7 @@ def test_engine_update_is_the_same_with_the_chunked_head(tiny_dir, tiny_tokenize
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("grad_by", ["positions", "vocab"])
+@pytest.mark.parametrize("grad_by", ["positions", "vocab", "stored"])
 def test_fused_head_gives_the_same_logprobs_entropy_and_gradients(grad_by, temperature=0.7):
     """engine.fused_head: the float32 steps compiled (here for CPU, ~5 s) give the eager chunks' numbers."""
     g = torch.Generator().manual_seed(0)

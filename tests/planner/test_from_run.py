@@ -247,3 +247,12 @@ def test_flex_attention_on_a_gpu_plans_the_repeated_keys_and_values():
     w = workload_from_config(load_run_config(GRPO, [*gpu, "model.attn_implementation=flex_attention"]), lengths="max")
     assert w.expand_kv is flex.EXPAND_KV is True
     assert not workload_from_config(load_run_config(GRPO, gpu), lengths="max").expand_kv
+
+
+def test_stored_head_logits_are_planned():
+    from relayrl.planner.from_config import workload_from_config
+
+    assert workload_from_config(load_run_config(GRPO, ["engine.head_grad=stored"]), lengths="max").head_stored
+    assert not workload_from_config(load_run_config(GRPO, ["engine.head_grad=vocab"]), lengths="max").head_stored
+    assert not workload_from_config(load_run_config(GRPO, ["engine.head_grad=stored", "engine.logprob_chunk=0"]),
+                                    lengths="max").head_stored  # unchunked: the plain full-logits path

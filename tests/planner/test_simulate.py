@@ -265,6 +265,10 @@ def test_lora_offload_and_checkpointing_in_the_memory_model():
     assert memory_gib(ckpt_expanded, on, 0, gpu=True)["main"] * 2**30 == pytest.approx(
         state + rollout + 16384 * 3584 * 46 * 2 + 16384 * 2 * 3072 * 2 + head)
     assert memory_gib(expanded, on, 0, gpu=False) == memory_gib(plain, on, 0)
+    # engine.head_grad=stored: a micro-batch's logits kept in bf16, 16384 x 152064 (the 7B shape's vocabulary)
+    stored = toy_workload(16, 8, shape=lora, token_budget=16384, head_stored=True)
+    assert memory_gib(stored, on, 0)["main"] * 2**30 == pytest.approx(
+        memory_gib(plain, on, 0)["main"] * 2**30 + 16384 * lora.vocab * 2)
 
 
 def test_path_fixed_costs_per_call_per_chunk_and_per_generation():

@@ -25,11 +25,13 @@ class TrainEngineConfig(BaseModel):
                              "log-prob, entropy; the backward's softmax gradient) into fused kernels: each chunk's "
                              "[chunk, vocab] logits are read once in the compute dtype instead of copied to float32 "
                              "(for GPUs; rounding differs in the last bits; the first passes compile)")
-    head_grad: Literal["positions", "vocab"] = Field(
-        "positions", description="how the chunked head's backward pass recomputes its logits: positions "
-        "(logprob_chunk positions at a time, each chunk's share of the head weight's gradient added into a "
-        "float32 sum) or vocab (every position against a vocabulary slice of the same size at a time, so each "
-        "slice of the weight's gradient is one matrix product over all positions, written once)")
+    head_grad: Literal["positions", "vocab", "stored"] = Field(
+        "positions", description="how the chunked head's backward pass gets its logits back: positions "
+        "(recomputed logprob_chunk positions at a time, each chunk's share of the head weight's gradient added "
+        "into a float32 sum), vocab (recomputed for every position a vocabulary slice of the same size at a "
+        "time, so each slice of the weight's gradient is one matrix product over all positions, written once) "
+        "or stored (no recompute: the forward pass keeps every position's logits in the compute dtype, "
+        "positions x vocab values, and the backward rewrites them into their gradient)")
     compute_copy: bool = Field(False, description="mixed precision on one rank: run the passes on a copy of the "
                                "trained weights in the compute dtype instead of under torch.autocast (no weight "
                                "casts per pass; activations and the residual stream in the compute dtype, as under "

@@ -27,6 +27,14 @@ The backward pass recomputes the logits in one of two orders (``grad_by``):
   same memory). Each slice of the weight's gradient is then one matrix product
   over all N positions, written once and rounded once; the hidden states'
   gradient (``[N, d]``, small) is what accumulates, in float32, over slices.
+- ``"stored"``: no recompute. The forward pass keeps every position's logits
+  in the compute dtype (``N x V`` values: 7.5 GB in bf16 for 24.6k positions of
+  a 152k vocabulary), and the backward pass turns them into their gradient in
+  place, a chunk at a time; then the hidden states' and the weight's gradients
+  are one matrix product each over all positions. It saves the third of the
+  head's matrix products that recomputes the logits. One backward pass per
+  forward pass (the stored logits are spent); passes without a gradient
+  (reference and old log-probs) store nothing.
 
 With ``fused=True`` (``engine.fused_head``, for GPUs) the float32 steps of a
 chunk -- the log-sum-exp, the target's logit and the entropy, and in the
@@ -43,7 +51,7 @@ import torch
 
 __all__ = ["ChunkedTokenLogprobs", "chunked_token_logprobs", "GRAD_ORDERS"]
 
-GRAD_ORDERS = ("positions", "vocab")
+GRAD_ORDERS = ("positions", "vocab", "stored")
 """How the backward pass slices its ``[positions, vocab]`` recompute (see the module docstring)."""
 
 _compiled: dict[str, object] = {}
@@ -75,6 +83,12 @@ def _chunk_grad(logits: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor, tar
     return d.to(logits.dtype)
 
 
+def _chunk_grad_inplace(logits: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor, targets: torch.Tensor,
+                        temperature: float) -> None:
+    """:func:`_chunk_grad` written over ``logits`` (compiled, one kernel reads and rewrites the chunk)."""
+    logits.copy_(_chunk_grad(logits, lse, grad, targets, temperature))
+
+
 def _vocab_slice(chunk: int, vocab: int, positions: int) -> int:
     """Vocabulary entries per slice of the ``"vocab"`` backward: ``positions x slice <= chunk x vocab`` (at least
     one entry), a multiple of 128 once it is that large (aligned matrix-product shapes)."""
@@ -102,9 +116,14 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
         logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
         ent = torch.empty(n if with_entropy else 0, dtype=torch.float32, device=hidden.device)
         stats = _fused(_chunk_stats) if fused else None
+        kept = torch.empty(n, w.shape[0], dtype=w.dtype, device=hidden.device) if grad_by == "stored" else None
+        if kept is not None and stats is None:
+            stats = _chunk_stats  # the eager steps below work in place on the logits, which are kept here
         for s in range(0, n, chunk):
             if stats is not None:
-                z, lp, e = stats(hidden[s:s + chunk] @ w.T, targets[s:s + chunk], temperature, with_entropy)
+                logits = hidden[s:s + chunk] @ w.T if kept is None else \
+                    torch.matmul(hidden[s:s + chunk], w.T, out=kept[s:s + chunk])
+                z, lp, e = stats(logits, targets[s:s + chunk], temperature, with_entropy)
                 lse[s:s + chunk], logp[s:s + chunk] = z, lp
                 if with_entropy:
                     ent[s:s + chunk] = e
@@ -117,8 +136,9 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
             logp[s:s + chunk] = logits.gather(-1, targets[s:s + chunk, None]).squeeze(-1) - z
             if with_entropy:  # H = logsumexp - sum p * logits
                 ent[s:s + chunk] = z - torch.softmax(logits, dim=-1).mul_(logits).sum(-1)
-        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.save_for_backward(hidden, weight, targets, lse, *([] if kept is None else [kept]))
         ctx.temperature, ctx.chunk, ctx.fused, ctx.grad_by = temperature, chunk, fused, grad_by
+        ctx.spent = False
         ctx.mark_non_differentiable(ent)
         return logp, ent
 
@@ -126,6 +146,8 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
     def backward(ctx, grad_logp: torch.Tensor, _grad_ent: torch.Tensor):
         if ctx.grad_by == "vocab":
             return ChunkedTokenLogprobs._backward_by_vocab(ctx, grad_logp)
+        if ctx.grad_by == "stored":
+            return ChunkedTokenLogprobs._backward_stored(ctx, grad_logp)
         hidden, weight, targets, lse = ctx.saved_tensors
         T, chunk = ctx.temperature, ctx.chunk
         w = weight.to(hidden.dtype)
@@ -155,6 +177,24 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
             if grad_w is not None:  # the product in the compute dtype, summed in float32 by one kernel (no copy)
                 grad_w.add_(dlogits.T @ h)
         return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None, None
+
+    @staticmethod
+    def _backward_stored(ctx, grad_logp: torch.Tensor):
+        """The backward pass on the forward pass's kept logits (``grad_by="stored"``), rewritten in place into
+        their gradient."""
+        if ctx.spent:
+            raise RuntimeError("the chunked head's stored logits were spent by a first backward pass "
+                               "(engine.head_grad=stored takes one backward pass per forward pass)")
+        ctx.spent = True
+        hidden, weight, targets, lse, kept = ctx.saved_tensors
+        g = grad_logp.float()
+        grad_fn = _fused(_chunk_grad_inplace) if ctx.fused else _chunk_grad_inplace
+        for s in range(0, hidden.shape[0], ctx.chunk):
+            grad_fn(kept[s:s + ctx.chunk], lse[s:s + ctx.chunk], g[s:s + ctx.chunk], targets[s:s + ctx.chunk],
+                    ctx.temperature)
+        grad_h = kept @ weight.to(hidden.dtype) if ctx.needs_input_grad[0] else None
+        grad_w = (kept.T @ hidden).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        return grad_h, grad_w, None, None, None, None, None, None
 
     @staticmethod
     def _backward_by_vocab(ctx, grad_logp: torch.Tensor):
@@ -197,11 +237,14 @@ def chunked_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: 
     """Log-probs of ``targets`` [N] under ``softmax(hidden [N, d] @ weight [V, d]^T / temperature)``, and the
     entropy of each position (no gradient) when ``with_entropy``; each ``[N, V]``-sized step is ``chunk``
     positions at a time (in the backward pass, with ``grad_by="vocab"``, as many values a vocabulary slice at a
-    time), its float32 steps compiled into fused kernels when ``fused``."""
+    time; with ``"stored"``, on logits kept by the forward pass), its float32 steps compiled into fused kernels
+    when ``fused``."""
     if chunk < 1:
         raise ValueError(f"chunk={chunk} must be >= 1")
     if grad_by not in GRAD_ORDERS:
         raise ValueError(f"grad_by={grad_by!r} must be one of {GRAD_ORDERS}")
+    if grad_by == "stored" and not (torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)):
+        grad_by = "positions"  # no backward pass will come: nothing to store
     kind = hidden.device.type
     if torch.is_autocast_enabled(kind):  # the residual stream is float32 under autocast; the head runs in bf16
         hidden = hidden.to(torch.get_autocast_dtype(kind))
