@@ -62,8 +62,10 @@ def test_stored_logits_serve_one_backward_and_no_grad_passes_store_none():
     assert frozen.grad_fn is None
 
 
-@pytest.mark.parametrize("packing", ["none", "shared_prompt"])
-@pytest.mark.parametrize("head_grad", ["positions", "vocab", "stored"])
+@pytest.mark.parametrize("packing,head_grad", [
+    ("none", "positions"), ("shared_prompt", "positions"), ("shared_prompt", "vocab"), ("shared_prompt", "stored"),
+    pytest.param("none", "vocab", marks=pytest.mark.slow), pytest.param("none", "stored", marks=pytest.mark.slow),
+])
 def test_engine_update_is_the_same_with_the_chunked_head(tiny_dir, tiny_tokenizer, packing, head_grad):
     batch = _batch(tiny_tokenizer)
     batch.groups = [0, 1, 2, 3]
