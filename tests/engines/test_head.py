@@ -105,3 +105,28 @@ def test_fused_head_gives_the_same_logprobs_entropy_and_gradients(grad_by, tempe
         h.grad = w.grad = None
     for a, b in zip(*out):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("compute_copy", [False, True])
+def test_every_backward_order_gives_the_bf16_gradients(tiny_dir, tiny_tokenizer, compute_copy):
+    """Mixed precision on CPU (autocast, or a bf16 compute copy): the three orders of the head's backward give
+    the same gradients up to bf16 rounding, and the stored logits are kept in bf16."""
+    batch = _batch(tiny_tokenizer)
+    batch.groups = [0, 1, 2, 3]
+    grads = {}
+    for order in ("positions", "vocab", "stored"):
+        torch.manual_seed(0)
+        eng = TorchTrainingEngine(load_model(tiny_dir), TrainEngineConfig(
+            logprob_chunk=5, head_grad=order, compute_copy=compute_copy,
+            optim=OptimConfig(lr=1e-3, max_grad_norm=None)), total_steps=1, compute_dtype=torch.bfloat16)
+        got = []
+        eng.optimizer.step = lambda: got.extend(p.grad.float().flatten().clone() for p in eng.model.parameters())
+        eng.train_step(batch, PolicyLoss(agg="token-mean"))
+        grads[order] = torch.cat(got)
+    for order in ("vocab", "stored"):
+        rel = (grads[order] - grads["positions"]).norm() / grads["positions"].norm()
+        assert 0 < rel < 2e-2, (order, float(rel))  # another order of sums: not bit-equal, close
+    h = torch.randn(6, 8, dtype=torch.bfloat16, requires_grad=True)
+    lp, _ = chunked_token_logprobs(h, torch.randn(20, 8), torch.zeros(6, dtype=torch.long), chunk=4,
+                                   grad_by="stored")
+    assert lp.grad_fn.saved_tensors[-1].dtype == torch.bfloat16
