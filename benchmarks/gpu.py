@@ -81,6 +81,7 @@ FEATURES = {
     "vocabgrad": "engine.head_grad=vocab: the head's backward a vocabulary slice at a time (its weight's "
                  "gradient written once, no float32 sums over chunks)",
     "storedgrad": "engine.head_grad=stored: the head's logits kept from the forward pass in bf16, no recompute",
+    "tritonhead": "with fusedhead: the head's float32 steps as relayrl's one-pass Triton kernels (head.FUSED)",
     "opt=NAME": "FlexAttention's kernel options of gpu_flex.PRESETS[NAME] over relayrl's (for example opt=bwd-n1-32)",
     "bf16": "pure bf16 weights, no float32 masters (a ceiling, not a training setting)",
 }
@@ -141,6 +142,17 @@ def bench_train(path: Path, peak: float, variant: str = "sdpa", budget: int = 16
                                budget, profile, trace, label=variant)
         finally:
             flex.CUDA_KERNEL_OPTIONS, flex.EXPAND_KV = saved
+    if "tritonhead" in feats:  # the head's fused steps as Triton kernels: set for this variant, restored after
+        from relayrl.engines.training import head
+
+        if "fusedhead" not in feats:
+            sys.exit(f"gpu: training variant {variant!r}: tritonhead needs fusedhead")
+        saved_fused, head.FUSED = head.FUSED, "triton"
+        try:
+            return bench_train(path, peak, "+".join(f for f in variant.split("+") if f != "tritonhead"), budget,
+                               profile, trace, label=label or variant)
+        finally:
+            head.FUSED = saved_fused
     attn = "flex_attention" if "flex" in feats else "sdpa"
     model = load_model(path, dtype="bfloat16" if "bf16" in feats else "float32", device="cuda",
                        attn_implementation=attn)

@@ -9,9 +9,10 @@
 #
 # The next session's two calls (planned 2026-11-27; about 9 and 3.5 minutes on one warm machine). First, where
 # one update's time goes now (profiled) beside the head's backward a vocabulary slice at a time and on stored
-# logits, and decode with the Triton attention and max-autotune:
+# logits (and those with the head's Triton kernels), and decode with the Triton attention and max-autotune:
 #   V=flex+compile+fusedhead+copy; PARTS="train decode" TRAIN_ARGS=--profile \
-#     TRAIN_VARIANTS=$V,$V+vocabgrad,$V+storedgrad TRAIN_S=200 DECODE_S=320 bash benchmarks/gpu_session.sh
+#     TRAIN_VARIANTS=$V,$V+vocabgrad,$V+storedgrad,$V+storedgrad+tritonhead TRAIN_S=230 DECODE_S=300 \
+#     bash benchmarks/gpu_session.sh
 # Then test_cuda.py with the new FlexAttention defaults and the Triton decode attention, and the head's two new
 # backward orders on CUDA:
 #   PARTS=tests TEST_S=190 TESTS="not flex or head_grad" \

@@ -42,7 +42,9 @@ backward pass the softmax gradient -- are two functions compiled with
 ``torch.compile``: each reads the chunk's logits in the compute dtype once and
 writes per-position values (or the compute-dtype gradient), instead of
 materialising float32 ``[chunk, vocab]`` copies and several element-wise passes
-over them. The same formulas; the rounding differs in the last bits.
+over them. The same formulas; the rounding differs in the last bits. With
+:data:`FUSED` ``= "triton"`` they are relayrl's own one-pass Triton kernels
+instead (:mod:`relayrl.engines.training.head_kernels`).
 """
 
 from __future__ import annotations
@@ -96,8 +98,28 @@ def _vocab_slice(chunk: int, vocab: int, positions: int) -> int:
     return width - width % 128 if 128 <= width < vocab else width
 
 
+FUSED = "compile"
+"""How ``fused=True`` (``engine.fused_head``) fuses a chunk's float32 steps: ``"compile"`` (``torch.compile``
+of :func:`_chunk_stats` and :func:`_chunk_grad`) or ``"triton"`` (the one-pass kernels of
+:mod:`relayrl.engines.training.head_kernels`; CUDA, or Triton's interpreter). ``benchmarks/gpu.py``'s
+``tritonhead`` variant times the second."""
+
+
 def _fused(fn):
-    """``fn`` compiled once per process (dynamic shapes: the last chunk is shorter)."""
+    """``fn``'s fused version: compiled once per process (dynamic shapes: the last chunk is shorter), or its
+    Triton kernel (:data:`FUSED`)."""
+    if FUSED == "triton":
+        from relayrl.engines.training import head_kernels
+
+        if fn is _chunk_stats:
+            return head_kernels.chunk_stats
+        if fn is _chunk_grad:
+            return head_kernels.chunk_grad
+        assert fn is _chunk_grad_inplace, fn
+        return lambda logits, lse, grad, targets, temperature: head_kernels.chunk_grad(
+            logits, lse, grad, targets, temperature, out=logits)
+    if FUSED != "compile":
+        raise ValueError(f"head.FUSED={FUSED!r} must be 'compile' or 'triton'")
     name = fn.__name__
     if name not in _compiled:
         _compiled[name] = torch.compile(fn, dynamic=True)
