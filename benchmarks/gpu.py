@@ -321,6 +321,9 @@ def main() -> None:
     ap.add_argument("--decode-triton", action="store_true", help="decode and profile: also the step with its "
                     "attention as one Triton kernel reading each row's own positions (eager graphs and, with "
                     "--compile-decode, compiled)")
+    ap.add_argument("--decode-splitk", type=str, default="", help="decode, with --compile-decode: also the "
+                    "compiled step with its q/k/v, o and down products as this many split-K partial products "
+                    "(comma-separated counts, e.g. 4,8; with --decode-triton also beside the Triton attention)")
     ap.add_argument("--decode-bucket", type=int, default=None, help="decode, with --compile-decode: also the "
                     "compiled step attending over multiples of this many cache positions (16, 32 or 64; default 128)")
     ap.add_argument("--decode-autotune", action="store_true", help="decode, with --compile-decode: also the "
@@ -362,7 +365,8 @@ def main() -> None:
                                      unfused=args.decode_unfused, breakdown=args.decode_breakdown,
                                      trace=Path(args.trace) / "trace-decode.json.gz" if args.trace else None,
                                      flex=args.decode_flex, triton=args.decode_triton, bucket=args.decode_bucket,
-                                     autotune=args.decode_autotune, prefill=args.decode_prefill_compile)
+                                     autotune=args.decode_autotune, prefill=args.decode_prefill_compile,
+                                     split_k=[int(x) for x in args.decode_splitk.split(",") if x])
 
     def profile():
         eager = ["matmul"] + ["triton"] * args.decode_triton

@@ -72,12 +72,14 @@ def decode_breakdown(eng, prompts, params, gen) -> str:
 def bench_decode(path: Path, sizes: list[int], prompt: int, new: int, bw: float, peak: float,
                  baselines: bool = True, compiled: bool = False, unfused: bool = False,
                  breakdown: bool = False, trace: Path | None = None, flex: bool = False, triton: bool = False,
-                 bucket: int | None = None, autotune: bool = False, prefill: bool = False) -> dict:
+                 bucket: int | None = None, autotune: bool = False, prefill: bool = False,
+                 split_k: list[int] = ()) -> dict:
     """relayrl's static decode (and, ``compiled``, the same with ``rollout.decode_compile``: its first generate,
     compilation included, is timed apart; ``unfused``, also compiled with separate q/k/v and gate/up products;
     ``flex``, ``bucket``, ``autotune``: the compiled step with FlexAttention, another bucket, max-autotune;
     ``triton``: the step with the Triton attention kernel, graphed eagerly and, ``compiled``, compiled;
-    ``prefill``: also each decoder layer's forward compiled, which the prefill runs through)
+    ``prefill``: also each decoder layer's forward compiled, which the prefill runs through; ``split_k``: the
+    compiled step with split-K q/k/v, o and down products, per count, and with ``triton`` also beside it)
     against the roofline, HF ``generate`` and the dynamic-cache path."""
     from relayrl.engines.generation.base import SamplingParams
     from relayrl.engines.generation.native import NativeGenerationEngine
@@ -130,6 +132,10 @@ def bench_decode(path: Path, sizes: list[int], prompt: int, new: int, bw: float,
             variants["compiled_triton"] = dict(attention="triton")
         if bucket:
             variants[f"compiled_bucket{bucket}"] = dict(bucket=bucket)
+        for splits in split_k:  # the small-batch products over slices of their input width
+            variants[f"compiled_splitk{splits}"] = dict(split_k=splits)
+            if triton:
+                variants[f"compiled_triton_splitk{splits}"] = dict(attention="triton", split_k=splits)
         if prefill:  # the decoder layers' forward compiled too: the prefill runs through them (an experiment)
             variants["compiled_prefill"] = dict(compile_layers=True)
         if autotune:  # Inductor times its Triton matmul templates against cuBLAS (the small-M products); last,

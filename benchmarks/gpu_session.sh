@@ -9,7 +9,8 @@
 #
 # The next session's two calls (planned 2026-11-27; about 9 and 3.5 minutes on one warm machine). First, where
 # one update's time goes now (profiled) beside the head's backward a vocabulary slice at a time and on stored
-# logits (and those with the head's Triton kernels), and decode with the Triton attention and max-autotune:
+# logits (and those with the head's Triton kernels), and decode with the Triton attention, split-K products and
+# max-autotune:
 #   V=flex+compile+fusedhead+copy; PARTS="train decode" TRAIN_ARGS=--profile \
 #     TRAIN_VARIANTS=$V,$V+vocabgrad,$V+storedgrad,$V+storedgrad+tritonhead TRAIN_S=230 DECODE_S=300 \
 #     bash benchmarks/gpu_session.sh
@@ -41,10 +42,12 @@ TEST_FILES=${TEST_FILES:-tests/engines/test_cuda.py tests/engines/test_flex_atte
   tests/config/test_placement.py}
 PART_S=${PART_S:-150}
 FLEX_S=${FLEX_S:-170} TRAIN_S=${TRAIN_S:-200} DECODE_S=${DECODE_S:-300}  # the limits of each part
-# the compiled step, the Triton attention kernel (graphed, then compiled) and, last, the compiled step with
-# max-autotune (about 20 s of autotuning per matrix product shape: give it DECODE_S=300);
+# the compiled step, the Triton attention kernel (graphed, then compiled), split-K products (4 and 8 partials,
+# with either attention) and, last, the compiled step with max-autotune (about 20 s of autotuning per matrix
+# product shape: give it DECODE_S=300);
 # DECODE_ARGS=--decode-prefill-compile adds the compiled prefill (22.2% vs 21.8%)
-DECODE=(--only decode --decode-sizes 256 --compile-decode --decode-triton --decode-autotune --decode-breakdown)
+DECODE=(--only decode --decode-sizes 256 --compile-decode --decode-triton --decode-splitk 4,8 --decode-autotune
+  --decode-breakdown)
 [[ -n "${HF:-}" ]] || DECODE+=(--no-decode-baselines)  # HF=1: also HF generate and the dynamic path (about 55 s)
 B=flex+compile+fusedhead+copy  # the fastest training variant so far (relayrl's kernel options: IS_DIVISIBLE, EXPAND_KV)
 TRAIN=(--only train --train-variants "${TRAIN_VARIANTS:-$B,$B+opt=tiles-64,$B+opt=divisible,$B+opt=expand-kv-n1-64,\

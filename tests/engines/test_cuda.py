@@ -116,14 +116,15 @@ def test_graphed_static_decode_matches_the_dynamic_path_on_cuda(tiny_model, tiny
     assert sta.static._graphs  # the steps ran as graph replays
 
 
-@pytest.mark.parametrize("compile_step", [False, True, "flex", "triton"])
+@pytest.mark.parametrize("compile_step", [False, True, "flex", "triton", "splitk"])
 @pytest.mark.parametrize("top_k", [50, 0])  # 0: the blockwise sampler (block_mass, compiled with the step)
 def test_sampled_graphed_decode_in_chunks_matches_the_dynamic_path_on_cuda(tiny_model, tiny_dir, tiny_tokenizer,
                                                                           compile_step, top_k):
     """Sampling inside the graph (counter-based uniforms) over chunks of steps between host reads gives the
     dynamic path's tokens and log-probs, with the step compiled (its projections fused) or not, or compiled
-    with its attention as one FlexAttention call (``flex``) or one Triton kernel (``triton``); rows end at
-    scattered steps inside chunks and freed slots take waiting prompts."""
+    with its attention as one FlexAttention call (``flex``) or one Triton kernel (``triton``), or its q/k/v, o
+    and down products as split-K partial products (``splitk``); rows end at scattered steps inside chunks and
+    freed slots take waiting prompts."""
     from relayrl.engines.generation.static import StaticDecoder
     from relayrl.models.load import load_model
 
@@ -136,6 +137,8 @@ def test_sampled_graphed_decode_in_chunks_matches_the_dynamic_path_on_cuda(tiny_
     assert sta.static.fuse == bool(compile_step)
     if compile_step in ("flex", "triton"):
         sta.static = StaticDecoder(other, 8, graphs=True, compile=True, fuse=True, attention=compile_step)
+    if compile_step == "splitk":
+        sta.static = StaticDecoder(other, 8, graphs=True, compile=True, fuse=True, split_k=4)
     prompts = _ids(tiny_tokenizer, PROMPTS) * 3
     params = SamplingParams(n=2, temperature=0.9, top_k=top_k, max_new_tokens=40,
                             stop_token_ids=tuple(range(5, tiny_model.config.vocab_size, 11)))
@@ -145,6 +148,22 @@ def test_sampled_graphed_decode_in_chunks_matches_the_dynamic_path_on_cuda(tiny_
     for x, y in zip(a, b):
         assert x.token_ids.tolist() == y.token_ids.tolist() and x.finish_reason == y.finish_reason
         torch.testing.assert_close(x.logprobs, y.logprobs, atol=1e-3, rtol=1e-3)
+
+
+def test_split_k_products_in_bf16_round_once_on_cuda():
+    """The decode step's split-K products (relayrl.engines.generation.split_k) in bf16 on CUDA (partials in
+    float32 through bmm's out_dtype): the float32 product's values up to bf16 rounding, as the single product."""
+    from relayrl.engines.generation.split_k import split_k_linear, split_k_reason
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(256, 1, 4864, device="cuda", generator=g, dtype=torch.bfloat16)
+    w = torch.randn(896, 4864, device="cuda", generator=g, dtype=torch.bfloat16) / 70
+    assert split_k_reason(w, 8) is None
+    want = (x.float() @ w.float().T)  # float32 reference
+    for splits in (1, 8):
+        got = split_k_linear(x, w, None, splits)
+        assert got.dtype == torch.bfloat16 and got.shape == (256, 1, 896)
+        torch.testing.assert_close(got.float(), want, atol=1e-4, rtol=2 ** -8)  # bf16 rounding
 
 
 def test_mixed_precision_keeps_small_updates_on_cuda(tiny_dir, tiny_tokenizer):

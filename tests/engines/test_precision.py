@@ -159,7 +159,7 @@ _SLOW = pytest.mark.slow  # (the fast set keeps one case per feature: stops, swa
     pytest.param(2, 16, 3, True, False, 16, marks=_SLOW), pytest.param(3, 4, 0, False, True, 16, marks=_SLOW),
     (2, 16, 3, True, True, 16), pytest.param(2, 4, 3, False, False, 3, marks=_SLOW), (2, 3, 3, False, False, 1),
     pytest.param(3, 4, 0, False, False, 4, marks=_SLOW), pytest.param(2, 4, 13, False, False, 3, marks=_SLOW),
-    (2, 4, 13, False, False, (3, 16))])
+    (2, 4, 13, False, False, (3, 16)), (2, 16, 3, True, 4, 16)])
 def test_static_decoder_matches_the_dynamic_path(tiny_model, tiny_dir, tiny_tokenizer, n, max_batch, stops, swap,
                                                  fuse, chunk):
     """The static-cache decode step (eager on CPU, graphed on CUDA) gives the same tokens and log-probs as the
@@ -168,7 +168,8 @@ def test_static_decoder_matches_the_dynamic_path(tiny_model, tiny_dir, tiny_toke
     scattered steps (a slot above every running one finishing used to index past the decode batch; with 13,
     rows that reach the budget run beside rows that started later); ``swap``: new weights after the 3rd step
     (partial rollout: both paths prefill the in-flight rows again); ``fuse``: q/k/v and gate/up as one product
-    each (what ``rollout.decode_compile`` runs), whose weight copies must follow the swap; ``chunk``: decode
+    each (what ``rollout.decode_compile`` runs), whose weight copies must follow the swap (a number: also the
+    q/k/v, o and down products as that many split-K partial products); ``chunk``: decode
     steps between two reads (below ``max_new_tokens``: a chunk is queued before the last is read, so a row
     that stopped decodes on through it, and its slot is refilled a chunk later; a pair: the chunk and the
     attended span's bucket, 16 positions where the default is 128)."""
@@ -183,7 +184,7 @@ def test_static_decoder_matches_the_dynamic_path(tiny_model, tiny_dir, tiny_toke
         sta.static = StaticDecoder(other, max_batch, graphs=False, bucket=bucket)
     assert dyn.static is None and sta.static is not None
     if fuse:
-        sta.static = StaticDecoder(other, max_batch, graphs=False, fuse=True)
+        sta.static = StaticDecoder(other, max_batch, graphs=False, fuse=True, split_k=1 if fuse is True else fuse)
     stop_ids = tuple(range(5, tiny_model.config.vocab_size, stops)) if stops else ()
     params = SamplingParams(n=n, temperature=0.0 if n == 1 else 1.0, max_new_tokens=10, stop_token_ids=stop_ids)
     new = [(k, v.detach() + 0.05 * torch.randn(v.shape, generator=torch.Generator().manual_seed(9)))
@@ -344,10 +345,12 @@ def test_static_decoder_refuses_more_samples_than_slots(tiny_dir, tiny_tokenizer
 
 
 @pytest.mark.slow
-def test_compiled_decode_step_gives_the_eager_tokens_and_compiles_once_for_every_shape(tiny_model):
-    """``rollout.decode_compile``: the layer step (its projections fused), the head and the sampler's block masses
-    compiled by Inductor (here for the CPU) sample the eager step's tokens, and one compilation of each serves
-    every batch bucket and cache length (slot 3 a row further on than the others)."""
+@pytest.mark.parametrize("split_k", [1, 4])
+def test_compiled_decode_step_gives_the_eager_tokens_and_compiles_once_for_every_shape(tiny_model, split_k):
+    """``rollout.decode_compile``: the layer step (its projections fused, and with ``split_k`` as split-K partial
+    products), the head and the sampler's block masses compiled by Inductor (here for the CPU) sample the eager
+    step's tokens, and one compilation of each serves every batch bucket and cache length (slot 3 a row further
+    on than the others)."""
     from torch._dynamo.utils import counters
 
     from relayrl.engines.generation.static import StaticDecoder
@@ -356,7 +359,8 @@ def test_compiled_decode_step_gives_the_eager_tokens_and_compiles_once_for_every
     counters.clear()
     out = []
     for compiled in (False, True):
-        dec = StaticDecoder(tiny_model, 8, graphs=False, compile=compiled, fuse=compiled)  # fused as on CUDA
+        dec = StaticDecoder(tiny_model, 8, graphs=False, compile=compiled, fuse=compiled,  # fused as on CUDA
+                            split_k=split_k if compiled else 1)
         dec.ensure(300, 40)
         dec.tokens.copy_(torch.arange(8) * 5 + 11)
         dec.positions.fill_(5)
@@ -389,3 +393,21 @@ def test_decode_step_compiled_with_a_mode_gives_the_eager_tokens(tiny_model):
         out.append((dec.hist_tokens.clone(), dec.hist_logprobs.clone()))
     assert torch.equal(out[0][0], out[1][0])
     torch.testing.assert_close(out[0][1], out[1][1], atol=1e-5, rtol=1e-5)
+
+
+def test_split_k_products_equal_the_single_product_and_bad_splits_are_refused(tiny_model):
+    from relayrl.engines.generation.split_k import split_k_linear
+
+    g = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(*shape, generator=g, dtype=torch.float64) for shape in ((5, 1, 24), (7, 24), (7,)))
+    for splits in (1, 2, 3, 8):
+        for bias in (None, b):
+            got = split_k_linear(x, w, bias, splits)
+            assert got.shape == (5, 1, 7)
+            torch.testing.assert_close(got, torch.nn.functional.linear(x, w, bias))
+    with pytest.raises(ValueError, match="split_k=4 needs fuse"):
+        StaticDecoder(tiny_model, 4, graphs=False, split_k=4)
+    with pytest.raises(ValueError, match=r"input width 64 of a \[64, 64\] weight is not a multiple of split_k=3"):
+        StaticDecoder(tiny_model, 4, graphs=False, fuse=True, split_k=3)
+    with pytest.raises(ValueError, match="split_k=0 must be >= 1"):
+        StaticDecoder(tiny_model, 4, graphs=False, fuse=True, split_k=0)

@@ -64,6 +64,7 @@ from torch import nn
 from relayrl.engines.generation.base import SamplingParams
 from relayrl.engines.generation.kv_cache import forward_with_cache
 from relayrl.engines.generation.sampling import block_mass, row_uniforms, sample_next, sample_with
+from relayrl.engines.generation.split_k import split_k_linear, split_k_reason
 
 __all__ = ["StaticDecoder", "unsupported_reason", "fuse_reason"]
 
@@ -214,13 +215,14 @@ class _Fused:
 def _layer_step(layer: nn.Module, x: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor,
                 valid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: Callable,
                 fused: tuple | None = None, split: tuple[int, int, int] | None = None,
-                attention: str = "matmul") -> torch.Tensor:
+                attention: str = "matmul", split_k: int = 1) -> torch.Tensor:
     """One decoder layer of the decode step: ``x`` [B, 1, hidden] holds the new token of slots ``[0, B)``, at
     ``pos`` [B]; its key and value go into the layer's cache ``k_buf``/``v_buf`` [slots, KV, max_len, D] at
     ``pos``, and it attends over the first ``L`` positions, those ``valid`` [B, L] marks. The layer's own modules
     do the rest, or, with ``fused`` (:meth:`_Fused.tensors`, ``split`` the q/k/v widths), one product for q/k/v
-    and one for gate/up; ``attention`` (:data:`ATTENTION`) picks :func:`_attend`, :func:`_attend_flex` or
-    :func:`_attend_triton`. One function for every layer, so
+    and one for gate/up, with ``split_k`` > 1 the q/k/v, o and down products as that many partial products
+    (:mod:`relayrl.engines.generation.split_k`); ``attention`` (:data:`ATTENTION`) picks :func:`_attend`,
+    :func:`_attend_flex` or :func:`_attend_triton`. One function for every layer, so
     that ``compile`` compiles it once (dynamic shapes) and every layer reuses it."""
     attn = layer.self_attn
     B, D = x.shape[0], k_buf.shape[-1]
@@ -229,7 +231,7 @@ def _layer_step(layer: nn.Module, x: torch.Tensor, k_buf: torch.Tensor, v_buf: t
     if fused is None:
         q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
     else:
-        q, k, v = torch.nn.functional.linear(h, fused[0], fused[1]).split(split, dim=-1)
+        q, k, v = split_k_linear(h, fused[0], fused[1], split_k).split(split, dim=-1)
     q, k, v = q.view(shape), k.view(shape), v.view(shape)
     if hasattr(attn, "q_norm"):  # Qwen3: per-head norms before the rotary embedding
         q, k = attn.q_norm(q), attn.k_norm(k)
@@ -245,12 +247,14 @@ def _layer_step(layer: nn.Module, x: torch.Tensor, k_buf: torch.Tensor, v_buf: t
         o = _attend_triton(q, k_buf[:B], v_buf[:B], pos, attn.scaling)
     else:
         o = _attend(q, k_buf[:B, :, :L], v_buf[:B, :, :L], valid, attn.scaling)
-    x = x + attn.o_proj(o.reshape(B, 1, -1))
+    o = o.reshape(B, 1, -1)
+    x = x + (attn.o_proj(o) if split_k == 1 else split_k_linear(o, attn.o_proj.weight, attn.o_proj.bias, split_k))
     h = layer.post_attention_layernorm(x)
     if fused is None:
         return x + layer.mlp(h)
     gate, up = torch.nn.functional.linear(h, fused[2], fused[3]).chunk(2, dim=-1)
-    return x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+    down = layer.mlp.down_proj
+    return x + split_k_linear(layer.mlp.act_fn(gate) * up, down.weight, down.bias, split_k)
 
 
 def _no_duck_shapes(on: bool):
@@ -269,7 +273,7 @@ class StaticDecoder:
 
     def __init__(self, model: nn.Module, slots: int, *, graphs: bool, compile: bool = False,
                  fuse: bool = False, attention: str = "matmul", bucket: int = 128,
-                 compile_mode: str | None = None) -> None:
+                 compile_mode: str | None = None, split_k: int = 1) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"static decoding: {reason}")
@@ -326,6 +330,18 @@ class StaticDecoder:
         self._fused: list[_Fused] = []
         if fuse and (why := next(filter(None, map(fuse_reason, self.layers)), None)) is not None:
             raise ValueError(f"static decoding with fused projections: {why}")
+        # split_k: the fused q/k/v, o and down products as split_k partial products each (few output tiles at a
+        # decode step's batch; relayrl.engines.generation.split_k)
+        if split_k != 1:
+            if not fuse:
+                raise ValueError(f"static decoding: split_k={split_k} needs fuse (the step's own products)")
+            if any(type(layer.self_attn.o_proj) is not nn.Linear for layer in self.layers):
+                raise ValueError("static decoding: split_k needs o_proj to be a plain nn.Linear")
+            weights = [m.weight for layer in self.layers  # q/k/v share q_proj's input width
+                       for m in (layer.self_attn.q_proj, layer.self_attn.o_proj, layer.mlp.down_proj)]
+            if (why := next(filter(None, (split_k_reason(w, split_k) for w in weights)), None)) is not None:
+                raise ValueError(f"static decoding: {why}")
+        self.split_k = split_k
 
     # ------------------------------------------------------------- buffers
     def ensure(self, max_len: int, width: int = 1) -> None:
@@ -426,7 +442,7 @@ class StaticDecoder:
             for i, (layer, k_buf, v_buf) in enumerate(zip(self.layers, self.keys, self.values)):
                 f = self._fused[i] if self._fused else None
                 x = self._layer_fn(layer, x, k_buf, v_buf, pos, valid, cos, sin, self.rope,
-                                   f and f.tensors(), f and f.split, self.attention)
+                                   f and f.tensors(), f and f.split, self.attention, self.split_k)
             return self._head_fn(x)
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
