@@ -7,16 +7,16 @@
 #   PARTS="tests" bash benchmarks/gpu_session.sh        # the four files that hold the CUDA tests
 #   OLD=.gpu/old bash benchmarks/gpu_session.sh         # and an older tree's decode and training, same run
 #
-# The next session's two calls (planned 2026-11-27; about 9 and 3.5 minutes on one warm machine). First, where
-# one update's time goes now (profiled) beside the head's backward a vocabulary slice at a time and on stored
-# logits (and those with the head's Triton kernels), and decode with the Triton attention, split-K products and
-# max-autotune:
+# The next session's two calls (planned 2026-11-27; about 8.5 and 4 minutes on one warm machine, with the start
+# about 13.5 of the 15 minutes). First, where one update's time goes now (profiled) beside the head's backward a
+# vocabulary slice at a time and on stored logits (and those with the head's Triton kernels), and decode with
+# the Triton attention and split-K products:
 #   V=flex+compile+fusedhead+copy; PARTS="train decode" TRAIN_ARGS=--profile \
-#     TRAIN_VARIANTS=$V,$V+vocabgrad,$V+storedgrad,$V+storedgrad+tritonhead TRAIN_S=230 DECODE_S=300 \
+#     TRAIN_VARIANTS=$V,$V+vocabgrad,$V+storedgrad,$V+storedgrad+tritonhead TRAIN_S=220 DECODE_S=260 \
 #     bash benchmarks/gpu_session.sh
-# Then test_cuda.py with the new FlexAttention defaults and the Triton decode attention, and the head's two new
-# backward orders on CUDA:
-#   PARTS=tests TEST_S=190 TESTS="not flex or head_grad" \
+# Then the CUDA tests of what changed since they last ran: test_cuda.py (the new FlexAttention defaults, the
+# Triton decode attention, split-K) and the head's two new backward orders:
+#   PARTS=tests TEST_S=230 TESTS="not flex or head_grad" \
 #     TEST_FILES="tests/engines/test_cuda.py tests/engines/test_flex_attention.py" bash benchmarks/gpu_session.sh
 #
 # The device image has no pydantic (2026-11-27): download its wheels here into .whl/ (ignored by git through
@@ -43,11 +43,12 @@ TEST_FILES=${TEST_FILES:-tests/engines/test_cuda.py tests/engines/test_flex_atte
 PART_S=${PART_S:-150}
 FLEX_S=${FLEX_S:-170} TRAIN_S=${TRAIN_S:-200} DECODE_S=${DECODE_S:-300}  # the limits of each part
 # the compiled step, the Triton attention kernel (graphed, then compiled), split-K products (4 and 8 partials,
-# with either attention) and, last, the compiled step with max-autotune (about 20 s of autotuning per matrix
-# product shape: give it DECODE_S=300);
+# with either attention) and, with AUTOTUNE=1, last, the compiled step with max-autotune (about 20 s of
+# autotuning per matrix product shape; it outran a 190 s part on 2026-11-27, and a part cut short prints no
+# gpu: line);
 # DECODE_ARGS=--decode-prefill-compile adds the compiled prefill (22.2% vs 21.8%)
-DECODE=(--only decode --decode-sizes 256 --compile-decode --decode-triton --decode-splitk 4,8 --decode-autotune
-  --decode-breakdown)
+DECODE=(--only decode --decode-sizes 256 --compile-decode --decode-triton --decode-splitk 4,8 --decode-breakdown)
+[[ -n "${AUTOTUNE:-}" ]] && DECODE+=(--decode-autotune)  # AUTOTUNE=1: also max-autotune (last; give it 200 s more)
 [[ -n "${HF:-}" ]] || DECODE+=(--no-decode-baselines)  # HF=1: also HF generate and the dynamic path (about 55 s)
 B=flex+compile+fusedhead+copy  # the fastest training variant so far (relayrl's kernel options: IS_DIVISIBLE, EXPAND_KV)
 TRAIN=(--only train --train-variants "${TRAIN_VARIANTS:-$B,$B+opt=tiles-64,$B+opt=divisible,$B+opt=expand-kv-n1-64,\
