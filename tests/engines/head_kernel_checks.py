@@ -11,7 +11,9 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 import torch  # noqa: E402
 
 from relayrl.engines.training import head, head_kernels  # noqa: E402
-from relayrl.engines.training.head import _chunk_grad, _chunk_stats, chunked_token_logprobs  # noqa: E402
+from relayrl.engines.training.head import _chunk_grad, _chunk_stats  # noqa: E402
+
+from head_compare import fused_matches_eager  # noqa: E402  (beside this script)
 
 
 def kernels_match_the_eager_steps() -> None:
@@ -53,17 +55,9 @@ def the_head_gives_the_compiled_heads_numbers() -> None:
     w = torch.randn(90, 16, generator=g, requires_grad=True)
     t = torch.randint(0, 90, (23,), generator=g)
     up = torch.randn(23, generator=g)
+    head.FUSED = "triton"
     for order in ("positions", "vocab", "stored"):
-        out = []
-        for fused in (False, True):
-            head.FUSED = "triton"
-            lp, ent = chunked_token_logprobs(h, w, t, temperature=0.7, chunk=8, with_entropy=True, fused=fused,
-                                             grad_by=order)
-            (lp * up).sum().backward()
-            out.append((lp.detach(), ent, h.grad.clone(), w.grad.clone()))
-            h.grad = w.grad = None
-        for a, b in zip(*out):
-            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        fused_matches_eager(h, w, t, up, chunk=8, temperature=0.7, grad_by=order)
     print("head: ok")
 
 

@@ -9,6 +9,7 @@ from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngi
 from relayrl.models.load import load_model
 from relayrl.workflows.losses import PolicyLoss
 
+from tests.engines.head_compare import fused_matches_eager
 from tests.engines.test_precision import _batch
 
 
@@ -96,15 +97,7 @@ def test_fused_head_gives_the_same_logprobs_entropy_and_gradients(grad_by, tempe
     w = torch.randn(50, 16, generator=g, requires_grad=True)
     t = torch.randint(0, 50, (37,), generator=g)
     up = torch.randn(37, generator=g)
-    out = []
-    for fused in (False, True):
-        lp, ent = chunked_token_logprobs(h, w, t, temperature=temperature, chunk=16, with_entropy=True, fused=fused,
-                                         grad_by=grad_by)
-        (lp * up).sum().backward()
-        out.append((lp.detach(), ent, h.grad.clone(), w.grad.clone()))
-        h.grad = w.grad = None
-    for a, b in zip(*out):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    fused_matches_eager(h, w, t, up, chunk=16, temperature=temperature, grad_by=grad_by)
 
 
 @pytest.mark.parametrize("compute_copy", [False, True])

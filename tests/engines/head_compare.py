@@ -1,0 +1,23 @@
+"""One comparison shared by the head's tests (test_head.py) and its Triton checks (head_kernel_checks.py, a
+script of its own): the fused head against the eager chunks."""
+
+from __future__ import annotations
+
+import torch
+
+from relayrl.engines.training.head import chunked_token_logprobs
+
+
+def fused_matches_eager(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor, up: torch.Tensor, *, chunk: int,
+                        temperature: float, grad_by: str) -> None:
+    """``chunked_token_logprobs`` with ``fused`` off and on give the same log-probs, entropy and gradients of
+    ``(logp * up).sum()`` for ``h`` and ``w`` (leaves that require grad)."""
+    out = []
+    for fused in (False, True):
+        lp, ent = chunked_token_logprobs(h, w, t, temperature=temperature, chunk=chunk, with_entropy=True,
+                                         fused=fused, grad_by=grad_by)
+        (lp * up).sum().backward()
+        out.append((lp.detach(), ent, h.grad.clone(), w.grad.clone()))
+        h.grad = w.grad = None
+    for a, b in zip(*out):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
