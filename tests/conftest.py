@@ -14,7 +14,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 def pytest_sessionstart(session) -> None:
     """Create transformers' log handler now: made lazily inside a test that captures stderr (capsys), it would
-    keep writing to that test's closed stream in every later test of the process ("Logging error")."""
+    keep writing to that test's closed stream in every later test of the process ("Logging error"). Not in
+    pytest-xdist's controller, which runs no test (its import would hold up the workers' start)."""
+    config = session.config
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return
     from transformers.utils import logging
 
     logging.get_logger("transformers")
