@@ -23,7 +23,8 @@ def split_k_reason(weight: torch.Tensor, splits: int) -> str | None:
     if splits < 1:
         return f"split_k={splits} must be >= 1"
     if weight.shape[1] % splits:
-        return f"the input width {weight.shape[1]} of a [{weight.shape[0]}, {weight.shape[1]}] weight is not a multiple of split_k={splits}"
+        return (f"the input width {weight.shape[1]} of a [{weight.shape[0]}, {weight.shape[1]}] weight is not a "
+                f"multiple of split_k={splits}")
     if weight.is_cuda and not hasattr(torch.ops.aten.bmm, "dtype"):
         return f"this torch ({torch.__version__}) has no float32 output for bf16 batched products (bmm out_dtype)"
     return None
