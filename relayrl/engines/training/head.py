@@ -85,6 +85,22 @@ def _chunk_grad(logits: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor, tar
     return d.to(logits.dtype)
 
 
+def _chunk_grad_eager(logits: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor, targets: torch.Tensor,
+                      temperature: float) -> torch.Tensor:
+    """:func:`_chunk_grad` for the eager path, on one float32 ``[c, V]`` tensor (steps in place; ``logits``, a
+    product made for this call, may be overwritten). A target outside ``[0, V)`` (a vocabulary slice without
+    it) adds nothing."""
+    d = logits.float()
+    if temperature != 1.0:
+        d /= temperature
+    d.sub_(lse[:, None]).exp_().mul_(-grad[:, None])  # - grad * softmax
+    inside = (targets >= 0) & (targets < d.shape[1])
+    d[torch.arange(d.shape[0], device=d.device)[inside], targets[inside]] += grad[inside]
+    if temperature != 1.0:
+        d /= temperature
+    return d.to(logits.dtype)
+
+
 def _chunk_grad_inplace(logits: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor, targets: torch.Tensor,
                         temperature: float) -> None:
     """:func:`_chunk_grad` written over ``logits`` (compiled, one kernel reads and rewrites the chunk)."""
@@ -176,24 +192,10 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
             if ctx.needs_input_grad[1] else None
-        rows = torch.arange(min(chunk, hidden.shape[0]), device=hidden.device)
-        grad_fn = _fused(_chunk_grad) if ctx.fused else None
+        grad_fn = _fused(_chunk_grad) if ctx.fused else _chunk_grad_eager
         for s in range(0, hidden.shape[0], chunk):
             h = hidden[s:s + chunk]
-            g = grad_logp[s:s + chunk].float()
-            if grad_fn is not None:
-                dlogits = grad_fn(h @ w.T, lse[s:s + chunk], g, targets[s:s + chunk], T)
-            else:
-                dlogits = (h @ w.T).float()
-                if T != 1.0:
-                    dlogits /= T
-                # d logp[target] / d logits = onehot(target) - softmax, then / T for the temperature (in place:
-                # one float32 chunk alive at a time)
-                dlogits.sub_(lse[s:s + chunk, None]).exp_().mul_(-g[:, None])
-                dlogits[rows[: h.shape[0]], targets[s:s + chunk]] += g
-                if T != 1.0:
-                    dlogits /= T
-                dlogits = dlogits.to(hidden.dtype)
+            dlogits = grad_fn(h @ w.T, lse[s:s + chunk], grad_logp[s:s + chunk].float(), targets[s:s + chunk], T)
             if grad_h is not None:
                 grad_h[s:s + chunk] = dlogits @ w
             if grad_w is not None:  # the product in the compute dtype, summed in float32 by one kernel (no copy)
@@ -228,24 +230,12 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
         grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) \
             if ctx.needs_input_grad[0] else None
         grad_w = torch.empty_like(weight) if ctx.needs_input_grad[1] else None
-        grad_fn = _fused(_chunk_grad) if ctx.fused else None
-        rows = torch.arange(n, device=hidden.device)
+        grad_fn = _fused(_chunk_grad) if ctx.fused else _chunk_grad_eager
         step = _vocab_slice(ctx.chunk, vocab, n)
         for v in range(0, vocab, step):
             wv = w[v:v + step]
-            local = targets - v  # the target's column in this slice; outside [0, width) it is not in the slice
-            if grad_fn is not None:
-                dlogits = grad_fn(hidden @ wv.T, lse, g, local, T)
-            else:
-                dlogits = (hidden @ wv.T).float()
-                if T != 1.0:
-                    dlogits /= T
-                dlogits.sub_(lse[:, None]).exp_().mul_(-g[:, None])  # - grad * softmax, in place
-                inside = (local >= 0) & (local < wv.shape[0])
-                dlogits[rows[inside], local[inside]] += g[inside]
-                if T != 1.0:
-                    dlogits /= T
-                dlogits = dlogits.to(hidden.dtype)
+            # the target's column in this slice; outside [0, width) it is not in the slice
+            dlogits = grad_fn(hidden @ wv.T, lse, g, targets - v, T)
             if grad_h is not None:
                 grad_h.add_(dlogits @ wv)
             if grad_w is not None:  # this slice's whole gradient: one product over every position
