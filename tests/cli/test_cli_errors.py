@@ -124,6 +124,7 @@ def test_plot_of_a_missing_or_empty_metrics_file_says_so(capsys, tmp_path):
     assert not (tmp_path / "plots").exists()
 
 
+@pytest.mark.slow  # (draws figures: about 2 s; the fast set keeps the rest of this file, `make test` runs it)
 def test_plot_names_a_damaged_line_and_warns_about_a_torn_last_line(capsys, tmp_path):
     good = [json.dumps({"step": s, "reward/mean": 0.1 * s}) for s in range(3)]
     (tmp_path / "metrics.jsonl").write_text("\n".join([good[0], "{not json", *good[1:]]) + "\n")

@@ -11,6 +11,7 @@ def _ids(tok, texts):
     return [tok(t)["input_ids"] for t in texts]
 
 
+@pytest.mark.slow  # (about 0.7 s; the fast set keeps the rest of this file, `make test` runs it)
 def test_greedy_matches_hf_generate_across_refills(tiny_model, tiny_tokenizer):
     # max_batch=2 forces rows to leave and new prompts (of other lengths) to join a running cache
     eng = NativeGenerationEngine(tiny_model, tiny_tokenizer, max_batch=2)
@@ -188,6 +189,7 @@ def _cache_named_model(model):
     return model
 
 
+@pytest.mark.slow  # (about 1.3 s; the fast set keeps the rest of this file, `make test` runs it)
 @pytest.mark.filterwarnings("error")
 def test_a_model_that_names_its_cache_cache_gets_it_so(tiny_model, tiny_tokenizer):
     """transformers 5.24 takes the cache as ``cache`` and warns at every call that says ``past_key_values``

@@ -159,7 +159,7 @@ _SLOW = pytest.mark.slow  # (the fast set keeps one case per feature: stops, swa
     pytest.param(2, 16, 3, True, False, 16, marks=_SLOW), pytest.param(3, 4, 0, False, True, 16, marks=_SLOW),
     (2, 16, 3, True, True, 16), pytest.param(2, 4, 3, False, False, 3, marks=_SLOW), (2, 3, 3, False, False, 1),
     pytest.param(3, 4, 0, False, False, 4, marks=_SLOW), pytest.param(2, 4, 13, False, False, 3, marks=_SLOW),
-    (2, 4, 13, False, False, (3, 16)), (2, 16, 3, True, 4, 16)])
+    (2, 4, 13, False, False, (3, 16)), pytest.param(2, 16, 3, True, 4, 16, marks=_SLOW)])
 def test_static_decoder_matches_the_dynamic_path(tiny_model, tiny_dir, tiny_tokenizer, n, max_batch, stops, swap,
                                                  fuse, chunk):
     """The static-cache decode step (eager on CPU, graphed on CUDA) gives the same tokens and log-probs as the

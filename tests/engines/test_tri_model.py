@@ -38,6 +38,7 @@ def _close(a, b, **tol):
 LOSS = PolicyLoss(agg="seq-mean-token-mean", kl_coef=0.1, kl_kind="k3")
 
 
+@pytest.mark.slow  # (about 1.1 s; the fast set keeps the rest of this file, `make test` runs it)
 def test_tri_model_update_and_stream_equal_a_separate_reference(tiny_dir, tiny_tokenizer):
     """An update whose reference log-probs come from the actor's own micro-steps equals one whose batch
     carries them from a ReferenceWorker; so does a streamed update; and the reference follows offload."""
@@ -76,6 +77,7 @@ def test_tri_model_update_and_stream_equal_a_separate_reference(tiny_dir, tiny_t
     assert max(float((p - r).abs().max()) for p, r in zip(policy, reference)) > 1e-3
 
 
+@pytest.mark.slow  # (about 0.7 s; the fast set keeps the rest of this file, `make test` runs it)
 def test_tri_model_bf16_reference_matches_a_bf16_reference_worker(tiny_dir, tiny_tokenizer):
     """Mixed precision: the actor's float32 master weights compute in bf16; its reference copy holds bf16
     weights, as a ReferenceWorker of the frozen role does, and gives the same log-probs."""

@@ -135,6 +135,7 @@ def test_console_bar_shows_key_metrics_and_prints_table(tmp_path):
 # ----------------------------------------------------------------------------- tensorboard
 
 
+@pytest.mark.slow  # (imports tensorboard: about 1.2 s; the fast set keeps the rest of this file, `make test` runs it)
 def test_tensorboard_events_readable_and_purged_on_resume(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
