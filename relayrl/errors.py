@@ -39,6 +39,9 @@ class ProcessLost(RuntimeError):
     answering. Nothing in the run's inputs to fix: ``run.max_restarts`` recovers from it as from a lost worker
     (:mod:`relayrl.workflows.restart`), whether the driver or a rank met it."""
 
+    node_id: str | None = None
+    """Ray: the id of the node the lost process ran on, when known (a restart waits until Ray marks it dead)."""
+
 
 def is_user_error(exc: BaseException) -> bool:
     """True for a :class:`UserError` and for a file-system error that names its file."""

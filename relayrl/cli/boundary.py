@@ -26,7 +26,7 @@ import sys
 import traceback
 from typing import Callable
 
-from relayrl.errors import is_user_error, user_message
+from relayrl.errors import ProcessLost, is_user_error, user_message
 
 __all__ = ["DEBUG_ENV", "debug_requested", "run_guarded", "EXIT_INTERRUPTED", "EXIT_TERMINATED", "EXIT_CONFIG",
            "EXIT_USER", "Terminated"]
@@ -46,6 +46,11 @@ class Terminated(KeyboardInterrupt):
 def debug_requested(flag: bool) -> bool:
     """``--debug`` given, or ``RELAYRL_DEBUG`` set to anything but "", "0", "false", "no"."""
     return flag or os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+_LOST_HINT = ("({what} is gone: run.max_restarts=N recreates the worker groups and the dock and resumes from the "
+              "last checkpoint by itself; run.resume=auto resumes by hand, or, with no checkpoint yet, "
+              "run.overwrite=true starts over)")
 
 
 def _say(text: str) -> None:
@@ -81,9 +86,7 @@ def run_guarded(fn: Callable[[argparse.Namespace], int], args: argparse.Namespac
             if debug:
                 traceback.print_exc()
             _say(f"error: {exc.brief()}")
-            _say("(the worker's process or host is gone: run.max_restarts=N recreates the worker groups and "
-                 "resumes from the last checkpoint by itself; run.resume=auto resumes by hand, or, with no checkpoint "
-                 "yet, run.overwrite=true starts over)")
+            _say(_LOST_HINT.format(what="the worker's process or host"))
             return EXIT_USER
         if exc.user_message is None:
             raise
@@ -92,6 +95,12 @@ def run_guarded(fn: Callable[[argparse.Namespace], int], args: argparse.Namespac
         _say(f"error: {exc.brief()}")
         if not debug:
             _say(f"(--debug or {DEBUG_ENV}=1 shows the traceback)")
+        return EXIT_USER
+    except ProcessLost as exc:  # a dock storage unit (its process, actor or host) is gone: not a bug either
+        if debug:
+            traceback.print_exc()
+        _say(f"error: {exc}")
+        _say(_LOST_HINT.format(what="a dock storage unit's process or host"))
         return EXIT_USER
     except Exception as exc:
         if not is_user_error(exc):

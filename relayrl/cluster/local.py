@@ -57,7 +57,7 @@ class InProcessRanks:
             self.worker = construct_worker(worker_cls, info, init_kwargs)
         except Exception as exc:
             raise WorkerError(group, 0, "__init__", traceback.format_exc(), _user_message(exc),
-                              lost=isinstance(exc, ProcessLost)) from exc
+                              lost=isinstance(exc, ProcessLost), node_id=getattr(exc, "node_id", None)) from exc
 
     def call(self, method: str, ranks: list[int], payloads: list[Payload]) -> list[Any]:
         if self.worker is None:
@@ -67,7 +67,7 @@ class InProcessRanks:
             return [compute.run(getattr(self.worker, method), *args, **kwargs)]
         except Exception as exc:
             raise WorkerError(self.group, 0, method, traceback.format_exc(), _user_message(exc),
-                              lost=isinstance(exc, ProcessLost)) from exc
+                              lost=isinstance(exc, ProcessLost), node_id=getattr(exc, "node_id", None)) from exc
 
     def pids(self) -> list[int]:
         return [os.getpid()]

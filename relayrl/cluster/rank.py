@@ -45,6 +45,8 @@ class Reply:
     """The error's message when it is the user's to fix (`relayrl.errors.is_user_error`)."""
     lost: bool = False
     """The error was a process the rank depends on lost (`relayrl.errors.ProcessLost`, e.g. a dock unit)."""
+    lost_node: str | None = None
+    """Ray: the node of that lost process, when known (`ProcessLost.node_id`)."""
 
 
 def error_reply(call_id: int, exc: BaseException) -> Reply:
@@ -53,7 +55,8 @@ def error_reply(call_id: int, exc: BaseException) -> Reply:
     from relayrl.errors import ProcessLost, is_user_error, user_message
 
     return Reply(call_id, False, traceback=traceback.format_exc(),
-                 user_message=user_message(exc) if is_user_error(exc) else None, lost=isinstance(exc, ProcessLost))
+                 user_message=user_message(exc) if is_user_error(exc) else None, lost=isinstance(exc, ProcessLost),
+                 lost_node=exc.node_id if isinstance(exc, ProcessLost) else None)
 
 
 class Replies:
@@ -81,7 +84,7 @@ class Replies:
             self.results[rank] = reply.value
         elif self.first_error is None:
             self.first_error = WorkerError(self.group, rank, self.method, reply.traceback, reply.user_message,
-                                           lost=reply.lost)
+                                           lost=reply.lost, node_id=reply.lost_node)
             self.deadline = time.monotonic() + self.grace_s
         elif reply.user_message is not None and reply.user_message == self.first_error.user_message:
             self.first_error.other_ranks.append(rank)  # the same mistake seen by every rank: one message

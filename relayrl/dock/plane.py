@@ -71,7 +71,9 @@ def _raise_write_errors(errors: list[BaseException], n: int, columns: dict[str, 
         raise PartitionClosedError(f"put of {n} rows: the partition was closed; nothing is stored") from e
     lost = next((x for x in errors if isinstance(x, UnitLostError)), None)
     if lost is not None:  # (recoverable by run.max_restarts, as a lost unit met by a read)
-        raise UnitLostWriteError(f"put of {n} rows (columns {list(columns)}) was not stored: {lost}") from lost
+        err = UnitLostWriteError(f"put of {n} rows (columns {list(columns)}) was not stored: {lost}")
+        err.node_id = lost.node_id
+        raise err from lost
     raise DockWriteError(f"put of {n} rows (columns {list(columns)}) was not stored: {type(e).__name__}: {e}") from e
 
 
@@ -164,7 +166,7 @@ class RayPlane:
         # write may, so it gets its own bound
         start_s = max(timeout_s, self.START_S)
         try:
-            ray.get([u.ping.remote() for u in self.units], timeout=start_s)
+            self.hosts = ray.get([u.where.remote() for u in self.units], timeout=start_s)
         except ray.exceptions.GetTimeoutError:
             for u in self.units:
                 ray.kill(u)
@@ -175,13 +177,14 @@ class RayPlane:
     # Slots carry the plane to writers in other processes: the unit handles travel, each process
     # gets its own group-committing writers.
     def __getstate__(self) -> dict:
-        return {"n_units": self.n_units, "timeout_s": self.timeout_s, "units": self.units}
+        return {"n_units": self.n_units, "timeout_s": self.timeout_s, "units": self.units, "hosts": self.hosts}
 
     def __setstate__(self, state: dict) -> None:
         import ray
 
         self._ray = ray
         self.n_units, self.timeout_s, self.units = state["n_units"], state["timeout_s"], state["units"]
+        self.hosts = state["hosts"]
         self.writers = [UnitWriter(u, ray, self.timeout_s) for u in self.units]
 
     def write(self, gen: int, n_rows: int, idx: np.ndarray, owner: np.ndarray,
@@ -200,11 +203,14 @@ class RayPlane:
         _raise_write_errors(errors, len(idx), columns)
 
     def _lost(self, unit: int | None, op: str, e: BaseException) -> UnitLostError | None:
-        """A :class:`UnitLostError` naming the unit when ``e`` says its actor died, else None."""
+        """A :class:`UnitLostError` naming the unit and its host when ``e`` says its actor died, else None.
+        Its ``node_id`` lets a restart wait until Ray has marked a lost host dead."""
         if not isinstance(e, self._ray.exceptions.RayActorError):
             return None
-        who = f"Ray storage unit {unit}" if unit is not None else "a Ray storage unit"
-        return UnitLostError(f"{who} died; its rows are lost [{op}: {type(e).__name__}: {str(e).splitlines()[0]}]")
+        who = f"Ray storage unit {unit} (host {self.hosts[unit][0]})" if unit is not None else "a Ray storage unit"
+        lost = UnitLostError(f"{who} died; its rows are lost [{op}: {type(e).__name__}: {str(e).splitlines()[0]}]")
+        lost.node_id = self.hosts[unit][1] if unit is not None else None
+        return lost
 
     def _get(self, refs: list, units: list[int], op: str) -> list:
         """``ray.get`` of one call per unit in ``units``; a dead unit's actor error becomes :class:`UnitLostError`."""

@@ -172,4 +172,9 @@ def make_ray_unit_class():
     """The Ray actor class for ``PackedUnit`` (built lazily: importing the dock never touches Ray)."""
     import ray
 
-    return ray.remote(num_cpus=0, max_restarts=0)(PackedUnit)
+    class RayUnit(PackedUnit):
+        def where(self) -> tuple[str, str]:
+            """The IP address and Ray id of the node this unit runs on (a lost unit's error names its host)."""
+            return ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id()
+
+    return ray.remote(num_cpus=0, max_restarts=0)(RayUnit)

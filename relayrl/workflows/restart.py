@@ -8,9 +8,10 @@ checkpoint are trained again. Each restart is printed and written to the run's l
 step records that follow carry ``run/restarts``. Errors that are not a lost worker (a bug, bad data, a
 user's reward function that raises) end the run as before: restarting would only fail again.
 
-A lost dock storage unit (``dock.backend=process``: its process died or stopped answering,
-:class:`~relayrl.dock.UnitLostError`, met by the driver or inside a rank) is recovered the same way: the new
-attempt builds a new dock, and the rows of the interrupted step are generated again.
+A lost dock storage unit (its process died or stopped answering with ``dock.backend=process``, its actor or
+host with ``backend=ray``: :class:`~relayrl.dock.UnitLostError`, met by the driver or inside a rank) is
+recovered the same way: the new attempt builds a new dock, and the rows of the interrupted step are generated
+again.
 
 A lost *node* on Ray is recovered the same way (its actors die). Groups of pools that are not pinned
 (``placement.nodes``) are recreated on what Ray offers; a pool pinned to the lost node waits for that node to
@@ -56,7 +57,7 @@ def run_with_restarts(cfg: Config, run: Callable[[Config], Path], log: Callable[
                     f"recreating the worker groups (and the dock) and resuming from the last checkpoint in "
                     f"{cfg.run.dir}")
                 _note(cfg.run.dir, f"restart {done}/{cfg.run.max_restarts}: {cause}")
-                if worker and e.node_id is not None:
+                if e.node_id is not None:  # a rank, or a dock unit, on a Ray node that is gone
                     _settle(e.node_id, log)
                 if cfg.run.resume != "auto" and CheckpointManager(Path(cfg.run.dir) / "checkpoints").latest():
                     # (no checkpoint of this run yet: start as the run did, from scratch or its resume path)

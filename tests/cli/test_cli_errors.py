@@ -249,6 +249,21 @@ def test_a_lost_worker_says_how_to_go_on_with_or_without_a_checkpoint(capsys, mo
     assert "run.resume=auto resumes by hand, or, with no checkpoint yet, run.overwrite=true starts over" in err
 
 
+def test_a_lost_dock_unit_says_how_to_go_on_without_a_traceback(capsys, monkeypatch, tmp_path):
+    """A storage unit (or its host) gone is not a bug: one line and the way on, as for a lost worker (fails
+    before: the UnitLostError's traceback, and no word of run.max_restarts)."""
+    import relayrl.telemetry.plots as plots
+    from relayrl.dock import UnitLostError
+
+    def lost(*args, **kwargs):
+        raise UnitLostError("Ray storage unit 0 (host 10.0.0.2) died; its rows are lost [drop: ActorDiedError]")
+
+    monkeypatch.setattr(plots, "plot_run", lost)
+    code, err = run(capsys, "plot", str(tmp_path))
+    assert code == EXIT_USER and "error: Ray storage unit 0 (host 10.0.0.2) died" in err
+    assert "run.max_restarts=N" in err and "Traceback" not in err and "UnitLostError" not in err
+
+
 def test_internal_errors_keep_their_traceback(monkeypatch, tmp_path):
     import relayrl.telemetry.plots as plots
 

@@ -94,7 +94,9 @@ class Echo(Worker):
         """A dock storage unit this rank writes to is gone (relayrl.errors.ProcessLost)."""
         from relayrl.dock import UnitLostError
 
-        raise UnitLostError("storage unit 0 (pid 4242) died (killed by signal SIGKILL); its rows are lost [put_many]")
+        lost = UnitLostError("storage unit 0 (pid 4242) died (killed by signal SIGKILL); its rows are lost [put_many]")
+        lost.node_id = "node-of-the-unit"  # (Ray: a restart waits until this node is marked dead)
+        raise lost
 
     def all_reduce_rank(self) -> float:
         t = torch.tensor([float(self.rank + 1)])

@@ -91,6 +91,7 @@ def test_a_lost_dock_unit_in_a_rank_process_counts_as_lost(group):
     with pytest.raises(WorkerError) as info:
         group.all("lose_a_unit")
     assert info.value.lost and "storage unit 0 (pid 4242) died" in info.value.brief()
+    assert info.value.node_id == "node-of-the-unit"  # the unit's node reaches the driver
     with pytest.raises(WorkerError) as info:
         group.all("boom", on_rank=0)
     assert not info.value.lost

@@ -58,13 +58,14 @@ def test_put_to_dead_unit_raises(ray_cluster):
     with pytest.raises(ray_cluster.exceptions.RayActorError):  # kill is asynchronous: wait until it took effect
         for _ in range(100):
             ray_cluster.get(dead.ping.remote(), timeout=10)
-    with pytest.raises(DockWriteError, match="not stored: Ray storage unit 0 died") as err:
+    with pytest.raises(DockWriteError, match=r"not stored: Ray storage unit 0 \(host [0-9.]+\) died") as err:
         d.put("p", {"x": [torch.ones(1)] * 4})
     assert err.value.indexes == [0, 1, 2, 3]  # the caller can retry these rows with indexes=
     assert isinstance(err.value, UnitLostError)  # and run.max_restarts recovers it (a ProcessLost)
+    assert err.value.node_id == ray_cluster.get_runtime_context().get_node_id()  # (one node: the driver's)
     with pytest.raises(KeyError, match="not been written"):
         d.get("p", [0], ["x"])  # nothing was published
-    with pytest.raises(UnitLostError, match="Ray storage unit 0 died"):  # a call to every unit names the dead one
+    with pytest.raises(UnitLostError, match=r"Ray storage unit 0 \(host [0-9.]+\) died"):  # a call to every unit names the dead one
         d._plane.drop(0)
     d._plane.units = d._plane.units[1:]
 

@@ -75,19 +75,25 @@ def test_an_error_that_is_not_a_lost_worker_is_not_retried(tmp_path):
     assert len(calls) == 1
 
 
-def test_a_lost_dock_unit_is_restarted_like_a_lost_worker(tmp_path):
+def test_a_lost_dock_unit_is_restarted_like_a_lost_worker(tmp_path, monkeypatch):
     """A storage unit met dead by the driver (UnitLostError) restarts the run when run.max_restarts allows
-    (fails before: it ended the run); without restarts it ends the run as before."""
-    calls, lines = [], []
+    (fails before: it ended the run); without restarts it ends the run as before. A unit on a Ray node that
+    is gone makes the restart wait until Ray marks the node dead, as a lost rank's node does."""
+    import relayrl.workflows.restart as restart
+
+    calls, lines, settled = [], [], []
+    monkeypatch.setattr(restart, "_settle", lambda node_id, log: settled.append(node_id))
 
     def run(cfg):
         calls.append(cfg)
         if len(calls) == 1:
-            raise UnitLostError("storage unit 0 (pid 4242) died (killed by signal SIGKILL); its rows are lost [drop]")
+            lost = UnitLostError("storage unit 0 (pid 4242) died (killed by signal SIGKILL); its rows are lost [drop]")
+            lost.node_id = "node-of-the-unit"
+            raise lost
         return tmp_path / "model"
 
     assert run_with_restarts(config(tmp_path, "run.max_restarts=1"), run, lines.append) == tmp_path / "model"
-    assert len(calls) == 2 and len(lines) == 1
+    assert len(calls) == 2 and len(lines) == 1 and settled == ["node-of-the-unit"]
     assert "restart 1/1" in lines[0] and "storage unit 0 (pid 4242) died" in lines[0] and "the dock" in lines[0]
     assert "storage unit 0" in (tmp_path / "restarts.log").read_text()
     calls.clear()
