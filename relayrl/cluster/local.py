@@ -100,6 +100,26 @@ def _ensure_world_of_one(device: str, cfg: ClusterConfig) -> None:
                             timeout=timedelta(seconds=cfg.collective_timeout_s))
 
 
+PRELOAD = ("relayrl.cluster.rank", "torch", "transformers", "transformers.modeling_utils",
+           "relayrl.engines.training.torch_engine")
+"""What the fork server imports once, before it forks CPU rank processes (importing torch and transformers
+takes a new process about 10 s of one core here; a fork of the server takes milliseconds)."""
+
+
+def rank_context(devices: list[str]):
+    """How rank processes start. CPU ranks fork from a server that has imported torch and transformers once
+    (``PRELOAD``); a CUDA rank is spawned, a fresh interpreter: a process forked after CUDA was touched cannot
+    use it, and torch or transformers may query the driver at import."""
+    import multiprocessing
+    import torch.multiprocessing as tmp
+
+    if any(d != "cpu" for d in devices) or "forkserver" not in multiprocessing.get_all_start_methods():
+        return tmp.get_context("spawn")
+    ctx = tmp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))  # (read when the server starts: the first CPU group of the process)
+    return ctx
+
+
 class ProcessRanks:
     """N ranks as spawned processes on this machine."""
 
@@ -112,7 +132,8 @@ class ProcessRanks:
         self.world_size = len(devices)
         self.broken: str | None = None
         self._ids = itertools.count()
-        ctx = tmp.get_context("spawn")
+        ctx = rank_context(devices)
+        env = dict(os.environ)  # (a forked rank gets the fork server's environment: this one is the driver's now)
         port = free_port()
         threads = max(1, (os.cpu_count() or 1) // self.world_size)
         self.procs, self.conns = [], []
@@ -124,7 +145,7 @@ class ProcessRanks:
                     timeout_s=cfg.collective_timeout_s, num_threads=threads if dev == "cpu" else None,
                 )
                 parent, child = ctx.Pipe(duplex=True)
-                proc = ctx.Process(target=rank_process_main, args=(child, pickle.dumps(spec)),
+                proc = ctx.Process(target=rank_process_main, args=(child, pickle.dumps(spec), env),
                                    name=f"relayrl-{group}-rank{r}", daemon=False)
                 proc.start()
                 child.close()

@@ -200,9 +200,13 @@ def _thread_lock_for_progress_bars() -> None:
     tqdm.tqdm.set_lock(threading.RLock())
 
 
-def rank_process_main(conn, start_payload: bytes) -> None:
-    """Entry point of a spawned rank process: start, then serve calls until the
-    driver sends `SHUTDOWN` or closes the pipe."""
+def rank_process_main(conn, start_payload: bytes, env: dict[str, str] | None = None) -> None:
+    """Entry point of a rank process: start, then serve calls until the driver sends `SHUTDOWN` or closes the
+    pipe. ``env``: the driver's environment when the group started (a rank forked from the fork server
+    would otherwise see the server's, from when it started)."""
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
     _thread_lock_for_progress_bars()
     # Ctrl-C reaches every process of the terminal's process group; the driver alone handles it (and shuts
     # the ranks down), so a rank prints no KeyboardInterrupt traceback of its own.

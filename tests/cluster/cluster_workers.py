@@ -55,11 +55,26 @@ class Echo(Worker):
             raise RuntimeError(f"init failed on rank {self.rank}")
         self.tag = tag
         self.probe = probe
+        import sys
+
+        self.preloaded = "transformers.modeling_utils" in sys.modules
 
     def whoami(self) -> dict:
         return {"rank": self.rank, "world_size": self.world_size, "local_rank": self.local_rank,
                 "device": str(self.device), "group": self.group_name, "pid": os.getpid(), "tag": self.tag,
                 "distributed": self.distributed, "env_rank": os.environ.get("RANK")}
+
+    def env(self, name: str) -> str | None:
+        return os.environ.get(name)
+
+    def start_method(self) -> str:
+        import multiprocessing
+
+        return multiprocessing.get_start_method(allow_none=True) or "?"
+
+    def modules_at_start(self) -> bool:
+        """Whether transformers was imported before this worker was constructed (a preloaded fork server)."""
+        return self.preloaded
 
     def echo(self, x, scale: int = 1):
         return (self.rank, x * scale)

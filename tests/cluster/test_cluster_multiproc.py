@@ -1,4 +1,4 @@
-"""Local backend with several ranks: spawned processes forming a gloo group."""
+"""Local backend with several ranks: rank processes (forked from a preloaded server) forming a gloo group."""
 import os
 import signal
 
@@ -25,6 +25,22 @@ def test_ranks_are_separate_processes_with_torch_distributed_env(group):
     assert [w["env_rank"] for w in who] == ["0", "1"] and all(w["distributed"] for w in who)
     pids = [w["pid"] for w in who]
     assert pids == group.pids() and len(set(pids)) == 2 and os.getpid() not in pids
+
+
+def test_cpu_ranks_fork_from_a_preloaded_server_and_see_the_drivers_environment_now(group, monkeypatch):
+    """CPU ranks start from the fork server that imported torch and transformers once; a rank still gets the
+    driver's environment as it is when its group starts, not the server's from when the server started
+    (fails without the environment passed: the second group would not see the variable)."""
+    assert group.all("start_method") == ["forkserver", "forkserver"]
+    assert group.all("modules_at_start") == [True, True]
+    monkeypatch.setenv("RELAYRL_TEST_SET_LATER", "after the server started")
+    monkeypatch.delenv("RELAYRL_CACHE", raising=False)
+    later = WorkerGroup(Echo, ResourcePool("later", devices=2), name="later")
+    try:
+        assert later.all("env", "RELAYRL_TEST_SET_LATER") == ["after the server started"] * 2
+        assert later.all("env", "RELAYRL_CACHE") == [None, None]  # removed in the driver: gone in the rank
+    finally:
+        later.shutdown()
 
 
 def test_dispatch_and_gather_order(group):
