@@ -231,6 +231,7 @@ def test_data_parallel_grpo_and_sft_resume_on_another_world_size(sft_model, tmp_
     r = relayrl("train", "recipes/arith_grpo.yaml", "trainer.steps=2", f"run.dir={tmp_path / 'g'}",
                 f"trainer.init_from={sft_model}", "algorithm.kl_coef=0.01", *dp)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "returned a view tensor" not in r.stderr  # FSDP2's warning of a root output it cannot hook safely
     last = records(tmp_path / "g")[-1]
     assert last["relay/bytes"] > 1e6 and last["actor/grad_norm"] >= 0 and "actor/kl" in last
     # the rollout ranks sampled with the actor's weights of the step (relayed by actor rank 0 through shared

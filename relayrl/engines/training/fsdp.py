@@ -62,7 +62,13 @@ class ResponseLogits(nn.Module):
         lp, ent = chunked_token_logprobs(picked.reshape(-1, picked.shape[-1]), head.weight, targets.reshape(-1),
                                          temperature=temperature, chunk=chunk, with_entropy=with_entropy,
                                          fused=fused, grad_by=grad_by)
-        return lp.view(targets.shape), None if ent is None else ent.view(targets.shape)
+        return _shaped(lp, targets.shape), None if ent is None else _shaped(ent, targets.shape)
+
+
+def _shaped(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """``t`` in ``shape`` and not a view: FSDP2 hooks the root's outputs for its backward, and an in-place op on
+    a view would drop that hook (it warns of every view returned)."""
+    return t if t.shape == shape else t.reshape(shape).clone()
 
 
 def world_size() -> int:
