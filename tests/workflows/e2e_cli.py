@@ -13,9 +13,70 @@ FAST = ["eval.size=16", "run.threads=1", "telemetry.sinks=[jsonl]", "model.tiny.
         "model.tiny.intermediate_size=256"]
 
 
+SUBPROCESS_ENV = "RELAYRL_TEST_CLI_SUBPROCESS"
+"""Set to 1: every run is ``python -m relayrl.cli.main`` in a fresh interpreter, as a user starts it."""
+
+
 def relayrl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "relayrl.cli.main", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    """``relayrl ARGS`` as a process of its own, from the repository root; its exit code, stdout and stderr.
+
+    The process is forked from a server that imported torch and transformers once for the whole test session
+    (the imports take ~10 s of the ~14 s of a one-step run here), and then runs the CLI's ``main`` exactly as
+    ``python -m relayrl.cli.main`` does, in this process's environment of now. The tests that are about the
+    interpreter's start (signals, process groups, exit codes of a crash) start it with ``subprocess``."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if os.environ.get(SUBPROCESS_ENV) == "1":
+        return subprocess.run([sys.executable, "-m", "relayrl.cli.main", *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=timeout, env=env)
+    import multiprocessing
+    import tempfile
+
+    from relayrl.cluster.local import PRELOAD
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([*PRELOAD, "relayrl.cli.main"])  # (the first caller's list is the server's)
+    with tempfile.TemporaryDirectory(prefix="relayrl-cli-") as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        proc = ctx.Process(target=_cli_main, args=(list(args), str(ROOT), env, str(out), str(err)), daemon=False)
+        proc.start()
+        proc.join(timeout)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+            raise subprocess.TimeoutExpired(["relayrl", *args], timeout, out.read_text(), err.read_text())
+        # (-N: killed by signal N, as subprocess says it)
+        return subprocess.CompletedProcess(["relayrl", *args], proc.exitcode, out.read_text(), err.read_text())
+
+
+def _cli_main(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
+    """The forked process: this directory and environment, stdout and stderr to files, then the CLI, and the
+    exit an interpreter makes (its ``atexit`` functions: Ray's shutdown, for one)."""
+    import atexit
+    import traceback
+
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, out), (2, err)):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
+    sys.argv = ["relayrl", *args]
+    try:
+        from relayrl.cli.main import main
+
+        code = main(args)
+    except SystemExit as e:  # argparse's errors, as the interpreter turns them into an exit code
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught exception
+        traceback.print_exc()
+        code = 1
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def records(run_dir: Path) -> list[dict]:
