@@ -223,6 +223,7 @@ def test_a_file_system_error_names_the_file(capsys, tmp_path):
 
 
 # ----------------------------------------------------------------------- debug, bugs
+@pytest.mark.slow  # (about 1 s: make test runs it, the fast set does not)
 def test_debug_flag_and_env_show_the_traceback(capsys, tmp_path, monkeypatch):
     for argv in (["--debug", "plot", str(tmp_path)], ["plot", str(tmp_path), "--debug"]):
         assert cli.main(argv) == EXIT_USER

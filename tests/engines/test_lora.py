@@ -71,6 +71,7 @@ def test_merged_weights_equal_base_plus_scaled_b_a_by_hand(tiny_dir):
     assert all(p.requires_grad for n, p in model.named_parameters() if ".lora_" in n)  # back on after the block
 
 
+@pytest.mark.slow  # (about 1 s: make test runs it, the fast set does not)
 def test_lora_trains_only_the_adapters_and_the_rollout_receives_merged_weights(tiny_dir, tiny_tokenizer):
     actor = PolicyWorker(**_kw(tiny_dir), lora=LORA)
     trainable = [n for n, p in actor.engine.model.named_parameters() if p.requires_grad]

@@ -64,6 +64,7 @@ def test_mixed_precision_computes_in_bf16(tiny_dir, tiny_tokenizer):
     assert all(t.dtype == torch.float32 for t in b)
 
 
+@pytest.mark.slow  # (about 1 s: make test runs it, the fast set does not)
 def test_compute_copy_runs_the_passes_of_a_bf16_model_and_steps_float32_masters(tiny_dir, tiny_tokenizer,
                                                                                  monkeypatch):
     """engine.compute_copy: the passes (and so the gradients) are those of the model cast to bf16, summed over
@@ -226,6 +227,7 @@ def test_finished_rows_takes_the_first_stop_token_or_the_last_of_the_budget():
     assert finished_rows(tokens, [1], done=[4], seen=[8], lo=4, max_new=7, stop_ids={2}) == {1: (6, "stop")}
 
 
+@pytest.mark.slow  # (about 1 s: make test runs it, the fast set does not)
 def test_static_decoder_stop_strings_match_the_dynamic_path(tiny_model, tiny_dir, tiny_tokenizer):
     """With stop strings the static path finishes rows token by token on their text, as the dynamic path."""
     prompts = [tiny_tokenizer(t)["input_ids"] for t in ["1+2=", "123+456=", "sort 5 12 9 =", "9+9="]]

@@ -63,6 +63,7 @@ def test_micro_batching_does_not_change_the_update(tiny_dir, tiny_tokenizer):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
 
 
+@pytest.mark.slow  # (about 1 s: make test runs it, the fast set does not)
 def test_sft_steps_reduce_the_loss(tiny_dir, tiny_tokenizer):
     from relayrl.models.load import load_model
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[2] / "relayrl"
 
 
@@ -79,6 +81,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+@pytest.mark.slow  # (about 1 s: make test runs it, the fast set does not)
 def test_the_package_has_no_import_cycle():
     found = cycles(import_graph(PACKAGE))
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)

@@ -17,6 +17,7 @@ def _batch(tok):
                          groups=[i // 2 for i in range(6)])
 
 
+@pytest.mark.slow  # (about 1 s: make test runs it, the fast set does not)
 @pytest.mark.parametrize("packing", ["none", "sequences", "shared_prompt"])
 def test_critic_values_are_the_head_on_the_state_before_each_response_token(tiny_dir, tiny_tokenizer, packing):
     model = load_value_model(tiny_dir)
