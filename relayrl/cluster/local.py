@@ -4,9 +4,11 @@
   method call (no pickling). With `distributed=True` the driver joins a
   world-of-one default process group (shared by all in-process groups), so
   SPMD code (FSDP, DTensor) runs unchanged at world size 1.
-* More ranks: one spawned process per rank (`torch.multiprocessing`, "spawn"),
-  each serving (method, args) messages over a pipe; ranks form a gloo (CPU) or
-  NCCL (CUDA) process group on 127.0.0.1 and a free port. The driver waits on
+* More ranks: one process per rank (`torch.multiprocessing`: CPU ranks fork
+  from a server that imported torch and transformers once, CUDA ranks are
+  spawned; `rank_context`), each serving (method, args) messages over a
+  pipe; ranks form a gloo (CPU) or NCCL (CUDA) process group on 127.0.0.1
+  and a free port. The driver waits on
   every rank's pipe *and* process sentinel, so a rank that raises or dies
   (killed, segfault, `os._exit`) surfaces at once as `WorkerError`.
 
@@ -121,12 +123,10 @@ def rank_context(devices: list[str]):
 
 
 class ProcessRanks:
-    """N ranks as spawned processes on this machine."""
+    """N ranks as processes of their own on this machine (started as ``rank_context`` says)."""
 
     def __init__(self, group: str, worker_cls: type, init_kwargs: dict, devices: list[str], distributed: bool,
                  cfg: ClusterConfig) -> None:
-        import torch.multiprocessing as tmp
-
         self.group = group
         self.cfg = cfg
         self.world_size = len(devices)
