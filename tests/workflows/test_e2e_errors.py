@@ -1,5 +1,7 @@
-"""The user's mistakes end to end, as a new user meets them: the real CLI in a subprocess, its exit code, its
-message and no traceback (slow: each run starts Python, torch and the tiny model)."""
+"""The user's mistakes end to end, as a new user meets them: the real CLI in a process of its own
+(``e2e_cli.relayrl``: forked from a preloaded server, or ``python -m`` with RELAYRL_TEST_CLI_SUBPROCESS=1), its
+exit code, its message and no traceback; Ctrl-C and SIGTERM reach a ``python -m`` process group (slow: each run
+starts torch and the tiny model)."""
 
 from __future__ import annotations
 
@@ -13,17 +15,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-FAST = ["eval.size=16", "run.threads=1", "telemetry.sinks=[jsonl]", "model.tiny.hidden_size=64",
-        "model.tiny.intermediate_size=256"]
+from e2e_cli import FAST, ROOT, relayrl
+
 SFT = "recipes/arith_sft.yaml"
 
 pytestmark = pytest.mark.slow
-
-
-def relayrl(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "relayrl.cli.main", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
 
 def refused(r: subprocess.CompletedProcess, code: int = 1) -> str:
