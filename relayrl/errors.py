@@ -39,8 +39,11 @@ class ProcessLost(RuntimeError):
     answering. Nothing in the run's inputs to fix: ``run.max_restarts`` recovers from it as from a lost worker
     (:mod:`relayrl.workflows.restart`), whether the driver or a rank met it."""
 
-    node_id: str | None = None
-    """Ray: the id of the node the lost process ran on, when known (a restart waits until Ray marks it dead)."""
+    def __init__(self, *args: object, node_id: str | None = None) -> None:
+        super().__init__(*args)
+        self.node_id = node_id
+        """Ray: the id of the node the lost process ran on, when known (a restart waits until Ray marks it
+        dead)."""
 
 
 def is_user_error(exc: BaseException) -> bool:

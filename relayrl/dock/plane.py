@@ -71,9 +71,8 @@ def _raise_write_errors(errors: list[BaseException], n: int, columns: dict[str, 
         raise PartitionClosedError(f"put of {n} rows: the partition was closed; nothing is stored") from e
     lost = next((x for x in errors if isinstance(x, UnitLostError)), None)
     if lost is not None:  # (recoverable by run.max_restarts, as a lost unit met by a read)
-        err = UnitLostWriteError(f"put of {n} rows (columns {list(columns)}) was not stored: {lost}")
-        err.node_id = lost.node_id
-        raise err from lost
+        raise UnitLostWriteError(f"put of {n} rows (columns {list(columns)}) was not stored: {lost}",
+                                 node_id=lost.node_id) from lost
     raise DockWriteError(f"put of {n} rows (columns {list(columns)}) was not stored: {type(e).__name__}: {e}") from e
 
 
@@ -208,9 +207,8 @@ class RayPlane:
         if not isinstance(e, self._ray.exceptions.RayActorError):
             return None
         who = f"Ray storage unit {unit} (host {self.hosts[unit][0]})" if unit is not None else "a Ray storage unit"
-        lost = UnitLostError(f"{who} died; its rows are lost [{op}: {type(e).__name__}: {str(e).splitlines()[0]}]")
-        lost.node_id = self.hosts[unit][1] if unit is not None else None
-        return lost
+        return UnitLostError(f"{who} died; its rows are lost [{op}: {type(e).__name__}: {str(e).splitlines()[0]}]",
+                             node_id=self.hosts[unit][1] if unit is not None else None)
 
     def _get(self, refs: list, units: list[int], op: str) -> list:
         """``ray.get`` of one call per unit in ``units``; a dead unit's actor error becomes :class:`UnitLostError`."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -55,8 +56,6 @@ class Echo(Worker):
             raise RuntimeError(f"init failed on rank {self.rank}")
         self.tag = tag
         self.probe = probe
-        import sys
-
         self.preloaded = "transformers.modeling_utils" in sys.modules
 
     def whoami(self) -> dict:
@@ -109,9 +108,8 @@ class Echo(Worker):
         """A dock storage unit this rank writes to is gone (relayrl.errors.ProcessLost)."""
         from relayrl.dock import UnitLostError
 
-        lost = UnitLostError("storage unit 0 (pid 4242) died (killed by signal SIGKILL); its rows are lost [put_many]")
-        lost.node_id = "node-of-the-unit"  # (Ray: a restart waits until this node is marked dead)
-        raise lost
+        raise UnitLostError("storage unit 0 (pid 4242) died (killed by signal SIGKILL); its rows are lost [put_many]",
+                            node_id="node-of-the-unit")  # (Ray: a restart waits until this node is marked dead)
 
     def all_reduce_rank(self) -> float:
         t = torch.tensor([float(self.rank + 1)])

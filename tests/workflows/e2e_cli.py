@@ -21,7 +21,7 @@ def relayrl(*args: str, timeout: float = 600, env: dict[str, str] | None = None)
     """``relayrl ARGS`` as a process of its own, from the repository root; its exit code, stdout and stderr.
 
     The process is forked from a server that imported torch and transformers once for the whole test session
-    (the imports take ~10 s of the ~14 s of a one-step run here), and then runs the CLI's ``main`` exactly as
+    (the imports take ~10 s of the ~14 s of a one-step run here), and then runs the CLI's ``main`` as
     ``python -m relayrl.cli.main`` does, in this process's environment of now. The tests that are about the
     interpreter's start (signals, process groups) start it with ``subprocess``. ``env``: variables set for
     this run on top of this process's environment."""

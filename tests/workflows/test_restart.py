@@ -87,9 +87,8 @@ def test_a_lost_dock_unit_is_restarted_like_a_lost_worker(tmp_path, monkeypatch)
     def run(cfg):
         calls.append(cfg)
         if len(calls) == 1:
-            lost = UnitLostError("storage unit 0 (pid 4242) died (killed by signal SIGKILL); its rows are lost [drop]")
-            lost.node_id = "node-of-the-unit"
-            raise lost
+            raise UnitLostError("storage unit 0 (pid 4242) died (killed by signal SIGKILL); its rows are lost [drop]",
+                                node_id="node-of-the-unit")
         return tmp_path / "model"
 
     assert run_with_restarts(config(tmp_path, "run.max_restarts=1"), run, lines.append) == tmp_path / "model"
