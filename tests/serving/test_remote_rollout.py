@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import requests
 
-from serve_proc import ROOT, start_server
+from e2e_cli import relayrl
+from serve_proc import start_server
 
 FAST = ["eval.size=8", "run.threads=1", "telemetry.sinks=[jsonl]", "trainer.steps=3", "eval.every=0",
         "engine.optim.lr=1e-3", "engine.optim.warmup_steps=0", "algorithm.entropy_coef=0.05",
@@ -18,10 +16,8 @@ FAST = ["eval.size=8", "run.threads=1", "telemetry.sinks=[jsonl]", "trainer.step
 
 
 def train(tiny_dir, run_dir, url: str, *extra: str) -> list[dict]:
-    r = subprocess.run([sys.executable, "-m", "relayrl.cli.main", "train", "recipes/arith_grpo.yaml",
-                        f"run.dir={run_dir}", f"model.path={tiny_dir}", "rollout.engine=openai",
-                        f"rollout.base_url={url}", *FAST, *extra], cwd=ROOT, capture_output=True, text=True,
-                       timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    r = relayrl("train", "recipes/arith_grpo.yaml", f"run.dir={run_dir}", f"model.path={tiny_dir}",
+                "rollout.engine=openai", f"rollout.base_url={url}", *FAST, *extra)
     assert r.returncode == 0, r.stderr[-3000:]
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,7 +11,8 @@ import pytest
 import requests
 import torch
 
-from serve_proc import ROOT, start_server
+from e2e_cli import relayrl
+from serve_proc import start_server
 
 pytestmark = pytest.mark.slow
 
@@ -174,9 +173,7 @@ def test_bearer_token_and_public_host_refusal(tiny_dir, tmp_path):
                              headers={"Authorization": "Bearer s3cret"}).status_code == 200
     finally:
         s.stop()
-    r = subprocess.run([sys.executable, "-m", "relayrl.cli.main", "serve", str(tiny_dir), "--host", "0.0.0.0"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120,
-                       env={k: v for k, v in __import__("os").environ.items() if k != "RELAYRL_API_KEY"})
+    r = relayrl("serve", str(tiny_dir), "--host", "0.0.0.0", timeout=120, env={"RELAYRL_API_KEY": None})
     assert r.returncode == 1 and "bearer token" in r.stderr
 
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 FAST = ["eval.size=16", "run.threads=1", "telemetry.sinks=[jsonl]", "model.tiny.hidden_size=64",
         "model.tiny.intermediate_size=256"]
 
@@ -17,15 +17,15 @@ SUBPROCESS_ENV = "RELAYRL_TEST_CLI_SUBPROCESS"
 """Set to 1: every run is ``python -m relayrl.cli.main`` in a fresh interpreter, as a user starts it."""
 
 
-def relayrl(*args: str, timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def relayrl(*args: str, timeout: float = 600, env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess:
     """``relayrl ARGS`` as a process of its own, from the repository root; its exit code, stdout and stderr.
 
     The process is forked from a server that imported torch and transformers once for the whole test session
     (the imports take ~10 s of the ~14 s of a one-step run here), and then runs the CLI's ``main`` as
     ``python -m relayrl.cli.main`` does, in this process's environment of now. The tests that are about the
     interpreter's start (signals, process groups) start it with ``subprocess``. ``env``: variables set for
-    this run on top of this process's environment."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    this run on top of this process's environment (None: unset)."""
+    env = {k: v for k, v in {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}.items() if v is not None}
     if os.environ.get(SUBPROCESS_ENV) == "1":
         return subprocess.run([sys.executable, "-m", "relayrl.cli.main", *args], cwd=ROOT, capture_output=True,
                               text=True, timeout=timeout, env=env)
