@@ -21,12 +21,34 @@ driver, ``reader.read()`` in the worker. Only names, row indexes and these
 handles cross the driver (``payload_bytes`` counts what does).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .config import (DockConfig, DockError, DockWriteError, LeaseLostError, PartitionClosedError, StageSpec,
                      UnitLostError, UnitLostWriteError)
-from .dock import Dock
-from .loader import Batch, StreamLoader, balance_shards
-from .payload import payload_bytes
-from .slots import Receipt, RowReader, Slots
+
+if TYPE_CHECKING:
+    from .dock import Dock
+    from .loader import Batch, StreamLoader, balance_shards
+    from .payload import payload_bytes
+    from .slots import Receipt, RowReader, Slots
+
+# Imported when first asked for: a storage unit's process imports ``relayrl.dock.units`` (this package first)
+# and must not import torch (``packed.py``).
+_LAZY = {"Dock": "dock", "Batch": "loader", "StreamLoader": "loader", "balance_shards": "loader",
+         "payload_bytes": "payload", "Receipt": "slots", "RowReader": "slots", "Slots": "slots"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Batch",

@@ -6,64 +6,24 @@ module does the same. A row value is a tensor of shape ``[L_i, *tail]`` (ragged
 on dim 0, ``tail`` fixed per column) or a 0-d tensor (a scalar column). The
 packed form is a numpy buffer (numpy, because Ray hands numpy arrays over
 without a copy while torch tensors are pickled) of shape ``[sum_i L_i, *tail]``
-plus ``lengths: [n]``; for a scalar column the buffer is ``[n]``.
+plus ``lengths: [n]``; for a scalar column the buffer is ``[n]`` (``packed.py``).
 """
 
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import torch
+
+from .packed import ColumnSchema, PackedColumn
 
 # torch dtypes numpy cannot hold travel as a same-width integer view.
 _VIEW_AS = {torch.bfloat16: torch.int16}
 for _name in ("float8_e4m3fn", "float8_e5m2"):
     if hasattr(torch, _name):
         _VIEW_AS[getattr(torch, _name)] = torch.uint8
-
-
-@dataclass(frozen=True)
-class ColumnSchema:
-    """Dtype and per-row shape of a column, fixed by its first write.
-
-    Attributes:
-        dtype: element dtype of every row.
-        tail: row shape after the ragged dim 0 (``()`` for 1-D rows).
-        scalar: rows are 0-d tensors (``tail`` is then ``()``).
-    """
-
-    dtype: torch.dtype
-    tail: tuple[int, ...]
-    scalar: bool
-
-    def describe(self) -> str:
-        if self.scalar:
-            shape = "[]"
-        elif self.tail:
-            shape = "[L, " + ", ".join(map(str, self.tail)) + "]"
-        else:
-            shape = "[L]"
-        return f"{self.dtype} rows of shape {shape}"
-
-
-@dataclass(frozen=True)
-class PackedColumn:
-    """Rows of one column packed for transfer.
-
-    Attributes:
-        flat: ``[sum(lengths), *tail]`` (or ``[n]`` for scalars), numpy; on the
-            way back from a unit, possibly a list of such buffers to read back to
-            back (the unit does not join them: unpacking copies once anyway).
-        lengths: ``[n]`` int64, row lengths along dim 0 (1 for scalars).
-        schema: the column's schema, used to rebuild rows.
-    """
-
-    flat: np.ndarray | list[np.ndarray]
-    lengths: np.ndarray
-    schema: ColumnSchema
 
 
 class Rows(NamedTuple):
@@ -117,7 +77,7 @@ def normalize_column(name: str, values: Any, n_rows: int | None) -> Rows:
     if n_rows is not None and len(rows) != n_rows:
         raise ValueError(f"column {name!r} has {len(rows)} rows but the put has {n_rows}")
     first = rows[0]
-    schema = ColumnSchema(dtype=first.dtype, tail=tuple(first.shape[1:]), scalar=first.dim() == 0)
+    schema = ColumnSchema.of(first.dtype, tuple(first.shape[1:]), first.dim() == 0)
     # One pass over the rows' shapes and dtypes; the slow loop below only names the culprit.
     shapes = [r.shape for r in rows]
     ok = {r.dtype for r in rows} == {schema.dtype}

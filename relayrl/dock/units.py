@@ -23,14 +23,16 @@ partition was closed from the unit).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
-import torch
 
-from .columns import PackedColumn
 from .config import PartitionClosedError
+from .packed import PackedColumn
 from .wire import decode
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _closed(gen: int) -> PartitionClosedError:

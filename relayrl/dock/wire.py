@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .columns import PackedColumn
+from .packed import PackedColumn
 from .config import DockWriteError, PartitionClosedError
 
 #: Ray inlines an argument whose serialized size is below this (its
