@@ -14,9 +14,8 @@ import json
 from pathlib import Path
 
 from relayrl.planner.profile import Profile, load_profile, save_profile
-from relayrl.planner.from_config import workload_from_config
 
-__all__ = ["add_parser", "cmd_plan", "workload_from_config"]
+__all__ = ["add_parser", "cmd_plan"]
 
 DEFAULT_PROFILE = "relayrl-profile.json"
 PROFILES = Path(__file__).resolve().parent / "profiles"
@@ -111,6 +110,7 @@ def cmd_plan(args) -> int:
         raise ConfigError(f"relayrl plan: --reward-latency {args.reward_latency!r}: write LOW,HIGH seconds, e.g. "
                           f"0.02,0.2") from None
     from relayrl.config.loader import load_run_config
+    from relayrl.planner.from_config import workload_from_config
     from relayrl.planner.search import candidates, format_plan, rank
 
     cfg = load_run_config(args.recipe, args.overrides)

@@ -309,3 +309,18 @@ def test_which_errors_are_the_users():
     back = pickle.loads(pickle.dumps(err))
     assert (back.group, back.rank, back.method, back.user_message) == ("actor", 1, "update", "bad row")
     assert back.brief() == "worker group 'actor' rank 1 failed in 'update': bad row"
+
+
+@pytest.mark.slow
+def test_help_and_a_mistyped_command_answer_without_importing_torch():
+    """``relayrl --help``, ``relayrl plan --help`` and ``relayrl trian`` answer in well under a second: the
+    parser imports no torch (importing it takes ~4 s here)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys\nfrom relayrl.cli.main import main\nfor argv in (['--help'], ['plan', '--help'], ['trian']):\n"
+             "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+             "print('torch' in sys.modules, 'transformers' in sys.modules, file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "invalid choice: 'trian'" in r.stderr
+    assert r.stderr.strip().splitlines()[-1] == "False False", r.stderr[-2000:]
