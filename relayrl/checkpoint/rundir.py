@@ -54,11 +54,15 @@ _HELD: dict[Path, Any] = {}  # run directories this process holds: {resolved pat
 
 FINGERPRINT: tuple[str, ...] = (
     "workflow", "run.seed", "model.path", "model.tiny", "model.dtype", "trainer.init_from",
-    "data.task", "data.task_options", "data.path", "data.prompt_key", "data.answer_key", "algorithm.advantage",
-    "model.lora.enabled", "model.lora.r", "model.lora.alpha", "model.lora.target_modules",
+    # the training data: which rows, and what a row's prompt and ground truth are
+    "data.task", "data.task_options", "data.path", "data.hf_name", "data.hf_config", "data.hf_split", "data.format",
+    "data.prompt_key", "data.answer_key", "data.answer_regex", "data.system_prompt", "data.chat_template",
+    "data.rejected_key", "data.messages_key",
+    "algorithm.advantage", "model.lora.enabled", "model.lora.r", "model.lora.alpha", "model.lora.target_modules",
 )
 """Dotted config keys that must match between a checkpoint and the run that resumes it (``model.lora.alpha``:
-the same adapter weights scaled by another ``alpha / r`` are another model)."""
+the same adapter weights scaled by another ``alpha / r`` are another model). The held-out set (``data.eval_*``,
+``data.hf_eval_split``) may change, as ``eval.*`` may."""
 
 
 RUN_CONFIG_KEYS: frozenset[str] = frozenset({"workflow", "run", "model", "trainer"})

@@ -61,6 +61,12 @@ class DataConfig(BaseModel):
             drop = "data.task=null" if "task" in given else "one of them to null"
             raise ValueError(f"{' and '.join(f'data.{k}' for k in given)} are both set; set {drop} to train on "
                              f"data.{given[-1]}")
+        if self.hf_name is not None:
+            from relayrl.data.hf import INSTALL_HINT, datasets_installed
+
+            if not datasets_installed():
+                raise ValueError(f"data.hf_name={self.hf_name!r} is read with Hugging Face datasets, which is not "
+                                 f"installed: {INSTALL_HINT}")
         if self.hf_eval_split is not None and self.eval_path is not None:
             raise ValueError("data.hf_eval_split and data.eval_path both name a held-out set; set one to null")
         if self.hf_eval_split is not None and self.task is not None:

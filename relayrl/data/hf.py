@@ -20,7 +20,25 @@ from typing import Any, Iterator
 
 from relayrl.data.errors import DatasetError
 
-__all__ = ["is_datasets_dir", "load_named", "open_dataset", "iter_rows"]
+__all__ = ["INSTALL_HINT", "datasets_installed", "is_datasets_dir", "load_named", "open_dataset", "iter_rows"]
+
+INSTALL_HINT = "pip install 'relayrl[datasets]' (or pip install datasets)"
+
+
+def datasets_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("datasets") is not None
+
+
+def _datasets(what: str) -> Any:
+    """The ``datasets`` module, or a clear error saying that ``what`` needs it and how to install it."""
+    try:
+        import datasets
+    except ImportError as e:
+        raise DatasetError(f"{what} is read with Hugging Face datasets, which is not installed ({e}): "
+                           f"{INSTALL_HINT}") from None
+    return datasets
 
 _MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 
@@ -33,7 +51,7 @@ def is_datasets_dir(path: Path) -> bool:
 @contextlib.contextmanager
 def _offline(on: bool) -> Iterator[None]:
     """``datasets`` (and the hub client under it) in offline mode for the block: read from the cache only."""
-    import datasets
+    datasets = _datasets("a dataset")
     import huggingface_hub.constants as hub
 
     before = datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE
@@ -47,7 +65,7 @@ def _offline(on: bool) -> Iterator[None]:
 
 def _pick_split(ds: Any, split: str, what: str, key: str) -> Any:
     """One split of a ``DatasetDict`` (a ``Dataset`` is returned as it is)."""
-    import datasets
+    datasets = _datasets(what)
 
     if not isinstance(ds, datasets.DatasetDict):
         return ds
@@ -59,7 +77,7 @@ def _pick_split(ds: Any, split: str, what: str, key: str) -> Any:
 def load_named(name: str, config: str | None, split: str, split_key: str) -> Any:
     """``datasets.load_dataset(name, config, split=split)``: from the cache (offline) first, then from the
     hub unless the environment says offline. Raises a clear error naming ``data.hf_name`` otherwise."""
-    import datasets
+    datasets = _datasets(f"data.hf_name={name}")
 
     label = name + (f" ({config})" if config else "")
     try:
@@ -90,7 +108,7 @@ def open_dataset(path: Path | None, name: str | None, config: str | None, split:
                  split_key: str = "data.hf_split") -> tuple[Any, str]:
     """``(datasets.Dataset, label)`` of a ``save_to_disk`` directory or an Arrow file (``path``), or of the
     dataset ``name``; ``label`` names the source in row errors (``train.arrow``, ``gsm8k/test``)."""
-    import datasets
+    datasets = _datasets(f"data.hf_name={name}" if name is not None else f"dataset path {path}")
 
     if name is not None:
         return load_named(name, config, split, split_key), f"{name}[{split}]"

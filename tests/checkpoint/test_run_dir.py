@@ -280,3 +280,19 @@ def test_overwrite_moves_the_lock_aside_with_the_run_and_the_new_run_holds_its_o
     hold_run_dir(run)
     assert (run / ".relayrl.lock").read_text().startswith('{"pid": ')
     release_run_dir(run)
+
+
+def test_resume_refuses_another_training_split_or_answer_rule_but_not_another_held_out_set():
+    from relayrl.config.loader import load_config
+    from relayrl.config.schema import Config
+
+    def cfg(*extra):
+        return load_config(Config, None, ["data.task=null", "data.path=d/train.jsonl", "reward.verifier=math",
+                                               *extra]).model_dump(mode="json")
+
+    saved = cfg()
+    for key, value in [("hf_split", "test"), ("answer_regex", "(\\d+)$"), ("system_prompt", "Think."),
+                       ("prompt_key", "question"), ("chat_template", "false")]:
+        with pytest.raises(CheckpointError, match=f"data.{key}: checkpoint"):
+            check_fingerprint(Path("ck"), saved, cfg(f"data.{key}={value}"))
+    check_fingerprint(Path("ck"), saved, cfg("data.eval_path=d/test.jsonl"))  # the held-out set may change

@@ -147,3 +147,19 @@ def test_dataset_name_may_be_a_local_directory_of_files(tmp_path):
 def test_data_section_checks(kwargs, message):
     with pytest.raises(ValidationError, match=message.replace("(", r"\(").replace(".", r"\.")):
         DataConfig(**kwargs)
+
+
+def test_without_the_datasets_package_a_run_is_refused_with_the_install_line(tmp_path, monkeypatch):
+    """``data.hf_name`` is refused when the config loads; a save_to_disk directory when it is opened. Both name
+    the extra to install (no ModuleNotFoundError traceback)."""
+    datasets.Dataset.from_dict(GSM8K).save_to_disk(tmp_path / "gsm8k")
+    monkeypatch.setitem(__import__("sys").modules, "datasets", None)  # as if it were not installed
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "datasets" else real(name, *a))
+    with pytest.raises(ValidationError, match=r"data.hf_name='openai/gsm8k' is read with Hugging Face datasets.*"
+                                              r"pip install 'relayrl\[datasets\]'"):
+        DataConfig(task=None, hf_name="openai/gsm8k")
+    with pytest.raises(DatasetError, match=r"dataset path .*gsm8k is read with Hugging Face datasets.*relayrl\[datasets\]"):
+        load_problems(DatasetConfig(path=tmp_path / "gsm8k", prompt_key="question", answer_key="answer"))
