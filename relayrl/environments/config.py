@@ -8,7 +8,6 @@ and ``step(action)``; a tool must have a ``name``, a ``description`` and take on
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import re
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from relayrl.environments.episodes import EpisodeLimits
 from relayrl.environments.sandbox import SandboxConfig, check_available
 from relayrl.environments.tools import BUILTIN_TOOLS, Tool, ToolEnvironment
 from relayrl.errors import UserError
+from relayrl.plugins import absolute_file, resolve
 
 __all__ = ["EnvConfig", "EnvLoadError", "EpisodeSpec", "load_tool", "load_env_factory", "build_env_factory"]
 
@@ -38,9 +38,11 @@ class EnvConfig(BaseModel):
 
     name: str | None = Field(None, description="null: single-turn (one response per prompt, scored by reward.*); "
                              "'tools': the built-in tool environment (env.tools, final answer scored by the "
-                             "reward verifier); or 'package.module:factory' of a user environment")
+                             "reward verifier); or 'package.module:factory' (or 'path/to/file.py:factory') of a user "
+                             "environment")
     tools: list[str] = Field(default_factory=lambda: ["calculator"], description="env.name=tools: built-in "
-                             "tools (calculator, python) or 'package.module:attribute' of user tools")
+                             "tools (calculator, python) or 'package.module:attribute' (or "
+                             "'path/to/file.py:attribute') of user tools")
     tool_tag: str = Field("tool", description="the tag of a tool call, <TAG>{json}</TAG> ('tool_call': the "
                           "Qwen2.5/Hermes form)")
     max_turns: int = Field(4, ge=1, description="model turns per episode")
@@ -55,6 +57,16 @@ class EnvConfig(BaseModel):
     workers: int = Field(4, ge=1, description="threads running environment steps")
     observation_chars: int = Field(512, ge=16, description="longest observation text (longer is cut)")
     sandbox: SandboxConfig = SandboxConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _env_file(cls, v: str | None) -> str | None:
+        return v if v in (None, "tools") else absolute_file(v, "env.name")
+
+    @field_validator("tools")
+    @classmethod
+    def _tool_files(cls, v: list[str]) -> list[str]:
+        return [absolute_file(t, "env.tools") for t in v]
 
     @field_validator("tool_tag")
     @classmethod
@@ -74,25 +86,8 @@ class EnvConfig(BaseModel):
 
 
 def _resolve(path: str, what: str) -> Any:
-    """The object at ``package.module:attribute`` (or ``package.module.attribute``)."""
-    if ":" in path:
-        mod_name, _, attr = path.partition(":")
-    else:
-        mod_name, _, attr = path.rpartition(".")
-    if not mod_name or not attr:
-        raise EnvLoadError(f"{what}={path!r} must look like 'package.module:attribute'")
-    try:
-        module = importlib.import_module(mod_name)
-    except ModuleNotFoundError as e:
-        raise EnvLoadError(f"{what}={path!r}: no module named {e.name!r} (is it installed or on PYTHONPATH?)") from None
-    except Exception as e:
-        raise EnvLoadError(f"{what}={path!r}: importing {mod_name!r} raised {type(e).__name__}: {e}") from e
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise EnvLoadError(f"{what}={path!r}: {mod_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    return obj
+    """The object at ``package.module:attribute``, ``package.module.attribute`` or ``path/to/file.py:attribute``."""
+    return resolve(path, f"{what}={path!r}", EnvLoadError)
 
 
 def _binds(fn: Callable, n: int) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import textwrap
 import types
 
 import pytest
@@ -192,3 +193,29 @@ def test_config_names_the_key_to_fix():
     Config(env={"name": "tools"}, rollout={"stop_strings": ["</tool>"]}, trainer={"off_policy_steps": 1})
     with pytest.raises(ValueError, match="tool_tag"):
         EnvConfig(tool_tag="a b")
+
+
+def test_environments_and_tools_load_from_a_file(tmp_path, monkeypatch):
+    (tmp_path / "my_env.py").write_text(textwrap.dedent("""
+        from relayrl.environments.base import StepResult
+
+        class Echo:
+            name, description = "echo", "says it back"
+            def __call__(self, arguments):
+                return arguments["text"]
+
+        class Env:
+            def reset(self, problem):
+                return ""
+            def step(self, action):
+                return StepResult("", 1.0, True)
+        """))
+    monkeypatch.chdir(tmp_path)
+    cfg = EnvConfig(name="my_env.py:Env")
+    assert cfg.name == f"{tmp_path / 'my_env.py'}:Env"  # absolute: other processes open the same file
+    monkeypatch.chdir("/")
+    assert load_env_factory(cfg, None)().step("x").done
+    tools = EnvConfig(name="tools", tools=["calculator", str(tmp_path / "my_env.py") + ":Echo"]).tools
+    assert load_tool(tools[1], SandboxConfig())({"text": "hi"}) == "hi"
+    with pytest.raises(ValueError, match=r"env.tools='gone.py:Echo': no file /gone.py"):
+        EnvConfig(name="tools", tools=["gone.py:Echo"])

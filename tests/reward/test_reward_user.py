@@ -175,3 +175,28 @@ def test_a_reward_function_failing_on_one_prompt_is_named_or_its_rows_dropped(mo
     assert eng.verify(prompts, responses, [None] * 5) == [1.0, 2.0, 0.0, 0.0, 3.0]
     with pytest.raises(ValueError, match="reward.on_error=drop_group applies to a reward function"):
         RewardConfig(verifier="exact", on_error="drop_group")
+
+
+def test_a_file_path_loads_like_a_module_and_becomes_absolute_when_the_config_loads(tmp_path, monkeypatch):
+    """verl's custom_reward_function.path: no package, no PYTHONPATH. The config makes the path absolute, so a
+    rank process or Ray worker with another working directory opens the same file."""
+    from pydantic import ValidationError
+
+    (tmp_path / "my_rewards.py").write_text("def score(prompts, responses, answers):\n"
+                                            "    return [float(r == a) for r, a in zip(responses, answers)]\n")
+    (tmp_path / "broken.py").write_text("raise RuntimeError('no GPU here')\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = RewardConfig(verifier="user", user_fn="my_rewards.py:score")
+    assert cfg.user_fn == f"{tmp_path / 'my_rewards.py'}:score"
+    monkeypatch.chdir("/")
+    assert load_reward_fn(cfg.user_fn)(["p", "q"], ["1", "2"], ["1", "3"]) == [1.0, 0.0]
+    assert RewardEngine(cfg).score(["p"], ["7"], ["7"])[0] == [1.0]
+    with pytest.raises(ValidationError, match=r"reward.user_fn='nope.py:score': no file /nope.py"):
+        RewardConfig(verifier="user", user_fn="nope.py:score")
+    with pytest.raises(RewardError, match=r"has no attribute 'scor' \(callables there: score\)"):
+        load_reward_fn(f"{tmp_path / 'my_rewards.py'}:scor")
+    with pytest.raises(RewardError, match=r"running .*broken.py raised RuntimeError: no GPU here"):
+        load_reward_fn(f"{tmp_path / 'broken.py'}:score")
+    with pytest.raises(RewardError, match=r"no module named 'my_rewards': install it, put its directory on "
+                                          r"PYTHONPATH, or name the file: my_rewards.py:score"):
+        load_reward_fn("my_rewards:score")

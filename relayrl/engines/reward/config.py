@@ -20,10 +20,11 @@ from typing import Literal
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from relayrl.engines.reward.judge import JudgeConfig
 from relayrl.errors import UserError
+from relayrl.plugins import absolute_file
 
 __all__ = ["RewardConfig", "RewardError"]
 
@@ -42,7 +43,8 @@ class RewardConfig(BaseModel):
         description="task: the built-in task's verify; math: math-verify equivalence of the boxed answer (or the "
         "last number); exact: string match after strip; user: the function named by user_fn",
     )
-    user_fn: str | None = Field(None, description='"package.module:function" or "package.module.function"')
+    user_fn: str | None = Field(None, description='"package.module:function", "package.module.function" or '
+                                '"path/to/file.py:function" (made absolute when the config loads)')
     on_error: Literal["fail", "drop_group"] = Field(
         "fail", description="a reward function (user_fn), reward model (model) or LLM judge (judge.path) that "
         "raises, returns garbage (NaN, wrong length, non-numbers) or runs past timeout_s for a batch: its prompt "
@@ -86,6 +88,11 @@ class RewardConfig(BaseModel):
     math_max_chars: int = Field(
         2000, ge=1, description="longer extracted math answers score 0 and count as errors (bounds sympy time in threads)"
     )
+
+    @field_validator("user_fn")
+    @classmethod
+    def _user_file(cls, v: str | None) -> str | None:
+        return None if v is None else absolute_file(v, "reward.user_fn")
 
     @model_validator(mode="after")
     def _check(self) -> "RewardConfig":

@@ -1,4 +1,4 @@
-"""User reward functions: found by dotted path, signature checked at load, output checked per call.
+"""User reward functions: found by path (``relayrl.plugins``), signature checked at load, output checked per call.
 
 A user function follows :class:`RewardFn`: it takes the whole batch
 (``prompts``, ``responses``, ``answers``, equal lengths) and returns one float
@@ -11,7 +11,6 @@ raises :class:`RewardError` naming the function. :func:`call_within` gives a cal
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import numbers
@@ -19,6 +18,7 @@ import threading
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from relayrl.engines.reward.config import RewardError
+from relayrl.plugins import resolve
 
 __all__ = ["RewardFn", "load_reward_fn", "check_rewards", "describe_fn", "call_within", "Overtime"]
 
@@ -39,66 +39,17 @@ def describe_fn(fn: Callable[..., Any]) -> str:
     return f"{mod}:{name}"
 
 
-def _split(path: str) -> list[tuple[str, str]]:
-    """Candidate (module, attribute path) splits of ``path``, most specific module first."""
-    if ":" in path:
-        mod, _, attr = path.partition(":")
-        return [(mod, attr)]
-    parts = path.split(".")
-    return [(".".join(parts[:i]), ".".join(parts[i:])) for i in range(len(parts) - 1, 0, -1)]
-
-
-def _import_module(name: str, path: str):
-    """Import ``name``; None when that module itself does not exist (an import error inside it propagates)."""
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        if e.name is not None and (name == e.name or name.startswith(e.name + ".")):
-            return None
-        raise RewardError(f"reward function {path!r}: importing module {name!r} failed: {e}") from e
-    except Exception as e:
-        raise RewardError(f"reward function {path!r}: importing module {name!r} raised {type(e).__name__}: {e}") from e
-
-
-def _resolve(path: str) -> Callable[..., Any]:
-    if not isinstance(path, str) or not path.strip():
-        raise RewardError(f"reward function path must be 'package.module:function', got {path!r}")
-    path = path.strip()
-    splits = _split(path)
-    if not splits or not all(m and a for m, a in splits):
-        raise RewardError(f"reward function path {path!r} must look like 'package.module:function' or 'package.module.function'")
-    tried = []
-    for mod_name, attr_path in splits:
-        module = _import_module(mod_name, path)
-        if module is None:
-            tried.append(mod_name)
-            continue
-        obj: Any = module
-        for i, attr in enumerate(attr_path.split(".")):
-            if not hasattr(obj, attr):
-                owner = ".".join([mod_name] + attr_path.split(".")[:i])
-                public = sorted(n for n in dir(obj) if not n.startswith("_") and callable(getattr(obj, n, None)))
-                raise RewardError(
-                    f"reward function {path!r}: {owner!r} has no attribute {attr!r} "
-                    f"(callables there: {', '.join(public[:12]) or 'none'})"
-                )
-            obj = getattr(obj, attr)
-        return obj
-    raise RewardError(
-        f"reward function {path!r}: no module named {tried[0]!r} (is the package installed or on PYTHONPATH?)"
-    )
-
-
 def load_reward_fn(path: str) -> RewardFn:
     """Import the reward function at ``path`` and check it can be called as ``fn(prompts, responses, answers)``.
 
     ``path`` is ``"package.module:function"`` (attribute paths like
-    ``module:Class.method`` allowed) or ``"package.module.function"``. Raises
+    ``module:Class.method`` allowed), ``"package.module.function"`` or ``"path/to/file.py:function"``
+    (:mod:`relayrl.plugins`). Raises
     :class:`RewardError` with the reason when the module or attribute is missing,
     the object is not callable (or is a class), or its signature cannot bind
     three positional arguments.
     """
-    fn = _resolve(path)
+    fn = resolve(path, f"reward function {path!r}", RewardError, shape="package.module:function")
     if inspect.isclass(fn):
         raise RewardError(
             f"reward function {path!r} is a class; point at a function, or at an instance with __call__"
