@@ -88,6 +88,18 @@ def test_every_logged_metric_is_on_the_metrics_page():
                          "meaning):\n  " + "\n  ".join(missing))
 
 
+def test_every_source_file_the_docs_name_exists():
+    """Paths in inline code (a code block may show a file the reader is to write)."""
+    named = {}
+    for page in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+        text = page.read_text()
+        for path in re.findall(r"`((?:relayrl|benchmarks|tests|recipes)/[\w/.-]+\.(?:py|yaml|sh))[`:#\s]", text):
+            named.setdefault(path, page.name)
+    assert len(named) > 50  # the scan sees the docs' paths
+    gone = [f"{path} ({page})" for path, page in sorted(named.items()) if not (ROOT / path).exists()]
+    assert not gone, "files named in the docs that do not exist:\n  " + "\n  ".join(gone)
+
+
 def test_readme_is_short_and_its_links_resolve():
     text = (ROOT / "README.md").read_text()
     assert len(text.splitlines()) <= 250, "the README is the way in; move details into docs/"
