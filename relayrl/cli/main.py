@@ -54,6 +54,10 @@ def _final_accuracy(run_dir: Path) -> tuple[float | None, float | None]:
     return first, last
 
 
+DEMO_MARK = ".relayrl-demo"
+"""A file in each stage directory a demo made: a later demo may replace that directory."""
+
+
 def cmd_demo(args) -> int:
     """Pretrain on correct sums, SFT on a careless teacher, then GRPO with the verifier alone; ``--tools``:
     SFT on a few calculator-using episodes, then GRPO on multi-turn episodes with the calculator."""
@@ -72,18 +76,22 @@ def cmd_demo(args) -> int:
             ("sft", "arith_sft.yaml", "SFT on a careless teacher who forgets to carry in 70% of sums", args.overrides_sft),
             ("grpo", "arith_grpo.yaml", "GRPO on fresh 2-digit sums, the verifier as the only reward", args.overrides_grpo),
         )
-    model, rl_min = None, 0.0
+    model, rl_min, held_out = None, 0.0, 0
     for i, (name, recipe, what, overrides) in enumerate(stages, 1):
         print(f"relayrl demo: {i}/{len(stages)} {what} (recipes/{recipe})", flush=True)
         init = [f"trainer.init_from={model}"] if model else []
         cfg = _load(str(RECIPES / recipe), [f"run.dir={root / name}", *init, *overrides])
-        if cfg.run.resume == "never" and (root / name / "config.json").is_file():
-            # The demo owns its stage directories: a second demo replaces the first one's runs.
+        # A second demo replaces the first one's runs: the stage directories a demo made (marked), and those of
+        # the default root. Any other run in the way (`--dir runs` beside the quickstart's runs/sft) is left to
+        # the run directory's checks, which refuse it (run.overwrite=true moves it aside).
+        owned = args.dir is None or (root / name / DEMO_MARK).is_file()
+        if cfg.run.resume == "never" and owned and (root / name / "config.json").is_file():
             print(f"relayrl demo: replacing the previous demo run in {root / name}", flush=True)
             shutil.rmtree(root / name)
         t = time.perf_counter()
         model = _run(cfg)
-        rl_min = (time.perf_counter() - t) / 60
+        (root / name / DEMO_MARK).touch()
+        rl_min, held_out = (time.perf_counter() - t) / 60, cfg.eval.size
     before, after = _final_accuracy(root / "grpo")
     minutes = (time.perf_counter() - t0) / 60
     if args.tools:
@@ -92,7 +100,7 @@ def cmd_demo(args) -> int:
               f"{root}")
         print(f"tools: accuracy {100 * (before or 0):.1f}% -> {100 * (after or 0):.1f}% in {rl_min:.1f} min")
         return 0
-    print(f"relayrl demo: GRPO took {rl_min:.1f} min; greedy accuracy on 200 held-out 2-digit sums that need "
+    print(f"relayrl demo: GRPO took {rl_min:.1f} min; greedy accuracy on {held_out} held-out 2-digit sums that need "
           f"a carry, before GRPO (the SFT model) and after; run dirs under {root}")
     print(f"demo: accuracy {100 * (before or 0):.1f}% -> {100 * (after or 0):.1f}% in {minutes:.1f} min")
     return 0

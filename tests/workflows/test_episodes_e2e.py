@@ -4,6 +4,7 @@ episodes (the calculator's tokens in the loss mask's 0s)."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -68,3 +69,15 @@ def test_demo_tools_ends_with_the_accuracy_line(tmp_path):
     last = r.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"tools: accuracy \d+\.\d% -> \d+\.\d% in \d+\.\d min", last), last
     assert (tmp_path / "sft" / "model").is_dir() and (tmp_path / "grpo" / "model").is_dir()
+    # A second demo replaces the stage directories a demo made, and nothing else: a run of the user's own in the
+    # way (here, where the GRPO stage goes) is refused by the run directory's checks and kept.
+    shutil.rmtree(tmp_path / "grpo")
+    (tmp_path / "grpo").mkdir()
+    (tmp_path / "grpo" / "config.json").write_text(json.dumps({"workflow": "grpo", "run": {}, "model": {},
+                                                               "trainer": {}}))
+    (tmp_path / "grpo" / "notes.txt").write_text("mine")
+    r = relayrl("demo", "--tools", f"--dir={tmp_path}", *small)
+    assert r.returncode != 0
+    assert f"replacing the previous demo run in {tmp_path / 'sft'}" in r.stdout
+    assert "run.overwrite" in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert (tmp_path / "grpo" / "notes.txt").read_text() == "mine"
