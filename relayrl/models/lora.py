@@ -96,14 +96,14 @@ def _check_targets(model: torch.nn.Module, cfg: LoraConfig) -> None:
     """The linear layers ``cfg.target_modules`` names (by peft's rule: a module name equal to a target or
     ending in ``.target``) exist, none is the output head, and none is narrower than ``cfg.r``."""
     linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    names = {n.rsplit(".", 1)[-1] for n in linears}
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    names = {n.rsplit(".", 1)[-1] for n, m in linears.items() if m is not head}  # (the head is refused below)
     hits = {t: [n for n in linears if n == t or n.endswith("." + t)] for t in cfg.target_modules}
     missing = [t for t, found in hits.items() if not found]
     if missing:
         raise LoraError(f"model.lora.target_modules names {missing}, which {type(model).__name__} has no linear "
-                        f"layer called; its linear layers are {sorted(names)}")
+                        f"layer called; the layers an adapter can go on are {sorted(names)}")
     targeted = {n: linears[n] for found in hits.values() for n in found}
-    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
     for name, m in targeted.items():
         if m is head:
             tied = embedding is not None and head.weight is getattr(embedding, "weight", None)

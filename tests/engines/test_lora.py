@@ -160,8 +160,9 @@ def test_config_errors_name_the_key(tiny_dir):
     _refused({"model": {"lora": {"enabled": True, "target_modules": []}}}, "model.lora.target_modules")
     _refused({"model": {"lora": {"enabled": True}}, "cluster": {"devices": 2}}, "model.lora.enabled",
              "cluster.devices=1")
-    with pytest.raises(ValueError, match=r"model\.lora\.target_modules names \['c_attn'\]"):
+    with pytest.raises(ValueError, match=r"model\.lora\.target_modules names \['c_attn'\]") as e:
         PolicyWorker(**_kw(tiny_dir), lora=LoraConfig(enabled=True, target_modules=["q_proj", "c_attn"]))
+    assert "q_proj" in str(e.value) and "lm_head" not in str(e.value)  # the layers offered are the ones accepted
 
 
 def test_resuming_with_lora_switched_is_refused_naming_the_key():
