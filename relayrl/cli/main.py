@@ -76,6 +76,9 @@ def cmd_demo(args) -> int:
             ("sft", "arith_sft.yaml", "SFT on a careless teacher who forgets to carry in 70% of sums", args.overrides_sft),
             ("grpo", "arith_grpo.yaml", "GRPO on fresh 2-digit sums, the verifier as the only reward", args.overrides_grpo),
         )
+    for i, (name, recipe, _, overrides) in enumerate(stages):  # every stage's mistakes before the first trains
+        init = [f"trainer.init_from={root / stages[i - 1][0] / 'model'}"] if i else []
+        _load(str(RECIPES / recipe), [f"run.dir={root / name}", *init, *overrides])
     model, rl_min, held_out = None, 0.0, 0
     for i, (name, recipe, what, overrides) in enumerate(stages, 1):
         print(f"relayrl demo: {i}/{len(stages)} {what} (recipes/{recipe})", flush=True)

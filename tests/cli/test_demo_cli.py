@@ -1,0 +1,21 @@
+"""``relayrl demo``'s own checks: every stage's overrides before any stage trains."""
+
+from __future__ import annotations
+
+import pytest
+
+from relayrl.cli import main as cli
+
+
+def test_a_mistake_in_a_later_stage_is_refused_before_the_first_stage_trains(capsys, tmp_path, monkeypatch):
+    def no_training(cfg):
+        raise AssertionError(f"stage {cfg.run.dir} started")
+
+    monkeypatch.setattr(cli, "_run", no_training)
+    monkeypatch.delenv("RELAYRL_DEBUG", raising=False)
+    code = cli.main(["demo", f"--dir={tmp_path}", "--grpo", "rollout.temperatur=0"])
+    err = capsys.readouterr().err
+    assert code != 0 and "rollout.temperatur: unknown key; did you mean rollout.temperature?" in err, err
+    assert "Traceback" not in err and not any(tmp_path.iterdir())
+    with pytest.raises(AssertionError, match="base"):  # (the check itself: without the mistake, stage 1 runs)
+        cli.main(["demo", f"--dir={tmp_path}"])
