@@ -186,10 +186,34 @@ def check_run_dir(run_dir: Path, resume: str, overwrite: bool,
         raise RunDirError(f"run.dir={run_dir} holds a config.json that is not a relayrl run config{seen}; a run "
                           f"there would overwrite it. Leave that directory alone and choose another run.dir "
                           f"(a new or empty directory, e.g. run.dir=runs/<name>)")
+    rewind = _rewind(run_dir, resume)
+    if rewind is not None:
+        raise rewind
     if not overwrite:
         refusal = _previous_run(run_dir, resume)
         if refusal is not None:
             raise refusal
+
+
+def _rewind(run_dir: Path, resume: str) -> RunDirError | None:
+    """The refusal of ``run.resume=PATH`` naming one of ``run_dir``'s own checkpoints that is not its newest:
+    the run would go on from there beside its later checkpoints (which ``run.resume=auto`` would take next)
+    and overwrite its ``model/``. ``run.overwrite`` would move the checkpoint itself aside, so it does not
+    apply; a new run.dir keeps both."""
+    if resume in ("never", "auto"):
+        return None
+    src = Path(resume).resolve()
+    own = (run_dir / "checkpoints").resolve()
+    if own not in src.parents:
+        return None
+    later = [c for c in _checkpoints(run_dir) if c > src.name]
+    if not later:
+        return None
+    return RunDirError(f"run.resume={resume} is a checkpoint of run.dir={run_dir} itself, which has later ones "
+                       f"({', '.join(later[-3:])}); going on from it there would leave them beside a run that "
+                       f"went another way, and replace its model/. Resume the newest with run.resume=auto, or "
+                       f"branch from this one in a new directory: run.dir={run_dir}-from-{src.name} "
+                       f"run.resume={src}")
 
 
 def hold_run_dir(run_dir: Path) -> None:

@@ -296,3 +296,19 @@ def test_resume_refuses_another_training_split_or_answer_rule_but_not_another_he
         with pytest.raises(CheckpointError, match=f"data.{key}: checkpoint"):
             check_fingerprint(Path("ck"), saved, cfg(f"data.{key}={value}"))
     check_fingerprint(Path("ck"), saved, cfg("data.eval_path=d/test.jsonl"))  # the held-out set may change
+
+
+def test_resuming_an_older_checkpoint_of_the_run_itself_is_refused_with_the_way_to_branch(tmp_path):
+    """The run would go on beside its later checkpoints (run.resume=auto would take those next) and replace its
+    model/; run.overwrite would move the very checkpoint aside, so it is refused either way."""
+    run = tmp_path / "run"
+    first, newest = _save(run / "checkpoints", 1), _save(run / "checkpoints", 2)
+    check_run_dir(run, str(newest), overwrite=False)  # the newest: going on is what the directory is for
+    for overwrite in (False, True):
+        with pytest.raises(RunDirError) as info:
+            check_run_dir(run, str(first), overwrite=overwrite)
+        msg = str(info.value)
+        assert "which has later ones (step-000002)" in msg and "run.resume=auto" in msg, msg
+        assert f"run.dir={run}-from-step-000001 run.resume={first}" in msg
+    check_run_dir(tmp_path / "branch", str(first), overwrite=False)  # what the message proposes is accepted
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000001", "step-000002"]
