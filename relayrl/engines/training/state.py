@@ -123,4 +123,24 @@ class EngineState:
         self._refresh_copy()
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+        if self.optimizer is not None:
+            self._apply_optim_config()
         return out
+
+    def _apply_optim_config(self) -> None:
+        """After a checkpoint's optimizer and scheduler state: the run's own ``engine.optim`` settings, so a run
+        resumed with another lr, schedule, warm-up, weight decay or betas trains with them (and its config.json
+        tells the truth) from the resumed step on. The checkpoint keeps Adam's moments and the step count. With
+        the same settings every value is the one the checkpoint holds."""
+        o, groups = self.cfg.optim, self.optimizer.param_groups
+        for g in groups:
+            g.update(betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, initial_lr=o.lr)
+        if self.scheduler is not None:
+            sched = self.scheduler
+            sched.base_lrs = [o.lr] * len(groups)
+            for g, base, factor in zip(groups, sched.base_lrs, sched.lr_lambdas):
+                g["lr"] = base * factor(sched.last_epoch)
+            sched._last_lr = [g["lr"] for g in groups]
+        else:
+            for g in groups:
+                g["lr"] = o.lr
