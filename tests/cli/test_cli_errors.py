@@ -95,6 +95,23 @@ def test_plan_names_a_missing_model_and_a_damaged_profile(capsys, tmp_path):
     assert code == EXIT_CONFIG and "name: Input should be a valid string (got 3); source: Field required" in err
 
 
+def test_plan_profile_checks_the_reward_fn_and_out_before_calibrating(capsys, tmp_path, monkeypatch):
+    def reached(*a, **k):
+        raise AssertionError("the calibration ran before --reward-fn and --out were checked")
+
+    monkeypatch.setattr("relayrl.planner.calibrate.calibrate", reached)
+    out = str(tmp_path / "p.json")
+    code, err = run(capsys, "plan", "--profile", "--reward-fn", "nosuch_mod:score", "--out", out)
+    assert code == EXIT_CONFIG and "--reward-fn nosuch_mod:score: reward function 'nosuch_mod:score': no module " \
+        "named 'nosuch_mod'" in err
+    code, err = run(capsys, "plan", "--profile", "--out", str(tmp_path))
+    assert code == EXIT_CONFIG and f"--out {tmp_path} is a directory; give a file path" in err
+    (tmp_path / "f").write_text("")
+    code, err = run(capsys, "plan", "--profile", "--out", str(tmp_path / "f" / "p.json"))
+    assert code == EXIT_CONFIG and f"cannot be made: {tmp_path / 'f'} is a file" in err
+    assert not (tmp_path / "p.json").exists()
+
+
 def test_overrides_may_follow_the_options_of_plan_and_train(capsys, tmp_path):
     code, err = run(capsys, "plan", GRPO, "--devices", "2", "--hardware", "h100_7b", f"model.path={tmp_path / 'nope'}")
     assert code == EXIT_CONFIG and f"model directory {tmp_path / 'nope'} (trainer.init_from or model.path)" in err
