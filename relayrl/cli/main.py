@@ -109,6 +109,29 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def _eval_out(out: Path) -> Path:
+    """``relayrl eval --out``, checked before the model loads: a directory, or one that can be made; a report
+    already there (eval.json) is replaced, and said so."""
+    import os
+
+    from relayrl.config.loader import ConfigError
+
+    fix = "give a directory for eval.json and eval_samples.jsonl (e.g. --out runs/eval)"
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"relayrl eval: --out {out} is a file, not a directory; {fix}")
+    parent = out
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"relayrl eval: --out {out} cannot be made: {parent} is a file; {fix}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"relayrl eval: --out {out}: {parent} is not writable; {fix}")
+    if (out / "eval.json").is_file():
+        print(f"relayrl eval: {out} holds an eval report; this evaluation replaces its eval.json and "
+              f"eval_samples.jsonl", flush=True)
+    return out
+
+
 def cmd_eval(args) -> int:
     import torch
 
@@ -136,6 +159,7 @@ def cmd_eval(args) -> int:
         raise ConfigError(f"relayrl eval: --device {args.device} but torch sees no GPU here; give --device cpu "
                           f"(or auto)")
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    out = _eval_out(Path(args.out))
     if args.task:  # the problems first: a bad task or data file is refused before the model loads
         try:
             task = make_task(args.task, **task_options, eval_size=args.size)
@@ -149,15 +173,25 @@ def cmd_eval(args) -> int:
         problems = load_problems(DatasetConfig(path=args.data, prompt_key=args.prompt_key, answer_key=args.answer_key,
                                                format=args.format))[: args.size]
         reward = RewardEngine(RewardConfig(verifier=args.verifier), task=None)
-    tok = load_tokenizer(args.model)
-    engine = NativeGenerationEngine(load_model(args.model, dtype=args.dtype, device=device), tok, device=device)
     from relayrl.data.datasets import encode_prompt
+    from relayrl.data.lengths import check_context, context_limit
 
+    tok = load_tokenizer(args.model)
+    ids: dict[str, list[int]] = {}
+
+    def encode(p) -> list[int]:
+        if p.prompt not in ids:
+            ids[p.prompt] = list(encode_prompt(tok, p, None))
+        return ids[p.prompt]
+
+    limit = context_limit(args.model)
+    if limit is not None:  # as relayrl train: every prompt and --max-new-tokens fit the context, before the model loads
+        check_context(problems, encode, args.max_new_tokens, "--max-new-tokens", limit, args.model)
+    engine = NativeGenerationEngine(load_model(args.model, dtype=args.dtype, device=device), tok, device=device)
     gen = torch.Generator(device=device).manual_seed(args.seed)
-    result = evaluate(lambda p, sp: engine.generate(p, sp, generator=gen), lambda p: list(encode_prompt(tok, p, None)),
+    result = evaluate(lambda p, sp: engine.generate(p, sp, generator=gen), encode,
                       problems, lambda a, b, c: reward.score(a, b, c)[0], max_new_tokens=args.max_new_tokens,
                       k=args.k, temperature=args.temperature)
-    out = Path(args.out)
     report, samples = write_report(result, out, extra={"model": args.model, "task": args.task, "data": args.data,
                                                        "k": args.k, "temperature": args.temperature})
     for k, v in result.metrics.items():

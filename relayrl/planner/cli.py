@@ -72,6 +72,37 @@ def _hardware(arg: str | None) -> Profile:
     return load_profile(arg)  # raises, naming how to make one
 
 
+def _check_profile_inputs(reward_fn: str, out: Path) -> None:
+    """``--profile``'s reward function (imported and its signature checked) and ``--out`` (a file that can be
+    written), before the calibration."""
+    import os
+
+    from relayrl.config.loader import ConfigError
+
+    if reward_fn != "task":
+        from relayrl.engines.reward.config import RewardError
+        from relayrl.engines.reward.user import load_reward_fn
+
+        try:
+            load_reward_fn(reward_fn)
+        except RewardError as e:
+            raise ConfigError(f"relayrl plan --profile --reward-fn {reward_fn}: {e}") from None
+    fix = "give a file path, e.g. --out relayrl-profile.json"
+    if out.is_dir():
+        raise ConfigError(f"relayrl plan --profile: --out {out} is a directory; {fix}")
+    if out.exists():
+        if not os.access(out, os.W_OK):
+            raise ConfigError(f"relayrl plan --profile: --out {out} is not writable; {fix}")
+        return
+    parent = out.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"relayrl plan --profile: --out {out} cannot be made: {parent} is a file; {fix}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"relayrl plan --profile: --out {out}: {parent} is not writable; {fix}")
+
+
 def cmd_plan(args) -> int:
     from pydantic import ValidationError
 
@@ -81,6 +112,7 @@ def cmd_plan(args) -> int:
         if args.recipe:
             raise ConfigError("relayrl plan --profile calibrates this machine and takes no recipe; run "
                               "`relayrl plan RECIPE --devices N` afterwards")
+        _check_profile_inputs(args.reward_fn, Path(args.out))  # before minutes of calibration
         from relayrl.planner.calibrate import calibrate
 
         prof = calibrate(args.model, reward_fn=args.reward_fn, overhead=not args.no_overhead)

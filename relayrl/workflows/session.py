@@ -224,12 +224,12 @@ class Session:
     def _check_lengths(self, train: list[Problem] | None) -> None:
         """Refuse a row whose prompt plus the tokens generated after it exceed the model's
         ``max_position_embeddings`` (positions past it were never trained): the training rows when the workflow
-        samples from them (grpo), the held-out rows always (evaluation generates)."""
-        from relayrl.data.errors import DatasetError
+        samples from them (grpo), the held-out rows always (evaluation generates). ``relayrl eval`` applies the
+        same check (:func:`relayrl.data.lengths.check_context`)."""
+        from relayrl.data.lengths import check_context, context_limit
 
-        try:
-            limit = int(json.loads((self.model_path / "config.json").read_text())["max_position_embeddings"])
-        except (OSError, KeyError, TypeError, ValueError):
+        limit = context_limit(self.model_path)
+        if limit is None:
             return  # a model config without the field: nothing to check against
         r, e = self.cfg.rollout, self.cfg.eval
         checks = [(self.eval_problems, e.max_new_tokens or r.max_new_tokens,
@@ -237,16 +237,7 @@ class Session:
         if train is not None and self.cfg.workflow == "grpo":
             checks.insert(0, (train, r.max_new_tokens, "rollout.max_new_tokens"))
         for problems, budget, key in checks:
-            for i, p in enumerate(problems, start=1):
-                n = len(self.encode(p))
-                if n + budget > limit:
-                    row = (f"{p.meta['source']} row {p.meta['row']}" if "row" in p.meta
-                           else f"held-out prompt {i} ({p.prompt[:40]!r})")
-                    lower = f", or lower {key} to at most {limit - n}" if n < limit else ""
-                    raise DatasetError(
-                        f"{row}: the prompt is {n} tokens and {key}={budget} more make {n + budget}, beyond the "
-                        f"model's max_position_embeddings={limit} ({self.model_path}); shorten or drop the "
-                        f"row{lower}")
+            check_context(problems, self.encode, budget, key, limit, self.model_path)
 
     def encode(self, problem: Problem) -> list[int]:
         """Prompt token ids (chat template applied to chat-message prompts), cached by prompt text."""

@@ -95,6 +95,23 @@ def test_plan_names_a_missing_model_and_a_damaged_profile(capsys, tmp_path):
     assert code == EXIT_CONFIG and "name: Input should be a valid string (got 3); source: Field required" in err
 
 
+def test_plan_profile_checks_the_reward_fn_and_out_before_calibrating(capsys, tmp_path, monkeypatch):
+    def reached(*a, **k):
+        raise AssertionError("the calibration ran before --reward-fn and --out were checked")
+
+    monkeypatch.setattr("relayrl.planner.calibrate.calibrate", reached)
+    out = str(tmp_path / "p.json")
+    code, err = run(capsys, "plan", "--profile", "--reward-fn", "nosuch_mod:score", "--out", out)
+    assert code == EXIT_CONFIG and "--reward-fn nosuch_mod:score: reward function 'nosuch_mod:score': no module " \
+        "named 'nosuch_mod'" in err
+    code, err = run(capsys, "plan", "--profile", "--out", str(tmp_path))
+    assert code == EXIT_CONFIG and f"--out {tmp_path} is a directory; give a file path" in err
+    (tmp_path / "f").write_text("")
+    code, err = run(capsys, "plan", "--profile", "--out", str(tmp_path / "f" / "p.json"))
+    assert code == EXIT_CONFIG and f"cannot be made: {tmp_path / 'f'} is a file" in err
+    assert not (tmp_path / "p.json").exists()
+
+
 def test_overrides_may_follow_the_options_of_plan_and_train(capsys, tmp_path):
     code, err = run(capsys, "plan", GRPO, "--devices", "2", "--hardware", "h100_7b", f"model.path={tmp_path / 'nope'}")
     assert code == EXIT_CONFIG and f"model directory {tmp_path / 'nope'} (trainer.init_from or model.path)" in err
@@ -109,6 +126,63 @@ def test_overrides_may_follow_the_options_of_plan_and_train(capsys, tmp_path):
 def test_eval_of_a_missing_model_names_it(capsys, tmp_path):
     code, err = run(capsys, "eval", "--model", str(tmp_path / "nope"), "--task", "arith", "--device", "cpu")
     assert code == EXIT_USER and f"model path {tmp_path / 'nope'} is not a directory" in err and HINT in err
+
+
+def _no_model_load_or_evaluation(monkeypatch):
+    """Reaching the model or the evaluation fails the test: what is checked must be checked first."""
+    def reached(*a, **k):
+        raise AssertionError("the model loaded or the evaluation ran before the arguments were checked")
+
+    monkeypatch.setattr("relayrl.models.load.load_model", reached)
+    monkeypatch.setattr("relayrl.evaluation.runner.evaluate", reached)
+
+
+def test_eval_refuses_an_out_that_is_a_file_before_loading_anything(capsys, tmp_path, monkeypatch):
+    _no_model_load_or_evaluation(monkeypatch)
+    (tmp_path / "good.jsonl").write_text("{}\n")
+    missing = str(tmp_path / "no-model")  # the --out check comes before the problems, the tokenizer, the model
+    code, err = run(capsys, "eval", "--model", missing, "--task", "arith", "--device", "cpu",
+                    "--out", str(tmp_path / "good.jsonl"))
+    assert code == EXIT_CONFIG and f"--out {tmp_path / 'good.jsonl'} is a file, not a directory; give a dir" in err
+    code, err = run(capsys, "eval", "--model", missing, "--task", "arith", "--device", "cpu",
+                    "--out", str(tmp_path / "good.jsonl" / "sub"))
+    assert code == EXIT_CONFIG and f"cannot be made: {tmp_path / 'good.jsonl'} is a file" in err
+
+
+def test_eval_says_it_replaces_the_report_in_out(capsys, tmp_path, monkeypatch, tiny_dir):
+    from relayrl.evaluation.runner import EvalResult
+
+    out = tmp_path / "ev"
+    out.mkdir()
+    (out / "eval.json").write_text("{}\n")
+    monkeypatch.setattr("relayrl.evaluation.runner.evaluate", lambda *a, **k: EvalResult({"eval/accuracy": 0.5}, []))
+    assert cli.main(["eval", "--model", str(tiny_dir), "--task", "arith", "--size", "2", "--device", "cpu",
+                     "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert f"relayrl eval: {out} holds an eval report; this evaluation replaces its eval.json" in said
+    assert json.loads((out / "eval.json").read_text())["metrics"] == {"eval/accuracy": 0.5}
+    monkeypatch.setattr("relayrl.evaluation.runner.evaluate", lambda *a, **k: EvalResult({"eval/accuracy": 1.0}, []))
+    assert cli.main(["eval", "--model", str(tiny_dir), "--task", "arith", "--size", "2", "--device", "cpu",
+                     "--out", str(tmp_path / "fresh")]) == 0
+    assert "holds an eval report" not in capsys.readouterr().out
+
+
+def test_eval_checks_the_context_as_train_does_before_loading_the_model(capsys, tmp_path, monkeypatch, tiny_dir):
+    _no_model_load_or_evaluation(monkeypatch)  # the tiny model's max_position_embeddings is 512
+    code, err = run(capsys, "eval", "--model", str(tiny_dir), "--task", "arith", "--size", "4", "--device", "cpu",
+                    "--max-new-tokens", "100000", "--out", str(tmp_path / "ev"))
+    assert code == EXIT_CONFIG and "--max-new-tokens=100000 new tokens cannot fit in the model's " \
+        "max_position_embeddings=512" in err and "; give at most 5" in err
+    rows = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "9" * 2000, "answer": "9"}, {"prompt": "2+2=", "answer": "4"},
+            {"prompt": "8" * 2000, "answer": "8"}]
+    data = tmp_path / "test.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, err = run(capsys, "eval", "--model", str(tiny_dir), "--data", str(data), "--verifier", "exact",
+                    "--device", "cpu", "--out", str(tmp_path / "ev"))
+    assert code == EXIT_USER and f"{data} row 2: the prompt is " in err and " tokens and --max-new-tokens=16 " in err
+    assert "beyond the model's max_position_embeddings=512" in err and "shorten or drop the row (1 more too long: " \
+        "rows 4)" in err
+    assert not (tmp_path / "ev").exists()
 
 
 # ------------------------------------------------------------------------------- plot
