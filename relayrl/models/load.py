@@ -95,6 +95,42 @@ def _check_safetensors(path: Path) -> None:
                                  f"({e}); {_REFETCH}") from None
 
 
+def model_config(path: Path):
+    """``config.json`` as transformers reads it; a value it refuses (``hidden_size: "big"``, a negative layer
+    count) is a :class:`ModelLoadError` naming the directory and the field, not a library traceback."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - invalid fields raise huggingface_hub's StrictDataclassError too
+        _name_bad_json(path)
+        why = " ".join(str(e).split())
+        raise ModelLoadError(f"model directory {path}: config.json is not a model config transformers accepts "
+                             f"({why}); put the config.json saved with these weights beside them") from None
+
+
+def _check_shapes(auto_class, config, path: Path) -> None:
+    """Compare the weights' shapes (safetensors headers) with the model ``config`` describes, on the meta
+    device, before any memory is allocated: a config.json that lacks its shape keys describes the
+    architecture's defaults (7B for Qwen2), which would otherwise be built in full before the mismatch shows."""
+    from safetensors import safe_open
+
+    files = _safetensors_files(path)
+    if not files:
+        return
+    with torch.device("meta"):
+        want = {n: tuple(t.shape) for n, t in auto_class.from_config(config).state_dict().items()}
+    mismatched = []
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                shape = tuple(f.get_slice(name).get_shape())
+                if name in want and shape != want[name]:
+                    mismatched.append((name, shape, want[name]))
+    if mismatched:
+        raise _mismatch_error(path, mismatched)
+
+
 def _unreadable_bin(e: BaseException) -> bool:
     """Whether ``torch.load`` failed on the bytes of a ``*.bin`` file (rather than on a bug)."""
     return isinstance(e, (EOFError, pickle.UnpicklingError)) or "PytorchStreamReader" in str(e)
@@ -151,6 +187,7 @@ def load_tokenizer(path: str | Path):
     cfg = read_json(path, "tokenizer_config.json")
     if (path / "config.json").is_file():  # AutoTokenizer reads it too
         read_json(path, "config.json")
+        model_config(path)
     try:
         if cfg.get("tokenizer_class") == "PreTrainedTokenizerFast" and (path / "tokenizer.json").exists():
             # Trained with `tokenizers` (like the tiny default): AutoTokenizer would swap its pre-tokenizer.
@@ -185,6 +222,7 @@ def load_pretrained(auto_class, path: Path, *, dtype: str = "float32", **kwargs)
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
         raise ModelLoadError(f"model directory {path} has config.json but no *.safetensors or *.bin weights")
     _check_safetensors(path)
+    _check_shapes(auto_class, model_config(path), path)
     try:
         # Mismatched shapes are loaded (and re-initialised) so that they come back listed, then refused below.
         model, info = auto_class.from_pretrained(path, dtype=resolve_dtype(dtype), local_files_only=True,

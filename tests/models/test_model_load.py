@@ -146,3 +146,25 @@ def test_an_untied_head_missing_from_the_file_is_refused(tiny_dir, tmp_path):
     assert not load_model(path).config.tie_word_embeddings  # whole: it loads
     _drop(path, lambda k: k != "lm_head.weight")
     _refused(load_model, path, "the weights lack 1 of the model's tensors (lm_head.weight)")
+
+
+@pytest.mark.parametrize("field,value,says", [("hidden_size", "big", "Field 'hidden_size' expected int"),
+                                              ("num_hidden_layers", -2, "num_hidden_layers")])
+def test_a_config_value_transformers_refuses_is_a_message_not_a_traceback(model_copy, field, value, says):
+    cfg = json.loads((model_copy / "config.json").read_text())
+    (model_copy / "config.json").write_text(json.dumps({**cfg, field: value}))
+    for load in (load_model, load_tokenizer):
+        _refused(load, model_copy, "config.json is not a model config transformers accepts", says)
+
+
+def test_a_config_without_its_shape_is_refused_before_the_default_7b_model_is_built(model_copy, monkeypatch):
+    """Qwen2's defaults describe a 7B model: the shapes are compared on the meta device, nothing is allocated."""
+    import transformers
+
+    (model_copy / "config.json").write_text(json.dumps({"model_type": "qwen2", "vocab_size": 10}))
+
+    def no_build(*a, **kw):
+        raise AssertionError("the model was built")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_build)
+    _refused(load_model, model_copy, "model.embed_tokens.weight is [", "but [10, 4096] by config.json")
