@@ -42,6 +42,8 @@ def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if tp is type(None):
         return "null"
+    if origin is typing.Annotated:  # (relayrl.config.paths: a str or Path with ~ expanded)
+        return "path" if typing.get_args(tp)[0] in (str, Path) else _type_name(typing.get_args(tp)[0])
     if origin is Literal:
         kinds = sorted({type(a).__name__ for a in typing.get_args(tp)})
         return " or ".join("null" if k == "NoneType" else k for k in kinds)

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from relayrl.algorithms.estimators import ESTIMATORS
+from relayrl.config.paths import DirPath, LocalPath
 from relayrl.config.algorithm import AlgorithmConfig, CorrectionConfig, DistillConfig
 from relayrl.config.plan import rollout_pool
 from relayrl.cluster import ClusterConfig
@@ -38,9 +39,11 @@ class _Section(BaseModel):
 
 
 class RunConfig(_Section):
-    dir: Path = Field(Path("runs/latest"), description="run directory (config, metrics.jsonl, checkpoints, final model)")
+    dir: DirPath = Field(Path("runs/latest"),
+                         description="run directory (config, metrics.jsonl, checkpoints, final model)")
     seed: int = 0
-    resume: str = Field("never", description='"never", "auto" (newest complete checkpoint in run.dir) or a checkpoint path')
+    resume: LocalPath = Field("never", description='"never", "auto" (newest complete checkpoint in run.dir) or a '
+                              'checkpoint path')
     overwrite: bool = Field(False, description="a fresh start (resume=never, or auto with no complete checkpoint) "
                             "in a run.dir that holds another run (checkpoints, or a metrics.jsonl, model/ or run "
                             "config.json): move that run aside to RUN_DIR.replaced-<time> (false: refuse)")
@@ -65,7 +68,7 @@ class RunConfig(_Section):
 
 
 class ModelConfig(_Section):
-    path: str | None = Field(None, description="local Hugging Face model directory; null builds the tiny default")
+    path: LocalPath | None = Field(None, description="local Hugging Face model directory; null builds the tiny default")
     tiny: TinyModelConfig = TinyModelConfig()
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="compute dtype of the training passes, and the reference's and (by default) the "
@@ -127,8 +130,9 @@ class RolloutConfig(_Section):
         "relayrl", description="rollout.engine=openai: how new weights reach the server: relayrl (relayrl serve's "
         "weight endpoint), vllm or sglang (their reload endpoints, from rollout.weight_dir; vllm tested with vllm serve 0.32, sglang untested), none "
         "(the server's weights stay: evaluation only)")
-    weight_dir: str | None = Field(None, description="rollout.engine=openai: a directory the server reads weights "
-                                   "from (needed by weight_sync=vllm/sglang; relayrl: instead of sending them)")
+    weight_dir: LocalPath | None = Field(None, description="rollout.engine=openai: a directory the server reads "
+                                         "weights from (needed by weight_sync=vllm/sglang; relayrl: instead of "
+                                         "sending them)")
     concurrency: int = Field(64, ge=1, description="rollout.engine=openai: requests in flight per rollout rank")
     timeout_s: float = Field(600.0, gt=0, description="rollout.engine=openai: seconds a request may wait for its "
                              "reply; past it the request has failed (rollout.on_error)")
@@ -205,7 +209,7 @@ class TrainerConfig(_Section):
     mini_batches: int = Field(1, ge=1, description="optimizer steps per RL step (PPO mini-batches)")
     epochs: int = Field(1, ge=1, description="passes over each RL batch")
     batch_size: int = Field(64, ge=1, description="SFT: examples per optimizer step; DPO: preference pairs")
-    init_from: str | None = Field(None, description="start from this model directory (e.g. an SFT run's model/)")
+    init_from: LocalPath | None = Field(None, description="start from this model directory (e.g. an SFT run's model/)")
     offload: bool = Field(False, description="colocated memory: each role's idle state leaves the device between "
                           "its phases (the actor's optimizer state and weights during generation, the "
                           "reference's weights outside its pass, the rollout's weights and KV cache outside "

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from relayrl.config.paths import LocalPath
 from relayrl.data.datasets import DatasetConfig
 
 __all__ = ["DataConfig"]
@@ -20,7 +21,7 @@ class DataConfig(BaseModel):
                              "or data.hf_name is set")
     task_options: dict[str, Any] = Field(default_factory=dict, description="options of the built-in task's training set")
     eval_task_options: dict[str, Any] | None = Field(None, description="options of the held-out set (default: task_options)")
-    path: str | None = Field(None, description="training prompts: a JSONL, Parquet or Arrow file, or a directory "
+    path: LocalPath | None = Field(None, description="training prompts: a JSONL, Parquet or Arrow file, or a directory "
                              "written by datasets' save_to_disk (a Dataset, or a DatasetDict whose data.hf_split "
                              "is read)")
     hf_name: str | None = Field(None, description="training prompts from datasets.load_dataset: a hub name (e.g. "
@@ -33,7 +34,7 @@ class DataConfig(BaseModel):
                                       "test); null: data.eval_path, else rows held out of the training split")
     format: Literal["jsonl", "parquet", "arrow"] | None = Field(None, description="format of data.path and "
                                                                 "data.eval_path files (null: from the file suffix)")
-    eval_path: str | None = Field(None, description="held-out prompts, in any form data.path takes")
+    eval_path: LocalPath | None = Field(None, description="held-out prompts, in any form data.path takes")
     prompt_key: str = Field("prompt", description='field with the prompt (text, or chat messages); dots reach nested '
                             'fields ("extra.question")')
     answer_key: str = Field("answer", description="field with the ground truth (string or number)")

@@ -173,3 +173,18 @@ def test_more_cpu_ranks_than_cores_are_refused_unless_asked_for():
     assert f"set cluster.devices <= {cores}, or set cluster.oversubscribe=true" in says
     cfg = load_config(Config, RECIPES / "arith_grpo.yaml", [*over, "cluster.oversubscribe=true"])
     assert cfg.cluster.devices == cores + 1
+
+
+def test_home_is_expanded_in_paths_and_an_empty_run_dir_is_refused(tmp_path, monkeypatch):
+    from relayrl.config.loader import load_run_config
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("data: {task: null, path: ~/data/train.jsonl}\nreward: {verifier: math}\n")
+    cfg = load_run_config(recipe, ["run.dir=~/runs/a", "trainer.init_from=~/sft/model", "run.resume=~/ck/step-000002"])
+    assert cfg.data.path == str(tmp_path / "data" / "train.jsonl")
+    assert (cfg.run.dir, cfg.trainer.init_from) == (tmp_path / "runs" / "a", str(tmp_path / "sft" / "model"))
+    assert cfg.run.resume == str(tmp_path / "ck" / "step-000002")
+    assert load_run_config(recipe, ["run.resume=auto"]).run.resume == "auto"
+    with pytest.raises(ConfigError, match=r"run.dir: is empty; give a directory"):
+        load_run_config(recipe, ["run.dir="])

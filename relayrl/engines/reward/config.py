@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from relayrl.config.paths import LocalPath
 from relayrl.engines.reward.judge import JudgeConfig
 from relayrl.errors import UserError
 from relayrl.plugins import absolute_file
@@ -64,8 +65,8 @@ class RewardConfig(BaseModel):
     )
     verifier_weight: float = Field(1.0, description="weight of the verifier in the reward; 0: logged only "
                                    "(reward/verifier_mean), e.g. with a learned reward")
-    model: str | None = Field(None, description="directory of a reward model (what workflow rm saves) scoring each "
-                              "(prompt, response); null: none")
+    model: LocalPath | None = Field(None, description="directory of a reward model (what workflow rm saves) "
+                                    "scoring each (prompt, response); null: none")
     model_weight: float = Field(1.0, description="weight of the reward model's score in the reward")
     model_device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="device of the reward model and judge; auto: the run's model device (a reward worker on "

@@ -26,6 +26,8 @@ from typing import Callable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from relayrl.config.paths import LocalPath
+
 __all__ = ["JudgeConfig", "JudgeError", "LLMJudge", "parse_judge_score"]
 
 log = logging.getLogger(__name__)
@@ -44,7 +46,7 @@ class JudgeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    path: str | None = Field(None, description="local directory of the judge's causal LM; null: no judge")
+    path: LocalPath | None = Field(None, description="local directory of the judge's causal LM; null: no judge")
     weight: float = Field(1.0, description="weight of the judge's score (in [0, 1]) in the reward")
     template: str = Field(DEFAULT_TEMPLATE, description="question asked per response; fields {prompt}, {response}, "
                           "{answer} (the ground truth, empty when there is none), {min_score}, {max_score}")
