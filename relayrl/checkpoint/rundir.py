@@ -47,7 +47,7 @@ from relayrl.checkpoint.format import _STEP_DIR, MANIFEST, CheckpointError
 from relayrl.errors import UserError
 
 __all__ = ["FINGERPRINT", "RUN_CONFIG_KEYS", "RunDirError", "check_run_dir", "claim_run_dir", "config_differences",
-           "check_fingerprint", "hold_run_dir", "is_run_config", "release_run_dir", "saved_config"]
+           "check_fingerprint", "hold_run_dir", "is_run_config", "release_run_dir", "rerun_note", "saved_config"]
 
 LOCK_FILE = ".relayrl.lock"
 _HELD: dict[Path, Any] = {}  # run directories this process holds: {resolved path: open lock file}
@@ -193,6 +193,15 @@ def check_run_dir(run_dir: Path, resume: str, overwrite: bool,
         refusal = _previous_run(run_dir, resume)
         if refusal is not None:
             raise refusal
+
+
+def rerun_note(run_dir: Path, resume: str) -> str | None:
+    """After a run failed: how to run the same command again, when ``run_dir`` now holds what it wrote and a
+    rerun would be refused (no complete checkpoint to resume); None when a rerun just works."""
+    if _previous_run(Path(run_dir), resume) is None:
+        return None
+    return (f"run.dir={run_dir} keeps what this run wrote before it failed; to run the same command again add "
+            f"run.overwrite=true (it moves that aside to {run_dir}.replaced-<time>), or choose another run.dir")
 
 
 def _rewind(run_dir: Path, resume: str) -> RunDirError | None:

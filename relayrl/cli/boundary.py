@@ -57,6 +57,12 @@ def _say(text: str) -> None:
     print(f"relayrl: {text}", file=sys.stderr, flush=True)
 
 
+def _say_notes(exc: BaseException) -> None:
+    """The notes a command added to the error on its way out (``BaseException.add_note``): what to do next."""
+    for note in getattr(exc, "__notes__", ()):
+        _say(note)
+
+
 def run_guarded(fn: Callable[[argparse.Namespace], int], args: argparse.Namespace, *, debug: bool) -> int:
     """Run one command; turn user errors, Ctrl-C and SIGTERM into a message and an exit code."""
     import signal
@@ -86,6 +92,7 @@ def run_guarded(fn: Callable[[argparse.Namespace], int], args: argparse.Namespac
             if debug:
                 traceback.print_exc()
             _say(f"error: {exc.brief()}")
+            _say_notes(exc)
             _say(_LOST_HINT.format(what="the worker's process or host"))
             return EXIT_USER
         if exc.user_message is None:
@@ -93,6 +100,7 @@ def run_guarded(fn: Callable[[argparse.Namespace], int], args: argparse.Namespac
         if debug:
             traceback.print_exc()
         _say(f"error: {exc.brief()}")
+        _say_notes(exc)
         if not debug:
             _say(f"(--debug or {DEBUG_ENV}=1 shows the traceback)")
         return EXIT_USER
@@ -108,6 +116,7 @@ def run_guarded(fn: Callable[[argparse.Namespace], int], args: argparse.Namespac
         if debug:
             traceback.print_exc()
         _say(f"error: {user_message(exc)}")
+        _say_notes(exc)
         if isinstance(exc, ConfigError):
             return EXIT_CONFIG
         if not debug:

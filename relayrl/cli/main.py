@@ -38,7 +38,15 @@ def _workflow(cfg) -> Path:
 
 def cmd_train(args) -> int:
     cfg = _load(args.recipe, args.overrides)
-    out = _run(cfg)
+    try:
+        out = _run(cfg)
+    except Exception as e:
+        from relayrl.checkpoint.rundir import RunDirError, rerun_note
+
+        note = None if isinstance(e, RunDirError) or cfg.run.overwrite else rerun_note(cfg.run.dir, cfg.run.resume)
+        if note:
+            e.add_note(note)  # (the CLI's error boundary prints it after the error)
+        raise
     print(f"relayrl: model saved to {out}; metrics in {cfg.run.dir / 'metrics.jsonl'}")
     return 0
 

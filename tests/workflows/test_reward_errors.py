@@ -34,6 +34,11 @@ def test_by_default_the_step_fails_naming_the_prompt_and_the_cause(capsys, tmp_p
     assert ", scoring the responses to prompt '" in err and "reward.on_error=drop_group" in err
     prompt = err.split("scoring the responses to prompt ", 1)[1].split(";", 1)[0]
     assert sum(map(ord, eval(prompt))) % 3 == 0  # the prompt named is one the function fails on
+    # no checkpoint: the same command again would be refused, so the error says how to run it again
+    assert f"relayrl: run.dir={tmp_path / 'r'} keeps what this run wrote before it failed; to run the same " \
+           f"command again add run.overwrite=true" in err, err
+    assert cli.main(["train", *RUN, f"run.dir={tmp_path / 'r'}"]) == EXIT_USER
+    assert "already holds a run" in capsys.readouterr().err  # (what the note forestalls)
 
 
 @pytest.mark.parametrize("mode", [[], ["trainer.mode=periodic", "placement.pools.gen=1", "placement.rollout=gen"]],
