@@ -173,6 +173,7 @@ def check_run_dir(run_dir: Path, resume: str, overwrite: bool,
     refuses it, before the model and the data are loaded.
     """
     run_dir = Path(run_dir)
+    _not_a_file(run_dir)
     conflict = _model_conflict(run_dir, models or {})
     if conflict is not None:
         raise conflict
@@ -225,11 +226,19 @@ def _rewind(run_dir: Path, resume: str) -> RunDirError | None:
                        f"run.resume={src}")
 
 
+def _not_a_file(run_dir: Path) -> None:
+    for here in (run_dir, *run_dir.parents):
+        if here.exists() and not here.is_dir():
+            raise RunDirError(f"run.dir={run_dir}: {here} is a file, not a directory; choose another run.dir "
+                              f"(e.g. run.dir=runs/<name>)")
+
+
 def hold_run_dir(run_dir: Path) -> None:
     """Take ``run_dir``'s lock for the rest of this process (creating the directory), or refuse
     (:class:`RunDirError`) naming the run that holds it. Taking it again in the same process (an in-process
     restart) is a no-op; after ``run.overwrite=true`` moved the old run aside, take it again for the new one."""
     run_dir = Path(run_dir)
+    _not_a_file(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     key = run_dir.resolve()
     held = _HELD.pop(key, None)

@@ -68,6 +68,10 @@ def load_recipe_dict(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
     if path in _seen:
         chain = " -> ".join(str(p) for p in (*_seen, path))
         raise ConfigError(f"recipe base chain loops: {chain}")
+    if path.is_dir():
+        yamls = sorted(p.name for p in path.glob("*.yaml"))[:6]
+        raise ConfigError(f"recipe {path} is a directory; give a recipe file"
+                          + (f" in it ({', '.join(yamls)})" if yamls else " (e.g. recipes/arith_grpo.yaml)"))
     if not path.is_file():
         raise ConfigError(f"recipe {path} does not exist")
     try:

@@ -312,3 +312,11 @@ def test_resuming_an_older_checkpoint_of_the_run_itself_is_refused_with_the_way_
         assert f"run.dir={run}-from-step-000001 run.resume={first}" in msg
     check_run_dir(tmp_path / "branch", str(first), overwrite=False)  # what the message proposes is accepted
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000001", "step-000002"]
+
+
+def test_a_run_dir_that_is_or_lies_under_a_file_is_refused_naming_the_file(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    for run in (tmp_path / "notes.txt", tmp_path / "notes.txt" / "run"):
+        with pytest.raises(RunDirError, match=f"{tmp_path / 'notes.txt'} is a file, not a directory"):
+            check_run_dir(run, "never", overwrite=False)
+    assert (tmp_path / "notes.txt").read_text() == "mine"

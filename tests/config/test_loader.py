@@ -188,3 +188,11 @@ def test_home_is_expanded_in_paths_and_an_empty_run_dir_is_refused(tmp_path, mon
     assert load_run_config(recipe, ["run.resume=auto"]).run.resume == "auto"
     with pytest.raises(ConfigError, match=r"run.dir: is empty; give a directory"):
         load_run_config(recipe, ["run.dir="])
+
+
+def test_a_recipe_that_is_a_directory_names_the_recipes_in_it(tmp_path):
+    from relayrl.config.loader import load_run_config
+
+    (tmp_path / "mine.yaml").write_text("trainer: {steps: 1}\n")
+    with pytest.raises(ConfigError, match=r"is a directory; give a recipe file in it \(mine.yaml\)"):
+        load_run_config(tmp_path, [])
