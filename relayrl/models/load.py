@@ -178,6 +178,27 @@ def _check_dir(path: Path, needed: tuple[str, ...]) -> None:
         raise ModelLoadError(f"model directory {path} lacks {', '.join(missing)}")
 
 
+def not_a_model(path: Path, key: str) -> str:
+    """Why ``path`` (no ``tokenizer_config.json``) is not a model directory, with the likely fix: a run's
+    directory, checkpoints or a checkpoint given where its ``model/`` was meant (``key``: the option, e.g.
+    ``trainer.init_from`` or ``--model``)."""
+    from relayrl.checkpoint.format import _STEP_DIR, MANIFEST
+
+    checkpoint = (path / MANIFEST).is_file() or bool(_STEP_DIR.match(path.name))
+    run = path.parent.parent if checkpoint else path.parent if path.name == "checkpoints" else path
+    meant = f"; did you mean {key}={run / 'model'}?" if (run / "model" / "tokenizer_config.json").exists() else ""
+    if checkpoint:
+        return (f"{path} is a checkpoint (a run's training state), not a model directory"
+                f"{meant or '; give a model directory (the RUN_DIR/model a run exports)'} (run.resume={path} "
+                f"continues that run from the checkpoint)")
+    if path.name == "checkpoints":
+        return f"{path} is a run's checkpoints directory, not a model directory{meant}"
+    if meant:
+        return f"{path} is a run directory, not a model directory{meant}"
+    return (f"model directory {path} lacks tokenizer_config.json; give a local Hugging Face model directory (e.g. "
+            f"the RUN_DIR/model of an earlier run)")
+
+
 def load_tokenizer(path: str | Path):
     """Load a tokenizer; left padding, with a pad token (EOS when it has none)."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast

@@ -19,7 +19,6 @@ import torch
 
 from relayrl.checkpoint import CheckpointManager, ResumePlan, capture_rng_state, restore_rng_state, resume_from
 from relayrl.checkpoint.atomic import write_dir_atomically
-from relayrl.checkpoint.format import _STEP_DIR, MANIFEST
 from relayrl.checkpoint.rundir import check_fingerprint, check_run_dir, claim_run_dir, hold_run_dir, saved_config
 from relayrl.workflows.restart import RESTARTS
 from relayrl.cluster import ResourcePool
@@ -28,7 +27,7 @@ from relayrl.config.schema import Config
 from relayrl.data.tasks import Problem, make_task
 from relayrl.errors import RunStopped
 from relayrl.evaluation.runner import EvalResult, evaluate, write_report
-from relayrl.models.load import ModelLoadError, load_tokenizer
+from relayrl.models.load import ModelLoadError, load_tokenizer, not_a_model
 from relayrl.models.tiny import build_tiny
 from relayrl.telemetry import NonFiniteError, Timeline, Tracker, check_updates
 
@@ -63,26 +62,9 @@ def resolve_model_path(cfg: Config) -> Path:
                 raise ModelLoadError(f"{key}={value}: no such directory; give a local Hugging Face model directory "
                                      f"(e.g. the RUN_DIR/model of an earlier run)")
             if not (path / "tokenizer_config.json").exists():
-                raise ModelLoadError(f"{key}={value}: {_not_a_model(path, key)}")
+                raise ModelLoadError(f"{key}={value}: {not_a_model(path, key)}")
             return path
     return build_tiny(cfg.model.tiny)
-
-
-def _not_a_model(path: Path, key: str) -> str:
-    """Why ``path`` (no ``tokenizer_config.json``) is not a model directory, with the likely fix."""
-    checkpoint = (path / MANIFEST).is_file() or bool(_STEP_DIR.match(path.name))
-    run = path.parent.parent if checkpoint else path.parent if path.name == "checkpoints" else path
-    meant = f"; did you mean {key}={run / 'model'}?" if (run / "model" / "tokenizer_config.json").exists() else ""
-    if checkpoint:
-        return (f"{path} is a checkpoint (a run's training state), not a model directory"
-                f"{meant or '; give a model directory (the RUN_DIR/model a run exports)'} (run.resume={path} "
-                f"continues that run from the checkpoint)")
-    if path.name == "checkpoints":
-        return f"{path} is a run's checkpoints directory, not a model directory{meant}"
-    if meant:
-        return f"{path} is a run directory, not a model directory{meant}"
-    return (f"model directory {path} lacks tokenizer_config.json; give a local Hugging Face model directory (e.g. "
-            f"the RUN_DIR/model of an earlier run)")
 
 
 class PromptSource:

@@ -398,3 +398,12 @@ def test_help_and_a_mistyped_command_answer_without_importing_torch():
     r = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert "invalid choice: 'trian'" in r.stderr
     assert r.stderr.strip().splitlines()[-1] == "False False", r.stderr[-2000:]
+
+
+def test_eval_given_a_run_directory_asks_whether_its_model_was_meant(capsys, tmp_path, tiny_dir):
+    import shutil
+
+    shutil.copytree(tiny_dir, tmp_path / "run" / "model")
+    code, err = run(capsys, "eval", "--model", str(tmp_path / "run"), "--task", "arith", "--size", "2")
+    assert code == EXIT_USER and f"is a run directory, not a model directory; did you mean " \
+                                  f"--model={tmp_path / 'run' / 'model'}?" in err, err
