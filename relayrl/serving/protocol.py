@@ -126,6 +126,12 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
 
+    @model_validator(mode="after")
+    def _has_content(self) -> "ChatMessage":
+        if self.content is None and self.role != "assistant":  # (an assistant turn may be empty)
+            raise ValueError(f"a {self.role!r} message needs 'content' (text, or a list of text parts)")
+        return self
+
     def text(self) -> str:
         if self.content is None:
             return ""

@@ -40,6 +40,10 @@ def test_request_records_refuse_what_is_not_supported():
         CompletionRequest(model="m", prompt="x", temperature=0, n=2)
     with pytest.raises(ValueError, match="tools"):
         ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=[{"type": "function"}])
+    with pytest.raises(ValueError, match="a 'user' message needs 'content'"):
+        ChatCompletionRequest(model="m", messages=[{"role": "user"}])
+    assert ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"},
+                                                      {"role": "assistant"}]).messages[1].text() == ""
     assert CompletionRequest(model="m", prompt=[[1, 2], [3]]).prompt_list() == [[1, 2], [3]]
     assert CompletionRequest(model="m", prompt=[1, 2]).prompt_list() == [[1, 2]]
     chat = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": [{"type": "text", "text": "a"}]}],
