@@ -26,7 +26,7 @@ from typing import Any, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from relayrl.data.errors import DatasetError
+from relayrl.data.errors import DatasetError, missing_field
 from relayrl.data.tasks import Problem
 
 __all__ = ["DatasetConfig", "DatasetError", "load_problems", "encode_prompt", "render_prompt", "render_plain"]
@@ -145,7 +145,7 @@ def _iter_parquet(path: Path, keys: tuple[str, ...]) -> Iterator[tuple[int, Any]
     for key in keys:
         col = key if key in names else key.split(".", 1)[0]
         if col not in names:
-            raise DatasetError(f"{path.name}: column {key!r} is missing (columns present: {', '.join(names) or 'none'})")
+            raise DatasetError(f"{path.name}: {missing_field(key, names).replace('field', 'column', 1)}")
         if col not in columns:
             columns.append(col)
     rowno = 0
@@ -196,12 +196,11 @@ def _row_problem(row: Any, rowno: int, cfg: DatasetConfig, tokenizer, label: str
         raise DatasetError(f"{where}: expected a JSON object with fields, got {type(row).__name__}")
     if cfg.messages_key is not None:
         return _conversation_problem(row, rowno, where, cfg)
-    present = ", ".join(map(str, row)) or "none"
     prompt = _get(row, cfg.prompt_key)
     answer = _get(row, cfg.answer_key)
     for key, value in ((cfg.prompt_key, prompt), (cfg.answer_key, answer)):
         if value is _MISSING:
-            raise DatasetError(f"{where}: field {key!r} is missing (columns present: {present})")
+            raise DatasetError(f"{where}: {missing_field(key, row)}")
         if value is None:
             raise DatasetError(f"{where}: field {key!r} is null")
     meta: dict[str, Any] = {"row": rowno, "source": str(cfg.path or cfg.hf_name)}
@@ -231,7 +230,7 @@ def _row_problem(row: Any, rowno: int, cfg: DatasetConfig, tokenizer, label: str
         rejected = _get(row, cfg.rejected_key)
         if rejected is _MISSING:
             raise DatasetError(f"{where}: field {cfg.rejected_key!r} (the rejected answer) is missing "
-                               f"(columns present: {present})")
+                               f"(columns present: {', '.join(map(str, row)) or 'none'})")
         rejected = _answer_text(rejected, where, cfg.rejected_key)
         if rejected.strip() == answer.strip():
             raise DatasetError(f"{where}: the rejected answer equals the chosen one ({rejected!r}"

@@ -18,7 +18,7 @@ import contextlib
 from pathlib import Path
 from typing import Any, Iterator
 
-from relayrl.data.errors import DatasetError
+from relayrl.data.errors import DatasetError, missing_field
 
 __all__ = ["INSTALL_HINT", "datasets_installed", "is_datasets_dir", "load_named", "open_dataset", "iter_rows"]
 
@@ -145,7 +145,7 @@ def iter_rows(ds: Any, label: str, keys: tuple[str, ...]) -> Iterator[tuple[int,
     names = list(ds.column_names)
     for key in keys:
         if key not in names and key.split(".", 1)[0] not in names:
-            raise DatasetError(f"{label} row 1: field {key!r} is missing (columns present: {', '.join(names) or 'none'}); "
-                         f"the dataset has no such column, so no row has it")
+            raise DatasetError(f"{label} row 1: {missing_field(key, names)} (the dataset has no such column, so no "
+                               f"row has it)")
     for i, row in enumerate(ds, start=1):
         yield i, row

@@ -228,3 +228,12 @@ def test_a_utf16_file_is_named_as_such_once(tmp_path):
     f.write_bytes(json.dumps({"prompt": "1+1=", "answer": "2"}).encode("utf-16"))  # (with its BOM)
     with pytest.raises(DatasetError, match=r"w.jsonl: the file is UTF-16 text .* save it as UTF-8"):
         load_problems(DatasetConfig(path=f))
+
+
+def test_rows_of_whole_conversations_without_messages_key_say_which_key_reads_them(tmp_path):
+    path = tmp_path / "chats.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "1+1="},
+                                             {"role": "assistant", "content": "2"}]}) + "\n")
+    with pytest.raises(DatasetError, match=r"chats.jsonl row 1: field 'prompt' is missing \(columns present: "
+                                           r"messages\); rows of whole conversations: set data.messages_key=messages"):
+        load_problems(DatasetConfig(path=path))
