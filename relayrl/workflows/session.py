@@ -63,6 +63,9 @@ def resolve_model_path(cfg: Config) -> Path:
                                      f"(e.g. the RUN_DIR/model of an earlier run)")
             if not (path / "tokenizer_config.json").exists():
                 raise ModelLoadError(f"{key}={value}: {not_a_model(path, key)}")
+            if not (path / "config.json").is_file():  # (here, not in each worker that loads the weights)
+                raise ModelLoadError(f"{key}={value}: model directory {path} lacks config.json; copy it from the "
+                                     f"original model")
             return path
     return build_tiny(cfg.model.tiny)
 

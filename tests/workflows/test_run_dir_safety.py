@@ -184,3 +184,12 @@ def test_a_second_run_started_in_a_held_run_dir_is_refused_naming_the_holder(cap
     finally:
         other.stdin.close()
         other.wait(30)
+
+
+def test_a_model_directory_without_config_json_is_refused_before_any_worker_starts(capsys, tmp_path, tiny_dir):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dir, model)
+    (model / "config.json").unlink()
+    code, out = train(capsys, SFT, f"model.path={model}", f"run.dir={tmp_path / 'r'}", "trainer.steps=1", *FAST)
+    assert code == EXIT_USER and f"model.path={model}: model directory {model} lacks config.json" in out, out
+    assert "worker group" not in out and not (tmp_path / "r").exists()
