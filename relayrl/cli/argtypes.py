@@ -54,3 +54,20 @@ def positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{value} is not > 0")
     return value
+
+
+def check_makeable(path, what: str, fix: str) -> None:
+    """Refuse (ConfigError, ``what``: the option in the message) a ``path`` that cannot be created: its
+    nearest existing ancestor must be a directory this process can write."""
+    import os
+    from pathlib import Path
+
+    from relayrl.config.loader import ConfigError
+
+    parent = Path(path)
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{what} {path} cannot be made: {parent} is a file; {fix}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {path}: {parent} is not writable; {fix}")

@@ -120,20 +120,12 @@ def cmd_demo(args) -> int:
 def _eval_out(out: Path) -> Path:
     """``relayrl eval --out``, checked before the model loads: a directory, or one that can be made; a report
     already there (eval.json) is replaced, and said so."""
-    import os
-
     from relayrl.config.loader import ConfigError
 
     fix = "give a directory for eval.json and eval_samples.jsonl (e.g. --out runs/eval)"
     if out.exists() and not out.is_dir():
         raise ConfigError(f"relayrl eval: --out {out} is a file, not a directory; {fix}")
-    parent = out
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ConfigError(f"relayrl eval: --out {out} cannot be made: {parent} is a file; {fix}")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"relayrl eval: --out {out}: {parent} is not writable; {fix}")
+    argtypes.check_makeable(out, "relayrl eval: --out", fix)
     if (out / "eval.json").is_file():
         print(f"relayrl eval: {out} holds an eval report; this evaluation replaces its eval.json and "
               f"eval_samples.jsonl", flush=True)

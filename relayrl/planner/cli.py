@@ -13,6 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
+from relayrl.cli.argtypes import check_makeable
 from relayrl.planner.profile import Profile, load_profile, save_profile
 
 __all__ = ["add_parser", "cmd_plan"]
@@ -94,13 +95,7 @@ def _check_profile_inputs(reward_fn: str, out: Path) -> None:
         if not os.access(out, os.W_OK):
             raise ConfigError(f"relayrl plan --profile: --out {out} is not writable; {fix}")
         return
-    parent = out.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ConfigError(f"relayrl plan --profile: --out {out} cannot be made: {parent} is a file; {fix}")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"relayrl plan --profile: --out {out}: {parent} is not writable; {fix}")
+    check_makeable(out, "relayrl plan --profile: --out", fix)
 
 
 def cmd_plan(args) -> int:
