@@ -289,11 +289,11 @@ def test_a_model_error_inside_a_rank_arrives_as_one_message(capsys, tmp_path, ti
             f"but no *.safetensors or *.bin weights") in err
 
 
-def test_a_file_system_error_names_the_file(capsys, tmp_path):
+def test_a_run_dir_under_a_file_names_the_file(capsys, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     code, err = run(capsys, "train", SFT, f"run.dir={blocker / 'run'}", *FAST)
-    assert code == EXIT_USER and f"error: {blocker / 'run'}: Not a directory" in err
+    assert code == EXIT_USER and f"error: run.dir={blocker / 'run'}: {blocker} is a file, not a directory" in err
 
 
 # ----------------------------------------------------------------------- debug, bugs
