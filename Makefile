@@ -31,7 +31,7 @@ demo: $(STAMP)
 
 # Two worker processes, a test file each at a time (module fixtures such as the two-host cluster stay in one
 # process): most end-to-end tests wait on process start-up, Ray and subprocesses, so two overlap well on two
-# cores (about 22-25 min here, 2026-11-28). TESTFLAGS="-n 0" runs them one by one.
+# cores (about 20-23 min here, 2026-11-28). TESTFLAGS="-n 0" runs them one by one.
 TESTFLAGS ?= -n 2 --dist loadfile
 # The unit tests hold no module fixture of that kind: idle workers take tests from the other's queue, which
 # evens the two out (about 43 s here against 47 s by file)
