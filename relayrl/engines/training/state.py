@@ -135,12 +135,8 @@ class EngineState:
         o, groups = self.cfg.optim, self.optimizer.param_groups
         for g in groups:
             g.update(betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, initial_lr=o.lr)
-        if self.scheduler is not None:
-            sched = self.scheduler
-            sched.base_lrs = [o.lr] * len(groups)
-            for g, base, factor in zip(groups, sched.base_lrs, sched.lr_lambdas):
-                g["lr"] = base * factor(sched.last_epoch)
-            sched._last_lr = [g["lr"] for g in groups]
-        else:
-            for g in groups:
-                g["lr"] = o.lr
+        sched = self.scheduler  # (made with the optimizer: make_scheduler's LambdaLR)
+        sched.base_lrs = [o.lr] * len(groups)
+        for g, base, factor in zip(groups, sched.base_lrs, sched.lr_lambdas):
+            g["lr"] = base * factor(sched.last_epoch)
+        sched._last_lr = [g["lr"] for g in groups]
