@@ -95,4 +95,4 @@ class OfflineRun:
 
         return s.run(restore=restore, step=step, evaluate=self.evaluate, save=self.save,
                      export=lambda p: self.actor.all("save_pretrained", p), shutdown=shutdown,
-                     key_metrics=self.key_metrics)
+                     key_metrics=self.key_metrics, footprint=lambda: self.actor.one("footprint"))

@@ -286,7 +286,8 @@ class GRPOPipeline:
             self.actor.all("save_pretrained", path)
 
         return self.s.run(restore=self.restore, step=self.step, evaluate=self.evaluate, save=self.save,
-                          export=export, shutdown=self.shutdown, key_metrics=KEY_METRICS)
+                          export=export, shutdown=self.shutdown, key_metrics=KEY_METRICS,
+                          footprint=lambda: self.actor.one("footprint"))
 
     def evaluate(self, step: int) -> dict[str, float]:
         def held_out() -> dict[str, float]:

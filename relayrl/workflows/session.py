@@ -39,6 +39,15 @@ class RunInterrupted(KeyboardInterrupt):
     checkpoint yet: how to start over, the partial run moved aside)."""
 
 
+def footprint_line(sizes: dict[str, float]) -> str:
+    """The actor's size as a run prints it once, e.g. ``actor: 494.0M parameters, 1.1M trained (0.2%);
+    optimizer state 8.8 MB per rank`` (from ``params/total``, ``params/trainable``, ``optimizer/state_bytes``)."""
+    total, trained, state = sizes["params/total"], sizes["params/trainable"], sizes["optimizer/state_bytes"]
+    share = f" ({100 * trained / total:.1f}%)" if trained < total else ""
+    return (f"actor: {total / 1e6:.1f}M parameters, {trained / 1e6:.1f}M trained{share}; "
+            f"optimizer state {state / 1e6:.1f} MB per rank")
+
+
 def check_device(cfg: Config) -> None:
     """``model.device=cuda`` on a local run needs a GPU that torch can see; say so naming the key."""
     if cfg.model.device == "cuda" and cfg.cluster.backend == "local" and not torch.cuda.is_available():
@@ -364,7 +373,8 @@ class Session:
     # ------------------------------------------------------------- the loop
     def run(self, *, restore: Callable[[], None], step: Callable[[int], dict[str, float]],
             evaluate: Callable[[int], dict[str, float]], save: Callable[[int], Any], export: Callable[[str], None],
-            shutdown: Callable[[], None], key_metrics) -> Path:
+            shutdown: Callable[[], None], key_metrics,
+            footprint: Callable[[], dict[str, float]] | None = None) -> Path:
         """The run loop every workflow shares::
 
             restore (the checkpoint the resume plan chose)
@@ -372,7 +382,8 @@ class Session:
             for each step left: metrics <- step(s); evaluate, log, checkpoint (end_step); stop early on target
             export the model (atomically)
 
-        ``shutdown`` stops the workflow's workers whatever happens; Ctrl-C becomes :class:`RunInterrupted`
+        ``footprint`` (the actor's parameter counts and optimizer state, :meth:`footprint_line`) is logged
+        with the first step this process trains, when the optimizer state exists. ``shutdown`` stops the workflow's workers whatever happens; Ctrl-C becomes :class:`RunInterrupted`
         naming the checkpoint to resume from. Returns the exported model directory."""
         with self.interruptible():
             try:
@@ -381,7 +392,12 @@ class Session:
                 if self.start_step == 0:
                     self.tracker.log(0, evaluate(0))
                 for s in self.steps():
-                    if self.end_step(s, step(s), evaluate=evaluate, save=save):
+                    metrics = step(s)
+                    if footprint is not None:
+                        sizes, footprint = footprint(), None
+                        metrics.update(sizes)
+                        self.tracker.write_text(footprint_line(sizes))
+                    if self.end_step(s, metrics, evaluate=evaluate, save=save):
                         break
                 return self.finish(export)
             finally:

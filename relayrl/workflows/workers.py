@@ -247,7 +247,7 @@ class _TrainerWorker(_MemoryProbe, Worker):
             raise ValueError(f"checkpoint does not match the model: {'; '.join(problems)}")
 
     def footprint(self) -> dict[str, float]:
-        """Total and trainable parameters and the optimizer state's bytes (this rank's shard when sharded)."""
+        """The model's total and trainable parameters and this rank's optimizer state in bytes."""
         return self.engine.footprint()
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:

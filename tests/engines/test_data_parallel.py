@@ -73,6 +73,11 @@ def test_two_rank_fsdp2_update_matches_one_rank(tiny_dir, tiny_tokenizer):
         lp2 = dp.split("logprobs", batch)
         for a, b in zip(lp1, lp2):
             torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-4)
+        f1, f2 = one.footprint(), dp.all("footprint")
+        for k in ("params/total", "params/trainable"):  # the whole model's counts on every rank
+            assert f2[0][k] == f2[1][k] == f1[k] > 0, k
+        # each rank holds half the moments (plus its own step counters)
+        assert 0.45 < f2[0]["optimizer/state_bytes"] / f1["optimizer/state_bytes"] < 0.55
         state = collective(dp, "state")
         assert dp.all("state")[1] is None  # only rank 0 receives the full state
         dp.all("save_pretrained", str(tiny_dir.parent / "dp-saved"))

@@ -74,6 +74,12 @@ def test_lora_runs_in_every_workflow(sft_model, tmp_path, recipe):
         assert {"lm_head.weight", "lm_head.bias"} <= set(critic)
         assert all(".lora_" in k or k.startswith("lm_head.") for k in critic)
     assert (tmp_path / "model" / "adapter" / "adapter_config.json").is_file()
+    sized = [x for x in records(tmp_path) if "params/total" in x]  # logged once, with the first step
+    assert [x["step"] for x in sized] == [1]
+    total, trained, state = (sized[0][k] for k in ("params/total", "params/trainable", "optimizer/state_bytes"))
+    assert 0 < trained < 0.2 * total
+    assert 8 * trained <= state < 8 * total  # Adam's two fp32 moments of the actor's adapters
+    assert "M trained (" in r.stdout + r.stderr
 
 
 @pytest.mark.slow

@@ -92,15 +92,15 @@ class EngineState:
         return time.perf_counter() - t0
 
     def footprint(self) -> dict[str, float]:
-        """Parameter counts and the optimizer state's bytes on this rank (``params/total``,
-        ``params/trainable``, ``optimizer/state_bytes``: Adam's two moments and step counts; 0 before the
-        first step, which creates them)."""
-        state_bytes = sum(t.numel() * t.element_size() for s in (self.optimizer.state.values() if self.optimizer
-                                                                  else ()) for t in s.values()
-                          if isinstance(t, torch.Tensor))
+        """The model's parameter counts and this rank's optimizer state in bytes (``params/total``,
+        ``params/trainable``: the whole model's, sharded or not; ``optimizer/state_bytes``: Adam's two moments
+        and step counts held by this rank, 0 before the first step, which creates them)."""
+        local = [t.to_local() if hasattr(t, "to_local") else t  # a DTensor's numel is the whole tensor's
+                 for s in (self.optimizer.state.values() if self.optimizer else ()) for t in s.values()
+                 if isinstance(t, torch.Tensor)]
         return {"params/total": float(sum(p.numel() for p in self.model.parameters())),
                 "params/trainable": float(sum(p.numel() for p in self.model.parameters() if p.requires_grad)),
-                "optimizer/state_bytes": float(state_bytes)}
+                "optimizer/state_bytes": float(sum(t.numel() * t.element_size() for t in local))}
 
     # --------------------------------------------------------------- weights
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
