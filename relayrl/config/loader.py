@@ -97,6 +97,7 @@ def load_recipe_dict(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
 def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
     """Apply ``a.b=value`` overrides to a nested dict (returns a new dict)."""
     out = _merge({}, data)
+    set_by: dict[str, str] = {}  # key path -> the override that set a value there
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key.path=value (e.g. trainer.steps=3)")
@@ -121,13 +122,22 @@ def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
             if nxt is None:
                 nxt = node[part] = {}
             elif not isinstance(nxt, dict):
-                raise ConfigError(f"override {item!r}: {'.'.join(parts[:i + 1])} is a value, not a section")
+                path = ".".join(parts[:i + 1])
+                if path in set_by:  # `data=foo data.task=arith`: the earlier override is the mistake
+                    raise ConfigError(f"override {set_by[path]!r} made {path} a value, so {item!r} has no section "
+                                      f"to set a key in; set {path}'s keys one by one ({path}.<key>=...) or "
+                                      f"give a mapping ({path}={{key: value}})")
+                raise ConfigError(f"override {item!r}: {path} is a value, not a section")
             else:
                 nxt = node[part] = dict(nxt)
             node = nxt
         old = node.get(parts[-1])
         merge = isinstance(value, dict) and value and isinstance(old, dict)
         node[parts[-1]] = _merge(old, value) if merge else value
+        if isinstance(value, dict):  # a section again
+            set_by = {k: v for k, v in set_by.items() if k != key and not k.startswith(key + ".")}
+        else:
+            set_by[key] = item
     return out
 
 

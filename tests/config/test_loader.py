@@ -60,6 +60,11 @@ def test_malformed_overrides():
         apply_overrides({}, ["trainer..steps=3"])
     with pytest.raises(ConfigError, match="trainer.steps is a value, not a section"):
         apply_overrides({"trainer": {"steps": 3}}, ["trainer.steps.x=1"])
+    # the earlier override that made a section a value is the one named
+    with pytest.raises(ConfigError, match=r"override 'data=foo' made data a value, so 'data.task=arith'"):
+        apply_overrides({"data": {"task": "sort"}}, ["data=foo", "data.task=arith"])
+    # a mapping makes it a section again
+    assert apply_overrides({}, ["data=foo", "data={task: sort}", "data.n=2"]) == {"data": {"task": "sort", "n": 2}}
     with pytest.raises(ConfigError, match=r"space after the colon.*data.task_options.min_digits=2"):
         apply_overrides({}, ["data.task_options={min_digits:2,max_digits:2}"])
 
