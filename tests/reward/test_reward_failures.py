@@ -107,7 +107,7 @@ def test_a_reward_function_that_hangs_on_one_prompt_is_an_error_under_the_same_p
     with pytest.raises(RewardError) as e:
         RewardEngine(RewardConfig(**cfg)).score(PROMPTS, RESPONSES, [None] * 5)
     assert time.monotonic() - t0 < 1.5  # the hung calls (the batch, then prompt 'b' alone) were not waited for
-    assert ("reward function test_reward_failures:_hangs_on_b ran past reward.timeout_s=0.3 (0.3 s for the 1 "
+    assert ("reward function hanging_rewards:score ran past reward.timeout_s=0.3 (0.3 s for the 1 "
             "prompt(s) of the call), scoring the responses to prompt 'b'; fix the function") in str(e.value)
     rewards, m = RewardEngine(RewardConfig(**cfg, on_error="drop_group")).score(PROMPTS, RESPONSES, [None] * 5)
     assert rewards[:2] == [1.0, 2.0] and math.isnan(rewards[2]) and rewards[4] == 3.0 and m["reward/errors"] == 2.0

@@ -145,6 +145,7 @@ def test_user_fn_gets_whole_batch_and_numpy_output_is_accepted(user_mod):
 def test_check_rewards_shapes():
     assert check_rewards(torch.tensor([0.5, 1.0]), 2, "f") == [0.5, 1.0]
     assert check_rewards((1, 0), 2, "f") == [1.0, 0.0]
+    assert check_rewards([True, False], 2, "f") == [1.0, 0.0]  # a verifier's verdicts, as Python's numbers
     with pytest.raises(RewardError, match=r"shape \(2, 1\)"):
         check_rewards(np.zeros((2, 1)), 2, "f")
     with pytest.raises(RewardError, match="returned dict"):
@@ -191,6 +192,9 @@ def test_a_file_path_loads_like_a_module_and_becomes_absolute_when_the_config_lo
     monkeypatch.chdir("/")
     assert load_reward_fn(cfg.user_fn)(["p", "q"], ["1", "2"], ["1", "3"]) == [1.0, 0.0]
     assert RewardEngine(cfg).score(["p"], ["7"], ["7"])[0] == [1.0]
+    (tmp_path / "strs.py").write_text("def score(prompts, responses, answers):\n    return ['1']\n")
+    with pytest.raises(RewardError, match=rf"reward function {tmp_path / 'strs.py'}:score returned str"):
+        RewardEngine(RewardConfig(verifier="user", user_fn=f"{tmp_path / 'strs.py'}:score")).score(["p"], ["7"], ["7"])
     with pytest.raises(ValidationError, match=r"reward.user_fn='nope.py:score': no file /nope.py"):
         RewardConfig(verifier="user", user_fn="nope.py:score")
     with pytest.raises(RewardError, match=r"has no attribute 'scor' \(callables there: score\)"):

@@ -55,7 +55,7 @@ import torch
 from relayrl.algorithms.reward_model import RunningMoments, normalize_rewards
 from relayrl.engines.reward.config import RewardConfig, RewardError
 from relayrl.engines.reward.judge import JudgeError, LLMJudge
-from relayrl.engines.reward.user import Overtime, call_within, check_rewards, describe_fn, load_reward_fn
+from relayrl.engines.reward.user import Overtime, call_within, check_rewards, load_reward_fn
 from relayrl.engines.reward.verifiers import exact_reward, format_reward, math_reward
 
 __all__ = ["RewardEngine", "MAX_ABANDONED"]
@@ -347,7 +347,7 @@ class RewardEngine:
         return out
 
     def _user_once(self, prompts: list[str], responses: list[str], answers: list[str | None]) -> list[float]:
-        name = describe_fn(self._user_fn)
+        name = self.cfg.user_fn  # as configured (a file path is absolute since the config loaded)
         limit = None if self.cfg.timeout_s is None else self.cfg.timeout_s * len(set(prompts))
         try:
             result = self._within(limit, self._user_fn, prompts, responses, answers)
@@ -368,7 +368,7 @@ class RewardEngine:
         with self._lock:
             self._abandoned = [t for t in self._abandoned if t.is_alive()]
             if len(self._abandoned) >= MAX_ABANDONED:
-                raise _TooManyHung(f"{len(self._abandoned)} calls of reward function {describe_fn(self._user_fn)} "
+                raise _TooManyHung(f"{len(self._abandoned)} calls of reward function {self.cfg.user_fn} "
                                    f"are still running past reward.timeout_s={self.cfg.timeout_s:g}: it hangs (each "
                                    f"hung call holds a thread); fix the function or raise reward.timeout_s")
         try:

@@ -20,7 +20,7 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 from relayrl.engines.reward.config import RewardError
 from relayrl.plugins import resolve
 
-__all__ = ["RewardFn", "load_reward_fn", "check_rewards", "describe_fn", "call_within", "Overtime"]
+__all__ = ["RewardFn", "load_reward_fn", "check_rewards", "call_within", "Overtime"]
 
 
 @runtime_checkable
@@ -30,13 +30,6 @@ class RewardFn(Protocol):
     def __call__(self, prompts: list[str], responses: list[str], answers: list[str | None]) -> list[float]:
         """One finite float per row: ``len(result) == len(responses)``."""
         ...
-
-
-def describe_fn(fn: Callable[..., Any]) -> str:
-    """``module:qualname`` of a function (for error messages)."""
-    mod = getattr(fn, "__module__", None) or "?"
-    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
-    return f"{mod}:{name}"
 
 
 def load_reward_fn(path: str) -> RewardFn:
