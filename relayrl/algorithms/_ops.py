@@ -17,6 +17,10 @@ import torch
 
 Tensor = torch.Tensor
 
+LOG_CLAMP = 20.0
+"""Bound on a log-ratio (or log-prob difference) before it is exponentiated: e^20 ~ 5e8 stays finite in
+bfloat16 and float32, and a ratio that large is clipped or capped by every loss anyway."""
+
 
 def pad_right(seqs, value: float = 0.0) -> Tensor:
     """Stack 1-D tensors (a sequence of unpadded rows) into ``[B, max_len]``, padded on the right."""

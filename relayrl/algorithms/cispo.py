@@ -22,14 +22,13 @@ from __future__ import annotations
 import torch
 
 from relayrl.algorithms._checks import as_float_mask, check_batch, check_ndim, to_floats
-from relayrl.algorithms._ops import masked_mean
+from relayrl.algorithms._ops import LOG_CLAMP, masked_mean
 from relayrl.algorithms.aggregation import aggregate
 
 Tensor = torch.Tensor
 
 __all__ = ["cispo_loss"]
 
-_LOG_CLAMP = 20.0
 
 
 def cispo_loss(
@@ -83,7 +82,7 @@ def cispo_loss(
     adv = torch.where(valid, advantages.detach().to(logprobs.dtype), zero)
     with torch.no_grad():
         log_ratio = torch.where(valid, logprobs.detach() - old_logprobs.detach().to(logprobs.dtype), zero)
-        ratio = torch.exp(log_ratio.clamp(-_LOG_CLAMP, _LOG_CLAMP))
+        ratio = torch.exp(log_ratio.clamp(-LOG_CLAMP, LOG_CLAMP))
         weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
         if is_weights is not None:
             weight = weight * is_weights.detach().to(weight.dtype)
@@ -99,7 +98,7 @@ def cispo_loss(
             "actor/clip_frac_low": masked_mean(low.to(m.dtype), m),
             "actor/clip_frac_high": masked_mean(high.to(m.dtype), m),
             "actor/clip_frac": masked_mean((low | high).to(m.dtype), m),
-            "actor/approx_kl": masked_mean(torch.expm1(log_ratio.clamp(-_LOG_CLAMP, _LOG_CLAMP)) - log_ratio, m),
+            "actor/approx_kl": masked_mean(torch.expm1(log_ratio.clamp(-LOG_CLAMP, LOG_CLAMP)) - log_ratio, m),
             "actor/ratio_mean": masked_mean(ratio, m),
             "actor/ratio_max": r_valid.max() if r_valid.numel() else one,
             "actor/ratio_min": r_valid.min() if r_valid.numel() else one,

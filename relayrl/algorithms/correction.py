@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from relayrl.algorithms._checks import as_float_mask, check_batch, check_ndim, to_floats
-from relayrl.algorithms._ops import masked_max, masked_mean
+from relayrl.algorithms._ops import LOG_CLAMP, masked_max, masked_mean
 
 Tensor = torch.Tensor
 
@@ -51,7 +51,6 @@ __all__ = ["LEVELS", "MODES", "KL_KINDS", "Correction", "rollout_correction", "l
 LEVELS: tuple[str, ...] = ("token", "sequence", "geometric")
 MODES: tuple[str, ...] = ("truncate", "mask")
 KL_KINDS: tuple[str, ...] = ("k1", "k3")
-_LOG_CLAMP = 20.0
 
 
 def log_ratios(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -61,7 +60,7 @@ def log_ratios(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -> 
     check_batch(old_logprobs=old_logprobs, rollout_logprobs=rollout_logprobs, mask=mask)
     m = as_float_mask(mask, old_logprobs)
     d = old_logprobs.detach() - rollout_logprobs.detach().to(old_logprobs.dtype)
-    d = torch.nan_to_num(d, nan=-_LOG_CLAMP, posinf=_LOG_CLAMP, neginf=-_LOG_CLAMP).clamp(-_LOG_CLAMP, _LOG_CLAMP)
+    d = torch.nan_to_num(d, nan=-LOG_CLAMP, posinf=LOG_CLAMP, neginf=-LOG_CLAMP).clamp(-LOG_CLAMP, LOG_CLAMP)
     return torch.where(m > 0, d, torch.zeros((), dtype=d.dtype, device=d.device)), m
 
 
@@ -135,7 +134,7 @@ def rollout_correction(
             seq = lr.sum(dim=1)
             if level == "geometric":
                 seq = seq / n_tok.clamp(min=1.0)
-            log_w = seq.clamp(-_LOG_CLAMP, _LOG_CLAMP).unsqueeze(1).expand_as(lr)
+            log_w = seq.clamp(-LOG_CLAMP, LOG_CLAMP).unsqueeze(1).expand_as(lr)
         ratio = torch.exp(log_w)
         capped = torch.zeros_like(valid)
         out = torch.zeros_like(valid)

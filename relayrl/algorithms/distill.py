@@ -25,13 +25,12 @@ from __future__ import annotations
 import torch
 
 from relayrl.algorithms._checks import as_float_mask, check_batch, check_ndim, to_floats
-from relayrl.algorithms._ops import masked_max, masked_mean
+from relayrl.algorithms._ops import LOG_CLAMP, masked_max, masked_mean
 
 Tensor = torch.Tensor
 
 __all__ = ["distill_advantages"]
 
-_LOG_CLAMP = 20.0
 
 
 def distill_advantages(
@@ -70,7 +69,7 @@ def distill_advantages(
         valid = m > 0
         zero = torch.zeros((), dtype=m.dtype, device=m.device)
         d = student_logprobs.detach() - teacher_logprobs.detach().to(m.dtype)
-        d = torch.nan_to_num(d, nan=0.0, posinf=_LOG_CLAMP, neginf=-_LOG_CLAMP).clamp(-_LOG_CLAMP, _LOG_CLAMP)
+        d = torch.nan_to_num(d, nan=0.0, posinf=LOG_CLAMP, neginf=-LOG_CLAMP).clamp(-LOG_CLAMP, LOG_CLAMP)
         d = torch.where(valid, d, zero)
         adv = -coef * d
         if reward_weight:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from relayrl.algorithms._checks import as_float_mask, check_batch, check_ndim, to_floats
-from relayrl.algorithms._ops import masked_mean
+from relayrl.algorithms._ops import LOG_CLAMP, masked_mean
 from relayrl.algorithms.aggregation import aggregate
 
 Tensor = torch.Tensor
@@ -35,7 +35,6 @@ Tensor = torch.Tensor
 KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3", "abs")
 KL_ALIASES: dict[str, str] = {"mse": "k2", "low_var_kl": "k3"}
 
-_LOG_CLAMP = 20.0
 _K3_CLAMP = 10.0
 
 
@@ -65,7 +64,7 @@ def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, kind: str) -> Tensor:
         return d.abs()
     if name == "k2":
         return 0.5 * d.square()
-    d = d.clamp(-_LOG_CLAMP, _LOG_CLAMP)
+    d = d.clamp(-LOG_CLAMP, LOG_CLAMP)
     return (torch.exp(-d) - 1.0 + d).clamp(-_K3_CLAMP, _K3_CLAMP)
 
 

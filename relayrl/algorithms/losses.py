@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from relayrl.algorithms._checks import as_float_mask, check_batch, check_ndim, to_floats
-from relayrl.algorithms._ops import masked_mean
+from relayrl.algorithms._ops import LOG_CLAMP, masked_mean
 from relayrl.algorithms.aggregation import AGG_MODES, aggregate, count_tokens_and_seqs
 
 Tensor = torch.Tensor
@@ -42,7 +42,6 @@ Tensor = torch.Tensor
 __all__ = ["AGG_MODES", "LEVELS", "POLICY_LOSSES", "aggregate", "count_tokens_and_seqs", "policy_loss"]
 
 LEVELS: tuple[str, ...] = ("token", "sequence")
-_LOG_CLAMP = 20.0
 
 
 def policy_loss(
@@ -110,7 +109,7 @@ def policy_loss(
         seq_log_ratio = (log_ratio * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
         log_ratio = seq_log_ratio.detach().unsqueeze(1) + logprobs - logprobs.detach()
         log_ratio = torch.where(valid, log_ratio, zero)
-    ratio = torch.exp(log_ratio.clamp(-_LOG_CLAMP, _LOG_CLAMP))
+    ratio = torch.exp(log_ratio.clamp(-LOG_CLAMP, LOG_CLAMP))
 
     loss_unclipped = -adv * ratio
     loss_clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
@@ -136,7 +135,7 @@ def policy_loss(
             "actor/clip_frac_low": masked_mean(low.to(m.dtype), m),
             "actor/clip_frac_high": masked_mean(high.to(m.dtype), m),
             "actor/clip_frac": masked_mean((low | high).to(m.dtype), m),
-            "actor/approx_kl": masked_mean(torch.expm1(lr.clamp(-_LOG_CLAMP, _LOG_CLAMP)) - lr, m),
+            "actor/approx_kl": masked_mean(torch.expm1(lr.clamp(-LOG_CLAMP, LOG_CLAMP)) - lr, m),
             "actor/ratio_mean": masked_mean(r, m),
         }
         r_valid = r[valid]

@@ -17,18 +17,17 @@ from __future__ import annotations
 import torch
 
 from relayrl.algorithms._checks import as_float_mask, check_batch, check_ndim, to_floats
-from relayrl.algorithms._ops import masked_mean
+from relayrl.algorithms._ops import LOG_CLAMP, masked_mean
 
 Tensor = torch.Tensor
 
-_LOG_CLAMP = 20.0
 
 
 def _token_error(gen_logprobs: Tensor, train_logprobs: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     check_ndim("gen_logprobs", gen_logprobs, 2)
     check_batch(gen_logprobs=gen_logprobs, train_logprobs=train_logprobs, mask=mask)
     m = as_float_mask(mask, train_logprobs)
-    diff = (gen_logprobs.detach().to(m.dtype) - train_logprobs.detach()).abs().clamp(max=_LOG_CLAMP)
+    diff = (gen_logprobs.detach().to(m.dtype) - train_logprobs.detach()).abs().clamp(max=LOG_CLAMP)
     err = torch.where(m > 0, torch.exp(diff), torch.ones_like(diff))
     return err, m
 
