@@ -23,22 +23,20 @@ per module:
 See ``docs/algorithms.md`` for config names and papers.
 """
 
-from relayrl.algorithms import (
-    advantages,
-    aggregation,
-    cispo,
-    correction,
-    dapo,
-    distill,
-    dpo,
-    entropy,
-    kl,
-    losses,
-    mismatch,
-    offpolicy,
-    sft,
-    value,
-)
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+# The submodules (torch) are imported when first asked for: the config reads the estimator registry and the
+# names in :mod:`~relayrl.algorithms.names` while a recipe is validated, before torch is imported.
+
+
+def __getattr__(name: str) -> ModuleType:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return importlib.import_module(f".{name}", __name__)
+
 
 __all__ = [
     "advantages",

@@ -36,15 +36,9 @@ from typing import Literal
 import torch
 
 from relayrl.algorithms._checks import as_float_mask, check_batch, check_ndim
+from relayrl.algorithms.names import AGG_MODES  # re-exported
 
 Tensor = torch.Tensor
-
-AGG_MODES: tuple[str, ...] = (
-    "token-mean",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-sum-norm",
-)
 
 
 def normalized_by(mode: str) -> Literal["tokens", "seqs"]:

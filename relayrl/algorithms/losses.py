@@ -36,6 +36,7 @@ import torch
 from relayrl.algorithms._checks import as_float_mask, check_batch, check_ndim, to_floats
 from relayrl.algorithms._ops import LOG_CLAMP, masked_mean
 from relayrl.algorithms.aggregation import AGG_MODES, aggregate, count_tokens_and_seqs
+from relayrl.algorithms.names import POLICY_LOSS_NAMES
 
 Tensor = torch.Tensor
 
@@ -150,7 +151,7 @@ def policy_loss(
 def _policy_losses() -> dict:
     from relayrl.algorithms.cispo import cispo_loss
 
-    return {"ppo": policy_loss, "cispo": cispo_loss}
+    return dict(zip(POLICY_LOSS_NAMES, (policy_loss, cispo_loss), strict=True))
 
 
 POLICY_LOSSES: dict = _policy_losses()

@@ -37,7 +37,7 @@ def _workflow(cfg) -> Path:
 
 
 def cmd_train(args) -> int:
-    cfg = _load(args.recipe, args.overrides)
+    cfg = _load(args.recipe, args.overrides)  # before torch is imported: a bad key is refused in about a second
     try:
         out = _run(cfg)
     except Exception as e:

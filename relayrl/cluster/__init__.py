@@ -15,12 +15,35 @@ Departures: the call kind is explicit at the call site (no `@register`
 decorator metaprogramming); data goes through the driver rather than as data
 futures between groups; only the contiguous split/concat protocol is built in.
 """
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from relayrl.cluster.config import ClusterConfig
-from relayrl.cluster.dispatch import chunk_sizes, gather_split, split_items
-from relayrl.cluster.errors import PlacementError, WorkerError
-from relayrl.cluster.group import WorkerGroup, make_group
-from relayrl.cluster.pool import ResourcePool
-from relayrl.cluster.worker import RankInfo, Worker
+
+if TYPE_CHECKING:
+    from relayrl.cluster.dispatch import chunk_sizes, gather_split, split_items
+    from relayrl.cluster.errors import PlacementError, WorkerError
+    from relayrl.cluster.group import WorkerGroup, make_group
+    from relayrl.cluster.pool import ResourcePool
+    from relayrl.cluster.worker import RankInfo, Worker
+
+# Imported when first asked for: the config (``relayrl.cluster.config``, torch-free) is read while a recipe is
+# validated, before torch is imported.
+_LAZY = {"chunk_sizes": "dispatch", "gather_split": "dispatch", "split_items": "dispatch",
+         "PlacementError": "errors", "WorkerError": "errors", "WorkerGroup": "group", "make_group": "group",
+         "ResourcePool": "pool", "RankInfo": "worker", "Worker": "worker"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ClusterConfig",

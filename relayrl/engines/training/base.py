@@ -12,10 +12,11 @@ loss over micro-batches (Periodic Asynchrony §3).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Callable, Literal, Protocol, Sequence
+from typing import Callable, Literal, Protocol, Sequence
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+
+from relayrl.engines.training.config import OptimConfig  # the optimizer's settings, torch-free (re-exported)
 
 __all__ = ["SequenceBatch", "balanced_cuts", "MicroBatch", "LossFn", "REF_FIELD", "LOSS_MASK_FIELD", "metric_reduction",
            "OptimConfig", "TrainingEngine"]
@@ -160,21 +161,6 @@ def metric_reduction(name: str, summed: Sequence[str] = ()) -> Literal["sum", "m
     if name.endswith("_min"):
         return "min"
     return "mean"
-
-
-class OptimConfig(BaseModel):
-    """AdamW with warm-up and a schedule, and gradient-norm clipping."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    lr: float = Field(1e-5, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[Annotated[float, Field(ge=0.0, lt=1.0)], Annotated[float, Field(ge=0.0, lt=1.0)]] = (0.9, 0.999)
-    eps: float = Field(1e-8, gt=0)
-    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warm-up from 0")
-    schedule: Literal["constant", "cosine", "linear"] = "constant"
-    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="floor of the cosine/linear decay, as a fraction of lr")
-    max_grad_norm: float | None = Field(1.0, gt=0, description="clip the global grad norm; null disables clipping")
 
 
 class TrainingEngine(Protocol):

@@ -1,14 +1,28 @@
-"""The training engine's settings (``engine.*`` in a run config): :class:`TrainEngineConfig`."""
+"""The training engine's settings (``engine.*`` in a run config): :class:`TrainEngineConfig` and its
+:class:`OptimConfig`. No torch here: a recipe is validated before torch is imported."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from relayrl.engines.training.base import OptimConfig
+__all__ = ["OptimConfig", "TrainEngineConfig"]
 
-__all__ = ["TrainEngineConfig"]
+
+class OptimConfig(BaseModel):
+    """AdamW with warm-up and a schedule, and gradient-norm clipping."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[Annotated[float, Field(ge=0.0, lt=1.0)], Annotated[float, Field(ge=0.0, lt=1.0)]] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warm-up from 0")
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="floor of the cosine/linear decay, as a fraction of lr")
+    max_grad_norm: float | None = Field(1.0, gt=0, description="clip the global grad norm; null disables clipping")
 
 
 class TrainEngineConfig(BaseModel):

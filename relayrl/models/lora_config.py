@@ -1,0 +1,33 @@
+"""``model.lora``'s settings (:class:`LoraConfig`); :mod:`relayrl.models.lora` applies them. No torch here: a
+recipe is validated before torch is imported."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["DEFAULT_TARGETS", "LoraConfig"]
+
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The attention and MLP projections of Llama, Qwen2, Mistral and their kin (every linear of a decoder layer)."""
+
+
+class LoraConfig(BaseModel):
+    """``model.lora``: low-rank adapters on the trained roles instead of training every weight."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    enabled: bool = Field(False, description="train LoRA adapters (through peft) on the actor and the critic; "
+                          "the base weights stay frozen")
+    r: int = Field(16, ge=1, description="rank of each adapter (A: [r, in], B: [out, r])")
+    alpha: float = Field(32.0, gt=0, description="the update is scaled by alpha / r")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input (0: none)")
+    target_modules: list[str] = Field(list(DEFAULT_TARGETS), description="names of the linear layers that get an "
+                                      "adapter (module-name suffixes, as peft matches them); the default covers "
+                                      "the attention and MLP projections of Llama/Qwen2-style models")
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("model.lora.target_modules is empty: name at least one linear layer (e.g. q_proj)")
+        return v
