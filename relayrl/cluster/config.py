@@ -16,7 +16,7 @@ BackendName = Literal["local", "ray"]
 class ClusterConfig(BaseModel):
     """Backend choice and connection settings for worker groups."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)  # (the reference's text)
 
     backend: BackendName = "local"
     """`local`: one rank in the driver process, more ranks as spawned processes on

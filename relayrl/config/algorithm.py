@@ -116,13 +116,18 @@ class AlgorithmConfig(_Section):
     """GRPO by default; DAPO is GRPO with clip_high > clip_low, token-mean, dynamic sampling, overlong shaping."""
 
     advantage: str = Field("grpo", description=f"one of {', '.join(ESTIMATORS)}")
-    normalize_std: bool = True
+    normalize_std: bool = Field(True, description="group-relative estimators: divide by the group's reward std "
+                                "(false: Dr. GRPO's unscaled advantages)")
     loss_agg: str = Field("seq-mean-token-mean", description=f"one of {', '.join(AGG_MODES)}")
-    clip_low: float = Field(0.2, ge=0.0, lt=1.0)
+    clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="the ratio's lower bound is 1 - clip_low (see "
+                            "clip_high)")
     clip_high: float = Field(0.2, ge=0.0, description="ratio bounds [1 - clip_low, 1 + clip_high]: PPO's clip "
                              "(DAPO's clip-higher when clip_high > clip_low), or CISPO's clip of the weight")
-    dual_clip: float | None = Field(None, gt=1.0)
-    ratio_level: Literal["token", "sequence"] = "token"
+    dual_clip: float | None = Field(None, gt=1.0, description="dual-clip PPO (Ye et al. 2020): a negative-advantage "
+                                    "token's loss is at most dual_clip x |advantage| (null: off)")
+    ratio_level: Literal["token", "sequence"] = Field(
+        "token", description="token: PPO's per-token ratio; sequence: GSPO's (Zheng et al. 2025) length-normalised "
+        "sequence ratio, one per response")
     kl_coef: float = Field(0.0, ge=0.0, description="KL to the reference model (0: no reference model is loaded); "
                            "with algorithm.kl_target, the adaptive coefficient's starting value")
     kl_target: float | None = Field(None, gt=0.0, description="adaptive KL coefficient (Ziegler et al. 2019, as "
@@ -132,14 +137,21 @@ class AlgorithmConfig(_Section):
                                     "kl_in_reward); logged as actor/kl_coef and checkpointed. null: kl_coef fixed")
     kl_horizon: int = Field(10_000, ge=1, description="adaptive KL: samples (responses) over which the "
                             "coefficient moves by the clipped relative error (Ziegler et al.: 10000)")
-    kl_kind: Literal["k1", "k2", "k3", "abs", "mse", "low_var_kl"] = "k3"
+    kl_kind: Literal["k1", "k2", "k3", "abs", "mse", "low_var_kl"] = Field(
+        "k3", description="per-token estimator of KL(pi || pi_ref), Schulman's: with d = log pi - log pi_ref, "
+        "k1 = d, k2 = d^2 / 2, k3 = e^-d - 1 + d, abs = |d|; mse and low_var_kl are verl's names for k2 and k3")
     kl_in_reward: bool = Field(False, description="KL as a per-token reward penalty instead of a loss term")
-    entropy_coef: float = Field(0.0, ge=0.0)
-    overlong_shaping: bool = False
+    entropy_coef: float = Field(0.0, ge=0.0, description="entropy bonus: the loss subtracts entropy_coef x the "
+                                "policy's token entropy (actor/entropy is logged either way)")
+    overlong_shaping: bool = Field(False, description="DAPO's soft overlong punishment: a reward penalty rising "
+                                   "linearly over the last algorithm.overlong_cache tokens before "
+                                   "rollout.max_new_tokens")
     overlong_cache: int = Field(4, ge=1, description="tokens before max_new_tokens where the soft penalty starts")
     overlong_filter: bool = Field(False, description="mask truncated responses out of the loss")
     dynamic_sampling: bool = Field(False, description="drop groups whose rewards are all equal (and resample prompts)")
-    max_resample_rounds: int = Field(3, ge=0)
+    max_resample_rounds: int = Field(3, ge=0, description="dynamic sampling: generation rounds after the first, on "
+                                     "fresh prompts, until data.prompts_per_step groups are kept; then the step "
+                                     "trains on the groups it has (dapo/missing_prompts)")
     old_logprobs: Literal["auto", "recompute", "rollout"] = Field(
         "auto", description="pi_old of the PPO ratio. auto: recomputed by the trainer when a batch is used more than "
         "once, else the current policy detached (one update per batch: the same weights, also off-policy and "

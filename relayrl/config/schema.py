@@ -44,7 +44,9 @@ class _Section(BaseModel):
 class RunConfig(_Section):
     dir: DirPath = Field(Path("runs/latest"),
                          description="run directory (config, metrics.jsonl, checkpoints, final model)")
-    seed: int = 0
+    seed: int = Field(0, description="seed of the prompt order, the sampling, dropout and any freshly initialised "
+                      "weights (a critic's head, the tiny default's weights come from model.tiny.seed); a "
+                      "checkpoint carries the random states, so a resumed run draws what the uninterrupted one would")
     resume: LocalPath = Field("never", description='"never", "auto" (newest complete checkpoint in run.dir) or a '
                               'checkpoint path')
     overwrite: bool = Field(False, description="a fresh start (resume=never, or auto with no complete checkpoint) "
@@ -57,7 +59,8 @@ class RunConfig(_Section):
                               "groups down, recreate them and go on from the last checkpoint, at most this many "
                               "times per run (each restart is logged with its cause; run/restarts counts them); "
                               "0: the run ends with an error naming the group and rank")
-    keep_checkpoints: int = Field(2, ge=1)
+    keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept in RUN_DIR/checkpoints; older "
+                                  "ones are deleted after each save")
     on_nonfinite: Literal["stop", "skip"] = Field("stop", description="NaN/Inf loss or gradient: save and stop, or skip the step")
     threads: int = Field(0, ge=0, description="torch CPU threads (0: all cores)")
 
@@ -81,7 +84,8 @@ class ModelConfig(_Section):
         False, description="train weights stored in model.dtype itself, with no float32 master copy. Updates "
         "smaller than the dtype's resolution are lost (a bf16 weight of 0.02 ignores steps below ~1e-4), so "
         "this must be asked for explicitly")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where the models run: auto takes CUDA "
+                                                   "when torch sees a GPU, else the CPU")
     lora: LoraConfig = Field(LoraConfig(), description="LoRA adapters on the trained roles (peft); the rollout "
                              "gets merged weights, checkpoints hold the adapters")
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flex_attention"] = Field(
@@ -99,11 +103,15 @@ class ModelConfig(_Section):
 
 class RolloutConfig(_Section):
     n: int = Field(8, ge=1, description="responses per prompt")
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0)
-    max_new_tokens: int = Field(16, ge=1)
-    stop_strings: list[str] = Field(default_factory=list)
+    temperature: float = Field(1.0, ge=0.0, description="sampling temperature (0: greedy); a rollout "
+                               "records log-probs under softmax(logits / temperature), before top-k/top-p filtering")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling: the smallest set of tokens whose "
+                         "probability reaches top_p (1: off)")
+    top_k: int = Field(0, ge=0, description="sample among the k most likely tokens (0: off)")
+    max_new_tokens: int = Field(16, ge=1, description="response length limit in tokens; responses cut there "
+                                "count in response/clip_ratio (and DAPO's overlong options act on them)")
+    stop_strings: list[str] = Field(default_factory=list, description="end a response when its text contains one "
+                                    "of these (the end-of-sequence token always ends it)")
     max_batch: int = Field(256, ge=1, description="sequences in flight in the generation engine")
     dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         None, description="the rollout engine's weight dtype (null: model.dtype); the relay casts the actor's "
@@ -332,7 +340,9 @@ class EvalConfig(_Section):
 class Config(_Section):
     """A whole run. ``workflow`` picks the driver program."""
 
-    workflow: Literal["sft", "grpo", "dpo", "rm"] = "grpo"
+    workflow: Literal["sft", "grpo", "dpo", "rm"] = Field(
+        "grpo", description="the driver program: grpo (every RL estimator: GRPO, DAPO, PPO with a critic, RLOO, "
+        "REINFORCE++, ReMax), sft, dpo, or rm (training a reward model on preference pairs)")
     run: RunConfig = RunConfig()
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()

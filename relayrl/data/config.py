@@ -50,7 +50,8 @@ class DataConfig(BaseModel):
     messages_key: str | None = Field(None, description="workflow sft on data.path: field with whole conversations "
                                      "(chat messages); only the assistant turns are trained (mask from the chat "
                                      "template)")
-    prompts_per_step: int = Field(8, ge=1)
+    prompts_per_step: int = Field(8, ge=1, description="workflow grpo: prompts an RL step draws, each answered "
+                                  "rollout.n times (SFT and DPO take trainer.batch_size)")
 
     @model_validator(mode="after")
     def _one_source(self) -> "DataConfig":

@@ -45,11 +45,11 @@ class TinyModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     hidden_size: int = Field(256, ge=16, description="model width")
-    num_layers: int = Field(4, ge=1)
-    num_heads: int = Field(4, ge=1)
-    intermediate_size: int = Field(1024, ge=16)
+    num_layers: int = Field(4, ge=1, description="decoder layers")
+    num_heads: int = Field(4, ge=1, description="attention heads (as many key/value heads)")
+    intermediate_size: int = Field(1024, ge=16, description="width of the MLP's hidden layer")
     vocab_size: int = Field(512, ge=64, description="upper bound for the trained BPE vocabulary")
-    max_position_embeddings: int = Field(512, ge=32)
+    max_position_embeddings: int = Field(512, ge=32, description="longest prompt plus response, in tokens")
     seed: int = Field(0, description="seed of the random initialisation")
     shape: Literal["tiny", "qwen2-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"] = Field(
         "tiny", description="a published model's shape with random weights and the local tokenizer, for GPU runs "

@@ -45,6 +45,13 @@ def test_every_config_key_is_in_the_config_reference():
     assert not missing, f"config keys missing from docs/reference/config.md: {missing}"
 
 
+def test_every_config_key_has_a_description():
+    page = (DOCS / "reference" / "config.md").read_text()
+    bare = [line.split("|")[1].strip() for line in page.splitlines()
+            if line.startswith("| `") and not line.rstrip().rstrip("|").rsplit("|", 1)[-1].strip()]
+    assert not bare, f"config keys without a description (Field(description=...)): {bare}"
+
+
 def test_config_reference_row_has_type_default_and_allowed_values():
     page = (DOCS / "reference" / "config.md").read_text()
     row = next(line for line in page.splitlines() if line.startswith("| `run.on_nonfinite` |"))

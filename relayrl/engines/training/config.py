@@ -15,12 +15,15 @@ class OptimConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    lr: float = Field(1e-5, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[Annotated[float, Field(ge=0.0, lt=1.0)], Annotated[float, Field(ge=0.0, lt=1.0)]] = (0.9, 0.999)
-    eps: float = Field(1e-8, gt=0)
+    lr: float = Field(1e-5, gt=0, description="AdamW's learning rate (the peak, after warm-up)")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW's decoupled weight decay")
+    betas: tuple[Annotated[float, Field(ge=0.0, lt=1.0)], Annotated[float, Field(ge=0.0, lt=1.0)]] = Field(
+        (0.9, 0.999), description="AdamW's decay rates of the gradient's first and second moments")
+    eps: float = Field(1e-8, gt=0, description="AdamW's term added to the second moment's root")
     warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warm-up from 0")
-    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    schedule: Literal["constant", "cosine", "linear"] = Field(
+        "constant", description="the learning rate after warm-up: constant, or a cosine or linear decay to "
+        "min_lr_ratio x lr at the run's last optimizer step")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="floor of the cosine/linear decay, as a fraction of lr")
     max_grad_norm: float | None = Field(1.0, gt=0, description="clip the global grad norm; null disables clipping")
 
@@ -58,7 +61,9 @@ class TrainEngineConfig(BaseModel):
         "collectives in every pass). step: once per optimizer step; between the micro-batches (or streamed "
         "chunks) of one step every rank keeps the gathered parameters and its unsharded float32 gradients "
         "(far fewer collectives, e.g. for the periodic trainer's chunks, when that fits a device)")
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = Field(False, description="keep only each decoder layer's input and recompute "
+                                         "its activations in the backward pass: less memory for one more "
+                                         "forward pass of compute")
     compile: bool = Field(False, description="compile each decoder layer with torch.compile (dynamic shapes): "
                           "fuses the norms, activations and casts between the matrix products; the first "
                           "passes pay the compilation (tens of seconds)")
