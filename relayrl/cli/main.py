@@ -176,11 +176,9 @@ def cmd_eval(args) -> int:
     from relayrl.data.datasets import encode_prompt
     from relayrl.data.lengths import check_context, context_limit
 
-    model_dir = Path(args.model)
-    if model_dir.is_dir() and not (model_dir / "tokenizer_config.json").exists():
-        from relayrl.models.load import ModelLoadError, not_a_model
+    from relayrl.models.load import check_model_dir
 
-        raise ModelLoadError(f"--model {model_dir}: {not_a_model(model_dir, '--model')}")
+    check_model_dir(args.model, "--model", f"--model {args.model}")
     tok = load_tokenizer(args.model)
     ids: dict[str, list[int]] = {}
 

@@ -178,15 +178,31 @@ def _check_dir(path: Path, needed: tuple[str, ...]) -> None:
         raise ModelLoadError(f"model directory {path} lacks {', '.join(missing)}")
 
 
+def check_model_dir(path: str | Path, key: str, label: str) -> Path:
+    """``path`` as a model directory, checked before anything loads: it exists, has ``tokenizer_config.json`` (else
+    :func:`not_a_model` says what it is) and ``config.json``. Errors start with ``label`` (e.g.
+    ``"trainer.init_from=DIR"`` or ``"--model DIR"``); ``key`` is the option :func:`not_a_model` suggests."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ModelLoadError(f"{label}: no such directory; give a local Hugging Face model directory (e.g. the "
+                             f"RUN_DIR/model of an earlier run)")
+    if not (path / "tokenizer_config.json").exists():
+        raise ModelLoadError(f"{label}: {not_a_model(path, key)}")
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{label}: model directory {path} lacks config.json; copy it from the original model")
+    return path
+
+
 def not_a_model(path: Path, key: str) -> str:
     """Why ``path`` (no ``tokenizer_config.json``) is not a model directory, with the likely fix: a run's
     directory, checkpoints or a checkpoint given where its ``model/`` was meant (``key``: the option, e.g.
-    ``trainer.init_from`` or ``--model``)."""
+    ``trainer.init_from`` or ``--model``; empty for a positional argument)."""
     from relayrl.checkpoint.format import _STEP_DIR, MANIFEST
 
     checkpoint = (path / MANIFEST).is_file() or bool(_STEP_DIR.match(path.name))
     run = path.parent.parent if checkpoint else path.parent if path.name == "checkpoints" else path
-    meant = f"; did you mean {key}={run / 'model'}?" if (run / "model" / "tokenizer_config.json").exists() else ""
+    meant = (f"; did you mean {f'{key}=' if key else ''}{run / 'model'}?"
+             if (run / "model" / "tokenizer_config.json").exists() else "")
     if checkpoint:
         return (f"{path} is a checkpoint (a run's training state), not a model directory"
                 f"{meant or '; give a model directory (the RUN_DIR/model a run exports)'} (run.resume={path} "

@@ -73,12 +73,17 @@ def _hardware(arg: str | None) -> Profile:
     return load_profile(arg)  # raises, naming how to make one
 
 
-def _check_profile_inputs(reward_fn: str, out: Path) -> None:
-    """``--profile``'s reward function (imported and its signature checked) and ``--out`` (a file that can be
-    written), before the calibration."""
+def _check_profile_inputs(reward_fn: str, out: Path, model: str | None) -> None:
+    """``--profile``'s model directory, reward function (imported and its signature checked) and ``--out`` (a
+    file that can be written), before the calibration."""
     import os
 
     from relayrl.config.loader import ConfigError
+
+    if model is not None:
+        from relayrl.models.load import check_model_dir
+
+        check_model_dir(model, "--model", f"relayrl plan --profile --model {model}")
 
     if reward_fn != "task":
         from relayrl.engines.reward.config import RewardError
@@ -107,7 +112,7 @@ def cmd_plan(args) -> int:
         if args.recipe:
             raise ConfigError("relayrl plan --profile calibrates this machine and takes no recipe; run "
                               "`relayrl plan RECIPE --devices N` afterwards")
-        _check_profile_inputs(args.reward_fn, Path(args.out))  # before minutes of calibration
+        _check_profile_inputs(args.reward_fn, Path(args.out), args.model)  # before minutes of calibration
         from relayrl.planner.calibrate import calibrate
 
         prof = calibrate(args.model, reward_fn=args.reward_fn, overhead=not args.no_overhead)

@@ -64,13 +64,13 @@ def serve(model_dir: str, *, host: str = "127.0.0.1", port: int = 8000, api_key:
     import torch
     import uvicorn
 
+    from relayrl.models.load import check_model_dir
     from relayrl.serving.app import build_app
 
     if not is_loopback(host) and not api_key:
         raise ServeError(f"--host {host} exposes the server beyond this machine; set a bearer token first "
                          f"(RELAYRL_API_KEY=... or --api-key-file FILE), or bind to 127.0.0.1")
-    if not Path(model_dir).is_dir():
-        raise ServeError(f"{model_dir} is not a directory; give a local Hugging Face model directory")
+    check_model_dir(model_dir, "", f"relayrl serve {model_dir}")  # a run's directory: its model/ is suggested
     if threads:
         torch.set_num_threads(threads)
     if device == "auto":

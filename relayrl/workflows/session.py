@@ -27,7 +27,7 @@ from relayrl.config.schema import Config
 from relayrl.data.tasks import Problem, make_task
 from relayrl.errors import RunStopped
 from relayrl.evaluation.runner import EvalResult, evaluate, write_report
-from relayrl.models.load import ModelLoadError, load_tokenizer, not_a_model
+from relayrl.models.load import check_model_dir, load_tokenizer
 from relayrl.models.tiny import build_tiny
 from relayrl.telemetry import NonFiniteError, Timeline, Tracker, check_updates
 
@@ -65,17 +65,8 @@ def model_dirs(cfg: Config) -> dict[str, str | None]:
 def resolve_model_path(cfg: Config) -> Path:
     """``trainer.init_from`` > ``model.path`` > the tiny default (built and cached on first use)."""
     for key, value in (("trainer.init_from", cfg.trainer.init_from), ("model.path", cfg.model.path)):
-        if value:
-            path = Path(value)
-            if not path.is_dir():
-                raise ModelLoadError(f"{key}={value}: no such directory; give a local Hugging Face model directory "
-                                     f"(e.g. the RUN_DIR/model of an earlier run)")
-            if not (path / "tokenizer_config.json").exists():
-                raise ModelLoadError(f"{key}={value}: {not_a_model(path, key)}")
-            if not (path / "config.json").is_file():  # (here, not in each worker that loads the weights)
-                raise ModelLoadError(f"{key}={value}: model directory {path} lacks config.json; copy it from the "
-                                     f"original model")
-            return path
+        if value:  # (checked here, not in each worker that loads the weights)
+            return check_model_dir(value, key, f"{key}={value}")
     return build_tiny(cfg.model.tiny)
 
 

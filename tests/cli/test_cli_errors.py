@@ -110,6 +110,14 @@ def test_plan_profile_checks_the_reward_fn_and_out_before_calibrating(capsys, tm
     code, err = run(capsys, "plan", "--profile", "--out", str(tmp_path / "f" / "p.json"))
     assert code == EXIT_CONFIG and f"cannot be made: {tmp_path / 'f'} is a file" in err
     assert not (tmp_path / "p.json").exists()
+    run_dir = tmp_path / "run"  # a run's directory given for its model/
+    (run_dir / "model").mkdir(parents=True)
+    (run_dir / "model" / "tokenizer_config.json").write_text("{}")
+    code, err = run(capsys, "plan", "--profile", "--model", str(run_dir), "--out", out)
+    assert code == EXIT_USER and f"--model {run_dir}: {run_dir} is a run directory, not a model directory; did " \
+        f"you mean --model={run_dir / 'model'}?" in err
+    code, err = run(capsys, "plan", "--profile", "--model", str(tmp_path / "nope"), "--out", out)
+    assert code == EXIT_USER and "no such directory; give a local Hugging Face model directory" in err
 
 
 def test_overrides_may_follow_the_options_of_plan_and_train(capsys, tmp_path):
@@ -125,7 +133,7 @@ def test_overrides_may_follow_the_options_of_plan_and_train(capsys, tmp_path):
 
 def test_eval_of_a_missing_model_names_it(capsys, tmp_path):
     code, err = run(capsys, "eval", "--model", str(tmp_path / "nope"), "--task", "arith", "--device", "cpu")
-    assert code == EXIT_USER and f"model path {tmp_path / 'nope'} is not a directory" in err and HINT in err
+    assert code == EXIT_USER and f"--model {tmp_path / 'nope'}: no such directory" in err and HINT in err
 
 
 def _no_model_load_or_evaluation(monkeypatch):
@@ -407,3 +415,11 @@ def test_eval_given_a_run_directory_asks_whether_its_model_was_meant(capsys, tmp
     code, err = run(capsys, "eval", "--model", str(tmp_path / "run"), "--task", "arith", "--size", "2")
     assert code == EXIT_USER and f"is a run directory, not a model directory; did you mean " \
                                   f"--model={tmp_path / 'run' / 'model'}?" in err, err
+
+
+def test_serve_names_a_run_directory_given_for_its_model(capsys, tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "tokenizer_config.json").write_text("{}")
+    code, err = run(capsys, "serve", str(tmp_path), "--port", "0")
+    assert code == EXIT_USER and f"relayrl serve {tmp_path}: {tmp_path} is a run directory, not a model " \
+        f"directory; did you mean {tmp_path / 'model'}?" in err
