@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from relayrl import __version__
 from relayrl.cli import argtypes
 
 __all__ = ["main"]
@@ -251,6 +252,7 @@ def cmd_dock(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="relayrl", description="RL post-training of LLMs as a distributed dataflow")
     p.add_argument("--debug", action="store_true", help="show the traceback of every error (also: RELAYRL_DEBUG=1)")
+    p.add_argument("--version", action="version", version=f"relayrl {__version__}")
     common = argparse.ArgumentParser(add_help=False)  # --debug after the command too; SUPPRESS keeps the first
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = p.add_subparsers(dest="command", required=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -290,7 +291,9 @@ class Session:
             last = self.target_reached(step, metrics) or last
         self.log_step(step, metrics, save=save)
         if (cfg.run.save_every and step % cfg.run.save_every == 0) or last:
-            save(step)
+            t0 = time.perf_counter()
+            path = save(step)
+            self.tracker.write_text(f"step {step}: checkpoint saved to {path} ({time.perf_counter() - t0:.1f} s)")
         return last
 
     def evaluate(self, generate, step: int | None, *, name: str = "eval", k: int = 1) -> EvalResult:

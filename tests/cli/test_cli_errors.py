@@ -423,3 +423,12 @@ def test_serve_names_a_run_directory_given_for_its_model(capsys, tmp_path):
     code, err = run(capsys, "serve", str(tmp_path), "--port", "0")
     assert code == EXIT_USER and f"relayrl serve {tmp_path}: {tmp_path} is a run directory, not a model " \
         f"directory; did you mean {tmp_path / 'model'}?" in err
+
+
+def test_version_is_the_installed_packages(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"relayrl {version('relayrl')}"  # pyproject reads relayrl.__version__

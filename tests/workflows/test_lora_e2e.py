@@ -80,6 +80,7 @@ def test_lora_runs_in_every_workflow(sft_model, tmp_path, recipe):
     assert 0 < trained < 0.2 * total
     assert 8 * trained <= state < 8 * total  # Adam's two fp32 moments of the actor's adapters
     assert "M trained (" in r.stdout + r.stderr
+    assert f"step 2: checkpoint saved to {ck} (" in r.stdout + r.stderr
 
 
 @pytest.mark.slow
