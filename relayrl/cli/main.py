@@ -11,11 +11,11 @@ from pathlib import Path
 
 from relayrl import __version__
 from relayrl.cli import argtypes
+from relayrl.config.loader import SHIPPED
 
 __all__ = ["main"]
 
-REPO = Path(__file__).resolve().parents[2]
-RECIPES = REPO / "recipes"
+RECIPES = SHIPPED  # the demo's stages
 
 
 def _load(recipe: str | None, overrides: list[str]):
@@ -258,8 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser(
-        "train", parents=[common], help="run a recipe: relayrl train recipes/arith_grpo.yaml trainer.steps=3 run.dir=/tmp/x")
-    t.add_argument("recipe")
+        "train", parents=[common], help="run a recipe (a file, or a shipped recipe's name): relayrl train arith_grpo trainer.steps=3 "
+        "run.dir=/tmp/x")
+    t.add_argument("recipe", help="a recipe file, or the name of a shipped one (arith_grpo, arith_sft, ...)")
     t.add_argument("overrides", nargs="*", help="dotted.key=value")
     t.set_defaults(fn=cmd_train)
 

@@ -16,6 +16,7 @@ refuses a boolean wherever a number was validated.
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any, Sequence, TypeVar
 
@@ -60,6 +61,28 @@ def _merge(base: dict, over: dict) -> dict:
         else:
             out[k] = v
     return out
+
+
+SHIPPED = Path(__file__).resolve().parents[2] / "recipes"
+"""The recipes that come with relayrl (a checkout's ``recipes/``; absent from a wheel install)."""
+
+
+def resolve_recipe(arg: str | Path) -> Path:
+    """The recipe file ``arg`` names: a path, or the name of a shipped recipe (``arith_grpo`` or
+    ``arith_grpo.yaml``, from any directory). A missing one is refused, naming the shipped recipes like it."""
+    path = Path(arg)
+    if path.exists():
+        return path
+    if len(path.parts) != 1 or not SHIPPED.is_dir():
+        raise ConfigError(f"recipe {path.resolve()} does not exist")
+    name = path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml"
+    if (SHIPPED / name).is_file():
+        return SHIPPED / name
+    names = sorted(p.stem for p in SHIPPED.glob("*.yaml"))
+    close = difflib.get_close_matches(path.stem, names, n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    raise ConfigError(f"recipe {arg} is neither a file here ({path.resolve()}) nor a shipped recipe; {hint}the "
+                      f"shipped recipes ({SHIPPED}): {', '.join(names)}")
 
 
 def load_recipe_dict(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
@@ -222,7 +245,7 @@ def _booleans_read_as_numbers(value: Any, raw: Any, key: str) -> list[str]:
 
 def load_config(model: type[M], recipe: str | Path | None, overrides: Sequence[str] = ()) -> M:
     """Recipe (or the defaults when ``recipe`` is None) + overrides, validated into ``model``."""
-    data = load_recipe_dict(recipe) if recipe is not None else {}
+    data = load_recipe_dict(resolve_recipe(recipe)) if recipe is not None else {}
     return validate(model, apply_overrides(data, overrides))
 
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from relayrl.config.loader import ConfigError, apply_overrides, load_config
+from relayrl.config.loader import SHIPPED, ConfigError, apply_overrides, load_config, resolve_recipe
 from relayrl.config.schema import Config
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
@@ -67,6 +67,19 @@ def test_malformed_overrides():
     assert apply_overrides({}, ["data=foo", "data={task: sort}", "data.n=2"]) == {"data": {"task": "sort", "n": 2}}
     with pytest.raises(ConfigError, match=r"space after the colon.*data.task_options.min_digits=2"):
         apply_overrides({}, ["data.task_options={min_digits:2,max_digits:2}"])
+
+
+def test_a_shipped_recipe_is_found_by_name_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_recipe("arith_grpo") == resolve_recipe("arith_grpo.yaml") == SHIPPED / "arith_grpo.yaml"
+    assert load_config(Config, "toolsum_grpo", ["trainer.steps=2"]).trainer.steps == 2  # its base too
+    (tmp_path / "arith_grpo.yaml").write_text("trainer: {steps: 7}\n")  # a file here comes first
+    assert load_config(Config, "arith_grpo.yaml").trainer.steps == 7
+    with pytest.raises(ConfigError, match=r"recipe arith_grp is neither a file here .* nor a shipped recipe; did "
+                                          r"you mean arith_grpo"):
+        resolve_recipe("arith_grp")
+    with pytest.raises(ConfigError, match=r"recipe .*sub/arith_grpo.yaml does not exist"):
+        resolve_recipe("sub/arith_grpo.yaml")  # a path is a path
 
 
 def test_recipe_file_errors(tmp_path):
