@@ -12,13 +12,51 @@ protocol with their own names.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["fsync_file", "fsync_dir", "pid_alive", "write_dir_atomically"]
+from relayrl.errors import UserError
+
+__all__ = ["DiskFullError", "disk_full", "fsync_file", "fsync_dir", "pid_alive", "write_dir_atomically"]
+
+_NEARLY_FULL = 16 << 20
+"""Free bytes under which a failed write is taken for a full disk: torch.save's own error does not say so
+(``unexpected pos 576 vs 534``)."""
+
+
+class DiskFullError(UserError, OSError):
+    """A run's checkpoint or model did not fit on its file system (the partial write is removed)."""
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def disk_full(e: BaseException, where: Path, what: str, *, need: int | None = None) -> DiskFullError | None:
+    """The error to raise instead of ``e`` when writing ``what`` under ``where`` failed because the file system
+    is full (ENOSPC in ``e``'s chain, or under 16 MiB left while the partial write still stands); else None.
+    ``need``: the bytes the write takes, when known, for the message."""
+    chain, seen = e, set()
+    full = False
+    while chain is not None and id(chain) not in seen:
+        seen.add(id(chain))
+        full = full or getattr(chain, "errno", None) == errno.ENOSPC or "No space left on device" in str(chain)
+        chain = chain.__cause__ or chain.__context__
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        free = None
+    if not full and (free is None or free >= _NEARLY_FULL):
+        return None
+    size = f"; it takes about {_size(need)}" if need else ""
+    left = f" ({_size(free)} left there)" if free is not None else ""
+    return DiskFullError(f"no space left on the file system of {where}{left} to write {what}{size}; the partial "
+                         f"write was removed. Free space, lower run.keep_checkpoints, or give a run.dir on a "
+                         f"larger disk (resume=auto goes on from the last complete checkpoint)")
 
 
 def fsync_file(path: Path) -> None:
@@ -80,7 +118,10 @@ def write_dir_atomically(final: Path, write: Callable[[Path], None]) -> Path:
         else:
             os.rename(tmp, final)
         fsync_dir(parent)
-    except BaseException:
+    except BaseException as e:
+        full = disk_full(e, parent, str(final)) if isinstance(e, Exception) else None
         shutil.rmtree(tmp, ignore_errors=True)
+        if full is not None:
+            raise full from e
         raise
     return final

@@ -42,7 +42,7 @@ from safetensors.torch import save_file
 
 from relayrl.checkpoint.atomic import fsync_dir as _fsync_dir
 from relayrl.checkpoint.atomic import fsync_file as _fsync_file
-from relayrl.checkpoint.atomic import pid_alive
+from relayrl.checkpoint.atomic import disk_full, pid_alive
 from relayrl.checkpoint.format import (
     _SCRATCH_DIR,
     _STEP_DIR,
@@ -114,6 +114,16 @@ def _remove_scratch(root: Path) -> None:
         if pid == os.getpid() or not pid_alive(pid):
             shutil.rmtree(child, ignore_errors=True)
 
+
+def _nbytes(obj: Any) -> int:
+    """Bytes of the tensors in ``obj`` (nested dicts, lists and tuples)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, Mapping):
+        return sum(_nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(v) for v in obj)
+    return 0
 
 class CheckpointManager:
     """Saves `ROOT/step-NNNNNN/` checkpoints atomically and keeps the newest `keep`."""
@@ -215,8 +225,12 @@ class CheckpointManager:
             else:
                 os.rename(tmp, final)
             _fsync_dir(self.root)
-        except BaseException:
+        except BaseException as e:
+            full = disk_full(e, self.root, f"the checkpoint of step {step}", need=_nbytes(
+                (tensors, optimizer_state, extra))) if isinstance(e, Exception) else None
             shutil.rmtree(tmp, ignore_errors=True)
+            if full is not None:
+                raise full from e
             raise
         self.prune()
         log.info("saved checkpoint %s", final)

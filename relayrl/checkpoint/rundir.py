@@ -198,9 +198,14 @@ def check_run_dir(run_dir: Path, resume: str, overwrite: bool,
 
 def rerun_note(run_dir: Path, resume: str) -> str | None:
     """After a run failed: how to run the same command again, when ``run_dir`` now holds what it wrote and a
-    rerun would be refused (no complete checkpoint to resume); None when a rerun just works."""
+    rerun would be refused (resume=auto, when it saved a checkpoint first); None when a rerun just works."""
     if _previous_run(Path(run_dir), resume) is None:
         return None
+    found = _checkpoints(Path(run_dir))
+    if found:  # a fresh run that saved a checkpoint before it failed
+        return (f"run.dir={run_dir} holds this run's checkpoints up to {found[-1]}: add run.resume=auto to go on "
+                f"from there, or run.overwrite=true to start over (it moves them aside to "
+                f"{run_dir}.replaced-<time>)")
     return (f"run.dir={run_dir} keeps what this run wrote before it failed; to run the same command again add "
             f"run.overwrite=true (it moves that aside to {run_dir}.replaced-<time>), or choose another run.dir")
 
