@@ -17,9 +17,9 @@ futures between groups; only the contiguous split/concat protocol is built in.
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from relayrl._lazy import lazy_getattr
 from relayrl.cluster.config import ClusterConfig
 
 if TYPE_CHECKING:
@@ -36,13 +36,7 @@ _LAZY = {"chunk_sizes": "dispatch", "gather_split": "dispatch", "split_items": "
          "ResourcePool": "pool", "RankInfo": "worker", "Worker": "worker"}
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = [

@@ -23,8 +23,9 @@ handles cross the driver (``payload_bytes`` counts what does).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from relayrl._lazy import lazy_getattr
 
 from .config import (DockConfig, DockError, DockWriteError, LeaseLostError, PartitionClosedError, StageSpec,
                      UnitLostError, UnitLostWriteError)
@@ -41,13 +42,7 @@ _LAZY = {"Dock": "dock", "Batch": "loader", "StreamLoader": "loader", "balance_s
          "payload_bytes": "payload", "Receipt": "slots", "RowReader": "slots", "Slots": "slots"}
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = [
