@@ -71,7 +71,8 @@ def test_bad_config_is_refused_before_work(tmp_path):
 
 VOLATILE = ("timing/", "memory/", "perf/tokens_per_s_per_device",
             "relay/layout_sent",  # (a resumed run's first relay sends the weight layout to its new rollout again)
-            "dock/driver_call_bytes")  # (streaming stages poll rank processes as often as timing lets them)
+            "dock/driver_call_bytes",  # (streaming stages poll rank processes as often as timing lets them)
+            "params/", "optimizer/state_bytes")  # (logged with the first step each process trains)
 
 
 def _stable(rec: dict) -> dict:

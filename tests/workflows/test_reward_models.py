@@ -9,7 +9,7 @@ import pytest
 
 from e2e_cli import FAST, records, relayrl
 
-VOLATILE = ("timing/", "memory/", "perf/")
+VOLATILE = ("timing/", "memory/", "perf/", "params/", "optimizer/state_bytes")  # (sizes: each process's first step)
 
 
 def _stable(rec: dict) -> dict:
