@@ -25,15 +25,9 @@ def _load(recipe: str | None, overrides: list[str]):
 
 def _run(cfg) -> Path:
     """Train ``cfg``'s workflow; a lost worker restarts it from the last checkpoint (``run.max_restarts``)."""
-    from relayrl.workflows.restart import run_with_restarts
+    from relayrl.workflows.registry import run
 
-    return run_with_restarts(cfg, _workflow)
-
-
-def _workflow(cfg) -> Path:
-    from relayrl.workflows.registry import train
-
-    return train(cfg)
+    return run(cfg)
 
 
 def cmd_train(args) -> int:
