@@ -26,15 +26,9 @@ def _load(recipe: str | None, overrides: list[str]):
 
 def _run(cfg) -> Path:
     """Train ``cfg``'s workflow; a lost worker restarts it from the last checkpoint (``run.max_restarts``)."""
-    from relayrl.workflows.restart import run_with_restarts
+    from relayrl.workflows.registry import run
 
-    return run_with_restarts(cfg, _workflow)
-
-
-def _workflow(cfg) -> Path:
-    from relayrl.workflows.registry import train
-
-    return train(cfg)
+    return run(cfg)
 
 
 def cmd_train(args) -> int:
@@ -133,6 +127,20 @@ def _eval_out(out: Path) -> Path:
     return out
 
 
+def _eval_reward(verifier: str, user_fn: str | None):
+    """The reward config of ``relayrl eval --data``: a built-in verifier, or the user's function (its errors
+    name --user-fn)."""
+    from relayrl.config.loader import ConfigError
+    from relayrl.engines.reward import RewardConfig
+
+    try:
+        return RewardConfig(verifier=verifier, user_fn=user_fn)
+    except ValueError as e:  # (pydantic's ValidationError: a --user-fn file that is not there)
+        errors = getattr(e, "errors", None)
+        msg = "; ".join(str(x.get("ctx", {}).get("error", x["msg"])) for x in errors()) if errors else str(e)
+        raise ConfigError(f"relayrl eval: --user-fn {user_fn}: {msg}") from None
+
+
 def cmd_eval(args) -> int:
     import torch
 
@@ -145,6 +153,11 @@ def cmd_eval(args) -> int:
 
     if (args.task is None) == (args.data is None):
         raise ConfigError("relayrl eval: give exactly one of --task NAME or --data FILE")
+    if args.user_fn is not None and (args.verifier != "user" or args.task is not None):
+        raise ConfigError("relayrl eval: --user-fn scores --data with --verifier user; add --verifier user "
+                          "(a --task is scored by its own checker)")
+    if args.verifier == "user" and args.user_fn is None and args.data is not None:
+        raise ConfigError("relayrl eval: --verifier user needs --user-fn, e.g. --user-fn my_rewards.py:score")
     if args.k > 1 and args.temperature == 0:
         raise ConfigError(f"relayrl eval: --k {args.k} samples at --temperature 0 are {args.k} copies of the greedy "
                           f"answer; give --temperature > 0 (e.g. 1.0) or --k 1")
@@ -160,6 +173,7 @@ def cmd_eval(args) -> int:
         raise ConfigError(f"relayrl eval: --device {args.device} but torch sees no GPU here; give --device cpu "
                           f"(or auto)")
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    reward_cfg = _eval_reward(args.verifier, args.user_fn) if args.data else None  # (before --out is touched)
     out = _eval_out(Path(args.out))
     if args.task:  # the problems first: a bad task or data file is refused before the model loads
         try:
@@ -173,7 +187,7 @@ def cmd_eval(args) -> int:
 
         problems = load_problems(DatasetConfig(path=args.data, prompt_key=args.prompt_key, answer_key=args.answer_key,
                                                format=args.format))[: args.size]
-        reward = RewardEngine(RewardConfig(verifier=args.verifier), task=None)
+        reward = RewardEngine(reward_cfg, task=None)
     from relayrl.data.datasets import encode_prompt
     from relayrl.data.lengths import check_context, context_limit
 
@@ -283,7 +297,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--format", choices=["jsonl", "parquet"], help="format of --data (default: from its suffix)")
     e.add_argument("--prompt-key", default="prompt")
     e.add_argument("--answer-key", default="answer")
-    e.add_argument("--verifier", default="math", choices=["math", "exact"], help="verifier for --data")
+    e.add_argument("--verifier", default="math", choices=["math", "exact", "user"],
+                   help="verifier for --data (user: the function --user-fn, as reward.user_fn)")
+    e.add_argument("--user-fn", help="with --verifier user: my_rewards.py:score or my_pkg.rewards:score, "
+                   "score(prompts, responses, answers) -> list[float] (as reward.user_fn)")
     e.add_argument("--size", type=argtypes.int_at_least(1), default=200, help="prompts to evaluate")
     e.add_argument("--k", type=argtypes.int_at_least(1), default=1,
                    help="samples per prompt for pass@k / avg@k (1: greedy only)")

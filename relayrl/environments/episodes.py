@@ -62,6 +62,10 @@ class _Live:
         self.epoch = 0  # bumped when the episode ends; a late step result with an old epoch is dropped
 
 
+_FAILED = object()
+"""What an environment call returns when it raised or ran late (its episode is already ended)."""
+
+
 class _DaemonPool:
     """``n`` daemon threads over a task queue. Daemon threads, unlike ``ThreadPoolExecutor``'s, do not keep
     the process alive at exit, so an environment step that hangs forever cannot hang the run's end."""
@@ -179,10 +183,12 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
 
     def call(lv: _Live, what: str, fn: Callable[[], object]):
-        """Run an environment method with its step deadline; None (and the episode ended) on failure."""
+        """Run an environment method with its step deadline; ``_FAILED`` (and the episode ended) on failure.
+        (Not None: a method that returns None, e.g. a ``reset`` without ``return ""``, is the environment's
+        malformed result, which must end the episode too, or it would stay open and the loop wait forever.)"""
         with feed.lock:
             if lv.ep.end is not None:
-                return None
+                return _FAILED
             lv.step_deadline = time.monotonic() + limits.step_timeout_s
             epoch = lv.epoch
         t0 = time.monotonic()
@@ -195,10 +201,10 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             lv.ep.env_seconds += time.monotonic() - t0
             lv.step_deadline = None
             if lv.epoch != epoch or lv.ep.end is not None:
-                return None  # it timed out meanwhile: drop the late result
+                return _FAILED  # it timed out meanwhile: drop the late result
             if err is not None:
                 feed.end(lv, EpisodeEnd.ERROR, err)
-                return None
+                return _FAILED
         return out
 
     def reset(lv: _Live) -> None:
@@ -206,7 +212,7 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
         if env is None:
             return
         text = call(lv, "env.reset", lambda: env.reset(problems[lv.ep.problem_index]))
-        if text is None:
+        if text is _FAILED:
             return
         if not isinstance(text, str):
             with feed.lock:
@@ -224,7 +230,7 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
 
     def step(lv: _Live, c: Completion) -> None:
         raw = call(lv, "env.step", lambda: lv.env.step(c.text))
-        if raw is None:
+        if raw is _FAILED:
             return
         try:
             result = check_step_result(raw, f"{type(lv.env).__name__}.step")
@@ -296,12 +302,17 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
 
 
 def _make(make_env: EnvFactory, lv: _Live, feed: _Feed):
+    """A new environment for ``lv``; None (and the episode ended) when the factory raised or returned None."""
     try:
-        return make_env()
+        env = make_env()
     except Exception as e:
         with feed.lock:
             feed.end(lv, EpisodeEnd.ERROR, f"making the environment raised {type(e).__name__}: {e}")
         return None
+    if env is None:
+        with feed.lock:
+            feed.end(lv, EpisodeEnd.ERROR, "the environment factory returned None; expected an environment")
+    return env
 
 
 def episode_metrics(episodes: Sequence[Episode | EpisodeSummary]) -> dict[str, float]:

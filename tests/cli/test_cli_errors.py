@@ -432,3 +432,25 @@ def test_version_is_the_installed_packages(capsys):
         cli.main(["--version"])
     assert info.value.code == 0
     assert capsys.readouterr().out.strip() == f"relayrl {version('relayrl')}"  # pyproject reads relayrl.__version__
+
+
+def test_eval_scores_data_with_the_users_reward_function(capsys, tmp_path, tiny_dir):
+    """``relayrl eval --verifier user --user-fn FILE.py:fn`` scores --data as reward.user_fn scores a run (the
+    verifier choices were math and exact only: a run trained on its own reward could not be evaluated on it)."""
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(3)))
+    (tmp_path / "my_rewards.py").write_text("def score(prompts, responses, answers):\n"
+                                            "    return [0.25 for _ in responses]\n")
+    out = tmp_path / "ev"
+    assert cli.main(["eval", "--model", str(tiny_dir), "--data", str(data), "--verifier", "user", "--user-fn",
+                     f"{tmp_path}/my_rewards.py:score", "--max-new-tokens", "2", "--device", "cpu",
+                     "--out", str(out)]) == 0
+    assert json.loads((out / "eval.json").read_text())["metrics"]["eval/reward_mean"] == 0.25
+    missing = str(tmp_path / "no-model")  # the function and the flags are checked before the model loads
+    code, err = run(capsys, "eval", "--model", missing, "--data", str(data), "--verifier", "user")
+    assert code == EXIT_CONFIG and "--verifier user needs --user-fn" in err
+    code, err = run(capsys, "eval", "--model", missing, "--data", str(data), "--user-fn", "my_rewards.py:score")
+    assert code == EXIT_CONFIG and "add --verifier user" in err
+    code, err = run(capsys, "eval", "--model", missing, "--data", str(data), "--verifier", "user", "--user-fn",
+                    f"{tmp_path}/nothere.py:score", "--out", str(tmp_path / "ev2"))
+    assert code == EXIT_CONFIG and "no file" in err and not (tmp_path / "ev2").exists()

@@ -219,3 +219,32 @@ def test_time_queued_for_a_slot_does_not_count_against_an_episode():
     assert live[0].deadline is not None and live[0].deadline >= t0 + 5.0 and live[1].deadline is None
     time.sleep(0.05)
     assert feed.take()[0] == 1 and live[1].deadline > live[0].deadline
+
+
+class ReturnsNone:
+    """A ``reset`` without ``return ""`` (or a ``step`` that falls off its end): the methods return None."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def reset(self, problem):
+        return None if self.where == "reset" else ""
+
+    def step(self, action):
+        return None if self.where == "step" else StepResult("", reward=1.0, done=True)
+
+
+@pytest.mark.parametrize("where", ["reset", "step", "factory"])
+def test_an_environment_returning_none_ends_its_episode_instead_of_hanging(engine, tiny_tokenizer, where):
+    probs, prompts = _problems(tiny_tokenizer, 2)
+    make = (lambda: None) if where == "factory" else (lambda: ReturnsNone(where))
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(run_episodes(
+        engine, tiny_tokenizer, probs, prompts, make, SamplingParams(max_new_tokens=3), EpisodeLimits(),
+        log=lambda s: None)), daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), f"run_episodes hung on an environment whose {where} returned None"
+    for e in out[0]:
+        assert e.end is EpisodeEnd.ERROR and e.reward == 0.0
+        assert "None" in e.error, e.error

@@ -47,6 +47,9 @@ def user_mod(tmp_path, monkeypatch):
             import numpy as np
             return np.ones(len(responses), dtype=np.float32)
 
+        def per_response(prompt, response, answer):  # verl's compute_score shape: one response, one number
+            return 1.0
+
         def raises(prompts, responses, answers):
             return [1 / 0 for _ in responses]
 
@@ -123,6 +126,9 @@ def _engine(name):
         ("bad_item", "returned str 'high' at index 1; expected a float"),
         ("nan", "returned nan at index 1; rewards must be finite"),
         ("raises", "relayrl_test_userfns:raises raised ZeroDivisionError"),
+        ("per_response", "relayrl_test_userfns:per_response returned float; expected a list of 3 floats: it is "
+                         "called once with lists (prompts, responses, answers), not once per response; wrap a "
+                         "per-response function as"),
     ],
 )
 def test_user_fn_contract_breaches_raise_reward_error(user_mod, name, message):

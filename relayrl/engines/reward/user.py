@@ -77,7 +77,11 @@ def check_rewards(result: Any, n: int, fn_name: str, what: str = "reward functio
             )
         result = result.tolist()
     if isinstance(result, (str, bytes)) or not isinstance(result, Sequence):
-        raise RewardError(f"{fn_name} returned {type(result).__name__}; expected a list of {n} floats")
+        hint = ""
+        if isinstance(result, numbers.Real) and what == "reward function":  # scores one response (verl's shape)
+            hint = (": it is called once with lists (prompts, responses, answers), not once per response; wrap a "
+                    "per-response function as [f(p, r, a) for p, r, a in zip(prompts, responses, answers)]")
+        raise RewardError(f"{fn_name} returned {type(result).__name__}; expected a list of {n} floats{hint}")
     if len(result) != n:
         raise RewardError(f"{fn_name} returned {len(result)} values for {n} responses; expected {n}")
     out = []
