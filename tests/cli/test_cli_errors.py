@@ -157,6 +157,7 @@ def test_eval_refuses_an_out_that_is_a_file_before_loading_anything(capsys, tmp_
     assert code == EXIT_CONFIG and f"cannot be made: {tmp_path / 'good.jsonl'} is a file" in err
 
 
+@pytest.mark.slow  # (over half a second; the full make test runs it)
 def test_eval_says_it_replaces_the_report_in_out(capsys, tmp_path, monkeypatch, tiny_dir):
     from relayrl.evaluation.runner import EvalResult
 
@@ -319,6 +320,7 @@ def test_debug_flag_and_env_show_the_traceback(capsys, tmp_path, monkeypatch):
     run(capsys, "plot", str(tmp_path))
 
 
+@pytest.mark.slow  # (over half a second; the full make test runs it)
 def test_a_lost_worker_says_how_to_go_on_with_or_without_a_checkpoint(capsys, monkeypatch, tmp_path):
     import relayrl.telemetry.plots as plots
     from relayrl.cluster.errors import WorkerError

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Every shipped recipe on model.device=cpu (with device auto or cuda and extra pools, the device check asks
@@ -14,6 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PROBE = """
 import sys
 from pathlib import Path
+
+import pytest
 
 import relayrl.config.schema
 from relayrl.cli.main import main
@@ -28,6 +32,7 @@ print(code, "torch" in sys.modules, "transformers" in sys.modules, file=sys.stde
 """
 
 
+@pytest.mark.slow  # (over half a second; the full make test runs it)
 def test_recipes_validate_and_a_bad_one_is_refused_without_importing_torch():
     r = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert "engine.optim.lr: Input should be a valid number" in r.stderr, r.stderr[-2000:]

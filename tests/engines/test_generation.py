@@ -26,6 +26,7 @@ def test_greedy_matches_hf_generate_across_refills(tiny_model, tiny_tokenizer):
         assert o.finish_reason == ("stop" if o.token_ids[-1] == tiny_tokenizer.eos_token_id else "length")
 
 
+@pytest.mark.slow  # (over half a second; the full make test runs it)
 def test_sampled_logprobs_match_a_full_forward(tiny_model, tiny_tokenizer):
     eng = NativeGenerationEngine(tiny_model, tiny_tokenizer, max_batch=5)
     prompts = _ids(tiny_tokenizer, PROMPTS)

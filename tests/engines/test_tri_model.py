@@ -94,6 +94,7 @@ def test_tri_model_bf16_reference_matches_a_bf16_reference_worker(tiny_dir, tiny
     assert m["actor/nonfinite_grad"] == 0.0 and m["actor/ref_forward_passes"] > 0
 
 
+@pytest.mark.slow  # (over half a second; the full make test runs it)
 def test_a_batch_that_carries_reference_logprobs_is_not_recomputed(tiny_dir, tiny_tokenizer):
     batch = _batch(tiny_tokenizer)
     tri = PolicyWorker(**_kw(tiny_dir), tri_model=True)

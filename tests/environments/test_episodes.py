@@ -40,6 +40,7 @@ class Counter:
         return StepResult(f"<obs{self.t}>", reward=1.0 if self.t == 3 else 0.0, done=self.t == 3)
 
 
+@pytest.mark.slow  # (over half a second; the full make test runs it)
 def test_turns_alternate_with_observations_under_the_loss_mask(engine, tiny_tokenizer):
     probs, prompts = _problems(tiny_tokenizer)
     eps = run_episodes(engine, tiny_tokenizer, probs, prompts, Counter, SamplingParams(n=2, max_new_tokens=5),
@@ -177,6 +178,7 @@ def test_bad_reward_and_failing_factory_are_errors(engine, tiny_tokenizer):
     assert eps[0].end is EpisodeEnd.ERROR and eps[0].turns == 0
 
 
+@pytest.mark.slow  # (over half a second; the full make test runs it)
 def test_rejoining_turns_see_their_exact_context(engine, tiny_tokenizer):
     """Greedy: an episode's second turn equals a single-turn generation from the same context ids."""
     probs, prompts = _problems(tiny_tokenizer, 2)
