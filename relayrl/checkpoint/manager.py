@@ -55,6 +55,7 @@ from relayrl.checkpoint.format import (
     load_checkpoint,
 )
 from relayrl.checkpoint.rng import capture_rng_state
+from relayrl.dock.payload import payload_bytes
 
 log = logging.getLogger(__name__)
 
@@ -114,16 +115,6 @@ def _remove_scratch(root: Path) -> None:
         if pid == os.getpid() or not pid_alive(pid):
             shutil.rmtree(child, ignore_errors=True)
 
-
-def _nbytes(obj: Any) -> int:
-    """Bytes of the tensors in ``obj`` (nested dicts, lists and tuples)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, Mapping):
-        return sum(_nbytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_nbytes(v) for v in obj)
-    return 0
 
 class CheckpointManager:
     """Saves `ROOT/step-NNNNNN/` checkpoints atomically and keeps the newest `keep`."""
@@ -226,7 +217,7 @@ class CheckpointManager:
                 os.rename(tmp, final)
             _fsync_dir(self.root)
         except BaseException as e:
-            full = disk_full(e, self.root, f"the checkpoint of step {step}", need=_nbytes(
+            full = disk_full(e, self.root, f"the checkpoint of step {step}", need=payload_bytes(
                 (tensors, optimizer_state, extra))) if isinstance(e, Exception) else None
             shutil.rmtree(tmp, ignore_errors=True)
             if full is not None:

@@ -376,8 +376,9 @@ class Session:
             for each step left: metrics <- step(s); evaluate, log, checkpoint (end_step); stop early on target
             export the model (atomically)
 
-        ``footprint`` (the actor's parameter counts and optimizer state, :meth:`footprint_line`) is logged
-        with the first step this process trains, when the optimizer state exists. ``shutdown`` stops the workflow's workers whatever happens; Ctrl-C becomes :class:`RunInterrupted`
+        ``footprint`` (the actor's parameter counts and optimizer state, :func:`footprint_line`) is logged
+        with the first step this process trains, when the optimizer state exists. ``shutdown`` stops the
+        workflow's workers whatever happens; Ctrl-C becomes :class:`RunInterrupted`
         naming the checkpoint to resume from. Returns the exported model directory."""
         with self.interruptible():
             try:
