@@ -67,9 +67,13 @@ def _best(fn: Callable[[], object], reps: int) -> float:
 def _fit(xs: list[list[float]], ys: list[float]) -> list[float]:
     """Least squares of the relative error (each row weighted by 1 / its measured time: a 20 ms call counts
     as much as a 2 s one, so the per-call cost of small calls is not lost in the large ones) with
-    non-negative coefficients (a coefficient that comes out negative is dropped and the rest refitted)."""
+    non-negative coefficients (a coefficient that comes out negative is dropped and the rest refitted). A row
+    measured at or below zero (a difference of two timings that noise on a loaded machine reversed) is left
+    out: weighted by 1 / its time it would outweigh every other row."""
     a = np.asarray(xs, dtype=float)
     y = np.asarray(ys, dtype=float)
+    if (y > 0).any():
+        a, y = a[y > 0], y[y > 0]
     w = 1.0 / np.maximum(y, 1e-9)
     a, y = a * w[:, None], y * w
     keep = list(range(a.shape[1]))

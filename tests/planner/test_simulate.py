@@ -308,3 +308,15 @@ def test_calibration_fit_keeps_a_small_calls_fixed_cost():
     base, per = _fit([[1.0, t] for t in tokens], times)
     assert base == pytest.approx(0.010, rel=0.1)
     assert per == pytest.approx(0.0004, rel=0.05)
+
+
+def test_calibration_fit_leaves_out_a_timing_that_noise_made_negative():
+    """A decode cost is a difference of two timings; on a loaded machine one came out negative, the 1 / time
+    weight made it outweigh the other rows, and the fit gave every coefficient 0 (a decode that costs
+    nothing). The row is left out."""
+    from relayrl.planner.calibrate import _fit
+
+    rows = [8, 32, 128, 32]
+    times = [0.002 + 0.0001 * r for r in rows[:3]] + [-0.0004]
+    base, per = _fit([[1.0, r] for r in rows], times)
+    assert base == pytest.approx(0.002, rel=0.05) and per == pytest.approx(0.0001, rel=0.05)
