@@ -208,7 +208,8 @@ def cmd_eval(args) -> int:
     engine = NativeGenerationEngine(load_model(args.model, dtype=args.dtype, device=device), tok, device=device)
     gen = torch.Generator(device=device).manual_seed(args.seed)
     result = evaluate(lambda p, sp: engine.generate(p, sp, generator=gen), encode,
-                      problems, lambda a, b, c: reward.score(a, b, c)[0], max_new_tokens=args.max_new_tokens,
+                      problems, lambda a, b, c, d: reward.score(a, b, c, columns=d)[0],
+                      max_new_tokens=args.max_new_tokens,
                       k=args.k, temperature=args.temperature)
     report, samples = write_report(result, out, extra={"model": args.model, "task": args.task, "data": args.data,
                                                        "k": args.k, "temperature": args.temperature})

@@ -434,7 +434,7 @@ class Config(_Section):
         if self.data.messages_key is not None and (self.workflow != "sft" or self.data.path is None):
             raise ValueError("data.messages_key trains on whole conversations: it applies to workflow sft with "
                              "data.path; unset data.messages_key")
-        if self.reward.verifier == "task" and self.data.task is None:
+        if self.reward.verifier == "task" and self.data.task is None and not self.env.own_rewards:
             raise ValueError("reward.verifier=task needs a built-in data.task; for data.path use "
                              "reward.verifier=math, exact or user")
         return self
@@ -466,6 +466,14 @@ def _check_env(self: Config) -> None:
     if self.workflow in ("dpo", "rm"):
         raise ValueError(f"env.name sets up multi-turn episodes, which workflow {self.workflow} does not generate; "
                          "set env.name=null")
+    if e.own_rewards:  # the environment's rewards are the episodes': a learned or user reward would be ignored
+        r = self.reward
+        unused = [k for k, on in (("reward.user_fn", r.user_fn), ("reward.model", r.model),
+                                  ("reward.judge.path", r.judge.path), ("reward.format_regex", r.format_regex)) if on]
+        if unused:
+            raise ValueError(f"env.name={e.name!r} gives each episode its reward (StepResult.reward), so "
+                             f"{', '.join(unused)} would score nothing: unset {'it' if len(unused) == 1 else 'them'}, "
+                             f"or score inside the environment")
     if e.name == "tools" and e.stop_string not in self.rollout.stop_strings:
         raise ValueError(f"env.name=tools: a turn that calls a tool must end at its closing tag; add "
                          f"{e.stop_string!r} to rollout.stop_strings")

@@ -82,6 +82,12 @@ class EnvConfig(BaseModel):
         return self.name is not None
 
     @property
+    def own_rewards(self) -> bool:
+        """A user environment: its episodes' rewards are its own, so ``reward.*`` scores nothing (the built-in
+        ``tools`` environment scores final answers with the reward engine)."""
+        return self.name not in (None, "tools")
+
+    @property
     def stop_string(self) -> str:
         """Where a model's turn that calls a tool ends."""
         return f"</{self.tool_tag}>"
@@ -185,5 +191,5 @@ def build_env_factory(spec: EpisodeSpec) -> EnvFactory:
         engine = RewardEngine(spec.reward, task=task)
 
         def score(problem: Problem, text: str) -> float:
-            return engine.score([problem.prompt], [text], [problem.answer])[0][0]
+            return engine.score([problem.prompt], [text], [problem.answer], columns=[problem.meta.get("extra")])[0][0]
     return load_env_factory(spec.env, score)

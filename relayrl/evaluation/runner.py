@@ -19,7 +19,9 @@ from relayrl.evaluation.metrics import summarize
 __all__ = ["EvalResult", "evaluate", "write_report"]
 
 GenerateFn = Callable[[list[list[int]], SamplingParams], list[Completion]]
-ScoreFn = Callable[[list[str], list[str], list[str]], list[float]]
+ScoreFn = Callable[[list[str], list[str], list[str], list], list[float]]
+"""``score(prompts, responses, answers, columns)``: a reward per row; ``columns`` holds each row's other dataset
+fields (``Problem.meta["extra"]``, or ``None``) for a user reward function that takes them."""
 
 
 @dataclass(frozen=True)
@@ -39,9 +41,10 @@ def evaluate(generate: GenerateFn, encode: Callable[[Problem], list[int]], probl
     prompts = [encode(p) for p in problems]
     answers = [p.answer for p in problems]
     texts = [p.prompt for p in problems]
+    columns = [p.meta.get("extra") for p in problems]
     greedy = generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens,
                                               stop_strings=tuple(stop_strings)))
-    g_rewards = score(texts, [c.text for c in greedy], answers)
+    g_rewards = score(texts, [c.text for c in greedy], answers, columns)
     samples = [{"mode": "greedy", "prompt": t, "answer": a, "response": c.text, "reward": r,
                 "finish_reason": c.finish_reason} for t, a, c, r in zip(texts, answers, greedy, g_rewards)]
     metrics = {"eval/accuracy": sum(r >= 1.0 for r in g_rewards) / len(problems),
@@ -50,7 +53,7 @@ def evaluate(generate: GenerateFn, encode: Callable[[Problem], list[int]], probl
         sampled = generate(prompts, SamplingParams(n=k, temperature=temperature, max_new_tokens=max_new_tokens,
                                                    stop_strings=tuple(stop_strings)))
         rewards = score([texts[c.prompt_index] for c in sampled], [c.text for c in sampled],
-                        [answers[c.prompt_index] for c in sampled])
+                        [answers[c.prompt_index] for c in sampled], [columns[c.prompt_index] for c in sampled])
         per_prompt: list[list[bool]] = [[] for _ in problems]
         for c, r in zip(sampled, rewards):
             per_prompt[c.prompt_index].append(r >= 1.0)

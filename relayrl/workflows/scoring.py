@@ -40,7 +40,7 @@ class ScoreWorker(Worker):
 
     def __init__(self, reward, tokenizer, algorithm, shape) -> None:
         self.reward, self.tokenizer, self.algorithm, self.shape = reward, tokenizer, algorithm, shape
-        if hasattr(self, "device") and reward.cfg.model_device == "auto":  # a rank of a pool (placement.reward=<pool>)
+        if hasattr(self, "device") and reward is not None and reward.cfg.model_device == "auto":  # a rank of a pool (placement.reward=<pool>)
             reward.place(self.device)  # its learned rewards (reward model, judge) run on the pool's device
 
     def score_rows(self, reader, problems: Sequence) -> Scored:
@@ -55,7 +55,8 @@ class ScoreWorker(Worker):
         else:
             texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in cols["response_ids"]]
             probs = [problems[g] for g in groups]
-            scores, metrics = self.reward.score([p.prompt for p in probs], texts, [p.answer for p in probs])
+            scores, metrics = self.reward.score([p.prompt for p in probs], texts, [p.answer for p in probs],
+                                                columns=[p.meta.get("extra") for p in probs])
         lengths = torch.tensor([len(r) for r in cols["response_ids"]], dtype=torch.float32)
         rewards = self.shape(torch.tensor(scores, dtype=torch.float32), lengths)
         return Scored([float(x) for x in scores], rewards.tolist(), metrics, groups)
@@ -74,7 +75,8 @@ class ScoreWorker(Worker):
         order = sorted(first)
         ids = [cols["baseline_ids"][first[g]] for g in order]
         texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in ids]
-        scores, _ = self.reward.score([problems[g].prompt for g in order], texts, [problems[g].answer for g in order])
+        scores, _ = self.reward.score([problems[g].prompt for g in order], texts, [problems[g].answer for g in order],
+                                      columns=[problems[g].meta.get("extra") for g in order])
         failed = [g for g, x in zip(order, scores) if x != x]  # reward.on_error=drop_group
         if failed:  # (the group's sampled rows may be in other stages' hands already: too late to drop it)
             raise RewardError(f"the reward failed on the greedy baseline response to prompt "

@@ -157,8 +157,9 @@ class Session:
         self.prompts = PromptSource(cfg.run.seed, task=self.task if train is None else None, problems=train,
                                     exclude=frozenset(p.prompt for p in self.eval_problems))
         cuda = cfg.model.device == "cuda" or (cfg.model.device == "auto" and torch.cuda.is_available())
-        self.reward = RewardEngine(cfg.reward, task=self.task, chat_template=cfg.data.chat_template,
-                                   device="cuda" if cuda else "cpu")
+        # (a user environment's episodes bring their own rewards, in training and evaluation: no reward engine)
+        self.reward = None if cfg.env.own_rewards else RewardEngine(
+            cfg.reward, task=self.task, chat_template=cfg.data.chat_template, device="cuda" if cuda else "cpu")
         self.pool = ResourcePool(name="main", devices=cfg.cluster.devices, nodes=cfg.cluster.nodes,
                                  device_kind="cuda" if cuda else "cpu", node=cfg.placement.nodes.get("main"))
         self.ckpt = CheckpointManager(self.dir / "checkpoints", keep=cfg.run.keep_checkpoints)
@@ -234,10 +235,10 @@ class Session:
             ids = self._encode_cache[problem.prompt] = list(encode_prompt(self.tokenizer, problem, self.cfg.data.chat_template))
         return ids
 
-    def score(self, prompts: list[str], responses: list[str], answers: list[str]) -> list[float]:
+    def score(self, prompts: list[str], responses: list[str], answers: list[str], columns=None) -> list[float]:
         """Evaluation's score: the verifier (and format term) only, never a learned reward, so held-out
         accuracy stays the task's whatever the training reward is."""
-        return self.reward.verify(prompts, responses, answers)
+        return self.reward.verify(prompts, responses, answers, columns)
 
     # ------------------------------------------------------------ telemetry
     def open_telemetry(self, total_steps: int, key_metrics) -> None:

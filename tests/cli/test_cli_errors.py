@@ -438,11 +438,13 @@ def test_version_is_the_installed_packages(capsys):
 
 def test_eval_scores_data_with_the_users_reward_function(capsys, tmp_path, tiny_dir):
     """``relayrl eval --verifier user --user-fn FILE.py:fn`` scores --data as reward.user_fn scores a run (the
-    verifier choices were math and exact only: a run trained on its own reward could not be evaluated on it)."""
+    verifier choices were math and exact only: a run trained on its own reward could not be evaluated on it),
+    with each row's other fields by keyword."""
     data = tmp_path / "d.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(3)))
-    (tmp_path / "my_rewards.py").write_text("def score(prompts, responses, answers):\n"
-                                            "    return [0.25 for _ in responses]\n")
+    data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1), "weight": i / 4}) + "\n"
+                            for i in range(3)))
+    (tmp_path / "my_rewards.py").write_text("def score(prompts, responses, answers, weight=None):\n"
+                                            "    return weight\n")
     out = tmp_path / "ev"
     assert cli.main(["eval", "--model", str(tiny_dir), "--data", str(data), "--verifier", "user", "--user-fn",
                      f"{tmp_path}/my_rewards.py:score", "--max-new-tokens", "2", "--device", "cpu",

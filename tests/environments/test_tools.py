@@ -195,6 +195,23 @@ def test_config_names_the_key_to_fix():
         EnvConfig(tool_tag="a b")
 
 
+def test_a_user_environment_brings_its_rewards_so_reward_settings_that_would_be_ignored_are_refused(tmp_path):
+    from relayrl.config.schema import Config
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    env = {"name": "relayrl_test_userenv:GoodEnv"}
+    cfg = Config(env=env, data={"task": None, "path": str(data)})  # no reward.verifier needed: none is used
+    assert cfg.env.own_rewards and not Config(env={"name": "tools"}, rollout={"stop_strings": ["</tool>"]}).env.own_rewards
+    with pytest.raises(ValueError, match="reward.verifier=task needs a built-in data.task"):
+        Config(env={"name": "tools"}, rollout={"stop_strings": ["</tool>"]}, data={"task": None, "path": str(data)})
+    with pytest.raises(ValueError, match=r"gives each episode its reward .*reward.model, reward.judge.path would "
+                                         r"score nothing: unset them"):
+        Config(env=env, reward={"model": str(tmp_path), "judge": {"path": str(tmp_path)}})
+    with pytest.raises(ValueError, match="reward.user_fn would score nothing: unset it"):
+        Config(env=env, reward={"verifier": "user", "user_fn": "m:f"})
+
+
 def test_environments_and_tools_load_from_a_file(tmp_path, monkeypatch):
     (tmp_path / "my_env.py").write_text(textwrap.dedent("""
         from relayrl.environments.base import StepResult

@@ -17,7 +17,7 @@ from test_reward_errors import RUN
 
 pytestmark = pytest.mark.slow
 
-ENV = ["env.name=flaky_env:CrashingTool", "env.max_turns=1", "reward.user_fn=dataflow_rewards:by_length"]
+ENV = ["env.name=flaky_env:CrashingTool", "env.max_turns=1", "reward.verifier=task", "reward.user_fn=null"]  # (its rewards)
 MODES = {"sync": [], "periodic": ["trainer.mode=periodic", "placement.pools.gen=1", "placement.rollout=gen"],
          "offpolicy": ["trainer.off_policy_steps=1", "placement.pools.gen=1", "placement.rollout=gen"]}
 

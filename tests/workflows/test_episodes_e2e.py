@@ -81,3 +81,31 @@ def test_demo_tools_ends_with_the_accuracy_line(tmp_path):
     assert f"replacing the previous demo run in {tmp_path / 'sft'}" in r.stdout
     assert "run.overwrite" in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert (tmp_path / "grpo" / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.slow
+def test_a_user_environment_trains_on_a_dataset_with_no_reward_settings(tmp_path):
+    """A user environment on ``data.path`` brings its rewards: the default ``reward.verifier=task`` (no task
+    here) is not asked for, and the environment reads a row's other fields from ``problem.meta["extra"]``."""
+    (tmp_path / "len_env.py").write_text(
+        "from relayrl.environments.base import StepResult\n\n"
+        "class TargetLength:\n"
+        "    def reset(self, problem):\n"
+        "        self.target = problem.meta['extra']['target']\n"
+        "        return ''\n\n"
+        "    def step(self, action):\n"
+        "        return StepResult('', reward=float(abs(len(action) - self.target) <= 2), done=True)\n")
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i), "target": i % 5})
+                            + "\n" for i in range(40)))
+    run = tmp_path / "run"
+    r = relayrl("train", "recipes/arith_grpo.yaml", "data.task=null", f"data.path={data}", "eval.size=4",
+                f"env.name={tmp_path}/len_env.py:TargetLength", "env.max_turns=1", "trainer.steps=1",
+                "data.prompts_per_step=2", "rollout.n=4", "rollout.max_new_tokens=6", f"run.dir={run}", *FAST)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = records(run)
+    assert [x["step"] for x in recs] == [0, 1] and 0.0 <= recs[1]["reward/mean"] <= 1.0
+    assert "eval/accuracy" in recs[0]  # held-out episodes, scored by the environment
+    r = relayrl("train", "recipes/arith_grpo.yaml", "data.task=null", f"data.path={data}", "reward.model=/m",
+                f"env.name={tmp_path}/len_env.py:TargetLength", f"run.dir={tmp_path / 'r2'}", *FAST)
+    assert r.returncode != 0 and "reward.model would score nothing" in r.stderr

@@ -6,7 +6,8 @@ metrics; ``score_async`` runs the same on a background thread and returns a
 computes log-probs for another (the reward stage overlapping other stages, as
 in HybridFlow's and AsyncFlow's dataflow). Row-wise verifiers (task, math, exact) are spread
 over ``workers`` threads in contiguous chunks; a user function receives the
-whole batch in one call (it may look across rows, e.g. within a group).
+whole batch in one call (it may look across rows, e.g. within a group), and, by keyword, the rows'
+other dataset fields it takes (``columns``: :func:`~relayrl.engines.reward.user.column_params`).
 
 A verifier that raises on one row scores that row 0 and counts it in
 ``reward/errors``: model output is untrusted text and one odd response must not
@@ -55,7 +56,8 @@ import torch
 from relayrl.algorithms.reward_model import RunningMoments, normalize_rewards
 from relayrl.engines.reward.config import RewardConfig, RewardError
 from relayrl.engines.reward.judge import JudgeError, LLMJudge
-from relayrl.engines.reward.user import Overtime, call_within, check_rewards, load_reward_fn
+from relayrl.engines.reward.user import (Overtime, call_within, check_rewards, column_kwargs, column_params,
+                                         load_reward_fn)
 from relayrl.engines.reward.verifiers import exact_reward, format_reward, math_reward
 
 __all__ = ["RewardEngine", "MAX_ABANDONED"]
@@ -65,9 +67,12 @@ log = logging.getLogger(__name__)
 MAX_ABANDONED = 16
 """Calls of the user function still running past ``reward.timeout_s`` (abandoned threads) that stop the run."""
 
-Scorer = Callable[[list[str], list[str], list], list[float]]
-"""One source of a reward (the user function, the reward model, the judge): finite scores of the rows, or
-:class:`RewardError`."""
+Scorer = Callable[[list[str], list[str], list, list], list[float]]
+"""One source of a reward (the user function, the reward model, the judge): finite scores of the rows
+``(prompts, responses, answers, columns)``, or :class:`RewardError`."""
+
+Columns = Sequence["dict | None"]
+"""Each row's other dataset fields (``Problem.meta["extra"]``; ``None``: none), for a user function."""
 
 
 class RewardEngine:
@@ -90,6 +95,8 @@ class RewardEngine:
         self._lock = threading.Lock()  # concurrent score calls (the dataflow's driver threads): one load, one update
         self._row_fn: Callable[[str, str], float] | None = None
         self._user_fn = None
+        self._takes: frozenset[str] | None = frozenset()  # the dataset fields the user function takes by keyword
+        self._unmet: set[str] = set()  # fields it names that a batch lacked (warned once each)
         if cfg.verifier == "task":
             if task is None or not callable(getattr(task, "verify", None)):
                 raise RewardError(
@@ -106,6 +113,7 @@ class RewardEngine:
             self.verifier_name = "exact"
         else:
             self._user_fn = load_reward_fn(cfg.user_fn)
+            self._takes = column_params(self._user_fn)
             self.verifier_name = f"user:{cfg.user_fn}"
         self._format = re.compile(cfg.format_regex) if cfg.format_regex is not None else None
         self._format_on = cfg.resolved_format_on()
@@ -134,12 +142,14 @@ class RewardEngine:
                                              chat_template=self.chat_template)
         return self._rm
 
-    def verify(self, prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str | None]) -> list[float]:
+    def verify(self, prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str | None],
+               columns: Columns | None = None) -> list[float]:
         """The verifier plus the format term (unweighted verifier; no learned reward, no normalisation): what
-        held-out accuracy is measured with."""
-        n = self._check_inputs(prompts, responses, answers, None)
+        held-out accuracy is measured with. ``columns``: as for :meth:`score`."""
+        n = self._check_inputs(prompts, responses, answers, None, columns)
         if self._user_fn is not None:
-            verifier = self._guarded(self._user_once, "the function", list(prompts), list(responses), list(answers))
+            verifier = self._guarded(self._user_once, "the function", list(prompts), list(responses), list(answers),
+                                     self._rows(columns, n))
             if any(v != v for v in verifier):  # reward.on_error=drop_group: no group to drop in an evaluation
                 log.warning("evaluation: the reward function failed on %d of %d rows, scored 0 (reward.on_error="
                             "drop_group)", sum(v != v for v in verifier), len(verifier))
@@ -157,9 +167,13 @@ class RewardEngine:
         responses: Sequence[str],
         answers: Sequence[str | None],
         finish_reasons: Sequence[str] | None = None,
+        columns: Columns | None = None,
     ) -> tuple[list[float], dict[str, float]]:
         """Rewards ``[N]`` and metrics for ``N`` rows; NaN for the rows of a prompt a source failed on with
         ``reward.on_error=drop_group`` (module docstring).
+
+        ``columns`` (optional): each row's other dataset fields (a dict, or ``None``), passed by keyword to a
+        user function that takes them; other sources ignore them.
 
         ``finish_reasons`` (``"stop"``/``"length"`` per row, optional): a truncated
         row (``"length"``) gets format reward 0, since its format never finished;
@@ -178,10 +192,10 @@ class RewardEngine:
         if self._closed:
             raise RuntimeError("RewardEngine.score after close()")
         t0 = time.perf_counter()
-        n = self._check_inputs(prompts, responses, answers, finish_reasons)
-        prompts, responses, answers = list(prompts), list(responses), list(answers)
+        n = self._check_inputs(prompts, responses, answers, finish_reasons, columns)
+        prompts, responses, answers, columns = list(prompts), list(responses), list(answers), self._rows(columns, n)
         if self._user_fn is not None:
-            verifier = self._guarded(self._user_once, "the function", prompts, responses, answers)
+            verifier = self._guarded(self._user_once, "the function", prompts, responses, answers, columns)
             errors: list[tuple[int, str]] = []
         else:
             verifier, errors = self._score_rows(responses, answers)
@@ -189,11 +203,11 @@ class RewardEngine:
         learned: dict[str, float] = {}
         rm = judged = None
         if self.reward_model is not None:  # (rows a source failed on are not scored by the next one)
-            rm = self._on_rows(self._rm_once, "the reward model", verifier, prompts, responses, answers)
+            rm = self._on_rows(self._rm_once, "the reward model", verifier, prompts, responses, answers, columns)
         if self._judge is not None:
             malformed: list[int] = []
             judged = self._on_rows(partial(self._judge_once, malformed=malformed), "the judge",
-                                   rm or verifier, prompts, responses, answers)
+                                   rm or verifier, prompts, responses, answers, columns)
         ok = [i for i in range(n) if all(x[i] == x[i] for x in (verifier, rm, judged) if x is not None)]
         pick = (lambda xs: [xs[i] for i in ok])
         truncated = [fr == "length" for fr in finish_reasons] if finish_reasons is not None else [False] * n
@@ -243,6 +257,7 @@ class RewardEngine:
         responses: Sequence[str],
         answers: Sequence[str | None],
         finish_reasons: Sequence[str] | None = None,
+        columns: Columns | None = None,
     ) -> Future:
         """Run :meth:`score` on a background thread; the Future resolves to ``(rewards, metrics)``.
 
@@ -253,7 +268,8 @@ class RewardEngine:
             raise RuntimeError("RewardEngine.score_async after close()")
         if self._driver is None:
             self._driver = ThreadPoolExecutor(1, thread_name_prefix="reward-driver")
-        args = (list(prompts), list(responses), list(answers), None if finish_reasons is None else list(finish_reasons))
+        args = (list(prompts), list(responses), list(answers), None if finish_reasons is None else list(finish_reasons),
+                None if columns is None else list(columns))
         return self._driver.submit(self.score, *args)
 
     def close(self) -> None:
@@ -270,11 +286,16 @@ class RewardEngine:
         self.close()
 
     # ---------------------------------------------------------------- helpers
-    def _check_inputs(self, prompts, responses, answers, finish_reasons) -> int:
+    def _check_inputs(self, prompts, responses, answers, finish_reasons, columns=None) -> int:
         n = len(responses)
         lengths = {"prompts": len(prompts), "responses": n, "answers": len(answers)}
         if finish_reasons is not None:
             lengths["finish_reasons"] = len(finish_reasons)
+        if columns is not None:
+            lengths["columns"] = len(columns)
+            for i, c in enumerate(columns):
+                if c is not None and not isinstance(c, dict):
+                    raise RewardError(f"columns[{i}] is {type(c).__name__}; expected a dict of the row's fields or None")
         if len(set(lengths.values())) > 1:
             raise RewardError(f"reward inputs differ in length: {lengths}")
         for i, r in enumerate(responses):
@@ -292,15 +313,20 @@ class RewardEngine:
                     raise RewardError(f"finish_reasons[{i}] is {fr!r}; expected 'stop' or 'length'")
         return n
 
+    @staticmethod
+    def _rows(columns: Columns | None, n: int) -> list:
+        return [None] * n if columns is None else list(columns)
+
     def _format_target(self, response: str) -> str:
         return response.split("\n", 1)[0].strip() if self._format_on == "answer" else response
 
-    def _guarded(self, fn: Scorer, what: str, prompts: list[str], responses: list[str], answers: list) -> list[float]:
+    def _guarded(self, fn: Scorer, what: str, prompts: list[str], responses: list[str], answers: list,
+                 columns: list) -> list[float]:
         """``fn``'s scores of the rows; a call that fails is made again per prompt (module docstring): NaN for
         the rows of a prompt it fails on with ``reward.on_error=drop_group``, else :class:`RewardError` naming
         the prompt (``what``: the source, for the fix)."""
         try:
-            return fn(prompts, responses, answers)
+            return fn(prompts, responses, answers, columns)
         except _TooManyHung:
             raise
         except RewardError as failed:
@@ -310,7 +336,8 @@ class RewardEngine:
             for p in dict.fromkeys(prompts):
                 rows = [i for i, q in enumerate(prompts) if q == p]
                 try:
-                    got = fn([p] * len(rows), [responses[i] for i in rows], [answers[i] for i in rows])
+                    got = fn([p] * len(rows), [responses[i] for i in rows], [answers[i] for i in rows],
+                             [columns[i] for i in rows])
                 except _TooManyHung:
                     raise
                 except RewardError as e:
@@ -335,22 +362,31 @@ class RewardEngine:
         return [math.nan] * rows
 
     def _on_rows(self, fn: Scorer, what: str, before: list[float], prompts: list[str], responses: list[str],
-                 answers: list) -> list[float]:
+                 answers: list, columns: list) -> list[float]:
         """:meth:`_guarded` on the rows an earlier source did not fail on (``before`` not NaN); NaN elsewhere."""
         rows = [i for i, v in enumerate(before) if v == v]
         out = [math.nan] * len(before)
         if rows:
             got = self._guarded(fn, what, [prompts[i] for i in rows], [responses[i] for i in rows],
-                                [answers[i] for i in rows])
+                                [answers[i] for i in rows], [columns[i] for i in rows])
             for i, v in zip(rows, got):
                 out[i] = v
         return out
 
-    def _user_once(self, prompts: list[str], responses: list[str], answers: list[str | None]) -> list[float]:
+    def _user_once(self, prompts: list[str], responses: list[str], answers: list[str | None],
+                   columns: list) -> list[float]:
         name = self.cfg.user_fn  # as configured (a file path is absolute since the config loaded)
         limit = None if self.cfg.timeout_s is None else self.cfg.timeout_s * len(set(prompts))
+        kwargs = column_kwargs(self._takes, columns)
+        unmet = sorted((self._takes or frozenset()) - set(kwargs) - self._unmet)
+        if unmet:  # a parameter with a default (load_reward_fn checked) that no row of the call has as a field
+            self._unmet.update(unmet)
+            log.warning("reward function %s takes %s, but the rows scored have no such field: it gets its default "
+                        "(fields present: %s)", name, ", ".join(unmet),
+                        ", ".join(dict.fromkeys(k for c in columns if c for k in c)) or "none")
         try:
-            result = self._within(limit, self._user_fn, prompts, responses, answers)
+            result = self._within(limit, partial(self._user_fn, **kwargs) if kwargs else self._user_fn,
+                                  prompts, responses, answers)
         except _TooManyHung:
             raise
         except Overtime:
@@ -378,7 +414,7 @@ class RewardEngine:
                 self._abandoned.append(e.thread)
             raise
 
-    def _rm_once(self, prompts: list[str], responses: list[str], answers: list) -> list[float]:
+    def _rm_once(self, prompts: list[str], responses: list[str], answers: list, columns: list) -> list[float]:
         name = f"reward model {self.cfg.model}"
         try:
             result = self.reward_model.score(prompts, responses)
@@ -386,7 +422,7 @@ class RewardEngine:
             raise RewardError(f"{name} raised {type(e).__name__}: {e}") from e
         return check_rewards(result, len(responses), name, what="")
 
-    def _judge_once(self, prompts: list[str], responses: list[str], answers: list, *,
+    def _judge_once(self, prompts: list[str], responses: list[str], answers: list, columns: list, *,
                     malformed: list[int]) -> list[float]:
         """The judge's scores; the count of malformed verdicts (scored ``malformed_score``) into ``malformed``."""
         name = f"LLM judge {self.cfg.judge.path or 'judge_ask'}"

@@ -2,7 +2,10 @@
 
 A user function follows :class:`RewardFn`: it takes the whole batch
 (``prompts``, ``responses``, ``answers``, equal lengths) and returns one float
-per row. Loading rejects what cannot work before any training starts (missing
+per row. A function that also takes keyword arguments gets a dataset row's other
+fields by name, one list per field (:func:`column_params`: every field for
+``**kwargs``, the named ones otherwise; ``None`` where a row lacks the field), as TRL passes a
+dataset's extra columns. Loading rejects what cannot work before any training starts (missing
 module or attribute, a non-callable, a signature that cannot take the three
 lists); each call's result is checked (length, numeric, finite) and a breach
 raises :class:`RewardError` naming the function. :func:`call_within` gives a call a time limit
@@ -20,7 +23,10 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 from relayrl.engines.reward.config import RewardError
 from relayrl.plugins import resolve
 
-__all__ = ["RewardFn", "load_reward_fn", "check_rewards", "call_within", "Overtime"]
+__all__ = ["RewardFn", "load_reward_fn", "column_params", "column_kwargs", "check_rewards", "call_within", "Overtime"]
+
+POSITIONAL = ("prompts", "responses", "answers")
+"""What a user function takes positionally: a dataset field of one of these names is not passed by keyword."""
 
 
 @runtime_checkable
@@ -28,7 +34,8 @@ class RewardFn(Protocol):
     """The contract of a user reward function (batched)."""
 
     def __call__(self, prompts: list[str], responses: list[str], answers: list[str | None]) -> list[float]:
-        """One finite float per row: ``len(result) == len(responses)``."""
+        """One finite float per row: ``len(result) == len(responses)``. Keyword parameters after these (or
+        ``**kwargs``) receive the rows' other dataset fields (:func:`column_params`)."""
         ...
 
 
@@ -61,6 +68,31 @@ def load_reward_fn(path: str) -> RewardFn:
             f"fn(prompts, responses, answers): {e}"
         ) from None
     return fn
+
+
+def column_params(fn: Callable) -> frozenset[str] | None:
+    """The dataset fields ``fn`` takes by keyword: ``None`` for every field (it has ``**kwargs``), else its
+    parameters after the first three that can be passed by keyword (empty: it takes none)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return frozenset()  # builtins without a signature: the three lists only
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:3]
+    return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                     and p not in positional)
+
+
+def column_kwargs(takes: frozenset[str] | None, columns: Sequence[dict | None]) -> dict[str, list]:
+    """The keyword arguments of one call: each field of the rows' ``columns`` (a row's other dataset fields,
+    ``None`` for a row with none) that the function takes (:func:`column_params`), as one list over the rows
+    (``None`` where a row lacks it). Fields named like the three positional lists are left out."""
+    rows = [c or {} for c in columns]
+    names = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in POSITIONAL]
+    if takes is not None:
+        names = [k for k in names if k in takes]
+    return {k: [r.get(k) for r in rows] for k in names}
 
 
 def check_rewards(result: Any, n: int, fn_name: str, what: str = "reward function") -> list[float]:
