@@ -188,6 +188,7 @@ def cmd_eval(args) -> int:
         problems = load_problems(DatasetConfig(path=args.data, prompt_key=args.prompt_key, answer_key=args.answer_key,
                                                format=args.format))[: args.size]
         reward = RewardEngine(reward_cfg, task=None)
+        reward.check_fields([problems[0].meta.get("fields")])  # a field the user function needs, before the model
     from relayrl.data.datasets import encode_prompt
     from relayrl.data.lengths import check_context, context_limit
 

@@ -239,6 +239,8 @@ def _row_problem(row: Any, rowno: int, cfg: DatasetConfig, tokenizer, label: str
     extra = {k: v for k, v in row.items() if k not in (cfg.prompt_key, cfg.answer_key, cfg.rejected_key)}
     if extra:
         meta["extra"] = extra
+    # what a user reward function gets: the row as it was, its prompt under "prompt" (messages, or the text)
+    meta["fields"] = {**{k: v for k, v in row.items() if k != cfg.prompt_key}, "prompt": meta.get("messages", prompt)}
     return Problem(text, answer, meta)
 
 
@@ -290,7 +292,8 @@ def load_problems(cfg: DatasetConfig, tokenizer=None) -> list[Problem]:
     A chat prompt's messages go to ``meta["messages"]``; its ``prompt`` text is the
     tokenizer's rendering (chat template, generation prompt added) when a tokenizer
     with a template is given, else :func:`render_plain`. ``meta["row"]`` is the
-    row number and ``meta["extra"]`` the row's other fields. Raises
+    row number, ``meta["extra"]`` the row's other fields and ``meta["fields"]`` every field as it was, the prompt
+    under ``"prompt"`` (its messages, system prompt added, or its text): what a user reward function gets. Raises
     :class:`DatasetError` for a missing, empty or unreadable file, and for
     malformed rows: all of them are counted and the first
     :data:`MAX_ROW_ERRORS` listed, each with its number.

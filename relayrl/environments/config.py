@@ -191,5 +191,5 @@ def build_env_factory(spec: EpisodeSpec) -> EnvFactory:
         engine = RewardEngine(spec.reward, task=task)
 
         def score(problem: Problem, text: str) -> float:
-            return engine.score([problem.prompt], [text], [problem.answer], columns=[problem.meta.get("extra")])[0][0]
+            return engine.score([problem.prompt], [text], [problem.answer], columns=[problem.meta.get("fields")])[0][0]
     return load_env_factory(spec.env, score)

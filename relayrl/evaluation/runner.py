@@ -41,7 +41,7 @@ def evaluate(generate: GenerateFn, encode: Callable[[Problem], list[int]], probl
     prompts = [encode(p) for p in problems]
     answers = [p.answer for p in problems]
     texts = [p.prompt for p in problems]
-    columns = [p.meta.get("extra") for p in problems]
+    columns = [p.meta.get("fields") for p in problems]
     greedy = generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens,
                                               stop_strings=tuple(stop_strings)))
     g_rewards = score(texts, [c.text for c in greedy], answers, columns)

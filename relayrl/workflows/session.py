@@ -160,6 +160,8 @@ class Session:
         # (a user environment's episodes bring their own rewards, in training and evaluation: no reward engine)
         self.reward = None if cfg.env.own_rewards else RewardEngine(
             cfg.reward, task=self.task, chat_template=cfg.data.chat_template, device="cuda" if cuda else "cpu")
+        if self.reward is not None:  # a field the user reward function needs, on the first rows, before any work
+            self.reward.check_fields([p.meta.get("fields") for p in (train or self.eval_problems)[:1]] or [None])
         self.pool = ResourcePool(name="main", devices=cfg.cluster.devices, nodes=cfg.cluster.nodes,
                                  device_kind="cuda" if cuda else "cpu", node=cfg.placement.nodes.get("main"))
         self.ckpt = CheckpointManager(self.dir / "checkpoints", keep=cfg.run.keep_checkpoints)

@@ -6,11 +6,12 @@ import json
 import logging
 import textwrap
 
+import pytest
 import torch
 
 from relayrl.data.tasks import Problem
-from relayrl.engines.reward import RewardConfig, RewardEngine
-from relayrl.engines.reward.user import column_kwargs, column_params
+from relayrl.engines.reward import RewardConfig, RewardEngine, RewardError
+from relayrl.engines.reward.user import call_shape
 from relayrl.evaluation.runner import evaluate
 from relayrl.engines.generation.base import Completion
 from relayrl.workflows.scoring import ScoreWorker
@@ -21,23 +22,36 @@ def _engine(tmp_path, body: str, name: str = "colfns", **cfg) -> RewardEngine:
     return RewardEngine(RewardConfig(verifier="user", user_fn=f"{tmp_path}/{name}.py:f", **cfg))
 
 
-def test_column_params_reads_what_a_function_takes():
+def test_call_shape_reads_what_a_function_takes():
     def three(prompts, responses, answers): ...
     def named(prompts, responses, answers, difficulty=None, *, source="x"): ...
     def every(prompts, responses, answers, **fields): ...
     def positional_only(prompts, responses, answers, level=0, /): ...
+    def trl(completions, solution, **kwargs): ...
+    def trl_named(prompts, completions, ground_truth, weight=1.0): ...
 
-    assert column_params(three) == frozenset()
-    assert column_params(named) == {"difficulty", "source"}
-    assert column_params(every) is None
-    assert column_params(positional_only) == frozenset()  # cannot be passed by keyword
+    assert call_shape(three) == (False, frozenset(), frozenset())
+    assert call_shape(named) == (False, {"difficulty", "source"}, frozenset())
+    assert call_shape(every) == (False, None, frozenset())
+    assert call_shape(positional_only) == (False, frozenset(), frozenset())  # cannot be passed by keyword
+    assert call_shape(trl) == (True, None, {"solution"})
+    assert call_shape(trl_named) == (True, {"ground_truth", "weight"}, {"ground_truth"})
 
 
-def test_column_kwargs_lists_each_field_over_the_rows():
-    rows = [{"difficulty": 1, "tag": "a"}, None, {"difficulty": 3, "prompts": "clash"}]
-    assert column_kwargs(None, rows) == {"difficulty": [1, None, 3], "tag": ["a", None, None]}
-    assert column_kwargs(frozenset({"tag"}), rows) == {"tag": ["a", None, None]}
-    assert column_kwargs(frozenset(), rows) == {}
+def test_arguments_list_each_field_over_the_rows():
+    rows = [{"prompt": "p?", "difficulty": 1, "tag": "a"}, None, {"difficulty": 3, "prompts": "clash"}]
+    args, kwargs = call_shape(lambda prompts, responses, answers, **k: 0).arguments(["p", "q", "r"], ["x"] * 3,
+                                                                                   ["a"] * 3, rows)
+    assert args == (["p", "q", "r"], ["x"] * 3, ["a"] * 3)
+    assert kwargs == {"difficulty": [1, None, 3], "tag": ["a", None, None]}  # not the prompt, nor a list's name
+    assert call_shape(lambda prompts, responses, answers, tag=None: 0).arguments(["p"] * 3, ["x"] * 3, ["a"] * 3,
+                                                                                  rows)[1] == {"tag": ["a", None, None]}
+    # TRL's shape: by keyword, the prompt as the dataset had it (messages: chat completions)
+    chat = [{"prompt": [{"role": "user", "content": "1+1?"}], "solution": "2"}, {"prompt": "2+2?", "solution": "4"}]
+    args, kwargs = call_shape(lambda completions, **k: 0).arguments(["t1", "t2"], ["2", "5"], ["2", "4"], chat)
+    assert args == ()
+    assert kwargs == {"prompts": [[{"role": "user", "content": "1+1?"}], "2+2?"],
+                      "completions": [[{"role": "assistant", "content": "2"}], "5"], "solution": ["2", "4"]}
 
 
 def test_a_function_gets_the_fields_it_names_and_one_with_kwargs_gets_all(tmp_path):
@@ -105,7 +119,7 @@ def test_the_score_stage_passes_each_rows_problem_fields(tmp_path):
         def f(prompts, responses, answers, target=None):
             return [float(len(r) == t) for r, t in zip(responses, target)]
     """)
-    problems = [Problem("p0", "a", {"extra": {"target": 2}}), Problem("p1", "b", {"extra": {"target": 3}})]
+    problems = [Problem("p0", "a", {"fields": {"target": 2}}), Problem("p1", "b", {"fields": {"target": 3}})]
     worker = ScoreWorker(e, _Tok(), None, lambda scores, lengths: scores)
     cols = {"group": [0, 0, 1, 1], "response_ids": [torch.ones(2), torch.ones(3), torch.ones(3), torch.ones(1)]}
     out = worker.score_rows(_Reader(cols), problems)
@@ -117,7 +131,7 @@ def test_evaluation_passes_each_problems_fields(tmp_path):
         def f(prompts, responses, answers, **fields):
             return [float(w) for w in fields["weight"]]
     """)
-    problems = [Problem("p0", "a", {"extra": {"weight": 1}}), Problem("p1", "b", {"extra": {"weight": 0}})]
+    problems = [Problem("p0", "a", {"fields": {"weight": 1}}), Problem("p1", "b", {"fields": {"weight": 0}})]
 
     def generate(prompts, params):
         return [Completion(i, s, torch.tensor([0]), torch.tensor([0.0]), "stop", 0, "r")
@@ -126,3 +140,36 @@ def test_evaluation_passes_each_problems_fields(tmp_path):
     res = evaluate(generate, lambda p: [1], problems, lambda a, b, c, d: e.verify(a, b, c, d), max_new_tokens=2, k=3)
     assert res.metrics["eval/accuracy"] == 0.5 and res.metrics["eval/pass@3"] == 0.5
     assert [s["reward"] for s in res.samples] == [1.0, 0.0] + [1.0] * 3 + [0.0] * 3
+
+
+TRL_FNS = """
+    import re
+
+    def accuracy_reward(completions, solution, **kwargs):  # as written for TRL's GRPOTrainer
+        contents = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+        return [float(c.strip() == str(s)) for c, s in zip(contents, solution)]
+
+    def needs_level(prompts, completions, level, **kwargs):
+        return [float(l) for l in level]
+"""
+
+
+def test_a_function_written_for_trl_scores_unchanged(tmp_path):
+    (tmp_path / "trl_fns.py").write_text(textwrap.dedent(TRL_FNS))
+    e = RewardEngine(RewardConfig(verifier="user", user_fn=f"{tmp_path}/trl_fns.py:accuracy_reward"))
+    fields = [{"prompt": [{"role": "user", "content": "1+1?"}], "solution": 2}, {"prompt": "2+2?", "solution": "4"}]
+    assert e.score(["t1", "t2"], ["2", "5"], ["2", "4"], columns=fields)[0] == [1.0, 0.0]
+
+
+def test_a_field_a_trl_function_needs_is_checked_before_the_run(tmp_path):
+    (tmp_path / "trl_fns2.py").write_text(textwrap.dedent(TRL_FNS))
+    e = RewardEngine(RewardConfig(verifier="user", user_fn=f"{tmp_path}/trl_fns2.py:needs_level",
+                                  on_error="drop_group"))
+    e.check_fields([{"prompt": "p", "level": 2}])
+    with pytest.raises(RewardError, match=r"needs the dataset field\(s\) level, which the rows lack \(fields: "
+                                          r"prompt, answer\)"):
+        e.check_fields([{"prompt": "p", "answer": "1"}])
+    with pytest.raises(RewardError, match="none: a built-in task's rows"):
+        e.check_fields([None])
+    with pytest.raises(RewardError, match="needs the dataset field"):  # in a call too, whatever on_error says
+        e.score(["p"], ["r"], ["a"], columns=[{"prompt": "p"}])

@@ -45,7 +45,10 @@ class RewardConfig(BaseModel):
         "last number); exact: string match after strip; user: the function named by user_fn",
     )
     user_fn: str | None = Field(None, description='"package.module:function", "package.module.function" or '
-                                '"path/to/file.py:function" (made absolute when the config loads)')
+                                '"path/to/file.py:function" (made absolute when the config loads) of '
+                                'fn(prompts, responses, answers, **fields) -> list[float] (the rows\' dataset '
+                                'fields by keyword), or of a reward function written for TRL\'s GRPOTrainer '
+                                '(fn(completions, **columns))')
     on_error: Literal["fail", "drop_group"] = Field(
         "fail", description="a reward function (user_fn), reward model (model) or LLM judge (judge.path) that "
         "raises, returns garbage (NaN, wrong length, non-numbers) or runs past timeout_s for a batch: its prompt "

@@ -7,7 +7,7 @@ computes log-probs for another (the reward stage overlapping other stages, as
 in HybridFlow's and AsyncFlow's dataflow). Row-wise verifiers (task, math, exact) are spread
 over ``workers`` threads in contiguous chunks; a user function receives the
 whole batch in one call (it may look across rows, e.g. within a group), and, by keyword, the rows'
-other dataset fields it takes (``columns``: :func:`~relayrl.engines.reward.user.column_params`).
+dataset fields it takes (``columns``: :class:`~relayrl.engines.reward.user.CallShape`).
 
 A verifier that raises on one row scores that row 0 and counts it in
 ``reward/errors``: model output is untrusted text and one odd response must not
@@ -56,8 +56,7 @@ import torch
 from relayrl.algorithms.reward_model import RunningMoments, normalize_rewards
 from relayrl.engines.reward.config import RewardConfig, RewardError
 from relayrl.engines.reward.judge import JudgeError, LLMJudge
-from relayrl.engines.reward.user import (Overtime, call_within, check_rewards, column_kwargs, column_params,
-                                         load_reward_fn)
+from relayrl.engines.reward.user import CallShape, Overtime, call_shape, call_within, check_rewards, load_reward_fn
 from relayrl.engines.reward.verifiers import exact_reward, format_reward, math_reward
 
 __all__ = ["RewardEngine", "MAX_ABANDONED"]
@@ -72,7 +71,8 @@ Scorer = Callable[[list[str], list[str], list, list], list[float]]
 ``(prompts, responses, answers, columns)``, or :class:`RewardError`."""
 
 Columns = Sequence["dict | None"]
-"""Each row's other dataset fields (``Problem.meta["extra"]``; ``None``: none), for a user function."""
+"""Each row's dataset fields, its prompt under ``"prompt"`` (``Problem.meta["fields"]``; ``None``: none, as a built-in
+task's rows), for a user function."""
 
 
 class RewardEngine:
@@ -95,8 +95,8 @@ class RewardEngine:
         self._lock = threading.Lock()  # concurrent score calls (the dataflow's driver threads): one load, one update
         self._row_fn: Callable[[str, str], float] | None = None
         self._user_fn = None
-        self._takes: frozenset[str] | None = frozenset()  # the dataset fields the user function takes by keyword
-        self._unmet: set[str] = set()  # fields it names that a batch lacked (warned once each)
+        self._shape: CallShape | None = None  # how the user function is called
+        self._unmet: set[str] = set()  # fields with a default that it names and a batch lacked (warned once each)
         if cfg.verifier == "task":
             if task is None or not callable(getattr(task, "verify", None)):
                 raise RewardError(
@@ -113,7 +113,7 @@ class RewardEngine:
             self.verifier_name = "exact"
         else:
             self._user_fn = load_reward_fn(cfg.user_fn)
-            self._takes = column_params(self._user_fn)
+            self._shape = call_shape(self._user_fn)
             self.verifier_name = f"user:{cfg.user_fn}"
         self._format = re.compile(cfg.format_regex) if cfg.format_regex is not None else None
         self._format_on = cfg.resolved_format_on()
@@ -172,8 +172,8 @@ class RewardEngine:
         """Rewards ``[N]`` and metrics for ``N`` rows; NaN for the rows of a prompt a source failed on with
         ``reward.on_error=drop_group`` (module docstring).
 
-        ``columns`` (optional): each row's other dataset fields (a dict, or ``None``), passed by keyword to a
-        user function that takes them; other sources ignore them.
+        ``columns`` (optional): each row's dataset fields (a dict, or ``None``; ``Problem.meta["fields"]``),
+        passed by keyword to a user function that takes them; other sources ignore them.
 
         ``finish_reasons`` (``"stop"``/``"length"`` per row, optional): a truncated
         row (``"length"``) gets format reward 0, since its format never finished;
@@ -327,7 +327,7 @@ class RewardEngine:
         the prompt (``what``: the source, for the fix)."""
         try:
             return fn(prompts, responses, answers, columns)
-        except _TooManyHung:
+        except _StopRun:
             raise
         except RewardError as failed:
             if len(set(prompts)) == 1:  # (one prompt: nothing narrower to call)
@@ -338,7 +338,7 @@ class RewardEngine:
                 try:
                     got = fn([p] * len(rows), [responses[i] for i in rows], [answers[i] for i in rows],
                              [columns[i] for i in rows])
-                except _TooManyHung:
+                except _StopRun:
                     raise
                 except RewardError as e:
                     self._failed(e, what, p, len(rows))
@@ -377,17 +377,11 @@ class RewardEngine:
                    columns: list) -> list[float]:
         name = self.cfg.user_fn  # as configured (a file path is absolute since the config loaded)
         limit = None if self.cfg.timeout_s is None else self.cfg.timeout_s * len(set(prompts))
-        kwargs = column_kwargs(self._takes, columns)
-        unmet = sorted((self._takes or frozenset()) - set(kwargs) - self._unmet)
-        if unmet:  # a parameter with a default (load_reward_fn checked) that no row of the call has as a field
-            self._unmet.update(unmet)
-            log.warning("reward function %s takes %s, but the rows scored have no such field: it gets its default "
-                        "(fields present: %s)", name, ", ".join(unmet),
-                        ", ".join(dict.fromkeys(k for c in columns if c for k in c)) or "none")
+        args, kwargs = self._shape.arguments(prompts, responses, answers, columns)
+        self.check_fields(columns, kwargs)
         try:
-            result = self._within(limit, partial(self._user_fn, **kwargs) if kwargs else self._user_fn,
-                                  prompts, responses, answers)
-        except _TooManyHung:
+            result = self._within(limit, partial(self._user_fn, **kwargs) if kwargs else self._user_fn, *args)
+        except _StopRun:
             raise
         except Overtime:
             raise RewardError(f"reward function {name} ran past reward.timeout_s={self.cfg.timeout_s:g} "
@@ -413,6 +407,26 @@ class RewardEngine:
             with self._lock:
                 self._abandoned.append(e.thread)
             raise
+
+    def check_fields(self, columns: Columns, kwargs: dict | None = None) -> None:
+        """Raise :class:`RewardError` when the user function needs a field (a parameter without a default: TRL's
+        shape) that the rows ``columns`` lack; warn once for a named field with a default that they lack. A run
+        calls it on its first rows before it starts; each call checks its own."""
+        if self._shape is None:
+            return
+        if kwargs is None:
+            kwargs = self._shape.arguments([""] * len(columns), [""] * len(columns), [None] * len(columns), columns)[1]
+        present = ", ".join(dict.fromkeys(k for c in columns if c for k in c)) or "none: a built-in task's rows"
+        missing = sorted(self._shape.required - set(kwargs))
+        if missing:
+            raise _StopRun(f"reward function {self.cfg.user_fn} needs the dataset field(s) {', '.join(missing)}, "
+                              f"which the rows lack (fields: {present}); give it a default, or use a dataset with "
+                              f"them")
+        unmet = sorted((self._shape.takes or frozenset()) - set(kwargs) - self._unmet)
+        if unmet:
+            self._unmet.update(unmet)
+            log.warning("reward function %s takes %s, but the rows scored have no such field: it gets its default "
+                        "(fields: %s)", self.cfg.user_fn, ", ".join(unmet), present)
 
     def _rm_once(self, prompts: list[str], responses: list[str], answers: list, columns: list) -> list[float]:
         name = f"reward model {self.cfg.model}"
@@ -464,9 +478,12 @@ class RewardEngine:
         return scores, errors
 
 
-class _TooManyHung(RewardError):
-    """More than ``MAX_ABANDONED`` calls of the user function run past the time limit: the run stops whatever
-    ``reward.on_error`` says."""
+class _StopRun(RewardError):
+    """A failure no prompt alone causes: the run stops whatever ``reward.on_error`` says (no retry per prompt)."""
+
+
+class _TooManyHung(_StopRun):
+    """More than ``MAX_ABANDONED`` calls of the user function run past the time limit."""
 
 
 def _mean(xs: Sequence[float]) -> float:

@@ -2,10 +2,12 @@
 
 A user function follows :class:`RewardFn`: it takes the whole batch
 (``prompts``, ``responses``, ``answers``, equal lengths) and returns one float
-per row. A function that also takes keyword arguments gets a dataset row's other
-fields by name, one list per field (:func:`column_params`: every field for
-``**kwargs``, the named ones otherwise; ``None`` where a row lacks the field), as TRL passes a
-dataset's extra columns. Loading rejects what cannot work before any training starts (missing
+per row. A function that also takes keyword arguments gets the rows' dataset
+fields by name, one list per field (every field but the prompt for ``**kwargs``, the
+named ones otherwise; ``None`` where a row lacks the field). A function written for TRL's
+``GRPOTrainer`` (a parameter named ``completions``) is called as TRL calls it, every argument by keyword:
+``prompts`` and ``completions`` (chat messages where the dataset's prompt was chat) and the fields
+(:class:`CallShape`). Loading rejects what cannot work before any training starts (missing
 module or attribute, a non-callable, a signature that cannot take the three
 lists); each call's result is checked (length, numeric, finite) and a breach
 raises :class:`RewardError` naming the function. :func:`call_within` gives a call a time limit
@@ -18,15 +20,16 @@ import inspect
 import math
 import numbers
 import threading
-from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, NamedTuple, Protocol, Sequence, runtime_checkable
 
 from relayrl.engines.reward.config import RewardError
 from relayrl.plugins import resolve
 
-__all__ = ["RewardFn", "load_reward_fn", "column_params", "column_kwargs", "check_rewards", "call_within", "Overtime"]
+__all__ = ["RewardFn", "load_reward_fn", "CallShape", "call_shape", "check_rewards", "call_within", "Overtime"]
 
-POSITIONAL = ("prompts", "responses", "answers")
-"""What a user function takes positionally: a dataset field of one of these names is not passed by keyword."""
+NOT_FIELDS = frozenset({"prompt", "prompts", "responses", "answers", "completions", "completion", "completion_ids"})
+"""Names that are never passed as a dataset field: the prompt comes as ``prompts``, and the others name the
+call's own lists (TRL leaves out ``prompt``, ``completion`` and ``completion_ids`` likewise)."""
 
 
 @runtime_checkable
@@ -35,7 +38,7 @@ class RewardFn(Protocol):
 
     def __call__(self, prompts: list[str], responses: list[str], answers: list[str | None]) -> list[float]:
         """One finite float per row: ``len(result) == len(responses)``. Keyword parameters after these (or
-        ``**kwargs``) receive the rows' other dataset fields (:func:`column_params`)."""
+        ``**kwargs``) receive the rows' dataset fields (:class:`CallShape`)."""
         ...
 
 
@@ -47,7 +50,7 @@ def load_reward_fn(path: str) -> RewardFn:
     (:mod:`relayrl.plugins`). Raises
     :class:`RewardError` with the reason when the module or attribute is missing,
     the object is not callable (or is a class), or its signature cannot bind
-    three positional arguments.
+    three positional arguments (TRL's shape, :class:`CallShape`: ``prompts`` and ``completions`` by keyword).
     """
     fn = resolve(path, f"reward function {path!r}", RewardError, shape="package.module:function")
     if inspect.isclass(fn):
@@ -60,39 +63,63 @@ def load_reward_fn(path: str) -> RewardFn:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return fn  # builtins without a signature: the per-call check still applies
+    shape = call_shape(fn)
     try:
-        sig.bind([], [], [])
+        if shape.trl:
+            sig.bind(prompts=[], completions=[], **{k: [] for k in shape.required})
+        else:
+            sig.bind([], [], [])
     except TypeError as e:
-        raise RewardError(
-            f"reward function {path!r} has signature {sig}, which cannot be called as "
-            f"fn(prompts, responses, answers): {e}"
-        ) from None
+        called = ("fn(prompts=..., completions=..., **fields) as TRL calls it (it has a parameter named "
+                  "completions)" if shape.trl else "fn(prompts, responses, answers)")
+        raise RewardError(f"reward function {path!r} has signature {sig}, which cannot be called as {called}: "
+                          f"{e}") from None
     return fn
 
 
-def column_params(fn: Callable) -> frozenset[str] | None:
-    """The dataset fields ``fn`` takes by keyword: ``None`` for every field (it has ``**kwargs``), else its
-    parameters after the first three that can be passed by keyword (empty: it takes none)."""
+class CallShape(NamedTuple):
+    """How a user function is called (:func:`call_shape`)."""
+
+    trl: bool
+    """TRL's shape (a parameter named ``completions``): every argument by keyword, ``prompts`` as the dataset
+    had them (chat messages or text) and ``completions`` likewise (``[{"role": "assistant", "content": ...}]``
+    for a chat prompt); else relayrl's: ``(prompts, responses, answers)`` by position, texts."""
+    takes: frozenset[str] | None
+    """The dataset fields it takes by keyword; ``None``: every field (it has ``**kwargs``)."""
+    required: frozenset[str]
+    """Of those, the ones without a default (TRL's shape only: relayrl's loads only with defaults)."""
+
+    def arguments(self, prompts: list[str], responses: list[str], answers: list,
+                  fields: Sequence[dict | None]) -> tuple[tuple, dict[str, list]]:
+        """``(args, kwargs)`` of one call on the rows; ``fields``: each row's dataset fields (``None``: the row
+        has none, as a built-in task's), its prompt under ``"prompt"``."""
+        rows = [f or {} for f in fields]
+        names = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in NOT_FIELDS]
+        if self.takes is not None:
+            names = [k for k in names if k in self.takes]
+        kwargs = {k: [r.get(k) for r in rows] for k in names}
+        if not self.trl:
+            return (prompts, responses, answers), kwargs
+        asked = [r.get("prompt", p) for r, p in zip(rows, prompts)]
+        done = [[{"role": "assistant", "content": t}] if isinstance(a, list) else t for a, t in zip(asked, responses)]
+        return (), {"prompts": asked, "completions": done, **kwargs}
+
+
+def call_shape(fn: Callable) -> CallShape:
+    """How ``fn`` is called, read from its signature (a builtin without one: relayrl's three lists only)."""
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
-        return frozenset()  # builtins without a signature: the three lists only
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return None
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:3]
-    return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-                     and p not in positional)
-
-
-def column_kwargs(takes: frozenset[str] | None, columns: Sequence[dict | None]) -> dict[str, list]:
-    """The keyword arguments of one call: each field of the rows' ``columns`` (a row's other dataset fields,
-    ``None`` for a row with none) that the function takes (:func:`column_params`), as one list over the rows
-    (``None`` where a row lacks it). Fields named like the three positional lists are left out."""
-    rows = [c or {} for c in columns]
-    names = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in POSITIONAL]
-    if takes is not None:
-        names = [k for k in names if k in takes]
-    return {k: [r.get(k) for r in rows] for k in names}
+        return CallShape(False, frozenset(), frozenset())
+    trl = any(p.name == "completions" for p in params)
+    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if not trl:  # the first three are the lists, by position
+        skip = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:3]
+        named = [p for p in named if p not in skip]
+    named = [p for p in named if p.name not in NOT_FIELDS]
+    takes = None if any(p.kind is p.VAR_KEYWORD for p in params) else frozenset(p.name for p in named)
+    required = frozenset(p.name for p in named if trl and p.default is p.empty)
+    return CallShape(trl, takes, required)
 
 
 def check_rewards(result: Any, n: int, fn_name: str, what: str = "reward function") -> list[float]:
