@@ -69,7 +69,7 @@ def test_a_function_gets_the_fields_it_names_and_one_with_kwargs_gets_all(tmp_pa
             return [0.0] * len(responses)
     """, name="colfns_every")
     every.score(["p", "q"], ["r", "s"], ["a", "b"], columns=[{"weight": 1, "other": "x"}, None])
-    seen = every._user_fn.__globals__["SEEN"]
+    seen = every._user[0].fn.__globals__["SEEN"]
     assert seen == [{"weight": [1, None], "other": ["x", None]}]
     every.score(["p"], ["r"], ["a"])  # no columns given: the three lists only
     assert seen[-1] == {}
@@ -173,3 +173,54 @@ def test_a_field_a_trl_function_needs_is_checked_before_the_run(tmp_path):
         e.check_fields([None])
     with pytest.raises(RewardError, match="needs the dataset field"):  # in a call too, whatever on_error says
         e.score(["p"], ["r"], ["a"], columns=[{"prompt": "p"}])
+
+
+SEVERAL = """
+    def fmt(prompts, responses, answers):
+        return [float(r.endswith("!")) for r in responses]
+
+    def accuracy(completions, answer, **kwargs):
+        return [float(c.rstrip("!") == a) for c, a in zip(completions, answer)]
+
+    def flaky(prompts, responses, answers):
+        if "bad" in prompts:
+            raise ValueError("no")
+        return [1.0] * len(responses)
+"""
+
+
+def test_several_functions_score_their_weighted_sum_each_logged(tmp_path):
+    (tmp_path / "several.py").write_text(textwrap.dedent(SEVERAL))
+    fns = [f"{tmp_path}/several.py:fmt", f"{tmp_path}/several.py:accuracy"]
+    e = RewardEngine(RewardConfig(verifier="user", user_fn=fns, user_weights=[0.5, 2.0]))
+    fields = [{"prompt": "p", "answer": "4"}] * 3
+    rewards, m = e.score(["p"] * 3, ["4!", "4", "5!"], ["4"] * 3, columns=fields)
+    assert rewards == [2.5, 2.0, 0.5]
+    assert m["reward/fn/fmt_mean"] == 2 / 3 and m["reward/fn/accuracy_mean"] == 2 / 3
+    assert m["reward/verifier_mean"] == 5 / 3 and m["reward/verifier_accuracy"] == 2 / 3
+    assert e.verify(["p"] * 3, ["4!", "4", "5!"], ["4"] * 3, fields) == [2.5, 2.0, 0.5]
+    one = RewardEngine(RewardConfig(verifier="user", user_fn=fns[:1]))  # a list of one: no per-function keys
+    assert not any(k.startswith("reward/fn/") for k in one.score(["p"], ["x!"], ["4"])[1])
+
+
+def test_one_function_failing_on_a_prompt_drops_its_group_whatever_the_others_say(tmp_path):
+    (tmp_path / "several2.py").write_text(textwrap.dedent(SEVERAL))
+    fns = [f"{tmp_path}/several2.py:fmt", f"{tmp_path}/several2.py:flaky"]
+    e = RewardEngine(RewardConfig(verifier="user", user_fn=fns, on_error="drop_group"))
+    rewards, m = e.score(["ok", "ok", "bad", "bad"], ["a!", "b", "c!", "d"], ["x"] * 4)
+    assert rewards[:2] == [2.0, 1.0] and all(r != r for r in rewards[2:]) and m["reward/errors"] == 2.0
+    assert m["reward/fn/flaky_mean"] == 1.0 and m["reward/fn/fmt_mean"] == 0.5
+
+
+def test_a_list_of_functions_is_checked_when_the_config_loads(tmp_path):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="2 weight\\(s\\) for 1 function"):
+        RewardConfig(verifier="user", user_fn=["a.b:f"], user_weights=[1, 2])
+    with pytest.raises(ValidationError, match="names a function twice"):
+        RewardConfig(verifier="user", user_fn=["a.b:f", "a.b:f"])
+    with pytest.raises(ValidationError, match="names no function"):
+        RewardConfig(verifier="user", user_fn=[])
+    with pytest.raises(ValidationError, match="finite"):
+        RewardConfig(verifier="user", user_fn=["a.b:f"], user_weights=[float("nan")])
+    assert RewardConfig(verifier="user", user_fn="a.b:f").user_fns == ["a.b:f"]

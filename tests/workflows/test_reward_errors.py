@@ -126,23 +126,30 @@ def test_a_reward_function_that_hangs_on_one_prompt_is_an_error_under_the_same_p
     assert sum(r["reward/errors"] for r in steps) > 0
 
 
-def test_a_reward_function_written_for_trl_trains_on_a_chat_dataset(capsys, tmp_path):
-    """TRL's shape (``completions`` and a dataset column by keyword) on chat prompts: the function gets the
-    messages and chat completions, and a column it needs that the data lacks stops the run before it starts."""
+def test_reward_functions_written_for_trl_train_on_a_chat_dataset(capsys, tmp_path):
+    """TRL's shape (``completions`` and a dataset column by keyword) on chat prompts, beside a function of
+    relayrl's shape, weighted: the function gets the messages and chat completions, each function's mean is
+    logged, and a column one needs that the data lacks stops the run before it starts."""
     (tmp_path / "trl_rewards.py").write_text(
         "def accuracy_reward(completions, solution, **kwargs):\n"
         "    assert all(isinstance(p, list) and p[-1]['role'] == 'user' for p in kwargs['prompts']), kwargs\n"
         "    texts = [c[0]['content'] for c in completions]\n"
-        "    return [float(t.strip() == str(s)) + 0.1 * (len(t) % 3) for t, s in zip(texts, solution)]\n")
+        "    return [float(t.strip() == str(s)) for t, s in zip(texts, solution)]\n\n"
+        "def length(prompts, responses, answers):\n"
+        "    return [0.1 * (len(r) % 3) for r in responses]\n")
     data = tmp_path / "chat.jsonl"
     data.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"{i}+{i}="}], "solution": 2 * i})
                             + "\n" for i in range(40)))
     base = [*RUN, "data.task=null", f"data.path={data}", "data.answer_key=solution", "eval.size=4",
-            f"reward.user_fn={tmp_path}/trl_rewards.py:accuracy_reward"]
+            f"reward.user_fn=[{tmp_path}/trl_rewards.py:accuracy_reward,{tmp_path}/trl_rewards.py:length]",
+            "reward.user_weights=[1,0.5]"]
     run = tmp_path / "r"
     assert cli.main(["train", *base, f"run.dir={run}"]) == 0, capsys.readouterr().err
     steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
     assert [s["step"] for s in steps if "reward/mean" in s] == [1, 2] and "eval/accuracy" in steps[0]
+    for s in steps[1:]:
+        assert s["reward/verifier_mean"] == pytest.approx(s["reward/fn/accuracy_reward_mean"]
+                                                          + 0.5 * s["reward/fn/length_mean"])
     other = tmp_path / "other.jsonl"
     other.write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "answer": 2 * i}) + "\n" for i in range(40)))
     code = cli.main(["train", *base, f"data.path={other}", "data.answer_key=answer", f"run.dir={tmp_path / 'r2'}"])

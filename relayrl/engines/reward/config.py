@@ -15,6 +15,7 @@ and clipped (``clip``). The verifier is computed and logged even at
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Literal
 
@@ -44,11 +45,14 @@ class RewardConfig(BaseModel):
         description="task: the built-in task's verify; math: math-verify equivalence of the boxed answer (or the "
         "last number); exact: string match after strip; user: the function named by user_fn",
     )
-    user_fn: str | None = Field(None, description='"package.module:function", "package.module.function" or '
-                                '"path/to/file.py:function" (made absolute when the config loads) of '
-                                'fn(prompts, responses, answers, **fields) -> list[float] (the rows\' dataset '
-                                'fields by keyword), or of a reward function written for TRL\'s GRPOTrainer '
-                                '(fn(completions, **columns))')
+    user_fn: str | list[str] | None = Field(
+        None, description='"package.module:function", "package.module.function" or "path/to/file.py:function" '
+        '(made absolute when the config loads) of fn(prompts, responses, answers, **fields) -> list[float] (the '
+        'rows\' dataset fields by keyword), or of a reward function written for TRL\'s GRPOTrainer '
+        '(fn(completions, **columns)); a list: the verifier is their weighted sum (user_weights), each logged as '
+        'reward/fn/NAME_mean')
+    user_weights: list[float] | None = Field(
+        None, description="weight of each function of a user_fn list (TRL's reward_weights); null: 1 each")
     on_error: Literal["fail", "drop_group"] = Field(
         "fail", description="a reward function (user_fn), reward model (model) or LLM judge (judge.path) that "
         "raises, returns garbage (NaN, wrong length, non-numbers) or runs past timeout_s for a batch: its prompt "
@@ -95,8 +99,19 @@ class RewardConfig(BaseModel):
 
     @field_validator("user_fn")
     @classmethod
-    def _user_file(cls, v: str | None) -> str | None:
+    def _user_file(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("reward.user_fn=[] names no function; give one or more, or set reward.user_fn=null")
+            if len(set(v)) < len(v):
+                raise ValueError(f"reward.user_fn names a function twice ({v}); weigh it with reward.user_weights")
+            return [absolute_file(x, f"reward.user_fn[{i}]") for i, x in enumerate(v)]
         return None if v is None else absolute_file(v, "reward.user_fn")
+
+    @property
+    def user_fns(self) -> list[str]:
+        """The user functions, a list whatever ``user_fn``'s form."""
+        return [] if self.user_fn is None else [self.user_fn] if isinstance(self.user_fn, str) else list(self.user_fn)
 
     @model_validator(mode="after")
     def _check(self) -> "RewardConfig":
@@ -109,6 +124,13 @@ class RewardConfig(BaseModel):
         if self.timeout_s is not None and self.verifier != "user":
             raise ValueError(f"reward.timeout_s limits a reward function (reward.verifier=user); verifier "
                              f"{self.verifier!r} has its own limits (reward.math_timeout_s): drop reward.timeout_s")
+        if self.user_weights is not None:
+            if len(self.user_weights) != len(self.user_fns):
+                raise ValueError(f"reward.user_weights has {len(self.user_weights)} weight(s) for "
+                                 f"{len(self.user_fns)} function(s) in reward.user_fn; give one per function")
+            bad = [w for w in self.user_weights if not math.isfinite(w)]
+            if bad:
+                raise ValueError(f"reward.user_weights holds {bad[0]}; weights are finite numbers")
         if self.user_fn and self.verifier != "user":
             raise ValueError(
                 f"reward.user_fn is set but reward.verifier={self.verifier!r}; set reward.verifier='user' "

@@ -56,7 +56,7 @@ import torch
 from relayrl.algorithms.reward_model import RunningMoments, normalize_rewards
 from relayrl.engines.reward.config import RewardConfig, RewardError
 from relayrl.engines.reward.judge import JudgeError, LLMJudge
-from relayrl.engines.reward.user import CallShape, Overtime, call_shape, call_within, check_rewards, load_reward_fn
+from relayrl.engines.reward.user import Overtime, UserFn, call_within, check_rewards, load_user_fns
 from relayrl.engines.reward.verifiers import exact_reward, format_reward, math_reward
 
 __all__ = ["RewardEngine", "MAX_ABANDONED"]
@@ -94,9 +94,8 @@ class RewardEngine:
         self._moments = RunningMoments() if cfg.normalize == "running" else None
         self._lock = threading.Lock()  # concurrent score calls (the dataflow's driver threads): one load, one update
         self._row_fn: Callable[[str, str], float] | None = None
-        self._user_fn = None
-        self._shape: CallShape | None = None  # how the user function is called
-        self._unmet: set[str] = set()  # fields with a default that it names and a batch lacked (warned once each)
+        self._user: list[UserFn] = []  # the user functions (reward.verifier=user): their weighted sum
+        self._unmet: set[tuple[str, str]] = set()  # (function, field): a field with a default a batch lacked
         if cfg.verifier == "task":
             if task is None or not callable(getattr(task, "verify", None)):
                 raise RewardError(
@@ -112,9 +111,8 @@ class RewardEngine:
             self._row_fn = exact_reward
             self.verifier_name = "exact"
         else:
-            self._user_fn = load_reward_fn(cfg.user_fn)
-            self._shape = call_shape(self._user_fn)
-            self.verifier_name = f"user:{cfg.user_fn}"
+            self._user = load_user_fns(cfg.user_fns, cfg.user_weights)
+            self.verifier_name = "user:" + "+".join(cfg.user_fns)
         self._format = re.compile(cfg.format_regex) if cfg.format_regex is not None else None
         self._format_on = cfg.resolved_format_on()
         self._pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="reward") if cfg.workers > 1 else None
@@ -147,9 +145,8 @@ class RewardEngine:
         """The verifier plus the format term (unweighted verifier; no learned reward, no normalisation): what
         held-out accuracy is measured with. ``columns``: as for :meth:`score`."""
         n = self._check_inputs(prompts, responses, answers, None, columns)
-        if self._user_fn is not None:
-            verifier = self._guarded(self._user_once, "the function", list(prompts), list(responses), list(answers),
-                                     self._rows(columns, n))
+        if self._user:
+            verifier, _ = self._user_scores(list(prompts), list(responses), list(answers), self._rows(columns, n))
             if any(v != v for v in verifier):  # reward.on_error=drop_group: no group to drop in an evaluation
                 log.warning("evaluation: the reward function failed on %d of %d rows, scored 0 (reward.on_error="
                             "drop_group)", sum(v != v for v in verifier), len(verifier))
@@ -194,13 +191,13 @@ class RewardEngine:
         t0 = time.perf_counter()
         n = self._check_inputs(prompts, responses, answers, finish_reasons, columns)
         prompts, responses, answers, columns = list(prompts), list(responses), list(answers), self._rows(columns, n)
-        if self._user_fn is not None:
-            verifier = self._guarded(self._user_once, "the function", prompts, responses, answers, columns)
+        learned: dict[str, float] = {}
+        if self._user:
+            verifier, learned = self._user_scores(prompts, responses, answers, columns)
             errors: list[tuple[int, str]] = []
         else:
             verifier, errors = self._score_rows(responses, answers)
         c = self.cfg
-        learned: dict[str, float] = {}
         rm = judged = None
         if self.reward_model is not None:  # (rows a source failed on are not scored by the next one)
             rm = self._on_rows(self._rm_once, "the reward model", verifier, prompts, responses, answers, columns)
@@ -301,7 +298,7 @@ class RewardEngine:
         for i, r in enumerate(responses):
             if not isinstance(r, str):
                 raise RewardError(f"responses[{i}] is {type(r).__name__}, expected str (decoded text)")
-        if self._user_fn is None:
+        if not self._user:
             for i, a in enumerate(answers):
                 if not isinstance(a, str):
                     raise RewardError(
@@ -373,14 +370,27 @@ class RewardEngine:
                 out[i] = v
         return out
 
-    def _user_once(self, prompts: list[str], responses: list[str], answers: list[str | None],
+    def _user_scores(self, prompts: list[str], responses: list[str], answers: list,
+                     columns: list) -> tuple[list[float], dict[str, float]]:
+        """The user functions' weighted sum per row (NaN where one failed: ``drop_group``) and, for more than
+        one, each one's ``reward/fn/NAME_mean`` and ``_std`` over the rows it scored."""
+        total, metrics = [0.0] * len(responses), {}
+        for u in self._user:
+            got = self._guarded(partial(self._user_once, u), "the function", prompts, responses, answers, columns)
+            total = [t + u.weight * x for t, x in zip(total, got)]  # (NaN stays NaN)
+            if len(self._user) > 1:
+                ok = [x for x in got if x == x]
+                metrics.update({f"reward/fn/{u.name}_mean": _mean(ok), f"reward/fn/{u.name}_std": _std(ok)})
+        return total, metrics
+
+    def _user_once(self, u: UserFn, prompts: list[str], responses: list[str], answers: list[str | None],
                    columns: list) -> list[float]:
-        name = self.cfg.user_fn  # as configured (a file path is absolute since the config loaded)
+        name = u.path  # as configured (a file path is absolute since the config loaded)
         limit = None if self.cfg.timeout_s is None else self.cfg.timeout_s * len(set(prompts))
-        args, kwargs = self._shape.arguments(prompts, responses, answers, columns)
-        self.check_fields(columns, kwargs)
+        args, kwargs = u.shape.arguments(prompts, responses, answers, columns)
+        self._check_fields(u, columns, kwargs)
         try:
-            result = self._within(limit, partial(self._user_fn, **kwargs) if kwargs else self._user_fn, *args)
+            result = self._within(limit, partial(u.fn, **kwargs) if kwargs else u.fn, *args, name=name)
         except _StopRun:
             raise
         except Overtime:
@@ -390,7 +400,7 @@ class RewardEngine:
             raise RewardError(f"reward function {name} raised {type(e).__name__}: {e}") from e
         return check_rewards(result, len(responses), name)
 
-    def _within(self, limit: float | None, fn: Callable, *args):
+    def _within(self, limit: float | None, fn: Callable, *args, name: str):
         """``fn(*args)`` within ``limit`` seconds (:func:`call_within`; ``None``: on this thread, no limit);
         refuses once ``MAX_ABANDONED`` abandoned calls are alive (module docstring)."""
         if limit is None:
@@ -398,7 +408,7 @@ class RewardEngine:
         with self._lock:
             self._abandoned = [t for t in self._abandoned if t.is_alive()]
             if len(self._abandoned) >= MAX_ABANDONED:
-                raise _TooManyHung(f"{len(self._abandoned)} calls of reward function {self.cfg.user_fn} "
+                raise _TooManyHung(f"{len(self._abandoned)} calls of reward function {name} "
                                    f"are still running past reward.timeout_s={self.cfg.timeout_s:g}: it hangs (each "
                                    f"hung call holds a thread); fix the function or raise reward.timeout_s")
         try:
@@ -408,25 +418,25 @@ class RewardEngine:
                 self._abandoned.append(e.thread)
             raise
 
-    def check_fields(self, columns: Columns, kwargs: dict | None = None) -> None:
-        """Raise :class:`RewardError` when the user function needs a field (a parameter without a default: TRL's
+    def check_fields(self, columns: Columns) -> None:
+        """Raise :class:`RewardError` when a user function needs a field (a parameter without a default: TRL's
         shape) that the rows ``columns`` lack; warn once for a named field with a default that they lack. A run
         calls it on its first rows before it starts; each call checks its own."""
-        if self._shape is None:
-            return
-        if kwargs is None:
-            kwargs = self._shape.arguments([""] * len(columns), [""] * len(columns), [None] * len(columns), columns)[1]
+        n = len(columns)
+        for u in self._user:
+            self._check_fields(u, columns, u.shape.arguments([""] * n, [""] * n, [None] * n, columns)[1])
+
+    def _check_fields(self, u: UserFn, columns: Columns, kwargs: dict) -> None:
         present = ", ".join(dict.fromkeys(k for c in columns if c for k in c)) or "none: a built-in task's rows"
-        missing = sorted(self._shape.required - set(kwargs))
+        missing = sorted(u.shape.required - set(kwargs))
         if missing:
-            raise _StopRun(f"reward function {self.cfg.user_fn} needs the dataset field(s) {', '.join(missing)}, "
-                              f"which the rows lack (fields: {present}); give it a default, or use a dataset with "
-                              f"them")
-        unmet = sorted((self._shape.takes or frozenset()) - set(kwargs) - self._unmet)
+            raise _StopRun(f"reward function {u.path} needs the dataset field(s) {', '.join(missing)}, which the "
+                           f"rows lack (fields: {present}); give it a default, or use a dataset with them")
+        unmet = sorted(k for k in (u.shape.takes or frozenset()) - set(kwargs) if (u.path, k) not in self._unmet)
         if unmet:
-            self._unmet.update(unmet)
+            self._unmet.update((u.path, k) for k in unmet)
             log.warning("reward function %s takes %s, but the rows scored have no such field: it gets its default "
-                        "(fields: %s)", self.cfg.user_fn, ", ".join(unmet), present)
+                        "(fields: %s)", u.path, ", ".join(unmet), present)
 
     def _rm_once(self, prompts: list[str], responses: list[str], answers: list, columns: list) -> list[float]:
         name = f"reward model {self.cfg.model}"

@@ -25,7 +25,8 @@ from typing import Any, Callable, NamedTuple, Protocol, Sequence, runtime_checka
 from relayrl.engines.reward.config import RewardError
 from relayrl.plugins import resolve
 
-__all__ = ["RewardFn", "load_reward_fn", "CallShape", "call_shape", "check_rewards", "call_within", "Overtime"]
+__all__ = ["RewardFn", "load_reward_fn", "UserFn", "load_user_fns", "CallShape", "call_shape", "check_rewards",
+           "call_within", "Overtime"]
 
 NOT_FIELDS = frozenset({"prompt", "prompts", "responses", "answers", "completions", "completion", "completion_ids"})
 """Names that are never passed as a dataset field: the prompt comes as ``prompts``, and the others name the
@@ -75,6 +76,28 @@ def load_reward_fn(path: str) -> RewardFn:
         raise RewardError(f"reward function {path!r} has signature {sig}, which cannot be called as {called}: "
                           f"{e}") from None
     return fn
+
+
+class UserFn(NamedTuple):
+    """One user reward function of a run (``reward.user_fn``, or one of its list)."""
+
+    path: str
+    """As configured (a file path made absolute): what errors name."""
+    fn: RewardFn
+    shape: "CallShape"
+    weight: float
+    """Its weight in the verifier's score (``reward.user_weights``)."""
+    name: str
+    """Its name in ``reward/fn/NAME_mean``: the function's own, numbered when two share one."""
+
+
+def load_user_fns(paths: Sequence[str], weights: Sequence[float] | None = None) -> list[UserFn]:
+    """Load each function (:func:`load_reward_fn`) with its weight (1 each without ``weights``)."""
+    fns = [load_reward_fn(p) for p in paths]
+    names = [getattr(f, "__name__", None) or p.rsplit(":", 1)[-1].rsplit(".", 1)[-1] for f, p in zip(fns, paths)]
+    names = [n if names.count(n) == 1 else f"{n}_{i}" for i, n in enumerate(names)]
+    weights = [1.0] * len(fns) if weights is None else [float(w) for w in weights]
+    return [UserFn(p, f, call_shape(f), w, n) for p, f, w, n in zip(paths, fns, weights, names)]
 
 
 class CallShape(NamedTuple):
