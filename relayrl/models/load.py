@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import json
 import pickle
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import torch
 
 from relayrl.errors import UserError
 
 __all__ = ["load_model", "load_tokenizer", "load_pretrained", "read_json", "resolve_dtype", "absent_weights",
-           "few_names", "ModelLoadError"]
+           "few_names", "progress_bars", "ModelLoadError"]
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -251,6 +252,27 @@ def load_model(path: str | Path, *, dtype: str = "float32", device: str | torch.
     return model.to(device)
 
 
+BAR_BYTES = 1 << 30
+"""Weights below this load and save without transformers' progress bars (:func:`progress_bars`)."""
+
+
+@contextmanager
+def progress_bars(nbytes: int) -> Iterator[None]:
+    """transformers' progress bars ("Loading weights", "Writing model shards") only for weights of ``nbytes``
+    >= :data:`BAR_BYTES`, where a load or save takes long enough to want one; below, they are off for the
+    duration (a bar that flashes by at every export and in every worker's log is noise)."""
+    from transformers.utils import logging as hf_logging
+
+    if nbytes >= BAR_BYTES or not hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
+
+
 def load_pretrained(auto_class, path: Path, *, dtype: str = "float32", **kwargs):
     """``auto_class.from_pretrained(path)`` from local files, in ``dtype``; a missing, damaged or mismatched
     directory is a :class:`ModelLoadError` naming the file and what is wrong (see the module docstring)."""
@@ -262,8 +284,9 @@ def load_pretrained(auto_class, path: Path, *, dtype: str = "float32", **kwargs)
     _check_shapes(auto_class, model_config(path), path)
     try:
         # Mismatched shapes are loaded (and re-initialised) so that they come back listed, then refused below.
-        model, info = auto_class.from_pretrained(path, dtype=resolve_dtype(dtype), local_files_only=True,
-                                                 ignore_mismatched_sizes=True, output_loading_info=True, **kwargs)
+        with progress_bars(sum(f.stat().st_size for f in [*path.glob("*.safetensors"), *path.glob("*.bin")])):
+            model, info = auto_class.from_pretrained(path, dtype=resolve_dtype(dtype), local_files_only=True,
+                                                     ignore_mismatched_sizes=True, output_loading_info=True, **kwargs)
     except (OSError, ValueError) as e:
         _name_bad_json(path)
         raise ModelLoadError(f"could not load model from {path}: {e}") from e

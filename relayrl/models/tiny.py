@@ -147,6 +147,8 @@ def build_tiny(cfg: TinyModelConfig | None = None, cache_dir: Path | None = None
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from relayrl.models.load import progress_bars
+
     cfg = cfg or TinyModelConfig()
     key = hashlib.sha256(json.dumps(cfg.model_dump(), sort_keys=True).encode()).hexdigest()[:12]
     out = (cache_dir or default_cache_dir()) / f"tiny-qwen2-{key}"
@@ -171,7 +173,8 @@ def build_tiny(cfg: TinyModelConfig | None = None, cache_dir: Path | None = None
     if big:
         model = model.to(torch.bfloat16)
     tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
-    model.save_pretrained(tmp)
+    with progress_bars(sum(p.numel() * p.element_size() for p in model.parameters())):
+        model.save_pretrained(tmp)
     del model
     tokenizer.save_pretrained(tmp)
     tmp.parent.mkdir(parents=True, exist_ok=True)

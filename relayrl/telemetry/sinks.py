@@ -1,4 +1,5 @@
-"""Metric sinks: console (tqdm bar + periodic table), metrics.jsonl, TensorBoard, W&B.
+"""Metric sinks: console (a tqdm bar on a terminal, plain lines in a log file; a periodic table),
+metrics.jsonl, TensorBoard, W&B.
 
 Each sink receives `(step, metrics)` once per `Tracker.log` call. On resume
 (start_step > 0) the file sinks drop what the crashed run wrote after the
@@ -15,6 +16,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -154,7 +157,13 @@ def format_table(step: int, total_steps: int, metrics: Mapping[str, Number], wid
 
 
 class ConsoleSink:
-    """A tqdm progress bar showing key metrics, plus a table every `table_every` steps."""
+    """Key metrics as a tqdm progress bar on a terminal, or as plain lines where the stream is not one (a log
+    file, a pipe, a batch job: a bar's carriage returns would pile up there); plus a table every
+    `table_every` steps.
+
+    A plain line (``step 3/100  reward/mean=0.5  ...  (1.2 s/step)``) comes at the first step, the last, and
+    otherwise at most every ``line_every_s`` seconds (a step with a table prints none). ``live``: force the
+    bar (True) or the lines (False); None: by the stream."""
 
     def __init__(
         self,
@@ -164,38 +173,51 @@ class ConsoleSink:
         table_every: int,
         start_step: int = 0,
         stream: IO[str] | None = None,
+        live: bool | None = None,
+        line_every_s: float = 10.0,
     ) -> None:
         self.total_steps = total_steps
         self.key_metrics = tuple(key_metrics)
         self.table_every = table_every
         self.stream = stream
+        self.line_every_s = line_every_s
         self._latest: dict[str, Number] = {}
-        self._step = start_step
-        self._bar = tqdm(
-            total=total_steps,
-            initial=start_step,
-            file=stream,
-            dynamic_ncols=True,
-            unit="step",
-            desc="train",
-            leave=True,
-        )
+        self._step = self._start = start_step
+        if live is None:
+            isatty = getattr(stream if stream is not None else sys.stderr, "isatty", None)
+            live = bool(isatty and isatty())
+        self._bar = tqdm(total=total_steps, initial=start_step, file=stream, dynamic_ncols=True, unit="step",
+                         desc="train", leave=True) if live else None
+        self._t0 = time.monotonic()
+        self._line_at: float | None = None  # when the last plain line was written
 
     def log(self, step: int, metrics: Mapping[str, Number]) -> None:
         self._latest.update(metrics)
         postfix = {k: _fmt(self._latest[k]) for k in self.key_metrics if k in self._latest}
-        if step > self._step:
-            self._bar.update(step - self._step)
-            self._step = step
-        self._bar.set_postfix(postfix, refresh=True)
-        if self.table_every and (step % self.table_every == 0 or step == self.total_steps):
+        table = bool(self.table_every) and (step % self.table_every == 0 or step == self.total_steps)
+        if self._bar is not None:
+            self._bar.update(max(0, step - self._step))
+            self._bar.set_postfix(postfix, refresh=True)
+        elif step > self._step:
+            now = time.monotonic()
+            due = (self._line_at is None or step == self.total_steps
+                   or now - self._line_at >= self.line_every_s)
+            if due and not table:
+                per = (now - self._t0) / (step - self._start)
+                cells = "  ".join(f"{k}={v}" for k, v in postfix.items())
+                self.write(f"step {step}/{self.total_steps}  {cells}  ({per:.3g} s/step)")
+            if due or table:
+                self._line_at = now
+        self._step = max(self._step, step)
+        if table:
             self.write(format_table(step, self.total_steps, metrics))
 
     def write(self, msg: str) -> None:
         tqdm.write(msg, file=self.stream)
 
     def close(self) -> None:
-        self._bar.close()
+        if self._bar is not None:
+            self._bar.close()
 
 
 # ----------------------------------------------------------------------------- tensorboard

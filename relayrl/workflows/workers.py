@@ -38,7 +38,7 @@ from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngi
 from relayrl.environments.base import Episode
 from relayrl.environments.config import EpisodeSpec
 from relayrl.models import lora as lora_lib
-from relayrl.models.load import few_names, load_model, load_tokenizer, load_value_model, resolve_dtype
+from relayrl.models.load import few_names, load_model, load_tokenizer, load_value_model, progress_bars, resolve_dtype
 from relayrl.telemetry import memory
 from relayrl.weights import WeightReceiverMixin, gather_full_state
 from relayrl.weights.shm import pack_into_shared
@@ -336,7 +336,8 @@ class PolicyWorker(_TrainerWorker):
         if getattr(self, "rank", 0) != 0:
             return
         Path(path).mkdir(parents=True, exist_ok=True)
-        self.engine.model.save_pretrained(path, state_dict=full)
+        with progress_bars(sum(t.numel() * t.element_size() for t in full.values())):
+            self.engine.model.save_pretrained(path, state_dict=full)
         self.tokenizer.save_pretrained(path)
         if self.peft_model is not None:
             self.peft_model.save_pretrained(str(Path(path) / "adapter"))

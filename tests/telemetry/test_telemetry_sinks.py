@@ -132,6 +132,29 @@ def test_console_bar_shows_key_metrics_and_prints_table(tmp_path):
     assert not (tmp_path / "metrics.jsonl").exists()  # console only
 
 
+def test_console_writes_plain_lines_where_the_stream_is_no_terminal_and_a_bar_where_it_is(monkeypatch):
+    """A log file gets whole lines: the first step, the last, and at most one every line_every_s between (a
+    bar's carriage returns would pile up in it); a terminal gets the bar."""
+    from relayrl.telemetry import sinks
+
+    clock = iter(range(0, 1000, 4))  # every step 4 s later
+    monkeypatch.setattr(sinks.time, "monotonic", lambda: float(next(clock)))
+    stream = io.StringIO()
+    sink = sinks.ConsoleSink(6, key_metrics=("reward/mean",), table_every=0, stream=stream, line_every_s=10)
+    for step in range(1, 7):
+        sink.log(step, {"reward/mean": step / 10})
+    sink.close()
+    lines = stream.getvalue().splitlines()
+    assert [l.split()[1] for l in lines] == ["1/6", "4/6", "6/6"]  # t=4 s, 16 s (12 after), 24 s (the last)
+    assert lines[0] == "step 1/6  reward/mean=0.1  (4 s/step)" and "\r" not in stream.getvalue()
+    tty = io.StringIO()
+    tty.isatty = lambda: True
+    sink = sinks.ConsoleSink(2, key_metrics=("reward/mean",), table_every=0, stream=tty)
+    sink.log(1, {"reward/mean": 0.5})
+    sink.close()
+    assert "\r" in tty.getvalue() and "1/2" in tty.getvalue() and "step 1/2  reward" not in tty.getvalue()
+
+
 # ----------------------------------------------------------------------------- tensorboard
 
 
