@@ -4,8 +4,8 @@ Sections reuse the config models that live next to their components
 (``TinyModelConfig``, ``OptimConfig``, ``RewardConfig``, ``TelemetryConfig``,
 ``ClusterConfig``, ``DockConfig``), so each value has exactly one definition.
 Those modules import no torch or transformers, and neither does validation
-(but for :func:`available_devices`, which a placement with extra pools off
-``model.device=cpu`` asks for the GPU count): a recipe is refused or accepted
+(but for :func:`available_devices`, which a placement with extra pools asks for the GPU count where
+``model.device`` is ``cuda``, or ``auto`` on a machine with a GPU driver): a recipe is refused or accepted
 in about a second, before the engines load (``tests/config/test_torchfree.py``).
 """
 
@@ -440,10 +440,19 @@ class Config(_Section):
         return self
 
 
+GPU_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+"""Device files of a GPU driver (NVIDIA's, ROCm's, WSL2's): on Linux without any, torch sees no GPU either."""
+
+
 def available_devices(cfg: "Config") -> tuple[str, int]:
     """(kind, count) of the devices this machine offers the run: GPUs on CUDA, cores on a CPU. Imports torch
-    unless ``model.device=cpu``."""
-    if cfg.model.device != "cpu":
+    for ``model.device=cuda``, and for ``auto`` unless the machine is Linux with no GPU driver's device files
+    (:data:`GPU_NODES`)."""
+    import os
+    import sys
+
+    no_driver = sys.platform == "linux" and not any(os.path.exists(p) for p in GPU_NODES)
+    if cfg.model.device == "cuda" or (cfg.model.device == "auto" and not no_driver):
         import torch
 
         if cfg.model.device == "cuda" or torch.cuda.is_available():

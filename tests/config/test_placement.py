@@ -115,3 +115,27 @@ def test_cpu_ranks_share_the_cores_even_where_a_gpu_exists(monkeypatch):
     assert placed_config(cpu.model_copy(update={"run": cpu.run.model_copy(update={"threads": 3})})).run.threads == 3
     gpu = validate({"model": {"device": "auto"}})  # one pool, GPUs: unchanged
     assert placed_config(gpu).run.threads == 0
+
+
+def test_the_device_count_asks_torch_only_where_a_gpu_driver_is(monkeypatch):
+    """Validation stays torch-free on a machine with no GPU driver (a recipe with extra pools on
+    model.device=auto imported torch, 5 s, to learn there was no GPU)."""
+    import os
+    import sys
+
+    import torch
+
+    from relayrl.config import schema
+
+    def asked():
+        raise AssertionError("torch was asked")
+
+    cfg = validate({"model": {"device": "auto"}})
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(os.path, "exists", lambda p: False if p in schema.GPU_NODES else True)
+    monkeypatch.setattr(torch.cuda, "is_available", asked)
+    assert schema.available_devices(cfg)[0] == "CPU core"
+    monkeypatch.setattr(os.path, "exists", lambda p: p == "/dev/nvidiactl")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    assert schema.available_devices(cfg) == ("GPU", 3)
