@@ -127,18 +127,21 @@ def _eval_out(out: Path) -> Path:
     return out
 
 
-def _eval_reward(verifier: str, user_fn: str | None):
-    """The reward config of ``relayrl eval --data``: a built-in verifier, or the user's function (its errors
+def _eval_reward(verifier: str, user_fn: list[str] | None, weights: list[float] | None = None):
+    """The reward config of ``relayrl eval --data``: a built-in verifier, or the user's functions (errors
     name --user-fn)."""
     from relayrl.config.loader import ConfigError
     from relayrl.engines.reward import RewardConfig
 
+    if user_fn is not None and len(user_fn) == 1:
+        user_fn = user_fn[0]
     try:
-        return RewardConfig(verifier=verifier, user_fn=user_fn)
+        return RewardConfig(verifier=verifier, user_fn=user_fn, user_weights=weights)
     except ValueError as e:  # (pydantic's ValidationError: a --user-fn file that is not there)
         errors = getattr(e, "errors", None)
         msg = "; ".join(str(x.get("ctx", {}).get("error", x["msg"])) for x in errors()) if errors else str(e)
-        raise ConfigError(f"relayrl eval: --user-fn {user_fn}: {msg}") from None
+        fns = " ".join(user_fn) if isinstance(user_fn, list) else user_fn
+        raise ConfigError(f"relayrl eval: --user-fn {fns}: {msg}") from None
 
 
 def cmd_eval(args) -> int:
@@ -173,7 +176,10 @@ def cmd_eval(args) -> int:
         raise ConfigError(f"relayrl eval: --device {args.device} but torch sees no GPU here; give --device cpu "
                           f"(or auto)")
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    reward_cfg = _eval_reward(args.verifier, args.user_fn) if args.data else None  # (before --out is touched)
+    if args.user_weights is not None and args.user_fn is None:
+        raise ConfigError("relayrl eval: --user-weights weighs the --user-fn functions; give --user-fn")
+    # (before --out is touched)
+    reward_cfg = _eval_reward(args.verifier, args.user_fn, args.user_weights) if args.data else None
     out = _eval_out(Path(args.out))
     if args.task:  # the problems first: a bad task or data file is refused before the model loads
         try:
@@ -301,8 +307,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--answer-key", default="answer")
     e.add_argument("--verifier", default="math", choices=["math", "exact", "user"],
                    help="verifier for --data (user: the function --user-fn, as reward.user_fn)")
-    e.add_argument("--user-fn", help="with --verifier user: my_rewards.py:score or my_pkg.rewards:score, "
-                   "score(prompts, responses, answers) -> list[float] (as reward.user_fn)")
+    e.add_argument("--user-fn", nargs="+", help="with --verifier user: my_rewards.py:score or "
+                   "my_pkg.rewards:score, score(prompts, responses, answers, **fields) -> list[float] or a TRL "
+                   "reward function (as reward.user_fn); several: their weighted sum (--user-weights)")
+    e.add_argument("--user-weights", nargs="+", type=float, help="a weight per --user-fn function (default 1 each)")
     e.add_argument("--size", type=argtypes.int_at_least(1), default=200, help="prompts to evaluate")
     e.add_argument("--k", type=argtypes.int_at_least(1), default=1,
                    help="samples per prompt for pass@k / avg@k (1: greedy only)")

@@ -450,11 +450,20 @@ def test_eval_scores_data_with_the_users_reward_function(capsys, tmp_path, tiny_
                      f"{tmp_path}/my_rewards.py:score", "--max-new-tokens", "2", "--device", "cpu",
                      "--out", str(out)]) == 0
     assert json.loads((out / "eval.json").read_text())["metrics"]["eval/reward_mean"] == 0.25
+    (tmp_path / "more_rewards.py").write_text("def one(completions, **kwargs):\n"  # TRL's shape beside relayrl's
+                                              "    return [1.0] * len(completions)\n")
+    assert cli.main(["eval", "--model", str(tiny_dir), "--data", str(data), "--verifier", "user", "--user-fn",
+                     f"{tmp_path}/my_rewards.py:score", f"{tmp_path}/more_rewards.py:one", "--user-weights", "2",
+                     "0.5", "--max-new-tokens", "2", "--device", "cpu", "--out", str(out)]) == 0
+    assert json.loads((out / "eval.json").read_text())["metrics"]["eval/reward_mean"] == 2 * 0.25 + 0.5
     missing = str(tmp_path / "no-model")  # the function and the flags are checked before the model loads
     code, err = run(capsys, "eval", "--model", missing, "--data", str(data), "--verifier", "user")
     assert code == EXIT_CONFIG and "--verifier user needs --user-fn" in err
     code, err = run(capsys, "eval", "--model", missing, "--data", str(data), "--user-fn", "my_rewards.py:score")
     assert code == EXIT_CONFIG and "add --verifier user" in err
+    code, err = run(capsys, "eval", "--model", missing, "--data", str(data), "--verifier", "user", "--user-fn",
+                    f"{tmp_path}/my_rewards.py:score", "--user-weights", "1", "2")
+    assert code == EXIT_CONFIG and "reward.user_weights has 2 weight(s) for 1 function(s)" in err
     code, err = run(capsys, "eval", "--model", missing, "--data", str(data), "--verifier", "user", "--user-fn",
                     f"{tmp_path}/nothere.py:score", "--out", str(tmp_path / "ev2"))
     assert code == EXIT_CONFIG and "no file" in err and not (tmp_path / "ev2").exists()
