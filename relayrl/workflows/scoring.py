@@ -40,7 +40,8 @@ class ScoreWorker(Worker):
 
     def __init__(self, reward, tokenizer, algorithm, shape) -> None:
         self.reward, self.tokenizer, self.algorithm, self.shape = reward, tokenizer, algorithm, shape
-        if hasattr(self, "device") and reward is not None and reward.cfg.model_device == "auto":  # a rank of a pool (placement.reward=<pool>)
+        # a rank of a pool (placement.reward=<pool>); no reward engine: a user environment's own rewards
+        if hasattr(self, "device") and reward is not None and reward.cfg.model_device == "auto":
             reward.place(self.device)  # its learned rewards (reward model, judge) run on the pool's device
 
     def score_rows(self, reader, problems: Sequence) -> Scored:

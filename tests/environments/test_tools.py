@@ -202,7 +202,8 @@ def test_a_user_environment_brings_its_rewards_so_reward_settings_that_would_be_
     data.write_text('{"prompt": "1+1=", "answer": "2"}\n')
     env = {"name": "relayrl_test_userenv:GoodEnv"}
     cfg = Config(env=env, data={"task": None, "path": str(data)})  # no reward.verifier needed: none is used
-    assert cfg.env.own_rewards and not Config(env={"name": "tools"}, rollout={"stop_strings": ["</tool>"]}).env.own_rewards
+    tools = Config(env={"name": "tools"}, rollout={"stop_strings": ["</tool>"]})
+    assert cfg.env.own_rewards and not tools.env.own_rewards
     with pytest.raises(ValueError, match="reward.verifier=task needs a built-in data.task"):
         Config(env={"name": "tools"}, rollout={"stop_strings": ["</tool>"]}, data={"task": None, "path": str(data)})
     with pytest.raises(ValueError, match=r"gives each episode its reward .*reward.model, reward.judge.path would "

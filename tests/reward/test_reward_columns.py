@@ -30,12 +30,17 @@ def test_call_shape_reads_what_a_function_takes():
     def trl(completions, solution, **kwargs): ...
     def trl_named(prompts, completions, ground_truth, weight=1.0): ...
 
-    assert call_shape(three) == (False, frozenset(), frozenset())
-    assert call_shape(named) == (False, {"difficulty", "source"}, frozenset())
-    assert call_shape(every) == (False, None, frozenset())
-    assert call_shape(positional_only) == (False, frozenset(), frozenset())  # cannot be passed by keyword
-    assert call_shape(trl) == (True, None, {"solution"})
-    assert call_shape(trl_named) == (True, {"ground_truth", "weight"}, {"ground_truth"})
+    def verl(data_source, solution_str, ground_truth, extra_info=None): ...
+    def verl_batch(data_sources, solution_strs, ground_truths, **kwargs): ...
+
+    assert call_shape(three) == ("relayrl", frozenset(), frozenset())
+    assert call_shape(named) == ("relayrl", {"difficulty", "source"}, frozenset())
+    assert call_shape(every) == ("relayrl", None, frozenset())
+    assert call_shape(positional_only) == ("relayrl", frozenset(), frozenset())  # cannot be passed by keyword
+    assert call_shape(trl) == ("trl", None, {"solution"})
+    assert call_shape(trl_named) == ("trl", {"ground_truth", "weight"}, {"ground_truth"})
+    assert call_shape(verl) == ("verl", {"data_source", "solution_str", "ground_truth", "extra_info"}, frozenset())
+    assert call_shape(verl_batch) == ("verl_batch", None, frozenset())
 
 
 def test_arguments_list_each_field_over_the_rows():
@@ -224,3 +229,32 @@ def test_a_list_of_functions_is_checked_when_the_config_loads(tmp_path):
     with pytest.raises(ValidationError, match="finite"):
         RewardConfig(verifier="user", user_fn=["a.b:f"], user_weights=[float("nan")])
     assert RewardConfig(verifier="user", user_fn="a.b:f").user_fns == ["a.b:f"]
+
+
+VERL_FNS = """
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None):  # verl's shape, per response
+        bonus = (extra_info or {}).get("bonus", 0.0)
+        if data_source == "dict":
+            return {"score": float(solution_str == ground_truth) + bonus, "acc": 1}
+        return float(solution_str == ground_truth) + bonus
+
+    def batched(data_sources, solution_strs, ground_truths, extra_infos):
+        return [float(s == g) for s, g in zip(solution_strs, ground_truths)]
+
+    def no_score(solution_str, ground_truth):
+        return {"acc": 1.0}
+"""
+
+
+def test_a_compute_score_written_for_verl_scores_unchanged(tmp_path):
+    (tmp_path / "verl_fns.py").write_text(textwrap.dedent(VERL_FNS))
+    path = f"{tmp_path}/verl_fns.py"
+    fields = [{"prompt": "p", "data_source": "gsm8k", "extra_info": {"bonus": 0.5}},
+              {"prompt": "q", "data_source": "dict"}, None]
+    e = RewardEngine(RewardConfig(verifier="user", user_fn=f"{path}:compute_score"))
+    assert e.score(["p", "q", "r"], ["4", "5", "6"], ["4", "5", "7"], columns=fields)[0] == [1.5, 1.0, 0.0]
+    b = RewardEngine(RewardConfig(verifier="user", user_fn=f"{path}:batched"))
+    assert b.score(["p", "q", "r"], ["4", "5", "6"], ["4", "5", "7"], columns=fields)[0] == [1.0, 1.0, 0.0]
+    bad = RewardEngine(RewardConfig(verifier="user", user_fn=f"{path}:no_score"))
+    with pytest.raises(RewardError, match=r"no_score returned a dict without a 'score' key at index 0 \(\['acc'\]\)"):
+        bad.score(["p"], ["4"], ["4"])

@@ -17,7 +17,8 @@ from test_reward_errors import RUN
 
 pytestmark = pytest.mark.slow
 
-ENV = ["env.name=flaky_env:CrashingTool", "env.max_turns=1", "reward.verifier=task", "reward.user_fn=null"]  # (its rewards)
+# (the environment gives the rewards: no reward function)
+ENV = ["env.name=flaky_env:CrashingTool", "env.max_turns=1", "reward.verifier=task", "reward.user_fn=null"]
 MODES = {"sync": [], "periodic": ["trainer.mode=periodic", "placement.pools.gen=1", "placement.rollout=gen"],
          "offpolicy": ["trainer.off_policy_steps=1", "placement.pools.gen=1", "placement.rollout=gen"]}
 

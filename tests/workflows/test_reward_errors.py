@@ -157,3 +157,22 @@ def test_reward_functions_written_for_trl_train_on_a_chat_dataset(capsys, tmp_pa
     assert code != 0 and not (tmp_path / "r2").exists()
     assert "trl_rewards.py:accuracy_reward needs the dataset field(s) solution, which the rows lack (fields: " \
            "answer, prompt)" in err, err
+
+
+def test_a_compute_score_written_for_verl_trains_on_verls_data_layout(capsys, tmp_path):
+    """verl's parquet layout (chat prompt, ``reward_model.ground_truth``, ``data_source``, ``extra_info``) and
+    its per-response ``compute_score``, unchanged."""
+    (tmp_path / "verl_reward.py").write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    assert data_source == 'arith' and isinstance(extra_info['index'], int), (data_source, extra_info)\n"
+        "    return {'score': float(solution_str.strip() == ground_truth) + 0.1 * (len(solution_str) % 3)}\n")
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"data_source": "arith", "prompt": [{"role": "user", "content": f"{i}+{i}="}],
+                                        "reward_model": {"style": "rule", "ground_truth": str(2 * i)},
+                                        "extra_info": {"index": i}}) + "\n" for i in range(40)))
+    run = tmp_path / "r"
+    assert cli.main(["train", *RUN, "data.task=null", f"data.path={data}", "data.answer_key=reward_model.ground_truth",
+                     "eval.size=4", f"reward.user_fn={tmp_path}/verl_reward.py:compute_score",
+                     f"run.dir={run}"]) == 0, capsys.readouterr().err
+    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert [s["step"] for s in steps if "reward/mean" in s] == [1, 2] and "eval/accuracy" in steps[0]

@@ -48,8 +48,9 @@ class RewardConfig(BaseModel):
     user_fn: str | list[str] | None = Field(
         None, description='"package.module:function", "package.module.function" or "path/to/file.py:function" '
         '(made absolute when the config loads) of fn(prompts, responses, answers, **fields) -> list[float] (the '
-        'rows\' dataset fields by keyword), or of a reward function written for TRL\'s GRPOTrainer '
-        '(fn(completions, **columns)); a list: the verifier is their weighted sum (user_weights), each logged as '
+        'rows\' dataset fields by keyword), of a reward function written for TRL\'s GRPOTrainer '
+        '(fn(completions, **columns)) or of a compute_score written for verl (fn(data_source, solution_str, '
+        'ground_truth, extra_info)); a list: the verifier is their weighted sum (user_weights), each logged as '
         'reward/fn/NAME_mean')
     user_weights: list[float] | None = Field(
         None, description="weight of each function of a user_fn list (TRL's reward_weights); null: 1 each")

@@ -292,7 +292,8 @@ class RewardEngine:
             lengths["columns"] = len(columns)
             for i, c in enumerate(columns):
                 if c is not None and not isinstance(c, dict):
-                    raise RewardError(f"columns[{i}] is {type(c).__name__}; expected a dict of the row's fields or None")
+                    raise RewardError(f"columns[{i}] is {type(c).__name__}; expected a dict of the row's fields, "
+                                      f"or None")
         if len(set(lengths.values())) > 1:
             raise RewardError(f"reward inputs differ in length: {lengths}")
         for i, r in enumerate(responses):
@@ -390,9 +391,11 @@ class RewardEngine:
         args, kwargs = u.shape.arguments(prompts, responses, answers, columns)
         self._check_fields(u, columns, kwargs)
         try:
-            result = self._within(limit, partial(u.fn, **kwargs) if kwargs else u.fn, *args, name=name)
+            result = self._within(limit, u.shape.call, u.fn, args, kwargs, name=name)
         except _StopRun:
             raise
+        except RewardError as e:  # a result the call's shape cannot read (a verl dict without "score")
+            raise RewardError(f"reward function {name} {e}") from None
         except Overtime:
             raise RewardError(f"reward function {name} ran past reward.timeout_s={self.cfg.timeout_s:g} "
                               f"({limit:g} s for the {len(set(prompts))} prompt(s) of the call)") from None

@@ -20,7 +20,7 @@ import inspect
 import math
 import numbers
 import threading
-from typing import Any, Callable, NamedTuple, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Literal, NamedTuple, Protocol, Sequence, runtime_checkable
 
 from relayrl.engines.reward.config import RewardError
 from relayrl.plugins import resolve
@@ -65,14 +65,19 @@ def load_reward_fn(path: str) -> RewardFn:
     except (TypeError, ValueError):
         return fn  # builtins without a signature: the per-call check still applies
     shape = call_shape(fn)
+    calls = {"relayrl": (([], [], []), {}, "fn(prompts, responses, answers)"),
+             "trl": ((), {"prompts": [], "completions": [], **{k: [] for k in shape.required}},
+                     "fn(prompts=..., completions=..., **fields) as TRL calls it (it has a parameter completions)"),
+             "verl": ((), {k: None for k in shape.takes or VERL},
+                      "fn(data_source=..., solution_str=..., ground_truth=..., extra_info=...) as verl calls "
+                      "compute_score (it has a parameter solution_str)"),
+             "verl_batch": ((), {f"{k}s": [] for k in shape.takes or VERL},
+                            "fn(data_sources=..., solution_strs=..., ground_truths=..., extra_infos=...) as verl "
+                            "calls a batched compute_score (it has a parameter solution_strs)")}
+    args, kwargs, called = calls[shape.style]
     try:
-        if shape.trl:
-            sig.bind(prompts=[], completions=[], **{k: [] for k in shape.required})
-        else:
-            sig.bind([], [], [])
+        sig.bind(*args, **kwargs)
     except TypeError as e:
-        called = ("fn(prompts=..., completions=..., **fields) as TRL calls it (it has a parameter named "
-                  "completions)" if shape.trl else "fn(prompts, responses, answers)")
         raise RewardError(f"reward function {path!r} has signature {sig}, which cannot be called as {called}: "
                           f"{e}") from None
     return fn
@@ -100,49 +105,94 @@ def load_user_fns(paths: Sequence[str], weights: Sequence[float] | None = None) 
     return [UserFn(p, f, call_shape(f), w, n) for p, f, w, n in zip(paths, fns, weights, names)]
 
 
-class CallShape(NamedTuple):
-    """How a user function is called (:func:`call_shape`)."""
+VERL = ("data_source", "solution_str", "ground_truth", "extra_info")
+"""What verl passes a ``compute_score`` function, per response (its batched form: the plurals, lists)."""
 
-    trl: bool
-    """TRL's shape (a parameter named ``completions``): every argument by keyword, ``prompts`` as the dataset
-    had them (chat messages or text) and ``completions`` likewise (``[{"role": "assistant", "content": ...}]``
-    for a chat prompt); else relayrl's: ``(prompts, responses, answers)`` by position, texts."""
+
+class CallShape(NamedTuple):
+    """How a user function is called (:func:`call_shape`), by its parameters' names:
+
+    * ``relayrl``: ``(prompts, responses, answers)`` by position, texts, and the fields it takes by keyword;
+    * ``trl`` (a parameter ``completions``): TRL's ``GRPOTrainer`` reward function, every argument by keyword,
+      ``prompts`` as the dataset had them (chat messages or text), ``completions`` likewise
+      (``[{"role": "assistant", "content": ...}]`` for a chat prompt) and the fields;
+    * ``verl`` (a parameter ``solution_str``): verl's ``compute_score``, once per response, by keyword:
+      ``data_source`` and ``extra_info`` (those fields of the row, else None), ``solution_str`` (the
+      response) and ``ground_truth`` (the answer); a float, or a dict whose ``"score"`` is the reward;
+    * ``verl_batch`` (``solution_strs``): its batched form, the same as lists under the plural names.
+    """
+
+    style: Literal["relayrl", "trl", "verl", "verl_batch"]
     takes: frozenset[str] | None
-    """The dataset fields it takes by keyword; ``None``: every field (it has ``**kwargs``)."""
+    """The names it takes by keyword (dataset fields; verl's: of :data:`VERL`); ``None``: every one
+    (``**kwargs``)."""
     required: frozenset[str]
-    """Of those, the ones without a default (TRL's shape only: relayrl's loads only with defaults)."""
+    """The dataset fields it needs (TRL's shape: parameters without a default; relayrl's loads only with
+    defaults, verl's names no field)."""
 
     def arguments(self, prompts: list[str], responses: list[str], answers: list,
                   fields: Sequence[dict | None]) -> tuple[tuple, dict[str, list]]:
-        """``(args, kwargs)`` of one call on the rows; ``fields``: each row's dataset fields (``None``: the row
-        has none, as a built-in task's), its prompt under ``"prompt"``."""
+        """``(args, kwargs)`` of one call on the rows (verl's shape: every keyword a list over the rows);
+        ``fields``: each row's dataset fields (``None``: the row has none, as a built-in task's), its prompt
+        under ``"prompt"``."""
         rows = [f or {} for f in fields]
+        if self.style.startswith("verl"):
+            values = dict(zip(VERL, ([r.get("data_source") for r in rows], responses, answers,
+                                     [r.get("extra_info") for r in rows])))
+            return (), {k: v for k, v in values.items() if self.takes is None or k in self.takes}
         names = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in NOT_FIELDS]
         if self.takes is not None:
             names = [k for k in names if k in self.takes]
         kwargs = {k: [r.get(k) for r in rows] for k in names}
-        if not self.trl:
+        if self.style == "relayrl":
             return (prompts, responses, answers), kwargs
         asked = [r.get("prompt", p) for r, p in zip(rows, prompts)]
         done = [[{"role": "assistant", "content": t}] if isinstance(a, list) else t for a, t in zip(asked, responses)]
         return (), {"prompts": asked, "completions": done, **kwargs}
 
+    def call(self, fn: Callable, args: tuple, kwargs: dict[str, list]) -> Any:
+        """``fn``'s scores of the rows (:meth:`arguments`): one call, or one per row for verl's shape; a verl
+        result's dicts become their ``"score"``."""
+        if self.style == "verl":
+            n = len(kwargs["solution_str"]) if "solution_str" in kwargs else len(next(iter(kwargs.values()), []))
+            return [_verl_score(fn(**{k: v[i] for k, v in kwargs.items()}), i) for i in range(n)]
+        if self.style == "verl_batch":
+            out = fn(**{f"{k}s": v for k, v in kwargs.items()})
+            return [_verl_score(x, i) for i, x in enumerate(out)] if isinstance(out, (list, tuple)) else out
+        return fn(*args, **kwargs)
+
+
+def _verl_score(x: Any, i: int) -> Any:
+    if isinstance(x, dict):
+        if "score" not in x:
+            raise RewardError(f"returned a dict without a 'score' key at index {i} ({sorted(x)}); verl's "
+                              f"compute_score returns a float or a dict with the reward under 'score'")
+        return x["score"]
+    return x
+
 
 def call_shape(fn: Callable) -> CallShape:
-    """How ``fn`` is called, read from its signature (a builtin without one: relayrl's three lists only)."""
+    """How ``fn`` is called, read from its parameters' names (a builtin without a signature: relayrl's three
+    lists only)."""
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
-        return CallShape(False, frozenset(), frozenset())
-    trl = any(p.name == "completions" for p in params)
+        return CallShape("relayrl", frozenset(), frozenset())
+    names = {p.name for p in params}
+    every = any(p.kind is p.VAR_KEYWORD for p in params)
     named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    if not trl:  # the first three are the lists, by position
+    if "solution_str" in names or "solution_strs" in names:
+        batch = "solution_strs" in names
+        takes = frozenset(k for k in VERL if (f"{k}s" if batch else k) in names)
+        return CallShape("verl_batch" if batch else "verl", None if every else takes, frozenset())
+    style = "trl" if "completions" in names else "relayrl"
+    if style == "relayrl":  # the first three are the lists, by position
         skip = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:3]
         named = [p for p in named if p not in skip]
     named = [p for p in named if p.name not in NOT_FIELDS]
-    takes = None if any(p.kind is p.VAR_KEYWORD for p in params) else frozenset(p.name for p in named)
-    required = frozenset(p.name for p in named if trl and p.default is p.empty)
-    return CallShape(trl, takes, required)
+    takes = None if every else frozenset(p.name for p in named)
+    required = frozenset(p.name for p in named if style == "trl" and p.default is p.empty)
+    return CallShape(style, takes, required)
 
 
 def check_rewards(result: Any, n: int, fn_name: str, what: str = "reward function") -> list[float]:
