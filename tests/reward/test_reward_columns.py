@@ -258,3 +258,29 @@ def test_a_compute_score_written_for_verl_scores_unchanged(tmp_path):
     bad = RewardEngine(RewardConfig(verifier="user", user_fn=f"{path}:no_score"))
     with pytest.raises(RewardError, match=r"no_score returned a dict without a 'score' key at index 0 \(\['acc'\]\)"):
         bad.score(["p"], ["4"], ["4"])
+
+
+ASYNC_FNS = """
+    import asyncio
+    import time
+
+    async def per_response(data_source, solution_str, ground_truth, extra_info=None):  # verl's, async
+        await asyncio.sleep(0.2)
+        return float(solution_str == ground_truth)
+
+    async def trl_async(completions, **kwargs):
+        await asyncio.sleep(0)
+        return [float(len(c)) for c in completions]
+"""
+
+
+def test_async_reward_functions_are_awaited_verls_per_response_calls_together(tmp_path):
+    import time
+
+    (tmp_path / "async_fns.py").write_text(textwrap.dedent(ASYNC_FNS))
+    e = RewardEngine(RewardConfig(verifier="user", user_fn=f"{tmp_path}/async_fns.py:per_response", timeout_s=5))
+    t0 = time.perf_counter()
+    assert e.score(["p"] * 8, ["4"] * 4 + ["5"] * 4, ["4"] * 8)[0] == [1.0] * 4 + [0.0] * 4
+    assert time.perf_counter() - t0 < 1.0  # eight 0.2 s calls at once, not one after another (1.6 s)
+    t = RewardEngine(RewardConfig(verifier="user", user_fn=f"{tmp_path}/async_fns.py:trl_async"))
+    assert t.score(["p", "q"], ["ab", "c"], ["x", "y"])[0] == [2.0, 1.0]

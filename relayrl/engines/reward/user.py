@@ -16,6 +16,7 @@ raises :class:`RewardError` naming the function. :func:`call_within` gives a cal
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import math
 import numbers
@@ -152,14 +153,27 @@ class CallShape(NamedTuple):
 
     def call(self, fn: Callable, args: tuple, kwargs: dict[str, list]) -> Any:
         """``fn``'s scores of the rows (:meth:`arguments`): one call, or one per row for verl's shape; a verl
-        result's dicts become their ``"score"``."""
+        result's dicts become their ``"score"``. An ``async def`` function runs on an event loop of its own,
+        verl's per-response calls all at once (a function that awaits a server or a sandbox)."""
         if self.style == "verl":
             n = len(kwargs["solution_str"]) if "solution_str" in kwargs else len(next(iter(kwargs.values()), []))
-            return [_verl_score(fn(**{k: v[i] for k, v in kwargs.items()}), i) for i in range(n)]
+            out = [fn(**{k: v[i] for k, v in kwargs.items()}) for i in range(n)]
+            if out and inspect.isawaitable(out[0]):
+                out = asyncio.run(_gathered(out))
+            return [_verl_score(x, i) for i, x in enumerate(out)]
         if self.style == "verl_batch":
-            out = fn(**{f"{k}s": v for k, v in kwargs.items()})
-            return [_verl_score(x, i) for i, x in enumerate(out)] if isinstance(out, (list, tuple)) else out
-        return fn(*args, **kwargs)
+            args, kwargs = (), {f"{k}s": v for k, v in kwargs.items()}
+        out = fn(*args, **kwargs)
+        if inspect.isawaitable(out):
+            out = asyncio.run(_gathered([out]))[0]
+        if self.style == "verl_batch" and isinstance(out, (list, tuple)):
+            return [_verl_score(x, i) for i, x in enumerate(out)]
+        return out
+
+
+async def _gathered(awaitables: list) -> list:
+    """The awaitables' results, awaited together (the scoring threads run no event loop: a new one runs them)."""
+    return list(await asyncio.gather(*awaitables))
 
 
 def _verl_score(x: Any, i: int) -> Any:
