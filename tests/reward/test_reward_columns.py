@@ -284,3 +284,26 @@ def test_async_reward_functions_are_awaited_verls_per_response_calls_together(tm
     assert time.perf_counter() - t0 < 1.0  # eight 0.2 s calls at once, not one after another (1.6 s)
     t = RewardEngine(RewardConfig(verifier="user", user_fn=f"{tmp_path}/async_fns.py:trl_async"))
     assert t.score(["p", "q"], ["ab", "c"], ["x", "y"])[0] == [2.0, 1.0]
+
+
+NONE_FNS = """
+    def math_only(completions, task, **kwargs):  # TRL: None for the rows that are not this function's
+        return [float(c == "4") if t == "math" else None for c, t in zip(completions, task)]
+
+    def code_only(completions, task, **kwargs):
+        return [float("def" in c) if t == "code" else None for c, t in zip(completions, task)]
+"""
+
+
+def test_a_function_returning_none_for_a_row_adds_nothing_to_it_as_in_trl(tmp_path, caplog):
+    (tmp_path / "none_fns.py").write_text(textwrap.dedent(NONE_FNS))
+    path = f"{tmp_path}/none_fns.py"
+    e = RewardEngine(RewardConfig(verifier="user", user_fn=[f"{path}:math_only", f"{path}:code_only"]))
+    fields = [{"task": "math"}, {"task": "code"}, {"task": "code"}, {"task": "poem"}]
+    with caplog.at_level(logging.WARNING, "relayrl.engines.reward.engine"):
+        rewards, m = e.score(["p", "q", "r", "s"], ["4", "def f", "x", "roses"], ["4"] * 4, columns=fields)
+    assert rewards == [1.0, 1.0, 0.0, 0.0]
+    assert m["reward/fn/math_only_mean"] == 1.0 and m["reward/fn/code_only_mean"] == 0.5  # over its own rows
+    assert [r.getMessage() for r in caplog.records if "no score" in r.getMessage()] == [
+        "reward: 1 of 4 rows have no score: every reward function returned None for them (first: prompt 's'); "
+        "they score 0 (said once)"]

@@ -96,6 +96,7 @@ class RewardEngine:
         self._row_fn: Callable[[str, str], float] | None = None
         self._user: list[UserFn] = []  # the user functions (reward.verifier=user): their weighted sum
         self._unmet: set[tuple[str, str]] = set()  # (function, field): a field with a default a batch lacked
+        self._said_unscored = False  # rows every user function returned None for: warned once
         if cfg.verifier == "task":
             if task is None or not callable(getattr(task, "verify", None)):
                 raise RewardError(
@@ -374,14 +375,23 @@ class RewardEngine:
     def _user_scores(self, prompts: list[str], responses: list[str], answers: list,
                      columns: list) -> tuple[list[float], dict[str, float]]:
         """The user functions' weighted sum per row (NaN where one failed: ``drop_group``) and, for more than
-        one, each one's ``reward/fn/NAME_mean`` and ``_std`` over the rows it scored."""
-        total, metrics = [0.0] * len(responses), {}
+        one, each one's ``reward/fn/NAME_mean`` and ``_std`` over the rows it scored. A function's ``None`` for
+        a row (TRL's "not this function's row") adds nothing to it; a row no function scores gets 0, said
+        once."""
+        total, scored, metrics = [0.0] * len(responses), [False] * len(responses), {}
         for u in self._user:
             got = self._guarded(partial(self._user_once, u), "the function", prompts, responses, answers, columns)
-            total = [t + u.weight * x for t, x in zip(total, got)]  # (NaN stays NaN)
+            total = [t if x is None else t + u.weight * x for t, x in zip(total, got)]  # (NaN stays NaN)
+            scored = [s or x is not None for s, x in zip(scored, got)]
             if len(self._user) > 1:
-                ok = [x for x in got if x == x]
+                ok = [x for x in got if x is not None and x == x]
                 metrics.update({f"reward/fn/{u.name}_mean": _mean(ok), f"reward/fn/{u.name}_std": _std(ok)})
+        unscored = scored.count(False)
+        if unscored and not self._said_unscored:
+            self._said_unscored = True
+            log.warning("reward: %d of %d rows have no score: every reward function returned None for them (first: "
+                        "prompt %r); they score 0 (said once)", unscored, len(scored),
+                        prompts[scored.index(False)][:200])
         return total, metrics
 
     def _user_once(self, u: UserFn, prompts: list[str], responses: list[str], answers: list[str | None],
@@ -401,7 +411,7 @@ class RewardEngine:
                               f"({limit:g} s for the {len(set(prompts))} prompt(s) of the call)") from None
         except Exception as e:
             raise RewardError(f"reward function {name} raised {type(e).__name__}: {e}") from e
-        return check_rewards(result, len(responses), name)
+        return check_rewards(result, len(responses), name, none_ok=True)
 
     def _within(self, limit: float | None, fn: Callable, *args, name: str):
         """``fn(*args)`` within ``limit`` seconds (:func:`call_within`; ``None``: on this thread, no limit);

@@ -209,9 +209,11 @@ def call_shape(fn: Callable) -> CallShape:
     return CallShape(style, takes, required)
 
 
-def check_rewards(result: Any, n: int, fn_name: str, what: str = "reward function") -> list[float]:
+def check_rewards(result: Any, n: int, fn_name: str, what: str = "reward function",
+                  none_ok: bool = False) -> list:
     """Validate a reward source's result: ``n`` finite real numbers; return them as floats. Errors name it as
-    ``f"{what} {fn_name}"`` (``what=""``: ``fn_name`` alone, e.g. "reward model DIR").
+    ``f"{what} {fn_name}"`` (``what=""``: ``fn_name`` alone, e.g. "reward model DIR"). ``none_ok``: ``None``
+    is kept (a user function's "this row is not mine", as TRL's reward functions say it).
 
     Accepts a list or tuple, a 1-D numpy array or a 1-D torch tensor.
     """
@@ -232,6 +234,9 @@ def check_rewards(result: Any, n: int, fn_name: str, what: str = "reward functio
         raise RewardError(f"{fn_name} returned {len(result)} values for {n} responses; expected {n}")
     out = []
     for i, v in enumerate(result):
+        if v is None and none_ok:
+            out.append(None)
+            continue
         if not isinstance(v, numbers.Real):
             raise RewardError(f"{fn_name} returned {type(v).__name__} {v!r} at index {i}; expected a float")
         v = float(v)
