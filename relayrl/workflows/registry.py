@@ -45,9 +45,19 @@ def train(cfg: Config) -> Path:
     """Run ``cfg.workflow`` once (no restart on a lost worker: :func:`run` restarts); returns the directory of
     the trained model."""
     _check_not_bootstrapping()
+    cfg = checked(cfg)
     module, _, name = WORKFLOWS[cfg.workflow].partition(":")
     fn: Callable[[Config], Path] = getattr(import_module(module), name)
     return fn(cfg)
+
+
+def checked(cfg: Config) -> Config:
+    """``cfg`` with the checks across its sections made again (``ConfigError`` naming the key, as loading
+    does): an assignment in Python (``cfg.rollout.n = 1``) checks only that section, so a change that breaks
+    a rule across keys (``rollout.n >= 2`` for group advantages) would run."""
+    from relayrl.config.loader import validate
+
+    return validate(type(cfg), dict(cfg))
 
 
 class MainGuardError(UserError, RuntimeError):

@@ -46,3 +46,15 @@ def test_run_restarts_a_lost_worker_as_relayrl_train_does(tmp_path, monkeypatch)
     monkeypatch.setattr(registry, "train", once)
     assert registry.run(_config(tmp_path / "run", "run.max_restarts=1")) == tmp_path / "model"
     assert len(calls) == 2
+
+
+def test_a_config_changed_by_assignment_is_checked_across_keys_before_the_run(tmp_path):
+    """``cfg.rollout.n = 1`` passes the rollout section's own checks; group advantages need two responses per
+    prompt, which only the whole config knows: train refuses it before anything is written."""
+    from relayrl.config.loader import ConfigError
+
+    cfg = load_run_config(ROOT / "recipes" / "arith_grpo.yaml", [f"run.dir={tmp_path / 'r'}"])
+    cfg.rollout.n = 1
+    with pytest.raises(ConfigError, match=r"rollout.n=1: group advantages \(grpo\) need rollout.n >= 2"):
+        registry.run(cfg)
+    assert not (tmp_path / "r").exists()
