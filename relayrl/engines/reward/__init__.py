@@ -1,12 +1,13 @@
 """Rewards: rule verifiers (built-in tasks, math via math-verify, exact match), format rewards,
-and user reward functions loaded by dotted path, behind one batched :class:`RewardEngine`."""
+and user reward functions loaded by dotted path (relayrl's shape, TRL's and verl's: :class:`CallShape`),
+behind one batched :class:`RewardEngine`."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from relayrl.engines.reward.config import RewardConfig, RewardError
-from relayrl.engines.reward.user import RewardFn, check_rewards, load_reward_fn
+from relayrl.engines.reward.user import CallShape, RewardFn, call_shape, check_rewards, load_reward_fn
 from relayrl.engines.reward.verifiers import (
     exact_reward,
     extract_boxed,
@@ -35,6 +36,8 @@ __all__ = [
     "RewardError",
     "RewardEngine",
     "RewardFn",
+    "CallShape",
+    "call_shape",
     "load_reward_fn",
     "check_rewards",
     "exact_reward",
