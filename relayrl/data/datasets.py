@@ -198,6 +198,8 @@ def _row_problem(row: Any, rowno: int, cfg: DatasetConfig, tokenizer, label: str
         return _conversation_problem(row, rowno, where, cfg)
     prompt = _get(row, cfg.prompt_key)
     answer = _get(row, cfg.answer_key)
+    if prompt is _MISSING and _is_messages(answer):  # TRL's implicit prompt: whole conversations
+        prompt = _implicit_prompt(row, answer, where, cfg)
     for key, value in ((cfg.prompt_key, prompt), (cfg.answer_key, answer)):
         if value is _MISSING:
             raise DatasetError(f"{where}: {missing_field(key, row)}")
@@ -223,7 +225,8 @@ def _row_problem(row: Any, rowno: int, cfg: DatasetConfig, tokenizer, label: str
             f"{where}: field {cfg.prompt_key!r} is {type(prompt).__name__}; expected a string or a list of "
             "{'role', 'content'} messages"
         )
-    answer = _answer_text(answer, where, cfg.answer_key)
+    asked = [m for m in (prompt, meta.get("messages")) if isinstance(m, list)]  # (as given, and with the system prompt)
+    answer = _answer_text(_reply(answer, asked, where, cfg.answer_key), where, cfg.answer_key)
     if cfg.answer_regex is not None:
         answer = _cut_answer(answer, cfg.answer_regex, where, cfg.answer_key)
     if cfg.rejected_key is not None:
@@ -231,7 +234,7 @@ def _row_problem(row: Any, rowno: int, cfg: DatasetConfig, tokenizer, label: str
         if rejected is _MISSING:
             raise DatasetError(f"{where}: field {cfg.rejected_key!r} (the rejected answer) is missing "
                                f"(columns present: {', '.join(map(str, row)) or 'none'})")
-        rejected = _answer_text(rejected, where, cfg.rejected_key)
+        rejected = _answer_text(_reply(rejected, asked, where, cfg.rejected_key), where, cfg.rejected_key)
         if rejected.strip() == answer.strip():
             raise DatasetError(f"{where}: the rejected answer equals the chosen one ({rejected!r}"
                                f"{'' if rejected == answer else f' against {answer!r}, apart from spaces'})")
@@ -242,6 +245,46 @@ def _row_problem(row: Any, rowno: int, cfg: DatasetConfig, tokenizer, label: str
     # what a user reward function gets: the row as it was, its prompt under "prompt" (messages, or the text)
     meta["fields"] = {**{k: v for k, v in row.items() if k != cfg.prompt_key}, "prompt": meta.get("messages", prompt)}
     return Problem(text, answer, meta)
+
+
+def _is_messages(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) for m in value)
+
+
+def _implicit_prompt(row: dict, chosen: list, where: str, cfg: DatasetConfig) -> list:
+    """The prompt of a row with no prompt field whose answer is a whole conversation (TRL's "implicit prompt"
+    preference rows: ``chosen`` and ``rejected`` each a conversation ending in the assistant's reply): the
+    messages before that reply, which the rejected conversation must share."""
+    msgs = _check_messages(chosen, where, cfg.answer_key)
+    if msgs[-1]["role"] != "assistant" or len(msgs) < 2:
+        raise DatasetError(f"{where}: field {cfg.prompt_key!r} is missing and field {cfg.answer_key!r} is not a "
+                           f"conversation ending in an assistant reply, from which to take the prompt")
+    rejected = _get(row, cfg.rejected_key) if cfg.rejected_key is not None else _MISSING
+    if isinstance(rejected, list):
+        other = _check_messages(rejected, where, cfg.rejected_key)
+        if other[:-1] != msgs[:-1]:
+            raise DatasetError(f"{where}: fields {cfg.answer_key!r} and {cfg.rejected_key!r} are conversations "
+                               f"that differ before their last reply; with no {cfg.prompt_key!r} field the prompt "
+                               f"is what they share")
+    return msgs[:-1]
+
+
+def _reply(value: Any, prompts: list[list], where: str, key: str) -> Any:
+    """An answer given as chat messages (TRL's conversational rows: ``[{"role": "assistant", ...}]``, or the
+    whole conversation, one of the prompt's message lists ``prompts`` first) as the text of its one assistant
+    reply; anything else as it is."""
+    if not _is_messages(value):
+        return value
+    msgs = _check_messages(value, where, key)
+    for p in prompts:
+        if msgs[:len(p)] == [{"role": m["role"], "content": m["content"]} for m in p]:
+            msgs = msgs[len(p):]
+            break
+    if len(msgs) != 1 or msgs[0]["role"] != "assistant":
+        got = ", ".join(m["role"] for m in msgs) or "nothing"
+        raise DatasetError(f"{where}: field {key!r} holds messages; relayrl takes one assistant reply after the "
+                           f"prompt (got {got} after it)")
+    return msgs[0]["content"]
 
 
 def _answer_text(value: Any, where: str, key: str) -> str:

@@ -54,3 +54,46 @@ def test_tokenizer_without_template_is_a_clear_error(chat_file, tiny_tokenizer):
     with pytest.raises(DatasetError, match="the prompt is chat messages but .* set data.chat_template=false"):
         encode_prompt(bare, chat)
     assert encode_prompt(bare, chat, chat_template=False) == bare(chat.prompt)["input_ids"]
+
+
+def _rows(tmp_path, rows, **cfg):
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return load_problems(DatasetConfig(path=str(path), **cfg))
+
+
+USER = [{"role": "user", "content": "2+2?"}]
+
+
+def test_conversational_answers_as_trl_writes_them(tmp_path):
+    """TRL's conversational rows: a prompt-completion pair, an explicit-prompt preference pair, and an
+    implicit-prompt one (whole conversations, the prompt their shared start)."""
+    p = _rows(tmp_path, [{"prompt": USER, "completion": [{"role": "assistant", "content": "4"}]}],
+              answer_key="completion")[0]
+    assert p.answer == "4" and p.meta["messages"] == USER
+    p = _rows(tmp_path, [{"prompt": USER, "chosen": [{"role": "assistant", "content": "4"}],
+                          "rejected": [{"role": "assistant", "content": "5"}]}],
+              answer_key="chosen", rejected_key="rejected")[0]
+    assert (p.answer, p.meta["rejected"]) == ("4", "5")
+    p = _rows(tmp_path, [{"chosen": [*USER, {"role": "assistant", "content": "4"}],
+                          "rejected": [*USER, {"role": "assistant", "content": "5"}]}],
+              answer_key="chosen", rejected_key="rejected")[0]
+    assert (p.answer, p.meta["rejected"], p.meta["messages"]) == ("4", "5", USER)
+    # a whole conversation under the answer, the prompt given too (and a system prompt added to it)
+    p = _rows(tmp_path, [{"prompt": USER, "answer": [*USER, {"role": "assistant", "content": "4"}]}],
+              system_prompt="Be brief.")[0]
+    assert p.answer == "4" and p.meta["messages"][0] == {"role": "system", "content": "Be brief."}
+
+
+@pytest.mark.parametrize("row, cfg, says", [
+    ({"chosen": [*USER, {"role": "assistant", "content": "4"}],
+      "rejected": [{"role": "user", "content": "3+3?"}, {"role": "assistant", "content": "5"}]},
+     {"answer_key": "chosen", "rejected_key": "rejected"}, "conversations that differ before their last reply"),
+    ({"prompt": USER, "answer": [{"role": "assistant", "content": "4"}, {"role": "user", "content": "sure?"}]}, {},
+     "one assistant reply after the prompt (got assistant, user after it)"),
+    ({"chosen": USER}, {"answer_key": "chosen"}, "not a conversation ending in an assistant reply"),
+])
+def test_conversational_answers_relayrl_cannot_take_name_the_row(tmp_path, row, cfg, says):
+    with pytest.raises(DatasetError, match="row 1") as e:
+        _rows(tmp_path, [row], **cfg)
+    assert says in str(e.value)

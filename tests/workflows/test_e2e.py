@@ -269,11 +269,16 @@ def test_dpo_recipe_runs_resumes_and_reads_a_pair_dataset(sft_model, tmp_path):
     assert [_stable(x)["dpo/loss"] for x in records(cut)[1:] if "dpo/loss" in x] == pytest.approx(
         [x["dpo/loss"] for x in recs[1:]], rel=1e-5)
 
-    data = tmp_path / "pairs.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b), "rejected": str(a + b + 1)}) + "\n"
-                            for a in range(10, 30) for b in range(10, 14)))
+    data = tmp_path / "pairs.jsonl"  # TRL's implicit-prompt preference rows: two conversations, no prompt field
+
+    def said(a, b, reply):
+        return [{"role": "user", "content": f"{a}+{b}="}, {"role": "assistant", "content": reply}]
+
+    data.write_text("".join(json.dumps({"chosen": said(a, b, str(a + b)), "rejected": said(a, b, str(a + b + 1))})
+                            + "\n" for a in range(10, 30) for b in range(10, 14)))
     r = relayrl("train", "recipes/arith_dpo.yaml", f"run.dir={tmp_path / 'ds'}", "data.task=null",
-                f"data.path={data}", "reward.verifier=exact", "cluster.devices=2", "eval.size=8", *common)
+                f"data.path={data}", "data.answer_key=chosen", "reward.verifier=exact", "cluster.devices=2",
+                "eval.size=8", *common)
     assert r.returncode == 0, r.stderr[-3000:]
     assert records(tmp_path / "ds")[-1]["dpo/loss"] > 0
     bad = tmp_path / "bad.jsonl"
