@@ -269,11 +269,14 @@ def _reward(fn_path: str, reps: int) -> RewardCost:
         engine = RewardEngine(RewardConfig(verifier="task"), task=make_task("arith"))
     else:
         engine = RewardEngine(RewardConfig(verifier="user", user_fn=fn_path), task=None)
+    # a field a function needs (a TRL reward function's solution column) holds the answer here
+    need = engine.fields_needed
     xs, ys = [], []
     for rows in (1, 8, 32):
         prompts, responses, answers = ["1+2="] * rows, ["3"] * rows, ["3"] * rows
+        fields = [{"prompt": "1+2=", **{k: "3" for k in need}}] * rows
         xs.append([1.0, rows])
-        ys.append(_best(lambda: engine.score(prompts, responses, answers), reps))
+        ys.append(_best(lambda: engine.score(prompts, responses, answers, columns=fields), reps))
     call, row = _fit(xs, ys)
     return RewardCost(fn=fn_path, call_s=call, row_s=row)
 

@@ -182,3 +182,14 @@ def test_calibration_samples_each_run_a_whole_pass_apart():
         at.setdefault((path, workload), []).append(k)
     assert all(b - a == 6 for a, b in at.values())  # one pass of all six runs between a run's two samples
     assert [i for i, _, _ in order] == [0] * 6 + [1] * 6
+
+
+def test_the_reward_cost_of_a_trl_function_that_needs_a_column_is_measured(tmp_path):
+    """``--reward-fn`` with a TRL reward function whose answer column has no default: calibration gives that
+    field the answer (it had no dataset row to take it from)."""
+    from relayrl.planner.calibrate import _reward
+
+    (tmp_path / "trl_cost.py").write_text("def acc(completions, solution, **kw):\n"
+                                          "    return [float(c == s) for c, s in zip(completions, solution)]\n")
+    cost = _reward(f"{tmp_path}/trl_cost.py:acc", reps=1)
+    assert cost.fn.endswith("trl_cost.py:acc") and cost.call_s >= 0 and cost.row_s >= 0

@@ -431,6 +431,12 @@ class RewardEngine:
                 self._abandoned.append(e.thread)
             raise
 
+    @property
+    def fields_needed(self) -> frozenset[str]:
+        """The dataset fields the user functions cannot do without (TRL's shape: parameters without a
+        default)."""
+        return frozenset(k for u in self._user for k in u.shape.required)
+
     def check_fields(self, columns: Columns) -> None:
         """Raise :class:`RewardError` when a user function needs a field (a parameter without a default: TRL's
         shape) that the rows ``columns`` lack; warn once for a named field with a default that they lack. A run
