@@ -11,6 +11,7 @@ the default process group).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -35,7 +36,8 @@ class RankInfo:
 
 class Worker:
     """Base class for a group's rank. Subclasses define `__init__(**init_kwargs)`
-    and public methods the driver calls by name.
+    and public methods the driver calls by reference (``group.all(MyWorker.method)``) or by name; only the
+    name travels to the ranks.
 
     Before `__init__` runs, these are set: `rank`, `world_size`, `local_rank`,
     `device` (a `torch.device`), `group_name`, `distributed`.
@@ -78,3 +80,38 @@ def check_method(worker_cls: type, group: str, method: str) -> None:
         raise ValueError(f"group {group!r}: method={method!r} must be the name of a public method of {worker_cls.__name__}")
     if not callable(getattr(worker_cls, method, None)):
         raise AttributeError(f"group {group!r}: {worker_cls.__name__} has no method {method!r}")
+
+
+def method_name(worker_cls: type, group: str, method: Callable | str) -> str:
+    """The name under which ``method`` is called on the ranks of a group of ``worker_cls`` (only the name
+    travels to the ranks: the function is never pickled).
+
+    ``method`` is either
+
+    * a reference to a public function defined on ``worker_cls`` or one of its bases, taken from the class
+      (``PolicyWorker.update``; a static method or a class method the same way): refused unless
+      ``getattr(worker_cls, method.__name__)`` is that same function, so a method of another class is
+      refused before anything is sent; or
+    * its name, a string (``"update"``), as before.
+    """
+    if isinstance(method, str):
+        check_method(worker_cls, group, method)
+        return method
+    name = getattr(method, "__name__", None)
+    owner = getattr(method, "__self__", None)
+    if not callable(method) or not isinstance(name, str) or (owner is not None and not isinstance(owner, type)):
+        raise TypeError(f"group {group!r}: method={method!r} must be a method of {worker_cls.__name__} taken from "
+                        f"the class (e.g. {worker_cls.__name__}.some_method) or its name")
+    where = getattr(method, "__qualname__", name)
+    if name.startswith("_"):
+        raise ValueError(f"group {group!r}: {where} is private; the ranks run public methods of "
+                         f"{worker_cls.__name__} only")
+    found = getattr(worker_cls, name, None)
+    if found is None or not callable(found):
+        raise AttributeError(f"group {group!r}: {worker_cls.__name__} has no method {name!r} ({where} is a "
+                             f"method of another class); the group runs {worker_cls.__name__}")
+    if getattr(found, "__func__", found) is not getattr(method, "__func__", method):
+        mine = getattr(found, "__qualname__", f"{worker_cls.__name__}.{name}")
+        raise ValueError(f"group {group!r} runs {worker_cls.__name__}, whose {name!r} is {mine}, not {where}: "
+                         f"pass a method of {worker_cls.__name__} or one of its bases")
+    return name
