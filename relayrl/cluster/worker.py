@@ -89,9 +89,10 @@ def method_name(worker_cls: type, group: str, method: Callable | str) -> str:
     ``method`` is either
 
     * a reference to a public function defined on ``worker_cls`` or one of its bases, taken from the class
-      (``PolicyWorker.update``; a static method or a class method the same way): refused unless
-      ``getattr(worker_cls, method.__name__)`` is that same function, so a method of another class is
-      refused before anything is sent; or
+      (``PolicyWorker.update``; a static method or a class method the same way): its name is its
+      ``__name__``, where ``getattr(worker_cls, name)`` is that same function (else the public attribute of
+      ``worker_cls`` holding it: a method replaced by a function of another name, as a test's patch may);
+      a method of another class is refused before anything is sent, naming both classes; or
     * its name, a string (``"update"``), as before.
     """
     if isinstance(method, str):
@@ -103,15 +104,25 @@ def method_name(worker_cls: type, group: str, method: Callable | str) -> str:
         raise TypeError(f"group {group!r}: method={method!r} must be a method of {worker_cls.__name__} taken from "
                         f"the class (e.g. {worker_cls.__name__}.some_method) or its name")
     where = getattr(method, "__qualname__", name)
-    if name.startswith("_"):
-        raise ValueError(f"group {group!r}: {where} is private; the ranks run public methods of "
-                         f"{worker_cls.__name__} only")
     found = getattr(worker_cls, name, None)
-    if found is None or not callable(found):
+    if _same(found, method):
+        resolved = name
+    else:  # (a method replaced on the class by a function of another name, e.g. a test's patched lambda)
+        resolved = next((k for k in dir(worker_cls) if not k.startswith("_")
+                         and _same(getattr(worker_cls, k, None), method)), None)
+    if resolved is None and (found is None or not callable(found)):
         raise AttributeError(f"group {group!r}: {worker_cls.__name__} has no method {name!r} ({where} is a "
                              f"method of another class); the group runs {worker_cls.__name__}")
-    if getattr(found, "__func__", found) is not getattr(method, "__func__", method):
+    if resolved is None:
         mine = getattr(found, "__qualname__", f"{worker_cls.__name__}.{name}")
         raise ValueError(f"group {group!r} runs {worker_cls.__name__}, whose {name!r} is {mine}, not {where}: "
                          f"pass a method of {worker_cls.__name__} or one of its bases")
-    return name
+    if resolved.startswith("_"):
+        raise ValueError(f"group {group!r}: {where} is private; the ranks run public methods of "
+                         f"{worker_cls.__name__} only")
+    return resolved
+
+
+def _same(found: object, method: Callable) -> bool:
+    """Whether the class attribute ``found`` is ``method`` (a class method's binding compared by function)."""
+    return found is not None and getattr(found, "__func__", found) is getattr(method, "__func__", method)

@@ -84,6 +84,11 @@ def test_a_method_of_another_class_is_refused_before_dispatch(group):
     assert group.bytes_by_method == {}  # nothing was sent
 
 
+def test_a_method_patched_with_a_function_of_another_name_is_found_by_identity(group, monkeypatch):
+    monkeypatch.setattr(Echo, "echo", lambda self, x: ("patched", x))
+    assert group.one(Echo.echo, 1) == ("patched", 1)  # (named '<lambda>': called as 'echo', where it sits)
+
+
 def _bound_echo():
     obj = Echo.__new__(Echo)
     return obj.echo
