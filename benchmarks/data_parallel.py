@@ -64,9 +64,9 @@ def measure(ranks: int, model: str, batch: SequenceBatch, threads: int, repeats:
     try:
         for i in range(repeats + 1):
             t = time.perf_counter()
-            group.split("update", batch, loss, seed=i)
+            group.split(PolicyWorker.update, batch, loss, seed=i)
             t1 = time.perf_counter()
-            group.split("logprobs", batch)
+            group.split(PolicyWorker.logprobs, batch)
             t2 = time.perf_counter()
             if i:  # the first round warms up
                 upd.append(t1 - t)
@@ -91,8 +91,8 @@ def measure_streamed(ranks: int, model: str, batch: SequenceBatch, threads: int,
         for i in range(repeats + 1):
             t = time.perf_counter()
             for j, part in enumerate(parts):
-                group.split("accumulate", part, loss, fresh=j == 0)
-            group.all("optim_step")
+                group.split(PolicyWorker.accumulate, part, loss, fresh=j == 0)
+            group.all(PolicyWorker.optim_step)
             if i:
                 times.append(time.perf_counter() - t)
     finally:

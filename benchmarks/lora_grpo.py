@@ -60,6 +60,8 @@ def last_accuracy(wf) -> float:
 
 
 def summary(wf, times: list[float], a: argparse.Namespace) -> dict:
+    from relayrl.workflows.workers import PolicyWorker
+
     recs = [json.loads(line) for line in (wf.s.dir / "metrics.jsonl").read_text().splitlines()]
     acc = [r["eval/accuracy"] for r in recs if "eval/accuracy" in r]
     steady = [r for r in recs if r["step"] > a.warmup and "actor/loss" in r]
@@ -67,7 +69,7 @@ def summary(wf, times: list[float], a: argparse.Namespace) -> dict:
                                                           if "eval/accuracy" in r],
             "step_s": statistics.mean(times[a.warmup:]),
             "update_s": statistics.mean(r["timing/update_s"] for r in steady),
-            **wf.actor.one("footprint")}
+            **wf.actor.one(PolicyWorker.footprint)}
 
 
 def run(argv: list[str] | None = None, sft: Path | None = None) -> str:

@@ -7,7 +7,7 @@ Each refit bumps every tensor's values, then delivers all of them to the
 receivers, which copy them into their own preallocated tensors:
 
 * ``per-tensor``: one call per parameter, ``update_weights([(name, t)])``
-  in process, or ``group.all("receive_one", name, array, version)`` to a
+  in process, or ``group.all(SinkWorker.receive_one, name, array, version)`` to a
   worker group (the tensor as numpy, the fast serialisation path);
 * ``packed``: ``WeightRelay.push`` / ``push_to_group`` (buckets of
   ``--bucket-mb``, layout sent on the first refit only, then the key);
@@ -143,17 +143,18 @@ def bench_sharded(shapes, repeats: int, bucket_mb: float) -> dict[str, float]:
         version = 0
         for rep in range(repeats + 1):  # the first round is a warm-up
             for w in ways:
-                src.all("bump")
+                src.all(ShardedSource.bump)
                 version += 1
                 t0 = time.perf_counter()
                 if w == ways[2]:
-                    relays[w].push_from_group(src, "pack_weights_into", dst, version=version)
+                    relays[w].push_from_group(src, ShardedSource.pack_weights_into, dst, version=version)
                 else:
-                    relays[w].push_to_group(src.all("full_state", w == ways[0])[0], dst, version=version)
+                    full = src.all(ShardedSource.full_state, w == ways[0])[0]  # every rank gathers; rank 0 holds
+                    relays[w].push_to_group(full, dst, version=version)
                 if rep:
                     times[w].append(time.perf_counter() - t0)
-                want = src.all("checksum")[0]
-                assert all(abs(c - want) < 1e-6 * abs(want) + 1e-3 for c in dst.all("checksum")), w
+                want = src.all(ShardedSource.checksum)[0]  # every rank gathers; the same sum on each
+                assert all(abs(c - want) < 1e-6 * abs(want) + 1e-3 for c in dst.all(SinkWorker.checksum)), w
         for r in relays.values():
             r.close()
     return {w: statistics.median(t) for w, t in times.items()}
@@ -199,13 +200,13 @@ def bench_group(named, shapes, repeats: int, bucket_mb: float, backend: str,
                      init_kwargs={"shapes": shapes}) as group:
         def per_tensor(v: int) -> None:
             for name, t in named:
-                group.all("receive_one", name, t.numpy(), v)
+                group.all(SinkWorker.receive_one, name, t.numpy(), v)
 
         relay = WeightRelay(bucket_mb=bucket_mb, transport=transport)
         a = time_refits(per_tensor, named, repeats)
         b = time_refits(lambda v: relay.push_to_group(named, group, version=10 + v), named, repeats)
         want = sum(float(t.double().sum()) for _, t in named)
-        assert all(abs(c - want) < 1e-3 * abs(want) + 1 for c in group.all("checksum"))
+        assert all(abs(c - want) < 1e-3 * abs(want) + 1 for c in group.all(SinkWorker.checksum))
         relay.close()
     return a, b
 

@@ -5,13 +5,17 @@ the group's registered transfer protocol decides whether the call is broadcast
 (ONE_TO_ALL), split over data-parallel ranks and collected (DP_COMPUTE), or
 sent to one rank. Here the call kind is spelled at the call site instead:
 
-    group.all("m", x)          every rank, same arguments -> [result of rank 0, 1, ...]
-    group.split("m", items)    contiguous chunk per rank   -> gathered in rank order
-    group.one("m", x, rank=0)  one rank                    -> its result
+    group.all(W.m, x)          every rank, same arguments -> [result of rank 0, 1, ...]
+    group.split(W.m, items)    contiguous chunk per rank   -> gathered in rank order
+    group.one(W.m, x, rank=0)  one rank                    -> its result
 
-and each has an `*_async` twin returning a `concurrent.futures.Future`, so the
-driver can overlap groups on different pools (HybridFlow's asynchronous
-dataflow execution). Every call takes a turn on its pool at call time, so
+where ``W.m`` is the method referenced on the group's worker class ``W`` (or a
+base of it), so go-to-definition and refactoring tools follow the call and the
+call site shows which class it reaches; its name, ``"m"``, is accepted too.
+Only the name travels to the ranks (the function is never pickled). Each has
+an `*_async` twin returning a `concurrent.futures.Future`, so the driver can
+overlap groups on different pools (HybridFlow's asynchronous dataflow
+execution). Every call takes a turn on its pool at call time, so
 colocated groups run one call at a time in driver order.
 
 Every call counts the payload bytes (tensors and numpy arrays, see
@@ -32,7 +36,7 @@ from typing import Any, Callable
 from relayrl.cluster.config import ClusterConfig, as_config
 from relayrl.cluster.dispatch import gather_split, split_items
 from relayrl.cluster.pool import ResourcePool
-from relayrl.cluster.worker import check_method, check_worker_class
+from relayrl.cluster.worker import check_worker_class, method_name
 from relayrl.dock.payload import payload_bytes
 
 
@@ -70,6 +74,13 @@ class WorkerGroup:
         init_kwargs: keyword arguments for `worker_cls.__init__`.
         distributed: join the ranks into a torch.distributed process group
             before constructing the workers.
+
+    Every call kind takes the method to run as its first argument, either
+
+    * a reference to a public function defined on `worker_cls` or one of its
+      bases, taken from the class: ``group.all(PolicyWorker.save_pretrained, path)``
+      (a method of another class is refused, naming both classes), or
+    * its name: ``group.all("save_pretrained", path)``.
 
     Keyword names `rank` (of `one`) and `method`/`items` cannot be passed
     through to worker methods.
@@ -144,29 +155,31 @@ class WorkerGroup:
             self._bytes[method] = self._bytes.get(method, 0) + n
 
     # -- call kinds ------------------------------------------------------------------------------
-    def all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Run `method(*args, **kwargs)` on every rank; results in rank order."""
+    def all(self, method: Callable | str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Run `method(*args, **kwargs)` on every rank; results in rank order.
+
+        `method`: a method of the worker class (``Worker.m``) or its name (see the class docstring)."""
         return self._run(method, *self._all_payloads(args, kwargs), list, blocking=True)
 
-    def split(self, method: str, items: Any, *args: Any, **kwargs: Any) -> Any:
+    def split(self, method: Callable | str, items: Any, *args: Any, **kwargs: Any) -> Any:
         """Run `method(chunk, *args, **kwargs)` with rank r getting the r-th
         contiguous chunk of `items`; gather results in rank order (see
-        `dispatch.gather_split`)."""
+        `dispatch.gather_split`). `method`: as for `all`."""
         return self._run(method, *self._split_payloads(items, args, kwargs), gather_split, blocking=True)
 
-    def one(self, method: str, *args: Any, rank: int = 0, **kwargs: Any) -> Any:
-        """Run `method(*args, **kwargs)` on `rank` only; return its result."""
+    def one(self, method: Callable | str, *args: Any, rank: int = 0, **kwargs: Any) -> Any:
+        """Run `method(*args, **kwargs)` on `rank` only; return its result. `method`: as for `all`."""
         return self._run(method, *self._one_payloads(rank, args, kwargs), _only, blocking=True)
 
-    def all_async(self, method: str, *args: Any, **kwargs: Any) -> Future:
+    def all_async(self, method: Callable | str, *args: Any, **kwargs: Any) -> Future:
         """Non-blocking `all`: a Future of the list of per-rank results."""
         return self._run(method, *self._all_payloads(args, kwargs), list, blocking=False)
 
-    def split_async(self, method: str, items: Any, *args: Any, **kwargs: Any) -> Future:
+    def split_async(self, method: Callable | str, items: Any, *args: Any, **kwargs: Any) -> Future:
         """Non-blocking `split`: a Future of the gathered result."""
         return self._run(method, *self._split_payloads(items, args, kwargs), gather_split, blocking=False)
 
-    def one_async(self, method: str, *args: Any, rank: int = 0, **kwargs: Any) -> Future:
+    def one_async(self, method: Callable | str, *args: Any, rank: int = 0, **kwargs: Any) -> Future:
         """Non-blocking `one`: a Future of that rank's result."""
         return self._run(method, *self._one_payloads(rank, args, kwargs), _only, blocking=False)
 
@@ -185,10 +198,11 @@ class WorkerGroup:
         return [rank], [(args, kwargs)]
 
     # -- execution ---------------------------------------------------------------------------------
-    def _run(self, method: str, ranks: list[int], payloads: list, post: Callable[[list], Any], blocking: bool):
+    def _run(self, method: Callable | str, ranks: list[int], payloads: list, post: Callable[[list], Any],
+             blocking: bool):
         if self._closed:
             raise RuntimeError(f"worker group {self.name!r} is shut down")
-        check_method(self.worker_cls, self.name, method)
+        method = method_name(self.worker_cls, self.name, method)  # only the name goes to the ranks
         turns = self.pool._turns
         ticket = turns.take()
 

@@ -11,6 +11,7 @@ the default process group).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -35,7 +36,8 @@ class RankInfo:
 
 class Worker:
     """Base class for a group's rank. Subclasses define `__init__(**init_kwargs)`
-    and public methods the driver calls by name.
+    and public methods the driver calls by reference (``group.all(MyWorker.method)``) or by name; only the
+    name travels to the ranks.
 
     Before `__init__` runs, these are set: `rank`, `world_size`, `local_rank`,
     `device` (a `torch.device`), `group_name`, `distributed`.
@@ -78,3 +80,49 @@ def check_method(worker_cls: type, group: str, method: str) -> None:
         raise ValueError(f"group {group!r}: method={method!r} must be the name of a public method of {worker_cls.__name__}")
     if not callable(getattr(worker_cls, method, None)):
         raise AttributeError(f"group {group!r}: {worker_cls.__name__} has no method {method!r}")
+
+
+def method_name(worker_cls: type, group: str, method: Callable | str) -> str:
+    """The name under which ``method`` is called on the ranks of a group of ``worker_cls`` (only the name
+    travels to the ranks: the function is never pickled).
+
+    ``method`` is either
+
+    * a reference to a public function defined on ``worker_cls`` or one of its bases, taken from the class
+      (``PolicyWorker.update``; a static method or a class method the same way): its name is its
+      ``__name__``, where ``getattr(worker_cls, name)`` is that same function (else the public attribute of
+      ``worker_cls`` holding it: a method replaced by a function of another name, as a test's patch may);
+      a method of another class is refused before anything is sent, naming both classes; or
+    * its name, a string (``"update"``), as before.
+    """
+    if isinstance(method, str):
+        check_method(worker_cls, group, method)
+        return method
+    name = getattr(method, "__name__", None)
+    owner = getattr(method, "__self__", None)
+    if not callable(method) or not isinstance(name, str) or (owner is not None and not isinstance(owner, type)):
+        raise TypeError(f"group {group!r}: method={method!r} must be a method of {worker_cls.__name__} taken from "
+                        f"the class (e.g. {worker_cls.__name__}.some_method) or its name")
+    where = getattr(method, "__qualname__", name)
+    found = getattr(worker_cls, name, None)
+    if _same(found, method):
+        resolved = name
+    else:  # (a method replaced on the class by a function of another name, e.g. a test's patched lambda)
+        resolved = next((k for k in dir(worker_cls) if not k.startswith("_")
+                         and _same(getattr(worker_cls, k, None), method)), None)
+    if resolved is None and (found is None or not callable(found)):
+        raise AttributeError(f"group {group!r}: {worker_cls.__name__} has no method {name!r} ({where} is a "
+                             f"method of another class); the group runs {worker_cls.__name__}")
+    if resolved is None:
+        mine = getattr(found, "__qualname__", f"{worker_cls.__name__}.{name}")
+        raise ValueError(f"group {group!r} runs {worker_cls.__name__}, whose {name!r} is {mine}, not {where}: "
+                         f"pass a method of {worker_cls.__name__} or one of its bases")
+    if resolved.startswith("_"):
+        raise ValueError(f"group {group!r}: {where} is private; the ranks run public methods of "
+                         f"{worker_cls.__name__} only")
+    return resolved
+
+
+def _same(found: object, method: Callable) -> bool:
+    """Whether the class attribute ``found`` is ``method`` (a class method's binding compared by function)."""
+    return found is not None and getattr(found, "__func__", found) is getattr(method, "__func__", method)

@@ -34,7 +34,7 @@ import time
 import warnings
 import weakref
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Callable, Iterable, Literal, Sequence
 
 import torch
 
@@ -191,11 +191,12 @@ class WeightRelay:
 
     # -- worker groups --------------------------------------------------------------------------
     def push_to_group(self, named_weights: Iterable[tuple[str, torch.Tensor]], group: Any,
-                      method: str = "receive_weights", *, version: int) -> dict[str, float]:
+                      method: Callable | str = "receive_weights", *, version: int) -> dict[str, float]:
         """Pack into host buffers and call ``group.all(method, BucketPayload)`` once per rank.
 
-        Each rank's ``method`` (e.g. `WeightReceiverMixin.receive_weights`)
-        must return what `receive_buckets` returns. The layout travels only on
+        Each rank's ``method`` (a method of the group's worker class, e.g.
+        `WeightReceiverMixin.receive_weights`, or its name) must return what
+        `receive_buckets` returns. The layout travels only on
         a key's first push to the group, or to a rank that answers
         ``need_layout`` (e.g. a restarted rank). Returns the `push` metrics plus
         ``relay/layout_sent`` (ranks that got the layout this time).
@@ -210,8 +211,8 @@ class WeightRelay:
         pack_s = time.perf_counter() - t1
         return self._send_group(self._wire(kind, buffers), layout, group, method, version, pack_s, t0)
 
-    def push_from_group(self, sender: Any, sender_method: str, group: Any, method: str = "receive_weights", *,
-                        version: int) -> dict[str, float] | None:
+    def push_from_group(self, sender: Any, sender_method: Callable | str, group: Any,
+                        method: Callable | str = "receive_weights", *, version: int) -> dict[str, float] | None:
         """Relay from a multi-process local group to another without the weights passing through the driver:
         every rank of ``sender`` runs ``sender_method(handles, key, bucket_bytes)`` (a collective: FSDP2's
         ranks gather the full tensors), whose rank 0 packs them straight into this relay's shared-memory
@@ -236,7 +237,7 @@ class WeightRelay:
         shm, pack_s = packed
         return self._send_group(shm.handles, shm.layout, group, method, version, pack_s, t0)
 
-    def _pack_in_sender(self, sender: Any, sender_method: str, buckets) -> tuple[ShmBuckets, float] | None:
+    def _pack_in_sender(self, sender: Any, sender_method: Callable | str, buckets) -> tuple[ShmBuckets, float] | None:
         """Have ``sender``'s rank 0 pack its weights into ``buckets(layout)`` (shared-memory buckets, or None
         when there is no room: then None), learning the layout from the sender first where it is unknown or
         changed. Returns the buckets written and the sender's pack seconds, or None where host memory cannot
@@ -251,16 +252,17 @@ class WeightRelay:
             shm = None if layout is None else buckets(layout)
             if layout is not None and shm is None:
                 return None
+            # every rank joins (a collective: FSDP2 gathers the full tensors); rank 0 packs and answers
             res = sender.all(sender_method, None if shm is None else shm.handles,
                              None if layout is None else layout.key, self.bucket_bytes)[0]
             if not isinstance(res, dict) or res.get("status") not in ("ok", "layout"):
-                raise TypeError(f"{sender_method!r} on rank 0 returned {res!r}; it must return what "
+                raise TypeError(f"{_name(sender_method)!r} on rank 0 returned {res!r}; it must return what "
                                 "relayrl.weights.shm.pack_into_shared returns")
             if res["status"] == "ok":
                 return shm, float(res["pack_s"])
             self._sender_sigs[sref] = res["signature"]
-        raise RuntimeError(f"{sender_method!r} asked for a new layout twice in a row: the sender's weights changed "
-                           "their names, shapes or dtypes between two calls")
+        raise RuntimeError(f"{_name(sender_method)!r} asked for a new layout twice in a row: the sender's weights "
+                           "changed their names, shapes or dtypes between two calls")
 
     def _transport_for(self, group: Any, layout: BucketLayout) -> str:
         if getattr(group, "backend", "local") == "ray":
@@ -314,7 +316,7 @@ class WeightRelay:
                 shm.close()
             self._free_shm.clear()
 
-    def _send_group(self, wire: tuple, layout: BucketLayout, group: Any, method: str,
+    def _send_group(self, wire: tuple, layout: BucketLayout, group: Any, method: Callable | str,
                     version: int, pack_s: float, t0: float) -> dict[str, float]:
         gref = _ref(group)
         last = self._group_version.get(gref)
@@ -361,7 +363,7 @@ class WeightRelay:
             self._live[ticket] = bufs
         return StagedWeights(layout, tuple(bufs.tensors if isinstance(bufs, ShmBuckets) else bufs), version, ticket)
 
-    def stage_from_group(self, sender: Any, sender_method: str, version: int) -> StagedWeights | None:
+    def stage_from_group(self, sender: Any, sender_method: Callable | str, version: int) -> StagedWeights | None:
         """`stage` from a multi-process local group without the weights passing through the driver: the
         sender's rank 0 packs them straight into a shared-memory staging slot (as in `push_from_group`), and
         `apply_to_group` later hands the slot's files to the receiving ranks without another copy. Returns
@@ -439,7 +441,7 @@ class WeightRelay:
             self._release(staged)
         return self._metrics(staged.layout, len(receivers), 0.0, time.perf_counter() - t0)
 
-    def apply_to_group(self, staged: StagedWeights, group: Any, method: str = "receive_weights",
+    def apply_to_group(self, staged: StagedWeights, group: Any, method: Callable | str = "receive_weights",
                        release: bool = True) -> dict[str, float]:
         """`push_to_group` of staged buffers (nothing is packed again)."""
         t0 = time.perf_counter()
@@ -477,7 +479,13 @@ def _check_group(group: Any) -> None:
         raise TypeError(f"group must be a relayrl.cluster.WorkerGroup, got {type(group).__name__}")
 
 
-def _status(result: Any, method: str, rank: int) -> str:
+def _name(method: Callable | str) -> str:
+    """A worker-group method's name, given by reference (``RolloutWorker.receive_weights``) or by name."""
+    return method if isinstance(method, str) else getattr(method, "__name__", repr(method))
+
+
+def _status(result: Any, method: Callable | str, rank: int) -> str:
     if not isinstance(result, dict) or result.get("status") not in ("ok", "need_layout"):
-        raise TypeError(f"rank {rank}: {method!r} returned {result!r}; it must return what receive_buckets returns")
+        raise TypeError(f"rank {rank}: {_name(method)!r} returned {result!r}; it must return what receive_buckets "
+                        "returns")
     return result["status"]

@@ -42,6 +42,7 @@ from typing import Callable
 
 from relayrl.weights.relay import StagedWeights, WeightRelay
 from relayrl.workflows.flow import Flow
+from relayrl.workflows.workers import PolicyWorker, RolloutWorker
 
 __all__ = ["RolloutAhead"]
 
@@ -103,9 +104,10 @@ class RolloutAhead:
         not applied yet is dropped. An actor in processes of its own packs them straight into shared memory
         (its rank 0; the weights do not pass through the driver); else they are gathered here and packed."""
         # (the relay lets this thread stage while the rollout thread applies: neither waits for the other)
-        staged = None if actor.in_driver else self.relay.stage_from_group(actor, "pack_weights_into", version)
+        staged = None if actor.in_driver else self.relay.stage_from_group(actor, PolicyWorker.pack_weights_into,
+                                                                           version)
         if staged is None:
-            named = actor.all("named_weights")[0]  # every rank takes part (FSDP2 gathers); rank 0 holds them
+            named = actor.all(PolicyWorker.named_weights)[0]  # every rank takes part (FSDP2 gathers); rank 0 holds them
             staged = self.relay.stage(named, version)
         with self.cond:
             old, self.staged, self.trained = self.staged, staged, version
@@ -161,7 +163,7 @@ class RolloutAhead:
         if staged is None:
             return
         t0 = time.perf_counter()
-        m = self.relay.apply_to_group(staged, self.rollout, "receive_weights")
+        m = self.relay.apply_to_group(staged, self.rollout, RolloutWorker.receive_weights)
         with self.cond:
             self.rollout_version = staged.version
             self.relayed = {**m, "timing/relay_s": self.relayed.get("timing/relay_s", 0.0) + time.perf_counter() - t0}

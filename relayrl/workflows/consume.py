@@ -21,10 +21,13 @@ a group's rewards (a dropped group never gets them, and its rows are retired).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 from relayrl.cluster import WorkerGroup
 from relayrl.workflows.flow import Flow
 from relayrl.workflows.parts import StepParts
+from relayrl.workflows.scoring import ScoreWorker
+from relayrl.workflows.workers import CriticWorker, PolicyWorker, ReferenceWorker
 
 __all__ = ["Consume"]
 
@@ -42,24 +45,26 @@ class Consume:
         return {s.name: run[s.name] for s in self.p.plan.stages if not s.producing}
 
     # ---------------------------------------------------------- forward passes
-    def _pass(self, f: Flow, stage: str, group: WorkerGroup, span: str, column: str, **kwargs) -> None:
-        """Each ready batch of groups -> ``forward_into`` on every rank -> the receipts published."""
+    def _pass(self, f: Flow, stage: str, group: WorkerGroup, forward_into: Callable, span: str, column: str,
+              **kwargs) -> None:
+        """Each ready batch of groups -> ``forward_into`` (the group's worker class's) on every rank -> the
+        receipts published."""
         p = self.p
         cols = ["prompt_ids", "response_ids", "group"] + (["rewards"] if p.plan.group_filter else [])
         gate = self._gate(stage, f)
         rows = self._rows(stage)
         for b in f.leases(stage, cols, batch_rows=rows, after=gate):
             with p.phases.phase(span, group, f.step):
-                for r in group.split("forward_into", self._items(f, b.indexes, cols, group.world_size), column,
+                for r in group.split(forward_into, self._items(f, b.indexes, cols, group.world_size), column,
                                      **kwargs):
                     p.dock.publish(r)
             b.ack()
 
     def reference(self, f: Flow) -> None:
-        self._frozen_pass(f, "reference", self.p.reference, "ref_logprob", "ref_logprobs")
+        self._frozen_pass(f, "reference", self.p.reference, "ref_logprob", "ref_logprobs")  # a ReferenceWorker
 
     def teacher(self, f: Flow) -> None:
-        self._frozen_pass(f, "teacher", self.p.teacher, "teacher_logprob", "teacher_logprobs")
+        self._frozen_pass(f, "teacher", self.p.teacher, "teacher_logprob", "teacher_logprobs")  # a ReferenceWorker
 
     def _frozen_pass(self, f: Flow, stage: str, group: WorkerGroup, span: str, column: str) -> None:
         """A frozen model's log-probs (reference, teacher); with trainer.offload it is on the device for its
@@ -70,14 +75,15 @@ class Consume:
             if f.stop.is_set():
                 return
         p.phases.wake(group)
-        self._pass(f, stage, group, span, column, temperature=p.temperature)
+        self._pass(f, stage, group, ReferenceWorker.forward_into, span, column, temperature=p.temperature)
         p.phases.idle(group)
 
     def old_logprobs(self, f: Flow) -> None:
-        self._pass(f, "old", self.p.actor, "old_logprob", "old_logprobs", temperature=self.p.temperature)
+        self._pass(f, "old", self.p.actor, PolicyWorker.forward_into, "old_logprob", "old_logprobs",
+                   temperature=self.p.temperature)
 
     def values(self, f: Flow) -> None:
-        self._pass(f, "values", self.p.critic, "values", "values")
+        self._pass(f, "values", self.p.critic, CriticWorker.forward_into, "values", "values")
 
     # -------------------------------------------------------------- advantages
     def advantages(self, f: Flow) -> None:
@@ -91,7 +97,7 @@ class Consume:
         cols = list(dict.fromkeys(cols))  # (gen_logprobs for both the KL in the reward and the teacher)
         for b in f.leases("advantages", cols, batch_rows=self._rows("advantages")):
             with p.session.span("advantage", "driver", f.step):
-                receipt, kl = p.score("advantages_into", p.dock.reader(f.part, b.indexes, cols),
+                receipt, kl = p.score(ScoreWorker.advantages_into, p.dock.reader(f.part, b.indexes, cols),
                                       p.dock.slots(f.part, b.indexes), f.state.kl_coef)
             p.dock.publish(receipt)
             with f.state.cond:
@@ -127,13 +133,15 @@ class Consume:
                     opt = dict(mini_batches=p.cfg.trainer.mini_batches, epochs=p.cfg.trainer.epochs,
                                seed=p.cfg.run.seed + step, temperature=p.temperature, drop_truncated=a.overlong_filter)
                     if p.critic is not None:
-                        m = p.critic.split("train_batch", self._items(f, b.indexes, cols, p.critic.world_size),
+                        m = p.critic.split(CriticWorker.train_batch,
+                                           self._items(f, b.indexes, cols, p.critic.world_size),
                                            p.value_loss, critic_fields, **opt)[0]  # every rank: the global figures
                         with st.cond:
                             st.update.update(m)
                     if step > p.cfg.critic.warmup_steps or p.critic is None:
-                        m = p.actor.split("train_batch", self._items(f, b.indexes, cols, p.actor.world_size), loss,
-                                          fields, **opt, with_entropy=loss_kw["with_entropy"])[0]
+                        m = p.actor.split(PolicyWorker.train_batch,
+                                          self._items(f, b.indexes, cols, p.actor.world_size), loss, fields, **opt,
+                                          with_entropy=loss_kw["with_entropy"])[0]  # every rank: the global figures
                         with st.cond:
                             st.update.update(m)
                 b.ack()
@@ -141,14 +149,14 @@ class Consume:
         consumed = 0
         for b in f.leases("update", cols, batch_rows=p.sampling.n * p.cfg.trainer.stream_groups, after=gate):
             with p.phases.phase("update", p.actor, step):
-                p.actor.split("forward_backward", self._items(f, b.indexes, cols, p.actor.world_size), loss, fields,
-                              fresh=consumed == 0, **loss_kw)
+                p.actor.split(PolicyWorker.forward_backward, self._items(f, b.indexes, cols, p.actor.world_size),
+                              loss, fields, fresh=consumed == 0, **loss_kw)
             consumed += len(b.indexes)
             b.ack()
         if f.stop.is_set() or consumed == 0 or not self._can_train(f, None):
             return  # (what was accumulated is dropped by the next update's first chunk)
         with p.phases.phase("update", p.actor, step):
-            m = p.actor.all("optim_step")[0]  # every rank: the global figures
+            m = p.actor.all(PolicyWorker.optim_step)[0]  # every rank steps (collective): the global figures
         with st.cond:
             st.update.update(m)
 

@@ -69,7 +69,7 @@ def train_dpo(cfg: Config) -> Path:
             groups=[i for i in range(len(pairs)) for _ in range(2)],
         )
         with s.span("ref_logprob", "reference", step):
-            batch.fields["ref_logp"] = [float(lp.sum()) for lp in ref.split("logprobs", batch)]
+            batch.fields["ref_logp"] = [float(lp.sum()) for lp in ref.split(ReferenceWorker.logprobs, batch)]
         return batch
 
     return run.run(step_batch)

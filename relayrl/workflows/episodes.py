@@ -19,6 +19,7 @@ from relayrl.environments.base import Episode, EpisodeEnd, EpisodeSummary
 from relayrl.environments.config import EpisodeSpec, build_env_factory
 from relayrl.environments.episodes import episode_metrics
 from relayrl.evaluation.runner import EvalResult, write_report
+from relayrl.workflows.workers import RolloutWorker
 
 __all__ = ["episode_spec", "rollout_episodes", "evaluate_episodes", "log_episode_errors"]
 
@@ -40,8 +41,8 @@ def episode_spec(cfg: Config) -> EpisodeSpec | None:
 def rollout_episodes(rollout, s, problems: Sequence[Problem], params: SamplingParams, spec: EpisodeSpec,
                      step: int) -> tuple[list[Completion], list[float], dict[str, float]]:
     """``params.n`` episodes per problem: (completions with loss masks, episode rewards, ``env/*`` metrics)."""
-    eps: list[Episode] = rollout.split("run_episodes", [(i, s.encode(p), p) for i, p in enumerate(problems)],
-                                       params, spec)
+    eps: list[Episode] = rollout.split(RolloutWorker.run_episodes,
+                                       [(i, s.encode(p), p) for i, p in enumerate(problems)], params, spec)
     log_episode_errors(s, eps, step)
     return [e.completion(s.tokenizer) for e in eps], [e.reward for e in eps], episode_metrics(eps)
 
@@ -53,8 +54,8 @@ def evaluate_episodes(rollout, s, spec: EpisodeSpec, step: int) -> dict[str, flo
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=s.cfg.eval.max_new_tokens or ro.max_new_tokens,
                             stop_strings=tuple(ro.stop_strings))
     problems = s.eval_problems
-    eps: list[Episode] = rollout.split("run_episodes", [(i, s.encode(p), p) for i, p in enumerate(problems)],
-                                       params, spec)
+    eps: list[Episode] = rollout.split(RolloutWorker.run_episodes,
+                                       [(i, s.encode(p), p) for i, p in enumerate(problems)], params, spec)
     log_episode_errors(s, eps, step)
     rewards = torch.tensor([e.reward for e in eps], dtype=torch.float32)
     metrics = {"eval/accuracy": float((rewards >= 1.0).float().mean()), "eval/reward_mean": float(rewards.mean())}

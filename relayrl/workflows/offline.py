@@ -22,7 +22,7 @@ from relayrl.engines.training.base import LossFn, SequenceBatch
 from relayrl.workflows.episodes import episode_spec, evaluate_episodes
 from relayrl.workflows.relay import relay_weights
 from relayrl.workflows.session import Session
-from relayrl.workflows.workers import PolicyWorker, RolloutWorker, collective, generate, role_precision
+from relayrl.workflows.workers import PolicyWorker, RolloutWorker, _TrainerWorker, collective, generate, role_precision
 
 __all__ = ["OfflineRun"]
 
@@ -65,24 +65,25 @@ class OfflineRun:
             return self.s.evaluate(lambda p, sp: generate(self.rollout, p, sp), step).metrics
 
     def save(self, step: int) -> Path:
-        return self.s.save(step, collective(self.actor, "state"))
+        return self.s.save(step, collective(self.actor, _TrainerWorker.state))
 
     def run(self, step_batch: Callable[[int], SequenceBatch]) -> Path:
         """Train on ``step_batch(step)`` each step (Session.run's loop); returns the final model directory."""
         s, cfg = self.s, self.cfg
 
         def restore() -> None:
-            ck = s.load(self.actor.one("param_shapes"))
+            ck = s.load(self.actor.one(_TrainerWorker.param_shapes))
             if ck is not None:
-                self.actor.all("load_state", {"model": ck.model_state, "optimizer": ck.optimizer_state,
-                                              "scheduler": ck.scheduler_state})
+                self.actor.all(_TrainerWorker.load_state, {"model": ck.model_state,
+                                                           "optimizer": ck.optimizer_state,
+                                                           "scheduler": ck.scheduler_state})
                 s.restore_rng(ck)
 
         def step(st: int) -> dict[str, float]:
             t0 = time.perf_counter()
             batch = step_batch(st)
             with s.span("update", "actor", st):  # every rank reports the global metrics
-                metrics = self.actor.split("update", batch, self.loss, seed=cfg.run.seed + st)[0]
+                metrics = self.actor.split(_TrainerWorker.update, batch, self.loss, seed=cfg.run.seed + st)[0]
             dt = time.perf_counter() - t0
             tokens = sum(int(p.numel() + r.numel()) for p, r in zip(batch.prompt_ids, batch.response_ids))
             metrics.update({"perf/step_time_s": dt, "perf/tokens": tokens,
@@ -93,6 +94,8 @@ class OfflineRun:
             for g in self.groups:
                 g.shutdown()
 
+        # save_pretrained by name: the actor is a PolicyWorker or a RewardModelTrainer, each with its own (the
+        # methods above are their common base's, _TrainerWorker)
         return s.run(restore=restore, step=step, evaluate=self.evaluate, save=self.save,
                      export=lambda p: self.actor.all("save_pretrained", p), shutdown=shutdown,
-                     key_metrics=self.key_metrics, footprint=lambda: self.actor.one("footprint"))
+                     key_metrics=self.key_metrics, footprint=lambda: self.actor.one(_TrainerWorker.footprint))

@@ -15,6 +15,7 @@ from relayrl.engines.generation.base import SamplingParams
 from relayrl.environments.config import EpisodeSpec
 from relayrl.workflows.episodes import episode_spec
 from relayrl.workflows.losses import PolicyLoss, ValueLoss
+from relayrl.workflows.workers import _MemoryProbe
 
 __all__ = ["StepParts", "Phases", "build_parts"]
 
@@ -32,11 +33,11 @@ class Phases:
     def phase(self, name: str, group: WorkerGroup, step: int):
         """A timeline span of ``group`` whose peak memory is the largest over its ranks and the stage's
         repeats within the step."""
-        group.all("memory_reset")
+        group.all(_MemoryProbe.memory_reset)  # (every role's worker class has the probe)
         with self.s.span(name, group.name, step):
             yield
         key = f"memory/{name}_peak_gb"
-        self.metrics[key] = max(self.metrics.get(key, 0.0), max(group.all("memory_peak_gb")))
+        self.metrics[key] = max(self.metrics.get(key, 0.0), max(group.all(_MemoryProbe.memory_peak_gb)))
 
     def idle(self, *groups: WorkerGroup | None) -> None:
         """``trainer.offload``: these roles' idle state to host (the actor keeps its weights on the device
@@ -45,6 +46,7 @@ class Phases:
             for g in groups:
                 if g is not None:
                     kw = {"weights": not self.shared} if g is self.actor else {}
+                    # by name: each role's class has an offload of its own (no common base defines it)
                     self._seconds(g.all("offload", **kw))
 
     def wake(self, *groups: WorkerGroup | None, **kwargs: Any) -> None:
@@ -52,7 +54,7 @@ class Phases:
         if self.offload:
             for g in groups:
                 if g is not None:
-                    self._seconds(g.all("reload", **kwargs))
+                    self._seconds(g.all("reload", **kwargs))  # by name, as offload above
 
     def _seconds(self, seconds: list[float]) -> None:
         self.metrics["timing/offload_s"] = self.metrics.get("timing/offload_s", 0.0) + max(seconds)
@@ -74,8 +76,8 @@ class StepParts:
     teacher: WorkerGroup | None
     """On-policy distillation's frozen teacher (``algorithm.distill.teacher``): log-probs only."""
     score: Callable[..., Any]
-    """``score(method, *args)``: a :class:`~relayrl.workflows.scoring.ScoreWorker` call (driver threads or
-    its pool)."""
+    """``score(ScoreWorker.method, *args)``: a :class:`~relayrl.workflows.scoring.ScoreWorker` call (driver
+    threads or its pool); the method by reference (its name is accepted too)."""
     sampling: SamplingParams
     greedy: SamplingParams
     """ReMax's baseline: one greedy response per prompt."""

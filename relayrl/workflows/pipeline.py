@@ -68,7 +68,9 @@ from relayrl.workflows.scoring import ScoreWorker
 from relayrl.workflows.session import Session
 from relayrl.workflows.state import StepState
 from relayrl.workflows.step_metrics import staleness_metrics, step_metrics, step_tokens
-from relayrl.workflows.workers import collective, generate, restore_rollout_rng, rollout_rng
+from relayrl.cluster.worker import method_name
+from relayrl.workflows.workers import (CriticWorker, PolicyWorker, RolloutWorker, collective, generate,
+                                       restore_rollout_rng, rollout_rng)
 
 __all__ = ["GRPOPipeline", "KEY_METRICS"]
 
@@ -101,7 +103,11 @@ class GRPOPipeline:
         scorer = dict(reward=s.reward, tokenizer=s.tokenizer, algorithm=cfg.algorithm, shape=self.shaped)
         if cfg.placement.reward == "driver":  # threads of the driver: calls run concurrently, beside every pool
             worker = ScoreWorker(**scorer)
-            self.scorer, score = None, lambda method, *args: getattr(worker, method)(*args)
+
+            def score(method, *args):  # ``method``: ScoreWorker.score_rows (or its name), as for a group's calls
+                return getattr(worker, method_name(ScoreWorker, "scorer", method))(*args)
+
+            self.scorer = None
         else:  # a pool's devices (a reward model): its calls take that pool's turns
             self.scorer = make_group(cfg.cluster.model_copy(update={"in_process": True}), ScoreWorker,
                                      pools(cfg.placement.reward), "scorer", init_kwargs=scorer)
@@ -123,7 +129,7 @@ class GRPOPipeline:
         if not (self.actor.in_driver and self.rollout.in_driver) or prec["trained"] != prec["rollout"] \
                 or self.cfg.model.lora.enabled:
             return False
-        return bool(self.rollout.one("share_weights", self.actor.one("named_weights"), 0))
+        return bool(self.rollout.one(RolloutWorker.share_weights, self.actor.one(PolicyWorker.named_weights), 0))
 
     def shaped(self, scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Rewards from verifier scores: DAPO's overlong shaping when enabled."""
@@ -252,17 +258,17 @@ class GRPOPipeline:
     def restore(self) -> None:
         """Load the checkpoint the resume plan chose (if any) and give the rollout the actor's weights."""
         s = self.s
-        ck = s.load(self.actor.one("param_shapes"))
+        ck = s.load(self.actor.one(PolicyWorker.param_shapes))
         if ck is not None:
-            self.actor.all("load_state", {"model": ck.model_state, "optimizer": ck.optimizer_state,
-                                          "scheduler": ck.scheduler_state})
+            self.actor.all(PolicyWorker.load_state, {"model": ck.model_state, "optimizer": ck.optimizer_state,
+                                                     "scheduler": ck.scheduler_state})
             if self.critic is not None:
                 if not isinstance(ck.extra, dict) or "critic" not in ck.extra:
                     raise CheckpointError(f"{ck.path} holds no critic state (it was saved by a run whose "
                                           f"advantage estimator has no critic); resume it with its own estimator")
                 critic = ck.extra["critic"]
-                check_fits(ck.path / "extra.pt", critic.get("model") or {}, self.critic.one("param_shapes"))
-                self.critic.all("load_state", critic)
+                check_fits(ck.path / "extra.pt", critic.get("model") or {}, self.critic.one(CriticWorker.param_shapes))
+                self.critic.all(CriticWorker.load_state, critic)
             restore_rollout_rng(self.rollout, ck.trainer_state["rollout_rng"], s.log)
             if "kl_ctrl" in ck.trainer_state:  # (checkpoints before the adaptive KL have none)
                 self.kl_ctrl.load_state_dict(ck.trainer_state["kl_ctrl"])
@@ -283,11 +289,11 @@ class GRPOPipeline:
         """The shared run loop (restore, eval at step 0, steps, log, checkpoint, export) with this step."""
         def export(path: str) -> None:
             self._stop_ahead()
-            self.actor.all("save_pretrained", path)
+            self.actor.all(PolicyWorker.save_pretrained, path)
 
         return self.s.run(restore=self.restore, step=self.step, evaluate=self.evaluate, save=self.save,
                           export=export, shutdown=self.shutdown, key_metrics=KEY_METRICS,
-                          footprint=lambda: self.actor.one("footprint"))
+                          footprint=lambda: self.actor.one(PolicyWorker.footprint))
 
     def evaluate(self, step: int) -> dict[str, float]:
         def held_out() -> dict[str, float]:
@@ -307,8 +313,8 @@ class GRPOPipeline:
             extra_state = {"rollout_rng": rng, "data": data}
         extra_state["kl_ctrl"] = self.kl_ctrl.state_dict()
         with self.s.span("checkpoint", "driver", step):
-            extra = None if self.critic is None else {"critic": collective(self.critic, "state")}
-            return self.s.save(step, collective(self.actor, "state"), extra_state=extra_state, extra=extra)
+            extra = None if self.critic is None else {"critic": collective(self.critic, CriticWorker.state)}
+            return self.s.save(step, collective(self.actor, PolicyWorker.state), extra_state=extra_state, extra=extra)
 
     def _stop_ahead(self) -> None:
         if self.ahead is not None:

@@ -18,6 +18,8 @@ import torch
 from relayrl.config.plan import PARTIAL_POLL_S
 from relayrl.workflows.flow import Flow
 from relayrl.workflows.parts import StepParts
+from relayrl.workflows.scoring import ScoreWorker
+from relayrl.workflows.workers import RolloutWorker
 
 __all__ = ["Produce"]
 
@@ -89,7 +91,7 @@ class Produce:
         for r in range(ranks):
             idx = list(range(len(groups)))[r::ranks]
             episodes = {} if p.episodes is None else dict(episodes=p.episodes, problems=[problems[groups[i]] for i in idx])
-            p.rollout.one("start_stream", [prompts[i] for i in idx], params, [slots[i] for i in idx],
+            p.rollout.one(RolloutWorker.start_stream, [prompts[i] for i in idx], params, [slots[i] for i in idx],
                           [groups[i] for i in idx], partial=self.partial, baseline=baseline, **episodes,
                           per_sample=per_sample, deferred=p.plan.sequential, on_error=p.cfg.rollout.on_error, rank=r)
         live = set(range(ranks))
@@ -99,7 +101,7 @@ class Produce:
         poll_s = PARTIAL_POLL_S if self.partial else 0.05 if ranks > 1 else 0.2
         while live and not f.stop.is_set():
             for r in sorted(live):
-                got, done = p.rollout.one("poll_stream", poll_s, rank=r)
+                got, done = p.rollout.one(RolloutWorker.poll_stream, poll_s, rank=r)
                 for receipt, records in got:
                     if receipt is None:  # groups whose generation request failed (rollout.on_error=drop_group)
                         self._drop_failed(f, records)
@@ -142,7 +144,7 @@ class Produce:
                 problems = list(st.problems)
             try:
                 with p.session.span("reward", "reward", f.step):
-                    out = p.score("score_rows", p.dock.reader(f.part, b.indexes, cols), problems)
+                    out = p.score(ScoreWorker.score_rows, p.dock.reader(f.part, b.indexes, cols), problems)
             except BaseException:
                 f.stop.set()  # the lease loop ends now and the error is raised below (the rows stay unacked)
                 raise
@@ -187,7 +189,7 @@ class Produce:
         keep = [k and int(g) not in failed for k, g in zip(p.plan.keep_groups(scores, groups), groups.tolist())]
         kept = [i for i, k in enumerate(keep) if k]
         if kept:
-            p.dock.publish(p.score("write_rewards", p.dock.slots(f.part, [rows[i] for i in kept]),
+            p.dock.publish(p.score(ScoreWorker.write_rewards, p.dock.slots(f.part, [rows[i] for i in kept]),
                                    [rewards[i] for i in kept]))
         if len(kept) < len(rows):
             p.dock.retire(f.part, [r for r, k in zip(rows, keep) if not k])
@@ -207,7 +209,8 @@ class Produce:
             with st.cond:
                 problems = list(st.problems)
             with p.session.span("greedy_baseline", "reward", f.step):
-                receipt, base = p.score("baseline_into", p.dock.reader(f.part, b.indexes, ["baseline_ids", "group"]),
+                receipt, base = p.score(ScoreWorker.baseline_into,
+                                        p.dock.reader(f.part, b.indexes, ["baseline_ids", "group"]),
                                         p.dock.slots(f.part, b.indexes), problems)
             p.dock.publish(receipt)
             with st.cond:

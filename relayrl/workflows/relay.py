@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from relayrl.cluster import WorkerGroup
 from relayrl.weights import WeightRelay, gather_full_state
+from relayrl.workflows.workers import PolicyWorker, RolloutWorker
 
 __all__ = ["relay_weights"]
 
@@ -24,13 +25,14 @@ def relay_weights(actor: WorkerGroup, rollout: WorkerGroup, *, version: int, rel
     tagged ``version``; returns relay metrics."""
     relay = relay or WeightRelay()
     if named is None and not actor.in_driver:  # actor rank 0 packs into the relay's shared memory: the
-        metrics = relay.push_from_group(actor, "pack_weights_into", rollout, "receive_weights", version=version)
+        metrics = relay.push_from_group(actor, PolicyWorker.pack_weights_into, rollout,
+                                       RolloutWorker.receive_weights, version=version)
         if metrics is not None:  # weights skip the driver (None: the groups cannot share host memory)
             return {k: float(v) for k, v in metrics.items()}
     if named is None:  # every actor rank takes part (FSDP2 gathers the full tensors); rank 0 holds them
-        named = actor.all("named_weights")[0]
+        named = actor.all(PolicyWorker.named_weights)[0]
     if actor.in_driver and rollout.in_driver:
-        rollout.all("update_weights", named, version)
+        rollout.all(RolloutWorker.update_weights, named, version)
         return {}
-    metrics = relay.push_to_group(gather_full_state(named), rollout, "receive_weights", version=version)
+    metrics = relay.push_to_group(gather_full_state(named), rollout, RolloutWorker.receive_weights, version=version)
     return {k: float(v) for k, v in metrics.items()}

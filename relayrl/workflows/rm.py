@@ -67,7 +67,7 @@ class RMRun(OfflineRun):
     def evaluate(self, step: int) -> dict[str, float]:
         with self.s.span("eval", "actor", step):
             batch = pair_batch(self.s, self.held_out)
-            values = self.actor.split("values", batch)
+            values = self.actor.split(RewardModelTrainer.values, batch)
             scores = torch.stack([v[-1] for v in values]).float()  # the value at the EOS position: the row's score
             _, m = bradley_terry_loss(scores[0::2], scores[1::2])
         return {"eval/pair_accuracy": m["rm/accuracy"], "eval/accuracy": m["rm/accuracy"],

@@ -9,7 +9,7 @@
 * :class:`RolloutWorker` - a generation engine that takes relayed weights.
 
 Workers are started by :class:`relayrl.cluster.WorkerGroup` on a resource
-pool; the driver calls them by method name (``group.split("update", ...)``).
+pool; the driver calls their methods by reference (``group.split(PolicyWorker.update, ...)``).
 In a multi-rank group the actor, critic and reference shard their model with
 FSDP2, so the driver calls their state and weight methods on every rank
 (:func:`collective`).
@@ -22,7 +22,7 @@ import os
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -543,8 +543,9 @@ class RolloutWorker(StreamingGeneration, WeightReceiverMixin, _MemoryProbe, Work
 
 
 # ------------------------------------------------------------- driver-side calls
-def collective(group: WorkerGroup, method: str, *args, **kwargs):
-    """Call ``method`` on every rank (FSDP2 gathers need them all); rank 0's result."""
+def collective(group: WorkerGroup, method: Callable | str, *args, **kwargs):
+    """Call ``method`` (a method of the group's worker class, or its name) on every rank (FSDP2 gathers need
+    them all); rank 0's result."""
     return group.all(method, *args, **kwargs)[0]
 
 
@@ -553,12 +554,12 @@ def generate(rollout: WorkerGroup, prompts: Sequence[Sequence[int]], params: Sam
     """Generate on every rollout rank, each taking a contiguous slice of ``prompts``; completions come back
     in prompt order with ``prompt_index`` into ``prompts``. ``on_error``: ``rollout.on_error``
     (:meth:`RolloutWorker.generate`)."""
-    return rollout.split("generate_rows", list(enumerate(prompts)), params, on_error)
+    return rollout.split(RolloutWorker.generate_rows, list(enumerate(prompts)), params, on_error)
 
 
 def rollout_rng(rollout: WorkerGroup) -> list[list[int]]:
     """Each rollout rank's sampler state (for checkpoints)."""
-    return [t.tolist() for t in rollout.all("rng_state")]
+    return [t.tolist() for t in rollout.all(RolloutWorker.rng_state)]
 
 
 def restore_rollout_rng(rollout: WorkerGroup, states: list, log=print) -> None:
@@ -570,4 +571,4 @@ def restore_rollout_rng(rollout: WorkerGroup, states: list, log=print) -> None:
             f"{rollout.world_size}: rollout ranks start from fresh seeds")
         return
     for rank, st in enumerate(states):
-        rollout.one("set_rng_state", torch.tensor(st, dtype=torch.uint8), rank=rank)
+        rollout.one(RolloutWorker.set_rng_state, torch.tensor(st, dtype=torch.uint8), rank=rank)

@@ -142,6 +142,21 @@ class Echo(Worker):
     def meet(self, barrier: threading.Barrier) -> int:
         return barrier.wait()  # raises BrokenBarrierError unless another group's rank meets it concurrently
 
+    @staticmethod
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    @classmethod
+    def kind(cls) -> str:
+        return cls.__name__
+
+
+class LoudEcho(Echo):
+    """Inherits Echo's methods but ``echo``, which it overrides."""
+
+    def echo(self, x, scale: int = 1):
+        return ("loud", self.rank, x * scale)
+
 
 class Bars(Worker):
     """Draws a tqdm progress bar in its rank process (as model loading does)."""

@@ -5,7 +5,7 @@ import threading
 import pytest
 import torch.distributed as dist
 
-from cluster_workers import Echo, Probe, Rows
+from cluster_workers import Bars, Echo, LoudEcho, Probe, Rows
 from relayrl.cluster import ClusterConfig, ResourcePool, Worker, WorkerError, WorkerGroup, make_group
 
 
@@ -28,6 +28,70 @@ def test_call_kinds(group):
     assert group.split("tag_items", [1, 2, 3], offset=10) == [(0, 11), (0, 12), (0, 13)]
     assert group.split("rows_plus_rank", Rows([1, 2])) == Rows([1, 2])
     assert group.one("echo", "a", rank=0) == (0, "a")
+
+
+def test_call_kinds_take_a_method_reference(group):
+    """A method taken from the worker class (or a base) names the call; go-to-definition follows it."""
+    assert group.all(Echo.echo, 3, scale=2) == [(0, 6)]
+    assert group.split(Echo.tag_items, [1, 2, 3], offset=10) == [(0, 11), (0, 12), (0, 13)]
+    assert group.split(Echo.rows_plus_rank, Rows([1, 2])) == Rows([1, 2])
+    assert group.one(Echo.echo, "a", rank=0) == (0, "a")
+    assert group.all_async(Echo.echo, 1).result(timeout=5) == [(0, 1)]
+    assert group.split_async(Echo.tag_items, [5]).result(timeout=5) == [(0, 5)]
+    assert group.one_async(Echo.echo, 9).result(timeout=5) == (0, 9)
+    assert group.one(Echo.add, 1, 2) == 3 and group.one(Echo.kind) == "Echo"  # a static and a class method
+    with pytest.raises(WorkerError) as info:
+        group.one(Echo.boom)
+    assert info.value.method == "boom"  # errors and byte counts name the method as before
+
+
+def test_a_method_name_still_works_and_counts_with_its_reference(group):
+    import torch
+
+    group.reset_bytes()
+    assert group.all("echo", 3, scale=2) == group.all(Echo.echo, 3, scale=2) == [(0, 6)]
+    assert group.one("tag_items", [1]) == group.one(Echo.tag_items, [1]) == [(0, 1)]
+    group.all("double", torch.ones(2))
+    group.all(Echo.double, torch.ones(2))
+    assert group.bytes_by_method == {"echo": 0, "tag_items": 0, "double": 2 * (8 + 8)}
+
+
+def test_a_reference_reaches_methods_of_the_class_and_its_bases_only():
+    g = WorkerGroup(LoudEcho, ResourcePool("loud"), name="loud", distributed=False)
+    try:
+        assert g.one(LoudEcho.echo, 2) == ("loud", 0, 2)
+        assert g.one(Echo.identity, 5) == 5 and g.one(LoudEcho.identity, 5) == 5  # inherited: the same function
+        with pytest.raises(ValueError, match=r"group 'loud' runs LoudEcho, whose 'echo' is LoudEcho\.echo, "
+                                             r"not Echo\.echo"):
+            g.one(Echo.echo, 2)  # the base's method, which this class overrides
+    finally:
+        g.shutdown()
+
+
+def test_a_method_of_another_class_is_refused_before_dispatch(group):
+    group.reset_bytes()
+    with pytest.raises(AttributeError, match=r"group 'echo': Echo has no method 'ping' \(Bars\.ping is a method "
+                                             r"of another class\)"):
+        group.all(Bars.ping)
+    with pytest.raises(ValueError, match=r"runs Echo, whose 'echo' is Echo\.echo, not LoudEcho\.echo"):
+        group.split(LoudEcho.echo, [1])
+    with pytest.raises(ValueError, match=r"Worker\._relayrl_bind is private; the ranks run public methods of Echo"):
+        group.one(Echo._relayrl_bind)
+    with pytest.raises(TypeError, match="taken from the class"):
+        group.one(_bound_echo())  # a bound method of an instance, not the class's function
+    with pytest.raises(AttributeError, match="has no method '<lambda>'"):
+        group.one(lambda: None)
+    assert group.bytes_by_method == {}  # nothing was sent
+
+
+def test_a_method_patched_with_a_function_of_another_name_is_found_by_identity(group, monkeypatch):
+    monkeypatch.setattr(Echo, "echo", lambda self, x: ("patched", x))
+    assert group.one(Echo.echo, 1) == ("patched", 1)  # (named '<lambda>': called as 'echo', where it sits)
+
+
+def _bound_echo():
+    obj = Echo.__new__(Echo)
+    return obj.echo
 
 
 def test_single_rank_call_passes_objects_without_pickling(group):

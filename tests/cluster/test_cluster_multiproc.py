@@ -51,6 +51,14 @@ def test_dispatch_and_gather_order(group):
     assert group.one("echo", "x", rank=1) == (1, "x")
 
 
+def test_a_method_reference_reaches_rank_processes_by_its_name(group):
+    """Only the name crosses the pipe (a function is never pickled); results are as for the name."""
+    assert group.all(Echo.echo, 2, scale=3) == [(0, 6), (1, 6)]
+    assert group.split(Echo.tag_items, [0, 1, 2], offset=1) == [(0, 1), (0, 2), (1, 3)]
+    assert group.one(Echo.echo, "x", rank=1) == (1, "x")
+    assert group.all(Echo.all_reduce_rank) == [3.0, 3.0]
+
+
 def test_bytes_count_arguments_per_rank_and_results(group):
     group.reset_bytes()
     group.all("echo", torch.ones(5))  # 20 bytes of arguments to each of 2 ranks, 20 bytes back from each

@@ -35,6 +35,8 @@ def test_ray_group_dispatch_collectives_errors_and_colocation(ray_cluster):
         assert [w["local_rank"] for w in who] == [0, 1] and [w["env_rank"] for w in who] == ["0", "1"]
         assert len(set(g.pids())) == 2 and os.getpid() not in g.pids()
         assert g.split("tag_items", [1, 2, 3]) == [(0, 1), (0, 2), (1, 3)]
+        assert g.split(Echo.tag_items, [1, 2, 3]) == [(0, 1), (0, 2), (1, 3)]  # a reference travels as its name
+        assert g.one(Echo.echo, 7, rank=1) == (1, 7)
         assert g.all("all_reduce_rank") == [3.0, 3.0]
         assert g.one_async("echo", 5, rank=1).result(timeout=60) == (1, 5)
         with pytest.raises(WorkerError) as info:

@@ -65,10 +65,10 @@ class _OneRank:
         self.w = worker
 
     def all(self, method, *args, **kwargs):
-        return [getattr(self.w, method)(*args, **kwargs)]
+        return [getattr(self.w, getattr(method, "__name__", method))(*args, **kwargs)]
 
     def one(self, method, *args, rank=0, **kwargs):
-        return getattr(self.w, method)(*args, **kwargs)
+        return getattr(self.w, getattr(method, "__name__", method))(*args, **kwargs)
 
 
 def _stream(worker, dock, prompts, params, partial):
@@ -317,7 +317,7 @@ def test_partial_rollout_polls_briefly_so_staged_weights_go_out_at_once(partial)
         world_size = 1
 
         def one(self, method, *args, rank=0, **kwargs):
-            if method == "poll_stream":
+            if getattr(method, "__name__", method) == "poll_stream":  # (RolloutWorker.poll_stream)
                 waits.append(args[0])
                 return [], len(waits) == 3  # nothing finished twice, then the stream ends
 
