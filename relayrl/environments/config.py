@@ -19,7 +19,7 @@ from relayrl.data.tasks import Problem
 from relayrl.engines.reward.config import RewardConfig
 from relayrl.environments.base import EnvFactory, Environment
 from relayrl.environments.sandbox import SandboxConfig, check_available
-from relayrl.environments.tools import BUILTIN_TOOLS, Tool, ToolEnvironment
+from relayrl.environments.tools import BUILTIN_TOOLS, FunctionTool, Tool, ToolEnvironment
 from relayrl.errors import UserError
 from relayrl.plugins import absolute_file, resolve
 
@@ -109,7 +109,8 @@ def _binds(fn: Callable, n: int) -> bool:
 
 
 def load_tool(spec: str, sandbox: SandboxConfig) -> Tool:
-    """A built-in tool by name, or a user tool (a class, made with no arguments, or an object) by path."""
+    """A built-in tool by name, or a user tool by path: a class (made with no arguments) or an object with
+    ``name``, ``description`` and ``__call__(arguments)``, or a plain function (:class:`FunctionTool`)."""
     if spec in BUILTIN_TOOLS:
         if spec == "python":
             try:
@@ -121,6 +122,8 @@ def load_tool(spec: str, sandbox: SandboxConfig) -> Tool:
         raise EnvLoadError(f"env.tools: {spec!r} is not a built-in tool ({', '.join(BUILTIN_TOOLS)}) nor a "
                            f"'package.module:attribute' path")
     obj = _resolve(spec, "env.tools")
+    if inspect.isfunction(obj) and not isinstance(getattr(obj, "name", None), str):
+        return FunctionTool(obj)  # a plain function, as TRL takes one
     tool = obj() if inspect.isclass(obj) else obj
     for attr in ("name", "description"):
         if not isinstance(getattr(tool, attr, None), str):

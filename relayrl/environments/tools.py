@@ -19,12 +19,14 @@ template's ``tool`` role is not done: results are the plain ``<result>`` text ab
 and decimals, evaluated from the syntax tree with size limits, no ``eval``) and ``python`` (``{"code":
 str}``: the sandbox of :mod:`relayrl.environments.sandbox`; what it prints is the result). A tool raises
 :class:`ToolError` for a bad call by the model (that becomes an ``<error>`` observation); any other
-exception is the tool's own failure and ends the episode as an environment error.
+exception is the tool's own failure and ends the episode as an environment error. A plain function serves as
+a tool too (:class:`FunctionTool`, TRL's form: its name, its docstring, its arguments by keyword).
 """
 
 from __future__ import annotations
 
 import ast
+import inspect
 import json
 import operator
 from dataclasses import dataclass
@@ -35,7 +37,7 @@ from relayrl.environments.base import EnvError, StepResult
 from relayrl.environments.sandbox import SandboxConfig, run_python
 
 __all__ = ["Tool", "ToolError", "ToolCall", "parse_tool_call", "format_call", "Calculator", "PythonTool",
-           "ToolEnvironment", "BUILTIN_TOOLS"]
+           "FunctionTool", "ToolEnvironment", "BUILTIN_TOOLS"]
 
 
 class ToolError(Exception):
@@ -153,6 +155,29 @@ class PythonTool:
         if not result.ok:
             raise ToolError(f"{result.error}" + (f"; output: {result.stdout[-200:]}" if result.stdout else ""))
         return result.stdout
+
+
+class FunctionTool:
+    """A plain Python function as a tool, as TRL's ``GRPOTrainer(tools=[...])`` takes one: its name is the
+    function's, its description the docstring's first paragraph, and a call passes the JSON arguments by
+    keyword. Arguments the signature cannot take are a bad call (:class:`ToolError`); the result is the
+    returned string, or the JSON of anything else. What the function raises is its own failure (an
+    environment error), but :class:`ToolError`, as for any tool."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.name = fn.__name__
+        doc = inspect.getdoc(fn) or ""
+        self.description = doc.split("\n\n", 1)[0].strip() or f"{self.name}{inspect.signature(fn)}"
+        self._signature = inspect.signature(fn)
+
+    def __call__(self, arguments: dict[str, Any]) -> str:
+        try:
+            self._signature.bind(**arguments)
+        except TypeError as e:
+            raise ToolError(f"{self.name}{self._signature}: {e}") from None
+        out = self.fn(**arguments)
+        return out if isinstance(out, str) else json.dumps(out, default=str)
 
 
 BUILTIN_TOOLS: dict[str, Callable[[SandboxConfig], Tool]] = {

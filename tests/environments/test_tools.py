@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import textwrap
 import types
@@ -237,3 +238,36 @@ def test_environments_and_tools_load_from_a_file(tmp_path, monkeypatch):
     assert load_tool(tools[1], SandboxConfig())({"text": "hi"}) == "hi"
     with pytest.raises(ValueError, match=r"env.tools='gone.py:Echo': no file /gone.py"):
         EnvConfig(name="tools", tools=["gone.py:Echo"])
+
+
+def test_a_plain_function_is_a_tool_as_trl_takes_one(tmp_path):
+    """Its name, its docstring's first paragraph, its arguments by keyword; arguments it cannot take are a bad
+    call the model sees; a result that is not text comes back as JSON."""
+    (tmp_path / "fn_tools.py").write_text(textwrap.dedent('''
+        def multiply(a: int, b: int) -> int:
+            """Multiply two integers.
+
+            Args:
+                a: the first
+                b: the second
+            """
+            return a * b
+
+        def lookup(key: str) -> dict:
+            return {"key": key, "found": False}
+    '''))
+    tool = load_tool(f"{tmp_path}/fn_tools.py:multiply", SandboxConfig())
+    assert (tool.name, tool.description) == ("multiply", "Multiply two integers.")
+    assert tool({"a": 6, "b": 7}) == "42"
+    with pytest.raises(ToolError, match=r"multiply\(a: int, b: int\) -> int: missing a required argument: 'b'"):
+        tool({"a": 6})
+    other = load_tool(f"{tmp_path}/fn_tools.py:lookup", SandboxConfig())
+    assert other.description == "lookup(key: str) -> dict" and json.loads(other({"key": "x"})) == {
+        "key": "x", "found": False}
+    env = load_env_factory(EnvConfig(name="tools", tools=["calculator", f"{tmp_path}/fn_tools.py:multiply"]),
+                           lambda p, t: float(t == "42"))()
+    env.reset(Problem("6*7=", "42"))
+    assert env.step('<tool>{"name": "multiply", "arguments": {"a": 6, "b": 7}}</tool>').observation == \
+        "<result>42</result>"
+    assert env.step('<tool>{"name": "multiply", "arguments": {"c": 1}}</tool>').observation.startswith(
+        "<error>multiply(a: int, b: int) -> int: ")
