@@ -428,7 +428,9 @@ def _render(tokenizer, problem: Problem, chat_template: bool | None) -> tuple[st
             "with one, or set data.chat_template=false to encode the prompt as plain text"
         )
     msgs = messages if messages is not None else [{"role": "user", "content": problem.prompt}]
-    return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True), True
+    tools = problem.meta.get("tools")  # the run's tools, in the template's tools list (env.tools_in_prompt)
+    extra = {"tools": tools} if tools else {}
+    return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **extra), True
 
 
 def encode_prompt(tokenizer, problem: Problem, chat_template: bool | None = None) -> list[int]:

@@ -45,6 +45,9 @@ class EnvConfig(BaseModel):
     tools: list[str] = Field(default_factory=lambda: ["calculator"], description="env.name=tools: built-in "
                              "tools (calculator, python) or 'package.module:attribute' (or "
                              "'path/to/file.py:attribute') of user tools")
+    tools_in_prompt: bool = Field(True, description="env.name=tools: describe the tools to the model through "
+                                  "the chat template's tools list (as TRL does), for prompts that are chat "
+                                  "messages; false: the prompt as written")
     tool_tag: str = Field("tool", description="the tag of a tool call, <TAG>{json}</TAG> ('tool_call': the "
                           "Qwen2.5/Hermes form)")
     max_turns: int = Field(4, ge=1, description="model turns per episode")

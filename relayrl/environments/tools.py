@@ -37,7 +37,7 @@ from relayrl.environments.base import EnvError, StepResult
 from relayrl.environments.sandbox import SandboxConfig, run_python
 
 __all__ = ["Tool", "ToolError", "ToolCall", "parse_tool_call", "format_call", "Calculator", "PythonTool",
-           "FunctionTool", "ToolEnvironment", "BUILTIN_TOOLS"]
+           "FunctionTool", "tool_schema", "ToolEnvironment", "BUILTIN_TOOLS"]
 
 
 class ToolError(Exception):
@@ -47,7 +47,8 @@ class ToolError(Exception):
 
 @runtime_checkable
 class Tool(Protocol):
-    """A named function of JSON arguments returning text."""
+    """A named function of JSON arguments returning text. An optional ``parameters`` attribute (a JSON schema
+    of the arguments object) is what a chat template's tool list shows (:func:`tool_schema`)."""
 
     name: str
     description: str
@@ -100,6 +101,8 @@ class Calculator:
 
     name = "calculator"
     description = 'evaluate an arithmetic expression: {"expression": "12*(3+4)"}'
+    parameters = {"type": "object", "properties": {"expression": {"type": "string", "description": "arithmetic: "
+                  "numbers, + - * / // % **, parentheses"}}, "required": ["expression"]}
     max_chars = 200
     max_digits = 64
 
@@ -143,6 +146,8 @@ class PythonTool:
 
     name = "python"
     description = 'run Python code in a sandbox and return what it prints: {"code": "print(2**10)"}'
+    parameters = {"type": "object", "properties": {"code": {"type": "string", "description": "Python source"}},
+                  "required": ["code"]}
 
     def __init__(self, sandbox: SandboxConfig | None = None) -> None:
         self.sandbox = sandbox or SandboxConfig()
@@ -170,6 +175,7 @@ class FunctionTool:
         doc = inspect.getdoc(fn) or ""
         self.description = doc.split("\n\n", 1)[0].strip() or f"{self.name}{inspect.signature(fn)}"
         self._signature = inspect.signature(fn)
+        self.parameters = _parameters(fn, self._signature)
 
     def __call__(self, arguments: dict[str, Any]) -> str:
         try:
@@ -178,6 +184,30 @@ class FunctionTool:
             raise ToolError(f"{self.name}{self._signature}: {e}") from None
         out = self.fn(**arguments)
         return out if isinstance(out, str) else json.dumps(out, default=str)
+
+
+_JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
+
+
+def _parameters(fn: Callable[..., Any], sig: inspect.Signature) -> dict[str, Any]:
+    """The JSON schema of ``fn``'s arguments: transformers' ``get_json_schema`` (types, and descriptions from a
+    docstring's ``Args:``) where it can read the function, else the types of the signature alone."""
+    try:
+        from transformers.utils import get_json_schema
+
+        return get_json_schema(fn)["function"]["parameters"]
+    except Exception:  # (a docstring without Args for every argument, a type it cannot map)
+        props = {n: ({"type": _JSON_TYPES[p.annotation]} if p.annotation in _JSON_TYPES else {})
+                 for n, p in sig.parameters.items()}
+        required = [n for n, p in sig.parameters.items() if p.default is p.empty]
+        return {"type": "object", "properties": props, "required": required}
+
+
+def tool_schema(tool: Tool) -> dict[str, Any]:
+    """``tool`` in the form chat templates take in their ``tools`` list (OpenAI's function schema)."""
+    params = getattr(tool, "parameters", None) or {"type": "object", "properties": {}}
+    return {"type": "function", "function": {"name": tool.name, "description": tool.description,
+                                             "parameters": params}}
 
 
 BUILTIN_TOOLS: dict[str, Callable[[SandboxConfig], Tool]] = {

@@ -153,6 +153,7 @@ class Session:
         self.tokenizer = load_tokenizer(self.model_path)
         self._encode_cache: dict[str, list[int]] = {}
         self.task, train, self.eval_problems = self._data()
+        self._describe_tools(train)
         self._check_lengths(train)
         self.prompts = PromptSource(cfg.run.seed, task=self.task if train is None else None, problems=train,
                                     exclude=frozenset(p.prompt for p in self.eval_problems))
@@ -209,6 +210,25 @@ class Session:
         self.log(f"relayrl: no data.eval_path and only {len(train)} rows in {d.path or d.hf_name}: evaluating on the first "
                  f"{min(size, len(train))} training rows (not held out); set data.eval_path for a held-out score")
         return None, train, train[:size]
+
+    def _describe_tools(self, train: list[Problem] | None) -> None:
+        """``env.tools_in_prompt``: the tool environment's tools go into each chat prompt's template, in its
+        ``tools`` list (as TRL renders them), so an instruct model knows what it may call."""
+        env = self.cfg.env
+        chats = [p for p in (*(train or ()), *self.eval_problems) if "messages" in p.meta]
+        if env.name != "tools" or not env.tools_in_prompt or not chats:
+            return
+        from relayrl.environments.config import load_tool
+        from relayrl.environments.tools import tool_schema
+
+        if "tools" not in str(getattr(self.tokenizer, "chat_template", None) or ""):
+            self.log(f"relayrl: env.tools_in_prompt: the chat template of {self.model_path} has no tools list, so "
+                     f"the prompts do not describe the tools; describe them in data.system_prompt (or set "
+                     f"env.tools_in_prompt=false to silence this)")
+            return
+        schemas = [tool_schema(load_tool(t, env.sandbox)) for t in env.tools]
+        for p in chats:
+            p.meta["tools"] = schemas
 
     def _check_lengths(self, train: list[Problem] | None) -> None:
         """Refuse a row whose prompt plus the tokens generated after it exceed the model's

@@ -271,3 +271,51 @@ def test_a_plain_function_is_a_tool_as_trl_takes_one(tmp_path):
         "<result>42</result>"
     assert env.step('<tool>{"name": "multiply", "arguments": {"c": 1}}</tool>').observation.startswith(
         "<error>multiply(a: int, b: int) -> int: ")
+
+
+TOOLS_TEMPLATE = ("{% if tools %}<|im_start|>system\nTools: {{ tools | map(attribute='function') "
+                  "| map(attribute='name') | join(', ') }}<|im_end|>\n{% endif %}"
+                  "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_the_tools_are_described_to_the_model_through_the_chat_template(tmp_path, tiny_dir):
+    """env.tools_in_prompt: a chat prompt is rendered with the tool environment's tools in the template's
+    tools list (as TRL renders them); a template without one says so and renders the prompt as written."""
+    import shutil
+
+    from relayrl.config.schema import Config
+    from relayrl.environments.tools import tool_schema
+    from relayrl.workflows.session import Session
+
+    (tmp_path / "fn_tools2.py").write_text("def multiply(a: int, b: int) -> int:\n"
+                                           "    return a * b\n")
+    assert tool_schema(load_tool(f"{tmp_path}/fn_tools2.py:multiply", SandboxConfig()))["function"] == {
+        "name": "multiply", "description": "multiply(a: int, b: int) -> int", "parameters": {
+            "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"]}}
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dir, model)
+    conf = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**conf, "chat_template": TOOLS_TEMPLATE}))
+    (model / "chat_template.jinja").unlink(missing_ok=True)
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"{i}*3="}], "answer": str(3 * i)})
+                            + "\n" for i in range(6)))
+
+    def session(path, run, *over):
+        cfg = Config(run={"dir": str(tmp_path / run)}, model={"path": str(path)},
+                     data={"task": None, "path": str(data)}, eval={"size": 2}, reward={"verifier": "exact"},
+                     env={"name": "tools", "tools": ["calculator", f"{tmp_path}/fn_tools2.py:multiply"], **dict(over)},
+                     rollout={"stop_strings": ["</tool>"]})
+        lines: list[str] = []
+        return Session(cfg, log=lines.append), lines
+
+    s, _ = session(model, "a")
+    text = s.tokenizer.decode(s.encode(s.eval_problems[0]))
+    assert text.startswith("<|im_start|>system\nTools: calculator, multiply<|im_end|>\n<|im_start|>user\n")
+    s, _ = session(model, "b", ("tools_in_prompt", False))
+    assert "Tools:" not in s.tokenizer.decode(s.encode(s.eval_problems[0]))
+    s, lines = session(tiny_dir, "c")  # the tiny tokenizer's template has no tools list
+    assert "Tools:" not in s.tokenizer.decode(s.encode(s.eval_problems[0]))
+    assert any("has no tools list, so the prompts do not describe the tools" in l for l in lines)
