@@ -6,8 +6,9 @@ per row. A function that also takes keyword arguments gets the rows' dataset
 fields by name, one list per field (every field but the prompt for ``**kwargs``, the
 named ones otherwise; ``None`` where a row lacks the field). A function written for TRL's
 ``GRPOTrainer`` (a parameter named ``completions``) is called as TRL calls it, every argument by keyword:
-``prompts`` and ``completions`` (chat messages where the dataset's prompt was chat) and the fields
-(:class:`CallShape`). Loading rejects what cannot work before any training starts (missing
+``prompts`` and ``completions`` (chat messages where the dataset's prompt was chat) and the fields; a
+``compute_score`` written for verl (a parameter named ``solution_str``) as verl calls it, once per response
+(:class:`CallShape`). ``None`` for a row is TRL's "not this function's row". Loading rejects what cannot work before any training starts (missing
 module or attribute, a non-callable, a signature that cannot take the three
 lists); each call's result is checked (length, numeric, finite) and a breach
 raises :class:`RewardError` naming the function. :func:`call_within` gives a call a time limit
@@ -156,8 +157,7 @@ class CallShape(NamedTuple):
         result's dicts become their ``"score"``. An ``async def`` function runs on an event loop of its own,
         verl's per-response calls all at once (a function that awaits a server or a sandbox)."""
         if self.style == "verl":
-            n = len(kwargs["solution_str"]) if "solution_str" in kwargs else len(next(iter(kwargs.values()), []))
-            out = [fn(**{k: v[i] for k, v in kwargs.items()}) for i in range(n)]
+            out = [fn(**{k: v[i] for k, v in kwargs.items()}) for i in range(len(kwargs["solution_str"]))]
             if out and inspect.isawaitable(out[0]):
                 out = asyncio.run(_gathered(out))
             return [_verl_score(x, i) for i, x in enumerate(out)]
