@@ -13,13 +13,13 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from relayrl.data.tasks import Problem
 from relayrl.engines.reward.config import RewardConfig
 from relayrl.environments.base import EnvFactory, Environment
 from relayrl.environments.sandbox import SandboxConfig, check_available
-from relayrl.environments.tools import BUILTIN_TOOLS, FunctionTool, Tool, ToolEnvironment
+from relayrl.environments.tools import BUILTIN_TOOLS, FunctionTool, Tool, ToolEnvironment, chat_tool_turn
 from relayrl.errors import UserError
 from relayrl.plugins import absolute_file, resolve
 
@@ -48,6 +48,11 @@ class EnvConfig(BaseModel):
     tools_in_prompt: bool = Field(True, description="env.name=tools: describe the tools to the model through "
                                   "the chat template's tools list (as TRL does), for prompts that are chat "
                                   "messages; false: the prompt as written")
+    tool_results: Literal["tags", "chat"] = Field(
+        "tags", description="env.name=tools: how a tool's result comes back. tags: <result>...</result> (or "
+        "<error>) inside the model's turn; chat: as the chat template renders a tool message (the model's turn "
+        "closes, a tool turn with the result, a new assistant turn opens), the form an instruct model learned "
+        "with its template's tools")
     tool_tag: str = Field("tool", description="the tag of a tool call, <TAG>{json}</TAG> ('tool_call': the "
                           "Qwen2.5/Hermes form)")
     max_turns: int = Field(4, ge=1, description="model turns per episode")
@@ -79,6 +84,14 @@ class EnvConfig(BaseModel):
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
             raise ValueError(f"env.tool_tag={v!r} must be a plain tag name such as 'tool' or 'tool_call'")
         return v
+
+    @model_validator(mode="after")
+    def _tools_only(self) -> "EnvConfig":
+        if self.tool_results != "tags" and self.name != "tools":
+            raise ValueError(f"env.tool_results={self.tool_results} is how the built-in tool environment returns "
+                             f"results (env.name=tools); env.name={self.name!r} writes its own observations: drop "
+                             f"env.tool_results")
+        return self
 
     @property
     def enabled(self) -> bool:
@@ -137,8 +150,9 @@ def load_tool(spec: str, sandbox: SandboxConfig) -> Tool:
     return tool
 
 
-def load_env_factory(cfg: EnvConfig, score: Callable[[Problem, str], float] | None) -> EnvFactory:
-    """The factory of one environment per episode, its contract checked on one instance now."""
+def load_env_factory(cfg: EnvConfig, score: Callable[[Problem, str], float] | None, tokenizer=None) -> EnvFactory:
+    """The factory of one environment per episode, its contract checked on one instance now. ``tokenizer``:
+    the rollout's, whose chat template renders tool results with ``env.tool_results=chat``."""
     if cfg.name is None:
         raise EnvLoadError("env.name is null: single-turn runs have no environment")
     if cfg.name == "tools":
@@ -148,8 +162,18 @@ def load_env_factory(cfg: EnvConfig, score: Callable[[Problem, str], float] | No
         if not tools:
             raise EnvLoadError("env.name=tools with env.tools=[]: give at least one tool (calculator, python)")
 
+        turn = None
+        if cfg.tool_results == "chat":
+            if tokenizer is None:
+                raise EnvLoadError("env.tool_results=chat renders results through the model's chat template; no "
+                                   "tokenizer was given")
+            try:
+                turn = chat_tool_turn(tokenizer)
+            except ValueError as e:
+                raise EnvLoadError(f"env.tool_results=chat: {e}; use env.tool_results=tags") from None
+
         def factory() -> Environment:
-            return ToolEnvironment(tools, score, tag=cfg.tool_tag, max_chars=cfg.observation_chars)
+            return ToolEnvironment(tools, score, tag=cfg.tool_tag, max_chars=cfg.observation_chars, turn=turn)
     else:
         factory = _resolve(cfg.name, "env.name")
         if not callable(factory):
@@ -185,9 +209,10 @@ class EpisodeSpec:
                              step_timeout_s=e.step_timeout_s)
 
 
-def build_env_factory(spec: EpisodeSpec) -> EnvFactory:
+def build_env_factory(spec: EpisodeSpec, tokenizer=None) -> EnvFactory:
     """The environment factory of ``spec``, contract checked; the built-in tool environment scores final
-    answers with the run's reward engine (``reward.*``, the task's verifier by default)."""
+    answers with the run's reward engine (``reward.*``, the task's verifier by default) and renders results
+    with ``tokenizer``'s chat template for ``env.tool_results=chat``."""
     from relayrl.data.tasks import make_task
     from relayrl.engines.reward import RewardEngine
 
@@ -198,4 +223,4 @@ def build_env_factory(spec: EpisodeSpec) -> EnvFactory:
 
         def score(problem: Problem, text: str) -> float:
             return engine.score([problem.prompt], [text], [problem.answer], columns=[problem.meta.get("fields")])[0][0]
-    return load_env_factory(spec.env, score)
+    return load_env_factory(spec.env, score, tokenizer)

@@ -37,7 +37,7 @@ from relayrl.environments.base import EnvError, StepResult
 from relayrl.environments.sandbox import SandboxConfig, run_python
 
 __all__ = ["Tool", "ToolError", "ToolCall", "parse_tool_call", "format_call", "Calculator", "PythonTool",
-           "FunctionTool", "tool_schema", "ToolEnvironment", "BUILTIN_TOOLS"]
+           "FunctionTool", "tool_schema", "chat_tool_turn", "ToolEnvironment", "BUILTIN_TOOLS"]
 
 
 class ToolError(Exception):
@@ -221,8 +221,8 @@ class ToolEnvironment:
     ``score(problem, answer_text)`` (the task's verifier). Observations are capped at ``max_chars``."""
 
     def __init__(self, tools: dict[str, Tool], score: Callable[[Problem, str], float], *, tag: str = "tool",
-                 max_chars: int = 512) -> None:
-        self.tools, self.score, self.tag, self.max_chars = tools, score, tag, max_chars
+                 max_chars: int = 512, turn: Callable[[str], str] | None = None) -> None:
+        self.tools, self.score, self.tag, self.max_chars, self.turn = tools, score, tag, max_chars, turn
         self.problem: Problem | None = None
 
     def reset(self, problem: Problem) -> str:
@@ -252,5 +252,32 @@ class ToolEnvironment:
         text = text.strip()
         if len(text) > self.max_chars:
             text = text[:self.max_chars] + f"... [{len(text) - self.max_chars} more characters cut]"
+        if self.turn is not None:  # env.tool_results=chat: a tool message as the chat template renders it
+            return self.turn(text if kind == "result" else f"error: {text}")
         return f"<{kind}>{text}</{kind}>"
+
+
+def chat_tool_turn(tokenizer) -> Callable[[str], str]:
+    """The text that follows a model's turn ending in a tool call, as ``tokenizer``'s chat template renders
+    a tool message with ``result`` and opens the next assistant turn (Qwen2.5's: ``<|im_end|>`` and a user
+    turn holding ``<tool_response>...</tool_response>``), as a function of the result text. Read off the
+    template by rendering a conversation with and without a tool message; :class:`ValueError` when the
+    template has none, or renders the turns before it differently."""
+    call, result = "RELAYRL_TOOL_CALL_7F3A", "RELAYRL_TOOL_RESULT_7F3A"
+    msgs = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": call}]
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the tokenizer has no chat template")
+    try:
+        before = tokenizer.apply_chat_template(msgs, tokenize=False)
+        after = tokenizer.apply_chat_template([*msgs, {"role": "tool", "content": result}], tokenize=False,
+                                              add_generation_prompt=True)
+    except Exception as e:  # (a template that raises on a tool message)
+        raise ValueError(f"the chat template cannot render a tool message ({type(e).__name__}: {e})") from None
+    if result not in after or call not in before:
+        raise ValueError("the chat template renders no tool message (its tools' results are dropped)")
+    cut = before.index(call) + len(call)
+    if after[:cut] != before[:cut]:
+        raise ValueError("the chat template renders the turns before a tool message differently once one follows")
+    head, tail = after[cut:].split(result, 1)
+    return lambda text: head + text + tail
 

@@ -27,14 +27,15 @@ MAX_ERROR_LINES = 5
 """Environment errors written to the run's log per call (all of them are counted in ``env/errors``)."""
 
 
-def episode_spec(cfg: Config) -> EpisodeSpec | None:
-    """The run's episode spec (None for single-turn runs), its environment's contract checked now, before
-    any worker starts generating."""
+def episode_spec(cfg: Config, tokenizer=None) -> EpisodeSpec | None:
+    """The run's episode spec (None for single-turn runs), its environment's contract checked now (with the
+    run's ``tokenizer``: its chat template for ``env.tool_results=chat``), before any worker starts
+    generating."""
     if not cfg.env.enabled:
         return None
     d = cfg.data
     spec = EpisodeSpec(cfg.env, cfg.reward, d.task, dict(d.task_options))
-    build_env_factory(spec)
+    build_env_factory(spec, tokenizer)
     return spec
 
 

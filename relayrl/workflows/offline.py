@@ -48,7 +48,7 @@ class OfflineRun:
                                       decode=cfg.rollout.decode, decode_compile=cfg.rollout.decode_compile,
                                       vllm=cfg.rollout.vllm_spec(),
                                       **self.precision["rollout"])
-        self.episodes = episode_spec(cfg)  # env.name: evaluate with multi-turn episodes
+        self.episodes = episode_spec(cfg, self.s.tokenizer)  # env.name: evaluate with multi-turn episodes
 
     def group(self, worker_cls: type, name: str, **kwargs) -> WorkerGroup:
         """Another worker group on the session's pool, built from the session's model."""

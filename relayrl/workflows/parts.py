@@ -117,4 +117,4 @@ def build_parts(cfg: Config, plan: StepPlan, session, dock: Dock, groups: dict[s
         # the rollout records log-probs under softmax(logits / T); every trainer pass that meets them divides
         # its logits by the same T (greedy: T=1), as verl and NeMo-RL do
         temperature=ro.temperature if ro.temperature > 0 else 1.0,
-        episodes=episode_spec(cfg), phases=phases, between_polls=between_polls)
+        episodes=episode_spec(cfg, session.tokenizer), phases=phases, between_polls=between_polls)

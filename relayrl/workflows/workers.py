@@ -495,7 +495,7 @@ class RolloutWorker(StreamingGeneration, WeightReceiverMixin, _MemoryProbe, Work
         from relayrl.environments.config import build_env_factory
 
         if getattr(self, "_env_spec", None) != spec:
-            self._env_factory, self._env_spec = build_env_factory(spec), spec
+            self._env_factory, self._env_spec = build_env_factory(spec, self.tokenizer), spec
         return self._env_factory
 
     def update_weights(self, named_tensors, version: int) -> None:

@@ -319,3 +319,47 @@ def test_the_tools_are_described_to_the_model_through_the_chat_template(tmp_path
     s, lines = session(tiny_dir, "c")  # the tiny tokenizer's template has no tools list
     assert "Tools:" not in s.tokenizer.decode(s.encode(s.eval_problems[0]))
     assert any("has no tools list, so the prompts do not describe the tools" in l for l in lines)
+
+
+QWEN_TOOLS = (  # the tool-message part of Qwen2.5's template: results in a user turn, in <tool_response> tags
+    "{% for m in messages %}{% if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n"
+    "</tool_response><|im_end|>\n{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _templated(tiny_tokenizer, template):
+    import copy
+
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = template
+    return tok
+
+
+def test_tool_results_come_back_as_the_chat_template_renders_a_tool_message(tiny_tokenizer):
+    from relayrl.environments.tools import chat_tool_turn
+
+    turn = chat_tool_turn(_templated(tiny_tokenizer, QWEN_TOOLS))
+    assert turn("42") == ("<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n"
+                          "<|im_start|>assistant\n")
+    assert chat_tool_turn(tiny_tokenizer)("42") == "<|im_end|>\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
+    env = ToolEnvironment({"calculator": Calculator()}, lambda p, t: 1.0, tag="tool_call", turn=turn)
+    env.reset(Problem("6*7=", "42"))
+    out = env.step('<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>')
+    assert out.observation == turn("42") and not out.done
+    assert env.step('<tool_call>{"name": "abacus", "arguments": {}}</tool_call>').observation == turn(
+        "error: unknown tool 'abacus'; tools: calculator")
+
+
+@pytest.mark.parametrize("template, says", [
+    ("{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tool role') }}{% endif %}"
+     "{{ m.content }}{% endfor %}", "cannot render a tool message (TemplateError: no tool role)"),
+    ("{% for m in messages %}{% if m.role != 'tool' %}{{ m.content }}{% endif %}{% endfor %}",
+     "renders no tool message"),
+])
+def test_a_template_that_cannot_render_tool_results_is_refused_at_load(tiny_tokenizer, template, says):
+    with pytest.raises(EnvLoadError, match="env.tool_results=chat: ") as e:
+        load_env_factory(EnvConfig(name="tools", tool_results="chat"), lambda p, t: 0.0,
+                         _templated(tiny_tokenizer, template))
+    assert says in str(e.value) and "use env.tool_results=tags" in str(e.value)
+    with pytest.raises(ValueError, match="env.tool_results=chat is how the built-in tool environment"):
+        EnvConfig(name="my_envs:Env", tool_results="chat")

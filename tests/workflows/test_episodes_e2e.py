@@ -30,8 +30,9 @@ def tool_sft(tmp_path_factory):
                                    ["algorithm.clip_high=0.28", "algorithm.loss_agg=token-mean",
                                     "algorithm.dynamic_sampling=true"],
                                    ["placement.pools.gen=1", "placement.rollout=gen", "trainer.mode=periodic"],
-                                   ["trainer.off_policy_steps=1", "rollout.partial=true", "reward.stream=sample"]],
-                         ids=["grpo", "ppo", "dapo", "periodic", "offpolicy-partial-per-sample"])
+                                   ["trainer.off_policy_steps=1", "rollout.partial=true", "reward.stream=sample"],
+                                   ["env.tool_results=chat"]],
+                         ids=["grpo", "ppo", "dapo", "periodic", "offpolicy-partial-per-sample", "chat-results"])
 def test_grpo_trains_on_episodes(tool_sft, tmp_path, extra):
     """From the CLI by recipe, on the colocated loop and on the streaming dataflow (the rollout's own
     process runs the episodes and writes each finished group, or with reward.stream=sample each finished
