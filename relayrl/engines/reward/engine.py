@@ -450,7 +450,8 @@ class RewardEngine:
         missing = sorted(u.shape.required - set(kwargs))
         if missing:
             raise _StopRun(f"reward function {u.path} needs the dataset field(s) {', '.join(missing)}, which the "
-                           f"rows lack (fields: {present}); give it a default, or use a dataset with them")
+                           f"rows lack (fields: {present}); rename the parameter after a field they have, give it a "
+                           f"default, or use a dataset with that column")
         unmet = sorted(k for k in (u.shape.takes or frozenset()) - set(kwargs) if (u.path, k) not in self._unmet)
         if unmet:
             self._unmet.update((u.path, k) for k in unmet)
