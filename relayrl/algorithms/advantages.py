@@ -134,6 +134,29 @@ def grpo(
     return adv
 
 
+def grpo_batch_std(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6) -> Tensor:
+    """The group-mean baseline scaled by the whole batch's reward std, ``(r_i - mean_g) / (std_batch + eps)``:
+    "group-level mean, batch-level std" (Liu et al. 2025, "Tricks or Traps? A Deep Dive into RL for LLM
+    Reasoning", Lite PPO; TRL's ``scale_rewards="batch"``). A group whose rewards are all equal still gets 0,
+    but one with a small spread is not blown up by its own small std.
+
+    Args:
+        rewards: ``[N]`` scalar reward per response.
+        group_ids: ``[N]`` integer id of each response's prompt group.
+        eps: added to the std.
+
+    Returns:
+        ``[N]`` advantages; the std is the unbiased std of all ``N`` rewards (0 for one reward).
+    """
+    _check_outcome(rewards, group_ids)
+    with torch.no_grad():
+        index, num_groups = group_index(group_ids)
+        x = rewards.detach().to(torch.promote_types(rewards.dtype, torch.float32))
+        mean, _, _ = group_mean_std(x, index, num_groups)
+        std = x.std() if x.numel() > 1 else x.new_zeros(())
+        return (x - mean) / (std + eps)
+
+
 def rloo(rewards: Tensor, group_ids: Tensor) -> Tensor:
     """RLOO advantage ``r_i - mean_{j != i} r_j`` within each group.
 

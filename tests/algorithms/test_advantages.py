@@ -206,3 +206,16 @@ def test_an_estimator_added_to_the_registry_is_accepted_and_computed(monkeypatch
         Config.model_validate({"algorithm": {"advantage": "scaled"}, "rollout": {"n": 1, "temperature": 1.0}})
     with pytest.raises(ValueError, match="scaled"):  # gamma is not one of its params
         AlgorithmConfig(advantage="scaled", gamma=0.9)
+
+
+def test_grpo_batch_std_by_hand():
+    """Group means, the whole batch's unbiased std (Lite PPO; TRL's scale_rewards="batch")."""
+    rewards, gids = torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1])
+    # group means 0.5, 0.5, 1, 1; the batch's mean 0.75, squared deviations 0.0625 + 0.5625 + 0.0625 + 0.0625
+    # = 0.75, / 3 = 0.25: std 0.5
+    torch.testing.assert_close(A.grpo_batch_std(rewards, gids, eps=0.0), torch.tensor([1.0, -1.0, 0.0, 0.0]))
+    # a group with a small spread keeps its size against the batch (GRPO's own std would make it +-0.7)
+    small = A.grpo_batch_std(torch.tensor([0.0, 1.0, 0.5, 0.6]), gids, eps=0.0)
+    torch.testing.assert_close(small[2:], torch.tensor([-0.05, 0.05]) / torch.tensor([0.0, 1.0, 0.5, 0.6]).std())
+    assert A.grpo_batch_std(torch.ones(3), torch.tensor([0, 0, 1])).abs().max() == 0  # all equal: 0, not NaN
+    assert E.estimator("grpo-batch-std").group_relative is False  # it waits for the whole batch

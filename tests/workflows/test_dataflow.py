@@ -44,7 +44,8 @@ def one_step(cfg: Config, workflow=GRPOPipeline):
 @pytest.mark.parametrize("agg,dynamic,advantage,stream", [
     ("token-mean", False, "grpo", "group"), ("seq-mean-token-mean", False, "grpo", "group"),
     ("token-mean", True, "grpo", "group"), ("token-mean", True, "remax", "group"),
-    ("token-mean", True, "grpo", "sample"), ("seq-mean-token-mean", False, "remax", "sample")])
+    ("token-mean", True, "grpo", "sample"), ("seq-mean-token-mean", False, "remax", "sample"),
+    ("token-mean", True, "grpo-batch-std", "group")])  # (a batch-wide std: the update waits for every group)
 def test_periodic_step_is_the_sync_step(tmp_path, agg, dynamic, advantage, stream):
     """Same seed, same samples: the periodic step (accumulate per arriving group, one optimizer step) leaves
     the same weights as the synchronous one (the whole batch at once), and no sample crosses the driver.

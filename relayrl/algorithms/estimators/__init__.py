@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from relayrl.algorithms.estimators.base import Advantages, Estimator, EstimatorInputs
 from relayrl.algorithms.estimators.gae import GAE
-from relayrl.algorithms.estimators.grpo import DRGRPO, GRPO
+from relayrl.algorithms.estimators.grpo import DRGRPO, GRPO, GRPO_BATCH_STD
 from relayrl.algorithms.estimators.reinforce import REINFORCE_PP, REINFORCE_PP_BASELINE
 from relayrl.algorithms.estimators.remax import REMAX
 from relayrl.algorithms.estimators.rloo import RLOO
@@ -34,6 +34,7 @@ ESTIMATORS: dict[str, Estimator] = {e.name: e for e in (
     REINFORCE_PP_BASELINE,
     REMAX,
     GAE,
+    GRPO_BATCH_STD,
 )}
 
 
