@@ -483,9 +483,10 @@ def _check_env(self: Config) -> None:
             raise ValueError(f"env.name={e.name!r} gives each episode its reward (StepResult.reward), so "
                              f"{', '.join(unused)} would score nothing: unset {'it' if len(unused) == 1 else 'them'}, "
                              f"or score inside the environment")
-    if e.name == "tools" and e.stop_string not in self.rollout.stop_strings:
+    if e.name == "tools" and e.tool_results == "tags" and e.stop_string not in self.rollout.stop_strings:
         raise ValueError(f"env.name=tools: a turn that calls a tool must end at its closing tag; add "
-                         f"{e.stop_string!r} to rollout.stop_strings")
+                         f"{e.stop_string!r} to rollout.stop_strings (or env.tool_results=chat, whose turns end "
+                         f"at the model's end-of-turn token)")
     if self.workflow == "sft":
         return  # the task's tool-using demonstrations train with their loss mask; evaluation runs episodes
     if a.overlong_shaping:

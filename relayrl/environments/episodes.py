@@ -238,7 +238,9 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             with feed.lock:
                 feed.end(lv, EpisodeEnd.ERROR, str(e))
             return
-        obs = encode(result.observation)
+        with tok_lock:
+            text = after_turn(tokenizer, c, result.observation)
+        obs = encode(text)
         with feed.lock:
             ep = lv.ep
             if ep.end is not None:
@@ -299,6 +301,20 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
     finally:
         pool.shutdown()  # a hung step keeps its (daemon) thread; its result is dropped
     return [live[k].ep for k in sorted(live)]
+
+
+def after_turn(tokenizer, turn: Completion, observation: str) -> str:
+    """``observation`` without the end-of-turn token it opens with when the model's turn ended with that very
+    token: a chat template's tool message (``env.tool_results=chat``) opens by closing the assistant's turn
+    (Qwen2.5: ``<|im_end|>``), which a model that stopped at its end-of-turn token has written already."""
+    ids = turn.token_ids
+    if turn.finish_reason != "stop" or len(ids) == 0 or not observation:
+        return observation
+    last = int(ids[-1])
+    if last not in set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}) or {}):
+        return observation
+    closing = tokenizer.convert_ids_to_tokens(last)
+    return observation[len(closing):] if isinstance(closing, str) and observation.startswith(closing) else observation
 
 
 def _make(make_env: EnvFactory, lv: _Live, feed: _Feed):

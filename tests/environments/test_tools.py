@@ -190,6 +190,7 @@ def test_config_names_the_key_to_fix():
         Config(env={"name": "tools"}, rollout={"stop_strings": ["</tool>"]}, algorithm={"overlong_shaping": True})
     with pytest.raises(ValueError, match="advantage=remax"):
         Config(env={"name": "tools"}, rollout={"stop_strings": ["</tool>"]}, algorithm={"advantage": "remax"})
+    Config(env={"name": "tools", "tool_results": "chat"})  # its turns may end at the end-of-turn token instead
     # episodes run on every GRPO mode: off-policy, periodic, split placements
     Config(env={"name": "tools"}, rollout={"stop_strings": ["</tool>"]}, trainer={"off_policy_steps": 1})
     with pytest.raises(ValueError, match="tool_tag"):
@@ -363,3 +364,24 @@ def test_a_template_that_cannot_render_tool_results_is_refused_at_load(tiny_toke
     assert says in str(e.value) and "use env.tool_results=tags" in str(e.value)
     with pytest.raises(ValueError, match="env.tool_results=chat is how the built-in tool environment"):
         EnvConfig(name="my_envs:Env", tool_results="chat")
+
+
+def test_a_tool_turn_the_model_closed_itself_is_not_closed_twice(tiny_tokenizer):
+    """With env.tool_results=chat and no stop string, a model ends its tool-call turn with its end-of-turn
+    token; the template's tool message opens with that token, so the observation drops it (else the context
+    would read <|im_end|><|im_end|>)."""
+    import torch
+
+    from relayrl.engines.generation.base import Completion
+    from relayrl.environments.episodes import after_turn
+
+    end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    obs = "<|im_end|>\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
+
+    def turn(last: int, reason: str = "stop") -> Completion:
+        return Completion(0, 0, torch.tensor([5, last]), torch.zeros(2), reason, 0, "x")
+
+    assert after_turn(tiny_tokenizer, turn(end), obs) == obs[len("<|im_end|>"):]
+    assert after_turn(tiny_tokenizer, turn(7), obs) == obs  # stopped at a stop string: the template closes it
+    assert after_turn(tiny_tokenizer, turn(end, "length"), obs) == obs
+    assert after_turn(tiny_tokenizer, turn(end), "<result>42</result>") == "<result>42</result>"

@@ -31,7 +31,7 @@ def tool_sft(tmp_path_factory):
                                     "algorithm.dynamic_sampling=true"],
                                    ["placement.pools.gen=1", "placement.rollout=gen", "trainer.mode=periodic"],
                                    ["trainer.off_policy_steps=1", "rollout.partial=true", "reward.stream=sample"],
-                                   ["env.tool_results=chat"]],
+                                   ["env.tool_results=chat", "rollout.stop_strings=[]"]],
                          ids=["grpo", "ppo", "dapo", "periodic", "offpolicy-partial-per-sample", "chat-results"])
 def test_grpo_trains_on_episodes(tool_sft, tmp_path, extra):
     """From the CLI by recipe, on the colocated loop and on the streaming dataflow (the rollout's own
