@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 from relayrl.data.tasks import Problem
 from relayrl.engines.generation.base import Completion, SamplingParams
+from relayrl.engines.reward.user import with_ids
 from relayrl.evaluation.metrics import summarize
 
 __all__ = ["EvalResult", "evaluate", "write_report"]
@@ -44,7 +45,7 @@ def evaluate(generate: GenerateFn, encode: Callable[[Problem], list[int]], probl
     columns = [p.meta.get("fields") for p in problems]
     greedy = generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens,
                                               stop_strings=tuple(stop_strings)))
-    g_rewards = score(texts, [c.text for c in greedy], answers, columns)
+    g_rewards = score(texts, [c.text for c in greedy], answers, with_ids(columns, [c.token_ids for c in greedy]))
     samples = [{"mode": "greedy", "prompt": t, "answer": a, "response": c.text, "reward": r,
                 "finish_reason": c.finish_reason} for t, a, c, r in zip(texts, answers, greedy, g_rewards)]
     metrics = {"eval/accuracy": sum(r >= 1.0 for r in g_rewards) / len(problems),
@@ -53,7 +54,8 @@ def evaluate(generate: GenerateFn, encode: Callable[[Problem], list[int]], probl
         sampled = generate(prompts, SamplingParams(n=k, temperature=temperature, max_new_tokens=max_new_tokens,
                                                    stop_strings=tuple(stop_strings)))
         rewards = score([texts[c.prompt_index] for c in sampled], [c.text for c in sampled],
-                        [answers[c.prompt_index] for c in sampled], [columns[c.prompt_index] for c in sampled])
+                        [answers[c.prompt_index] for c in sampled],
+                        with_ids([columns[c.prompt_index] for c in sampled], [c.token_ids for c in sampled]))
         per_prompt: list[list[bool]] = [[] for _ in problems]
         for c, r in zip(sampled, rewards):
             per_prompt[c.prompt_index].append(r >= 1.0)

@@ -14,6 +14,7 @@ import torch
 
 from relayrl.cluster import Worker
 from relayrl.engines.reward import RewardError
+from relayrl.engines.reward.user import with_ids
 from relayrl.workflows.estimate import advantage_rows
 
 __all__ = ["ScoreWorker", "Scored"]
@@ -57,7 +58,8 @@ class ScoreWorker(Worker):
             texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in cols["response_ids"]]
             probs = [problems[g] for g in groups]
             scores, metrics = self.reward.score([p.prompt for p in probs], texts, [p.answer for p in probs],
-                                                columns=[p.meta.get("fields") for p in probs])
+                                                columns=with_ids([p.meta.get("fields") for p in probs],
+                                                                 cols["response_ids"]))
         lengths = torch.tensor([len(r) for r in cols["response_ids"]], dtype=torch.float32)
         rewards = self.shape(torch.tensor(scores, dtype=torch.float32), lengths)
         return Scored([float(x) for x in scores], rewards.tolist(), metrics, groups)
@@ -77,7 +79,7 @@ class ScoreWorker(Worker):
         ids = [cols["baseline_ids"][first[g]] for g in order]
         texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in ids]
         scores, _ = self.reward.score([problems[g].prompt for g in order], texts, [problems[g].answer for g in order],
-                                      columns=[problems[g].meta.get("fields") for g in order])
+                                      columns=with_ids([problems[g].meta.get("fields") for g in order], ids))
         failed = [g for g, x in zip(order, scores) if x != x]  # reward.on_error=drop_group
         if failed:  # (the group's sampled rows may be in other stages' hands already: too late to drop it)
             raise RewardError(f"the reward failed on the greedy baseline response to prompt "

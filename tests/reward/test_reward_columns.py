@@ -307,3 +307,19 @@ def test_a_function_returning_none_for_a_row_adds_nothing_to_it_as_in_trl(tmp_pa
     assert [r.getMessage() for r in caplog.records if "no score" in r.getMessage()] == [
         "reward: 1 of 4 rows have no score: every reward function returned None for them (first: prompt 's'); "
         "they score 0 (said once)"]
+
+
+def test_a_trl_function_gets_the_completion_ids_where_the_caller_has_them(tmp_path):
+    (tmp_path / "ids_fns.py").write_text("def shorter(completion_ids, **kwargs):\n"
+                                         "    return [-len(ids) / 10 for ids in completion_ids]\n")
+    e = RewardEngine(RewardConfig(verifier="user", user_fn=f"{tmp_path}/ids_fns.py:shorter"))
+    assert call_shape(e._user[0].fn).style == "trl"  # (no completions parameter: TRL's shape by completion_ids)
+    e.check_fields([None])  # token ids are the caller's, not a dataset field: nothing to check before the run
+    from relayrl.engines.reward.user import with_ids
+
+    cols = with_ids([{"prompt": "p"}, None], [torch.tensor([1, 2, 3]), [4]])
+    assert cols[1] == {"completion_ids": [4]}
+    assert e.score(["p", "q"], ["abc", "d"], ["x", "y"], columns=cols)[0] == [-0.3, -0.1]
+    with pytest.raises(RewardError, match="missing 1 required keyword-only argument|missing a required argument|"
+                                          "completion_ids"):
+        e.score(["p"], ["abc"], ["x"])  # a caller without token ids (the tools environment's final answer)

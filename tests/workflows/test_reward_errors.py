@@ -133,6 +133,7 @@ def test_reward_functions_written_for_trl_train_on_a_chat_dataset(capsys, tmp_pa
     (tmp_path / "trl_rewards.py").write_text(
         "def accuracy_reward(completions, solution, **kwargs):\n"
         "    assert all(isinstance(p, list) and p[-1]['role'] == 'user' for p in kwargs['prompts']), kwargs\n"
+        "    assert all(isinstance(i, int) for ids in kwargs['completion_ids'] for i in ids), kwargs\n"
         "    texts = [c[0]['content'] for c in completions]\n"
         "    return [float(t.strip() == str(s)) for t, s in zip(texts, solution)]\n\n"
         "def length(prompts, responses, answers):\n"

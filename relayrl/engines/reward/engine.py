@@ -446,7 +446,8 @@ class RewardEngine:
             self._check_fields(u, columns, u.shape.arguments([""] * n, [""] * n, [None] * n, columns)[1])
 
     def _check_fields(self, u: UserFn, columns: Columns, kwargs: dict) -> None:
-        present = ", ".join(dict.fromkeys(k for c in columns if c for k in c)) or "none: a built-in task's rows"
+        present = ", ".join(dict.fromkeys(k for c in columns if c for k in c if k != "completion_ids")) or \
+            "none: a built-in task's rows"
         missing = sorted(u.shape.required - set(kwargs))
         if missing:
             raise _StopRun(f"reward function {u.path} needs the dataset field(s) {', '.join(missing)}, which the "

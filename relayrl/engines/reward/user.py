@@ -5,10 +5,11 @@ A user function follows :class:`RewardFn`: it takes the whole batch
 per row. A function that also takes keyword arguments gets the rows' dataset
 fields by name, one list per field (every field but the prompt for ``**kwargs``, the
 named ones otherwise; ``None`` where a row lacks the field). A function written for TRL's
-``GRPOTrainer`` (a parameter named ``completions``) is called as TRL calls it, every argument by keyword:
-``prompts`` and ``completions`` (chat messages where the dataset's prompt was chat) and the fields; a
-``compute_score`` written for verl (a parameter named ``solution_str``) as verl calls it, once per response
-(:class:`CallShape`). ``None`` for a row is TRL's "not this function's row". Loading rejects what cannot work before any training starts (missing
+``GRPOTrainer`` (a parameter named ``completions`` or ``completion_ids``) is called as TRL calls it, every
+argument by keyword: ``prompts`` and ``completions`` (chat messages where the dataset's prompt was chat),
+``completion_ids`` where the caller has them, and the fields; a ``compute_score`` written for verl (a
+parameter named ``solution_str``) as verl calls it, once per response (:class:`CallShape`). ``None`` for a
+row is TRL's "not this function's row". Loading rejects what cannot work before any training starts (missing
 module or attribute, a non-callable, a signature that cannot take the three
 lists); each call's result is checked (length, numeric, finite) and a breach
 raises :class:`RewardError` naming the function. :func:`call_within` gives a call a time limit
@@ -27,12 +28,14 @@ from typing import Any, Callable, Literal, NamedTuple, Protocol, Sequence, runti
 from relayrl.engines.reward.config import RewardError
 from relayrl.plugins import resolve
 
-__all__ = ["RewardFn", "load_reward_fn", "UserFn", "load_user_fns", "CallShape", "call_shape", "check_rewards",
-           "call_within", "Overtime"]
+__all__ = ["RewardFn", "load_reward_fn", "UserFn", "load_user_fns", "CallShape", "call_shape", "with_ids",
+           "check_rewards", "call_within", "Overtime"]
 
 NOT_FIELDS = frozenset({"prompt", "prompts", "responses", "answers", "completions", "completion", "completion_ids"})
 """Names that are never passed as a dataset field: the prompt comes as ``prompts``, and the others name the
-call's own lists (TRL leaves out ``prompt``, ``completion`` and ``completion_ids`` likewise)."""
+call's own lists (TRL leaves out ``prompt``, ``completion`` and ``completion_ids`` likewise). A row's
+``completion_ids`` (its response's token ids, where the caller has them) go to a TRL-shaped function that
+takes them, as TRL passes them."""
 
 
 @runtime_checkable
@@ -68,7 +71,8 @@ def load_reward_fn(path: str) -> RewardFn:
         return fn  # builtins without a signature: the per-call check still applies
     shape = call_shape(fn)
     calls = {"relayrl": (([], [], []), {}, "fn(prompts, responses, answers)"),
-             "trl": ((), {"prompts": [], "completions": [], **{k: [] for k in shape.required}},
+             "trl": ((), {"prompts": [], "completions": [], **{k: [] for k in shape.required},
+                          **({"completion_ids": []} if "completion_ids" in sig.parameters else {})},
                      "fn(prompts=..., completions=..., **fields) as TRL calls it (it has a parameter completions)"),
              "verl": ((), {k: None for k in shape.takes or VERL},
                       "fn(data_source=..., solution_str=..., ground_truth=..., extra_info=...) as verl calls "
@@ -150,6 +154,8 @@ class CallShape(NamedTuple):
             return (prompts, responses, answers), kwargs
         asked = [r.get("prompt", p) for r, p in zip(rows, prompts)]
         done = [[{"role": "assistant", "content": t}] if isinstance(a, list) else t for a, t in zip(asked, responses)]
+        if (self.takes is None or "completion_ids" in self.takes) and any("completion_ids" in r for r in rows):
+            kwargs["completion_ids"] = [r.get("completion_ids") for r in rows]  # (the response's token ids)
         return (), {"prompts": asked, "completions": done, **kwargs}
 
     def call(self, fn: Callable, args: tuple, kwargs: dict[str, list]) -> Any:
@@ -199,14 +205,23 @@ def call_shape(fn: Callable) -> CallShape:
         batch = "solution_strs" in names
         takes = frozenset(k for k in VERL if (f"{k}s" if batch else k) in names)
         return CallShape("verl_batch" if batch else "verl", None if every else takes, frozenset())
-    style = "trl" if "completions" in names else "relayrl"
+    style = "trl" if names & {"completions", "completion_ids"} else "relayrl"
     if style == "relayrl":  # the first three are the lists, by position
         skip = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:3]
         named = [p for p in named if p not in skip]
-    named = [p for p in named if p.name not in NOT_FIELDS]
+    passed = NOT_FIELDS - {"completion_ids"} if style == "trl" else NOT_FIELDS  # (TRL passes the token ids too)
+    named = [p for p in named if p.name not in passed]
     takes = None if every else frozenset(p.name for p in named)
-    required = frozenset(p.name for p in named if style == "trl" and p.default is p.empty)
+    # (completion_ids come from the caller, not the dataset: a call without them fails as the function says)
+    required = frozenset(p.name for p in named if style == "trl" and p.default is p.empty and p.name not in NOT_FIELDS)
     return CallShape(style, takes, required)
+
+
+def with_ids(fields: Sequence[dict | None], token_ids: Sequence) -> list[dict]:
+    """Each row's dataset fields (``None``: none) with its response's token ids under ``completion_ids``, which
+    a TRL-shaped function may take (:meth:`CallShape.arguments`)."""
+    return [{**(f or {}), "completion_ids": ids.tolist() if hasattr(ids, "tolist") else list(ids)}
+            for f, ids in zip(fields, token_ids)]
 
 
 def check_rewards(result: Any, n: int, fn_name: str, what: str = "reward function",
