@@ -311,10 +311,11 @@ def after_turn(tokenizer, turn: Completion, observation: str) -> str:
     if turn.finish_reason != "stop" or len(ids) == 0 or not observation:
         return observation
     last = int(ids[-1])
-    if last not in set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}) or {}):
-        return observation
     closing = tokenizer.convert_ids_to_tokens(last)
-    return observation[len(closing):] if isinstance(closing, str) and observation.startswith(closing) else observation
+    if not isinstance(closing, str) or not closing or not observation.startswith(closing):
+        return observation  # (the usual case, decided without listing the tokenizer's special tokens)
+    special = last in tokenizer.all_special_ids or last in (getattr(tokenizer, "added_tokens_decoder", None) or {})
+    return observation[len(closing):] if special else observation
 
 
 def _make(make_env: EnvFactory, lv: _Live, feed: _Feed):
