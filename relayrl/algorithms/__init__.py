@@ -5,7 +5,8 @@ Workflows compose these functions; nothing else reimplements them. One concern
 per module:
 
 * :mod:`~relayrl.algorithms.advantages` -- GAE, GRPO/Dr.GRPO, RLOO, REINFORCE++(-baseline), ReMax
-* :mod:`~relayrl.algorithms.losses` -- clipped policy loss (PPO/GRPO/DAPO/GSPO)
+* :mod:`~relayrl.algorithms.losses` -- clipped policy loss (PPO/GRPO/DAPO/GSPO/LUSPO)
+* :mod:`~relayrl.algorithms.ratio` -- the importance ratio (token or sequence level) every policy loss takes
 * :mod:`~relayrl.algorithms.aggregation` -- token/sequence loss aggregation
 * :mod:`~relayrl.algorithms.kl` -- KL estimators, penalties, controllers
 * :mod:`~relayrl.algorithms.value` -- clipped value loss, explained variance
@@ -15,6 +16,8 @@ per module:
   masked, divergence masking (TIS, IcePop, DeepSeek-V3.2)
 * :mod:`~relayrl.algorithms.offpolicy` -- truncated importance weights (the correction's upper-bound case)
 * :mod:`~relayrl.algorithms.cispo` -- CISPO's clipped-weight policy loss (MiniMax-M1)
+* :mod:`~relayrl.algorithms.sapo` -- SAPO's soft-gated policy loss (Qwen)
+* :mod:`~relayrl.algorithms.vespo` -- VESPO's Gamma-kernel sequence weight for off-policy training
 * :mod:`~relayrl.algorithms.distill` -- on-policy distillation advantages (GKD; Thinking Machines)
 * :mod:`~relayrl.algorithms.dpo` -- DPO / IPO / hinge
 * :mod:`~relayrl.algorithms.sft` -- masked token cross-entropy
@@ -51,6 +54,9 @@ __all__ = [
     "losses",
     "mismatch",
     "offpolicy",
+    "ratio",
+    "sapo",
     "sft",
     "value",
+    "vespo",
 ]

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import torch
 
-from relayrl.algorithms._checks import as_float_mask, check_batch, check_ndim, to_floats
-from relayrl.algorithms._ops import LOG_CLAMP, masked_mean
+from relayrl.algorithms._checks import check_batch, check_ndim, to_floats
+from relayrl.algorithms._ops import masked_mean
 from relayrl.algorithms.aggregation import aggregate
+from relayrl.algorithms.ratio import ratio_metrics, ratio_terms
 
 Tensor = torch.Tensor
 
 __all__ = ["cispo_loss"]
-
 
 
 def cispo_loss(
@@ -76,31 +76,23 @@ def cispo_loss(
     if dual_clip is not None or level != "token":
         raise ValueError(f"CISPO clips each token's own weight: dual_clip must be None and level 'token' (got "
                          f"{dual_clip!r}, {level!r})")
-    m = as_float_mask(mask, logprobs)
-    valid = m > 0
+    t = ratio_terms(logprobs, old_logprobs, advantages, mask)
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
-    adv = torch.where(valid, advantages.detach().to(logprobs.dtype), zero)
     with torch.no_grad():
-        log_ratio = torch.where(valid, logprobs.detach() - old_logprobs.detach().to(logprobs.dtype), zero)
-        ratio = torch.exp(log_ratio.clamp(-LOG_CLAMP, LOG_CLAMP))
+        ratio = t.ratio.detach()
         weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
         if is_weights is not None:
             weight = weight * is_weights.detach().to(weight.dtype)
-    pg = -weight * adv * torch.where(valid, logprobs, zero)
+    pg = -weight * t.adv * torch.where(t.valid, logprobs, zero)
     loss = aggregate(pg, mask, agg, global_tokens=global_tokens, global_seqs=global_seqs, constant=constant)
     with torch.no_grad():
-        low = (ratio < 1.0 - clip_low) & valid
-        high = (ratio > 1.0 + clip_high) & valid
-        r_valid = ratio[valid]
-        one = torch.ones((), dtype=ratio.dtype, device=ratio.device)
+        low = (ratio < 1.0 - clip_low) & t.valid
+        high = (ratio > 1.0 + clip_high) & t.valid
         metrics = {
             "actor/pg_loss": loss.detach(),
-            "actor/clip_frac_low": masked_mean(low.to(m.dtype), m),
-            "actor/clip_frac_high": masked_mean(high.to(m.dtype), m),
-            "actor/clip_frac": masked_mean((low | high).to(m.dtype), m),
-            "actor/approx_kl": masked_mean(torch.expm1(log_ratio.clamp(-LOG_CLAMP, LOG_CLAMP)) - log_ratio, m),
-            "actor/ratio_mean": masked_mean(ratio, m),
-            "actor/ratio_max": r_valid.max() if r_valid.numel() else one,
-            "actor/ratio_min": r_valid.min() if r_valid.numel() else one,
+            "actor/clip_frac_low": masked_mean(low.to(t.m.dtype), t.m),
+            "actor/clip_frac_high": masked_mean(high.to(t.m.dtype), t.m),
+            "actor/clip_frac": masked_mean((low | high).to(t.m.dtype), t.m),
+            **ratio_metrics(t),
         }
     return loss, to_floats(metrics)

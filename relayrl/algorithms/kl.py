@@ -78,15 +78,22 @@ def kl_loss(
     global_tokens: int | None = None,
     global_seqs: int | None = None,
     constant: float | None = None,
+    ratio: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """KL to the reference as a loss term (GRPO), aggregated like the policy loss.
+
+    ``ratio`` ``[B, T]`` (``pi / pi_old`` of the sampled tokens, with its gradient) weighs each token's
+    estimate: the tokens were sampled from ``pi_old``, not ``pi``, and the weight makes the estimate of
+    ``KL(pi || pi_ref)`` unbiased (DeepSeek-V3.2's unbiased KL estimate; TRL's ``use_bias_correction_kl``).
 
     Returns ``(loss scalar, {"actor/kl_loss", "actor/ref_kl_k1"})``; the caller
     multiplies the loss by its coefficient.
     """
     check_ndim("logprobs", logprobs, 2)
-    check_batch(logprobs=logprobs, ref_logprobs=ref_logprobs, mask=mask)
+    check_batch(logprobs=logprobs, ref_logprobs=ref_logprobs, mask=mask, ratio=ratio)
     kl = kl_estimate(logprobs, ref_logprobs, kind)
+    if ratio is not None:
+        kl = kl * ratio
     loss = aggregate(kl, mask, agg, global_tokens=global_tokens, global_seqs=global_seqs, constant=constant)
     with torch.no_grad():
         metrics = {

@@ -13,9 +13,9 @@ with
   Complex Control in MOBA Games"): ``pg_t = min(pg_t, -A_t * dual_clip)`` when
   ``A_t < 0``, bounding the loss of a token whose ratio has exploded.
 * ``level="sequence"``: GSPO (Zheng et al. 2025) sequence-level ratio
-  ``s_i = exp(mean_t log(pi/pi_old))`` in its "GSPO-token" form
-  ``sg[s_i] * pi_t / sg[pi_t]``: the value is ``s_i`` on every token and the
-  gradient equals GSPO's when the advantage is constant over the sequence.
+  ``s_i = exp(mean_t log(pi/pi_old))`` (:mod:`relayrl.algorithms.ratio`). With
+  ``agg="seq-mean-token-sum"`` each sequence's loss is its length times GSPO's:
+  LUSPO (length-unbiased sequence policy optimisation, 2026).
 * optional per-token importance weights ``is_weights`` (detached) multiplying
   the token loss: off-policy correction between the rollout engine and the
   trainer (see :mod:`relayrl.algorithms.offpolicy`).
@@ -33,16 +33,15 @@ from __future__ import annotations
 
 import torch
 
-from relayrl.algorithms._checks import as_float_mask, check_batch, check_ndim, to_floats
-from relayrl.algorithms._ops import LOG_CLAMP, masked_mean
+from relayrl.algorithms._checks import check_batch, check_ndim, to_floats
+from relayrl.algorithms._ops import masked_mean
 from relayrl.algorithms.aggregation import AGG_MODES, aggregate, count_tokens_and_seqs
 from relayrl.algorithms.names import POLICY_LOSS_NAMES
+from relayrl.algorithms.ratio import LEVELS, ratio_metrics, ratio_terms
 
 Tensor = torch.Tensor
 
 __all__ = ["AGG_MODES", "LEVELS", "POLICY_LOSSES", "aggregate", "count_tokens_and_seqs", "policy_loss"]
-
-LEVELS: tuple[str, ...] = ("token", "sequence")
 
 
 def policy_loss(
@@ -92,8 +91,6 @@ def policy_loss(
         logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask,
         is_weights=is_weights,
     )
-    if level not in LEVELS:
-        raise ValueError(f"unknown ratio level {level!r}; valid levels: {', '.join(LEVELS)}")
     if clip_low < 0 or clip_low >= 1:
         raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
     if clip_high < 0:
@@ -101,17 +98,8 @@ def policy_loss(
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
 
-    m = as_float_mask(mask, logprobs)
-    valid = m > 0
-    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
-    adv = torch.where(valid, advantages.detach().to(logprobs.dtype), zero)
-    log_ratio = torch.where(valid, logprobs - old_logprobs.detach().to(logprobs.dtype), zero)
-    if level == "sequence":
-        seq_log_ratio = (log_ratio * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
-        log_ratio = seq_log_ratio.detach().unsqueeze(1) + logprobs - logprobs.detach()
-        log_ratio = torch.where(valid, log_ratio, zero)
-    ratio = torch.exp(log_ratio.clamp(-LOG_CLAMP, LOG_CLAMP))
-
+    t = ratio_terms(logprobs, old_logprobs, advantages, mask, level)
+    m, valid, adv, ratio = t.m, t.valid, t.adv, t.ratio
     loss_unclipped = -adv * ratio
     loss_clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     pg = torch.maximum(loss_unclipped, loss_clipped)
@@ -128,7 +116,6 @@ def policy_loss(
 
     with torch.no_grad():
         r = ratio.detach()
-        lr = log_ratio.detach()
         low = (r < 1.0 - clip_low) & (adv < 0) & valid
         high = (r > 1.0 + clip_high) & (adv > 0) & valid
         metrics: dict[str, Tensor | float] = {
@@ -136,13 +123,8 @@ def policy_loss(
             "actor/clip_frac_low": masked_mean(low.to(m.dtype), m),
             "actor/clip_frac_high": masked_mean(high.to(m.dtype), m),
             "actor/clip_frac": masked_mean((low | high).to(m.dtype), m),
-            "actor/approx_kl": masked_mean(torch.expm1(lr.clamp(-LOG_CLAMP, LOG_CLAMP)) - lr, m),
-            "actor/ratio_mean": masked_mean(r, m),
+            **ratio_metrics(t),
         }
-        r_valid = r[valid]
-        one = torch.ones((), dtype=r.dtype, device=r.device)
-        metrics["actor/ratio_max"] = r_valid.max() if r_valid.numel() else one
-        metrics["actor/ratio_min"] = r_valid.min() if r_valid.numel() else one
         if dual_active is not None:
             metrics["actor/dual_clip_frac"] = masked_mean(dual_active.to(m.dtype), m)
     return loss, to_floats(metrics)
@@ -150,9 +132,12 @@ def policy_loss(
 
 def _policy_losses() -> dict:
     from relayrl.algorithms.cispo import cispo_loss
+    from relayrl.algorithms.sapo import sapo_loss
+    from relayrl.algorithms.vespo import vespo_loss
 
-    return dict(zip(POLICY_LOSS_NAMES, (policy_loss, cispo_loss), strict=True))
+    return dict(zip(POLICY_LOSS_NAMES, (policy_loss, cispo_loss, sapo_loss, vespo_loss), strict=True))
 
 
 POLICY_LOSSES: dict = _policy_losses()
-"""``algorithm.policy_loss`` -> the loss function; every one takes :func:`policy_loss`'s arguments."""
+"""``algorithm.policy_loss`` -> the loss function; every one takes :func:`policy_loss`'s arguments (and its own
+options by keyword: SAPO's temperatures, VESPO's kernel)."""

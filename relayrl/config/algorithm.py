@@ -17,7 +17,7 @@ from relayrl.algorithms.names import AGG_MODES, POLICY_LOSS_NAMES
 if TYPE_CHECKING:  # torch: imported when a loss asks for its correction, not while a recipe is validated
     from relayrl.algorithms.correction import Correction
 
-__all__ = ["AlgorithmConfig", "CorrectionConfig", "DistillConfig"]
+__all__ = ["AlgorithmConfig", "CorrectionConfig", "DistillConfig", "SapoConfig", "VespoConfig"]
 
 
 class _Section(BaseModel):
@@ -112,6 +112,25 @@ class DistillConfig(_Section):
         return self.teacher is not None
 
 
+class SapoConfig(_Section):
+    """SAPO's soft gate (:mod:`relayrl.algorithms.sapo`; ``algorithm.policy_loss=sapo``)."""
+
+    tau_pos: float = Field(1.0, gt=0.0, description="temperature of the gate for tokens with a positive advantage "
+                           "(larger: the gradient fades sooner as the ratio leaves 1)")
+    tau_neg: float = Field(1.05, gt=0.0, description="the same for the other tokens (SAPO damps them sooner: "
+                           "tau_neg > tau_pos)")
+
+
+class VespoConfig(_Section):
+    """VESPO's kernel ``phi(W) = W^k exp(lambda (1 - W))`` of the sequence ratio W
+    (:mod:`relayrl.algorithms.vespo`; ``algorithm.policy_loss=vespo``)."""
+
+    k_pos: float = Field(2.0, ge=0.0, description="power of W for positive advantages (damps small W)")
+    lambda_pos: float = Field(3.0, gt=0.0, description="decay in W for positive advantages (damps large W)")
+    k_neg: float = Field(3.0, ge=0.0, description="power of W for the other tokens")
+    lambda_neg: float = Field(2.0, gt=0.0, description="decay in W for the other tokens")
+
+
 class AlgorithmConfig(_Section):
     """GRPO by default; DAPO is GRPO with clip_high > clip_low, token-mean, dynamic sampling, overlong shaping."""
 
@@ -166,9 +185,22 @@ class AlgorithmConfig(_Section):
                                   "The same as algorithm.correction.level=token, mode=truncate, high=tis_cap "
                                   "(which also has sequence weights, masking and divergence masking)")
     policy_loss: Literal[POLICY_LOSS_NAMES] = Field(  # type: ignore[valid-type]
-        "ppo", description="ppo: the clipped surrogate (PPO, GRPO, DAPO; GSPO with ratio_level=sequence); cispo: "
-        "MiniMax-M1's CISPO, -sg(clip(r, 1-clip_low, 1+clip_high)) * A * log pi, which clips the importance "
-        "weight and keeps every token's gradient (MiniMax-M1 uses loss_agg=token-mean and a large clip_low)")
+        "ppo", description="ppo: the clipped surrogate (PPO, GRPO, DAPO; GSPO with ratio_level=sequence; LUSPO "
+        "with ratio_level=sequence and loss_agg=seq-mean-token-sum); cispo: MiniMax-M1's CISPO, "
+        "-sg(clip(r, 1-clip_low, 1+clip_high)) * A * log pi, which clips the importance weight and keeps every "
+        "token's gradient (MiniMax-M1 uses loss_agg=token-mean and a large clip_low); sapo: Qwen's SAPO, a "
+        "smooth gate (4/tau) sigmoid(tau (r - 1)) in place of the clip (algorithm.sapo); vespo: VESPO, the "
+        "policy gradient weighted by a Gamma kernel of the sequence ratio, for off-policy training "
+        "(algorithm.vespo; W = pi / mu with old_logprobs=rollout)")
+    sapo: SapoConfig = Field(SapoConfig(), description="policy_loss=sapo: the gate's temperatures")
+    vespo: VespoConfig = Field(VespoConfig(), description="policy_loss=vespo: the kernel's shape")
+    top_entropy_quantile: float = Field(
+        1.0, ge=0.0, le=1.0, description="train the policy loss (and the entropy bonus) on the top fraction of "
+        "tokens by entropy only, the quantile taken over each micro-batch's tokens (Wang et al. 2025, 'Beyond the "
+        "80/20 rule': 0.2; TRL's top_entropy_quantile); 1: every token")
+    kl_bias_correction: bool = Field(
+        False, description="weigh the KL term's tokens by pi / pi_old, making the estimate of KL(pi || pi_ref) "
+        "unbiased for tokens sampled from pi_old (DeepSeek-V3.2; TRL's use_bias_correction_kl)")
     correction: CorrectionConfig = Field(CorrectionConfig(), description="rollout correction between the "
                                          "rollout engine's policy mu and pi_old")
     distill: DistillConfig = Field(DistillConfig(), description="on-policy distillation from a teacher model")
@@ -205,6 +237,27 @@ class AlgorithmConfig(_Section):
         if (self.tis_cap is not None or self.correction.enabled) and self.old_logprobs == "rollout":
             raise ValueError(f"{corrected} weighs pi_old / mu with mu the rollout's log-probs; with "
                              "old_logprobs=rollout that ratio is 1. Use old_logprobs=auto or recompute")
+        for name, section in (("sapo", self.sapo), ("vespo", self.vespo)):
+            if section.model_fields_set and self.policy_loss != name:
+                key = sorted(section.model_fields_set)[0]
+                raise ValueError(f"algorithm.{name}.{key} shapes the {name.upper()} loss, and algorithm.policy_loss="
+                                 f"{self.policy_loss}: set algorithm.policy_loss={name} or drop algorithm.{name}")
+        if self.policy_loss in ("sapo", "vespo"):
+            fields = type(self).model_fields
+            clipped = [k for k in ("clip_low", "clip_high", "dual_clip") if getattr(self, k) != fields[k].default]
+            if clipped:
+                k = clipped[0]
+                raise ValueError(f"algorithm.{k}={getattr(self, k)} is PPO's clip, which {self.policy_loss.upper()} "
+                                 f"replaces (its shape: algorithm.{self.policy_loss}): drop algorithm.{k} or set it "
+                                 f"to its default, algorithm.{k}={fields[k].default}".replace("None", "null"))
+        if self.policy_loss == "vespo" and self.ratio_level == "sequence":
+            raise ValueError("algorithm.policy_loss=vespo weighs each sequence by a kernel of its own ratio (the "
+                             "product of the token ratios); ratio_level=sequence is GSPO's: set "
+                             "algorithm.ratio_level=token")
+        if self.kl_bias_correction and (self.kl_coef == 0 or self.kl_in_reward):
+            raise ValueError("algorithm.kl_bias_correction weighs the KL loss term, and there is none ("
+                             + ("the KL is in the rewards, kl_in_reward=true" if self.kl_in_reward else "kl_coef=0")
+                             + "): set algorithm.kl_coef > 0 with kl_in_reward=false, or drop kl_bias_correction")
         if self.policy_loss == "cispo":
             if self.ratio_level == "sequence":
                 raise ValueError("algorithm.policy_loss=cispo weighs each token by its own clipped ratio; "
@@ -213,6 +266,11 @@ class AlgorithmConfig(_Section):
                 raise ValueError("algorithm.dual_clip bounds PPO's surrogate for negative advantages; CISPO's weight "
                                  "is already clipped on both sides: drop algorithm.dual_clip")
         return self
+
+    def loss_options(self) -> tuple[tuple[str, float], ...]:
+        """The chosen policy loss's own options (``algorithm.sapo``'s or ``algorithm.vespo``'s), by keyword."""
+        section = {"sapo": self.sapo, "vespo": self.vespo}.get(self.policy_loss)
+        return tuple(section.model_dump().items()) if section is not None else ()
 
     def rollout_correction(self) -> Correction | None:
         """The loss's rollout correction: ``correction``'s, or ``tis_cap``'s (token-level truncation), or None."""

@@ -15,10 +15,12 @@ import torch
 from relayrl.algorithms._checks import metric_value
 from relayrl.algorithms.correction import Correction
 from relayrl.algorithms.dpo import dpo_loss
+from relayrl.algorithms.entropy import high_entropy_mask
 from relayrl.algorithms.kl import kl_loss
 from relayrl.algorithms.aggregation import normalized_by
 from relayrl.algorithms.losses import POLICY_LOSSES, aggregate
 from relayrl.algorithms.mismatch import logprob_error
+from relayrl.algorithms.ratio import ratio_terms
 from relayrl.algorithms.reward_model import bradley_terry_loss
 from relayrl.algorithms.sft import sft_loss
 from relayrl.algorithms.value import value_loss
@@ -30,8 +32,8 @@ __all__ = ["PolicyLoss", "ValueLoss", "SFTLoss", "DPOLoss", "BTLoss", "pair_orde
 @dataclass(frozen=True)
 class PolicyLoss:
     """The policy loss (+ KL to the reference, - entropy bonus): PPO-clip (GRPO/DAPO/GSPO by configuration)
-    or another of :data:`~relayrl.algorithms.losses.POLICY_LOSSES` (``kind``), with an optional rollout
-    correction.
+    or another of :data:`~relayrl.algorithms.losses.POLICY_LOSSES` (``kind``: CISPO, SAPO, VESPO), with an
+    optional rollout correction and an optional selection of the high-entropy tokens (``top_entropy``).
 
     Fields read from the micro-batch: ``advantages`` [B, T], ``old_logprobs``
     [B, T] when present (otherwise the current log-probs, detached: exactly
@@ -58,6 +60,13 @@ class PolicyLoss:
     correction: Correction | None = None
     old_key: str = "old_logprobs"
     """field holding pi_old (``gen_logprobs``: the rollout engine's log-probs)"""
+    options: tuple[tuple[str, float], ...] = ()
+    """the policy loss's own options by keyword (SAPO's temperatures, VESPO's kernel)"""
+    top_entropy: float = 1.0
+    """keep in the policy loss and the entropy bonus only the tokens in the top fraction of the micro-batch's
+    by entropy (:func:`~relayrl.algorithms.entropy.high_entropy_mask`); 1: every token"""
+    kl_ratio_weighted: bool = False
+    """weigh the KL term's tokens by ``pi / pi_old`` (the unbiased estimate, :func:`~relayrl.algorithms.kl.kl_loss`)"""
 
     @property
     def normalized_by(self) -> str:
@@ -81,14 +90,24 @@ class PolicyLoss:
             if "gen_logprobs" not in f:
                 raise ValueError("the rollout correction needs gen_logprobs (the rollout's log-probs) in the batch")
             is_weights, is_metrics = self.correction(old, f["gen_logprobs"], mb.mask, f["advantages"])
+        kept = None
+        if self.top_entropy < 1.0:  # the high-entropy ("forking") tokens only
+            if mb.entropy is None:
+                raise ValueError("top_entropy < 1 selects tokens by entropy: the engine must compute it (with_entropy)")
+            kept, kept_metrics = high_entropy_mask(mb.entropy, mb.mask, self.top_entropy)
+            is_weights = kept if is_weights is None else is_weights * kept
+            is_metrics = {**is_metrics, **kept_metrics}
         loss, metrics = POLICY_LOSSES[self.kind](
             mb.logprobs, old, f["advantages"], mb.mask,
             clip_low=self.clip_low, clip_high=self.clip_high, dual_clip=self.dual_clip,
-            agg=self.agg, level=self.level, is_weights=is_weights, **counts,
+            agg=self.agg, level=self.level, is_weights=is_weights, **counts, **dict(self.options),
         )
         metrics.update(is_metrics)
         if self.kl_coef > 0 and "ref_logprobs" in f:
-            kl, kl_metrics = kl_loss(mb.logprobs, f["ref_logprobs"], mb.mask, kind=self.kl_kind, agg=self.agg, **counts)
+            ratio = (ratio_terms(mb.logprobs, old, f["advantages"], mb.mask, self.level).ratio
+                     if self.kl_ratio_weighted else None)
+            kl, kl_metrics = kl_loss(mb.logprobs, f["ref_logprobs"], mb.mask, kind=self.kl_kind, agg=self.agg,
+                                     ratio=ratio, **counts)
             loss = loss + self.kl_coef * kl
             metrics.update(kl_metrics)
         elif "ref_logprobs" in f:  # the KL is in the rewards (kl_in_reward): report the same k1 estimate, no loss
@@ -96,7 +115,7 @@ class PolicyLoss:
                 _, kl_metrics = kl_loss(mb.logprobs, f["ref_logprobs"], mb.mask, kind="k1", agg=self.agg, **counts)
             metrics["actor/ref_kl_k1"] = kl_metrics["actor/ref_kl_k1"]
         if mb.entropy is not None:
-            ent = aggregate(mb.entropy, mb.mask, self.agg, **counts)
+            ent = aggregate(mb.entropy if kept is None else mb.entropy * kept, mb.mask, self.agg, **counts)
             if self.entropy_coef > 0:
                 loss = loss - self.entropy_coef * ent
             with torch.no_grad():

@@ -1,0 +1,120 @@
+"""SAPO, VESPO, the high-entropy token selection and the ratio-weighted KL inside the step's policy loss: the
+loss object's gradients, the config's refusals, and end-to-end runs (sync and off-policy)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from relayrl.engines.training.base import MicroBatch
+from relayrl.workflows.losses import PolicyLoss
+
+LP = torch.tensor([[-1.0, -2.0, -0.5, -0.7], [-0.3, -1.2, -2.2, -0.9]])
+ENT = torch.tensor([[0.2, 1.5, 0.1, 3.0], [2.5, 0.3, 1.0, 0.0]])
+MASK = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
+
+
+def _mb(lp, old=None, ref=None, adv=None, global_tokens=None):
+    adv = torch.ones_like(lp) if adv is None else adv
+    fields = {"advantages": adv, **({} if old is None else {"old_logprobs": old}),
+              **({} if ref is None else {"ref_logprobs": ref})}
+    return MicroBatch(lp, MASK, fields, int(MASK.sum()) if global_tokens is None else global_tokens, 2, ENT)
+
+
+def test_top_entropy_trains_only_the_forking_tokens_and_keeps_the_normaliser():
+    """top 40% of 7 valid tokens by entropy: the 3.0, 2.5 and 1.5 tokens (quantile 0.6 = 1.3); the others get no
+    policy gradient and no entropy bonus, and the token-mean still divides by all 7 (TRL's normaliser)."""
+    lp = LP.clone().requires_grad_()
+    loss, m = PolicyLoss(agg="token-mean", top_entropy=0.4)(_mb(lp))
+    loss.backward()
+    kept = torch.tensor([[0.0, 1.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
+    torch.testing.assert_close(lp.grad, -kept / 7)  # on-policy: -A / N on the kept tokens
+    assert m["actor/entropy_kept_frac"] == pytest.approx(3 / 7)
+    assert m["actor/entropy"] == pytest.approx(float((ENT * MASK).sum() / 7))  # the metric: every token
+    # the entropy bonus is taken over the same tokens
+    lp2 = LP.clone().requires_grad_()
+    with_bonus, _ = PolicyLoss(agg="token-mean", top_entropy=0.4, entropy_coef=0.1)(_mb(lp2))
+    assert float(with_bonus.detach()) == pytest.approx(float(loss.detach()) - 0.1 * float((ENT * kept).sum() / 7))
+
+
+def test_the_losses_options_reach_the_loss_and_the_kl_can_be_ratio_weighted():
+    old = LP - torch.tensor([[0.0, 0.4, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    grads = {}
+    for name, options in (("sapo", (("tau_pos", 1.0), ("tau_neg", 1.05))), ("sapo", (("tau_pos", 5.0),))):
+        lp = LP.clone().requires_grad_()
+        PolicyLoss(agg="token-mean", kind=name, options=options)(_mb(lp, old))[0].backward()
+        grads[options[0][1]] = lp.grad[0, 1]
+    assert abs(grads[5.0]) < abs(grads[1.0])  # the sharper gate fades the off-policy token more
+    ref = LP - 0.2
+    lp_plain, lp_weighted = LP.clone().requires_grad_(), LP.clone().requires_grad_()
+    PolicyLoss(agg="token-mean", kl_coef=0.5)(_mb(lp_plain, old, ref))[0].backward()
+    PolicyLoss(agg="token-mean", kl_coef=0.5, kl_ratio_weighted=True)(_mb(lp_weighted, old, ref))[0].backward()
+    # on row 1 the ratio is 1: the same value, and the weight's own gradient adds k3 (d ratio / d log pi = ratio)
+    k3 = torch.exp(torch.tensor(-0.2)) - 1 + 0.2
+    torch.testing.assert_close(lp_weighted.grad[1] - lp_plain.grad[1], 0.5 * k3 * MASK[1] / 7)
+
+
+# ------------------------------------------------------------------------------------ config
+def _cfg(*over: str):
+    from relayrl.config.loader import load_config
+    from relayrl.config.schema import Config
+
+    return load_config(Config, "recipes/arith_grpo.yaml", list(over))
+
+
+def _refused(*over: str) -> str:
+    from relayrl.config.loader import ConfigError
+
+    with pytest.raises((ConfigError, ValidationError, ValueError)) as e:
+        _cfg(*over)
+    return str(e.value)
+
+
+def test_config_refusals_name_the_key_and_the_fix():
+    assert "set algorithm.policy_loss=sapo" in _refused("algorithm.sapo.tau_neg=2")
+    assert "set algorithm.policy_loss=vespo" in _refused("algorithm.policy_loss=sapo", "algorithm.vespo.k_pos=1")
+    assert "algorithm.clip_high=0.2" in _refused("algorithm.policy_loss=sapo", "algorithm.clip_high=0.28")
+    assert "algorithm.dual_clip=null" in _refused("algorithm.policy_loss=vespo", "algorithm.dual_clip=3")
+    assert "ratio_level=token" in _refused("algorithm.policy_loss=vespo", "algorithm.ratio_level=sequence")
+    assert "kl_coef=0" in _refused("algorithm.kl_bias_correction=true")
+    assert "top_entropy_quantile" in _refused("algorithm.top_entropy_quantile=1.5")
+    a = _cfg("algorithm.policy_loss=vespo", "algorithm.vespo.lambda_pos=4").algorithm
+    assert a.loss_options() == (("k_pos", 2.0), ("lambda_pos", 4.0), ("k_neg", 3.0), ("lambda_neg", 2.0))
+    assert _cfg().algorithm.loss_options() == ()
+
+
+# ------------------------------------------------------------------------------------ end to end
+def _run(run_dir, student, *over: str) -> list[dict]:
+    from relayrl.workflows.pipeline import GRPOPipeline
+
+    cfg = _cfg(f"run.dir={run_dir}", "trainer.steps=2", "eval.size=8", "eval.every=0", "data.prompts_per_step=2",
+               "rollout.n=4", "rollout.max_new_tokens=8", "telemetry.sinks=[jsonl]", "engine.optim.lr=1e-3",
+               "engine.optim.warmup_steps=0", "run.save_every=0", f"trainer.init_from={student}", *over)
+    GRPOPipeline(cfg).run()
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()][1:]
+
+
+@pytest.mark.slow
+def test_sapo_with_forking_tokens_and_the_unbiased_kl_trains(tmp_path, tiny_dir):
+    recs = _run(tmp_path, tiny_dir, "algorithm.policy_loss=sapo", "algorithm.top_entropy_quantile=0.2",
+                "reward.verifier=user", "reward.user_fn=dataflow_rewards:by_length",
+                "algorithm.kl_coef=0.01", "algorithm.kl_bias_correction=true")
+    assert [r["step"] for r in recs] == [1, 2]
+    for r in recs:
+        assert 0 < r["actor/entropy_kept_frac"] < 0.5 and 0 < r["actor/soft_gate_mean"] <= 1.0 + 1e-6
+        assert "actor/kl_loss" in r and "actor/clip_frac" not in r
+
+
+@pytest.mark.slow
+def test_vespo_off_policy_weighs_the_stale_batches(tmp_path, tiny_dir):
+    """k=1 off-policy with pi_old the rollout's log-probs: W = pi / mu, the kernel below 1 once a batch is
+    stale (steps 2 and 3 train on rollouts of older weights)."""
+    recs = _run(tmp_path, tiny_dir, "algorithm.policy_loss=vespo", "algorithm.old_logprobs=rollout",
+                "reward.verifier=user", "reward.user_fn=dataflow_rewards:by_length",
+                "algorithm.loss_agg=token-mean", "trainer.off_policy_steps=1", "trainer.steps=3")
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    assert all(0 < r["actor/vespo_weight_mean"] <= 1.0 + 1e-4 for r in recs)
+    assert any(r["actor/vespo_weight_mean"] < 0.9999 for r in recs[1:])
