@@ -17,9 +17,16 @@ positions are 0.
 Minority Tokens Drive Effective Reinforcement Learning for LLM Reasoning") train on the policy gradient of the
 top 20% of tokens by entropy only, and match or beat full-gradient RLVR on Qwen3 models. The quantile is taken
 over the tokens at hand (a micro-batch, as TRL's ``top_entropy_quantile`` does per device batch).
+
+:class:`EntropyController` adapts the entropy bonus's coefficient (Skywork-OR1, He et al. 2025, "adaptive
+entropy control"): the bonus applies only while the policy's entropy is at or below a target, and its
+coefficient climbs by ``delta`` each step the entropy stays below the target and falls by ``delta`` otherwise.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -107,3 +114,55 @@ def high_entropy_mask(entropy: Tensor, mask: Tensor, top: float) -> tuple[Tensor
         keep = ((ent >= threshold) & valid).float()
         return keep, to_floats({"actor/entropy_kept_frac": keep.sum() / valid.sum(),
                                 "actor/entropy_threshold": threshold})
+
+
+@dataclass
+class EntropyController:
+    """The entropy bonus's coefficient, step by step: fixed at ``coef`` (``target=None``), or adaptive.
+
+    Adaptive (Skywork-OR1's section 4): with ``e`` the policy's mean token entropy of the last trained step,
+    the coefficient the next step applies is ``c`` when ``e <= target`` and 0 otherwise, and ``c`` moves by
+    ``delta`` toward more entropy when ``e < target`` (up) and less when ``e > target`` (down), kept in
+    ``[low, high]``. Before any step is seen the bonus applies (``c``, the starting ``coef``).
+    """
+
+    coef: float
+    target: float | None = None
+    delta: float = 0.005
+    low: float = 0.0
+    high: float = 1.0
+    last_entropy: float | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.coef < 0 or not math.isfinite(self.coef):
+            raise ValueError(f"coef must be a finite number >= 0, got {self.coef}")
+        if self.delta < 0 or not 0 <= self.low <= self.high:
+            raise ValueError(f"need delta >= 0 and 0 <= low <= high, got {self.delta}, {self.low}, {self.high}")
+        if self.target is not None and not self.low <= self.coef <= self.high:
+            raise ValueError(f"coef must be in [low, high] = [{self.low}, {self.high}], got {self.coef}")
+
+    @property
+    def value(self) -> float:
+        """The coefficient the next step applies."""
+        if self.target is None or self.last_entropy is None or self.last_entropy <= self.target:
+            return self.coef
+        return 0.0
+
+    def update(self, entropy: float) -> float:
+        """After a trained step whose mean token entropy was ``entropy``: the next step's coefficient."""
+        self.last_entropy = float(entropy)
+        if self.target is not None and math.isfinite(self.last_entropy):
+            e, t = self.last_entropy, self.target
+            move = self.delta if e < t else -self.delta if e > t else 0.0
+            self.coef = min(max(self.coef + move, self.low), self.high)
+        return self.value
+
+    def state_dict(self) -> dict[str, float | None]:
+        return {"coef": self.coef, "last_entropy": self.last_entropy}
+
+    def load_state_dict(self, state: dict) -> None:
+        """The coefficient where a checkpointed run left it (and the entropy it last saw)."""
+        coef = float(state["coef"])
+        if coef < 0 or not math.isfinite(coef):
+            raise ValueError(f"a checkpointed entropy coefficient must be a finite number >= 0, got {coef}")
+        self.coef, self.last_entropy = coef, state.get("last_entropy")

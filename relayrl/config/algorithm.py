@@ -161,7 +161,18 @@ class AlgorithmConfig(_Section):
         "k1 = d, k2 = d^2 / 2, k3 = e^-d - 1 + d, abs = |d|; mse and low_var_kl are verl's names for k2 and k3")
     kl_in_reward: bool = Field(False, description="KL as a per-token reward penalty instead of a loss term")
     entropy_coef: float = Field(0.0, ge=0.0, description="entropy bonus: the loss subtracts entropy_coef x the "
-                                "policy's token entropy (actor/entropy is logged either way)")
+                                "policy's token entropy (actor/entropy is logged either way); with "
+                                "algorithm.entropy_target, the adaptive coefficient's starting value")
+    entropy_target: float | None = Field(
+        None, gt=0.0, description="adaptive entropy control (Skywork-OR1; TRL's use_adaptive_entropy): the bonus "
+        "applies only while the last step's actor/entropy is <= entropy_target (nats per token), and its "
+        "coefficient rises by entropy_coef_delta after each step below the target, falls after each step above, "
+        "within [entropy_coef_min, entropy_coef_max]; logged as actor/entropy_coef and checkpointed. null: "
+        "entropy_coef fixed")
+    entropy_coef_delta: float = Field(0.005, gt=0.0, description="adaptive entropy control: the coefficient's "
+                                      "step")
+    entropy_coef_min: float = Field(0.0, ge=0.0, description="adaptive entropy control: the coefficient's floor")
+    entropy_coef_max: float = Field(1.0, gt=0.0, description="adaptive entropy control: the coefficient's ceiling")
     overlong_shaping: bool = Field(False, description="DAPO's soft overlong punishment: a reward penalty rising "
                                    "linearly over the last algorithm.overlong_cache tokens before "
                                    "rollout.max_new_tokens")
@@ -254,6 +265,15 @@ class AlgorithmConfig(_Section):
             raise ValueError("algorithm.policy_loss=vespo weighs each sequence by a kernel of its own ratio (the "
                              "product of the token ratios); ratio_level=sequence is GSPO's: set "
                              "algorithm.ratio_level=token")
+        adaptive = [k for k in ("entropy_coef_delta", "entropy_coef_min", "entropy_coef_max") if k in self.model_fields_set]
+        if self.entropy_target is None and adaptive:
+            raise ValueError(f"algorithm.{adaptive[0]} shapes the adaptive entropy coefficient, which "
+                             f"algorithm.entropy_target turns on: set algorithm.entropy_target (e.g. 0.2) or drop "
+                             f"algorithm.{adaptive[0]}")
+        if self.entropy_target is not None and not (self.entropy_coef_min <= self.entropy_coef <= self.entropy_coef_max):
+            raise ValueError(f"algorithm.entropy_coef={self.entropy_coef} starts the adaptive coefficient outside "
+                             f"[entropy_coef_min, entropy_coef_max] = [{self.entropy_coef_min}, "
+                             f"{self.entropy_coef_max}]: set it within them")
         if self.kl_bias_correction and (self.kl_coef == 0 or self.kl_in_reward):
             raise ValueError("algorithm.kl_bias_correction weighs the KL loss term, and there is none ("
                              + ("the KL is in the rewards, kl_in_reward=true" if self.kl_in_reward else "kl_coef=0")
@@ -266,6 +286,14 @@ class AlgorithmConfig(_Section):
                 raise ValueError("algorithm.dual_clip bounds PPO's surrogate for negative advantages; CISPO's weight "
                                  "is already clipped on both sides: drop algorithm.dual_clip")
         return self
+
+    def entropy_controller(self):
+        """The entropy bonus's coefficient, step by step (:class:`~relayrl.algorithms.entropy.EntropyController`):
+        fixed at ``entropy_coef``, or adaptive toward ``entropy_target``."""
+        from relayrl.algorithms.entropy import EntropyController
+
+        return EntropyController(self.entropy_coef, self.entropy_target, self.entropy_coef_delta,
+                                 self.entropy_coef_min, self.entropy_coef_max)
 
     def loss_options(self) -> tuple[tuple[str, float], ...]:
         """The chosen policy loss's own options (``algorithm.sapo``'s or ``algorithm.vespo``'s), by keyword."""

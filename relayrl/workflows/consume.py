@@ -115,13 +115,14 @@ class Consume:
     def update(self, f: Flow) -> None:
         """The plan's update: on the whole batch, or accumulated per arriving group (one optimizer step)."""
         p, a, step = self.p, self.p.cfg.algorithm, f.step
-        loss = p.loss if a.kl_in_reward else replace(p.loss, kl_coef=f.state.kl_coef)  # (the KL controller's)
+        loss = p.loss if f.state.entropy_coef is None else replace(p.loss, entropy_coef=f.state.entropy_coef)
+        loss = loss if a.kl_in_reward else replace(loss, kl_coef=f.state.kl_coef)  # (the KL controller's)
         fields = self.update_fields()
         critic_fields = (["values", "returns"] + (["loss_mask"] if p.episodes is not None else [])
                          if p.critic is not None else [])
         cols = list(dict.fromkeys(["prompt_ids", "response_ids", "group", "truncated", *fields, *critic_fields]))
         loss_kw = dict(drop_truncated=a.overlong_filter, temperature=p.temperature,
-                       with_entropy="grad" if a.entropy_coef > 0 else True)
+                       with_entropy="grad" if loss.entropy_coef > 0 else True)
         gate = self._gate("update", f)
         st = f.state
         if p.plan.update == "batch":

@@ -119,6 +119,8 @@ class GRPOPipeline:
         a = cfg.algorithm
         self.kl_ctrl = kl_controller(a.kl_coef, a.kl_target, a.kl_horizon)
         """The KL coefficient of each step: fixed, or adaptive toward ``algorithm.kl_target`` (checkpointed)."""
+        self.entropy_ctrl = a.entropy_controller()
+        """The entropy bonus's coefficient of each step: fixed, or adaptive (``algorithm.entropy_target``)."""
 
     def _share_rollout_weights(self) -> bool:
         """Zero-redundancy colocation: an actor and a rollout both in the driver process with the same weight
@@ -154,11 +156,13 @@ class GRPOPipeline:
             f, waited = self.open_step(step), {}
             stages = {**self.produce.stages(), **self.consume.stages()}
         f.state.kl_coef = self.kl_ctrl.value  # (set before the consuming stages start; off-policy too)
+        f.state.entropy_coef = self.entropy_ctrl.value
         self._run(f, stages)
         m = {**step_metrics(f.state, step=step, prompts_per_step=self.cfg.data.prompts_per_step,
                             tri_model=self.plan.tri_model, session=self.s), **waited}
         trained = "dapo/skipped_step" not in m
         m.update(self._adapt_kl(m, f, trained))
+        m.update(self._adapt_entropy(m, f, trained))
         m.update(self._hand_over_weights(step, f, trained))
         m.update(self.parts.phases.metrics)
         m.update(self._driver_bytes())  # (after the hand-over: weights relayed through the driver count)
@@ -175,6 +179,16 @@ class GRPOPipeline:
         if trained and kl is not None and "actor/skipped_update" not in m:
             self.kl_ctrl.update(kl, n_steps=sum(len(r.lengths) for r in f.state.kept_records()))
         return {"actor/kl_coef": f.state.kl_coef}
+
+    def _adapt_entropy(self, m: dict[str, float], f: Flow, trained: bool) -> dict[str, float]:
+        """``actor/entropy_coef``, the coefficient this step used (with a bonus or its adaptive control); then
+        the adaptive controller sees the step's ``actor/entropy``."""
+        a = self.cfg.algorithm
+        if a.entropy_target is None and a.entropy_coef == 0:
+            return {}
+        if trained and "actor/entropy" in m and "actor/skipped_update" not in m:
+            self.entropy_ctrl.update(m["actor/entropy"])
+        return {"actor/entropy_coef": f.state.entropy_coef}
 
     def _run(self, f: Flow, stages: dict) -> None:
         """Run the partition's stages to their end (off-policy: also wait for the producing stages on the rollout
@@ -272,6 +286,8 @@ class GRPOPipeline:
             restore_rollout_rng(self.rollout, ck.trainer_state["rollout_rng"], s.log)
             if "kl_ctrl" in ck.trainer_state:  # (checkpoints before the adaptive KL have none)
                 self.kl_ctrl.load_state_dict(ck.trainer_state["kl_ctrl"])
+            if "entropy_ctrl" in ck.trainer_state:
+                self.entropy_ctrl.load_state_dict(ck.trainer_state["entropy_ctrl"])
             s.restore_rng(ck)
         relay_weights(self.actor, self.rollout, version=s.start_step)
         self.parts.phases.idle(self.actor, self.critic, self.ref, self.teacher)  # generation comes first
@@ -312,6 +328,7 @@ class GRPOPipeline:
                          else (self.s.prompts.state(), extra_state["rollout_rng"]))
             extra_state = {"rollout_rng": rng, "data": data}
         extra_state["kl_ctrl"] = self.kl_ctrl.state_dict()
+        extra_state["entropy_ctrl"] = self.entropy_ctrl.state_dict()
         with self.s.span("checkpoint", "driver", step):
             extra = None if self.critic is None else {"critic": collective(self.critic, CriticWorker.state)}
             return self.s.save(step, collective(self.actor, PolicyWorker.state), extra_state=extra_state, extra=extra)

@@ -24,6 +24,9 @@ class StepState:
     """The step's prompt problems; a group's id is its index here (dynamic sampling appends replacements)."""
     kl_coef: float = 0.0
     """The KL coefficient the consuming stages use (the KL controller's value when they start)."""
+    entropy_coef: float | None = None
+    """The entropy bonus's coefficient the update uses (the entropy controller's value when it starts; None:
+    ``algorithm.entropy_coef``)."""
     cond: threading.Condition = field(default_factory=threading.Condition)
     records: list[GroupRecord] = field(default_factory=list)
     """What the rollout wrote, group by group (metadata of every generated group, dropped ones too)."""

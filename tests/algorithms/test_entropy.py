@@ -47,3 +47,23 @@ def test_errors():
         entropy_from_logits(torch.zeros(2, 3, 5), torch.ones(2, 4))
     with pytest.raises(ValueError, match="empty batch"):
         entropy_from_logits(torch.zeros(0, 3, 5))
+
+
+def test_entropy_controller_follows_skywork_or1():
+    from relayrl.algorithms.entropy import EntropyController
+
+    fixed = EntropyController(0.01)
+    assert fixed.update(9.0) == 0.01 and fixed.value == 0.01  # no target: fixed, whatever the entropy
+    c = EntropyController(0.0, target=0.5, delta=0.1, high=0.25)
+    assert c.value == 0.0
+    assert c.update(0.3) == pytest.approx(0.1)  # below the target: up by delta, and applied
+    assert c.update(0.2) == pytest.approx(0.2)
+    assert c.update(0.1) == pytest.approx(0.25)  # the ceiling
+    assert c.update(0.9) == 0.0 and c.coef == pytest.approx(0.15)  # above: not applied, and down by delta
+    c2 = EntropyController(0.0, target=0.5, delta=0.1, high=0.25)
+    c2.load_state_dict(c.state_dict())
+    assert (c2.coef, c2.value) == (c.coef, c.value)
+    with pytest.raises(ValueError, match=r"\[low, high\]"):
+        EntropyController(2.0, target=0.5)
+    with pytest.raises(ValueError, match="finite"):
+        c2.load_state_dict({"coef": float("nan")})

@@ -1,5 +1,6 @@
 """The adaptive KL coefficient (Ziegler et al. 2019) from config, in every step mode: it moves the way the
-controller says, is logged as actor/kl_coef, reaches the loss or the rewards, and survives a resume."""
+controller says, is logged as actor/kl_coef, reaches the loss or the rewards, and survives a resume. The
+adaptive entropy coefficient (Skywork-OR1) the same way: logged as actor/entropy_coef, checkpointed."""
 
 from __future__ import annotations
 
@@ -47,9 +48,25 @@ def test_adaptive_kl_coefficient_follows_the_controller(tmp_path, mode):
 
 
 @pytest.mark.slow
+def test_adaptive_entropy_coefficient_applies_below_the_target_only(tmp_path):
+    """The tiny model's entropy is about 5.9 nats: a target of 100 is above it (the bonus applies and its
+    coefficient climbs by delta each step), a target of 1 below it (after step 1 the bonus is off, and the
+    coefficient falls underneath)."""
+    for target, expected in ((100.0, [0.01, 0.015, 0.02]), (1.0, [0.01, 0.0, 0.0])):
+        run_dir = tmp_path / str(target)
+        r = relayrl("train", "recipes/arith_grpo.yaml", "trainer.steps=3", f"run.dir={run_dir}", *ADAPTIVE,
+                    f"algorithm.entropy_target={target}", "algorithm.entropy_coef_delta=0.005", *FAST)
+        assert r.returncode == 0, r.stderr[-3000:]
+        recs = [x for x in records(run_dir) if x["step"] > 0]
+        assert [x["actor/entropy_coef"] for x in recs] == pytest.approx(expected)
+        assert all(3.0 < x["actor/entropy"] < 10.0 for x in recs)
+
+
+@pytest.mark.slow
 def test_adaptive_kl_coefficient_survives_a_resume(tmp_path):
     whole, cut = tmp_path / "whole", tmp_path / "cut"
-    common = [*ADAPTIVE, "run.save_every=2", "algorithm.kl_target=1.0", *FAST]  # KL << 1: falls every step
+    common = [*ADAPTIVE, "run.save_every=2", "algorithm.kl_target=1.0", *FAST,  # KL << 1: falls every step
+              "algorithm.entropy_target=100", "algorithm.entropy_coef_delta=0.005"]  # entropy < 100: rises
     r = relayrl("train", "recipes/arith_grpo.yaml", "trainer.steps=4", f"run.dir={whole}", *common)
     assert r.returncode == 0, r.stderr[-3000:]
     r = relayrl("train", "recipes/arith_grpo.yaml", "trainer.steps=2", f"run.dir={cut}", *common)
@@ -59,6 +76,8 @@ def test_adaptive_kl_coefficient_survives_a_resume(tmp_path):
     expected = {s: 0.05 * 0.8 ** (s - 1) for s in (1, 2, 3, 4)}
     assert {s: v for s, (v, _) in _coefs(whole).items()} == pytest.approx(expected)
     assert {s: v for s, (v, _) in _coefs(cut).items() if s > 2} == pytest.approx({3: expected[3], 4: expected[4]})
+    entropy = {r["step"]: r["actor/entropy_coef"] for r in records(cut) if r["step"] > 2}
+    assert entropy == pytest.approx({3: 0.02, 4: 0.025})  # 0.01 + 0.005 per step before it, across the resume
 
 
 def test_adaptive_kl_config_checks():
@@ -69,3 +88,7 @@ def test_adaptive_kl_config_checks():
     with pytest.raises(ValidationError, match="algorithm.kl_horizon=500 paces the adaptive KL"):
         AlgorithmConfig(kl_coef=0.1, kl_horizon=500)
     assert AlgorithmConfig(kl_coef=0.1, kl_target=0.05, kl_horizon=500).kl_target == 0.05
+    with pytest.raises(ValidationError, match="set algorithm.entropy_target"):
+        AlgorithmConfig(entropy_coef_delta=0.01)
+    with pytest.raises(ValidationError, match=r"outside \[entropy_coef_min, entropy_coef_max\]"):
+        AlgorithmConfig(entropy_coef=0.5, entropy_target=0.2, entropy_coef_max=0.1)
