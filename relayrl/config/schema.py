@@ -335,6 +335,18 @@ class EvalConfig(_Section):
                                   "(checked at eval steps; the model is saved as at the last step)")
     max_new_tokens: int | None = Field(None, ge=1, description="greedy answer length on the held-out set "
                                        "(null: rollout.max_new_tokens)")
+    k: int = Field(1, ge=1, description="also sample k answers per held-out prompt at eval.temperature and report "
+                   "eval/pass@k and eval/avg@k beside the greedy eval/accuracy (verl's val_kwargs.n, TRL's "
+                   "num_generations_eval); each evaluation then generates k + 1 answers per prompt. 1: greedy only")
+    temperature: float | None = Field(None, gt=0.0, description="eval.k > 1: the sampling temperature (null: "
+                                       "rollout.temperature, or 1.0 when that is 0)")
+
+    @model_validator(mode="after")
+    def _sampled(self) -> "EvalConfig":
+        if self.temperature is not None and self.k == 1:
+            raise ValueError(f"eval.temperature={self.temperature} samples the eval.k answers, and eval.k=1 (greedy "
+                             f"only): set eval.k > 1 (e.g. 8) or drop eval.temperature")
+        return self
 
 
 class Config(_Section):
@@ -429,6 +441,9 @@ class Config(_Section):
         if self.model.lora.enabled and self.workflow == "rm":
             raise ValueError("model.lora.enabled: workflow rm trains the whole reward model (its scalar head and "
                              "the network under it); set model.lora.enabled=false")
+        if self.eval.k > 1 and self.workflow == "rm":
+            raise ValueError(f"eval.k={self.eval.k} samples answers to score; workflow rm evaluates a reward model "
+                             f"on held-out pairs and generates nothing: set eval.k=1")
         _check_placement(self)
         _check_env(self)
         if self.data.messages_key is not None and (self.workflow != "sft" or self.data.path is None):

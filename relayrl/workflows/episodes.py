@@ -18,6 +18,7 @@ from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.environments.base import Episode, EpisodeEnd, EpisodeSummary
 from relayrl.environments.config import EpisodeSpec, build_env_factory
 from relayrl.environments.episodes import episode_metrics
+from relayrl.evaluation.metrics import summarize
 from relayrl.evaluation.runner import EvalResult, write_report
 from relayrl.workflows.workers import RolloutWorker
 
@@ -50,21 +51,36 @@ def rollout_episodes(rollout, s, problems: Sequence[Problem], params: SamplingPa
 
 def evaluate_episodes(rollout, s, spec: EpisodeSpec, step: int) -> dict[str, float]:
     """Greedy episodes on the held-out problems: ``eval/accuracy`` (reward >= 1) and the ``eval/env/*``
-    metrics (tool-call rate, turns); a report with every episode under ``RUN_DIR/eval``."""
-    ro = s.cfg.rollout
-    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=s.cfg.eval.max_new_tokens or ro.max_new_tokens,
-                            stop_strings=tuple(ro.stop_strings))
+    metrics (tool-call rate, turns); with ``eval.k > 1`` also ``k`` sampled episodes per problem for
+    ``eval/pass@k`` and ``eval/avg@k``; a report with every episode under ``RUN_DIR/eval``."""
+    ro, ev = s.cfg.rollout, s.cfg.eval
     problems = s.eval_problems
-    eps: list[Episode] = rollout.split(RolloutWorker.run_episodes,
-                                       [(i, s.encode(p), p) for i, p in enumerate(problems)], params, spec)
-    log_episode_errors(s, eps, step)
-    rewards = torch.tensor([e.reward for e in eps], dtype=torch.float32)
-    metrics = {"eval/accuracy": float((rewards >= 1.0).float().mean()), "eval/reward_mean": float(rewards.mean())}
-    metrics.update({f"eval/{k}": v for k, v in episode_metrics(eps).items()})
-    samples = [{"mode": "greedy", "prompt": problems[e.problem_index].prompt, "answer": problems[e.problem_index].answer,
-                "response": s.tokenizer.decode(e.token_ids, skip_special_tokens=True), "reward": e.reward,
-                "turns": e.turns, "tool_calls": e.tool_calls, "end": e.end.value if e.end else None,
-                "error": e.error} for e in eps]
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=ev.max_new_tokens or ro.max_new_tokens,
+                            stop_strings=tuple(ro.stop_strings))
+    runs = [("greedy", greedy)]
+    if ev.k > 1:
+        runs.append((f"sample@{ev.k}", greedy.model_copy(update={"n": ev.k, "temperature": s.eval_temperature})))
+    metrics: dict[str, float] = {}
+    samples: list[dict] = []
+    for mode, params in runs:
+        eps: list[Episode] = rollout.split(RolloutWorker.run_episodes,
+                                           [(i, s.encode(p), p) for i, p in enumerate(problems)], params, spec)
+        log_episode_errors(s, eps, step)
+        if mode == "greedy":
+            rewards = torch.tensor([e.reward for e in eps], dtype=torch.float32)
+            metrics.update({"eval/accuracy": float((rewards >= 1.0).float().mean()),
+                            "eval/reward_mean": float(rewards.mean())})
+            metrics.update({f"eval/{k}": v for k, v in episode_metrics(eps).items()})
+        else:
+            per_problem: list[list[bool]] = [[] for _ in problems]
+            for e in eps:
+                per_problem[e.problem_index].append(e.reward >= 1.0)
+            metrics.update({f"eval/{k}": v for k, v in summarize(per_problem, ks=sorted({1, ev.k})).items()})
+        samples += [{"mode": mode, "prompt": problems[e.problem_index].prompt,
+                     "answer": problems[e.problem_index].answer,
+                     "response": s.tokenizer.decode(e.token_ids, skip_special_tokens=True), "reward": e.reward,
+                     "turns": e.turns, "tool_calls": e.tool_calls, "end": e.end.value if e.end else None,
+                     "error": e.error} for e in eps]
     write_report(EvalResult(metrics, samples), s.dir / "eval", name=f"eval-step{step:06d}",
                  extra={"step": step, "model": str(s.model_path)})
     return metrics

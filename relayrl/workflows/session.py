@@ -319,14 +319,22 @@ class Session:
             self.tracker.write_text(f"step {step}: checkpoint saved to {path} ({time.perf_counter() - t0:.1f} s)")
         return last
 
-    def evaluate(self, generate, step: int | None, *, name: str = "eval", k: int = 1) -> EvalResult:
-        ro = self.cfg.rollout
+    def evaluate(self, generate, step: int | None, *, name: str = "eval") -> EvalResult:
+        """Greedy accuracy on the held-out problems, with ``eval.k > 1`` also pass@k and avg@k of sampled answers;
+        the report under ``RUN_DIR/eval``."""
+        ro, ev = self.cfg.rollout, self.cfg.eval
         result = evaluate(generate, self.encode, self.eval_problems, self.score,
-                          max_new_tokens=self.cfg.eval.max_new_tokens or ro.max_new_tokens, k=k,
-                          temperature=ro.temperature or 1.0, stop_strings=ro.stop_strings)
+                          max_new_tokens=ev.max_new_tokens or ro.max_new_tokens, k=ev.k,
+                          temperature=self.eval_temperature, stop_strings=ro.stop_strings)
         write_report(result, self.dir / "eval", name=name if step is None else f"{name}-step{step:06d}",
                      extra={"step": step, "model": str(self.model_path)})
         return result
+
+    @property
+    def eval_temperature(self) -> float:
+        """The temperature of the ``eval.k`` sampled answers: ``eval.temperature``, else the rollout's (1.0 for a
+        greedy rollout)."""
+        return self.cfg.eval.temperature or self.cfg.rollout.temperature or 1.0
 
     def target_reached(self, step: int, metrics: dict[str, float]) -> bool:
         """True once ``eval.stop_at`` is set and this step's held-out accuracy reaches it."""

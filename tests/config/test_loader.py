@@ -214,3 +214,11 @@ def test_a_recipe_that_is_a_directory_names_the_recipes_in_it(tmp_path):
     (tmp_path / "mine.yaml").write_text("trainer: {steps: 1}\n")
     with pytest.raises(ConfigError, match=r"is a directory; give a recipe file in it \(mine.yaml\)"):
         load_run_config(tmp_path, [])
+
+
+def test_sampled_evaluation_keys_are_checked():
+    assert "set eval.k > 1" in _errors("eval.temperature=0.6")
+    assert "eval.k=1" in _errors("workflow=rm", "eval.k=4", recipe=RECIPES / "arith_rm.yaml")
+    assert "eval.k" in _errors("eval.k=0")
+    cfg = load_config(Config, RECIPES / "arith_grpo.yaml", ["eval.k=8", "eval.temperature=0.6"])
+    assert (cfg.eval.k, cfg.eval.temperature) == (8, 0.6)

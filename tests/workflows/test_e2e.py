@@ -25,9 +25,13 @@ def test_sft_model_loads_with_transformers(sft_model):
 @pytest.mark.slow
 def test_grpo_writes_every_step_metric(sft_model, tmp_path):
     r = relayrl("train", "recipes/arith_grpo.yaml", "trainer.steps=2", f"run.dir={tmp_path}",
-                f"trainer.init_from={sft_model}", "algorithm.kl_coef=0.01", *FAST)
+                f"trainer.init_from={sft_model}", "algorithm.kl_coef=0.01", "eval.k=4", *FAST)
     assert r.returncode == 0, r.stderr[-3000:]
     last = records(tmp_path)[-1]
+    assert 0 <= last["eval/pass@1"] <= last["eval/pass@4"] <= 1 and "eval/avg@4" in last  # eval.k sampled answers
+    report = [json.loads(x) for x in (tmp_path / "eval" / "eval-step000002_samples.jsonl").read_text().splitlines()]
+    modes = [x["mode"] for x in report]
+    assert modes.count("sample@4") == 4 * modes.count("greedy") > 0
     for key in ["reward/mean", "reward/std", "train/accuracy", "response/length_mean", "response/length_max",
                 "response/clip_ratio", "actor/kl", "actor/entropy", "actor/clip_frac_low", "actor/clip_frac_high",
                 "actor/grad_norm", "actor/lr", "rollout/logprob_error", "perf/step_time_s",

@@ -17,11 +17,14 @@ SMALL = [*FAST, "eval.size=4", "rollout.max_new_tokens=24", "env.max_tokens=48",
 def tool_sft(tmp_path_factory):
     run = tmp_path_factory.mktemp("toolsum_sft")
     r = relayrl("train", "recipes/toolsum_sft.yaml", "trainer.steps=3", "trainer.batch_size=8", "eval.every=0",
-                f"run.dir={run}", *SMALL)
+                f"run.dir={run}", "eval.k=2", *SMALL)
     assert r.returncode == 0, r.stderr[-3000:]
     recs = records(run)
     assert [x["step"] for x in recs] == [0, 1, 2, 3] and all("sft/loss" in x for x in recs[1:])
     assert "eval/env/tool_call_rate" in recs[0]  # evaluation runs episodes
+    assert 0 <= recs[-1]["eval/pass@1"] <= recs[-1]["eval/pass@2"] <= 1  # and k=2 sampled ones per problem
+    modes = [json.loads(x)["mode"] for x in (run / "eval" / "eval-step000003_samples.jsonl").read_text().splitlines()]
+    assert modes.count("greedy") == 4 and modes.count("sample@2") == 8
     return run / "model"
 
 
