@@ -373,6 +373,14 @@ class Config(_Section):
     placement: PlacementConfig = PlacementConfig()
     env: EnvConfig = EnvConfig()
 
+    def train_engine(self, **update) -> TrainEngineConfig:
+        """``engine`` as the trained roles get it: ``engine.dropout=auto`` resolved by the workflow (none for grpo,
+        dpo and rm, the model's for sft), and ``update`` applied (a critic's own optimizer)."""
+        dropout = self.engine.dropout
+        if dropout == "auto":
+            dropout = "model" if self.workflow == "sft" else "none"
+        return self.engine.model_copy(update={"dropout": dropout, **update})
+
     @model_validator(mode="after")
     def _cross(self) -> "Config":
         if self.algorithm.distill.enabled and self.workflow != "grpo":

@@ -252,6 +252,30 @@ def load_model(path: str | Path, *, dtype: str = "float32", device: str | torch.
     return model.to(device)
 
 
+_DROPOUT_RATES = ("attention_dropout", "attn_dropout", "dropout")
+
+
+def disable_dropout(model) -> int:
+    """Set every dropout rate of ``model`` to 0: the ``p`` of its ``nn.Dropout`` layers, and the float rates
+    attention modules keep as attributes (``attention_dropout`` in Llama/Qwen2-style attention, passed to the
+    attention kernel in train mode). The model's config is not changed (an export keeps the original rates).
+    Returns how many layers or attributes were nonzero."""
+    from torch import nn
+
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd):
+            changed += module.p > 0
+            module.p = 0.0
+            continue
+        for name in _DROPOUT_RATES:
+            rate = getattr(module, name, None)
+            if isinstance(rate, float) and not isinstance(rate, bool):
+                changed += rate > 0
+                setattr(module, name, 0.0)
+    return changed
+
+
 BAR_BYTES = 1 << 30
 """Weights below this load and save without transformers' progress bars (:func:`progress_bars`)."""
 

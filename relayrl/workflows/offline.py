@@ -40,7 +40,7 @@ class OfflineRun:
         self.precision = role_precision(m, cfg.rollout)
         self.groups: list[WorkerGroup] = []
         lora = {"lora": m.lora} if m.lora.enabled else {}  # (config load refuses LoRA for a reward model)
-        self.actor = self.group(actor_cls, "actor", engine=cfg.engine, total_steps=cfg.trainer.steps,
+        self.actor = self.group(actor_cls, "actor", engine=cfg.train_engine(), total_steps=cfg.trainer.steps,
                                 seed=cfg.run.seed, **lora, **self.precision["trained"])
         self.rollout = None  # a reward model (workflow rm) generates nothing: its subclass evaluates on pairs
         if rollout:

@@ -34,10 +34,10 @@ def _updates(cfg: Config) -> int:
 
 ROLES: tuple[Role, ...] = (
     Role("actor", PolicyWorker, lambda cfg, plan, prec, path, common: dict(
-        model_path=path, engine=cfg.engine, total_steps=_updates(cfg), seed=cfg.run.seed, tri_model=plan.tri_model,
+        model_path=path, engine=cfg.train_engine(), total_steps=_updates(cfg), seed=cfg.run.seed, tri_model=plan.tri_model,
         lora=cfg.model.lora, **prec["trained"], **common)),
     Role("critic", CriticWorker, lambda cfg, plan, prec, path, common: dict(
-        model_path=path, engine=cfg.engine.model_copy(update={"optim": cfg.critic.optim}), total_steps=_updates(cfg),
+        model_path=path, engine=cfg.train_engine(optim=cfg.critic.optim), total_steps=_updates(cfg),
         seed=cfg.run.seed, lora=cfg.model.lora, **prec["trained"], **common)),
     Role("rollout", RolloutWorker, lambda cfg, plan, prec, path, common: dict(
         model_path=path, max_batch=cfg.rollout.max_batch, seed=cfg.run.seed, decode=cfg.rollout.decode,

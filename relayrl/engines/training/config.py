@@ -61,6 +61,11 @@ class TrainEngineConfig(BaseModel):
         "collectives in every pass). step: once per optimizer step; between the micro-batches (or streamed "
         "chunks) of one step every rank keeps the gathered parameters and its unsharded float32 gradients "
         "(far fewer collectives, e.g. for the periodic trainer's chunks, when that fits a device)")
+    dropout: Literal["auto", "none", "model"] = Field(
+        "auto", description="the trained model's dropout (nn.Dropout layers and attention dropout). none: every "
+        "rate set to 0 for training (the model's config is left as it is); model: as the model's config says. "
+        "auto: none for grpo, dpo and rm, where dropout would make the ratio pi / pi_old or the preference margin "
+        "noisy (as verl, OpenRLHF, TRL's DPO and reward trainers), model for sft")
     gradient_checkpointing: bool = Field(False, description="keep only each decoder layer's input and recompute "
                                          "its activations in the backward pass: less memory for one more "
                                          "forward pass of compute")

@@ -181,6 +181,10 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.cfg = cfg
+        if cfg.dropout == "none":  # ("auto" is the workflow's to resolve: Config.train_engine; here, as loaded)
+            from relayrl.models.load import disable_dropout
+
+            disable_dropout(self.model)
         self.prefix = metric_prefix
         self._resolve_packing(trainable)
         weights = next(self.model.parameters()).dtype
