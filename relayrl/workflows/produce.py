@@ -144,7 +144,8 @@ class Produce:
                 problems = list(st.problems)
             try:
                 with p.session.span("reward", "reward", f.step):
-                    out = p.score(ScoreWorker.score_rows, p.dock.reader(f.part, b.indexes, cols), problems)
+                    out = p.score(ScoreWorker.score_rows, p.dock.reader(f.part, b.indexes, cols), problems,
+                                  p.session.progress(f.step - 1))
             except BaseException:
                 f.stop.set()  # the lease loop ends now and the error is raised below (the rows stay unacked)
                 raise
@@ -211,7 +212,7 @@ class Produce:
             with p.session.span("greedy_baseline", "reward", f.step):
                 receipt, base = p.score(ScoreWorker.baseline_into,
                                         p.dock.reader(f.part, b.indexes, ["baseline_ids", "group"]),
-                                        p.dock.slots(f.part, b.indexes), problems)
+                                        p.dock.slots(f.part, b.indexes), problems, p.session.progress(f.step - 1))
             p.dock.publish(receipt)
             with st.cond:
                 st.baselines += base

@@ -14,7 +14,7 @@ import torch
 
 from relayrl.cluster import Worker
 from relayrl.engines.reward import RewardError
-from relayrl.engines.reward.user import with_ids
+from relayrl.engines.reward.user import with_ids, with_progress
 from relayrl.workflows.estimate import advantage_rows
 
 __all__ = ["ScoreWorker", "Scored"]
@@ -45,11 +45,13 @@ class ScoreWorker(Worker):
         if hasattr(self, "device") and reward is not None and reward.cfg.model_device == "auto":
             reward.place(self.device)  # its learned rewards (reward model, judge) run on the pool's device
 
-    def score_rows(self, reader, problems: Sequence) -> Scored:
+    def score_rows(self, reader, problems: Sequence, progress: Any = None) -> Scored:
         """Score the rows (any rows: a group's responses may come in several calls; ``problems[group]`` holds
         each row's prompt and answer): the verifier's scores and the rewards after the run's shaping. Rows
         with ``env_rewards`` (episodes) take those as scores. Nothing is written: the score stage writes a
-        group's rewards once all its rows are scored (:meth:`write_rewards`), or drops it (DAPO)."""
+        group's rewards once all its rows are scored (:meth:`write_rewards`), or drops it (DAPO).
+        ``progress``: the training's progress for a TRL reward function's ``trainer_state``
+        (:func:`~relayrl.engines.reward.user.trainer_state`; None: not passed)."""
         cols = reader.read()
         groups = [int(g) for g in cols["group"]]
         if "env_rewards" in cols:  # multi-turn episodes: their environments gave the rewards
@@ -58,8 +60,7 @@ class ScoreWorker(Worker):
             texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in cols["response_ids"]]
             probs = [problems[g] for g in groups]
             scores, metrics = self.reward.score([p.prompt for p in probs], texts, [p.answer for p in probs],
-                                                columns=with_ids([p.meta.get("fields") for p in probs],
-                                                                 cols["response_ids"]))
+                                                columns=_rows(probs, cols["response_ids"], progress))
         lengths = torch.tensor([len(r) for r in cols["response_ids"]], dtype=torch.float32)
         rewards = self.shape(torch.tensor(scores, dtype=torch.float32), lengths)
         return Scored([float(x) for x in scores], rewards.tolist(), metrics, groups)
@@ -69,7 +70,7 @@ class ScoreWorker(Worker):
         """Write ``rewards`` (one per slot row); returns the receipt."""
         return slots.write({"rewards": [float(r) for r in rewards]})
 
-    def baseline_into(self, reader, slots, problems: Sequence) -> tuple[Any, list[float]]:
+    def baseline_into(self, reader, slots, problems: Sequence, progress: Any = None) -> tuple[Any, list[float]]:
         """ReMax: the (shaped) reward of each group's greedy response (``baseline_ids``, the same in every row
         of the group), written as every row's ``baseline``; returns ``(receipt, one baseline per group)``."""
         cols = reader.read()
@@ -79,7 +80,7 @@ class ScoreWorker(Worker):
         ids = [cols["baseline_ids"][first[g]] for g in order]
         texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in ids]
         scores, _ = self.reward.score([problems[g].prompt for g in order], texts, [problems[g].answer for g in order],
-                                      columns=with_ids([problems[g].meta.get("fields") for g in order], ids))
+                                      columns=_rows([problems[g] for g in order], ids, progress))
         failed = [g for g, x in zip(order, scores) if x != x]  # reward.on_error=drop_group
         if failed:  # (the group's sampled rows may be in other stages' hands already: too late to drop it)
             raise RewardError(f"the reward failed on the greedy baseline response to prompt "
@@ -102,3 +103,10 @@ class ScoreWorker(Worker):
             baseline=torch.tensor([float(b) for b in cols["baseline"]]) if "baseline" in cols else None,
             loss_masks=cols.get("loss_mask"), kl_coef=kl_coef)
         return slots.write(out), kl
+
+
+def _rows(problems: Sequence, token_ids: Sequence, progress: Any) -> list[dict]:
+    """The columns a user reward function may take: each row's dataset fields, its response's token ids and,
+    when given, the training's progress."""
+    rows = with_ids([p.meta.get("fields") for p in problems], token_ids)
+    return rows if progress is None else with_progress(rows, progress)

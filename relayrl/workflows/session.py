@@ -27,6 +27,7 @@ from relayrl.config.loader import ConfigError
 from relayrl.config.schema import Config
 from relayrl.data.tasks import Problem, make_task
 from relayrl.errors import RunStopped
+from relayrl.engines.reward.user import trainer_state, with_progress
 from relayrl.evaluation.runner import EvalResult, evaluate, write_report
 from relayrl.models.load import check_model_dir, load_tokenizer
 from relayrl.models.tiny import build_tiny
@@ -257,6 +258,11 @@ class Session:
             ids = self._encode_cache[problem.prompt] = list(encode_prompt(self.tokenizer, problem, self.cfg.data.chat_template))
         return ids
 
+    def progress(self, done: int):
+        """The training's progress after ``done`` RL steps, as a TRL reward function's ``trainer_state`` reads
+        it (:func:`~relayrl.engines.reward.user.trainer_state`)."""
+        return trainer_state(done, self.cfg.trainer.steps)
+
     def score(self, prompts: list[str], responses: list[str], answers: list[str], columns=None) -> list[float]:
         """Evaluation's score: the verifier (and format term) only, never a learned reward, so held-out
         accuracy stays the task's whatever the training reward is."""
@@ -323,7 +329,12 @@ class Session:
         """Greedy accuracy on the held-out problems, with ``eval.k > 1`` also pass@k and avg@k of sampled answers;
         the report under ``RUN_DIR/eval``."""
         ro, ev = self.cfg.rollout, self.cfg.eval
-        result = evaluate(generate, self.encode, self.eval_problems, self.score,
+        state = self.progress(step or 0)
+
+        def score(prompts, responses, answers, columns):
+            return self.score(prompts, responses, answers, with_progress(columns, state))
+
+        result = evaluate(generate, self.encode, self.eval_problems, score,
                           max_new_tokens=ev.max_new_tokens or ro.max_new_tokens, k=ev.k,
                           temperature=self.eval_temperature, stop_strings=ro.stop_strings)
         write_report(result, self.dir / "eval", name=name if step is None else f"{name}-step{step:06d}",

@@ -323,3 +323,66 @@ def test_a_trl_function_gets_the_completion_ids_where_the_caller_has_them(tmp_pa
     with pytest.raises(RewardError, match="missing 1 required keyword-only argument|missing a required argument|"
                                           "completion_ids"):
         e.score(["p"], ["abc"], ["x"])  # a caller without token ids (the tools environment's final answer)
+
+
+PROGRESS_FNS = """
+    def curriculum(completions, trainer_state, log_metric, **kwargs):  # TRL: reward shaped by training progress
+        frac = trainer_state.global_step / trainer_state.max_steps
+        log_metric("progress", frac)
+        log_metric("long_frac", sum(len(c) > 2 for c in completions) / len(completions))
+        return [frac * len(c) for c in completions]
+
+    def uses_kwargs(completions, **kwargs):
+        kwargs["log_metric"]("seen_step", kwargs["trainer_state"].global_step)
+        return [1.0] * len(completions)
+
+    def verl_extras(data_source, solution_str, ground_truth, extra_info=None):
+        ok = float(solution_str == ground_truth)
+        return {"score": ok, "acc": ok, "pred": solution_str}  # (a string: not a metric)
+"""
+
+
+def test_a_trl_function_gets_the_trainer_state_and_logs_metrics_verl_extras_too(tmp_path):
+    from relayrl.engines.reward.user import trainer_state, with_progress
+
+    (tmp_path / "progress_fns.py").write_text(textwrap.dedent(PROGRESS_FNS))
+    e = RewardEngine(RewardConfig(verifier="user", user_fn=f"{tmp_path}/progress_fns.py:curriculum"))
+    assert call_shape(e._user[0].fn).required == frozenset()  # neither is a dataset field
+    e.check_fields([{"prompt": "p"}])
+    cols = with_progress([{"prompt": "p"}, None], trainer_state(5, 10))
+    scores, m = e.score(["p", "q"], ["abcd", "d"], ["x", "y"], columns=cols)
+    assert scores == [2.0, 0.5]
+    assert m["reward/user/progress"] == 0.5 and m["reward/user/long_frac"] == 0.5
+    kw = RewardEngine(RewardConfig(verifier="user", user_fn=f"{tmp_path}/progress_fns.py:uses_kwargs"))
+    assert kw.score(["p"], ["a"], ["x"], columns=with_progress([None], trainer_state(3, 9)))[1]["reward/user/seen_step"] == 3
+    verl = RewardEngine(RewardConfig(verifier="user", user_fn=f"{tmp_path}/progress_fns.py:verl_extras"))
+    scores, m = verl.score(["p", "q"], ["4", "5"], ["4", "7"])
+    assert scores == [1.0, 0.0] and m["reward/user/acc"] == 0.5 and "reward/user/pred" not in m
+
+
+def test_the_score_stage_passes_the_steps_done(tmp_path):
+    from relayrl.engines.reward.user import trainer_state
+
+    (tmp_path / "progress_fns.py").write_text(textwrap.dedent(PROGRESS_FNS))
+    e = RewardEngine(RewardConfig(verifier="user", user_fn=f"{tmp_path}/progress_fns.py:uses_kwargs"))
+    worker = ScoreWorker(e, _Tok(), None, lambda scores, lengths: scores)
+    cols = {"group": [0, 0], "response_ids": [torch.ones(2), torch.ones(3)]}
+    out = worker.score_rows(_Reader(cols), [Problem("p0", "a")], trainer_state(4, 8))
+    assert out.metrics["reward/user/seen_step"] == 4
+
+
+@pytest.mark.slow
+def test_a_run_gives_trl_functions_its_progress_and_logs_what_they_report(tmp_path, tiny_dir):
+    """Two steps: the function sees global_step 0 then 1 of max_steps 2 (its progress metric 0, then 0.5)."""
+    from relayrl.config.loader import load_config
+    from relayrl.config.schema import Config
+    from relayrl.workflows.pipeline import GRPOPipeline
+
+    (tmp_path / "progress_fns.py").write_text(textwrap.dedent(PROGRESS_FNS))
+    cfg = load_config(Config, "recipes/arith_grpo.yaml", [
+        f"run.dir={tmp_path / 'run'}", "trainer.steps=2", "eval.size=4", "eval.every=0", "data.prompts_per_step=2",
+        "rollout.n=4", "rollout.max_new_tokens=8", "telemetry.sinks=[jsonl]", "run.save_every=0",
+        f"trainer.init_from={tiny_dir}", "reward.verifier=user", f"reward.user_fn={tmp_path}/progress_fns.py:curriculum"])
+    GRPOPipeline(cfg).run()
+    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert [r.get("reward/user/progress") for r in recs if r["step"] > 0] == [0.0, 0.5]

@@ -56,7 +56,7 @@ import torch
 from relayrl.algorithms.reward_model import RunningMoments, normalize_rewards
 from relayrl.engines.reward.config import RewardConfig, RewardError
 from relayrl.engines.reward.judge import JudgeError, LLMJudge
-from relayrl.engines.reward.user import Overtime, UserFn, call_within, check_rewards, load_user_fns
+from relayrl.engines.reward.user import CALL_ARGS, Overtime, UserFn, call_within, check_rewards, load_user_fns
 from relayrl.engines.reward.verifiers import exact_reward, format_reward, math_reward
 
 __all__ = ["RewardEngine", "MAX_ABANDONED"]
@@ -379,13 +379,16 @@ class RewardEngine:
         a row (TRL's "not this function's row") adds nothing to it; a row no function scores gets 0, said
         once."""
         total, scored, metrics = [0.0] * len(responses), [False] * len(responses), {}
+        logged: dict[str, list[float]] = {}
         for u in self._user:
-            got = self._guarded(partial(self._user_once, u), "the function", prompts, responses, answers, columns)
+            got = self._guarded(partial(self._user_once, u, logged), "the function", prompts, responses, answers,
+                                columns)
             total = [t if x is None else t + u.weight * x for t, x in zip(total, got)]  # (NaN stays NaN)
             scored = [s or x is not None for s, x in zip(scored, got)]
             if len(self._user) > 1:
                 ok = [x for x in got if x is not None and x == x]
                 metrics.update({f"reward/fn/{u.name}_mean": _mean(ok), f"reward/fn/{u.name}_std": _std(ok)})
+        metrics.update({f"reward/user/{k}": _mean(v) for k, v in logged.items() if v})
         unscored = scored.count(False)
         if unscored and not self._said_unscored:
             self._said_unscored = True
@@ -394,14 +397,20 @@ class RewardEngine:
                         prompts[scored.index(False)][:200])
         return total, metrics
 
-    def _user_once(self, u: UserFn, prompts: list[str], responses: list[str], answers: list[str | None],
-                   columns: list) -> list[float]:
+    def _user_once(self, u: UserFn, logged: dict[str, list[float]], prompts: list[str], responses: list[str],
+                   answers: list[str | None], columns: list) -> list[float]:
+        """One call of ``u`` on the rows; what it reports (``log_metric``, a verl dict's other keys) is added to
+        ``logged`` (name -> values)."""
         name = u.path  # as configured (a file path is absolute since the config loaded)
         limit = None if self.cfg.timeout_s is None else self.cfg.timeout_s * len(set(prompts))
         args, kwargs = u.shape.arguments(prompts, responses, answers, columns)
         self._check_fields(u, columns, kwargs)
+
+        def log_metric(key: str, value: float) -> None:
+            logged.setdefault(str(key), []).append(float(value))
+
         try:
-            result = self._within(limit, u.shape.call, u.fn, args, kwargs, name=name)
+            result = self._within(limit, u.shape.call, u.fn, args, kwargs, log_metric, name=name)
         except _StopRun:
             raise
         except RewardError as e:  # a result the call's shape cannot read (a verl dict without "score")
@@ -453,7 +462,8 @@ class RewardEngine:
             raise _StopRun(f"reward function {u.path} needs the dataset field(s) {', '.join(missing)}, which the "
                            f"rows lack (fields: {present}); rename the parameter after a field they have, give it a "
                            f"default, or use a dataset with that column")
-        unmet = sorted(k for k in (u.shape.takes or frozenset()) - set(kwargs) if (u.path, k) not in self._unmet)
+        unmet = sorted(k for k in (u.shape.takes or frozenset()) - set(kwargs) - CALL_ARGS
+                       if (u.path, k) not in self._unmet)
         if unmet:
             self._unmet.update((u.path, k) for k in unmet)
             log.warning("reward function %s takes %s, but the rows scored have no such field: it gets its default "

@@ -29,13 +29,18 @@ from relayrl.engines.reward.config import RewardError
 from relayrl.plugins import resolve
 
 __all__ = ["RewardFn", "load_reward_fn", "UserFn", "load_user_fns", "CallShape", "call_shape", "with_ids",
-           "check_rewards", "call_within", "Overtime"]
+           "with_progress", "trainer_state", "check_rewards", "call_within", "Overtime"]
 
-NOT_FIELDS = frozenset({"prompt", "prompts", "responses", "answers", "completions", "completion", "completion_ids"})
+NOT_FIELDS = frozenset({"prompt", "prompts", "responses", "answers", "completions", "completion", "completion_ids",
+                        "trainer_state", "log_metric"})
 """Names that are never passed as a dataset field: the prompt comes as ``prompts``, and the others name the
 call's own lists (TRL leaves out ``prompt``, ``completion`` and ``completion_ids`` likewise). A row's
-``completion_ids`` (its response's token ids, where the caller has them) go to a TRL-shaped function that
-takes them, as TRL passes them."""
+``completion_ids`` (its response's token ids, where the caller has them) and the training's progress
+(``trainer_state``, :func:`with_progress`) go to a TRL-shaped function that takes them, as TRL passes them;
+``log_metric`` is the call's metric logger (:meth:`CallShape.call`)."""
+
+CALL_ARGS = frozenset({"completion_ids", "trainer_state", "log_metric"})
+"""What TRL passes a reward function besides the prompts, the completions and the dataset's fields."""
 
 
 @runtime_checkable
@@ -72,7 +77,7 @@ def load_reward_fn(path: str) -> RewardFn:
     shape = call_shape(fn)
     calls = {"relayrl": (([], [], []), {}, "fn(prompts, responses, answers)"),
              "trl": ((), {"prompts": [], "completions": [], **{k: [] for k in shape.required},
-                          **({"completion_ids": []} if "completion_ids" in sig.parameters else {})},
+                          **{k: None for k in CALL_ARGS if k in sig.parameters}},
                      "fn(prompts=..., completions=..., **fields) as TRL calls it (it has a parameter completions)"),
              "verl": ((), {k: None for k in shape.takes or VERL},
                       "fn(data_source=..., solution_str=..., ground_truth=..., extra_info=...) as verl calls "
@@ -154,26 +159,39 @@ class CallShape(NamedTuple):
             return (prompts, responses, answers), kwargs
         asked = [r.get("prompt", p) for r, p in zip(rows, prompts)]
         done = [[{"role": "assistant", "content": t}] if isinstance(a, list) else t for a, t in zip(asked, responses)]
-        if (self.takes is None or "completion_ids" in self.takes) and any("completion_ids" in r for r in rows):
+        if self.takes_name("completion_ids") and any("completion_ids" in r for r in rows):
             kwargs["completion_ids"] = [r.get("completion_ids") for r in rows]  # (the response's token ids)
+        if self.takes_name("trainer_state") and rows and "trainer_state" in rows[0]:
+            kwargs["trainer_state"] = rows[0]["trainer_state"]  # (one object for the call, as TRL's)
         return (), {"prompts": asked, "completions": done, **kwargs}
 
-    def call(self, fn: Callable, args: tuple, kwargs: dict[str, list]) -> Any:
+    def takes_name(self, name: str) -> bool:
+        """Whether a TRL-shaped function takes ``name`` (by name, or with ``**kwargs``)."""
+        return self.style == "trl" and (self.takes is None or name in self.takes)
+
+    def call(self, fn: Callable, args: tuple, kwargs: dict[str, list],
+             log_metric: Callable[[str, float], None] | None = None) -> Any:
         """``fn``'s scores of the rows (:meth:`arguments`): one call, or one per row for verl's shape; a verl
         result's dicts become their ``"score"``. An ``async def`` function runs on an event loop of its own,
-        verl's per-response calls all at once (a function that awaits a server or a sandbox)."""
+        verl's per-response calls all at once (a function that awaits a server or a sandbox).
+
+        ``log_metric(name, value)`` collects what the function reports: a TRL-shaped function that takes
+        ``log_metric`` gets it (TRL's metric logger), and a verl result's other numeric keys are reported
+        through it, row by row (verl's ``reward_extra_info``)."""
         if self.style == "verl":
             out = [fn(**{k: v[i] for k, v in kwargs.items()}) for i in range(len(kwargs["solution_str"]))]
             if out and inspect.isawaitable(out[0]):
                 out = asyncio.run(_gathered(out))
-            return [_verl_score(x, i) for i, x in enumerate(out)]
+            return [_verl_score(x, i, log_metric) for i, x in enumerate(out)]
         if self.style == "verl_batch":
             args, kwargs = (), {f"{k}s": v for k, v in kwargs.items()}
+        elif log_metric is not None and self.takes_name("log_metric"):
+            kwargs = {**kwargs, "log_metric": log_metric}
         out = fn(*args, **kwargs)
         if inspect.isawaitable(out):
             out = asyncio.run(_gathered([out]))[0]
         if self.style == "verl_batch" and isinstance(out, (list, tuple)):
-            return [_verl_score(x, i) for i, x in enumerate(out)]
+            return [_verl_score(x, i, log_metric) for i, x in enumerate(out)]
         return out
 
 
@@ -182,11 +200,15 @@ async def _gathered(awaitables: list) -> list:
     return list(await asyncio.gather(*awaitables))
 
 
-def _verl_score(x: Any, i: int) -> Any:
+def _verl_score(x: Any, i: int, log_metric: Callable[[str, float], None] | None = None) -> Any:
     if isinstance(x, dict):
         if "score" not in x:
             raise RewardError(f"returned a dict without a 'score' key at index {i} ({sorted(x)}); verl's "
                               f"compute_score returns a float or a dict with the reward under 'score'")
+        if log_metric is not None:  # its other numbers (verl's reward_extra_info), e.g. {"score": 1, "acc": 1}
+            for k, v in x.items():
+                if k != "score" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    log_metric(k, float(v))
         return x["score"]
     return x
 
@@ -209,12 +231,26 @@ def call_shape(fn: Callable) -> CallShape:
     if style == "relayrl":  # the first three are the lists, by position
         skip = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:3]
         named = [p for p in named if p not in skip]
-    passed = NOT_FIELDS - {"completion_ids"} if style == "trl" else NOT_FIELDS  # (TRL passes the token ids too)
+    passed = NOT_FIELDS - CALL_ARGS if style == "trl" else NOT_FIELDS  # (TRL passes the token ids and more)
     named = [p for p in named if p.name not in passed]
     takes = None if every else frozenset(p.name for p in named)
     # (completion_ids come from the caller, not the dataset: a call without them fails as the function says)
     required = frozenset(p.name for p in named if style == "trl" and p.default is p.empty and p.name not in NOT_FIELDS)
     return CallShape(style, takes, required)
+
+
+def trainer_state(done: int, total: int):
+    """TRL's view of the training's progress, as its reward functions read it: a ``transformers.TrainerState``
+    with ``global_step`` the RL steps done (``done``) and ``max_steps`` the run's (``total``)."""
+    from transformers import TrainerState
+
+    return TrainerState(global_step=done, max_steps=total)
+
+
+def with_progress(fields: Sequence[dict | None], state: Any) -> list[dict]:
+    """Each row's dataset fields with the training's progress under ``trainer_state`` (:func:`trainer_state`;
+    passed once to a TRL-shaped function that takes it)."""
+    return [{**(f or {}), "trainer_state": state} for f in fields]
 
 
 def with_ids(fields: Sequence[dict | None], token_ids: Sequence) -> list[dict]:
