@@ -12,6 +12,7 @@ per module:
 * :mod:`~relayrl.algorithms.value` -- clipped value loss, explained variance
 * :mod:`~relayrl.algorithms.entropy` -- chunked entropy from logits
 * :mod:`~relayrl.algorithms.dapo` -- overlong shaping/filtering, dynamic sampling
+* :mod:`~relayrl.algorithms.gdpo` -- GDPO's decoupled reward: several reward functions normalised one by one
 * :mod:`~relayrl.algorithms.correction` -- rollout correction: token/sequence IS weights, truncated or
   masked, divergence masking (TIS, IcePop, DeepSeek-V3.2)
 * :mod:`~relayrl.algorithms.offpolicy` -- truncated importance weights (the correction's upper-bound case)
@@ -50,6 +51,7 @@ __all__ = [
     "distill",
     "dpo",
     "entropy",
+    "gdpo",
     "kl",
     "losses",
     "mismatch",

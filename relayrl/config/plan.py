@@ -208,6 +208,10 @@ def step_plan(cfg: Config) -> StepPlan:
         notes.append(f"algorithm.tis_cap={a.tis_cap} runs as algorithm.correction.level=token, mode=truncate, "
                      f"high={a.tis_cap} (the correction section also has sequence weights, masking and "
                      f"divergence masking; metrics correction/*)")
+    if cfg.reward.decoupled and est.name != "grpo-batch-std":
+        notes.append(f"reward.user_aggregation=normalize_then_sum (GDPO) with advantage={est.name}: the decoupled "
+                     f"sum of the reward functions goes through {est.name}'s own scaling; TRL and the GDPO paper "
+                     f"normalise it over the batch (algorithm.advantage=grpo-batch-std)")
     if overlapped and why_batch:
         notes.append(f"the update waits for the whole batch ({'; '.join(why_batch)}); generation, scoring and the "
                      f"forward-only passes still overlap per prompt group")

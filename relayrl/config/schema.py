@@ -454,6 +454,7 @@ class Config(_Section):
                              f"on held-out pairs and generates nothing: set eval.k=1")
         _check_placement(self)
         _check_env(self)
+        _check_decoupled_rewards(self)
         if self.data.messages_key is not None and (self.workflow != "sft" or self.data.path is None):
             raise ValueError("data.messages_key trains on whole conversations: it applies to workflow sft with "
                              "data.path; unset data.messages_key")
@@ -519,6 +520,34 @@ def _check_env(self: Config) -> None:
         others = ", ".join(n for n, e in ESTIMATORS.items() if not e.baseline)
         raise ValueError(f"algorithm.advantage={a.advantage} needs a greedy single-turn baseline; use one of "
                          f"{others} with env.name")
+
+
+def _check_decoupled_rewards(self: Config) -> None:
+    """``reward.user_aggregation=normalize_then_sum`` (GDPO): the advantages come from each user function's
+    scores normalised within its group, so the step must be a GRPO-family step whose estimator compares a
+    reward with its group's (``Estimator.group_baseline``), and no reward term outside the functions may
+    shape it."""
+    if not self.reward.decoupled:
+        return
+    key = f"reward.user_aggregation={self.reward.user_aggregation}"
+    if self.workflow != "grpo":
+        raise ValueError(f"{key} combines reward functions into advantages, which workflow {self.workflow} does "
+                         f"not compute: drop reward.user_aggregation")
+    a = self.algorithm
+    if not ESTIMATORS[a.advantage].group_baseline:
+        fits = ", ".join(n for n, e in ESTIMATORS.items() if e.group_baseline)
+        raise ValueError(f"{key} gives each response a reward that means something only beside the other "
+                         f"responses to its prompt (each function normalised within the group), but "
+                         f"algorithm.advantage={a.advantage} does not compare a reward with its group's: use one "
+                         f"of {fits} (grpo-batch-std is TRL's and the GDPO paper's), or "
+                         f"reward.user_aggregation=sum")
+    if a.overlong_shaping:
+        raise ValueError(f"{key} computes the advantages from each reward function's scores alone, so "
+                         f"algorithm.overlong_shaping's length penalty would not reach them: drop "
+                         f"algorithm.overlong_shaping (a length penalty can be one more function of reward.user_fn)")
+    if self.env.enabled:
+        raise ValueError(f"{key} normalises each reward function's scores, but env.name={self.env.name!r} gives "
+                         f"each episode one reward from its environment: drop reward.user_aggregation")
 
 
 def offpolicy_placement(cfg: "Config") -> "Config":

@@ -12,6 +12,11 @@ squeezed to the tokens its loss mask keeps (the environment's tokens are skipped
 the estimator runs on those rows (GAE's recursion then goes from the last token of one model turn
 straight to the first token of the next, and whitening counts model tokens only), and the results are put
 back in place with 0 on the environment's tokens (which the loss masks out anyway).
+
+Several reward functions combined by GDPO (``reward.user_aggregation=normalize_then_sum``): the rows carry
+each function's score (``fn_scores``), and the estimator's outcome reward is their decoupled sum, computed
+here from whole groups, the same in every step mode; the ``rewards`` column (what ``reward/mean`` logs)
+stays the weighted sum of the scores.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from relayrl.algorithms._ops import pad_right
 from relayrl.algorithms.advantages import outcome_to_token_rewards
 from relayrl.algorithms.distill import distill_advantages
 from relayrl.algorithms.estimators import EstimatorInputs, estimator
+from relayrl.algorithms.gdpo import decoupled_rewards
 from relayrl.algorithms.kl import kl_penalty_rewards
 
 __all__ = ["advantage_rows"]
@@ -33,7 +39,8 @@ def advantage_rows(a, rewards: torch.Tensor, lengths: Sequence[int], groups: tor
                    gen_logprobs: list[torch.Tensor] | None = None, ref_logprobs: list[torch.Tensor] | None = None,
                    values: list[torch.Tensor] | None = None, baseline: torch.Tensor | None = None,
                    loss_masks: list[torch.Tensor] | None = None, kl_coef: float | None = None,
-                   teacher_logprobs: list[torch.Tensor] | None = None,
+                   teacher_logprobs: list[torch.Tensor] | None = None, fn_scores: torch.Tensor | None = None,
+                   fn_weights: torch.Tensor | None = None,
                    ) -> tuple[dict[str, list[torch.Tensor]], dict[str, float]]:
     """``({"advantages": rows[, "returns": rows]}, kl_metrics)`` for rows with outcome ``rewards [N]``.
 
@@ -46,7 +53,12 @@ def advantage_rows(a, rewards: torch.Tensor, lengths: Sequence[int], groups: tor
     per-token reverse KL between the student's ``gen_logprobs`` and the teacher's, plus
     ``a.distill.reward_weight`` x the estimator's (:func:`~relayrl.algorithms.distill.distill_advantages`);
     its ``distill/*`` metrics come back with the KL ones.
+    ``fn_scores [N, K]`` with ``fn_weights [K]`` (GDPO, ``reward.user_aggregation=normalize_then_sum``): the
+    estimator's outcome reward is each function's group-normalised score, weighted and summed
+    (:func:`~relayrl.algorithms.gdpo.decoupled_rewards`), in place of ``rewards``.
     """
+    if fn_scores is not None:
+        rewards = decoupled_rewards(fn_scores, fn_weights, groups)
     if loss_masks is not None:
         keep = [m.bool() for m in loss_masks]
         for i, (k, L) in enumerate(zip(keep, lengths)):

@@ -15,6 +15,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 import torch
 
+from relayrl.algorithms.gdpo import decoupled_rewards
 from relayrl.config.plan import PARTIAL_POLL_S
 from relayrl.workflows.flow import Flow
 from relayrl.workflows.parts import StepParts
@@ -137,7 +138,7 @@ class Produce:
         batch of whole groups (``reward.stream=group``) or per landed row (``sample``: the rollout writes each
         response as it ends); several calls in flight so a slow one does not hold the rows behind it."""
         p, st, n = self.p, f.state, self.p.sampling.n
-        pending: dict[int, dict[int, tuple[float, float]]] = {}  # group -> row -> (score, reward); under st.cond
+        pending: dict[int, dict[int, tuple]] = {}  # group -> row -> (score, reward, each); under st.cond
 
         def one(b) -> None:
             with st.cond:
@@ -152,8 +153,9 @@ class Produce:
             b.ack()
             done = []
             with st.cond:
-                for i, g, score, reward in zip(b.indexes, out.groups, out.scores, out.rewards):
-                    pending.setdefault(g, {})[i] = (score, reward)
+                each = out.each or [None] * len(b.indexes)
+                for i, g, score, reward, e in zip(b.indexes, out.groups, out.scores, out.rewards, each):
+                    pending.setdefault(g, {})[i] = (score, reward, e)
                 scored = sum(x == x for x in out.scores)  # (the reward's means are over the rows not left NaN)
                 for k, v in out.metrics.items():
                     st.reward_metrics.setdefault(k, []).append((v, scored))
@@ -177,21 +179,28 @@ class Produce:
             for d in running:
                 d.result()
 
-    def _judge(self, f: Flow, done: list[tuple[int, list[tuple[int, tuple[float, float]]]]]) -> None:
-        """Groups whose rows are all scored (``(group, [(row, (score, reward)), ...])``): the kept groups'
-        rewards in one write; dynamic sampling drops a group whose scores are all equal (no signal): no
-        rewards, its rows retired so no later stage waits for them."""
+    def _judge(self, f: Flow, done: list[tuple[int, list[tuple[int, tuple]]]]) -> None:
+        """Groups whose rows are all scored (``(group, [(row, (score, reward, each)), ...])``): the kept groups'
+        rewards (and GDPO's per-function scores) in one write; dynamic sampling drops a group whose scores are
+        all equal (no signal; GDPO: whose every function's scores are): no rewards, its rows retired so no
+        later stage waits for them."""
         p, st = self.p, f.state
         rows = [i for _, got in done for i, _ in got]
         groups = torch.tensor([g for g, got in done for _ in got])
         scores = torch.tensor([sr[0] for _, got in done for _, sr in got], dtype=torch.float32)
         rewards = [sr[1] for _, got in done for _, sr in got]
+        each = [sr[2] for _, got in done for _, sr in got]
+        signal = scores
+        if p.cfg.reward.decoupled:  # (the advantages' reward: all 0 in a group where every function is flat)
+            signal = decoupled_rewards(torch.tensor(each, dtype=torch.float32),
+                                       torch.tensor(p.cfg.reward.fn_weights), groups)
         failed = {int(g) for g, s in zip(groups.tolist(), scores.tolist()) if s != s}  # NaN: reward.on_error
-        keep = [k and int(g) not in failed for k, g in zip(p.plan.keep_groups(scores, groups), groups.tolist())]
+        keep = [k and int(g) not in failed for k, g in zip(p.plan.keep_groups(signal, groups), groups.tolist())]
         kept = [i for i, k in enumerate(keep) if k]
         if kept:
             p.dock.publish(p.score(ScoreWorker.write_rewards, p.dock.slots(f.part, [rows[i] for i in kept]),
-                                   [rewards[i] for i in kept]))
+                                   [rewards[i] for i in kept],
+                                   [each[i] for i in kept] if p.cfg.reward.decoupled else None))
         if len(kept) < len(rows):
             p.dock.retire(f.part, [r for r, k in zip(rows, keep) if not k])
         with st.cond:

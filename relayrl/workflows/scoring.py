@@ -31,6 +31,9 @@ class Scored(NamedTuple):
     """The reward engine's metrics for the call."""
     groups: list[int]
     """Each row's prompt group."""
+    each: list[list[float]] | None = None
+    """Each row's score by each user function (NaN: the function returned None), when the advantages read
+    them (``reward.user_aggregation=normalize_then_sum``); else None."""
 
 
 class ScoreWorker(Worker):
@@ -55,20 +58,26 @@ class ScoreWorker(Worker):
         cols = reader.read()
         groups = [int(g) for g in cols["group"]]
         if "env_rewards" in cols:  # multi-turn episodes: their environments gave the rewards
-            scores, metrics = [float(r) for r in cols["env_rewards"]], {}
+            scores, metrics, each = [float(r) for r in cols["env_rewards"]], {}, None
         else:
             texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in cols["response_ids"]]
             probs = [problems[g] for g in groups]
-            scores, metrics = self.reward.score([p.prompt for p in probs], texts, [p.answer for p in probs],
-                                                columns=_rows(probs, cols["response_ids"], progress))
+            scores, metrics, each = self.reward.score_each(
+                [p.prompt for p in probs], texts, [p.answer for p in probs],
+                columns=_rows(probs, cols["response_ids"], progress))
         lengths = torch.tensor([len(r) for r in cols["response_ids"]], dtype=torch.float32)
         rewards = self.shape(torch.tensor(scores, dtype=torch.float32), lengths)
-        return Scored([float(x) for x in scores], rewards.tolist(), metrics, groups)
+        decoupled = self.reward is not None and self.reward.cfg.decoupled
+        return Scored([float(x) for x in scores], rewards.tolist(), metrics, groups, each if decoupled else None)
 
     @staticmethod
-    def write_rewards(slots, rewards: Sequence[float]) -> Any:
-        """Write ``rewards`` (one per slot row); returns the receipt."""
-        return slots.write({"rewards": [float(r) for r in rewards]})
+    def write_rewards(slots, rewards: Sequence[float], each: Sequence[Sequence[float]] | None = None) -> Any:
+        """Write ``rewards`` (one per slot row) and, given ``each`` (GDPO), each row's score by each user
+        function as ``fn_scores`` (``[K]`` per row, NaN: not scored); returns the receipt."""
+        cols: dict[str, list] = {"rewards": [float(r) for r in rewards]}
+        if each is not None:
+            cols["fn_scores"] = [torch.tensor(x, dtype=torch.float32) for x in each]
+        return slots.write(cols)
 
     def baseline_into(self, reader, slots, problems: Sequence, progress: Any = None) -> tuple[Any, list[float]]:
         """ReMax: the (shaped) reward of each group's greedy response (``baseline_ids``, the same in every row
@@ -93,11 +102,14 @@ class ScoreWorker(Worker):
 
     def advantages_into(self, reader, slots, kl_coef: float | None = None) -> tuple[Any, dict[str, float]]:
         """Advantages of the rows (whole groups, or the whole batch for batch-whitened estimators); ``kl_coef``:
-        the step's KL coefficient (KL in the rewards; None: ``algorithm.kl_coef``)."""
+        the step's KL coefficient (KL in the rewards; None: ``algorithm.kl_coef``). Rows with ``fn_scores``
+        (GDPO) take their advantages from those, not from ``rewards`` (:func:`advantage_rows`)."""
         cols = reader.read()
+        decoupled = {} if "fn_scores" not in cols else dict(  # (GDPO: reward.user_aggregation=normalize_then_sum)
+            fn_scores=torch.stack(cols["fn_scores"]), fn_weights=torch.tensor(self.reward.cfg.fn_weights))
         out, kl = advantage_rows(
             self.algorithm, torch.tensor([float(r) for r in cols["rewards"]]), [len(r) for r in cols["response_ids"]],
-            torch.tensor([int(g) for g in cols["group"]]), gen_logprobs=cols.get("gen_logprobs"),
+            torch.tensor([int(g) for g in cols["group"]]), **decoupled, gen_logprobs=cols.get("gen_logprobs"),
             ref_logprobs=cols.get("ref_logprobs"), values=cols.get("values"),
             teacher_logprobs=cols.get("teacher_logprobs"),
             baseline=torch.tensor([float(b) for b in cols["baseline"]]) if "baseline" in cols else None,

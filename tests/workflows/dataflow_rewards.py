@@ -5,6 +5,12 @@ def by_length(prompts, responses, answers):
     return [float(len(r) % 3) / 2.0 for r in responses]
 
 
+def parity(prompts, responses, answers):
+    """A second reward for several-function runs: the length's parity, None ("not this function's row") for a
+    third of the lengths."""
+    return [None if len(r) % 3 == 1 else float(len(r) % 2) for r in responses]
+
+
 def half_uniform(prompts, responses, answers):
     """Every response to a prompt whose characters sum to an even number scores 1 (a group DAPO's dynamic
     sampling drops); the others score by length, so their groups vary."""

@@ -77,6 +77,23 @@ def test_periodic_step_is_the_sync_step(tmp_path, agg, dynamic, advantage, strea
         assert m_sync["remax/baseline_mean"] == m_per["remax/baseline_mean"]
 
 
+@pytest.mark.parametrize("advantage", ["grpo", "grpo-batch-std"])
+def test_gdpos_advantages_are_the_same_in_the_periodic_step(tmp_path, advantage):
+    """Several reward functions normalised one by one (GDPO, reward.user_aggregation=normalize_then_sum): the
+    periodic step, scoring each response as it ends, trains to the same weights as the synchronous one (the
+    advantage stage combines each group's function scores in both), and its reward is the weighted sum."""
+    over = ["trainer.stream_groups=1", f"algorithm.advantage={advantage}", "reward.user_weights=[1.0,0.2]",
+            "reward.user_fn=[dataflow_rewards:by_length,dataflow_rewards:parity]",
+            "reward.user_aggregation=normalize_then_sum"]
+    m_sync, w_sync = one_step(config(tmp_path / "sync", "trainer.mode=sync", *over))
+    m_per, w_per = one_step(config(tmp_path / "periodic", "trainer.mode=periodic", "reward.stream=sample", *over))
+    assert m_sync["reward/mean"] == m_per["reward/mean"] and m_per["actor/grad_norm"] > 0
+    assert m_sync["reward/verifier_mean"] == pytest.approx(m_sync["reward/mean"])  # (the weighted sum alone)
+    torch.testing.assert_close(m_per["actor/grad_norm"], m_sync["actor/grad_norm"], rtol=1e-4, atol=0)
+    for k in w_sync:
+        torch.testing.assert_close(w_per[k], w_sync[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
 def test_a_dead_rollout_rank_is_named_and_nothing_is_half_trained(tmp_path):
     """The rollout process is killed mid-generation: the step raises a WorkerError naming the rollout's rank
     within seconds, and the actor's weights are those from before the step (no partial period applied)."""

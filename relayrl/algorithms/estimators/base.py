@@ -12,6 +12,9 @@ them to the inputs a step has (:class:`EstimatorInputs`) and declares:
 * ``group_relative``: a group's advantages depend on that group alone, so a streaming step computes them as
   each group arrives; otherwise they are whitened over the whole batch and wait for it;
 * ``min_group``: responses per prompt it needs (2: a baseline from the other responses);
+* ``group_baseline``: its advantage compares each outcome reward with the other rewards of its prompt group
+  (their mean, or the others' mean) and with nothing else, so a reward that means something only within its
+  group (GDPO's decoupled sum, ``reward.user_aggregation=normalize_then_sum``) is one it can take;
 * ``params``: the ``algorithm`` keys it reads besides the rewards (``gamma``, ``lam``, ``normalize_std``), so
   a value set for an estimator that ignores it is refused when the config loads.
 """
@@ -71,6 +74,7 @@ class Estimator:
     reads_token_rewards: bool = False
     group_relative: bool = True
     min_group: int = 1
+    group_baseline: bool = False
     params: frozenset[str] = frozenset()
 
     def __call__(self, x: EstimatorInputs) -> Advantages:

@@ -13,9 +13,11 @@ def _grpo(x: EstimatorInputs, normalize_std: bool) -> Advantages:
 
 
 GRPO = Estimator("grpo", lambda x: _grpo(x, x.normalize_std),
-                 paper="DeepSeekMath (Shao et al. 2024)", min_group=2, params=frozenset({"normalize_std"}))
+                 paper="DeepSeekMath (Shao et al. 2024)", min_group=2, group_baseline=True,
+                 params=frozenset({"normalize_std"}))
 
-DRGRPO = Estimator("drgrpo", lambda x: _grpo(x, False), paper="Dr.GRPO (Liu et al. 2025)", min_group=2)
+DRGRPO = Estimator("drgrpo", lambda x: _grpo(x, False), paper="Dr.GRPO (Liu et al. 2025)", min_group=2,
+                   group_baseline=True)
 
 
 def _grpo_batch_std(x: EstimatorInputs) -> Advantages:
@@ -25,4 +27,4 @@ def _grpo_batch_std(x: EstimatorInputs) -> Advantages:
 
 
 GRPO_BATCH_STD = Estimator("grpo-batch-std", _grpo_batch_std, paper="Lite PPO (Liu et al. 2025, Tricks or Traps)",
-                           min_group=2, group_relative=False)
+                           min_group=2, group_relative=False, group_baseline=True)

@@ -23,4 +23,4 @@ REINFORCE_PP = Estimator("reinforce++", _reinforce_pp, paper=_PAPER, reads_token
                          params=frozenset({"gamma"}))
 
 REINFORCE_PP_BASELINE = Estimator("reinforce++-baseline", _reinforce_pp_baseline, paper=_PAPER,
-                                  group_relative=False, min_group=2)
+                                  group_relative=False, min_group=2, group_baseline=True)

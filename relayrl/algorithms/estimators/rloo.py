@@ -10,4 +10,4 @@ def _rloo(x: EstimatorInputs) -> Advantages:
 
 
 RLOO = Estimator("rloo", _rloo, paper="Back to Basics: REINFORCE-style optimization (Ahmadian et al. 2024)",
-                 min_group=2)
+                 min_group=2, group_baseline=True)

@@ -54,6 +54,13 @@ class RewardConfig(BaseModel):
         'reward/fn/NAME_mean')
     user_weights: list[float] | None = Field(
         None, description="weight of each function of a user_fn list (TRL's reward_weights); null: 1 each")
+    user_aggregation: Literal["sum", "normalize_then_sum"] = Field(
+        "sum", description="how the advantages combine the functions of a user_fn list (TRL's "
+        "multi_objective_aggregation): sum: of their weighted sum (TRL's sum_then_normalize); "
+        "normalize_then_sum (GDPO): of the weighted sum of each function's score normalised within its prompt "
+        "group, (s - group mean) / (group std + 1e-4), a function's None rows left out; with "
+        "algorithm.advantage=grpo-batch-std that sum is normalised over the batch, as in TRL. The reward "
+        "(reward/mean) stays the weighted sum of the scores")
     on_error: Literal["fail", "drop_group"] = Field(
         "fail", description="a reward function (user_fn), reward model (model) or LLM judge (judge.path) that "
         "raises, returns garbage (NaN, wrong length, non-numbers) or runs past timeout_s for a batch: its prompt "
@@ -114,6 +121,17 @@ class RewardConfig(BaseModel):
         """The user functions, a list whatever ``user_fn``'s form."""
         return [] if self.user_fn is None else [self.user_fn] if isinstance(self.user_fn, str) else list(self.user_fn)
 
+    @property
+    def fn_weights(self) -> list[float]:
+        """Each user function's weight, in ``user_fns``' order: ``user_weights``, or 1 each."""
+        return [1.0] * len(self.user_fns) if self.user_weights is None else [float(w) for w in self.user_weights]
+
+    @property
+    def decoupled(self) -> bool:
+        """The advantages read each user function's group-normalised score (``user_aggregation=normalize_then_sum``,
+        GDPO), not the reward."""
+        return self.user_aggregation == "normalize_then_sum"
+
     @model_validator(mode="after")
     def _check(self) -> "RewardConfig":
         if self.verifier == "user" and not self.user_fn:
@@ -132,6 +150,8 @@ class RewardConfig(BaseModel):
             bad = [w for w in self.user_weights if not math.isfinite(w)]
             if bad:
                 raise ValueError(f"reward.user_weights holds {bad[0]}; weights are finite numbers")
+        if self.decoupled:
+            self._check_decoupled()
         if self.user_fn and self.verifier != "user":
             raise ValueError(
                 f"reward.user_fn is set but reward.verifier={self.verifier!r}; set reward.verifier='user' "
@@ -152,6 +172,28 @@ class RewardConfig(BaseModel):
                 "or set reward.format_weight=0"
             )
         return self
+
+    def _check_decoupled(self) -> None:
+        """``user_aggregation=normalize_then_sum``: the advantages read each user function's scores and nothing
+        else, so a term added to the reward outside those functions would be ignored: refused."""
+        key = f"reward.user_aggregation={self.user_aggregation}"
+        if len(self.user_fns) < 2:
+            raise ValueError(f"{key} normalises each of several reward functions (a reward.user_fn list, with "
+                             f"reward.verifier=user) on its own, but reward.user_fn names {len(self.user_fns)} "
+                             f"(one alone is the plain group normalisation): list two or more in reward.user_fn, "
+                             f"or drop reward.user_aggregation")
+        others = [k for k, on in (("reward.format_weight", self.format_weight != 0),
+                                  ("reward.model", self.model is not None),
+                                  ("reward.judge.path", self.judge.path is not None),
+                                  ("reward.normalize", self.normalize != "none"),
+                                  ("reward.clip", self.clip is not None),
+                                  ("reward.verifier_weight", self.verifier_weight != 1.0)) if on]
+        if others:
+            raise ValueError(f"{key} computes the advantages from each reward function's scores alone, so "
+                             f"{', '.join(others)} would change the logged reward and not the training: unset "
+                             f"{'it' if len(others) == 1 else 'them'} (a format check or a rescaled function can be "
+                             f"one more function of reward.user_fn, weighted in reward.user_weights), or use "
+                             f"reward.user_aggregation=sum")
 
     def check_paths(self) -> None:
         """The model directories exist (checked when a run starts, not when a recipe is read: a recipe may

@@ -147,7 +147,7 @@ class RewardEngine:
         held-out accuracy is measured with. ``columns``: as for :meth:`score`."""
         n = self._check_inputs(prompts, responses, answers, None, columns)
         if self._user:
-            verifier, _ = self._user_scores(list(prompts), list(responses), list(answers), self._rows(columns, n))
+            verifier, _, _ = self._user_scores(list(prompts), list(responses), list(answers), self._rows(columns, n))
             if any(v != v for v in verifier):  # reward.on_error=drop_group: no group to drop in an evaluation
                 log.warning("evaluation: the reward function failed on %d of %d rows, scored 0 (reward.on_error="
                             "drop_group)", sum(v != v for v in verifier), len(verifier))
@@ -187,14 +187,30 @@ class RewardEngine:
         with normalisation ``reward/raw_mean`` (before it), ``reward/norm_mean``,
         ``reward/norm_std``; with clipping ``reward/clip_frac``.
         """
+        rewards, metrics, _ = self.score_each(prompts, responses, answers, finish_reasons, columns)
+        return rewards, metrics
+
+    def score_each(
+        self,
+        prompts: Sequence[str],
+        responses: Sequence[str],
+        answers: Sequence[str | None],
+        finish_reasons: Sequence[str] | None = None,
+        columns: Columns | None = None,
+    ) -> tuple[list[float], dict[str, float], list[list[float]]]:
+        """:meth:`score`, and each user function's score of each row (``[N][K]``, the functions in
+        ``reward.user_fn``'s order; NaN where a function returned ``None`` for the row, and in the rows left
+        NaN): what ``reward.user_aggregation=normalize_then_sum`` normalises. ``[]`` per row without user
+        functions."""
         if self._closed:
             raise RuntimeError("RewardEngine.score after close()")
         t0 = time.perf_counter()
         n = self._check_inputs(prompts, responses, answers, finish_reasons, columns)
         prompts, responses, answers, columns = list(prompts), list(responses), list(answers), self._rows(columns, n)
         learned: dict[str, float] = {}
+        each: list[list[float]] = [[] for _ in range(n)]
         if self._user:
-            verifier, learned = self._user_scores(prompts, responses, answers, columns)
+            verifier, learned, each = self._user_scores(prompts, responses, answers, columns)
             errors: list[tuple[int, str]] = []
         else:
             verifier, errors = self._score_rows(responses, answers)
@@ -246,8 +262,9 @@ class RewardEngine:
         for i, r in zip(ok, rewards):
             full[i] = r
         rewards = full
+        each = [xs if r == r else [math.nan] * len(xs) for xs, r in zip(each, rewards)]
         metrics["reward/score_time_s"] = time.perf_counter() - t0
-        return rewards, metrics
+        return rewards, metrics, each
 
     def score_async(
         self,
@@ -373,18 +390,22 @@ class RewardEngine:
         return out
 
     def _user_scores(self, prompts: list[str], responses: list[str], answers: list,
-                     columns: list) -> tuple[list[float], dict[str, float]]:
-        """The user functions' weighted sum per row (NaN where one failed: ``drop_group``) and, for more than
-        one, each one's ``reward/fn/NAME_mean`` and ``_std`` over the rows it scored. A function's ``None`` for
-        a row (TRL's "not this function's row") adds nothing to it; a row no function scores gets 0, said
+                     columns: list) -> tuple[list[float], dict[str, float], list[list[float]]]:
+        """The user functions' weighted sum per row (NaN where one failed: ``drop_group``), for more than
+        one each one's ``reward/fn/NAME_mean`` and ``_std`` over the rows it scored, what they reported
+        (``reward/user/NAME``), and each row's score by each function (NaN for ``None``). A function's ``None``
+        for a row (TRL's "not this function's row") adds nothing to it; a row no function scores gets 0, said
         once."""
-        total, scored, metrics = [0.0] * len(responses), [False] * len(responses), {}
+        n = len(responses)
+        total, scored, metrics, each = [0.0] * n, [False] * n, {}, [[] for _ in range(n)]
         logged: dict[str, list[float]] = {}
         for u in self._user:
             got = self._guarded(partial(self._user_once, u, logged), "the function", prompts, responses, answers,
                                 columns)
             total = [t if x is None else t + u.weight * x for t, x in zip(total, got)]  # (NaN stays NaN)
             scored = [s or x is not None for s, x in zip(scored, got)]
+            for xs, x in zip(each, got):
+                xs.append(math.nan if x is None else x)
             if len(self._user) > 1:
                 ok = [x for x in got if x is not None and x == x]
                 metrics.update({f"reward/fn/{u.name}_mean": _mean(ok), f"reward/fn/{u.name}_std": _std(ok)})
@@ -395,7 +416,7 @@ class RewardEngine:
             log.warning("reward: %d of %d rows have no score: every reward function returned None for them (first: "
                         "prompt %r); they score 0 (said once)", unscored, len(scored),
                         prompts[scored.index(False)][:200])
-        return total, metrics
+        return total, metrics, each
 
     def _user_once(self, u: UserFn, logged: dict[str, list[float]], prompts: list[str], responses: list[str],
                    answers: list[str | None], columns: list) -> list[float]:
