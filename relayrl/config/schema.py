@@ -20,6 +20,7 @@ from relayrl.algorithms.estimators import ESTIMATORS
 from relayrl.config.paths import DirPath, LocalPath
 from relayrl.config.algorithm import AlgorithmConfig, CorrectionConfig, DistillConfig
 from relayrl.config.plan import rollout_pool
+from relayrl.config.rules import check_decoupled_rewards, check_env
 from relayrl.cluster.config import ClusterConfig
 from relayrl.data.config import DataConfig
 from relayrl.dock.config import DockConfig
@@ -453,8 +454,8 @@ class Config(_Section):
             raise ValueError(f"eval.k={self.eval.k} samples answers to score; workflow rm evaluates a reward model "
                              f"on held-out pairs and generates nothing: set eval.k=1")
         _check_placement(self)
-        _check_env(self)
-        _check_decoupled_rewards(self)
+        check_env(self)
+        check_decoupled_rewards(self)
         if self.data.messages_key is not None and (self.workflow != "sft" or self.data.path is None):
             raise ValueError("data.messages_key trains on whole conversations: it applies to workflow sft with "
                              "data.path; unset data.messages_key")
@@ -488,66 +489,6 @@ def _cpu_cores() -> int:
     import os
 
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def _check_env(self: Config) -> None:
-    """Multi-turn episodes (``env.name``) run in GRPO (every mode and placement) and train SFT; refuse the
-    options that assume single-turn responses."""
-    e, a = self.env, self.algorithm
-    if not e.enabled:
-        return
-    if self.workflow in ("dpo", "rm"):
-        raise ValueError(f"env.name sets up multi-turn episodes, which workflow {self.workflow} does not generate; "
-                         "set env.name=null")
-    if e.own_rewards:  # the environment's rewards are the episodes': a learned or user reward would be ignored
-        r = self.reward
-        unused = [k for k, on in (("reward.user_fn", r.user_fn), ("reward.model", r.model),
-                                  ("reward.judge.path", r.judge.path), ("reward.format_regex", r.format_regex)) if on]
-        if unused:
-            raise ValueError(f"env.name={e.name!r} gives each episode its reward (StepResult.reward), so "
-                             f"{', '.join(unused)} would score nothing: unset {'it' if len(unused) == 1 else 'them'}, "
-                             f"or score inside the environment")
-    if e.name == "tools" and e.tool_results == "tags" and e.stop_string not in self.rollout.stop_strings:
-        raise ValueError(f"env.name=tools: a turn that calls a tool must end at its closing tag; add "
-                         f"{e.stop_string!r} to rollout.stop_strings (or env.tool_results=chat, whose turns end "
-                         f"at the model's end-of-turn token)")
-    if self.workflow == "sft":
-        return  # the task's tool-using demonstrations train with their loss mask; evaluation runs episodes
-    if a.overlong_shaping:
-        raise ValueError("algorithm.overlong_shaping penalises a response's length against rollout.max_new_tokens; "
-                         "an episode's length is bounded by env.max_tokens instead: drop overlong_shaping")
-    if ESTIMATORS[a.advantage].baseline:
-        others = ", ".join(n for n, e in ESTIMATORS.items() if not e.baseline)
-        raise ValueError(f"algorithm.advantage={a.advantage} needs a greedy single-turn baseline; use one of "
-                         f"{others} with env.name")
-
-
-def _check_decoupled_rewards(self: Config) -> None:
-    """``reward.user_aggregation=normalize_then_sum`` (GDPO): the advantages come from each user function's
-    scores normalised within its group, so the step must be a GRPO-family step whose estimator compares a
-    reward with its group's (``Estimator.group_baseline``), and no reward term outside the functions may
-    shape it."""
-    if not self.reward.decoupled:
-        return
-    key = f"reward.user_aggregation={self.reward.user_aggregation}"
-    if self.workflow != "grpo":
-        raise ValueError(f"{key} combines reward functions into advantages, which workflow {self.workflow} does "
-                         f"not compute: drop reward.user_aggregation")
-    a = self.algorithm
-    if not ESTIMATORS[a.advantage].group_baseline:
-        fits = ", ".join(n for n, e in ESTIMATORS.items() if e.group_baseline)
-        raise ValueError(f"{key} gives each response a reward that means something only beside the other "
-                         f"responses to its prompt (each function normalised within the group), but "
-                         f"algorithm.advantage={a.advantage} does not compare a reward with its group's: use one "
-                         f"of {fits} (grpo-batch-std is TRL's and the GDPO paper's), or "
-                         f"reward.user_aggregation=sum")
-    if a.overlong_shaping:
-        raise ValueError(f"{key} computes the advantages from each reward function's scores alone, so "
-                         f"algorithm.overlong_shaping's length penalty would not reach them: drop "
-                         f"algorithm.overlong_shaping (a length penalty can be one more function of reward.user_fn)")
-    if self.env.enabled:
-        raise ValueError(f"{key} normalises each reward function's scores, but env.name={self.env.name!r} gives "
-                         f"each episode one reward from its environment: drop reward.user_aggregation")
 
 
 def offpolicy_placement(cfg: "Config") -> "Config":

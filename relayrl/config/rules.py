@@ -1,0 +1,74 @@
+"""Rules across config sections about what a run's rewards and environments allow: a step's reward settings
+against its estimator, its workflow and its episodes. :class:`~relayrl.config.schema.Config` applies them when a
+config is validated; each refusal names the keys and the fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from relayrl.algorithms.estimators import ESTIMATORS
+
+Config = Any
+"""A :class:`relayrl.config.schema.Config` (not imported: the schema imports these rules)."""
+
+__all__ = ["check_env", "check_decoupled_rewards"]
+
+
+def check_env(self: Config) -> None:
+    """Multi-turn episodes (``env.name``) run in GRPO (every mode and placement) and train SFT; refuse the
+    options that assume single-turn responses."""
+    e, a = self.env, self.algorithm
+    if not e.enabled:
+        return
+    if self.workflow in ("dpo", "rm"):
+        raise ValueError(f"env.name sets up multi-turn episodes, which workflow {self.workflow} does not generate; "
+                         "set env.name=null")
+    if e.own_rewards:  # the environment's rewards are the episodes': a learned or user reward would be ignored
+        r = self.reward
+        unused = [k for k, on in (("reward.user_fn", r.user_fn), ("reward.model", r.model),
+                                  ("reward.judge.path", r.judge.path), ("reward.format_regex", r.format_regex)) if on]
+        if unused:
+            raise ValueError(f"env.name={e.name!r} gives each episode its reward (StepResult.reward), so "
+                             f"{', '.join(unused)} would score nothing: unset {'it' if len(unused) == 1 else 'them'}, "
+                             f"or score inside the environment")
+    if e.name == "tools" and e.tool_results == "tags" and e.stop_string not in self.rollout.stop_strings:
+        raise ValueError(f"env.name=tools: a turn that calls a tool must end at its closing tag; add "
+                         f"{e.stop_string!r} to rollout.stop_strings (or env.tool_results=chat, whose turns end "
+                         f"at the model's end-of-turn token)")
+    if self.workflow == "sft":
+        return  # the task's tool-using demonstrations train with their loss mask; evaluation runs episodes
+    if a.overlong_shaping:
+        raise ValueError("algorithm.overlong_shaping penalises a response's length against rollout.max_new_tokens; "
+                         "an episode's length is bounded by env.max_tokens instead: drop overlong_shaping")
+    if ESTIMATORS[a.advantage].baseline:
+        others = ", ".join(n for n, e in ESTIMATORS.items() if not e.baseline)
+        raise ValueError(f"algorithm.advantage={a.advantage} needs a greedy single-turn baseline; use one of "
+                         f"{others} with env.name")
+
+
+def check_decoupled_rewards(self: Config) -> None:
+    """``reward.user_aggregation=normalize_then_sum`` (GDPO): the advantages come from each user function's
+    scores normalised within its group, so the step must be a GRPO-family step whose estimator compares a
+    reward with its group's (``Estimator.group_baseline``), and no reward term outside the functions may
+    shape it."""
+    if not self.reward.decoupled:
+        return
+    key = f"reward.user_aggregation={self.reward.user_aggregation}"
+    if self.workflow != "grpo":
+        raise ValueError(f"{key} combines reward functions into advantages, which workflow {self.workflow} does "
+                         f"not compute: drop reward.user_aggregation")
+    a = self.algorithm
+    if not ESTIMATORS[a.advantage].group_baseline:
+        fits = ", ".join(n for n, e in ESTIMATORS.items() if e.group_baseline)
+        raise ValueError(f"{key} gives each response a reward that means something only beside the other "
+                         f"responses to its prompt (each function normalised within the group), but "
+                         f"algorithm.advantage={a.advantage} does not compare a reward with its group's: use one "
+                         f"of {fits} (grpo-batch-std is TRL's and the GDPO paper's), or "
+                         f"reward.user_aggregation=sum")
+    if a.overlong_shaping:
+        raise ValueError(f"{key} computes the advantages from each reward function's scores alone, so "
+                         f"algorithm.overlong_shaping's length penalty would not reach them: drop "
+                         f"algorithm.overlong_shaping (a length penalty can be one more function of reward.user_fn)")
+    if self.env.enabled:
+        raise ValueError(f"{key} normalises each reward function's scores, but env.name={self.env.name!r} gives "
+                         f"each episode one reward from its environment: drop reward.user_aggregation")
