@@ -53,8 +53,9 @@ def sapo_loss(
     """The SAPO loss (to minimise) and its metrics.
 
     Args:
-        logprobs, old_logprobs, advantages, mask, level, agg, is_weights, global_tokens, global_seqs,
-            constant: as for :func:`~relayrl.algorithms.losses.policy_loss`.
+        logprobs, old_logprobs, advantages, mask: as for :func:`~relayrl.algorithms.losses.policy_loss`.
+        level, agg, is_weights: the same.
+        global_tokens, global_seqs, constant: the same.
         clip_low, clip_high, dual_clip: PPO's clip, which the gate replaces: accepted so that every policy
             loss takes the same arguments; the clip bounds are not used and ``dual_clip`` must be ``None``.
         tau_pos, tau_neg: the gate's temperature for tokens with a positive / non-positive advantage (> 0;

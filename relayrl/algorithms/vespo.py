@@ -75,8 +75,8 @@ def vespo_loss(
     """The VESPO loss (to minimise) and its metrics.
 
     Args:
-        logprobs, old_logprobs, advantages, mask, agg, global_tokens, global_seqs, constant: as for
-            :func:`~relayrl.algorithms.losses.policy_loss`.
+        logprobs, old_logprobs, advantages, mask: as for :func:`~relayrl.algorithms.losses.policy_loss`.
+        agg, global_tokens, global_seqs, constant: the same.
         clip_low, clip_high, dual_clip, level: PPO's options, accepted so that every policy loss takes the same
             arguments: the clip bounds are not used, ``dual_clip`` must be ``None`` and ``level`` ``"token"``
             (the sequence weight is VESPO's own, the product of the token ratios).
