@@ -1,5 +1,5 @@
-"""Rules across config sections about what a run's rewards and environments allow: a step's reward settings
-against its estimator, its workflow and its episodes. :class:`~relayrl.config.schema.Config` applies them when a
+"""Rules across config sections about what a run's rewards, environments and reference model allow: a step's
+reward settings against its estimator, its workflow and its episodes; the reference's updates. :class:`~relayrl.config.schema.Config` applies them when a
 config is validated; each refusal names the keys and the fix."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from relayrl.algorithms.estimators import ESTIMATORS
 Config = Any
 """A :class:`relayrl.config.schema.Config` (not imported: the schema imports these rules)."""
 
-__all__ = ["check_env", "check_decoupled_rewards"]
+__all__ = ["check_env", "check_decoupled_rewards", "check_ref_sync"]
 
 
 def check_env(self: Config) -> None:
@@ -72,3 +72,24 @@ def check_decoupled_rewards(self: Config) -> None:
     if self.env.enabled:
         raise ValueError(f"{key} normalises each reward function's scores, but env.name={self.env.name!r} gives "
                          f"each episode one reward from its environment: drop reward.user_aggregation")
+
+
+def check_ref_sync(self: Config) -> None:
+    """``trainer.ref_sync_every`` moves a reference model: there must be one (grpo with a KL to it, dpo), and
+    it must be a model of its own (not the base under LoRA adapters)."""
+    t = self.trainer
+    if not t.ref_sync_every:
+        if "ref_sync_alpha" in t.model_fields_set:
+            raise ValueError("trainer.ref_sync_alpha weighs the policy in the reference's updates, which "
+                             "trainer.ref_sync_every turns on: set trainer.ref_sync_every (e.g. 100) or drop "
+                             "trainer.ref_sync_alpha")
+        return
+    key = f"trainer.ref_sync_every={t.ref_sync_every}"
+    if self.workflow not in ("grpo", "dpo"):
+        raise ValueError(f"{key} moves the reference model, which workflow {self.workflow} has none of: drop it")
+    if self.workflow == "grpo" and self.algorithm.kl_coef == 0:
+        raise ValueError(f"{key} moves the reference model, and algorithm.kl_coef=0 loads none: set "
+                         f"algorithm.kl_coef > 0 or drop trainer.ref_sync_every")
+    if self.model.lora.enabled:
+        raise ValueError(f"{key}: with model.lora.enabled the reference is the base model under the adapters, "
+                         f"which the policy shares; set model.lora.enabled=false or drop trainer.ref_sync_every")

@@ -20,7 +20,7 @@ from relayrl.algorithms.estimators import ESTIMATORS
 from relayrl.config.paths import DirPath, LocalPath
 from relayrl.config.algorithm import AlgorithmConfig, CorrectionConfig, DistillConfig
 from relayrl.config.plan import rollout_pool
-from relayrl.config.rules import check_decoupled_rewards, check_env
+from relayrl.config.rules import check_decoupled_rewards, check_env, check_ref_sync
 from relayrl.cluster.config import ClusterConfig
 from relayrl.data.config import DataConfig
 from relayrl.dock.config import DockConfig
@@ -240,6 +240,14 @@ class TrainerConfig(_Section):
                                   "resource pool (placement.rollout, or a pool 'rollout' of 1 device when none is "
                                   "named), every token sampled by weights at most k updates older than the update "
                                   "that uses it (staleness bound); 0: on-policy (trainer.mode)")
+    ref_sync_every: int = Field(0, ge=0, description="move the reference model toward the policy every N steps: "
+                                "reference <- ref_sync_alpha x policy + (1 - ref_sync_alpha) x reference (TR-DPO, "
+                                "Gorbatovski et al. 2024; TRL's sync_ref_model; ref_sync_alpha=1 is ProRL's reference "
+                                "reset); grpo with a reference (algorithm.kl_coef > 0) and dpo; the reference's "
+                                "weights are then part of every checkpoint. 0: the reference stays the starting "
+                                "model")
+    ref_sync_alpha: float = Field(0.6, gt=0.0, le=1.0, description="trainer.ref_sync_every: the policy's weight in "
+                                  "the mix (TRL's ref_model_mixup_alpha)")
 
 
 class PlacementConfig(_Section):
@@ -450,6 +458,7 @@ class Config(_Section):
         if self.model.lora.enabled and self.workflow == "rm":
             raise ValueError("model.lora.enabled: workflow rm trains the whole reward model (its scalar head and "
                              "the network under it); set model.lora.enabled=false")
+        check_ref_sync(self)
         if self.eval.k > 1 and self.workflow == "rm":
             raise ValueError(f"eval.k={self.eval.k} samples answers to score; workflow rm evaluates a reward model "
                              f"on held-out pairs and generates nothing: set eval.k=1")

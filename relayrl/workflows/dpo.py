@@ -8,7 +8,8 @@ One step::
     actor.update(rows, DPO loss(beta, kind))                                 (relayrl.algorithms.dpo)
 
 The reference is the model the run starts from (``trainer.init_from`` or
-``model.path``). Pairs come from a dataset (``data.answer_key`` chosen,
+``model.path``), or, with ``trainer.ref_sync_every``, that model moved toward the
+policy every N steps (TR-DPO; :mod:`relayrl.workflows.ref_sync`). Pairs come from a dataset (``data.answer_key`` chosen,
 ``data.rejected_key`` rejected, every row checked before training) or from the
 built-in ``arith`` task, whose pairs prefer the true sum to the careless one
 that forgets to carry. The shared-prompt packing of the training engine puts a
@@ -27,6 +28,7 @@ from relayrl.data.tasks import Problem
 from relayrl.engines.training.base import SequenceBatch
 from relayrl.workflows.losses import DPOLoss
 from relayrl.workflows.offline import OfflineRun
+from relayrl.workflows.ref_sync import ReferenceSync
 from relayrl.workflows.session import Session
 from relayrl.workflows.sft import answer_ids
 from relayrl.workflows.workers import ReferenceWorker
@@ -57,6 +59,7 @@ def train_dpo(cfg: Config) -> Path:
     d = cfg.dpo
     run = OfflineRun(s, DPOLoss(beta=d.beta, kind=d.kind, label_smoothing=d.label_smoothing, nll_weight=d.nll_weight), KEY_METRICS)
     ref = run.group(ReferenceWorker, "reference", engine=cfg.engine, **run.precision["frozen"])
+    run.ref_sync = ReferenceSync(cfg.trainer.ref_sync_every, cfg.trainer.ref_sync_alpha, run.actor, ref)
 
     def step_batch(step: int) -> SequenceBatch:
         pairs = take_pairs(s.prompts.take, cfg.trainer.batch_size)

@@ -20,6 +20,7 @@ from typing import Callable
 from relayrl.cluster import WorkerGroup, make_group
 from relayrl.engines.training.base import LossFn, SequenceBatch
 from relayrl.workflows.episodes import episode_spec, evaluate_episodes
+from relayrl.workflows.ref_sync import ReferenceSync
 from relayrl.workflows.relay import relay_weights
 from relayrl.workflows.session import Session
 from relayrl.workflows.workers import PolicyWorker, RolloutWorker, _TrainerWorker, collective, generate, role_precision
@@ -49,6 +50,8 @@ class OfflineRun:
                                       vllm=cfg.rollout.vllm_spec(),
                                       **self.precision["rollout"])
         self.episodes = episode_spec(cfg, self.s.tokenizer)  # env.name: evaluate with multi-turn episodes
+        self.ref_sync: ReferenceSync | None = None
+        """DPO's reference updates (``trainer.ref_sync_every``), set by the workflow that has a reference."""
 
     def group(self, worker_cls: type, name: str, **kwargs) -> WorkerGroup:
         """Another worker group on the session's pool, built from the session's model."""
@@ -65,7 +68,9 @@ class OfflineRun:
             return self.s.evaluate(lambda p, sp: generate(self.rollout, p, sp), step).metrics
 
     def save(self, step: int) -> Path:
-        return self.s.save(step, collective(self.actor, _TrainerWorker.state))
+        reference = self.ref_sync.state() if self.ref_sync is not None else None
+        return self.s.save(step, collective(self.actor, _TrainerWorker.state),
+                           extra=None if reference is None else {"reference": reference})
 
     def run(self, step_batch: Callable[[int], SequenceBatch]) -> Path:
         """Train on ``step_batch(step)`` each step (Session.run's loop); returns the final model directory."""
@@ -77,6 +82,8 @@ class OfflineRun:
                 self.actor.all(_TrainerWorker.load_state, {"model": ck.model_state,
                                                            "optimizer": ck.optimizer_state,
                                                            "scheduler": ck.scheduler_state})
+                if self.ref_sync is not None:
+                    self.ref_sync.load(ck.extra.get("reference") if isinstance(ck.extra, dict) else None)
                 s.restore_rng(ck)
 
         def step(st: int) -> dict[str, float]:
@@ -84,6 +91,8 @@ class OfflineRun:
             batch = step_batch(st)
             with s.span("update", "actor", st):  # every rank reports the global metrics
                 metrics = self.actor.split(_TrainerWorker.update, batch, self.loss, seed=cfg.run.seed + st)[0]
+            if self.ref_sync is not None:
+                metrics.update(self.ref_sync.after_step(st))
             dt = time.perf_counter() - t0
             tokens = sum(int(p.numel() + r.numel()) for p, r in zip(batch.prompt_ids, batch.response_ids))
             metrics.update({"perf/step_time_s": dt, "perf/tokens": tokens,

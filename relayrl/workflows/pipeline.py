@@ -62,6 +62,7 @@ from relayrl.workflows.episodes import evaluate_episodes
 from relayrl.workflows.flow import Flow
 from relayrl.workflows.parts import Phases, build_parts
 from relayrl.workflows.produce import Produce
+from relayrl.workflows.ref_sync import ReferenceSync
 from relayrl.workflows.relay import relay_weights
 from relayrl.workflows.roles import Pools, build_roles, check_teacher, placed_config
 from relayrl.workflows.scoring import ScoreWorker
@@ -121,6 +122,9 @@ class GRPOPipeline:
         """The KL coefficient of each step: fixed, or adaptive toward ``algorithm.kl_target`` (checkpointed)."""
         self.entropy_ctrl = a.entropy_controller()
         """The entropy bonus's coefficient of each step: fixed, or adaptive (``algorithm.entropy_target``)."""
+        self.ref_sync = ReferenceSync(cfg.trainer.ref_sync_every, cfg.trainer.ref_sync_alpha, self.actor, self.ref,
+                                      self.parts.phases)
+        """``trainer.ref_sync_every``: the reference moved toward the policy (checkpointed)."""
 
     def _share_rollout_weights(self) -> bool:
         """Zero-redundancy colocation: an actor and a rollout both in the driver process with the same weight
@@ -163,6 +167,7 @@ class GRPOPipeline:
         trained = "dapo/skipped_step" not in m
         m.update(self._adapt_kl(m, f, trained))
         m.update(self._adapt_entropy(m, f, trained))
+        m.update(self.ref_sync.after_step(step))  # (before the next step's reference pass)
         m.update(self._hand_over_weights(step, f, trained))
         m.update(self.parts.phases.metrics)
         m.update(self._driver_bytes())  # (after the hand-over: weights relayed through the driver count)
@@ -288,6 +293,7 @@ class GRPOPipeline:
                 self.kl_ctrl.load_state_dict(ck.trainer_state["kl_ctrl"])
             if "entropy_ctrl" in ck.trainer_state:
                 self.entropy_ctrl.load_state_dict(ck.trainer_state["entropy_ctrl"])
+            self.ref_sync.load(ck.extra.get("reference") if isinstance(ck.extra, dict) else None)
             s.restore_rng(ck)
         relay_weights(self.actor, self.rollout, version=s.start_step)
         self.parts.phases.idle(self.actor, self.critic, self.ref, self.teacher)  # generation comes first
@@ -330,7 +336,11 @@ class GRPOPipeline:
         extra_state["kl_ctrl"] = self.kl_ctrl.state_dict()
         extra_state["entropy_ctrl"] = self.entropy_ctrl.state_dict()
         with self.s.span("checkpoint", "driver", step):
-            extra = None if self.critic is None else {"critic": collective(self.critic, CriticWorker.state)}
+            extra = {"critic": collective(self.critic, CriticWorker.state)} if self.critic is not None else {}
+            reference = self.ref_sync.state()
+            if reference is not None:
+                extra["reference"] = reference
+            extra = extra or None
             return self.s.save(step, collective(self.actor, PolicyWorker.state), extra_state=extra_state, extra=extra)
 
     def _stop_ahead(self) -> None:

@@ -95,6 +95,14 @@ def _trim_heap() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+def _check_loaded(what: str, missing: Sequence[str], unexpected: Sequence[str]) -> None:
+    """Refuse a state that left parameters of the model unloaded or held names it does not have."""
+    problems = [f"{kind} {few_names(names)}" for kind, names in (("missing", list(missing)),
+                                                                 ("unexpected", sorted(unexpected))) if names]
+    if problems:
+        raise ValueError(f"{what} does not match the model: {'; '.join(problems)}")
+
+
 class _MemoryProbe:
     """Peak memory of the worker's device (GPU) or process (CPU) since the last reset, for
     ``memory/<phase>_peak_gb`` (:mod:`relayrl.telemetry.memory`)."""
@@ -241,10 +249,7 @@ class _TrainerWorker(_MemoryProbe, Worker):
         missing, unexpected = self.engine.load_state(state)
         if keep is not None:  # the frozen base comes from the model path, not the checkpoint
             missing = [m for m in missing if m in keep]
-        if missing or unexpected:
-            problems = [f"{what} {few_names(names)}" for what, names in (("missing", missing),
-                                                                         ("unexpected", sorted(unexpected))) if names]
-            raise ValueError(f"checkpoint does not match the model: {'; '.join(problems)}")
+        _check_loaded("checkpoint", missing, unexpected)
 
     def footprint(self) -> dict[str, float]:
         """The model's total and trainable parameters and this rank's optimizer state in bytes."""
@@ -316,6 +321,19 @@ class PolicyWorker(_TrainerWorker):
             return named
         full = gather_full_state(named)
         return full if self.rank == 0 else None
+
+    def mix_reference(self, alpha: float) -> None:
+        """Tri-model: move the reference copy toward the policy, ``alpha`` x policy + (1 - alpha) x reference
+        (``trainer.ref_sync_every``). Collective when sharded."""
+        self.engine.mix_reference(alpha)
+
+    def reference_state(self) -> dict | None:
+        """Tri-model: the reference copy's full weights for a checkpoint (collective; None on ranks > 0)."""
+        state = fsdp.full_model_state(self.engine.reference_model)
+        return state if getattr(self, "rank", 0) == 0 else None
+
+    def load_reference_state(self, state: dict) -> None:
+        _check_loaded("checkpoint's reference", *fsdp.load_full_state(self.engine.reference_model, state))
 
     def pack_weights_into(self, handles, key: str | None, bucket_bytes: int) -> dict | None:
         """:meth:`named_weights` packed by rank 0 straight into the driver's shared-memory buckets (every rank
@@ -403,6 +421,21 @@ class ReferenceWorker(_MemoryProbe, Worker):
 
     def logprobs(self, batch: SequenceBatch, temperature: float = 1.0):
         return self.engine.logprobs(batch, temperature=temperature)[0]
+
+    def mix_weights(self, named, alpha: float) -> None:
+        """Move the reference toward the policy: ``alpha`` x ``named`` (the actor's full weights) + (1 - alpha)
+        x itself (``trainer.ref_sync_every``). Collective when sharded."""
+        self.engine.mix_weights(named, alpha)
+
+    def state(self) -> dict | None:
+        """The reference's full weights, for a checkpoint of a run that moves them (collective when sharded;
+        None on ranks > 0)."""
+        state = fsdp.full_model_state(self.engine.model)
+        return state if getattr(self, "rank", 0) == 0 else None
+
+    def load_state(self, state: dict) -> None:
+        """Load :meth:`state`'s weights (every rank gets the full state and keeps its shard)."""
+        _check_loaded("checkpoint's reference", *self.engine.load_state({"model": state}))
 
     def forward_into(self, items: Sequence, column: str, temperature: float = 1.0) -> list:
         """Reference log-probs of this rank's dock rows into ``column``; the write receipt."""

@@ -183,3 +183,36 @@ def test_two_rank_fsdp2_mixed_precision_and_offload(tiny_dir, tiny_tokenizer):
         assert m["actor/nonfinite_grad"] == 0.0
     finally:
         dp.shutdown()
+
+
+@pytest.mark.multiproc
+def test_two_rank_reference_mixes_the_policy_in_as_one_rank_does(tiny_dir, tiny_tokenizer):
+    """trainer.ref_sync_every on a sharded reference: each rank mixes the full policy weights into its shard;
+    the log-probs and the checkpointed weights are one rank's."""
+    from relayrl.models.load import load_model
+
+    batch = _batch(tiny_tokenizer, rows=9)
+    torch.manual_seed(3)
+    policy = load_model(tiny_dir)
+    named = [(n, (p + 0.05 * torch.randn_like(p)).detach()) for n, p in policy.named_parameters()]
+    kw = dict(model_path=str(tiny_dir), engine=TrainEngineConfig(token_budget=32), threads=1)
+    one = ReferenceWorker(**kw)
+    one.mix_weights(named, 0.3)
+    want = one.logprobs(batch)
+    ref = WorkerGroup(ReferenceWorker, ResourcePool("ref", devices=2), "reference", backend="local", init_kwargs=kw)
+    try:
+        ref.all(ReferenceWorker.mix_weights, named, 0.3)
+        got = ref.split(ReferenceWorker.logprobs, batch)
+        state = collective(ref, ReferenceWorker.state)
+    finally:
+        ref.shutdown()
+    for a, b in zip(want, got):
+        torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-4)
+    mine = one.state()
+    assert set(state) == set(mine)
+    for n, t in mine.items():
+        torch.testing.assert_close(state[n], t, msg=n)
+    fresh = ReferenceWorker(**kw)
+    fresh.load_state(state)
+    for a, b in zip(want, fresh.logprobs(batch)):
+        torch.testing.assert_close(b, a)

@@ -173,6 +173,31 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
     return get_optimizer_state_dict(model, optimizer, options=_options())
 
 
+def full_model_state_everywhere(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's full state dict on every rank, on the model's device. Collective when sharded."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+
+
+def mix_weights(model: nn.Module, named, alpha: float) -> None:
+    """``model <- alpha * named + (1 - alpha) * model``, parameter by parameter (``named``: full tensors under the
+    model's parameter names, the same on every rank; a plain or sharded model; a tied weight's other name takes
+    its parameter's mix; buffers stay). Collective when sharded: every rank gathers the model's full state, mixes
+    it and keeps its shard. A parameter ``named`` lacks is refused."""
+    src = dict(named)
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    param_of = {n: by_id[id(t)] for n, t in model.state_dict(keep_vars=True).items() if id(t) in by_id}
+    missing = sorted({p for p in param_of.values() if p not in src})
+    if missing:
+        raise ValueError(f"mixing weights: the source lacks {len(missing)} of the model's parameters "
+                         f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
+    own = full_model_state_everywhere(model)
+    mixed = {n: (t.lerp(src[param_of[n]].to(t.device, t.dtype), alpha) if n in param_of else t)
+             for n, t in own.items()}
+    load_full_state(model, mixed)
+
+
 def load_full_state(model: nn.Module, model_state: dict | None, optimizer: torch.optim.Optimizer | None = None,
                     optimizer_state: dict | None = None) -> tuple[list[str], list[str]]:
     """Load full state dicts (every rank passes the same) into a plain or sharded model; returns the

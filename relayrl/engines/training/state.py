@@ -106,6 +106,19 @@ class EngineState:
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
         return [(n, p.detach()) for n, p in self.model.named_parameters()]
 
+    def mix_weights(self, named, alpha: float) -> None:
+        """This model <- ``alpha`` x ``named`` (full tensors by parameter name) + (1 - ``alpha``) x itself: a
+        reference moved toward the policy (TR-DPO's soft update; ``alpha=1``: ProRL's reset)."""
+        fsdp.mix_weights(self.model, named, alpha)
+        self._refresh_copy()
+
+    def mix_reference(self, alpha: float) -> None:
+        """Tri-model: the frozen reference copy <- ``alpha`` x the trained model + (1 - ``alpha``) x itself
+        (both in this engine's layout). Collective when sharded."""
+        if self.reference_model is None:
+            raise ValueError("mix_reference: this engine holds no reference copy (tri-model)")
+        fsdp.mix_weights(self.reference_model, fsdp.full_model_state_everywhere(self.model), alpha)
+
     def state(self) -> dict:
         """Full model, optimizer (keyed by parameter name) and scheduler state, for checkpoints; the same
         at every world size. A collective when sharded: rank 0 gets the state, other ranks ``{}`` entries."""
