@@ -144,10 +144,72 @@ def _eval_reward(verifier: str, user_fn: list[str] | None, weights: list[float] 
         raise ConfigError(f"relayrl eval: --user-fn {fns}: {msg}") from None
 
 
+EVAL_FLAGS = {  # dest: (its value without --recipe when not given, the run config key that sets it with --recipe)
+    "task": (None, "data.task"), "task_options": (None, "data.task_options"), "data": (None, "data.eval_path"),
+    "format": (None, "data.format"), "prompt_key": ("prompt", "data.prompt_key"),
+    "answer_key": ("answer", "data.answer_key"), "verifier": ("math", "reward.verifier"),
+    "user_fn": (None, "reward.user_fn"), "user_weights": (None, "reward.user_weights"), "size": (200, "eval.size"),
+    "k": (1, "eval.k"), "temperature": (1.0, "eval.temperature"), "max_new_tokens": (16, "eval.max_new_tokens"),
+    "dtype": ("float32", "model.dtype"), "device": ("auto", "model.device"), "seed": (0, "run.seed"),
+}
+"""The ``relayrl eval`` options that a run config holds: with ``--recipe`` the config's key decides (given as an
+override), so the option is refused rather than one of the two silently ignored."""
+
+
+def _eval_recipe_config(args):
+    """``relayrl eval --recipe``'s run config: the recipe and overrides with ``--model`` as ``model.path``
+    (``trainer.init_from`` cleared: a recipe's starting model is not the one evaluated). Refused: the options
+    the config holds (naming the key to override instead), an override of the model, a bad override (the
+    config's own error)."""
+    from relayrl.config.loader import ConfigError
+
+    for dest, (_, key) in EVAL_FLAGS.items():
+        if getattr(args, dest) is not None:
+            flag = "--" + dest.replace("_", "-")
+            raise ConfigError(f"relayrl eval: {flag} does not go with --recipe, whose run config sets {key}; "
+                              f"override {key}=... instead, or drop --recipe")
+    for item in args.overrides:
+        key = item.split("=", 1)[0].strip()
+        if key in ("model.path", "trainer.init_from"):
+            raise ConfigError(f"relayrl eval: the override {item!r}: --model names the model evaluated (as "
+                              f"model.path, with trainer.init_from unset); drop the override")
+    return _load(args.recipe, [*args.overrides, f"model.path={args.model}", "trainer.init_from=null"])
+
+
+def _eval_recipe(args) -> int:
+    """``relayrl eval --model DIR --recipe RECIPE [key=value ...]``: the config's held-out set, evaluated as its
+    training run evaluates it (``relayrl.workflows.heldout.evaluate_config``)."""
+    cfg = _eval_recipe_config(args)  # before torch is imported: a bad key is refused in about a second
+    out = _eval_out(Path(args.out))
+    from relayrl.models.load import check_model_dir
+    from relayrl.workflows.heldout import check_evaluable, evaluate_config
+
+    check_evaluable(cfg)
+    check_model_dir(args.model, "--model", f"--model {args.model}")  # (named as given, not as model.path)
+    t0 = time.perf_counter()
+    d = cfg.data
+    extra = {"recipe": str(args.recipe), "overrides": list(args.overrides), "task": d.task,
+             "data": d.eval_path or d.path or d.hf_name, "env": cfg.env.name, "k": cfg.eval.k}
+    metrics = evaluate_config(cfg, out, extra=extra, log=lambda line: print(line, flush=True))
+    _print_metrics(metrics)
+    print(f"relayrl eval: report {out / 'eval.json'}, samples {out / 'eval_samples.jsonl'} "
+          f"({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
 def cmd_eval(args) -> int:
+    from relayrl.config.loader import ConfigError
+
+    if args.recipe is not None:
+        return _eval_recipe(args)
+    if args.overrides:
+        raise ConfigError(f"relayrl eval: {args.overrides[0]!r}: dotted overrides set a run config's keys; give "
+                          f"the config with --recipe RECIPE (or drop them)")
+    for dest, (default, _) in EVAL_FLAGS.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, default)
     import torch
 
-    from relayrl.config.loader import ConfigError
     from relayrl.data.tasks import make_task
     from relayrl.engines.generation.native import NativeGenerationEngine
     from relayrl.engines.reward import RewardConfig, RewardEngine
@@ -155,7 +217,7 @@ def cmd_eval(args) -> int:
     from relayrl.models.load import load_model, load_tokenizer
 
     if (args.task is None) == (args.data is None):
-        raise ConfigError("relayrl eval: give exactly one of --task NAME or --data FILE")
+        raise ConfigError("relayrl eval: give exactly one of --task NAME, --data FILE or --recipe RECIPE")
     if args.user_fn is not None and (args.verifier != "user" or args.task is not None):
         raise ConfigError("relayrl eval: --user-fn scores --data with --verifier user; add --verifier user "
                           "(a --task is scored by its own checker)")
@@ -220,10 +282,15 @@ def cmd_eval(args) -> int:
                       k=args.k, temperature=args.temperature)
     report, samples = write_report(result, out, extra={"model": args.model, "task": args.task, "data": args.data,
                                                        "k": args.k, "temperature": args.temperature})
-    for k, v in result.metrics.items():
-        print(f"{k:>20s}  {v:.4f}")
+    _print_metrics(result.metrics)
     print(f"relayrl eval: report {report}, samples {samples}")
     return 0
+
+
+def _print_metrics(metrics: dict[str, float]) -> None:
+    width = max(20, *map(len, metrics))
+    for k, v in metrics.items():
+        print(f"{k:>{width}s}  {v:.4f}")
 
 
 def cmd_plot(args) -> int:
@@ -297,28 +364,35 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(fn=cmd_demo)
 
     e = sub.add_parser(
-        "eval", parents=[common], help="greedy accuracy, pass@k, avg@k of a model on a task or dataset")
+        "eval", parents=[common], help="greedy accuracy, pass@k, avg@k of a model on a task or dataset, or on a run "
+        "config's held-out set as its training run evaluates it (--recipe: multi-turn episodes too)")
     e.add_argument("--model", required=True, help="local Hugging Face model directory")
+    e.add_argument("--recipe", help="a run's recipe (a file, or a shipped recipe's name) and dotted overrides after "
+                   "it: its held-out set, environment (env.*), reward, prompts and lengths (eval.*, rollout.*), "
+                   "evaluated as its training run does, with --model as model.path; the options below are then "
+                   "the config's keys")
+    e.add_argument("overrides", nargs="*", help="with --recipe: dotted.key=value (e.g. eval.size=50 eval.k=4)")
     e.add_argument("--task", help="built-in task: arith, sort, countdown")
     e.add_argument("--task-options", help='JSON options of the task, e.g. \'{"min_digits": 3, "max_digits": 3}\'')
     e.add_argument("--data", help="JSONL or Parquet file with prompt and answer fields")
     e.add_argument("--format", choices=["jsonl", "parquet"], help="format of --data (default: from its suffix)")
-    e.add_argument("--prompt-key", default="prompt")
-    e.add_argument("--answer-key", default="answer")
-    e.add_argument("--verifier", default="math", choices=["math", "exact", "user"],
-                   help="verifier for --data (user: the function --user-fn, as reward.user_fn)")
+    e.add_argument("--prompt-key", help="(default prompt)")
+    e.add_argument("--answer-key", help="(default answer)")
+    e.add_argument("--verifier", choices=["math", "exact", "user"],
+                   help="verifier for --data (default math; user: the function --user-fn, as reward.user_fn)")
     e.add_argument("--user-fn", nargs="+", help="with --verifier user: my_rewards.py:score or "
                    "my_pkg.rewards:score, score(prompts, responses, answers, **fields) -> list[float] or a TRL "
                    "reward function (as reward.user_fn); several: their weighted sum (--user-weights)")
     e.add_argument("--user-weights", nargs="+", type=float, help="a weight per --user-fn function (default 1 each)")
-    e.add_argument("--size", type=argtypes.int_at_least(1), default=200, help="prompts to evaluate")
-    e.add_argument("--k", type=argtypes.int_at_least(1), default=1,
-                   help="samples per prompt for pass@k / avg@k (1: greedy only)")
-    e.add_argument("--temperature", type=argtypes.non_negative_float, default=1.0, help="sampling temperature of the k samples")
-    e.add_argument("--max-new-tokens", type=argtypes.int_at_least(1), default=16)
-    e.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    e.add_argument("--device", type=argtypes.device, default="auto")
-    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--size", type=argtypes.int_at_least(1), help="prompts to evaluate (default 200)")
+    e.add_argument("--k", type=argtypes.int_at_least(1),
+                   help="samples per prompt for pass@k / avg@k (default 1: greedy only)")
+    e.add_argument("--temperature", type=argtypes.non_negative_float,
+                   help="sampling temperature of the k samples (default 1.0)")
+    e.add_argument("--max-new-tokens", type=argtypes.int_at_least(1), help="(default 16)")
+    e.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="(default float32)")
+    e.add_argument("--device", type=argtypes.device, help="(default auto)")
+    e.add_argument("--seed", type=int, help="(default 0)")
     e.add_argument("--out", default="runs/eval", help="directory for eval.json and eval_samples.jsonl")
     e.set_defaults(fn=cmd_eval)
 

@@ -19,7 +19,7 @@ from relayrl.environments.base import Episode, EpisodeEnd, EpisodeSummary
 from relayrl.environments.config import EpisodeSpec, build_env_factory
 from relayrl.environments.episodes import episode_metrics
 from relayrl.evaluation.metrics import summarize
-from relayrl.evaluation.runner import EvalResult, write_report
+from relayrl.evaluation.runner import EvalResult
 from relayrl.workflows.workers import RolloutWorker
 
 __all__ = ["episode_spec", "rollout_episodes", "evaluate_episodes", "log_episode_errors"]
@@ -49,10 +49,12 @@ def rollout_episodes(rollout, s, problems: Sequence[Problem], params: SamplingPa
     return [e.completion(s.tokenizer) for e in eps], [e.reward for e in eps], episode_metrics(eps)
 
 
-def evaluate_episodes(rollout, s, spec: EpisodeSpec, step: int) -> dict[str, float]:
+def evaluate_episodes(rollout, s, spec: EpisodeSpec, step: int | None) -> dict[str, float]:
     """Greedy episodes on the held-out problems: ``eval/accuracy`` (reward >= 1) and the ``eval/env/*``
     metrics (tool-call rate, turns); with ``eval.k > 1`` also ``k`` sampled episodes per problem for
-    ``eval/pass@k`` and ``eval/avg@k``; a report with every episode under ``RUN_DIR/eval``."""
+    ``eval/pass@k`` and ``eval/avg@k``; a report with every episode (``s.report``: under ``RUN_DIR/eval`` in
+    training, ``--out`` for ``relayrl eval``). ``s``: an :class:`~relayrl.workflows.heldout.EvalSession`;
+    ``step``: the training step (None outside training)."""
     ro, ev = s.cfg.rollout, s.cfg.eval
     problems = s.eval_problems
     greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=ev.max_new_tokens or ro.max_new_tokens,
@@ -81,18 +83,19 @@ def evaluate_episodes(rollout, s, spec: EpisodeSpec, step: int) -> dict[str, flo
                      "response": s.tokenizer.decode(e.token_ids, skip_special_tokens=True), "reward": e.reward,
                      "turns": e.turns, "tool_calls": e.tool_calls, "end": e.end.value if e.end else None,
                      "error": e.error} for e in eps]
-    write_report(EvalResult(metrics, samples), s.dir / "eval", name=f"eval-step{step:06d}",
-                 extra={"step": step, "model": str(s.model_path)})
+    s.report(EvalResult(metrics, samples), step)
     return metrics
 
 
-def log_episode_errors(s, eps: Sequence[Episode | EpisodeSummary], step: int) -> None:
-    """Write the first ``MAX_ERROR_LINES`` environment errors of a step to the run's log (and how many more)."""
+def log_episode_errors(s, eps: Sequence[Episode | EpisodeSummary], step: int | None) -> None:
+    """Write the first ``MAX_ERROR_LINES`` environment errors of a step (None: of an evaluation outside
+    training) to the run's log (and how many more)."""
     errors = [e for e in eps if e.end is EpisodeEnd.ERROR]
     tracker = getattr(s, "tracker", None)
+    at = "relayrl eval" if step is None else f"step {step}"
     for e in errors[:MAX_ERROR_LINES]:
-        line = f"step {step}: episode of problem {e.problem_index} ended with an environment error: {e.error}"
+        line = f"{at}: episode of problem {e.problem_index} ended with an environment error: {e.error}"
         tracker.write_text(line) if tracker is not None else s.log(line)
     if len(errors) > MAX_ERROR_LINES:
-        line = f"step {step}: {len(errors) - MAX_ERROR_LINES} more episodes ended with environment errors"
+        line = f"{at}: {len(errors) - MAX_ERROR_LINES} more episodes ended with environment errors"
         tracker.write_text(line) if tracker is not None else s.log(line)

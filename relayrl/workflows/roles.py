@@ -14,7 +14,7 @@ from relayrl.config.plan import StepPlan
 from relayrl.config.schema import Config, available_devices
 from relayrl.workflows.workers import CriticWorker, PolicyWorker, ReferenceWorker, RolloutWorker, role_precision
 
-__all__ = ["Role", "ROLES", "build_roles", "Pools", "placed_config", "check_teacher"]
+__all__ = ["Role", "ROLES", "build_roles", "rollout_init", "Pools", "placed_config", "check_teacher"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,23 @@ def _updates(cfg: Config) -> int:
     return cfg.trainer.steps * cfg.trainer.mini_batches * cfg.trainer.epochs
 
 
+def _rollout(cfg: Config, prec: dict, path: str, common: dict) -> dict:
+    return dict(model_path=path, max_batch=cfg.rollout.max_batch, seed=cfg.run.seed, decode=cfg.rollout.decode,
+                decode_compile=cfg.rollout.decode_compile, remote=cfg.rollout.remote(), vllm=cfg.rollout.vllm_spec(),
+                **prec["rollout"], **common)
+
+
+def role_common(cfg: Config) -> dict:
+    """The engine settings every role is built with."""
+    m = cfg.model
+    return dict(device=m.device, attn_implementation=m.attn_implementation, threads=cfg.run.threads)
+
+
+def rollout_init(cfg: Config, model_path: str) -> dict:
+    """The rollout role's constructor arguments outside a step plan (``relayrl eval --recipe``)."""
+    return _rollout(cfg, role_precision(cfg.model, cfg.rollout), model_path, role_common(cfg))
+
+
 ROLES: tuple[Role, ...] = (
     Role("actor", PolicyWorker, lambda cfg, plan, prec, path, common: dict(
         model_path=path, engine=cfg.train_engine(), total_steps=_updates(cfg), seed=cfg.run.seed, tri_model=plan.tri_model,
@@ -39,9 +56,8 @@ ROLES: tuple[Role, ...] = (
     Role("critic", CriticWorker, lambda cfg, plan, prec, path, common: dict(
         model_path=path, engine=cfg.train_engine(optim=cfg.critic.optim), total_steps=_updates(cfg),
         seed=cfg.run.seed, lora=cfg.model.lora, **prec["trained"], **common)),
-    Role("rollout", RolloutWorker, lambda cfg, plan, prec, path, common: dict(
-        model_path=path, max_batch=cfg.rollout.max_batch, seed=cfg.run.seed, decode=cfg.rollout.decode,
-        decode_compile=cfg.rollout.decode_compile, remote=cfg.rollout.remote(), vllm=cfg.rollout.vllm_spec(), **prec["rollout"], **common), own_process=True),
+    Role("rollout", RolloutWorker, lambda cfg, plan, prec, path, common: _rollout(cfg, prec, path, common),
+         own_process=True),
     Role("reference", ReferenceWorker, lambda cfg, plan, prec, path, common: dict(
         model_path=path, engine=cfg.engine, **prec["frozen"], **common)),
     Role("teacher", ReferenceWorker, lambda cfg, plan, prec, path, common: dict(  # a frozen model's log-probs
@@ -68,9 +84,8 @@ class Pools:
 
 def build_roles(cfg: Config, plan: StepPlan, pools: Pools, model_path: str) -> dict[str, WorkerGroup]:
     """A worker group for every role of ``plan``, each on its pool (in :data:`ROLES` order)."""
-    m = cfg.model
-    common = dict(device=m.device, attn_implementation=m.attn_implementation, threads=cfg.run.threads)
-    prec = role_precision(m, cfg.rollout)
+    common = role_common(cfg)
+    prec = role_precision(cfg.model, cfg.rollout)
     groups: dict[str, WorkerGroup] = {}
     for role in ROLES:
         if role.name not in plan.roles:

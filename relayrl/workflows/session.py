@@ -1,8 +1,10 @@
 """What every workflow needs besides its algorithm.
 
 A :class:`Session` resolves the model, the tokenizer, the prompts (a built-in
-task or a user dataset) and the verifier; it owns the run directory with its
-telemetry (metrics sinks, stage timeline), checkpoints and evaluation. The
+task or a user dataset) and the verifier, and evaluates on the held-out set
+(its :class:`~relayrl.workflows.heldout.EvalSession` part, which ``relayrl eval
+--recipe`` uses alone); it owns the run directory with its telemetry (metrics
+sinks, stage timeline), checkpoints and the training prompts' order. The
 workflows (``sft.py``, ``grpo.py``) hold only their algorithm's loop.
 """
 
@@ -15,25 +17,17 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import numpy as np
-import torch
-
 from relayrl.checkpoint import CheckpointManager, ResumePlan, capture_rng_state, restore_rng_state, resume_from
 from relayrl.checkpoint.atomic import write_dir_atomically
 from relayrl.checkpoint.rundir import check_fingerprint, check_run_dir, claim_run_dir, hold_run_dir, saved_config
 from relayrl.workflows.restart import RESTARTS
-from relayrl.cluster import ResourcePool
-from relayrl.config.loader import ConfigError
 from relayrl.config.schema import Config
-from relayrl.data.tasks import Problem, make_task
+from relayrl.data.tasks import Problem
 from relayrl.errors import RunStopped
-from relayrl.engines.reward.user import trainer_state, with_progress
-from relayrl.evaluation.runner import EvalResult, evaluate, write_report
-from relayrl.models.load import check_model_dir, load_tokenizer
-from relayrl.models.tiny import build_tiny
+from relayrl.workflows.heldout import EvalSession
 from relayrl.telemetry import NonFiniteError, Timeline, Tracker, check_updates
 
-__all__ = ["PromptSource", "Session", "RunInterrupted", "model_dirs", "resolve_model_path", "check_device"]
+__all__ = ["PromptSource", "Session", "RunInterrupted", "model_dirs"]
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -50,26 +44,10 @@ def footprint_line(sizes: dict[str, float]) -> str:
             f"optimizer state {state / 1e6:.1f} MB per rank")
 
 
-def check_device(cfg: Config) -> None:
-    """``model.device=cuda`` on a local run needs a GPU that torch can see; say so naming the key."""
-    if cfg.model.device == "cuda" and cfg.cluster.backend == "local" and not torch.cuda.is_available():
-        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU only"
-        raise ConfigError(f"model.device=cuda but torch sees no GPU here (torch {torch.__version__}, {build}); set "
-                          f"model.device=cpu (or auto, which picks a GPU when there is one)")
-
-
 def model_dirs(cfg: Config) -> dict[str, str | None]:
     """The model directories a run reads, by config key (None: unset)."""
     return {"trainer.init_from": cfg.trainer.init_from, "model.path": cfg.model.path,
             "reward.model": cfg.reward.model, "reward.judge.path": cfg.reward.judge.path}
-
-
-def resolve_model_path(cfg: Config) -> Path:
-    """``trainer.init_from`` > ``model.path`` > the tiny default (built and cached on first use)."""
-    for key, value in (("trainer.init_from", cfg.trainer.init_from), ("model.path", cfg.model.path)):
-        if value:  # (checked here, not in each worker that loads the weights)
-            return check_model_dir(value, key, f"{key}={value}")
-    return build_tiny(cfg.model.tiny)
 
 
 class PromptSource:
@@ -131,41 +109,20 @@ class PromptSource:
         self._order = self._permutation()
 
 
-class Session:
-    """Model, data, verifier, run directory, telemetry, checkpoints and evaluation of one run."""
+class Session(EvalSession):
+    """Model, data, verifier, run directory, telemetry, checkpoints and evaluation of one run (the evaluation's
+    part, :class:`~relayrl.workflows.heldout.EvalSession`, reports under ``RUN_DIR/eval``)."""
 
     def __init__(self, cfg: Config, *, log: Callable[[str], None] = print) -> None:
-        from relayrl.engines.reward import RewardEngine
-
-        self.cfg = cfg
-        self.log = log
-        if cfg.run.threads:
-            torch.set_num_threads(cfg.run.threads)
-        random.seed(cfg.run.seed)
-        np.random.seed(cfg.run.seed % 2**32)
-        torch.manual_seed(cfg.run.seed)
-        check_device(cfg)
         self.dir = Path(cfg.run.dir)
         # An in-process restart (run.max_restarts) starts again in the directory its first attempt claimed.
         restart = RESTARTS.get() > 0
-        if not restart:
+        if not restart:  # (before the model and the data load)
             check_run_dir(self.dir, cfg.run.resume, cfg.run.overwrite, models=model_dirs(cfg))
-        self.model_path = resolve_model_path(cfg)
-        self.tokenizer = load_tokenizer(self.model_path)
-        self._encode_cache: dict[str, list[int]] = {}
-        self.task, train, self.eval_problems = self._data()
-        self._describe_tools(train)
-        self._check_lengths(train)
+        super().__init__(cfg, report_dir=self.dir / "eval", log=log)
+        train = self.train_problems
         self.prompts = PromptSource(cfg.run.seed, task=self.task if train is None else None, problems=train,
                                     exclude=frozenset(p.prompt for p in self.eval_problems))
-        cuda = cfg.model.device == "cuda" or (cfg.model.device == "auto" and torch.cuda.is_available())
-        # (a user environment's episodes bring their own rewards, in training and evaluation: no reward engine)
-        self.reward = None if cfg.env.own_rewards else RewardEngine(
-            cfg.reward, task=self.task, chat_template=cfg.data.chat_template, device="cuda" if cuda else "cpu")
-        if self.reward is not None:  # a field the user reward function needs, on the first rows, before any work
-            self.reward.check_fields([p.meta.get("fields") for p in (train or self.eval_problems)[:1]] or [None])
-        self.pool = ResourcePool(name="main", devices=cfg.cluster.devices, nodes=cfg.cluster.nodes,
-                                 device_kind="cuda" if cuda else "cpu", node=cfg.placement.nodes.get("main"))
         self.ckpt = CheckpointManager(self.dir / "checkpoints", keep=cfg.run.keep_checkpoints)
         # A checkpoint path is checked before run.overwrite moves anything; resume=auto looks after the move
         # (a run moved aside leaves nothing to resume). Only then is anything written.
@@ -189,84 +146,11 @@ class Session:
             check_fingerprint(plan.path, saved_config(plan.path), self.cfg.model_dump(mode="json"))
         return plan
 
-    # ------------------------------------------------------------------ data
-    def _data(self):
-        from relayrl.data.datasets import load_problems
-
-        d = self.cfg.data
-        if d.task is not None:
-            task = make_task(d.task, **d.task_options)
-            eval_task = make_task(d.task, **{**d.task_options, **(d.eval_task_options or {}), "eval_size": self.cfg.eval.size})
-            return task, None, eval_task.eval_set()
-        rejected = d.rejected_key if self.cfg.workflow in ("dpo", "rm") else None  # preference pairs, every row checked
-        train = load_problems(d.dataset(rejected_key=rejected))
-        size = self.cfg.eval.size
-        held_out = d.dataset(held_out=True, rejected_key=rejected if self.cfg.workflow == "rm" else None)
-        if held_out is not None:
-            return None, train, load_problems(held_out)[:size]
-        if len(train) >= 2 * size:  # hold out a seeded sample of rows; train on the rest
-            held = set(random.Random(self.cfg.run.seed).sample(range(len(train)), size))
-            self.log(f"relayrl: no data.eval_path; holding out {size} of {len(train)} rows of {d.path or d.hf_name} for evaluation")
-            return None, [p for i, p in enumerate(train) if i not in held], [train[i] for i in sorted(held)]
-        self.log(f"relayrl: no data.eval_path and only {len(train)} rows in {d.path or d.hf_name}: evaluating on the first "
-                 f"{min(size, len(train))} training rows (not held out); set data.eval_path for a held-out score")
-        return None, train, train[:size]
-
-    def _describe_tools(self, train: list[Problem] | None) -> None:
-        """``env.tools_in_prompt``: the tool environment's tools go into each chat prompt's template, in its
-        ``tools`` list (as TRL renders them), so an instruct model knows what it may call."""
-        env = self.cfg.env
-        chats = [p for p in (*(train or ()), *self.eval_problems) if "messages" in p.meta]
-        if env.name != "tools" or not env.tools_in_prompt or not chats:
-            return
-        from relayrl.environments.config import load_tool
-        from relayrl.environments.tools import tool_schema
-
-        if "tools" not in str(getattr(self.tokenizer, "chat_template", None) or ""):
-            self.log(f"relayrl: env.tools_in_prompt: the chat template of {self.model_path} has no tools list, so "
-                     f"the prompts do not describe the tools; describe them in data.system_prompt (or set "
-                     f"env.tools_in_prompt=false to silence this)")
-            return
-        schemas = [tool_schema(load_tool(t, env.sandbox)) for t in env.tools]
-        for p in chats:
-            p.meta["tools"] = schemas
-
-    def _check_lengths(self, train: list[Problem] | None) -> None:
-        """Refuse a row whose prompt plus the tokens generated after it exceed the model's
-        ``max_position_embeddings`` (positions past it were never trained): the training rows when the workflow
-        samples from them (grpo), the held-out rows always (evaluation generates). ``relayrl eval`` applies the
-        same check (:func:`relayrl.data.lengths.check_context`)."""
-        from relayrl.data.lengths import check_context, context_limit
-
-        limit = context_limit(self.model_path)
-        if limit is None:
-            return  # a model config without the field: nothing to check against
-        r, e = self.cfg.rollout, self.cfg.eval
-        checks = [(self.eval_problems, e.max_new_tokens or r.max_new_tokens,
-                   "eval.max_new_tokens" if e.max_new_tokens else "rollout.max_new_tokens")]
-        if train is not None and self.cfg.workflow == "grpo":
-            checks.insert(0, (train, r.max_new_tokens, "rollout.max_new_tokens"))
-        for problems, budget, key in checks:
-            check_context(problems, self.encode, budget, key, limit, self.model_path)
-
-    def encode(self, problem: Problem) -> list[int]:
-        """Prompt token ids (chat template applied to chat-message prompts), cached by prompt text."""
-        ids = self._encode_cache.get(problem.prompt)
-        if ids is None:
-            from relayrl.data.datasets import encode_prompt
-
-            ids = self._encode_cache[problem.prompt] = list(encode_prompt(self.tokenizer, problem, self.cfg.data.chat_template))
-        return ids
-
-    def progress(self, done: int):
-        """The training's progress after ``done`` RL steps, as a TRL reward function's ``trainer_state`` reads
-        it (:func:`~relayrl.engines.reward.user.trainer_state`)."""
-        return trainer_state(done, self.cfg.trainer.steps)
-
-    def score(self, prompts: list[str], responses: list[str], answers: list[str], columns=None) -> list[float]:
-        """Evaluation's score: the verifier (and format term) only, never a learned reward, so held-out
-        accuracy stays the task's whatever the training reward is."""
-        return self.reward.verify(prompts, responses, answers, columns)
+    def _check_lengths(self) -> None:
+        """The training rows first when the workflow samples from them (grpo), then the held-out rows."""
+        if self.train_problems is not None and self.cfg.workflow == "grpo":
+            self._check_context(self.train_problems, self.cfg.rollout.max_new_tokens, "rollout.max_new_tokens")
+        super()._check_lengths()
 
     # ------------------------------------------------------------ telemetry
     def open_telemetry(self, total_steps: int, key_metrics) -> None:
@@ -324,28 +208,6 @@ class Session:
             path = save(step)
             self.tracker.write_text(f"step {step}: checkpoint saved to {path} ({time.perf_counter() - t0:.1f} s)")
         return last
-
-    def evaluate(self, generate, step: int | None, *, name: str = "eval") -> EvalResult:
-        """Greedy accuracy on the held-out problems, with ``eval.k > 1`` also pass@k and avg@k of sampled answers;
-        the report under ``RUN_DIR/eval``."""
-        ro, ev = self.cfg.rollout, self.cfg.eval
-        state = self.progress(step or 0)
-
-        def score(prompts, responses, answers, columns):
-            return self.score(prompts, responses, answers, with_progress(columns, state))
-
-        result = evaluate(generate, self.encode, self.eval_problems, score,
-                          max_new_tokens=ev.max_new_tokens or ro.max_new_tokens, k=ev.k,
-                          temperature=self.eval_temperature, stop_strings=ro.stop_strings)
-        write_report(result, self.dir / "eval", name=name if step is None else f"{name}-step{step:06d}",
-                     extra={"step": step, "model": str(self.model_path)})
-        return result
-
-    @property
-    def eval_temperature(self) -> float:
-        """The temperature of the ``eval.k`` sampled answers: ``eval.temperature``, else the rollout's (1.0 for a
-        greedy rollout)."""
-        return self.cfg.eval.temperature or self.cfg.rollout.temperature or 1.0
 
     def target_reached(self, step: int, metrics: dict[str, float]) -> bool:
         """True once ``eval.stop_at`` is set and this step's held-out accuracy reaches it."""

@@ -58,7 +58,7 @@ def test_eval_refuses_other_bad_numbers(capsys, flag, value, says):
 def test_eval_argument_combinations_are_refused_before_loading_the_model(capsys, tmp_path):
     missing = str(tmp_path / "no-model")  # never loaded: the arguments are checked first
     code, err = run(capsys, "eval", "--model", missing)
-    assert code == EXIT_CONFIG and "give exactly one of --task NAME or --data FILE" in err
+    assert code == EXIT_CONFIG and "give exactly one of --task NAME, --data FILE or --recipe RECIPE" in err
     code, err = run(capsys, "eval", "--model", missing, "--task", "arith", "--k", "4", "--temperature", "0")
     assert code == EXIT_CONFIG and "--k 4 samples at --temperature 0 are 4 copies of the greedy answer" in err
     code, err = run(capsys, "eval", "--model", missing, "--task", "arith", "--task-options", "{min_digits: 3}")
@@ -70,6 +70,42 @@ def test_eval_argument_combinations_are_refused_before_loading_the_model(capsys,
     code, err = run(capsys, "eval", "--model", missing, "--task", "arith", "--task-options", '{"foo": 1}',
                     "--device", "cpu")
     assert code == EXIT_CONFIG and "task 'arith' has no option 'foo'" in err
+
+
+@pytest.mark.parametrize("flag,value,key", [
+    ("--task", "arith", "data.task"), ("--data", "rows.jsonl", "data.eval_path"), ("--verifier", "exact", "reward.verifier"),
+    ("--user-fn", "r.py:score", "reward.user_fn"), ("--k", "4", "eval.k"), ("--size", "200", "eval.size"),
+    ("--max-new-tokens", "8", "eval.max_new_tokens"), ("--device", "cpu", "model.device")])
+def test_eval_refuses_options_a_recipe_sets(capsys, tmp_path, monkeypatch, flag, value, key):
+    """With --recipe the run config decides: an option it holds is refused (even at its default value), naming
+    the key to override instead."""
+    _no_model_load_or_evaluation(monkeypatch)
+    code, err = run(capsys, "eval", "--model", str(tmp_path / "no-model"), "--recipe", "arith_grpo", flag, value)
+    assert code == EXIT_CONFIG
+    assert f"relayrl eval: {flag} does not go with --recipe, whose run config sets {key}; override {key}=... " \
+        f"instead" in err
+
+
+def test_eval_recipe_refuses_bad_overrides_before_loading_anything(capsys, tmp_path, monkeypatch):
+    _no_model_load_or_evaluation(monkeypatch)
+    missing = str(tmp_path / "no-model")
+    code, err = run(capsys, "eval", "--model", missing, "--recipe", "arith_grpo", "eval.sise=8")
+    assert code == EXIT_CONFIG and "eval.sise: unknown key; did you mean eval.size?" in err  # the config's own
+    code, err = run(capsys, "eval", "--model", missing, "--recipe", "arith_grpo", "eval.k=0")
+    assert code == EXIT_CONFIG and "eval.k" in err
+    code, err = run(capsys, "eval", "--model", missing, "--recipe", "arith_grpo", f"model.path={tmp_path}")
+    assert code == EXIT_CONFIG and f"the override 'model.path={tmp_path}': --model names the model evaluated" in err
+    code, err = run(capsys, "eval", "--model", missing, "--recipe", "nosuch_recipe")
+    assert code == EXIT_CONFIG and "recipe nosuch_recipe is neither a file here" in err
+    code, err = run(capsys, "eval", "--model", missing, "--task", "arith", "eval.size=8")
+    assert code == EXIT_CONFIG and "'eval.size=8': dotted overrides set a run config's keys; give the config with " \
+        "--recipe RECIPE" in err
+    code, err = run(capsys, "eval", "--model", missing, "--recipe", "arith_grpo", "--device", "cpu")
+    assert code == EXIT_CONFIG and "--device does not go with --recipe" in err
+    code, err = run(capsys, "eval", "--model", missing, "--recipe", "arith_grpo", "model.device=cpu")
+    assert code == EXIT_USER and f"--model {missing}: no such directory" in err  # named as given
+    code, err = run(capsys, "eval", "--model", missing, "--recipe", "arith_rm", "model.device=cpu")
+    assert code == EXIT_CONFIG and "workflow rm trains a reward model, which generates nothing" in err
 
 
 @pytest.mark.parametrize("argv,says", [
@@ -140,6 +176,10 @@ def _no_model_load_or_evaluation(monkeypatch):
     """Reaching the model or the evaluation fails the test: what is checked must be checked first."""
     def reached(*a, **k):
         raise AssertionError("the model loaded or the evaluation ran before the arguments were checked")
+
+    # (the modules that bind load_model at their import are imported first: imported under the patch, they would
+    # keep it after this test)
+    import relayrl.workflows.heldout  # noqa: F401
 
     monkeypatch.setattr("relayrl.models.load.load_model", reached)
     monkeypatch.setattr("relayrl.evaluation.runner.evaluate", reached)

@@ -148,6 +148,34 @@ def test_eval_and_plot_commands(sft_model, tmp_path):
     assert (sft_model.parent / "plots" / "timeline.png").exists()
 
 
+def _lines(path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_eval_by_recipe_is_the_runs_own_evaluation(sft_model, tmp_path):
+    """``relayrl eval --recipe`` with the run's recipe and overrides on its exported model gives the run's last
+    evaluation answer for answer (the same code, the same held-out set); ``--task`` with the options the recipe
+    gives the task, the held-out set's size and the answer length agrees with both."""
+    run = sft_model.parent  # (arith_sft.yaml trainer.steps=4 *FAST; its last evaluation is step 4's)
+    r = relayrl("eval", "--model", str(sft_model), "--recipe", "recipes/arith_sft.yaml", *FAST,
+                "--out", str(tmp_path / "recipe"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"relayrl eval: {sft_model} on 16 held-out problems: greedy answers" in r.stdout
+    report = json.loads((tmp_path / "recipe" / "eval.json").read_text())
+    trained = records(run)[-1]
+    assert report["metrics"] == {k: trained[k] for k in ("eval/accuracy", "eval/reward_mean")}
+    assert report["recipe"] == "recipes/arith_sft.yaml" and report["task"] == "arith"
+    samples = _lines(tmp_path / "recipe" / "eval_samples.jsonl")
+    assert samples == _lines(run / "eval" / "eval-step000004_samples.jsonl") and len(samples) == 16
+    options = '{"min_digits": 2, "max_digits": 2, "forget_carry": 0.7, "carries": "inner"}'  # (task_options + eval's)
+    r = relayrl("eval", "--model", str(sft_model), "--task", "arith", "--task-options", options, "--size", "16",
+                "--max-new-tokens", "5", "--out", str(tmp_path / "task"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((tmp_path / "task" / "eval.json").read_text())["metrics"] == report["metrics"]
+    assert _lines(tmp_path / "task" / "eval_samples.jsonl") == samples
+
+
 @pytest.mark.slow
 def test_nonfinite_update_stops_with_a_checkpoint(sft_model, tmp_path):
     # an absurd learning rate drives the weights to inf within a few steps

@@ -63,6 +63,31 @@ def test_grpo_trains_on_episodes(tool_sft, tmp_path, extra):
 
 
 @pytest.mark.slow
+def test_eval_by_recipe_runs_episodes_as_the_run_evaluated_them(tool_sft, tmp_path):
+    """``relayrl eval --model DIR --recipe toolsum_sft.yaml`` with the SFT fixture's overrides: greedy episodes
+    with the calculator on the held-out sums, scored and reported as the run's last evaluation was (every
+    greedy episode the same, eval/env/* the same but for wall-clock seconds), and eval.k=2 sampled ones."""
+    out = tmp_path / "eval"
+    r = relayrl("eval", "--model", str(tool_sft), "--recipe", "toolsum_sft", "trainer.batch_size=8", "eval.k=2",
+                *SMALL, "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "4 held-out problems: greedy episodes (env.name=tools, at most env.max_turns=3 turns), then eval.k=2 " \
+           "sampled" in r.stdout
+    metrics = json.loads((out / "eval.json").read_text())["metrics"]
+    trained = records(tool_sft.parent)[-1]  # step 3's evaluation
+    greedy = [k for k in trained if k.startswith("eval/") and "seconds" not in k and "@" not in k]
+    assert "eval/env/tool_call_rate" in greedy and "eval/env/turns_mean" in greedy
+    assert {k: metrics[k] for k in greedy} == {k: trained[k] for k in greedy}
+    assert 0 <= metrics["eval/pass@1"] <= metrics["eval/pass@2"] <= 1 and "eval/avg@2" in metrics
+    samples = [json.loads(x) for x in (out / "eval_samples.jsonl").read_text().splitlines()]
+    assert [s["mode"] for s in samples] == ["greedy"] * 4 + ["sample@2"] * 8
+    assert all({"turns", "tool_calls", "end"} <= set(s) for s in samples)
+    run_samples = [json.loads(x) for x in
+                   (tool_sft.parent / "eval" / "eval-step000003_samples.jsonl").read_text().splitlines()]
+    assert samples[:4] == run_samples[:4]
+
+
+@pytest.mark.slow
 def test_demo_tools_ends_with_the_accuracy_line(tmp_path):
     import re
 
