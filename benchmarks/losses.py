@@ -2,11 +2,16 @@
 high-entropy 20% of tokens, from the same student, prompts, seed and learning rate.
 
 The student is the demo's SFT model (``relayrl demo`` stage 2, built once into the cache by
-:mod:`demo_models`: about 20% greedy accuracy on held-out sums that need a carry). Each run trains
+:mod:`demo_models`: about 10-20% greedy accuracy on held-out sums that need a carry). Each run trains
 ``--steps`` GRPO steps of ``recipes/arith_grpo.yaml`` (group advantages, verifier reward) with one policy loss
-changed, and evaluates greedy held-out accuracy every ``--eval-every`` steps. ``--off-policy K`` runs every
-variant with rollouts up to K updates stale (``trainer.off_policy_steps``), where the losses differ most; VESPO
-then takes pi_old from the rollout (``algorithm.old_logprobs=rollout``: its W = pi / mu). Run it with::
+changed, and evaluates greedy held-out accuracy every ``--eval-every`` steps.
+
+With one optimizer step per batch the ratio pi / pi_old is 1 and PPO, CISPO, SAPO and VESPO give the same
+gradient (tested in ``tests/algorithms/test_sapo_vespo.py``): the runs would repeat each other. So each batch
+trains ``--mini-batches`` optimizer steps (4 by default: after the first, the ratio leaves 1 and the losses
+differ). ``--off-policy K`` runs rollouts up to K updates stale (``trainer.off_policy_steps``) with pi_old the
+rollout's log-probs (``algorithm.old_logprobs=rollout``: the ratio carries the staleness; VESPO's W is
+pi / mu). Run it with::
 
     .venv/bin/python benchmarks/losses.py                          # 40 steps each, eval every 10
     .venv/bin/python benchmarks/losses.py --steps 80 --off-policy 2
@@ -44,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eval-size", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--off-policy", type=int, default=0, help="K: rollouts up to K updates stale (0: on-policy)")
+    p.add_argument("--mini-batches", type=int, default=4, help="optimizer steps per batch (1: every loss is PPO)")
     p.add_argument("--only", nargs="*", choices=list(VARIANTS), help="run these variants only")
     p.add_argument("--threads", type=int, default=1, help="torch threads of every run (0: all cores)")
     p.add_argument("--out", default="runs/bench-losses")
@@ -55,13 +61,13 @@ def main(argv: list[str] | None = None) -> None:
     student = sft_model(a.seed, threads)
     common = [*threads, f"trainer.init_from={student}", f"run.seed={a.seed}", f"trainer.steps={a.steps}",
               f"eval.every={a.eval_every}", f"eval.size={a.eval_size}",
-              *([f"trainer.off_policy_steps={a.off_policy}"] if a.off_policy else [])]
+              f"trainer.mini_batches={a.mini_batches}",
+              *([f"trainer.off_policy_steps={a.off_policy}", "algorithm.old_logprobs=rollout"] if a.off_policy
+                else [])]
     names = a.only or list(VARIANTS)
     acc, wall, extra = {}, {}, {}
     for name in names:
         over = list(VARIANTS[name])
-        if name == "vespo" and a.off_policy:
-            over.append("algorithm.old_logprobs=rollout")
         print(f"losses: {name} from the student, {a.steps} steps ...", flush=True)
         run = Path(a.out) / (name + (f"-k{a.off_policy}" if a.off_policy else ""))
         wall[name] = _train(run, [*common, *over])
@@ -78,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     for n in names:
         print(f"losses: {n:<10} {wall[n]:6.0f} s ({wall[n] / wall[names[0]]:.2f}x {names[0]}); mean {extra[n]}")
     student_acc = acc[names[0]].get(0, float("nan"))
-    mode = f", off-policy k={a.off_policy}" if a.off_policy else ""
+    mode = f", {a.mini_batches} mini-batches" + (f", off-policy k={a.off_policy}" if a.off_policy else "")
     print(f"losses: held-out accuracy after {a.steps} steps{mode}: "
           + ", ".join(f"{n} {100 * acc[n][max(acc[n])]:.1f}%" for n in names)
           + f" (student {100 * student_acc:.1f}%)")

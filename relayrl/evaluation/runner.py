@@ -22,7 +22,7 @@ __all__ = ["EvalResult", "evaluate", "write_report"]
 GenerateFn = Callable[[list[list[int]], SamplingParams], list[Completion]]
 ScoreFn = Callable[[list[str], list[str], list[str], list], list[float]]
 """``score(prompts, responses, answers, columns)``: a reward per row; ``columns`` holds each row's other dataset
-fields (``Problem.meta["extra"]``, or ``None``) for a user reward function that takes them."""
+fields (``Problem.meta["fields"]``: the row as it was, or ``None``) for a user reward function that takes them."""
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,6 @@ the advantages and as a role of the plan, their config refusals, and end-to-end 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from pydantic import ValidationError
@@ -12,6 +10,8 @@ from pydantic import ValidationError
 from relayrl.algorithms.correction import Correction
 from relayrl.engines.training.base import MicroBatch
 from relayrl.workflows.losses import PolicyLoss
+
+from grpo_runs import recipe_cfg, refused, run_grpo
 
 
 def _mb(logprobs, old, gen, adv):
@@ -80,56 +80,31 @@ def test_advantage_rows_distill_from_the_teacher():
 
 
 # ------------------------------------------------------------------------------------ config and plan
-def _cfg(*over: str):
-    from relayrl.config.loader import load_config
-    from relayrl.config.schema import Config
-
-    return load_config(Config, "recipes/arith_grpo.yaml", list(over))
-
-
-def _refused(*over: str) -> str:
-    from relayrl.config.loader import ConfigError
-
-    with pytest.raises((ConfigError, ValidationError, ValueError)) as e:
-        _cfg(*over)
-    return str(e.value)
-
-
 def test_config_refusals_name_the_key():
-    assert "drop algorithm.tis_cap" in _refused("algorithm.tis_cap=2", "algorithm.correction.level=token")
-    assert "algorithm.correction.low" in _refused("algorithm.correction.level=token", "algorithm.correction.low=0.5")
-    assert "algorithm.correction.level" in _refused("algorithm.correction.high=3")
-    assert "kl_threshold" in _refused("algorithm.correction.negative_only=true")
-    assert "old_logprobs=auto" in _refused("algorithm.correction.kl_threshold=0.1", "algorithm.old_logprobs=rollout")
-    assert "ratio_level=token" in _refused("algorithm.policy_loss=cispo", "algorithm.ratio_level=sequence")
-    assert "drop algorithm.dual_clip" in _refused("algorithm.policy_loss=cispo", "algorithm.dual_clip=3")
-    assert "not a model directory" in _refused("algorithm.distill.teacher=/nonexistent/teacher")
-    assert "placement.teacher" in _refused("placement.teacher=gpu9")
+    assert "drop algorithm.tis_cap" in refused("algorithm.tis_cap=2", "algorithm.correction.level=token")
+    assert "algorithm.correction.low" in refused("algorithm.correction.level=token", "algorithm.correction.low=0.5")
+    assert "algorithm.correction.level" in refused("algorithm.correction.high=3")
+    assert "kl_threshold" in refused("algorithm.correction.negative_only=true")
+    assert "old_logprobs=auto" in refused("algorithm.correction.kl_threshold=0.1", "algorithm.old_logprobs=rollout")
+    assert "ratio_level=token" in refused("algorithm.policy_loss=cispo", "algorithm.ratio_level=sequence")
+    assert "drop algorithm.dual_clip" in refused("algorithm.policy_loss=cispo", "algorithm.dual_clip=3")
+    assert "not a model directory" in refused("algorithm.distill.teacher=/nonexistent/teacher")
+    assert "placement.teacher" in refused("placement.teacher=gpu9")
 
 
 def test_plan_places_the_teacher_and_says_what_tis_cap_runs(tiny_dir):
     from relayrl.config.plan import step_plan
 
-    plan = step_plan(_cfg(f"algorithm.distill.teacher={tiny_dir}", "rollout.n=1"))  # pure distillation: n=1 ok
+    plan = step_plan(recipe_cfg(f"algorithm.distill.teacher={tiny_dir}", "rollout.n=1"))  # pure distillation: n=1 ok
     assert plan.roles == ("actor", "rollout", "teacher") and plan.pools["teacher"] == "main"
-    plan = step_plan(_cfg("algorithm.tis_cap=1.5"))
+    plan = step_plan(recipe_cfg("algorithm.tis_cap=1.5"))
     assert any("correction.level=token, mode=truncate, high=1.5" in n for n in plan.notes)
-    assert _cfg("algorithm.tis_cap=1.5").algorithm.rollout_correction() == Correction(high=1.5)
+    assert recipe_cfg("algorithm.tis_cap=1.5").algorithm.rollout_correction() == Correction(high=1.5)
     with pytest.raises((ValidationError, ValueError), match="workflow grpo"):
-        _cfg(f"algorithm.distill.teacher={tiny_dir}", "workflow=sft")
+        recipe_cfg(f"algorithm.distill.teacher={tiny_dir}", "workflow=sft")
 
 
 # ------------------------------------------------------------------------------------ end to end
-def _run(run_dir, student, *over: str) -> list[dict]:
-    from relayrl.workflows.pipeline import GRPOPipeline
-
-    cfg = _cfg(f"run.dir={run_dir}", "trainer.steps=2", "eval.size=8", "eval.every=0", "data.prompts_per_step=2",
-               "rollout.n=4", "rollout.max_new_tokens=8", "telemetry.sinks=[jsonl]", "engine.optim.lr=1e-3",
-               "engine.optim.warmup_steps=0", "run.save_every=0", f"trainer.init_from={student}", *over)
-    GRPOPipeline(cfg).run()
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()][1:]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", [
     [],  # sync, colocated
@@ -141,7 +116,7 @@ def test_distillation_with_corrections_runs_in_every_step_mode(tmp_path, tiny_di
     """The teacher is the student's own starting model: the reverse KL of the first batch is 0 (the rollout's
     log-probs and the teacher's pass agree token by token), later ones not (the student moved), and the run
     carries the correction's and distillation's metrics in every mode."""
-    recs = _run(tmp_path, tiny_dir, f"algorithm.distill.teacher={tiny_dir}", "algorithm.distill.reward_weight=0.5",
+    recs = run_grpo(tmp_path, tiny_dir, f"algorithm.distill.teacher={tiny_dir}", "algorithm.distill.reward_weight=0.5",
                 "algorithm.policy_loss=cispo", "algorithm.correction.level=sequence",
                 "algorithm.correction.mode=mask", "algorithm.correction.kl_threshold=0.5", *mode)
     assert [r["step"] for r in recs] == [1, 2, 3][:len(recs)] and len(recs) >= 2
@@ -155,7 +130,7 @@ def test_distillation_with_corrections_runs_in_every_step_mode(tmp_path, tiny_di
 
 @pytest.mark.slow
 def test_distillation_with_offload_keeps_the_teacher_off_the_device_when_idle(tmp_path, tiny_dir):
-    recs = _run(tmp_path, tiny_dir, f"algorithm.distill.teacher={tiny_dir}", "trainer.offload=true")
+    recs = run_grpo(tmp_path, tiny_dir, f"algorithm.distill.teacher={tiny_dir}", "trainer.offload=true")
     assert all("timing/offload_s" in r and "distill/reverse_kl" in r for r in recs)
 
 

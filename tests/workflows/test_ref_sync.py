@@ -12,6 +12,8 @@ from pydantic import ValidationError
 from relayrl.engines.training import fsdp
 from relayrl.models.load import load_model
 
+from grpo_runs import run_grpo
+
 
 def test_mix_weights_is_a_lerp_of_every_parameter_and_keeps_tied_weights_tied(tiny_dir):
     ref, policy = load_model(tiny_dir), load_model(tiny_dir)
@@ -50,17 +52,8 @@ def _records(run_dir) -> list[dict]:
 
 
 def _grpo(run_dir, student, *over: str) -> list[dict]:
-    from relayrl.config.loader import load_config
-    from relayrl.config.schema import Config
-    from relayrl.workflows.pipeline import GRPOPipeline
-
-    cfg = load_config(Config, "recipes/arith_grpo.yaml", [
-        f"run.dir={run_dir}", "trainer.steps=2", "eval.size=4", "eval.every=0", "data.prompts_per_step=2",
-        "rollout.n=4", "rollout.max_new_tokens=8", "telemetry.sinks=[jsonl]", "engine.optim.lr=1e-2",
-        "engine.optim.warmup_steps=0", "run.save_every=0", f"trainer.init_from={student}", "algorithm.kl_coef=0.1",
-        "reward.verifier=user", "reward.user_fn=dataflow_rewards:by_length", *over])
-    GRPOPipeline(cfg).run()
-    return _records(run_dir)
+    return run_grpo(run_dir, student, "engine.optim.lr=1e-2", "algorithm.kl_coef=0.1", "reward.verifier=user",
+                    "reward.user_fn=dataflow_rewards:by_length", *over)
 
 
 @pytest.mark.slow

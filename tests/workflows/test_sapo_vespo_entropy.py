@@ -3,14 +3,13 @@ loss object's gradients, the config's refusals, and end-to-end runs (sync and of
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-from pydantic import ValidationError
 
 from relayrl.engines.training.base import MicroBatch
 from relayrl.workflows.losses import PolicyLoss
+
+from grpo_runs import recipe_cfg, refused, run_grpo
 
 LP = torch.tensor([[-1.0, -2.0, -0.5, -0.7], [-0.3, -1.2, -2.2, -0.9]])
 ENT = torch.tensor([[0.2, 1.5, 0.1, 3.0], [2.5, 0.3, 1.0, 0.0]])
@@ -58,48 +57,23 @@ def test_the_losses_options_reach_the_loss_and_the_kl_can_be_ratio_weighted():
 
 
 # ------------------------------------------------------------------------------------ config
-def _cfg(*over: str):
-    from relayrl.config.loader import load_config
-    from relayrl.config.schema import Config
-
-    return load_config(Config, "recipes/arith_grpo.yaml", list(over))
-
-
-def _refused(*over: str) -> str:
-    from relayrl.config.loader import ConfigError
-
-    with pytest.raises((ConfigError, ValidationError, ValueError)) as e:
-        _cfg(*over)
-    return str(e.value)
-
-
 def test_config_refusals_name_the_key_and_the_fix():
-    assert "set algorithm.policy_loss=sapo" in _refused("algorithm.sapo.tau_neg=2")
-    assert "set algorithm.policy_loss=vespo" in _refused("algorithm.policy_loss=sapo", "algorithm.vespo.k_pos=1")
-    assert "algorithm.clip_high=0.2" in _refused("algorithm.policy_loss=sapo", "algorithm.clip_high=0.28")
-    assert "algorithm.dual_clip=null" in _refused("algorithm.policy_loss=vespo", "algorithm.dual_clip=3")
-    assert "ratio_level=token" in _refused("algorithm.policy_loss=vespo", "algorithm.ratio_level=sequence")
-    assert "kl_coef=0" in _refused("algorithm.kl_bias_correction=true")
-    assert "top_entropy_quantile" in _refused("algorithm.top_entropy_quantile=1.5")
-    a = _cfg("algorithm.policy_loss=vespo", "algorithm.vespo.lambda_pos=4").algorithm
+    assert "set algorithm.policy_loss=sapo" in refused("algorithm.sapo.tau_neg=2")
+    assert "set algorithm.policy_loss=vespo" in refused("algorithm.policy_loss=sapo", "algorithm.vespo.k_pos=1")
+    assert "algorithm.clip_high=0.2" in refused("algorithm.policy_loss=sapo", "algorithm.clip_high=0.28")
+    assert "algorithm.dual_clip=null" in refused("algorithm.policy_loss=vespo", "algorithm.dual_clip=3")
+    assert "ratio_level=token" in refused("algorithm.policy_loss=vespo", "algorithm.ratio_level=sequence")
+    assert "kl_coef=0" in refused("algorithm.kl_bias_correction=true")
+    assert "top_entropy_quantile" in refused("algorithm.top_entropy_quantile=1.5")
+    a = recipe_cfg("algorithm.policy_loss=vespo", "algorithm.vespo.lambda_pos=4").algorithm
     assert a.loss_options() == (("k_pos", 2.0), ("lambda_pos", 4.0), ("k_neg", 3.0), ("lambda_neg", 2.0))
-    assert _cfg().algorithm.loss_options() == ()
+    assert recipe_cfg().algorithm.loss_options() == ()
 
 
 # ------------------------------------------------------------------------------------ end to end
-def _run(run_dir, student, *over: str) -> list[dict]:
-    from relayrl.workflows.pipeline import GRPOPipeline
-
-    cfg = _cfg(f"run.dir={run_dir}", "trainer.steps=2", "eval.size=8", "eval.every=0", "data.prompts_per_step=2",
-               "rollout.n=4", "rollout.max_new_tokens=8", "telemetry.sinks=[jsonl]", "engine.optim.lr=1e-3",
-               "engine.optim.warmup_steps=0", "run.save_every=0", f"trainer.init_from={student}", *over)
-    GRPOPipeline(cfg).run()
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()][1:]
-
-
 @pytest.mark.slow
 def test_sapo_with_forking_tokens_and_the_unbiased_kl_trains(tmp_path, tiny_dir):
-    recs = _run(tmp_path, tiny_dir, "algorithm.policy_loss=sapo", "algorithm.top_entropy_quantile=0.2",
+    recs = run_grpo(tmp_path, tiny_dir, "algorithm.policy_loss=sapo", "algorithm.top_entropy_quantile=0.2",
                 "reward.verifier=user", "reward.user_fn=dataflow_rewards:by_length",
                 "algorithm.kl_coef=0.01", "algorithm.kl_bias_correction=true")
     assert [r["step"] for r in recs] == [1, 2]
@@ -112,7 +86,7 @@ def test_sapo_with_forking_tokens_and_the_unbiased_kl_trains(tmp_path, tiny_dir)
 def test_vespo_off_policy_weighs_the_stale_batches(tmp_path, tiny_dir):
     """k=1 off-policy with pi_old the rollout's log-probs: W = pi / mu, the kernel below 1 once a batch is
     stale (steps 2 and 3 train on rollouts of older weights)."""
-    recs = _run(tmp_path, tiny_dir, "algorithm.policy_loss=vespo", "algorithm.old_logprobs=rollout",
+    recs = run_grpo(tmp_path, tiny_dir, "algorithm.policy_loss=vespo", "algorithm.old_logprobs=rollout",
                 "reward.verifier=user", "reward.user_fn=dataflow_rewards:by_length",
                 "algorithm.loss_agg=token-mean", "trainer.off_policy_steps=1", "trainer.steps=3")
     assert [r["step"] for r in recs] == [1, 2, 3]
