@@ -19,6 +19,7 @@ per module:
 * :mod:`~relayrl.algorithms.cispo` -- CISPO's clipped-weight policy loss (MiniMax-M1)
 * :mod:`~relayrl.algorithms.sapo` -- SAPO's soft-gated policy loss (Qwen)
 * :mod:`~relayrl.algorithms.vespo` -- VESPO's Gamma-kernel sequence weight for off-policy training
+* :mod:`~relayrl.algorithms.covariance` -- Clip-Cov and KL-Cov: entropy control on high-covariance tokens
 * :mod:`~relayrl.algorithms.distill` -- on-policy distillation advantages (GKD; Thinking Machines)
 * :mod:`~relayrl.algorithms.dpo` -- DPO / IPO / hinge
 * :mod:`~relayrl.algorithms.sft` -- masked token cross-entropy
@@ -47,6 +48,7 @@ __all__ = [
     "aggregation",
     "cispo",
     "correction",
+    "covariance",
     "dapo",
     "distill",
     "dpo",

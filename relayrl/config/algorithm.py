@@ -17,7 +17,7 @@ from relayrl.algorithms.names import AGG_MODES, POLICY_LOSS_NAMES
 if TYPE_CHECKING:  # torch: imported when a loss asks for its correction, not while a recipe is validated
     from relayrl.algorithms.correction import Correction
 
-__all__ = ["AlgorithmConfig", "CorrectionConfig", "DistillConfig", "SapoConfig", "VespoConfig"]
+__all__ = ["AlgorithmConfig", "CorrectionConfig", "CovConfig", "DistillConfig", "SapoConfig", "VespoConfig"]
 
 
 class _Section(BaseModel):
@@ -131,6 +131,25 @@ class VespoConfig(_Section):
     lambda_neg: float = Field(2.0, gt=0.0, description="decay in W for the other tokens")
 
 
+class CovConfig(_Section):
+    """Clip-Cov's and KL-Cov's token selection (:mod:`relayrl.algorithms.covariance`; ``algorithm.policy_loss``
+    ``clip_cov`` or ``kl_cov``): tokens ranked by ``(A - mean A) * (log pi - mean log pi)``. Defaults are verl's."""
+
+    ratio: float = Field(0.0002, gt=0.0, le=1.0, description="the fraction of each micro-batch's tokens treated "
+                         "(clip_cov: whose gradient is removed; kl_cov: that take the KL penalty); at least one")
+    low: float = Field(1.0, description="clip_cov: the covariance range the removed tokens are drawn from, lower "
+                       "bound")
+    high: float = Field(5.0, description="clip_cov: its upper bound")
+    kl_coef: float = Field(0.1, ge=0.0, description="kl_cov: the penalty's weight on the absolute log-ratio, "
+                           "abs(log(pi / pi_old))")
+
+    @model_validator(mode="after")
+    def _range(self) -> "CovConfig":
+        if self.low >= self.high:
+            raise ValueError(f"algorithm.cov.low={self.low} must be below algorithm.cov.high={self.high}")
+        return self
+
+
 class AlgorithmConfig(_Section):
     """GRPO by default; DAPO is GRPO with clip_high > clip_low, token-mean, dynamic sampling, overlong shaping."""
 
@@ -202,8 +221,11 @@ class AlgorithmConfig(_Section):
         "token's gradient (MiniMax-M1 uses loss_agg=token-mean and a large clip_low); sapo: Qwen's SAPO, a "
         "smooth gate (4/tau) sigmoid(tau (r - 1)) in place of the clip (algorithm.sapo); vespo: VESPO, the "
         "policy gradient weighted by a Gamma kernel of the sequence ratio, for off-policy training "
-        "(algorithm.vespo; W = pi / mu with old_logprobs=rollout)")
+        "(algorithm.vespo; W = pi / mu with old_logprobs=rollout); clip_cov and kl_cov: the entropy "
+        "mechanism's Clip-Cov (PPO's clip, and a few high-covariance tokens' gradients removed) and KL-Cov (no "
+        "clip; a |log ratio| penalty on the highest-covariance tokens) (algorithm.cov)")
     sapo: SapoConfig = Field(SapoConfig(), description="policy_loss=sapo: the gate's temperatures")
+    cov: CovConfig = Field(CovConfig(), description="policy_loss=clip_cov or kl_cov: which tokens, and the penalty")
     vespo: VespoConfig = Field(VespoConfig(), description="policy_loss=vespo: the kernel's shape")
     top_entropy_quantile: float = Field(
         1.0, ge=0.0, le=1.0, description="train the policy loss (and the entropy bonus) on the top fraction of "
@@ -248,19 +270,25 @@ class AlgorithmConfig(_Section):
         if (self.tis_cap is not None or self.correction.enabled) and self.old_logprobs == "rollout":
             raise ValueError(f"{corrected} weighs pi_old / mu with mu the rollout's log-probs; with "
                              "old_logprobs=rollout that ratio is 1. Use old_logprobs=auto or recompute")
-        for name, section in (("sapo", self.sapo), ("vespo", self.vespo)):
-            if section.model_fields_set and self.policy_loss != name:
+        for name, section, users in (("sapo", self.sapo, ("sapo",)), ("vespo", self.vespo, ("vespo",)),
+                                     ("cov", self.cov, ("clip_cov", "kl_cov"))):
+            if section.model_fields_set and self.policy_loss not in users:
                 key = sorted(section.model_fields_set)[0]
-                raise ValueError(f"algorithm.{name}.{key} shapes the {name.upper()} loss, and algorithm.policy_loss="
-                                 f"{self.policy_loss}: set algorithm.policy_loss={name} or drop algorithm.{name}")
-        if self.policy_loss in ("sapo", "vespo"):
+                raise ValueError(f"algorithm.{name}.{key} shapes the {' and '.join(users)} loss, and "
+                                 f"algorithm.policy_loss={self.policy_loss}: set algorithm.policy_loss={users[0]} or "
+                                 f"drop algorithm.{name}")
+        if self.policy_loss in ("clip_cov", "kl_cov") and (self.dual_clip is not None or self.ratio_level != "token"):
+            raise ValueError(f"algorithm.policy_loss={self.policy_loss} acts on single tokens: drop "
+                             f"algorithm.dual_clip and set algorithm.ratio_level=token")
+        unclipped = {"sapo": ("SAPO", "sapo"), "vespo": ("VESPO", "vespo"), "kl_cov": ("KL-Cov", "cov")}
+        if self.policy_loss in unclipped:
             fields = type(self).model_fields
             clipped = [k for k in ("clip_low", "clip_high", "dual_clip") if getattr(self, k) != fields[k].default]
             if clipped:
-                k = clipped[0]
-                raise ValueError(f"algorithm.{k}={getattr(self, k)} is PPO's clip, which {self.policy_loss.upper()} "
-                                 f"replaces (its shape: algorithm.{self.policy_loss}): drop algorithm.{k} or set it "
-                                 f"to its default, algorithm.{k}={fields[k].default}".replace("None", "null"))
+                k, (name, section) = clipped[0], unclipped[self.policy_loss]
+                raise ValueError(f"algorithm.{k}={getattr(self, k)} is PPO's clip, which {name} replaces (its "
+                                 f"shape: algorithm.{section}): drop algorithm.{k} or set it to its default, "
+                                 f"algorithm.{k}={fields[k].default}".replace("None", "null"))
         if self.policy_loss == "vespo" and self.ratio_level == "sequence":
             raise ValueError("algorithm.policy_loss=vespo weighs each sequence by a kernel of its own ratio (the "
                              "product of the token ratios); ratio_level=sequence is GSPO's: set "
@@ -296,7 +324,10 @@ class AlgorithmConfig(_Section):
                                  self.entropy_coef_min, self.entropy_coef_max)
 
     def loss_options(self) -> tuple[tuple[str, float], ...]:
-        """The chosen policy loss's own options (``algorithm.sapo``'s or ``algorithm.vespo``'s), by keyword."""
+        """The chosen policy loss's own options (``algorithm.sapo``'s, ``vespo``'s or ``cov``'s), by keyword."""
+        if self.policy_loss in ("clip_cov", "kl_cov"):
+            c = self.cov
+            return (("cov_ratio", c.ratio), ("cov_low", c.low), ("cov_high", c.high), ("kl_coef", c.kl_coef))
         section = {"sapo": self.sapo, "vespo": self.vespo}.get(self.policy_loss)
         return tuple(section.model_dump().items()) if section is not None else ()
 

@@ -65,6 +65,12 @@ def test_config_refusals_name_the_key_and_the_fix():
     assert "ratio_level=token" in refused("algorithm.policy_loss=vespo", "algorithm.ratio_level=sequence")
     assert "kl_coef=0" in refused("algorithm.kl_bias_correction=true")
     assert "top_entropy_quantile" in refused("algorithm.top_entropy_quantile=1.5")
+    assert "set algorithm.policy_loss=clip_cov" in refused("algorithm.cov.ratio=0.01")
+    assert "algorithm.clip_high=0.2" in refused("algorithm.policy_loss=kl_cov", "algorithm.clip_high=0.28")
+    assert "ratio_level=token" in refused("algorithm.policy_loss=clip_cov", "algorithm.ratio_level=sequence")
+    assert "below algorithm.cov.high" in refused("algorithm.policy_loss=clip_cov", "algorithm.cov.low=6")
+    assert dict(recipe_cfg("algorithm.policy_loss=kl_cov", "algorithm.cov.kl_coef=1").algorithm.loss_options()) == {
+        "cov_ratio": 0.0002, "cov_low": 1.0, "cov_high": 5.0, "kl_coef": 1.0}
     a = recipe_cfg("algorithm.policy_loss=vespo", "algorithm.vespo.lambda_pos=4").algorithm
     assert a.loss_options() == (("k_pos", 2.0), ("lambda_pos", 4.0), ("k_neg", 3.0), ("lambda_neg", 2.0))
     assert recipe_cfg().algorithm.loss_options() == ()
@@ -92,3 +98,15 @@ def test_vespo_off_policy_weighs_the_stale_batches(tmp_path, tiny_dir):
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(0 < r["actor/vespo_weight_mean"] <= 1.0 + 1e-4 for r in recs)
     assert any(r["actor/vespo_weight_mean"] < 0.9999 for r in recs[1:])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss", ["clip_cov", "kl_cov"])
+def test_the_covariance_losses_train(tmp_path, tiny_dir, loss):
+    """Two mini-batches a step (the ratio leaves 1 in the second); 10% of the tokens treated."""
+    recs = run_grpo(tmp_path, tiny_dir, f"algorithm.policy_loss={loss}", "algorithm.cov.ratio=0.1",
+                    "algorithm.cov.low=-1e9", "algorithm.cov.high=1e9", "trainer.mini_batches=2",
+                    "reward.verifier=user", "reward.user_fn=dataflow_rewards:by_length")
+    assert [r["step"] for r in recs] == [1, 2]
+    for r in recs:
+        assert 0.05 < r["actor/cov_frac"] <= 0.15 and r["actor/grad_norm"] == r["actor/grad_norm"]
