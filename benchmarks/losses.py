@@ -1,5 +1,5 @@
-"""The policy losses side by side on the demo's task: PPO (GRPO's clip), CISPO, SAPO, VESPO and PPO on the
-high-entropy 20% of tokens, from the same student, prompts, seed and learning rate.
+"""The policy losses side by side on the demo's task: PPO (GRPO's clip), CISPO, SAPO, VESPO, PPO on the
+high-entropy 20% of tokens, Clip-Cov, KL-Cov and GMPO, from the same student, prompts, seed and learning rate.
 
 The student is the demo's SFT model (``relayrl demo`` stage 2, built once into the cache by
 :mod:`demo_models`: about 10-20% greedy accuracy on held-out sums that need a carry). Each run trains
@@ -17,7 +17,7 @@ pi / mu). Run it with::
     .venv/bin/python benchmarks/losses.py --steps 80 --off-policy 2
 
 The last line printed is
-``losses: held-out accuracy after N steps: ppo A%, cispo B%, sapo C%, vespo D%, ppo-top20 E% (student S%)``.
+``losses: held-out accuracy after N steps, M mini-batches: ppo A%, cispo B%, ... (student S%)``.
 On the tiny model a few points apart are within the seed spread (``tests/workflows/test_curves.py``
 measured about 5 points of reward); the run shows every loss learns from the same start, not a ranking.
 """
@@ -39,6 +39,9 @@ VARIANTS: dict[str, list[str]] = {
     "sapo": ["algorithm.policy_loss=sapo"],
     "vespo": ["algorithm.policy_loss=vespo", "algorithm.loss_agg=token-mean"],
     "ppo-top20": ["algorithm.top_entropy_quantile=0.2"],
+    "clip_cov": ["algorithm.policy_loss=clip_cov"],
+    "kl_cov": ["algorithm.policy_loss=kl_cov"],
+    "gmpo": ["algorithm.policy_loss=gmpo", "algorithm.clip_low=0.4", "algorithm.clip_high=0.4"],
 }
 
 
@@ -74,7 +77,8 @@ def main(argv: list[str] | None = None) -> None:
         acc[name] = curve(run)
         recs = [r for r in _records(run) if r["step"] > 0]
         key = {"sapo": "actor/soft_gate_mean", "vespo": "actor/vespo_weight_mean",
-               "ppo-top20": "actor/entropy_kept_frac"}.get(name, "actor/clip_frac")
+               "ppo-top20": "actor/entropy_kept_frac", "clip_cov": "actor/cov_frac",
+               "kl_cov": "actor/cov_frac", "gmpo": "actor/seq_ratio_mean"}.get(name, "actor/clip_frac")
         vals = [r[key] for r in recs if key in r]
         extra[name] = f"{key} {sum(vals) / max(len(vals), 1):.3f}"
     steps = sorted(set().union(*(acc[n] for n in names)))

@@ -20,6 +20,7 @@ per module:
 * :mod:`~relayrl.algorithms.sapo` -- SAPO's soft-gated policy loss (Qwen)
 * :mod:`~relayrl.algorithms.vespo` -- VESPO's Gamma-kernel sequence weight for off-policy training
 * :mod:`~relayrl.algorithms.covariance` -- Clip-Cov and KL-Cov: entropy control on high-covariance tokens
+* :mod:`~relayrl.algorithms.gmpo` -- GMPO: the geometric mean of clipped token ratios
 * :mod:`~relayrl.algorithms.distill` -- on-policy distillation advantages (GKD; Thinking Machines)
 * :mod:`~relayrl.algorithms.dpo` -- DPO / IPO / hinge
 * :mod:`~relayrl.algorithms.sft` -- masked token cross-entropy
@@ -54,6 +55,7 @@ __all__ = [
     "dpo",
     "entropy",
     "gdpo",
+    "gmpo",
     "kl",
     "losses",
     "mismatch",

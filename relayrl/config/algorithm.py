@@ -223,7 +223,9 @@ class AlgorithmConfig(_Section):
         "policy gradient weighted by a Gamma kernel of the sequence ratio, for off-policy training "
         "(algorithm.vespo; W = pi / mu with old_logprobs=rollout); clip_cov and kl_cov: the entropy "
         "mechanism's Clip-Cov (PPO's clip, and a few high-covariance tokens' gradients removed) and KL-Cov (no "
-        "clip; a |log ratio| penalty on the highest-covariance tokens) (algorithm.cov)")
+        "clip; a |log ratio| penalty on the highest-covariance tokens) (algorithm.cov); gmpo: GMPO, the "
+        "geometric mean of the token ratios, each log-ratio clipped to [-clip_low, clip_high] (the paper: 0.4 "
+        "each), a sequence-level surrogate (loss_agg=seq-mean-token-mean)")
     sapo: SapoConfig = Field(SapoConfig(), description="policy_loss=sapo: the gate's temperatures")
     cov: CovConfig = Field(CovConfig(), description="policy_loss=clip_cov or kl_cov: which tokens, and the penalty")
     vespo: VespoConfig = Field(VespoConfig(), description="policy_loss=vespo: the kernel's shape")
@@ -277,9 +279,15 @@ class AlgorithmConfig(_Section):
                 raise ValueError(f"algorithm.{name}.{key} shapes the {' and '.join(users)} loss, and "
                                  f"algorithm.policy_loss={self.policy_loss}: set algorithm.policy_loss={users[0]} or "
                                  f"drop algorithm.{name}")
-        if self.policy_loss in ("clip_cov", "kl_cov") and (self.dual_clip is not None or self.ratio_level != "token"):
-            raise ValueError(f"algorithm.policy_loss={self.policy_loss} acts on single tokens: drop "
-                             f"algorithm.dual_clip and set algorithm.ratio_level=token")
+        if self.policy_loss == "gmpo" and self.loss_agg != "seq-mean-token-mean":
+            raise ValueError(f"algorithm.policy_loss=gmpo averages its sequence-level objective over sequences; "
+                             f"loss_agg={self.loss_agg} would weigh them otherwise: set "
+                             f"algorithm.loss_agg=seq-mean-token-mean")
+        if self.policy_loss in ("clip_cov", "kl_cov", "gmpo") and (self.dual_clip is not None
+                                                                  or self.ratio_level != "token"):
+            raise ValueError(f"algorithm.policy_loss={self.policy_loss} has no dual clip and takes token ratios "
+                             f"(gmpo: its own sequence ratio from them): drop algorithm.dual_clip and set "
+                             f"algorithm.ratio_level=token")
         unclipped = {"sapo": ("SAPO", "sapo"), "vespo": ("VESPO", "vespo"), "kl_cov": ("KL-Cov", "cov")}
         if self.policy_loss in unclipped:
             fields = type(self).model_fields

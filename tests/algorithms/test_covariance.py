@@ -59,3 +59,32 @@ def test_clip_cov_removes_a_drawn_unclipped_token_in_the_range():
         clip_cov_loss(lp3, OLD, ADV, MASK, cov_low=2.0, cov_high=1.0)
     with pytest.raises(ValueError, match="level 'token'"):
         kl_cov_loss(lp3, OLD, ADV, MASK, level="sequence")
+
+
+def test_gmpo_is_the_geometric_mean_of_clipped_token_ratios():
+    from relayrl.algorithms.gmpo import gmpo_loss
+
+    adv = torch.tensor([[1.0] * 6, [-2.0] * 5 + [0.0]])
+    shift = torch.tensor([[0.0, 0.6, -0.6, 0.1, 0.0, 0.0], [0.5, -0.5, 0.2, 0.0, 0.1, 3.0]])
+    lp = (OLD + shift).requires_grad_(True)
+    loss, m = gmpo_loss(lp, OLD, adv, MASK, clip_low=0.4, clip_high=0.4)
+    loss.backward()
+    # row 0 (A > 0): 0.6 is held at 0.4 (min of 0.6 and 0.4), -0.6 is not (min of -0.6 and -0.4)
+    c0 = torch.tensor([0.0, 0.4, -0.6, 0.1, 0.0, 0.0])
+    # row 1 (A < 0): -0.5 is held at -0.4 (pessimism flips with the sign), 0.5 is not
+    c1 = torch.tensor([0.5, -0.4, 0.2, 0.0, 0.1])
+    r0, r1 = torch.exp(c0.mean()), torch.exp(c1.mean())
+    assert float(loss.detach()) == pytest.approx(float((-1.0 * r0 + 2.0 * r1) / 2), rel=1e-6)
+    g0 = torch.tensor([1, 0, 1, 1, 1, 1.0]) * (-1.0 * r0 / 6) / 2  # held tokens: no gradient
+    g1 = torch.tensor([1, 0, 1, 1, 1.0]) * (2.0 * r1 / 5) / 2
+    torch.testing.assert_close(lp.grad[0], g0)
+    torch.testing.assert_close(lp.grad[1, :5], g1)
+    assert lp.grad[1, 5] == 0  # padding
+    assert m["actor/clip_frac_high"] == pytest.approx(1 / 11) and m["actor/clip_frac_low"] == pytest.approx(1 / 11)
+    # on-policy: GRPO's gradient with the per-sequence token mean
+    on, ppo = OLD.clone().requires_grad_(True), OLD.clone().requires_grad_(True)
+    gmpo_loss(on, OLD, adv, MASK)[0].backward()
+    policy_loss(ppo, OLD, adv, MASK, agg="seq-mean-token-mean")[0].backward()
+    torch.testing.assert_close(on.grad, ppo.grad)
+    with pytest.raises(ValueError, match="seq-mean-token-mean"):
+        gmpo_loss(on, OLD, adv, MASK, agg="token-mean")

@@ -69,6 +69,7 @@ def test_config_refusals_name_the_key_and_the_fix():
     assert "algorithm.clip_high=0.2" in refused("algorithm.policy_loss=kl_cov", "algorithm.clip_high=0.28")
     assert "ratio_level=token" in refused("algorithm.policy_loss=clip_cov", "algorithm.ratio_level=sequence")
     assert "below algorithm.cov.high" in refused("algorithm.policy_loss=clip_cov", "algorithm.cov.low=6")
+    assert "loss_agg=seq-mean-token-mean" in refused("algorithm.policy_loss=gmpo", "algorithm.loss_agg=token-mean")
     assert dict(recipe_cfg("algorithm.policy_loss=kl_cov", "algorithm.cov.kl_coef=1").algorithm.loss_options()) == {
         "cov_ratio": 0.0002, "cov_low": 1.0, "cov_high": 5.0, "kl_coef": 1.0}
     a = recipe_cfg("algorithm.policy_loss=vespo", "algorithm.vespo.lambda_pos=4").algorithm
@@ -101,12 +102,17 @@ def test_vespo_off_policy_weighs_the_stale_batches(tmp_path, tiny_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("loss", ["clip_cov", "kl_cov"])
-def test_the_covariance_losses_train(tmp_path, tiny_dir, loss):
-    """Two mini-batches a step (the ratio leaves 1 in the second); 10% of the tokens treated."""
-    recs = run_grpo(tmp_path, tiny_dir, f"algorithm.policy_loss={loss}", "algorithm.cov.ratio=0.1",
-                    "algorithm.cov.low=-1e9", "algorithm.cov.high=1e9", "trainer.mini_batches=2",
+@pytest.mark.parametrize("loss", ["clip_cov", "kl_cov", "gmpo"])
+def test_the_covariance_losses_and_gmpo_train(tmp_path, tiny_dir, loss):
+    """Two mini-batches a step (the ratio leaves 1 in the second); Clip-Cov and KL-Cov treat 10% of the
+    tokens; GMPO's geometric-mean ratios stay near 1."""
+    cov = ["algorithm.cov.ratio=0.1", "algorithm.cov.low=-1e9", "algorithm.cov.high=1e9"] if "cov" in loss else []
+    recs = run_grpo(tmp_path, tiny_dir, f"algorithm.policy_loss={loss}", *cov, "trainer.mini_batches=2",
                     "reward.verifier=user", "reward.user_fn=dataflow_rewards:by_length")
     assert [r["step"] for r in recs] == [1, 2]
     for r in recs:
-        assert 0.05 < r["actor/cov_frac"] <= 0.15 and r["actor/grad_norm"] == r["actor/grad_norm"]
+        assert r["actor/grad_norm"] == r["actor/grad_norm"]
+        if "cov" in loss:
+            assert 0.05 < r["actor/cov_frac"] <= 0.15
+        else:
+            assert 0.5 < r["actor/seq_ratio_mean"] < 2.0
