@@ -177,6 +177,62 @@ def rloo(rewards: Tensor, group_ids: Tensor) -> Tensor:
     return adv
 
 
+def opo(rewards: Tensor, group_ids: Tensor, lengths: Tensor) -> Tensor:
+    """OPO's optimal baseline (Hao et al. 2025, "On-Policy RL with Optimal Reward Baseline"): ``r_i - b_g`` with
+    ``b_g = sum_j |y_j| r_j / sum_j |y_j|`` the length-weighted mean reward of the group (the variance-minimising
+    baseline when the gradient's norm grows with the response length); no std division.
+
+    Args:
+        rewards: ``[N]`` scalar reward per response.
+        group_ids: ``[N]`` integer id of each response's prompt group.
+        lengths: ``[N]`` response lengths in tokens.
+
+    Returns:
+        ``[N]`` advantages (0 for a group of one, whose baseline is its own reward, and for equal rewards).
+    """
+    _check_outcome(rewards, group_ids)
+    check_batch(rewards=rewards, lengths=lengths)
+    with torch.no_grad():
+        index, num_groups = group_index(group_ids)
+        x = rewards.detach().to(torch.promote_types(rewards.dtype, torch.float32))
+        w = lengths.detach().to(x.dtype).clamp(min=1.0)
+        weighted, _ = group_sum_count(w * x, index, num_groups)
+        total, _ = group_sum_count(w, index, num_groups)
+        return x - (weighted / total)[index]
+
+
+def grpo_passk(rewards: Tensor, group_ids: Tensor, *, normalize_std: bool = True, eps: float = 1e-6) -> Tensor:
+    """Pass@k advantage (Walder and Karkhanis 2025, "Pass@K Policy Optimization", arXiv 2503.19595, in verl's
+    form): only each group's best response gets an advantage, ``r_max - r_second`` (divided by the group's
+    std with ``normalize_std``); every other response gets 0, so the update pushes up the best of k samples,
+    not the average one. A tie for the best gives 0.
+
+    Args:
+        rewards: ``[N]`` scalar reward per response.
+        group_ids: ``[N]`` integer id of each response's prompt group (at least 2 responses each).
+        normalize_std, eps: as for :func:`grpo`.
+
+    Returns:
+        ``[N]`` advantages, nonzero on at most one response per group (the first of the best).
+    """
+    _check_outcome(rewards, group_ids)
+    with torch.no_grad():
+        index, num_groups = group_index(group_ids)
+        x = rewards.detach().to(torch.promote_types(rewards.dtype, torch.float32))
+        _, std, size = group_mean_std(x, index, num_groups)
+        if bool((size < 2).any()):
+            raise ValueError("grpo_passk needs at least 2 responses per group (the best against the second best)")
+        order = torch.argsort(-x, stable=True)  # best first, then grouped (stable: the best stay first)
+        order = order[torch.argsort(index[order], stable=True)]
+        first = torch.ones_like(index, dtype=torch.bool)
+        first[1:] = index[order][1:] != index[order][:-1]
+        best, second = order[first], order[first.roll(1)]  # the element after each group's first is its second
+        adv = torch.zeros_like(x)
+        gap = x[best] - x[second]
+        adv[best] = gap / (std[best] + eps) if normalize_std else gap
+    return adv
+
+
 def outcome_to_token_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
     """Place each ``rewards [N]`` on the last valid token of ``mask [N, T]``."""
     check_nonempty("rewards", rewards)

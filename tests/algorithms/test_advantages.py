@@ -219,3 +219,32 @@ def test_grpo_batch_std_by_hand():
     torch.testing.assert_close(small[2:], torch.tensor([-0.05, 0.05]) / torch.tensor([0.0, 1.0, 0.5, 0.6]).std())
     assert A.grpo_batch_std(torch.ones(3), torch.tensor([0, 0, 1])).abs().max() == 0  # all equal: 0, not NaN
     assert E.estimator("grpo-batch-std").group_relative is False  # it waits for the whole batch
+
+
+def test_opo_baseline_is_the_length_weighted_group_mean():
+    from relayrl.algorithms.advantages import opo
+    from relayrl.algorithms.estimators import compute
+
+    r = torch.tensor([1.0, 0.0, 1.0, 0.5, 0.0, 0.0, 1.0])
+    g = torch.tensor([0, 0, 0, 0, 1, 1, 1])
+    lengths = torch.tensor([2, 4, 6, 8, 3, 3, 3])
+    # group 0: (2*1 + 4*0 + 6*1 + 8*0.5) / 20 = 0.6; group 1, equal lengths: the plain mean 1/3
+    torch.testing.assert_close(opo(r, g, lengths), torch.tensor([0.4, -0.6, 0.4, -0.1, -1 / 3, -1 / 3, 2 / 3]))
+    mask = (torch.arange(8)[None] < lengths[:, None]).float()
+    adv = compute("opo", rewards=r, group_ids=g, mask=mask)
+    torch.testing.assert_close(adv[:, 0], opo(r, g, lengths))
+    assert bool((adv[mask == 0] == 0).all())
+
+
+def test_passk_advantage_goes_to_each_groups_best_response_only():
+    from relayrl.algorithms.advantages import grpo_passk
+
+    r = torch.tensor([1.0, 0.0, 1.0, 0.5, 0.0, 0.0, 1.0, 0.2, 0.9])
+    g = torch.tensor([0, 0, 0, 0, 1, 1, 1, 2, 2])
+    plain = grpo_passk(r, g, normalize_std=False)
+    # group 0: the best is tied (1.0 twice): margin 0; group 1: 1 - 0; group 2: 0.9 - 0.2 on the last
+    torch.testing.assert_close(plain, torch.tensor([0.0, 0, 0, 0, 0, 0, 1.0, 0, 0.7]))
+    scaled = grpo_passk(r, g)
+    assert scaled[6] == pytest.approx(1.0 / (torch.tensor([0.0, 0.0, 1.0]).std().item() + 1e-6))
+    with pytest.raises(ValueError, match="at least 2 responses per group"):
+        grpo_passk(torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0, 0, 1]))

@@ -116,3 +116,11 @@ def test_the_covariance_losses_and_gmpo_train(tmp_path, tiny_dir, loss):
             assert 0.05 < r["actor/cov_frac"] <= 0.15
         else:
             assert 0.5 < r["actor/seq_ratio_mean"] < 2.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("estimator", ["opo", "grpo-passk"])
+def test_opo_and_passk_estimators_train(tmp_path, tiny_dir, estimator):
+    recs = run_grpo(tmp_path, tiny_dir, f"algorithm.advantage={estimator}", "reward.verifier=user",
+                    "reward.user_fn=dataflow_rewards:by_length")
+    assert [r["step"] for r in recs] == [1, 2] and all(r["actor/grad_norm"] > 0 for r in recs)

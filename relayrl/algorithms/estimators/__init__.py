@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from relayrl.algorithms.estimators.base import Advantages, Estimator, EstimatorInputs
 from relayrl.algorithms.estimators.gae import GAE
 from relayrl.algorithms.estimators.grpo import DRGRPO, GRPO, GRPO_BATCH_STD
+from relayrl.algorithms.estimators.opo import GRPO_PASSK, OPO
 from relayrl.algorithms.estimators.reinforce import REINFORCE_PP, REINFORCE_PP_BASELINE
 from relayrl.algorithms.estimators.remax import REMAX
 from relayrl.algorithms.estimators.rloo import RLOO
@@ -35,6 +36,8 @@ ESTIMATORS: dict[str, Estimator] = {e.name: e for e in (
     REMAX,
     GAE,
     GRPO_BATCH_STD,
+    OPO,
+    GRPO_PASSK,
 )}
 
 
