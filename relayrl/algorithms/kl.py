@@ -8,6 +8,8 @@ Per-token estimators of ``KL(pi || pi_ref)`` from samples of ``pi`` (Schulman,
 * ``"k3"`` (alias ``"low_var_kl"``) -- ``exp(-d) - 1 + d``: unbiased, >= 0;
   the GRPO KL term (Shao et al. 2024, DAPO eq. 5).
 * ``"abs"`` -- ``|d|``.
+* ``"k1+"``, ``"k3+"``, ``"abs+"`` -- the value of k1, k3 or abs with the gradient of k2 (straight through):
+  as a loss term, the expected gradient of k1 and k3 is not the gradient of ``KL(pi || pi_ref)``; k2's is.
 
 The KL is used either as a loss term (:func:`kl_loss`, GRPO) or folded into
 the per-token reward (:func:`kl_penalty_rewards`, PPO-RLHF as in Ouyang et al.
@@ -39,12 +41,14 @@ _K3_CLAMP = 10.0
 
 
 def canonical_kind(kind: str) -> str:
-    """Map an alias (``"mse"``, ``"low_var_kl"``) to its canonical kind name."""
-    name = KL_ALIASES.get(kind, kind)
+    """Map an alias (``"mse"``, ``"low_var_kl"``) to its canonical kind name; a ``"+"`` suffix stays
+    (``"low_var_kl+"`` is ``"k3+"``: :func:`kl_estimate`'s straight-through form)."""
+    base, plus = (kind[:-1], "+") if kind.endswith("+") else (kind, "")
+    name = KL_ALIASES.get(base, base)
     if name not in KL_KINDS:
-        valid = ", ".join(KL_KINDS + tuple(KL_ALIASES))
+        valid = ", ".join(KL_KINDS + tuple(KL_ALIASES) + tuple(f"{k}+" for k in KL_KINDS))
         raise ValueError(f"unknown KL estimator {kind!r}; valid kinds: {valid}")
-    return name
+    return name + plus
 
 
 def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, kind: str) -> Tensor:
@@ -53,10 +57,16 @@ def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, kind: str) -> Tensor:
     Args:
         logprobs: ``[B, T]`` log-probs of the sampled tokens under the policy.
         ref_logprobs: ``[B, T]`` log-probs of the same tokens under the reference.
-        kind: ``"k1"``, ``"k2"``/``"mse"``, ``"k3"``/``"low_var_kl"`` or ``"abs"``.
+        kind: ``"k1"``, ``"k2"``/``"mse"``, ``"k3"``/``"low_var_kl"`` or ``"abs"``; with a ``"+"`` (``"k3+"``)
+            the estimate's value with k2's gradient, ``d * grad log pi``: k1's and k3's expected gradients are
+            not the KL's gradient, k2's is (for samples of pi; verl's ``+`` forms, after Schulman's note).
     """
     name = canonical_kind(kind)
     check_batch(logprobs=logprobs, ref_logprobs=ref_logprobs)
+    if name.endswith("+"):  # the estimate's value, k2's gradient (straight through)
+        value = kl_estimate(logprobs.detach(), ref_logprobs, name[:-1])
+        k2 = kl_estimate(logprobs, ref_logprobs, "k2")
+        return value + (k2 - k2.detach())
     d = logprobs - ref_logprobs
     if name == "k1":
         return d

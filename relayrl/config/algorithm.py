@@ -175,9 +175,11 @@ class AlgorithmConfig(_Section):
                                     "kl_in_reward); logged as actor/kl_coef and checkpointed. null: kl_coef fixed")
     kl_horizon: int = Field(10_000, ge=1, description="adaptive KL: samples (responses) over which the "
                             "coefficient moves by the clipped relative error (Ziegler et al.: 10000)")
-    kl_kind: Literal["k1", "k2", "k3", "abs", "mse", "low_var_kl"] = Field(
+    kl_kind: Literal["k1", "k2", "k3", "abs", "mse", "low_var_kl", "k1+", "k3+", "abs+", "low_var_kl+"] = Field(
         "k3", description="per-token estimator of KL(pi || pi_ref), Schulman's: with d = log pi - log pi_ref, "
-        "k1 = d, k2 = d^2 / 2, k3 = e^-d - 1 + d, abs = |d|; mse and low_var_kl are verl's names for k2 and k3")
+        "k1 = d, k2 = d^2 / 2, k3 = e^-d - 1 + d, abs = |d|; mse and low_var_kl are verl's names for k2 and k3. "
+        "A + (k3+, verl's low_var_kl+): the value of that estimate with k2's gradient, d * grad log pi (straight "
+        "through), the KL's own gradient, which k1's and k3's are not in expectation; a loss term only")
     kl_in_reward: bool = Field(False, description="KL as a per-token reward penalty instead of a loss term")
     entropy_coef: float = Field(0.0, ge=0.0, description="entropy bonus: the loss subtracts entropy_coef x the "
                                 "policy's token entropy (actor/entropy is logged either way); with "
@@ -252,6 +254,10 @@ class AlgorithmConfig(_Section):
             raise ValueError(f"algorithm.kl_in_reward=true puts the KL into per-token rewards, which only the "
                              f"token-level estimators read; set algorithm.advantage={readers} (got "
                              f"{self.advantage!r}) or use the KL as a loss term (kl_in_reward=false)")
+        if self.kl_in_reward and self.kl_kind.endswith("+"):
+            raise ValueError(f"algorithm.kl_kind={self.kl_kind} changes the gradient of the KL loss term; with "
+                             f"kl_in_reward=true the KL is a reward, which has none: use algorithm.kl_kind="
+                             f"{self.kl_kind[:-1]}")
         if self.kl_in_reward and self.kl_coef == 0:
             raise ValueError("algorithm.kl_in_reward=true needs algorithm.kl_coef > 0")
         if self.kl_target is not None and self.kl_coef == 0:

@@ -101,3 +101,18 @@ def test_kl_controller_from_config_values_and_its_state_round_trip():
     assert fixed.value == 0.3 and fixed.last_kl == 0.5
     with pytest.raises(ValueError, match="finite number >= 0"):
         again.load_state_dict({"coef": float("nan")})
+
+
+def test_plus_forms_keep_the_value_and_take_k2s_gradient():
+    from relayrl.algorithms.kl import canonical_kind, kl_estimate
+
+    ref = torch.tensor([[-1.0, -2.0, -0.5]])
+    for kind in ("k3+", "low_var_kl+", "k1+", "abs+"):
+        lp = torch.tensor([[-1.3, -1.0, -0.5]], requires_grad=True)
+        est = kl_estimate(lp, ref, kind)
+        torch.testing.assert_close(est, kl_estimate(lp.detach(), ref, kind.rstrip("+")))
+        est.sum().backward()
+        torch.testing.assert_close(lp.grad, (lp - ref).detach())  # d(d^2 / 2) / d log pi = d
+    assert canonical_kind("low_var_kl+") == "k3+"
+    with pytest.raises(ValueError, match="k3\\+"):
+        canonical_kind("k9+")

@@ -64,6 +64,8 @@ def test_config_refusals_name_the_key_and_the_fix():
     assert "algorithm.dual_clip=null" in refused("algorithm.policy_loss=vespo", "algorithm.dual_clip=3")
     assert "ratio_level=token" in refused("algorithm.policy_loss=vespo", "algorithm.ratio_level=sequence")
     assert "kl_coef=0" in refused("algorithm.kl_bias_correction=true")
+    assert "use algorithm.kl_kind=k3" in refused("algorithm.advantage=reinforce++", "algorithm.kl_in_reward=true",
+                                                 "algorithm.kl_coef=0.1", "algorithm.kl_kind=k3+")
     assert "top_entropy_quantile" in refused("algorithm.top_entropy_quantile=1.5")
     assert "set algorithm.policy_loss=clip_cov" in refused("algorithm.cov.ratio=0.01")
     assert "algorithm.clip_high=0.2" in refused("algorithm.policy_loss=kl_cov", "algorithm.clip_high=0.28")
@@ -82,7 +84,7 @@ def test_config_refusals_name_the_key_and_the_fix():
 def test_sapo_with_forking_tokens_and_the_unbiased_kl_trains(tmp_path, tiny_dir):
     recs = run_grpo(tmp_path, tiny_dir, "algorithm.policy_loss=sapo", "algorithm.top_entropy_quantile=0.2",
                 "reward.verifier=user", "reward.user_fn=dataflow_rewards:by_length",
-                "algorithm.kl_coef=0.01", "algorithm.kl_bias_correction=true")
+                "algorithm.kl_coef=0.01", "algorithm.kl_bias_correction=true", "algorithm.kl_kind=k3+")
     assert [r["step"] for r in recs] == [1, 2]
     for r in recs:
         assert 0 < r["actor/entropy_kept_frac"] < 0.5 and 0 < r["actor/soft_gate_mean"] <= 1.0 + 1e-6
