@@ -198,6 +198,9 @@ class AlgorithmConfig(_Section):
                                    "linearly over the last algorithm.overlong_cache tokens before "
                                    "rollout.max_new_tokens")
     overlong_cache: int = Field(4, ge=1, description="tokens before max_new_tokens where the soft penalty starts")
+    overlong_penalty: float = Field(1.0, gt=0.0, description="overlong_shaping: the penalty at max_new_tokens (it "
+                                    "rises linearly to this over overlong_cache tokens; DAPO's 1, verl's "
+                                    "overlong_buffer.penalty_factor)")
     overlong_filter: bool = Field(False, description="mask truncated responses out of the loss")
     dynamic_sampling: bool = Field(False, description="drop groups whose rewards are all equal (and resample prompts)")
     max_resample_rounds: int = Field(3, ge=0, description="dynamic sampling: generation rounds after the first, on "

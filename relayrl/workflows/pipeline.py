@@ -142,7 +142,8 @@ class GRPOPipeline:
         a = self.cfg.algorithm
         if not a.overlong_shaping:
             return scores.clone()
-        return scores + overlong_penalty(lengths, self.cfg.rollout.max_new_tokens, a.overlong_cache)
+        return scores + a.overlong_penalty * overlong_penalty(lengths, self.cfg.rollout.max_new_tokens,
+                                                              a.overlong_cache)
 
     # ---------------------------------------------------------------- the step
     def step(self, step: int) -> dict[str, float]:

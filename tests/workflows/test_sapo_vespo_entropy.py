@@ -126,3 +126,16 @@ def test_opo_and_passk_estimators_train(tmp_path, tiny_dir, estimator):
     recs = run_grpo(tmp_path, tiny_dir, f"algorithm.advantage={estimator}", "reward.verifier=user",
                     "reward.user_fn=dataflow_rewards:by_length")
     assert [r["step"] for r in recs] == [1, 2] and all(r["actor/grad_norm"] > 0 for r in recs)
+
+
+@pytest.mark.slow
+def test_the_overlong_penalty_is_scaled_by_its_factor(tmp_path, tiny_dir):
+    """A constant reward 1 and a ramp over the whole length (max_new_tokens=8, cache 7: from 1 token on), so the
+    mean shaped reward is 1 + factor * (1 - mean length) / 7 (DAPO eq. 13 times verl's penalty_factor)."""
+    (tmp_path / "one.py").write_text("def one(prompts, responses, answers):\n    return [1.0] * len(responses)\n")
+    recs = run_grpo(tmp_path / "run", tiny_dir, "trainer.steps=1", "reward.verifier=user",
+                    f"reward.user_fn={tmp_path}/one.py:one", "algorithm.overlong_shaping=true",
+                    "algorithm.overlong_cache=7", "algorithm.overlong_penalty=0.5")
+    r = recs[0]
+    assert r["reward/mean"] == pytest.approx(1 + 0.5 * (1 - r["response/length_mean"]) / 7, abs=1e-5)
+    assert r["reward/mean"] < 1.0
