@@ -339,6 +339,9 @@ class RMConfig(_Section):
 
 class EvalConfig(_Section):
     every: int = Field(0, ge=0, description="evaluate every N steps (0: only before and after training)")
+    before_training: bool = Field(True, description="evaluate the starting model (step 0) before the first step "
+                                  "(verl's val_before_train); false: the first evaluation is at step eval.every, "
+                                  "or at the end")
     size: int = Field(200, ge=1, description="held-out prompts")
     stop_at: float | None = Field(None, ge=0.0, le=1.0, description="stop early once held-out accuracy reaches this "
                                   "(checked at eval steps; the model is saved as at the last step)")

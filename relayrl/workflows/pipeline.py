@@ -304,7 +304,7 @@ class GRPOPipeline:
         benchmarks that drive :meth:`step` themselves)."""
         self.restore()
         self.s.open_telemetry(self.cfg.trainer.steps, KEY_METRICS)
-        if self.s.start_step == 0:
+        if self.s.start_step == 0 and self.cfg.eval.before_training:
             self.s.tracker.log(0, self.evaluate(0))
         return self.s.steps()
 

@@ -288,7 +288,7 @@ class Session(EvalSession):
             try:
                 restore()
                 self.open_telemetry(self.cfg.trainer.steps, key_metrics)
-                if self.start_step == 0:
+                if self.start_step == 0 and self.cfg.eval.before_training:
                     self.tracker.log(0, evaluate(0))
                 for s in self.steps():
                     metrics = step(s)

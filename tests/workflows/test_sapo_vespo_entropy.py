@@ -139,3 +139,12 @@ def test_the_overlong_penalty_is_scaled_by_its_factor(tmp_path, tiny_dir):
     r = recs[0]
     assert r["reward/mean"] == pytest.approx(1 + 0.5 * (1 - r["response/length_mean"]) / 7, abs=1e-5)
     assert r["reward/mean"] < 1.0
+
+
+@pytest.mark.slow
+def test_the_starting_models_evaluation_can_be_skipped(tmp_path, tiny_dir):
+    import json
+
+    run_grpo(tmp_path, tiny_dir, "trainer.steps=1", "eval.before_training=false")
+    recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert [r["step"] for r in recs] == [1] and "eval/accuracy" in recs[0]  # evaluated at the end only
