@@ -67,11 +67,15 @@ def test_a_built_in_verifier_has_no_functions_to_normalise():
     assert "reward.user_fn names 0" in err, err
 
 
-@pytest.mark.parametrize("advantage", ["gae", "remax", "reinforce++"])
+@pytest.mark.parametrize("advantage", ["gae", "remax", "reinforce++", "grpo-passk"])
 def test_estimators_that_do_not_compare_a_reward_with_its_group_are_refused(advantage):
+    from relayrl.algorithms.estimators import ESTIMATORS
+
+    fits = [n for n, e in ESTIMATORS.items() if e.group_baseline]
+    assert {"grpo", "drgrpo", "rloo", "reinforce++-baseline", "grpo-batch-std", "opo"} == set(fits)
     err = _refused(*TWO, f"algorithm.advantage={advantage}")
-    assert f"algorithm.advantage={advantage} does not compare a reward with its group's: use one of grpo, drgrpo, " \
-           f"rloo, reinforce++-baseline, grpo-batch-std (grpo-batch-std is TRL's and the GDPO paper's)" in err, err
+    assert f"algorithm.advantage={advantage} does not compare a reward with its group's: use one of " \
+           f"{', '.join(fits)} (grpo-batch-std is TRL's and the GDPO paper's)" in err, err
 
 
 def test_a_length_penalty_outside_the_functions_other_workflows_and_episodes_are_refused():
