@@ -21,32 +21,17 @@ from __future__ import annotations
 
 import torch
 
-from relayrl.algorithms._checks import check_batch, check_ndim, to_floats
+from relayrl.algorithms._checks import to_floats
 from relayrl.algorithms._ops import masked_mean
-from relayrl.algorithms.aggregation import aggregate
-from relayrl.algorithms.ratio import ratio_metrics, ratio_terms
+from relayrl.algorithms.ratio import LossArgs, ratio_metrics, ratio_terms
 
 Tensor = torch.Tensor
 
 __all__ = ["cispo_loss"]
 
 
-def cispo_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip: float | None = None,
-    agg: str = "token-mean",
-    level: str = "token",
-    is_weights: Tensor | None = None,
-    global_tokens: int | None = None,
-    global_seqs: int | None = None,
-    constant: float | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+def cispo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+               **common) -> tuple[Tensor, dict[str, float]]:
     """The CISPO loss (to minimise) and its metrics.
 
     Args:
@@ -54,12 +39,8 @@ def cispo_loss(
         old_logprobs: ``[B, T]`` log-probs under ``pi_old`` (detached here).
         advantages: ``[B, T]`` per-token advantages (detached here).
         mask: ``[B, T]`` 1 on valid response tokens.
-        clip_low, clip_high: the weight is clipped to ``[1 - clip_low, 1 + clip_high]``.
-        dual_clip, level: :func:`~relayrl.algorithms.losses.policy_loss`'s options, accepted so that both
-            losses take the same arguments; only ``None`` and ``"token"`` are valid (CISPO has neither).
-        agg: aggregation mode (:data:`relayrl.algorithms.aggregation.AGG_MODES`).
-        is_weights: ``[B, T]`` further factors on the token loss (a rollout correction, detached).
-        global_tokens, global_seqs, constant: normalisers for :func:`aggregate`.
+        common: :class:`~relayrl.algorithms.ratio.LossArgs`; the weight is clipped to
+            ``[1 - clip_low, 1 + clip_high]``; no dual clip, token level only.
 
     Returns:
         ``(loss, metrics)``; metrics: ``actor/pg_loss``, ``actor/clip_frac_low`` / ``_high`` (tokens whose
@@ -67,24 +48,15 @@ def cispo_loss(
         gradient), ``actor/clip_frac``, ``actor/approx_kl`` (k3 of ``KL(pi_old || pi)``),
         ``actor/ratio_mean``, ``actor/ratio_max``, ``actor/ratio_min``.
     """
-    check_ndim("logprobs", logprobs, 2)
-    check_batch(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask, is_weights=is_weights)
-    if not 0 <= clip_low < 1:
-        raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
-    if clip_high < 0:
-        raise ValueError(f"clip_high must be >= 0, got {clip_high}")
-    if dual_clip is not None or level != "token":
-        raise ValueError(f"CISPO clips each token's own weight: dual_clip must be None and level 'token' (got "
-                         f"{dual_clip!r}, {level!r})")
+    c = LossArgs.of("CISPO", common, clip=True)
+    LossArgs.check(logprobs, old_logprobs, advantages, mask, c.is_weights)
+    clip_low, clip_high = c.clip_low, c.clip_high
     t = ratio_terms(logprobs, old_logprobs, advantages, mask)
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     with torch.no_grad():
         ratio = t.ratio.detach()
         weight = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-        if is_weights is not None:
-            weight = weight * is_weights.detach().to(weight.dtype)
-    pg = -weight * t.adv * torch.where(t.valid, logprobs, zero)
-    loss = aggregate(pg, mask, agg, global_tokens=global_tokens, global_seqs=global_seqs, constant=constant)
+    loss = c.reduce(-weight * t.adv * torch.where(t.valid, logprobs, zero), mask)
     with torch.no_grad():
         low = (ratio < 1.0 - clip_low) & t.valid
         high = (ratio > 1.0 + clip_high) & t.valid

@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import torch
 
-from relayrl.algorithms._checks import check_batch, check_ndim, to_floats
+from relayrl.algorithms._checks import to_floats
 from relayrl.algorithms._ops import masked_mean
-from relayrl.algorithms.aggregation import aggregate
-from relayrl.algorithms.ratio import ratio_metrics, ratio_terms
+from relayrl.algorithms.ratio import LossArgs, ratio_metrics, ratio_terms
 
 Tensor = torch.Tensor
 
@@ -45,46 +44,25 @@ def _chosen(count: int, ratio: float) -> int:
     return max(int(ratio * count), 1)
 
 
-def clip_cov_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip: float | None = None,
-    agg: str = "token-mean",
-    level: str = "token",
-    is_weights: Tensor | None = None,
-    global_tokens: int | None = None,
-    global_seqs: int | None = None,
-    constant: float | None = None,
-    cov_ratio: float = 0.0002,
-    cov_low: float = 1.0,
-    cov_high: float = 5.0,
-    kl_coef: float = 0.1,
-) -> tuple[Tensor, dict[str, float]]:
+def clip_cov_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
+                  cov_ratio: float = 0.0002, cov_low: float = 1.0, cov_high: float = 5.0, kl_coef: float = 0.1,
+                  **common) -> tuple[Tensor, dict[str, float]]:
     """Clip-Cov (to minimise) and its metrics.
 
     Args:
         logprobs, old_logprobs, advantages, mask: as for :func:`~relayrl.algorithms.losses.policy_loss`.
-        clip_low, clip_high, agg, is_weights: the same.
-        global_tokens, global_seqs, constant: the same.
-        dual_clip, level: accepted so that every policy loss takes the same arguments: ``None`` and ``"token"``.
         cov_ratio: the fraction of valid tokens whose loss is removed.
         cov_low, cov_high: the covariance range a removed token is drawn from.
-        kl_coef: KL-Cov's; not used here (every policy loss of this module takes the same options).
+        kl_coef: KL-Cov's; not used here (both losses of this module take the same options).
+        common: :class:`~relayrl.algorithms.ratio.LossArgs` (PPO's clip bounds; token level, no dual clip).
 
     Returns:
         ``(loss, metrics)``; metrics: ``actor/pg_loss``, ``actor/clip_frac_low``/``_high``/``actor/clip_frac``
         (PPO's clip), ``actor/cov_frac`` (tokens removed), ``actor/approx_kl``, ``actor/ratio_*``.
     """
-    check_ndim("logprobs", logprobs, 2)
-    check_batch(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask, is_weights=is_weights)
-    if dual_clip is not None or level != "token":
-        raise ValueError(f"Clip-Cov is a token-level loss without dual clip: dual_clip must be None and level "
-                         f"'token' (got {dual_clip!r}, {level!r})")
+    c = LossArgs.of("Clip-Cov", common, clip=True)
+    LossArgs.check(logprobs, old_logprobs, advantages, mask, c.is_weights)
+    clip_low, clip_high = c.clip_low, c.clip_high
     if not 0 < cov_ratio <= 1 or cov_low >= cov_high:
         raise ValueError(f"Clip-Cov needs 0 < cov_ratio <= 1 and cov_low < cov_high, got {cov_ratio}, "
                          f"[{cov_low}, {cov_high}]")
@@ -100,10 +78,7 @@ def clip_cov_loss(
             n = min(_chosen(int(t.valid.sum()), cov_ratio), len(candidates))
             pick = candidates[torch.randperm(len(candidates), device=candidates.device)[:n]]
             keep[pick[:, 0], pick[:, 1]] = 0.0
-    pg = torch.maximum(unclipped, clipped) * keep
-    if is_weights is not None:
-        pg = pg * is_weights.detach().to(pg.dtype)
-    loss = aggregate(pg, mask, agg, global_tokens=global_tokens, global_seqs=global_seqs, constant=constant)
+    loss = c.reduce(torch.maximum(unclipped, clipped) * keep, mask)
     with torch.no_grad():
         r = t.ratio.detach()
         low = (r < 1.0 - clip_low) & (t.adv < 0) & t.valid
@@ -119,47 +94,25 @@ def clip_cov_loss(
     return loss, to_floats(metrics)
 
 
-def kl_cov_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip: float | None = None,
-    agg: str = "token-mean",
-    level: str = "token",
-    is_weights: Tensor | None = None,
-    global_tokens: int | None = None,
-    global_seqs: int | None = None,
-    constant: float | None = None,
-    cov_ratio: float = 0.0002,
-    cov_low: float = 1.0,
-    cov_high: float = 5.0,
-    kl_coef: float = 0.1,
-) -> tuple[Tensor, dict[str, float]]:
+def kl_cov_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
+                cov_ratio: float = 0.0002, cov_low: float = 1.0, cov_high: float = 5.0, kl_coef: float = 0.1,
+                **common) -> tuple[Tensor, dict[str, float]]:
     """KL-Cov (to minimise) and its metrics.
 
     Args:
         logprobs, old_logprobs, advantages, mask: as for :func:`~relayrl.algorithms.losses.policy_loss`.
-        agg, is_weights: the same.
-        global_tokens, global_seqs, constant: the same.
-        clip_low, clip_high, dual_clip, level: PPO's clip, which KL-Cov replaces: the bounds are not used,
-            ``dual_clip`` must be ``None`` and ``level`` ``"token"``.
         cov_ratio: the fraction of valid tokens, the largest covariances, that take the penalty.
         kl_coef: the penalty's weight on ``|log r|``.
         cov_low, cov_high: Clip-Cov's; not used here.
+        common: :class:`~relayrl.algorithms.ratio.LossArgs`, token level; the clip bounds are not used (KL-Cov
+            has no clip) and there is no dual clip.
 
     Returns:
         ``(loss, metrics)``; metrics: ``actor/pg_loss``, ``actor/cov_frac`` (tokens penalised),
         ``actor/approx_kl``, ``actor/ratio_*``.
     """
-    check_ndim("logprobs", logprobs, 2)
-    check_batch(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask, is_weights=is_weights)
-    if dual_clip is not None or level != "token":
-        raise ValueError(f"KL-Cov is a token-level loss without a clip: dual_clip must be None and level 'token' "
-                         f"(got {dual_clip!r}, {level!r})")
+    c = LossArgs.of("KL-Cov", common)
+    LossArgs.check(logprobs, old_logprobs, advantages, mask, c.is_weights)
     if not 0 < cov_ratio <= 1 or kl_coef < 0:
         raise ValueError(f"KL-Cov needs 0 < cov_ratio <= 1 and kl_coef >= 0, got {cov_ratio}, {kl_coef}")
     t = ratio_terms(logprobs, old_logprobs, advantages, mask)
@@ -170,10 +123,7 @@ def kl_cov_loss(
         if valid:
             top = torch.topk(cov, min(_chosen(valid, cov_ratio), valid)).indices
             penalised.view(-1)[top] = 1.0
-    pg = -t.adv * t.ratio + kl_coef * penalised * t.log_ratio.abs()
-    if is_weights is not None:
-        pg = pg * is_weights.detach().to(pg.dtype)
-    loss = aggregate(pg, mask, agg, global_tokens=global_tokens, global_seqs=global_seqs, constant=constant)
+    loss = c.reduce(-t.adv * t.ratio + kl_coef * penalised * t.log_ratio.abs(), mask)
     with torch.no_grad():
         metrics = {"actor/pg_loss": loss.detach(), "actor/cov_frac": masked_mean(penalised, t.m), **ratio_metrics(t)}
     return loss, to_floats(metrics)

@@ -23,53 +23,35 @@ from __future__ import annotations
 
 import torch
 
-from relayrl.algorithms._checks import check_batch, check_ndim, to_floats
+from relayrl.algorithms._checks import to_floats
 from relayrl.algorithms._ops import LOG_CLAMP, masked_mean
-from relayrl.algorithms.aggregation import aggregate
-from relayrl.algorithms.ratio import ratio_metrics, ratio_terms
+from relayrl.algorithms.ratio import LossArgs, ratio_metrics, ratio_terms
 
 Tensor = torch.Tensor
 
 __all__ = ["gmpo_loss"]
 
 
-def gmpo_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    clip_low: float = 0.4,
-    clip_high: float = 0.4,
-    dual_clip: float | None = None,
-    agg: str = "seq-mean-token-mean",
-    level: str = "token",
-    is_weights: Tensor | None = None,
-    global_tokens: int | None = None,
-    global_seqs: int | None = None,
-    constant: float | None = None,
-) -> tuple[Tensor, dict[str, float]]:
+def gmpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+              **common) -> tuple[Tensor, dict[str, float]]:
     """The GMPO loss (to minimise) and its metrics.
 
     Args:
         logprobs, old_logprobs, advantages, mask: as for :func:`~relayrl.algorithms.losses.policy_loss`.
-        clip_low, clip_high: bounds of each token's log-ratio, ``[-clip_low, clip_high]``.
-        agg: ``"seq-mean-token-mean"`` (GMPO's mean over sequences), the only one accepted.
-        is_weights, global_tokens, global_seqs, constant: as for
-            :func:`~relayrl.algorithms.losses.policy_loss`.
-        dual_clip, level: accepted so that every policy loss takes the same arguments: ``None`` and ``"token"``
-            (the sequence ratio is GMPO's own).
+        common: :class:`~relayrl.algorithms.ratio.LossArgs`: ``clip_low``, ``clip_high`` bound each token's
+            log-ratio, ``[-clip_low, clip_high]`` (default 0.4 each, the paper's); ``agg`` must be
+            ``"seq-mean-token-mean"`` (GMPO's mean over sequences, the default here); token level (the sequence
+            ratio is GMPO's own), no dual clip.
 
     Returns:
         ``(loss, metrics)``; metrics: ``actor/pg_loss``, ``actor/clip_frac_low`` / ``_high`` / ``actor/clip_frac``
         (tokens whose log-ratio the clip held, with a negative / positive advantage), ``actor/seq_ratio_mean``
         (the geometric means), ``actor/approx_kl``, ``actor/ratio_*`` (token ratios).
     """
-    check_ndim("logprobs", logprobs, 2)
-    check_batch(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask, is_weights=is_weights)
-    if dual_clip is not None or level != "token" or agg != "seq-mean-token-mean":
-        raise ValueError(f"GMPO is a sequence-level objective averaged over sequences: dual_clip must be None, level "
-                         f"'token' and agg 'seq-mean-token-mean' (got {dual_clip!r}, {level!r}, {agg!r})")
+    common = {"agg": "seq-mean-token-mean", "clip_low": 0.4, "clip_high": 0.4, **common}  # (the paper's)
+    c = LossArgs.of("GMPO", common, aggs=("seq-mean-token-mean",))
+    LossArgs.check(logprobs, old_logprobs, advantages, mask, c.is_weights)
+    clip_low, clip_high = c.clip_low, c.clip_high
     if clip_low < 0 or clip_high < 0:
         raise ValueError(f"GMPO's log-ratio bounds must be >= 0, got {clip_low}, {clip_high}")
     t = ratio_terms(logprobs, old_logprobs, advantages, mask)
@@ -79,10 +61,7 @@ def gmpo_loss(
     n = t.m.sum(dim=1).clamp(min=1.0)
     seq_ratio = torch.exp(((pessimistic * t.m).sum(dim=1) / n).clamp(-LOG_CLAMP, LOG_CLAMP))
     seq_adv = (t.adv * t.m).sum(dim=1) / n
-    pg = (-seq_adv * seq_ratio).unsqueeze(1) * t.m  # the sequence's loss on each of its tokens
-    if is_weights is not None:
-        pg = pg * is_weights.detach().to(pg.dtype)
-    loss = aggregate(pg, mask, agg, global_tokens=global_tokens, global_seqs=global_seqs, constant=constant)
+    loss = c.reduce((-seq_adv * seq_ratio).unsqueeze(1) * t.m, mask)  # the sequence's loss on each of its tokens
     with torch.no_grad():
         clipped = (pessimistic != t.log_ratio) & t.valid  # the clip took the token (its gradient is 0)
         low, high = clipped & (t.adv < 0), clipped & (t.adv > 0)

@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import torch
 
-from relayrl.algorithms._checks import check_batch, check_ndim, to_floats
+from relayrl.algorithms._checks import to_floats
 from relayrl.algorithms._ops import masked_mean
 from relayrl.algorithms.aggregation import AGG_MODES, aggregate, count_tokens_and_seqs
 from relayrl.algorithms.names import POLICY_LOSS_NAMES
-from relayrl.algorithms.ratio import LEVELS, ratio_metrics, ratio_terms
+from relayrl.algorithms.ratio import LEVELS, LossArgs, ratio_metrics, ratio_terms
 
 Tensor = torch.Tensor
 
@@ -86,15 +86,10 @@ def policy_loss(
         ``KL(pi_old || pi)``), ``actor/ratio_mean``, ``actor/ratio_max``,
         ``actor/ratio_min``.
     """
-    check_ndim("logprobs", logprobs, 2)
-    check_batch(
-        logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask,
-        is_weights=is_weights,
-    )
-    if clip_low < 0 or clip_low >= 1:
-        raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
-    if clip_high < 0:
-        raise ValueError(f"clip_high must be >= 0, got {clip_high}")
+    c = LossArgs.of("PPO", dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, agg=agg, level=level,
+                                is_weights=is_weights, global_tokens=global_tokens, global_seqs=global_seqs,
+                                constant=constant), levels=LEVELS, dual_clip=True, clip=True)
+    LossArgs.check(logprobs, old_logprobs, advantages, mask, is_weights)
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")
 
@@ -108,11 +103,7 @@ def policy_loss(
         dual_bound = -adv * dual_clip
         dual_active = (adv < 0) & (pg > dual_bound) & valid
         pg = torch.where(adv < 0, torch.minimum(pg, dual_bound), pg)
-    if is_weights is not None:
-        pg = pg * is_weights.detach().to(pg.dtype)
-    loss = aggregate(
-        pg, mask, agg, global_tokens=global_tokens, global_seqs=global_seqs, constant=constant
-    )
+    loss = c.reduce(pg, mask)
 
     with torch.no_grad():
         r = ratio.detach()
@@ -142,5 +133,6 @@ def _policy_losses() -> dict:
 
 
 POLICY_LOSSES: dict = _policy_losses()
-"""``algorithm.policy_loss`` -> the loss function; every one takes :func:`policy_loss`'s arguments (and its own
-options by keyword: SAPO's temperatures, VESPO's kernel, Clip-Cov's and KL-Cov's token selection)."""
+"""``algorithm.policy_loss`` -> the loss function; every one takes :func:`policy_loss`'s arguments (the others as
+``**common``: :class:`~relayrl.algorithms.ratio.LossArgs`) and its own options by keyword (SAPO's temperatures,
+VESPO's kernel, Clip-Cov's and KL-Cov's token selection)."""

@@ -1,4 +1,5 @@
-"""The importance ratio ``pi / pi_old`` of the sampled tokens, as every policy loss takes it, and its metrics.
+"""The importance ratio ``pi / pi_old`` of the sampled tokens, as every policy loss takes it, its metrics, and the
+arguments every policy loss shares (:class:`LossArgs`).
 
 Token level (PPO): ``log r_t = log pi(y_t) - log pi_old(y_t)``. Sequence level (GSPO, Zheng et al. 2025): the
 length-normalised sequence ratio ``s_i = exp(mean_t log r_t)`` in its "GSPO-token" form
@@ -10,12 +11,15 @@ from __future__ import annotations
 
 import torch
 
-from relayrl.algorithms._checks import as_float_mask
+from dataclasses import dataclass, fields
+
+from relayrl.algorithms._checks import as_float_mask, check_batch, check_ndim
 from relayrl.algorithms._ops import LOG_CLAMP, masked_mean
+from relayrl.algorithms.aggregation import aggregate
 
 Tensor = torch.Tensor
 
-__all__ = ["LEVELS", "RatioTerms", "ratio_terms", "ratio_metrics"]
+__all__ = ["LEVELS", "LossArgs", "RatioTerms", "ratio_terms", "ratio_metrics"]
 
 LEVELS: tuple[str, ...] = ("token", "sequence")
 
@@ -61,3 +65,66 @@ def ratio_metrics(t: RatioTerms) -> dict[str, Tensor]:
             "actor/ratio_max": r_valid.max() if r_valid.numel() else one,
             "actor/ratio_min": r_valid.min() if r_valid.numel() else one,
         }
+
+
+@dataclass(frozen=True)
+class LossArgs:
+    """The keyword arguments every policy loss of :data:`~relayrl.algorithms.losses.POLICY_LOSSES` takes besides
+    its own options (:func:`~relayrl.algorithms.losses.policy_loss` names them in its signature; the others take
+    them as ``**common`` and read them through :meth:`of`)."""
+
+    clip_low: float = 0.2
+    """the ratio's lower bound is ``1 - clip_low`` (PPO's clip; GMPO: the log-ratio's)."""
+    clip_high: float = 0.2
+    dual_clip: float | None = None
+    """dual-clip PPO's bound for negative advantages (``None``: off)."""
+    agg: str = "token-mean"
+    """aggregation mode (:data:`~relayrl.algorithms.aggregation.AGG_MODES`)."""
+    level: str = "token"
+    """``"token"`` (PPO's ratio) or ``"sequence"`` (GSPO's)."""
+    is_weights: torch.Tensor | None = None
+    """``[B, T]`` further factors on the token losses (a rollout correction, a token selection; detached)."""
+    global_tokens: int | None = None
+    global_seqs: int | None = None
+    constant: float | None = None
+    """normalisers for :func:`~relayrl.algorithms.aggregation.aggregate` (micro-batch and data-parallel
+    exactness)."""
+
+    @classmethod
+    def of(cls, loss: str, common: dict, *, levels: tuple[str, ...] = ("token",), dual_clip: bool = False,
+           aggs: tuple[str, ...] | None = None, clip: bool = False) -> "LossArgs":
+        """``common`` (a loss's ``**common``) as :class:`LossArgs`; a name it does not know is a TypeError, a
+        ``level``, ``dual_clip`` or ``agg`` the loss ``loss`` has no use for a ValueError naming it; with ``clip``
+        (the loss clips the ratio) bounds outside ``0 <= clip_low < 1``, ``clip_high >= 0`` too."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(common) - known)
+        if unknown:
+            raise TypeError(f"{loss} got unexpected keyword argument(s) {', '.join(unknown)}")
+        args = cls(**common)
+        if args.level not in levels:
+            raise ValueError(f"{loss} takes level {' or '.join(map(repr, levels))}, got {args.level!r}")
+        if args.dual_clip is not None and not dual_clip:
+            raise ValueError(f"{loss} has no dual clip: dual_clip must be None, got {args.dual_clip}")
+        if aggs is not None and args.agg not in aggs:
+            raise ValueError(f"{loss} takes agg {' or '.join(map(repr, aggs))}, got {args.agg!r}")
+        if clip and not 0 <= args.clip_low < 1:
+            raise ValueError(f"clip_low must be in [0, 1), got {args.clip_low}")
+        if clip and args.clip_high < 0:
+            raise ValueError(f"clip_high must be >= 0, got {args.clip_high}")
+        return args
+
+    @staticmethod
+    def check(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+              is_weights: torch.Tensor | None) -> None:
+        """The shapes every policy loss checks first."""
+        check_ndim("logprobs", logprobs, 2)
+        check_batch(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask,
+                    is_weights=is_weights)
+
+    def reduce(self, token_losses: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The loss: ``token_losses`` times ``is_weights`` (when given), aggregated by ``agg`` with the
+        normalisers."""
+        if self.is_weights is not None:
+            token_losses = token_losses * self.is_weights.detach().to(token_losses.dtype)
+        return aggregate(token_losses, mask, self.agg, global_tokens=self.global_tokens,
+                         global_seqs=self.global_seqs, constant=self.constant)

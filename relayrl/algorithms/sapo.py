@@ -22,63 +22,39 @@ from __future__ import annotations
 
 import torch
 
-from relayrl.algorithms._checks import check_batch, check_ndim, to_floats
+from relayrl.algorithms._checks import to_floats
 from relayrl.algorithms._ops import masked_mean
-from relayrl.algorithms.aggregation import aggregate
-from relayrl.algorithms.ratio import ratio_metrics, ratio_terms
+from relayrl.algorithms.ratio import LEVELS, LossArgs, ratio_metrics, ratio_terms
 
 Tensor = torch.Tensor
 
 __all__ = ["sapo_loss"]
 
 
-def sapo_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip: float | None = None,
-    agg: str = "seq-mean-token-mean",
-    level: str = "token",
-    is_weights: Tensor | None = None,
-    global_tokens: int | None = None,
-    global_seqs: int | None = None,
-    constant: float | None = None,
-    tau_pos: float = 1.0,
-    tau_neg: float = 1.05,
-) -> tuple[Tensor, dict[str, float]]:
+def sapo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, tau_pos: float = 1.0,
+              tau_neg: float = 1.05, **common) -> tuple[Tensor, dict[str, float]]:
     """The SAPO loss (to minimise) and its metrics.
 
     Args:
         logprobs, old_logprobs, advantages, mask: as for :func:`~relayrl.algorithms.losses.policy_loss`.
-        level, agg, is_weights: the same.
-        global_tokens, global_seqs, constant: the same.
-        clip_low, clip_high, dual_clip: PPO's clip, which the gate replaces: accepted so that every policy
-            loss takes the same arguments; the clip bounds are not used and ``dual_clip`` must be ``None``.
         tau_pos, tau_neg: the gate's temperature for tokens with a positive / non-positive advantage (> 0;
             larger fades sooner).
+        common: :class:`~relayrl.algorithms.ratio.LossArgs` (token or sequence level); the clip bounds are not
+            used (the gate replaces the clip) and there is no dual clip.
 
     Returns:
         ``(loss, metrics)``; metrics: ``actor/pg_loss``, ``actor/soft_gate_mean`` (the mean gradient gate
         ``4 p (1 - p)`` over valid tokens: 1 on-policy), ``actor/approx_kl``, ``actor/ratio_mean``,
         ``actor/ratio_max``, ``actor/ratio_min``.
     """
-    check_ndim("logprobs", logprobs, 2)
-    check_batch(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask, is_weights=is_weights)
+    c = LossArgs.of("SAPO", common, levels=LEVELS)
+    LossArgs.check(logprobs, old_logprobs, advantages, mask, c.is_weights)
     if not (tau_pos > 0 and tau_neg > 0):
         raise ValueError(f"SAPO's temperatures must be > 0, got tau_pos={tau_pos}, tau_neg={tau_neg}")
-    if dual_clip is not None:
-        raise ValueError(f"SAPO's gate has no clip to bound: dual_clip must be None, got {dual_clip}")
-    t = ratio_terms(logprobs, old_logprobs, advantages, mask, level)
+    t = ratio_terms(logprobs, old_logprobs, advantages, mask, c.level)
     tau = torch.where(t.adv > 0, tau_pos, tau_neg).to(t.ratio.dtype)
     p = torch.sigmoid(tau * (t.ratio - 1.0))
-    pg = -(4.0 / tau) * p * t.adv
-    if is_weights is not None:
-        pg = pg * is_weights.detach().to(pg.dtype)
-    loss = aggregate(pg, mask, agg, global_tokens=global_tokens, global_seqs=global_seqs, constant=constant)
+    loss = c.reduce(-(4.0 / tau) * p * t.adv, mask)
     with torch.no_grad():
         gate = 4.0 * p.detach() * (1.0 - p.detach())
         metrics = {"actor/pg_loss": loss.detach(), "actor/soft_gate_mean": masked_mean(gate, t.m), **ratio_metrics(t)}

@@ -30,10 +30,9 @@ import math
 
 import torch
 
-from relayrl.algorithms._checks import check_batch, check_ndim, to_floats
+from relayrl.algorithms._checks import to_floats
 from relayrl.algorithms._ops import LOG_CLAMP, masked_mean
-from relayrl.algorithms.aggregation import aggregate
-from relayrl.algorithms.ratio import ratio_metrics, ratio_terms
+from relayrl.algorithms.ratio import LossArgs, ratio_metrics, ratio_terms
 
 Tensor = torch.Tensor
 
@@ -52,60 +51,35 @@ def vespo_weight(log_w: Tensor, positive: Tensor, *, k_pos: float, lambda_pos: f
     return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def vespo_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip: float | None = None,
-    agg: str = "token-mean",
-    level: str = "token",
-    is_weights: Tensor | None = None,
-    global_tokens: int | None = None,
-    global_seqs: int | None = None,
-    constant: float | None = None,
-    k_pos: float = 2.0,
-    lambda_pos: float = 3.0,
-    k_neg: float = 3.0,
-    lambda_neg: float = 2.0,
-) -> tuple[Tensor, dict[str, float]]:
+def vespo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, k_pos: float = 2.0,
+               lambda_pos: float = 3.0, k_neg: float = 3.0, lambda_neg: float = 2.0,
+               **common) -> tuple[Tensor, dict[str, float]]:
     """The VESPO loss (to minimise) and its metrics.
 
     Args:
         logprobs, old_logprobs, advantages, mask: as for :func:`~relayrl.algorithms.losses.policy_loss`.
-        agg, global_tokens, global_seqs, constant: the same.
-        clip_low, clip_high, dual_clip, level: PPO's options, accepted so that every policy loss takes the same
-            arguments: the clip bounds are not used, ``dual_clip`` must be ``None`` and ``level`` ``"token"``
-            (the sequence weight is VESPO's own, the product of the token ratios).
-        is_weights: ``[B, T]`` further factors on the token loss (detached).
         k_pos, lambda_pos, k_neg, lambda_neg: the kernel's power and decay for tokens with a non-negative /
             negative advantage (``lambda > 0``, ``k >= 0``).
+        common: :class:`~relayrl.algorithms.ratio.LossArgs`, token level only (the sequence weight is VESPO's
+            own, the product of the token ratios); the clip bounds are not used and there is no dual clip.
 
     Returns:
         ``(loss, metrics)``; metrics: ``actor/pg_loss``, ``actor/vespo_weight_mean`` (``phi`` over valid
         tokens: 1 on-policy), ``actor/seq_log_ratio_mean`` (``log W`` over the rows with a valid token),
         ``actor/approx_kl``, ``actor/ratio_mean``, ``actor/ratio_max``, ``actor/ratio_min`` (token ratios).
     """
-    check_ndim("logprobs", logprobs, 2)
-    check_batch(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask, is_weights=is_weights)
+    c = LossArgs.of("VESPO", common)
+    LossArgs.check(logprobs, old_logprobs, advantages, mask, c.is_weights)
     if not (lambda_pos > 0 and lambda_neg > 0 and k_pos >= 0 and k_neg >= 0):
         raise ValueError(f"VESPO's kernel needs lambda > 0 and k >= 0, got k_pos={k_pos}, lambda_pos={lambda_pos}, "
                          f"k_neg={k_neg}, lambda_neg={lambda_neg}")
-    if dual_clip is not None or level != "token":
-        raise ValueError(f"VESPO weighs each sequence by its own kernel: dual_clip must be None and level 'token' "
-                         f"(got {dual_clip!r}, {level!r})")
     t = ratio_terms(logprobs, old_logprobs, advantages, mask)
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     with torch.no_grad():
         log_w = (t.log_ratio.detach().clamp(-LOG_CLAMP, LOG_CLAMP) * t.m).sum(dim=1, keepdim=True)
         phi = vespo_weight(log_w, t.adv >= 0, k_pos=k_pos, lambda_pos=lambda_pos, k_neg=k_neg,
                            lambda_neg=lambda_neg)
-        weight = phi if is_weights is None else phi * is_weights.detach().to(phi.dtype)
-    pg = -weight * t.adv * torch.where(t.valid, logprobs, zero)
-    loss = aggregate(pg, mask, agg, global_tokens=global_tokens, global_seqs=global_seqs, constant=constant)
+    loss = c.reduce(-phi * t.adv * torch.where(t.valid, logprobs, zero), mask)
     with torch.no_grad():
         rows = t.valid.any(dim=1)
         metrics = {
