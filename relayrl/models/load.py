@@ -153,6 +153,15 @@ def few_names(names: list[str], n: int = 5) -> str:
     return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
+def check_loaded(what: str, missing: Iterable[str], unexpected: Iterable[str]) -> None:
+    """Refuse a state (``what``: "checkpoint", ...) that left parameters of the model unloaded or held names it
+    does not have, naming a few of each."""
+    problems = [f"{kind} {few_names(names)}" for kind, names in (("missing", list(missing)),
+                                                                 ("unexpected", sorted(unexpected))) if names]
+    if problems:
+        raise ValueError(f"{what} does not match the model: {'; '.join(problems)}")
+
+
 def absent_weights(model: torch.nn.Module, present: Iterable[str]) -> list[str]:
     """The names of ``model``'s state dict that ``present`` lacks, sorted. A tied weight (one tensor under
     several names: ``lm_head.weight`` tied to ``model.embed_tokens.weight``) counts as present when any of its

@@ -38,7 +38,7 @@ from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngi
 from relayrl.environments.base import Episode
 from relayrl.environments.config import EpisodeSpec
 from relayrl.models import lora as lora_lib
-from relayrl.models.load import few_names, load_model, load_tokenizer, load_value_model, progress_bars, resolve_dtype
+from relayrl.models.load import check_loaded, load_model, load_tokenizer, load_value_model, progress_bars, resolve_dtype
 from relayrl.telemetry import memory
 from relayrl.weights import WeightReceiverMixin, gather_full_state
 from relayrl.weights.shm import pack_into_shared
@@ -93,14 +93,6 @@ def _trim_heap() -> None:
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):  # not glibc: the pages stay with the process until reused
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-def _check_loaded(what: str, missing: Sequence[str], unexpected: Sequence[str]) -> None:
-    """Refuse a state that left parameters of the model unloaded or held names it does not have."""
-    problems = [f"{kind} {few_names(names)}" for kind, names in (("missing", list(missing)),
-                                                                 ("unexpected", sorted(unexpected))) if names]
-    if problems:
-        raise ValueError(f"{what} does not match the model: {'; '.join(problems)}")
 
 
 class _MemoryProbe:
@@ -249,7 +241,7 @@ class _TrainerWorker(_MemoryProbe, Worker):
         missing, unexpected = self.engine.load_state(state)
         if keep is not None:  # the frozen base comes from the model path, not the checkpoint
             missing = [m for m in missing if m in keep]
-        _check_loaded("checkpoint", missing, unexpected)
+        check_loaded("checkpoint", missing, unexpected)
 
     def footprint(self) -> dict[str, float]:
         """The model's total and trainable parameters and this rank's optimizer state in bytes."""
@@ -323,8 +315,7 @@ class PolicyWorker(_TrainerWorker):
         return full if self.rank == 0 else None
 
     def mix_reference(self, alpha: float) -> None:
-        """Tri-model: move the reference copy toward the policy, ``alpha`` x policy + (1 - alpha) x reference
-        (``trainer.ref_sync_every``). Collective when sharded."""
+        """Tri-model, ``trainer.ref_sync_every``: reference <- ``alpha`` x policy + (1 - alpha) x reference."""
         self.engine.mix_reference(alpha)
 
     def reference_state(self) -> dict | None:
@@ -333,7 +324,7 @@ class PolicyWorker(_TrainerWorker):
         return state if getattr(self, "rank", 0) == 0 else None
 
     def load_reference_state(self, state: dict) -> None:
-        _check_loaded("checkpoint's reference", *fsdp.load_full_state(self.engine.reference_model, state))
+        check_loaded("checkpoint's reference", *fsdp.load_full_state(self.engine.reference_model, state))
 
     def pack_weights_into(self, handles, key: str | None, bucket_bytes: int) -> dict | None:
         """:meth:`named_weights` packed by rank 0 straight into the driver's shared-memory buckets (every rank
@@ -423,19 +414,17 @@ class ReferenceWorker(_MemoryProbe, Worker):
         return self.engine.logprobs(batch, temperature=temperature)[0]
 
     def mix_weights(self, named, alpha: float) -> None:
-        """Move the reference toward the policy: ``alpha`` x ``named`` (the actor's full weights) + (1 - alpha)
-        x itself (``trainer.ref_sync_every``). Collective when sharded."""
+        """``trainer.ref_sync_every``: ``alpha`` x ``named`` (the actor's weights) + (1 - alpha) x itself."""
         self.engine.mix_weights(named, alpha)
 
     def state(self) -> dict | None:
-        """The reference's full weights, for a checkpoint of a run that moves them (collective when sharded;
-        None on ranks > 0)."""
+        """The reference's full weights for a checkpoint of a run that moves them (None on ranks > 0)."""
         state = fsdp.full_model_state(self.engine.model)
         return state if getattr(self, "rank", 0) == 0 else None
 
     def load_state(self, state: dict) -> None:
         """Load :meth:`state`'s weights (every rank gets the full state and keeps its shard)."""
-        _check_loaded("checkpoint's reference", *self.engine.load_state({"model": state}))
+        check_loaded("checkpoint's reference", *self.engine.load_state({"model": state}))
 
     def forward_into(self, items: Sequence, column: str, temperature: float = 1.0) -> list:
         """Reference log-probs of this rank's dock rows into ``column``; the write receipt."""
