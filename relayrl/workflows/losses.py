@@ -32,8 +32,9 @@ __all__ = ["PolicyLoss", "ValueLoss", "SFTLoss", "DPOLoss", "BTLoss", "pair_orde
 @dataclass(frozen=True)
 class PolicyLoss:
     """The policy loss (+ KL to the reference, - entropy bonus): PPO-clip (GRPO/DAPO/GSPO by configuration)
-    or another of :data:`~relayrl.algorithms.losses.POLICY_LOSSES` (``kind``: CISPO, SAPO, VESPO), with an
-    optional rollout correction and an optional selection of the high-entropy tokens (``top_entropy``).
+    or another of :data:`~relayrl.algorithms.losses.POLICY_LOSSES` (``kind``: CISPO, SAPO, VESPO, Clip-Cov,
+    KL-Cov, GMPO), with an optional rollout correction and an optional selection of the high-entropy tokens
+    (``top_entropy``).
 
     Fields read from the micro-batch: ``advantages`` [B, T], ``old_logprobs``
     [B, T] when present (otherwise the current log-probs, detached: exactly
@@ -61,7 +62,7 @@ class PolicyLoss:
     old_key: str = "old_logprobs"
     """field holding pi_old (``gen_logprobs``: the rollout engine's log-probs)"""
     options: tuple[tuple[str, float], ...] = ()
-    """the policy loss's own options by keyword (SAPO's temperatures, VESPO's kernel)"""
+    """the policy loss's own options by keyword (SAPO's temperatures, VESPO's kernel, the covariance losses')"""
     top_entropy: float = 1.0
     """keep in the policy loss and the entropy bonus only the tokens in the top fraction of the micro-batch's
     by entropy (:func:`~relayrl.algorithms.entropy.high_entropy_mask`); 1: every token"""
