@@ -85,20 +85,7 @@ class JsonlSink:
 
     def __init__(self, path: Path, *, start_step: int = 0) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if start_step > 0 and self.path.exists():
-            kept = [r for r in read_jsonl_records(self.path) if r["step"] <= start_step]
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            with open(tmp, "w", encoding="utf-8") as f:
-                for r in kept:
-                    f.write(json.dumps(r, allow_nan=False) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-            mode = "a"
-        else:
-            mode = "w"  # a fresh run owns the file
-        self._file: IO[str] | None = open(self.path, mode, encoding="utf-8")
+        self._file: IO[str] | None = _open_records(self.path, start_step)
 
     def log(self, step: int, metrics: Mapping[str, Number]) -> None:
         if self._file is None:
@@ -107,6 +94,45 @@ class JsonlSink:
         for key, value in metrics.items():
             record[key] = value if math.isfinite(value) else None
         self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _open_records(path: Path, start_step: int) -> IO[str]:
+    """A JSONL file of ``{"step": s, ...}`` records opened for appending: a fresh run's (truncated), or a resumed
+    run's with the records after ``start_step`` dropped (what the crashed run wrote after its checkpoint)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if start_step > 0 and path.exists():
+        kept = [r for r in read_jsonl_records(path) if r["step"] <= start_step]
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            for r in kept:
+                f.write(json.dumps(r, allow_nan=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return open(path, "a", encoding="utf-8")
+    return open(path, "w", encoding="utf-8")  # a fresh run owns the file
+
+
+class SampleSink:
+    """Appends a step's sampled responses to RUN_DIR/samples.jsonl, one ``{"step": s, **sample}`` line each
+    (``telemetry.samples_per_step``)."""
+
+    def __init__(self, path: Path, *, start_step: int = 0) -> None:
+        self.path = Path(path)
+        self._file: IO[str] | None = _open_records(self.path, start_step)
+
+    def write(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
+        if self._file is None:
+            raise RuntimeError(f"{self.path}: sample sink is closed")
+        for sample in samples:
+            clean = {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in sample.items()}
+            self._file.write(json.dumps({"step": step, **clean}, ensure_ascii=False, allow_nan=False) + "\n")
         self._file.flush()
 
     def close(self) -> None:

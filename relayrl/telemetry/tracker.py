@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from relayrl.telemetry.config import TelemetryConfig
-from relayrl.telemetry.sinks import ConsoleSink, JsonlSink, Number, Sink, TensorBoardSink, WandbSink
+from relayrl.telemetry.sinks import ConsoleSink, JsonlSink, Number, SampleSink, Sink, TensorBoardSink, WandbSink
 
 DEFAULT_KEY_METRICS: tuple[str, ...] = (
     "reward/mean",
@@ -50,7 +50,7 @@ def as_number(key: str, value: object) -> Number:
 class Tracker:
     """Fans metrics out to the sinks chosen in `cfg.sinks`.
 
-    Files: RUN_DIR/metrics.jsonl, RUN_DIR/tensorboard/, RUN_DIR/wandb/.
+    Files: RUN_DIR/metrics.jsonl, RUN_DIR/tensorboard/, RUN_DIR/wandb/, RUN_DIR/samples.jsonl (samples_per_step).
     Use as a context manager, or call `close()`.
     """
 
@@ -76,7 +76,10 @@ class Tracker:
         self._last_step = start_step
         self._console: ConsoleSink | None = None
         self._sinks: list[Sink] = []
+        self._samples: SampleSink | None = None
         try:
+            if cfg.samples_per_step:
+                self._samples = SampleSink(self.run_dir / "samples.jsonl", start_step=start_step)
             for name in cfg.sinks:
                 if name == "console":
                     self._console = ConsoleSink(
@@ -116,6 +119,11 @@ class Tracker:
             sink.log(step, clean)
         self._last_step = step
 
+    def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
+        """A step's sampled responses to RUN_DIR/samples.jsonl (``telemetry.samples_per_step``; else nothing)."""
+        if self._samples is not None and samples:
+            self._samples.write(step, samples)
+
     def write_text(self, msg: str) -> None:
         """Print a message without breaking the progress bar."""
         if self._console is not None:
@@ -127,6 +135,8 @@ class Tracker:
         sinks, self._sinks = self._sinks, []
         for sink in sinks:
             sink.close()
+        if self._samples is not None:
+            self._samples.close()
 
     def __enter__(self) -> "Tracker":
         return self

@@ -150,6 +150,7 @@ class Produce:
             except BaseException:
                 f.stop.set()  # the lease loop ends now and the error is raised below (the rows stay unacked)
                 raise
+            self._keep_samples(f, b.indexes, out, problems)
             b.ack()
             done = []
             with st.cond:
@@ -178,6 +179,23 @@ class Produce:
                 running.add(pool.submit(one, b))
             for d in running:
                 d.result()
+
+    def _keep_samples(self, f: Flow, rows: list[int], out, problems: list) -> None:
+        """``telemetry.samples_per_step``: the step's first scored responses, decoded, kept in the step's state
+        for ``RUN_DIR/samples.jsonl`` (a second read of a few rows' ids; nothing when the step has its share)."""
+        p, st = self.p, f.state
+        with st.cond:
+            room = p.cfg.telemetry.samples_per_step - len(st.samples)
+        if room <= 0:
+            return
+        take = list(range(min(room, len(rows))))
+        ids = p.dock.reader(f.part, [rows[i] for i in take], ["response_ids"]).read()["response_ids"]
+        tok = p.session.tokenizer
+        got = [{"group": out.groups[i], "prompt": problems[out.groups[i]].prompt,
+                "response": tok.decode(r.tolist(), skip_special_tokens=True), "score": out.scores[i],
+                "reward": out.rewards[i], "length": len(r)} for i, r in zip(take, ids)]
+        with st.cond:
+            st.samples.extend(got[:max(0, p.cfg.telemetry.samples_per_step - len(st.samples))])
 
     def _judge(self, f: Flow, done: list[tuple[int, list[tuple[int, tuple]]]]) -> None:
         """Groups whose rows are all scored (``(group, [(row, (score, reward, each)), ...])``): the kept groups'

@@ -46,6 +46,9 @@ class StepState:
     kl: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     """Per advantage call: ``(value, rows)`` of each metric it returned (KL in the reward, distillation): a
     row-weighted mean over the calls (the largest value for ``.._max`` names)."""
+    samples: list[dict] = field(default_factory=list)
+    """Up to ``telemetry.samples_per_step`` of the step's scored responses, as ``RUN_DIR/samples.jsonl`` holds
+    them."""
     rounds: int = 0
     """Generation rounds (dynamic sampling: refills)."""
     judged: int = 0

@@ -258,3 +258,22 @@ def test_wandb_offline_writes_a_run(tmp_path, monkeypatch):
     runs = _finished_runs(tmp_path / "wandb", run_id, 2)
     resumed = [_history(r) for recs in runs for r in recs if r.WhichOneof("record_type") == "history"]
     assert {h.get("_step"): h.get("reward/mean") for h in resumed}[3] == 0.7, resumed
+
+
+def test_sample_sink_writes_records_and_a_resume_drops_the_crashed_runs_tail(tmp_path):
+    import json
+
+    from relayrl.telemetry.sinks import SampleSink
+
+    path = tmp_path / "samples.jsonl"
+    sink = SampleSink(path)
+    for step in (1, 2, 3):
+        sink.write(step, [{"prompt": "1+1=", "response": "2", "score": 1.0, "reward": float("nan")}])
+    sink.close()
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[0]["reward"] is None and rows[0]["response"] == "2"
+    resumed = SampleSink(path, start_step=2)  # the checkpoint was step 2: step 3's lines go
+    resumed.write(3, [{"prompt": "p", "response": "r"}])
+    resumed.close()
+    assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [1, 2, 3]
+    assert json.loads(path.read_text().splitlines()[-1])["prompt"] == "p"

@@ -148,3 +148,17 @@ def test_the_starting_models_evaluation_can_be_skipped(tmp_path, tiny_dir):
     run_grpo(tmp_path, tiny_dir, "trainer.steps=1", "eval.before_training=false")
     recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines() if x.strip()]
     assert [r["step"] for r in recs] == [1] and "eval/accuracy" in recs[0]  # evaluated at the end only
+
+
+@pytest.mark.slow
+def test_a_run_writes_the_samples_it_scored(tmp_path, tiny_dir):
+    import json
+
+    recs = run_grpo(tmp_path, tiny_dir, "telemetry.samples_per_step=3", "reward.verifier=user",
+                    "reward.user_fn=dataflow_rewards:by_length")
+    rows = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 1, 1, 2, 2, 2]
+    for r in rows:  # by_length: (len(response) % 3) / 2, no shaping
+        assert r["score"] == r["reward"] == (len(r["response"]) % 3) / 2 and "+" in r["prompt"]
+        assert 1 <= r["length"] <= 8
+    assert len(recs) == 2
