@@ -39,8 +39,9 @@ class TelemetryConfig(BaseModel):
     )
     samples_per_step: int = Field(
         0, ge=0, description="write this many of each step's sampled responses (the first scored: prompt, "
-        "response, verifier score, shaped reward, length, prompt group) to RUN_DIR/samples.jsonl, to read what "
-        "the policy writes as it trains (TRL's log_completions, verl's rollout_data_dir); 0: none"
+        "response, verifier score, shaped reward, length, prompt group) to RUN_DIR/samples.jsonl, and as a table "
+        "'samples' with the wandb sink, to read what the policy writes as it trains (TRL's log_completions, "
+        "verl's rollout_data_dir); 0: none"
     )
     wandb_project: str | None = Field(None, description="W&B project; None uses 'relayrl'.")
     wandb_mode: Literal["online", "offline", "disabled"] = Field(

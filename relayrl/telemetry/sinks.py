@@ -307,5 +307,15 @@ class WandbSink:
     def log(self, step: int, metrics: Mapping[str, Number]) -> None:
         self._run.log(dict(metrics), step=step)
 
+    def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
+        """A step's sampled responses as a W&B table under ``samples`` (TRL logs its completions the same way);
+        the columns are the first sample's keys."""
+        import wandb
+
+        columns = list(samples[0])
+        self._run.log({"samples": wandb.Table(columns=["step", *columns],
+                                              data=[[step, *(s.get(c) for c in columns)] for s in samples])},
+                      step=step)
+
     def close(self) -> None:
         self._run.finish()

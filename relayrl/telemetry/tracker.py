@@ -120,9 +120,14 @@ class Tracker:
         self._last_step = step
 
     def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
-        """A step's sampled responses to RUN_DIR/samples.jsonl (``telemetry.samples_per_step``; else nothing)."""
-        if self._samples is not None and samples:
-            self._samples.write(step, samples)
+        """A step's sampled responses (``telemetry.samples_per_step``; else nothing) to RUN_DIR/samples.jsonl
+        and, with the wandb sink, a W&B table; before the step's metrics (W&B's steps only go forward)."""
+        if self._samples is None or not samples:
+            return
+        self._samples.write(step, samples)
+        for sink in self._sinks:
+            if isinstance(sink, WandbSink):
+                sink.log_samples(step, samples)
 
     def write_text(self, msg: str) -> None:
         """Print a message without breaking the progress bar."""

@@ -239,9 +239,11 @@ def test_wandb_offline_writes_a_run(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_dir"))
     monkeypatch.setenv("WANDB_SILENT", "true")
-    cfg = TelemetryConfig(sinks=["wandb"], wandb_mode="offline", wandb_project="relayrl-test")
+    cfg = TelemetryConfig(sinks=["wandb"], wandb_mode="offline", wandb_project="relayrl-test", samples_per_step=2)
     run_config = {"workflow": "grpo", "algorithm": {"kl_coef": 0.05, "kl_target": 0.02}}
     with Tracker(tmp_path, cfg, total_steps=2, run_config=run_config) as t:
+        t.log_samples(1, [{"prompt": "1+1=", "response": "2", "score": 1.0}, {"prompt": "2+2=", "response": "5",
+                                                                             "score": 0.0}])
         t.log(1, {"reward/mean": 0.5, "actor/kl_coef": 0.05})
         t.log(2, {"reward/mean": 0.75, "actor/kl_coef": 0.04})
     run_id = (tmp_path / "wandb_run_id").read_text().strip()
@@ -252,6 +254,9 @@ def test_wandb_offline_writes_a_run(tmp_path, monkeypatch):
     assert config["workflow"] == "grpo" and config["algorithm"] == {"kl_coef": 0.05, "kl_target": 0.02}
     history = [_history(r) for r in recs if r.WhichOneof("record_type") == "history"]
     assert [(h.get("_step"), h.get("reward/mean"), h.get("actor/kl_coef")) for h in history] == [(1, 0.5, 0.05), (2, 0.75, 0.04)], history
+    h = history[0]  # the step's samples as a W&B table, in step 1's record (its fields split at the slash)
+    assert (h["samples/_type"], h["samples/nrows"], h["samples/ncols"]) == ("table-file", 2, 4), h
+    assert [json.loads(x)["step"] for x in (tmp_path / "samples.jsonl").read_text().splitlines()] == [1, 1]
     with Tracker(tmp_path, cfg, total_steps=3, start_step=2) as t:  # a resume continues the same run id
         t.log(3, {"reward/mean": 0.7})
     assert (tmp_path / "wandb_run_id").read_text().strip() == run_id
