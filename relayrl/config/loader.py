@@ -202,6 +202,9 @@ def field_errors(err: ValidationError, model: type[BaseModel] | None = None) -> 
         else:
             got = e.get("input")
             got_s = f" (got {got!r})" if not isinstance(got, dict) and got is not None else ""
+            if isinstance(got, bool) and e["type"] == "literal_error":  # YAML 1.1: on/off/yes/no are booleans
+                got_s += (f"; YAML reads on, off, yes and no as {str(got).lower()}: write one of the values above, "
+                          f"quoted in a recipe if it is one of those words")
             lines.append(f"{key}: {e['msg']}{got_s}")
     return lines
 

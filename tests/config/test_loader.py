@@ -222,3 +222,9 @@ def test_sampled_evaluation_keys_are_checked():
     assert "eval.k" in _errors("eval.k=0")
     cfg = load_config(Config, RECIPES / "arith_grpo.yaml", ["eval.k=8", "eval.temperature=0.6"])
     assert (cfg.eval.k, cfg.eval.temperature) == (8, 0.6)
+
+
+def test_a_yaml_boolean_word_for_a_choice_says_how_yaml_read_it():
+    err = _errors("engine.dropout=off")
+    assert "engine.dropout: Input should be 'auto', 'none' or 'model' (got False)" in err
+    assert "YAML reads on, off, yes and no as false" in err
