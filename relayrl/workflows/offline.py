@@ -22,6 +22,7 @@ from relayrl.engines.training.base import LossFn, SequenceBatch
 from relayrl.workflows.episodes import episode_spec, evaluate_episodes
 from relayrl.workflows.ref_sync import ReferenceSync
 from relayrl.workflows.relay import relay_weights
+from relayrl.workflows.roles import role_common
 from relayrl.workflows.session import Session
 from relayrl.workflows.workers import PolicyWorker, RolloutWorker, _TrainerWorker, collective, generate, role_precision
 
@@ -37,7 +38,7 @@ class OfflineRun:
         cfg = self.cfg = s.cfg
         self.s, self.loss, self.key_metrics = s, loss, key_metrics
         m = cfg.model
-        self.common = dict(device=m.device, attn_implementation=m.attn_implementation, threads=cfg.run.threads)
+        self.common = role_common(cfg)
         self.precision = role_precision(m, cfg.rollout)
         self.groups: list[WorkerGroup] = []
         lora = {"lora": m.lora} if m.lora.enabled else {}  # (config load refuses LoRA for a reward model)

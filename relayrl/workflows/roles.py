@@ -14,7 +14,7 @@ from relayrl.config.plan import StepPlan
 from relayrl.config.schema import Config, available_devices
 from relayrl.workflows.workers import CriticWorker, PolicyWorker, ReferenceWorker, RolloutWorker, role_precision
 
-__all__ = ["Role", "ROLES", "build_roles", "rollout_init", "Pools", "placed_config", "check_teacher"]
+__all__ = ["Role", "ROLES", "build_roles", "role_common", "rollout_init", "Pools", "placed_config", "check_teacher"]
 
 
 @dataclass(frozen=True)
