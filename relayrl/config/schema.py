@@ -109,6 +109,14 @@ class RolloutConfig(_Section):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling: the smallest set of tokens whose "
                          "probability reaches top_p (1: off)")
     top_k: int = Field(0, ge=0, description="sample among the k most likely tokens (0: off)")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, description="sample among the tokens at least min_p times as likely "
+                         "as the most likely one (0: off); applied after top_k and top_p, as Hugging Face does")
+    repetition_penalty: float = Field(
+        1.0, gt=0.0, description="CTRL's repetition penalty, as Hugging Face generate and vLLM apply it: the "
+        "logit of every token already in the prompt or the response is divided by this where positive and "
+        "multiplied where negative, before the temperature (1: off; above 1 discourages repeats). Like "
+        "top_k/top_p/min_p it changes what is sampled, not the recorded log-probs: those stay softmax(logits / "
+        "temperature), the policy the trainer recomputes and updates")
     max_new_tokens: int = Field(16, ge=1, description="response length limit in tokens; responses cut there "
                                 "count in response/clip_ratio (and DAPO's overlong options act on them)")
     stop_strings: list[str] = Field(default_factory=list, description="end a response when its text contains one "
@@ -181,11 +189,10 @@ class RolloutConfig(_Section):
             if not vllm_available():
                 raise ValueError(f"rollout.engine=vllm: vLLM is not installed here; install it with {INSTALL}, "
                                  f"or set rollout.engine=native")
-        if self.engine == "vllm" and (self.top_p < 1.0 or self.top_k > 0):
-            raise ValueError(f"rollout.engine=vllm records log-probs after top-p/top-k filtering (vLLM's "
-                             f"processed_logprobs), the trainer recomputes them before it, so every ratio would be "
-                             f"off: set rollout.top_p=1.0 and rollout.top_k=0 (got top_p={self.top_p}, "
-                             f"top_k={self.top_k}), or rollout.engine=native")
+        if self.engine == "vllm" and (bad := self._filters()):
+            raise ValueError(f"rollout.engine=vllm records log-probs after its penalties and top-p/top-k/min-p "
+                             f"filtering (vLLM's processed_logprobs), the trainer recomputes them before, so every "
+                             f"ratio would be off: set {', '.join(bad)}, or rollout.engine=native")
         if self.engine != "vllm" and "vllm" in self.model_fields_set:
             raise ValueError("rollout.vllm is read by rollout.engine=vllm only; set rollout.engine=vllm or drop "
                              "rollout.vllm")
@@ -200,6 +207,20 @@ class RolloutConfig(_Section):
                 raise ValueError(f"rollout.{remote_only[0]} is read by rollout.engine=openai only; set "
                                  f"rollout.engine=openai or drop rollout.{remote_only[0]}")
         return self
+
+    def _filters(self) -> list[str]:
+        """The settings that narrow the sampling distribution, each as its off value and the value set (empty:
+        the plain softmax)."""
+        off = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
+        return [f"rollout.{k}={v} (got {getattr(self, k)})" for k, v in off.items() if getattr(self, k) != v]
+
+    def sampling(self):
+        """The rollout's :class:`~relayrl.engines.generation.base.SamplingParams` (``n`` responses a prompt)."""
+        from relayrl.engines.generation.base import SamplingParams
+
+        return SamplingParams(n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              min_p=self.min_p, repetition_penalty=self.repetition_penalty,
+                              max_new_tokens=self.max_new_tokens, stop_strings=tuple(self.stop_strings))
 
     def vllm_spec(self):
         """The vLLM engine's spec (``rollout.engine=vllm``), else None."""

@@ -236,7 +236,10 @@ def _sampling(state: ServerState, req, prompts: list[list[int]], chat: bool) -> 
     top_k = req.top_k if req.top_k and req.top_k > 0 else 0
     try:
         return SamplingParams(n=n, temperature=1.0 if req.temperature is None else req.temperature,
-                              top_p=1.0 if req.top_p is None else req.top_p, top_k=top_k, max_new_tokens=max_tokens,
+                              top_p=1.0 if req.top_p is None else req.top_p, top_k=top_k,
+                              min_p=req.min_p or 0.0,
+                              repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+                              max_new_tokens=max_tokens,
                               stop_strings=stops, stop_token_ids=tuple(req.stop_token_ids or ()),
                               ignore_eos=bool(req.ignore_eos))
     except ValidationError as e:

@@ -20,7 +20,7 @@ in flight, so every completion comes from exactly one weight version (vLLM
 pauses generation for a weight update the same way).
 
 Departure from the engine's ``generate``: log-probs are the same quantity
-(``softmax(logits / T)`` before top-p/top-k), but rows of different
+(``softmax(logits / T)`` before the penalty and top-p/top-k/min-p), but rows of different
 requests are sampled with different settings in one batch.
 """
 
@@ -197,7 +197,8 @@ class Batcher:
         tops: dict[int, tuple[tuple[int, float], ...]] = {}
         for params, gen, pos in self._sampling_groups():
             idx = torch.tensor(pos, device=eng.device)
-            t, lp = sample_next(logits[idx], params, gen)
+            seen = eng.seen_tokens(batch)[idx] if params.repetition_penalty != 1.0 else None
+            t, lp = sample_next(logits[idx], params, gen, seen=seen)
             tok[idx], logp[idx] = t, lp
             k = max(self._reqs[batch.rows[p][0]].top_logprobs for p in pos)
             if k:
@@ -254,7 +255,8 @@ class Batcher:
         for r, (rid, _) in enumerate(self._batch.rows):
             req = self._reqs[rid]
             p = req.params
-            key = ((req.id,) if req.generator is not None else ()) + (p.temperature, p.top_p, p.top_k)
+            key = ((req.id,) if req.generator is not None else ()) + (p.temperature, p.top_p, p.top_k, p.min_p,
+                                                                       p.repetition_penalty)
             groups.setdefault(key, []).append(r)
         out = []
         for pos in groups.values():

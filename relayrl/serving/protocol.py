@@ -1,10 +1,11 @@
 """Request records of the OpenAI-compatible API (``/v1/completions``, ``/v1/chat/completions``).
 
 Field names and meanings follow the OpenAI API; the extensions are vLLM's
-(``top_k``, ``ignore_eos``, ``return_tokens_as_token_ids``,
-``return_token_ids``), so a client written for vLLM works unchanged. Unknown
-fields and options the server does not implement (``echo``, ``best_of > 1``,
-penalties, ``logit_bias``, ``suffix``, tools) are refused with a 400 naming the
+(``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``,
+``return_tokens_as_token_ids``, ``return_token_ids``), so a client written for
+vLLM works unchanged. Unknown fields and options the server does not implement
+(``echo``, ``best_of > 1``, presence and frequency penalties, ``logit_bias``,
+``suffix``, tools) are refused with a 400 naming the
 field, never silently ignored. Server-side limits (``ServeLimits``) are
 checked by the app, which knows the model.
 """
@@ -42,6 +43,8 @@ class _Request(BaseModel):
     temperature: float | None = Field(None, ge=0.0, le=100.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1, description="vLLM extension; 0 or -1 disables")
+    min_p: float | None = Field(None, ge=0.0, le=1.0, description="vLLM extension; 0 disables")
+    repetition_penalty: float | None = Field(None, gt=0.0, description="vLLM extension; 1 disables")
     n: int | None = Field(None, ge=1)
     stream: bool | None = False
     stream_options: dict[str, Any] | None = None

@@ -111,8 +111,7 @@ def build_parts(cfg: Config, plan: StepPlan, session, dock: Dock, groups: dict[s
                         top_entropy=a.top_entropy_quantile, kl_ratio_weighted=a.kl_bias_correction,
                         old_key="gen_logprobs" if a.old_logprobs == "rollout" else "old_logprobs"),
         value_loss=ValueLoss(clip=cfg.critic.value_clip) if critic is not None else None,
-        sampling=SamplingParams(n=ro.n, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
-                                max_new_tokens=ro.max_new_tokens, stop_strings=tuple(ro.stop_strings)),
+        sampling=ro.sampling(),
         greedy=SamplingParams(n=1, temperature=0.0, max_new_tokens=ro.max_new_tokens,
                               stop_strings=tuple(ro.stop_strings)),
         # the rollout records log-probs under softmax(logits / T); every trainer pass that meets them divides

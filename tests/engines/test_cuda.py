@@ -117,14 +117,16 @@ def test_graphed_static_decode_matches_the_dynamic_path_on_cuda(tiny_model, tiny
 
 
 @pytest.mark.parametrize("compile_step", [False, True, "flex", "triton", "splitk"])
-@pytest.mark.parametrize("top_k", [50, 0])  # 0: the blockwise sampler (block_mass, compiled with the step)
+@pytest.mark.parametrize("narrow", [dict(top_k=50), {}, dict(min_p=0.05, repetition_penalty=1.3)],
+                         ids=["top_k", "plain", "min_p+penalty"])  # plain: the blockwise sampler (block_mass)
 def test_sampled_graphed_decode_in_chunks_matches_the_dynamic_path_on_cuda(tiny_model, tiny_dir, tiny_tokenizer,
-                                                                          compile_step, top_k):
+                                                                          compile_step, narrow):
     """Sampling inside the graph (counter-based uniforms) over chunks of steps between host reads gives the
     dynamic path's tokens and log-probs, with the step compiled (its projections fused) or not, or compiled
     with its attention as one FlexAttention call (``flex``) or one Triton kernel (``triton``), or its q/k/v, o
     and down products as split-K partial products (``splitk``); rows end at scattered steps inside chunks and
-    freed slots take waiting prompts."""
+    freed slots take waiting prompts. ``narrow``: top-k, nothing (the blockwise sampler, compiled with the step),
+    or min-p with a repetition penalty (the seen-token mask written inside the graph)."""
     from relayrl.engines.generation.static import StaticDecoder
     from relayrl.models.load import load_model
 
@@ -140,7 +142,7 @@ def test_sampled_graphed_decode_in_chunks_matches_the_dynamic_path_on_cuda(tiny_
     if compile_step == "splitk":
         sta.static = StaticDecoder(other, 8, graphs=True, compile=True, fuse=True, split_k=4)
     prompts = _ids(tiny_tokenizer, PROMPTS) * 3
-    params = SamplingParams(n=2, temperature=0.9, top_k=top_k, max_new_tokens=40,
+    params = SamplingParams(n=2, temperature=0.9, **narrow, max_new_tokens=40,
                             stop_token_ids=tuple(range(5, tiny_model.config.vocab_size, 11)))
     a = dyn.generate(prompts, params, torch.Generator(device="cuda").manual_seed(5))
     b = sta.generate(prompts, params, torch.Generator(device="cuda").manual_seed(5))

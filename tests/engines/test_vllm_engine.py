@@ -167,3 +167,10 @@ def test_a_weight_the_model_lacks_is_refused_before_loading(served):
     with pytest.raises(ValueError, match="model shape"):
         eng.update_weights([(name, torch.zeros(3, 3))], version + 1)
     assert eng.weight_version == version
+
+
+def test_a_narrowed_distribution_is_refused(served):
+    eng, _ = served
+    for narrow in ({"top_p": 0.9}, {"min_p": 0.1}, {"repetition_penalty": 1.2}):
+        with pytest.raises(ValueError, match=next(iter(narrow))):
+            eng.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2, **narrow))

@@ -114,3 +114,22 @@ def test_full_queue_is_refused(tiny_model, tiny_tokenizer):
             r.cancel()
     finally:
         b.close()
+
+
+def test_a_penalised_request_beside_plain_ones_gets_what_it_gets_alone(batcher, tiny_tokenizer):
+    """Requests with and without a repetition penalty or min-p share the batch (rows join while the penalised
+    one runs, so the batch's seen-token mask grows and shrinks under it); each gets its greedy tokens alone."""
+    eng = batcher.engine
+    prompts = [tiny_tokenizer(t)["input_ids"] for t in PROMPTS]
+    settings = [dict(repetition_penalty=1.8), {}, dict(repetition_penalty=1.3), {}, dict(min_p=0.3), {}]
+    params = [SamplingParams(temperature=0.0, max_new_tokens=m, ignore_eos=True, **s)
+              for m, s in zip([12, 3, 9, 4, 6, 5], settings)]
+    alone = [eng.generate([p], sp)[0] for p, sp in zip(prompts, params)]
+    plain = eng.generate([prompts[0]], params[0].model_copy(update={"repetition_penalty": 1.0}))[0]
+    assert plain.token_ids.tolist() != alone[0].token_ids.tolist()  # the penalty changes this prompt's answer
+    sinks = [Sink(1) for _ in prompts]
+    for p, sp, s in zip(prompts, params, sinks):
+        batcher.submit(Request(p, sp, emit=s))
+    for s, a in zip(sinks, alone):
+        assert s.done.wait(60)
+        assert list(s.finished()[0].token_ids) == a.token_ids.tolist()

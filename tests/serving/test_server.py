@@ -47,6 +47,22 @@ def test_completion_token_ids_and_logprobs_match_a_full_forward(server, tiny_dir
     assert body["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in body["choices"])
 
 
+def test_a_repetition_penalty_and_min_p_reach_the_sampler(server, tiny_dir, tiny_tokenizer):
+    from relayrl.models.load import load_model
+
+    p = tiny_tokenizer("1+2=")["input_ids"]
+    r = post(server, "/completions", {"model": "tiny", "prompt": p, "max_tokens": 12, "temperature": 0,
+                                      "repetition_penalty": 1.8, "min_p": 0.2, "ignore_eos": True,
+                                      "return_token_ids": True})
+    assert r.status_code == 200, r.text
+    ref = load_model(tiny_dir).generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, repetition_penalty=1.8,
+                                        eos_token_id=None, pad_token_id=tiny_tokenizer.pad_token_id)[0, len(p):]
+    assert r.json()["choices"][0]["token_ids"] == ref.tolist()
+    plain = post(server, "/completions", {"model": "tiny", "prompt": p, "max_tokens": 12, "temperature": 0,
+                                          "ignore_eos": True, "return_token_ids": True})
+    assert plain.json()["choices"][0]["token_ids"] != ref.tolist()  # (the penalty changes this answer)
+
+
 def test_official_openai_client_chat_stream_and_stop(server, tiny_tokenizer):
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=server.url, api_key="unused")

@@ -49,3 +49,10 @@ def test_request_records_refuse_what_is_not_supported():
     chat = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": [{"type": "text", "text": "a"}]}],
                                  max_completion_tokens=7)
     assert chat.max_tokens == 7 and chat.messages[0].text() == "a"
+
+
+def test_vllm_sampling_extensions_are_read():
+    req = CompletionRequest(model="m", prompt="x", min_p=0.05, repetition_penalty=1.1, top_k=5)
+    assert (req.min_p, req.repetition_penalty, req.top_k) == (0.05, 1.1, 5)
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        CompletionRequest(model="m", prompt="x", repetition_penalty=0)

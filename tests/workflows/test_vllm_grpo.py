@@ -78,3 +78,6 @@ def test_the_config_refuses_what_the_vllm_engine_cannot_do(tmp_path):
     assert r.returncode == 2 and "rollout.top_p=1.0" in r.stderr
     r = relayrl("train", "recipes/arith_grpo.yaml", f"run.dir={tmp_path}", "rollout.vllm.enforce_eager=false", *H32)
     assert r.returncode == 2 and "rollout.engine=vllm" in r.stderr
+    r = relayrl("train", "recipes/arith_grpo.yaml", f"run.dir={tmp_path}", *VLLM, "rollout.min_p=0.1",
+                "rollout.repetition_penalty=1.2", *H32)
+    assert r.returncode == 2 and "rollout.min_p=0.0 (got 0.1), rollout.repetition_penalty=1.0 (got 1.2)" in r.stderr

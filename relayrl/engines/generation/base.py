@@ -39,6 +39,10 @@ class SamplingParams(BaseModel):
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0, description="0 disables top-k")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, description="keep the tokens at least min_p times as likely as the "
+                         "row's most likely one (0: off)")
+    repetition_penalty: float = Field(1.0, gt=0.0, description="divide the positive logits (multiply the negative "
+                                      "ones) of tokens already in the row's prompt or response by this (1: off)")
     max_new_tokens: int = Field(16, ge=1)
     stop_strings: tuple[str, ...] = Field((), description="stop when the response text contains one of these")
     stop_token_ids: tuple[int, ...] = Field((), description="extra stop tokens beside the tokenizer's EOS")
@@ -62,8 +66,8 @@ class Completion:
     token_ids: torch.Tensor
     """[L] int64, the response tokens (the stop token included when it was sampled)."""
     logprobs: torch.Tensor
-    """[L] float32, log-prob of each sampled token under the sampling distribution at the temperature used
-    (before top-p/top-k filtering), so the trainer can recompute the same quantity."""
+    """[L] float32, log-prob of each sampled token under ``softmax(logits / temperature)`` (before a repetition
+    penalty and top-k/top-p/min-p filtering), so the trainer can recompute the same quantity."""
     finish_reason: Literal["stop", "length"]
     """``stop``: EOS, a stop token or a stop string ended it; ``length``: it hit max_new_tokens."""
     weight_version: int = 0

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from relayrl.engines.generation import static
 from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.engines.generation.kv_cache import forward_with_cache
-from relayrl.engines.generation.sampling import draw_seed, row_key, row_uniforms, sample_next
+from relayrl.engines.generation.sampling import draw_seed, row_key, row_uniforms, sample_next, seen_mask
 
 __all__ = ["NativeGenerationEngine", "PromptFeed", "RunningBatch", "sample_next"]
 
@@ -105,6 +105,8 @@ class RunningBatch:
         self.prompts: list[Sequence[int]] = []  # each row's context before its first new token
         self.budget: list[int | None] = []  # max new tokens of each row (None: the sampling params')
         self.next_logits: torch.Tensor | None = None  # [B, V]
+        self.seen: torch.Tensor | None = None  # [B, V] bool, the tokens of each row's context (repetition
+        # penalty): built by seen_tokens on first use, then kept by admit, retain and advance
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -273,8 +275,9 @@ class NativeGenerationEngine:
                     return
                 continue
             counts = torch.tensor([len(t) for t in batch.tokens])
+            seen = self.seen_tokens(batch) if params.repetition_penalty != 1.0 else None
             tok, logp = sample_next(batch.next_logits.float(), params,
-                                    uniforms=row_uniforms(torch.tensor(keys), counts))
+                                    uniforms=row_uniforms(torch.tensor(keys), counts), seen=seen)
             done = []
             tok_l, logp_l = tok.tolist(), logp.tolist()
             for r in range(len(batch)):
@@ -325,7 +328,8 @@ class NativeGenerationEngine:
         def start(slots: list[int], ctx: list[list[int]], repeat: int, done: list[int]) -> None:
             logits = st.prefill(ctx, torch.tensor(slots), repeat, self.pad_id)
             ctx_len = [len(c) for c in ctx for _ in range(repeat)]
-            st.start(slots, logits, params, [row_key(seed, *rows[s]) for s in slots], done, ctx_len)
+            st.start(slots, logits, params, [row_key(seed, *rows[s]) for s in slots], done, ctx_len,
+                     [c for c in ctx for _ in range(repeat)])
             for s, d in zip(slots, done):
                 count[s] = d + 1
 
@@ -474,6 +478,9 @@ class NativeGenerationEngine:
                 old.values = torch.cat([old.values, new.values], dim=0)
             batch.mask = torch.cat([batch.mask, mask], dim=0)
             batch.next_logits = torch.cat([batch.next_logits, logits], dim=0)
+        if batch.seen is not None:
+            added = seen_mask([p for p in prompts for _ in range(n)], logits.shape[-1], self.device)
+            batch.seen = torch.cat([batch.seen, added], dim=0)
         batch.rows += rows
         batch.tokens += [[] for _ in rows]
         batch.logps += [[] for _ in rows]
@@ -498,6 +505,14 @@ class NativeGenerationEngine:
                                                        DynamicCache(config=self.model.config))
         batch.mask = mask
 
+    def seen_tokens(self, batch: RunningBatch) -> torch.Tensor:
+        """``[B, V]`` bool: the tokens of each row's prompt and response so far (what a repetition penalty
+        acts on). Built from the rows' tokens on the first call; the batch keeps it up to date after that."""
+        if batch.seen is None:
+            batch.seen = seen_mask([list(p) + t for p, t in zip(batch.prompts, batch.tokens)],
+                                   batch.next_logits.shape[-1], self.device)
+        return batch.seen
+
     def retain(self, batch: RunningBatch, keep: list[int]) -> None:
         """Drop finished rows, then crop cache columns that are padding for every remaining row."""
         if not keep:
@@ -507,6 +522,8 @@ class NativeGenerationEngine:
         batch.cache.batch_select_indices(idx)
         batch.mask = batch.mask[idx]
         batch.next_logits = batch.next_logits[idx]
+        if batch.seen is not None:
+            batch.seen = batch.seen[idx]
         batch.rows = [batch.rows[r] for r in keep]
         batch.tokens = [batch.tokens[r] for r in keep]
         batch.logps = [batch.logps[r] for r in keep]
@@ -522,4 +539,6 @@ class NativeGenerationEngine:
     def advance(self, batch: RunningBatch, tok: torch.Tensor) -> None:
         """Feed each row its newest token ``tok`` [B]; ``batch.next_logits`` becomes the next position's."""
         batch.mask = F.pad(batch.mask, (0, 1), value=1)
+        if batch.seen is not None:
+            batch.seen[torch.arange(len(batch), device=self.device), tok.to(self.device)] = True
         batch.next_logits, batch.cache = self._forward(tok[:, None].to(self.device), batch.mask, batch.cache)

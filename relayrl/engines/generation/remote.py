@@ -165,6 +165,10 @@ class RemoteGenerationEngine:
                 "return_tokens_as_token_ids": True, "return_token_ids": True}
         if params.top_k:
             body["top_k"] = params.top_k
+        if params.min_p:
+            body["min_p"] = params.min_p  # (vLLM's and SGLang's extensions, as top_k)
+        if params.repetition_penalty != 1.0:
+            body["repetition_penalty"] = params.repetition_penalty
         if params.stop_strings:
             body["stop"] = list(params.stop_strings)
         if params.stop_token_ids:

@@ -2,7 +2,7 @@
 
 Each sampled token takes one uniform number ``u`` in [0, 1) and returns the token
 where the cumulative distribution first exceeds ``u`` (inverse-CDF sampling;
-top-k and top-p narrow the distribution first). Where ``u`` comes from:
+a repetition penalty, top-k, top-p and min-p narrow the distribution first). Where ``u`` comes from:
 
 * :func:`sample_next` without ``uniforms``: from the ``torch.Generator`` given (the
   serving batcher, a request's own seed);
@@ -38,12 +38,14 @@ every sum is taken in float32 or float64.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from relayrl.engines.generation.base import SamplingParams
 
 __all__ = ["mix32", "row_key", "row_uniforms", "draw_seed", "sample_next", "sample_with", "inverse_cdf", "block_mass",
-           "sample_from_logits"]
+           "sample_from_logits", "penalize", "seen_mask"]
 
 _M = 0x45D9F3B  # the multiplier of a well-tested 32-bit integer hash (< 2**27)
 _MASK = 0xFFFFFFFF
@@ -137,38 +139,69 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return (block * _BLOCK + _first_above(inner, target - before)).clamp_max(V - 1)
 
 
+def seen_mask(contexts: Sequence[Sequence[int]], vocab: int, device: str | torch.device) -> torch.Tensor:
+    """``[len(contexts), vocab]`` bool, True at ``[i, t]`` when token ``t`` occurs in ``contexts[i]``."""
+    out = torch.zeros(len(contexts), vocab, dtype=torch.bool, device=device)
+    rows = [i for i, c in enumerate(contexts) for _ in c]
+    if rows:
+        cols = torch.tensor([t for c in contexts for t in c], dtype=torch.long, device=device)
+        out[torch.tensor(rows, device=device), cols] = True
+    return out
+
+
+def penalize(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """The repetition penalty of CTRL (Keskar et al. 2019) as Hugging Face ``generate`` and vLLM apply it: the
+    logit of every token in ``seen`` (the row's prompt or response so far) is divided by ``penalty`` where it is
+    positive and multiplied by it where it is negative, so ``penalty`` > 1 makes a seen token less likely.
+
+    Args:
+        logits: [B, V] (any float dtype; the result is float32).
+        seen: [B, V] bool, True on the tokens the row's context holds.
+    """
+    x = logits.float()
+    return torch.where(seen, torch.where(x > 0, x / penalty, x * penalty), x)
+
+
 def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,
-                uniforms: torch.Tensor | None = None):
+                uniforms: torch.Tensor | None = None, seen: torch.Tensor | None = None):
     """Sample one token per row.
 
     Args:
         logits: [B, V] next-token logits (float32, or the model's dtype: sums are taken in float32/64).
         uniforms: [B] one uniform per row (:func:`row_uniforms`); None draws them from ``generator``.
+        seen: [B, V] bool, the tokens of each row's context (needed when ``params.repetition_penalty`` != 1).
     Returns:
         tokens [B] int64 and their log-probs [B] under ``softmax(logits / T)``
-        (greedy: under ``softmax(logits)``), before top-k/top-p filtering.
+        (greedy: under ``softmax(logits)``), before the penalty and the top-k/top-p/min-p filters.
     """
     if uniforms is None and params.temperature > 0:
         uniforms = torch.rand(logits.shape[0], generator=generator, dtype=torch.float64,
                               device=generator.device if generator is not None else logits.device)
-    return sample_with(logits, params.temperature, params.top_k, params.top_p, uniforms)
+    return sample_with(logits, params.temperature, params.top_k, params.top_p, uniforms, min_p=params.min_p,
+                       penalty=params.repetition_penalty, seen=seen)
 
 
 def sample_with(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, uniforms: torch.Tensor | None,
-                mass=None):
+                mass=None, *, min_p: float = 0.0, penalty: float = 1.0, seen: torch.Tensor | None = None):
     """:func:`sample_next` on plain arguments (what the static decoder records into its step); ``logits`` may be
-    in the model's dtype. ``mass``: a compiled :func:`block_mass`, for :func:`sample_from_logits` when neither
-    top-k nor top-p filters (the compiled decode step); None keeps the eager path (fewer passes run eagerly)."""
+    in the model's dtype. ``mass``: a compiled :func:`block_mass`, for :func:`sample_from_logits` when nothing
+    filters (the compiled decode step); None keeps the eager path (fewer passes run eagerly).
+
+    The order is Hugging Face's: the repetition penalty on the logits, the temperature, then top-k, top-p and
+    min-p (keep the tokens whose probability is at least ``min_p`` times the row's most likely one's)."""
+    if penalty != 1.0 and seen is None:
+        raise ValueError("a repetition penalty needs each row's seen tokens (seen=[B, V] bool)")
     if temperature == 0.0:
         logp = torch.log_softmax(logits.float(), dim=-1)
-        tok = logp.argmax(dim=-1)
+        tok = (logp if penalty == 1.0 else penalize(logits, seen, penalty)).argmax(dim=-1)
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
     V = logits.shape[-1]
-    if mass is not None and (not top_k or top_k >= V) and top_p >= 1.0:
+    plain = (not top_k or top_k >= V) and top_p >= 1.0 and min_p <= 0.0 and penalty == 1.0
+    if mass is not None and plain:
         return sample_from_logits(logits, temperature, uniforms.to(logits.device), mass)
     scaled = logits.float() / temperature
     logp = torch.log_softmax(scaled, dim=-1)
-    filtered = scaled
+    filtered = scaled if penalty == 1.0 else penalize(logits, seen, penalty) / temperature
     if top_k and top_k < V:
         kth = torch.topk(filtered, top_k, dim=-1).values[:, -1:]
         filtered = filtered.masked_fill(filtered < kth, float("-inf"))
@@ -178,6 +211,9 @@ def sample_with(logits: torch.Tensor, temperature: float, top_k: int, top_p: flo
         drop = cum - torch.softmax(sorted_logits, dim=-1) >= top_p  # keep the token that crosses top_p
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         filtered = torch.full_like(filtered, float("-inf")).scatter(-1, order, sorted_logits)
+    if min_p > 0.0:  # p >= min_p * p_max  <=>  logit >= max logit + log(min_p)
+        floor = filtered.max(dim=-1, keepdim=True).values + math.log(min_p)
+        filtered = filtered.masked_fill(filtered < floor, float("-inf"))
     probs = logp.exp() if filtered is scaled else torch.softmax(filtered, dim=-1)
     tok = inverse_cdf(probs, uniforms.to(logits.device))
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)

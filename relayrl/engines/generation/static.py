@@ -63,7 +63,7 @@ from torch import nn
 
 from relayrl.engines.generation.base import SamplingParams
 from relayrl.engines.generation.kv_cache import forward_with_cache
-from relayrl.engines.generation.sampling import block_mass, row_uniforms, sample_next, sample_with
+from relayrl.engines.generation.sampling import block_mass, row_uniforms, sample_next, sample_with, seen_mask
 from relayrl.engines.generation.split_k import split_k_linear, split_k_reason
 
 __all__ = ["StaticDecoder", "unsupported_reason", "fuse_reason"]
@@ -367,6 +367,7 @@ class StaticDecoder:
         self.counts = torch.zeros(self.slots, **slot)  # tokens the row has sampled
         self.hist_tokens = torch.zeros(self.slots, self.width, **slot)  # token t of the row at [slot, t]
         self.hist_logprobs = torch.zeros(self.slots, self.width, dtype=torch.float32, device=self.device)
+        self.seen: torch.Tensor | None = None  # [slots, V] bool, each row's context tokens (repetition penalty)
 
     def release(self) -> None:
         """Free the KV cache, the recorded graphs and the fused weight copies."""
@@ -449,15 +450,17 @@ class StaticDecoder:
         """Logits [B, V] in the model's dtype (the sampler takes its sums in float32/64)."""
         return self.model.get_output_embeddings()(self.dec.norm(x)[:, 0])
 
-    def _decode(self, B: int, L: int, temperature: float, top_k: int, top_p: float):
+    def _decode(self, B: int, L: int, params: SamplingParams):
         """The step's tensor work: logits of slots ``[0, B)`` and a token sampled from them with each row's
         counter-based uniform; returns (tokens, log-probs)."""
         logits = self._logits(B, L)
         if self.compiled:
             torch._dynamo.maybe_mark_dynamic(logits, 0)
         uniforms = row_uniforms(self.row_keys[:B], self.counts[:B])
+        seen = self.seen[:B] if params.repetition_penalty != 1.0 else None
         with _no_duck_shapes(self.compiled):
-            return sample_with(logits, temperature, top_k, top_p, uniforms, mass=self._mass_fn)
+            return sample_with(logits, params.temperature, params.top_k, params.top_p, uniforms, mass=self._mass_fn,
+                               min_p=params.min_p, penalty=params.repetition_penalty, seen=seen)
 
     def _record_token(self, idx, tok: torch.Tensor, logp: torch.Tensor) -> None:
         """Slots ``idx`` (a slice or an index tensor) sampled ``tok``: into the history at each row's count,
@@ -473,22 +476,36 @@ class StaticDecoder:
     def _step(self, B: int, L: int, params: SamplingParams) -> None:
         """One decode step of slots ``[0, B)``: logits, a sampled token per slot, positions one further (free
         slots decoding garbage stay inside the cache)."""
-        tok, logp = self._decode(B, L, params.temperature, params.top_k, params.top_p)
+        tok, logp = self._decode(B, L, params)
         self._record_token(slice(0, B), tok, logp)
+        if params.repetition_penalty != 1.0:  # (a scatter of a scalar: nothing crosses from the host in a graph)
+            self.seen[:B].scatter_(1, tok[:, None], True)
         self.positions[:B] = (self.positions[:B] + 1).clamp_max(self.max_len - 1)
 
     @torch.no_grad()
     def start(self, slots: list[int], logits: torch.Tensor, params: SamplingParams, keys: list[int],
-              counts: list[int], positions: list[int]) -> None:
+              counts: list[int], positions: list[int], contexts: list[list[int]] | None = None) -> None:
         """Rows enter ``slots`` after a prefill: ``logits`` [len(slots), V] are their next-token logits; each has
-        its sampling key (``sampling.row_key``), the number of tokens it sampled before (0 for a new row) and
-        the position its next token goes in at. Their first token is sampled here, on the device."""
+        its sampling key (``sampling.row_key``), the number of tokens it sampled before (0 for a new row), the
+        position its next token goes in at and its context (prompt and tokens so far: what a repetition penalty
+        acts on; needed only then). Their first token is sampled here, on the device."""
         idx = torch.tensor(slots, device=self.device)
         self.row_keys[idx] = torch.tensor(keys, dtype=torch.long, device=self.device)
         self.counts[idx] = torch.tensor(counts, dtype=torch.long, device=self.device)
         self.positions[idx] = torch.tensor(positions, dtype=torch.long, device=self.device)
-        tok, logp = sample_next(logits.float(), params, uniforms=row_uniforms(self.row_keys[idx], self.counts[idx]))
+        seen = None
+        if params.repetition_penalty != 1.0:
+            if contexts is None:
+                raise ValueError("a repetition penalty needs the contexts of the rows that start")
+            if self.seen is None or self.seen.shape[1] != logits.shape[-1]:  # the graphs read this buffer
+                self._graphs.clear()
+                self.seen = torch.zeros(self.slots, logits.shape[-1], dtype=torch.bool, device=self.device)
+            self.seen[idx] = seen = seen_mask(contexts, logits.shape[-1], self.device)
+        tok, logp = sample_next(logits.float(), params, uniforms=row_uniforms(self.row_keys[idx], self.counts[idx]),
+                                seen=seen)
         self._record_token(idx, tok, logp)
+        if seen is not None:
+            self.seen[idx, tok] = True
 
     @torch.no_grad()
     def run(self, B: int, L: int, steps: int, params: SamplingParams) -> None:
@@ -500,7 +517,7 @@ class StaticDecoder:
                 self._step(B, L, params)
             return
         bucket = next(b for b in _buckets(self.slots) if b >= B)
-        key = (bucket, L, params.temperature, params.top_k, params.top_p)
+        key = (bucket, L, params.temperature, params.top_k, params.top_p, params.min_p, params.repetition_penalty)
         graph = self._graphs.get(key) or self._record(key, params)
         for _ in range(steps):
             graph.replay()
@@ -530,6 +547,7 @@ class StaticDecoder:
         a side stream, on copies of the slot state, which is put back after: recording changes nothing."""
         B, L = key[0], key[1]
         live = (self.tokens, self.positions, self.counts, self.hist_tokens, self.hist_logprobs)  # what a step writes
+        live += (self.seen,) if params.repetition_penalty != 1.0 else ()
         state = [t.clone() for t in live]
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))

@@ -12,8 +12,8 @@ which engine sampled. How each part maps onto vLLM 0.32's Python API:
   request with a seed drawn from the worker's generator: a run repeats with the same seed.
 - **Log-probs.** ``logprobs_mode="processed_logprobs"``: the sampled token's log-prob under the
   distribution it was drawn from (logits / temperature), what the trainer recomputes. vLLM's "processed"
-  also applies top-p/top-k, which the trainer does not: the config refuses ``top_p < 1`` or ``top_k > 0``
-  with this engine.
+  also applies penalties and top-p/top-k/min-p, which the trainer does not: the config refuses them with this
+  engine, and so does ``generate``.
 - **Stops.** vLLM gets no tokenizer (``skip_tokenizer_init``: relayrl's tokenizer is the one that
   matters); EOS and ``stop_token_ids`` are vLLM stop tokens, stop strings are checked here on the decoded
   tail after every step (a hit aborts the request), as the native engine does.
@@ -187,6 +187,11 @@ class VLLMGenerationEngine:
                       on_finish: Callable[[Completion], None], between: Callable[[], bool] | None = None) -> None:
         """Rows from ``feed`` as slots free up (multi-turn episodes feed each next turn); each gets
         ``params.n`` samples and its own token budget; returns when the feed is done and nothing runs."""
+        narrow = {k: getattr(params, k) for k, off in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0),
+                                                       ("repetition_penalty", 1.0)) if getattr(params, k) != off}
+        if narrow:
+            raise ValueError(f"the vLLM engine samples from softmax(logits / T) only (its processed log-probs would "
+                             f"include {', '.join(narrow)}, which the trainer does not recompute): got {narrow}")
         self.wake()
         self._same_threads()
         stops = sorted((set() if params.ignore_eos else self.eos_ids) | set(params.stop_token_ids))

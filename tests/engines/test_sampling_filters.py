@@ -1,0 +1,115 @@
+"""min-p and the repetition penalty: the sampler against transformers' logits processors, both decode paths
+against Hugging Face ``generate``, and the log-probs kept (the unfiltered policy's)."""
+
+import pytest
+import torch
+from transformers.generation.logits_process import (LogitsProcessorList, MinPLogitsWarper,
+                                                    RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
+                                                    TopKLogitsWarper)
+
+from relayrl.engines.generation.base import SamplingParams
+from relayrl.engines.generation.native import NativeGenerationEngine
+from relayrl.engines.generation.sampling import penalize, sample_with, seen_mask
+
+
+def _logits(B: int, V: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(B, V, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_penalty_is_transformers_repetition_penalty():
+    logits = _logits(4, 50)
+    ids = torch.randint(0, 50, (4, 12), generator=torch.Generator().manual_seed(1))
+    want = RepetitionPenaltyLogitsProcessor(1.7)(ids, logits.clone())
+    got = penalize(logits, seen_mask(ids.tolist(), 50, "cpu"), 1.7)
+    torch.testing.assert_close(got, want)
+    assert not torch.equal(got, logits)  # it changed something
+
+
+def test_seen_mask_marks_each_context_token_once():
+    m = seen_mask([[1, 3, 3], [], [0]], 5, "cpu")
+    assert m.tolist() == [[False, True, False, True, False], [False] * 5, [True, False, False, False, False]]
+
+
+@pytest.mark.parametrize("min_p,top_k,penalty", [(0.05, 0, 1.0), (0.2, 0, 1.5), (0.02, 40, 1.3)])
+def test_draws_follow_the_distribution_transformers_samples_from(min_p, top_k, penalty):
+    """An evenly spaced grid of uniforms lands on each token in proportion to its probability under
+    transformers' chain (penalty, temperature, top-k, min-p); the kept log-probs are the plain policy's."""
+    V, n, T = 300, 20000, 0.8
+    logits = _logits(1, V, seed=3)
+    ids = torch.randint(0, V, (1, 30), generator=torch.Generator().manual_seed(4))
+    chain = [RepetitionPenaltyLogitsProcessor(penalty)] if penalty != 1.0 else []
+    chain += [TemperatureLogitsWarper(T)] + ([TopKLogitsWarper(top_k)] if top_k else []) + [MinPLogitsWarper(min_p)]
+    want = torch.softmax(LogitsProcessorList(chain)(ids, logits.clone()).double(), -1)[0] * n
+    u = (torch.arange(n, dtype=torch.float64) + 0.5) / n
+    seen = seen_mask(ids.tolist(), V, "cpu").expand(n, -1)
+    tok, logp = sample_with(logits.expand(n, -1), T, top_k, 1.0, u, min_p=min_p, penalty=penalty, seen=seen)
+    counts = torch.bincount(tok, minlength=V).double()
+    assert (counts - want).abs().max() <= 1.0
+    assert (counts > 0).sum() < V // 2  # the filters did cut the support
+    torch.testing.assert_close(logp, torch.log_softmax(logits / T, -1)[0, tok])  # before the filters
+
+
+def test_penalty_without_seen_tokens_is_refused():
+    with pytest.raises(ValueError, match="seen"):
+        sample_with(_logits(2, 10), 1.0, 0, 1.0, torch.rand(2, dtype=torch.float64), penalty=1.2)
+
+
+def test_sampling_params_bounds():
+    with pytest.raises(ValueError):
+        SamplingParams(min_p=1.5)
+    with pytest.raises(ValueError):
+        SamplingParams(repetition_penalty=0.0)
+
+
+PROMPTS = ["1+2=", "123+456=", "sort 5 12 9 =", "77+1=", "9+9=", "3+3+3=", "countdown 3 7 5 -> 9 :"]
+
+
+@pytest.mark.parametrize("decode", ["dynamic", "static"])
+def test_greedy_with_a_repetition_penalty_is_hf_generate(tiny_model, tiny_tokenizer, decode):
+    """Greedy decoding with a penalty gives Hugging Face's tokens, prompt by prompt, on both decode paths, with
+    rows leaving and joining the batch (max_batch 2); the log-probs kept are the unpenalised model's."""
+    eng = NativeGenerationEngine(tiny_model, tiny_tokenizer, max_batch=2, decode=decode)
+    assert (eng.static is not None) == (decode == "static")
+    prompts = [tiny_tokenizer(t)["input_ids"] for t in PROMPTS]
+    params = SamplingParams(temperature=0.0, max_new_tokens=12, repetition_penalty=1.8, ignore_eos=True)
+    outs = eng.generate(prompts, params)
+    plain = eng.generate(prompts, params.model_copy(update={"repetition_penalty": 1.0}))
+    assert any(a.token_ids.tolist() != b.token_ids.tolist() for a, b in zip(outs, plain))  # the penalty acted
+    for p, o in zip(prompts, outs):
+        ref = tiny_model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                  max_new_tokens=12, do_sample=False, repetition_penalty=1.8,
+                                  eos_token_id=None, pad_token_id=tiny_tokenizer.pad_token_id)[0, len(p):]
+        assert o.token_ids.tolist() == ref.tolist()
+        with torch.no_grad():
+            logits = tiny_model(torch.tensor([p + o.token_ids.tolist()])).logits[0, len(p) - 1:-1]
+        want = torch.log_softmax(logits.float(), -1).gather(-1, o.token_ids[:, None]).squeeze(-1)
+        torch.testing.assert_close(o.logprobs, want, atol=1e-4, rtol=1e-4)
+
+
+def test_both_decode_paths_sample_the_same_tokens_with_min_p_and_a_penalty(tiny_model, tiny_dir, tiny_tokenizer):
+    from relayrl.models.load import load_model
+
+    other = load_model(tiny_dir)
+    other.load_state_dict(tiny_model.state_dict())
+    dyn = NativeGenerationEngine(tiny_model, tiny_tokenizer, max_batch=4, decode="dynamic")
+    sta = NativeGenerationEngine(other, tiny_tokenizer, max_batch=4, decode="static", decode_chunk=3)
+    assert sta.static is not None
+    prompts = [tiny_tokenizer(t)["input_ids"] for t in PROMPTS]
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=10, min_p=0.1, repetition_penalty=1.5)
+    a = dyn.generate(prompts, params, torch.Generator().manual_seed(5))
+    b = sta.generate(prompts, params, torch.Generator().manual_seed(5))
+    assert [c.token_ids.tolist() for c in a] == [c.token_ids.tolist() for c in b]
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x.logprobs, y.logprobs, atol=1e-4, rtol=1e-4)
+    base = dyn.generate(prompts, params.model_copy(update={"min_p": 0.0, "repetition_penalty": 1.0}),
+                        torch.Generator().manual_seed(5))
+    assert [c.token_ids.tolist() for c in a] != [c.token_ids.tolist() for c in base]
+
+
+def test_the_rollout_config_carries_min_p_and_the_penalty_to_the_sampler():
+    from tests.workflows.grpo_runs import recipe_cfg, refused
+
+    sp = recipe_cfg("rollout.min_p=0.05", "rollout.repetition_penalty=1.1", "rollout.top_k=20").rollout.sampling()
+    assert (sp.min_p, sp.repetition_penalty, sp.top_k) == (0.05, 1.1, 20)
+    assert "rollout.repetition_penalty" in refused("rollout.repetition_penalty=0")
+    assert "rollout.min_p" in refused("rollout.min_p=2")
