@@ -57,12 +57,14 @@ FINGERPRINT: tuple[str, ...] = (
     # the training data: which rows, and what a row's prompt and ground truth are
     "data.task", "data.task_options", "data.path", "data.hf_name", "data.hf_config", "data.hf_split", "data.format",
     "data.prompt_key", "data.answer_key", "data.answer_regex", "data.system_prompt", "data.chat_template",
-    "data.rejected_key", "data.messages_key",
+    "data.rejected_key", "data.messages_key", "data.max_prompt_tokens",
     "algorithm.advantage", "model.lora.enabled", "model.lora.r", "model.lora.alpha", "model.lora.target_modules",
 )
 """Dotted config keys that must match between a checkpoint and the run that resumes it (``model.lora.alpha``:
 the same adapter weights scaled by another ``alpha / r`` are another model). The held-out set (``data.eval_*``,
-``data.hf_eval_split``) may change, as ``eval.*`` may."""
+``data.hf_eval_split``) may change, as ``eval.*`` may; so may ``data.long_prompts``: a run that ran with
+either choice trains the same rows with the other (fail runs only when no row is too long, and then drop
+drops none)."""
 
 
 RUN_CONFIG_KEYS: frozenset[str] = frozenset({"workflow", "run", "model", "trainer"})

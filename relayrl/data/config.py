@@ -50,6 +50,19 @@ class DataConfig(BaseModel):
     messages_key: str | None = Field(None, description="workflow sft on data.path: field with whole conversations "
                                      "(chat messages); only the assistant turns are trained (mask from the chat "
                                      "template)")
+    max_prompt_tokens: int | None = Field(None, ge=1, description="the longest prompt a row of data.path or "
+                                          "data.hf_name may hold, in tokens as the run encodes it (chat template and "
+                                          "data.system_prompt applied), in the training and the held-out set; "
+                                          "data.long_prompts says what happens to a longer one (null: no limit "
+                                          "but the model's context)")
+    long_prompts: Literal["fail", "drop"] = Field("fail", description="a prompt longer than data.max_prompt_tokens, "
+                                                  "or too long for the model's max_position_embeddings beside the "
+                                                  "tokens generated after it: fail refuses the run before it "
+                                                  "generates, naming the first such row; drop leaves those rows out "
+                                                  "of the training and held-out sets before training starts (a line "
+                                                  "says how many), and without data.max_prompt_tokens drops only "
+                                                  "the prompts the context cannot hold. A prompt is never cut "
+                                                  "(verl's data.truncation): a cut question can change its answer")
     prompts_per_step: int = Field(8, ge=1, description="workflow grpo: prompts an RL step draws, each answered "
                                   "rollout.n times (SFT and DPO take trainer.batch_size)")
 
@@ -79,6 +92,12 @@ class DataConfig(BaseModel):
                 re.compile(self.answer_regex)
             except re.error as e:
                 raise ValueError(f"data.answer_regex={self.answer_regex!r} is not a regular expression ({e})") from None
+        if self.task is not None and (self.max_prompt_tokens is not None or self.long_prompts == "drop"):
+            given, fix = (("data.max_prompt_tokens", "unset it") if self.max_prompt_tokens is not None
+                          else ("data.long_prompts=drop", "set data.long_prompts=fail"))
+            raise ValueError(f"{given} measures the rows of a dataset (data.path or data.hf_name); the built-in "
+                             f"task data.task={self.task!r} draws fresh prompts, whose size data.task_options sets: "
+                             f"{fix}")
         if self.task is not None:  # an unknown task or option fails here, not after the model has loaded
             from relayrl.data.tasks import make_task
 

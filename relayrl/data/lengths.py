@@ -1,16 +1,20 @@
-"""Prompts against the model's context: ``relayrl train`` and ``relayrl eval`` refuse, before generating, a
-token budget or a prompt that the model's ``max_position_embeddings`` cannot hold (positions past it were
-never trained, and generating towards a huge budget runs for ever)."""
+"""Prompts against the model's context and ``data.max_prompt_tokens``: ``relayrl train`` and ``relayrl eval``
+refuse, before generating, a token budget or a prompt that the model's ``max_position_embeddings`` cannot hold
+(positions past it were never trained, and generating towards a huge budget runs for ever); a run config may
+also cap a prompt's tokens (``data.max_prompt_tokens``) and leave the longer rows out
+(``data.long_prompts=drop``) instead of refusing them. A prompt is never cut: a cut question can change its
+answer."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 from relayrl.data.tasks import Problem
 
-__all__ = ["context_limit", "check_context"]
+__all__ = ["context_limit", "check_context", "over_limit", "PromptRoom", "too_long", "fit_prompts"]
 
 
 def context_limit(model_dir: str | Path) -> int | None:
@@ -21,35 +25,156 @@ def context_limit(model_dir: str | Path) -> int | None:
         return None
 
 
+def over_limit(lengths: Sequence[int], *, max_tokens: int | None = None, room: int | None = None) -> list[int]:
+    """Indices, in order, of the prompt ``lengths`` (tokens) above ``max_tokens`` (``data.max_prompt_tokens``)
+    or above ``room`` (the model's context less the tokens generated after a prompt); None: no such limit."""
+    caps = [c for c in (max_tokens, room) if c is not None]
+    if not caps:
+        return []
+    cap = min(caps)
+    return [i for i, n in enumerate(lengths) if n > cap]
+
+
+@dataclass(frozen=True)
+class PromptRoom:
+    """What every prompt of a set must fit: ``max_tokens`` (``data.max_prompt_tokens``; None: no cap), and the
+    model's context ``limit`` (``max_position_embeddings`` of ``model``; None: unknown) beside ``budget`` new
+    tokens (``key``'s; None: the set is not generated from, e.g. SFT's training rows)."""
+
+    max_tokens: int | None = None
+    budget: int | None = None
+    key: str = ""
+    limit: int | None = None
+    model: str | Path = ""
+
+    @property
+    def room(self) -> int | None:
+        """The longest prompt the context holds beside the budget (None: nothing to check)."""
+        return None if self.limit is None or self.budget is None else self.limit - self.budget
+
+    @property
+    def checks(self) -> bool:
+        """Whether there is any limit to measure the prompts against."""
+        return self.max_tokens is not None or self.room is not None
+
+    def capped(self, n: int) -> bool:
+        """Whether a prompt of ``n`` tokens is over ``data.max_prompt_tokens`` (else, if over, the context's)."""
+        return self.max_tokens is not None and n > self.max_tokens
+
+
+def _row(problems: Sequence[Problem], i: int) -> str:
+    """``d.jsonl row 7`` (the row's original number), or a built-in task's ``held-out prompt 3 ('...')``."""
+    p = problems[i]
+    return (f"{p.meta['source']} row {p.meta['row']}" if "row" in p.meta
+            else f"held-out prompt {i + 1} ({p.prompt[:40]!r})")
+
+
+def _more(problems: Sequence[Problem], over: Sequence[int]) -> str:
+    """`` (2 more too long: rows 3, 4)`` for the rows after the first (their original row numbers)."""
+    if len(over) < 2:
+        return ""
+    rows = [str(problems[j].meta.get("row", j + 1)) for j in over[1:]]
+    what = "rows" if "row" in problems[over[0]].meta else "prompts"
+    return f" ({len(rows)} more too long: {what} {', '.join(rows[:10])}{', ...' if len(rows) > 10 else ''})"
+
+
+def _check_budget(lengths: Sequence[int], room: PromptRoom) -> None:
+    """Refuse a budget that leaves no room for any prompt (ConfigError, with the largest budget that fits)."""
+    from relayrl.config.loader import ConfigError
+
+    if room.room is None or room.room > 0:
+        return
+    fitting = [n for n in lengths if n < room.limit]
+    most = f"at most {room.limit - max(fitting)} (the longest prompt is {max(fitting)} tokens)" if fitting else \
+        "fewer tokens and shorter prompts"
+    raise ConfigError(f"{room.key}={room.budget} new tokens cannot fit in the model's max_position_embeddings="
+                      f"{room.limit} ({room.model}) beside a prompt; give {most}")
+
+
+def too_long(problems: Sequence[Problem], lengths: Sequence[int], over: Sequence[int], room: PromptRoom, *,
+             drop_key: bool) -> Exception:
+    """The DatasetError refusing ``over`` (indices from :func:`over_limit`, at least one): it names the first
+    row, its length, the limit it passes, how many more rows are too long, and the fix (``drop_key``: also
+    ``data.long_prompts=drop``, which a run config has and ``relayrl eval --data`` has not)."""
+    from relayrl.data.errors import DatasetError
+
+    i = over[0]
+    n, row = lengths[i], _row(problems, i)
+    drop = ", or set data.long_prompts=drop to leave out every such row" if drop_key else ""
+    if room.capped(n):
+        return DatasetError(f"{row}: the prompt is {n} tokens, longer than data.max_prompt_tokens={room.max_tokens}; "
+                            f"raise data.max_prompt_tokens, shorten or drop the row{drop}{_more(problems, over)}")
+    fitting = [m for m in lengths if m < room.limit and not room.capped(m)]  # (n among them)
+    lower = f", or lower {room.key} to at most {room.limit - max(fitting)}" if n < room.limit else ""
+    return DatasetError(f"{row}: the prompt is {n} tokens and {room.key}={room.budget} more make {n + room.budget}, "
+                        f"beyond the model's max_position_embeddings={room.limit} ({room.model}); shorten or drop "
+                        f"the row{lower}{drop}{_more(problems, over)}")
+
+
 def check_context(problems: Sequence[Problem], encode: Callable[[Problem], list[int]], budget: int, key: str,
                   limit: int, model: str | Path) -> None:
     """Refuse ``key``'s ``budget`` of new tokens when it leaves no room for any prompt (ConfigError, with the
     largest budget that fits), then the first row whose prompt plus ``budget`` exceeds ``limit`` (DatasetError,
     naming the row, how many more rows are too long, and the largest budget that fits every prompt)."""
-    from relayrl.config.loader import ConfigError
-    from relayrl.data.errors import DatasetError
-
     lengths = [len(encode(p)) for p in problems]
     if not lengths:
         return
-    fitting = [n for n in lengths if n < limit]
-    if budget >= limit:
-        most = f"at most {limit - max(fitting)} (the longest prompt is {max(fitting)} tokens)" if fitting else \
-            "fewer tokens and shorter prompts"
-        raise ConfigError(f"{key}={budget} new tokens cannot fit in the model's max_position_embeddings={limit} "
-                          f"({model}) beside a prompt; give {most}")
-    over = [i for i, n in enumerate(lengths) if n + budget > limit]
+    room = PromptRoom(budget=budget, key=key, limit=limit, model=model)
+    _check_budget(lengths, room)
+    over = over_limit(lengths, room=room.room)
+    if over:
+        raise too_long(problems, lengths, over, room, drop_key=False)
+
+
+def _why(lengths: Sequence[int], over: Sequence[int], room: PromptRoom) -> str:
+    """Why the ``over`` prompts are too long: ``longer than data.max_prompt_tokens=512 tokens``, ``too long
+    for the model's max_position_embeddings=...``, or both, counted (``10 longer than ..., 2 too long ...``)."""
+    capped = sum(room.capped(lengths[i]) for i in over)
+    parts = []
+    if capped:
+        parts.append(f"longer than data.max_prompt_tokens={room.max_tokens} tokens")
+    if capped < len(over):
+        parts.append(f"too long for the model's max_position_embeddings={room.limit} beside {room.key}="
+                     f"{room.budget} (over {room.room} tokens)")
+    return parts[0] if len(parts) == 1 else f"{capped} {parts[0]}, {len(over) - capped} {parts[1]}"
+
+
+def _all_dropped(what: str, lengths: Sequence[int], over: Sequence[int], room: PromptRoom) -> Exception:
+    """The ConfigError refusing a drop that would leave no ``what`` prompt, with the limit that keeps the
+    shortest."""
+    from relayrl.config.loader import ConfigError
+
+    shortest = min(lengths)
+    fixes = []
+    if room.capped(shortest):
+        fixes.append(f"raise data.max_prompt_tokens to at least {shortest}")
+    if room.room is not None and shortest > room.room:
+        fixes.append(f"lower {room.key} to at most {room.limit - shortest}" if shortest < room.limit
+                     else f"use a model whose context holds {shortest} tokens and more")
+    return ConfigError(f"data.long_prompts=drop would drop all {len(lengths)} {what} prompts "
+                       f"({_why(lengths, over, room)}; the shortest is {shortest} tokens): {' and '.join(fixes)}")
+
+
+def fit_prompts(problems: list[Problem], encode: Callable[[Problem], list[int]], room: PromptRoom, *,
+                drop: bool, what: str, log: Callable[[str], None]) -> list[Problem]:
+    """The ``what`` (training, held-out) prompts that fit ``room``, measured with ``encode`` (the run's own
+    token ids: chat template, system prompt). A budget that leaves no room is refused (ConfigError); a prompt
+    too long is refused (DatasetError, :func:`too_long`), or with ``drop`` left out: the rows kept keep their
+    identities (``meta["row"]``, ``meta["source"]``) and order, one line says how many were dropped and why,
+    and a set with no row left is refused (ConfigError). Nothing is measured when ``room`` has no limit."""
+    if not room.checks or not problems:
+        return problems
+    lengths = [len(encode(p)) for p in problems]
+    _check_budget(lengths, room)
+    over = over_limit(lengths, max_tokens=room.max_tokens, room=room.room)
     if not over:
-        return
-    i, n = over[0], lengths[over[0]]
-    p = problems[i]
-    row = (f"{p.meta['source']} row {p.meta['row']}" if "row" in p.meta
-           else f"held-out prompt {i + 1} ({p.prompt[:40]!r})")
-    lower = f", or lower {key} to at most {limit - max(fitting)}" if n < limit else ""
-    more = ""
-    if len(over) > 1:
-        rows = [str(problems[j].meta.get("row", j + 1)) for j in over[1:]]
-        what = "rows" if "row" in p.meta else "prompts"
-        more = f" ({len(rows)} more too long: {what} {', '.join(rows[:10])}{', ...' if len(rows) > 10 else ''})"
-    raise DatasetError(f"{row}: the prompt is {n} tokens and {key}={budget} more make {n + budget}, beyond the "
-                       f"model's max_position_embeddings={limit} ({model}); shorten or drop the row{lower}{more}")
+        return problems
+    if not drop:
+        raise too_long(problems, lengths, over, room, drop_key=True)
+    if len(over) == len(problems):
+        raise _all_dropped(what, lengths, over, room)
+    why = _why(lengths, over, room)
+    log(f"relayrl: data.long_prompts=drop: dropped {len(over)} of {len(problems)} {what} prompts"
+        f"{':' if why[0].isdigit() else ''} {why}")
+    gone = set(over)
+    return [p for i, p in enumerate(problems) if i not in gone]

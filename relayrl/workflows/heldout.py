@@ -134,20 +134,25 @@ class EvalSession:
             p.meta["tools"] = schemas
 
     def _check_lengths(self) -> None:
-        """Refuse a held-out row whose prompt plus the tokens generated after it exceed the model's
-        ``max_position_embeddings`` (positions past it were never trained); a training session checks its
-        training rows first. ``relayrl eval --task/--data`` applies the same check
+        """Refuse (or with ``data.long_prompts=drop`` leave out) a held-out row longer than
+        ``data.max_prompt_tokens`` or whose prompt plus the tokens generated after it exceed the model's
+        ``max_position_embeddings`` (positions past it were never trained); a training session fits its
+        training rows first. ``relayrl eval --task/--data`` applies the same context check
         (:func:`relayrl.data.lengths.check_context`)."""
         e = self.cfg.eval
         key = "eval.max_new_tokens" if e.max_new_tokens else "rollout.max_new_tokens"
-        self._check_context(self.eval_problems, e.max_new_tokens or self.cfg.rollout.max_new_tokens, key)
+        budget = e.max_new_tokens or self.cfg.rollout.max_new_tokens
+        self.eval_problems = self._fit(self.eval_problems, "held-out", budget, key)
 
-    def _check_context(self, problems: list[Problem], budget: int, key: str) -> None:
-        from relayrl.data.lengths import check_context, context_limit
+    def _fit(self, problems: list[Problem], what: str, budget: int | None, key: str) -> list[Problem]:
+        """The ``what`` rows that fit ``data.max_prompt_tokens`` and the model's context beside ``budget`` new
+        tokens (None: the rows are not generated from), as :func:`relayrl.data.lengths.fit_prompts` keeps them."""
+        from relayrl.data.lengths import PromptRoom, context_limit, fit_prompts
 
-        limit = context_limit(self.model_path)
-        if limit is not None:  # (a model config without the field: nothing to check against)
-            check_context(problems, self.encode, budget, key, limit, self.model_path)
+        d = self.cfg.data
+        room = PromptRoom(max_tokens=d.max_prompt_tokens, budget=budget, key=key,
+                          limit=context_limit(self.model_path), model=self.model_path)
+        return fit_prompts(problems, self.encode, room, drop=d.long_prompts == "drop", what=what, log=self.log)
 
     def encode(self, problem: Problem) -> list[int]:
         """Prompt token ids (chat template applied to chat-message prompts), cached by prompt text."""

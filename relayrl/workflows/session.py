@@ -147,9 +147,12 @@ class Session(EvalSession):
         return plan
 
     def _check_lengths(self) -> None:
-        """The training rows first when the workflow samples from them (grpo), then the held-out rows."""
-        if self.train_problems is not None and self.cfg.workflow == "grpo":
-            self._check_context(self.train_problems, self.cfg.rollout.max_new_tokens, "rollout.max_new_tokens")
+        """The training rows first (against the model's context too when the workflow generates from them:
+        grpo), then the held-out rows; with ``data.long_prompts=drop`` the rows left out are gone before the
+        prompt source is built, so a resumed run walks the same rows."""
+        if self.train_problems is not None:
+            budget = self.cfg.rollout.max_new_tokens if self.cfg.workflow == "grpo" else None
+            self.train_problems = self._fit(self.train_problems, "training", budget, "rollout.max_new_tokens")
         super()._check_lengths()
 
     # ------------------------------------------------------------ telemetry

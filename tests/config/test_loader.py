@@ -228,3 +228,20 @@ def test_a_yaml_boolean_word_for_a_choice_says_how_yaml_read_it():
     err = _errors("engine.dropout=off")
     assert "engine.dropout: Input should be 'auto', 'none' or 'model' (got False)" in err
     assert "YAML reads on, off, yes and no as false" in err
+
+
+def test_the_prompt_limit_keys_are_checked(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    on_data = ["data.task=null", f"data.path={data}", "reward.verifier=exact"]
+    cfg = load_config(Config, RECIPES / "arith_grpo.yaml", [*on_data, "data.max_prompt_tokens=256",
+                                                            "data.long_prompts=drop"])
+    assert (cfg.data.max_prompt_tokens, cfg.data.long_prompts) == (256, "drop")
+    cfg = load_config(Config, RECIPES / "arith_sft.yaml", [*on_data, "data.long_prompts=drop"])  # (no cap: allowed)
+    assert cfg.data.max_prompt_tokens is None and cfg.data.long_prompts == "drop"
+    assert "data.max_prompt_tokens" in _errors(*on_data, "data.max_prompt_tokens=0")
+    assert "data.long_prompts: Input should be 'fail' or 'drop'" in _errors(*on_data, "data.long_prompts=cut")
+    assert "data.max_prompt_tokens measures the rows of a dataset (data.path or data.hf_name); the built-in task " \
+           "data.task='arith' draws fresh prompts, whose size data.task_options sets: unset it" in \
+           _errors("data.max_prompt_tokens=64")
+    assert "set data.long_prompts=fail" in _errors("data.long_prompts=drop")

@@ -1,4 +1,5 @@
-"""The context check that ``relayrl train`` and ``relayrl eval`` share (``relayrl.data.lengths``)."""
+"""The context check that ``relayrl train`` and ``relayrl eval`` share, and a run's prompt limit
+(``data.max_prompt_tokens``, ``data.long_prompts``): ``relayrl.data.lengths``."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 
 from relayrl.config.loader import ConfigError
 from relayrl.data.errors import DatasetError
-from relayrl.data.lengths import check_context
+from relayrl.data.lengths import PromptRoom, check_context, fit_prompts, over_limit
 from relayrl.data.tasks import Problem
 
 
@@ -33,3 +34,71 @@ def test_every_prompt_too_long_is_counted_and_the_largest_budget_fits_all_the_ot
     with pytest.raises(DatasetError, match=r"row 2: .* or lower k to at most 112$"):
         check_context(_rows(10, 400), _encode, 200, "k", 512, "m")
     check_context(_rows(10, 312), _encode, 200, "k", 512, "m")  # exactly fits
+
+
+def test_over_limit_takes_the_tighter_of_the_cap_and_the_room():
+    lengths = [10, 600, 400, 700, 450]
+    assert over_limit(lengths) == []  # no limit
+    assert over_limit(lengths, max_tokens=500) == [1, 3]
+    assert over_limit(lengths, room=400) == [1, 3, 4]  # 400 fits exactly
+    assert over_limit(lengths, max_tokens=650, room=420) == [1, 3, 4]
+    assert over_limit(lengths, max_tokens=420, room=650) == [1, 3, 4]
+    assert over_limit(lengths, max_tokens=9) == [0, 1, 2, 3, 4]
+
+
+def _never(p: Problem) -> list[int]:
+    raise AssertionError("measured a prompt with no limit set")
+
+
+def test_nothing_is_measured_without_a_limit():
+    rows = _rows(10, 900)
+    assert fit_prompts(rows, _never, PromptRoom(), drop=False, what="training", log=print) is rows
+    # a set that is not generated from (budget None) has no context limit to meet
+    assert fit_prompts(rows, _never, PromptRoom(key="k", limit=512, model="m"), drop=True, what="training",
+                       log=print) is rows
+
+
+def test_fail_names_the_first_row_its_length_the_limit_the_others_and_the_fix():
+    room = PromptRoom(max_tokens=100, budget=16, key="rollout.max_new_tokens", limit=512, model="m")
+    with pytest.raises(DatasetError) as info:
+        fit_prompts(_rows(10, 150, 20, 600, 101), _encode, room, drop=False, what="training", log=print)
+    assert str(info.value) == ("d.jsonl row 2: the prompt is 150 tokens, longer than data.max_prompt_tokens=100; "
+                               "raise data.max_prompt_tokens, shorten or drop the row, or set data.long_prompts=drop "
+                               "to leave out every such row (2 more too long: rows 4, 5)")
+    # over the context only: the context's message, with the run's drop option
+    room = PromptRoom(budget=200, key="rollout.max_new_tokens", limit=512, model="m")
+    with pytest.raises(DatasetError, match=r"^d.jsonl row 2: the prompt is 400 tokens and rollout.max_new_tokens=200 "
+                       r"more make 600, .*; shorten or drop the row, or lower rollout.max_new_tokens to at most 112, "
+                       r"or set data.long_prompts=drop to leave out every such row$"):
+        fit_prompts(_rows(10, 400), _encode, room, drop=False, what="training", log=print)
+
+
+def test_drop_keeps_the_other_rows_with_their_numbers_and_says_how_many_went():
+    lines: list[str] = []
+    room = PromptRoom(max_tokens=100, budget=16, key="rollout.max_new_tokens", limit=512, model="m")
+    kept = fit_prompts(_rows(10, 150, 100, 600, 5), _encode, room, drop=True, what="training", log=lines.append)
+    assert [p.meta["row"] for p in kept] == [1, 3, 5]
+    assert lines == ["relayrl: data.long_prompts=drop: dropped 2 of 5 training prompts longer than "
+                     "data.max_prompt_tokens=100 tokens"]
+    lines.clear()  # a cap above the context's room: the two reasons counted apart
+    room = PromptRoom(max_tokens=550, budget=100, key="eval.max_new_tokens", limit=512, model="m")
+    kept = fit_prompts(_rows(10, 600, 450, 412), _encode, room, drop=True, what="held-out", log=lines.append)
+    assert [p.meta["row"] for p in kept] == [1, 4]
+    assert lines == ["relayrl: data.long_prompts=drop: dropped 2 of 4 held-out prompts: 1 longer than "
+                     "data.max_prompt_tokens=550 tokens, 1 too long for the model's max_position_embeddings=512 "
+                     "beside eval.max_new_tokens=100 (over 412 tokens)"]
+
+
+def test_drop_refuses_to_leave_no_row_and_a_budget_past_the_context():
+    room = PromptRoom(max_tokens=8, budget=16, key="rollout.max_new_tokens", limit=512, model="m")
+    with pytest.raises(ConfigError) as info:
+        fit_prompts(_rows(10, 30), _encode, room, drop=True, what="training", log=print)
+    assert str(info.value) == ("data.long_prompts=drop would drop all 2 training prompts (longer than "
+                               "data.max_prompt_tokens=8 tokens; the shortest is 10 tokens): raise "
+                               "data.max_prompt_tokens to at least 10")
+    room = PromptRoom(budget=500, key="rollout.max_new_tokens", limit=512, model="m")
+    with pytest.raises(ConfigError, match="the shortest is 20 tokens[)]: lower rollout.max_new_tokens to at most 492"):
+        fit_prompts(_rows(20, 30), _encode, room, drop=True, what="training", log=print)
+    room = PromptRoom(budget=600, key="rollout.max_new_tokens", limit=512, model="m")
+    with pytest.raises(ConfigError, match="rollout.max_new_tokens=600 new tokens cannot fit"):
+        fit_prompts(_rows(20), _encode, room, drop=True, what="training", log=print)
