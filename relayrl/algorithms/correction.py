@@ -13,12 +13,17 @@ per-token factor ``c [B, T]`` (detached) that multiplies the token losses (``is_
     mode   truncate  w' = min(w, high)                                  Yao et al. 2025 ("TIS")
            mask      w' = w if low <= w <= high else 0                  IcePop (Ling team / AReaL 2025)
     divergence mask  drop token t of sequence i when
-                     KL_i = mean_t kl(mu || pi_old) > threshold          DeepSeek-V3.2 (2025),
+           mean      KL_i = mean_t kl_t > threshold                      DeepSeek-V3.2 (2025),
                      [and A_{i,t} < 0 (negative_only)]                   "off-policy sequence masking"
+           sum       KL_i = sum_t kl_t > threshold                       verl rollout_rs=seq_sum_k*
+           max       KL_i = max_t kl_t > threshold                       verl rollout_rs=seq_max_k*
+           token     kl_t > threshold (that token alone)                 verl rollout_rs=token_k*
 
-The factor is ``c = w' * keep`` (``w' = 1`` without a level), 0 on padding. ``kl`` is the k1 estimate
-``log mu - log pi_old`` (the DeepSeek-V3.2 form) or k3 ``r - 1 - log r`` with ``r = pi_old / mu`` (never
-negative), both unbiased for ``KL(mu || pi_old)`` as the tokens are sampled from ``mu``.
+The factor is ``c = w' * keep`` (``w' = 1`` without a level), 0 on padding. ``kl_t`` is a per-token estimate
+of ``KL(mu || pi_old)`` from ``l_t``: k1 ``-l_t = log mu - log pi_old`` (the DeepSeek-V3.2 form; unbiased,
+may be negative), k2 ``l_t^2 / 2`` (never negative, biased) or k3 ``r - 1 - l_t`` with ``r = exp(l_t) =
+pi_old / mu`` (unbiased and never negative); k1 and k3 are unbiased because the tokens are sampled from ``mu``.
+(verl's k1 forms also reject below a lower bound; here every form drops only above ``threshold``.)
 
 Edge cases (chosen, and tested):
 
@@ -46,11 +51,13 @@ from relayrl.algorithms._ops import LOG_CLAMP, masked_max, masked_mean
 
 Tensor = torch.Tensor
 
-__all__ = ["LEVELS", "MODES", "KL_KINDS", "Correction", "rollout_correction", "log_ratios"]
+__all__ = ["LEVELS", "MODES", "KL_KINDS", "KL_REDUCES", "Correction", "rollout_correction", "log_ratios",
+           "token_kl"]
 
 LEVELS: tuple[str, ...] = ("token", "sequence", "geometric")
 MODES: tuple[str, ...] = ("truncate", "mask")
-KL_KINDS: tuple[str, ...] = ("k1", "k3")
+KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3")
+KL_REDUCES: tuple[str, ...] = ("mean", "sum", "max", "token")
 
 
 def log_ratios(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -62,6 +69,18 @@ def log_ratios(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -> 
     d = old_logprobs.detach() - rollout_logprobs.detach().to(old_logprobs.dtype)
     d = torch.nan_to_num(d, nan=-LOG_CLAMP, posinf=LOG_CLAMP, neginf=-LOG_CLAMP).clamp(-LOG_CLAMP, LOG_CLAMP)
     return torch.where(m > 0, d, torch.zeros((), dtype=d.dtype, device=d.device)), m
+
+
+def token_kl(lr: Tensor, kind: str) -> Tensor:
+    """``[B, T]`` per-token estimate ``kind`` (``k1``, ``k2``, ``k3``) of ``KL(mu || pi_old)`` from the token
+    log-ratios ``lr [B, T] = log pi_old - log mu`` (module docstring); 0 where ``lr`` is 0 (padding)."""
+    if kind == "k1":
+        return -lr
+    if kind == "k2":
+        return 0.5 * lr.square()
+    if kind == "k3":
+        return torch.expm1(lr) - lr
+    raise ValueError(f"unknown kl_kind {kind!r}; valid kinds: {', '.join(KL_KINDS)}")
 
 
 def rollout_correction(
@@ -77,6 +96,7 @@ def rollout_correction(
     kl_threshold: float | None = None,
     kl_kind: str = "k1",
     negative_only: bool = False,
+    kl_reduce: str = "mean",
 ) -> tuple[Tensor, dict[str, float]]:
     """The per-token correction factor of the module docstring and what it did.
 
@@ -90,9 +110,13 @@ def rollout_correction(
         mode: ``"truncate"`` (cap at ``high``) or ``"mask"`` (drop outside ``[low, high]``).
         high: upper bound of the weight (> 0).
         low: lower bound, mask mode only (default ``1 / high``); 0 masks only above ``high``.
-        kl_threshold: drop sequences whose mean per-token ``KL(mu || pi_old)`` exceeds it (``None``: off).
-        kl_kind: ``"k1"`` or ``"k3"``, the per-token estimate averaged over a sequence.
+        kl_threshold: drop sequences (or tokens) whose ``KL(mu || pi_old)`` estimate, reduced by
+            ``kl_reduce``, exceeds it (``None``: off).
+        kl_kind: ``"k1"``, ``"k2"`` or ``"k3"``, the per-token estimate (:func:`token_kl`).
         negative_only: the divergence mask drops only tokens with a negative advantage (DeepSeek-V3.2).
+        kl_reduce: ``"mean"``, ``"sum"`` or ``"max"`` of the per-token estimates over a sequence's valid
+            tokens (the whole sequence is dropped above ``kl_threshold``), or ``"token"`` (each token is
+            dropped on its own estimate).
 
     Returns:
         ``(factor [B, T] detached, metrics)``, metrics (this call's tokens; fractions of valid tokens or of
@@ -101,7 +125,9 @@ def rollout_correction(
         factor), ``correction/token_capped_frac``, ``correction/token_masked_frac`` (factor 0 on a valid
         token, by either mask), ``correction/seq_capped_frac``, ``correction/seq_masked_frac`` (every
         token masked), ``correction/kl_k1``, ``correction/kl_k3`` (token means of ``KL(mu || pi_old)``),
-        ``correction/seq_kl_max`` and ``correction/kl_masked_frac`` (tokens dropped by the divergence mask).
+        ``correction/seq_kl_max`` (the largest value compared with ``kl_threshold``: of a sequence's
+        ``kl_reduce``, of a token with ``token``; computed without a threshold too) and
+        ``correction/kl_masked_frac`` (tokens dropped by the divergence mask).
     """
     if level is not None and level not in LEVELS:
         raise ValueError(f"unknown level {level!r}; valid levels: {', '.join(LEVELS)} (or None)")
@@ -109,6 +135,8 @@ def rollout_correction(
         raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
     if kl_kind not in KL_KINDS:
         raise ValueError(f"unknown kl_kind {kl_kind!r}; valid kinds: {', '.join(KL_KINDS)}")
+    if kl_reduce not in KL_REDUCES:
+        raise ValueError(f"unknown kl_reduce {kl_reduce!r}; valid reductions: {', '.join(KL_REDUCES)}")
     if not high > 0:
         raise ValueError(f"high must be > 0, got {high}")
     if low is not None and not 0 <= low <= high:
@@ -149,13 +177,22 @@ def rollout_correction(
             out = ((log_w > math.log(high)) | (log_w < log_lo)) & valid
             weight = torch.where(out, zero, ratio)
 
-        k1 = -lr
-        k3 = torch.expm1(lr) - lr
-        per_tok = k1 if kl_kind == "k1" else k3
-        seq_kl = (per_tok * m).sum(dim=1) / n_tok.clamp(min=1.0)
+        k1, k3 = token_kl(lr, "k1"), token_kl(lr, "k3")
+        per_tok = token_kl(lr, kl_kind)
+        if kl_reduce == "token":  # stat [B, T]: each token's own estimate
+            stat, kl_max = per_tok, masked_max(per_tok, valid)
+        else:  # stat [B, 1]: the sequence's reduction over its valid tokens (0 without any)
+            if kl_reduce == "max":
+                seq_kl = torch.where(valid, per_tok, torch.full((), -math.inf, dtype=m.dtype, device=m.device))
+                seq_kl = torch.where(has_tok, seq_kl.amax(dim=1), zero)
+            else:
+                seq_kl = (per_tok * m).sum(dim=1)
+                if kl_reduce == "mean":
+                    seq_kl = seq_kl / n_tok.clamp(min=1.0)
+            stat, kl_max = seq_kl.unsqueeze(1), masked_max(seq_kl, has_tok)
         dropped = torch.zeros_like(valid)
         if kl_threshold is not None:
-            dropped = (seq_kl > kl_threshold).unsqueeze(1) & valid
+            dropped = (stat > kl_threshold) & valid
             if negative_only:
                 dropped = dropped & (advantages.detach() < 0)
 
@@ -174,7 +211,7 @@ def rollout_correction(
             "correction/seq_masked_frac": seq_all_masked.sum() / seqs.sum().clamp(min=1.0),
             "correction/kl_k1": masked_mean(k1, m),
             "correction/kl_k3": masked_mean(k3, m),
-            "correction/seq_kl_max": masked_max(seq_kl, has_tok),
+            "correction/seq_kl_max": kl_max,
             "correction/kl_masked_frac": masked_mean(dropped.to(m.dtype), m),
         }
     return factor, to_floats(metrics)
@@ -191,9 +228,11 @@ class Correction:
     kl_threshold: float | None = None
     kl_kind: str = "k1"
     negative_only: bool = False
+    kl_reduce: str = "mean"
 
     def __call__(self, old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor,
                  advantages: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
         return rollout_correction(old_logprobs, rollout_logprobs, mask, advantages, level=self.level,
                                   mode=self.mode, high=self.high, low=self.low, kl_threshold=self.kl_threshold,
-                                  kl_kind=self.kl_kind, negative_only=self.negative_only)
+                                  kl_kind=self.kl_kind, negative_only=self.negative_only,
+                                  kl_reduce=self.kl_reduce)

@@ -12,7 +12,10 @@
 Departures: the dynamic-sampling test is "rewards not all equal" (within
 ``atol``), which equals the paper's ``0 < #correct < G`` for binary rewards
 and extends it to graded rewards. The filter only reports which rows to keep;
-re-sampling until the batch is full is the workflow's job.
+re-sampling until the batch is full is the workflow's job, and so is the
+choice of value compared (``algorithm.dynamic_sampling_metric``: the
+verifier's score, as the paper's accuracy, or the reward after overlong
+shaping; :meth:`relayrl.config.plan.StepPlan.keep_groups`).
 """
 
 from __future__ import annotations

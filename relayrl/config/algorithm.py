@@ -42,11 +42,16 @@ class CorrectionConfig(_Section):
     low: float | None = Field(None, ge=0.0, description="mode=mask: lower bound of the weight (null: 1/high; 0: "
                               "mask only above high)")
     kl_threshold: float | None = Field(
-        None, ge=0.0, description="drop a sequence from the policy loss when its mean per-token estimate of "
-        "KL(mu || pi_old) exceeds this (DeepSeek-V3.2's off-policy sequence masking); null: off")
-    kl_kind: Literal["k1", "k3"] = Field("k1", description="the per-token KL estimate averaged over a sequence for "
-                                         "kl_threshold: k1 = log mu - log pi_old (DeepSeek-V3.2), k3 = r - 1 - log r "
-                                         "with r = pi_old / mu (never negative)")
+        None, ge=0.0, description="drop a sequence from the policy loss when its per-token estimate of "
+        "KL(mu || pi_old), reduced over its tokens by kl_reduce, exceeds this (DeepSeek-V3.2's off-policy "
+        "sequence masking); kl_reduce=token drops each token over it instead; null: off")
+    kl_kind: Literal["k1", "k2", "k3"] = Field(
+        "k1", description="the per-token KL estimate kl_threshold compares: k1 = log mu - log pi_old "
+        "(DeepSeek-V3.2), k2 = (log r)^2 / 2, k3 = r - 1 - log r with r = pi_old / mu (k2, k3 never negative)")
+    kl_reduce: Literal["mean", "sum", "max", "token"] = Field(
+        "mean", description="how kl_threshold reduces the per-token estimates: mean, sum or max over a "
+        "sequence's response tokens (the whole sequence is dropped over the threshold), or token (each token "
+        "over it is dropped alone); verl's rollout_rs=seq_mean_k*, seq_sum_k*, seq_max_k*, token_k*")
     negative_only: bool = Field(False, description="kl_threshold drops only the tokens with a negative advantage "
                                 "(DeepSeek-V3.2: a sample the policy drifted from is not pushed down)")
 
@@ -70,6 +75,10 @@ class CorrectionConfig(_Section):
         if self.kl_kind != "k1" and self.kl_threshold is None and "kl_kind" in self.model_fields_set:
             raise ValueError("algorithm.correction.kl_kind is the estimate kl_threshold compares, which is off: set "
                              "algorithm.correction.kl_threshold or drop kl_kind")
+        if self.kl_reduce != "mean" and self.kl_threshold is None and "kl_reduce" in self.model_fields_set:
+            raise ValueError(f"algorithm.correction.kl_reduce={self.kl_reduce} reduces the estimate kl_threshold "
+                             f"compares, which is off: set algorithm.correction.kl_threshold (e.g. 0.1) or drop "
+                             f"kl_reduce")
         return self
 
     @property
@@ -81,7 +90,8 @@ class CorrectionConfig(_Section):
         from relayrl.algorithms.correction import Correction
 
         return Correction(level=self.level, mode=self.mode, high=self.high, low=self.low,
-                          kl_threshold=self.kl_threshold, kl_kind=self.kl_kind, negative_only=self.negative_only)
+                          kl_threshold=self.kl_threshold, kl_kind=self.kl_kind, negative_only=self.negative_only,
+                          kl_reduce=self.kl_reduce)
 
 
 class DistillConfig(_Section):
@@ -202,7 +212,12 @@ class AlgorithmConfig(_Section):
                                     "rises linearly to this over overlong_cache tokens; DAPO's 1, verl's "
                                     "overlong_buffer.penalty_factor)")
     overlong_filter: bool = Field(False, description="mask truncated responses out of the loss")
-    dynamic_sampling: bool = Field(False, description="drop groups whose rewards are all equal (and resample prompts)")
+    dynamic_sampling: bool = Field(False, description="drop groups whose scores (dynamic_sampling_metric) are all "
+                                   "equal (and resample prompts)")
+    dynamic_sampling_metric: Literal["score", "reward"] = Field(
+        "score", description="the value dynamic sampling compares within a group: score (the verifier's or reward "
+        "functions' score before shaping; verl's filter_groups.metric=acc) or reward (after overlong_shaping's "
+        "length penalty, what the advantages read; verl's seq_reward)")
     max_resample_rounds: int = Field(3, ge=0, description="dynamic sampling: generation rounds after the first, on "
                                      "fresh prompts, until data.prompts_per_step groups are kept; then the step "
                                      "trains on the groups it has (dapo/missing_prompts)")
@@ -274,6 +289,14 @@ class AlgorithmConfig(_Section):
                 users = " and ".join(n for n, e in ESTIMATORS.items() if key in e.params)
                 raise ValueError(f"algorithm.{key}={getattr(self, key)} is {what}, which only advantage={users} "
                                  f"uses; {self.advantage!r} ignores it: set algorithm.{key}=1.0")
+        if "dynamic_sampling_metric" in self.model_fields_set and not self.dynamic_sampling:
+            raise ValueError(f"algorithm.dynamic_sampling_metric={self.dynamic_sampling_metric} is the value dynamic "
+                             f"sampling compares, which is off: set algorithm.dynamic_sampling=true or drop "
+                             f"dynamic_sampling_metric")
+        if self.dynamic_sampling_metric == "reward" and not self.overlong_shaping:
+            raise ValueError("algorithm.dynamic_sampling_metric=reward differs from the score only by "
+                             "algorithm.overlong_shaping's length penalty, which is off: drop "
+                             "dynamic_sampling_metric (score) or set algorithm.overlong_shaping=true")
         if self.tis_cap is not None and self.correction.enabled:
             raise ValueError(f"algorithm.tis_cap={self.tis_cap} is algorithm.correction.level=token, mode=truncate, "
                              f"high={self.tis_cap}, and algorithm.correction is set too: drop algorithm.tis_cap")

@@ -122,7 +122,8 @@ class StepPlan:
     partial: bool
     """Off-policy: weights staged while a batch generates go into it between two decode steps."""
     group_filter: bool
-    """DAPO's dynamic sampling: groups whose rewards are all equal are dropped and their prompts replaced."""
+    """DAPO's dynamic sampling: groups whose :attr:`group_metric` values are all equal are dropped and their
+    prompts replaced."""
     baseline: bool
     """The estimator reads one greedy response per prompt, scored (ReMax)."""
     recompute_old: bool
@@ -130,6 +131,9 @@ class StepPlan:
     or ``algorithm.old_logprobs=recompute``); otherwise the update's own pass gives it, detached."""
     tri_model: bool
     """The actor computes the reference log-probs in its own layout (no reference group)."""
+    group_metric: Literal["score", "reward"] = "score"
+    """What dynamic sampling compares (``algorithm.dynamic_sampling_metric``): each row's ``score`` before
+    shaping or its ``reward`` after (:meth:`keep_groups` is given the one it names)."""
     stages: tuple[Stage, ...] = ()
     """The step's dataflow (:func:`stage_graph`): what each stage reads, its pool, whether it streams per chunk
     or waits for the batch, whether it waits for generation to end."""
@@ -143,14 +147,16 @@ class StepPlan:
                 return s
         raise KeyError(f"the step has no stage {name!r} (it has {', '.join(s.name for s in self.stages)})")
 
-    def keep_groups(self, scores, groups) -> list[bool]:
-        """Per row: whether its prompt group is kept. With dynamic sampling (DAPO) a group whose scores are all
-        equal carries no signal and is dropped; otherwise every row is kept. ``scores``, ``groups``: ``[N]``."""
+    def keep_groups(self, scores, rewards, groups) -> list[bool]:
+        """Per row: whether its prompt group is kept. With dynamic sampling (DAPO) a group whose
+        :attr:`group_metric` values (``scores`` or ``rewards``) are all equal is dropped (no signal; with
+        ``reward``, none left in the advantages either); otherwise every row is kept. ``scores``, ``rewards``,
+        ``groups``: ``[N]``."""
         if not self.group_filter:
             return [True] * len(scores)
         from relayrl.algorithms.dapo import dynamic_sampling_filter
 
-        return dynamic_sampling_filter(scores, groups)[0].tolist()
+        return dynamic_sampling_filter(rewards if self.group_metric == "reward" else scores, groups)[0].tolist()
 
     @property
     def mode(self) -> str:
@@ -162,7 +168,8 @@ class StepPlan:
     def describe(self) -> str:
         """One line: the mode, the estimator, the roles and where they run, the update."""
         where = ", ".join(f"{r}@{self.pools[r]}" for r in self.roles)
-        extra = [n for n, on in (("dynamic sampling", self.group_filter), ("greedy baseline", self.baseline),
+        ds = "dynamic sampling" + (" on rewards" if self.group_metric == "reward" else "")
+        extra = [n for n, on in ((ds, self.group_filter), ("greedy baseline", self.baseline),
                                  ("pi_old pass", self.recompute_old), ("tri-model", self.tri_model)) if on]
         return (f"step: {self.mode}, advantage={self.estimator.name}, update={self.update}, roles {where}"
                 + (f"; {', '.join(extra)}" if extra else ""))
@@ -223,5 +230,5 @@ def step_plan(cfg: Config) -> StepPlan:
     return StepPlan(
         estimator=est, roles=tuple(roles), pools=pools, ahead=ahead, overlapped=overlapped, update=update,
         colocated=rollout == "main", sequential=sequential, partial=cfg.rollout.partial and ahead > 0,
-        group_filter=a.dynamic_sampling, baseline=est.baseline, recompute_old=recompute_old,
-        tri_model=t.tri_model, stages=stages, notes=tuple(notes))
+        group_filter=a.dynamic_sampling, group_metric=a.dynamic_sampling_metric, baseline=est.baseline,
+        recompute_old=recompute_old, tri_model=t.tri_model, stages=stages, notes=tuple(notes))

@@ -199,9 +199,9 @@ class Produce:
 
     def _judge(self, f: Flow, done: list[tuple[int, list[tuple[int, tuple]]]]) -> None:
         """Groups whose rows are all scored (``(group, [(row, (score, reward, each)), ...])``): the kept groups'
-        rewards (and GDPO's per-function scores) in one write; dynamic sampling drops a group whose scores are
-        all equal (no signal; GDPO: whose every function's scores are): no rewards, its rows retired so no
-        later stage waits for them."""
+        rewards (and GDPO's per-function scores) in one write; dynamic sampling drops a group whose scores (or
+        shaped rewards: ``algorithm.dynamic_sampling_metric=reward``) are all equal (no signal; GDPO: whose every
+        function's scores are): no rewards, its rows retired so no later stage waits for them."""
         p, st = self.p, f.state
         rows = [i for _, got in done for i, _ in got]
         groups = torch.tensor([g for g, got in done for _ in got])
@@ -213,7 +213,8 @@ class Produce:
             signal = decoupled_rewards(torch.tensor(each, dtype=torch.float32),
                                        torch.tensor(p.cfg.reward.fn_weights), groups)
         failed = {int(g) for g, s in zip(groups.tolist(), scores.tolist()) if s != s}  # NaN: reward.on_error
-        keep = [k and int(g) not in failed for k, g in zip(p.plan.keep_groups(signal, groups), groups.tolist())]
+        kept_groups = p.plan.keep_groups(signal, torch.tensor(rewards, dtype=torch.float32), groups)
+        keep = [k and int(g) not in failed for k, g in zip(kept_groups, groups.tolist())]
         kept = [i for i, k in enumerate(keep) if k]
         if kept:
             p.dock.publish(p.score(ScoreWorker.write_rewards, p.dock.slots(f.part, [rows[i] for i in kept]),

@@ -69,6 +69,62 @@ def test_kl_estimates_and_divergence_mask():
     torch.testing.assert_close(w, torch.tensor([[0.0, 0.0, 0.0], [e(-0.5), e(0.1), 0.0]]))
 
 
+def test_k2_and_the_kl_reductions():
+    # per-token log-ratios l: row 0 (0, 1, 0.2), row 1 (-0.5, 0.1) [+ padding]
+    k2 = [[0.0, 0.5, 0.02], [0.125, 0.005]]  # l^2 / 2
+    k3 = [[0.0, e(1) - 2, e(0.2) - 1.2], [e(-0.5) - 0.5, e(0.1) - 1.1]]  # 0, 0.718, 0.0214 | 0.1065, 0.0052
+    # k2 mean: row 0 0.52 / 3 = 0.173, row 1 0.13 / 2 = 0.065 -> row 0 dropped at 0.1
+    w, m = rollout_correction(OLD, MU, MASK, level=None, kl_threshold=0.1, kl_kind="k2")
+    torch.testing.assert_close(w, torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]]))
+    assert m["correction/seq_kl_max"] == pytest.approx(sum(k2[0]) / 3, rel=1e-6)
+    # k1 sum: row 0 -1.2, row 1 0.4 (mean 0.2) -> at 0.3 the sum drops row 1, the mean keeps it
+    w, m = rollout_correction(OLD, MU, MASK, level=None, kl_threshold=0.3, kl_reduce="sum")
+    torch.testing.assert_close(w, torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))
+    assert m["correction/seq_kl_max"] == pytest.approx(0.4, abs=1e-6)
+    assert m["correction/kl_masked_frac"] == pytest.approx(2 / 5) and m["correction/seq_masked_frac"] == 0.5
+    w, _ = rollout_correction(OLD, MU, MASK, level=None, kl_threshold=0.3)
+    torch.testing.assert_close(w, torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]]))
+    # k3 sum: row 0 0.739, row 1 0.112 -> at 0.1 both dropped; at 0.5 only row 0
+    w, _ = rollout_correction(OLD, MU, MASK, level=None, kl_threshold=0.5, kl_kind="k3", kl_reduce="sum")
+    torch.testing.assert_close(w, torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]]))
+    # k2 max: row 0 0.5, row 1 0.125 -> at 0.2 the max drops row 0 whole; the mean (0.173) keeps it
+    w, m = rollout_correction(OLD, MU, MASK, level=None, kl_threshold=0.2, kl_kind="k2", kl_reduce="max")
+    torch.testing.assert_close(w, torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]]))
+    assert m["correction/seq_kl_max"] == pytest.approx(0.5, rel=1e-6)
+    w, _ = rollout_correction(OLD, MU, MASK, level=None, kl_threshold=0.2, kl_kind="k2")
+    assert torch.equal(w, MASK.float())
+    # k3 max: row 1's largest token is 0.1065 -> at 0.1 both rows dropped, at 0.11 only row 0
+    w, m = rollout_correction(OLD, MU, MASK, level=None, kl_threshold=0.11, kl_kind="k3", kl_reduce="max")
+    torch.testing.assert_close(w, torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]]))
+    assert m["correction/seq_kl_max"] == pytest.approx(k3[0][1], rel=1e-6)
+    # token k3: only the tokens over 0.1 -- (0, 1) and (1, 0); with the token weight applied on the rest
+    w, m = rollout_correction(OLD, MU, MASK, level="token", high=2.0, kl_threshold=0.1, kl_kind="k3",
+                              kl_reduce="token")
+    torch.testing.assert_close(w, torch.tensor([[1.0, 0.0, e(0.2)], [0.0, e(0.1), 0.0]]))
+    assert m["correction/kl_masked_frac"] == pytest.approx(2 / 5)
+    assert m["correction/token_masked_frac"] == pytest.approx(2 / 5) and m["correction/seq_masked_frac"] == 0.0
+    assert m["correction/seq_kl_max"] == pytest.approx(k3[0][1], rel=1e-6)
+    # token k2 at 0.01 with negative_only: of the tokens over it ((0, 1), (0, 2), (1, 0)) only A < 0 ones go
+    adv = torch.tensor([[-1.0, 1.0, -1.0], [-1.0, -1.0, 0.0]])
+    w, _ = rollout_correction(OLD, MU, MASK, adv, level=None, kl_threshold=0.01, kl_kind="k2", kl_reduce="token",
+                              negative_only=True)
+    torch.testing.assert_close(w, torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 0.0]]))
+    # sum with negative_only: row 1 (sum k1 0.4 > 0.3) loses its negative-advantage tokens only
+    adv = torch.tensor([[-1.0, -1.0, -1.0], [1.0, -1.0, 0.0]])
+    w, _ = rollout_correction(OLD, MU, MASK, adv, level=None, kl_threshold=0.3, kl_reduce="sum", negative_only=True)
+    torch.testing.assert_close(w, torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]]))
+    # an empty row is never dropped and not a sequence of the metrics, under every reduction
+    empty = torch.tensor([[1, 1, 1], [0, 0, 0]])
+    for reduce in ("mean", "sum", "max", "token"):
+        w, m = rollout_correction(OLD, MU, empty, level=None, kl_threshold=0.0, kl_kind="k2", kl_reduce=reduce)
+        assert torch.equal(w[1], torch.zeros(3)) and all(math.isfinite(v) for v in m.values())
+        assert m["correction/seq_masked_frac"] == (0.0 if reduce == "token" else 1.0)
+    with pytest.raises(ValueError, match="valid reductions: mean, sum, max, token"):
+        rollout_correction(OLD, MU, MASK, kl_threshold=0.1, kl_reduce="seq_sum")
+    spec = Correction(level=None, kl_threshold=0.2, kl_kind="k2", kl_reduce="max")
+    torch.testing.assert_close(spec(OLD, MU, MASK)[0], torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]]))
+
+
 def test_all_tokens_masked_and_empty_rows():
     w, m = rollout_correction(OLD, MU, torch.zeros(2, 3), level="sequence", mode="mask", kl_threshold=0.0)
     assert torch.equal(w, torch.zeros(2, 3))

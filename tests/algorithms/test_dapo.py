@@ -45,3 +45,40 @@ def test_dynamic_sampling_filter():
     assert not keep_one.item() and m1["dapo/groups_dropped"] == 1
     keep_tol, _ = dynamic_sampling_filter(torch.tensor([1.0, 1.0 + 1e-9]), torch.tensor([0, 0]), atol=1e-6)
     assert not keep_tol.any()
+
+
+def _plan(*over: str):
+    from relayrl.config.loader import load_config
+    from relayrl.config.plan import step_plan
+    from relayrl.config.schema import Config
+
+    return step_plan(load_config(Config, "recipes/arith_dapo.yaml", list(over)))
+
+
+def test_dynamic_sampling_metric_score_or_shaped_reward():
+    """Overlong shaping splits a group the verifier scored uniformly (group 0: both right, one response long)
+    and evens out one it did not (group 1: right but overlong = wrong and short): the score metric keeps
+    group 1, the reward metric keeps group 0."""
+    scores = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 1.0])
+    lengths = torch.tensor([3, 15, 3, 20, 3, 3])
+    groups = torch.tensor([0, 0, 1, 1, 2, 2])
+    rewards = scores + overlong_penalty(lengths, max_len=16, cache_len=4)  # the pipeline's shaping, penalty 1
+    torch.testing.assert_close(rewards, torch.tensor([1.0, 0.25, 0.0, 0.0, 0.0, 1.0]))
+    on_score = dynamic_sampling_filter(scores, groups)[0]
+    on_reward = dynamic_sampling_filter(rewards, groups)[0]
+    assert on_score.tolist() == [False, False, True, True, True, True]
+    assert on_reward.tolist() == [True, True, False, False, True, True]
+    # the step plan gives the filter the value algorithm.dynamic_sampling_metric names (default: score)
+    plan = _plan()
+    assert plan.group_metric == "score" and plan.keep_groups(scores, rewards, groups) == on_score.tolist()
+    plan = _plan("algorithm.dynamic_sampling_metric=reward")
+    assert plan.group_metric == "reward" and plan.keep_groups(scores, rewards, groups) == on_reward.tolist()
+    assert "dynamic sampling on rewards" in plan.describe()
+    assert _plan("algorithm.dynamic_sampling=false").keep_groups(scores, rewards, groups) == [True] * 6
+
+
+def test_dynamic_sampling_metric_refusals():
+    with pytest.raises(ValueError, match="set algorithm.dynamic_sampling=true or drop dynamic_sampling_metric"):
+        _plan("algorithm.dynamic_sampling=false", "algorithm.dynamic_sampling_metric=score")
+    with pytest.raises(ValueError, match="or set algorithm.overlong_shaping=true"):
+        _plan("algorithm.overlong_shaping=false", "algorithm.dynamic_sampling_metric=reward")

@@ -85,6 +85,11 @@ def test_config_refusals_name_the_key():
     assert "algorithm.correction.low" in refused("algorithm.correction.level=token", "algorithm.correction.low=0.5")
     assert "algorithm.correction.level" in refused("algorithm.correction.high=3")
     assert "kl_threshold" in refused("algorithm.correction.negative_only=true")
+    assert "set algorithm.correction.kl_threshold (e.g. 0.1) or drop kl_reduce" in refused(
+        "algorithm.correction.kl_reduce=token")
+    spec = recipe_cfg("algorithm.correction.kl_threshold=0.2", "algorithm.correction.kl_kind=k2",
+                      "algorithm.correction.kl_reduce=max").algorithm.rollout_correction()
+    assert (spec.kl_kind, spec.kl_reduce, spec.kl_threshold, spec.level) == ("k2", "max", 0.2, None)
     assert "old_logprobs=auto" in refused("algorithm.correction.kl_threshold=0.1", "algorithm.old_logprobs=rollout")
     assert "ratio_level=token" in refused("algorithm.policy_loss=cispo", "algorithm.ratio_level=sequence")
     assert "drop algorithm.dual_clip" in refused("algorithm.policy_loss=cispo", "algorithm.dual_clip=3")
