@@ -14,7 +14,8 @@ import torch  # noqa: E402
 
 from relayrl.engines.generation.base import SamplingParams  # noqa: E402
 from relayrl.engines.generation.decode_attention import decode_attention  # noqa: E402
-from relayrl.engines.generation.static import StaticDecoder, _attend  # noqa: E402
+from relayrl.engines.generation.attend import attend as _attend  # noqa: E402
+from relayrl.engines.generation.static import StaticDecoder  # noqa: E402
 
 
 def kernel_matches_the_matmul_path() -> None:

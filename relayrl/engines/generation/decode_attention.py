@@ -1,7 +1,7 @@
 """The decode step's attention over the KV cache as one Triton kernel (``StaticDecoder(attention="triton")``).
 
 Why: in the compiled decode step on an H100 (2026-11-26, batch 256, context 384) the two batched matrix products
-of :func:`relayrl.engines.generation.static._attend` took 0.72 ms of a 2.6 ms step, reading about 67% of the
+of :func:`relayrl.engines.generation.attend.attend` took 0.72 ms of a 2.6 ms step, reading about 67% of the
 bandwidth their cache reads need, and they read the whole bucket (512 positions at context 384), not each row's
 length. This kernel is FlashDecoding's loop without the split: one program per (row, key/value head) holds the
 row's query heads of that group (``G = Hq / KV``, padded to 16 for the tensor cores), walks the row's own
@@ -72,7 +72,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
                      scaling: float) -> torch.Tensor:
     """``q`` [B, H, 1, D] (one new token a row) over the cache ``k``, ``v`` [B, KV, >= pos + 1, D] (a slice
     of the cache buffers; the last dimension contiguous), row ``b`` attending its positions ``0..pos[b]``
-    -> [B, H, D]; what :func:`relayrl.engines.generation.static._attend` computes with ``valid = arange <= pos``."""
+    -> [B, H, D]; what :func:`relayrl.engines.generation.attend.attend` computes with ``valid = arange <= pos``."""
     B, H, _, D = q.shape
     KV = k.shape[1]
     G = H // KV

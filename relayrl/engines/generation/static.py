@@ -61,6 +61,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from relayrl.engines.generation.attend import ATTENTION, attend, attend_flex, attend_triton, load_triton, triton_reason
 from relayrl.engines.generation.base import SamplingParams
 from relayrl.engines.generation.kv_cache import forward_with_cache
 from relayrl.engines.generation.sampling import block_mass, row_uniforms, sample_next, sample_with, seen_mask
@@ -109,60 +110,6 @@ def _buckets(slots: int) -> list[int]:
         out.append(b)
         b *= 2
     return out + [slots]
-
-
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor, scaling: float) -> torch.Tensor:
-    """q [B, H, 1, D] over the cache k, v [B, KV, L, D] (the query heads of a key/value head grouped, no
-    repetition of keys and values), ``valid`` [B, L] -> [B, H, D]."""
-    B, H, _, D = q.shape
-    KV = k.shape[1]
-    qg = q.reshape(B, KV, H // KV, D)
-    scores = torch.matmul(qg, k.transpose(-1, -2)).float() * scaling  # [B, KV, g, L]
-    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(v.dtype)
-    return torch.matmul(probs, v).reshape(B, H, D)
-
-
-def _attend_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, scaling: float) -> torch.Tensor:
-    """What :func:`_attend` computes, as one FlexAttention call: each row's keys past its position ``pos`` [B]
-    masked in the score; compiled (``compile``), one kernel reads the cache once (FlexAttention's decode kernel)
-    where :func:`_attend` runs two matrix products and a softmax between them. -> [B, H, D]."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    def past_position(score, b, h, q_idx, kv_idx):
-        return torch.where(kv_idx <= pos[b], score, -float("inf"))
-
-    o = flex_attention(q, k, v, score_mod=past_position, scale=scaling, enable_gqa=True)
-    return o.reshape(q.shape[0], q.shape[1], q.shape[-1])
-
-
-_decode_attention: Callable | None = None  # relayrl.engines.generation.decode_attention's op, once loaded
-
-
-def _attend_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
-                   scaling: float) -> torch.Tensor:
-    """What :func:`_attend` computes, as one Triton kernel that reads each row's positions ``0..pos`` once
-    (:mod:`.decode_attention`, loaded by the decoder that asks for it: no import inside a compiled step;
-    ``k``, ``v`` the cache's rows, any length above ``pos``). -> [B, H, D]."""
-    return _decode_attention(q, k, v, pos, scaling)
-
-
-ATTENTION = {"matmul": "two batched matrix products and a softmax (the default)",
-             "flex": "one FlexAttention call (needs compile)",
-             "triton": "one Triton kernel reading each row's own positions once (CUDA)"}
-
-
-def triton_reason(device: torch.device) -> str | None:
-    """Why the Triton attention cannot run on ``device`` (None when it can): it needs the triton package and
-    CUDA, or Triton's interpreter on the CPU (``TRITON_INTERPRET=1``, which the tests use)."""
-    import importlib.util
-    import os
-
-    if importlib.util.find_spec("triton") is None:
-        return "the triton package is not installed"
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        return f"it runs on CUDA (the model is on {device.type}; on a CPU only under TRITON_INTERPRET=1)"
-    return None
 
 
 def fuse_reason(layer: nn.Module) -> str | None:
@@ -221,8 +168,8 @@ def _layer_step(layer: nn.Module, x: torch.Tensor, k_buf: torch.Tensor, v_buf: t
     ``pos``, and it attends over the first ``L`` positions, those ``valid`` [B, L] marks. The layer's own modules
     do the rest, or, with ``fused`` (:meth:`_Fused.tensors`, ``split`` the q/k/v widths), one product for q/k/v
     and one for gate/up, with ``split_k`` > 1 the q/k/v, o and down products as that many partial products
-    (:mod:`relayrl.engines.generation.split_k`); ``attention`` (:data:`ATTENTION`) picks :func:`_attend`,
-    :func:`_attend_flex` or :func:`_attend_triton`. One function for every layer, so
+    (:mod:`relayrl.engines.generation.split_k`); ``attention`` (:data:`ATTENTION`) picks :func:`.attend.attend`,
+    :func:`.attend.attend_flex` or :func:`.attend.attend_triton`. One function for every layer, so
     that ``compile`` compiles it once (dynamic shapes) and every layer reuses it."""
     attn = layer.self_attn
     B, D = x.shape[0], k_buf.shape[-1]
@@ -242,11 +189,11 @@ def _layer_step(layer: nn.Module, x: torch.Tensor, k_buf: torch.Tensor, v_buf: t
     v_buf[rows, :, pos] = v[:, :, 0].to(v_buf.dtype)
     L = valid.shape[1]
     if attention == "flex":
-        o = _attend_flex(q, k_buf[:B, :, :L], v_buf[:B, :, :L], pos, attn.scaling)
+        o = attend_flex(q, k_buf[:B, :, :L], v_buf[:B, :, :L], pos, attn.scaling)
     elif attention == "triton":
-        o = _attend_triton(q, k_buf[:B], v_buf[:B], pos, attn.scaling)
+        o = attend_triton(q, k_buf[:B], v_buf[:B], pos, attn.scaling)
     else:
-        o = _attend(q, k_buf[:B, :, :L], v_buf[:B, :, :L], valid, attn.scaling)
+        o = attend(q, k_buf[:B, :, :L], v_buf[:B, :, :L], valid, attn.scaling)
     o = o.reshape(B, 1, -1)
     x = x + (attn.o_proj(o) if split_k == 1 else split_k_linear(o, attn.o_proj.weight, attn.o_proj.bias, split_k))
     h = layer.post_attention_layernorm(x)
@@ -306,8 +253,7 @@ class StaticDecoder:
         if attention == "triton":
             if (why := triton_reason(self.device)) is not None:
                 raise ValueError(f"static decoding: attention 'triton': {why}")
-            global _decode_attention
-            from relayrl.engines.generation.decode_attention import decode_attention as _decode_attention
+            load_triton()
         self.dtype = next(model.parameters()).dtype
         self.max_len = self.width = 0
         self.keys: list[torch.Tensor] = []
