@@ -125,11 +125,12 @@ def _policy_losses() -> dict:
     from relayrl.algorithms.cispo import cispo_loss
     from relayrl.algorithms.covariance import clip_cov_loss, kl_cov_loss
     from relayrl.algorithms.gmpo import gmpo_loss
+    from relayrl.algorithms.gpg import gpg_loss
     from relayrl.algorithms.sapo import sapo_loss
     from relayrl.algorithms.vespo import vespo_loss
 
     return dict(zip(POLICY_LOSS_NAMES, (policy_loss, cispo_loss, sapo_loss, vespo_loss, clip_cov_loss, kl_cov_loss,
-                                        gmpo_loss), strict=True))
+                                        gmpo_loss, gpg_loss), strict=True))
 
 
 POLICY_LOSSES: dict = _policy_losses()

@@ -14,5 +14,5 @@ AGG_MODES: tuple[str, ...] = (
 )
 """``algorithm.loss_agg``: how :func:`~relayrl.algorithms.aggregation.aggregate` reduces token losses."""
 
-POLICY_LOSS_NAMES: tuple[str, ...] = ("ppo", "cispo", "sapo", "vespo", "clip_cov", "kl_cov", "gmpo")
+POLICY_LOSS_NAMES: tuple[str, ...] = ("ppo", "cispo", "sapo", "vespo", "clip_cov", "kl_cov", "gmpo", "gpg")
 """``algorithm.policy_loss``: the keys of :data:`~relayrl.algorithms.losses.POLICY_LOSSES`, in its order."""

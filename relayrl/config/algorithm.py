@@ -245,7 +245,8 @@ class AlgorithmConfig(_Section):
         "mechanism's Clip-Cov (PPO's clip, and a few high-covariance tokens' gradients removed) and KL-Cov (no "
         "clip; a |log ratio| penalty on the highest-covariance tokens) (algorithm.cov); gmpo: GMPO, the "
         "geometric mean of the token ratios, each log-ratio clipped to [-clip_low, clip_high] (the paper: 0.4 "
-        "each), a sequence-level surrogate (loss_agg=seq-mean-token-mean)")
+        "each), a sequence-level surrogate (loss_agg=seq-mean-token-mean); gpg: GPG's plain policy gradient "
+        "-A * log pi, no ratio and no clip (with advantage=gpg; one update per batch keeps it on-policy)")
     sapo: SapoConfig = Field(SapoConfig(), description="policy_loss=sapo: the gate's temperatures")
     cov: CovConfig = Field(CovConfig(), description="policy_loss=clip_cov or kl_cov: which tokens, and the penalty")
     vespo: VespoConfig = Field(VespoConfig(), description="policy_loss=vespo: the kernel's shape")
@@ -315,7 +316,13 @@ class AlgorithmConfig(_Section):
             raise ValueError(f"algorithm.policy_loss=gmpo averages its sequence-level objective over sequences; "
                              f"loss_agg={self.loss_agg} would weigh them otherwise: set "
                              f"algorithm.loss_agg=seq-mean-token-mean")
-        if self.policy_loss in ("clip_cov", "kl_cov", "gmpo") and (self.dual_clip is not None
+        if self.policy_loss == "gpg":
+            fields = type(self).model_fields
+            clipped = [k for k in ("clip_low", "clip_high") if getattr(self, k) != fields[k].default]
+            if clipped:
+                raise ValueError(f"algorithm.{clipped[0]}={getattr(self, clipped[0])} is PPO's clip, and "
+                                 f"algorithm.policy_loss=gpg has no ratio to clip: drop algorithm.{clipped[0]}")
+        if self.policy_loss in ("clip_cov", "kl_cov", "gmpo", "gpg") and (self.dual_clip is not None
                                                                   or self.ratio_level != "token"):
             raise ValueError(f"algorithm.policy_loss={self.policy_loss} has no dual clip and takes token ratios "
                              f"(gmpo: its own sequence ratio from them): drop algorithm.dual_clip and set "

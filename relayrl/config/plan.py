@@ -203,7 +203,7 @@ def step_plan(cfg: Config) -> StepPlan:
     overlapped = t.mode == "periodic" or ahead > 0
     why_batch = [why for why, on in (
         (f"the critic (advantage={est.name}) trains on the whole batch", est.values),
-        (f"advantage={est.name} whitens over the whole batch", not est.group_relative and not est.values),
+        (f"advantage={est.name} reads the whole batch", not est.group_relative and not est.values),
         (f"trainer.mini_batches={t.mini_batches} splits the batch", t.mini_batches > 1),
         (f"trainer.epochs={t.epochs} repeats the batch", t.epochs > 1)) if on]
     update = "accumulate" if overlapped and not why_batch else "batch"

@@ -32,7 +32,7 @@ def _grad(fn, shift=SHIFT, **kw):
 
 
 def test_registry_names_every_loss():
-    assert set(POLICY_LOSSES) == {"ppo", "cispo", "sapo", "vespo", "clip_cov", "kl_cov", "gmpo"}
+    assert set(POLICY_LOSSES) == {"ppo", "cispo", "sapo", "vespo", "clip_cov", "kl_cov", "gmpo", "gpg"}
 
 
 def test_sapo_gradient_is_the_soft_gate_times_the_policy_gradient():

@@ -37,7 +37,7 @@ def test_the_plan_reads_mode_and_placement():
 
 
 @pytest.mark.parametrize("over,why", [
-    ({"algorithm": {"advantage": "gae"}}, "critic"), ({"algorithm": {"advantage": "reinforce++"}}, "whitens"),
+    ({"algorithm": {"advantage": "gae"}}, "critic"), ({"algorithm": {"advantage": "reinforce++"}}, "reads the whole batch"),
     ({"trainer": {"mini_batches": 2}}, "mini_batches=2"), ({"trainer": {"epochs": 2}}, "epochs=2")])
 def test_a_periodic_step_that_cannot_accumulate_says_so(over, why):
     """Issue 31 item 10: periodic with a critic, a batch-whitened estimator or several optimizer steps per

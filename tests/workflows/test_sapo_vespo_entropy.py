@@ -162,3 +162,11 @@ def test_a_run_writes_the_samples_it_scored(tmp_path, tiny_dir):
         assert r["score"] == r["reward"] == (len(r["response"]) % 3) / 2 and "+" in r["prompt"]
         assert 1 <= r["length"] <= 8
     assert len(recs) == 2
+
+
+@pytest.mark.slow
+def test_gpg_trains_with_its_loss(tmp_path, tiny_dir):
+    recs = run_grpo(tmp_path, tiny_dir, "algorithm.advantage=gpg", "algorithm.policy_loss=gpg",
+                    "algorithm.normalize_std=false", "reward.verifier=user", "reward.user_fn=dataflow_rewards:by_length")
+    assert [r["step"] for r in recs] == [1, 2] and all(r["actor/grad_norm"] > 0 for r in recs)
+    assert "actor/clip_frac" not in recs[0] and recs[0]["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-3)

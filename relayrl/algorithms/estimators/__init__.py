@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from relayrl.algorithms.estimators.base import Advantages, Estimator, EstimatorInputs
 from relayrl.algorithms.estimators.gae import GAE
+from relayrl.algorithms.estimators.gpg import GPG
 from relayrl.algorithms.estimators.grpo import DRGRPO, GRPO, GRPO_BATCH_STD
 from relayrl.algorithms.estimators.opo import GRPO_PASSK, OPO
 from relayrl.algorithms.estimators.reinforce import REINFORCE_PP, REINFORCE_PP_BASELINE
@@ -38,6 +39,7 @@ ESTIMATORS: dict[str, Estimator] = {e.name: e for e in (
     GRPO_BATCH_STD,
     OPO,
     GRPO_PASSK,
+    GPG,
 )}
 
 
