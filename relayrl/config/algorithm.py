@@ -324,8 +324,9 @@ class AlgorithmConfig(_Section):
                                  f"algorithm.policy_loss=gpg has no ratio to clip: drop algorithm.{clipped[0]}")
         if self.policy_loss in ("clip_cov", "kl_cov", "gmpo", "gpg") and (self.dual_clip is not None
                                                                   or self.ratio_level != "token"):
-            raise ValueError(f"algorithm.policy_loss={self.policy_loss} has no dual clip and takes token ratios "
-                             f"(gmpo: its own sequence ratio from them): drop algorithm.dual_clip and set "
+            what = ("has no ratio" if self.policy_loss == "gpg" else "has no dual clip and takes token ratios "
+                    "(gmpo: its own sequence ratio from them)")
+            raise ValueError(f"algorithm.policy_loss={self.policy_loss} {what}: drop algorithm.dual_clip and set "
                              f"algorithm.ratio_level=token")
         unclipped = {"sapo": ("SAPO", "sapo"), "vespo": ("VESPO", "vespo"), "kl_cov": ("KL-Cov", "cov")}
         if self.policy_loss in unclipped:
