@@ -309,10 +309,10 @@ class WandbSink:
 
     def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
         """A step's sampled responses as a W&B table under ``samples`` (TRL logs its completions the same way);
-        the columns are the first sample's keys."""
+        the columns are every key of the samples (``None`` in a row that lacks one)."""
         import wandb
 
-        columns = list(samples[0])
+        columns = list(dict.fromkeys(k for s in samples for k in s))
         self._run.log({"samples": wandb.Table(columns=["step", *columns],
                                               data=[[step, *(s.get(c) for c in columns)] for s in samples])},
                       step=step)

@@ -121,9 +121,13 @@ class Tracker:
 
     def log_samples(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
         """A step's sampled responses (``telemetry.samples_per_step``; else nothing) to RUN_DIR/samples.jsonl
-        and, with the wandb sink, a W&B table; before the step's metrics (W&B's steps only go forward)."""
+        and, with the wandb sink, a W&B table; before the step's metrics (W&B's steps only go forward). Every
+        sample gets every field any of them has (``None`` where it lacks one: a ``log_extra`` column logged for
+        some rows only), so the step's rows share one set of columns."""
         if self._samples is None or not samples:
             return
+        keys = list(dict.fromkeys(k for s in samples for k in s))
+        samples = [{k: s.get(k) for k in keys} for s in samples]
         self._samples.write(step, samples)
         for sink in self._sinks:
             if isinstance(sink, WandbSink):

@@ -17,6 +17,7 @@ import torch
 
 from relayrl.algorithms.gdpo import decoupled_rewards
 from relayrl.config.plan import PARTIAL_POLL_S
+from relayrl.engines.reward.extra import sample_fields
 from relayrl.workflows.flow import Flow
 from relayrl.workflows.parts import StepParts
 from relayrl.workflows.scoring import ScoreWorker
@@ -143,10 +144,11 @@ class Produce:
         def one(b) -> None:
             with st.cond:
                 problems = list(st.problems)
+                room = max(0, p.cfg.telemetry.samples_per_step - len(st.samples))  # (rows whose log_extra to keep)
             try:
                 with p.session.span("reward", "reward", f.step):
                     out = p.score(ScoreWorker.score_rows, p.dock.reader(f.part, b.indexes, cols), problems,
-                                  p.session.progress(f.step - 1))
+                                  p.session.progress(f.step - 1), room)
             except BaseException:
                 f.stop.set()  # the lease loop ends now and the error is raised below (the rows stay unacked)
                 raise
@@ -182,7 +184,8 @@ class Produce:
 
     def _keep_samples(self, f: Flow, rows: list[int], out, problems: list) -> None:
         """``telemetry.samples_per_step``: the step's first scored responses, decoded, kept in the step's state
-        for ``RUN_DIR/samples.jsonl`` (a second read of a few rows' ids; nothing when the step has its share)."""
+        for ``RUN_DIR/samples.jsonl`` (a second read of a few rows' ids; nothing when the step has its share), with
+        the columns the reward functions logged for them (``log_extra``)."""
         p, st = self.p, f.state
         with st.cond:
             room = p.cfg.telemetry.samples_per_step - len(st.samples)
@@ -193,7 +196,8 @@ class Produce:
         tok = p.session.tokenizer
         got = [{"group": out.groups[i], "prompt": problems[out.groups[i]].prompt,
                 "response": tok.decode(r.tolist(), skip_special_tokens=True), "score": out.scores[i],
-                "reward": out.rewards[i], "length": len(r)} for i, r in zip(take, ids)]
+                "reward": out.rewards[i], "length": len(r),
+                **sample_fields(out.extra[i] if out.extra and i < len(out.extra) else {})} for i, r in zip(take, ids)]
         with st.cond:
             st.samples.extend(got[:max(0, p.cfg.telemetry.samples_per_step - len(st.samples))])
 

@@ -14,6 +14,7 @@ import torch
 
 from relayrl.cluster import Worker
 from relayrl.engines.reward import RewardError
+from relayrl.engines.reward.extra import ExtraLog
 from relayrl.engines.reward.user import with_ids, with_progress
 from relayrl.workflows.estimate import advantage_rows
 
@@ -34,6 +35,9 @@ class Scored(NamedTuple):
     each: list[list[float]] | None = None
     """Each row's score by each user function (NaN: the function returned None), when the advantages read
     them (``reward.user_aggregation=normalize_then_sum``); else None."""
+    extra: list[dict] | None = None
+    """The first rows' columns logged by the user functions (``log_extra``), one dict each (``{}``: none), for
+    the step's samples; None when none were asked for."""
 
 
 class ScoreWorker(Worker):
@@ -48,14 +52,16 @@ class ScoreWorker(Worker):
         if hasattr(self, "device") and reward is not None and reward.cfg.model_device == "auto":
             reward.place(self.device)  # its learned rewards (reward model, judge) run on the pool's device
 
-    def score_rows(self, reader, problems: Sequence, progress: Any = None) -> Scored:
+    def score_rows(self, reader, problems: Sequence, progress: Any = None, extra: int = 0) -> Scored:
         """Score the rows (any rows: a group's responses may come in several calls; ``problems[group]`` holds
         each row's prompt and answer): the verifier's scores and the rewards after the run's shaping. Rows
         with ``env_rewards`` (episodes) take those as scores. Nothing is written: the score stage writes a
         group's rewards once all its rows are scored (:meth:`write_rewards`), or drops it (DAPO).
         ``progress``: the training's progress for a TRL reward function's ``trainer_state``
-        (:func:`~relayrl.engines.reward.user.trainer_state`; None: not passed)."""
+        (:func:`~relayrl.engines.reward.user.trainer_state`; None: not passed). ``extra``: how many of the
+        first rows' ``log_extra`` columns to return (the room left in the step's samples; 0: none kept)."""
         cols = reader.read()
+        log = ExtraLog(extra) if extra > 0 else None
         groups = [int(g) for g in cols["group"]]
         if "env_rewards" in cols:  # multi-turn episodes: their environments gave the rewards
             scores, metrics, each = [float(r) for r in cols["env_rewards"]], {}, None
@@ -64,11 +70,12 @@ class ScoreWorker(Worker):
             probs = [problems[g] for g in groups]
             scores, metrics, each = self.reward.score_each(
                 [p.prompt for p in probs], texts, [p.answer for p in probs],
-                columns=_rows(probs, cols["response_ids"], progress))
+                columns=_rows(probs, cols["response_ids"], progress), extra=log)
         lengths = torch.tensor([len(r) for r in cols["response_ids"]], dtype=torch.float32)
         rewards = self.shape(torch.tensor(scores, dtype=torch.float32), lengths)
         decoupled = self.reward is not None and self.reward.cfg.decoupled
-        return Scored([float(x) for x in scores], rewards.tolist(), metrics, groups, each if decoupled else None)
+        return Scored([float(x) for x in scores], rewards.tolist(), metrics, groups, each if decoupled else None,
+                      None if log is None else log.rows(len(groups)))
 
     @staticmethod
     def write_rewards(slots, rewards: Sequence[float], each: Sequence[Sequence[float]] | None = None) -> Any:

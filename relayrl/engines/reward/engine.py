@@ -7,7 +7,8 @@ computes log-probs for another (the reward stage overlapping other stages, as
 in HybridFlow's and AsyncFlow's dataflow). Row-wise verifiers (task, math, exact) are spread
 over ``workers`` threads in contiguous chunks; a user function receives the
 whole batch in one call (it may look across rows, e.g. within a group), and, by keyword, the rows'
-dataset fields it takes (``columns``: :class:`~relayrl.engines.reward.user.CallShape`).
+dataset fields it takes (``columns``: :class:`~relayrl.engines.reward.user.CallShape`); what a TRL-shaped
+one logs per row (``log_extra``) stays with the row it was logged for (:mod:`relayrl.engines.reward.extra`).
 
 A verifier that raises on one row scores that row 0 and counts it in
 ``reward/errors``: model output is untrusted text and one odd response must not
@@ -55,6 +56,7 @@ import torch
 
 from relayrl.algorithms.reward_model import RunningMoments, normalize_rewards
 from relayrl.engines.reward.config import RewardConfig, RewardError
+from relayrl.engines.reward.extra import ExtraError, ExtraLog
 from relayrl.engines.reward.judge import JudgeError, LLMJudge
 from relayrl.engines.reward.user import CALL_ARGS, Overtime, UserFn, call_within, check_rewards, load_user_fns
 from relayrl.engines.reward.verifiers import exact_reward, format_reward, math_reward
@@ -197,11 +199,13 @@ class RewardEngine:
         answers: Sequence[str | None],
         finish_reasons: Sequence[str] | None = None,
         columns: Columns | None = None,
+        extra: ExtraLog | None = None,
     ) -> tuple[list[float], dict[str, float], list[list[float]]]:
         """:meth:`score`, and each user function's score of each row (``[N][K]``, the functions in
         ``reward.user_fn``'s order; NaN where a function returned ``None`` for the row, and in the rows left
         NaN): what ``reward.user_aggregation=normalize_then_sum`` normalises. ``[]`` per row without user
-        functions."""
+        functions. ``extra``: receives the columns the user functions log per row (``log_extra``:
+        :mod:`relayrl.engines.reward.extra`); None: they are checked, not kept."""
         if self._closed:
             raise RuntimeError("RewardEngine.score after close()")
         t0 = time.perf_counter()
@@ -210,7 +214,7 @@ class RewardEngine:
         learned: dict[str, float] = {}
         each: list[list[float]] = [[] for _ in range(n)]
         if self._user:
-            verifier, learned, each = self._user_scores(prompts, responses, answers, columns)
+            verifier, learned, each = self._user_scores(prompts, responses, answers, columns, extra)
             errors: list[tuple[int, str]] = []
         else:
             verifier, errors = self._score_rows(responses, answers)
@@ -389,8 +393,8 @@ class RewardEngine:
                 out[i] = v
         return out
 
-    def _user_scores(self, prompts: list[str], responses: list[str], answers: list,
-                     columns: list) -> tuple[list[float], dict[str, float], list[list[float]]]:
+    def _user_scores(self, prompts: list[str], responses: list[str], answers: list, columns: list,
+                     extra: ExtraLog | None = None) -> tuple[list[float], dict[str, float], list[list[float]]]:
         """The user functions' weighted sum per row (NaN where one failed: ``drop_group``), for more than
         one each one's ``reward/fn/NAME_mean`` and ``_std`` over the rows it scored, what they reported
         (``reward/user/NAME``), and each row's score by each function (NaN for ``None``). A function's ``None``
@@ -400,8 +404,8 @@ class RewardEngine:
         total, scored, metrics, each = [0.0] * n, [False] * n, {}, [[] for _ in range(n)]
         logged: dict[str, list[float]] = {}
         for u in self._user:
-            got = self._guarded(partial(self._user_once, u, logged), "the function", prompts, responses, answers,
-                                columns)
+            got = self._guarded(partial(self._user_once, u, logged, extra), "the function", prompts, responses,
+                                answers, list(enumerate(columns)))  # (each row with its index: log_extra's rows)
             total = [t if x is None else t + u.weight * x for t, x in zip(total, got)]  # (NaN stays NaN)
             scored = [s or x is not None for s, x in zip(scored, got)]
             for xs, x in zip(each, got):
@@ -418,22 +422,27 @@ class RewardEngine:
                         prompts[scored.index(False)][:200])
         return total, metrics, each
 
-    def _user_once(self, u: UserFn, logged: dict[str, list[float]], prompts: list[str], responses: list[str],
-                   answers: list[str | None], columns: list) -> list[float]:
-        """One call of ``u`` on the rows; what it reports (``log_metric``, a verl dict's other keys) is added to
-        ``logged`` (name -> values)."""
+    def _user_once(self, u: UserFn, logged: dict[str, list[float]], extra: ExtraLog | None, prompts: list[str],
+                   responses: list[str], answers: list[str | None], rows: list[tuple[int, dict | None]]) -> list[float]:
+        """One call of ``u`` on the rows (``(index in the batch, columns)`` each); what it reports (``log_metric``,
+        a verl dict's other keys) is added to ``logged`` (name -> values), what it logs per row (``log_extra``) to
+        ``extra`` once the call succeeds."""
         name = u.path  # as configured (a file path is absolute since the config loaded)
         limit = None if self.cfg.timeout_s is None else self.cfg.timeout_s * len(set(prompts))
+        indexes, columns = [i for i, _ in rows], [c for _, c in rows]
         args, kwargs = u.shape.arguments(prompts, responses, answers, columns)
+        extras = (extra or ExtraLog(0)).call(len(responses))
         self._check_fields(u, columns, kwargs)
 
         def log_metric(key: str, value: float) -> None:
             logged.setdefault(str(key), []).append(float(value))
 
         try:
-            result = self._within(limit, u.shape.call, u.fn, args, kwargs, log_metric, name=name)
+            result = self._within(limit, u.shape.call, u.fn, args, kwargs, log_metric, extras.log, name=name)
         except _StopRun:
             raise
+        except ExtraError as e:  # (the function's bug, not a row's: no retry per prompt, whatever reward.on_error)
+            raise _StopRun(f"reward function {name} {e}") from None
         except RewardError as e:  # a result the call's shape cannot read (a verl dict without "score")
             raise RewardError(f"reward function {name} {e}") from None
         except Overtime:
@@ -441,7 +450,12 @@ class RewardEngine:
                               f"({limit:g} s for the {len(set(prompts))} prompt(s) of the call)") from None
         except Exception as e:
             raise RewardError(f"reward function {name} raised {type(e).__name__}: {e}") from e
-        return check_rewards(result, len(responses), name, none_ok=True)
+        if extras.error is not None:  # (a breach the function caught and went on from)
+            raise _StopRun(f"reward function {name} {extras.error}")
+        scores = check_rewards(result, len(responses), name, none_ok=True)
+        if extra is not None:
+            extra.add(indexes, extras)
+        return scores
 
     def _within(self, limit: float | None, fn: Callable, *args, name: str):
         """``fn(*args)`` within ``limit`` seconds (:func:`call_within`; ``None``: on this thread, no limit);

@@ -32,14 +32,15 @@ __all__ = ["RewardFn", "load_reward_fn", "UserFn", "load_user_fns", "CallShape",
            "with_progress", "trainer_state", "check_rewards", "call_within", "Overtime"]
 
 NOT_FIELDS = frozenset({"prompt", "prompts", "responses", "answers", "completions", "completion", "completion_ids",
-                        "trainer_state", "log_metric"})
+                        "trainer_state", "log_metric", "log_extra"})
 """Names that are never passed as a dataset field: the prompt comes as ``prompts``, and the others name the
 call's own lists (TRL leaves out ``prompt``, ``completion`` and ``completion_ids`` likewise). A row's
 ``completion_ids`` (its response's token ids, where the caller has them) and the training's progress
 (``trainer_state``, :func:`with_progress`) go to a TRL-shaped function that takes them, as TRL passes them;
-``log_metric`` is the call's metric logger (:meth:`CallShape.call`)."""
+``log_metric`` is the call's metric logger and ``log_extra`` its logger of per-row columns
+(:meth:`CallShape.call`)."""
 
-CALL_ARGS = frozenset({"completion_ids", "trainer_state", "log_metric"})
+CALL_ARGS = frozenset({"completion_ids", "trainer_state", "log_metric", "log_extra"})
 """What TRL passes a reward function besides the prompts, the completions and the dataset's fields."""
 
 
@@ -170,14 +171,16 @@ class CallShape(NamedTuple):
         return self.style == "trl" and (self.takes is None or name in self.takes)
 
     def call(self, fn: Callable, args: tuple, kwargs: dict[str, list],
-             log_metric: Callable[[str, float], None] | None = None) -> Any:
+             log_metric: Callable[[str, float], None] | None = None,
+             log_extra: Callable[[str, list], None] | None = None) -> Any:
         """``fn``'s scores of the rows (:meth:`arguments`): one call, or one per row for verl's shape; a verl
         result's dicts become their ``"score"``. An ``async def`` function runs on an event loop of its own,
         verl's per-response calls all at once (a function that awaits a server or a sandbox).
 
         ``log_metric(name, value)`` collects what the function reports: a TRL-shaped function that takes
         ``log_metric`` gets it (TRL's metric logger), and a verl result's other numeric keys are reported
-        through it, row by row (verl's ``reward_extra_info``)."""
+        through it, row by row (verl's ``reward_extra_info``). ``log_extra(column, values)`` likewise goes to a
+        TRL-shaped function that takes it (TRL's per-completion columns: :mod:`relayrl.engines.reward.extra`)."""
         if self.style == "verl":
             out = [fn(**{k: v[i] for k, v in kwargs.items()}) for i in range(len(kwargs["solution_str"]))]
             if out and inspect.isawaitable(out[0]):
@@ -185,8 +188,9 @@ class CallShape(NamedTuple):
             return [_verl_score(x, i, log_metric) for i, x in enumerate(out)]
         if self.style == "verl_batch":
             args, kwargs = (), {f"{k}s": v for k, v in kwargs.items()}
-        elif log_metric is not None and self.takes_name("log_metric"):
-            kwargs = {**kwargs, "log_metric": log_metric}
+        else:
+            given = {"log_metric": log_metric, "log_extra": log_extra}
+            kwargs = {**kwargs, **{k: f for k, f in given.items() if f is not None and self.takes_name(k)}}
         out = fn(*args, **kwargs)
         if inspect.isawaitable(out):
             out = asyncio.run(_gathered([out]))[0]

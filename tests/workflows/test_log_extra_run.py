@@ -1,0 +1,41 @@
+"""TRL's ``log_extra`` in a GRPO run: each row of ``RUN_DIR/samples.jsonl`` carries the columns the reward
+function logged for its own response (a function of the response's text, so a mix-up of rows shows)."""
+
+import json
+import textwrap
+
+import pytest
+
+from grpo_runs import run_grpo
+
+RUN_FN = """
+    def tagged(prompts, completions, log_extra, **kwargs):  # TRL's shape; what it logs: a function of the completion
+        texts = [c if isinstance(c, str) else c[0]["content"] for c in completions]
+        asked = [p if isinstance(p, str) else p[-1]["content"] for p in prompts]
+        log_extra("chars", [len(t) for t in texts])
+        log_extra("reversed", [t[::-1] for t in texts])
+        log_extra("reward", ["own field"] * len(texts))
+        return [score(p, t) for p, t in zip(asked, texts)]
+
+    def score(prompt, text):  # (half the prompts' groups uniform: dynamic sampling drops them)
+        return 1.0 if sum(map(ord, prompt)) % 2 == 0 else float(len(text) % 3) / 2.0
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_run_writes_each_samples_logged_columns_with_its_own_response(tmp_path, tiny_dir, dynamic):
+    """Two steps of 2 prompts x 4 responses, 5 samples each (rows of several scoring calls); ``dynamic``: DAPO's
+    dynamic sampling drops uniform groups and scores fresh prompts in later rounds."""
+    (tmp_path / "logs_extra.py").write_text(textwrap.dedent(RUN_FN))
+    over = ["algorithm.dynamic_sampling=true", "algorithm.max_resample_rounds=4"] if dynamic else []
+    recs = run_grpo(tmp_path, tiny_dir, "telemetry.samples_per_step=5", "reward.verifier=user",
+             f"reward.user_fn={tmp_path}/logs_extra.py:tagged", *over)
+    rows = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1] * 5 + [2] * 5
+    assert len({r["response"] for r in rows}) > 1  # (distinct responses: a mix-up of rows would show)
+    for r in rows:
+        assert r["chars"] == len(r["response"]) and r["reversed"] == r["response"][::-1]
+        assert r["extra_reward"] == "own field" and r["reward"] == r["score"]
+        assert r["score"] in (1.0, (len(r["response"]) % 3) / 2)
+    assert not dynamic or sum(r.get("dapo/dropped_groups", 0) for r in recs) > 0
