@@ -5,6 +5,7 @@ Workflows compose these functions; nothing else reimplements them. One concern
 per module:
 
 * :mod:`~relayrl.algorithms.advantages` -- GAE, GRPO/Dr.GRPO, RLOO, REINFORCE++(-baseline), ReMax
+* :mod:`~relayrl.algorithms.otb` -- the Optimal Token Baseline: a per-token group baseline weighted by energy
 * :mod:`~relayrl.algorithms.losses` -- clipped policy loss (PPO/GRPO/DAPO/GSPO/LUSPO)
 * :mod:`~relayrl.algorithms.ratio` -- the importance ratio (token or sequence level) every policy loss takes
 * :mod:`~relayrl.algorithms.aggregation` -- token/sequence loss aggregation
@@ -60,6 +61,7 @@ __all__ = [
     "losses",
     "mismatch",
     "offpolicy",
+    "otb",
     "ratio",
     "sapo",
     "sft",

@@ -223,8 +223,8 @@ class AlgorithmConfig(_Section):
                                      "trains on the groups it has (dapo/missing_prompts)")
     old_logprobs: Literal["auto", "recompute", "rollout"] = Field(
         "auto", description="pi_old of the PPO ratio. auto: recomputed by the trainer when a batch is used more than "
-        "once, else the current policy detached (one update per batch: the same weights, also off-policy and "
-        "with a rollout correction); recompute: always; "
+        "once or the advantage estimator reads that pass (otb), else the current policy detached (one update per "
+        "batch: the same weights, also off-policy and with a rollout correction); recompute: always; "
         "rollout: the generation engine's log-probs (no extra forward pass; the ratio then also carries staleness "
         "and engine mismatch)")
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="advantage=gae or reinforce++: discount of the "
@@ -273,6 +273,10 @@ class AlgorithmConfig(_Section):
             raise ValueError(f"algorithm.kl_in_reward=true puts the KL into per-token rewards, which only the "
                              f"token-level estimators read; set algorithm.advantage={readers} (got "
                              f"{self.advantage!r}) or use the KL as a loss term (kl_in_reward=false)")
+        if est.token_stats and self.old_logprobs == "rollout":
+            raise ValueError(f"algorithm.advantage={self.advantage} reads the trainer's per-token log-probs and sum "
+                             f"of squared probabilities from its pass before the update, which "
+                             f"algorithm.old_logprobs=rollout skips: use old_logprobs=auto (the pass then runs)")
         if self.kl_in_reward and self.kl_kind.endswith("+"):
             raise ValueError(f"algorithm.kl_kind={self.kl_kind} changes the gradient of the KL loss term; with "
                              f"kl_in_reward=true the KL is a reward, which has none: use algorithm.kl_kind="

@@ -156,6 +156,8 @@ class Workload(_Model):
                                "reference's log-probs")
     group_relative: bool = Field(True, description="the advantages of a group need only its own rewards (GRPO, "
                                  "RLOO, ...): they stream per chunk; False: whitened over the whole batch")
+    token_stats: bool = Field(False, description="the advantages read the pi_old pass's per-token statistics "
+                              "(OTB): they wait for that pass")
     accumulate: bool = Field(True, description="in an overlapped mode (periodic, off-policy) the update "
                              "accumulates per chunk: the step plan's update='accumulate' (no critic, group-relative "
                              "advantages, one optimizer step per batch)")

@@ -4,10 +4,11 @@
 
     reference:   groups with responses [and rewards]   -> ref_logprobs  (reference group; KL outside the actor)
     teacher:     groups with responses [and rewards]   -> teacher_logprobs  (on-policy distillation's teacher)
-    old:         groups with responses [and rewards]   -> old_logprobs  (actor; the batch is used more than once)
+    old:         groups with responses [and rewards]   -> old_logprobs [, sum_pi_squared]  (actor; the batch is used
+                                                          more than once, or OTB reads the pass's statistics)
     values:      groups with responses [and rewards]   -> values        (critic)
     advantages:  groups with rewards [, ref, values,   -> advantages [, returns]
-                 teacher]
+                 teacher, old]
                  (group-relative estimators per group; batch-whitened ones once the batch is complete)
     update:      batch:       once every row has advantages, mini-batches x epochs optimizer steps
                  accumulate:  forward + backward on each group as it gets advantages, one optimizer step
@@ -79,8 +80,9 @@ class Consume:
         p.phases.idle(group)
 
     def old_logprobs(self, f: Flow) -> None:
+        stats = {"sum_sq_column": "sum_pi_squared"} if self.p.plan.estimator.token_stats else {}  # (OTB)
         self._pass(f, "old", self.p.actor, PolicyWorker.forward_into, "old_logprob", "old_logprobs",
-                   temperature=self.p.temperature)
+                   temperature=self.p.temperature, **stats)
 
     def values(self, f: Flow) -> None:
         self._pass(f, "values", self.p.critic, CriticWorker.forward_into, "values", "values")
@@ -92,6 +94,7 @@ class Consume:
         cols = ["rewards", "response_ids", "group"] \
             + (["gen_logprobs", "ref_logprobs"] if a.kl_in_reward and p.reference is not None else []) \
             + (["values"] if est.values else []) + (["baseline"] if est.baseline else []) \
+            + (["old_logprobs", "sum_pi_squared"] if est.token_stats else []) \
             + (["gen_logprobs", "teacher_logprobs"] if p.teacher is not None else []) \
             + (["loss_mask"] if p.episodes is not None else []) \
             + (["fn_scores"] if p.cfg.reward.decoupled else [])  # (GDPO: each reward function's scores)

@@ -40,7 +40,8 @@ def advantage_rows(a, rewards: torch.Tensor, lengths: Sequence[int], groups: tor
                    values: list[torch.Tensor] | None = None, baseline: torch.Tensor | None = None,
                    loss_masks: list[torch.Tensor] | None = None, kl_coef: float | None = None,
                    teacher_logprobs: list[torch.Tensor] | None = None, fn_scores: torch.Tensor | None = None,
-                   fn_weights: torch.Tensor | None = None,
+                   fn_weights: torch.Tensor | None = None, old_logprobs: list[torch.Tensor] | None = None,
+                   sum_sq: list[torch.Tensor] | None = None,
                    ) -> tuple[dict[str, list[torch.Tensor]], dict[str, float]]:
     """``({"advantages": rows[, "returns": rows]}, kl_metrics)`` for rows with outcome ``rewards [N]``.
 
@@ -56,6 +57,8 @@ def advantage_rows(a, rewards: torch.Tensor, lengths: Sequence[int], groups: tor
     ``fn_scores [N, K]`` with ``fn_weights [K]`` (GDPO, ``reward.user_aggregation=normalize_then_sum``): the
     estimator's outcome reward is each function's group-normalised score, weighted and summed
     (:func:`~relayrl.algorithms.gdpo.decoupled_rewards`), in place of ``rewards``.
+    ``old_logprobs`` and ``sum_sq`` (estimators with ``token_stats``, OTB): the trainer's pre-update log-probs of
+    the sampled tokens and ``sum_v p_v^2`` per token.
     """
     if fn_scores is not None:
         rewards = decoupled_rewards(fn_scores, fn_weights, groups)
@@ -71,7 +74,8 @@ def advantage_rows(a, rewards: torch.Tensor, lengths: Sequence[int], groups: tor
         out, kl_metrics = advantage_rows(a, rewards, [int(k.sum()) for k in keep], groups,
                                          gen_logprobs=squeeze(gen_logprobs), ref_logprobs=squeeze(ref_logprobs),
                                          values=squeeze(values), baseline=baseline, kl_coef=kl_coef,
-                                         teacher_logprobs=squeeze(teacher_logprobs))
+                                         teacher_logprobs=squeeze(teacher_logprobs),
+                                         old_logprobs=squeeze(old_logprobs), sum_sq=squeeze(sum_sq))
         return {name: [_unsqueeze(r, k) for r, k in zip(rows, keep)] for name, rows in out.items()}, kl_metrics
     mask = pad_right([torch.ones(L) for L in lengths])
     token_rewards, kl_metrics = None, {}
@@ -80,9 +84,10 @@ def advantage_rows(a, rewards: torch.Tensor, lengths: Sequence[int], groups: tor
             outcome_to_token_rewards(rewards, mask), pad_right(gen_logprobs), pad_right(ref_logprobs),
             mask, a.kl_coef if kl_coef is None else kl_coef, kind=a.kl_kind)
     est = estimator(a.advantage)
-    out = est(EstimatorInputs(rewards, groups, mask, token_rewards=token_rewards,
-                              values=pad_right(values) if values is not None else None, baseline=baseline,
-                              gamma=a.gamma, lam=a.lam, normalize_std=a.normalize_std, whiten=est.values))
+    padded = {k: None if v is None else pad_right(v) for k, v in (("values", values), ("logprobs", old_logprobs),
+                                                                  ("sum_sq", sum_sq))}
+    out = est(EstimatorInputs(rewards, groups, mask, token_rewards=token_rewards, baseline=baseline, gamma=a.gamma,
+                              lam=a.lam, normalize_std=a.normalize_std, whiten=est.values, **padded))
 
     advantages = out.advantages
     if teacher_logprobs is not None:

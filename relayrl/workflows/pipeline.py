@@ -20,7 +20,7 @@ TransferQueue and the periodic asynchrony paper's Algorithm 1)::
     baseline    baseline_ids (ReMax)          the kept groups' greedy rows     advantages
     reference   prompt_ids, response_ids      a group (its pool's turn)        advantages (KL in reward), update
     teacher     prompt_ids, response_ids      a group (its pool's turn)        advantages (distillation)
-    old/values  prompt_ids, response_ids      a group (its pool's turn)        update / advantages (GAE)
+    old/values  prompt_ids, response_ids      a group (its pool's turn)        update / advantages (GAE, OTB)
     advantages  rewards [, values, baseline]  a group (or the whole batch)     update
     update      advantages and the passes     a group (accumulate) or all      the relay
     relay       the actor's weights           the update                       the next step's sample

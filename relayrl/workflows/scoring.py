@@ -118,7 +118,8 @@ class ScoreWorker(Worker):
             self.algorithm, torch.tensor([float(r) for r in cols["rewards"]]), [len(r) for r in cols["response_ids"]],
             torch.tensor([int(g) for g in cols["group"]]), **decoupled, gen_logprobs=cols.get("gen_logprobs"),
             ref_logprobs=cols.get("ref_logprobs"), values=cols.get("values"),
-            teacher_logprobs=cols.get("teacher_logprobs"),
+            teacher_logprobs=cols.get("teacher_logprobs"), old_logprobs=cols.get("old_logprobs"),
+            sum_sq=cols.get("sum_pi_squared"),
             baseline=torch.tensor([float(b) for b in cols["baseline"]]) if "baseline" in cols else None,
             loss_masks=cols.get("loss_mask"), kl_coef=kl_coef)
         return slots.write(out), kl

@@ -297,10 +297,14 @@ class PolicyWorker(_TrainerWorker):
             return self.engine.logprobs_with_reference(batch, temperature=temperature)
         return self.engine.logprobs(batch, temperature=temperature)[0]
 
-    def forward_into(self, items: Sequence, column: str, temperature: float = 1.0) -> list:
-        """Log-probs of this rank's dock rows (pi_old) into ``column``; the write receipt."""
+    def forward_into(self, items: Sequence, column: str, temperature: float = 1.0, sum_sq_column: str = "") -> list:
+        """Log-probs of this rank's dock rows (pi_old) into ``column`` (and each position's ``sum_v p_v^2``, from
+        the same pass, into ``sum_sq_column`` when named: the Optimal Token Baseline's); the write receipt."""
         batch, slots = _dock_rows(items)
-        return [slots.write({column: self.logprobs(batch, temperature)})]
+        if not sum_sq_column:
+            return [slots.write({column: self.logprobs(batch, temperature)})]
+        lp, sq = self.engine.logprobs_with_sum_sq(batch, temperature=temperature)
+        return [slots.write({column: lp, sum_sq_column: sq})]
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]] | None:
         """The weights to relay. Sharded (FSDP2): every rank must call this (the full tensors are gathered);

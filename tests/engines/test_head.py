@@ -123,3 +123,49 @@ def test_every_backward_order_gives_the_bf16_gradients(tiny_dir, tiny_tokenizer,
     lp, _ = chunked_token_logprobs(h, torch.randn(20, 8), torch.zeros(6, dtype=torch.long), chunk=4,
                                    grad_by="stored")
     assert lp.grad_fn.saved_tensors[-1].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("grad_by", ["positions", "stored"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_sum_of_squared_probabilities_matches_full_logits(temperature, grad_by):
+    """``with_sum_sq``: each position's sum_v p_v^2 of softmax(z / T), computed from the full logits as
+    exp(logsumexp(2z/T) - 2 logsumexp(z/T)); the log-probs and their gradient are unchanged by asking for it."""
+    g = torch.Generator().manual_seed(2)
+    h = torch.randn(11, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(30, 8, generator=g, dtype=torch.float64)
+    t = torch.randint(0, 30, (11,), generator=g)
+    lp, ent, sq = chunked_token_logprobs(h, w, t, temperature=temperature, chunk=4, with_sum_sq=True, grad_by=grad_by)
+    assert ent is None and not sq.requires_grad
+    z = (h @ w.T).detach() / temperature
+    torch.testing.assert_close(sq.double(), torch.exp(torch.logsumexp(2 * z, -1) - 2 * torch.logsumexp(z, -1)),
+                               atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(sq.double(), (torch.softmax(z, -1) ** 2).sum(-1), atol=1e-6, rtol=1e-6)
+    lp.sum().backward()
+    gh = h.grad.clone()
+    h.grad = None
+    lp2, _ = chunked_token_logprobs(h, w, t, temperature=temperature, chunk=4, grad_by=grad_by)
+    lp2.sum().backward()
+    torch.testing.assert_close(lp, lp2)
+    torch.testing.assert_close(gh, h.grad)
+    with torch.no_grad():  # the no-grad pass (pi_old) that OTB reads
+        _, _, sq_ng = chunked_token_logprobs(h, w, t, temperature=temperature, chunk=3, with_sum_sq=True)
+    torch.testing.assert_close(sq_ng, sq)
+
+
+@pytest.mark.parametrize("packing", ["none", "sequences"])
+def test_the_engine_gives_logprobs_and_sum_sq_from_one_pass(tiny_model, tiny_tokenizer, packing):
+    """``logprobs_with_sum_sq``: per-row log-probs equal to ``logprobs``' and sum p^2 of softmax(logits / T) from
+    a plain forward, on the chunked head and on materialised logits (``logprob_chunk=0``)."""
+    batch = _batch(tiny_tokenizer)
+    batch.groups = [0, 1, 2, 3]
+    for chunk in (0, 5):
+        eng = TorchTrainingEngine(tiny_model, TrainEngineConfig(token_budget=24, packing=packing, logprob_chunk=chunk),
+                                  total_steps=1, trainable=False)
+        lps, sqs = eng.logprobs_with_sum_sq(batch, temperature=0.8)
+        for p, r, lp, sq, lp_plain in zip(batch.prompt_ids, batch.response_ids, lps, sqs,
+                                         eng.logprobs(batch, temperature=0.8)[0]):
+            with torch.no_grad():
+                z = tiny_model(torch.cat([p, r])[None]).logits[0, len(p) - 1:-1].float() / 0.8
+            assert sq.shape == r.shape
+            torch.testing.assert_close(lp, lp_plain)
+            torch.testing.assert_close(sq, (torch.softmax(z, -1) ** 2).sum(-1), atol=1e-5, rtol=1e-4)

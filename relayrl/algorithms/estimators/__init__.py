@@ -19,6 +19,7 @@ from relayrl.algorithms.estimators.gae import GAE
 from relayrl.algorithms.estimators.gpg import GPG
 from relayrl.algorithms.estimators.grpo import DRGRPO, GRPO, GRPO_BATCH_STD
 from relayrl.algorithms.estimators.opo import GRPO_PASSK, OPO
+from relayrl.algorithms.estimators.otb import OTB
 from relayrl.algorithms.estimators.reinforce import REINFORCE_PP, REINFORCE_PP_BASELINE
 from relayrl.algorithms.estimators.remax import REMAX
 from relayrl.algorithms.estimators.rloo import RLOO
@@ -40,6 +41,7 @@ ESTIMATORS: dict[str, Estimator] = {e.name: e for e in (
     OPO,
     GRPO_PASSK,
     GPG,
+    OTB,
 )}
 
 
@@ -54,7 +56,8 @@ def estimator(name: str) -> Estimator:
 def compute(name: str, *, rewards: torch.Tensor, group_ids: torch.Tensor, mask: torch.Tensor,
             token_rewards: torch.Tensor | None = None, values: torch.Tensor | None = None,
             baseline_rewards: torch.Tensor | None = None, gamma: float = 1.0, lam: float = 1.0,
-            normalize_std: bool = True, eps: float = 1e-6, whiten: bool = False) -> torch.Tensor:
+            normalize_std: bool = True, eps: float = 1e-6, whiten: bool = False,
+            logprobs: torch.Tensor | None = None, sum_sq: torch.Tensor | None = None) -> torch.Tensor:
     """Advantages ``[B, T]`` of estimator ``name`` (shapes as in :class:`EstimatorInputs`); GAE's returns are
     dropped (call the estimator itself for them)."""
     from relayrl.algorithms._checks import check_nonempty, check_rows, check_same_shape
@@ -62,6 +65,6 @@ def compute(name: str, *, rewards: torch.Tensor, group_ids: torch.Tensor, mask: 
     est = estimator(name)
     check_nonempty("rewards", rewards)
     check_rows("rewards", rewards, "mask", mask)
-    check_same_shape(mask=mask, token_rewards=token_rewards, values=values)
+    check_same_shape(mask=mask, token_rewards=token_rewards, values=values, logprobs=logprobs, sum_sq=sum_sq)
     return est(EstimatorInputs(rewards, group_ids, mask, token_rewards, values, baseline_rewards, gamma, lam,
-                               normalize_std, eps, whiten)).advantages
+                               normalize_std, eps, whiten, logprobs, sum_sq)).advantages

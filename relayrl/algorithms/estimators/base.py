@@ -15,6 +15,9 @@ them to the inputs a step has (:class:`EstimatorInputs`) and declares:
 * ``group_baseline``: its advantage compares each outcome reward with the other rewards of its prompt group
   (their mean, or the others' mean) and with nothing else, so a reward that means something only within its
   group (GDPO's decoupled sum, ``reward.user_aggregation=normalize_then_sum``) is one it can take;
+* ``token_stats``: it reads two per-token statistics of the policy before the update, the log-prob of each
+  sampled token and ``sum_v p_v^2`` of each position's distribution (OTB), so the step runs the trainer's
+  pre-update (pi_old) pass, which writes both, and computes the advantages after it;
 * ``params``: the ``algorithm`` keys it reads besides the rewards (``gamma``, ``lam``, ``normalize_std``), so
   a value set for an estimator that ignores it is refused when the config loads.
 """
@@ -53,6 +56,11 @@ class EstimatorInputs:
     eps: float = 1e-6
     whiten: bool = False
     """GAE: whiten the advantages over the batch's valid tokens (as PPO implementations do in training)."""
+    logprobs: Tensor | None = None
+    """``[B, T]`` log-probs of the sampled tokens under the policy before the update (``token_stats=True``
+    estimators)."""
+    sum_sq: Tensor | None = None
+    """``[B, T]`` ``sum_v p_v^2`` of each position's distribution under the same policy (``token_stats=True``)."""
 
 
 class Advantages(NamedTuple):
@@ -75,6 +83,7 @@ class Estimator:
     group_relative: bool = True
     min_group: int = 1
     group_baseline: bool = False
+    token_stats: bool = False
     params: frozenset[str] = frozenset()
 
     def __call__(self, x: EstimatorInputs) -> Advantages:
@@ -82,6 +91,9 @@ class Estimator:
             raise ValueError(f"advantage estimator {self.name!r} needs values; pass values=...")
         if self.baseline and x.baseline is None:
             raise ValueError(f"advantage estimator {self.name!r} needs baseline_rewards; pass baseline_rewards=...")
+        if self.token_stats and (x.logprobs is None or x.sum_sq is None):
+            raise ValueError(f"advantage estimator {self.name!r} needs the policy's per-token statistics; pass "
+                             f"logprobs=... and sum_sq=...")
         return self.fn(x)
 
 

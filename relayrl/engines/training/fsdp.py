@@ -46,11 +46,12 @@ class ResponseLogits(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask, position_ids: torch.Tensor | None,
                 rows: torch.Tensor, cols: torch.Tensor, targets: torch.Tensor | None = None,
                 temperature: float = 1.0, chunk: int = 0, with_entropy: bool = False, fused: bool = False,
-                grad_by: str = "positions"):
+                grad_by: str = "positions", with_sum_sq: bool = False):
         """Logits ``[..., V]`` at ``(rows, cols)``; with ``targets`` (same shape as ``rows``) instead the
         log-probs of the targets and the entropy (or None), the head applied ``chunk`` positions at a time
         (:mod:`relayrl.engines.training.head`, its float32 steps compiled when ``fused``, its backward sliced
-        by ``grad_by``), so no ``[..., V]`` tensor is kept."""
+        by ``grad_by``), so no ``[..., V]`` tensor is kept; ``with_sum_sq`` adds a third output, each position's
+        ``sum_v p_v^2``."""
         hidden = self.model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
                                           position_ids=position_ids, use_cache=False).last_hidden_state
         head = self.model.get_output_embeddings()
@@ -59,10 +60,10 @@ class ResponseLogits(nn.Module):
         from relayrl.engines.training.head import chunked_token_logprobs
 
         picked = hidden[rows, cols]
-        lp, ent = chunked_token_logprobs(picked.reshape(-1, picked.shape[-1]), head.weight, targets.reshape(-1),
-                                         temperature=temperature, chunk=chunk, with_entropy=with_entropy,
-                                         fused=fused, grad_by=grad_by)
-        return _shaped(lp, targets.shape), None if ent is None else _shaped(ent, targets.shape)
+        out = chunked_token_logprobs(picked.reshape(-1, picked.shape[-1]), head.weight, targets.reshape(-1),
+                                     temperature=temperature, chunk=chunk, with_entropy=with_entropy,
+                                     fused=fused, grad_by=grad_by, with_sum_sq=with_sum_sq)
+        return tuple(None if t is None else _shaped(t, targets.shape) for t in out)
 
 
 def _shaped(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:

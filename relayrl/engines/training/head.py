@@ -9,7 +9,11 @@ gradients): for Qwen2-0.5B's 151,936-token vocabulary, 12k positions make
 and one log-sum-exp per position; each chunk's logits are computed, reduced
 and dropped, and recomputed in the backward pass (as fused linear-cross-entropy
 kernels do, e.g. Liger's; here in plain PyTorch). The entropy of each position
-comes out of the same chunks, without a gradient.
+comes out of the same chunks, without a gradient; so does, when asked (``with_sum_sq``), the sum of the
+squared probabilities ``S = sum_v p_v^2 = exp(logsumexp(2x) - 2 logsumexp(x))`` (``x = logits / T``; the
+Optimal Token Baseline's per-token statistic, :mod:`relayrl.algorithms.otb`): one more reduction per chunk,
+in the chunk's own float32 step (eager, or compiled with ``fused``; the Triton kernels do not compute it,
+so with :data:`FUSED` ``= "triton"`` this reduction runs eagerly beside them).
 
 The matrix products run in the hidden states' dtype (bf16 under mixed
 precision), the softmax in float32; the weight's gradient accumulates in
@@ -69,6 +73,15 @@ def _chunk_stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float
     logp = x.gather(-1, targets[:, None]).squeeze(-1) - z
     ent = z - (torch.softmax(x, dim=-1) * x).sum(-1) if with_entropy else z.new_empty(0)
     return z, logp, ent
+
+
+def _chunk_sum_sq(logits: torch.Tensor, lse: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logits [c, V]`` and their log-sum-exp ``lse [c]`` (of ``logits / temperature``) -> float32
+    ``sum_v softmax(logits / temperature)_v^2 = exp(logsumexp(2x) - 2 lse)``, ``[c]``."""
+    x = logits.float()
+    if temperature != 1.0:
+        x = x / temperature
+    return torch.exp(torch.logsumexp(2.0 * x, dim=-1) - 2.0 * lse)
 
 
 def _chunk_grad(logits: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor, targets: torch.Tensor,
@@ -143,16 +156,20 @@ def _fused(fn):
 
 
 class ChunkedTokenLogprobs(torch.autograd.Function):
-    """``(hidden [N, d], weight [V, d], targets [N]) -> (logprobs [N], entropy [N])``; see the module docstring."""
+    """``(hidden [N, d], weight [V, d], targets [N]) -> (logprobs [N], entropy [N], sum_sq [N])`` (the last two
+    empty unless asked, neither with a gradient); see the module docstring."""
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
-                chunk: int, with_entropy: bool, fused: bool = False, grad_by: str = "positions"):
+                chunk: int, with_entropy: bool, fused: bool = False, grad_by: str = "positions",
+                with_sum_sq: bool = False):
         w = weight.to(hidden.dtype)
         n = hidden.shape[0]
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
         logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
         ent = torch.empty(n if with_entropy else 0, dtype=torch.float32, device=hidden.device)
+        sq = torch.empty(n if with_sum_sq else 0, dtype=torch.float32, device=hidden.device)
+        sum_sq = _fused(_chunk_sum_sq) if fused and FUSED == "compile" else _chunk_sum_sq  # (no Triton kernel)
         stats = _fused(_chunk_stats) if fused else None
         kept = torch.empty(n, w.shape[0], dtype=w.dtype, device=hidden.device) if grad_by == "stored" else None
         if kept is not None and stats is None:
@@ -165,6 +182,8 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
                 lse[s:s + chunk], logp[s:s + chunk] = z, lp
                 if with_entropy:
                     ent[s:s + chunk] = e
+                if with_sum_sq:
+                    sq[s:s + chunk] = sum_sq(logits, z, temperature)
                 continue
             logits = (hidden[s:s + chunk] @ w.T).float()
             if temperature != 1.0:
@@ -174,14 +193,16 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
             logp[s:s + chunk] = logits.gather(-1, targets[s:s + chunk, None]).squeeze(-1) - z
             if with_entropy:  # H = logsumexp - sum p * logits
                 ent[s:s + chunk] = z - torch.softmax(logits, dim=-1).mul_(logits).sum(-1)
+            if with_sum_sq:  # (the logits are already scaled by the temperature)
+                sq[s:s + chunk] = _chunk_sum_sq(logits, z, 1.0)
         ctx.save_for_backward(hidden, weight, targets, lse, *([] if kept is None else [kept]))
         ctx.temperature, ctx.chunk, ctx.fused, ctx.grad_by = temperature, chunk, fused, grad_by
         ctx.spent = False
-        ctx.mark_non_differentiable(ent)
-        return logp, ent
+        ctx.mark_non_differentiable(ent, sq)
+        return logp, ent, sq
 
     @staticmethod
-    def backward(ctx, grad_logp: torch.Tensor, _grad_ent: torch.Tensor):
+    def backward(ctx, grad_logp: torch.Tensor, _grad_ent: torch.Tensor, _grad_sq: torch.Tensor):
         if ctx.grad_by == "vocab":
             return ChunkedTokenLogprobs._backward_by_vocab(ctx, grad_logp)
         if ctx.grad_by == "stored":
@@ -200,7 +221,7 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
                 grad_h[s:s + chunk] = dlogits @ w
             if grad_w is not None:  # the product in the compute dtype, summed in float32 by one kernel (no copy)
                 grad_w.add_(dlogits.T @ h)
-        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None, None
+        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None, None, None
 
     @staticmethod
     def _backward_stored(ctx, grad_logp: torch.Tensor):
@@ -218,7 +239,7 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
                     ctx.temperature)
         grad_h = kept @ weight.to(hidden.dtype) if ctx.needs_input_grad[0] else None
         grad_w = (kept.T @ hidden).to(weight.dtype) if ctx.needs_input_grad[1] else None
-        return grad_h, grad_w, None, None, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None, None, None
 
     @staticmethod
     def _backward_by_vocab(ctx, grad_logp: torch.Tensor):
@@ -240,17 +261,18 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
                 grad_h.add_(dlogits @ wv)
             if grad_w is not None:  # this slice's whole gradient: one product over every position
                 grad_w[v:v + step] = dlogits.T @ hidden
-        return (None if grad_h is None else grad_h.to(hidden.dtype), grad_w, None, None, None, None, None, None)
+        return (None if grad_h is None else grad_h.to(hidden.dtype), grad_w, None, None, None, None, None, None, None)
 
 
 def chunked_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                            temperature: float = 1.0, chunk: int = 4096, with_entropy: bool = False,
-                           fused: bool = False, grad_by: str = "positions"):
+                           fused: bool = False, grad_by: str = "positions", with_sum_sq: bool = False):
     """Log-probs of ``targets`` [N] under ``softmax(hidden [N, d] @ weight [V, d]^T / temperature)``, and the
-    entropy of each position (no gradient) when ``with_entropy``; each ``[N, V]``-sized step is ``chunk``
-    positions at a time (in the backward pass, with ``grad_by="vocab"``, as many values a vocabulary slice at a
-    time; with ``"stored"``, on logits kept by the forward pass), its float32 steps compiled into fused kernels
-    when ``fused``."""
+    entropy of each position (no gradient) when ``with_entropy``, or None: ``(logprobs, entropy)``; with
+    ``with_sum_sq`` also each position's ``sum_v p_v^2`` (no gradient): ``(logprobs, entropy, sum_sq)``.
+    Each ``[N, V]``-sized step is ``chunk`` positions at a time (in the backward pass, with ``grad_by="vocab"``,
+    as many values a vocabulary slice at a time; with ``"stored"``, on logits kept by the forward pass), its
+    float32 steps compiled into fused kernels when ``fused``."""
     if chunk < 1:
         raise ValueError(f"chunk={chunk} must be >= 1")
     if grad_by not in GRAD_ORDERS:
@@ -260,6 +282,6 @@ def chunked_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: 
     kind = hidden.device.type
     if torch.is_autocast_enabled(kind):  # the residual stream is float32 under autocast; the head runs in bf16
         hidden = hidden.to(torch.get_autocast_dtype(kind))
-    logp, ent = ChunkedTokenLogprobs.apply(hidden, weight, targets.long(), float(temperature), int(chunk),
-                                           bool(with_entropy), bool(fused), grad_by)
-    return logp, (ent if with_entropy else None)
+    logp, ent, sq = ChunkedTokenLogprobs.apply(hidden, weight, targets.long(), float(temperature), int(chunk),
+                                               bool(with_entropy), bool(fused), grad_by, bool(with_sum_sq))
+    return (logp, ent if with_entropy else None) + ((sq,) if with_sum_sq else ())

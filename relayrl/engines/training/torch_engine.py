@@ -160,6 +160,8 @@ class Forward(NamedTuple):
     """Padded input tokens of the pass."""
     ref: torch.Tensor | None = None
     """The frozen reference's log-probs of the same tokens, from the same packed input (no grad)."""
+    sum_sq: torch.Tensor | None = None
+    """``sum_v p_v^2`` of each position's distribution (``with_sum_sq``; no grad)."""
 
 
 class TorchTrainingEngine(StreamedUpdate, EngineState):
@@ -308,15 +310,16 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
     def _forward(self, batch: SequenceBatch, item, temperature: float, with_entropy: bool | str,
-                 with_reference: bool = False) -> Forward:
+                 with_reference: bool = False, with_sum_sq: bool = False) -> Forward:
         """One micro-batch's pass (see :class:`Forward`); ``with_reference`` also runs the reference copy
-        on the same input (first, so its activations are gone before the policy pass keeps its own)."""
+        on the same input (first, so its activations are gone before the policy pass keeps its own);
+        ``with_sum_sq``: each position's ``sum_v p_v^2`` too."""
         if temperature <= 0:
             raise ValueError(f"temperature={temperature} must be > 0 (log-probs of greedy samples: pass 1.0)")
         if self.cfg.cuda_graphs:  # a new micro-batch: the previous one's graph outputs are no longer read
             torch.compiler.cudagraph_mark_step_begin()
         if self.packing == "none":
-            return self._forward_padded(batch, item, temperature, with_entropy, with_reference)
+            return self._forward_padded(batch, item, temperature, with_entropy, with_reference, with_sum_sq)
         if self.flex:  # the micro-batch's units in one row: no row padding, batch size 1 for the compiled kernel
             item = [[unit for row in item for unit in row]]
         pb = build_packed_batch(batch.prompt_ids, batch.response_ids, item)
@@ -326,24 +329,31 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
         args = (pb.input_ids, self._attention_mask(pb.doc_ids, pb.segment_ids, pb.position_ids), pb.position_ids,
                 pb.token_pack, pb.token_src)  # [N, V] logits at the response positions only
         ref = pb.to_rows(self._reference_logprobs(args, pb.targets, None, temperature)) if with_reference else None
-        lp, ent = self._head(self.net, args, pb.targets, None, temperature, with_entropy, self._autocast)
+        lp, ent, sq = self._head(self.net, args, pb.targets, None, temperature, with_entropy, self._autocast,
+                                 with_sum_sq)
         return Forward(pb.to_rows(lp), to_device(pb.response_mask(), self.device), None if ent is None else pb.to_rows(ent),
-                       list(pb.rows), int(pb.input_ids.numel()), ref)
+                       list(pb.rows), int(pb.input_ids.numel()), ref, None if sq is None else pb.to_rows(sq))
 
     def _head(self, net, args: tuple, targets: torch.Tensor, mask: torch.Tensor | None, temperature: float,
-              with_entropy: bool | str, autocast: bool):
-        """``net(*args)``'s log-probs of ``targets`` (a critic: its values) and entropy, shaped like
-        ``targets``; zero where ``mask`` (when given) is 0."""
+              with_entropy: bool | str, autocast: bool, with_sum_sq: bool = False):
+        """``net(*args)``'s log-probs of ``targets`` (a critic: its values), entropy and ``sum_v p_v^2`` (each
+        None unless asked), shaped like ``targets``; zero where ``mask`` (when given) is 0."""
         with self._compute(autocast):
             if self._chunked(with_entropy):
-                lp, ent = net(*args, targets=targets, temperature=temperature, chunk=self.cfg.logprob_chunk,
-                              with_entropy=bool(with_entropy), fused=self.cfg.fused_head,
-                              grad_by=self.cfg.head_grad)
-                return (lp, ent) if mask is None else (lp * mask, None if ent is None else ent * mask)
+                out = net(*args, targets=targets, temperature=temperature, chunk=self.cfg.logprob_chunk,
+                          with_entropy=bool(with_entropy), fused=self.cfg.fused_head,
+                          grad_by=self.cfg.head_grad, with_sum_sq=with_sum_sq)
+                lp, ent, sq = (*out, None) if len(out) == 2 else out
+                return tuple(t if t is None or mask is None else t * mask for t in (lp, ent, sq))
             logits = net(*args)
         if self.values:
-            return (logits[..., 0] if mask is None else logits[..., 0] * mask), None
-        return self._token_logprobs(logits, targets, mask, temperature, with_entropy)
+            return (logits[..., 0] if mask is None else logits[..., 0] * mask), None, None
+        lp, ent = self._token_logprobs(logits, targets, mask, temperature, with_entropy)
+        if not with_sum_sq:
+            return lp, ent, None
+        x = logits.float() / temperature  # sum p^2 = exp(logsumexp(2x) - 2 logsumexp(x))
+        sq = torch.exp(torch.logsumexp(2.0 * x, dim=-1) - 2.0 * torch.logsumexp(x, dim=-1)).detach()
+        return lp, ent, sq if mask is None else sq * mask
 
     @torch.no_grad()
     def _reference_logprobs(self, args: tuple, targets: torch.Tensor, mask: torch.Tensor | None,
@@ -391,7 +401,7 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
         return len(rows) * max(int(batch.prompt_ids[i].numel() + batch.response_ids[i].numel()) for i in rows)
 
     def _forward_padded(self, batch: SequenceBatch, rows: list[int], temperature: float,
-                        with_entropy: bool | str, with_reference: bool) -> Forward:
+                        with_entropy: bool | str, with_reference: bool, with_sum_sq: bool = False) -> Forward:
         """One row per sequence, right-padded."""
         lp_len = [int(batch.prompt_ids[i].numel()) for i in rows]
         rs_len = [int(batch.response_ids[i].numel()) for i in rows]
@@ -413,25 +423,33 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
 
         args = (ids, attn, None, torch.arange(len(rows), device=self.device)[:, None].expand_as(pos), pos)
         ref = self._reference_logprobs(args, targets, mask, temperature) if with_reference else None
-        lp, ent = self._head(self.net, args, targets, mask, temperature, with_entropy, self._autocast)
-        return Forward(lp, mask, ent, list(rows), self._padded_len(batch, rows), ref)
+        lp, ent, sq = self._head(self.net, args, targets, mask, temperature, with_entropy, self._autocast, with_sum_sq)
+        return Forward(lp, mask, ent, list(rows), self._padded_len(batch, rows), ref, sq)
 
     @torch.no_grad()
     def logprobs(self, batch: SequenceBatch, *, temperature: float = 1.0, with_entropy: bool = False):
-        lp, ent, _ = self._logprob_rows(batch, temperature, with_entropy, with_reference=False)
+        lp, ent, _, _ = self._logprob_rows(batch, temperature, with_entropy, with_reference=False)
         return lp, ent
 
     @torch.no_grad()
     def logprobs_with_reference(self, batch: SequenceBatch, *, temperature: float = 1.0):
         """Per-row log-probs of the policy and of the frozen reference (``reference=``), from one micro-step
         per micro-batch: both passes run on the same packed input. Returns ``(policy, reference)``."""
-        lp, _, ref = self._logprob_rows(batch, temperature, False, with_reference=True)
+        lp, _, ref, _ = self._logprob_rows(batch, temperature, False, with_reference=True)
         return lp, ref
 
-    def _logprob_rows(self, batch: SequenceBatch, temperature: float, with_entropy: bool, with_reference: bool):
+    @torch.no_grad()
+    def logprobs_with_sum_sq(self, batch: SequenceBatch, *, temperature: float = 1.0):
+        """Per-row log-probs and each position's ``sum_v p_v^2`` (both under ``softmax(logits / temperature)``,
+        from one pass): the Optimal Token Baseline's statistics (:mod:`relayrl.algorithms.otb`)."""
+        lp, _, _, sq = self._logprob_rows(batch, temperature, False, with_reference=False, with_sum_sq=True)
+        return lp, sq
+
+    def _logprob_rows(self, batch: SequenceBatch, temperature: float, with_entropy: bool, with_reference: bool,
+                      with_sum_sq: bool = False):
         was_training = self.runner.training
         self.runner.eval()
-        out: dict[str, list[torch.Tensor | None]] = {k: [None] * len(batch) for k in ("lp", "ent", "ref")}
+        out: dict[str, list[torch.Tensor | None]] = {k: [None] * len(batch) for k in ("lp", "ent", "ref", "sq")}
         plan = self._plan(batch)
         if self.sharded:  # every rank gathers each layer as often as the busiest rank
             if not plan:
@@ -439,12 +457,13 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
             for _ in range(fsdp.max_over_ranks(len(plan), self.device) - len(plan)):
                 self._forward(batch, plan[-1], temperature, False, with_reference)
         for item in plan:
-            f = self._forward(batch, item, temperature, with_entropy, with_reference)
-            for key, t in (("lp", f.logprobs), ("ent", f.entropy), ("ref", f.ref)):
+            f = self._forward(batch, item, temperature, with_entropy, with_reference, with_sum_sq)
+            for key, t in (("lp", f.logprobs), ("ent", f.entropy), ("ref", f.ref), ("sq", f.sum_sq)):
                 for j, i in enumerate(f.rows if t is not None else ()):
                     out[key][i] = t[j, :int(batch.response_ids[i].numel())].float().cpu()
         self.runner.train(was_training)
-        return out["lp"], (out["ent"] if with_entropy else None), (out["ref"] if with_reference else None)
+        return tuple(out[k] if on else None for k, on in (("lp", True), ("ent", with_entropy),
+                                                          ("ref", with_reference), ("sq", with_sum_sq)))
 
     # ---------------------------------------------------------------- update
     def _global(self, tokens: int, seqs: int) -> tuple[int, int]:
