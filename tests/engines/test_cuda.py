@@ -239,3 +239,22 @@ def test_cuda_graph_layers_match_compiled_ones_over_micro_batches_on_cuda(tiny_d
         torch.testing.assert_close(x, y, atol=0.02, rtol=0.02)
     assert out[1][1] == pytest.approx(out[0][1], rel=0.02)
 
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_sum_of_squared_probabilities_in_bf16_on_cuda(fused):
+    """OTB's ``sum_v p_v^2`` from the chunked head in bf16 on CUDA (compiled with the other statistics when
+    ``fused``): the full logits' value up to bf16 rounding of the products; the log-probs unchanged by asking."""
+    from relayrl.engines.training.head import chunked_token_logprobs
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    h = torch.randn(300, 256, device="cuda", generator=g, dtype=torch.bfloat16)
+    w = torch.randn(5000, 256, device="cuda", generator=g, dtype=torch.bfloat16) / 16
+    t = torch.randint(0, 5000, (300,), device="cuda", generator=g)
+    with torch.no_grad():
+        lp, _, sq = chunked_token_logprobs(h, w, t, temperature=0.7, chunk=128, with_sum_sq=True, fused=fused)
+        lp2, _ = chunked_token_logprobs(h, w, t, temperature=0.7, chunk=128, fused=fused)
+    z = (h @ w.T).float() / 0.7
+    torch.testing.assert_close(sq, torch.exp(torch.logsumexp(2 * z, -1) - 2 * torch.logsumexp(z, -1)),
+                               atol=1e-3, rtol=1e-2)
+    torch.testing.assert_close(lp, lp2)
