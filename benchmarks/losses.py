@@ -1,5 +1,6 @@
 """The policy losses side by side on the demo's task: PPO (GRPO's clip), CISPO, SAPO, VESPO, PPO on the
-high-entropy 20% of tokens, Clip-Cov, KL-Cov, GMPO and GPG (its own advantage too), from the same student, prompts, seed and learning rate.
+high-entropy 20% of tokens, Clip-Cov, KL-Cov, GMPO and GPG (its own advantage too), and PPO with the Optimal
+Token Baseline's advantage (``otb``), from the same student, prompts, seed and learning rate.
 
 The student is the demo's SFT model (``relayrl demo`` stage 2, built once into the cache by
 :mod:`demo_models`: about 10-20% greedy accuracy on held-out sums that need a carry). Each run trains
@@ -43,6 +44,7 @@ VARIANTS: dict[str, list[str]] = {
     "kl_cov": ["algorithm.policy_loss=kl_cov"],
     "gmpo": ["algorithm.policy_loss=gmpo", "algorithm.clip_low=0.4", "algorithm.clip_high=0.4"],
     "gpg": ["algorithm.advantage=gpg", "algorithm.policy_loss=gpg"],
+    "otb": ["algorithm.advantage=otb"],
 }
 
 
