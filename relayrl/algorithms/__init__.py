@@ -23,7 +23,9 @@ per module:
 * :mod:`~relayrl.algorithms.covariance` -- Clip-Cov and KL-Cov: entropy control on high-covariance tokens
 * :mod:`~relayrl.algorithms.gmpo` -- GMPO: the geometric mean of clipped token ratios
 * :mod:`~relayrl.algorithms.distill` -- on-policy distillation advantages (GKD; Thinking Machines)
-* :mod:`~relayrl.algorithms.dpo` -- DPO / IPO / hinge
+* :mod:`~relayrl.algorithms.dpo` -- DPO / IPO / hinge / APO (with a reference model)
+* :mod:`~relayrl.algorithms.simpo` -- SimPO: length-normalised, reference-free preference loss
+* :mod:`~relayrl.algorithms.orpo` -- ORPO: NLL plus an odds-ratio preference term, reference-free
 * :mod:`~relayrl.algorithms.sft` -- masked token cross-entropy
 * :mod:`~relayrl.algorithms.mismatch` -- train/generation logprob error
 
@@ -61,10 +63,12 @@ __all__ = [
     "losses",
     "mismatch",
     "offpolicy",
+    "orpo",
     "otb",
     "ratio",
     "sapo",
     "sft",
+    "simpo",
     "value",
     "vespo",
 ]

@@ -7,6 +7,13 @@ With ``h = (log pi(y_w) - log pi_ref(y_w)) - (log pi(y_l) - log pi_ref(y_l))``:
   ``-(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h)``.
 * ``"ipo"`` -- IPO (Azar et al. 2023): ``(h - 1 / (2 beta))^2``.
 * ``"hinge"`` -- SLiC-HF hinge (Zhao et al. 2023): ``max(0, 1 - beta h)``.
+* ``"apo_zero"`` / ``"apo_down"`` -- APO (D'Oosterlinck et al. 2024, "Anchored Preference Optimization",
+  eqs. 7 and 8; TRL's ``loss_type`` of the same names). With ``c = log pi(y_w) - log pi_ref(y_w)`` and
+  ``r = log pi(y_l) - log pi_ref(y_l)`` (so ``h = c - r``), ``apo_zero``:
+  ``1 - sigmoid(beta c) + sigmoid(beta r)`` (push the chosen answers up and the rejected down, each against
+  the reference: for chosen answers better than the model's own); ``apo_down``:
+  ``sigmoid(beta c) + 1 - sigmoid(beta h)`` (push both down, the rejected further: for chosen answers worse
+  than the model's own).
 
 The loss is the mean over the ``N`` pairs. Implicit rewards are
 ``beta * (log pi - log pi_ref)`` and are reported as metrics.
@@ -26,7 +33,9 @@ from relayrl.algorithms._checks import check_batch, check_ndim, to_floats
 
 Tensor = torch.Tensor
 
-DPO_KINDS: tuple[str, ...] = ("sigmoid", "ipo", "hinge")
+DPO_KINDS: tuple[str, ...] = ("sigmoid", "ipo", "hinge", "apo_zero", "apo_down")
+"""The kinds with a reference model (``dpo.kind``'s others, SimPO and ORPO, are :mod:`~relayrl.algorithms.simpo`
+and :mod:`~relayrl.algorithms.orpo`)."""
 
 
 def dpo_loss(
@@ -47,7 +56,7 @@ def dpo_loss(
         ref_chosen_logps, ref_rejected_logps: ``[N]`` under the reference model
             (detached here).
         beta: inverse temperature (> 0).
-        kind: ``"sigmoid"``, ``"ipo"`` or ``"hinge"``.
+        kind: ``"sigmoid"``, ``"ipo"``, ``"hinge"``, ``"apo_zero"`` or ``"apo_down"``.
         label_smoothing: in ``[0, 0.5)``; sigmoid only.
 
     Returns:
@@ -76,14 +85,25 @@ def dpo_loss(
         losses = -(1.0 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)
     elif kind == "ipo":
         losses = (h - 1.0 / (2.0 * beta)).square()
-    else:
+    elif kind == "hinge":
         losses = torch.relu(1.0 - beta * h)
+    elif kind == "apo_zero":
+        losses = 1.0 - torch.sigmoid(beta * chosen_ratio) + torch.sigmoid(beta * rejected_ratio)
+    else:  # apo_down
+        losses = torch.sigmoid(beta * chosen_ratio) + 1.0 - torch.sigmoid(beta * h)
     loss = losses.mean()
+    return loss, preference_metrics(loss, beta * chosen_ratio, beta * rejected_ratio, chosen_logps, rejected_logps)
 
+
+def preference_metrics(loss: Tensor, rewards_chosen: Tensor, rewards_rejected: Tensor, chosen_logps: Tensor,
+                       rejected_logps: Tensor, **extra: Tensor) -> dict[str, float]:
+    """The ``dpo/*`` figures of a preference loss over ``N`` pairs (every tensor ``[N]`` but the scalar
+    ``loss``; detached here): the loss, the mean (implicit) rewards and their margin, the fraction of pairs
+    whose reward prefers the chosen answer, the mean log-probs as the loss took them; ``extra``: more scalar
+    figures by name, converted with them (one device sync)."""
     with torch.no_grad():
-        r_c = beta * chosen_ratio.detach()
-        r_r = beta * rejected_ratio.detach()
-        metrics = to_floats(
+        r_c, r_r = rewards_chosen.detach(), rewards_rejected.detach()
+        return to_floats(
             {
                 "dpo/loss": loss.detach(),
                 "dpo/rewards_chosen": r_c.mean(),
@@ -92,6 +112,6 @@ def dpo_loss(
                 "dpo/reward_margin": (r_c - r_r).mean(),
                 "dpo/logps_chosen": chosen_logps.detach().mean(),
                 "dpo/logps_rejected": rejected_logps.detach().mean(),
+                **{k: v.detach() for k, v in extra.items()},
             }
         )
-    return loss, metrics

@@ -1,10 +1,11 @@
-"""The names the config accepts for the loss options (``algorithm.loss_agg``, ``algorithm.policy_loss``), kept
-apart from the tensor functions they name: the config checks read them while a recipe is validated, before
-torch is imported. :mod:`~relayrl.algorithms.aggregation` and :mod:`~relayrl.algorithms.losses` implement them."""
+"""The names the config accepts for the loss options (``algorithm.loss_agg``, ``algorithm.policy_loss``,
+``dpo.kind``), kept apart from the tensor functions they name: the config checks read them while a recipe is
+validated, before torch is imported. :mod:`~relayrl.algorithms.aggregation`, :mod:`~relayrl.algorithms.losses`
+and the preference losses' modules implement them."""
 
 from __future__ import annotations
 
-__all__ = ["AGG_MODES", "POLICY_LOSS_NAMES"]
+__all__ = ["AGG_MODES", "POLICY_LOSS_NAMES", "PREFERENCE_KINDS", "REFERENCE_FREE_KINDS"]
 
 AGG_MODES: tuple[str, ...] = (
     "token-mean",
@@ -16,3 +17,10 @@ AGG_MODES: tuple[str, ...] = (
 
 POLICY_LOSS_NAMES: tuple[str, ...] = ("ppo", "cispo", "sapo", "vespo", "clip_cov", "kl_cov", "gmpo", "gpg")
 """``algorithm.policy_loss``: the keys of :data:`~relayrl.algorithms.losses.POLICY_LOSSES`, in its order."""
+
+PREFERENCE_KINDS: tuple[str, ...] = ("sigmoid", "ipo", "hinge", "apo_zero", "apo_down", "simpo", "orpo")
+"""``dpo.kind``: the preference losses of :mod:`~relayrl.algorithms.dpo` (with a reference model) and
+:mod:`~relayrl.algorithms.simpo` / :mod:`~relayrl.algorithms.orpo` (without one)."""
+
+REFERENCE_FREE_KINDS: tuple[str, ...] = ("simpo", "orpo")
+"""The ``dpo.kind`` values whose loss needs no reference model (and takes length-normalised log-probs)."""

@@ -1,5 +1,6 @@
 """Rules across config sections about what a run's rewards, environments and reference model allow: a step's
-reward settings against its estimator, its workflow and its episodes; the reference's updates. :class:`~relayrl.config.schema.Config` applies them when a
+reward settings against its estimator, its workflow and its episodes; the reference's updates; the preference
+losses' options. :class:`~relayrl.config.schema.Config` applies them when a
 config is validated; each refusal names the keys and the fix."""
 
 from __future__ import annotations
@@ -7,11 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 from relayrl.algorithms.estimators import ESTIMATORS
+from relayrl.algorithms.names import REFERENCE_FREE_KINDS
 
 Config = Any
 """A :class:`relayrl.config.schema.Config` (not imported: the schema imports these rules)."""
 
-__all__ = ["check_env", "check_decoupled_rewards", "check_ref_sync"]
+__all__ = ["check_env", "check_decoupled_rewards", "check_ref_sync", "check_dpo"]
 
 
 def check_env(self: Config) -> None:
@@ -87,9 +89,25 @@ def check_ref_sync(self: Config) -> None:
     key = f"trainer.ref_sync_every={t.ref_sync_every}"
     if self.workflow not in ("grpo", "dpo"):
         raise ValueError(f"{key} moves the reference model, which workflow {self.workflow} has none of: drop it")
+    if self.workflow == "dpo" and self.dpo.kind in REFERENCE_FREE_KINDS:
+        raise ValueError(f"{key} moves the reference model, and dpo.kind={self.dpo.kind} is reference-free: it "
+                         f"loads none; drop trainer.ref_sync_every (or use a kind with a reference, e.g. sigmoid)")
     if self.workflow == "grpo" and self.algorithm.kl_coef == 0:
         raise ValueError(f"{key} moves the reference model, and algorithm.kl_coef=0 loads none: set "
                          f"algorithm.kl_coef > 0 or drop trainer.ref_sync_every")
     if self.model.lora.enabled:
         raise ValueError(f"{key}: with model.lora.enabled the reference is the base model under the adapters, "
                          f"which the policy shares; set model.lora.enabled=false or drop trainer.ref_sync_every")
+
+
+def check_dpo(self: Config) -> None:
+    """``dpo.*`` options that only some ``dpo.kind`` values read."""
+    d = self.dpo
+    if d.label_smoothing and d.kind != "sigmoid":
+        raise ValueError(f"dpo.label_smoothing is defined for dpo.kind=sigmoid only (got {d.kind!r})")
+    if "gamma" in d.model_fields_set and d.kind != "simpo":
+        raise ValueError(f"dpo.gamma is SimPO's target reward margin, read by dpo.kind=simpo only (got "
+                         f"{d.kind!r}): drop dpo.gamma or set dpo.kind=simpo")
+    if d.kind == "orpo" and d.nll_weight:
+        raise ValueError(f"dpo.nll_weight={d.nll_weight}: dpo.kind=orpo's loss holds the chosen answers' NLL already "
+                         f"(weight 1; dpo.beta weighs its odds-ratio term): set dpo.nll_weight=0")

@@ -20,7 +20,7 @@ from relayrl.algorithms.estimators import ESTIMATORS
 from relayrl.config.paths import DirPath, LocalPath
 from relayrl.config.algorithm import AlgorithmConfig, CorrectionConfig, DistillConfig
 from relayrl.config.plan import rollout_pool
-from relayrl.config.rules import check_decoupled_rewards, check_env, check_ref_sync
+from relayrl.config.rules import check_decoupled_rewards, check_dpo, check_env, check_ref_sync
 from relayrl.cluster.config import ClusterConfig
 from relayrl.data.config import DataConfig
 from relayrl.dock.config import DockConfig
@@ -345,10 +345,16 @@ class DPOConfig(_Section):
     """Direct preference optimisation (workflow dpo): pairs of a chosen and a rejected answer per prompt."""
 
     beta: float = Field(0.1, gt=0.0, description="inverse temperature of the implicit reward")
-    kind: Literal["sigmoid", "ipo", "hinge"] = Field("sigmoid", description="DPO, IPO or SLiC-HF hinge loss")
+    kind: Literal["sigmoid", "ipo", "hinge", "apo_zero", "apo_down", "simpo", "orpo"] = Field(
+        "sigmoid", description="DPO, IPO, SLiC-HF hinge, APO (apo_zero, apo_down), or the reference-free SimPO and "
+        "ORPO (no reference model is loaded; length-normalised log-probs; for orpo dpo.beta is the odds-ratio "
+        "term's weight lambda)")
     label_smoothing: float = Field(0.0, ge=0.0, lt=0.5, description="conservative DPO (sigmoid only)")
     nll_weight: float = Field(0.0, ge=0.0, description="weight of the chosen answers' NLL added to the loss (RPO, "
-                              "Pang et al. 2024; TRL's rpo_alpha): keeps the chosen answers likely")
+                              "Pang et al. 2024; TRL's rpo_alpha; with simpo CPO-SimPO, TRL's cpo_alpha): keeps the "
+                              "chosen answers likely; not with orpo, whose loss holds it")
+    gamma: float = Field(0.5, ge=0.0, description="dpo.kind=simpo: the target reward margin gamma of -log sigmoid("
+                         "beta a_w - beta a_l - gamma), a the average log-probs (TRL's simpo_gamma, default 0.5)")
 
 
 class RMConfig(_Section):
@@ -443,8 +449,7 @@ class Config(_Section):
             if self.engine.packing != "shared_prompt":
                 raise ValueError(f"workflow={self.workflow} packs each prompt with its chosen and rejected answer, so that a pair "
                                  f"stays in one micro-batch: set engine.packing=shared_prompt (got {self.engine.packing!r})")
-            if self.dpo.label_smoothing and self.dpo.kind != "sigmoid":
-                raise ValueError(f"dpo.label_smoothing is defined for dpo.kind=sigmoid only (got {self.dpo.kind!r})")
+            check_dpo(self)
             if self.data.task not in (None, "arith"):
                 raise ValueError(f"workflow={self.workflow} needs preference pairs: the built-in arith task has them (the true "
                                  f"sum over the careless one); data.task={self.data.task!r} has none, give data.path "

@@ -7,14 +7,15 @@ One step::
     ref_logp <- reference.logprobs(rows), summed per row                     (the frozen initial policy)
     actor.update(rows, DPO loss(beta, kind))                                 (relayrl.algorithms.dpo)
 
-The reference is the model the run starts from (``trainer.init_from`` or
-``model.path``), or, with ``trainer.ref_sync_every``, that model moved toward the
-policy every N steps (TR-DPO; :mod:`relayrl.workflows.ref_sync`). Pairs come from a dataset (``data.answer_key`` chosen,
-``data.rejected_key`` rejected, every row checked before training) or from the
-built-in ``arith`` task, whose pairs prefer the true sum to the careless one
-that forgets to carry. The shared-prompt packing of the training engine puts a
-pair into one packed unit, so its prompt is computed once and both answers
-meet in the same micro-batch. Evaluation is greedy accuracy, as for SFT/GRPO.
+The reference-free kinds (``dpo.kind`` simpo, orpo: :mod:`relayrl.algorithms.simpo`,
+:mod:`relayrl.algorithms.orpo`) build no reference model and skip its pass: the step is the actor's update
+alone. Otherwise the reference is the model the run starts from (``trainer.init_from`` or ``model.path``), or,
+with ``trainer.ref_sync_every``, that model moved toward the policy every N steps (TR-DPO;
+:mod:`relayrl.workflows.ref_sync`). Pairs come from a dataset (``data.answer_key`` chosen, ``data.rejected_key``
+rejected, every row checked before training) or from the built-in ``arith`` task, whose pairs prefer the true
+sum to the careless one that forgets to carry. The shared-prompt packing of the training engine puts a pair
+into one packed unit, so its prompt is computed once and both answers meet in the same micro-batch.
+Evaluation is greedy accuracy, as for SFT/GRPO.
 """
 
 from __future__ import annotations
@@ -57,9 +58,13 @@ def train_dpo(cfg: Config) -> Path:
     """Run DPO; returns the final model directory."""
     s = Session(cfg)
     d = cfg.dpo
-    run = OfflineRun(s, DPOLoss(beta=d.beta, kind=d.kind, label_smoothing=d.label_smoothing, nll_weight=d.nll_weight), KEY_METRICS)
-    ref = run.group(ReferenceWorker, "reference", engine=cfg.engine, **run.precision["frozen"])
-    run.ref_sync = ReferenceSync(cfg.trainer.ref_sync_every, cfg.trainer.ref_sync_alpha, run.actor, ref)
+    loss = DPOLoss(beta=d.beta, kind=d.kind, label_smoothing=d.label_smoothing, nll_weight=d.nll_weight,
+                   gamma=d.gamma)
+    run = OfflineRun(s, loss, KEY_METRICS)
+    ref = None  # SimPO, ORPO: no reference (the config refuses trainer.ref_sync_every for them)
+    if not loss.reference_free:
+        ref = run.group(ReferenceWorker, "reference", engine=cfg.engine, **run.precision["frozen"])
+        run.ref_sync = ReferenceSync(cfg.trainer.ref_sync_every, cfg.trainer.ref_sync_alpha, run.actor, ref)
 
     def step_batch(step: int) -> SequenceBatch:
         pairs = take_pairs(s.prompts.take, cfg.trainer.batch_size)
@@ -71,8 +76,9 @@ def train_dpo(cfg: Config) -> Path:
              "chosen": [1.0, 0.0] * len(pairs)},
             groups=[i for i in range(len(pairs)) for _ in range(2)],
         )
-        with s.span("ref_logprob", "reference", step):
-            batch.fields["ref_logp"] = [float(lp.sum()) for lp in ref.split(ReferenceWorker.logprobs, batch)]
+        if ref is not None:
+            with s.span("ref_logprob", "reference", step):
+                batch.fields["ref_logp"] = [float(lp.sum()) for lp in ref.split(ReferenceWorker.logprobs, batch)]
         return batch
 
     return run.run(step_batch)

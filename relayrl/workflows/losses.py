@@ -15,6 +15,8 @@ import torch
 from relayrl.algorithms._checks import metric_value
 from relayrl.algorithms.correction import Correction
 from relayrl.algorithms.dpo import dpo_loss
+from relayrl.algorithms.names import REFERENCE_FREE_KINDS
+from relayrl.algorithms.orpo import orpo_loss
 from relayrl.algorithms.entropy import high_entropy_mask
 from relayrl.algorithms.kl import kl_loss
 from relayrl.algorithms.aggregation import normalized_by
@@ -23,6 +25,7 @@ from relayrl.algorithms.mismatch import logprob_error
 from relayrl.algorithms.ratio import ratio_terms
 from relayrl.algorithms.reward_model import bradley_terry_loss
 from relayrl.algorithms.sft import sft_loss
+from relayrl.algorithms.simpo import simpo_loss
 from relayrl.algorithms.value import value_loss
 from relayrl.engines.training.base import MicroBatch
 
@@ -163,38 +166,60 @@ class SFTLoss:
 
 
 _DPO_METRICS = ("dpo/loss", "dpo/rewards_chosen", "dpo/rewards_rejected", "dpo/reward_accuracy", "dpo/reward_margin",
-                "dpo/logps_chosen", "dpo/logps_rejected", "dpo/nll_chosen")
+                "dpo/logps_chosen", "dpo/logps_rejected", "dpo/nll_chosen", "dpo/log_odds_ratio", "dpo/or_loss")
 
 
 @dataclass(frozen=True)
 class DPOLoss:
-    """DPO / IPO / hinge over the (chosen, rejected) pairs of a micro-batch.
+    """DPO / IPO / hinge / APO, or the reference-free SimPO / ORPO, over the (chosen, rejected) pairs of a
+    micro-batch.
 
     Rows come in pairs: field ``pair`` (the pair's id) and ``chosen`` (1 for the
     chosen answer, 0 for the rejected one) per row, ``ref_logp`` the row's summed
-    reference log-prob. Both rows of a pair must be in the micro-batch (the
-    engine's shared-prompt packing keeps a prompt group together). The loss and
-    every metric are this micro-batch's share of the mean over all pairs of the
-    mini-batch (``global_seqs / 2``), so the engine sums them.
+    reference log-prob. The reference-free kinds (``reference_free``) read no
+    ``ref_logp`` and take each row's average per-token log-prob (its sum over its
+    ``mask`` count); the others take the sums. Both rows of a pair must be in the
+    micro-batch (the engine's shared-prompt packing keeps a prompt group together).
+    The loss and every metric are this micro-batch's share of the mean over all
+    pairs of the mini-batch (``global_seqs / 2``), so the engine sums them.
 
     ``nll_weight`` > 0 adds the chosen answers' negative log-likelihood (mean
     over pairs of the per-token mean), as in RPO (Pang et al. 2024, TRL's
     ``rpo_alpha``): plain DPO can lower the chosen answers' likelihood along
-    with the rejected ones'.
+    with the rejected ones'. With SimPO that is CPO-SimPO (TRL's ``cpo_alpha``);
+    ORPO's loss holds that NLL already, and refuses it.
     """
 
     beta: float = 0.1
     kind: str = "sigmoid"
     label_smoothing: float = 0.0
     nll_weight: float = 0.0
+    gamma: float = 0.5
+    """SimPO's target reward margin (kind ``simpo`` only)"""
     summed: tuple[str, ...] = _DPO_METRICS
+
+    def __post_init__(self) -> None:
+        if self.reference_free and self.label_smoothing:
+            raise ValueError(f"label_smoothing is only defined for kind='sigmoid', got kind={self.kind!r}")
+        if self.kind == "orpo" and self.nll_weight:
+            raise ValueError("kind='orpo' holds the chosen answers' NLL already (weight 1): nll_weight must be 0")
+
+    @property
+    def reference_free(self) -> bool:
+        """Whether the loss reads no reference log-probs (SimPO, ORPO): the workflow builds no reference."""
+        return self.kind in REFERENCE_FREE_KINDS
 
     def __call__(self, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         f = mb.fields
         seq_logp = (mb.logprobs * mb.mask).sum(-1)
         c, r = pair_order(f)
-        loss, metrics = dpo_loss(seq_logp[c], seq_logp[r], f["ref_logp"][c], f["ref_logp"][r], beta=self.beta,
-                                 kind=self.kind, label_smoothing=self.label_smoothing)
+        if self.reference_free:  # length-normalised: the mean log-prob over each answer's tokens
+            avg = seq_logp / mb.mask.sum(-1).clamp_min(1)
+            loss, metrics = (simpo_loss(avg[c], avg[r], beta=self.beta, gamma=self.gamma) if self.kind == "simpo"
+                             else orpo_loss(avg[c], avg[r], beta=self.beta))
+        else:
+            loss, metrics = dpo_loss(seq_logp[c], seq_logp[r], f["ref_logp"][c], f["ref_logp"][r], beta=self.beta,
+                                     kind=self.kind, label_smoothing=self.label_smoothing)
         share = len(c) / (mb.global_seqs / 2)  # this micro-batch's pairs among the mini-batch's
         nll, _ = sft_loss(mb.logprobs[c], mb.mask[c], agg="seq-mean-token-mean", global_seqs=mb.global_seqs // 2)
         metrics = {k: v * share for k, v in metrics.items()}

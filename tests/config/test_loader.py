@@ -131,6 +131,18 @@ def test_dpo_settings_that_cannot_work_are_refused():
     assert "dpo.label_smoothing is defined for dpo.kind=sigmoid" in _errors("workflow=dpo", "dpo.kind=ipo",
                                                                             "dpo.label_smoothing=0.1")
     assert "dpo.beta" in _errors("workflow=dpo", "dpo.beta=0")
+    for kind in ("simpo", "orpo", "apo_zero", "apo_down"):
+        assert "dpo.label_smoothing is defined for dpo.kind=sigmoid" in _errors(
+            "workflow=dpo", f"dpo.kind={kind}", "dpo.label_smoothing=0.1")
+    assert "read by dpo.kind=simpo only (got 'sigmoid')" in _errors("workflow=dpo", "dpo.gamma=1.0")
+    assert "read by dpo.kind=simpo only (got 'orpo')" in _errors("workflow=dpo", "dpo.kind=orpo", "dpo.gamma=1.0")
+    assert load_config(Config, None, ["workflow=dpo", "dpo.kind=simpo", "dpo.gamma=1.0"]).dpo.gamma == 1.0
+    assert "dpo.kind=orpo's loss holds the chosen answers' NLL" in _errors("workflow=dpo", "dpo.kind=orpo",
+                                                                             "dpo.nll_weight=1.0")
+    for kind in ("simpo", "orpo"):
+        assert f"dpo.kind={kind} is reference-free: it loads none" in _errors(
+            "workflow=dpo", f"dpo.kind={kind}", "trainer.ref_sync_every=5")
+    assert load_config(Config, None, ["workflow=dpo", "dpo.kind=apo_zero", "trainer.ref_sync_every=5"])
 
 
 def test_ppo_settings():

@@ -57,9 +57,12 @@ def test_take_pairs_skips_problems_without_a_rejected_answer():
         take_pairs(lambda k: [Problem("a", "1")] * k, 2)
 
 
-def test_micro_batched_dpo_step_reports_the_whole_batch(tiny_dir, tiny_tokenizer):
+@pytest.mark.parametrize("loss_fn", [DPOLoss(beta=0.1, nll_weight=0.3), DPOLoss(kind="apo_zero"),
+                                     DPOLoss(kind="simpo", beta=2.0, gamma=0.5), DPOLoss(kind="orpo")],
+                         ids=["rpo", "apo_zero", "simpo", "orpo"])
+def test_micro_batched_dpo_step_reports_the_whole_batch(tiny_dir, tiny_tokenizer, loss_fn):
     """Pairs packed per prompt; a small token budget gives several micro-batches, with the same gradient and
-    the same pair-mean figures as one micro-batch."""
+    the same pair-mean figures as one micro-batch (the reference-free kinds without any ref_logp)."""
     from relayrl.models.load import load_model
 
     g = torch.Generator().manual_seed(3)
@@ -70,14 +73,45 @@ def test_micro_batched_dpo_step_reports_the_whole_batch(tiny_dir, tiny_tokenizer
                           {"pair": [float(i // 2) for i in range(12)], "chosen": [1.0, 0.0] * 6,
                            "ref_logp": torch.randn(12, generator=g).tolist()},
                           groups=[i // 2 for i in range(12)])
+    if loss_fn.reference_free:
+        del batch.fields["ref_logp"]
     out = []
     for budget in (10_000, 24):
         torch.manual_seed(0)
         eng = TorchTrainingEngine(load_model(tiny_dir), TrainEngineConfig(token_budget=budget,
                                   optim=OptimConfig(lr=1e-2, max_grad_norm=None)), total_steps=1)
-        out.append((len(eng._plan(batch)), eng.train_step(batch, DPOLoss(beta=0.1, nll_weight=0.3))))
+        out.append((len(eng._plan(batch)), eng.train_step(batch, loss_fn)))
     (n1, m1), (n2, m2) = out
     assert n1 == 1 and n2 > 1
     for k in ("dpo/loss", "dpo/reward_accuracy", "dpo/reward_margin", "dpo/logps_chosen", "dpo/nll_chosen",
               "actor/grad_norm"):
         assert m2[k] == pytest.approx(m1[k], rel=1e-4, abs=1e-6), k
+
+
+def test_reference_free_kinds_take_each_rows_token_mean_and_no_reference():
+    """SimPO / ORPO read the average log-prob over each row's own tokens (rows of 1 to 3 tokens here) and no
+    ``ref_logp``; the DPO sums are unchanged beside them."""
+    from relayrl.algorithms.orpo import orpo_loss
+    from relayrl.algorithms.simpo import simpo_loss
+
+    g = torch.Generator().manual_seed(1)
+    lp = -torch.rand(4, 3, generator=g)
+    mask = torch.tensor([[1., 1., 1.], [1., 0., 0.], [1., 1., 0.], [1., 1., 1.]])
+    fields = {"pair": torch.tensor([0., 0., 1., 1.]), "chosen": torch.tensor([1., 0., 1., 0.])}
+    mb = MicroBatch(lp, mask, fields, global_tokens=9, global_seqs=4)
+    avg = (lp * mask).sum(-1) / mask.sum(-1)
+    loss, m = DPOLoss(kind="simpo", beta=2.0, gamma=0.3)(mb)
+    want, want_m = simpo_loss(avg[0::2], avg[1::2], beta=2.0, gamma=0.3)
+    assert float(loss) == pytest.approx(float(want)) and m["dpo/reward_margin"] == pytest.approx(
+        want_m["dpo/reward_margin"])
+    loss, m = DPOLoss(kind="orpo", beta=0.2)(mb)
+    want, want_m = orpo_loss(avg[0::2], avg[1::2], beta=0.2)
+    assert float(loss) == pytest.approx(float(want)) and m["dpo/log_odds_ratio"] == pytest.approx(
+        want_m["dpo/log_odds_ratio"])
+    assert m["dpo/nll_chosen"] == pytest.approx(float(-avg[0::2].mean()))  # ORPO's NLL term, reported as RPO's
+    with pytest.raises(KeyError):  # a kind with a reference needs ref_logp
+        DPOLoss(kind="sigmoid")(mb)
+    with pytest.raises(ValueError, match="nll_weight must be 0"):
+        DPOLoss(kind="orpo", nll_weight=1.0)
+    with pytest.raises(ValueError, match="only defined for kind='sigmoid'"):
+        DPOLoss(kind="simpo", label_smoothing=0.1)

@@ -1,0 +1,100 @@
+"""The preference losses of workflow dpo side by side from the demo's SFT model: DPO with the recipe's NLL term
+(RPO), SimPO, CPO-SimPO, ORPO, APO-zero and APO-down, on the same pairs, seed and learning rate.
+
+The student is the demo's SFT model (``relayrl demo`` stage 2, built once into the cache by
+:mod:`demo_models`), which imitated a careless teacher who forgets to carry. Each run trains ``--steps`` steps of
+``recipes/arith_dpo.yaml`` (32 pairs a step: the true sum chosen over the careless one) with the loss changed,
+and evaluates greedy held-out accuracy every ``--eval-every`` steps. SimPO and ORPO load no reference model and
+run no reference pass, which the s/step column shows. Run it with::
+
+    .venv/bin/python benchmarks/pref_losses.py                # 100 steps each, eval every 50
+    .venv/bin/python benchmarks/pref_losses.py --only dpo simpo --steps 40
+
+The last line printed is ``pref_losses: held-out accuracy after N steps: dpo A%, simpo B%, ... (student S%)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+VARIANTS: dict[str, list[str]] = {
+    "dpo": [],  # the recipe: sigmoid, beta 0.1, nll_weight 1 (RPO)
+    "simpo": ["dpo.kind=simpo", "dpo.beta=2.0", "dpo.gamma=1.0", "dpo.nll_weight=0"],  # the paper's range
+    "cpo-simpo": ["dpo.kind=simpo", "dpo.beta=2.0", "dpo.gamma=1.0", "dpo.nll_weight=1.0"],  # TRL's cpo_alpha=1
+    "orpo": ["dpo.kind=orpo", "dpo.nll_weight=0"],  # lambda = beta = 0.1 (TRL's default); its NLL is built in
+    "apo_zero": ["dpo.kind=apo_zero", "dpo.nll_weight=0"],
+    "apo_down": ["dpo.kind=apo_down", "dpo.nll_weight=0"],
+}
+
+
+def _train(run_dir: Path, overrides: list[str]) -> float:
+    """A run of ``recipes/arith_dpo.yaml`` with ``overrides``; its wall seconds."""
+    from relayrl.config.loader import load_config
+    from relayrl.config.schema import Config
+    from relayrl.workflows.dpo import train_dpo
+
+    cfg = load_config(Config, REPO / "recipes" / "arith_dpo.yaml", [
+        f"run.dir={run_dir}", "run.overwrite=true", "telemetry.sinks=[jsonl]", "run.save_every=0", *overrides])
+    t0 = time.perf_counter()
+    train_dpo(cfg)
+    return time.perf_counter() - t0
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=100, help="steps of each run from the student")
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--eval-size", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--only", nargs="*", choices=list(VARIANTS), help="run these variants only")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of every run (0: all cores)")
+    p.add_argument("--out", default="runs/bench-pref")
+    a = p.parse_args(argv)
+
+    from demo_models import sft_model
+
+    threads = (f"run.threads={a.threads}",)
+    student = sft_model(a.seed, threads)
+    common = [*threads, f"trainer.init_from={student}", f"run.seed={a.seed}", f"trainer.steps={a.steps}",
+              f"eval.every={a.eval_every}", f"eval.size={a.eval_size}"]
+    names = a.only or list(VARIANTS)
+    acc, rows = {}, {}
+    for name in names:
+        print(f"pref_losses: {name} from the student, {a.steps} steps ...", flush=True)
+        run = Path(a.out) / name
+        wall = _train(run, [*common, *VARIANTS[name]])
+        recs = _records(run)
+        acc[name] = {r["step"]: r["eval/accuracy"] for r in recs if "eval/accuracy" in r}
+        steps = [r for r in recs if "dpo/loss" in r]
+        last = steps[-1]
+        per_step = [r["perf/step_time_s"] for r in steps[1:]]  # (the first step warms up)
+        rows[name] = (f"{sum(per_step) / len(per_step):.3f} s/step (wall {wall:.0f} s), "
+                      f"reward_accuracy {last['dpo/reward_accuracy']:.2f}, logps_chosen "
+                      f"{steps[0]['dpo/logps_chosen']:.2f} -> {last['dpo/logps_chosen']:.2f}, reference pass: "
+                      f"{'yes' if 'timing/ref_logprob_s' in last else 'none'}")
+    grid = sorted(set().union(*(acc[n] for n in names)))
+    print(f"{'step':>6}" + "".join(f"{n:>11}" for n in names))
+    for s in grid:
+        print(f"{s:>6}" + "".join(f"{100 * acc[n].get(s, float('nan')):>10.1f}%" for n in names))
+    for n in names:
+        print(f"pref_losses: {n:<10} {rows[n]}")
+    student_acc = acc[names[0]].get(0, float("nan"))
+    print(f"pref_losses: held-out accuracy after {a.steps} steps: "
+          + ", ".join(f"{n} {100 * acc[n][max(acc[n])]:.1f}%" for n in names)
+          + f" (student {100 * student_acc:.1f}%)")
+
+
+if __name__ == "__main__":
+    main()
