@@ -11,8 +11,8 @@ With one optimizer step per batch the ratio pi / pi_old is 1 and PPO, CISPO, SAP
 gradient (tested in ``tests/algorithms/test_sapo_vespo.py``): the runs would repeat each other. So each batch
 trains ``--mini-batches`` optimizer steps (4 by default: after the first, the ratio leaves 1 and the losses
 differ). ``--off-policy K`` runs rollouts up to K updates stale (``trainer.off_policy_steps``) with pi_old the
-rollout's log-probs (``algorithm.old_logprobs=rollout``: the ratio carries the staleness; VESPO's W is
-pi / mu). Run it with::
+rollout's log-probs (``algorithm.old_logprobs=rollout``: the ratio carries the staleness; VESPO's W is pi / mu;
+``otb`` keeps the trainer's pi_old pass, whose statistics it reads). Run it with::
 
     .venv/bin/python benchmarks/losses.py                          # 40 steps each, eval every 10
     .venv/bin/python benchmarks/losses.py --steps 80 --off-policy 2
@@ -44,7 +44,7 @@ VARIANTS: dict[str, list[str]] = {
     "kl_cov": ["algorithm.policy_loss=kl_cov"],
     "gmpo": ["algorithm.policy_loss=gmpo", "algorithm.clip_low=0.4", "algorithm.clip_high=0.4"],
     "gpg": ["algorithm.advantage=gpg", "algorithm.policy_loss=gpg"],
-    "otb": ["algorithm.advantage=otb"],
+    "otb": ["algorithm.advantage=otb", "algorithm.old_logprobs=auto"],  # (off-policy too: OTB reads the pi_old pass)
 }
 
 
