@@ -316,8 +316,9 @@ class StaticDecoder:
         self.seen: torch.Tensor | None = None  # [slots, V] bool, each row's context tokens (repetition penalty)
 
     def release(self) -> None:
-        """Free the KV cache, the recorded graphs and the fused weight copies."""
+        """Free the KV cache, the seen-token mask, the recorded graphs and the fused weight copies."""
         self._drop_cache()
+        self.seen = None
         self._fused = []
         self.max_len = self.width = 0
 
@@ -443,8 +444,7 @@ class StaticDecoder:
         if params.repetition_penalty != 1.0:
             if contexts is None:
                 raise ValueError("a repetition penalty needs the contexts of the rows that start")
-            if self.seen is None or self.seen.shape[1] != logits.shape[-1]:  # the graphs read this buffer
-                self._graphs.clear()
+            if self.seen is None:  # (kept until the cache is rebuilt, which drops the graphs that read it)
                 self.seen = torch.zeros(self.slots, logits.shape[-1], dtype=torch.bool, device=self.device)
             self.seen[idx] = seen = seen_mask(contexts, logits.shape[-1], self.device)
         tok, logp = sample_next(logits.float(), params, uniforms=row_uniforms(self.row_keys[idx], self.counts[idx]),
