@@ -41,16 +41,17 @@ def _records(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
 
-def _train(run_dir: Path, overrides: list[str]) -> float:
-    """A GRPO-family run of ``recipes/arith_grpo.yaml`` with ``overrides``; its wall seconds."""
+def _train(run_dir: Path, overrides: list[str], recipe: str = "arith_grpo") -> float:
+    """A run of ``recipes/<recipe>.yaml`` (its workflow: GRPO's by default) with ``overrides``; its wall
+    seconds."""
     from relayrl.config.loader import load_config
     from relayrl.config.schema import Config
-    from relayrl.workflows.pipeline import GRPOPipeline
+    from relayrl.workflows.registry import train
 
-    cfg = load_config(Config, REPO / "recipes" / "arith_grpo.yaml", [
+    cfg = load_config(Config, REPO / "recipes" / f"{recipe}.yaml", [
         f"run.dir={run_dir}", "run.overwrite=true", "telemetry.sinks=[jsonl]", "run.save_every=0", *overrides])
     t0 = time.perf_counter()
-    GRPOPipeline(cfg).run()
+    train(cfg)
     return time.perf_counter() - t0
 
 
@@ -73,6 +74,29 @@ def teacher_model(seed: int, steps: int, stop: float, threads: tuple[str, ...] =
 def curve(run_dir: Path) -> dict[int, float]:
     """Held-out accuracy by step (step 0: the student)."""
     return {r["step"]: r["eval/accuracy"] for r in _records(run_dir) if "eval/accuracy" in r}
+
+
+def from_student(a) -> list[str]:
+    """The overrides every run of a side-by-side benchmark shares, from its arguments ``a`` (``seed``, ``threads``,
+    ``steps``, ``eval_every``, ``eval_size``): the demo's SFT model (built into the cache once) as the start."""
+    from demo_models import sft_model
+
+    threads = (f"run.threads={a.threads}",)
+    return [*threads, f"trainer.init_from={sft_model(a.seed, threads)}", f"run.seed={a.seed}",
+            f"trainer.steps={a.steps}", f"eval.every={a.eval_every}", f"eval.size={a.eval_size}"]
+
+
+def print_curves(acc: dict[str, dict[int, float]], names: list[str]) -> None:
+    """The held-out accuracy of each run by step, one column a run."""
+    print(f"{'step':>6}" + "".join(f"{n:>11}" for n in names))
+    for s in sorted(set().union(*(acc[n] for n in names))):
+        print(f"{s:>6}" + "".join(f"{100 * acc[n].get(s, float('nan')):>10.1f}%" for n in names))
+
+
+def final_accuracy(acc: dict[str, dict[int, float]], names: list[str]) -> str:
+    """``a 89.0%, b 90.5% (student 9.0%)``: each run's last held-out accuracy, and the start's."""
+    student = acc[names[0]].get(0, float("nan"))
+    return ", ".join(f"{n} {100 * acc[n][max(acc[n])]:.1f}%" for n in names) + f" (student {100 * student:.1f}%)"
 
 
 def steps_to(acc: dict[int, float], target: float, steps: int) -> str:

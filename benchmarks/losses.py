@@ -32,7 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from distill import _records, _train, curve  # noqa: E402  (the same run and read helpers)
+from distill import _records, _train, curve, final_accuracy, from_student, print_curves  # noqa: E402  (the shared helpers)
 
 VARIANTS: dict[str, list[str]] = {
     "ppo": [],
@@ -61,13 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="runs/bench-losses")
     a = p.parse_args(argv)
 
-    from demo_models import sft_model
-
-    threads = (f"run.threads={a.threads}",)
-    student = sft_model(a.seed, threads)
-    common = [*threads, f"trainer.init_from={student}", f"run.seed={a.seed}", f"trainer.steps={a.steps}",
-              f"eval.every={a.eval_every}", f"eval.size={a.eval_size}",
-              f"trainer.mini_batches={a.mini_batches}",
+    common = [*from_student(a), f"trainer.mini_batches={a.mini_batches}",
               *([f"trainer.off_policy_steps={a.off_policy}", "algorithm.old_logprobs=rollout"] if a.off_policy
                 else [])]
     names = a.only or list(VARIANTS)
@@ -84,17 +78,11 @@ def main(argv: list[str] | None = None) -> None:
                "kl_cov": "actor/cov_frac", "gmpo": "actor/seq_ratio_mean"}.get(name, "actor/clip_frac")
         vals = [r[key] for r in recs if key in r]
         extra[name] = f"{key} {sum(vals) / max(len(vals), 1):.3f}"
-    steps = sorted(set().union(*(acc[n] for n in names)))
-    print(f"{'step':>6}" + "".join(f"{n:>11}" for n in names))
-    for s in steps:
-        print(f"{s:>6}" + "".join(f"{100 * acc[n].get(s, float('nan')):>10.1f}%" for n in names))
+    print_curves(acc, names)
     for n in names:
         print(f"losses: {n:<10} {wall[n]:6.0f} s ({wall[n] / wall[names[0]]:.2f}x {names[0]}); mean {extra[n]}")
-    student_acc = acc[names[0]].get(0, float("nan"))
     mode = f", {a.mini_batches} mini-batches" + (f", off-policy k={a.off_policy}" if a.off_policy else "")
-    print(f"losses: held-out accuracy after {a.steps} steps{mode}: "
-          + ", ".join(f"{n} {100 * acc[n][max(acc[n])]:.1f}%" for n in names)
-          + f" (student {100 * student_acc:.1f}%)")
+    print(f"losses: held-out accuracy after {a.steps} steps{mode}: {final_accuracy(acc, names)}")
 
 
 if __name__ == "__main__":

@@ -16,14 +16,13 @@ The last line printed is ``pref_losses: held-out accuracy after N steps: dpo A%,
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
 sys.path.insert(0, str(HERE))
+
+from distill import _records, _train, final_accuracy, from_student, print_curves  # noqa: E402  (the shared helpers)
 
 VARIANTS: dict[str, list[str]] = {
     "dpo": [],  # the recipe: sigmoid, beta 0.1, nll_weight 1 (RPO)
@@ -33,23 +32,6 @@ VARIANTS: dict[str, list[str]] = {
     "apo_zero": ["dpo.kind=apo_zero", "dpo.nll_weight=0"],
     "apo_down": ["dpo.kind=apo_down", "dpo.nll_weight=0"],
 }
-
-
-def _train(run_dir: Path, overrides: list[str]) -> float:
-    """A run of ``recipes/arith_dpo.yaml`` with ``overrides``; its wall seconds."""
-    from relayrl.config.loader import load_config
-    from relayrl.config.schema import Config
-    from relayrl.workflows.dpo import train_dpo
-
-    cfg = load_config(Config, REPO / "recipes" / "arith_dpo.yaml", [
-        f"run.dir={run_dir}", "run.overwrite=true", "telemetry.sinks=[jsonl]", "run.save_every=0", *overrides])
-    t0 = time.perf_counter()
-    train_dpo(cfg)
-    return time.perf_counter() - t0
-
-
-def _records(run_dir: Path) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -63,18 +45,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="runs/bench-pref")
     a = p.parse_args(argv)
 
-    from demo_models import sft_model
-
-    threads = (f"run.threads={a.threads}",)
-    student = sft_model(a.seed, threads)
-    common = [*threads, f"trainer.init_from={student}", f"run.seed={a.seed}", f"trainer.steps={a.steps}",
-              f"eval.every={a.eval_every}", f"eval.size={a.eval_size}"]
+    common = from_student(a)
     names = a.only or list(VARIANTS)
     acc, rows = {}, {}
     for name in names:
         print(f"pref_losses: {name} from the student, {a.steps} steps ...", flush=True)
         run = Path(a.out) / name
-        wall = _train(run, [*common, *VARIANTS[name]])
+        wall = _train(run, [*common, *VARIANTS[name]], recipe="arith_dpo")
         recs = _records(run)
         acc[name] = {r["step"]: r["eval/accuracy"] for r in recs if "eval/accuracy" in r}
         steps = [r for r in recs if "dpo/loss" in r]
@@ -84,16 +61,10 @@ def main(argv: list[str] | None = None) -> None:
                       f"reward_accuracy {last['dpo/reward_accuracy']:.2f}, logps_chosen "
                       f"{steps[0]['dpo/logps_chosen']:.2f} -> {last['dpo/logps_chosen']:.2f}, reference pass: "
                       f"{'yes' if 'timing/ref_logprob_s' in last else 'none'}")
-    grid = sorted(set().union(*(acc[n] for n in names)))
-    print(f"{'step':>6}" + "".join(f"{n:>11}" for n in names))
-    for s in grid:
-        print(f"{s:>6}" + "".join(f"{100 * acc[n].get(s, float('nan')):>10.1f}%" for n in names))
+    print_curves(acc, names)
     for n in names:
         print(f"pref_losses: {n:<10} {rows[n]}")
-    student_acc = acc[names[0]].get(0, float("nan"))
-    print(f"pref_losses: held-out accuracy after {a.steps} steps: "
-          + ", ".join(f"{n} {100 * acc[n][max(acc[n])]:.1f}%" for n in names)
-          + f" (student {100 * student_acc:.1f}%)")
+    print(f"pref_losses: held-out accuracy after {a.steps} steps: {final_accuracy(acc, names)}")
 
 
 if __name__ == "__main__":

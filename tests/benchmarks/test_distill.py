@@ -23,6 +23,15 @@ def test_steps_to_the_target_and_the_curve(tmp_path):
     assert distill.steps_to(acc, 0.95, 30) == ">30"
 
 
+def test_the_side_by_side_table_and_last_line(capsys):
+    """The helpers losses.py and pref_losses.py print with: a column a run, and each run's last accuracy."""
+    acc = {"ppo": {0: 0.09, 10: 0.5, 40: 0.89}, "gpg": {0: 0.09, 40: 0.905}}
+    distill.print_curves(acc, ["ppo", "gpg"])
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0].split() == ["step", "ppo", "gpg"] and rows[2].split() == ["10", "50.0%", "nan%"]
+    assert distill.final_accuracy(acc, ["ppo", "gpg"]) == "ppo 89.0%, gpg 90.5% (student 9.0%)"
+
+
 @pytest.mark.slow
 def test_the_comparison_runs_and_ends_with_its_line(tmp_path, tiny_dir, monkeypatch, capsys):
     """Teacher and student both the tiny model (no training of the demo's models): both runs train, evaluate
