@@ -253,8 +253,7 @@ def cmd_eval(args) -> int:
     else:
         from relayrl.data.datasets import DatasetConfig, load_problems
 
-        problems = load_problems(DatasetConfig(path=args.data, prompt_key=args.prompt_key, answer_key=args.answer_key,
-                                               format=args.format))[: args.size]
+        problems = _eval_data(args, DatasetConfig, load_problems)
         reward = RewardEngine(reward_cfg, task=None)
         reward.check_fields([problems[0].meta.get("fields")])  # a field the user function needs, before the model
     from relayrl.data.datasets import encode_prompt
@@ -280,11 +279,29 @@ def cmd_eval(args) -> int:
                       problems, lambda a, b, c, d: reward.score(a, b, c, columns=d)[0],
                       max_new_tokens=args.max_new_tokens,
                       k=args.k, temperature=args.temperature)
-    report, samples = write_report(result, out, extra={"model": args.model, "task": args.task, "data": args.data,
+    data = args.data[0] if args.data and len(args.data) == 1 else args.data  # (one file: its path, as before)
+    report, samples = write_report(result, out, extra={"model": args.model, "task": args.task, "data": data,
                                                        "k": args.k, "temperature": args.temperature})
     _print_metrics(result.metrics)
     print(f"relayrl eval: report {report}, samples {samples}")
     return 0
+
+
+def _eval_data(args, DatasetConfig, load_problems) -> list:
+    """``relayrl eval --data FILE [FILE ...]``: each file's first ``--size`` rows (several files: every metric
+    also per source, as a run's data.eval_path list gives them; an error names the file)."""
+    from relayrl.data.errors import DatasetError
+
+    problems = []
+    for path in args.data:
+        try:
+            problems += load_problems(DatasetConfig(path=path, prompt_key=args.prompt_key, answer_key=args.answer_key,
+                                                    format=args.format))[: args.size]
+        except DatasetError as e:
+            if len(args.data) == 1:
+                raise
+            raise DatasetError(f"relayrl eval: --data {path}: {e}") from None
+    return problems
 
 
 def _print_metrics(metrics: dict[str, float]) -> None:
@@ -374,7 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("overrides", nargs="*", help="with --recipe: dotted.key=value (e.g. eval.size=50 eval.k=4)")
     e.add_argument("--task", help="built-in task: arith, sort, countdown")
     e.add_argument("--task-options", help='JSON options of the task, e.g. \'{"min_digits": 3, "max_digits": 3}\'')
-    e.add_argument("--data", help="JSONL or Parquet file with prompt and answer fields")
+    e.add_argument("--data", nargs="+", help="JSONL or Parquet file with prompt and answer fields; several: each "
+                   "file's first --size rows, every metric also per file as eval/<metric>/<source>")
     e.add_argument("--format", choices=["jsonl", "parquet"], help="format of --data (default: from its suffix)")
     e.add_argument("--prompt-key", help="(default prompt)")
     e.add_argument("--answer-key", help="(default answer)")
@@ -384,7 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "my_pkg.rewards:score, score(prompts, responses, answers, **fields) -> list[float] or a TRL "
                    "reward function (as reward.user_fn); several: their weighted sum (--user-weights)")
     e.add_argument("--user-weights", nargs="+", type=float, help="a weight per --user-fn function (default 1 each)")
-    e.add_argument("--size", type=argtypes.int_at_least(1), help="prompts to evaluate (default 200)")
+    e.add_argument("--size", type=argtypes.int_at_least(1),
+                   help="prompts to evaluate (default 200; with several --data files, of each)")
     e.add_argument("--k", type=argtypes.int_at_least(1),
                    help="samples per prompt for pass@k / avg@k (default 1: greedy only)")
     e.add_argument("--temperature", type=argtypes.non_negative_float,

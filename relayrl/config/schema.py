@@ -369,7 +369,8 @@ class EvalConfig(_Section):
     before_training: bool = Field(True, description="evaluate the starting model (step 0) before the first step "
                                   "(verl's val_before_train); false: the first evaluation is at step eval.every, "
                                   "or at the end")
-    size: int = Field(200, ge=1, description="held-out prompts")
+    size: int = Field(200, ge=1, description="held-out prompts: of each set with a data.eval_path list "
+                      "(its first eval.size rows)")
     stop_at: float | None = Field(None, ge=0.0, le=1.0, description="stop early once held-out accuracy reaches this "
                                   "(checked at eval steps; the model is saved as at the last step)")
     max_new_tokens: int | None = Field(None, ge=1, description="greedy answer length on the held-out set "

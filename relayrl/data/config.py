@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from relayrl.config.paths import LocalPath
 from relayrl.data.datasets import DatasetConfig
@@ -34,7 +34,11 @@ class DataConfig(BaseModel):
                                       "test); null: data.eval_path, else rows held out of the training split")
     format: Literal["jsonl", "parquet", "arrow"] | None = Field(None, description="format of data.path and "
                                                                 "data.eval_path files (null: from the file suffix)")
-    eval_path: LocalPath | None = Field(None, description="held-out prompts, in any form data.path takes")
+    eval_path: LocalPath | list[LocalPath] | None = Field(
+        None, description="held-out prompts, in any form data.path takes; or a list of such paths (verl's "
+        "data.val_files), e.g. [gsm8k/test.parquet, math500/test.parquet]: each held-out set gives its first "
+        "eval.size rows, and every eval metric is also reported per source as eval/<metric>/<source> (the "
+        "row's data_source field, else the file's stem; docs/metrics.md)")
     prompt_key: str = Field("prompt", description='field with the prompt (text, or chat messages); dots reach nested '
                             'fields ("extra.question")')
     answer_key: str = Field("answer", description="field with the ground truth (string or number)")
@@ -65,6 +69,27 @@ class DataConfig(BaseModel):
                                                   "(verl's data.truncation): a cut question can change its answer")
     prompts_per_step: int = Field(8, ge=1, description="workflow grpo: prompts an RL step draws, each answered "
                                   "rollout.n times (SFT and DPO take trainer.batch_size)")
+
+    @field_validator("eval_path", mode="after")
+    @classmethod
+    def _eval_paths(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if not isinstance(value, list):
+            return value
+        if not value:
+            raise ValueError("is an empty list; give one held-out path, a list of them, or null")
+        for i, path in enumerate(value):
+            if not path.strip():
+                raise ValueError(f"item {i} is empty; give a file or directory")
+            if path in value[:i]:
+                raise ValueError(f"lists {path!r} twice (items {value.index(path)} and {i})")
+        return value[0] if len(value) == 1 else value
+
+    @property
+    def eval_paths(self) -> list[str]:
+        """``data.eval_path`` as a list: [] when unset, one path, or the paths of a list."""
+        if self.eval_path is None:
+            return []
+        return [self.eval_path] if isinstance(self.eval_path, str) else list(self.eval_path)
 
     @model_validator(mode="after")
     def _one_source(self) -> "DataConfig":
@@ -111,12 +136,25 @@ class DataConfig(BaseModel):
 
     def dataset(self, *, held_out: bool = False, rejected_key: str | None = None) -> DatasetConfig | None:
         """The :class:`DatasetConfig` of the training rows, or of the held-out ones (None when no held-out
-        source is named: data.eval_path or data.hf_eval_split)."""
-        if held_out and self.eval_path is None and self.hf_eval_split is None:
-            return None
-        path = self.eval_path if held_out and self.eval_path is not None else self.path
+        source is named: data.eval_path or data.hf_eval_split). A list of held-out paths: :meth:`eval_datasets`."""
+        if held_out:
+            sets = self.eval_datasets(rejected_key=rejected_key)
+            if len(sets) > 1:
+                raise ValueError(f"data.eval_path lists {len(sets)} held-out sets; read them with eval_datasets()")
+            return sets[0] if sets else None
+        return self._dataset(self.path, self.hf_split, rejected_key)
+
+    def eval_datasets(self, *, rejected_key: str | None = None) -> list[DatasetConfig]:
+        """A :class:`DatasetConfig` per held-out set: each path of data.eval_path, or data.hf_eval_split of the
+        training source; [] when none is named (rows of the training split are held out)."""
+        if self.eval_path is not None:
+            return [self._dataset(path, self.hf_split, rejected_key) for path in self.eval_paths]
+        if self.hf_eval_split is not None:
+            return [self._dataset(self.path, self.hf_eval_split, rejected_key)]
+        return []
+
+    def _dataset(self, path: str | None, split: str, rejected_key: str | None) -> DatasetConfig:
         return DatasetConfig(
-            path=path, hf_name=None if path is not None else self.hf_name, hf_config=self.hf_config,
-            split=self.hf_eval_split if held_out and self.eval_path is None else self.hf_split,
+            path=path, hf_name=None if path is not None else self.hf_name, hf_config=self.hf_config, split=split,
             prompt_key=self.prompt_key, answer_key=self.answer_key, rejected_key=rejected_key, format=self.format,
             messages_key=self.messages_key, system_prompt=self.system_prompt, answer_regex=self.answer_regex)

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from relayrl.data.errors import DatasetError, missing_field
 from relayrl.data.tasks import Problem
+from relayrl.evaluation.metrics import SOURCE_FIELD
 
 __all__ = ["DatasetConfig", "DatasetError", "load_problems", "encode_prompt", "render_prompt", "render_plain"]
 
@@ -148,6 +149,8 @@ def _iter_parquet(path: Path, keys: tuple[str, ...]) -> Iterator[tuple[int, Any]
             raise DatasetError(f"{path.name}: {missing_field(key, names).replace('field', 'column', 1)}")
         if col not in columns:
             columns.append(col)
+    if SOURCE_FIELD in names and SOURCE_FIELD not in columns:  # (verl's column: per-source eval metrics)
+        columns.append(SOURCE_FIELD)
     rowno = 0
     for batch in pf.iter_batches(columns=columns):
         for row in batch.to_pylist():

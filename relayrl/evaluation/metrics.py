@@ -16,14 +16,25 @@ pass@1.
 Departure from the paper: none in the estimator; `summarize` additionally
 requires every prompt to have the same number of samples so that the
 `avg@n` key names one n.
+
+Several held-out sources (verl's ``data.val_files`` list, or a dataset whose
+rows carry different ``data_source`` values): `source_names` names each row's
+source and `per_source` computes every metric again over each source's rows,
+as ``<metric>/<source>`` (``eval/accuracy/gsm8k``), as verl reports its
+validation metrics per ``data_source``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import PurePath
+from typing import Any
 
-__all__ = ["pass_at_k", "avg_at_k", "summarize"]
+__all__ = ["pass_at_k", "avg_at_k", "summarize", "source_names", "per_source"]
+
+SOURCE_FIELD = "data_source"
+"""The row field that names a row's source (verl's parquet column), before its file's name."""
 
 
 def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
@@ -113,3 +124,43 @@ def summarize(per_prompt_correct: Sequence[Sequence[bool]], ks: Sequence[int]) -
         out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in counts) / len(counts)
     out[f"avg@{n}"] = avg_at_k([[float(s) for s in samples] for samples in per_prompt_correct])
     return out
+
+
+def source_names(metas: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The source of each row (a ``Problem.meta``): its ``data_source`` field (``meta["fields"]``) when it has
+    one, else the stem of the file or dataset it came from (``meta["source"]``: ``test`` for
+    ``gsm8k/test.parquet``). Files whose stems collide are named ``parent/stem`` (``gsm8k/test``,
+    ``math500/test``), and by their path as given when that collides too. A row with neither (a built-in
+    task's) is named ``""``."""
+    def own(meta: Mapping[str, Any]) -> str | None:
+        fields = meta.get("fields")
+        value = fields.get(SOURCE_FIELD) if isinstance(fields, Mapping) else None
+        return None if value is None or str(value) == "" else str(value)
+
+    paths = sorted({str(m["source"]) for m in metas if own(m) is None and m.get("source") is not None})
+    labels: dict[str, str] = {}
+    for name in (lambda p: PurePath(p).stem, lambda p: "/".join((*PurePath(p).parts[-2:-1], PurePath(p).stem))):
+        left = [p for p in paths if p not in labels]
+        taken = [name(p) for p in left]
+        for p, label in zip(left, taken):
+            if taken.count(label) == 1 and label not in labels.values():
+                labels[p] = label
+    names = []
+    for m in metas:
+        label = own(m)
+        if label is None and m.get("source") is not None:
+            label = labels.get(str(m["source"]), str(m["source"]))
+        names.append(label or "")
+    return names
+
+
+def per_source(sources: Sequence[str], metrics_of: Callable[[list[int]], Mapping[str, float]]) -> dict[str, float]:
+    """Each metric of ``metrics_of(rows)`` (the metrics of the rows at those indices) computed over every
+    source's rows, keyed ``<metric>/<source>``, sources in order of first appearance; ``{}`` when all rows
+    share one source (the overall metrics say it all)."""
+    groups: dict[str, list[int]] = {}
+    for i, source in enumerate(sources):
+        groups.setdefault(source, []).append(i)
+    if len(groups) < 2:
+        return {}
+    return {f"{key}/{source}": value for source, rows in groups.items() for key, value in metrics_of(rows).items()}

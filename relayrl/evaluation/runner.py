@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 from relayrl.data.tasks import Problem
 from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.engines.reward.user import with_ids
-from relayrl.evaluation.metrics import summarize
+from relayrl.evaluation.metrics import per_source, source_names, summarize
 
 __all__ = ["EvalResult", "evaluate", "write_report"]
 
@@ -28,7 +28,9 @@ fields (``Problem.meta["fields"]``: the row as it was, or ``None``) for a user r
 @dataclass(frozen=True)
 class EvalResult:
     metrics: dict[str, float]
-    """``eval/accuracy`` (greedy), and with k > 1 ``eval/pass@1``, ``eval/pass@k``, ``eval/avg@k``."""
+    """``eval/accuracy`` (greedy), and with k > 1 ``eval/pass@1``, ``eval/pass@k``, ``eval/avg@k``; with more
+    than one source among the problems each also as ``eval/<metric>/<source>``
+    (:func:`~relayrl.evaluation.metrics.source_names`)."""
     samples: list[dict]
     """One record per sample: prompt, answer, response, reward, mode."""
 
@@ -36,32 +38,46 @@ class EvalResult:
 def evaluate(generate: GenerateFn, encode: Callable[[Problem], list[int]], problems: Sequence[Problem],
              score: ScoreFn, *, max_new_tokens: int, k: int = 1, temperature: float = 1.0,
              stop_strings: Sequence[str] = ()) -> EvalResult:
-    """Greedy accuracy on ``problems``; with ``k > 1`` also k samples per prompt at ``temperature``."""
+    """Greedy accuracy on ``problems``; with ``k > 1`` also k samples per prompt at ``temperature``; every
+    metric also per source when the problems come from several (:func:`~relayrl.evaluation.metrics.per_source`)."""
     if not problems:
         raise ValueError("evaluate: no problems to evaluate")
     prompts = [encode(p) for p in problems]
     answers = [p.answer for p in problems]
     texts = [p.prompt for p in problems]
     columns = [p.meta.get("fields") for p in problems]
+    sources = source_names([p.meta for p in problems])
+    named = len(set(sources)) > 1  # (then each sample says its source)
     greedy = generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens,
                                               stop_strings=tuple(stop_strings)))
     g_rewards = score(texts, [c.text for c in greedy], answers, with_ids(columns, [c.token_ids for c in greedy]))
     samples = [{"mode": "greedy", "prompt": t, "answer": a, "response": c.text, "reward": r,
-                "finish_reason": c.finish_reason} for t, a, c, r in zip(texts, answers, greedy, g_rewards)]
-    metrics = {"eval/accuracy": sum(r >= 1.0 for r in g_rewards) / len(problems),
-               "eval/reward_mean": sum(g_rewards) / len(problems)}
+                "finish_reason": c.finish_reason, **({"source": sources[i]} if named else {})}
+               for i, (t, a, c, r) in enumerate(zip(texts, answers, greedy, g_rewards))]
+    per_prompt: list[list[bool]] = [[] for _ in problems]
     if k > 1:
         sampled = generate(prompts, SamplingParams(n=k, temperature=temperature, max_new_tokens=max_new_tokens,
                                                    stop_strings=tuple(stop_strings)))
         rewards = score([texts[c.prompt_index] for c in sampled], [c.text for c in sampled],
                         [answers[c.prompt_index] for c in sampled],
                         with_ids([columns[c.prompt_index] for c in sampled], [c.token_ids for c in sampled]))
-        per_prompt: list[list[bool]] = [[] for _ in problems]
         for c, r in zip(sampled, rewards):
             per_prompt[c.prompt_index].append(r >= 1.0)
             samples.append({"mode": f"sample@{k}", "prompt": texts[c.prompt_index], "answer": answers[c.prompt_index],
-                            "response": c.text, "reward": r, "finish_reason": c.finish_reason})
-        metrics.update({f"eval/{key}": v for key, v in summarize(per_prompt, ks=sorted({1, k})).items()})
+                            "response": c.text, "reward": r, "finish_reason": c.finish_reason,
+                            **({"source": sources[c.prompt_index]} if named else {})})
+
+    def metrics_of(rows: Sequence[int]) -> dict[str, float]:
+        greedy_rewards = [g_rewards[i] for i in rows]
+        out = {"eval/accuracy": sum(r >= 1.0 for r in greedy_rewards) / len(rows),
+               "eval/reward_mean": sum(greedy_rewards) / len(rows)}
+        if k > 1:
+            summary = summarize([per_prompt[i] for i in rows], ks=sorted({1, k}))
+            out.update({f"eval/{key}": v for key, v in summary.items()})
+        return out
+
+    metrics = metrics_of(range(len(problems)))
+    metrics.update(per_source(sources, metrics_of))
     return EvalResult(metrics, samples)
 
 

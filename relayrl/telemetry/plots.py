@@ -45,8 +45,8 @@ class Family:
 
 FAMILIES: tuple[Family, ...] = (
     Family("reward_accuracy.png", "Reward and accuracy",
-           lambda k: k.startswith("reward/") or k.split("/")[-1].startswith("accuracy")
-           or k.split("/")[-1].startswith("pass@") or k.split("/")[-1].startswith("avg@")),
+           lambda k: k.startswith("reward/") or k.split("/")[-1].startswith(("accuracy", "pass@", "avg@"))
+           or (k.startswith("eval/") and k.split("/")[1].startswith(("accuracy", "pass@", "avg@")))),  # (per source)
     Family("response_length.png", "Response length and truncation", lambda k: k.startswith("response/")),
     Family("off_policy.png", "Off-policy: staleness, rollout wait, importance weights",
            lambda k: k.startswith(("async/", "offpolicy/", "correction/"))),

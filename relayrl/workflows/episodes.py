@@ -18,7 +18,7 @@ from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.environments.base import Episode, EpisodeEnd, EpisodeSummary
 from relayrl.environments.config import EpisodeSpec, build_env_factory
 from relayrl.environments.episodes import episode_metrics
-from relayrl.evaluation.metrics import summarize
+from relayrl.evaluation.metrics import per_source, source_names, summarize
 from relayrl.evaluation.runner import EvalResult
 from relayrl.workflows.workers import RolloutWorker
 
@@ -53,8 +53,9 @@ def evaluate_episodes(rollout, s, spec: EpisodeSpec, step: int | None) -> dict[s
     """Greedy episodes on the held-out problems: ``eval/accuracy`` (reward >= 1) and the ``eval/env/*``
     metrics (tool-call rate, turns); with ``eval.k > 1`` also ``k`` sampled episodes per problem for
     ``eval/pass@k`` and ``eval/avg@k``; a report with every episode (``s.report``: under ``RUN_DIR/eval`` in
-    training, ``--out`` for ``relayrl eval``). ``s``: an :class:`~relayrl.workflows.heldout.EvalSession`;
-    ``step``: the training step (None outside training)."""
+    training, ``--out`` for ``relayrl eval``); with several sources among the problems every metric also as
+    ``eval/<metric>/<source>`` (:func:`~relayrl.evaluation.metrics.per_source`). ``s``: an
+    :class:`~relayrl.workflows.heldout.EvalSession`; ``step``: the training step (None outside training)."""
     ro, ev = s.cfg.rollout, s.cfg.eval
     problems = s.eval_problems
     greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=ev.max_new_tokens or ro.max_new_tokens,
@@ -62,27 +63,37 @@ def evaluate_episodes(rollout, s, spec: EpisodeSpec, step: int | None) -> dict[s
     runs = [("greedy", greedy)]
     if ev.k > 1:
         runs.append((f"sample@{ev.k}", greedy.model_copy(update={"n": ev.k, "temperature": s.eval_temperature})))
-    metrics: dict[str, float] = {}
     samples: list[dict] = []
+    by_mode: dict[str, list[Episode]] = {}
+    sources = source_names([p.meta for p in problems])
     for mode, params in runs:
-        eps: list[Episode] = rollout.split(RolloutWorker.run_episodes,
-                                           [(i, s.encode(p), p) for i, p in enumerate(problems)], params, spec)
+        eps = by_mode[mode] = rollout.split(RolloutWorker.run_episodes,
+                                            [(i, s.encode(p), p) for i, p in enumerate(problems)], params, spec)
         log_episode_errors(s, eps, step)
-        if mode == "greedy":
-            rewards = torch.tensor([e.reward for e in eps], dtype=torch.float32)
-            metrics.update({"eval/accuracy": float((rewards >= 1.0).float().mean()),
-                            "eval/reward_mean": float(rewards.mean())})
-            metrics.update({f"eval/{k}": v for k, v in episode_metrics(eps).items()})
-        else:
-            per_problem: list[list[bool]] = [[] for _ in problems]
-            for e in eps:
-                per_problem[e.problem_index].append(e.reward >= 1.0)
-            metrics.update({f"eval/{k}": v for k, v in summarize(per_problem, ks=sorted({1, ev.k})).items()})
         samples += [{"mode": mode, "prompt": problems[e.problem_index].prompt,
                      "answer": problems[e.problem_index].answer,
                      "response": s.tokenizer.decode(e.token_ids, skip_special_tokens=True), "reward": e.reward,
                      "turns": e.turns, "tool_calls": e.tool_calls, "end": e.end.value if e.end else None,
-                     "error": e.error} for e in eps]
+                     "error": e.error, **({"source": sources[e.problem_index]} if len(set(sources)) > 1 else {})}
+                    for e in eps]
+
+    def metrics_of(rows: Sequence[int]) -> dict[str, float]:
+        keep = set(rows)
+        greedy_eps = [e for e in by_mode["greedy"] if e.problem_index in keep]
+        rewards = torch.tensor([e.reward for e in greedy_eps], dtype=torch.float32)
+        out = {"eval/accuracy": float((rewards >= 1.0).float().mean()), "eval/reward_mean": float(rewards.mean())}
+        out.update({f"eval/{k}": v for k, v in episode_metrics(greedy_eps).items()})
+        if ev.k > 1:
+            index = {i: j for j, i in enumerate(rows)}
+            per_problem: list[list[bool]] = [[] for _ in rows]
+            for e in by_mode[f"sample@{ev.k}"]:
+                if e.problem_index in keep:
+                    per_problem[index[e.problem_index]].append(e.reward >= 1.0)
+            out.update({f"eval/{k}": v for k, v in summarize(per_problem, ks=sorted({1, ev.k})).items()})
+        return out
+
+    metrics = metrics_of(range(len(problems)))
+    metrics.update(per_source(sources, metrics_of))
     s.report(EvalResult(metrics, samples), step)
     return metrics
 

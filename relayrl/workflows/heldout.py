@@ -103,9 +103,9 @@ class EvalSession:
         rejected = d.rejected_key if self.cfg.workflow in ("dpo", "rm") else None  # preference pairs, every row checked
         train = load_problems(d.dataset(rejected_key=rejected))
         size = self.cfg.eval.size
-        held_out = d.dataset(held_out=True, rejected_key=rejected if self.cfg.workflow == "rm" else None)
-        if held_out is not None:
-            return None, train, load_problems(held_out)[:size]
+        held_out = d.eval_datasets(rejected_key=rejected if self.cfg.workflow == "rm" else None)
+        if held_out:  # each held-out set's first eval.size rows (verl's data.val_files list)
+            return None, train, [p for i, ds in enumerate(held_out) for p in self._held_out(ds, i, len(held_out))]
         if len(train) >= 2 * size:  # hold out a seeded sample of rows; train on the rest
             held = set(random.Random(self.cfg.run.seed).sample(range(len(train)), size))
             self.log(f"relayrl: no data.eval_path; holding out {size} of {len(train)} rows of {d.path or d.hf_name} for evaluation")
@@ -113,6 +113,18 @@ class EvalSession:
         self.log(f"relayrl: no data.eval_path and only {len(train)} rows in {d.path or d.hf_name}: evaluating on the first "
                  f"{min(size, len(train))} training rows (not held out); set data.eval_path for a held-out score")
         return None, train, train[:size]
+
+    def _held_out(self, ds, i: int, of: int) -> list[Problem]:
+        """The first ``eval.size`` rows of held-out set ``ds``, item ``i`` of ``of`` (an error names the item of a
+        data.eval_path list)."""
+        from relayrl.data.datasets import DatasetError, load_problems
+
+        try:
+            return load_problems(ds)[: self.cfg.eval.size]
+        except DatasetError as e:
+            if of == 1:
+                raise
+            raise DatasetError(f"data.eval_path item {i} ({ds.path}): {e}") from None
 
     def _describe_tools(self, train: list[Problem] | None) -> None:
         """``env.tools_in_prompt``: the tool environment's tools go into each chat prompt's template, in its
