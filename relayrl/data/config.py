@@ -46,6 +46,9 @@ class DataConfig(BaseModel):
                                       "prompt with its own system message keeps it")
     rejected_key: str = Field("rejected", description="workflow dpo: field with the rejected answer (answer_key "
                               "holds the chosen one)")
+    label_key: str = Field("label", description="workflow kto: field labelling each row's completion (answer_key) "
+                           "desirable (true) or undesirable (false), TRL's unpaired format; a row without a "
+                           "boolean-like label (true/false, 1/0, 'true'/'false') is an error naming it")
     chat_template: bool | None = Field(None, description="null: apply the tokenizer's chat template to chat-message prompts")
     messages_key: str | None = Field(None, description="workflow sft on data.path: field with whole conversations "
                                      "(chat messages); only the assistant turns are trained (mask from the chat "
@@ -109,7 +112,8 @@ class DataConfig(BaseModel):
                     raise ValueError(f"data.task={self.task!r} with {key}={options}: {e}") from None
         return self
 
-    def dataset(self, *, held_out: bool = False, rejected_key: str | None = None) -> DatasetConfig | None:
+    def dataset(self, *, held_out: bool = False, rejected_key: str | None = None,
+                label_key: str | None = None) -> DatasetConfig | None:
         """The :class:`DatasetConfig` of the training rows, or of the held-out ones (None when no held-out
         source is named: data.eval_path or data.hf_eval_split)."""
         if held_out and self.eval_path is None and self.hf_eval_split is None:
@@ -118,5 +122,6 @@ class DataConfig(BaseModel):
         return DatasetConfig(
             path=path, hf_name=None if path is not None else self.hf_name, hf_config=self.hf_config,
             split=self.hf_eval_split if held_out and self.eval_path is None else self.hf_split,
-            prompt_key=self.prompt_key, answer_key=self.answer_key, rejected_key=rejected_key, format=self.format,
+            prompt_key=self.prompt_key, answer_key=self.answer_key, rejected_key=rejected_key, label_key=label_key,
+            format=self.format,
             messages_key=self.messages_key, system_prompt=self.system_prompt, answer_regex=self.answer_regex)
