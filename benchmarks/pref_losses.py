@@ -1,11 +1,14 @@
 """The preference losses of workflow dpo side by side from the demo's SFT model: DPO with the recipe's NLL term
-(RPO), SimPO, CPO-SimPO, ORPO, APO-zero and APO-down, on the same pairs, seed and learning rate.
+(RPO), SimPO, CPO-SimPO, ORPO, APO-zero and APO-down, on the same pairs, seed and learning rate; and workflow
+kto (``recipes/arith_kto.yaml``: the same sums split into unpaired examples, half the true sums desirable, half
+the careless ones undesirable, no prompt seen with both).
 
 The student is the demo's SFT model (``relayrl demo`` stage 2, built once into the cache by
 :mod:`demo_models`), which imitated a careless teacher who forgets to carry. Each run trains ``--steps`` steps of
 ``recipes/arith_dpo.yaml`` (32 pairs a step: the true sum chosen over the careless one) with the loss changed,
 and evaluates greedy held-out accuracy every ``--eval-every`` steps. SimPO and ORPO load no reference model and
-run no reference pass, which the s/step column shows. Run it with::
+run no reference pass, which the s/step column shows; KTO runs a reference pass and a KL pass of the actor
+(no gradient) over the batch's mismatched rows. Run it with::
 
     .venv/bin/python benchmarks/pref_losses.py                # 100 steps each, eval every 50
     .venv/bin/python benchmarks/pref_losses.py --only dpo simpo --steps 40
@@ -31,7 +34,10 @@ VARIANTS: dict[str, list[str]] = {
     "orpo": ["dpo.kind=orpo", "dpo.nll_weight=0"],  # lambda = beta = 0.1 (TRL's default); its NLL is built in
     "apo_zero": ["dpo.kind=apo_zero", "dpo.nll_weight=0"],
     "apo_down": ["dpo.kind=apo_down", "dpo.nll_weight=0"],
+    "kto": [],  # recipes/arith_kto.yaml: beta 0.1, weights 1 (TRL's defaults)
 }
+RECIPES: dict[str, str] = {"kto": "arith_kto"}
+"""The recipe of a variant that is not ``arith_dpo``'s (its overrides apply to that recipe)."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -51,16 +57,19 @@ def main(argv: list[str] | None = None) -> None:
     for name in names:
         print(f"pref_losses: {name} from the student, {a.steps} steps ...", flush=True)
         run = Path(a.out) / name
-        wall = _train(run, [*common, *VARIANTS[name]], recipe="arith_dpo")
+        wall = _train(run, [*common, *VARIANTS[name]], recipe=RECIPES.get(name, "arith_dpo"))
         recs = _records(run)
         acc[name] = {r["step"]: r["eval/accuracy"] for r in recs if "eval/accuracy" in r}
-        steps = [r for r in recs if "dpo/loss" in r]
+        kto = name in RECIPES
+        steps = [r for r in recs if ("kto/loss" if kto else "dpo/loss") in r]
         last = steps[-1]
         per_step = [r["perf/step_time_s"] for r in steps[1:]]  # (the first step warms up)
-        rows[name] = (f"{sum(per_step) / len(per_step):.3f} s/step (wall {wall:.0f} s), "
-                      f"reward_accuracy {last['dpo/reward_accuracy']:.2f}, logps_chosen "
-                      f"{steps[0]['dpo/logps_chosen']:.2f} -> {last['dpo/logps_chosen']:.2f}, reference pass: "
-                      f"{'yes' if 'timing/ref_logprob_s' in last else 'none'}")
+        figures = (f"reward desirable - undesirable {last['kto/reward_margin']:.2f}, kl {last['kto/kl']:.2f}, "
+                   f"logps_desirable {steps[0]['kto/logps_desirable']:.2f} -> {last['kto/logps_desirable']:.2f}"
+                   if kto else f"reward_accuracy {last['dpo/reward_accuracy']:.2f}, logps_chosen "
+                   f"{steps[0]['dpo/logps_chosen']:.2f} -> {last['dpo/logps_chosen']:.2f}")
+        rows[name] = (f"{sum(per_step) / len(per_step):.3f} s/step (wall {wall:.0f} s), {figures}, reference "
+                      f"pass: {'yes' if 'timing/ref_logprob_s' in last else 'none'}")
     print_curves(acc, names)
     for n in names:
         print(f"pref_losses: {n:<10} {rows[n]}")

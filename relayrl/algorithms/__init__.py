@@ -60,6 +60,7 @@ __all__ = [
     "gdpo",
     "gmpo",
     "kl",
+    "kto",
     "losses",
     "mismatch",
     "offpolicy",

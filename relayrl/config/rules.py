@@ -13,7 +13,7 @@ from relayrl.algorithms.names import REFERENCE_FREE_KINDS
 Config = Any
 """A :class:`relayrl.config.schema.Config` (not imported: the schema imports these rules)."""
 
-__all__ = ["check_env", "check_decoupled_rewards", "check_ref_sync", "check_dpo"]
+__all__ = ["check_env", "check_decoupled_rewards", "check_ref_sync", "check_dpo", "check_kto"]
 
 
 def check_env(self: Config) -> None:
@@ -22,7 +22,7 @@ def check_env(self: Config) -> None:
     e, a = self.env, self.algorithm
     if not e.enabled:
         return
-    if self.workflow in ("dpo", "rm"):
+    if self.workflow in ("dpo", "kto", "rm"):
         raise ValueError(f"env.name sets up multi-turn episodes, which workflow {self.workflow} does not generate; "
                          "set env.name=null")
     if e.own_rewards:  # the environment's rewards are the episodes': a learned or user reward would be ignored
@@ -77,7 +77,7 @@ def check_decoupled_rewards(self: Config) -> None:
 
 
 def check_ref_sync(self: Config) -> None:
-    """``trainer.ref_sync_every`` moves a reference model: there must be one (grpo with a KL to it, dpo), and
+    """``trainer.ref_sync_every`` moves a reference model: there must be one (grpo with a KL to it, dpo, kto), and
     it must be a model of its own (not the base under LoRA adapters)."""
     t = self.trainer
     if not t.ref_sync_every:
@@ -87,7 +87,7 @@ def check_ref_sync(self: Config) -> None:
                              "trainer.ref_sync_alpha")
         return
     key = f"trainer.ref_sync_every={t.ref_sync_every}"
-    if self.workflow not in ("grpo", "dpo"):
+    if self.workflow not in ("grpo", "dpo", "kto"):
         raise ValueError(f"{key} moves the reference model, which workflow {self.workflow} has none of: drop it")
     if self.workflow == "dpo" and self.dpo.kind in REFERENCE_FREE_KINDS:
         raise ValueError(f"{key} moves the reference model, and dpo.kind={self.dpo.kind} is reference-free: it "
@@ -111,3 +111,22 @@ def check_dpo(self: Config) -> None:
     if d.kind == "orpo" and d.nll_weight:
         raise ValueError(f"dpo.nll_weight={d.nll_weight}: dpo.kind=orpo's loss holds the chosen answers' NLL already "
                          f"(weight 1; dpo.beta weighs its odds-ratio term): set dpo.nll_weight=0")
+
+
+def check_kto(self: Config) -> None:
+    """``kto.*`` keys belong to workflow kto, which needs labelled examples and a batch to estimate its KL on."""
+    if self.workflow != "kto":
+        if self.kto.model_fields_set:
+            key = sorted(self.kto.model_fields_set)[0]
+            raise ValueError(f"kto.{key} is read by workflow kto only (this run is workflow {self.workflow}): drop "
+                             f"it or set workflow=kto")
+        return
+    if self.data.task not in (None, "arith"):
+        raise ValueError(f"workflow=kto needs completions labelled desirable or undesirable: the built-in arith "
+                         f"task has them (the true sum desirable, the careless one undesirable); "
+                         f"data.task={self.data.task!r} has none, give data.path with data.answer_key (the "
+                         f"completion) and data.label_key (true or false) columns")
+    if self.trainer.batch_size < 2:
+        raise ValueError(f"trainer.batch_size={self.trainer.batch_size}: workflow kto estimates its KL term on the "
+                         f"batch's mismatched (prompt, completion) pairs, which one example does not have: set "
+                         f"trainer.batch_size >= 2")

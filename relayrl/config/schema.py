@@ -19,8 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from relayrl.algorithms.estimators import ESTIMATORS
 from relayrl.config.paths import DirPath, LocalPath
 from relayrl.config.algorithm import AlgorithmConfig, CorrectionConfig, DistillConfig
+from relayrl.config.kto import KTOConfig
 from relayrl.config.plan import rollout_pool
-from relayrl.config.rules import check_decoupled_rewards, check_dpo, check_env, check_ref_sync
+from relayrl.config.rules import check_decoupled_rewards, check_dpo, check_env, check_kto, check_ref_sync
 from relayrl.cluster.config import ClusterConfig
 from relayrl.data.config import DataConfig
 from relayrl.dock.config import DockConfig
@@ -34,7 +35,7 @@ from relayrl.telemetry.config import TelemetryConfig
 
 __all__ = [
     "RunConfig", "ModelConfig", "DataConfig", "RolloutConfig", "AlgorithmConfig", "CorrectionConfig", "DistillConfig", "TrainerConfig",
-    "CriticConfig", "DPOConfig", "RMConfig", "EvalConfig", "PlacementConfig", "Config",
+    "CriticConfig", "DPOConfig", "KTOConfig", "RMConfig", "EvalConfig", "PlacementConfig", "Config",
 ]
 
 
@@ -392,9 +393,10 @@ class EvalConfig(_Section):
 class Config(_Section):
     """A whole run. ``workflow`` picks the driver program."""
 
-    workflow: Literal["sft", "grpo", "dpo", "rm"] = Field(
+    workflow: Literal["sft", "grpo", "dpo", "kto", "rm"] = Field(
         "grpo", description="the driver program: grpo (every RL estimator: GRPO, DAPO, PPO with a critic, RLOO, "
-        "REINFORCE++, ReMax), sft, dpo, or rm (training a reward model on preference pairs)")
+        "REINFORCE++, ReMax), sft, dpo, kto (unpaired labelled completions), or rm (training a reward model on "
+        "preference pairs)")
     run: RunConfig = RunConfig()
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
@@ -404,6 +406,7 @@ class Config(_Section):
     engine: TrainEngineConfig = TrainEngineConfig()
     critic: CriticConfig = CriticConfig()
     dpo: DPOConfig = DPOConfig()
+    kto: KTOConfig = KTOConfig()
     rm: RMConfig = RMConfig()
     eval: EvalConfig = EvalConfig()
     reward: RewardConfig = RewardConfig()
@@ -489,6 +492,7 @@ class Config(_Section):
             raise ValueError("model.lora.enabled: workflow rm trains the whole reward model (its scalar head and "
                              "the network under it); set model.lora.enabled=false")
         check_ref_sync(self)
+        check_kto(self)
         if self.eval.k > 1 and self.workflow == "rm":
             raise ValueError(f"eval.k={self.eval.k} samples answers to score; workflow rm evaluates a reward model "
                              f"on held-out pairs and generates nothing: set eval.k=1")

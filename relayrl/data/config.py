@@ -50,6 +50,9 @@ class DataConfig(BaseModel):
                                       "prompt with its own system message keeps it")
     rejected_key: str = Field("rejected", description="workflow dpo: field with the rejected answer (answer_key "
                               "holds the chosen one)")
+    label_key: str = Field("label", description="workflow kto: field labelling each row's completion (answer_key) "
+                           "desirable (true) or undesirable (false), TRL's unpaired format; a row without a "
+                           "boolean-like label (true/false, 1/0, 'true'/'false') is an error naming it")
     chat_template: bool | None = Field(None, description="null: apply the tokenizer's chat template to chat-message prompts")
     messages_key: str | None = Field(None, description="workflow sft on data.path: field with whole conversations "
                                      "(chat messages); only the assistant turns are trained (mask from the chat "
@@ -134,27 +137,30 @@ class DataConfig(BaseModel):
                     raise ValueError(f"data.task={self.task!r} with {key}={options}: {e}") from None
         return self
 
-    def dataset(self, *, held_out: bool = False, rejected_key: str | None = None) -> DatasetConfig | None:
+    def dataset(self, *, held_out: bool = False, rejected_key: str | None = None,
+                label_key: str | None = None) -> DatasetConfig | None:
         """The :class:`DatasetConfig` of the training rows, or of the held-out ones (None when no held-out
         source is named: data.eval_path or data.hf_eval_split). A list of held-out paths: :meth:`eval_datasets`."""
         if held_out:
-            sets = self.eval_datasets(rejected_key=rejected_key)
+            sets = self.eval_datasets(rejected_key=rejected_key, label_key=label_key)
             if len(sets) > 1:
                 raise ValueError(f"data.eval_path lists {len(sets)} held-out sets; read them with eval_datasets()")
             return sets[0] if sets else None
-        return self._dataset(self.path, self.hf_split, rejected_key)
+        return self._dataset(self.path, self.hf_split, rejected_key, label_key)
 
-    def eval_datasets(self, *, rejected_key: str | None = None) -> list[DatasetConfig]:
+    def eval_datasets(self, *, rejected_key: str | None = None, label_key: str | None = None) -> list[DatasetConfig]:
         """A :class:`DatasetConfig` per held-out set: each path of data.eval_path, or data.hf_eval_split of the
         training source; [] when none is named (rows of the training split are held out)."""
         if self.eval_path is not None:
-            return [self._dataset(path, self.hf_split, rejected_key) for path in self.eval_paths]
+            return [self._dataset(path, self.hf_split, rejected_key, label_key) for path in self.eval_paths]
         if self.hf_eval_split is not None:
-            return [self._dataset(self.path, self.hf_eval_split, rejected_key)]
+            return [self._dataset(self.path, self.hf_eval_split, rejected_key, label_key)]
         return []
 
-    def _dataset(self, path: str | None, split: str, rejected_key: str | None) -> DatasetConfig:
+    def _dataset(self, path: str | None, split: str, rejected_key: str | None,
+                 label_key: str | None = None) -> DatasetConfig:
         return DatasetConfig(
             path=path, hf_name=None if path is not None else self.hf_name, hf_config=self.hf_config, split=split,
-            prompt_key=self.prompt_key, answer_key=self.answer_key, rejected_key=rejected_key, format=self.format,
+            prompt_key=self.prompt_key, answer_key=self.answer_key, rejected_key=rejected_key, label_key=label_key,
+            format=self.format,
             messages_key=self.messages_key, system_prompt=self.system_prompt, answer_regex=self.answer_regex)

@@ -58,6 +58,9 @@ class DatasetConfig(BaseModel):
     answer_key: str = Field("answer", min_length=1, description="field with the ground truth (string or number)")
     rejected_key: str | None = Field(None, min_length=1, description="field with a rejected answer (preference "
                                      "pairs: the answer field is the chosen one); None: not read")
+    label_key: str | None = Field(None, min_length=1, description="field labelling the answer desirable (true) or "
+                                  "undesirable (false): unpaired preference rows (KTO), kept in meta['label']; "
+                                  "None: not read")
     format: Literal["jsonl", "parquet", "arrow"] | None = Field(None, description="None: inferred from the file suffix")
     messages_key: str | None = Field(None, min_length=1, description="multi-turn SFT: field with a whole "
                                      "conversation (chat messages); prompt_key and answer_key are then not read")
@@ -242,12 +245,34 @@ def _row_problem(row: Any, rowno: int, cfg: DatasetConfig, tokenizer, label: str
             raise DatasetError(f"{where}: the rejected answer equals the chosen one ({rejected!r}"
                                f"{'' if rejected == answer else f' against {answer!r}, apart from spaces'})")
         meta["rejected"] = rejected
-    extra = {k: v for k, v in row.items() if k not in (cfg.prompt_key, cfg.answer_key, cfg.rejected_key)}
+    if cfg.label_key is not None:
+        meta["label"] = _label(row, where, cfg.label_key)
+    extra = {k: v for k, v in row.items() if k not in (cfg.prompt_key, cfg.answer_key, cfg.rejected_key,
+                                                       cfg.label_key)}
     if extra:
         meta["extra"] = extra
     # what a user reward function gets: the row as it was, its prompt under "prompt" (messages, or the text)
     meta["fields"] = {**{k: v for k, v in row.items() if k != cfg.prompt_key}, "prompt": meta.get("messages", prompt)}
     return Problem(text, answer, meta)
+
+
+_LABELS = {"true": True, "false": False, "1": True, "0": False}
+
+
+def _label(row: dict, where: str, key: str) -> bool:
+    """A row's desirable / undesirable label: a bool, 1 / 0, or the strings 'true' / 'false' / '1' / '0'."""
+    value = _get(row, key)
+    if value is _MISSING:
+        raise DatasetError(f"{where}: {missing_field(key, row)} (the label: true for a desirable completion, "
+                           f"false for an undesirable one)")
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _LABELS:
+        return _LABELS[value.strip().lower()]
+    raise DatasetError(f"{where}: field {key!r} is {value!r}; expected a boolean label (true for a desirable "
+                       f"completion, false for an undesirable one; 1/0 and 'true'/'false' are read too)")
 
 
 def _is_messages(value: Any) -> bool:
@@ -370,7 +395,7 @@ def load_problems(cfg: DatasetConfig, tokenizer=None) -> list[Problem]:
 
 def _rows(cfg: DatasetConfig) -> tuple[Iterator[tuple[int, Any]], str]:
     """``(rows, label)``: the source's ``(row number, row)`` pairs, and its name in row errors."""
-    keys = tuple(k for k in (cfg.prompt_key, cfg.answer_key, cfg.rejected_key, cfg.messages_key) if k)
+    keys = tuple(k for k in (cfg.prompt_key, cfg.answer_key, cfg.rejected_key, cfg.label_key, cfg.messages_key) if k)
     if cfg.hf_name is not None or (cfg.path is not None and Path(cfg.path).is_dir()):
         from relayrl.data.hf import iter_rows, open_dataset
 
@@ -400,7 +425,8 @@ def _rows(cfg: DatasetConfig) -> tuple[Iterator[tuple[int, Any]], str]:
         return iter_rows(ds, label, keys if cfg.messages_key is None else (cfg.messages_key,)), label
     if fmt == "jsonl":
         return _iter_jsonl(path), path.name
-    return _iter_parquet(path, tuple(k for k in (cfg.prompt_key, cfg.answer_key, cfg.rejected_key) if k)), path.name
+    return _iter_parquet(path, tuple(k for k in (cfg.prompt_key, cfg.answer_key, cfg.rejected_key, cfg.label_key)
+                                     if k)), path.name
 
 
 def _tokenizer_name(tokenizer) -> str:

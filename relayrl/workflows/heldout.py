@@ -101,26 +101,28 @@ class EvalSession:
             eval_task = make_task(d.task, **{**d.task_options, **(d.eval_task_options or {}), "eval_size": self.cfg.eval.size})
             return task, None, eval_task.eval_set()
         rejected = d.rejected_key if self.cfg.workflow in ("dpo", "rm") else None  # preference pairs, every row checked
-        train = load_problems(d.dataset(rejected_key=rejected))
+        kto = self.cfg.workflow == "kto"  # labelled rows, every label checked; only desirable answers are scored
+        label = d.label_key if kto else None
+        train = load_problems(d.dataset(rejected_key=rejected, label_key=label))
         size = self.cfg.eval.size
-        held_out = d.eval_datasets(rejected_key=rejected if self.cfg.workflow == "rm" else None)
+        held_out = d.eval_datasets(rejected_key=rejected if self.cfg.workflow == "rm" else None, label_key=label)
         if held_out:  # each held-out set's first eval.size rows (verl's data.val_files list)
-            return None, train, [p for i, ds in enumerate(held_out) for p in self._held_out(ds, i, len(held_out))]
+            return None, train, [p for i, ds in enumerate(held_out) for p in self._held_out(ds, i, len(held_out), kto)]
         if len(train) >= 2 * size:  # hold out a seeded sample of rows; train on the rest
             held = set(random.Random(self.cfg.run.seed).sample(range(len(train)), size))
             self.log(f"relayrl: no data.eval_path; holding out {size} of {len(train)} rows of {d.path or d.hf_name} for evaluation")
-            return None, [p for i, p in enumerate(train) if i not in held], [train[i] for i in sorted(held)]
+            return None, [p for i, p in enumerate(train) if i not in held], _scored([train[i] for i in sorted(held)], kto)
         self.log(f"relayrl: no data.eval_path and only {len(train)} rows in {d.path or d.hf_name}: evaluating on the first "
                  f"{min(size, len(train))} training rows (not held out); set data.eval_path for a held-out score")
-        return None, train, train[:size]
+        return None, train, _scored(train, kto)[:size]
 
-    def _held_out(self, ds, i: int, of: int) -> list[Problem]:
-        """The first ``eval.size`` rows of held-out set ``ds``, item ``i`` of ``of`` (an error names the item of a
-        data.eval_path list)."""
+    def _held_out(self, ds, i: int, of: int, kto: bool = False) -> list[Problem]:
+        """The first ``eval.size`` scored rows of held-out set ``ds`` (kto: its desirable rows), item ``i`` of
+        ``of`` (an error names the item of a data.eval_path list)."""
         from relayrl.data.datasets import DatasetError, load_problems
 
         try:
-            return load_problems(ds)[: self.cfg.eval.size]
+            return _scored(load_problems(ds), kto)[: self.cfg.eval.size]
         except DatasetError as e:
             if of == 1:
                 raise
@@ -246,3 +248,18 @@ def evaluate_config(cfg: Config, out: Path, *, extra: dict | None = None,
         return s.evaluate(lambda p, sp: generate(rollout, p, sp, cfg.rollout.on_error), None).metrics
     finally:
         rollout.shutdown()
+
+
+def _scored(problems: list[Problem], kto: bool) -> list[Problem]:
+    """The held-out problems whose answer is a ground truth to score against: for workflow kto the rows
+    labelled desirable (an undesirable completion is no answer to reach)."""
+    if not kto:
+        return problems
+    good = [p for p in problems if p.meta.get("label", True)]
+    if not good:
+        from relayrl.data.errors import DatasetError
+
+        raise DatasetError(f"workflow kto evaluates greedy accuracy against the held-out rows labelled desirable, "
+                           f"and none of the {len(problems)} held-out rows is: give data.eval_path rows with "
+                           f"label true")
+    return good

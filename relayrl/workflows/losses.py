@@ -19,6 +19,7 @@ from relayrl.algorithms.names import REFERENCE_FREE_KINDS
 from relayrl.algorithms.orpo import orpo_loss
 from relayrl.algorithms.entropy import high_entropy_mask
 from relayrl.algorithms.kl import kl_loss
+from relayrl.algorithms.kto import kto_terms
 from relayrl.algorithms.aggregation import normalized_by
 from relayrl.algorithms.losses import POLICY_LOSSES, aggregate
 from relayrl.algorithms.mismatch import logprob_error
@@ -29,7 +30,7 @@ from relayrl.algorithms.simpo import simpo_loss
 from relayrl.algorithms.value import value_loss
 from relayrl.engines.training.base import MicroBatch
 
-__all__ = ["PolicyLoss", "ValueLoss", "SFTLoss", "DPOLoss", "BTLoss", "pair_order", "last_values"]
+__all__ = ["PolicyLoss", "ValueLoss", "SFTLoss", "DPOLoss", "KTOLoss", "BTLoss", "pair_order", "last_values"]
 
 
 @dataclass(frozen=True)
@@ -228,6 +229,50 @@ class DPOLoss:
         if self.nll_weight > 0:
             loss = loss + self.nll_weight * nll
             metrics["dpo/loss"] = metric_value(loss)
+        return loss, metrics
+
+
+_KTO_METRICS = ("kto/loss", "kto/kl", "kto/rewards_desirable", "kto/rewards_undesirable", "kto/reward_margin",
+                "kto/logps_desirable", "kto/logps_undesirable", "kto/desirable_fraction")
+
+
+@dataclass(frozen=True)
+class KTOLoss:
+    """KTO (:mod:`relayrl.algorithms.kto`) over the labelled examples of a micro-batch, one row each.
+
+    Fields per row: ``desirable`` (1 or 0), ``ref_logp`` (the row's summed reference log-prob), ``kto_kl``
+    (the batch's ``z0``, the same on every row: the workflow estimates it from the batch's mismatched rows
+    before the update, :func:`~relayrl.algorithms.kto.kl_estimate`, so it takes no gradient), and
+    ``n_desirable`` / ``n_undesirable`` (the mini-batch's counts of each kind, the same on every row). The
+    loss and every metric are this micro-batch's share of the mean over the mini-batch's examples (the
+    rewards and log-probs: over its examples of that kind), so the engine sums them.
+    """
+
+    beta: float = 0.1
+    desirable_weight: float = 1.0
+    undesirable_weight: float = 1.0
+    summed: tuple[str, ...] = _KTO_METRICS
+
+    def __call__(self, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        f = mb.fields
+        seq_logp = (mb.logprobs * mb.mask).sum(-1)
+        d = f["desirable"] > 0.5
+        z0 = f["kto_kl"][0]
+        losses, rewards = kto_terms(seq_logp, f["ref_logp"], z0, d, beta=self.beta,
+                                    desirable_weight=self.desirable_weight,
+                                    undesirable_weight=self.undesirable_weight)
+        n = max(mb.global_seqs, 1)
+        n_d, n_u = f["n_desirable"][0].clamp_min(1), f["n_undesirable"][0].clamp_min(1)
+        loss = losses.sum() / n
+        with torch.no_grad():
+            lp = seq_logp.detach()
+            r_d, r_u = (rewards * d).sum() / n_d, (rewards * ~d).sum() / n_u
+            metrics = {"kto/loss": metric_value(loss), "kto/kl": metric_value(z0 * len(d) / n),
+                       "kto/rewards_desirable": metric_value(r_d), "kto/rewards_undesirable": metric_value(r_u),
+                       "kto/reward_margin": metric_value(r_d - r_u),
+                       "kto/logps_desirable": metric_value((lp * d).sum() / n_d),
+                       "kto/logps_undesirable": metric_value((lp * ~d).sum() / n_u),
+                       "kto/desirable_fraction": metric_value(d.sum() / n)}
         return loss, metrics
 
 

@@ -28,6 +28,7 @@ WORKFLOWS: dict[str, str] = {
     "grpo": "relayrl.workflows.registry:train_grpo",
     "sft": "relayrl.workflows.sft:train_sft",
     "dpo": "relayrl.workflows.dpo:train_dpo",
+    "kto": "relayrl.workflows.kto:train_kto",
     "rm": "relayrl.workflows.rm:train_rm",
 }
 

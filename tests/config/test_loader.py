@@ -19,7 +19,7 @@ def _errors(*overrides, recipe=None) -> str:
 @pytest.mark.parametrize("name", sorted(p.name for p in RECIPES.glob("*.yaml")))
 def test_every_shipped_recipe_validates(name):
     cfg = load_config(Config, RECIPES / name, [])
-    assert cfg.workflow in ("sft", "grpo", "dpo", "rm")
+    assert cfg.workflow in ("sft", "grpo", "dpo", "kto", "rm")
 
 
 def test_base_recipe_is_merged_under_the_diff():

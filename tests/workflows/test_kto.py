@@ -1,0 +1,132 @@
+"""workflow kto: the loss over micro-batches, the unpaired examples and their labels, and short runs that train."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from relayrl.algorithms.kto import kto_loss
+from relayrl.data.datasets import DatasetConfig, load_problems
+from relayrl.data.errors import DatasetError
+from relayrl.data.tasks import Problem
+from relayrl.engines.training.base import MicroBatch
+from relayrl.workflows.kto import kl_completions, unpaired
+from relayrl.workflows.losses import KTOLoss
+
+
+def test_kto_loss_over_micro_batches_sums_to_the_batch_loss():
+    g = torch.Generator().manual_seed(0)
+    lp = torch.randn(6, 3, generator=g)
+    mask = torch.tensor([[1., 1., 1.], [1., 0., 0.], [1., 1., 0.]] * 2)
+    ref, kl, kl_ref = torch.randn(6, generator=g), torch.randn(6, generator=g), torch.randn(6, generator=g)
+    d = torch.tensor([1., 0., 1., 1., 0., 1.])
+    seq = (lp * mask).sum(-1)
+    want, want_m = kto_loss(seq, ref, kl, kl_ref, d > 0.5, beta=0.3, desirable_weight=1.5, undesirable_weight=0.7)
+    z0 = float(want_m["kto/kl"])
+    fields = {"desirable": d, "ref_logp": ref, "kto_kl": torch.full((6,), z0), "n_desirable": torch.full((6,), 4.),
+              "n_undesirable": torch.full((6,), 2.)}
+    fn = KTOLoss(beta=0.3, desirable_weight=1.5, undesirable_weight=0.7)
+    total, sums = 0.0, {}
+    for rows in ([0, 1, 2], [3, 4, 5]):
+        mb = MicroBatch(lp[rows], mask[rows], {k: v[rows] for k, v in fields.items()}, global_tokens=12,
+                        global_seqs=6)
+        loss, m = fn(mb)
+        total += float(loss)
+        for k, v in m.items():
+            sums[k] = sums.get(k, 0.0) + v
+    assert total == pytest.approx(float(want), rel=1e-6)
+    for k, v in want_m.items():
+        assert sums[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
+
+
+def test_unpaired_examples_from_pairs_and_labels_and_the_kl_rows():
+    pairs = [Problem(f"{i}+1=", str(i + 1), {"rejected": str(i + 11)}) for i in range(3)]
+    assert [(c, d) for _, c, d in unpaired(pairs)] == [("1", True), ("12", False), ("3", True)]
+    rows = [Problem("a", "x", {"label": False}), Problem("b", "y", {"label": True})]
+    assert [(c, d) for _, c, d in unpaired(rows)] == [("x", False), ("y", True)]
+    with pytest.raises(ValueError, match="neither a label nor a rejected"):
+        unpaired([Problem("a", "1")])
+    assert kl_completions(["c0", "c1", "c2"]) == ["c2", "c0", "c1"]  # prompt i with completion i - 1, as TRL
+
+
+def test_labels_are_read_and_a_row_without_a_boolean_one_is_named(tmp_path):
+    f = tmp_path / "kto.jsonl"
+    rows = [{"prompt": "1+1=", "completion": "2", "label": True}, {"prompt": "1+2=", "completion": "4", "label": "false"},
+            {"prompt": "2+2=", "completion": "4", "label": 1}]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = load_problems(DatasetConfig(path=f, answer_key="completion", label_key="label"))
+    assert [p.meta["label"] for p in got] == [True, False, True] and got[1].answer == "4"
+    f.write_text("".join(json.dumps(r) + "\n" for r in [*rows, {"prompt": "3+3=", "completion": "6", "label": "good"}]))
+    with pytest.raises(DatasetError, match=r"row 4: field 'label' is 'good'; expected a boolean label"):
+        load_problems(DatasetConfig(path=f, answer_key="completion", label_key="label"))
+    f.write_text(json.dumps({"prompt": "3+3=", "completion": "6"}) + "\n")
+    with pytest.raises(DatasetError, match="row 1: field 'label' is missing"):
+        load_problems(DatasetConfig(path=f, answer_key="completion", label_key="label"))
+
+
+def test_kto_config_rules():
+    from relayrl.config.loader import ConfigError, load_config
+    from relayrl.config.schema import Config
+
+    def errors(*over: str) -> str:
+        with pytest.raises(ConfigError) as e:
+            load_config(Config, None, list(over))
+        return str(e.value)
+
+    assert "kto.desirable_weight is read by workflow kto only" in errors("workflow=dpo", "kto.desirable_weight=2")
+    assert "kto.beta is read by workflow kto only" in errors("kto.beta=0.2")  # grpo
+    assert "data.task='sort' has none" in errors("workflow=kto", "data.task=sort")
+    assert "set trainer.batch_size >= 2" in errors("workflow=kto", "trainer.batch_size=1")
+    assert "kto.beta" in errors("workflow=kto", "kto.beta=0")
+    cfg = load_config(Config, "recipes/arith_kto.yaml", ["trainer.ref_sync_every=5"])
+    assert cfg.workflow == "kto" and cfg.kto.beta == 0.1 and cfg.kto.undesirable_weight == 1.0
+
+
+def _run(run_dir, tiny_dir, *over: str) -> list[dict]:
+    from relayrl.config.loader import load_config
+    from relayrl.config.schema import Config
+    from relayrl.workflows import kto
+
+    cfg = load_config(Config, "recipes/arith_kto.yaml", [
+        f"run.dir={run_dir / 'run'}", "trainer.steps=6", "trainer.batch_size=8", "eval.size=4", "eval.every=0",
+        "telemetry.sinks=[jsonl]", "run.save_every=0", f"trainer.init_from={tiny_dir}", "engine.optim.lr=1e-2",
+        "engine.optim.warmup_steps=0", *over])
+    kto.train_kto(cfg)
+    return [json.loads(x) for x in (run_dir / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+@pytest.mark.slow
+def test_kto_trains_on_the_arith_task(tmp_path, tiny_dir):
+    """Six steps on the tiny model over fresh arith sums (half of each batch desirable): the loss falls and
+    the desirable examples' reward rises past the undesirable ones'; a reference pass and a KL pass each step."""
+    recs = [r for r in _run(tmp_path, tiny_dir) if "kto/loss" in r]
+    assert len(recs) == 6
+    assert all("timing/ref_logprob_s" in r and "timing/kl_logprob_s" in r for r in recs)
+    assert all(r["kto/kl"] >= 0 and r["kto/desirable_fraction"] == pytest.approx(0.5) for r in recs)
+    first, last = recs[0], recs[-1]
+    assert first["kto/kl"] == pytest.approx(0.0, abs=1e-4)  # the policy is the reference before its first update
+    assert last["kto/loss"] < first["kto/loss"] and last["kto/reward_margin"] > first["kto/reward_margin"], (
+        [(r["kto/loss"], r["kto/reward_margin"], r["kto/kl"]) for r in recs])
+
+
+@pytest.mark.slow
+def test_kto_trains_on_a_labelled_dataset(tmp_path, tiny_dir):
+    """TRL's unpaired format (prompt, completion, label); evaluation scores the desirable rows only."""
+    data = tmp_path / "kto.jsonl"
+    sums = [(17, 25), (38, 46), (59, 13), (24, 68), (45, 27), (66, 19), (29, 34), (57, 36), (18, 18), (49, 49)]
+    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "completion": str(a + b - 10 * (i % 2)),
+                                        "label": i % 2 == 0}) + "\n" for i, (a, b) in enumerate(sums)))
+    recs = _run(tmp_path, tiny_dir, "data.task=null", f"data.path={data}", "data.answer_key=completion",
+                "reward.verifier=exact", "trainer.batch_size=4", "eval.every=3")
+    steps = [r for r in recs if "kto/loss" in r]
+    assert len(steps) == 6 and steps[-1]["kto/loss"] < steps[0]["kto/loss"]
+    assert any("eval/accuracy" in r for r in recs)
+
+
+@pytest.mark.slow
+def test_kto_moves_its_reference_with_ref_sync(tmp_path, tiny_dir):
+    """trainer.ref_sync_every (TR-DPO's update) applies to workflow kto's reference as to DPO's."""
+    recs = [r for r in _run(tmp_path, tiny_dir, "trainer.steps=4", "trainer.ref_sync_every=2") if "kto/loss" in r]
+    assert [r.get("reference/synced", 0) for r in recs] == [0, 1, 0, 1]
