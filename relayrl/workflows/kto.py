@@ -38,7 +38,7 @@ from relayrl.workflows.session import Session
 from relayrl.workflows.sft import answer_ids
 from relayrl.workflows.workers import PolicyWorker, ReferenceWorker
 
-__all__ = ["train_kto", "unpaired", "kl_completions"]
+__all__ = ["train_kto", "unpaired", "kl_completions", "balance_note"]
 
 KEY_METRICS = ("kto/loss", "kto/kl", "kto/rewards_desirable", "kto/rewards_undesirable", "eval/accuracy",
                "perf/step_time_s")
@@ -65,10 +65,30 @@ def kl_completions(completions: list) -> list:
     return completions[-1:] + completions[:-1]
 
 
+def balance_note(desirable: int, undesirable: int, desirable_weight: float, undesirable_weight: float) -> str | None:
+    """A sentence when the weighted desirable examples are not 1 to 4/3 times the weighted undesirable ones (KTO's
+    paper, section 4: with fewer desirable examples, raise ``desirable_weight``); None when they are, or when one
+    kind is missing (nothing to balance)."""
+    if not desirable or not undesirable or not undesirable_weight:
+        return None
+    ratio = desirable_weight * desirable / (undesirable_weight * undesirable)
+    if 1.0 <= ratio <= 4.0 / 3.0:
+        return None
+    lo, hi = undesirable_weight * undesirable / desirable, 4.0 / 3.0 * undesirable_weight * undesirable / desirable
+    return (f"kto: the training rows hold {desirable} desirable and {undesirable} undesirable examples, so "
+            f"desirable_weight x {desirable} / (undesirable_weight x {undesirable}) = {ratio:.2f}, outside the 1 to "
+            f"4/3 KTO's paper recommends: set kto.desirable_weight between {lo:.2f} and {hi:.2f}")
+
+
 def train_kto(cfg: Config) -> Path:
     """Run KTO; returns the final model directory."""
     s = Session(cfg)
     k = cfg.kto
+    if s.train_problems is not None:  # a dataset: its labels are known now (TRL warns the same way)
+        good = sum(bool(p.meta.get("label")) for p in s.train_problems)
+        note = balance_note(good, len(s.train_problems) - good, k.desirable_weight, k.undesirable_weight)
+        if note:
+            s.log(f"relayrl: warning: {note}")
     loss = KTOLoss(beta=k.beta, desirable_weight=k.desirable_weight, undesirable_weight=k.undesirable_weight)
     run = OfflineRun(s, loss, KEY_METRICS)
     ref = run.group(ReferenceWorker, "reference", engine=cfg.engine, **run.precision["frozen"])

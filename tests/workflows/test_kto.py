@@ -130,3 +130,14 @@ def test_kto_moves_its_reference_with_ref_sync(tmp_path, tiny_dir):
     """trainer.ref_sync_every (TR-DPO's update) applies to workflow kto's reference as to DPO's."""
     recs = [r for r in _run(tmp_path, tiny_dir, "trainer.steps=4", "trainer.ref_sync_every=2") if "kto/loss" in r]
     assert [r.get("reference/synced", 0) for r in recs] == [0, 1, 0, 1]
+
+
+def test_an_unbalanced_dataset_gets_the_weights_that_balance_it():
+    from relayrl.workflows.kto import balance_note
+
+    assert balance_note(50, 50, 1.0, 1.0) is None and balance_note(60, 50, 1.0, 1.0) is None  # 1.2: inside
+    note = balance_note(10, 90, 1.0, 1.0)  # 10 x 1 / (90 x 1) = 0.11
+    assert "0.11" in note and "kto.desirable_weight between 9.00 and 12.00" in note
+    assert balance_note(10, 90, 10.0, 1.0) is None  # the weight that balances them
+    assert "1.50" in balance_note(90, 60, 1.0, 1.0)  # too many desirable ones weigh too much too
+    assert balance_note(5, 0, 1.0, 1.0) is None  # one kind only: nothing to balance
