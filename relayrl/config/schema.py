@@ -26,7 +26,7 @@ from relayrl.cluster.config import ClusterConfig
 from relayrl.data.config import DataConfig
 from relayrl.dock.config import DockConfig
 from relayrl.engines.reward.config import RewardConfig
-from relayrl.engines.generation.config import VLLMSpec
+from relayrl.engines.generation.config import PLAIN_SAMPLING, VLLMSpec, narrowing
 from relayrl.engines.training.config import OptimConfig, TrainEngineConfig
 from relayrl.environments.config import EnvConfig
 from relayrl.models.lora_config import LoraConfig
@@ -190,10 +190,11 @@ class RolloutConfig(_Section):
             if not vllm_available():
                 raise ValueError(f"rollout.engine=vllm: vLLM is not installed here; install it with {INSTALL}, "
                                  f"or set rollout.engine=native")
-        if self.engine == "vllm" and (bad := self._filters()):
+        if self.engine == "vllm" and (bad := narrowing(self)):
+            fix = ", ".join(f"rollout.{k}={PLAIN_SAMPLING[k]} (got {v})" for k, v in bad.items())
             raise ValueError(f"rollout.engine=vllm records log-probs after its penalties and top-p/top-k/min-p "
                              f"filtering (vLLM's processed_logprobs), the trainer recomputes them before, so every "
-                             f"ratio would be off: set {', '.join(bad)}, or rollout.engine=native")
+                             f"ratio would be off: set {fix}, or rollout.engine=native")
         if self.engine != "vllm" and "vllm" in self.model_fields_set:
             raise ValueError("rollout.vllm is read by rollout.engine=vllm only; set rollout.engine=vllm or drop "
                              "rollout.vllm")
@@ -208,12 +209,6 @@ class RolloutConfig(_Section):
                 raise ValueError(f"rollout.{remote_only[0]} is read by rollout.engine=openai only; set "
                                  f"rollout.engine=openai or drop rollout.{remote_only[0]}")
         return self
-
-    def _filters(self) -> list[str]:
-        """The settings that narrow the sampling distribution, each as its off value and the value set (empty:
-        the plain softmax)."""
-        off = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
-        return [f"rollout.{k}={v} (got {getattr(self, k)})" for k, v in off.items() if getattr(self, k) != v]
 
     def sampling(self):
         """The rollout's :class:`~relayrl.engines.generation.base.SamplingParams` (``n`` responses a prompt)."""

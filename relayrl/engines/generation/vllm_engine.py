@@ -39,7 +39,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from relayrl.engines.generation.base import Completion, SamplingParams
-from relayrl.engines.generation.config import INSTALL, VLLMSpec, vllm_available  # torch-free (re-exported)
+from relayrl.engines.generation.config import INSTALL, VLLMSpec, narrowing, vllm_available  # torch-free (re-exported)
 from relayrl.engines.generation.native import PromptFeed, _ListFeed
 from relayrl.errors import UserError
 
@@ -187,9 +187,7 @@ class VLLMGenerationEngine:
                       on_finish: Callable[[Completion], None], between: Callable[[], bool] | None = None) -> None:
         """Rows from ``feed`` as slots free up (multi-turn episodes feed each next turn); each gets
         ``params.n`` samples and its own token budget; returns when the feed is done and nothing runs."""
-        narrow = {k: getattr(params, k) for k, off in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0),
-                                                       ("repetition_penalty", 1.0)) if getattr(params, k) != off}
-        if narrow:
+        if narrow := narrowing(params):
             raise ValueError(f"the vLLM engine samples from softmax(logits / T) only (its processed log-probs would "
                              f"include {', '.join(narrow)}, which the trainer does not recompute): got {narrow}")
         self.wake()
