@@ -23,7 +23,14 @@ pass's ``sum_v p_v^2``, both under ``softmax(logits / rollout.temperature)``), a
 plan runs that pass whenever the estimator needs them (its ``token_stats`` flag). Like verl: no
 normalisation of the advantages, no discount, ``eps = 1e-8``; positions are counted from each response's
 first token (so the longest response's tail, where it is the only one left, gets an advantage of about 0:
-verl's default, ``handle_zero_tail=False``).
+verl's default, ``handle_zero_tail=False``). With ``zero_tail=True`` (``algorithm.advantage=otb-tir``, verl's
+``tir_optimal_token_baseline``, whose default it is) a group's single longest response gets a baseline of 0 on
+the tokens past the group's second-longest: its advantage there is its reward-to-go ``G_t``.
+
+verl's ``tir_optimal_token_baseline`` also squeezes each response to the tokens its loss mask keeps before
+counting positions (multi-turn, tool-integrated rollouts, where the environment's tokens sit between the
+model's); relayrl does that for every estimator on episodes (:mod:`relayrl.workflows.estimate`), so here the
+two differ only in ``zero_tail``.
 
 Departures from verl:
 
@@ -44,7 +51,7 @@ from relayrl.algorithms._ops import group_index
 
 Tensor = torch.Tensor
 
-__all__ = ["optimal_token_baseline", "realized_energy", "sum_sq_from_logits"]
+__all__ = ["optimal_token_baseline", "realized_energy", "sole_tail", "sum_sq_from_logits"]
 
 EPS = 1e-8
 """Added to the group's summed energy (verl's ``epsilon``)."""
@@ -66,7 +73,7 @@ def realized_energy(logprobs: Tensor, sum_sq: Tensor, mask: Tensor) -> Tensor:
 
 
 def optimal_token_baseline(token_rewards: Tensor, logprobs: Tensor, sum_sq: Tensor, group_ids: Tensor,
-                           mask: Tensor, *, eps: float = EPS) -> tuple[Tensor, Tensor]:
+                           mask: Tensor, *, eps: float = EPS, zero_tail: bool = False) -> tuple[Tensor, Tensor]:
     """OTB advantages (module docstring).
 
     Args:
@@ -77,6 +84,8 @@ def optimal_token_baseline(token_rewards: Tensor, logprobs: Tensor, sum_sq: Tens
         group_ids: ``[B]`` integer prompt-group id per response.
         mask: ``[B, T]`` 1 on valid response tokens.
         eps: added to the group's summed energy at each position.
+        zero_tail: a group's single longest response (no other as long) takes a baseline of 0 at the positions
+            from the group's second-longest length on (its advantage there is ``G_t``; :func:`sole_tail`).
 
     Returns:
         ``(advantages [B, T], returns [B, T])``: ``A_t = (G_t - B*_t) mask_t`` and the rewards-to-go ``G_t``;
@@ -96,6 +105,24 @@ def optimal_token_baseline(token_rewards: Tensor, logprobs: Tensor, sum_sq: Tens
         num = r.new_zeros(num_groups, r.shape[1]).index_add_(0, index, returns * energy)  # [G, T]
         den = r.new_zeros(num_groups, r.shape[1]).index_add_(0, index, energy)
         adv = (returns - (num / (den + eps))[index]) * m
+        if zero_tail:
+            adv = torch.where(sole_tail(mask, index, num_groups), returns, adv)
         alone = torch.bincount(index, minlength=num_groups)[index] < 2
         adv = torch.where(alone[:, None], torch.zeros_like(adv), adv)
     return adv, returns
+
+
+def sole_tail(mask: Tensor, index: Tensor, num_groups: int) -> Tensor:
+    """``[B, T]`` bool: the positions of a group's single longest response (``mask``'s row sums; no other row of
+    the group as long) from the group's second-longest length on; False elsewhere and in a group of one
+    (``index``: dense group index per row, ``num_groups`` groups). Rows are left-aligned (position ``t`` is the
+    row's token ``t``)."""
+    lengths = mask.to(torch.int64).sum(1)
+    longest = lengths.new_zeros(num_groups).scatter_reduce(0, index, lengths, "amax", include_self=False)
+    at_max = lengths == longest[index]
+    count = torch.bincount(index[at_max], minlength=num_groups)
+    runner_up = torch.where(at_max, torch.full_like(lengths, -1), lengths)
+    second = lengths.new_full((num_groups,), -1).scatter_reduce(0, index, runner_up, "amax", include_self=True)
+    sole = at_max & (count[index] == 1) & (second[index] >= 0)
+    cols = torch.arange(mask.shape[1], device=mask.device)
+    return sole[:, None] & (cols[None, :] >= second[index][:, None]) & mask.bool()

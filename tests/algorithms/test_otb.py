@@ -98,7 +98,33 @@ def test_the_estimator_record_and_compute():
     assert adv[0, 0].item() == pytest.approx(1 - 26 / 71, abs=1e-6)
     with pytest.raises(ValueError, match="needs the policy's per-token statistics"):
         compute("otb", rewards=REWARDS, group_ids=GROUPS, mask=MASK)
-    assert not any(e.token_stats for n, e in ESTIMATORS.items() if n != "otb")
+    assert not any(e.token_stats for n, e in ESTIMATORS.items() if not n.startswith("otb"))
+
+
+def test_zero_tail_gives_the_sole_longest_response_its_return_past_the_others():
+    """otb-tir (verl's tir_optimal_token_baseline, handle_zero_tail=True): in group 7 (lengths 3, 2, 1) response
+    0 alone reaches position 2, past the second-longest (2): there its baseline is 0 and its advantage its return
+    (1) instead of about 0; every other position as plain OTB. A tie for the longest leaves the tail alone."""
+    plain, _ = optimal_token_baseline(_outcome(REWARDS, MASK), PI.log(), S, GROUPS, MASK)
+    tail, _ = optimal_token_baseline(_outcome(REWARDS, MASK), PI.log(), S, GROUPS, MASK, zero_tail=True)
+    assert plain[0, 2].item() == pytest.approx(0.0, abs=1e-6) and tail[0, 2].item() == pytest.approx(1.0)
+    changed = (plain - tail).abs() > 1e-9
+    assert changed.sum().item() == 1 and bool(changed[0, 2])
+    assert torch.equal(compute("otb-tir", rewards=REWARDS, group_ids=GROUPS, mask=MASK, logprobs=PI.log(),
+                               sum_sq=S), tail)
+    # the positions themselves: from the second-longest length on, only where the row is valid
+    from relayrl.algorithms.otb import sole_tail
+
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 0], [1, 0, 0, 0, 0]])
+    index = torch.tensor([0, 0, 1, 1, 2])
+    want = torch.zeros(5, 5, dtype=torch.bool)
+    want[0, 2:] = True  # group 0: lengths 5 and 2; group 1: a tie at 4; group 2: one response
+    assert torch.equal(sole_tail(mask, index, 3), want)
+    tied = MASK.clone()
+    tied[1, 2] = 1  # responses 0 and 1 both of length 3
+    a, _ = optimal_token_baseline(_outcome(REWARDS, tied), PI.log(), S, GROUPS, tied)
+    b, _ = optimal_token_baseline(_outcome(REWARDS, tied), PI.log(), S, GROUPS, tied, zero_tail=True)
+    torch.testing.assert_close(a, b)
 
 
 def _cfg(*over):

@@ -19,7 +19,7 @@ from relayrl.algorithms.estimators.gae import GAE
 from relayrl.algorithms.estimators.gpg import GPG
 from relayrl.algorithms.estimators.grpo import DRGRPO, GRPO, GRPO_BATCH_STD
 from relayrl.algorithms.estimators.opo import GRPO_PASSK, OPO
-from relayrl.algorithms.estimators.otb import OTB
+from relayrl.algorithms.estimators.otb import OTB, OTB_TIR
 from relayrl.algorithms.estimators.reinforce import REINFORCE_PP, REINFORCE_PP_BASELINE
 from relayrl.algorithms.estimators.remax import REMAX
 from relayrl.algorithms.estimators.rloo import RLOO
@@ -42,6 +42,7 @@ ESTIMATORS: dict[str, Estimator] = {e.name: e for e in (
     GRPO_PASSK,
     GPG,
     OTB,
+    OTB_TIR,
 )}
 
 
