@@ -42,3 +42,10 @@ def hangs_on_some_groups(prompts, responses, answers):
     if any(sum(map(ord, p)) % 3 == 0 and prompts.count(p) > 1 for p in prompts):
         time.sleep(2)
     return by_length(prompts, responses, answers)
+
+
+def logs_length(prompts, completions, log_extra, **kwargs):
+    """by_length in TRL's shape, logging each completion's length and text (``log_extra``) for the samples."""
+    log_extra("chars", [len(c) for c in completions])
+    log_extra("echo", list(completions))
+    return by_length(prompts, completions, None)

@@ -39,3 +39,26 @@ def test_a_run_writes_each_samples_logged_columns_with_its_own_response(tmp_path
         assert r["extra_reward"] == "own field" and r["reward"] == r["score"]
         assert r["score"] in (1.0, (len(r["response"]) % 3) / 2)
     assert not dynamic or sum(r.get("dapo/dropped_groups", 0) for r in recs) > 0
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+def test_the_periodic_step_scoring_each_response_keeps_its_logged_columns(tmp_path):
+    """reward.stream=sample (the rollout's own pool, trainer.mode=periodic): each response is scored alone as it
+    ends, in calls of one row; the columns it logged still land in its own sample's row."""
+    from relayrl.config.loader import load_config
+    from relayrl.config.schema import Config
+    from relayrl.workflows.pipeline import GRPOPipeline
+
+    cfg = load_config(Config, "recipes/arith_grpo.yaml", [
+        f"run.dir={tmp_path}", "trainer.steps=2", "eval.size=8", "eval.every=0", "data.prompts_per_step=2",
+        "rollout.n=4", "rollout.max_new_tokens=6", "telemetry.sinks=[jsonl]", "telemetry.samples_per_step=6",
+        "reward.verifier=user", "reward.user_fn=dataflow_rewards:logs_length", "run.save_every=0",
+        "placement.pools.gen=1", "placement.rollout=gen", "trainer.mode=periodic", "reward.stream=sample"])
+    GRPOPipeline(cfg).run()
+    rows = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1] * 6 + [2] * 6
+    assert len({r["response"] for r in rows}) > 1
+    for r in rows:
+        assert r["chars"] == len(r["response"]) and r["echo"] == r["response"]
+        assert r["score"] == (len(r["response"]) % 3) / 2
