@@ -38,8 +38,12 @@ Departures from verl:
   its return ``G_t``);
 * ``w_j`` is clamped at 0: it is a squared norm, and rounding of ``pi_j`` and ``S_j`` (bf16 passes) can make
   it slightly negative;
-* verl scales ``w_j`` by the squared rollout importance weights when its rollout correction is on; here the
-  correction (``algorithm.correction``) acts in the loss only, and ``W`` is unweighted.
+
+With a rollout correction (``algorithm.correction``; verl's ``rollout_is``), each ``w_j`` is scaled by the
+square of the correction's factor for token ``j`` (``rho_j``: the truncated importance weight
+``pi_old / mu``, 0 where it masks the token): the baseline that minimises the variance of the *corrected*
+gradient ``rho_t A_t grad log pi`` (verl's ``B*_t = sum G_t rho^2 W_t / sum rho^2 W_t``, with the weight
+folded into the running sum as verl does).
 """
 
 from __future__ import annotations
@@ -64,16 +68,19 @@ def sum_sq_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
     return torch.exp(torch.logsumexp(2.0 * x, dim=-1) - 2.0 * torch.logsumexp(x, dim=-1))
 
 
-def realized_energy(logprobs: Tensor, sum_sq: Tensor, mask: Tensor) -> Tensor:
-    """``W_t = sum_{j <= t, valid} (1 - 2 exp(logprobs_j) + sum_sq_j)``, ``[B, T]`` (each term clamped at 0;
-    masked positions add nothing and get 0)."""
+def realized_energy(logprobs: Tensor, sum_sq: Tensor, mask: Tensor, is_weights: Tensor | None = None) -> Tensor:
+    """``W_t = sum_{j <= t, valid} rho_j^2 (1 - 2 exp(logprobs_j) + sum_sq_j)``, ``[B, T]`` (each term clamped at
+    0; masked positions add nothing and get 0; ``rho = is_weights``, 1 when None)."""
     m = as_float_mask(mask, logprobs.float())
     w = (1.0 - 2.0 * logprobs.detach().float().exp() + sum_sq.detach().float()).clamp(min=0.0)
+    if is_weights is not None:
+        w = w * is_weights.detach().float().square()
     return (w * m).cumsum(dim=1) * m
 
 
 def optimal_token_baseline(token_rewards: Tensor, logprobs: Tensor, sum_sq: Tensor, group_ids: Tensor,
-                           mask: Tensor, *, eps: float = EPS, zero_tail: bool = False) -> tuple[Tensor, Tensor]:
+                           mask: Tensor, *, eps: float = EPS, zero_tail: bool = False,
+                           is_weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """OTB advantages (module docstring).
 
     Args:
@@ -86,13 +93,16 @@ def optimal_token_baseline(token_rewards: Tensor, logprobs: Tensor, sum_sq: Tens
         eps: added to the group's summed energy at each position.
         zero_tail: a group's single longest response (no other as long) takes a baseline of 0 at the positions
             from the group's second-longest length on (its advantage there is ``G_t``; :func:`sole_tail`).
+        is_weights: ``[B, T]`` the rollout correction's per-token factor ``rho``: each token's energy is scaled
+            by ``rho^2`` (module docstring); None: unweighted.
 
     Returns:
         ``(advantages [B, T], returns [B, T])``: ``A_t = (G_t - B*_t) mask_t`` and the rewards-to-go ``G_t``;
         both 0 at masked positions, advantages 0 for a group of one.
     """
     check_ndim("token_rewards", token_rewards, 2)
-    check_batch(token_rewards=token_rewards, logprobs=logprobs, sum_sq=sum_sq, mask=mask)
+    check_batch(token_rewards=token_rewards, logprobs=logprobs, sum_sq=sum_sq, mask=mask,
+                **({} if is_weights is None else {"is_weights": is_weights}))
     check_rows("group_ids", group_ids, "mask", mask)
     if group_ids.is_floating_point():
         raise ValueError(f"group_ids must be an integer tensor, got dtype {group_ids.dtype}")
@@ -100,7 +110,7 @@ def optimal_token_baseline(token_rewards: Tensor, logprobs: Tensor, sum_sq: Tens
         r = token_rewards.detach().to(torch.promote_types(token_rewards.dtype, torch.float32))
         m = as_float_mask(mask, r)
         returns = (r * m).flip(1).cumsum(1).flip(1) * m  # G_t: the rewards from t on
-        energy = realized_energy(logprobs, sum_sq, mask).to(r.dtype)
+        energy = realized_energy(logprobs, sum_sq, mask, is_weights).to(r.dtype)
         index, num_groups = group_index(group_ids.to(mask.device))
         num = r.new_zeros(num_groups, r.shape[1]).index_add_(0, index, returns * energy)  # [G, T]
         den = r.new_zeros(num_groups, r.shape[1]).index_add_(0, index, energy)

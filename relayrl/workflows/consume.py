@@ -95,10 +95,11 @@ class Consume:
             + (["gen_logprobs", "ref_logprobs"] if a.kl_in_reward and p.reference is not None else []) \
             + (["values"] if est.values else []) + (["baseline"] if est.baseline else []) \
             + (["old_logprobs", "sum_pi_squared"] if est.token_stats else []) \
+            + (["gen_logprobs"] if est.token_stats and a.correction.enabled else []) \
             + (["gen_logprobs", "teacher_logprobs"] if p.teacher is not None else []) \
             + (["loss_mask"] if p.episodes is not None else []) \
             + (["fn_scores"] if p.cfg.reward.decoupled else [])  # (GDPO: each reward function's scores)
-        cols = list(dict.fromkeys(cols))  # (gen_logprobs for both the KL in the reward and the teacher)
+        cols = list(dict.fromkeys(cols))  # (gen_logprobs for the KL in the reward, the teacher, OTB's weights)
         for b in f.leases("advantages", cols, batch_rows=self._rows("advantages")):
             with p.session.span("advantage", "driver", f.step):
                 receipt, kl = p.score(ScoreWorker.advantages_into, p.dock.reader(f.part, b.indexes, cols),

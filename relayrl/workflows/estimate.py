@@ -32,7 +32,7 @@ from relayrl.algorithms.estimators import EstimatorInputs, estimator
 from relayrl.algorithms.gdpo import decoupled_rewards
 from relayrl.algorithms.kl import kl_penalty_rewards
 
-__all__ = ["advantage_rows"]
+__all__ = ["advantage_rows", "is_weights"]
 
 
 def advantage_rows(a, rewards: torch.Tensor, lengths: Sequence[int], groups: torch.Tensor, *,
@@ -58,7 +58,8 @@ def advantage_rows(a, rewards: torch.Tensor, lengths: Sequence[int], groups: tor
     estimator's outcome reward is each function's group-normalised score, weighted and summed
     (:func:`~relayrl.algorithms.gdpo.decoupled_rewards`), in place of ``rewards``.
     ``old_logprobs`` and ``sum_sq`` (estimators with ``token_stats``, OTB): the trainer's pre-update log-probs of
-    the sampled tokens and ``sum_v p_v^2`` per token.
+    the sampled tokens and ``sum_v p_v^2`` per token; with ``a.correction`` on and ``gen_logprobs`` given, the
+    estimator also gets the correction's per-token factor (:func:`is_weights`).
     """
     if fn_scores is not None:
         rewards = decoupled_rewards(fn_scores, fn_weights, groups)
@@ -86,8 +87,11 @@ def advantage_rows(a, rewards: torch.Tensor, lengths: Sequence[int], groups: tor
     est = estimator(a.advantage)
     padded = {k: None if v is None else pad_right(v) for k, v in (("values", values), ("logprobs", old_logprobs),
                                                                   ("sum_sq", sum_sq))}
+    rho = None
+    if est.token_stats and a.correction.enabled and gen_logprobs is not None:
+        rho = is_weights(a.correction, padded["logprobs"], pad_right(gen_logprobs), mask)
     out = est(EstimatorInputs(rewards, groups, mask, token_rewards=token_rewards, baseline=baseline, gamma=a.gamma,
-                              lam=a.lam, normalize_std=a.normalize_std, whiten=est.values, **padded))
+                              lam=a.lam, normalize_std=a.normalize_std, whiten=est.values, is_weights=rho, **padded))
 
     advantages = out.advantages
     if teacher_logprobs is not None:
@@ -104,6 +108,19 @@ def advantage_rows(a, rewards: torch.Tensor, lengths: Sequence[int], groups: tor
 
     return {"advantages": rows(advantages),
             **({"returns": rows(out.returns)} if out.returns is not None else {})}, kl_metrics
+
+
+def is_weights(correction, old_logprobs: torch.Tensor, gen_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` the factor ``algorithm.correction`` (``correction``, the config section) gives each token before
+    the advantages exist: its importance weight, truncated or masked, and its divergence mask, except that with
+    ``negative_only`` (which needs the advantages' signs) the divergence mask is left out."""
+    from dataclasses import replace
+
+    spec = correction.spec()
+    if spec.negative_only:
+        spec = replace(spec, negative_only=False, kl_threshold=None)
+    factor, _ = spec(old_logprobs, gen_logprobs, mask)
+    return factor
 
 
 def _unsqueeze(row: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:

@@ -184,3 +184,41 @@ def test_advantage_rows_feed_the_pass_columns_and_squeeze_episode_rows():
                              loss_masks=keep)
     torch.testing.assert_close(out2["advantages"][0], torch.tensor([1 - b0, 0.0, 1 - b1, 0.0]), atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(out2["advantages"][1], out["advantages"][1])
+
+
+def test_importance_weights_scale_each_tokens_energy_by_their_square():
+    """verl's rollout_is_weights: w_j -> rho_j^2 w_j before the running sum; rho = 1 is the plain formula, a
+    token masked by the correction (rho = 0) adds no energy."""
+    rho = torch.tensor([[1.0, 0.5, 2.0], [0.0, 1.0, 1.0], [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
+    W = realized_energy(PI.log(), S, MASK, rho)
+    torch.testing.assert_close(W[:3], torch.tensor([[0.5, 0.5, 3.5], [0.0, 0.3, 0.0], [0.02, 0.0, 0.0]]))
+    plain, _ = optimal_token_baseline(_outcome(REWARDS, MASK), PI.log(), S, GROUPS, MASK)
+    ones, _ = optimal_token_baseline(_outcome(REWARDS, MASK), PI.log(), S, GROUPS, MASK,
+                                     is_weights=torch.ones_like(MASK))
+    torch.testing.assert_close(plain, ones)
+    weighted, _ = optimal_token_baseline(_outcome(REWARDS, MASK), PI.log(), S, GROUPS, MASK, is_weights=rho)
+    b0 = (0.5 + 0.02) / (0.5 + 0.0 + 0.02)  # position 0: response 1's energy is gone
+    assert weighted[1, 0].item() == pytest.approx(-b0, abs=1e-6)
+
+
+def test_advantage_rows_pass_the_corrections_factor_to_otb():
+    """algorithm.correction on: the rows' gen_logprobs give the truncated ratio pi_old / mu per token, which
+    reweighs the baseline; off (or without gen_logprobs): the plain advantages."""
+    from relayrl.workflows.estimate import advantage_rows, is_weights
+
+    lengths = [3, 2, 1]
+    lp = [PI[i, :L].log() for i, L in enumerate(lengths)]
+    sq = [S[i, :L] for i, L in enumerate(lengths)]
+    gen = [lp[0] + torch.tensor([0.0, 0.0, 0.0]), lp[1] + torch.tensor([-1.0, 0.0]), lp[2]]  # mu < pi_old: ratio e
+    plain, _ = advantage_rows(_cfg().algorithm, REWARDS[:3], lengths, GROUPS[:3], old_logprobs=lp, sum_sq=sq,
+                              gen_logprobs=gen)
+    a = _cfg("algorithm.correction.level=token", "algorithm.correction.high=2.0").algorithm
+    out, _ = advantage_rows(a, REWARDS[:3], lengths, GROUPS[:3], old_logprobs=lp, sum_sq=sq, gen_logprobs=gen)
+    rho = is_weights(a.correction, *(torch.nn.utils.rnn.pad_sequence(x, batch_first=True) for x in (lp, gen)),
+                     MASK[:3])
+    torch.testing.assert_close(rho, torch.tensor([[1.0, 1.0, 1.0], [2.0, 1.0, 0.0], [1.0, 0.0, 0.0]]))
+    want, _ = optimal_token_baseline(_outcome(REWARDS[:3], MASK[:3]), PI[:3].log(), S[:3], GROUPS[:3], MASK[:3],
+                                     is_weights=rho)
+    for i, L in enumerate(lengths):
+        torch.testing.assert_close(out["advantages"][i], want[i, :L], atol=1e-6, rtol=1e-6)
+    assert not torch.allclose(out["advantages"][0], plain["advantages"][0])

@@ -40,3 +40,27 @@ def test_otb_trains_on_the_pre_update_passes_statistics(tmp_path, tiny_dir, mode
     # the baseline varies along the tokens: some row's advantages are not constant over its valid tokens
     assert any(float((a[m.bool()] - a[m.bool()][0]).abs().max()) > 1e-6 for *_, mk, ad in seen
                for a, m in zip(ad, mk) if int(m.sum()) > 1)
+
+
+@pytest.mark.slow
+def test_a_rollout_correction_weighs_the_energy_by_the_squared_factor(tmp_path, tiny_dir, monkeypatch):
+    """Off-policy (the rollout's mu is the stale policy) with algorithm.correction on: the advantages get the
+    correction's per-token factor (verl's rollout_is_weights in OTB), the truncated ratio pi_old / mu."""
+    from relayrl.algorithms import otb
+
+    seen = []
+    formula = otb.optimal_token_baseline
+
+    def spy(*args, **kw):
+        seen.append((args[4], kw.get("is_weights")))
+        return formula(*args, **kw)
+
+    monkeypatch.setattr(otb, "optimal_token_baseline", spy)
+    recs = run_grpo(tmp_path, tiny_dir, "algorithm.advantage=otb", "reward.verifier=user",
+                    "reward.user_fn=dataflow_rewards:by_length", "trainer.off_policy_steps=1",
+                    "algorithm.correction.level=token", "algorithm.correction.high=1.01")
+    assert [r["step"] for r in recs] == [1, 2]
+    assert seen and all(w is not None for _, w in seen)
+    weights = torch.cat([w[m.bool()] for m, w in seen])
+    assert bool((weights > 0).all()) and bool((weights <= 1.01 + 1e-6).all())
+    assert float(weights.min()) < 0.999  # the stale rollout policy differs from pi_old

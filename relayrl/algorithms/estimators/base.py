@@ -61,6 +61,10 @@ class EstimatorInputs:
     estimators)."""
     sum_sq: Tensor | None = None
     """``[B, T]`` ``sum_v p_v^2`` of each position's distribution under the same policy (``token_stats=True``)."""
+    is_weights: Tensor | None = None
+    """``[B, T]`` the rollout correction's per-token factor (``algorithm.correction``: the truncated or masked
+    importance weight ``pi_old / mu``), for ``token_stats=True`` estimators when the correction is on (OTB weighs
+    each token's energy by its square); None: no correction."""
 
 
 class Advantages(NamedTuple):

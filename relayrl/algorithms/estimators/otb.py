@@ -14,7 +14,7 @@ def _otb(x: EstimatorInputs, *, zero_tail: bool = False) -> Advantages:
     from relayrl.algorithms.otb import optimal_token_baseline  # torch: imported when it runs (package docstring)
 
     adv, _ = optimal_token_baseline(token_rewards(x), x.logprobs, x.sum_sq, x.group_ids, x.mask,
-                                    zero_tail=zero_tail)
+                                    zero_tail=zero_tail, is_weights=x.is_weights)
     return Advantages(adv)  # (no critic: the returns are not written)
 
 
