@@ -23,7 +23,8 @@ The factor is ``c = w' * keep`` (``w' = 1`` without a level), 0 on padding. ``kl
 of ``KL(mu || pi_old)`` from ``l_t``: k1 ``-l_t = log mu - log pi_old`` (the DeepSeek-V3.2 form; unbiased,
 may be negative), k2 ``l_t^2 / 2`` (never negative, biased) or k3 ``r - 1 - l_t`` with ``r = exp(l_t) =
 pi_old / mu`` (unbiased and never negative); k1 and k3 are unbiased because the tokens are sampled from ``mu``.
-(verl's k1 forms also reject below a lower bound; here every form drops only above ``threshold``.)
+With ``kl_low`` (k1 only) the divergence mask also drops below it, keeping ``[kl_low, threshold]``: verl's
+two-sided k1 bounds (``rollout_rs_threshold="lower_upper"``, ``kl_low = log lower``, ``threshold = log upper``).
 
 Edge cases (chosen, and tested):
 
@@ -97,6 +98,7 @@ def rollout_correction(
     kl_kind: str = "k1",
     negative_only: bool = False,
     kl_reduce: str = "mean",
+    kl_low: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The per-token correction factor of the module docstring and what it did.
 
@@ -117,6 +119,7 @@ def rollout_correction(
         kl_reduce: ``"mean"``, ``"sum"`` or ``"max"`` of the per-token estimates over a sequence's valid
             tokens (the whole sequence is dropped above ``kl_threshold``), or ``"token"`` (each token is
             dropped on its own estimate).
+        kl_low: with ``kl_kind="k1"`` and ``kl_threshold``, also drop where the reduced estimate is below it.
 
     Returns:
         ``(factor [B, T] detached, metrics)``, metrics (this call's tokens; fractions of valid tokens or of
@@ -147,6 +150,9 @@ def rollout_correction(
         raise ValueError("negative_only needs the advantages")
     if kl_threshold is not None and not kl_threshold >= 0:
         raise ValueError(f"kl_threshold must be >= 0, got {kl_threshold}")
+    if kl_low is not None and (kl_threshold is None or kl_kind != "k1" or not kl_low < kl_threshold):
+        raise ValueError(f"kl_low={kl_low} needs kl_kind='k1' and a kl_threshold above it (got kl_kind={kl_kind!r}, "
+                         f"kl_threshold={kl_threshold})")
     with torch.no_grad():
         lr, m = log_ratios(old_logprobs, rollout_logprobs, mask)
         if advantages is not None:
@@ -192,7 +198,8 @@ def rollout_correction(
             stat, kl_max = seq_kl.unsqueeze(1), masked_max(seq_kl, has_tok)
         dropped = torch.zeros_like(valid)
         if kl_threshold is not None:
-            dropped = (stat > kl_threshold) & valid
+            over = stat > kl_threshold if kl_low is None else (stat > kl_threshold) | (stat < kl_low)
+            dropped = over & valid
             if negative_only:
                 dropped = dropped & (advantages.detach() < 0)
 
@@ -229,10 +236,11 @@ class Correction:
     kl_kind: str = "k1"
     negative_only: bool = False
     kl_reduce: str = "mean"
+    kl_low: float | None = None
 
     def __call__(self, old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor,
                  advantages: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
         return rollout_correction(old_logprobs, rollout_logprobs, mask, advantages, level=self.level,
                                   mode=self.mode, high=self.high, low=self.low, kl_threshold=self.kl_threshold,
                                   kl_kind=self.kl_kind, negative_only=self.negative_only,
-                                  kl_reduce=self.kl_reduce)
+                                  kl_reduce=self.kl_reduce, kl_low=self.kl_low)

@@ -52,6 +52,11 @@ class CorrectionConfig(_Section):
         "mean", description="how kl_threshold reduces the per-token estimates: mean, sum or max over a "
         "sequence's response tokens (the whole sequence is dropped over the threshold), or token (each token "
         "over it is dropped alone); verl's rollout_rs=seq_mean_k*, seq_sum_k*, seq_max_k*, token_k*")
+    kl_low: float | None = Field(
+        None, description="kl_kind=k1: also drop a sequence (kl_reduce=token: a token) whose reduced estimate is "
+        "below this (k1 can be negative: log mu < log pi_old); with kl_threshold it keeps [kl_low, kl_threshold], "
+        "verl's two-sided k1 bounds (rollout_rs_threshold lower_upper: kl_low = log(lower), kl_threshold = "
+        "log(upper)); null: no lower bound")
     negative_only: bool = Field(False, description="kl_threshold drops only the tokens with a negative advantage "
                                 "(DeepSeek-V3.2: a sample the policy drifted from is not pushed down)")
 
@@ -75,6 +80,16 @@ class CorrectionConfig(_Section):
         if self.kl_kind != "k1" and self.kl_threshold is None and "kl_kind" in self.model_fields_set:
             raise ValueError("algorithm.correction.kl_kind is the estimate kl_threshold compares, which is off: set "
                              "algorithm.correction.kl_threshold or drop kl_kind")
+        if self.kl_low is not None:
+            if self.kl_threshold is None:
+                raise ValueError(f"algorithm.correction.kl_low={self.kl_low} is the lower end of the divergence mask, "
+                                 f"which is off: set algorithm.correction.kl_threshold (the upper end) too")
+            if self.kl_kind != "k1":
+                raise ValueError(f"algorithm.correction.kl_low bounds the k1 estimate, which can be negative; "
+                                 f"kl_kind={self.kl_kind} never is: set algorithm.correction.kl_kind=k1 or drop kl_low")
+            if self.kl_low >= self.kl_threshold:
+                raise ValueError(f"algorithm.correction.kl_low={self.kl_low} is not below kl_threshold="
+                                 f"{self.kl_threshold}: every sequence would be dropped; set kl_low < kl_threshold")
         if self.kl_reduce != "mean" and self.kl_threshold is None and "kl_reduce" in self.model_fields_set:
             raise ValueError(f"algorithm.correction.kl_reduce={self.kl_reduce} reduces the estimate kl_threshold "
                              f"compares, which is off: set algorithm.correction.kl_threshold (e.g. 0.1) or drop "
@@ -91,7 +106,7 @@ class CorrectionConfig(_Section):
 
         return Correction(level=self.level, mode=self.mode, high=self.high, low=self.low,
                           kl_threshold=self.kl_threshold, kl_kind=self.kl_kind, negative_only=self.negative_only,
-                          kl_reduce=self.kl_reduce)
+                          kl_reduce=self.kl_reduce, kl_low=self.kl_low)
 
 
 class DistillConfig(_Section):

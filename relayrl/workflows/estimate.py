@@ -118,7 +118,7 @@ def is_weights(correction, old_logprobs: torch.Tensor, gen_logprobs: torch.Tenso
 
     spec = correction.spec()
     if spec.negative_only:
-        spec = replace(spec, negative_only=False, kl_threshold=None)
+        spec = replace(spec, negative_only=False, kl_threshold=None, kl_low=None)
     factor, _ = spec(old_logprobs, gen_logprobs, mask)
     return factor
 

@@ -179,3 +179,37 @@ def test_truncated_is_weights_is_the_upper_bound_case():
             ref, _ = rollout_correction(OLD, MU, MASK, level=level, mode=mode, high=1.5,
                                         low=0.0 if mode == "mask" else None)
             torch.testing.assert_close(w, ref)
+
+
+def test_two_sided_k1_bounds():
+    """verl's k1 forms keep the estimate within [log lower, log upper] (kl_low, kl_threshold). Per-token k1 =
+    -l: row 0 (0, -1, -0.2), row 1 (0.5, -0.1); sums -1.2 and 0.4; means -0.4 and 0.2."""
+    w, m = rollout_correction(OLD, MU, MASK, level=None, kl_threshold=0.3, kl_low=-0.5)  # mean: both kept
+    assert torch.equal(w, MASK.float())
+    w, _ = rollout_correction(OLD, MU, MASK, level=None, kl_threshold=0.3, kl_low=-0.3)  # mean: row 0 too low
+    torch.testing.assert_close(w, torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]]))
+    w, _ = rollout_correction(OLD, MU, MASK, level=None, kl_threshold=0.3, kl_low=-1.0, kl_reduce="sum")
+    torch.testing.assert_close(w, torch.zeros(2, 3))  # sums: row 0 below -1, row 1 above 0.3
+    # token_k1 with verl's "0.5_1.2": keep log 0.5 <= k1 <= log 1.2 -> drops (0, 1) (-1) and (1, 0) (0.5)
+    w, m = rollout_correction(OLD, MU, MASK, level=None, kl_threshold=math.log(1.2), kl_low=math.log(0.5),
+                              kl_reduce="token")
+    torch.testing.assert_close(w, torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]]))
+    assert m["correction/kl_masked_frac"] == pytest.approx(2 / 5)
+    assert Correction(level=None, kl_threshold=0.3, kl_low=-0.3)(OLD, MU, MASK)[0][0].sum() == 0
+    for bad in (dict(kl_low=-0.1), dict(kl_low=-0.1, kl_threshold=0.1, kl_kind="k3"),
+                dict(kl_low=0.2, kl_threshold=0.1)):
+        with pytest.raises(ValueError, match="kl_low"):
+            rollout_correction(OLD, MU, MASK, level=None, **bad)
+
+
+def test_the_config_checks_kl_low():
+    from pydantic import ValidationError
+
+    from relayrl.config.algorithm import CorrectionConfig
+
+    assert CorrectionConfig(kl_threshold=0.2, kl_low=-0.2).spec().kl_low == -0.2
+    for bad, msg in ((dict(kl_low=-0.1), "kl_threshold \\(the upper end\\)"),
+                     (dict(kl_low=-0.1, kl_threshold=0.1, kl_kind="k2"), "kl_kind=k1"),
+                     (dict(kl_low=0.1, kl_threshold=0.1), "not below kl_threshold")):
+        with pytest.raises(ValidationError, match=msg):
+            CorrectionConfig(**bad)
