@@ -21,7 +21,8 @@ Config = Any
 
 
 class TrainerConfig(BaseModel):
-    """How long and in what steps a run trains; the run's length is ``steps`` or ``total_epochs``."""
+    """How long and in what steps a run trains: its length is trainer.steps, or trainer.total_epochs passes over
+    the training dataset."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -37,7 +38,8 @@ class TrainerConfig(BaseModel):
                                        "examples (sft, dpo, kto, rm). Needs data.path or data.hf_name; not with "
                                        "trainer.steps. null: trainer.steps")
     mini_batches: int = Field(1, ge=1, description="optimizer steps per RL step (PPO mini-batches)")
-    epochs: int = Field(1, ge=1, description="passes over each RL batch")
+    epochs: int = Field(1, ge=1, description="passes over each RL batch (PPO epochs, verl's "
+                        "ppo_epochs; passes over the dataset are trainer.total_epochs)")
     batch_size: int = Field(64, ge=1, description="SFT: examples per optimizer step; DPO: preference pairs")
     init_from: LocalPath | None = Field(None, description="start from this model directory (e.g. an SFT run's model/)")
     offload: bool = Field(False, description="colocated memory: each role's idle state leaves the device between "
