@@ -13,7 +13,7 @@ from relayrl.algorithms.names import REFERENCE_FREE_KINDS
 Config = Any
 """A :class:`relayrl.config.schema.Config` (not imported: the schema imports these rules)."""
 
-__all__ = ["check_env", "check_decoupled_rewards", "check_ref_sync", "check_dpo", "check_kto"]
+__all__ = ["check_env", "check_decoupled_rewards", "check_ref_sync", "check_dpo", "check_kto", "check_total_epochs"]
 
 
 def check_env(self: Config) -> None:
@@ -130,3 +130,13 @@ def check_kto(self: Config) -> None:
         raise ValueError(f"trainer.batch_size={self.trainer.batch_size}: workflow kto estimates its KL term on the "
                          f"batch's mismatched (prompt, completion) pairs, which one example does not have: set "
                          f"trainer.batch_size >= 2")
+
+
+def check_total_epochs(self: Config) -> None:
+    """``trainer.total_epochs`` counts passes over a dataset; a built-in task has none (it draws problems without
+    end), so its run's length is ``trainer.steps``."""
+    epochs = self.trainer.total_epochs
+    if epochs is not None and self.data.task is not None:
+        raise ValueError(f"trainer.total_epochs={epochs:g} counts passes over a training dataset, and data.task="
+                         f"{self.data.task} draws problems without end: give a dataset (data.path or "
+                         f"data.hf_name, with data.task=null), or set the run's length with trainer.steps")

@@ -146,6 +146,11 @@ def cmd_plan(args) -> int:
     from relayrl.planner.search import candidates, format_plan, rank
 
     cfg = load_run_config(args.recipe, args.overrides)
+    if args.length_growth and cfg.trainer.total_epochs is not None:
+        raise ConfigError(f"relayrl plan --length-growth grows the lengths over the run's trainer.steps, and "
+                          f"trainer.total_epochs={cfg.trainer.total_epochs:g} makes them from the dataset's rows when "
+                          f"the run starts (its first lines say how many): give trainer.steps=N with "
+                          f"trainer.total_epochs=null, or drop --length-growth")
     try:
         prof = _hardware(args.hardware)
         w = workload_from_config(cfg, model_config=args.model_config, prompt_tokens=args.prompt_tokens,

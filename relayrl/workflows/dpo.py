@@ -57,6 +57,7 @@ def take_pairs(take, n: int) -> list[Problem]:
 def train_dpo(cfg: Config) -> Path:
     """Run DPO; returns the final model directory."""
     s = Session(cfg)
+    cfg = s.cfg  # (trainer.total_epochs resolved into trainer.steps)
     d = cfg.dpo
     loss = DPOLoss(beta=d.beta, kind=d.kind, label_smoothing=d.label_smoothing, nll_weight=d.nll_weight,
                    gamma=d.gamma)

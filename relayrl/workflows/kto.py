@@ -83,6 +83,7 @@ def balance_note(desirable: int, undesirable: int, desirable_weight: float, unde
 def train_kto(cfg: Config) -> Path:
     """Run KTO; returns the final model directory."""
     s = Session(cfg)
+    cfg = s.cfg  # (trainer.total_epochs resolved into trainer.steps)
     k = cfg.kto
     if s.train_problems is not None:  # a dataset: its labels are known now (TRL warns the same way)
         good = sum(bool(p.meta.get("label")) for p in s.train_problems)

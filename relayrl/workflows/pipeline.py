@@ -87,8 +87,11 @@ class GRPOPipeline:
 
     def __init__(self, cfg: Config, session: Session | None = None) -> None:
         cfg = placed_config(offpolicy_placement(cfg))
-        self.cfg, self.plan = cfg, (plan := step_plan(cfg))
+        plan = step_plan(cfg)
         self.s = s = session or Session(cfg)
+        # the session's trainer section: trainer.total_epochs resolved into trainer.steps over its rows
+        self.cfg = cfg = cfg.model_copy(update={"trainer": s.cfg.trainer})
+        self.plan = plan
         s.log(f"relayrl: {plan.describe()}" + "".join(f"\nrelayrl: {n}" for n in plan.notes))
         pools = Pools(cfg, s.pool)
         if "teacher" in plan.roles:  # before any model loads

@@ -78,5 +78,6 @@ class RMRun(OfflineRun):
 def train_rm(cfg: Config) -> Path:
     """Train a reward model; returns the exported model directory (a Hugging Face sequence classifier)."""
     s = Session(cfg)
+    cfg = s.cfg  # (trainer.total_epochs resolved into trainer.steps)
     run = RMRun(s)
     return run.run(lambda step: pair_batch(s, take_pairs(s.prompts.take, cfg.trainer.batch_size), cfg.rm.margin))

@@ -22,6 +22,7 @@ from relayrl.checkpoint.atomic import write_dir_atomically
 from relayrl.checkpoint.rundir import check_fingerprint, check_run_dir, claim_run_dir, hold_run_dir, saved_config
 from relayrl.workflows.restart import RESTARTS
 from relayrl.config.schema import Config
+from relayrl.config.trainer import resolve_total_epochs
 from relayrl.data.tasks import Problem
 from relayrl.errors import RunStopped
 from relayrl.workflows.heldout import EvalSession
@@ -121,6 +122,11 @@ class Session(EvalSession):
             check_run_dir(self.dir, cfg.run.resume, cfg.run.overwrite, models=model_dirs(cfg))
         super().__init__(cfg, report_dir=self.dir / "eval", log=log)
         train = self.train_problems
+        # The rows are known now (long prompts dropped, held-out rows carved out): trainer.total_epochs becomes
+        # trainer.steps before anything reads it (the workflow's LR schedule, progress, the resume plan).
+        self.cfg, line = resolve_total_epochs(self.cfg, len(train or ()))
+        if line is not None:
+            log(f"relayrl: {line}")
         self.prompts = PromptSource(cfg.run.seed, task=self.task if train is None else None, problems=train,
                                     exclude=frozenset(p.prompt for p in self.eval_problems))
         self.ckpt = CheckpointManager(self.dir / "checkpoints", keep=cfg.run.keep_checkpoints)

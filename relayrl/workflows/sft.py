@@ -58,6 +58,7 @@ def masked_batch(rows: list[tuple[list[int], tuple[list[int], list[int]]]]) -> S
 def train_sft(cfg: Config) -> Path:
     """Run SFT; returns the final model directory."""
     s = Session(cfg)
+    cfg = s.cfg  # (trainer.total_epochs resolved into trainer.steps)
 
     demo_rng = random.Random(cfg.run.seed + 17)  # the teacher's choices (e.g. toolsum's tool_rate)
 

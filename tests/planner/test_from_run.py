@@ -176,6 +176,16 @@ def test_a_stated_length_growth_plans_with_the_mean_over_the_run(tmp_path, capsy
     assert step(grown) > step(flat)
 
 
+def test_length_growth_needs_the_steps_that_total_epochs_only_knows_at_the_run(tmp_path, capsys):
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+    args = ["plan", GRPO, "trainer.steps=null", "trainer.total_epochs=2", "data.task=null", f"data.path={data}",
+            "reward.verifier=exact", "--devices", "2", "--length-growth", "0.5"]
+    assert cli.main(args) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "--length-growth" in err and "trainer.total_epochs=2" in err and "trainer.steps=N" in err, err
+
+
 def test_every_candidate_runs_as_the_placement_it_was_simulated_as():
     """The search's overrides, read by the pipeline's step plan, give back the placement that was simulated:
     a change to how the plan reads a config breaks this before it breaks a prediction."""
