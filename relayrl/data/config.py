@@ -70,6 +70,14 @@ class DataConfig(BaseModel):
                                                   "says how many), and without data.max_prompt_tokens drops only "
                                                   "the prompts the context cannot hold. A prompt is never cut "
                                                   "(verl's data.truncation): a cut question can change its answer")
+    max_rows: int | None = Field(None, ge=1, description="train on at most this many rows of data.path or "
+                                 "data.hf_name (verl's data.train_max_samples): a subset drawn with run.seed, or "
+                                 "with data.shuffle=false the first rows in the file's order; counted after "
+                                 "data.long_prompts=drop and the held-out rows (a line says how many of how many); "
+                                 "null: every row")
+    shuffle: bool = Field(True, description="walk the training rows of data.path or data.hf_name in a fresh order "
+                          "drawn with run.seed each epoch (verl's data.shuffle); false: in the file's order, every "
+                          "epoch")
     prompts_per_step: int = Field(8, ge=1, description="workflow grpo: prompts an RL step draws, each answered "
                                   "rollout.n times (SFT and DPO take trainer.batch_size)")
 
@@ -126,6 +134,10 @@ class DataConfig(BaseModel):
             raise ValueError(f"{given} measures the rows of a dataset (data.path or data.hf_name); the built-in "
                              f"task data.task={self.task!r} draws fresh prompts, whose size data.task_options sets: "
                              f"{fix}")
+        if self.task is not None and (self.max_rows is not None or not self.shuffle):
+            given = f"data.max_rows={self.max_rows}" if self.max_rows is not None else "data.shuffle=false"
+            raise ValueError(f"{given} picks and orders the rows of a dataset (data.path or data.hf_name); the "
+                             f"built-in task data.task={self.task!r} draws fresh prompts without end: drop {given}")
         if self.task is not None:  # an unknown task or option fails here, not after the model has loaded
             from relayrl.data.tasks import make_task
 

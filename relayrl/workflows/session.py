@@ -28,7 +28,7 @@ from relayrl.errors import RunStopped
 from relayrl.workflows.heldout import EvalSession
 from relayrl.telemetry import NonFiniteError, Timeline, Tracker, check_updates
 
-__all__ = ["PromptSource", "Session", "RunInterrupted", "model_dirs"]
+__all__ = ["PromptSource", "first_rows", "Session", "RunInterrupted", "model_dirs"]
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -51,21 +51,31 @@ def model_dirs(cfg: Config) -> dict[str, str | None]:
             "reward.model": cfg.reward.model, "reward.judge.path": cfg.reward.judge.path}
 
 
+def first_rows(rows: list, n: int, *, seed: int, shuffle: bool) -> tuple[list, str | None]:
+    """``data.max_rows``: ``n`` of ``rows``, in their order: a sample drawn with ``seed`` (``shuffle``) or the
+    first ``n``; and the line that says so (None, and ``rows`` itself, when there are no more than ``n``)."""
+    if len(rows) <= n:
+        return rows, None
+    keep = sorted(random.Random(seed).sample(range(len(rows)), n)) if shuffle else range(n)
+    how = "drawn with run.seed" if shuffle else "the first ones (data.shuffle=false)"
+    return [rows[i] for i in keep], f"data.max_rows={n}: training on {n:,} of {len(rows):,} rows, {how}"
+
+
 class PromptSource:
     """Training prompts in a reproducible order; :meth:`state` is the data position in checkpoints.
 
     A built-in task draws fresh problems from a seeded ``random.Random``,
     skipping the prompts in ``exclude`` (the held-out set, so that it stays
-    held out); a dataset is walked in a per-epoch permutation.
+    held out); a dataset is walked in a per-epoch permutation (``shuffle``), or in its own order.
     """
 
     def __init__(self, seed: int, *, task=None, problems: list[Problem] | None = None,
-                 exclude: frozenset[str] = frozenset()) -> None:
+                 exclude: frozenset[str] = frozenset(), shuffle: bool = True) -> None:
         if (task is None) == (problems is None):
             raise ValueError("PromptSource needs exactly one of task or problems")
         if problems is not None and not problems:
             raise ValueError("the training dataset is empty")
-        self.task, self.problems, self.seed, self.exclude = task, problems, seed, exclude
+        self.task, self.problems, self.seed, self.exclude, self.shuffle = task, problems, seed, exclude, shuffle
         self.rng = random.Random(seed)
         self.epoch, self.pos, self.consumed = 0, 0, 0
         self._order = self._permutation()
@@ -74,7 +84,8 @@ class PromptSource:
         if self.problems is None:
             return []
         order = list(range(len(self.problems)))
-        random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
         return order
 
     def take(self, n: int) -> list[Problem]:
@@ -121,6 +132,11 @@ class Session(EvalSession):
         if not restart:  # (before the model and the data load)
             check_run_dir(self.dir, cfg.run.resume, cfg.run.overwrite, models=model_dirs(cfg))
         super().__init__(cfg, report_dir=self.dir / "eval", log=log)
+        if self.train_problems is not None and cfg.data.max_rows is not None:
+            self.train_problems, line = first_rows(self.train_problems, cfg.data.max_rows, seed=cfg.run.seed,
+                                                   shuffle=cfg.data.shuffle)
+            if line is not None:
+                log(f"relayrl: {line}")
         train = self.train_problems
         # The rows are known now (long prompts dropped, held-out rows carved out): trainer.total_epochs becomes
         # trainer.steps before anything reads it (the workflow's LR schedule, progress, the resume plan).
@@ -128,7 +144,7 @@ class Session(EvalSession):
         if line is not None:
             log(f"relayrl: {line}")
         self.prompts = PromptSource(cfg.run.seed, task=self.task if train is None else None, problems=train,
-                                    exclude=frozenset(p.prompt for p in self.eval_problems))
+                                    exclude=frozenset(p.prompt for p in self.eval_problems), shuffle=cfg.data.shuffle)
         self.ckpt = CheckpointManager(self.dir / "checkpoints", keep=cfg.run.keep_checkpoints)
         # A checkpoint path is checked before run.overwrite moves anything; resume=auto looks after the move
         # (a run moved aside leaves nothing to resume). Only then is anything written.

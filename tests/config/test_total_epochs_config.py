@@ -77,3 +77,30 @@ def test_zero_negative_infinite_and_non_numbers_are_refused(value, words):
     with pytest.raises(ConfigError) as e:
         load_config(Config, None, [*DATA, f"trainer.total_epochs={value}"])
     assert "trainer.total_epochs" in str(e.value) and words in str(e.value), str(e.value)
+
+
+def test_max_rows_and_shuffle_pick_and_order_the_rows():
+    """data.max_rows (verl's train_max_samples): a seeded subset in file order, or the first rows with
+    data.shuffle=false; data.shuffle=false walks the rows in the file's order every epoch."""
+    from relayrl.workflows.session import PromptSource, first_rows
+
+    rows = list(range(10))
+    assert first_rows(rows, 20, seed=0, shuffle=True) == (rows, None)
+    kept, line = first_rows(rows, 4, seed=3, shuffle=True)
+    assert len(kept) == 4 and kept == sorted(kept) and kept != [0, 1, 2, 3]
+    assert kept == first_rows(rows, 4, seed=3, shuffle=True)[0] != first_rows(rows, 4, seed=4, shuffle=True)[0]
+    assert line == "data.max_rows=4: training on 4 of 10 rows, drawn with run.seed"
+    assert first_rows(rows, 4, seed=3, shuffle=False)[0] == [0, 1, 2, 3]
+    from relayrl.data.tasks import Problem
+
+    problems = [Problem(str(i), str(i)) for i in range(5)]
+    walked = [p.prompt for p in PromptSource(0, problems=problems, shuffle=False).take(12)]
+    assert walked == [str(i % 5) for i in range(12)]
+    shuffled = [p.prompt for p in PromptSource(0, problems=problems).take(5)]
+    assert sorted(shuffled) == [str(i) for i in range(5)] and shuffled != [str(i) for i in range(5)]
+
+
+def test_max_rows_and_shuffle_need_a_dataset():
+    for over, msg in ((["data.max_rows=10"], "data.max_rows=10 picks"), (["data.shuffle=false"], "data.shuffle=false")):
+        with pytest.raises(ConfigError, match=msg):
+            load_config(Config, "recipes/arith_grpo.yaml", over)

@@ -109,3 +109,23 @@ def test_a_total_epochs_run_stopped_midway_resumes_to_the_same_last_step(capsys,
     straight = PromptSource(sources[0].seed, problems=sources[0].problems)
     assert taken == [[p.meta["row"] for p in take(straight, 8)] for _ in range(7)]
     assert 2 <= _passes(sources[1]) < 2 + 8 / 26
+
+
+@pytest.mark.slow  # (a 2-step SFT run, ~5 s)
+def test_max_rows_caps_the_training_rows_before_the_epochs_are_counted(capsys, tmp_path, sources):
+    """data.max_rows=10 of 26 training rows with data.shuffle=false: the first 10, walked in the file's order;
+    trainer.total_epochs counts passes over those 10 (ceil(1 x 10 / 5) = 2 steps)."""
+    train = _sums(tmp_path / "train.jsonl", 30)
+    run = tmp_path / "run"
+    code = cli.main(["train", str(ROOT / "recipes" / "arith_sft.yaml"), *FAST, "data.task=null", f"data.path={train}",
+                     "data.max_rows=10", "data.shuffle=false", "trainer.total_epochs=1", "trainer.batch_size=5",
+                     f"run.dir={run}"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "data.max_rows=10: training on 10 of 26 rows, the first ones (data.shuffle=false)" in out, out
+    assert "over 10 rows at 5 a step (trainer.batch_size): 2 steps" in out, out
+    assert _steps(run, "sft/loss") == [1, 2]
+    (src,) = sources
+    rows = [p.meta["row"] for p in src.problems]
+    assert len(rows) == 10 and rows == sorted(rows) and not src.shuffle
+    assert src.consumed == 10 and src.pos == 10  # one pass, in order
