@@ -1,7 +1,7 @@
 """The names the config accepts for the loss options (``algorithm.loss_agg``, ``algorithm.policy_loss``,
-``dpo.kind``, ``kto.loss``), kept apart from the tensor functions they name: the config checks read them while a recipe is
-validated, before torch is imported. :mod:`~relayrl.algorithms.aggregation`, :mod:`~relayrl.algorithms.losses`
-and the preference losses' modules implement them."""
+``dpo.kind``, ``kto.loss``), kept apart from the tensor functions they name: the config checks read them while a
+recipe is validated, before torch is imported. :mod:`~relayrl.algorithms.aggregation`,
+:mod:`~relayrl.algorithms.losses` and the preference losses' modules implement them."""
 
 from __future__ import annotations
 

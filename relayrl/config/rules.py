@@ -132,3 +132,8 @@ def check_kto(self: Config) -> None:
         raise ValueError(f"trainer.batch_size={self.trainer.batch_size}: kto.loss=kto estimates its KL term z0 on the "
                          f"batch's mismatched (prompt, completion) pairs, which one example does not have: set "
                          f"trainer.batch_size >= 2 (or kto.loss=apo_zero_unpaired, which estimates none)")
+    if self.data.task == "arith" and self.trainer.batch_size < 2:
+        raise ValueError(f"trainer.batch_size={self.trainer.batch_size}: workflow kto splits the arith task's pairs "
+                         f"by their position in the batch (even: the true sum, desirable; odd: the careless one, "
+                         f"undesirable), so one example a step is always desirable: set trainer.batch_size >= 2, or "
+                         f"give a labelled dataset (data.path with data.label_key)")

@@ -47,7 +47,8 @@ def test_apo_zero_unpaired_over_micro_batches_reads_no_kl_estimate():
     mask = torch.tensor([[1., 1., 1.], [1., 0., 0.], [1., 1., 0.], [1., 1., 1.]])
     ref, d = torch.randn(4, generator=g), torch.tensor([1., 0., 0., 1.])
     want, want_m = apo_zero_unpaired_loss((lp * mask).sum(-1), ref, d > 0.5, beta=0.4, desirable_weight=1.2)
-    fields = {"desirable": d, "ref_logp": ref, "n_desirable": torch.full((4,), 2.), "n_undesirable": torch.full((4,), 2.)}
+    fields = {"desirable": d, "ref_logp": ref, "n_desirable": torch.full((4,), 2.),
+              "n_undesirable": torch.full((4,), 2.)}
     fn = KTOLoss(beta=0.4, desirable_weight=1.2, loss="apo_zero_unpaired")
     assert not fn.estimates_kl and KTOLoss().estimates_kl
     total, sums = 0.0, {}
@@ -90,7 +91,7 @@ def test_labels_are_read_and_a_row_without_a_boolean_one_is_named(tmp_path):
         load_problems(DatasetConfig(path=f, answer_key="completion", label_key="label"))
 
 
-def test_kto_config_rules():
+def test_kto_config_rules(tmp_path):
     from relayrl.config.loader import ConfigError, load_config
     from relayrl.config.schema import Config
 
@@ -106,7 +107,13 @@ def test_kto_config_rules():
                                                                                  "trainer.batch_size=1")
     assert "kto.loss is read by workflow kto only" in errors("workflow=dpo", "kto.loss=apo_zero_unpaired")
     assert "kto.loss" in errors("workflow=kto", "kto.loss=apo_down_unpaired")
-    one = load_config(Config, "recipes/arith_kto.yaml", ["kto.loss=apo_zero_unpaired", "trainer.batch_size=1"])
+    assert "so one example a step is always desirable" in errors(  # the arith task alternates the labels in a batch
+        "workflow=kto", "kto.loss=apo_zero_unpaired", "trainer.batch_size=1")
+    data = tmp_path / "kto.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "completion": "2", "label": True}) + "\n")
+    one = load_config(Config, "recipes/arith_kto.yaml", ["kto.loss=apo_zero_unpaired", "trainer.batch_size=1",
+                                                         "data.task=null", f"data.path={data}",
+                                                         "data.answer_key=completion", "reward.verifier=exact"])
     assert one.kto.loss == "apo_zero_unpaired" and one.trainer.batch_size == 1  # no KL estimate: one example will do
     assert "kto.beta" in errors("workflow=kto", "kto.beta=0")
     cfg = load_config(Config, "recipes/arith_kto.yaml", ["trainer.ref_sync_every=5"])
