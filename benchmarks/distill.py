@@ -87,10 +87,11 @@ def from_student(a) -> list[str]:
 
 
 def print_curves(acc: dict[str, dict[int, float]], names: list[str]) -> None:
-    """The held-out accuracy of each run by step, one column a run."""
-    print(f"{'step':>6}" + "".join(f"{n:>11}" for n in names))
+    """The held-out accuracy of each run by step, one column a run (11 characters, or its name's length + 2)."""
+    width = {n: max(11, len(n) + 2) for n in names}
+    print(f"{'step':>6}" + "".join(f"{n:>{width[n]}}" for n in names))
     for s in sorted(set().union(*(acc[n] for n in names))):
-        print(f"{s:>6}" + "".join(f"{100 * acc[n].get(s, float('nan')):>10.1f}%" for n in names))
+        print(f"{s:>6}" + "".join(f"{100 * acc[n].get(s, float('nan')):>{width[n] - 1}.1f}%" for n in names))
 
 
 def final_accuracy(acc: dict[str, dict[int, float]], names: list[str]) -> str:

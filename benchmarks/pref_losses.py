@@ -1,14 +1,14 @@
 """The preference losses of workflow dpo side by side from the demo's SFT model: DPO with the recipe's NLL term
-(RPO), SimPO, CPO-SimPO, ORPO, APO-zero and APO-down, on the same pairs, seed and learning rate; and workflow
+(RPO), SimPO, CPO-SimPO, ORPO, CPO, APO-zero and APO-down, on the same pairs, seed and learning rate; and workflow
 kto (``recipes/arith_kto.yaml``: the same sums split into unpaired examples, half the true sums desirable, half
-the careless ones undesirable, no prompt seen with both).
+the careless ones undesirable, no prompt seen with both) with its two losses, KTO and unpaired APO-zero.
 
 The student is the demo's SFT model (``relayrl demo`` stage 2, built once into the cache by
 :mod:`demo_models`), which imitated a careless teacher who forgets to carry. Each run trains ``--steps`` steps of
 ``recipes/arith_dpo.yaml`` (32 pairs a step: the true sum chosen over the careless one) with the loss changed,
-and evaluates greedy held-out accuracy every ``--eval-every`` steps. SimPO and ORPO load no reference model and
-run no reference pass, which the s/step column shows; KTO runs a reference pass and a KL pass of the actor
-(no gradient) over the batch's mismatched rows. Run it with::
+and evaluates greedy held-out accuracy every ``--eval-every`` steps. SimPO, ORPO and CPO load no reference model
+and run no reference pass, which the s/step column shows; KTO runs a reference pass and a KL pass of the actor
+(no gradient) over the batch's mismatched rows, unpaired APO-zero the reference pass only. Run it with::
 
     .venv/bin/python benchmarks/pref_losses.py                # 100 steps each, eval every 50
     .venv/bin/python benchmarks/pref_losses.py --only dpo simpo --steps 40
@@ -32,11 +32,13 @@ VARIANTS: dict[str, list[str]] = {
     "simpo": ["dpo.kind=simpo", "dpo.beta=2.0", "dpo.gamma=1.0", "dpo.nll_weight=0"],  # the paper's range
     "cpo-simpo": ["dpo.kind=simpo", "dpo.beta=2.0", "dpo.gamma=1.0", "dpo.nll_weight=1.0"],  # TRL's cpo_alpha=1
     "orpo": ["dpo.kind=orpo", "dpo.nll_weight=0"],  # lambda = beta = 0.1 (TRL's default); its NLL is built in
+    "cpo": ["dpo.kind=cpo", "dpo.nll_weight=1.0"],  # TRL's CPOConfig(loss_type="sigmoid"): beta 0.1, cpo_alpha 1
     "apo_zero": ["dpo.kind=apo_zero", "dpo.nll_weight=0"],
     "apo_down": ["dpo.kind=apo_down", "dpo.nll_weight=0"],
     "kto": [],  # recipes/arith_kto.yaml: beta 0.1, weights 1 (TRL's defaults)
+    "kto-apo_zero_unpaired": ["kto.loss=apo_zero_unpaired"],  # the same, against no KL estimate
 }
-RECIPES: dict[str, str] = {"kto": "arith_kto"}
+RECIPES: dict[str, str] = {"kto": "arith_kto", "kto-apo_zero_unpaired": "arith_kto"}
 """The recipe of a variant that is not ``arith_dpo``'s (its overrides apply to that recipe)."""
 
 
@@ -64,7 +66,8 @@ def main(argv: list[str] | None = None) -> None:
         steps = [r for r in recs if ("kto/loss" if kto else "dpo/loss") in r]
         last = steps[-1]
         per_step = [r["perf/step_time_s"] for r in steps[1:]]  # (the first step warms up)
-        figures = (f"reward desirable - undesirable {last['kto/reward_margin']:.2f}, kl {last['kto/kl']:.2f}, "
+        kl = f", kl {last['kto/kl']:.2f}" if "kto/kl" in last else ""  # (unpaired APO-zero estimates none)
+        figures = (f"reward desirable - undesirable {last['kto/reward_margin']:.2f}{kl}, "
                    f"logps_desirable {steps[0]['kto/logps_desirable']:.2f} -> {last['kto/logps_desirable']:.2f}"
                    if kto else f"reward_accuracy {last['dpo/reward_accuracy']:.2f}, logps_chosen "
                    f"{steps[0]['dpo/logps_chosen']:.2f} -> {last['dpo/logps_chosen']:.2f}")
@@ -72,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
                       f"pass: {'yes' if 'timing/ref_logprob_s' in last else 'none'}")
     print_curves(acc, names)
     for n in names:
-        print(f"pref_losses: {n:<10} {rows[n]}")
+        print(f"pref_losses: {n:<21} {rows[n]}")
     print(f"pref_losses: held-out accuracy after {a.steps} steps: {final_accuracy(acc, names)}")
 
 

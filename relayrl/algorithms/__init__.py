@@ -26,6 +26,8 @@ per module:
 * :mod:`~relayrl.algorithms.dpo` -- DPO / IPO / hinge / APO (with a reference model)
 * :mod:`~relayrl.algorithms.simpo` -- SimPO: length-normalised, reference-free preference loss
 * :mod:`~relayrl.algorithms.orpo` -- ORPO: NLL plus an odds-ratio preference term, reference-free
+* :mod:`~relayrl.algorithms.cpo` -- CPO: DPO's sigmoid loss on summed log-probs, reference-free
+* :mod:`~relayrl.algorithms.kto` -- KTO and its unpaired APO-zero: unpaired desirable / undesirable examples
 * :mod:`~relayrl.algorithms.sft` -- masked token cross-entropy
 * :mod:`~relayrl.algorithms.mismatch` -- train/generation logprob error
 
@@ -53,6 +55,7 @@ __all__ = [
     "cispo",
     "correction",
     "covariance",
+    "cpo",
     "dapo",
     "distill",
     "dpo",

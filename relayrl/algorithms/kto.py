@@ -15,6 +15,17 @@ implicit rewards ``beta * r`` are reported as metrics, as TRL logs ``rewards/cho
 
 :func:`kto_loss` takes the whole batch; :func:`kl_estimate` and :func:`kto_terms` are its two halves, for a
 caller that computes ``z0`` once per batch and the loss per micro-batch (:class:`relayrl.workflows.losses.KTOLoss`).
+
+:func:`apo_zero_unpaired_loss` is TRL's ``loss_type="apo_zero_unpaired"``: the unpaired form of APO-zero
+(D'Oosterlinck et al. 2024, "Anchored Preference Optimization", eq. 7, whose paired form is ``dpo.kind=apo_zero``)::
+
+    desirable:   loss = desirable_weight   * (1 - sigmoid(beta * r))
+    undesirable: loss = undesirable_weight * sigmoid(beta * r)
+
+each answer anchored to the reference alone (raise the desirable ones above it, push the undesirable ones below
+it), with no KL estimate. Since ``1 - sigmoid(-x) = sigmoid(x)``, it is KTO with ``z0`` fixed at 0, and is
+computed so (:func:`kto_terms` with ``z0 = 0``): the mismatched rows are not needed, and a caller need not run
+them (TRL's trainer skips them for this loss, as workflow kto does).
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ from relayrl.algorithms._checks import check_batch, check_ndim, to_floats
 
 Tensor = torch.Tensor
 
-__all__ = ["kto_loss", "kl_estimate", "kto_terms"]
+__all__ = ["kto_loss", "apo_zero_unpaired_loss", "kl_estimate", "kto_terms"]
 
 
 def kl_estimate(kl_logps: Tensor, kl_ref_logps: Tensor) -> Tensor:
@@ -80,14 +91,44 @@ def kto_loss(logps: Tensor, ref_logps: Tensor, kl_logps: Tensor, kl_ref_logps: T
     losses, rewards = kto_terms(logps, ref_logps, z0, desirable, beta=beta, desirable_weight=desirable_weight,
                                 undesirable_weight=undesirable_weight)
     loss = losses.mean()
+    return loss, _unpaired_metrics(loss, rewards, logps, desirable, **{"kto/kl": z0})
+
+
+def apo_zero_unpaired_loss(logps: Tensor, ref_logps: Tensor, desirable: Tensor, *, beta: float = 0.1,
+                           desirable_weight: float = 1.0,
+                           undesirable_weight: float = 1.0) -> tuple[Tensor, dict[str, float]]:
+    """Unpaired APO-zero over ``N`` labelled examples: KTO against ``z0 = 0``, no mismatched rows.
+
+    Args:
+        logps: ``[N]`` summed log-probs of the completions under the policy (with grad).
+        ref_logps: ``[N]`` the same under the reference (detached here).
+        desirable: ``[N]`` bool, True for a desirable example.
+        beta: inverse temperature (> 0; TRL's default 0.1).
+        desirable_weight, undesirable_weight: the weights of each kind's losses (>= 0; TRL's defaults 1).
+
+    Returns:
+        ``(loss, metrics)``: the mean over the ``N`` examples, and the figures of :func:`kto_loss` but
+        ``kto/kl`` (there is no estimate).
+    """
+    losses, rewards = kto_terms(logps, ref_logps, 0.0, desirable, beta=beta, desirable_weight=desirable_weight,
+                                undesirable_weight=undesirable_weight)
+    loss = losses.mean()
+    return loss, _unpaired_metrics(loss, rewards, logps, desirable)
+
+
+def _unpaired_metrics(loss: Tensor, rewards: Tensor, logps: Tensor, desirable: Tensor,
+                      **extra: Tensor) -> dict[str, float]:
+    """The ``kto/*`` figures of a loss over ``N`` labelled examples (``rewards``, ``logps``, ``desirable``:
+    ``[N]``): the loss, each kind's mean reward and log-prob (0 with none), the reward margin and the desirable
+    fraction; ``extra``: more scalar figures by name, converted with them (one device sync)."""
     d = desirable.bool()
     n_d, n_u = d.sum().clamp_min(1), (~d).sum().clamp_min(1)
     with torch.no_grad():
         lp = logps.detach()
         r_d, r_u = (rewards * d).sum() / n_d, (rewards * ~d).sum() / n_u
-        return loss, to_floats({
-            "kto/loss": loss.detach(), "kto/kl": z0,
+        return to_floats({
+            "kto/loss": loss.detach(),
             "kto/rewards_desirable": r_d, "kto/rewards_undesirable": r_u, "kto/reward_margin": r_d - r_u,
             "kto/logps_desirable": (lp * d).sum() / n_d, "kto/logps_undesirable": (lp * ~d).sum() / n_u,
-            "kto/desirable_fraction": d.to(lp.dtype).mean(),
+            "kto/desirable_fraction": d.to(lp.dtype).mean(), **extra,
         })

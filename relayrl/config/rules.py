@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from relayrl.algorithms.estimators import ESTIMATORS
-from relayrl.algorithms.names import REFERENCE_FREE_KINDS
+from relayrl.algorithms.names import REFERENCE_FREE_KINDS, SMOOTHED_KINDS
 
 Config = Any
 """A :class:`relayrl.config.schema.Config` (not imported: the schema imports these rules)."""
@@ -103,8 +103,9 @@ def check_ref_sync(self: Config) -> None:
 def check_dpo(self: Config) -> None:
     """``dpo.*`` options that only some ``dpo.kind`` values read."""
     d = self.dpo
-    if d.label_smoothing and d.kind != "sigmoid":
-        raise ValueError(f"dpo.label_smoothing is defined for dpo.kind=sigmoid only (got {d.kind!r})")
+    if d.label_smoothing and d.kind not in SMOOTHED_KINDS:
+        raise ValueError(f"dpo.label_smoothing is defined for dpo.kind={' and '.join(SMOOTHED_KINDS)} only (got "
+                         f"{d.kind!r}): drop dpo.label_smoothing")
     if "gamma" in d.model_fields_set and d.kind != "simpo":
         raise ValueError(f"dpo.gamma is SimPO's target reward margin, read by dpo.kind=simpo only (got "
                          f"{d.kind!r}): drop dpo.gamma or set dpo.kind=simpo")
@@ -114,7 +115,8 @@ def check_dpo(self: Config) -> None:
 
 
 def check_kto(self: Config) -> None:
-    """``kto.*`` keys belong to workflow kto, which needs labelled examples and a batch to estimate its KL on."""
+    """``kto.*`` keys belong to workflow kto, which needs labelled examples and, with ``kto.loss=kto``, a batch to
+    estimate its KL on."""
     if self.workflow != "kto":
         if self.kto.model_fields_set:
             key = sorted(self.kto.model_fields_set)[0]
@@ -126,10 +128,15 @@ def check_kto(self: Config) -> None:
                          f"task has them (the true sum desirable, the careless one undesirable); "
                          f"data.task={self.data.task!r} has none, give data.path with data.answer_key (the "
                          f"completion) and data.label_key (true or false) columns")
-    if self.trainer.batch_size < 2:
-        raise ValueError(f"trainer.batch_size={self.trainer.batch_size}: workflow kto estimates its KL term on the "
+    if self.kto.loss == "kto" and self.trainer.batch_size < 2:
+        raise ValueError(f"trainer.batch_size={self.trainer.batch_size}: kto.loss=kto estimates its KL term z0 on the "
                          f"batch's mismatched (prompt, completion) pairs, which one example does not have: set "
-                         f"trainer.batch_size >= 2")
+                         f"trainer.batch_size >= 2 (or kto.loss=apo_zero_unpaired, which estimates none)")
+    if self.data.task == "arith" and self.trainer.batch_size < 2:
+        raise ValueError(f"trainer.batch_size={self.trainer.batch_size}: workflow kto splits the arith task's pairs "
+                         f"by their position in the batch (even: the true sum, desirable; odd: the careless one, "
+                         f"undesirable), so one example a step is always desirable: set trainer.batch_size >= 2, or "
+                         f"give a labelled dataset (data.path with data.label_key)")
 
 
 def check_total_epochs(self: Config) -> None:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from relayrl.algorithms.estimators import ESTIMATORS
 from relayrl.config.paths import DirPath, LocalPath
 from relayrl.config.algorithm import AlgorithmConfig, CorrectionConfig, DistillConfig
+from relayrl.config.dpo import DPOConfig
 from relayrl.config.kto import KTOConfig
 from relayrl.config.plan import rollout_pool
 from relayrl.config.rules import (check_decoupled_rewards, check_dpo, check_env, check_kto, check_ref_sync,
@@ -303,22 +304,6 @@ class CriticConfig(_Section):
     value_clip: float | None = Field(0.5, gt=0.0, description="clip the new values to old +- value_clip in the "
                                      "loss (PPO's value clipping); null: plain squared error")
     warmup_steps: int = Field(0, ge=0, description="first RL steps that train only the critic (the actor waits)")
-
-
-class DPOConfig(_Section):
-    """Direct preference optimisation (workflow dpo): pairs of a chosen and a rejected answer per prompt."""
-
-    beta: float = Field(0.1, gt=0.0, description="inverse temperature of the implicit reward")
-    kind: Literal["sigmoid", "ipo", "hinge", "apo_zero", "apo_down", "simpo", "orpo"] = Field(
-        "sigmoid", description="DPO, IPO, SLiC-HF hinge, APO (apo_zero, apo_down), or the reference-free SimPO and "
-        "ORPO (no reference model is loaded; length-normalised log-probs; for orpo dpo.beta is the odds-ratio "
-        "term's weight lambda)")
-    label_smoothing: float = Field(0.0, ge=0.0, lt=0.5, description="conservative DPO (sigmoid only)")
-    nll_weight: float = Field(0.0, ge=0.0, description="weight of the chosen answers' NLL added to the loss (RPO, "
-                              "Pang et al. 2024; TRL's rpo_alpha; with simpo CPO-SimPO, TRL's cpo_alpha): keeps the "
-                              "chosen answers likely; not with orpo, whose loss holds it")
-    gamma: float = Field(0.5, ge=0.0, description="dpo.kind=simpo: the target reward margin gamma of -log sigmoid("
-                         "beta a_w - beta a_l - gamma), a the average log-probs (TRL's simpo_gamma, default 0.5)")
 
 
 class RMConfig(_Section):

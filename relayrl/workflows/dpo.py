@@ -7,15 +7,15 @@ One step::
     ref_logp <- reference.logprobs(rows), summed per row                     (the frozen initial policy)
     actor.update(rows, DPO loss(beta, kind))                                 (relayrl.algorithms.dpo)
 
-The reference-free kinds (``dpo.kind`` simpo, orpo: :mod:`relayrl.algorithms.simpo`,
-:mod:`relayrl.algorithms.orpo`) build no reference model and skip its pass: the step is the actor's update
-alone. Otherwise the reference is the model the run starts from (``trainer.init_from`` or ``model.path``), or,
-with ``trainer.ref_sync_every``, that model moved toward the policy every N steps (TR-DPO;
-:mod:`relayrl.workflows.ref_sync`). Pairs come from a dataset (``data.answer_key`` chosen, ``data.rejected_key``
-rejected, every row checked before training) or from the built-in ``arith`` task, whose pairs prefer the true
-sum to the careless one that forgets to carry. The shared-prompt packing of the training engine puts a pair
-into one packed unit, so its prompt is computed once and both answers meet in the same micro-batch.
-Evaluation is greedy accuracy, as for SFT/GRPO.
+The reference-free kinds (``dpo.kind`` simpo, orpo, cpo: :mod:`relayrl.algorithms.simpo`,
+:mod:`relayrl.algorithms.orpo`, :mod:`relayrl.algorithms.cpo`) build no reference model and skip its pass: the
+step is the actor's update alone. Otherwise the reference is the model the run starts from
+(``trainer.init_from`` or ``model.path``), or, with ``trainer.ref_sync_every``, that model moved toward the
+policy every N steps (TR-DPO; :mod:`relayrl.workflows.ref_sync`). Pairs come from a dataset
+(``data.answer_key`` chosen, ``data.rejected_key`` rejected, every row checked before training) or from the
+built-in ``arith`` task, whose pairs prefer the true sum to the careless one that forgets to carry. The
+shared-prompt packing of the training engine puts a pair into one packed unit, so its prompt is computed once
+and both answers meet in the same micro-batch. Evaluation is greedy accuracy, as for SFT/GRPO.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def train_dpo(cfg: Config) -> Path:
     loss = DPOLoss(beta=d.beta, kind=d.kind, label_smoothing=d.label_smoothing, nll_weight=d.nll_weight,
                    gamma=d.gamma)
     run = OfflineRun(s, loss, KEY_METRICS)
-    ref = None  # SimPO, ORPO: no reference (the config refuses trainer.ref_sync_every for them)
+    ref = None  # SimPO, ORPO, CPO: no reference (the config refuses trainer.ref_sync_every for them)
     if not loss.reference_free:
         ref = run.group(ReferenceWorker, "reference", engine=cfg.engine, **run.precision["frozen"])
         run.ref_sync = ReferenceSync(cfg.trainer.ref_sync_every, cfg.trainer.ref_sync_alpha, run.actor, ref)

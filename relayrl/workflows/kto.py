@@ -1,5 +1,5 @@
 """KTO on unpaired completions, each labelled desirable or undesirable (Ethayarajh et al. 2024; TRL's
-KTOTrainer with ``loss_type="kto"``).
+KTOTrainer with ``loss_type="kto"`` or ``"apo_zero_unpaired"``, ``kto.loss``).
 
 One step::
 
@@ -9,6 +9,9 @@ One step::
     kl_logp  <- actor.logprobs(kl rows), summed per row                         (no gradient)
     z0       <- mean(kl_logp - ref_kl_logp), clamped at 0                        (relayrl.algorithms.kto)
     actor.update(examples, KTO loss(beta, z0, weights))
+
+With ``kto.loss=apo_zero_unpaired`` (unpaired APO-zero: KTO against ``z0 = 0``) there are no kl rows, no
+``kl_logp`` pass and no ``z0``: the reference's pass covers the examples alone.
 
 ``z0`` is estimated with the weights the update starts from, before it, as TRL's step computes it in the same
 forward pass under ``no_grad``: the KL rows never enter the gradient. Examples come from a dataset in TRL's
@@ -90,7 +93,8 @@ def train_kto(cfg: Config) -> Path:
         note = balance_note(good, len(s.train_problems) - good, k.desirable_weight, k.undesirable_weight)
         if note:
             s.log(f"relayrl: warning: {note}")
-    loss = KTOLoss(beta=k.beta, desirable_weight=k.desirable_weight, undesirable_weight=k.undesirable_weight)
+    loss = KTOLoss(beta=k.beta, desirable_weight=k.desirable_weight, undesirable_weight=k.undesirable_weight,
+                   loss=k.loss)
     run = OfflineRun(s, loss, KEY_METRICS)
     ref = run.group(ReferenceWorker, "reference", engine=cfg.engine, **run.precision["frozen"])
     run.ref_sync = ReferenceSync(cfg.trainer.ref_sync_every, cfg.trainer.ref_sync_alpha, run.actor, ref)
@@ -101,6 +105,14 @@ def train_kto(cfg: Config) -> Path:
         ex = unpaired(problems)
         prompts = [torch.tensor(s.encode(p)) for p, _, _ in ex]
         ids = [answer_ids(s, text) for _, text, _ in ex]
+        good = sum(d for _, _, d in ex)
+        batch = SequenceBatch(prompts, ids, {"desirable": [float(d) for _, _, d in ex],
+                                             "n_desirable": [float(good)] * n, "n_undesirable": [float(n - good)] * n},
+                              groups=list(range(n)))
+        if not loss.estimates_kl:  # apo_zero_unpaired: no z0, so no mismatched rows to score
+            with s.span("ref_logprob", "reference", step):
+                batch.fields["ref_logp"] = [float(lp.sum()) for lp in ref.split(ReferenceWorker.logprobs, batch)]
+            return batch
         kl_ids = kl_completions(ids)
         both = SequenceBatch([p for p in prompts for _ in range(2)], [r for pair in zip(ids, kl_ids) for r in pair],
                              groups=[i for i in range(n) for _ in range(2)])  # row i beside its KL row: one prompt
@@ -111,9 +123,7 @@ def train_kto(cfg: Config) -> Path:
                                                                 SequenceBatch(prompts, kl_ids, groups=list(range(n))))]
         z0 = float(kl_estimate(torch.tensor(kl_lp, dtype=torch.float64), torch.tensor(ref_lp[1::2],
                                                                                      dtype=torch.float64)))
-        good = sum(d for _, _, d in ex)
-        return SequenceBatch(prompts, ids, {"desirable": [float(d) for _, _, d in ex], "ref_logp": ref_lp[0::2],
-                                            "kto_kl": [z0] * n, "n_desirable": [float(good)] * n,
-                                            "n_undesirable": [float(n - good)] * n}, groups=list(range(n)))
+        batch.fields.update(ref_logp=ref_lp[0::2], kto_kl=[z0] * n)
+        return batch
 
     return run.run(step_batch)

@@ -14,8 +14,9 @@ import torch
 
 from relayrl.algorithms._checks import metric_value
 from relayrl.algorithms.correction import Correction
+from relayrl.algorithms.cpo import cpo_loss
 from relayrl.algorithms.dpo import dpo_loss
-from relayrl.algorithms.names import REFERENCE_FREE_KINDS
+from relayrl.algorithms.names import AVERAGED_KINDS, KTO_LOSSES, REFERENCE_FREE_KINDS, SMOOTHED_KINDS
 from relayrl.algorithms.orpo import orpo_loss
 from relayrl.algorithms.entropy import high_entropy_mask
 from relayrl.algorithms.kl import kl_loss
@@ -172,14 +173,14 @@ _DPO_METRICS = ("dpo/loss", "dpo/rewards_chosen", "dpo/rewards_rejected", "dpo/r
 
 @dataclass(frozen=True)
 class DPOLoss:
-    """DPO / IPO / hinge / APO, or the reference-free SimPO / ORPO, over the (chosen, rejected) pairs of a
+    """DPO / IPO / hinge / APO, or the reference-free SimPO / ORPO / CPO, over the (chosen, rejected) pairs of a
     micro-batch.
 
     Rows come in pairs: field ``pair`` (the pair's id) and ``chosen`` (1 for the
     chosen answer, 0 for the rejected one) per row, ``ref_logp`` the row's summed
     reference log-prob. The reference-free kinds (``reference_free``) read no
-    ``ref_logp`` and take each row's average per-token log-prob (its sum over its
-    ``mask`` count); the others take the sums. Both rows of a pair must be in the
+    ``ref_logp``; SimPO and ORPO take each row's average per-token log-prob (its sum
+    over its ``mask`` count), the others the sums. Both rows of a pair must be in the
     micro-batch (the engine's shared-prompt packing keeps a prompt group together).
     The loss and every metric are this micro-batch's share of the mean over all
     pairs of the mini-batch (``global_seqs / 2``), so the engine sums them.
@@ -187,8 +188,9 @@ class DPOLoss:
     ``nll_weight`` > 0 adds the chosen answers' negative log-likelihood (mean
     over pairs of the per-token mean), as in RPO (Pang et al. 2024, TRL's
     ``rpo_alpha``): plain DPO can lower the chosen answers' likelihood along
-    with the rejected ones'. With SimPO that is CPO-SimPO (TRL's ``cpo_alpha``);
-    ORPO's loss holds that NLL already, and refuses it.
+    with the rejected ones'. With SimPO that is CPO-SimPO, with CPO the CPO paper's
+    full loss at ``nll_weight=1`` (TRL's ``cpo_alpha``, default 1); ORPO's loss holds
+    that NLL already, and refuses it.
     """
 
     beta: float = 0.1
@@ -200,24 +202,27 @@ class DPOLoss:
     summed: tuple[str, ...] = _DPO_METRICS
 
     def __post_init__(self) -> None:
-        if self.reference_free and self.label_smoothing:
-            raise ValueError(f"label_smoothing is only defined for kind='sigmoid', got kind={self.kind!r}")
+        if self.label_smoothing and self.kind not in SMOOTHED_KINDS:
+            raise ValueError(f"label_smoothing is only defined for kind={' or '.join(map(repr, SMOOTHED_KINDS))}, got "
+                             f"kind={self.kind!r}")
         if self.kind == "orpo" and self.nll_weight:
             raise ValueError("kind='orpo' holds the chosen answers' NLL already (weight 1): nll_weight must be 0")
 
     @property
     def reference_free(self) -> bool:
-        """Whether the loss reads no reference log-probs (SimPO, ORPO): the workflow builds no reference."""
+        """Whether the loss reads no reference log-probs (SimPO, ORPO, CPO): the workflow builds no reference."""
         return self.kind in REFERENCE_FREE_KINDS
 
     def __call__(self, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         f = mb.fields
         seq_logp = (mb.logprobs * mb.mask).sum(-1)
         c, r = pair_order(f)
-        if self.reference_free:  # length-normalised: the mean log-prob over each answer's tokens
+        if self.kind in AVERAGED_KINDS:  # length-normalised: the mean log-prob over each answer's tokens
             avg = seq_logp / mb.mask.sum(-1).clamp_min(1)
             loss, metrics = (simpo_loss(avg[c], avg[r], beta=self.beta, gamma=self.gamma) if self.kind == "simpo"
                              else orpo_loss(avg[c], avg[r], beta=self.beta))
+        elif self.kind == "cpo":
+            loss, metrics = cpo_loss(seq_logp[c], seq_logp[r], beta=self.beta, label_smoothing=self.label_smoothing)
         else:
             loss, metrics = dpo_loss(seq_logp[c], seq_logp[r], f["ref_logp"][c], f["ref_logp"][r], beta=self.beta,
                                      kind=self.kind, label_smoothing=self.label_smoothing)
@@ -238,11 +243,13 @@ _KTO_METRICS = ("kto/loss", "kto/kl", "kto/rewards_desirable", "kto/rewards_unde
 
 @dataclass(frozen=True)
 class KTOLoss:
-    """KTO (:mod:`relayrl.algorithms.kto`) over the labelled examples of a micro-batch, one row each.
+    """KTO or its unpaired APO-zero (:mod:`relayrl.algorithms.kto`, ``loss``) over the labelled examples of a
+    micro-batch, one row each.
 
     Fields per row: ``desirable`` (1 or 0), ``ref_logp`` (the row's summed reference log-prob), ``kto_kl``
-    (the batch's ``z0``, the same on every row: the workflow estimates it from the batch's mismatched rows
-    before the update, :func:`~relayrl.algorithms.kto.kl_estimate`, so it takes no gradient), and
+    (with ``loss="kto"`` only: the batch's ``z0``, the same on every row: the workflow estimates it from the batch's
+    mismatched rows before the update, :func:`~relayrl.algorithms.kto.kl_estimate`, so it takes no gradient;
+    ``apo_zero_unpaired`` is KTO against ``z0 = 0``, reads none and reports no ``kto/kl``), and
     ``n_desirable`` / ``n_undesirable`` (the mini-batch's counts of each kind, the same on every row). The
     loss and every metric are this micro-batch's share of the mean over the mini-batch's examples (the
     rewards and log-probs: over its examples of that kind), so the engine sums them.
@@ -251,13 +258,25 @@ class KTOLoss:
     beta: float = 0.1
     desirable_weight: float = 1.0
     undesirable_weight: float = 1.0
+    loss: str = "kto"
+    """``kto`` or ``apo_zero_unpaired`` (:data:`~relayrl.algorithms.names.KTO_LOSSES`)"""
     summed: tuple[str, ...] = _KTO_METRICS
+
+    def __post_init__(self) -> None:
+        if self.loss not in KTO_LOSSES:
+            raise ValueError(f"unknown KTO loss {self.loss!r}; valid: {', '.join(KTO_LOSSES)}")
+
+    @property
+    def estimates_kl(self) -> bool:
+        """Whether the loss reads the batch's KL estimate ``z0`` (field ``kto_kl``): the workflow builds the
+        mismatched rows and runs the actor's KL pass only then."""
+        return self.loss == "kto"
 
     def __call__(self, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         f = mb.fields
         seq_logp = (mb.logprobs * mb.mask).sum(-1)
         d = f["desirable"] > 0.5
-        z0 = f["kto_kl"][0]
+        z0 = f["kto_kl"][0] if self.estimates_kl else 0.0
         losses, rewards = kto_terms(seq_logp, f["ref_logp"], z0, d, beta=self.beta,
                                     desirable_weight=self.desirable_weight,
                                     undesirable_weight=self.undesirable_weight)
@@ -267,12 +286,14 @@ class KTOLoss:
         with torch.no_grad():
             lp = seq_logp.detach()
             r_d, r_u = (rewards * d).sum() / n_d, (rewards * ~d).sum() / n_u
-            metrics = {"kto/loss": metric_value(loss), "kto/kl": metric_value(z0 * len(d) / n),
+            metrics = {"kto/loss": metric_value(loss),
                        "kto/rewards_desirable": metric_value(r_d), "kto/rewards_undesirable": metric_value(r_u),
                        "kto/reward_margin": metric_value(r_d - r_u),
                        "kto/logps_desirable": metric_value((lp * d).sum() / n_d),
                        "kto/logps_undesirable": metric_value((lp * ~d).sum() / n_u),
                        "kto/desirable_fraction": metric_value(d.sum() / n)}
+            if self.estimates_kl:
+                metrics["kto/kl"] = metric_value(z0 * len(d) / n)
         return loss, metrics
 
 

@@ -1,9 +1,12 @@
-"""KTO's loss (relayrl.algorithms.kto) against hand-computed numbers, its KL estimate and its gradient."""
+"""KTO's loss and its unpaired APO-zero (relayrl.algorithms.kto) against hand-computed numbers, the KL estimate
+and the gradients."""
+
+import math
 
 import pytest
 import torch
 
-from relayrl.algorithms.kto import kl_estimate, kto_loss, kto_terms
+from relayrl.algorithms.kto import apo_zero_unpaired_loss, kl_estimate, kto_loss, kto_terms
 
 
 def _rows():
@@ -77,3 +80,49 @@ def test_kto_terms_take_a_z0_with_a_graph_as_a_constant_and_check_their_inputs()
         kto_terms(logps, ref, 0.0, d, beta=0.0)
     with pytest.raises(ValueError, match="shape"):
         kto_terms(logps, ref[:2], 0.0, d, beta=0.1)
+
+
+def _sig(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def test_apo_zero_unpaired_matches_hand_computed_numbers_and_gradient():
+    """TRL's loss_type="apo_zero_unpaired": desirable w_D (1 - sigmoid(beta r)), undesirable w_U sigmoid(beta r),
+    no KL estimate."""
+    logps, ref, d = _rows()  # r = [0.5, -1.0, 0.0]
+    beta = 0.5
+    loss, m = apo_zero_unpaired_loss(logps, ref, d, beta=beta, desirable_weight=2.0, undesirable_weight=0.5)
+    want = (2.0 * (1 - _sig(0.25)) + 0.5 * _sig(-0.5) + 2.0 * (1 - _sig(0.0))) / 3
+    assert float(loss.detach()) == pytest.approx(want, rel=1e-6) and m["kto/loss"] == pytest.approx(want, rel=1e-6)
+    assert "kto/kl" not in m  # no estimate to report
+    assert m["kto/rewards_desirable"] == pytest.approx(0.125) and m["kto/rewards_undesirable"] == pytest.approx(-0.5)
+    assert m["kto/desirable_fraction"] == pytest.approx(2 / 3)
+    loss.backward()
+    assert ref.grad is None
+    sp = lambda x: _sig(x) * (1 - _sig(x))  # noqa: E731  (sigmoid')
+    want_grad = [-2.0 * beta * sp(0.25) / 3, 0.5 * beta * sp(-0.5) / 3, -2.0 * beta * sp(0.0) / 3]
+    assert logps.grad.tolist() == pytest.approx(want_grad, rel=1e-5)
+    assert logps.grad[0] < 0 and logps.grad[1] > 0  # descent raises the desirable, lowers the undesirable
+
+
+def test_apo_zero_unpaired_is_kto_against_a_zero_kl_estimate_only():
+    logps, ref, d = _rows()
+    apo, _ = apo_zero_unpaired_loss(logps, ref, d, beta=0.3)
+    same, _ = kto_loss(logps, ref, torch.tensor([-1.0]), torch.tensor([-1.0]), d, beta=0.3)  # z0 = 0
+    assert float(apo.detach()) == pytest.approx(float(same.detach()), rel=1e-7)
+    kto, m = kto_loss(logps, ref, torch.tensor([-1.0]), torch.tensor([-2.0]), d, beta=0.3)  # z0 = 1
+    assert m["kto/kl"] == pytest.approx(1.0) and float(kto.detach()) != pytest.approx(float(apo.detach()), rel=1e-3)
+    with pytest.raises(ValueError, match="beta must be > 0"):
+        apo_zero_unpaired_loss(logps, ref, d, beta=0.0)
+    with pytest.raises(ValueError, match="weights must be >= 0"):
+        apo_zero_unpaired_loss(logps, ref, d, undesirable_weight=-1.0)
+
+
+def test_kto_loss_names_match_the_config():
+    from typing import get_args
+
+    from relayrl.algorithms.names import KTO_LOSSES
+    from relayrl.config.kto import KTOConfig
+
+    assert get_args(KTOConfig.model_fields["loss"].annotation) == KTO_LOSSES
+    assert KTOConfig().loss == "kto"  # TRL's default loss_type

@@ -1,4 +1,4 @@
-"""SimPO, ORPO and APO: hand-computed losses and gradients."""
+"""SimPO, ORPO, CPO and APO: hand-computed losses and gradients."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
+from relayrl.algorithms.cpo import cpo_loss
 from relayrl.algorithms.dpo import dpo_loss
-from relayrl.algorithms.names import PREFERENCE_KINDS, REFERENCE_FREE_KINDS
+from relayrl.algorithms.names import AVERAGED_KINDS, PREFERENCE_KINDS, REFERENCE_FREE_KINDS, SMOOTHED_KINDS
 from relayrl.algorithms.orpo import log1mexp, orpo_loss
 from relayrl.algorithms.simpo import simpo_loss
 
@@ -63,6 +64,37 @@ def test_log1mexp_is_stable_on_both_branches_and_orpo_survives_p_equal_one():
     assert torch.isfinite(loss) and torch.isfinite(a_w.grad).all()
 
 
+def test_cpo_hand_computed_loss_and_gradient():
+    # summed log-probs s_w = -3, s_l = -5, beta 0.5: the logit is 0.5 (-3 + 5) = 1
+    s_w = torch.tensor([-3.0], dtype=torch.float64, requires_grad=True)
+    s_l = torch.tensor([-5.0], dtype=torch.float64, requires_grad=True)
+    loss, m = cpo_loss(s_w, s_l, beta=0.5)
+    assert loss.item() == pytest.approx(math.log1p(math.exp(-1.0)), rel=1e-12)
+    loss.backward()
+    assert s_w.grad.item() == pytest.approx(-0.5 * _sig(-1.0), rel=1e-12)  # descent raises the chosen answer
+    assert s_l.grad.item() == pytest.approx(0.5 * _sig(-1.0), rel=1e-12)  # and lowers the rejected one
+    assert m["dpo/rewards_chosen"] == pytest.approx(-1.5) and m["dpo/rewards_rejected"] == pytest.approx(-2.5)
+    assert m["dpo/reward_margin"] == pytest.approx(1.0) and m["dpo/reward_accuracy"] == 1.0
+    assert m["dpo/logps_chosen"] == pytest.approx(-3.0)  # the sums, as the loss takes them
+    # label smoothing eps = 0.2 (TRL's conservative form): 0.8 softplus(-1) + 0.2 softplus(1)
+    s_w.grad = s_l.grad = None
+    loss, _ = cpo_loss(s_w, s_l, beta=0.5, label_smoothing=0.2)
+    assert loss.item() == pytest.approx(0.8 * math.log1p(math.exp(-1.0)) + 0.2 * math.log1p(math.exp(1.0)),
+                                        rel=1e-12)
+    loss.backward()
+    assert s_w.grad.item() == pytest.approx(0.5 * (-0.8 * _sig(-1.0) + 0.2 * _sig(1.0)), rel=1e-12)
+    # DPO's sigmoid loss against a reference that gives every answer log-prob 0
+    rs = torch.tensor([-2.0, -7.0], dtype=torch.float64), torch.tensor([-4.0, -1.0], dtype=torch.float64)
+    z = torch.zeros(2, dtype=torch.float64)
+    assert cpo_loss(*rs, beta=0.3)[0].item() == pytest.approx(dpo_loss(*rs, z, z, beta=0.3)[0].item(), rel=1e-12)
+    with pytest.raises(ValueError, match="label_smoothing must be in"):
+        cpo_loss(s_w, s_l, beta=0.5, label_smoothing=0.5)
+    with pytest.raises(ValueError, match="beta must be > 0"):
+        cpo_loss(s_w, s_l, beta=0.0)
+    with pytest.raises(ValueError, match=r"shape"):
+        cpo_loss(s_w, torch.zeros(2), beta=0.1)
+
+
 @pytest.mark.parametrize("kind", ["apo_zero", "apo_down"])
 def test_apo_hand_computed_loss_and_gradient(kind):
     # chosen ratio c = 0.5, rejected ratio r = -0.5, beta 0.1
@@ -83,7 +115,7 @@ def test_apo_hand_computed_loss_and_gradient(kind):
     assert m["dpo/reward_margin"] == pytest.approx(0.1) and m["dpo/reward_accuracy"] == 1.0
 
 
-@pytest.mark.parametrize("kind", ["simpo", "orpo", "apo_zero", "apo_down"])
+@pytest.mark.parametrize("kind", ["simpo", "orpo", "cpo", "apo_zero", "apo_down"])
 def test_gradcheck(kind):
     g = torch.Generator().manual_seed(0)
     xs = [-torch.rand(5, generator=g, dtype=torch.float64) * 3 - 0.01 for _ in range(4)]
@@ -92,6 +124,8 @@ def test_gradcheck(kind):
         f = lambda c, r: simpo_loss(c, r, beta=2.0, gamma=0.5)[0]  # noqa: E731
     elif kind == "orpo":
         f = lambda c, r: orpo_loss(c, r, beta=0.3)[0]  # noqa: E731
+    elif kind == "cpo":
+        f = lambda c, r: cpo_loss(c, r, beta=0.3, label_smoothing=0.1)[0]  # noqa: E731
     else:
         f = lambda c, r: dpo_loss(c, r, xs[2], xs[3], beta=0.3, kind=kind)[0]  # noqa: E731
     assert torch.autograd.gradcheck(f, (c, r))
@@ -112,3 +146,4 @@ def test_errors_and_names():
     from relayrl.config.schema import DPOConfig
     assert get_args(DPOConfig.model_fields["kind"].annotation) == PREFERENCE_KINDS
     assert set(REFERENCE_FREE_KINDS) <= set(PREFERENCE_KINDS)
+    assert set(AVERAGED_KINDS) <= set(REFERENCE_FREE_KINDS) and set(SMOOTHED_KINDS) <= set(PREFERENCE_KINDS)

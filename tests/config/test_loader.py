@@ -139,10 +139,15 @@ def test_dpo_settings_that_cannot_work_are_refused():
     assert load_config(Config, None, ["workflow=dpo", "dpo.kind=simpo", "dpo.gamma=1.0"]).dpo.gamma == 1.0
     assert "dpo.kind=orpo's loss holds the chosen answers' NLL" in _errors("workflow=dpo", "dpo.kind=orpo",
                                                                              "dpo.nll_weight=1.0")
-    for kind in ("simpo", "orpo"):
+    for kind in ("simpo", "orpo", "cpo"):
         assert f"dpo.kind={kind} is reference-free: it loads none" in _errors(
             "workflow=dpo", f"dpo.kind={kind}", "trainer.ref_sync_every=5")
     assert load_config(Config, None, ["workflow=dpo", "dpo.kind=apo_zero", "trainer.ref_sync_every=5"])
+    # CPO: TRL's CPOConfig(loss_type="sigmoid") smooths its labels and adds its NLL term (cpo_alpha); no gamma
+    cpo = load_config(Config, None, ["workflow=dpo", "dpo.kind=cpo", "dpo.label_smoothing=0.1", "dpo.nll_weight=1"]).dpo
+    assert (cpo.kind, cpo.label_smoothing, cpo.nll_weight) == ("cpo", 0.1, 1.0)
+    assert "read by dpo.kind=simpo only (got 'cpo')" in _errors("workflow=dpo", "dpo.kind=cpo", "dpo.gamma=1.0")
+    assert "dpo.kind" in _errors("workflow=dpo", "dpo.kind=cpo_simpo")
 
 
 def test_ppo_settings():

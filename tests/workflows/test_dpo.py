@@ -58,8 +58,9 @@ def test_take_pairs_skips_problems_without_a_rejected_answer():
 
 
 @pytest.mark.parametrize("loss_fn", [DPOLoss(beta=0.1, nll_weight=0.3), DPOLoss(kind="apo_zero"),
-                                     DPOLoss(kind="simpo", beta=2.0, gamma=0.5), DPOLoss(kind="orpo")],
-                         ids=["rpo", "apo_zero", "simpo", "orpo"])
+                                     DPOLoss(kind="simpo", beta=2.0, gamma=0.5), DPOLoss(kind="orpo"),
+                                     DPOLoss(kind="cpo", nll_weight=1.0, label_smoothing=0.1)],
+                         ids=["rpo", "apo_zero", "simpo", "orpo", "cpo"])
 def test_micro_batched_dpo_step_reports_the_whole_batch(tiny_dir, tiny_tokenizer, loss_fn):
     """Pairs packed per prompt; a small token budget gives several micro-batches, with the same gradient and
     the same pair-mean figures as one micro-batch (the reference-free kinds without any ref_logp)."""
@@ -115,3 +116,29 @@ def test_reference_free_kinds_take_each_rows_token_mean_and_no_reference():
         DPOLoss(kind="orpo", nll_weight=1.0)
     with pytest.raises(ValueError, match="only defined for kind='sigmoid'"):
         DPOLoss(kind="simpo", label_smoothing=0.1)
+
+
+def test_cpo_takes_each_rows_summed_log_prob_and_no_reference():
+    """CPO reads the sums (not SimPO's averages) and no ``ref_logp``; with nll_weight=1 its loss is the paper's
+    L_prefer + L_NLL (TRL's default cpo_alpha=1)."""
+    from relayrl.algorithms.cpo import cpo_loss
+
+    g = torch.Generator().manual_seed(2)
+    lp = -torch.rand(4, 3, generator=g)
+    mask = torch.tensor([[1., 1., 1.], [1., 0., 0.], [1., 1., 0.], [1., 1., 1.]])
+    mb = MicroBatch(lp, mask, {"pair": torch.tensor([0., 0., 1., 1.]), "chosen": torch.tensor([1., 0., 1., 0.])},
+                    global_tokens=9, global_seqs=4)
+    seq = (lp * mask).sum(-1)
+    fn = DPOLoss(kind="cpo", beta=0.5, label_smoothing=0.1)
+    assert fn.reference_free
+    loss, m = fn(mb)
+    want, want_m = cpo_loss(seq[0::2], seq[1::2], beta=0.5, label_smoothing=0.1)
+    assert float(loss) == pytest.approx(float(want)) and m["dpo/reward_margin"] == pytest.approx(
+        want_m["dpo/reward_margin"]) and m["dpo/logps_chosen"] == pytest.approx(float(seq[0::2].mean()))
+    avg = seq / mask.sum(-1)
+    assert float(loss) != pytest.approx(float(cpo_loss(avg[0::2], avg[1::2], beta=0.5, label_smoothing=0.1)[0]),
+                                        rel=1e-3)  # not the averages
+    full, m_full = DPOLoss(kind="cpo", beta=0.5, nll_weight=1.0)(mb)
+    nll = float(-avg[0::2].mean())
+    assert float(full) == pytest.approx(float(cpo_loss(seq[0::2], seq[1::2], beta=0.5)[0]) + nll, rel=1e-6)
+    assert m_full["dpo/nll_chosen"] == pytest.approx(nll, rel=1e-6)

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from relayrl.algorithms.kto import kto_loss
+from relayrl.algorithms.kto import apo_zero_unpaired_loss, kto_loss
 from relayrl.data.datasets import DatasetConfig, load_problems
 from relayrl.data.errors import DatasetError
 from relayrl.data.tasks import Problem
@@ -41,6 +41,31 @@ def test_kto_loss_over_micro_batches_sums_to_the_batch_loss():
         assert sums[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
 
 
+def test_apo_zero_unpaired_over_micro_batches_reads_no_kl_estimate():
+    g = torch.Generator().manual_seed(1)
+    lp = torch.randn(4, 3, generator=g)
+    mask = torch.tensor([[1., 1., 1.], [1., 0., 0.], [1., 1., 0.], [1., 1., 1.]])
+    ref, d = torch.randn(4, generator=g), torch.tensor([1., 0., 0., 1.])
+    want, want_m = apo_zero_unpaired_loss((lp * mask).sum(-1), ref, d > 0.5, beta=0.4, desirable_weight=1.2)
+    fields = {"desirable": d, "ref_logp": ref, "n_desirable": torch.full((4,), 2.),
+              "n_undesirable": torch.full((4,), 2.)}
+    fn = KTOLoss(beta=0.4, desirable_weight=1.2, loss="apo_zero_unpaired")
+    assert not fn.estimates_kl and KTOLoss().estimates_kl
+    total, sums = 0.0, {}
+    for rows in ([0, 1], [2, 3]):  # no kto_kl field: the loss must not ask for one
+        loss, m = fn(MicroBatch(lp[rows], mask[rows], {k: v[rows] for k, v in fields.items()}, global_tokens=9,
+                                global_seqs=4))
+        total += float(loss)
+        for k, v in m.items():
+            sums[k] = sums.get(k, 0.0) + v
+    assert total == pytest.approx(float(want.detach()), rel=1e-6)
+    assert set(sums) == set(want_m) and "kto/kl" not in sums
+    for k, v in want_m.items():
+        assert sums[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
+    with pytest.raises(ValueError, match="unknown KTO loss 'apo_zero'; valid: kto, apo_zero_unpaired"):
+        KTOLoss(loss="apo_zero")
+
+
 def test_unpaired_examples_from_pairs_and_labels_and_the_kl_rows():
     pairs = [Problem(f"{i}+1=", str(i + 1), {"rejected": str(i + 11)}) for i in range(3)]
     assert [(c, d) for _, c, d in unpaired(pairs)] == [("1", True), ("12", False), ("3", True)]
@@ -66,7 +91,7 @@ def test_labels_are_read_and_a_row_without_a_boolean_one_is_named(tmp_path):
         load_problems(DatasetConfig(path=f, answer_key="completion", label_key="label"))
 
 
-def test_kto_config_rules():
+def test_kto_config_rules(tmp_path):
     from relayrl.config.loader import ConfigError, load_config
     from relayrl.config.schema import Config
 
@@ -78,10 +103,22 @@ def test_kto_config_rules():
     assert "kto.desirable_weight is read by workflow kto only" in errors("workflow=dpo", "kto.desirable_weight=2")
     assert "kto.beta is read by workflow kto only" in errors("kto.beta=0.2")  # grpo
     assert "data.task='sort' has none" in errors("workflow=kto", "data.task=sort")
-    assert "set trainer.batch_size >= 2" in errors("workflow=kto", "trainer.batch_size=1")
+    assert "set trainer.batch_size >= 2 (or kto.loss=apo_zero_unpaired" in errors("workflow=kto",
+                                                                                 "trainer.batch_size=1")
+    assert "kto.loss is read by workflow kto only" in errors("workflow=dpo", "kto.loss=apo_zero_unpaired")
+    assert "kto.loss" in errors("workflow=kto", "kto.loss=apo_down_unpaired")
+    assert "so one example a step is always desirable" in errors(  # the arith task alternates the labels in a batch
+        "workflow=kto", "kto.loss=apo_zero_unpaired", "trainer.batch_size=1")
+    data = tmp_path / "kto.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "completion": "2", "label": True}) + "\n")
+    one = load_config(Config, "recipes/arith_kto.yaml", ["kto.loss=apo_zero_unpaired", "trainer.batch_size=1",
+                                                         "data.task=null", f"data.path={data}",
+                                                         "data.answer_key=completion", "reward.verifier=exact"])
+    assert one.kto.loss == "apo_zero_unpaired" and one.trainer.batch_size == 1  # no KL estimate: one example will do
     assert "kto.beta" in errors("workflow=kto", "kto.beta=0")
     cfg = load_config(Config, "recipes/arith_kto.yaml", ["trainer.ref_sync_every=5"])
     assert cfg.workflow == "kto" and cfg.kto.beta == 0.1 and cfg.kto.undesirable_weight == 1.0
+    assert cfg.kto.loss == "kto"
 
 
 def _run(run_dir, tiny_dir, *over: str) -> list[dict]:
@@ -109,6 +146,19 @@ def test_kto_trains_on_the_arith_task(tmp_path, tiny_dir):
     assert first["kto/kl"] == pytest.approx(0.0, abs=1e-4)  # the policy is the reference before its first update
     assert last["kto/loss"] < first["kto/loss"] and last["kto/reward_margin"] > first["kto/reward_margin"], (
         [(r["kto/loss"], r["kto/reward_margin"], r["kto/kl"]) for r in recs])
+
+
+@pytest.mark.slow
+def test_apo_zero_unpaired_trains_without_a_kl_pass(tmp_path, tiny_dir):
+    """kto.loss=apo_zero_unpaired: a reference pass over the examples alone, no actor KL pass, no kto/kl; the
+    loss falls and the desirable examples' reward rises past the undesirable ones'."""
+    recs = [r for r in _run(tmp_path, tiny_dir, "kto.loss=apo_zero_unpaired") if "kto/loss" in r]
+    assert len(recs) == 6
+    assert all("timing/ref_logprob_s" in r and "timing/kl_logprob_s" not in r and "kto/kl" not in r for r in recs)
+    assert all(r["kto/desirable_fraction"] == pytest.approx(0.5) for r in recs)
+    first, last = recs[0], recs[-1]
+    assert last["kto/loss"] < first["kto/loss"] and last["kto/reward_margin"] > first["kto/reward_margin"], (
+        [(r["kto/loss"], r["kto/reward_margin"]) for r in recs])
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""workflow dpo with the losses beside DPO: SimPO and ORPO train without a reference model (none is built, no
+"""workflow dpo with the losses beside DPO: SimPO, ORPO and CPO train without a reference model (none is built, no
 reference pass), APO with one."""
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ def _run(run_dir, tiny_dir, *over: str) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("over", [("dpo.kind=simpo", "dpo.beta=2.0", "dpo.gamma=0.5"), ("dpo.kind=orpo",),
-                                  ("dpo.kind=apo_zero",)], ids=["simpo", "orpo", "apo_zero"])
+                                  ("dpo.kind=cpo", "dpo.nll_weight=1.0"), ("dpo.kind=apo_zero",)],
+                         ids=["simpo", "orpo", "cpo", "apo_zero"])
 def test_preference_kind_trains(tmp_path, tiny_dir, monkeypatch, over):
     from relayrl.workflows import dpo
 
@@ -39,11 +40,13 @@ def test_preference_kind_trains(tmp_path, tiny_dir, monkeypatch, over):
                         orig(self, cls, name, **kw))
     recs = [r for r in _run(tmp_path, tiny_dir, *over) if "dpo/loss" in r]
     assert len(recs) == 6
-    free = over[0] in ("dpo.kind=simpo", "dpo.kind=orpo")
+    free = over[0] in ("dpo.kind=simpo", "dpo.kind=orpo", "dpo.kind=cpo")
     assert ("reference" in built) is not free and {"actor", "rollout"} <= set(built)
     assert all(("timing/ref_logprob_s" in r) is not free for r in recs)  # the step log: no reference pass
     if over[0] == "dpo.kind=orpo":
         assert all("dpo/log_odds_ratio" in r for r in recs)
+    if over[0] == "dpo.kind=cpo":  # the paper's L_prefer + L_NLL: the chosen answers' NLL is in the loss
+        assert all(0.0 < r["dpo/loss"] - r["dpo/nll_chosen"] < 1.0 for r in recs)  # ~log 2 per pair at the start
     first, last = recs[0], recs[-1]
     assert last["dpo/loss"] < first["dpo/loss"] and last["dpo/reward_margin"] > first["dpo/reward_margin"], (
         [(r["dpo/loss"], r["dpo/reward_margin"]) for r in recs])
