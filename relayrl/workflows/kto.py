@@ -10,6 +10,10 @@ One step::
     z0       <- mean(kl_logp - ref_kl_logp), clamped at 0                        (relayrl.algorithms.kto)
     actor.update(examples, KTO loss(beta, z0, weights))
 
+With ``trainer.precompute_ref`` the reference scores the examples and KL rows of every step in one pass before the
+first, then leaves memory, and each step looks its ``ref_logp`` up (:mod:`relayrl.workflows.ref_logps`: the KL
+rows are still the batch's own, so ``z0`` is the same as without).
+
 ``z0`` is estimated with the weights the update starts from, before it, as TRL's step computes it in the same
 forward pass under ``no_grad``: the KL rows never enter the gradient. Examples come from a dataset in TRL's
 unpaired format (``data.answer_key`` the completion, ``data.label_key`` true / false, every row checked before
@@ -33,12 +37,13 @@ from relayrl.engines.training.base import SequenceBatch
 from relayrl.workflows.dpo import take_pairs
 from relayrl.workflows.losses import KTOLoss
 from relayrl.workflows.offline import OfflineRun
+from relayrl.workflows.ref_logps import ReferenceLogps, Row, planned_rows
 from relayrl.workflows.ref_sync import ReferenceSync
 from relayrl.workflows.session import Session
 from relayrl.workflows.sft import answer_ids
 from relayrl.workflows.workers import PolicyWorker, ReferenceWorker
 
-__all__ = ["train_kto", "unpaired", "kl_completions", "balance_note"]
+__all__ = ["train_kto", "unpaired", "kl_completions", "reference_rows", "balance_note"]
 
 KEY_METRICS = ("kto/loss", "kto/kl", "kto/rewards_desirable", "kto/rewards_undesirable", "eval/accuracy",
                "perf/step_time_s")
@@ -63,6 +68,13 @@ def kl_completions(completions: list) -> list:
     """The completions of the batch's mismatched rows: row ``i`` takes example ``i - 1``'s (the last's for
     row 0), as TRL's KTO builds its KL dataset."""
     return completions[-1:] + completions[:-1]
+
+
+def reference_rows(examples: list[tuple[Problem, str, bool]]) -> list[Row]:
+    """The rows a step's reference pass scores: each example, then its KL row (its prompt with the completion of
+    :func:`kl_completions`)."""
+    kl = kl_completions([c for _, c, _ in examples])
+    return [row for (p, c, _), other in zip(examples, kl) for row in ((p, c), (p, other))]
 
 
 def balance_note(desirable: int, undesirable: int, desirable_weight: float, undesirable_weight: float) -> str | None:
@@ -91,20 +103,23 @@ def train_kto(cfg: Config) -> Path:
             s.log(f"relayrl: warning: {note}")
     loss = KTOLoss(beta=k.beta, desirable_weight=k.desirable_weight, undesirable_weight=k.undesirable_weight)
     run = OfflineRun(s, loss, KEY_METRICS)
-    ref = run.group(ReferenceWorker, "reference", engine=cfg.engine, **run.precision["frozen"])
-    run.ref_sync = ReferenceSync(cfg.trainer.ref_sync_every, cfg.trainer.ref_sync_alpha, run.actor, ref)
-    n = cfg.trainer.batch_size
+    t = cfg.trainer
+    group = run.group(ReferenceWorker, "reference", engine=cfg.engine, **run.precision["frozen"])
+    ref = ReferenceLogps(s, group, run.release)
+    run.ref_sync = ReferenceSync(t.ref_sync_every, t.ref_sync_alpha, run.actor, group)
+    n = t.batch_size
+
+    def draw(take) -> list[tuple[Problem, str, bool]]:
+        return unpaired(take_pairs(take, n) if s.train_problems is None else take(n))
 
     def step_batch(step: int) -> SequenceBatch:
-        problems = take_pairs(s.prompts.take, n) if s.train_problems is None else s.prompts.take(n)
-        ex = unpaired(problems)
+        ex = draw(s.prompts.take)
         prompts = [torch.tensor(s.encode(p)) for p, _, _ in ex]
         ids = [answer_ids(s, text) for _, text, _ in ex]
         kl_ids = kl_completions(ids)
         both = SequenceBatch([p for p in prompts for _ in range(2)], [r for pair in zip(ids, kl_ids) for r in pair],
                              groups=[i for i in range(n) for _ in range(2)])  # row i beside its KL row: one prompt
-        with s.span("ref_logprob", "reference", step):
-            ref_lp = [float(lp.sum()) for lp in ref.split(ReferenceWorker.logprobs, both)]
+        ref_lp = ref(reference_rows(ex), both, step)
         with s.span("kl_logprob", "actor", step):
             kl_lp = [float(lp.sum()) for lp in run.actor.split(PolicyWorker.logprobs,
                                                                 SequenceBatch(prompts, kl_ids, groups=list(range(n))))]
@@ -115,4 +130,8 @@ def train_kto(cfg: Config) -> Path:
                                             "kto_kl": [z0] * n, "n_desirable": [float(good)] * n,
                                             "n_undesirable": [float(n - good)] * n}, groups=list(range(n)))
 
-    return run.run(step_batch)
+    def precompute() -> None:  # (after a resume: the steps left)
+        plan = planned_rows(s.prompts, t.steps - s.start_step, lambda take: reference_rows(draw(take)))
+        ref.precompute(plan, per_call=2 * n)
+
+    return run.run(step_batch, before_steps=precompute if t.precompute_ref else None)
