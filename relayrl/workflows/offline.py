@@ -1,6 +1,7 @@
 """The loop of the workflows that train on given answers (SFT, DPO): no rollouts in the step.
 
-Each step::
+Once the checkpoint (if any) is restored, ``before_steps`` (DPO and KTO with ``trainer.precompute_ref``: the
+reference's one pass, then its group released). Each step::
 
     problems <- the next trainer.batch_size problems
     batch    <- step_batch(problems)            (the workflow's rows; DPO adds reference log-probs)
