@@ -1,6 +1,6 @@
 """Rules across config sections about what a run's rewards, environments and reference model allow: a step's
-reward settings against its estimator, its workflow and its episodes; the reference's updates; the preference
-losses' options. :class:`~relayrl.config.schema.Config` applies them when a
+reward settings against its estimator, its workflow and its episodes; the reference's updates and its
+precomputed log-probs; the preference losses' options. :class:`~relayrl.config.schema.Config` applies them when a
 config is validated; each refusal names the keys and the fix."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from relayrl.algorithms.names import REFERENCE_FREE_KINDS, SMOOTHED_KINDS
 Config = Any
 """A :class:`relayrl.config.schema.Config` (not imported: the schema imports these rules)."""
 
-__all__ = ["check_env", "check_decoupled_rewards", "check_ref_sync", "check_dpo", "check_kto", "check_total_epochs"]
+__all__ = ["check_env", "check_decoupled_rewards", "check_ref_sync", "check_precompute_ref", "check_dpo", "check_kto",
+           "check_total_epochs"]
 
 
 def check_env(self: Config) -> None:
@@ -98,6 +99,26 @@ def check_ref_sync(self: Config) -> None:
     if self.model.lora.enabled:
         raise ValueError(f"{key}: with model.lora.enabled the reference is the base model under the adapters, "
                          f"which the policy shares; set model.lora.enabled=false or drop trainer.ref_sync_every")
+
+
+def check_precompute_ref(self: Config) -> None:
+    """``trainer.precompute_ref`` stores a fixed reference's log-probs of rows known before training: workflow dpo
+    (with a reference) and kto, whose reference never moves."""
+    if not self.trainer.precompute_ref:
+        return
+    key = "trainer.precompute_ref=true"
+    if self.workflow not in ("dpo", "kto"):
+        what = ("workflow grpo's reference scores the responses the policy samples, unknown before training"
+                if self.workflow == "grpo" else f"workflow {self.workflow} has no reference model")
+        raise ValueError(f"{key} computes the reference log-probs of workflow dpo or kto before training; {what}: "
+                         f"drop trainer.precompute_ref")
+    if self.workflow == "dpo" and self.dpo.kind in REFERENCE_FREE_KINDS:
+        raise ValueError(f"{key}: dpo.kind={self.dpo.kind} is reference-free, there is no reference model to "
+                         f"precompute: drop trainer.precompute_ref (or use a kind with a reference, e.g. sigmoid)")
+    if self.trainer.ref_sync_every:
+        raise ValueError(f"{key} keeps the reference's log-probs from before training, and trainer.ref_sync_every="
+                         f"{self.trainer.ref_sync_every} moves the reference during it (TR-DPO), which would make "
+                         f"them stale: drop one of the two")
 
 
 def check_dpo(self: Config) -> None:

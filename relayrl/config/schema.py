@@ -21,10 +21,10 @@ from relayrl.config.paths import DirPath, LocalPath
 from relayrl.config.algorithm import AlgorithmConfig, CorrectionConfig, DistillConfig
 from relayrl.config.dpo import DPOConfig
 from relayrl.config.kto import KTOConfig
-from relayrl.config.plan import rollout_pool
-from relayrl.config.rules import (check_decoupled_rewards, check_dpo, check_env, check_kto, check_ref_sync,
-                                  check_total_epochs)
 from relayrl.config.trainer import TrainerConfig
+from relayrl.config.plan import rollout_pool
+from relayrl.config.rules import (check_decoupled_rewards, check_dpo, check_env, check_kto, check_precompute_ref,
+                                  check_ref_sync, check_total_epochs)
 from relayrl.cluster.config import ClusterConfig
 from relayrl.data.config import DataConfig
 from relayrl.dock.config import DockConfig
@@ -440,6 +440,7 @@ class Config(_Section):
             raise ValueError("model.lora.enabled: workflow rm trains the whole reward model (its scalar head and "
                              "the network under it); set model.lora.enabled=false")
         check_ref_sync(self)
+        check_precompute_ref(self)
         check_kto(self)
         check_total_epochs(self)
         if self.eval.k > 1 and self.workflow == "rm":

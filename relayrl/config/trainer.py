@@ -1,5 +1,7 @@
-"""The ``trainer`` section of a run's config, and the run's length in passes over its dataset
-(``trainer.total_epochs``, resolved into ``trainer.steps`` once the training rows are known).
+"""The ``trainer`` section of a run's config: steps, batches, the starting model and the reference model's part
+(its updates, ``ref_sync_every``; its log-probs computed before training, ``precompute_ref``), and the run's
+length in passes over its dataset (``trainer.total_epochs``, resolved into ``trainer.steps`` once the training
+rows are known).
 
 Kept apart from :mod:`relayrl.config.schema`, which imports it; torch-free like the schema.
 """
@@ -68,6 +70,13 @@ class TrainerConfig(BaseModel):
                                 "model")
     ref_sync_alpha: float = Field(0.6, gt=0.0, le=1.0, description="trainer.ref_sync_every: the policy's weight in "
                                   "the mix (TRL's ref_model_mixup_alpha)")
+    precompute_ref: bool = Field(False, description="workflow dpo and kto: run the reference model once, before the "
+                                 "first step, over every row the run will train on (dpo: each pair's chosen and "
+                                 "rejected answer; kto: each example and the mismatched row of its step's KL "
+                                 "estimate), keep each row's summed log-prob and release the reference: the steps "
+                                 "run no reference pass and hold no reference model (TRL's precompute_ref_log_probs). "
+                                 "A resumed run computes them again for its steps left. Not with "
+                                 "trainer.ref_sync_every or a reference-free dpo.kind")
 
     @model_validator(mode="before")
     @classmethod

@@ -7,6 +7,9 @@ One step::
     ref_logp <- reference.logprobs(rows), summed per row                     (the frozen initial policy)
     actor.update(rows, DPO loss(beta, kind))                                 (relayrl.algorithms.dpo)
 
+With ``trainer.precompute_ref`` the reference scores the rows of every step in one pass before the first, then
+leaves memory, and each step looks its rows' ``ref_logp`` up (:mod:`relayrl.workflows.ref_logps`).
+
 The reference-free kinds (``dpo.kind`` simpo, orpo, cpo: :mod:`relayrl.algorithms.simpo`,
 :mod:`relayrl.algorithms.orpo`, :mod:`relayrl.algorithms.cpo`) build no reference model and skip its pass: the
 step is the actor's update alone. Otherwise the reference is the model the run starts from
@@ -29,12 +32,13 @@ from relayrl.data.tasks import Problem
 from relayrl.engines.training.base import SequenceBatch
 from relayrl.workflows.losses import DPOLoss
 from relayrl.workflows.offline import OfflineRun
+from relayrl.workflows.ref_logps import ReferenceLogps, Row, planned_rows
 from relayrl.workflows.ref_sync import ReferenceSync
 from relayrl.workflows.session import Session
 from relayrl.workflows.sft import answer_ids
 from relayrl.workflows.workers import ReferenceWorker
 
-__all__ = ["train_dpo", "take_pairs"]
+__all__ = ["train_dpo", "take_pairs", "pair_rows"]
 
 KEY_METRICS = ("dpo/loss", "dpo/reward_accuracy", "dpo/reward_margin", "eval/accuracy", "perf/step_time_s")
 MAX_DRAWS_PER_PAIR = 100
@@ -54,32 +58,39 @@ def take_pairs(take, n: int) -> list[Problem]:
     return out
 
 
+def pair_rows(pairs: list[Problem]) -> list[Row]:
+    """The rows of ``pairs``: each prompt with its chosen answer, then with its rejected one."""
+    return [(p, text) for p in pairs for text in (p.answer, p.meta["rejected"])]
+
+
 def train_dpo(cfg: Config) -> Path:
     """Run DPO; returns the final model directory."""
     s = Session(cfg)
     cfg = s.cfg  # (trainer.total_epochs resolved into trainer.steps)
-    d = cfg.dpo
+    d, t = cfg.dpo, cfg.trainer
     loss = DPOLoss(beta=d.beta, kind=d.kind, label_smoothing=d.label_smoothing, nll_weight=d.nll_weight,
                    gamma=d.gamma)
     run = OfflineRun(s, loss, KEY_METRICS)
-    ref = None  # SimPO, ORPO, CPO: no reference (the config refuses trainer.ref_sync_every for them)
+    ref = None  # SimPO, ORPO, CPO: no reference (the config refuses trainer.ref_sync_every and precompute_ref for them)
     if not loss.reference_free:
-        ref = run.group(ReferenceWorker, "reference", engine=cfg.engine, **run.precision["frozen"])
-        run.ref_sync = ReferenceSync(cfg.trainer.ref_sync_every, cfg.trainer.ref_sync_alpha, run.actor, ref)
+        group = run.group(ReferenceWorker, "reference", engine=cfg.engine, **run.precision["frozen"])
+        ref = ReferenceLogps(s, group, run.release)
+        run.ref_sync = ReferenceSync(t.ref_sync_every, t.ref_sync_alpha, run.actor, group)
+
+    def draw(take) -> list[Row]:
+        return pair_rows(take_pairs(take, t.batch_size))
 
     def step_batch(step: int) -> SequenceBatch:
-        pairs = take_pairs(s.prompts.take, cfg.trainer.batch_size)
-        prompts = [torch.tensor(s.encode(p)) for p in pairs]
-        batch = SequenceBatch(
-            [p for p in prompts for _ in range(2)],
-            [answer_ids(s, text) for p in pairs for text in (p.answer, p.meta["rejected"])],
-            {"pair": [float(i) for i in range(len(pairs)) for _ in range(2)],
-             "chosen": [1.0, 0.0] * len(pairs)},
-            groups=[i for i in range(len(pairs)) for _ in range(2)],
-        )
+        rows = draw(s.prompts.take)
+        n = len(rows) // 2
+        batch = SequenceBatch([torch.tensor(s.encode(p)) for p, _ in rows], [answer_ids(s, text) for _, text in rows],
+                              {"pair": [float(i // 2) for i in range(2 * n)], "chosen": [1.0, 0.0] * n},
+                              groups=[i // 2 for i in range(2 * n)])
         if ref is not None:
-            with s.span("ref_logprob", "reference", step):
-                batch.fields["ref_logp"] = [float(lp.sum()) for lp in ref.split(ReferenceWorker.logprobs, batch)]
+            batch.fields["ref_logp"] = ref(rows, batch, step)
         return batch
 
-    return run.run(step_batch)
+    def precompute() -> None:  # (after a resume: the steps left)
+        ref.precompute(planned_rows(s.prompts, t.steps - s.start_step, draw), per_call=2 * t.batch_size)
+
+    return run.run(step_batch, before_steps=precompute if t.precompute_ref else None)

@@ -13,6 +13,10 @@ One step::
 With ``kto.loss=apo_zero_unpaired`` (unpaired APO-zero: KTO against ``z0 = 0``) there are no kl rows, no
 ``kl_logp`` pass and no ``z0``: the reference's pass covers the examples alone.
 
+With ``trainer.precompute_ref`` the reference scores the examples (and KL rows) of every step in one pass before the
+first, then leaves memory, and each step looks its ``ref_logp`` up (:mod:`relayrl.workflows.ref_logps`: the KL
+rows are still the batch's own, so ``z0`` is the same as without).
+
 ``z0`` is estimated with the weights the update starts from, before it, as TRL's step computes it in the same
 forward pass under ``no_grad``: the KL rows never enter the gradient. Examples come from a dataset in TRL's
 unpaired format (``data.answer_key`` the completion, ``data.label_key`` true / false, every row checked before
@@ -36,12 +40,13 @@ from relayrl.engines.training.base import SequenceBatch
 from relayrl.workflows.dpo import take_pairs
 from relayrl.workflows.losses import KTOLoss
 from relayrl.workflows.offline import OfflineRun
+from relayrl.workflows.ref_logps import ReferenceLogps, Row, planned_rows
 from relayrl.workflows.ref_sync import ReferenceSync
 from relayrl.workflows.session import Session
 from relayrl.workflows.sft import answer_ids
 from relayrl.workflows.workers import PolicyWorker, ReferenceWorker
 
-__all__ = ["train_kto", "unpaired", "kl_completions", "balance_note"]
+__all__ = ["train_kto", "unpaired", "kl_completions", "reference_rows", "balance_note"]
 
 KEY_METRICS = ("kto/loss", "kto/kl", "kto/rewards_desirable", "kto/rewards_undesirable", "eval/accuracy",
                "perf/step_time_s")
@@ -66,6 +71,13 @@ def kl_completions(completions: list) -> list:
     """The completions of the batch's mismatched rows: row ``i`` takes example ``i - 1``'s (the last's for
     row 0), as TRL's KTO builds its KL dataset."""
     return completions[-1:] + completions[:-1]
+
+
+def reference_rows(examples: list[tuple[Problem, str, bool]]) -> list[Row]:
+    """The rows a step's reference pass scores: each example, then its KL row (its prompt with the completion of
+    :func:`kl_completions`)."""
+    kl = kl_completions([c for _, c, _ in examples])
+    return [row for (p, c, _), other in zip(examples, kl) for row in ((p, c), (p, other))]
 
 
 def balance_note(desirable: int, undesirable: int, desirable_weight: float, undesirable_weight: float) -> str | None:
@@ -96,13 +108,21 @@ def train_kto(cfg: Config) -> Path:
     loss = KTOLoss(beta=k.beta, desirable_weight=k.desirable_weight, undesirable_weight=k.undesirable_weight,
                    loss=k.loss)
     run = OfflineRun(s, loss, KEY_METRICS)
-    ref = run.group(ReferenceWorker, "reference", engine=cfg.engine, **run.precision["frozen"])
-    run.ref_sync = ReferenceSync(cfg.trainer.ref_sync_every, cfg.trainer.ref_sync_alpha, run.actor, ref)
-    n = cfg.trainer.batch_size
+    t = cfg.trainer
+    group = run.group(ReferenceWorker, "reference", engine=cfg.engine, **run.precision["frozen"])
+    ref = ReferenceLogps(s, group, run.release)
+    run.ref_sync = ReferenceSync(t.ref_sync_every, t.ref_sync_alpha, run.actor, group)
+    n = t.batch_size
+
+    def draw(take) -> list[tuple[Problem, str, bool]]:
+        return unpaired(take_pairs(take, n) if s.train_problems is None else take(n))
+
+    def scored_rows(ex: list[tuple[Problem, str, bool]]) -> list[Row]:
+        """The rows the reference scores for a step's examples: with the KL term, each beside its KL row."""
+        return reference_rows(ex) if loss.estimates_kl else [(p, c) for p, c, _ in ex]
 
     def step_batch(step: int) -> SequenceBatch:
-        problems = take_pairs(s.prompts.take, n) if s.train_problems is None else s.prompts.take(n)
-        ex = unpaired(problems)
+        ex = draw(s.prompts.take)
         prompts = [torch.tensor(s.encode(p)) for p, _, _ in ex]
         ids = [answer_ids(s, text) for _, text, _ in ex]
         good = sum(d for _, _, d in ex)
@@ -110,14 +130,12 @@ def train_kto(cfg: Config) -> Path:
                                              "n_desirable": [float(good)] * n, "n_undesirable": [float(n - good)] * n},
                               groups=list(range(n)))
         if not loss.estimates_kl:  # apo_zero_unpaired: no z0, so no mismatched rows to score
-            with s.span("ref_logprob", "reference", step):
-                batch.fields["ref_logp"] = [float(lp.sum()) for lp in ref.split(ReferenceWorker.logprobs, batch)]
+            batch.fields["ref_logp"] = ref(scored_rows(ex), batch, step)
             return batch
         kl_ids = kl_completions(ids)
         both = SequenceBatch([p for p in prompts for _ in range(2)], [r for pair in zip(ids, kl_ids) for r in pair],
                              groups=[i for i in range(n) for _ in range(2)])  # row i beside its KL row: one prompt
-        with s.span("ref_logprob", "reference", step):
-            ref_lp = [float(lp.sum()) for lp in ref.split(ReferenceWorker.logprobs, both)]
+        ref_lp = ref(reference_rows(ex), both, step)
         with s.span("kl_logprob", "actor", step):
             kl_lp = [float(lp.sum()) for lp in run.actor.split(PolicyWorker.logprobs,
                                                                 SequenceBatch(prompts, kl_ids, groups=list(range(n))))]
@@ -126,4 +144,8 @@ def train_kto(cfg: Config) -> Path:
         batch.fields.update(ref_logp=ref_lp[0::2], kto_kl=[z0] * n)
         return batch
 
-    return run.run(step_batch)
+    def precompute() -> None:  # (after a resume: the steps left)
+        plan = planned_rows(s.prompts, t.steps - s.start_step, lambda take: scored_rows(draw(take)))
+        ref.precompute(plan, per_call=2 * n)
+
+    return run.run(step_batch, before_steps=precompute if t.precompute_ref else None)

@@ -1,6 +1,7 @@
 """The loop of the workflows that train on given answers (SFT, DPO): no rollouts in the step.
 
-Each step::
+Once the checkpoint (if any) is restored, ``before_steps`` (DPO and KTO with ``trainer.precompute_ref``: the
+reference's one pass, then its group released). Each step::
 
     problems <- the next trainer.batch_size problems
     batch    <- step_batch(problems)            (the workflow's rows; DPO adds reference log-probs)
@@ -13,9 +14,12 @@ session's (the same as GRPO's).
 
 from __future__ import annotations
 
+import gc
 import time
 from pathlib import Path
 from typing import Callable
+
+import torch
 
 from relayrl.cluster import WorkerGroup, make_group
 from relayrl.engines.training.base import LossFn, SequenceBatch
@@ -73,8 +77,19 @@ class OfflineRun:
         return self.s.save(step, collective(self.actor, _TrainerWorker.state),
                            extra=None if reference is None else {"reference": reference})
 
-    def run(self, step_batch: Callable[[int], SequenceBatch]) -> Path:
-        """Train on ``step_batch(step)`` each step (Session.run's loop); returns the final model directory."""
+    def release(self, group: WorkerGroup) -> None:
+        """Stop ``group`` now, before the run ends, and let its memory go (``trainer.precompute_ref``: the
+        reference after its one pass)."""
+        group.shutdown()
+        self.groups.remove(group)
+        gc.collect()  # (a worker in this process: its model's tensors, freed with their last reference)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the freed blocks back to the device, for the other roles' allocations
+
+    def run(self, step_batch: Callable[[int], SequenceBatch], *,
+            before_steps: Callable[[], None] | None = None) -> Path:
+        """Train on ``step_batch(step)`` each step (Session.run's loop); returns the final model directory.
+        ``before_steps`` runs once the checkpoint (if any) is restored, before the first evaluation and step."""
         s, cfg = self.s, self.cfg
 
         def restore() -> None:
@@ -86,6 +101,8 @@ class OfflineRun:
                 if self.ref_sync is not None:
                     self.ref_sync.load(ck.extra.get("reference") if isinstance(ck.extra, dict) else None)
                 s.restore_rng(ck)
+            if before_steps is not None:
+                before_steps()
 
         def step(st: int) -> dict[str, float]:
             t0 = time.perf_counter()

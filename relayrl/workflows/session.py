@@ -110,6 +110,13 @@ class PromptSource:
         raise RuntimeError(f"task {self.task.name!r}: 10,000 draws in a row were held-out prompts; "
                            f"the task's problem space is too small for its held-out set")
 
+    def fork(self) -> "PromptSource":
+        """An independent source at this one's position: it draws the problems this one will draw next, and
+        neither moves the other (the rows are shared, not copied)."""
+        other = PromptSource(self.seed, task=self.task, problems=self.problems, exclude=self.exclude)
+        other.load_state(self.state())
+        return other
+
     def state(self) -> dict:
         rng = self.rng.getstate()
         return {"rng": [rng[0], list(rng[1]), rng[2]], "epoch": self.epoch, "pos": self.pos, "consumed": self.consumed}
