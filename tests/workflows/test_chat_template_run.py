@@ -1,0 +1,88 @@
+"""A base model (its tokenizer has no chat template) trained on chat-message prompts with ``model.chat_template``:
+refused without it, trained with it, and the run's exported model renders as the run did."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from relayrl.cli import main as cli
+from relayrl.cli.boundary import EXIT_USER
+from relayrl.data.datasets import encode_prompt
+from relayrl.data.tasks import Problem
+from relayrl.models.load import load_tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
+MARKERS = ("{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}\n{% endfor %}"
+           "{% if add_generation_prompt %}<<assistant>>{% endif %}")
+RUN = [str(ROOT / "recipes" / "arith_grpo.yaml"), "trainer.steps=1", "eval.size=4", "eval.every=0",
+       "eval.before_training=false", "data.prompts_per_step=2", "rollout.n=2", "rollout.max_new_tokens=4",
+       "telemetry.sinks=[jsonl]", "run.threads=1", "reward.verifier=exact",
+       "model.device=cpu"]
+
+
+@pytest.fixture
+def bare(tiny_dir, tmp_path) -> Path:
+    """The tiny model with its chat template removed, as a base model's directory is."""
+    d = Path(shutil.copytree(tiny_dir, tmp_path / "base"))
+    (d / "chat_template.jinja").unlink()
+    assert load_tokenizer(d).chat_template is None
+    return d
+
+
+@pytest.fixture
+def chats(tmp_path) -> list[str]:
+    rows = tmp_path / "chats.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"{i}+{i}="}], "answer": str(2 * i)})
+                            + "\n" for i in range(1, 13)))
+    return ["data.task=null", f"data.path={rows}"]
+
+
+def test_a_base_model_trains_on_chat_prompts_with_the_runs_template(capsys, monkeypatch, tmp_path, bare, chats):
+    import relayrl.data.datasets as datasets
+
+    encode, rendered = datasets.encode_prompt, []
+
+    def recorded(tokenizer, problem, chat_template=None):  # the prompts the run generates from, as text
+        ids = encode(tokenizer, problem, chat_template)
+        rendered.append(tokenizer.decode(ids))
+        return ids
+
+    monkeypatch.setattr(datasets, "encode_prompt", recorded)
+    run = tmp_path / "run"
+    code = cli.main(["train", *RUN, *chats, f"model.path={bare}", f"run.dir={run}"])
+    err = capsys.readouterr().err
+    assert code == EXIT_USER and "the prompt is chat messages but tokenizer" in err and "has no chat template" in err
+    (tmp_path / "markers.jinja").write_text(MARKERS)
+    code = cli.main(["train", *RUN, *chats, f"model.path={bare}", f"model.chat_template={tmp_path / 'markers.jinja'}",
+                     f"run.dir={run}", "run.overwrite=true"])
+    assert code == 0, capsys.readouterr().err
+    assert rendered and all(t.startswith("<<user>>") and t.endswith("=\n<<assistant>>") for t in rendered), rendered
+    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert [r["step"] for r in steps if "reward/mean" in r] == [1]
+    # RUN_DIR/model carries the template: relayrl eval --model and relayrl serve render as the run did
+    saved = load_tokenizer(run / "model")
+    assert saved.chat_template == MARKERS
+    chat = Problem("3+3=", "6", meta={"messages": [{"role": "user", "content": "3+3="}]})
+    assert saved.decode(encode_prompt(saved, chat)) == "<<user>>3+3=\n<<assistant>>"
+
+
+def test_sft_masks_conversations_with_the_runs_template(tmp_path, bare):
+    from relayrl.config.schema import Config
+    from relayrl.data.chat import conversation_ids
+    from relayrl.workflows.session import Session
+
+    talk = [{"role": "user", "content": "12+30="}, {"role": "assistant", "content": "42"}]
+    path = tmp_path / "talks.jsonl"
+    path.write_text("".join(json.dumps({"messages": talk}) + "\n" for _ in range(4)))
+    cfg = Config(workflow="sft", run={"dir": str(tmp_path / "run"), "threads": 1},
+                 model={"path": str(bare), "chat_template": MARKERS, "device": "cpu"},
+                 data={"task": None, "path": str(path), "messages_key": "messages"}, eval={"size": 2},
+                 reward={"verifier": "exact"})
+    s = Session(cfg, log=lambda m: None)
+    prompt, (response, mask) = conversation_ids(s.tokenizer, s.prompts.take(1)[0].meta["conversation"])
+    assert s.tokenizer.decode(prompt) == "<<user>>12+30=\n<<assistant>>"
+    assert s.tokenizer.decode([t for t, m in zip(response, mask) if m]) == "42\n"
