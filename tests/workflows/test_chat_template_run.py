@@ -86,3 +86,22 @@ def test_sft_masks_conversations_with_the_runs_template(tmp_path, bare):
     prompt, (response, mask) = conversation_ids(s.tokenizer, s.prompts.take(1)[0].meta["conversation"])
     assert s.tokenizer.decode(prompt) == "<<user>>12+30=\n<<assistant>>"
     assert s.tokenizer.decode([t for t, m in zip(response, mask) if m]) == "42\n"
+
+
+def test_relayrl_eval_takes_the_template_too(capsys, tmp_path, bare, chats):
+    from relayrl.cli.boundary import EXIT_CONFIG
+
+    rows = chats[1].split("=", 1)[1]
+    (tmp_path / "markers.jinja").write_text(MARKERS)
+    args = ["eval", "--model", str(bare), "--data", rows, "--verifier", "exact", "--size", "2", "--max-new-tokens", "2",
+            "--device", "cpu", "--out", str(tmp_path / "eval")]
+    assert cli.main(args) == EXIT_USER and "has no chat template" in capsys.readouterr().err
+    assert cli.main([*args, "--chat-template", str(tmp_path / "markers.jinja")]) == 0, capsys.readouterr().err
+    assert (tmp_path / "eval" / "eval.json").is_file()
+    assert cli.main([*args, "--chat-template", str(tmp_path / "nope.jinja")]) == EXIT_CONFIG
+    assert f"relayrl eval: --chat-template: '{tmp_path / 'nope.jinja'}' is no file or directory here" \
+        in capsys.readouterr().err
+    recipe = ["eval", "--model", str(bare), "--recipe", "arith_grpo", "--chat-template", MARKERS]
+    assert cli.main(recipe) == EXIT_CONFIG
+    assert "--chat-template does not go with --recipe, whose run config sets model.chat_template; override " \
+           "model.chat_template=... instead" in capsys.readouterr().err
