@@ -70,22 +70,25 @@ def test_a_base_model_trains_on_chat_prompts_with_the_runs_template(capsys, monk
     assert saved.decode(encode_prompt(saved, chat)) == "<<user>>3+3=\n<<assistant>>"
 
 
-def test_sft_masks_conversations_with_the_runs_template(tmp_path, bare):
-    from relayrl.config.schema import Config
+def test_sft_masks_conversations_with_the_runs_template_and_exports_it(capsys, tmp_path, bare):
+    from relayrl.config.loader import load_run_config
     from relayrl.data.chat import conversation_ids
     from relayrl.workflows.session import Session
 
     talk = [{"role": "user", "content": "12+30="}, {"role": "assistant", "content": "42"}]
     path = tmp_path / "talks.jsonl"
-    path.write_text("".join(json.dumps({"messages": talk}) + "\n" for _ in range(4)))
-    cfg = Config(workflow="sft", run={"dir": str(tmp_path / "run"), "threads": 1},
-                 model={"path": str(bare), "chat_template": MARKERS, "device": "cpu"},
-                 data={"task": None, "path": str(path), "messages_key": "messages"}, eval={"size": 2},
-                 reward={"verifier": "exact"})
-    s = Session(cfg, log=lambda m: None)
+    path.write_text("".join(json.dumps({"messages": talk}) + "\n" for _ in range(8)))
+    over = ["data.task=null", f"data.path={path}", "data.messages_key=messages", "reward.verifier=exact",
+            "trainer.steps=1", "trainer.batch_size=2", "eval.size=2", "eval.every=0", "eval.before_training=false",
+            "run.threads=1", "model.device=cpu", "telemetry.sinks=[jsonl]", f"model.path={bare}",
+            f"model.chat_template={MARKERS}", f"run.dir={tmp_path / 'run'}"]
+    s = Session(load_run_config(ROOT / "recipes" / "arith_sft.yaml", over), log=lambda m: None)
     prompt, (response, mask) = conversation_ids(s.tokenizer, s.prompts.take(1)[0].meta["conversation"])
     assert s.tokenizer.decode(prompt) == "<<user>>12+30=\n<<assistant>>"
     assert s.tokenizer.decode([t for t, m in zip(response, mask) if m]) == "42\n"
+    # the offline workflows' actor exports the template with the model too
+    assert cli.main(["train", str(ROOT / "recipes" / "arith_sft.yaml"), *over]) == 0, capsys.readouterr().err
+    assert load_tokenizer(tmp_path / "run" / "model").chat_template == MARKERS
 
 
 def test_relayrl_eval_takes_the_template_too(capsys, tmp_path, bare, chats):
