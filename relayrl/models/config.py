@@ -41,8 +41,8 @@ class ModelConfig(BaseModel):
         "(TRL's chat_template_path, verl's custom_chat_template): a Jinja file (.jinja, .j2, .txt), a tokenizer "
         "directory (its chat_template.jinja or tokenizer_config.json's template), or the template itself (a "
         "string holding {% or {{). Training and held-out prompts, multi-turn SFT masks and tool turns use it, "
-        "and RUN_DIR/model's tokenizer is saved with it; a reward model or judge keeps its own. Null: the "
-        "tokenizer's own")
+        "and RUN_DIR/model's tokenizer is saved with it; a reward model or judge that scores the run keeps its "
+        "own. Null: the tokenizer's own")
 
     @field_validator("chat_template", mode="after")
     @classmethod
