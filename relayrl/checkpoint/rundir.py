@@ -57,7 +57,7 @@ FINGERPRINT: tuple[str, ...] = (
     # the training data: which rows, and what a row's prompt and ground truth are
     "data.task", "data.task_options", "data.path", "data.hf_name", "data.hf_config", "data.hf_split", "data.format",
     "data.prompt_key", "data.answer_key", "data.answer_regex", "data.system_prompt", "data.chat_template",
-    "data.rejected_key", "data.label_key", "data.messages_key", "data.max_prompt_tokens",
+    "model.chat_template", "data.rejected_key", "data.label_key", "data.messages_key", "data.max_prompt_tokens",
     "data.max_rows", "data.shuffle",
     "algorithm.advantage", "model.lora.enabled", "model.lora.r", "model.lora.alpha", "model.lora.target_modules",
 )

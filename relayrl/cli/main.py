@@ -151,6 +151,7 @@ EVAL_FLAGS = {  # dest: (its value without --recipe when not given, the run conf
     "user_fn": (None, "reward.user_fn"), "user_weights": (None, "reward.user_weights"), "size": (200, "eval.size"),
     "k": (1, "eval.k"), "temperature": (1.0, "eval.temperature"), "max_new_tokens": (16, "eval.max_new_tokens"),
     "dtype": ("float32", "model.dtype"), "device": ("auto", "model.device"), "seed": (0, "run.seed"),
+    "chat_template": (None, "model.chat_template"),
 }
 """The ``relayrl eval`` options that a run config holds: with ``--recipe`` the config's key decides (given as an
 override), so the option is refused rather than one of the two silently ignored."""
@@ -208,6 +209,7 @@ def cmd_eval(args) -> int:
     for dest, (default, _) in EVAL_FLAGS.items():
         if getattr(args, dest) is None:
             setattr(args, dest, default)
+    template = _eval_template(args.chat_template)
     import torch
 
     from relayrl.data.tasks import make_task
@@ -262,7 +264,7 @@ def cmd_eval(args) -> int:
     from relayrl.models.load import check_model_dir
 
     check_model_dir(args.model, "--model", f"--model {args.model}")
-    tok = load_tokenizer(args.model)
+    tok = load_tokenizer(args.model, chat_template=template)
     ids: dict[str, list[int]] = {}
 
     def encode(p) -> list[int]:
@@ -285,6 +287,17 @@ def cmd_eval(args) -> int:
     _print_metrics(result.metrics)
     print(f"relayrl eval: report {report}, samples {samples}")
     return 0
+
+
+def _eval_template(value: str | None) -> str | None:
+    """``relayrl eval --chat-template``'s text (as model.chat_template reads it), refused before the model loads."""
+    from relayrl.config.loader import ConfigError
+    from relayrl.models.chat_template import read_chat_template
+
+    try:
+        return None if value is None else read_chat_template(value)
+    except ValueError as e:
+        raise ConfigError(f"relayrl eval: --chat-template: {e}") from None
 
 
 def _eval_data(args, DatasetConfig, load_problems) -> list:
@@ -412,6 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="(default float32)")
     e.add_argument("--device", type=argtypes.device, help="(default auto)")
     e.add_argument("--seed", type=int, help="(default 0)")
+    e.add_argument("--chat-template", help="render chat prompts with this template instead of the model's, as "
+                   "model.chat_template does: a Jinja file, a tokenizer directory or the template itself")
     e.add_argument("--out", default="runs/eval", help="directory for eval.json and eval_samples.jsonl")
     e.set_defaults(fn=cmd_eval)
 

@@ -32,8 +32,7 @@ from relayrl.engines.reward.config import RewardConfig
 from relayrl.engines.generation.config import PLAIN_SAMPLING, VLLMSpec, narrowing
 from relayrl.engines.training.config import OptimConfig, TrainEngineConfig
 from relayrl.environments.config import EnvConfig
-from relayrl.models.lora_config import LoraConfig
-from relayrl.models.tiny import TinyModelConfig
+from relayrl.models.config import ModelConfig
 from relayrl.telemetry.config import TelemetryConfig
 
 __all__ = [
@@ -76,34 +75,6 @@ class RunConfig(_Section):
             raise ValueError(f"{str(v).lower()} (YAML reads yes, no, true and false as booleans) is not a resume "
                              f"mode: write never, auto or a checkpoint path")
         return v
-
-
-class ModelConfig(_Section):
-    path: LocalPath | None = Field(None, description="local Hugging Face model directory; null builds the tiny default")
-    tiny: TinyModelConfig = TinyModelConfig()
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="compute dtype of the training passes, and the reference's and (by default) the "
-        "rollout's weight dtype. With bfloat16 the trained weights and the optimizer state stay float32 (mixed "
-        "precision: float32 master weights, bf16 compute) unless model.pure_low_precision")
-    pure_low_precision: bool = Field(
-        False, description="train weights stored in model.dtype itself, with no float32 master copy. Updates "
-        "smaller than the dtype's resolution are lost (a bf16 weight of 0.02 ignores steps below ~1e-4), so "
-        "this must be asked for explicitly")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where the models run: auto takes CUDA "
-                                                   "when torch sees a GPU, else the CPU")
-    lora: LoraConfig = Field(LoraConfig(), description="LoRA adapters on the trained roles (peft); the rollout "
-                             "gets merged weights, checkpoints hold the adapters")
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flex_attention"] = Field(
-        "sdpa", description="attention of the trained and frozen models. flex_attention (CUDA): the packed "
-        "training passes attend only the tiles of the pack that the shared-prompt mask needs (a FlexAttention "
-        "BlockMask) instead of a dense masked square; the rollout engine still decodes with sdpa")
-
-    @model_validator(mode="after")
-    def _flex_on_cuda(self) -> "ModelConfig":
-        if self.attn_implementation == "flex_attention" and self.device == "cpu":
-            raise ValueError("model.attn_implementation=flex_attention trains on CUDA only (torch has no "
-                             "FlexAttention backward pass on CPU); set model.attn_implementation=sdpa on CPU")
-        return self
 
 
 class RolloutConfig(_Section):

@@ -453,8 +453,9 @@ def _render(tokenizer, problem: Problem, chat_template: bool | None) -> tuple[st
     if not getattr(tokenizer, "chat_template", None):
         why = "the prompt is chat messages" if chat_template is None else "chat_template=True"
         raise DatasetError(
-            f"{why} but tokenizer {_tokenizer_name(tokenizer)!r} has no chat template; give the model a tokenizer "
-            "with one, or set data.chat_template=false to encode the prompt as plain text"
+            f"{why} but tokenizer {_tokenizer_name(tokenizer)!r} has no chat template; give the run one with "
+            "model.chat_template (a Jinja file, a tokenizer directory or the template itself; relayrl eval: "
+            "--chat-template), or set data.chat_template=false to encode the prompt as plain text"
         )
     msgs = messages if messages is not None else [{"role": "user", "content": problem.prompt}]
     tools = problem.meta.get("tools")  # the run's tools, in the template's tools list (env.tools_in_prompt)

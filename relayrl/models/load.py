@@ -225,8 +225,10 @@ def not_a_model(path: Path, key: str) -> str:
             f"the RUN_DIR/model of an earlier run)")
 
 
-def load_tokenizer(path: str | Path):
-    """Load a tokenizer; left padding, with a pad token (EOS when it has none)."""
+def load_tokenizer(path: str | Path, *, chat_template: str | None = None):
+    """Load a tokenizer; left padding, with a pad token (EOS when it has none). ``chat_template``: a Jinja
+    template that replaces the directory's (a run's policy: ``cfg.model.template()``, the text of
+    ``model.chat_template``); its ``save_pretrained`` then writes it with the tokenizer files."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     path = Path(path)
@@ -249,6 +251,8 @@ def load_tokenizer(path: str | Path):
             raise ModelLoadError(f"tokenizer in {path} has neither a pad nor an eos token")
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
+    if chat_template is not None:
+        tok.chat_template = chat_template
     return tok
 
 

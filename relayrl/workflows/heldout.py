@@ -74,7 +74,7 @@ class EvalSession:
         torch.manual_seed(cfg.run.seed)
         check_device(cfg)
         self.model_path = resolve_model_path(cfg)
-        self.tokenizer = load_tokenizer(self.model_path)
+        self.tokenizer = load_tokenizer(self.model_path, chat_template=cfg.model.template())
         self._encode_cache: dict[str, list[int]] = {}
         self.task, self.train_problems, self.eval_problems = self._data()
         """``train_problems``: a dataset's training rows (None for a built-in task, which draws fresh ones)."""

@@ -46,13 +46,14 @@ class OfflineRun:
         self.precision = role_precision(m, cfg.rollout)
         self.groups: list[WorkerGroup] = []
         lora = {"lora": m.lora} if m.lora.enabled else {}  # (config load refuses LoRA for a reward model)
+        # (the actor's tokenizer is exported with the model: with model.chat_template, so is the template)
         self.actor = self.group(actor_cls, "actor", engine=cfg.train_engine(), total_steps=cfg.trainer.steps,
-                                seed=cfg.run.seed, **lora, **self.precision["trained"])
+                                seed=cfg.run.seed, chat_template=m.template(), **lora, **self.precision["trained"])
         self.rollout = None  # a reward model (workflow rm) generates nothing: its subclass evaluates on pairs
         if rollout:
             self.rollout = self.group(RolloutWorker, "rollout", max_batch=cfg.rollout.max_batch, seed=cfg.run.seed,
                                       decode=cfg.rollout.decode, decode_compile=cfg.rollout.decode_compile,
-                                      vllm=cfg.rollout.vllm_spec(),
+                                      vllm=cfg.rollout.vllm_spec(), chat_template=m.template(),
                                       **self.precision["rollout"])
         self.episodes = episode_spec(cfg, self.s.tokenizer)  # env.name: evaluate with multi-turn episodes
         self.ref_sync: ReferenceSync | None = None

@@ -35,7 +35,7 @@ def _updates(cfg: Config) -> int:
 def _rollout(cfg: Config, prec: dict, path: str, common: dict) -> dict:
     return dict(model_path=path, max_batch=cfg.rollout.max_batch, seed=cfg.run.seed, decode=cfg.rollout.decode,
                 decode_compile=cfg.rollout.decode_compile, remote=cfg.rollout.remote(), vllm=cfg.rollout.vllm_spec(),
-                **prec["rollout"], **common)
+                chat_template=cfg.model.template(), **prec["rollout"], **common)
 
 
 def role_common(cfg: Config) -> dict:
@@ -52,7 +52,7 @@ def rollout_init(cfg: Config, model_path: str) -> dict:
 ROLES: tuple[Role, ...] = (
     Role("actor", PolicyWorker, lambda cfg, plan, prec, path, common: dict(
         model_path=path, engine=cfg.train_engine(), total_steps=_updates(cfg), seed=cfg.run.seed, tri_model=plan.tri_model,
-        lora=cfg.model.lora, **prec["trained"], **common)),
+        lora=cfg.model.lora, chat_template=cfg.model.template(), **prec["trained"], **common)),
     Role("critic", CriticWorker, lambda cfg, plan, prec, path, common: dict(
         model_path=path, engine=cfg.train_engine(optim=cfg.critic.optim), total_steps=_updates(cfg),
         seed=cfg.run.seed, lora=cfg.model.lora, **prec["trained"], **common)),

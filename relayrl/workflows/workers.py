@@ -282,11 +282,11 @@ class PolicyWorker(_TrainerWorker):
     def __init__(self, model_path: str, engine: TrainEngineConfig, total_steps: int, *, dtype: str = "float32",
                  compute_dtype: str | None = None, device: str = "auto", attn_implementation: str = "sdpa",
                  threads: int = 0, seed: int = 0, tri_model: bool = False,
-                 lora: lora_lib.LoraConfig | None = None) -> None:
+                 lora: lora_lib.LoraConfig | None = None, chat_template: str | None = None) -> None:
         self.tri_model = tri_model
         self._start(load_model, model_path, engine, total_steps, dtype=dtype, compute_dtype=compute_dtype,
                     device=device, attn_implementation=attn_implementation, threads=threads, seed=seed, lora=lora)
-        self.tokenizer = load_tokenizer(model_path)
+        self.tokenizer = load_tokenizer(model_path, chat_template=chat_template)  # saved with the model
 
     def logprobs(self, batch: SequenceBatch, temperature: float = 1.0, with_reference: bool = False):
         """Per-row response log-probs (a list, so ``group.split`` concatenates ranks' results).
@@ -383,13 +383,13 @@ class RewardModelTrainer(_TrainerWorker):
 
     def __init__(self, model_path: str, engine: TrainEngineConfig, total_steps: int, *, dtype: str = "float32",
                  compute_dtype: str | None = None, device: str = "auto", attn_implementation: str = "sdpa",
-                 threads: int = 0, seed: int = 0) -> None:
+                 threads: int = 0, seed: int = 0, chat_template: str | None = None) -> None:
         from functools import partial
 
         self._start(partial(load_value_model, bias=False), model_path, engine, total_steps, dtype=dtype,
                     compute_dtype=compute_dtype, device=device, attn_implementation=attn_implementation,
                     threads=threads, seed=seed, output="values", metric_prefix="rm")
-        self.tokenizer = load_tokenizer(model_path)
+        self.tokenizer = load_tokenizer(model_path, chat_template=chat_template)
 
     def values(self, batch: SequenceBatch) -> list[torch.Tensor]:
         """Per-row values of the response positions (a row's score is the last one), a list for ``split``."""
@@ -450,18 +450,17 @@ class RolloutWorker(StreamingGeneration, WeightReceiverMixin, _MemoryProbe, Work
 
     def __init__(self, model_path: str, *, max_batch: int = 256, dtype: str = "float32", device: str = "auto",
                  attn_implementation: str = "sdpa", threads: int = 0, seed: int = 0, decode: str = "auto",
-                 decode_compile: bool = False,
-                 remote: RemoteSpec | None = None, vllm: VLLMSpec | None = None) -> None:
+                 decode_compile: bool = False, remote: RemoteSpec | None = None, vllm: VLLMSpec | None = None,
+                 chat_template: str | None = None) -> None:
         _set_threads(threads, self)
+        self.tokenizer = load_tokenizer(model_path, chat_template=chat_template)  # (tool turns render with it)
         if vllm is not None:  # a vLLM engine in this process, on the model directory
             dev = resolve_device(device, getattr(self, "device", None))
-            self.tokenizer = load_tokenizer(model_path)
             self.engine = VLLMGenerationEngine(model_path, self.tokenizer, dtype=dtype, device=dev,
                                                max_batch=max_batch, spec=vllm, seed=seed)
             self.generator = torch.Generator().manual_seed(seed + 7919 * getattr(self, "rank", 0))
             return
         if remote is not None:  # the server holds the model; this worker keeps the tokenizer and the seeds
-            self.tokenizer = load_tokenizer(model_path)
             self.engine = RemoteGenerationEngine(remote, self.tokenizer, model_dir=model_path)
             self.generator = torch.Generator().manual_seed(seed + 7919 * getattr(self, "rank", 0))
             return
@@ -469,7 +468,6 @@ class RolloutWorker(StreamingGeneration, WeightReceiverMixin, _MemoryProbe, Work
         # flex_attention serves the trainer's block-sparse packed masks; decoding (a KV cache, CUDA graphs) uses sdpa
         attn = "sdpa" if attn_implementation == "flex_attention" else attn_implementation
         model = load_model(model_path, dtype=dtype, device=dev, attn_implementation=attn)
-        self.tokenizer = load_tokenizer(model_path)
         self.engine = NativeGenerationEngine(model, self.tokenizer, max_batch=max_batch, device=dev, decode=decode,
                                              decode_compile=decode_compile)
         self.generator = torch.Generator(device=dev).manual_seed(seed + 7919 * getattr(self, "rank", 0))
