@@ -58,7 +58,7 @@ FINGERPRINT: tuple[str, ...] = (
     "data.task", "data.task_options", "data.path", "data.hf_name", "data.hf_config", "data.hf_split", "data.format",
     "data.prompt_key", "data.answer_key", "data.answer_regex", "data.system_prompt", "data.chat_template",
     "model.chat_template", "data.rejected_key", "data.label_key", "data.messages_key", "data.max_prompt_tokens",
-    "data.max_rows", "data.shuffle",
+    "data.max_rows", "data.shuffle", "data.chat_template_kwargs",
     "algorithm.advantage", "model.lora.enabled", "model.lora.r", "model.lora.alpha", "model.lora.target_modules",
 )
 """Dotted config keys that must match between a checkpoint and the run that resumes it (``model.lora.alpha``:

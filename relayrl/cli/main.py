@@ -151,7 +151,7 @@ EVAL_FLAGS = {  # dest: (its value without --recipe when not given, the run conf
     "user_fn": (None, "reward.user_fn"), "user_weights": (None, "reward.user_weights"), "size": (200, "eval.size"),
     "k": (1, "eval.k"), "temperature": (1.0, "eval.temperature"), "max_new_tokens": (16, "eval.max_new_tokens"),
     "dtype": ("float32", "model.dtype"), "device": ("auto", "model.device"), "seed": (0, "run.seed"),
-    "chat_template": (None, "model.chat_template"),
+    "chat_template": (None, "model.chat_template"), "chat_template_kwargs": (None, "data.chat_template_kwargs"),
 }
 """The ``relayrl eval`` options that a run config holds: with ``--recipe`` the config's key decides (given as an
 override), so the option is refused rather than one of the two silently ignored."""
@@ -228,14 +228,14 @@ def cmd_eval(args) -> int:
     if args.k > 1 and args.temperature == 0:
         raise ConfigError(f"relayrl eval: --k {args.k} samples at --temperature 0 are {args.k} copies of the greedy "
                           f"answer; give --temperature > 0 (e.g. 1.0) or --k 1")
+    task_options = _json_object("--task-options", args.task_options, '{"min_digits": 3}')
+    template_kwargs = _json_object("--chat-template-kwargs", args.chat_template_kwargs, '{"enable_thinking": false}')
     try:
-        task_options = json.loads(args.task_options) if args.task_options else {}
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"relayrl eval: --task-options is not valid JSON ({e.msg} at column {e.colno}); "
-                          f"write e.g. --task-options '{{\"min_digits\": 3}}'") from None
-    if not isinstance(task_options, dict):
-        raise ConfigError(f"relayrl eval: --task-options must be a JSON object, got {args.task_options!r}; write e.g. "
-                          f"--task-options '{{\"min_digits\": 3}}'")
+        from relayrl.data.config import DataConfig
+
+        DataConfig(chat_template_kwargs=template_kwargs)
+    except ValueError as e:
+        raise ConfigError(f"relayrl eval: --chat-template-kwargs: {e.errors()[0]['msg']}") from None
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"relayrl eval: --device {args.device} but torch sees no GPU here; give --device cpu "
                           f"(or auto)")
@@ -269,7 +269,7 @@ def cmd_eval(args) -> int:
 
     def encode(p) -> list[int]:
         if p.prompt not in ids:
-            ids[p.prompt] = list(encode_prompt(tok, p, None))
+            ids[p.prompt] = list(encode_prompt(tok, p, None, template_kwargs))
         return ids[p.prompt]
 
     limit = context_limit(args.model)
@@ -287,6 +287,20 @@ def cmd_eval(args) -> int:
     _print_metrics(result.metrics)
     print(f"relayrl eval: report {report}, samples {samples}")
     return 0
+
+
+def _json_object(flag: str, text: str | None, example: str) -> dict:
+    """``relayrl eval``'s JSON-object option ``flag`` (``{}`` when not given); a ConfigError otherwise."""
+    from relayrl.config.loader import ConfigError
+
+    try:
+        value = json.loads(text) if text else {}
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"relayrl eval: {flag} is not valid JSON ({e.msg} at column {e.colno}); write e.g. "
+                          f"{flag} '{example}'") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"relayrl eval: {flag} must be a JSON object, got {text!r}; write e.g. {flag} '{example}'")
+    return value
 
 
 def _eval_template(value: str | None) -> str | None:
@@ -427,6 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, help="(default 0)")
     e.add_argument("--chat-template", help="render chat prompts with this template instead of the model's, as "
                    "model.chat_template does: a Jinja file, a tokenizer directory or the template itself")
+    e.add_argument("--chat-template-kwargs", help="JSON variables for the chat template, as data.chat_template_kwargs: "
+                   "e.g. '{\"enable_thinking\": false}'")
     e.add_argument("--out", default="runs/eval", help="directory for eval.json and eval_samples.jsonl")
     e.set_defaults(fn=cmd_eval)
 

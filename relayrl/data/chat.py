@@ -15,7 +15,7 @@ System and user turns, and tool results, are context: they get 0 and are never t
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 __all__ = ["assistant_mask", "conversation_ids", "ChatMaskError"]
 
@@ -24,29 +24,33 @@ class ChatMaskError(ValueError):
     """The conversation cannot be masked (no assistant turn, or a template that is not prefix-stable)."""
 
 
-def _ids(tokenizer, messages: Sequence[dict], generation_prompt: bool) -> list[int]:
+def _ids(tokenizer, messages: Sequence[dict], generation_prompt: bool, kwargs: Mapping[str, Any]) -> list[int]:
     if not messages:
         return []
-    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
+    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt,
+                                         **kwargs)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def assistant_mask(tokenizer, messages: Sequence[dict]) -> tuple[list[int], list[int]]:
-    """``(token ids of the whole conversation, mask)`` with mask 1 on the assistant turns' tokens."""
+def assistant_mask(tokenizer, messages: Sequence[dict],
+                   template_kwargs: Mapping[str, Any] | None = None) -> tuple[list[int], list[int]]:
+    """``(token ids of the whole conversation, mask)`` with mask 1 on the assistant turns' tokens
+    (``template_kwargs``: more variables for the chat template, ``data.chat_template_kwargs``)."""
+    kw = dict(template_kwargs or {})
     if not getattr(tokenizer, "chat_template", None):
         raise ChatMaskError("multi-turn SFT needs a tokenizer with a chat template")
     if not any(m["role"] == "assistant" for m in messages):
         raise ChatMaskError("the conversation has no assistant turn to train on")
     if "{% generation %}" in tokenizer.chat_template or "{%- generation %}" in tokenizer.chat_template:
         out = tokenizer.apply_chat_template(list(messages), tokenize=True, return_dict=True,
-                                            return_assistant_tokens_mask=True)
+                                            return_assistant_tokens_mask=True, **kw)
         return list(out["input_ids"]), [int(x) for x in out["assistant_masks"]]
-    ids = _ids(tokenizer, messages, False)
+    ids = _ids(tokenizer, messages, False, kw)
     mask = [0] * len(ids)
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before, through = _ids(tokenizer, messages[:i], True), _ids(tokenizer, messages[:i + 1], False)
+        before, through = _ids(tokenizer, messages[:i], True, kw), _ids(tokenizer, messages[:i + 1], False, kw)
         if ids[:len(before)] != before or ids[:len(through)] != through:
             raise ChatMaskError(f"the chat template renders the conversation up to message {i + 1} differently "
                                 f"from the start of the whole conversation, so the assistant's tokens cannot be "
@@ -56,9 +60,10 @@ def assistant_mask(tokenizer, messages: Sequence[dict]) -> tuple[list[int], list
     return ids, mask
 
 
-def conversation_ids(tokenizer, messages: Sequence[dict]) -> tuple[list[int], tuple[list[int], list[int]]]:
+def conversation_ids(tokenizer, messages: Sequence[dict],
+                     template_kwargs: Mapping[str, Any] | None = None) -> tuple[list[int], tuple[list[int], list[int]]]:
     """A conversation as an SFT row: ``(prompt ids, (response ids, loss mask))``, the prompt being every
     token before the first assistant token (the trainer's packing keeps the prompt apart)."""
-    ids, mask = assistant_mask(tokenizer, messages)
+    ids, mask = assistant_mask(tokenizer, messages, template_kwargs)
     first = mask.index(1)
     return ids[:first], (ids[first:], mask[first:])

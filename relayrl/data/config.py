@@ -11,7 +11,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from relayrl.config.paths import LocalPath
 from relayrl.data.datasets import DatasetConfig
 
-__all__ = ["DataConfig"]
+__all__ = ["DataConfig", "RENDERING_ARGS"]
+
+RENDERING_ARGS = frozenset({"conversation", "messages", "tools", "documents", "chat_template", "tokenize",
+                            "add_generation_prompt", "continue_final_message", "return_dict", "return_tensors",
+                            "return_assistant_tokens_mask", "padding", "truncation", "max_length", "tokenizer_kwargs"})
+"""``apply_chat_template``'s own arguments (and the messages and tools relayrl passes): not template variables a
+user sets in ``data.chat_template_kwargs``."""
 
 
 class DataConfig(BaseModel):
@@ -54,6 +60,11 @@ class DataConfig(BaseModel):
                            "desirable (true) or undesirable (false), TRL's unpaired format; a row without a "
                            "boolean-like label (true/false, 1/0, 'true'/'false') is an error naming it")
     chat_template: bool | None = Field(None, description="null: apply the tokenizer's chat template to chat-message prompts")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="more variables for the chat template wherever it renders the run's "
+        "chat prompts, SFT conversations and tool messages (TRL's chat_template_kwargs, verl's "
+        "data.apply_chat_template_kwargs), e.g. {enable_thinking: false} for Qwen3's template; names a template "
+        "does not read change nothing")
     messages_key: str | None = Field(None, description="workflow sft on data.path: field with whole conversations "
                                      "(chat messages); only the assistant turns are trained (mask from the chat "
                                      "template)")
@@ -80,6 +91,17 @@ class DataConfig(BaseModel):
                           "epoch")
     prompts_per_step: int = Field(8, ge=1, description="workflow grpo: prompts an RL step draws, each answered "
                                   "rollout.n times (SFT and DPO take trainer.batch_size)")
+
+    @field_validator("chat_template_kwargs", mode="after")
+    @classmethod
+    def _template_kwargs(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name in value:
+            if not name.isidentifier():
+                raise ValueError(f"{name!r} is not a name a template can read (letters, digits and _)")
+            if name in RENDERING_ARGS:
+                raise ValueError(f"{name!r} is set by relayrl when it renders (apply_chat_template's own "
+                                 f"argument); drop it")
+        return value
 
     @field_validator("eval_path", mode="after")
     @classmethod
@@ -134,6 +156,9 @@ class DataConfig(BaseModel):
             raise ValueError(f"{given} measures the rows of a dataset (data.path or data.hf_name); the built-in "
                              f"task data.task={self.task!r} draws fresh prompts, whose size data.task_options sets: "
                              f"{fix}")
+        if self.chat_template is False and self.chat_template_kwargs:
+            raise ValueError(f"data.chat_template_kwargs={self.chat_template_kwargs} are for the chat template, "
+                             f"which data.chat_template=false never applies: drop one of them")
         if self.task is not None and (self.max_rows is not None or not self.shuffle):
             given = f"data.max_rows={self.max_rows}" if self.max_rows is not None else "data.shuffle=false"
             raise ValueError(f"{given} picks and orders the rows of a dataset (data.path or data.hf_name); the "

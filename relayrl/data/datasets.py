@@ -22,7 +22,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Iterator, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -433,18 +433,21 @@ def _tokenizer_name(tokenizer) -> str:
     return str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
 
 
-def render_prompt(tokenizer, problem: Problem, chat_template: bool | None = None) -> str:
+def render_prompt(tokenizer, problem: Problem, chat_template: bool | None = None,
+                  template_kwargs: Mapping[str, Any] | None = None) -> str:
     """The text the model sees for ``problem`` (before tokenization).
 
     ``chat_template``: None (auto) applies the tokenizer's chat template iff the
     problem has chat messages; True applies it always (a text prompt becomes one
     user message); False never (the ``prompt`` text as is). The generation prompt
-    (e.g. ``<|im_start|>assistant``) is appended when the template is applied.
+    (e.g. ``<|im_start|>assistant``) is appended when the template is applied. ``template_kwargs``
+    (``data.chat_template_kwargs``): more variables for the template, e.g. ``{"enable_thinking": False}``.
     """
-    return _render(tokenizer, problem, chat_template)[0]
+    return _render(tokenizer, problem, chat_template, template_kwargs)[0]
 
 
-def _render(tokenizer, problem: Problem, chat_template: bool | None) -> tuple[str, bool]:
+def _render(tokenizer, problem: Problem, chat_template: bool | None,
+            template_kwargs: Mapping[str, Any] | None = None) -> tuple[str, bool]:
     """(text, whether the chat template was applied)."""
     messages = problem.meta.get("messages")
     use = (messages is not None) if chat_template is None else bool(chat_template)
@@ -459,15 +462,16 @@ def _render(tokenizer, problem: Problem, chat_template: bool | None) -> tuple[st
         )
     msgs = messages if messages is not None else [{"role": "user", "content": problem.prompt}]
     tools = problem.meta.get("tools")  # the run's tools, in the template's tools list (env.tools_in_prompt)
-    extra = {"tools": tools} if tools else {}
+    extra = {**(template_kwargs or {}), **({"tools": tools} if tools else {})}
     return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **extra), True
 
 
-def encode_prompt(tokenizer, problem: Problem, chat_template: bool | None = None) -> list[int]:
+def encode_prompt(tokenizer, problem: Problem, chat_template: bool | None = None,
+                  template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
     """Token ids ``[L]`` of ``problem``'s prompt (see :func:`render_prompt` for ``chat_template``).
 
     Templated text already carries its special tokens, so the tokenizer adds none
     then; plain text gets the tokenizer's usual special tokens (e.g. a BOS).
     """
-    text, templated = _render(tokenizer, problem, chat_template)
+    text, templated = _render(tokenizer, problem, chat_template, template_kwargs)
     return list(tokenizer(text, add_special_tokens=not templated)["input_ids"])

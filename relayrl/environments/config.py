@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -150,9 +150,11 @@ def load_tool(spec: str, sandbox: SandboxConfig) -> Tool:
     return tool
 
 
-def load_env_factory(cfg: EnvConfig, score: Callable[[Problem, str], float] | None, tokenizer=None) -> EnvFactory:
+def load_env_factory(cfg: EnvConfig, score: Callable[[Problem, str], float] | None, tokenizer=None,
+                     template_kwargs: dict[str, Any] | None = None) -> EnvFactory:
     """The factory of one environment per episode, its contract checked on one instance now. ``tokenizer``:
-    the rollout's, whose chat template renders tool results with ``env.tool_results=chat``."""
+    the rollout's, whose chat template renders tool results with ``env.tool_results=chat`` (given
+    ``template_kwargs``, ``data.chat_template_kwargs``)."""
     if cfg.name is None:
         raise EnvLoadError("env.name is null: single-turn runs have no environment")
     if cfg.name == "tools":
@@ -168,7 +170,7 @@ def load_env_factory(cfg: EnvConfig, score: Callable[[Problem, str], float] | No
                 raise EnvLoadError("env.tool_results=chat renders results through the model's chat template; no "
                                    "tokenizer was given")
             try:
-                turn = chat_tool_turn(tokenizer)
+                turn = chat_tool_turn(tokenizer, template_kwargs)
             except ValueError as e:
                 raise EnvLoadError(f"env.tool_results=chat: {e}; use env.tool_results=tags") from None
 
@@ -199,6 +201,8 @@ class EpisodeSpec:
     reward: RewardConfig
     task: str | None
     task_options: dict[str, Any]
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """``data.chat_template_kwargs``: for a tool message rendered by the chat template."""
 
     @property
     def limits(self) -> EpisodeLimits:
@@ -223,4 +227,4 @@ def build_env_factory(spec: EpisodeSpec, tokenizer=None) -> EnvFactory:
 
         def score(problem: Problem, text: str) -> float:
             return engine.score([problem.prompt], [text], [problem.answer], columns=[problem.meta.get("fields")])[0][0]
-    return load_env_factory(spec.env, score, tokenizer)
+    return load_env_factory(spec.env, score, tokenizer, spec.template_kwargs)

@@ -30,7 +30,7 @@ import inspect
 import json
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 from relayrl.data.tasks import Problem
 from relayrl.environments.base import EnvError, StepResult
@@ -257,20 +257,22 @@ class ToolEnvironment:
         return f"<{kind}>{text}</{kind}>"
 
 
-def chat_tool_turn(tokenizer) -> Callable[[str], str]:
+def chat_tool_turn(tokenizer, template_kwargs: Mapping[str, Any] | None = None) -> Callable[[str], str]:
     """The text that follows a model's turn ending in a tool call, as ``tokenizer``'s chat template renders
     a tool message with ``result`` and opens the next assistant turn (Qwen2.5's: ``<|im_end|>`` and a user
     turn holding ``<tool_response>...</tool_response>``), as a function of the result text. Read off the
     template by rendering a conversation with and without a tool message; :class:`ValueError` when the
-    template has none, or renders the turns before it differently."""
+    template has none, or renders the turns before it differently. ``template_kwargs``: more variables for the
+    template (``data.chat_template_kwargs``)."""
+    kw = dict(template_kwargs or {})
     call, result = "RELAYRL_TOOL_CALL_7F3A", "RELAYRL_TOOL_RESULT_7F3A"
     msgs = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": call}]
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("the tokenizer has no chat template")
     try:
-        before = tokenizer.apply_chat_template(msgs, tokenize=False)
+        before = tokenizer.apply_chat_template(msgs, tokenize=False, **kw)
         after = tokenizer.apply_chat_template([*msgs, {"role": "tool", "content": result}], tokenize=False,
-                                              add_generation_prompt=True)
+                                              add_generation_prompt=True, **kw)
     except Exception as e:  # (a template that raises on a tool message)
         raise ValueError(f"the chat template cannot render a tool message ({type(e).__name__}: {e})") from None
     if result not in after or call not in before:

@@ -35,7 +35,7 @@ def episode_spec(cfg: Config, tokenizer=None) -> EpisodeSpec | None:
     if not cfg.env.enabled:
         return None
     d = cfg.data
-    spec = EpisodeSpec(cfg.env, cfg.reward, d.task, dict(d.task_options))
+    spec = EpisodeSpec(cfg.env, cfg.reward, d.task, dict(d.task_options), dict(d.chat_template_kwargs))
     build_env_factory(spec, tokenizer)
     return spec
 

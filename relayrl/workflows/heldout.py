@@ -174,7 +174,8 @@ class EvalSession:
         if ids is None:
             from relayrl.data.datasets import encode_prompt
 
-            ids = self._encode_cache[problem.prompt] = list(encode_prompt(self.tokenizer, problem, self.cfg.data.chat_template))
+            ids = self._encode_cache[problem.prompt] = list(encode_prompt(self.tokenizer, problem, self.cfg.data.chat_template,
+                                                                 self.cfg.data.chat_template_kwargs))
         return ids
 
     def progress(self, done: int):

@@ -69,7 +69,7 @@ def train_sft(cfg: Config) -> Path:
         if any("conversation" in p.meta for p in problems):
             from relayrl.data.chat import conversation_ids
 
-            return masked_batch([conversation_ids(s.tokenizer, p.meta["conversation"]) for p in problems])
+            return masked_batch([conversation_ids(s.tokenizer, p.meta["conversation"], cfg.data.chat_template_kwargs) for p in problems])
         return SequenceBatch([torch.tensor(s.encode(p)) for p in problems], [answer_ids(s, p.answer) for p in problems])
 
     return OfflineRun(s, SFTLoss(), KEY_METRICS).run(step_batch)

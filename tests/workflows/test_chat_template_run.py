@@ -46,8 +46,8 @@ def test_a_base_model_trains_on_chat_prompts_with_the_runs_template(capsys, monk
 
     encode, rendered = datasets.encode_prompt, []
 
-    def recorded(tokenizer, problem, chat_template=None):  # the prompts the run generates from, as text
-        ids = encode(tokenizer, problem, chat_template)
+    def recorded(tokenizer, problem, chat_template=None, template_kwargs=None):  # the prompts generated from
+        ids = encode(tokenizer, problem, chat_template, template_kwargs)
         rendered.append(tokenizer.decode(ids))
         return ids
 
@@ -109,3 +109,59 @@ def test_relayrl_eval_takes_the_template_too(capsys, tmp_path, bare, chats):
     assert cli.main(recipe) == EXIT_CONFIG
     assert "--chat-template does not go with --recipe, whose run config sets model.chat_template; override " \
            "model.chat_template=... instead" in capsys.readouterr().err
+
+
+THINK = ("{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}\n{% endfor %}"
+         "{% if add_generation_prompt %}<<assistant>>{% if enable_thinking is defined and not enable_thinking %}"
+         "<nothink>{% endif %}{% endif %}")
+
+
+def test_chat_template_kwargs_reach_the_prompts_the_run_generates_from(capsys, monkeypatch, tmp_path, bare, chats):
+    """data.chat_template_kwargs (TRL's chat_template_kwargs; Qwen3's enable_thinking): the template reads them
+    when it renders the training and held-out prompts; the run's eval report uses the same prompts."""
+    import relayrl.data.datasets as datasets
+
+    encode, rendered = datasets.encode_prompt, []
+
+    def recorded(tokenizer, problem, chat_template=None, template_kwargs=None):
+        ids = encode(tokenizer, problem, chat_template, template_kwargs)
+        rendered.append(tokenizer.decode(ids))
+        return ids
+
+    monkeypatch.setattr(datasets, "encode_prompt", recorded)
+    (tmp_path / "think.jinja").write_text(THINK)
+    run = tmp_path / "run"
+    code = cli.main(["train", *RUN, *chats, f"model.path={bare}", f"model.chat_template={tmp_path / 'think.jinja'}",
+                     "data.chat_template_kwargs={enable_thinking: false}", f"run.dir={run}"])
+    assert code == 0, capsys.readouterr().err
+    assert rendered and all(t.endswith("=\n<<assistant>><nothink>") for t in rendered), rendered
+    saved = json.loads((run / "config.json").read_text())["data"]["chat_template_kwargs"]
+    assert saved == {"enable_thinking": False}
+
+
+def test_relayrl_eval_takes_the_template_kwargs(capsys, tmp_path, bare, chats):
+    """relayrl eval --chat-template-kwargs: the eval samples' prompts render with them; bad JSON, a reserved
+    name, and the option beside --recipe are refused before the model loads."""
+    from relayrl.cli.boundary import EXIT_CONFIG
+
+    rows = chats[1].split("=", 1)[1]
+    (tmp_path / "think.jinja").write_text(THINK)
+    args = ["eval", "--model", str(bare), "--data", rows, "--verifier", "exact", "--size", "2", "--max-new-tokens", "2",
+            "--device", "cpu", "--out", str(tmp_path / "eval"), "--chat-template", str(tmp_path / "think.jinja")]
+    import relayrl.data.datasets as datasets
+
+    seen = []
+    encode = datasets.encode_prompt
+    datasets.encode_prompt = lambda tok, p, ct=None, kw=None: seen.append(kw) or encode(tok, p, ct, kw)
+    try:
+        assert cli.main([*args, "--chat-template-kwargs", '{"enable_thinking": false}']) == 0, capsys.readouterr().err
+    finally:
+        datasets.encode_prompt = encode
+    assert seen and all(kw == {"enable_thinking": False} for kw in seen)
+    for bad, msg in (("{enable", "--chat-template-kwargs is not valid JSON"), ("[1]", "must be a JSON object"),
+                     ('{"tokenize": true}', "apply_chat_template's own argument")):
+        assert cli.main([*args, "--chat-template-kwargs", bad]) == EXIT_CONFIG
+        assert msg in capsys.readouterr().err
+    recipe = ["eval", "--model", str(bare), "--recipe", "arith_grpo", "--chat-template-kwargs", "{}"]
+    assert cli.main(recipe) == EXIT_CONFIG
+    assert "does not go with --recipe" in capsys.readouterr().err
