@@ -7,7 +7,8 @@ The student is the demo's SFT model (``relayrl demo`` stage 2, built once into t
 :mod:`demo_models`), which imitated a careless teacher who forgets to carry. Each run trains ``--steps`` steps of
 ``recipes/arith_dpo.yaml`` (32 pairs a step: the true sum chosen over the careless one) with the loss changed,
 and evaluates greedy held-out accuracy every ``--eval-every`` steps. SimPO, ORPO and CPO load no reference model
-and run no reference pass, which the s/step column shows; KTO runs a reference pass and a KL pass of the actor
+and run no reference pass, which the s/step column shows (as does ``dpo-precompute``, DPO with
+``trainer.precompute_ref``: one reference pass over every pair before the first step, then none); KTO runs a reference pass and a KL pass of the actor
 (no gradient) over the batch's mismatched rows, unpaired APO-zero the reference pass only. Run it with::
 
     .venv/bin/python benchmarks/pref_losses.py                # 100 steps each, eval every 50
@@ -29,6 +30,7 @@ from distill import _records, _train, final_accuracy, from_student, print_curves
 
 VARIANTS: dict[str, list[str]] = {
     "dpo": [],  # the recipe: sigmoid, beta 0.1, nll_weight 1 (RPO)
+    "dpo-precompute": ["trainer.precompute_ref=true"],  # the same run, the reference scored once before step 1
     "simpo": ["dpo.kind=simpo", "dpo.beta=2.0", "dpo.gamma=1.0", "dpo.nll_weight=0"],  # the paper's range
     "cpo-simpo": ["dpo.kind=simpo", "dpo.beta=2.0", "dpo.gamma=1.0", "dpo.nll_weight=1.0"],  # TRL's cpo_alpha=1
     "orpo": ["dpo.kind=orpo", "dpo.nll_weight=0"],  # lambda = beta = 0.1 (TRL's default); its NLL is built in
