@@ -65,7 +65,7 @@ class TrainerConfig(BaseModel):
     ref_sync_every: int = Field(0, ge=0, description="move the reference model toward the policy every N steps: "
                                 "reference <- ref_sync_alpha x policy + (1 - ref_sync_alpha) x reference (TR-DPO, "
                                 "Gorbatovski et al. 2024; TRL's sync_ref_model; ref_sync_alpha=1 is ProRL's reference "
-                                "reset); grpo with a reference (algorithm.kl_coef > 0) and dpo; the reference's "
+                                "reset); grpo with a reference (algorithm.kl_coef > 0), dpo and kto; the reference's "
                                 "weights are then part of every checkpoint. 0: the reference stays the starting "
                                 "model")
     ref_sync_alpha: float = Field(0.6, gt=0.0, le=1.0, description="trainer.ref_sync_every: the policy's weight in "
