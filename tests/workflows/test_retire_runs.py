@@ -121,10 +121,13 @@ def test_off_policy_batches_drawn_ahead_finish_and_later_ones_skip_the_retired_r
     assert recs[-1]["data/retired"] == ROWS // 2 and recs[-1]["data/active_rows"] == ROWS // 2
 
 
-def test_a_run_whose_every_row_is_retired_stops_early_and_resumes_to_nothing(capsys, tmp_path, data, steps):
+@pytest.mark.parametrize("mode", [[], ["trainer.off_policy_steps=1"]], ids=["sync", "offpolicy"])
+def test_a_run_whose_every_row_is_retired_stops_early_and_resumes_to_nothing(capsys, tmp_path, data, steps, mode):
+    """Off-policy, the rollout thread finds no row left for the batch after the last step: the run still ends
+    cleanly."""
     run = tmp_path / "run"
     args = ["train", *RUN, *data, f"run.dir={run}", "reward.user_fn=dataflow_rewards:always_solved",
-            "trainer.steps=10", "run.save_every=0"]
+            "trainer.steps=10", "run.save_every=0", *mode]
     assert cli.main(args) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert f"relayrl: every one of the {ROWS} training rows is retired (solved at a pass rate >= " \
