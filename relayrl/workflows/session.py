@@ -143,11 +143,12 @@ class PromptSource:
 
     def retire(self, positions: Iterable[int]) -> int:
         """Never draw the rows at ``positions`` again; returns how many were not retired before."""
+        rows = len(self.problems or ())
         with self.lock:
             fresh = set(positions) - self.retired
-            bad = [i for i in fresh if not 0 <= i < len(self.problems or ())]
+            bad = sorted(i for i in fresh if not 0 <= i < rows)
             if bad:
-                raise ValueError(f"cannot retire row {bad[0]}: the training set has rows 0..{len(self.problems or ()) - 1}")
+                raise ValueError(f"cannot retire row {bad[0]}: the training set has rows 0..{rows - 1}")
             self.retired |= fresh
             return len(fresh)
 
@@ -178,14 +179,15 @@ class PromptSource:
         """Back to :meth:`state`'s position (a checkpoint written before ``data.retire_solved`` has no retired
         rows)."""
         v, internal, gauss = state["rng"]
+        retired, rows = set(state.get("retired", ())), len(self.problems or ())
+        bad = sorted(i for i in retired if not 0 <= i < rows)
+        if bad:
+            raise ValueError(f"the data position retires row {bad[0]}, but the training set has {rows:,} rows")
         with self.lock:
             self.rng.setstate((v, tuple(internal), gauss))
             self.epoch, self.pos, self.consumed = state["epoch"], state["pos"], state["consumed"]
-            self.retired = set(state.get("retired", ()))
+            self.retired = retired
             self._order = self._permutation()
-        if self.retired and max(self.retired) >= len(self.problems or ()):
-            raise ValueError(f"the data position retires row {max(self.retired)}, but the training set has "
-                             f"{len(self.problems or ()):,} rows")
 
 
 class Session(EvalSession):
