@@ -110,15 +110,33 @@ def test_sync_run_never_draws_a_solved_row_again_and_a_resumed_run_keeps_the_ret
     assert "data/retired" not in json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
 
 
-def test_off_policy_batches_drawn_ahead_finish_and_later_ones_skip_the_retired_rows(capsys, tmp_path, data, steps):
+def test_off_policy_batches_drawn_ahead_finish_and_later_ones_skip_the_retired_rows(capsys, tmp_path, data, steps,
+                                                                                    monkeypatch):
+    """Off-policy the checkpoint of step t records the data position at the start of batch t+1, drawn before step
+    t retired its rows; it holds the rows retired up to step t all the same, so the resumed run skips them. The
+    run is killed in step 4, batch 5 in flight, and resumed from the checkpoint of step 3."""
+    from relayrl.config.loader import load_config
+    from relayrl.config.schema import Config
+
+    from killing import run_killed_in_step
+
     run = tmp_path / "run"
-    assert cli.main(["train", *RUN, *data, f"run.dir={run}", "trainer.off_policy_steps=1", "trainer.steps=6",
-                     "run.save_every=0"]) == 0, capsys.readouterr().err
-    assert [s for s, _, _ in steps] == [1, 2, 3, 4, 5, 6]
-    _check_retired(steps, ahead=1)
-    assert all(r % 2 for _, rows, _ in steps[4:] for r in rows), steps
+    over = [*RUN[1:], *data, f"run.dir={run}", "trainer.off_policy_steps=1", "run.save_every=1", "trainer.steps=6"]
+    run_killed_in_step(monkeypatch, load_config(Config, RUN[0], over), 4)
+    assert [s for s, _, _ in steps] == [1, 2, 3]
     recs = _records(run)
-    assert recs[-1]["data/retired"] == ROWS // 2 and recs[-1]["data/active_rows"] == ROWS // 2
+    assert recs[1]["data/retired"] < recs[2]["data/retired"] == ROWS // 2  # step 3 retired rows of its own
+    saved = json.loads((run / "checkpoints" / "step-000003" / "trainer_state.json").read_text())
+    assert saved["data"]["consumed"] == 3 * P  # the start of batch 4 (drawn after step 2) ...
+    assert len(saved["data"]["retired"]) == ROWS // 2  # ... with the rows step 3 retired
+
+    first = list(steps)
+    steps.clear()
+    assert cli.main(["train", RUN[0], *over, "run.resume=auto"]) == 0, capsys.readouterr().err
+    assert [s for s, _, _ in steps] == [4, 5, 6]
+    assert all(r % 2 for _, rows, _ in steps for r in rows), steps  # the regenerated batches too
+    _check_retired(first + steps, ahead=1)
+    assert [r["data/active_rows"] for r in _records(run)[3:]] == [ROWS // 2] * 3
 
 
 @pytest.mark.parametrize("mode", [[], ["trainer.off_policy_steps=1"]], ids=["sync", "offpolicy"])
