@@ -14,7 +14,7 @@ Config = Any
 """A :class:`relayrl.config.schema.Config` (not imported: the schema imports these rules)."""
 
 __all__ = ["check_env", "check_decoupled_rewards", "check_ref_sync", "check_precompute_ref", "check_dpo", "check_kto",
-           "check_total_epochs"]
+           "check_total_epochs", "check_retire_solved"]
 
 
 def check_env(self: Config) -> None:
@@ -168,3 +168,11 @@ def check_total_epochs(self: Config) -> None:
         raise ValueError(f"trainer.total_epochs={epochs:g} counts passes over a training dataset, and data.task="
                          f"{self.data.task} draws problems without end: give a dataset (data.path or "
                          f"data.hf_name, with data.task=null), or set the run's length with trainer.steps")
+
+
+def check_retire_solved(self: Config) -> None:
+    """``data.retire_solved`` retires the dataset rows a GRPO step's groups solve: workflow grpo only."""
+    threshold = self.data.retire_solved
+    if threshold is not None and self.workflow != "grpo":
+        raise ValueError(f"data.retire_solved={threshold:g} retires a prompt once the responses a GRPO step samples "
+                         f"to it are solved; workflow {self.workflow} samples none: drop data.retire_solved")

@@ -89,6 +89,13 @@ class DataConfig(BaseModel):
     shuffle: bool = Field(True, description="walk the training rows of data.path or data.hf_name in a fresh order "
                           "drawn with run.seed each epoch (verl's data.shuffle); false: in the file's order, every "
                           "epoch")
+    retire_solved: float | None = Field(
+        None, gt=0, le=1, description="workflow grpo on data.path or data.hf_name: retire a training row for the "
+        "rest of the run once a step's group of responses to it reaches this pass rate (the share of the group "
+        "whose verifier score, before any shaping, is >= 1.0, as train/accuracy counts), e.g. 0.9: ScaleRL's "
+        "no-positive-resampling and POLARIS's removal of easy prompts. A retired row is skipped in the rest of the "
+        "epoch and in every later one (data/retired, data/active_rows); the run stops early, checkpointed and "
+        "exported, once every row is retired. null: every row stays")
     prompts_per_step: int = Field(8, ge=1, description="workflow grpo: prompts an RL step draws, each answered "
                                   "rollout.n times (SFT and DPO take trainer.batch_size)")
 
@@ -163,6 +170,10 @@ class DataConfig(BaseModel):
             given = f"data.max_rows={self.max_rows}" if self.max_rows is not None else "data.shuffle=false"
             raise ValueError(f"{given} picks and orders the rows of a dataset (data.path or data.hf_name); the "
                              f"built-in task data.task={self.task!r} draws fresh prompts without end: drop {given}")
+        if self.task is not None and self.retire_solved is not None:
+            raise ValueError(f"data.retire_solved={self.retire_solved:g} retires the rows of a dataset (data.path or "
+                             f"data.hf_name) once solved; the built-in task data.task={self.task!r} draws fresh "
+                             f"prompts without end: drop data.retire_solved")
         if self.task is not None:  # an unknown task or option fails here, not after the model has loaded
             from relayrl.data.tasks import make_task
 

@@ -50,6 +50,7 @@ import torch
 
 from relayrl.algorithms.dapo import overlong_penalty
 from relayrl.algorithms.kl import kl_controller
+from relayrl.algorithms.retire import solved_groups
 from relayrl.checkpoint import CheckpointError, check_fits
 from relayrl.cluster import make_group
 from relayrl.config.plan import step_plan
@@ -166,6 +167,7 @@ class GRPOPipeline:
         f.state.kl_coef = self.kl_ctrl.value  # (set before the consuming stages start; off-policy too)
         f.state.entropy_coef = self.entropy_ctrl.value
         self._run(f, stages)
+        retired = self._retire(f.state)  # (before the rollout thread may draw the next batch: the hand-over)
         m = {**step_metrics(f.state, step=step, prompts_per_step=self.cfg.data.prompts_per_step,
                             tri_model=self.plan.tri_model, session=self.s), **waited}
         trained = "dapo/skipped_step" not in m
@@ -176,7 +178,20 @@ class GRPOPipeline:
         m.update(self._hand_over_weights(step, f, trained))
         m.update(self.parts.phases.metrics)
         m.update(self._driver_bytes())  # (after the hand-over: weights relayed through the driver count)
+        m.update(retired)
         return self.perf(m, t0, step_tokens(f.state), step if trained or self.ahead is not None else None)
+
+    def _retire(self, st: StepState) -> dict[str, float]:
+        """``data.retire_solved``: the rows whose group this step solved at that pass rate are never drawn
+        again (their groups were judged, kept or dropped); ``data/retired`` and ``data/active_rows`` after it.
+        Off-policy, batches drawn ahead before a row retired still train on it."""
+        threshold, prompts = self.cfg.data.retire_solved, self.s.prompts
+        if threshold is None:
+            return {}
+        with st.cond:
+            rows = [st.positions[g] for g in solved_groups(st.pass_rates, threshold)]
+        prompts.retire(rows)
+        return {"data/retired": float(len(prompts.retired)), "data/active_rows": float(prompts.active_rows)}
 
     def _adapt_kl(self, m: dict[str, float], f: Flow, trained: bool) -> dict[str, float]:
         """``actor/kl_coef``, the coefficient this step used; then an adaptive controller moves it by the step's
@@ -244,7 +259,7 @@ class GRPOPipeline:
         part = f"step-{step}"
         rounds = 1 + self.cfg.algorithm.max_resample_rounds if self.plan.group_filter else 1
         self.dock.open_partition(part, rows=P * rounds * n, group_size=n)
-        return Flow(self.dock, part, step, StepState(problems))
+        return Flow(self.dock, part, step, StepState(list(problems), list(problems.positions)))
 
     def perf(self, metrics: dict[str, float], t0: float, tokens: int, version: int | None) -> dict[str, float]:
         """Step time and throughput (``tokens``: prompt + generated tokens, per device per second)."""
@@ -337,6 +352,8 @@ class GRPOPipeline:
         if self.ahead is not None:  # the position of batch step+1, the first not trained yet
             data, rng = (self.ahead.start_of(step + 1) if step + 1 in self.ahead.steps
                          else (self.s.prompts.state(), extra_state["rollout_rng"]))
+            # the rows retired by the steps trained so far (the batch's start is older: rows retired since)
+            data = {**data, "retired": self.s.prompts.state()["retired"]}
             extra_state = {"rollout_rng": rng, "data": data}
         extra_state["kl_ctrl"] = self.kl_ctrl.state_dict()
         extra_state["entropy_ctrl"] = self.entropy_ctrl.state_dict()

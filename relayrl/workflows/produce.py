@@ -16,6 +16,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 import torch
 
 from relayrl.algorithms.gdpo import decoupled_rewards
+from relayrl.algorithms.retire import pass_rates
 from relayrl.config.plan import PARTIAL_POLL_S
 from relayrl.engines.reward.extra import sample_fields
 from relayrl.workflows.flow import Flow
@@ -61,6 +62,7 @@ class Produce:
                 fresh = p.session.prompts.take(need)
                 with st.cond:
                     st.problems += fresh
+                    st.positions += fresh.positions
                 todo = list(range(first, first + need))
             if p.plan.baseline and not f.stop.is_set():
                 with st.cond:
@@ -226,7 +228,9 @@ class Produce:
                                    [each[i] for i in kept] if p.cfg.reward.decoupled else None))
         if len(kept) < len(rows):
             p.dock.retire(f.part, [r for r, k in zip(rows, keep) if not k])
+        rates = pass_rates(scores.tolist(), groups.tolist())  # (every judged group: data.retire_solved)
         with st.cond:
+            st.pass_rates.update(rates)
             st.scores += [float(scores[i]) for i in kept]
             st.rewards += [rewards[i] for i in kept]
             st.dropped |= {int(g) for g, k in zip(groups.tolist(), keep) if not k}

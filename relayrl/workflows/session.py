@@ -13,9 +13,10 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from relayrl.checkpoint import CheckpointManager, ResumePlan, capture_rng_state, restore_rng_state, resume_from
 from relayrl.checkpoint.atomic import write_dir_atomically
@@ -28,7 +29,7 @@ from relayrl.errors import RunStopped
 from relayrl.workflows.heldout import EvalSession
 from relayrl.telemetry import NonFiniteError, Timeline, Tracker, check_updates
 
-__all__ = ["PromptSource", "first_rows", "Session", "RunInterrupted", "model_dirs"]
+__all__ = ["PromptSource", "Drawn", "RowsExhausted", "first_rows", "Session", "RunInterrupted", "model_dirs"]
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -61,12 +62,30 @@ def first_rows(rows: list, n: int, *, seed: int, shuffle: bool) -> tuple[list, s
     return [rows[i] for i in keep], f"data.max_rows={n}: training on {n:,} of {len(rows):,} rows, {how}"
 
 
+class Drawn(list):
+    """Problems a :class:`PromptSource` drew, in order (a ``list[Problem]``), with :attr:`positions`: each one's
+    position in the training rows (its index in ``PromptSource.problems``, the row's identity for
+    ``data.retire_solved``; None for a built-in task's fresh problem)."""
+
+    def __init__(self, problems: list[Problem], positions: list[int | None]) -> None:
+        super().__init__(problems)
+        self.positions = positions
+
+
+class RowsExhausted(RunStopped):
+    """Every training row is retired (``data.retire_solved``): there is no prompt left to draw."""
+
+
 class PromptSource:
     """Training prompts in a reproducible order; :meth:`state` is the data position in checkpoints.
 
     A built-in task draws fresh problems from a seeded ``random.Random``,
     skipping the prompts in ``exclude`` (the held-out set, so that it stays
-    held out); a dataset is walked in a per-epoch permutation (``shuffle``), or in its own order.
+    held out); a dataset is walked in a per-epoch permutation (``shuffle``), or in its own order, skipping the
+    rows :meth:`retire` took out (ScaleRL's no-positive-resampling, ``data.retire_solved``): in the rest of the
+    current epoch's permutation and in every later one. The permutation of an epoch is the same with or without
+    retired rows, so a row keeps its place among the others. ``lock`` guards the position and the retired set
+    (an off-policy rollout thread draws while the trainer retires).
     """
 
     def __init__(self, seed: int, *, task=None, problems: list[Problem] | None = None,
@@ -78,6 +97,9 @@ class PromptSource:
         self.task, self.problems, self.seed, self.exclude, self.shuffle = task, problems, seed, exclude, shuffle
         self.rng = random.Random(seed)
         self.epoch, self.pos, self.consumed = 0, 0, 0
+        self.retired: set[int] = set()
+        """Positions (indexes into ``problems``) never drawn again."""
+        self.lock = threading.Lock()
         self._order = self._permutation()
 
     def _permutation(self) -> list[int]:
@@ -88,19 +110,47 @@ class PromptSource:
             random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
         return order
 
-    def take(self, n: int) -> list[Problem]:
-        out = []
-        for _ in range(n):
-            if self.task is not None:
-                out.append(self._draw())
-            else:
-                if self.pos == len(self._order):
-                    self.epoch, self.pos = self.epoch + 1, 0
-                    self._order = self._permutation()
-                out.append(self.problems[self._order[self.pos]])
-                self.pos += 1
-        self.consumed += n
-        return out
+    @property
+    def active_rows(self) -> int | None:
+        """Training rows not retired (None: a built-in task, which has no rows)."""
+        return None if self.problems is None else len(self.problems) - len(self.retired)
+
+    def take(self, n: int) -> Drawn:
+        """The next ``n`` problems, with their positions; raises :class:`RowsExhausted` when every row is
+        retired."""
+        problems, positions = [], []
+        with self.lock:
+            for _ in range(n):
+                if self.task is not None:
+                    problems.append(self._draw())
+                    positions.append(None)
+                    continue
+                if not self.active_rows:
+                    raise RowsExhausted(f"every one of the {len(self.problems):,} training rows is retired "
+                                        f"(data.retire_solved): no prompt is left to draw")
+                while True:
+                    if self.pos == len(self._order):
+                        self.epoch, self.pos = self.epoch + 1, 0
+                        self._order = self._permutation()
+                    i = self._order[self.pos]
+                    self.pos += 1
+                    if i not in self.retired:
+                        break
+                problems.append(self.problems[i])
+                positions.append(i)
+            self.consumed += n
+        return Drawn(problems, positions)
+
+    def retire(self, positions: Iterable[int]) -> int:
+        """Never draw the rows at ``positions`` again; returns how many were not retired before."""
+        rows = len(self.problems or ())
+        with self.lock:
+            fresh = set(positions) - self.retired
+            bad = sorted(i for i in fresh if not 0 <= i < rows)
+            if bad:
+                raise ValueError(f"cannot retire row {bad[0]}: the training set has rows 0..{rows - 1}")
+            self.retired |= fresh
+            return len(fresh)
 
     def _draw(self) -> Problem:
         for _ in range(10_000):
@@ -113,19 +163,31 @@ class PromptSource:
     def fork(self) -> "PromptSource":
         """An independent source at this one's position: it draws the problems this one will draw next, and
         neither moves the other (the rows are shared, not copied)."""
-        other = PromptSource(self.seed, task=self.task, problems=self.problems, exclude=self.exclude)
+        other = PromptSource(self.seed, task=self.task, problems=self.problems, exclude=self.exclude,
+                             shuffle=self.shuffle)
         other.load_state(self.state())
         return other
 
     def state(self) -> dict:
-        rng = self.rng.getstate()
-        return {"rng": [rng[0], list(rng[1]), rng[2]], "epoch": self.epoch, "pos": self.pos, "consumed": self.consumed}
+        """The position, the task's sampler state and the retired rows (sorted positions), as JSON values."""
+        with self.lock:
+            rng = self.rng.getstate()
+            return {"rng": [rng[0], list(rng[1]), rng[2]], "epoch": self.epoch, "pos": self.pos,
+                    "consumed": self.consumed, "retired": sorted(self.retired)}
 
     def load_state(self, state: dict) -> None:
+        """Back to :meth:`state`'s position (a checkpoint written before ``data.retire_solved`` has no retired
+        rows)."""
         v, internal, gauss = state["rng"]
-        self.rng.setstate((v, tuple(internal), gauss))
-        self.epoch, self.pos, self.consumed = state["epoch"], state["pos"], state["consumed"]
-        self._order = self._permutation()
+        retired, rows = set(state.get("retired", ())), len(self.problems or ())
+        bad = sorted(i for i in retired if not 0 <= i < rows)
+        if bad:
+            raise ValueError(f"the data position retires row {bad[0]}, but the training set has {rows:,} rows")
+        with self.lock:
+            self.rng.setstate((v, tuple(internal), gauss))
+            self.epoch, self.pos, self.consumed = state["epoch"], state["pos"], state["consumed"]
+            self.retired = retired
+            self._order = self._permutation()
 
 
 class Session(EvalSession):
@@ -228,7 +290,7 @@ class Session(EvalSession):
                  save: Callable[[int], Any]) -> bool:
         """Evaluate (every ``eval.every`` steps and at the end), log, checkpoint; True when the run stops here."""
         cfg = self.cfg
-        last = step == cfg.trainer.steps
+        last = step == cfg.trainer.steps or self.rows_exhausted(step)
         if RESTARTS.get():
             metrics["run/restarts"] = float(RESTARTS.get())
         if (cfg.eval.every and step % cfg.eval.every == 0) or last:
@@ -251,9 +313,25 @@ class Session(EvalSession):
         self.stopped_early = {"step": step, "accuracy": acc, "stop_at": target}
         return True
 
+    def rows_exhausted(self, step: int) -> bool:
+        """True once ``data.retire_solved`` has retired every training row (said in the run's log): the run
+        ends after this step, evaluated, checkpointed and exported as at its last step."""
+        if self.prompts.active_rows != 0:
+            return False
+        self.tracker.write_text(f"relayrl: every one of the {len(self.prompts.problems):,} training rows is "
+                                f"retired (solved at a pass rate >= data.retire_solved={self.cfg.data.retire_solved}) "
+                                f"at step {step} of {self.cfg.trainer.steps}; stopping early")
+        return True
+
     def steps(self) -> range:
         """The steps left to train: after the resumed step, up to ``trainer.steps``; none when the resumed
-        run had stopped early at a held-out accuracy that still meets ``eval.stop_at``."""
+        run had stopped early at a held-out accuracy that still meets ``eval.stop_at``, or had retired every
+        training row (``data.retire_solved``)."""
+        if self.prompts.active_rows == 0:
+            self.log(f"relayrl: the run had retired every one of its {len(self.prompts.problems):,} training rows "
+                     f"by step {self.start_step} (data.retire_solved); nothing left to train. Start a new run "
+                     f"(or resume with data.retire_solved=null to draw them all again)")
+            return range(0)
         stop = self.stopped_early
         if stop is not None:
             target = self.cfg.eval.stop_at
@@ -292,6 +370,10 @@ class Session(EvalSession):
             return None
         ck = self.ckpt.load(self.plan.path, expected_shapes=expected_shapes)
         self.prompts.load_state(ck.trainer_state["data"])
+        if self.cfg.data.retire_solved is None and self.prompts.retired:
+            self.log(f"relayrl: the checkpoint had retired {len(self.prompts.retired):,} training rows; "
+                     f"data.retire_solved=null draws them again")
+            self.prompts.retired.clear()
         self.start_step = self.step_done = ck.step
         self.stopped_early = ck.trainer_state.get("stopped_early")
         self.nonfinite_skips = int(ck.trainer_state.get("nonfinite_skips", 0))

@@ -22,6 +22,9 @@ __all__ = ["StepState"]
 class StepState:
     problems: list
     """The step's prompt problems; a group's id is its index here (dynamic sampling appends replacements)."""
+    positions: list[int | None]
+    """Each problem's position in the training rows (``PromptSource.problems``; None: a built-in task's), the row
+    ``data.retire_solved`` retires; appended with ``problems``."""
     kl_coef: float = 0.0
     """The KL coefficient the consuming stages use (the KL controller's value when they start)."""
     entropy_coef: float | None = None
@@ -54,6 +57,9 @@ class StepState:
     judged: int = 0
     """Groups whose rewards were judged (kept or dropped)."""
     kept: int = 0
+    pass_rates: dict[int, float] = field(default_factory=dict)
+    """Each judged group's pass rate (share of its verifier scores >= 1.0, before shaping; kept and dropped
+    groups alike): :func:`relayrl.algorithms.retire.pass_rates`."""
     dropped: set[int] = field(default_factory=set)
     """Groups dynamic sampling dropped (all rewards equal), and groups a failure dropped (``*.on_error=drop_group``)."""
     rollout_errors: int = 0

@@ -49,3 +49,14 @@ def logs_length(prompts, completions, log_extra, **kwargs):
     log_extra("chars", [len(c) for c in completions])
     log_extra("echo", list(completions))
     return by_length(prompts, completions, None)
+
+
+def solves_even(prompts, responses, answers):
+    """Every response to a prompt whose first number is even scores 1 (solved: data.retire_solved retires it);
+    the others score by length below 1 (never solved)."""
+    return [1.0 if int(p.split("+")[0]) % 2 == 0 else float(len(r) % 3) / 4.0 for p, r in zip(prompts, responses)]
+
+
+def always_solved(prompts, responses, answers):
+    """Every response scores 1: each prompt is solved the first time it is drawn."""
+    return [1.0] * len(responses)
