@@ -175,19 +175,3 @@ def test_a_narrowed_distribution_is_refused(served):
         with pytest.raises(ValueError, match=next(iter(narrow))):
             eng.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2, **narrow))
 
-
-def test_head_fp32_reaches_vllm_as_its_head_dtype(vllm_dir, tiny_tokenizer):
-    """model.head_fp32 with rollout.engine=vllm: a bf16 engine started with hf_overrides head_dtype=float32, which
-    vLLM's logits processor reads for the head's product; it samples and reports finite log-probs."""
-    from relayrl.engines.generation.vllm_engine import VLLMGenerationEngine
-
-    eng = VLLMGenerationEngine(str(vllm_dir), tiny_tokenizer, dtype="bfloat16", spec=VLLMSpec(memory_utilization=0.2),
-                               max_batch=4, head_fp32=True)
-    try:
-        conf = eng.engine.model_config
-        assert conf.dtype == torch.bfloat16 and conf.head_dtype == torch.float32
-        comps = eng.generate(prompts_of(tiny_tokenizer), SamplingParams(n=1, temperature=TEMP, max_new_tokens=4),
-                             torch.Generator().manual_seed(0))
-        assert all(len(c.token_ids) and torch.isfinite(c.logprobs).all() for c in comps)
-    finally:
-        eng.close()

@@ -66,8 +66,9 @@ import torch
 __all__ = ["ChunkedTokenLogprobs", "chunked_token_logprobs", "GRAD_ORDERS"]
 
 GRAD_ORDERS = ("positions", "vocab", "stored")
-_NO_GRADS = (None,) * 8  # the gradients of forward's arguments after hidden and weight (none)
 """How the backward pass slices its ``[positions, vocab]`` recompute (see the module docstring)."""
+
+_NO_GRADS = (None,) * 8  # the gradients of forward's arguments after hidden and weight (none)
 
 _compiled: dict[str, object] = {}
 
