@@ -174,4 +174,3 @@ def test_a_narrowed_distribution_is_refused(served):
     for narrow in ({"top_p": 0.9}, {"min_p": 0.1}, {"repetition_penalty": 1.2}):
         with pytest.raises(ValueError, match=next(iter(narrow))):
             eng.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2, **narrow))
-
