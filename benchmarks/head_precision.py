@@ -98,9 +98,10 @@ def main() -> None:
             r = res[off, flag] = one(path, tok, prompts, off, flag, a.compute_copy, a.steps)
             print(f"logits mean {mean:5.2f} spread {spread:.2f}, head_fp32={str(flag).lower():5}: |logp_gen - "
                   f"logp_train| mean {r['mean']:.2e} max {r['max']:.2e}; step {r['step_s']:.3f} s")
-    ratio = sum(res[o, True]["step_s"] for o in (0.0, a.offset)) / sum(res[o, False]["step_s"] for o in (0.0, a.offset))
-    print(f"head_precision: mean |diff| bf16 head {res[0.0, False]['mean']:.2e}, fp32 head {res[0.0, True]['mean']:.2e} "
-          f"(logits ~18: {res[a.offset, False]['mean']:.2e}, {res[a.offset, True]['mean']:.2e}); step time x{ratio:.2f}")
+    offsets = (0.0, a.offset)
+    ratio = sum(res[o, True]["step_s"] for o in offsets) / sum(res[o, False]["step_s"] for o in offsets)
+    print(f"head_precision: mean |diff| bf16 head {res[0.0, False]['mean']:.2e}, fp32 head {res[0.0, True]['mean']:.2e}"
+          f" (logits ~18: {res[a.offset, False]['mean']:.2e}, {res[a.offset, True]['mean']:.2e}); step time x{ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -41,8 +41,9 @@ def test_fp32_head_cuts_the_train_generation_mismatch_of_a_bf16_run(large_logits
     for flag in ("false", "true"):
         run = tmp_path / flag
         cfg = load_config(Config, "recipes/arith_grpo.yaml",
-                          [f"run.dir={run}", "trainer.steps=1", "eval.size=4", "eval.every=0", "data.prompts_per_step=4",
-                           "rollout.n=4", "rollout.max_new_tokens=8", "telemetry.sinks=[jsonl]", "run.save_every=0",
+                          [f"run.dir={run}", "trainer.steps=1", "eval.size=4", "eval.every=0",
+                           "data.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=8",
+                           "telemetry.sinks=[jsonl]", "run.save_every=0",
                            f"trainer.init_from={large_logits_dir}", "model.dtype=bfloat16", f"model.head_fp32={flag}"])
         GRPOPipeline(cfg).run()
         rec = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()][1]
