@@ -393,6 +393,9 @@ class Config(_Section):
             raise ValueError("model.dtype=float16 trains with fp16 compute, whose gradients underflow without loss "
                              "scaling (relayrl does not scale losses); use model.dtype=bfloat16 (rollout.dtype="
                              "float16 is fine)")
+        if self.model.head_fp32 and self.model.dtype == "float32" and (self.rollout.dtype or "float32") == "float32":
+            raise ValueError("model.head_fp32=true computes the head in float32, but model.dtype=float32 (and "
+                             "rollout.dtype) already do: drop model.head_fp32, or set model.dtype=bfloat16")
         if self.model.pure_low_precision and self.model.dtype == "float32":
             raise ValueError("model.pure_low_precision=true trains low-precision weights, but model.dtype=float32; "
                              "set model.dtype=bfloat16 or drop model.pure_low_precision")

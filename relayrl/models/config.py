@@ -28,6 +28,14 @@ class ModelConfig(BaseModel):
         False, description="train weights stored in model.dtype itself, with no float32 master copy. Updates "
         "smaller than the dtype's resolution are lost (a bf16 weight of 0.02 ignores steps below ~1e-4), so "
         "this must be asked for explicitly")
+    head_fp32: bool = Field(
+        False, description="compute the output head (the logits) in float32 whatever model.dtype: hidden states and "
+        "head weight cast to float32 for the product (the weight's storage is unchanged) in every policy pass of the "
+        "trainer (update, old and reference log-probs; not a critic's value head) and in the rollout's sampling "
+        "and log-probs (native engine, both decode paths; rollout.engine=vllm through vLLM's head_dtype; an "
+        "openai server keeps its own precision). ScaleRL's FP32 logits, TRL's cast_lm_head_to_fp32: trainer and "
+        "generator then round their logits alike, and their log-probs agree more closely. Needs a "
+        "low-precision model.dtype or rollout.dtype")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where the models run: auto takes CUDA "
                                                    "when torch sees a GPU, else the CPU")
     lora: LoraConfig = Field(LoraConfig(), description="LoRA adapters on the trained roles (peft); the rollout "

@@ -42,28 +42,13 @@ from relayrl.models.load import check_loaded, load_model, load_tokenizer, load_v
 from relayrl.telemetry import memory
 from relayrl.weights import WeightReceiverMixin, gather_full_state
 from relayrl.weights.shm import pack_into_shared
+from relayrl.workflows.precision import role_precision  # (re-exported: the roles import it from here)
 from relayrl.workflows.rollout_stream import StreamingGeneration
 
 __all__ = ["rows_batch", "PolicyWorker", "CriticWorker", "RewardModelTrainer", "ReferenceWorker", "RolloutWorker", "resolve_device", "collective", "generate",
            "rollout_rng", "restore_rollout_rng", "role_precision"]
 
 log = logging.getLogger(__name__)
-
-
-def role_precision(model, rollout=None) -> dict[str, dict[str, str]]:
-    """Weight and compute dtypes of each role from ``model`` (``ModelConfig``) and ``rollout`` (``RolloutConfig``).
-
-    Trained roles (actor, critic) keep float32 weights and compute in ``model.dtype`` (mixed precision),
-    unless ``model.pure_low_precision``; frozen roles (reference) and the rollout hold their weights in the
-    compute dtype, since they are never updated. With LoRA the trained roles' base weights are frozen too: they
-    load in the compute dtype, and peft keeps the adapters (the weights that train) in float32.
-    """
-    trained = model.dtype if model.pure_low_precision or model.lora.enabled else "float32"
-    return {
-        "trained": dict(dtype=trained, compute_dtype=model.dtype),
-        "frozen": dict(dtype=model.dtype),
-        "rollout": dict(dtype=(rollout.dtype if rollout is not None and rollout.dtype else model.dtype)),
-    }
 
 
 def resolve_device(name: str, worker_device: torch.device | None = None) -> torch.device:
@@ -155,7 +140,7 @@ class _TrainerWorker(_MemoryProbe, Worker):
 
     def _start(self, load, model_path: str, engine: TrainEngineConfig, total_steps: int, *, dtype: str, device: str,
                attn_implementation: str, threads: int, seed: int, compute_dtype: str | None = None,
-               lora: lora_lib.LoraConfig | None = None, **engine_kwargs) -> None:
+               lora: lora_lib.LoraConfig | None = None, head_fp32: bool = False, **engine_kwargs) -> None:
         _set_threads(threads, self)
         torch.manual_seed(seed)
         dev = resolve_device(device, getattr(self, "device", None))
@@ -170,7 +155,7 @@ class _TrainerWorker(_MemoryProbe, Worker):
         self.engine = TorchTrainingEngine(model, engine, total_steps=total_steps, device=dev,
                                           compute_dtype=resolve_dtype(compute_dtype or dtype), reference=reference,
                                           reference_adapters_off=self.tri_model and self.peft_model is not None,
-                                          **engine_kwargs)
+                                          head_fp32=head_fp32, **engine_kwargs)
         if self.peft_model is not None and self.engine.sharded:
             raise ValueError("model.lora.enabled with a sharded (FSDP2) trainer is not supported: train LoRA on "
                              "one data-parallel rank (cluster.devices=1, cluster.nodes=1)")
@@ -281,11 +266,12 @@ class PolicyWorker(_TrainerWorker):
 
     def __init__(self, model_path: str, engine: TrainEngineConfig, total_steps: int, *, dtype: str = "float32",
                  compute_dtype: str | None = None, device: str = "auto", attn_implementation: str = "sdpa",
-                 threads: int = 0, seed: int = 0, tri_model: bool = False,
-                 lora: lora_lib.LoraConfig | None = None, chat_template: str | None = None) -> None:
+                 threads: int = 0, seed: int = 0, tri_model: bool = False, lora: lora_lib.LoraConfig | None = None,
+                 chat_template: str | None = None, head_fp32: bool = False) -> None:
         self.tri_model = tri_model
         self._start(load_model, model_path, engine, total_steps, dtype=dtype, compute_dtype=compute_dtype,
-                    device=device, attn_implementation=attn_implementation, threads=threads, seed=seed, lora=lora)
+                    device=device, attn_implementation=attn_implementation, threads=threads, seed=seed, lora=lora,
+                    head_fp32=head_fp32)
         self.tokenizer = load_tokenizer(model_path, chat_template=chat_template)  # saved with the model
 
     def logprobs(self, batch: SequenceBatch, temperature: float = 1.0, with_reference: bool = False):
@@ -361,7 +347,8 @@ class CriticWorker(_TrainerWorker):
 
     def __init__(self, model_path: str, engine: TrainEngineConfig, total_steps: int, *, dtype: str = "float32",
                  compute_dtype: str | None = None, device: str = "auto", attn_implementation: str = "sdpa",
-                 threads: int = 0, seed: int = 0, lora: lora_lib.LoraConfig | None = None) -> None:
+                 threads: int = 0, seed: int = 0, lora: lora_lib.LoraConfig | None = None,
+                 head_fp32: bool = False) -> None:  # (model.head_fp32 is for LM heads: a value head stays as it is)
         self._start(load_value_model, model_path, engine, total_steps, dtype=dtype, compute_dtype=compute_dtype,
                     device=device, attn_implementation=attn_implementation, threads=threads, seed=seed,
                     lora=lora, output="values", metric_prefix="critic")
@@ -383,7 +370,8 @@ class RewardModelTrainer(_TrainerWorker):
 
     def __init__(self, model_path: str, engine: TrainEngineConfig, total_steps: int, *, dtype: str = "float32",
                  compute_dtype: str | None = None, device: str = "auto", attn_implementation: str = "sdpa",
-                 threads: int = 0, seed: int = 0, chat_template: str | None = None) -> None:
+                 threads: int = 0, seed: int = 0, chat_template: str | None = None,
+                 head_fp32: bool = False) -> None:  # (model.head_fp32 is for LM heads: a value head stays as it is)
         from functools import partial
 
         self._start(partial(load_value_model, bias=False), model_path, engine, total_steps, dtype=dtype,
@@ -408,11 +396,12 @@ class ReferenceWorker(_MemoryProbe, Worker):
     """Frozen reference policy: log-probs only."""
 
     def __init__(self, model_path: str, engine: TrainEngineConfig, *, dtype: str = "float32", device: str = "auto",
-                 attn_implementation: str = "sdpa", threads: int = 0) -> None:
+                 attn_implementation: str = "sdpa", threads: int = 0, head_fp32: bool = False) -> None:
         _set_threads(threads, self)
         dev = resolve_device(device, getattr(self, "device", None))
         model = load_model(model_path, dtype=dtype, device=dev, attn_implementation=attn_implementation)
-        self.engine = TorchTrainingEngine(model, engine, total_steps=1, device=dev, trainable=False)
+        self.engine = TorchTrainingEngine(model, engine, total_steps=1, device=dev, trainable=False,
+                                          head_fp32=head_fp32)
 
     def logprobs(self, batch: SequenceBatch, temperature: float = 1.0):
         return self.engine.logprobs(batch, temperature=temperature)[0]
@@ -451,16 +440,17 @@ class RolloutWorker(StreamingGeneration, WeightReceiverMixin, _MemoryProbe, Work
     def __init__(self, model_path: str, *, max_batch: int = 256, dtype: str = "float32", device: str = "auto",
                  attn_implementation: str = "sdpa", threads: int = 0, seed: int = 0, decode: str = "auto",
                  decode_compile: bool = False, remote: RemoteSpec | None = None, vllm: VLLMSpec | None = None,
-                 chat_template: str | None = None) -> None:
+                 chat_template: str | None = None, head_fp32: bool = False) -> None:
         _set_threads(threads, self)
         self.tokenizer = load_tokenizer(model_path, chat_template=chat_template)  # (tool turns render with it)
         if vllm is not None:  # a vLLM engine in this process, on the model directory
             dev = resolve_device(device, getattr(self, "device", None))
             self.engine = VLLMGenerationEngine(model_path, self.tokenizer, dtype=dtype, device=dev,
-                                               max_batch=max_batch, spec=vllm, seed=seed)
+                                               max_batch=max_batch, spec=vllm, seed=seed, head_fp32=head_fp32)
             self.generator = torch.Generator().manual_seed(seed + 7919 * getattr(self, "rank", 0))
             return
-        if remote is not None:  # the server holds the model; this worker keeps the tokenizer and the seeds
+        if remote is not None:  # the server holds the model (and its head's precision); this worker keeps the
+            # tokenizer and the seeds
             self.engine = RemoteGenerationEngine(remote, self.tokenizer, model_dir=model_path)
             self.generator = torch.Generator().manual_seed(seed + 7919 * getattr(self, "rank", 0))
             return
@@ -469,7 +459,7 @@ class RolloutWorker(StreamingGeneration, WeightReceiverMixin, _MemoryProbe, Work
         attn = "sdpa" if attn_implementation == "flex_attention" else attn_implementation
         model = load_model(model_path, dtype=dtype, device=dev, attn_implementation=attn)
         self.engine = NativeGenerationEngine(model, self.tokenizer, max_batch=max_batch, device=dev, decode=decode,
-                                             decode_compile=decode_compile)
+                                             decode_compile=decode_compile, head_fp32=head_fp32)
         self.generator = torch.Generator(device=dev).manual_seed(seed + 7919 * getattr(self, "rank", 0))
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,

@@ -258,3 +258,49 @@ def test_sum_of_squared_probabilities_in_bf16_on_cuda(fused):
     torch.testing.assert_close(sq, torch.exp(torch.logsumexp(2 * z, -1) - 2 * torch.logsumexp(z, -1)),
                                atol=1e-3, rtol=1e-2)
     torch.testing.assert_close(lp, lp2)
+
+
+@pytest.mark.parametrize("compile_step", [False, True])
+def test_fp32_head_in_graphed_static_decode_and_the_bf16_trainer_on_cuda(tiny_model, tiny_dir, tiny_tokenizer,
+                                                                          compile_step):
+    """model.head_fp32 on CUDA: the static decoder's graphs capture the float32 head (bf16 operands, float32
+    output: torch.mm's out_dtype) and give the dynamic path's greedy tokens; the trainer's bf16 chunked head
+    with head_dtype=float32 (fused with Triton and compiled) matches a float64 product of the same operands."""
+    from relayrl.engines.training import head as head_mod
+    from relayrl.models.load import load_model
+
+    other = load_model(tiny_dir)
+    other.load_state_dict(tiny_model.state_dict())
+    dyn = NativeGenerationEngine(tiny_model.to("cuda", torch.bfloat16), tiny_tokenizer, max_batch=3, device="cuda",
+                                 decode="dynamic", head_fp32=True)
+    sta = NativeGenerationEngine(other.to("cuda", torch.bfloat16), tiny_tokenizer, max_batch=3, device="cuda",
+                                 decode="auto", decode_compile=compile_step, head_fp32=True)
+    assert sta.static is not None and sta.static.graphs
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=10, ignore_eos=True)
+    prompts = _ids(tiny_tokenizer, PROMPTS)
+    for x, y in zip(dyn.generate(prompts, params), sta.generate(prompts, params)):
+        assert x.token_ids.tolist() == y.token_ids.tolist()
+        torch.testing.assert_close(x.logprobs, y.logprobs, atol=0.05, rtol=0)
+    assert sta.static._graphs
+    with torch.no_grad():
+        logits = other.get_output_embeddings()(torch.randn(4, 1, other.config.hidden_size, device="cuda",
+                                                           dtype=torch.bfloat16))
+    assert logits.dtype == torch.float32
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    h = torch.randn(300, 256, device="cuda", generator=g, dtype=torch.bfloat16)
+    w = torch.randn(5000, 256, device="cuda", generator=g, dtype=torch.bfloat16) * (5 / 16)
+    t = torch.randint(0, 5000, (300,), device="cuda", generator=g)
+    want = torch.log_softmax(h.double() @ w.double().T, -1).gather(-1, t[:, None]).squeeze(-1)
+    for fused in ("compile", "triton"):
+        head_mod.FUSED = fused
+        try:
+            for grad_by in ("positions", "vocab", "stored"):
+                hh, ww = h.clone().requires_grad_(), w.clone().requires_grad_()
+                lp, _ = head_mod.chunked_token_logprobs(hh, ww, t, chunk=128, fused=True, grad_by=grad_by,
+                                                        head_dtype=torch.float32)
+                lp.sum().backward()
+                assert float((lp.double() - want).abs().max()) < 1e-4
+                assert torch.isfinite(hh.grad).all() and torch.isfinite(ww.grad).all()
+        finally:
+            head_mod.FUSED = "compile"

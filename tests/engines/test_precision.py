@@ -124,11 +124,13 @@ def test_config_refuses_fp16_training_and_pointless_pure_precision():
     from relayrl.workflows.workers import role_precision
 
     prec = role_precision(cfg.model, cfg.rollout)
-    assert prec["trained"] == {"dtype": "float32", "compute_dtype": "bfloat16"}
-    assert prec["frozen"] == {"dtype": "bfloat16"} and prec["rollout"] == {"dtype": "float16"}
+    assert prec["trained"] == {"dtype": "float32", "compute_dtype": "bfloat16", "head_fp32": False}
+    assert prec["frozen"] == {"dtype": "bfloat16", "head_fp32": False}
+    assert prec["rollout"] == {"dtype": "float16", "head_fp32": False}
     # LoRA: the trained roles' base is frozen too, so it loads in the compute dtype (the adapters are float32)
     lora = Config.model_validate({"model": {"dtype": "bfloat16", "lora": {"enabled": True}}})
-    assert role_precision(lora.model)["trained"] == {"dtype": "bfloat16", "compute_dtype": "bfloat16"}
+    assert role_precision(lora.model)["trained"] == {"dtype": "bfloat16", "compute_dtype": "bfloat16",
+                                                          "head_fp32": False}
 
 
 def test_lora_on_a_bf16_base_trains_float32_adapters(tiny_dir, tiny_tokenizer):

@@ -38,7 +38,10 @@ cache (the static one is sized for one prompt plus ``max_new_tokens``).
 
 Departures from production engines (vLLM): no paged attention; the cache is a
 dense tensor per layer (the static cache is sized for the longest prompt plus
-``max_new_tokens``). The model runs in its loaded dtype (bf16 on GPUs).
+``max_new_tokens``). The model runs in its loaded dtype (bf16 on GPUs); with ``head_fp32``
+(``model.head_fp32``) its output head computes float32 logits from a float32 product on both decode paths,
+in or out of the static path's CUDA graphs (:mod:`relayrl.models.head_precision`), so the recorded log-probs
+come from float32 logits as the trainer's do.
 """
 
 from __future__ import annotations
@@ -137,8 +140,13 @@ class NativeGenerationEngine:
     """Generation with a Hugging Face model; see the module docstring."""
 
     def __init__(self, model, tokenizer, *, max_batch: int = 256, device: str | torch.device = "cpu",
-                 decode: str = "auto", decode_compile: bool = False, decode_chunk: int = 16, log=print) -> None:
+                 decode: str = "auto", decode_compile: bool = False, decode_chunk: int = 16, log=print,
+                 head_fp32: bool = False) -> None:
         self.model = model.to(device).eval()
+        if head_fp32:  # model.head_fp32: float32 logits from a float32 product on both decode paths
+            from relayrl.models.head_precision import run_head_in_fp32
+
+            run_head_in_fp32(self.model)
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.max_batch = max_batch

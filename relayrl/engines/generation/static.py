@@ -394,7 +394,8 @@ class StaticDecoder:
             return self._head_fn(x)
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits [B, V] in the model's dtype (the sampler takes its sums in float32/64)."""
+        """Logits [B, V] in the model's dtype (the sampler takes its sums in float32/64), or float32 when the head
+        was set to run in float32 (``model.head_fp32``: its forward does the product, captured in the graph)."""
         return self.model.get_output_embeddings()(self.dec.norm(x)[:, 0])
 
     def _decode(self, B: int, L: int, params: SamplingParams):

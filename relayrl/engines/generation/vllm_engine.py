@@ -25,6 +25,10 @@ which engine sampled. How each part maps onto vLLM 0.32's Python API:
   again with the new weights and they continue, each token keeping the version and log-prob it was
   sampled with. This is what the native engine does (prefill again); vLLM's ``pause_generation(mode=
   "keep")`` would keep KV entries computed by the old weights.
+- **Output head precision** (``model.head_fp32``): vLLM's ``head_dtype`` (``hf_overrides``, generation
+  models since 0.32): its logits processor computes the head's product in float32 (on CUDA, bf16 operands
+  with float32 output; elsewhere both cast to float32) for an unquantized head, and samples and reports
+  log-probs from those logits.
 - **Colocated memory** (``release``/``offload``): on CUDA, ``sleep(level=1)`` drops the KV cache and moves
   the weights to host, ``wake_up`` brings them back, as verl and NeMo-RL do. vLLM's CPU backend has no
   sleep mode: there the weights and the KV cache stay where they are.
@@ -68,7 +72,7 @@ class VLLMGenerationEngine:
     """Generation through a vLLM engine in this process; see the module docstring."""
 
     def __init__(self, model_dir: str, tokenizer, *, dtype: str = "float32", device: str | torch.device = "cpu",
-                 max_batch: int = 256, spec: VLLMSpec | None = None, seed: int = 0) -> None:
+                 max_batch: int = 256, spec: VLLMSpec | None = None, seed: int = 0, head_fp32: bool = False) -> None:
         if not vllm_available():
             raise VLLMMissingError(f"rollout.engine=vllm: vLLM is not installed; install it with {INSTALL}, or "
                                    f"set rollout.engine=native")
@@ -86,7 +90,8 @@ class VLLMGenerationEngine:
             self.llm = LLM(model=self.model_dir, dtype=dtype, seed=seed, enforce_eager=spec.enforce_eager,
                            gpu_memory_utilization=spec.memory_utilization, max_model_len=spec.max_model_len,
                            max_num_seqs=max_batch, skip_tokenizer_init=True, logprobs_mode="processed_logprobs",
-                           enable_prefix_caching=spec.prefix_caching)
+                           enable_prefix_caching=spec.prefix_caching,
+                           hf_overrides={"head_dtype": "float32"} if head_fp32 else None)
         except ValueError as e:  # vLLM's own words name neither the key nor that its share counts this process
             if "memory" not in str(e).lower():
                 raise

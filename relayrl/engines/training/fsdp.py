@@ -37,11 +37,14 @@ __all__ = ["ResponseLogits", "world_size", "shard_model", "max_over_ranks", "sum
 
 class ResponseLogits(nn.Module):
     """``model``'s output logits at chosen positions: the decoder runs on the whole input, the head only on
-    ``hidden[rows, cols]`` (so prompt positions never get ``[L, V]`` logits)."""
+    ``hidden[rows, cols]`` (so prompt positions never get ``[L, V]`` logits). ``head_dtype``: the dtype of the
+    head's matrix product (``torch.float32``: ``model.head_fp32``, :mod:`relayrl.models.head_precision`); None:
+    the compute dtype, as the head's own forward runs it."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, head_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.model = model
+        self.head_dtype = head_dtype
 
     def forward(self, input_ids: torch.Tensor, attention_mask, position_ids: torch.Tensor | None,
                 rows: torch.Tensor, cols: torch.Tensor, targets: torch.Tensor | None = None,
@@ -56,13 +59,18 @@ class ResponseLogits(nn.Module):
                                           position_ids=position_ids, use_cache=False).last_hidden_state
         head = self.model.get_output_embeddings()
         if targets is None:
+            if self.head_dtype == torch.float32:
+                from relayrl.models.head_precision import fp32_logits
+
+                return fp32_logits(hidden[rows, cols], head.weight, head.bias)
             return head(hidden[rows, cols]).float()
         from relayrl.engines.training.head import chunked_token_logprobs
 
         picked = hidden[rows, cols]
         out = chunked_token_logprobs(picked.reshape(-1, picked.shape[-1]), head.weight, targets.reshape(-1),
                                      temperature=temperature, chunk=chunk, with_entropy=with_entropy,
-                                     fused=fused, grad_by=grad_by, with_sum_sq=with_sum_sq)
+                                     fused=fused, grad_by=grad_by, with_sum_sq=with_sum_sq,
+                                     head_dtype=self.head_dtype)
         return tuple(None if t is None else _shaped(t, targets.shape) for t in out)
 
 

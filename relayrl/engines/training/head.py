@@ -17,7 +17,15 @@ so with :data:`FUSED` ``= "triton"`` this reduction runs eagerly beside them).
 
 The matrix products run in the hidden states' dtype (bf16 under mixed
 precision), the softmax in float32; the weight's gradient accumulates in
-float32 and is returned in the weight's dtype.
+float32 and is returned in the weight's dtype. With ``head_dtype=torch.float32``
+(``model.head_fp32``, :mod:`relayrl.models.head_precision`) the products run in
+float32 instead, under autocast disabled: the weight is cast once per pass (a
+float32 ``[V, d]`` copy when it is stored in bf16, as under FSDP2 or
+``engine.compute_copy``; none for float32 master weights under autocast), the
+hidden states a chunk at a time (all ``[N, d]`` of them at once in the
+``"vocab"`` backward, which multiplies every position by each slice), and
+``"stored"`` keeps its logits in float32 (twice the bytes of bf16). The fused
+steps take float32 logits as they take bf16 ones.
 
 The backward pass recomputes the logits in one of two orders (``grad_by``):
 
@@ -59,6 +67,8 @@ __all__ = ["ChunkedTokenLogprobs", "chunked_token_logprobs", "GRAD_ORDERS"]
 
 GRAD_ORDERS = ("positions", "vocab", "stored")
 """How the backward pass slices its ``[positions, vocab]`` recompute (see the module docstring)."""
+
+_NO_GRADS = (None,) * 8  # the gradients of forward's arguments after hidden and weight (none)
 
 _compiled: dict[str, object] = {}
 
@@ -162,8 +172,9 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
                 chunk: int, with_entropy: bool, fused: bool = False, grad_by: str = "positions",
-                with_sum_sq: bool = False):
-        w = weight.to(hidden.dtype)
+                with_sum_sq: bool = False, head_dtype: torch.dtype | None = None):
+        dt = head_dtype or hidden.dtype  # the products' dtype
+        w = weight.to(dt)  # (once per pass; no copy when the weight is stored in dt)
         n = hidden.shape[0]
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
         logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
@@ -176,8 +187,8 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
             stats = _chunk_stats  # the eager steps below work in place on the logits, which are kept here
         for s in range(0, n, chunk):
             if stats is not None:
-                logits = hidden[s:s + chunk] @ w.T if kept is None else \
-                    torch.matmul(hidden[s:s + chunk], w.T, out=kept[s:s + chunk])
+                h = hidden[s:s + chunk].to(dt)
+                logits = h @ w.T if kept is None else torch.matmul(h, w.T, out=kept[s:s + chunk])
                 z, lp, e = stats(logits, targets[s:s + chunk], temperature, with_entropy)
                 lse[s:s + chunk], logp[s:s + chunk] = z, lp
                 if with_entropy:
@@ -185,7 +196,7 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
                 if with_sum_sq:
                     sq[s:s + chunk] = sum_sq(logits, z, temperature)
                 continue
-            logits = (hidden[s:s + chunk] @ w.T).float()
+            logits = (hidden[s:s + chunk].to(dt) @ w.T).float()  # (a fresh product: scaled in place below)
             if temperature != 1.0:
                 logits /= temperature
             z = torch.logsumexp(logits, dim=-1)
@@ -196,32 +207,39 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
             if with_sum_sq:  # (the logits are already scaled by the temperature)
                 sq[s:s + chunk] = _chunk_sum_sq(logits, z, 1.0)
         ctx.save_for_backward(hidden, weight, targets, lse, *([] if kept is None else [kept]))
-        ctx.temperature, ctx.chunk, ctx.fused, ctx.grad_by = temperature, chunk, fused, grad_by
+        ctx.temperature, ctx.chunk, ctx.fused, ctx.grad_by, ctx.dtype = temperature, chunk, fused, grad_by, dt
         ctx.spent = False
         ctx.mark_non_differentiable(ent, sq)
         return logp, ent, sq
 
     @staticmethod
     def backward(ctx, grad_logp: torch.Tensor, _grad_ent: torch.Tensor, _grad_sq: torch.Tensor):
-        if ctx.grad_by == "vocab":
-            return ChunkedTokenLogprobs._backward_by_vocab(ctx, grad_logp)
-        if ctx.grad_by == "stored":
-            return ChunkedTokenLogprobs._backward_stored(ctx, grad_logp)
+        # the products in ctx.dtype, as in the forward pass: an autocast around the backward call must not recast them
+        with torch.autocast(grad_logp.device.type, enabled=False):
+            if ctx.grad_by == "vocab":
+                return ChunkedTokenLogprobs._backward_by_vocab(ctx, grad_logp)
+            if ctx.grad_by == "stored":
+                return ChunkedTokenLogprobs._backward_stored(ctx, grad_logp)
+            return ChunkedTokenLogprobs._backward_by_positions(ctx, grad_logp)
+
+    @staticmethod
+    def _backward_by_positions(ctx, grad_logp: torch.Tensor):
+        """The backward pass ``chunk`` positions at a time (``grad_by="positions"``)."""
         hidden, weight, targets, lse = ctx.saved_tensors
         T, chunk = ctx.temperature, ctx.chunk
-        w = weight.to(hidden.dtype)
+        w = weight.to(ctx.dtype)
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
             if ctx.needs_input_grad[1] else None
         grad_fn = _fused(_chunk_grad) if ctx.fused else _chunk_grad_eager
         for s in range(0, hidden.shape[0], chunk):
-            h = hidden[s:s + chunk]
+            h = hidden[s:s + chunk].to(ctx.dtype)
             dlogits = grad_fn(h @ w.T, lse[s:s + chunk], grad_logp[s:s + chunk].float(), targets[s:s + chunk], T)
             if grad_h is not None:
                 grad_h[s:s + chunk] = dlogits @ w
             if grad_w is not None:  # the product in the compute dtype, summed in float32 by one kernel (no copy)
                 grad_w.add_(dlogits.T @ h)
-        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None, None, None
+        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), *_NO_GRADS
 
     @staticmethod
     def _backward_stored(ctx, grad_logp: torch.Tensor):
@@ -237,42 +255,45 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
         for s in range(0, hidden.shape[0], ctx.chunk):
             grad_fn(kept[s:s + ctx.chunk], lse[s:s + ctx.chunk], g[s:s + ctx.chunk], targets[s:s + ctx.chunk],
                     ctx.temperature)
-        grad_h = kept @ weight.to(hidden.dtype) if ctx.needs_input_grad[0] else None
-        grad_w = (kept.T @ hidden).to(weight.dtype) if ctx.needs_input_grad[1] else None
-        return grad_h, grad_w, None, None, None, None, None, None, None
+        grad_h = (kept @ weight.to(ctx.dtype)).to(hidden.dtype) if ctx.needs_input_grad[0] else None
+        grad_w = (kept.T @ hidden.to(ctx.dtype)).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        return grad_h, grad_w, *_NO_GRADS
 
     @staticmethod
     def _backward_by_vocab(ctx, grad_logp: torch.Tensor):
         """The backward pass a vocabulary slice at a time (``grad_by="vocab"``; see the module docstring)."""
         hidden, weight, targets, lse = ctx.saved_tensors
         T, n, vocab = ctx.temperature, hidden.shape[0], weight.shape[0]
-        w = weight.to(hidden.dtype)
+        w = weight.to(ctx.dtype)
         g = grad_logp.float()
         grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) \
             if ctx.needs_input_grad[0] else None
         grad_w = torch.empty_like(weight) if ctx.needs_input_grad[1] else None
         grad_fn = _fused(_chunk_grad) if ctx.fused else _chunk_grad_eager
         step = _vocab_slice(ctx.chunk, vocab, n)
+        hidden_t = hidden.to(ctx.dtype)  # (every position meets every slice; [N, d] is small)
         for v in range(0, vocab, step):
             wv = w[v:v + step]
             # the target's column in this slice; outside [0, width) it is not in the slice
-            dlogits = grad_fn(hidden @ wv.T, lse, g, targets - v, T)
+            dlogits = grad_fn(hidden_t @ wv.T, lse, g, targets - v, T)
             if grad_h is not None:
                 grad_h.add_(dlogits @ wv)
             if grad_w is not None:  # this slice's whole gradient: one product over every position
-                grad_w[v:v + step] = dlogits.T @ hidden
-        return (None if grad_h is None else grad_h.to(hidden.dtype), grad_w, None, None, None, None, None, None, None)
+                grad_w[v:v + step] = dlogits.T @ hidden_t
+        return None if grad_h is None else grad_h.to(hidden.dtype), grad_w, *_NO_GRADS
 
 
 def chunked_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                            temperature: float = 1.0, chunk: int = 4096, with_entropy: bool = False,
-                           fused: bool = False, grad_by: str = "positions", with_sum_sq: bool = False):
+                           fused: bool = False, grad_by: str = "positions", with_sum_sq: bool = False,
+                           head_dtype: torch.dtype | None = None):
     """Log-probs of ``targets`` [N] under ``softmax(hidden [N, d] @ weight [V, d]^T / temperature)``, and the
     entropy of each position (no gradient) when ``with_entropy``, or None: ``(logprobs, entropy)``; with
     ``with_sum_sq`` also each position's ``sum_v p_v^2`` (no gradient): ``(logprobs, entropy, sum_sq)``.
     Each ``[N, V]``-sized step is ``chunk`` positions at a time (in the backward pass, with ``grad_by="vocab"``,
     as many values a vocabulary slice at a time; with ``"stored"``, on logits kept by the forward pass), its
-    float32 steps compiled into fused kernels when ``fused``."""
+    float32 steps compiled into fused kernels when ``fused``. ``head_dtype``: the matrix products' dtype
+    (``torch.float32`` for ``model.head_fp32``); None: the hidden states' (under autocast, the autocast dtype)."""
     if chunk < 1:
         raise ValueError(f"chunk={chunk} must be >= 1")
     if grad_by not in GRAD_ORDERS:
@@ -280,8 +301,10 @@ def chunked_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: 
     if grad_by == "stored" and not (torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)):
         grad_by = "positions"  # no backward pass will come: nothing to store
     kind = hidden.device.type
-    if torch.is_autocast_enabled(kind):  # the residual stream is float32 under autocast; the head runs in bf16
-        hidden = hidden.to(torch.get_autocast_dtype(kind))
-    logp, ent, sq = ChunkedTokenLogprobs.apply(hidden, weight, targets.long(), float(temperature), int(chunk),
-                                               bool(with_entropy), bool(fused), grad_by, bool(with_sum_sq))
+    if torch.is_autocast_enabled(kind) and head_dtype is None:  # the residual stream is float32 under autocast;
+        hidden = hidden.to(torch.get_autocast_dtype(kind))  # the head runs in bf16
+    with torch.autocast(kind, enabled=False):  # the products in the dtype chosen here, not recast
+        logp, ent, sq = ChunkedTokenLogprobs.apply(hidden, weight, targets.long(), float(temperature), int(chunk),
+                                                   bool(with_entropy), bool(fused), grad_by, bool(with_sum_sq),
+                                                   head_dtype)
     return (logp, ent if with_entropy else None) + ((sq,) if with_sum_sq else ())

@@ -62,6 +62,10 @@ beforehand (``logprobs_with_reference``). With LoRA adapters on the model
 model's own pass with every adapter switched off: the frozen base, which is the
 initial policy since adapters start at zero, with no second copy of the weights.
 
+Output head precision (``head_fp32``, ``model.head_fp32``): the head's matrix product runs in float32 in
+the policy's, the old policy's and the reference's passes, whatever ``compute_dtype``
+(:mod:`relayrl.models.head_precision`); a critic refuses it (a value head is not an LM head).
+
 Mixed precision (``compute_dtype`` lower than the weights' dtype): the
 weights, gradients and optimizer state stay in the weights' dtype (float32
 master weights) and the forward and backward passes compute in
@@ -171,11 +175,13 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
     def __init__(self, model, cfg: TrainEngineConfig, *, total_steps: int, device: str | torch.device = "cpu",
                  trainable: bool = True, metric_prefix: str = "actor",
                  output: Literal["logprobs", "values"] = "logprobs", compute_dtype: torch.dtype | None = None,
-                 reference=None, reference_adapters_off: bool = False) -> None:
+                 reference=None, reference_adapters_off: bool = False, head_fp32: bool = False) -> None:
         if output not in ("logprobs", "values"):
             raise ValueError(f"output={output!r} must be 'logprobs' (a policy) or 'values' (a critic)")
         if (reference is not None or reference_adapters_off) and output == "values":
             raise ValueError("a reference model belongs to a policy engine (output='logprobs'), not a critic")
+        if head_fp32 and output == "values":
+            raise ValueError("head_fp32 computes an LM head's logits in float32; a critic's value head is not one")
         if reference is not None and reference_adapters_off:
             raise ValueError("pass reference= (a frozen copy) or reference_adapters_off=True (the model's base "
                              "under its LoRA adapters), not both")
@@ -206,7 +212,9 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
         if cfg.compile:  # per layer, before sharding (as torchtitan does): one graph reused by every layer
             for layer in fsdp.decoder_layers(self.runner):
                 layer.compile(dynamic=True, mode=mode)
-        self.net = fsdp.ResponseLogits(self.runner)
+        # model.head_fp32 (relayrl.models.head_precision): the head's product in float32 in every pass
+        self.head_dtype = torch.float32 if head_fp32 else None
+        self.net = fsdp.ResponseLogits(self.runner, self.head_dtype)
         # FSDP2 when the group has > 1 rank; it casts the gathered parameters itself
         self.sharded = fsdp.shard_model(self.net, self.device, compute_dtype=self.compute_dtype if mixed else None)
         self._autocast = mixed and not self.sharded and self.runner is self.model
@@ -217,7 +225,7 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
             self.reference_model = reference.to(self.device).requires_grad_(False).eval()
             for layer in fsdp.decoder_layers(reference) if cfg.compile else ():
                 layer.compile(dynamic=True, mode=mode)
-            self.reference = fsdp.ResponseLogits(self.reference_model).eval()
+            self.reference = fsdp.ResponseLogits(self.reference_model, self.head_dtype).eval()
             ref_mixed = next(reference.parameters()).dtype != self.compute_dtype
             fsdp.shard_model(self.reference, self.device, compute_dtype=self.compute_dtype if ref_mixed else None)
             self._ref_autocast = ref_mixed and not self.sharded
