@@ -27,13 +27,16 @@ from torch import nn
 __all__ = ["fp32_logits", "run_head_in_fp32"]
 
 _LOW = (torch.bfloat16, torch.float16)
+_MM_OUT_DTYPE = "dtype" in torch.ops.aten.mm.overloads()
+"""Whether this torch has ``mm``'s ``out_dtype`` overload (CUDA kernels since torch 2.8); without it, the
+float32 product casts both operands."""
 
 
 def fp32_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``hidden [..., d] @ weight [V, d]^T (+ bias [V])`` computed and returned in float32, ``[..., V]``, whatever
     the operands' dtypes and any autocast around the call."""
     with torch.autocast(hidden.device.type, enabled=False):
-        if hidden.is_cuda and hidden.dtype == weight.dtype and weight.dtype in _LOW:
+        if _MM_OUT_DTYPE and hidden.is_cuda and hidden.dtype == weight.dtype and weight.dtype in _LOW:
             flat = torch.mm(hidden.reshape(-1, hidden.shape[-1]), weight.t(), out_dtype=torch.float32)
             out = flat.reshape(*hidden.shape[:-1], weight.shape[0])
             return out if bias is None else out + bias.float()
