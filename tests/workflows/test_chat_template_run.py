@@ -15,6 +15,8 @@ from relayrl.data.datasets import encode_prompt
 from relayrl.data.tasks import Problem
 from relayrl.models.load import load_tokenizer
 
+pytestmark = pytest.mark.slow  # (tiny GRPO and SFT runs, relayrl eval: seconds each)
+
 ROOT = Path(__file__).resolve().parents[2]
 MARKERS = ("{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}\n{% endfor %}"
            "{% if add_generation_prompt %}<<assistant>>{% endif %}")
