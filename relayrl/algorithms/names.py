@@ -6,7 +6,7 @@ recipe is validated, before torch is imported. :mod:`~relayrl.algorithms.aggrega
 from __future__ import annotations
 
 __all__ = ["AGG_MODES", "POLICY_LOSS_NAMES", "PREFERENCE_KINDS", "REFERENCE_FREE_KINDS", "AVERAGED_KINDS",
-           "SMOOTHED_KINDS", "KTO_LOSSES"]
+           "SMOOTHED_KINDS", "KTO_LOSSES", "RATIO_FREE_LOSSES"]
 
 AGG_MODES: tuple[str, ...] = (
     "token-mean",
@@ -18,6 +18,11 @@ AGG_MODES: tuple[str, ...] = (
 
 POLICY_LOSS_NAMES: tuple[str, ...] = ("ppo", "cispo", "sapo", "vespo", "clip_cov", "kl_cov", "gmpo", "gpg")
 """``algorithm.policy_loss``: the keys of :data:`~relayrl.algorithms.losses.POLICY_LOSSES`, in its order."""
+
+RATIO_FREE_LOSSES: tuple[str, ...] = ("gpg",)
+"""The ``algorithm.policy_loss`` values whose gradient takes no ratio ``pi / pi_old`` (GPG's ``-A log pi``): a
+batch trained in several mini-batches needs no pi_old pass for them (unless a rollout correction weighs
+``pi_old / mu``)."""
 
 PREFERENCE_KINDS: tuple[str, ...] = ("sigmoid", "ipo", "hinge", "apo_zero", "apo_down", "simpo", "orpo", "cpo")
 """``dpo.kind``: the preference losses of :mod:`~relayrl.algorithms.dpo` (with a reference model) and

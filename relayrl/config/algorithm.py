@@ -238,7 +238,8 @@ class AlgorithmConfig(_Section):
                                      "trains on the groups it has (dapo/missing_prompts)")
     old_logprobs: Literal["auto", "recompute", "rollout"] = Field(
         "auto", description="pi_old of the PPO ratio. auto: recomputed by the trainer when a batch is used more than "
-        "once or the advantage estimator reads that pass (otb), else the current policy detached (one update per "
+        "once (by a policy loss with a ratio, or with algorithm.correction: not gpg alone) or the advantage "
+        "estimator reads that pass (otb), else the current policy detached (one update per "
         "batch: the same weights, also off-policy and with a rollout correction); recompute: always; "
         "rollout: the generation engine's log-probs (no extra forward pass; the ratio then also carries staleness "
         "and engine mismatch)")

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from relayrl.algorithms.estimators import Estimator, estimator
+from relayrl.algorithms.names import RATIO_FREE_LOSSES
 
 Config = Any  # relayrl.config.schema.Config (which asks this module; not imported back, no cycle)
 
@@ -225,7 +226,8 @@ def step_plan(cfg: Config) -> StepPlan:
         notes.append(f"the update waits for the whole batch ({'; '.join(why_batch)}); generation, scoring and the "
                      f"forward-only passes still overlap per prompt group")
     pools = {r: pools[r] for r in roles}
-    recompute_old = a.old_logprobs == "recompute" or (a.old_logprobs == "auto" and t.epochs * t.mini_batches > 1)
+    reuses = t.epochs * t.mini_batches > 1 and (a.policy_loss not in RATIO_FREE_LOSSES or a.correction.enabled)
+    recompute_old = a.old_logprobs == "recompute" or (a.old_logprobs == "auto" and reuses)
     if est.token_stats and not recompute_old:  # (old_logprobs=rollout with such an estimator: refused by the config)
         recompute_old = True
         notes.append(f"advantage={est.name} reads the trainer's log-probs and sum of squared probabilities per token "

@@ -60,3 +60,16 @@ def test_the_config_refuses_what_gpg_does_not_have():
     assert "no ratio to clip" in refused("algorithm.policy_loss=gpg", "algorithm.clip_high=0.28")
     assert "has no ratio" in refused("algorithm.policy_loss=gpg", "algorithm.dual_clip=3")
     assert "algorithm.gamma" in refused("algorithm.advantage=gpg", "algorithm.gamma=0.9")
+
+
+def test_mini_batches_run_no_pi_old_pass_for_a_loss_without_a_ratio():
+    """GPG's -A log pi takes no pi / pi_old: a batch split into mini-batches needs no pi_old pass, unless a
+    rollout correction weighs pi_old / mu (or old_logprobs=recompute asks for it); PPO's ratio needs it."""
+    from relayrl.config.plan import step_plan
+    from tests.workflows.grpo_runs import recipe_cfg
+
+    gpg = ("algorithm.advantage=gpg", "algorithm.policy_loss=gpg", "trainer.mini_batches=2")
+    assert not step_plan(recipe_cfg(*gpg)).recompute_old
+    assert step_plan(recipe_cfg(*gpg, "algorithm.correction.level=token")).recompute_old
+    assert step_plan(recipe_cfg(*gpg, "algorithm.old_logprobs=recompute")).recompute_old
+    assert step_plan(recipe_cfg("algorithm.advantage=gpg", "trainer.mini_batches=2")).recompute_old  # (ppo's loss)

@@ -170,3 +170,11 @@ def test_gpg_trains_with_its_loss(tmp_path, tiny_dir):
                     "algorithm.normalize_std=false", "reward.verifier=user", "reward.user_fn=dataflow_rewards:by_length")
     assert [r["step"] for r in recs] == [1, 2] and all(r["actor/grad_norm"] > 0 for r in recs)
     assert "actor/clip_frac" not in recs[0] and recs[0]["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-3)
+
+
+@pytest.mark.slow
+def test_gpg_trains_in_mini_batches_without_a_pi_old_pass(tmp_path, tiny_dir):
+    recs = run_grpo(tmp_path, tiny_dir, "algorithm.advantage=gpg", "algorithm.policy_loss=gpg",
+                    "trainer.mini_batches=2", "reward.verifier=user", "reward.user_fn=dataflow_rewards:by_length")
+    assert [r["step"] for r in recs] == [1, 2] and all(r["actor/grad_norm"] > 0 for r in recs)
+    assert not any("timing/old_logprob_s" in r for r in recs)
