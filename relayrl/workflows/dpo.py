@@ -90,7 +90,8 @@ def train_dpo(cfg: Config) -> Path:
             batch.fields["ref_logp"] = ref(rows, batch, step)
         return batch
 
-    def precompute() -> None:  # (after a resume: the steps left)
-        ref.precompute(planned_rows(s.prompts, t.steps - s.start_step, draw), per_call=2 * t.batch_size)
+    def precompute() -> None:  # (after a resume: the steps left; none when the run has nothing left to train)
+        if s.finished() is None and t.steps > s.start_step:
+            ref.precompute(planned_rows(s.prompts, t.steps - s.start_step, draw), per_call=2 * t.batch_size)
 
     return run.run(step_batch, before_steps=precompute if t.precompute_ref else None)

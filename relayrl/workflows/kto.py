@@ -144,8 +144,9 @@ def train_kto(cfg: Config) -> Path:
         batch.fields.update(ref_logp=ref_lp[0::2], kto_kl=[z0] * n)
         return batch
 
-    def precompute() -> None:  # (after a resume: the steps left)
-        plan = planned_rows(s.prompts, t.steps - s.start_step, lambda take: scored_rows(draw(take)))
-        ref.precompute(plan, per_call=2 * n)
+    def precompute() -> None:  # (after a resume: the steps left; none when the run has nothing left to train)
+        if s.finished() is None and t.steps > s.start_step:
+            plan = planned_rows(s.prompts, t.steps - s.start_step, lambda take: scored_rows(draw(take)))
+            ref.precompute(plan, per_call=2 * n)
 
     return run.run(step_batch, before_steps=precompute if t.precompute_ref else None)

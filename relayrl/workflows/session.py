@@ -323,23 +323,31 @@ class Session(EvalSession):
                                 f"at step {step} of {self.cfg.trainer.steps}; stopping early")
         return True
 
+    def finished(self) -> str | None:
+        """Why a resumed run has nothing left to train (every row retired, or stopped early at an accuracy that
+        still meets ``eval.stop_at``), or None; :meth:`steps` says it, a pass before the steps (``trainer.
+        precompute_ref``) skips itself."""
+        if self.prompts.active_rows == 0:
+            return (f"the run had retired every one of its {len(self.prompts.problems):,} training rows by step "
+                    f"{self.start_step} (data.retire_solved); nothing left to train. Start a new run (or resume "
+                    f"with data.retire_solved=null to draw them all again)")
+        stop, target = self.stopped_early, self.cfg.eval.stop_at
+        if stop is not None and target is not None and stop["accuracy"] >= target:
+            return (f"the run stopped early at step {stop['step']} (held-out accuracy {stop['accuracy']:.3f} >= "
+                    f"eval.stop_at={target}); nothing left to train. Raise eval.stop_at (or unset it) to train on")
+        return None
+
     def steps(self) -> range:
         """The steps left to train: after the resumed step, up to ``trainer.steps``; none when the resumed
         run had stopped early at a held-out accuracy that still meets ``eval.stop_at``, or had retired every
         training row (``data.retire_solved``)."""
-        if self.prompts.active_rows == 0:
-            self.log(f"relayrl: the run had retired every one of its {len(self.prompts.problems):,} training rows "
-                     f"by step {self.start_step} (data.retire_solved); nothing left to train. Start a new run "
-                     f"(or resume with data.retire_solved=null to draw them all again)")
+        done = self.finished()
+        if done is not None:
+            self.log(f"relayrl: {done}")
             return range(0)
         stop = self.stopped_early
         if stop is not None:
             target = self.cfg.eval.stop_at
-            if target is not None and stop["accuracy"] >= target:
-                self.log(f"relayrl: the run stopped early at step {stop['step']} (held-out accuracy "
-                         f"{stop['accuracy']:.3f} >= eval.stop_at={target}); nothing left to train. Raise "
-                         f"eval.stop_at (or unset it) to train on")
-                return range(0)
             self.log(f"relayrl: the run had stopped early at step {stop['step']} (accuracy {stop['accuracy']:.3f} >= "
                      f"its eval.stop_at={stop['stop_at']}); eval.stop_at is now {target}: training on")
             self.stopped_early = None

@@ -207,3 +207,19 @@ def test_a_resumed_run_scores_its_steps_left_and_trains_as_the_whole_run(tmp_pat
     for a, b in zip(whole[2:], resumed):
         for k in KEYS["dpo"]:
             assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), (a["step"], k)
+
+
+@pytest.mark.slow
+def test_a_resumed_run_with_nothing_left_to_train_runs_no_pass(tmp_path, tiny_dir, capsys):
+    """A finished run resumed with the same trainer.steps, and one that stopped early at eval.stop_at resumed with
+    the target still met: nothing left to train, so the reference scores nothing before saying so."""
+    over = ["trainer.batch_size=2", "trainer.precompute_ref=true", "run.save_every=1", *_dataset(tmp_path, "dpo", 6)]
+    _, first = _run(tmp_path, tiny_dir, capsys, "done", "dpo", "trainer.steps=2", *over)
+    assert _scored(first) == [8]  # (2 steps x 2 pairs x 2 answers)
+    _, again = _run(tmp_path, tiny_dir, capsys, "done", "dpo", "trainer.steps=2", "run.resume=auto", *over)
+    assert _scored(again) == [] and "precompute_ref" not in again["out"]
+    stop = ["eval.every=1", "eval.stop_at=0.0", "trainer.steps=3", *over]
+    _, early = _run(tmp_path, tiny_dir, capsys, "early", "dpo", *stop)
+    assert "stopping early" in early["out"] or "eval.stop_at" in early["out"], early["out"]
+    _, resumed = _run(tmp_path, tiny_dir, capsys, "early", "dpo", *stop, "run.resume=auto")
+    assert "nothing left to train" in resumed["out"] and _scored(resumed) == [], resumed["out"]
