@@ -231,11 +231,11 @@ def cmd_eval(args) -> int:
     task_options = _json_object("--task-options", args.task_options, '{"min_digits": 3}')
     template_kwargs = _json_object("--chat-template-kwargs", args.chat_template_kwargs, '{"enable_thinking": false}')
     try:
-        from relayrl.data.config import DataConfig
+        from relayrl.data.config import check_template_kwargs
 
-        DataConfig(chat_template_kwargs=template_kwargs)
+        check_template_kwargs(template_kwargs)
     except ValueError as e:
-        raise ConfigError(f"relayrl eval: --chat-template-kwargs: {e.errors()[0]['msg']}") from None
+        raise ConfigError(f"relayrl eval: --chat-template-kwargs: {e}") from None
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"relayrl eval: --device {args.device} but torch sees no GPU here; give --device cpu "
                           f"(or auto)")

@@ -11,13 +11,25 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from relayrl.config.paths import LocalPath
 from relayrl.data.datasets import DatasetConfig
 
-__all__ = ["DataConfig", "RENDERING_ARGS"]
+__all__ = ["DataConfig", "RENDERING_ARGS", "check_template_kwargs"]
 
 RENDERING_ARGS = frozenset({"conversation", "messages", "tools", "documents", "chat_template", "tokenize",
                             "add_generation_prompt", "continue_final_message", "return_dict", "return_tensors",
                             "return_assistant_tokens_mask", "padding", "truncation", "max_length", "tokenizer_kwargs"})
 """``apply_chat_template``'s own arguments (and the messages and tools relayrl passes): not template variables a
 user sets in ``data.chat_template_kwargs``."""
+
+
+def check_template_kwargs(value: dict[str, Any]) -> dict[str, Any]:
+    """``value`` if every name is one a template can read and none is :data:`RENDERING_ARGS`; else a ValueError
+    naming it (``data.chat_template_kwargs``, ``relayrl eval --chat-template-kwargs``)."""
+    for name in value:
+        if not name.isidentifier():
+            raise ValueError(f"{name!r} is not a name a template can read (letters, digits and _)")
+        if name in RENDERING_ARGS:
+            raise ValueError(f"{name!r} is set by relayrl when it renders (apply_chat_template's own argument); "
+                             f"drop it")
+    return value
 
 
 class DataConfig(BaseModel):
@@ -102,13 +114,7 @@ class DataConfig(BaseModel):
     @field_validator("chat_template_kwargs", mode="after")
     @classmethod
     def _template_kwargs(cls, value: dict[str, Any]) -> dict[str, Any]:
-        for name in value:
-            if not name.isidentifier():
-                raise ValueError(f"{name!r} is not a name a template can read (letters, digits and _)")
-            if name in RENDERING_ARGS:
-                raise ValueError(f"{name!r} is set by relayrl when it renders (apply_chat_template's own "
-                                 f"argument); drop it")
-        return value
+        return check_template_kwargs(value)
 
     @field_validator("eval_path", mode="after")
     @classmethod
