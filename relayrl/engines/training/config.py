@@ -88,8 +88,8 @@ class TrainEngineConfig(BaseModel):
         "the trainer's ranks form groups of this many consecutive ranks that share one micro-batch, each holding "
         "1/sequence_parallel of every packed sequence's tokens (activations per device shrink by as much; attention "
         "exchanges heads for tokens with two all-to-alls per layer). Applies to every role on the training engine "
-        "(actor, reference, critic); the trainer group's ranks must be a multiple of it, the model's attention heads "
-        "too, and the model must use attn_implementation=sdpa with a packed layout. 1: off")
+        "(actor, reference, critic); the trainer group's ranks and the model's query heads must be multiples of it, "
+        "and the model must use attn_implementation=sdpa with a packed layout. 1: off")
 
     @model_validator(mode="after")
     def _check_sequence_parallel(self) -> "TrainEngineConfig":
