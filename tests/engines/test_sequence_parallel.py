@@ -178,13 +178,15 @@ def test_critic_values_and_tri_model_reference_match_one_rank(tiny_dir, tiny_tok
 @pytest.mark.multiproc
 def test_streamed_update_with_step_sync_matches_one_rank(tiny_dir, tiny_tokenizer):
     """Periodic asynchrony's accumulate / optim_step with dp_sync=step (the gradients reduced by a one-token
-    pass at the end, whose single response token lives on one SP rank only) equals one rank's update."""
+    pass at the end, whose single response token lives on one SP rank only) equals one rank's update; the SP
+    ranks also recompute their layers in the backward pass (gradient checkpointing: the all-to-alls run again)."""
     batch = _batch(tiny_tokenizer)
     kw = dict(model_path=str(tiny_dir), total_steps=2, threads=1, seed=0)
     engine = dict(token_budget=48, dp_sync="step", optim=OptimConfig(lr=1e-2))
     loss = PolicyLoss(agg="token-mean")
     one = PolicyWorker(**kw, engine=TrainEngineConfig(**engine))
-    sp = _group(PolicyWorker, {**kw, "engine": TrainEngineConfig(**engine, sequence_parallel=2)})
+    sp = _group(PolicyWorker, {**kw, "engine": TrainEngineConfig(**engine, sequence_parallel=2,
+                                                                 gradient_checkpointing=True)})
     try:
         m1 = one.update(batch, loss, seed=0)
         first, second = batch.select(range(6)), batch.select(range(6, 12))

@@ -43,6 +43,10 @@ passes as the busiest one (:mod:`relayrl.engines.training.fsdp`). Each rank
 cuts its rows into exactly ``mini_batches`` slices (:func:`minibatch_slices`),
 one optimizer step each, so all ranks step together; when any rank holds
 fewer rows than that, every rank refuses the call (a collective decision).
+With ``engine.sequence_parallel`` > 1 the ranks form groups that pool their
+rows and split each packed sequence among themselves, attention exchanging
+tokens for heads (Ulysses, :mod:`relayrl.engines.training.ulysses`); a group
+counts its rows and reports its metrics once.
 The same step can be taken over a batch that arrives in chunks
 (``begin_accumulation`` / ``accumulate`` / ``finish_accumulation``, periodic
 asynchrony: :mod:`relayrl.engines.training.accumulate`).

@@ -22,7 +22,7 @@ How the engine uses it::
     attention  :func:`ulysses_attention_forward`, registered with transformers as :data:`ATTN`
     head       log-probs (a critic: values) of the response tokens whose predicting position is local;
                the next-token targets were fixed at packing, before the split
-    gather     :func:`gather_tokens`: every rank gets all N response tokens in packing order, so the
+    gather     :meth:`Shard.gather`: every rank gets all N response tokens in packing order, so the
                loss, its counts and the returned log-probs are exactly one rank's
 
 Gradients. Every SP rank computes the same loss from the same gathered tensor,
@@ -46,6 +46,9 @@ all-to-all (verl repeats them just enough to reach ``sp``: less traffic, same
 result); and the rows reach the SP group unsplit by the driver and are pooled
 here, so the cluster layer does not know about sequence parallelism. Gloo has
 ``all_to_all_single`` on CPU, so the CPU tests run the same collective as NCCL.
+Gradient checkpointing reruns the all-to-alls in the backward pass (every SP
+rank recomputes in the same order); ``engine.compile`` compiles the layers
+around them (checked by hand on CPU: the same log-probs and gradient norm).
 """
 
 from __future__ import annotations
