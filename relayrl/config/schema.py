@@ -26,6 +26,7 @@ from relayrl.config.plan import rollout_pool
 from relayrl.config.rules import (check_decoupled_rewards, check_dpo, check_env, check_kto, check_precompute_ref,
                                   check_ref_sync, check_retire_solved, check_total_epochs)
 from relayrl.cluster.config import ClusterConfig
+from relayrl.config.parallel import check_sequence_parallel
 from relayrl.data.config import DataConfig
 from relayrl.dock.config import DockConfig
 from relayrl.engines.reward.config import RewardConfig
@@ -422,6 +423,7 @@ class Config(_Section):
             raise ValueError(f"eval.k={self.eval.k} samples answers to score; workflow rm evaluates a reward model "
                              f"on held-out pairs and generates nothing: set eval.k=1")
         _check_placement(self)
+        check_sequence_parallel(self)
         check_env(self)
         check_decoupled_rewards(self)
         if self.data.messages_key is not None and (self.workflow != "sft" or self.data.path is None):

@@ -53,8 +53,10 @@ def candidates(devices: int, *, offpolicy: bool = True, cpu: bool = False) -> li
 
 def rank(profile: Profile, workload: Workload, placements: Iterable[Placement], *, steps: int = 12,
          seed: int = 0) -> list[Prediction]:
-    """Predictions, feasible ones first, each part ordered by TPSPD (best first)."""
-    preds = [simulate(profile, workload, p, steps=steps, seed=seed) for p in placements]
+    """Predictions, feasible ones first, each part ordered by TPSPD (best first). Placements whose trainer
+    ranks are not a multiple of ``workload.sequence_parallel`` are left out (the config refuses them)."""
+    preds = [simulate(profile, workload, p, steps=steps, seed=seed) for p in placements
+             if p.main % workload.sequence_parallel == 0]
     return sorted(preds, key=lambda r: (not r.fits, -r.tpspd))
 
 

@@ -271,15 +271,18 @@ def memory_gib(w: Workload, p: Placement, kv_peak_tokens: float, gpu: bool = Fal
     weights and KV cache). LoRA: the frozen base in the compute dtype, gradients and moments of the adapters.
     ``gpu`` with ``w.decode_fused``: the rollout's fused copy of its q/k/v and gate/up weights too (kept between
     phases unless offloaded); with ``w.expand_kv``: each kept layer's keys and values at the query heads' width
-    (taken as the hidden size). ``w.head_stored``: the output logits of a micro-batch's every token."""
+    (taken as the hidden size). ``w.head_stored``: the output logits of a micro-batch's every token.
+    ``w.sequence_parallel``: a micro-batch's activations (and stored logits) spread over that many ranks.
+    Not modelled: sequence parallelism's two all-to-alls per layer (time), the [L, L] mask each SP rank keeps."""
     m = w.model
     state = (m.params * m.train_bytes + m.trained_params * (4 + 8)) / p.main
     if p.main > 1 and w.dp_sync == "step":  # during a step: the gathered weights and unreduced fp32 gradients
         state += (m.params * m.compute_bytes + m.trained_params * 4) * (p.main - 1) / p.main
     per_token = (m.layers + 18) if w.checkpointing else m.layers * 18  # values per hidden unit kept per token
-    acts = w.token_budget * m.hidden * per_token * m.compute_bytes + 1024 * m.vocab * 4 * 2
+    tokens = w.token_budget / w.sequence_parallel  # a micro-batch's tokens on one rank (Ulysses: 1/sp of them)
+    acts = tokens * m.hidden * per_token * m.compute_bytes + 1024 * m.vocab * 4 * 2
     if w.head_stored:  # engine.head_grad=stored: the pass's logits kept for the backward
-        acts += w.token_budget * m.vocab * m.compute_bytes
+        acts += tokens * m.vocab * m.compute_bytes
     if gpu and w.expand_kv:  # keys and values repeated to the query heads (about hidden wide), in every kept layer
         kept = 1 if w.checkpointing else m.layers
         acts += w.token_budget * 2 * max(0, m.hidden - m.kv_dim) * kept * m.compute_bytes

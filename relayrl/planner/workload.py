@@ -169,6 +169,9 @@ class Workload(_Model):
                                  "after the first that replace dropped groups")
     baseline: bool = Field(False, description="ReMax: one greedy response per group, generated once sampling "
                            "ends and scored; the advantages wait for it")
+    sequence_parallel: int = Field(1, ge=1, description="engine.sequence_parallel: each micro-batch's tokens are "
+                                   "split over this many trainer ranks, which hold 1/sequence_parallel of its "
+                                   "activations each; the trainer's ranks must be a multiple of it")
     checkpointing: bool = Field(False, description="engine.gradient_checkpointing: a layer's activations are "
                                 "recomputed in the backward pass; only each layer's input is kept")
     offload: bool = Field(False, description="trainer.offload: colocated, each role's idle state leaves the "

@@ -193,3 +193,19 @@ def test_the_reward_cost_of_a_trl_function_that_needs_a_column_is_measured(tmp_p
                                           "    return [float(c == s) for c, s in zip(completions, solution)]\n")
     cost = _reward(f"{tmp_path}/trl_cost.py:acc", reps=1)
     assert cost.fn.endswith("trl_cost.py:acc") and cost.call_s >= 0 and cost.row_s >= 0
+
+
+def test_sequence_parallel_spreads_activations_and_needs_a_multiple_of_its_ranks():
+    """engine.sequence_parallel=2: a micro-batch's activations are counted at half per trainer rank (the
+    trainer state is unchanged), and placements with an odd number of trainer ranks are not proposed."""
+    from relayrl.planner.simulate import memory_gib
+
+    shape = ModelShape(params=500_000_000, layers=24, hidden=896, kv_dim=128, vocab=151936, compute_bytes=2)
+    plain = toy_workload(8, 4, shape=shape, token_budget=32768)
+    sp = plain.model_copy(update={"sequence_parallel": 2})
+    pl = Placement("sync-colocated", main=2)
+    acts = 32768 * 896 * 24 * 18 * 2 / 2**30  # the layers' activations of one micro-batch, GiB
+    assert memory_gib(plain, pl, 0)["main"] - memory_gib(sp, pl, 0)["main"] == pytest.approx(acts / 2)
+    kept = [p.placement for p in rank(toy_profile(), sp, candidates(3), steps=4)]
+    assert kept and all(p.main % 2 == 0 for p in kept)
+    assert len(kept) < len(candidates(3))

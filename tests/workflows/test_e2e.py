@@ -284,6 +284,22 @@ def test_data_parallel_grpo_and_sft_resume_on_another_world_size(sft_model, tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.multiproc
+def test_sequence_parallel_grpo_runs_on_two_ranks(tmp_path):
+    """engine.sequence_parallel=2 on cluster.devices=2: the actor and the reference are one SP group each (dp=1),
+    every packed sequence split over their two ranks. The first update is on-policy, so the trainer's log-probs
+    (gathered back from both ranks) are the generator's to float32 rounding."""
+    r = relayrl("train", "recipes/arith_grpo.yaml", "trainer.steps=2", f"run.dir={tmp_path}", "cluster.devices=2",
+                "engine.sequence_parallel=2", "algorithm.kl_coef=0.01", *FAST)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = records(tmp_path)
+    assert [x["step"] for x in recs][-2:] == [1, 2]
+    first = recs[-2]
+    assert first["rollout/logprob_error"] == pytest.approx(1.0, abs=1e-3)
+    assert first["rollout/logprob_error_max"] < 1.001 and "actor/kl" in first and first["actor/grad_norm"] >= 0
+
+
+@pytest.mark.slow
 def test_dpo_recipe_runs_resumes_and_reads_a_pair_dataset(sft_model, tmp_path):
     common = ["trainer.steps=3", "trainer.batch_size=8", "eval.every=3", "run.save_every=1",
               f"trainer.init_from={sft_model}", *FAST]

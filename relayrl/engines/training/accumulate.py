@@ -107,12 +107,16 @@ class MetricSums:
             self.ref_tokens += forward_tokens
 
     def reduce(self, device: torch.device, global_tokens: int, prefix: str, *, scale: float = 1.0,
-               agree_names: bool = False) -> dict[str, float]:
+               agree_names: bool = False, counted: bool = True) -> dict[str, float]:
         """The metrics over the whole batch (a collective when sharded): means divided by ``global_tokens``,
         normalised sums (``..loss``, ``summed``) multiplied by ``scale``. ``agree_names``: ranks may hold
-        different names (a rank that saw no rows has none), so they first agree on the union."""
+        different names (a rank that saw no rows has none), so they first agree on the union. ``counted=False``:
+        another rank reports the same figures (a sequence-parallel rank after its group's first): this one adds
+        zeros to the sums and counters."""
         how = {k: metric_reduction(k, self.summed) for k in self.values}
         values = host_floats(self.values)  # the step's one read of metrics kept on the device
+        if not counted:
+            values = {k: v if how[k] in ("max", "min") else 0.0 for k, v in values.items()}
         if agree_names:
             neutral = {"max": float("-inf"), "min": float("inf")}
             for k in fsdp.union_over_ranks(list(values)):
@@ -127,8 +131,8 @@ class MetricSums:
             elif how[k] == "sum" and (k.endswith("loss") or k in self.summed):
                 v = v * scale
             out[k] = v
-        fwd, ref_passes, ref_tokens = fsdp.sum_over_ranks([self.forward_tokens, self.ref_passes, self.ref_tokens],
-                                                          device)
+        counters = [self.forward_tokens, self.ref_passes, self.ref_tokens] if counted else [0, 0, 0]
+        fwd, ref_passes, ref_tokens = fsdp.sum_over_ranks(counters, device)
         out[f"{prefix}/forward_tokens"] = fwd
         if self.with_reference:
             out[f"{prefix}/ref_forward_passes"] = ref_passes
@@ -203,6 +207,7 @@ class StreamedUpdate:
             raise ValueError(f"accumulate: the chunks of one update must share the loss's normalized_by and "
                              f"summed metrics, and with_reference: this chunk gives {(by, summed, with_reference)}, "
                              f"the first gave {(acc.normalized_by, acc.partial.summed, acc.partial.with_reference)}")
+        batch, _ = self._pool(batch)  # sequence parallel: the SP group's rows on each of its ranks
         self._backward(batch, loss_fn, temperature, with_entropy, with_reference, (1, 1), acc.partial, sync=False)
         acc.tokens += batch.num_tokens
         acc.seqs += len(batch)
@@ -225,5 +230,6 @@ class StreamedUpdate:
             for p in self.model.parameters():
                 if p.grad is not None:
                     p.grad.mul_(scale)
-        metrics = acc.partial.reduce(self.device, g_tokens, self.prefix, scale=scale, agree_names=self.sharded)
+        metrics = acc.partial.reduce(self.device, g_tokens, self.prefix, scale=scale, agree_names=self.sharded,
+                                     counted=self._counts_own)
         return self._apply_gradients(metrics)

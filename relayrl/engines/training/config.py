@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["OptimConfig", "TrainEngineConfig"]
 
@@ -83,3 +83,17 @@ class TrainEngineConfig(BaseModel):
     pack_length: int | None = Field(
         None, ge=16, description="max tokens per packed row; null packs rows up to the longest unit (a group or "
         "a sequence), so a packed row's attention never spans more than an unpacked row would")
+    sequence_parallel: int = Field(
+        1, ge=1, description="Ulysses sequence parallelism (DeepSpeed-Ulysses; verl's ulysses_sequence_parallel_size): "
+        "the trainer's ranks form groups of this many consecutive ranks that share one micro-batch, each holding "
+        "1/sequence_parallel of every packed sequence's tokens (activations per device shrink by as much; attention "
+        "exchanges heads for tokens with two all-to-alls per layer). Applies to every role on the training engine "
+        "(actor, reference, critic); the trainer group's ranks and the model's query heads must be multiples of it, "
+        "and the model must use attn_implementation=sdpa with a packed layout. 1: off")
+
+    @model_validator(mode="after")
+    def _check_sequence_parallel(self) -> "TrainEngineConfig":
+        if self.sequence_parallel > 1 and self.packing == "none":
+            raise ValueError(f"engine.sequence_parallel={self.sequence_parallel} splits packed sequences; "
+                             "engine.packing=none lays rows out padded: set engine.packing=sequences or shared_prompt")
+        return self

@@ -43,6 +43,10 @@ passes as the busiest one (:mod:`relayrl.engines.training.fsdp`). Each rank
 cuts its rows into exactly ``mini_batches`` slices (:func:`minibatch_slices`),
 one optimizer step each, so all ranks step together; when any rank holds
 fewer rows than that, every rank refuses the call (a collective decision).
+With ``engine.sequence_parallel`` > 1 the ranks form groups that pool their
+rows and split each packed sequence among themselves, attention exchanging
+tokens for heads (Ulysses, :mod:`relayrl.engines.training.ulysses`); a group
+counts its rows and reports its metrics once.
 The same step can be taken over a batch that arrives in chunks
 (``begin_accumulation`` / ``accumulate`` / ``finish_accumulation``, periodic
 asynchrony: :mod:`relayrl.engines.training.accumulate`).
@@ -93,50 +97,17 @@ from typing import Literal, NamedTuple
 
 import torch
 
-from relayrl.engines.training import flex, fsdp
+from relayrl.engines.training import flex, fsdp, ulysses
 from relayrl.algorithms._checks import deferred_metrics, metric_value
 from relayrl.engines.training.accumulate import MetricSums, StreamedUpdate
 from relayrl.engines.training.state import EngineState
-from relayrl.engines.training.base import LOSS_MASK_FIELD, REF_FIELD, LossFn, MicroBatch, OptimConfig, SequenceBatch
+from relayrl.engines.training.base import LOSS_MASK_FIELD, REF_FIELD, LossFn, MicroBatch, SequenceBatch
 from relayrl.engines.training.config import TrainEngineConfig
+from relayrl.engines.training.steps import make_scheduler, minibatch_slices
 from relayrl.models.packing import (PackUnit, additive_mask, build_packed_batch, pack_units, plan_microbatches,
                                     plan_units, shared_prompt_mask, to_device)
 
 __all__ = ["TrainEngineConfig", "TorchTrainingEngine", "Forward", "plan_microbatches", "minibatch_slices", "make_scheduler"]
-
-
-def minibatch_slices(rows: int, mini_batches: int) -> list[range]:
-    """Exactly ``mini_batches`` contiguous, non-empty slices of ``range(rows)`` whose sizes differ by at most one
-    (the first ``rows % mini_batches`` are one row longer): one optimizer step each, so every data-parallel rank
-    takes the same number of steps whatever its row count. ``ceil(rows / mini_batches)``-row slices would not:
-    6 rows in 4 mini-batches would give 3 steps."""
-    if not 1 <= mini_batches <= rows:
-        raise ValueError(f"mini_batches={mini_batches} must be in [1, {rows}] (rows to slice)")
-    base, extra = divmod(rows, mini_batches)
-    out, start = [], 0
-    for k in range(mini_batches):
-        stop = start + base + (1 if k < extra else 0)
-        out.append(range(start, stop))
-        start = stop
-    return out
-
-
-def make_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int):
-    """Linear warm-up, then constant / cosine / linear decay to ``min_lr_ratio``."""
-
-    def factor(step: int) -> float:
-        if cfg.warmup_steps and step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        if cfg.schedule == "constant" or total_steps <= cfg.warmup_steps:
-            return 1.0
-        progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
-        if cfg.schedule == "cosine":
-            decay = 0.5 * (1 + math.cos(math.pi * progress))
-        else:
-            decay = 1 - progress
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 def _pad_field(values: list, rows: list[int], width: int, device) -> torch.Tensor:
@@ -195,6 +166,13 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
             disable_dropout(self.model)
         self.prefix = metric_prefix
         self._resolve_packing(trainable)
+        self.sp = None  # engine.sequence_parallel > 1: this rank's Ulysses group (relayrl.engines.training.ulysses)
+        if cfg.sequence_parallel > 1:
+            ulysses.check_model(self.model, cfg.sequence_parallel)
+            self.sp = ulysses.setup(cfg.sequence_parallel)
+            for m in (self.model, reference):
+                if m is not None:
+                    ulysses.install(m, self.sp)
         weights = next(self.model.parameters()).dtype
         self.compute_dtype = compute_dtype or weights
         mixed = self.compute_dtype != weights
@@ -331,14 +309,18 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
         if self.flex:  # the micro-batch's units in one row: no row padding, batch size 1 for the compiled kernel
             item = [[unit for row in item for unit in row]]
         pb = build_packed_batch(batch.prompt_ids, batch.response_ids, item)
-        if self.flex:  # whole tiles, at least two (see relayrl.engines.training.flex)
-            pb = pb.pad_to(flex.BLOCK, at_least=2 * flex.BLOCK)
+        if self.flex or self.sp:  # whole tiles, at least two (see relayrl.engines.training.flex); whole shards
+            pb = pb.pad_to(flex.BLOCK, at_least=2 * flex.BLOCK) if self.flex else pb.pad_to(self.sp.size)
         pb = pb.to(self.device)
-        args = (pb.input_ids, self._attention_mask(pb.doc_ids, pb.segment_ids, pb.position_ids), pb.position_ids,
-                pb.token_pack, pb.token_src)  # [N, V] logits at the response positions only
-        ref = pb.to_rows(self._reference_logprobs(args, pb.targets, None, temperature)) if with_reference else None
-        lp, ent, sq = self._head(self.net, args, pb.targets, None, temperature, with_entropy, self._autocast,
-                                 with_sum_sq)
+        mask = self._attention_mask(pb.doc_ids, pb.segment_ids, pb.position_ids)
+        args = (pb.input_ids, mask, pb.position_ids, pb.token_pack, pb.token_src)  # logits at response positions only
+        targets, whole = pb.targets, (lambda t: t)
+        if self.sp:  # this rank's columns and response tokens; every rank's per-token outputs gathered back
+            cut = ulysses.Shard.of(pb, self.sp)
+            args, targets, whole = (cut.input_ids, mask, cut.position_ids, cut.rows, cut.cols), cut.targets, cut.gather
+        ref = pb.to_rows(whole(self._reference_logprobs(args, targets, None, temperature))) if with_reference else None
+        lp, ent, sq = (whole(t) for t in self._head(self.net, args, targets, None, temperature, with_entropy,
+                                                    self._autocast, with_sum_sq))
         return Forward(pb.to_rows(lp), to_device(pb.response_mask(), self.device), None if ent is None else pb.to_rows(ent),
                        list(pb.rows), int(pb.input_ids.numel()), ref, None if sq is None else pb.to_rows(sq))
 
@@ -455,6 +437,7 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
 
     def _logprob_rows(self, batch: SequenceBatch, temperature: float, with_entropy: bool, with_reference: bool,
                       with_sum_sq: bool = False):
+        batch, own = self._pool(batch)
         was_training = self.runner.training
         self.runner.eval()
         out: dict[str, list[torch.Tensor | None]] = {k: [None] * len(batch) for k in ("lp", "ent", "ref", "sq")}
@@ -470,12 +453,23 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
                 for j, i in enumerate(f.rows if t is not None else ()):
                     out[key][i] = t[j, :int(batch.response_ids[i].numel())].float().cpu()
         self.runner.train(was_training)
-        return tuple(out[k] if on else None for k, on in (("lp", True), ("ent", with_entropy),
-                                                          ("ref", with_reference), ("sq", with_sum_sq)))
+        return tuple(out[k][own.start:own.stop] if on else None for k, on in (
+            ("lp", True), ("ent", with_entropy), ("ref", with_reference), ("sq", with_sum_sq)))
 
     # ---------------------------------------------------------------- update
+    def _pool(self, batch: SequenceBatch) -> tuple[SequenceBatch, range]:
+        """Sequence parallel: the SP group's rows, the same on each of its ranks, and this rank's among them
+        (a collective); else ``batch`` itself."""
+        return ulysses.pool(batch, self.sp) if self.sp else (batch, range(len(batch)))
+
+    @property
+    def _counts_own(self) -> bool:
+        """Whether this rank's rows, counts and metrics are its own (not the first SP rank's copy of them)."""
+        return self.sp is None or self.sp.leads
+
     def _global(self, tokens: int, seqs: int) -> tuple[int, int]:
-        g_tokens, g_seqs = fsdp.sum_over_ranks([tokens, seqs], self.device)
+        own = self._counts_own  # an SP group's rows are counted once, by its first rank
+        g_tokens, g_seqs = fsdp.sum_over_ranks([tokens, seqs] if own else [0, 0], self.device)
         return int(g_tokens), int(g_seqs)
 
     def train_step(self, batch: SequenceBatch, loss_fn: LossFn, *, mini_batches: int = 1, epochs: int = 1,
@@ -487,6 +481,7 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
             raise RuntimeError("train_step on an engine built with trainable=False")
         if self._accumulation is not None:
             raise RuntimeError("train_step while an accumulation is open: call finish_accumulation() first")
+        batch, _ = self._pool(batch)
         if len(batch) == 0:
             raise ValueError("train_step got an empty batch")
         # Every rank decides together (a collective), so a rank short of rows cannot leave the others waiting
@@ -506,7 +501,8 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
                 g_tokens, g_seqs = self._global(sub.num_tokens, len(sub))
                 partial = MetricSums(tuple(getattr(loss_fn, "summed", ())), with_reference)
                 self._backward(sub, loss_fn, temperature, with_entropy, with_reference, (g_tokens, g_seqs), partial)
-                metrics = self._apply_gradients(partial.reduce(self.device, g_tokens, self.prefix))
+                metrics = self._apply_gradients(partial.reduce(self.device, g_tokens, self.prefix,
+                                                               counted=self._counts_own))
                 for k, v in metrics.items():
                     sums[k] += v
                 steps += 1

@@ -1,0 +1,39 @@
+"""Rules on how the training engine's ranks are laid out: ``engine.sequence_parallel`` against the pools its
+roles run on and the model's attention. :class:`~relayrl.config.schema.Config` applies them when a config is
+validated, before any worker starts; what needs the loaded model (its head counts) the engine checks when it
+loads it (:mod:`relayrl.engines.training.ulysses`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+Config = Any
+"""A :class:`relayrl.config.schema.Config` (not imported: the schema imports these rules)."""
+
+__all__ = ["check_sequence_parallel"]
+
+_ENGINE_ROLES = ("reference", "critic", "teacher")
+"""Roles besides the actor (pool main) that run on the training engine and so take its sequence parallelism."""
+
+
+def check_sequence_parallel(cfg: Config) -> None:
+    """``engine.sequence_parallel`` groups consecutive ranks of every pool running the training engine (the
+    actor's main pool, and the reference's, critic's or teacher's pool when placed elsewhere); each must hold a
+    multiple of it, and the model must use SDPA attention."""
+    sp = cfg.engine.sequence_parallel
+    if sp == 1:
+        return
+    if cfg.model.attn_implementation != "sdpa":
+        raise ValueError(f"engine.sequence_parallel={sp} runs attention through PyTorch SDPA over the packed mask; "
+                         f"model.attn_implementation={cfg.model.attn_implementation}: set it to sdpa (or "
+                         f"engine.sequence_parallel=1)")
+    sizes = {"main": (cfg.cluster.devices * cfg.cluster.nodes, "cluster.devices x cluster.nodes")}
+    for role in _ENGINE_ROLES:
+        pool = getattr(cfg.placement, role)
+        if pool != "main" and pool in cfg.placement.pools:
+            sizes.setdefault(pool, (cfg.placement.pools[pool], f"placement.pools.{pool} (placement.{role})"))
+    for pool, (ranks, key) in sizes.items():
+        if ranks % sp:
+            raise ValueError(f"engine.sequence_parallel={sp} splits each sequence over {sp} ranks of a trainer "
+                             f"group, but pool {pool} has {ranks} ({key}={ranks}): make it a multiple of {sp}, "
+                             f"or lower engine.sequence_parallel")
