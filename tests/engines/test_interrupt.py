@@ -37,7 +37,8 @@ def test_the_phrase_lands_at_the_budget_and_the_answer_is_the_models(tiny_model,
     prompts = _ids(tok, PROMPTS)
     it = _interrupt(tok, answer=5)
     P = len(it.forced_ids)
-    stops = (16, 195)  # two of the tiny model's greedy responses end at their first token (it never samples EOS)
+    first = eng.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=1))
+    stops = (int(first[1].token_ids[0]),)  # a response that ends at its first token (the tiny model rarely ends)
     plain = eng.generate(prompts, SamplingParams(temperature=0.0, max_new_tokens=AFTER, stop_token_ids=stops))
     got = generate_interrupted(eng, prompts, SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW,
                                                             stop_token_ids=stops), it)
