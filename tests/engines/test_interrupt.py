@@ -103,3 +103,19 @@ def test_budgets_that_do_not_fit_are_refused_naming_the_keys(tiny_tokenizer):
                         max_new_tokens=6, budget_key="eval.max_new_tokens")
     it = _interrupt(tiny_tokenizer)  # null answer_tokens: what the response budget leaves
     assert it.after_tokens + len(it.forced_ids) + it.answer_tokens == MAX_NEW
+
+
+@pytest.mark.slow  # (the static decoder's set-up: about 9 s on CPU)
+def test_an_engine_with_the_static_decoder_runs_interrupted_rows_on_its_dynamic_cache(tiny_model, tiny_tokenizer):
+    """rollout.decode=static (graphed on CUDA, plain here): fed rows, and so interrupted ones, decode on the dynamic
+    cache; the rows are the dynamic engine's."""
+    tok = tiny_tokenizer
+    prompts = _ids(tok, PROMPTS)
+    sp = SamplingParams(n=2, temperature=1.0, max_new_tokens=MAX_NEW)
+    rows = []
+    for decode in ("static", "dynamic"):
+        eng = NativeGenerationEngine(tiny_model, tok, max_batch=4, decode=decode)
+        assert (eng.static is not None) == (decode == "static")
+        got = generate_interrupted(eng, prompts, sp, _interrupt(tok), generator=torch.Generator().manual_seed(2))
+        rows.append([(c.token_ids.tolist(), c.loss_mask.tolist()) for c in got])
+    assert rows[0] == rows[1]
