@@ -80,5 +80,6 @@ def test_the_periodic_dataflow_trains_what_the_sync_step_does(tmp_path):
     sync, w_sync = one_step(config(tmp_path / "sync", *INTERRUPT, *SPLIT))
     periodic, w_per = one_step(config(tmp_path / "periodic", *INTERRUPT, *SPLIT, "trainer.mode=periodic"))
     assert sync["rollout/interrupted_frac"] == periodic["rollout/interrupted_frac"] > 0
+    assert periodic["rollout/logprob_error_max"] < 1.01  # the phrase (log-prob 0 in the rollout) is masked there too
     for k in w_sync:
         torch.testing.assert_close(w_per[k], w_sync[k], rtol=1e-4, atol=1e-6)

@@ -26,13 +26,15 @@ across rows, vLLM's prefix cache aside), so an interrupted or still-thinking res
 at ``after_tokens``. Every sample of a prompt is its own row (``n`` prefills of the prompt where the plain
 path shares one), and on CUDA the native engine decodes fed rows on its dynamic cache, not the static
 graphed one. Whether the thinking was closed is read on the text (the marker as a substring of the decoded
-tokens, special tokens kept), so it holds however the tokenizer splits the marker.
+tokens, special tokens kept), so it holds however the tokenizer splits the marker. An engine checks
+``stop_strings`` on the tokens of the row it runs, so a stop string that straddles ``after_tokens`` is not seen.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Callable, Sequence
 
 import torch
@@ -40,7 +42,7 @@ import torch
 from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.errors import UserError
 
-__all__ = ["Interrupt", "InterruptError", "build_interrupt", "generate_interrupted"]
+__all__ = ["Interrupt", "InterruptError", "Phase", "build_interrupt", "generate_interrupted"]
 
 
 class InterruptError(UserError, ValueError):
@@ -85,7 +87,15 @@ def build_interrupt(tokenizer, *, after_tokens: int, text: str, answer_tokens: i
     return Interrupt(after_tokens=after_tokens, forced_ids=ids, answer_tokens=answer, marker=marker)
 
 
-_THINK, _ANSWER, _REST = "think", "answer", "rest"
+class Phase(Enum):
+    """Where a response is (module docstring's diagram)."""
+
+    THINK = "think"
+    """Its first row, up to ``after_tokens``."""
+    ANSWER = "answer"
+    """Interrupted: the phrase written, the answer's row running."""
+    REST = "rest"
+    """It closed its thinking by ``after_tokens``: a row running on to ``max_new_tokens``."""
 
 
 @dataclass
@@ -93,7 +103,7 @@ class _Response:
     """One response being generated in up to two rows: its tokens so far and which phase it is in."""
 
     prompt: list[int]
-    phase: str = _THINK
+    phase: Phase = Phase.THINK
     tokens: list[int] = field(default_factory=list)
     logps: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
@@ -116,11 +126,11 @@ class _Response:
 
 
 class _Feed:
-    """The rows to generate (a :class:`~relayrl.engines.generation.native.PromptFeed`): every sample of every
-    prompt, then the responses that re-enter after ``after_tokens``, which go first."""
+    """The rows to generate (a :class:`~relayrl.engines.generation.native.PromptFeed`): ``(key, context,
+    budget)`` of every sample of every prompt, then of the responses that re-enter, which go first."""
 
-    def __init__(self, keys: Sequence[int], responses: dict[int, _Response], after: int) -> None:
-        self.waiting: deque[tuple[int, list[int], int]] = deque((k, responses[k].prompt, after) for k in keys)
+    def __init__(self, rows: Sequence[tuple[int, list[int], int]]) -> None:
+        self.waiting: deque[tuple[int, list[int], int]] = deque(rows)
 
     def take(self) -> tuple[int, Sequence[int], int] | None:
         return self.waiting.popleft() if self.waiting else None
@@ -153,21 +163,20 @@ def generate_interrupted(engine, prompts: Sequence[Sequence[int]], params: Sampl
             raise ValueError(f"prompt {i} is empty")
     n, tok = params.n, engine.tokenizer
     responses = {i * n + s: _Response(list(p)) for i, p in enumerate(prompts) for s in range(n)}
-    feed = _Feed(sorted(responses), responses, interrupt.after_tokens)
+    feed = _Feed([(k, r.prompt, interrupt.after_tokens) for k, r in responses.items()])
     out: dict[int, Completion] = {}
 
     def finished(c: Completion) -> None:
         key = c.prompt_index
         r = responses[key]
         r.extend(c)
-        if r.phase == _THINK and c.finish_reason == "length":
+        if r.phase is Phase.THINK and c.finish_reason == "length":  # the budget, without EOS or a stop
             if interrupt.marker in tok.decode(r.tokens, skip_special_tokens=False):
-                rest = interrupt.rest_tokens(params.max_new_tokens)
-                r.phase = _REST
-                feed.again(key, r.prompt + r.tokens, rest)
+                r.phase = Phase.REST
+                feed.again(key, r.prompt + r.tokens, interrupt.rest_tokens(params.max_new_tokens))
                 return
             r.force(interrupt.forced_ids, engine.weight_version)
-            r.phase = _ANSWER
+            r.phase = Phase.ANSWER
             feed.again(key, r.prompt + r.tokens, interrupt.answer_tokens)
             return
         done = Completion(
@@ -175,16 +184,12 @@ def generate_interrupted(engine, prompts: Sequence[Sequence[int]], params: Sampl
             logprobs=torch.tensor(r.logps, dtype=torch.float32), finish_reason=c.finish_reason,
             weight_version=c.weight_version, text=tok.decode(r.tokens, skip_special_tokens=True),
             loss_mask=torch.tensor(r.mask, dtype=torch.float32),
-            token_versions=torch.tensor(r.versions, dtype=torch.long), interrupted=r.phase == _ANSWER)
+            token_versions=torch.tensor(r.versions, dtype=torch.long), interrupted=r.phase is Phase.ANSWER)
         del responses[key]
         out[key] = done
         if on_finish is not None:
             on_finish(done)
 
-    engine.generate_feed(feed, replace_n(params), generator, finished, between)
+    one = params.model_copy(update={"n": 1})  # each response is a row of its own: it may re-enter alone
+    engine.generate_feed(feed, one, generator, finished, between)
     return [out[k] for k in sorted(out)]
-
-
-def replace_n(params: SamplingParams) -> SamplingParams:
-    """``params`` with one sample per row: each response is a row of its own (it may re-enter alone)."""
-    return params.model_copy(update={"n": 1})
