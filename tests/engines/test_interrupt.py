@@ -119,3 +119,14 @@ def test_an_engine_with_the_static_decoder_runs_interrupted_rows_on_its_dynamic_
         got = generate_interrupted(eng, prompts, sp, _interrupt(tok), generator=torch.Generator().manual_seed(2))
         rows.append([(c.token_ids.tolist(), c.loss_mask.tolist()) for c in got])
     assert rows[0] == rows[1]
+
+
+def test_an_engine_that_cannot_take_rows_back_is_refused_naming_the_key(tiny_tokenizer):
+    class Server:  # generate only, as the openai engine (which the config refuses first)
+        tokenizer = tiny_tokenizer
+
+        def generate(self, prompts, params, generator=None):
+            raise AssertionError("not reached")
+
+    with pytest.raises(InterruptError, match="Server cannot do: use rollout.engine=native or vllm"):
+        generate_interrupted(Server(), [[1, 2]], SamplingParams(max_new_tokens=MAX_NEW), _interrupt(tiny_tokenizer))
