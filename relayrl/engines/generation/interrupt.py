@@ -1,6 +1,6 @@
 """Forced length interruption: a thinking budget enforced by writing the end of the thinking for the model.
 
-ScaleRL (Khatri et al. 2025, "The Art of Scaling Reinforcement Learning Compute for LLMs", §3) controls
+ScaleRL (Khatri et al. 2025, "The Art of Scaling Reinforcement Learning Compute for LLMs") controls
 response length with *forced interruptions* instead of a length penalty: a response that reaches its
 thinking budget without having closed its reasoning gets an end-of-thinking phrase appended ("Okay, time is
 up. Let me stop thinking and formulate a final answer now. </think>") and the model then writes its answer
