@@ -263,6 +263,8 @@ def evaluate_config(cfg: Config, out: Path, *, extra: dict | None = None,
     ev = cfg.eval
     what = (f"greedy episodes (env.name={cfg.env.name}, at most env.max_turns={cfg.env.max_turns} turns)"
             if spec is not None else "greedy answers")
+    if s.eval_interrupt is not None:
+        what += f" (a thinking budget: rollout.interrupt.after_tokens={s.eval_interrupt.after_tokens})"
     sampled = f", then eval.k={ev.k} sampled at temperature {s.eval_temperature:g} each" if ev.k > 1 else ""
     log(f"relayrl eval: {s.model_path} on {len(s.eval_problems)} held-out problems: {what}{sampled}")
     # (one rank runs in this process, as a training run's rollout does on a single device; more are processes)
