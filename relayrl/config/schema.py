@@ -20,6 +20,7 @@ from relayrl.algorithms.estimators import ESTIMATORS
 from relayrl.config.paths import DirPath, LocalPath
 from relayrl.config.algorithm import AlgorithmConfig, CorrectionConfig, DistillConfig
 from relayrl.config.dpo import DPOConfig
+from relayrl.config.interrupt import InterruptConfig, check_interrupt
 from relayrl.config.kto import KTOConfig
 from relayrl.config.trainer import TrainerConfig
 from relayrl.config.plan import rollout_pool
@@ -143,6 +144,8 @@ class RolloutConfig(_Section):
                           "new weights arrive, responses still being generated pause, their contexts are "
                           "prefilled again with the new weights and they continue (each token records the "
                           "version that sampled it); off: weights change only between batches")
+    interrupt: InterruptConfig = Field(InterruptConfig(), description="forced length interruption (ScaleRL's "
+                                       "thinking budget): see rollout.interrupt.after_tokens")
 
     @model_validator(mode="after")
     def _remote(self) -> "RolloutConfig":
@@ -426,6 +429,7 @@ class Config(_Section):
         check_sequence_parallel(self)
         check_env(self)
         check_decoupled_rewards(self)
+        check_interrupt(self)
         if self.data.messages_key is not None and (self.workflow != "sft" or self.data.path is None):
             raise ValueError("data.messages_key trains on whole conversations: it applies to workflow sft with "
                              "data.path; unset data.messages_key")

@@ -37,9 +37,11 @@ class EvalResult:
 
 def evaluate(generate: GenerateFn, encode: Callable[[Problem], list[int]], problems: Sequence[Problem],
              score: ScoreFn, *, max_new_tokens: int, k: int = 1, temperature: float = 1.0,
-             stop_strings: Sequence[str] = ()) -> EvalResult:
+             stop_strings: Sequence[str] = (), interrupted: bool = False) -> EvalResult:
     """Greedy accuracy on ``problems``; with ``k > 1`` also k samples per prompt at ``temperature``; every
-    metric also per source when the problems come from several (:func:`~relayrl.evaluation.metrics.per_source`)."""
+    metric also per source when the problems come from several (:func:`~relayrl.evaluation.metrics.per_source`).
+    ``interrupted``: ``generate`` applies a thinking budget (``rollout.interrupt``): report
+    ``eval/interrupted_frac``, the greedy answers it interrupted, and mark the samples."""
     if not problems:
         raise ValueError("evaluate: no problems to evaluate")
     prompts = [encode(p) for p in problems]
@@ -52,7 +54,8 @@ def evaluate(generate: GenerateFn, encode: Callable[[Problem], list[int]], probl
                                               stop_strings=tuple(stop_strings)))
     g_rewards = score(texts, [c.text for c in greedy], answers, with_ids(columns, [c.token_ids for c in greedy]))
     samples = [{"mode": "greedy", "prompt": t, "answer": a, "response": c.text, "reward": r,
-                "finish_reason": c.finish_reason, **({"source": sources[i]} if named else {})}
+                "finish_reason": c.finish_reason, **({"interrupted": c.interrupted} if interrupted else {}),
+                **({"source": sources[i]} if named else {})}
                for i, (t, a, c, r) in enumerate(zip(texts, answers, greedy, g_rewards))]
     per_prompt: list[list[bool]] = [[] for _ in problems]
     if k > 1:
@@ -65,12 +68,15 @@ def evaluate(generate: GenerateFn, encode: Callable[[Problem], list[int]], probl
             per_prompt[c.prompt_index].append(r >= 1.0)
             samples.append({"mode": f"sample@{k}", "prompt": texts[c.prompt_index], "answer": answers[c.prompt_index],
                             "response": c.text, "reward": r, "finish_reason": c.finish_reason,
+                            **({"interrupted": c.interrupted} if interrupted else {}),
                             **({"source": sources[c.prompt_index]} if named else {})})
 
     def metrics_of(rows: Sequence[int]) -> dict[str, float]:
         greedy_rewards = [g_rewards[i] for i in rows]
         out = {"eval/accuracy": sum(r >= 1.0 for r in greedy_rewards) / len(rows),
                "eval/reward_mean": sum(greedy_rewards) / len(rows)}
+        if interrupted:
+            out["eval/interrupted_frac"] = sum(greedy[i].interrupted for i in rows) / len(rows)
         if k > 1:
             summary = summarize([per_prompt[i] for i in rows], ks=sorted({1, k}))
             out.update({f"eval/{key}": v for key, v in summary.items()})

@@ -97,7 +97,7 @@ class Consume:
             + (["old_logprobs", "sum_pi_squared"] if est.token_stats else []) \
             + (["gen_logprobs"] if est.token_stats and a.correction.enabled else []) \
             + (["gen_logprobs", "teacher_logprobs"] if p.teacher is not None else []) \
-            + (["loss_mask"] if p.episodes is not None else []) \
+            + (["loss_mask"] if p.masked else []) \
             + (["fn_scores"] if p.cfg.reward.decoupled else [])  # (GDPO: each reward function's scores)
         cols = list(dict.fromkeys(cols))  # (gen_logprobs for the KL in the reward, the teacher, OTB's weights)
         for b in f.leases("advantages", cols, batch_rows=self._rows("advantages")):
@@ -115,7 +115,7 @@ class Consume:
         """The per-token columns the actor's loss reads (besides the prompt and response ids)."""
         p = self.p
         return ["advantages", "gen_logprobs"] + (["ref_logprobs"] if p.reference is not None else []) \
-            + (["old_logprobs"] if p.plan.recompute_old else []) + (["loss_mask"] if p.episodes is not None else [])
+            + (["old_logprobs"] if p.plan.recompute_old else []) + (["loss_mask"] if p.masked else [])
 
     def update(self, f: Flow) -> None:
         """The plan's update: on the whole batch, or accumulated per arriving group (one optimizer step)."""
@@ -123,7 +123,7 @@ class Consume:
         loss = p.loss if f.state.entropy_coef is None else replace(p.loss, entropy_coef=f.state.entropy_coef)
         loss = loss if a.kl_in_reward else replace(loss, kl_coef=f.state.kl_coef)  # (the KL controller's)
         fields = self.update_fields()
-        critic_fields = (["values", "returns"] + (["loss_mask"] if p.episodes is not None else [])
+        critic_fields = (["values", "returns"] + (["loss_mask"] if p.masked else [])
                          if p.critic is not None else [])
         cols = list(dict.fromkeys(["prompt_ids", "response_ids", "group", "truncated", *fields, *critic_fields]))
         loss_kw = dict(drop_truncated=a.overlong_filter, temperature=p.temperature,

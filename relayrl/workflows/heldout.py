@@ -29,6 +29,7 @@ from relayrl.cluster import ResourcePool, make_group
 from relayrl.config.loader import ConfigError
 from relayrl.config.schema import Config
 from relayrl.data.tasks import Problem, make_task
+from relayrl.engines.generation.interrupt import Interrupt, build_interrupt
 from relayrl.engines.reward.user import trainer_state, with_progress
 from relayrl.evaluation.runner import EvalResult, evaluate, write_report
 from relayrl.models.load import check_model_dir, load_tokenizer
@@ -80,6 +81,10 @@ class EvalSession:
         """``train_problems``: a dataset's training rows (None for a built-in task, which draws fresh ones)."""
         self._describe_tools(self.train_problems)
         self._check_lengths()
+        self.interrupt, self.eval_interrupt = interrupts(cfg, self.tokenizer)
+        """``rollout.interrupt`` with its phrase tokenized: the rollout's thinking budget (capped by
+        ``rollout.max_new_tokens``) and evaluation's (None with ``rollout.interrupt.eval=false``; capped by
+        ``eval.max_new_tokens`` when set); both None when it is off."""
         cuda = cfg.model.device == "cuda" or (cfg.model.device == "auto" and torch.cuda.is_available())
         # (a user environment's episodes bring their own rewards, in training and evaluation: no reward engine)
         self.reward = None if cfg.env.own_rewards else RewardEngine(
@@ -202,7 +207,8 @@ class EvalSession:
 
         result = evaluate(generate, self.encode, self.eval_problems, score,
                           max_new_tokens=ev.max_new_tokens or ro.max_new_tokens, k=ev.k,
-                          temperature=self.eval_temperature, stop_strings=ro.stop_strings)
+                          temperature=self.eval_temperature, stop_strings=ro.stop_strings,
+                          interrupted=self.eval_interrupt is not None)
         self.report(result, step, name=name)
         return result
 
@@ -217,6 +223,25 @@ class EvalSession:
         """The temperature of the ``eval.k`` sampled answers: ``eval.temperature``, else the rollout's (1.0 for a
         greedy rollout)."""
         return self.cfg.eval.temperature or self.cfg.rollout.temperature or 1.0
+
+
+def interrupts(cfg: Config, tokenizer) -> tuple[Interrupt | None, Interrupt | None]:
+    """``rollout.interrupt`` for the rollout and for evaluation (:attr:`EvalSession.interrupt`), its phrase
+    tokenized once; :class:`~relayrl.engines.generation.interrupt.InterruptError` naming the keys when the
+    phrase's tokens do not fit the response budget (before any work)."""
+    it = cfg.rollout.interrupt
+    if not it.enabled:
+        return None, None
+
+    def build(budget: int, key: str) -> Interrupt:
+        return build_interrupt(tokenizer, after_tokens=it.after_tokens, text=it.text, answer_tokens=it.answer_tokens,
+                               marker=it.marker, max_new_tokens=budget, budget_key=key)
+
+    ev = cfg.eval.max_new_tokens
+    rollout = build(cfg.rollout.max_new_tokens, "rollout.max_new_tokens")
+    if not it.eval:
+        return rollout, None
+    return rollout, rollout if ev is None else build(ev, "eval.max_new_tokens")
 
 
 def check_evaluable(cfg: Config) -> None:
@@ -238,6 +263,8 @@ def evaluate_config(cfg: Config, out: Path, *, extra: dict | None = None,
     ev = cfg.eval
     what = (f"greedy episodes (env.name={cfg.env.name}, at most env.max_turns={cfg.env.max_turns} turns)"
             if spec is not None else "greedy answers")
+    if s.eval_interrupt is not None:
+        what += f" (a thinking budget: rollout.interrupt.after_tokens={s.eval_interrupt.after_tokens})"
     sampled = f", then eval.k={ev.k} sampled at temperature {s.eval_temperature:g} each" if ev.k > 1 else ""
     log(f"relayrl eval: {s.model_path} on {len(s.eval_problems)} held-out problems: {what}{sampled}")
     # (one rank runs in this process, as a training run's rollout does on a single device; more are processes)
@@ -246,7 +273,8 @@ def evaluate_config(cfg: Config, out: Path, *, extra: dict | None = None,
     try:
         if spec is not None:
             return evaluate_episodes(rollout, s, spec, None)
-        return s.evaluate(lambda p, sp: generate(rollout, p, sp, cfg.rollout.on_error), None).metrics
+        return s.evaluate(lambda p, sp: generate(rollout, p, sp, cfg.rollout.on_error, s.eval_interrupt),
+                          None).metrics
     finally:
         rollout.shutdown()
 

@@ -71,7 +71,8 @@ class OfflineRun:
             relay_weights(self.actor, self.rollout, version=step)
             if self.episodes is not None:
                 return evaluate_episodes(self.rollout, self.s, self.episodes, step)
-            return self.s.evaluate(lambda p, sp: generate(self.rollout, p, sp), step).metrics
+            return self.s.evaluate(lambda p, sp: generate(self.rollout, p, sp, interrupt=self.s.eval_interrupt),
+                                   step).metrics
 
     def save(self, step: int) -> Path:
         reference = self.ref_sync.state() if self.ref_sync is not None else None

@@ -12,6 +12,7 @@ from relayrl.config.plan import StepPlan
 from relayrl.config.schema import Config
 from relayrl.dock import Dock
 from relayrl.engines.generation.base import SamplingParams
+from relayrl.engines.generation.interrupt import Interrupt
 from relayrl.environments.config import EpisodeSpec
 from relayrl.workflows.episodes import episode_spec
 from relayrl.workflows.losses import PolicyLoss, ValueLoss
@@ -87,12 +88,20 @@ class StepParts:
     """The trainer's log-prob passes divide logits by the rollout's temperature (1 for greedy)."""
     episodes: EpisodeSpec | None
     phases: Phases
+    interrupt: Interrupt | None = None
+    """``rollout.interrupt``: the rollout's thinking budget (its phrase tokenized), or None."""
     score_calls: int = 8
     """Reward calls in flight at once on the driver's threads (``reward.stream=group``)."""
     sample_calls: int = 32
     """The same with ``reward.stream=sample`` (calls of a row or a few each)."""
     between_polls: Callable[[], None] | None = None
     """Called between two polls of the rollout ranks (off-policy partial rollout hands over new weights)."""
+
+    @property
+    def masked(self) -> bool:
+        """The rows carry a ``loss_mask`` (tokens written for the model: episodes' observations, an
+        interrupted response's phrase) that the advantages, the losses and the critic read."""
+        return self.episodes is not None or self.interrupt is not None
 
 
 def build_parts(cfg: Config, plan: StepPlan, session, dock: Dock, groups: dict[str, WorkerGroup],
@@ -117,4 +126,5 @@ def build_parts(cfg: Config, plan: StepPlan, session, dock: Dock, groups: dict[s
         # the rollout records log-probs under softmax(logits / T); every trainer pass that meets them divides
         # its logits by the same T (greedy: T=1), as verl and NeMo-RL do
         temperature=ro.temperature if ro.temperature > 0 else 1.0,
-        episodes=episode_spec(cfg, session.tokenizer), phases=phases, between_polls=between_polls)
+        episodes=episode_spec(cfg, session.tokenizer), phases=phases, between_polls=between_polls,
+        interrupt=session.interrupt)

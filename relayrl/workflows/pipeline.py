@@ -342,8 +342,8 @@ class GRPOPipeline:
             with self.s.span("eval", "rollout", step):
                 if self.parts.episodes is not None:
                     return evaluate_episodes(self.rollout, self.s, self.parts.episodes, step)
-                return self.s.evaluate(lambda p, sp: generate(self.rollout, p, sp, self.cfg.rollout.on_error),
-                                       step).metrics
+                return self.s.evaluate(lambda p, sp: generate(self.rollout, p, sp, self.cfg.rollout.on_error,
+                                                              self.s.eval_interrupt), step).metrics
 
         return held_out() if self.ahead is None else self.ahead.evaluate(step, held_out)
 

@@ -97,7 +97,8 @@ class Produce:
             episodes = {} if p.episodes is None else dict(episodes=p.episodes, problems=[problems[groups[i]] for i in idx])
             p.rollout.one(RolloutWorker.start_stream, [prompts[i] for i in idx], params, [slots[i] for i in idx],
                           [groups[i] for i in idx], partial=self.partial, baseline=baseline, **episodes,
-                          per_sample=per_sample, deferred=p.plan.sequential, on_error=p.cfg.rollout.on_error, rank=r)
+                          per_sample=per_sample, deferred=p.plan.sequential, on_error=p.cfg.rollout.on_error,
+                          interrupt=p.interrupt, rank=r)
         live = set(range(ranks))
         # a poll waits for the first finished group; with partial rollout the weights staged meanwhile reach
         # the ranks only between two polls, so it waits briefly (a long wait kept the new weights out of the

@@ -12,7 +12,8 @@ log-probs), ``token_versions`` (per token: the weight version that sampled it), 
 group), ``truncated`` (cut at ``max_new_tokens``), ``version`` (the weights its first token was sampled
 with). Multi-turn episodes add ``loss_mask`` (per token: 0 where the environment wrote) and ``env_rewards``
 (the episode's reward): the rollout runs the episodes, continuously batched across turns, and writes a group
-when its last episode ends.
+when its last episode ends. A thinking budget (``rollout.interrupt``) adds ``loss_mask`` too (0 on the
+end-of-thinking phrase written into an interrupted response, 1 elsewhere, on every row).
 
 Failures (issue 35 item 1): a prompt's generation request that fails on a server (``rollout.engine=openai``)
 stops the stream naming the prompt (``rollout.on_error=fail``), or becomes a :class:`GroupRecord` with
@@ -35,6 +36,7 @@ from relayrl.cluster import compute
 from relayrl.data.tasks import Problem
 from relayrl.dock import Slots
 from relayrl.engines.generation.base import Completion, RequestFailed, SamplingParams
+from relayrl.engines.generation.interrupt import Interrupt, generate_interrupted
 from relayrl.environments.base import Episode, EpisodeEnd, EpisodeSummary
 from relayrl.environments.config import EpisodeSpec
 from relayrl.errors import UserError
@@ -70,6 +72,8 @@ class GroupRecord:
     """ReMax: the write was the group's greedy response (``baseline_ids``), not samples."""
     failed: str | None = None
     """The group's generation request failed (``rollout.on_error=drop_group``): why; nothing was written."""
+    interrupted: list[bool] = field(default_factory=list)
+    """``rollout.interrupt``: each row was cut at its thinking budget and given the phrase (empty: off)."""
 
 
 def group_rows(prompt: Sequence[int], group: int, comps: Sequence[Completion],
@@ -79,14 +83,16 @@ def group_rows(prompt: Sequence[int], group: int, comps: Sequence[Completion],
     version: metadata only). Episodes (``comps[i]`` is
     ``episodes[i].completion(...)``) add ``loss_mask`` (0 on the environment's tokens) and ``env_rewards``
     (the episode's reward, which the score stage takes instead of a verifier's), their ``token_versions``
-    cover the whole response, the staleness record counts the model's tokens only, and the record carries
-    each episode's :class:`~relayrl.environments.base.EpisodeSummary`."""
+    cover the whole response, and the record carries each episode's
+    :class:`~relayrl.environments.base.EpisodeSummary`. Completions with a ``loss_mask`` (episodes, a thinking
+    budget's interrupted responses) write it, and the staleness record counts the model's tokens only."""
     n = len(comps)
+    masked = comps[0].loss_mask is not None  # (all of a stream's completions have one, or none does)
     if episodes is not None:
         versions = [torch.tensor(e.token_versions, dtype=torch.long) for e in episodes]
-        sampled = [v[c.loss_mask.bool()] for v, c in zip(versions, comps)]  # the model's tokens
     else:
-        versions = sampled = [c.token_versions for c in comps]
+        versions = [c.token_versions for c in comps]
+    sampled = [v[c.loss_mask.bool()] for v, c in zip(versions, comps)] if masked else versions  # the model's
     cols = {
         "prompt_ids": [torch.as_tensor(list(prompt), dtype=torch.long)] * n,
         "response_ids": [x.token_ids for x in comps],
@@ -96,12 +102,15 @@ def group_rows(prompt: Sequence[int], group: int, comps: Sequence[Completion],
         "truncated": [float(x.finish_reason == "length") for x in comps],
         "version": [int(v[0]) if len(v) else int(x.weight_version) for v, x in zip(versions, comps)],
     }
+    if masked:
+        cols["loss_mask"] = [c.loss_mask for c in comps]
     if episodes is not None:
-        cols.update(loss_mask=[c.loss_mask for c in comps], env_rewards=[float(e.reward) for e in episodes])
+        cols["env_rewards"] = [float(e.reward) for e in episodes]
     return cols, GroupRecord(group=int(group), lengths=[len(x.token_ids) for x in comps], prompt_len=len(prompt),
                              truncated=[x.finish_reason == "length" for x in comps],
                              versions=[dict(Counter(v.tolist())) for v in sampled],
-                             episodes=[e.summary() for e in episodes] if episodes is not None else [])
+                             episodes=[e.summary() for e in episodes] if episodes is not None else [],
+                             interrupted=[x.interrupted for x in comps] if masked and episodes is None else [])
 
 
 class StreamingGeneration:
@@ -117,7 +126,8 @@ class StreamingGeneration:
     def start_stream(self, prompts: Sequence[Sequence[int]], params: SamplingParams, slots: Sequence[Any],
                      groups: Sequence[int], partial: bool = False, baseline: bool = False,
                      episodes: EpisodeSpec | None = None, problems: Sequence[Problem] | None = None,
-                     per_sample: bool = False, deferred: bool = False, on_error: str = "fail") -> None:
+                     per_sample: bool = False, deferred: bool = False, on_error: str = "fail",
+                     interrupt: Interrupt | None = None) -> None:
         """Generate ``params.n`` responses for each of ``prompts`` on a thread of this worker; prompt ``i``'s
         group is written to ``slots[i]`` (its ``n`` rows, in sample order) as soon as it is complete. Take
         the receipts with :meth:`poll_stream`. ``partial``: weights may be swapped in mid-stream.
@@ -129,13 +139,17 @@ class StreamingGeneration:
         stage scores it at once; the other stages still wait for whole groups). ``deferred``: write everything
         in one write when generation ends (when every stage waits for generation anyway, a writer working
         beside the decode loop only competes with it for the interpreter). ``on_error`` (``rollout.on_error``)
-        and ``episodes.env.on_error``: what a failed request or an environment error does (module docstring)."""
+        and ``episodes.env.on_error``: what a failed request or an environment error does (module docstring).
+        ``interrupt`` (``rollout.interrupt``): a thinking budget; the rows get a ``loss_mask``
+        (:mod:`relayrl.engines.generation.interrupt`)."""
         if self._streaming():
             raise RuntimeError("start_stream: the previous stream is still generating")
         if len(slots) != len(prompts) or len(groups) != len(prompts):
             raise ValueError(f"start_stream: {len(prompts)} prompts, {len(slots)} slots, {len(groups)} groups")
         if episodes is not None and (problems is None or len(problems) != len(prompts)):
             raise ValueError("start_stream: episodes need the problem of every prompt")
+        if episodes is not None and interrupt is not None:
+            raise ValueError("start_stream: a thinking budget (interrupt) cuts single responses, not episodes")
         self._out: queue.Queue = queue.Queue()
         self._swap = getattr(self, "_swap", None) or _Swap(
             lambda payload: super(StreamingGeneration, self).receive_weights(payload))
@@ -216,7 +230,10 @@ class StreamingGeneration:
             try:
                 between = self._swap.take if partial else None
                 gen = self.generator if params.temperature > 0 else None
-                if episodes is None:
+                if interrupt is not None:  # (a server's on_error does not apply: the config refuses it there)
+                    generate_interrupted(self.engine, prompts, params, interrupt, generator=gen,
+                                         on_finish=ended.put, between=between)
+                elif episodes is None:
                     drop = {"on_error": ended.put} if on_error == "drop_group" and not baseline else {}
                     self.engine.generate(prompts, params, generator=gen, on_finish=ended.put, between=between, **drop)
                 else:

@@ -51,7 +51,7 @@ def kl_metrics(metrics: dict[str, float], in_reward: dict[str, float], tri_model
 
 def step_metrics(st: StepState, *, step: int, prompts_per_step: int, tri_model: bool,
                  session) -> dict[str, float]:
-    """Reward, length, DAPO, ReMax, episode, update and KL metrics of a finished step; says in the run's log
+    """Reward, length, interruption, DAPO, ReMax, episode, update and KL metrics of a finished step; says in the run's log
     when dynamic sampling left nothing to train on (``dapo/skipped_step``)."""
     records = st.kept_records()
     lengths = torch.tensor([L for r in records for L in r.lengths], dtype=torch.float32)
@@ -71,6 +71,9 @@ def step_metrics(st: StepState, *, step: int, prompts_per_step: int, tri_model: 
     if episodes:
         log_episode_errors(session, episodes, step)
         m.update(episode_metrics(episodes))
+    interrupted = [x for r in records for x in r.interrupted]  # (rollout.interrupt: every row has its flag)
+    if interrupted:
+        m["rollout/interrupted_frac"] = sum(interrupted) / len(interrupted)
     if st.scores:
         m.update(sample_metrics(torch.tensor(st.scores), torch.tensor(st.rewards), lengths, truncated))
     elif m.get("reward/errors", 0) or st.rollout_errors or m.get("env/errors", 0):  # *.on_error=drop_group

@@ -29,6 +29,7 @@ import torch
 from relayrl.cluster import Worker, WorkerGroup
 from relayrl.data.tasks import Problem
 from relayrl.engines.generation.base import Completion, RequestFailed, SamplingParams
+from relayrl.engines.generation.interrupt import Interrupt, generate_interrupted
 from relayrl.engines.generation.native import NativeGenerationEngine
 from relayrl.engines.generation.remote import RemoteGenerationEngine, RemoteSpec
 from relayrl.engines.generation.vllm_engine import VLLMGenerationEngine, VLLMSpec
@@ -463,12 +464,15 @@ class RolloutWorker(StreamingGeneration, WeightReceiverMixin, _MemoryProbe, Work
         self.generator = torch.Generator(device=dev).manual_seed(seed + 7919 * getattr(self, "rank", 0))
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 on_error: str = "fail") -> list[Completion]:
+                 on_error: str = "fail", interrupt: Interrupt | None = None) -> list[Completion]:
         """``params.n`` samples of each prompt (evaluations). A prompt whose request to a server failed
         (``rollout.engine=openai``) raises :class:`GenerationFailed` naming it; ``on_error="drop_group"``
         (``rollout.on_error``): its samples are empty responses instead, with a warning (an evaluation has no
-        group to drop; it scores them as it scores any response)."""
+        group to drop; it scores them as it scores any response). ``interrupt``: a thinking budget
+        (``rollout.interrupt``, :mod:`relayrl.engines.generation.interrupt`)."""
         gen = self.generator if params.temperature > 0 else None
+        if interrupt is not None:  # (a server cannot re-enter rows: the config refuses rollout.engine=openai)
+            return generate_interrupted(self.engine, prompts, params, interrupt, generator=gen)
         if on_error == "fail":
             try:
                 return self.engine.generate(prompts, params, generator=gen)
@@ -485,10 +489,10 @@ class RolloutWorker(StreamingGeneration, WeightReceiverMixin, _MemoryProbe, Work
         return sorted(comps, key=lambda c: (c.prompt_index, c.sample_index))
 
     def generate_rows(self, items: Sequence[tuple[int, Sequence[int]]], params: SamplingParams,
-                      on_error: str = "fail") -> list[Completion]:
+                      on_error: str = "fail", interrupt: Interrupt | None = None) -> list[Completion]:
         """``generate`` for ``(prompt_index, prompt)`` pairs: completions carry the given indexes (a rank of a
         data-parallel rollout gets a slice of the prompts)."""
-        comps = self.generate([p for _, p in items], params, on_error)
+        comps = self.generate([p for _, p in items], params, on_error, interrupt)
         return [replace(c, prompt_index=items[c.prompt_index][0]) for c in comps]
 
     def run_episodes(self, items: Sequence[tuple[int, Sequence[int], Problem]], params: SamplingParams,
@@ -564,11 +568,11 @@ def collective(group: WorkerGroup, method: Callable | str, *args, **kwargs):
 
 
 def generate(rollout: WorkerGroup, prompts: Sequence[Sequence[int]], params: SamplingParams,
-             on_error: str = "fail") -> list[Completion]:
+             on_error: str = "fail", interrupt: Interrupt | None = None) -> list[Completion]:
     """Generate on every rollout rank, each taking a contiguous slice of ``prompts``; completions come back
-    in prompt order with ``prompt_index`` into ``prompts``. ``on_error``: ``rollout.on_error``
-    (:meth:`RolloutWorker.generate`)."""
-    return rollout.split(RolloutWorker.generate_rows, list(enumerate(prompts)), params, on_error)
+    in prompt order with ``prompt_index`` into ``prompts``. ``on_error``: ``rollout.on_error``, ``interrupt``:
+    a thinking budget (:meth:`RolloutWorker.generate`)."""
+    return rollout.split(RolloutWorker.generate_rows, list(enumerate(prompts)), params, on_error, interrupt)
 
 
 def rollout_rng(rollout: WorkerGroup) -> list[list[int]]:

@@ -65,6 +65,18 @@ def test_off_policy_partial_rollout_holds_the_staleness_bound_per_token(sft32, t
     assert all("correction/weight_mean" in x for x in steps)  # (tis_cap: the token-truncation correction)
 
 
+@pytest.mark.parametrize("extra", [[], [*SPLIT, "trainer.mode=periodic"]], ids=["colocated", "periodic"])
+def test_a_thinking_budget_on_vllm_keeps_the_logprobs_the_trainers(sft32, tmp_path, extra):
+    """rollout.interrupt: interrupted rows re-enter vLLM's request loop with the phrase (one token here);
+    the phrase is masked, so the engine's log-probs of the sampled tokens still match the trainer's."""
+    _, recs = grpo(tmp_path, sft32, *MOVE, *extra, "rollout.max_new_tokens=8", "rollout.interrupt.after_tokens=2",
+                   "rollout.interrupt.text=' ='", steps=2)
+    assert "eval/interrupted_frac" in recs[0]
+    for x in recs[1:]:
+        assert 0 < x["rollout/interrupted_frac"] <= 1
+        assert x["rollout/logprob_error"] == pytest.approx(1.0, abs=1e-3), x["step"]
+
+
 def test_a_vllm_run_resumes(sft32, tmp_path):
     grpo(tmp_path, sft32, "run.save_every=2", steps=2)
     r, recs = grpo(tmp_path, sft32, "run.save_every=2", "run.resume=auto", steps=4)

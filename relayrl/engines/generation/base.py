@@ -75,12 +75,15 @@ class Completion:
     text: str = field(default="", compare=False)
     """Decoded response (without special tokens)."""
     loss_mask: torch.Tensor | None = field(default=None, compare=False)
-    """[L] float, multi-turn episodes only: 1 on the tokens the model wrote, 0 on the tokens an environment
-    wrote (tool output, user turns), which are context and never trained on; None: every token is the
-    model's."""
+    """[L] float, 1 on the tokens the model sampled, 0 on tokens written for it: an environment's in
+    multi-turn episodes (tool output, user turns), the end-of-thinking phrase of an interrupted response
+    (``rollout.interrupt``); those are context and never trained on. None: every token is the model's."""
     token_versions: torch.Tensor | None = field(default=None, compare=False)
     """[L] int64, the weight version that sampled each token (they differ within a response when a partial
     rollout swapped weights in while it was being generated); None: every token is ``weight_version``'s."""
+    interrupted: bool = field(default=False, compare=False)
+    """A thinking budget cut the response and the end-of-thinking phrase was written into it
+    (``rollout.interrupt``, :mod:`relayrl.engines.generation.interrupt`): its ``loss_mask`` is 0 there."""
 
 
 class GenerationEngine(Protocol):
