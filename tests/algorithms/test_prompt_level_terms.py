@@ -48,10 +48,10 @@ def test_policy_kl_and_entropy_terms_are_prompt_level():
     ent = _prompt_mean(mb.entropy, mb.mask, GROUPS)
     assert m["actor/pg_loss"] == pytest.approx(pg, rel=1e-5)
     assert m["actor/kl_loss"] == pytest.approx(kl, rel=1e-5)
-    assert float(loss) == pytest.approx(pg + 0.1 * kl - 0.01 * ent, rel=1e-5)
+    assert loss.item() == pytest.approx(pg + 0.1 * kl - 0.01 * ent, rel=1e-5)
     # the token mean weighs the groups otherwise: the mode is not a renamed token-mean
     token, _ = PolicyLoss(agg="token-mean")(mb)
-    assert float(token) != pytest.approx(pg, rel=1e-3)
+    assert token.item() != pytest.approx(pg, rel=1e-3)
 
 
 def test_without_the_group_field_the_loss_says_what_it_needs():
