@@ -89,6 +89,8 @@ def kl_loss(
     global_seqs: int | None = None,
     constant: float | None = None,
     ratio: Tensor | None = None,
+    group_tokens: Tensor | None = None,
+    global_groups: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """KL to the reference as a loss term (GRPO), aggregated like the policy loss.
 
@@ -104,7 +106,8 @@ def kl_loss(
     kl = kl_estimate(logprobs, ref_logprobs, kind)
     if ratio is not None:
         kl = kl * ratio
-    loss = aggregate(kl, mask, agg, global_tokens=global_tokens, global_seqs=global_seqs, constant=constant)
+    loss = aggregate(kl, mask, agg, global_tokens=global_tokens, global_seqs=global_seqs, constant=constant,
+                     group_tokens=group_tokens, global_groups=global_groups)
     with torch.no_grad():
         metrics = {
             "actor/kl_loss": loss.detach(),

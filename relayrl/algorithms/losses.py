@@ -59,6 +59,8 @@ def policy_loss(
     global_tokens: int | None = None,
     global_seqs: int | None = None,
     constant: float | None = None,
+    group_tokens: Tensor | None = None,
+    global_groups: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped surrogate loss (to minimise) and its metrics.
 
@@ -75,8 +77,9 @@ def policy_loss(
         agg: aggregation mode (:data:`AGG_MODES`).
         level: ``"token"`` (PPO ratio) or ``"sequence"`` (GSPO ratio).
         is_weights: ``[B, T]`` importance weights multiplying the token loss.
-        global_tokens, global_seqs, constant: normalisers passed to
-            :func:`aggregate` for micro-batch / data-parallel exactness.
+        global_tokens, global_seqs, constant, group_tokens, global_groups:
+            normalisers passed to :func:`aggregate` for micro-batch /
+            data-parallel exactness (the last two: prompt-level aggregation).
 
     Returns:
         ``(loss, metrics)``; metrics: ``actor/pg_loss``, ``actor/clip_frac_low``
@@ -88,7 +91,8 @@ def policy_loss(
     """
     c = LossArgs.of("PPO", dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, agg=agg, level=level,
                                 is_weights=is_weights, global_tokens=global_tokens, global_seqs=global_seqs,
-                                constant=constant), levels=LEVELS, dual_clip=True, clip=True)
+                                constant=constant, group_tokens=group_tokens, global_groups=global_groups),
+                    levels=LEVELS, dual_clip=True, clip=True)
     LossArgs.check(logprobs, old_logprobs, advantages, mask, is_weights)
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")

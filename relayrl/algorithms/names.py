@@ -5,16 +5,21 @@ recipe is validated, before torch is imported. :mod:`~relayrl.algorithms.aggrega
 
 from __future__ import annotations
 
-__all__ = ["AGG_MODES", "POLICY_LOSS_NAMES", "PREFERENCE_KINDS", "REFERENCE_FREE_KINDS", "AVERAGED_KINDS",
-           "SMOOTHED_KINDS", "KTO_LOSSES", "RATIO_FREE_LOSSES"]
+__all__ = ["AGG_MODES", "GROUP_AGG_MODES", "POLICY_LOSS_NAMES", "PREFERENCE_KINDS", "REFERENCE_FREE_KINDS",
+           "AVERAGED_KINDS", "SMOOTHED_KINDS", "KTO_LOSSES", "RATIO_FREE_LOSSES"]
 
 AGG_MODES: tuple[str, ...] = (
     "token-mean",
     "seq-mean-token-mean",
     "seq-mean-token-sum",
     "seq-mean-token-sum-norm",
+    "prompt-mean-token-mean",
 )
 """``algorithm.loss_agg``: how :func:`~relayrl.algorithms.aggregation.aggregate` reduces token losses."""
+
+GROUP_AGG_MODES: tuple[str, ...] = ("prompt-mean-token-mean",)
+"""The :data:`AGG_MODES` that weigh prompt groups (ScaleRL's prompt-level average): they need each row's group, so
+only a GRPO-family step with ``rollout.n >= 2`` can use them."""
 
 POLICY_LOSS_NAMES: tuple[str, ...] = ("ppo", "cispo", "sapo", "vespo", "clip_cov", "kl_cov", "gmpo", "gpg")
 """``algorithm.policy_loss``: the keys of :data:`~relayrl.algorithms.losses.POLICY_LOSSES`, in its order."""

@@ -87,8 +87,10 @@ class LossArgs:
     global_tokens: int | None = None
     global_seqs: int | None = None
     constant: float | None = None
+    group_tokens: torch.Tensor | None = None
+    global_groups: float | None = None
     """normalisers for :func:`~relayrl.algorithms.aggregation.aggregate` (micro-batch and data-parallel
-    exactness)."""
+    exactness; the last two for ``agg="prompt-mean-token-mean"``)."""
 
     @classmethod
     def of(cls, loss: str, common: dict, *, levels: tuple[str, ...] = ("token",), dual_clip: bool = False,
@@ -127,4 +129,5 @@ class LossArgs:
         if self.is_weights is not None:
             token_losses = token_losses * self.is_weights.detach().to(token_losses.dtype)
         return aggregate(token_losses, mask, self.agg, global_tokens=self.global_tokens,
-                         global_seqs=self.global_seqs, constant=self.constant)
+                         global_seqs=self.global_seqs, constant=self.constant, group_tokens=self.group_tokens,
+                         global_groups=self.global_groups)

@@ -181,7 +181,11 @@ class AlgorithmConfig(_Section):
     advantage: str = Field("grpo", description=f"one of {', '.join(ESTIMATORS)}")
     normalize_std: bool = Field(True, description="group-relative estimators: divide by the group's reward std "
                                 "(false: Dr. GRPO's unscaled advantages)")
-    loss_agg: str = Field("seq-mean-token-mean", description=f"one of {', '.join(AGG_MODES)}")
+    loss_agg: str = Field("seq-mean-token-mean", description=f"how token losses (policy loss, KL term, entropy "
+                          f"bonus) become one: one of {', '.join(AGG_MODES)}. token-mean: DAPO's token level; "
+                          f"seq-mean-token-mean: GRPO's per-response mean; seq-mean-token-sum-norm: Dr.GRPO's; "
+                          f"prompt-mean-token-mean: ScaleRL's prompt level, every prompt group weighs the same and "
+                          f"every token inside it too (workflow grpo, rollout.n >= 2)")
     clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="the ratio's lower bound is 1 - clip_low (see "
                             "clip_high)")
     clip_high: float = Field(0.2, ge=0.0, description="ratio bounds [1 - clip_low, 1 + clip_high]: PPO's clip "

@@ -8,13 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from relayrl.algorithms.estimators import ESTIMATORS
-from relayrl.algorithms.names import REFERENCE_FREE_KINDS, SMOOTHED_KINDS
+from relayrl.algorithms.names import GROUP_AGG_MODES, REFERENCE_FREE_KINDS, SMOOTHED_KINDS
 
 Config = Any
 """A :class:`relayrl.config.schema.Config` (not imported: the schema imports these rules)."""
 
 __all__ = ["check_env", "check_decoupled_rewards", "check_ref_sync", "check_precompute_ref", "check_dpo", "check_kto",
-           "check_total_epochs", "check_retire_solved"]
+           "check_total_epochs", "check_retire_solved", "check_loss_agg"]
 
 
 def check_env(self: Config) -> None:
@@ -176,3 +176,19 @@ def check_retire_solved(self: Config) -> None:
     if threshold is not None and self.workflow != "grpo":
         raise ValueError(f"data.retire_solved={threshold:g} retires a prompt once the responses a GRPO step samples "
                          f"to it are solved; workflow {self.workflow} samples none: drop data.retire_solved")
+
+
+def check_loss_agg(self: Config) -> None:
+    """A prompt-level ``algorithm.loss_agg`` (ScaleRL's) weighs the prompt groups of a GRPO-family step: it needs
+    groups of several responses, which only workflow grpo samples."""
+    agg = self.algorithm.loss_agg
+    if agg not in GROUP_AGG_MODES:
+        return
+    if self.workflow != "grpo":
+        raise ValueError(f"algorithm.loss_agg={agg} averages the policy loss per prompt group, and workflow "
+                         f"{self.workflow} samples no groups (its loss does not read algorithm.loss_agg): drop "
+                         f"algorithm.loss_agg")
+    if self.rollout.n < 2:
+        raise ValueError(f"algorithm.loss_agg={agg} averages over the tokens of each prompt's responses, then over "
+                         f"prompts; with rollout.n={self.rollout.n} a prompt has one response and it is "
+                         f"seq-mean-token-mean: set algorithm.loss_agg=seq-mean-token-mean, or rollout.n >= 2")

@@ -25,7 +25,8 @@ from relayrl.config.kto import KTOConfig
 from relayrl.config.trainer import TrainerConfig
 from relayrl.config.plan import rollout_pool
 from relayrl.config.rules import (check_decoupled_rewards, check_dpo, check_env, check_kto, check_precompute_ref,
-                                  check_ref_sync, check_retire_solved, check_total_epochs)
+                                  check_ref_sync, check_retire_solved, check_total_epochs,
+                                  check_loss_agg)
 from relayrl.cluster.config import ClusterConfig
 from relayrl.config.parallel import check_sequence_parallel
 from relayrl.data.config import DataConfig
@@ -422,6 +423,7 @@ class Config(_Section):
         check_kto(self)
         check_total_epochs(self)
         check_retire_solved(self)
+        check_loss_agg(self)
         if self.eval.k > 1 and self.workflow == "rm":
             raise ValueError(f"eval.k={self.eval.k} samples answers to score; workflow rm evaluates a reward model "
                              f"on held-out pairs and generates nothing: set eval.k=1")

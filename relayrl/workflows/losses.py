@@ -29,7 +29,7 @@ from relayrl.algorithms.reward_model import bradley_terry_loss
 from relayrl.algorithms.sft import sft_loss
 from relayrl.algorithms.simpo import simpo_loss
 from relayrl.algorithms.value import value_loss
-from relayrl.engines.training.base import MicroBatch
+from relayrl.engines.training.base import GROUP_TOKENS_FIELD, MicroBatch
 
 __all__ = ["PolicyLoss", "ValueLoss", "SFTLoss", "DPOLoss", "KTOLoss", "BTLoss", "pair_order", "last_values"]
 
@@ -76,7 +76,8 @@ class PolicyLoss:
 
     @property
     def normalized_by(self) -> str:
-        """The global count every term (policy loss, KL term, entropy bonus) divides by: ``agg``'s."""
+        """The global count every term (policy loss, KL term, entropy bonus) divides by: ``agg``'s (``"groups"``
+        for ``prompt-mean-token-mean``, which also reads the ``group_tokens`` field the engine fills)."""
         return normalized_by(self.agg)
 
     @staticmethod
@@ -90,7 +91,8 @@ class PolicyLoss:
     def __call__(self, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         f = mb.fields
         old = f[self.old_key] if self.old_key in f else mb.logprobs.detach()
-        counts = dict(global_tokens=mb.global_tokens, global_seqs=mb.global_seqs, constant=self.agg_constant)
+        counts = dict(global_tokens=mb.global_tokens, global_seqs=mb.global_seqs, constant=self.agg_constant,
+                      group_tokens=f.get(GROUP_TOKENS_FIELD), global_groups=mb.global_groups)
         is_weights, is_metrics = None, {}
         if self.correction is not None:  # the rollout policy mu sampled the tokens; the ratio is taken against pi_old
             if "gen_logprobs" not in f:

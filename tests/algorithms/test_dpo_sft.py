@@ -9,6 +9,7 @@ import torch
 
 from relayrl.algorithms.dpo import dpo_loss
 from relayrl.algorithms.losses import AGG_MODES
+from relayrl.algorithms.names import GROUP_AGG_MODES
 from relayrl.algorithms.sft import sft_loss
 
 C, R = torch.tensor([-1.0]), torch.tensor([-2.0])
@@ -63,6 +64,10 @@ def test_sft_loss_hand_computed_and_modes():
     seq, _ = sft_loss(lp, mask, agg="seq-mean-token-mean")
     assert seq.item() == pytest.approx((2.0 + 2.0) / 2)
     for mode in AGG_MODES:
+        if mode in GROUP_AGG_MODES:  # SFT rows have no prompt groups to weigh
+            with pytest.raises(ValueError, match="group_tokens"):
+                sft_loss(lp, mask, agg=mode)
+            continue
         assert torch.isfinite(sft_loss(lp, mask, agg=mode)[0])
     loss.backward()
     torch.testing.assert_close(lp.grad, -mask.float() / 3)

@@ -81,6 +81,7 @@ def _assert_same_update(a, b, ga, gb, ma, mb, layout_dependent=("actor/forward_t
     (PolicyLoss(agg="seq-mean-token-mean", kl_coef=0.1), True),
     (PolicyLoss(agg="seq-mean-token-sum", entropy_coef=0.01), "grad"),
     (PolicyLoss(agg="seq-mean-token-sum-norm", agg_constant=16.0, kl_coef=0.05, dual_clip=3.0), False),
+    (PolicyLoss(agg="prompt-mean-token-mean", kl_coef=0.1, entropy_coef=0.01), "grad"),  # chunks of whole groups
 ], ids=lambda x: getattr(x, "agg", str(x)))
 def test_streamed_chunks_give_the_full_batch_update(tiny_dir, tiny_tokenizer, loss, with_entropy):
     batch = _batch(tiny_tokenizer)
@@ -154,12 +155,14 @@ class _PerRank:
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("dp_sync", ["step", "pass"])
-def test_two_rank_streamed_tri_model_update_matches_one_rank(tiny_dir, tiny_tokenizer, dp_sync):
+@pytest.mark.parametrize("dp_sync, agg", [("step", "token-mean"), ("pass", "token-mean"),
+                                          ("step", "prompt-mean-token-mean")])
+def test_two_rank_streamed_tri_model_update_matches_one_rank(tiny_dir, tiny_tokenizer, dp_sync, agg):
     """FSDP2 over 2 gloo ranks, tri-model actor: the ranks get chunks of unequal micro-batch counts, one of
     them empty (padding passes, the reference's included); the counts, gradients and metrics are global.
     Equals one rank's update on the union, its reference log-probs computed in place too; whether the
-    parameters are gathered and gradients reduced once per update (``step``) or in every pass (``pass``)."""
+    parameters are gathered and gradients reduced once per update (``step``) or in every pass (``pass``);
+    with prompt-level aggregation the groups (whole on each rank) are counted over ranks."""
     from relayrl.cluster import ResourcePool, WorkerGroup
     from relayrl.workflows.workers import PolicyWorker, collective
 
@@ -167,7 +170,7 @@ def test_two_rank_streamed_tri_model_update_matches_one_rank(tiny_dir, tiny_toke
     del batch.fields["ref_logprobs"]
     kw = dict(model_path=str(tiny_dir), engine=TrainEngineConfig(token_budget=48, optim=OptimConfig(
         lr=1e-2, eps=1e-3)), total_steps=2, threads=1, seed=0, tri_model=True)
-    loss = PolicyLoss(agg="token-mean", kl_coef=0.1, entropy_coef=0.01)
+    loss = PolicyLoss(agg=agg, kl_coef=0.1, entropy_coef=0.01)
     one = PolicyWorker(**kw)
     m1 = one.update(batch, loss, with_entropy="grad")
     calls = [[batch.select(range(3, 9)), batch.select([])],  # rank 0: two groups, rank 1: nothing yet

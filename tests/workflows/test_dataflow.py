@@ -45,7 +45,9 @@ def one_step(cfg: Config, workflow=GRPOPipeline):
     ("token-mean", False, "grpo", "group"), ("seq-mean-token-mean", False, "grpo", "group"),
     ("token-mean", True, "grpo", "group"), ("token-mean", True, "remax", "group"),
     ("token-mean", True, "grpo", "sample"), ("seq-mean-token-mean", False, "remax", "sample"),
-    ("token-mean", True, "grpo-batch-std", "group")])  # (a batch-wide std: the update waits for every group)
+    ("token-mean", True, "grpo-batch-std", "group"),  # (a batch-wide std: the update waits for every group)
+    ("prompt-mean-token-mean", True, "grpo", "group"),  # (groups counted over the chunks, dropped ones not)
+    ("prompt-mean-token-mean", False, "grpo-batch-std", "sample")])
 def test_periodic_step_is_the_sync_step(tmp_path, agg, dynamic, advantage, stream):
     """Same seed, same samples: the periodic step (accumulate per arriving group, one optimizer step) leaves
     the same weights as the synchronous one (the whole batch at once), and no sample crosses the driver.
@@ -151,6 +153,22 @@ def test_the_same_dataflow_runs_on_ray(tmp_path):
     assert (out / "config.json").is_file()
     last = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["step"] == 2 and last["dock/driver_bytes"] == 0 and last["actor/grad_norm"] > 0
+
+
+def test_prompt_level_periodic_step_with_the_overlong_filter_is_the_sync_step(tmp_path):
+    """ScaleRL's prompt-level aggregation with DAPO's overlong filter (rows cut at max_new_tokens leave the
+    update, so their groups' token counts and the group count shrink): the periodic step, streamed one group a
+    chunk, leaves the weights of the synchronous one."""
+    over = ["algorithm.loss_agg=prompt-mean-token-mean", "algorithm.overlong_filter=true", "trainer.stream_groups=1",
+            "engine.token_budget=256", "rollout.max_new_tokens=20", 'rollout.stop_strings=["7"]',
+            "trainer.init_from=null"]
+    m_sync, w_sync = one_step(config(tmp_path / "sync", "trainer.mode=sync", *over))
+    m_per, w_per = one_step(config(tmp_path / "periodic", "trainer.mode=periodic", *over))
+    assert 0 < m_sync["actor/overlong_filtered"] < 16 and m_sync["actor/grad_norm"] > 0
+    assert m_per["actor/overlong_filtered"] == m_sync["actor/overlong_filtered"]
+    torch.testing.assert_close(m_per["actor/pg_loss"], m_sync["actor/pg_loss"], rtol=1e-4, atol=1e-6)
+    for k in w_sync:
+        torch.testing.assert_close(w_per[k], w_sync[k], rtol=1e-5, atol=1e-6, msg=k)
 
 
 @pytest.mark.parametrize("mode", ["sync", "periodic"])

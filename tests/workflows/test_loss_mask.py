@@ -66,7 +66,7 @@ def test_masked_tokens_get_no_gradient(tiny_model):
         batch.fields["advantages"] = adv
         engine.runner.train()
         loss_fn = PolicyLoss(agg="token-mean")
-        engine._backward(batch, loss_fn, 1.0, False, False, (batch.num_tokens, len(batch)),
+        engine._backward(batch, loss_fn, 1.0, False, False, (batch.num_tokens, len(batch), 0.0),
                          __import__("relayrl.engines.training.accumulate", fromlist=["MetricSums"]).MetricSums((), False))
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
     assert torch.allclose(grads[0], grads[1])

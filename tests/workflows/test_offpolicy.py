@@ -263,14 +263,16 @@ def test_off_policy_with_partial_rollout_runs_on_ray(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.multiproc
-def test_off_policy_with_dynamic_sampling_trains_on_kept_groups_only(tmp_path):
+@pytest.mark.parametrize("agg", ["token-mean", "prompt-mean-token-mean"])
+def test_off_policy_with_dynamic_sampling_trains_on_kept_groups_only(tmp_path, agg):
     """DAPO's dynamic sampling on the off-policy pipeline: uniform groups are dropped and replaced by later
-    rounds while the trainer works on an earlier batch; the staleness counts only the kept groups' tokens."""
+    rounds while the trainer works on an earlier batch; the staleness counts only the kept groups' tokens.
+    ScaleRL's prompt-level aggregation too (each arriving group counted once, the dropped ones not)."""
     from relayrl.workflows.pipeline import GRPOPipeline
 
     GRPOPipeline(config(tmp_path, "trainer.off_policy_steps=1", "rollout.partial=true", "trainer.steps=3",
                          "algorithm.dynamic_sampling=true", "reward.user_fn=dataflow_rewards:half_uniform",
-                         "algorithm.max_resample_rounds=8")).run()
+                         "algorithm.max_resample_rounds=8", f"algorithm.loss_agg={agg}")).run()
     recs = [r for r in records(tmp_path) if r["step"] > 0]
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert sum(r["dapo/dropped_groups"] for r in recs) > 0 and all(r["dapo/missing_prompts"] == 0 for r in recs)
@@ -278,6 +280,7 @@ def test_off_policy_with_dynamic_sampling_trains_on_kept_groups_only(tmp_path):
         tokens = sum(r[f"async/tokens_stale_{s}"] for s in range(2))
         assert tokens == pytest.approx(r["response/length_mean"] * 16)  # 4 kept groups of 4
         assert r["reward/std"] > 0 and r["async/staleness_max"] <= 1
+        assert r["actor/grad_norm"] > 0 and r.get("actor/skipped_update", 0.0) == 0.0
 
 
 @pytest.mark.slow

@@ -15,11 +15,11 @@ chunks::
                                                         rescaled, clip, optimizer + scheduler step
 
 **Normalisation (unit denominators, rescaled at the end).** A loss divides by a
-batch-wide count, ``global_tokens`` or ``global_seqs`` (:class:`MicroBatch`),
+batch-wide count, ``global_tokens``, ``global_seqs`` or ``global_groups`` (:class:`MicroBatch`),
 which is known only when the last chunk has arrived. Every term of the losses
 here has the form ``sum over rows / N`` with ``N`` the count the loss declares
-as ``loss_fn.normalized_by`` (``"tokens"`` or ``"seqs"``). The chunks run with
-``global_tokens = global_seqs = 1``, so each backward adds the gradient of the
+as ``loss_fn.normalized_by`` (``"tokens"``, ``"seqs"`` or ``"groups"``). The chunks run with
+``global_tokens = global_seqs = global_groups = 1``, so each backward adds the gradient of the
 *unnormalised* sum; :meth:`StreamedUpdate.finish_accumulation` sums the counts
 (over chunks and data-parallel ranks), multiplies every gradient by ``1 / N``
 and only then clips and steps. By linearity this is the full-batch gradient,
@@ -37,7 +37,11 @@ loss, KL term and entropy bonus all aggregate with its one ``agg``),
 needs its constant fixed (``agg_constant``), else it divides by each
 micro-batch's padded width, which depends on how rows were cut (as for
 micro-batching in ``train_step``). ``DPOLoss`` declares none (its NLL term
-divides by ``global_seqs // 2``), so it is refused.
+divides by ``global_seqs // 2``), so it is refused. A loss that weighs prompt
+groups (``"groups"``, ``loss_agg=prompt-mean-token-mean``) weighs each token by
+its group's token count, taken over the chunk: every chunk must hold whole
+prompt groups (a group id met again in a later chunk is refused), as the
+workflow's leases of whole groups do.
 
 Data parallel (FSDP2): each of :meth:`~StreamedUpdate.accumulate` and
 :meth:`~StreamedUpdate.finish_accumulation` is a collective. Every rank must
@@ -57,7 +61,7 @@ import torch
 
 from relayrl.algorithms._checks import host_floats
 from relayrl.engines.training import fsdp
-from relayrl.engines.training.base import LossFn, SequenceBatch, metric_reduction
+from relayrl.engines.training.base import LossFn, SequenceBatch, metric_reduction, with_group_tokens
 
 __all__ = ["MetricSums", "StreamedUpdate"]
 
@@ -148,6 +152,9 @@ class _Accumulation:
     partial: MetricSums | None = None
     tokens: int = 0
     seqs: int = 0
+    groups: float = 0.0
+    seen_groups: set[int] = field(default_factory=set)
+    """The prompt-group ids of the chunks so far, when the loss weighs groups (each must be whole in its chunk)."""
 
 
 class StreamedUpdate:
@@ -197,9 +204,10 @@ class StreamedUpdate:
         if acc is None:
             raise RuntimeError("accumulate before begin_accumulation()")
         by = getattr(loss_fn, "normalized_by", None)
-        if by not in ("tokens", "seqs"):
-            raise ValueError(f"accumulate needs the loss to declare normalized_by='tokens' or 'seqs' (the global "
-                             f"count all its terms divide by); {type(loss_fn).__name__} gives {by!r}: use train_step")
+        if by not in ("tokens", "seqs", "groups"):
+            raise ValueError(f"accumulate needs the loss to declare normalized_by='tokens', 'seqs' or 'groups' (the "
+                             f"global count all its terms divide by); {type(loss_fn).__name__} gives {by!r}: use "
+                             f"train_step")
         summed = tuple(getattr(loss_fn, "summed", ()))
         if acc.partial is None:
             acc.normalized_by, acc.partial = by, MetricSums(summed, with_reference)
@@ -208,9 +216,27 @@ class StreamedUpdate:
                              f"summed metrics, and with_reference: this chunk gives {(by, summed, with_reference)}, "
                              f"the first gave {(acc.normalized_by, acc.partial.summed, acc.partial.with_reference)}")
         batch, _ = self._pool(batch)  # sequence parallel: the SP group's rows on each of its ranks
-        self._backward(batch, loss_fn, temperature, with_entropy, with_reference, (1, 1), acc.partial, sync=False)
+        if by == "groups":
+            batch = self._whole_groups(batch, loss_fn, acc)
+        self._backward(batch, loss_fn, temperature, with_entropy, with_reference, (1, 1, 1.0), acc.partial,
+                       sync=False)
         acc.tokens += batch.num_tokens
         acc.seqs += len(batch)
+        acc.groups += batch.num_groups
+
+    @staticmethod
+    def _whole_groups(batch: SequenceBatch, loss_fn: LossFn, acc: _Accumulation) -> SequenceBatch:
+        """``batch`` with its rows' group token counts, taken over the chunk; a group that an earlier chunk of
+        this update held is refused (its rows would be weighed by part of its tokens)."""
+        batch = with_group_tokens(batch, loss_fn)
+        ids = set(batch.groups or ())
+        split = sorted(ids & acc.seen_groups)
+        if split:
+            raise ValueError(f"accumulate: prompt group(s) {split[:5]} were in an earlier chunk of this update; a "
+                             f"loss that weighs prompt groups (loss_agg=prompt-mean-token-mean) needs every chunk "
+                             f"to hold whole groups")
+        acc.seen_groups |= ids
+        return batch
 
     def finish_accumulation(self) -> dict[str, float]:
         """Rescale the accumulated gradients by ``1 / N`` (``N``: the batch's global count the loss
@@ -220,12 +246,13 @@ class StreamedUpdate:
         acc, self._accumulation = self._accumulation, None
         if acc is None or acc.partial is None:
             raise RuntimeError("finish_accumulation without begin_accumulation() and accumulate()")
-        g_tokens, g_seqs = self._global(acc.tokens, acc.seqs)
+        g_tokens, g_seqs, g_groups = self._global(acc.tokens, acc.seqs, acc.groups)
         if g_seqs == 0:
             self.optimizer.zero_grad(set_to_none=True)
             raise ValueError("finish_accumulation: the accumulated chunks hold no rows")
         self._sync_gradients()  # the chunks' passes left the reduction over ranks to the end
-        scale = 1.0 / max(g_tokens if acc.normalized_by == "tokens" else g_seqs, 1)
+        count = {"tokens": g_tokens, "seqs": g_seqs, "groups": g_groups}[acc.normalized_by]
+        scale = 1.0 / (count if acc.normalized_by == "groups" and count > 0 else max(count, 1))
         with torch.no_grad():
             for p in self.model.parameters():
                 if p.grad is not None:

@@ -16,10 +16,11 @@ from typing import Callable, Literal, Protocol, Sequence
 
 import torch
 
+from relayrl.algorithms.aggregation import group_token_counts
 from relayrl.engines.training.config import OptimConfig  # the optimizer's settings, torch-free (re-exported)
 
-__all__ = ["SequenceBatch", "balanced_cuts", "MicroBatch", "LossFn", "REF_FIELD", "LOSS_MASK_FIELD", "metric_reduction",
-           "OptimConfig", "TrainingEngine"]
+__all__ = ["SequenceBatch", "balanced_cuts", "MicroBatch", "LossFn", "REF_FIELD", "LOSS_MASK_FIELD",
+           "GROUP_TOKENS_FIELD", "with_group_tokens", "metric_reduction", "OptimConfig", "TrainingEngine"]
 
 REF_FIELD = "ref_logprobs"
 """The batch field of the reference policy's log-probs ([B, T] in a micro-batch); an engine holding a frozen
@@ -31,6 +32,13 @@ response tokens the model wrote (1) and which an environment wrote (0: tool outp
 multi-turn episode or chat). An engine multiplies it into :attr:`MicroBatch.mask`, so every loss term,
 token count (``global_tokens``) and masked metric sees only the model's tokens; the 0 tokens are context
 (the model attends to them) and are never trained on."""
+
+GROUP_TOKENS_FIELD = "group_tokens"
+"""The per-row batch field (0-D float) of a loss that weighs prompt groups (``normalized_by="groups"``,
+``loss_agg=prompt-mean-token-mean``): the valid response tokens of the row's whole prompt group
+(:func:`relayrl.algorithms.aggregation.group_token_counts`). An engine fills it from ``SequenceBatch.groups``
+where the groups are whole (:meth:`SequenceBatch.with_group_tokens`) and counts the groups from it
+(:attr:`MicroBatch.global_groups`)."""
 
 
 @dataclass
@@ -67,6 +75,31 @@ class SequenceBatch:
         if LOSS_MASK_FIELD in self.fields:
             return int(sum(float(m.sum()) for m in self.fields[LOSS_MASK_FIELD]))
         return sum(int(r.numel()) for r in self.response_ids)
+
+    def row_tokens(self) -> list[float]:
+        """Response tokens a loss sees in each row (``loss_mask``'s 1 tokens when the batch has one)."""
+        if LOSS_MASK_FIELD in self.fields:
+            return [float(m.sum()) for m in self.fields[LOSS_MASK_FIELD]]
+        return [float(r.numel()) for r in self.response_ids]
+
+    @property
+    def num_groups(self) -> float:
+        """Prompt groups a loss sees, each row counting its share of its group's tokens
+        (``GROUP_TOKENS_FIELD``; :func:`~relayrl.algorithms.aggregation.count_groups`): a whole group 1, a
+        group with no token to train on 0, part of a group its share. 0 without the field."""
+        if GROUP_TOKENS_FIELD not in self.fields:
+            return 0.0
+        return sum(n / max(float(g), 1.0) for n, g in zip(self.row_tokens(), self.fields[GROUP_TOKENS_FIELD]))
+
+    def with_group_tokens(self) -> "SequenceBatch":
+        """This batch with ``GROUP_TOKENS_FIELD`` computed from ``groups`` over its own rows, so each of its
+        prompt groups must be whole here (a step's batch on a rank, a streamed chunk of whole groups)."""
+        if self.groups is None:
+            raise ValueError("a loss that weighs prompt groups (loss_agg=prompt-mean-token-mean) needs the rows' "
+                             "prompt groups: SequenceBatch.groups is None")
+        counts = group_token_counts(self.row_tokens(), self.groups) if len(self) else torch.zeros(0)
+        return SequenceBatch(self.prompt_ids, self.response_ids, {**self.fields, GROUP_TOKENS_FIELD: list(counts)},
+                             self.groups)
 
     def select(self, rows: Sequence[int]) -> "SequenceBatch":
         return SequenceBatch(
@@ -135,6 +168,9 @@ class MicroBatch:
     """Sequences in the whole mini-batch."""
     entropy: torch.Tensor | None = None
     """[B, T] token entropy when the loss asked for it."""
+    global_groups: float = 0.0
+    """Prompt groups in the whole mini-batch (:attr:`SequenceBatch.num_groups` summed over micro-batches and
+    ranks) when the loss weighs groups (``normalized_by="groups"``); 0 otherwise."""
 
 
 LossFn = Callable[[MicroBatch], "tuple[torch.Tensor, dict[str, float]]"]
@@ -142,11 +178,22 @@ LossFn = Callable[[MicroBatch], "tuple[torch.Tensor, dict[str, float]]"]
 (all micro-batches and data-parallel ranks), reduced as :func:`metric_reduction` says. A loss function may
 name in a ``summed`` attribute metrics it already normalises by the global counts (summed as they are).
 A loss whose every term is a sum over rows divided by one of the counts says which in a ``normalized_by``
-attribute (``"tokens"``: ``global_tokens``, ``"seqs"``: ``global_seqs``); only such a loss can be streamed
+attribute (``"tokens"``: ``global_tokens``, ``"seqs"``: ``global_seqs``, ``"groups"``: ``global_groups``, for
+which the engine hands it the ``group_tokens`` field too); only such a loss can be streamed
 (``accumulate``, :mod:`relayrl.engines.training.accumulate`), which fixes the count at the end. Metric
 values are floats or 0-dim tensors; the engine calls the loss inside
 :func:`relayrl.algorithms._checks.deferred_metrics`, where relayrl's losses leave them on the device, and reads
 an optimizer step's metrics to the host at once."""
+
+
+def with_group_tokens(batch: SequenceBatch, loss_fn: LossFn) -> SequenceBatch:
+    """``batch`` with each row's group token count (``GROUP_TOKENS_FIELD``, over ``batch``'s rows) when ``loss_fn``
+    weighs prompt groups (``normalized_by="groups"``) and the batch does not carry it; ``batch`` itself
+    otherwise. An engine calls it on what it is handed whole: a step's batch before the mini-batches cut its
+    groups apart, a streamed chunk."""
+    if getattr(loss_fn, "normalized_by", None) != "groups" or GROUP_TOKENS_FIELD in batch.fields:
+        return batch
+    return batch.with_group_tokens()
 
 
 def metric_reduction(name: str, summed: Sequence[str] = ()) -> Literal["sum", "max", "min", "mean"]:

@@ -101,7 +101,8 @@ from relayrl.engines.training import flex, fsdp, ulysses
 from relayrl.algorithms._checks import deferred_metrics, metric_value
 from relayrl.engines.training.accumulate import MetricSums, StreamedUpdate
 from relayrl.engines.training.state import EngineState
-from relayrl.engines.training.base import LOSS_MASK_FIELD, REF_FIELD, LossFn, MicroBatch, SequenceBatch
+from relayrl.engines.training.base import (LOSS_MASK_FIELD, REF_FIELD, LossFn, MicroBatch, SequenceBatch,
+                                          with_group_tokens)
 from relayrl.engines.training.config import TrainEngineConfig
 from relayrl.engines.training.steps import make_scheduler, minibatch_slices
 from relayrl.models.packing import (PackUnit, additive_mask, build_packed_batch, pack_units, plan_microbatches,
@@ -467,10 +468,10 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
         """Whether this rank's rows, counts and metrics are its own (not the first SP rank's copy of them)."""
         return self.sp is None or self.sp.leads
 
-    def _global(self, tokens: int, seqs: int) -> tuple[int, int]:
+    def _global(self, tokens: int, seqs: int, groups: float = 0.0) -> tuple[int, int, float]:
         own = self._counts_own  # an SP group's rows are counted once, by its first rank
-        g_tokens, g_seqs = fsdp.sum_over_ranks([tokens, seqs] if own else [0, 0], self.device)
-        return int(g_tokens), int(g_seqs)
+        g_tokens, g_seqs, g_groups = fsdp.sum_over_ranks([tokens, seqs, groups] if own else [0, 0, 0.0], self.device)
+        return int(g_tokens), int(g_seqs), float(g_groups)
 
     def train_step(self, batch: SequenceBatch, loss_fn: LossFn, *, mini_batches: int = 1, epochs: int = 1,
                    temperature: float = 1.0, with_entropy: bool | str = False, with_reference: bool = False,
@@ -491,6 +492,7 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
             where = "rows in the batch" if not self.sharded else "rows on the data-parallel rank with the fewest"
             raise ValueError(f"mini_batches={mini_batches} must be in [1, {fewest}] ({where}): every mini-batch "
                              f"is one optimizer step and needs a row (lower trainer.mini_batches)")
+        batch = with_group_tokens(batch, loss_fn)  # before the mini-batches cut the groups apart
         self.runner.train()
         sums: dict[str, float] = defaultdict(float)
         steps = 0
@@ -498,10 +500,10 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
             perm = torch.randperm(len(batch), generator=generator).tolist() if mini_batches > 1 else list(range(len(batch)))
             for rows in minibatch_slices(len(batch), mini_batches):
                 sub = batch.select(perm[rows.start:rows.stop])
-                g_tokens, g_seqs = self._global(sub.num_tokens, len(sub))
+                counts = self._global(sub.num_tokens, len(sub), sub.num_groups)
                 partial = MetricSums(tuple(getattr(loss_fn, "summed", ())), with_reference)
-                self._backward(sub, loss_fn, temperature, with_entropy, with_reference, (g_tokens, g_seqs), partial)
-                metrics = self._apply_gradients(partial.reduce(self.device, g_tokens, self.prefix,
+                self._backward(sub, loss_fn, temperature, with_entropy, with_reference, counts, partial)
+                metrics = self._apply_gradients(partial.reduce(self.device, counts[0], self.prefix,
                                                                counted=self._counts_own))
                 for k, v in metrics.items():
                     sums[k] += v
@@ -509,9 +511,10 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
         return {k: v / steps for k, v in sums.items()}
 
     def _backward(self, sub: SequenceBatch, loss_fn: LossFn, temperature: float, with_entropy: bool | str,
-                  with_reference: bool, counts: tuple[int, int], partial: MetricSums, *, sync: bool = True) -> None:
+                  with_reference: bool, counts: tuple[int, int, float], partial: MetricSums, *,
+                  sync: bool = True) -> None:
         """Forward and backward of every micro-batch of ``sub``, gradients adding up in ``.grad``; the loss
-        sees ``counts`` as ``(global_tokens, global_seqs)``; its metrics go into ``partial``. Sharded: every
+        sees ``counts`` as ``(global_tokens, global_seqs, global_groups)``; its metrics go into ``partial``. Sharded: every
         rank runs as many passes as the busiest one (a collective), padding with zero-loss passes; the last
         pass reduces the gradients over ranks (``sync=False``: none does, :meth:`_sync_gradients` will)."""
         if with_reference and REF_FIELD in sub.fields:
@@ -528,7 +531,8 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
                 fields[REF_FIELD] = f.ref
             f = with_loss_mask(f, fields)
             with deferred_metrics():  # no host read between passes: the metrics stay on the device until reduce
-                loss, metrics = loss_fn(MicroBatch(f.logprobs, f.mask, fields, counts[0], counts[1], f.entropy))
+                loss, metrics = loss_fn(MicroBatch(f.logprobs, f.mask, fields, counts[0], counts[1], f.entropy,
+                                              counts[2]))
                 weight = metric_value(f.mask.sum())
             (loss * self.world if self.sharded else loss).backward()  # FSDP2 averages over ranks; we want the sum
             self._master_grads()
