@@ -64,16 +64,17 @@ def _group(cls, kw, devices=2):
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("packing", ["shared_prompt", "sequences"])
-def test_two_sp_ranks_match_one_rank(tiny_dir, tiny_tokenizer, packing):
+@pytest.mark.parametrize("packing, agg", [("shared_prompt", "token-mean"), ("sequences", "token-mean"),
+                                          ("shared_prompt", "prompt-mean-token-mean")])
+def test_two_sp_ranks_match_one_rank(tiny_dir, tiny_tokenizer, packing, agg):
     """sp=2, dp=1: log-probs before and after two updates, the update's metrics (loss, grad norm) and the
     weights equal one rank's. Packed rows hold several units, so unit (and response) boundaries fall on both
     sides of the shard boundary; a small token budget gives several micro-batches; the packed lengths are odd
-    (padded to a multiple of 2)."""
+    (padded to a multiple of 2). Prompt-level aggregation counts the SP group's prompt groups once."""
     batch = _batch(tiny_tokenizer, long_row=40)
     engine = dict(token_budget=96, packing=packing, optim=OptimConfig(lr=1e-2))
     kw = dict(model_path=str(tiny_dir), total_steps=4, threads=1, seed=0)
-    loss = PolicyLoss(agg="token-mean", kl_coef=0.0)
+    loss = PolicyLoss(agg=agg, kl_coef=0.0)
     one = PolicyWorker(**kw, engine=TrainEngineConfig(**engine))
     sp = _group(PolicyWorker, {**kw, "engine": TrainEngineConfig(**engine, sequence_parallel=2)})
     try:
