@@ -93,3 +93,21 @@ def test_group_advantages_are_per_model_token():
     assert out["advantages"][0][0] > 0 > out["advantages"][1][0]
     with pytest.raises(ValueError, match="loss mask"):
         advantage_rows(a, torch.tensor([1.0, 0.0]), [3, 5], torch.tensor([0, 0]), loss_masks=masks)
+
+
+def test_a_row_with_no_model_token_is_no_sequence_to_a_seq_mean_loss(tiny_model):
+    """A row whose loss_mask is all 0 (the model sampled none of its tokens) counts toward neither the token
+    nor the sequence count the engine hands the loss, as ``aggregate`` itself counts a fully masked row."""
+
+    class SeqSpy(Spy):
+        normalized_by = "seqs"
+
+        def __call__(self, mb):
+            self.seen.append((mb.mask.clone(), mb.global_seqs))
+            return SFTLoss()(mb)
+
+    batch = _batch(True)
+    batch.fields[LOSS_MASK_FIELD][1] = torch.zeros(5)
+    spy = SeqSpy()
+    TorchTrainingEngine(tiny_model, TrainEngineConfig(), total_steps=1).train_step(batch, spy, mini_batches=1)
+    assert batch.num_seqs == 2 and spy.seen[0][1] == 2

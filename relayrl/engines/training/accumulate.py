@@ -221,7 +221,7 @@ class StreamedUpdate:
         self._backward(batch, loss_fn, temperature, with_entropy, with_reference, (1, 1, 1.0), acc.partial,
                        sync=False)
         acc.tokens += batch.num_tokens
-        acc.seqs += len(batch)
+        acc.seqs += batch.num_seqs
         acc.groups += batch.num_groups
 
     @staticmethod

@@ -76,6 +76,12 @@ class SequenceBatch:
             return int(sum(float(m.sum()) for m in self.fields[LOSS_MASK_FIELD]))
         return sum(int(r.numel()) for r in self.response_ids)
 
+    @property
+    def num_seqs(self) -> int:
+        """Rows a loss sees: those with at least one response token it trains on (a row whose ``loss_mask`` is
+        all 0 is no sequence to a ``seq-mean-*`` aggregation, :func:`~relayrl.algorithms.aggregation.aggregate`)."""
+        return sum(n > 0 for n in self.row_tokens())
+
     def row_tokens(self) -> list[float]:
         """Response tokens a loss sees in each row (``loss_mask``'s 1 tokens when the batch has one)."""
         if LOSS_MASK_FIELD in self.fields:

@@ -500,7 +500,7 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
             perm = torch.randperm(len(batch), generator=generator).tolist() if mini_batches > 1 else list(range(len(batch)))
             for rows in minibatch_slices(len(batch), mini_batches):
                 sub = batch.select(perm[rows.start:rows.stop])
-                counts = self._global(sub.num_tokens, len(sub), sub.num_groups)
+                counts = self._global(sub.num_tokens, sub.num_seqs, sub.num_groups)
                 partial = MetricSums(tuple(getattr(loss_fn, "summed", ())), with_reference)
                 self._backward(sub, loss_fn, temperature, with_entropy, with_reference, counts, partial)
                 metrics = self._apply_gradients(partial.reduce(self.device, counts[0], self.prefix,
