@@ -23,6 +23,7 @@ from relayrl.config.dpo import DPOConfig
 from relayrl.config.kto import KTOConfig
 from relayrl.config.trainer import TrainerConfig
 from relayrl.config.plan import rollout_pool
+from relayrl.config.rollout_devices import check_rollout_devices
 from relayrl.config.rules import (check_decoupled_rewards, check_dpo, check_env, check_kto, check_precompute_ref,
                                   check_ref_sync, check_retire_solved, check_total_epochs)
 from relayrl.cluster.config import ClusterConfig
@@ -195,6 +196,11 @@ class RolloutConfig(_Section):
     def vllm_spec(self):
         """The vLLM engine's spec (``rollout.engine=vllm``), else None."""
         return self.vllm if self.engine == "vllm" else None
+
+    @property
+    def devices_per_rank(self) -> int:
+        """Devices each rollout rank owns: ``rollout.vllm.tensor_parallel_size`` with the vLLM engine, else 1."""
+        return self.vllm.tensor_parallel_size if self.engine == "vllm" else 1
 
     def remote(self):
         """The remote engine's spec (``rollout.engine=openai``), else None."""
@@ -422,6 +428,7 @@ class Config(_Section):
             raise ValueError(f"eval.k={self.eval.k} samples answers to score; workflow rm evaluates a reward model "
                              f"on held-out pairs and generates nothing: set eval.k=1")
         _check_placement(self)
+        check_rollout_devices(self)
         check_env(self)
         check_decoupled_rewards(self)
         if self.data.messages_key is not None and (self.workflow != "sft" or self.data.path is None):

@@ -446,7 +446,8 @@ class RolloutWorker(StreamingGeneration, WeightReceiverMixin, _MemoryProbe, Work
         if vllm is not None:  # a vLLM engine in this process, on the model directory
             dev = resolve_device(device, getattr(self, "device", None))
             self.engine = VLLMGenerationEngine(model_path, self.tokenizer, dtype=dtype, device=dev,
-                                               max_batch=max_batch, spec=vllm, seed=seed, head_fp32=head_fp32)
+                                               max_batch=max_batch, spec=vllm, seed=seed, head_fp32=head_fp32,
+                                               devices=getattr(self, "devices", None))  # (several: vLLM's TP)
             self.generator = torch.Generator().manual_seed(seed + 7919 * getattr(self, "rank", 0))
             return
         if remote is not None:  # the server holds the model (and its head's precision); this worker keeps the
