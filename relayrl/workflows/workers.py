@@ -441,7 +441,7 @@ class RolloutWorker(StreamingGeneration, WeightReceiverMixin, _MemoryProbe, Work
                  attn_implementation: str = "sdpa", threads: int = 0, seed: int = 0, decode: str = "auto",
                  decode_compile: bool = False, remote: RemoteSpec | None = None, vllm: VLLMSpec | None = None,
                  chat_template: str | None = None, head_fp32: bool = False) -> None:
-        _set_threads(threads, self)
+        _set_threads(threads * max(1, len(getattr(self, "devices", ()))), self)  # (run.threads: per device)
         self.tokenizer = load_tokenizer(model_path, chat_template=chat_template)  # (tool turns render with it)
         if vllm is not None:  # a vLLM engine in this process, on the model directory
             dev = resolve_device(device, getattr(self, "device", None))

@@ -122,12 +122,12 @@ def test_workers_start_seeing_exactly_the_ranks_gpus(monkeypatch):
         assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
 
 
-def test_cpu_workers_start_with_this_ranks_threads_unpinned(monkeypatch):
+def test_cpu_workers_start_with_their_share_of_the_ranks_threads_unpinned(monkeypatch):
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "9")
     with worker_env((torch.device("cpu"),) * 2):
         assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
-        assert os.environ["OMP_NUM_THREADS"] == str(torch.get_num_threads())
+        assert os.environ["OMP_NUM_THREADS"] == str(max(1, torch.get_num_threads() // 2))
     assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ and os.environ["OMP_NUM_THREADS"] == "9"
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # a user's own binding stays
     with worker_env((torch.device("cpu"),) * 2):

@@ -23,7 +23,7 @@ which engine sampled. How each part maps onto vLLM 0.32's Python API:
 - **Tensor parallelism** (``rollout.vllm.tensor_parallel_size`` N > 1): the engine core stays in this
   process and vLLM's multiprocess executor (``distributed_executor_backend="mp"``) starts one worker
   process per device of this rank (:attr:`relayrl.cluster.RankInfo.devices`): on CUDA they see exactly those
-  GPUs (``CUDA_VISIBLE_DEVICES`` while they start), on CPU each runs ``torch.get_num_threads()`` OpenMP
+  GPUs (``CUDA_VISIBLE_DEVICES`` while they start), on CPU each runs its device's share of the rank's torch
   threads, unpinned (``VLLM_CPU_OMP_THREADS_BIND=nobind`` unless set). A weight update sends every worker
   the full Hugging Face tensors, and vLLM's weight loaders keep each worker's shard (they narrow the
   column- and row-parallel dimensions). The tensors go in buckets of ``BUCKET_BYTES`` between one
@@ -396,7 +396,7 @@ def worker_env(devices: tuple[torch.device, ...]) -> Iterator[None]:
         ids = [i.strip() for i in seen.split(",")] if seen else [str(i) for i in range(torch.cuda.device_count())]
         env = {"CUDA_VISIBLE_DEVICES": ",".join(ids[d.index or 0] for d in devices)}
     else:
-        env = {"OMP_NUM_THREADS": str(torch.get_num_threads()),
+        env = {"OMP_NUM_THREADS": str(max(1, torch.get_num_threads() // len(devices))),
                "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
