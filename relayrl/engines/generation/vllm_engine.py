@@ -203,6 +203,7 @@ class VLLMGenerationEngine:
             yield [(n, ipc_handle(t)) for n, t in held]
         finally:
             del held
+            torch.cuda.ipc_collect()  # (the copies' memory goes back once the workers have let go of it)
 
     def share_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> bool:
         """vLLM keeps its own copy: the tensors are copied in (returns False: not shared)."""
@@ -391,14 +392,16 @@ def worker_env(devices: tuple[torch.device, ...]) -> Iterator[None]:
     if len(devices) == 1:
         yield
         return
+    threads = torch.get_num_threads()
     if devices[0].type == "cuda":
         seen = os.environ.get("CUDA_VISIBLE_DEVICES")
         ids = [i.strip() for i in seen.split(",")] if seen else [str(i) for i in range(torch.cuda.device_count())]
         env = {"CUDA_VISIBLE_DEVICES": ",".join(ids[d.index or 0] for d in devices)}
     else:
-        env = {"OMP_NUM_THREADS": str(max(1, torch.get_num_threads() // len(devices))),
+        env = {"OMP_NUM_THREADS": str(max(1, threads // len(devices))),
                "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")}
-    old = {k: os.environ.get(k) for k in env}
+    # (on CUDA vLLM sets OMP_NUM_THREADS and this process's torch threads for its workers: both come back too)
+    old = {k: os.environ.get(k) for k in (*env, "OMP_NUM_THREADS")}
     os.environ.update(env)
     try:
         yield
@@ -408,6 +411,8 @@ def worker_env(devices: tuple[torch.device, ...]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
 
 
 def buckets(named: Iterable[tuple[str, torch.Tensor]], max_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
