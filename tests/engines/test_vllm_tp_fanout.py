@@ -132,3 +132,15 @@ def test_cpu_workers_start_with_their_share_of_the_ranks_threads_unpinned(monkey
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # a user's own binding stays
     with worker_env((torch.device("cpu"),) * 2):
         assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
+
+
+def test_heads_that_do_not_split_evenly_are_named_before_vllm_starts(tiny_tokenizer):
+    """The tiny shape with 2 heads (of 32 dimensions) over 3 workers: refused before any worker starts."""
+    if not vllm_available():
+        pytest.skip("needs vLLM")
+    from relayrl.engines.generation.vllm_engine import VLLMSpec
+    from relayrl.models.tiny import TinyModelConfig, build_tiny
+
+    two_heads = build_tiny(TinyModelConfig(hidden_size=64, intermediate_size=256, num_heads=2), verbose=False)
+    with pytest.raises(UserError, match=r"tensor_parallel_size=3: vLLM splits the model's 2 attention heads.*\[1, 2\]"):
+        VLLMGenerationEngine(str(two_heads), tiny_tokenizer, spec=VLLMSpec(tensor_parallel_size=3))

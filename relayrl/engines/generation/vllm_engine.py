@@ -30,8 +30,8 @@ which engine sampled. How each part maps onto vLLM 0.32's Python API:
   ``initialize_layerwise_reload`` and one ``finalize_layerwise_reload`` on every worker (what
   ``reload_weights`` does in one piece), through ``collective_rpc``'s shared-memory queue: on CPU the
   bytes themselves; on CUDA a CUDA IPC handle of each tensor on this rank's first GPU, which every worker
-  opens on that GPU (found by its UUID) before its loader copies its shard to its own GPU, as verl's and
-  vLLM's own IPC weight transfer do (there each worker opens a copy on its own GPU). Sleep, wake-up and
+  opens on that GPU (found by its UUID) before its loader copies its shard to its own GPU (verl's and
+  vLLM's own IPC weight transfer hand each worker a copy on its own GPU instead). Sleep, wake-up and
   the prefix cache need nothing more: vLLM's executor sends sleep and wake-up to every worker, and the
   prefix cache is the scheduler's, in this process.
 - **Partial rollout** (``between`` returns True: new weights were loaded between two steps): requests in
@@ -101,6 +101,8 @@ class VLLMGenerationEngine:
 
         if torch.device(device).type == "cpu":
             _check_cpu_head_dim(str(model_dir))
+        if spec is not None and spec.tensor_parallel_size > 1:
+            _check_heads_split(str(model_dir), spec.tensor_parallel_size)
 
         spec = spec or VLLMSpec()
         self.spec, self.tokenizer, self.max_batch = spec, tokenizer, max_batch
@@ -361,6 +363,18 @@ def _check_cpu_head_dim(model_dir: str) -> None:
                         f"{model_dir} has {head} (hidden_size {cfg.hidden_size} / {cfg.num_attention_heads} heads). "
                         f"Use a model with one of those head sizes (tiny model: model.tiny.num_heads = "
                         f"model.tiny.hidden_size / 32 or / 64), or rollout.engine=native")
+
+
+def _check_heads_split(model_dir: str, tp: int) -> None:
+    """vLLM splits the attention heads evenly over its tensor-parallel workers; say so before it starts them."""
+    from transformers import AutoConfig
+
+    heads = AutoConfig.from_pretrained(model_dir, local_files_only=True).num_attention_heads
+    if heads % tp:
+        fits = [n for n in range(1, heads + 1) if heads % n == 0]
+        raise UserError(f"rollout.vllm.tensor_parallel_size={tp}: vLLM splits the model's {heads} attention heads "
+                        f"evenly over its {tp} workers; the model in {model_dir} cannot be split so: set "
+                        f"rollout.vllm.tensor_parallel_size to one of {fits} (and the rollout's pool to a multiple)")
 
 
 def _reload_weights(worker, named: list[tuple[str, torch.Tensor]]) -> bool:
