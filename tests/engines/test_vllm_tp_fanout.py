@@ -113,11 +113,15 @@ def test_the_devices_a_rank_gives_its_engine():
         tp_devices(cpu, ["cpu"], 2)
 
 
-def test_workers_start_seeing_exactly_the_ranks_gpus(monkeypatch):
+def test_workers_start_seeing_exactly_the_ranks_gpus_and_none_of_its_group(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")  # the rank's cuda:1 is GPU 5, cuda:2 is GPU 6
+    monkeypatch.setenv("LOCAL_RANK", "1")  # (this rank's place among the rollout ranks, not a vLLM worker's)
+    monkeypatch.setenv("RANK", "1")
     with worker_env((torch.device("cuda:1"), torch.device("cuda:2"))):
         assert os.environ["CUDA_VISIBLE_DEVICES"] == "5,6"
+        assert "LOCAL_RANK" not in os.environ and "RANK" not in os.environ
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+    assert os.environ["LOCAL_RANK"] == "1" and os.environ["RANK"] == "1"
     with worker_env((torch.device("cuda:1"),)):  # one device: the worker runs in this process; nothing changes
         assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
 

@@ -397,12 +397,19 @@ def tp_devices(device: torch.device, devices: Sequence[str | torch.device] | Non
     return out
 
 
+RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+"""torch.distributed's variables, which a relayrl rank process holds for its own group."""
+
+
 @contextlib.contextmanager
 def worker_env(devices: tuple[torch.device, ...]) -> Iterator[None]:
     """The environment vLLM's worker processes start with, set while the engine starts them (one per device;
     nothing with a single device, whose worker runs in this process): on CUDA ``CUDA_VISIBLE_DEVICES`` lists
-    exactly this rank's GPUs (worker i takes the i-th), on CPU each worker runs this process's torch thread
-    count, unpinned unless ``VLLM_CPU_OMP_THREADS_BIND`` says otherwise."""
+    exactly this rank's GPUs (worker i takes the i-th), on CPU each runs its device's share of this process's
+    torch threads (a CPU device is a share of the cores), unpinned unless ``VLLM_CPU_OMP_THREADS_BIND`` says
+    otherwise. The variables of relayrl's own process group (``RANK``, ``LOCAL_RANK``, ...: this rank's place
+    among the rollout ranks) are left out: the workers form vLLM's group, and vLLM reads ``LOCAL_RANK`` as the
+    place of the process it runs in."""
     if len(devices) == 1:
         yield
         return
@@ -415,7 +422,9 @@ def worker_env(devices: tuple[torch.device, ...]) -> Iterator[None]:
         env = {"OMP_NUM_THREADS": str(max(1, threads // len(devices))),
                "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")}
     # (on CUDA vLLM sets OMP_NUM_THREADS and this process's torch threads for its workers: both come back too)
-    old = {k: os.environ.get(k) for k in (*env, "OMP_NUM_THREADS")}
+    old = {k: os.environ.get(k) for k in (*env, "OMP_NUM_THREADS", *RANK_ENV)}
+    for k in RANK_ENV:
+        os.environ.pop(k, None)
     os.environ.update(env)
     try:
         yield
