@@ -60,12 +60,12 @@ TP2 = ["rollout.vllm.tensor_parallel_size=2"]
 
 
 @pytest.mark.parametrize("extra", [[*TP2, "cluster.devices=2"],
-                                   [*TP2, "placement.pools.gen=2", "placement.rollout=gen", "cluster.oversubscribe=true"]],
-                         ids=["tp2-colocated", "tp2-split"])
-def test_a_rollout_rank_spanning_two_devices_samples_with_the_trainers_weights(sft32, tmp_path, extra):
-    """rollout.vllm.tensor_parallel_size=2: one rollout rank whose vLLM engine has two worker processes, on the
-    trainer's two devices (colocated: the actor has 2 FSDP ranks) or on a pool of its own; every step's new
-    weights reach both workers (the log-probs are the trainer's)."""
+                                   [*TP2, "placement.pools.gen=4", "placement.rollout=gen", "cluster.oversubscribe=true"]],
+                         ids=["tp2-colocated", "tp2-split-two-ranks"])
+def test_rollout_ranks_spanning_two_devices_sample_with_the_trainers_weights(sft32, tmp_path, extra):
+    """rollout.vllm.tensor_parallel_size=2: rollout ranks whose vLLM engines have two worker processes each: one
+    rank on the trainer's two devices (colocated: the actor has 2 FSDP ranks), or two ranks on a pool of four of
+    their own; every step's new weights reach every worker (the log-probs are the trainer's)."""
     r, recs = grpo(tmp_path, sft32, *MOVE, *extra, steps=2)
     steps = recs[1:]
     assert [x["step"] for x in steps] == [1, 2] and any(x["actor/grad_norm"] > 0 for x in steps)
