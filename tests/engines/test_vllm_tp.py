@@ -76,10 +76,10 @@ def sample(vllm_dir, tok, tp: int, updates: list[dict]) -> list[list]:
 
 
 def test_two_workers_sample_what_one_does_and_take_new_weights(vllm_dir, tiny_tokenizer, monkeypatch):
-    from relayrl.engines.generation import vllm_engine
+    from relayrl.engines.generation import vllm_tp
 
     # Buckets of 64 KiB: an update crosses layers in many calls (one layer's tensors in several buckets)
-    monkeypatch.setattr(vllm_engine, "BUCKET_BYTES", 64 << 10)
+    monkeypatch.setattr(vllm_tp, "BUCKET_BYTES", 64 << 10)
     first, second = perturbed(vllm_dir, 0), perturbed(vllm_dir, 1)
     updates = [first.state_dict(), second.state_dict()]
     prompts, one, _ = sample(vllm_dir, tiny_tokenizer, 1, updates[:1] + updates[:1])

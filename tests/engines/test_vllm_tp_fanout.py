@@ -11,8 +11,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from relayrl.engines.generation import vllm_engine
-from relayrl.engines.generation.vllm_engine import VLLMGenerationEngine, buckets, tp_devices, vllm_available, worker_env
+from relayrl.engines.generation import vllm_tp
+from relayrl.engines.generation.vllm_engine import VLLMGenerationEngine, vllm_available
+from relayrl.engines.generation.vllm_tp import buckets, tp_devices, worker_env
 from relayrl.errors import UserError
 
 
@@ -69,12 +70,12 @@ def engine(tiny_model, monkeypatch):
 
 
 def test_every_worker_loads_every_full_tensor_in_buckets_of_one_reload(engine, tiny_model, monkeypatch):
-    monkeypatch.setattr(vllm_engine, "BUCKET_BYTES", 256 << 10)
+    monkeypatch.setattr(vllm_tp, "BUCKET_BYTES", 256 << 10)
     state = {n: p.detach() + 1.0 for n, p in tiny_model.state_dict().items()}
     engine.update_weights(state.items(), 3)
     core = engine.engine
     loads = len(core.calls) - 2
-    assert loads > 1 and core.calls == ["_begin_reload"] + ["_load_bucket"] * loads + ["_finish_reload"]
+    assert loads > 1 and core.calls == ["begin_reload"] + ["load_bucket"] * loads + ["finish_reload"]
     biggest = max(t.numel() * t.element_size() for t in state.values())
     assert all(s <= max(256 << 10, biggest) for s in core.sizes) and sum(core.sizes) >= sum(
         t.numel() * t.element_size() for t in state.values())
@@ -90,7 +91,7 @@ def test_every_worker_loads_every_full_tensor_in_buckets_of_one_reload(engine, t
 
 
 def test_a_worker_that_loads_less_than_its_bucket_fails_the_update(engine, tiny_model, monkeypatch):
-    monkeypatch.setattr(vllm_engine, "_load_bucket", lambda worker, bucket: len(bucket) - 1)
+    monkeypatch.setattr(vllm_tp, "load_bucket", lambda worker, bucket: len(bucket) - 1)
     with pytest.raises(RuntimeError, match="each should load all"):
         engine.update_weights(tiny_model.state_dict().items(), 1)
     assert engine.weight_version == 0

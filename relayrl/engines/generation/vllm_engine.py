@@ -21,19 +21,8 @@ which engine sampled. How each part maps onto vLLM 0.32's Python API:
   ``model_runner.reload_weights``; a tied output head is sent as ``lm_head.weight`` too (vLLM's CPU
   backend keeps its own copy), and the prefix cache is reset (its KV came from the old weights).
 - **Tensor parallelism** (``rollout.vllm.tensor_parallel_size`` N > 1): the engine core stays in this
-  process and vLLM's multiprocess executor (``distributed_executor_backend="mp"``) starts one worker
-  process per device of this rank (:attr:`relayrl.cluster.RankInfo.devices`): on CUDA they see exactly those
-  GPUs (``CUDA_VISIBLE_DEVICES`` while they start), on CPU each runs its device's share of the rank's torch
-  threads, unpinned (``VLLM_CPU_OMP_THREADS_BIND=nobind`` unless set). A weight update sends every worker
-  the full Hugging Face tensors, and vLLM's weight loaders keep each worker's shard (they narrow the
-  column- and row-parallel dimensions). The tensors go in buckets of ``BUCKET_BYTES`` between one
-  ``initialize_layerwise_reload`` and one ``finalize_layerwise_reload`` on every worker (what
-  ``reload_weights`` does in one piece), through ``collective_rpc``'s shared-memory queue: on CPU the
-  bytes themselves; on CUDA a CUDA IPC handle of each tensor on this rank's first GPU, which every worker
-  opens on that GPU (found by its UUID) before its loader copies its shard to its own GPU (verl's and
-  vLLM's own IPC weight transfer hand each worker a copy on its own GPU instead). Sleep, wake-up and
-  the prefix cache need nothing more: vLLM's executor sends sleep and wake-up to every worker, and the
-  prefix cache is the scheduler's, in this process.
+  process and vLLM's multiprocess executor starts one worker process per device of this rank; a weight update
+  goes to every worker in buckets (:mod:`relayrl.engines.generation.vllm_tp`).
 - **Partial rollout** (``between`` returns True: new weights were loaded between two steps): requests in
   flight are aborted and submitted again as prompt + the tokens so far, so their KV cache is computed
   again with the new weights and they continue, each token keeping the version and log-prob it was
@@ -50,23 +39,20 @@ which engine sampled. How each part maps onto vLLM 0.32's Python API:
 
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 
+from relayrl.engines.generation import vllm_tp
 from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.engines.generation.config import INSTALL, VLLMSpec, narrowing, vllm_available  # torch-free (re-exported)
 from relayrl.engines.generation.native import PromptFeed, _ListFeed
 from relayrl.errors import UserError
 
-__all__ = ["VLLMSpec", "VLLMGenerationEngine", "VLLMMissingError", "vllm_available", "BUCKET_BYTES", "buckets"]
+__all__ = ["VLLMSpec", "VLLMGenerationEngine", "VLLMMissingError", "vllm_available"]
 
-BUCKET_BYTES = 1 << 30
-"""Most bytes of weights one ``collective_rpc`` carries to the tensor-parallel workers (on CUDA: also the most
-a rank copies to its GPU at once for host tensors)."""
 
 
 class VLLMMissingError(UserError, ImportError):
@@ -102,17 +88,17 @@ class VLLMGenerationEngine:
         if torch.device(device).type == "cpu":
             _check_cpu_head_dim(str(model_dir))
         if spec is not None and spec.tensor_parallel_size > 1:
-            _check_heads_split(str(model_dir), spec.tensor_parallel_size)
+            vllm_tp.check_heads_split(str(model_dir), spec.tensor_parallel_size)
 
         spec = spec or VLLMSpec()
         self.spec, self.tokenizer, self.max_batch = spec, tokenizer, max_batch
         self.device = torch.device(device)
         self.tp = spec.tensor_parallel_size
-        self.devices = tp_devices(self.device, devices, self.tp)
+        self.devices = vllm_tp.tp_devices(self.device, devices, self.tp)
         self.model_dir = str(model_dir)
         parallel = dict(tensor_parallel_size=self.tp, distributed_executor_backend="mp") if self.tp > 1 else {}
         try:
-            with worker_env(self.devices):
+            with vllm_tp.worker_env(self.devices):
                 self.llm = LLM(model=self.model_dir, dtype=dtype, seed=seed, enforce_eager=spec.enforce_eager,
                                gpu_memory_utilization=spec.memory_utilization, max_model_len=spec.max_model_len,
                                max_num_seqs=max_batch, skip_tokenizer_init=True, logprobs_mode="processed_logprobs",
@@ -174,43 +160,15 @@ class VLLMGenerationEngine:
         if self.tp == 1:  # one worker, in this process: the tensors pass by reference
             self.engine.collective_rpc(_reload_weights, args=(list(named.items()),))
         else:
-            self._send_to_workers(named)
+            vllm_tp.send(self.engine.collective_rpc, named, self.devices)  # every worker, every tensor
         self.engine.reset_prefix_cache()
         self._version = version
-
-    def _send_to_workers(self, named: dict[str, torch.Tensor]) -> None:
-        """Tensor parallelism: every worker gets every full tensor, bucket by bucket, between one start and one
-        finish of vLLM's layerwise reload (see the module docstring); each call returns one count per worker."""
-        rpc = self.engine.collective_rpc
-        rpc(_begin_reload)
-        for bucket in buckets(named.items(), BUCKET_BYTES):
-            with self._encoded(bucket) as payload:
-                counts = rpc(_load_bucket, args=(payload,))
-            if counts != [len(bucket)] * self.tp:
-                raise RuntimeError(f"vLLM tensor-parallel workers loaded {counts} of a bucket of {len(bucket)} "
-                                   f"tensors (each should load all)")
-        rpc(_finish_reload)
-
-    @contextlib.contextmanager
-    def _encoded(self, bucket: list[tuple[str, torch.Tensor]]) -> Iterator[list]:
-        """``bucket`` as ``collective_rpc`` carries it to the worker processes: on CPU the tensors (their bytes
-        go through vLLM's shared-memory queue); on CUDA CUDA IPC handles of copies on this rank's first GPU,
-        kept alive here until every worker has loaded them."""
-        if self.device.type != "cuda":
-            yield [(n, t.detach()) for n, t in bucket]
-            return
-        held = [(n, t.detach().to(self.devices[0]).contiguous()) for n, t in bucket]
-        torch.cuda.synchronize(self.devices[0])  # the copies are complete before another process reads them
-        try:
-            yield [(n, ipc_handle(t)) for n, t in held]
-        finally:
-            del held
-            torch.cuda.ipc_collect()  # (the copies' memory goes back once the workers have let go of it)
 
     def share_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> bool:
         """vLLM keeps its own copy: the tensors are copied in (returns False: not shared)."""
         self.update_weights(named_tensors, version)
         return False
+
 
     # ---------------------------------------------------------------- memory
     def release(self) -> None:
@@ -365,138 +323,8 @@ def _check_cpu_head_dim(model_dir: str) -> None:
                         f"model.tiny.hidden_size / 32 or / 64), or rollout.engine=native")
 
 
-def _check_heads_split(model_dir: str, tp: int) -> None:
-    """vLLM splits the attention heads evenly over its tensor-parallel workers; say so before it starts them."""
-    from transformers import AutoConfig
-
-    heads = AutoConfig.from_pretrained(model_dir, local_files_only=True).num_attention_heads
-    if heads % tp:
-        fits = [n for n in range(1, heads + 1) if heads % n == 0]
-        raise UserError(f"rollout.vllm.tensor_parallel_size={tp}: vLLM splits the model's {heads} attention heads "
-                        f"evenly over its {tp} workers; the model in {model_dir} cannot be split so: set "
-                        f"rollout.vllm.tensor_parallel_size to one of {fits} (and the rollout's pool to a multiple)")
-
 
 def _reload_weights(worker, named: list[tuple[str, torch.Tensor]]) -> bool:
     """Runs on vLLM's worker (``collective_rpc``): load ``named`` (Hugging Face names) in place."""
     worker.model_runner.reload_weights(weights_iterator=iter(named))
-    return True
-
-
-def tp_devices(device: torch.device, devices: Sequence[str | torch.device] | None, tp: int) -> tuple[torch.device, ...]:
-    """The ``tp`` devices the engine's workers run on: ``devices`` (a rank's, ``device`` first), or on CPU ``tp``
-    times the CPU, on CUDA ``device`` and the GPUs after it."""
-    if devices is None:
-        devices = [device] * tp if device.type == "cpu" else [f"cuda:{(device.index or 0) + i}" for i in range(tp)]
-    out = tuple(torch.device(d) for d in devices)
-    if len(out) != tp:
-        raise UserError(f"rollout.vllm.tensor_parallel_size={tp}, but this rollout rank owns {len(out)} device(s) "
-                        f"({', '.join(map(str, out))}): the group must give each rank {tp} devices")
-    if out[0] != device and not (device.type == out[0].type == "cuda" and device.index is None):
-        raise ValueError(f"the engine's device {device} is not the first of its devices {list(map(str, out))}")
-    return out
-
-
-RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-"""torch.distributed's variables, which a relayrl rank process holds for its own group."""
-
-
-@contextlib.contextmanager
-def worker_env(devices: tuple[torch.device, ...]) -> Iterator[None]:
-    """The environment vLLM's worker processes start with, set while the engine starts them (one per device;
-    nothing with a single device, whose worker runs in this process): on CUDA ``CUDA_VISIBLE_DEVICES`` lists
-    exactly this rank's GPUs (worker i takes the i-th), on CPU each runs its device's share of this process's
-    torch threads (a CPU device is a share of the cores), unpinned unless ``VLLM_CPU_OMP_THREADS_BIND`` says
-    otherwise. The variables of relayrl's own process group (``RANK``, ``LOCAL_RANK``, ...: this rank's place
-    among the rollout ranks) are left out: the workers form vLLM's group, and vLLM reads ``LOCAL_RANK`` as the
-    place of the process it runs in."""
-    if len(devices) == 1:
-        yield
-        return
-    threads = torch.get_num_threads()
-    if devices[0].type == "cuda":
-        seen = os.environ.get("CUDA_VISIBLE_DEVICES")
-        ids = [i.strip() for i in seen.split(",")] if seen else [str(i) for i in range(torch.cuda.device_count())]
-        env = {"CUDA_VISIBLE_DEVICES": ",".join(ids[d.index or 0] for d in devices)}
-    else:
-        env = {"OMP_NUM_THREADS": str(max(1, threads // len(devices))),
-               "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")}
-    # (on CUDA vLLM sets OMP_NUM_THREADS and this process's torch threads for its workers: both come back too)
-    old = {k: os.environ.get(k) for k in (*env, "OMP_NUM_THREADS", *RANK_ENV)}
-    for k in RANK_ENV:
-        os.environ.pop(k, None)
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        if torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
-
-
-def buckets(named: Iterable[tuple[str, torch.Tensor]], max_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """``named`` in order, cut into lists of at most ``max_bytes`` (a tensor larger than that is a list alone)."""
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, t in named:
-        n = t.numel() * t.element_size()
-        if bucket and size + n > max_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, t))
-        size += n
-    if bucket:
-        yield bucket
-
-
-def ipc_handle(t: torch.Tensor) -> tuple[str, tuple]:
-    """A CUDA tensor as another process opens it: (its GPU's UUID, ``rebuild_cuda_tensor``'s arguments)."""
-    from torch.multiprocessing.reductions import reduce_tensor
-
-    _, args = reduce_tensor(t)
-    return str(torch.cuda.get_device_properties(t.device).uuid), args
-
-
-def _open(x, device: torch.device) -> torch.Tensor:
-    """A tensor sent by :meth:`VLLMGenerationEngine._encoded`, in a worker process: a CPU tensor as it came; an
-    IPC handle opened on the GPU it names (the sender's first GPU, among this worker's visible ones)."""
-    if isinstance(x, torch.Tensor):
-        return x
-    from torch.multiprocessing.reductions import rebuild_cuda_tensor
-
-    uuid, args = x
-    index = next((i for i in range(torch.cuda.device_count())
-                  if str(torch.cuda.get_device_properties(i).uuid) == uuid), None)
-    if index is None:
-        raise RuntimeError(f"vLLM worker on {device}: the weights' GPU {uuid} is not among its visible GPUs")
-    args = list(args)
-    args[6] = index  # (rebuild_cuda_tensor's storage device, in this process's numbering)
-    return rebuild_cuda_tensor(*args)
-
-
-def _begin_reload(worker) -> bool:
-    """Runs on every tensor-parallel worker: start vLLM's layerwise reload (weights then come in buckets)."""
-    from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
-
-    initialize_layerwise_reload(worker.model_runner.get_model())
-    return True
-
-
-def _load_bucket(worker, bucket: list) -> int:
-    """Runs on every tensor-parallel worker: load a bucket of full Hugging Face tensors (its loaders keep the
-    worker's shard); returns how many it was given."""
-    model = worker.model_runner.get_model()
-    model.load_weights([(name, _open(x, worker.device)) for name, x in bucket])
-    return len(bucket)
-
-
-def _finish_reload(worker) -> bool:
-    """Runs on every tensor-parallel worker: finish the layerwise reload (the loaded weights replace the old)."""
-    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
-
-    finalize_layerwise_reload(worker.model_runner.get_model(), worker.model_runner.model_config)
     return True
