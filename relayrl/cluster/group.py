@@ -35,23 +35,34 @@ from typing import Any, Callable
 
 from relayrl.cluster.config import ClusterConfig, as_config
 from relayrl.cluster.dispatch import gather_split, split_items
+from relayrl.cluster.errors import PlacementError
 from relayrl.cluster.pool import ResourcePool
 from relayrl.cluster.worker import check_worker_class, method_name
 from relayrl.dock.payload import payload_bytes
 
 
 def _build_ranks(cfg: ClusterConfig, worker_cls: type, pool: ResourcePool, name: str, num_ranks: int,
-                 init_kwargs: dict, distributed: bool):
+                 init_kwargs: dict, distributed: bool, per_rank: int):
     if cfg.backend == "ray":
+        if per_rank > 1:
+            raise PlacementError(f"group {name!r}: devices_per_rank={per_rank} needs the local backend (the Ray "
+                                 f"backend places one rank per device bundle); set cluster.backend=local")
         from relayrl.cluster.ray_backend import RayRanks
 
         return RayRanks(name, worker_cls, init_kwargs, pool, num_ranks, distributed, cfg)
     from relayrl.cluster.local import InProcessRanks, ProcessRanks
 
-    devices = pool.local_devices()[:num_ranks]
+    devices = rank_devices(pool.local_devices(), per_rank)[:num_ranks]
     if num_ranks == 1 and cfg.in_process:
         return InProcessRanks(name, worker_cls, init_kwargs, devices[0], distributed, cfg)
     return ProcessRanks(name, worker_cls, init_kwargs, devices, distributed, cfg)
+
+
+def rank_devices(devices: list[str], per_rank: int) -> list[tuple[str, ...]]:
+    """``devices`` (a pool's, on one node) cut into consecutive runs of ``per_rank``: rank r owns the r-th."""
+    if len(devices) % per_rank:
+        raise PlacementError(f"{len(devices)} devices cannot be cut into ranks of {per_rank}")
+    return [tuple(devices[i:i + per_rank]) for i in range(0, len(devices), per_rank)]
 
 
 def _close(ranks, executor: ThreadPoolExecutor, pool: ResourcePool, name: str) -> None:
@@ -69,11 +80,14 @@ class WorkerGroup:
         worker_cls: a `Worker` subclass; built on each rank with `**init_kwargs`.
         pool: the `ResourcePool` to place the ranks on.
         name: group name (unique on its pool), used in errors; default the class name.
-        num_ranks: ranks to start, 1..pool.world_size; default pool.world_size.
+        num_ranks: ranks to start, 1..pool.world_size / devices_per_rank; default all of them.
         backend: `"local"`, `"ray"` or a `ClusterConfig`.
         init_kwargs: keyword arguments for `worker_cls.__init__`.
         distributed: join the ranks into a torch.distributed process group
             before constructing the workers.
+        devices_per_rank: devices each rank owns (consecutive devices of one node; the first is the
+            rank's ``device``, all of them its ``devices``): a rank that drives several devices itself,
+            e.g. a vLLM engine with tensor parallelism. The pool's devices per node must be a multiple.
 
     Every call kind takes the method to run as its first argument, either
 
@@ -88,22 +102,28 @@ class WorkerGroup:
 
     def __init__(self, worker_cls: type, pool: ResourcePool, name: str | None = None, num_ranks: int | None = None,
                  backend: str | ClusterConfig = "local", init_kwargs: dict | None = None,
-                 distributed: bool = True) -> None:
+                 distributed: bool = True, devices_per_rank: int = 1) -> None:
         self.worker_cls = check_worker_class(worker_cls)
         if not isinstance(pool, ResourcePool):
             raise TypeError(f"pool={pool!r} must be a ResourcePool")
         self.name = name or worker_cls.__name__
         self.pool = pool
         self.config = as_config(backend)
-        n = pool.world_size if num_ranks is None else num_ranks
-        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= pool.world_size:
+        k = devices_per_rank
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1 or pool.devices % k:
+            raise PlacementError(f"group {self.name!r}: devices_per_rank={k!r} must be a whole divisor of the "
+                                 f"{pool.devices} devices per node of pool {pool.name!r}")
+        most = pool.world_size // k
+        n = most if num_ranks is None else num_ranks
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= most:
             raise ValueError(f"group {self.name!r}: num_ranks={num_ranks!r} must be between 1 and the pool's "
-                             f"{pool.world_size} devices")
+                             f"{pool.world_size} devices" + (f" / {k} devices per rank" if k > 1 else ""))
+        self.devices_per_rank = k
         self.world_size = n
         init_kwargs = dict(init_kwargs or {})
         pool.attach(self.name)
         try:
-            self._ranks = _build_ranks(self.config, worker_cls, pool, self.name, n, init_kwargs, distributed)
+            self._ranks = _build_ranks(self.config, worker_cls, pool, self.name, n, init_kwargs, distributed, k)
         except BaseException:
             pool.detach(self.name)
             raise

@@ -45,16 +45,18 @@ class InProcessRanks:
 
     world_size = 1
 
-    def __init__(self, group: str, worker_cls: type, init_kwargs: dict, device: str, distributed: bool,
-                 cfg: ClusterConfig) -> None:
+    def __init__(self, group: str, worker_cls: type, init_kwargs: dict, device: str | tuple[str, ...],
+                 distributed: bool, cfg: ClusterConfig) -> None:
         import torch
 
         self.group = group
+        owned = (device,) if isinstance(device, str) else tuple(device)
+        device = owned[0]
         if distributed:
             _ensure_world_of_one(device, cfg)
         if device.startswith("cuda"):
             torch.cuda.set_device(torch.device(device))
-        info = RankInfo(group, 0, 1, 0, device, distributed)
+        info = RankInfo(group, 0, 1, 0, device, distributed, owned)
         try:
             self.worker = construct_worker(worker_cls, info, init_kwargs)
         except Exception as exc:
@@ -123,10 +125,13 @@ def rank_context(devices: list[str]):
 
 
 class ProcessRanks:
-    """N ranks as processes of their own on this machine (started as ``rank_context`` says)."""
+    """N ranks as processes of their own on this machine (started as ``rank_context`` says). ``devices``: one
+    entry per rank, its device or the tuple of devices it owns (the first is its ``device``)."""
 
-    def __init__(self, group: str, worker_cls: type, init_kwargs: dict, devices: list[str], distributed: bool,
-                 cfg: ClusterConfig) -> None:
+    def __init__(self, group: str, worker_cls: type, init_kwargs: dict, devices: list[str] | list[tuple[str, ...]],
+                 distributed: bool, cfg: ClusterConfig) -> None:
+        owned = [(d,) if isinstance(d, str) else tuple(d) for d in devices]
+        devices = [o[0] for o in owned]
         self.group = group
         self.cfg = cfg
         self.world_size = len(devices)
@@ -135,12 +140,12 @@ class ProcessRanks:
         ctx = rank_context(devices)
         env = dict(os.environ)  # (a forked rank gets the fork server's environment: this one is the driver's now)
         port = free_port()
-        threads = max(1, (os.cpu_count() or 1) // self.world_size)
+        threads = max(1, (os.cpu_count() or 1) * len(owned[0]) // sum(map(len, owned)))
         self.procs, self.conns = [], []
         try:
             for r, dev in enumerate(devices):
                 spec = StartSpec(
-                    info=RankInfo(group, r, self.world_size, r, dev, distributed), worker_cls=worker_cls,
+                    info=RankInfo(group, r, self.world_size, r, dev, distributed, owned[r]), worker_cls=worker_cls,
                     init_kwargs=init_kwargs, master_addr="127.0.0.1", master_port=port,
                     timeout_s=cfg.collective_timeout_s, num_threads=threads if dev == "cpu" else None,
                 )

@@ -32,6 +32,14 @@ class RankInfo:
     """Device string, e.g. `"cpu"` or `"cuda:1"`."""
     distributed: bool
     """Whether a torch.distributed process group was initialised for the group."""
+    devices: tuple[str, ...] = ()
+    """Every device the rank owns, ``device`` first: more than one when the group gives each rank several
+    (``devices_per_rank``, e.g. a vLLM engine with tensor parallelism); empty means ``(device,)``."""
+
+    @property
+    def owned(self) -> tuple[str, ...]:
+        """The rank's devices: ``devices``, or ``(device,)`` when the group gives each rank one."""
+        return self.devices or (self.device,)
 
 
 class Worker:
@@ -40,13 +48,15 @@ class Worker:
     name travels to the ranks.
 
     Before `__init__` runs, these are set: `rank`, `world_size`, `local_rank`,
-    `device` (a `torch.device`), `group_name`, `distributed`.
+    `device` (a `torch.device`), `devices` (every device the rank owns, `device` first), `group_name`,
+    `distributed`.
     """
 
     rank: int
     world_size: int
     local_rank: int
     device: torch.device
+    devices: tuple[torch.device, ...]
     group_name: str
     distributed: bool
 
@@ -55,6 +65,7 @@ class Worker:
         self.world_size = info.world_size
         self.local_rank = info.local_rank
         self.device = torch.device(info.device)
+        self.devices = tuple(torch.device(d) for d in info.owned)
         self.group_name = info.group_name
         self.distributed = info.distributed
 

@@ -180,12 +180,13 @@ class StepPlan:
 
 def rollout_pool(cfg: Config) -> tuple[str, dict[str, int]]:
     """The rollout's pool and the extra pools: off-policy rollouts run ahead on a pool of their own, so when
-    the placement names none the plan adds ``rollout`` (1 device; ``rollout_ahead`` if that name is taken)."""
+    the placement names none the plan adds ``rollout`` (one rollout rank: ``rollout.devices_per_rank``
+    devices, 1 but with vLLM's tensor parallelism; ``rollout_ahead`` if that name is taken)."""
     pl = cfg.placement
     if not cfg.trainer.off_policy_steps or pl.split:
         return pl.rollout, dict(pl.pools)
     name = "rollout" if "rollout" not in pl.pools else "rollout_ahead"
-    return name, {**pl.pools, name: 1}
+    return name, {**pl.pools, name: cfg.rollout.devices_per_rank}
 
 
 def step_plan(cfg: Config) -> StepPlan:

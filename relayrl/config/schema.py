@@ -24,6 +24,7 @@ from relayrl.config.interrupt import InterruptConfig, check_interrupt
 from relayrl.config.kto import KTOConfig
 from relayrl.config.trainer import TrainerConfig
 from relayrl.config.plan import rollout_pool
+from relayrl.config.rollout_devices import check_rollout_devices
 from relayrl.config.rules import (check_decoupled_rewards, check_dpo, check_env, check_kto, check_precompute_ref,
                                   check_ref_sync, check_retire_solved, check_total_epochs,
                                   check_loss_agg)
@@ -200,6 +201,11 @@ class RolloutConfig(_Section):
     def vllm_spec(self):
         """The vLLM engine's spec (``rollout.engine=vllm``), else None."""
         return self.vllm if self.engine == "vllm" else None
+
+    @property
+    def devices_per_rank(self) -> int:
+        """Devices each rollout rank owns: ``rollout.vllm.tensor_parallel_size`` with the vLLM engine, else 1."""
+        return self.vllm.tensor_parallel_size if self.engine == "vllm" else 1
 
     def remote(self):
         """The remote engine's spec (``rollout.engine=openai``), else None."""
@@ -429,6 +435,7 @@ class Config(_Section):
                              f"on held-out pairs and generates nothing: set eval.k=1")
         _check_placement(self)
         check_sequence_parallel(self)
+        check_rollout_devices(self)
         check_env(self)
         check_decoupled_rewards(self)
         check_interrupt(self)

@@ -173,7 +173,7 @@ def cmd_plan(args) -> int:
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(f"relayrl plan: {e}") from None
     preds = rank(prof, w, candidates(args.devices, offpolicy=not args.no_offpolicy,
-                                         cpu=prof.cores > 0))
+                                         cpu=prof.cores > 0, rollout_tp=w.rollout_tp))
     title = (f"relayrl plan: PREDICTED for {args.recipe} on {args.devices} device(s) of profile '{prof.name}'\n"
              f"  ({w.prompts} prompts x {w.n}, {w.prompt_tokens} prompt tokens, responses {w.lengths.kind} up to "
              f"{w.lengths.max_new_tokens}" + (f", mean {w.lengths.mean():.0f} over the run with "

@@ -120,6 +120,7 @@ def workload_from_config(cfg, *, model_config: str | None = None, prompt_tokens:
                     dp_sync=cfg.engine.dp_sync, sequence_parallel=cfg.engine.sequence_parallel,
                     **plan_passes(cfg), offload=cfg.trainer.offload,
                     checkpointing=cfg.engine.gradient_checkpointing, decode_fused=cfg.rollout.decode_compile,
+                    rollout_tp=cfg.rollout.devices_per_rank,
                     expand_kv=cfg.model.attn_implementation == "flex_attention" and flex.EXPAND_KV,
                     head_stored=cfg.engine.head_grad == "stored" and cfg.engine.logprob_chunk > 0,
                     packing=cfg.engine.packing, pack_length=cfg.engine.pack_length or 0)

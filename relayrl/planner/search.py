@@ -35,10 +35,11 @@ def _splits(devices: int) -> list[int]:
     return sorted({g for g in out if 0 < g < devices})
 
 
-def candidates(devices: int, *, offpolicy: bool = True, cpu: bool = False) -> list[Placement]:
+def candidates(devices: int, *, offpolicy: bool = True, cpu: bool = False, rollout_tp: int = 1) -> list[Placement]:
     """Every placement and step mode relayrl runs on ``devices`` devices. ``cpu``: a device is a share of the
     cores, so the colocated loop may also run fewer ranks with more threads each (``cluster.devices`` below
-    the count, every rank ``cores / ranks`` threads)."""
+    the count, every rank ``cores / ranks`` threads). ``rollout_tp`` N (``rollout.vllm.tensor_parallel_size``):
+    only the placements whose rollout pool has a multiple of N devices (the config refuses the others)."""
     if devices < 1:
         raise ValueError(f"--devices {devices}: plan for at least one device")
     out = [Placement("sync-colocated", main=m) for m in (range(1, devices + 1) if cpu else [devices])]
@@ -48,7 +49,7 @@ def candidates(devices: int, *, offpolicy: bool = True, cpu: bool = False) -> li
         if offpolicy:
             out += [Placement("offpolicy", main=main, gen=gen, k=k, partial=partial)
                     for k in (1, 2) for partial in (False, True)]
-    return out
+    return [p for p in out if (p.gen or p.main) % rollout_tp == 0]
 
 
 def rank(profile: Profile, workload: Workload, placements: Iterable[Placement], *, steps: int = 12,

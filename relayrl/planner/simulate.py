@@ -273,7 +273,10 @@ def memory_gib(w: Workload, p: Placement, kv_peak_tokens: float, gpu: bool = Fal
     phases unless offloaded); with ``w.expand_kv``: each kept layer's keys and values at the query heads' width
     (taken as the hidden size). ``w.head_stored``: the output logits of a micro-batch's every token.
     ``w.sequence_parallel``: a micro-batch's activations (and stored logits) spread over that many ranks.
-    Not modelled: sequence parallelism's two all-to-alls per layer (time), the [L, L] mask each SP rank keeps."""
+    Not modelled: sequence parallelism's two all-to-alls per layer (time), the [L, L] mask each SP rank keeps.
+    ``w.rollout_tp`` N: the rollout's weights are split over the N devices of a rank (vLLM's tensor
+    parallelism); its KV cache is taken as simulated (the rows in flight of one device's rank: a rank of N
+    devices keeps about N times the rows, each device 1/N of their heads)."""
     m = w.model
     state = (m.params * m.train_bytes + m.trained_params * (4 + 8)) / p.main
     if p.main > 1 and w.dp_sync == "step":  # during a step: the gathered weights and unreduced fp32 gradients
@@ -287,7 +290,7 @@ def memory_gib(w: Workload, p: Placement, kv_peak_tokens: float, gpu: bool = Fal
         kept = 1 if w.checkpointing else m.layers
         acts += w.token_budget * 2 * max(0, m.hidden - m.kv_dim) * kept * m.compute_bytes
     kv = kv_peak_tokens * m.layers * 2 * m.kv_dim * m.compute_bytes
-    rollout_weights = m.params * m.compute_bytes
+    rollout_weights = m.params * m.compute_bytes / w.rollout_tp
     fused = m.fused * m.compute_bytes if gpu and w.decode_fused else 0.0
     if p.gen == 0 and w.offload:
         return {"main": max(state + acts, rollout_weights + fused + kv) / GIB}

@@ -184,6 +184,9 @@ class Workload(_Model):
                              "to the longest unit")
     decode_fused: bool = Field(False, description="rollout.decode_compile: on a GPU each rollout rank keeps a copy "
                                "of the model's q/k/v and gate/up weights (ModelShape.fused), fused")
+    rollout_tp: int = Field(1, ge=1, description="rollout.vllm.tensor_parallel_size: each rollout rank spans this "
+                            "many devices, each holding 1/N of the rollout's weights (memory only: generation is "
+                            "costed as the native engine's, one rank per device)")
     head_stored: bool = Field(False, description="engine.head_grad=stored: the policy pass keeps its output "
                               "logits for the backward (positions x vocab values in the compute dtype; counted "
                               "for a whole micro-batch's token budget)")

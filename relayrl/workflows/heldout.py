@@ -269,7 +269,8 @@ def evaluate_config(cfg: Config, out: Path, *, extra: dict | None = None,
     log(f"relayrl eval: {s.model_path} on {len(s.eval_problems)} held-out problems: {what}{sampled}")
     # (one rank runs in this process, as a training run's rollout does on a single device; more are processes)
     rollout = make_group(cfg.cluster.model_copy(update={"in_process": True}), RolloutWorker, s.pool, "rollout",
-                         init_kwargs=rollout_init(cfg, str(s.model_path)))
+                         init_kwargs=rollout_init(cfg, str(s.model_path)),
+                         devices_per_rank=cfg.rollout.devices_per_rank)
     try:
         if spec is not None:
             return evaluate_episodes(rollout, s, spec, None)

@@ -54,14 +54,15 @@ class OfflineRun:
             self.rollout = self.group(RolloutWorker, "rollout", max_batch=cfg.rollout.max_batch, seed=cfg.run.seed,
                                       decode=cfg.rollout.decode, decode_compile=cfg.rollout.decode_compile,
                                       vllm=cfg.rollout.vllm_spec(), chat_template=m.template(),
-                                      **self.precision["rollout"])
+                                      devices_per_rank=cfg.rollout.devices_per_rank, **self.precision["rollout"])
         self.episodes = episode_spec(cfg, self.s.tokenizer)  # env.name: evaluate with multi-turn episodes
         self.ref_sync: ReferenceSync | None = None
         """DPO's reference updates (``trainer.ref_sync_every``), set by the workflow that has a reference."""
 
-    def group(self, worker_cls: type, name: str, **kwargs) -> WorkerGroup:
-        """Another worker group on the session's pool, built from the session's model."""
-        g = make_group(self.cfg.cluster, worker_cls, self.s.pool, name,
+    def group(self, worker_cls: type, name: str, devices_per_rank: int = 1, **kwargs) -> WorkerGroup:
+        """Another worker group on the session's pool, built from the session's model (each rank owning
+        ``devices_per_rank`` of the pool's devices)."""
+        g = make_group(self.cfg.cluster, worker_cls, self.s.pool, name, devices_per_rank=devices_per_rank,
                        init_kwargs=dict(model_path=str(self.s.model_path), **self.common, **kwargs))
         self.groups.append(g)
         return g

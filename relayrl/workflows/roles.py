@@ -26,6 +26,8 @@ class Role:
     own_process: bool = False
     """On a pool of its own, the role runs in its own process (generation then overlaps training instead of
     competing with it for the driver's interpreter)."""
+    devices_per_rank: Callable[[Config], int] = lambda cfg: 1
+    """Devices each rank of the role owns (the rollout's vLLM engine with tensor parallelism spans several)."""
 
 
 def _updates(cfg: Config) -> int:
@@ -57,7 +59,7 @@ ROLES: tuple[Role, ...] = (
         model_path=path, engine=cfg.train_engine(optim=cfg.critic.optim), total_steps=_updates(cfg),
         seed=cfg.run.seed, lora=cfg.model.lora, **prec["trained"], **common)),
     Role("rollout", RolloutWorker, lambda cfg, plan, prec, path, common: _rollout(cfg, prec, path, common),
-         own_process=True),
+         own_process=True, devices_per_rank=lambda cfg: cfg.rollout.devices_per_rank),
     Role("reference", ReferenceWorker, lambda cfg, plan, prec, path, common: dict(
         model_path=path, engine=cfg.engine, **prec["frozen"], **common)),
     Role("teacher", ReferenceWorker, lambda cfg, plan, prec, path, common: dict(  # a frozen model's log-probs
@@ -95,7 +97,8 @@ def build_roles(cfg: Config, plan: StepPlan, pools: Pools, model_path: str) -> d
         if role.own_process and pool != "main":
             cluster = cluster.model_copy(update={"in_process": False})
         groups[role.name] = make_group(cluster, role.worker, pools(pool), role.name,
-                                       init_kwargs=role.init(cfg, plan, prec, model_path, common))
+                                       init_kwargs=role.init(cfg, plan, prec, model_path, common),
+                                       devices_per_rank=role.devices_per_rank(cfg))
     return groups
 
 

@@ -63,6 +63,11 @@ class Echo(Worker):
                 "device": str(self.device), "group": self.group_name, "pid": os.getpid(), "tag": self.tag,
                 "distributed": self.distributed, "env_rank": os.environ.get("RANK")}
 
+    def owned(self) -> dict:
+        """The devices this rank owns and its torch thread count."""
+        return {"device": str(self.device), "devices": [str(d) for d in self.devices],
+                "threads": torch.get_num_threads()}
+
     def env(self, name: str) -> str | None:
         return os.environ.get(name)
 

@@ -28,6 +28,15 @@ def test_candidates_cover_every_mode_and_split():
         assert Placement("periodic", main=3 - gen, gen=gen) in c
         assert Placement("offpolicy", main=3 - gen, gen=gen, k=2, partial=True) in c
     assert len(c) == 1 + 2 * (2 + 4)
+
+
+
+def test_candidates_keep_the_rollout_pools_a_tensor_parallel_rollout_can_be_cut_into():
+    """rollout.vllm.tensor_parallel_size=2 on 4 devices: the rollout's pool (gen, or main when colocated) must be
+    a multiple of 2 devices: colocated on 2 or 4, or a pool of 2 (gen=1 and gen=3 are refused by the config)."""
+    c = candidates(4, cpu=True, rollout_tp=2)
+    assert {(p.main, p.gen) for p in c} == {(2, 0), (4, 0), (2, 2)}
+    assert all((p.gen or p.main) % 2 == 0 for p in c) and len(candidates(4, rollout_tp=2)) == 1 + 2 + 4
     assert {p.gen for p in candidates(64)} >= {0, 1, 2, 4, 8, 16, 32, 48, 56, 60, 62, 63}
     assert len(candidates(2, offpolicy=False, cpu=True)) == 2 + 2  # colocated 1 and 2 ranks, sync-split, periodic
 

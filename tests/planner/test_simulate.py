@@ -173,6 +173,20 @@ def test_memory_infeasible_on_one_device_fits_on_eight():
         (7e9 * 16 / 8 + 7e9 * 2 + 8192 * 3584 * 28 * 18 * 2 + 1024 * 152064 * 8) / 2**30)
 
 
+def test_a_tensor_parallel_rollout_holds_its_share_of_the_weights_per_device():
+    """rollout.vllm.tensor_parallel_size=4: a 7B rollout's bf16 weights (14e9 B) are split over the 4 devices of
+    its rank, 3.5e9 B each, on its own pool and beside the trainer; the KV cache per device is as simulated."""
+    shape = ModelShape(params=7_000_000_000, layers=28, hidden=3584, kv_dim=512, vocab=152064, compute_bytes=2)
+    one, four = toy_workload(8, 1, shape=shape), toy_workload(8, 1, shape=shape, rollout_tp=4)
+    split = Placement("sync-split", main=4, gen=4)
+    kv = 1000 * 28 * 2 * 512 * 2
+    assert memory_gib(one, split, 1000)["gen"] * 2**30 == pytest.approx(7e9 * 2 + kv)
+    assert memory_gib(four, split, 1000)["gen"] * 2**30 == pytest.approx(7e9 * 2 / 4 + kv)
+    assert memory_gib(four, split, 1000)["main"] == memory_gib(one, split, 1000)["main"]
+    on = Placement("sync-colocated", main=8)
+    assert (memory_gib(one, on, 0)["main"] - memory_gib(four, on, 0)["main"]) * 2**30 == pytest.approx(7e9 * 2 * 3 / 4)
+
+
 def test_placement_refuses_inconsistent_modes():
     with pytest.raises(ValueError, match="colocated loop has no rollout pool"):
         Placement("sync-colocated", main=1, gen=1)

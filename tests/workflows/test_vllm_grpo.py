@@ -56,6 +56,24 @@ def test_on_policy_modes_keep_the_engines_logprobs_the_trainers(sft32, tmp_path,
     assert "eval/accuracy" in recs[-1]
 
 
+TP2 = ["rollout.vllm.tensor_parallel_size=2"]
+
+
+@pytest.mark.parametrize("extra", [[*TP2, "cluster.devices=2"],
+                                   [*TP2, "placement.pools.gen=4", "placement.rollout=gen", "cluster.oversubscribe=true"]],
+                         ids=["tp2-colocated", "tp2-split-two-ranks"])
+def test_rollout_ranks_spanning_two_devices_sample_with_the_trainers_weights(sft32, tmp_path, extra):
+    """rollout.vllm.tensor_parallel_size=2: rollout ranks whose vLLM engines have two worker processes each: one
+    rank on the trainer's two devices (colocated: the actor has 2 FSDP ranks), or two ranks on a pool of four of
+    their own; every step's new weights reach every worker (the log-probs are the trainer's)."""
+    r, recs = grpo(tmp_path, sft32, *MOVE, *extra, steps=2)
+    steps = recs[1:]
+    assert [x["step"] for x in steps] == [1, 2] and any(x["actor/grad_norm"] > 0 for x in steps)
+    for x in steps:
+        assert x["rollout/logprob_error"] == pytest.approx(1.0, abs=1e-3), x["step"]
+        assert x["weights/version"] == x["step"]
+
+
 def test_off_policy_partial_rollout_holds_the_staleness_bound_per_token(sft32, tmp_path):
     _, recs = grpo(tmp_path, sft32, *MOVE, "trainer.off_policy_steps=1", "rollout.partial=true",
                    "algorithm.tis_cap=2.0", steps=4)
@@ -93,3 +111,6 @@ def test_the_config_refuses_what_the_vllm_engine_cannot_do(tmp_path):
     r = relayrl("train", "recipes/arith_grpo.yaml", f"run.dir={tmp_path}", *VLLM, "rollout.min_p=0.1",
                 "rollout.repetition_penalty=1.2", *H32)
     assert r.returncode == 2 and "rollout.min_p=0.0 (got 0.1), rollout.repetition_penalty=1.0 (got 1.2)" in r.stderr
+    r = relayrl("train", "recipes/arith_grpo.yaml", f"run.dir={tmp_path}", *VLLM, *TP2, "cluster.devices=3",
+                "cluster.oversubscribe=true", *H32)
+    assert r.returncode == 2 and "set cluster.devices to a multiple of 2" in r.stderr

@@ -40,3 +40,9 @@ class VLLMSpec(BaseModel):
                                       "(null: the model's max_position_embeddings)")
     prefix_caching: bool = Field(True, description="reuse the KV cache of shared prompt prefixes (a GRPO group's "
                                  "n samples share their prompt); reset at every weight update")
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="devices each rollout rank's vLLM engine spans (vLLM's tensor parallelism, its "
+        "multiprocess executor: one vLLM worker process per device, each holding 1/N of every layer). The "
+        "rollout's pool is cut into ranks of N devices: rollout ranks = the pool's devices / N (TRL's "
+        "vllm_tensor_parallel_size, verl's rollout.tensor_model_parallel_size). Local backend only; the pool's "
+        "devices per node must be a multiple of N")

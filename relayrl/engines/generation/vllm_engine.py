@@ -20,6 +20,9 @@ which engine sampled. How each part maps onto vLLM 0.32's Python API:
 - **Weights.** ``update_weights`` hands the named tensors to the worker through ``collective_rpc`` and
   ``model_runner.reload_weights``; a tied output head is sent as ``lm_head.weight`` too (vLLM's CPU
   backend keeps its own copy), and the prefix cache is reset (its KV came from the old weights).
+- **Tensor parallelism** (``rollout.vllm.tensor_parallel_size`` N > 1): the engine core stays in this
+  process and vLLM's multiprocess executor starts one worker process per device of this rank; a weight update
+  goes to every worker in buckets (:mod:`relayrl.engines.generation.vllm_tp`).
 - **Partial rollout** (``between`` returns True: new weights were loaded between two steps): requests in
   flight are aborted and submitted again as prompt + the tokens so far, so their KV cache is computed
   again with the new weights and they continue, each token keeping the version and log-prob it was
@@ -42,12 +45,14 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
+from relayrl.engines.generation import vllm_tp
 from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.engines.generation.config import INSTALL, VLLMSpec, narrowing, vllm_available  # torch-free (re-exported)
 from relayrl.engines.generation.native import PromptFeed, _ListFeed
 from relayrl.errors import UserError
 
 __all__ = ["VLLMSpec", "VLLMGenerationEngine", "VLLMMissingError", "vllm_available"]
+
 
 
 class VLLMMissingError(UserError, ImportError):
@@ -72,7 +77,8 @@ class VLLMGenerationEngine:
     """Generation through a vLLM engine in this process; see the module docstring."""
 
     def __init__(self, model_dir: str, tokenizer, *, dtype: str = "float32", device: str | torch.device = "cpu",
-                 max_batch: int = 256, spec: VLLMSpec | None = None, seed: int = 0, head_fp32: bool = False) -> None:
+                 max_batch: int = 256, spec: VLLMSpec | None = None, seed: int = 0, head_fp32: bool = False,
+                 devices: Sequence[str | torch.device] | None = None) -> None:
         if not vllm_available():
             raise VLLMMissingError(f"rollout.engine=vllm: vLLM is not installed; install it with {INSTALL}, or "
                                    f"set rollout.engine=native")
@@ -81,17 +87,23 @@ class VLLMGenerationEngine:
 
         if torch.device(device).type == "cpu":
             _check_cpu_head_dim(str(model_dir))
+        if spec is not None and spec.tensor_parallel_size > 1:
+            vllm_tp.check_heads_split(str(model_dir), spec.tensor_parallel_size)
 
         spec = spec or VLLMSpec()
         self.spec, self.tokenizer, self.max_batch = spec, tokenizer, max_batch
         self.device = torch.device(device)
+        self.tp = spec.tensor_parallel_size
+        self.devices = vllm_tp.tp_devices(self.device, devices, self.tp)
         self.model_dir = str(model_dir)
+        parallel = dict(tensor_parallel_size=self.tp, distributed_executor_backend="mp") if self.tp > 1 else {}
         try:
-            self.llm = LLM(model=self.model_dir, dtype=dtype, seed=seed, enforce_eager=spec.enforce_eager,
-                           gpu_memory_utilization=spec.memory_utilization, max_model_len=spec.max_model_len,
-                           max_num_seqs=max_batch, skip_tokenizer_init=True, logprobs_mode="processed_logprobs",
-                           enable_prefix_caching=spec.prefix_caching,
-                           hf_overrides={"head_dtype": "float32"} if head_fp32 else None)
+            with vllm_tp.worker_env(self.devices):
+                self.llm = LLM(model=self.model_dir, dtype=dtype, seed=seed, enforce_eager=spec.enforce_eager,
+                               gpu_memory_utilization=spec.memory_utilization, max_model_len=spec.max_model_len,
+                               max_num_seqs=max_batch, skip_tokenizer_init=True, logprobs_mode="processed_logprobs",
+                               enable_prefix_caching=spec.prefix_caching,
+                               hf_overrides={"head_dtype": "float32"} if head_fp32 else None, **parallel)
         except ValueError as e:  # vLLM's own words name neither the key nor that its share counts this process
             if "memory" not in str(e).lower():
                 raise
@@ -145,7 +157,10 @@ class VLLMGenerationEngine:
             named["lm_head.weight"] = named["model.embed_tokens.weight"]  # vLLM's CPU head is a copy, not a tie
         self.wake()
         self._same_threads()
-        self.engine.collective_rpc(_reload_weights, args=(list(named.items()),))
+        if self.tp == 1:  # one worker, in this process: the tensors pass by reference
+            self.engine.collective_rpc(_reload_weights, args=(list(named.items()),))
+        else:
+            vllm_tp.send(self.engine.collective_rpc, named, self.devices)  # every worker, every tensor
         self.engine.reset_prefix_cache()
         self._version = version
 
@@ -153,6 +168,7 @@ class VLLMGenerationEngine:
         """vLLM keeps its own copy: the tensors are copied in (returns False: not shared)."""
         self.update_weights(named_tensors, version)
         return False
+
 
     # ---------------------------------------------------------------- memory
     def release(self) -> None:
@@ -282,10 +298,12 @@ class VLLMGenerationEngine:
                           token_versions=torch.tensor(row.versions, dtype=torch.long))
 
     def close(self) -> None:
-        """Shut the engine down (its memory goes back)."""
+        """Shut the engine down (its memory goes back; with tensor parallelism its worker processes end)."""
         import gc
 
         llm, self.llm, self.engine = self.llm, None, None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()  # (vLLM's finalizer would, once collected: here, now)
         del llm
         gc.collect()
 
@@ -303,6 +321,7 @@ def _check_cpu_head_dim(model_dir: str) -> None:
                         f"{model_dir} has {head} (hidden_size {cfg.hidden_size} / {cfg.num_attention_heads} heads). "
                         f"Use a model with one of those head sizes (tiny model: model.tiny.num_heads = "
                         f"model.tiny.hidden_size / 32 or / 64), or rollout.engine=native")
+
 
 
 def _reload_weights(worker, named: list[tuple[str, torch.Tensor]]) -> bool:
