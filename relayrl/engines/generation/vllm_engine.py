@@ -32,8 +32,9 @@ which engine sampled. How each part maps onto vLLM 0.32's Python API:
   models since 0.32): its logits processor computes the head's product in float32 (on CUDA, bf16 operands
   with float32 output; elsewhere both cast to float32) for an unquantized head, and samples and reports
   log-probs from those logits.
-- **Colocated memory** (``release``/``offload``): on CUDA, ``sleep(level=1)`` drops the KV cache and moves
-  the weights to host, ``wake_up`` brings them back, as verl and NeMo-RL do. vLLM's CPU backend has no
+- **Colocated memory** (``release``/``offload``): on CUDA the engine starts with ``enable_sleep_mode`` (vLLM's
+  own allocator holds its weights and KV cache, which is what sleep can free), ``sleep(level=1)`` drops the
+  KV cache and moves the weights to host, ``wake_up`` brings them back, as verl and NeMo-RL do. vLLM's CPU backend has no
   sleep mode: there the weights and the KV cache stay where they are.
 """
 
@@ -51,7 +52,7 @@ from relayrl.engines.generation.config import INSTALL, VLLMSpec, narrowing, vllm
 from relayrl.engines.generation.native import PromptFeed, _ListFeed
 from relayrl.errors import UserError
 
-__all__ = ["VLLMSpec", "VLLMGenerationEngine", "VLLMMissingError", "vllm_available"]
+__all__ = ["VLLMSpec", "VLLMGenerationEngine", "engine_args", "VLLMMissingError", "vllm_available"]
 
 
 
@@ -71,6 +72,22 @@ class _Row:
     logps: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     sent: int = 0  # tokens already in the running request's prompt (after a resubmission)
+
+
+def engine_args(spec: VLLMSpec, device: torch.device, *, dtype: str, seed: int, max_batch: int,
+                head_fp32: bool) -> dict:
+    """``vllm.LLM``'s arguments besides the model (module docstring). On CUDA, ``enable_sleep_mode``: vLLM then
+    allocates its weights and KV cache through its own allocator, which is what ``sleep`` frees; without it
+    ``release`` would free nothing (its CPU backend has no sleep mode)."""
+    args = dict(dtype=dtype, seed=seed, enforce_eager=spec.enforce_eager, gpu_memory_utilization=spec.memory_utilization,
+                max_model_len=spec.max_model_len, max_num_seqs=max_batch, skip_tokenizer_init=True,
+                logprobs_mode="processed_logprobs", enable_prefix_caching=spec.prefix_caching,
+                hf_overrides={"head_dtype": "float32"} if head_fp32 else None)
+    if spec.tensor_parallel_size > 1:
+        args.update(tensor_parallel_size=spec.tensor_parallel_size, distributed_executor_backend="mp")
+    if device.type == "cuda":
+        args["enable_sleep_mode"] = True
+    return args
 
 
 class VLLMGenerationEngine:
@@ -96,14 +113,10 @@ class VLLMGenerationEngine:
         self.tp = spec.tensor_parallel_size
         self.devices = vllm_tp.tp_devices(self.device, devices, self.tp)
         self.model_dir = str(model_dir)
-        parallel = dict(tensor_parallel_size=self.tp, distributed_executor_backend="mp") if self.tp > 1 else {}
         try:
             with vllm_tp.worker_env(self.devices):
-                self.llm = LLM(model=self.model_dir, dtype=dtype, seed=seed, enforce_eager=spec.enforce_eager,
-                               gpu_memory_utilization=spec.memory_utilization, max_model_len=spec.max_model_len,
-                               max_num_seqs=max_batch, skip_tokenizer_init=True, logprobs_mode="processed_logprobs",
-                               enable_prefix_caching=spec.prefix_caching,
-                               hf_overrides={"head_dtype": "float32"} if head_fp32 else None, **parallel)
+                self.llm = LLM(model=self.model_dir, **engine_args(spec, self.device, dtype=dtype, seed=seed,
+                                                                   max_batch=max_batch, head_fp32=head_fp32))
         except ValueError as e:  # vLLM's own words name neither the key nor that its share counts this process
             if "memory" not in str(e).lower():
                 raise

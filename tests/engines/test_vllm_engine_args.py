@@ -1,0 +1,28 @@
+"""vLLM's start-up arguments (``engine_args``): what relayrl asks of ``vllm.LLM``, without starting vLLM."""
+
+import torch
+
+from relayrl.engines.generation.config import VLLMSpec
+from relayrl.engines.generation.vllm_engine import engine_args
+
+
+def _args(device: str, **spec):
+    return engine_args(VLLMSpec(**spec), torch.device(device), dtype="bfloat16", seed=3, max_batch=64,
+                       head_fp32=False)
+
+
+def test_on_cuda_the_engine_can_sleep_so_that_release_frees_memory():
+    """Without enable_sleep_mode vLLM's weights and KV cache are not in the allocator that sleep() empties:
+    a colocated run's offload (trainer.offload) would free nothing on the GPU."""
+    assert _args("cuda")["enable_sleep_mode"] is True
+    assert "enable_sleep_mode" not in _args("cpu")  # vLLM's CPU backend has no sleep mode (it would refuse)
+
+
+def test_sampling_arguments_and_tensor_parallelism():
+    a = _args("cpu")
+    assert a["logprobs_mode"] == "processed_logprobs" and a["skip_tokenizer_init"] and a["max_num_seqs"] == 64
+    assert "tensor_parallel_size" not in a and a["hf_overrides"] is None
+    tp = _args("cuda", tensor_parallel_size=2)
+    assert tp["tensor_parallel_size"] == 2 and tp["distributed_executor_backend"] == "mp"
+    assert engine_args(VLLMSpec(), torch.device("cpu"), dtype="float32", seed=0, max_batch=8,
+                       head_fp32=True)["hf_overrides"] == {"head_dtype": "float32"}
