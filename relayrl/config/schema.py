@@ -527,6 +527,8 @@ def _check_placement(self: Config) -> None:
     kind, have = available_devices(self)
     if need <= have or (kind == "CPU core" and self.cluster.oversubscribe):
         return
+    if kind != "CPU core" and have == 0:
+        return  # no GPU here: a GPU recipe read on a laptop (relayrl plan, a check); refused at start, as below
     anyway = (f", or set cluster.oversubscribe=true to start {need} ranks on {have} cores anyway (slow: they share "
               f"the cores)") if kind == "CPU core" else ""
     if not pools:

@@ -139,3 +139,18 @@ def test_the_device_count_asks_torch_only_where_a_gpu_driver_is(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
     assert schema.available_devices(cfg) == ("GPU", 3)
+
+
+@pytest.mark.parametrize("gpus, fits", [(0, True), (1, False), (2, True)])
+def test_a_gpu_placement_is_counted_where_there_are_gpus(monkeypatch, gpus, fits):
+    """A split GPU placement (2 GPUs) is refused on a machine with 1 GPU, naming the pools; on a machine with
+    none it is a recipe read elsewhere (a laptop planning a GPU run, the recipe tests): accepted, and a run
+    there stops at start (model.device=cuda with no GPU)."""
+    from relayrl.config import schema
+
+    monkeypatch.setattr(schema, "available_devices", lambda cfg: ("GPU", gpus))
+    data = {**SPLIT, "model": {"device": "cuda"}}
+    if fits:
+        assert validate(data).placement.pools == {"gen": 1}
+    else:
+        refused(data, "placement needs 2 GPUs (main=1 (cluster.devices), gen=1) but this machine has 1")
