@@ -168,11 +168,12 @@ def _options(**kw):
     return StateDictOptions(full_state_dict=True, cpu_offload=True, **kw)
 
 
-def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's full state dict on the CPU (rank 0; other ranks get ``{}``). Collective when sharded."""
+def full_model_state(model: nn.Module, trainable_only: bool = False) -> dict[str, torch.Tensor]:
+    """The model's full state dict on the CPU (rank 0; other ranks get ``{}``). Collective when sharded.
+    ``trainable_only``: without the frozen parameters (not gathered; buffers stay)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return get_model_state_dict(model, options=_options())
+    return get_model_state_dict(model, options=_options(ignore_frozen_params=trainable_only))
 
 
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
