@@ -15,6 +15,8 @@ replaced in place; peft renames their weights (``q_proj.weight`` becomes
 * the rollout gets :func:`merged_weights`: every base parameter under its base
   model name, the adapted ones as ``W + scale * B @ A`` (fresh tensors, so a
   colocated rollout cannot run on the actor's parameters; it keeps its own copy);
+  under FSDP2 each rank merges its own rows of ``W`` and ``B`` with the gathered
+  ``A``, and the merged shards are gathered as a full model's parameters are;
 * checkpoints hold :func:`trainable_names` only (adapters, and a critic's head),
   and the optimizer only ever sees those parameters;
 * :func:`adapters_disabled` runs the base model (the frozen reference of KL
@@ -121,12 +123,10 @@ def merged_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     from peft.tuners.lora import LoraLayer
 
     layers = {prefix: m for prefix, m in model.named_modules() if isinstance(m, LoraLayer) and _ADAPTER in m.lora_A}
-    if any(_is_dtensor(m.get_base_layer().weight) for m in layers.values()):
-        merged = _merged_shards(layers)
-    else:
-        merged = {}
-        for prefix, m in layers.items():
-            w = m.get_base_layer().weight
+    merged = _merged_shards(layers) if any(_is_dtensor(m.get_base_layer().weight) for m in layers.values()) else {}
+    for prefix, m in layers.items():
+        w = m.get_base_layer().weight
+        if f"{prefix}.weight" not in merged:  # (unsharded)
             merged[f"{prefix}.weight"] = w.detach() + m.get_delta_weight(_ADAPTER).to(w.dtype)
     out = []
     for name, p in model.named_parameters():
@@ -154,6 +154,8 @@ def _merged_shards(layers: dict) -> dict[str, torch.Tensor]:
     merged = {}
     for prefix, m in layers.items():
         w, b = m.get_base_layer().weight, m.lora_B[_ADAPTER].weight
+        if not _is_dtensor(w):  # (a unit FSDP2 holds unsharded: merged by the plain path)
+            continue
         if getattr(m, "fan_in_fan_out", False) or w.placements != b.placements:  # (peft's Conv1D layout)
             raise LoraError(f"{prefix}: a sharded merge needs W [out, in] and B [out, r] split by the same rows; "
                             f"this layer's are {w.placements} and {b.placements}")

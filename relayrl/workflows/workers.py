@@ -298,8 +298,7 @@ class PolicyWorker(_TrainerWorker):
                  lora_lib.merged_weights(self.engine.model))
         if not self.engine.sharded:
             return named
-        full = gather_full_state(named)
-        return full if self.rank == 0 else None
+        return gather_full_state(named, keep=self.rank == 0)  # (the other ranks hold one bucket at a time)
 
     def mix_reference(self, alpha: float) -> None:
         """Tri-model, ``trainer.ref_sync_every``: reference <- ``alpha`` x policy + (1 - alpha) x reference."""
