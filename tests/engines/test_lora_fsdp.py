@@ -178,3 +178,40 @@ def test_lora_under_sequence_parallel_matches_one_rank(tiny_dir, tiny_tokenizer)
         torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-4)
     for n, t in one.named_weights():
         torch.testing.assert_close(merged2[n], t, atol=2e-4, rtol=1e-3, msg=n)
+
+
+@pytest.mark.multiproc
+def test_two_rank_lora_on_a_bf16_base_and_a_critic(tiny_dir, tiny_tokenizer):
+    """A bf16 base (frozen) and float32 adapters share each FSDP2 unit (FSDP2 asks one dtype of the trainable
+    parameters of a unit only, and gathers mixed dtypes as bytes): the update is one rank's to bf16 rounding of
+    the base's passes (both run them in bf16), the checkpointed adapters stay float32. A critic's value head
+    (fully trained, in the root unit) trains beside its adapters as on one rank."""
+    from relayrl.workflows.losses import ValueLoss
+    from relayrl.workflows.workers import CriticWorker
+
+    batch = _batch(tiny_tokenizer, seed=6)
+    batch.fields["values"] = [torch.zeros(len(r)) for r in batch.response_ids]
+    batch.fields["returns"] = batch.fields["advantages"]
+    bf16 = _kw(tiny_dir, dtype="bfloat16", compute_dtype="bfloat16")
+    one = PolicyWorker(**bf16)
+    critic = CriticWorker(**_kw(tiny_dir))
+    dp, cg = _group(bf16), WorkerGroup(CriticWorker, ResourcePool("critic", devices=2), "critic", backend="local",
+                                       init_kwargs=_kw(tiny_dir))
+    try:
+        for step in range(2):
+            m1, m2 = one.update(batch, LOSS, seed=step), dp.split("update", batch, LOSS, seed=step)[0]
+            assert m2["actor/grad_norm"] == pytest.approx(m1["actor/grad_norm"], rel=2e-2)
+            c1 = critic.update(batch, ValueLoss(clip=None), seed=step)
+            _assert_metrics_match(c1, cg.split("update", batch, ValueLoss(clip=None), seed=step))
+        adapters = collective(dp, "state")["model"]
+        heads = collective(cg, "state")["model"]
+    finally:
+        dp.shutdown()
+        cg.shutdown()
+    assert adapters and all(t.dtype == torch.float32 for t in adapters.values())
+    for n, t in one.state()["model"].items():
+        torch.testing.assert_close(adapters[n], t, atol=2e-3, rtol=2e-2, msg=n)
+    own = critic.state()["model"]
+    assert {"lm_head.weight", "lm_head.bias"} <= set(heads) == set(own)
+    for n, t in own.items():
+        torch.testing.assert_close(heads[n], t, atol=2e-4, rtol=1e-3, msg=n)
