@@ -20,6 +20,10 @@ computes log-probs by running the decoder and then the output head on the
 response positions only, so :class:`ResponseLogits` wraps both in one module
 that is the FSDP2 root.
 
+A LoRA model (:mod:`relayrl.models.lora`) is sharded the same way: its frozen base weights and trainable
+adapters share each unit. FSDP2 reduce-scatters only the gradients that exist and asks one dtype only of a
+unit's trainable parameters (a bf16 base with float32 adapters gathers its mixed dtypes as bytes).
+
 Checkpoints use full (unsharded) state dicts with parameter names, through
 ``torch.distributed.checkpoint.state_dict``, at every world size; a run saved
 on N ranks resumes on M.
