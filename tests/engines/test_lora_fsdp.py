@@ -104,14 +104,18 @@ def test_two_rank_lora_trains_merges_and_checkpoints_as_one_rank(tiny_dir, tiny_
 
 
 @pytest.mark.multiproc
-def test_one_rank_lora_checkpoint_resumes_on_two_ranks(tiny_dir, tiny_tokenizer):
+@pytest.mark.parametrize("dp_sync", ["pass", "step"])
+def test_one_rank_lora_checkpoint_resumes_on_two_ranks(tiny_dir, tiny_tokenizer, dp_sync):
+    """A 1-rank checkpoint loads on 2 ranks (each keeps its shard of the adapters and their Adam moments) and
+    the next update is the 1-rank one; with engine.dp_sync=step too (gradients reduce-scattered once per
+    optimizer step: the frozen base has none to reduce)."""
     batch = _batch(tiny_tokenizer, seed=4)
     kw = _kw(tiny_dir)
     one = PolicyWorker(**kw)
     one.update(batch, LOSS, seed=0)
     state = copy.deepcopy(one.state())
     m1 = one.update(batch, LOSS, seed=1)
-    dp = _group(kw)
+    dp = _group({**kw, "engine": kw["engine"].model_copy(update={"dp_sync": dp_sync, "token_budget": 24})})
     try:
         dp.all("load_state", state)
         _assert_metrics_match(m1, dp.split("update", batch, LOSS, seed=1))
