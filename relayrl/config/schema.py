@@ -417,10 +417,6 @@ class Config(_Section):
             what = "data.prompts_per_step x rollout.n" if self.workflow == "grpo" else "trainer.batch_size"
             raise ValueError(f"{what} = {rows} rows over {ranks} data-parallel rank(s) leaves {rows // ranks} per "
                              f"rank, fewer than trainer.mini_batches={self.trainer.mini_batches}")
-        if self.model.lora.enabled and ranks > 1:
-            raise ValueError(f"model.lora.enabled trains on one data-parallel rank; cluster.devices x cluster.nodes "
-                             f"= {ranks} would shard the adapted model with FSDP2, which relayrl does not support "
-                             f"with LoRA: set cluster.devices=1 and cluster.nodes=1 (or model.lora.enabled=false)")
         if self.model.lora.enabled and self.workflow == "rm":
             raise ValueError("model.lora.enabled: workflow rm trains the whole reward model (its scalar head and "
                              "the network under it); set model.lora.enabled=false")

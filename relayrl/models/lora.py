@@ -15,6 +15,8 @@ replaced in place; peft renames their weights (``q_proj.weight`` becomes
 * the rollout gets :func:`merged_weights`: every base parameter under its base
   model name, the adapted ones as ``W + scale * B @ A`` (fresh tensors, so a
   colocated rollout cannot run on the actor's parameters; it keeps its own copy);
+  under FSDP2 each rank merges its own rows of ``W`` and ``B`` with the gathered
+  ``A``, and the merged shards are gathered as a full model's parameters are;
 * checkpoints hold :func:`trainable_names` only (adapters, and a critic's head),
   and the optimizer only ever sees those parameters;
 * :func:`adapters_disabled` runs the base model (the frozen reference of KL
@@ -109,14 +111,22 @@ def _is_adapter(name: str) -> bool:
 @torch.no_grad()
 def merged_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     """``model``'s weights as the base model names them, each adapted linear merged: ``W + scale * B @ A``
-    (peft's ``get_delta_weight``, in ``W``'s dtype). Unadapted parameters are returned as they are (no copy);
-    merged ones are new tensors. A model without adapters gives its named parameters."""
+    (in ``W``'s dtype). Unadapted parameters are returned as they are (no copy); merged ones are new tensors.
+    A model without adapters gives its named parameters.
+
+    Sharded by FSDP2 (parameters are ``DTensor`` row shards): a merged weight is a ``DTensor`` of the same
+    rows as ``W``, each rank's shard ``W_rows + scale * B_rows @ A``: ``W`` and ``B`` have the same rows
+    (``out``), so their shards line up, and only the small ``A`` ``[r, in]`` is gathered (every ``A`` in one
+    bucketed all-gather; a collective, every rank calls it). No base weight is gathered here: the caller
+    gathers the result as it gathers a full fine-tuned model's parameters
+    (:func:`relayrl.weights.gather_full_state`)."""
     from peft.tuners.lora import LoraLayer
 
-    merged: dict[str, torch.Tensor] = {}
-    for prefix, m in model.named_modules():
-        if isinstance(m, LoraLayer) and _ADAPTER in m.lora_A:
-            w = m.get_base_layer().weight
+    layers = {prefix: m for prefix, m in model.named_modules() if isinstance(m, LoraLayer) and _ADAPTER in m.lora_A}
+    merged = _merged_shards(layers) if any(_is_dtensor(m.get_base_layer().weight) for m in layers.values()) else {}
+    for prefix, m in layers.items():
+        w = m.get_base_layer().weight
+        if f"{prefix}.weight" not in merged:  # (unsharded)
             merged[f"{prefix}.weight"] = w.detach() + m.get_delta_weight(_ADAPTER).to(w.dtype)
     out = []
     for name, p in model.named_parameters():
@@ -125,6 +135,34 @@ def merged_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
         key = base_name(name)
         out.append((key, merged.get(key, p.detach())))
     return out
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def _merged_shards(layers: dict) -> dict[str, torch.Tensor]:
+    """FSDP2: ``{prefix.weight: DTensor}``, each rank's rows of ``W + scale * B @ A`` (see :func:`merged_weights`).
+    A collective: every ``A`` is gathered, in one order on every rank."""
+    from torch.distributed.tensor import DTensor
+
+    from relayrl.weights.gather import gather_full_state
+
+    a_full = dict(gather_full_state([(p, m.lora_A[_ADAPTER].weight) for p, m in layers.items()]))
+    merged = {}
+    for prefix, m in layers.items():
+        w, b = m.get_base_layer().weight, m.lora_B[_ADAPTER].weight
+        if not _is_dtensor(w):  # (a unit FSDP2 holds unsharded: merged by the plain path)
+            continue
+        if getattr(m, "fan_in_fan_out", False) or w.placements != b.placements:  # (peft's Conv1D layout)
+            raise LoraError(f"{prefix}: a sharded merge needs W [out, in] and B [out, r] split by the same rows; "
+                            f"this layer's are {w.placements} and {b.placements}")
+        rows = w.to_local() + (b.to_local() @ a_full[prefix].to(b.dtype) * m.scaling[_ADAPTER]).to(w.dtype)
+        merged[f"{prefix}.weight"] = DTensor.from_local(rows, w.device_mesh, w.placements, run_check=False,
+                                                        shape=w.shape, stride=w.stride())
+    return merged
 
 
 def trainable_names(model: torch.nn.Module) -> list[str]:

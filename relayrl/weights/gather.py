@@ -31,8 +31,8 @@ __all__ = ["gather_full_state"]
 BUCKET_BYTES = 4 << 20
 
 
-def gather_full_state(named_weights: Iterable[tuple[str, torch.Tensor]],
-                      bucket_bytes: int = BUCKET_BYTES) -> list[tuple[str, torch.Tensor]]:
+def gather_full_state(named_weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = BUCKET_BYTES,
+                      keep: bool = True) -> list[tuple[str, torch.Tensor]] | None:
     """``[(name, full tensor), ...]``: the full value of each DTensor, the tensor itself otherwise.
 
     With DTensors this is a collective: every rank of each tensor's device mesh must call it with the same
@@ -40,7 +40,9 @@ def gather_full_state(named_weights: Iterable[tuple[str, torch.Tensor]],
     buckets, one all-gather per ``bucket_bytes`` of local shards, instead of one per tensor
     (``DTensor.full_tensor()``, which the other layouts still take): a model's few hundred collectives cost
     more in latency than in bytes (on two CPU ranks, 50 tensors of the demo model took 0.1-0.15 s apart).
-    Plain tensors are returned as they are (no copy), detached from autograd.
+    Plain tensors are returned as they are (no copy), detached from autograd. ``keep=False``: this rank takes
+    part in the collectives and drops each bucket once gathered (None is returned), so it holds one bucket at a
+    time instead of the full model (the ranks whose copy nobody reads: all but the relay's sender).
     """
     from torch.distributed.tensor import DTensor
 
@@ -52,7 +54,8 @@ def gather_full_state(named_weights: Iterable[tuple[str, torch.Tensor]],
             if _row_sharded(t):
                 buckets.setdefault((id(t.device_mesh), t.dtype, t.device), []).append(i)
             else:
-                out[i] = t.full_tensor()
+                full = t.full_tensor()  # (a collective: every rank calls it)
+                out[i] = full if keep else None
         elif isinstance(t, torch.Tensor):
             out[i] = t
         else:
@@ -64,9 +67,9 @@ def gather_full_state(named_weights: Iterable[tuple[str, torch.Tensor]],
             size += -(-t.shape[0] // t.device_mesh.size()) * math.prod(t.shape[1:]) * t.element_size()
             if size >= bucket_bytes or j == len(idx) - 1:
                 for i_, full in zip(idx[start:j + 1], _gather_rows([items[k][1] for k in idx[start:j + 1]])):
-                    out[i_] = full
+                    out[i_] = full if keep else None
                 start, size = j + 1, 0
-    return [(name, t.detach()) for (name, _), t in zip(items, out)]
+    return [(name, t.detach()) for (name, _), t in zip(items, out)] if keep else None
 
 
 def _row_sharded(t) -> bool:

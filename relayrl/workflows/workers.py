@@ -157,9 +157,6 @@ class _TrainerWorker(_MemoryProbe, Worker):
                                           compute_dtype=resolve_dtype(compute_dtype or dtype), reference=reference,
                                           reference_adapters_off=self.tri_model and self.peft_model is not None,
                                           head_fp32=head_fp32, **engine_kwargs)
-        if self.peft_model is not None and self.engine.sharded:
-            raise ValueError("model.lora.enabled with a sharded (FSDP2) trainer is not supported: train LoRA on "
-                             "one data-parallel rank (cluster.devices=1, cluster.nodes=1)")
 
     def _in_place_reference(self, batch: SequenceBatch) -> bool:
         """Tri-model: the update computes the reference log-probs unless the batch already carries them."""
@@ -210,8 +207,8 @@ class _TrainerWorker(_MemoryProbe, Worker):
     def state(self) -> dict | None:
         """Full model, optimizer and scheduler state (collective when sharded; None on ranks > 0). LoRA: the
         model state holds the trained parameters only (the adapters; a critic's head), as does the optimizer."""
-        state = self.engine.state()
         keep = self._checkpointed()
+        state = self.engine.state(trainable_only=keep is not None)  # LoRA: the frozen base is not gathered
         if keep is not None:
             state["model"] = {k: v for k, v in state["model"].items() if k in keep}
         return state if getattr(self, "rank", 0) == 0 else None
@@ -297,13 +294,11 @@ class PolicyWorker(_TrainerWorker):
         """The weights to relay. Sharded (FSDP2): every rank must call this (the full tensors are gathered);
         rank 0 gets them, the other ranks None. Unsharded: the live parameters, no copy. LoRA: the merged
         weights ``W + scale * B @ A`` under the base model's names (new tensors for the adapted layers)."""
-        if self.peft_model is not None:
-            return lora_lib.merged_weights(self.engine.model)
-        named = self.engine.named_weights()
+        named = (self.engine.named_weights() if self.peft_model is None else  # sharded: merged row shards
+                 lora_lib.merged_weights(self.engine.model))
         if not self.engine.sharded:
             return named
-        full = gather_full_state(named)
-        return full if self.rank == 0 else None
+        return gather_full_state(named, keep=self.rank == 0)  # (the other ranks hold one bucket at a time)
 
     def mix_reference(self, alpha: float) -> None:
         """Tri-model, ``trainer.ref_sync_every``: reference <- ``alpha`` x policy + (1 - alpha) x reference."""
@@ -330,7 +325,8 @@ class PolicyWorker(_TrainerWorker):
         merged model there (base names, loads like any model) and the adapter alone in ``path/adapter``
         (peft's format: ``adapter_config.json``, ``adapter_model.safetensors``)."""
         if self.peft_model is not None:
-            full = {n: t.detach().cpu().clone() for n, t in lora_lib.merged_weights(self.engine.model)}
+            merged, adapter = self.named_weights(), self.engine.state(trainable_only=True)["model"]
+            full = None if merged is None else {n: t.detach().cpu().clone() for n, t in merged}
         else:
             full = fsdp.full_model_state(self.engine.model)
         if getattr(self, "rank", 0) != 0:
@@ -340,7 +336,9 @@ class PolicyWorker(_TrainerWorker):
             self.engine.model.save_pretrained(path, state_dict=full)
         self.tokenizer.save_pretrained(path)
         if self.peft_model is not None:
-            self.peft_model.save_pretrained(str(Path(path) / "adapter"))
+            # (the adapters' full values: under FSDP2 the peft model's own state dict holds row shards)
+            self.peft_model.save_pretrained(str(Path(path) / "adapter"),
+                                            state_dict={f"base_model.model.{n}": t for n, t in adapter.items()})
 
 
 class CriticWorker(_TrainerWorker):

@@ -63,6 +63,8 @@ def test_gather_full_state_in_buckets_matches_every_shape(group, bucket_bytes):
              "f": torch.randn(4, 2, 3, generator=g), "g": torch.randn(6, generator=g).to(torch.bfloat16)}
     want = {n: True for n in fulls}
     assert group.all("gather_many", fulls, bucket_bytes) == [want, want]
+    # keep=False on rank 1: it joins every collective (rank 0 still gets every tensor) and keeps nothing
+    assert group.all("gather_many", fulls, bucket_bytes, rank0_only=True) == [want, None]
 
 
 def test_push_from_a_sharded_group_skips_the_driver_and_every_rank_matches(group):

@@ -68,9 +68,10 @@ class RolloutWorker(WeightReceiverMixin, Worker):
         (_, out), = gather_full_state([("w", d)])
         return isinstance(d, DTensor) and d.to_local().shape[0] < full.shape[0], bool(torch.equal(out, full))
 
-    def gather_many(self, fulls: dict, bucket_bytes: int) -> dict[str, bool]:
+    def gather_many(self, fulls: dict, bucket_bytes: int, rank0_only: bool = False) -> dict[str, bool] | None:
         """Shard each of ``fulls`` by rows (a name ending in ``.replicated``: replicated; ``.plain``: a plain
-        tensor), gather them in one call: name -> equal to the original (dtype and shape included)."""
+        tensor), gather them in one call: name -> equal to the original (dtype and shape included).
+        ``rank0_only``: the other ranks gather without keeping (``keep=False``) and return what they got."""
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
@@ -78,7 +79,9 @@ class RolloutWorker(WeightReceiverMixin, Worker):
         named = [(n, t if n.endswith(".plain") else
                   distribute_tensor(t, mesh, [Replicate() if n.endswith(".replicated") else Shard(0)]))
                  for n, t in fulls.items()]
-        got = gather_full_state(named, bucket_bytes=bucket_bytes)
+        got = gather_full_state(named, bucket_bytes=bucket_bytes, keep=not rank0_only or self.rank == 0)
+        if got is None:
+            return None
         assert [n for n, _ in got] == list(fulls)
         return {n: t.dtype == fulls[n].dtype and torch.equal(t, fulls[n]) for n, t in got}
 

@@ -107,3 +107,35 @@ def test_colocated_rollout_takes_merged_weights_not_the_actors_parameters(tmp_pa
             assert torch.equal(p, merged[n]) and p.data_ptr() != merged[n].data_ptr(), n
     finally:
         wf.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_lora_grpo_on_two_data_parallel_ranks_resumes_on_one(sft_model, tmp_path):
+    """cluster.devices=2 with LoRA: the adapted actor sharded over two ranks (FSDP2), its tri-model reference
+    the same shards with the adapters off; the rollout ranks sample with the merged weights built from the
+    shards, so the generator's log-probs are the trainer's to float32 rounding at every step. The adapters-only
+    checkpoint of the 2-rank run resumes on one rank."""
+    common = [f"trainer.init_from={sft_model}", "model.lora.r=4", "algorithm.kl_coef=0.05", "trainer.tri_model=true",
+              "reward.verifier=user", "reward.user_fn=dataflow_rewards:by_length", "rollout.max_new_tokens=8", *FAST]
+    env = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+    r = relayrl("train", "recipes/arith_grpo_lora.yaml", "trainer.steps=2", "run.save_every=1", f"run.dir={tmp_path}",
+                "cluster.devices=2", *common, env={"PYTHONPATH": env})
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = records(tmp_path)
+    assert [x["step"] for x in recs][-2:] == [1, 2]
+    for x in recs[-2:]:
+        assert x["rollout/logprob_error"] == pytest.approx(1.0, abs=1e-3), x["step"]
+        assert x["rollout/logprob_error_max"] < 1.001 and x["actor/grad_norm"] > 0
+        assert x["actor/ref_forward_passes"] >= 1 and "actor/kl" in x
+    ck = load_file(tmp_path / "checkpoints" / "step-000002" / "model.safetensors")
+    assert ck and all(".lora_A." in k or ".lora_B." in k for k in ck)  # adapters only, full tensors
+    base = load_file(sft_model / "model.safetensors")
+    q = "model.layers.0.self_attn.q_proj"
+    assert ck[f"{q}.lora_A.default.weight"].shape == (4, base[f"{q}.weight"].shape[1])
+    assert (tmp_path / "model" / "adapter" / "adapter_model.safetensors").is_file()
+    r = relayrl("train", "recipes/arith_grpo_lora.yaml", "trainer.steps=3", f"run.dir={tmp_path}", "run.resume=auto",
+                *common, env={"PYTHONPATH": env})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resuming from" in r.stdout
+    assert [x["step"] for x in records(tmp_path)][-3:] == [1, 2, 3]

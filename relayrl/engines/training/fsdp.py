@@ -20,6 +20,10 @@ computes log-probs by running the decoder and then the output head on the
 response positions only, so :class:`ResponseLogits` wraps both in one module
 that is the FSDP2 root.
 
+A LoRA model (:mod:`relayrl.models.lora`) is sharded the same way: its frozen base weights and trainable
+adapters share each unit. FSDP2 reduce-scatters only the gradients that exist and asks one dtype only of a
+unit's trainable parameters (a bf16 base with float32 adapters gathers its mixed dtypes as bytes).
+
 Checkpoints use full (unsharded) state dicts with parameter names, through
 ``torch.distributed.checkpoint.state_dict``, at every world size; a run saved
 on N ranks resumes on M.
@@ -168,11 +172,12 @@ def _options(**kw):
     return StateDictOptions(full_state_dict=True, cpu_offload=True, **kw)
 
 
-def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's full state dict on the CPU (rank 0; other ranks get ``{}``). Collective when sharded."""
+def full_model_state(model: nn.Module, trainable_only: bool = False) -> dict[str, torch.Tensor]:
+    """The model's full state dict on the CPU (rank 0; other ranks get ``{}``). Collective when sharded.
+    ``trainable_only``: without the frozen parameters (not gathered; buffers stay)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return get_model_state_dict(model, options=_options())
+    return get_model_state_dict(model, options=_options(ignore_frozen_params=trainable_only))
 
 
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:

@@ -119,11 +119,13 @@ class EngineState:
             raise ValueError("mix_reference: this engine holds no reference copy (tri-model)")
         fsdp.mix_weights(self.reference_model, fsdp.full_model_state_everywhere(self.model), alpha)
 
-    def state(self) -> dict:
+    def state(self, trainable_only: bool = False) -> dict:
         """Full model, optimizer (keyed by parameter name) and scheduler state, for checkpoints; the same
-        at every world size. A collective when sharded: rank 0 gets the state, other ranks ``{}`` entries."""
+        at every world size. A collective when sharded: rank 0 gets the state, other ranks ``{}`` entries.
+        ``trainable_only``: the model state of the parameters that train (LoRA's adapters), the frozen ones
+        neither gathered nor copied."""
         return {
-            "model": fsdp.full_model_state(self.model),
+            "model": fsdp.full_model_state(self.model, trainable_only=trainable_only),
             "optimizer": fsdp.full_optimizer_state(self.model, self.optimizer) if self.optimizer else None,
             "scheduler": self.scheduler.state_dict() if self.scheduler else None,
         }
