@@ -450,12 +450,14 @@ GPU_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
 
 def available_devices(cfg: "Config") -> tuple[str, int]:
     """(kind, count) of the devices this machine offers the run: GPUs on CUDA, cores on a CPU. Imports torch
-    for ``model.device=cuda``, and for ``auto`` unless the machine is Linux with no GPU driver's device files
-    (:data:`GPU_NODES`)."""
+    for ``model.device`` cuda or auto unless the machine is Linux with no GPU driver's device files
+    (:data:`GPU_NODES`): there, no GPU."""
     import os
     import sys
 
     no_driver = sys.platform == "linux" and not any(os.path.exists(p) for p in GPU_NODES)
+    if cfg.model.device == "cuda" and no_driver:
+        return "GPU", 0  # (no torch import to learn it)
     if cfg.model.device == "cuda" or (cfg.model.device == "auto" and not no_driver):
         import torch
 
