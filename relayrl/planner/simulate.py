@@ -221,10 +221,11 @@ def _micro_batches(units: list[int], budget: int, packing: str = "shared_prompt"
 
 def _fsdp_s(profile: Profile, w: Workload, dp: int, gathers: int = 2, reduce: bool = True) -> float:
     """FSDP traffic on one of ``dp`` ranks: ``gathers`` all-gathers of the weights in the compute dtype and
-    (``reduce``) one reduce-scatter of the fp32 gradients."""
+    (``reduce``) one reduce-scatter of the fp32 gradients, of the trained parameters only (LoRA: the adapters)."""
     if dp == 1:
         return 0.0
-    moved = w.model.params * (gathers * w.model.compute_bytes + 4 * reduce) * (dp - 1) / dp
+    m = w.model
+    moved = (m.params * gathers * m.compute_bytes + m.trained_params * 4 * reduce) * (dp - 1) / dp
     return (gathers + reduce) * profile.collective.base_s + profile.collective.per_s * moved
 
 

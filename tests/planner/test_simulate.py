@@ -334,3 +334,19 @@ def test_calibration_fit_leaves_out_a_timing_that_noise_made_negative():
     times = [0.002 + 0.0001 * r for r in rows[:3]] + [-0.0004]
     base, per = _fit([[1.0, r] for r in rows], times)
     assert base == pytest.approx(0.002, rel=0.05) and per == pytest.approx(0.0001, rel=0.05)
+
+
+def test_lora_reduces_only_the_adapters_gradients():
+    """An FSDP2 pass moves the weights in (2 gathers of 1e9 x 2 bytes) and the trained parameters' fp32
+    gradients out: the whole model's (4e9 bytes) without LoRA, 1e7 adapters' (4e7 bytes) with it; on 2
+    ranks each moves half, at 1 s per GB here."""
+    from relayrl.planner import simulate as sim
+    from relayrl.planner.profile import Affine
+
+    prof = toy_profile().model_copy(update={"collective": Affine(per_s=1e-9)})
+    full = ModelShape(params=1_000_000_000, layers=4, hidden=64, kv_dim=64, vocab=1000, compute_bytes=2)
+    lora = full.model_copy(update={"trainable": 10_000_000})
+    assert lora.trained_params == 10_000_000
+    for shape, grads in ((full, 4e9), (lora, 4e7)):
+        w = toy_workload(8, 4, shape=shape, token_budget=16, dp_sync="pass")
+        assert sim._fsdp_s(prof, w, 2) == pytest.approx((2 * 2e9 + grads) / 2 * 1e-9)
