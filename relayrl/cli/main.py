@@ -152,6 +152,7 @@ EVAL_FLAGS = {  # dest: (its value without --recipe when not given, the run conf
     "k": (1, "eval.k"), "temperature": (1.0, "eval.temperature"), "max_new_tokens": (16, "eval.max_new_tokens"),
     "dtype": ("float32", "model.dtype"), "device": ("auto", "model.device"), "seed": (0, "run.seed"),
     "chat_template": (None, "model.chat_template"), "chat_template_kwargs": (None, "data.chat_template_kwargs"),
+    "think_budget": (None, "rollout.interrupt.after_tokens"),
 }
 """The ``relayrl eval`` options that a run config holds: with ``--recipe`` the config's key decides (given as an
 override), so the option is refused rather than one of the two silently ignored."""
@@ -275,18 +276,43 @@ def cmd_eval(args) -> int:
     limit = context_limit(args.model)
     if limit is not None:  # as relayrl train: every prompt and --max-new-tokens fit the context, before the model loads
         check_context(problems, encode, args.max_new_tokens, "--max-new-tokens", limit, args.model)
+    budget = _eval_think_budget(tok, args.think_budget, args.max_new_tokens)
     engine = NativeGenerationEngine(load_model(args.model, dtype=args.dtype, device=device), tok, device=device)
     gen = torch.Generator(device=device).manual_seed(args.seed)
-    result = evaluate(lambda p, sp: engine.generate(p, sp, generator=gen), encode,
-                      problems, lambda a, b, c, d: reward.score(a, b, c, columns=d)[0],
-                      max_new_tokens=args.max_new_tokens,
-                      k=args.k, temperature=args.temperature)
+    if budget is None:
+        def generate(p, sp):
+            return engine.generate(p, sp, generator=gen)
+    else:
+        from relayrl.engines.generation.interrupt import generate_interrupted
+
+        def generate(p, sp):
+            return generate_interrupted(engine, p, sp, budget, generator=gen)
+    result = evaluate(generate, encode, problems, lambda a, b, c, d: reward.score(a, b, c, columns=d)[0],
+                      max_new_tokens=args.max_new_tokens, k=args.k, temperature=args.temperature,
+                      interrupted=budget is not None)
     data = args.data[0] if args.data and len(args.data) == 1 else args.data  # (one file: its path, as before)
     report, samples = write_report(result, out, extra={"model": args.model, "task": args.task, "data": data,
                                                        "k": args.k, "temperature": args.temperature})
     _print_metrics(result.metrics)
     print(f"relayrl eval: report {report}, samples {samples}")
     return 0
+
+
+def _eval_think_budget(tokenizer, after: int | None, max_new_tokens: int):
+    """``relayrl eval --think-budget``'s interruption (rollout.interrupt's defaults: ScaleRL's phrase, the
+    answer in what ``--max-new-tokens`` leaves), refused before the model loads when it does not fit."""
+    if after is None:
+        return None
+    from relayrl.config.interrupt import InterruptConfig
+    from relayrl.config.loader import ConfigError
+    from relayrl.engines.generation.interrupt import InterruptError, build_interrupt
+
+    it = InterruptConfig(after_tokens=after)
+    try:
+        return build_interrupt(tokenizer, after_tokens=after, text=it.text, answer_tokens=None, marker=it.marker,
+                               max_new_tokens=max_new_tokens, budget_key="--max-new-tokens", after_key="--think-budget")
+    except InterruptError as e:
+        raise ConfigError(f"relayrl eval: {e}") from None
 
 
 def _json_object(flag: str, text: str | None, example: str) -> dict:
@@ -443,6 +469,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "model.chat_template does: a Jinja file, a tokenizer directory or the template itself")
     e.add_argument("--chat-template-kwargs", help="JSON variables for the chat template, as data.chat_template_kwargs: "
                    "e.g. '{\"enable_thinking\": false}'")
+    e.add_argument("--think-budget", type=argtypes.int_at_least(1),
+                   help="a thinking budget (as rollout.interrupt.after_tokens): an answer still thinking after this "
+                   "many tokens (no </think> yet) gets ScaleRL's end-of-thinking phrase and answers in what "
+                   "--max-new-tokens leaves; eval/interrupted_frac says how often")
     e.add_argument("--out", default="runs/eval", help="directory for eval.json and eval_samples.jsonl")
     e.set_defaults(fn=cmd_eval)
 

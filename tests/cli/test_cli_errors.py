@@ -75,7 +75,8 @@ def test_eval_argument_combinations_are_refused_before_loading_the_model(capsys,
 @pytest.mark.parametrize("flag,value,key", [
     ("--task", "arith", "data.task"), ("--data", "rows.jsonl", "data.eval_path"), ("--verifier", "exact", "reward.verifier"),
     ("--user-fn", "r.py:score", "reward.user_fn"), ("--k", "4", "eval.k"), ("--size", "200", "eval.size"),
-    ("--max-new-tokens", "8", "eval.max_new_tokens"), ("--device", "cpu", "model.device")])
+    ("--max-new-tokens", "8", "eval.max_new_tokens"), ("--device", "cpu", "model.device"),
+    ("--think-budget", "8", "rollout.interrupt.after_tokens")])
 def test_eval_refuses_options_a_recipe_sets(capsys, tmp_path, monkeypatch, flag, value, key):
     """With --recipe the run config decides: an option it holds is refused (even at its default value), naming
     the key to override instead."""
@@ -232,6 +233,29 @@ def test_eval_checks_the_context_as_train_does_before_loading_the_model(capsys, 
     assert "beyond the model's max_position_embeddings=512" in err and "shorten or drop the row (1 more too long: " \
         "rows 4)" in err
     assert not (tmp_path / "ev").exists()
+
+
+def test_eval_refuses_a_thinking_budget_that_leaves_no_room_to_answer(capsys, tmp_path, monkeypatch, tiny_dir):
+    _no_model_load_or_evaluation(monkeypatch)
+    code, err = run(capsys, "eval", "--model", str(tiny_dir), "--task", "arith", "--size", "4", "--device", "cpu",
+                    "--think-budget", "10", "--max-new-tokens", "12", "--out", str(tmp_path / "ev"))
+    assert code == EXIT_CONFIG and "relayrl eval: --think-budget=10 + the phrase's " in err
+    assert "do not fit in --max-new-tokens=12" in err and "or lower --think-budget" in err
+    assert not (tmp_path / "ev").exists()
+
+
+@pytest.mark.slow  # (a few seconds: it generates)
+def test_eval_with_a_thinking_budget_interrupts_and_says_how_often(capsys, tmp_path, tiny_dir):
+    """The tiny model never writes </think>: every answer that runs past 2 tokens is interrupted, gets the
+    phrase, and the report counts them (eval/interrupted_frac) and marks each sample."""
+    out = tmp_path / "ev"
+    assert cli.main(["eval", "--model", str(tiny_dir), "--task", "arith", "--size", "3", "--device", "cpu",
+                     "--think-budget", "2", "--max-new-tokens", "120", "--out", str(out)]) == 0
+    report = json.loads((out / "eval.json").read_text())
+    samples = [json.loads(x) for x in (out / "eval_samples.jsonl").read_text().splitlines()]
+    assert 0 < report["metrics"]["eval/interrupted_frac"] <= 1 and len(samples) == 3
+    assert report["metrics"]["eval/interrupted_frac"] == sum(s["interrupted"] for s in samples) / 3
+    assert all("time is up" in s["response"] for s in samples if s["interrupted"])
 
 
 # ------------------------------------------------------------------------------- plot

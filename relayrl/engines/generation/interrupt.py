@@ -68,7 +68,8 @@ class Interrupt:
 
 
 def build_interrupt(tokenizer, *, after_tokens: int, text: str, answer_tokens: int | None, marker: str,
-                    max_new_tokens: int, budget_key: str = "rollout.max_new_tokens") -> Interrupt:
+                    max_new_tokens: int, budget_key: str = "rollout.max_new_tokens",
+                    after_key: str = "rollout.interrupt.after_tokens") -> Interrupt:
     """The :class:`Interrupt` of ``rollout.interrupt``: ``text`` tokenized once with ``tokenizer`` (no special
     tokens added); ``answer_tokens`` None takes what ``max_new_tokens`` (the whole response's cap, read from
     ``budget_key``) leaves after the thinking and the phrase. Raises :class:`InterruptError` naming the keys
@@ -81,9 +82,9 @@ def build_interrupt(tokenizer, *, after_tokens: int, text: str, answer_tokens: i
     if answer < 1 or need > max_new_tokens:
         what = f"rollout.interrupt.answer_tokens={answer_tokens}" if answer_tokens is not None else "one answer token"
         raise InterruptError(
-            f"rollout.interrupt: after_tokens={after_tokens} + the phrase's {len(ids)} tokens + {what} = {need} do "
-            f"not fit in {budget_key}={max_new_tokens}, which caps the whole response (the phrase included): raise "
-            f"{budget_key} to at least {need}, or lower rollout.interrupt.after_tokens")
+            f"{after_key}={after_tokens} + the phrase's {len(ids)} tokens + {what} = {need} do not fit in "
+            f"{budget_key}={max_new_tokens}, which caps the whole response (the phrase included): raise "
+            f"{budget_key} to at least {need}, or lower {after_key}")
     return Interrupt(after_tokens=after_tokens, forced_ids=ids, answer_tokens=answer, marker=marker)
 
 
