@@ -44,12 +44,9 @@ from relayrl.dock.payload import payload_bytes
 def _build_ranks(cfg: ClusterConfig, worker_cls: type, pool: ResourcePool, name: str, num_ranks: int,
                  init_kwargs: dict, distributed: bool, per_rank: int):
     if cfg.backend == "ray":
-        if per_rank > 1:
-            raise PlacementError(f"group {name!r}: devices_per_rank={per_rank} needs the local backend (the Ray "
-                                 f"backend places one rank per device bundle); set cluster.backend=local")
         from relayrl.cluster.ray_backend import RayRanks
 
-        return RayRanks(name, worker_cls, init_kwargs, pool, num_ranks, distributed, cfg)
+        return RayRanks(name, worker_cls, init_kwargs, pool, num_ranks, distributed, cfg, per_rank)
     from relayrl.cluster.local import InProcessRanks, ProcessRanks
 
     devices = rank_devices(pool.local_devices(), per_rank)[:num_ranks]
