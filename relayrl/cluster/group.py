@@ -84,7 +84,8 @@ class WorkerGroup:
             before constructing the workers.
         devices_per_rank: devices each rank owns (consecutive devices of one node; the first is the
             rank's ``device``, all of them its ``devices``): a rank that drives several devices itself,
-            e.g. a vLLM engine with tensor parallelism. The pool's devices per node must be a multiple.
+            e.g. a vLLM engine with tensor parallelism. The pool's devices per node must be a multiple; on Ray
+            its ``pack`` too (the Ray backend places its devices in runs of ``pack`` on one node).
 
     Every call kind takes the method to run as its first argument, either
 

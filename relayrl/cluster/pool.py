@@ -167,7 +167,8 @@ class ResourcePool:
 
     def __repr__(self) -> str:
         return (f"ResourcePool(name={self.name!r}, devices={self.devices}, device_kind={self.device_kind!r}, "
-                f"nodes={self.nodes}{'' if self.node is None else f', node={self.node!r}'})")
+                f"nodes={self.nodes}{'' if self.node is None else f', node={self.node!r}'}"
+                f"{'' if self.pack == 1 else f', pack={self.pack}'})")
 
     # -- colocation bookkeeping ---------------------------------------------------------
     def attach(self, group: str) -> None:

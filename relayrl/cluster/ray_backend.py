@@ -167,9 +167,10 @@ def _acquire_placement(pool: ResourcePool, cfg: ClusterConfig) -> Placement:
                   for i, n in enumerate(sizes)]
         try:
             ray.get([pg.ready() for pg in groups], timeout=cfg.start_timeout_s)
-            nodes = tuple(n for pg in groups for _, n in sorted(placement_group_table(pg)["bundles_to_node_id"].items()))
+            nodes = tuple(n for pg in groups
+                          for _, n in sorted(placement_group_table(pg)["bundles_to_node_id"].items()))
             gpus = None
-            if pool.device_kind == "cuda" and pool.pack > 1:  # which GPU each bundle holds, asked before any rank sits on it
+            if pool.device_kind == "cuda" and pool.pack > 1:  # each bundle's GPU, asked before any rank sits there
                 probe = ray.remote(_bundle_gpus).options(num_cpus=0, num_gpus=1e-3)
                 got = ray.get([probe.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
                     pg, placement_group_bundle_index=b)).remote() for pg in groups for b in range(pg.bundle_count)],
@@ -294,8 +295,8 @@ class RayRanks:
             host = ray.remote(_RankHost)
             for r in range(num_ranks):  # (a rank of several devices sits on its first device's bundle)
                 pg, index = placement.bundle(r * per_rank)
-                opts = dict(num_cpus=share, max_restarts=0, name=None,
-                            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index))
+                on_bundle = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index)
+                opts = dict(num_cpus=share, max_restarts=0, name=None, scheduling_strategy=on_bundle)
                 if pool.device_kind == "cuda":
                     opts["num_gpus"] = share
                 self.actors.append(host.options(**opts).remote())

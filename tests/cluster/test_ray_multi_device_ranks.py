@@ -119,7 +119,8 @@ def test_colocated_ranks_of_one_and_two_devices_share_runs_of_two(ray_cluster):
 def test_a_run_no_node_can_hold_is_refused_at_once(ray_cluster):
     pool = ResourcePool("huge", devices=8, pack=8)  # the cluster's one node has 4 CPUs
     start = time.monotonic()
-    with pytest.raises(PlacementError, match=r"largest node has 4 CPU\(s\): set rollout.vllm.tensor_parallel_size <= 4"):
+    with pytest.raises(PlacementError,
+                       match=r"largest node has 4 CPU\(s\): set rollout.vllm.tensor_parallel_size <= 4"):
         WorkerGroup(Echo, pool, name="huge", backend=ray_cluster, devices_per_rank=8)
     assert time.monotonic() - start < 30 and pool.ray_placement is None and pool.groups == ()
 
