@@ -44,12 +44,9 @@ from relayrl.dock.payload import payload_bytes
 def _build_ranks(cfg: ClusterConfig, worker_cls: type, pool: ResourcePool, name: str, num_ranks: int,
                  init_kwargs: dict, distributed: bool, per_rank: int):
     if cfg.backend == "ray":
-        if per_rank > 1:
-            raise PlacementError(f"group {name!r}: devices_per_rank={per_rank} needs the local backend (the Ray "
-                                 f"backend places one rank per device bundle); set cluster.backend=local")
         from relayrl.cluster.ray_backend import RayRanks
 
-        return RayRanks(name, worker_cls, init_kwargs, pool, num_ranks, distributed, cfg)
+        return RayRanks(name, worker_cls, init_kwargs, pool, num_ranks, distributed, cfg, per_rank)
     from relayrl.cluster.local import InProcessRanks, ProcessRanks
 
     devices = rank_devices(pool.local_devices(), per_rank)[:num_ranks]
@@ -87,7 +84,8 @@ class WorkerGroup:
             before constructing the workers.
         devices_per_rank: devices each rank owns (consecutive devices of one node; the first is the
             rank's ``device``, all of them its ``devices``): a rank that drives several devices itself,
-            e.g. a vLLM engine with tensor parallelism. The pool's devices per node must be a multiple.
+            e.g. a vLLM engine with tensor parallelism. The pool's devices per node must be a multiple; on Ray
+            its ``pack`` too (the Ray backend places its devices in runs of ``pack`` on one node).
 
     Every call kind takes the method to run as its first argument, either
 

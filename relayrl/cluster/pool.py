@@ -12,6 +12,9 @@ placement). This module implements exactly that contract:
   pools hold different turn queues and therefore overlap.
 * `max_colocated` bounds how many groups share the pool; the Ray backend gives
   each rank actor `1/max_colocated` of its bundle so colocated groups fit.
+* `pack` is the most devices one rank of a group on the pool owns (a vLLM engine
+  with tensor parallelism): the Ray backend places the pool's devices in runs of
+  `pack` on one node, so such a rank never spans two nodes.
 
 Departures: pools are assumed disjoint (as in the paper) but nothing checks
 that two CPU pools do not oversubscribe the host's cores; on the local backend
@@ -106,6 +109,9 @@ class ResourcePool:
             `devices`); default takes the next unused indices.
         node: Ray backend: the IP address of the node every bundle is pinned to
             (through Ray's ``node:<ip>`` resource); None lets ``strategy`` choose.
+        pack: the most devices one rank of a group on this pool owns (``devices_per_rank``), a divisor of
+            ``devices``. Ray backend: with ``pack`` > 1 every run of ``pack`` consecutive devices is a
+            placement group of its own, STRICT_PACK (on one node); ``strategy`` then has no say.
     """
 
     def __init__(
@@ -118,16 +124,20 @@ class ResourcePool:
         strategy: Strategy = "PACK",
         device_ids: tuple[int, ...] | list[int] | None = None,
         node: str | None = None,
+        pack: int = 1,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"ResourcePool name={name!r} must be a non-empty string")
-        for key, val in (("devices", devices), ("nodes", nodes), ("max_colocated", max_colocated)):
+        for key, val in (("devices", devices), ("nodes", nodes), ("max_colocated", max_colocated), ("pack", pack)):
             if not isinstance(val, int) or isinstance(val, bool) or val < 1:
                 raise ValueError(f"ResourcePool {name!r}: {key}={val!r} must be an integer >= 1")
         if device_kind not in ("cpu", "cuda"):
             raise ValueError(f"ResourcePool {name!r}: device_kind={device_kind!r} must be 'cpu' or 'cuda'")
         if strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
             raise ValueError(f"ResourcePool {name!r}: strategy={strategy!r} must be PACK, SPREAD, STRICT_PACK or STRICT_SPREAD")
+        if devices % pack:
+            raise ValueError(f"ResourcePool {name!r}: pack={pack} must divide devices={devices} (a rank's devices "
+                             f"are consecutive devices of one node)")
         if device_ids is not None:
             device_ids = tuple(int(i) for i in device_ids)
             if device_kind != "cuda" or len(device_ids) != devices or len(set(device_ids)) != devices:
@@ -143,11 +153,12 @@ class ResourcePool:
         if node is not None and (not isinstance(node, str) or not node.strip()):
             raise ValueError(f"ResourcePool {name!r}: node={node!r} must be a node's IP address")
         self.node = node
+        self.pack = pack
         self._device_ids: tuple[int, ...] | None = device_ids
         self._turns = _TurnQueue(name)
         self._state_lock = threading.Lock()
         self._groups: set[str] = set()
-        self.ray_placement = None  # set by the Ray backend: (placement_group, refcount)
+        self.ray_placement = None  # set by the Ray backend: a ray_backend.Placement
 
     @property
     def world_size(self) -> int:
@@ -156,7 +167,8 @@ class ResourcePool:
 
     def __repr__(self) -> str:
         return (f"ResourcePool(name={self.name!r}, devices={self.devices}, device_kind={self.device_kind!r}, "
-                f"nodes={self.nodes}{'' if self.node is None else f', node={self.node!r}'})")
+                f"nodes={self.nodes}{'' if self.node is None else f', node={self.node!r}'}"
+                f"{'' if self.pack == 1 else f', pack={self.pack}'})")
 
     # -- colocation bookkeeping ---------------------------------------------------------
     def attach(self, group: str) -> None:

@@ -9,6 +9,16 @@ the local backend has (`call`, `pids`, `shutdown`):
   rank actor asks for `1/max_colocated` of its bundle, so rank r of every
   group on the pool lands on bundle r. The placement group is removed when
   the last group on the pool shuts down.
+* A pool whose ranks may own several devices (`pool.pack` N > 1: a vLLM engine
+  with tensor parallelism) gets one placement group per run of N bundles,
+  each STRICT_PACK, so a rank's devices never span two nodes (a cluster
+  without a node of N devices is refused at once). A rank of N devices is
+  an actor on its first bundle (the same `1/max_colocated` share); on CUDA it
+  sees the GPUs of its whole run (`CUDA_VISIBLE_DEVICES`, probed once per
+  bundle when the placement is made), and the worker processes its vLLM
+  engine starts live on that node, children of the actor. Ray counts the
+  actor's share on the first bundle only: the run's other bundles are held by
+  the placement group, and colocated one-device ranks take their shares there.
 * Ranks form a gloo (CPU) or NCCL (CUDA) process group; MASTER_ADDR is rank
   0's node IP and MASTER_PORT a port free there.
 * Methods raise inside a host actor that returns the formatted traceback; an
@@ -24,10 +34,11 @@ import contextlib
 import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from relayrl.cluster.config import ClusterConfig
@@ -59,7 +70,9 @@ class _RankHost:
         """(node IP, a free port on that node, pid, node id)."""
         return ray.util.get_node_ip_address(), free_port(), os.getpid(), ray.get_runtime_context().get_node_id()
 
-    def start(self, spec: StartSpec) -> Reply:
+    def start(self, spec: StartSpec, env: dict[str, str]) -> Reply:
+        """Set ``env`` (before anything touches CUDA: a rank of several GPUs sees them all) and start the rank."""
+        os.environ.update(env)
         try:
             self.runtime = RankRuntime(spec)
         except Exception as exc:
@@ -79,12 +92,59 @@ class _RankHost:
             self.runtime = None
 
 
-def _acquire_placement(pool: ResourcePool, cfg: ClusterConfig):
+def runs(world_size: int, pack: int) -> list[int]:
+    """Bundles in each placement group of a pool of ``world_size`` devices whose ranks own up to ``pack``: one
+    group of them all when ``pack`` is 1, else one of ``pack`` per run (each placed STRICT_PACK: one node)."""
+    if pack < 1 or world_size % pack:
+        raise PlacementError(f"{world_size} devices cannot be cut into runs of {pack}")
+    return [world_size] if pack == 1 else [pack] * (world_size // pack)
+
+
+@dataclass
+class Placement:
+    """A pool's placement on Ray (``pool.ray_placement``): its placement groups, in device order, and where
+    device i's bundle landed."""
+
+    groups: list
+    """The placement groups: one of every bundle, or one per run of ``pool.pack`` bundles."""
+    run: int
+    """Bundles per placement group."""
+    nodes: tuple[str, ...]
+    """Node id of each device's bundle."""
+    gpus: tuple[str, ...] | None
+    """A CUDA pool with ``pack`` > 1: the GPU each device's bundle holds (its id on its node), else None."""
+    refs: int = 1
+    """Groups placed on it; the placement groups go when the last one shuts down."""
+
+    def bundle(self, device: int) -> tuple[Any, int]:
+        """(placement group, bundle index) of the pool's device ``device``."""
+        return self.groups[device // self.run], device % self.run
+
+
+def _bundle_gpus() -> list[str]:
+    """Runs on one bundle: the GPU ids Ray gave it."""
+    return [str(i) for i in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
+
+
+def _check_run_fits(pool: ResourcePool, resources: list[dict[str, float]]) -> None:
+    """A run of ``pool.pack`` devices is placed on one node: refuse at once a cluster none of whose nodes has
+    that many (``resources``: each live node's total resources)."""
+    kind = "GPU" if pool.device_kind == "cuda" else "CPU"
+    most = max((r.get(kind, 0) for r in resources), default=0)
+    if pool.pack > most:
+        raise PlacementError(
+            f"ResourcePool {pool.name!r}: a rank owns {pool.pack} devices (rollout.vllm.tensor_parallel_size), which "
+            f"must sit on one node, but the Ray cluster's largest node has {most:g} {kind}(s): set "
+            f"rollout.vllm.tensor_parallel_size <= {most:g} (and the rollout's pool to a multiple), or add nodes "
+            f"with {pool.pack} {kind}s"
+        )
+
+
+def _acquire_placement(pool: ResourcePool, cfg: ClusterConfig) -> Placement:
     with _pg_lock:
         if pool.ray_placement is not None:
-            pg, refs = pool.ray_placement
-            pool.ray_placement = (pg, refs + 1)
-            return pg
+            pool.ray_placement.refs += 1
+            return pool.ray_placement
         bundle = {"GPU": 1, "CPU": 1} if pool.device_kind == "cuda" else {"CPU": 1}
         resources = ray.cluster_resources()
         if pool.node is not None:  # pinned: every bundle asks for a sliver of the node's own resource
@@ -98,18 +158,58 @@ def _acquire_placement(pool: ResourcePool, cfg: ClusterConfig):
                 f"model.device=cpu (a cuda pool comes from model.device=cuda, or auto with a GPU in the driver), "
                 f"lower cluster.devices, or add GPU nodes"
             )
-        pg = placement_group([dict(bundle) for _ in range(pool.world_size)], strategy=pool.strategy,
-                             name=f"relayrl-pool-{pool.name}-{os.getpid()}")
+        if pool.pack > 1:
+            _check_run_fits(pool, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
+        sizes = runs(pool.world_size, pool.pack)
+        strategy = pool.strategy if pool.pack == 1 else "STRICT_PACK"
+        groups = [placement_group([dict(bundle) for _ in range(n)], strategy=strategy,
+                                  name=f"relayrl-pool-{pool.name}-{os.getpid()}" + (f"-{i}" if len(sizes) > 1 else ""))
+                  for i, n in enumerate(sizes)]
         try:
-            ray.get(pg.ready(), timeout=cfg.start_timeout_s)
+            ray.get([pg.ready() for pg in groups], timeout=cfg.start_timeout_s)
+            nodes = tuple(n for pg in groups
+                          for _, n in sorted(placement_group_table(pg)["bundles_to_node_id"].items()))
+            gpus = None
+            if pool.device_kind == "cuda" and pool.pack > 1:  # each bundle's GPU, asked before any rank sits there
+                probe = ray.remote(_bundle_gpus).options(num_cpus=0, num_gpus=1e-3)
+                got = ray.get([probe.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    pg, placement_group_bundle_index=b)).remote() for pg in groups for b in range(pg.bundle_count)],
+                    timeout=cfg.start_timeout_s)
+                gpus = tuple(g[0] for g in got)
         except ray.exceptions.GetTimeoutError:
-            remove_placement_group(pg)
+            for pg in groups:
+                remove_placement_group(pg)
+            how = strategy if len(groups) == 1 else f"{len(groups)} placement groups of {pool.pack}, each STRICT_PACK"
             raise PlacementError(
-                f"ResourcePool {pool.name!r} needs {pool.world_size} bundles of {bundle} ({pool.strategy}) but the Ray "
+                f"ResourcePool {pool.name!r} needs {pool.world_size} bundles of {bundle} ({how}) but the Ray "
                 f"cluster could not place them within {cfg.start_timeout_s} s; available: {ray.available_resources()}"
             ) from None
-        pool.ray_placement = (pg, 1)
-        return pg
+        except BaseException:
+            for pg in groups:
+                remove_placement_group(pg)
+            raise
+        pool.ray_placement = Placement(groups, sizes[0], nodes, gpus)
+        return pool.ray_placement
+
+
+def rank_devices(pool: ResourcePool, per_rank: int) -> tuple[str, tuple[str, ...]]:
+    """(device, devices) of a rank owning ``per_rank`` devices of ``pool``, in its own numbering: Ray gives a
+    CUDA actor its own ``CUDA_VISIBLE_DEVICES`` (:func:`rank_env` for a rank of several), so its GPUs are
+    ``cuda:0``..; a CPU device is a share of the node's cores."""
+    kind = "cpu" if pool.device_kind == "cpu" else "cuda"
+    devices = tuple("cpu" if kind == "cpu" else f"cuda:{i}" for i in range(per_rank))
+    return devices[0], devices if per_rank > 1 else ()
+
+
+def rank_env(placement: Placement, rank: int, per_rank: int) -> dict[str, str]:
+    """What the actor of ``rank`` sets before it starts: a rank of several GPUs sees the GPUs of its run's
+    bundles, its first bundle's (the one Ray gave the actor) first; nothing otherwise (Ray's own setting)."""
+    if per_rank == 1 or placement.gpus is None:
+        return {}
+    first = rank * per_rank
+    if len(set(placement.nodes[first:first + per_rank])) != 1:  # (STRICT_PACK runs: cannot happen)
+        raise PlacementError(f"rank {rank}'s {per_rank} devices are on different nodes")
+    return {"CUDA_VISIBLE_DEVICES": ",".join(placement.gpus[first:first + per_rank])}
 
 
 def _node_resource(pool: ResourcePool, resources: dict[str, float], wait_s: float = 0.0) -> str:
@@ -158,21 +258,27 @@ def node_ips() -> list[str]:
 
 def _release_placement(pool: ResourcePool) -> None:
     with _pg_lock:
-        if pool.ray_placement is None:
+        placement = pool.ray_placement
+        if placement is None:
             return
-        pg, refs = pool.ray_placement
-        if refs > 1:
-            pool.ray_placement = (pg, refs - 1)
+        placement.refs -= 1
+        if placement.refs > 0:
             return
         pool.ray_placement = None
-    remove_placement_group(pg)
+    for pg in placement.groups:
+        remove_placement_group(pg)
 
 
 class RayRanks:
-    """N ranks as Ray actors on the pool's placement group."""
+    """N ranks as Ray actors on the pool's placement groups; each owns ``per_rank`` consecutive devices of the
+    pool (a run of bundles on one node: see :class:`Placement`)."""
 
     def __init__(self, group: str, worker_cls: type, init_kwargs: dict, pool: ResourcePool, num_ranks: int,
-                 distributed: bool, cfg: ClusterConfig) -> None:
+                 distributed: bool, cfg: ClusterConfig, per_rank: int = 1) -> None:
+        if pool.pack % per_rank:
+            raise PlacementError(f"group {group!r}: devices_per_rank={per_rank} on the Ray backend needs a pool "
+                                 f"whose devices are placed in runs of a multiple of {per_rank} on one node; pool "
+                                 f"{pool.name!r} has pack={pool.pack}: make it with pack={per_rank}")
         ensure_ray(cfg)
         self.group, self.cfg, self.pool = group, cfg, pool
         self.world_size = num_ranks
@@ -182,14 +288,15 @@ class RayRanks:
         self._ips: list[str] = []
         self._node_ids: list[str] = []
         self._released = True
-        pg = _acquire_placement(pool, cfg)
+        placement = _acquire_placement(pool, cfg)
         self._released = False
         try:
             share = 1.0 / pool.max_colocated
             host = ray.remote(_RankHost)
-            for r in range(num_ranks):
-                opts = dict(num_cpus=share, max_restarts=0, name=None,
-                            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r))
+            for r in range(num_ranks):  # (a rank of several devices sits on its first device's bundle)
+                pg, index = placement.bundle(r * per_rank)
+                on_bundle = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index)
+                opts = dict(num_cpus=share, max_restarts=0, name=None, scheduling_strategy=on_bundle)
                 if pool.device_kind == "cuda":
                     opts["num_gpus"] = share
                 self.actors.append(host.options(**opts).remote())
@@ -197,14 +304,16 @@ class RayRanks:
                                  time.monotonic() + cfg.start_timeout_s, raw=True)
             ips = [w[0] for w in where]
             self._pids, self._ips, self._node_ids = [w[2] for w in where], ips, [w[3] for w in where]
-            device = "cuda:0" if pool.device_kind == "cuda" else "cpu"  # Ray sets CUDA_VISIBLE_DEVICES per actor
+            device, owned = rank_devices(pool, per_rank)
             specs = [
-                StartSpec(info=RankInfo(group, r, num_ranks, ips[:r].count(ips[r]), device, distributed),
+                StartSpec(info=RankInfo(group, r, num_ranks, ips[:r].count(ips[r]), device, distributed, owned),
                           worker_cls=worker_cls, init_kwargs=init_kwargs, master_addr=ips[0], master_port=where[0][1],
-                          timeout_s=cfg.collective_timeout_s)
+                          timeout_s=cfg.collective_timeout_s,
+                          num_threads=per_rank if per_rank > 1 and pool.device_kind == "cpu" else None)
                 for r in range(num_ranks)
             ]
-            self._gather([a.start.remote(s) for a, s in zip(self.actors, specs)], "__init__",
+            envs = [rank_env(placement, r, per_rank) for r in range(num_ranks)]
+            self._gather([a.start.remote(s, e) for a, s, e in zip(self.actors, specs, envs)], "__init__",
                          time.monotonic() + cfg.start_timeout_s)
         except BaseException:
             self.shutdown()

@@ -16,7 +16,7 @@ from typing import Any
 Config = Any
 """A :class:`relayrl.config.schema.Config` (not imported: the schema imports these rules)."""
 
-__all__ = ["TP_KEY", "rollout_pool_devices", "check_rollout_devices"]
+__all__ = ["TP_KEY", "rollout_pool_devices", "pool_pack", "check_rollout_devices"]
 
 TP_KEY = "rollout.vllm.tensor_parallel_size"
 
@@ -25,12 +25,26 @@ def rollout_pool_devices(cfg: Config) -> tuple[str, int]:
     """``(key, devices per node)`` of the pool the rollout runs on: ``cluster.devices`` for ``main``, else
     ``placement.pools.NAME`` (the pool an off-policy run adds has ``rollout.devices_per_rank`` devices: the
     plan's ``rollout`` pool)."""
-    from relayrl.config.plan import rollout_pool
-
-    name, pools = rollout_pool(cfg) if cfg.workflow == "grpo" else ("main", {})
+    name, pools = _rollout_pool(cfg)
     if name == "main":
         return "cluster.devices", cfg.cluster.devices
     return f"placement.pools.{name}", pools[name]
+
+
+def _rollout_pool(cfg: Config) -> tuple[str, dict[str, int]]:
+    from relayrl.config.plan import rollout_pool
+
+    return rollout_pool(cfg) if cfg.workflow == "grpo" else ("main", {})
+
+
+def pool_pack(cfg: Config, pool: str) -> int:
+    """The most devices one rank on the pool named ``pool`` owns (its ``ResourcePool.pack``): the rollout's
+    ``rollout.vllm.tensor_parallel_size`` on the rollout's pool, else 1. The Ray backend places such a pool's
+    devices in runs of that many on one node."""
+    tp = cfg.rollout.devices_per_rank
+    if tp == 1 or cfg.workflow == "rm":
+        return 1
+    return tp if pool == _rollout_pool(cfg)[0] else 1
 
 
 def check_rollout_devices(cfg: Config) -> None:
@@ -38,10 +52,6 @@ def check_rollout_devices(cfg: Config) -> None:
     tp = cfg.rollout.devices_per_rank
     if tp == 1 or cfg.workflow == "rm":  # (workflow rm generates nothing)
         return
-    if cfg.cluster.backend != "local":
-        raise ValueError(f"{TP_KEY}={tp} gives each rollout rank {tp} devices, which the local backend places (one "
-                         f"rank process starts a vLLM engine on {tp} devices of its node); the Ray backend places "
-                         f"one rank per device: set cluster.backend=local or {TP_KEY}=1")
     key, n = rollout_pool_devices(cfg)
     if tp > n:
         raise ValueError(f"{TP_KEY}={tp}: a rollout rank's vLLM engine spans {tp} devices, more than the rollout's "

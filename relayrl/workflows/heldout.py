@@ -27,6 +27,7 @@ import torch
 
 from relayrl.cluster import ResourcePool, make_group
 from relayrl.config.loader import ConfigError
+from relayrl.config.rollout_devices import pool_pack
 from relayrl.config.schema import Config
 from relayrl.data.tasks import Problem, make_task
 from relayrl.engines.generation.interrupt import Interrupt, build_interrupt
@@ -93,7 +94,8 @@ class EvalSession:
             rows = (self.train_problems or self.eval_problems)[:1]
             self.reward.check_fields([p.meta.get("fields") for p in rows] or [None])
         self.pool = ResourcePool(name="main", devices=cfg.cluster.devices, nodes=cfg.cluster.nodes,
-                                 device_kind="cuda" if cuda else "cpu", node=cfg.placement.nodes.get("main"))
+                                 device_kind="cuda" if cuda else "cpu", node=cfg.placement.nodes.get("main"),
+                                 pack=pool_pack(cfg, "main"))
 
     # ------------------------------------------------------------------ data
     def _data(self) -> tuple[object, list[Problem] | None, list[Problem]]:

@@ -11,6 +11,7 @@ from typing import Callable
 
 from relayrl.cluster import ClusterConfig, ResourcePool, WorkerGroup, make_group
 from relayrl.config.plan import StepPlan
+from relayrl.config.rollout_devices import pool_pack
 from relayrl.config.schema import Config, available_devices
 from relayrl.workflows.workers import CriticWorker, PolicyWorker, ReferenceWorker, RolloutWorker, role_precision
 
@@ -80,7 +81,7 @@ class Pools:
             pl = self.cfg.placement
             self._pools[name] = ResourcePool(name=name, devices=pl.pools.get(name, 1),
                                              device_kind="cpu" if name == "driver" else self.main.device_kind,
-                                             node=pl.nodes.get(name))
+                                             node=pl.nodes.get(name), pack=pool_pack(self.cfg, name))
         return self._pools[name]
 
 

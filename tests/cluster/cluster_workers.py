@@ -195,3 +195,36 @@ class CountsPickles:
 
     def __add__(self, k: int) -> "CountsPickles":
         return CountsPickles(self.value + k)
+
+
+class TPEngine(Worker):
+    """A rank that starts a vLLM engine over its ``devices`` (``tensor_parallel_size`` = how many it owns)."""
+
+    def __init__(self, model_dir: str) -> None:
+        from relayrl.engines.generation.vllm_engine import VLLMGenerationEngine, VLLMSpec
+        from relayrl.models.load import load_tokenizer
+
+        self.engine = VLLMGenerationEngine(model_dir, load_tokenizer(model_dir), max_batch=4, device=self.device,
+                                           devices=self.devices,
+                                           spec=VLLMSpec(memory_utilization=0.05,
+                                                         tensor_parallel_size=len(self.devices)))
+
+    def env(self, name: str) -> str | None:
+        return os.environ.get(name)
+
+    def children(self) -> list[int]:
+        """The pids of this rank's live child processes (its vLLM workers among them)."""
+        import psutil
+
+        return [p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+
+    def sample(self, prompt: list[int]) -> list[int]:
+        """Four tokens sampled from ``prompt`` (seeded)."""
+        from relayrl.engines.generation.base import SamplingParams
+
+        out = self.engine.generate([prompt], SamplingParams(n=1, temperature=1.0, max_new_tokens=4),
+                                   torch.Generator().manual_seed(0))
+        return out[0].token_ids.tolist()
+
+    def close(self) -> None:
+        self.engine.close()

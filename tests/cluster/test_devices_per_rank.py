@@ -5,7 +5,7 @@ import os
 import pytest
 
 from cluster_workers import Echo
-from relayrl.cluster import ClusterConfig, PlacementError, ResourcePool, WorkerGroup
+from relayrl.cluster import PlacementError, ResourcePool, WorkerGroup
 from relayrl.cluster.group import rank_devices
 
 
@@ -52,10 +52,3 @@ def test_a_count_that_does_not_divide_the_pool_is_refused_before_anything_starts
 def test_more_ranks_than_the_pool_holds_at_that_size_is_refused():
     with pytest.raises(ValueError, match=r"num_ranks=2 must be between 1 and the pool's 2 devices / 2 devices per rank"):
         WorkerGroup(Echo, ResourcePool("small", devices=2), name="small", num_ranks=2, devices_per_rank=2)
-
-
-def test_the_ray_backend_refuses_ranks_of_several_devices_before_it_starts():
-    pool = ResourcePool("ray-tp", devices=2)
-    with pytest.raises(PlacementError, match="needs the local backend"):
-        WorkerGroup(Echo, pool, name="ray-tp", backend=ClusterConfig(backend="ray"), devices_per_rank=2)
-    assert pool.groups == ()

@@ -56,6 +56,37 @@ def test_pools_pinned_to_nodes_land_there_and_an_unknown_node_is_refused(hosts):
     assert "placement.nodes" in got["refused"] and hosts.worker in got["refused"] and hosts.head in got["refused"]
 
 
+def test_ranks_of_four_devices_keep_to_one_host_each(hosts):
+    """A pool of 4 devices per node on 2 nodes, packed in runs of 4 (a rollout with tensor_parallel_size=4): each
+    node has 4 CPUs, so each run fills one host; a rank of 4 devices sits on one host with its run, and the
+    one-device ranks colocated on the pool follow the runs. A run of 8 fits no host (8 CPUs in all) and is
+    refused at once, naming the key."""
+    got = driver(hosts, """
+        import json, sys
+        from cluster_workers import Echo
+        from relayrl.cluster import ClusterConfig, PlacementError, ResourcePool, make_group
+        cfg = ClusterConfig(backend="ray", ray_address=sys.argv[1])
+        pool = ResourcePool("tp", devices=4, nodes=2, pack=4)
+        actor = make_group(cfg, Echo, pool, "actor", distributed=False)
+        # (no process group: gloo across these namespaces' hosts would need GLOO_SOCKET_IFNAME)
+        rollout = make_group(cfg, Echo, pool, "rollout", devices_per_rank=4, distributed=False)
+        out = {"actor": actor.nodes(), "rollout": rollout.nodes(),
+               "owned": [o["devices"] for o in rollout.all(Echo.owned)],
+               "local": [w["local_rank"] for w in rollout.all(Echo.whoami)]}
+        rollout.shutdown(); actor.shutdown()
+        try:
+            make_group(cfg, Echo, ResourcePool("wide", devices=8, pack=8), "wide", devices_per_rank=8)
+        except PlacementError as e:
+            out["refused"] = str(e)
+        print(json.dumps(out))
+        """, hosts.address)
+    first, second = got["rollout"]
+    assert {first, second} == {hosts.head, hosts.worker}
+    assert got["actor"] == [first] * 4 + [second] * 4  # device d's bundle is in run d // 4
+    assert got["owned"] == [["cpu"] * 4] * 2 and got["local"] == [0, 0]
+    assert "largest node has 4 CPU(s): set rollout.vllm.tensor_parallel_size <= 4" in got["refused"]
+
+
 def grpo(hosts, run_dir: Path, *extra: str):
     return hosts.run([sys.executable, "-m", "relayrl.cli.main", "train", str(ROOT / "recipes" / "arith_grpo.yaml"),
                       "cluster.backend=ray", f"cluster.ray_address={hosts.address}", "placement.pools.gen=1",

@@ -46,6 +46,25 @@ def test_split_and_colocated_placements_that_divide_are_accepted():
     Config.model_validate(tp(2, cluster={"devices": 2, "oversubscribe": True}))  # colocated: the trainer's devices
     Config.model_validate(tp(2, placement={"pools": {"gen": 4}, "rollout": "gen"}))  # 2 rollout ranks of 2
     Config.model_validate(tp(2, workflow="sft", cluster={"devices": 2, "oversubscribe": True}))  # its evaluations
+    # the Ray backend: ranks of two devices per node, on one node or two (cluster.devices is per node)
+    Config.model_validate(tp(2, cluster={"devices": 2, "backend": "ray"}))
+    Config.model_validate(tp(2, cluster={"devices": 2, "nodes": 2, "backend": "ray"}))
+    Config.model_validate(tp(2, cluster={"backend": "ray"}, placement={"pools": {"gen": 2}, "rollout": "gen"}))
+
+
+def test_the_rollouts_pool_is_packed_in_runs_of_its_ranks_devices():
+    """``pool_pack``: the pool the rollout runs on is made with ``pack`` = its ranks' devices (the Ray backend
+    keeps each run on one node); every other pool, and every pool of a run without tensor parallelism, has 1."""
+    from relayrl.config.rollout_devices import pool_pack
+
+    colocated = Config.model_validate(tp(2, cluster={"devices": 2, "backend": "ray"}))
+    assert pool_pack(colocated, "main") == 2
+    split = Config.model_validate(tp(2, cluster={"backend": "ray"},
+                                     placement={"pools": {"gen": 4, "ref": 1}, "rollout": "gen", "reference": "ref"}))
+    assert [pool_pack(split, p) for p in ("main", "gen", "ref")] == [1, 2, 1]
+    ahead = Config.model_validate(tp(2, trainer={"off_policy_steps": 1}))
+    assert pool_pack(ahead, "rollout") == 2 and pool_pack(ahead, "main") == 1
+    assert pool_pack(Config.model_validate({"model": {"device": "cpu"}}), "main") == 1
 
 
 @pytest.mark.parametrize("data,words", [
@@ -57,8 +76,7 @@ def test_split_and_colocated_placements_that_divide_are_accepted():
      ["rollout's pool (placement.pools.gen=3)", "set placement.pools.gen to a multiple of 2"]),
     (tp(4, placement={"pools": {"gen": 2}, "rollout": "gen"}), ["more than the rollout's pool has (placement.pools.gen=2)"]),
     (tp(2, workflow="dpo"), ["(cluster.devices=1)"]),
-    (tp(2, cluster={"devices": 2, "backend": "ray"}), ["the Ray backend places one rank per device",
-                                                      "set cluster.backend=local"]),
+    (tp(2, cluster={"devices": 3, "nodes": 2, "backend": "ray"}), ["set cluster.devices to a multiple of 2"]),
 ])
 def test_a_rollout_that_cannot_be_cut_into_ranks_of_n_devices_is_refused(data, words):
     refused(data, *words)

@@ -32,9 +32,9 @@ def sft32(tmp_path_factory):
     return run / "model"
 
 
-def grpo(run, model, *extra, steps=3):
+def grpo(run, model, *extra, steps=3, env=None):
     r = relayrl("train", "recipes/arith_grpo.yaml", f"trainer.steps={steps}", f"run.dir={run}",
-                f"trainer.init_from={model}", "data.prompts_per_step=4", "rollout.n=4", *VLLM, *H32, *extra)
+                f"trainer.init_from={model}", "data.prompts_per_step=4", "rollout.n=4", *VLLM, *H32, *extra, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     return r, records(run)
 
@@ -72,6 +72,40 @@ def test_rollout_ranks_spanning_two_devices_sample_with_the_trainers_weights(sft
     for x in steps:
         assert x["rollout/logprob_error"] == pytest.approx(1.0, abs=1e-3), x["step"]
         assert x["weights/version"] == x["step"]
+
+
+def vllm_workers(prefix: str) -> list[int]:
+    """Live processes titled by vLLM with ``prefix`` (``VLLM_PROCESS_NAME_PREFIX``: ``PREFIX::Worker_TP0``...)."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and " ".join(p.cmdline()).startswith(f"{prefix}::"):
+                out.append(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return out
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("extra", [[*TP2, "cluster.devices=2"],
+                                   [*TP2, "placement.pools.gen=2", "placement.rollout=gen"]],
+                         ids=["tp2-ray-colocated", "tp2-ray-split"])
+def test_on_ray_a_rollout_rank_spans_two_devices_of_one_node(sft32, tmp_path, extra):
+    """rollout.vllm.tensor_parallel_size=2 on the Ray backend: the rollout rank is an actor on a run of two
+    bundles (STRICT_PACK), its vLLM engine's two worker processes live on that node; colocated with the actor's
+    two ranks, or on a pool of its own. The log-probs are the trainer's every step, and no worker outlives the
+    run."""
+    prefix = f"VLLMrelayrl{tmp_path.name}"  # (this run's vLLM processes, told apart from any other's)
+    r, recs = grpo(tmp_path, sft32, *MOVE, *RAY, *extra, steps=2, env={"VLLM_PROCESS_NAME_PREFIX": prefix})
+    steps = recs[1:]
+    assert [x["step"] for x in steps] == [1, 2] and any(x["actor/grad_norm"] > 0 for x in steps)
+    for x in steps:
+        assert x["rollout/logprob_error"] == pytest.approx(1.0, abs=1e-3), x["step"]
+        assert x["weights/version"] == x["step"]
+    assert "Worker_TP1" in r.stdout + r.stderr  # (the engine had a second worker process)
+    assert vllm_workers(prefix) == [], "vLLM worker processes outlived the run"
 
 
 def test_off_policy_partial_rollout_holds_the_staleness_bound_per_token(sft32, tmp_path):

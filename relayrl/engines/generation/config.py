@@ -44,5 +44,6 @@ class VLLMSpec(BaseModel):
         1, ge=1, description="devices each rollout rank's vLLM engine spans (vLLM's tensor parallelism, its "
         "multiprocess executor: one vLLM worker process per device, each holding 1/N of every layer). The "
         "rollout's pool is cut into ranks of N devices: rollout ranks = the pool's devices / N (TRL's "
-        "vllm_tensor_parallel_size, verl's rollout.tensor_model_parallel_size). Local backend only; the pool's "
-        "devices per node must be a multiple of N")
+        "vllm_tensor_parallel_size, verl's rollout.tensor_model_parallel_size). The pool's devices per node must "
+        "be a multiple of N; on the Ray backend each rank's N devices are one node's (a STRICT_PACK placement "
+        "group per rank's devices)")
