@@ -325,7 +325,7 @@ def test_partial_rollout_polls_briefly_so_staged_weights_go_out_at_once(partial)
                 return [], len(waits) == 3  # nothing finished twice, then the stream ends
 
     parts = SimpleNamespace(
-        sampling=SimpleNamespace(n=2), greedy=None, rollout=Ranks(), episodes=None,
+        sampling=SimpleNamespace(n=2), greedy=None, rollout=Ranks(), episodes=None, interrupt=None,
         dock=SimpleNamespace(reserve=lambda part, n: SimpleNamespace(indexes=list(range(n)))),
         session=SimpleNamespace(encode=lambda problem: [1, 2]), plan=SimpleNamespace(sequential=False),
         cfg=SimpleNamespace(reward=SimpleNamespace(stream="group"), rollout=SimpleNamespace(on_error="raise")),
