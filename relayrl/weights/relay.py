@@ -38,9 +38,9 @@ from typing import Any, Callable, Iterable, Literal, Sequence
 
 import torch
 
-from relayrl.weights.gather import gather_full_state
+from relayrl.weights.gather import WeightStream, stream_full_state
 from relayrl.weights.layout import DEFAULT_BUCKET_MB, BucketLayout, layout_from_signature, weights_signature
-from relayrl.weights.packing import allocate_buffers, pack, to_wire, unpack
+from relayrl.weights.packing import allocate_buffers, pack, pack_stream, to_wire, unpack
 from relayrl.weights.receive import BucketPayload, StaleVersionError, check_receiver, check_version
 from relayrl.weights.shm import ShmBuckets, shm_available
 
@@ -141,9 +141,25 @@ class WeightRelay:
             self._buffers[(layout.key, device)] = bufs
         return bufs
 
-    def _prepare(self, named_weights: Iterable[tuple[str, torch.Tensor]]):
-        named = gather_full_state(named_weights)
-        return named, self.layout_for(named)
+    def _prepare(self, named_weights: Iterable[tuple[str, torch.Tensor]] | WeightStream) -> tuple[WeightStream, BucketLayout]:
+        """The weights as a stream (DTensors gathered one bucket at a time as it is read) and their layout,
+        built from names, shapes and dtypes without reading any data."""
+        if isinstance(named_weights, WeightStream):
+            return named_weights, self.layout_for(named_weights.held)
+        held = list(named_weights)
+        layout = self.layout_for(held)  # (checks every entry is a named tensor)
+        if not any(_is_dtensor(t) for _, t in held):
+            return WeightStream(held), layout  # (full already: `_pack` packs the list itself)
+        return WeightStream(held, stream_full_state(held)), layout
+
+    @staticmethod
+    def _pack(weights: WeightStream, layout: BucketLayout, out: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Fill ``out`` from ``weights``: each tensor is copied into its slot as the stream yields it, so the
+        sender holds the buffers and one gathered bucket, never a gathered model (full tensors in a list:
+        `pack`, one ``torch.cat`` per bucket)."""
+        if weights.values is None:
+            return pack(weights.held, layout, out=out)
+        return pack_stream(weights.values, layout, out=out)
 
     # -- in-process receivers -------------------------------------------------------------------
     def _check_receivers(self, receivers: Sequence[Any], layout: BucketLayout, version: int) -> None:
@@ -182,9 +198,9 @@ class WeightRelay:
         t0 = time.perf_counter()
         named, layout = self._prepare(named_weights)
         self._check_receivers(receivers, layout, version)
-        device = named[0][1].device if named else torch.device("cpu")
+        device = named.held[0][1].device if named.held else torch.device("cpu")
         t1 = time.perf_counter()
-        buffers = pack(named, layout, out=self.buffers(layout, device))
+        buffers = self._pack(named, layout, self.buffers(layout, device))
         t2 = time.perf_counter()
         self._deliver(buffers, layout, receivers, version)
         return self._metrics(layout, len(receivers), t2 - t1, time.perf_counter() - t0)
@@ -207,7 +223,7 @@ class WeightRelay:
         kind = self._transport_for(group, layout)
         t1 = time.perf_counter()
         target = self._shm_for(layout).tensors if kind == "shm" else self.buffers(layout, "cpu")
-        buffers = pack(named, layout, out=target)
+        buffers = self._pack(named, layout, target)
         pack_s = time.perf_counter() - t1
         return self._send_group(self._wire(kind, buffers), layout, group, method, version, pack_s, t0)
 
@@ -354,7 +370,7 @@ class WeightRelay:
             bufs = self._free_staging.pop() if self._free_staging else None
         if bufs is None:
             bufs = allocate_buffers(layout, "cpu", self.pin_memory)
-        pack(named, layout, out=bufs)  # no lock held: an apply may run meanwhile
+        self._pack(named, layout, bufs)  # no lock held: an apply may run meanwhile
         return self._register(bufs, layout, version)
 
     def _register(self, bufs: list[torch.Tensor] | ShmBuckets, layout: BucketLayout, version: int) -> StagedWeights:
@@ -467,6 +483,12 @@ class WeightRelay:
         return {"relay/bytes": float(layout.nbytes), "relay/buckets": float(len(layout.buckets)),
                 "relay/tensors": float(layout.num_tensors), "relay/receivers": float(receivers),
                 "relay/pack_s": pack_s, "relay/time_s": total_s}
+
+
+def _is_dtensor(t: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
 
 
 def _local_processes(group: Any) -> bool:

@@ -106,8 +106,8 @@ class RolloutAhead:
         # (the relay lets this thread stage while the rollout thread applies: neither waits for the other)
         staged = None if actor.in_driver else self.relay.stage_from_group(actor, PolicyWorker.pack_weights_into,
                                                                            version)
-        if staged is None:
-            named = actor.all(PolicyWorker.named_weights)[0]  # every rank takes part (FSDP2 gathers); rank 0 holds them
+        if staged is None:  # in the driver: packed as the stream comes; else rank 0's host copies (FSDP2 gathers)
+            named = actor.one(PolicyWorker.weight_stream) if actor.in_driver else actor.all(PolicyWorker.named_weights)[0]
             staged = self.relay.stage(named, version)
         with self.cond:
             old, self.staged, self.trained = self.staged, staged, version
