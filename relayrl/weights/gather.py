@@ -56,7 +56,7 @@ class WeightStream:
 
 @torch.no_grad()  # (wraps each step of the generator: the caller's grad mode is left alone between yields)
 def stream_full_state(named_weights: Iterable[tuple[str, torch.Tensor]],
-                      bucket_bytes: int = BUCKET_BYTES) -> Iterator[tuple[str, torch.Tensor]]:
+                      bucket_bytes: int | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, full tensor)`` in the names' order, gathered one bucket at a time: the full value of each
     DTensor, the tensor itself otherwise. A generator: it reads ``named_weights`` lazily (a LoRA merge can
     produce each layer's rows only when its bucket is due) and holds at most one gathered bucket, so a
@@ -71,10 +71,12 @@ def stream_full_state(named_weights: Iterable[tuple[str, torch.Tensor]],
     ranks, 50 tensors of the demo model took 0.1-0.15 s apart). A bucket is a run of consecutive row-sharded
     tensors on one mesh, dtype and device; any other tensor closes it. Sizes are the slots every rank agrees
     on (``ceil(rows / world)`` rows each, not a rank's own shard), so the ranks cut buckets alike. Plain
-    tensors are yielded as they are (no copy), detached from autograd.
+    tensors are yielded as they are (no copy), detached from autograd. ``bucket_bytes``: default
+    `BUCKET_BYTES` (read when the stream starts).
     """
     from torch.distributed.tensor import DTensor
 
+    bucket_bytes = BUCKET_BYTES if bucket_bytes is None else bucket_bytes
     run: list[tuple[str, torch.Tensor]] = []  # row-sharded tensors waiting for one all-gather
     run_key, size = None, 0
     for i, (name, t) in enumerate(named_weights):
@@ -97,7 +99,7 @@ def stream_full_state(named_weights: Iterable[tuple[str, torch.Tensor]],
         elif isinstance(t, torch.Tensor):
             yield name, t.detach()
         else:
-            raise TypeError(f"weight {name!r} (#{i}): expected a torch.Tensor or DTensor, got {type(t).__name__}")
+            raise TypeError(f"weight {name!r}: expected a torch.Tensor or DTensor, got {type(t).__name__} (entry {i})")
     yield from _flush(run)
 
 
@@ -113,7 +115,7 @@ def _flush(run: list[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Ten
         yield name, full.pop()
 
 
-def gather_full_state(named_weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = BUCKET_BYTES,
+def gather_full_state(named_weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int | None = None,
                       keep: bool = True) -> list[tuple[str, torch.Tensor]] | None:
     """``[(name, full tensor), ...]``: `stream_full_state` kept whole, for the callers that need every tensor
     at once (checkpoints, ``save_pretrained``, tests); the relay streams instead. ``keep=False``: this rank
