@@ -28,20 +28,17 @@ class LiveBytes:
 
 
 class MeteredPolicyWorker(PolicyWorker):
-    """A `PolicyWorker` whose relay gathers ``gather_bytes`` of local shards per all-gather, and whose
-    `pack_weights_into` counts the gathered tensors (and merged LoRA rows) alive at once."""
+    """A `PolicyWorker` whose relay gathers ``gather_bytes`` of local shards per all-gather, and whose rank
+    process counts the gathered tensors (and merged LoRA rows) alive at once, for every gather from now on (the
+    rank is a process of its own: its module functions are wrapped for good)."""
 
     def __init__(self, *args, gather_bytes: int, **kwargs) -> None:
+        from relayrl.models import lora
         from relayrl.weights import gather
 
         gather.BUCKET_BYTES = gather_bytes
         super().__init__(*args, **kwargs)
         self.gathered, self.merged = LiveBytes(), LiveBytes()
-
-    def pack_weights_into(self, handles, key, bucket_bytes):
-        from relayrl.models import lora
-        from relayrl.weights import gather
-
         gather_rows, merged_rows = gather._gather_rows, getattr(lora, "_merged_rows", None)
 
         def metered_gather(tensors):
@@ -57,12 +54,6 @@ class MeteredPolicyWorker(PolicyWorker):
         gather._gather_rows = metered_gather
         if merged_rows is not None:
             lora._merged_rows = metered_merge
-        try:
-            return super().pack_weights_into(handles, key, bucket_bytes)
-        finally:
-            gather._gather_rows = gather_rows
-            if merged_rows is not None:
-                lora._merged_rows = merged_rows
 
     def peaks(self) -> tuple[int, int]:
         """(gathered, merged-row) peak bytes of the relays so far."""

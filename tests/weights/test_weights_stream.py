@@ -87,6 +87,12 @@ def test_split_pools_receive_exact_weights_and_the_sender_holds_one_bucket(tiny_
         for got in _rollout_weights(rollout):
             _assert_bits(got, want)
 
+        staged = relay.stage_from_group(actor, PolicyWorker.pack_weights_into, version=2)
+        relay.apply_to_group(staged, rollout)
+        assert rollout.all(ProbeRolloutWorker.version) == [2, 2]
+        for got in _rollout_weights(rollout):
+            _assert_bits(got, want)
+        # (the shared-memory relay and the staged one: each streams; the pipes' below keep rank 0's host copy)
         gathered, merged = actor.all(MeteredPolicyWorker.peaks)[0]
         world, model = 2, sum(t.numel() * t.element_size() for t in want.values())
         largest = max(t.numel() * t.element_size() for t in want.values())
@@ -95,11 +101,6 @@ def test_split_pools_receive_exact_weights_and_the_sender_holds_one_bucket(tiny_
         if lora is not None:  # merged rows: one bucket of this rank's rows (plus the layer being merged)
             assert 0 < merged <= GATHER_BYTES + 2 * (largest // world + 1), merged
 
-        staged = relay.stage_from_group(actor, PolicyWorker.pack_weights_into, version=2)
-        relay.apply_to_group(staged, rollout)
-        assert rollout.all(ProbeRolloutWorker.version) == [2, 2]
-        for got in _rollout_weights(rollout):
-            _assert_bits(got, want)
         assert relay_weights(actor, rollout, version=3, relay=WeightRelay(transport="pickle"))["relay/bytes"] > 0
         for got in _rollout_weights(rollout):
             _assert_bits(got, want)
