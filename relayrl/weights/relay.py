@@ -3,9 +3,10 @@
 Implements NeMo RL's refit (tensor packing, per-receiver messages, minimal
 metadata; "14x overall") on relayrl's engines and worker groups:
 
-    trainer.named_weights()
-        -> gather_full_state      (DTensor.full_tensor() under FSDP2; no-op otherwise)
-        -> pack                   (cached BucketLayout, reused flat buffers; torch.cat on device)
+    trainer.named_weights()       (or a WeightStream: names and shapes now, values one at a time)
+        -> stream_full_state      (FSDP2: one bucketed all-gather at a time; no-op otherwise)
+        -> pack / pack_stream     (cached BucketLayout built without reading data, reused flat buffers;
+                                   each gathered tensor copied into its slot, then dropped)
         -> in-process engines:    update_weights(unpack(buffers))        push / apply
         -> worker group ranks:    method(BucketPayload(key, version,     push_to_group / apply_to_group
                                          buffers as uint8 numpy or Ray refs,
@@ -16,6 +17,10 @@ host buffers (pinned when CUDA is available) while generation goes on with the
 old weights, `apply` loads it between generations; `stage_from_group` has a
 sender group's rank 0 pack it into a shared-memory slot instead, so the bytes
 skip the driver and `apply_to_group` sends only the slot's file names.
+
+The sender streams: the layout comes from names, shapes and dtypes (a DTensor's are the full
+tensor's), then each gathered bucket is packed before the next is gathered, so the sender holds the
+relay's buffers and about one gathered bucket, never a gathered model (verl's ``layered_summon``).
 
 Departures: buckets cross processes as host memory rather than CUDA IPC
 handles or NCCL broadcasts: local ranks get handles to ``/dev/shm`` buckets
@@ -141,7 +146,8 @@ class WeightRelay:
             self._buffers[(layout.key, device)] = bufs
         return bufs
 
-    def _prepare(self, named_weights: Iterable[tuple[str, torch.Tensor]] | WeightStream) -> tuple[WeightStream, BucketLayout]:
+    def _prepare(self, named_weights: Iterable[tuple[str, torch.Tensor]] | WeightStream
+                 ) -> tuple[WeightStream, BucketLayout]:
         """The weights as a stream (DTensors gathered one bucket at a time as it is read) and their layout,
         built from names, shapes and dtypes without reading any data."""
         if isinstance(named_weights, WeightStream):
@@ -186,7 +192,7 @@ class WeightRelay:
             r.update_weights(unpack(bufs, layout), version)
 
     @torch.no_grad()
-    def push(self, named_weights: Iterable[tuple[str, torch.Tensor]], receivers: Sequence[Any],
+    def push(self, named_weights: Iterable[tuple[str, torch.Tensor]] | WeightStream, receivers: Sequence[Any],
              version: int) -> dict[str, float]:
         """Pack ``named_weights`` once and load them into every in-process receiver.
 
@@ -206,7 +212,7 @@ class WeightRelay:
         return self._metrics(layout, len(receivers), t2 - t1, time.perf_counter() - t0)
 
     # -- worker groups --------------------------------------------------------------------------
-    def push_to_group(self, named_weights: Iterable[tuple[str, torch.Tensor]], group: Any,
+    def push_to_group(self, named_weights: Iterable[tuple[str, torch.Tensor]] | WeightStream, group: Any,
                       method: Callable | str = "receive_weights", *, version: int) -> dict[str, float]:
         """Pack into host buffers and call ``group.all(method, BucketPayload)`` once per rank.
 
@@ -357,7 +363,7 @@ class WeightRelay:
         return m
 
     # -- delayed parameter update ----------------------------------------------------------------
-    def stage(self, named_weights: Iterable[tuple[str, torch.Tensor]], version: int) -> StagedWeights:
+    def stage(self, named_weights: Iterable[tuple[str, torch.Tensor]] | WeightStream, version: int) -> StagedWeights:
         """Pack a version into host buffers to load later with `apply` / `apply_to_group`.
 
         Host buffers are reused from staged versions already applied; a

@@ -303,12 +303,10 @@ class PolicyWorker(_TrainerWorker):
         """The weights to relay as a stream: their names, shapes and dtypes now, their full values one at a
         time (sharded: gathered a bucket at a time, a collective every rank reads to its end; LoRA: each
         adapted layer merged when its turn comes). A relay packs them, or an engine loads them, as they come."""
-        model = self.engine.model
+        m = self.engine.model
         held, values = ((self.engine.named_weights(), None) if self.peft_model is None else
-                        (lora_lib.base_weights(model), lora_lib.iter_merged_weights(model)))  # sharded: merged rows
-        if self.engine.sharded:
-            return WeightStream(held, stream_full_state(held if values is None else values))
-        return WeightStream(held, values)
+                        (lora_lib.base_weights(m), lora_lib.iter_merged_weights(m)))  # sharded: merged rows
+        return WeightStream(held, stream_full_state(values or held) if self.engine.sharded else values)
 
     def mix_reference(self, alpha: float) -> None:
         """Tri-model, ``trainer.ref_sync_every``: reference <- ``alpha`` x policy + (1 - alpha) x reference."""
