@@ -177,18 +177,21 @@ def test_weights_stream_in_read_once_and_a_stream_is_checked_before_it_is_read(s
 
     eng, model = served
     version = eng.weight_version
-    moved = {n: p + 0.01 * torch.randn_like(p) for n, p in model.state_dict().items()}
+    assert model.config.tie_word_embeddings  # (the head is the embedding: named_parameters lists it once)
+    moved = {n: p.detach() + 0.01 * torch.randn_like(p) for n, p in model.named_parameters()}
+    assert "lm_head.weight" not in moved
     read = []
 
     def stream():
         for n, t in moved.items():
-            if n != "lm_head.weight":
-                read.append(n)
-                yield n, t
+            read.append(n)
+            yield n, t
 
     eng.update_weights(stream(), version + 1)
-    assert read == [n for n in moved if n != "lm_head.weight"] and eng.weight_version == version + 1
-    model.load_state_dict(moved)
+    assert read == list(moved) and eng.weight_version == version + 1
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(moved[n])
     prompts = prompts_of(tiny_tokenizer)
     comps = eng.generate(prompts, SamplingParams(n=2, temperature=TEMP, max_new_tokens=10),
                          torch.Generator().manual_seed(3))
