@@ -21,11 +21,13 @@ From a sharded trainer: the weights row-sharded over a 2-rank sender group (FSDP
 gloo) to a 2-rank receiver group, three ways in one run: each tensor gathered by its own collective
 (``DTensor.full_tensor``, relayrl before 2026-11-27) and the full state sent to the driver, which packs and
 pushes it; the same with the gather in flat buckets (``gather_full_state``); and the sender's rank 0 packing
-straight into the relay's shared memory, only handles passing the driver (``WeightRelay.push_from_group``,
-what ``cluster.devices=N`` runs now). The first refit of each kind is a
+straight into the relay's shared memory, only handles passing the driver (``WeightRelay.push_from_group``),
+after gathering the whole model (relayrl before 2026-11-28) or streaming it, each bucket packed before the
+next is gathered (``stream_full_state`` into ``pack_into_shared(values=...)``: what ``cluster.devices=N``
+runs now; rank 0 holds one bucket, not the model). The first refit of each kind is a
 warm-up (not timed); the median of ``--repeats`` refits is reported.
 Figures are printed, not asserted. Run:
-``.venv/bin/python benchmarks/weight_relay.py [--repeats 3] [--scale 1.0] [--ray]``.
+``.venv/bin/python benchmarks/weight_relay.py [--repeats 3] [--scale 1.0] [--ray] [--sharded-only]``.
 """
 from __future__ import annotations
 
@@ -126,6 +128,14 @@ class ShardedSource(Worker):
         full = self.full_state(False)
         return None if full is None else pack_into_shared(full, handles, key, bucket_bytes, self.__dict__.setdefault("_shm", {}))
 
+    def pack_streamed_into(self, handles, key, bucket_bytes):
+        from relayrl.weights import stream_full_state
+        from relayrl.weights.shm import pack_into_shared
+
+        res = pack_into_shared(self.named, handles, key, bucket_bytes, self.__dict__.setdefault("_shm", {}),
+                               values=stream_full_state(self.named), write=self.rank == 0)
+        return res if self.rank == 0 else None
+
     def checksum(self) -> float:
         return float(sum(t.full_tensor().double().sum() for _, t in self.named))
 
@@ -133,7 +143,8 @@ class ShardedSource(Worker):
 def bench_sharded(shapes, repeats: int, bucket_mb: float) -> dict[str, float]:
     """Median refit seconds from a 2-rank sharded sender to 2 receivers, by the three ways (module docstring),
     the ways interleaved refit by refit so that each sees the same machine load."""
-    ways = ("per-tensor gather, via driver", "bucketed gather, via driver", "rank 0 to shared memory")
+    ways = ("per-tensor gather, via driver", "bucketed gather, via driver", "rank 0 to shared memory",
+            "rank 0 streams to shared memory")
     times: dict[str, list[float]] = {w: [] for w in ways}
     with WorkerGroup(ShardedSource, ResourcePool("relay-bench-src", devices=2), name="sharded-src", distributed=True,
                      init_kwargs={"shapes": shapes}) as src, \
@@ -146,8 +157,9 @@ def bench_sharded(shapes, repeats: int, bucket_mb: float) -> dict[str, float]:
                 src.all(ShardedSource.bump)
                 version += 1
                 t0 = time.perf_counter()
-                if w == ways[2]:
-                    relays[w].push_from_group(src, ShardedSource.pack_weights_into, dst, version=version)
+                if w in ways[2:]:
+                    method = ShardedSource.pack_weights_into if w == ways[2] else ShardedSource.pack_streamed_into
+                    relays[w].push_from_group(src, method, dst, version=version)
                 else:
                     full = src.all(ShardedSource.full_state, w == ways[0])[0]  # every rank gathers; rank 0 holds
                     relays[w].push_to_group(full, dst, version=version)
@@ -217,6 +229,7 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="width multiplier of the synthetic model")
     ap.add_argument("--bucket-mb", type=float, default=256.0)
     ap.add_argument("--ray", action="store_true", help="also time a 2-rank Ray group")
+    ap.add_argument("--sharded-only", action="store_true", help="only the sharded sender's rows")
     args = ap.parse_args()
     torch.set_num_threads(1)  # 2 intra-op threads on 2 shared cores made every copy ~20x slower here
     shapes = qwen2_like_shapes(args.scale)
@@ -225,6 +238,8 @@ def main() -> None:
     params = sum(t.numel() for _, t in named)
     print(f"weights: {len(named)} tensors, {params / 1e6:.1f}M fp32 parameters ({params * 4 / 2**20:.0f} MiB), "
           f"buckets of {args.bucket_mb:g} MiB; median of {args.repeats} refits after one warm-up")
+    if args.sharded_only:
+        return print_sharded(bench_sharded(shapes, args.repeats, args.bucket_mb))
     rows = [("in-process", *bench_in_process(named, shapes, args.repeats, args.bucket_mb))]
     rows.append(("local group x2", *bench_group(named, shapes, args.repeats, args.bucket_mb, "local")))
     rows.append(("  (pickle)", *bench_group(named, shapes, args.repeats, args.bucket_mb, "local", "pickle")))
@@ -234,14 +249,20 @@ def main() -> None:
     for name, a, b in rows:
         print(f"{name:<16}{a:>14.3f}{b:>11.3f}{a / b:>9.2f}")
     sharded = bench_sharded(shapes, args.repeats, args.bucket_mb)
+    print_sharded(sharded)
+    s, p = rows[0][1] / rows[0][2], rows[1][1] / rows[1][2]
+    d = next(iter(sharded.values())) / list(sharded.values())[-1]
+    print(f"weight_relay: packed/per-tensor speedup {s:.2f} (in-process), {p:.2f} (worker group); "
+          f"sharded sender: streamed to shared memory from rank 0 {d:.2f}x the per-tensor gather via the driver")
+
+
+def print_sharded(sharded: dict[str, float]) -> None:
     print("from a 2-rank sharded sender to 2 ranks:")
     first = next(iter(sharded.values()))
     for w, t in sharded.items():
         print(f"  {w:<32}{t:>8.3f} s{first / t:>7.2f}x")
-    s, p = rows[0][1] / rows[0][2], rows[1][1] / rows[1][2]
-    d = first / list(sharded.values())[-1]
-    print(f"weight_relay: packed/per-tensor speedup {s:.2f} (in-process), {p:.2f} (worker group); "
-          f"sharded sender: shared memory from rank 0 {d:.2f}x the per-tensor gather via the driver")
+    whole, streamed = sharded["rank 0 to shared memory"], sharded["rank 0 streams to shared memory"]
+    print(f"weight_relay: streamed / whole-model gather into shared memory: {streamed / whole:.2f}x the time")
 
 
 if __name__ == "__main__":

@@ -108,33 +108,50 @@ def _is_adapter(name: str) -> bool:
     return ".lora_A." in name or ".lora_B." in name or ".lora_embedding_" in name or ".lora_magnitude" in name
 
 
-@torch.no_grad()
 def merged_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     """``model``'s weights as the base model names them, each adapted linear merged: ``W + scale * B @ A``
-    (in ``W``'s dtype). Unadapted parameters are returned as they are (no copy); merged ones are new tensors.
-    A model without adapters gives its named parameters.
+    (in ``W``'s dtype): `iter_merged_weights` kept whole. Unadapted parameters are returned as they are (no
+    copy); merged ones are new tensors. A model without adapters gives its named parameters."""
+    return list(iter_merged_weights(model))
+
+
+def base_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The tensors standing for `iter_merged_weights`' output, in its order: each merged weight's base
+    weight (same name, shape and dtype; a DTensor row shard under FSDP2), the other parameters as they are.
+    What a relay's layout is built from before any merge runs."""
+    return [(base_name(n), p) for n, p in model.named_parameters() if not _is_adapter(n)]
+
+
+@torch.no_grad()  # (wraps each step of the generator: the caller's grad mode is left alone between yields)
+def iter_merged_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """`merged_weights` one weight at a time: each adapted linear is merged when its turn comes and not kept,
+    so a consumer that drops each tensor once loaded (a relay, an engine's ``update_weights``) never holds
+    all the merged layers at once.
 
     Sharded by FSDP2 (parameters are ``DTensor`` row shards): a merged weight is a ``DTensor`` of the same
     rows as ``W``, each rank's shard ``W_rows + scale * B_rows @ A``: ``W`` and ``B`` have the same rows
     (``out``), so their shards line up, and only the small ``A`` ``[r, in]`` is gathered (every ``A`` in one
-    bucketed all-gather; a collective, every rank calls it). No base weight is gathered here: the caller
-    gathers the result as it gathers a full fine-tuned model's parameters
-    (:func:`relayrl.weights.gather_full_state`)."""
+    bucketed all-gather when the stream starts; a collective, every rank reads the stream to its end). No
+    base weight is gathered here: the caller gathers the merged rows bucket by bucket as it gathers a full
+    fine-tuned model's parameters (:func:`relayrl.weights.stream_full_state`)."""
     from peft.tuners.lora import LoraLayer
 
     layers = {prefix: m for prefix, m in model.named_modules() if isinstance(m, LoraLayer) and _ADAPTER in m.lora_A}
-    merged = _merged_shards(layers) if any(_is_dtensor(m.get_base_layer().weight) for m in layers.values()) else {}
-    for prefix, m in layers.items():
-        w = m.get_base_layer().weight
-        if f"{prefix}.weight" not in merged:  # (unsharded)
-            merged[f"{prefix}.weight"] = w.detach() + m.get_delta_weight(_ADAPTER).to(w.dtype)
-    out = []
+    sharded = any(_is_dtensor(m.get_base_layer().weight) for m in layers.values())
+    a_full = _gathered_a(layers) if sharded else {}
+    merged_at = {f"{prefix}.weight": m for prefix, m in layers.items()}
     for name, p in model.named_parameters():
         if _is_adapter(name):
             continue
         key = base_name(name)
-        out.append((key, merged.get(key, p.detach())))
-    return out
+        m = merged_at.get(key)
+        if m is None:
+            yield key, p.detach()
+        elif _is_dtensor(m.get_base_layer().weight):
+            yield key, _merged_rows(key.removesuffix(".weight"), m, a_full)
+        else:  # (unsharded, or a unit FSDP2 holds unsharded)
+            w = m.get_base_layer().weight
+            yield key, w.detach() + m.get_delta_weight(_ADAPTER).to(w.dtype)
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -143,26 +160,24 @@ def _is_dtensor(t: torch.Tensor) -> bool:
     return isinstance(t, DTensor)
 
 
-def _merged_shards(layers: dict) -> dict[str, torch.Tensor]:
-    """FSDP2: ``{prefix.weight: DTensor}``, each rank's rows of ``W + scale * B @ A`` (see :func:`merged_weights`).
-    A collective: every ``A`` is gathered, in one order on every rank."""
-    from torch.distributed.tensor import DTensor
-
+def _gathered_a(layers: dict) -> dict[str, torch.Tensor]:
+    """FSDP2: every adapted layer's full ``A`` ``[r, in]`` by prefix. A collective: every ``A`` is gathered, in
+    one order on every rank."""
     from relayrl.weights.gather import gather_full_state
 
-    a_full = dict(gather_full_state([(p, m.lora_A[_ADAPTER].weight) for p, m in layers.items()]))
-    merged = {}
-    for prefix, m in layers.items():
-        w, b = m.get_base_layer().weight, m.lora_B[_ADAPTER].weight
-        if not _is_dtensor(w):  # (a unit FSDP2 holds unsharded: merged by the plain path)
-            continue
-        if getattr(m, "fan_in_fan_out", False) or w.placements != b.placements:  # (peft's Conv1D layout)
-            raise LoraError(f"{prefix}: a sharded merge needs W [out, in] and B [out, r] split by the same rows; "
-                            f"this layer's are {w.placements} and {b.placements}")
-        rows = w.to_local() + (b.to_local() @ a_full[prefix].to(b.dtype) * m.scaling[_ADAPTER]).to(w.dtype)
-        merged[f"{prefix}.weight"] = DTensor.from_local(rows, w.device_mesh, w.placements, run_check=False,
-                                                        shape=w.shape, stride=w.stride())
-    return merged
+    return dict(gather_full_state([(p, m.lora_A[_ADAPTER].weight) for p, m in layers.items()]))
+
+
+def _merged_rows(prefix: str, m, a_full: dict[str, torch.Tensor]) -> torch.Tensor:
+    """FSDP2: this rank's rows of ``W + scale * B @ A`` as a ``DTensor`` shaped and placed as ``W``."""
+    from torch.distributed.tensor import DTensor
+
+    w, b = m.get_base_layer().weight, m.lora_B[_ADAPTER].weight
+    if getattr(m, "fan_in_fan_out", False) or w.placements != b.placements:  # (peft's Conv1D layout)
+        raise LoraError(f"{prefix}: a sharded merge needs W [out, in] and B [out, r] split by the same rows; "
+                        f"this layer's are {w.placements} and {b.placements}")
+    rows = w.to_local() + (b.to_local() @ a_full[prefix].to(b.dtype) * m.scaling[_ADAPTER]).to(w.dtype)
+    return DTensor.from_local(rows, w.device_mesh, w.placements, run_check=False, shape=w.shape, stride=w.stride())
 
 
 def trainable_names(model: torch.nn.Module) -> list[str]:

@@ -8,16 +8,16 @@ parameter update (stage in host memory, apply between generations) and seed
 | module     | what                                                                  |
 |------------|-----------------------------------------------------------------------|
 | `layout`   | `BucketLayout`: (name, shape, dtype, offset, numel) per bucket + key  |
-| `packing`  | `pack` / `unpack` / `to_wire` / `from_wire`                           |
+| `packing`  | `pack` / `pack_stream` / `unpack` / `to_wire` / `from_wire`           |
 | `relay`    | `WeightRelay` (push, push_to_group, stage, apply), `StagedWeights`    |
 | `receive`  | `receive_buckets`, `WeightReceiverMixin`, mismatch/version errors     |
-| `gather`   | `gather_full_state` (DTensor.full_tensor under FSDP2)                 |
+| `gather`   | `stream_full_state` (FSDP2 a bucket at a time), `WeightStream`, `gather_full_state` |
 | `offload`  | `offload_optimizer` / `reload_optimizer`                              |
 """
-from relayrl.weights.gather import gather_full_state
+from relayrl.weights.gather import WeightStream, gather_full_state, stream_full_state
 from relayrl.weights.layout import DEFAULT_BUCKET_MB, Bucket, BucketLayout, TensorSlot, build_layout
 from relayrl.weights.offload import is_offloaded, offload_optimizer, reload_optimizer
-from relayrl.weights.packing import allocate_buffers, from_wire, pack, to_wire, unpack
+from relayrl.weights.packing import allocate_buffers, from_wire, pack, pack_stream, to_wire, unpack
 from relayrl.weights.receive import (
     BucketPayload,
     LayoutMismatchError,
@@ -39,6 +39,7 @@ __all__ = [
     "TensorSlot",
     "WeightReceiverMixin",
     "WeightRelay",
+    "WeightStream",
     "allocate_buffers",
     "build_layout",
     "check_receiver",
@@ -47,8 +48,10 @@ __all__ = [
     "is_offloaded",
     "offload_optimizer",
     "pack",
+    "pack_stream",
     "receive_buckets",
     "reload_optimizer",
+    "stream_full_state",
     "to_wire",
     "unpack",
 ]

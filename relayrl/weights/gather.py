@@ -12,18 +12,22 @@ weights and there is no tensor-parallel generation layout yet, so resharding
 reduces to "gather every tensor in full". `gather_full_state` does that for
 FSDP2 trainers (parameters are ``DTensor``s: ``full_tensor()`` all-gathers
 them) and is a no-op for plain tensors, so the relay works unchanged behind
-FSDP2. The memory cost is the full model once per training rank (no
-zero-redundancy regrouping); the training state can be moved to host
-meanwhile with `relayrl.weights.offload` (the "swap" of allgather-swap).
+FSDP2. `stream_full_state` yields the full tensors one gathered bucket at a
+time, so a relay that packs or loads each bucket before the next is gathered
+holds one bucket more than the trainer's shards, not the model (verl's
+``layered_summon`` streams per layer the same way); `gather_full_state` keeps
+the whole list for checkpoints and exports. The training state can be moved
+to host meanwhile with `relayrl.weights.offload` (the "swap" of allgather-swap).
 """
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Sequence
 
 import torch
 
-__all__ = ["gather_full_state"]
+__all__ = ["WeightStream", "gather_full_state", "stream_full_state"]
 
 # Local shard bytes gathered by one collective (the full bucket is world x this). Small: on two CPU ranks a
 # 395 MiB model gathered in 0.87-1.0 s with 4 MiB buckets, 1.3-1.4 s with 16, 2.3-2.5 s with 256 (the extra
@@ -31,45 +35,99 @@ __all__ = ["gather_full_state"]
 BUCKET_BYTES = 4 << 20
 
 
-def gather_full_state(named_weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = BUCKET_BYTES,
-                      keep: bool = True) -> list[tuple[str, torch.Tensor]] | None:
-    """``[(name, full tensor), ...]``: the full value of each DTensor, the tensor itself otherwise.
+@dataclass(frozen=True)
+class WeightStream:
+    """Weights to relay produced one at a time: what they are now, their values on demand.
 
-    With DTensors this is a collective: every rank of each tensor's device mesh must call it with the same
-    names in the same order. FSDP2's parameters (``Shard(0)`` on a one-dimensional mesh) are gathered in
-    buckets, one all-gather per ``bucket_bytes`` of local shards, instead of one per tensor
-    (``DTensor.full_tensor()``, which the other layouts still take): a model's few hundred collectives cost
-    more in latency than in bytes (on two CPU ranks, 50 tensors of the demo model took 0.1-0.15 s apart).
-    Plain tensors are returned as they are (no copy), detached from autograd. ``keep=False``: this rank takes
-    part in the collectives and drops each bucket once gathered (None is returned), so it holds one bucket at a
-    time instead of the full model (the ranks whose copy nobody reads: all but the relay's sender).
+    `relayrl.weights.WeightRelay` packs it into its buffers tensor by tensor and an engine's
+    ``update_weights`` loads ``values`` as they come, so nobody holds the full (or merged) model at once."""
+
+    held: Sequence[tuple[str, torch.Tensor]]
+    """``(name, tensor)`` standing for each relayed weight: its name, full shape and dtype (DTensor shards and a
+    LoRA layer's base weight serve: their data is not read)."""
+    values: Iterator[tuple[str, torch.Tensor]] | None = None
+    """The relayed ``(name, full tensor)`` pairs, read once (e.g. `stream_full_state`; a collective then);
+    None: ``held`` are the full values themselves."""
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The values (read once when ``values`` is a stream)."""
+        return iter(self.held if self.values is None else self.values)
+
+
+@torch.no_grad()  # (wraps each step of the generator: the caller's grad mode is left alone between yields)
+def stream_full_state(named_weights: Iterable[tuple[str, torch.Tensor]],
+                      bucket_bytes: int | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, full tensor)`` in the names' order, gathered one bucket at a time: the full value of each
+    DTensor, the tensor itself otherwise. A generator: it reads ``named_weights`` lazily (a LoRA merge can
+    produce each layer's rows only when its bucket is due) and holds at most one gathered bucket, so a
+    consumer that drops each tensor once it has copied it (packs it, loads it into an engine) never holds the
+    whole model: the streaming half of verl's ``layered_summon`` and NeMo RL's refit buckets.
+
+    With DTensors this is a collective: every rank of each tensor's device mesh must run the generator to
+    its end over the same names in the same order (ranks whose copy nobody reads drop what it yields).
+    FSDP2's parameters (``Shard(0)`` on a one-dimensional mesh) are gathered in buckets, one all-gather per
+    ``bucket_bytes`` of local shards, instead of one per tensor (``DTensor.full_tensor()``, which the other
+    layouts still take): a model's few hundred collectives cost more in latency than in bytes (on two CPU
+    ranks, 50 tensors of the demo model took 0.1-0.15 s apart). A bucket is a run of consecutive row-sharded
+    tensors on one mesh, dtype and device; any other tensor closes it. Sizes are the slots every rank agrees
+    on (``ceil(rows / world)`` rows each, not a rank's own shard), so the ranks cut buckets alike. Plain
+    tensors are yielded as they are (no copy), detached from autograd. ``bucket_bytes``: default
+    `BUCKET_BYTES` (read when the stream starts).
     """
     from torch.distributed.tensor import DTensor
 
-    items = list(named_weights)
-    out: list[torch.Tensor | None] = [None] * len(items)
-    buckets: dict[tuple, list[int]] = {}  # same mesh, dtype and device: one flat buffer
-    for i, (name, t) in enumerate(items):
-        if isinstance(t, DTensor):
-            if _row_sharded(t):
-                buckets.setdefault((id(t.device_mesh), t.dtype, t.device), []).append(i)
-            else:
-                full = t.full_tensor()  # (a collective: every rank calls it)
-                out[i] = full if keep else None
-        elif isinstance(t, torch.Tensor):
-            out[i] = t
-        else:
-            raise TypeError(f"weight {name!r}: expected a torch.Tensor or DTensor, got {type(t).__name__}")
-    for idx in buckets.values():  # the same order on every rank: the names' order
-        start, size = 0, 0
-        for j, i in enumerate(idx):  # sizes every rank agrees on (its slot's, not its own shard's rows)
-            t = items[i][1]
+    bucket_bytes = BUCKET_BYTES if bucket_bytes is None else bucket_bytes
+    run: list[tuple[str, torch.Tensor]] = []  # row-sharded tensors waiting for one all-gather
+    run_key, size = None, 0
+    for i, (name, t) in enumerate(named_weights):
+        if isinstance(t, DTensor) and _row_sharded(t):
+            key = (id(t.device_mesh), t.dtype, t.device)
+            if run and key != run_key:
+                yield from _flush(run)
+                size = 0
+            run_key = key
+            run.append((name, t))
             size += -(-t.shape[0] // t.device_mesh.size()) * math.prod(t.shape[1:]) * t.element_size()
-            if size >= bucket_bytes or j == len(idx) - 1:
-                for i_, full in zip(idx[start:j + 1], _gather_rows([items[k][1] for k in idx[start:j + 1]])):
-                    out[i_] = full if keep else None
-                start, size = j + 1, 0
-    return [(name, t.detach()) for (name, _), t in zip(items, out)] if keep else None
+            if size >= bucket_bytes:
+                yield from _flush(run)
+                size = 0
+            continue
+        yield from _flush(run)
+        size = 0
+        if isinstance(t, DTensor):
+            yield name, t.full_tensor()  # (a collective: every rank calls it)
+        elif isinstance(t, torch.Tensor):
+            yield name, t.detach()
+        else:
+            raise TypeError(f"weight {name!r}: expected a torch.Tensor or DTensor, got {type(t).__name__} (entry {i})")
+    yield from _flush(run)
+
+
+def _flush(run: list[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Gather ``run`` (emptied) with one all-gather and yield its full tensors, dropping each once yielded."""
+    if not run:
+        return
+    names = [n for n, _ in run]
+    full = _gather_rows([t for _, t in run])
+    run.clear()
+    full.reverse()
+    for name in names:
+        yield name, full.pop()
+
+
+def gather_full_state(named_weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int | None = None,
+                      keep: bool = True) -> list[tuple[str, torch.Tensor]] | None:
+    """``[(name, full tensor), ...]``: `stream_full_state` kept whole, for the callers that need every tensor
+    at once (checkpoints, ``save_pretrained``, tests); the relay streams instead. ``keep=False``: this rank
+    takes part in the collectives and drops each bucket once gathered (None is returned), holding one bucket
+    at a time (the ranks whose copy nobody reads). A collective, as `stream_full_state` is.
+    """
+    stream = stream_full_state(named_weights, bucket_bytes)
+    if keep:
+        return list(stream)
+    for _ in stream:
+        pass
+    return None
 
 
 def _row_sharded(t) -> bool:

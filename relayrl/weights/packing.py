@@ -22,14 +22,14 @@ for Ray actors).
 from __future__ import annotations
 
 import warnings
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from relayrl.weights.layout import BucketLayout
 
-__all__ = ["allocate_buffers", "pack", "unpack", "to_wire", "from_wire", "check_buffers"]
+__all__ = ["allocate_buffers", "pack", "pack_stream", "unpack", "to_wire", "from_wire", "check_buffers"]
 
 
 def allocate_buffers(layout: BucketLayout, device: str | torch.device = "cpu",
@@ -104,6 +104,47 @@ def pack(named_weights: Sequence[tuple[str, torch.Tensor]], layout: BucketLayout
     for dev in cross_device:
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)  # non-blocking copies into host memory must land before anyone reads it
+    return list(out)
+
+
+@torch.no_grad()
+def pack_stream(named_weights: Iterable[tuple[str, torch.Tensor]], layout: BucketLayout,
+                out: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """`pack` from a one-pass stream (`relayrl.weights.gather.stream_full_state`): each tensor is copied into
+    its slot as it arrives and not kept, so the caller holds one tensor (one gathered bucket) at a time
+    instead of the whole model. The stream may come in any order; every name must match a slot's shape and
+    dtype and every slot must be filled exactly once (checked as it goes and at the end: a mismatch raises
+    naming the tensor, though slots before it were written).
+
+    Args:
+        named_weights: an iterable of ``(name, tensor)``, read once.
+        layout: the layout of the stream's names, shapes and dtypes (built from them without their data).
+        out: buffers to fill (`allocate_buffers`, shared-memory buckets); returned filled.
+    """
+    check_buffers(out, layout, "out")
+    slots = {s.name: (i, s) for i, b in enumerate(layout.buckets) for s in b.slots}
+    filled: set[str] = set()
+    cuda: set[torch.device] = set()
+    for name, t in named_weights:
+        hit = slots.get(name)
+        if hit is None:
+            raise ValueError(f"weight {name!r} is not in layout {layout.key}")
+        i, s = hit
+        if name in filled:
+            raise ValueError(f"weight {name!r} came twice in the stream for layout {layout.key}")
+        if tuple(t.shape) != s.shape or t.dtype != s.dtype:
+            raise ValueError(f"weight {name!r}: layout {s.shape} {s.dtype} != given {tuple(t.shape)} {t.dtype}")
+        buf = out[i]
+        buf.narrow(0, s.offset, s.numel).view(s.shape).copy_(t, non_blocking=True)
+        if t.device != buf.device and "cuda" in (t.device.type, buf.device.type):
+            cuda.add(t.device if t.device.type == "cuda" else buf.device)
+        filled.add(name)
+    if len(filled) != layout.num_tensors:
+        missing = [n for n in layout.names if n not in filled]
+        raise ValueError(f"the stream for layout {layout.key} ended without {missing[:5]} "
+                         f"({len(missing)} of {layout.num_tensors} tensors missing)")
+    for dev in cuda:
+        torch.cuda.synchronize(dev)  # non-blocking copies into host memory must land before anyone reads it
     return list(out)
 
 

@@ -3,9 +3,10 @@
 Implements NeMo RL's refit (tensor packing, per-receiver messages, minimal
 metadata; "14x overall") on relayrl's engines and worker groups:
 
-    trainer.named_weights()
-        -> gather_full_state      (DTensor.full_tensor() under FSDP2; no-op otherwise)
-        -> pack                   (cached BucketLayout, reused flat buffers; torch.cat on device)
+    trainer.named_weights()       (or a WeightStream: names and shapes now, values one at a time)
+        -> stream_full_state      (FSDP2: one bucketed all-gather at a time; no-op otherwise)
+        -> pack / pack_stream     (cached BucketLayout built without reading data, reused flat buffers;
+                                   each gathered tensor copied into its slot, then dropped)
         -> in-process engines:    update_weights(unpack(buffers))        push / apply
         -> worker group ranks:    method(BucketPayload(key, version,     push_to_group / apply_to_group
                                          buffers as uint8 numpy or Ray refs,
@@ -16,6 +17,10 @@ host buffers (pinned when CUDA is available) while generation goes on with the
 old weights, `apply` loads it between generations; `stage_from_group` has a
 sender group's rank 0 pack it into a shared-memory slot instead, so the bytes
 skip the driver and `apply_to_group` sends only the slot's file names.
+
+The sender streams: the layout comes from names, shapes and dtypes (a DTensor's are the full
+tensor's), then each gathered bucket is packed before the next is gathered, so the sender holds the
+relay's buffers and about one gathered bucket, never a gathered model (verl's ``layered_summon``).
 
 Departures: buckets cross processes as host memory rather than CUDA IPC
 handles or NCCL broadcasts: local ranks get handles to ``/dev/shm`` buckets
@@ -38,9 +43,9 @@ from typing import Any, Callable, Iterable, Literal, Sequence
 
 import torch
 
-from relayrl.weights.gather import gather_full_state
+from relayrl.weights.gather import WeightStream, stream_full_state
 from relayrl.weights.layout import DEFAULT_BUCKET_MB, BucketLayout, layout_from_signature, weights_signature
-from relayrl.weights.packing import allocate_buffers, pack, to_wire, unpack
+from relayrl.weights.packing import allocate_buffers, pack, pack_stream, to_wire, unpack
 from relayrl.weights.receive import BucketPayload, StaleVersionError, check_receiver, check_version
 from relayrl.weights.shm import ShmBuckets, shm_available
 
@@ -141,9 +146,26 @@ class WeightRelay:
             self._buffers[(layout.key, device)] = bufs
         return bufs
 
-    def _prepare(self, named_weights: Iterable[tuple[str, torch.Tensor]]):
-        named = gather_full_state(named_weights)
-        return named, self.layout_for(named)
+    def _prepare(self, named_weights: Iterable[tuple[str, torch.Tensor]] | WeightStream
+                 ) -> tuple[WeightStream, BucketLayout]:
+        """The weights as a stream (DTensors gathered one bucket at a time as it is read) and their layout,
+        built from names, shapes and dtypes without reading any data."""
+        if isinstance(named_weights, WeightStream):
+            return named_weights, self.layout_for(named_weights.held)
+        held = list(named_weights)
+        layout = self.layout_for(held)  # (checks every entry is a named tensor)
+        if not any(_is_dtensor(t) for _, t in held):
+            return WeightStream(held), layout  # (full already: `_pack` packs the list itself)
+        return WeightStream(held, stream_full_state(held)), layout
+
+    @staticmethod
+    def _pack(weights: WeightStream, layout: BucketLayout, out: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Fill ``out`` from ``weights``: each tensor is copied into its slot as the stream yields it, so the
+        sender holds the buffers and one gathered bucket, never a gathered model (full tensors in a list:
+        `pack`, one ``torch.cat`` per bucket)."""
+        if weights.values is None:
+            return pack(weights.held, layout, out=out)
+        return pack_stream(weights.values, layout, out=out)
 
     # -- in-process receivers -------------------------------------------------------------------
     def _check_receivers(self, receivers: Sequence[Any], layout: BucketLayout, version: int) -> None:
@@ -170,7 +192,7 @@ class WeightRelay:
             r.update_weights(unpack(bufs, layout), version)
 
     @torch.no_grad()
-    def push(self, named_weights: Iterable[tuple[str, torch.Tensor]], receivers: Sequence[Any],
+    def push(self, named_weights: Iterable[tuple[str, torch.Tensor]] | WeightStream, receivers: Sequence[Any],
              version: int) -> dict[str, float]:
         """Pack ``named_weights`` once and load them into every in-process receiver.
 
@@ -182,15 +204,15 @@ class WeightRelay:
         t0 = time.perf_counter()
         named, layout = self._prepare(named_weights)
         self._check_receivers(receivers, layout, version)
-        device = named[0][1].device if named else torch.device("cpu")
+        device = named.held[0][1].device if named.held else torch.device("cpu")
         t1 = time.perf_counter()
-        buffers = pack(named, layout, out=self.buffers(layout, device))
+        buffers = self._pack(named, layout, self.buffers(layout, device))
         t2 = time.perf_counter()
         self._deliver(buffers, layout, receivers, version)
         return self._metrics(layout, len(receivers), t2 - t1, time.perf_counter() - t0)
 
     # -- worker groups --------------------------------------------------------------------------
-    def push_to_group(self, named_weights: Iterable[tuple[str, torch.Tensor]], group: Any,
+    def push_to_group(self, named_weights: Iterable[tuple[str, torch.Tensor]] | WeightStream, group: Any,
                       method: Callable | str = "receive_weights", *, version: int) -> dict[str, float]:
         """Pack into host buffers and call ``group.all(method, BucketPayload)`` once per rank.
 
@@ -207,7 +229,7 @@ class WeightRelay:
         kind = self._transport_for(group, layout)
         t1 = time.perf_counter()
         target = self._shm_for(layout).tensors if kind == "shm" else self.buffers(layout, "cpu")
-        buffers = pack(named, layout, out=target)
+        buffers = self._pack(named, layout, target)
         pack_s = time.perf_counter() - t1
         return self._send_group(self._wire(kind, buffers), layout, group, method, version, pack_s, t0)
 
@@ -341,7 +363,7 @@ class WeightRelay:
         return m
 
     # -- delayed parameter update ----------------------------------------------------------------
-    def stage(self, named_weights: Iterable[tuple[str, torch.Tensor]], version: int) -> StagedWeights:
+    def stage(self, named_weights: Iterable[tuple[str, torch.Tensor]] | WeightStream, version: int) -> StagedWeights:
         """Pack a version into host buffers to load later with `apply` / `apply_to_group`.
 
         Host buffers are reused from staged versions already applied; a
@@ -354,7 +376,7 @@ class WeightRelay:
             bufs = self._free_staging.pop() if self._free_staging else None
         if bufs is None:
             bufs = allocate_buffers(layout, "cpu", self.pin_memory)
-        pack(named, layout, out=bufs)  # no lock held: an apply may run meanwhile
+        self._pack(named, layout, bufs)  # no lock held: an apply may run meanwhile
         return self._register(bufs, layout, version)
 
     def _register(self, bufs: list[torch.Tensor] | ShmBuckets, layout: BucketLayout, version: int) -> StagedWeights:
@@ -467,6 +489,12 @@ class WeightRelay:
         return {"relay/bytes": float(layout.nbytes), "relay/buckets": float(len(layout.buckets)),
                 "relay/tensors": float(layout.num_tensors), "relay/receivers": float(receivers),
                 "relay/pack_s": pack_s, "relay/time_s": total_s}
+
+
+def _is_dtensor(t: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
 
 
 def _local_processes(group: Any) -> bool:

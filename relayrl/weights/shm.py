@@ -22,14 +22,14 @@ import time
 import uuid
 import weakref
 from dataclasses import dataclass
-from typing import MutableMapping, Sequence
+from typing import Iterable, MutableMapping, Sequence
 
 import numpy as np
 import torch
 
 from relayrl.checkpoint.atomic import pid_alive
 from relayrl.weights.layout import BucketLayout, layout_from_signature, weights_signature
-from relayrl.weights.packing import from_wire, pack
+from relayrl.weights.packing import from_wire, pack, pack_stream
 
 __all__ = ["SharedBucket", "ShmBuckets", "shm_available", "open_shared", "pack_into_shared", "sweep_stale"]
 
@@ -137,13 +137,22 @@ def open_shared(handle: SharedBucket, cache: MutableMapping, writable: bool = Fa
 
 
 def pack_into_shared(named_weights: Sequence[tuple[str, torch.Tensor]], handles: Sequence[SharedBucket] | None,
-                     key: str | None, bucket_bytes: int, cache: MutableMapping) -> dict:
-    """A training rank's half of a relay that skips the driver: pack ``named_weights`` straight into the
-    driver's shared buckets (``handles`` of the layout ``key``, from
+                     key: str | None, bucket_bytes: int, cache: MutableMapping, *,
+                     values: Iterable[tuple[str, torch.Tensor]] | None = None, write: bool = True) -> dict:
+    """A training rank's half of a relay that skips the driver: pack the weights straight into the driver's
+    shared buckets (``handles`` of the layout ``key``, from
     :meth:`relayrl.weights.WeightRelay.push_from_group`). Returns ``{"status": "ok", "pack_s"}``, or
-    ``{"status": "layout", "signature"}`` without writing when ``key`` is not the layout of these weights (the
-    driver's first relay, or the weights' names, shapes or dtypes changed): the driver builds that layout's
-    buckets and asks again."""
+    ``{"status": "layout", "signature"}`` without writing (and without reading ``values``) when ``key`` is not
+    the layout of these weights (the driver's first relay, or the weights' names, shapes or dtypes changed):
+    the driver builds that layout's buckets and asks again.
+
+    ``named_weights`` gives the names, shapes and dtypes (its tensors' data is not read when ``values`` is
+    given: FSDP2's DTensor shards, which carry the full shapes, serve). ``values``: the tensors to pack, a
+    one-pass stream in any order (`relayrl.weights.gather.stream_full_state`), each copied into its slot and
+    dropped, so the rank holds one gathered bucket at a time; default ``named_weights`` itself.
+    ``write=False``: a rank that only takes part in the stream's collectives (every rank of a sharded sender
+    must run it when the layout matches: the decision depends only on ``key`` and the signature, so every
+    rank takes it alike) reads ``values`` to the end and writes nothing."""
     sig = weights_signature(named_weights)
     layout = cache.get(("layout", sig, bucket_bytes))
     if layout is None:
@@ -154,6 +163,13 @@ def pack_into_shared(named_weights: Sequence[tuple[str, torch.Tensor]], handles:
     if handles is None or layout.key != key:
         return {"status": "layout", "signature": sig}
     t0 = time.perf_counter()
+    if not write:
+        for _ in values if values is not None else ():
+            pass
+        return {"status": "ok", "pack_s": time.perf_counter() - t0}
     out = [from_wire(open_shared(h, cache, writable=True), b.dtype, b.numel) for h, b in zip(handles, layout.buckets)]
-    pack(named_weights, layout, out=out)
+    if values is None:
+        pack(named_weights, layout, out=out)
+    else:
+        pack_stream(values, layout, out=out)
     return {"status": "ok", "pack_s": time.perf_counter() - t0}

@@ -106,9 +106,10 @@ class RolloutAhead:
         # (the relay lets this thread stage while the rollout thread applies: neither waits for the other)
         staged = None if actor.in_driver else self.relay.stage_from_group(actor, PolicyWorker.pack_weights_into,
                                                                            version)
-        if staged is None:
-            named = actor.all(PolicyWorker.named_weights)[0]  # every rank takes part (FSDP2 gathers); rank 0 holds them
-            staged = self.relay.stage(named, version)
+        if staged is None and actor.in_driver:  # packed as the stream comes (LoRA: merged a layer at a time)
+            staged = self.relay.stage(actor.one(PolicyWorker.weight_stream), version)
+        elif staged is None:  # every rank takes part (FSDP2 gathers a bucket at a time); rank 0 gets host copies
+            staged = self.relay.stage(actor.all(PolicyWorker.named_weights)[0], version)
         with self.cond:
             old, self.staged, self.trained = self.staged, staged, version
             self.cond.notify_all()

@@ -4,16 +4,19 @@ Colocated in one process (the embedded default), the rollout engine copies the
 actor's tensors in place: no serialization, no packing. Across processes or
 Ray actors the weights travel as packed buckets with a cached layout
 (:class:`relayrl.weights.WeightRelay`, NeMo RL's refit), one message per rank
-instead of one per tensor; under FSDP2 the full tensors are gathered first.
-Between two multi-process groups on this machine, the actor's rank 0 packs
-them straight into the relay's shared-memory buckets and only the handles pass
-through the driver (``WeightRelay.push_from_group``).
+instead of one per tensor. Between two multi-process groups on this machine,
+the actor's rank 0 packs them straight into the relay's shared-memory buckets
+and only the handles pass through the driver (``WeightRelay.push_from_group``).
+Everywhere the weights stream: under FSDP2 they are gathered a bucket at a
+time and each bucket is packed (or loaded) before the next is gathered, and a
+LoRA layer is merged only when its turn comes, so no rank holds the full
+gathered or merged model (``PolicyWorker.weight_stream``).
 """
 
 from __future__ import annotations
 
 from relayrl.cluster import WorkerGroup
-from relayrl.weights import WeightRelay, gather_full_state
+from relayrl.weights import WeightRelay
 from relayrl.workflows.workers import PolicyWorker, RolloutWorker
 
 __all__ = ["relay_weights"]
@@ -29,10 +32,12 @@ def relay_weights(actor: WorkerGroup, rollout: WorkerGroup, *, version: int, rel
                                        RolloutWorker.receive_weights, version=version)
         if metrics is not None:  # weights skip the driver (None: the groups cannot share host memory)
             return {k: float(v) for k, v in metrics.items()}
-    if named is None:  # every actor rank takes part (FSDP2 gathers the full tensors); rank 0 holds them
+    if named is None and actor.in_driver:  # one unsharded rank here: its weights as a stream (LoRA: merged
+        named = actor.one(PolicyWorker.weight_stream)  # a layer at a time as they are loaded or packed)
+    elif named is None:  # every actor rank takes part (FSDP2 gathers a bucket at a time); rank 0 holds host copies
         named = actor.all(PolicyWorker.named_weights)[0]
-    if actor.in_driver and rollout.in_driver:
+    if actor.in_driver and rollout.in_driver:  # the engine loads each tensor as it comes
         rollout.all(RolloutWorker.update_weights, named, version)
         return {}
-    metrics = relay.push_to_group(gather_full_state(named), rollout, RolloutWorker.receive_weights, version=version)
+    metrics = relay.push_to_group(named, rollout, RolloutWorker.receive_weights, version=version)
     return {k: float(v) for k, v in metrics.items()}

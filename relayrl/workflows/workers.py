@@ -41,7 +41,7 @@ from relayrl.environments.config import EpisodeSpec
 from relayrl.models import lora as lora_lib
 from relayrl.models.load import check_loaded, load_model, load_tokenizer, load_value_model, progress_bars, resolve_dtype
 from relayrl.telemetry import memory
-from relayrl.weights import WeightReceiverMixin, gather_full_state
+from relayrl.weights import WeightReceiverMixin, WeightStream, gather_full_state, stream_full_state
 from relayrl.weights.shm import pack_into_shared
 from relayrl.workflows.precision import role_precision  # (re-exported: the roles import it from here)
 from relayrl.workflows.rollout_stream import StreamingGeneration
@@ -291,14 +291,22 @@ class PolicyWorker(_TrainerWorker):
         return [slots.write({column: lp, sum_sq_column: sq})]
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]] | None:
-        """The weights to relay. Sharded (FSDP2): every rank must call this (the full tensors are gathered);
-        rank 0 gets them, the other ranks None. Unsharded: the live parameters, no copy. LoRA: the merged
-        weights ``W + scale * B @ A`` under the base model's names (new tensors for the adapted layers)."""
-        named = (self.engine.named_weights() if self.peft_model is None else  # sharded: merged row shards
-                 lora_lib.merged_weights(self.engine.model))
+        """:meth:`weight_stream` whole (checkpoints, exports, a relay over Ray or pipes). Sharded: a collective;
+        rank 0 gets host copies (its device holds one gathered bucket at a time), the others None. Unsharded:
+        the live parameters, no copy. LoRA: the merged weights ``W + scale * B @ A``, base names."""
+        w = self.weight_stream()
         if not self.engine.sharded:
-            return named
-        return gather_full_state(named, keep=self.rank == 0)  # (the other ranks hold one bucket at a time)
+            return list(w)
+        return [(n, t.cpu()) for n, t in w] if self.rank == 0 else gather_full_state(w.values, keep=False)
+
+    def weight_stream(self) -> WeightStream:
+        """The weights to relay as a stream: their names, shapes and dtypes now, their full values one at a
+        time (sharded: gathered a bucket at a time, a collective every rank reads to its end; LoRA: each
+        adapted layer merged when its turn comes). A relay packs them, or an engine loads them, as they come."""
+        m = self.engine.model
+        held, values = ((self.engine.named_weights(), None) if self.peft_model is None else
+                        (lora_lib.base_weights(m), lora_lib.iter_merged_weights(m)))  # sharded: merged rows
+        return WeightStream(held, stream_full_state(values or held) if self.engine.sharded else values)
 
     def mix_reference(self, alpha: float) -> None:
         """Tri-model, ``trainer.ref_sync_every``: reference <- ``alpha`` x policy + (1 - alpha) x reference."""
@@ -315,10 +323,10 @@ class PolicyWorker(_TrainerWorker):
     def pack_weights_into(self, handles, key: str | None, bucket_bytes: int) -> dict | None:
         """:meth:`named_weights` packed by rank 0 straight into the driver's shared-memory buckets (every rank
         must call this; see :meth:`relayrl.weights.WeightRelay.push_from_group`); the other ranks return None."""
-        named = self.named_weights()
-        if named is None:
-            return None
-        return pack_into_shared(named, handles, key, bucket_bytes, self.__dict__.setdefault("_relay_shm", {}))
+        w, rank0 = self.weight_stream(), getattr(self, "rank", 0) == 0  # (each rank holds one bucket at a time)
+        res = pack_into_shared(w.held, handles, key, bucket_bytes, self.__dict__.setdefault("_relay_shm", {}),
+                               values=w.values, write=rank0)
+        return res if rank0 else None
 
     def save_pretrained(self, path: str) -> None:
         """Save the model as a Hugging Face directory (collective when sharded; rank 0 writes). LoRA: the

@@ -169,6 +169,39 @@ def test_a_weight_the_model_lacks_is_refused_before_loading(served):
     assert eng.weight_version == version
 
 
+def test_weights_stream_in_read_once_and_a_stream_is_checked_before_it_is_read(served, tiny_tokenizer):
+    """A one-pass stream (the relay's gathered buckets, LoRA layers merged one at a time) loads as it is read,
+    the tied head taken from the embedding when the stream has none; a `WeightStream` whose names the model
+    lacks is refused before one tensor is read, and the version stays."""
+    from relayrl.weights import WeightStream
+
+    eng, model = served
+    version = eng.weight_version
+    assert model.config.tie_word_embeddings  # (the head is the embedding: named_parameters lists it once)
+    moved = {n: p.detach() + 0.01 * torch.randn_like(p) for n, p in model.named_parameters()}
+    assert "lm_head.weight" not in moved
+    read = []
+
+    def stream():
+        for n, t in moved.items():
+            read.append(n)
+            yield n, t
+
+    eng.update_weights(stream(), version + 1)
+    assert read == list(moved) and eng.weight_version == version + 1
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(moved[n])
+    prompts = prompts_of(tiny_tokenizer)
+    comps = eng.generate(prompts, SamplingParams(n=2, temperature=TEMP, max_new_tokens=10),
+                         torch.Generator().manual_seed(3))
+    assert error_against(model, prompts, comps) == pytest.approx(1.0, abs=1e-3)
+    read.clear()
+    with pytest.raises(KeyError, match="no parameter 'model.nope'"):
+        eng.update_weights(WeightStream([("model.nope", torch.zeros(2))], stream()), version + 2)
+    assert read == [] and eng.weight_version == version + 1
+
+
 def test_a_narrowed_distribution_is_refused(served):
     eng, _ = served
     for narrow in ({"top_p": 0.9}, {"min_p": 0.1}, {"repetition_penalty": 1.2}):

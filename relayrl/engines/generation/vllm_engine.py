@@ -157,25 +157,43 @@ class VLLMGenerationEngine:
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Load new weights into the running vLLM model (``reload_weights`` on its worker) and set the
-        version; unknown names and shape mismatches raise before anything loads."""
+        version. The tensors are read as they come and not kept (a stream, e.g. a relay's gathered buckets
+        or LoRA layers merged one at a time, never sits here whole). Unknown names and shape mismatches raise
+        before anything loads when the names are known up front (a list, or a stream's ``held``); in a bare
+        iterator, when the tensor comes."""
         shapes = self.weight_shapes()
-        named = {}
-        for name, t in named_tensors:
-            if name not in shapes:
-                raise KeyError(f"vLLM engine: the model has no parameter {name!r}")
-            if tuple(t.shape) != shapes[name]:
-                raise ValueError(f"weight {name!r}: model shape {shapes[name]} != incoming {tuple(t.shape)}")
-            named[name] = t
-        if self._tied and "lm_head.weight" not in named and "model.embed_tokens.weight" in named:
-            named["lm_head.weight"] = named["model.embed_tokens.weight"]  # vLLM's CPU head is a copy, not a tie
+        held = getattr(named_tensors, "held", named_tensors if isinstance(named_tensors, (list, tuple)) else ())
+        for name, t in held:
+            self._check_weight(shapes, name, t)
         self.wake()
         self._same_threads()
-        if self.tp == 1:  # one worker, in this process: the tensors pass by reference
-            self.engine.collective_rpc(_reload_weights, args=(list(named.items()),))
+        stream = self._checked(shapes, named_tensors)
+        if self.tp == 1:  # one worker, in this process: the tensors pass by reference, read as they come
+            self.engine.collective_rpc(_reload_weights, args=(stream,))
         else:
-            vllm_tp.send(self.engine.collective_rpc, named, self.devices)  # every worker, every tensor
+            vllm_tp.send(self.engine.collective_rpc, stream, self.devices)  # every worker, bucket by bucket
         self.engine.reset_prefix_cache()
         self._version = version
+
+    @staticmethod
+    def _check_weight(shapes: dict[str, tuple[int, ...]], name: str, t: torch.Tensor) -> None:
+        if name not in shapes:
+            raise KeyError(f"vLLM engine: the model has no parameter {name!r}")
+        if tuple(t.shape) != shapes[name]:
+            raise ValueError(f"weight {name!r}: model shape {shapes[name]} != incoming {tuple(t.shape)}")
+
+    def _checked(self, shapes: dict[str, tuple[int, ...]], named: Iterable[tuple[str, torch.Tensor]]):
+        """``named`` checked as it passes; a tied output head is sent as ``lm_head.weight`` too (vLLM's CPU head
+        is a copy, not a tie), after the embedding, holding only that one tensor."""
+        embed, head = None, False
+        for name, t in named:
+            self._check_weight(shapes, name, t)
+            head = head or name == "lm_head.weight"
+            if name == "model.embed_tokens.weight":
+                embed = t
+            yield name, t
+        if self._tied and not head and embed is not None:
+            yield "lm_head.weight", embed
 
     def share_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> bool:
         """vLLM keeps its own copy: the tensors are copied in (returns False: not shared)."""
@@ -337,7 +355,7 @@ def _check_cpu_head_dim(model_dir: str) -> None:
 
 
 
-def _reload_weights(worker, named: list[tuple[str, torch.Tensor]]) -> bool:
-    """Runs on vLLM's worker (``collective_rpc``): load ``named`` (Hugging Face names) in place."""
+def _reload_weights(worker, named: Iterable[tuple[str, torch.Tensor]]) -> bool:
+    """Runs on vLLM's worker (``collective_rpc``): load ``named`` (Hugging Face names) in place, read once."""
     worker.model_runner.reload_weights(weights_iterator=iter(named))
     return True

@@ -107,12 +107,13 @@ def check_heads_split(model_dir: str, tp: int) -> None:
                         f"rollout.vllm.tensor_parallel_size to one of {fits} (and the rollout's pool to a multiple)")
 
 
-def send(rpc: Callable, named: dict[str, torch.Tensor], devices: tuple[torch.device, ...]) -> None:
-    """Every worker of the engine on ``devices`` loads every tensor of ``named`` (Hugging Face names), bucket by
-    bucket, between one start and one finish of vLLM's layerwise reload. ``rpc``: the engine's
+def send(rpc: Callable, named: Iterable[tuple[str, torch.Tensor]], devices: tuple[torch.device, ...]) -> None:
+    """Every worker of the engine on ``devices`` loads every ``(name, tensor)`` of ``named`` (Hugging Face names,
+    read once: a stream is cut into buckets as it comes, one bucket held at a time), bucket by bucket, between
+    one start and one finish of vLLM's layerwise reload. ``rpc``: the engine's
     ``collective_rpc``, which runs a function on every worker and returns one result per worker."""
     rpc(begin_reload)
-    for bucket in buckets(named.items(), BUCKET_BYTES):
+    for bucket in buckets(named, BUCKET_BYTES):
         with encoded(bucket, devices[0]) as payload:
             counts = rpc(load_bucket, args=(payload,))  # one count per worker
         if counts != [len(bucket)] * len(devices):
