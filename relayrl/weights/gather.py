@@ -22,6 +22,7 @@ to host meanwhile with `relayrl.weights.offload` (the "swap" of allgather-swap).
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
@@ -125,8 +126,7 @@ def gather_full_state(named_weights: Iterable[tuple[str, torch.Tensor]], bucket_
     stream = stream_full_state(named_weights, bucket_bytes)
     if keep:
         return list(stream)
-    for _ in stream:
-        pass
+    deque(stream, maxlen=0)
     return None
 
 

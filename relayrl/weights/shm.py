@@ -16,6 +16,8 @@ rank has returned (the relay's blocking ``group.all`` guarantees that).
 """
 from __future__ import annotations
 
+from collections import deque
+
 import contextlib
 import os
 import time
@@ -164,8 +166,7 @@ def pack_into_shared(named_weights: Sequence[tuple[str, torch.Tensor]], handles:
         return {"status": "layout", "signature": sig}
     t0 = time.perf_counter()
     if not write:
-        for _ in values if values is not None else ():
-            pass
+        deque(values if values is not None else (), maxlen=0)  # (take part in the stream's gathers; keep nothing)
         return {"status": "ok", "pack_s": time.perf_counter() - t0}
     out = [from_wire(open_shared(h, cache, writable=True), b.dtype, b.numel) for h, b in zip(handles, layout.buckets)]
     if values is None:

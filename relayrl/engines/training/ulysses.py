@@ -182,7 +182,8 @@ def ulysses_attention_forward(module, query: torch.Tensor, key: torch.Tensor, va
                            "whole 4-D mask; this call has none")
     for name in ("softcap", "s_aux"):  # (a sliding window is in the mask already)
         if kwargs.get(name) is not None:
-            raise NotImplementedError(f"Ulysses attention (plain SDPA) does not implement the model's {name}")
+            raise ValueError(f"engine.sequence_parallel: the model's attention uses {name}, which relayrl's "
+                             f"Ulysses attention (plain SDPA) does not compute: set engine.sequence_parallel=1")
     heads, kv = query.shape[1], key.shape[1]
     if kv % sp.size:  # too few key/value heads to split: repeat them to the query heads (GQA's own mapping)
         key, value = key.repeat_interleave(heads // kv, dim=1), value.repeat_interleave(heads // kv, dim=1)
