@@ -224,8 +224,7 @@ def _fsdp_s(profile: Profile, w: Workload, dp: int, gathers: int = 2, reduce: bo
     (``reduce``) one reduce-scatter of the fp32 gradients, of the trained parameters only (LoRA: the adapters)."""
     if dp == 1:
         return 0.0
-    m = w.model
-    moved = (m.params * gathers * m.compute_bytes + m.trained_params * 4 * reduce) * (dp - 1) / dp
+    moved = (w.model.params * gathers * w.model.compute_bytes + w.model.trained_params * 4 * reduce) * (dp - 1) / dp
     return (gathers + reduce) * profile.collective.base_s + profile.collective.per_s * moved
 
 
