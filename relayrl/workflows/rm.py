@@ -6,6 +6,7 @@ One step::
     rows   <- [prompt + chosen + EOS, prompt + rejected + EOS] per pair           (one prompt group each)
     rm.update(rows, Bradley-Terry loss(margin))                                   (relayrl.algorithms.reward_model)
     every eval.every steps: scores of the held-out pairs -> pair accuracy, reward margin, loss
+                            (pair accuracy and margin also per held-out set when there are several)
 
 The reward model is the starting model's network (``trainer.init_from`` or ``model.path``) with its
 output head replaced by a zero-initialised scalar head without bias; the score of a row is the head on
@@ -29,6 +30,7 @@ from relayrl.algorithms.reward_model import bradley_terry_loss
 from relayrl.config.schema import Config
 from relayrl.data.tasks import Problem
 from relayrl.engines.training.base import SequenceBatch
+from relayrl.evaluation.metrics import per_source, source_names
 from relayrl.workflows.dpo import take_pairs
 from relayrl.workflows.losses import BTLoss
 from relayrl.workflows.offline import OfflineRun
@@ -69,10 +71,22 @@ class RMRun(OfflineRun):
             batch = pair_batch(self.s, self.held_out)
             values = self.actor.split(RewardModelTrainer.values, batch)
             scores = torch.stack([v[-1] for v in values]).float()  # the value at the EOS position: the row's score
-            _, m = bradley_terry_loss(scores[0::2], scores[1::2])
-        return {"eval/pair_accuracy": m["rm/accuracy"], "eval/accuracy": m["rm/accuracy"],
-                "eval/reward_margin": m["rm/reward_margin"], "eval/loss": m["rm/loss"],
-                "eval/chosen_mean": m["rm/chosen_mean"], "eval/rejected_mean": m["rm/rejected_mean"]}
+        chosen, rejected = scores[0::2], scores[1::2]
+        m = held_out_metrics(chosen, rejected)
+        # several held-out sets (a data.eval_path list, or rows with data_source): pair accuracy and margin of each
+        sources = source_names([p.meta for p in self.held_out])
+        m.update(per_source(sources, lambda rows: {k: v for k, v in held_out_metrics(chosen[rows], rejected[rows])
+                                                   .items() if k in ("eval/pair_accuracy", "eval/reward_margin")}))
+        return m
+
+
+def held_out_metrics(chosen: torch.Tensor, rejected: torch.Tensor) -> dict[str, float]:
+    """The evaluation's figures for the scores of held-out (chosen, rejected) pairs: pair accuracy (also as
+    ``eval/accuracy``, which ``eval.stop_at`` reads), reward margin, loss, the two means."""
+    _, m = bradley_terry_loss(chosen, rejected)
+    return {"eval/pair_accuracy": m["rm/accuracy"], "eval/accuracy": m["rm/accuracy"],
+            "eval/reward_margin": m["rm/reward_margin"], "eval/loss": m["rm/loss"],
+            "eval/chosen_mean": m["rm/chosen_mean"], "eval/rejected_mean": m["rm/rejected_mean"]}
 
 
 def train_rm(cfg: Config) -> Path:

@@ -77,3 +77,25 @@ def test_grpo_with_an_llm_judge_counts_its_malformed_verdicts(sft_model, tmp_pat
     last = records(tmp_path)[-1]
     assert 0 <= last["reward/judge_malformed"] <= 64 and 0 <= last["reward/judge_mean"] <= 1
     assert "reward/verifier_mean" in last and "eval/accuracy" in last
+
+
+@pytest.mark.slow
+def test_rm_on_two_held_out_sets_reports_each(sft_model, tmp_path):
+    """data.eval_path lists two files: pair accuracy and margin also per file (eval/pair_accuracy/<stem>), the
+    overall figure the pairs' mean of the two."""
+    def write(name, sums):
+        rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b), "rejected": str(a + b - 10)} for a, b in sums]
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    write("train.jsonl", [(a, b) for a in range(15, 60, 3) for b in range(17, 40, 7)])
+    write("easy.jsonl", [(19, 23), (28, 35), (47, 16)])
+    write("hard.jsonl", [(58, 67), (79, 85), (66, 77), (95, 96), (88, 49)])
+    r = relayrl("train", "recipes/arith_rm.yaml", f"run.dir={tmp_path / 'run'}", f"trainer.init_from={sft_model}",
+                "data.task=null", "data.eval_task_options=null", f"data.path={tmp_path / 'train.jsonl'}",
+                f"data.eval_path=[{tmp_path / 'easy.jsonl'},{tmp_path / 'hard.jsonl'}]", "data.rejected_key=rejected",
+                "reward.verifier=exact", "trainer.steps=2", "trainer.batch_size=8", "eval.every=2", *FAST)
+    assert r.returncode == 0, r.stderr[-3000:]
+    last = records(tmp_path / "run")[-1]
+    easy, hard = last["eval/pair_accuracy/easy"], last["eval/pair_accuracy/hard"]
+    assert last["eval/pair_accuracy"] == pytest.approx((3 * easy + 5 * hard) / 8)
+    assert "eval/reward_margin/easy" in last and "eval/loss/easy" not in last
