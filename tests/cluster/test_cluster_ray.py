@@ -5,7 +5,8 @@ import os
 import pytest
 
 from cluster_workers import Echo
-from relayrl.cluster import ClusterConfig, ResourcePool, WorkerError, make_group
+from ray_local import local_ray
+from relayrl.cluster import ResourcePool, WorkerError, make_group
 
 # (ray is imported by the fixture, not at collection: the fast set deselects these tests and need not pay for it)
 pytestmark = [pytest.mark.ray, pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")]
@@ -13,17 +14,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.skipif(importlib.util.find_spec("ray"
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    import ray
-
-    # The test workers live in this folder: always start a Ray whose workers have it on their path.
-    if ray.is_initialized():
-        ray.shutdown()
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(os.path.dirname(here))
-    ray.init(num_cpus=2, include_dashboard=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([root, here])}})
-    yield ClusterConfig(backend="ray")
-    ray.shutdown()
+    yield from local_ray(2)
 
 
 def test_ray_group_dispatch_collectives_errors_and_colocation(ray_cluster):

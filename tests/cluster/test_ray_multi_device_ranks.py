@@ -9,6 +9,7 @@ import time
 import pytest
 
 from cluster_workers import Echo
+from ray_local import local_ray
 from relayrl.cluster import ClusterConfig, PlacementError, ResourcePool, WorkerGroup
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")
@@ -75,16 +76,7 @@ def test_ranks_of_more_devices_than_the_pools_pack_are_refused_before_ray_starts
 # -- on a Ray cluster --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ray_cluster():
-    import ray
-
-    if ray.is_initialized():
-        ray.shutdown()
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(os.path.dirname(here))
-    ray.init(num_cpus=4, include_dashboard=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([root, here])}})
-    yield ClusterConfig(backend="ray")
-    ray.shutdown()
+    yield from local_ray(4)
 
 
 @pytest.mark.ray
