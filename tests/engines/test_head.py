@@ -35,6 +35,34 @@ def test_chunked_logprobs_and_gradients_match_materialised_logits(temperature, g
     torch.testing.assert_close(gw, w.grad, atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("grad_by", ["positions", "vocab", "stored"])
+def test_a_soft_capped_head_matches_capped_materialised_logits(grad_by, cap=3.0, temperature=0.7):
+    """Gemma's final_logit_softcapping (relayrl.models.logits): the chunked head's log-probs, entropy, sum p^2 and
+    gradients are those of ``log_softmax(cap * tanh(h W^T / cap) / T)``, in every backward order."""
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(13, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    w = (2 * torch.randn(30, 8, generator=g, dtype=torch.float64)).requires_grad_()  # logits past the cap
+    t = torch.randint(0, 30, (13,), generator=g)
+    up = torch.randn(13, generator=g, dtype=torch.float64)
+    lp, ent, sq = chunked_token_logprobs(h, w, t, temperature=temperature, chunk=4, with_entropy=True,
+                                         with_sum_sq=True, grad_by=grad_by, softcap=cap)
+    (lp * up).sum().backward()
+    gh, gw = h.grad.clone(), w.grad.clone()
+    h.grad = w.grad = None
+    raw = h @ w.T
+    assert float(raw.abs().max()) > 2 * cap  # the cap acts
+    logp = torch.log_softmax(cap * torch.tanh(raw / cap) / temperature, -1)
+    ref = logp.gather(-1, t[:, None]).squeeze(-1)
+    (ref * up).sum().backward()
+    torch.testing.assert_close(lp.double(), ref, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(ent.double(), -(logp.exp() * logp).sum(-1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(sq.double(), logp.exp().pow(2).sum(-1), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(gh, h.grad, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(gw, w.grad, atol=1e-6, rtol=1e-6)
+    uncapped = chunked_token_logprobs(h.detach(), w.detach(), t, temperature=temperature, chunk=4)[0]
+    assert float((uncapped.double() - ref).abs().max()) > 0.1  # without the cap: another distribution
+
+
 def test_vocab_slices_hold_no_more_values_than_a_chunk():
     assert _vocab_slice(1024, 151936, 12800) == 12032  # 12155 rounded down to a multiple of 128
     assert _vocab_slice(1024, 151936, 500) == 151936  # fewer positions than a chunk: one slice
@@ -98,6 +126,7 @@ def test_fused_head_gives_the_same_logprobs_entropy_and_gradients(grad_by, tempe
     t = torch.randint(0, 50, (37,), generator=g)
     up = torch.randn(37, generator=g)
     fused_matches_eager(h, w, t, up, chunk=16, temperature=temperature, grad_by=grad_by)
+    fused_matches_eager(h, w, t, up, chunk=16, temperature=temperature, grad_by=grad_by, softcap=2.0)  # Gemma's cap
 
 
 @pytest.mark.parametrize("compute_copy", [False, True])

@@ -46,7 +46,12 @@ written here, as two batched matrix products with the query heads of a
 key/value head grouped (no key/value repetition), or (``attention``) one
 FlexAttention call or one Triton kernel (:mod:`.decode_attention`). Models whose layers do not
 have that structure, or use sliding-window attention, are refused with the
-reason (:func:`unsupported_reason`), and the engine keeps its dynamic path.
+reason (:func:`unsupported_reason`), and the engine keeps its dynamic path. A structure can match while the
+model computes something the step does not (Granite's residual and attention multipliers, GLM-4's extra
+norms, SmolLM3's layers without rotary embeddings), so :func:`build` also decodes one token of a short probe
+with the step and with the model's own forward and refuses the model when their next-token log-probs differ
+(:func:`step_mismatch`). The output head's product goes through the model's logit transform
+(:mod:`relayrl.models.logits`: Gemma's soft-capping, Cohere's and Granite's scales).
 On CPU the same step runs eagerly (that is how it is tested against the
 dynamic path); graphs need CUDA.
 """
@@ -66,6 +71,7 @@ from relayrl.engines.generation.base import SamplingParams
 from relayrl.engines.generation.kv_cache import forward_with_cache
 from relayrl.engines.generation.sampling import block_mass, row_uniforms, sample_next, sample_with, seen_mask
 from relayrl.engines.generation.split_k import split_k_linear, split_k_reason
+from relayrl.models.logits import LogitTransform
 
 __all__ = ["StaticDecoder", "unsupported_reason", "fuse_reason"]
 
@@ -90,6 +96,15 @@ def unsupported_reason(model: nn.Module) -> str | None:
     for layer in layers:
         if not all(hasattr(layer, a) for a in _LAYER_PARTS) or not all(hasattr(layer.self_attn, a) for a in _ATTN_PARTS):
             return f"{type(layer).__name__} is not a Llama-style layer (q/k/v/o projections, two norms, an MLP)"
+        extra = [n for n, _ in layer.named_children() if "norm" in n and n not in _LAYER_PARTS] + \
+                [n for n, _ in layer.self_attn.named_children() if "norm" in n and n not in ("q_norm", "k_norm")]
+        if extra:  # (GLM-4's post_self_attn_layernorm, Gemma 2's pre/post_feedforward_layernorm, ...)
+            return f"{type(layer).__name__} has norms the step does not apply ({', '.join(extra)})"
+    if 0 in (getattr(conf, "no_rope_layers", None) or []):
+        return "some layers have no rotary position embedding (NoPE)"
+    multipliers = [k for k in ("embedding_multiplier", "residual_multiplier") if getattr(conf, k, 1.0) not in (None, 1.0)]
+    if multipliers:  # (Granite)
+        return f"the model scales its {' and '.join(m.split('_')[0] for m in multipliers)} stream ({', '.join(multipliers)})"
     if "sliding_attention" in set(getattr(conf, "layer_types", None) or []):
         return "the model has sliding-window layers"
     rope = getattr(conf, "rope_parameters", None) or getattr(conf, "rope_scaling", None) or {}
@@ -255,6 +270,7 @@ class StaticDecoder:
                 raise ValueError(f"static decoding: attention 'triton': {why}")
             load_triton()
         self.dtype = next(model.parameters()).dtype
+        self.transform = LogitTransform.of(conf)  # what the model's forward does to the head's product
         self.max_len = self.width = 0
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
@@ -396,7 +412,29 @@ class StaticDecoder:
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits [B, V] in the model's dtype (the sampler takes its sums in float32/64), or float32 when the head
         was set to run in float32 (``model.head_fp32``: its forward does the product, captured in the graph)."""
-        return self.model.get_output_embeddings()(self.dec.norm(x)[:, 0])
+        return self.transform(self.model.get_output_embeddings()(self.dec.norm(x)[:, 0]))
+
+    @torch.no_grad()
+    def probe_error(self, prompt: list[int], token: int) -> tuple[float, float]:
+        """How far this decoder's next-token log-probs after ``prompt + [token]`` (the prompt prefilled,
+        ``token`` decoded by one step) are from the model's own forward over the whole sequence, and, for
+        scale, how far the model's own cached step (the dynamic path's) is from it: ``(step error, rounding)``,
+        each the largest difference over the vocabulary. The cache is released after."""
+        from transformers import DynamicCache
+
+        ids = torch.tensor([[*prompt, token]], device=self.device)
+        whole = torch.log_softmax(self.model(input_ids=ids, use_cache=False).logits[0, -1].float(), -1)
+        out = self.model(input_ids=ids[:, :-1], past_key_values=DynamicCache(config=self.model.config), use_cache=True)
+        cached = self.model(input_ids=ids[:, -1:], past_key_values=out.past_key_values, use_cache=True).logits[0, -1]
+        rounding = float((torch.log_softmax(cached.float(), -1) - whole).abs().max())
+        self.ensure(len(prompt) + 2)
+        try:
+            self.prefill([prompt], torch.tensor([0]), 1, pad_id=token)
+            self.tokens[0], self.positions[0] = token, len(prompt)
+            ours = torch.log_softmax(self._logits(1, self.span(len(prompt))).float()[0], -1)
+        finally:
+            self.release()
+        return float((ours - whole).abs().max()), rounding
 
     def _decode(self, B: int, L: int, params: SamplingParams):
         """The step's tensor work: logits of slots ``[0, B)`` and a token sampled from them with each row's
@@ -513,6 +551,28 @@ class StaticDecoder:
         return graph
 
 
+def step_mismatch(model: nn.Module) -> str | None:
+    """Why the static step does not compute ``model``'s next-token distribution (None when it does): one token
+    of a short probe decoded eagerly by the step and by the model's forward, their log-probs compared within
+    four times the rounding the model's own cached step shows, and at least 1e-3 in float32 or 0.5 in half
+    precision (where the step's own attention rounds differently: 0.06-0.1 measured on Llama-family models,
+    against 8-10 for a missed multiplier or norm)."""
+    vocab = model.get_output_embeddings().weight.shape[0]
+    prompt = [(7 * i + 3) % vocab for i in range(7)]
+    was_training = model.training
+    model.eval()
+    try:
+        err, rounding = StaticDecoder(model, 1, graphs=False).probe_error(prompt, (7 * 7 + 3) % vocab)
+    finally:
+        model.train(was_training)
+    tol = max(1e-3 if next(model.parameters()).dtype == torch.float32 else 0.5, 4 * rounding)
+    if err <= tol:
+        return None
+    return (f"its decode step differs from {type(model).__name__}'s forward by {err:.3g} in a next-token "
+            f"log-prob, where the model's own cached step differs by {rounding:.2g}: the model computes something "
+            f"the static step does not")
+
+
 def build(model: nn.Module, slots: int, mode: str, log: Callable[[str], None] | None = None,
           compile: bool = False) -> StaticDecoder | None:
     """The static decoder for ``mode`` (``auto``: on CUDA for supported models; ``static``: always, graphed on
@@ -522,14 +582,14 @@ def build(model: nn.Module, slots: int, mode: str, log: Callable[[str], None] | 
     if mode == "dynamic":
         return None
     cuda = next(model.parameters()).device.type == "cuda"
-    reason = unsupported_reason(model)
+    if mode != "static" and not cuda:
+        return None
+    reason = unsupported_reason(model) or step_mismatch(model)
     if mode == "static":
         if reason is not None:
             raise ValueError(f"rollout.decode=static: {reason}; use rollout.decode=dynamic")
         compile = compile and cuda
         return StaticDecoder(model, slots, graphs=cuda, compile=compile, fuse=_fuse(model, compile, log))
-    if not cuda:
-        return None
     if reason is not None:
         if log is not None:
             log(f"relayrl: rollout.decode=auto keeps the dynamic decode path ({reason})")

@@ -35,6 +35,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from relayrl.models.logits import LogitTransform
+
 __all__ = ["ResponseLogits", "world_size", "shard_model", "max_over_ranks", "sum_over_ranks", "union_over_ranks",
            "reduce_over_ranks", "full_model_state", "full_optimizer_state", "load_full_state", "scalar", "decoder_layers"]
 
@@ -43,12 +45,16 @@ class ResponseLogits(nn.Module):
     """``model``'s output logits at chosen positions: the decoder runs on the whole input, the head only on
     ``hidden[rows, cols]`` (so prompt positions never get ``[L, V]`` logits). ``head_dtype``: the dtype of the
     head's matrix product (``torch.float32``: ``model.head_fp32``, :mod:`relayrl.models.head_precision`); None:
-    the compute dtype, as the head's own forward runs it."""
+    the compute dtype, as the head's own forward runs it. ``transform``: what the model's forward does to the
+    head's product before returning logits (:class:`relayrl.models.logits.LogitTransform`: Gemma's soft-capping,
+    Cohere's and Granite's scales); None: nothing (a critic's value head)."""
 
-    def __init__(self, model: nn.Module, head_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, model: nn.Module, head_dtype: torch.dtype | None = None,
+                 transform: LogitTransform | None = None) -> None:
         super().__init__()
         self.model = model
         self.head_dtype = head_dtype
+        self.transform = transform or LogitTransform()
 
     def forward(self, input_ids: torch.Tensor, attention_mask, position_ids: torch.Tensor | None,
                 rows: torch.Tensor, cols: torch.Tensor, targets: torch.Tensor | None = None,
@@ -66,15 +72,17 @@ class ResponseLogits(nn.Module):
             if self.head_dtype == torch.float32:
                 from relayrl.models.head_precision import fp32_logits
 
-                return fp32_logits(hidden[rows, cols], head.weight, head.bias)
-            return head(hidden[rows, cols]).float()
+                return self.transform(fp32_logits(hidden[rows, cols], head.weight, head.bias))
+            return self.transform(head(hidden[rows, cols])).float()
         from relayrl.engines.training.head import chunked_token_logprobs
 
         picked = hidden[rows, cols]
+        if self.transform.scale != 1.0:  # scale * (h W^T) = (scale * h) W^T: the chunked head needs no bias
+            picked = picked * self.transform.scale
         out = chunked_token_logprobs(picked.reshape(-1, picked.shape[-1]), head.weight, targets.reshape(-1),
                                      temperature=temperature, chunk=chunk, with_entropy=with_entropy,
                                      fused=fused, grad_by=grad_by, with_sum_sq=with_sum_sq,
-                                     head_dtype=self.head_dtype)
+                                     head_dtype=self.head_dtype, softcap=self.transform.softcap)
         return tuple(None if t is None else _shaped(t, targets.shape) for t in out)
 
 

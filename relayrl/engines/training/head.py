@@ -63,12 +63,14 @@ from __future__ import annotations
 
 import torch
 
+from relayrl.models.logits import softcap as _softcap, softcap_grad
+
 __all__ = ["ChunkedTokenLogprobs", "chunked_token_logprobs", "GRAD_ORDERS"]
 
 GRAD_ORDERS = ("positions", "vocab", "stored")
 """How the backward pass slices its ``[positions, vocab]`` recompute (see the module docstring)."""
 
-_NO_GRADS = (None,) * 8  # the gradients of forward's arguments after hidden and weight (none)
+_NO_GRADS = (None,) * 9  # the gradients of forward's arguments after hidden and weight (none)
 
 _compiled: dict[str, object] = {}
 
@@ -165,6 +167,18 @@ def _fused(fn):
     return _compiled[name]
 
 
+def _product_grad(ctx, grad_fn, product: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor,
+                  targets: torch.Tensor) -> torch.Tensor:
+    """``grad x d logp[target] / d product`` for a recomputed chunk (or slice) of the head's product, in its
+    dtype: through the soft cap first when the model caps its logits (``ctx.softcap``), recomputed as the
+    forward pass computed it (float32 on the eager path, the products' dtype on the fused one)."""
+    if ctx.softcap is None:
+        return grad_fn(product, lse, grad, targets, ctx.temperature)
+    capped = _softcap(product if ctx.fused else product.float(), ctx.softcap)
+    factor = softcap_grad(capped, ctx.softcap)  # (before grad_fn, which may write over its input)
+    return grad_fn(capped, lse, grad, targets, ctx.temperature).float().mul_(factor).to(product.dtype)
+
+
 class ChunkedTokenLogprobs(torch.autograd.Function):
     """``(hidden [N, d], weight [V, d], targets [N]) -> (logprobs [N], entropy [N], sum_sq [N])`` (the last two
     empty unless asked, neither with a gradient); see the module docstring."""
@@ -172,7 +186,7 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
                 chunk: int, with_entropy: bool, fused: bool = False, grad_by: str = "positions",
-                with_sum_sq: bool = False, head_dtype: torch.dtype | None = None):
+                with_sum_sq: bool = False, head_dtype: torch.dtype | None = None, softcap: float | None = None):
         dt = head_dtype or hidden.dtype  # the products' dtype
         w = weight.to(dt)  # (once per pass; no copy when the weight is stored in dt)
         n = hidden.shape[0]
@@ -189,6 +203,8 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
             if stats is not None:
                 h = hidden[s:s + chunk].to(dt)
                 logits = h @ w.T if kept is None else torch.matmul(h, w.T, out=kept[s:s + chunk])
+                if softcap is not None:  # (in the products' dtype, as the model's forward caps; kept capped)
+                    logits = _softcap(logits, softcap) if kept is None else logits.copy_(_softcap(logits, softcap))
                 z, lp, e = stats(logits, targets[s:s + chunk], temperature, with_entropy)
                 lse[s:s + chunk], logp[s:s + chunk] = z, lp
                 if with_entropy:
@@ -197,6 +213,8 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
                     sq[s:s + chunk] = sum_sq(logits, z, temperature)
                 continue
             logits = (hidden[s:s + chunk].to(dt) @ w.T).float()  # (a fresh product: scaled in place below)
+            if softcap is not None:
+                logits = _softcap(logits, softcap)
             if temperature != 1.0:
                 logits /= temperature
             z = torch.logsumexp(logits, dim=-1)
@@ -208,6 +226,7 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
                 sq[s:s + chunk] = _chunk_sum_sq(logits, z, 1.0)
         ctx.save_for_backward(hidden, weight, targets, lse, *([] if kept is None else [kept]))
         ctx.temperature, ctx.chunk, ctx.fused, ctx.grad_by, ctx.dtype = temperature, chunk, fused, grad_by, dt
+        ctx.softcap = softcap
         ctx.spent = False
         ctx.mark_non_differentiable(ent, sq)
         return logp, ent, sq
@@ -226,7 +245,7 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
     def _backward_by_positions(ctx, grad_logp: torch.Tensor):
         """The backward pass ``chunk`` positions at a time (``grad_by="positions"``)."""
         hidden, weight, targets, lse = ctx.saved_tensors
-        T, chunk = ctx.temperature, ctx.chunk
+        chunk = ctx.chunk
         w = weight.to(ctx.dtype)
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
@@ -234,7 +253,8 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
         grad_fn = _fused(_chunk_grad) if ctx.fused else _chunk_grad_eager
         for s in range(0, hidden.shape[0], chunk):
             h = hidden[s:s + chunk].to(ctx.dtype)
-            dlogits = grad_fn(h @ w.T, lse[s:s + chunk], grad_logp[s:s + chunk].float(), targets[s:s + chunk], T)
+            dlogits = _product_grad(ctx, grad_fn, h @ w.T, lse[s:s + chunk], grad_logp[s:s + chunk].float(),
+                                    targets[s:s + chunk])
             if grad_h is not None:
                 grad_h[s:s + chunk] = dlogits @ w
             if grad_w is not None:  # the product in the compute dtype, summed in float32 by one kernel (no copy)
@@ -253,8 +273,11 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
         g = grad_logp.float()
         grad_fn = _fused(_chunk_grad_inplace) if ctx.fused else _chunk_grad_inplace
         for s in range(0, hidden.shape[0], ctx.chunk):
-            grad_fn(kept[s:s + ctx.chunk], lse[s:s + ctx.chunk], g[s:s + ctx.chunk], targets[s:s + ctx.chunk],
-                    ctx.temperature)
+            capped = kept[s:s + ctx.chunk]
+            factor = None if ctx.softcap is None else softcap_grad(capped, ctx.softcap)  # (before it is overwritten)
+            grad_fn(capped, lse[s:s + ctx.chunk], g[s:s + ctx.chunk], targets[s:s + ctx.chunk], ctx.temperature)
+            if factor is not None:  # through the cap: d softcap(x) / dx
+                capped.copy_(capped.float().mul_(factor))
         grad_h = (kept @ weight.to(ctx.dtype)).to(hidden.dtype) if ctx.needs_input_grad[0] else None
         grad_w = (kept.T @ hidden.to(ctx.dtype)).to(weight.dtype) if ctx.needs_input_grad[1] else None
         return grad_h, grad_w, *_NO_GRADS
@@ -263,7 +286,7 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
     def _backward_by_vocab(ctx, grad_logp: torch.Tensor):
         """The backward pass a vocabulary slice at a time (``grad_by="vocab"``; see the module docstring)."""
         hidden, weight, targets, lse = ctx.saved_tensors
-        T, n, vocab = ctx.temperature, hidden.shape[0], weight.shape[0]
+        n, vocab = hidden.shape[0], weight.shape[0]
         w = weight.to(ctx.dtype)
         g = grad_logp.float()
         grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) \
@@ -275,7 +298,7 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
         for v in range(0, vocab, step):
             wv = w[v:v + step]
             # the target's column in this slice; outside [0, width) it is not in the slice
-            dlogits = grad_fn(hidden_t @ wv.T, lse, g, targets - v, T)
+            dlogits = _product_grad(ctx, grad_fn, hidden_t @ wv.T, lse, g, targets - v)
             if grad_h is not None:
                 grad_h.add_(dlogits @ wv)
             if grad_w is not None:  # this slice's whole gradient: one product over every position
@@ -286,14 +309,16 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
 def chunked_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                            temperature: float = 1.0, chunk: int = 4096, with_entropy: bool = False,
                            fused: bool = False, grad_by: str = "positions", with_sum_sq: bool = False,
-                           head_dtype: torch.dtype | None = None):
+                           head_dtype: torch.dtype | None = None, softcap: float | None = None):
     """Log-probs of ``targets`` [N] under ``softmax(hidden [N, d] @ weight [V, d]^T / temperature)``, and the
     entropy of each position (no gradient) when ``with_entropy``, or None: ``(logprobs, entropy)``; with
     ``with_sum_sq`` also each position's ``sum_v p_v^2`` (no gradient): ``(logprobs, entropy, sum_sq)``.
     Each ``[N, V]``-sized step is ``chunk`` positions at a time (in the backward pass, with ``grad_by="vocab"``,
     as many values a vocabulary slice at a time; with ``"stored"``, on logits kept by the forward pass), its
     float32 steps compiled into fused kernels when ``fused``. ``head_dtype``: the matrix products' dtype
-    (``torch.float32`` for ``model.head_fp32``); None: the hidden states' (under autocast, the autocast dtype)."""
+    (``torch.float32`` for ``model.head_fp32``); None: the hidden states' (under autocast, the autocast dtype).
+    ``softcap``: the logits are ``softcap * tanh(h W^T / softcap)`` before the temperature divides them (Gemma's
+    ``final_logit_softcapping``, :mod:`relayrl.models.logits`); None: ``h W^T``."""
     if chunk < 1:
         raise ValueError(f"chunk={chunk} must be >= 1")
     if grad_by not in GRAD_ORDERS:
@@ -306,5 +331,5 @@ def chunked_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: 
     with torch.autocast(kind, enabled=False):  # the products in the dtype chosen here, not recast
         logp, ent, sq = ChunkedTokenLogprobs.apply(hidden, weight, targets.long(), float(temperature), int(chunk),
                                                    bool(with_entropy), bool(fused), grad_by, bool(with_sum_sq),
-                                                   head_dtype)
+                                                   head_dtype, None if softcap is None else float(softcap))
     return (logp, ent if with_entropy else None) + ((sq,) if with_sum_sq else ())

@@ -105,6 +105,7 @@ from relayrl.engines.training.base import (LOSS_MASK_FIELD, REF_FIELD, LossFn, M
                                           with_group_tokens)
 from relayrl.engines.training.config import TrainEngineConfig
 from relayrl.engines.training.steps import make_scheduler, minibatch_slices
+from relayrl.models.logits import LogitTransform, check_head
 from relayrl.models.packing import (PackUnit, additive_mask, build_packed_batch, pack_units, plan_microbatches,
                                     plan_units, shared_prompt_mask, to_device)
 
@@ -165,6 +166,9 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
             from relayrl.models.load import disable_dropout
 
             disable_dropout(self.model)
+        # what the model's forward does to the head's product (Gemma's cap, Granite's scale), checked on a few
+        # tokens before any layer is compiled, sharded or given another attention (a critic's head: nothing)
+        self.transform = LogitTransform() if self.values else check_head(self.model)
         self.prefix = metric_prefix
         self._resolve_packing(trainable)
         self.sp = None  # engine.sequence_parallel > 1: this rank's Ulysses group (relayrl.engines.training.ulysses)
@@ -193,7 +197,7 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
                 layer.compile(dynamic=True, mode=mode)
         # model.head_fp32 (relayrl.models.head_precision): the head's product in float32 in every pass
         self.head_dtype = torch.float32 if head_fp32 else None
-        self.net = fsdp.ResponseLogits(self.runner, self.head_dtype)
+        self.net = fsdp.ResponseLogits(self.runner, self.head_dtype, self.transform)
         # FSDP2 when the group has > 1 rank; it casts the gathered parameters itself
         self.sharded = fsdp.shard_model(self.net, self.device, compute_dtype=self.compute_dtype if mixed else None)
         self._autocast = mixed and not self.sharded and self.runner is self.model
@@ -204,7 +208,7 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
             self.reference_model = reference.to(self.device).requires_grad_(False).eval()
             for layer in fsdp.decoder_layers(reference) if cfg.compile else ():
                 layer.compile(dynamic=True, mode=mode)
-            self.reference = fsdp.ResponseLogits(self.reference_model, self.head_dtype).eval()
+            self.reference = fsdp.ResponseLogits(self.reference_model, self.head_dtype, self.transform).eval()
             ref_mixed = next(reference.parameters()).dtype != self.compute_dtype
             fsdp.shard_model(self.reference, self.device, compute_dtype=self.compute_dtype if ref_mixed else None)
             self._ref_autocast = ref_mixed and not self.sharded

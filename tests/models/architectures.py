@@ -1,0 +1,66 @@
+"""Tiny random models of the decoder architectures users bring (Llama, Qwen3, Gemma 2/3/4, Phi-3, Granite, Cohere,
+MoE models, ...), built from transformers' own config classes with nothing downloaded.
+
+Their output heads are rescaled so the logits spread as a trained model's do (standard deviation about 4): at a
+random initialisation they are near zero, and a missed soft cap or logit scale would not show in the log-probs.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+VOCAB = 97
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0, bos_token_id=2, eos_token_id=1)
+
+ARCHS = {
+    "qwen2": dict(),
+    "llama": dict(tie_word_embeddings=False),
+    "qwen3": dict(head_dim=16),
+    "mistral": dict(),
+    "gemma": dict(head_dim=16),
+    "gemma2": dict(head_dim=16, sliding_window=4, query_pre_attn_scalar=16),  # final_logit_softcapping=30
+    "gemma3_text": dict(head_dim=16, sliding_window=4, query_pre_attn_scalar=16, final_logit_softcapping=30.0),
+    "gemma4_text": dict(head_dim=16, sliding_window=4),
+    "phi3": dict(),
+    "olmo2": dict(),
+    "smollm3": dict(num_hidden_layers=4),  # every fourth layer without rotary embeddings (NoPE)
+    "granite": dict(logits_scaling=8.0, residual_multiplier=0.22, embedding_multiplier=12.0,
+                    attention_multiplier=0.015625),  # Granite 3's multipliers
+    "cohere": dict(),  # logit_scale=0.0625
+    "glm4": dict(head_dim=16),
+    "qwen3_moe": dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+    "phi": dict(),
+    "gpt_neox": dict(),
+    "starcoder2": dict(),
+}
+"""model_type -> what its tiny config sets beside :data:`COMMON`."""
+
+
+def build(name: str, seed: int = 0, logit_std: float = 4.0) -> torch.nn.Module:
+    """A float32 tiny ``name`` model in eval mode (SDPA attention), its head scaled to ``logit_std``."""
+    cfg = AutoConfig.for_model(name, **{**COMMON, **ARCHS[name]})
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg).float().eval()
+    with torch.no_grad():
+        std = float(model(torch.arange(2, 34)[None]).logits.float().std())
+        head = model.get_output_embeddings()
+        if head.weight is model.get_input_embeddings().weight:  # untie, so that the embedding keeps its scale
+            head.weight = torch.nn.Parameter(head.weight.detach().clone())
+            model.config.tie_word_embeddings = False
+        head.weight.mul_(logit_std / std)
+        if getattr(head, "bias", None) is not None:
+            head.bias.mul_(logit_std / std)
+    return model
+
+
+def own_logprobs(model: torch.nn.Module, prompt: torch.Tensor, response: torch.Tensor,
+                 temperature: float = 1.0) -> torch.Tensor:
+    """``response``'s log-probs after ``prompt`` from the model's own forward: the reference every path of relayrl
+    is held to."""
+    with torch.no_grad():
+        logits = model(torch.cat([prompt, response])[None], use_cache=False).logits[0, len(prompt) - 1:-1]
+    return torch.log_softmax(logits.float() / temperature, -1).gather(-1, response[:, None]).squeeze(-1)

@@ -1,0 +1,158 @@
+"""The decoder architectures users bring: relayrl's trainer and native generator give each model's own log-probs.
+
+The trainer runs the decoder and then the output head itself (packed rows, a chunked head), and the static
+decoder re-implements the decode step, so neither inherits what a model's forward does beyond Llama's shape:
+Gemma's logit soft-capping, Cohere's and Granite's logit scales (relayrl.models.logits), Granite's multipliers,
+GLM-4's extra norms, SmolLM3's layers without rotary embeddings. Each model here is a tiny random one of its
+architecture (tests/models/architectures.py) with logits spread as a trained model's.
+"""
+
+import pytest
+import torch
+
+from relayrl.engines.generation.base import SamplingParams
+from relayrl.engines.generation.native import NativeGenerationEngine
+from relayrl.engines.generation.static import step_mismatch, unsupported_reason
+from relayrl.engines.training.base import SequenceBatch
+from relayrl.engines.training.fsdp import ResponseLogits
+from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
+from relayrl.models.logits import HeadMismatchError, LogitTransform, check_head
+
+from tests.models.architectures import ARCHS, VOCAB, build, own_logprobs
+
+STATIC_REFUSED = {  # model_type -> what the static decoder's refusal names
+    "gemma2": "norms the step does not apply", "gemma3_text": "norms the step does not apply",
+    "gemma4_text": "norms the step does not apply", "glm4": "norms the step does not apply",
+    "phi3": "not a Llama-style layer", "olmo2": "not a Llama-style layer", "cohere": "not a Llama-style layer",
+    "smollm3": "no rotary position embedding", "granite": "embedding and residual stream",
+    "phi": "lacks embed_tokens", "gpt_neox": "lacks embed_tokens",
+}
+
+
+def _groups(seed: int = 1) -> SequenceBatch:
+    """Three prompt groups (3, 1 and 4 responses of 1-8 tokens)."""
+    g = torch.Generator().manual_seed(seed)
+    prompts, responses, groups = [], [], []
+    for gi, (n, length) in enumerate([(3, 5), (1, 2), (4, 7)]):
+        p = torch.randint(3, VOCAB, (length,), generator=g)
+        for _ in range(n):
+            prompts.append(p.clone())
+            responses.append(torch.randint(3, VOCAB, (int(torch.randint(1, 9, (1,), generator=g)),), generator=g))
+            groups.append(gi)
+    return SequenceBatch(prompts, responses, {}, groups)
+
+
+class _Tok:
+    """What the native engine reads of a tokenizer."""
+
+    pad_token_id, eos_token_id = 0, 1
+
+    def decode(self, ids, **_):
+        return " ".join(map(str, ids))
+
+
+def test_the_logit_transform_is_read_from_the_config():
+    assert LogitTransform.of(build("qwen2").config).identity
+    assert LogitTransform.of(build("gemma2").config) == LogitTransform(1.0, 30.0)
+    assert LogitTransform.of(build("cohere").config) == LogitTransform(0.0625, None)
+    assert LogitTransform.of(build("granite").config) == LogitTransform(1 / 8.0, None)
+    z = torch.tensor([-100.0, 0.0, 3.0, 100.0])
+    torch.testing.assert_close(LogitTransform(2.0, 30.0)(z), 30 * torch.tanh(2 * z / 30))
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_the_trainer_gives_the_models_own_logprobs(arch):
+    """Every packing (shared prompt, sequences, padded rows), with and without the chunked head: each response's
+    log-probs are the model's own forward's at temperature 0.7 (before the logit transform was applied, Gemma 2
+    and 3 were off by 1 nat, Cohere by 600 and Granite by 200)."""
+    model = build(arch)
+    batch = _groups()
+    want = [own_logprobs(model, p, r, 0.7) for p, r in zip(batch.prompt_ids, batch.response_ids)]
+    assert max(float(w.abs().max()) for w in want) > 10  # a trained model's spread, where a wrong head shows
+    for packing in ("shared_prompt", "sequences", "none"):
+        for chunk in (0, 16):
+            eng = TorchTrainingEngine(model, TrainEngineConfig(packing=packing, token_budget=4096,
+                                                               logprob_chunk=chunk), total_steps=1, trainable=False)
+            got = eng.logprobs(batch, temperature=0.7)[0]
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, atol=5e-5, rtol=1e-5, msg=f"{arch} packing={packing} chunk={chunk}")
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "cohere", "granite"])
+def test_the_trainers_gradient_goes_through_the_transform(arch):
+    """The trainer's decoder-then-head module (materialised logits, and the chunked head) gives the gradient of
+    a response's summed log-prob that the model's own forward gives: the soft cap and the scale are
+    differentiated through."""
+    model = build(arch)
+    batch = _groups()
+    p, r = batch.prompt_ids[0], batch.response_ids[0]
+    ids, rows = torch.cat([p, r])[None], torch.zeros(len(r), dtype=torch.long)
+    cols = torch.arange(len(p) - 1, len(p) + len(r) - 1)
+    weight = model.model.layers[-1].mlp.down_proj.weight
+
+    def grad(logp_sum) -> torch.Tensor:
+        model.zero_grad()
+        logp_sum.backward()
+        return weight.grad.clone()
+
+    logits = model(ids, use_cache=False).logits[0, len(p) - 1:-1].float()
+    want = grad(torch.log_softmax(logits, -1).gather(-1, r[:, None]).sum())
+    net = ResponseLogits(model, transform=LogitTransform.of(model.config))
+    got = {"materialised": grad(torch.log_softmax(net(ids, None, None, rows, cols), -1).gather(-1, r[:, None]).sum()),
+           "chunked": grad(net(ids, None, None, rows, cols, targets=r, chunk=3)[0].sum())}
+    for how, g in got.items():
+        torch.testing.assert_close(g, want, atol=1e-5, rtol=1e-4, msg=f"{arch}: {how}")
+    plain = grad(ResponseLogits(model)(ids, None, None, rows, cols, targets=r, chunk=3)[0].sum())
+    assert not torch.allclose(plain, want, atol=1e-4)  # without the transform: another gradient
+
+
+def test_a_model_that_changes_its_logits_some_other_way_is_refused():
+    """A forward that does more to its logits than relayrl knows (here: doubles them) is refused when the engine
+    starts, naming the model, not trained on another model's log-probs."""
+    model = build("qwen2")
+    forward = type(model).forward
+
+    def doubled(self, *args, **kwargs):
+        out = forward(self, *args, **kwargs)
+        out.logits = out.logits * 2
+        return out
+
+    model.forward = doubled.__get__(model)
+    with pytest.raises(HeadMismatchError, match="Qwen2ForCausalLM's forward returns logits that differ"):
+        TorchTrainingEngine(model, TrainEngineConfig(), total_steps=1, trainable=False)
+    assert check_head(model, LogitTransform(scale=2.0)).scale == 2.0  # with the right transform it passes
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_the_native_generator_samples_from_the_models_own_distribution(arch):
+    """Both decode paths: the log-probs kept with each sampled token are the model's own forward's at the
+    sampling temperature; the static decoder either matches too or refuses the model with the reason."""
+    model = build(arch)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (3, 6, 9)]
+    params = SamplingParams(temperature=3.0, max_new_tokens=8, ignore_eos=True)
+    reason = unsupported_reason(model) or step_mismatch(model)
+    assert (reason is None) == (arch not in STATIC_REFUSED), reason
+    if reason is not None:
+        assert STATIC_REFUSED[arch] in reason
+        with pytest.raises(ValueError, match="rollout.decode=static: .*use rollout.decode=dynamic"):
+            NativeGenerationEngine(model, _Tok(), max_batch=2, decode="static")
+    for decode in ("dynamic",) if reason else ("dynamic", "static"):
+        eng = NativeGenerationEngine(model, _Tok(), max_batch=2, decode=decode)
+        assert (eng.static is not None) == (decode == "static")
+        for p, o in zip(prompts, eng.generate(prompts, params, torch.Generator().manual_seed(1))):
+            want = own_logprobs(model, torch.tensor(p), o.token_ids, 3.0)
+            torch.testing.assert_close(o.logprobs, want, atol=1e-4, rtol=1e-4, msg=f"{arch} decode={decode}")
+
+
+def test_the_static_probe_catches_what_the_structure_hides():
+    """A layer whose forward computes more than its modules say (here: a doubled residual stream) passes the
+    structural checks; decoding one probe token with both paths finds it."""
+    model = build("llama")
+    assert unsupported_reason(model) is None and step_mismatch(model) is None
+    layer = model.model.layers[-1]
+    forward = type(layer).forward
+    layer.forward = lambda *a, **k: forward(layer, *a, **k) * 2
+    assert unsupported_reason(model) is None
+    why = step_mismatch(model)
+    assert why is not None and "its decode step differs from LlamaForCausalLM's forward" in why
