@@ -236,6 +236,11 @@ def step_plan(cfg: Config) -> StepPlan:
         what = "log-probs and sum of squared probabilities per token" if est.token_stats else "log-probs"
         notes.append(f"advantage={est.name} reads the trainer's {what} before the update: the pi_old pass runs "
                      f"(algorithm.old_logprobs=recompute), and the advantages wait for it")
+    if est.own_loss is not None and t.mini_batches * t.epochs > 1:
+        notes.append(f"advantage={est.name}'s advantages are {est.own_loss}'s gradient at the policy before the update: "
+                     f"with trainer.mini_batches={t.mini_batches} and trainer.epochs={t.epochs} the later optimizer "
+                     f"steps keep those coefficients, and each mini-batch's gradient is its rows' share scaled to "
+                     f"the mini-batch (an estimate of the batch's {est.own_loss} gradient)")
     stages = stage_graph(roles=tuple(roles), pools=pools, reward_pool=pl.reward, update=update, sequential=sequential,
                          group_filter=a.dynamic_sampling, baseline=est.baseline, recompute_old=recompute_old,
                          kl_in_reward=a.kl_in_reward, group_relative=est.group_relative,
