@@ -51,6 +51,11 @@ Tensor = torch.Tensor
 
 __all__ = ["best_worst_pairs", "online_dpo_coefficients", "online_dpo_advantages"]
 
+_FROM_DPO = {"dpo/rewards_chosen": "online_dpo/rewards_chosen", "dpo/rewards_rejected": "online_dpo/rewards_rejected",
+             "dpo/reward_accuracy": "online_dpo/reward_accuracy", "dpo/reward_margin": "online_dpo/reward_margin",
+             "dpo/logps_chosen": "online_dpo/logps_chosen", "dpo/logps_rejected": "online_dpo/logps_rejected"}
+"""``dpo_loss``'s figures under online DPO's names (its ``dpo/loss``: ``online_dpo/loss``, with the NLL term)."""
+
 
 def best_worst_pairs(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, int]:
     """The (chosen, rejected) pair of each prompt group: its highest- and its lowest-reward rows.
@@ -124,7 +129,7 @@ def online_dpo_coefficients(logps: Tensor, ref_logps: Tensor, lengths: Tensor, r
         total = loss + nll_weight * nll if nll_weight else loss
         (grad,) = torch.autograd.grad(total, s)
     g = grad.to(logps.dtype)
-    metrics = {f"online_dpo/{k.removeprefix('dpo/')}": v for k, v in m.items()}
+    metrics = {_FROM_DPO[k]: v for k, v in m.items() if k in _FROM_DPO}
     metrics["online_dpo/loss"] = float(total.detach())
     metrics.update(to_floats({"online_dpo/nll_chosen": nll.detach(),
                               "online_dpo/score_margin": (rewards[chosen] - rewards[rejected]).mean()}))

@@ -116,7 +116,11 @@ KEYS = ("online_dpo/loss", "online_dpo/pairs", "online_dpo/pair_frac", "online_d
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", [[], ["trainer.off_policy_steps=1"]], ids=["sync", "semi-online-k1"])
+@pytest.mark.parametrize("mode", [
+    [],
+    ["trainer.mode=periodic", "placement.pools={gen: 1}", "placement.rollout=gen"],
+    ["trainer.off_policy_steps=1"],
+], ids=["sync", "periodic", "semi-online-k1"])
 def test_the_recipe_trains_and_logs_dpos_figures(tmp_path, tiny_dir, mode):
     """Three steps of the recipe from the tiny model (a reward by length, so groups differ): every step logs the
     online_dpo/* figures, finite; the first step's policy is the reference, so its margins are 0 and its loss is
@@ -143,3 +147,14 @@ def test_a_reference_reset_makes_the_next_margins_zero(tmp_path, tiny_dir):
     for r in recs:
         assert r["online_dpo/loss"] == pytest.approx(math.log(2), abs=1e-5), r["step"]
         assert r["online_dpo/reward_margin"] == pytest.approx(0.0, abs=1e-5)
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_keeps_only_groups_that_give_a_pair(tmp_path, tiny_dir):
+    """A reward under which some prompts' responses all score 1 (dataflow_rewards:half_uniform): dynamic sampling
+    drops those groups and draws others, so every group the step trains on gives a pair."""
+    recs = _run(tmp_path, tiny_dir, "reward.user_fn=dataflow_rewards:half_uniform", "algorithm.dynamic_sampling=true",
+                "data.prompts_per_step=4", "trainer.steps=2")
+    assert sum(r["dapo/dropped_groups"] for r in recs) > 0
+    for r in recs:
+        assert r["online_dpo/pair_frac"] == 1.0 and r["online_dpo/pairs"] == 4 - r["dapo/missing_prompts"]
