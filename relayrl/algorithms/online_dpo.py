@@ -73,9 +73,10 @@ def best_worst_pairs(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor
     check_batch(rewards=rewards, group_ids=group_ids)
     if group_ids.dtype.is_floating_point:
         raise ValueError(f"group_ids must be integers, got dtype {group_ids.dtype}")
-    if not bool(torch.isfinite(rewards).all()):
-        raise ValueError(f"rewards must be finite to rank a group's responses; row {int((~torch.isfinite(rewards)).nonzero()[0])} "
-                         f"is {float(rewards[~torch.isfinite(rewards)][0])}")
+    bad = ~torch.isfinite(rewards)
+    if bool(bad.any()):
+        raise ValueError(f"rewards must be finite to rank a group's responses; row {int(bad.nonzero()[0])} is "
+                         f"{float(rewards[bad][0])}")
     ids = torch.unique(group_ids)
     chosen, rejected = [], []
     for g in ids.tolist():

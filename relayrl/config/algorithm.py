@@ -444,8 +444,8 @@ class AlgorithmConfig(_Section):
                              f"policy_loss={self.policy_loss}, loss_agg={self.loss_agg})")
         if self.kl_coef > 0 or self.kl_in_reward:
             what_kl = "algorithm.kl_in_reward=true" if self.kl_in_reward else f"algorithm.kl_coef={self.kl_coef}"
-            raise ValueError(f"{what_kl} adds a KL to the reference to {what}, and {est.own_loss}'s loss keeps the "
-                             f"policy near the reference itself (its beta, algorithm.online_dpo.beta): set "
+            raise ValueError(f"{what_kl} adds a KL to the reference beside {key}'s loss, which keeps the policy near "
+                             f"the reference itself ({est.own_loss}'s beta, algorithm.online_dpo.beta): set "
                              f"algorithm.kl_coef=0" + (" and kl_in_reward=false" if self.kl_in_reward else ""))
         if self.tis_cap is not None or self.correction.enabled:
             which = "algorithm.tis_cap" if self.tis_cap is not None else "algorithm.correction"

@@ -1,6 +1,6 @@
 """The plan of a GRPO-family step: the one reader of the algorithm, step-mode and placement keys.
 
-Every GRPO-family run (GRPO, DAPO, Dr.GRPO, RLOO, REINFORCE++, ReMax, PPO with a critic, episodes) is one
+Every GRPO-family run (GRPO, DAPO, Dr.GRPO, RLOO, REINFORCE++, ReMax, PPO with a critic, online DPO, episodes) is one
 step whose shape is set by a few parameters. :func:`step_plan` works them out from the config once; the
 config checks and the workflows ask the plan instead of reading ``trainer.mode``, ``off_policy_steps``,
 ``placement.*`` or ``algorithm.advantage`` themselves::
@@ -237,10 +237,10 @@ def step_plan(cfg: Config) -> StepPlan:
         notes.append(f"advantage={est.name} reads the trainer's {what} before the update: the pi_old pass runs "
                      f"(algorithm.old_logprobs=recompute), and the advantages wait for it")
     if est.own_loss is not None and t.mini_batches * t.epochs > 1:
-        notes.append(f"advantage={est.name}'s advantages are {est.own_loss}'s gradient at the policy before the update: "
-                     f"with trainer.mini_batches={t.mini_batches} and trainer.epochs={t.epochs} the later optimizer "
-                     f"steps keep those coefficients, and each mini-batch's gradient is its rows' share scaled to "
-                     f"the mini-batch (an estimate of the batch's {est.own_loss} gradient)")
+        notes.append(f"advantage={est.name}'s advantages are {est.own_loss}'s gradient at the policy before the "
+                     f"update: with trainer.mini_batches={t.mini_batches} and trainer.epochs={t.epochs} the later "
+                     f"optimizer steps keep those coefficients, and each mini-batch's gradient is its rows' share "
+                     f"scaled to the mini-batch (an estimate of the batch's {est.own_loss} gradient)")
     stages = stage_graph(roles=tuple(roles), pools=pools, reward_pool=pl.reward, update=update, sequential=sequential,
                          group_filter=a.dynamic_sampling, baseline=est.baseline, recompute_old=recompute_old,
                          kl_in_reward=a.kl_in_reward, group_relative=est.group_relative,

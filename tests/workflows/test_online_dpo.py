@@ -88,7 +88,8 @@ def test_the_step_trains_the_parameters_with_dpos_gradient(tiny_dir, tiny_tokeni
     out, metrics = advantage_rows(a, rewards, [len(r) for r in batch.response_ids], torch.tensor(batch.groups),
                                   ref_logprobs=ref, old_logprobs=old)
     batch.fields.update(advantages=out["advantages"], old_logprobs=old, ref_logprobs=ref)
-    loss = PolicyLoss(agg=a.loss_agg, kind=a.policy_loss, kl_coef=a.kl_coef, agg_constant=float(cfg.rollout.max_new_tokens))
+    loss = PolicyLoss(agg=a.loss_agg, kind=a.policy_loss, kl_coef=a.kl_coef,
+                      agg_constant=float(cfg.rollout.max_new_tokens))  # (as the step builds it: parts.build_parts)
     m = eng.train_step(batch, loss)
     value, want = _direct_dpo(tiny_dir, batch, ref, rewards, beta=0.3)
     assert len(grads) == 1 and bool(want.abs().sum() > 0)
