@@ -40,13 +40,8 @@ def _engine(tiny_dir, **cfg) -> tuple[TorchTrainingEngine, list[torch.Tensor]]:
 
     eng = TorchTrainingEngine(load_model(tiny_dir), TrainEngineConfig(dropout="none", **cfg), total_steps=4)
     grads: list[torch.Tensor] = []
-    step = eng.optimizer.step
-
-    def capture(*a, **kw):
-        grads.append(torch.cat([p.grad.flatten() for p in eng.model.parameters()]))
-        return step(*a, **kw)
-
-    eng.optimizer.step = capture
+    eng.optimizer.register_step_pre_hook(
+        lambda *_: grads.append(torch.cat([p.grad.flatten() for p in eng.model.parameters()])))
     return eng, grads
 
 
