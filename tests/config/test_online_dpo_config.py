@@ -84,3 +84,10 @@ def test_a_critic_is_never_built_and_the_reference_can_move():
     assert _cfg("trainer.ref_sync_every=2").trainer.ref_sync_every == 2
     with pytest.raises(ConfigError, match="algorithm.kl_coef=0 loads none"):  # (GRPO without a KL still refuses)
         load_config(Config, "recipes/arith_grpo.yaml", ["trainer.ref_sync_every=2"])
+
+
+def test_distillation_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text("{}")  # (a model directory, as far as the config checks)
+    with pytest.raises(ConfigError, match=r"algorithm.distill.teacher adds a teacher's reverse KL .* drop "
+                                          r"algorithm.distill.teacher"):
+        _cfg(f"algorithm.distill.teacher={tmp_path}")
