@@ -24,6 +24,7 @@ per module:
 * :mod:`~relayrl.algorithms.gmpo` -- GMPO: the geometric mean of clipped token ratios
 * :mod:`~relayrl.algorithms.distill` -- on-policy distillation advantages (GKD; Thinking Machines)
 * :mod:`~relayrl.algorithms.dpo` -- DPO / IPO / hinge / APO (with a reference model)
+* :mod:`~relayrl.algorithms.online_dpo` -- online DPO: each group's best-worst pair, DPO's gradient as advantages
 * :mod:`~relayrl.algorithms.simpo` -- SimPO: length-normalised, reference-free preference loss
 * :mod:`~relayrl.algorithms.orpo` -- ORPO: NLL plus an odds-ratio preference term, reference-free
 * :mod:`~relayrl.algorithms.cpo` -- CPO: DPO's sigmoid loss on summed log-probs, reference-free
@@ -67,6 +68,7 @@ __all__ = [
     "losses",
     "mismatch",
     "offpolicy",
+    "online_dpo",
     "orpo",
     "otb",
     "ratio",

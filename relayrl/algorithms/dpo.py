@@ -30,10 +30,11 @@ import torch
 import torch.nn.functional as F
 
 from relayrl.algorithms._checks import check_batch, check_ndim, to_floats
+from relayrl.algorithms.names import REFERENCE_KINDS
 
 Tensor = torch.Tensor
 
-DPO_KINDS: tuple[str, ...] = ("sigmoid", "ipo", "hinge", "apo_zero", "apo_down")
+DPO_KINDS: tuple[str, ...] = REFERENCE_KINDS
 """The kinds with a reference model (``dpo.kind``'s others, SimPO and ORPO, are :mod:`~relayrl.algorithms.simpo`
 and :mod:`~relayrl.algorithms.orpo`)."""
 

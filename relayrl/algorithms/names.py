@@ -6,7 +6,7 @@ recipe is validated, before torch is imported. :mod:`~relayrl.algorithms.aggrega
 from __future__ import annotations
 
 __all__ = ["AGG_MODES", "GROUP_AGG_MODES", "POLICY_LOSS_NAMES", "PREFERENCE_KINDS", "REFERENCE_FREE_KINDS",
-           "AVERAGED_KINDS", "SMOOTHED_KINDS", "KTO_LOSSES", "RATIO_FREE_LOSSES"]
+           "AVERAGED_KINDS", "SMOOTHED_KINDS", "KTO_LOSSES", "RATIO_FREE_LOSSES", "REFERENCE_KINDS"]
 
 AGG_MODES: tuple[str, ...] = (
     "token-mean",
@@ -36,6 +36,10 @@ PREFERENCE_KINDS: tuple[str, ...] = ("sigmoid", "ipo", "hinge", "apo_zero", "apo
 REFERENCE_FREE_KINDS: tuple[str, ...] = ("simpo", "orpo", "cpo")
 """The ``dpo.kind`` values whose loss needs no reference model: the workflow builds none and runs no reference
 pass."""
+
+REFERENCE_KINDS: tuple[str, ...] = tuple(k for k in PREFERENCE_KINDS if k not in REFERENCE_FREE_KINDS)
+"""The ``dpo.kind`` values with a reference model (:func:`~relayrl.algorithms.dpo.dpo_loss`'s kinds); online DPO
+(``algorithm.online_dpo.kind``) takes these."""
 
 AVERAGED_KINDS: tuple[str, ...] = ("simpo", "orpo")
 """The ``dpo.kind`` values that take each answer's average per-token log-prob (its sum over its token count); the

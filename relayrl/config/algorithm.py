@@ -12,12 +12,15 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from relayrl.algorithms.estimators import ESTIMATORS
-from relayrl.algorithms.names import AGG_MODES, POLICY_LOSS_NAMES
+from relayrl.algorithms.names import AGG_MODES, POLICY_LOSS_NAMES, REFERENCE_KINDS
 
 if TYPE_CHECKING:  # torch: imported when a loss asks for its correction, not while a recipe is validated
     from relayrl.algorithms.correction import Correction
+    from relayrl.algorithms.estimators import Estimator
+    from relayrl.algorithms.estimators.online_dpo import DPOSpec
 
-__all__ = ["AlgorithmConfig", "CorrectionConfig", "CovConfig", "DistillConfig", "SapoConfig", "VespoConfig"]
+__all__ = ["AlgorithmConfig", "CorrectionConfig", "CovConfig", "DistillConfig", "OnlineDPOConfig", "SapoConfig",
+           "VespoConfig"]
 
 
 class _Section(BaseModel):
@@ -175,6 +178,35 @@ class CovConfig(_Section):
         return self
 
 
+class OnlineDPOConfig(_Section):
+    """Online DPO's loss (``algorithm.advantage=online-dpo``; :mod:`relayrl.algorithms.online_dpo`): DPO on each
+    prompt group's highest- and lowest-reward responses, its gradient taken as their advantages. TRL's
+    ``OnlineDPOConfig`` ``beta`` and ``loss_type``."""
+
+    beta: float = Field(0.1, gt=0.0, description="inverse temperature of the implicit reward beta (log pi - log "
+                        "pi_ref) (TRL's beta, default 0.1)")
+    kind: Literal[REFERENCE_KINDS] = Field(  # type: ignore[valid-type]
+        "sigmoid", description="the pair loss, as dpo.kind: sigmoid (DPO), ipo, hinge (SLiC-HF), apo_zero, "
+        "apo_down (TRL's loss_type has sigmoid and ipo)")
+    label_smoothing: float = Field(0.0, ge=0.0, lt=0.5, description="conservative DPO's eps (kind=sigmoid only)")
+    nll_weight: float = Field(0.0, ge=0.0, description="weight of the chosen responses' NLL, the mean over pairs of "
+                              "each one's per-token mean (RPO, Pang et al. 2024), added to the loss and its gradient")
+
+    @model_validator(mode="after")
+    def _smoothing(self) -> "OnlineDPOConfig":
+        if self.label_smoothing and self.kind != "sigmoid":
+            raise ValueError(f"algorithm.online_dpo.label_smoothing is defined for kind=sigmoid only (got "
+                             f"kind={self.kind}): drop algorithm.online_dpo.label_smoothing")
+        return self
+
+    def spec(self) -> DPOSpec:
+        """The options as the estimator takes them."""
+        from relayrl.algorithms.estimators.online_dpo import DPOSpec
+
+        return DPOSpec(beta=self.beta, kind=self.kind, label_smoothing=self.label_smoothing,
+                       nll_weight=self.nll_weight)
+
+
 class AlgorithmConfig(_Section):
     """GRPO by default; DAPO is GRPO with clip_high > clip_low, token-mean, dynamic sampling, overlong shaping."""
 
@@ -280,6 +312,8 @@ class AlgorithmConfig(_Section):
     correction: CorrectionConfig = Field(CorrectionConfig(), description="rollout correction between the "
                                          "rollout engine's policy mu and pi_old")
     distill: DistillConfig = Field(DistillConfig(), description="on-policy distillation from a teacher model")
+    online_dpo: OnlineDPOConfig = Field(OnlineDPOConfig(), description="advantage=online-dpo: the DPO loss on each "
+                                        "prompt group's best and worst response")
 
     @model_validator(mode="after")
     def _names(self) -> "AlgorithmConfig":
@@ -288,6 +322,14 @@ class AlgorithmConfig(_Section):
         if self.loss_agg not in AGG_MODES:
             raise ValueError(f"algorithm.loss_agg={self.loss_agg!r} is not one of {', '.join(AGG_MODES)}")
         est = ESTIMATORS[self.advantage]
+        for name, section in (("online_dpo", self.online_dpo),):  # estimator options in sections of their own
+            if section.model_fields_set and name not in est.params:
+                key = sorted(section.model_fields_set)[0]
+                users = " or ".join(n for n, e in ESTIMATORS.items() if name in e.params)
+                raise ValueError(f"algorithm.{name}.{key} is read by algorithm.advantage={users} only (got "
+                                 f"{self.advantage!r}): set algorithm.advantage={users} or drop algorithm.{name}")
+        if est.own_loss is not None:
+            self._check_own_loss(est)
         if self.kl_in_reward and not est.reads_token_rewards:
             readers = " or ".join(n for n, e in ESTIMATORS.items() if e.reads_token_rewards)
             raise ValueError(f"algorithm.kl_in_reward=true puts the KL into per-token rewards, which only the "
@@ -297,6 +339,10 @@ class AlgorithmConfig(_Section):
             raise ValueError(f"algorithm.advantage={self.advantage} reads the trainer's per-token log-probs and sum "
                              f"of squared probabilities from its pass before the update, which "
                              f"algorithm.old_logprobs=rollout skips: use old_logprobs=auto (the pass then runs)")
+        if est.old_logprobs and self.old_logprobs == "rollout":
+            raise ValueError(f"algorithm.advantage={self.advantage} reads the trainer's log-probs from its pass before "
+                             f"the update, which algorithm.old_logprobs=rollout skips: use old_logprobs=auto (the "
+                             f"pass then runs)")
         if self.kl_in_reward and self.kl_kind.endswith("+"):
             raise ValueError(f"algorithm.kl_kind={self.kl_kind} changes the gradient of the KL loss term; with "
                              f"kl_in_reward=true the KL is a reward, which has none: use algorithm.kl_kind="
@@ -386,6 +432,36 @@ class AlgorithmConfig(_Section):
                 raise ValueError("algorithm.dual_clip bounds PPO's surrogate for negative advantages; CISPO's weight "
                                  "is already clipped on both sides: drop algorithm.dual_clip")
         return self
+
+    def _check_own_loss(self, est: Estimator) -> None:
+        """An estimator whose advantages are its own loss's gradient (``Estimator.own_loss``, online DPO) needs the
+        loss that turns them into that gradient, and nothing that changes it."""
+        key, what = f"algorithm.advantage={est.name}", f"{est.own_loss}'s gradient"
+        if self.policy_loss != "gpg" or self.loss_agg != "seq-mean-token-sum":
+            raise ValueError(f"{key} writes each response's coefficient of {what} as its advantage, which a "
+                             f"ratio-free -A log pi summed over each response's tokens turns into that gradient: set "
+                             f"algorithm.policy_loss=gpg and algorithm.loss_agg=seq-mean-token-sum (got "
+                             f"policy_loss={self.policy_loss}, loss_agg={self.loss_agg})")
+        if self.kl_coef > 0 or self.kl_in_reward:
+            what_kl = "algorithm.kl_in_reward=true" if self.kl_in_reward else f"algorithm.kl_coef={self.kl_coef}"
+            raise ValueError(f"{what_kl} adds a KL to the reference beside {key}'s loss, which keeps the policy near "
+                             f"the reference itself ({est.own_loss}'s beta, algorithm.online_dpo.beta): set "
+                             f"algorithm.kl_coef=0" + (" and kl_in_reward=false" if self.kl_in_reward else ""))
+        if self.tis_cap is not None or self.correction.enabled:
+            which = "algorithm.tis_cap" if self.tis_cap is not None else "algorithm.correction"
+            raise ValueError(f"{which} weighs each token's loss by pi_old / mu; {est.own_loss}'s loss is taken on the "
+                             f"sampled pairs as they are, with no importance weight: drop {which}")
+        if self.top_entropy_quantile < 1.0:
+            raise ValueError(f"algorithm.top_entropy_quantile={self.top_entropy_quantile} trains some of each "
+                             f"response's tokens only, and {what} is that of the whole response's log-prob: set "
+                             f"algorithm.top_entropy_quantile=1")
+        if self.overlong_filter:
+            raise ValueError(f"algorithm.overlong_filter drops truncated responses from the update, which would "
+                             f"leave a pair of {key} with one side: drop it (algorithm.overlong_shaping penalises "
+                             f"them in the reward instead, before the pairs are chosen)")
+        if self.distill.enabled:
+            raise ValueError(f"algorithm.distill.teacher adds a teacher's reverse KL to the advantages, which are "
+                             f"{what} with {key}: drop algorithm.distill.teacher")
 
     def entropy_controller(self):
         """The entropy bonus's coefficient, step by step (:class:`~relayrl.algorithms.entropy.EntropyController`):

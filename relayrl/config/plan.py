@@ -1,6 +1,6 @@
 """The plan of a GRPO-family step: the one reader of the algorithm, step-mode and placement keys.
 
-Every GRPO-family run (GRPO, DAPO, Dr.GRPO, RLOO, REINFORCE++, ReMax, PPO with a critic, episodes) is one
+Every GRPO-family run (GRPO, DAPO, Dr.GRPO, RLOO, REINFORCE++, ReMax, PPO with a critic, online DPO, episodes) is one
 step whose shape is set by a few parameters. :func:`step_plan` works them out from the config once; the
 config checks and the workflows ask the plan instead of reading ``trainer.mode``, ``off_policy_steps``,
 ``placement.*`` or ``algorithm.advantage`` themselves::
@@ -69,11 +69,12 @@ class Stage:
 
 def stage_graph(*, roles: tuple[str, ...], pools: dict[str, str], reward_pool: str, update: str, sequential: bool,
                 group_filter: bool, baseline: bool, recompute_old: bool, kl_in_reward: bool,
-                group_relative: bool, token_stats: bool = False) -> tuple[Stage, ...]:
+                group_relative: bool, token_stats: bool = False, reads_reference: bool = False) -> tuple[Stage, ...]:
     """The stages of a step in the order a sequential step runs them (each stage's ``reads`` come before it;
     in a ``sequential`` step each stage also reads the one before it). ``pools``: the pool of each role in
-    ``roles`` (``rollout`` and ``actor`` always). ``token_stats``: the advantages read the pi_old pass's
-    per-token statistics (OTB; that pass must be in the step, ``recompute_old``)."""
+    ``roles`` (``rollout`` and ``actor`` always). ``token_stats``: the advantages read the pi_old pass (OTB's
+    per-token statistics, online DPO's log-probs; that pass must be in the step, ``recompute_old``).
+    ``reads_reference``: the advantages read the reference's log-probs (online DPO; as the KL in the reward)."""
     rollout = pools["rollout"]
     on_rollout = {r: pools[r] == rollout for r in roles}
     whole = "batch" if sequential else "chunk"
@@ -89,7 +90,7 @@ def stage_graph(*, roles: tuple[str, ...], pools: dict[str, str], reward_pool: s
                          "batch" if gated else "chunk", gated, False))
     # group-relative advantages go per chunk unless every consumer waits for generation anyway
     waits = update == "batch" and all(on_rollout[r] for r in roles if r != "rollout")
-    reads = ("score",) + (("reference",) if kl_in_reward and "reference" in roles else ()) \
+    reads = ("score",) + (("reference",) if (kl_in_reward or reads_reference) and "reference" in roles else ()) \
         + (("values",) if "critic" in roles else ()) + (("baseline",) if baseline else ()) \
         + (("teacher",) if "teacher" in roles else ()) + (("old",) if token_stats and "old" in forward else ())
     out.append(Stage("advantages", "scorer", reward_pool, reads, "chunk" if group_relative and not waits else "batch",
@@ -109,7 +110,8 @@ class StepPlan:
     estimator: Estimator
     roles: tuple[str, ...]
     """The worker groups to build (a subset of :data:`ROLES`): ``reference`` when the KL needs one outside
-    the actor, ``critic`` when the estimator reads values, ``teacher`` for on-policy distillation."""
+    the actor or the estimator reads one (online DPO), ``critic`` when the estimator reads values, ``teacher``
+    for on-policy distillation."""
     pools: dict[str, str]
     """The pool of each role in :attr:`roles` (``main``: the actor's)."""
     ahead: int
@@ -130,8 +132,8 @@ class StepPlan:
     """The estimator reads one greedy response per prompt, scored (ReMax)."""
     recompute_old: bool
     """pi_old is a separate forward pass of the trainer before the update (the batch is used more than once,
-    ``algorithm.old_logprobs=recompute``, or the estimator reads that pass's per-token statistics: OTB's
-    ``token_stats``); otherwise the update's own pass gives it, detached."""
+    ``algorithm.old_logprobs=recompute``, or the estimator reads that pass: OTB's ``token_stats``, online DPO's
+    ``old_logprobs``); otherwise the update's own pass gives it, detached."""
     tri_model: bool
     """The actor computes the reference log-probs in its own layout (no reference group)."""
     group_metric: Literal["score", "reward"] = "score"
@@ -194,7 +196,7 @@ def step_plan(cfg: Config) -> StepPlan:
     a, t, pl = cfg.algorithm, cfg.trainer, cfg.placement
     est = estimator(a.advantage)
     roles = ["actor", "rollout"]
-    if a.kl_coef > 0 and not t.tri_model:
+    if (a.kl_coef > 0 or est.reference) and not t.tri_model:  # (tri_model with est.reference: refused by the config)
         roles.append("reference")
     if est.values:
         roles.append("critic")
@@ -229,15 +231,20 @@ def step_plan(cfg: Config) -> StepPlan:
     pools = {r: pools[r] for r in roles}
     reuses = t.epochs * t.mini_batches > 1 and (a.policy_loss not in RATIO_FREE_LOSSES or a.correction.enabled)
     recompute_old = a.old_logprobs == "recompute" or (a.old_logprobs == "auto" and reuses)
-    if est.token_stats and not recompute_old:  # (old_logprobs=rollout with such an estimator: refused by the config)
+    if est.reads_old and not recompute_old:  # (old_logprobs=rollout with such an estimator: refused by the config)
         recompute_old = True
-        notes.append(f"advantage={est.name} reads the trainer's log-probs and sum of squared probabilities per token "
-                     f"before the update: the pi_old pass runs (algorithm.old_logprobs=recompute), and the "
-                     f"advantages wait for it")
+        what = "log-probs and sum of squared probabilities per token" if est.token_stats else "log-probs"
+        notes.append(f"advantage={est.name} reads the trainer's {what} before the update: the pi_old pass runs "
+                     f"(algorithm.old_logprobs=recompute), and the advantages wait for it")
+    if est.own_loss is not None and t.mini_batches * t.epochs > 1:
+        notes.append(f"advantage={est.name}'s advantages are {est.own_loss}'s gradient at the policy before the "
+                     f"update: with trainer.mini_batches={t.mini_batches} and trainer.epochs={t.epochs} the later "
+                     f"optimizer steps keep those coefficients, and each mini-batch's gradient is its rows' share "
+                     f"scaled to the mini-batch (an estimate of the batch's {est.own_loss} gradient)")
     stages = stage_graph(roles=tuple(roles), pools=pools, reward_pool=pl.reward, update=update, sequential=sequential,
                          group_filter=a.dynamic_sampling, baseline=est.baseline, recompute_old=recompute_old,
                          kl_in_reward=a.kl_in_reward, group_relative=est.group_relative,
-                         token_stats=est.token_stats)
+                         token_stats=est.reads_old, reads_reference=est.reference)
     return StepPlan(
         estimator=est, roles=tuple(roles), pools=pools, ahead=ahead, overlapped=overlapped, update=update,
         colocated=rollout == "main", sequential=sequential, partial=cfg.rollout.partial and ahead > 0,

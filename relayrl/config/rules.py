@@ -78,7 +78,8 @@ def check_decoupled_rewards(self: Config) -> None:
 
 
 def check_ref_sync(self: Config) -> None:
-    """``trainer.ref_sync_every`` moves a reference model: there must be one (grpo with a KL to it, dpo, kto), and
+    """``trainer.ref_sync_every`` moves a reference model: there must be one (grpo with a KL to it or an estimator
+    that reads one, online DPO; dpo, kto), and
     it must be a model of its own (not the base under LoRA adapters)."""
     t = self.trainer
     if not t.ref_sync_every:
@@ -93,7 +94,7 @@ def check_ref_sync(self: Config) -> None:
     if self.workflow == "dpo" and self.dpo.kind in REFERENCE_FREE_KINDS:
         raise ValueError(f"{key} moves the reference model, and dpo.kind={self.dpo.kind} is reference-free: it "
                          f"loads none; drop trainer.ref_sync_every (or use a kind with a reference, e.g. sigmoid)")
-    if self.workflow == "grpo" and self.algorithm.kl_coef == 0:
+    if self.workflow == "grpo" and self.algorithm.kl_coef == 0 and not ESTIMATORS[self.algorithm.advantage].reference:
         raise ValueError(f"{key} moves the reference model, and algorithm.kl_coef=0 loads none: set "
                          f"algorithm.kl_coef > 0 or drop trainer.ref_sync_every")
     if self.model.lora.enabled:

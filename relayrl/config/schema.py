@@ -493,6 +493,10 @@ def _check_placement(self: Config) -> None:
         raise ValueError("trainer.mode=periodic is on-policy; trainer.off_policy_steps lets the rollout run up to "
                          "k versions ahead (its trainer also consumes groups as they arrive): choose one")
     if t.tri_model:
+        if ESTIMATORS[self.algorithm.advantage].reference:
+            raise ValueError(f"trainer.tri_model computes the reference's log-probs inside the update, after the "
+                             f"advantages; algorithm.advantage={self.algorithm.advantage} reads them before (in its "
+                             f"advantages): drop trainer.tri_model")
         if self.algorithm.kl_coef <= 0:
             raise ValueError("trainer.tri_model computes the reference's log-probs inside the actor, and "
                              "algorithm.kl_coef=0 needs none: set algorithm.kl_coef > 0 or drop trainer.tri_model")

@@ -59,7 +59,8 @@ def plan_passes(cfg) -> dict:
             "ref_in_update": plan.tri_model and cfg.algorithm.kl_coef > 0, "critic": "critic" in plan.roles,
             "kl_in_reward": cfg.algorithm.kl_in_reward, "group_relative": plan.estimator.group_relative,
             "accumulate": overlapped.update == "accumulate", "group_filter": plan.group_filter,
-            "baseline": plan.baseline, "token_stats": plan.estimator.token_stats,
+            "baseline": plan.baseline, "token_stats": plan.estimator.reads_old,
+            "reads_reference": plan.estimator.reference,
             "resample_rounds": cfg.algorithm.max_resample_rounds if plan.group_filter else 0}
 
 

@@ -396,7 +396,8 @@ def step_graph(w: Workload, p: Placement) -> tuple[Stage, ...]:
     return stage_graph(roles=roles, pools=pools, reward_pool="driver", update=update,
                        sequential=p.mode == "sync-colocated" and not w.group_filter, group_filter=w.group_filter,
                        baseline=w.baseline, recompute_old="old" in w.forward, kl_in_reward=w.kl_in_reward,
-                       group_relative=w.group_relative, token_stats=w.token_stats)
+                       group_relative=w.group_relative, token_stats=w.token_stats,
+                       reads_reference=w.reads_reference)
 
 
 def _shares(c: list[int], ranks: int) -> list[list[int]]:

@@ -156,8 +156,10 @@ class Workload(_Model):
                                "reference's log-probs")
     group_relative: bool = Field(True, description="the advantages of a group need only its own rewards (GRPO, "
                                  "RLOO, ...): they stream per chunk; False: whitened over the whole batch")
-    token_stats: bool = Field(False, description="the advantages read the pi_old pass's per-token statistics "
-                              "(OTB): they wait for that pass")
+    token_stats: bool = Field(False, description="the advantages read the pi_old pass (OTB's per-token "
+                              "statistics, online DPO's log-probs): they wait for that pass")
+    reads_reference: bool = Field(False, description="the advantages read the reference's log-probs (online DPO's "
+                                  "margins): they wait for the reference's pass")
     accumulate: bool = Field(True, description="in an overlapped mode (periodic, off-policy) the update "
                              "accumulates per chunk: the step plan's update='accumulate' (no critic, group-relative "
                              "advantages, one optimizer step per batch)")

@@ -8,7 +8,7 @@
                                                           more than once, or OTB reads the pass's statistics)
     values:      groups with responses [and rewards]   -> values        (critic)
     advantages:  groups with rewards [, ref, values,   -> advantages [, returns]
-                 teacher, old]
+                 teacher, old]  (ref: KL in the reward, or online DPO's margins with old)
                  (group-relative estimators per group; batch-whitened ones once the batch is complete)
     update:      batch:       once every row has advantages, mini-batches x epochs optimizer steps
                  accumulate:  forward + backward on each group as it gets advantages, one optimizer step
@@ -94,7 +94,8 @@ class Consume:
         cols = ["rewards", "response_ids", "group"] \
             + (["gen_logprobs", "ref_logprobs"] if a.kl_in_reward and p.reference is not None else []) \
             + (["values"] if est.values else []) + (["baseline"] if est.baseline else []) \
-            + (["old_logprobs", "sum_pi_squared"] if est.token_stats else []) \
+            + (["ref_logprobs"] if est.reference else []) \
+            + (["old_logprobs"] if est.reads_old else []) + (["sum_pi_squared"] if est.token_stats else []) \
             + (["gen_logprobs"] if est.token_stats and a.correction.enabled else []) \
             + (["gen_logprobs", "teacher_logprobs"] if p.teacher is not None else []) \
             + (["loss_mask"] if p.masked else []) \

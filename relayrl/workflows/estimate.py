@@ -59,7 +59,8 @@ def advantage_rows(a, rewards: torch.Tensor, lengths: Sequence[int], groups: tor
     (:func:`~relayrl.algorithms.gdpo.decoupled_rewards`), in place of ``rewards``.
     ``old_logprobs`` and ``sum_sq`` (estimators with ``token_stats``, OTB): the trainer's pre-update log-probs of
     the sampled tokens and ``sum_v p_v^2`` per token; with ``a.correction`` on and ``gen_logprobs`` given, the
-    estimator also gets the correction's per-token factor (:func:`is_weights`).
+    estimator also gets the correction's per-token factor (:func:`is_weights`). An estimator with ``reference``
+    (online DPO) reads ``ref_logprobs`` and ``old_logprobs``; its own metrics come back with the KL ones.
     """
     if fn_scores is not None:
         rewards = decoupled_rewards(fn_scores, fn_weights, groups)
@@ -90,8 +91,13 @@ def advantage_rows(a, rewards: torch.Tensor, lengths: Sequence[int], groups: tor
     rho = None
     if est.token_stats and a.correction.enabled and gen_logprobs is not None:
         rho = is_weights(a.correction, padded["logprobs"], pad_right(gen_logprobs), mask)
+    ref = pad_right(ref_logprobs) if est.reference and ref_logprobs is not None else None
     out = est(EstimatorInputs(rewards, groups, mask, token_rewards=token_rewards, baseline=baseline, gamma=a.gamma,
-                              lam=a.lam, normalize_std=a.normalize_std, whiten=est.values, is_weights=rho, **padded))
+                              lam=a.lam, normalize_std=a.normalize_std, whiten=est.values, is_weights=rho,
+                              ref_logprobs=ref, dpo=a.online_dpo.spec() if "online_dpo" in est.params else None,
+                              **padded))
+    if out.metrics:  # (the estimator's own figures: online DPO's)
+        kl_metrics = {**kl_metrics, **out.metrics}
 
     advantages = out.advantages
     if teacher_logprobs is not None:

@@ -1,5 +1,5 @@
 """The GRPO-family step: one implementation for every mode (GRPO, DAPO, Dr.GRPO, RLOO, REINFORCE++, ReMax,
-PPO with a critic, multi-turn episodes, reward models and judges as scorers).
+PPO with a critic, online DPO, multi-turn episodes, reward models and judges as scorers).
 
 The stages run as threads over one dock partition per step (the streaming dataflow of AsyncFlow's
 TransferQueue and the periodic asynchrony paper's Algorithm 1)::
@@ -8,7 +8,7 @@ TransferQueue and the periodic asynchrony paper's Algorithm 1)::
            │                                                                              ▼
            └─ReMax─► [baseline_ids] ──► baseline ──► [baseline] ──────────────────► advantages ──► [advantages]
                                                                                           ▲             │
-        reference ──► [ref_logprobs] ──(kl in reward)─────────────────────────────────────┘             │
+        reference ──► [ref_logprobs] ──(kl in reward, online DPO)─────────────────────────┘             │
         old (actor) ──► [old_logprobs] ──────────────────────────────────────────────────────┐          │
         values (critic) ──► [values] ──► advantages                                          ▼          ▼
                                                                                           update ◄─────┘
@@ -18,9 +18,11 @@ TransferQueue and the periodic asynchrony paper's Algorithm 1)::
     sample      prompts                       weights of the step (or k ahead) score, every pass
     score       response_ids                  a landed batch of rows           advantages; DAPO's next round
     baseline    baseline_ids (ReMax)          the kept groups' greedy rows     advantages
-    reference   prompt_ids, response_ids      a group (its pool's turn)        advantages (KL in reward), update
+    reference   prompt_ids, response_ids      a group (its pool's turn)        advantages (KL in reward, online
+                                                                                   DPO), update
     teacher     prompt_ids, response_ids      a group (its pool's turn)        advantages (distillation)
-    old/values  prompt_ids, response_ids      a group (its pool's turn)        update / advantages (GAE, OTB)
+    old/values  prompt_ids, response_ids      a group (its pool's turn)        update / advantages (GAE, OTB,
+                                                                                   online DPO)
     advantages  rewards [, values, baseline]  a group (or the whole batch)     update
     update      advantages and the passes     a group (accumulate) or all      the relay
     relay       the actor's weights           the update                       the next step's sample

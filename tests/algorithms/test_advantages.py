@@ -138,7 +138,7 @@ def test_compute_dispatch_broadcasts_and_validates():
     assert out.shape == m.shape and out[0, 2] == 0
     for name in E.ESTIMATORS:
         kw = {"values": torch.zeros(2, 3), "baseline_rewards": torch.zeros(2), "logprobs": torch.full((2, 3), -0.5),
-              "sum_sq": torch.full((2, 3), 0.4)}
+              "sum_sq": torch.full((2, 3), 0.4), "ref_logprobs": torch.full((2, 3), -0.7)}
         res = E.compute(name, rewards=rewards, group_ids=gids, mask=m, **kw)
         assert res.shape == (2, 3) and torch.isfinite(res).all(), name
     gae_adv = E.compute("gae", rewards=rewards, group_ids=gids, mask=m, values=torch.zeros(2, 3))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from relayrl.algorithms.estimators.base import Advantages, Estimator, EstimatorInputs
 from relayrl.algorithms.estimators.gae import GAE
 from relayrl.algorithms.estimators.gpg import GPG
+from relayrl.algorithms.estimators.online_dpo import ONLINE_DPO
 from relayrl.algorithms.estimators.grpo import DRGRPO, GRPO, GRPO_BATCH_STD
 from relayrl.algorithms.estimators.opo import GRPO_PASSK, OPO
 from relayrl.algorithms.estimators.otb import OTB, OTB_TIR
@@ -26,6 +27,8 @@ from relayrl.algorithms.estimators.rloo import RLOO
 
 if TYPE_CHECKING:
     import torch
+
+    from relayrl.algorithms.estimators.online_dpo import DPOSpec
 
 __all__ = ["ESTIMATORS", "Advantages", "Estimator", "EstimatorInputs", "compute", "estimator"]
 
@@ -43,6 +46,7 @@ ESTIMATORS: dict[str, Estimator] = {e.name: e for e in (
     GPG,
     OTB,
     OTB_TIR,
+    ONLINE_DPO,
 )}
 
 
@@ -58,14 +62,16 @@ def compute(name: str, *, rewards: torch.Tensor, group_ids: torch.Tensor, mask: 
             token_rewards: torch.Tensor | None = None, values: torch.Tensor | None = None,
             baseline_rewards: torch.Tensor | None = None, gamma: float = 1.0, lam: float = 1.0,
             normalize_std: bool = True, eps: float = 1e-6, whiten: bool = False,
-            logprobs: torch.Tensor | None = None, sum_sq: torch.Tensor | None = None) -> torch.Tensor:
-    """Advantages ``[B, T]`` of estimator ``name`` (shapes as in :class:`EstimatorInputs`); GAE's returns are
-    dropped (call the estimator itself for them)."""
+            logprobs: torch.Tensor | None = None, sum_sq: torch.Tensor | None = None,
+            ref_logprobs: torch.Tensor | None = None, dpo: DPOSpec | None = None) -> torch.Tensor:
+    """Advantages ``[B, T]`` of estimator ``name`` (shapes as in :class:`EstimatorInputs`); GAE's returns and an
+    estimator's metrics are dropped (call the estimator itself for them)."""
     from relayrl.algorithms._checks import check_nonempty, check_rows, check_same_shape
 
     est = estimator(name)
     check_nonempty("rewards", rewards)
     check_rows("rewards", rewards, "mask", mask)
-    check_same_shape(mask=mask, token_rewards=token_rewards, values=values, logprobs=logprobs, sum_sq=sum_sq)
+    check_same_shape(mask=mask, token_rewards=token_rewards, values=values, logprobs=logprobs, sum_sq=sum_sq,
+                     ref_logprobs=ref_logprobs)
     return est(EstimatorInputs(rewards, group_ids, mask, token_rewards, values, baseline_rewards, gamma, lam,
-                               normalize_std, eps, whiten, logprobs, sum_sq)).advantages
+                               normalize_std, eps, whiten, logprobs, sum_sq, ref_logprobs, dpo)).advantages

@@ -18,8 +18,17 @@ them to the inputs a step has (:class:`EstimatorInputs`) and declares:
 * ``token_stats``: it reads two per-token statistics of the policy before the update, the log-prob of each
   sampled token and ``sum_v p_v^2`` of each position's distribution (OTB), so the step runs the trainer's
   pre-update (pi_old) pass, which writes both, and computes the advantages after it;
-* ``params``: the ``algorithm`` keys it reads besides the rewards (``gamma``, ``lam``, ``normalize_std``), so
-  a value set for an estimator that ignores it is refused when the config loads.
+* ``old_logprobs``: it reads the log-probs of that pass alone (online DPO's margins), with the same effect on the
+  step (``token_stats`` implies it: :attr:`Estimator.reads_old`);
+* ``reference``: it reads the reference model's log-probs of the sampled tokens (online DPO's implicit rewards),
+  so the step builds a reference whatever ``algorithm.kl_coef`` says and computes the advantages after its pass;
+* ``own_loss``: its advantages are the per-response gradient of a loss of its own (the name given, e.g. DPO's):
+  ``-A log pi`` summed over each response's tokens and averaged over the batch's responses
+  (``policy_loss=gpg``, ``loss_agg=seq-mean-token-sum``) then has exactly that loss's gradient, so the config
+  refuses any other policy loss or aggregation and every term that would change that gradient (a KL term or
+  KL reward, a rollout correction, token selection, the overlong filter, distillation);
+* ``params``: the ``algorithm`` keys it reads besides the rewards (``gamma``, ``lam``, ``normalize_std``, the
+  ``online_dpo`` section), so a value set for an estimator that ignores it is refused when the config loads.
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 
 if TYPE_CHECKING:  # the records are torch-free: the config checks read them before torch is imported
     from torch import Tensor
+
+    from relayrl.algorithms.estimators.online_dpo import DPOSpec
 
 __all__ = ["Advantages", "Estimator", "EstimatorInputs", "broadcast", "token_rewards"]
 
@@ -61,6 +72,10 @@ class EstimatorInputs:
     estimators)."""
     sum_sq: Tensor | None = None
     """``[B, T]`` ``sum_v p_v^2`` of each position's distribution under the same policy (``token_stats=True``)."""
+    ref_logprobs: Tensor | None = None
+    """``[B, T]`` log-probs of the sampled tokens under the reference model (``reference=True`` estimators)."""
+    dpo: DPOSpec | None = None
+    """Online DPO's options (``algorithm.online_dpo``); None: their defaults."""
     is_weights: Tensor | None = None
     """``[B, T]`` the rollout correction's per-token factor (``algorithm.correction``: the truncated or masked
     importance weight ``pi_old / mu``), for ``token_stats=True`` estimators when the correction is on (OTB weighs
@@ -72,6 +87,8 @@ class Advantages(NamedTuple):
     """``[B, T]``, 0 at masked positions."""
     returns: Tensor | None = None
     """``[B, T]`` the critic's regression targets (estimators with ``values=True``)."""
+    metrics: dict[str, float] | None = None
+    """The estimator's own figures of the batch (namespaced, e.g. ``online_dpo/loss``), logged with the step's."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +105,16 @@ class Estimator:
     min_group: int = 1
     group_baseline: bool = False
     token_stats: bool = False
+    old_logprobs: bool = False
+    reference: bool = False
+    own_loss: str | None = None
     params: frozenset[str] = frozenset()
+
+    @property
+    def reads_old(self) -> bool:
+        """It reads the trainer's pre-update (pi_old) pass: its log-probs (``old_logprobs``), or those and
+        ``sum_v p_v^2`` (``token_stats``)."""
+        return self.old_logprobs or self.token_stats
 
     def __call__(self, x: EstimatorInputs) -> Advantages:
         if self.values and x.values is None:
@@ -98,6 +124,12 @@ class Estimator:
         if self.token_stats and (x.logprobs is None or x.sum_sq is None):
             raise ValueError(f"advantage estimator {self.name!r} needs the policy's per-token statistics; pass "
                              f"logprobs=... and sum_sq=...")
+        if self.old_logprobs and x.logprobs is None:
+            raise ValueError(f"advantage estimator {self.name!r} needs the policy's pre-update log-probs; pass "
+                             f"logprobs=...")
+        if self.reference and x.ref_logprobs is None:
+            raise ValueError(f"advantage estimator {self.name!r} needs the reference model's log-probs; pass "
+                             f"ref_logprobs=...")
         return self.fn(x)
 
 
