@@ -24,7 +24,7 @@ import torch
 from relayrl.errors import UserError
 
 __all__ = ["load_model", "load_tokenizer", "load_pretrained", "read_json", "resolve_dtype", "absent_weights",
-           "few_names", "progress_bars", "ModelLoadError"]
+           "few_names", "progress_bars", "ModelLoadError", "decoder_layers", "check_attention"]
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -258,11 +258,26 @@ def load_tokenizer(path: str | Path, *, chat_template: str | None = None):
 
 def load_model(path: str | Path, *, dtype: str = "float32", device: str | torch.device = "cpu",
                attn_implementation: str = "sdpa"):
-    """Load a causal LM from ``path`` in ``dtype`` on ``device``, in train mode."""
+    """Load a causal LM from ``path`` in ``dtype`` on ``device``, in train mode (an attention implementation
+    that would skip part of the model's attention is refused first: :func:`check_attention`)."""
     from transformers import AutoModelForCausalLM
 
+    check_attention(model_config(Path(path)), attn_implementation, Path(path))
     model = load_pretrained(AutoModelForCausalLM, Path(path), dtype=dtype, attn_implementation=attn_implementation)
     return model.to(device)
+
+
+def check_attention(config, attn_implementation: str, path: Path) -> None:
+    """Refuse an attention implementation that computes another model than ``config`` describes: Gemma 2 caps
+    its attention scores (``attn_logit_softcapping``, 50), and transformers passes the cap to its eager
+    attention only (SDPA and FlashAttention kernels take no cap and drop it without a word)."""
+    conf = config.get_text_config() if hasattr(config, "get_text_config") else config
+    cap = getattr(conf, "attn_logit_softcapping", None)
+    if cap and attn_implementation != "eager":
+        raise ModelLoadError(f"model directory {path}: {type(config).__name__} caps its attention scores "
+                             f"(attn_logit_softcapping={cap:g}), which attn_implementation={attn_implementation!r} "
+                             f"skips (transformers applies the cap in eager attention only); set "
+                             f"model.attn_implementation=eager")
 
 
 _DROPOUT_RATES = ("attention_dropout", "attn_dropout", "dropout")
@@ -359,3 +374,15 @@ def load_value_model(path: str | Path, *, dtype: str = "float32", device: str | 
     model.config.tie_word_embeddings = False  # the value head is not the embedding matrix
     model.set_output_embeddings(head)
     return model
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's repeated blocks: modules of the classes ``model._no_split_modules`` names (Hugging Face's
+    decoder layers), which FSDP2 shards one at a time, ``engine.compile`` compiles one at a time and LoRA's
+    default targets come from."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} names no decoder layer class in _no_split_modules ({sorted(names)}); "
+                         "relayrl shards, compiles and adapts (LoRA's default targets) one decoder layer at a time")
+    return layers

@@ -40,7 +40,7 @@ from relayrl.errors import UserError
 from relayrl.models.lora_config import DEFAULT_TARGETS, LoraConfig  # torch-free (re-exported)
 
 __all__ = ["LoraConfig", "LoraError", "apply_lora", "merged_weights", "base_name", "trainable_names",
-           "adapters_disabled", "DEFAULT_TARGETS"]
+           "adapters_disabled", "DEFAULT_TARGETS", "resolve_targets"]
 
 _ADAPTER = "default"  # peft's name for the one adapter relayrl trains
 
@@ -58,24 +58,41 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig, *, trainable: tuple[torc
 
     import peft
 
-    _check_targets(model, cfg)
+    targets = resolve_targets(model, cfg)
+    _check_targets(model, cfg, targets)
     with warnings.catch_warnings():  # peft reads transformers' deprecated attribute: noise in every LoRA run
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         wrapped = peft.get_peft_model(model, peft.LoraConfig(
-            r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules),
+            r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
             bias="none"))
     for m in trainable:
         m.requires_grad_(True)
     return wrapped
 
 
-def _check_targets(model: torch.nn.Module, cfg: LoraConfig) -> None:
-    """The linear layers ``cfg.target_modules`` names (by peft's rule: a module name equal to a target or
-    ending in ``.target``) exist, none is the output head, and none is narrower than ``cfg.r``."""
+def resolve_targets(model: torch.nn.Module, cfg: LoraConfig) -> list[str]:
+    """The target names ``cfg`` gives on ``model``: ``cfg.target_modules``, or (null) the names of every linear
+    layer inside the model's decoder layers (:func:`~relayrl.models.load.decoder_layers`), in first-seen order."""
+    if cfg.target_modules is not None:
+        return list(cfg.target_modules)
+    from relayrl.models.load import decoder_layers
+
+    names: dict[str, None] = {}
+    for layer in decoder_layers(model):
+        names.update((n.rsplit(".", 1)[-1], None) for n, m in layer.named_modules() if isinstance(m, torch.nn.Linear))
+    if not names:
+        raise LoraError(f"{type(model).__name__}'s decoder layers hold no linear layer for an adapter; name the "
+                        f"layers in model.lora.target_modules")
+    return list(names)
+
+
+def _check_targets(model: torch.nn.Module, cfg: LoraConfig, targets: list[str]) -> None:
+    """The linear layers ``targets`` names (by peft's rule: a module name equal to a target or ending in
+    ``.target``) exist, none is the output head, and none is narrower than ``cfg.r``."""
     linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
     names = {n.rsplit(".", 1)[-1] for n, m in linears.items() if m is not head}  # (the head is refused below)
-    hits = {t: [n for n in linears if n == t or n.endswith("." + t)] for t in cfg.target_modules}
+    hits = {t: [n for n in linears if n == t or n.endswith("." + t)] for t in targets}
     missing = [t for t, found in hits.items() if not found]
     if missing:
         raise LoraError(f"model.lora.target_modules names {missing}, which {type(model).__name__} has no linear "

@@ -8,7 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 __all__ = ["DEFAULT_TARGETS", "LoraConfig"]
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-"""The attention and MLP projections of Llama, Qwen2, Mistral and their kin (every linear of a decoder layer)."""
+"""The attention and MLP projections of Llama, Qwen2, Mistral and their kin (every linear of a decoder layer): what
+``target_modules=null`` resolves to on those models, and what the planner counts without a model at hand."""
 
 
 class LoraConfig(BaseModel):
@@ -21,13 +22,17 @@ class LoraConfig(BaseModel):
     r: int = Field(16, ge=1, description="rank of each adapter (A: [r, in], B: [out, r])")
     alpha: float = Field(32.0, gt=0, description="the update is scaled by alpha / r")
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input (0: none)")
-    target_modules: list[str] = Field(list(DEFAULT_TARGETS), description="names of the linear layers that get an "
-                                      "adapter (module-name suffixes, as peft matches them); the default covers "
-                                      "the attention and MLP projections of Llama/Qwen2-style models")
+    target_modules: list[str] | None = Field(None, description="names of the linear layers that get an adapter "
+                                             "(module-name suffixes, as peft matches them); null: every linear layer "
+                                             "inside the model's decoder layers, by the names it has (q_proj k_proj "
+                                             "v_proj o_proj gate_proj up_proj down_proj on Llama/Qwen2/Gemma, qkv_proj "
+                                             "o_proj gate_up_proj down_proj on Phi-3, query_key_value dense ... on "
+                                             "GPT-NeoX; MoE experts stored as fused tensors are not linear layers and "
+                                             "get none), as peft's all-linear, without the output head")
 
     @field_validator("target_modules")
     @classmethod
-    def _some(cls, v: list[str]) -> list[str]:
-        if not v:
+    def _some(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and not v:
             raise ValueError("model.lora.target_modules is empty: name at least one linear layer (e.g. q_proj)")
         return v

@@ -126,7 +126,7 @@ class ModelShape(_Model):
                 "v_proj": (hidden, kv * head_dim), "o_proj": (heads * head_dim, hidden),
                 "gate_proj": (hidden, ffn), "up_proj": (hidden, ffn), "down_proj": (ffn, hidden)}
         adapters = sum(lora.r * (i + o) for name, (i, o) in dims.items()
-                       if any(name.endswith(t) or t.endswith(name) for t in lora.target_modules))
+                       if any(name.endswith(t) or t.endswith(name) for t in lora.target_modules or dims))
         return cls(params=params, layers=layers, hidden=hidden, kv_dim=kv * head_dim, vocab=vocab,
                    compute_bytes=compute, train_bytes=compute, trainable=max(1, adapters * layers), fused=fused)
 

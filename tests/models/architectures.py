@@ -39,14 +39,16 @@ ARCHS = {
 """model_type -> what its tiny config sets beside :data:`COMMON`."""
 
 
-def build(name: str, seed: int = 0, logit_std: float = 4.0) -> torch.nn.Module:
-    """A float32 tiny ``name`` model in eval mode (SDPA attention), its head scaled to ``logit_std``."""
-    cfg = AutoConfig.for_model(name, **{**COMMON, **ARCHS[name]})
-    cfg._attn_implementation = "sdpa"
+def build(name: str, seed: int = 0, logit_std: float = 4.0, vocab: int = VOCAB) -> torch.nn.Module:
+    """A float32 tiny ``name`` model in eval mode (SDPA attention, or eager where only eager computes the model),
+    its head scaled to ``logit_std``; ``vocab``: its vocabulary size (a tokenizer's, for a run)."""
+    cfg = AutoConfig.for_model(name, **{**COMMON, "vocab_size": vocab, **ARCHS[name]})
+    # eager where the model caps its attention scores (Gemma 2): transformers' SDPA path drops the cap
+    cfg._attn_implementation = "eager" if getattr(cfg, "attn_logit_softcapping", None) else "sdpa"
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg).float().eval()
     with torch.no_grad():
-        std = float(model(torch.arange(2, 34)[None]).logits.float().std())
+        std = float(model(torch.arange(3, 35)[None] % vocab).logits.float().std())
         head = model.get_output_embeddings()
         if head.weight is model.get_input_embeddings().weight:  # untie, so that the embedding keeps its scale
             head.weight = torch.nn.Parameter(head.weight.detach().clone())

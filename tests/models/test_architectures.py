@@ -16,7 +16,9 @@ from relayrl.engines.generation.static import step_mismatch, unsupported_reason
 from relayrl.engines.training.base import SequenceBatch
 from relayrl.engines.training.fsdp import ResponseLogits
 from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
+from relayrl.models.load import decoder_layers
 from relayrl.models.logits import HeadMismatchError, LogitTransform, check_head
+from relayrl.models.lora import LoraConfig, apply_lora, merged_weights
 
 from tests.models.architectures import ARCHS, VOCAB, build, own_logprobs
 
@@ -156,3 +158,50 @@ def test_the_static_probe_catches_what_the_structure_hides():
     assert unsupported_reason(model) is None
     why = step_mismatch(model)
     assert why is not None and "its decode step differs from LlamaForCausalLM's forward" in why
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_lora_by_default_adapts_every_linear_layer_of_the_decoder_layers(arch):
+    """model.lora.target_modules=null: the linear layers of the decoder layers under whatever names the model
+    gives them (Phi-3's qkv_proj, GPT-NeoX's query_key_value, an MoE model's attention), never the output head;
+    the merged weights are the base's with ``W + (alpha / r) B A`` on exactly those layers."""
+    model = build(arch)
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    want = {f"{n}.weight" for n, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and any(m is x for layer in decoder_layers(model) for x in layer.modules())}
+    assert want
+    apply_lora(model, LoraConfig(enabled=True, r=4, alpha=8.0))
+    adapted = {f"{n}.weight" for n, m in model.named_modules() if hasattr(m, "lora_A")}
+    assert adapted == want
+    for m in model.modules():  # B = 0 at the start: move it so the merge shows
+        if hasattr(m, "lora_B"):
+            torch.nn.init.normal_(m.lora_B["default"].weight, std=0.1)
+    merged = dict(merged_weights(model))
+    assert want <= set(merged) <= set(base)  # the base model's names, no adapter tensors
+    for name, value in merged.items():
+        assert torch.equal(value, base[name]) != (name in want), name
+
+
+def test_gemma2s_attention_cap_needs_eager_attention_and_the_packed_trainer_computes_it(tmp_path):
+    """Gemma 2 caps its attention scores (attn_logit_softcapping), which transformers applies in eager attention
+    only: loading it with SDPA is refused naming the key; with eager, scores far past the cap give the packed
+    trainer's log-probs the model's own (the shared-prompt mask added to the capped scores)."""
+    from relayrl.models.load import ModelLoadError, load_model
+
+    model = build("gemma2")
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(40.0)
+            layer.self_attn.k_proj.weight.mul_(40.0)
+    model.save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError, match="attn_logit_softcapping=50.*set model.attn_implementation=eager"):
+        load_model(tmp_path)
+    model = load_model(tmp_path, attn_implementation="eager").eval()
+    batch = _groups()
+    want = [own_logprobs(model, p, r) for p, r in zip(batch.prompt_ids, batch.response_ids)]
+    eng = TorchTrainingEngine(model, TrainEngineConfig(packing="shared_prompt"), total_steps=1, trainable=False)
+    for g, w in zip(eng.logprobs(batch)[0], want):
+        torch.testing.assert_close(g, w, atol=5e-5, rtol=1e-5)
+    model.config._attn_implementation = "sdpa"  # what SDPA would have trained: another model
+    dropped = [own_logprobs(model, p, r) for p, r in zip(batch.prompt_ids, batch.response_ids)]
+    assert max(float((a - b).abs().max()) for a, b in zip(dropped, want)) > 0.1

@@ -173,7 +173,7 @@ def flex_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
                          "attention_dropout to 0")
     if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
         raise ValueError(f"{ATTN} applies no logit soft-capping or attention sinks; load this model with "
-                         "attn_implementation='sdpa'")
+                         "attn_implementation='eager' (transformers' SDPA path drops the cap too)")
     if not isinstance(attention_mask, BlockMask):
         raise TypeError(f"{ATTN} takes a BlockMask (relayrl.engines.training.flex.block_mask), got "
                         f"{type(attention_mask).__name__}")

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from relayrl.models.load import decoder_layers
 from relayrl.models.logits import LogitTransform
 
 __all__ = ["ResponseLogits", "world_size", "shard_model", "max_over_ranks", "sum_over_ranks", "union_over_ranks",
@@ -95,16 +96,6 @@ def _shaped(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
 def world_size() -> int:
     """Ranks of the default process group (1 when none is initialised)."""
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The repeated blocks to shard one by one: modules named in ``model._no_split_modules`` (Hugging Face)."""
-    names = set(getattr(model, "_no_split_modules", None) or [])
-    layers = [m for m in model.modules() if type(m).__name__ in names]
-    if not layers:
-        raise ValueError(f"{type(model).__name__} names no decoder layer class in _no_split_modules ({sorted(names)}); "
-                         "FSDP2 data parallelism shards one decoder layer at a time")
-    return layers
 
 
 def shard_model(root: ResponseLogits, device: torch.device, compute_dtype: torch.dtype | None = None) -> bool:
