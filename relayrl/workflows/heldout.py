@@ -37,7 +37,7 @@ from relayrl.models.load import check_model_dir, load_tokenizer
 from relayrl.models.tiny import build_tiny
 from relayrl.workflows.episodes import episode_spec, evaluate_episodes
 from relayrl.workflows.roles import rollout_init
-from relayrl.workflows.workers import RolloutWorker, generate
+from relayrl.workflows.rollout_worker import RolloutWorker, generate
 
 __all__ = ["EvalSession", "evaluate_config", "check_evaluable", "check_device", "resolve_model_path"]
 

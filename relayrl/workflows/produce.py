@@ -22,7 +22,7 @@ from relayrl.engines.reward.extra import sample_fields
 from relayrl.workflows.flow import Flow
 from relayrl.workflows.parts import StepParts
 from relayrl.workflows.scoring import ScoreWorker
-from relayrl.workflows.workers import RolloutWorker
+from relayrl.workflows.rollout_worker import RolloutWorker
 
 __all__ = ["Produce"]
 
