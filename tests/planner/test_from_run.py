@@ -12,8 +12,9 @@ from relayrl.cli import main as cli
 from relayrl.cli.boundary import EXIT_CONFIG
 from relayrl.config.loader import load_run_config
 from relayrl.planner.from_run import _measured, fit_profile, length_trend, placement_of, read_run, run_lengths
+from relayrl.planner.placement import Placement
 from relayrl.planner.profile import save_profile
-from relayrl.planner.simulate import Placement, simulate
+from relayrl.planner.simulate import simulate
 
 from .toy import toy_profile, toy_workload
 
