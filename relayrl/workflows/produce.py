@@ -21,8 +21,8 @@ from relayrl.config.plan import PARTIAL_POLL_S
 from relayrl.engines.reward.extra import sample_fields
 from relayrl.workflows.flow import Flow
 from relayrl.workflows.parts import StepParts
-from relayrl.workflows.scoring import ScoreWorker
 from relayrl.workflows.rollout_worker import RolloutWorker
+from relayrl.workflows.scoring import ScoreWorker
 
 __all__ = ["Produce"]
 

@@ -99,8 +99,8 @@ def test_cli_plan_with_a_stored_profile(tmp_path, capsys):
 def test_the_plan_names_candidates_too_close_to_rank_as_near_ties():
     """A candidate predicted within NEAR_TIE of the best is named with its overrides before the best line; one
     further away, or one that does not fit, is not."""
-    from relayrl.planner.search import NEAR_TIE
     from relayrl.planner.placement import Prediction
+    from relayrl.planner.search import NEAR_TIE
 
     def pred(placement, step_s, fits=True):
         return Prediction(placement, step_s, tokens=100.0, busy={"main": 1.0}, memory_gib={"main": 1.0}, fits=fits)
