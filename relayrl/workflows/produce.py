@@ -229,7 +229,8 @@ class Produce:
                                    [each[i] for i in kept] if p.cfg.reward.decoupled else None))
         if len(kept) < len(rows):
             p.dock.retire(f.part, [r for r, k in zip(rows, keep) if not k])
-        rates = pass_rates(scores.tolist(), groups.tolist())  # (every judged group: data.retire_solved)
+        # every judged group's pass rate (data.retire_solved), solved at data.retire_score
+        rates = pass_rates(scores.tolist(), groups.tolist(), p.cfg.data.retire_score)
         with st.cond:
             st.pass_rates.update(rates)
             st.scores += [float(scores[i]) for i in kept]
