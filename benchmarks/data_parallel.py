@@ -37,7 +37,7 @@ from relayrl.cluster import ResourcePool, WorkerGroup
 from relayrl.engines.training.base import SequenceBatch
 from relayrl.engines.training.torch_engine import TrainEngineConfig
 from relayrl.workflows.losses import PolicyLoss
-from relayrl.workflows.workers import PolicyWorker
+from relayrl.workflows.trainer_workers import PolicyWorker
 
 
 def make_batch(prompts: int, n: int, max_len: int, vocab: int, seed: int = 0) -> SequenceBatch:

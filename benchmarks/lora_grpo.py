@@ -60,7 +60,7 @@ def last_accuracy(wf) -> float:
 
 
 def summary(wf, times: list[float], a: argparse.Namespace) -> dict:
-    from relayrl.workflows.workers import PolicyWorker
+    from relayrl.workflows.trainer_workers import PolicyWorker
 
     recs = [json.loads(line) for line in (wf.s.dir / "metrics.jsonl").read_text().splitlines()]
     acc = [r["eval/accuracy"] for r in recs if "eval/accuracy" in r]

@@ -76,7 +76,7 @@ CONFIGS: dict[str, list[str]] = {
 
 
 def placement_of(name: str):
-    from relayrl.planner.simulate import Placement
+    from relayrl.planner.placement import Placement
 
     return {"colo1": Placement("sync-colocated", main=1), "colo2": Placement("sync-colocated", main=2),
             "split": Placement("sync-split", main=1, gen=1), "periodic": Placement("periodic", main=1, gen=1),

@@ -104,10 +104,16 @@ class DataConfig(BaseModel):
     retire_solved: float | None = Field(
         None, gt=0, le=1, description="workflow grpo on data.path or data.hf_name: retire a training row for the "
         "rest of the run once a step's group of responses to it reaches this pass rate (the share of the group "
-        "whose verifier score, before any shaping, is >= 1.0, as train/accuracy counts), e.g. 0.9: ScaleRL's "
-        "no-positive-resampling and POLARIS's removal of easy prompts. A retired row is skipped in the rest of the "
-        "epoch and in every later one (data/retired, data/active_rows); the run stops early, checkpointed and "
-        "exported, once every row is retired. null: every row stays")
+        "whose score, before any shaping, is >= data.retire_score), e.g. 0.9: ScaleRL's no-positive-resampling "
+        "and POLARIS's removal of easy prompts. A retired row is skipped in the rest of the epoch and in every "
+        "later one (data/retired, data/active_rows); the run stops early, checkpointed and exported, once every "
+        "row is retired. null: every row stays")
+    retire_score: float = Field(
+        1.0, allow_inf_nan=False, description="data.retire_solved: the score (the reward's, before any shaping) "
+        "from which a response counts as solved in its group's pass rate. 1.0 is what train/accuracy and "
+        "eval/accuracy count as correct with the built-in verifiers; set it for a reward in another range (a "
+        "user function's partial credit, a reward model's scores), e.g. 0.5; any finite number. train/accuracy "
+        "keeps counting scores >= 1.0. Read only with data.retire_solved")
     prompts_per_step: int = Field(8, ge=1, description="workflow grpo: prompts an RL step draws, each answered "
                                   "rollout.n times (SFT and DPO take trainer.batch_size)")
 

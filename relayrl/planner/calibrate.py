@@ -291,7 +291,7 @@ so that a path's fixed cost per call and its factor on the engines' costs can be
 
 
 def _path_runs() -> dict[str, tuple[object, list[str]]]:
-    from relayrl.planner.simulate import Placement
+    from relayrl.planner.placement import Placement
 
     out = {"colocated": (Placement("sync-colocated", main=1), [f"run.threads={cores()}"]),
            "dataflow": (Placement("sync-split", main=1, gen=1), ["placement.pools.gen=1", "placement.rollout=gen"])}

@@ -12,9 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from relayrl.cli.argtypes import check_makeable
 from relayrl.planner.profile import Profile, load_profile, save_profile
+
+if TYPE_CHECKING:
+    from relayrl.config.schema import Config
 
 __all__ = ["add_parser", "cmd_plan"]
 
@@ -103,6 +107,30 @@ def _check_profile_inputs(reward_fn: str, out: Path, model: str | None) -> None:
     check_makeable(out, "relayrl plan --profile: --out", fix)
 
 
+def _run_steps(cfg: Config) -> Config:
+    """``cfg`` with the steps its run takes, for ``--length-growth``: a ``trainer.total_epochs`` recipe's are
+    counted from its training rows loaded as the run loads them (:func:`relayrl.workflows.problems.resolve_steps`,
+    the code the run resolves them with); the lines about the rows and the steps are printed."""
+    from relayrl.config.loader import ConfigError
+    from relayrl.errors import UserError
+    from relayrl.workflows.problems import resolve_steps
+
+    epochs = cfg.trainer.total_epochs
+    if epochs is None:
+        return cfg
+    source = f"data.path={cfg.data.path}" if cfg.data.path is not None else f"data.hf_name={cfg.data.hf_name}"
+    try:
+        cfg, line = resolve_steps(cfg, log=print)
+    except (UserError, OSError) as e:
+        raise ConfigError(f"relayrl plan --length-growth grows the lengths over the run's trainer.steps, which "
+                          f"trainer.total_epochs={epochs:g} counts from the training rows of {source} as the run "
+                          f"loads them (with the model's tokenizer), and they cannot be loaded here: {e}. Make them "
+                          f"readable here, or give trainer.steps=N with trainer.total_epochs=null, or drop "
+                          f"--length-growth") from None
+    print(f"relayrl plan: {line}")
+    return cfg
+
+
 def cmd_plan(args) -> int:
     from pydantic import ValidationError
 
@@ -146,11 +174,8 @@ def cmd_plan(args) -> int:
     from relayrl.planner.search import candidates, format_plan, rank
 
     cfg = load_run_config(args.recipe, args.overrides)
-    if args.length_growth and cfg.trainer.total_epochs is not None:
-        raise ConfigError(f"relayrl plan --length-growth grows the lengths over the run's trainer.steps, and "
-                          f"trainer.total_epochs={cfg.trainer.total_epochs:g} makes them from the dataset's rows when "
-                          f"the run starts (its first lines say how many): give trainer.steps=N with "
-                          f"trainer.total_epochs=null, or drop --length-growth")
+    if args.length_growth:
+        cfg = _run_steps(cfg)
     try:
         prof = _hardware(args.hardware)
         w = workload_from_config(cfg, model_config=args.model_config, prompt_tokens=args.prompt_tokens,

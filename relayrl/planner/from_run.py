@@ -29,8 +29,9 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from relayrl.planner.placement import Placement, Prediction
 from relayrl.planner.profile import Profile
-from relayrl.planner.simulate import Placement, Prediction, simulate
+from relayrl.planner.simulate import simulate
 from relayrl.planner.workload import LengthDist, Workload
 
 __all__ = ["RunRecord", "read_run", "placement_of", "length_trend", "run_lengths", "fit_profile", "plan_from_run"]

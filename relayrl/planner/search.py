@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from relayrl.planner.placement import Placement, Prediction
 from relayrl.planner.profile import Profile
-from relayrl.planner.simulate import Placement, Prediction, simulate
+from relayrl.planner.simulate import simulate
 from relayrl.planner.workload import Workload
 
 __all__ = ["candidates", "rank", "format_plan"]

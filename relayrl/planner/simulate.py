@@ -1,5 +1,6 @@
-"""A discrete-event model of GRPO steps for a placement and a step mode: predicted step time, busy time per
-pool, peak memory per device.
+"""A discrete-event model of GRPO steps for a placement and a step mode (the planner's time model): predicted
+step time and busy time per pool; the peak memory per device comes from the memory model (:mod:`.memory`) with
+the KV-cache peak the simulated generation reaches. The records it takes and returns are in :mod:`.placement`.
 
 It follows the cost model of HybridFlow's auto-mapping (§6, Algorithm 1: the cost of each role's
 stage on its devices, the step as the critical path through generation, preparation and training) and
@@ -53,93 +54,16 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from dataclasses import dataclass, field
-from typing import Literal
 
 from relayrl.config.plan import PARTIAL_POLL_S, Stage, stage_graph
 from relayrl.models.packing import cut_group, pack_units, plan_microbatches
+from relayrl.planner.memory import memory_gib
+from relayrl.planner.placement import Placement, Prediction
 from relayrl.planner.profile import DeviceProfile, PathCost, Profile
 from relayrl.planner.workload import Workload
 
-__all__ = ["Placement", "Prediction", "simulate", "simulate_batches", "overlap_shares", "generate_rank", "memory_gib",
-           "path_key", "step_graph"]
-
-Mode = Literal["sync-colocated", "sync-split", "periodic", "offpolicy"]
-GIB = 2**30
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where the roles run and how a step is scheduled."""
-
-    mode: Mode
-    main: int
-    """Devices of the actor's pool (its data-parallel size): ``cluster.devices``."""
-    gen: int = 0
-    """Devices of the rollout's own pool (``placement.pools.gen``); 0: the rollout is on ``main``."""
-    k: int = 0
-    """``offpolicy``: the staleness bound ``trainer.off_policy_steps``."""
-    partial: bool = False
-    """``offpolicy``: partial rollout (``rollout.partial``)."""
-
-    def __post_init__(self) -> None:
-        if self.main < 1:
-            raise ValueError(f"main={self.main}: the actor needs at least one device")
-        if (self.mode == "sync-colocated") != (self.gen == 0):
-            raise ValueError(f"mode {self.mode} with gen={self.gen}: the colocated loop has no rollout pool, the "
-                             f"other modes need one (gen >= 1)")
-        if (self.mode == "offpolicy") != (self.k >= 1) or (self.partial and self.mode != "offpolicy"):
-            raise ValueError(f"mode {self.mode} with k={self.k}, partial={self.partial}: k >= 1 and partial are "
-                             f"for mode offpolicy only, which needs k >= 1")
-
-    @property
-    def devices(self) -> int:
-        return self.main + self.gen
-
-    @property
-    def pools(self) -> str:
-        return f"main={self.main}" + (f" gen={self.gen}" if self.gen else "")
-
-    @property
-    def mode_name(self) -> str:
-        return self.mode if self.mode != "offpolicy" else f"offpolicy-k{self.k}" + ("-partial" if self.partial else "")
-
-    def overrides(self) -> list[str]:
-        """The config overrides that run this placement."""
-        out = [f"cluster.devices={self.main}"]
-        if self.gen:
-            out += [f"placement.pools.gen={self.gen}", "placement.rollout=gen"]
-        if self.mode == "periodic":
-            out.append("trainer.mode=periodic")
-        if self.mode == "offpolicy":
-            out += [f"trainer.off_policy_steps={self.k}", f"rollout.partial={str(self.partial).lower()}"]
-        return out
-
-
-@dataclass
-class Prediction:
-    """What :func:`simulate` predicts for one placement."""
-
-    placement: Placement
-    step_s: float
-    tokens: float
-    """Prompt + response tokens trained per step (the mean over the simulated steps)."""
-    busy: dict[str, float]
-    """Share of the step each pool computes (0..1)."""
-    memory_gib: dict[str, float]
-    """Peak memory of one device of each pool."""
-    fits: bool
-    phases: dict[str, float] = field(default_factory=dict)
-    """Seconds per step of each stage (summed, they overlap in the split modes)."""
-    per: int = 0
-    """Devices the throughput is divided by: the placement's, or on a CPU the machine's cores (every CPU
-    placement uses all of them, a device being a share)."""
-
-    @property
-    def tpspd(self) -> float:
-        """Tokens per second per device (Periodic Asynchrony's TPSPD)."""
-        return self.tokens / (self.step_s * (self.per or self.placement.devices))
-
+__all__ = ["simulate", "simulate_batches", "overlap_shares", "generate_rank", "train_s", "optimizer_s", "path_key",
+           "step_graph"]
 
 # -- generation -----------------------------------------------------------------------------------
 
@@ -257,47 +181,6 @@ def _optimizers_s(dev: DeviceProfile, profile: Profile, w: Workload, dp: int) ->
 
 def relay_s(profile: Profile, w: Workload) -> float:
     return profile.relay(w.model.params * w.model.compute_bytes)
-
-
-# -- memory ---------------------------------------------------------------------------------------
-
-def memory_gib(w: Workload, p: Placement, kv_peak_tokens: float, gpu: bool = False) -> dict[str, float]:
-    """Peak memory of one device per pool: trainer state (master weights, fp32 gradients, Adam's two
-    moments) sharded over ``main`` ranks, activations of one micro-batch (about 18 values per hidden unit
-    per token per layer, Korthikanti et al.'s count without recomputation; with gradient checkpointing each
-    layer's input and one layer's 18; plus one chunk of output logits), and on the rollout's devices its weights in the compute dtype and the KV cache of its rows
-    in flight. Colocated: the trainer's state plus the larger of the KV cache and the activations; with
-    offload, the larger of the two phases (training: trainer state and activations; generation: the rollout's
-    weights and KV cache). LoRA: the frozen base in the compute dtype, gradients and moments of the adapters.
-    ``gpu`` with ``w.decode_fused``: the rollout's fused copy of its q/k/v and gate/up weights too (kept between
-    phases unless offloaded); with ``w.expand_kv``: each kept layer's keys and values at the query heads' width
-    (taken as the hidden size). ``w.head_stored``: the output logits of a micro-batch's every token.
-    ``w.sequence_parallel``: a micro-batch's activations (and stored logits) spread over that many ranks.
-    Not modelled: sequence parallelism's two all-to-alls per layer (time), the [L, L] mask each SP rank keeps.
-    ``w.rollout_tp`` N: the rollout's weights are split over the N devices of a rank (vLLM's tensor
-    parallelism); its KV cache is taken as simulated (the rows in flight of one device's rank: a rank of N
-    devices keeps about N times the rows, each device 1/N of their heads)."""
-    m = w.model
-    state = (m.params * m.train_bytes + m.trained_params * (4 + 8)) / p.main
-    if p.main > 1 and w.dp_sync == "step":  # during a step: the gathered weights and unreduced fp32 gradients
-        state += (m.params * m.compute_bytes + m.trained_params * 4) * (p.main - 1) / p.main
-    per_token = (m.layers + 18) if w.checkpointing else m.layers * 18  # values per hidden unit kept per token
-    tokens = w.token_budget / w.sequence_parallel  # a micro-batch's tokens on one rank (Ulysses: 1/sp of them)
-    acts = tokens * m.hidden * per_token * m.compute_bytes + 1024 * m.vocab * 4 * 2
-    if w.head_stored:  # engine.head_grad=stored: the pass's logits kept for the backward
-        acts += tokens * m.vocab * m.compute_bytes
-    if gpu and w.expand_kv:  # keys and values repeated to the query heads (about hidden wide), in every kept layer
-        kept = 1 if w.checkpointing else m.layers
-        acts += w.token_budget * 2 * max(0, m.hidden - m.kv_dim) * kept * m.compute_bytes
-    kv = kv_peak_tokens * m.layers * 2 * m.kv_dim * m.compute_bytes
-    rollout_weights = m.params * m.compute_bytes / w.rollout_tp
-    fused = m.fused * m.compute_bytes if gpu and w.decode_fused else 0.0
-    if p.gen == 0 and w.offload:
-        return {"main": max(state + acts, rollout_weights + fused + kv) / GIB}
-    if p.gen == 0:
-        extra = rollout_weights if m.compute_bytes != m.train_bytes or m.trainable else 0.0
-        return {"main": (state + extra + fused + max(kv, acts)) / GIB}
-    return {"main": (state + acts) / GIB, "gen": (rollout_weights + fused + kv) / GIB}
 
 
 # -- the step -------------------------------------------------------------------------------------

@@ -42,7 +42,8 @@ from typing import Callable
 
 from relayrl.weights.relay import StagedWeights, WeightRelay
 from relayrl.workflows.flow import Flow
-from relayrl.workflows.workers import PolicyWorker, RolloutWorker
+from relayrl.workflows.rollout_worker import RolloutWorker
+from relayrl.workflows.trainer_workers import PolicyWorker
 
 __all__ = ["RolloutAhead"]
 

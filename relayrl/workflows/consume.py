@@ -28,7 +28,7 @@ from relayrl.cluster import WorkerGroup
 from relayrl.workflows.flow import Flow
 from relayrl.workflows.parts import StepParts
 from relayrl.workflows.scoring import ScoreWorker
-from relayrl.workflows.workers import CriticWorker, PolicyWorker, ReferenceWorker
+from relayrl.workflows.trainer_workers import CriticWorker, PolicyWorker, ReferenceWorker
 
 __all__ = ["Consume"]
 

@@ -36,7 +36,7 @@ from relayrl.workflows.ref_logps import ReferenceLogps, Row, planned_rows
 from relayrl.workflows.ref_sync import ReferenceSync
 from relayrl.workflows.session import Session
 from relayrl.workflows.sft import answer_ids
-from relayrl.workflows.workers import ReferenceWorker
+from relayrl.workflows.trainer_workers import ReferenceWorker
 
 __all__ = ["train_dpo", "take_pairs", "pair_rows"]
 

@@ -20,7 +20,7 @@ from relayrl.environments.config import EpisodeSpec, build_env_factory
 from relayrl.environments.episodes import episode_metrics
 from relayrl.evaluation.metrics import per_source, source_names, summarize
 from relayrl.evaluation.runner import EvalResult
-from relayrl.workflows.workers import RolloutWorker
+from relayrl.workflows.rollout_worker import RolloutWorker
 
 __all__ = ["episode_spec", "rollout_episodes", "evaluate_episodes", "log_episode_errors"]
 

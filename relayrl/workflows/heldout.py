@@ -1,7 +1,7 @@
 """What an evaluation of a run config needs, and ``relayrl eval --recipe``.
 
 :class:`EvalSession` resolves a config's model, tokenizer, held-out problems (a built-in task's eval set, or
-the rows a dataset holds out) and verifier, and runs the held-out evaluation a training run runs every
+the rows a dataset holds out: :class:`~relayrl.workflows.problems.RunProblems`) and verifier, and runs the held-out evaluation a training run runs every
 ``eval.every`` steps. The training :class:`~relayrl.workflows.session.Session` is one with a run directory,
 training prompts, telemetry and checkpoints added; :func:`evaluate_config` is one with a rollout group of
 its own and no training (``relayrl eval --model DIR --recipe RECIPE``)::
@@ -29,17 +29,15 @@ from relayrl.cluster import ResourcePool, make_group
 from relayrl.config.loader import ConfigError
 from relayrl.config.rollout_devices import pool_pack
 from relayrl.config.schema import Config
-from relayrl.data.tasks import Problem, make_task
 from relayrl.engines.generation.interrupt import Interrupt, build_interrupt
 from relayrl.engines.reward.user import trainer_state, with_progress
 from relayrl.evaluation.runner import EvalResult, evaluate, write_report
-from relayrl.models.load import check_model_dir, load_tokenizer
-from relayrl.models.tiny import build_tiny
 from relayrl.workflows.episodes import episode_spec, evaluate_episodes
+from relayrl.workflows.problems import RunProblems
 from relayrl.workflows.roles import rollout_init
-from relayrl.workflows.workers import RolloutWorker, generate
+from relayrl.workflows.rollout_worker import RolloutWorker, generate
 
-__all__ = ["EvalSession", "evaluate_config", "check_evaluable", "check_device", "resolve_model_path"]
+__all__ = ["EvalSession", "evaluate_config", "check_evaluable", "check_device"]
 
 
 def check_device(cfg: Config) -> None:
@@ -50,24 +48,16 @@ def check_device(cfg: Config) -> None:
                           f"model.device=cpu (or auto, which picks a GPU when there is one)")
 
 
-def resolve_model_path(cfg: Config) -> Path:
-    """``trainer.init_from`` > ``model.path`` > the tiny default (built and cached on first use)."""
-    for key, value in (("trainer.init_from", cfg.trainer.init_from), ("model.path", cfg.model.path)):
-        if value:  # (checked here, not in each worker that loads the weights)
-            return check_model_dir(value, key, f"{key}={value}")
-    return build_tiny(cfg.model.tiny)
-
-
-class EvalSession:
-    """Model, tokenizer, held-out problems, verifier and evaluation of a run config; reports go to
-    ``report_dir`` (``NAME-stepNNNNNN.json`` for a step, ``NAME.json`` without one), with ``report_extra``
-    beside the metrics."""
+class EvalSession(RunProblems):
+    """Model, tokenizer, held-out problems (:class:`~relayrl.workflows.problems.RunProblems`), verifier and
+    evaluation of a run config; reports go to ``report_dir`` (``NAME-stepNNNNNN.json`` for a step, ``NAME.json``
+    without one), with ``report_extra`` beside the metrics. ``training``: the problems as a training run loads
+    them (its training rows fitted, ``data.max_rows`` of them)."""
 
     def __init__(self, cfg: Config, *, report_dir: Path, report_extra: dict | None = None,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, training: bool = False) -> None:
         from relayrl.engines.reward import RewardEngine
 
-        self.cfg, self.log = cfg, log
         self.report_dir, self.report_extra = report_dir, dict(report_extra or {})
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
@@ -75,13 +65,7 @@ class EvalSession:
         np.random.seed(cfg.run.seed % 2**32)
         torch.manual_seed(cfg.run.seed)
         check_device(cfg)
-        self.model_path = resolve_model_path(cfg)
-        self.tokenizer = load_tokenizer(self.model_path, chat_template=cfg.model.template())
-        self._encode_cache: dict[str, list[int]] = {}
-        self.task, self.train_problems, self.eval_problems = self._data()
-        """``train_problems``: a dataset's training rows (None for a built-in task, which draws fresh ones)."""
-        self._describe_tools(self.train_problems)
-        self._check_lengths()
+        super().__init__(cfg, training=training, log=log)
         self.interrupt, self.eval_interrupt = interrupts(cfg, self.tokenizer)
         """``rollout.interrupt`` with its phrase tokenized: the rollout's thinking budget (capped by
         ``rollout.max_new_tokens``) and evaluation's (None with ``rollout.interrupt.eval=false``; capped by
@@ -96,94 +80,6 @@ class EvalSession:
         self.pool = ResourcePool(name="main", devices=cfg.cluster.devices, nodes=cfg.cluster.nodes,
                                  device_kind="cuda" if cuda else "cpu", node=cfg.placement.nodes.get("main"),
                                  pack=pool_pack(cfg, "main"))
-
-    # ------------------------------------------------------------------ data
-    def _data(self) -> tuple[object, list[Problem] | None, list[Problem]]:
-        """(the task or None, a dataset's training rows or None, the held-out problems)."""
-        from relayrl.data.datasets import load_problems
-
-        d = self.cfg.data
-        if d.task is not None:
-            task = make_task(d.task, **d.task_options)
-            eval_task = make_task(d.task, **{**d.task_options, **(d.eval_task_options or {}), "eval_size": self.cfg.eval.size})
-            return task, None, eval_task.eval_set()
-        rejected = d.rejected_key if self.cfg.workflow in ("dpo", "rm") else None  # preference pairs, every row checked
-        kto = self.cfg.workflow == "kto"  # labelled rows, every label checked; only desirable answers are scored
-        label = d.label_key if kto else None
-        train = load_problems(d.dataset(rejected_key=rejected, label_key=label))
-        size = self.cfg.eval.size
-        held_out = d.eval_datasets(rejected_key=rejected if self.cfg.workflow == "rm" else None, label_key=label)
-        if held_out:  # each held-out set's first eval.size rows (verl's data.val_files list)
-            return None, train, [p for i, ds in enumerate(held_out) for p in self._held_out(ds, i, len(held_out), kto)]
-        if len(train) >= 2 * size:  # hold out a seeded sample of rows; train on the rest
-            held = set(random.Random(self.cfg.run.seed).sample(range(len(train)), size))
-            self.log(f"relayrl: no data.eval_path; holding out {size} of {len(train)} rows of {d.path or d.hf_name} for evaluation")
-            return None, [p for i, p in enumerate(train) if i not in held], _scored([train[i] for i in sorted(held)], kto)
-        self.log(f"relayrl: no data.eval_path and only {len(train)} rows in {d.path or d.hf_name}: evaluating on the first "
-                 f"{min(size, len(train))} training rows (not held out); set data.eval_path for a held-out score")
-        return None, train, _scored(train, kto)[:size]
-
-    def _held_out(self, ds, i: int, of: int, kto: bool = False) -> list[Problem]:
-        """The first ``eval.size`` scored rows of held-out set ``ds`` (kto: its desirable rows), item ``i`` of
-        ``of`` (an error names the item of a data.eval_path list)."""
-        from relayrl.data.datasets import DatasetError, load_problems
-
-        try:
-            return _scored(load_problems(ds), kto)[: self.cfg.eval.size]
-        except DatasetError as e:
-            if of == 1:
-                raise
-            raise DatasetError(f"data.eval_path item {i} ({ds.path}): {e}") from None
-
-    def _describe_tools(self, train: list[Problem] | None) -> None:
-        """``env.tools_in_prompt``: the tool environment's tools go into each chat prompt's template, in its
-        ``tools`` list (as TRL renders them), so an instruct model knows what it may call."""
-        env = self.cfg.env
-        chats = [p for p in (*(train or ()), *self.eval_problems) if "messages" in p.meta]
-        if env.name != "tools" or not env.tools_in_prompt or not chats:
-            return
-        from relayrl.environments.config import load_tool
-        from relayrl.environments.tools import tool_schema
-
-        if "tools" not in str(getattr(self.tokenizer, "chat_template", None) or ""):
-            self.log(f"relayrl: env.tools_in_prompt: the chat template of {self.model_path} has no tools list, so "
-                     f"the prompts do not describe the tools; describe them in data.system_prompt (or set "
-                     f"env.tools_in_prompt=false to silence this)")
-            return
-        schemas = [tool_schema(load_tool(t, env.sandbox)) for t in env.tools]
-        for p in chats:
-            p.meta["tools"] = schemas
-
-    def _check_lengths(self) -> None:
-        """Refuse (or with ``data.long_prompts=drop`` leave out) a held-out row longer than
-        ``data.max_prompt_tokens`` or whose prompt plus the tokens generated after it exceed the model's
-        ``max_position_embeddings`` (positions past it were never trained); a training session fits its
-        training rows first. ``relayrl eval --task/--data`` applies the same context check
-        (:func:`relayrl.data.lengths.check_context`)."""
-        e = self.cfg.eval
-        key = "eval.max_new_tokens" if e.max_new_tokens else "rollout.max_new_tokens"
-        budget = e.max_new_tokens or self.cfg.rollout.max_new_tokens
-        self.eval_problems = self._fit(self.eval_problems, "held-out", budget, key)
-
-    def _fit(self, problems: list[Problem], what: str, budget: int | None, key: str) -> list[Problem]:
-        """The ``what`` rows that fit ``data.max_prompt_tokens`` and the model's context beside ``budget`` new
-        tokens (None: the rows are not generated from), as :func:`relayrl.data.lengths.fit_prompts` keeps them."""
-        from relayrl.data.lengths import PromptRoom, context_limit, fit_prompts
-
-        d = self.cfg.data
-        room = PromptRoom(max_tokens=d.max_prompt_tokens, budget=budget, key=key,
-                          limit=context_limit(self.model_path), model=self.model_path)
-        return fit_prompts(problems, self.encode, room, drop=d.long_prompts == "drop", what=what, log=self.log)
-
-    def encode(self, problem: Problem) -> list[int]:
-        """Prompt token ids (chat template applied to chat-message prompts), cached by prompt text."""
-        ids = self._encode_cache.get(problem.prompt)
-        if ids is None:
-            from relayrl.data.datasets import encode_prompt
-
-            ids = self._encode_cache[problem.prompt] = list(encode_prompt(self.tokenizer, problem, self.cfg.data.chat_template,
-                                                                 self.cfg.data.chat_template_kwargs))
-        return ids
 
     def progress(self, done: int):
         """The training's progress after ``done`` RL steps, as a TRL reward function's ``trainer_state`` reads
@@ -280,18 +176,3 @@ def evaluate_config(cfg: Config, out: Path, *, extra: dict | None = None,
                           None).metrics
     finally:
         rollout.shutdown()
-
-
-def _scored(problems: list[Problem], kto: bool) -> list[Problem]:
-    """The held-out problems whose answer is a ground truth to score against: for workflow kto the rows
-    labelled desirable (an undesirable completion is no answer to reach)."""
-    if not kto:
-        return problems
-    good = [p for p in problems if p.meta.get("label", True)]
-    if not good:
-        from relayrl.data.errors import DatasetError
-
-        raise DatasetError(f"workflow kto evaluates greedy accuracy against the held-out rows labelled desirable, "
-                           f"and none of the {len(problems)} held-out rows is: give data.eval_path rows with "
-                           f"label true")
-    return good

@@ -44,7 +44,7 @@ from relayrl.workflows.ref_logps import ReferenceLogps, Row, planned_rows
 from relayrl.workflows.ref_sync import ReferenceSync
 from relayrl.workflows.session import Session
 from relayrl.workflows.sft import answer_ids
-from relayrl.workflows.workers import PolicyWorker, ReferenceWorker
+from relayrl.workflows.trainer_workers import PolicyWorker, ReferenceWorker
 
 __all__ = ["train_kto", "unpaired", "kl_completions", "reference_rows", "balance_note"]
 

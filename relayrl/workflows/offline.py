@@ -24,11 +24,14 @@ import torch
 from relayrl.cluster import WorkerGroup, make_group
 from relayrl.engines.training.base import LossFn, SequenceBatch
 from relayrl.workflows.episodes import episode_spec, evaluate_episodes
+from relayrl.workflows.precision import role_precision
 from relayrl.workflows.ref_sync import ReferenceSync
 from relayrl.workflows.relay import relay_weights
 from relayrl.workflows.roles import role_common
+from relayrl.workflows.rollout_worker import RolloutWorker, generate
 from relayrl.workflows.session import Session
-from relayrl.workflows.workers import PolicyWorker, RolloutWorker, _TrainerWorker, collective, generate, role_precision
+from relayrl.workflows.trainer_workers import PolicyWorker, _TrainerWorker
+from relayrl.workflows.worker_base import collective
 
 __all__ = ["OfflineRun"]
 

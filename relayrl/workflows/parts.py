@@ -16,7 +16,7 @@ from relayrl.engines.generation.interrupt import Interrupt
 from relayrl.environments.config import EpisodeSpec
 from relayrl.workflows.episodes import episode_spec
 from relayrl.workflows.losses import PolicyLoss, ValueLoss
-from relayrl.workflows.workers import _MemoryProbe
+from relayrl.workflows.worker_base import MemoryProbe
 
 __all__ = ["StepParts", "Phases", "build_parts"]
 
@@ -34,11 +34,11 @@ class Phases:
     def phase(self, name: str, group: WorkerGroup, step: int):
         """A timeline span of ``group`` whose peak memory is the largest over its ranks and the stage's
         repeats within the step."""
-        group.all(_MemoryProbe.memory_reset)  # (every role's worker class has the probe)
+        group.all(MemoryProbe.memory_reset)  # (every role's worker class has the probe)
         with self.s.span(name, group.name, step):
             yield
         key = f"memory/{name}_peak_gb"
-        self.metrics[key] = max(self.metrics.get(key, 0.0), max(group.all(_MemoryProbe.memory_peak_gb)))
+        self.metrics[key] = max(self.metrics.get(key, 0.0), max(group.all(MemoryProbe.memory_peak_gb)))
 
     def idle(self, *groups: WorkerGroup | None) -> None:
         """``trainer.offload``: these roles' idle state to host (the actor keeps its weights on the device

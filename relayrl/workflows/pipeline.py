@@ -73,8 +73,9 @@ from relayrl.workflows.session import Session
 from relayrl.workflows.state import StepState
 from relayrl.workflows.step_metrics import staleness_metrics, step_metrics, step_tokens
 from relayrl.cluster.worker import method_name
-from relayrl.workflows.workers import (CriticWorker, PolicyWorker, RolloutWorker, collective, generate,
-                                       restore_rollout_rng, rollout_rng)
+from relayrl.workflows.rollout_worker import RolloutWorker, generate, restore_rollout_rng, rollout_rng
+from relayrl.workflows.trainer_workers import CriticWorker, PolicyWorker
+from relayrl.workflows.worker_base import collective
 
 __all__ = ["GRPOPipeline", "KEY_METRICS"]
 

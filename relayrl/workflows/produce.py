@@ -21,8 +21,8 @@ from relayrl.config.plan import PARTIAL_POLL_S
 from relayrl.engines.reward.extra import sample_fields
 from relayrl.workflows.flow import Flow
 from relayrl.workflows.parts import StepParts
+from relayrl.workflows.rollout_worker import RolloutWorker
 from relayrl.workflows.scoring import ScoreWorker
-from relayrl.workflows.workers import RolloutWorker
 
 __all__ = ["Produce"]
 
@@ -229,7 +229,8 @@ class Produce:
                                    [each[i] for i in kept] if p.cfg.reward.decoupled else None))
         if len(kept) < len(rows):
             p.dock.retire(f.part, [r for r, k in zip(rows, keep) if not k])
-        rates = pass_rates(scores.tolist(), groups.tolist())  # (every judged group: data.retire_solved)
+        # every judged group's pass rate (data.retire_solved), solved at data.retire_score
+        rates = pass_rates(scores.tolist(), groups.tolist(), p.cfg.data.retire_score)
         with st.cond:
             st.pass_rates.update(rates)
             st.scores += [float(scores[i]) for i in kept]

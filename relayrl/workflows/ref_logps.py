@@ -37,7 +37,7 @@ from relayrl.data.tasks import Problem
 from relayrl.engines.training.base import SequenceBatch
 from relayrl.workflows.session import PromptSource, Session
 from relayrl.workflows.sft import answer_ids
-from relayrl.workflows.workers import ReferenceWorker
+from relayrl.workflows.trainer_workers import ReferenceWorker
 
 __all__ = ["Row", "row_key", "planned_rows", "ReferenceLogps", "PROGRESS_EVERY_S"]
 

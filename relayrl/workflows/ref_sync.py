@@ -15,7 +15,8 @@ import time
 from typing import Any
 
 from relayrl.cluster import WorkerGroup
-from relayrl.workflows.workers import PolicyWorker, ReferenceWorker, collective
+from relayrl.workflows.trainer_workers import PolicyWorker, ReferenceWorker
+from relayrl.workflows.worker_base import collective
 
 __all__ = ["ReferenceSync"]
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from relayrl.cluster import WorkerGroup
 from relayrl.weights import WeightRelay
-from relayrl.workflows.workers import PolicyWorker, RolloutWorker
+from relayrl.workflows.rollout_worker import RolloutWorker
+from relayrl.workflows.trainer_workers import PolicyWorker
 
 __all__ = ["relay_weights"]
 

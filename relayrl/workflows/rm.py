@@ -36,7 +36,7 @@ from relayrl.workflows.losses import BTLoss
 from relayrl.workflows.offline import OfflineRun
 from relayrl.workflows.session import Session
 from relayrl.workflows.sft import answer_ids
-from relayrl.workflows.workers import RewardModelTrainer
+from relayrl.workflows.trainer_workers import RewardModelTrainer
 
 __all__ = ["train_rm", "pair_batch"]
 

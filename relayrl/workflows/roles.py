@@ -13,7 +13,9 @@ from relayrl.cluster import ClusterConfig, ResourcePool, WorkerGroup, make_group
 from relayrl.config.plan import StepPlan
 from relayrl.config.rollout_devices import pool_pack
 from relayrl.config.schema import Config, available_devices
-from relayrl.workflows.workers import CriticWorker, PolicyWorker, ReferenceWorker, RolloutWorker, role_precision
+from relayrl.workflows.precision import role_precision
+from relayrl.workflows.rollout_worker import RolloutWorker
+from relayrl.workflows.trainer_workers import CriticWorker, PolicyWorker, ReferenceWorker
 
 __all__ = ["Role", "ROLES", "build_roles", "role_common", "rollout_init", "Pools", "placed_config", "check_teacher"]
 

@@ -23,13 +23,12 @@ from relayrl.checkpoint.atomic import write_dir_atomically
 from relayrl.checkpoint.rundir import check_fingerprint, check_run_dir, claim_run_dir, hold_run_dir, saved_config
 from relayrl.workflows.restart import RESTARTS
 from relayrl.config.schema import Config
-from relayrl.config.trainer import resolve_total_epochs
 from relayrl.data.tasks import Problem
 from relayrl.errors import RunStopped
 from relayrl.workflows.heldout import EvalSession
 from relayrl.telemetry import NonFiniteError, Timeline, Tracker, check_updates
 
-__all__ = ["PromptSource", "Drawn", "RowsExhausted", "first_rows", "Session", "RunInterrupted", "model_dirs"]
+__all__ = ["PromptSource", "Drawn", "RowsExhausted", "Session", "RunInterrupted", "model_dirs"]
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -50,16 +49,6 @@ def model_dirs(cfg: Config) -> dict[str, str | None]:
     """The model directories a run reads, by config key (None: unset)."""
     return {"trainer.init_from": cfg.trainer.init_from, "model.path": cfg.model.path,
             "reward.model": cfg.reward.model, "reward.judge.path": cfg.reward.judge.path}
-
-
-def first_rows(rows: list, n: int, *, seed: int, shuffle: bool) -> tuple[list, str | None]:
-    """``data.max_rows``: ``n`` of ``rows``, in their order: a sample drawn with ``seed`` (``shuffle``) or the
-    first ``n``; and the line that says so (None, and ``rows`` itself, when there are no more than ``n``)."""
-    if len(rows) <= n:
-        return rows, None
-    keep = sorted(random.Random(seed).sample(range(len(rows)), n)) if shuffle else range(n)
-    how = "drawn with run.seed" if shuffle else "the first ones (data.shuffle=false)"
-    return [rows[i] for i in keep], f"data.max_rows={n}: training on {n:,} of {len(rows):,} rows, {how}"
 
 
 class Drawn(list):
@@ -200,16 +189,11 @@ class Session(EvalSession):
         restart = RESTARTS.get() > 0
         if not restart:  # (before the model and the data load)
             check_run_dir(self.dir, cfg.run.resume, cfg.run.overwrite, models=model_dirs(cfg))
-        super().__init__(cfg, report_dir=self.dir / "eval", log=log)
-        if self.train_problems is not None and cfg.data.max_rows is not None:
-            self.train_problems, line = first_rows(self.train_problems, cfg.data.max_rows, seed=cfg.run.seed,
-                                                   shuffle=cfg.data.shuffle)
-            if line is not None:
-                log(f"relayrl: {line}")
+        super().__init__(cfg, report_dir=self.dir / "eval", log=log, training=True)
         train = self.train_problems
-        # The rows are known now (long prompts dropped, held-out rows carved out): trainer.total_epochs becomes
-        # trainer.steps before anything reads it (the workflow's LR schedule, progress, the resume plan).
-        self.cfg, line = resolve_total_epochs(self.cfg, len(train or ()))
+        # The rows are known now (long prompts dropped, held-out rows carved out, data.max_rows): trainer.total_epochs
+        # becomes trainer.steps before anything reads it (the workflow's LR schedule, progress, the resume plan)
+        self.cfg, line = self.resolved_steps()
         if line is not None:
             log(f"relayrl: {line}")
         self.prompts = PromptSource(cfg.run.seed, task=self.task if train is None else None, problems=train,
@@ -236,15 +220,6 @@ class Session(EvalSession):
         if plan.path is not None and self.cfg.run.resume_check:  # before any worker starts
             check_fingerprint(plan.path, saved_config(plan.path), self.cfg.model_dump(mode="json"))
         return plan
-
-    def _check_lengths(self) -> None:
-        """The training rows first (against the model's context too when the workflow generates from them:
-        grpo), then the held-out rows; with ``data.long_prompts=drop`` the rows left out are gone before the
-        prompt source is built, so a resumed run walks the same rows."""
-        if self.train_problems is not None:
-            budget = self.cfg.rollout.max_new_tokens if self.cfg.workflow == "grpo" else None
-            self.train_problems = self._fit(self.train_problems, "training", budget, "rollout.max_new_tokens")
-        super()._check_lengths()
 
     # ------------------------------------------------------------ telemetry
     def open_telemetry(self, total_steps: int, key_metrics) -> None:

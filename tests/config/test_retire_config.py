@@ -1,5 +1,6 @@
 """``data.retire_solved``: a pass rate in (0, 1] or null (the default), for workflow grpo on a dataset; a built-in
-task and the other workflows are refused naming the key."""
+task and the other workflows are refused naming the key. ``data.retire_score``: the score a response is solved
+from, any finite number, 1.0 by default."""
 
 from __future__ import annotations
 
@@ -42,3 +43,18 @@ def test_workflows_that_sample_no_responses_are_refused(recipe, workflow):
     msg = str(e.value)
     assert f"data.retire_solved=0.9 retires a prompt once the responses a GRPO step samples to it are solved; " \
            f"workflow {workflow} samples none: drop data.retire_solved" in msg, msg
+
+
+def test_the_solved_score_defaults_to_one_and_takes_any_finite_score():
+    assert load_config(Config, None, DATA).data.retire_score == 1.0
+    for value, want in [("0.5", 0.5), ("-2", -2.0), ("3", 3.0), ("0", 0.0)]:
+        cfg = load_config(Config, None, [*DATA, "data.retire_solved=0.9", f"data.retire_score={value}"])
+        assert cfg.data.retire_score == want
+
+
+@pytest.mark.parametrize("value,words", [("nan", "finite number"), ("inf", "finite number"),
+                                         ("high", "valid number"), ("null", "valid number")])
+def test_a_solved_score_that_is_not_a_finite_number_is_refused(value, words):
+    with pytest.raises(ConfigError) as e:
+        load_config(Config, None, [*DATA, "data.retire_solved=0.9", f"data.retire_score={value}"])
+    assert "data.retire_score" in str(e.value) and words in str(e.value), str(e.value)

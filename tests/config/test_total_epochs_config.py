@@ -82,7 +82,8 @@ def test_zero_negative_infinite_and_non_numbers_are_refused(value, words):
 def test_max_rows_and_shuffle_pick_and_order_the_rows():
     """data.max_rows (verl's train_max_samples): a seeded subset in file order, or the first rows with
     data.shuffle=false; data.shuffle=false walks the rows in the file's order every epoch."""
-    from relayrl.workflows.session import PromptSource, first_rows
+    from relayrl.workflows.problems import first_rows
+    from relayrl.workflows.session import PromptSource
 
     rows = list(range(10))
     assert first_rows(rows, 20, seed=0, shuffle=True) == (rows, None)

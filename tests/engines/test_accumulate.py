@@ -164,7 +164,8 @@ def test_two_rank_streamed_tri_model_update_matches_one_rank(tiny_dir, tiny_toke
     parameters are gathered and gradients reduced once per update (``step``) or in every pass (``pass``);
     with prompt-level aggregation the groups (whole on each rank) are counted over ranks."""
     from relayrl.cluster import ResourcePool, WorkerGroup
-    from relayrl.workflows.workers import PolicyWorker, collective
+    from relayrl.workflows.trainer_workers import PolicyWorker
+    from relayrl.workflows.worker_base import collective
 
     batch = _batch(tiny_tokenizer, prompts=4)
     del batch.fields["ref_logprobs"]

@@ -7,7 +7,8 @@ from relayrl.cluster import ResourcePool, WorkerGroup
 from relayrl.engines.training.base import OptimConfig, SequenceBatch, balanced_cuts
 from relayrl.engines.training.torch_engine import TrainEngineConfig
 from relayrl.workflows.losses import PolicyLoss
-from relayrl.workflows.workers import PolicyWorker, ReferenceWorker, collective
+from relayrl.workflows.trainer_workers import PolicyWorker, ReferenceWorker
+from relayrl.workflows.worker_base import collective
 
 
 def test_balanced_cuts_prefer_group_boundaries_and_balance_tokens():
@@ -113,7 +114,7 @@ def test_two_rank_reference_logprobs_match(tiny_dir, tiny_tokenizer):
 def test_generation_split_over_rollout_ranks_keeps_prompt_indexes(tiny_dir, tiny_tokenizer):
     """Greedy completions from 2 rollout ranks equal one rank's, in prompt order, with global prompt indexes."""
     from relayrl.engines.generation.base import SamplingParams
-    from relayrl.workflows.workers import RolloutWorker, generate
+    from relayrl.workflows.rollout_worker import RolloutWorker, generate
 
     prompts = [tiny_tokenizer(f"{i}+{i + 3}=")["input_ids"] for i in range(5)]
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=4)

@@ -270,7 +270,8 @@ def test_flex_compiles_once_across_micro_batch_lengths():
 def test_the_rollout_decodes_with_sdpa_and_cpu_runs_are_refused(tiny_dir):
     from relayrl.config.loader import ConfigError, load_config
     from relayrl.config.schema import Config
-    from relayrl.workflows.workers import ReferenceWorker, RolloutWorker
+    from relayrl.workflows.rollout_worker import RolloutWorker
+    from relayrl.workflows.trainer_workers import ReferenceWorker
 
     rollout = RolloutWorker(str(tiny_dir), attn_implementation="flex_attention", device="cpu", threads=1)
     assert rollout.engine.model.config._attn_implementation == "sdpa"

@@ -131,7 +131,7 @@ def test_generator_head_computes_float32_logits_on_both_decode_paths(tiny_dir, t
 
 def test_config_takes_head_fp32_where_it_changes_something():
     from relayrl.config.schema import Config
-    from relayrl.workflows.workers import role_precision
+    from relayrl.workflows.precision import role_precision
 
     with pytest.raises(ValueError, match="model.head_fp32=true .* model.dtype=float32"):
         Config.model_validate({"model": {"head_fp32": True}})
@@ -149,7 +149,7 @@ def test_two_rank_fsdp2_runs_the_head_in_float32(tiny_dir, tiny_tokenizer):
     the same bf16 operands) more closely than the sharded bf16 head does, and an update steps finitely."""
     from relayrl.cluster import ResourcePool, WorkerGroup
     from relayrl.engines.training.base import OptimConfig
-    from relayrl.workflows.workers import PolicyWorker
+    from relayrl.workflows.trainer_workers import PolicyWorker
 
     batch = _batch(tiny_tokenizer)
     one = TorchTrainingEngine(load_model(tiny_dir), TrainEngineConfig(compute_copy=True), total_steps=1,

@@ -14,7 +14,8 @@ from relayrl.models.load import load_model
 from relayrl.models.lora import DEFAULT_TARGETS, LoraConfig, adapters_disabled, apply_lora, merged_weights
 from relayrl.weights import WeightRelay
 from relayrl.workflows.losses import PolicyLoss, ValueLoss
-from relayrl.workflows.workers import CriticWorker, PolicyWorker, ReferenceWorker, RolloutWorker
+from relayrl.workflows.rollout_worker import RolloutWorker
+from relayrl.workflows.trainer_workers import CriticWorker, PolicyWorker, ReferenceWorker
 
 LORA = LoraConfig(enabled=True, r=4, alpha=8.0)
 LOSS = PolicyLoss(agg="seq-mean-token-mean")

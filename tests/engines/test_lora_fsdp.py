@@ -11,7 +11,8 @@ from relayrl.engines.training.base import OptimConfig, SequenceBatch
 from relayrl.engines.training.torch_engine import TrainEngineConfig
 from relayrl.models.lora import LoraConfig
 from relayrl.workflows.losses import PolicyLoss
-from relayrl.workflows.workers import PolicyWorker, ReferenceWorker, collective
+from relayrl.workflows.trainer_workers import PolicyWorker, ReferenceWorker
+from relayrl.workflows.worker_base import collective
 
 LORA = LoraConfig(enabled=True, r=4, alpha=8.0)
 LOSS = PolicyLoss(agg="token-mean", kl_coef=0.0)
@@ -191,7 +192,7 @@ def test_two_rank_lora_on_a_bf16_base_and_a_critic(tiny_dir, tiny_tokenizer):
     the base's passes (both run them in bf16), the checkpointed adapters stay float32. A critic's value head
     (fully trained, in the root unit) trains beside its adapters as on one rank."""
     from relayrl.workflows.losses import ValueLoss
-    from relayrl.workflows.workers import CriticWorker
+    from relayrl.workflows.trainer_workers import CriticWorker
 
     batch = _batch(tiny_tokenizer, seed=6)
     batch.fields["values"] = [torch.zeros(len(r)) for r in batch.response_ids]

@@ -121,7 +121,7 @@ def test_config_refuses_fp16_training_and_pointless_pure_precision():
     with pytest.raises(ValueError, match="pure_low_precision"):
         Config.model_validate({"model": {"pure_low_precision": True}})
     cfg = Config.model_validate({"model": {"dtype": "bfloat16"}, "rollout": {"dtype": "float16"}})
-    from relayrl.workflows.workers import role_precision
+    from relayrl.workflows.precision import role_precision
 
     prec = role_precision(cfg.model, cfg.rollout)
     assert prec["trained"] == {"dtype": "float32", "compute_dtype": "bfloat16", "head_fp32": False}

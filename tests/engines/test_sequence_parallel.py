@@ -14,7 +14,8 @@ from relayrl.cluster import ResourcePool, WorkerGroup
 from relayrl.engines.training.base import OptimConfig, SequenceBatch
 from relayrl.engines.training.torch_engine import TrainEngineConfig
 from relayrl.workflows.losses import PolicyLoss
-from relayrl.workflows.workers import CriticWorker, PolicyWorker, collective
+from relayrl.workflows.trainer_workers import CriticWorker, PolicyWorker
+from relayrl.workflows.worker_base import collective
 
 
 def _batch(tok, rows=12, long_row=0):

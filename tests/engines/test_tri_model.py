@@ -8,7 +8,7 @@ from relayrl.engines.training.base import OptimConfig, SequenceBatch
 from relayrl.engines.training.torch_engine import TrainEngineConfig
 from relayrl.weights import offload as swap
 from relayrl.workflows.losses import PolicyLoss
-from relayrl.workflows.workers import PolicyWorker, ReferenceWorker
+from relayrl.workflows.trainer_workers import PolicyWorker, ReferenceWorker
 
 
 def _batch(tok, prompts=4, group=3, seed=0):

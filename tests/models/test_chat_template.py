@@ -72,7 +72,7 @@ def test_the_run_renders_chat_prompts_with_it_and_its_saved_tokenizer_keeps_it(t
 def test_the_session_and_the_rollout_workers_get_it(tmp_path, tiny_dir):
     from relayrl.workflows.heldout import EvalSession
     from relayrl.workflows.roles import rollout_init
-    from relayrl.workflows.workers import RolloutWorker
+    from relayrl.workflows.rollout_worker import RolloutWorker
 
     (tmp_path / "markers.jinja").write_text(MARKERS)
     cfg = load_config(Config, None, [f"model.path={tiny_dir}", f"model.chat_template={tmp_path / 'markers.jinja'}",

@@ -12,8 +12,9 @@ from relayrl.cli import main as cli
 from relayrl.cli.boundary import EXIT_CONFIG
 from relayrl.config.loader import load_run_config
 from relayrl.planner.from_run import _measured, fit_profile, length_trend, placement_of, read_run, run_lengths
+from relayrl.planner.placement import Placement
 from relayrl.planner.profile import save_profile
-from relayrl.planner.simulate import Placement, simulate
+from relayrl.planner.simulate import simulate
 
 from .toy import toy_profile, toy_workload
 
@@ -176,14 +177,57 @@ def test_a_stated_length_growth_plans_with_the_mean_over_the_run(tmp_path, capsy
     assert step(grown) > step(flat)
 
 
-def test_length_growth_needs_the_steps_that_total_epochs_only_knows_at_the_run(tmp_path, capsys):
-    data = tmp_path / "train.jsonl"
-    data.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
-    args = ["plan", GRPO, "trainer.steps=null", "trainer.total_epochs=2", "data.task=null", f"data.path={data}",
-            "reward.verifier=exact", "--devices", "2", "--length-growth", "0.5"]
+def _rows_file(tmp_path: Path, rows: int, long: int = 0) -> Path:
+    """``rows`` sums ``"i+i="`` and ``long`` sums of 40 ones."""
+    path = tmp_path / "train.jsonl"
+    sums = [(f"{i}+{i}=", str(2 * i)) for i in range(rows)] + [("+".join("1" * 40) + "=", "40")] * long
+    path.write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n" for p, a in sums))
+    return path
+
+
+@pytest.mark.parametrize("over,file_rows,long,rows,steps", [
+    ([], 12, 0, 12, 6),
+    (["data.max_rows=10"], 12, 0, 10, 5),
+    (["eval.size=4"], 18, 0, 14, 7),
+    (["data.long_prompts=drop", "data.max_prompt_tokens=16"], 12, 3, 12, 6),
+], ids=["rows", "max_rows", "held_out", "long_prompts"])
+def test_length_growth_counts_a_total_epochs_recipes_steps_from_its_rows_as_the_run_does(tmp_path, capsys, over,
+                                                                                         file_rows, long, rows, steps):
+    """``trainer.total_epochs=2`` at 4 prompts a step: the planner loads the rows as the run does (all 12;
+    data.max_rows=10 keeps 10; eval.size=4 with no data.eval_path holds 4 of 18 out, 18 being at least twice 4;
+    data.long_prompts=drop leaves out the 3 prompts over 16 tokens) and grows the lengths over the steps that
+    gives: the same plan as the recipe with those steps."""
+    from tests.planner.test_search import _toy_files
+
+    prof, model = _toy_files(tmp_path)
+    data = _rows_file(tmp_path, file_rows, long)
+    common = [GRPO, "data.task=null", f"data.path={data}", "reward.verifier=exact", "data.prompts_per_step=4",
+              "eval.size=200", *over, "--devices", "2", "--hardware", str(prof), "--model-config", str(model),
+              "--prompt-tokens", "6", "--lengths", "mixture:3,0,8", "--length-growth", "0.5"]
+    assert cli.main(["plan", *common, "trainer.steps=null", "trainer.total_epochs=2"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert f"relayrl plan: trainer.total_epochs=2 over {rows} rows at 4 a step (data.prompts_per_step): {steps} " \
+           f"steps" in out, out
+    assert cli.main(["plan", *common, f"trainer.steps={steps}"]) == 0
+    fixed = capsys.readouterr().out
+    assert f"mean {3 + 0.5 * steps / 2:.0f} over the run with +0.5 tokens/step" in fixed
+    assert out.split("relayrl plan: PREDICTED", 1)[1] == fixed.split("relayrl plan: PREDICTED", 1)[1]
+
+
+def test_length_growth_on_a_total_epochs_recipe_whose_rows_cannot_be_read_names_the_key(tmp_path, capsys):
+    from tests.planner.test_search import _toy_files
+
+    prof, model = _toy_files(tmp_path)
+    gone = tmp_path / "missing.jsonl"
+    args = ["plan", GRPO, "trainer.steps=null", "trainer.total_epochs=2", "data.task=null", f"data.path={gone}",
+            "reward.verifier=exact", "--devices", "2", "--hardware", str(prof), "--model-config", str(model),
+            "--prompt-tokens", "6", "--lengths", "mixture:3,0,8", "--length-growth", "0.5"]
     assert cli.main(args) == EXIT_CONFIG
     err = capsys.readouterr().err
-    assert "--length-growth" in err and "trainer.total_epochs=2" in err and "trainer.steps=N" in err, err
+    assert f"trainer.total_epochs=2 counts from the training rows of data.path={gone}" in err, err
+    assert f"dataset file {gone} does not exist" in err and "trainer.steps=N with trainer.total_epochs=null" in err
+    assert "drop --length-growth" in err
+    assert cli.main(args[:-2]) == 0  # without --length-growth the steps are not needed and no row is read
 
 
 def test_every_candidate_runs_as_the_placement_it_was_simulated_as():

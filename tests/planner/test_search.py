@@ -9,9 +9,9 @@ import pytest
 
 from relayrl.cli import main as cli
 from relayrl.cli.boundary import EXIT_CONFIG, EXIT_USER
+from relayrl.planner.placement import Placement
 from relayrl.planner.profile import load_profile, save_profile
 from relayrl.planner.search import candidates, format_plan, rank
-from relayrl.planner.simulate import Placement
 from relayrl.planner.workload import LatencyDist, LengthDist, ModelShape
 
 from .toy import toy_profile, toy_workload
@@ -99,8 +99,8 @@ def test_cli_plan_with_a_stored_profile(tmp_path, capsys):
 def test_the_plan_names_candidates_too_close_to_rank_as_near_ties():
     """A candidate predicted within NEAR_TIE of the best is named with its overrides before the best line; one
     further away, or one that does not fit, is not."""
+    from relayrl.planner.placement import Prediction
     from relayrl.planner.search import NEAR_TIE
-    from relayrl.planner.simulate import Prediction
 
     def pred(placement, step_s, fits=True):
         return Prediction(placement, step_s, tokens=100.0, busy={"main": 1.0}, memory_gib={"main": 1.0}, fits=fits)
@@ -207,7 +207,7 @@ def test_the_reward_cost_of_a_trl_function_that_needs_a_column_is_measured(tmp_p
 def test_sequence_parallel_spreads_activations_and_needs_a_multiple_of_its_ranks():
     """engine.sequence_parallel=2: a micro-batch's activations are counted at half per trainer rank (the
     trainer state is unchanged), and placements with an odd number of trainer ranks are not proposed."""
-    from relayrl.planner.simulate import memory_gib
+    from relayrl.planner.memory import memory_gib
 
     shape = ModelShape(params=500_000_000, layers=24, hidden=896, kv_dim=128, vocab=151936, compute_bytes=2)
     plain = toy_workload(8, 4, shape=shape, token_budget=32768)

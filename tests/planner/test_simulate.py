@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from relayrl.planner.simulate import Placement, generate_rank, memory_gib, simulate, simulate_batches
+from relayrl.planner.memory import memory_gib
+from relayrl.planner.placement import Placement
+from relayrl.planner.simulate import generate_rank, simulate, simulate_batches
 from relayrl.planner.workload import ModelShape
 
 from .toy import toy_profile, toy_workload

@@ -7,7 +7,8 @@ import weakref
 
 import torch
 
-from relayrl.workflows.workers import PolicyWorker, RolloutWorker
+from relayrl.workflows.rollout_worker import RolloutWorker
+from relayrl.workflows.trainer_workers import PolicyWorker
 
 
 class LiveBytes:

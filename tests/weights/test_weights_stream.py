@@ -13,7 +13,7 @@ from relayrl.weights.layout import build_layout
 from relayrl.weights.packing import allocate_buffers, pack
 from relayrl.workflows.losses import PolicyLoss
 from relayrl.workflows.relay import relay_weights
-from relayrl.workflows.workers import PolicyWorker
+from relayrl.workflows.trainer_workers import PolicyWorker
 from stream_workers import LiveBytes, MeteredPolicyWorker, ProbeRolloutWorker
 
 LORA = LoraConfig(enabled=True, r=4, alpha=8.0)

@@ -57,6 +57,12 @@ def solves_even(prompts, responses, answers):
     return [1.0 if int(p.split("+")[0]) % 2 == 0 else float(len(r) % 3) / 4.0 for p, r in zip(prompts, responses)]
 
 
+def graded_even(prompts, responses, answers):
+    """Partial credit that never reaches 1: 0.6 for every response to a prompt whose first number is even,
+    below 0.5 (by length) for the others (solved at data.retire_score=0.5 or none at the default 1.0)."""
+    return [0.6 if int(p.split("+")[0]) % 2 == 0 else float(len(r) % 3) / 5.0 for p, r in zip(prompts, responses)]
+
+
 def always_solved(prompts, responses, answers):
     """Every response scores 1: each prompt is solved the first time it is drawn."""
     return [1.0] * len(responses)

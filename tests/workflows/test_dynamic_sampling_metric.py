@@ -61,3 +61,10 @@ def test_the_score_stage_filters_on_the_metric_it_is_given():
     assert st.dropped == {1} and st.kept == 2
     assert st.pass_rates == {0: 1.0, 1: 0.5, 2: 0.5}  # (the same whatever dynamic sampling compares)
     assert [w for _, w in dock.written] == [1.0, 0.25, 0.0, 1.0]
+
+
+def test_the_pass_rates_count_a_response_solved_from_data_retire_score():
+    """The pass rates data.retire_solved retires by count the scores >= data.retire_score (1.0 by default; here
+    the scores are 1.0 and 0.0): at 0.0 every response is solved, above 1.0 none is."""
+    assert _judge("data.retire_score=0.0")[1].pass_rates == {0: 1.0, 1: 1.0, 2: 1.0}
+    assert _judge("data.retire_score=1.5")[1].pass_rates == {0: 0.0, 1: 0.0, 2: 0.0}

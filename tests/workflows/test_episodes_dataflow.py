@@ -135,7 +135,7 @@ def test_a_failed_write_of_an_episode_group_reaches_the_driver(tiny_dir):
     from relayrl.data.tasks import make_task
     from relayrl.engines.generation.base import SamplingParams
     from relayrl.environments.config import EpisodeSpec
-    from relayrl.workflows.workers import RolloutWorker as StreamingRollout
+    from relayrl.workflows.rollout_worker import RolloutWorker as StreamingRollout
 
     import numpy as np
 

@@ -49,7 +49,7 @@ PROBE = textwrap.dedent('''
     run([f"run.dir={run_dir}/warm", "model.tiny.hidden_size=64", "model.tiny.intermediate_size=256", *common], 1)
     from relayrl.models.tiny import TinyModelConfig, build_tiny
     build_tiny(TinyModelConfig(hidden_size=2048, intermediate_size=8192, num_layers=3), verbose=False)
-    from relayrl.workflows.workers import _trim_heap
+    from relayrl.workflows.rollout_worker import _trim_heap
     _trim_heap()  # what the warm-up and the model build freed goes back to the OS
     base = memory.current_gb("cpu")
     peaks, P, shared = run([f"run.dir={run_dir}/big", "model.tiny.hidden_size=2048", "model.tiny.intermediate_size=8192",

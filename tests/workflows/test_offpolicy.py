@@ -95,7 +95,7 @@ def test_weights_sent_during_a_partial_stream_load_between_decode_steps(tiny_dir
     behaviour log-probs they were sampled with (the same as a stream that got no new weights)."""
     from relayrl.dock import Dock
     from relayrl.weights import WeightRelay
-    from relayrl.workflows.workers import RolloutWorker as StreamingRollout
+    from relayrl.workflows.rollout_worker import RolloutWorker as StreamingRollout
 
     torch.set_num_threads(1)
     params = SamplingParams(n=2, temperature=1.0, max_new_tokens=120, ignore_eos=True)

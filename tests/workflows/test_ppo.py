@@ -55,7 +55,7 @@ def test_a_critic_state_without_a_tensor_is_refused(tiny_dir):
     """The engine reported no missing name ever (torch's full-state load fills them in with the model's own
     values) and the worker let any lm_head.weight go (for the critic: its value head); fails before."""
     from relayrl.engines.training.torch_engine import TrainEngineConfig
-    from relayrl.workflows.workers import CriticWorker
+    from relayrl.workflows.trainer_workers import CriticWorker
 
     critic = CriticWorker(str(tiny_dir), TrainEngineConfig(), total_steps=1)
     state = critic.state()
@@ -71,7 +71,7 @@ def test_resuming_a_checkpoint_whose_critic_lacks_a_tensor_names_the_file_and_te
     from relayrl.config.loader import load_config
     from relayrl.config.schema import Config
     from relayrl.workflows.registry import train
-    from relayrl.workflows.workers import CriticWorker
+    from relayrl.workflows.trainer_workers import CriticWorker
 
     over = [f"run.dir={tmp_path}", "eval.size=8", "eval.every=0", "telemetry.sinks=[jsonl]", "run.threads=1",
             "model.tiny.hidden_size=64", "model.tiny.intermediate_size=256", "data.prompts_per_step=4",

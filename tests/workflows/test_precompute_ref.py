@@ -107,7 +107,7 @@ def _run(tmp_path, tiny_dir, capsys, name: str, workflow: str, *over: str) -> tu
     from relayrl.config.schema import Config
     from relayrl.workflows import dpo, kto, ref_logps
     from relayrl.workflows.offline import OfflineRun
-    from relayrl.workflows.workers import _TrainerWorker
+    from relayrl.workflows.trainer_workers import _TrainerWorker
 
     seen: dict = {"built": [], "ref_alive": []}
     group, update = OfflineRun.group, _TrainerWorker.update

@@ -1,7 +1,7 @@
 """``data.retire_solved`` in GRPO runs: a row whose group a step solves is never drawn again after that step
 (sync, with dynamic sampling dropping the solved groups; off-policy, where batches drawn ahead still finish),
 a resumed run keeps the retired rows, and a run whose every row is retired stops early, evaluated,
-checkpointed and exported, and resumes to nothing left to train.
+checkpointed and exported, and resumes to nothing left to train; a graded reward retires at data.retire_score.
 
 The reward (``dataflow_rewards.solves_even``) solves every response to a prompt whose first number is even and
 none of the others, so the even rows retire on their first step and the odd ones never do."""
@@ -137,6 +137,20 @@ def test_off_policy_batches_drawn_ahead_finish_and_later_ones_skip_the_retired_r
     assert all(r % 2 for _, rows, _ in steps for r in rows), steps  # the regenerated batches too
     _check_retired(first + steps, ahead=1)
     assert [r["data/active_rows"] for r in _records(run)[3:]] == [ROWS // 2] * 3
+
+
+def test_a_graded_reward_retires_the_rows_it_solves_at_data_retire_score(capsys, tmp_path, data, steps):
+    """Partial credit below 1 (``dataflow_rewards.graded_even``: 0.6 for the even rows, under 0.5 for the odd
+    ones) solves nothing at the default data.retire_score=1.0; at 0.5 the even rows are solved and retire as in
+    the runs above, while train/accuracy still counts the scores >= 1.0 (none)."""
+    run = tmp_path / "run"
+    args = ["train", *RUN, *data, f"run.dir={run}", "reward.user_fn=dataflow_rewards:graded_even",
+            "trainer.steps=3", "run.save_every=0", "data.retire_score=0.5"]
+    assert cli.main(args) == 0, capsys.readouterr().err
+    _check_retired(steps, ahead=0)
+    recs = _records(run)
+    assert recs[-1]["data/retired"] == ROWS // 2 and recs[-1]["data/active_rows"] == ROWS // 2
+    assert all(r["train/accuracy"] == 0.0 for r in recs), [r["train/accuracy"] for r in recs]
 
 
 @pytest.mark.parametrize("mode", [[], ["trainer.off_policy_steps=1"]], ids=["sync", "offpolicy"])

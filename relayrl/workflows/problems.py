@@ -1,0 +1,198 @@
+"""A run config's problems as its run loads them, and the run's length from them.
+
+:class:`RunProblems` resolves the model directory and tokenizer, then the problems: a built-in task (which
+draws fresh ones without end), or a dataset's training rows and held-out rows, each fitted to the model's
+context. It is the data part of every session (:class:`~relayrl.workflows.heldout.EvalSession` for
+``relayrl eval --recipe``, :class:`~relayrl.workflows.session.Session` for a training run) and is what
+``relayrl plan --length-growth`` loads to count a ``trainer.total_epochs`` recipe's steps
+(:func:`resolve_steps`), so the planner counts the rows the run will train on::
+
+    model_path, tokenizer    <- trainer.init_from > model.path > the tiny default
+    task, or training rows   <- data.task, or data.path / data.hf_name
+    held-out problems        <- the task's eval set, data.eval_path, or eval.size rows carved out of the
+                                training rows with run.seed
+    env.tools_in_prompt      -> the tools in each chat prompt's template (before lengths are measured)
+    training rows (training) -> fitted (data.max_prompt_tokens, the context beside rollout.max_new_tokens;
+                                data.long_prompts=drop leaves the long ones out)
+    held-out problems        -> fitted beside eval.max_new_tokens (or rollout.max_new_tokens)
+    training rows (training) -> data.max_rows of them
+    trainer.steps            <- trainer.total_epochs passes over the training rows (resolved_steps)
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Callable
+
+from relayrl.config.schema import Config
+from relayrl.config.trainer import resolve_total_epochs
+from relayrl.data.tasks import Problem, make_task
+from relayrl.models.load import check_model_dir, load_tokenizer
+from relayrl.models.tiny import build_tiny
+
+__all__ = ["RunProblems", "resolve_steps", "resolve_model_path", "first_rows"]
+
+
+def resolve_model_path(cfg: Config) -> Path:
+    """``trainer.init_from`` > ``model.path`` > the tiny default (built and cached on first use)."""
+    for key, value in (("trainer.init_from", cfg.trainer.init_from), ("model.path", cfg.model.path)):
+        if value:  # (checked here, not in each worker that loads the weights)
+            return check_model_dir(value, key, f"{key}={value}")
+    return build_tiny(cfg.model.tiny)
+
+
+def first_rows(rows: list, n: int, *, seed: int, shuffle: bool) -> tuple[list, str | None]:
+    """``data.max_rows``: ``n`` of ``rows``, in their order: a sample drawn with ``seed`` (``shuffle``) or the
+    first ``n``; and the line that says so (None, and ``rows`` itself, when there are no more than ``n``)."""
+    if len(rows) <= n:
+        return rows, None
+    keep = sorted(random.Random(seed).sample(range(len(rows)), n)) if shuffle else range(n)
+    how = "drawn with run.seed" if shuffle else "the first ones (data.shuffle=false)"
+    return [rows[i] for i in keep], f"data.max_rows={n}: training on {n:,} of {len(rows):,} rows, {how}"
+
+
+class RunProblems:
+    """The model directory, tokenizer and problems of ``cfg`` (module docstring). ``training``: also fit the
+    training rows and take ``data.max_rows`` of them, as a training run does (an evaluation only reads them
+    for their fields). Lines about the rows (held out, dropped, sampled) go to ``log``."""
+
+    def __init__(self, cfg: Config, *, training: bool, log: Callable[[str], None] = print) -> None:
+        self.cfg, self.log = cfg, log
+        self.model_path = resolve_model_path(cfg)
+        self.tokenizer = load_tokenizer(self.model_path, chat_template=cfg.model.template())
+        self._encode_cache: dict[str, list[int]] = {}
+        self.task, self.train_problems, self.eval_problems = self._data()
+        """``train_problems``: a dataset's training rows (None for a built-in task, which draws fresh ones)."""
+        self._describe_tools(self.train_problems)
+        if training and self.train_problems is not None:  # (against the context too when the rows are generated
+            # from: grpo; the rows left out are gone before the prompt source is built, so a resumed run walks the
+            # same rows)
+            budget = cfg.rollout.max_new_tokens if cfg.workflow == "grpo" else None
+            self.train_problems = self._fit(self.train_problems, "training", budget, "rollout.max_new_tokens")
+        self._check_lengths()
+        if training and self.train_problems is not None and cfg.data.max_rows is not None:
+            self.train_problems, line = first_rows(self.train_problems, cfg.data.max_rows, seed=cfg.run.seed,
+                                                   shuffle=cfg.data.shuffle)
+            if line is not None:
+                log(f"relayrl: {line}")
+
+    def resolved_steps(self) -> tuple[Config, str | None]:
+        """The config with ``trainer.total_epochs`` turned into ``trainer.steps`` over the training rows, and
+        the line that says so (:func:`relayrl.config.trainer.resolve_total_epochs`; the config itself and
+        None when ``total_epochs`` is not set)."""
+        return resolve_total_epochs(self.cfg, len(self.train_problems or ()))
+
+    # ------------------------------------------------------------------ data
+    def _data(self) -> tuple[object, list[Problem] | None, list[Problem]]:
+        """(the task or None, a dataset's training rows or None, the held-out problems)."""
+        from relayrl.data.datasets import load_problems
+
+        d = self.cfg.data
+        if d.task is not None:
+            task = make_task(d.task, **d.task_options)
+            eval_task = make_task(d.task, **{**d.task_options, **(d.eval_task_options or {}), "eval_size": self.cfg.eval.size})
+            return task, None, eval_task.eval_set()
+        rejected = d.rejected_key if self.cfg.workflow in ("dpo", "rm") else None  # preference pairs, every row checked
+        kto = self.cfg.workflow == "kto"  # labelled rows, every label checked; only desirable answers are scored
+        label = d.label_key if kto else None
+        train = load_problems(d.dataset(rejected_key=rejected, label_key=label))
+        size = self.cfg.eval.size
+        held_out = d.eval_datasets(rejected_key=rejected if self.cfg.workflow == "rm" else None, label_key=label)
+        if held_out:  # each held-out set's first eval.size rows (verl's data.val_files list)
+            return None, train, [p for i, ds in enumerate(held_out) for p in self._held_out(ds, i, len(held_out), kto)]
+        if len(train) >= 2 * size:  # hold out a seeded sample of rows; train on the rest
+            held = set(random.Random(self.cfg.run.seed).sample(range(len(train)), size))
+            self.log(f"relayrl: no data.eval_path; holding out {size} of {len(train)} rows of {d.path or d.hf_name} for evaluation")
+            return None, [p for i, p in enumerate(train) if i not in held], _scored([train[i] for i in sorted(held)], kto)
+        self.log(f"relayrl: no data.eval_path and only {len(train)} rows in {d.path or d.hf_name}: evaluating on the first "
+                 f"{min(size, len(train))} training rows (not held out); set data.eval_path for a held-out score")
+        return None, train, _scored(train, kto)[:size]
+
+    def _held_out(self, ds, i: int, of: int, kto: bool = False) -> list[Problem]:
+        """The first ``eval.size`` scored rows of held-out set ``ds`` (kto: its desirable rows), item ``i`` of
+        ``of`` (an error names the item of a data.eval_path list)."""
+        from relayrl.data.datasets import DatasetError, load_problems
+
+        try:
+            return _scored(load_problems(ds), kto)[: self.cfg.eval.size]
+        except DatasetError as e:
+            if of == 1:
+                raise
+            raise DatasetError(f"data.eval_path item {i} ({ds.path}): {e}") from None
+
+    def _describe_tools(self, train: list[Problem] | None) -> None:
+        """``env.tools_in_prompt``: the tool environment's tools go into each chat prompt's template, in its
+        ``tools`` list (as TRL renders them), so an instruct model knows what it may call."""
+        env = self.cfg.env
+        chats = [p for p in (*(train or ()), *self.eval_problems) if "messages" in p.meta]
+        if env.name != "tools" or not env.tools_in_prompt or not chats:
+            return
+        from relayrl.environments.config import load_tool
+        from relayrl.environments.tools import tool_schema
+
+        if "tools" not in str(getattr(self.tokenizer, "chat_template", None) or ""):
+            self.log(f"relayrl: env.tools_in_prompt: the chat template of {self.model_path} has no tools list, so "
+                     f"the prompts do not describe the tools; describe them in data.system_prompt (or set "
+                     f"env.tools_in_prompt=false to silence this)")
+            return
+        schemas = [tool_schema(load_tool(t, env.sandbox)) for t in env.tools]
+        for p in chats:
+            p.meta["tools"] = schemas
+
+    def _check_lengths(self) -> None:
+        """Refuse (or with ``data.long_prompts=drop`` leave out) a held-out row longer than
+        ``data.max_prompt_tokens`` or whose prompt plus the tokens generated after it exceed the model's
+        ``max_position_embeddings`` (positions past it were never trained); a training session fits its
+        training rows first. ``relayrl eval --task/--data`` applies the same context check
+        (:func:`relayrl.data.lengths.check_context`)."""
+        e = self.cfg.eval
+        key = "eval.max_new_tokens" if e.max_new_tokens else "rollout.max_new_tokens"
+        budget = e.max_new_tokens or self.cfg.rollout.max_new_tokens
+        self.eval_problems = self._fit(self.eval_problems, "held-out", budget, key)
+
+    def _fit(self, problems: list[Problem], what: str, budget: int | None, key: str) -> list[Problem]:
+        """The ``what`` rows that fit ``data.max_prompt_tokens`` and the model's context beside ``budget`` new
+        tokens (None: the rows are not generated from), as :func:`relayrl.data.lengths.fit_prompts` keeps them."""
+        from relayrl.data.lengths import PromptRoom, context_limit, fit_prompts
+
+        d = self.cfg.data
+        room = PromptRoom(max_tokens=d.max_prompt_tokens, budget=budget, key=key,
+                          limit=context_limit(self.model_path), model=self.model_path)
+        return fit_prompts(problems, self.encode, room, drop=d.long_prompts == "drop", what=what, log=self.log)
+
+    def encode(self, problem: Problem) -> list[int]:
+        """Prompt token ids (chat template applied to chat-message prompts), cached by prompt text."""
+        ids = self._encode_cache.get(problem.prompt)
+        if ids is None:
+            from relayrl.data.datasets import encode_prompt
+
+            ids = self._encode_cache[problem.prompt] = list(encode_prompt(self.tokenizer, problem, self.cfg.data.chat_template,
+                                                                 self.cfg.data.chat_template_kwargs))
+        return ids
+
+
+def resolve_steps(cfg: Config, *, log: Callable[[str], None] = print) -> tuple[Config, str | None]:
+    """``cfg`` with ``trainer.total_epochs`` turned into ``trainer.steps`` over the training rows a run of ``cfg``
+    loads (:class:`RunProblems`, as the run loads them: held-out rows carved out, long prompts dropped,
+    ``data.max_rows``), and the line that says so; ``cfg`` itself and None, loading nothing, when
+    ``total_epochs`` is not set. Raises what loading the model or the rows raises (a
+    :class:`~relayrl.data.errors.DatasetError`, a :class:`~relayrl.config.loader.ConfigError`)."""
+    if cfg.trainer.total_epochs is None:
+        return cfg, None
+    return RunProblems(cfg, training=True, log=log).resolved_steps()
+
+
+def _scored(problems: list[Problem], kto: bool) -> list[Problem]:
+    """The held-out problems whose answer is a ground truth to score against: for workflow kto the rows
+    labelled desirable (an undesirable completion is no answer to reach)."""
+    if not kto:
+        return problems
+    good = [p for p in problems if p.meta.get("label", True)]
+    if not good:
+        from relayrl.data.errors import DatasetError
+
+        raise DatasetError(f"workflow kto evaluates greedy accuracy against the held-out rows labelled desirable, "
+                           f"and none of the {len(problems)} held-out rows is: give data.eval_path rows with "
+                           f"label true")
+    return good
