@@ -39,9 +39,18 @@ from typing import TYPE_CHECKING, Callable, NamedTuple
 if TYPE_CHECKING:  # the records are torch-free: the config checks read them before torch is imported
     from torch import Tensor
 
-    from relayrl.algorithms.estimators.online_dpo import DPOSpec
 
-__all__ = ["Advantages", "Estimator", "EstimatorInputs", "broadcast", "token_rewards"]
+__all__ = ["Advantages", "DPOSpec", "Estimator", "EstimatorInputs", "broadcast", "token_rewards"]
+
+
+@dataclass(frozen=True)
+class DPOSpec:
+    """Online DPO's options (``algorithm.online_dpo``), as :func:`~relayrl.algorithms.dpo.dpo_loss` takes them."""
+
+    beta: float = 0.1
+    kind: str = "sigmoid"
+    label_smoothing: float = 0.0
+    nll_weight: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -9,21 +9,9 @@ reference's (``reference``: the step builds a reference with ``algorithm.kl_coef
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from relayrl.algorithms.estimators.base import Advantages, Estimator, EstimatorInputs
+from relayrl.algorithms.estimators.base import Advantages, DPOSpec, Estimator, EstimatorInputs
 
 __all__ = ["DPOSpec", "ONLINE_DPO"]
-
-
-@dataclass(frozen=True)
-class DPOSpec:
-    """Online DPO's options (``algorithm.online_dpo``), as :func:`~relayrl.algorithms.dpo.dpo_loss` takes them."""
-
-    beta: float = 0.1
-    kind: str = "sigmoid"
-    label_smoothing: float = 0.0
-    nll_weight: float = 0.0
 
 
 def _online_dpo(x: EstimatorInputs) -> Advantages:
