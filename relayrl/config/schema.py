@@ -170,6 +170,9 @@ class RolloutConfig(_Section):
             if not vllm_available():
                 raise ValueError(f"rollout.engine=vllm: vLLM is not installed here; install it with {INSTALL}, "
                                  f"or set rollout.engine=native")
+        if self.engine == "vllm" and self.temperature > 2.0:
+            raise ValueError(f"rollout.temperature={self.temperature:g}: vLLM samples at temperatures up to 2 (it "
+                             f"refuses more); set rollout.temperature <= 2, or rollout.engine=native")
         if self.engine == "vllm" and (bad := narrowing(self)):
             fix = ", ".join(f"rollout.{k}={PLAIN_SAMPLING[k]} (got {v})" for k, v in bad.items())
             raise ValueError(f"rollout.engine=vllm records log-probs after its penalties and top-p/top-k/min-p "

@@ -89,3 +89,12 @@ def test_the_key_needs_the_vllm_engine():
 
 def test_the_count_must_be_positive():
     refused(tp(0), "tensor_parallel_size", "greater than or equal to 1")
+
+
+def test_vllm_refuses_temperatures_above_two_before_it_starts():
+    """vLLM samples at temperatures up to 2 and refuses more with a traceback from its engine; the config says so
+    first, naming the key (the native engine samples at any temperature)."""
+    refused({"model": {"device": "cpu"}, "rollout": {"engine": "vllm", "temperature": 3.0}},
+            "rollout.temperature=3", "set rollout.temperature <= 2, or rollout.engine=native")
+    Config.model_validate({"model": {"device": "cpu"}, "rollout": {"engine": "vllm", "temperature": 2.0}})
+    Config.model_validate({"model": {"device": "cpu"}, "rollout": {"temperature": 3.0}})

