@@ -13,6 +13,7 @@ import torch
 
 from relayrl.engines.generation import vllm_tp
 from relayrl.engines.generation.vllm_engine import VLLMGenerationEngine, vllm_available
+from relayrl.models.checkpoint_names import CheckpointNames
 from relayrl.engines.generation.vllm_tp import buckets, tp_devices, worker_env
 from relayrl.errors import UserError
 
@@ -66,6 +67,8 @@ def engine(tiny_model, monkeypatch):
     eng.engine, eng._version, eng._sleeping, eng._threads = FakeCore(2), 0, False, torch.get_num_threads()
     eng._shapes = {n: tuple(p.shape) for n, p in tiny_model.state_dict().items()}
     eng._tied = bool(tiny_model.config.tie_word_embeddings)
+    eng._head_copy = True  # (vLLM's Qwen2 has an lm_head: what the stand-in's models stand for)
+    eng._names = CheckpointNames(tiny_model)
     return eng
 
 
