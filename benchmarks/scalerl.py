@@ -1,5 +1,5 @@
-"""ScaleRL's recipe (``recipes/arith_scalerl.yaml``) against GRPO's and DAPO's on the demo's task, from the same
-student, seed and schedule.
+"""ScaleRL's recipe (``recipes/arith_scalerl.yaml``) against GRPO's and DAPO's, and online DPO's
+(``recipes/arith_online_dpo.yaml``), on the demo's task, from the same student, seed and schedule.
 
 The student is the demo's SFT model (``relayrl demo`` stage 2, built once into the cache by :mod:`demo_models`).
 Each run trains ``--steps`` steps of its recipe (8 prompts x 8 samples a step, the learning rate and warm-up of
@@ -8,9 +8,11 @@ Each run trains ``--steps`` steps of its recipe (8 prompts x 8 samples a step, t
 
     .venv/bin/python benchmarks/scalerl.py                 # 300 steps each, eval every 50
     .venv/bin/python benchmarks/scalerl.py --steps 100 --eval-every 25
+    .venv/bin/python benchmarks/scalerl.py --only grpo online-dpo --steps 200   # online DPO against GRPO
 
 The last line printed is
-``scalerl: held-out accuracy at the end (N steps): grpo A%, dapo B%, scalerl C% (student S%); wall grpo Xs, ...``.
+``scalerl: held-out accuracy at the end (N steps): grpo A%, dapo B%, scalerl C%, online-dpo D% (student S%); wall
+grpo Xs, ...``.
 One seed on a tiny model: a few points apart are within the seed spread (``tests/workflows/test_curves.py``).
 ScaleRL's runs are 8 updates off-policy (their rollout on its own pool), GRPO's and DAPO's synchronous, so the
 wall times compare the step modes too.
@@ -27,7 +29,8 @@ sys.path.insert(0, str(HERE))
 
 from distill import _train, curve, final_accuracy, from_student, print_curves  # noqa: E402  (the shared helpers)
 
-RECIPES: dict[str, str] = {"grpo": "arith_grpo", "dapo": "arith_dapo", "scalerl": "arith_scalerl"}
+RECIPES: dict[str, str] = {"grpo": "arith_grpo", "dapo": "arith_dapo", "scalerl": "arith_scalerl",
+                           "online-dpo": "arith_online_dpo"}
 """Each run's name and its recipe (``recipes/<recipe>.yaml``)."""
 
 

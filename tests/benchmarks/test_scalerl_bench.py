@@ -1,4 +1,4 @@
-"""benchmarks/scalerl.py: its recipes are the three it names, the ScaleRL one differs from GRPO's in ScaleRL's
+"""benchmarks/scalerl.py: its recipes are the ones it names, the ScaleRL one differs from GRPO's in ScaleRL's
 choices only, and (slow) the whole comparison runs on the tiny model."""
 
 from __future__ import annotations
@@ -42,6 +42,6 @@ def test_the_comparison_runs_and_ends_with_its_line(tmp_path, tiny_dir, monkeypa
     scalerl.main(["--steps", "2", "--eval-every", "1", "--eval-size", "8", "--out", str(tmp_path)])
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("scalerl: held-out accuracy at the end (2 steps): grpo ")
-    assert ", dapo " in last and ", scalerl " in last and "; wall grpo " in last
+    assert ", dapo " in last and ", scalerl " in last and ", online-dpo " in last and "; wall grpo " in last
     for name in scalerl.RECIPES:
         assert sorted(scalerl.curve(tmp_path / name)) == [0, 1, 2], name
