@@ -250,7 +250,7 @@ def test_static_decoder_stop_strings_match_the_dynamic_path(tiny_model, tiny_dir
 def test_fusing_refuses_layers_it_cannot_fuse(tiny_model):
     from torch import nn
 
-    from relayrl.engines.generation.static import fuse_reason
+    from relayrl.engines.generation.static_fit import fuse_reason
 
     layer = tiny_model.model.layers[0]
     assert fuse_reason(layer) is None
@@ -300,7 +300,7 @@ def test_flex_attention_decode_needs_compile_and_a_known_name(tiny_model):
 
 
 def test_static_decoding_refuses_a_model_whose_forward_keeps_every_logit(tiny_dir):
-    from relayrl.engines.generation.static import unsupported_reason
+    from relayrl.engines.generation.static_fit import unsupported_reason
 
     model = load_model(tiny_dir)
     assert unsupported_reason(model) is None

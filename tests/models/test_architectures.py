@@ -12,7 +12,8 @@ import torch
 
 from relayrl.engines.generation.base import SamplingParams
 from relayrl.engines.generation.native import NativeGenerationEngine
-from relayrl.engines.generation.static import step_mismatch, unsupported_reason
+from relayrl.engines.generation.static import step_mismatch
+from relayrl.engines.generation.static_fit import unsupported_reason
 from relayrl.engines.training.base import SequenceBatch
 from relayrl.engines.training.fsdp import ResponseLogits
 from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
