@@ -71,7 +71,7 @@ from relayrl.workflows.roles import Pools, build_roles, check_teacher, placed_co
 from relayrl.workflows.scoring import ScoreWorker
 from relayrl.workflows.session import Session
 from relayrl.workflows.state import StepState
-from relayrl.workflows.step_metrics import staleness_metrics, step_metrics, step_tokens
+from relayrl.workflows.step_metrics import mismatch_warning, staleness_metrics, step_metrics, step_tokens
 from relayrl.cluster.worker import method_name
 from relayrl.workflows.rollout_worker import RolloutWorker, generate, restore_rollout_rng, rollout_rng
 from relayrl.workflows.trainer_workers import CriticWorker, PolicyWorker
@@ -121,6 +121,7 @@ class GRPOPipeline:
                                      pools(cfg.placement.reward), "scorer", init_kwargs=scorer)
             score = self.scorer.one
         self.ahead: RolloutAhead | None = None
+        self._mismatch_said = False  # (rollout/logprob_error's warning: once per run)
         self.parts = build_parts(cfg, plan, s, self.dock, groups, score, Phases(s, cfg.trainer.offload, self.actor, self.shared),
                                  between_polls=lambda: self.ahead.between_polls() if self.ahead is not None else None)
         self.produce, self.consume = Produce(self.parts, partial=plan.partial), Consume(self.parts)
@@ -182,6 +183,9 @@ class GRPOPipeline:
         m.update(self.parts.phases.metrics)
         m.update(self._driver_bytes())  # (after the hand-over: weights relayed through the driver count)
         m.update(retired)
+        if not self._mismatch_said and (line := mismatch_warning(m, step)) is not None:
+            self.s.log(line)
+            self._mismatch_said = True
         return self.perf(m, t0, step_tokens(f.state), step if trained or self.ahead is not None else None)
 
     def _retire(self, st: StepState) -> dict[str, float]:

@@ -10,7 +10,8 @@ from relayrl.environments.episodes import episode_metrics
 from relayrl.workflows.episodes import log_episode_errors
 from relayrl.workflows.state import StepState
 
-__all__ = ["sample_metrics", "step_metrics", "staleness_metrics", "kl_metrics", "weighted", "step_tokens"]
+__all__ = ["sample_metrics", "step_metrics", "staleness_metrics", "kl_metrics", "weighted", "step_tokens",
+           "mismatch_warning", "MISMATCH_WARN"]
 
 COUNTS = ("reward/errors", "reward/judge_malformed")
 """Reward metrics that count rows: a step reports the sum over its scoring calls (the others: a mean by rows)."""
@@ -117,3 +118,22 @@ def staleness_metrics(versions: list[dict[int, int]], step: int, k: int) -> dict
          "async/multi_version_frac": sum(len(r) > 1 for r in versions) / max(1, len(versions))}
     m.update({f"async/tokens_stale_{s}": float(counts.get(s, 0)) for s in range(k + 1)})
     return m
+
+
+MISMATCH_WARN = 1.1
+"""``rollout/logprob_error`` above which an on-policy step is reported: NeMo RL calls for a look above about 1.05;
+float32 runs here measure 1.000 and bf16 ones about 1.01 to 1.05."""
+
+
+def mismatch_warning(metrics: dict[str, float], step: int) -> str | None:
+    """A line to print when step ``step``'s generator and trainer disagree on the log-probs of tokens sampled with
+    the trainer's own weights (``async/staleness_max`` 0, or no staleness metric: an on-policy step); None
+    otherwise. Off-policy tokens differ by design and are not reported."""
+    err = metrics.get("rollout/logprob_error")
+    if err is None or err <= MISMATCH_WARN or metrics.get("async/staleness_max", 0.0) > 0:
+        return None
+    return (f"relayrl: warning: step {step}: rollout/logprob_error={err:.3g} (worst token "
+            f"{metrics.get('rollout/logprob_error_max', float('nan')):.3g}) on tokens sampled with the trainer's own "
+            f"weights: the generator and the trainer compute different distributions (their dtypes: rollout.dtype; "
+            f"an engine's log-prob mode; a model or weights the engine does not load as the trainer has them). "
+            f"Ratios and KL terms are off by as much; docs/errors.md lists the causes (said once per run)")

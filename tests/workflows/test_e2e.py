@@ -40,6 +40,7 @@ def test_grpo_writes_every_step_metric(sft_model, tmp_path):
         assert key in last, key
     # the first update is on-policy: the trainer recomputes the generator's log-probs (fp32 CPU: ~exactly)
     assert last["rollout/logprob_error"] == pytest.approx(1.0, abs=1e-3)
+    assert "relayrl: warning: step" not in r.stdout + r.stderr  # (no mismatch warning when they match)
     assert (tmp_path / "config.json").exists() and (tmp_path / "model" / "config.json").exists()
     assert (tmp_path / "trace.json").exists()
 
