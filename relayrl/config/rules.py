@@ -14,7 +14,7 @@ Config = Any
 """A :class:`relayrl.config.schema.Config` (not imported: the schema imports these rules)."""
 
 __all__ = ["check_env", "check_decoupled_rewards", "check_ref_sync", "check_precompute_ref", "check_dpo", "check_kto",
-           "check_total_epochs", "check_retire_solved", "check_loss_agg"]
+           "check_total_epochs", "check_retire_solved", "check_loss_agg", "check_vllm_eval_temperature"]
 
 
 def check_env(self: Config) -> None:
@@ -193,3 +193,11 @@ def check_loss_agg(self: Config) -> None:
         raise ValueError(f"algorithm.loss_agg={agg} averages over the tokens of each prompt's responses, then over "
                          f"prompts; with rollout.n={self.rollout.n} a prompt has one response and it is "
                          f"seq-mean-token-mean: set algorithm.loss_agg=seq-mean-token-mean, or rollout.n >= 2")
+
+
+def check_vllm_eval_temperature(self: Config) -> None:
+    """Evaluation samples its ``eval.k`` answers on the rollout's engine: vLLM's temperatures stop at 2."""
+    t = self.eval.temperature
+    if self.rollout.engine == "vllm" and self.eval.k > 1 and t is not None and t > 2.0:
+        raise ValueError(f"eval.temperature={t:g}: the eval.k answers are sampled on the rollout's vLLM engine, which "
+                         f"samples at temperatures up to 2 (it refuses more); set eval.temperature <= 2")

@@ -98,3 +98,11 @@ def test_vllm_refuses_temperatures_above_two_before_it_starts():
             "rollout.temperature=3", "set rollout.temperature <= 2, or rollout.engine=native")
     Config.model_validate({"model": {"device": "cpu"}, "rollout": {"engine": "vllm", "temperature": 2.0}})
     Config.model_validate({"model": {"device": "cpu"}, "rollout": {"temperature": 3.0}})
+
+
+def test_vllm_refuses_an_eval_temperature_above_two():
+    """eval.k answers are sampled on the rollout's engine: with vLLM, eval.temperature stops at 2 as well."""
+    base = {"model": {"device": "cpu"}, "rollout": {"engine": "vllm"}}
+    refused({**base, "eval": {"k": 4, "temperature": 2.5}}, "eval.temperature=2.5", "set eval.temperature <= 2")
+    Config.model_validate({**base, "eval": {"k": 4, "temperature": 2.0}})
+    Config.model_validate({"model": {"device": "cpu"}, "eval": {"k": 4, "temperature": 2.5}})  # (the native engine)
