@@ -25,7 +25,8 @@ def test_an_update_reaches_vllm_and_its_logprobs_are_the_models(arch, tiny_token
     model = architectures.build(arch, vocab=len(tiny_tokenizer))
     assert (model.get_output_embeddings().weight is model.get_input_embeddings().weight) == (arch == "gemma2")
     model.save_pretrained(tmp_path)
-    eng = VLLMGenerationEngine(str(tmp_path), tiny_tokenizer, spec=VLLMSpec(memory_utilization=0.25), max_batch=8)  # (the share counts this process)
+    # (vLLM's share counts this process's memory: a pytest worker holds more than a fresh run)
+    eng = VLLMGenerationEngine(str(tmp_path), tiny_tokenizer, spec=VLLMSpec(memory_utilization=0.25), max_batch=8)
     try:
         torch.manual_seed(1)
         with torch.no_grad():  # new weights everywhere (the tied embedding too), then relayed
