@@ -26,7 +26,8 @@ def test_grpo_on_the_architecture_keeps_the_generators_logprobs(arch, tiny_token
     attn = ["model.attn_implementation=eager"] if arch == "gemma2" else []  # (its capped attention scores)
     r = relayrl("train", "recipes/arith_grpo.yaml", f"model.path={model_dir}", "trainer.steps=2", f"run.dir={run_dir}",
                 "reward.verifier=user", f"reward.user_fn={tmp_path / 'reward.py'}:digits", "trainer.mini_batches=2",
-                "algorithm.kl_coef=0.01", "rollout.temperature=3.0", "eval.size=8", "run.threads=1", "telemetry.sinks=[jsonl]", *attn)
+                "algorithm.kl_coef=0.01", "rollout.temperature=3.0", "eval.size=8", "run.threads=1",
+                "telemetry.sinks=[jsonl]", *attn)
     assert r.returncode == 0, r.stderr[-3000:]
     steps = [m for m in records(run_dir) if "rollout/logprob_error" in m]
     assert len(steps) == 2

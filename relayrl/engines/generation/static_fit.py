@@ -40,7 +40,8 @@ def unsupported_reason(model: nn.Module) -> str | None:
         return "some layers have no rotary position embedding (NoPE)"
     multipliers = [k for k in ("embedding_multiplier", "residual_multiplier") if getattr(conf, k, 1.0) not in (None, 1.0)]
     if multipliers:  # (Granite)
-        return f"the model scales its {' and '.join(m.split('_')[0] for m in multipliers)} stream ({', '.join(multipliers)})"
+        streams = " and ".join(m.split("_")[0] for m in multipliers)
+        return f"the model scales its {streams} stream ({', '.join(multipliers)})"
     if "sliding_attention" in set(getattr(conf, "layer_types", None) or []):
         return "the model has sliding-window layers"
     rope = getattr(conf, "rope_parameters", None) or getattr(conf, "rope_scaling", None) or {}
