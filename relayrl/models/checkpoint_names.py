@@ -27,8 +27,12 @@ class CheckpointNames:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
-        self.identity = not _conversions(model)
+        conversions = _conversions(model)
+        self.identity = not conversions
         """True when the in-memory names are the checkpoint's (Llama, Qwen2, Gemma, ...): nothing to map."""
+        if conversions and getattr(model, "_weight_conversions", None) is None:
+            # found once here, where revert_weight_conversion would look them up again for every tensor
+            model._weight_conversions = conversions
 
     @classmethod
     def of_dir(cls, model_dir: str | Path) -> "CheckpointNames":

@@ -36,3 +36,18 @@ def test_a_directory_gives_the_same_mapping(tmp_path):
     assert [n for n, _ in got] == [n for n, _ in CheckpointNames(model)("model.layers.0.mlp.experts.gate_up_proj", t)]
     experts = t.shape[0]
     assert len(got) == 2 * experts  # gate_proj and up_proj of every expert
+
+
+def test_the_vllm_engine_sends_an_moe_models_weights_under_checkpoint_names(tmp_path):
+    """The vLLM engine's weight stream (checked against the in-memory names) hands vLLM the checkpoint's names:
+    before, Qwen3-MoE's fused experts went as ``mlp.experts.gate_up_proj``, which vLLM's loader skipped."""
+    vllm_engine = pytest.importorskip("relayrl.engines.generation.vllm_engine")
+    if not vllm_engine.vllm_available():
+        pytest.skip("needs vLLM")
+    model = build("qwen3_moe")
+    model.save_pretrained(tmp_path)
+    eng = vllm_engine.VLLMGenerationEngine.__new__(vllm_engine.VLLMGenerationEngine)  # (no vLLM started)
+    eng.model_dir, eng._shapes, eng._head_copy = str(tmp_path), None, None
+    shapes = eng.weight_shapes()
+    sent = dict(eng._checked(shapes, model.state_dict().items(), copy_head=False))
+    assert set(sent) == set(load_file(tmp_path / "model.safetensors"))
