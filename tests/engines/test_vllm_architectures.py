@@ -41,3 +41,44 @@ def test_an_update_reaches_vllm_and_its_logprobs_are_the_models(arch, tiny_token
             torch.testing.assert_close(o.logprobs, want, atol=2e-4, rtol=1e-4)
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize("arch", ["olmo2", "smollm3"])
+def test_a_model_on_vllms_transformers_backend_leaves_the_trainers_class_alone(arch, tiny_tokenizer, tmp_path,
+                                                                              monkeypatch):
+    """OLMo 2 and SmolLM3 have no vLLM implementation of their own: vLLM's Transformers backend decorates the transformers class in
+    place, after which this process could neither build the class nor run a model built before (the trainer's,
+    colocated). Its worker runs in a process of its own: the class stays transformers', and an update still
+    reaches vLLM (log-probs of the new weights)."""
+    from transformers import AutoModelForCausalLM
+
+    from relayrl.engines.generation.vllm_engine import VLLMGenerationEngine, transformers_backend
+
+    monkeypatch.setitem(architectures.COMMON, "hidden_size", 128)
+    model = architectures.build(arch, vocab=len(tiny_tokenizer))
+    model.save_pretrained(tmp_path)
+    assert transformers_backend(str(tmp_path))
+    built_before = AutoModelForCausalLM.from_pretrained(tmp_path)
+    eng = VLLMGenerationEngine(str(tmp_path), tiny_tokenizer, spec=VLLMSpec(memory_utilization=0.25), max_batch=8)
+    try:
+        assert eng.apart
+        built_after = AutoModelForCausalLM.from_pretrained(tmp_path)  # (raised inside vLLM's decoration before)
+        ids = torch.tensor([tiny_tokenizer("12+34=")["input_ids"]])
+        with torch.no_grad():
+            torch.testing.assert_close(built_after(ids).logits, built_before(ids).logits)
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p, generator=torch.Generator().manual_seed(2)))
+        eng.update_weights(list(model.state_dict().items()), 1)
+        prompt = ids[0].tolist()
+        out, = eng.generate([prompt], SamplingParams(temperature=1.0, max_new_tokens=6, ignore_eos=True),
+                            torch.Generator().manual_seed(0))
+        want = architectures.own_logprobs(model, torch.tensor(prompt), out.token_ids)
+        torch.testing.assert_close(out.logprobs, want, atol=2e-4, rtol=1e-4)
+    finally:
+        eng.close()
+
+
+def test_a_native_vllm_model_keeps_its_worker_in_this_process(tiny_dir):
+    from relayrl.engines.generation.vllm_engine import transformers_backend
+
+    assert not transformers_backend(str(tiny_dir))  # (Qwen2: vLLM's own implementation)

