@@ -26,3 +26,8 @@ def test_sampling_arguments_and_tensor_parallelism():
     assert tp["tensor_parallel_size"] == 2 and tp["distributed_executor_backend"] == "mp"
     assert engine_args(VLLMSpec(), torch.device("cpu"), dtype="float32", seed=0, max_batch=8,
                        head_fp32=True)["hf_overrides"] == {"head_dtype": "float32"}
+
+
+def test_a_worker_apart_uses_the_multiprocess_executor_with_one_worker():
+    a = engine_args(VLLMSpec(), torch.device("cpu"), dtype="float32", seed=0, max_batch=8, head_fp32=False, apart=True)
+    assert a["distributed_executor_backend"] == "mp" and a["tensor_parallel_size"] == 1
