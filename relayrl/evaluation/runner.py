@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 from relayrl.data.tasks import Problem
 from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.engines.reward.user import with_ids
+from relayrl.engines.reward.verifiers import CORRECT
 from relayrl.evaluation.metrics import per_source, source_names, summarize
 
 __all__ = ["EvalResult", "evaluate", "write_report"]
@@ -65,7 +66,7 @@ def evaluate(generate: GenerateFn, encode: Callable[[Problem], list[int]], probl
                         [answers[c.prompt_index] for c in sampled],
                         with_ids([columns[c.prompt_index] for c in sampled], [c.token_ids for c in sampled]))
         for c, r in zip(sampled, rewards):
-            per_prompt[c.prompt_index].append(r >= 1.0)
+            per_prompt[c.prompt_index].append(r >= CORRECT)
             samples.append({"mode": f"sample@{k}", "prompt": texts[c.prompt_index], "answer": answers[c.prompt_index],
                             "response": c.text, "reward": r, "finish_reason": c.finish_reason,
                             **({"interrupted": c.interrupted} if interrupted else {}),
@@ -73,7 +74,7 @@ def evaluate(generate: GenerateFn, encode: Callable[[Problem], list[int]], probl
 
     def metrics_of(rows: Sequence[int]) -> dict[str, float]:
         greedy_rewards = [g_rewards[i] for i in rows]
-        out = {"eval/accuracy": sum(r >= 1.0 for r in greedy_rewards) / len(rows),
+        out = {"eval/accuracy": sum(r >= CORRECT for r in greedy_rewards) / len(rows),
                "eval/reward_mean": sum(greedy_rewards) / len(rows)}
         if interrupted:
             out["eval/interrupted_frac"] = sum(greedy[i].interrupted for i in rows) / len(rows)

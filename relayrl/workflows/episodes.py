@@ -15,6 +15,7 @@ import torch
 from relayrl.config.schema import Config
 from relayrl.data.tasks import Problem
 from relayrl.engines.generation.base import Completion, SamplingParams
+from relayrl.engines.reward.verifiers import CORRECT
 from relayrl.environments.base import Episode, EpisodeEnd, EpisodeSummary
 from relayrl.environments.config import EpisodeSpec, build_env_factory
 from relayrl.environments.episodes import episode_metrics
@@ -81,14 +82,14 @@ def evaluate_episodes(rollout, s, spec: EpisodeSpec, step: int | None) -> dict[s
         keep = set(rows)
         greedy_eps = [e for e in by_mode["greedy"] if e.problem_index in keep]
         rewards = torch.tensor([e.reward for e in greedy_eps], dtype=torch.float32)
-        out = {"eval/accuracy": float((rewards >= 1.0).float().mean()), "eval/reward_mean": float(rewards.mean())}
+        out = {"eval/accuracy": float((rewards >= CORRECT).float().mean()), "eval/reward_mean": float(rewards.mean())}
         out.update({f"eval/{k}": v for k, v in episode_metrics(greedy_eps).items()})
         if ev.k > 1:
             index = {i: j for j, i in enumerate(rows)}
             per_problem: list[list[bool]] = [[] for _ in rows]
             for e in by_mode[f"sample@{ev.k}"]:
                 if e.problem_index in keep:
-                    per_problem[index[e.problem_index]].append(e.reward >= 1.0)
+                    per_problem[index[e.problem_index]].append(e.reward >= CORRECT)
             out.update({f"eval/{k}": v for k, v in summarize(per_problem, ks=sorted({1, ev.k})).items()})
         return out
 

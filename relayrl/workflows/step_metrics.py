@@ -6,6 +6,7 @@ from collections import Counter
 
 import torch
 
+from relayrl.engines.reward.verifiers import CORRECT
 from relayrl.environments.episodes import episode_metrics
 from relayrl.workflows.episodes import log_episode_errors
 from relayrl.workflows.state import StepState
@@ -24,7 +25,7 @@ def sample_metrics(scores: torch.Tensor, rewards: torch.Tensor, lengths: torch.T
     return {
         "reward/mean": float(rewards.mean()),
         "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
-        "train/accuracy": float((scores >= 1.0).float().mean()),
+        "train/accuracy": float((scores >= CORRECT).float().mean()),
         "response/length_mean": float(lengths.mean()),
         "response/length_max": float(lengths.max()),
         **dict(zip(("response/length_p10", "response/length_p50", "response/length_p90"),

@@ -59,7 +59,7 @@ from relayrl.engines.reward.config import RewardConfig, RewardError
 from relayrl.engines.reward.extra import ExtraError, ExtraLog
 from relayrl.engines.reward.judge import JudgeError, LLMJudge
 from relayrl.engines.reward.user import CALL_ARGS, Overtime, UserFn, call_within, check_rewards, load_user_fns
-from relayrl.engines.reward.verifiers import exact_reward, format_reward, math_reward
+from relayrl.engines.reward.verifiers import CORRECT, exact_reward, format_reward, math_reward
 
 __all__ = ["RewardEngine", "MAX_ABANDONED"]
 
@@ -254,7 +254,7 @@ class RewardEngine:
             "reward/mean": _mean(rewards),
             "reward/std": _std(rewards),
             "reward/verifier_mean": _mean(pick(verifier)),
-            "reward/verifier_accuracy": _mean([float(v >= 1.0) for v in pick(verifier)]),
+            "reward/verifier_accuracy": _mean([float(v >= CORRECT) for v in pick(verifier)]),
             "reward/errors": float(len(errors) + n - len(ok)),  # built-in verifier rows scored 0, failed rows
         }
         if fmt is not None:

@@ -26,6 +26,7 @@ import re
 import threading
 
 __all__ = [
+    "CORRECT",
     "exact_reward",
     "math_reward",
     "extract_boxed",
@@ -33,6 +34,11 @@ __all__ = [
     "format_reward",
     "MathVerifyError",
 ]
+
+
+CORRECT = 1.0
+"""The score from which a row counts as correct (``train/accuracy``, ``eval/accuracy``, pass@k,
+``reward/verifier_accuracy``): what the built-in verifiers give a right answer."""
 
 
 class MathVerifyError(ValueError):
