@@ -154,3 +154,33 @@ def test_dynamic_sampling_keeps_only_groups_that_give_a_pair(tmp_path, tiny_dir)
     assert sum(r["dapo/dropped_groups"] for r in recs) > 0
     for r in recs:
         assert r["online_dpo/pair_frac"] == 1.0 and r["online_dpo/pairs"] == 4 - r["dapo/missing_prompts"]
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_two_data_parallel_ranks_train_with_dpos_figures(tmp_path, tiny_dir):
+    """cluster.devices=2 (two actor ranks under FSDP2, two reference and two rollout ranks): the pairs' advantages
+    are computed on the whole batch before the ranks split its rows, so the first step is still DPO at the
+    reference (loss log 2, margins 0) and the update moves the margins; both rollout ranks sample with the relayed
+    weights. (The two runs' rows differ from one rank's: each rollout rank draws its own seed.)"""
+    recs = _run(tmp_path, tiny_dir, "cluster.devices=2", "data.prompts_per_step=4")
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    for r in recs:
+        for k in KEYS:
+            assert k in r and math.isfinite(r[k]), (r["step"], k)
+        assert r["actor/grad_norm"] > 0 and r["rollout/logprob_error_max"] < 1.001
+    assert recs[0]["online_dpo/loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert recs[0]["online_dpo/reward_margin"] == pytest.approx(0.0, abs=1e-6)
+    assert any(abs(r["online_dpo/reward_margin"]) > 1e-4 for r in recs[1:])
+
+
+@pytest.mark.slow
+def test_lora_trains_the_adapters_with_dpos_figures(tmp_path, tiny_dir):
+    """model.lora.enabled: the reference is the frozen base (the adapters off), so the first step's loss is log 2;
+    the adapters' update moves the margins."""
+    recs = _run(tmp_path, tiny_dir, "model.lora.enabled=true", "model.lora.r=8", "engine.optim.lr=1e-2")
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    assert recs[0]["online_dpo/loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert all(r["actor/grad_norm"] > 0 for r in recs)
+    assert any(abs(r["online_dpo/reward_margin"]) > 1e-4 for r in recs[1:])
+    assert all(r["rollout/logprob_error_max"] < 1.001 for r in recs)  # (merged adapters reached the rollout)
