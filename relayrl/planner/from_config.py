@@ -26,6 +26,29 @@ def _model_dir(cfg) -> str | None:
     return None
 
 
+def sample_prompts(cfg, n: int, *, rows_for_mean: int = 512) -> tuple[list[list[int]], float]:
+    """``n`` of the recipe's prompts as its run encodes them (:class:`~relayrl.workflows.problems.RunProblems`:
+    the model's tokenizer and chat template, a dataset's rows fitted to the context, held-out rows carved out,
+    ``data.max_rows``), drawn with ``run.seed``: fresh problems of a built-in task, or a sample of a dataset's
+    training rows; and the mean prompt length in tokens over up to ``rows_for_mean`` of them (a dataset's
+    prompts differ in length; the ``n`` alone are what the response lengths are measured on)."""
+    import random
+
+    from relayrl.workflows.problems import RunProblems
+
+    run = RunProblems(cfg, training=True, log=lambda line: None)
+    rng = random.Random(cfg.run.seed)
+    if run.task is not None:
+        problems = [run.task.sample(rng) for _ in range(max(n, rows_for_mean))]
+    else:
+        rows = run.train_problems or []
+        if not rows:
+            raise ValueError(f"{cfg.data.path or cfg.data.hf_name}: no training rows left to measure prompts on")
+        problems = [rows[i] for i in rng.sample(range(len(rows)), min(len(rows), max(n, rows_for_mean)))]
+    encoded = [run.encode(p) for p in problems]
+    return encoded[:n], sum(map(len, encoded)) / len(encoded)
+
+
 def _lengths(spec: str, cfg, model_dir: str | None, prompts: list[list[int]] | None) -> LengthDist:
     cap = cfg.rollout.max_new_tokens
     if spec == "max":
@@ -96,23 +119,13 @@ def workload_from_config(cfg, *, model_config: str | None = None, prompt_tokens:
                                           lora=cfg.model.lora)
     else:
         raise ValueError("the recipe's model is not on this machine: give --model-config CONFIG.json for its shape")
-    prompts = None
-    if model_dir and cfg.data.task:
-        import random
-
-        from relayrl.data.datasets import encode_prompt
-        from relayrl.data.tasks import make_task
-        from relayrl.models.load import load_tokenizer
-
-        task = make_task(cfg.data.task, **cfg.data.task_options)
-        tok = load_tokenizer(model_dir)
-        rng = random.Random(cfg.run.seed)
-        prompts = [encode_prompt(tok, task.sample(rng)) for _ in range(measure_prompts)]
+    prompts, mean = sample_prompts(cfg, measure_prompts) if model_dir else (None, None)
     if prompt_tokens is None:
-        if prompts is None:
-            raise ValueError("the prompt length cannot be measured without the recipe's task and tokenizer: give "
+        if mean is None:
+            raise ValueError("the prompt length cannot be measured without the recipe's prompts (data.task, "
+                             "data.path or data.hf_name) and its model's tokenizer on this machine: give "
                              "--prompt-tokens N")
-        prompt_tokens = round(sum(map(len, prompts)) / len(prompts))
+        prompt_tokens = round(mean)
     spec = lengths or ("measure" if model_dir and prompts else "max")
     return Workload(prompts=cfg.data.prompts_per_step, n=cfg.rollout.n, prompt_tokens=prompt_tokens,
                     lengths=_lengths(spec, cfg, model_dir, prompts),

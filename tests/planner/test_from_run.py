@@ -310,3 +310,27 @@ def test_stored_head_logits_are_planned():
     assert not workload_from_config(load_run_config(GRPO, ["engine.head_grad=vocab"]), lengths="max").head_stored
     assert not workload_from_config(load_run_config(GRPO, ["engine.head_grad=stored", "engine.logprob_chunk=0"]),
                                     lengths="max").head_stored  # unchunked: the plain full-logits path
+
+
+def test_a_datasets_prompt_length_is_measured_from_its_rows_as_the_run_encodes_them(tmp_path, capsys, tiny_dir):
+    """A recipe on a dataset (data.path) whose model is on this machine: the plan measures the prompt length from
+    the rows the run trains on (12 short sums and 4 of 40 ones; eval.size=4 holds 4 out), encoded by the model's
+    tokenizer, instead of asking for --prompt-tokens."""
+    from relayrl.data.datasets import encode_prompt
+    from relayrl.models.load import load_tokenizer
+    from relayrl.workflows.problems import RunProblems
+    from tests.planner.test_search import _toy_files
+
+    prof, _ = _toy_files(tmp_path)
+    data = _rows_file(tmp_path, 12, long=4)
+    over = [GRPO, "data.task=null", f"data.path={data}", "reward.verifier=exact", "data.prompts_per_step=4",
+            "eval.size=4", f"trainer.init_from={tiny_dir}"]
+    cfg = load_run_config(over[0], over[1:])
+    rows = RunProblems(cfg, training=True, log=lambda _: None).train_problems
+    tok = load_tokenizer(tiny_dir)
+    want = round(sum(len(encode_prompt(tok, p)) for p in rows) / len(rows))
+    assert cli.main(["plan", *over, "--devices", "2", "--hardware", str(prof), "--lengths", "mixture:3,0,8"]) == 0, \
+        capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert f"(4 prompts x 8, {want} prompt tokens," in out, out
+    assert want > 10  # (the long rows count: the short sums alone are about 6 tokens)
