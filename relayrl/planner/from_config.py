@@ -119,14 +119,22 @@ def workload_from_config(cfg, *, model_config: str | None = None, prompt_tokens:
                                           lora=cfg.model.lora)
     else:
         raise ValueError("the recipe's model is not on this machine: give --model-config CONFIG.json for its shape")
-    prompts, mean = sample_prompts(cfg, measure_prompts) if model_dir else (None, None)
+    spec = lengths or ("measure" if model_dir else "max")
+    prompts = mean = None
+    if model_dir and (prompt_tokens is None or spec == "measure"):
+        from relayrl.errors import UserError
+
+        try:
+            prompts, mean = sample_prompts(cfg, measure_prompts)
+        except (UserError, OSError) as e:
+            raise ValueError(f"the plan measures the prompt length (and with --lengths measure the response lengths) "
+                             f"on the recipe's prompts, which cannot be loaded here: {e}. Make them readable, or give "
+                             f"--prompt-tokens N with --lengths max or mixture:SHORT,P_LONG,LONG_MEAN") from None
     if prompt_tokens is None:
         if mean is None:
-            raise ValueError("the prompt length cannot be measured without the recipe's prompts (data.task, "
-                             "data.path or data.hf_name) and its model's tokenizer on this machine: give "
-                             "--prompt-tokens N")
+            raise ValueError("the prompt length cannot be measured without the recipe's model and its tokenizer on "
+                             "this machine: give --prompt-tokens N")
         prompt_tokens = round(mean)
-    spec = lengths or ("measure" if model_dir and prompts else "max")
     return Workload(prompts=cfg.data.prompts_per_step, n=cfg.rollout.n, prompt_tokens=prompt_tokens,
                     lengths=_lengths(spec, cfg, model_dir, prompts),
                     reward_latency=LatencyDist(low_s=reward_latency[0], high_s=reward_latency[1]), model=shape,

@@ -334,3 +334,16 @@ def test_a_datasets_prompt_length_is_measured_from_its_rows_as_the_run_encodes_t
     out = capsys.readouterr().out
     assert f"(4 prompts x 8, {want} prompt tokens," in out, out
     assert want > 10  # (the long rows count: the short sums alone are about 6 tokens)
+
+
+def test_a_dataset_that_cannot_be_read_says_how_to_plan_without_it(tmp_path, capsys, tiny_dir):
+    from tests.planner.test_search import _toy_files
+
+    prof, _ = _toy_files(tmp_path)
+    gone = tmp_path / "missing.jsonl"
+    args = ["plan", GRPO, "data.task=null", f"data.path={gone}", "reward.verifier=exact", f"trainer.init_from={tiny_dir}",
+            "--devices", "2", "--hardware", str(prof)]
+    assert cli.main(args) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert f"dataset file {gone} does not exist" in err and "--prompt-tokens N with --lengths max" in err, err
+    assert cli.main([*args, "--prompt-tokens", "6", "--lengths", "mixture:3,0,8"]) == 0  # no row read
