@@ -63,7 +63,7 @@ def engine(tiny_model, monkeypatch):
     monkeypatch.setattr(reload, "initialize_layerwise_reload", lambda model: model.events.append("begin"))
     monkeypatch.setattr(reload, "finalize_layerwise_reload", lambda model, cfg: model.events.append(f"finish {cfg}"))
     eng = VLLMGenerationEngine.__new__(VLLMGenerationEngine)
-    eng.tp, eng.device, eng.devices = 2, torch.device("cpu"), (torch.device("cpu"),) * 2
+    eng.tp, eng.apart, eng.device, eng.devices = 2, True, torch.device("cpu"), (torch.device("cpu"),) * 2
     eng.engine, eng._version, eng._sleeping, eng._threads = FakeCore(2), 0, False, torch.get_num_threads()
     eng._shapes = {n: tuple(p.shape) for n, p in tiny_model.state_dict().items()}
     eng._tied = bool(tiny_model.config.tie_word_embeddings)
