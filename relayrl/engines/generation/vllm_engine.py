@@ -413,5 +413,6 @@ def _has_own_head(worker) -> bool:
 
 def _reload_weights(worker, named: Iterable[tuple[str, torch.Tensor]]) -> bool:
     """Runs on vLLM's worker (``collective_rpc``): load ``named`` (Hugging Face names) in place, read once."""
+    vllm_tp.forget_cpu_moe_kernels(worker.model_runner.get_model(), worker.device)
     worker.model_runner.reload_weights(weights_iterator=iter(named))
     return True

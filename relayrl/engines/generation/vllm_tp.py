@@ -35,7 +35,7 @@ import torch
 from relayrl.errors import UserError
 
 __all__ = ["BUCKET_BYTES", "RANK_ENV", "tp_devices", "worker_env", "check_heads_split", "send", "encoded", "buckets",
-           "ipc_handle", "open_tensor", "begin_reload", "load_bucket", "finish_reload"]
+           "ipc_handle", "open_tensor", "begin_reload", "load_bucket", "finish_reload", "forget_cpu_moe_kernels"]
 
 BUCKET_BYTES = 1 << 30
 """Most bytes of weights one ``collective_rpc`` carries to the workers (on CUDA: also the most a rank copies to
@@ -185,8 +185,29 @@ def begin_reload(worker) -> bool:
     """Runs on every tensor-parallel worker: start vLLM's layerwise reload (weights then come in buckets)."""
     from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
-    initialize_layerwise_reload(worker.model_runner.get_model())
+    model = worker.model_runner.get_model()
+    forget_cpu_moe_kernels(model, worker.device)
+    initialize_layerwise_reload(model)
     return True
+
+
+def forget_cpu_moe_kernels(model: torch.nn.Module, device: torch.device) -> int:
+    """Runs on a vLLM worker before a reload: on CPU, drop each MoE layer's kernel so that the reload sets it up
+    as the first load did. vLLM 0.32 repacks an MoE layer's experts into its CPU kernel's layout only on the first
+    load (``_setup_kernel`` skips ``fused_experts.process_weights_after_loading`` once a kernel exists), so a
+    reload copied the new experts in the checkpoint's layout into storage the kernel reads as packed: its
+    log-probs were 22 nats off after one update. Without a kernel the reload packs them again, then copies the
+    packed tensors into the storage the model holds. GPUs keep their kernel (they pack nothing, and CUDA graphs
+    hold its tensors). Returns how many kernels were dropped."""
+    if torch.device(device).type != "cpu":
+        return 0
+    dropped = 0
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if getattr(method, "moe_kernel", None) is not None and hasattr(method, "_setup_kernel"):
+            method.moe_kernel = None
+            dropped += 1
+    return dropped
 
 
 def load_bucket(worker, bucket: list) -> int:
