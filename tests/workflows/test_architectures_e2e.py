@@ -39,9 +39,12 @@ def test_grpo_on_the_architecture_keeps_the_generators_logprobs(arch, tiny_token
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_grpo_on_olmo2_with_vllm_in_the_trainers_process(tiny_tokenizer, tmp_path, monkeypatch):
+@pytest.mark.parametrize("arch", ["olmo2", "qwen3_moe"])
+def test_grpo_with_vllm_in_the_trainers_process(arch, tiny_tokenizer, tmp_path, monkeypatch):
     """OLMo 2 runs on vLLM's Transformers backend, which decorates the transformers class in place: colocated, the
-    trainer in the same process could not build it (it failed at start before the engine's worker ran apart)."""
+    trainer in the same process could not build it (it failed at start before the engine's worker ran apart).
+    Qwen3-MoE: vLLM's CPU kernel reads its experts packed, packed again at every reload (else the second step's
+    log-probs were far off)."""
     from relayrl.engines.generation.vllm_engine import vllm_available
 
     if not vllm_available():
@@ -49,8 +52,10 @@ def test_grpo_on_olmo2_with_vllm_in_the_trainers_process(tiny_tokenizer, tmp_pat
     from tests.models import architectures
 
     monkeypatch.setitem(architectures.COMMON, "hidden_size", 128)  # heads of 32 (vLLM's CPU attention has no 16)
+    monkeypatch.setitem(architectures.ARCHS, "qwen3_moe", dict(head_dim=32, num_experts=4, num_experts_per_tok=2,
+                                                               moe_intermediate_size=32))
     model_dir, run_dir = tmp_path / "model", tmp_path / "run"
-    build("olmo2", vocab=len(tiny_tokenizer)).save_pretrained(model_dir)
+    build(arch, vocab=len(tiny_tokenizer)).save_pretrained(model_dir)
     tiny_tokenizer.save_pretrained(model_dir)
     (tmp_path / "reward.py").write_text(REWARD)
     r = relayrl("train", "recipes/arith_grpo.yaml", f"model.path={model_dir}", "trainer.steps=2", f"run.dir={run_dir}",
