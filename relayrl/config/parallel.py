@@ -19,14 +19,14 @@ _ENGINE_ROLES = ("reference", "critic", "teacher")
 def check_sequence_parallel(cfg: Config) -> None:
     """``engine.sequence_parallel`` groups consecutive ranks of every pool running the training engine (the
     actor's main pool, and the reference's, critic's or teacher's pool when placed elsewhere); each must hold a
-    multiple of it, and the model must use SDPA attention."""
+    multiple of it, and the model must use SDPA or FlexAttention."""
     sp = cfg.engine.sequence_parallel
     if sp == 1:
         return
-    if cfg.model.attn_implementation != "sdpa":
-        raise ValueError(f"engine.sequence_parallel={sp} runs attention through PyTorch SDPA over the packed mask; "
-                         f"model.attn_implementation={cfg.model.attn_implementation}: set it to sdpa (or "
-                         f"engine.sequence_parallel=1)")
+    if cfg.model.attn_implementation not in ("sdpa", "flex_attention"):
+        raise ValueError(f"engine.sequence_parallel={sp} runs attention through PyTorch SDPA over the packed mask "
+                         f"or FlexAttention over its tiles; model.attn_implementation={cfg.model.attn_implementation}: "
+                         f"set it to sdpa or flex_attention (or engine.sequence_parallel=1)")
     sizes = {"main": (cfg.cluster.devices * cfg.cluster.nodes, "cluster.devices x cluster.nodes")}
     for role in _ENGINE_ROLES:
         pool = getattr(cfg.placement, role)

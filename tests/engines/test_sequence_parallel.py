@@ -205,6 +205,57 @@ def test_streamed_update_with_step_sync_matches_one_rank(tiny_dir, tiny_tokenize
         sp.shutdown()
 
 
+def _lift_cpu_flex_guard() -> None:
+    """Let FlexAttention run backward on CPU in this process: torch's unfused reference implementation (dense
+    scores, torch's own autograd formulas) runs it once the "no CPU backward" guard sees detached inputs (as
+    test_flex_attention.py's ``cpu_flex_backward`` does for one test)."""
+    import torch.nn.attention.flex_attention as fa
+
+    guard = fa._validate_device
+    fa._validate_device = lambda q, k, v: guard(q.detach(), k.detach(), v.detach())
+
+
+class CPUFlexPolicyWorker(PolicyWorker):
+    """A policy worker whose rank process runs FlexAttention's backward on CPU (:func:`_lift_cpu_flex_guard`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        _lift_cpu_flex_guard()
+        super().__init__(*args, **kwargs)
+
+
+@pytest.mark.multiproc
+def test_flex_attention_under_sequence_parallelism_matches_one_rank(tiny_dir, tiny_tokenizer, monkeypatch):
+    """model.attn_implementation=flex_attention with sp=2: each SP rank runs FlexAttention over every token for its
+    half of the heads under the pack's whole BlockMask (no dense [L, L] mask), and the log-probs, one update's
+    figures and the weights after it equal one rank's flex run. (CPU: torch's reference implementation of
+    FlexAttention, the guard against its CPU backward lifted in both processes.)"""
+    import torch.nn.attention.flex_attention as fa
+
+    if not hasattr(fa, "_validate_device"):
+        pytest.skip("this torch build has no CPU guard to lift (torch.nn.attention.flex_attention._validate_device)")
+    guard = fa._validate_device
+    monkeypatch.setattr(fa, "_validate_device", lambda q, k, v: guard(q.detach(), k.detach(), v.detach()))
+    batch = _batch(tiny_tokenizer, long_row=40)
+    kw = dict(model_path=str(tiny_dir), total_steps=2, threads=1, seed=0, attn_implementation="flex_attention")
+    engine = dict(token_budget=200, optim=OptimConfig(lr=1e-2))
+    one = PolicyWorker(**kw, engine=TrainEngineConfig(**engine))
+    assert one.engine.flex
+    sp = _group(CPUFlexPolicyWorker, {**kw, "engine": TrainEngineConfig(**engine, sequence_parallel=2)})
+    try:
+        for a, b in zip(one.logprobs(batch), sp.split(PolicyWorker.logprobs, batch)):
+            torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+        m1 = one.update(batch, PolicyLoss(), seed=0)
+        m2 = sp.split(PolicyWorker.update, batch, PolicyLoss(), seed=0)[0]
+        for k in ("actor/grad_norm", "actor/pg_loss", "actor/entropy"):
+            if k in m1:
+                assert m2[k] == pytest.approx(m1[k], rel=1e-4, abs=1e-7), k
+        w2 = dict(collective(sp, PolicyWorker.named_weights))
+        for n, t in one.named_weights():
+            torch.testing.assert_close(w2[n], t, atol=2e-4, rtol=1e-3, msg=n)
+    finally:
+        sp.shutdown()
+
+
 def test_refusals_name_the_key_before_work_starts(tiny_dir):
     """What the engine cannot split is refused when it is built, on one process: no collective has run."""
     from relayrl.models.load import load_model

@@ -59,7 +59,8 @@ import torch
 
 from relayrl.models.packing import shared_prompt_mask, shared_prompt_mask_mod
 
-__all__ = ["BLOCK", "ATTN", "block_mask", "flex_attention_forward", "install", "is_flex", "backward_supported"]
+__all__ = ["BLOCK", "ATTN", "block_mask", "flex_attention_forward", "attend", "install", "is_flex",
+           "backward_supported"]
 
 BLOCK = 128
 """FlexAttention's tile (query and key block) size, and the multiple packed rows are padded to."""
@@ -177,6 +178,13 @@ def flex_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
     if not isinstance(attention_mask, BlockMask):
         raise TypeError(f"{ATTN} takes a BlockMask (relayrl.engines.training.flex.block_mask), got "
                         f"{type(attention_mask).__name__}")
+    return attend(query, key, value, attention_mask, scaling).transpose(1, 2).contiguous(), None
+
+
+def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask, scaling: float | None) -> torch.Tensor:
+    """FlexAttention of ``query [B, Hq, L, D]`` over ``key``/``value [B, Hkv, L, D]`` under the ``BlockMask``
+    ``mask``: ``[B, Hq, L, D]`` in the autocast dtype (or the query's). What :func:`flex_attention_forward`
+    and the Ulysses attention (:mod:`relayrl.engines.training.ulysses`, on its head shard) call."""
     kind = query.device.type
     dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else query.dtype
     q, k, v = (t.to(dtype) for t in (query, key, value))
@@ -185,9 +193,8 @@ def flex_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
         k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
         gqa = False
     with torch.autocast(kind, enabled=False):  # inputs cast already; the kernel needs no autocast rule
-        out = _kernel(q)(q, k, v, block_mask=attention_mask, scale=scaling, enable_gqa=gqa,
-                         kernel_options=CUDA_KERNEL_OPTIONS if q.is_cuda else None)
-    return out.transpose(1, 2).contiguous(), None
+        return _kernel(q)(q, k, v, block_mask=mask, scale=scaling, enable_gqa=gqa,
+                          kernel_options=CUDA_KERNEL_OPTIONS if q.is_cuda else None)
 
 
 def install(model: torch.nn.Module) -> None:

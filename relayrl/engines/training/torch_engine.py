@@ -315,7 +315,8 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
             item = [[unit for row in item for unit in row]]
         pb = build_packed_batch(batch.prompt_ids, batch.response_ids, item)
         if self.flex or self.sp:  # whole tiles, at least two (see relayrl.engines.training.flex); whole shards
-            pb = pb.pad_to(flex.BLOCK, at_least=2 * flex.BLOCK) if self.flex else pb.pad_to(self.sp.size)
+            multiple = math.lcm(flex.BLOCK if self.flex else 1, self.sp.size if self.sp else 1)
+            pb = pb.pad_to(multiple, at_least=2 * flex.BLOCK) if self.flex else pb.pad_to(multiple)
         pb = pb.to(self.device)
         mask = self._attention_mask(pb.doc_ids, pb.segment_ids, pb.position_ids)
         args = (pb.input_ids, mask, pb.position_ids, pb.token_pack, pb.token_src)  # logits at response positions only

@@ -58,11 +58,15 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["ATTN", "SequenceParallel", "Shard", "setup", "check_model", "install", "ulysses_attention_forward",
+__all__ = ["ATTN", "ATTN_FLEX", "SequenceParallel", "Shard", "setup", "check_model", "install", "ulysses_attention_forward",
            "all_to_all", "pool"]
 
 ATTN = "relayrl_ulysses_sdpa"
-"""The attention implementation name registered with transformers for :func:`ulysses_attention_forward`."""
+"""The attention implementation name registered with transformers for :func:`ulysses_attention_forward` (SDPA
+over the dense mask)."""
+ATTN_FLEX = "relayrl_ulysses_flex"
+"""The same function's name for a model on FlexAttention (the engine's ``BlockMask``; transformers' flex mask
+builder for masks the model makes itself)."""
 
 
 @dataclass(frozen=True)
@@ -101,13 +105,15 @@ def setup(size: int) -> SequenceParallel | None:
 
 def check_model(model, size: int) -> None:
     """Refuse a model the Ulysses attention cannot split: query heads not divisible by ``size``, or an
-    attention implementation other than SDPA."""
+    attention implementation other than SDPA or FlexAttention."""
+    from relayrl.engines.training import flex
+
     conf = model.config
     impl = getattr(conf, "_attn_implementation", None)
-    if impl not in ("sdpa", ATTN):
-        raise ValueError(f"engine.sequence_parallel={size} runs attention through PyTorch SDPA over the packed mask; "
-                         f"the model is loaded with attn_implementation={impl!r}: set model.attn_implementation=sdpa "
-                         f"(or engine.sequence_parallel=1)")
+    if impl not in ("sdpa", ATTN, ATTN_FLEX) and not flex.is_flex(impl):
+        raise ValueError(f"engine.sequence_parallel={size} runs attention through PyTorch SDPA over the packed mask "
+                         f"or FlexAttention over its tiles; the model is loaded with attn_implementation={impl!r}: set "
+                         f"model.attn_implementation=sdpa or flex_attention (or engine.sequence_parallel=1)")
     heads = getattr(conf, "num_attention_heads", None)
     if not heads or heads % size:
         raise ValueError(f"engine.sequence_parallel={size} gives each rank 1/{size} of the attention heads, but the "
@@ -120,9 +126,14 @@ def install(model, sp: SequenceParallel) -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
+    from relayrl.engines.training import flex
+
     check_model(model, sp.size)
-    AttentionInterface.register(ATTN, ulysses_attention_forward)
-    AttentionMaskInterface.register(ATTN, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    on_flex = flex.is_flex(getattr(model.config, "_attn_implementation", None)) or \
+        getattr(model.config, "_attn_implementation", None) == ATTN_FLEX
+    name = ATTN_FLEX if on_flex else ATTN
+    AttentionInterface.register(name, ulysses_attention_forward)
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS["flex_attention" if on_flex else "sdpa"])
     layers = [m for m in model.modules() if hasattr(m, "num_key_value_groups") and hasattr(m, "layer_idx")]
     expected = getattr(model.config, "num_hidden_layers", None)
     if not layers or (expected is not None and len(layers) != expected):
@@ -132,9 +143,9 @@ def install(model, sp: SequenceParallel) -> None:
         m.sequence_parallel = sp
     setter = getattr(model, "set_attn_implementation", None)
     if setter is not None:
-        setter(ATTN)
+        setter(name)
     else:
-        model.config._attn_implementation = ATTN
+        model.config._attn_implementation = name
 
 
 # ------------------------------------------------------------------------------------------ all-to-all
@@ -173,11 +184,14 @@ def ulysses_attention_forward(module, query: torch.Tensor, key: torch.Tensor, va
                               attention_mask: torch.Tensor | None, dropout: float = 0.0,
                               scaling: float | None = None, **kwargs) -> tuple[torch.Tensor, None]:
     """Transformers' attention contract on a sequence shard: ``query`` ``[B, H, L/sp, D]``, ``key``/``value``
-    ``[B, KV, L/sp, D]``, ``attention_mask`` the whole ``[B, 1, L, L]`` mask (boolean or additive);
-    returns ``[B, L/sp, H, D]``. Key/value heads are repeated to the query heads first unless ``KV`` is a
-    multiple of ``sp``."""
+    ``[B, KV, L/sp, D]``, ``attention_mask`` the whole ``[B, 1, L, L]`` mask (boolean or additive, for SDPA; a
+    ``BlockMask`` over all ``L``, for FlexAttention); returns ``[B, L/sp, H, D]``. Key/value heads are repeated
+    to the query heads first unless ``KV`` is a multiple of ``sp``."""
+    from torch.nn.attention.flex_attention import BlockMask
+
     sp: SequenceParallel = module.sequence_parallel
-    if attention_mask is None or attention_mask.dim() != 4:
+    tiles = isinstance(attention_mask, BlockMask)
+    if attention_mask is None or len(attention_mask.shape) != 4:
         raise RuntimeError("Ulysses attention runs on the training engine's packed passes, which hand it the "
                            "whole 4-D mask; this call has none")
     for name in ("softcap", "s_aux"):  # (a sliding window is in the mask already)
@@ -189,6 +203,14 @@ def ulysses_attention_forward(module, query: torch.Tensor, key: torch.Tensor, va
         key, value = key.repeat_interleave(heads // kv, dim=1), value.repeat_interleave(heads // kv, dim=1)
         kv = heads
     q, k, v = (all_to_all(t, 1, 2, sp) for t in (query, key, value))  # [B, heads/sp, L, D]
+    if tiles:  # FlexAttention over the head shard (it maps grouped key/value heads itself)
+        from relayrl.engines.training import flex
+
+        if dropout:
+            raise ValueError(f"attention dropout {dropout} is not supported by FlexAttention; set the model's "
+                             "attention_dropout to 0")
+        out = flex.attend(q, k, v, attention_mask, scaling)
+        return all_to_all(out.transpose(1, 2), 1, 2, sp).contiguous(), None
     if kv != heads:
         k, v = k.repeat_interleave(heads // kv, dim=1), v.repeat_interleave(heads // kv, dim=1)
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, dropout_p=dropout,
