@@ -17,9 +17,11 @@ How the engine uses it::
     pool       each SP rank's rows -> all_gather_object -> the SP group's batch, the same on every SP rank
     pack       the engine packs that batch as it would on one rank; the packed length L is padded to a
                multiple of sp; rank r keeps columns [r L/sp, (r+1) L/sp) of the ids and the *global*
-               position ids (rotary sees true positions); the 4-D mask stays whole ([P, 1, L, L]), since
-               attention runs over all L queries after the all-to-all
-    attention  :func:`ulysses_attention_forward`, registered with transformers as :data:`ATTN`
+               position ids (rotary sees true positions); the 4-D mask stays whole ([P, 1, L, L], or
+               FlexAttention's BlockMask of the pack's tiles), since attention runs over all L queries after
+               the all-to-all
+    attention  :func:`ulysses_attention_forward`, registered with transformers as :data:`ATTN` (SDPA) or
+               :data:`ATTN_FLEX` (a model on FlexAttention: the kernel runs on the rank's head shard)
     head       log-probs (a critic: values) of the response tokens whose predicting position is local;
                the next-token targets were fixed at packing, before the split
     gather     :meth:`Shard.gather`: every rank gets all N response tokens in packing order, so the
