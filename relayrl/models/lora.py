@@ -72,18 +72,43 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig, *, trainable: tuple[torc
 
 def resolve_targets(model: torch.nn.Module, cfg: LoraConfig) -> list[str]:
     """The target names ``cfg`` gives on ``model``: ``cfg.target_modules``, or (null) the names of every linear
-    layer inside the model's decoder layers (:func:`~relayrl.models.load.decoder_layers`), in first-seen order."""
+    layer inside the model's decoder layers (:func:`~relayrl.models.load.decoder_layers`), in first-seen order,
+    less those narrower than ``cfg.r`` (an update of them has a lower rank: Qwen3-Next's shared-expert gate, one
+    output per token)."""
     if cfg.target_modules is not None:
         return list(cfg.target_modules)
     from relayrl.models.load import decoder_layers
 
-    names: dict[str, None] = {}
+    width: dict[str, int] = {}  # name -> its narrowest side over the layers
     for layer in decoder_layers(model):
-        names.update((n.rsplit(".", 1)[-1], None) for n, m in layer.named_modules() if isinstance(m, torch.nn.Linear))
-    if not names:
+        for n, m in layer.named_modules():
+            if isinstance(m, torch.nn.Linear):
+                key = n.rsplit(".", 1)[-1]
+                width[key] = min(width.get(key, m.in_features), m.in_features, m.out_features)
+    if not width:
         raise LoraError(f"{type(model).__name__}'s decoder layers hold no linear layer for an adapter; name the "
                         f"layers in model.lora.target_modules")
-    return list(names)
+    names = [n for n, w in width.items() if w >= cfg.r] or list(width)  # (all too narrow: the r check says so)
+    moved = _read_as_experts(model, names)
+    return [n for n in names if n not in moved] or names
+
+
+def _read_as_experts(model: torch.nn.Module, names: list[str]) -> set[str]:
+    """The names among ``names`` that peft reads as an MoE layer's fused experts instead of as the linear layers
+    of that name (its conversion for transformers 5's fused experts: on Qwen3-Next, ``gate_proj``, ``up_proj`` and
+    ``down_proj`` would adapt the experts and not the shared expert that has those layers), found by running
+    peft's own conversion on a config of ``names``."""
+    try:
+        import peft
+        from peft.utils.transformers_weight_conversion import convert_peft_config_for_transformers
+    except ImportError:
+        return set()
+    probe = peft.LoraConfig(r=8, target_modules=list(names))
+    try:
+        convert_peft_config_for_transformers(probe, model, None)
+    except ValueError:  # (a fused pair named in part: peft refuses; none of these names then is moved)
+        return set()
+    return set(names) - set(probe.target_modules or ())
 
 
 def _check_targets(model: torch.nn.Module, cfg: LoraConfig, targets: list[str]) -> None:

@@ -36,6 +36,13 @@ ARCHS = {
     "phi": dict(),
     "gpt_neox": dict(),
     "starcoder2": dict(),
+    # Qwen3.5: three Gated DeltaNet (linear attention) layers to one attention layer
+    "qwen3_5_text": dict(head_dim=16, num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4,
+                         linear_key_head_dim=16, linear_value_head_dim=16),
+    # Qwen3-Next: the same layers with a mixture of experts
+    "qwen3_next": dict(head_dim=16, num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4,
+                       linear_key_head_dim=16, linear_value_head_dim=16, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=32, shared_expert_intermediate_size=32),
 }
 """model_type -> what its tiny config sets beside :data:`COMMON`."""
 

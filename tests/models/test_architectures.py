@@ -28,7 +28,8 @@ STATIC_REFUSED = {  # model_type -> what the static decoder's refusal names
     "gemma4_text": "norms the step does not apply", "glm4": "norms the step does not apply",
     "phi3": "not a Llama-style layer", "olmo2": "not a Llama-style layer", "cohere": "not a Llama-style layer",
     "smollm3": "no rotary position embedding", "granite": "embedding and residual stream",
-    "phi": "lacks embed_tokens", "gpt_neox": "lacks embed_tokens",
+    "phi": "lacks embed_tokens", "gpt_neox": "lacks embed_tokens", "qwen3_5_text": "not a Llama-style layer",
+    "qwen3_next": "not a Llama-style layer",
 }
 
 
@@ -79,6 +80,49 @@ def test_the_trainer_gives_the_models_own_logprobs(arch):
             got = eng.logprobs(batch, temperature=0.7)[0]
             for g, w in zip(got, want):
                 torch.testing.assert_close(g, w, atol=5e-5, rtol=1e-5, msg=f"{arch} packing={packing} chunk={chunk}")
+
+
+LINEAR_ATTENTION = {"qwen3_5_text", "qwen3_next"}  # recurrent states along the row: no packed rows
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_the_packing_check_passes_every_attention_model_and_catches_linear_attention(arch):
+    """relayrl/models/packing_check.py: a sequence packed after another has its own logits (to rounding) on every
+    model whose layers mix tokens through attention only; Qwen3.5's and Qwen3-Next's Gated DeltaNet carry state
+    across the boundary (over a nat off), so the trainer would not pack them even without their layer types."""
+    from relayrl.models.packing_check import leak_reason, packing_leak
+
+    model = build(arch)
+    diff, spread = packing_leak(model)
+    assert (leak_reason(model) is None) == (arch not in LINEAR_ATTENTION), (diff, spread)
+    assert diff < 1e-4 if arch not in LINEAR_ATTENTION else diff > 0.1
+
+
+def test_a_model_that_mixes_packed_sequences_outside_attention_trains_on_padded_rows():
+    """A layer that mixes positions without the mask (here: each position also gets the running mean of the
+    hidden states before it, as a recurrent layer would) gives packed rows another model's log-probs; the engine's
+    check at start finds it, warns, and trains on padded rows, whose log-probs are the model's own."""
+    from relayrl.models.packing_check import leak_reason
+
+    model = build("qwen2")
+    layer = model.model.layers[0]
+    forward = type(layer).forward
+
+    def leaky(self, hidden_states, *args, **kwargs):
+        steps = torch.arange(1, hidden_states.shape[1] + 1, device=hidden_states.device)[None, :, None]
+        return forward(self, hidden_states + 0.5 * hidden_states.cumsum(1) / steps, *args, **kwargs)
+
+    layer.forward = leaky.__get__(layer)
+    assert "mixes packed sequences outside attention" in leak_reason(model)
+    batch = _groups()
+    want = [own_logprobs(model, p, r) for p, r in zip(batch.prompt_ids, batch.response_ids)]
+    with pytest.warns(UserWarning, match="packing='shared_prompt' disabled, using 'none': a sequence packed after"):
+        eng = TorchTrainingEngine(model, TrainEngineConfig(packing="shared_prompt"), total_steps=1, trainable=False)
+    assert eng.packing == "none"
+    for g, w in zip(eng.logprobs(batch)[0], want):
+        torch.testing.assert_close(g, w, atol=5e-5, rtol=1e-5)
+    eng.packing = "shared_prompt"  # what the check prevented: packed rows, silently other log-probs
+    assert max(float((g - w).abs().max()) for g, w in zip(eng.logprobs(batch)[0], want)) > 1e-2
 
 
 @pytest.mark.parametrize("arch", ["gemma2", "cohere", "granite"])
@@ -148,6 +192,40 @@ def test_the_native_generator_samples_from_the_models_own_distribution(arch):
             torch.testing.assert_close(o.logprobs, want, atol=1e-4, rtol=1e-4, msg=f"{arch} decode={decode}")
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3_5_text", "gemma2", "gemma3_text"])
+def test_continuous_batching_keeps_every_rows_cache_its_contexts(arch):
+    """The dynamic path's row operations on the cache (relayrl/engines/generation/cache_rows.py): a prompt repeated
+    for its samples, a longer prompt joining running rows (their attention columns left-padded), finished rows
+    leaving and padding columns cut. After them each row's next-token logits are the model's own on its whole
+    context, for attention layers (Qwen2), sliding-window ones (Gemma 3) and Gated DeltaNet's recurrent and
+    convolution states (Qwen3.5, whose cache layers transformers cannot repeat or select)."""
+    from relayrl.engines.generation.native import RunningBatch
+
+    model = build(arch)
+    eng = NativeGenerationEngine(model, _Tok(), max_batch=8, decode="dynamic")
+    g = torch.Generator().manual_seed(5)
+    batch = RunningBatch()
+
+    def advance(steps: int) -> None:
+        for _ in range(steps):
+            tok = torch.multinomial(torch.softmax(batch.next_logits.float(), -1), 1, generator=g)[:, 0]
+            for r, t in enumerate(tok.tolist()):
+                batch.tokens[r].append(t)
+            eng.advance(batch, tok)
+
+    with torch.no_grad():
+        eng.admit(batch, [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (3, 5)], [0, 1], n=2)
+        advance(3)
+        eng.admit(batch, [torch.randint(3, VOCAB, (12,), generator=g).tolist()], [2], n=1)  # longer: a left pad
+        advance(2)
+        eng.retain(batch, [1, 2, 4])  # prompt 0's rows gone: prompt 1's shorter rows leave padding to cut
+        advance(2)
+        assert [r[0] for r in batch.rows] == [0, 1, 2]
+        for r, (p, toks) in enumerate(zip(batch.prompts, batch.tokens)):
+            want = model(torch.tensor([list(p) + toks]), use_cache=False).logits[0, -1].float()
+            torch.testing.assert_close(batch.next_logits[r].float(), want, atol=1e-4, rtol=1e-4, msg=f"{arch} row {r}")
+
+
 def test_the_static_probe_catches_what_the_structure_hides():
     """A layer whose forward computes more than its modules say (here: a doubled residual stream) passes the
     structural checks; decoding one probe token with both paths finds it."""
@@ -168,9 +246,13 @@ def test_lora_by_default_adapts_every_linear_layer_of_the_decoder_layers(arch):
     the merged weights are the base's with ``W + (alpha / r) B A`` on exactly those layers."""
     model = build(arch)
     base = {k: v.clone() for k, v in model.state_dict().items()}
-    want = {f"{n}.weight" for n, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear) and any(m is x for layer in decoder_layers(model) for x in layer.modules())}
-    assert want
+    every = {f"{n}.weight" for n, m in model.named_modules()
+             if isinstance(m, torch.nn.Linear) and any(m is x for layer in decoder_layers(model) for x in layer.modules())}
+    # Qwen3-Next: its shared expert's gate/up/down_proj are names peft reads as the fused experts', and its
+    # shared-expert gate has one output (narrower than r): the default leaves those out
+    left_out = ("shared_expert.", "shared_expert_gate.") if arch == "qwen3_next" else ()
+    want = {n for n in every if not any(x in n for x in left_out)}
+    assert want and (want != every) == bool(left_out)
     apply_lora(model, LoraConfig(enabled=True, r=4, alpha=8.0))
     adapted = {f"{n}.weight" for n, m in model.named_modules() if hasattr(m, "lora_A")}
     assert adapted == want

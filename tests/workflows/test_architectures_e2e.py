@@ -17,7 +17,7 @@ def digits(prompts, responses, answers, **fields):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["gemma2", "granite", "cohere"])
+@pytest.mark.parametrize("arch", ["gemma2", "granite", "cohere", "qwen3_5_text", "qwen3_next"])
 def test_grpo_on_the_architecture_keeps_the_generators_logprobs(arch, tiny_tokenizer, tmp_path):
     model_dir, run_dir = tmp_path / "model", tmp_path / "run"
     build(arch, vocab=len(tiny_tokenizer)).save_pretrained(model_dir)

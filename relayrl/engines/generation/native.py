@@ -52,7 +52,7 @@ from typing import Callable, Iterable, Protocol, Sequence
 import torch
 import torch.nn.functional as F
 
-from relayrl.engines.generation import static
+from relayrl.engines.generation import cache_rows, static
 from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.engines.generation.kv_cache import forward_with_cache
 from relayrl.engines.generation.sampling import draw_seed, row_key, row_uniforms, sample_next, seen_mask
@@ -469,7 +469,7 @@ class NativeGenerationEngine:
         ids, mask = ids.to(self.device), mask.to(self.device)
         logits, cache = self._forward(ids, mask, DynamicCache(config=self.model.config))
         if n > 1:
-            cache.batch_repeat_interleave(n)
+            cache_rows.repeat_rows(cache, n)
             logits = logits.repeat_interleave(n, dim=0)
             mask = mask.repeat_interleave(n, dim=0)
         rows = [(i, s) for i in indexes for s in range(n)]
@@ -479,11 +479,7 @@ class NativeGenerationEngine:
             pad = length - batch.mask.shape[1]
             if pad:  # running rows are shorter than a new prompt: left-pad the running cache
                 batch.mask = F.pad(batch.mask, (pad, 0))
-            for old, new in zip(batch.cache.layers, cache.layers):
-                if pad:
-                    old.keys, old.values = F.pad(old.keys, (0, 0, pad, 0)), F.pad(old.values, (0, 0, pad, 0))
-                old.keys = torch.cat([old.keys, new.keys], dim=0)
-                old.values = torch.cat([old.values, new.values], dim=0)
+            cache_rows.join_rows(batch.cache, cache, pad)
             batch.mask = torch.cat([batch.mask, mask], dim=0)
             batch.next_logits = torch.cat([batch.next_logits, logits], dim=0)
         if batch.seen is not None:
@@ -527,7 +523,7 @@ class NativeGenerationEngine:
             batch.__init__()
             return
         idx = torch.tensor(keep, device=self.device)
-        batch.cache.batch_select_indices(idx)
+        cache_rows.select_rows(batch.cache, idx)
         batch.mask = batch.mask[idx]
         batch.next_logits = batch.next_logits[idx]
         if batch.seen is not None:
@@ -541,8 +537,7 @@ class NativeGenerationEngine:
         first = int(batch.mask.any(dim=0).long().argmax())
         if first > 0:
             batch.mask = batch.mask[:, first:]
-            for layer in batch.cache.layers:
-                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+            cache_rows.crop_columns(batch.cache, first)
 
     def advance(self, batch: RunningBatch, tok: torch.Tensor) -> None:
         """Feed each row its newest token ``tok`` [B]; ``batch.next_logits`` becomes the next position's."""

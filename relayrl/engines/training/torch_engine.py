@@ -98,6 +98,7 @@ from typing import Literal, NamedTuple
 import torch
 
 from relayrl.engines.training import flex, fsdp, ulysses
+from relayrl.models import packing_check
 from relayrl.algorithms._checks import deferred_metrics, metric_value
 from relayrl.engines.training.accumulate import MetricSums, StreamedUpdate
 from relayrl.engines.training.state import EngineState
@@ -259,10 +260,15 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
         if self.attn_impl not in ("sdpa", "eager", flex.ATTN):
             reason = (f"attn_implementation={self.attn_impl!r} takes neither a dense 4-D mask nor a BlockMask "
                       "(load the model with attn_implementation='sdpa' or 'flex_attention')")
+        elif "linear_attention" in layer_types:
+            reason = ("its linear-attention layers (Qwen3.5's and Qwen3-Next's Gated DeltaNet) carry a recurrent "
+                      "state along a row, which would run from one packed sequence into the next")
         elif not layer_types <= {"full_attention", "sliding_attention"}:
             reason = f"layer types {sorted(layer_types)} need masks the packed layout does not build"
         elif "sliding_attention" in layer_types and not self.sliding_window:
             reason = "the model has sliding-attention layers but no config.sliding_window"
+        if self.packing != "none" and reason is None:
+            reason = packing_check.leak_reason(self.model)
         if self.packing != "none" and reason is not None:
             warnings.warn(f"packing={self.packing!r} disabled, using 'none': {reason}", stacklevel=3)
             self.packing = "none"

@@ -1,0 +1,70 @@
+"""Whether a model keeps packed sequences apart: the trainer's packed rows rely on it.
+
+The trainer packs several sequences into one row (a GRPO group's prompt and responses, or whole sequences) and
+keeps them apart with a 4-D attention mask (:mod:`relayrl.models.packing`). That is exact only when every layer
+mixes tokens through attention under that mask. A layer that mixes them otherwise (a state-space or
+linear-attention layer's recurrent state runs along the row; a position bias built from a 2-D mask) lets one
+packed sequence change the next, and the trainer's log-probs would silently not be the model's.
+
+:func:`packing_leak` measures it on the model itself: a short sequence's logits packed after another one, under
+a block-diagonal causal mask with positions restarting, against the same sequence run alone (eager attention
+for both, as :func:`relayrl.models.logits.check_head` does). The training engine runs it when it starts and
+trains on padded rows instead when the two differ, saying so.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from relayrl.models.logits import _configs
+
+__all__ = ["packing_leak", "leak_reason"]
+
+
+@torch.no_grad()
+def packing_leak(model: torch.nn.Module, *, tokens: int = 6) -> tuple[float, float]:
+    """(the largest logit difference between a sequence packed after another and the same sequence alone, the
+    largest logit): both run with eager attention in eval mode, the model's mode and attention restored after.
+    The sequences are ``tokens`` long (at most the model's sliding window, which a 4-D mask would not apply)."""
+    embed = model.get_input_embeddings()
+    vocab, device = int(embed.weight.shape[0]), embed.weight.device
+    window = min((getattr(c, "sliding_window", None) or tokens) for c in _configs(model))
+    n = max(2, min(tokens, window))
+    first = (torch.arange(n, device=device) * 5 + 3) % vocab
+    second = (torch.arange(n, device=device) * 11 + 7) % vocab
+    ids = torch.cat([first, second])[None]
+    doc = torch.arange(2 * n, device=device) // n
+    causal = torch.arange(2 * n, device=device)[:, None] >= torch.arange(2 * n, device=device)[None]
+    allowed = causal & (doc[:, None] == doc[None])
+    dtype = next(model.parameters()).dtype
+    mask = torch.zeros(1, 1, 2 * n, 2 * n, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+    positions = torch.cat([torch.arange(n, device=device)] * 2)[None]
+    was_training, configs = model.training, _configs(model)
+    attn = [getattr(c, "_attn_implementation", None) for c in configs]
+    model.eval()
+    try:
+        for c in configs:
+            c._attn_implementation = "eager"
+        packed = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits[0, n:]
+        alone = model(input_ids=second[None], use_cache=False).logits[0]
+    finally:
+        for c, a in zip(configs, attn):
+            c._attn_implementation = a
+        model.train(was_training)
+    return float((packed.float() - alone.float()).abs().max()), float(alone.float().abs().max())
+
+
+def leak_reason(model: torch.nn.Module) -> str | None:
+    """Why packed rows would not give ``model``'s own log-probs (:func:`packing_leak` finds a sequence packed after
+    another computing other logits than alone, or cannot run the model on a packed row), or None when they would:
+    within what :func:`relayrl.models.logits.check_head` allows."""
+    try:
+        diff, spread = packing_leak(model)
+    except Exception as e:  # (a model that takes no 4-D mask cannot be packed either)
+        return f"the model could not be run on a packed row with a 4-D attention mask ({type(e).__name__}: {e})"
+    half = next(model.parameters()).dtype != torch.float32
+    if diff > 1e-3 * max(1.0, spread) + (1e-2 * spread if half else 0.0):
+        return (f"a sequence packed after another gets logits up to {diff:.3g} away from its own (largest logit "
+                f"{spread:.3g}): the model mixes packed sequences outside attention (a state-space or "
+                f"linear-attention layer, or a position bias built from a 2-D mask)")
+    return None
