@@ -49,6 +49,13 @@ def sample_prompts(cfg, n: int, *, rows_for_mean: int = 512) -> tuple[list[list[
     return encoded[:n], sum(map(len, encoded)) / len(encoded)
 
 
+def _packing(cfg, hf) -> str:
+    """``engine.packing``, or ``none`` for a model whose linear-attention layers the training engine will not pack
+    (their recurrent state would run from one packed sequence into the next: Qwen3.5, Qwen3-Next)."""
+    text = hf.get_text_config() if hasattr(hf, "get_text_config") else hf
+    return "none" if "linear_attention" in (getattr(text, "layer_types", None) or ()) else cfg.engine.packing
+
+
 def _lengths(spec: str, cfg, model_dir: str | None, prompts: list[list[int]] | None) -> LengthDist:
     cap = cfg.rollout.max_new_tokens
     if spec == "max":
@@ -100,23 +107,23 @@ def workload_from_config(cfg, *, model_config: str | None = None, prompt_tokens:
         from transformers import AutoConfig
 
         data = json.loads(Path(model_config).read_text())
-        shape = ModelShape.from_hf_config(AutoConfig.for_model(**data), dtype=cfg.model.dtype,
-                                          lora=cfg.model.lora)
+        hf = AutoConfig.for_model(**data)
+        shape = ModelShape.from_hf_config(hf, dtype=cfg.model.dtype, lora=cfg.model.lora)
     elif model_dir:
         from transformers import AutoConfig
 
         if not (Path(model_dir) / "config.json").is_file():
             raise ValueError(f"model directory {model_dir} (trainer.init_from or model.path) has no config.json; "
                              f"give the model's directory, or --model-config CONFIG.json for its shape")
-        shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(model_dir, local_files_only=True),
-                                          dtype=cfg.model.dtype, lora=cfg.model.lora)
+        hf = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+        shape = ModelShape.from_hf_config(hf, dtype=cfg.model.dtype, lora=cfg.model.lora)
     elif cfg.model.tiny.shape != "tiny":  # a published shape, not built yet: its config is known
         from transformers import Qwen2Config
 
         from relayrl.models.tiny import SHAPES
 
-        shape = ModelShape.from_hf_config(Qwen2Config(**SHAPES[cfg.model.tiny.shape]), dtype=cfg.model.dtype,
-                                          lora=cfg.model.lora)
+        hf = Qwen2Config(**SHAPES[cfg.model.tiny.shape])
+        shape = ModelShape.from_hf_config(hf, dtype=cfg.model.dtype, lora=cfg.model.lora)
     else:
         raise ValueError("the recipe's model is not on this machine: give --model-config CONFIG.json for its shape")
     spec = lengths or ("measure" if model_dir else "max")
@@ -145,7 +152,7 @@ def workload_from_config(cfg, *, model_config: str | None = None, prompt_tokens:
                     rollout_tp=cfg.rollout.devices_per_rank,
                     expand_kv=cfg.model.attn_implementation == "flex_attention" and flex.EXPAND_KV,
                     head_stored=cfg.engine.head_grad == "stored" and cfg.engine.logprob_chunk > 0,
-                    packing=cfg.engine.packing, pack_length=cfg.engine.pack_length or 0)
+                    packing=_packing(cfg, hf), pack_length=cfg.engine.pack_length or 0)
 
 
 def measure_lengths(model_dir: str, prompts: list[list[int]], n: int, max_new_tokens: int, *,

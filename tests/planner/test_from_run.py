@@ -347,3 +347,19 @@ def test_a_dataset_that_cannot_be_read_says_how_to_plan_without_it(tmp_path, cap
     err = capsys.readouterr().err
     assert f"dataset file {gone} does not exist" in err and "--prompt-tokens N with --lengths max" in err, err
     assert cli.main([*args, "--prompt-tokens", "6", "--lengths", "mixture:3,0,8"]) == 0  # no row read
+
+
+def test_a_linear_attention_model_is_planned_on_padded_rows(tmp_path):
+    """The training engine does not pack Qwen3.5's rows (its Gated DeltaNet layers carry state along a row): the
+    planner plans its micro-batches padded, as the engine lays them out, and the recipe's packing otherwise."""
+    from relayrl.planner.from_config import workload_from_config
+
+    base = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512}
+    packing = {}
+    for kind in ("qwen2", "qwen3_5_text"):
+        path = tmp_path / f"{kind}.json"
+        path.write_text(json.dumps({"model_type": kind, **base}))
+        cfg = load_run_config(GRPO, [])
+        packing[kind] = workload_from_config(cfg, model_config=str(path), prompt_tokens=6, lengths="max").packing
+    assert packing == {"qwen2": "shared_prompt", "qwen3_5_text": "none"}
