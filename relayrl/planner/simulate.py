@@ -158,7 +158,7 @@ def train_s(dev: DeviceProfile, profile: Profile, w: Workload, units: list[int],
     FSDP traffic per micro-batch: with ``dp_sync=pass`` every training pass gathers (forward, backward) and
     reduces; with ``step`` that happens once per optimizer step (:func:`optimizer_s`); a forward-only pass
     gathers once."""
-    scale = profile.scale(w.model.params)
+    scale = profile.scale(w.model.compute_params)
     cost = dev.logprob if forward_only else dev.train
     if forward_only:
         per_pass = _fsdp_s(profile, w, dp, gathers=1, reduce=False)
@@ -220,7 +220,7 @@ def simulate_batches(profile: Profile, w: Workload, p: Placement, batches: list[
     base = profile
     profile = base.scaled(name, path.generate, path.train)
     dev = profile.devices[name]
-    scale = profile.scale(w.model.params)
+    scale = profile.scale(w.model.compute_params)
     step_s, busy, phases, kv_peak, (fg, ft), tokens = _run(profile, dev, scale, w, p, batches, warmup)
     conc = base.overhead.concurrent
     if p.mode != "sync-colocated" and conc is not None:
@@ -242,7 +242,7 @@ def overlap_shares(profile: Profile, w: Workload, p: Placement, batches, *, warm
     name, _ = profile.device_for(_threads(profile, p))
     flow = profile.overhead.dataflow
     prof = profile.scaled(name, flow.generate, flow.train)
-    return _run(prof, prof.devices[name], prof.scale(w.model.params), w, p, batches, warmup)[4]
+    return _run(prof, prof.devices[name], prof.scale(w.model.compute_params), w, p, batches, warmup)[4]
 
 
 def path_key(p: Placement) -> str:

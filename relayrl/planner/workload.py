@@ -99,15 +99,23 @@ class ModelShape(_Model):
                            "all of them. LoRA: the adapters' (the frozen base then holds compute_bytes per weight)")
     fused: int = Field(0, ge=0, description="weights of the q/k/v and gate/up projections, of which "
                        "rollout.decode_compile keeps a fused copy on a GPU")
+    active: int = Field(0, ge=0, description="parameters a token runs through (a mixture of experts: the experts "
+                        "by their routed share), which the compute scales with; 0: all of them")
 
     @property
     def trained_params(self) -> int:
         return self.trainable or self.params
 
+    @property
+    def compute_params(self) -> int:
+        """What a pass's compute scales with: the active parameters."""
+        return self.active or self.params
+
     @classmethod
     def from_hf_config(cls, cfg, *, dtype: str = "float32", lora=None) -> "ModelShape":
-        """From a Hugging Face model config (Qwen2/Llama-style fields); ``lora``: a ``LoraConfig`` whose
-        adapters are what trains."""
+        """From a Hugging Face model config (Qwen2/Llama-style fields; a mixture of experts or a hybrid counted on
+        the model itself, :mod:`relayrl.planner.model_count`); ``lora``: a ``LoraConfig`` whose adapters are what
+        trains."""
         hidden, layers, vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
         heads = cfg.num_attention_heads
         kv = getattr(cfg, "num_key_value_heads", heads) or heads
@@ -118,6 +126,14 @@ class ModelShape(_Model):
         params = layers * per_layer + vocab * hidden * (1 if tied else 2) + hidden
         compute = 2 if dtype in ("bfloat16", "float16") else 4
         fused = layers * hidden * ((heads + 2 * kv) * head_dim + 2 * ffn)
+        from relayrl.planner import model_count
+
+        if model_count.needs_count(cfg):  # experts or linear attention: counted on the model itself
+            params, active, adapters = model_count.count(cfg, lora)
+            lora_on = lora is not None and lora.enabled
+            return cls(params=params, layers=layers, hidden=hidden, kv_dim=kv * head_dim, vocab=vocab,
+                       compute_bytes=compute, train_bytes=compute if lora_on else 4,
+                       trainable=max(1, adapters) if lora_on else 0, fused=fused, active=active)
         if lora is None or not lora.enabled:
             return cls(params=params, layers=layers, hidden=hidden, kv_dim=kv * head_dim, vocab=vocab,
                        compute_bytes=compute, fused=fused)
