@@ -6,6 +6,7 @@ logit transform (relayrl/models/logits.py), rollout/logprob_error was far from 1
 from __future__ import annotations
 
 import pytest
+import torch
 
 from e2e_cli import records, relayrl
 from tests.models.architectures import build
@@ -69,3 +70,32 @@ def test_grpo_with_vllm_in_the_trainers_process(arch, tiny_tokenizer, tmp_path, 
     for m in steps:  # the second step's rollout ran on the relayed weights of the first update
         assert m["rollout/logprob_error"] == pytest.approx(1.0, abs=1e-3), m["rollout/logprob_error"]
         assert m["weights/version"] == m["step"]
+
+
+@pytest.mark.slow
+def test_grpo_from_a_qwen3_5_checkpoint_with_its_vision_tower(tiny_tokenizer, tmp_path):
+    """A Qwen3.5 checkpoint as published holds the multimodal model (Qwen3_5ForConditionalGeneration: a vision
+    tower beside the hybrid language model). relayrl loads its language model (transformers' causal-LM class for
+    the config) and trains it: GRPO runs, the trainer's log-probs are the generator's, and the saved model is the
+    text model."""
+    from transformers import AutoConfig, Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    from tests.models.architectures import ARCHS, COMMON
+
+    text = {**COMMON, **ARCHS["qwen3_5_text"], "vocab_size": len(tiny_tokenizer)}
+    cfg = Qwen3_5Config(text_config=text, vision_config=dict(depth=1, hidden_size=32, intermediate_size=64,
+                                                             num_heads=2, out_hidden_size=COMMON["hidden_size"]))
+    torch.manual_seed(0)
+    model_dir, run_dir = tmp_path / "model", tmp_path / "run"
+    Qwen3_5ForConditionalGeneration(cfg).save_pretrained(model_dir)
+    tiny_tokenizer.save_pretrained(model_dir)
+    (tmp_path / "reward.py").write_text(REWARD)
+    r = relayrl("train", "recipes/arith_grpo.yaml", f"model.path={model_dir}", "trainer.steps=2", f"run.dir={run_dir}",
+                "reward.verifier=user", f"reward.user_fn={tmp_path / 'reward.py'}:digits", "rollout.temperature=3.0",
+                "algorithm.kl_coef=0.01", "eval.size=8", "run.threads=1", "telemetry.sinks=[jsonl]")
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = [m for m in records(run_dir) if "rollout/logprob_error" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    for m in steps:
+        assert m["rollout/logprob_error"] == pytest.approx(1.0, abs=1e-3), m["rollout/logprob_error"]
+    assert AutoConfig.from_pretrained(run_dir / "model").architectures == ["Qwen3_5ForCausalLM"]
