@@ -45,8 +45,9 @@ def add_parser(sub, common) -> None:
                    f"name in relayrl/planner/profiles, e.g. h100_7b)")
     p.add_argument("--model-config", help="a Hugging Face config.json for the model's shape, when the recipe's "
                    "model is not on this machine (e.g. relayrl/planner/profiles/qwen2_7b_config.json)")
-    p.add_argument("--prompt-tokens", type=int_at_least(1), default=None, help="prompt length in tokens (default: the mean "
-                   "over the recipe's prompts, a task's or a dataset's rows, as its model's tokenizer encodes them)")
+    p.add_argument("--prompt-tokens", type=int_at_least(1), default=None, help="prompt length in tokens "
+                   "(default: the mean over the recipe's prompts, a task's or a dataset's rows, as its model's "
+                   "tokenizer encodes them)")
     p.add_argument("--lengths", default=None, help="response lengths: 'measure' (sample the recipe's model), "
                    "'max' (every response hits rollout.max_new_tokens), or 'mixture:SHORT,P_LONG,LONG_MEAN' "
                    "(default: measure for a model on this machine, max otherwise)")

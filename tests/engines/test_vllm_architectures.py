@@ -52,10 +52,10 @@ def test_an_update_reaches_vllm_and_its_logprobs_are_the_models(arch, tiny_token
 @pytest.mark.parametrize("arch", ["olmo2", "smollm3"])
 def test_a_model_on_vllms_transformers_backend_leaves_the_trainers_class_alone(arch, tiny_tokenizer, tmp_path,
                                                                               monkeypatch):
-    """OLMo 2 and SmolLM3 have no vLLM implementation of their own: vLLM's Transformers backend decorates the transformers class in
-    place, after which this process could neither build the class nor run a model built before (the trainer's,
-    colocated). Its worker runs in a process of its own: the class stays transformers', and an update still
-    reaches vLLM (log-probs of the new weights)."""
+    """OLMo 2 and SmolLM3 have no vLLM implementation of their own: vLLM's Transformers backend decorates the
+    transformers class in place, after which this process could neither build the class nor run a model built
+    before (the trainer's, colocated). Its worker runs in a process of its own: the class stays transformers', and
+    an update still reaches vLLM (log-probs of the new weights)."""
     from transformers import AutoModelForCausalLM
 
     from relayrl.engines.generation.vllm_engine import VLLMGenerationEngine, transformers_backend

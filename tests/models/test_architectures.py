@@ -246,8 +246,8 @@ def test_lora_by_default_adapts_every_linear_layer_of_the_decoder_layers(arch):
     the merged weights are the base's with ``W + (alpha / r) B A`` on exactly those layers."""
     model = build(arch)
     base = {k: v.clone() for k, v in model.state_dict().items()}
-    every = {f"{n}.weight" for n, m in model.named_modules()
-             if isinstance(m, torch.nn.Linear) and any(m is x for layer in decoder_layers(model) for x in layer.modules())}
+    inside = {id(x) for layer in decoder_layers(model) for x in layer.modules()}
+    every = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and id(m) in inside}
     # Qwen3-Next: its shared expert's gate/up/down_proj are names peft reads as the fused experts', and its
     # shared-expert gate has one output (narrower than r): the default leaves those out
     left_out = ("shared_expert.", "shared_expert_gate.") if arch == "qwen3_next" else ()

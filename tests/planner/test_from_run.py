@@ -341,8 +341,8 @@ def test_a_dataset_that_cannot_be_read_says_how_to_plan_without_it(tmp_path, cap
 
     prof, _ = _toy_files(tmp_path)
     gone = tmp_path / "missing.jsonl"
-    args = ["plan", GRPO, "data.task=null", f"data.path={gone}", "reward.verifier=exact", f"trainer.init_from={tiny_dir}",
-            "--devices", "2", "--hardware", str(prof)]
+    args = ["plan", GRPO, "data.task=null", f"data.path={gone}", "reward.verifier=exact",
+            f"trainer.init_from={tiny_dir}", "--devices", "2", "--hardware", str(prof)]
     assert cli.main(args) == EXIT_CONFIG
     err = capsys.readouterr().err
     assert f"dataset file {gone} does not exist" in err and "--prompt-tokens N with --lengths max" in err, err

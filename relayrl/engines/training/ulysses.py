@@ -60,8 +60,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["ATTN", "ATTN_FLEX", "SequenceParallel", "Shard", "setup", "check_model", "install", "ulysses_attention_forward",
-           "all_to_all", "pool"]
+__all__ = ["ATTN", "ATTN_FLEX", "SequenceParallel", "Shard", "setup", "check_model", "install",
+           "ulysses_attention_forward", "all_to_all", "pool"]
 
 ATTN = "relayrl_ulysses_sdpa"
 """The attention implementation name registered with transformers for :func:`ulysses_attention_forward` (SDPA
