@@ -66,9 +66,9 @@ def worker_env(devices: tuple[torch.device, ...], apart: bool | None = None) -> 
     nothing when the single device's worker runs in this process: ``apart`` False, by default with one device):
     on CUDA ``CUDA_VISIBLE_DEVICES`` lists exactly this rank's GPUs (worker i takes the i-th), on CPU each runs
     its device's share of this process's torch threads (a CPU device is a share of the cores), unpinned unless
-    ``VLLM_CPU_OMP_THREADS_BIND`` says otherwise. The variables of relayrl's own process group (``RANK``, ``LOCAL_RANK``, ...: this rank's place
-    among the rollout ranks) are left out: the workers form vLLM's group, and vLLM reads ``LOCAL_RANK`` as the
-    place of the process it runs in."""
+    ``VLLM_CPU_OMP_THREADS_BIND`` says otherwise. The variables of relayrl's own process group (``RANK``,
+    ``LOCAL_RANK``, ...: this rank's place among the rollout ranks) are left out: the workers form vLLM's group,
+    and vLLM reads ``LOCAL_RANK`` as the place of the process it runs in."""
     if not (len(devices) > 1 if apart is None else apart):
         yield
         return
