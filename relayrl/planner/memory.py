@@ -42,7 +42,7 @@ def memory_gib(w: Workload, p: Placement, kv_peak_tokens: float, gpu: bool = Fal
     if gpu and w.expand_kv:  # keys and values repeated to the query heads (about hidden wide), in every kept layer
         kept = 1 if w.checkpointing else m.layers
         acts += w.token_budget * 2 * max(0, m.hidden - m.kv_dim) * kept * m.compute_bytes
-    kv = kv_peak_tokens * m.layers * 2 * m.kv_dim * m.compute_bytes
+    kv = kv_peak_tokens * (m.kv_layers or m.layers) * 2 * m.kv_dim * m.compute_bytes  # (a hybrid's attention layers)
     rollout_weights = m.params * m.compute_bytes / w.rollout_tp
     fused = m.fused * m.compute_bytes if gpu and w.decode_fused else 0.0
     if p.gen == 0 and w.offload:

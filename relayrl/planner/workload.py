@@ -101,6 +101,8 @@ class ModelShape(_Model):
                        "rollout.decode_compile keeps a fused copy on a GPU")
     active: int = Field(0, ge=0, description="parameters a token runs through (a mixture of experts: the experts "
                         "by their routed share), which the compute scales with; 0: all of them")
+    kv_layers: int = Field(0, ge=0, description="layers with a key/value cache (a hybrid's attention layers, not its "
+                           "linear-attention ones); 0: every layer")
 
     @property
     def trained_params(self) -> int:
@@ -131,9 +133,12 @@ class ModelShape(_Model):
         if model_count.needs_count(cfg):  # experts or linear attention: counted on the model itself
             params, active, adapters = model_count.count(cfg, lora)
             lora_on = lora is not None and lora.enabled
+            types = list(getattr(cfg, "layer_types", None) or ())
+            attention = sum(t in ("full_attention", "sliding_attention") for t in types) if types else 0
             return cls(params=params, layers=layers, hidden=hidden, kv_dim=kv * head_dim, vocab=vocab,
                        compute_bytes=compute, train_bytes=compute if lora_on else 4,
-                       trainable=max(1, adapters) if lora_on else 0, fused=fused, active=active)
+                       trainable=max(1, adapters) if lora_on else 0, fused=fused, active=active,
+                       kv_layers=attention if attention < layers else 0)
         if lora is None or not lora.enabled:
             return cls(params=params, layers=layers, hidden=hidden, kv_dim=kv * head_dim, vocab=vocab,
                        compute_bytes=compute, fused=fused)

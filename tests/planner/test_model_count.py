@@ -53,3 +53,9 @@ def test_a_dense_model_keeps_the_formula_and_lora_on_experts_trains_the_adapters
     attn = sum(4 * (m.in_features + m.out_features) for n, m in model.named_modules()
                if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] in ("q_proj", "k_proj", "v_proj", "o_proj"))
     assert lora.trainable == attn and lora.train_bytes == 2  # (its experts are fused: not LoRA's by default)
+
+
+def test_a_hybrids_kv_cache_is_its_attention_layers_only():
+    shape = ModelShape.from_hf_config(_tiny("qwen3_5_text"))
+    assert (shape.layers, shape.kv_layers) == (4, 1)  # three Gated DeltaNet layers hold no keys and values
+    assert ModelShape.from_hf_config(_tiny("qwen3_moe")).kv_layers == 0  # (every layer)
