@@ -23,7 +23,7 @@ import torch
 
 from relayrl.errors import UserError
 
-__all__ = ["load_model", "load_tokenizer", "load_pretrained", "read_json", "resolve_dtype", "absent_weights",
+__all__ = ["attention_windows", "load_model", "load_tokenizer", "load_pretrained", "read_json", "resolve_dtype", "absent_weights",
            "few_names", "progress_bars", "ModelLoadError", "decoder_layers", "check_attention"]
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -374,6 +374,19 @@ def load_value_model(path: str | Path, *, dtype: str = "float32", device: str | 
     model.config.tie_word_embeddings = False  # the value head is not the embedding matrix
     model.set_output_embeddings(head)
     return model
+
+
+def attention_windows(conf) -> tuple[set[str], int | None, bool]:
+    """(the model's layer types, its sliding window or None, whether the window is per layer type): the config's
+    ``layer_types`` when it lists them (Gemma 2 and 3, Qwen2 with ``use_sliding_window``, hybrids: a window for the
+    ``sliding_attention`` layers); otherwise every layer slides when ``sliding_window`` is set, as Mistral, Mixtral,
+    Phi-3 and StarCoder2 apply it (Phi-3-mini-4k's is 2047 tokens), and none does when it is not."""
+    window = getattr(conf, "sliding_window", None)
+    listed = getattr(conf, "layer_types", None)
+    if listed:
+        types = set(listed)
+        return types, (window if "sliding_attention" in types else None), True
+    return ({"sliding_attention"} if window else {"full_attention"}), window or None, False
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

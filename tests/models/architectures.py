@@ -24,7 +24,7 @@ ARCHS = {
     "gemma2": dict(head_dim=16, sliding_window=4, query_pre_attn_scalar=16),  # final_logit_softcapping=30
     "gemma3_text": dict(head_dim=16, sliding_window=4, query_pre_attn_scalar=16, final_logit_softcapping=30.0),
     "gemma4_text": dict(head_dim=16, sliding_window=4),
-    "phi3": dict(),
+    "phi3": dict(sliding_window=4),  # one window for every layer, no layer types (Phi-3-mini-4k's is 2047)
     "olmo2": dict(),
     "smollm3": dict(num_hidden_layers=4),  # every fourth layer without rotary embeddings (NoPE)
     "granite": dict(logits_scaling=8.0, residual_multiplier=0.22, embedding_multiplier=12.0,

@@ -42,7 +42,10 @@ def unsupported_reason(model: nn.Module) -> str | None:
     if multipliers:  # (Granite)
         streams = " and ".join(m.split("_")[0] for m in multipliers)
         return f"the model scales its {streams} stream ({', '.join(multipliers)})"
-    if "sliding_attention" in set(getattr(conf, "layer_types", None) or []):
+    from relayrl.models.load import attention_windows
+
+    types, window, _ = attention_windows(conf)
+    if "sliding_attention" in types and window < (getattr(conf, "max_position_embeddings", None) or window + 1):
         return "the model has sliding-window layers"
     rope = getattr(conf, "rope_parameters", None) or getattr(conf, "rope_scaling", None) or {}
     if rope.get("rope_type", "default") not in ("default", "linear", "llama3"):

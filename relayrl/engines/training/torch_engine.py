@@ -99,6 +99,7 @@ import torch
 
 from relayrl.engines.training import flex, fsdp, ulysses
 from relayrl.models import packing_check
+from relayrl.models.load import attention_windows
 from relayrl.algorithms._checks import deferred_metrics, metric_value
 from relayrl.engines.training.accumulate import MetricSums, StreamedUpdate
 from relayrl.engines.training.state import EngineState
@@ -253,8 +254,8 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
                                  "model.attn_implementation=sdpa (flex_attention is for CUDA)")
             flex.install(self.model)
             self.attn_impl = flex.ATTN
-        layer_types = set(getattr(conf, "layer_types", None) or ["full_attention"])
-        self.sliding_window = getattr(conf, "sliding_window", None) if "sliding_attention" in layer_types else None
+        # (a window for every layer when the config sets one but lists no layer types: Mistral, Phi-3)
+        layer_types, self.sliding_window, self._mask_per_type = attention_windows(conf)
         self.packing = self.cfg.packing
         reason = None
         if self.attn_impl not in ("sdpa", "eager", flex.ATTN):
@@ -295,8 +296,8 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
             dense = shared_prompt_mask(doc_ids, seg_ids, pos_ids, sliding_window=window)
             return dense if self.attn_impl == "sdpa" else additive_mask(dense, self.compute_dtype)
 
-        if self.sliding_window is None:
-            return mask(None)
+        if self.sliding_window is None or not self._mask_per_type:
+            return mask(self.sliding_window)
         return {"full_attention": mask(None), "sliding_attention": mask(self.sliding_window)}
 
     # --------------------------------------------------------------- forward
