@@ -193,7 +193,7 @@ def test_the_native_generator_samples_from_the_models_own_distribution(arch):
             torch.testing.assert_close(o.logprobs, want, atol=1e-4, rtol=1e-4, msg=f"{arch} decode={decode}")
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3_5_text", "gemma2", "gemma3_text"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3_5_text", "gemma2", "gemma3_text", "phi3"])
 def test_continuous_batching_keeps_every_rows_cache_its_contexts(arch):
     """The dynamic path's row operations on the cache (relayrl/engines/generation/cache_rows.py): a prompt repeated
     for its samples, a longer prompt joining running rows (their attention columns left-padded), finished rows
