@@ -88,3 +88,36 @@ def test_a_native_vllm_model_keeps_its_worker_in_this_process(tiny_dir):
     from relayrl.engines.generation.vllm_engine import transformers_backend
 
     assert not transformers_backend(str(tiny_dir))  # (Qwen2: vLLM's own implementation)
+
+
+def test_an_implementation_vllm_cannot_import_is_named_with_its_cause(tiny_dir, monkeypatch):
+    """vLLM inspects an architecture's implementation in a subprocess and says only that it "failed to be
+    inspected"; relayrl imports the module itself to say why."""
+    from vllm.model_executor.models import ModelRegistry
+
+    from relayrl.engines.generation.vllm_engine import _import_failure
+
+    class Entry:
+        module_name = "relayrl_no_such_module_for_vllm"
+
+    monkeypatch.setitem(ModelRegistry.models, "Qwen2ForCausalLM", Entry())
+    why = _import_failure(str(tiny_dir))
+    assert "Qwen2ForCausalLM lives in relayrl_no_such_module_for_vllm" in why and "ModuleNotFoundError" in why
+
+
+def test_qwen3_5_without_torchvision_is_refused_naming_the_missing_package(tiny_tokenizer, tmp_path, monkeypatch):
+    """vLLM's Qwen3.5 imports Qwen2-VL's image processor, which needs torchvision (not in the CPU install)."""
+    import importlib.util
+
+    from relayrl.engines.generation.vllm_engine import VLLMGenerationEngine
+    from relayrl.errors import UserError
+
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed: vLLM's Qwen3.5 imports")
+    monkeypatch.setitem(architectures.COMMON, "hidden_size", 128)
+    monkeypatch.setitem(architectures.ARCHS, "qwen3_5_text", dict(head_dim=32, num_hidden_layers=4))
+    architectures.build("qwen3_5_text", vocab=len(tiny_tokenizer)).save_pretrained(tmp_path)
+    with pytest.raises(UserError, match="rollout.engine=vllm: vLLM could not load its implementation .* "
+                                        "No module named 'torchvision'. Install what it needs, or set "
+                                        "rollout.engine=native"):
+        VLLMGenerationEngine(str(tmp_path), tiny_tokenizer, spec=VLLMSpec(memory_utilization=0.25), max_batch=8)

@@ -131,6 +131,10 @@ class VLLMGenerationEngine:
                                                                    max_batch=max_batch, head_fp32=head_fp32,
                                                                    apart=self.apart))
         except ValueError as e:  # vLLM's own words name neither the key nor that its share counts this process
+            if "failed to be inspected" in str(e):  # (vLLM imports its implementation in a subprocess: say why)
+                raise UserError(f"rollout.engine=vllm: vLLM could not load its implementation of the model in "
+                                f"{self.model_dir}: {_import_failure(self.model_dir)}. Install what it needs, or set "
+                                f"rollout.engine=native") from None
             if "memory" not in str(e).lower():
                 raise
             raise UserError(f"rollout.engine=vllm: vLLM could not reserve its KV cache with "
@@ -401,6 +405,28 @@ def transformers_backend(model_dir: str) -> bool:
         return not known or str(known[0].module_name).rsplit(".", 1)[-1] == "transformers"
     except (ImportError, AttributeError, TypeError):
         return True
+
+
+def _import_failure(model_dir: str) -> str:
+    """Why vLLM's implementation of the checkpoint's architecture does not import here (vLLM inspects it in a
+    subprocess and reports only that it failed): the module and the exception, e.g. ``vllm.model_executor.models.
+    qwen3_5: ModuleNotFoundError: No module named 'torchvision'``."""
+    import importlib
+
+    from transformers import AutoConfig
+    from vllm.model_executor.models import ModelRegistry
+
+    archs = getattr(AutoConfig.from_pretrained(model_dir, local_files_only=True), "architectures", None) or []
+    for arch in archs:
+        entry = ModelRegistry.models.get(arch)
+        module = getattr(entry, "module_name", None)
+        if module is None:
+            continue
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # noqa: BLE001 (whatever stops the import is the answer)
+            return f"{arch} lives in {module}, whose import fails with {type(e).__name__}: {e}"
+    return f"vLLM could not inspect {archs or 'its architecture'} (its log above says why)"
 
 
 def _has_own_head(worker) -> bool:
