@@ -341,6 +341,11 @@ def load_pretrained(auto_class, path: Path, *, dtype: str = "float32", **kwargs)
                                                      ignore_mismatched_sizes=True, output_loading_info=True, **kwargs)
     except (OSError, ValueError) as e:
         _name_bad_json(path)
+        attn = kwargs.get("attn_implementation")
+        if attn and "does not support an attention implementation" in str(e):  # (GPT-OSS: eager only)
+            raise ModelLoadError(f"could not load model from {path} with model.attn_implementation={attn}: "
+                                 f"transformers has no {attn} attention for this architecture; set "
+                                 f"model.attn_implementation=eager ({str(e).split('. ')[0]})") from None
         raise ModelLoadError(f"could not load model from {path}: {e}") from e
     except (RuntimeError, EOFError, pickle.UnpicklingError) as e:
         if not _safetensors_files(path) and _unreadable_bin(e):

@@ -39,20 +39,26 @@ ARCHS = {
     # Qwen3.5: three Gated DeltaNet (linear attention) layers to one attention layer
     "qwen3_5_text": dict(head_dim=16, num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4,
                          linear_key_head_dim=16, linear_value_head_dim=16),
+    # GPT-OSS: attention sinks, a mixture of experts, sliding and full attention alternating (eager attention only)
+    "gpt_oss": dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=4),
     # Qwen3-Next: the same layers with a mixture of experts
     "qwen3_next": dict(head_dim=16, num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4,
                        linear_key_head_dim=16, linear_value_head_dim=16, num_experts=4, num_experts_per_tok=2,
                        moe_intermediate_size=32, shared_expert_intermediate_size=32),
 }
 """model_type -> what its tiny config sets beside :data:`COMMON`."""
+EAGER = {"gpt_oss"}
+"""Architectures transformers runs with eager attention only."""
 
 
 def build(name: str, seed: int = 0, logit_std: float = 4.0, vocab: int = VOCAB) -> torch.nn.Module:
     """A float32 tiny ``name`` model in eval mode (SDPA attention, or eager where only eager computes the model),
     its head scaled to ``logit_std``; ``vocab``: its vocabulary size (a tokenizer's, for a run)."""
     cfg = AutoConfig.for_model(name, **{**COMMON, "vocab_size": vocab, **ARCHS[name]})
-    # eager where the model caps its attention scores (Gemma 2): transformers' SDPA path drops the cap
-    cfg._attn_implementation = "eager" if getattr(cfg, "attn_logit_softcapping", None) else "sdpa"
+    # eager where the model caps its attention scores (Gemma 2): transformers' SDPA path drops the cap; and where
+    # transformers has no SDPA path (GPT-OSS's attention sinks)
+    eager = getattr(cfg, "attn_logit_softcapping", None) or name in EAGER
+    cfg._attn_implementation = "eager" if eager else "sdpa"
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg).float().eval()
     with torch.no_grad():

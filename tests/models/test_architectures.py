@@ -29,7 +29,7 @@ STATIC_REFUSED = {  # model_type -> what the static decoder's refusal names
     "phi3": "not a Llama-style layer", "olmo2": "not a Llama-style layer", "cohere": "not a Llama-style layer",
     "smollm3": "no rotary position embedding", "granite": "embedding and residual stream",
     "phi": "lacks embed_tokens", "gpt_neox": "lacks embed_tokens", "qwen3_5_text": "not a Llama-style layer",
-    "qwen3_next": "not a Llama-style layer",
+    "qwen3_next": "not a Llama-style layer", "gpt_oss": "sliding-window layers",
 }
 
 
@@ -193,7 +193,7 @@ def test_the_native_generator_samples_from_the_models_own_distribution(arch):
             torch.testing.assert_close(o.logprobs, want, atol=1e-4, rtol=1e-4, msg=f"{arch} decode={decode}")
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3_5_text", "gemma2", "gemma3_text", "phi3"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3_5_text", "gemma2", "gemma3_text", "phi3", "gpt_oss"])
 def test_continuous_batching_keeps_every_rows_cache_its_contexts(arch):
     """The dynamic path's row operations on the cache (relayrl/engines/generation/cache_rows.py): a prompt repeated
     for its samples, a longer prompt joining running rows (their attention columns left-padded), finished rows
@@ -289,3 +289,15 @@ def test_gemma2s_attention_cap_needs_eager_attention_and_the_packed_trainer_comp
     model.config._attn_implementation = "sdpa"  # what SDPA would have trained: another model
     dropped = [own_logprobs(model, p, r) for p, r in zip(batch.prompt_ids, batch.response_ids)]
     assert max(float((a - b).abs().max()) for a, b in zip(dropped, want)) > 0.1
+
+
+def test_a_model_without_sdpa_attention_is_refused_naming_the_key(tmp_path):
+    """GPT-OSS has no SDPA attention in transformers (its attention sinks): loading it with the default is refused
+    with relayrl's key to set, not only transformers' words."""
+    from relayrl.models.load import ModelLoadError, load_model
+
+    build("gpt_oss").save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError, match="with model.attn_implementation=sdpa: transformers has no sdpa "
+                                             "attention for this architecture; set model.attn_implementation=eager"):
+        load_model(tmp_path, attn_implementation="sdpa")
+    assert type(load_model(tmp_path, attn_implementation="eager")).__name__ == "GptOssForCausalLM"
