@@ -18,7 +18,7 @@ import torch
 
 from relayrl.models.logits import _configs
 
-__all__ = ["packing_leak", "leak_reason"]
+__all__ = ["packing_leak", "leak_reason", "unpacked_reason"]
 
 
 @torch.no_grad()
@@ -68,3 +68,21 @@ def leak_reason(model: torch.nn.Module) -> str | None:
                 f"{spread:.3g}): the model mixes packed sequences outside attention (a state-space or "
                 f"linear-attention layer, or a position bias built from a 2-D mask)")
     return None
+
+
+def unpacked_reason(model: torch.nn.Module, takes_mask: bool, layer_types: set[str], window: int | None) -> str | None:
+    """Why the trainer cannot pack ``model``'s rows, or None: an attention implementation that takes no 4-D mask
+    (``takes_mask`` False), linear-attention layers, layer types whose masks the packed layout does not build,
+    sliding layers without a window; and last :func:`leak_reason`, the check on the model itself."""
+    impl = getattr(model.config, "_attn_implementation", None)
+    if not takes_mask:
+        return (f"attn_implementation={impl!r} takes neither a dense 4-D mask nor a BlockMask (load the model with "
+                f"attn_implementation='sdpa' or 'flex_attention')")
+    if "linear_attention" in layer_types:
+        return ("its linear-attention layers (Qwen3.5's and Qwen3-Next's Gated DeltaNet) carry a recurrent state "
+                "along a row, which would run from one packed sequence into the next")
+    if not layer_types <= {"full_attention", "sliding_attention"}:
+        return f"layer types {sorted(layer_types)} need masks the packed layout does not build"
+    if "sliding_attention" in layer_types and not window:
+        return "the model has sliding-attention layers but no config.sliding_window"
+    return leak_reason(model)

@@ -274,3 +274,16 @@ def test_refusals_name_the_key_before_work_starts(tiny_dir):
     with pytest.raises(ValueError, match="engine.packing=none lays rows out padded"):
         TrainEngineConfig(sequence_parallel=2, packing="none")
     assert load_model(tiny_dir).config.num_attention_heads == 4
+
+
+def test_a_model_that_cannot_be_packed_is_refused_under_sequence_parallelism():
+    """Qwen3.5's linear-attention layers cannot be packed, and Ulysses splits packed rows: refused at start with
+    the reason, before any collective."""
+    from relayrl.engines.training.torch_engine import TorchTrainingEngine
+
+    from tests.models.architectures import build
+
+    with pytest.raises(ValueError, match="engine.sequence_parallel=2 splits packed rows, and this model cannot be "
+                                         "packed: its linear-attention layers .* set engine.sequence_parallel=1"):
+        TorchTrainingEngine(build("qwen3_5_text"), TrainEngineConfig(sequence_parallel=2), total_steps=1,
+                            trainable=False)

@@ -257,20 +257,12 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
         # (a window for every layer when the config sets one but lists no layer types: Mistral, Phi-3)
         layer_types, self.sliding_window, self._mask_per_type = attention_windows(conf)
         self.packing = self.cfg.packing
-        reason = None
-        if self.attn_impl not in ("sdpa", "eager", flex.ATTN):
-            reason = (f"attn_implementation={self.attn_impl!r} takes neither a dense 4-D mask nor a BlockMask "
-                      "(load the model with attn_implementation='sdpa' or 'flex_attention')")
-        elif "linear_attention" in layer_types:
-            reason = ("its linear-attention layers (Qwen3.5's and Qwen3-Next's Gated DeltaNet) carry a recurrent "
-                      "state along a row, which would run from one packed sequence into the next")
-        elif not layer_types <= {"full_attention", "sliding_attention"}:
-            reason = f"layer types {sorted(layer_types)} need masks the packed layout does not build"
-        elif "sliding_attention" in layer_types and not self.sliding_window:
-            reason = "the model has sliding-attention layers but no config.sliding_window"
-        if self.packing != "none" and reason is None:
-            reason = packing_check.leak_reason(self.model)
-        if self.packing != "none" and reason is not None:
+        reason = None if self.packing == "none" else packing_check.unpacked_reason(
+            self.model, self.attn_impl in ("sdpa", "eager", flex.ATTN), layer_types, self.sliding_window)
+        if reason is not None:
+            if self.cfg.sequence_parallel > 1:  # (Ulysses splits packed rows only)
+                raise ValueError(f"engine.sequence_parallel={self.cfg.sequence_parallel} splits packed rows, and "
+                                 f"this model cannot be packed: {reason}; set engine.sequence_parallel=1")
             warnings.warn(f"packing={self.packing!r} disabled, using 'none': {reason}", stacklevel=3)
             self.packing = "none"
 
