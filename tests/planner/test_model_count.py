@@ -33,7 +33,7 @@ def _tiny(name: str):
 
 
 def test_every_tiny_moe_and_hybrid_counts_what_the_model_holds():
-    for name in ("qwen3_moe", "mixtral", "qwen3_next", "qwen3_5_text"):
+    for name in ("qwen3_moe", "mixtral", "qwen3_next", "qwen3_5_text", "gpt_oss"):
         cfg = _tiny(name)
         shape = ModelShape.from_hf_config(cfg)
         assert shape.params == _meta_params(cfg), name
