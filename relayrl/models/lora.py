@@ -89,8 +89,26 @@ def resolve_targets(model: torch.nn.Module, cfg: LoraConfig) -> list[str]:
         raise LoraError(f"{type(model).__name__}'s decoder layers hold no linear layer for an adapter; name the "
                         f"layers in model.lora.target_modules")
     names = [n for n, w in width.items() if w >= cfg.r] or list(width)  # (all too narrow: the r check says so)
-    moved = _read_as_experts(model, names)
+    moved = _read_as_experts(model, names) | _refused_by_peft(model, names)
     return [n for n in names if n not in moved] or names
+
+
+def _refused_by_peft(model: torch.nn.Module, names: list[str]) -> set[str]:
+    """The names among ``names`` peft refuses to adapt on this architecture (its check for Mamba-style models:
+    Falcon-H1's mixer ``out_proj``), asked of peft's own check."""
+    try:
+        import peft
+        from peft.tuners.tuners_utils import _check_lora_target_modules_mamba as check
+    except ImportError:
+        return set()
+    probe = peft.LoraConfig(r=8, target_modules=list(names))
+    refused = set()
+    for name in names:
+        try:
+            check(probe, model, name)
+        except ValueError:
+            refused.add(name)
+    return refused
 
 
 def _read_as_experts(model: torch.nn.Module, names: list[str]) -> set[str]:

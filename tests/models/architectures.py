@@ -41,6 +41,10 @@ ARCHS = {
                          linear_key_head_dim=16, linear_value_head_dim=16),
     # GPT-OSS: attention sinks, a mixture of experts, sliding and full attention alternating (eager attention only)
     "gpt_oss": dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=4),
+    # Falcon-H1: attention and Mamba-2 heads side by side in every layer (scaled logits, multipliers)
+    "falcon_h1": dict(head_dim=16, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8),
+    # LFM2: short convolution layers and attention layers
+    "lfm2": dict(num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "full_attention"]),
     # Qwen3-Next: the same layers with a mixture of experts
     "qwen3_next": dict(head_dim=16, num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4,
                        linear_key_head_dim=16, linear_value_head_dim=16, num_experts=4, num_experts_per_tok=2,
