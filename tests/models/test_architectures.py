@@ -306,3 +306,15 @@ def test_a_model_without_sdpa_attention_is_refused_naming_the_key(tmp_path):
                                              "attention for this architecture; set model.attn_implementation=eager"):
         load_model(tmp_path, attn_implementation="sdpa")
     assert type(load_model(tmp_path, attn_implementation="eager")).__name__ == "GptOssForCausalLM"
+
+
+def test_a_model_that_takes_no_transformers_cache_is_refused_by_the_native_engine():
+    """Mamba carries its own state (cache_params), which the native engine's continuous batching cannot: refused
+    when the engine is built, naming the engine to use, instead of a KeyError at the first decode step."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("mamba", vocab_size=VOCAB, hidden_size=32,
+                                                                  num_hidden_layers=2, state_size=8))
+    with pytest.raises(ValueError, match="MambaForCausalLM.forward takes none \\(it carries cache_params\\): use "
+                                         "rollout.engine=vllm"):
+        NativeGenerationEngine(model, _Tok())

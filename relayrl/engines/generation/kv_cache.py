@@ -16,7 +16,7 @@ import inspect
 import torch
 from torch import nn
 
-__all__ = ["cache_name", "forward_with_cache"]
+__all__ = ["cache_name", "forward_with_cache", "check_takes_cache"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -38,3 +38,17 @@ def forward_with_cache(model: nn.Module, cache, **inputs: torch.Tensor):
     name = cache_name(model)
     out = model(**inputs, **{name: cache}, use_cache=True)
     return out, out[name]
+
+
+def check_takes_cache(model: nn.Module) -> None:
+    """Refuse a model whose ``forward`` takes no transformers cache under either name (a pure state-space model:
+    Mamba's ``cache_params``), which the native engine's continuous batching cannot carry."""
+    try:
+        params = inspect.signature(type(model).forward).parameters
+    except (TypeError, ValueError):
+        return
+    if "past_key_values" not in params and "cache" not in params:
+        own = [n for n in params if "cache" in n and n != "use_cache"] or ["a state of its own"]
+        raise ValueError(f"rollout.engine=native decodes through transformers' cache (the model's past_key_values); "
+                         f"{type(model).__name__}.forward takes none (it carries {', '.join(own)}): use "
+                         f"rollout.engine=vllm for this model")

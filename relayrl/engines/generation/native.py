@@ -54,7 +54,7 @@ import torch.nn.functional as F
 
 from relayrl.engines.generation import cache_rows, static
 from relayrl.engines.generation.base import Completion, SamplingParams
-from relayrl.engines.generation.kv_cache import forward_with_cache
+from relayrl.engines.generation.kv_cache import check_takes_cache, forward_with_cache
 from relayrl.engines.generation.sampling import draw_seed, row_key, row_uniforms, sample_next, seen_mask
 
 __all__ = ["NativeGenerationEngine", "PromptFeed", "RunningBatch", "sample_next"]
@@ -142,6 +142,7 @@ class NativeGenerationEngine:
     def __init__(self, model, tokenizer, *, max_batch: int = 256, device: str | torch.device = "cpu",
                  decode: str = "auto", decode_compile: bool = False, decode_chunk: int = 16, log=print,
                  head_fp32: bool = False) -> None:
+        check_takes_cache(model)
         self.model = model.to(device).eval()
         if head_fp32:  # model.head_fp32: float32 logits from a float32 product on both decode paths
             from relayrl.models.head_precision import run_head_in_fp32
