@@ -19,11 +19,13 @@ model's. The sampling temperature divides the transformed logits, as in Hugging 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 
-__all__ = ["LogitTransform", "check_head", "HeadMismatchError"]
+__all__ = ["LogitTransform", "check_head", "HeadMismatchError", "eager_eval"]
 
 
 class HeadMismatchError(ValueError):
@@ -78,6 +80,23 @@ def softcap_grad(y: torch.Tensor, cap: float) -> torch.Tensor:
     return 1.0 - (y.float() / cap) ** 2
 
 
+@contextlib.contextmanager
+def eager_eval(model: torch.nn.Module) -> Iterator[None]:
+    """``model`` in eval mode with eager attention (its config's and its text config's), both restored after: how
+    the start-up probes (:func:`check_head`, :func:`relayrl.models.packing_check.packing_leak`) run a model."""
+    was_training, configs = model.training, _configs(model)
+    attn = [getattr(c, "_attn_implementation", None) for c in configs]
+    model.eval()
+    try:
+        for c in configs:
+            c._attn_implementation = "eager"
+        yield
+    finally:
+        for c, a in zip(configs, attn):
+            c._attn_implementation = a
+        model.train(was_training)
+
+
 def _configs(model: torch.nn.Module) -> list:
     """The model's config and its text config when that is another object (a multimodal model's)."""
     conf = model.config
@@ -96,19 +115,12 @@ def check_head(model: torch.nn.Module, transform: LogitTransform | None = None, 
     vocab = int(head.weight.shape[0])
     device = head.weight.device
     ids = (torch.arange(tokens, device=device)[None] * 7 + 3) % vocab
-    was_training, configs = model.training, _configs(model)
-    attn = [getattr(c, "_attn_implementation", None) for c in configs]
-    model.eval()
-    try:  # eager attention for the probe: any kernel the model was loaded with may be missing here (the route
-        for c in configs:  # to the hidden states is the same both ways; only the head's end is compared)
-            c._attn_implementation = "eager"
+    # eager attention for the probe: any kernel the model was loaded with may be missing here (the route to the
+    # hidden states is the same both ways; only the head's end is compared)
+    with eager_eval(model):
         full = model(input_ids=ids, use_cache=False).logits.float()
         hidden = model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state
         ours = transform(head(hidden)).float()
-    finally:
-        for c, a in zip(configs, attn):
-            c._attn_implementation = a
-        model.train(was_training)
     diff = float((full - ours).abs().max())
     spread = float(full.abs().max())
     if diff > 1e-3 * max(1.0, spread) + (1e-2 if full.dtype != head.weight.dtype else 0.0) * spread:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from relayrl.models.logits import _configs
+from relayrl.models.logits import _configs, eager_eval
 
 __all__ = ["packing_leak", "leak_reason", "unpacked_reason"]
 
@@ -39,18 +39,9 @@ def packing_leak(model: torch.nn.Module, *, tokens: int = 6) -> tuple[float, flo
     dtype = next(model.parameters()).dtype
     mask = torch.zeros(1, 1, 2 * n, 2 * n, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
     positions = torch.cat([torch.arange(n, device=device)] * 2)[None]
-    was_training, configs = model.training, _configs(model)
-    attn = [getattr(c, "_attn_implementation", None) for c in configs]
-    model.eval()
-    try:
-        for c in configs:
-            c._attn_implementation = "eager"
+    with eager_eval(model):
         packed = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits[0, n:]
         alone = model(input_ids=second[None], use_cache=False).logits[0]
-    finally:
-        for c, a in zip(configs, attn):
-            c._attn_implementation = a
-        model.train(was_training)
     return float((packed.float() - alone.float()).abs().max()), float(alone.float().abs().max())
 
 

@@ -395,16 +395,21 @@ def transformers_backend(model_dir: str) -> bool:
     checkpoint's first known architecture there, or knows none of them (vLLM then falls back to that backend).
     True too when the registry cannot be read (a vLLM whose internals moved): a worker of its own is always
     correct, only slower to start."""
-    from transformers import AutoConfig
-
-    archs = getattr(AutoConfig.from_pretrained(model_dir, local_files_only=True), "architectures", None) or []
     try:
-        from vllm.model_executor.models import ModelRegistry
-
-        known = [ModelRegistry.models[a] for a in archs if a in ModelRegistry.models]
-        return not known or str(known[0].module_name).rsplit(".", 1)[-1] == "transformers"
+        known = [module for _, module in _registered(model_dir) if module is not None]
     except (ImportError, AttributeError, TypeError):
         return True
+    return not known or known[0].rsplit(".", 1)[-1] == "transformers"
+
+
+def _registered(model_dir: str) -> list[tuple[str, str | None]]:
+    """Each architecture the checkpoint in ``model_dir`` names, with the module vLLM's registry keeps its
+    implementation in (None where the registry has no entry)."""
+    from transformers import AutoConfig
+    from vllm.model_executor.models import ModelRegistry
+
+    archs = getattr(AutoConfig.from_pretrained(model_dir, local_files_only=True), "architectures", None) or []
+    return [(a, str(ModelRegistry.models[a].module_name) if a in ModelRegistry.models else None) for a in archs]
 
 
 def _import_failure(model_dir: str) -> str:
@@ -413,20 +418,15 @@ def _import_failure(model_dir: str) -> str:
     qwen3_5: ModuleNotFoundError: No module named 'torchvision'``."""
     import importlib
 
-    from transformers import AutoConfig
-    from vllm.model_executor.models import ModelRegistry
-
-    archs = getattr(AutoConfig.from_pretrained(model_dir, local_files_only=True), "architectures", None) or []
-    for arch in archs:
-        entry = ModelRegistry.models.get(arch)
-        module = getattr(entry, "module_name", None)
+    found = _registered(model_dir)
+    for arch, module in found:
         if module is None:
             continue
         try:
             importlib.import_module(module)
         except Exception as e:  # noqa: BLE001 (whatever stops the import is the answer)
             return f"{arch} lives in {module}, whose import fails with {type(e).__name__}: {e}"
-    return f"vLLM could not inspect {archs or 'its architecture'} (its log above says why)"
+    return f"vLLM could not inspect {[a for a, _ in found] or 'its architecture'} (its log above says why)"
 
 
 def _has_own_head(worker) -> bool:
