@@ -14,7 +14,7 @@ Config = Any
 """A :class:`relayrl.config.schema.Config` (not imported: the schema imports these rules)."""
 
 __all__ = ["check_env", "check_decoupled_rewards", "check_ref_sync", "check_precompute_ref", "check_dpo", "check_kto",
-           "check_total_epochs", "check_retire_solved", "check_loss_agg", "check_vllm_eval_temperature"]
+           "check_total_epochs", "check_retire_solved", "check_loss_agg", "check_vllm_eval_temperature", "check_routing_replay"]
 
 
 def check_env(self: Config) -> None:
@@ -201,3 +201,31 @@ def check_vllm_eval_temperature(self: Config) -> None:
     if self.rollout.engine == "vllm" and self.eval.k > 1 and t is not None and t > 2.0:
         raise ValueError(f"eval.temperature={t:g}: the eval.k answers are sampled on the rollout's vLLM engine, which "
                          f"samples at temperatures up to 2 (it refuses more); set eval.temperature <= 2")
+
+
+def check_routing_replay(self: Config) -> None:
+    """``algorithm.routing_replay`` records routing in the native engine's dynamic decoder, one response per
+    row: refuse the settings that cannot record it (``relayrl.models.routing``)."""
+    if self.algorithm.routing_replay == "none":
+        return
+    key = f"algorithm.routing_replay={self.algorithm.routing_replay}"
+    if self.workflow != "grpo":
+        raise ValueError(f"{key} replays the rollout's expert choices in the update; workflow {self.workflow} "
+                         "generates no rollout: set algorithm.routing_replay=none")
+    r = self.rollout
+    if r.engine != "native":
+        why = ("vLLM 0.32 returns routed experts (enable_return_routed_experts) from its GPU model runner only, and "
+               "relayrl does not read them yet" if r.engine == "vllm" else
+               "an OpenAI-compatible server returns no routing")
+        raise ValueError(f"{key} records the experts each token was routed to in the native rollout engine; "
+                         f"{why}: set rollout.engine=native")
+    if r.decode == "static":
+        raise ValueError(f"{key} records routing on the dynamic decoder; rollout.decode=static decodes "
+                         "Llama-shaped (dense) models only: set rollout.decode=auto or dynamic")
+    if self.env.name is not None:
+        raise ValueError(f"{key} replays one response's routing; env.name={self.env.name} runs multi-turn episodes "
+                         "whose turns are generated apart: drop one of them")
+    if r.interrupt.enabled:
+        raise ValueError(f"{key} replays one response's routing; rollout.interrupt writes the end-of-thinking "
+                         "phrase into a response and generates it again: drop one of them")
+

@@ -27,7 +27,7 @@ from relayrl.config.plan import rollout_pool
 from relayrl.config.rollout_devices import check_rollout_devices
 from relayrl.config.rules import (check_decoupled_rewards, check_dpo, check_env, check_kto, check_precompute_ref,
                                   check_ref_sync, check_retire_solved, check_total_epochs,
-                                  check_loss_agg, check_vllm_eval_temperature)
+                                  check_loss_agg, check_vllm_eval_temperature, check_routing_replay)
 from relayrl.cluster.config import ClusterConfig
 from relayrl.config.parallel import check_sequence_parallel
 from relayrl.data.config import DataConfig
@@ -439,6 +439,7 @@ class Config(_Section):
         check_decoupled_rewards(self)
         check_interrupt(self)
         check_vllm_eval_temperature(self)
+        check_routing_replay(self)
         if self.data.messages_key is not None and (self.workflow != "sft" or self.data.path is None):
             raise ValueError("data.messages_key trains on whole conversations: it applies to workflow sft with "
                              "data.path; unset data.messages_key")

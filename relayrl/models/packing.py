@@ -123,6 +123,12 @@ class PackedBatch:
     """[N] index t of each response token within its response."""
     targets: Tensor
     """[N] the response token ids (labels)."""
+    seq_row: Tensor | None = None
+    """[P, L] long: the batch row each packed token comes from (a shared prompt: its unit's first row), -1 on
+    padding; with :attr:`seq_pos`, where per-token data of the rows' prompt + response sequences (recorded
+    routing) goes in the pack."""
+    seq_pos: Tensor | None = None
+    """[P, L] long: the token's index in that row's prompt + response, 0 on padding."""
 
     @property
     def num_rows(self) -> int:
@@ -160,7 +166,9 @@ class PackedBatch:
             return torch.nn.functional.pad(t, (0, extra), value=value)
 
         return replace(self, input_ids=pad(self.input_ids, 0), position_ids=pad(self.position_ids, 0),
-                       doc_ids=pad(self.doc_ids, -1), segment_ids=pad(self.segment_ids, -1))
+                       doc_ids=pad(self.doc_ids, -1), segment_ids=pad(self.segment_ids, -1),
+                       seq_row=None if self.seq_row is None else pad(self.seq_row, -1),
+                       seq_pos=None if self.seq_pos is None else pad(self.seq_pos, 0))
 
     def to(self, device: torch.device | str) -> "PackedBatch":
         moved = {k: (to_device(v, device) if isinstance(v, Tensor) else v) for k, v in self.__dict__.items()}
@@ -294,6 +302,8 @@ def build_packed_batch(prompt_ids: Sequence[Tensor], response_ids: Sequence[Tens
     pos = torch.zeros(P, L, dtype=torch.long)
     doc = torch.full((P, L), -1, dtype=torch.long)
     seg = torch.full((P, L), -1, dtype=torch.long)
+    src_row = torch.full((P, L), -1, dtype=torch.long)
+    src_pos = torch.zeros((P, L), dtype=torch.long)
     rows: list[int] = []
     rlens: list[int] = []
     t_pack, t_src, t_row, t_col, t_tgt = [], [], [], [], []
@@ -306,6 +316,8 @@ def build_packed_batch(prompt_ids: Sequence[Tensor], response_ids: Sequence[Tens
             pos[pi, off:off + lp] = torch.arange(lp)
             doc[pi, off:off + u.length] = d
             seg[pi, off:off + lp] = 0
+            src_row[pi, off:off + lp] = u.rows[0]
+            src_pos[pi, off:off + lp] = torch.arange(lp)
             last_prompt = off + lp - 1
             off += lp
             for j, (i, lr) in enumerate(zip(u.rows, u.response_lens)):
@@ -320,6 +332,8 @@ def build_packed_batch(prompt_ids: Sequence[Tensor], response_ids: Sequence[Tens
                 ids[pi, off:off + lr] = r
                 pos[pi, off:off + lr] = torch.arange(lp, lp + lr)
                 seg[pi, off:off + lr] = j + 1
+                src_row[pi, off:off + lr] = i
+                src_pos[pi, off:off + lr] = torch.arange(lp, lp + lr)
                 src = torch.arange(off - 1, off + lr - 1)
                 src[0] = last_prompt
                 t_pack.append(torch.full((lr,), pi))
@@ -333,7 +347,7 @@ def build_packed_batch(prompt_ids: Sequence[Tensor], response_ids: Sequence[Tens
         return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
 
     return PackedBatch(ids, pos, doc, seg, tuple(rows), tuple(rlens),
-                       cat(t_pack), cat(t_src), cat(t_row), cat(t_col), cat(t_tgt))
+                       cat(t_pack), cat(t_src), cat(t_row), cat(t_col), cat(t_tgt), src_row, src_pos)
 
 
 def _allowed(q: Tensor, k: Tensor, doc_q: Tensor, doc_k: Tensor, seg_q: Tensor, seg_k: Tensor,

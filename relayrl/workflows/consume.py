@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import Callable
 
 from relayrl.cluster import WorkerGroup
+from relayrl.models.routing import ROUTES_COLUMN
 from relayrl.workflows.flow import Flow
 from relayrl.workflows.parts import StepParts
 from relayrl.workflows.scoring import ScoreWorker
@@ -51,7 +52,8 @@ class Consume:
         """Each ready batch of groups -> ``forward_into`` (the group's worker class's) on every rank -> the
         receipts published."""
         p = self.p
-        cols = ["prompt_ids", "response_ids", "group"] + (["rewards"] if p.plan.group_filter else [])
+        cols = ["prompt_ids", "response_ids", "group"] + (["rewards"] if p.plan.group_filter else []) \
+            + (self._routes() if stage == "old" else [])
         gate = self._gate(stage, f)
         rows = self._rows(stage)
         for b in f.leases(stage, cols, batch_rows=rows, after=gate):
@@ -111,6 +113,10 @@ class Consume:
                     f.state.kl.setdefault(k, []).append((v, len(b.indexes)))
             b.ack()
 
+    def _routes(self) -> list[str]:
+        """The routing column the policy's passes replay (``algorithm.routing_replay``), or none."""
+        return [ROUTES_COLUMN] if self.p.cfg.algorithm.routing_replay != "none" else []
+
     # ------------------------------------------------------------------ update
     def update_fields(self) -> list[str]:
         """The per-token columns the actor's loss reads (besides the prompt and response ids)."""
@@ -126,7 +132,8 @@ class Consume:
         fields = self.update_fields()
         critic_fields = (["values", "returns"] + (["loss_mask"] if p.masked else [])
                          if p.critic is not None else [])
-        cols = list(dict.fromkeys(["prompt_ids", "response_ids", "group", "truncated", *fields, *critic_fields]))
+        cols = list(dict.fromkeys(["prompt_ids", "response_ids", "group", "truncated", *fields, *critic_fields,
+                                   *self._routes()]))
         loss_kw = dict(drop_truncated=a.overlong_filter, temperature=p.temperature,
                        with_entropy="grad" if loss.entropy_coef > 0 else True)
         gate = self._gate("update", f)

@@ -43,6 +43,11 @@ def _rollout(cfg: Config, prec: dict, path: str, common: dict) -> dict:
                 chat_template=cfg.model.template(), **prec["rollout"], **common)
 
 
+def _replays(cfg: Config) -> bool:
+    """MoE routing replay: the rollout records routing, the actor replays it (``algorithm.routing_replay``)."""
+    return cfg.algorithm.routing_replay != "none"
+
+
 def role_common(cfg: Config) -> dict:
     """The engine settings every role is built with."""
     m = cfg.model
@@ -57,11 +62,13 @@ def rollout_init(cfg: Config, model_path: str) -> dict:
 ROLES: tuple[Role, ...] = (
     Role("actor", PolicyWorker, lambda cfg, plan, prec, path, common: dict(
         model_path=path, engine=cfg.train_engine(), total_steps=_updates(cfg), seed=cfg.run.seed, tri_model=plan.tri_model,
-        lora=cfg.model.lora, chat_template=cfg.model.template(), **prec["trained"], **common)),
+        lora=cfg.model.lora, chat_template=cfg.model.template(), routing_replay=_replays(cfg), **prec["trained"],
+        **common)),
     Role("critic", CriticWorker, lambda cfg, plan, prec, path, common: dict(
         model_path=path, engine=cfg.train_engine(optim=cfg.critic.optim), total_steps=_updates(cfg),
         seed=cfg.run.seed, lora=cfg.model.lora, **prec["trained"], **common)),
-    Role("rollout", RolloutWorker, lambda cfg, plan, prec, path, common: _rollout(cfg, prec, path, common),
+    Role("rollout", RolloutWorker, lambda cfg, plan, prec, path, common: dict(
+        _rollout(cfg, prec, path, common), record_routing=_replays(cfg)),
          own_process=True, devices_per_rank=lambda cfg: cfg.rollout.devices_per_rank),
     Role("reference", ReferenceWorker, lambda cfg, plan, prec, path, common: dict(
         model_path=path, engine=cfg.engine, **prec["frozen"], **common)),

@@ -13,7 +13,9 @@ group), ``truncated`` (cut at ``max_new_tokens``), ``version`` (the weights its 
 with). Multi-turn episodes add ``loss_mask`` (per token: 0 where the environment wrote) and ``env_rewards``
 (the episode's reward): the rollout runs the episodes, continuously batched across turns, and writes a group
 when its last episode ends. A thinking budget (``rollout.interrupt``) adds ``loss_mask`` too (0 on the
-end-of-thinking phrase written into an interrupted response, 1 elsewhere, on every row).
+end-of-thinking phrase written into an interrupted response, 1 elsewhere, on every row). An engine that
+records MoE routing (``algorithm.routing_replay``) adds ``routed_experts`` (per token of prompt + response:
+the experts it was routed to, :mod:`relayrl.models.routing`).
 
 Failures (issue 35 item 1): a prompt's generation request that fails on a server (``rollout.engine=openai``)
 stops the stream naming the prompt (``rollout.on_error=fail``), or becomes a :class:`GroupRecord` with
@@ -40,6 +42,7 @@ from relayrl.engines.generation.interrupt import Interrupt, generate_interrupted
 from relayrl.environments.base import Episode, EpisodeEnd, EpisodeSummary
 from relayrl.environments.config import EpisodeSpec
 from relayrl.errors import UserError
+from relayrl.models.routing import ROUTES_COLUMN
 
 __all__ = ["StreamingGeneration", "GroupRecord", "group_rows", "GenerationFailed", "EpisodeFailed"]
 
@@ -104,6 +107,8 @@ def group_rows(prompt: Sequence[int], group: int, comps: Sequence[Completion],
     }
     if masked:
         cols["loss_mask"] = [c.loss_mask for c in comps]
+    if comps[0].routed_experts is not None:  # (an engine recording MoE routing: algorithm.routing_replay)
+        cols[ROUTES_COLUMN] = [c.routed_experts for c in comps]
     if episodes is not None:
         cols["env_rewards"] = [float(e.reward) for e in episodes]
     return cols, GroupRecord(group=int(group), lengths=[len(x.token_ids) for x in comps], prompt_len=len(prompt),

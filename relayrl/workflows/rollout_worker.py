@@ -52,7 +52,7 @@ class RolloutWorker(StreamingGeneration, WeightReceiverMixin, MemoryProbe, Worke
     def __init__(self, model_path: str, *, max_batch: int = 256, dtype: str = "float32", device: str = "auto",
                  attn_implementation: str = "sdpa", threads: int = 0, seed: int = 0, decode: str = "auto",
                  decode_compile: bool = False, remote: RemoteSpec | None = None, vllm: VLLMSpec | None = None,
-                 chat_template: str | None = None, head_fp32: bool = False) -> None:
+                 chat_template: str | None = None, head_fp32: bool = False, record_routing: bool = False) -> None:
         set_threads(threads * max(1, len(getattr(self, "devices", ()))), self)  # (run.threads: per device)
         self.tokenizer = load_tokenizer(model_path, chat_template=chat_template)  # (tool turns render with it)
         if vllm is not None:  # a vLLM engine in this process, on the model directory
@@ -72,7 +72,8 @@ class RolloutWorker(StreamingGeneration, WeightReceiverMixin, MemoryProbe, Worke
         attn = "sdpa" if attn_implementation == "flex_attention" else attn_implementation
         model = load_model(model_path, dtype=dtype, device=dev, attn_implementation=attn)
         self.engine = NativeGenerationEngine(model, self.tokenizer, max_batch=max_batch, device=dev, decode=decode,
-                                             decode_compile=decode_compile, head_fp32=head_fp32)
+                                             decode_compile=decode_compile, head_fp32=head_fp32,
+                                             record_routing=record_routing)  # (algorithm.routing_replay)
         self.generator = torch.Generator(device=dev).manual_seed(seed + 7919 * getattr(self, "rank", 0))
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,

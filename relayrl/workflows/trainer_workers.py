@@ -26,6 +26,7 @@ from relayrl.engines.training import fsdp
 from relayrl.engines.training.base import REF_FIELD, LossFn, SequenceBatch
 from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
 from relayrl.models import lora as lora_lib
+from relayrl.models.routing import ROUTES_COLUMN
 from relayrl.models.load import check_loaded, load_model, load_tokenizer, load_value_model, progress_bars, resolve_dtype
 from relayrl.weights import WeightStream, gather_full_state, stream_full_state
 from relayrl.weights.shm import pack_into_shared
@@ -38,7 +39,7 @@ def rows_batch(cols: dict[str, list], fields: Sequence[str] = (), drop_truncated
     """Rows read from the dock as a :class:`SequenceBatch` (``groups`` from the ``group`` column);
     ``drop_truncated``: without the rows cut at ``max_new_tokens`` (DAPO's overlong filter)."""
     batch = SequenceBatch(cols["prompt_ids"], cols["response_ids"], {f: cols[f] for f in fields},
-                          [int(g) for g in cols["group"]])
+                          [int(g) for g in cols["group"]], cols.get(ROUTES_COLUMN))  # (MoE routing replay)
     if drop_truncated:
         batch = batch.select([i for i, t in enumerate(cols["truncated"]) if not bool(t)])
     return batch
@@ -203,11 +204,11 @@ class PolicyWorker(_TrainerWorker):
     def __init__(self, model_path: str, engine: TrainEngineConfig, total_steps: int, *, dtype: str = "float32",
                  compute_dtype: str | None = None, device: str = "auto", attn_implementation: str = "sdpa",
                  threads: int = 0, seed: int = 0, tri_model: bool = False, lora: lora_lib.LoraConfig | None = None,
-                 chat_template: str | None = None, head_fp32: bool = False) -> None:
+                 chat_template: str | None = None, head_fp32: bool = False, routing_replay: bool = False) -> None:
         self.tri_model = tri_model
         self._start(load_model, model_path, engine, total_steps, dtype=dtype, compute_dtype=compute_dtype,
                     device=device, attn_implementation=attn_implementation, threads=threads, seed=seed, lora=lora,
-                    head_fp32=head_fp32)
+                    head_fp32=head_fp32, routing_replay=routing_replay)
         self.tokenizer = load_tokenizer(model_path, chat_template=chat_template)  # saved with the model
 
     def logprobs(self, batch: SequenceBatch, temperature: float = 1.0, with_reference: bool = False):

@@ -99,3 +99,33 @@ def test_grpo_from_a_qwen3_5_checkpoint_with_its_vision_tower(tiny_tokenizer, tm
     for m in steps:
         assert m["rollout/logprob_error"] == pytest.approx(1.0, abs=1e-3), m["rollout/logprob_error"]
     assert AutoConfig.from_pretrained(run_dir / "model").architectures == ["Qwen3_5ForCausalLM"]
+
+
+@pytest.mark.slow
+def test_grpo_with_routing_replay_trains_a_moe_model_on_the_rollouts_experts(tiny_tokenizer, tmp_path):
+    """algorithm.routing_replay=rollout: the rollout records each token's experts, the dock carries them, and the
+    old log-prob and update passes replay them (in float32 on CPU the trainer routes alike on its own: agreement
+    1.0, the log-probs the generator's; a second update reads the rollout's routes again)."""
+    model_dir, run_dir = tmp_path / "model", tmp_path / "run"
+    build("qwen3_moe", vocab=len(tiny_tokenizer)).save_pretrained(model_dir)
+    tiny_tokenizer.save_pretrained(model_dir)
+    (tmp_path / "reward.py").write_text(REWARD)
+    r = relayrl("train", "recipes/arith_grpo.yaml", f"model.path={model_dir}", "trainer.steps=2", f"run.dir={run_dir}",
+                "reward.verifier=user", f"reward.user_fn={tmp_path / 'reward.py'}:digits", "trainer.epochs=2",
+                "algorithm.routing_replay=rollout", "algorithm.old_logprobs=recompute", "rollout.temperature=3.0",
+                "eval.size=8", "run.threads=1", "telemetry.sinks=[jsonl]")
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = [m for m in records(run_dir) if "rollout/logprob_error" in m]
+    assert len(steps) == 2
+    for m in steps:
+        assert m["rollout/logprob_error"] == pytest.approx(1.0, abs=1e-3), m["rollout/logprob_error"]
+        assert 0.9 < m["actor/routing_agreement"] <= 1.0
+        assert m["actor/grad_norm"] > 0
+
+
+def test_routing_replay_on_a_dense_model_is_refused_naming_the_key(tiny_dir, tmp_path):
+    r = relayrl("train", "recipes/arith_grpo.yaml", f"model.path={tiny_dir}", "trainer.steps=1",
+                f"run.dir={tmp_path / 'run'}", "algorithm.routing_replay=rollout", "eval.size=8", "run.threads=1")
+    assert r.returncode != 0
+    assert "needs a mixture-of-experts model" in r.stderr and "algorithm.routing_replay=none" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr

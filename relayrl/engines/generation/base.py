@@ -81,6 +81,9 @@ class Completion:
     token_versions: torch.Tensor | None = field(default=None, compare=False)
     """[L] int64, the weight version that sampled each token (they differ within a response when a partial
     rollout swapped weights in while it was being generated); None: every token is ``weight_version``'s."""
+    routed_experts: torch.Tensor | None = field(default=None, compare=False)
+    """``[prompt + L - 1, MoE layers, top_k]`` int16: the experts each token the engine ran was routed to
+    (engines that record routing, for routing replay: :mod:`relayrl.models.routing`); None: not recorded."""
     interrupted: bool = field(default=False, compare=False)
     """A thinking budget cut the response and the end-of-thinking phrase was written into it
     (``rollout.interrupt``, :mod:`relayrl.engines.generation.interrupt`): its ``loss_mask`` is 0 there."""

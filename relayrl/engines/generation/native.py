@@ -28,6 +28,11 @@ engine re-prefills rather than keep the old cache: keys and values computed by t
 new ones sample from neither policy, so the recorded behaviour log-probs would match no model the trainer
 can recompute. The cost is one prefill of the in-flight rows per weight update.
 
+Routing (``record_routing``, mixture-of-experts models on the dynamic cache): every forward pass keeps the
+experts each token was routed to (:class:`relayrl.models.routing.Routing`), and a completion carries them for
+its prompt and every token fed back (``Completion.routed_experts``) for the trainer to replay (R3). A partial
+rollout's prefill again records its rows' context anew: the routes are those of the weights that continue.
+
 Prompts may also arrive while generating (:meth:`NativeGenerationEngine.generate_feed`): a
 :class:`PromptFeed` hands over new rows whenever slots are free, each with its own token budget, and the
 loop waits on it when the batch is empty. Multi-turn episodes use this (``relayrl.environments.episodes``):
@@ -110,6 +115,7 @@ class RunningBatch:
         self.next_logits: torch.Tensor | None = None  # [B, V]
         self.seen: torch.Tensor | None = None  # [B, V] bool, the tokens of each row's context (repetition
         # penalty): built by seen_tokens on first use, then kept by admit, retain and advance
+        self.routes: list[list[torch.Tensor]] = []  # record_routing: each row's [tokens, layers, k] chunks
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -141,7 +147,7 @@ class NativeGenerationEngine:
 
     def __init__(self, model, tokenizer, *, max_batch: int = 256, device: str | torch.device = "cpu",
                  decode: str = "auto", decode_compile: bool = False, decode_chunk: int = 16, log=print,
-                 head_fp32: bool = False) -> None:
+                 head_fp32: bool = False, record_routing: bool = False) -> None:
         check_takes_cache(model)
         self.model = model.to(device).eval()
         if head_fp32:  # model.head_fp32: float32 logits from a float32 product on both decode paths
@@ -155,6 +161,15 @@ class NativeGenerationEngine:
         self.shared = False  # True once the weights are another engine's live tensors (share_weights)
         self._index_params()
         self.static = static.build(self.model, max_batch, decode, log, compile=decode_compile)
+        self.routing = None  # record_routing: hooks on the model's routers (relayrl.models.routing)
+        if record_routing:
+            if self.static is not None:
+                raise ValueError(f"record_routing records the routers of a mixture-of-experts model on the dynamic "
+                                 f"cache; decode={decode!r} chose the static decoder (set rollout.decode=dynamic)")
+            from relayrl.models.routing import Routing
+
+            self.routing = Routing(self.model)
+        self._routes: torch.Tensor | None = None  # the last forward's [B, T, layers, k] (record_routing)
         self.decode_chunk = decode_chunk  # static cache: decode steps between two reads on the host
         self.eos_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -297,7 +312,7 @@ class NativeGenerationEngine:
                 if reason:
                     done.append(r)
                     on_finish(self.completion(batch.rows[r], batch.tokens[r], batch.logps[r], reason,
-                                              batch.versions[r]))
+                                              batch.versions[r], batch.routes[r]))
             keep = [r for r in range(len(batch)) if r not in set(done)]
             if done:
                 self.retain(batch, keep)
@@ -432,7 +447,7 @@ class NativeGenerationEngine:
         return any(s in tail for s in stops)
 
     def completion(self, row: tuple[int, int], toks: list[int], logps: list[float], reason: str,
-                   versions: list[int]) -> Completion:
+                   versions: list[int], routes: list[torch.Tensor] | None = None) -> Completion:
         return Completion(
             prompt_index=row[0],
             sample_index=row[1],
@@ -442,11 +457,18 @@ class NativeGenerationEngine:
             weight_version=self._version,
             text=self.tokenizer.decode(toks, skip_special_tokens=True),
             token_versions=torch.tensor(versions, dtype=torch.long),
+            routed_experts=torch.cat(routes) if routes else None,
         )
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, cache):
         pos = (mask.long().cumsum(-1) - 1).clamp_min(0)[:, -ids.shape[1]:]
-        out, cache = forward_with_cache(self.model, cache, input_ids=ids, attention_mask=mask, position_ids=pos)
+        if self.routing is None:
+            out, cache = forward_with_cache(self.model, cache, input_ids=ids, attention_mask=mask, position_ids=pos)
+            return out.logits[:, -1, :], cache
+        with self.routing.record() as rec:
+            out, cache = forward_with_cache(self.model, cache, input_ids=ids, attention_mask=mask, position_ids=pos)
+        routes = rec.routes()  # [B * T, layers, k], the routers' token order
+        self._routes = routes.to("cpu", torch.int16).reshape(*ids.shape, *routes.shape[1:])
         return out.logits[:, -1, :], cache
 
     # ------------------------------------------- step-level API (dynamic cache)
@@ -469,6 +491,8 @@ class NativeGenerationEngine:
             mask[i, length - len(p):] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         logits, cache = self._forward(ids, mask, DynamicCache(config=self.model.config))
+        routes = [[self._routes[i, length - len(p):]] if self.routing is not None else []
+                  for i, p in enumerate(prompts) for _ in range(n)]
         if n > 1:
             cache_rows.repeat_rows(cache, n)
             logits = logits.repeat_interleave(n, dim=0)
@@ -490,6 +514,7 @@ class NativeGenerationEngine:
         batch.tokens += [[] for _ in rows]
         batch.logps += [[] for _ in rows]
         batch.versions += [[] for _ in rows]
+        batch.routes += routes
         batch.prompts += [p for p in prompts for _ in range(n)]
         batch.budget += [b for b in (budgets or [None] * len(prompts)) for _ in range(n)]
 
@@ -509,6 +534,8 @@ class NativeGenerationEngine:
         batch.next_logits, batch.cache = self._forward(ids.to(self.device), mask,
                                                        DynamicCache(config=self.model.config))
         batch.mask = mask
+        if self.routing is not None:  # the context's routes under the weights that continue
+            batch.routes = [[self._routes[i, width - len(c):]] for i, c in enumerate(ctx)]
 
     def seen_tokens(self, batch: RunningBatch) -> torch.Tensor:
         """``[B, V]`` bool: the tokens of each row's prompt and response so far (what a repetition penalty
@@ -533,6 +560,7 @@ class NativeGenerationEngine:
         batch.tokens = [batch.tokens[r] for r in keep]
         batch.logps = [batch.logps[r] for r in keep]
         batch.versions = [batch.versions[r] for r in keep]
+        batch.routes = [batch.routes[r] for r in keep]
         batch.prompts = [batch.prompts[r] for r in keep]
         batch.budget = [batch.budget[r] for r in keep]
         first = int(batch.mask.any(dim=0).long().argmax())
@@ -546,3 +574,6 @@ class NativeGenerationEngine:
         if batch.seen is not None:
             batch.seen[torch.arange(len(batch), device=self.device), tok.to(self.device)] = True
         batch.next_logits, batch.cache = self._forward(tok[:, None].to(self.device), batch.mask, batch.cache)
+        if self.routing is not None:
+            for r, chunks in enumerate(batch.routes):
+                chunks.append(self._routes[r])

@@ -11,7 +11,7 @@ loss over micro-batches (Periodic Asynchrony §3).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Literal, Protocol, Sequence
 
 import torch
@@ -56,6 +56,11 @@ class SequenceBatch:
     groups: list[int] | None = None
     """Prompt-group id per row (rows of one group share their prompt); lets an engine pack a group
     as one prompt + its responses (shared-prompt attention, Periodic Asynchrony)."""
+    routes: list[torch.Tensor] | None = None
+    """Mixture-of-experts routing replay (:mod:`relayrl.models.routing`): per row, the experts the generator
+    chose for each token of prompt + response, ``[tokens, MoE layers, top_k]`` (the last token's row may be
+    missing: the generator never ran it). A policy engine built with ``routing_replay`` makes its routers choose
+    them."""
 
     def __post_init__(self) -> None:
         if len(self.prompt_ids) != len(self.response_ids):
@@ -65,6 +70,8 @@ class SequenceBatch:
         for k, v in self.fields.items():
             if len(v) != len(self.response_ids):
                 raise ValueError(f"field {k!r} has {len(v)} rows, expected {len(self.response_ids)}")
+        if self.routes is not None and len(self.routes) != len(self.response_ids):
+            raise ValueError(f"routes has {len(self.routes)} rows, expected {len(self.response_ids)}")
 
     def __len__(self) -> int:
         return len(self.response_ids)
@@ -104,8 +111,7 @@ class SequenceBatch:
             raise ValueError("a loss that weighs prompt groups (loss_agg=prompt-mean-token-mean) needs the rows' "
                              "prompt groups: SequenceBatch.groups is None")
         counts = group_token_counts(self.row_tokens(), self.groups) if len(self) else torch.zeros(0)
-        return SequenceBatch(self.prompt_ids, self.response_ids, {**self.fields, GROUP_TOKENS_FIELD: list(counts)},
-                             self.groups)
+        return replace(self, fields={**self.fields, GROUP_TOKENS_FIELD: list(counts)})
 
     def select(self, rows: Sequence[int]) -> "SequenceBatch":
         return SequenceBatch(
@@ -113,6 +119,7 @@ class SequenceBatch:
             [self.response_ids[i] for i in rows],
             {k: [v[i] for i in rows] for k, v in self.fields.items()},
             None if self.groups is None else [self.groups[i] for i in rows],
+            None if self.routes is None else [self.routes[i] for i in rows],
         )
 
     def split(self, n: int) -> list["SequenceBatch"]:
@@ -131,11 +138,14 @@ class SequenceBatch:
     def concat(cls, parts: Sequence["SequenceBatch"]) -> "SequenceBatch":
         keys = parts[0].fields.keys() if parts else []
         groups = None if not parts or any(p.groups is None for p in parts) else [g for p in parts for g in p.groups]
+        routed = [p for p in parts if len(p)]
+        routes = None if not routed or any(p.routes is None for p in routed) else [r for p in routed for r in p.routes]
         return cls(
             [t for p in parts for t in p.prompt_ids],
             [t for p in parts for t in p.response_ids],
             {k: [t for p in parts for t in p.fields[k]] for k in keys},
             groups,
+            routes,
         )
 
 

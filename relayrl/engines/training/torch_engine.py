@@ -93,54 +93,26 @@ import copy
 import math
 import warnings
 from collections import defaultdict
-from typing import Literal, NamedTuple
+from typing import Literal
 
 import torch
 
 from relayrl.engines.training import flex, fsdp, ulysses
-from relayrl.models import packing_check
+from relayrl.models import packing_check, routing
 from relayrl.models.load import attention_windows
 from relayrl.algorithms._checks import deferred_metrics, metric_value
 from relayrl.engines.training.accumulate import MetricSums, StreamedUpdate
 from relayrl.engines.training.state import EngineState
-from relayrl.engines.training.base import (LOSS_MASK_FIELD, REF_FIELD, LossFn, MicroBatch, SequenceBatch,
+from relayrl.engines.training.base import (REF_FIELD, LossFn, MicroBatch, SequenceBatch,
                                           with_group_tokens)
 from relayrl.engines.training.config import TrainEngineConfig
+from relayrl.engines.training.forward import Forward, pad_field, with_loss_mask
 from relayrl.engines.training.steps import make_scheduler, minibatch_slices
 from relayrl.models.logits import LogitTransform, check_head
 from relayrl.models.packing import (PackUnit, additive_mask, build_packed_batch, pack_units, plan_microbatches,
                                     plan_units, shared_prompt_mask, to_device)
 
 __all__ = ["TrainEngineConfig", "TorchTrainingEngine", "Forward", "plan_microbatches", "minibatch_slices", "make_scheduler"]
-
-
-def _pad_field(values: list, rows: list[int], width: int, device) -> torch.Tensor:
-    first = values[rows[0]]
-    if isinstance(first, torch.Tensor) and first.dim() == 1:
-        out = torch.zeros(len(rows), width, dtype=first.dtype if first.is_floating_point() else torch.float32)
-        for j, i in enumerate(rows):
-            v = values[i]
-            out[j, : v.numel()] = v
-        return to_device(out, device)
-    return to_device(torch.tensor([float(values[i]) for i in rows], dtype=torch.float32), device)
-
-
-class Forward(NamedTuple):
-    """One micro-batch's pass, response-aligned: tensors ``[B, T]`` with ``B = len(rows)``."""
-
-    logprobs: torch.Tensor
-    """Log-probs of the response tokens (a critic: values), with grad in a training pass."""
-    mask: torch.Tensor
-    """Float, 1 on valid response tokens."""
-    entropy: torch.Tensor | None
-    rows: list[int]
-    """The batch row of each of the B rows."""
-    tokens: int
-    """Padded input tokens of the pass."""
-    ref: torch.Tensor | None = None
-    """The frozen reference's log-probs of the same tokens, from the same packed input (no grad)."""
-    sum_sq: torch.Tensor | None = None
-    """``sum_v p_v^2`` of each position's distribution (``with_sum_sq``; no grad)."""
 
 
 class TorchTrainingEngine(StreamedUpdate, EngineState):
@@ -150,7 +122,8 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
     def __init__(self, model, cfg: TrainEngineConfig, *, total_steps: int, device: str | torch.device = "cpu",
                  trainable: bool = True, metric_prefix: str = "actor",
                  output: Literal["logprobs", "values"] = "logprobs", compute_dtype: torch.dtype | None = None,
-                 reference=None, reference_adapters_off: bool = False, head_fp32: bool = False) -> None:
+                 reference=None, reference_adapters_off: bool = False, head_fp32: bool = False,
+                 routing_replay: bool = False) -> None:
         if output not in ("logprobs", "values"):
             raise ValueError(f"output={output!r} must be 'logprobs' (a policy) or 'values' (a critic)")
         if (reference is not None or reference_adapters_off) and output == "values":
@@ -189,6 +162,8 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
             self.runner = copy.deepcopy(self.model)
             for p in self.runner.parameters():  # parameters only: buffers (rotary frequencies) stay float32
                 p.data = p.data.to(self.compute_dtype)
+        # MoE routing replay (relayrl.models.routing): the policy's routers choose the experts a batch's routes name
+        self.routing = routing.Routing(self.runner) if routing_replay else None
         if cfg.gradient_checkpointing:
             self.runner.gradient_checkpointing_enable()
         if cfg.cuda_graphs:
@@ -319,15 +294,41 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
         pb = pb.to(self.device)
         mask = self._attention_mask(pb.doc_ids, pb.segment_ids, pb.position_ids)
         args = (pb.input_ids, mask, pb.position_ids, pb.token_pack, pb.token_src)  # logits at response positions only
-        targets, whole = pb.targets, (lambda t: t)
+        targets, whole, cols = pb.targets, (lambda t: t), slice(None)
         if self.sp:  # this rank's columns and response tokens; every rank's per-token outputs gathered back
             cut = ulysses.Shard.of(pb, self.sp)
             args, targets, whole = (cut.input_ids, mask, cut.position_ids, cut.rows, cut.cols), cut.targets, cut.gather
+            width = pb.input_ids.shape[1] // self.sp.size
+            cols = slice(self.sp.rank * width, (self.sp.rank + 1) * width)
+        routes = self._routes(batch, pb.seq_row, pb.seq_pos, cols)
         ref = pb.to_rows(whole(self._reference_logprobs(args, targets, None, temperature))) if with_reference else None
+        self._replay(routes)
         lp, ent, sq = (whole(t) for t in self._head(self.net, args, targets, None, temperature, with_entropy,
                                                     self._autocast, with_sum_sq))
         return Forward(pb.to_rows(lp), to_device(pb.response_mask(), self.device), None if ent is None else pb.to_rows(ent),
-                       list(pb.rows), int(pb.input_ids.numel()), ref, None if sq is None else pb.to_rows(sq))
+                       list(pb.rows), int(pb.input_ids.numel()), ref, None if sq is None else pb.to_rows(sq),
+                       self._agreement(routes))
+
+    def _routes(self, batch: SequenceBatch, seq_row: torch.Tensor, seq_pos: torch.Tensor, cols: slice = slice(None)):
+        """Routing replay: the batch's recorded routes of this pass's ``[P, L]`` tokens (``cols``: this SP rank's
+        columns), flattened as the routers see them; None without routing replay."""
+        if self.routing is None:
+            return None
+        if batch.routes is None:
+            raise ValueError("this engine replays MoE routing (routing_replay), but the batch carries no routes: "
+                             f"the rollout must record them ({routing.ROUTES_COLUMN})")
+        r = routing.laid_out(batch.routes, seq_row, seq_pos, self.routing.shape)[:, cols]
+        return r.reshape(-1, *r.shape[2:]).to(self.device)
+
+    def _replay(self, routes: torch.Tensor | None) -> None:
+        """The policy pass replays ``routes``: reset the agreement count (a reference pass on the same modules
+        ran unreplayed)."""
+        if self.routing is not None:
+            self.routing.take_agreement()
+            self.routing.replay(routes)
+
+    def _agreement(self, routes: torch.Tensor | None) -> torch.Tensor | None:
+        return None if routes is None else self.routing.take_agreement()
 
     def _head(self, net, args: tuple, targets: torch.Tensor, mask: torch.Tensor | None, temperature: float,
               with_entropy: bool | str, autocast: bool, with_sum_sq: bool = False):
@@ -357,6 +358,8 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
         if self.reference_adapters_off:  # LoRA: the policy's own pass with every adapter off (B = 0 at start)
             from relayrl.models.lora import adapters_disabled
 
+            if self.routing is not None:  # the reference routes on its own (relayrl.models.routing)
+                self.routing.replay(None)
             with adapters_disabled(self.runner):
                 return self._head(self.net, args, targets, mask, temperature, False, self._autocast)[0]
         if self.reference is None:
@@ -418,8 +421,13 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
 
         args = (ids, attn, None, torch.arange(len(rows), device=self.device)[:, None].expand_as(pos), pos)
         ref = self._reference_logprobs(args, targets, mask, temperature) if with_reference else None
+        routes = None
+        if self.routing is not None:  # row j's token l is token l of batch row rows[j]
+            seq_row = torch.where(attn.cpu().bool(), torch.tensor(rows)[:, None], -1)
+            routes = self._routes(batch, seq_row, torch.arange(L).expand(len(rows), L))
+        self._replay(routes)
         lp, ent, sq = self._head(self.net, args, targets, mask, temperature, with_entropy, self._autocast, with_sum_sq)
-        return Forward(lp, mask, ent, list(rows), self._padded_len(batch, rows), ref, sq)
+        return Forward(lp, mask, ent, list(rows), self._padded_len(batch, rows), ref, sq, self._agreement(routes))
 
     @torch.no_grad()
     def logprobs(self, batch: SequenceBatch, *, temperature: float = 1.0, with_entropy: bool = False):
@@ -530,7 +538,7 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
         for i, item in enumerate(plan):
             self._grad_sync(sync and i == passes - 1)
             f = self._forward(sub, item, temperature, with_entropy, with_reference)
-            fields = {k: _pad_field(v, f.rows, f.logprobs.shape[1], self.device) for k, v in sub.fields.items()}
+            fields = {k: pad_field(v, f.rows, f.logprobs.shape[1], self.device) for k, v in sub.fields.items()}
             if f.ref is not None:
                 fields[REF_FIELD] = f.ref
             f = with_loss_mask(f, fields)
@@ -538,6 +546,8 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
                 loss, metrics = loss_fn(MicroBatch(f.logprobs, f.mask, fields, counts[0], counts[1], f.entropy,
                                               counts[2]))
                 weight = metric_value(f.mask.sum())
+                if f.routing_agreement is not None:
+                    metrics = {**metrics, f"{self.prefix}/routing_agreement": f.routing_agreement}
             (loss * self.world if self.sharded else loss).backward()  # FSDP2 averages over ranks; we want the sum
             self._master_grads()
             if self.cfg.cuda_graphs and self.runner is self.model:  # a first gradient may be a graph's output,
@@ -555,7 +565,9 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
                 (lp.sum() * 0.0).backward()
 
     def _one_token(self) -> tuple[SequenceBatch, list]:
-        batch = SequenceBatch([torch.zeros(1, dtype=torch.long)], [torch.zeros(1, dtype=torch.long)])
+        shape = self.routing.shape if self.routing is not None else None  # (routing replay: no route, its own)
+        batch = SequenceBatch([torch.zeros(1, dtype=torch.long)], [torch.zeros(1, dtype=torch.long)],
+                              routes=None if shape is None else [torch.zeros(0, shape.layers, shape.top_k)])
         return batch, self._plan(batch)[0]
 
     def _apply_gradients(self, metrics: dict[str, float]) -> dict[str, float]:
@@ -578,15 +590,3 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
             warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)`", UserWarning)
             self.scheduler.step()
         return metrics
-
-
-def with_loss_mask(f: Forward, fields: dict[str, torch.Tensor]) -> Forward:
-    """``f`` with its mask multiplied by the batch's ``loss_mask`` field (environment-written tokens out of
-    every loss term and count); ``f`` itself when the batch has none."""
-    lm = fields.get(LOSS_MASK_FIELD)
-    if lm is None:
-        return f
-    if lm.shape != f.mask.shape:
-        raise ValueError(f"{LOSS_MASK_FIELD} is {tuple(lm.shape)}, the response mask {tuple(f.mask.shape)}: the field "
-                         f"must have one value per response token")
-    return f._replace(mask=f.mask * lm.to(f.mask.dtype))

@@ -1,0 +1,156 @@
+"""MoE routing replay end to end in the engines: the native engine records each token's experts, the training
+engine replays them in every layout, and the config refuses what cannot record them."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from relayrl.config.schema import Config
+from relayrl.engines.generation.base import SamplingParams
+from relayrl.engines.generation.native import NativeGenerationEngine
+from relayrl.engines.training.base import SequenceBatch
+from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
+from relayrl.models.routing import Routing
+from relayrl.workflows.losses import PolicyLoss
+from tests.models.architectures import build
+
+
+def _own_routes(model, seq: list[int]) -> torch.Tensor:
+    """The model's own routing of every token of ``seq`` but the last (the generator never runs it)."""
+    routing = Routing(model)
+    try:
+        with routing.record() as rec, torch.no_grad():
+            model(torch.tensor(seq)[None])
+        return rec.routes()[:-1]
+    finally:
+        routing.remove()
+
+
+def _same_experts(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.long().sort(-1).values, b.long().sort(-1).values)
+
+
+@pytest.fixture()
+def moe(tiny_tokenizer):
+    return build("qwen3_moe", vocab=len(tiny_tokenizer))
+
+
+PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16]]
+
+
+def test_the_native_engine_records_the_routing_of_every_token_it_runs(moe, tiny_tokenizer):
+    """Continuous batching (two of three prompts' rows at a time, joined and cropped) keeps each row's routes:
+    they are the model's own routing of prompt + response but the last token."""
+    eng = NativeGenerationEngine(moe, tiny_tokenizer, max_batch=4, decode="dynamic", record_routing=True)
+    comps = eng.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=6, temperature=1.0),
+                         generator=torch.Generator().manual_seed(0))
+    assert len(comps) == 6
+    for c in comps:
+        seq = PROMPTS[c.prompt_index] + c.token_ids.tolist()
+        assert c.routed_experts.dtype == torch.int16
+        assert c.routed_experts.shape == (len(seq) - 1, 2, 2)
+        assert _same_experts(c.routed_experts, _own_routes(moe, seq))
+    plain = NativeGenerationEngine(copy.deepcopy(moe), tiny_tokenizer, max_batch=4, decode="dynamic")
+    again = plain.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=6, temperature=1.0),
+                           generator=torch.Generator().manual_seed(0))
+    assert [c.token_ids.tolist() for c in again] == [c.token_ids.tolist() for c in comps]  # (recording is passive)
+    assert all(c.routed_experts is None for c in again)
+
+
+def test_a_partial_rollout_records_the_context_again_under_the_new_weights(moe, tiny_tokenizer):
+    new = copy.deepcopy(moe)
+    with torch.no_grad():
+        for name, p in new.named_parameters():
+            if name.endswith("gate.weight"):
+                p.copy_(torch.randn_like(p) * 3)  # other routers: other experts for the same tokens
+    eng = NativeGenerationEngine(copy.deepcopy(moe), tiny_tokenizer, max_batch=6, decode="dynamic", record_routing=True)
+    calls = {"n": 0}
+
+    def between() -> bool:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            eng.update_weights(list(new.named_parameters()), version=1)
+            return True
+        return False
+
+    comps = eng.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=6, temperature=1.0, ignore_eos=True),
+                         generator=torch.Generator().manual_seed(0), between=between)
+    for c in comps:
+        assert c.token_versions.tolist() == [0, 0, 1, 1, 1, 1]
+        seq = PROMPTS[c.prompt_index] + c.token_ids.tolist()
+        assert _same_experts(c.routed_experts, _own_routes(new, seq))
+        assert not _same_experts(c.routed_experts, _own_routes(moe, seq))
+
+
+def _batch(tiny_tokenizer, shift: bool, moe) -> SequenceBatch:
+    """Two groups of two rows, their routes the model's own or moved to other experts (``shift``)."""
+    g = torch.Generator().manual_seed(3)
+    prompts, responses, routes, groups = [], [], [], []
+    for gi, p in enumerate(([5, 6, 7, 8, 9], [10, 11, 12])):
+        for _ in range(2):
+            r = torch.randint(3, 90, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g)
+            seq = p + r.tolist()
+            own = _own_routes(moe, seq)
+            prompts.append(torch.tensor(p))
+            responses.append(r)
+            routes.append(((own + 1) % 4 if shift else own).to(torch.int16))
+            groups.append(gi)
+    return SequenceBatch(prompts, responses, {}, groups, routes)
+
+
+@pytest.mark.parametrize("packing", ["shared_prompt", "sequences", "none"])
+def test_the_trainer_replays_the_routes_in_every_layout(packing, moe, tiny_tokenizer):
+    eng = TorchTrainingEngine(copy.deepcopy(moe), TrainEngineConfig(packing=packing), total_steps=1,
+                              trainable=False, routing_replay=True)
+    free = TorchTrainingEngine(copy.deepcopy(moe), TrainEngineConfig(packing=packing), total_steps=1, trainable=False)
+    own, shifted = _batch(tiny_tokenizer, False, moe), _batch(tiny_tokenizer, True, moe)
+    want, _ = free.logprobs(own)
+    got, _ = eng.logprobs(own)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    moved, _ = eng.logprobs(shifted)
+    assert max(float((a - b).abs().max()) for a, b in zip(moved, want)) > 1e-2
+    # the same replay as the model's own forward with the routes replayed on one unpacked row
+    routing = Routing(moe)
+    for i, lp in enumerate(moved):
+        p, r = shifted.prompt_ids[i], shifted.response_ids[i]
+        full = torch.cat([shifted.routes[i], torch.full((1, 2, 2), -1, dtype=torch.int16)])
+        routing.replay(full)
+        with torch.no_grad():
+            logits = moe(torch.cat([p, r])[None]).logits[0, len(p) - 1:-1]
+        ref = torch.log_softmax(logits.float(), -1).gather(-1, r[:, None])[:, 0]
+        torch.testing.assert_close(lp, ref, rtol=0, atol=1e-5)
+
+
+def test_the_update_reports_how_often_the_trainer_would_route_alike(moe, tiny_tokenizer):
+    loss = PolicyLoss(clip_low=0.2, clip_high=0.2)
+    for shift, check in ((False, lambda a: a == 1.0), (True, lambda a: a < 0.5)):
+        batch = _batch(tiny_tokenizer, shift, moe)
+        batch.fields["advantages"] = [torch.ones(len(r)) for r in batch.response_ids]
+        eng = TorchTrainingEngine(copy.deepcopy(moe), TrainEngineConfig(), total_steps=1, routing_replay=True)
+        m = eng.train_step(batch, loss)
+        assert check(m["actor/routing_agreement"]), m["actor/routing_agreement"]
+        assert m["actor/grad_norm"] > 0
+
+
+def test_a_batch_without_routes_is_refused_by_a_replaying_engine(moe, tiny_tokenizer):
+    eng = TorchTrainingEngine(moe, TrainEngineConfig(), total_steps=1, trainable=False, routing_replay=True)
+    batch = _batch(tiny_tokenizer, False, moe)
+    with pytest.raises(ValueError, match="the batch carries no routes: the rollout must record them"):
+        eng.logprobs(SequenceBatch(batch.prompt_ids, batch.response_ids, {}, batch.groups))
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"rollout": {"engine": "vllm"}}, "vLLM 0.32 returns routed experts .* from its GPU model runner only"),
+    ({"rollout": {"engine": "openai", "base_url": "http://127.0.0.1:1/v1"}}, "returns no routing"),
+    ({"rollout": {"decode": "static"}}, "rollout.decode=static decodes Llama-shaped"),
+    ({"rollout": {"interrupt": {"after_tokens": 4}}}, "rollout.interrupt writes the end-of-thinking phrase"),
+    ({"workflow": "sft"}, "workflow sft generates no rollout"),
+])
+def test_the_config_refuses_what_cannot_record_routing(override, message):
+    with pytest.raises(ValueError, match=message):
+        Config.model_validate({"algorithm": {"routing_replay": "rollout"}, **override})
+    assert Config.model_validate({"algorithm": {"routing_replay": "rollout"}}).algorithm.routing_replay == "rollout"

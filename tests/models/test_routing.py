@@ -1,0 +1,118 @@
+"""MoE routing record and replay (relayrl.models.routing) on transformers' own MoE architectures."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relayrl.models.routing import RouterShape, Routing, RoutingError, laid_out, router_shape
+from tests.models.architectures import build
+
+MOE = ["qwen3_moe", "mixtral", "gpt_oss", "qwen3_next"]
+IDS = (torch.arange(3, 23) * 7 % 97)[None]
+
+
+@pytest.mark.parametrize("arch", MOE)
+def test_recorded_routes_replayed_give_the_same_logits_and_others_change_them(arch):
+    model = build(arch)
+    routing = Routing(model)
+    layers = model.config.num_hidden_layers
+    assert routing.shape == RouterShape(layers, 2, 4)
+    with routing.record() as rec:
+        free = model(IDS).logits
+    routes = rec.routes()
+    assert routes.shape == (IDS.numel(), layers, 2)
+    assert int(routes.min()) >= 0 and int(routes.max()) < 4
+    routing.replay(routes)
+    assert torch.equal(model(IDS).logits, free)
+    assert float(routing.take_agreement()) == 1.0
+    routing.replay((routes + 1) % 4)  # every token to other experts
+    moved = model(IDS).logits
+    assert (moved - free).abs().max() > 1e-2
+    assert float(routing.take_agreement()) < 1.0
+    routing.replay(None)
+    assert torch.equal(model(IDS).logits, free)
+    assert routing.take_agreement() is None  # (nothing replayed since)
+
+
+def test_a_replayed_choice_is_the_blocks_own_arithmetic_at_those_experts():
+    """Qwen3-MoE's block at replayed experts: the router's softmax at the chosen experts (renormalised with
+    norm_topk_prob) weighting those experts' outputs."""
+    model = build("qwen3_moe")
+    block = model.model.layers[0].mlp
+    routing = Routing(block)
+    x = torch.randn(1, 5, 64, generator=torch.Generator().manual_seed(0))
+    chosen = torch.tensor([[0, 1], [2, 3], [3, 0], [1, 2], [0, 3]])
+    routing.replay(chosen[:, None, :])
+    out = block(x)[0]
+    probs = torch.softmax(x[0] @ block.gate.weight.T, -1)
+    want = torch.zeros_like(out)
+    for t in range(5):
+        w = probs[t, chosen[t]]
+        w = w / w.sum() if block.gate.norm_topk_prob else w
+        for j, e in enumerate(chosen[t].tolist()):
+            gate, up = (x[0, t] @ block.experts.gate_up_proj[e].T).chunk(2)
+            want[t] += w[j] * ((torch.nn.functional.silu(gate) * up) @ block.experts.down_proj[e].T)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    block.gate.norm_topk_prob = True  # (the tiny config's default is False)
+    renormalised = block(x)[0]
+    assert (renormalised - out).abs().max() > 1e-4
+
+
+def test_replayed_routing_keeps_the_gate_weights_gradient():
+    model = build("mixtral").train()
+    routing = Routing(model)
+    with routing.record() as rec, torch.no_grad():
+        model(IDS)
+    routing.replay((rec.routes() + 1) % 4)
+    model(IDS).logits.square().mean().backward()
+    grads = [p.grad for n, p in model.named_parameters() if n.endswith("gate.weight")]
+    assert len(grads) == 2 and all(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+def test_rows_of_minus_one_keep_the_routers_own_choice():
+    model = build("qwen3_moe")
+    routing = Routing(model)
+    with routing.record() as rec:
+        free = model(IDS).logits
+    other = (rec.routes() + 1) % 4
+    other[10:] = -1  # the last ten tokens route themselves
+    routing.replay(other)
+    mixed = model(IDS).logits
+    assert float(routing.take_agreement()) < 1.0
+    assert (mixed[0, :10] - free[0, :10]).abs().max() > 1e-3
+    routing.replay(rec.routes().masked_fill(torch.ones_like(rec.routes(), dtype=torch.bool), -1))
+    assert torch.equal(model(IDS).logits, free)
+
+
+def test_routes_for_another_token_count_or_shape_are_refused():
+    model = build("qwen3_moe")
+    routing = Routing(model)
+    with pytest.raises(ValueError, match="expected \\[tokens, 2 MoE layers, top_k=2\\]"):
+        routing.replay(torch.zeros(20, 3, 2, dtype=torch.long))
+    routing.replay(torch.zeros(7, 2, 2, dtype=torch.long))
+    with pytest.raises(ValueError, match="scored 20 tokens but 7 recorded routes"):
+        model(IDS)
+
+
+def test_a_dense_model_has_no_routing_to_replay():
+    dense = build("qwen2")
+    assert router_shape(dense) is None
+    with pytest.raises(RoutingError, match="needs a mixture-of-experts model; Qwen2ForCausalLM has no router"):
+        Routing(dense)
+
+
+def test_routes_are_laid_out_where_the_pack_puts_each_token():
+    shape = RouterShape(layers=2, top_k=1, experts=8)
+    # row 0: 4 tokens (3 routed: the last was never run); row 1: 3 tokens, all routed
+    r0 = torch.tensor([1, 2, 3]).repeat_interleave(2).reshape(3, 2, 1)
+    r1 = torch.tensor([4, 5, 6]).repeat_interleave(2).reshape(3, 2, 1)
+    seq_row = torch.tensor([[0, 0, 0, 0, 1, 1, 1, -1]])
+    seq_pos = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 0]])
+    out = laid_out([r0, r1], seq_row, seq_pos, shape)
+    assert out.shape == (1, 8, 2, 1)
+    assert out[0, :, 0, 0].tolist() == [1, 2, 3, -1, 4, 5, 6, -1]
+    with pytest.raises(ValueError, match="row 1: routes name experts outside 0..7"):
+        laid_out([r0, r1 + 5], seq_row, seq_pos, shape)
+    with pytest.raises(ValueError, match="row 0: routes of shape \\(3, 2\\)"):
+        laid_out([r0[..., 0], r1], seq_row, seq_pos, shape)
