@@ -14,7 +14,8 @@ Config = Any
 """A :class:`relayrl.config.schema.Config` (not imported: the schema imports these rules)."""
 
 __all__ = ["check_env", "check_decoupled_rewards", "check_ref_sync", "check_precompute_ref", "check_dpo", "check_kto",
-           "check_total_epochs", "check_retire_solved", "check_loss_agg", "check_vllm_eval_temperature", "check_routing_replay"]
+           "check_total_epochs", "check_retire_solved", "check_loss_agg", "check_vllm_eval_temperature",
+           "check_routing_replay"]
 
 
 def check_env(self: Config) -> None:
@@ -204,14 +205,26 @@ def check_vllm_eval_temperature(self: Config) -> None:
 
 
 def check_routing_replay(self: Config) -> None:
-    """``algorithm.routing_replay`` records routing in the native engine's dynamic decoder, one response per
-    row: refuse the settings that cannot record it (``relayrl.models.routing``)."""
+    """``algorithm.routing_replay``: ``rollout`` records routing in the native engine's dynamic decoder, one
+    response per row; ``old`` in the trainer's pi_old pass. Refuse the settings that cannot record it
+    (``relayrl.models.routing``)."""
     if self.algorithm.routing_replay == "none":
         return
     key = f"algorithm.routing_replay={self.algorithm.routing_replay}"
     if self.workflow != "grpo":
-        raise ValueError(f"{key} replays the rollout's expert choices in the update; workflow {self.workflow} "
-                         "generates no rollout: set algorithm.routing_replay=none")
+        raise ValueError(f"{key} replays a GRPO step's expert choices in its update; workflow {self.workflow} "
+                         "has none: set algorithm.routing_replay=none")
+    if self.algorithm.routing_replay == "old":
+        from relayrl.config.plan import step_plan
+
+        if not step_plan(self).recompute_old:
+            raise ValueError(f"{key} replays the routing of the pi_old pass, which this step does not run "
+                             f"(algorithm.old_logprobs={self.algorithm.old_logprobs}"
+                             + (" with one optimizer step per batch, whose update is pi_old itself"
+                                if self.algorithm.old_logprobs == "auto" else "") +
+                             "): set algorithm.old_logprobs=recompute (it changes the update when trainer.mini_batches "
+                             "or trainer.epochs > 1), or use algorithm.routing_replay=rollout")
+        return
     r = self.rollout
     if r.engine != "native":
         why = ("vLLM 0.32 returns routed experts (enable_return_routed_experts) from its GPU model runner only, and "

@@ -7,7 +7,8 @@ tie they pick different experts for the same token, and the trainer's log-probs 
 built on them) then come from another network than the one that sampled. R3 records the experts the rollout
 chose for every token and makes the trainer's routers choose those: the gate weights are still the trainer's
 own softmax (or sigmoid) at those experts, so the router keeps its gradient; only the top-k *selection* is
-replayed.
+replayed. The earlier form (R2, GSPO's Routing Replay: Zheng et al. 2025) records the trainer's own choice in
+its pi_old pass and replays it in the update passes, so later mini-batches route as pi_old did.
 
 How, for any transformers MoE architecture: every router of transformers' MoE models (Qwen2/3-MoE, Qwen3-Next,
 Qwen3.5-MoE, Mixtral, OLMoE, GPT-OSS, GraniteMoE, DeepSeek-V3, ...) is a module with ``top_k`` and an expert
@@ -33,7 +34,8 @@ from torch.overrides import TorchFunctionMode
 
 from relayrl.errors import UserError
 
-__all__ = ["ROUTES_COLUMN", "RoutingError", "RouterShape", "router_modules", "router_shape", "Routing", "laid_out"]
+__all__ = ["ROUTES_COLUMN", "RoutingError", "RouterShape", "router_modules", "router_shape", "Routing", "laid_out",
+           "per_row"]
 
 ROUTES_COLUMN = "routed_experts"
 """The dock column (and ``SequenceBatch.routes``) of each sample's routing: ``[prompt + response - 1, layers, k]``
@@ -251,3 +253,28 @@ def laid_out(routes: Sequence[torch.Tensor], seq_row: torch.Tensor, seq_pos: tor
     out = torch.full((*row.shape, shape.layers, shape.top_k), -1, dtype=torch.int16)
     out[have] = flat[(starts[row.clamp_min(0)] + pos)[have]].to(torch.int16)
     return out.to(seq_row.device)
+
+
+def per_row(recorded: torch.Tensor, seq_row: torch.Tensor, seq_pos: torch.Tensor, units) -> dict[int, torch.Tensor]:
+    """The inverse of :func:`laid_out`: each batch row's routes ``[prompt + response, layers, k]`` int16 from a
+    pass's recorded ``[P, L, layers, k]``, for the rows of ``units`` (``PackUnit``s: a unit's rows share its
+    prompt, whose tokens the pack holds once, under its first row)."""
+    units = list(units)
+    rows = [r for u in units for r in u.rows]
+    lookup = torch.full((max(rows) + 1,), -1, dtype=torch.long)
+    lookup[torch.tensor(rows)] = torch.arange(len(rows))
+    width = max(u.prompt_len + max(u.response_lens, default=0) for u in units)
+    table = torch.full((len(rows), width, *recorded.shape[2:]), -1, dtype=torch.int16)
+    row, pos, rec = seq_row.cpu(), seq_pos.cpu(), recorded.cpu()
+    have = row >= 0
+    table[lookup[row[have]], pos[have]] = rec[have].to(torch.int16)
+    out = {}
+    for u in units:
+        first = int(lookup[u.rows[0]])
+        for r, n in zip(u.rows, u.response_lens):
+            j = int(lookup[r])
+            if j != first:  # the shared prompt's routes, recorded under the unit's first row
+                table[j, :u.prompt_len] = table[first, :u.prompt_len]
+            out[r] = table[j, :u.prompt_len + n].clone()
+    return out
+

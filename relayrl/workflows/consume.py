@@ -53,7 +53,7 @@ class Consume:
         receipts published."""
         p = self.p
         cols = ["prompt_ids", "response_ids", "group"] + (["rewards"] if p.plan.group_filter else []) \
-            + (self._routes() if stage == "old" else [])
+            + (self._routes() if stage == "old" and self.p.cfg.algorithm.routing_replay == "rollout" else [])
         gate = self._gate(stage, f)
         rows = self._rows(stage)
         for b in f.leases(stage, cols, batch_rows=rows, after=gate):
@@ -83,6 +83,8 @@ class Consume:
 
     def old_logprobs(self, f: Flow) -> None:
         stats = {"sum_sq_column": "sum_pi_squared"} if self.p.plan.estimator.token_stats else {}  # (OTB)
+        if self.p.cfg.algorithm.routing_replay == "old":  # (R2: the update replays this pass's routing)
+            stats["routes_column"] = ROUTES_COLUMN
         self._pass(f, "old", self.p.actor, PolicyWorker.forward_into, "old_logprob", "old_logprobs",
                    temperature=self.p.temperature, **stats)
 
@@ -114,7 +116,8 @@ class Consume:
             b.ack()
 
     def _routes(self) -> list[str]:
-        """The routing column the policy's passes replay (``algorithm.routing_replay``), or none."""
+        """The routing column the policy's passes replay (``algorithm.routing_replay``: the rollout's, or the old
+        pass's), or none."""
         return [ROUTES_COLUMN] if self.p.cfg.algorithm.routing_replay != "none" else []
 
     # ------------------------------------------------------------------ update

@@ -44,8 +44,13 @@ def _rollout(cfg: Config, prec: dict, path: str, common: dict) -> dict:
 
 
 def _replays(cfg: Config) -> bool:
-    """MoE routing replay: the rollout records routing, the actor replays it (``algorithm.routing_replay``)."""
+    """MoE routing replay (``algorithm.routing_replay``): the actor replays routing (and records it: ``old``)."""
     return cfg.algorithm.routing_replay != "none"
+
+
+def _records_rollout(cfg: Config) -> bool:
+    """R3: the rollout records each token's experts for the actor to replay."""
+    return cfg.algorithm.routing_replay == "rollout"
 
 
 def role_common(cfg: Config) -> dict:
@@ -68,7 +73,7 @@ ROLES: tuple[Role, ...] = (
         model_path=path, engine=cfg.train_engine(optim=cfg.critic.optim), total_steps=_updates(cfg),
         seed=cfg.run.seed, lora=cfg.model.lora, **prec["trained"], **common)),
     Role("rollout", RolloutWorker, lambda cfg, plan, prec, path, common: dict(
-        _rollout(cfg, prec, path, common), record_routing=_replays(cfg)),
+        _rollout(cfg, prec, path, common), record_routing=_records_rollout(cfg)),
          own_process=True, devices_per_rank=lambda cfg: cfg.rollout.devices_per_rank),
     Role("reference", ReferenceWorker, lambda cfg, plan, prec, path, common: dict(
         model_path=path, engine=cfg.engine, **prec["frozen"], **common)),

@@ -220,10 +220,17 @@ class PolicyWorker(_TrainerWorker):
             return self.engine.logprobs_with_reference(batch, temperature=temperature)
         return self.engine.logprobs(batch, temperature=temperature)[0]
 
-    def forward_into(self, items: Sequence, column: str, temperature: float = 1.0, sum_sq_column: str = "") -> list:
+    def forward_into(self, items: Sequence, column: str, temperature: float = 1.0, sum_sq_column: str = "",
+                     routes_column: str = "") -> list:
         """Log-probs of this rank's dock rows (pi_old) into ``column`` (and each position's ``sum_v p_v^2``, from
-        the same pass, into ``sum_sq_column`` when named: the Optimal Token Baseline's); the write receipt."""
+        the same pass, into ``sum_sq_column`` when named: the Optimal Token Baseline's; the experts its routers
+        chose for every token into ``routes_column`` when named: routing replay of the old policy); the write
+        receipt."""
         batch, slots = _dock_rows(items)
+        if routes_column:
+            lp, routes, sq = self.engine.logprobs_with_routes(batch, temperature=temperature,
+                                                              with_sum_sq=bool(sum_sq_column))
+            return [slots.write({column: lp, routes_column: routes, **({sum_sq_column: sq} if sum_sq_column else {})})]
         if not sum_sq_column:
             return [slots.write({column: self.logprobs(batch, temperature)})]
         lp, sq = self.engine.logprobs_with_sum_sq(batch, temperature=temperature)

@@ -148,9 +148,47 @@ def test_a_batch_without_routes_is_refused_by_a_replaying_engine(moe, tiny_token
     ({"rollout": {"engine": "openai", "base_url": "http://127.0.0.1:1/v1"}}, "returns no routing"),
     ({"rollout": {"decode": "static"}}, "rollout.decode=static decodes Llama-shaped"),
     ({"rollout": {"interrupt": {"after_tokens": 4}}}, "rollout.interrupt writes the end-of-thinking phrase"),
-    ({"workflow": "sft"}, "workflow sft generates no rollout"),
+    ({"workflow": "sft"}, "workflow sft has none: set algorithm.routing_replay=none"),
 ])
 def test_the_config_refuses_what_cannot_record_routing(override, message):
     with pytest.raises(ValueError, match=message):
         Config.model_validate({"algorithm": {"routing_replay": "rollout"}, **override})
     assert Config.model_validate({"algorithm": {"routing_replay": "rollout"}}).algorithm.routing_replay == "rollout"
+
+
+@pytest.mark.parametrize("packing", ["shared_prompt", "sequences", "none"])
+def test_the_old_pass_records_the_trainers_own_routing_of_every_token(packing, moe, tiny_tokenizer):
+    """R2: ``logprobs_with_routes`` gives each row's routing of prompt + response (all of it: the trainer runs the
+    last token too), a shared prompt's copied to every row of its group; replayed, the update starts from it."""
+    eng = TorchTrainingEngine(copy.deepcopy(moe), TrainEngineConfig(packing=packing), total_steps=1,
+                              routing_replay=True)
+    batch = _batch(tiny_tokenizer, False, moe)
+    lp, routes, sq = eng.logprobs_with_routes(batch)
+    assert sq is None
+    free, _ = eng.logprobs(batch)
+    for i, (a, b) in enumerate(zip(lp, free)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+        seq = batch.prompt_ids[i].tolist() + batch.response_ids[i].tolist()
+        assert routes[i].dtype == torch.int16 and routes[i].shape == (len(seq), 2, 2)
+        assert _same_experts(routes[i][:-1], _own_routes(moe, seq))
+    batch = SequenceBatch(batch.prompt_ids, batch.response_ids,
+                          {"advantages": [torch.ones(len(r)) for r in batch.response_ids]}, batch.groups, routes)
+    m = eng.train_step(batch, PolicyLoss(), mini_batches=2)  # the second mini-batch after an update (lr 1e-5)
+    assert m["actor/routing_agreement"] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_recording_needs_an_engine_that_hooks_the_routers(moe, tiny_tokenizer):
+    eng = TorchTrainingEngine(moe, TrainEngineConfig(), total_steps=1, trainable=False)
+    with pytest.raises(ValueError, match="needs an engine built with routing_replay"):
+        eng.logprobs_with_routes(_batch(tiny_tokenizer, False, moe))
+
+
+def test_r2_needs_the_old_pass_and_takes_any_rollout_engine():
+    with pytest.raises(ValueError, match="replays the routing of the pi_old pass, which this step does not run "
+                                         "\\(algorithm.old_logprobs=auto with one optimizer step per batch"):
+        Config.model_validate({"algorithm": {"routing_replay": "old"}})
+    with pytest.raises(ValueError, match="algorithm.old_logprobs=rollout\\)"):
+        Config.model_validate({"algorithm": {"routing_replay": "old", "old_logprobs": "rollout"}})
+    for ok in ({"algorithm": {"routing_replay": "old", "old_logprobs": "recompute"}},
+               {"algorithm": {"routing_replay": "old"}, "trainer": {"mini_batches": 2}, "rollout": {"engine": "vllm"}}):
+        assert Config.model_validate(ok).algorithm.routing_replay == "old"

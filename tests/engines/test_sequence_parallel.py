@@ -287,3 +287,40 @@ def test_a_model_that_cannot_be_packed_is_refused_under_sequence_parallelism():
                                          "packed: its linear-attention layers .* set engine.sequence_parallel=1"):
         TorchTrainingEngine(build("qwen3_5_text"), TrainEngineConfig(sequence_parallel=2), total_steps=1,
                             trainable=False)
+
+
+class RoutesWorker(PolicyWorker):
+    """A policy worker that hands back the routing its old-policy pass records (R2)."""
+
+    def routes(self, batch: SequenceBatch) -> list:
+        return self.engine.logprobs_with_routes(batch)[1]
+
+
+@pytest.mark.multiproc
+def test_two_sp_ranks_replay_and_record_moe_routing_as_one_rank(tiny_tokenizer, tmp_path):
+    """Routing replay under sequence parallelism: each rank replays its columns' routes, and a recording pass joins
+    the group's columns, so the log-probs with moved routes and the recorded routes are one rank's."""
+    from tests.models.architectures import build
+
+    path = tmp_path / "moe"
+    build("qwen3_moe", vocab=len(tiny_tokenizer)).save_pretrained(path)
+    tiny_tokenizer.save_pretrained(path)
+    batch = _batch(tiny_tokenizer, rows=9)
+    kw = dict(model_path=str(path), total_steps=2, threads=1, seed=0, routing_replay=True)
+    one = RoutesWorker(**kw, engine=TrainEngineConfig(token_budget=64))
+    sp = _group(RoutesWorker, {**kw, "engine": TrainEngineConfig(token_budget=64, sequence_parallel=2)})
+    try:
+        own = one.routes(batch)
+        lengths = [len(p) + len(q) for p, q in zip(batch.prompt_ids, batch.response_ids)]
+        assert [r.shape for r in own] == [(n, 2, 2) for n in lengths]
+        for a, b in zip(own, sp.split(RoutesWorker.routes, batch)):
+            assert torch.equal(a, b)
+        moved = SequenceBatch(batch.prompt_ids, batch.response_ids, batch.fields, batch.groups,
+                              [(r + 1) % 4 for r in own])
+        free = one.logprobs(SequenceBatch(batch.prompt_ids, batch.response_ids, batch.fields, batch.groups, own))
+        replayed = one.logprobs(moved)
+        for a, b in zip(replayed, sp.split(PolicyWorker.logprobs, moved)):
+            torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+        assert max(float((a - c).abs().max()) for a, c in zip(replayed, free)) > 1e-2  # (the routes mattered)
+    finally:
+        sp.shutdown()

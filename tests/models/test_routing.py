@@ -116,3 +116,37 @@ def test_routes_are_laid_out_where_the_pack_puts_each_token():
         laid_out([r0, r1 + 5], seq_row, seq_pos, shape)
     with pytest.raises(ValueError, match="row 0: routes of shape \\(3, 2\\)"):
         laid_out([r0[..., 0], r1], seq_row, seq_pos, shape)
+
+
+MORE = {  # transformers' other MoE routers: grouped top-k with a bias (DeepSeek-V3), shared experts, a gating
+    "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2),  # module of its own (GraniteMoE)
+    "olmoe": dict(num_experts=4, num_experts_per_tok=2),
+    "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=32),
+    "deepseek_v3": dict(num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                        first_k_dense_replace=0, n_group=2, topk_group=1, kv_lora_rank=16, q_lora_rank=16,
+                        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16),
+    "qwen3_5_moe_text": dict(num_hidden_layers=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                             shared_expert_intermediate_size=32, head_dim=16, linear_num_key_heads=2,
+                             linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(MORE))
+def test_other_moe_routers_record_and_replay(arch):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tests.models.architectures import COMMON
+
+    cfg = AutoConfig.for_model(arch, **{**COMMON, **MORE[arch]})
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).float().eval()
+    routing = Routing(model)
+    assert routing.shape.layers == cfg.num_hidden_layers
+    with routing.record() as rec:
+        free = model(IDS).logits
+    routing.replay(rec.routes())
+    assert torch.equal(model(IDS).logits, free)
+    routing.replay((rec.routes() + 1) % routing.shape.experts)
+    assert (model(IDS).logits - free).abs().max() > 1e-3

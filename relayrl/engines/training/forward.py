@@ -44,6 +44,8 @@ class Forward(NamedTuple):
     """``sum_v p_v^2`` of each position's distribution (``with_sum_sq``; no grad)."""
     routing_agreement: torch.Tensor | None = None
     """Routing replay: the share of replayed expert picks the policy's routers would have made (0-d)."""
+    recorded_routes: dict[int, torch.Tensor] | None = None
+    """``record``: per batch row, the experts the policy's routers chose for its prompt + response tokens."""
 
 
 def with_loss_mask(f: Forward, fields: dict[str, torch.Tensor]) -> Forward:

@@ -107,6 +107,7 @@ from relayrl.engines.training.base import (REF_FIELD, LossFn, MicroBatch, Sequen
                                           with_group_tokens)
 from relayrl.engines.training.config import TrainEngineConfig
 from relayrl.engines.training.forward import Forward, pad_field, with_loss_mask
+from relayrl.engines.training.routed import RoutedPasses
 from relayrl.engines.training.steps import make_scheduler, minibatch_slices
 from relayrl.models.logits import LogitTransform, check_head
 from relayrl.models.packing import (PackUnit, additive_mask, build_packed_batch, pack_units, plan_microbatches,
@@ -115,7 +116,7 @@ from relayrl.models.packing import (PackUnit, additive_mask, build_packed_batch,
 __all__ = ["TrainEngineConfig", "TorchTrainingEngine", "Forward", "plan_microbatches", "minibatch_slices", "make_scheduler"]
 
 
-class TorchTrainingEngine(StreamedUpdate, EngineState):
+class TorchTrainingEngine(RoutedPasses, StreamedUpdate, EngineState):
     """See the module docstring. ``model`` is a Hugging Face causal LM; ``reference`` an optional frozen
     copy of the initial policy (same architecture) laid out like ``model`` (tri-model, Periodic Asynchrony §4.1)."""
 
@@ -275,16 +276,17 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
     def _forward(self, batch: SequenceBatch, item, temperature: float, with_entropy: bool | str,
-                 with_reference: bool = False, with_sum_sq: bool = False) -> Forward:
+                 with_reference: bool = False, with_sum_sq: bool = False, record: bool = False) -> Forward:
         """One micro-batch's pass (see :class:`Forward`); ``with_reference`` also runs the reference copy
         on the same input (first, so its activations are gone before the policy pass keeps its own);
-        ``with_sum_sq``: each position's ``sum_v p_v^2`` too."""
+        ``with_sum_sq``: each position's ``sum_v p_v^2`` too; ``record``: the experts the policy's routers chose
+        for every token of each row (MoE routing replay of the old policy), the batch's routes not replayed."""
         if temperature <= 0:
             raise ValueError(f"temperature={temperature} must be > 0 (log-probs of greedy samples: pass 1.0)")
         if self.cfg.cuda_graphs:  # a new micro-batch: the previous one's graph outputs are no longer read
             torch.compiler.cudagraph_mark_step_begin()
         if self.packing == "none":
-            return self._forward_padded(batch, item, temperature, with_entropy, with_reference, with_sum_sq)
+            return self._forward_padded(batch, item, temperature, with_entropy, with_reference, with_sum_sq, record)
         if self.flex:  # the micro-batch's units in one row: no row padding, batch size 1 for the compiled kernel
             item = [[unit for row in item for unit in row]]
         pb = build_packed_batch(batch.prompt_ids, batch.response_ids, item)
@@ -300,35 +302,17 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
             args, targets, whole = (cut.input_ids, mask, cut.position_ids, cut.rows, cut.cols), cut.targets, cut.gather
             width = pb.input_ids.shape[1] // self.sp.size
             cols = slice(self.sp.rank * width, (self.sp.rank + 1) * width)
-        routes = self._routes(batch, pb.seq_row, pb.seq_pos, cols)
+        routes = None if record else self._routes(batch, pb.seq_row, pb.seq_pos, cols)
         ref = pb.to_rows(whole(self._reference_logprobs(args, targets, None, temperature))) if with_reference else None
         self._replay(routes)
-        lp, ent, sq = (whole(t) for t in self._head(self.net, args, targets, None, temperature, with_entropy,
-                                                    self._autocast, with_sum_sq))
+        with self._record(record) as rec:
+            lp, ent, sq = (whole(t) for t in self._head(self.net, args, targets, None, temperature, with_entropy,
+                                                        self._autocast, with_sum_sq))
+        recorded = None if rec is None else routing.per_row(
+            self._gathered(rec, pb.input_ids.shape[0]), pb.seq_row, pb.seq_pos, [u for row in item for u in row])
         return Forward(pb.to_rows(lp), to_device(pb.response_mask(), self.device), None if ent is None else pb.to_rows(ent),
                        list(pb.rows), int(pb.input_ids.numel()), ref, None if sq is None else pb.to_rows(sq),
-                       self._agreement(routes))
-
-    def _routes(self, batch: SequenceBatch, seq_row: torch.Tensor, seq_pos: torch.Tensor, cols: slice = slice(None)):
-        """Routing replay: the batch's recorded routes of this pass's ``[P, L]`` tokens (``cols``: this SP rank's
-        columns), flattened as the routers see them; None without routing replay."""
-        if self.routing is None:
-            return None
-        if batch.routes is None:
-            raise ValueError("this engine replays MoE routing (routing_replay), but the batch carries no routes: "
-                             f"the rollout must record them ({routing.ROUTES_COLUMN})")
-        r = routing.laid_out(batch.routes, seq_row, seq_pos, self.routing.shape)[:, cols]
-        return r.reshape(-1, *r.shape[2:]).to(self.device)
-
-    def _replay(self, routes: torch.Tensor | None) -> None:
-        """The policy pass replays ``routes``: reset the agreement count (a reference pass on the same modules
-        ran unreplayed)."""
-        if self.routing is not None:
-            self.routing.take_agreement()
-            self.routing.replay(routes)
-
-    def _agreement(self, routes: torch.Tensor | None) -> torch.Tensor | None:
-        return None if routes is None else self.routing.take_agreement()
+                       self._agreement(routes), recorded)
 
     def _head(self, net, args: tuple, targets: torch.Tensor, mask: torch.Tensor | None, temperature: float,
               with_entropy: bool | str, autocast: bool, with_sum_sq: bool = False):
@@ -399,7 +383,8 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
         return len(rows) * max(int(batch.prompt_ids[i].numel() + batch.response_ids[i].numel()) for i in rows)
 
     def _forward_padded(self, batch: SequenceBatch, rows: list[int], temperature: float,
-                        with_entropy: bool | str, with_reference: bool, with_sum_sq: bool = False) -> Forward:
+                        with_entropy: bool | str, with_reference: bool, with_sum_sq: bool = False,
+                        record: bool = False) -> Forward:
         """One row per sequence, right-padded."""
         lp_len = [int(batch.prompt_ids[i].numel()) for i in rows]
         rs_len = [int(batch.response_ids[i].numel()) for i in rows]
@@ -424,36 +409,52 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
         routes = None
         if self.routing is not None:  # row j's token l is token l of batch row rows[j]
             seq_row = torch.where(attn.cpu().bool(), torch.tensor(rows)[:, None], -1)
-            routes = self._routes(batch, seq_row, torch.arange(L).expand(len(rows), L))
+            seq_pos = torch.arange(L).expand(len(rows), L)
+            routes = None if record else self._routes(batch, seq_row, seq_pos)
         self._replay(routes)
-        lp, ent, sq = self._head(self.net, args, targets, mask, temperature, with_entropy, self._autocast, with_sum_sq)
-        return Forward(lp, mask, ent, list(rows), self._padded_len(batch, rows), ref, sq, self._agreement(routes))
+        with self._record(record) as rec:
+            lp, ent, sq = self._head(self.net, args, targets, mask, temperature, with_entropy, self._autocast,
+                                     with_sum_sq)
+        recorded = None if rec is None else routing.per_row(
+            self._gathered(rec, len(rows)), seq_row, seq_pos, [PackUnit((i,), a, (b,)) for i, a, b in
+                                                              zip(rows, lp_len, rs_len)])
+        return Forward(lp, mask, ent, list(rows), self._padded_len(batch, rows), ref, sq, self._agreement(routes),
+                       recorded)
 
     @torch.no_grad()
     def logprobs(self, batch: SequenceBatch, *, temperature: float = 1.0, with_entropy: bool = False):
-        lp, ent, _, _ = self._logprob_rows(batch, temperature, with_entropy, with_reference=False)
+        lp, ent, _, _, _ = self._logprob_rows(batch, temperature, with_entropy, with_reference=False)
         return lp, ent
 
     @torch.no_grad()
     def logprobs_with_reference(self, batch: SequenceBatch, *, temperature: float = 1.0):
         """Per-row log-probs of the policy and of the frozen reference (``reference=``), from one micro-step
         per micro-batch: both passes run on the same packed input. Returns ``(policy, reference)``."""
-        lp, _, ref, _ = self._logprob_rows(batch, temperature, False, with_reference=True)
+        lp, _, ref, _, _ = self._logprob_rows(batch, temperature, False, with_reference=True)
         return lp, ref
 
     @torch.no_grad()
     def logprobs_with_sum_sq(self, batch: SequenceBatch, *, temperature: float = 1.0):
         """Per-row log-probs and each position's ``sum_v p_v^2`` (both under ``softmax(logits / temperature)``,
         from one pass): the Optimal Token Baseline's statistics (:mod:`relayrl.algorithms.otb`)."""
-        lp, _, _, sq = self._logprob_rows(batch, temperature, False, with_reference=False, with_sum_sq=True)
+        lp, _, _, sq, _ = self._logprob_rows(batch, temperature, False, with_reference=False, with_sum_sq=True)
         return lp, sq
 
+    @torch.no_grad()
+    def logprobs_with_routes(self, batch: SequenceBatch, *, temperature: float = 1.0, with_sum_sq: bool = False):
+        """Per-row log-probs and the experts the policy's routers chose for every token of each row
+        (``[prompt + response, layers, k]`` int16: routing replay of the old policy, R2), from one pass; and with
+        ``with_sum_sq`` each position's ``sum_v p_v^2``. Returns ``(logprobs, routes, sum_sq or None)``."""
+        lp, _, _, sq, routes = self._logprob_rows(batch, temperature, False, with_reference=False,
+                                                  with_sum_sq=with_sum_sq, record=True)
+        return lp, routes, sq
+
     def _logprob_rows(self, batch: SequenceBatch, temperature: float, with_entropy: bool, with_reference: bool,
-                      with_sum_sq: bool = False):
+                      with_sum_sq: bool = False, record: bool = False):
         batch, own = self._pool(batch)
         was_training = self.runner.training
         self.runner.eval()
-        out: dict[str, list[torch.Tensor | None]] = {k: [None] * len(batch) for k in ("lp", "ent", "ref", "sq")}
+        out: dict[str, list[torch.Tensor | None]] = {k: [None] * len(batch) for k in ("lp", "ent", "ref", "sq", "rt")}
         plan = self._plan(batch)
         if self.sharded:  # every rank gathers each layer as often as the busiest rank
             if not plan:
@@ -461,13 +462,15 @@ class TorchTrainingEngine(StreamedUpdate, EngineState):
             for _ in range(fsdp.max_over_ranks(len(plan), self.device) - len(plan)):
                 self._forward(batch, plan[-1], temperature, False, with_reference)
         for item in plan:
-            f = self._forward(batch, item, temperature, with_entropy, with_reference, with_sum_sq)
+            f = self._forward(batch, item, temperature, with_entropy, with_reference, with_sum_sq, record)
             for key, t in (("lp", f.logprobs), ("ent", f.entropy), ("ref", f.ref), ("sq", f.sum_sq)):
                 for j, i in enumerate(f.rows if t is not None else ()):
                     out[key][i] = t[j, :int(batch.response_ids[i].numel())].float().cpu()
+            for i, r in (f.recorded_routes or {}).items():
+                out["rt"][i] = r
         self.runner.train(was_training)
         return tuple(out[k][own.start:own.stop] if on else None for k, on in (
-            ("lp", True), ("ent", with_entropy), ("ref", with_reference), ("sq", with_sum_sq)))
+            ("lp", True), ("ent", with_entropy), ("ref", with_reference), ("sq", with_sum_sq), ("rt", record)))
 
     # ---------------------------------------------------------------- update
     def _pool(self, batch: SequenceBatch) -> tuple[SequenceBatch, range]:

@@ -1,0 +1,63 @@
+"""The training engine's side of MoE routing replay (:mod:`relayrl.models.routing`): which routes a pass
+replays, recording what its routers chose, and the agreement between the two.
+
+:class:`RoutedPasses` is a mixin of :class:`~relayrl.engines.training.torch_engine.TorchTrainingEngine`; it
+reads the engine's ``routing`` (a :class:`~relayrl.models.routing.Routing` on the module the passes run, or None
+without ``routing_replay``), ``sp`` (its sequence-parallel group) and ``device``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from relayrl.engines.training.base import SequenceBatch
+from relayrl.models import routing
+
+__all__ = ["RoutedPasses"]
+
+
+class RoutedPasses:
+    """Routing replay in the engine's passes (module docstring)."""
+
+    routing: routing.Routing | None
+    device: torch.device
+
+    def _routes(self, batch: SequenceBatch, seq_row: torch.Tensor, seq_pos: torch.Tensor, cols: slice = slice(None)):
+        """Routing replay: the batch's recorded routes of this pass's ``[P, L]`` tokens (``cols``: this SP rank's
+        columns), flattened as the routers see them; None without routing replay."""
+        if self.routing is None:
+            return None
+        if batch.routes is None:
+            raise ValueError("this engine replays MoE routing (routing_replay), but the batch carries no routes: "
+                             f"the rollout must record them ({routing.ROUTES_COLUMN})")
+        r = routing.laid_out(batch.routes, seq_row, seq_pos, self.routing.shape)[:, cols]
+        return r.reshape(-1, *r.shape[2:]).to(self.device)
+
+    def _replay(self, routes: torch.Tensor | None) -> None:
+        """The policy pass replays ``routes``: reset the agreement count (a reference pass on the same modules
+        ran unreplayed)."""
+        if self.routing is not None:
+            self.routing.take_agreement()
+            self.routing.replay(routes)
+
+    def _agreement(self, routes: torch.Tensor | None) -> torch.Tensor | None:
+        return None if routes is None else self.routing.take_agreement()
+
+    def _record(self, record: bool):
+        if not record:
+            return contextlib.nullcontext()
+        if self.routing is None:
+            raise ValueError("recording the routers' choices needs an engine built with routing_replay")
+        return self.routing.record()
+
+    def _gathered(self, rec, rows: int) -> torch.Tensor:
+        """A recorded pass's routes as ``[P, L, layers, k]``; a sequence-parallel rank's columns joined with its
+        group's (a collective)."""
+        local = rec.routes().reshape(rows, -1, *rec.routes().shape[1:])
+        if not self.sp:
+            return local
+        parts = [torch.empty_like(local) for _ in range(self.sp.size)]
+        torch.distributed.all_gather(parts, local.contiguous(), group=self.sp.group)
+        return torch.cat(parts, dim=1)
