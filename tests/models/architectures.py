@@ -49,6 +49,13 @@ ARCHS = {
     "qwen3_next": dict(head_dim=16, num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4,
                        linear_key_head_dim=16, linear_value_head_dim=16, num_experts=4, num_experts_per_tok=2,
                        moe_intermediate_size=32, shared_expert_intermediate_size=32),
+    # Jamba: Mamba layers and attention layers, a mixture of experts every other layer
+    "jamba": dict(num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+                  expert_layer_offset=1, num_experts=4, num_experts_per_tok=2, mamba_d_state=8, mamba_d_conv=4,
+                  mamba_expand=2, use_mamba_kernels=False),
+    # Nemotron-H: Mamba-2, attention and MLP layers by a pattern
+    "nemotron_h": dict(num_hidden_layers=4, hybrid_override_pattern="M*M-", mamba_num_heads=4, mamba_head_dim=16,
+                       ssm_state_size=8, n_groups=1, head_dim=16),
 }
 """model_type -> what its tiny config sets beside :data:`COMMON`."""
 EAGER = {"gpt_oss"}

@@ -31,6 +31,7 @@ STATIC_REFUSED = {  # model_type -> what the static decoder's refusal names
     "phi": "lacks embed_tokens", "gpt_neox": "lacks embed_tokens", "qwen3_5_text": "not a Llama-style layer",
     "qwen3_next": "not a Llama-style layer", "gpt_oss": "sliding-window layers",
     "falcon_h1": "lacks embed_tokens, norm or rotary_emb", "lfm2": "lacks embed_tokens, norm or rotary_emb",
+    "jamba": "lacks embed_tokens, norm or rotary_emb", "nemotron_h": "lacks embed_tokens, norm or rotary_emb",
 }
 
 
@@ -84,7 +85,8 @@ def test_the_trainer_gives_the_models_own_logprobs(arch):
                 torch.testing.assert_close(g, w, atol=5e-5, rtol=1e-5, msg=f"{arch} packing={packing} chunk={chunk}")
 
 
-LINEAR_ATTENTION = {"qwen3_5_text", "qwen3_next", "falcon_h1", "lfm2"}  # states along the row: no packed rows
+LINEAR_ATTENTION = {"qwen3_5_text", "qwen3_next", "falcon_h1", "lfm2", "jamba", "nemotron_h"}  # states along the
+# row: no packed rows
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
@@ -196,7 +198,7 @@ def test_the_native_generator_samples_from_the_models_own_distribution(arch):
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3_5_text", "gemma2", "gemma3_text", "phi3", "gpt_oss", "falcon_h1",
-                                  "lfm2"])
+                                  "lfm2", "jamba", "nemotron_h"])
 def test_continuous_batching_keeps_every_rows_cache_its_contexts(arch):
     """The dynamic path's row operations on the cache (relayrl/engines/generation/cache_rows.py): a prompt repeated
     for its samples, a longer prompt joining running rows (their attention columns left-padded), finished rows
@@ -255,8 +257,8 @@ def test_lora_by_default_adapts_every_linear_layer_of_the_decoder_layers(arch):
     # Qwen3-Next: its shared expert's gate/up/down_proj are names peft reads as the fused experts', and its
     # shared-expert gate has one output (narrower than r); Falcon-H1: peft refuses its Mamba mixer's out_proj.
     # The default leaves those out
-    left_out = {"qwen3_next": ("shared_expert.", "shared_expert_gate."),
-                "falcon_h1": ("mamba.out_proj.",)}.get(arch, ())  # (peft refuses a Mamba mixer's out_proj)
+    left_out = {"qwen3_next": ("shared_expert.", "shared_expert_gate."), "falcon_h1": ("mamba.out_proj.",),
+                "nemotron_h": ("mixer.out_proj.",)}.get(arch, ())  # (peft refuses a Mamba mixer's out_proj)
     want = {n for n in every if not any(x in n for x in left_out)}
     assert want and (want != every) == bool(left_out)
     apply_lora(model, LoraConfig(enabled=True, r=4, alpha=8.0))

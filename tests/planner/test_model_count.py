@@ -33,11 +33,11 @@ def _tiny(name: str):
 
 
 def test_every_tiny_moe_and_hybrid_counts_what_the_model_holds():
-    for name in ("qwen3_moe", "mixtral", "qwen3_next", "qwen3_5_text", "gpt_oss"):
+    for name in ("qwen3_moe", "mixtral", "qwen3_next", "qwen3_5_text", "gpt_oss", "jamba", "nemotron_h"):
         cfg = _tiny(name)
         shape = ModelShape.from_hf_config(cfg)
         assert shape.params == _meta_params(cfg), name
-        if name == "qwen3_5_text":  # (no experts: every parameter is active)
+        if name in ("qwen3_5_text", "nemotron_h"):  # (no experts: every parameter is active)
             assert shape.active == shape.params
         else:
             assert 0 < shape.active < shape.params, name
@@ -59,3 +59,5 @@ def test_a_hybrids_kv_cache_is_its_attention_layers_only():
     shape = ModelShape.from_hf_config(_tiny("qwen3_5_text"))
     assert (shape.layers, shape.kv_layers) == (4, 1)  # three Gated DeltaNet layers hold no keys and values
     assert ModelShape.from_hf_config(_tiny("qwen3_moe")).kv_layers == 0  # (every layer)
+    assert ModelShape.from_hf_config(_tiny("jamba")).kv_layers == 2  # (attention every other layer)
+    assert ModelShape.from_hf_config(_tiny("nemotron_h")).kv_layers == 1  # (the pattern M*M-)

@@ -18,7 +18,8 @@ def digits(prompts, responses, answers, **fields):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["gemma2", "granite", "cohere", "qwen3_5_text", "qwen3_next", "gpt_oss"])
+@pytest.mark.parametrize("arch", ["gemma2", "granite", "cohere", "qwen3_5_text", "qwen3_next", "gpt_oss", "jamba",
+                                  "nemotron_h"])
 def test_grpo_on_the_architecture_keeps_the_generators_logprobs(arch, tiny_tokenizer, tmp_path):
     model_dir, run_dir = tmp_path / "model", tmp_path / "run"
     build(arch, vocab=len(tiny_tokenizer)).save_pretrained(model_dir)
@@ -106,14 +107,15 @@ def test_grpo_from_a_qwen3_5_checkpoint_with_its_vision_tower(tiny_tokenizer, tm
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("replay", ["rollout", "old"])
-def test_grpo_with_routing_replay_trains_a_moe_model_on_recorded_experts(replay, tiny_tokenizer, tmp_path):
+@pytest.mark.parametrize("arch, replay", [("qwen3_moe", "rollout"), ("qwen3_moe", "old"), ("jamba", "rollout")])
+def test_grpo_with_routing_replay_trains_a_moe_model_on_recorded_experts(arch, replay, tiny_tokenizer, tmp_path):
     """algorithm.routing_replay=rollout: the rollout records each token's experts, the dock carries them, and the
     old log-prob and update passes replay them; old: the pi_old pass records the trainer's own and the updates
     replay those. In float32 on CPU the trainer routes alike on its own: agreement near 1, the log-probs the
-    generator's; the second epoch's update replays the same routes after the first one's step."""
+    generator's; the second epoch's update replays the same routes after the first one's step. Jamba (Mamba
+    layers: padded rows, not packed) replays in the padded layout."""
     model_dir, run_dir = tmp_path / "model", tmp_path / "run"
-    build("qwen3_moe", vocab=len(tiny_tokenizer)).save_pretrained(model_dir)
+    build(arch, vocab=len(tiny_tokenizer)).save_pretrained(model_dir)
     tiny_tokenizer.save_pretrained(model_dir)
     (tmp_path / "reward.py").write_text(REWARD)
     r = relayrl("train", "recipes/arith_grpo.yaml", f"model.path={model_dir}", "trainer.steps=2", f"run.dir={run_dir}",
