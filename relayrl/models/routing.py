@@ -238,20 +238,29 @@ def laid_out(routes: Sequence[torch.Tensor], seq_row: torch.Tensor, seq_pos: tor
     """The routes of a forward's tokens: ``[P, L, layers, k]`` for a ``[P, L]`` input whose token ``[p, l]`` is
     token ``seq_pos[p, l]`` of batch row ``seq_row[p, l]`` (``-1``: padding), from each row's recorded
     ``routes[row]`` ``[tokens, layers, k]``; ``-1`` where a row has no route for the token (padding, a
-    sequence's last token) so the router chooses itself there. On ``seq_row``'s device."""
-    for i, r in enumerate(routes):
+    sequence's last token) so the router chooses itself there. Reads only the rows the pass holds. On
+    ``seq_row``'s device."""
+    row, pos = seq_row.cpu(), seq_pos.cpu()
+    need = torch.unique(row[row >= 0]).tolist()
+    for i in need:
+        r = routes[i]
         if r.dim() != 3 or tuple(r.shape[1:]) != (shape.layers, shape.top_k):
             raise ValueError(f"row {i}: routes of shape {tuple(r.shape)}, expected [tokens, {shape.layers} MoE "
                              f"layers, top_k={shape.top_k}] (were they recorded on another model?)")
-        if r.numel() and (int(r.min()) < 0 or int(r.max()) >= shape.experts):
-            raise ValueError(f"row {i}: routes name experts outside 0..{shape.experts - 1}")
-    lengths = torch.tensor([int(r.shape[0]) for r in routes], dtype=torch.long)
-    flat = torch.cat([r.to(torch.int16) for r in routes]) if routes else torch.zeros(0, shape.layers, shape.top_k)
-    starts = torch.cumsum(lengths, 0) - lengths
-    row, pos = seq_row.cpu(), seq_pos.cpu()
-    have = (row >= 0) & (pos < lengths[row.clamp_min(0)])
     out = torch.full((*row.shape, shape.layers, shape.top_k), -1, dtype=torch.int16)
-    out[have] = flat[(starts[row.clamp_min(0)] + pos)[have]].to(torch.int16)
+    if not need:
+        return out.to(seq_row.device)
+    flat = torch.cat([routes[i].to(torch.int16) for i in need])
+    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= shape.experts):
+        bad = next(i for i in need if routes[i].numel() and (int(routes[i].min()) < 0
+                                                            or int(routes[i].max()) >= shape.experts))
+        raise ValueError(f"row {bad}: routes name experts outside 0..{shape.experts - 1}")
+    lengths = torch.zeros(max(need) + 1, dtype=torch.long)
+    lengths[need] = torch.tensor([int(routes[i].shape[0]) for i in need])
+    starts = torch.zeros_like(lengths)
+    starts[need] = torch.cumsum(lengths[need], 0) - lengths[need]
+    have = (row >= 0) & (pos < lengths[row.clamp_min(0)])
+    out[have] = flat[(starts[row.clamp_min(0)] + pos)[have]]
     return out.to(seq_row.device)
 
 

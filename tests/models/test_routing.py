@@ -150,3 +150,13 @@ def test_other_moe_routers_record_and_replay(arch):
     assert torch.equal(model(IDS).logits, free)
     routing.replay((rec.routes() + 1) % routing.shape.experts)
     assert (model(IDS).logits - free).abs().max() > 1e-3
+
+
+def test_a_pass_reads_only_its_own_rows_routes():
+    """A micro-batch lays out the rows it holds; another row's routes (even malformed ones) are not read, and a
+    row with no recorded routes (a padding pass's one token) routes itself."""
+    shape = RouterShape(layers=1, top_k=1, experts=4)
+    routes = [torch.tensor([[[1]], [[2]]]), torch.zeros(5, 7), torch.zeros(0, 1, 1, dtype=torch.int16)]
+    out = laid_out(routes, torch.tensor([[0, 0, 0, -1]]), torch.tensor([[0, 1, 2, 0]]), shape)
+    assert out[0, :, 0, 0].tolist() == [1, 2, -1, -1]
+    assert laid_out(routes, torch.tensor([[2, 2]]), torch.tensor([[0, 1]]), shape).eq(-1).all()

@@ -17,14 +17,20 @@ def digits(prompts, responses, answers, **fields):
 '''
 
 
+
+def _model_dir(model, tokenizer, tmp_path):
+    """``model`` saved with ``tokenizer`` under ``tmp_path / "model"``, and the digits reward beside it."""
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    (tmp_path / "reward.py").write_text(REWARD)
+    return tmp_path / "model"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["gemma2", "granite", "cohere", "qwen3_5_text", "qwen3_next", "gpt_oss", "jamba",
                                   "nemotron_h"])
 def test_grpo_on_the_architecture_keeps_the_generators_logprobs(arch, tiny_tokenizer, tmp_path):
-    model_dir, run_dir = tmp_path / "model", tmp_path / "run"
-    build(arch, vocab=len(tiny_tokenizer)).save_pretrained(model_dir)
-    tiny_tokenizer.save_pretrained(model_dir)
-    (tmp_path / "reward.py").write_text(REWARD)
+    model_dir, run_dir = _model_dir(build(arch, vocab=len(tiny_tokenizer)), tiny_tokenizer, tmp_path), tmp_path / "run"
     attn = ["model.attn_implementation=eager"] if arch in ("gemma2", "gpt_oss") else []  # (capped scores; sinks)
     r = relayrl("train", "recipes/arith_grpo.yaml", f"model.path={model_dir}", "trainer.steps=2", f"run.dir={run_dir}",
                 "reward.verifier=user", f"reward.user_fn={tmp_path / 'reward.py'}:digits", "trainer.mini_batches=2",
@@ -58,10 +64,7 @@ def test_grpo_with_vllm_in_the_trainers_process(arch, extra, tiny_tokenizer, tmp
     monkeypatch.setitem(architectures.COMMON, "hidden_size", 128)  # heads of 32 (vLLM's CPU attention has no 16)
     monkeypatch.setitem(architectures.ARCHS, "qwen3_moe", dict(head_dim=32, num_experts=4, num_experts_per_tok=2,
                                                                moe_intermediate_size=32))
-    model_dir, run_dir = tmp_path / "model", tmp_path / "run"
-    build(arch, vocab=len(tiny_tokenizer)).save_pretrained(model_dir)
-    tiny_tokenizer.save_pretrained(model_dir)
-    (tmp_path / "reward.py").write_text(REWARD)
+    model_dir, run_dir = _model_dir(build(arch, vocab=len(tiny_tokenizer)), tiny_tokenizer, tmp_path), tmp_path / "run"
     r = relayrl("train", "recipes/arith_grpo.yaml", f"model.path={model_dir}", "trainer.steps=2", f"run.dir={run_dir}",
                 "reward.verifier=user", f"reward.user_fn={tmp_path / 'reward.py'}:digits", "rollout.engine=vllm",
                 "rollout.vllm.memory_utilization=0.1", "data.prompts_per_step=4", "rollout.n=4",
@@ -91,10 +94,7 @@ def test_grpo_from_a_qwen3_5_checkpoint_with_its_vision_tower(tiny_tokenizer, tm
     cfg = Qwen3_5Config(text_config=text, vision_config=dict(depth=1, hidden_size=32, intermediate_size=64,
                                                              num_heads=2, out_hidden_size=COMMON["hidden_size"]))
     torch.manual_seed(0)
-    model_dir, run_dir = tmp_path / "model", tmp_path / "run"
-    Qwen3_5ForConditionalGeneration(cfg).save_pretrained(model_dir)
-    tiny_tokenizer.save_pretrained(model_dir)
-    (tmp_path / "reward.py").write_text(REWARD)
+    model_dir, run_dir = _model_dir(Qwen3_5ForConditionalGeneration(cfg), tiny_tokenizer, tmp_path), tmp_path / "run"
     r = relayrl("train", "recipes/arith_grpo.yaml", f"model.path={model_dir}", "trainer.steps=2", f"run.dir={run_dir}",
                 "reward.verifier=user", f"reward.user_fn={tmp_path / 'reward.py'}:digits", "rollout.temperature=3.0",
                 "algorithm.kl_coef=0.01", "eval.size=8", "run.threads=1", "telemetry.sinks=[jsonl]")
@@ -114,10 +114,7 @@ def test_grpo_with_routing_replay_trains_a_moe_model_on_recorded_experts(arch, r
     replay those. In float32 on CPU the trainer routes alike on its own: agreement near 1, the log-probs the
     generator's; the second epoch's update replays the same routes after the first one's step. Jamba (Mamba
     layers: padded rows, not packed) replays in the padded layout."""
-    model_dir, run_dir = tmp_path / "model", tmp_path / "run"
-    build(arch, vocab=len(tiny_tokenizer)).save_pretrained(model_dir)
-    tiny_tokenizer.save_pretrained(model_dir)
-    (tmp_path / "reward.py").write_text(REWARD)
+    model_dir, run_dir = _model_dir(build(arch, vocab=len(tiny_tokenizer)), tiny_tokenizer, tmp_path), tmp_path / "run"
     r = relayrl("train", "recipes/arith_grpo.yaml", f"model.path={model_dir}", "trainer.steps=2", f"run.dir={run_dir}",
                 "reward.verifier=user", f"reward.user_fn={tmp_path / 'reward.py'}:digits", "trainer.epochs=2",
                 f"algorithm.routing_replay={replay}", "algorithm.old_logprobs=recompute", "rollout.temperature=3.0",
