@@ -125,9 +125,10 @@ class Routing:
     (:meth:`record`) or make them choose given ones (:meth:`replay`); idle otherwise. The hooks stay until
     :meth:`remove`.
 
-    While replaying, the routers' own choices are compared with the replayed ones: :meth:`take_agreement`
-    gives the share of replayed (token, expert) picks the trainer's routers would have made themselves (1.0:
-    the generator and the trainer route alike; R3's "routing discrepancy" is one minus it)."""
+    While replaying, the routers' own choices are compared with the replayed ones: :meth:`take_counts` gives
+    how many replayed (token, expert) picks the trainer's routers would have made themselves, and of how many
+    (their share is 1.0 when the generator and the trainer route alike; R3's "routing discrepancy" is one minus
+    it)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.routers = router_modules(model)
@@ -198,12 +199,12 @@ class Routing:
         ``rec.routes()`` is ``[tokens, layers, k]`` (the last pass's tokens)."""
         return _Recording(self)
 
-    def take_agreement(self) -> torch.Tensor | None:
-        """The share of replayed picks the routers would have made themselves over the replayed passes since
-        the last call, a 0-d float64 tensor on the device (no host read); None when nothing was replayed."""
+    def take_counts(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(picks the routers would have made themselves, replayed picks)`` over the replayed passes since the
+        last call, 0-d tensors on the device (no host read); None when nothing was replayed."""
         if self._picks is None:
             return None
-        out = self._agree.double() / self._picks.clamp_min(1).double()
+        out = (self._agree, self._picks)
         self._agree = self._picks = None
         return out
 

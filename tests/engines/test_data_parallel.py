@@ -217,3 +217,34 @@ def test_two_rank_reference_mixes_the_policy_in_as_one_rank_does(tiny_dir, tiny_
     fresh.load_state(state)
     for a, b in zip(want, fresh.logprobs(batch)):
         torch.testing.assert_close(b, a)
+
+
+@pytest.mark.multiproc
+def test_two_rank_fsdp2_replays_and_records_moe_routing_as_one_rank(tiny_tokenizer, tmp_path):
+    """Routing replay on FSDP2 ranks: the recorded routes, the log-probs and an update with moved routes are one
+    rank's; the ranks take unequal micro-batch counts (one long row), so the padding passes replay too."""
+    from tests.engines.moe_workers import RoutesWorker, moe_dir, with_routes
+
+    batch = _batch(tiny_tokenizer)
+    g = torch.Generator().manual_seed(2)
+    batch.response_ids[0] = torch.randint(5, 200, (40,), generator=g)
+    batch.fields["advantages"][0] = torch.randn(40, generator=g)
+    kw = dict(model_path=str(moe_dir(tiny_tokenizer, tmp_path / "moe")), total_steps=2, threads=1, seed=0,
+              routing_replay=True, engine=TrainEngineConfig(token_budget=48, optim=OptimConfig(lr=1e-2)))
+    one = RoutesWorker(**kw)
+    dp = WorkerGroup(RoutesWorker, ResourcePool("dp", devices=2), "actor", backend="local", init_kwargs=kw)
+    try:
+        own = one.routes(batch)
+        for a, b in zip(own, dp.split(RoutesWorker.routes, batch)):
+            assert torch.equal(a, b)
+        moved = with_routes(batch, [(r + 1) % 4 for r in own])
+        for a, b in zip(one.logprobs(moved), dp.split("logprobs", moved)):
+            torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-4)
+        m1 = one.update(moved, PolicyLoss(agg="token-mean"), seed=0)
+        m2 = dp.split("update", moved, PolicyLoss(agg="token-mean"), seed=0)[0]
+        assert m1["actor/routing_agreement"] < 0.5  # (every replayed pick moved to another expert)
+        for k in ("actor/grad_norm", "actor/loss", "actor/routing_agreement"):
+            assert m2[k] == pytest.approx(m1[k], rel=1e-4, abs=1e-6), k
+    finally:
+        dp.shutdown()
+

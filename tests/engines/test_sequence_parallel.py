@@ -289,22 +289,14 @@ def test_a_model_that_cannot_be_packed_is_refused_under_sequence_parallelism():
                             trainable=False)
 
 
-class RoutesWorker(PolicyWorker):
-    """A policy worker that hands back the routing its old-policy pass records (R2)."""
-
-    def routes(self, batch: SequenceBatch) -> list:
-        return self.engine.logprobs_with_routes(batch)[1]
-
 
 @pytest.mark.multiproc
 def test_two_sp_ranks_replay_and_record_moe_routing_as_one_rank(tiny_tokenizer, tmp_path):
     """Routing replay under sequence parallelism: each rank replays its columns' routes, and a recording pass joins
     the group's columns, so the log-probs with moved routes and the recorded routes are one rank's."""
-    from tests.models.architectures import build
+    from tests.engines.moe_workers import RoutesWorker, moe_dir, with_routes
 
-    path = tmp_path / "moe"
-    build("qwen3_moe", vocab=len(tiny_tokenizer)).save_pretrained(path)
-    tiny_tokenizer.save_pretrained(path)
+    path = moe_dir(tiny_tokenizer, tmp_path / "moe")
     batch = _batch(tiny_tokenizer, rows=9)
     kw = dict(model_path=str(path), total_steps=2, threads=1, seed=0, routing_replay=True)
     one = RoutesWorker(**kw, engine=TrainEngineConfig(token_budget=64))
@@ -315,9 +307,8 @@ def test_two_sp_ranks_replay_and_record_moe_routing_as_one_rank(tiny_tokenizer, 
         assert [r.shape for r in own] == [(n, 2, 2) for n in lengths]
         for a, b in zip(own, sp.split(RoutesWorker.routes, batch)):
             assert torch.equal(a, b)
-        moved = SequenceBatch(batch.prompt_ids, batch.response_ids, batch.fields, batch.groups,
-                              [(r + 1) % 4 for r in own])
-        free = one.logprobs(SequenceBatch(batch.prompt_ids, batch.response_ids, batch.fields, batch.groups, own))
+        moved = with_routes(batch, [(r + 1) % 4 for r in own])
+        free = one.logprobs(with_routes(batch, own))
         replayed = one.logprobs(moved)
         for a, b in zip(replayed, sp.split(PolicyWorker.logprobs, moved)):
             torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)

@@ -85,9 +85,11 @@ class MetricSums:
     """Padded input tokens of the policy passes (padding passes of a sharded engine not counted)."""
     ref_passes: int = 0
     ref_tokens: int = 0
+    routing: list = field(default_factory=list)
+    """Routing replay: each pass's ``(matched, replayed)`` expert picks (device tensors)."""
 
     def add(self, metrics: dict[str, float | torch.Tensor], weight: float | torch.Tensor, forward_tokens: int,
-            with_reference: bool) -> None:
+            with_reference: bool, routing: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """One micro-batch's metrics; ``weight``: its valid response tokens. Values may be floats or 0-dim
         float64 tensors on the device (:func:`relayrl.algorithms._checks.deferred_metrics`): sums and extremes
         stay on the device then, and :meth:`reduce` reads them to the host together."""
@@ -106,6 +108,8 @@ class MetricSums:
             else:
                 self.values[k] = max(self.values[k], v) if how == "max" else min(self.values[k], v)
         self.forward_tokens += forward_tokens
+        if routing is not None:
+            self.routing.append(routing)
         if with_reference:
             self.ref_passes += 1
             self.ref_tokens += forward_tokens
@@ -136,8 +140,13 @@ class MetricSums:
                 v = v * scale
             out[k] = v
         counters = [self.forward_tokens, self.ref_passes, self.ref_tokens] if counted else [0, 0, 0]
-        fwd, ref_passes, ref_tokens = fsdp.sum_over_ranks(counters, device)
+        # routing replay's picks: every rank counts its own (an SP rank's routers see only its columns)
+        matched, picks = (host_floats({"m": sum(m for m, _ in self.routing), "p": sum(p for _, p in self.routing)})
+                          .values() if self.routing else (0.0, 0.0))
+        fwd, ref_passes, ref_tokens, matched, picks = fsdp.sum_over_ranks([*counters, matched, picks], device)
         out[f"{prefix}/forward_tokens"] = fwd
+        if picks:
+            out[f"{prefix}/routing_agreement"] = matched / picks
         if self.with_reference:
             out[f"{prefix}/ref_forward_passes"] = ref_passes
             out[f"{prefix}/ref_forward_tokens"] = ref_tokens

@@ -42,8 +42,8 @@ class Forward(NamedTuple):
     """The frozen reference's log-probs of the same tokens, from the same packed input (no grad)."""
     sum_sq: torch.Tensor | None = None
     """``sum_v p_v^2`` of each position's distribution (``with_sum_sq``; no grad)."""
-    routing_agreement: torch.Tensor | None = None
-    """Routing replay: the share of replayed expert picks the policy's routers would have made (0-d)."""
+    routing_counts: tuple[torch.Tensor, torch.Tensor] | None = None
+    """Routing replay: the replayed expert picks the policy's routers would have made, and the replayed picks."""
     recorded_routes: dict[int, torch.Tensor] | None = None
     """``record``: per batch row, the experts the policy's routers chose for its prompt + response tokens."""
 

@@ -39,11 +39,12 @@ class RoutedPasses:
         """The policy pass replays ``routes``: reset the agreement count (a reference pass on the same modules
         ran unreplayed)."""
         if self.routing is not None:
-            self.routing.take_agreement()
+            self.routing.take_counts()
             self.routing.replay(routes)
 
-    def _agreement(self, routes: torch.Tensor | None) -> torch.Tensor | None:
-        return None if routes is None else self.routing.take_agreement()
+    def _agreement(self, routes: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The pass's ``(matched, replayed)`` expert picks (None: it replayed nothing)."""
+        return None if routes is None else self.routing.take_counts()
 
     def _record(self, record: bool):
         if not record:

@@ -549,15 +549,13 @@ class TorchTrainingEngine(RoutedPasses, StreamedUpdate, EngineState):
                 loss, metrics = loss_fn(MicroBatch(f.logprobs, f.mask, fields, counts[0], counts[1], f.entropy,
                                               counts[2]))
                 weight = metric_value(f.mask.sum())
-                if f.routing_agreement is not None:
-                    metrics = {**metrics, f"{self.prefix}/routing_agreement": f.routing_agreement}
             (loss * self.world if self.sharded else loss).backward()  # FSDP2 averages over ranks; we want the sum
             self._master_grads()
             if self.cfg.cuda_graphs and self.runner is self.model:  # a first gradient may be a graph's output,
                 for p in self.model.parameters():  # which the next micro-batch's replay overwrites
                     if p.grad is not None:
                         p.grad = p.grad.clone()
-            partial.add(metrics, weight, f.tokens, with_reference)
+            partial.add(metrics, weight, f.tokens, with_reference, f.routing_counts)
         if self.sharded:
             # Ranks with fewer micro-batches repeat one with a zero loss, so that FSDP2's collectives match up;
             # a rank with no rows (a streamed chunk can be empty) repeats a one-token row.
