@@ -106,19 +106,25 @@ def test_grpo_from_a_qwen3_5_checkpoint_with_its_vision_tower(tiny_tokenizer, tm
     assert AutoConfig.from_pretrained(run_dir / "model").architectures == ["Qwen3_5ForCausalLM"]
 
 
+PERIODIC = ["trainer.mode=periodic", "placement.pools.gen=1", "placement.rollout=gen", "trainer.epochs=1"]  # (accumulated)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("arch, replay", [("qwen3_moe", "rollout"), ("qwen3_moe", "old"), ("jamba", "rollout")])
-def test_grpo_with_routing_replay_trains_a_moe_model_on_recorded_experts(arch, replay, tiny_tokenizer, tmp_path):
+@pytest.mark.parametrize("arch, replay, extra", [("qwen3_moe", "rollout", []), ("qwen3_moe", "old", []),
+                                                 ("jamba", "rollout", []), ("qwen3_moe", "rollout", PERIODIC)])
+def test_grpo_with_routing_replay_trains_a_moe_model_on_recorded_experts(arch, replay, extra, tiny_tokenizer,
+                                                                          tmp_path):
     """algorithm.routing_replay=rollout: the rollout records each token's experts, the dock carries them, and the
     old log-prob and update passes replay them; old: the pi_old pass records the trainer's own and the updates
     replay those. In float32 on CPU the trainer routes alike on its own: agreement near 1, the log-probs the
     generator's; the second epoch's update replays the same routes after the first one's step. Jamba (Mamba
-    layers: padded rows, not packed) replays in the padded layout."""
+    layers: padded rows, not packed) replays in the padded layout; the periodic trainer takes the routes of each
+    group as it arrives from a rollout in another process."""
     model_dir, run_dir = _model_dir(build(arch, vocab=len(tiny_tokenizer)), tiny_tokenizer, tmp_path), tmp_path / "run"
     r = relayrl("train", "recipes/arith_grpo.yaml", f"model.path={model_dir}", "trainer.steps=2", f"run.dir={run_dir}",
                 "reward.verifier=user", f"reward.user_fn={tmp_path / 'reward.py'}:digits", "trainer.epochs=2",
                 f"algorithm.routing_replay={replay}", "algorithm.old_logprobs=recompute", "rollout.temperature=3.0",
-                "eval.size=8", "run.threads=1", "telemetry.sinks=[jsonl]")
+                "eval.size=8", "run.threads=1", "telemetry.sinks=[jsonl]", *extra)
     assert r.returncode == 0, r.stderr[-3000:]
     steps = [m for m in records(run_dir) if "rollout/logprob_error" in m]
     assert len(steps) == 2
