@@ -106,7 +106,8 @@ def test_grpo_from_a_qwen3_5_checkpoint_with_its_vision_tower(tiny_tokenizer, tm
     assert AutoConfig.from_pretrained(run_dir / "model").architectures == ["Qwen3_5ForCausalLM"]
 
 
-PERIODIC = ["trainer.mode=periodic", "placement.pools.gen=1", "placement.rollout=gen", "trainer.epochs=1"]  # (accumulated)
+# the periodic trainer, one epoch: the update accumulates each group as it arrives
+PERIODIC = ["trainer.mode=periodic", "placement.pools.gen=1", "placement.rollout=gen", "trainer.epochs=1"]
 
 
 @pytest.mark.slow
