@@ -7,7 +7,8 @@ No hub is reachable here, so the default run builds both from nothing:
   learnable only when digits are not merged), saved as a
   ``PreTrainedTokenizerFast``;
 * a randomly initialised Qwen2-architecture causal LM of a few million
-  parameters, saved with ``save_pretrained``.
+  parameters, saved with ``save_pretrained`` (with ``experts`` set, a Qwen3-MoE one: the same attention,
+  a mixture of experts in every layer, for trying MoE features such as routing replay on a laptop).
 
 Both are cached on disk under a key derived from their settings, so the second
 call only loads them. Loading goes through :func:`relayrl.models.load.load_tokenizer`
@@ -40,7 +41,7 @@ CHAT_TEMPLATE = (
 
 
 class TinyModelConfig(BaseModel):
-    """Shape of the embedded default model (a Qwen2 architecture)."""
+    """Shape of the embedded default model (a Qwen2 architecture; a Qwen3-MoE one with ``experts``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -51,12 +52,28 @@ class TinyModelConfig(BaseModel):
     vocab_size: int = Field(512, ge=64, description="upper bound for the trained BPE vocabulary")
     max_position_embeddings: int = Field(512, ge=32, description="longest prompt plus response, in tokens")
     seed: int = Field(0, description="seed of the random initialisation")
+    experts: int = Field(0, ge=0, description="0: a dense Qwen2; E >= 2: a Qwen3-MoE model, every layer a mixture "
+                         "of E experts with experts_per_token routed per token, each expert intermediate_size / "
+                         "experts_per_token wide (the same compute per token as the dense model)")
+    experts_per_token: int = Field(2, ge=1, description="with experts: experts each token is routed to")
     shape: Literal["tiny", "qwen2-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"] = Field(
         "tiny", description="a published model's shape with random weights and the local tokenizer, for GPU runs "
         "and benchmarks with nothing downloaded (it learns nothing useful): qwen2-0.5b (494M parameters, 24 "
         "layers, hidden 896, 14 query and 2 key/value heads, vocabulary 151936), qwen2.5-1.5b, qwen2.5-3b, "
         "qwen2.5-7b (7.6B, 28 layers, hidden 3584, untied head). The other fields then apply to the tokenizer "
         "only. Shapes past 0.5B are built on the GPU when there is one and saved in bfloat16")
+
+    @model_validator(mode="after")
+    def _experts_fit(self) -> "TinyModelConfig":
+        if self.experts == 0:
+            return self
+        if self.shape != "tiny":
+            raise ValueError(f"model.tiny.experts={self.experts} builds a tiny mixture of experts; "
+                             f"model.tiny.shape={self.shape} is a published dense shape: drop one of them")
+        if self.experts < 2 or not 1 <= self.experts_per_token <= self.experts:
+            raise ValueError(f"model.tiny.experts={self.experts} with experts_per_token={self.experts_per_token}: "
+                             "set experts >= 2 and 1 <= experts_per_token <= experts")
+        return self
 
     @model_validator(mode="after")
     def _heads_fit(self) -> "TinyModelConfig":
@@ -150,8 +167,9 @@ def build_tiny(cfg: TinyModelConfig | None = None, cache_dir: Path | None = None
     from relayrl.models.load import progress_bars
 
     cfg = cfg or TinyModelConfig()
-    key = hashlib.sha256(json.dumps(cfg.model_dump(), sort_keys=True).encode()).hexdigest()[:12]
-    out = (cache_dir or default_cache_dir()) / f"tiny-qwen2-{key}"
+    settings = cfg.model_dump(exclude={"experts", "experts_per_token"} if not cfg.experts else set())  # (the dense
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]  # models' keys as before)
+    out = (cache_dir or default_cache_dir()) / f"tiny-{'qwen3moe' if cfg.experts else 'qwen2'}-{key}"
     if (out / "config.json").exists() and (out / "tokenizer.json").exists():
         return out
     if verbose:
@@ -162,14 +180,23 @@ def build_tiny(cfg: TinyModelConfig | None = None, cache_dir: Path | None = None
                  num_key_value_heads=cfg.num_heads, max_position_embeddings=cfg.max_position_embeddings,
                  rope_theta=10000.0, tie_word_embeddings=True)
     shape = SHAPES.get(cfg.shape, shape)
-    mcfg = Qwen2Config(**shape, bos_token_id=tokenizer.bos_token_id,
-                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+               pad_token_id=tokenizer.pad_token_id)
+    if cfg.experts:
+        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+        mcfg = Qwen3MoeConfig(**shape, **ids, head_dim=cfg.hidden_size // cfg.num_heads, num_experts=cfg.experts,
+                              num_experts_per_tok=cfg.experts_per_token, norm_topk_prob=True,
+                              moe_intermediate_size=max(1, cfg.intermediate_size // cfg.experts_per_token))
+        model_cls = Qwen3MoeForCausalLM
+    else:
+        mcfg, model_cls = Qwen2Config(**shape, **ids), Qwen2ForCausalLM
     torch.manual_seed(cfg.seed)
     # Billions of parameters: initialised on the GPU (seconds, not minutes on the CPU) and saved in bfloat16.
     big = cfg.shape not in ("tiny", "qwen2-0.5b")
     device = "cuda" if big and torch.cuda.is_available() else "cpu"
     with torch.device(device):
-        model = Qwen2ForCausalLM(mcfg)
+        model = model_cls(mcfg)
     if big:
         model = model.to(torch.bfloat16)
     tmp = out.with_name(out.name + f".tmp-{os.getpid()}")

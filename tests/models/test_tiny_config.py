@@ -26,3 +26,35 @@ def test_shapes_that_fit_load():
     TinyModelConfig()  # 256 / 4
     TinyModelConfig(hidden_size=64, num_heads=2)
     TinyModelConfig(shape="qwen2-0.5b", hidden_size=100, num_heads=3)  # the fields then shape the tokenizer only
+
+
+def test_experts_build_a_tiny_mixture_of_experts_with_the_dense_models_compute(tmp_path):
+    import torch
+    from transformers import AutoConfig
+
+    from relayrl.models.load import load_model
+    from relayrl.models.routing import router_shape
+    from relayrl.models.tiny import build_tiny
+
+    cfg = TinyModelConfig(hidden_size=64, intermediate_size=256, num_layers=2, experts=4, experts_per_token=2)
+    path = build_tiny(cfg, cache_dir=tmp_path, verbose=False)
+    assert path.name.startswith("tiny-qwen3moe-")
+    conf = AutoConfig.from_pretrained(path)
+    assert (conf.model_type, conf.num_experts, conf.num_experts_per_tok, conf.moe_intermediate_size) == (
+        "qwen3_moe", 4, 2, 128)  # 2 routed experts of 128: the dense model's 256 per token
+    model = load_model(path)
+    assert router_shape(model).layers == 2
+    assert torch.isfinite(model(torch.arange(3, 9)[None]).logits).all()
+    dense = build_tiny(TinyModelConfig(hidden_size=64, intermediate_size=256, num_layers=2), cache_dir=tmp_path,
+                       verbose=False)
+    assert dense.name.startswith("tiny-qwen2-") and AutoConfig.from_pretrained(dense).model_type == "qwen2"
+
+
+@pytest.mark.parametrize("over, message", [
+    (dict(experts=1), "set experts >= 2 and 1 <= experts_per_token <= experts"),
+    (dict(experts=4, experts_per_token=5), "set experts >= 2 and 1 <= experts_per_token <= experts"),
+    (dict(experts=4, shape="qwen2-0.5b"), "model.tiny.shape=qwen2-0.5b is a published dense shape"),
+])
+def test_a_tiny_mixture_that_cannot_be_built_is_refused(over, message):
+    with pytest.raises(ValidationError, match=message):
+        TinyModelConfig(**over)
