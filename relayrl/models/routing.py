@@ -35,7 +35,7 @@ from torch.overrides import TorchFunctionMode
 from relayrl.errors import UserError
 
 __all__ = ["ROUTES_COLUMN", "RoutingError", "RouterShape", "router_modules", "router_shape", "Routing", "laid_out",
-           "per_row"]
+           "per_row", "load_balancing"]
 
 ROUTES_COLUMN = "routed_experts"
 """The dock column (and ``SequenceBatch.routes``) of each sample's routing: ``[prompt + response - 1, layers, k]``
@@ -287,4 +287,30 @@ def per_row(recorded: torch.Tensor, seq_row: torch.Tensor, seq_pos: torch.Tensor
                 table[j, :u.prompt_len] = table[first, :u.prompt_len]
             out[r] = table[j, :u.prompt_len + n].clone()
     return out
+
+
+def load_balancing(model: nn.Module):
+    """``balance(router_logits, mask)``: ``model``'s own load-balancing loss (its transformers module's
+    ``load_balancing_loss_func``, Switch Transformer eqs. 4-6) of a pass's router logits (the decoder's
+    ``output_router_logits``: one ``[tokens, experts]`` tensor per MoE layer) over the tokens where ``mask``
+    (the pass's ``[rows, length]`` input) is 1. A model whose class computes none is refused."""
+    import importlib
+
+    fn = getattr(importlib.import_module(type(model).__module__), "load_balancing_loss_func", None)
+    cfg = model.config
+    experts = next((getattr(cfg, a) for a in ("num_experts", "num_local_experts", "n_routed_experts")
+                    if isinstance(getattr(cfg, a, None), int)), None)
+    top_k = getattr(cfg, "num_experts_per_tok", None)
+    if fn is None or experts is None or top_k is None:
+        raise RoutingError(f"engine.router_aux_loss_coef adds a mixture-of-experts model's load-balancing loss; "
+                           f"{type(model).__name__} computes none (no load_balancing_loss_func in its module, or no "
+                           f"experts in its config): set engine.router_aux_loss_coef=0")
+
+    def balance(router_logits: tuple, mask: torch.Tensor) -> torch.Tensor:
+        if not router_logits:
+            raise RuntimeError(f"{type(model).__name__}'s decoder returned no router logits "
+                               "(output_router_logits=True)")
+        return fn(tuple(router_logits), experts, top_k, mask)
+
+    return balance
 

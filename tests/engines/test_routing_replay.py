@@ -11,7 +11,7 @@ import torch
 from relayrl.config.schema import Config
 from relayrl.engines.generation.base import SamplingParams
 from relayrl.engines.generation.native import NativeGenerationEngine
-from relayrl.engines.training.base import SequenceBatch
+from relayrl.engines.training.base import OptimConfig, SequenceBatch
 from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
 from relayrl.models.routing import Routing
 from relayrl.workflows.losses import PolicyLoss
@@ -192,3 +192,35 @@ def test_r2_needs_the_old_pass_and_takes_any_rollout_engine():
     for ok in ({"algorithm": {"routing_replay": "old", "old_logprobs": "recompute"}},
                {"algorithm": {"routing_replay": "old"}, "trainer": {"mini_batches": 2}, "rollout": {"engine": "vllm"}}):
         assert Config.model_validate(ok).algorithm.routing_replay == "old"
+
+
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")  # (the test's)
+@pytest.mark.parametrize("packing", ["shared_prompt", "none"])
+def test_the_load_balancing_loss_is_the_models_own_and_moves_the_routers(packing, moe, tiny_tokenizer):
+    """engine.router_aux_loss_coef: on one row the reported term is the model's own aux_loss of that sequence
+    (transformers' forward with output_router_logits); the routers' gradient then differs from the policy
+    loss's alone by coef x the aux loss's."""
+    prompt, response = torch.tensor([5, 6, 7, 8]), torch.tensor([9, 10, 11])
+    batch = SequenceBatch([prompt], [response], {"advantages": [torch.ones(3)]}, [0])
+    with torch.no_grad():
+        want = float(moe(torch.cat([prompt, response])[None], output_router_logits=True).aux_loss)
+    grads = {}
+    for coef in (0.0, 0.5):
+        cfg = TrainEngineConfig(packing=packing, router_aux_loss_coef=coef, optim=OptimConfig(max_grad_norm=None))
+        eng = TorchTrainingEngine(copy.deepcopy(moe), cfg, total_steps=1)  # (unclipped: the gradients compare)
+        gate = eng.model.model.layers[0].mlp.gate.weight
+        eng.optimizer.step = lambda gate=gate, coef=coef: grads.__setitem__(coef, gate.grad.clone())  # (no step)
+        m = eng.train_step(batch, PolicyLoss(agg="token-mean"))
+        if coef:
+            assert m["actor/router_aux_loss"] == pytest.approx(want, rel=1e-5)
+        else:
+            assert "actor/router_aux_loss" not in m
+    aux_model = copy.deepcopy(moe)
+    aux_model(torch.cat([prompt, response])[None], output_router_logits=True).aux_loss.backward()
+    torch.testing.assert_close(grads[0.5] - grads[0.0], 0.5 * aux_model.model.layers[0].mlp.gate.weight.grad,
+                               rtol=1e-4, atol=1e-6)
+
+
+def test_a_load_balancing_loss_for_a_dense_model_is_refused(tiny_model):
+    with pytest.raises(ValueError, match="Qwen2ForCausalLM computes none .*set engine.router_aux_loss_coef=0"):
+        TorchTrainingEngine(tiny_model, TrainEngineConfig(router_aux_loss_coef=0.001), total_steps=1)

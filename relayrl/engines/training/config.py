@@ -77,6 +77,12 @@ class TrainEngineConfig(BaseModel):
                               "graph per packed length; each micro-batch starts a new step), against the launch gaps "
                               "of small models. Measured once, on an H200 (0.5B shape, two micro-batches): 0.276 s "
                               "per update against 0.282 s compiled without graphs; costs a recording per new length")
+    router_aux_loss_coef: float = Field(
+        0.0, ge=0.0, description="mixture-of-experts models: add this times the model's own load-balancing loss "
+        "(transformers' load_balancing_loss_func, Switch Transformer eqs. 4-6, over each micro-batch's tokens) to "
+        "the trained policy's loss in every pass with a gradient, weighted by the micro-batch's share of the "
+        "batch's tokens (TRL's router_aux_loss_coef with output_router_logits=True; Qwen3-MoE's and Mixtral's "
+        "configs say 0.001); reports <role>/router_aux_loss. 0: off, the routers learn from the policy loss alone")
     packing: Literal["none", "sequences", "shared_prompt"] = Field(
         "shared_prompt", description="forward layout: one prompt + its group's responses per unit (Periodic Asynchrony §4.2), "
         "packed sequences, or right-padded rows")

@@ -46,6 +46,8 @@ class Forward(NamedTuple):
     """Routing replay: the replayed expert picks the policy's routers would have made, and the replayed picks."""
     recorded_routes: dict[int, torch.Tensor] | None = None
     """``record``: per batch row, the experts the policy's routers chose for its prompt + response tokens."""
+    router_aux: torch.Tensor | None = None
+    """``balance``: the pass's MoE load-balancing loss (0-d, with grad)."""
 
 
 def with_loss_mask(f: Forward, fields: dict[str, torch.Tensor]) -> Forward:

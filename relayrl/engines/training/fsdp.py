@@ -60,14 +60,19 @@ class ResponseLogits(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask, position_ids: torch.Tensor | None,
                 rows: torch.Tensor, cols: torch.Tensor, targets: torch.Tensor | None = None,
                 temperature: float = 1.0, chunk: int = 0, with_entropy: bool = False, fused: bool = False,
-                grad_by: str = "positions", with_sum_sq: bool = False):
+                grad_by: str = "positions", with_sum_sq: bool = False, router_logits: list | None = None):
         """Logits ``[..., V]`` at ``(rows, cols)``; with ``targets`` (same shape as ``rows``) instead the
         log-probs of the targets and the entropy (or None), the head applied ``chunk`` positions at a time
         (:mod:`relayrl.engines.training.head`, its float32 steps compiled when ``fused``, its backward sliced
         by ``grad_by``), so no ``[..., V]`` tensor is kept; ``with_sum_sq`` adds a third output, each position's
-        ``sum_v p_v^2``."""
-        hidden = self.model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
-                                          position_ids=position_ids, use_cache=False).last_hidden_state
+        ``sum_v p_v^2``. ``router_logits``: a list that gets a mixture of experts' router logits, one
+        ``[tokens, experts]`` tensor per MoE layer (the decoder's ``output_router_logits``)."""
+        extra = {"output_router_logits": True} if router_logits is not None else {}
+        out = self.model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                       position_ids=position_ids, use_cache=False, **extra)
+        if router_logits is not None:
+            router_logits.extend(out.router_logits or ())
+        hidden = out.last_hidden_state
         head = self.model.get_output_embeddings()
         if targets is None:
             if self.head_dtype == torch.float32:

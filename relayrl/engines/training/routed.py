@@ -23,6 +23,7 @@ class RoutedPasses:
 
     routing: routing.Routing | None
     device: torch.device
+    _balance = None  # engine.router_aux_loss_coef > 0: routing.load_balancing of the policy
 
     def _routes(self, batch: SequenceBatch, seq_row: torch.Tensor, seq_pos: torch.Tensor, cols: slice = slice(None)):
         """Routing replay: the batch's recorded routes of this pass's ``[P, L]`` tokens (``cols``: this SP rank's
@@ -62,3 +63,18 @@ class RoutedPasses:
         parts = [torch.empty_like(local) for _ in range(self.sp.size)]
         torch.distributed.all_gather(parts, local.contiguous(), group=self.sp.group)
         return torch.cat(parts, dim=1)
+
+    def _balanced(self, gates: list | None, mask: torch.Tensor) -> torch.Tensor | None:
+        """The pass's load-balancing loss over the tokens where ``mask`` ``[rows, length]`` is 1 (its input's real
+        tokens), from the router logits ``gates`` it returned; None when the pass asked for none."""
+        return None if gates is None else self._balance(tuple(gates), mask.to(self.device))
+
+    def _with_balance(self, loss: torch.Tensor, metrics: dict, f, global_tokens: int) -> tuple[torch.Tensor, dict]:
+        """``loss`` plus ``engine.router_aux_loss_coef`` x the pass's load-balancing loss weighted by its share of
+        the batch's loss tokens (so the micro-batches and ranks add up to the token-weighted mean), and the
+        weighted term as ``<role>/router_aux_loss`` (summed over the passes like every ``..loss`` metric)."""
+        if f.router_aux is None:
+            return loss, metrics
+        share = f.router_aux * (f.mask.sum() / max(global_tokens, 1))
+        return loss + self.cfg.router_aux_loss_coef * share, {**metrics, f"{self.prefix}/router_aux_loss": share.detach()}
+

@@ -165,6 +165,9 @@ class TorchTrainingEngine(RoutedPasses, StreamedUpdate, EngineState):
                 p.data = p.data.to(self.compute_dtype)
         # MoE routing replay (relayrl.models.routing): the policy's routers choose the experts a batch's routes name
         self.routing = routing.Routing(self.runner) if routing_replay else None
+        # engine.router_aux_loss_coef: the policy's load-balancing loss in every pass with a gradient
+        self._balance = (routing.load_balancing(self.runner) if cfg.router_aux_loss_coef > 0 and trainable
+                         and output == "logprobs" else None)
         if cfg.gradient_checkpointing:
             self.runner.gradient_checkpointing_enable()
         if cfg.cuda_graphs:
@@ -276,17 +279,20 @@ class TorchTrainingEngine(RoutedPasses, StreamedUpdate, EngineState):
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
     def _forward(self, batch: SequenceBatch, item, temperature: float, with_entropy: bool | str,
-                 with_reference: bool = False, with_sum_sq: bool = False, record: bool = False) -> Forward:
+                 with_reference: bool = False, with_sum_sq: bool = False, record: bool = False,
+                 balance: bool = False) -> Forward:
         """One micro-batch's pass (see :class:`Forward`); ``with_reference`` also runs the reference copy
         on the same input (first, so its activations are gone before the policy pass keeps its own);
         ``with_sum_sq``: each position's ``sum_v p_v^2`` too; ``record``: the experts the policy's routers chose
-        for every token of each row (MoE routing replay of the old policy), the batch's routes not replayed."""
+        for every token of each row (MoE routing replay of the old policy), the batch's routes not replayed;
+        ``balance``: the policy's load-balancing loss of the pass (``engine.router_aux_loss_coef``)."""
         if temperature <= 0:
             raise ValueError(f"temperature={temperature} must be > 0 (log-probs of greedy samples: pass 1.0)")
         if self.cfg.cuda_graphs:  # a new micro-batch: the previous one's graph outputs are no longer read
             torch.compiler.cudagraph_mark_step_begin()
         if self.packing == "none":
-            return self._forward_padded(batch, item, temperature, with_entropy, with_reference, with_sum_sq, record)
+            return self._forward_padded(batch, item, temperature, with_entropy, with_reference, with_sum_sq, record,
+                                        balance)
         if self.flex:  # the micro-batch's units in one row: no row padding, batch size 1 for the compiled kernel
             item = [[unit for row in item for unit in row]]
         pb = build_packed_batch(batch.prompt_ids, batch.response_ids, item)
@@ -305,27 +311,30 @@ class TorchTrainingEngine(RoutedPasses, StreamedUpdate, EngineState):
         routes = None if record else self._routes(batch, pb.seq_row, pb.seq_pos, cols)
         ref = pb.to_rows(whole(self._reference_logprobs(args, targets, None, temperature))) if with_reference else None
         self._replay(routes)
+        gates = [] if balance else None
         with self._record(record) as rec:
             lp, ent, sq = (whole(t) for t in self._head(self.net, args, targets, None, temperature, with_entropy,
-                                                        self._autocast, with_sum_sq))
+                                                        self._autocast, with_sum_sq, gates))
         recorded = None if rec is None else routing.per_row(
             self._gathered(rec, pb.input_ids.shape[0]), pb.seq_row, pb.seq_pos, [u for row in item for u in row])
         return Forward(pb.to_rows(lp), to_device(pb.response_mask(), self.device), None if ent is None else pb.to_rows(ent),
                        list(pb.rows), int(pb.input_ids.numel()), ref, None if sq is None else pb.to_rows(sq),
-                       self._agreement(routes), recorded)
+                       self._agreement(routes), recorded, self._balanced(gates, (pb.seq_row >= 0)[:, cols]))
 
     def _head(self, net, args: tuple, targets: torch.Tensor, mask: torch.Tensor | None, temperature: float,
-              with_entropy: bool | str, autocast: bool, with_sum_sq: bool = False):
+              with_entropy: bool | str, autocast: bool, with_sum_sq: bool = False, router_logits: list | None = None):
         """``net(*args)``'s log-probs of ``targets`` (a critic: its values), entropy and ``sum_v p_v^2`` (each
-        None unless asked), shaped like ``targets``; zero where ``mask`` (when given) is 0."""
+        None unless asked), shaped like ``targets``; zero where ``mask`` (when given) is 0. ``router_logits``: a
+        list that gets the pass's MoE router logits."""
+        gates = {} if router_logits is None else {"router_logits": router_logits}
         with self._compute(autocast):
             if self._chunked(with_entropy):
                 out = net(*args, targets=targets, temperature=temperature, chunk=self.cfg.logprob_chunk,
                           with_entropy=bool(with_entropy), fused=self.cfg.fused_head,
-                          grad_by=self.cfg.head_grad, with_sum_sq=with_sum_sq)
+                          grad_by=self.cfg.head_grad, with_sum_sq=with_sum_sq, **gates)
                 lp, ent, sq = (*out, None) if len(out) == 2 else out
                 return tuple(t if t is None or mask is None else t * mask for t in (lp, ent, sq))
-            logits = net(*args)
+            logits = net(*args, **gates)
         if self.values:
             return (logits[..., 0] if mask is None else logits[..., 0] * mask), None, None
         lp, ent = self._token_logprobs(logits, targets, mask, temperature, with_entropy)
@@ -384,7 +393,7 @@ class TorchTrainingEngine(RoutedPasses, StreamedUpdate, EngineState):
 
     def _forward_padded(self, batch: SequenceBatch, rows: list[int], temperature: float,
                         with_entropy: bool | str, with_reference: bool, with_sum_sq: bool = False,
-                        record: bool = False) -> Forward:
+                        record: bool = False, balance: bool = False) -> Forward:
         """One row per sequence, right-padded."""
         lp_len = [int(batch.prompt_ids[i].numel()) for i in rows]
         rs_len = [int(batch.response_ids[i].numel()) for i in rows]
@@ -412,14 +421,15 @@ class TorchTrainingEngine(RoutedPasses, StreamedUpdate, EngineState):
             seq_pos = torch.arange(L).expand(len(rows), L)
             routes = None if record else self._routes(batch, seq_row, seq_pos)
         self._replay(routes)
+        gates = [] if balance else None
         with self._record(record) as rec:
             lp, ent, sq = self._head(self.net, args, targets, mask, temperature, with_entropy, self._autocast,
-                                     with_sum_sq)
+                                     with_sum_sq, gates)
         recorded = None if rec is None else routing.per_row(
             self._gathered(rec, len(rows)), seq_row, seq_pos, [PackUnit((i,), a, (b,)) for i, a, b in
                                                               zip(rows, lp_len, rs_len)])
         return Forward(lp, mask, ent, list(rows), self._padded_len(batch, rows), ref, sq, self._agreement(routes),
-                       recorded)
+                       recorded, self._balanced(gates, attn))
 
     @torch.no_grad()
     def logprobs(self, batch: SequenceBatch, *, temperature: float = 1.0, with_entropy: bool = False):
@@ -540,7 +550,7 @@ class TorchTrainingEngine(RoutedPasses, StreamedUpdate, EngineState):
         passes = fsdp.max_over_ranks(len(plan), self.device) if self.sharded else len(plan)
         for i, item in enumerate(plan):
             self._grad_sync(sync and i == passes - 1)
-            f = self._forward(sub, item, temperature, with_entropy, with_reference)
+            f = self._forward(sub, item, temperature, with_entropy, with_reference, balance=self._balance is not None)
             fields = {k: pad_field(v, f.rows, f.logprobs.shape[1], self.device) for k, v in sub.fields.items()}
             if f.ref is not None:
                 fields[REF_FIELD] = f.ref
@@ -549,6 +559,7 @@ class TorchTrainingEngine(RoutedPasses, StreamedUpdate, EngineState):
                 loss, metrics = loss_fn(MicroBatch(f.logprobs, f.mask, fields, counts[0], counts[1], f.entropy,
                                               counts[2]))
                 weight = metric_value(f.mask.sum())
+                loss, metrics = self._with_balance(loss, metrics, f, counts[0])
             (loss * self.world if self.sharded else loss).backward()  # FSDP2 averages over ranks; we want the sum
             self._master_grads()
             if self.cfg.cuda_graphs and self.runner is self.model:  # a first gradient may be a graph's output,
