@@ -1,9 +1,11 @@
-"""The training engine's side of MoE routing replay (:mod:`relayrl.models.routing`): which routes a pass
-replays, recording what its routers chose, and the agreement between the two.
+"""The training engine's side of mixture-of-experts routing (:mod:`relayrl.models.routing`): which routes a pass
+replays, recording what its routers chose, the agreement between the two, and the load-balancing loss
+(``engine.router_aux_loss_coef``).
 
 :class:`RoutedPasses` is a mixin of :class:`~relayrl.engines.training.torch_engine.TorchTrainingEngine`; it
 reads the engine's ``routing`` (a :class:`~relayrl.models.routing.Routing` on the module the passes run, or None
-without ``routing_replay``), ``sp`` (its sequence-parallel group) and ``device``.
+without ``routing_replay``), ``_balance`` (:func:`~relayrl.models.routing.load_balancing`, or None), ``sp`` (its
+sequence-parallel group), ``cfg``, ``prefix`` and ``device``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import contextlib
 import torch
 
 from relayrl.engines.training.base import SequenceBatch
+from relayrl.engines.training.config import TrainEngineConfig
 from relayrl.models import routing
 
 __all__ = ["RoutedPasses"]
@@ -24,6 +27,8 @@ class RoutedPasses:
     routing: routing.Routing | None
     device: torch.device
     _balance = None  # engine.router_aux_loss_coef > 0: routing.load_balancing of the policy
+    cfg: TrainEngineConfig
+    prefix: str
 
     def _routes(self, batch: SequenceBatch, seq_row: torch.Tensor, seq_pos: torch.Tensor, cols: slice = slice(None)):
         """Routing replay: the batch's recorded routes of this pass's ``[P, L]`` tokens (``cols``: this SP rank's
@@ -76,5 +81,6 @@ class RoutedPasses:
         if f.router_aux is None:
             return loss, metrics
         share = f.router_aux * (f.mask.sum() / max(global_tokens, 1))
-        return loss + self.cfg.router_aux_loss_coef * share, {**metrics, f"{self.prefix}/router_aux_loss": share.detach()}
+        metrics = {**metrics, f"{self.prefix}/router_aux_loss": share.detach()}
+        return loss + self.cfg.router_aux_loss_coef * share, metrics
 
