@@ -214,6 +214,9 @@ def check_routing_replay(self: Config) -> None:
     if self.workflow != "grpo":
         raise ValueError(f"{key} replays a GRPO step's expert choices in its update; workflow {self.workflow} "
                          "has none: set algorithm.routing_replay=none")
+    if self.engine.cuda_graphs:
+        raise ValueError(f"{key} replays other routes into the routers every micro-batch; engine.cuda_graphs=true "
+                         "replays recorded graphs: set engine.cuda_graphs=false")
     if self.algorithm.routing_replay == "old":
         from relayrl.config.plan import step_plan
 

@@ -224,3 +224,9 @@ def test_the_load_balancing_loss_is_the_models_own_and_moves_the_routers(packing
 def test_a_load_balancing_loss_for_a_dense_model_is_refused(tiny_model):
     with pytest.raises(ValueError, match="Qwen2ForCausalLM computes none .*set engine.router_aux_loss_coef=0"):
         TorchTrainingEngine(tiny_model, TrainEngineConfig(router_aux_loss_coef=0.001), total_steps=1)
+
+
+def test_cuda_graphs_are_refused_with_routing_replay():
+    with pytest.raises(ValueError, match="engine.cuda_graphs=true replays recorded graphs"):
+        Config.model_validate({"algorithm": {"routing_replay": "rollout"},
+                               "engine": {"compile": True, "cuda_graphs": True}})

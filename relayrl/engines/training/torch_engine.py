@@ -214,7 +214,10 @@ class TorchTrainingEngine(RoutedPasses, StreamedUpdate, EngineState):
                f"the engine runs on {self.device.type}" if self.device.type != "cuda" else
                "the model is sharded over ranks (FSDP2's hooks run between the layers)" if fsdp.world_size() > 1 else
                "engine.gradient_checkpointing=true (recomputed layers replay outside the step)"
-               if self.cfg.gradient_checkpointing else None)
+               if self.cfg.gradient_checkpointing else
+               "MoE routing replay (every micro-batch replays other routes into the routers)" if self.routing else
+               "engine.router_aux_loss_coef > 0 (the router logits leave the layers beside their outputs)"
+               if self.cfg.router_aux_loss_coef > 0 else None)
         if why:
             raise ValueError(f"engine.cuda_graphs=true needs compiled layers on one CUDA device, but {why}; set "
                              f"engine.cuda_graphs=false")
