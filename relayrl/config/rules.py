@@ -205,9 +205,9 @@ def check_vllm_eval_temperature(self: Config) -> None:
 
 
 def check_routing_replay(self: Config) -> None:
-    """``algorithm.routing_replay``: ``rollout`` records routing in the native engine's dynamic decoder, one
-    response per row; ``old`` in the trainer's pi_old pass. Refuse the settings that cannot record it
-    (``relayrl.models.routing``)."""
+    """``algorithm.routing_replay``: ``rollout`` records routing in the native engine's dynamic decoder, each
+    response's (or episode's, its last turn's) whole; ``old`` in the trainer's pi_old pass. Refuse the settings
+    that cannot record it (``relayrl.models.routing``)."""
     if self.algorithm.routing_replay == "none":
         return
     key = f"algorithm.routing_replay={self.algorithm.routing_replay}"
@@ -238,9 +238,6 @@ def check_routing_replay(self: Config) -> None:
     if r.decode == "static":
         raise ValueError(f"{key} records routing on the dynamic decoder; rollout.decode=static decodes "
                          "Llama-shaped (dense) models only: set rollout.decode=auto or dynamic")
-    if self.env.name is not None:
-        raise ValueError(f"{key} replays one response's routing; env.name={self.env.name} runs multi-turn episodes "
-                         "whose turns are generated apart: drop one of them")
     if r.interrupt.enabled:
         raise ValueError(f"{key} replays one response's routing; rollout.interrupt writes the end-of-thinking "
                          "phrase into a response and generates it again: drop one of them")

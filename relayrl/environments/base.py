@@ -114,6 +114,9 @@ class Episode:
     token_versions: list[int] = field(default_factory=list)
     """The weight version of each token: the one that sampled it for the model's tokens, the episode's
     latest for the environment's (a partial rollout may swap weights between, or inside, turns)."""
+    routed_experts: Any = None
+    """An engine that records MoE routing: its last turn's ``Completion.routed_experts``, which cover the prompt
+    and every token before that turn's last (each turn prefills the whole context again); None otherwise."""
 
     def summary(self) -> "EpisodeSummary":
         """What the logs and metrics need of the episode, without its tokens."""
@@ -134,7 +137,7 @@ class Episode:
             finish_reason="stop" if self.end is EpisodeEnd.DONE else "length",
             weight_version=self.weight_version,
             text=tokenizer.decode(self.token_ids, skip_special_tokens=True),
-            loss_mask=torch.tensor(self.loss_mask, dtype=torch.float32))
+            loss_mask=torch.tensor(self.loss_mask, dtype=torch.float32), routed_experts=self.routed_experts)
 
 
 @dataclass(frozen=True)

@@ -292,6 +292,8 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             ep.turns += 1
             ep.turn_texts.append(c.text)
             ep.weight_version = c.weight_version
+            if c.routed_experts is not None:  # (its context was the whole episode so far: prompt + tokens)
+                ep.routed_experts = c.routed_experts
         pool.submit(guarded(step), lv, c)
 
     try:

@@ -107,8 +107,10 @@ def group_rows(prompt: Sequence[int], group: int, comps: Sequence[Completion],
     }
     if masked:
         cols["loss_mask"] = [c.loss_mask for c in comps]
-    if comps[0].routed_experts is not None:  # (an engine recording MoE routing: algorithm.routing_replay)
-        cols[ROUTES_COLUMN] = [c.routed_experts for c in comps]
+    routed = [c.routed_experts for c in comps if c.routed_experts is not None]
+    if routed:  # (an engine recording MoE routing: algorithm.routing_replay; an episode that never ran a turn: none)
+        none = routed[0].new_zeros((0, *routed[0].shape[1:]))
+        cols[ROUTES_COLUMN] = [none if c.routed_experts is None else c.routed_experts for c in comps]
     if episodes is not None:
         cols["env_rewards"] = [float(e.reward) for e in episodes]
     return cols, GroupRecord(group=int(group), lengths=[len(x.token_ids) for x in comps], prompt_len=len(prompt),

@@ -230,3 +230,35 @@ def test_cuda_graphs_are_refused_with_routing_replay():
     with pytest.raises(ValueError, match="engine.cuda_graphs=true replays recorded graphs"):
         Config.model_validate({"algorithm": {"routing_replay": "rollout"},
                                "engine": {"compile": True, "cuda_graphs": True}})
+
+
+def test_an_episodes_routes_cover_every_turn_and_observation_before_its_last_turn(moe, tiny_tokenizer):
+    """Multi-turn episodes (relayrl.environments.episodes): each turn prefills prompt + episode so far again, so
+    the last turn's routes are the whole episode's up to that turn's last token; the observation after it was
+    never run (its rows are missing: the trainer's routers choose there)."""
+    from relayrl.data.tasks import Problem
+    from relayrl.environments.base import StepResult
+    from relayrl.environments.episodes import EpisodeLimits, run_episodes
+
+    class Turns:
+        def reset(self, problem):
+            self.t = 0
+            return ""
+
+        def step(self, action):
+            self.t += 1
+            return StepResult(f"<obs{self.t}>", reward=0.0, done=self.t == 3)
+
+    eng = NativeGenerationEngine(moe, tiny_tokenizer, max_batch=4, decode="dynamic", record_routing=True)
+    probs = [Problem(f"{i}+{i}=", str(2 * i)) for i in range(2)]
+    prompts = [tiny_tokenizer(p.prompt)["input_ids"] for p in probs]
+    eps = run_episodes(eng, tiny_tokenizer, probs, prompts, Turns,
+                       SamplingParams(n=2, max_new_tokens=4, temperature=1.0, ignore_eos=True),
+                       EpisodeLimits(max_turns=5, max_tokens=100), generator=torch.Generator().manual_seed(0))
+    last_obs = len(tiny_tokenizer("<obs3>", add_special_tokens=False)["input_ids"])
+    for e in eps:
+        assert e.turns == 3
+        seq = e.prompt_ids + e.token_ids[:len(e.token_ids) - last_obs]  # up to the last turn's last token
+        routes = e.completion(tiny_tokenizer).routed_experts
+        assert routes.shape[0] == len(seq) - 1
+        assert _same_experts(routes, _own_routes(moe, seq))

@@ -138,3 +138,36 @@ def test_a_user_environment_trains_on_a_dataset_with_no_reward_settings(tmp_path
     r = relayrl("train", "recipes/arith_grpo.yaml", "data.task=null", f"data.path={data}", "reward.model=/m",
                 f"env.name={tmp_path}/len_env.py:TargetLength", f"run.dir={tmp_path / 'r2'}", *FAST)
     assert r.returncode != 0 and "reward.model would score nothing" in r.stderr
+
+
+@pytest.mark.slow
+def test_routing_replay_follows_multi_turn_episodes(tmp_path):
+    """algorithm.routing_replay=rollout on three-turn episodes of a tiny mixture of experts: each turn prefills
+    the whole episode again, so the last turn's routes cover the prompt, every turn and every observation; the
+    trainer replays them where it computes the episode (float32 on both sides: they are its own, agreement 1 and
+    the log-probs the generator's, which routes laid out a token off would break)."""
+    (tmp_path / "turns_env.py").write_text(
+        "from relayrl.environments.base import StepResult\n\n"
+        "class ThreeTurns:\n"
+        "    def reset(self, problem):\n"
+        "        self.turn = 0\n"
+        "        return 'go'\n\n"
+        "    def step(self, action):\n"
+        "        self.turn += 1\n"
+        "        return StepResult(' more ' * (self.turn < 3), reward=sum(c.isdigit() for c in action) / 5.0,\n"
+        "                          done=self.turn == 3)\n")
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(40)))
+    run = tmp_path / "run"
+    r = relayrl("train", "recipes/arith_grpo.yaml", "data.task=null", f"data.path={data}", "eval.size=4",
+                f"env.name={tmp_path}/turns_env.py:ThreeTurns", "env.max_turns=3", "env.max_tokens=40",
+                "trainer.steps=2", "data.prompts_per_step=2", "rollout.n=4", "rollout.max_new_tokens=6",
+                "rollout.temperature=2.0", "model.tiny.experts=4", "algorithm.routing_replay=rollout",
+                f"run.dir={run}", *FAST)
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = [x for x in records(run) if "actor/routing_agreement" in x]
+    assert len(steps) == 2
+    for x in steps:
+        assert x["env/turns_mean"] > 2  # (an episode may end at env.max_tokens first)
+        assert x["actor/routing_agreement"] == pytest.approx(1.0, abs=1e-6)
+        assert x["rollout/logprob_error"] == pytest.approx(1.0, abs=1e-4)
