@@ -238,7 +238,4 @@ def check_routing_replay(self: Config) -> None:
     if r.decode == "static":
         raise ValueError(f"{key} records routing on the dynamic decoder; rollout.decode=static decodes "
                          "Llama-shaped (dense) models only: set rollout.decode=auto or dynamic")
-    if r.interrupt.enabled:
-        raise ValueError(f"{key} replays one response's routing; rollout.interrupt writes the end-of-thinking "
-                         "phrase into a response and generates it again: drop one of them")
 

@@ -147,7 +147,6 @@ def test_a_batch_without_routes_is_refused_by_a_replaying_engine(moe, tiny_token
     ({"rollout": {"engine": "vllm"}}, "vLLM 0.32 returns routed experts .* from its GPU model runner only"),
     ({"rollout": {"engine": "openai", "base_url": "http://127.0.0.1:1/v1"}}, "returns no routing"),
     ({"rollout": {"decode": "static"}}, "rollout.decode=static decodes Llama-shaped"),
-    ({"rollout": {"interrupt": {"after_tokens": 4}}}, "rollout.interrupt writes the end-of-thinking phrase"),
     ({"workflow": "sft"}, "workflow sft has none: set algorithm.routing_replay=none"),
 ])
 def test_the_config_refuses_what_cannot_record_routing(override, message):
@@ -262,3 +261,20 @@ def test_an_episodes_routes_cover_every_turn_and_observation_before_its_last_tur
         routes = e.completion(tiny_tokenizer).routed_experts
         assert routes.shape[0] == len(seq) - 1
         assert _same_experts(routes, _own_routes(moe, seq))
+
+
+def test_a_response_cut_at_its_thinking_budget_keeps_the_routes_of_all_of_it(moe, tiny_tokenizer):
+    """rollout.interrupt: the answer's row prefills prompt + thinking + the phrase, so its routes cover them."""
+    from relayrl.engines.generation.interrupt import Interrupt, generate_interrupted
+
+    eng = NativeGenerationEngine(moe, tiny_tokenizer, max_batch=4, decode="dynamic", record_routing=True)
+    cut = Interrupt(after_tokens=3, forced_ids=(7, 8), answer_tokens=3)
+    comps = generate_interrupted(eng, PROMPTS[:2], SamplingParams(n=2, max_new_tokens=8, temperature=1.0,
+                                                                  ignore_eos=True), cut,
+                                 generator=torch.Generator().manual_seed(0))
+    assert any(c.interrupted for c in comps)
+    for c in comps:
+        seq = PROMPTS[c.prompt_index] + c.token_ids.tolist()
+        assert c.routed_experts.shape[0] == len(seq) - 1
+        assert _same_experts(c.routed_experts, _own_routes(moe, seq))
+

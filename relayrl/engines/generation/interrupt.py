@@ -185,7 +185,8 @@ def generate_interrupted(engine, prompts: Sequence[Sequence[int]], params: Sampl
             logprobs=torch.tensor(r.logps, dtype=torch.float32), finish_reason=c.finish_reason,
             weight_version=c.weight_version, text=tok.decode(r.tokens, skip_special_tokens=True),
             loss_mask=torch.tensor(r.mask, dtype=torch.float32),
-            token_versions=torch.tensor(r.versions, dtype=torch.long), interrupted=r.phase is Phase.ANSWER)
+            token_versions=torch.tensor(r.versions, dtype=torch.long), interrupted=r.phase is Phase.ANSWER,
+            routed_experts=c.routed_experts)  # (its row prefilled prompt + the response so far: they cover it all)
         del responses[key]
         out[key] = done
         if on_finish is not None:
