@@ -7,13 +7,14 @@ close together, so near-ties, where precision decides the expert, are common. Th
 engine in bfloat16 recording each token's experts (``record_routing``); the trainer is the training engine in
 float32, as with ``model.dtype=float32`` and ``rollout.dtype=bfloat16``. On the same responses the trainer
 computes the sampled tokens' log-probs twice, routing on its own and replaying the rollout's experts
-(``routing_replay``), timed in alternation.
+(``routing_replay``), timed in alternation; the rollout is timed with and without recording too.
 
 Figures: the share of the rollout's expert picks the float32 trainer makes itself (``routing agreement``), and
 ``rollout/logprob_error`` (mean over tokens of ``exp(|logp_gen - logp_train|)``, 1.0 a perfect match) without
-and with replay; the pass time with replay over without. Printed, not asserted. Last line::
+and with replay; the pass time with replay over without, and the rollout's time recording over not. Printed, not asserted. Last line::
 
-    routing_replay: agreement A%; logprob_error free E_f, replayed E_r (excess x R smaller); pass time x T
+    routing_replay: agreement A%; logprob_error free E_f, replayed E_r (excess x R smaller); pass time x T;
+        recording the rollout x G
 
 Run it with ``.venv/bin/python benchmarks/routing_replay.py`` (about 15 s on 2 cores).
 """
@@ -75,13 +76,19 @@ def main() -> None:
     prompts = [torch.randint(10, len(tok) - 1, (int(torch.randint(8, 24, (1,), generator=g)),), generator=g).tolist()
                for _ in range(args.prompts)]
 
-    gen = NativeGenerationEngine(copy.deepcopy(model).to(torch.bfloat16), tok, max_batch=args.prompts * args.n,
-                                 decode="dynamic", record_routing=True)
-    t0 = time.perf_counter()
-    comps = gen.generate(prompts, SamplingParams(n=args.n, max_new_tokens=args.max_new_tokens, temperature=1.0,
-                                                 ignore_eos=True), generator=torch.Generator().manual_seed(1))
-    print(f"rollout (bf16, recording routing): {len(comps)} responses, "
-          f"{sum(len(c.token_ids) for c in comps)} tokens in {time.perf_counter() - t0:.1f} s")
+    params = SamplingParams(n=args.n, max_new_tokens=args.max_new_tokens, temperature=1.0, ignore_eos=True)
+    engines = {rec: NativeGenerationEngine(copy.deepcopy(model).to(torch.bfloat16), tok, decode="dynamic",
+                                           max_batch=args.prompts * args.n, record_routing=rec) for rec in (False, True)}
+    gen_times: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(args.repeats):  # the rollout with and without recording, in alternation
+        for rec, eng in engines.items():
+            t0 = time.perf_counter()
+            out = eng.generate(prompts, params, generator=torch.Generator().manual_seed(1))
+            gen_times[rec].append(time.perf_counter() - t0)
+            if rec:
+                comps = out
+    print(f"rollout (bf16): {len(comps)} responses, {sum(len(c.token_ids) for c in comps)} tokens in "
+          f"{min(gen_times[False]):.2f} s, recording routing {min(gen_times[True]):.2f} s")
     batch = SequenceBatch([torch.tensor(prompts[c.prompt_index]) for c in comps], [c.token_ids for c in comps], {},
                           [c.prompt_index for c in comps], [c.routed_experts for c in comps])
 
@@ -115,7 +122,8 @@ def main() -> None:
     e_f, e_r = err["free"]["rollout/logprob_error"], err["replayed"]["rollout/logprob_error"]
     print(f"routing_replay: agreement {100 * agree:.2f}%; logprob_error free {e_f:.5f}, replayed {e_r:.5f} "
           f"(excess x {(e_f - 1) / max(e_r - 1, 1e-12):.2f} smaller); pass time x "
-          f"{min(times['replayed']) / min(times['free']):.2f}")
+          f"{min(times['replayed']) / min(times['free']):.2f}; recording the rollout x "
+          f"{min(gen_times[True]) / min(gen_times[False]):.2f}")
 
 
 if __name__ == "__main__":
