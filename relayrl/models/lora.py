@@ -60,11 +60,12 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig, *, trainable: tuple[torc
 
     targets = resolve_targets(model, cfg)
     _check_targets(model, cfg, targets)
+    params = _check_parameters(model, cfg)
     with warnings.catch_warnings():  # peft reads transformers' deprecated attribute: noise in every LoRA run
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         wrapped = peft.get_peft_model(model, peft.LoraConfig(
             r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
-            bias="none"))
+            target_parameters=params, bias="none"))
     for m in trainable:
         m.requires_grad_(True)
     return wrapped
@@ -129,6 +130,28 @@ def _read_as_experts(model: torch.nn.Module, names: list[str]) -> set[str]:
     return set(names) - set(probe.target_modules or ())
 
 
+def _check_parameters(model: torch.nn.Module, cfg: LoraConfig) -> list[str] | None:
+    """``cfg.target_parameters`` (peft's names of whole parameters: fused expert tensors), each checked to name a
+    parameter of ``model`` (a name equal to it or ending in ``.name``), on one rank (a sharded merge of them is
+    not written); None when unset."""
+    if not cfg.target_parameters:
+        return None
+    from relayrl.engines.training.fsdp import world_size
+
+    names = [n for n, _ in model.named_parameters()]
+    missing = [t for t in cfg.target_parameters if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        fused = sorted({n.split("layers.", 1)[-1].split(".", 1)[-1] for n, p in model.named_parameters()
+                        if p.dim() == 3})
+        raise LoraError(f"model.lora.target_parameters names {missing}, which {type(model).__name__} has no "
+                        f"parameter called; its fused (3-D) parameters are {fused or 'none'}")
+    if world_size() > 1:
+        raise LoraError("model.lora.target_parameters: adapters on expert tensors train on one rank (their merge "
+                        "for the rollout is not written for FSDP2 shards); use one trainer rank or drop "
+                        "model.lora.target_parameters")
+    return list(cfg.target_parameters)
+
+
 def _check_targets(model: torch.nn.Module, cfg: LoraConfig, targets: list[str]) -> None:
     """The linear layers ``targets`` names (by peft's rule: a module name equal to a target or ending in
     ``.target``) exist, none is the output head, and none is narrower than ``cfg.r``."""
@@ -160,8 +183,11 @@ def _check_targets(model: torch.nn.Module, cfg: LoraConfig, targets: list[str]) 
 
 
 def base_name(name: str) -> str:
-    """A parameter's name in the base model (``...q_proj.base_layer.weight`` -> ``...q_proj.weight``)."""
-    return name.replace(".base_layer.", ".")
+    """A parameter's name in the base model (``...q_proj.base_layer.weight`` -> ``...q_proj.weight``; adapters on
+    two tensors of one module nest: ``experts.base_layer.base_layer.gate_up_proj`` -> ``experts.gate_up_proj``)."""
+    while ".base_layer." in name:
+        name = name.replace(".base_layer.", ".")
+    return name
 
 
 def _is_adapter(name: str) -> bool:
@@ -194,9 +220,12 @@ def iter_merged_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Ten
     bucketed all-gather when the stream starts; a collective, every rank reads the stream to its end). No
     base weight is gathered here: the caller gathers the merged rows bucket by bucket as it gathers a full
     fine-tuned model's parameters (:func:`relayrl.weights.stream_full_state`)."""
-    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora import LoraLayer, ParamWrapper
 
-    layers = {prefix: m for prefix, m in model.named_modules() if isinstance(m, LoraLayer) and _ADAPTER in m.lora_A}
+    adapted = {prefix: m for prefix, m in model.named_modules() if isinstance(m, LoraLayer) and _ADAPTER in m.lora_A}
+    tensors = {base_name(f"{prefix}.{m.parameter_name}"): m for prefix, m in adapted.items()
+               if isinstance(m, ParamWrapper)}  # (model.lora.target_parameters: W + delta per expert)
+    layers = {prefix: m for prefix, m in adapted.items() if not isinstance(m, ParamWrapper)}
     sharded = any(_is_dtensor(m.get_base_layer().weight) for m in layers.values())
     a_full = _gathered_a(layers) if sharded else {}
     merged_at = {f"{prefix}.weight": m for prefix, m in layers.items()}
@@ -205,7 +234,9 @@ def iter_merged_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Ten
             continue
         key = base_name(name)
         m = merged_at.get(key)
-        if m is None:
+        if key in tensors:
+            yield key, p.detach() + tensors[key].get_delta_weight(_ADAPTER).to(p.dtype)
+        elif m is None:
             yield key, p.detach()
         elif _is_dtensor(m.get_base_layer().weight):
             yield key, _merged_rows(key.removesuffix(".weight"), m, a_full)

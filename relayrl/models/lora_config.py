@@ -3,7 +3,7 @@ recipe is validated before torch is imported."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = ["DEFAULT_TARGETS", "LoraConfig"]
 
@@ -29,6 +29,20 @@ class LoraConfig(BaseModel):
                                              "o_proj gate_up_proj down_proj on Phi-3, query_key_value dense ... on "
                                              "GPT-NeoX; MoE experts stored as fused tensors are not linear layers and "
                                              "get none), as peft's all-linear, without the output head")
+
+    target_parameters: list[str] | None = Field(
+        None, description="parameters (not layers) that get an adapter, as peft's target_parameters names them: a "
+        "mixture of experts' fused expert tensors, e.g. [mlp.experts.gate_up_proj, mlp.experts.down_proj] on "
+        "Qwen3-MoE and Mixtral (one adapter per expert, [experts, out, in] merged as W + scale B A per expert); "
+        "with target_modules or its default beside them. Needs model.lora.dropout=0 (peft's); one rank only")
+
+    @model_validator(mode="after")
+    def _parameters_take_no_dropout(self) -> "LoraConfig":
+        if self.target_parameters and self.dropout:
+            raise ValueError(f"model.lora.target_parameters adapts expert tensors, whose adapters take no dropout "
+                             f"(peft cannot factor the input out of them): set model.lora.dropout=0 (got "
+                             f"{self.dropout})")
+        return self
 
     @field_validator("target_modules")
     @classmethod

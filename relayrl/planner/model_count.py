@@ -54,4 +54,7 @@ def count(cfg, lora=None) -> tuple[int, int, int]:
         adapters = sum(lora.r * (m.in_features + m.out_features) for n, m in model.named_modules()
                        if isinstance(m, torch.nn.Linear) and m is not head
                        and any(n == t or n.endswith("." + t) for t in targets))
+        tensors = getattr(lora, "target_parameters", None) or ()  # fused experts [E, a, b]: an adapter per expert
+        adapters += sum(lora.r * p.shape[0] * (p.shape[1] + p.shape[2]) for n, p in model.named_parameters()
+                        if p.dim() == 3 and any(n == t or n.endswith("." + t) for t in tensors))
     return params, active, adapters

@@ -177,3 +177,42 @@ def test_resuming_with_lora_switched_is_refused_naming_the_key():
         check_fingerprint(Path("ck"), lora, full)
     del lora["model"]["lora"]  # a checkpoint written before model.lora existed: nothing to compare
     check_fingerprint(Path("ck"), lora, full)
+
+
+EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+def test_adapters_on_fused_expert_tensors_merge_into_the_base_models_tensors(arch):
+    """model.lora.target_parameters (peft's ParamWrapper, one adapter per expert): the merged weights carry the
+    base model's names, and a base model loaded with them computes what the adapted model computes."""
+    from tests.models.architectures import build
+
+    model, base = build(arch), build(arch)
+    apply_lora(model, LoraConfig(enabled=True, r=4, alpha=8.0, target_parameters=EXPERTS))
+    adapted = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert any("experts" in n and "lora_A" in n for n in adapted)
+    for m in model.modules():  # B = 0 at the start: move it so the merge shows
+        if hasattr(m, "lora_B"):
+            torch.nn.init.normal_(m.lora_B["default"].weight, std=0.1)
+    ids = torch.arange(3, 23)[None]
+    with torch.no_grad():
+        want = model(ids).logits
+        merged = dict(merged_weights(model))
+        assert set(merged) == set(dict(base.named_parameters()))
+        before = base(ids).logits
+        base.load_state_dict(merged, strict=True)
+        got = base(ids).logits
+    assert (want - before).abs().max() > 1.0  # (the experts' adapters moved the model)
+    torch.testing.assert_close(got, want, atol=5e-5, rtol=1e-5)
+
+
+def test_expert_tensor_targets_are_checked():
+    from tests.models.architectures import build
+
+    with pytest.raises(ValueError, match="names \\['mlp.experts.up_proj'\\], which Qwen3MoeForCausalLM has no "
+                                         "parameter called; its fused \\(3-D\\) parameters are "
+                                         "\\['mlp.experts.down_proj', 'mlp.experts.gate_up_proj'\\]"):
+        apply_lora(build("qwen3_moe"), LoraConfig(enabled=True, r=4, target_parameters=["mlp.experts.up_proj"]))
+    with pytest.raises(ValidationError, match="set model.lora.dropout=0"):
+        LoraConfig(enabled=True, target_parameters=EXPERTS, dropout=0.1)

@@ -61,3 +61,15 @@ def test_a_hybrids_kv_cache_is_its_attention_layers_only():
     assert ModelShape.from_hf_config(_tiny("qwen3_moe")).kv_layers == 0  # (every layer)
     assert ModelShape.from_hf_config(_tiny("jamba")).kv_layers == 2  # (attention every other layer)
     assert ModelShape.from_hf_config(_tiny("nemotron_h")).kv_layers == 1  # (the pattern M*M-)
+
+
+def test_lora_on_expert_tensors_counts_an_adapter_per_expert():
+    from relayrl.models.lora import apply_lora
+
+    cfg = _tiny("qwen3_moe")
+    lora = LoraConfig(enabled=True, r=4, target_modules=["q_proj"],
+                      target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
+    planned = ModelShape.from_hf_config(cfg, lora=lora).trainable
+    model = AutoModelForCausalLM.from_config(cfg)
+    apply_lora(model, lora)
+    assert planned == sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -142,3 +142,32 @@ def test_routing_replay_on_a_dense_model_is_refused_naming_the_key(tiny_dir, tmp
     assert "needs a mixture-of-experts model" in r.stderr, r.stderr[-2000:]
     assert "algorithm.routing_replay=none" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_grpo_with_lora_on_the_experts_relays_their_merged_tensors(tiny_tokenizer, tmp_path):
+    """model.lora.target_parameters on a tiny Qwen3-MoE: the experts' adapters train, the rollout gets the merged
+    expert tensors after every update (its log-probs stay the trainer's at a learning rate that moves them),
+    and the saved model holds the merged experts, the adapter its target parameters."""
+    import json
+
+    from safetensors.torch import load_file
+
+    model_dir, run_dir = _model_dir(build("qwen3_moe", vocab=len(tiny_tokenizer)), tiny_tokenizer, tmp_path), \
+        tmp_path / "run"
+    r = relayrl("train", "recipes/arith_grpo_lora.yaml", f"model.path={model_dir}", "trainer.steps=3",
+                f"run.dir={run_dir}", "reward.verifier=user", f"reward.user_fn={tmp_path / 'reward.py'}:digits",
+                "model.lora.target_parameters=[mlp.experts.gate_up_proj,mlp.experts.down_proj]",
+                "model.lora.target_modules=[q_proj]", "engine.optim.lr=1e-2", "rollout.temperature=3.0",
+                "eval.size=8", "run.threads=1", "telemetry.sinks=[jsonl]")
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = [m for m in records(run_dir) if "rollout/logprob_error" in m]
+    assert len(steps) == 3 and all(m["actor/grad_norm"] > 0 for m in steps)
+    for m in steps:
+        assert m["rollout/logprob_error"] == pytest.approx(1.0, abs=1e-4), m["rollout/logprob_error"]
+    before, after = load_file(model_dir / "model.safetensors"), load_file(run_dir / "model" / "model.safetensors")
+    assert set(after) == set(before)
+    expert = "model.layers.0.mlp.experts.0.down_proj.weight"  # (the checkpoint's per-expert names)
+    assert (after[expert] - before[expert]).abs().max() > 0
+    adapter = json.loads((run_dir / "model" / "adapter" / "adapter_config.json").read_text())
+    assert sorted(adapter["target_parameters"]) == ["mlp.experts.down_proj", "mlp.experts.gate_up_proj"]
