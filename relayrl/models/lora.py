@@ -235,6 +235,9 @@ def iter_merged_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Ten
         key = base_name(name)
         m = merged_at.get(key)
         if key in tensors:
+            if _is_dtensor(p):
+                raise LoraError(f"{key}: model.lora.target_parameters' adapters are merged on one rank only; this "
+                                "tensor is an FSDP2 shard (drop model.lora.target_parameters or train on one rank)")
             yield key, p.detach() + tensors[key].get_delta_weight(_ADAPTER).to(p.dtype)
         elif m is None:
             yield key, p.detach()

@@ -216,3 +216,9 @@ def test_expert_tensor_targets_are_checked():
         apply_lora(build("qwen3_moe"), LoraConfig(enabled=True, r=4, target_parameters=["mlp.experts.up_proj"]))
     with pytest.raises(ValidationError, match="set model.lora.dropout=0"):
         LoraConfig(enabled=True, target_parameters=EXPERTS, dropout=0.1)
+
+
+def test_expert_tensor_adapters_on_several_trainer_ranks_are_refused_by_the_config():
+    with pytest.raises(ValidationError, match="adapters on expert tensors train on one rank .* the trainer has 2"):
+        Config.model_validate({"model": {"lora": {"enabled": True, "target_parameters": EXPERTS}},
+                               "cluster": {"devices": 2}})
