@@ -278,3 +278,12 @@ def test_a_response_cut_at_its_thinking_budget_keeps_the_routes_of_all_of_it(moe
         assert c.routed_experts.shape[0] == len(seq) - 1
         assert _same_experts(c.routed_experts, _own_routes(moe, seq))
 
+
+
+def test_the_step_plan_says_who_records_and_who_replays():
+    from relayrl.config.plan import step_plan
+
+    r3 = step_plan(Config.model_validate({"algorithm": {"routing_replay": "rollout"}})).notes
+    r2 = step_plan(Config.model_validate({"algorithm": {"routing_replay": "old", "old_logprobs": "recompute"}})).notes
+    assert any("the rollout records each token's experts" in n and "pi_old and update passes" in n for n in r3)
+    assert any("the pi_old pass records its routers' choice" in n for n in r2)
