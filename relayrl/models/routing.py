@@ -44,7 +44,8 @@ never run)."""
 
 
 class RoutingError(UserError, ValueError):
-    """Routing replay was asked of a model it cannot replay (no router, routers of different shapes)."""
+    """Routing replay was asked of a model it cannot replay (no router, routers of different shapes), or given
+    routes that do not fit the model (another layer count, top-k or expert range)."""
 
 
 @dataclass(frozen=True)
@@ -246,8 +247,8 @@ def laid_out(routes: Sequence[torch.Tensor], seq_row: torch.Tensor, seq_pos: tor
     for i in need:
         r = routes[i]
         if r.dim() != 3 or tuple(r.shape[1:]) != (shape.layers, shape.top_k):
-            raise ValueError(f"row {i}: routes of shape {tuple(r.shape)}, expected [tokens, {shape.layers} MoE "
-                             f"layers, top_k={shape.top_k}] (were they recorded on another model?)")
+            raise RoutingError(f"row {i}: routes of shape {tuple(r.shape)}, expected [tokens, {shape.layers} MoE "
+                               f"layers, top_k={shape.top_k}] (were they recorded on another model?)")
     out = torch.full((*row.shape, shape.layers, shape.top_k), -1, dtype=torch.int16)
     if not need:
         return out.to(seq_row.device)
@@ -255,7 +256,8 @@ def laid_out(routes: Sequence[torch.Tensor], seq_row: torch.Tensor, seq_pos: tor
     if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= shape.experts):
         bad = next(i for i in need if routes[i].numel() and (int(routes[i].min()) < 0
                                                             or int(routes[i].max()) >= shape.experts))
-        raise ValueError(f"row {bad}: routes name experts outside 0..{shape.experts - 1}")
+        raise RoutingError(f"row {bad}: routes name experts outside 0..{shape.experts - 1} (were they recorded on "
+                           "another model?)")
     lengths = torch.zeros(max(need) + 1, dtype=torch.long)
     lengths[need] = torch.tensor([int(routes[i].shape[0]) for i in need])
     starts = torch.zeros_like(lengths)
