@@ -25,7 +25,8 @@
 #     .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
 #       --implementation cp --platform manylinux2014_x86_64 -d .whl $p; done
 #
-# PARTS: which of "tests flex train decode profile" to run, in the order given. TEST_FILES: the test files
+# PARTS=moe: MoE routing replay with both engines on the GPU (benchmarks/routing_replay.py, about a minute; MOE_S).
+# PARTS: which of "tests flex train decode profile moe" to run, in the order given. TEST_FILES: the test files
 # (default: the four that hold CUDA tests); TESTS: pytest's -k expression. OLD: a folder holding an earlier
 # commit's relayrl/ and benchmarks/ (`git archive REV relayrl benchmarks | tar -x -C .gpu/old`, carried),
 # timed right after this tree's figures for a before/after ratio. DECODE_ARGS / TRAIN_ARGS / FLEX_ARGS: extra
@@ -85,7 +86,11 @@ for part in $PARTS; do
     train)
       run train . "${TRAIN_S:-$PART_S}" "${TRAIN[@]}" ${TRAIN_ARGS:-}
       [[ -n "${OLD:-}" ]] && run train-old "$OLD" "${TRAIN_S:-$PART_S}" "${TRAIN[@]}" ;;
-    *) echo "gpu_session: unknown part $part (tests, flex, train, decode, profile)"; exit 2 ;;
+    moe)  # MoE routing replay on the GPU: bf16 rollout, bf16 mixed-precision trainer (benchmarks/routing_replay.py)
+      echo "== moe"
+      timeout "${MOE_S:-$PART_S}" python3 benchmarks/routing_replay.py --device cuda --train-compute bfloat16 \
+        --prompts 64 --max-new-tokens 256 2>&1 | tee "$OUT/moe.log" | grep -v "^\s*$" | tail -8 ;;
+    *) echo "gpu_session: unknown part $part (tests, flex, train, decode, profile, moe)"; exit 2 ;;
   esac
 done
 echo "== done"

@@ -11,12 +11,14 @@ computes the sampled tokens' log-probs twice, routing on its own and replaying t
 
 Figures: the share of the rollout's expert picks the float32 trainer makes itself (``routing agreement``), and
 ``rollout/logprob_error`` (mean over tokens of ``exp(|logp_gen - logp_train|)``, 1.0 a perfect match) without
-and with replay; the pass time with replay over without, and the rollout's time recording over not. Printed, not asserted. Last line::
+and with replay; the pass time with replay over without, and the rollout's time recording over not. Printed, not
+asserted. Last line::
 
     routing_replay: agreement A%; logprob_error free E_f, replayed E_r (excess x R smaller); pass time x T;
         recording the rollout x G
 
-Run it with ``.venv/bin/python benchmarks/routing_replay.py`` (about 15 s on 2 cores).
+Run it with ``.venv/bin/python benchmarks/routing_replay.py`` (about 15 s on 2 cores); on a GPU, both engines there
+and the trainer in bf16 mixed precision, as a GPU run trains: ``--device cuda --train-compute bfloat16``.
 """
 
 from __future__ import annotations
@@ -67,8 +69,13 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3, help="timed trainer passes of each kind, alternating")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (both engines on the GPU)")
+    ap.add_argument("--train-compute", choices=("float32", "bfloat16"), default="float32",
+                    help="the trainer's compute dtype: float32, or bfloat16 (float32 weights under autocast, as "
+                         "model.dtype=bfloat16 trains on a GPU)")
     args = ap.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
+    dev, compute = torch.device(args.device), getattr(torch, args.train_compute)
 
     tok = load_tokenizer(build_tiny(TinyModelConfig(), verbose=False))
     model = moe_model(len(tok), args.seed)
@@ -77,8 +84,9 @@ def main() -> None:
                for _ in range(args.prompts)]
 
     params = SamplingParams(n=args.n, max_new_tokens=args.max_new_tokens, temperature=1.0, ignore_eos=True)
-    engines = {rec: NativeGenerationEngine(copy.deepcopy(model).to(torch.bfloat16), tok, decode="dynamic",
-                                           max_batch=args.prompts * args.n, record_routing=rec) for rec in (False, True)}
+    engines = {rec: NativeGenerationEngine(copy.deepcopy(model).to(torch.bfloat16), tok, decode="dynamic", device=dev,
+                                           max_batch=args.prompts * args.n, record_routing=rec)
+               for rec in (False, True)}
     gen_times: dict[bool, list[float]] = {False: [], True: []}
     for _ in range(args.repeats):  # the rollout with and without recording, in alternation
         for rec, eng in engines.items():
@@ -92,19 +100,24 @@ def main() -> None:
     batch = SequenceBatch([torch.tensor(prompts[c.prompt_index]) for c in comps], [c.token_ids for c in comps], {},
                           [c.prompt_index for c in comps], [c.routed_experts for c in comps])
 
-    # the float32 trainer's own choices against the rollout's
+    # the trainer's own choices against the rollout's (in its compute dtype)
+    model = model.to(dev)
     routing, matched, picks = Routing(model), 0, 0
     for c in comps:
-        with routing.record() as rec, torch.no_grad():
-            model(torch.cat([torch.tensor(prompts[c.prompt_index]), c.token_ids])[None])
-        own, theirs = rec.routes()[:-1], c.routed_experts.long()
+        ids = torch.cat([torch.tensor(prompts[c.prompt_index]), c.token_ids])[None].to(dev)
+        mixed = torch.autocast(dev.type, compute, enabled=compute != torch.float32)
+        with routing.record() as rec, torch.no_grad(), mixed:
+            model(ids)
+        own, theirs = rec.routes()[:-1].cpu(), c.routed_experts.long()
         matched += int((own[..., :, None] == theirs[..., None, :]).any(-1).sum())
         picks += theirs.numel()
     routing.remove()
 
     cfg = TrainEngineConfig()
-    free = TorchTrainingEngine(copy.deepcopy(model), cfg, total_steps=1, trainable=False)
-    replayed = TorchTrainingEngine(copy.deepcopy(model), cfg, total_steps=1, trainable=False, routing_replay=True)
+    free = TorchTrainingEngine(copy.deepcopy(model), cfg, total_steps=1, trainable=False, device=dev,
+                               compute_dtype=compute)
+    replayed = TorchTrainingEngine(copy.deepcopy(model), cfg, total_steps=1, trainable=False, routing_replay=True,
+                                   device=dev, compute_dtype=compute)
     times: dict[str, list[float]] = {"free": [], "replayed": []}
     out: dict[str, list[torch.Tensor]] = {}
     for _ in range(args.repeats):
@@ -116,7 +129,7 @@ def main() -> None:
     err = {k: logprob_error(gen_lp, padded(v)[0], mask) for k, v in out.items()}
     for k in ("free", "replayed"):
         e = err[k]
-        print(f"trainer (fp32, {k:8s}): rollout/logprob_error {e['rollout/logprob_error']:.5f}, "
+        print(f"trainer ({args.train_compute}, {k:8s}): rollout/logprob_error {e['rollout/logprob_error']:.5f}, "
               f"max {e['rollout/logprob_error_max']:.4f}, pass {min(times[k]):.3f} s")
     agree = matched / picks
     e_f, e_r = err["free"]["rollout/logprob_error"], err["replayed"]["rollout/logprob_error"]
