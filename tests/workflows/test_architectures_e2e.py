@@ -28,7 +28,7 @@ def _model_dir(model, tokenizer, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["gemma2", "granite", "cohere", "qwen3_5_text", "qwen3_next", "gpt_oss", "jamba",
-                                  "nemotron_h"])
+                                  "nemotron_h", "mixtral"])
 def test_grpo_on_the_architecture_keeps_the_generators_logprobs(arch, tiny_tokenizer, tmp_path):
     model_dir, run_dir = _model_dir(build(arch, vocab=len(tiny_tokenizer)), tiny_tokenizer, tmp_path), tmp_path / "run"
     attn = ["model.attn_implementation=eager"] if arch in ("gemma2", "gpt_oss") else []  # (capped scores; sinks)
