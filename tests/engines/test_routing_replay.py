@@ -141,6 +141,9 @@ def test_a_batch_without_routes_is_refused_by_a_replaying_engine(moe, tiny_token
     batch = _batch(tiny_tokenizer, False, moe)
     with pytest.raises(ValueError, match="the batch carries no routes: the rollout must record them"):
         eng.logprobs(SequenceBatch(batch.prompt_ids, batch.response_ids, {}, batch.groups))
+    long = [torch.cat([r, r]) if i == 2 else r for i, r in enumerate(batch.routes)]  # (another sequence's routes)
+    with pytest.raises(ValueError, match="row 2: .* routed tokens for a sequence of .* does not belong"):
+        eng.logprobs(SequenceBatch(batch.prompt_ids, batch.response_ids, {}, batch.groups, long))
 
 
 @pytest.mark.parametrize("override, message", [

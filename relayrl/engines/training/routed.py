@@ -38,6 +38,12 @@ class RoutedPasses:
         if batch.routes is None:
             raise ValueError("this engine replays MoE routing (routing_replay), but the batch carries no routes: "
                              f"the rollout must record them ({routing.ROUTES_COLUMN})")
+        for i in torch.unique(seq_row[seq_row >= 0]).tolist():  # (a longer route list belongs to another sequence)
+            tokens = int(batch.prompt_ids[i].numel() + batch.response_ids[i].numel())
+            if batch.routes[i].shape[0] > tokens:
+                raise routing.RoutingError(f"row {i}: {batch.routes[i].shape[0]} routed tokens for a sequence of "
+                                           f"{tokens} (prompt + response); the {routing.ROUTES_COLUMN} column does not "
+                                           "belong to these tokens")
         r = routing.laid_out(batch.routes, seq_row, seq_pos, self.routing.shape)[:, cols]
         return r.reshape(-1, *r.shape[2:]).to(self.device)
 
