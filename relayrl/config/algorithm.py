@@ -311,15 +311,17 @@ class AlgorithmConfig(_Section):
         "unbiased for tokens sampled from pi_old (DeepSeek-V3.2; TRL's use_bias_correction_kl)")
     correction: CorrectionConfig = Field(CorrectionConfig(), description="rollout correction between the "
                                          "rollout engine's policy mu and pi_old")
-    routing_replay: Literal["none", "rollout", "old"] = Field(
+    routing_replay: Literal["none", "measure", "rollout", "old"] = Field(
         "none", description="mixture-of-experts models: rollout (R3, Ma et al. 2025, 'Stabilizing MoE RL by "
         "Aligning Training and Inference Routers') records the experts the rollout routed every token to and "
         "makes the policy's routers choose the same ones in its old log-prob and update passes (their gate "
         "weights stay the trainer's own, with their gradient; native rollout engine, dynamic decode; multi-turn "
         "episodes and thinking budgets too); old (R2, GSPO's routing replay) records the trainer's own choice in "
         "the pi_old pass and replays it in the update passes, so later mini-batches route as pi_old did (any "
-        "rollout engine; needs the pi_old pass). The reference routes on its own. Reports "
-        "actor/routing_agreement, the share of replayed picks the trainer would have made itself")
+        "rollout engine; needs the pi_old pass); measure records as rollout does and only compares: the policy "
+        "routes on its own and reports how often it chose the rollout's experts (whether rollout is worth it). "
+        "The reference routes on its own. Reports actor/routing_agreement, the share of recorded picks the trainer "
+        "makes (or would have made) itself")
     distill: DistillConfig = Field(DistillConfig(), description="on-policy distillation from a teacher model")
     online_dpo: OnlineDPOConfig = Field(OnlineDPOConfig(), description="advantage=online-dpo: the DPO loss on each "
                                         "prompt group's best and worst response")

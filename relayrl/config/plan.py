@@ -226,11 +226,13 @@ def step_plan(cfg: Config) -> StepPlan:
                      f"sum of the reward functions goes through {est.name}'s own scaling; TRL and the GDPO paper "
                      f"normalise it over the batch (algorithm.advantage=grpo-batch-std)")
     if a.routing_replay != "none":
-        who, where = (("the rollout records each token's experts", "pi_old and update passes")
-                      if a.routing_replay == "rollout" else ("the pi_old pass records its routers' choice",
-                                                             "update passes"))
+        who, where = {"rollout": ("the rollout records each token's experts", "pi_old and update passes replay them"),
+                      "measure": ("the rollout records each token's experts", "passes compare their own choice with "
+                                  "them (actor/routing_agreement) and replay nothing"),
+                      "old": ("the pi_old pass records its routers' choice", "update passes replay them")
+                      }[a.routing_replay]
         notes.append(f"algorithm.routing_replay={a.routing_replay}: {who} (routed_experts in the dock: MoE layers "
-                     f"x experts per token x 2 bytes a token) and the policy's {where} replay them")
+                     f"x experts per token x 2 bytes a token) and the policy's {where}")
     if overlapped and why_batch:
         notes.append(f"the update waits for the whole batch ({'; '.join(why_batch)}); generation, scoring and the "
                      f"forward-only passes still overlap per prompt group")

@@ -92,9 +92,9 @@ class _TopK(TorchFunctionMode):
     ``replay`` ``[tokens, k]`` (``-1`` rows: the router's own choice) replaces the chosen indexes; ``chosen``
     keeps what the router chose itself (the last such call)."""
 
-    def __init__(self, top_k: int, experts: int, replay: torch.Tensor | None) -> None:
+    def __init__(self, top_k: int, experts: int, replay: torch.Tensor | None, compare: bool = False) -> None:
         super().__init__()
-        self.top_k, self.experts, self.replay = top_k, experts, replay
+        self.top_k, self.experts, self.replay, self.compare = top_k, experts, replay, compare
         self.chosen: torch.Tensor | None = None
 
     def _matches(self, args: tuple, kwargs: dict) -> bool:
@@ -114,7 +114,7 @@ class _TopK(TorchFunctionMode):
                              "recorded routes were given (the routes are not laid out like the forward's tokens)")
         values, chosen = func(*args, **kwargs)
         self.chosen = chosen
-        if self.replay is None:
+        if self.replay is None or self.compare:  # (compare: the router's own choice, counted against the routes)
             return torch.return_types.topk((values, chosen))
         own = self.replay[:, :1] < 0
         index = torch.where(own, chosen, self.replay.to(chosen.device, chosen.dtype))
@@ -123,15 +123,16 @@ class _TopK(TorchFunctionMode):
 
 class Routing:
     """Hooks on a model's routers (:func:`router_modules`) that record the experts each token is sent to
-    (:meth:`record`) or make them choose given ones (:meth:`replay`); idle otherwise. The hooks stay until
-    :meth:`remove`.
+    (:meth:`record`) or make them choose given ones (:meth:`replay`; with ``compare``, only compare the given ones
+    with the routers' own choices, which stand); idle otherwise. The hooks stay until :meth:`remove`.
 
     While replaying, the routers' own choices are compared with the replayed ones: :meth:`take_counts` gives
     how many replayed (token, expert) picks the trainer's routers would have made themselves, and of how many
     (their share is 1.0 when the generator and the trainer route alike; R3's "routing discrepancy" is one minus
     it)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, *, compare: bool = False) -> None:
+        self.compare = compare  # given routes are only compared with the routers' choices, not replayed
         self.routers = router_modules(model)
         shape = router_shape(model)
         if shape is None:
@@ -153,7 +154,7 @@ class Routing:
             if self._replay is None and self._recorded is None:
                 return
             replay = None if self._replay is None else self._replay[:, layer]
-            mode = self._modes[layer] = _TopK(self.shape.top_k, self.shape.experts, replay)
+            mode = self._modes[layer] = _TopK(self.shape.top_k, self.shape.experts, replay, self.compare)
             mode.__enter__()
         return hook
 

@@ -45,12 +45,12 @@ def _rollout(cfg: Config, prec: dict, path: str, common: dict) -> dict:
 
 def _replays(cfg: Config) -> bool:
     """MoE routing replay (``algorithm.routing_replay``): the actor replays routing (and records it: ``old``)."""
-    return cfg.algorithm.routing_replay != "none"
+    return cfg.algorithm.routing_replay in ("rollout", "old")
 
 
 def _records_rollout(cfg: Config) -> bool:
-    """R3: the rollout records each token's experts for the actor to replay."""
-    return cfg.algorithm.routing_replay == "rollout"
+    """R3 (and ``measure``): the rollout records each token's experts for the actor to replay (or compare)."""
+    return cfg.algorithm.routing_replay in ("rollout", "measure")
 
 
 def role_common(cfg: Config) -> dict:
@@ -67,7 +67,8 @@ def rollout_init(cfg: Config, model_path: str) -> dict:
 ROLES: tuple[Role, ...] = (
     Role("actor", PolicyWorker, lambda cfg, plan, prec, path, common: dict(
         model_path=path, engine=cfg.train_engine(), total_steps=_updates(cfg), seed=cfg.run.seed, tri_model=plan.tri_model,
-        lora=cfg.model.lora, chat_template=cfg.model.template(), routing_replay=_replays(cfg), **prec["trained"],
+        lora=cfg.model.lora, chat_template=cfg.model.template(), routing_replay=_replays(cfg),
+        routing_compare=cfg.algorithm.routing_replay == "measure", **prec["trained"],
         **common)),
     Role("critic", CriticWorker, lambda cfg, plan, prec, path, common: dict(
         model_path=path, engine=cfg.train_engine(optim=cfg.critic.optim), total_steps=_updates(cfg),

@@ -204,11 +204,12 @@ class PolicyWorker(_TrainerWorker):
     def __init__(self, model_path: str, engine: TrainEngineConfig, total_steps: int, *, dtype: str = "float32",
                  compute_dtype: str | None = None, device: str = "auto", attn_implementation: str = "sdpa",
                  threads: int = 0, seed: int = 0, tri_model: bool = False, lora: lora_lib.LoraConfig | None = None,
-                 chat_template: str | None = None, head_fp32: bool = False, routing_replay: bool = False) -> None:
+                 chat_template: str | None = None, head_fp32: bool = False, routing_replay: bool = False,
+                 routing_compare: bool = False) -> None:
         self.tri_model = tri_model
         self._start(load_model, model_path, engine, total_steps, dtype=dtype, compute_dtype=compute_dtype,
                     device=device, attn_implementation=attn_implementation, threads=threads, seed=seed, lora=lora,
-                    head_fp32=head_fp32, routing_replay=routing_replay)
+                    head_fp32=head_fp32, routing_replay=routing_replay, routing_compare=routing_compare)
         self.tokenizer = load_tokenizer(model_path, chat_template=chat_template)  # saved with the model
 
     def logprobs(self, batch: SequenceBatch, temperature: float = 1.0, with_reference: bool = False):

@@ -290,3 +290,24 @@ def test_the_step_plan_says_who_records_and_who_replays():
     r2 = step_plan(Config.model_validate({"algorithm": {"routing_replay": "old", "old_logprobs": "recompute"}})).notes
     assert any("the rollout records each token's experts" in n and "pi_old and update passes" in n for n in r3)
     assert any("the pi_old pass records its routers' choice" in n for n in r2)
+
+
+def test_measure_compares_the_routes_and_replays_none(moe, tiny_tokenizer):
+    """routing_compare (algorithm.routing_replay=measure): the log-probs are the model's own routing's, and the
+    agreement says how often it chose the given experts."""
+    free = TorchTrainingEngine(copy.deepcopy(moe), TrainEngineConfig(), total_steps=1, trainable=False)
+    loss = PolicyLoss()
+    for shift, check in ((False, lambda a: a == 1.0), (True, lambda a: a < 0.5)):
+        batch = _batch(tiny_tokenizer, shift, moe)
+        eng = TorchTrainingEngine(copy.deepcopy(moe), TrainEngineConfig(), total_steps=1, routing_compare=True)
+        for a, b in zip(eng.logprobs(batch)[0], free.logprobs(batch)[0]):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+        batch.fields["advantages"] = [torch.ones(len(r)) for r in batch.response_ids]
+        m = eng.train_step(batch, loss)
+        assert check(m["actor/routing_agreement"]), m["actor/routing_agreement"]
+    with pytest.raises(ValueError, match="vLLM 0.32 returns routed experts"):
+        Config.model_validate({"algorithm": {"routing_replay": "measure"}, "rollout": {"engine": "vllm"}})
+    from relayrl.config.plan import step_plan
+
+    notes = step_plan(Config.model_validate({"algorithm": {"routing_replay": "measure"}})).notes
+    assert any("compare their own choice with them" in n and "replay nothing" in n for n in notes)

@@ -177,3 +177,19 @@ def test_grpo_with_lora_on_the_experts_relays_their_merged_tensors(tiny_tokenize
     assert (after[expert] - before[expert]).abs().max() > 0
     adapter = json.loads((run_dir / "model" / "adapter" / "adapter_config.json").read_text())
     assert sorted(adapter["target_parameters"]) == ["mlp.experts.down_proj", "mlp.experts.gate_up_proj"]
+
+
+@pytest.mark.slow
+def test_measure_reports_how_often_a_bf16_rollout_routes_as_the_trainer(tiny_tokenizer, tmp_path):
+    """algorithm.routing_replay=measure with a bf16 rollout and a float32 trainer: the trainer routes on its own
+    and reports the share of the rollout's expert picks it makes too (near, but not at, 1 on bf16)."""
+    model_dir, run_dir = _model_dir(build("qwen3_moe", vocab=len(tiny_tokenizer)), tiny_tokenizer, tmp_path), \
+        tmp_path / "run"
+    r = relayrl("train", "recipes/arith_grpo.yaml", f"model.path={model_dir}", "trainer.steps=2", f"run.dir={run_dir}",
+                "reward.verifier=user", f"reward.user_fn={tmp_path / 'reward.py'}:digits", "rollout.dtype=bfloat16",
+                "algorithm.routing_replay=measure", "rollout.temperature=3.0", "eval.size=8", "run.threads=1",
+                "telemetry.sinks=[jsonl]")
+    assert r.returncode == 0, r.stderr[-3000:]
+    steps = [m for m in records(run_dir) if "actor/routing_agreement" in m]
+    assert len(steps) == 2
+    assert all(0.9 < m["actor/routing_agreement"] < 1.0 for m in steps), [m["actor/routing_agreement"] for m in steps]

@@ -124,7 +124,7 @@ class TorchTrainingEngine(RoutedPasses, StreamedUpdate, EngineState):
                  trainable: bool = True, metric_prefix: str = "actor",
                  output: Literal["logprobs", "values"] = "logprobs", compute_dtype: torch.dtype | None = None,
                  reference=None, reference_adapters_off: bool = False, head_fp32: bool = False,
-                 routing_replay: bool = False) -> None:
+                 routing_replay: bool = False, routing_compare: bool = False) -> None:
         if output not in ("logprobs", "values"):
             raise ValueError(f"output={output!r} must be 'logprobs' (a policy) or 'values' (a critic)")
         if (reference is not None or reference_adapters_off) and output == "values":
@@ -164,7 +164,9 @@ class TorchTrainingEngine(RoutedPasses, StreamedUpdate, EngineState):
             for p in self.runner.parameters():  # parameters only: buffers (rotary frequencies) stay float32
                 p.data = p.data.to(self.compute_dtype)
         # MoE routing replay (relayrl.models.routing): the policy's routers choose the experts a batch's routes name
-        self.routing = routing.Routing(self.runner) if routing_replay else None
+        # (routing_compare: the batch's routes are compared with the routers' own choices, which stand)
+        self.routing = (routing.Routing(self.runner, compare=routing_compare and not routing_replay)
+                        if routing_replay or routing_compare else None)
         # engine.router_aux_loss_coef: the policy's load-balancing loss in every pass with a gradient
         self._balance = (routing.load_balancing(self.runner) if cfg.router_aux_loss_coef > 0 and trainable
                          and output == "logprobs" else None)
