@@ -107,6 +107,7 @@ from relayrl.engines.training.base import (REF_FIELD, LossFn, MicroBatch, Sequen
                                           with_group_tokens)
 from relayrl.engines.training.config import TrainEngineConfig
 from relayrl.engines.training.forward import Forward, pad_field, with_loss_mask
+from relayrl.engines.training.logprob_passes import LogprobPasses
 from relayrl.engines.training.routed import RoutedPasses
 from relayrl.engines.training.steps import make_scheduler, minibatch_slices
 from relayrl.models.logits import LogitTransform, check_head
@@ -116,7 +117,7 @@ from relayrl.models.packing import (PackUnit, additive_mask, build_packed_batch,
 __all__ = ["TrainEngineConfig", "TorchTrainingEngine", "Forward", "plan_microbatches", "minibatch_slices", "make_scheduler"]
 
 
-class TorchTrainingEngine(RoutedPasses, StreamedUpdate, EngineState):
+class TorchTrainingEngine(LogprobPasses, RoutedPasses, StreamedUpdate, EngineState):
     """See the module docstring. ``model`` is a Hugging Face causal LM; ``reference`` an optional frozen
     copy of the initial policy (same architecture) laid out like ``model`` (tri-model, Periodic Asynchrony §4.1)."""
 
@@ -435,57 +436,6 @@ class TorchTrainingEngine(RoutedPasses, StreamedUpdate, EngineState):
                                                               zip(rows, lp_len, rs_len)])
         return Forward(lp, mask, ent, list(rows), self._padded_len(batch, rows), ref, sq, self._agreement(routes),
                        recorded, self._balanced(gates, attn))
-
-    @torch.no_grad()
-    def logprobs(self, batch: SequenceBatch, *, temperature: float = 1.0, with_entropy: bool = False):
-        lp, ent, _, _, _ = self._logprob_rows(batch, temperature, with_entropy, with_reference=False)
-        return lp, ent
-
-    @torch.no_grad()
-    def logprobs_with_reference(self, batch: SequenceBatch, *, temperature: float = 1.0):
-        """Per-row log-probs of the policy and of the frozen reference (``reference=``), from one micro-step
-        per micro-batch: both passes run on the same packed input. Returns ``(policy, reference)``."""
-        lp, _, ref, _, _ = self._logprob_rows(batch, temperature, False, with_reference=True)
-        return lp, ref
-
-    @torch.no_grad()
-    def logprobs_with_sum_sq(self, batch: SequenceBatch, *, temperature: float = 1.0):
-        """Per-row log-probs and each position's ``sum_v p_v^2`` (both under ``softmax(logits / temperature)``,
-        from one pass): the Optimal Token Baseline's statistics (:mod:`relayrl.algorithms.otb`)."""
-        lp, _, _, sq, _ = self._logprob_rows(batch, temperature, False, with_reference=False, with_sum_sq=True)
-        return lp, sq
-
-    @torch.no_grad()
-    def logprobs_with_routes(self, batch: SequenceBatch, *, temperature: float = 1.0, with_sum_sq: bool = False):
-        """Per-row log-probs and the experts the policy's routers chose for every token of each row
-        (``[prompt + response, layers, k]`` int16: routing replay of the old policy, R2), from one pass; and with
-        ``with_sum_sq`` each position's ``sum_v p_v^2``. Returns ``(logprobs, routes, sum_sq or None)``."""
-        lp, _, _, sq, routes = self._logprob_rows(batch, temperature, False, with_reference=False,
-                                                  with_sum_sq=with_sum_sq, record=True)
-        return lp, routes, sq
-
-    def _logprob_rows(self, batch: SequenceBatch, temperature: float, with_entropy: bool, with_reference: bool,
-                      with_sum_sq: bool = False, record: bool = False):
-        batch, own = self._pool(batch)
-        was_training = self.runner.training
-        self.runner.eval()
-        out: dict[str, list[torch.Tensor | None]] = {k: [None] * len(batch) for k in ("lp", "ent", "ref", "sq", "rt")}
-        plan = self._plan(batch)
-        if self.sharded:  # every rank gathers each layer as often as the busiest rank
-            if not plan:
-                raise ValueError("logprobs: a data-parallel rank got no rows (fewer rows than ranks)")
-            for _ in range(fsdp.max_over_ranks(len(plan), self.device) - len(plan)):
-                self._forward(batch, plan[-1], temperature, False, with_reference)
-        for item in plan:
-            f = self._forward(batch, item, temperature, with_entropy, with_reference, with_sum_sq, record)
-            for key, t in (("lp", f.logprobs), ("ent", f.entropy), ("ref", f.ref), ("sq", f.sum_sq)):
-                for j, i in enumerate(f.rows if t is not None else ()):
-                    out[key][i] = t[j, :int(batch.response_ids[i].numel())].float().cpu()
-            for i, r in (f.recorded_routes or {}).items():
-                out["rt"][i] = r
-        self.runner.train(was_training)
-        return tuple(out[k][own.start:own.stop] if on else None for k, on in (
-            ("lp", True), ("ent", with_entropy), ("ref", with_reference), ("sq", with_sum_sq), ("rt", record)))
 
     # ---------------------------------------------------------------- update
     def _pool(self, batch: SequenceBatch) -> tuple[SequenceBatch, range]:
