@@ -237,11 +237,12 @@ class _Recording:
 
 
 def laid_out(routes: Sequence[torch.Tensor], seq_row: torch.Tensor, seq_pos: torch.Tensor,
-             shape: RouterShape) -> torch.Tensor:
+             shape: RouterShape, tokens: Sequence[int] | None = None) -> torch.Tensor:
     """The routes of a forward's tokens: ``[P, L, layers, k]`` for a ``[P, L]`` input whose token ``[p, l]`` is
     token ``seq_pos[p, l]`` of batch row ``seq_row[p, l]`` (``-1``: padding), from each row's recorded
     ``routes[row]`` ``[tokens, layers, k]``; ``-1`` where a row has no route for the token (padding, a
-    sequence's last token) so the router chooses itself there. Reads only the rows the pass holds. On
+    sequence's last token) so the router chooses itself there. Reads only the rows the pass holds. ``tokens``:
+    each row's prompt + response length, which its routes may not exceed (they would be another sequence's). On
     ``seq_row``'s device."""
     row, pos = seq_row.cpu(), seq_pos.cpu()
     need = torch.unique(row[row >= 0]).tolist()
@@ -250,6 +251,9 @@ def laid_out(routes: Sequence[torch.Tensor], seq_row: torch.Tensor, seq_pos: tor
         if r.dim() != 3 or tuple(r.shape[1:]) != (shape.layers, shape.top_k):
             raise RoutingError(f"row {i}: routes of shape {tuple(r.shape)}, expected [tokens, {shape.layers} MoE "
                                f"layers, top_k={shape.top_k}] (were they recorded on another model?)")
+        if tokens is not None and r.shape[0] > tokens[i]:
+            raise RoutingError(f"row {i}: {r.shape[0]} routed tokens for a sequence of {tokens[i]} (prompt + "
+                               f"response); the {ROUTES_COLUMN} column does not belong to these tokens")
     out = torch.full((*row.shape, shape.layers, shape.top_k), -1, dtype=torch.int16)
     if not need:
         return out.to(seq_row.device)

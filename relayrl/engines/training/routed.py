@@ -38,13 +38,8 @@ class RoutedPasses:
         if batch.routes is None:
             raise ValueError("this engine replays MoE routing (routing_replay), but the batch carries no routes: "
                              f"the rollout must record them ({routing.ROUTES_COLUMN})")
-        for i in torch.unique(seq_row[seq_row >= 0]).tolist():  # (a longer route list belongs to another sequence)
-            tokens = int(batch.prompt_ids[i].numel() + batch.response_ids[i].numel())
-            if batch.routes[i].shape[0] > tokens:
-                raise routing.RoutingError(f"row {i}: {batch.routes[i].shape[0]} routed tokens for a sequence of "
-                                           f"{tokens} (prompt + response); the {routing.ROUTES_COLUMN} column does not "
-                                           "belong to these tokens")
-        r = routing.laid_out(batch.routes, seq_row, seq_pos, self.routing.shape)[:, cols]
+        tokens = [int(p.numel() + r.numel()) for p, r in zip(batch.prompt_ids, batch.response_ids)]
+        r = routing.laid_out(batch.routes, seq_row, seq_pos, self.routing.shape, tokens)[:, cols]
         return r.reshape(-1, *r.shape[2:]).to(self.device)
 
     def _replay(self, routes: torch.Tensor | None) -> None:
@@ -68,7 +63,8 @@ class RoutedPasses:
     def _gathered(self, rec, rows: int) -> torch.Tensor:
         """A recorded pass's routes as ``[P, L, layers, k]``; a sequence-parallel rank's columns joined with its
         group's (a collective)."""
-        local = rec.routes().reshape(rows, -1, *rec.routes().shape[1:])
+        routes = rec.routes()  # [P * L, layers, k]
+        local = routes.reshape(rows, -1, *routes.shape[1:])
         if not self.sp:
             return local
         parts = [torch.empty_like(local) for _ in range(self.sp.size)]
