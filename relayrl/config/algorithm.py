@@ -326,6 +326,11 @@ class AlgorithmConfig(_Section):
     online_dpo: OnlineDPOConfig = Field(OnlineDPOConfig(), description="advantage=online-dpo: the DPO loss on each "
                                         "prompt group's best and worst response")
 
+    @property
+    def routes_from_rollout(self) -> bool:
+        """Whether the rollout records each token's experts (``routing_replay`` rollout or measure)."""
+        return self.routing_replay in ("rollout", "measure")
+
     @model_validator(mode="after")
     def _names(self) -> "AlgorithmConfig":
         if self.advantage not in ESTIMATORS:

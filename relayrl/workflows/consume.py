@@ -53,8 +53,7 @@ class Consume:
         receipts published."""
         p = self.p
         cols = ["prompt_ids", "response_ids", "group"] + (["rewards"] if p.plan.group_filter else []) \
-            + (self._routes() if stage == "old" and self.p.cfg.algorithm.routing_replay in ("rollout", "measure")
-               else [])
+            + (self._routes() if stage == "old" and self.p.cfg.algorithm.routes_from_rollout else [])
         gate = self._gate(stage, f)
         rows = self._rows(stage)
         for b in f.leases(stage, cols, batch_rows=rows, after=gate):

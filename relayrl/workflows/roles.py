@@ -50,7 +50,7 @@ def _replays(cfg: Config) -> bool:
 
 def _records_rollout(cfg: Config) -> bool:
     """R3 (and ``measure``): the rollout records each token's experts for the actor to replay (or compare)."""
-    return cfg.algorithm.routing_replay in ("rollout", "measure")
+    return cfg.algorithm.routes_from_rollout
 
 
 def role_common(cfg: Config) -> dict:
