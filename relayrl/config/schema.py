@@ -420,10 +420,6 @@ class Config(_Section):
             what = "data.prompts_per_step x rollout.n" if self.workflow == "grpo" else "trainer.batch_size"
             raise ValueError(f"{what} = {rows} rows over {ranks} data-parallel rank(s) leaves {rows // ranks} per "
                              f"rank, fewer than trainer.mini_batches={self.trainer.mini_batches}")
-        if self.model.lora.enabled and self.model.lora.target_parameters and ranks > 1:
-            raise ValueError(f"model.lora.target_parameters: adapters on expert tensors train on one rank (their merge "
-                             f"for the rollout is not written for FSDP2 shards), and the trainer has {ranks}: set "
-                             f"cluster.devices=1 or drop model.lora.target_parameters")
         if self.model.lora.enabled and self.workflow == "rm":
             raise ValueError("model.lora.enabled: workflow rm trains the whole reward model (its scalar head and "
                              "the network under it); set model.lora.enabled=false")

@@ -132,12 +132,9 @@ def _read_as_experts(model: torch.nn.Module, names: list[str]) -> set[str]:
 
 def _check_parameters(model: torch.nn.Module, cfg: LoraConfig) -> list[str] | None:
     """``cfg.target_parameters`` (peft's names of whole parameters: fused expert tensors), each checked to name a
-    parameter of ``model`` (a name equal to it or ending in ``.name``), on one rank (a sharded merge of them is
-    not written); None when unset."""
+    parameter of ``model`` (a name equal to it or ending in ``.name``); None when unset."""
     if not cfg.target_parameters:
         return None
-    from relayrl.engines.training.fsdp import world_size
-
     names = [n for n, _ in model.named_parameters()]
     missing = [t for t in cfg.target_parameters if not any(n == t or n.endswith("." + t) for n in names)]
     if missing:
@@ -145,10 +142,6 @@ def _check_parameters(model: torch.nn.Module, cfg: LoraConfig) -> list[str] | No
                         if p.dim() == 3})
         raise LoraError(f"model.lora.target_parameters names {missing}, which {type(model).__name__} has no "
                         f"parameter called; its fused (3-D) parameters are {fused or 'none'}")
-    if world_size() > 1:
-        raise LoraError("model.lora.target_parameters: adapters on expert tensors train on one rank (their merge "
-                        "for the rollout is not written for FSDP2 shards); use one trainer rank or drop "
-                        "model.lora.target_parameters")
     return list(cfg.target_parameters)
 
 
@@ -226,8 +219,9 @@ def iter_merged_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Ten
     tensors = {base_name(f"{prefix}.{m.parameter_name}"): m for prefix, m in adapted.items()
                if isinstance(m, ParamWrapper)}  # (model.lora.target_parameters: W + delta per expert)
     layers = {prefix: m for prefix, m in adapted.items() if not isinstance(m, ParamWrapper)}
-    sharded = any(_is_dtensor(m.get_base_layer().weight) for m in layers.values())
-    a_full = _gathered_a(layers) if sharded else {}
+    sharded = (any(_is_dtensor(m.get_base_layer().weight) for m in layers.values())
+               or any(_is_dtensor(m.get_param()) for m in tensors.values()))
+    full = _gathered_factors(layers, tensors) if sharded else {}
     merged_at = {f"{prefix}.weight": m for prefix, m in layers.items()}
     for name, p in model.named_parameters():
         if _is_adapter(name):
@@ -235,14 +229,11 @@ def iter_merged_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Ten
         key = base_name(name)
         m = merged_at.get(key)
         if key in tensors:
-            if _is_dtensor(p):
-                raise LoraError(f"{key}: model.lora.target_parameters' adapters are merged on one rank only; this "
-                                "tensor is an FSDP2 shard (drop model.lora.target_parameters or train on one rank)")
-            yield key, p.detach() + tensors[key].get_delta_weight(_ADAPTER).to(p.dtype)
+            yield key, _merged_experts(key, tensors[key], full)
         elif m is None:
             yield key, p.detach()
         elif _is_dtensor(m.get_base_layer().weight):
-            yield key, _merged_rows(key.removesuffix(".weight"), m, a_full)
+            yield key, _merged_rows(key.removesuffix(".weight"), m, full)
         else:  # (unsharded, or a unit FSDP2 holds unsharded)
             w = m.get_base_layer().weight
             yield key, w.detach() + m.get_delta_weight(_ADAPTER).to(w.dtype)
@@ -254,15 +245,56 @@ def _is_dtensor(t: torch.Tensor) -> bool:
     return isinstance(t, DTensor)
 
 
-def _gathered_a(layers: dict) -> dict[str, torch.Tensor]:
-    """FSDP2: every adapted layer's full ``A`` ``[r, in]`` by prefix. A collective: every ``A`` is gathered, in
-    one order on every rank."""
+def _gathered_factors(layers: dict, tensors: dict) -> dict[str, torch.Tensor]:
+    """FSDP2: the full adapters a sharded merge needs, in one bucketed gather: every adapted layer's ``A``
+    ``[r, in]`` by its prefix, and both factors of every expert tensor's adapter (``A`` ``[r E, in]``, ``B``
+    ``[out, r E]``: a few rows per expert, while a rank holds whole experts of ``W``) by ``name.A``, ``name.B``.
+    A collective: gathered in one order on every rank."""
     from relayrl.weights.gather import gather_full_state
 
-    return dict(gather_full_state([(p, m.lora_A[_ADAPTER].weight) for p, m in layers.items()]))
+    wanted = [(p, m.lora_A[_ADAPTER].weight) for p, m in layers.items()]
+    for key, m in tensors.items():
+        wanted += [(f"{key}.A", m.lora_A[_ADAPTER].weight), (f"{key}.B", m.lora_B[_ADAPTER].weight)]
+    return dict(gather_full_state(wanted))
 
 
-def _merged_rows(prefix: str, m, a_full: dict[str, torch.Tensor]) -> torch.Tensor:
+def _merged_experts(key: str, m, full: dict[str, torch.Tensor]) -> torch.Tensor:
+    """An adapted parameter (peft's ``ParamWrapper``: a fused expert tensor ``[E, ., .]``, or a 2-D weight)
+    with its update added: whole, or under FSDP2 this rank's rows (whole experts: ``torch.chunk``'s split of
+    dim 0) as a ``DTensor`` shaped and placed as the parameter, from the gathered adapter ``full``."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    p = m.get_param()
+    if not _is_dtensor(p):
+        return p.detach() + adapter_delta(m.lora_A[_ADAPTER].weight, m.lora_B[_ADAPTER].weight, m.scaling[_ADAPTER],
+                                          p.dim(), m.num_experts, slice(None), m._did_swap_in_out_features).to(p.dtype)
+    if p.device_mesh.ndim != 1 or tuple(p.placements) != (Shard(0),):
+        raise LoraError(f"{key}: a sharded merge of an expert tensor needs it split by experts (FSDP2's Shard(0) on "
+                        f"one mesh dimension); this one is placed {p.placements}")
+    local = p.to_local()
+    start = p.device_mesh.get_local_rank() * -(-p.shape[0] // p.device_mesh.size())
+    delta = adapter_delta(full[f"{key}.A"], full[f"{key}.B"], m.scaling[_ADAPTER], p.dim(), m.num_experts,
+                          slice(start, start + local.shape[0]), m._did_swap_in_out_features)
+    return DTensor.from_local(local + delta.to(local.dtype), p.device_mesh, p.placements, run_check=False,
+                              shape=p.shape, stride=p.stride())
+
+
+def adapter_delta(a: torch.Tensor, b: torch.Tensor, scaling: float, ndim: int, experts: int, rows: slice,
+                  out_first: bool) -> torch.Tensor:
+    """Rows ``rows`` of the update ``scaling * B A`` of a parameter adapted whole (peft's ``ParamWrapper``),
+    from its full adapter. A 2-D ``[out, in]`` weight: ``(B @ A)[rows]``. A fused expert tensor: expert ``e``'s
+    ``A_e`` is rows ``e r .. e r + r - 1`` of ``a`` ``[E r, in]``, its ``B_e`` the columns ``e, e + E, ...`` of
+    ``b`` ``[out, r E]``, and ``rows`` picks experts; each expert's ``B_e A_e`` is laid out ``[out, in]`` when
+    ``out_first`` (the tensor is stored ``[E, out, in]``, as transformers stores gate_up_proj and down_proj),
+    else transposed (peft's two einsums)."""
+    if ndim == 2:
+        return b[rows] @ a * scaling
+    a_e = a.reshape(experts, -1, a.shape[-1])[rows]
+    b_e = b.reshape(b.shape[0], -1, experts)[..., rows]
+    return torch.einsum("ore,eri->eoi" if out_first else "ore,eri->eio", b_e, a_e) * scaling
+
+
+def _merged_rows(prefix: str, m, full: dict[str, torch.Tensor]) -> torch.Tensor:
     """FSDP2: this rank's rows of ``W + scale * B @ A`` as a ``DTensor`` shaped and placed as ``W``."""
     from torch.distributed.tensor import DTensor
 
@@ -270,7 +302,7 @@ def _merged_rows(prefix: str, m, a_full: dict[str, torch.Tensor]) -> torch.Tenso
     if getattr(m, "fan_in_fan_out", False) or w.placements != b.placements:  # (peft's Conv1D layout)
         raise LoraError(f"{prefix}: a sharded merge needs W [out, in] and B [out, r] split by the same rows; "
                         f"this layer's are {w.placements} and {b.placements}")
-    rows = w.to_local() + (b.to_local() @ a_full[prefix].to(b.dtype) * m.scaling[_ADAPTER]).to(w.dtype)
+    rows = w.to_local() + (b.to_local() @ full[prefix].to(b.dtype) * m.scaling[_ADAPTER]).to(w.dtype)
     return DTensor.from_local(rows, w.device_mesh, w.placements, run_check=False, shape=w.shape, stride=w.stride())
 
 

@@ -34,7 +34,7 @@ class LoraConfig(BaseModel):
         None, description="parameters (not layers) that get an adapter, as peft's target_parameters names them: a "
         "mixture of experts' fused expert tensors, e.g. [mlp.experts.gate_up_proj, mlp.experts.down_proj] on "
         "Qwen3-MoE and Mixtral (one adapter per expert, [experts, out, in] merged as W + scale B A per expert); "
-        "with target_modules or its default beside them. Needs model.lora.dropout=0 (peft's); one rank only")
+        "with target_modules or its default beside them. Needs model.lora.dropout=0 (peft's)")
 
     @model_validator(mode="after")
     def _parameters_take_no_dropout(self) -> "LoraConfig":

@@ -218,7 +218,24 @@ def test_expert_tensor_targets_are_checked():
         LoraConfig(enabled=True, target_parameters=EXPERTS, dropout=0.1)
 
 
-def test_expert_tensor_adapters_on_several_trainer_ranks_are_refused_by_the_config():
-    with pytest.raises(ValidationError, match="adapters on expert tensors train on one rank .* the trainer has 2"):
-        Config.model_validate({"model": {"lora": {"enabled": True, "target_parameters": EXPERTS}},
-                               "cluster": {"devices": 2}})
+def test_adapter_delta_is_peft_s_for_expert_tensors_and_2d_weights_whole_and_by_rows():
+    """adapter_delta (what a sharded merge adds to a rank's experts) is peft's own update of each wrapped
+    parameter: the fused experts and a 2-D router weight, whole and a slice of experts (rows) at a time."""
+    from peft.tuners.lora import ParamWrapper
+
+    from relayrl.models.lora import adapter_delta
+    from tests.models.architectures import build
+
+    model = build("qwen3_moe")
+    apply_lora(model, LoraConfig(enabled=True, r=4, alpha=8.0, target_parameters=[*EXPERTS, "mlp.gate.weight"]))
+    wrappers = [m for m in model.modules() if isinstance(m, ParamWrapper)]
+    assert {m.get_param().dim() for m in wrappers} == {2, 3}
+    for m in wrappers:
+        torch.nn.init.normal_(m.lora_B["default"].weight, std=0.1)
+        want = m.get_delta_weight("default")
+        a, b, p = m.lora_A["default"].weight, m.lora_B["default"].weight, m.get_param()
+        for rows in (slice(None), slice(0, 1), slice(1, 3), slice(3, 4)):
+            got = adapter_delta(a, b, m.scaling["default"], p.dim(), m.num_experts, rows,
+                                m._did_swap_in_out_features)
+            torch.testing.assert_close(got, want[rows], atol=1e-6, rtol=1e-6)
+        assert want.shape == p.shape and want.abs().max() > 1e-3

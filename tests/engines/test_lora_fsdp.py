@@ -220,3 +220,36 @@ def test_two_rank_lora_on_a_bf16_base_and_a_critic(tiny_dir, tiny_tokenizer):
     assert {"lm_head.weight", "lm_head.bias"} <= set(heads) == set(own)
     for n, t in own.items():
         torch.testing.assert_close(heads[n], t, atol=2e-4, rtol=1e-3, msg=n)
+
+
+@pytest.mark.multiproc
+def test_two_rank_adapters_on_expert_tensors_train_and_merge_as_one_rank(tiny_tokenizer, tmp_path):
+    """model.lora.target_parameters under FSDP2: a tiny Qwen3-MoE's fused expert tensors are split by experts
+    over the two ranks, their adapters by rows; two updates give one rank's metrics and adapters, and the merged
+    expert tensors (each rank's experts merged from the gathered adapter, then gathered) are one rank's merge."""
+    from tests.engines.moe_workers import moe_dir
+
+    lora = LoraConfig(enabled=True, r=4, alpha=8.0, target_modules=["q_proj"],
+                      target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"])
+    kw = {**_kw(moe_dir(tiny_tokenizer, tmp_path / "moe")), "lora": lora}
+    batch = _batch(tiny_tokenizer)
+    one = PolicyWorker(**kw)
+    dp = _group(kw, "experts")
+    try:
+        for step in range(2):
+            _assert_metrics_match(one.update(batch, LOSS, seed=step), dp.split("update", batch, LOSS, seed=step))
+        adapters2 = collective(dp, "state")["model"]
+        merged2 = dict(collective(dp, "named_weights"))
+        assert dp.all("named_weights")[1] is None
+    finally:
+        dp.shutdown()
+    adapters1, merged1 = one.state()["model"], dict(one.named_weights())
+    assert set(adapters2) == set(adapters1) and any("experts.lora_B" in n for n in adapters1)
+    for n, t in adapters1.items():
+        torch.testing.assert_close(adapters2[n], t, atol=2e-4, rtol=1e-3, msg=n)
+    assert list(merged2) == list(merged1)
+    expert = "model.layers.0.mlp.experts.gate_up_proj"
+    assert merged1[expert].shape[0] == 4 and (merged1[expert] - dict(PolicyWorker(**kw).named_weights())[expert]
+                                             ).abs().max() > 1e-4  # (the experts' adapters moved them)
+    for n, t in merged1.items():
+        torch.testing.assert_close(merged2[n], t, atol=2e-4, rtol=1e-3, msg=n)

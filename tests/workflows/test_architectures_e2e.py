@@ -151,10 +151,12 @@ def test_routing_replay_on_a_dense_model_is_refused_naming_the_key(tiny_dir, tmp
 
 
 @pytest.mark.slow
-def test_grpo_with_lora_on_the_experts_relays_their_merged_tensors(tiny_tokenizer, tmp_path):
+@pytest.mark.parametrize("devices", [1, pytest.param(2, marks=pytest.mark.multiproc)])
+def test_grpo_with_lora_on_the_experts_relays_their_merged_tensors(tiny_tokenizer, tmp_path, devices):
     """model.lora.target_parameters on a tiny Qwen3-MoE: the experts' adapters train, the rollout gets the merged
     expert tensors after every update (its log-probs stay the trainer's at a learning rate that moves them),
-    and the saved model holds the merged experts, the adapter its target parameters."""
+    and the saved model holds the merged experts, the adapter its target parameters. On two ranks (FSDP2) the
+    experts are split between them, each merges its own, and the relay gathers the merged tensors."""
     import json
 
     from safetensors.torch import load_file
@@ -165,7 +167,7 @@ def test_grpo_with_lora_on_the_experts_relays_their_merged_tensors(tiny_tokenize
                 f"run.dir={run_dir}", "reward.verifier=user", f"reward.user_fn={tmp_path / 'reward.py'}:digits",
                 "model.lora.target_parameters=[mlp.experts.gate_up_proj,mlp.experts.down_proj]",
                 "model.lora.target_modules=[q_proj]", "engine.optim.lr=1e-2", "rollout.temperature=3.0",
-                "eval.size=8", "run.threads=1", "telemetry.sinks=[jsonl]")
+                "eval.size=8", "run.threads=1", "telemetry.sinks=[jsonl]", f"cluster.devices={devices}")
     assert r.returncode == 0, r.stderr[-3000:]
     steps = [m for m in records(run_dir) if "rollout/logprob_error" in m]
     assert len(steps) == 3 and all(m["actor/grad_norm"] > 0 for m in steps)
