@@ -1,5 +1,5 @@
 """Rules on how the training engine's ranks are laid out: ``engine.sequence_parallel`` against the pools its
-roles run on and the model's attention. :class:`~relayrl.config.schema.Config` applies them when a config is
+roles run on and the model's attention, ``engine.expert_parallel`` against the ranks and LoRA. :class:`~relayrl.config.schema.Config` applies them when a config is
 validated, before any worker starts; what needs the loaded model (its head counts) the engine checks when it
 loads it (:mod:`relayrl.engines.training.ulysses`)."""
 
@@ -10,7 +10,7 @@ from typing import Any
 Config = Any
 """A :class:`relayrl.config.schema.Config` (not imported: the schema imports these rules)."""
 
-__all__ = ["check_sequence_parallel"]
+__all__ = ["check_sequence_parallel", "check_expert_parallel"]
 
 _ENGINE_ROLES = ("reference", "critic", "teacher")
 """Roles besides the actor (pool main) that run on the training engine and so take its sequence parallelism."""
@@ -37,3 +37,19 @@ def check_sequence_parallel(cfg: Config) -> None:
             raise ValueError(f"engine.sequence_parallel={sp} splits each sequence over {sp} ranks of a trainer "
                              f"group, but pool {pool} has {ranks} ({key}={ranks}): make it a multiple of {sp}, "
                              f"or lower engine.sequence_parallel")
+
+
+def check_expert_parallel(cfg: Config) -> None:
+    """``engine.expert_parallel`` splits the experts over the trainer's ranks: it needs more than one, and the
+    experts' own tensors whole (peft's adapters on them, ``model.lora.target_parameters``, wrap them)."""
+    if not cfg.engine.expert_parallel:
+        return
+    ranks = cfg.cluster.devices * cfg.cluster.nodes
+    if ranks == 1:
+        raise ValueError("engine.expert_parallel splits each layer's experts over the trainer's ranks, and "
+                         "cluster.devices x cluster.nodes = 1: train on several devices or set "
+                         "engine.expert_parallel=false")
+    if cfg.model.lora.enabled and cfg.model.lora.target_parameters:
+        raise ValueError("engine.expert_parallel keeps each expert whole on one rank, and "
+                         "model.lora.target_parameters wraps the expert tensors in adapters: drop one of them "
+                         "(LoRA on the attention, model.lora.target_modules, works with it)")

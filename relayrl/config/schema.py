@@ -29,7 +29,7 @@ from relayrl.config.rules import (check_decoupled_rewards, check_dpo, check_env,
                                   check_ref_sync, check_retire_solved, check_total_epochs,
                                   check_loss_agg, check_vllm_eval_temperature, check_routing_replay)
 from relayrl.cluster.config import ClusterConfig
-from relayrl.config.parallel import check_sequence_parallel
+from relayrl.config.parallel import check_expert_parallel, check_sequence_parallel
 from relayrl.data.config import DataConfig
 from relayrl.dock.config import DockConfig
 from relayrl.engines.reward.config import RewardConfig
@@ -434,6 +434,7 @@ class Config(_Section):
                              f"on held-out pairs and generates nothing: set eval.k=1")
         _check_placement(self)
         check_sequence_parallel(self)
+        check_expert_parallel(self)
         check_rollout_devices(self)
         check_env(self)
         check_decoupled_rewards(self)

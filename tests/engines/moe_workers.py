@@ -1,5 +1,6 @@
-"""Helpers of the routing-replay tests on several ranks: a MoE model directory and a worker that returns the
-routing its old-policy pass records (worker classes must be importable by the rank processes)."""
+"""Helpers of the MoE tests on several ranks (routing replay, expert parallelism): a MoE model directory and
+workers that return the routing their old-policy pass records and how their experts are laid out (worker
+classes must be importable by the rank processes)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,22 @@ class RoutesWorker(PolicyWorker):
         return self.engine.logprobs_with_routes(batch)[1]
 
 
-def moe_dir(tokenizer, where):
-    """A tiny Qwen3-MoE model (2 layers, 4 experts, 2 per token) with ``tokenizer``, saved under ``where``."""
-    build("qwen3_moe", vocab=len(tokenizer)).save_pretrained(where)
+class ExpertsWorker(RoutesWorker):
+    """A policy worker that also says how its experts modules are laid out: ``(name, dispatching, local shapes)``
+    for each (``dispatching``: expert parallelism's forward is installed)."""
+
+    def experts(self) -> list:
+        from relayrl.engines.training.expert_parallel import _Dispatch, expert_modules
+
+        return [(n, isinstance(m.__dict__.get("forward"), _Dispatch),
+                 [tuple(getattr(p, "to_local", lambda p=p: p)().shape) for p in m.parameters(recurse=False)])
+                for n, m in expert_modules(self.engine.model)]
+
+
+def moe_dir(tokenizer, where, arch: str = "qwen3_moe"):
+    """A tiny mixture of experts (``arch`` of tests/models/architectures.py; Qwen3-MoE: 2 layers, 4 experts, 2 per
+    token) with ``tokenizer``, saved under ``where``."""
+    build(arch, vocab=len(tokenizer)).save_pretrained(where)
     tokenizer.save_pretrained(where)
     return where
 

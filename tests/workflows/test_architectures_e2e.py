@@ -195,3 +195,32 @@ def test_measure_reports_how_often_a_bf16_rollout_routes_as_the_trainer(tiny_tok
     steps = [m for m in records(run_dir) if "actor/routing_agreement" in m]
     assert len(steps) == 2
     assert all(0.9 < m["actor/routing_agreement"] < 1.0 for m in steps), [m["actor/routing_agreement"] for m in steps]
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_grpo_with_expert_parallelism_on_two_ranks(tiny_tokenizer, tmp_path):
+    """engine.expert_parallel=true on cluster.devices=2: the actor's ranks hold half the experts each and send
+    tokens to them, the rollout gets every expert whole after each update (its log-probs stay the trainer's at a
+    learning rate that moves them), the tri-model reference splits its experts alike, and the saved model has
+    every expert; the run says how the experts are laid out."""
+    from safetensors.torch import load_file
+
+    model_dir, run_dir = _model_dir(build("qwen3_moe", vocab=len(tiny_tokenizer)), tiny_tokenizer, tmp_path), \
+        tmp_path / "run"
+    r = relayrl("train", "recipes/arith_grpo.yaml", f"model.path={model_dir}", "trainer.steps=3", f"run.dir={run_dir}",
+                "reward.verifier=user", f"reward.user_fn={tmp_path / 'reward.py'}:digits", "cluster.devices=2",
+                "engine.expert_parallel=true", "algorithm.kl_coef=0.05", "trainer.tri_model=true",
+                "engine.optim.lr=1e-2", "rollout.temperature=3.0", "eval.size=8", "run.threads=1",
+                "telemetry.sinks=[jsonl]")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "engine.expert_parallel: each of the trainer's 2 ranks holds 1/2 of every MoE layer's experts" in r.stdout
+    steps = [m for m in records(run_dir) if "rollout/logprob_error" in m]
+    assert len(steps) == 3 and all(m["actor/grad_norm"] > 0 and "actor/kl" in m for m in steps)
+    for m in steps:
+        assert m["rollout/logprob_error"] == pytest.approx(1.0, abs=1e-4), m["rollout/logprob_error"]
+    before, after = load_file(model_dir / "model.safetensors"), load_file(run_dir / "model" / "model.safetensors")
+    assert set(after) == set(before)
+    for e in range(4):  # every expert trained, on whichever rank held it
+        name = f"model.layers.0.mlp.experts.{e}.down_proj.weight"
+        assert (after[name] - before[name]).abs().max() > 0, name

@@ -97,6 +97,13 @@ class TrainEngineConfig(BaseModel):
         "(actor, reference, critic); the trainer group's ranks and the model's query heads must be multiples of it, "
         "and the model must use attn_implementation=sdpa with a packed layout. 1: off")
 
+    expert_parallel: bool = Field(
+        False, description="a mixture of experts on several trainer ranks: split every MoE layer's experts whole "
+        "over the ranks (rank r holds experts r c .. r c + c - 1, c = ceil(experts / ranks)) and send each token to "
+        "the rank holding its expert and back (two all-to-alls per layer), instead of FSDP2 gathering every expert "
+        "on every rank; the other parameters stay FSDP2's. Needs a mixture-of-experts model and several ranks; not "
+        "with model.lora.target_parameters. false: the experts are FSDP2 shards like the rest")
+
     @model_validator(mode="after")
     def _check_sequence_parallel(self) -> "TrainEngineConfig":
         if self.sequence_parallel > 1 and self.packing == "none":

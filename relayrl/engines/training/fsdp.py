@@ -103,11 +103,13 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def shard_model(root: ResponseLogits, device: torch.device, compute_dtype: torch.dtype | None = None) -> bool:
+def shard_model(root: ResponseLogits, device: torch.device, compute_dtype: torch.dtype | None = None,
+                expert_parallel: bool = False) -> bool:
     """Shard ``root`` (and its decoder layers) with FSDP2 over the default process group; False when
     there is nothing to shard over (one rank). With ``compute_dtype`` the sharded parameters keep their
     dtype (the master weights) and are gathered in ``compute_dtype`` for the passes; gradients are reduced
-    in float32 (FSDP2's ``MixedPrecisionPolicy``)."""
+    in float32 (FSDP2's ``MixedPrecisionPolicy``). ``expert_parallel``: the experts are split over the ranks
+    and tokens dispatched to them (:mod:`relayrl.engines.training.expert_parallel`), outside FSDP2's units."""
     n = world_size()
     if n == 1:
         return False
@@ -117,8 +119,13 @@ def shard_model(root: ResponseLogits, device: torch.device, compute_dtype: torch
     mesh = init_device_mesh(device.type, (n,))
     policy = MixedPrecisionPolicy() if compute_dtype is None else \
         MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    ignored = None
+    if expert_parallel:
+        from relayrl.engines.training.expert_parallel import shard_experts
+
+        ignored = shard_experts(root.model, mesh, compute_dtype)
     for unit in [*decoder_layers(root.model), root]:
-        fully_shard(unit, mesh=mesh, mp_policy=policy)
+        fully_shard(unit, mesh=mesh, mp_policy=policy, ignored_params=ignored)
     return True
 
 

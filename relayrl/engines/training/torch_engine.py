@@ -183,7 +183,8 @@ class TorchTrainingEngine(LogprobPasses, RoutedPasses, StreamedUpdate, EngineSta
         self.head_dtype = torch.float32 if head_fp32 else None
         self.net = fsdp.ResponseLogits(self.runner, self.head_dtype, self.transform)
         # FSDP2 when the group has > 1 rank; it casts the gathered parameters itself
-        self.sharded = fsdp.shard_model(self.net, self.device, compute_dtype=self.compute_dtype if mixed else None)
+        self.sharded = fsdp.shard_model(self.net, self.device, compute_dtype=self.compute_dtype if mixed else None,
+                                        expert_parallel=cfg.expert_parallel)
         self._autocast = mixed and not self.sharded and self.runner is self.model
         self._weights_offloaded = False  # offload() moved the weights to host (FSDP2 shards move with .to)
         self.reference, self.reference_model, self._ref_autocast, self._ref_offloaded = None, None, False, False
@@ -194,7 +195,8 @@ class TorchTrainingEngine(LogprobPasses, RoutedPasses, StreamedUpdate, EngineSta
                 layer.compile(dynamic=True, mode=mode)
             self.reference = fsdp.ResponseLogits(self.reference_model, self.head_dtype, self.transform).eval()
             ref_mixed = next(reference.parameters()).dtype != self.compute_dtype
-            fsdp.shard_model(self.reference, self.device, compute_dtype=self.compute_dtype if ref_mixed else None)
+            fsdp.shard_model(self.reference, self.device, compute_dtype=self.compute_dtype if ref_mixed else None,
+                             expert_parallel=cfg.expert_parallel)
             self._ref_autocast = ref_mixed and not self.sharded
         self._accumulation = None  # an open streamed update (accumulate.StreamedUpdate)
         self.world = fsdp.world_size()

@@ -1,0 +1,145 @@
+"""Expert parallelism for the training engine (``engine.expert_parallel``): every mixture-of-experts layer's
+experts split whole over the data-parallel ranks, and each token sent to the rank that holds its expert and back.
+
+Under FSDP2 alone a rank all-gathers a layer's experts before the layer runs (every expert's weights, on every
+rank, for a few tokens each). With expert parallelism the weights stay and the tokens move (GShard's dispatch
+and combine, DeepSpeed-MoE's and Megatron's expert parallelism): rank ``r`` holds experts ``[r c, (r + 1) c)``
+(``c = ceil(E / ranks)``, ``torch.chunk``'s split), and a layer's forward
+
+1. sorts its ``(token, slot)`` pairs by the rank that holds the pair's expert and tells every rank how many it
+   sends (one all-to-all of counts);
+2. sends each pair's hidden state and local expert index (all-to-all), runs the model's own experts forward
+   (transformers' experts module, eager or grouped products, with this rank's experts only) on what it
+   received, with weight 1;
+3. sends the outputs back (all-to-all: its backward is the reverse exchange) and sums each token's pairs,
+   weighted by the router's weights, where the token lives.
+
+The expert tensors are ``DTensor`` row shards on FSDP2's mesh, ``Shard(0)`` as FSDP2 would lay them out, but
+left out of FSDP2's units (``ignored_params``): checkpoints, the weight relay's gather and the gradient-norm
+clip read them as they read FSDP2's shards. Their gradients arrive whole on their rank (every rank's tokens
+came to it), so they are not reduced; the engine scales each backward by the world size for FSDP2's average,
+and the expert shards take that factor back here. Every rank runs the same passes already (FSDP2 needs it), so
+every rank joins each layer's exchanges; a rank that receives no pair still gives its experts a (zero) gradient,
+so every rank's optimizer and clip see the same tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from relayrl.errors import UserError
+
+__all__ = ["ExpertParallelError", "expert_modules", "shard_experts"]
+
+
+class ExpertParallelError(UserError, ValueError):
+    """``engine.expert_parallel`` on a model it cannot split; the message names the key and the fix."""
+
+
+def expert_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The fused experts modules of ``model`` (transformers' ``*.experts`` holding ``num_experts`` and tensors
+    whose first dimension is the experts; not a router, which holds ``top_k``), by name; split ones too."""
+    found = []
+    for name, m in model.named_modules():
+        n = getattr(m, "num_experts", None)
+        own = list(m.parameters(recurse=False))
+        if isinstance(m.__dict__.get("forward"), _Dispatch):
+            n = m.forward.experts
+        if (name.rsplit(".", 1)[-1] == "experts" and isinstance(n, int) and not hasattr(m, "top_k") and own
+                and all(p.dim() >= 2 and p.shape[0] == n for p in own)):
+            found.append((name, m))
+    return found
+
+
+def shard_experts(model: nn.Module, mesh, compute_dtype: torch.dtype | None) -> set[nn.Parameter]:
+    """Split every experts module of ``model`` over ``mesh`` (1-D, every rank holding the same full weights) and
+    give it the dispatching forward; the expert parameters, for FSDP2 to leave alone. ``compute_dtype``: the
+    dtype the local experts run in (FSDP2's mixed precision for the other parameters), None: their own."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    modules = expert_modules(model)
+    if not modules:
+        raise ExpertParallelError(f"engine.expert_parallel splits a mixture of experts' experts, and "
+                                  f"{type(model).__name__} has none (no fused mlp.experts tensors): set "
+                                  f"engine.expert_parallel=false")
+    world, rank = mesh.size(), mesh.get_local_rank()
+    ignored: set[nn.Parameter] = set()
+    for _, m in modules:
+        experts = m.num_experts
+        per_rank = -(-experts // world)
+        for name, p in list(m.named_parameters(recurse=False)):
+            local = p.detach()[rank * per_rank:(rank + 1) * per_rank].clone()
+            shard = DTensor.from_local(local, mesh, (Shard(0),), run_check=False, shape=p.shape,
+                                       stride=p.stride())
+            param = nn.Parameter(shard, requires_grad=p.requires_grad)
+            setattr(m, name, param)
+            ignored.add(param)
+        m.num_experts = max(0, min(experts, (rank + 1) * per_rank) - rank * per_rank)  # what its forward runs
+        m.forward = _Dispatch(m, experts, per_rank, mesh.get_group(), compute_dtype)
+    return ignored
+
+
+class _Dispatch:
+    """An experts module's forward under expert parallelism (module docstring): ``(hidden [T, H], top_k_index
+    [T, k], top_k_weights [T, k]) -> [T, H]``, as the module's own forward returns."""
+
+    def __init__(self, module: nn.Module, experts: int, per_rank: int, group, compute_dtype: torch.dtype | None):
+        self.module, self.experts, self.per_rank, self.group = module, experts, per_rank, group
+        self.world = dist.get_world_size(group)
+        self.compute_dtype = compute_dtype
+
+    def __call__(self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+        from torch.distributed._functional_collectives import all_to_all_single_autograd as exchange
+
+        tokens, k = top_k_index.shape
+        flat = top_k_index.reshape(-1)
+        owner = torch.div(flat, self.per_rank, rounding_mode="floor")
+        order = torch.argsort(owner, stable=True)
+        send = torch.bincount(owner, minlength=self.world)
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=self.group)
+        send_n, recv_n = send.tolist(), recv.tolist()
+        local_ids = (flat - owner * self.per_rank)[order]
+        ids_in = local_ids.new_empty(sum(recv_n))
+        dist.all_to_all_single(ids_in, local_ids, recv_n, send_n, group=self.group)
+        x = hidden[torch.div(order, k, rounding_mode="floor")]
+        x_in = exchange(x, recv_n, send_n, self.group)
+        y_in = self._local_experts(x_in, ids_in)
+        y = exchange(y_in, send_n, recv_n, self.group)
+        pairs = y.new_empty(y.shape).index_copy(0, order, y).view(tokens, k, -1)
+        return (pairs * top_k_weights[..., None].to(pairs.dtype)).sum(1).to(hidden.dtype)
+
+    def _local_experts(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The module's own forward over this rank's experts (its parameters swapped for their local shards)."""
+        m = self.module
+        saved = dict(m._parameters)
+        local = {n: self._local(p) for n, p in saved.items()}
+        try:
+            m._parameters.update(local)
+            out = type(m).forward(m, x, ids[:, None], torch.ones(len(ids), 1, dtype=x.dtype, device=x.device))
+        finally:
+            m._parameters.update(saved)
+        if not len(ids) and torch.is_grad_enabled():  # no pair came: a zero gradient all the same (module doc)
+            out = out + sum(t.sum() for t in local.values() if t.requires_grad) * 0.0
+        return out
+
+    def _local(self, p: torch.Tensor) -> torch.Tensor:
+        t = p.to_local()
+        if p.requires_grad and torch.is_grad_enabled():
+            t = _ScaleGrad.apply(t, 1.0 / self.world)
+        return t if self.compute_dtype is None else t.to(self.compute_dtype)
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; the gradient times ``scale`` (the world-size factor the engine adds for FSDP2's mean)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.scale, None

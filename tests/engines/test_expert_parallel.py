@@ -1,0 +1,140 @@
+"""Expert parallelism (engine.expert_parallel) on a 2-rank gloo group: each rank holds half of every layer's
+experts and tokens travel to them; the update, log-probs, routing, checkpoint and relayed weights are one rank's."""
+
+import copy
+
+import pytest
+import torch
+
+from relayrl.cluster import ResourcePool, WorkerGroup
+from relayrl.config.schema import Config
+from relayrl.engines.training.base import OptimConfig
+from relayrl.engines.training.expert_parallel import ExpertParallelError, expert_modules, shard_experts
+from relayrl.engines.training.torch_engine import TrainEngineConfig
+from relayrl.workflows.worker_base import collective
+from tests.engines.moe_workers import ExpertsWorker, moe_dir, with_routes
+from tests.engines.test_lora_fsdp import LOSS, _assert_metrics_match, _batch
+from tests.models.architectures import EAGER, build
+
+ENGINE = TrainEngineConfig(token_budget=48, optim=OptimConfig(lr=1e-2))
+
+
+def _group(kw, name="ep"):
+    ep = {**kw, "engine": kw["engine"].model_copy(update={"expert_parallel": True})}
+    return WorkerGroup(ExpertsWorker, ResourcePool(name, devices=2), "actor", backend="local", init_kwargs=ep)
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
+def test_two_rank_expert_parallel_trains_as_one_rank(tiny_tokenizer, tmp_path, arch):
+    """Each rank holds 2 of the 4 experts of every layer (GPT-OSS: with their biases) and dispatches tokens to
+    them. The updates replay recorded routes; a one-rank checkpoint loads onto the split experts, and the next
+    update's metrics, the parameters after it (gathered whole, as a checkpoint and the relay gather them), the
+    log-probs and the routing the old-policy pass records are the one-rank run's."""
+    kw = dict(model_path=str(moe_dir(tiny_tokenizer, tmp_path / "moe", arch)), engine=ENGINE, total_steps=4,
+              threads=1, seed=0, routing_replay=True, attn_implementation="eager" if arch in EAGER else "sdpa")
+    batch = _batch(tiny_tokenizer)
+    g = torch.Generator().manual_seed(2)
+    batch.response_ids[0] = torch.randint(5, 200, (40,), generator=g)  # rank 0 gets more micro-batches
+    batch.fields["advantages"][0] = torch.randn(40, generator=g)
+    one = ExpertsWorker(**kw)
+    batch = with_routes(batch, one.routes(batch))  # the updates replay these (R2)
+    m0 = one.update(batch, LOSS, seed=0)
+    state = copy.deepcopy(one.state())
+    m1 = one.update(batch, LOSS, seed=1)
+    ep = _group(kw)
+    try:
+        layout = ep.all("experts")
+        _assert_metrics_match(m0, ep.split("update", batch, LOSS, seed=0))  # (from the same start)
+        ep.all("load_state", state)
+        _assert_metrics_match(m1, ep.split("update", batch, LOSS, seed=1))
+        got = collective(ep, "state")
+        weights = dict(collective(ep, "named_weights"))
+        logprobs = ep.split("logprobs", batch)
+        routes = ep.split(ExpertsWorker.routes, batch)
+    finally:
+        ep.shutdown()
+    for rank in layout:
+        assert len(rank) == 2 and all(dispatching for _, dispatching, _ in rank)  # one experts module a layer
+        assert all(shape[0] == 2 for _, _, shapes in rank for shape in shapes)  # 2 of 4 experts on each rank
+    own = one.state()
+    assert set(got["model"]) == set(own["model"])
+    for n, t in own["model"].items():
+        torch.testing.assert_close(got["model"][n], t, atol=2e-4, rtol=1e-3, msg=n)
+    assert got["scheduler"]["last_epoch"] == 2
+    for n, t in one.named_weights():
+        torch.testing.assert_close(weights[n], t, atol=2e-4, rtol=1e-3, msg=n)
+    for a, b in zip(one.logprobs(batch), logprobs, strict=True):
+        torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-4)
+    for a, b in zip(one.routes(batch), routes, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.multiproc
+def test_two_rank_expert_parallel_in_bf16_mixed_precision(tiny_tokenizer, tmp_path):
+    """Float32 master weights computed in bf16: the local experts run in the compute dtype, as FSDP2 gathers the
+    other parameters in it, so two updates split by experts are two FSDP2 updates on the same ranks to bf16
+    rounding (the products are summed in other orders), and the masters stay float32. One rank's autocast is
+    not the reference here: FSDP2's mixed precision casts at other points."""
+    kw = dict(model_path=str(moe_dir(tiny_tokenizer, tmp_path / "moe")), engine=ENGINE, total_steps=4, threads=1,
+              seed=0, dtype="float32", compute_dtype="bfloat16")
+    batch = _batch(tiny_tokenizer, seed=3)
+    runs = []
+    for group in (WorkerGroup(ExpertsWorker, ResourcePool("dp16", devices=2), "actor", backend="local",
+                              init_kwargs=kw), _group(kw, "ep16")):
+        try:
+            runs.append(([group.split("update", batch, LOSS, seed=step)[0] for step in range(2)],
+                         collective(group, "state")["model"]))
+        finally:
+            group.shutdown()
+    (dp, dp_state), (ep, ep_state) = runs
+    for a, b in zip(dp, ep, strict=True):
+        assert b["actor/grad_norm"] == pytest.approx(a["actor/grad_norm"], rel=1e-2)
+        assert b["actor/loss"] == pytest.approx(a["actor/loss"], rel=1e-2, abs=1e-4)
+    for n, t in dp_state.items():  # (Adam turns a near-zero gradient's bf16 rounding into a step either way:
+        assert ep_state[n].dtype == torch.float32  # an odd element moves by up to two steps of lr 1e-2)
+        torch.testing.assert_close(ep_state[n], t, atol=2.1e-2, rtol=0, msg=n)
+        assert float((ep_state[n] - t).abs().mean()) < 2e-4, n
+
+
+@pytest.mark.multiproc
+def test_expert_parallel_under_sequence_parallel_matches_one_rank(tiny_tokenizer, tmp_path):
+    """engine.sequence_parallel=2 beside it: the two ranks share each micro-batch, half its tokens each, and send
+    those tokens to the experts' ranks as data-parallel ranks do; the updates are one rank's."""
+    kw = dict(model_path=str(moe_dir(tiny_tokenizer, tmp_path / "moe")), total_steps=4, threads=1, seed=0,
+              engine=ENGINE.model_copy(update={"token_budget": 64}))
+    batch = _batch(tiny_tokenizer, seed=5)
+    one = ExpertsWorker(**kw)
+    ep = _group({**kw, "engine": kw["engine"].model_copy(update={"sequence_parallel": 2})}, "epsp")
+    try:
+        for step in range(2):
+            m1, m2 = one.update(batch, LOSS, seed=step), ep.split("update", batch, LOSS, seed=step)
+            assert m2[0] == pytest.approx(m2[1])
+            for k, v in m1.items():  # (each packed row padded to a multiple of 2: more forward tokens)
+                if not k.endswith("forward_tokens"):
+                    assert m2[0][k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
+    finally:
+        ep.shutdown()
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "gpt_oss"])
+def test_the_experts_modules_are_found_and_not_the_routers(arch):
+    model = build(arch)
+    found = expert_modules(model)
+    assert [n.rsplit(".", 2)[-2:] for n, _ in found] == [["mlp", "experts"]] * 2
+    assert all(p.shape[0] == 4 for _, m in found for p in m.parameters(recurse=False))
+
+
+def test_a_dense_model_is_refused_naming_the_key():
+    with pytest.raises(ExpertParallelError, match="LlamaForCausalLM has none .* set engine.expert_parallel=false"):
+        shard_experts(build("llama"), None, None)
+
+
+def test_the_config_refuses_one_rank_and_adapters_on_the_experts():
+    with pytest.raises(ValueError, match="cluster.devices x cluster.nodes = 1"):
+        Config.model_validate({"engine": {"expert_parallel": True}})
+    with pytest.raises(ValueError, match="model.lora.target_parameters wraps the expert tensors"):
+        Config.model_validate({"engine": {"expert_parallel": True}, "cluster": {"devices": 2},
+                               "model": {"lora": {"enabled": True,
+                                                  "target_parameters": ["mlp.experts.gate_up_proj"]}}})
+    assert Config.model_validate({"engine": {"expert_parallel": True}, "cluster": {"devices": 2}})
