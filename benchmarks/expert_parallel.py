@@ -1,0 +1,125 @@
+"""Expert parallelism against FSDP2 alone for a mixture of experts' update, same ranks, same batch, same run.
+
+Workload: a Qwen3-MoE-shaped model built locally with random weights (``--layers`` layers, ``--experts`` experts,
+``--top-k`` per token, hidden 256, experts 128 wide: the experts hold most of the weights, as in Qwen3-30B-A3B),
+saved to a temporary folder; a batch of ``--prompts`` x ``--n`` rows (prompts ~U(6, 12) tokens, responses
+~U(4, ``--max-len``)), random advantages, PPO-clip loss. Two trainer groups of ``--ranks`` ranks (gloo on CPU,
+NCCL on GPUs) load it: FSDP2 alone (every rank all-gathers each layer's experts in the forward and again in the
+backward, and reduce-scatters their gradients) and ``engine.expert_parallel=true`` (each rank keeps 1/ranks of
+the experts; the tokens travel by all-to-all). Their updates and log-prob passes alternate, one of each per
+round after a warm-up; the medians are printed with the bytes each rank sends for the experts per update
+(counted from the model's shapes and the batch's tokens: what the collectives carry, not measured on the wire).
+
+On a CPU the ranks share its cores, so the time ratio is what the two layouts' collectives and bookkeeping cost
+here, not a multi-GPU speed-up. Printed, not asserted. Last line::
+
+    expert_parallel: update time ep/fsdp R_u, logprobs R_l; expert bytes sent per rank and update ep/fsdp B
+
+Run it with ``.venv/bin/python benchmarks/expert_parallel.py`` (about a minute on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from relayrl.cluster import ResourcePool, WorkerGroup
+from relayrl.engines.training.torch_engine import TrainEngineConfig
+from relayrl.models.tiny import TinyModelConfig, build_tiny
+from relayrl.workflows.losses import PolicyLoss
+from relayrl.workflows.trainer_workers import PolicyWorker
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from data_parallel import make_batch  # noqa: E402  (the same batch as the data-parallel benchmark)
+
+
+def save_model(where: Path, layers: int, experts: int, top_k: int, seed: int) -> AutoConfig:
+    """The MoE model and the tiny default's tokenizer, saved under ``where``; its config."""
+    tiny = build_tiny(TinyModelConfig(), verbose=False)
+    vocab = AutoConfig.from_pretrained(tiny).vocab_size
+    cfg = AutoConfig.for_model("qwen3_moe", vocab_size=vocab, hidden_size=256, intermediate_size=512,
+                               num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                               num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=128,
+                               max_position_embeddings=512, norm_topk_prob=True)
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(cfg).float().save_pretrained(where)
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(tiny).save_pretrained(where)
+    return cfg
+
+
+def expert_bytes(cfg, tokens: int, ranks: int) -> tuple[float, float]:
+    """Bytes one rank sends for the experts in an update (float32): (FSDP2, expert parallelism). FSDP2: each
+    layer's experts all-gathered twice (forward, backward) and their gradients reduce-scattered, each rank sending
+    its shard to the ``ranks - 1`` others each time. Expert parallelism: each of a rank's ``tokens / ranks`` tokens'
+    ``k`` pairs leaves with its hidden state and comes back (forward), and the same again for the gradients, the
+    share bound for other ranks ``(ranks - 1) / ranks`` (a uniform router)."""
+    per_layer = cfg.num_experts * 3 * cfg.hidden_size * cfg.moe_intermediate_size * 4
+    fsdp = cfg.num_hidden_layers * 3 * per_layer / ranks * (ranks - 1)
+    pairs = tokens / ranks * cfg.num_experts_per_tok
+    ep = cfg.num_hidden_layers * 4 * pairs * cfg.hidden_size * 4 * (ranks - 1) / ranks
+    return fsdp, ep
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--experts", type=int, default=32)
+    ap.add_argument("--top-k", type=int, default=4)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--max-len", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = save_model(Path(tmp), args.layers, args.experts, args.top_k, args.seed)
+        batch = make_batch(args.prompts, args.n, args.max_len, cfg.vocab_size, args.seed)
+        tokens = batch.num_tokens + sum(len(p) for p in batch.prompt_ids)
+        print(f"workload: {args.layers} layers x {args.experts} experts ({args.top_k} per token), "
+              f"{len(batch)} rows, {tokens} tokens; {args.ranks} ranks each way, median of {args.repeats}",
+              flush=True)
+        groups = {}
+        for name, ep in (("fsdp", False), ("ep", True)):
+            kw = dict(model_path=tmp, engine=TrainEngineConfig(expert_parallel=ep), total_steps=args.repeats + 2,
+                      threads=1, seed=0)
+            groups[name] = WorkerGroup(PolicyWorker, ResourcePool(name, devices=args.ranks), "actor",
+                                       backend="local", init_kwargs=kw)
+        loss = PolicyLoss(agg="token-mean")
+        times = {(name, what): [] for name in groups for what in ("update", "logprobs")}
+        try:
+            for i in range(args.repeats + 1):
+                for name, group in groups.items():
+                    t = time.perf_counter()
+                    group.split(PolicyWorker.update, batch, loss, seed=i)
+                    t1 = time.perf_counter()
+                    group.split(PolicyWorker.logprobs, batch)
+                    t2 = time.perf_counter()
+                    if i:  # the first round warms up
+                        times[name, "update"].append(t1 - t)
+                        times[name, "logprobs"].append(t2 - t1)
+        finally:
+            for group in groups.values():
+                group.shutdown()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    fsdp_b, ep_b = expert_bytes(cfg, tokens, args.ranks)
+    for name, label in (("fsdp", "FSDP2 alone"), ("ep", "expert parallel")):
+        sent = fsdp_b if name == "fsdp" else ep_b
+        print(f"{label:16s} update {med[name, 'update'] * 1e3:8.1f} ms | logprobs {med[name, 'logprobs'] * 1e3:8.1f} "
+              f"ms | expert bytes sent per rank and update {sent / 2**20:7.1f} MiB")
+    print(f"expert_parallel: update time ep/fsdp {med['ep', 'update'] / med['fsdp', 'update']:.2f}, logprobs "
+          f"{med['ep', 'logprobs'] / med['fsdp', 'logprobs']:.2f}; expert bytes sent per rank and update ep/fsdp "
+          f"{ep_b / fsdp_b:.3f}")
+
+
+if __name__ == "__main__":
+    main()
