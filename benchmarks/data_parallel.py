@@ -63,17 +63,22 @@ def measure(ranks: int, model: str, batch: SequenceBatch, threads: int, repeats:
     upd, lp = [], []
     try:
         for i in range(repeats + 1):
-            t = time.perf_counter()
-            group.split(PolicyWorker.update, batch, loss, seed=i)
-            t1 = time.perf_counter()
-            group.split(PolicyWorker.logprobs, batch)
-            t2 = time.perf_counter()
+            u, p = timed_round(group, batch, loss, seed=i)
             if i:  # the first round warms up
-                upd.append(t1 - t)
-                lp.append(t2 - t1)
+                upd.append(u)
+                lp.append(p)
     finally:
         group.shutdown()
     return statistics.median(upd), statistics.median(lp)
+
+
+def timed_round(group: WorkerGroup, batch: SequenceBatch, loss: PolicyLoss, seed: int) -> tuple[float, float]:
+    """Seconds of one update and of one log-prob pass of ``batch`` split over ``group``'s ranks."""
+    t = time.perf_counter()
+    group.split(PolicyWorker.update, batch, loss, seed=seed)
+    t1 = time.perf_counter()
+    group.split(PolicyWorker.logprobs, batch)
+    return t1 - t, time.perf_counter() - t1
 
 
 def measure_streamed(ranks: int, model: str, batch: SequenceBatch, threads: int, repeats: int, chunks: int,

@@ -24,7 +24,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -37,7 +36,7 @@ from relayrl.workflows.losses import PolicyLoss
 from relayrl.workflows.trainer_workers import PolicyWorker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from data_parallel import make_batch  # noqa: E402  (the same batch as the data-parallel benchmark)
+from data_parallel import make_batch, timed_round  # noqa: E402  (the data-parallel benchmark's batch and timing)
 
 
 def save_model(where: Path, layers: int, experts: int, top_k: int, seed: int) -> AutoConfig:
@@ -99,14 +98,10 @@ def main() -> None:
         try:
             for i in range(args.repeats + 1):
                 for name, group in groups.items():
-                    t = time.perf_counter()
-                    group.split(PolicyWorker.update, batch, loss, seed=i)
-                    t1 = time.perf_counter()
-                    group.split(PolicyWorker.logprobs, batch)
-                    t2 = time.perf_counter()
+                    update_s, logprobs_s = timed_round(group, batch, loss, seed=i)
                     if i:  # the first round warms up
-                        times[name, "update"].append(t1 - t)
-                        times[name, "logprobs"].append(t2 - t1)
+                        times[name, "update"].append(update_s)
+                        times[name, "logprobs"].append(logprobs_s)
         finally:
             for group in groups.values():
                 group.shutdown()
