@@ -1,7 +1,8 @@
 """Rules on how the training engine's ranks are laid out: ``engine.sequence_parallel`` against the pools its
-roles run on and the model's attention, ``engine.expert_parallel`` against the ranks and LoRA. :class:`~relayrl.config.schema.Config` applies them when a config is
-validated, before any worker starts; what needs the loaded model (its head counts) the engine checks when it
-loads it (:mod:`relayrl.engines.training.ulysses`)."""
+roles run on and the model's attention, ``engine.expert_parallel`` against the ranks and LoRA.
+:class:`~relayrl.config.schema.Config` applies them when a config is validated, before any worker starts; what
+needs the loaded model (its head counts, its experts) the engine checks when it loads it
+(:mod:`relayrl.engines.training.ulysses`, :mod:`relayrl.engines.training.expert_parallel`)."""
 
 from __future__ import annotations
 

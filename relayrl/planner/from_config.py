@@ -147,6 +147,7 @@ def workload_from_config(cfg, *, model_config: str | None = None, prompt_tokens:
                     reward_latency=LatencyDist(low_s=reward_latency[0], high_s=reward_latency[1]), model=shape,
                     token_budget=cfg.engine.token_budget, stream_groups=cfg.trainer.stream_groups,
                     dp_sync=cfg.engine.dp_sync, sequence_parallel=cfg.engine.sequence_parallel,
+                    expert_parallel=cfg.engine.expert_parallel and shape.routed > 0,
                     **plan_passes(cfg), offload=cfg.trainer.offload,
                     checkpointing=cfg.engine.gradient_checkpointing, decode_fused=cfg.rollout.decode_compile,
                     rollout_tp=cfg.rollout.devices_per_rank,

@@ -26,6 +26,7 @@ def memory_gib(w: Workload, p: Placement, kv_peak_tokens: float, gpu: bool = Fal
     phases unless offloaded); with ``w.expand_kv``: each kept layer's keys and values at the query heads' width
     (taken as the hidden size). ``w.head_stored``: the output logits of a micro-batch's every token.
     ``w.sequence_parallel``: a micro-batch's activations (and stored logits) spread over that many ranks.
+    ``w.expert_parallel``: with ``dp_sync=step`` the gathered weights and unreduced gradients leave out the experts.
     Not modelled: sequence parallelism's two all-to-alls per layer (time), the [L, L] mask each SP rank keeps.
     ``w.rollout_tp`` N: the rollout's weights are split over the N devices of a rank (vLLM's tensor
     parallelism); its KV cache is taken as simulated (the rows in flight of one device's rank: a rank of N
@@ -33,7 +34,8 @@ def memory_gib(w: Workload, p: Placement, kv_peak_tokens: float, gpu: bool = Fal
     m = w.model
     state = (m.params * m.train_bytes + m.trained_params * (4 + 8)) / p.main
     if p.main > 1 and w.dp_sync == "step":  # during a step: the gathered weights and unreduced fp32 gradients
-        state += (m.params * m.compute_bytes + m.trained_params * 4) * (p.main - 1) / p.main
+        gathered, reduced = w.fsdp_params  # (expert parallelism: the experts are neither)
+        state += (gathered * m.compute_bytes + reduced * 4) * (p.main - 1) / p.main
     per_token = (m.layers + 18) if w.checkpointing else m.layers * 18  # values per hidden unit kept per token
     tokens = w.token_budget / w.sequence_parallel  # a micro-batch's tokens on one rank (Ulysses: 1/sp of them)
     acts = tokens * m.hidden * per_token * m.compute_bytes + 1024 * m.vocab * 4 * 2

@@ -7,6 +7,7 @@ layer of its own width (``moe_intermediate_size``, not ``intermediate_size``), o
 counts come from the model itself, built from the config on the meta device (no memory, no weights):
 
 - ``params``: every parameter (what the weights, gradients, optimizer state, relay and FSDP traffic scale with);
+- ``routed``: the experts' own tensors (what ``engine.expert_parallel`` keeps out of FSDP2's gathers);
 - ``active``: the parameters a token runs through, the experts counted by their routed share (what the
   compute scales with);
 - ``adapters``: LoRA's trained parameters, ``r x (in + out)`` over the linear layers its targets name (the
@@ -33,9 +34,10 @@ def needs_count(cfg) -> bool:
     return experts_of(cfg) is not None or not types <= {"full_attention", "sliding_attention"}
 
 
-def count(cfg, lora=None) -> tuple[int, int, int]:
-    """(params, active, adapters) of the causal LM ``cfg`` describes, built on the meta device; ``adapters`` is 0
-    without ``lora`` (or with it disabled)."""
+def count(cfg, lora=None) -> tuple[int, int, int, int]:
+    """(params, active, adapters, routed) of the causal LM ``cfg`` describes, built on the meta device;
+    ``adapters`` is 0 without ``lora`` (or with it disabled), ``routed`` the experts' own parameters (0 without
+    experts)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -57,4 +59,4 @@ def count(cfg, lora=None) -> tuple[int, int, int]:
         tensors = getattr(lora, "target_parameters", None) or ()  # fused experts [E, a, b]: an adapter per expert
         adapters += sum(lora.r * p.shape[0] * (p.shape[1] + p.shape[2]) for n, p in model.named_parameters()
                         if p.dim() == 3 and any(n == t or n.endswith("." + t) for t in tensors))
-    return params, active, adapters
+    return params, active, adapters, routed

@@ -145,11 +145,26 @@ def _micro_batches(units: list[int], budget: int, packing: str = "shared_prompt"
 
 def _fsdp_s(profile: Profile, w: Workload, dp: int, gathers: int = 2, reduce: bool = True) -> float:
     """FSDP traffic on one of ``dp`` ranks: ``gathers`` all-gathers of the weights in the compute dtype and
-    (``reduce``) one reduce-scatter of the fp32 gradients, of the trained parameters only (LoRA: the adapters)."""
+    (``reduce``) one reduce-scatter of the fp32 gradients, of the trained parameters only (LoRA: the adapters);
+    under expert parallelism without the experts (:attr:`Workload.fsdp_params`)."""
     if dp == 1:
         return 0.0
-    moved = (w.model.params * gathers * w.model.compute_bytes + w.model.trained_params * 4 * reduce) * (dp - 1) / dp
+    gathered, reduced = w.fsdp_params
+    moved = (gathered * gathers * w.model.compute_bytes + reduced * 4 * reduce) * (dp - 1) / dp
     return (gathers + reduce) * profile.collective.base_s + profile.collective.per_s * moved
+
+
+def _experts_s(profile: Profile, w: Workload, dp: int, tokens: int, backward: bool) -> float:
+    """Expert parallelism's exchanges in one pass of a micro-batch of ``tokens`` on one of ``dp`` ranks: in every
+    layer, each token's ``k`` hidden states to their experts' ranks and back (four all-to-alls: counts, indices,
+    states, outputs), and the backward's two the other way; a uniform router sends ``(dp - 1) / dp`` of them
+    away."""
+    if dp == 1 or not w.expert_parallel:
+        return 0.0
+    m = w.model
+    calls = (4 + 2 * backward) * m.layers
+    moved = tokens * m.experts_per_token * m.hidden * m.compute_bytes * 2 * (1 + backward) * m.layers * (dp - 1) / dp
+    return calls * profile.collective.base_s + profile.collective.per_s * moved
 
 
 def train_s(dev: DeviceProfile, profile: Profile, w: Workload, units: list[int], dp: int,
@@ -157,14 +172,15 @@ def train_s(dev: DeviceProfile, profile: Profile, w: Workload, units: list[int],
     """Forward + backward (or forward only) of ``units`` on one of ``dp`` ranks, without the optimizer.
     FSDP traffic per micro-batch: with ``dp_sync=pass`` every training pass gathers (forward, backward) and
     reduces; with ``step`` that happens once per optimizer step (:func:`optimizer_s`); a forward-only pass
-    gathers once."""
+    gathers once. Expert parallelism's token exchanges per micro-batch (:func:`_experts_s`)."""
     scale = profile.scale(w.model.compute_params)
     cost = dev.logprob if forward_only else dev.train
     if forward_only:
         per_pass = _fsdp_s(profile, w, dp, gathers=1, reduce=False)
     else:
         per_pass = _fsdp_s(profile, w, dp) if w.dp_sync == "pass" else 0.0
-    return sum(scale * cost(mb) + per_pass for mb in _micro_batches(units, w.token_budget, w.packing, w.pack_length))
+    return sum(scale * cost(mb) + per_pass + _experts_s(profile, w, dp, mb, backward=not forward_only)
+               for mb in _micro_batches(units, w.token_budget, w.packing, w.pack_length))
 
 
 def optimizer_s(dev: DeviceProfile, profile: Profile, w: Workload, dp: int) -> float:

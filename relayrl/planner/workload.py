@@ -103,6 +103,10 @@ class ModelShape(_Model):
                         "by their routed share), which the compute scales with; 0: all of them")
     kv_layers: int = Field(0, ge=0, description="layers with a key/value cache (a hybrid's attention layers, not its "
                            "linear-attention ones); 0: every layer")
+    routed: int = Field(0, ge=0, description="a mixture of experts: the experts' own parameters (0: none), which "
+                        "engine.expert_parallel keeps out of FSDP2's gathers")
+    experts_per_token: int = Field(0, ge=0, description="a mixture of experts: the experts each token is routed "
+                                   "to (the pairs engine.expert_parallel sends)")
 
     @property
     def trained_params(self) -> int:
@@ -131,14 +135,15 @@ class ModelShape(_Model):
         from relayrl.planner import model_count
 
         if model_count.needs_count(cfg):  # experts or linear attention: counted on the model itself
-            params, active, adapters = model_count.count(cfg, lora)
+            params, active, adapters, routed = model_count.count(cfg, lora)
+            per_token = (model_count.experts_of(cfg) or (0, 0))[1] if routed else 0
             lora_on = lora is not None and lora.enabled
             types = list(getattr(cfg, "layer_types", None) or ())
             attention = sum(t in ("full_attention", "sliding_attention") for t in types) if types else 0
             return cls(params=params, layers=layers, hidden=hidden, kv_dim=kv * head_dim, vocab=vocab,
                        compute_bytes=compute, train_bytes=compute if lora_on else 4,
                        trainable=max(1, adapters) if lora_on else 0, fused=fused, active=active,
-                       kv_layers=attention if attention < layers else 0)
+                       kv_layers=attention if attention < layers else 0, routed=routed, experts_per_token=per_token)
         if lora is None or not lora.enabled:
             return cls(params=params, layers=layers, hidden=hidden, kv_dim=kv * head_dim, vocab=vocab,
                        compute_bytes=compute, fused=fused)
@@ -213,6 +218,9 @@ class Workload(_Model):
     head_stored: bool = Field(False, description="engine.head_grad=stored: the policy pass keeps its output "
                               "logits for the backward (positions x vocab values in the compute dtype; counted "
                               "for a whole micro-batch's token budget)")
+    expert_parallel: bool = Field(False, description="engine.expert_parallel: the experts (ModelShape.routed) stay "
+                                  "split over the trainer's ranks, and each pass sends every token's hidden state "
+                                  "to its experts' ranks and back instead of gathering them")
     expand_kv: bool = Field(False, description="model.attn_implementation=flex_attention (GPU only) with grouped "
                             "keys and values: each layer keeps its keys and values repeated to the query heads for "
                             "the backward (relayrl.engines.training.flex.EXPAND_KV)")
@@ -220,3 +228,11 @@ class Workload(_Model):
     @property
     def rows(self) -> int:
         return self.prompts * self.n
+
+    @property
+    def fsdp_params(self) -> tuple[int, int]:
+        """(weights FSDP2 gathers, gradients it reduces): every parameter and the trained ones, less the experts
+        under expert parallelism (they stay split, and their gradients arrive whole)."""
+        m = self.model
+        experts = m.routed if self.expert_parallel else 0
+        return m.params - experts, m.trained_params - (experts if not m.trainable else 0)

@@ -26,6 +26,7 @@ def test_qwen3_30b_a3b_shape_counts_its_experts_and_the_routed_share():
     shape = ModelShape.from_hf_config(cfg, dtype="bfloat16")
     assert 30.4e9 < shape.params < 30.6e9 and 3.2e9 < shape.active < 3.4e9  # (the published 30.5B / 3.3B)
     assert shape.compute_params == shape.active
+    assert shape.routed == 48 * 128 * 3 * 2048 * 768 and shape.experts_per_token == 8  # (what expert parallelism keeps)
 
 
 def _tiny(name: str):
@@ -46,6 +47,7 @@ def test_every_tiny_moe_and_hybrid_counts_what_the_model_holds():
 def test_a_dense_model_keeps_the_formula_and_lora_on_experts_trains_the_adapters():
     dense = _tiny("qwen2")
     assert ModelShape.from_hf_config(dense).active == 0  # (compute_params is params)
+    assert ModelShape.from_hf_config(_tiny("qwen3_5_text")).routed == 0  # (a hybrid without experts)
     cfg = _tiny("qwen3_moe")
     lora = ModelShape.from_hf_config(cfg, dtype="bfloat16", lora=LoraConfig(enabled=True, r=4))
     with torch.device("meta"):

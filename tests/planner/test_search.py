@@ -218,3 +218,21 @@ def test_sequence_parallel_spreads_activations_and_needs_a_multiple_of_its_ranks
     kept = [p.placement for p in rank(toy_profile(), sp, candidates(3), steps=4)]
     assert kept and all(p.main % 2 == 0 for p in kept)
     assert len(kept) < len(candidates(3))
+
+
+def test_a_recipe_with_expert_parallelism_plans_the_experts_out_of_fsdp2s_gathers(tmp_path):
+    """engine.expert_parallel reaches the workload for a mixture of experts (its experts counted), and not for a
+    dense model (no experts to keep: FSDP2 as before)."""
+    from tests.models.architectures import ARCHS, COMMON
+
+    from relayrl.config.loader import load_config
+    from relayrl.config.schema import Config
+    from relayrl.planner.from_config import workload_from_config
+
+    cfg = load_config(Config, "recipes/arith_grpo.yaml", ["engine.expert_parallel=true", "cluster.devices=2"])
+    for arch, routed in (("qwen3_moe", True), ("qwen2", False)):
+        (tmp_path / f"{arch}.json").write_text(json.dumps({"model_type": arch, **COMMON, **ARCHS.get(arch, {})}))
+        w = workload_from_config(cfg, model_config=str(tmp_path / f"{arch}.json"), prompt_tokens=8, lengths="max")
+        assert w.expert_parallel is routed and (w.model.routed > 0) is routed, arch
+        gathered, reduced = w.fsdp_params
+        assert gathered == w.model.params - w.model.routed * routed and reduced == gathered, arch

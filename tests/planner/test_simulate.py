@@ -352,3 +352,33 @@ def test_lora_reduces_only_the_adapters_gradients():
     for shape, grads in ((full, 4e9), (lora, 4e7)):
         w = toy_workload(8, 4, shape=shape, token_budget=16, dp_sync="pass")
         assert sim._fsdp_s(prof, w, 2) == pytest.approx((2 * 2e9 + grads) / 2 * 1e-9)
+
+
+def test_expert_parallelism_trades_the_experts_gathers_for_token_exchanges():
+    """1e9 parameters of which 8e8 are experts, bf16, 2 ranks, 1 s per GB: FSDP2 alone moves half of (2 gathers of
+    2e9 bytes + 4e9 bytes of gradients) = 4 s a pass; with expert parallelism the experts leave both, half of
+    (2 x 4e8 + 8e8) = 0.8 s, and each pass of a 16-token micro-batch sends its tokens' 2 hidden states (64 wide,
+    2 bytes) to the experts and back in each of 4 layers, forward and backward, half of them away: 16 x 2 x 64 x
+    2 x 2 x 2 x 4 / 2 bytes. The memory of dp_sync=step's gathered weights and gradients drops by the experts'."""
+    from relayrl.planner import simulate as sim
+    from relayrl.planner.profile import Affine
+
+    prof = toy_profile().model_copy(update={"collective": Affine(per_s=1e-9)})
+    dev = prof.devices["toy"]
+    shape = ModelShape(params=1_000_000_000, layers=4, hidden=64, kv_dim=64, vocab=1000, compute_bytes=2,
+                       routed=800_000_000, experts_per_token=2)
+    w = {ep: toy_workload(8, 4, shape=shape, token_budget=16, dp_sync="pass", expert_parallel=bool(ep))
+         for ep in (0, 1)}
+    assert sim._fsdp_s(prof, w[0], 2) == pytest.approx(4.0)
+    assert sim._fsdp_s(prof, w[1], 2) == pytest.approx(0.8)
+    tokens = 16 * 2 * 64 * 2 * 2 * 2 * 4 / 2
+    assert sim._experts_s(prof, w[1], 2, 16, backward=True) == pytest.approx(tokens * 1e-9)
+    assert sim._experts_s(prof, w[1], 2, 16, backward=False) == pytest.approx(tokens / 2 * 1e-9)
+    assert sim._experts_s(prof, w[0], 2, 16, backward=True) == 0.0
+    units = [20] * 8  # each over the token budget: eight micro-batches of 20 tokens
+    assert sim.train_s(dev, prof, w[1], units, 2) - sim.train_s(dev, prof, w[0], units, 2) == pytest.approx(
+        8 * (0.8 + tokens * 20 / 16 * 1e-9 - 4.0))
+    step = {ep: x.model_copy(update={"dp_sync": "step"}) for ep, x in w.items()}
+    pl = Placement("sync-colocated", main=2)
+    less = memory_gib(step[0], pl, 0)["main"] - memory_gib(step[1], pl, 0)["main"]
+    assert less == pytest.approx(8e8 * (2 + 4) / 2 / 2**30)
