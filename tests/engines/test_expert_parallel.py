@@ -62,6 +62,11 @@ def test_two_rank_expert_parallel_trains_as_one_rank(tiny_tokenizer, tmp_path, a
     for n, t in own["model"].items():
         torch.testing.assert_close(got["model"][n], t, atol=2e-4, rtol=1e-3, msg=n)
     assert got["scheduler"]["last_epoch"] == 2
+    assert set(got["optimizer"]["state"]) == set(own["optimizer"]["state"])  # Adam's moments, gathered whole
+    for n, moments in own["optimizer"]["state"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(got["optimizer"]["state"][n][key], moments[key], atol=1e-5, rtol=1e-3,
+                                       msg=f"{n} {key}")
     for n, t in one.named_weights():
         torch.testing.assert_close(weights[n], t, atol=2e-4, rtol=1e-3, msg=n)
     for a, b in zip(one.logprobs(batch), logprobs, strict=True):
