@@ -103,6 +103,34 @@ def test_two_rank_expert_parallel_in_bf16_mixed_precision(tiny_tokenizer, tmp_pa
 
 
 @pytest.mark.multiproc
+def test_expert_parallel_with_lora_on_the_attention_trains_and_merges_as_one_rank(tiny_tokenizer, tmp_path):
+    """LoRA on the attention beside split experts: the frozen experts still dispatch (no gradient of their own),
+    the adapters train as on one rank, and the merged weights the rollout gets hold every expert whole."""
+    from relayrl.models.lora import LoraConfig
+
+    kw = dict(model_path=str(moe_dir(tiny_tokenizer, tmp_path / "moe")), engine=ENGINE, total_steps=4, threads=1,
+              seed=0, lora=LoraConfig(enabled=True, r=4, alpha=8.0, target_modules=["q_proj", "o_proj"]))
+    batch = _batch(tiny_tokenizer, seed=6)
+    one = ExpertsWorker(**kw)
+    ep = _group(kw, "eplora")
+    try:
+        for step in range(2):
+            _assert_metrics_match(one.update(batch, LOSS, seed=step), ep.split("update", batch, LOSS, seed=step))
+        adapters = collective(ep, "state")["model"]
+        weights = dict(collective(ep, "named_weights"))
+    finally:
+        ep.shutdown()
+    own = one.state()["model"]
+    assert set(adapters) == set(own) and all(".lora_" in n for n in own)
+    for n, t in own.items():
+        torch.testing.assert_close(adapters[n], t, atol=2e-4, rtol=1e-3, msg=n)
+    merged = dict(one.named_weights())
+    assert merged["model.layers.0.mlp.experts.down_proj"].shape[0] == 4
+    for n, t in merged.items():
+        torch.testing.assert_close(weights[n], t, atol=2e-4, rtol=1e-3, msg=n)
+
+
+@pytest.mark.multiproc
 def test_expert_parallel_under_sequence_parallel_matches_one_rank(tiny_tokenizer, tmp_path):
     """engine.sequence_parallel=2 beside it: the two ranks share each micro-batch, half its tokens each, and send
     those tokens to the experts' ranks as data-parallel ranks do; the updates are one rank's."""
