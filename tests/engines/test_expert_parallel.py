@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from relayrl.cluster import ResourcePool, WorkerGroup
+from relayrl.cluster.config import ClusterConfig
 from relayrl.config.schema import Config
 from relayrl.engines.training.base import OptimConfig
 from relayrl.engines.training.expert_parallel import ExpertParallelError, expert_modules, shard_experts
@@ -20,8 +21,11 @@ ENGINE = TrainEngineConfig(token_budget=48, optim=OptimConfig(lr=1e-2))
 
 
 def _group(kw, name="ep"):
+    """Two ranks splitting the experts; a collective that waits a minute fails (an exchange one rank skips would
+    hang the test otherwise)."""
     ep = {**kw, "engine": kw["engine"].model_copy(update={"expert_parallel": True})}
-    return WorkerGroup(ExpertsWorker, ResourcePool(name, devices=2), "actor", backend="local", init_kwargs=ep)
+    return WorkerGroup(ExpertsWorker, ResourcePool(name, devices=2), "actor", init_kwargs=ep,
+                       backend=ClusterConfig(backend="local", collective_timeout_s=60))
 
 
 @pytest.mark.multiproc
@@ -73,6 +77,32 @@ def test_two_rank_expert_parallel_trains_as_one_rank(tiny_tokenizer, tmp_path, a
         torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-4)
     for a, b in zip(one.routes(batch), routes, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.multiproc
+def test_a_rank_whose_experts_get_no_token_still_steps_with_the_others(tiny_tokenizer, tmp_path):
+    """Every token replayed to experts 0 and 1 (rank 0's): rank 1 receives no pair in any layer, yet joins every
+    exchange and gives its experts a zero gradient, so the clip and the optimizer step run on both ranks alike;
+    the updates and weights are one rank's. With transformers' eager experts loop, which touches no weight of an
+    expert without tokens (its grouped products read them all)."""
+    import json
+
+    path = moe_dir(tiny_tokenizer, tmp_path / "moe")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "experts_implementation": "eager"}))
+    kw = dict(model_path=str(path), engine=ENGINE, total_steps=4, threads=1, seed=0, routing_replay=True)
+    batch = _batch(tiny_tokenizer, seed=7)
+    one = ExpertsWorker(**kw)
+    batch = with_routes(batch, [torch.zeros_like(r) + torch.tensor([0, 1], dtype=r.dtype) for r in one.routes(batch)])
+    ep = _group(kw, "epidle")
+    try:
+        for step in range(2):
+            _assert_metrics_match(one.update(batch, LOSS, seed=step), ep.split("update", batch, LOSS, seed=step))
+        got = collective(ep, "state")["model"]
+    finally:
+        ep.shutdown()
+    for n, t in one.state()["model"].items():
+        torch.testing.assert_close(got[n], t, atol=2e-4, rtol=1e-3, msg=n)
 
 
 @pytest.mark.multiproc

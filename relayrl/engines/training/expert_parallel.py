@@ -19,8 +19,10 @@ left out of FSDP2's units (``ignored_params``): checkpoints, the weight relay's 
 clip read them as they read FSDP2's shards. Their gradients arrive whole on their rank (every rank's tokens
 came to it), so they are not reduced; the engine scales each backward by the world size for FSDP2's average,
 and the expert shards take that factor back here. Every rank runs the same passes already (FSDP2 needs it), so
-every rank joins each layer's exchanges; a rank that receives no pair still gives its experts a (zero) gradient,
-so every rank's optimizer and clip see the same tensors.
+every rank joins each layer's exchanges, in the backward too: a rank that receives no pair still puts what it
+received (nothing) and its experts into its output with weight zero, so its backward runs the reverse exchange
+its senders wait in, and its experts get a (zero) gradient, so every rank's clip and optimizer see the same
+tensors.
 """
 
 from __future__ import annotations
@@ -121,8 +123,9 @@ class _Dispatch:
             out = type(m).forward(m, x, ids[:, None], torch.ones(len(ids), 1, dtype=x.dtype, device=x.device))
         finally:
             m._parameters.update(saved)
-        if not len(ids) and torch.is_grad_enabled():  # no pair came: a zero gradient all the same (module doc)
-            out = out + sum(t.sum() for t in local.values() if t.requires_grad) * 0.0
+        if not len(ids) and torch.is_grad_enabled():  # no pair came (module doc): the backward still runs the
+            # exchange that brought ``x`` (its senders wait for the gradients), and the experts get a zero one
+            out = out + (x.sum() + sum(t.sum() for t in local.values() if t.requires_grad)) * 0.0
         return out
 
     def _local(self, p: torch.Tensor) -> torch.Tensor:
