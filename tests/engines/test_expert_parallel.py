@@ -161,6 +161,31 @@ def test_expert_parallel_with_lora_on_the_attention_trains_and_merges_as_one_ran
 
 
 @pytest.mark.multiproc
+def test_a_streamed_update_with_dp_sync_step_accumulates_the_experts_as_one_rank(tiny_tokenizer, tmp_path):
+    """The periodic and off-policy trainers' update: chunks of prompt groups accumulated (engine.dp_sync=step:
+    FSDP2 reduces once at the step, the experts' gradients add up where they live), then one optimizer step;
+    the metrics and weights are one rank's doing the same."""
+    kw = dict(model_path=str(moe_dir(tiny_tokenizer, tmp_path / "moe")), total_steps=4, threads=1, seed=0,
+              engine=ENGINE.model_copy(update={"dp_sync": "step"}))
+    batch = _batch(tiny_tokenizer, rows=18, seed=8)
+    chunks = [batch.select(range(i, i + 6)) for i in (0, 6, 12)]  # two prompt groups of 3 each
+    one = ExpertsWorker(**kw)
+    for i, chunk in enumerate(chunks):
+        one.accumulate(chunk, LOSS, fresh=i == 0)
+    m1 = one.optim_step()
+    ep = _group(kw, "epacc")
+    try:
+        for i, chunk in enumerate(chunks):
+            ep.split("accumulate", chunk, LOSS, fresh=i == 0)
+        _assert_metrics_match(m1, ep.all("optim_step"))
+        got = collective(ep, "state")["model"]
+    finally:
+        ep.shutdown()
+    for n, t in one.state()["model"].items():
+        torch.testing.assert_close(got[n], t, atol=2e-4, rtol=1e-3, msg=n)
+
+
+@pytest.mark.multiproc
 def test_expert_parallel_under_sequence_parallel_matches_one_rank(tiny_tokenizer, tmp_path):
     """engine.sequence_parallel=2 beside it: the two ranks share each micro-batch, half its tokens each, and send
     those tokens to the experts' ranks as data-parallel ranks do; the updates are one rank's."""
