@@ -20,6 +20,16 @@ from tests.models.architectures import EAGER, build
 ENGINE = TrainEngineConfig(token_budget=48, optim=OptimConfig(lr=1e-2))
 
 
+def _matches(m1: dict, m2: list[dict], load: float | None = None) -> None:
+    """One rank's update metrics on both expert-parallel ranks, which also report how evenly the experts' ranks
+    were loaded (the same figure on both; ``load``: the figure expected)."""
+    loads = [m.pop("actor/expert_load_imbalance") for m in m2]
+    assert loads[0] == loads[1] and 1.0 <= loads[0] <= 2.0
+    if load is not None:
+        assert loads[0] == pytest.approx(load)
+    _assert_metrics_match(m1, m2)
+
+
 def _group(kw, name="ep"):
     """Two ranks splitting the experts; a collective that waits a minute fails (an exchange one rank skips would
     hang the test otherwise)."""
@@ -49,9 +59,9 @@ def test_two_rank_expert_parallel_trains_as_one_rank(tiny_tokenizer, tmp_path, a
     ep = _group(kw)
     try:
         layout = ep.all("experts")
-        _assert_metrics_match(m0, ep.split("update", batch, LOSS, seed=0))  # (from the same start)
+        _matches(m0, ep.split("update", batch, LOSS, seed=0))  # (from the same start)
         ep.all("load_state", state)
-        _assert_metrics_match(m1, ep.split("update", batch, LOSS, seed=1))
+        _matches(m1, ep.split("update", batch, LOSS, seed=1))
         got = collective(ep, "state")
         weights = dict(collective(ep, "named_weights"))
         logprobs = ep.split("logprobs", batch)
@@ -96,8 +106,8 @@ def test_a_rank_whose_experts_get_no_token_still_steps_with_the_others(tiny_toke
     batch = with_routes(batch, [torch.zeros_like(r) + torch.tensor([0, 1], dtype=r.dtype) for r in one.routes(batch)])
     ep = _group(kw, "epidle")
     try:
-        for step in range(2):
-            _assert_metrics_match(one.update(batch, LOSS, seed=step), ep.split("update", batch, LOSS, seed=step))
+        for step in range(2):  # (rank 0 received every pair: twice the mean)
+            _matches(one.update(batch, LOSS, seed=step), ep.split("update", batch, LOSS, seed=step), load=2.0)
         got = collective(ep, "state")["model"]
     finally:
         ep.shutdown()
@@ -145,7 +155,7 @@ def test_expert_parallel_with_lora_on_the_attention_trains_and_merges_as_one_ran
     ep = _group(kw, "eplora")
     try:
         for step in range(2):
-            _assert_metrics_match(one.update(batch, LOSS, seed=step), ep.split("update", batch, LOSS, seed=step))
+            _matches(one.update(batch, LOSS, seed=step), ep.split("update", batch, LOSS, seed=step))
         adapters = collective(ep, "state")["model"]
         weights = dict(collective(ep, "named_weights"))
     finally:
@@ -177,7 +187,7 @@ def test_a_streamed_update_with_dp_sync_step_accumulates_the_experts_as_one_rank
     try:
         for i, chunk in enumerate(chunks):
             ep.split("accumulate", chunk, LOSS, fresh=i == 0)
-        _assert_metrics_match(m1, ep.all("optim_step"))
+        _matches(m1, ep.all("optim_step"))
         got = collective(ep, "state")["model"]
     finally:
         ep.shutdown()
@@ -196,7 +206,7 @@ def test_expert_parallel_under_sequence_parallel_matches_one_rank(tiny_tokenizer
     ep = _group({**kw, "engine": kw["engine"].model_copy(update={"sequence_parallel": 2})}, "epsp")
     try:
         for step in range(2):  # (each packed row padded to a multiple of 2: more forward tokens, not compared)
-            _assert_metrics_match(one.update(batch, LOSS, seed=step), ep.split("update", batch, LOSS, seed=step))
+            _matches(one.update(batch, LOSS, seed=step), ep.split("update", batch, LOSS, seed=step))
     finally:
         ep.shutdown()
 

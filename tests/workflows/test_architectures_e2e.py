@@ -219,6 +219,7 @@ def test_grpo_with_expert_parallelism_on_two_ranks(tiny_tokenizer, tmp_path):
     assert len(steps) == 3 and all(m["actor/grad_norm"] > 0 and "actor/kl" in m for m in steps)
     for m in steps:
         assert m["rollout/logprob_error"] == pytest.approx(1.0, abs=1e-4), m["rollout/logprob_error"]
+        assert 1.0 <= m["actor/expert_load_imbalance"] <= 2.0
     before, after = load_file(model_dir / "model.safetensors"), load_file(run_dir / "model" / "model.safetensors")
     assert set(after) == set(before)
     for e in range(4):  # every expert trained, on whichever rank held it

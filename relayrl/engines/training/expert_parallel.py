@@ -33,7 +33,7 @@ from torch import nn
 
 from relayrl.errors import UserError
 
-__all__ = ["ExpertParallelError", "expert_modules", "shard_experts"]
+__all__ = ["ExpertParallelError", "expert_modules", "shard_experts", "load_imbalance"]
 
 
 class ExpertParallelError(UserError, ValueError):
@@ -83,6 +83,23 @@ def shard_experts(model: nn.Module, mesh, compute_dtype: torch.dtype | None) -> 
     return ignored
 
 
+def load_imbalance(model: nn.Module, device: torch.device) -> float | None:
+    """How unevenly the experts' ranks were loaded in the training passes since the last call: the most
+    ``(token, expert)`` pairs a rank received over their mean over ranks (1.0: even; ``ranks``: one rank got
+    them all). None without expert parallelism or with no pair. A collective (every rank calls it)."""
+    from relayrl.engines.training.fsdp import reduce_over_ranks, world_size
+
+    dispatches = [m.forward for _, m in expert_modules(model) if isinstance(m.__dict__.get("forward"), _Dispatch)]
+    if not dispatches:
+        return None
+    received = float(sum(d.received for d in dispatches))
+    for d in dispatches:
+        d.received = 0
+    most, total = reduce_over_ranks({"max": received, "sum": received}, {"max": "max", "sum": "sum"},
+                                    device).values()
+    return most / (total / world_size()) if total else None
+
+
 class _Dispatch:
     """An experts module's forward under expert parallelism (module docstring): ``(hidden [T, H], top_k_index
     [T, k], top_k_weights [T, k]) -> [T, H]``, as the module's own forward returns."""
@@ -91,6 +108,7 @@ class _Dispatch:
         self.module, self.experts, self.per_rank, self.group = module, experts, per_rank, group
         self.world = dist.get_world_size(group)
         self.compute_dtype = compute_dtype
+        self.received = 0  # pairs received by the passes with gradients since load_imbalance last read them
 
     def __call__(self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         from torch.distributed._functional_collectives import all_to_all_single_autograd as exchange
@@ -103,6 +121,8 @@ class _Dispatch:
         recv = torch.empty_like(send)
         dist.all_to_all_single(recv, send, group=self.group)
         send_n, recv_n = send.tolist(), recv.tolist()
+        if torch.is_grad_enabled():
+            self.received += sum(recv_n)
         local_ids = (flat - owner * self.per_rank)[order]
         ids_in = local_ids.new_empty(sum(recv_n))
         dist.all_to_all_single(ids_in, local_ids, recv_n, send_n, group=self.group)

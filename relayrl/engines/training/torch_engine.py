@@ -547,6 +547,12 @@ class TorchTrainingEngine(LogprobPasses, RoutedPasses, StreamedUpdate, EngineSta
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
         norm = fsdp.scalar(norm)
         metrics[f"{self.prefix}/grad_norm"] = norm
+        if self.cfg.expert_parallel and self.sharded:
+            from relayrl.engines.training.expert_parallel import load_imbalance
+
+            load = load_imbalance(self.model, self.device)
+            if load is not None:
+                metrics[f"{self.prefix}/expert_load_imbalance"] = load
         metrics[f"{self.prefix}/lr"] = self.optimizer.param_groups[0]["lr"]
         if math.isfinite(norm):
             self.optimizer.step()
