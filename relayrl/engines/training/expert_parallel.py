@@ -87,17 +87,16 @@ def load_imbalance(model: nn.Module, device: torch.device) -> float | None:
     """How unevenly the experts' ranks were loaded in the training passes since the last call: the most
     ``(token, expert)`` pairs a rank received over their mean over ranks (1.0: even; ``ranks``: one rank got
     them all). None without expert parallelism or with no pair. A collective (every rank calls it)."""
-    from relayrl.engines.training.fsdp import reduce_over_ranks, world_size
-
     dispatches = [m.forward for _, m in expert_modules(model) if isinstance(m.__dict__.get("forward"), _Dispatch)]
     if not dispatches:
         return None
-    received = float(sum(d.received for d in dispatches))
+    total = torch.tensor([float(sum(d.received for d in dispatches))], dtype=torch.float64, device=device)
     for d in dispatches:
         d.received = 0
-    most, total = reduce_over_ranks({"max": received, "sum": received}, {"max": "max", "sum": "sum"},
-                                    device).values()
-    return most / (total / world_size()) if total else None
+    most = total.clone()
+    dist.all_reduce(most, op=dist.ReduceOp.MAX, group=dispatches[0].group)
+    dist.all_reduce(total, group=dispatches[0].group)
+    return float(most) / (float(total) / dispatches[0].world) if float(total) else None
 
 
 class _Dispatch:
