@@ -30,6 +30,22 @@ def _matches(m1: dict, m2: list[dict], load: float | None = None) -> None:
     _assert_metrics_match(m1, m2)
 
 
+def _updates_match(kw: dict, batch, name: str, *, one=None, ep_kw: dict | None = None,
+                   load: float | None = None) -> None:
+    """Two updates of ``batch`` on one rank (``one``, or a new worker of ``kw``) and on two expert-parallel ranks
+    (``ep_kw``, else ``kw``) give the same metrics and weights."""
+    one = one or ExpertsWorker(**kw)
+    ep = _group(ep_kw or kw, name)
+    try:
+        for step in range(2):
+            _matches(one.update(batch, LOSS, seed=step), ep.split("update", batch, LOSS, seed=step), load)
+        got = collective(ep, "state")["model"]
+    finally:
+        ep.shutdown()
+    for n, t in one.state()["model"].items():
+        torch.testing.assert_close(got[n], t, atol=2e-4, rtol=1e-3, msg=n)
+
+
 def _group(kw, name="ep"):
     """Two ranks splitting the experts; a collective that waits a minute fails (an exchange one rank skips would
     hang the test otherwise)."""
@@ -104,15 +120,7 @@ def test_a_rank_whose_experts_get_no_token_still_steps_with_the_others(tiny_toke
     batch = _batch(tiny_tokenizer, seed=7)
     one = ExpertsWorker(**kw)
     batch = with_routes(batch, [torch.zeros_like(r) + torch.tensor([0, 1], dtype=r.dtype) for r in one.routes(batch)])
-    ep = _group(kw, "epidle")
-    try:
-        for step in range(2):  # (rank 0 received every pair: twice the mean)
-            _matches(one.update(batch, LOSS, seed=step), ep.split("update", batch, LOSS, seed=step), load=2.0)
-        got = collective(ep, "state")["model"]
-    finally:
-        ep.shutdown()
-    for n, t in one.state()["model"].items():
-        torch.testing.assert_close(got[n], t, atol=2e-4, rtol=1e-3, msg=n)
+    _updates_match(kw, batch, "epidle", one=one, load=2.0)  # (rank 0 received every pair: twice the mean)
 
 
 @pytest.mark.multiproc
@@ -198,17 +206,11 @@ def test_a_streamed_update_with_dp_sync_step_accumulates_the_experts_as_one_rank
 @pytest.mark.multiproc
 def test_expert_parallel_under_sequence_parallel_matches_one_rank(tiny_tokenizer, tmp_path):
     """engine.sequence_parallel=2 beside it: the two ranks share each micro-batch, half its tokens each, and send
-    those tokens to the experts' ranks as data-parallel ranks do; the updates are one rank's."""
+    those tokens to the experts' ranks as data-parallel ranks do; the updates and weights are one rank's."""
     kw = dict(model_path=str(moe_dir(tiny_tokenizer, tmp_path / "moe")), total_steps=4, threads=1, seed=0,
               engine=ENGINE.model_copy(update={"token_budget": 64}))
-    batch = _batch(tiny_tokenizer, seed=5)
-    one = ExpertsWorker(**kw)
-    ep = _group({**kw, "engine": kw["engine"].model_copy(update={"sequence_parallel": 2})}, "epsp")
-    try:
-        for step in range(2):  # (each packed row padded to a multiple of 2: more forward tokens, not compared)
-            _matches(one.update(batch, LOSS, seed=step), ep.split("update", batch, LOSS, seed=step))
-    finally:
-        ep.shutdown()
+    sp = {**kw, "engine": kw["engine"].model_copy(update={"sequence_parallel": 2})}
+    _updates_match(kw, _batch(tiny_tokenizer, seed=5), "epsp", ep_kw=sp)  # (rows padded to multiples of 2)
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "gpt_oss"])
