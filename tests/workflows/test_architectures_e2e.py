@@ -150,6 +150,16 @@ def test_routing_replay_on_a_dense_model_is_refused_naming_the_key(tiny_dir, tmp
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.multiproc
+def test_expert_parallelism_on_a_dense_model_is_refused_naming_the_key(tiny_dir, tmp_path):
+    r = relayrl("train", "recipes/arith_grpo.yaml", f"model.path={tiny_dir}", "trainer.steps=1",
+                f"run.dir={tmp_path / 'run'}", "cluster.devices=2", "engine.expert_parallel=true", "eval.size=8",
+                "run.threads=1")
+    assert r.returncode != 0
+    assert "Qwen2ForCausalLM has none (no fused mlp.experts tensors)" in r.stderr, r.stderr[-2000:]
+    assert "set engine.expert_parallel=false" in r.stderr and "Traceback" not in r.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("devices", [1, pytest.param(2, marks=pytest.mark.multiproc)])
 def test_grpo_with_lora_on_the_experts_relays_their_merged_tensors(tiny_tokenizer, tmp_path, devices):
