@@ -213,6 +213,17 @@ def test_expert_parallel_under_sequence_parallel_matches_one_rank(tiny_tokenizer
     _updates_match(kw, _batch(tiny_tokenizer, seed=5), "epsp", ep_kw=sp)  # (rows padded to multiples of 2)
 
 
+@pytest.mark.slow  # (Inductor compiles the layers on both ranks: about 15 s)
+@pytest.mark.multiproc
+def test_compiled_layers_around_the_dispatch_match_one_rank(tiny_tokenizer, tmp_path):
+    """engine.compile=true: each decoder layer compiled, the dispatch left to run eagerly inside it (its
+    exchanges' sizes are data); the updates and weights are one uncompiled rank's."""
+    kw = dict(model_path=str(moe_dir(tiny_tokenizer, tmp_path / "moe")), engine=ENGINE, total_steps=4, threads=1,
+              seed=0)
+    compiled = {**kw, "engine": ENGINE.model_copy(update={"compile": True})}
+    _updates_match(kw, _batch(tiny_tokenizer, seed=5), "epcompile", ep_kw=compiled)
+
+
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "gpt_oss"])
 def test_the_experts_modules_are_found_and_not_the_routers(arch):
     model = build(arch)

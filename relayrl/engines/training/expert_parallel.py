@@ -109,6 +109,7 @@ class _Dispatch:
         self.compute_dtype = compute_dtype
         self.received = 0  # pairs received by the passes with gradients since load_imbalance last read them
 
+    @torch.compiler.disable  # (engine.compile: the exchanges' sizes are data, a recompile each pass if traced)
     def __call__(self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         from torch.distributed._functional_collectives import all_to_all_single_autograd as exchange
 
