@@ -21,9 +21,9 @@ class ExpertsWorker(RoutesWorker):
     for each (``dispatching``: expert parallelism's forward is installed)."""
 
     def experts(self) -> list:
-        from relayrl.engines.training.expert_parallel import _Dispatch, expert_modules
+        from relayrl.engines.training.expert_parallel import dispatch_of, expert_modules
 
-        return [(n, isinstance(m.__dict__.get("forward"), _Dispatch),
+        return [(n, dispatch_of(m) is not None,
                  [tuple(getattr(p, "to_local", lambda p=p: p)().shape) for p in m.parameters(recurse=False)])
                 for n, m in expert_modules(self.engine.model)]
 

@@ -33,7 +33,7 @@ from torch import nn
 
 from relayrl.errors import UserError
 
-__all__ = ["ExpertParallelError", "expert_modules", "shard_experts", "load_imbalance"]
+__all__ = ["ExpertParallelError", "expert_modules", "dispatch_of", "shard_experts", "load_imbalance"]
 
 
 class ExpertParallelError(UserError, ValueError):
@@ -47,12 +47,18 @@ def expert_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     for name, m in model.named_modules():
         n = getattr(m, "num_experts", None)
         own = list(m.parameters(recurse=False))
-        if isinstance(m.__dict__.get("forward"), _Dispatch):
-            n = m.forward.experts
+        if dispatch_of(m) is not None:
+            n = dispatch_of(m).experts
         if (name.rsplit(".", 1)[-1] == "experts" and isinstance(n, int) and not hasattr(m, "top_k") and own
                 and all(p.dim() >= 2 and p.shape[0] == n for p in own)):
             found.append((name, m))
     return found
+
+
+def dispatch_of(module: nn.Module) -> "_Dispatch | None":
+    """The dispatching forward `shard_experts` gave ``module``, or None."""
+    forward = module.__dict__.get("forward")
+    return forward if isinstance(forward, _Dispatch) else None
 
 
 def shard_experts(model: nn.Module, mesh, compute_dtype: torch.dtype | None) -> set[nn.Parameter]:
@@ -87,7 +93,7 @@ def load_imbalance(model: nn.Module, device: torch.device) -> float | None:
     """How unevenly the experts' ranks were loaded in the training passes since the last call: the most
     ``(token, expert)`` pairs a rank received over their mean over ranks (1.0: even; ``ranks``: one rank got
     them all). None without expert parallelism or with no pair. A collective (every rank calls it)."""
-    dispatches = [m.forward for _, m in expert_modules(model) if isinstance(m.__dict__.get("forward"), _Dispatch)]
+    dispatches = [d for _, m in expert_modules(model) if (d := dispatch_of(m)) is not None]
     if not dispatches:
         return None
     total = torch.tensor([float(sum(d.received for d in dispatches))], dtype=torch.float64, device=device)
