@@ -55,10 +55,10 @@ def _group(kw, name="ep"):
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "gpt_oss"])
 def test_two_rank_expert_parallel_trains_as_one_rank(tiny_tokenizer, tmp_path, arch):
-    """Each rank holds 2 of the 4 experts of every layer (GPT-OSS: with their biases) and dispatches tokens to
-    them. The updates replay recorded routes; a one-rank checkpoint loads onto the split experts, and the next
+    """Each rank holds 2 of the 4 experts of every layer (Qwen3-MoE, Mixtral; GPT-OSS with their biases) and
+    sends tokens to them. The updates replay recorded routes; a one-rank checkpoint loads onto the split experts, and the next
     update's metrics, the parameters after it (gathered whole, as a checkpoint and the relay gather them), the
     log-probs and the routing the old-policy pass records are the one-rank run's."""
     kw = dict(model_path=str(moe_dir(tiny_tokenizer, tmp_path / "moe", arch)), engine=ENGINE, total_steps=4,
