@@ -31,19 +31,26 @@ def _matches(m1: dict, m2: list[dict], load: float | None = None) -> None:
 
 
 def _updates_match(kw: dict, batch, name: str, *, one=None, ep_kw: dict | None = None,
-                   load: float | None = None) -> None:
+                   load: float | None = None) -> ExpertsWorker:
     """Two updates of ``batch`` on one rank (``one``, or a new worker of ``kw``) and on two expert-parallel ranks
-    (``ep_kw``, else ``kw``) give the same metrics and weights."""
+    (``ep_kw``, else ``kw``) give the same metrics, trained state and relayed (merged, gathered) weights; the
+    one-rank worker."""
     one = one or ExpertsWorker(**kw)
     ep = _group(ep_kw or kw, name)
     try:
         for step in range(2):
             _matches(one.update(batch, LOSS, seed=step), ep.split("update", batch, LOSS, seed=step), load)
         got = collective(ep, "state")["model"]
+        weights = dict(collective(ep, "named_weights"))
     finally:
         ep.shutdown()
-    for n, t in one.state()["model"].items():
+    own = one.state()["model"]
+    assert set(got) == set(own)
+    for n, t in own.items():
         torch.testing.assert_close(got[n], t, atol=2e-4, rtol=1e-3, msg=n)
+    for n, t in one.named_weights():
+        torch.testing.assert_close(weights[n], t, atol=2e-4, rtol=1e-3, msg=n)
+    return one
 
 
 def _group(kw, name="ep"):
@@ -158,24 +165,9 @@ def test_expert_parallel_with_lora_on_the_attention_trains_and_merges_as_one_ran
 
     kw = dict(model_path=str(moe_dir(tiny_tokenizer, tmp_path / "moe")), engine=ENGINE, total_steps=4, threads=1,
               seed=0, lora=LoraConfig(enabled=True, r=4, alpha=8.0, target_modules=["q_proj", "o_proj"]))
-    batch = _batch(tiny_tokenizer, seed=6)
-    one = ExpertsWorker(**kw)
-    ep = _group(kw, "eplora")
-    try:
-        for step in range(2):
-            _matches(one.update(batch, LOSS, seed=step), ep.split("update", batch, LOSS, seed=step))
-        adapters = collective(ep, "state")["model"]
-        weights = dict(collective(ep, "named_weights"))
-    finally:
-        ep.shutdown()
-    own = one.state()["model"]
-    assert set(adapters) == set(own) and all(".lora_" in n for n in own)
-    for n, t in own.items():
-        torch.testing.assert_close(adapters[n], t, atol=2e-4, rtol=1e-3, msg=n)
-    merged = dict(one.named_weights())
-    assert merged["model.layers.0.mlp.experts.down_proj"].shape[0] == 4
-    for n, t in merged.items():
-        torch.testing.assert_close(weights[n], t, atol=2e-4, rtol=1e-3, msg=n)
+    one = _updates_match(kw, _batch(tiny_tokenizer, seed=6), "eplora")  # (adapters and merged weights too)
+    assert all(".lora_" in n for n in one.state()["model"])
+    assert dict(one.named_weights())["model.layers.0.mlp.experts.down_proj"].shape[0] == 4
 
 
 @pytest.mark.multiproc

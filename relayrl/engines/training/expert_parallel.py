@@ -45,10 +45,9 @@ def expert_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     whose first dimension is the experts; not a router, which holds ``top_k``), by name; split ones too."""
     found = []
     for name, m in model.named_modules():
-        n = getattr(m, "num_experts", None)
+        split = dispatch_of(m)
+        n = split.experts if split is not None else getattr(m, "num_experts", None)
         own = list(m.parameters(recurse=False))
-        if dispatch_of(m) is not None:
-            n = dispatch_of(m).experts
         if (name.rsplit(".", 1)[-1] == "experts" and isinstance(n, int) and not hasattr(m, "top_k") and own
                 and all(p.dim() >= 2 and p.shape[0] == n for p in own)):
             found.append((name, m))
