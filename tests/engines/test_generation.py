@@ -204,3 +204,15 @@ def test_a_model_that_names_its_cache_cache_gets_it_so(tiny_model, tiny_tokenize
     assert [o.token_ids.tolist() for o in got] == [o.token_ids.tolist() for o in want]
     for a, b in zip(got, want):
         assert torch.equal(a.logprobs, b.logprobs)
+
+
+def test_a_stop_string_of_many_tokens_stops_the_row(tiny_model, tiny_tokenizer):
+    """The tiny tokenizer splits digits (and ``</tool_call>``, 11 tokens): a stop string longer than a fixed
+    tail of tokens must still end the row when it completes, not run on to max_new_tokens."""
+    eng = NativeGenerationEngine(tiny_model, tiny_tokenizer)
+    for stop in ("1234567890", "</tool_call>"):
+        ids = tiny_tokenizer(f"ab {stop}")["input_ids"]
+        assert len(tiny_tokenizer(stop)["input_ids"]) > 8
+        params = SamplingParams(max_new_tokens=100, stop_strings=(stop,))
+        assert eng.finish_reason(ids, params, set()) == "stop"
+        assert eng.finish_reason(ids[:-1], params, set()) is None

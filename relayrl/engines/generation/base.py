@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from relayrl.errors import UserError
 
-__all__ = ["SamplingParams", "Completion", "GenerationEngine", "RequestFailed"]
+__all__ = ["SamplingParams", "Completion", "GenerationEngine", "RequestFailed", "hits_stop_string"]
 
 
 class RequestFailed(UserError, RuntimeError):
@@ -53,6 +53,19 @@ class SamplingParams(BaseModel):
         if self.temperature == 0.0 and self.n > 1:
             raise ValueError("greedy decoding (temperature=0) with n > 1 returns n identical samples; set n=1 or temperature > 0")
         return self
+
+
+def hits_stop_string(tokenizer, tokens: Sequence[int], stops: Sequence[str]) -> bool:
+    """Whether the text of ``tokens`` ends in a stop string that its newest token completed.
+
+    Only the tail is decoded (each new token is checked as it comes, so an earlier hit already stopped the row):
+    enough tokens to hold the longest stop string, whose every token is at least one byte, plus a margin for
+    characters split across tokens and decoders that change a leading space."""
+    if not stops:
+        return False
+    tail = max(len(s.encode("utf-8")) for s in stops) + 8
+    text = tokenizer.decode(list(tokens[-tail:]), skip_special_tokens=True)
+    return any(s in text for s in stops)
 
 
 @dataclass(frozen=True)

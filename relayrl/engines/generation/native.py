@@ -58,7 +58,7 @@ import torch
 import torch.nn.functional as F
 
 from relayrl.engines.generation import cache_rows, static
-from relayrl.engines.generation.base import Completion, SamplingParams
+from relayrl.engines.generation.base import Completion, SamplingParams, hits_stop_string
 from relayrl.engines.generation.kv_cache import check_takes_cache, forward_with_cache
 from relayrl.engines.generation.sampling import draw_seed, row_key, row_uniforms, sample_next, seen_mask
 
@@ -436,15 +436,11 @@ class NativeGenerationEngine:
         ``params.max_new_tokens`` (a fed row's own budget)."""
         if tokens[-1] in stop_ids:
             return "stop"
-        if params.stop_strings and self._hit_stop_string(tokens, params.stop_strings):
+        if params.stop_strings and hits_stop_string(self.tokenizer, tokens, params.stop_strings):
             return "stop"
         if len(tokens) >= (params.max_new_tokens if max_new is None else max_new):
             return "length"
         return None
-
-    def _hit_stop_string(self, tokens: list[int], stops: tuple[str, ...]) -> bool:
-        tail = self.tokenizer.decode(tokens[-8:], skip_special_tokens=True)
-        return any(s in tail for s in stops)
 
     def completion(self, row: tuple[int, int], toks: list[int], logps: list[float], reason: str,
                    versions: list[int], routes: list[torch.Tensor] | None = None) -> Completion:

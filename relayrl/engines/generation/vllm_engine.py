@@ -54,7 +54,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from relayrl.engines.generation import vllm_tp
-from relayrl.engines.generation.base import Completion, SamplingParams
+from relayrl.engines.generation.base import Completion, SamplingParams, hits_stop_string
 from relayrl.engines.generation.config import INSTALL, VLLMSpec, narrowing, vllm_available  # torch-free (re-exported)
 from relayrl.engines.generation.native import PromptFeed, _ListFeed
 from relayrl.errors import UserError
@@ -347,10 +347,8 @@ class VLLMGenerationEngine:
             row.versions.append(self._version)
         if len(row.logps) != len(row.tokens):
             raise RuntimeError("vLLM returned tokens without their log-probs (logprobs=0 was asked for)")
-        if params.stop_strings and row.tokens:
-            tail = self.tokenizer.decode(row.tokens[-8:], skip_special_tokens=True)
-            if any(s in tail for s in params.stop_strings):
-                return "stop"
+        if row.tokens and hits_stop_string(self.tokenizer, row.tokens, params.stop_strings):
+            return "stop"
         if not finished:
             return None
         return "length" if out.finish_reason == "length" else "stop"
