@@ -32,6 +32,7 @@ from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from relayrl.engines.generation.base import SamplingParams
 from relayrl.serving import responses as R
@@ -68,6 +69,12 @@ def build_app(state: ServerState) -> FastAPI:
     @app.exception_handler(ApiError)
     async def _api_error(_, e: ApiError):
         return e.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_, e: StarletteHTTPException):  # no such route or method: OpenAI's error object too
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        return JSONResponse(R.error_body(str(e.detail), e.status_code, kind), status_code=e.status_code,
+                            headers=getattr(e, "headers", None))
 
     @app.exception_handler(Exception)
     async def _unexpected(_, e: Exception):  # one request failed; the server goes on
@@ -230,6 +237,9 @@ def _sampling(state: ServerState, req, prompts: list[list[int]], chat: bool) -> 
     n = req.n or 1
     if n > lim.max_n:
         raise ApiError(400, f"n={n} exceeds this server's limit of {lim.max_n}", param="n")
+    if n > state.batcher.engine.max_batch:
+        raise ApiError(400, f"n={n} exceeds the {state.batcher.engine.max_batch} sequences this server decodes "
+                       f"together (relayrl serve --max-batch)", param="n")
     stops = req.stops
     if len(stops) > lim.max_stop or any(not s for s in stops):
         raise ApiError(400, f"stop: at most {lim.max_stop} non-empty strings", param="stop")
@@ -270,10 +280,12 @@ async def _serve(state: ServerState, http: HTTPRequest, req, prompts: list[list[
     try:
         for r in reqs:
             state.batcher.submit(r)
-    except Overloaded as e:
-        for r in reqs:
+    except BaseException as e:
+        for r in reqs:  # the prompts queued before the failure leave too
             r.cancel()
-        raise ApiError(503, f"the server is busy: {e}", "server_busy") from None
+        if isinstance(e, Overloaded):
+            raise ApiError(503, f"the server is busy: {e}", "server_busy") from None
+        raise
     if stream:
         stream_fn = _stream_chat if chat else _stream_completion
         gen = stream_fn(state, req, reqs, queue, params)

@@ -50,7 +50,7 @@ class _Request(BaseModel):
     stream_options: dict[str, Any] | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = Field(None, description="vLLM extension")
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1, description="a 64-bit integer")
     user: str | None = None
     ignore_eos: bool | None = Field(False, description="vLLM extension: do not stop at EOS")
     return_tokens_as_token_ids: bool | None = Field(False, description="vLLM extension: logprob tokens as "
@@ -75,6 +75,8 @@ class _Request(BaseModel):
                 raise ValueError(f"{name} is not supported by relayrl serve; leave it unset or 0")
         if self.logit_bias:
             raise ValueError("logit_bias is not supported by relayrl serve; leave it unset")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream=true")
         if self.temperature == 0 and (self.n or 1) > 1:
             raise ValueError(f"temperature=0 is greedy, so n={self.n} samples would be identical; set n=1 or "
                              "temperature > 0")
@@ -172,6 +174,9 @@ class ChatCompletionRequest(_Request):
                 raise ValueError(f"max_completion_tokens={self.max_completion_tokens} must be >= 1")
             if self.max_tokens is None:
                 self.max_tokens = self.max_completion_tokens
+            elif self.max_tokens != self.max_completion_tokens:
+                raise ValueError(f"max_tokens={self.max_tokens} and max_completion_tokens="
+                                 f"{self.max_completion_tokens} disagree; give one of them")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
         return self

@@ -56,3 +56,16 @@ def test_vllm_sampling_extensions_are_read():
     assert (req.min_p, req.repetition_penalty, req.top_k) == (0.05, 1.1, 5)
     with pytest.raises(ValueError, match="repetition_penalty"):
         CompletionRequest(model="m", prompt="x", repetition_penalty=0)
+
+
+def test_request_records_refuse_what_would_be_ignored_or_crash():
+    with pytest.raises(ValueError, match="seed"):  # (torch's generator takes 64 bits: a 500 before)
+        CompletionRequest(model="m", prompt="x", seed=2**70)
+    assert CompletionRequest(model="m", prompt="x", seed=-5).seed == -5
+    with pytest.raises(ValueError, match="stream_options"):
+        CompletionRequest(model="m", prompt="x", stream_options={"include_usage": True})
+    assert CompletionRequest(model="m", prompt="x", stream=True, stream_options={"include_usage": True}).include_usage
+    msgs = [{"role": "user", "content": "hi"}]
+    with pytest.raises(ValueError, match="max_completion_tokens"):
+        ChatCompletionRequest(model="m", messages=msgs, max_tokens=2, max_completion_tokens=5)
+    assert ChatCompletionRequest(model="m", messages=msgs, max_tokens=5, max_completion_tokens=5).max_tokens == 5
