@@ -52,6 +52,14 @@ def first_rows(rows: list, n: int, *, seed: int, shuffle: bool) -> tuple[list, s
     return [rows[i] for i in keep], f"data.max_rows={n}: training on {n:,} of {len(rows):,} rows, {how}"
 
 
+def response_budget(cfg: Config, turn: int, key: str) -> tuple[int, str]:
+    """The tokens generated after a prompt, and the key that sets them: ``turn`` (``key``), or with episodes
+    (``env.name``) ``env.max_tokens``, the whole response of turns and observations (``turn`` caps one turn)."""
+    if cfg.env.enabled:
+        return cfg.env.max_tokens, "env.max_tokens"
+    return turn, key
+
+
 class RunProblems:
     """The model directory, tokenizer and problems of ``cfg`` (module docstring). ``training``: also fit the
     training rows and take ``data.max_rows`` of them, as a training run does (an evaluation only reads them
@@ -68,8 +76,9 @@ class RunProblems:
         if training and self.train_problems is not None:  # (against the context too when the rows are generated
             # from: grpo; the rows left out are gone before the prompt source is built, so a resumed run walks the
             # same rows)
-            budget = cfg.rollout.max_new_tokens if cfg.workflow == "grpo" else None
-            self.train_problems = self._fit(self.train_problems, "training", budget, "rollout.max_new_tokens")
+            budget, key = response_budget(cfg, cfg.rollout.max_new_tokens, "rollout.max_new_tokens")
+            self.train_problems = self._fit(self.train_problems, "training", budget if cfg.workflow == "grpo"
+                                            else None, key)
         self._check_lengths()
         if training and self.train_problems is not None and cfg.data.max_rows is not None:
             self.train_problems, line = first_rows(self.train_problems, cfg.data.max_rows, seed=cfg.run.seed,
@@ -148,7 +157,7 @@ class RunProblems:
         (:func:`relayrl.data.lengths.check_context`)."""
         e = self.cfg.eval
         key = "eval.max_new_tokens" if e.max_new_tokens else "rollout.max_new_tokens"
-        budget = e.max_new_tokens or self.cfg.rollout.max_new_tokens
+        budget, key = response_budget(self.cfg, e.max_new_tokens or self.cfg.rollout.max_new_tokens, key)
         self.eval_problems = self._fit(self.eval_problems, "held-out", budget, key)
 
     def _fit(self, problems: list[Problem], what: str, budget: int | None, key: str) -> list[Problem]:

@@ -123,3 +123,18 @@ def test_a_grpo_run_trains_on_the_rows_kept_and_resumes_on_the_same_ones(capsys,
                      "run.resume=auto"])
     err = capsys.readouterr().err
     assert code != 0 and "data.max_prompt_tokens" in err and "another configuration" in err, err
+
+
+def test_episodes_are_checked_against_the_context_with_their_own_budget(capsys, tmp_path):
+    """An episode's response (turns and observations) runs to env.max_tokens, not rollout.max_new_tokens (one
+    turn's cap): a budget past the context is refused, in training rows and held-out rows alike."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(20)))
+    env = ["env.name=tools", "rollout.stop_strings=['</tool>']", "rollout.max_new_tokens=40", "env.max_tokens=600"]
+    toolsum = ["data.task=toolsum", "data.task_options={}", "data.eval_task_options={}"]
+    for sets in (["data.task=null", f"data.path={rows}"], toolsum):
+        code = cli.main(["train", *RUN, *sets, *env, f"run.dir={tmp_path / 'r'}"])
+        err = capsys.readouterr().err
+        assert code == EXIT_CONFIG, err
+        assert "env.max_tokens=600 new tokens cannot fit in the model's max_position_embeddings=512" in err, err
+        assert not (tmp_path / "r").exists()
