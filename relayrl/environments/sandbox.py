@@ -400,23 +400,25 @@ def run_python(code: str, cfg: SandboxConfig | None = None) -> SandboxResult:
                 proc.stdin.close()
             stopped_why = _collect(proc, chunks, cfg, t0)
         finally:
+            for pipe in (proc.stdout, proc.stderr):  # first: a launcher that writes its last words into a full
+                pipe.close()  # pipe nobody reads would never exit (the stop then waited 5 s, past wall_s)
             _stop(proc, uid)
-            for pipe in (proc.stdout, proc.stderr):
-                pipe.close()
             with os.fdopen(report_r) as f:
                 report = f.read()
         oom_kills = group.oom_kills() if group is not None else 0
     stderr = chunks["stderr"].decode("utf-8", "replace")
-    error, exit_code = _verdict(cfg, stopped_why, report, oom_kills, proc.returncode, stderr)
-    return SandboxResult(chunks["stdout"].decode("utf-8", "replace"), stderr, exit_code, error,
-                         time.monotonic() - t0, uid, group.controllers if group is not None else ())
+    seconds = time.monotonic() - t0
+    error, exit_code = _verdict(cfg, stopped_why, report, oom_kills, proc.returncode, stderr, seconds)
+    return SandboxResult(chunks["stdout"].decode("utf-8", "replace"), stderr, exit_code, error, seconds, uid,
+                         group.controllers if group is not None else ())
 
 
 def _verdict(cfg: SandboxConfig, stopped_why: str | None, report: str, oom_kills: int, launcher_status: int | None,
-             stderr: str) -> tuple[str | None, int | None]:
+             stderr: str, seconds: float) -> tuple[str | None, int | None]:
     """(error, exit_code) of a run from why the parent stopped it (None: it ended by itself), pid 1's report
-    (JSON lines: ``{"exit": status}``, or ``{"boot_error": why}`` from the code's process before its exec)
-    and the memory cgroup's OOM kills."""
+    (JSON lines: ``{"exit": status}``, or ``{"boot_error": why}`` from the code's process before its exec),
+    the memory cgroup's OOM kills and the run's wall ``seconds`` (a process cannot have used more CPU time, so
+    a SIGKILL sooner than ``cpu_s`` is not RLIMIT_CPU's)."""
     records = []
     for line in report.splitlines():
         with contextlib.suppress(ValueError):  # a line cut short by the kill
@@ -434,14 +436,23 @@ def _verdict(cfg: SandboxConfig, stopped_why: str | None, report: str, oom_kills
         return f"the sandbox failed to start (launcher exit status {launcher_status}): {stderr.strip()[-300:]}", None
     if exit_code == -signal.SIGSYS:
         return "a system call of another ABI (i386 or x32), which the sandbox's filter forbids (killed)", exit_code
-    if exit_code in (-signal.SIGXCPU, -signal.SIGKILL):
+    if exit_code == -signal.SIGXCPU or (exit_code == -signal.SIGKILL and seconds >= cfg.cpu_s):
         return f"CPU time limit of {cfg.cpu_s} s reached (killed)", exit_code
+    if exit_code is not None and exit_code < 0:
+        return f"the code was killed by {_signal_name(-exit_code)}", exit_code
     if exit_code != 0:
         last = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit status {exit_code}"
         if "MemoryError" in stderr:
             last = f"MemoryError (the memory limit is {cfg.memory_mb} MB per process)"
         return f"the code failed: {last}", exit_code
     return None, 0
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # (a real-time signal)
+        return f"signal {number}"
 
 
 def _collect(proc: subprocess.Popen, chunks: dict[str, bytearray], cfg: SandboxConfig, t0: float) -> str | None:

@@ -72,6 +72,11 @@ def test_infinite_loop_hits_the_cpu_limit():
     assert not r.ok and "CPU time limit" in r.error and r.seconds < 10
 
 
+def test_code_that_kills_itself_is_not_reported_as_the_cpu_limit():
+    r = _run("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+    assert not r.ok and r.exit_code == -9 and "CPU time" not in r.error and "SIGKILL" in r.error, r.error
+
+
 @pytest.mark.slow
 def test_sleeping_code_hits_the_wall_limit():
     t0 = time.monotonic()
@@ -161,6 +166,16 @@ def test_printing_a_gigabyte_is_cut_at_the_cap():
     r = _run("import sys\nb = 'x' * (1 << 20)\nfor _ in range(1024):\n    sys.stdout.write(b)")
     assert not r.ok and "output exceeded" in r.error
     assert len(r.stdout) + len(r.stderr) <= FAST.output_bytes and time.monotonic() - t0 < 10
+
+
+def test_flooding_stderr_is_cut_at_the_cap_as_quickly_as_stdout():
+    """The launcher writes its own last words to stderr: with that pipe full and unread it could not exit, and
+    the stop waited 5 s for it, past wall_s."""
+    for stream in ("stdout", "stderr"):
+        t0 = time.monotonic()
+        r = _run(f"import sys\nwhile True:\n    sys.{stream}.write('x' * 10000)")
+        assert not r.ok and "output exceeded" in r.error
+        assert time.monotonic() - t0 < 2.5, (stream, time.monotonic() - t0)
 
 
 def test_cannot_kill_its_parent():
