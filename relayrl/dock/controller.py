@@ -354,7 +354,7 @@ class StageController:
         """
         with self._cond:
             st = self._part(gen)
-            r = np.asarray(rows, dtype=np.int64)
+            r = _unique_rows(rows, len(st.acked))
             mine = r[~st.acked[r] & (st.lease_of[r // st.unit_size] == lease_id)]
             self._ack_rows(st, mine)
             lease = st.leases.get(lease_id)
@@ -416,3 +416,14 @@ class StageController:
         if st is None:
             raise PartitionClosedError(f"stage {self.spec.stage!r}: partition generation {gen} is closed or unknown")
         return st
+
+
+def _unique_rows(rows: list[int], n: int) -> np.ndarray:
+    """``rows`` as indexes of a partition of ``n`` rows, each once, in their order; ValueError for one outside
+    it (numpy would wrap a negative index around to another row)."""
+    r = np.asarray(rows, dtype=np.int64).reshape(-1)
+    bad = r[(r < 0) | (r >= n)]
+    if len(bad):
+        raise ValueError(f"ack: row {int(bad[0])} is outside the partition's rows 0..{n - 1}")
+    _, first = np.unique(r, return_index=True)
+    return r[np.sort(first)]

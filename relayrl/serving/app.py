@@ -32,12 +32,11 @@ from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from relayrl.engines.generation.base import SamplingParams
 from relayrl.serving import responses as R
 from relayrl.serving.batcher import Batcher, DoneEvent, Overloaded, Request, TokenEvent
-from relayrl.serving.guard import Guard, HTTPRefusal
+from relayrl.serving.guard import Guard, HTTPRefusal, add_error_handlers
 from relayrl.serving.protocol import ChatCompletionRequest, CompletionRequest, ServeLimits, WeightsRequest
 
 __all__ = ["ServerState", "build_app", "ApiError"]
@@ -65,16 +64,11 @@ class ServerState:
 def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="relayrl serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.relayrl = state
+    add_error_handlers(app)  # (no such route or method: OpenAI's error object too)
 
     @app.exception_handler(ApiError)
     async def _api_error(_, e: ApiError):
         return e.response()
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_, e: StarletteHTTPException):  # no such route or method: OpenAI's error object too
-        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-        return JSONResponse(R.error_body(str(e.detail), e.status_code, kind), status_code=e.status_code,
-                            headers=getattr(e, "headers", None))
 
     @app.exception_handler(Exception)
     async def _unexpected(_, e: Exception):  # one request failed; the server goes on

@@ -46,7 +46,7 @@ from starlette.concurrency import run_in_threadpool
 
 from relayrl.dock import Dock, DockError, PartitionClosedError
 from relayrl.dock.rowcodec import RowCodecError, decode_rows, encode_rows
-from relayrl.serving.guard import Guard, HTTPRefusal, error_body
+from relayrl.serving.guard import Guard, HTTPRefusal, add_error_handlers, error_body
 
 __all__ = ["build_dock_app", "DockService"]
 
@@ -173,6 +173,7 @@ def build_dock_app(dock: Dock, *, api_key: str | None = None, max_body_bytes: in
     svc = DockService(dock)
     app = FastAPI(title="relayrl dock", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = svc
+    add_error_handlers(app)
 
     @app.exception_handler(HTTPRefusal)
     async def _refusal(_, e: HTTPRefusal):

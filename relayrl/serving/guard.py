@@ -22,7 +22,7 @@ from typing import Callable
 
 from starlette.responses import JSONResponse
 
-__all__ = ["Guard", "HTTPRefusal", "is_loopback", "error_body"]
+__all__ = ["Guard", "HTTPRefusal", "is_loopback", "error_body", "add_error_handlers"]
 
 
 def error_body(message: str, status: int, kind: str = "invalid_request_error", param: str | None = None) -> dict:
@@ -42,6 +42,25 @@ class HTTPRefusal(Exception):
     def response(self) -> JSONResponse:
         return JSONResponse(error_body(self.message, self.status, self.kind, self.param), status_code=self.status,
                             headers={"Connection": "close"} if self.close else None)
+
+
+def add_error_handlers(app) -> None:
+    """Answer what the framework refuses itself (no such route or method: 404/405; a query parameter of the
+    wrong type or missing: 400) with the same error object as the services' own refusals."""
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_, e: HTTPException):
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(e.detail), e.status_code, kind), status_code=e.status_code,
+                            headers=getattr(e, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_query(_, e: RequestValidationError):
+        first = e.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"][1:]) or "query"
+        return JSONResponse(error_body(f"{loc}: {first['msg']}", 400, param=loc), status_code=400)
 
 
 def is_loopback(host: str) -> bool:

@@ -247,3 +247,18 @@ def test_retired_rows_are_never_handed_out_and_do_not_hold_a_stage_back(dock):
         dock.retire("p", [0, 1])
     b.ack()
     assert dock.acquire("p", "late", batch_size=None, timeout_s=5.0) is None
+
+
+def test_an_ack_by_lease_names_each_row_once_and_refuses_rows_outside_the_partition(dock):
+    """The service API's ack (remote consumers send indexes): a duplicate index is one row retired, once; an index
+    outside the partition is refused (a negative one used to wrap around and retire the last row instead)."""
+    dock.open_partition("p", rows=4)
+    dock.register_stage("s", ["ids"])
+    dock.put("p", {"ids": [torch.tensor([i]) for i in range(4)]})
+    b = dock.acquire("p", "s", batch_size=4, timeout_s=5.0)
+    for bad in ([-1], [4], [0, 7]):
+        with pytest.raises(ValueError, match="outside"):
+            dock.ack("p", b.generation, "s", b.lease_id, bad)
+    assert dock.progress("p", "s")["acked"] == 0
+    assert dock.ack("p", b.generation, "s", b.lease_id, [3, 3, 0]) == [3, 0]
+    assert sorted(b.ack()) == [1, 2]

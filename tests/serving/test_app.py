@@ -38,3 +38,23 @@ def test_unknown_routes_and_methods_answer_with_openai_error_bodies(client):
         assert r.status_code == status
         err = r.json()["error"]
         assert err["code"] == status and err["message"] and err["type"]
+
+
+def test_the_dock_api_answers_bad_queries_and_unknown_routes_with_error_objects():
+    from fastapi.testclient import TestClient
+
+    from relayrl.dock import Dock
+    from relayrl.serving.dockapi import build_dock_app
+
+    dock = Dock(units=1, backend="local", lease_s=30.0)
+    try:
+        with TestClient(build_dock_app(dock), raise_server_exceptions=False) as c:
+            for r, status in ((c.get("/v1/dock/weights", params={"after": "abc"}), 400),
+                              (c.get("/v1/dock/progress", params={"partition": "p"}), 400),
+                              (c.get("/v1/dock/nothing"), 404)):
+                assert r.status_code == status, r.text
+                err = r.json()["error"]
+                assert err["code"] == status and err["message"]
+            assert "after" in c.get("/v1/dock/weights", params={"after": "abc"}).json()["error"]["message"]
+    finally:
+        dock.shutdown()
