@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-__all__ = ["assistant_mask", "conversation_ids", "ChatMaskError"]
+__all__ = ["assistant_mask", "conversation_ids", "check_conversations", "ChatMaskError"]
 
 
 class ChatMaskError(ValueError):
@@ -57,6 +57,9 @@ def assistant_mask(tokenizer, messages: Sequence[dict],
                                 f"found by prefixes; use a template with {{% generation %}} markers")
         for t in range(len(before), len(through)):
             mask[t] = 1
+    if not any(mask):
+        raise ChatMaskError("the chat template renders none of the assistant's tokens, so there is nothing to train "
+                            "on; use a template that writes the assistant turns")
     return ids, mask
 
 
@@ -67,3 +70,29 @@ def conversation_ids(tokenizer, messages: Sequence[dict],
     ids, mask = assistant_mask(tokenizer, messages, template_kwargs)
     first = mask.index(1)
     return ids[:first], (ids[first:], mask[first:])
+
+
+def check_conversations(tokenizer, problems: Sequence, template_kwargs: Mapping[str, Any] | None = None) -> None:
+    """Mask every conversation of ``problems`` (the rows with ``meta["conversation"]``) once, before training:
+    a row the template cannot mask is a :class:`~relayrl.data.errors.DatasetError` naming its file and row (all
+    of them counted, the first :data:`~relayrl.data.datasets.MAX_ROW_ERRORS` listed), as a malformed row is."""
+    from pathlib import Path
+
+    from relayrl.data.datasets import MAX_ROW_ERRORS
+    from relayrl.data.errors import DatasetError
+
+    bad: list[str] = []
+    for p in problems:
+        if "conversation" not in p.meta:
+            continue
+        try:
+            assistant_mask(tokenizer, p.meta["conversation"], template_kwargs)
+        except ChatMaskError as e:
+            bad.append(f"{Path(p.meta['source']).name} row {p.meta['row']}: {e}")
+    if len(bad) == 1:
+        raise DatasetError(bad[0])
+    if bad:
+        shown = "" if len(bad) <= MAX_ROW_ERRORS else f" (the first {MAX_ROW_ERRORS} listed)"
+        source = Path(problems[0].meta["source"]).name
+        raise DatasetError(f"{source}: {len(bad)} bad rows{shown}; fix them or the chat template "
+                           f"(model.chat_template):\n  " + "\n  ".join(bad[:MAX_ROW_ERRORS]))

@@ -65,6 +65,10 @@ class RunProblems:
         self.task, self.train_problems, self.eval_problems = self._data()
         """``train_problems``: a dataset's training rows (None for a built-in task, which draws fresh ones)."""
         self._describe_tools(self.train_problems)
+        if training and self.train_problems is not None and cfg.data.messages_key is not None:
+            from relayrl.data.chat import check_conversations  # (each row's loss mask, before any work starts)
+
+            check_conversations(self.tokenizer, self.train_problems, cfg.data.chat_template_kwargs)
         if training and self.train_problems is not None:  # (against the context too when the rows are generated
             # from: grpo; the rows left out are gone before the prompt source is built, so a resumed run walks the
             # same rows)

@@ -87,3 +87,36 @@ def test_sft_loads_conversations_and_trains_only_assistant_tokens(tmp_path, tiny
     with pytest.raises(ValueError, match="messages_key"):
         Config(workflow="grpo", data={"task": None, "path": str(path), "messages_key": "messages"},
                reward={"verifier": "exact"})
+
+
+UNSTABLE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}{% if loop.last %} END{% endif %}"
+            "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+"""A template that marks the last message: a prefix of the conversation is not rendered as the start of the whole."""
+
+
+def test_conversations_are_checked_before_training_naming_the_row(tmp_path, tiny_dir):
+    """A conversation the template cannot mask is refused when the session loads its training rows (the 4 not
+    held out): a DatasetError naming the file and the row, not a ChatMaskError traceback in the first step."""
+    from relayrl.config.schema import Config
+    from relayrl.data.errors import DatasetError
+    from relayrl.workflows.session import Session
+
+    path = tmp_path / "chats.jsonl"
+    path.write_text("\n".join(json.dumps({"messages": CONVERSATION}) for _ in range(6)) + "\n")
+    cfg = Config(workflow="sft", run={"dir": str(tmp_path / "run")},
+                 model={"path": str(tiny_dir), "chat_template": UNSTABLE},
+                 data={"task": None, "path": str(path), "messages_key": "messages"}, eval={"size": 2},
+                 reward={"verifier": "exact"})
+    with pytest.raises(DatasetError, match=r"chats.jsonl: 4 bad rows.*\n  chats.jsonl row 1: the chat template "
+                                           r"renders the conversation up to message 3 differently"):
+        Session(cfg, log=lambda m: None)
+
+
+def test_a_template_that_renders_no_assistant_token_is_refused(tiny_tokenizer):
+    import copy
+
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = ("{% for m in messages %}{% if m['role'] != 'assistant' %}<|im_start|>{{ m['role'] }}\n"
+                         "{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}")
+    with pytest.raises(ChatMaskError, match="renders none of the assistant's tokens"):
+        conversation_ids(tok, CONVERSATION)
