@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-__all__ = ["assistant_mask", "conversation_ids", "check_conversations", "ChatMaskError"]
+__all__ = ["assistant_mask", "conversation_ids", "check_conversations", "unstopped_turn_end", "ChatMaskError"]
 
 
 class ChatMaskError(ValueError):
@@ -96,3 +96,28 @@ def check_conversations(tokenizer, problems: Sequence, template_kwargs: Mapping[
         source = Path(problems[0].meta["source"]).name
         raise DatasetError(f"{source}: {len(bad)} bad rows{shown}; fix them or the chat template "
                            f"(model.chat_template):\n  " + "\n  ".join(bad[:MAX_ROW_ERRORS]))
+
+
+_PROBE = "relayrl-turn-end-probe"
+
+
+def unstopped_turn_end(tokenizer, template_kwargs: Mapping[str, Any] | None,
+                       stop_strings: Sequence[str]) -> str | None:
+    """A line saying that the chat template closes an assistant turn with a special token the rollout does not
+    stop at (neither the tokenizer's EOS nor one of ``stop_strings``, ``rollout.stop_strings``), and the fix;
+    None when it stops there, or the template closes a turn with no special token. A model trained on the
+    template's conversations (multi-turn SFT trains the turn's end) then ends its reply where the generation
+    goes on to ``max_new_tokens``, past the reply the verifier should see."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    talk = [{"role": "user", "content": "1"}, {"role": "assistant", "content": _PROBE}]
+    text = tokenizer.apply_chat_template(talk, tokenize=False, **dict(template_kwargs or {}))
+    after = text.rpartition(_PROBE)[2]
+    added = getattr(tokenizer, "added_tokens_decoder", {}).values()
+    special = set(getattr(tokenizer, "all_special_tokens", ())) | {a.content for a in added if a.special}
+    end = next((t for t in sorted(special, key=len, reverse=True) if t and after.startswith(t)), None)
+    if end is None or end == tokenizer.eos_token or end in stop_strings:
+        return None
+    return (f"relayrl: the chat template ends an assistant turn with {end!r}, which is not the tokenizer's EOS "
+            f"({tokenizer.eos_token!r}), so generation does not stop there; add rollout.stop_strings=[{end!r}] "
+            f"to end each response at the end of its turn, as a model trained on the template's turns does")

@@ -75,6 +75,7 @@ class RunProblems:
             budget = cfg.rollout.max_new_tokens if cfg.workflow == "grpo" else None
             self.train_problems = self._fit(self.train_problems, "training", budget, "rollout.max_new_tokens")
         self._check_lengths()
+        self._check_turn_end()
         if training and self.train_problems is not None and cfg.data.max_rows is not None:
             self.train_problems, line = first_rows(self.train_problems, cfg.data.max_rows, seed=cfg.run.seed,
                                                    shuffle=cfg.data.shuffle)
@@ -143,6 +144,19 @@ class RunProblems:
         schemas = [tool_schema(load_tool(t, env.sandbox)) for t in env.tools]
         for p in chats:
             p.meta["tools"] = schemas
+
+    def _check_turn_end(self) -> None:
+        """Warn when chat prompts are rendered with a template whose turns end on a special token the rollout
+        does not stop at (:func:`relayrl.data.chat.unstopped_turn_end`)."""
+        d = self.cfg.data
+        rows = [*(self.train_problems or ()), *self.eval_problems]
+        chat = d.chat_template is True or (d.chat_template is None and any("messages" in p.meta for p in rows))
+        if chat:
+            from relayrl.data.chat import unstopped_turn_end
+
+            line = unstopped_turn_end(self.tokenizer, d.chat_template_kwargs, self.cfg.rollout.stop_strings)
+            if line is not None:
+                self.log(line)
 
     def _check_lengths(self) -> None:
         """Refuse (or with ``data.long_prompts=drop`` leave out) a held-out row longer than

@@ -204,3 +204,16 @@ def test_a_model_that_names_its_cache_cache_gets_it_so(tiny_model, tiny_tokenize
     assert [o.token_ids.tolist() for o in got] == [o.token_ids.tolist() for o in want]
     for a, b in zip(got, want):
         assert torch.equal(a.logprobs, b.logprobs)
+
+
+def test_a_stop_string_that_is_a_special_token_stops_at_its_id(tiny_model, tiny_tokenizer):
+    """Responses are decoded without special tokens, so a stop string such as ``<|im_end|>`` (the end of a
+    ChatML turn, not the tiny tokenizer's EOS) never shows in the text: it stops at the token's id instead."""
+    from relayrl.engines.generation.base import special_stop_ids
+
+    end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert end != tiny_tokenizer.eos_token_id
+    assert special_stop_ids(tiny_tokenizer, ("<|im_end|>", "=", "<|im_end|> ")) == {end}
+    eng = NativeGenerationEngine(tiny_model, tiny_tokenizer)
+    assert eng.stop_ids(SamplingParams(stop_strings=("<|im_end|>",))) == {tiny_tokenizer.eos_token_id, end}
+    assert eng.stop_ids(SamplingParams()) == {tiny_tokenizer.eos_token_id}

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from relayrl.errors import UserError
 
-__all__ = ["SamplingParams", "Completion", "GenerationEngine", "RequestFailed"]
+__all__ = ["SamplingParams", "Completion", "GenerationEngine", "RequestFailed", "special_stop_ids"]
 
 
 class RequestFailed(UserError, RuntimeError):
@@ -53,6 +53,17 @@ class SamplingParams(BaseModel):
         if self.temperature == 0.0 and self.n > 1:
             raise ValueError("greedy decoding (temperature=0) with n > 1 returns n identical samples; set n=1 or temperature > 0")
         return self
+
+
+def special_stop_ids(tokenizer, stop_strings: Sequence[str]) -> set[int]:
+    """Ids of the tokenizer's special tokens that ``stop_strings`` spell exactly (``<|im_end|>``, ``<end_of_turn>``).
+    Responses are decoded without special tokens, so such a stop string never shows in the text: the engines stop
+    at its id instead, as at the EOS."""
+    if not stop_strings:
+        return set()
+    added = getattr(tokenizer, "added_tokens_decoder", {}).values()
+    special = set(getattr(tokenizer, "all_special_tokens", ())) | {a.content for a in added if a.special}
+    return {tokenizer.convert_tokens_to_ids(s) for s in stop_strings if s in special}
 
 
 @dataclass(frozen=True)
