@@ -99,7 +99,9 @@ class RolloutConfig(_Section):
     max_new_tokens: int = Field(16, ge=1, description="response length limit in tokens; responses cut there "
                                 "count in response/clip_ratio (and DAPO's overlong options act on them)")
     stop_strings: list[str] = Field(default_factory=list, description="end a response when its text contains one "
-                                    "of these (the end-of-sequence token always ends it)")
+                                    "of these (the end-of-sequence token always ends it); one that spells a special "
+                                    "token of the tokenizer (e.g. <|im_end|>, a chat turn's end) stops at that token "
+                                    "(native and vllm engines), since the text is decoded without special tokens")
     max_batch: int = Field(256, ge=1, description="sequences in flight in the generation engine")
     dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         None, description="the rollout engine's weight dtype (null: model.dtype); the relay casts the actor's "

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-__all__ = ["assistant_mask", "conversation_ids", "ChatMaskError"]
+__all__ = ["assistant_mask", "conversation_ids", "check_conversations", "unstopped_turn_end", "ChatMaskError"]
 
 
 class ChatMaskError(ValueError):
@@ -57,6 +57,9 @@ def assistant_mask(tokenizer, messages: Sequence[dict],
                                 f"found by prefixes; use a template with {{% generation %}} markers")
         for t in range(len(before), len(through)):
             mask[t] = 1
+    if not any(mask):
+        raise ChatMaskError("the chat template renders none of the assistant's tokens, so there is nothing to train "
+                            "on; use a template that writes the assistant turns")
     return ids, mask
 
 
@@ -67,3 +70,54 @@ def conversation_ids(tokenizer, messages: Sequence[dict],
     ids, mask = assistant_mask(tokenizer, messages, template_kwargs)
     first = mask.index(1)
     return ids[:first], (ids[first:], mask[first:])
+
+
+def check_conversations(tokenizer, problems: Sequence, template_kwargs: Mapping[str, Any] | None = None) -> None:
+    """Mask every conversation of ``problems`` (the rows with ``meta["conversation"]``) once, before training:
+    a row the template cannot mask is a :class:`~relayrl.data.errors.DatasetError` naming its file and row (all
+    of them counted, the first :data:`~relayrl.data.datasets.MAX_ROW_ERRORS` listed), as a malformed row is."""
+    from pathlib import Path
+
+    from relayrl.data.datasets import MAX_ROW_ERRORS
+    from relayrl.data.errors import DatasetError
+
+    bad: list[str] = []
+    for p in problems:
+        if "conversation" not in p.meta:
+            continue
+        try:
+            assistant_mask(tokenizer, p.meta["conversation"], template_kwargs)
+        except ChatMaskError as e:
+            bad.append(f"{Path(p.meta['source']).name} row {p.meta['row']}: {e}")
+    if len(bad) == 1:
+        raise DatasetError(bad[0])
+    if bad:
+        shown = "" if len(bad) <= MAX_ROW_ERRORS else f" (the first {MAX_ROW_ERRORS} listed)"
+        source = Path(problems[0].meta["source"]).name
+        raise DatasetError(f"{source}: {len(bad)} bad rows{shown}; fix them or the chat template "
+                           f"(model.chat_template):\n  " + "\n  ".join(bad[:MAX_ROW_ERRORS]))
+
+
+_PROBE = "relayrl-turn-end-probe"
+
+
+def unstopped_turn_end(tokenizer, template_kwargs: Mapping[str, Any] | None,
+                       stop_strings: Sequence[str]) -> str | None:
+    """A line saying that the chat template closes an assistant turn with a special token the rollout does not
+    stop at (neither the tokenizer's EOS nor one of ``stop_strings``, ``rollout.stop_strings``), and the fix;
+    None when it stops there, or the template closes a turn with no special token. A model trained on the
+    template's conversations (multi-turn SFT trains the turn's end) then ends its reply where the generation
+    goes on to ``max_new_tokens``, past the reply the verifier should see."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    talk = [{"role": "user", "content": "1"}, {"role": "assistant", "content": _PROBE}]
+    text = tokenizer.apply_chat_template(talk, tokenize=False, **dict(template_kwargs or {}))
+    after = text.rpartition(_PROBE)[2]
+    added = getattr(tokenizer, "added_tokens_decoder", {}).values()
+    special = set(getattr(tokenizer, "all_special_tokens", ())) | {a.content for a in added if a.special}
+    end = next((t for t in sorted(special, key=len, reverse=True) if t and after.startswith(t)), None)
+    if end is None or end == tokenizer.eos_token or end in stop_strings:
+        return None
+    return (f"relayrl: the chat template ends an assistant turn with {end!r}, which is not the tokenizer's EOS "
+            f"({tokenizer.eos_token!r}), so generation does not stop there; add rollout.stop_strings=[{end!r}] "
+            f"to end each response at the end of its turn, as a model trained on the template's turns does")

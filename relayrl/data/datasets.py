@@ -179,6 +179,11 @@ def _check_messages(msgs: list, where: str, key: str) -> list[dict[str, str]]:
                 raise DatasetError(
                     f"{where}: field {key!r} message {j} {part!r} is {type(m[part]).__name__}; expected a string"
                 )
+        dropped = next((k for k, v in m.items() if k not in ("role", "content") and v is not None), None)
+        if dropped is not None:
+            raise DatasetError(f"{where}: field {key!r} message {j} has key {dropped!r}, which relayrl does not render "
+                               f"(a message is its role and content), so the model would not see it; drop the key "
+                               f"or write it into the content")
         if m["role"] not in ROLES:
             raise DatasetError(f"{where}: field {key!r} message {j} has role {m['role']!r}; expected one of "
                                f"{', '.join(ROLES)}")

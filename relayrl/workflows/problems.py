@@ -73,6 +73,10 @@ class RunProblems:
         self.task, self.train_problems, self.eval_problems = self._data()
         """``train_problems``: a dataset's training rows (None for a built-in task, which draws fresh ones)."""
         self._describe_tools(self.train_problems)
+        if training and self.train_problems is not None and cfg.data.messages_key is not None:
+            from relayrl.data.chat import check_conversations  # (each row's loss mask, before any work starts)
+
+            check_conversations(self.tokenizer, self.train_problems, cfg.data.chat_template_kwargs)
         if training and self.train_problems is not None:  # (against the context too when the rows are generated
             # from: grpo; the rows left out are gone before the prompt source is built, so a resumed run walks the
             # same rows)
@@ -80,6 +84,7 @@ class RunProblems:
             self.train_problems = self._fit(self.train_problems, "training", budget if cfg.workflow == "grpo"
                                             else None, key)
         self._check_lengths()
+        self._check_turn_end()
         if training and self.train_problems is not None and cfg.data.max_rows is not None:
             self.train_problems, line = first_rows(self.train_problems, cfg.data.max_rows, seed=cfg.run.seed,
                                                    shuffle=cfg.data.shuffle)
@@ -148,6 +153,19 @@ class RunProblems:
         schemas = [tool_schema(load_tool(t, env.sandbox)) for t in env.tools]
         for p in chats:
             p.meta["tools"] = schemas
+
+    def _check_turn_end(self) -> None:
+        """Warn when chat prompts are rendered with a template whose turns end on a special token the rollout
+        does not stop at (:func:`relayrl.data.chat.unstopped_turn_end`)."""
+        d = self.cfg.data
+        rows = [*(self.train_problems or ()), *self.eval_problems]
+        chat = d.chat_template is True or (d.chat_template is None and any("messages" in p.meta for p in rows))
+        if chat:
+            from relayrl.data.chat import unstopped_turn_end
+
+            line = unstopped_turn_end(self.tokenizer, d.chat_template_kwargs, self.cfg.rollout.stop_strings)
+            if line is not None:
+                self.log(line)
 
     def _check_lengths(self) -> None:
         """Refuse (or with ``data.long_prompts=drop`` leave out) a held-out row longer than

@@ -87,3 +87,66 @@ def test_sft_loads_conversations_and_trains_only_assistant_tokens(tmp_path, tiny
     with pytest.raises(ValueError, match="messages_key"):
         Config(workflow="grpo", data={"task": None, "path": str(path), "messages_key": "messages"},
                reward={"verifier": "exact"})
+
+
+UNSTABLE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}{% if loop.last %} END{% endif %}"
+            "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+"""A template that marks the last message: a prefix of the conversation is not rendered as the start of the whole."""
+
+
+def test_conversations_are_checked_before_training_naming_the_row(tmp_path, tiny_dir):
+    """A conversation the template cannot mask is refused when the session loads its training rows (the 4 not
+    held out): a DatasetError naming the file and the row, not a ChatMaskError traceback in the first step."""
+    from relayrl.config.schema import Config
+    from relayrl.data.errors import DatasetError
+    from relayrl.workflows.session import Session
+
+    path = tmp_path / "chats.jsonl"
+    path.write_text("\n".join(json.dumps({"messages": CONVERSATION}) for _ in range(6)) + "\n")
+    cfg = Config(workflow="sft", run={"dir": str(tmp_path / "run")},
+                 model={"path": str(tiny_dir), "chat_template": UNSTABLE},
+                 data={"task": None, "path": str(path), "messages_key": "messages"}, eval={"size": 2},
+                 reward={"verifier": "exact"})
+    with pytest.raises(DatasetError, match=r"chats.jsonl: 4 bad rows.*\n  chats.jsonl row 1: the chat template "
+                                           r"renders the conversation up to message 3 differently"):
+        Session(cfg, log=lambda m: None)
+
+
+def test_a_template_that_renders_no_assistant_token_is_refused(tiny_tokenizer):
+    import copy
+
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = ("{% for m in messages %}{% if m['role'] != 'assistant' %}<|im_start|>{{ m['role'] }}\n"
+                         "{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}")
+    with pytest.raises(ChatMaskError, match="renders none of the assistant's tokens"):
+        conversation_ids(tok, CONVERSATION)
+
+
+def test_the_turn_end_a_rollout_would_not_stop_at_is_named(tiny_tokenizer):
+    """The tiny template closes a turn with <|im_end|>, its EOS is <|endoftext|>: a model trained on its
+    conversations ends a reply where the rollout does not stop, unless rollout.stop_strings names it."""
+    from relayrl.data.chat import unstopped_turn_end
+
+    line = unstopped_turn_end(tiny_tokenizer, {}, ())
+    assert "ends an assistant turn with '<|im_end|>'" in line and "rollout.stop_strings=['<|im_end|>']" in line
+    assert unstopped_turn_end(tiny_tokenizer, {}, ("<|im_end|>",)) is None
+    import copy
+
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = tok.chat_template.replace("<|im_end|>", "<|endoftext|>")
+    assert unstopped_turn_end(tok, {}, ()) is None  # the turn ends at the EOS
+
+
+def test_a_session_on_chat_rows_names_the_turn_end_to_stop_at(tmp_path, tiny_dir):
+    from relayrl.config.schema import Config
+    from relayrl.workflows.session import Session
+
+    path = tmp_path / "chats.jsonl"
+    path.write_text("\n".join(json.dumps({"messages": CONVERSATION}) for _ in range(6)) + "\n")
+    lines: list[str] = []
+    for stops in ([], ["<|im_end|>"]):
+        cfg = Config(workflow="sft", run={"dir": str(tmp_path / f"run{len(stops)}")}, model={"path": str(tiny_dir)},
+                     data={"task": None, "path": str(path), "messages_key": "messages"}, eval={"size": 2},
+                     reward={"verifier": "exact"}, rollout={"stop_strings": stops})
+        Session(cfg, log=lines.append)
+    assert sum("rollout.stop_strings=['<|im_end|>']" in line for line in lines) == 1

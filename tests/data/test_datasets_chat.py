@@ -97,3 +97,18 @@ def test_conversational_answers_relayrl_cannot_take_name_the_row(tmp_path, row, 
     with pytest.raises(DatasetError, match="row 1") as e:
         _rows(tmp_path, [row], **cfg)
     assert says in str(e.value)
+
+
+def test_a_message_key_besides_role_and_content_is_refused_not_dropped(tmp_path):
+    """A message is rendered from its role and content only: a tool call (or any other non-null key) would be
+    left out of what the model sees and learns, so the row is refused naming the key; a null one (Arrow gives
+    every message of a column the keys of all) is no content, and passes."""
+    call = {"role": "assistant", "content": "Let me add.", "tool_calls": [{"function": {"name": "add"}}]}
+    with pytest.raises(DatasetError, match=r"row 1: field 'messages' message 2 has key 'tool_calls', which relayrl "
+                                           r"does not render"):
+        _rows(tmp_path, [{"messages": [*USER, call]}], messages_key="messages")
+    with pytest.raises(DatasetError, match=r"row 1: field 'chosen' message 1 has key 'tool_calls'"):
+        _rows(tmp_path, [{"prompt": USER, "chosen": [call], "rejected": [{"role": "assistant", "content": "5"}]}],
+              answer_key="chosen", rejected_key="rejected")
+    p = _rows(tmp_path, [{"prompt": [{"role": "user", "content": "2+2?", "tool_calls": None}], "answer": "4"}])[0]
+    assert p.meta["messages"] == USER

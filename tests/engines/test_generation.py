@@ -216,3 +216,16 @@ def test_a_stop_string_of_many_tokens_stops_the_row(tiny_model, tiny_tokenizer):
         params = SamplingParams(max_new_tokens=100, stop_strings=(stop,))
         assert eng.finish_reason(ids, params, set()) == "stop"
         assert eng.finish_reason(ids[:-1], params, set()) is None
+
+
+def test_a_stop_string_that_is_a_special_token_stops_at_its_id(tiny_model, tiny_tokenizer):
+    """Responses are decoded without special tokens, so a stop string such as ``<|im_end|>`` (the end of a
+    ChatML turn, not the tiny tokenizer's EOS) never shows in the text: it stops at the token's id instead."""
+    from relayrl.engines.generation.base import special_stop_ids
+
+    end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert end != tiny_tokenizer.eos_token_id
+    assert special_stop_ids(tiny_tokenizer, ("<|im_end|>", "=", "<|im_end|> ")) == {end}
+    eng = NativeGenerationEngine(tiny_model, tiny_tokenizer)
+    assert eng.stop_ids(SamplingParams(stop_strings=("<|im_end|>",))) == {tiny_tokenizer.eos_token_id, end}
+    assert eng.stop_ids(SamplingParams()) == {tiny_tokenizer.eos_token_id}

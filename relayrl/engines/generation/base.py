@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from relayrl.errors import UserError
 
-__all__ = ["SamplingParams", "Completion", "GenerationEngine", "RequestFailed", "hits_stop_string"]
+__all__ = ["SamplingParams", "Completion", "GenerationEngine", "RequestFailed", "hits_stop_string",
+           "special_stop_ids"]
 
 
 class RequestFailed(UserError, RuntimeError):
@@ -66,6 +67,17 @@ def hits_stop_string(tokenizer, tokens: Sequence[int], stops: Sequence[str]) -> 
     tail = max(len(s.encode("utf-8")) for s in stops) + 8
     text = tokenizer.decode(list(tokens[-tail:]), skip_special_tokens=True)
     return any(s in text for s in stops)
+
+
+def special_stop_ids(tokenizer, stop_strings: Sequence[str]) -> set[int]:
+    """Ids of the tokenizer's special tokens that ``stop_strings`` spell exactly (``<|im_end|>``, ``<end_of_turn>``).
+    Responses are decoded without special tokens, so such a stop string never shows in the text: the engines stop
+    at its id instead, as at the EOS."""
+    if not stop_strings:
+        return set()
+    added = getattr(tokenizer, "added_tokens_decoder", {}).values()
+    special = set(getattr(tokenizer, "all_special_tokens", ())) | {a.content for a in added if a.special}
+    return {tokenizer.convert_tokens_to_ids(s) for s in stop_strings if s in special}
 
 
 @dataclass(frozen=True)

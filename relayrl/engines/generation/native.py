@@ -58,7 +58,7 @@ import torch
 import torch.nn.functional as F
 
 from relayrl.engines.generation import cache_rows, static
-from relayrl.engines.generation.base import Completion, SamplingParams, hits_stop_string
+from relayrl.engines.generation.base import Completion, SamplingParams, hits_stop_string, special_stop_ids
 from relayrl.engines.generation.kv_cache import check_takes_cache, forward_with_cache
 from relayrl.engines.generation.sampling import draw_seed, row_key, row_uniforms, sample_next, seen_mask
 
@@ -427,8 +427,10 @@ class NativeGenerationEngine:
         return [out[k] for k in sorted(out)]
 
     def stop_ids(self, params: SamplingParams) -> set[int]:
-        """Token ids that end a row under ``params`` (EOS unless ``ignore_eos``, plus ``stop_token_ids``)."""
-        return (set() if params.ignore_eos else self.eos_ids) | set(params.stop_token_ids)
+        """Token ids that end a row under ``params`` (EOS unless ``ignore_eos``, plus ``stop_token_ids`` and the
+        special tokens ``stop_strings`` spell: :func:`~relayrl.engines.generation.base.special_stop_ids`)."""
+        return ((set() if params.ignore_eos else self.eos_ids) | set(params.stop_token_ids)
+                | special_stop_ids(self.tokenizer, params.stop_strings))
 
     def finish_reason(self, tokens: list[int], params: SamplingParams, stop_ids: set[int],
                       max_new: int | None = None) -> str | None:

@@ -54,7 +54,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from relayrl.engines.generation import vllm_tp
-from relayrl.engines.generation.base import Completion, SamplingParams, hits_stop_string
+from relayrl.engines.generation.base import Completion, SamplingParams, hits_stop_string, special_stop_ids
 from relayrl.engines.generation.config import INSTALL, VLLMSpec, narrowing, vllm_available  # torch-free (re-exported)
 from relayrl.engines.generation.native import PromptFeed, _ListFeed
 from relayrl.errors import UserError
@@ -279,7 +279,8 @@ class VLLMGenerationEngine:
                              f"include {', '.join(narrow)}, which the trainer does not recompute): got {narrow}")
         self.wake()
         self._same_threads()
-        stops = sorted((set() if params.ignore_eos else self.eos_ids) | set(params.stop_token_ids))
+        stops = sorted((set() if params.ignore_eos else self.eos_ids) | set(params.stop_token_ids)
+                       | special_stop_ids(self.tokenizer, params.stop_strings))
         live: dict[str, _Row] = {}
         while True:
             if between is not None and between() and live:
