@@ -65,7 +65,7 @@ def test_a_parquet_data_source_column_is_read_and_named(tmp_path):
                              "big": ["x", "y"]}), path)
     rows = load_problems(DataConfig(task=None, path="t.jsonl", eval_path=str(path)).dataset(held_out=True))
     assert rows[0].meta["fields"]["data_source"] == "openai/gsm8k"
-    assert "big" not in rows[0].meta["fields"]  # (only the columns read)
+    assert rows[0].meta["fields"]["big"] == "x"  # (every column, as a JSONL row's: a reward function's fields)
     assert source_names([p.meta for p in rows]) == ["openai/gsm8k", "test"]
 
 
