@@ -116,6 +116,14 @@ def test_malformed_row_reported_with_row_number(tmp_path, bad_row, message):
     assert str(e.value).startswith(message)
 
 
+def test_a_dotted_key_with_a_typo_names_what_its_parent_holds(tmp_path):
+    f = _jsonl(tmp_path / "train.jsonl", [{"prompt": "a", "reward_model": {"style": "rule", "ground_truth": "1"}}])
+    with pytest.raises(DatasetError) as e:
+        load_problems(DatasetConfig(path=f, answer_key="reward_model.groundtruth"))
+    assert str(e.value) == ("train.jsonl row 1: field 'reward_model.groundtruth' is missing (columns present: "
+                            "prompt, reward_model; reward_model holds: style, ground_truth)")
+
+
 def test_bad_utf8_row(tmp_path):
     f = tmp_path / "d.jsonl"
     f.write_bytes(b'{"prompt": "a", "answer": "1"}\n{"prompt": "\xff", "answer": "1"}\n')
