@@ -58,7 +58,8 @@ def test_parquet_text_and_chat_prompts(tmp_path):
     assert [p.answer for p in problems] == ["3", "7"]
     assert problems[0].meta["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "1+2?"}]
     assert problems[0].prompt == "system: be brief\nuser: 1+2?"
-    assert problems[1].meta["row"] == 2 and problems[1].meta["extra"] == {"reward_model": {"ground_truth": 7}, "id": 11}
+    assert problems[1].meta["row"] == 2
+    assert problems[1].meta["extra"] == {"reward_model": {"ground_truth": 7}, "id": 11}
 
 
 def test_parquet_rows_keep_every_column_for_the_reward_function(tmp_path):
