@@ -73,9 +73,12 @@ def resolve_recipe(arg: str | Path) -> Path:
     path = Path(arg)
     if path.exists():
         return path
-    if len(path.parts) != 1 or not SHIPPED.is_dir():
-        raise ConfigError(f"recipe {path.resolve()} does not exist")
     name = path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml"
+    if len(path.parts) != 1 or not SHIPPED.is_dir():
+        shipped = SHIPPED / name
+        hint = (f"; the shipped recipe of that name is {shipped}: give its name ({shipped.stem}) to use it"
+                if shipped.is_file() else "")
+        raise ConfigError(f"recipe {path.resolve()} does not exist{hint}")
     if (SHIPPED / name).is_file():
         return SHIPPED / name
     names = sorted(p.stem for p in SHIPPED.glob("*.yaml"))
