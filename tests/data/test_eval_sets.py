@@ -92,6 +92,15 @@ def test_each_set_gives_its_first_eval_size_rows(tmp_path, tiny_dir):
     assert len(_session(tmp_path, tiny_dir, f"data.eval_path={a}", "eval.size=3").eval_problems) == 3
 
 
+def test_a_missing_file_names_its_key(tmp_path, tiny_dir):
+    """data.path and data.eval_path both read "dataset file X does not exist": the message says which key."""
+    a = _jsonl(tmp_path / "a.jsonl", 30)
+    with pytest.raises(DatasetError, match=r"^data.eval_path=.*tset.jsonl: dataset file .*tset.jsonl does not exist$"):
+        _session(tmp_path, tiny_dir, f"data.eval_path={tmp_path / 'tset.jsonl'}")
+    with pytest.raises(DatasetError, match=r"^data.path=.*trian.jsonl: dataset file .*trian.jsonl does not exist$"):
+        _session(tmp_path, tiny_dir, f"data.path={tmp_path / 'trian.jsonl'}", f"data.eval_path={a}")
+
+
 def test_a_bad_path_in_the_list_is_named(tmp_path, tiny_dir):
     a = _jsonl(tmp_path / "a.jsonl", 3)
     bad = tmp_path / "b.jsonl"
