@@ -61,7 +61,17 @@ def resume_from(root: Path, mode: Literal["auto", "never"] | str | Path) -> Resu
     if not (path / MANIFEST).exists():
         inner = CheckpointManager(path).latest() if path.is_dir() else None
         if inner is None:
-            raise CheckpointError(f"{path / MANIFEST}: missing; {path} is neither a checkpoint nor a directory of them")
+            raise CheckpointError(f"{path / MANIFEST}: missing; {path} is neither a checkpoint nor a directory of "
+                                  f"them{_run_dir_hint(path)}")
         path = inner
     manifest = verify_checkpoint(path, hashes=False)
     return ResumePlan(path, f"resuming from {path} (step {manifest['step']})")
+
+
+def _run_dir_hint(path: Path) -> str:
+    """``; PATH is a run directory: ...`` when ``path`` holds checkpoints under ``checkpoints/``, else ``""``."""
+    newest = CheckpointManager(path / "checkpoints").latest() if (path / "checkpoints").is_dir() else None
+    if newest is None:
+        return ""
+    return (f"; {path} is a run directory: run.resume={newest.parent} resumes its newest checkpoint ({newest.name}), "
+            f"or run.resume=auto with run.dir={path}")

@@ -334,7 +334,11 @@ class AlgorithmConfig(_Section):
     @model_validator(mode="after")
     def _names(self) -> "AlgorithmConfig":
         if self.advantage not in ESTIMATORS:
-            raise ValueError(f"algorithm.advantage={self.advantage!r} is not one of {', '.join(ESTIMATORS)}")
+            from relayrl.config.verl_keys import VERL_ADVANTAGES
+
+            verl = VERL_ADVANTAGES.get(self.advantage)
+            hint = f"; verl's {self.advantage} is algorithm.advantage={verl}" if verl else ""
+            raise ValueError(f"algorithm.advantage={self.advantage!r} is not one of {', '.join(ESTIMATORS)}{hint}")
         if self.loss_agg not in AGG_MODES:
             raise ValueError(f"algorithm.loss_agg={self.loss_agg!r} is not one of {', '.join(AGG_MODES)}")
         est = ESTIMATORS[self.advantage]

@@ -73,9 +73,12 @@ def resolve_recipe(arg: str | Path) -> Path:
     path = Path(arg)
     if path.exists():
         return path
-    if len(path.parts) != 1 or not SHIPPED.is_dir():
-        raise ConfigError(f"recipe {path.resolve()} does not exist")
     name = path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml"
+    if len(path.parts) != 1 or not SHIPPED.is_dir():
+        shipped = SHIPPED / name
+        hint = (f"; the shipped recipe of that name is {shipped}: give its name ({shipped.stem}) to use it"
+                if shipped.is_file() else "")
+        raise ConfigError(f"recipe {path.resolve()} does not exist{hint}")
     if (SHIPPED / name).is_file():
         return SHIPPED / name
     names = sorted(p.stem for p in SHIPPED.glob("*.yaml"))
@@ -181,6 +184,20 @@ def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
     return sorted(getattr(cls, "model_fields", {}))
 
 
+def _verl_lines(key: str, value: Any) -> list[str]:
+    """For an unknown ``key`` holding verl's keys (``data.train_batch_size``, ``actor_rollout_ref`` with its
+    ``rollout.n``): a line per leaf key naming relayrl's (:mod:`relayrl.config.verl_keys`); ``[]`` when none
+    of them is verl's."""
+    from relayrl.config.verl_keys import VERL_SECTIONS, leaf_keys, verl_hint
+
+    leaves = leaf_keys(key, value)
+    hints = [verl_hint(k) for k in leaves]
+    if not any(hints) and key.split(".", 1)[0] not in VERL_SECTIONS:
+        return []
+    other = "no key of that name here; docs/migrating.md maps verl's keys"
+    return [f"{k}: unknown key; {h or other}" for k, h in zip(leaves, hints)]
+
+
 def field_errors(err: ValidationError, model: type[BaseModel] | None = None) -> list[str]:
     """One line per error of ``err``: the key path and what is wrong (an unknown key of ``model`` with the close
     one or the valid keys; a validator's own message as written)."""
@@ -189,6 +206,10 @@ def field_errors(err: ValidationError, model: type[BaseModel] | None = None) -> 
         loc = tuple(e["loc"])
         key = ".".join(str(p) for p in loc) or "<root>"
         if e["type"] == "extra_forbidden" and model is not None:
+            verl = _verl_lines(key, e.get("input"))
+            if verl:
+                lines.extend(verl)
+                continue
             known = _fields_at(model, loc)
             import difflib
 

@@ -28,7 +28,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from relayrl.data.errors import DatasetError, missing_field
 from relayrl.data.tasks import Problem
-from relayrl.evaluation.metrics import SOURCE_FIELD
 
 __all__ = ["DatasetConfig", "DatasetError", "load_problems", "encode_prompt", "render_prompt", "render_plain"]
 
@@ -145,17 +144,12 @@ def _iter_parquet(path: Path, keys: tuple[str, ...]) -> Iterator[tuple[int, Any]
     except (pa.ArrowInvalid, OSError) as e:
         raise DatasetError(f"{path.name}: not a readable Parquet file ({e})") from None
     names = pf.schema_arrow.names
-    columns: list[str] = []
     for key in keys:
-        col = key if key in names else key.split(".", 1)[0]
-        if col not in names:
+        if key not in names and key.split(".", 1)[0] not in names:
             raise DatasetError(f"{path.name}: {missing_field(key, names).replace('field', 'column', 1)}")
-        if col not in columns:
-            columns.append(col)
-    if SOURCE_FIELD in names and SOURCE_FIELD not in columns:  # (verl's column: per-source eval metrics)
-        columns.append(SOURCE_FIELD)
     rowno = 0
-    for batch in pf.iter_batches(columns=columns):
+    # every column, as a JSONL row has them: a reward function's fields (verl's extra_info), data_source
+    for batch in pf.iter_batches():
         for row in batch.to_pylist():
             rowno += 1
             yield rowno, row

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from relayrl.errors import UserError
 
 __all__ = ["DatasetError", "missing_field"]
@@ -14,11 +16,27 @@ class DatasetError(UserError, ValueError):
 _CONVERSATIONS = ("messages", "conversations", "conversation", "chat")
 
 
+def _nested_keys(row: Mapping, key: str) -> str:
+    """``; PARENT holds: ...`` for a dotted ``key`` whose leading parts reach a dict of ``row`` that lacks
+    the next part (``reward_model.groundtruth``: what ``reward_model`` has); else ``""``."""
+    parts, cur, walked = key.split("."), row, []
+    for part in parts[:-1]:
+        nxt = cur.get(part)
+        if not isinstance(nxt, Mapping):
+            break
+        cur, walked = nxt, [*walked, part]
+    if not walked:
+        return ""
+    return f"; {'.'.join(walked)} holds: {', '.join(map(str, cur)) or 'nothing'}"
+
+
 def missing_field(key: str, names) -> str:
     """``field KEY is missing (columns present: ...)``, and the likely fix when a column holds whole
-    conversations: they are read with ``data.messages_key`` (SFT)."""
+    conversations: they are read with ``data.messages_key`` (SFT). ``names``: the columns, or the row itself
+    (a dict: a dotted key's typo then also says what its parent field holds)."""
+    nested = _nested_keys(names, key) if isinstance(names, Mapping) and "." in key else ""
     names = [str(n) for n in names]
-    text = f"field {key!r} is missing (columns present: {', '.join(names) or 'none'})"
+    text = f"field {key!r} is missing (columns present: {', '.join(names) or 'none'}{nested})"
     chats = [n for n in names if n in _CONVERSATIONS]
     if chats:
         return text + f"; rows of whole conversations: set data.messages_key={chats[0]} (workflow sft)"

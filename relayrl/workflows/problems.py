@@ -110,7 +110,7 @@ class RunProblems:
         rejected = d.rejected_key if self.cfg.workflow in ("dpo", "rm") else None  # preference pairs, every row checked
         kto = self.cfg.workflow == "kto"  # labelled rows, every label checked; only desirable answers are scored
         label = d.label_key if kto else None
-        train = load_problems(d.dataset(rejected_key=rejected, label_key=label))
+        train = _named(load_problems, d.dataset(rejected_key=rejected, label_key=label), "data.path")
         size = self.cfg.eval.size
         held_out = d.eval_datasets(rejected_key=rejected if self.cfg.workflow == "rm" else None, label_key=label)
         if held_out:  # each held-out set's first eval.size rows (verl's data.val_files list)
@@ -129,7 +129,8 @@ class RunProblems:
         from relayrl.data.datasets import DatasetError, load_problems
 
         try:
-            return _scored(load_problems(ds), kto)[: self.cfg.eval.size]
+            return _scored(load_problems(ds) if of > 1 else _named(load_problems, ds, "data.eval_path"),
+                           kto)[: self.cfg.eval.size]
         except DatasetError as e:
             if of == 1:
                 raise
@@ -223,3 +224,16 @@ def _scored(problems: list[Problem], kto: bool) -> list[Problem]:
                            f"and none of the {len(problems)} held-out rows is: give data.eval_path rows with "
                            f"label true")
     return good
+
+
+def _named(load, ds, key: str):
+    """``load(ds)``; a file ``ds.path`` that is not there is refused naming ``key`` (``data.path`` and
+    ``data.eval_path`` would otherwise read alike: ``dataset file X does not exist``)."""
+    from relayrl.data.datasets import DatasetError
+
+    try:
+        return load(ds)
+    except DatasetError as e:
+        if ds.path is None or ds.hf_name is not None or Path(ds.path).exists():
+            raise
+        raise DatasetError(f"{key}={ds.path}: {e}") from None

@@ -120,6 +120,17 @@ def saved(tmp_path):
     return _save(CheckpointManager(tmp_path), 1, model, opt, sched), model
 
 
+def test_resuming_from_a_run_directory_names_its_checkpoints(tmp_path):
+    """verl's resume_from_path habit: the run's directory, not its checkpoints'; the message gives the path."""
+    model, opt, sched = _make()
+    root = tmp_path / "run" / "checkpoints"
+    _save(CheckpointManager(root), 2, model, opt, sched)
+    with pytest.raises(CheckpointError) as e:
+        resume_from(root, tmp_path / "run")
+    assert str(e.value).endswith(f"{tmp_path / 'run'} is a run directory: run.resume={root} resumes its newest "
+                                 f"checkpoint (step-000002), or run.resume=auto with run.dir={tmp_path / 'run'}")
+
+
 def test_corrupted_file_is_named(saved):
     path, _ = saved
     data = bytearray((path / "optimizer.pt").read_bytes())

@@ -88,6 +88,16 @@ def test_a_shipped_recipe_is_found_by_name_from_any_directory(tmp_path, monkeypa
         resolve_recipe("sub/arith_grpo.yaml")  # a path is a path
 
 
+def test_the_docs_recipes_path_from_another_directory_names_the_shipped_recipe(tmp_path, monkeypatch):
+    """The docs write recipes/gsm8k_grpo.yaml (a checkout's path); from elsewhere it is refused, naming the name
+    that finds it. A path stays a path: it is not read from the shipped recipes."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        resolve_recipe("recipes/gsm8k_grpo.yaml")
+    assert str(e.value) == (f"recipe {tmp_path}/recipes/gsm8k_grpo.yaml does not exist; the shipped recipe of that "
+                            f"name is {SHIPPED / 'gsm8k_grpo.yaml'}: give its name (gsm8k_grpo) to use it")
+
+
 def test_recipe_file_errors(tmp_path):
     assert "does not exist" in _errors(recipe=tmp_path / "nope.yaml")
     bad = tmp_path / "bad.yaml"

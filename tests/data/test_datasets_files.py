@@ -58,7 +58,20 @@ def test_parquet_text_and_chat_prompts(tmp_path):
     assert [p.answer for p in problems] == ["3", "7"]
     assert problems[0].meta["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "1+2?"}]
     assert problems[0].prompt == "system: be brief\nuser: 1+2?"
-    assert problems[1].meta["row"] == 2 and problems[1].meta["extra"] == {"reward_model": {"ground_truth": 7}}
+    assert problems[1].meta["row"] == 2
+    assert problems[1].meta["extra"] == {"reward_model": {"ground_truth": 7}, "id": 11}
+
+
+def test_parquet_rows_keep_every_column_for_the_reward_function(tmp_path):
+    """verl's parquet layout: extra_info, ability and the rest reach a reward function's fields, as JSONL rows'."""
+    f = tmp_path / "train.parquet"
+    pq.write_table(pa.table({
+        "data_source": ["gsm8k"], "prompt": [[{"role": "user", "content": "1+2?"}]], "ability": ["math"],
+        "reward_model": [{"style": "rule", "ground_truth": "3"}], "extra_info": [{"split": "train", "index": 7}],
+    }), f)
+    (p,) = load_problems(DatasetConfig(path=f, answer_key="reward_model.ground_truth"))
+    assert p.meta["fields"]["extra_info"] == {"split": "train", "index": 7}
+    assert p.meta["fields"]["ability"] == "math" and p.meta["fields"]["data_source"] == "gsm8k"
 
 
 def test_parquet_missing_column_names_it_and_what_exists(tmp_path):
@@ -102,6 +115,14 @@ def test_malformed_row_reported_with_row_number(tmp_path, bad_row, message):
     with pytest.raises(DatasetError) as e:
         load_problems(DatasetConfig(path=f))
     assert str(e.value).startswith(message)
+
+
+def test_a_dotted_key_with_a_typo_names_what_its_parent_holds(tmp_path):
+    f = _jsonl(tmp_path / "train.jsonl", [{"prompt": "a", "reward_model": {"style": "rule", "ground_truth": "1"}}])
+    with pytest.raises(DatasetError) as e:
+        load_problems(DatasetConfig(path=f, answer_key="reward_model.groundtruth"))
+    assert str(e.value) == ("train.jsonl row 1: field 'reward_model.groundtruth' is missing (columns present: "
+                            "prompt, reward_model; reward_model holds: style, ground_truth)")
 
 
 def test_bad_utf8_row(tmp_path):

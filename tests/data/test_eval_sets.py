@@ -65,7 +65,7 @@ def test_a_parquet_data_source_column_is_read_and_named(tmp_path):
                              "big": ["x", "y"]}), path)
     rows = load_problems(DataConfig(task=None, path="t.jsonl", eval_path=str(path)).dataset(held_out=True))
     assert rows[0].meta["fields"]["data_source"] == "openai/gsm8k"
-    assert "big" not in rows[0].meta["fields"]  # (only the columns read)
+    assert rows[0].meta["fields"]["big"] == "x"  # (every column, as a JSONL row's: a reward function's fields)
     assert source_names([p.meta for p in rows]) == ["openai/gsm8k", "test"]
 
 
@@ -90,6 +90,15 @@ def test_each_set_gives_its_first_eval_size_rows(tmp_path, tiny_dir):
     assert source_names([p.meta for p in s.eval_problems]) == ["gsm8k/test"] * 3 + ["math/test"] * 2
     # one path: as before
     assert len(_session(tmp_path, tiny_dir, f"data.eval_path={a}", "eval.size=3").eval_problems) == 3
+
+
+def test_a_missing_file_names_its_key(tmp_path, tiny_dir):
+    """data.path and data.eval_path both read "dataset file X does not exist": the message says which key."""
+    a = _jsonl(tmp_path / "a.jsonl", 30)
+    with pytest.raises(DatasetError, match=r"^data.eval_path=.*tset.jsonl: dataset file .*tset.jsonl does not exist$"):
+        _session(tmp_path, tiny_dir, f"data.eval_path={tmp_path / 'tset.jsonl'}")
+    with pytest.raises(DatasetError, match=r"^data.path=.*trian.jsonl: dataset file .*trian.jsonl does not exist$"):
+        _session(tmp_path, tiny_dir, f"data.path={tmp_path / 'trian.jsonl'}", f"data.eval_path={a}")
 
 
 def test_a_bad_path_in_the_list_is_named(tmp_path, tiny_dir):

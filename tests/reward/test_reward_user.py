@@ -158,6 +158,17 @@ def test_check_rewards_shapes():
         check_rewards({"a": 1.0}, 1, "f")
 
 
+def test_check_rewards_takes_numpy_and_torch_scalars_per_response():
+    """verl's reward loop writes a compute_score's result into a tensor, so np.bool_, np.float32 and 0-d
+    tensors work there: here too, as the Python numbers they hold."""
+    got = check_rewards([np.bool_(True), np.float32(0.5), torch.tensor(2.0), np.array(1)], 4, "f")
+    assert got == [1.0, 0.5, 2.0, 1.0] and all(type(v) is float for v in got)
+    with pytest.raises(RewardError, match=r"returned ndarray .* at index 0; expected a float"):
+        check_rewards([np.zeros(2)], 1, "f")  # (not one number)
+    with pytest.raises(RewardError, match="returned nan at index 0"):
+        check_rewards([torch.tensor(float("nan"))], 1, "f")
+
+
 def _fails_on_b(prompts, responses, answers):
     if "b" in prompts:
         raise KeyError("no reference")

@@ -292,6 +292,7 @@ def check_rewards(result: Any, n: int, fn_name: str, what: str = "reward functio
         if v is None and none_ok:
             out.append(None)
             continue
+        v = _scalar(v)
         if not isinstance(v, numbers.Real):
             raise RewardError(f"{fn_name} returned {type(v).__name__} {v!r} at index {i}; expected a float")
         v = float(v)
@@ -299,6 +300,13 @@ def check_rewards(result: Any, n: int, fn_name: str, what: str = "reward functio
             raise RewardError(f"{fn_name} returned {v} at index {i}; rewards must be finite")
         out.append(v)
     return out
+
+
+def _scalar(v: Any) -> Any:
+    """A numpy scalar or a 0-d array or tensor as the Python number it holds (``np.bool_``: a bool), else ``v``."""
+    if hasattr(v, "item") and getattr(v, "ndim", None) == 0:
+        return v.item()
+    return v
 
 
 class Overtime(Exception):
