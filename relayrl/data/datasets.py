@@ -135,7 +135,7 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
             yield lineno, value
 
 
-def _iter_parquet(path: Path, keys: tuple[str, ...]) -> Iterator[tuple[int, Any]]:
+def _iter_parquet(path: Path, keys: tuple[str, ...], options: dict[str, str]) -> Iterator[tuple[int, Any]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -146,7 +146,8 @@ def _iter_parquet(path: Path, keys: tuple[str, ...]) -> Iterator[tuple[int, Any]
     names = pf.schema_arrow.names
     for key in keys:
         if key not in names and key.split(".", 1)[0] not in names:
-            raise DatasetError(f"{path.name}: {missing_field(key, names).replace('field', 'column', 1)}")
+            missing = missing_field(key, names, options.get(key)).replace("field", "column", 1)
+            raise DatasetError(f"{path.name}: {missing}")
     rowno = 0
     # every column, as a JSONL row has them: a reward function's fields (verl's extra_info), data_source
     for batch in pf.iter_batches():
@@ -207,7 +208,7 @@ def _row_problem(row: Any, rowno: int, cfg: DatasetConfig, tokenizer, label: str
         prompt = _implicit_prompt(row, answer, where, cfg)
     for key, value in ((cfg.prompt_key, prompt), (cfg.answer_key, answer)):
         if value is _MISSING:
-            raise DatasetError(f"{where}: {missing_field(key, row)}")
+            raise DatasetError(f"{where}: {missing_field(key, row, key_options(cfg).get(key))}")
         if value is None:
             raise DatasetError(f"{where}: field {key!r} is null")
     meta: dict[str, Any] = {"row": rowno, "source": str(cfg.path or cfg.hf_name)}
@@ -392,6 +393,14 @@ def load_problems(cfg: DatasetConfig, tokenizer=None) -> list[Problem]:
     return problems
 
 
+def key_options(cfg: DatasetConfig) -> dict[str, str]:
+    """Each field name ``cfg`` reads, mapped to the option that sets it (``answer`` -> ``data.answer_key``): a
+    missing field's error names the option to change."""
+    options = {"prompt_key": cfg.prompt_key, "answer_key": cfg.answer_key, "rejected_key": cfg.rejected_key,
+               "label_key": cfg.label_key, "messages_key": cfg.messages_key}
+    return {key: f"data.{name}" for name, key in reversed(options.items()) if key}
+
+
 def _rows(cfg: DatasetConfig) -> tuple[Iterator[tuple[int, Any]], str]:
     """``(rows, label)``: the source's ``(row number, row)`` pairs, and its name in row errors."""
     keys = tuple(k for k in (cfg.prompt_key, cfg.answer_key, cfg.rejected_key, cfg.label_key, cfg.messages_key) if k)
@@ -399,7 +408,7 @@ def _rows(cfg: DatasetConfig) -> tuple[Iterator[tuple[int, Any]], str]:
         from relayrl.data.hf import iter_rows, open_dataset
 
         ds, label = open_dataset(None if cfg.path is None else Path(cfg.path), cfg.hf_name, cfg.hf_config, cfg.split)
-        return iter_rows(ds, label, keys if cfg.messages_key is None else (cfg.messages_key,)), label
+        return iter_rows(ds, label, keys if cfg.messages_key is None else (cfg.messages_key,), key_options(cfg)), label
     path = Path(cfg.path)
     if not path.exists():
         raise DatasetError(f"dataset file {path} does not exist")
@@ -421,11 +430,11 @@ def _rows(cfg: DatasetConfig) -> tuple[Iterator[tuple[int, Any]], str]:
         from relayrl.data.hf import iter_rows, open_dataset
 
         ds, label = open_dataset(path, None, None, cfg.split)
-        return iter_rows(ds, label, keys if cfg.messages_key is None else (cfg.messages_key,)), label
+        return iter_rows(ds, label, keys if cfg.messages_key is None else (cfg.messages_key,), key_options(cfg)), label
     if fmt == "jsonl":
         return _iter_jsonl(path), path.name
     return _iter_parquet(path, tuple(k for k in (cfg.prompt_key, cfg.answer_key, cfg.rejected_key, cfg.label_key)
-                                     if k)), path.name
+                                     if k), key_options(cfg)), path.name
 
 
 def _tokenizer_name(tokenizer) -> str:

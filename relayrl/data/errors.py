@@ -14,6 +14,7 @@ class DatasetError(UserError, ValueError):
 
 
 _CONVERSATIONS = ("messages", "conversations", "conversation", "chat")
+_EVAL_FLAGS = {"data.prompt_key": "--prompt-key", "data.answer_key": "--answer-key"}
 
 
 def _nested_keys(row: Mapping, key: str) -> str:
@@ -30,9 +31,10 @@ def _nested_keys(row: Mapping, key: str) -> str:
     return f"; {'.'.join(walked)} holds: {', '.join(map(str, cur)) or 'nothing'}"
 
 
-def missing_field(key: str, names) -> str:
-    """``field KEY is missing (columns present: ...)``, and the likely fix when a column holds whole
-    conversations: they are read with ``data.messages_key`` (SFT). ``names``: the columns, or the row itself
+def missing_field(key: str, names, option: str | None = None) -> str:
+    """``field KEY is missing (columns present: ...)``, the option that names the field (``option``, e.g.
+    ``data.answer_key``, with its ``relayrl eval`` flag where it has one), and the likely fix when a column holds
+    whole conversations: they are read with ``data.messages_key`` (SFT). ``names``: the columns, or the row itself
     (a dict: a dotted key's typo then also says what its parent field holds)."""
     nested = _nested_keys(names, key) if isinstance(names, Mapping) and "." in key else ""
     names = [str(n) for n in names]
@@ -40,4 +42,7 @@ def missing_field(key: str, names) -> str:
     chats = [n for n in names if n in _CONVERSATIONS]
     if chats:
         return text + f"; rows of whole conversations: set data.messages_key={chats[0]} (workflow sft)"
+    if option is not None:
+        flag = _EVAL_FLAGS.get(option)
+        return text + f"; {option}{f' ({flag} for relayrl eval)' if flag else ''} names the field to read"
     return text

@@ -139,13 +139,14 @@ def open_dataset(path: Path | None, name: str | None, config: str | None, split:
     return datasets.Dataset(table), path.name
 
 
-def iter_rows(ds: Any, label: str, keys: tuple[str, ...]) -> Iterator[tuple[int, dict]]:
+def iter_rows(ds: Any, label: str, keys: tuple[str, ...], options: dict[str, str] | None = None
+              ) -> Iterator[tuple[int, dict]]:
     """``(row number from 1, row dict)`` of ``ds``; a key whose column the dataset lacks fails at row 1 (every
-    row lacks it), with the columns present."""
+    row lacks it), with the columns present and the option that names it (``options``: key -> option)."""
     names = list(ds.column_names)
     for key in keys:
         if key not in names and key.split(".", 1)[0] not in names:
-            raise DatasetError(f"{label} row 1: {missing_field(key, names)} (the dataset has no such column, so no "
-                               f"row has it)")
+            missing = missing_field(key, names, (options or {}).get(key))
+            raise DatasetError(f"{label} row 1: {missing} (the dataset has no such column, so no row has it)")
     for i, row in enumerate(ds, start=1):
         yield i, row

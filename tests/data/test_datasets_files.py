@@ -79,7 +79,8 @@ def test_parquet_missing_column_names_it_and_what_exists(tmp_path):
     pq.write_table(pa.table({"question": ["q"], "answer": ["a"]}), f)
     with pytest.raises(DatasetError) as e:
         load_problems(DatasetConfig(path=f))
-    assert str(e.value) == "t.parquet: column 'prompt' is missing (columns present: question, answer)"
+    assert str(e.value) == ("t.parquet: column 'prompt' is missing (columns present: question, answer); "
+                            "data.prompt_key (--prompt-key for relayrl eval) names the field to read")
 
 
 def test_parquet_bad_row_has_its_number(tmp_path):
@@ -122,7 +123,8 @@ def test_a_dotted_key_with_a_typo_names_what_its_parent_holds(tmp_path):
     with pytest.raises(DatasetError) as e:
         load_problems(DatasetConfig(path=f, answer_key="reward_model.groundtruth"))
     assert str(e.value) == ("train.jsonl row 1: field 'reward_model.groundtruth' is missing (columns present: "
-                            "prompt, reward_model; reward_model holds: style, ground_truth)")
+                            "prompt, reward_model; reward_model holds: style, ground_truth); data.answer_key "
+                            "(--answer-key for relayrl eval) names the field to read")
 
 
 def test_bad_utf8_row(tmp_path):
