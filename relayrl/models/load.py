@@ -194,8 +194,12 @@ def check_model_dir(path: str | Path, key: str, label: str) -> Path:
     ``"trainer.init_from=DIR"`` or ``"--model DIR"``); ``key`` is the option :func:`not_a_model` suggests."""
     path = Path(path)
     if not path.is_dir():
-        raise ModelLoadError(f"{label}: no such directory; give a local Hugging Face model directory (e.g. the "
+        what = "a file, not a directory" if path.exists() else "no such directory"
+        raise ModelLoadError(f"{label}: {what}; give a local Hugging Face model directory (e.g. the "
                              f"RUN_DIR/model of an earlier run)")
+    if not any(path.iterdir()):
+        raise ModelLoadError(f"{label}: the directory is empty; give a local Hugging Face model directory (its "
+                             f"config.json, tokenizer files and weights; e.g. the RUN_DIR/model of an earlier run)")
     if not (path / "tokenizer_config.json").exists():
         raise ModelLoadError(f"{label}: {not_a_model(path, key)}")
     if not (path / "config.json").is_file():

@@ -155,6 +155,11 @@ def test_plan_profile_checks_the_reward_fn_and_out_before_calibrating(capsys, tm
         f"you mean --model={run_dir / 'model'}?" in err
     code, err = run(capsys, "plan", "--profile", "--model", str(tmp_path / "nope"), "--out", out)
     assert code == EXIT_USER and "no such directory; give a local Hugging Face model directory" in err
+    code, err = run(capsys, "plan", "--profile", "--model", str(tmp_path / "f"), "--out", out)
+    assert code == EXIT_USER and "a file, not a directory; give a local Hugging Face model directory" in err
+    (tmp_path / "empty").mkdir()
+    code, err = run(capsys, "plan", "--profile", "--model", str(tmp_path / "empty"), "--out", out)
+    assert code == EXIT_USER and "the directory is empty; give a local Hugging Face model directory" in err
 
 
 def test_overrides_may_follow_the_options_of_plan_and_train(capsys, tmp_path):
