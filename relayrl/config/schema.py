@@ -151,6 +151,13 @@ class RolloutConfig(_Section):
     interrupt: InterruptConfig = Field(InterruptConfig(), description="forced length interruption (ScaleRL's "
                                        "thinking budget): see rollout.interrupt.after_tokens")
 
+    @field_validator("top_k", mode="before")
+    @classmethod
+    def _top_k_off(cls, v):
+        if isinstance(v, int) and not isinstance(v, bool) and v == -1:  # verl's and vLLM's spelling of off
+            raise ValueError("-1 is how verl and vLLM turn top-k off; relayrl's off is rollout.top_k=0")
+        return v
+
     @model_validator(mode="after")
     def _remote(self) -> "RolloutConfig":
         if self.engine == "openai":

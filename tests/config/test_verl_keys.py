@@ -33,6 +33,12 @@ def test_a_typo_of_relayrl_s_own_key_still_gets_the_close_one():
     assert "trainer.stepz: unknown key; did you mean trainer.steps?" in _errors("trainer.stepz=3")
 
 
+def test_verl_s_top_k_of_minus_one_names_relayrl_s_off():
+    assert "rollout.top_k: -1 is how verl and vLLM turn top-k off; relayrl's off is rollout.top_k=0" in \
+        _errors("rollout.top_k=-1")
+    assert "rollout.top_k: Input should be greater than or equal to 0" in _errors("rollout.top_k=-2")
+
+
 def test_verl_estimator_names_name_relayrl_s():
     msg = _errors("algorithm.advantage=reinforce_plus_plus")
     assert "verl's reinforce_plus_plus is algorithm.advantage=reinforce++" in msg
