@@ -29,7 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from relayrl.data.errors import DatasetError, missing_field
 from relayrl.data.tasks import Problem
 
-__all__ = ["DatasetConfig", "DatasetError", "load_problems", "encode_prompt", "render_prompt", "render_plain"]
+__all__ = ["DatasetConfig", "DatasetError", "load_problems", "encode_prompt", "prompt_identity", "render_prompt",
+           "render_plain"]
 
 _MISSING = object()
 MAX_ROW_ERRORS = 20
@@ -472,6 +473,16 @@ def _render(tokenizer, problem: Problem, chat_template: bool | None,
     tools = problem.meta.get("tools")  # the run's tools, in the template's tools list (env.tools_in_prompt)
     extra = {**(template_kwargs or {}), **({"tools": tools} if tools else {})}
     return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **extra), True
+
+
+def prompt_identity(problem: Problem) -> str:
+    """What decides ``problem``'s prompt ids besides a run's template options: its text, and its chat messages and
+    tools where it has them (a chat row and a text row whose plain text agrees, e.g. ``user: hi``, encode apart;
+    so do two rows that offer other tools). A cache of encoded prompts is keyed on it."""
+    messages, tools = problem.meta.get("messages"), problem.meta.get("tools")
+    if messages is None and tools is None:
+        return problem.prompt
+    return json.dumps([problem.prompt, messages, tools], sort_keys=True, default=str)
 
 
 def encode_prompt(tokenizer, problem: Problem, chat_template: bool | None = None,

@@ -112,3 +112,23 @@ def test_a_message_key_besides_role_and_content_is_refused_not_dropped(tmp_path)
               answer_key="chosen", rejected_key="rejected")
     p = _rows(tmp_path, [{"prompt": [{"role": "user", "content": "2+2?", "tool_calls": None}], "answer": "4"}])[0]
     assert p.meta["messages"] == USER
+
+
+def test_a_chat_row_and_a_text_row_of_the_same_plain_text_encode_apart(tmp_path, tiny_dir):
+    """The run encodes each prompt once and caches it: a chat row and a text row whose plain text agrees
+    (``system: ...\\nuser: ...``) must not share the cache entry, nor two chat rows offering other tools."""
+    from relayrl.config.loader import load_run_config
+    from relayrl.data.datasets import prompt_identity
+    from relayrl.workflows.problems import RunProblems
+
+    chat = Problem("system: Add the numbers.\nuser: 12+30=", "42", {"messages": MESSAGES})
+    text = Problem(chat.prompt, "42")
+    tools = Problem(chat.prompt, "42", {"messages": MESSAGES, "tools": [{"name": "add"}]})
+    assert len({prompt_identity(p) for p in (chat, text, tools)}) == 3
+    assert prompt_identity(text) == text.prompt
+    cfg = load_run_config("arith_grpo", [f"trainer.init_from={tiny_dir}"])
+    run = RunProblems(cfg, training=False, log=lambda _: None)
+    tok = run.tokenizer
+    assert run.encode(text) == tok(text.prompt)["input_ids"]
+    assert run.encode(chat) == tok(CHATML, add_special_tokens=False)["input_ids"]
+    assert run.encode(text) == tok(text.prompt)["input_ids"]  # (from the cache)
