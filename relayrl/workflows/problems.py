@@ -163,10 +163,8 @@ class RunProblems:
         chat = d.chat_template is True or (d.chat_template is None and any("messages" in p.meta for p in rows))
         if chat:
             from relayrl.data.chat import unstopped_turn_end
-            from relayrl.models.eos import checkpoint_generation_config, config_eos_ids
 
-            eos = config_eos_ids(checkpoint_generation_config(self.model_path))  # (the engines stop there too)
-            line = unstopped_turn_end(self.tokenizer, d.chat_template_kwargs, self.cfg.rollout.stop_strings, eos)
+            line = unstopped_turn_end(self.tokenizer, d.chat_template_kwargs, self.cfg.rollout.stop_strings)
             if line is not None:
                 self.log(line)
 
@@ -192,13 +190,15 @@ class RunProblems:
         return fit_prompts(problems, self.encode, room, drop=d.long_prompts == "drop", what=what, log=self.log)
 
     def encode(self, problem: Problem) -> list[int]:
-        """Prompt token ids (chat template applied to chat-message prompts), cached by prompt text."""
-        ids = self._encode_cache.get(problem.prompt)
-        if ids is None:
-            from relayrl.data.datasets import encode_prompt
+        """Prompt token ids (chat template applied to chat-message prompts), cached by what decides them (the text,
+        and the messages and tools of a chat row: :func:`~relayrl.data.datasets.prompt_identity`)."""
+        from relayrl.data.datasets import encode_prompt, prompt_identity
 
-            ids = self._encode_cache[problem.prompt] = list(encode_prompt(self.tokenizer, problem, self.cfg.data.chat_template,
-                                                                 self.cfg.data.chat_template_kwargs))
+        key = prompt_identity(problem)
+        ids = self._encode_cache.get(key)
+        if ids is None:
+            ids = self._encode_cache[key] = list(encode_prompt(self.tokenizer, problem, self.cfg.data.chat_template,
+                                                               self.cfg.data.chat_template_kwargs))
         return ids
 
 
