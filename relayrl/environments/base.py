@@ -14,6 +14,7 @@ An episode::
         turn   <- the model generates from the context        (trained: its tokens carry loss_mask 1)
         result <- env.step(turn text)                        (observation, reward, done)
         context += turn + tokens(result.observation)          (the observation is context: loss_mask 0)
+                                                              (tokens(): as plain text, relayrl.environments.text)
     until result.done or a limit (turns, tokens, wall time) or an error
 
 The episode's reward is the sum of its step rewards; an episode that ends with an error gets 0.
@@ -45,7 +46,9 @@ class StepResult:
     """What an environment returns for one model turn."""
 
     observation: str
-    """Text appended to the context after the model's turn (tool output, a user's reply); "" for none."""
+    """Text appended to the context after the model's turn (tool output, a user's reply); "" for none. Plain
+    text: special-token strings in it (``<|im_end|>``) are ordinary text tokens, but in parts marked with
+    :func:`relayrl.environments.text.markup` (the chat template's own tokens)."""
     reward: float = 0.0
     """Reward of this step; the episode's reward is the sum over its steps."""
     done: bool = False
@@ -60,7 +63,7 @@ class Environment(Protocol):
 
     def reset(self, problem: Problem) -> str:
         """Start an episode on ``problem``; returns text placed after the prompt, before the first turn
-        (context: loss mask 0; usually "")."""
+        (context: loss mask 0; usually ""). Plain text but for its markup, as an observation."""
         ...
 
     def step(self, action: str) -> StepResult:

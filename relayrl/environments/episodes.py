@@ -40,6 +40,7 @@ import torch
 from relayrl.data.tasks import Problem
 from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.environments.base import EnvFactory, Episode, EpisodeEnd, EpisodeSummary, check_step_result
+from relayrl.environments.text import EnvText, EnvTextEncoder, env_parts
 
 __all__ = ["EpisodeLimits", "run_episodes", "episode_metrics"]
 
@@ -177,10 +178,20 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             live[key] = _Live(key, Episode(i, s, list(prompts[i]), weight_version=engine.weight_version), None)
     feed = _Feed(live, limits, params.max_new_tokens, log, on_end)
     tok_lock = threading.Lock()  # a fast tokenizer is not safe to call from several threads at once
+    env_text = EnvTextEncoder(tokenizer)
 
     def encode(text: str) -> list[int]:
+        """An environment's text as plain text but for its markup (:mod:`relayrl.environments.text`): a tool's
+        output that prints ``<|im_end|>`` must not end the model's turn in the context it is trained on."""
         with tok_lock:
-            return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+            said = bool(env_text.forged)
+            ids = env_text(text)
+            if env_text.forged and not said:
+                log("relayrl: an environment's text held the tokenizer's special-token strings "
+                    f"{', '.join(sorted(env_text.forged))}; they are tokenized as plain text, so that tool output "
+                    "cannot end a turn or the sequence (said once per rollout). An environment that writes the chat "
+                    "template's own tokens marks them: relayrl.environments.text.markup")
+            return ids
 
     def call(lv: _Live, what: str, fn: Callable[[], object]):
         """Run an environment method with its step deadline; ``_FAILED`` (and the episode ended) on failure.
@@ -225,7 +236,7 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             lv.ep.loss_mask += [0] * len(ids)
             lv.ep.token_versions += [lv.ep.weight_version] * len(ids)
         if text:
-            lv.ep.observations.append(text)
+            lv.ep.observations.append(str(text))
         feed.ready.put(lv.key)
 
     def step(lv: _Live, c: Completion) -> None:
@@ -248,7 +259,7 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             ep.reward += float(result.reward)
             ep.tool_calls += int("tool" in result.info)
             if result.observation:
-                ep.observations.append(result.observation)
+                ep.observations.append(str(result.observation))
             room = limits.max_tokens - len(ep.token_ids)
             ep.token_ids += obs[:room]
             ep.logprobs += [0.0] * len(obs[:room])
@@ -308,16 +319,19 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
 def after_turn(tokenizer, turn: Completion, observation: str) -> str:
     """``observation`` without the end-of-turn token it opens with when the model's turn ended with that very
     token: a chat template's tool message (``env.tool_results=chat``) opens by closing the assistant's turn
-    (Qwen2.5: ``<|im_end|>``), which a model that stopped at its end-of-turn token has written already."""
+    (Qwen2.5: ``<|im_end|>``), which a model that stopped at its end-of-turn token has written already. Only a
+    :func:`~relayrl.environments.text.markup` opening is dropped: in plain text (a tool's output) the string is
+    text, not the token."""
     ids = turn.token_ids
-    if turn.finish_reason != "stop" or len(ids) == 0 or not observation:
+    parts = env_parts(observation)
+    if turn.finish_reason != "stop" or len(ids) == 0 or not parts or not parts[0][1]:
         return observation
     last = int(ids[-1])
     closing = tokenizer.convert_ids_to_tokens(last)
-    if not isinstance(closing, str) or not closing or not observation.startswith(closing):
+    if not isinstance(closing, str) or not closing or not parts[0][0].startswith(closing):
         return observation  # (the usual case, decided without listing the tokenizer's special tokens)
     special = last in tokenizer.all_special_ids or last in (getattr(tokenizer, "added_tokens_decoder", None) or {})
-    return observation[len(closing):] if special else observation
+    return EnvText(((parts[0][0][len(closing):], True), *parts[1:])) if special else observation
 
 
 def _make(make_env: EnvFactory, lv: _Live, feed: _Feed):

@@ -35,6 +35,7 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 from relayrl.data.tasks import Problem
 from relayrl.environments.base import EnvError, StepResult
 from relayrl.environments.sandbox import SandboxConfig, run_python
+from relayrl.environments.text import markup
 
 __all__ = ["Tool", "ToolError", "ToolCall", "parse_tool_call", "format_call", "Calculator", "PythonTool",
            "FunctionTool", "tool_schema", "chat_tool_turn", "ToolEnvironment", "BUILTIN_TOOLS"]
@@ -262,8 +263,9 @@ def chat_tool_turn(tokenizer, template_kwargs: Mapping[str, Any] | None = None) 
     a tool message with ``result`` and opens the next assistant turn (Qwen2.5's: ``<|im_end|>`` and a user
     turn holding ``<tool_response>...</tool_response>``), as a function of the result text. Read off the
     template by rendering a conversation with and without a tool message; :class:`ValueError` when the
-    template has none, or renders the turns before it differently. ``template_kwargs``: more variables for the
-    template (``data.chat_template_kwargs``)."""
+    template has none, or renders the turns before it differently. The template's text around the result is
+    :func:`~relayrl.environments.text.markup` (its special tokens are tokens); the result is plain text.
+    ``template_kwargs``: more variables for the template (``data.chat_template_kwargs``)."""
     kw = dict(template_kwargs or {})
     call, result = "RELAYRL_TOOL_CALL_7F3A", "RELAYRL_TOOL_RESULT_7F3A"
     msgs = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": call}]
@@ -281,5 +283,5 @@ def chat_tool_turn(tokenizer, template_kwargs: Mapping[str, Any] | None = None) 
     if after[:cut] != before[:cut]:
         raise ValueError("the chat template renders the turns before a tool message differently once one follows")
     head, tail = after[cut:].split(result, 1)
-    return lambda text: head + text + tail
+    return lambda text: markup(head) + text + markup(tail)  # (the template's tokens; the result is plain text)
 

@@ -375,8 +375,12 @@ def test_a_tool_turn_the_model_closed_itself_is_not_closed_twice(tiny_tokenizer)
     from relayrl.engines.generation.base import Completion
     from relayrl.environments.episodes import after_turn
 
+    from relayrl.environments.text import EnvTextEncoder
+    from relayrl.environments.tools import chat_tool_turn
+
     end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
-    obs = "<|im_end|>\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
+    obs = chat_tool_turn(tiny_tokenizer)("42")  # (the template's tokens around the result are markup)
+    assert obs == "<|im_end|>\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
 
     def turn(last: int, reason: str = "stop") -> Completion:
         return Completion(0, 0, torch.tensor([5, last]), torch.zeros(2), reason, 0, "x")
@@ -385,3 +389,7 @@ def test_a_tool_turn_the_model_closed_itself_is_not_closed_twice(tiny_tokenizer)
     assert after_turn(tiny_tokenizer, turn(7), obs) == obs  # stopped at a stop string: the template closes it
     assert after_turn(tiny_tokenizer, turn(end, "length"), obs) == obs
     assert after_turn(tiny_tokenizer, turn(end), "<result>42</result>") == "<result>42</result>"
+    closed = after_turn(tiny_tokenizer, turn(end), obs)
+    assert [i for i in EnvTextEncoder(tiny_tokenizer)(closed) if i in (3, end)] == [3, end, 3]  # still markup
+    # in plain text (a tool's output, an environment's own str) the string is text, not the model's token
+    assert after_turn(tiny_tokenizer, turn(end), str(obs)) == str(obs)
