@@ -12,8 +12,9 @@ context in the next tag, which the model never writes and is never trained on::
 
 A turn without a tool call is the final answer; the task's verifier scores it. The tag is configurable
 (``env.tool_tag``): ``tool_call`` gives the ``<tool_call>{...}</tool_call>`` form that Qwen2.5/Hermes chat
-templates document for tool calls, with the same JSON body. (Rendering the result through the chat
-template's ``tool`` role is not done: results are the plain ``<result>`` text above.)
+templates document for tool calls, with the same JSON body. Results are the plain ``<result>`` text above by
+default; ``env.tool_results=chat`` renders each one through the chat template's ``tool`` role instead (the
+template's own tokens around it stay special, the result is plain text: :mod:`relayrl.environments.text`).
 
 **Built-in tools.** ``calculator`` (``{"expression": str}``: + - * / // % ** and parentheses over integers
 and decimals, evaluated from the syntax tree with size limits, no ``eval``) and ``python`` (``{"code":
