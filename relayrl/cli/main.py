@@ -348,8 +348,9 @@ def _eval_data(args, DatasetConfig, load_problems) -> list:
     problems = []
     for path in args.data:
         try:
-            problems += load_problems(DatasetConfig(path=path, prompt_key=args.prompt_key, answer_key=args.answer_key,
-                                                    format=args.format))[: args.size]
+            ds = DatasetConfig(path=path, prompt_key=args.prompt_key, answer_key=args.answer_key, format=args.format,
+                               raw_answers=args.user_fn is not None)  # (a --user-fn's ground truths: as stored)
+            problems += load_problems(ds)[: args.size]
         except DatasetError as e:
             if len(args.data) == 1:
                 raise

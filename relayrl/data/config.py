@@ -59,7 +59,8 @@ class DataConfig(BaseModel):
         "row's data_source field, else the file's stem; docs/metrics.md)")
     prompt_key: str = Field("prompt", description='field with the prompt (text, or chat messages); dots reach nested '
                             'fields ("extra.question")')
-    answer_key: str = Field("answer", description="field with the ground truth (string or number)")
+    answer_key: str = Field("answer", description="field with the ground truth (string or number; with "
+                            "reward.verifier=user in workflow grpo also a list or dict, passed as it is)")
     answer_regex: str | None = Field(None, description="cut the ground truth out of the answer field: the regex's "
                                      r"first group (or whole match), e.g. '####\s*(.+)$' for GSM8K's solutions; a row "
                                      "without a match is an error naming it")
@@ -198,29 +199,32 @@ class DataConfig(BaseModel):
         return self
 
     def dataset(self, *, held_out: bool = False, rejected_key: str | None = None,
-                label_key: str | None = None) -> DatasetConfig | None:
+                label_key: str | None = None, raw_answers: bool = False) -> DatasetConfig | None:
         """The :class:`DatasetConfig` of the training rows, or of the held-out ones (None when no held-out
-        source is named: data.eval_path or data.hf_eval_split). A list of held-out paths: :meth:`eval_datasets`."""
+        source is named: data.eval_path or data.hf_eval_split). A list of held-out paths: :meth:`eval_datasets`.
+        ``raw_answers``: the rows are scored by a user reward function (:class:`DatasetConfig`)."""
         if held_out:
-            sets = self.eval_datasets(rejected_key=rejected_key, label_key=label_key)
+            sets = self.eval_datasets(rejected_key=rejected_key, label_key=label_key, raw_answers=raw_answers)
             if len(sets) > 1:
                 raise ValueError(f"data.eval_path lists {len(sets)} held-out sets; read them with eval_datasets()")
             return sets[0] if sets else None
-        return self._dataset(self.path, self.hf_split, rejected_key, label_key)
+        return self._dataset(self.path, self.hf_split, rejected_key, label_key, raw_answers)
 
-    def eval_datasets(self, *, rejected_key: str | None = None, label_key: str | None = None) -> list[DatasetConfig]:
+    def eval_datasets(self, *, rejected_key: str | None = None, label_key: str | None = None,
+                      raw_answers: bool = False) -> list[DatasetConfig]:
         """A :class:`DatasetConfig` per held-out set: each path of data.eval_path, or data.hf_eval_split of the
         training source; [] when none is named (rows of the training split are held out)."""
         if self.eval_path is not None:
-            return [self._dataset(path, self.hf_split, rejected_key, label_key) for path in self.eval_paths]
+            return [self._dataset(path, self.hf_split, rejected_key, label_key, raw_answers)
+                    for path in self.eval_paths]
         if self.hf_eval_split is not None:
-            return [self._dataset(self.path, self.hf_eval_split, rejected_key, label_key)]
+            return [self._dataset(self.path, self.hf_eval_split, rejected_key, label_key, raw_answers)]
         return []
 
     def _dataset(self, path: str | None, split: str, rejected_key: str | None,
-                 label_key: str | None = None) -> DatasetConfig:
+                 label_key: str | None = None, raw_answers: bool = False) -> DatasetConfig:
         return DatasetConfig(
             path=path, hf_name=None if path is not None else self.hf_name, hf_config=self.hf_config, split=split,
             prompt_key=self.prompt_key, answer_key=self.answer_key, rejected_key=rejected_key, label_key=label_key,
-            format=self.format,
+            format=self.format, raw_answers=raw_answers,
             messages_key=self.messages_key, system_prompt=self.system_prompt, answer_regex=self.answer_regex)

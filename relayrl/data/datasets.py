@@ -3,7 +3,9 @@ directory, an Arrow file, a dataset name: :mod:`relayrl.data.hf`) -> :class:`Pro
 
 Each row holds a prompt (plain text, or chat messages ``[{"role", "content"}, ...]``)
 and a ground-truth answer (a string; numbers are converted to strings) under
-configurable keys; dotted keys (``"extra.answer"``) reach into nested objects.
+configurable keys; dotted keys (``"extra.answer"``) reach into nested objects. Rows read for a user reward
+function (``raw_answers``) keep a non-text answer's value beside its text (:class:`~relayrl.data.truth.GroundTruth`:
+an int stays an int, and a list or dict, verl's countdown ``{"target": 24, ...}``, is read too).
 Every malformed row is reported with its file, its 1-based row number (for
 JSONL, the line number) and what is wrong, so a bad dataset fails before any
 training starts.
@@ -28,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from relayrl.data.errors import DatasetError, missing_field
 from relayrl.data.tasks import Problem
+from relayrl.data.truth import GroundTruth, plain
 
 __all__ = ["DatasetConfig", "DatasetError", "load_problems", "encode_prompt", "prompt_identity", "render_prompt",
            "render_plain"]
@@ -56,6 +59,9 @@ class DatasetConfig(BaseModel):
                                      "whole match) searched in the answer field; a row without a match is an error")
     prompt_key: str = Field("prompt", min_length=1, description='field with the prompt; dots reach nested fields ("x.prompt")')
     answer_key: str = Field("answer", min_length=1, description="field with the ground truth (string or number)")
+    raw_answers: bool = Field(False, description="the rows are scored by a user reward function: a number, list, "
+                              "dict or boolean answer is a GroundTruth, its text beside the value the file holds; "
+                              "False: a number becomes its text, and the others are refused naming the row")
     rejected_key: str | None = Field(None, min_length=1, description="field with a rejected answer (preference "
                                      "pairs: the answer field is the chosen one); None: not read")
     label_key: str | None = Field(None, min_length=1, description="field labelling the answer desirable (true) or "
@@ -233,7 +239,7 @@ def _row_problem(row: Any, rowno: int, cfg: DatasetConfig, tokenizer, label: str
             "{'role', 'content'} messages"
         )
     asked = [m for m in (prompt, meta.get("messages")) if isinstance(m, list)]  # (as given, and with the system prompt)
-    answer = _answer_text(_reply(answer, asked, where, cfg.answer_key), where, cfg.answer_key)
+    answer = _ground_truth(_reply(answer, asked, where, cfg.answer_key), where, cfg)
     if cfg.answer_regex is not None:
         answer = _cut_answer(answer, cfg.answer_regex, where, cfg.answer_key)
     if cfg.rejected_key is not None:
@@ -328,6 +334,31 @@ def _answer_text(value: Any, where: str, key: str) -> str:
         raise DatasetError(f"{where}: field {key!r} must be a non-empty string, got {value!r} (there is no answer "
                            f"to train on or verify against)")
     return value if isinstance(value, str) else str(value)
+
+
+def _ground_truth(value: Any, where: str, cfg: DatasetConfig) -> str:
+    """A row's answer: its text (:func:`_answer_text`), or with ``cfg.raw_answers`` a number, list, dict or
+    boolean as a :class:`GroundTruth` (a number as its text); a list, dict or boolean read for anything else,
+    or cut by ``answer_regex``, is refused with the fix."""
+    value, key = plain(value), cfg.answer_key
+    if not isinstance(value, (bool, list, dict)):
+        text = _answer_text(value, where, key)
+        return GroundTruth.of(value) if cfg.raw_answers and not isinstance(value, str) else text
+    if cfg.raw_answers and cfg.answer_regex is None:
+        return GroundTruth.of(value)
+    if cfg.raw_answers:
+        raise DatasetError(f"{where}: field {key!r} is {type(value).__name__}; answer_regex "
+                           f"{cfg.answer_regex!r} cuts the answer out of text: set data.answer_regex=null to "
+                           f"score the value as the file has it")
+    inner = next((k for k, v in value.items() if isinstance(v, (str, int, float)) and not isinstance(v, bool)),
+                 None) if isinstance(value, dict) else None
+    point = "" if inner is None else f", or set data.answer_key={key}.{inner} (a text or number inside it)"
+    kind = type(value).__name__
+    raise DatasetError(f"{where}: field {key!r} is {kind}; expected a string or a number (relayrl's built-in "
+                       f"verifiers compare text, and workflows sft, dpo, kto and rm train on it): score a {kind} "
+                       f"ground truth with a reward function of yours, which gets it as the file has it (a verl "
+                       f"compute_score's ground_truth), reward.verifier=user reward.user_fn=FILE.py:compute_score "
+                       f"with workflow grpo{point}")
 
 
 def _cut_answer(text: str, pattern: str, where: str, key: str) -> str:

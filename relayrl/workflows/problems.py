@@ -31,7 +31,7 @@ from relayrl.data.tasks import Problem, make_task
 from relayrl.models.load import check_model_dir, load_tokenizer
 from relayrl.models.tiny import build_tiny
 
-__all__ = ["RunProblems", "resolve_steps", "resolve_model_path", "first_rows"]
+__all__ = ["RunProblems", "resolve_steps", "resolve_model_path", "first_rows", "raw_answers"]
 
 
 def resolve_model_path(cfg: Config) -> Path:
@@ -110,9 +110,11 @@ class RunProblems:
         rejected = d.rejected_key if self.cfg.workflow in ("dpo", "rm") else None  # preference pairs, every row checked
         kto = self.cfg.workflow == "kto"  # labelled rows, every label checked; only desirable answers are scored
         label = d.label_key if kto else None
-        train = _named(load_problems, d.dataset(rejected_key=rejected, label_key=label), "data.path")
+        raw = raw_answers(self.cfg)
+        train = _named(load_problems, d.dataset(rejected_key=rejected, label_key=label, raw_answers=raw), "data.path")
         size = self.cfg.eval.size
-        held_out = d.eval_datasets(rejected_key=rejected if self.cfg.workflow == "rm" else None, label_key=label)
+        held_out = d.eval_datasets(rejected_key=rejected if self.cfg.workflow == "rm" else None, label_key=label,
+                                   raw_answers=raw)
         if held_out:  # each held-out set's first eval.size rows (verl's data.val_files list)
             return None, train, [p for i, ds in enumerate(held_out) for p in self._held_out(ds, i, len(held_out), kto)]
         if len(train) >= 2 * size:  # hold out a seeded sample of rows; train on the rest
@@ -211,6 +213,13 @@ def resolve_steps(cfg: Config, *, log: Callable[[str], None] = print) -> tuple[C
     if cfg.trainer.total_epochs is None:
         return cfg, None
     return RunProblems(cfg, training=True, log=log).resolved_steps()
+
+
+def raw_answers(cfg: Config) -> bool:
+    """Whether ``cfg``'s answers are only ground truths for its user reward functions (workflow grpo,
+    ``reward.verifier=user``), so that they are read as the file holds them (a list or dict too:
+    :class:`~relayrl.data.truth.GroundTruth`); every other run compares or trains on their text."""
+    return cfg.workflow == "grpo" and cfg.reward.verifier == "user"
 
 
 def _scored(problems: list[Problem], kto: bool) -> list[Problem]:

@@ -25,6 +25,7 @@ import numbers
 import threading
 from typing import Any, Callable, Literal, NamedTuple, Protocol, Sequence, runtime_checkable
 
+from relayrl.data.truth import truth_value
 from relayrl.engines.reward.config import RewardError
 from relayrl.plugins import resolve
 
@@ -130,7 +131,9 @@ class CallShape(NamedTuple):
       (``[{"role": "assistant", "content": ...}]`` for a chat prompt) and the fields;
     * ``verl`` (a parameter ``solution_str``): verl's ``compute_score``, once per response, by keyword:
       ``data_source`` and ``extra_info`` (those fields of the row, else None), ``solution_str`` (the
-      response) and ``ground_truth`` (the answer); a float, or a dict whose ``"score"`` is the reward;
+      response) and ``ground_truth`` (the answer as the file has it: a
+      :class:`~relayrl.data.truth.GroundTruth`'s value, an int or a dict, else the text); a float, or a dict whose
+      ``"score"`` is the reward;
     * ``verl_batch`` (``solution_strs``): its batched form, the same as lists under the plural names.
     """
 
@@ -149,7 +152,8 @@ class CallShape(NamedTuple):
         under ``"prompt"``."""
         rows = [f or {} for f in fields]
         if self.style.startswith("verl"):
-            values = dict(zip(VERL, ([r.get("data_source") for r in rows], responses, answers,
+            truths = [truth_value(a) for a in answers]  # (the ground truth as the file has it)
+            values = dict(zip(VERL, ([r.get("data_source") for r in rows], responses, truths,
                                      [r.get("extra_info") for r in rows])))
             return (), {k: v for k, v in values.items() if self.takes is None or k in self.takes}
         names = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in NOT_FIELDS]
