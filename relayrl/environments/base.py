@@ -14,7 +14,7 @@ An episode::
         turn   <- the model generates from the context        (trained: its tokens carry loss_mask 1)
         result <- env.step(turn text)                        (observation, reward, done)
         context += turn + tokens(result.observation)          (the observation is context: loss_mask 0)
-                                                              (tokens(): as plain text, relayrl.environments.text)
+                                                              (tokens(): as plain text, relayrl.data.plain_text)
     until result.done or a limit (turns, tokens, wall time) or an error
 
 The episode's reward is the sum of its step rewards; an episode that ends with an error gets 0.
@@ -48,7 +48,7 @@ class StepResult:
     observation: str
     """Text appended to the context after the model's turn (tool output, a user's reply); "" for none. Plain
     text: special-token strings in it (``<|im_end|>``) are ordinary text tokens, but in parts marked with
-    :func:`relayrl.environments.text.markup` (the chat template's own tokens)."""
+    :func:`relayrl.data.plain_text.markup` (the chat template's own tokens)."""
     reward: float = 0.0
     """Reward of this step; the episode's reward is the sum over its steps."""
     done: bool = False

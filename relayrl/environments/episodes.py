@@ -40,7 +40,7 @@ import torch
 from relayrl.data.tasks import Problem
 from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.environments.base import EnvFactory, Episode, EpisodeEnd, EpisodeSummary, check_step_result
-from relayrl.environments.text import EnvText, EnvTextEncoder, env_parts
+from relayrl.data.plain_text import EnvText, EnvTextEncoder, env_parts
 
 __all__ = ["EpisodeLimits", "run_episodes", "episode_metrics"]
 
@@ -181,7 +181,7 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
     env_text = EnvTextEncoder(tokenizer)
 
     def encode(text: str) -> list[int]:
-        """An environment's text as plain text but for its markup (:mod:`relayrl.environments.text`): a tool's
+        """An environment's text as plain text but for its markup (:mod:`relayrl.data.plain_text`): a tool's
         output that prints ``<|im_end|>`` must not end the model's turn in the context it is trained on."""
         with tok_lock:
             said = bool(env_text.forged)
@@ -190,7 +190,7 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
                 log("relayrl: an environment's text held the tokenizer's special-token strings "
                     f"{', '.join(sorted(env_text.forged))}; they are tokenized as plain text, so that tool output "
                     "cannot end a turn or the sequence (said once per rollout). An environment that writes the chat "
-                    "template's own tokens marks them: relayrl.environments.text.markup")
+                    "template's own tokens marks them: relayrl.data.plain_text.markup")
             return ids
 
     def call(lv: _Live, what: str, fn: Callable[[], object]):
@@ -320,7 +320,7 @@ def after_turn(tokenizer, turn: Completion, observation: str) -> str:
     """``observation`` without the end-of-turn token it opens with when the model's turn ended with that very
     token: a chat template's tool message (``env.tool_results=chat``) opens by closing the assistant's turn
     (Qwen2.5: ``<|im_end|>``), which a model that stopped at its end-of-turn token has written already. Only a
-    :func:`~relayrl.environments.text.markup` opening is dropped: in plain text (a tool's output) the string is
+    :func:`~relayrl.data.plain_text.markup` opening is dropped: in plain text (a tool's output) the string is
     text, not the token."""
     ids = turn.token_ids
     parts = env_parts(observation)

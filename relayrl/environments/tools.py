@@ -14,7 +14,7 @@ A turn without a tool call is the final answer; the task's verifier scores it. T
 (``env.tool_tag``): ``tool_call`` gives the ``<tool_call>{...}</tool_call>`` form that Qwen2.5/Hermes chat
 templates document for tool calls, with the same JSON body. Results are the plain ``<result>`` text above by
 default; ``env.tool_results=chat`` renders each one through the chat template's ``tool`` role instead (the
-template's own tokens around it stay special, the result is plain text: :mod:`relayrl.environments.text`).
+template's own tokens around it stay special, the result is plain text: :mod:`relayrl.data.plain_text`).
 
 **Built-in tools.** ``calculator`` (``{"expression": str}``: + - * / // % ** and parentheses over integers
 and decimals, evaluated from the syntax tree with size limits, no ``eval``) and ``python`` (``{"code":
@@ -36,7 +36,7 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 from relayrl.data.tasks import Problem
 from relayrl.environments.base import EnvError, StepResult
 from relayrl.environments.sandbox import SandboxConfig, run_python
-from relayrl.environments.text import markup
+from relayrl.data.plain_text import markup
 
 __all__ = ["Tool", "ToolError", "ToolCall", "parse_tool_call", "format_call", "Calculator", "PythonTool",
            "FunctionTool", "tool_schema", "chat_tool_turn", "ToolEnvironment", "BUILTIN_TOOLS"]
@@ -265,7 +265,7 @@ def chat_tool_turn(tokenizer, template_kwargs: Mapping[str, Any] | None = None) 
     turn holding ``<tool_response>...</tool_response>``), as a function of the result text. Read off the
     template by rendering a conversation with and without a tool message; :class:`ValueError` when the
     template has none, or renders the turns before it differently. The template's text around the result is
-    :func:`~relayrl.environments.text.markup` (its special tokens are tokens); the result is plain text.
+    :func:`~relayrl.data.plain_text.markup` (its special tokens are tokens); the result is plain text.
     ``template_kwargs``: more variables for the template (``data.chat_template_kwargs``)."""
     kw = dict(template_kwargs or {})
     call, result = "RELAYRL_TOOL_CALL_7F3A", "RELAYRL_TOOL_RESULT_7F3A"

@@ -86,6 +86,10 @@ class RewardModelScorer:
         self.device = torch.device(device)
         self.model = load_reward_model(path, dtype=dtype, device=self.device)
         self.tokenizer = load_tokenizer(path)
+        from relayrl.data.plain_text import EnvTextEncoder
+
+        self._plain = EnvTextEncoder(self.tokenizer)
+        """A response's ids as plain text (:mod:`relayrl.data.plain_text`): its ``<|im_end|>`` is text."""
 
     def to(self, device: str | torch.device) -> "RewardModelScorer":
         """Move the model (a reward worker placed on a pool's device)."""
@@ -94,12 +98,14 @@ class RewardModelScorer:
         return self
 
     def ids(self, prompt: str, response: str) -> list[int]:
-        """The ids the model scores: the prompt's (as the policy encodes it), then the response's."""
+        """The ids the model scores: the prompt's (as the policy encodes it), then the response's as plain text
+        (a special-token string the policy spelled in ordinary tokens stays text, so it cannot end the response's
+        turn and write past it in the scorer's context)."""
         from relayrl.data.datasets import encode_prompt
         from relayrl.data.tasks import Problem
 
         p = encode_prompt(self.tokenizer, Problem(prompt, ""), self.chat_template)
-        return list(p) + list(self.tokenizer(response, add_special_tokens=False)["input_ids"])
+        return list(p) + self._plain(response)
 
     @torch.no_grad()
     def score_ids(self, rows: Sequence[Sequence[int]]) -> list[float]:

@@ -337,7 +337,7 @@ def test_environment_text_is_plain_but_for_its_markup(tiny_tokenizer, kind):
     as the whole string did before."""
     from transformers import ByT5Tokenizer
 
-    from relayrl.environments.text import EnvTextEncoder, markup
+    from relayrl.data.plain_text import EnvTextEncoder, markup
 
     tok = tiny_tokenizer if kind == "fast" else ByT5Tokenizer()
     end, eos = ("<|im_end|>", "<|endoftext|>") if kind == "fast" else ("<extra_id_0>", "</s>")

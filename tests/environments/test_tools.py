@@ -375,7 +375,7 @@ def test_a_tool_turn_the_model_closed_itself_is_not_closed_twice(tiny_tokenizer)
     from relayrl.engines.generation.base import Completion
     from relayrl.environments.episodes import after_turn
 
-    from relayrl.environments.text import EnvTextEncoder
+    from relayrl.data.plain_text import EnvTextEncoder
     from relayrl.environments.tools import chat_tool_turn
 
     end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")

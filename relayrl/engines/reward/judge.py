@@ -22,13 +22,14 @@ from __future__ import annotations
 import logging
 import math
 import re
+import string
 from typing import Callable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from relayrl.config.paths import LocalPath
 
-__all__ = ["JudgeConfig", "JudgeError", "LLMJudge", "parse_judge_score"]
+__all__ = ["JudgeConfig", "JudgeError", "LLMJudge", "parse_judge_score", "template_text"]
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,23 @@ def parse_judge_score(text: str, pattern: re.Pattern, min_score: float, max_scor
     return (v - min_score) / (max_score - min_score)
 
 
+def template_text(template: str, fields: dict, plain: tuple[str, ...] = ("response",)) -> str:
+    """``template.format(**fields)`` as :mod:`relayrl.data.plain_text` text: the template and its other fields
+    are markup (a judge template may be written in its model's chat format, ``<|im_start|>user ...``), the
+    ``plain`` fields are plain text, whose special-token strings are text (a response cannot close the judge's
+    turn and write the verdict itself)."""
+    from relayrl.data.plain_text import EnvText, markup
+
+    fmt, out = string.Formatter(), EnvText()
+    for literal, name, spec, conversion in fmt.parse(template):
+        out = out + markup(literal)
+        if name is not None:
+            value = fmt.convert_field(fmt.get_field(name, (), fields)[0], conversion)
+            text = fmt.format_field(value, fmt.vformat(spec or "", (), fields))
+            out = out + (text if name in plain else markup(text))
+    return out
+
+
 class LLMJudge:
     """Asks the judge per response and parses its verdicts.
 
@@ -115,9 +133,12 @@ class LLMJudge:
         return self
 
     def questions(self, prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str | None]) -> list[str]:
+        """The judge's questions: the template with each row's fields; the response (the policy's text) is plain
+        text in it (:func:`template_text`), the rest is the user's own."""
         c = self.cfg
-        return [c.template.format(prompt=p, response=r, answer=a or "", min_score=_num(c.min_score),
-                                  max_score=_num(c.max_score)) for p, r, a in zip(prompts, responses, answers)]
+        return [template_text(c.template, {"prompt": p, "response": r, "answer": a or "",
+                                           "min_score": _num(c.min_score), "max_score": _num(c.max_score)})
+                for p, r, a in zip(prompts, responses, answers)]
 
     def ask(self, questions: list[str]) -> list[str]:
         if self._ask is not None:
@@ -131,11 +152,13 @@ class LLMJudge:
             tok = load_tokenizer(self.cfg.path)
             model = load_model(self.cfg.path, device=self.device).eval()
             self._engine = NativeGenerationEngine(model, tok, max_batch=self.cfg.batch_size, device=self.device)
-        tok = self._engine.tokenizer
+        from relayrl.data.plain_text import EnvTextEncoder, special_affixes
+
+        encode, (head, tail) = EnvTextEncoder(self._engine.tokenizer), special_affixes(self._engine.tokenizer)
         out: list[str] = []
         params = SamplingParams(n=1, temperature=0.0, max_new_tokens=self.cfg.max_new_tokens)
         for s in range(0, len(questions), self.cfg.batch_size):
-            ids = [tok(q)["input_ids"] for q in questions[s:s + self.cfg.batch_size]]
+            ids = [head + encode(q) + tail for q in questions[s:s + self.cfg.batch_size]]
             comps = sorted(self._engine.generate(ids, params), key=lambda c: c.prompt_index)
             out += [c.text for c in comps]
         return out

@@ -1,6 +1,7 @@
-"""Environment text: what tools and environments write into an episode's context, tokenized as plain text.
+"""Text the run does not write itself, tokenized as plain text: what tools and environments write into an
+episode's context, and a policy's response where a judge or a reward model reads it.
 
-Text from outside the model (a tool's output, an environment's observation or reset text) may hold the
+Such text (a tool's output, an environment's observation or reset text, a response) may hold the
 tokenizer's special-token strings: a python tool that prints ``<|im_end|>``, a search result that quotes
 ``<|endoftext|>``. Tokenized the usual way, those strings become the special tokens themselves, so a tool's
 output could close the model's turn, open a turn of another role or end the sequence in the context the model
@@ -11,6 +12,10 @@ is trained on. Here such text is plain: its special-token strings become ordinar
 
     markup("<|im_end|>\\n<|im_start|>user\\n") + reply + markup("<|im_end|>\\n<|im_start|>assistant\\n")
 
+A response a reward model or an LLM judge reads is plain text too: a policy that spells ``<|im_end|>`` with
+ordinary tokens would otherwise close its turn in the scorer's context and write what follows (a forged
+question, a forged verdict), a way to hack the reward.
+
 Text whose plain parts hold no special-token string tokenizes exactly as the whole string always did; only
 text that would have forged a special token is tokenized in pieces.
 """
@@ -20,7 +25,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-__all__ = ["EnvText", "markup", "env_parts", "EnvTextEncoder"]
+__all__ = ["EnvText", "markup", "env_parts", "EnvTextEncoder", "special_affixes"]
 
 
 class EnvText(str):
@@ -130,3 +135,15 @@ def _unknown(tokenizer) -> set[int]:
     unk = getattr(tokenizer, "unk_token_id", None)
     roles = {getattr(tokenizer, f"{r}_token_id", None) for r in ("bos", "eos", "pad", "sep", "cls", "mask")}
     return {unk} if unk is not None and unk not in roles else set()
+
+
+def special_affixes(tokenizer) -> tuple[list[int], list[int]]:
+    """The ids the tokenizer adds before and after a text by default (``add_special_tokens``: a BOS for
+    Llama-family tokenizers, nothing for Qwen's), for text encoded without them (:class:`EnvTextEncoder`)."""
+    bare = list(tokenizer("a", add_special_tokens=False)["input_ids"])
+    full = list(tokenizer("a")["input_ids"])
+    at = next((i for i in range(len(full) - len(bare) + 1) if full[i:i + len(bare)] == bare), None)
+    if not bare or at is None:
+        raise RuntimeError(f"the tokenizer {type(tokenizer).__name__} encodes 'a' as {full} with its special tokens "
+                           f"and as {bare} without: not the same text between added tokens")
+    return full[:at], full[at + len(bare):]
