@@ -64,3 +64,23 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture()
+def eos_listed(tmp_path):
+    """``eos_listed(model, tokenizer, *ids)``: ``model`` and ``tokenizer`` saved in a directory whose
+    generation_config.json lists ``ids`` after the EOS in ``eos_token_id``, as instruct checkpoints list their
+    turn ends there (Qwen2.5-Instruct's ``[151645, 151643]``, Llama-3-Instruct's ``<|eot_id|>``)."""
+    import json
+
+    def save(model, tokenizer, *ids: int) -> Path:
+        out = tmp_path / ("eos-" + "-".join(map(str, ids)))
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        path = out / "generation_config.json"
+        cfg = json.loads(path.read_text())
+        cfg["eos_token_id"] = [tokenizer.eos_token_id, *ids]
+        path.write_text(json.dumps(cfg, indent=2))
+        return out
+
+    return save

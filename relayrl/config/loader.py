@@ -8,6 +8,10 @@ Overrides ``a.b.c=value`` are applied last; values are parsed as YAML
 into the section as a base recipe's keys are (``engine.optim={lr: 1e-4}``
 keeps the recipe's other optimizer keys); ``{}`` empties it.
 
+A run's saved ``config.json`` is a recipe too (:func:`saved_run_config`): it lists every key, defaults
+included, and the keys at their defaults are read as unset, so that the checks refusing a key nothing reads
+(``rollout.interrupt.answer_tokens`` without ``after_tokens``) see the keys the run set, as its recipe had them.
+
 Every error names the key path and how to fix it, and happens before any work
 starts. Numbers are strict: pydantic's lax mode reads ``true`` as 1 for an
 integer or float key (``trainer.steps=true`` ran one step); :func:`validate`
@@ -17,6 +21,7 @@ refuses a boolean wherever a number was validated.
 from __future__ import annotations
 
 import difflib
+import json
 from pathlib import Path
 from typing import Any, Sequence, TypeVar
 
@@ -26,7 +31,7 @@ from pydantic import BaseModel, ValidationError
 from relayrl.errors import UserError
 
 __all__ = ["ConfigError", "load_recipe_dict", "apply_overrides", "validate", "load_config", "load_run_config",
-           "field_errors"]
+           "field_errors", "saved_run_config", "without_defaults", "SAVED_RUN_KEYS"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -104,10 +109,7 @@ def load_recipe_dict(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(f"recipe {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
-    try:
-        data = yaml.load(text, Loader=_StrictLoader)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"recipe {path} is not valid YAML: {e}") from None
+    data = _parse_json(path, text) if path.suffix == ".json" else _parse_yaml(path, text)
     if data is None:
         raise ConfigError(f"recipe {path} is empty; a recipe is a mapping of keys (see recipes/ for examples)")
     if not isinstance(data, dict):
@@ -118,6 +120,30 @@ def load_recipe_dict(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
             raise ConfigError(f"recipe {path}: base must be the path of one recipe, got {base!r}")
         data = _merge(load_recipe_dict(path.parent / base, (*_seen, path)), data)
     return data
+
+
+def _parse_yaml(path: Path, text: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_StrictLoader)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"recipe {path} is not valid YAML: {e}") from None
+
+
+def _parse_json(path: Path, text: str) -> Any:
+    """A ``.json`` recipe (a run's saved ``config.json``) as JSON reads it: YAML, a superset, reads JSON's
+    ``1e-05`` as a string. A key written twice in one object is refused, as in YAML."""
+    def pairs(items: list[tuple[str, Any]]) -> dict:
+        seen: dict[str, Any] = {}
+        for k, v in items:
+            if k in seen:
+                raise ConfigError(f"recipe {path}: key {k!r} is written twice in one object")
+            seen[k] = v
+        return seen
+
+    try:
+        return json.loads(text, object_pairs_hook=pairs) if text.strip() else None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"recipe {path} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
 
 
 def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
@@ -267,9 +293,51 @@ def _booleans_read_as_numbers(value: Any, raw: Any, key: str) -> list[str]:
     return [line for v, r, k in pairs for line in _booleans_read_as_numbers(v, r, at(k))]
 
 
+SAVED_RUN_KEYS = frozenset({"workflow", "run", "model", "trainer"})
+"""Top-level keys every run's saved ``config.json`` has (``relayrl.checkpoint.rundir.RUN_CONFIG_KEYS``, which
+imports torch)."""
+
+
+def saved_run_config(path: Path, data: dict) -> bool:
+    """Whether the recipe ``path`` (read as ``data``) is a run's saved config: a JSON file with every key of
+    :data:`SAVED_RUN_KEYS` (a run writes ``RUN_DIR/config.json`` and each checkpoint's so)."""
+    return path.suffix == ".json" and SAVED_RUN_KEYS <= data.keys()
+
+
+def without_defaults(saved: dict, default: BaseModel) -> dict:
+    """``saved`` (a dump of a model like ``default``) without the keys at ``default``'s values, in its sections
+    too (a section left with no key goes; a mapping or list that is a value is compared whole). Validated, it
+    gives the same values as ``saved`` does; only the keys the dump lists for completeness are unset again."""
+    fields, dumped = type(default).model_fields, default.model_dump(mode="json")
+    out = {}
+    for k, v in saved.items():
+        if k in dumped and v == dumped[k]:
+            continue
+        section = getattr(default, k) if k in fields else None
+        fresh = _fresh(type(section)) if isinstance(section, BaseModel) and isinstance(v, dict) else None
+        # (a section given in part takes its class's defaults for the rest, which may not be the parent's: the
+        # critic's optim is OptimConfig(lr=1e-4))
+        out[k] = v if fresh is None else without_defaults(v, fresh)
+    return out
+
+
+def _fresh(section: type[BaseModel]) -> BaseModel | None:
+    """``section`` at its class's defaults, or None when it has required keys."""
+    try:
+        return section()
+    except ValidationError:
+        return None
+
+
 def load_config(model: type[M], recipe: str | Path | None, overrides: Sequence[str] = ()) -> M:
-    """Recipe (or the defaults when ``recipe`` is None) + overrides, validated into ``model``."""
-    data = load_recipe_dict(resolve_recipe(recipe)) if recipe is not None else {}
+    """Recipe (or the defaults when ``recipe`` is None) + overrides, validated into ``model``; a run's saved
+    config as a recipe has its keys at their defaults unset first (:func:`without_defaults`)."""
+    data = {}
+    if recipe is not None:
+        path = resolve_recipe(recipe)
+        data = load_recipe_dict(path)
+        if saved_run_config(path, data):
+            data = without_defaults(data, model())
     return validate(model, apply_overrides(data, overrides))
 
 

@@ -15,7 +15,7 @@ System and user turns, and tool results, are context: they get 0 and are never t
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 __all__ = ["assistant_mask", "conversation_ids", "check_conversations", "unstopped_turn_end", "ChatMaskError"]
 
@@ -102,9 +102,10 @@ _PROBE = "relayrl-turn-end-probe"
 
 
 def unstopped_turn_end(tokenizer, template_kwargs: Mapping[str, Any] | None,
-                       stop_strings: Sequence[str]) -> str | None:
+                       stop_strings: Sequence[str], eos: Collection[int] = ()) -> str | None:
     """A line saying that the chat template closes an assistant turn with a special token the rollout does not
-    stop at (neither the tokenizer's EOS nor one of ``stop_strings``, ``rollout.stop_strings``), and the fix;
+    stop at (neither the tokenizer's EOS, nor one of ``eos`` (the model's generation config's EOS ids:
+    :func:`relayrl.models.eos.config_eos_ids`), nor one of ``stop_strings``, ``rollout.stop_strings``), and the fix;
     None when it stops there, or the template closes a turn with no special token. A model trained on the
     template's conversations (multi-turn SFT trains the turn's end) then ends its reply where the generation
     goes on to ``max_new_tokens``, past the reply the verifier should see."""
@@ -118,6 +119,9 @@ def unstopped_turn_end(tokenizer, template_kwargs: Mapping[str, Any] | None,
     end = next((t for t in sorted(special, key=len, reverse=True) if t and after.startswith(t)), None)
     if end is None or end == tokenizer.eos_token or end in stop_strings:
         return None
-    return (f"relayrl: the chat template ends an assistant turn with {end!r}, which is not the tokenizer's EOS "
-            f"({tokenizer.eos_token!r}), so generation does not stop there; add rollout.stop_strings=[{end!r}] "
+    if tokenizer.convert_tokens_to_ids(end) in eos:
+        return None
+    return (f"relayrl: the chat template ends an assistant turn with {end!r}, which is neither the tokenizer's EOS "
+            f"({tokenizer.eos_token!r}) nor an eos_token_id of the model's generation_config.json, so generation "
+            f"does not stop there; add rollout.stop_strings=[{end!r}] "
             f"to end each response at the end of its turn, as a model trained on the template's turns does")

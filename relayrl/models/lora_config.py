@@ -3,9 +3,14 @@ recipe is validated before torch is imported."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["DEFAULT_TARGETS", "LoraConfig"]
+__all__ = ["ALL_LINEAR", "DEFAULT_TARGETS", "LoraConfig"]
+
+ALL_LINEAR = "all-linear"
+"""peft's (and TRL's) ``target_modules`` for every linear layer but the output head: what null resolves to."""
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The attention and MLP projections of Llama, Qwen2, Mistral and their kin (every linear of a decoder layer): what
@@ -28,7 +33,9 @@ class LoraConfig(BaseModel):
                                              "v_proj o_proj gate_proj up_proj down_proj on Llama/Qwen2/Gemma, qkv_proj "
                                              "o_proj gate_up_proj down_proj on Phi-3, query_key_value dense ... on "
                                              "GPT-NeoX; MoE experts stored as fused tensors are not linear layers and "
-                                             "get none), as peft's all-linear, without the output head")
+                                             "get none), as peft's all-linear, without the output head. "
+                                             "all-linear (peft's and TRL's spelling) is the same as null and is "
+                                             "read as null")
 
     target_parameters: list[str] | None = Field(
         None, description="parameters (not layers) that get an adapter, as peft's target_parameters names them: a "
@@ -43,6 +50,24 @@ class LoraConfig(BaseModel):
                              f"(peft cannot factor the input out of them): set model.lora.dropout=0 (got "
                              f"{self.dropout})")
         return self
+
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _all_linear(cls, v: Any) -> Any:
+        """peft's ``target_modules="all-linear"`` is null's meaning; peft's other string form (a regular expression
+        over module names) is not taken."""
+        if v == ALL_LINEAR:
+            return None
+        if isinstance(v, str):
+            raise ValueError(f"model.lora.target_modules={v!r}: relayrl takes a list of layer names "
+                             f"(model.lora.target_modules=[q_proj,v_proj]; peft's regular-expression string is not "
+                             f"supported) or {ALL_LINEAR} (the same as null, the default: every linear layer of the "
+                             f"decoder layers, without the output head)")
+        if isinstance(v, (list, tuple)) and ALL_LINEAR in v:
+            raise ValueError(f"model.lora.target_modules={list(v)} lists {ALL_LINEAR}, which is not a layer name: "
+                             f"write model.lora.target_modules={ALL_LINEAR} (or null) for every linear layer, or "
+                             f"list only layer names")
+        return v
 
     @field_validator("target_modules")
     @classmethod

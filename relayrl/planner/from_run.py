@@ -82,12 +82,11 @@ def read_run(run_dir: str | Path) -> RunRecord:
         if not (d / name).is_file():
             raise ValueError(f"--from-run {d}: no {name} there (a run writes it from its first step; was the run "
                              f"started with telemetry.sinks including jsonl?)")
-    from relayrl.config.loader import field_errors
+    from relayrl.config.loader import field_errors, without_defaults
 
     try:  # the saved config lists every key; keys left at their defaults are dropped so that the checks of
         # keys a user set see what the user set
-        cfg = Config.model_validate(_non_defaults(json.loads((d / "config.json").read_text()),
-                                                  Config().model_dump(mode="json")))
+        cfg = Config.model_validate(without_defaults(json.loads((d / "config.json").read_text()), Config()))
     except ValueError as e:
         errors = field_errors(e) if hasattr(e, "errors") else [str(e)]
         raise ValueError(f"--from-run {d}: config.json is not a config this relayrl reads: {'; '.join(errors)}") from None
@@ -118,14 +117,6 @@ def read_run(run_dir: str | Path) -> RunRecord:
     if not rec.steps:
         raise ValueError(f"--from-run {d}: no step finished with both a step time and stage spans yet")
     return rec
-
-
-def _non_defaults(saved, default):
-    """``saved`` without the keys whose values equal ``default``'s (recursively in sections)."""
-    if not (isinstance(saved, dict) and isinstance(default, dict)):
-        return saved
-    return {k: _non_defaults(v, default[k]) if k in default else v for k, v in saved.items()
-            if k not in default or v != default[k]}
 
 
 def placement_of(cfg) -> Placement:

@@ -165,8 +165,10 @@ class RunProblems:
         chat = d.chat_template is True or (d.chat_template is None and any("messages" in p.meta for p in rows))
         if chat:
             from relayrl.data.chat import unstopped_turn_end
+            from relayrl.models.eos import checkpoint_generation_config, config_eos_ids
 
-            line = unstopped_turn_end(self.tokenizer, d.chat_template_kwargs, self.cfg.rollout.stop_strings)
+            eos = config_eos_ids(checkpoint_generation_config(self.model_path))  # (the engines stop there too)
+            line = unstopped_turn_end(self.tokenizer, d.chat_template_kwargs, self.cfg.rollout.stop_strings, eos)
             if line is not None:
                 self.log(line)
 

@@ -150,3 +150,23 @@ def test_a_session_on_chat_rows_names_the_turn_end_to_stop_at(tmp_path, tiny_dir
                      reward={"verifier": "exact"}, rollout={"stop_strings": stops})
         Session(cfg, log=lines.append)
     assert sum("rollout.stop_strings=['<|im_end|>']" in line for line in lines) == 1
+
+
+def test_a_turn_end_the_generation_config_lists_is_not_named(tmp_path, tiny_model, tiny_tokenizer, eos_listed):
+    """An instruct checkpoint lists its turn end among generation_config.json's eos ids (Gemma-it's
+    <end_of_turn>, beside the tokenizer's <eos>): the engines stop there, so the run names no fix."""
+    from relayrl.config.schema import Config
+    from relayrl.data.chat import unstopped_turn_end
+    from relayrl.workflows.session import Session
+
+    end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert unstopped_turn_end(tiny_tokenizer, {}, (), eos={end}) is None
+    path = tmp_path / "chats.jsonl"
+    path.write_text("\n".join(json.dumps({"messages": CONVERSATION}) for _ in range(6)) + "\n")
+    lines: list[str] = []
+    cfg = Config(workflow="sft", run={"dir": str(tmp_path / "run")},
+                 model={"path": str(eos_listed(tiny_model, tiny_tokenizer, end))},
+                 data={"task": None, "path": str(path), "messages_key": "messages"}, eval={"size": 2},
+                 reward={"verifier": "exact"})
+    Session(cfg, log=lines.append)
+    assert not any("rollout.stop_strings" in line for line in lines)

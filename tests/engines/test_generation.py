@@ -229,3 +229,24 @@ def test_a_stop_string_that_is_a_special_token_stops_at_its_id(tiny_model, tiny_
     eng = NativeGenerationEngine(tiny_model, tiny_tokenizer)
     assert eng.stop_ids(SamplingParams(stop_strings=("<|im_end|>",))) == {tiny_tokenizer.eos_token_id, end}
     assert eng.stop_ids(SamplingParams()) == {tiny_tokenizer.eos_token_id}
+
+
+@pytest.mark.parametrize("decode", ["dynamic", "static"])
+def test_an_eos_id_of_the_generation_config_stops_the_row(tiny_model, tiny_tokenizer, eos_listed, decode):
+    """Instruct checkpoints list more end-of-sequence ids in generation_config.json than the tokenizer's EOS
+    (Qwen2.5-Instruct's ``[<|im_end|>, <|endoftext|>]``); Hugging Face ``generate`` stops at each of them, and so
+    do both decode paths: the row ends there, the id kept, with finish_reason ``stop``."""
+    from relayrl.models.load import load_model
+
+    prompt = _ids(tiny_tokenizer, PROMPTS[:1])
+    sp = SamplingParams(temperature=0.0, max_new_tokens=12)
+    free = NativeGenerationEngine(tiny_model, tiny_tokenizer, decode=decode).generate(prompt, sp)[0].token_ids.tolist()
+    assert tiny_tokenizer.eos_token_id not in free
+    end = free[3]
+    eng = NativeGenerationEngine(load_model(eos_listed(tiny_model, tiny_tokenizer, end)), tiny_tokenizer, decode=decode)
+    assert eng.stop_ids(sp) == {tiny_tokenizer.eos_token_id, end}
+    assert eng.stop_ids(sp.model_copy(update={"ignore_eos": True})) == set()
+    cut = eng.generate(prompt, sp)[0]
+    assert cut.token_ids.tolist() == free[:free.index(end) + 1] and cut.finish_reason == "stop"
+    ref = eng.model.generate(torch.tensor(prompt), max_new_tokens=12, do_sample=False)[0, len(prompt[0]):]
+    assert ref.tolist() == cut.token_ids.tolist()  # (HF generate stops there too)

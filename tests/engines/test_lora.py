@@ -165,6 +165,24 @@ def test_config_errors_name_the_key(tiny_dir):
     assert "q_proj" in str(e.value) and "lm_head" not in str(e.value)  # the layers offered are the ones accepted
 
 
+def test_all_linear_is_the_default_and_other_strings_are_refused_naming_the_list(tiny_dir):
+    """peft and TRL users write target_modules="all-linear": every linear layer but the output head, which is what
+    null (the default) resolves to, so it is taken as null. Another string (peft's regular expression) is refused
+    naming the list form, not with pydantic's 'Input should be a valid list'."""
+    import peft
+
+    from relayrl.models.lora import resolve_targets
+
+    lora = Config.model_validate({"model": {"lora": {"enabled": True, "target_modules": "all-linear"}}}).model.lora
+    assert lora.target_modules is None
+    peft_own = peft.get_peft_model(load_model(tiny_dir), peft.LoraConfig(r=4, target_modules="all-linear"))
+    assert set(resolve_targets(load_model(tiny_dir), lora)) == peft_own.peft_config["default"].target_modules
+    for text in (".*q_proj", "q_proj", "all_linear"):
+        _refused({"model": {"lora": {"enabled": True, "target_modules": text}}}, "model.lora.target_modules",
+                 f"{text!r}", "a list of layer names", "all-linear")
+    _refused({"model": {"lora": {"target_modules": ["q_proj", "all-linear"]}}}, "model.lora.target_modules=all-linear")
+
+
 def test_resuming_with_lora_switched_is_refused_naming_the_key():
     from pathlib import Path
 

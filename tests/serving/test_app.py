@@ -58,3 +58,30 @@ def test_the_dock_api_answers_bad_queries_and_unknown_routes_with_error_objects(
             assert "after" in c.get("/v1/dock/weights", params={"after": "abc"}).json()["error"]["message"]
     finally:
         dock.shutdown()
+
+
+def test_the_server_stops_at_an_eos_id_of_the_generation_config(tiny_model, tiny_tokenizer, eos_listed):
+    """``relayrl serve`` on an instruct checkpoint whose generation_config.json lists more EOS ids than the
+    tokenizer's (as vLLM's server does): a completion ends at the first of them with finish_reason ``stop``."""
+    from fastapi.testclient import TestClient
+
+    from relayrl.engines.generation.base import SamplingParams
+    from relayrl.engines.generation.native import NativeGenerationEngine
+    from relayrl.serving.app import build_app
+    from relayrl.serving.server import build_state
+
+    prompt = tiny_tokenizer("1+2=")["input_ids"]
+    free = NativeGenerationEngine(tiny_model, tiny_tokenizer).generate(
+        [prompt], SamplingParams(temperature=0.0, max_new_tokens=12))[0].token_ids.tolist()
+    end = free[3]
+    state = build_state(str(eos_listed(tiny_model, tiny_tokenizer, end)), limits=ServeLimits(), api_key=None,
+                        max_batch=2, name="it")
+    try:
+        with TestClient(build_app(state)) as c:
+            r = c.post("/v1/completions", json={"model": "it", "prompt": prompt, "temperature": 0, "max_tokens": 12,
+                                                "return_token_ids": True})
+    finally:
+        state.batcher.close()
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["token_ids"] == free[:free.index(end) + 1]

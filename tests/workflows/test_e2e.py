@@ -178,6 +178,26 @@ def test_eval_by_recipe_is_the_runs_own_evaluation(sft_model, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_runs_saved_config_evaluates_and_runs_again(sft_model, tmp_path):
+    """``RUN/config.json`` lists every key at the value the run used, defaults included, and is a recipe:
+    ``relayrl eval --recipe`` on it gives the run's last evaluation, and ``relayrl train`` on it (in another
+    run.dir) runs the same steps again and saves the same config but for run.dir."""
+    run = sft_model.parent
+    saved = run / "config.json"
+    r = relayrl("eval", "--model", str(sft_model), "--recipe", str(saved), "--out", str(tmp_path / "eval"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    trained = records(run)
+    report = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    assert report["metrics"] == {k: trained[-1][k] for k in ("eval/accuracy", "eval/reward_mean")}
+    again = tmp_path / "again"
+    r = relayrl("train", str(saved), f"run.dir={again}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [x.get("sft/loss") for x in records(again)] == pytest.approx([x.get("sft/loss") for x in trained], abs=1e-6)
+    first, second = json.loads(saved.read_text()), json.loads((again / "config.json").read_text())
+    assert second["run"].pop("dir") == str(again) and first["run"].pop("dir") == str(run) and second == first
+
+
+@pytest.mark.slow
 def test_nonfinite_update_stops_with_a_checkpoint(sft_model, tmp_path):
     # an absurd learning rate drives the weights to inf within a few steps
     common = ["trainer.steps=6", "engine.optim.lr=1e30", "engine.optim.max_grad_norm=null", *FAST]

@@ -46,8 +46,9 @@ class SamplingParams(BaseModel):
                                       "ones) of tokens already in the row's prompt or response by this (1: off)")
     max_new_tokens: int = Field(16, ge=1)
     stop_strings: tuple[str, ...] = Field((), description="stop when the response text contains one of these")
-    stop_token_ids: tuple[int, ...] = Field((), description="extra stop tokens beside the tokenizer's EOS")
-    ignore_eos: bool = Field(False, description="do not stop at the tokenizer's EOS (benchmarks: fixed-length work)")
+    stop_token_ids: tuple[int, ...] = Field((), description="extra stop tokens beside the EOS ids (the tokenizer's "
+                                            "and the model's generation_config.json's eos_token_id)")
+    ignore_eos: bool = Field(False, description="do not stop at the EOS ids (benchmarks: fixed-length work)")
 
     @model_validator(mode="after")
     def _check(self) -> "SamplingParams":
@@ -94,7 +95,8 @@ class Completion:
     """[L] float32, log-prob of each sampled token under ``softmax(logits / temperature)`` (before a repetition
     penalty and top-k/top-p/min-p filtering), so the trainer can recompute the same quantity."""
     finish_reason: Literal["stop", "length"]
-    """``stop``: EOS, a stop token or a stop string ended it; ``length``: it hit max_new_tokens."""
+    """``stop``: an EOS id (the tokenizer's or the model's generation config's), a stop token or a stop string
+    ended it; ``length``: it hit max_new_tokens."""
     weight_version: int = 0
     """Version of the weights that generated it (for staleness accounting)."""
     text: str = field(default="", compare=False)

@@ -61,6 +61,7 @@ from relayrl.engines.generation import cache_rows, static
 from relayrl.engines.generation.base import Completion, SamplingParams, hits_stop_string, special_stop_ids
 from relayrl.engines.generation.kv_cache import check_takes_cache, forward_with_cache
 from relayrl.engines.generation.sampling import draw_seed, row_key, row_uniforms, sample_next, seen_mask
+from relayrl.models.eos import eos_ids
 
 __all__ = ["NativeGenerationEngine", "PromptFeed", "RunningBatch", "sample_next"]
 
@@ -171,7 +172,7 @@ class NativeGenerationEngine:
             self.routing = Routing(self.model)
         self._routes: torch.Tensor | None = None  # the last forward's [B, T, layers, k] (record_routing)
         self.decode_chunk = decode_chunk  # static cache: decode steps between two reads on the host
-        self.eos_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+        self.eos_ids = eos_ids(tokenizer, getattr(model, "generation_config", None))  # (and its turn ends)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     def _index_params(self) -> None:
@@ -427,8 +428,9 @@ class NativeGenerationEngine:
         return [out[k] for k in sorted(out)]
 
     def stop_ids(self, params: SamplingParams) -> set[int]:
-        """Token ids that end a row under ``params`` (EOS unless ``ignore_eos``, plus ``stop_token_ids`` and the
-        special tokens ``stop_strings`` spell: :func:`~relayrl.engines.generation.base.special_stop_ids`)."""
+        """Token ids that end a row under ``params``: the EOS ids (the tokenizer's and the model's generation
+        config's, :func:`relayrl.models.eos.eos_ids`) unless ``ignore_eos``, plus ``stop_token_ids`` and the
+        special tokens ``stop_strings`` spell (:func:`~relayrl.engines.generation.base.special_stop_ids`)."""
         return ((set() if params.ignore_eos else self.eos_ids) | set(params.stop_token_ids)
                 | special_stop_ids(self.tokenizer, params.stop_strings))
 

@@ -15,8 +15,9 @@ which engine sampled. How each part maps onto vLLM 0.32's Python API:
   also applies penalties and top-p/top-k/min-p, which the trainer does not: the config refuses them with this
   engine, and so does ``generate``.
 - **Stops.** vLLM gets no tokenizer (``skip_tokenizer_init``: relayrl's tokenizer is the one that
-  matters); EOS and ``stop_token_ids`` are vLLM stop tokens, stop strings are checked here on the decoded
-  tail after every step (a hit aborts the request), as the native engine does.
+  matters); the EOS ids (the tokenizer's and the checkpoint's ``generation_config.json``'s,
+  :mod:`relayrl.models.eos`) and ``stop_token_ids`` are vLLM stop tokens, stop strings are checked here on the
+  decoded tail after every step (a hit aborts the request), as the native engine does.
 - **Weights.** ``update_weights`` hands the named tensors to the worker through ``collective_rpc`` and
   ``model_runner.reload_weights``; a tied output head is sent as ``lm_head.weight`` too when vLLM's model keeps one
   of its own (vLLM's CPU
@@ -59,6 +60,7 @@ from relayrl.engines.generation.config import INSTALL, VLLMSpec, narrowing, vllm
 from relayrl.engines.generation.native import PromptFeed, _ListFeed
 from relayrl.errors import UserError
 from relayrl.models.checkpoint_names import CheckpointNames
+from relayrl.models.eos import checkpoint_generation_config, eos_ids
 
 __all__ = ["VLLMSpec", "VLLMGenerationEngine", "engine_args", "VLLMMissingError", "vllm_available"]
 
@@ -146,7 +148,8 @@ class VLLMGenerationEngine:
         # call; OpenMP's thread count is per thread, and generation may run on another thread (a rank process
         # generates on a thread of its own): each call sets the same count first.
         self._threads = torch.get_num_threads()
-        self.eos_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+        # (vLLM adds the generation config's EOS ids to the stops only without ignore_eos, which _sampling sets)
+        self.eos_ids = eos_ids(tokenizer, checkpoint_generation_config(self.model_dir))
         self._version = 0
         self._sleeping = False
         self.shared = False  # a vLLM engine holds its own copy of the weights
