@@ -26,7 +26,8 @@ from relayrl.plugins import absolute_file, resolve
 if TYPE_CHECKING:  # torch: the episode runner; this module is read while a recipe is validated
     from relayrl.environments.episodes import EpisodeLimits
 
-__all__ = ["EnvConfig", "EnvLoadError", "EpisodeSpec", "load_tool", "load_env_factory", "build_env_factory"]
+__all__ = ["EnvConfig", "EnvLoadError", "EpisodeSpec", "load_tool", "load_tools", "load_env_factory",
+           "build_env_factory"]
 
 
 class EnvLoadError(UserError, ValueError):
@@ -150,6 +151,22 @@ def load_tool(spec: str, sandbox: SandboxConfig) -> Tool:
     return tool
 
 
+def load_tools(specs: list[str], sandbox: SandboxConfig) -> dict[str, Tool]:
+    """The tools of ``env.tools`` by name (:func:`load_tool` each). Two with one name (a user tool named
+    ``calculator`` beside the built-in one, a function listed twice) are refused: the model calls a tool by
+    name, so one of them could never be called."""
+    tools: dict[str, Tool] = {}
+    where: dict[str, str] = {}
+    for spec in specs:
+        tool = load_tool(spec, sandbox)
+        if tool.name in tools:
+            raise EnvLoadError(f"env.tools: {where[tool.name]!r} and {spec!r} are both named {tool.name!r}; the model "
+                               f"calls a tool by its name, so give each tool its own (drop one, or rename it: a "
+                               f"function's name, a tool object's name attribute)")
+        tools[tool.name], where[tool.name] = tool, spec
+    return tools
+
+
 def load_env_factory(cfg: EnvConfig, score: Callable[[Problem, str], float] | None, tokenizer=None,
                      template_kwargs: dict[str, Any] | None = None) -> EnvFactory:
     """The factory of one environment per episode, its contract checked on one instance now. ``tokenizer``:
@@ -160,7 +177,7 @@ def load_env_factory(cfg: EnvConfig, score: Callable[[Problem, str], float] | No
     if cfg.name == "tools":
         if score is None:
             raise EnvLoadError("env.name=tools scores the final answer with the reward verifier; none was given")
-        tools = {t.name: t for t in (load_tool(s, cfg.sandbox) for s in cfg.tools)}
+        tools = load_tools(cfg.tools, cfg.sandbox)
         if not tools:
             raise EnvLoadError("env.name=tools with env.tools=[]: give at least one tool (calculator, python)")
 

@@ -145,7 +145,7 @@ class RunProblems:
         chats = [p for p in (*(train or ()), *self.eval_problems) if "messages" in p.meta]
         if env.name != "tools" or not env.tools_in_prompt or not chats:
             return
-        from relayrl.environments.config import load_tool
+        from relayrl.environments.config import load_tools
         from relayrl.environments.tools import tool_schema
 
         if "tools" not in str(getattr(self.tokenizer, "chat_template", None) or ""):
@@ -153,7 +153,7 @@ class RunProblems:
                      f"the prompts do not describe the tools; describe them in data.system_prompt (or set "
                      f"env.tools_in_prompt=false to silence this)")
             return
-        schemas = [tool_schema(load_tool(t, env.sandbox)) for t in env.tools]
+        schemas = [tool_schema(t) for t in load_tools(env.tools, env.sandbox).values()]
         for p in chats:
             p.meta["tools"] = schemas
 

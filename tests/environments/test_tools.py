@@ -274,6 +274,26 @@ def test_a_plain_function_is_a_tool_as_trl_takes_one(tmp_path):
         "<error>multiply(a: int, b: int) -> int: ")
 
 
+def test_two_tools_of_one_name_are_refused_at_load(tmp_path):
+    """The model calls a tool by name: a user tool named like a built-in one (or listed twice) replaced the other
+    in the environment's tools without a word, so the built-in could never be called."""
+    (tmp_path / "named.py").write_text(textwrap.dedent('''
+        def calculator(expression: str) -> str:
+            """My own calculator."""
+            return "42"
+    '''))
+    mine = f"{tmp_path}/named.py:calculator"
+    with pytest.raises(EnvLoadError, match=r"env.tools: 'calculator' and '.*named.py:calculator' are both named "
+                                           r"'calculator'.*give each tool its own"):
+        load_env_factory(EnvConfig(name="tools", tools=["calculator", mine]), lambda p, t: 0.0)
+    with pytest.raises(EnvLoadError, match="both named 'calculator'"):
+        load_env_factory(EnvConfig(name="tools", tools=[mine, mine]), lambda p, t: 0.0)
+    env = load_env_factory(EnvConfig(name="tools", tools=[mine]), lambda p, t: 0.0)()  # alone it is the calculator
+    env.reset(Problem("1+1=", "2"))
+    assert env.step('<tool>{"name": "calculator", "arguments": {"expression": "1+1"}}</tool>').observation == \
+        "<result>42</result>"
+
+
 TOOLS_TEMPLATE = ("{% if tools %}<|im_start|>system\nTools: {{ tools | map(attribute='function') "
                   "| map(attribute='name') | join(', ') }}<|im_end|>\n{% endif %}"
                   "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
