@@ -30,16 +30,19 @@ episodes in a Ray actor, so a slow step delays only its own episode.
 from __future__ import annotations
 
 import queue
+import sysconfig
 import threading
 import time
+import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
 from relayrl.data.tasks import Problem
 from relayrl.engines.generation.base import Completion, SamplingParams
-from relayrl.environments.base import EnvFactory, Episode, EpisodeEnd, EpisodeSummary, check_step_result
+from relayrl.environments.base import EnvError, EnvFactory, Episode, EpisodeEnd, EpisodeSummary, check_step_result
 from relayrl.data.plain_text import EnvText, EnvTextEncoder, env_parts
 
 __all__ = ["EpisodeLimits", "run_episodes", "episode_metrics"]
@@ -65,6 +68,37 @@ class _Live:
 
 _FAILED = object()
 """What an environment call returns when it raised or ran late (its episode is already ended)."""
+
+_OURS = Path(__file__).resolve().parents[1]
+_INSTALLED = tuple({sysconfig.get_paths()[k] for k in ("purelib", "platlib")})
+_STDLIB = sysconfig.get_paths()["stdlib"]
+
+
+def _where(exc: BaseException) -> str:
+    """Where ``exc`` (or the error it was raised from) was raised, as `` (at FILE:LINE in FUNC)``: the innermost
+    frame of the user's own code (neither relayrl's nor the standard library's; an installed package's only
+    when no other is left), "" when there is none. The message is all a user sees of an environment's or a
+    tool's crash (it happened in a worker thread), so it says where to look."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    own, installed = [], []
+    for f in traceback.extract_tb(exc.__traceback__):
+        if Path(f.filename).resolve().is_relative_to(_OURS):
+            continue
+        if f.filename.startswith(_INSTALLED):
+            installed.append(f)
+        elif not f.filename.startswith(_STDLIB):
+            own.append(f)
+    f = (own or installed or [None])[-1]
+    return "" if f is None else f" (at {f.filename}:{f.lineno} in {f.name})"
+
+
+def _raised(what: str, exc: Exception) -> str:
+    """The episode's error for ``what`` (``env.step``) raising ``exc``: an :class:`EnvError` (a broken contract,
+    a tool's crash) says itself, anything else by its type."""
+    if isinstance(exc, EnvError):
+        return f"{what}: {exc}{_where(exc)}"
+    return f"{what} raised {type(exc).__name__}: {exc}{_where(exc)}"
 
 
 class _DaemonPool:
@@ -207,7 +241,7 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             out = fn()
             err = None
         except Exception as e:  # an environment's or a tool's own failure: the episode ends, the run goes on
-            out, err = None, f"{what} raised {type(e).__name__}: {e}"
+            out, err = None, _raised(what, e)
         with feed.lock:
             lv.ep.env_seconds += time.monotonic() - t0
             lv.step_deadline = None
@@ -340,7 +374,7 @@ def _make(make_env: EnvFactory, lv: _Live, feed: _Feed):
         env = make_env()
     except Exception as e:
         with feed.lock:
-            feed.end(lv, EpisodeEnd.ERROR, f"making the environment raised {type(e).__name__}: {e}")
+            feed.end(lv, EpisodeEnd.ERROR, _raised("making the environment", e))
         return None
     if env is None:
         with feed.lock:

@@ -246,6 +246,8 @@ class ToolEnvironment:
             out = tool(call.arguments)
         except ToolError as e:
             return StepResult(self._wrap("error", str(e)), info={"tool": call.name, "tool_error": True})
+        except Exception as e:  # the tool's own crash: the episode's error names the tool
+            raise EnvError(f"tool {call.name!r} raised {type(e).__name__}: {e}") from e
         if not isinstance(out, str):
             raise EnvError(f"tool {call.name!r} returned {type(out).__name__}; a tool returns str")
         return StepResult(self._wrap("result", out), info={"tool": call.name})

@@ -156,6 +156,49 @@ def test_raising_malformed_and_hanging_environments_end_their_episode_only(engin
     assert m["env/errors"] == 3.0 and m["env/end_done"] == 0.25
 
 
+class _DeepRaise:
+    """Its step fails in a helper: the error's message alone ("KeyError: 'x'") did not say where."""
+
+    def reset(self, problem):
+        return ""
+
+    def lookup(self, key):
+        return {}[key]
+
+    def step(self, action):
+        return StepResult(self.lookup("x"))
+
+
+class _CrashingTool:
+    name, description = "lookup", "Looks a word up."
+
+    def __call__(self, arguments):
+        raise OSError("index file gone")
+
+
+def test_an_environment_or_tool_that_raises_is_named_with_where_it_raised(tiny_tokenizer):
+    """The episode's error (what the log and the failed step show) names the call, the tool that crashed and
+    the line of the user's code that raised: the traceback stays in the environment's worker thread."""
+    from relayrl.environments.tools import ToolEnvironment
+
+    probs, prompts = _problems(tiny_tokenizer, 1)
+    call = '<tool>{"name": "lookup", "arguments": {}}</tool>'
+    engine = Scripted(tiny_tokenizer(call, add_special_tokens=False)["input_ids"], call)
+    eps = run_episodes(engine, tiny_tokenizer, probs, prompts, _DeepRaise, SamplingParams(max_new_tokens=64),
+                       EpisodeLimits(max_tokens=400), log=lambda s: None)
+    line = _DeepRaise.lookup.__code__.co_firstlineno + 1
+    assert eps[0].end is EpisodeEnd.ERROR
+    assert eps[0].error == f"env.step raised KeyError: 'x' (at {__file__}:{line} in lookup)"
+
+    def tools():
+        return ToolEnvironment({"lookup": _CrashingTool()}, lambda p, t: 0.0)
+
+    eps = run_episodes(engine, tiny_tokenizer, probs, prompts, tools, SamplingParams(max_new_tokens=64),
+                       EpisodeLimits(max_tokens=400), log=lambda s: None)
+    line = _CrashingTool.__call__.__code__.co_firstlineno + 1
+    assert eps[0].error == f"env.step: tool 'lookup' raised OSError: index file gone (at {__file__}:{line} in __call__)"
+
+
 def test_bad_reward_and_failing_factory_are_errors(engine, tiny_tokenizer):
     probs, prompts = _problems(tiny_tokenizer, 1)
 
