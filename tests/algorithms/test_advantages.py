@@ -209,6 +209,30 @@ def test_an_estimator_added_to_the_registry_is_accepted_and_computed(monkeypatch
         AlgorithmConfig(advantage="scaled", gamma=0.9)
 
 
+def test_an_estimator_that_breaks_its_contract_is_named_with_the_breach():
+    """A registered estimator's return is checked where it is called: a per-response [N] tensor, a bare tensor,
+    no returns for a critic, or metrics that are tensors failed later, deep in the update (an IndexError, an
+    AttributeError) or in the metric sinks, naming nothing of the estimator."""
+    from relayrl.algorithms.estimators.base import Advantages, Estimator, EstimatorInputs, broadcast
+
+    r, g, mask = torch.tensor([1.0, 0.0]), torch.tensor([0, 0]), torch.ones(2, 3)
+    x = EstimatorInputs(r, g, mask, values=torch.zeros(2, 3))
+    good = broadcast(A.grpo(r, g), mask)
+    cases = [
+        (lambda x: Advantages(A.grpo(x.rewards, x.group_ids)), False, r"returned advantages of shape \(2,\); "
+         r"expected the mask's \(2, 3\) \(one value per response token: broadcast"),
+        (lambda x: good, False, r"'mine' returned Tensor; return Advantages\(advantages \[B, T\]"),
+        (lambda x: Advantages(good), True, r"reads values, so it returns the critic's returns .*got none"),
+        (lambda x: Advantages(good, metrics={"mine/x": torch.tensor(1.0)}), False,
+         r"returned metrics \{'mine/x': tensor\(1.\)\}; metrics are a dict of Python floats"),
+    ]
+    for fn, values, match in cases:
+        with pytest.raises(ValueError, match=match):
+            Estimator("mine", fn, paper="test", values=values)(x)
+    out = Estimator("mine", lambda x: Advantages(good, metrics={"mine/x": 1.0}), paper="test")(x)
+    assert out.metrics == {"mine/x": 1.0} and out.advantages is good
+
+
 def test_grpo_batch_std_by_hand():
     """Group means, the whole batch's unbiased std (Lite PPO; TRL's scale_rewards="batch")."""
     rewards, gids = torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1])

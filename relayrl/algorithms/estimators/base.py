@@ -139,7 +139,33 @@ class Estimator:
         if self.reference and x.ref_logprobs is None:
             raise ValueError(f"advantage estimator {self.name!r} needs the reference model's log-probs; pass "
                              f"ref_logprobs=...")
-        return self.fn(x)
+        return self._checked(self.fn(x), x)
+
+    def _checked(self, out: object, x: EstimatorInputs) -> Advantages:
+        """``out`` if it is what an estimator returns (advantages shaped like the mask, the critic's returns for
+        ``values``, metrics that are floats by name), else a ValueError naming the estimator and the breach:
+        a wrong one failed later, deep in the update (an IndexError, a missing attribute)."""
+        what = f"advantage estimator {self.name!r}"
+        adv = getattr(out, "advantages", None)
+        if not isinstance(out, tuple) or not hasattr(adv, "shape"):
+            raise ValueError(f"{what} returned {type(out).__name__}; return Advantages(advantages [B, T], "
+                             f"returns=None, metrics=None) (relayrl.algorithms.estimators.base.Advantages)")
+        if tuple(adv.shape) != tuple(x.mask.shape):
+            raise ValueError(f"{what} returned advantages of shape {tuple(adv.shape)}; expected the mask's "
+                             f"{tuple(x.mask.shape)} (one value per response token: broadcast(per_response, mask))")
+        returns = getattr(out, "returns", None)
+        if self.values and (returns is None or tuple(returns.shape) != tuple(x.mask.shape)):
+            got = "none" if returns is None else f"shape {tuple(returns.shape)}"
+            raise ValueError(f"{what} reads values, so it returns the critic's returns shaped like the mask "
+                             f"{tuple(x.mask.shape)}; got {got}")
+        metrics = getattr(out, "metrics", None)
+        if metrics is not None:
+            bad = {k: v for k, v in metrics.items() if not isinstance(k, str) or isinstance(v, bool)
+                   or not isinstance(v, (int, float))} if isinstance(metrics, dict) else metrics
+            if not isinstance(metrics, dict) or bad:
+                raise ValueError(f"{what} returned metrics {bad!r}; metrics are a dict of Python floats by name "
+                                 f"('mine/x': float(value))")
+        return out
 
 
 def broadcast(adv: Tensor, mask: Tensor) -> Tensor:
