@@ -23,12 +23,15 @@ from __future__ import annotations
 import difflib
 import json
 from pathlib import Path
-from typing import Any, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Sequence, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from relayrl.errors import UserError
+
+if TYPE_CHECKING:  # (the schema, and all it imports, loads with the first config, not with this module)
+    from relayrl.config.schema import Config
 
 __all__ = ["ConfigError", "load_recipe_dict", "apply_overrides", "validate", "load_config", "load_run_config",
            "field_errors", "saved_run_config", "without_defaults", "SAVED_RUN_KEYS"]
@@ -148,9 +151,16 @@ def _parse_json(path: Path, text: str) -> Any:
 
 def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
     """Apply ``a.b=value`` overrides to a nested dict (returns a new dict)."""
+    if isinstance(overrides, (str, bytes)) or not isinstance(overrides, Sequence):
+        example = f"[{overrides!r}]" if isinstance(overrides, str) else "['trainer.steps=3', 'run.dir=runs/x']"
+        raise ConfigError(f"overrides must be a list of 'key.path=value' strings, got {type(overrides).__name__} "
+                          f"{overrides!r}; write {example}")
     out = _merge({}, data)
     set_by: dict[str, str] = {}  # key path -> the override that set a value there
     for item in overrides:
+        if not isinstance(item, str):
+            raise ConfigError(f"override {item!r} is not a string ({type(item).__name__}); an override is "
+                              f"'key.path=value' (e.g. 'trainer.steps=3')")
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key.path=value (e.g. trainer.steps=3)")
         key, raw = item.split("=", 1)
@@ -261,6 +271,9 @@ def _format(err: ValidationError, model: type[BaseModel]) -> str:
 
 
 def validate(model: type[M], data: dict) -> M:
+    """``data`` validated into ``model`` (a config section or the whole :class:`~relayrl.config.schema.Config`);
+    :class:`ConfigError` lists every wrong key with its fix (a misspelt key with the key it is close to), and
+    refuses ``true``/``false`` given for a number."""
     try:
         out = model.model_validate(data)
     except ValidationError as e:
@@ -341,9 +354,10 @@ def load_config(model: type[M], recipe: str | Path | None, overrides: Sequence[s
     return validate(model, apply_overrides(data, overrides))
 
 
-def load_run_config(recipe: str | Path | None, overrides: Sequence[str] = ()):
-    """A run's :class:`~relayrl.config.schema.Config` from a recipe and dotted overrides (what ``relayrl train``
-    and ``relayrl plan`` read)."""
+def load_run_config(recipe: str | Path | None, overrides: Sequence[str] = ()) -> Config:
+    """A run's :class:`~relayrl.config.schema.Config` from a recipe (a file, a shipped recipe's name, a run's
+    ``config.json``; None: the defaults) and dotted overrides, a list of ``key.path=value`` strings (what
+    ``relayrl train`` and ``relayrl plan`` read); :class:`ConfigError` names a wrong key and the fix."""
     from relayrl.config.schema import Config
 
     return load_config(Config, recipe, overrides)

@@ -50,6 +50,9 @@ class _Section(BaseModel):
 
 
 class RunConfig(_Section):
+    """Where a run writes (``run.dir``), its seed, resume and checkpoints, and what it does on a lost worker or a
+    non-finite update."""
+
     dir: DirPath = Field(Path("runs/latest"),
                          description="run directory (config, metrics.jsonl, checkpoints, final model)")
     seed: int = Field(0, description="seed of the prompt order, the sampling, dropout and any freshly initialised "
@@ -82,6 +85,9 @@ class RunConfig(_Section):
 
 
 class RolloutConfig(_Section):
+    """Generation: responses per prompt, sampling, lengths and stop strings, the engine (native, vLLM, an
+    OpenAI-compatible server) and how it batches."""
+
     n: int = Field(8, ge=1, description="responses per prompt")
     temperature: float = Field(1.0, ge=0.0, description="sampling temperature (0: greedy); a rollout "
                                "records log-probs under softmax(logits / temperature), before top-k/top-p filtering")
@@ -308,6 +314,8 @@ class RMConfig(_Section):
 
 
 class EvalConfig(_Section):
+    """Held-out evaluation: how often, on how many rows, greedy accuracy and pass@k / avg@k, and early stop."""
+
     every: int = Field(0, ge=0, description="evaluate every N steps (0: only before and after training)")
     before_training: bool = Field(True, description="evaluate the starting model (step 0) before the first step "
                                   "(verl's val_before_train); false: the first evaluation is at step eval.every, "

@@ -33,6 +33,9 @@ def check_template_kwargs(value: dict[str, Any]) -> dict[str, Any]:
 
 
 class DataConfig(BaseModel):
+    """The training (and held-out) data: a built-in task or rows of a file or dataset, how prompts are built from
+    them, and how many a step draws."""
+
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     task: str | None = Field("arith", description="built-in task name (arith, sort, countdown); null when data.path "

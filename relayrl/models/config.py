@@ -16,6 +16,9 @@ __all__ = ["ModelConfig"]
 
 
 class ModelConfig(BaseModel):
+    """The policy model: a local Hugging Face directory (or the tiny default), its dtype and device, LoRA and the
+    chat template."""
+
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     path: LocalPath | None = Field(None, description="local Hugging Face model directory; null builds the tiny default")

@@ -43,7 +43,7 @@ CHAT_TEMPLATE = (
 class TinyModelConfig(BaseModel):
     """Shape of the embedded default model (a Qwen2 architecture; a Qwen3-MoE one with ``experts``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     hidden_size: int = Field(256, ge=16, description="model width")
     num_layers: int = Field(4, ge=1, description="decoder layers")

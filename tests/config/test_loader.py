@@ -59,6 +59,45 @@ def test_bad_values_name_their_path():
         "algorithm.overlong_shaping=true", "algorithm.overlong_cache=8", "rollout.max_new_tokens=8")
 
 
+def test_overrides_given_as_one_string_are_refused_with_the_list_to_write():
+    """From Python, ``load_run_config(recipe, "trainer.steps=3")`` walked the string's characters and said
+    "override 't' must look like key.path=value", which names nothing the caller wrote."""
+    from relayrl.config.loader import load_run_config
+
+    with pytest.raises(ConfigError, match=r"overrides must be a list of 'key.path=value' strings, got str "
+                                          r"'trainer.steps=3'; write \['trainer.steps=3'\]"):
+        load_run_config(SHIPPED / "arith_grpo.yaml", "trainer.steps=3")
+    with pytest.raises(ConfigError, match=r"got dict \{'trainer.steps': 3\}; write \['trainer.steps=3', "):
+        apply_overrides({}, {"trainer.steps": 3})
+    with pytest.raises(ConfigError, match=r"override 3 is not a string \(int\); an override is 'key.path=value'"):
+        apply_overrides({}, [3])
+    assert load_run_config(SHIPPED / "arith_grpo.yaml", ("trainer.steps=3",)).trainer.steps == 3
+
+
+def test_every_section_of_a_run_config_checks_an_assignment_or_refuses_it():
+    """docs/runs.md: an assignment in Python checks that key's type and range. ``engine``, ``engine.optim``,
+    ``critic.optim`` and ``model.tiny`` took any value (``cfg.engine.optim.lr = "abc"``), and the checks ``run``
+    makes again before it starts do not validate a section object anew, so the run started with it."""
+    from pydantic import BaseModel, ValidationError
+
+    from relayrl.config.loader import load_run_config
+
+    cfg = load_run_config(SHIPPED / "arith_grpo.yaml")
+
+    def unchecked(m: BaseModel, path: str) -> list[str]:
+        own = [] if m.model_config.get("validate_assignment") or m.model_config.get("frozen") else [path]
+        return own + [k for n in type(m).model_fields if isinstance(v := getattr(m, n), BaseModel)
+                      for k in unchecked(v, f"{path}.{n}".lstrip("."))]
+
+    assert unchecked(cfg, "") == []
+    for section, key, bad in ((cfg.engine.optim, "lr", "abc"), (cfg.engine.optim, "lr", -1.0),
+                              (cfg.engine, "token_budget", 0), (cfg.model.tiny, "num_layers", 0)):
+        with pytest.raises(ValidationError, match=key):
+            setattr(section, key, bad)
+    cfg.engine.optim.lr = 3e-4
+    assert cfg.engine.optim.lr == 3e-4
+
+
 def test_malformed_overrides():
     with pytest.raises(ConfigError, match="must look like key.path=value"):
         apply_overrides({}, ["trainer.steps"])

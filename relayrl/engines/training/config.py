@@ -13,7 +13,7 @@ __all__ = ["OptimConfig", "TrainEngineConfig"]
 class OptimConfig(BaseModel):
     """AdamW with warm-up and a schedule, and gradient-norm clipping."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     lr: float = Field(1e-5, gt=0, description="AdamW's learning rate (the peak, after warm-up)")
     weight_decay: float = Field(0.0, ge=0, description="AdamW's decoupled weight decay")
@@ -29,7 +29,10 @@ class OptimConfig(BaseModel):
 
 
 class TrainEngineConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """The training engine (``engine.*``; ``critic.*`` has its own optimizer): the optimizer, micro-batching,
+    the output head's chunking, mixed precision, data parallelism, checkpointing and compilation."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     optim: OptimConfig = OptimConfig()
     token_budget: int = Field(8192, ge=16, description="max padded tokens (prompt + response) per micro-batch")
