@@ -58,3 +58,22 @@ def test_a_config_changed_by_assignment_is_checked_across_keys_before_the_run(tm
     with pytest.raises(ConfigError, match=r"rollout.n=1: group advantages \(grpo\) need rollout.n >= 2"):
         registry.run(cfg)
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_an_error_of_yours_in_a_worker_reaches_a_script_as_a_worker_error_with_its_message(tmp_path):
+    """docs/runs.md: an environment (or reward function) that fails inside a worker group reaches ``run`` as a
+    ``WorkerError`` (not a ``UserError``): its ``user_message`` is the message the command line prints, and
+    ``brief()`` the line it prints, while ``str()`` holds the remote traceback."""
+    from relayrl.cluster.errors import WorkerError
+    from test_env_errors import ENV
+    from test_reward_errors import RUN
+
+    cfg = load_run_config(RUN[0], [*RUN[1:], f"run.dir={tmp_path / 'r'}", *ENV])
+    with pytest.raises(WorkerError) as caught:
+        registry.run(cfg)
+    e = caught.value
+    assert not isinstance(e, UserError) and e.user_message is not None
+    assert "ended with an environment error: env.step raised RuntimeError: sandbox crashed" in e.user_message
+    assert e.brief() == f"worker group 'rollout' rank 0 failed in 'poll_stream': {e.user_message}"
+    assert "--- remote traceback (rank 0) ---" in str(e)
