@@ -101,7 +101,8 @@ def test_init_from_a_run_or_checkpoint_directory_says_which_directory_was_meant(
     empty = tmp_path / "empty"
     empty.mkdir()
     code, out = train(capsys, SFT, f"model.path={empty}", f"run.dir={tmp_path / 'r'}", "trainer.steps=1", *FAST)
-    assert code == EXIT_USER and f"model.path={empty}: model directory {empty} lacks tokenizer_config.json" in out
+    assert code == EXIT_USER and f"model.path={empty}: the directory is empty; give a local Hugging Face model " \
+        "directory" in out
     assert not (tmp_path / "grpo").exists() and not (tmp_path / "r").exists()
 
 
