@@ -218,7 +218,7 @@ class CheckpointManager:
             _fsync_dir(self.root)
         except BaseException as e:
             full = disk_full(e, self.root, f"the checkpoint of step {step}", need=payload_bytes(
-                (tensors, optimizer_state, extra))) if isinstance(e, Exception) else None
+                (tensors, optimizer_state, extra)), keep=self.keep) if isinstance(e, Exception) else None
             shutil.rmtree(tmp, ignore_errors=True)
             if full is not None:
                 raise full from e

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from relayrl.checkpoint import CheckpointManager, ResumePlan, capture_rng_state, restore_rng_state, resume_from
-from relayrl.checkpoint.atomic import write_dir_atomically
+from relayrl.checkpoint.atomic import run_files_full, write_dir_atomically
 from relayrl.checkpoint.rundir import check_fingerprint, check_run_dir, claim_run_dir, hold_run_dir, saved_config
 from relayrl.workflows.restart import RESTARTS
 from relayrl.config.schema import Config
 from relayrl.data.tasks import Problem
-from relayrl.errors import RunStopped
+from relayrl.errors import RunStopped, UserError
 from relayrl.workflows.heldout import EvalSession
 from relayrl.telemetry import NonFiniteError, Timeline, Tracker, check_updates
 
@@ -380,8 +380,9 @@ class Session(EvalSession):
         ``footprint`` (the actor's parameter counts and optimizer state, :func:`footprint_line`) is logged
         with the first step this process trains, when the optimizer state exists. ``shutdown`` stops the
         workflow's workers whatever happens; Ctrl-C becomes :class:`RunInterrupted`
-        naming the checkpoint to resume from. Returns the exported model directory."""
-        with self.interruptible():
+        naming the checkpoint to resume from, a full disk one ``DiskFullError`` naming run.dir. Returns the
+        exported model directory."""
+        with self.interruptible(), self.no_space():
             try:
                 restore()
                 self.open_telemetry(self.cfg.trainer.steps, key_metrics)
@@ -427,6 +428,20 @@ class Session(EvalSession):
                 f"with run.overwrite=true run.dir={self.dir} (it moves this partial run aside to "
                 f"{self.dir}.replaced-<time>), or choose another run.dir"
             ) from None
+
+    @contextlib.contextmanager
+    def no_space(self) -> Iterator[None]:
+        """Turn a full disk met writing the run's files (metrics, spans, reports: a bare ``OSError: [Errno 28]``
+        when a flush fails, and again when the file is closed) into one ``DiskFullError`` naming run.dir."""
+        try:
+            yield
+        except UserError:
+            raise
+        except Exception as e:
+            full = run_files_full(e, self.dir, self.step_done + 1)
+            if full is None:
+                raise
+            raise full from e
 
     def finish(self, save_model: Callable[[str], None]) -> Path:
         """Export the final model to ``RUN_DIR/model`` atomically (it appears complete or not at all)."""
