@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import threading
 import time
@@ -43,6 +44,17 @@ def footprint_line(sizes: dict[str, float]) -> str:
     share = f" ({100 * trained / total:.1f}%)" if trained < total else ""
     return (f"actor: {total / 1e6:.1f}M parameters, {trained / 1e6:.1f}M trained{share}; "
             f"optimizer state {state / 1e6:.1f} MB per rank")
+
+
+def write_run_config(run_dir: Path, config: dict) -> None:
+    """``RUN_DIR/config.json``, whole or not at all (a scratch file renamed over it): a run killed or out of disk
+    while it writes it leaves the previous one, not an empty or cut file that no longer says it is a run's."""
+    tmp = run_dir / f".config.json.tmp-{os.getpid()}"
+    try:
+        tmp.write_text(json.dumps(config, indent=2) + "\n")
+        os.replace(tmp, run_dir / "config.json")
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def model_dirs(cfg: Config) -> dict[str, str | None]:
@@ -226,7 +238,7 @@ class Session(EvalSession):
         """Start the run's files: ``config.json``, then the metrics sinks and the stage timeline. Nothing is
         written to ``run.dir`` before (a run that fails while its workers start leaves no run behind)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "config.json").write_text(json.dumps(self.cfg.model_dump(mode="json"), indent=2) + "\n")
+        write_run_config(self.dir, self.cfg.model_dump(mode="json"))
         self.tracker = Tracker(self.dir, self.cfg.telemetry, total_steps, key_metrics=key_metrics,
                                start_step=self.start_step, run_config=self.cfg.model_dump(mode="json"))
         self.timeline = Timeline(self.dir, start_step=self.start_step)
