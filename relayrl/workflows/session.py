@@ -332,6 +332,12 @@ class Session(EvalSession):
         if done is not None:
             self.log(f"relayrl: {done}")
             return range(0)
+        total = self.cfg.trainer.steps
+        if 0 < total <= self.start_step:  # (a resume: a fresh run starts at 0)
+            how = "past" if self.start_step > total else "at"
+            self.log(f"relayrl: the checkpoint is at step {self.start_step}, {how} trainer.steps={total}: nothing "
+                     f"left to train (raise trainer.steps to train on)")
+            return range(0)
         stop = self.stopped_early
         if stop is not None:
             target = self.cfg.eval.stop_at

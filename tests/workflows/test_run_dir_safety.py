@@ -193,3 +193,17 @@ def test_a_model_directory_without_config_json_is_refused_before_any_worker_star
     code, out = train(capsys, SFT, f"model.path={model}", f"run.dir={tmp_path / 'r'}", "trainer.steps=1", *FAST)
     assert code == EXIT_USER and f"model.path={model}: model directory {model} lacks config.json" in out, out
     assert "worker group" not in out and not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow  # (about 2 s; the full `make test` runs it)
+def test_a_resume_with_trainer_steps_at_or_below_its_checkpoint_says_there_is_nothing_to_train(capsys, tmp_path):
+    """trainer.steps=5 (say, 500 meant) resuming the checkpoint of step 6 ended with 'model saved' alone."""
+    run = tmp_path / "run"
+    code, out = train(capsys, SFT, f"run.dir={run}", *FAST, "trainer.steps=6", "run.save_every=3")
+    assert code == 0, out
+    for n, how in ((5, "past"), (6, "at")):
+        code, out = train(capsys, SFT, f"run.dir={run}", *FAST, f"trainer.steps={n}", "run.resume=auto")
+        assert code == 0, out
+        assert (f"relayrl: the checkpoint is at step 6, {how} trainer.steps={n}: nothing left to train (raise "
+                f"trainer.steps to train on)") in out, out
+        assert steps(run) == list(range(7))
