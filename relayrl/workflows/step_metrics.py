@@ -135,9 +135,10 @@ float32 runs here measure 1.000 and bf16 ones about 1.01 to 1.05."""
 def mismatch_warning(metrics: dict[str, float], step: int) -> str | None:
     """A line to print when step ``step``'s generator and trainer disagree on the log-probs of tokens sampled with
     the trainer's own weights (``async/staleness_max`` 0, or no staleness metric: an on-policy step); None
-    otherwise. Off-policy tokens differ by design and are not reported."""
+    otherwise. Off-policy tokens differ by design and are not reported, nor is NaN (weights gone non-finite: the
+    step's update check stops the run or skips it, ``run.on_nonfinite``)."""
     err = metrics.get("rollout/logprob_error")
-    if err is None or err <= MISMATCH_WARN or metrics.get("async/staleness_max", 0.0) > 0:
+    if err is None or err != err or err <= MISMATCH_WARN or metrics.get("async/staleness_max", 0.0) > 0:
         return None
     return (f"relayrl: warning: step {step}: rollout/logprob_error={err:.3g} (worst token "
             f"{metrics.get('rollout/logprob_error_max', float('nan')):.3g}) on tokens sampled with the trainer's own "
