@@ -238,6 +238,7 @@ class CheckpointManager:
         return removed
 
     def load(self, path: Path, *, expected_shapes: Mapping[str, Any] | None = None,
-             map_location: str | torch.device = "cpu") -> LoadedCheckpoint:
+             map_location: str | torch.device = "cpu", verify_hashes: bool = True) -> LoadedCheckpoint:
         """`load_checkpoint(path, ...)`."""
-        return load_checkpoint(path, expected_shapes=expected_shapes, map_location=map_location)
+        return load_checkpoint(path, expected_shapes=expected_shapes, map_location=map_location,
+                               verify_hashes=verify_hashes)

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from relayrl.checkpoint import CheckpointManager, ResumePlan, capture_rng_state, restore_rng_state, resume_from
 from relayrl.checkpoint.atomic import run_files_full, write_dir_atomically
+from relayrl.checkpoint.resume import verify_newest
 from relayrl.checkpoint.rundir import check_fingerprint, check_run_dir, claim_run_dir, hold_run_dir, saved_config
 from relayrl.workflows.restart import RESTARTS
 from relayrl.config.schema import Config
@@ -369,7 +370,10 @@ class Session(EvalSession):
         self.log(f"relayrl: {self.plan.message}")
         if self.plan.path is None:
             return None
-        ck = self.ckpt.load(self.plan.path, expected_shapes=expected_shapes)
+        auto = self.cfg.run.resume == "auto"
+        if auto:  # (a damaged newest checkpoint: the message names the one before it)
+            verify_newest(self.ckpt.root, self.plan.path)
+        ck = self.ckpt.load(self.plan.path, expected_shapes=expected_shapes, verify_hashes=not auto)
         self.prompts.load_state(ck.trainer_state["data"])
         if self.cfg.data.retire_solved is None and self.prompts.retired:
             self.log(f"relayrl: the checkpoint had retired {len(self.prompts.retired):,} training rows; "
