@@ -21,7 +21,8 @@ from pathlib import Path
 
 from relayrl.errors import UserError
 
-__all__ = ["DiskFullError", "disk_full", "fsync_file", "fsync_dir", "pid_alive", "write_dir_atomically"]
+__all__ = ["DiskFullError", "disk_full", "fsync_file", "fsync_dir", "pid_alive", "run_files_full",
+           "write_dir_atomically"]
 
 _NEARLY_FULL = 16 << 20
 """Free bytes under which a failed write is taken for a full disk: torch.save's own error does not say so
@@ -36,27 +37,62 @@ def _size(n: int) -> str:
     return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
-def disk_full(e: BaseException, where: Path, what: str, *, need: int | None = None) -> DiskFullError | None:
+def disk_full(e: BaseException, where: Path, what: str, *, need: int | None = None,
+              keep: int | None = None) -> DiskFullError | None:
     """The error to raise instead of ``e`` when writing ``what`` under ``where`` failed because the file system
     is full (ENOSPC in ``e``'s chain, or under 16 MiB left while the partial write still stands); else None.
-    ``need``: the bytes the write takes, when known, for the message."""
-    chain, seen = e, set()
-    full = False
-    while chain is not None and id(chain) not in seen:
-        seen.add(id(chain))
-        full = full or getattr(chain, "errno", None) == errno.ENOSPC or "No space left on device" in str(chain)
-        chain = chain.__cause__ or chain.__context__
-    try:
-        free = shutil.disk_usage(where).free
-    except OSError:
-        free = None
+    ``need``: the bytes the write takes, when known, for the message; ``keep``: ``run.keep_checkpoints``, when
+    a checkpoint was written (1: there are no fewer to keep)."""
+    full = _no_space(e) is not None
+    free = _free(where)
     if not full and (free is None or free >= _NEARLY_FULL):
         return None
     size = f"; it takes about {_size(need)}" if need else ""
     left = f" ({_size(free)} left there)" if free is not None else ""
+    if keep == 1:
+        fix = ("Free space or give a run.dir on a larger disk: with run.keep_checkpoints=1 a save still needs room "
+               "for the new checkpoint beside the last one, which is removed once the new one is complete")
+    else:
+        now = f" (now {keep})" if keep else ""
+        fix = f"Free space, lower run.keep_checkpoints{now}, or give a run.dir on a larger disk"
     return DiskFullError(f"no space left on the file system of {where}{left} to write {what}{size}; the partial "
-                         f"write was removed. Free space, lower run.keep_checkpoints, or give a run.dir on a "
-                         f"larger disk (resume=auto goes on from the last complete checkpoint)")
+                         f"write was removed. {fix} (resume=auto goes on from the last complete checkpoint)")
+
+
+def run_files_full(e: BaseException, run_dir: Path, step: int) -> DiskFullError | None:
+    """The error to raise instead of ``e`` when the run's own files in ``run_dir`` (``metrics.jsonl``, spans,
+    evaluation reports, samples) could not be written in ``step`` for a full disk or quota (ENOSPC or EDQUOT in
+    ``e``'s chain, a file under ``run_dir`` if it names one, under 16 MiB left there); else None (another file
+    system is full: ``/dev/shm``, say)."""
+    cause = _no_space(e)
+    free = _free(run_dir)
+    if cause is None or free is None or free >= _NEARLY_FULL:
+        return None
+    name = getattr(cause, "filename", None)
+    if name is not None and Path(run_dir).resolve() not in Path(name).resolve().parents:
+        return None
+    what = name or "metrics.jsonl, spans.jsonl, eval/ reports"  # (a buffered write's flush names no file)
+    return DiskFullError(f"no space left on the file system of run.dir={run_dir} ({_size(free)} left there) to "
+                         f"write the run's files in step {step} ({what}); the run stopped there. Free space, or "
+                         f"give a run.dir on a larger disk (resume=auto goes on from the last complete checkpoint)")
+
+
+def _no_space(e: BaseException) -> BaseException | None:
+    """The error in ``e``'s chain that says the file system is full (ENOSPC) or the quota spent (EDQUOT)."""
+    chain, seen = e, set()
+    while chain is not None and id(chain) not in seen:
+        seen.add(id(chain))
+        if getattr(chain, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in str(chain):
+            return chain
+        chain = chain.__cause__ or chain.__context__
+    return None
+
+
+def _free(where: Path) -> int | None:
+    try:
+        return shutil.disk_usage(where).free
+    except OSError:
+        return None
 
 
 def fsync_file(path: Path) -> None:

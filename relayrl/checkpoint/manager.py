@@ -218,7 +218,7 @@ class CheckpointManager:
             _fsync_dir(self.root)
         except BaseException as e:
             full = disk_full(e, self.root, f"the checkpoint of step {step}", need=payload_bytes(
-                (tensors, optimizer_state, extra))) if isinstance(e, Exception) else None
+                (tensors, optimizer_state, extra)), keep=self.keep) if isinstance(e, Exception) else None
             shutil.rmtree(tmp, ignore_errors=True)
             if full is not None:
                 raise full from e
@@ -238,6 +238,7 @@ class CheckpointManager:
         return removed
 
     def load(self, path: Path, *, expected_shapes: Mapping[str, Any] | None = None,
-             map_location: str | torch.device = "cpu") -> LoadedCheckpoint:
+             map_location: str | torch.device = "cpu", verify_hashes: bool = True) -> LoadedCheckpoint:
         """`load_checkpoint(path, ...)`."""
-        return load_checkpoint(path, expected_shapes=expected_shapes, map_location=map_location)
+        return load_checkpoint(path, expected_shapes=expected_shapes, map_location=map_location,
+                               verify_hashes=verify_hashes)

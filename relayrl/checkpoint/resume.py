@@ -53,7 +53,7 @@ def resume_from(root: Path, mode: Literal["auto", "never"] | str | Path) -> Resu
             scratch = [c for c in (root.iterdir() if root.is_dir() else []) if _SCRATCH_DIR.match(c.name)]
             note = f" (ignored {len(scratch)} unfinished save(s))" if scratch else ""
             return ResumePlan(None, f"resume=auto: no checkpoint under {root}{note}; starting from step 0")
-        manifest = verify_checkpoint(latest, hashes=False)
+        manifest = verify_newest(root, latest, hashes=False)
         return ResumePlan(latest, f"resume=auto: resuming from {latest} (step {manifest['step']})")
     path = Path(mode)
     if not path.exists():
@@ -66,6 +66,21 @@ def resume_from(root: Path, mode: Literal["auto", "never"] | str | Path) -> Resu
         path = inner
     manifest = verify_checkpoint(path, hashes=False)
     return ResumePlan(path, f"resuming from {path} (step {manifest['step']})")
+
+
+def verify_newest(root: Path, path: Path, *, hashes: bool = True) -> dict:
+    """``verify_checkpoint(path)`` of ``root``'s newest checkpoint, for ``resume=auto``; a damaged one is refused
+    with the way on (``resume=PATH`` refuses the run's older checkpoints while a later one stands): move it out
+    of the way, naming the checkpoint before it."""
+    try:
+        return verify_checkpoint(path, hashes=hashes)
+    except CheckpointError as e:
+        older = [p for _, p in CheckpointManager(root).complete() if p != Path(path)]
+        if not older:
+            raise
+        aside = Path(root) / f"damaged-{Path(path).name}"
+        raise CheckpointError(f"{e}. To resume from {older[-1].name}, the newest checkpoint before it, move it out "
+                              f"of the way: mv {path} {aside} (then run.resume=auto again)") from None
 
 
 def _run_dir_hint(path: Path) -> str:

@@ -180,16 +180,9 @@ def check_run_dir(run_dir: Path, resume: str, overwrite: bool,
     conflict = _model_conflict(run_dir, models or {})
     if conflict is not None:
         raise conflict
-    config = run_dir / "config.json"
-    if config.is_file() and not is_run_config(config):
-        try:
-            kind = json.loads(config.read_text(encoding="utf-8")).get("model_type")
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-            kind = None
-        seen = f" (it has model_type={kind!r}: a Hugging Face model directory)" if kind else ""
-        raise RunDirError(f"run.dir={run_dir} holds a config.json that is not a relayrl run config{seen}; a run "
-                          f"there would overwrite it. Leave that directory alone and choose another run.dir "
-                          f"(a new or empty directory, e.g. run.dir=runs/<name>)")
+    foreign = _foreign_config(run_dir)
+    if foreign is not None:
+        raise foreign
     rewind = _rewind(run_dir, resume)
     if rewind is not None:
         raise rewind
@@ -197,6 +190,26 @@ def check_run_dir(run_dir: Path, resume: str, overwrite: bool,
         refusal = _previous_run(run_dir, resume)
         if refusal is not None:
             raise refusal
+
+
+def _foreign_config(run_dir: Path) -> RunDirError | None:
+    """The refusal of a ``run_dir`` whose ``config.json`` is not a relayrl run config (a Hugging Face model's,
+    say), or None. One that is not JSON at all beside the run's own complete checkpoints is that run's, torn (an
+    older relayrl killed, or out of disk, while it rewrote it): the run writes it again."""
+    config = run_dir / "config.json"
+    if not config.is_file() or is_run_config(config):
+        return None
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        if _checkpoints(run_dir):
+            return None
+        data = None
+    kind = data.get("model_type") if isinstance(data, dict) else None
+    seen = f" (it has model_type={kind!r}: a Hugging Face model directory)" if kind else ""
+    return RunDirError(f"run.dir={run_dir} holds a config.json that is not a relayrl run config{seen}; a run "
+                       f"there would overwrite it. Leave that directory alone and choose another run.dir "
+                       f"(a new or empty directory, e.g. run.dir=runs/<name>)")
 
 
 def rerun_note(run_dir: Path, resume: str) -> str | None:

@@ -46,16 +46,18 @@ class MetricsFileError(UserError, ValueError):
 
 
 def read_jsonl_records(path: Path, skipped: list[str] | None = None) -> list[dict[str, Any]]:
-    """Parse a metrics.jsonl file; a torn last line (killed mid-write) is skipped.
+    """Parse a metrics.jsonl (or samples.jsonl) file; a torn last line (killed mid-write, even inside a
+    character) is skipped.
 
     A malformed line elsewhere raises MetricsFileError naming the file and line.
     ``skipped``, when given, receives a sentence per line skipped.
     """
+    data = _drop_cut_character(Path(path), Path(path).read_bytes(), skipped)
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = data.decode("utf-8").splitlines()
     except UnicodeDecodeError as exc:
         raise MetricsFileError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); the file is damaged or "
-                               f"is not a metrics.jsonl") from None
+                               f"is not a {Path(path).name}") from None
     records: list[dict[str, Any]] = []
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
@@ -78,6 +80,21 @@ def read_jsonl_records(path: Path, skipped: list[str] | None = None) -> list[dic
                                    f"damaged: fix or delete that line")
         records.append(record)
     return records
+
+
+def _drop_cut_character(path: Path, data: bytes, skipped: list[str] | None) -> bytes:
+    """``data`` without a last line that has no newline and is cut inside a UTF-8 character (a writer killed
+    between two chunks of a write: samples.jsonl keeps responses as UTF-8), said in ``skipped``."""
+    cut = data.rfind(b"\n") + 1
+    try:
+        data[cut:].decode("utf-8")
+    except UnicodeDecodeError:
+        if skipped is not None:
+            lineno = data.count(b"\n", 0, cut) + 1
+            skipped.append(f"{path}:{lineno}: skipped the last line, which is cut inside a character; the run was "
+                           f"probably killed while writing it")
+        return data[:cut]
+    return data
 
 
 class JsonlSink:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import threading
 import time
@@ -19,12 +20,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from relayrl.checkpoint import CheckpointManager, ResumePlan, capture_rng_state, restore_rng_state, resume_from
-from relayrl.checkpoint.atomic import write_dir_atomically
+from relayrl.checkpoint.atomic import run_files_full, write_dir_atomically
+from relayrl.checkpoint.resume import verify_newest
 from relayrl.checkpoint.rundir import check_fingerprint, check_run_dir, claim_run_dir, hold_run_dir, saved_config
 from relayrl.workflows.restart import RESTARTS
 from relayrl.config.schema import Config
 from relayrl.data.tasks import Problem
-from relayrl.errors import RunStopped
+from relayrl.errors import RunStopped, UserError
 from relayrl.workflows.heldout import EvalSession
 from relayrl.telemetry import NonFiniteError, Timeline, Tracker, check_updates
 
@@ -43,6 +45,17 @@ def footprint_line(sizes: dict[str, float]) -> str:
     share = f" ({100 * trained / total:.1f}%)" if trained < total else ""
     return (f"actor: {total / 1e6:.1f}M parameters, {trained / 1e6:.1f}M trained{share}; "
             f"optimizer state {state / 1e6:.1f} MB per rank")
+
+
+def write_run_config(run_dir: Path, config: dict) -> None:
+    """``RUN_DIR/config.json``, whole or not at all (a scratch file renamed over it): a run killed or out of disk
+    while it writes it leaves the previous one, not an empty or cut file that no longer says it is a run's."""
+    tmp = run_dir / f".config.json.tmp-{os.getpid()}"
+    try:
+        tmp.write_text(json.dumps(config, indent=2) + "\n")
+        os.replace(tmp, run_dir / "config.json")
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def model_dirs(cfg: Config) -> dict[str, str | None]:
@@ -226,7 +239,7 @@ class Session(EvalSession):
         """Start the run's files: ``config.json``, then the metrics sinks and the stage timeline. Nothing is
         written to ``run.dir`` before (a run that fails while its workers start leaves no run behind)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "config.json").write_text(json.dumps(self.cfg.model_dump(mode="json"), indent=2) + "\n")
+        write_run_config(self.dir, self.cfg.model_dump(mode="json"))
         self.tracker = Tracker(self.dir, self.cfg.telemetry, total_steps, key_metrics=key_metrics,
                                start_step=self.start_step, run_config=self.cfg.model_dump(mode="json"))
         self.timeline = Timeline(self.dir, start_step=self.start_step)
@@ -320,6 +333,12 @@ class Session(EvalSession):
         if done is not None:
             self.log(f"relayrl: {done}")
             return range(0)
+        total = self.cfg.trainer.steps
+        if 0 < total <= self.start_step:  # (a resume: a fresh run starts at 0)
+            how = "past" if self.start_step > total else "at"
+            self.log(f"relayrl: the checkpoint is at step {self.start_step}, {how} trainer.steps={total}: nothing "
+                     f"left to train (raise trainer.steps to train on)")
+            return range(0)
         stop = self.stopped_early
         if stop is not None:
             target = self.cfg.eval.stop_at
@@ -351,7 +370,10 @@ class Session(EvalSession):
         self.log(f"relayrl: {self.plan.message}")
         if self.plan.path is None:
             return None
-        ck = self.ckpt.load(self.plan.path, expected_shapes=expected_shapes)
+        auto = self.cfg.run.resume == "auto"
+        if auto:  # (a damaged newest checkpoint: the message names the one before it)
+            verify_newest(self.ckpt.root, self.plan.path)
+        ck = self.ckpt.load(self.plan.path, expected_shapes=expected_shapes, verify_hashes=not auto)
         self.prompts.load_state(ck.trainer_state["data"])
         if self.cfg.data.retire_solved is None and self.prompts.retired:
             self.log(f"relayrl: the checkpoint had retired {len(self.prompts.retired):,} training rows; "
@@ -380,8 +402,9 @@ class Session(EvalSession):
         ``footprint`` (the actor's parameter counts and optimizer state, :func:`footprint_line`) is logged
         with the first step this process trains, when the optimizer state exists. ``shutdown`` stops the
         workflow's workers whatever happens; Ctrl-C becomes :class:`RunInterrupted`
-        naming the checkpoint to resume from. Returns the exported model directory."""
-        with self.interruptible():
+        naming the checkpoint to resume from, a full disk one ``DiskFullError`` naming run.dir. Returns the
+        exported model directory."""
+        with self.interruptible(), self.no_space():
             try:
                 restore()
                 self.open_telemetry(self.cfg.trainer.steps, key_metrics)
@@ -427,6 +450,20 @@ class Session(EvalSession):
                 f"with run.overwrite=true run.dir={self.dir} (it moves this partial run aside to "
                 f"{self.dir}.replaced-<time>), or choose another run.dir"
             ) from None
+
+    @contextlib.contextmanager
+    def no_space(self) -> Iterator[None]:
+        """Turn a full disk met writing the run's files (metrics, spans, reports: a bare ``OSError: [Errno 28]``
+        when a flush fails, and again when the file is closed) into one ``DiskFullError`` naming run.dir."""
+        try:
+            yield
+        except UserError:
+            raise
+        except Exception as e:
+            full = run_files_full(e, self.dir, self.step_done + 1)
+            if full is None:
+                raise
+            raise full from e
 
     def finish(self, save_model: Callable[[str], None]) -> Path:
         """Export the final model to ``RUN_DIR/model`` atomically (it appears complete or not at all)."""

@@ -36,9 +36,15 @@ def sample_metrics(scores: torch.Tensor, rewards: torch.Tensor, lengths: torch.T
 
 def weighted(calls: dict[str, list[tuple[float, int]]]) -> dict[str, float]:
     """Metrics gathered per call as ``(value, rows)``: the row-weighted mean, or the largest value for names
-    ending in ``_max`` (a step whose advantages are computed group by group reports the whole batch)."""
-    return {k: max(v for v, _ in vs) if k.endswith("_max") else sum(v * w for v, w in vs) / max(1, sum(w for _, w in vs))
-            for k, vs in calls.items()}
+    ending in ``_max`` (a step whose advantages are computed group by group reports the whole batch). Summed in
+    sorted order: the calls finish in any order, and a resumed run reproduces the metrics bit for bit."""
+    return {k: max(v for v, _ in vs) if k.endswith("_max") else _mean_by_rows(vs) for k, vs in calls.items()}
+
+
+def _mean_by_rows(calls: list[tuple[float, int]]) -> float:
+    """The row-weighted mean of ``(value, rows)`` calls, the same in any order they came in."""
+    calls = sorted(calls)
+    return sum(v * w for v, w in calls) / max(1, sum(w for _, w in calls))
 
 
 def kl_metrics(metrics: dict[str, float], in_reward: dict[str, float], tri_model: bool) -> dict[str, float]:
@@ -58,17 +64,16 @@ def step_metrics(st: StepState, *, step: int, prompts_per_step: int, tri_model: 
     records = st.kept_records()
     lengths = torch.tensor([L for r in records for L in r.lengths], dtype=torch.float32)
     truncated = torch.tensor([t for r in records for t in r.truncated], dtype=torch.float32)
-    m: dict[str, float] = {k: sum(v * w for v, w in vs) / max(1, sum(w for _, w in vs))
-                           for k, vs in st.reward_metrics.items()}
+    m: dict[str, float] = {k: _mean_by_rows(vs) for k, vs in st.reward_metrics.items()}
     for k in COUNTS:  # counts of the step's calls add up
         if k in st.reward_metrics:
-            m[k] = sum(v for v, _ in st.reward_metrics[k])
+            m[k] = sum(sorted(v for v, _ in st.reward_metrics[k]))
     # dynamic sampling's record (without it: nothing dropped, one round)
     m.update({"dapo/dropped_groups": float(len(st.dropped)), "dapo/sampled_groups": float(st.judged),
               "dapo/rounds": float(st.rounds), "dapo/missing_prompts": float(max(0, prompts_per_step - st.kept)),
               "rollout/errors": float(st.rollout_errors)})
     if st.baselines:
-        m["remax/baseline_mean"] = sum(st.baselines) / len(st.baselines)
+        m["remax/baseline_mean"] = sum(sorted(st.baselines)) / len(st.baselines)
     episodes = [e for r in st.records for e in r.episodes]  # every episode generated, dropped groups too
     if episodes:
         log_episode_errors(session, episodes, step)
@@ -76,8 +81,9 @@ def step_metrics(st: StepState, *, step: int, prompts_per_step: int, tri_model: 
     interrupted = [x for r in records for x in r.interrupted]  # (rollout.interrupt: every row has its flag)
     if interrupted:
         m["rollout/interrupted_frac"] = sum(interrupted) / len(interrupted)
-    if st.scores:
-        m.update(sample_metrics(torch.tensor(st.scores), torch.tensor(st.rewards), lengths, truncated))
+    if st.scores:  # (sorted: the rows come in the order their groups were judged)
+        scores, rewards = torch.tensor(sorted(st.scores)), torch.tensor(sorted(st.rewards))
+        m.update(sample_metrics(scores, rewards, lengths, truncated))
     elif m.get("reward/errors", 0) or st.rollout_errors or m.get("env/errors", 0):  # *.on_error=drop_group
         session.tracker.write_text(f"step {step}: every group was dropped (failures under *.on_error=drop_group: "
                                    f"rollout/errors {st.rollout_errors:g}, reward/errors {m.get('reward/errors', 0):g}, "
@@ -129,9 +135,10 @@ float32 runs here measure 1.000 and bf16 ones about 1.01 to 1.05."""
 def mismatch_warning(metrics: dict[str, float], step: int) -> str | None:
     """A line to print when step ``step``'s generator and trainer disagree on the log-probs of tokens sampled with
     the trainer's own weights (``async/staleness_max`` 0, or no staleness metric: an on-policy step); None
-    otherwise. Off-policy tokens differ by design and are not reported."""
+    otherwise. Off-policy tokens differ by design and are not reported, nor is NaN (weights gone non-finite: the
+    step's update check stops the run or skips it, ``run.on_nonfinite``)."""
     err = metrics.get("rollout/logprob_error")
-    if err is None or err <= MISMATCH_WARN or metrics.get("async/staleness_max", 0.0) > 0:
+    if err is None or err != err or err <= MISMATCH_WARN or metrics.get("async/staleness_max", 0.0) > 0:
         return None
     return (f"relayrl: warning: step {step}: rollout/logprob_error={err:.3g} (worst token "
             f"{metrics.get('rollout/logprob_error_max', float('nan')):.3g}) on tokens sampled with the trainer's own "

@@ -294,3 +294,23 @@ def test_resume_policy(tmp_path, saved):
     broken.mkdir()
     with pytest.raises(CheckpointError, match="step-000009/manifest.json: missing.*newest checkpoint is incomplete"):
         resume_from(root, "auto")
+
+
+def test_a_damaged_newest_checkpoint_is_refused_naming_the_one_before_it(tmp_path):
+    model, opt, sched = _make()
+    cm = CheckpointManager(tmp_path)
+    first = _save(cm, 1, model, opt, sched)
+    weights = first / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:50])
+    with pytest.raises(CheckpointError) as e:  # the only one: nothing older to name
+        resume_from(tmp_path, "auto")
+    assert str(e.value).startswith(f"{weights}: truncated") and "mv " not in str(e.value)
+    newest = _save(cm, 2, model, opt, sched)
+    (newest / "optimizer.pt").write_bytes((newest / "optimizer.pt").read_bytes()[:-1])
+    with pytest.raises(CheckpointError) as e:
+        resume_from(tmp_path, "auto")
+    assert str(e.value).endswith(f"To resume from step-000001, the newest checkpoint before it, move it out of the "
+                                 f"way: mv {newest} {tmp_path / 'damaged-step-000002'} (then run.resume=auto again)")
+    newest.rename(tmp_path / "damaged-step-000002")
+    with pytest.raises(CheckpointError, match="truncated"):  # (the one before is damaged too, here)
+        resume_from(tmp_path, "auto")

@@ -143,6 +143,44 @@ def test_a_config_json_that_is_not_a_relayrl_run_config_is_never_overwritten(tmp
     check_run_dir(hf, "never", overwrite=True)
 
 
+@pytest.mark.parametrize("torn", ["", '{"workflow": "grpo", "run": {"dir": "runs/g"'])
+def test_a_torn_config_json_beside_the_runs_checkpoints_does_not_block_its_resume(tmp_path, torn):
+    """A run killed (or out of disk) while it rewrote RUN_DIR/config.json at its start left it empty or cut; the
+    run's checkpoints say whose directory it is, so resume=auto goes on (the run writes config.json again)."""
+    run = tmp_path / "run"
+    _save(run / "checkpoints", 4)
+    (run / "config.json").write_text(torn)
+    check_run_dir(run, "auto", overwrite=False)
+    with pytest.raises(RunDirError, match="already holds a run with checkpoints"):  # still the run's: not overwritten
+        check_run_dir(run, "never", overwrite=False)
+    (run / "config.json").write_text(json.dumps({"model_type": "qwen2"}))  # a model's config: refused as before
+    with pytest.raises(RunDirError, match="not a relayrl run config"):
+        check_run_dir(run, "auto", overwrite=False)
+
+
+def test_the_run_writes_its_config_json_whole_or_not_at_all(tmp_path, monkeypatch):
+    from relayrl.workflows import session
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"workflow": "grpo", "run": {}, "model": {}, "trainer": {}}))
+    before = (run / "config.json").read_text()
+    real = Path.write_text
+
+    def torn(self, text, *a, **k):  # the disk fills half-way
+        real(self, text[: len(text) // 2])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", torn)
+    with pytest.raises(OSError):
+        session.write_run_config(run, {"workflow": "grpo"})
+    assert (run / "config.json").read_text() == before and sorted(p.name for p in run.iterdir()) == ["config.json"]
+    monkeypatch.undo()
+    session.write_run_config(run, {"workflow": "sft"})
+    assert json.loads((run / "config.json").read_text()) == {"workflow": "sft"}
+    assert sorted(p.name for p in run.iterdir()) == ["config.json"]
+
+
 def test_fingerprint_says_which_keys_differ_and_ignores_the_others():
     saved = {"workflow": "grpo", "run": {"seed": 1, "save_every": 2}, "model": {"tiny": {"hidden_size": 64}},
              "trainer": {"steps": 4, "init_from": "a/model"}, "algorithm": {"advantage": "grpo"}}

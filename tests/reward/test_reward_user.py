@@ -43,6 +43,9 @@ def user_mod(tmp_path, monkeypatch):
         def nan(prompts, responses, answers):
             return [1.0, math.nan] + [0.0] * (len(responses) - 2)
 
+        def huge(prompts, responses, answers):  # finite, but inf as the float32 rewards train as
+            return [1.0, 1e308] + [0.0] * (len(responses) - 2)
+
         def numpy_out(prompts, responses, answers):
             import numpy as np
             return np.ones(len(responses), dtype=np.float32)
@@ -125,6 +128,8 @@ def _engine(name):
         ("returns_str", "relayrl_test_userfns:returns_str returned str; expected a list of 3 floats"),
         ("bad_item", "returned str 'high' at index 1; expected a float"),
         ("nan", "returned nan at index 1; rewards must be finite"),
+        ("huge", "returned 1e+308 at index 1, beyond float32's range (+-3.4e+38, as rewards train); rewards must "
+                 "be finite"),
         ("raises", "relayrl_test_userfns:raises raised ZeroDivisionError"),
         ("per_response", "relayrl_test_userfns:per_response returned float; expected a list of 3 floats: it is "
                          "called once with lists (prompts, responses, answers), not once per response; wrap a "

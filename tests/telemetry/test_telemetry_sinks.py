@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from relayrl.telemetry import TelemetryConfig, Tracker, read_jsonl_records
+from relayrl.telemetry.sinks import MetricsFileError
 
 HAS_WANDB = importlib.util.find_spec("wandb") is not None
 
@@ -282,3 +283,29 @@ def test_sample_sink_writes_records_and_a_resume_drops_the_crashed_runs_tail(tmp
     resumed.close()
     assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [1, 2, 3]
     assert json.loads(path.read_text().splitlines()[-1])["prompt"] == "p"
+
+
+def test_a_resume_drops_a_last_line_cut_inside_a_character(tmp_path):
+    """samples.jsonl keeps responses as UTF-8 (ensure_ascii=False): a run killed (or out of disk) between two
+    chunks of a step's write can leave its last line cut inside a character, which refused the resume ('not
+    UTF-8 text ... the file is damaged')."""
+    from relayrl.telemetry.sinks import SampleSink
+
+    path = tmp_path / "samples.jsonl"
+    sink = SampleSink(path)
+    for step in (1, 2):
+        sink.write(step, [{"prompt": "1+1=", "response": "二"}])
+    sink.close()
+    line = '{"step": 3, "prompt": "1+1=", "response": "二"}\n'.encode()
+    path.write_bytes(path.read_bytes() + line[: line.index("二".encode()) + 1])
+    skipped: list[str] = []
+    assert [r["step"] for r in read_jsonl_records(path, skipped)] == [1, 2]
+    assert skipped == [f"{path}:3: skipped the last line, which is cut inside a character; the run was probably "
+                       f"killed while writing it"]
+    SampleSink(path, start_step=2).close()
+    assert [json.loads(x) for x in path.read_text().splitlines()] == [
+        {"step": 1, "prompt": "1+1=", "response": "二"}, {"step": 2, "prompt": "1+1=", "response": "二"}]
+    path.write_bytes(b'{"step": 1}\n\xff{"step": 2}\n{"step": 3}\n')  # not at the end: damage, named
+    with pytest.raises(MetricsFileError, match=r"samples.jsonl: not UTF-8 text \(byte 12: invalid start byte\); "
+                                               r"the file is damaged or is not a samples.jsonl"):
+        read_jsonl_records(path)

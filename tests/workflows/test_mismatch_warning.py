@@ -16,3 +16,11 @@ def test_matching_log_probs_and_stale_tokens_are_not():
     # off-policy tokens were sampled by older weights: they differ by design
     assert mismatch_warning({"rollout/logprob_error": 1.8, "async/staleness_max": 2.0}, step=5) is None
     assert mismatch_warning({"rollout/logprob_error": 1.8, "async/staleness_max": 0.0}, step=5) is not None
+
+
+def test_a_nan_log_prob_error_is_left_to_the_non_finite_check():
+    """Weights gone non-finite (a huge learning rate) give rollout/logprob_error=nan: the warning blamed dtypes
+    and engines, just before the run stopped on the NaN loss it comes from."""
+    assert mismatch_warning({"rollout/logprob_error": float("nan"), "rollout/logprob_error_max": float("nan")},
+                            step=2) is None
+    assert mismatch_warning({"rollout/logprob_error": float("inf")}, step=2) is not None  # (a mismatch still)

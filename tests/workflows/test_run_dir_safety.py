@@ -194,3 +194,46 @@ def test_a_model_directory_without_config_json_is_refused_before_any_worker_star
     code, out = train(capsys, SFT, f"model.path={model}", f"run.dir={tmp_path / 'r'}", "trainer.steps=1", *FAST)
     assert code == EXIT_USER and f"model.path={model}: model directory {model} lacks config.json" in out, out
     assert "worker group" not in out and not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow  # (about 2 s; the full `make test` runs it)
+def test_a_resume_with_trainer_steps_at_or_below_its_checkpoint_says_there_is_nothing_to_train(capsys, tmp_path):
+    """trainer.steps=5 (say, 500 meant) resuming the checkpoint of step 6 ended with 'model saved' alone."""
+    run = tmp_path / "run"
+    code, out = train(capsys, SFT, f"run.dir={run}", *FAST, "trainer.steps=6", "run.save_every=3")
+    assert code == 0, out
+    for n, how in ((5, "past"), (6, "at")):
+        code, out = train(capsys, SFT, f"run.dir={run}", *FAST, f"trainer.steps={n}", "run.resume=auto")
+        assert code == 0, out
+        assert (f"relayrl: the checkpoint is at step 6, {how} trainer.steps={n}: nothing left to train (raise "
+                f"trainer.steps to train on)") in out, out
+        assert steps(run) == list(range(7))
+
+
+@pytest.mark.slow  # (about 3 s; the full `make test` runs it)
+def test_a_damaged_newest_checkpoint_says_how_to_resume_the_one_before_it(capsys, tmp_path):
+    """resume=auto refused the damaged newest checkpoint and resume=PATH the older one (the run has a later
+    one): each message sent the user to the other. The refusal now says to move the damaged one aside."""
+    run = tmp_path / "run"
+    args = [SFT, f"run.dir={run}", *FAST, "run.save_every=1"]
+    code, out = train(capsys, *args, "trainer.steps=3")
+    assert code == 0, out
+    newest = run / "checkpoints" / "step-000003"
+    aside = run / "checkpoints" / "damaged-step-000003"
+    for name, damage in (("optimizer.pt", "flip"), ("model.safetensors", "cut")):
+        whole = (newest / name).read_bytes()
+        data = bytearray(whole)
+        if damage == "flip":
+            data[len(data) // 2] ^= 1
+        else:
+            del data[len(data) // 2:]
+        (newest / name).write_bytes(bytes(data))
+        code, out = train(capsys, *args, "trainer.steps=4", "run.resume=auto")
+        assert code == EXIT_USER and f"{newest / name}: " in out, out
+        assert (f"To resume from step-000002, the newest checkpoint before it, move it out of the way: mv {newest} "
+                f"{aside} (then run.resume=auto again)") in out, out
+        (newest / name).write_bytes(whole)  # (the next case damages another file)
+    newest.rename(aside)
+    code, out = train(capsys, *args, "trainer.steps=4", "run.resume=auto")
+    assert code == 0 and "resuming from" in out and "step-000002" in out, out
+    assert steps(run) == [0, 1, 2, 3, 4]

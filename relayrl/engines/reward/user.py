@@ -29,6 +29,10 @@ from relayrl.data.truth import truth_value
 from relayrl.engines.reward.config import RewardError
 from relayrl.plugins import resolve
 
+FLOAT32_MAX = 3.4028234663852886e38
+"""The largest float32: rewards train as float32 tensors, so a larger one becomes inf there (and its square
+overflows the float metrics)."""
+
 __all__ = ["RewardFn", "load_reward_fn", "UserFn", "load_user_fns", "CallShape", "call_shape", "with_ids",
            "with_progress", "trainer_state", "check_rewards", "call_within", "Overtime"]
 
@@ -270,9 +274,10 @@ def with_ids(fields: Sequence[dict | None], token_ids: Sequence) -> list[dict]:
 
 def check_rewards(result: Any, n: int, fn_name: str, what: str = "reward function",
                   none_ok: bool = False) -> list:
-    """Validate a reward source's result: ``n`` finite real numbers; return them as floats. Errors name it as
-    ``f"{what} {fn_name}"`` (``what=""``: ``fn_name`` alone, e.g. "reward model DIR"). ``none_ok``: ``None``
-    is kept (a user function's "this row is not mine", as TRL's reward functions say it).
+    """Validate a reward source's result: ``n`` finite real numbers within float32's range; return them as
+    floats. Errors name it as ``f"{what} {fn_name}"`` (``what=""``: ``fn_name`` alone, e.g. "reward model
+    DIR"). ``none_ok``: ``None`` is kept (a user function's "this row is not mine", as TRL's reward functions
+    say it).
 
     Accepts a list or tuple, a 1-D numpy array or a 1-D torch tensor.
     """
@@ -300,8 +305,9 @@ def check_rewards(result: Any, n: int, fn_name: str, what: str = "reward functio
         if not isinstance(v, numbers.Real):
             raise RewardError(f"{fn_name} returned {type(v).__name__} {v!r} at index {i}; expected a float")
         v = float(v)
-        if not math.isfinite(v):
-            raise RewardError(f"{fn_name} returned {v} at index {i}; rewards must be finite")
+        if not math.isfinite(v) or abs(v) > FLOAT32_MAX:
+            beyond = f", beyond float32's range (+-{FLOAT32_MAX:.1e}, as rewards train)" if math.isfinite(v) else ""
+            raise RewardError(f"{fn_name} returned {v} at index {i}{beyond}; rewards must be finite")
         out.append(v)
     return out
 

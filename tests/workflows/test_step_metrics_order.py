@@ -1,0 +1,33 @@
+"""A step's reward metrics do not depend on the order its scoring calls finished in: several calls run at once,
+so a DAPO run and its resume gathered them in another order and differed in the last digits of ``reward/mean``
+(a float32 mean of the rows in the order their groups were judged). (How the rows are split into calls still
+moves the per-call means of ``reward/verifier_mean`` by an ulp now and then.)"""
+
+from __future__ import annotations
+
+import random
+
+from relayrl.workflows.rollout_stream import GroupRecord
+from relayrl.workflows.state import StepState
+from relayrl.workflows.step_metrics import step_metrics
+
+
+def _state(order: list[int]) -> StepState:
+    calls = [(0.1 * k + 1 / 3, 8) for k in range(7)]  # (value, rows) of each scoring call
+    scores = [[(0.2 * k + 0.1 * j) % 1.3 for j in range(8)] for k in range(7)]
+    st = StepState(problems=[None] * 7, positions=[None] * 7)
+    st.records = [GroupRecord(group=k, lengths=[5] * 8, prompt_len=4, truncated=[False] * 8) for k in range(7)]
+    for k in order:
+        st.reward_metrics.setdefault("reward/verifier_mean", []).append(calls[k])
+        st.scores += scores[k]
+        st.rewards += [s - 0.7 for s in scores[k]]
+    return st
+
+
+def test_the_reward_metrics_are_the_same_in_any_order_the_calls_finished():
+    first = step_metrics(_state(list(range(7))), step=1, prompts_per_step=7, tri_model=False, session=None)
+    for seed in range(5):
+        order = list(range(7))
+        random.Random(seed).shuffle(order)
+        again = step_metrics(_state(order), step=1, prompts_per_step=7, tri_model=False, session=None)
+        assert again == first, order
