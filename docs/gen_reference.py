@@ -47,8 +47,8 @@ def _type_name(tp: Any) -> str:
     if origin is Literal:
         kinds = sorted({type(a).__name__ for a in typing.get_args(tp)})
         return " or ".join("null" if k == "NoneType" else k for k in kinds)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):  # (once each: a Literal of names | str is "str")
+        return " or ".join(dict.fromkeys(_type_name(a) for a in typing.get_args(tp)))
     if origin is not None:
         args = ", ".join(_type_name(a) for a in typing.get_args(tp))
         return f"{getattr(origin, '__name__', str(origin))}[{args}]"

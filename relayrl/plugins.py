@@ -6,6 +6,9 @@ A path is ``package.module:attribute`` (the attribute may be dotted: ``module:Cl
 or its directory on ``PYTHONPATH``); a file needs nothing of the kind. The config makes a file's path
 absolute when it loads (:func:`absolute_file`), so rank processes and Ray workers, whose working
 directory is another, open the same file.
+
+An advantage estimator or a policy loss named by path (``algorithm.advantage``, ``algorithm.policy_loss``:
+:mod:`relayrl.algorithms.plugins`) is refused with :class:`PluginError`, which names the key and the fix.
 """
 
 from __future__ import annotations
@@ -17,7 +20,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["absolute_file", "resolve"]
+from relayrl.errors import UserError
+
+__all__ = ["PluginError", "absolute_file", "is_path", "resolve"]
+
+
+class PluginError(UserError, ValueError):
+    """A user's plugin named by path in the config (an advantage estimator, a policy loss) that cannot be loaded
+    or breaks its contract; the message names the config key, the object and the fix."""
+
+
+def is_path(value: str) -> bool:
+    """Whether a config value names an object by path (``file.py:name``, ``package.module:name`` or
+    ``package.module.name``) rather than by a registered name (which holds neither ``:`` nor ``.``)."""
+    return ":" in value or "." in value
 
 
 def _file_split(path: str) -> tuple[str, str] | None:

@@ -41,7 +41,8 @@ from relayrl.algorithms.ratio import LEVELS, LossArgs, ratio_metrics, ratio_term
 
 Tensor = torch.Tensor
 
-__all__ = ["AGG_MODES", "LEVELS", "POLICY_LOSSES", "aggregate", "count_tokens_and_seqs", "policy_loss"]
+__all__ = ["AGG_MODES", "LEVELS", "POLICY_LOSSES", "aggregate", "count_tokens_and_seqs", "policy_loss",
+           "policy_loss_fn"]
 
 
 def policy_loss(
@@ -141,3 +142,14 @@ POLICY_LOSSES: dict = _policy_losses()
 """``algorithm.policy_loss`` -> the loss function; every one takes :func:`policy_loss`'s arguments (the others as
 ``**common``: :class:`~relayrl.algorithms.ratio.LossArgs`) and its own options by keyword (SAPO's temperatures,
 VESPO's kernel, Clip-Cov's and KL-Cov's token selection)."""
+
+
+def policy_loss_fn(kind: str):
+    """The policy loss ``algorithm.policy_loss=kind``: a registered one (:data:`POLICY_LOSSES`), or a user's at the
+    path ``kind`` (:func:`~relayrl.algorithms.plugins.load_policy_loss`: loaded once in the process that asks, its
+    return checked at each call)."""
+    if kind in POLICY_LOSSES:
+        return POLICY_LOSSES[kind]
+    from relayrl.algorithms.plugins import load_policy_loss
+
+    return load_policy_loss(kind)

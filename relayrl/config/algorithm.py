@@ -9,10 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from relayrl.algorithms.estimators import ESTIMATORS
+from relayrl.algorithms.estimators import ESTIMATORS, estimator
 from relayrl.algorithms.names import AGG_MODES, POLICY_LOSS_NAMES, REFERENCE_KINDS
+from relayrl.plugins import absolute_file, is_path
 
 if TYPE_CHECKING:  # torch: imported when a loss asks for its correction, not while a recipe is validated
     from relayrl.algorithms.correction import Correction
@@ -210,7 +211,10 @@ class OnlineDPOConfig(_Section):
 class AlgorithmConfig(_Section):
     """GRPO by default; DAPO is GRPO with clip_high > clip_low, token-mean, dynamic sampling, overlong shaping."""
 
-    advantage: str = Field("grpo", description=f"one of {', '.join(ESTIMATORS)}")
+    advantage: str = Field("grpo", description=f"one of {', '.join(ESTIMATORS)}; or your own estimator by path, "
+                           f"path/to/file.py:NAME or package.module:NAME, NAME an Estimator record or a function "
+                           f"fn(x: EstimatorInputs) -> Advantages (docs/algorithms.md, 'Your own estimator or loss'; "
+                           f"a file's path is made absolute when the config loads)")
     normalize_std: bool = Field(True, description="group-relative estimators: divide by the group's reward std "
                                 "(false: Dr. GRPO's unscaled advantages)")
     loss_agg: str = Field("seq-mean-token-mean", description=f"how token losses (policy loss, KL term, entropy "
@@ -286,9 +290,12 @@ class AlgorithmConfig(_Section):
                                   "policy loss by min(pi_old / mu, tis_cap), mu the rollout engine's log-probs. "
                                   "The same as algorithm.correction.level=token, mode=truncate, high=tis_cap "
                                   "(which also has sequence weights, masking and divergence masking)")
-    policy_loss: Literal[POLICY_LOSS_NAMES] = Field(  # type: ignore[valid-type]
-        "ppo", description="ppo: the clipped surrogate (PPO, GRPO, DAPO; GSPO with ratio_level=sequence; LUSPO "
-        "with ratio_level=sequence and loss_agg=seq-mean-token-sum); cispo: MiniMax-M1's CISPO, "
+    policy_loss: Literal[POLICY_LOSS_NAMES] | str = Field(  # type: ignore[valid-type]
+        "ppo", description="one of the names, or your own loss by path (path/to/file.py:fn or "
+        "package.module:fn, called as the built-in ones are: fn(logprobs, old_logprobs, advantages, mask, "
+        "**common) -> (loss, metrics), docs/algorithms.md, 'Your own estimator or loss'). ppo: the clipped "
+        "surrogate (PPO, GRPO, DAPO; GSPO with ratio_level=sequence; LUSPO with ratio_level=sequence and "
+        "loss_agg=seq-mean-token-sum); cispo: MiniMax-M1's CISPO, "
         "-sg(clip(r, 1-clip_low, 1+clip_high)) * A * log pi, which clips the importance weight and keeps every "
         "token's gradient (MiniMax-M1 uses loss_agg=token-mean and a large clip_low); sapo: Qwen's SAPO, a "
         "smooth gate (4/tau) sigmoid(tau (r - 1)) in place of the clip (algorithm.sapo); vespo: VESPO, the "
@@ -331,17 +338,32 @@ class AlgorithmConfig(_Section):
         """Whether the rollout records each token's experts (``routing_replay`` rollout or measure)."""
         return self.routing_replay in ("rollout", "measure")
 
+    @field_validator("advantage", "policy_loss")
+    @classmethod
+    def _plugin_file(cls, v: str, info: ValidationInfo) -> str:
+        """A user's estimator or loss in a file: its path made absolute (every process opens the same file)."""
+        return absolute_file(v, f"algorithm.{info.field_name}") if is_path(v) else v
+
     @model_validator(mode="after")
     def _names(self) -> "AlgorithmConfig":
-        if self.advantage not in ESTIMATORS:
+        if self.advantage not in ESTIMATORS and not is_path(self.advantage):
             from relayrl.config.verl_keys import VERL_ADVANTAGES
 
             verl = VERL_ADVANTAGES.get(self.advantage)
             hint = f"; verl's {self.advantage} is algorithm.advantage={verl}" if verl else ""
-            raise ValueError(f"algorithm.advantage={self.advantage!r} is not one of {', '.join(ESTIMATORS)}{hint}")
+            raise ValueError(f"algorithm.advantage={self.advantage!r} is not one of {', '.join(ESTIMATORS)}{hint} "
+                             f"(or your own by path: path/to/file.py:NAME, package.module:NAME)")
+        if self.policy_loss not in POLICY_LOSS_NAMES:
+            if not is_path(self.policy_loss):
+                raise ValueError(f"algorithm.policy_loss={self.policy_loss!r} is not one of "
+                                 f"{', '.join(POLICY_LOSS_NAMES)} (or your own by path: path/to/file.py:fn, "
+                                 f"package.module:fn)")
+            from relayrl.algorithms.plugins import load_policy_loss
+
+            load_policy_loss(self.policy_loss)  # (its signature, now: a rank would meet a wrong one mid-step)
         if self.loss_agg not in AGG_MODES:
             raise ValueError(f"algorithm.loss_agg={self.loss_agg!r} is not one of {', '.join(AGG_MODES)}")
-        est = ESTIMATORS[self.advantage]
+        est = estimator(self.advantage)  # (a user's: loaded now, so its record answers the checks below)
         for name, section in (("online_dpo", self.online_dpo),):  # estimator options in sections of their own
             if section.model_fields_set and name not in est.params:
                 key = sorted(section.model_fields_set)[0]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from relayrl.algorithms.estimators import ESTIMATORS
+from relayrl.algorithms.estimators import ESTIMATORS, estimator
 from relayrl.algorithms.names import GROUP_AGG_MODES, REFERENCE_FREE_KINDS, SMOOTHED_KINDS
 
 Config = Any
@@ -44,7 +44,7 @@ def check_env(self: Config) -> None:
     if a.overlong_shaping:
         raise ValueError("algorithm.overlong_shaping penalises a response's length against rollout.max_new_tokens; "
                          "an episode's length is bounded by env.max_tokens instead: drop overlong_shaping")
-    if ESTIMATORS[a.advantage].baseline:
+    if estimator(a.advantage).baseline:
         others = ", ".join(n for n, e in ESTIMATORS.items() if not e.baseline)
         raise ValueError(f"algorithm.advantage={a.advantage} needs a greedy single-turn baseline; use one of "
                          f"{others} with env.name")
@@ -62,7 +62,7 @@ def check_decoupled_rewards(self: Config) -> None:
         raise ValueError(f"{key} combines reward functions into advantages, which workflow {self.workflow} does "
                          f"not compute: drop reward.user_aggregation")
     a = self.algorithm
-    if not ESTIMATORS[a.advantage].group_baseline:
+    if not estimator(a.advantage).group_baseline:
         fits = ", ".join(n for n, e in ESTIMATORS.items() if e.group_baseline)
         raise ValueError(f"{key} gives each response a reward that means something only beside the other "
                          f"responses to its prompt (each function normalised within the group), but "
@@ -95,7 +95,7 @@ def check_ref_sync(self: Config) -> None:
     if self.workflow == "dpo" and self.dpo.kind in REFERENCE_FREE_KINDS:
         raise ValueError(f"{key} moves the reference model, and dpo.kind={self.dpo.kind} is reference-free: it "
                          f"loads none; drop trainer.ref_sync_every (or use a kind with a reference, e.g. sigmoid)")
-    if self.workflow == "grpo" and self.algorithm.kl_coef == 0 and not ESTIMATORS[self.algorithm.advantage].reference:
+    if self.workflow == "grpo" and self.algorithm.kl_coef == 0 and not estimator(self.algorithm.advantage).reference:
         raise ValueError(f"{key} moves the reference model, and algorithm.kl_coef=0 loads none: set "
                          f"algorithm.kl_coef > 0 or drop trainer.ref_sync_every")
     if self.model.lora.enabled:

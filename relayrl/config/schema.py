@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from relayrl.algorithms.estimators import ESTIMATORS
+from relayrl.algorithms.estimators import estimator
 from relayrl.config.paths import DirPath, LocalPath
 from relayrl.config.algorithm import AlgorithmConfig, CorrectionConfig, DistillConfig
 from relayrl.config.dpo import DPOConfig
@@ -380,7 +380,7 @@ class Config(_Section):
             raise ValueError(f"algorithm.distill.teacher scores the responses the policy samples, which workflow "
                              f"{self.workflow} does not generate: use workflow grpo or drop algorithm.distill.teacher")
         pure_distill = self.algorithm.distill.enabled and self.algorithm.distill.reward_weight == 0
-        if self.workflow == "grpo" and ESTIMATORS[self.algorithm.advantage].min_group > self.rollout.n \
+        if self.workflow == "grpo" and estimator(self.algorithm.advantage).min_group > self.rollout.n \
                 and not pure_distill:
             raise ValueError(f"rollout.n={self.rollout.n}: group advantages ({self.algorithm.advantage}) need "
                              f"rollout.n >= 2 responses per prompt")
@@ -516,7 +516,7 @@ def _check_placement(self: Config) -> None:
         raise ValueError("trainer.mode=periodic is on-policy; trainer.off_policy_steps lets the rollout run up to "
                          "k versions ahead (its trainer also consumes groups as they arrive): choose one")
     if t.tri_model:
-        if ESTIMATORS[self.algorithm.advantage].reference:
+        if estimator(self.algorithm.advantage).reference:
             raise ValueError(f"trainer.tri_model computes the reference's log-probs inside the update, after the "
                              f"advantages; algorithm.advantage={self.algorithm.advantage} reads them before (in its "
                              f"advantages): drop trainer.tri_model")

@@ -22,7 +22,7 @@ from relayrl.algorithms.entropy import high_entropy_mask
 from relayrl.algorithms.kl import kl_loss
 from relayrl.algorithms.kto import kto_terms
 from relayrl.algorithms.aggregation import normalized_by
-from relayrl.algorithms.losses import POLICY_LOSSES, aggregate
+from relayrl.algorithms.losses import aggregate, policy_loss_fn
 from relayrl.algorithms.mismatch import logprob_error
 from relayrl.algorithms.ratio import ratio_terms
 from relayrl.algorithms.reward_model import bradley_terry_loss
@@ -38,8 +38,8 @@ __all__ = ["PolicyLoss", "ValueLoss", "SFTLoss", "DPOLoss", "KTOLoss", "BTLoss",
 class PolicyLoss:
     """The policy loss (+ KL to the reference, - entropy bonus): PPO-clip (GRPO/DAPO/GSPO by configuration)
     or another of :data:`~relayrl.algorithms.losses.POLICY_LOSSES` (``kind``: CISPO, SAPO, VESPO, Clip-Cov,
-    KL-Cov, GMPO), with an optional rollout correction and an optional selection of the high-entropy tokens
-    (``top_entropy``).
+    KL-Cov, GMPO) or a user's (``kind`` a path), with an optional rollout correction and an optional selection
+    of the high-entropy tokens (``top_entropy``).
 
     Fields read from the micro-batch: ``advantages`` [B, T], ``old_logprobs``
     [B, T] when present (otherwise the current log-probs, detached: exactly
@@ -62,7 +62,9 @@ class PolicyLoss:
     entropy_coef: float = 0.0
     agg_constant: float | None = None
     kind: str = "ppo"
-    """The policy loss by name (:data:`relayrl.algorithms.losses.POLICY_LOSSES`)."""
+    """The policy loss by name (:data:`relayrl.algorithms.losses.POLICY_LOSSES`), or a user's by path
+    (``file.py:fn``): the loss travels with the path and each process that calls it loads the function itself
+    (:func:`~relayrl.algorithms.losses.policy_loss_fn`)."""
     correction: Correction | None = None
     old_key: str = "old_logprobs"
     """field holding pi_old (``gen_logprobs``: the rollout engine's log-probs)"""
@@ -105,7 +107,7 @@ class PolicyLoss:
             kept, kept_metrics = high_entropy_mask(mb.entropy, mb.mask, self.top_entropy)
             is_weights = kept if is_weights is None else is_weights * kept
             is_metrics = {**is_metrics, **kept_metrics}
-        loss, metrics = POLICY_LOSSES[self.kind](
+        loss, metrics = policy_loss_fn(self.kind)(
             mb.logprobs, old, f["advantages"], mb.mask,
             clip_low=self.clip_low, clip_high=self.clip_high, dual_clip=self.dual_clip,
             agg=self.agg, level=self.level, is_weights=is_weights, **counts, **dict(self.options),

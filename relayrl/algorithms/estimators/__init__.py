@@ -4,7 +4,9 @@
 Adding an estimator that needs only rewards: a file here defining
 ``MINE = Estimator("mine", lambda x: Advantages(broadcast(my_formula(x.rewards, x.group_ids), x.mask)), paper=...)``
 and its line in ``ESTIMATORS`` below; the config accepts ``algorithm.advantage=mine`` and every step mode
-runs it (``docs/algorithms.md`` shows it whole).
+runs it (``docs/algorithms.md`` shows it whole). An estimator of a user's own, outside relayrl, is named by
+path instead (``algorithm.advantage=path/to/mine.py:MINE``: :mod:`relayrl.algorithms.plugins`), and
+:func:`estimator` loads it in whichever process asks.
 
 The registry imports no torch (the config checks read it while a recipe is validated): an estimator's
 function imports the formulas of :mod:`relayrl.algorithms.advantages` when it first runs.
@@ -51,11 +53,19 @@ ESTIMATORS: dict[str, Estimator] = {e.name: e for e in (
 
 
 def estimator(name: str) -> Estimator:
-    """The estimator registered as ``name``; a ValueError lists the valid names."""
-    try:
+    """The estimator registered as ``name``, or a user's at the path ``name`` (``file.py:NAME``,
+    ``package.module:NAME``; loaded once per process, :func:`~relayrl.algorithms.plugins.load_estimator`); a
+    ValueError lists the valid names (a :class:`~relayrl.plugins.PluginError` says why a path cannot be used)."""
+    from relayrl.plugins import is_path
+
+    if name in ESTIMATORS:
         return ESTIMATORS[name]
-    except KeyError:
-        raise ValueError(f"unknown advantage estimator {name!r}; valid names: {', '.join(ESTIMATORS)}") from None
+    if is_path(name):
+        from relayrl.algorithms.plugins import load_estimator
+
+        return load_estimator(name)
+    raise ValueError(f"unknown advantage estimator {name!r}; valid names: {', '.join(ESTIMATORS)}, or a path to "
+                     f"your own (path/to/file.py:NAME, package.module:NAME)")
 
 
 def compute(name: str, *, rewards: torch.Tensor, group_ids: torch.Tensor, mask: torch.Tensor,

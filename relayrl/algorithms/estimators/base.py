@@ -28,7 +28,11 @@ them to the inputs a step has (:class:`EstimatorInputs`) and declares:
   refuses any other policy loss or aggregation and every term that would change that gradient (a KL term or
   KL reward, a rollout correction, token selection, the overlong filter, distillation);
 * ``params``: the ``algorithm`` keys it reads besides the rewards (``gamma``, ``lam``, ``normalize_std``, the
-  ``online_dpo`` section), so a value set for an estimator that ignores it is refused when the config loads.
+  ``online_dpo`` section), so a value set for an estimator that ignores it is refused when the config loads;
+* ``plugin``: a user's estimator loaded by path (``algorithm.advantage=file.py:NAME``,
+  :mod:`relayrl.algorithms.plugins`; its ``name`` is then that path): a return that breaks the contract is the
+  user's to fix, a :class:`~relayrl.plugins.PluginError` naming the key, where relayrl's own is a bug
+  (``ValueError``).
 """
 
 from __future__ import annotations
@@ -118,6 +122,7 @@ class Estimator:
     reference: bool = False
     own_loss: str | None = None
     params: frozenset[str] = frozenset()
+    plugin: bool = False
 
     @property
     def reads_old(self) -> bool:
@@ -145,25 +150,30 @@ class Estimator:
         """``out`` if it is what an estimator returns (advantages shaped like the mask, the critic's returns for
         ``values``, metrics that are floats by name), else a ValueError naming the estimator and the breach:
         a wrong one failed later, deep in the update (an IndexError, a missing attribute)."""
-        what = f"advantage estimator {self.name!r}"
+        what = f"algorithm.advantage={self.name}" if self.plugin else f"advantage estimator {self.name!r}"
+        breach: type[ValueError] = ValueError
+        if self.plugin:
+            from relayrl.plugins import PluginError
+
+            breach = PluginError
         adv = getattr(out, "advantages", None)
         if not isinstance(out, tuple) or not hasattr(adv, "shape"):
-            raise ValueError(f"{what} returned {type(out).__name__}; return Advantages(advantages [B, T], "
+            raise breach(f"{what} returned {type(out).__name__}; return Advantages(advantages [B, T], "
                              f"returns=None, metrics=None) (relayrl.algorithms.estimators.base.Advantages)")
         if tuple(adv.shape) != tuple(x.mask.shape):
-            raise ValueError(f"{what} returned advantages of shape {tuple(adv.shape)}; expected the mask's "
+            raise breach(f"{what} returned advantages of shape {tuple(adv.shape)}; expected the mask's "
                              f"{tuple(x.mask.shape)} (one value per response token: broadcast(per_response, mask))")
         returns = getattr(out, "returns", None)
         if self.values and (returns is None or tuple(returns.shape) != tuple(x.mask.shape)):
             got = "none" if returns is None else f"shape {tuple(returns.shape)}"
-            raise ValueError(f"{what} reads values, so it returns the critic's returns shaped like the mask "
+            raise breach(f"{what} reads values, so it returns the critic's returns shaped like the mask "
                              f"{tuple(x.mask.shape)}; got {got}")
         metrics = getattr(out, "metrics", None)
         if metrics is not None:
             bad = {k: v for k, v in metrics.items() if not isinstance(k, str) or isinstance(v, bool)
                    or not isinstance(v, (int, float))} if isinstance(metrics, dict) else metrics
             if not isinstance(metrics, dict) or bad:
-                raise ValueError(f"{what} returned metrics {bad!r}; metrics are a dict of Python floats by name "
+                raise breach(f"{what} returned metrics {bad!r}; metrics are a dict of Python floats by name "
                                  f"('mine/x': float(value))")
         return out
 
