@@ -48,9 +48,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import torch
-
-from relayrl.algorithms.dapo import overlong_penalty
 from relayrl.algorithms.kl import kl_controller
 from relayrl.algorithms.retire import solved_groups
 from relayrl.checkpoint import CheckpointError, check_fits
@@ -68,7 +65,7 @@ from relayrl.workflows.produce import Produce
 from relayrl.workflows.ref_sync import ReferenceSync
 from relayrl.workflows.relay import relay_weights
 from relayrl.workflows.roles import Pools, build_roles, check_teacher, placed_config
-from relayrl.workflows.scoring import ScoreWorker
+from relayrl.workflows.scoring import RewardShaping, ScoreWorker
 from relayrl.workflows.session import Session
 from relayrl.workflows.state import StepState
 from relayrl.workflows.step_metrics import mismatch_warning, staleness_metrics, step_metrics, step_tokens
@@ -108,7 +105,7 @@ class GRPOPipeline:
         self.dock = Dock.from_config(cfg.dock)
         self.relay = WeightRelay()
         self.shared = self._share_rollout_weights()
-        scorer = dict(reward=s.reward, tokenizer=s.tokenizer, algorithm=cfg.algorithm, shape=self.shaped)
+        scorer = dict(reward=s.reward, tokenizer=s.tokenizer, algorithm=cfg.algorithm, shape=RewardShaping.of(cfg))
         if cfg.placement.reward == "driver":  # threads of the driver: calls run concurrently, beside every pool
             worker = ScoreWorker(**scorer)
 
@@ -144,14 +141,6 @@ class GRPOPipeline:
                 or self.cfg.model.lora.enabled:
             return False
         return bool(self.rollout.one(RolloutWorker.share_weights, self.actor.one(PolicyWorker.named_weights), 0))
-
-    def shaped(self, scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """Rewards from verifier scores: DAPO's overlong shaping when enabled."""
-        a = self.cfg.algorithm
-        if not a.overlong_shaping:
-            return scores.clone()
-        return scores + a.overlong_penalty * overlong_penalty(lengths, self.cfg.rollout.max_new_tokens,
-                                                              a.overlong_cache)
 
     # ---------------------------------------------------------------- the step
     def step(self, step: int) -> dict[str, float]:

@@ -8,9 +8,12 @@ or judge on that pool's device).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence
 
 import torch
+
+from relayrl.algorithms.dapo import overlong_penalty
 
 from relayrl.cluster import Worker
 from relayrl.engines.reward import RewardError
@@ -18,7 +21,30 @@ from relayrl.engines.reward.extra import ExtraLog
 from relayrl.engines.reward.user import with_ids, with_progress
 from relayrl.workflows.estimate import advantage_rows
 
-__all__ = ["ScoreWorker", "Scored"]
+__all__ = ["ScoreWorker", "Scored", "RewardShaping"]
+
+
+@dataclass(frozen=True)
+class RewardShaping:
+    """Rewards ``[N]`` from verifier scores ``[N]`` and response lengths ``[N]``: DAPO's overlong shaping when
+    enabled, else the scores. A plain record, so that a scorer on a pool of its own (``placement.reward``),
+    built in a Ray actor there, receives it pickled."""
+
+    overlong: bool
+    penalty: float
+    max_len: int
+    cache: int
+
+    @classmethod
+    def of(cls, cfg) -> "RewardShaping":
+        """The shaping of run config ``cfg`` (``algorithm.overlong_*``, ``rollout.max_new_tokens``)."""
+        a = cfg.algorithm
+        return cls(a.overlong_shaping, a.overlong_penalty, cfg.rollout.max_new_tokens, a.overlong_cache)
+
+    def __call__(self, scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        if not self.overlong:
+            return scores.clone()
+        return scores + self.penalty * overlong_penalty(lengths, self.max_len, self.cache)
 
 
 class Scored(NamedTuple):

@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -153,6 +154,26 @@ def test_the_same_dataflow_runs_on_ray(tmp_path):
     assert (out / "config.json").is_file()
     last = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["step"] == 2 and last["dock/driver_bytes"] == 0 and last["actor/grad_norm"] > 0
+
+
+@pytest.mark.ray
+def test_on_ray_the_scorer_on_a_pool_of_its_own_scores_as_the_driver_does(tmp_path):
+    """``placement.reward=rm`` on Ray: the scorer is an actor on that pool, built from the pickled reward engine
+    (its user function loaded again from its file) and the run's reward shaping (DAPO's overlong penalty), reading
+    the rollout's rows from the dock's Ray units. The step's rewards are those the driver's scorer gives."""
+    import json
+
+    def rewards(run_dir, *over):
+        GRPOPipeline(config(run_dir, "cluster.backend=ray", "cluster.num_cpus=3", "trainer.steps=1",
+                            "algorithm.overlong_shaping=true", "algorithm.overlong_cache=4",
+                            f"reward.user_fn={Path(__file__).parent / 'dataflow_rewards.py'}:by_length", *over)).run()
+        return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+
+    pooled = rewards(tmp_path / "pool", "placement.pools.rm=1", "placement.reward=rm")
+    driver = rewards(tmp_path / "driver")
+    for key in ("reward/mean", "reward/verifier_mean", "actor/grad_norm"):
+        assert pooled[key] == pytest.approx(driver[key], rel=1e-6), key
+    assert pooled["reward/mean"] != pooled["reward/verifier_mean"]  # (the overlong penalty shaped the rewards)
 
 
 def test_prompt_level_periodic_step_with_the_overlong_filter_is_the_sync_step(tmp_path):

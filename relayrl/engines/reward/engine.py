@@ -123,6 +123,24 @@ class RewardEngine:
         self._closed = False
         self._abandoned: list[threading.Thread] = []  # user-function calls that ran past reward.timeout_s
 
+    # ---------------------------------------------------------------- pickling
+    _TRANSIENT = ("_lock", "_pool", "_driver", "_abandoned", "_rm", "_user")
+
+    def __getstate__(self) -> dict:
+        """The engine as a scorer on a pool of its own receives it (``placement.reward`` on Ray: an actor there):
+        its config, task, verifier, judge and running moments; not its threads and lock, nor a loaded reward
+        model (loaded again on first use) or the user functions (loaded again from ``reward.user_fn``, which
+        names their files: a function of a file loaded by path does not pickle by reference)."""
+        if self._closed:
+            raise RewardError("a closed reward engine cannot be sent to another process")
+        return {k: v for k, v in self.__dict__.items() if k not in self._TRANSIENT}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock, self._rm, self._driver, self._abandoned = threading.Lock(), None, None, []
+        self._user = load_user_fns(self.cfg.user_fns, self.cfg.user_weights) if self.cfg.verifier == "user" else []
+        self._pool = ThreadPoolExecutor(self.cfg.workers, thread_name_prefix="reward") if self.cfg.workers > 1 else None
+
     # ---------------------------------------------------------------- scoring
     def place(self, device) -> None:
         """Score the learned rewards on ``device`` (a reward worker on its own pool's device)."""
