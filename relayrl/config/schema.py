@@ -73,6 +73,10 @@ class RunConfig(_Section):
     keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept in RUN_DIR/checkpoints; older "
                                   "ones are deleted after each save")
     on_nonfinite: Literal["stop", "skip"] = Field("stop", description="NaN/Inf loss or gradient: save and stop, or skip the step")
+    nonfinite_skip_limit: int = Field(10, ge=1, description="run.on_nonfinite=skip: this many updates skipped in a "
+                                      "row stop the run as run.on_nonfinite=stop does (the last good weights saved): "
+                                      "every batch failing means the weights or the optimizer state are broken, "
+                                      "not one batch")
     threads: int = Field(0, ge=0, description="torch CPU threads (0: all cores)")
 
     @field_validator("resume", mode="before")

@@ -226,6 +226,7 @@ class Session(EvalSession):
         self.step_done = 0  # the last step logged (or resumed from)
         self.stopped_early: dict | None = None  # {"step", "accuracy", "stop_at"} once eval.stop_at was reached
         self.nonfinite_skips = 0  # updates skipped for a NaN/Inf loss or gradient norm (run.on_nonfinite=skip)
+        self.nonfinite_streak = 0  # of those, skipped in a row up to the last step (run.nonfinite_skip_limit)
 
     def _resume_plan(self) -> ResumePlan:
         """Where the run starts (``run.resume``), its checkpoint's config compared with this run's."""
@@ -250,27 +251,34 @@ class Session(EvalSession):
     def log_step(self, step: int, metrics: dict[str, float], *, save: Callable[[int], None]) -> bool:
         """Log one step; on a NaN/Inf loss or gradient norm of any trained role (the actor, the critic, a reward
         model: ``telemetry.finite.UPDATE_METRICS``) save the last good state and stop, or, with
-        ``run.on_nonfinite=skip``, say so and count it in ``run/nonfinite_skips``. False = skipped."""
+        ``run.on_nonfinite=skip``, say so and count it in ``run/nonfinite_skips`` (until
+        ``run.nonfinite_skip_limit`` skips in a row stop the run). False = skipped."""
         metrics.update(self.timeline.timing_metrics(step))
+        run = self.cfg.run
         try:
             check_updates(step, metrics)
         except NonFiniteError as e:
             was = "were" if len(e.roles) > 1 else "was"
-            if self.cfg.run.on_nonfinite == "skip":
-                self.nonfinite_skips += 1
+            streak = self.nonfinite_streak + 1
+            if run.on_nonfinite == "skip" and streak < run.nonfinite_skip_limit:
+                self.nonfinite_skips, self.nonfinite_streak = self.nonfinite_skips + 1, streak
                 metrics["run/nonfinite_skips"] = float(self.nonfinite_skips)
                 self.tracker.log(step, metrics)
                 self.tracker.write_text(f"warning: {e}; {e.updates} {was} not applied (run.on_nonfinite=skip; "
-                                        f"{self.nonfinite_skips} skipped so far)")
+                                        f"{self.nonfinite_skips} skipped so far); {streak} in a row, the run stops "
+                                        f"at run.nonfinite_skip_limit={run.nonfinite_skip_limit}")
                 return False
             self.tracker.log(step, metrics)
             # The engine never applies a non-finite update, so the role's weights are still the last good ones.
             path = save(step)
+            fix = ("set run.on_nonfinite=skip to skip such updates and go on" if run.on_nonfinite == "stop" else
+                   f"run.on_nonfinite=skip skipped the {streak} last updates in a row (run.nonfinite_skip_limit="
+                   f"{run.nonfinite_skip_limit}): every batch failing points at the weights or the optimizer "
+                   f"state, not the data; lower engine.optim.lr or resume from an earlier checkpoint")
             raise RunStopped(f"{e}. {e.updates[0].upper()}{e.updates[1:]} {was} not applied; the last good weights "
-                             f"are saved in {path} (resume continues after this batch); set run.on_nonfinite=skip "
-                             f"to skip such updates and go on") from None
+                             f"are saved in {path} (resume continues after this batch); {fix}") from None
         self.tracker.log(step, metrics)
-        self.step_done = step
+        self.step_done, self.nonfinite_streak = step, 0
         return True
 
     # ----------------------------------------------------------- evaluation
@@ -359,7 +367,8 @@ class Session(EvalSession):
             optimizer_state=policy_state.get("optimizer"),
             scheduler_state=policy_state.get("scheduler"),
             trainer_state={"step": step, "data": self.prompts.state(), "stopped_early": self.stopped_early,
-                           "nonfinite_skips": self.nonfinite_skips, **(extra_state or {})},
+                           "nonfinite_skips": self.nonfinite_skips, "nonfinite_streak": self.nonfinite_streak,
+                           **(extra_state or {})},
             rng_state=rng,
             config=self.cfg.model_dump(mode="json"),
             extra=extra,
@@ -382,6 +391,7 @@ class Session(EvalSession):
         self.start_step = self.step_done = ck.step
         self.stopped_early = ck.trainer_state.get("stopped_early")
         self.nonfinite_skips = int(ck.trainer_state.get("nonfinite_skips", 0))
+        self.nonfinite_streak = int(ck.trainer_state.get("nonfinite_streak", 0))
         return ck
 
     def restore_rng(self, ck, generators: dict[str, Any] | None = None) -> None:

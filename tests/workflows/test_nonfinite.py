@@ -70,3 +70,20 @@ def test_skip_mode_skips_and_counts_the_nan_updates(tmp_path, monkeypatch, capsy
     assert all(r[metric] is None for r in recs[1:])  # (NaN is written as null)
     out = capsys.readouterr().out
     assert f"in the {role}'s update" in out and "not applied (run.on_nonfinite=skip; 2 skipped so far)" in out
+
+
+@pytest.mark.slow
+def test_skip_mode_stops_after_its_limit_of_updates_skipped_in_a_row(tmp_path, monkeypatch, capsys):
+    """Every batch failing is broken weights or optimizer state, not a bad batch: ``run.nonfinite_skip_limit``
+    skips in a row stop the run as ``stop`` does, the last good weights saved."""
+    _, cls, _, metric, role = CASES["critic"]
+    _poison(monkeypatch, cls)
+    with pytest.raises(RunStopped) as info:
+        train(_config(tmp_path, "critic", "run.on_nonfinite=skip", "run.nonfinite_skip_limit=2", "trainer.steps=3"))
+    msg = str(info.value)
+    assert msg.startswith(f"step 2: {metric} is nan (non-finite) in the {role}'s update"), msg
+    assert "run.on_nonfinite=skip skipped the 2 last updates in a row (run.nonfinite_skip_limit=2)" in msg
+    assert (tmp_path / "checkpoints" / "step-000002" / "manifest.json").is_file()
+    recs = _records(tmp_path)
+    assert [r["step"] for r in recs] == [0, 1, 2] and recs[1]["run/nonfinite_skips"] == 1.0
+    assert "1 in a row, the run stops at run.nonfinite_skip_limit=2" in capsys.readouterr().out
