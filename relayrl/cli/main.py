@@ -81,7 +81,11 @@ def cmd_demo(args) -> int:
         )
     for i, (name, recipe, _, overrides) in enumerate(stages):  # every stage's mistakes before the first trains
         init = [f"trainer.init_from={root / stages[i - 1][0] / 'model'}"] if i else []
-        _load(str(RECIPES / recipe), [f"run.dir={root / name}", *init, *overrides])
+        cfg = _load(str(RECIPES / recipe), [f"run.dir={root / name}", *init, *overrides])
+        if not _demo_owns(args, root / name):  # (another run in a later stage's way: refused now, not minutes on)
+            from relayrl.checkpoint.rundir import check_run_dir
+
+            check_run_dir(root / name, cfg.run.resume, cfg.run.overwrite)
     model, rl_min, held_out = None, 0.0, 0
     for i, (name, recipe, what, overrides) in enumerate(stages, 1):
         print(f"relayrl demo: {i}/{len(stages)} {what} (recipes/{recipe})", flush=True)
@@ -90,8 +94,7 @@ def cmd_demo(args) -> int:
         # A second demo replaces the first one's runs: the stage directories a demo made (marked), and those of
         # the default root. Any other run in the way (`--dir runs` beside the quickstart's runs/sft) is left to
         # the run directory's checks, which refuse it (run.overwrite=true moves it aside).
-        owned = args.dir is None or (root / name / DEMO_MARK).is_file()
-        if cfg.run.resume == "never" and owned and (root / name / "config.json").is_file():
+        if cfg.run.resume == "never" and _demo_owns(args, root / name) and (root / name / "config.json").is_file():
             print(f"relayrl demo: replacing the previous demo run in {root / name}", flush=True)
             shutil.rmtree(root / name)
         t = time.perf_counter()
@@ -110,6 +113,12 @@ def cmd_demo(args) -> int:
           f"a carry, before GRPO (the SFT model) and after; run dirs under {root}")
     print(f"demo: accuracy {100 * (before or 0):.1f}% -> {100 * (after or 0):.1f}% in {minutes:.1f} min")
     return 0
+
+
+def _demo_owns(args, stage_dir: Path) -> bool:
+    """Whether a demo may replace the run in ``stage_dir``: one a demo made (marked), or any under the default
+    root (``runs/demo``); another run there is left to the run directory's checks."""
+    return args.dir is None or (stage_dir / DEMO_MARK).is_file()
 
 
 def _eval_out(out: Path) -> Path:
