@@ -23,7 +23,9 @@ class DockConfig(BaseModel):
     units: int = Field(1, ge=1, description="Storage units the rows are spread over (one per node is typical on Ray).")
     backend: Literal["local", "process", "ray"] = Field(
         "local", description="'local': in-process units; 'process': one local process per unit (reachable from rank "
-                             "processes); 'ray': one actor per unit.")
+                             "processes); 'ray': one actor per unit. A GRPO-family run whose ranks live outside the "
+                             "driver (a split placement, several devices, cluster.backend=ray) turns 'local' into "
+                             "'process' (local backend) or 'ray'")
     lease_s: float = Field(60.0, gt=0.0, description="Seconds a handed-out row stays leased before it is re-delivered.")
     nodes: tuple[str, ...] = Field((), description="'ray': the IP addresses of the nodes the units live on (unit i "
                                    "on nodes[i % len(nodes)]); empty: Ray spreads them over the cluster")

@@ -123,9 +123,9 @@ def placed_config(cfg: Config) -> Config:
     and declares pools (a CPU device is a share of the cores), and the dock's storage units reachable from a
     rollout in its own process (units in processes of their own on the local backend, Ray actors on Ray)."""
     pl, cl = cfg.placement, cfg.cluster
-    # some rank lives outside the driver (on Ray the scorer of placement.reward's pool is an actor there too)
-    outside = (pl.split or cl.devices * cl.nodes > 1 or not cl.in_process
-               or (cl.backend == "ray" and pl.reward != "driver"))
+    # some rank lives outside the driver (on Ray every group is an actor: the rollout on main, the scorer of
+    # placement.reward's pool)
+    outside = pl.split or cl.devices * cl.nodes > 1 or not cl.in_process or cl.backend == "ray"
     if outside and cfg.dock.backend == "local":
         backend = "ray" if cfg.cluster.backend == "ray" else "process"
         cfg = cfg.model_copy(update={"dock": cfg.dock.model_copy(update={"backend": backend})})

@@ -164,12 +164,13 @@ def test_on_ray_the_scorer_on_a_pool_of_its_own_scores_as_the_driver_does(tmp_pa
     import json
 
     def rewards(run_dir, *over):
-        GRPOPipeline(config(run_dir, "cluster.backend=ray", "cluster.num_cpus=3", "trainer.steps=1",
+        GRPOPipeline(config(run_dir, "cluster.backend=ray", "placement.pools={}", "placement.rollout=main",
+                            "trainer.steps=1",
                             "algorithm.overlong_shaping=true", "algorithm.overlong_cache=4",
                             f"reward.user_fn={Path(__file__).parent / 'dataflow_rewards.py'}:by_length", *over)).run()
         return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
 
-    pooled = rewards(tmp_path / "pool", "placement.pools.rm=1", "placement.reward=rm")
+    pooled = rewards(tmp_path / "pool", "placement.pools.rm=1", "placement.reward=rm")  # (2 pools: 2 cores)
     driver = rewards(tmp_path / "driver")
     for key in ("reward/mean", "reward/verifier_mean", "actor/grad_norm"):
         assert pooled[key] == pytest.approx(driver[key], rel=1e-6), key

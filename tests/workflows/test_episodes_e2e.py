@@ -99,7 +99,8 @@ def test_demo_tools_ends_with_the_accuracy_line(tmp_path):
     assert re.fullmatch(r"tools: accuracy \d+\.\d% -> \d+\.\d% in \d+\.\d min", last), last
     assert (tmp_path / "sft" / "model").is_dir() and (tmp_path / "grpo" / "model").is_dir()
     # A second demo replaces the stage directories a demo made, and nothing else: a run of the user's own in the
-    # way (here, where the GRPO stage goes) is refused by the run directory's checks and kept.
+    # way (here, where the GRPO stage goes) is refused by the run directory's checks and kept, before any stage
+    # trains (the demo's own SFT stage is then left as it was, not replaced).
     shutil.rmtree(tmp_path / "grpo")
     (tmp_path / "grpo").mkdir()
     (tmp_path / "grpo" / "config.json").write_text(json.dumps({"workflow": "grpo", "run": {}, "model": {},
@@ -107,7 +108,7 @@ def test_demo_tools_ends_with_the_accuracy_line(tmp_path):
     (tmp_path / "grpo" / "notes.txt").write_text("mine")
     r = relayrl("demo", "--tools", f"--dir={tmp_path}", *small)
     assert r.returncode != 0
-    assert f"replacing the previous demo run in {tmp_path / 'sft'}" in r.stdout
+    assert "replacing the previous demo run" not in r.stdout and (tmp_path / "sft" / "model").is_dir()
     assert "run.overwrite" in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert (tmp_path / "grpo" / "notes.txt").read_text() == "mine"
 
