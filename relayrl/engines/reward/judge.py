@@ -124,6 +124,7 @@ class LLMJudge:
         self.cfg, self.device, self._ask = cfg, device, ask
         self._pattern = re.compile(cfg.score_regex)
         self._engine = None
+        self._encode, self._affixes = None, ([], [])  # (the engine tokenizer's plain-text encoder, added ids)
 
     def to(self, device) -> "LLMJudge":
         self.device = str(device)
@@ -152,9 +153,10 @@ class LLMJudge:
             tok = load_tokenizer(self.cfg.path)
             model = load_model(self.cfg.path, device=self.device).eval()
             self._engine = NativeGenerationEngine(model, tok, max_batch=self.cfg.batch_size, device=self.device)
-        from relayrl.data.plain_text import EnvTextEncoder, special_affixes
+            from relayrl.data.plain_text import EnvTextEncoder, special_affixes
 
-        encode, (head, tail) = EnvTextEncoder(self._engine.tokenizer), special_affixes(self._engine.tokenizer)
+            self._encode, self._affixes = EnvTextEncoder(tok), special_affixes(tok)  # (once, with the engine)
+        encode, (head, tail) = self._encode, self._affixes
         out: list[str] = []
         params = SamplingParams(n=1, temperature=0.0, max_new_tokens=self.cfg.max_new_tokens)
         for s in range(0, len(questions), self.cfg.batch_size):
