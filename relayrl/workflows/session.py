@@ -227,6 +227,7 @@ class Session(EvalSession):
         self.stopped_early: dict | None = None  # {"step", "accuracy", "stop_at"} once eval.stop_at was reached
         self.nonfinite_skips = 0  # updates skipped for a NaN/Inf loss or gradient norm (run.on_nonfinite=skip)
         self.nonfinite_streak = 0  # of those, skipped in a row up to the last step (run.nonfinite_skip_limit)
+        self.saving: int | None = None  # the step whose checkpoint is being written (for Ctrl-C's message)
 
     def _resume_plan(self) -> ResumePlan:
         """Where the run starts (``run.resume``), its checkpoint's config compared with this run's."""
@@ -294,8 +295,9 @@ class Session(EvalSession):
             last = self.target_reached(step, metrics) or last
         self.log_step(step, metrics, save=save)
         if (cfg.run.save_every and step % cfg.run.save_every == 0) or last:
-            t0 = time.perf_counter()
+            t0, self.saving = time.perf_counter(), step
             path = save(step)
+            self.saving = None
             self.tracker.write_text(f"step {step}: checkpoint saved to {path} ({time.perf_counter() - t0:.1f} s)")
         return last
 
@@ -448,14 +450,16 @@ class Session(EvalSession):
         except RunInterrupted:
             raise
         except KeyboardInterrupt:
-            step = self.step_done + 1
-            latest = self.ckpt.latest()
+            where, latest = f"step {self.step_done + 1}", self.ckpt.latest()
+            if self.saving is not None and latest != self.ckpt.step_dir(self.saving):
+                # (the step was trained and logged; its checkpoint's partial write was removed)
+                where = f"step {self.saving}, while its checkpoint was written (that checkpoint is incomplete)"
             if latest is not None:
-                raise RunInterrupted(f"interrupted at step {step}; resume with run.resume=auto run.dir={self.dir} "
+                raise RunInterrupted(f"interrupted at {where}; resume with run.resume=auto run.dir={self.dir} "
                                      f"(the last checkpoint is {latest})") from None
             # Nothing to resume; a fresh start refuses the partial run's files unless it may move them aside.
             raise RunInterrupted(
-                f"interrupted at step {step}; no checkpoint was written yet (run.save_every="
+                f"interrupted at {where}; no checkpoint was written yet (run.save_every="
                 f"{self.cfg.run.save_every}), so there is nothing to resume. To start over, run the same command "
                 f"with run.overwrite=true run.dir={self.dir} (it moves this partial run aside to "
                 f"{self.dir}.replaced-<time>), or choose another run.dir"

@@ -237,3 +237,23 @@ def test_a_damaged_newest_checkpoint_says_how_to_resume_the_one_before_it(capsys
     code, out = train(capsys, *args, "trainer.steps=4", "run.resume=auto")
     assert code == 0 and "resuming from" in out and "step-000002" in out, out
     assert steps(run) == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.slow  # (about 2 s; the full `make test` runs it)
+def test_ctrl_c_while_a_checkpoint_is_written_names_that_step_and_the_checkpoint_to_resume_from(
+        capsys, tmp_path, monkeypatch):
+    from relayrl.checkpoint.manager import CheckpointManager
+
+    real = CheckpointManager.save
+
+    def ctrl_c_saving_step_2(self, step, **kwargs):
+        if step == 2:
+            raise KeyboardInterrupt
+        return real(self, step, **kwargs)
+
+    run = tmp_path / "run"
+    monkeypatch.setattr(CheckpointManager, "save", ctrl_c_saving_step_2)
+    code, out = train(capsys, SFT, f"run.dir={run}", *FAST, "trainer.steps=4", "run.save_every=1")
+    assert code == EXIT_INTERRUPTED, out
+    assert "interrupted at step 2, while its checkpoint was written (that checkpoint is incomplete)" in out, out
+    assert "resume with run.resume=auto" in out and "step-000001" in out, out
