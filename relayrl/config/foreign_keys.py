@@ -12,6 +12,7 @@ so a recipe says what it means in relayrl's own terms.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any, Mapping
 
 __all__ = ["Framework", "frameworks", "key_hint", "key_lines", "advantage_hint", "flag_hint", "leaf_keys"]
@@ -33,13 +34,15 @@ class Framework:
     """Its keys are command-line flags (``--n_samples_per_prompt 8``), not dotted keys."""
 
 
+@cache
 def frameworks() -> tuple[Framework, ...]:
     """Every framework with a table (imported on first use: only an unknown key needs them)."""
-    from relayrl.config.nemo_rl_keys import NEMO_RL
-    from relayrl.config.openrlhf_keys import OPENRLHF
-    from relayrl.config.verl_keys import VERL
+    from relayrl.config import nemo_rl_keys, openrlhf_keys, verl_keys
 
-    return VERL, NEMO_RL, OPENRLHF
+    return (Framework("verl", verl_keys.VERL_KEYS, verl_keys.VERL_SECTIONS, verl_keys.VERL_ADVANTAGES),
+            Framework("NeMo-RL", nemo_rl_keys.NEMO_RL_KEYS, nemo_rl_keys.NEMO_RL_SECTIONS),
+            Framework("OpenRLHF", openrlhf_keys.OPENRLHF_KEYS, advantages=openrlhf_keys.OPENRLHF_ADVANTAGES,
+                      flags=True))
 
 
 def leaf_keys(prefix: str, value: Any) -> list[str]:

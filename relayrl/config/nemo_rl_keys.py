@@ -10,9 +10,7 @@ refused. ``policy.train_global_batch_size`` counts responses in GRPO and pairs i
 
 from __future__ import annotations
 
-from relayrl.config.foreign_keys import Framework
-
-__all__ = ["NEMO_RL", "NEMO_RL_KEYS", "NEMO_RL_SECTIONS"]
+__all__ = ["NEMO_RL_KEYS", "NEMO_RL_SECTIONS"]
 
 NEMO_RL_SECTIONS = frozenset({"grpo", "loss_fn", "policy", "checkpointing", "logger", "sft"})
 """NeMo-RL's top-level sections that relayrl has no section of that name for."""
@@ -115,5 +113,3 @@ NEMO_RL_KEYS: dict[str, str] = {
     "sft.seed": "run.seed",
 }
 """NeMo-RL's key -> relayrl's key (or keys, with a note)."""
-
-NEMO_RL = Framework("NeMo-RL", NEMO_RL_KEYS, NEMO_RL_SECTIONS)

@@ -9,9 +9,7 @@ of 2026; a test checks every key named here exists).
 
 from __future__ import annotations
 
-from relayrl.config.foreign_keys import Framework
-
-__all__ = ["OPENRLHF", "OPENRLHF_KEYS", "OPENRLHF_ADVANTAGES"]
+__all__ = ["OPENRLHF_KEYS", "OPENRLHF_ADVANTAGES"]
 
 OPENRLHF_KEYS: dict[str, str] = {
     "pretrain": "model.path",
@@ -34,7 +32,7 @@ OPENRLHF_KEYS: dict[str, str] = {
     "micro_rollout_batch_size": "engine.token_budget",
     "train_max_tokens_per_gpu": "engine.token_budget",
     "use_dynamic_batch": "engine.token_budget (always packed by tokens)",
-    "packing_samples": "engine.packing (sequences by default: packed without padding)",
+    "packing_samples": "engine.packing (always packed: shared_prompt by default, sequences as OpenRLHF packs)",
     "max_epochs": "trainer.epochs",
     "num_episodes": "trainer.total_epochs",
     "advantage_estimator": "algorithm.advantage",
@@ -113,5 +111,3 @@ OPENRLHF_ADVANTAGES: dict[str, str] = {
     "dr_grpo": "drgrpo",
 }
 """OpenRLHF's ``--advantage_estimator`` names that relayrl spells otherwise (``gae``, ``rloo`` keep theirs)."""
-
-OPENRLHF = Framework("OpenRLHF", OPENRLHF_KEYS, advantages=OPENRLHF_ADVANTAGES, flags=True)

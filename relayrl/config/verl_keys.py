@@ -7,9 +7,7 @@ one-to-one rows of docs/migrating.md's verl table; a test checks every key named
 
 from __future__ import annotations
 
-from relayrl.config.foreign_keys import Framework
-
-__all__ = ["VERL", "VERL_KEYS", "VERL_ADVANTAGES", "VERL_SECTIONS"]
+__all__ = ["VERL_KEYS", "VERL_ADVANTAGES", "VERL_SECTIONS"]
 
 _ARR = "actor_rollout_ref"
 VERL_SECTIONS = frozenset({_ARR, "custom_reward_function", "reward_model"})
@@ -119,5 +117,3 @@ VERL_ADVANTAGES: dict[str, str] = {
 }
 """verl's ``algorithm.adv_estimator`` names that relayrl spells otherwise (the rest keep their names)."""
 
-
-VERL = Framework("verl", VERL_KEYS, VERL_SECTIONS, VERL_ADVANTAGES)
