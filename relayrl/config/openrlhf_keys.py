@@ -15,7 +15,8 @@ OPENRLHF_KEYS: dict[str, str] = {
     "pretrain": "model.path",
     "reward_pretrain": "reward.model",
     "critic_pretrain": "none (the critic is the policy's network with a zero-initialised value head)",
-    "remote_rm_url": "reward.verifier=user reward.user_fn=PATH:NAME (a function that calls your server)",
+    "remote_rm_url": "reward.verifier=user reward.user_fn=PATH:NAME (a function that calls your server; a "
+                     "reward_func(queries, prompts, labels) file needs a wrapper: docs/migrating.md)",
     "prompt_data": "data.path or data.hf_name",
     "eval_dataset": "data.eval_path",
     "input_key": "data.prompt_key",
