@@ -9,6 +9,7 @@ Implemented (config name -> paper):
   DeepSeekMath; DAPO eq. 4). ``"drgrpo"`` is the same without the std
   division (Liu et al. 2025, Dr.GRPO).
 * ``"rloo"`` -- REINFORCE leave-one-out baseline (Ahmadian et al. 2024).
+* ``"grpo-loo"`` -- the leave-one-out baseline divided by the other responses' std (NeMo-RL's default GRPO).
 * ``"reinforce++"`` -- discounted token returns of the (KL-penalised) token
   rewards, whitened over the batch (Hu 2025, REINFORCE++).
 * ``"reinforce++-baseline"`` -- group-mean-subtracted outcome reward, whitened
@@ -175,6 +176,55 @@ def rloo(rewards: Tensor, group_ids: Tensor) -> Tensor:
         baseline = (sums[index] - x) / (n - 1.0).clamp(min=1.0)
         adv = torch.where(n > 1, x - baseline, torch.zeros_like(x))
     return adv
+
+
+def grpo_loo(rewards: Tensor, group_ids: Tensor, *, normalize_std: bool = True, eps: float = 1e-6) -> Tensor:
+    """NeMo-RL's GRPO advantage (its defaults ``use_leave_one_out_baseline: true``, ``normalize_rewards: true``):
+    ``(r_i - mean_{j != i} r_j) / (std_{j != i} r_j + eps)``, baseline and std both over the group's *other*
+    responses (the std unbiased over them); where the others are all equal (std 0) the difference is left
+    undivided, as NeMo-RL leaves it. ``normalize_std=False`` is RLOO's advantage (:func:`rloo`).
+
+    Departs from :func:`grpo` on purpose: a group's lone correct answer among n-1 wrong ones gets
+    ``1``, undivided (its others have std 0), where GRPO gives it ``(1 - 1/n) / std``.
+
+    Args:
+        rewards: ``[N]`` scalar reward per response.
+        group_ids: ``[N]`` integer id of each response's prompt group.
+        normalize_std: divide by the others' std; ``False``: RLOO.
+        eps: added to a non-zero std.
+
+    Returns:
+        ``[N]`` advantages (0 for a group of one or with all-equal rewards).
+    """
+    _check_outcome(rewards, group_ids)
+    with torch.no_grad():
+        index, num_groups = group_index(group_ids)
+        x = rewards.detach().to(torch.promote_types(rewards.dtype, torch.float32))
+        mean, _, n = group_mean_std(x, index, num_groups)
+        others = (n - 1.0).clamp(min=1.0)
+        d = x - mean
+        adv = torch.where(n > 1, d * n / others, torch.zeros_like(x))  # r_i - mean of the others
+        if not normalize_std:
+            return adv
+        sq, _ = group_sum_count(d * d, index, num_groups)
+        spread = (sq[index] - d * d) - d * d / others  # the others' squared deviations from their own mean
+        std = (spread.clamp(min=0.0) / (others - 1.0).clamp(min=1.0)).sqrt()
+        std = torch.where(_others_equal(x, index, num_groups, n), torch.zeros_like(std), std)
+        return torch.where(std > 0, adv / (std + eps), adv)
+
+
+def _others_equal(x: Tensor, index: Tensor, num_groups: int, n: Tensor) -> Tensor:
+    """``[N]`` whether the other members of each member's group are all equal: exactly, where the std above
+    would leave a rounding residue (the whole group equal, or it the one member apart from the rest)."""
+    inf = torch.full((num_groups,), float("inf"), dtype=x.dtype, device=x.device)
+    lo = inf.scatter_reduce(0, index, x, "amin")[index]
+    hi = (-inf).scatter_reduce(0, index, x, "amax")[index]
+    n_lo, _ = group_sum_count((x == lo).to(x.dtype), index, num_groups)
+    n_hi, _ = group_sum_count((x == hi).to(x.dtype), index, num_groups)
+    n_lo, n_hi = n_lo[index], n_hi[index]
+    alone_low = (x == lo) & (n_lo == 1) & (n_hi == n - 1)
+    alone_high = (x == hi) & (n_hi == 1) & (n_lo == n - 1)
+    return (n <= 2) | (lo == hi) | alone_low | alone_high
 
 
 def opo(rewards: Tensor, group_ids: Tensor, lengths: Tensor) -> Tensor:

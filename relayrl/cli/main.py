@@ -535,7 +535,10 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:  # dotted overrides after an option (argparse takes a positional list in one piece)
         if not hasattr(args, "overrides") or any("=" not in x or x.startswith("-") for x in extra):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            from relayrl.config.foreign_keys import flag_hint
+
+            hints = [h for h in map(flag_hint, extra) if h]  # OpenRLHF's --n_samples_per_prompt 8: rollout.n
+            parser.error(f"unrecognized arguments: {' '.join(extra)}" + "".join(f"\n  {h}" for h in hints))
         args.overrides = [*args.overrides, *extra]
     from relayrl.cli.boundary import debug_requested, run_guarded
 

@@ -216,7 +216,9 @@ class AlgorithmConfig(_Section):
                            f"fn(x: EstimatorInputs) -> Advantages (docs/algorithms.md, 'Your own estimator or loss'; "
                            f"a file's path is made absolute when the config loads)")
     normalize_std: bool = Field(True, description="group-relative estimators: divide by the group's reward std "
-                                "(false: Dr. GRPO's unscaled advantages)")
+                                "(false: Dr. GRPO's unscaled advantages; grpo-loo: the other responses' std, false "
+                                "is RLOO). Read by grpo, grpo-loo, grpo-passk, gpg; set for another estimator, "
+                                "refused")
     loss_agg: str = Field("seq-mean-token-mean", description=f"how token losses (policy loss, KL term, entropy "
                           f"bonus) become one: one of {', '.join(AGG_MODES)}. token-mean: DAPO's token level; "
                           f"seq-mean-token-mean: GRPO's per-response mean; seq-mean-token-sum-norm: Dr.GRPO's; "
@@ -347,10 +349,9 @@ class AlgorithmConfig(_Section):
     @model_validator(mode="after")
     def _names(self) -> "AlgorithmConfig":
         if self.advantage not in ESTIMATORS and not is_path(self.advantage):
-            from relayrl.config.verl_keys import VERL_ADVANTAGES
+            from relayrl.config.foreign_keys import advantage_hint
 
-            verl = VERL_ADVANTAGES.get(self.advantage)
-            hint = f"; verl's {self.advantage} is algorithm.advantage={verl}" if verl else ""
+            hint = advantage_hint(self.advantage)  # verl's or OpenRLHF's name for one of relayrl's
             raise ValueError(f"algorithm.advantage={self.advantage!r} is not one of {', '.join(ESTIMATORS)}{hint} "
                              f"(or your own by path: path/to/file.py:NAME, package.module:NAME)")
         if self.policy_loss not in POLICY_LOSS_NAMES:
@@ -402,6 +403,13 @@ class AlgorithmConfig(_Section):
                 users = " and ".join(n for n, e in ESTIMATORS.items() if key in e.params)
                 raise ValueError(f"algorithm.{key}={getattr(self, key)} is {what}, which only advantage={users} "
                                  f"uses; {self.advantage!r} ignores it: set algorithm.{key}=1.0")
+        if "normalize_std" in self.model_fields_set and "normalize_std" not in est.params:
+            users = ", ".join(n for n, e in ESTIMATORS.items() if "normalize_std" in e.params)
+            raise ValueError(f"algorithm.normalize_std={str(self.normalize_std).lower()} divides by the group's "
+                             f"reward std, which only advantage={users} reads; {self.advantage!r} ignores it: drop "
+                             f"algorithm.normalize_std" + ("; the leave-one-out baseline over the others' std is "
+                                                            "advantage=grpo-loo (NeMo-RL's default)"
+                                                            if self.advantage == "rloo" and self.normalize_std else ""))
         if "dynamic_sampling_metric" in self.model_fields_set and not self.dynamic_sampling:
             raise ValueError(f"algorithm.dynamic_sampling_metric={self.dynamic_sampling_metric} is the value dynamic "
                              f"sampling compares, which is off: set algorithm.dynamic_sampling=true or drop "

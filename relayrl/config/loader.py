@@ -220,20 +220,6 @@ def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
     return sorted(getattr(cls, "model_fields", {}))
 
 
-def _verl_lines(key: str, value: Any) -> list[str]:
-    """For an unknown ``key`` holding verl's keys (``data.train_batch_size``, ``actor_rollout_ref`` with its
-    ``rollout.n``): a line per leaf key naming relayrl's (:mod:`relayrl.config.verl_keys`); ``[]`` when none
-    of them is verl's."""
-    from relayrl.config.verl_keys import VERL_SECTIONS, leaf_keys, verl_hint
-
-    leaves = leaf_keys(key, value)
-    hints = [verl_hint(k) for k in leaves]
-    if not any(hints) and key.split(".", 1)[0] not in VERL_SECTIONS:
-        return []
-    other = "no key of that name here; docs/migrating.md maps verl's keys"
-    return [f"{k}: unknown key; {h or other}" for k, h in zip(leaves, hints)]
-
-
 def field_errors(err: ValidationError, model: type[BaseModel] | None = None) -> list[str]:
     """One line per error of ``err``: the key path and what is wrong (an unknown key of ``model`` with the close
     one or the valid keys; a validator's own message as written)."""
@@ -242,9 +228,11 @@ def field_errors(err: ValidationError, model: type[BaseModel] | None = None) -> 
         loc = tuple(e["loc"])
         key = ".".join(str(p) for p in loc) or "<root>"
         if e["type"] == "extra_forbidden" and model is not None:
-            verl = _verl_lines(key, e.get("input"))
-            if verl:
-                lines.extend(verl)
+            from relayrl.config.foreign_keys import key_lines
+
+            foreign = key_lines(key, e.get("input"))  # verl's, NeMo-RL's or OpenRLHF's keys, with relayrl's
+            if foreign:
+                lines.extend(foreign)
                 continue
             known = _fields_at(model, loc)
             import difflib

@@ -1,16 +1,13 @@
-"""verl's config keys and names, and relayrl's for them: the hints an unknown key or value gets.
+"""verl's config keys and names, and relayrl's for them: the table :mod:`relayrl.config.foreign_keys` hints from.
 
 A verl user's first command carries verl's keys (``data.train_batch_size``, ``actor_rollout_ref.rollout.n``);
 each is refused like any unknown key, and the message names relayrl's key for it from this table (the
-one-to-one rows of docs/migrating.md's verl table; a test checks every key named here exists). Only hints:
-nothing here renames a key, so a recipe says what it means in relayrl's own terms.
+one-to-one rows of docs/migrating.md's verl table; a test checks every key named here exists).
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
-__all__ = ["VERL_KEYS", "VERL_ADVANTAGES", "VERL_SECTIONS", "verl_hint", "leaf_keys"]
+__all__ = ["VERL_KEYS", "VERL_ADVANTAGES", "VERL_SECTIONS"]
 
 _ARR = "actor_rollout_ref"
 VERL_SECTIONS = frozenset({_ARR, "custom_reward_function", "reward_model"})
@@ -120,17 +117,3 @@ VERL_ADVANTAGES: dict[str, str] = {
 }
 """verl's ``algorithm.adv_estimator`` names that relayrl spells otherwise (the rest keep their names)."""
 
-
-def leaf_keys(prefix: str, value: Any) -> list[str]:
-    """The dotted keys of ``value``'s leaves under ``prefix`` (``value`` itself when not a mapping)."""
-    if not isinstance(value, Mapping) or not value:
-        return [prefix]
-    return [k for name, v in value.items() for k in leaf_keys(f"{prefix}.{name}", v)]
-
-
-def verl_hint(key: str) -> str | None:
-    """``"verl's KEY is RELAYRL here"`` for a key of verl's (``a_r_r.actor.kl_loss_coef``), else None."""
-    if key not in VERL_KEYS:
-        return None
-    ours, _, note = VERL_KEYS[key].partition(" (")
-    return f"verl's {key} is {ours} here{f' ({note}' if note else ''} (docs/migrating.md)"

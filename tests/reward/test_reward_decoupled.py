@@ -72,7 +72,7 @@ def test_estimators_that_do_not_compare_a_reward_with_its_group_are_refused(adva
     from relayrl.algorithms.estimators import ESTIMATORS
 
     fits = [n for n, e in ESTIMATORS.items() if e.group_baseline]
-    assert {"grpo", "drgrpo", "rloo", "reinforce++-baseline", "grpo-batch-std", "opo"} == set(fits)
+    assert {"grpo", "drgrpo", "rloo", "grpo-loo", "reinforce++-baseline", "grpo-batch-std", "opo"} == set(fits)
     err = _refused(*TWO, f"algorithm.advantage={advantage}")
     assert f"algorithm.advantage={advantage} does not compare a reward with its group's: use one of " \
            f"{', '.join(fits)} (grpo-batch-std is TRL's and the GDPO paper's)" in err, err

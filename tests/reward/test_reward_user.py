@@ -28,6 +28,9 @@ def user_mod(tmp_path, monkeypatch):
         def too_few_args(responses):
             return [0.0] * len(responses)
 
+        def openrlhf_reward_func(queries, prompts, labels, **kwargs):
+            return {"rewards": [float(len(q)) for q in queries]}
+
         def too_many_args(prompts, responses, answers, tokenizer):
             return [0.0] * len(responses)
 
@@ -101,6 +104,8 @@ def test_load_accepts_extra_keyword_parameters_and_callable_instances(user_mod):
         ("relayrl_test_userfns:Scorer", "is a class"),
         ("relayrl_test_userfns:too_few_args", "cannot be called as fn(prompts, responses, answers)"),
         ("relayrl_test_userfns:too_many_args", "missing a required argument: 'tokenizer'"),
+        ("relayrl_test_userfns:openrlhf_reward_func", "OpenRLHF's reward_func(queries, prompts, labels), which "
+         "takes each prompt with its response as one text; relayrl calls fn(prompts, responses, answers)"),
         ("relayrl_test_broken:fn", "importing module 'relayrl_test_broken' failed"),
         ("nodots", "must look like 'package.module:function'"),
         ("relayrl_test_userfns:", "must look like"),

@@ -25,7 +25,7 @@ from relayrl.algorithms.estimators.opo import GRPO_PASSK, OPO
 from relayrl.algorithms.estimators.otb import OTB, OTB_TIR
 from relayrl.algorithms.estimators.reinforce import REINFORCE_PP, REINFORCE_PP_BASELINE
 from relayrl.algorithms.estimators.remax import REMAX
-from relayrl.algorithms.estimators.rloo import RLOO
+from relayrl.algorithms.estimators.rloo import GRPO_LOO, RLOO
 
 if TYPE_CHECKING:
     import torch
@@ -38,6 +38,7 @@ ESTIMATORS: dict[str, Estimator] = {e.name: e for e in (
     GRPO,
     DRGRPO,
     RLOO,
+    GRPO_LOO,
     REINFORCE_PP,
     REINFORCE_PP_BASELINE,
     REMAX,

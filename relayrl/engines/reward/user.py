@@ -81,6 +81,16 @@ def load_reward_fn(path: str) -> RewardFn:
     except (TypeError, ValueError):
         return fn  # builtins without a signature: the per-call check still applies
     shape = call_shape(fn)
+    first = [q.name for q in sig.parameters.values() if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)]
+    if shape.style == "relayrl" and first[:1] == ["queries"]:
+        # (called as fn(prompts, responses, answers) it would read each prompt as its query and each response as
+        # its prompt, silently)
+        raise RewardError(f"reward function {path!r} has signature {sig}: OpenRLHF's reward_func(queries, prompts, "
+                          f"labels), which takes each prompt with its response as one text; relayrl calls "
+                          f"fn(prompts, responses, answers) with the response apart and wants one float per row "
+                          f"(not OpenRLHF's dict): wrap it, e.g. def score(prompts, responses, answers): "
+                          f"return [float(x) for x in reward_func([p + r for p, r in zip(prompts, responses)], "
+                          f"prompts, answers)['rewards']] (docs/migrating.md)")
     calls = {"relayrl": (([], [], []), {}, "fn(prompts, responses, answers)"),
              "trl": ((), {"prompts": [], "completions": [], **{k: [] for k in shape.required},
                           **{k: None for k in CALL_ARGS if k in sig.parameters}},

@@ -1,0 +1,99 @@
+"""Other frameworks' config keys and names, and relayrl's for them: the hints an unknown key, flag or value gets.
+
+A user's first command carries the keys of the framework they come from: verl's dotted keys
+(``data.train_batch_size``), NeMo-RL's YAML sections (``grpo.num_generations_per_prompt``), OpenRLHF's flat
+command-line flags (``--n_samples_per_prompt 8``). Each is refused like any unknown key, and the message names
+relayrl's key for it from that framework's table (:mod:`relayrl.config.verl_keys`,
+:mod:`relayrl.config.nemo_rl_keys`, :mod:`relayrl.config.openrlhf_keys`: the one-to-one rows of
+docs/migrating.md's tables; a test checks every key they name exists). Only hints: nothing here renames a key,
+so a recipe says what it means in relayrl's own terms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any, Mapping
+
+__all__ = ["Framework", "frameworks", "key_hint", "key_lines", "advantage_hint", "flag_hint", "leaf_keys"]
+
+
+@dataclass(frozen=True)
+class Framework:
+    """One framework's table of keys and names."""
+
+    name: str
+    """How messages name it (``"verl"``, ``"NeMo-RL"``, ``"OpenRLHF"``)."""
+    keys: Mapping[str, str]
+    """Its key (dotted, or a flag's name without ``--``) -> relayrl's key or keys, a note after `` (``."""
+    sections: frozenset[str] = field(default_factory=frozenset)
+    """Its top-level sections that relayrl has no section of that name for: every key under one is its."""
+    advantages: Mapping[str, str] = field(default_factory=dict)
+    """Its advantage-estimator names that relayrl spells otherwise -> relayrl's ``algorithm.advantage``."""
+    flags: bool = False
+    """Its keys are command-line flags (``--n_samples_per_prompt 8``), not dotted keys."""
+
+
+@cache
+def frameworks() -> tuple[Framework, ...]:
+    """Every framework with a table (imported on first use: only an unknown key needs them)."""
+    from relayrl.config import nemo_rl_keys, openrlhf_keys, verl_keys
+
+    return (Framework("verl", verl_keys.VERL_KEYS, verl_keys.VERL_SECTIONS, verl_keys.VERL_ADVANTAGES),
+            Framework("NeMo-RL", nemo_rl_keys.NEMO_RL_KEYS, nemo_rl_keys.NEMO_RL_SECTIONS),
+            Framework("OpenRLHF", openrlhf_keys.OPENRLHF_KEYS, advantages=openrlhf_keys.OPENRLHF_ADVANTAGES,
+                      flags=True))
+
+
+def leaf_keys(prefix: str, value: Any) -> list[str]:
+    """The dotted keys of ``value``'s leaves under ``prefix`` (``value`` itself when not a mapping)."""
+    if not isinstance(value, Mapping) or not value:
+        return [prefix]
+    return [k for name, v in value.items() for k in leaf_keys(f"{prefix}.{name}", v)]
+
+
+def _say(fw: Framework, key: str) -> str:
+    ours, _, note = fw.keys[key].partition(" (")
+    shown = f"--{key}" if fw.flags else key
+    return f"{fw.name}'s {shown} is {ours} here{f' ({note}' if note else ''}"
+
+
+def key_hint(key: str) -> str | None:
+    """``"verl's KEY is RELAYRL here (docs/migrating.md)"`` for a key in a framework's table, else None (two
+    frameworks that share the key: both, joined by ``;``)."""
+    said = [_say(fw, key) for fw in frameworks() if key in fw.keys]
+    return f"{'; '.join(said)} (docs/migrating.md)" if said else None
+
+
+def key_lines(key: str, value: Any) -> list[str]:
+    """For an unknown ``key`` holding another framework's keys (``data.train_batch_size``, a ``grpo`` section
+    with its ``num_generations_per_prompt``): a line per leaf key naming relayrl's; ``[]`` when none is known."""
+    leaves = leaf_keys(key, value)
+    hints = [key_hint(k) for k in leaves]
+    owners = [fw.name for fw in frameworks() if key.split(".", 1)[0] in fw.sections]
+    if not any(hints) and not owners:
+        return []
+    owner = owners[0] if owners else next(fw.name for fw in frameworks() if any(k in fw.keys for k in leaves))
+    other = f"no key of that name here; docs/migrating.md maps {owner}'s keys"
+    return [f"{k}: unknown key; {h or other}" for k, h in zip(leaves, hints)]
+
+
+def advantage_hint(name: str) -> str:
+    """``"; verl's reinforce_plus_plus is algorithm.advantage=reinforce++"`` for an estimator name another
+    framework spells otherwise, else ``""``."""
+    said = [f"{fw.name}'s {name} is algorithm.advantage={fw.advantages[name]}"
+            for fw in frameworks() if name in fw.advantages]
+    return f"; {'; '.join(said)}" if said else ""
+
+
+def flag_hint(arg: str) -> str | None:
+    """For a command-line argument ``--name`` or ``--name=value`` that is a framework's flag: the line naming
+    relayrl's key (dotted overrides are ``section.key=value``); else None."""
+    if not arg.startswith("--"):
+        return None
+    name = arg[2:].split("=", 1)[0].replace("-", "_")
+    said = [_say(fw, name) for fw in frameworks() if fw.flags and name in fw.keys]
+    if not said:
+        return None
+    return f"{arg.split('=', 1)[0]}: relayrl takes dotted overrides (section.key=value), not flags; {'; '.join(said)}" \
+           " (docs/migrating.md)"

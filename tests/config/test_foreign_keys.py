@@ -1,0 +1,142 @@
+"""verl's, NeMo-RL's and OpenRLHF's keys on a relayrl command line or in a recipe: refused, each naming
+relayrl's key for it (docs/migrating.md)."""
+
+import re
+
+import pytest
+
+from relayrl.cli.main import main
+from relayrl.config.foreign_keys import frameworks
+from relayrl.config.loader import ConfigError, load_config
+from relayrl.config.schema import Config
+
+
+def _errors(*overrides) -> str:
+    with pytest.raises(ConfigError) as e:
+        load_config(Config, "arith_grpo", list(overrides))
+    return str(e.value)
+
+
+def test_the_verl_example_command_names_each_relayrl_key():
+    msg = _errors("data.train_batch_size=1024", "data.max_response_length=1024", "algorithm.adv_estimator=grpo",
+                  "actor_rollout_ref.rollout.n=5", "actor_rollout_ref.actor.kl_loss_coef=0.001",
+                  "actor_rollout_ref.hybrid_engine=true", "trainer.save_freq=20")
+    assert "data.train_batch_size: unknown key; verl's data.train_batch_size is data.prompts_per_step" in msg
+    assert "data.max_response_length: unknown key; verl's data.max_response_length is rollout.max_new_tokens" in msg
+    assert "algorithm.adv_estimator: unknown key; verl's algorithm.adv_estimator is algorithm.advantage" in msg
+    assert "actor_rollout_ref.rollout.n: unknown key; verl's actor_rollout_ref.rollout.n is rollout.n" in msg
+    assert "actor_rollout_ref.actor.kl_loss_coef: unknown key; verl's actor_rollout_ref.actor.kl_loss_coef is " \
+           "algorithm.kl_coef" in msg
+    assert "actor_rollout_ref.hybrid_engine: unknown key; no key of that name here; docs/migrating.md" in msg
+    assert "trainer.save_freq: unknown key; verl's trainer.save_freq is run.save_every" in msg
+
+
+def test_a_typo_of_relayrl_s_own_key_still_gets_the_close_one():
+    assert "trainer.stepz: unknown key; did you mean trainer.steps?" in _errors("trainer.stepz=3")
+
+
+def test_verl_s_top_k_of_minus_one_names_relayrl_s_off():
+    assert "rollout.top_k: -1 is how verl and vLLM turn top-k off; relayrl's off is rollout.top_k=0" in \
+        _errors("rollout.top_k=-1")
+    assert "rollout.top_k: Input should be greater than or equal to 0" in _errors("rollout.top_k=-2")
+
+
+def test_verl_estimator_names_name_relayrl_s():
+    msg = _errors("algorithm.advantage=reinforce_plus_plus")
+    assert "verl's reinforce_plus_plus is algorithm.advantage=reinforce++" in msg
+
+
+@pytest.mark.parametrize("fw", frameworks(), ids=lambda fw: fw.name)
+def test_every_key_a_table_names_exists(fw):
+    """Each relayrl key a hint names (the dotted words of its value) validates as a key of the config, and no
+    key of the table is one of relayrl's."""
+    from relayrl.config.loader import _fields_at
+
+    for theirs, ours in fw.keys.items():
+        for key in re.findall(r"\b([a-z_]+(?:\.[a-z_]+)+)\b", ours.split(" (")[0]):
+            if key.startswith("docs"):
+                continue
+            assert key.split(".")[-1] in _fields_at(Config, tuple(key.split("."))), f"{theirs}: {key} is not a key"
+        assert theirs.split(".")[-1] not in _fields_at(Config, tuple(theirs.split("."))), f"{theirs} is a key here"
+    from relayrl.config.algorithm import ESTIMATORS
+
+    assert set(fw.advantages.values()) <= set(ESTIMATORS)
+
+
+def test_openrlhf_s_flag_names_as_overrides_name_relayrl_s():
+    msg = _errors("n_samples_per_prompt=8", "rollout_batch_size=128", "init_kl_coef=0.01")
+    assert "n_samples_per_prompt: unknown key; OpenRLHF's --n_samples_per_prompt is rollout.n here" in msg
+    assert "rollout_batch_size: unknown key; OpenRLHF's --rollout_batch_size is data.prompts_per_step here" in msg
+    assert "init_kl_coef: unknown key; OpenRLHF's --init_kl_coef is algorithm.kl_coef here (OpenRLHF puts it in " \
+           "the reward unless --use_kl_loss: algorithm.kl_in_reward=true)" in msg
+
+
+def test_openrlhf_s_flags_on_the_command_line_name_relayrl_s(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "arith_grpo", "--n_samples_per_prompt", "8", "--advantage_estimator=reinforce_baseline"])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --n_samples_per_prompt 8 --advantage_estimator=reinforce_baseline" in err
+    assert "--n_samples_per_prompt: relayrl takes dotted overrides (section.key=value), not flags; OpenRLHF's " \
+           "--n_samples_per_prompt is rollout.n here" in err
+    assert "--advantage_estimator: relayrl takes dotted overrides (section.key=value), not flags; OpenRLHF's " \
+           "--advantage_estimator is algorithm.advantage here" in err
+
+
+def test_an_unknown_flag_gets_no_hint(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "arith_grpo", "--no_such_flag"])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --no_such_flag" in err and "OpenRLHF" not in err
+
+
+@pytest.mark.parametrize("theirs,ours", [("reinforce", "reinforce++"), ("reinforce_baseline", "reinforce++-baseline"),
+                                         ("group_norm", "grpo"), ("dr_grpo", "drgrpo")])
+def test_openrlhf_estimator_names_name_relayrl_s(theirs, ours):
+    assert f"OpenRLHF's {theirs} is algorithm.advantage={ours}" in _errors(f"algorithm.advantage={theirs}")
+
+
+def test_nemo_rl_overrides_name_relayrl_s_keys_in_their_sections_and_in_relayrl_s():
+    msg = _errors("grpo.num_generations_per_prompt=8", "loss_fn.reference_policy_kl_penalty=0.01",
+                  "cluster.gpus_per_node=8", "dpo.reference_policy_kl_penalty=0.05")
+    assert "grpo.num_generations_per_prompt: unknown key; NeMo-RL's grpo.num_generations_per_prompt is rollout.n " \
+           "here" in msg
+    assert "loss_fn.reference_policy_kl_penalty: unknown key; NeMo-RL's loss_fn.reference_policy_kl_penalty is " \
+           "algorithm.kl_coef here" in msg
+    assert "cluster.gpus_per_node: unknown key; NeMo-RL's cluster.gpus_per_node is cluster.devices here" in msg
+    assert "dpo.reference_policy_kl_penalty: unknown key; NeMo-RL's dpo.reference_policy_kl_penalty is dpo.beta" in msg
+
+
+NEMO_RECIPE = """\
+defaults: grpo_math_1B.yaml
+grpo:
+  num_prompts_per_step: 32
+  num_generations_per_prompt: 16
+  normalize_rewards: true
+  use_leave_one_out_baseline: true
+  async_grpo: {enabled: true, max_trajectory_age_steps: 1}
+  no_such_key: 1
+loss_fn:
+  ratio_clip_min: 0.2
+policy:
+  train_global_batch_size: 512
+  generation: {backend: vllm}
+cluster:
+  gpus_per_node: 8
+"""
+
+
+def test_a_nemo_rl_yaml_recipe_names_relayrl_s_key_for_each_of_its_keys(tmp_path):
+    (tmp_path / "nemo.yaml").write_text(NEMO_RECIPE)
+    with pytest.raises(ConfigError) as e:
+        load_config(Config, str(tmp_path / "nemo.yaml"), [])
+    msg = str(e.value)
+    for theirs, ours in [("defaults", "base"), ("grpo.num_prompts_per_step", "data.prompts_per_step"),
+                         ("grpo.num_generations_per_prompt", "rollout.n"),
+                         ("grpo.normalize_rewards", "algorithm.normalize_std"),
+                         ("grpo.use_leave_one_out_baseline", "algorithm.advantage=grpo-loo"),
+                         ("grpo.async_grpo.max_trajectory_age_steps", "trainer.off_policy_steps"),
+                         ("loss_fn.ratio_clip_min", "algorithm.clip_low"),
+                         ("policy.train_global_batch_size", "trainer.mini_batches"),
+                         ("policy.generation.backend", "rollout.engine"), ("cluster.gpus_per_node", "cluster.devices")]:
+        assert f"{theirs}: unknown key; NeMo-RL's {theirs} is {ours} here" in msg, theirs
+    assert "grpo.no_such_key: unknown key; no key of that name here; docs/migrating.md maps NeMo-RL's keys" in msg
