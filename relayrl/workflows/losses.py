@@ -26,7 +26,7 @@ from relayrl.algorithms.losses import aggregate, policy_loss_fn
 from relayrl.algorithms.mismatch import logprob_error
 from relayrl.algorithms.ratio import ratio_terms
 from relayrl.algorithms.reward_model import bradley_terry_loss
-from relayrl.algorithms.sft import sft_loss
+from relayrl.algorithms.sft import perplexity, sft_loss
 from relayrl.algorithms.simpo import simpo_loss
 from relayrl.algorithms.value import value_loss
 from relayrl.engines.training.base import GROUP_TOKENS_FIELD, MicroBatch
@@ -157,7 +157,8 @@ class ValueLoss:
 
 @dataclass(frozen=True)
 class SFTLoss:
-    """Masked token cross-entropy on the response tokens."""
+    """Masked token cross-entropy on the response tokens. Its metrics hold no ``sft/ppl``: the engine's token
+    mean of micro-batch perplexities is not the batch's; :meth:`finish` adds it from the reduced ``sft/nll``."""
 
     agg: str = "token-mean"
 
@@ -168,7 +169,13 @@ class SFTLoss:
     def __call__(self, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         loss, metrics = sft_loss(mb.logprobs, mb.mask, agg=self.agg,
                                  global_tokens=mb.global_tokens, global_seqs=mb.global_seqs)
+        metrics.pop("sft/ppl")
         return loss, metrics
+
+    @staticmethod
+    def finish(metrics: dict[str, float]) -> dict[str, float]:
+        """An update's metrics with ``sft/ppl``, the perplexity of the batch's token-mean NLL."""
+        return {**metrics, "sft/ppl": perplexity(metrics["sft/nll"])} if "sft/nll" in metrics else metrics
 
 
 _DPO_METRICS = ("dpo/loss", "dpo/rewards_chosen", "dpo/rewards_rejected", "dpo/reward_accuracy", "dpo/reward_margin",
