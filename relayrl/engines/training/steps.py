@@ -57,7 +57,7 @@ def over_steps(steps: Sequence[tuple[Mapping[str, float], int]], prefix: str,
             out[k] = min(values)
         elif how == "sum" and k.endswith(("tokens", "passes")):
             out[k] = sum(values)
-        elif how == "sum" or k in {f"{prefix}/{n}" for n in PER_STEP}:
+        elif how == "sum" or (k.partition("/")[0] == prefix and k.partition("/")[2] in PER_STEP):
             out[k] = sum(values) / len(values)
         else:
             total = sum(w for _, w in got)
