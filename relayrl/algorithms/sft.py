@@ -14,6 +14,8 @@ split.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from relayrl.algorithms._checks import check_batch, check_ndim, to_floats
@@ -21,6 +23,9 @@ from relayrl.algorithms._ops import masked_mean
 from relayrl.algorithms.aggregation import aggregate
 
 Tensor = torch.Tensor
+
+PPL_CLAMP = 50.0
+"""The NLL above which ``sft/ppl`` is reported as ``exp(50)`` (no overflow for a diverged model)."""
 
 
 def sft_loss(
@@ -55,8 +60,15 @@ def sft_loss(
             {
                 "sft/loss": loss.detach(),
                 "sft/nll": nll,
-                "sft/ppl": torch.exp(nll.clamp(max=50.0)),
+                "sft/ppl": torch.exp(nll.clamp(max=PPL_CLAMP)),
                 "sft/tokens": mask.bool().sum().to(nll.dtype),
             }
         )
     return loss, metrics
+
+
+def perplexity(nll: float) -> float:
+    """``sft/ppl`` of a batch from its token-mean NLL ``sft/nll``: taken after the NLL is reduced over
+    micro-batches, ranks and optimizer steps, since the token mean of the micro-batches' perplexities is
+    not the batch's (``exp`` is convex: it reads higher, by more the more the micro-batches differ)."""
+    return math.exp(min(nll, PPL_CLAMP))

@@ -116,3 +116,37 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor 
         defined = (n >= 2) & (var_r > (_CONSTANT_RTOL * r.abs().max()) ** 2)
         ev = torch.where(defined, 1.0 - var(d) / torch.where(defined, var_r, 1.0), float("nan"))
         return metric_value(ev)
+
+
+EV_TERMS = ("_ev/count", "_ev/r_sum", "_ev/r_sq", "_ev/d_sum", "_ev/d_sq")
+"""The sums :func:`explained_variance_terms` returns (``d = R - V``): what adds up over micro-batches and ranks
+(``_ev/r_abs_max`` beside them, an extreme). Not logged: ``ValueLoss.finish`` turns them into the metric."""
+
+
+def explained_variance_terms(values: Tensor, returns: Tensor, mask: Tensor) -> dict[str, Tensor | float]:
+    """The sums over valid tokens of ``[B, T]`` tensors that :func:`explained_variance_of` turns into
+    :func:`explained_variance` once they are added up over the micro-batches (and ranks) of a batch: the
+    batch's explained variance, which the mean of its micro-batches' is not (a micro-batch whose returns are
+    all equal, one prompt's group of equal rewards, has none: NaN)."""
+    check_batch(values=values, returns=returns, mask=mask)
+    with torch.no_grad():
+        valid = mask.bool()
+        zero = torch.zeros((), dtype=torch.float64, device=values.device)
+        r = torch.where(valid, returns.detach().double(), zero)
+        d = r - torch.where(valid, values.detach().double(), zero)
+        sums = (valid.sum().double(), r.sum(), r.square().sum(), d.sum(), d.square().sum())
+        out = {k: metric_value(v) for k, v in zip(EV_TERMS, sums)}
+        out["_ev/r_abs_max"] = metric_value(r.abs().max() if r.numel() else zero)
+        return out
+
+
+def explained_variance_of(terms: dict[str, float]) -> float:
+    """``1 - Var(R - V) / Var(R)`` from the summed :func:`explained_variance_terms` (the same NaN rule as
+    :func:`explained_variance`). The sums may all be scaled by one factor (averaged over optimizer steps)."""
+    n, r1, r2, d1, d2 = (float(terms[k]) for k in EV_TERMS)
+    if n <= 0:
+        return float("nan")
+    var_r, var_d = r2 / n - (r1 / n) ** 2, d2 / n - (d1 / n) ** 2  # (population: the ratio is the unbiased one's)
+    if not var_r > (_CONSTANT_RTOL * float(terms["_ev/r_abs_max"])) ** 2:
+        return float("nan")
+    return 1.0 - var_d / var_r

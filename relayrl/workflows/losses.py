@@ -26,9 +26,9 @@ from relayrl.algorithms.losses import aggregate, policy_loss_fn
 from relayrl.algorithms.mismatch import logprob_error
 from relayrl.algorithms.ratio import ratio_terms
 from relayrl.algorithms.reward_model import bradley_terry_loss
-from relayrl.algorithms.sft import sft_loss
+from relayrl.algorithms.sft import perplexity, sft_loss
 from relayrl.algorithms.simpo import simpo_loss
-from relayrl.algorithms.value import value_loss
+from relayrl.algorithms.value import EV_TERMS, explained_variance_of, explained_variance_terms, value_loss
 from relayrl.engines.training.base import GROUP_TOKENS_FIELD, MicroBatch
 
 __all__ = ["PolicyLoss", "ValueLoss", "SFTLoss", "DPOLoss", "KTOLoss", "BTLoss", "pair_order", "last_values"]
@@ -141,23 +141,37 @@ class PolicyLoss:
 class ValueLoss:
     """The critic's clipped value loss (``relayrl.algorithms.value``) against the ``returns`` field, clipped
     around the ``values`` field (the critic's values when the batch was generated). The engine of a critic
-    puts its current values where a policy's log-probs go (``mb.logprobs``)."""
+    puts its current values where a policy's log-probs go (``mb.logprobs``). ``critic/explained_variance`` is
+    the batch's: each micro-batch gives its sums (:data:`~relayrl.algorithms.value.EV_TERMS`), which the
+    engine adds up, and :meth:`finish` turns them into the figure."""
 
     clip: float | None = 0.5
     agg: str = "token-mean"
+    summed: tuple[str, ...] = EV_TERMS
 
     @property
     def normalized_by(self) -> str:
         return normalized_by(self.agg)
 
     def __call__(self, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        return value_loss(mb.logprobs, mb.fields["values"], mb.fields["returns"], mb.mask, clip=self.clip,
-                          agg=self.agg, global_tokens=mb.global_tokens, global_seqs=mb.global_seqs)
+        loss, metrics = value_loss(mb.logprobs, mb.fields["values"], mb.fields["returns"], mb.mask, clip=self.clip,
+                                   agg=self.agg, global_tokens=mb.global_tokens, global_seqs=mb.global_seqs)
+        metrics.pop("critic/explained_variance")
+        return loss, {**metrics, **explained_variance_terms(mb.logprobs, mb.fields["returns"], mb.mask)}
+
+    @staticmethod
+    def finish(metrics: dict[str, float]) -> dict[str, float]:
+        """An update's metrics with ``critic/explained_variance`` from the summed terms (which it drops)."""
+        if EV_TERMS[0] not in metrics:
+            return metrics
+        out = {k: v for k, v in metrics.items() if k not in EV_TERMS and k != "_ev/r_abs_max"}
+        return {**out, "critic/explained_variance": explained_variance_of(metrics)}
 
 
 @dataclass(frozen=True)
 class SFTLoss:
-    """Masked token cross-entropy on the response tokens."""
+    """Masked token cross-entropy on the response tokens. Its metrics hold no ``sft/ppl``: the engine's token
+    mean of micro-batch perplexities is not the batch's; :meth:`finish` adds it from the reduced ``sft/nll``."""
 
     agg: str = "token-mean"
 
@@ -168,7 +182,13 @@ class SFTLoss:
     def __call__(self, mb: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         loss, metrics = sft_loss(mb.logprobs, mb.mask, agg=self.agg,
                                  global_tokens=mb.global_tokens, global_seqs=mb.global_seqs)
+        metrics.pop("sft/ppl")
         return loss, metrics
+
+    @staticmethod
+    def finish(metrics: dict[str, float]) -> dict[str, float]:
+        """An update's metrics with ``sft/ppl``, the perplexity of the batch's token-mean NLL."""
+        return {**metrics, "sft/ppl": perplexity(metrics["sft/nll"])} if "sft/nll" in metrics else metrics
 
 
 _DPO_METRICS = ("dpo/loss", "dpo/rewards_chosen", "dpo/rewards_rejected", "dpo/reward_accuracy", "dpo/reward_margin",

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from relayrl.algorithms.value import explained_variance, value_loss
+from relayrl.algorithms.value import (EV_TERMS, explained_variance, explained_variance_of, explained_variance_terms,
+                                     value_loss)
 
 
 def test_hand_computed_clipped_value_loss():
@@ -60,3 +61,21 @@ def test_explained_variance_of_constant_float64_returns_is_nan(c):
     returns = torch.full((4, 3), c, dtype=torch.float64)
     returns[0, 0] *= 1 + 1e-4  # a real spread (above the 1e-6 tolerance)
     assert explained_variance(returns, returns, torch.ones(4, 3)) == pytest.approx(1.0)
+
+
+def test_explained_variance_from_summed_terms_is_the_whole_batch_figure():
+    """The terms of two halves, added up (and scaled by one factor, as an average over steps scales them), give
+    the explained variance of the whole, where the halves' own figures do not (one half is NaN: constant)."""
+    g = torch.Generator().manual_seed(0)
+    values, mask = torch.randn(4, 5, generator=g), torch.ones(4, 5)
+    mask[3, 2:] = 0
+    returns = torch.cat([torch.full((2, 5), 0.7), torch.randn(2, 5, generator=g)])
+    halves = [explained_variance_terms(values[i:i + 2], returns[i:i + 2], mask[i:i + 2]) for i in (0, 2)]
+    assert math.isnan(explained_variance(values[:2], returns[:2], mask[:2]))
+    for scale in (1.0, 0.5):
+        terms = {k: scale * sum(float(h[k]) for h in halves) for k in EV_TERMS}
+        terms["_ev/r_abs_max"] = max(float(h["_ev/r_abs_max"]) for h in halves)
+        assert explained_variance_of(terms) == pytest.approx(float(explained_variance(values, returns, mask)),
+                                                             rel=1e-9)
+    constant = explained_variance_terms(values[:2], returns[:2], mask[:2])
+    assert math.isnan(explained_variance_of(constant))

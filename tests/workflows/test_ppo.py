@@ -86,3 +86,29 @@ def test_resuming_a_checkpoint_whose_critic_lacks_a_tensor_names_the_file_and_te
         train(load_config(Config, "recipes/arith_ppo.yaml", [*over, "trainer.steps=2", "run.resume=auto"]))
     assert str(info.value) == (f"{tmp_path}/checkpoints/step-000001/extra.pt: does not fit the model: missing keys "
                                f"['lm_head.bias']")
+
+
+@pytest.mark.parametrize("budget,mini_batches", [(10_000, 1), (16, 1), (16, 2)])
+def test_explained_variance_is_the_batch_figure(tiny_dir, tiny_tokenizer, budget, mini_batches):
+    """``critic/explained_variance`` is 1 - Var(R - V) / Var(R) over the batch's tokens however the critic's
+    update cuts it; it was the token mean of the micro-batches' figures, NaN as soon as one micro-batch held
+    returns that are all equal (a prompt group whose responses all got the same reward), fails before."""
+    import numpy as np
+
+    batch = _batch(tiny_tokenizer)
+    # rows 0-1 (one prompt group) share their return: a micro-batch of them alone has no variance to explain
+    returns = [torch.full((len(r),), 1.0 if i < 2 else float(i) / 3) for i, r in enumerate(batch.response_ids)]
+    batch.fields.update({"values": [torch.zeros(len(r)) for r in batch.response_ids], "returns": returns})
+    model = load_value_model(tiny_dir)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
+    eng = TorchTrainingEngine(model, TrainEngineConfig(token_budget=budget, packing="none",
+                                                       optim=OptimConfig(lr=1e-12)),
+                              total_steps=4, output="values", metric_prefix="critic")
+    values = np.concatenate([v.numpy() for v in eng.logprobs(batch)[0]]).astype(np.float64)
+    r = np.concatenate([x.numpy() for x in returns]).astype(np.float64)
+    want = 1.0 - np.var(r - values) / np.var(r)
+    m = eng.train_step(batch, ValueLoss(clip=None), mini_batches=mini_batches,
+                       generator=torch.Generator().manual_seed(0))
+    assert m["critic/explained_variance"] == pytest.approx(want, rel=1e-5)
+    assert not any(k.startswith("_ev/") for k in m)

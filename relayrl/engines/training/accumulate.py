@@ -61,7 +61,7 @@ import torch
 
 from relayrl.algorithms._checks import host_floats
 from relayrl.engines.training import fsdp
-from relayrl.engines.training.base import LossFn, SequenceBatch, metric_reduction, with_group_tokens
+from relayrl.engines.training.base import LossFn, SequenceBatch, finished, metric_reduction, with_group_tokens
 
 __all__ = ["MetricSums", "StreamedUpdate"]
 
@@ -158,6 +158,8 @@ class _Accumulation:
     """An open streamed update: what the finish needs."""
 
     normalized_by: str | None = None
+    loss_fn: LossFn | None = None
+    """The first chunk's loss (its ``finish`` completes the metrics)."""
     partial: MetricSums | None = None
     tokens: int = 0
     seqs: int = 0
@@ -219,7 +221,7 @@ class StreamedUpdate:
                              f"train_step")
         summed = tuple(getattr(loss_fn, "summed", ()))
         if acc.partial is None:
-            acc.normalized_by, acc.partial = by, MetricSums(summed, with_reference)
+            acc.normalized_by, acc.loss_fn, acc.partial = by, loss_fn, MetricSums(summed, with_reference)
         elif (by, summed, with_reference) != (acc.normalized_by, acc.partial.summed, acc.partial.with_reference):
             raise ValueError(f"accumulate: the chunks of one update must share the loss's normalized_by and "
                              f"summed metrics, and with_reference: this chunk gives {(by, summed, with_reference)}, "
@@ -268,4 +270,4 @@ class StreamedUpdate:
                     p.grad.mul_(scale)
         metrics = acc.partial.reduce(self.device, g_tokens, self.prefix, scale=scale, agree_names=self.sharded,
                                      counted=self._counts_own)
-        return self._apply_gradients(metrics)
+        return finished(acc.loss_fn, self._apply_gradients(metrics))

@@ -20,7 +20,7 @@ from relayrl.algorithms.aggregation import group_token_counts
 from relayrl.engines.training.config import OptimConfig  # the optimizer's settings, torch-free (re-exported)
 
 __all__ = ["SequenceBatch", "balanced_cuts", "MicroBatch", "LossFn", "REF_FIELD", "LOSS_MASK_FIELD",
-           "GROUP_TOKENS_FIELD", "with_group_tokens", "metric_reduction", "OptimConfig", "TrainingEngine"]
+           "GROUP_TOKENS_FIELD", "with_group_tokens", "metric_reduction", "finished", "OptimConfig", "TrainingEngine"]
 
 REF_FIELD = "ref_logprobs"
 """The batch field of the reference policy's log-probs ([B, T] in a micro-batch); an engine holding a frozen
@@ -199,7 +199,15 @@ which the engine hands it the ``group_tokens`` field too); only such a loss can 
 (``accumulate``, :mod:`relayrl.engines.training.accumulate`), which fixes the count at the end. Metric
 values are floats or 0-dim tensors; the engine calls the loss inside
 :func:`relayrl.algorithms._checks.deferred_metrics`, where relayrl's losses leave them on the device, and reads
-an optimizer step's metrics to the host at once."""
+an optimizer step's metrics to the host at once. A figure that is no reduction of its micro-batches' (SFT's
+perplexity, ``exp`` of the batch's mean NLL) comes from a ``finish`` attribute, ``finish(metrics) -> metrics``,
+which the engine calls on the update's reduced metrics (:func:`finished`)."""
+
+
+def finished(loss_fn: LossFn, metrics: dict[str, float]) -> dict[str, float]:
+    """An update's reduced ``metrics`` through the loss's ``finish`` (when it has one)."""
+    finish = getattr(loss_fn, "finish", None)
+    return finish(metrics) if finish is not None else metrics
 
 
 def with_group_tokens(batch: SequenceBatch, loss_fn: LossFn) -> SequenceBatch:
@@ -236,7 +244,9 @@ class TrainingEngine(Protocol):
 
     def train_step(self, batch: SequenceBatch, loss_fn: LossFn, *, mini_batches: int = 1, epochs: int = 1,
                    temperature: float = 1.0, with_entropy: bool = False) -> dict[str, float]:
-        """Epochs x mini-batches optimizer steps over the batch; metrics averaged over steps."""
+        """Epochs x mini-batches optimizer steps over the batch; the steps' metrics combined by kind
+        (:func:`relayrl.engines.training.steps.over_steps`: token means over the batch, extremes, summed counts,
+        the losses and grad norms averaged)."""
         ...
 
     def begin_accumulation(self) -> None:

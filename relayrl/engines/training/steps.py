@@ -1,5 +1,5 @@
-"""The optimizer steps of an update: how a rank's rows are cut into mini-batches (one step each) and the
-learning-rate schedule over the run's steps."""
+"""The optimizer steps of an update: how a rank's rows are cut into mini-batches (one step each), how the
+steps' metrics make the update's, and the learning-rate schedule over the run's steps."""
 
 from __future__ import annotations
 
@@ -7,9 +7,15 @@ import math
 
 import torch
 
-from relayrl.engines.training.base import OptimConfig
+from collections.abc import Mapping, Sequence
 
-__all__ = ["minibatch_slices", "make_scheduler"]
+from relayrl.engines.training.base import OptimConfig, metric_reduction
+
+__all__ = ["minibatch_slices", "make_scheduler", "over_steps", "PER_STEP"]
+
+PER_STEP = ("grad_norm", "lr", "expert_load_imbalance")
+"""A role's metrics of the optimizer step itself (``actor/grad_norm``): an update reports their mean over its
+steps."""
 
 
 def minibatch_slices(rows: int, mini_batches: int) -> list[range]:
@@ -25,6 +31,37 @@ def minibatch_slices(rows: int, mini_batches: int) -> list[range]:
         stop = start + base + (1 if k < extra else 0)
         out.append(range(start, stop))
         start = stop
+    return out
+
+
+def over_steps(steps: Sequence[tuple[Mapping[str, float], int]], prefix: str,
+               summed: Sequence[str] = ()) -> dict[str, float]:
+    """An update's metrics from its optimizer steps' ``(metrics, response tokens)`` (epochs x mini-batches).
+
+    Each name is combined by its kind, as the micro-batches of one step are (:func:`metric_reduction`): a mean
+    (``actor/entropy``, ``actor/clip_frac_low``) weighted by each step's response tokens, so the update reports
+    the token mean over every token it trained on and not a mean of mini-batch means; ``.._max`` / ``.._min``
+    the extreme over the steps; counts (``..tokens``, ``..passes``) summed. What is already normalised within a
+    step (``..loss`` and the loss's ``summed`` names) and the step's own figures (:data:`PER_STEP`) are averaged
+    over the steps; ``{prefix}/nonfinite_grad`` is 1 when any step's gradient norm was not finite. A name some
+    steps lack is combined over the steps that have it."""
+    names = list(dict.fromkeys(k for m, _ in steps for k in m))
+    out: dict[str, float] = {}
+    for k in names:
+        got = [(m[k], w) for m, w in steps if k in m]
+        values = [v for v, _ in got]
+        how = metric_reduction(k, summed)
+        if k == f"{prefix}/nonfinite_grad" or how == "max":
+            out[k] = max(values)
+        elif how == "min":
+            out[k] = min(values)
+        elif how == "sum" and k.endswith(("tokens", "passes")):
+            out[k] = sum(values)
+        elif how == "sum" or (k.partition("/")[0] == prefix and k.partition("/")[2] in PER_STEP):
+            out[k] = sum(values) / len(values)
+        else:
+            total = sum(w for _, w in got)
+            out[k] = sum(v * w for v, w in got) / total if total else sum(values) / len(values)
     return out
 
 

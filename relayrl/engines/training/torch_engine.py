@@ -92,7 +92,6 @@ import contextlib
 import copy
 import math
 import warnings
-from collections import defaultdict
 from typing import Literal
 
 import torch
@@ -103,13 +102,13 @@ from relayrl.models.load import attention_windows
 from relayrl.algorithms._checks import deferred_metrics, metric_value
 from relayrl.engines.training.accumulate import MetricSums, StreamedUpdate
 from relayrl.engines.training.state import EngineState
-from relayrl.engines.training.base import (REF_FIELD, LossFn, MicroBatch, SequenceBatch,
+from relayrl.engines.training.base import (REF_FIELD, LossFn, MicroBatch, SequenceBatch, finished,
                                           with_group_tokens)
 from relayrl.engines.training.config import TrainEngineConfig
 from relayrl.engines.training.forward import Forward, pad_field, with_loss_mask
 from relayrl.engines.training.logprob_passes import LogprobPasses
 from relayrl.engines.training.routed import RoutedPasses
-from relayrl.engines.training.steps import make_scheduler, minibatch_slices
+from relayrl.engines.training.steps import make_scheduler, minibatch_slices, over_steps
 from relayrl.models.logits import LogitTransform, check_head
 from relayrl.models.packing import (PackUnit, additive_mask, build_packed_batch, pack_units, plan_microbatches,
                                     plan_units, shared_prompt_mask, to_device)
@@ -476,8 +475,7 @@ class TorchTrainingEngine(LogprobPasses, RoutedPasses, StreamedUpdate, EngineSta
                              f"is one optimizer step and needs a row (lower trainer.mini_batches)")
         batch = with_group_tokens(batch, loss_fn)  # before the mini-batches cut the groups apart
         self.runner.train()
-        sums: dict[str, float] = defaultdict(float)
-        steps = 0
+        steps: list[tuple[dict[str, float], int]] = []  # each optimizer step's metrics and response tokens
         for _ in range(epochs):
             perm = torch.randperm(len(batch), generator=generator).tolist() if mini_batches > 1 else list(range(len(batch)))
             for rows in minibatch_slices(len(batch), mini_batches):
@@ -485,12 +483,9 @@ class TorchTrainingEngine(LogprobPasses, RoutedPasses, StreamedUpdate, EngineSta
                 counts = self._global(sub.num_tokens, sub.num_seqs, sub.num_groups)
                 partial = MetricSums(tuple(getattr(loss_fn, "summed", ())), with_reference)
                 self._backward(sub, loss_fn, temperature, with_entropy, with_reference, counts, partial)
-                metrics = self._apply_gradients(partial.reduce(self.device, counts[0], self.prefix,
-                                                               counted=self._counts_own))
-                for k, v in metrics.items():
-                    sums[k] += v
-                steps += 1
-        return {k: v / steps for k, v in sums.items()}
+                steps.append((self._apply_gradients(partial.reduce(self.device, counts[0], self.prefix,
+                                                                   counted=self._counts_own)), counts[0]))
+        return finished(loss_fn, over_steps(steps, self.prefix, tuple(getattr(loss_fn, "summed", ()))))
 
     def _backward(self, sub: SequenceBatch, loss_fn: LossFn, temperature: float, with_entropy: bool | str,
                   with_reference: bool, counts: tuple[int, int, float], partial: MetricSums, *,
