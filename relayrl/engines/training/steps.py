@@ -4,10 +4,9 @@ steps' metrics make the update's, and the learning-rate schedule over the run's 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 
 import torch
-
-from collections.abc import Mapping, Sequence
 
 from relayrl.engines.training.base import OptimConfig, metric_reduction
 
