@@ -151,9 +151,10 @@ def test_two_rank_expert_parallel_in_bf16_mixed_precision(tiny_tokenizer, tmp_pa
     for a, b in zip(dp, ep, strict=True):
         assert b["actor/grad_norm"] == pytest.approx(a["actor/grad_norm"], rel=1e-2)
         assert b["actor/loss"] == pytest.approx(a["actor/loss"], rel=1e-2, abs=1e-4)
-    for n, t in dp_state.items():  # (Adam turns a near-zero gradient's bf16 rounding into a step either way:
-        assert ep_state[n].dtype == torch.float32  # an odd element moves by up to two steps of lr 1e-2)
-        torch.testing.assert_close(ep_state[n], t, atol=2.1e-2, rtol=0, msg=n)
+    for n, t in dp_state.items():  # (Adam turns a near-zero gradient's bf16 rounding into a step either way: an
+        assert ep_state[n].dtype == torch.float32  # odd element moves by up to lr 1e-2 a step in each run, so
+        # the two runs' two steps can be up to 4e-2 apart: 0.021 held on one CPU, 0.024 was seen on another)
+        torch.testing.assert_close(ep_state[n], t, atol=4.1e-2, rtol=0, msg=n)
         assert float((ep_state[n] - t).abs().mean()) < 2e-4, n
 
 
