@@ -356,15 +356,7 @@ class NativeGenerationEngine:
             tok_h, logp_h = copied()
             tok_l, logp_l = tok_h.tolist(), logp_h.tolist()
             if params.stop_strings:  # a stop string needs each token's text: row by row, token by token
-                ends = {}
-                for slot in busy:
-                    seq = list(toks[slot])
-                    for c in range(len(seq), seen[slot]):
-                        seq.append(tok_l[slot][c - lo])
-                        reason = self.finish_reason(seq, params, stop_ids)
-                        if reason:
-                            ends[slot] = (c + 1, reason)
-                            break
+                ends = self._stop_string_ends(busy, toks, seen, tok_l, lo, params, stop_ids)
             else:  # the first stop token or the last of the budget, for every row at once
                 ends = finished_rows(tok_h, busy, [len(toks[s]) for s in busy], [seen[s] for s in busy], lo,
                                      params.max_new_tokens, stop_ids)
@@ -385,6 +377,24 @@ class NativeGenerationEngine:
             if between is not None:
                 launch()
         return [out[k] for k in sorted(out)]
+
+    def _stop_string_ends(self, slots: list[int], toks: dict[int, list[int]], seen: dict[int, int],
+                          tokens: list[list[int]], lo: int, params: SamplingParams,
+                          stop_ids: set[int]) -> dict[int, tuple[int, str]]:
+        """:func:`finished_rows` for sampling with stop strings, which need each new token's text: the row in
+        slot ``s`` holds ``toks[s]`` on the host and the device has sampled ``seen[s]`` tokens of it, token
+        ``lo + j`` read at ``tokens[s][j]``. Returns ``{slot: (tokens it keeps in all, reason)}`` for the rows
+        that end."""
+        ends = {}
+        for slot in slots:
+            seq = list(toks[slot])
+            for c in range(len(seq), seen[slot]):
+                seq.append(tokens[slot][c - lo])
+                reason = self.finish_reason(seq, params, stop_ids)
+                if reason:
+                    ends[slot] = (c + 1, reason)
+                    break
+        return ends
 
     def stop_ids(self, params: SamplingParams) -> set[int]:
         """Token ids that end a row under ``params``: the EOS ids (the tokenizer's and the model's generation
