@@ -229,7 +229,7 @@ class GRPOPipeline:
         phases = self.parts.phases
         if self.ahead is not None:
             with self.s.span("stage_weights", "actor", step):
-                self.ahead.stage(step, self.actor)
+                self.ahead.stage_weights(step, self.actor)
             versions = [v for r in f.state.kept_records() for v in r.versions]
             return {**staleness_metrics(versions, step, self.plan.ahead), **self.ahead.step_metrics()}
         if not trained:
