@@ -34,11 +34,11 @@ its prompt and every token fed back (``Completion.routed_experts``) for the trai
 rollout's prefill again records its rows' context anew: the routes are those of the weights that continue.
 
 Prompts may also arrive while generating (:meth:`NativeGenerationEngine.generate_feed`): a
-:class:`~relayrl.engines.generation.base.PromptFeed` hands over new rows whenever slots are free, each with its
-own token budget, and the loop waits on it when the batch is empty. Multi-turn episodes use this
-(``relayrl.environments.episodes``): a finished turn leaves the batch, its environment step runs in another thread, and the next turn rejoins
-the running batch as a new row whose whole context (prompt, earlier turns, observations) is prefilled
-again; there is no prefix cache, so a rejoining turn pays that prefill. Fed rows decode on the dynamic
+:class:`~relayrl.engines.generation.base.PromptFeed` hands over new rows whenever slots are free, each with its own
+token budget, and the loop waits on it when the batch is empty. Multi-turn episodes use this
+(``relayrl.environments.episodes``): a finished turn leaves the batch, its environment step runs in another thread,
+and the next turn rejoins the running batch as a new row whose whole context (prompt, earlier turns, observations)
+is prefilled again; there is no prefix cache, so a rejoining turn pays that prefill. Fed rows decode on the dynamic
 cache (the static one is sized for one prompt plus ``max_new_tokens``).
 
 Departures from production engines (vLLM): no paged attention; the cache is a
