@@ -28,12 +28,13 @@ from __future__ import annotations
 import torch
 
 from relayrl.algorithms._checks import check_batch
-from relayrl.algorithms.correction import rollout_correction
+from relayrl.algorithms.correction import LEVELS, MODES, rollout_correction
 
 Tensor = torch.Tensor
 
-IS_LEVELS: tuple[str, ...] = ("token", "sequence", "geometric")
-IS_MODES: tuple[str, ...] = ("truncate", "mask")
+IS_LEVELS: tuple[str, ...] = LEVELS
+"""The levels of :func:`truncated_is_weights`: the correction's (it computes them), without its ``None``."""
+IS_MODES: tuple[str, ...] = MODES
 
 
 def truncated_is_weights(

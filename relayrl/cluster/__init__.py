@@ -8,12 +8,18 @@ Maps HybridFlow's hybrid programming model (§4) to code:
 | multi-controller ParallelWorker (SPMD)       | `Worker` ranks in one torch.distributed group |
 | ResourcePool; same pool = colocated          | `ResourcePool` + a per-pool FIFO turn queue |
 | ONE_TO_ALL / DP_COMPUTE / one-rank protocols | `group.all` / `group.split` / `group.one`  |
-| asynchronous dataflow on disjoint pools      | `*_async` futures, one executor per group |
+| asynchronous dataflow on disjoint pools      | a driver thread per stage making blocking calls |
 | Ray actors + placement groups                | `backend="ray"` (or the embedded `local`) |
 
+The GRPO family's stages (:mod:`relayrl.workflows.flow`) each run on a thread of the driver: calls on different
+pools run at once, calls on one pool take turns. A group's `*_async` calls (one executor per group) return
+futures instead, for a caller without threads of its own.
+
 Departures: the call kind is explicit at the call site (no `@register`
-decorator metaprogramming); data goes through the driver rather than as data
-futures between groups; only the contiguous split/concat protocol is built in.
+decorator metaprogramming); a call's arguments and results go through the
+driver (no data futures between groups), so the GRPO family's samples do not
+ride on calls: they travel worker -> dock -> worker (`relayrl.dock`) and the
+calls carry row indexes; only the contiguous split/concat protocol is built in.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Sample dock: a partitioned columnar store with per-stage controllers and streaming loaders.
 
-Seeds 000 (MindSpeed-RL transfer dock) and 002 (AsyncFlow TransferQueue); see
+MindSpeed RL's transfer dock and AsyncFlow's TransferQueue (AsyncFlow §3); see
 ``dock.py`` and ``controller.py`` for what is implemented and what changed.
 
     dock = Dock(units=2, backend="local", lease_s=30.0)

@@ -1,6 +1,6 @@
 """Ragged columns: one tensor per row in memory, one flat buffer + lengths on the wire.
 
-Seed 002 (TransferQueue) keeps variable-length data unpadded by concatenating
+AsyncFlow's TransferQueue (§3) keeps variable-length data unpadded by concatenating
 along the sequence dimension and restoring rows from length metadata; this
 module does the same. A row value is a tensor of shape ``[L_i, *tail]`` (ragged
 on dim 0, ``tail`` fixed per column) or a 0-d tensor (a scalar column). The

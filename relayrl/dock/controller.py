@@ -5,14 +5,14 @@ which rows carry every column the stage needs and which it has handed out.
 Consumers ask it for ready rows (metadata only), read the data from the units,
 then acknowledge.
 
-Where this departs from the seeds (and from TransferQueue's code):
+Where this departs from MindSpeed RL's transfer dock and AsyncFlow's TransferQueue (paper and code):
 
-* **Incremental readiness.** Seed 002 scans a rows x columns status table on
+* **Incremental readiness.** TransferQueue scans a rows x columns status table on
   every request. Here a row keeps a count of the needed columns present; a
   write bumps the counts of the rows it touched and a row (or a whole group)
   enters a FIFO ready queue when its count reaches the need. A request pops
   from the queue: O(rows returned), independent of history.
-* **Leases, not consumption marks.** Seed 002 marks rows consumed when it
+* **Leases, not consumption marks.** TransferQueue marks rows consumed when it
   hands them out, so a consumer that dies loses them. Here a hand-out is a
   lease with an expiry; only ``ack`` retires rows (exactly once: an ack from a
   lease that expired and was re-leased is refused), expired leases and leases

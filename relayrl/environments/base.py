@@ -1,6 +1,6 @@
 """The environment interface of multi-turn episodes: typed records and two small protocols.
 
-Seed 004 (NeMo-RL) gives an environment a batched ``step(message_logs, metadata) -> (observations,
+NeMo RL (its NeMo Gym environments) gives an environment a batched ``step(message_logs, metadata) -> (observations,
 metadata, next_stop_strings, rewards, terminateds)`` run as a Ray actor. relayrl keeps one environment
 object per episode with a two-method protocol instead, because the episode loop
 (:mod:`relayrl.environments.episodes`) already runs environment steps concurrently in worker threads, one

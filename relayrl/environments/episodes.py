@@ -125,7 +125,7 @@ class _DaemonPool:
 
 
 class _Feed:
-    """The turns ready to generate (a :class:`relayrl.engines.generation.native.PromptFeed`), and the
+    """The turns ready to generate (a :class:`relayrl.engines.generation.base.PromptFeed`), and the
     bookkeeping of the episodes still open."""
 
     def __init__(self, live: dict[int, _Live], limits: EpisodeLimits, turn_tokens: int,

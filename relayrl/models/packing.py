@@ -1,7 +1,7 @@
 """Packed layouts for training forwards: shared-prompt attention (Periodic Asynchrony §4.2) and sequence packing.
 
 A GRPO group is n responses to one prompt. Padded per-row training repeats the
-prompt n times and pads every row to the longest one. Seed 003 (4.2) instead
+prompt n times and pads every row to the longest one. Periodic Asynchrony (§4.2) instead
 packs a group as **one** sequence ``[prompt, response_1, ..., response_n]``
 with
 
@@ -26,7 +26,7 @@ activations poison weight gradients even where the loss ignores them).
 
 Where this departs from Periodic Asynchrony:
 
-* Seed 003 runs the mask inside a Megatron-style NPU kernel. We hand a dense
+* Periodic Asynchrony runs the mask inside a Megatron-style NPU kernel. We hand a dense
   4-D mask to PyTorch's ``scaled_dot_product_attention`` through the Hugging
   Face model (``attn_implementation="sdpa"``; an additive float mask for
   ``"eager"``). That is exact on CPU and GPU, but a dense mask costs
@@ -38,7 +38,7 @@ Where this departs from Periodic Asynchrony:
   (``cu_seqlens`` from position ids) handles plain sequence packing but cannot
   express a prompt shared across segments. FlexAttention has no backward pass
   on CPU, which is why SDPA is the default.
-* Seed 003 packs a whole micro-batch of one group; we also split a group whose
+* Periodic Asynchrony packs a whole micro-batch of one group; we also split a group whose
   packed length exceeds the micro-batch token budget into several units (each
   repeats the prompt) and bin-pack small units together, so one token budget
   bounds every forward.

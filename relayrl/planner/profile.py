@@ -81,8 +81,10 @@ class PathCost(_Model):
 
 
 class Overhead(_Model):
-    """The driver paths: the colocated loop (``grpo.py``) on one rank and on several (data parallel), and the
-    dataflow (``dataflow.py``, ``offpolicy.py``)."""
+    """The driver's cost per path (:func:`relayrl.planner.simulate.path_key`): a synchronous colocated step on one
+    rank (``colocated``) and on several (``colocated_dp``, data parallel), and every other placement
+    (``dataflow``: split pools, periodic, off-policy). One step implementation runs them all
+    (:mod:`relayrl.workflows.pipeline`); they cost differently because their stages wait for different things."""
 
     colocated: PathCost = PathCost()
     colocated_dp: PathCost = PathCost()

@@ -1,9 +1,9 @@
 """relayrl.weights: the resharding flow, trainer weights -> generation engines.
 
-Seed 004's refit (tensor packing into a few flat buckets, per-receiver
+NeMo RL's refit (tensor packing into a few flat buckets, per-receiver
 messages, minimal metadata with cached layouts), AsyncFlow's and NeMo RL's delayed
-parameter update (stage in host memory, apply between generations) and seed
-000's swap of training state to host memory. Modules:
+parameter update (stage in host memory, apply between generations) and MindSpeed
+RL's swap of training state to host memory. Modules:
 
 | module     | what                                                                  |
 |------------|-----------------------------------------------------------------------|

@@ -1,9 +1,9 @@
 """Resharding flow, first half: full tensors out of a (possibly sharded) trainer.
 
-Seed 001's 3D-HybridEngine regroups the training layout (p-t-d) into a
+HybridFlow's 3D-HybridEngine (§5) regroups the training layout (p-t-d) into a
 generation layout (p_g-t_g-d_g-d) with all-gathers only inside micro
 data-parallel groups, so each device ends up holding exactly its generation
-shard and no redundant copy (zero-redundancy resharding). Seed 000's
+shard and no redundant copy (zero-redundancy resharding). MindSpeed RL's
 allgather-swap gathers into a temporary buffer, selects the generation slices,
 and swaps the training weights to host memory.
 

@@ -1,6 +1,6 @@
 """Bucket layouts: where each weight lives inside a few flat buffers.
 
-Seed 004 (NeMo-RL refit) found that shipping one message per parameter
+NeMo RL's refit work found that shipping one message per parameter
 (~45,000 IPC handles for a 671B model) dominated refit time, and that most of
 the per-call metadata (dtype, shape, offset of every tensor) never changes
 between steps. A `BucketLayout` is that "packing list" computed once: tensors

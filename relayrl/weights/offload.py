@@ -1,6 +1,6 @@
 """Swap idle state to host memory and back: optimizer state, and a module's weights.
 
-Seed 000's allgather-swap moves the training-side buffers device -> host (D2H)
+MindSpeed RL's allgather-swap moves the training-side buffers device -> host (D2H)
 while generation runs, so generation gets their device memory (KV cache), and
 moves them back (H2D) before the next update. verl's hybrid engine does the
 same for its actor and reference. Here:

@@ -1,6 +1,6 @@
 """Tensor packing: named weights <-> one flat contiguous buffer per bucket.
 
-Seed 004's first refit optimisation: `torch.cat` the many small parameter
+NeMo RL's first refit optimisation: `torch.cat` the many small parameter
 tensors into a few large buffers, move those, and let the receiver cut views
 back out by (offset, shape, dtype). Here:
 

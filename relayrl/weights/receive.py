@@ -1,6 +1,6 @@
 """The receiving end of the weight relay: buckets + a cached layout -> engine weights.
 
-Seed 004's third refit optimisation is *minimal metadata*: dtypes, shapes and
+NeMo RL's third refit optimisation is *minimal metadata*: dtypes, shapes and
 offsets never change between steps, so the receiver caches them and each
 refit carries only the buffers, a layout key and the version. A receiver that
 has not seen a key answers ``{"status": "need_layout"}`` and the sender sends

@@ -9,7 +9,7 @@ it::
         wait until trained >= j-1-k                      f <- take(t) (waits until partition t is open)
         [hold the rollout engine]                        consume f: [reference, old, values,] advantages,
         apply the newest staged weights                      update per arriving group (accumulated)
-        open partition j; sample + score into it         stage(v_t): host buffers, trained = t
+        open partition j; sample + score into it         stage_weights(v_t): host buffers, trained = t
           partial: newer staged weights are applied      close partition t
           between two decode steps
         [the hold ends when generation ends;
@@ -100,7 +100,7 @@ class RolloutAhead:
         if self.error is not None:
             raise self.error
 
-    def stage(self, version: int, actor) -> None:
+    def stage_weights(self, version: int, actor) -> None:
         """The trainer's new weights into host buffers for the rollout thread; an older staged version it has
         not applied yet is dropped. An actor in processes of its own packs them straight into shared memory
         (its rank 0; the weights do not pass through the driver); else they are gathered here and packed."""

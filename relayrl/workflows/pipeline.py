@@ -229,7 +229,7 @@ class GRPOPipeline:
         phases = self.parts.phases
         if self.ahead is not None:
             with self.s.span("stage_weights", "actor", step):
-                self.ahead.stage(step, self.actor)
+                self.ahead.stage_weights(step, self.actor)
             versions = [v for r in f.state.kept_records() for v in r.versions]
             return {**staleness_metrics(versions, step, self.plan.ahead), **self.ahead.step_metrics()}
         if not trained:
@@ -316,12 +316,8 @@ class GRPOPipeline:
 
     def begin(self) -> range:
         """Restore, open telemetry, evaluate a fresh run's starting model; the steps to train (for tests and
-        benchmarks that drive :meth:`step` themselves)."""
-        self.restore()
-        self.s.open_telemetry(self.cfg.trainer.steps, KEY_METRICS)
-        if self.s.start_step == 0 and self.cfg.eval.before_training:
-            self.s.tracker.log(0, self.evaluate(0))
-        return self.s.steps()
+        benchmarks that drive :meth:`step` themselves): :meth:`Session.begin`, as :meth:`run` opens."""
+        return self.s.begin(restore=self.restore, evaluate=self.evaluate, key_metrics=KEY_METRICS)
 
     def run(self) -> Path:
         """The shared run loop (restore, eval at step 0, steps, log, checkpoint, export) with this step."""

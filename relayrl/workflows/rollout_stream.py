@@ -30,7 +30,7 @@ import queue
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -203,52 +203,18 @@ class StreamingGeneration:
                                positions=[ep.sample_index] if per_sample else None)]
 
         # Finished samples (or episodes) go to a writer thread: a dock write waits on the storage units'
-        # replies, and the decode loop must not. The writer takes everything that finished since its last
-        # write and stores it in one write (one receipt, one publish), however many groups or rows it spans.
+        # replies, and the decode loop must not.
         ended: queue.SimpleQueue = queue.SimpleQueue()
 
-        def writer(due) -> None:
-            broken = last = False
-            while not last:
-                items = [ended.get()]
-                while not ended.empty():
-                    items.append(ended.get())
-                last = items[-1] is None
-                if broken:  # (after a failure: drain, so the generation loop never blocks on us)
-                    continue
-                try:
-                    writes = [w for item in items if item is not None and not isinstance(item, RequestFailed)
-                              for w in due(item)]
-                    if writes:
-                        self._out.put(self._write_all(writes))
-                    dropped = [GroupRecord(group=int(groups[x.index]), failed=x.cause) for x in items
-                               if isinstance(x, RequestFailed)]  # rollout.on_error=drop_group: no rows
-                    if dropped:
-                        self._out.put((None, dropped))
-                except BaseException as e:  # noqa: BLE001 - handed to the driver by poll_stream
-                    broken = True
-                    self._out.put(e)
-
         def run() -> None:
-            writes = threading.Thread(target=writer, args=(rows_of if episodes is None else rows_of_episode,),
+            writes = threading.Thread(target=self._write_finished,
+                                      args=(ended, rows_of if episodes is None else rows_of_episode, groups),
                                       name="rollout-writer", daemon=True)
             if not deferred:
                 writes.start()
             try:
-                between = self._swap.take if partial else None
-                gen = self.generator if params.temperature > 0 else None
-                if interrupt is not None:  # (a server's on_error does not apply: the config refuses it there)
-                    generate_interrupted(self.engine, prompts, params, interrupt, generator=gen,
-                                         on_finish=ended.put, between=between)
-                elif episodes is None:
-                    drop = {"on_error": ended.put} if on_error == "drop_group" and not baseline else {}
-                    self.engine.generate(prompts, params, generator=gen, on_finish=ended.put, between=between, **drop)
-                else:
-                    from relayrl.environments.episodes import run_episodes
-
-                    run_episodes(self.engine, self.tokenizer, problems, prompts, self._env(episodes), params,
-                                 episodes.limits, workers=episodes.env.workers, generator=gen,
-                                 on_end=ended.put, between=between)
+                self._generate_into(ended.put, prompts, params, self._swap.take if partial else None, interrupt,
+                                    episodes, problems, drop_failed=on_error == "drop_group" and not baseline)
             except RequestFailed as e:  # rollout.on_error=fail (or a ReMax baseline: too late to drop a group)
                 self._out.put(self._request_failed(prompts, e))
             except BaseException as e:  # noqa: BLE001 - handed to the driver by poll_stream
@@ -265,6 +231,54 @@ class StreamingGeneration:
 
         self._swap.open(partial)
         self._stream = compute.submit(run, name="rollout-stream")  # the driver's main thread, or a thread here
+
+    def _generate_into(self, on_end: Callable[[Any], None], prompts: Sequence[Sequence[int]], params: SamplingParams,
+                       between: Callable[[], bool] | None, interrupt: Interrupt | None, episodes: EpisodeSpec | None,
+                       problems: Sequence[Problem] | None, drop_failed: bool) -> None:
+        """The stream's generation, each finished sample (or episode) handed to ``on_end``: under a thinking
+        budget, as multi-turn episodes, or plain; ``drop_failed``: a failed request (a server's) goes to
+        ``on_end`` too, as its :class:`RequestFailed`, instead of being raised."""
+        gen = self.generator if params.temperature > 0 else None
+        if interrupt is not None:  # (a server's on_error does not apply: the config refuses it there)
+            generate_interrupted(self.engine, prompts, params, interrupt, generator=gen, on_finish=on_end,
+                                 between=between)
+        elif episodes is None:
+            drop = {"on_error": on_end} if drop_failed else {}
+            self.engine.generate(prompts, params, generator=gen, on_finish=on_end, between=between, **drop)
+        else:
+            from relayrl.environments.episodes import run_episodes
+
+            run_episodes(self.engine, self.tokenizer, problems, prompts, self._env(episodes), params,
+                         episodes.limits, workers=episodes.env.workers, generator=gen, on_end=on_end,
+                         between=between)
+
+    def _write_finished(self, ended: queue.SimpleQueue, due: Callable[[Any], list[tuple]],
+                        groups: Sequence[int]) -> None:
+        """The stream's writer thread: everything that finished since its last write (``ended``, up to the
+        ``None`` that ends the stream) in one dock write, one receipt and one publish, however many groups or
+        rows it spans; ``due(item)`` is the writes a finished sample or episode makes due. A failed request
+        (``rollout.on_error=drop_group``) becomes a record of its group with no rows. After a failure (handed
+        to :meth:`poll_stream`) it drains without writing, so the generation loop never blocks on it."""
+        broken = last = False
+        while not last:
+            items = [ended.get()]
+            while not ended.empty():
+                items.append(ended.get())
+            last = items[-1] is None
+            if broken:
+                continue
+            try:
+                writes = [w for item in items if item is not None and not isinstance(item, RequestFailed)
+                          for w in due(item)]
+                if writes:
+                    self._out.put(self._write_all(writes))
+                dropped = [GroupRecord(group=int(groups[x.index]), failed=x.cause) for x in items
+                           if isinstance(x, RequestFailed)]
+                if dropped:
+                    self._out.put((None, dropped))
+            except BaseException as e:  # noqa: BLE001 - handed to the driver by poll_stream
+                broken = True
+                self._out.put(e)
 
     def _request_failed(self, prompts: Sequence[Sequence[int]], e: RequestFailed) -> GenerationFailed:
         """The error of a failed request under ``rollout.on_error=fail``, naming its prompt and the cause."""

@@ -4,8 +4,9 @@ A :class:`Session` resolves the model, the tokenizer, the prompts (a built-in
 task or a user dataset) and the verifier, and evaluates on the held-out set
 (its :class:`~relayrl.workflows.heldout.EvalSession` part, which ``relayrl eval
 --recipe`` uses alone); it owns the run directory with its telemetry (metrics
-sinks, stage timeline), checkpoints and the training prompts' order. The
-workflows (``sft.py``, ``grpo.py``) hold only their algorithm's loop.
+sinks, stage timeline), checkpoints and the training prompts' order, and runs the one loop every workflow
+shares (:meth:`Session.run`). The workflows (the GRPO family's ``pipeline.py``, the offline ``offline.py`` of
+SFT, DPO, KTO and RM) supply only their step.
 """
 
 from __future__ import annotations
@@ -418,11 +419,7 @@ class Session(EvalSession):
         exported model directory."""
         with self.interruptible(), self.no_space():
             try:
-                restore()
-                self.open_telemetry(self.cfg.trainer.steps, key_metrics)
-                if self.start_step == 0 and self.cfg.eval.before_training:
-                    self.tracker.log(0, evaluate(0))
-                for s in self.steps():
+                for s in self.begin(restore=restore, evaluate=evaluate, key_metrics=key_metrics):
                     metrics = step(s)
                     if footprint is not None:
                         sizes, footprint = footprint(), None
@@ -434,6 +431,17 @@ class Session(EvalSession):
             finally:
                 shutdown()  # the ranks stop now, not at interpreter exit
                 self.close_telemetry()  # (a failed run's metrics and spans files too: finish closes them otherwise)
+
+    def begin(self, *, restore: Callable[[], None], evaluate: Callable[[int], dict[str, float]],
+              key_metrics) -> range:
+        """The loop's opening (:meth:`run`'s, and a test's or benchmark's that calls the steps itself): restore,
+        open the telemetry, log the starting model's evaluation as step 0 (a fresh run with
+        ``eval.before_training``); returns the steps left to train (:meth:`steps`)."""
+        restore()
+        self.open_telemetry(self.cfg.trainer.steps, key_metrics)
+        if self.start_step == 0 and self.cfg.eval.before_training:
+            self.tracker.log(0, evaluate(0))
+        return self.steps()
 
     def close_telemetry(self) -> None:
         """Close the metrics sinks and the timeline's file (again is a no-op)."""

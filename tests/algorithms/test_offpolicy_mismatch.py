@@ -62,3 +62,16 @@ def test_logprob_error():
     assert empty_row[1].item() == 1.0
     with pytest.raises(ValueError, match="empty batch"):
         logprob_error(torch.zeros(0, 3), torch.zeros(0, 3), torch.zeros(0, 3))
+
+
+def test_the_truncated_weights_take_the_corrections_levels_and_modes():
+    """truncated_is_weights is rollout_correction's upper-bound case: one list of levels and modes, the
+    correction's, not a copy that could drift from what that function accepts."""
+    from relayrl.algorithms import correction, offpolicy
+
+    assert offpolicy.IS_LEVELS is correction.LEVELS and offpolicy.IS_MODES is correction.MODES
+    lp = torch.zeros(1, 3)
+    for level in offpolicy.IS_LEVELS:
+        for mode in offpolicy.IS_MODES:
+            w, _ = truncated_is_weights(lp, lp, torch.ones(1, 3), level=level, mode=mode)
+            torch.testing.assert_close(w, torch.ones(1, 3))

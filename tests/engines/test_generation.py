@@ -218,6 +218,21 @@ def test_a_stop_string_of_many_tokens_stops_the_row(tiny_model, tiny_tokenizer):
         assert eng.finish_reason(ids[:-1], params, set()) is None
 
 
+def test_the_static_paths_stop_string_scan_ends_a_row_at_the_token_completing_it(tiny_model, tiny_tokenizer):
+    """The static decoder reads a chunk of tokens per row (token ``lo + j`` at ``[j]``): a row ends at the new
+    token that completes a stop string, keeping the tokens up to it; a row whose tokens complete none goes on,
+    and so does a row whose tokens past the device's count would (they were not sampled for it)."""
+    eng = NativeGenerationEngine(tiny_model, tiny_tokenizer)
+    ids = tiny_tokenizer("ab 12 cd", add_special_tokens=False)["input_ids"]
+    stop = tiny_tokenizer.decode(ids[3:5])  # (two tokens of the middle)
+    params = SamplingParams(max_new_tokens=100, stop_strings=(stop,))
+    other = ids[:3] + ids[5:]  # the same row without the stop string's tokens
+    held = {0: ids[:2], 1: other[:2], 2: ids[:2]}
+    seen = {0: len(ids), 1: len(other), 2: 4}  # (slot 2: the device sampled up to token 4, before the stop ends)
+    tokens = [ids[2:], other[2:], ids[2:]]  # each row's chunk, read from token lo=2 on
+    assert eng._stop_string_ends([0, 1, 2], held, seen, tokens, 2, params, set()) == {0: (5, "stop")}
+
+
 def test_a_stop_string_that_is_a_special_token_stops_at_its_id(tiny_model, tiny_tokenizer):
     """Responses are decoded without special tokens, so a stop string such as ``<|im_end|>`` (the end of a
     ChatML turn, not the tiny tokenizer's EOS) never shows in the text: it stops at the token's id instead."""

@@ -120,7 +120,7 @@ def test_readme_is_short_and_its_links_resolve():
 
 def test_no_seed_numbers_in_citations():
     """Papers are cited by short name (docs/references.md), not by the number of a seed document."""
-    pattern = re.compile(r"\bseeds? 0\d\d\b")
+    pattern = re.compile(r"\bseeds? 0\d\d\b", re.IGNORECASE)  # (capitalised too, as a sentence opens)
     hits = []
     for base in ("relayrl", "tests", "benchmarks", "docs"):
         for path in (ROOT / base).rglob("*"):

@@ -125,9 +125,9 @@ def test_the_rollout_thread_applies_while_the_trainer_stages():
     ahead = RolloutAhead(1, range(1, 1), open_flow=None, produce=None, batch_start=None,
                          relay=WeightRelay(bucket_mb=0.02), rollout=group, partial=True)
     try:
-        ahead.stage(1, sender)
+        ahead.stage_weights(1, sender)
         sender.hold = True
-        stager, _ = _in_thread(lambda: ahead.stage(2, sender))
+        stager, _ = _in_thread(lambda: ahead.stage_weights(2, sender))
         assert sender.inside.wait(10)
         with ahead.engine:
             applier, _ = _in_thread(ahead.apply_staged)

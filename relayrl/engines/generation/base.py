@@ -7,16 +7,17 @@ later) fits behind this protocol.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable, Literal, Protocol, Sequence
+from typing import Callable, Iterable, Literal, Protocol, Sequence
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from relayrl.errors import UserError
 
-__all__ = ["SamplingParams", "Completion", "GenerationEngine", "RequestFailed", "hits_stop_string",
-           "special_stop_ids"]
+__all__ = ["SamplingParams", "Completion", "GenerationEngine", "RequestFailed", "PromptFeed", "ListFeed",
+           "check_prompts", "generate_from_feed", "hits_stop_string", "special_stop_ids"]
 
 
 class RequestFailed(UserError, RuntimeError):
@@ -130,3 +131,63 @@ class GenerationEngine(Protocol):
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Copy new weights into the engine's model and set its weight version."""
         ...
+
+
+def check_prompts(prompts: Sequence[Sequence[int]]) -> None:
+    """Raise ``ValueError`` naming the first empty prompt (an engine has no position to sample from)."""
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty")
+
+
+class PromptFeed(Protocol):
+    """Rows that arrive while an engine generates (``generate_feed`` of the native and the vLLM engine):
+    multi-turn episodes feed each next turn of an episode, a thinking budget the responses that re-enter."""
+
+    def take(self) -> tuple[int, Sequence[int], int] | None:
+        """A row ready now, ``(key, prompt token ids, max new tokens)``, or None; never blocks. The
+        completion of that row has ``prompt_index == key``."""
+        ...
+
+    def wait(self) -> bool:
+        """Block until :meth:`take` may have a row (True) or no row will ever come again (False). Called
+        only while the engine has nothing to decode."""
+        ...
+
+
+class ListFeed:
+    """A fixed list of prompts as a :class:`PromptFeed`: prompt ``i`` is row ``i``, in order, each with the
+    same token budget."""
+
+    def __init__(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+        self.waiting = deque(range(len(prompts)))
+        self.prompts, self.max_new = prompts, max_new_tokens
+
+    def take(self) -> tuple[int, Sequence[int], int] | None:
+        if not self.waiting:
+            return None
+        i = self.waiting.popleft()
+        return i, self.prompts[i], self.max_new
+
+    def wait(self) -> bool:
+        return bool(self.waiting)
+
+
+def generate_from_feed(generate_feed: Callable[..., None], prompts: Sequence[Sequence[int]], params: SamplingParams,
+                       generator: torch.Generator | None = None,
+                       on_finish: Callable[[Completion], None] | None = None,
+                       between: Callable[[], bool] | None = None) -> list[Completion]:
+    """An engine's ``generate`` on its ``generate_feed(feed, params, generator, on_finish, between)``: the
+    prompts fed as a :class:`ListFeed` (``params.max_new_tokens`` each), every completion collected, and all
+    ``params.n`` samples of every prompt returned in (prompt, sample) order; ``on_finish`` still sees each
+    completion the moment it ends. Empty prompts are refused first (:func:`check_prompts`)."""
+    check_prompts(prompts)
+    out: dict[tuple[int, int], Completion] = {}
+
+    def keep(c: Completion) -> None:
+        out[(c.prompt_index, c.sample_index)] = c
+        if on_finish is not None:
+            on_finish(c)
+
+    generate_feed(ListFeed(prompts, params.max_new_tokens), params, generator, keep, between)
+    return [out[k] for k in sorted(out)]

@@ -6,7 +6,7 @@ thinking budget without having closed its reasoning gets an end-of-thinking phra
 up. Let me stop thinking and formulate a final answer now. </think>") and the model then writes its answer
 within an answer budget. Qwen3's "thinking budget" is the same mechanism at inference.
 
-Here it is a driver of an engine's :class:`~relayrl.engines.generation.native.PromptFeed` (the native and
+Here it is a driver of an engine's :class:`~relayrl.engines.generation.base.PromptFeed` (the native and
 the vLLM engine both take one), so the engines know nothing of it; a response is a row that may re-enter the
 feed, as a multi-turn episode's next turn does (:mod:`relayrl.environments.episodes`)::
 
@@ -39,7 +39,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from relayrl.engines.generation.base import Completion, SamplingParams
+from relayrl.engines.generation.base import Completion, SamplingParams, check_prompts
 from relayrl.errors import UserError
 
 __all__ = ["Interrupt", "InterruptError", "Phase", "build_interrupt", "generate_interrupted"]
@@ -127,7 +127,7 @@ class _Response:
 
 
 class _Feed:
-    """The rows to generate (a :class:`~relayrl.engines.generation.native.PromptFeed`): ``(key, context,
+    """The rows to generate (a :class:`~relayrl.engines.generation.base.PromptFeed`): ``(key, context,
     budget)`` of every sample of every prompt, then of the responses that re-enter, which go first."""
 
     def __init__(self, rows: Sequence[tuple[int, list[int], int]]) -> None:
@@ -159,9 +159,7 @@ def generate_interrupted(engine, prompts: Sequence[Sequence[int]], params: Sampl
     if interrupt.after_tokens >= params.max_new_tokens:
         raise InterruptError(f"rollout.interrupt.after_tokens={interrupt.after_tokens} must be below the "
                              f"response budget max_new_tokens={params.max_new_tokens}")
-    for i, p in enumerate(prompts):
-        if len(p) == 0:
-            raise ValueError(f"prompt {i} is empty")
+    check_prompts(prompts)
     n, tok = params.n, engine.tokenizer
     responses = {i * n + s: _Response(list(p)) for i, p in enumerate(prompts) for s in range(n)}
     feed = _Feed([(k, r.prompt, interrupt.after_tokens) for k, r in responses.items()])

@@ -34,11 +34,11 @@ its prompt and every token fed back (``Completion.routed_experts``) for the trai
 rollout's prefill again records its rows' context anew: the routes are those of the weights that continue.
 
 Prompts may also arrive while generating (:meth:`NativeGenerationEngine.generate_feed`): a
-:class:`PromptFeed` hands over new rows whenever slots are free, each with its own token budget, and the
-loop waits on it when the batch is empty. Multi-turn episodes use this (``relayrl.environments.episodes``):
-a finished turn leaves the batch, its environment step runs in another thread, and the next turn rejoins
-the running batch as a new row whose whole context (prompt, earlier turns, observations) is prefilled
-again; there is no prefix cache, so a rejoining turn pays that prefill. Fed rows decode on the dynamic
+:class:`~relayrl.engines.generation.base.PromptFeed` hands over new rows whenever slots are free, each with its own
+token budget, and the loop waits on it when the batch is empty. Multi-turn episodes use this
+(``relayrl.environments.episodes``): a finished turn leaves the batch, its environment step runs in another thread,
+and the next turn rejoins the running batch as a new row whose whole context (prompt, earlier turns, observations)
+is prefilled again; there is no prefix cache, so a rejoining turn pays that prefill. Fed rows decode on the dynamic
 cache (the static one is sized for one prompt plus ``max_new_tokens``).
 
 Departures from production engines (vLLM): no paged attention; the cache is a
@@ -52,49 +52,19 @@ come from float32 logits as the trainer's do.
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable, Iterable, Protocol, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from relayrl.engines.generation import cache_rows, static
-from relayrl.engines.generation.base import Completion, SamplingParams, hits_stop_string, special_stop_ids
+from relayrl.engines.generation.base import (Completion, PromptFeed, SamplingParams, check_prompts,
+                                             generate_from_feed, hits_stop_string, special_stop_ids)
 from relayrl.engines.generation.kv_cache import check_takes_cache, forward_with_cache
 from relayrl.engines.generation.sampling import draw_seed, row_key, row_uniforms, sample_next, seen_mask
 from relayrl.models.eos import eos_ids
 
-__all__ = ["NativeGenerationEngine", "PromptFeed", "RunningBatch", "sample_next"]
-
-
-class PromptFeed(Protocol):
-    """Rows that arrive while the engine generates (multi-turn episodes: each next turn of an episode)."""
-
-    def take(self) -> tuple[int, Sequence[int], int] | None:
-        """A row ready now, ``(key, prompt token ids, max new tokens)``, or None; never blocks. The
-        completion of that row has ``prompt_index == key``."""
-        ...
-
-    def wait(self) -> bool:
-        """Block until :meth:`take` may have a row (True) or no row will ever come again (False). Called
-        only while the engine has nothing to decode."""
-        ...
-
-
-class _ListFeed:
-    """A fixed list of prompts, in order (what :meth:`NativeGenerationEngine.generate` decodes)."""
-
-    def __init__(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
-        self.waiting = deque(range(len(prompts)))
-        self.prompts, self.max_new = prompts, max_new_tokens
-
-    def take(self) -> tuple[int, Sequence[int], int] | None:
-        if not self.waiting:
-            return None
-        i = self.waiting.popleft()
-        return i, self.prompts[i], self.max_new
-
-    def wait(self) -> bool:
-        return bool(self.waiting)
+__all__ = ["NativeGenerationEngine", "RunningBatch", "sample_next"]
 
 
 class RunningBatch:
@@ -244,21 +214,10 @@ class NativeGenerationEngine:
         in-flight rows are then prefilled again and continue with them (partial rollout)."""
         if not prompts:
             return []
-        for i, p in enumerate(prompts):
-            if len(p) == 0:
-                raise ValueError(f"prompt {i} is empty")
-        stop_ids = self.stop_ids(params)
-        if self.static is not None:
-            return self._generate_static(prompts, params, generator, stop_ids, on_finish, between)
-        out: dict[tuple[int, int], Completion] = {}
-
-        def keep(c: Completion) -> None:
-            out[(c.prompt_index, c.sample_index)] = c
-            if on_finish is not None:
-                on_finish(c)
-
-        self._generate_dynamic(_ListFeed(prompts, params.max_new_tokens), params, generator, stop_ids, keep, between)
-        return [out[k] for k in sorted(out)]
+        if self.static is None:
+            return generate_from_feed(self.generate_feed, prompts, params, generator, on_finish, between)
+        check_prompts(prompts)
+        return self._generate_static(prompts, params, generator, self.stop_ids(params), on_finish, between)
 
     @torch.no_grad()
     def generate_feed(self, feed: PromptFeed, params: SamplingParams, generator: torch.Generator | None,
@@ -397,15 +356,7 @@ class NativeGenerationEngine:
             tok_h, logp_h = copied()
             tok_l, logp_l = tok_h.tolist(), logp_h.tolist()
             if params.stop_strings:  # a stop string needs each token's text: row by row, token by token
-                ends = {}
-                for slot in busy:
-                    seq = list(toks[slot])
-                    for c in range(len(seq), seen[slot]):
-                        seq.append(tok_l[slot][c - lo])
-                        reason = self.finish_reason(seq, params, stop_ids)
-                        if reason:
-                            ends[slot] = (c + 1, reason)
-                            break
+                ends = self._stop_string_ends(busy, toks, seen, tok_l, lo, params, stop_ids)
             else:  # the first stop token or the last of the budget, for every row at once
                 ends = finished_rows(tok_h, busy, [len(toks[s]) for s in busy], [seen[s] for s in busy], lo,
                                      params.max_new_tokens, stop_ids)
@@ -426,6 +377,24 @@ class NativeGenerationEngine:
             if between is not None:
                 launch()
         return [out[k] for k in sorted(out)]
+
+    def _stop_string_ends(self, slots: list[int], toks: dict[int, list[int]], seen: dict[int, int],
+                          tokens: list[list[int]], lo: int, params: SamplingParams,
+                          stop_ids: set[int]) -> dict[int, tuple[int, str]]:
+        """:func:`finished_rows` for sampling with stop strings, which need each new token's text: the row in
+        slot ``s`` holds ``toks[s]`` on the host and the device has sampled ``seen[s]`` tokens of it, token
+        ``lo + j`` read at ``tokens[s][j]``. Returns ``{slot: (tokens it keeps in all, reason)}`` for the rows
+        that end."""
+        ends = {}
+        for slot in slots:
+            seq = list(toks[slot])
+            for c in range(len(seq), seen[slot]):
+                seq.append(tokens[slot][c - lo])
+                reason = self.finish_reason(seq, params, stop_ids)
+                if reason:
+                    ends[slot] = (c + 1, reason)
+                    break
+        return ends
 
     def stop_ids(self, params: SamplingParams) -> set[int]:
         """Token ids that end a row under ``params``: the EOS ids (the tokenizer's and the model's generation

@@ -49,7 +49,7 @@ from typing import Callable, Iterable, Literal, Sequence
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from relayrl.engines.generation.base import Completion, RequestFailed, SamplingParams
+from relayrl.engines.generation.base import Completion, RequestFailed, SamplingParams, check_prompts
 from relayrl.errors import UserError
 
 __all__ = ["RemoteSpec", "RemoteEngineError", "RemoteGenerationEngine", "parse_choice"]
@@ -213,9 +213,7 @@ class RemoteGenerationEngine:
         if between is not None:
             raise ValueError("partial rollout swaps weights between decode steps inside the native engine; a remote "
                              "server cannot: set rollout.partial=false with rollout.engine=openai")
-        for i, p in enumerate(prompts):
-            if len(p) == 0:
-                raise ValueError(f"prompt {i} is empty")
+        check_prompts(prompts)
         seeds: list[int | None] = [None] * len(prompts)
         if generator is not None:
             seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator).tolist()

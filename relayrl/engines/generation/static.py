@@ -116,10 +116,6 @@ class _Fused:
     def tensors(self) -> tuple:
         return self.w_qkv, self.b_qkv, self.w_gu, self.b_gu
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors() if t is not None)
-
 
 def _layer_step(layer: nn.Module, x: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, pos: torch.Tensor,
                 valid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope: Callable,
@@ -298,14 +294,6 @@ class StaticDecoder:
     def span(self, last: int) -> int:
         """The cache positions a step attends over when the furthest position it feeds is ``last``."""
         return min(self.max_len, -(-(last + 1) // self.bucket) * self.bucket)
-
-    @property
-    def cache_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
-
-    @property
-    def fused_bytes(self) -> int:
-        return sum(f.nbytes for f in self._fused)
 
     # ------------------------------------------------------------- prefill
     @torch.no_grad()

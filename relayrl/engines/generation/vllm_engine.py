@@ -55,9 +55,9 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from relayrl.engines.generation import vllm_tp
-from relayrl.engines.generation.base import Completion, SamplingParams, hits_stop_string, special_stop_ids
+from relayrl.engines.generation.base import (Completion, PromptFeed, SamplingParams, generate_from_feed,
+                                             hits_stop_string, special_stop_ids)
 from relayrl.engines.generation.config import INSTALL, VLLMSpec, narrowing, vllm_available  # torch-free (re-exported)
-from relayrl.engines.generation.native import PromptFeed, _ListFeed
 from relayrl.errors import UserError
 from relayrl.models.checkpoint_names import CheckpointNames
 from relayrl.models.eos import checkpoint_generation_config, eos_ids
@@ -260,18 +260,7 @@ class VLLMGenerationEngine:
                  between: Callable[[], bool] | None = None) -> list[Completion]:
         """All ``params.n`` samples of every prompt in (prompt, sample) order; ``on_finish`` sees each as it
         ends; ``between`` (partial rollout) runs before every step (see the module docstring)."""
-        for i, p in enumerate(prompts):
-            if len(p) == 0:
-                raise ValueError(f"prompt {i} is empty")
-        out: dict[tuple[int, int], Completion] = {}
-
-        def keep(c: Completion) -> None:
-            out[(c.prompt_index, c.sample_index)] = c
-            if on_finish is not None:
-                on_finish(c)
-
-        self.generate_feed(_ListFeed(prompts, params.max_new_tokens), params, generator, keep, between)
-        return [out[k] for k in sorted(out)]
+        return generate_from_feed(self.generate_feed, prompts, params, generator, on_finish, between)
 
     def generate_feed(self, feed: PromptFeed, params: SamplingParams, generator: torch.Generator | None,
                       on_finish: Callable[[Completion], None], between: Callable[[], bool] | None = None) -> None:
