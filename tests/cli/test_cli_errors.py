@@ -536,3 +536,17 @@ def test_eval_scores_data_with_the_users_reward_function(capsys, tmp_path, tiny_
     code, err = run(capsys, "eval", "--model", missing, "--data", str(data), "--verifier", "user", "--user-fn",
                     f"{tmp_path}/nothere.py:score", "--out", str(tmp_path / "ev2"))
     assert code == EXIT_CONFIG and "no file" in err and not (tmp_path / "ev2").exists()
+
+
+def test_python_dash_m_relayrl_is_the_relayrl_command():
+    """``python -m relayrl`` (a virtualenv whose scripts are not on PATH) runs the CLI: its config errors and exit
+    codes, under the name ``relayrl``."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "relayrl", "train", GRPO, "trainer.stepz=3"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == EXIT_CONFIG, out.stderr
+    assert "trainer.stepz: unknown key; did you mean trainer.steps?" in out.stderr and "Traceback" not in out.stderr
+    assert subprocess.run([sys.executable, "-m", "relayrl", "--help"], capture_output=True, text=True,
+                          timeout=120).stdout.startswith("usage: relayrl ")
