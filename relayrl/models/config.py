@@ -27,6 +27,12 @@ class ModelConfig(BaseModel):
         "float32", description="compute dtype of the training passes, and the reference's and (by default) the "
         "rollout's weight dtype. With bfloat16 the trained weights and the optimizer state stay float32 (mixed "
         "precision: float32 master weights, bf16 compute) unless model.pure_low_precision")
+    export_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="dtype of the weights a run saves to RUN_DIR/model (its config.json's dtype too). auto: "
+        "the dtype of the checkpoint the run started from (model.path or trainer.init_from, as its config.json "
+        "says; float32 for the tiny default), so a bf16 checkpoint exports as bf16 and not as the float32 weights "
+        "relayrl trains (twice the size, and loaded in float32 by transformers' dtype=auto); float32 keeps those as "
+        "they are. Checkpoints (RUN_DIR/checkpoints) always keep the trained weights' own dtype")
     pure_low_precision: bool = Field(
         False, description="train weights stored in model.dtype itself, with no float32 master copy. Updates "
         "smaller than the dtype's resolution are lost (a bf16 weight of 0.02 ignores steps below ~1e-4), so "

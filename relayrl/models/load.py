@@ -7,8 +7,10 @@ reported naming the file and what is wrong with it: a JSON file that does not
 parse (with the line and column), a truncated or foreign ``*.safetensors`` file,
 weights whose shapes do not match ``config.json`` (the first mismatched tensor),
 weights that lack some of the model's tensors (named: transformers would start
-them at random and only log a report). A tied weight (``lm_head.weight`` tied to
-``model.embed_tokens.weight``) is saved once, and its absence is not refused.
+them at random and only log a report), shards without their index. A tied weight (``lm_head.weight`` tied to
+``model.embed_tokens.weight``) is saved once, and its absence is not refused. A ``model_type`` this transformers
+does not know, a model that is not a causal LM (T5), a tokenizer without its vocabulary files (transformers
+builds one of its special tokens alone) and a tokenizer with ids past the embedding are refused, saying what to do.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ import torch
 
 from relayrl.errors import UserError
 
-__all__ = ["attention_windows", "load_model", "load_tokenizer", "load_pretrained", "read_json", "resolve_dtype", "absent_weights",
-           "few_names", "progress_bars", "ModelLoadError", "decoder_layers", "check_attention"]
+__all__ = ["attention_windows", "load_model", "load_tokenizer", "load_pretrained", "read_json", "resolve_dtype",
+           "absent_weights", "few_names", "progress_bars", "ModelLoadError", "decoder_layers", "check_attention",
+           "check_causal_lm"]
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -83,6 +86,19 @@ def _safetensors_files(path: Path) -> list[Path]:
     return [path / "model.safetensors"] if (path / "model.safetensors").is_file() else []
 
 
+def _check_index(path: Path) -> None:
+    """Refuse shards (``model-00001-of-00004.safetensors``) without the index that maps tensors to them:
+    ``from_pretrained`` then looks for one ``model.safetensors`` and says only that it is not there."""
+    for weights, index in (("model.safetensors", "model.safetensors.index.json"),
+                           ("pytorch_model.bin", "pytorch_model.bin.index.json")):
+        stem, ext = weights.split(".")
+        shards = sorted(f.name for f in path.glob(f"{stem}-*-of-*.{ext}"))
+        if shards and not (path / weights).is_file() and not (path / index).is_file():
+            raise ModelLoadError(f"model directory {path} has sharded weights ({few_names(shards, 2)}) but no "
+                                 f"{index}, which says which tensors each shard holds; copy {index} from the "
+                                 f"original model")
+
+
 def _check_safetensors(path: Path) -> None:
     """Read the header of each weight file (cheap: no tensor is read); a damaged one is named."""
     from safetensors import SafetensorError, safe_open
@@ -98,9 +114,11 @@ def _check_safetensors(path: Path) -> None:
 
 def model_config(path: Path):
     """``config.json`` as transformers reads it; a value it refuses (``hidden_size: "big"``, a negative layer
-    count) is a :class:`ModelLoadError` naming the directory and the field, not a library traceback."""
+    count) or a ``model_type`` it does not know is a :class:`ModelLoadError` naming the directory and the field,
+    not a library traceback."""
     from transformers import AutoConfig
 
+    _check_model_type(path)
     try:
         return AutoConfig.from_pretrained(path, local_files_only=True)
     except Exception as e:  # noqa: BLE001 - invalid fields raise huggingface_hub's StrictDataclassError too
@@ -108,6 +126,39 @@ def model_config(path: Path):
         why = " ".join(str(e).split())
         raise ModelLoadError(f"model directory {path}: config.json is not a model config transformers accepts "
                              f"({why}); put the config.json saved with these weights beside them") from None
+
+
+def _check_model_type(path: Path) -> None:
+    """Refuse a ``config.json`` whose ``model_type`` this transformers has no config class for (transformers'
+    own message says to upgrade it from the hub, or from source: relayrl says what it trains instead)."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if not (path / "config.json").is_file():
+        return
+    conf = read_json(path, "config.json")
+    kind = conf.get("model_type")
+    if kind is None or kind in CONFIG_MAPPING:  # (none: AutoConfig guesses from the name and says why not)
+        return
+    named = f" ({', '.join(map(str, conf['architectures']))})" if conf.get("architectures") else ""
+    raise ModelLoadError(f"model directory {path}: config.json's model_type {kind!r}{named} is not an "
+                         f"architecture transformers {transformers.__version__} knows, so relayrl cannot build "
+                         f"the model; relayrl trains the causal LMs transformers implements (docs/models.md lists "
+                         f"those tested): check that model_type is the one saved with these weights, or install "
+                         f"a transformers release that has {kind!r}")
+
+
+def check_causal_lm(config, path: Path) -> None:
+    """Refuse a config that ``AutoModelForCausalLM`` has no class for (an encoder-decoder such as T5, an encoder
+    such as RoBERTa), before any weights load and in words, not as the list of the ~170 classes it has."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return
+    named = f" ({', '.join(config.architectures)})" if getattr(config, "architectures", None) else ""
+    raise ModelLoadError(f"model directory {path}: config.json describes a {type(config).__name__}{named}, for "
+                         f"which transformers has no causal LM class (AutoModelForCausalLM): relayrl trains "
+                         f"decoder-only causal LMs (docs/models.md); give such a model's directory")
 
 
 def _check_shapes(auto_class, config, path: Path) -> None:
@@ -204,6 +255,10 @@ def check_model_dir(path: str | Path, key: str, label: str) -> Path:
         raise ModelLoadError(f"{label}: {not_a_model(path, key)}")
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{label}: model directory {path} lacks config.json; copy it from the original model")
+    try:
+        check_causal_lm(model_config(path), path)
+    except ModelLoadError as e:
+        raise ModelLoadError(f"{label}: {e}") from None
     return path
 
 
@@ -250,6 +305,7 @@ def load_tokenizer(path: str | Path, *, chat_template: str | None = None):
     except (OSError, ValueError) as e:  # a JSON error carries no file name: find the file
         _name_bad_json(path)
         raise ModelLoadError(f"could not load the tokenizer from {path}: {e}") from e
+    _check_vocabulary(path, tok)
     if tok.pad_token is None:
         if tok.eos_token is None:
             raise ModelLoadError(f"tokenizer in {path} has neither a pad nor an eos token")
@@ -260,13 +316,41 @@ def load_tokenizer(path: str | Path, *, chat_template: str | None = None):
     return tok
 
 
+def _check_vocabulary(path: Path, tok) -> None:
+    """Refuse a tokenizer loaded without its vocabulary (transformers then builds one of the special tokens
+    ``tokenizer_config.json`` names, which encodes any text as nothing) and one whose ids run past the model's
+    embedding (``vocab_size`` in ``config.json``; a larger embedding, padded to a multiple, is normal)."""
+    files = sorted(set(type(tok).vocab_files_names.values()), key=lambda f: (f != "tokenizer.json", f))
+    if files and not any((path / f).is_file() for f in files):
+        other = f" (or {', '.join(files[1:])})" if len(files) > 1 else ""
+        raise ModelLoadError(f"model directory {path}: the tokenizer's vocabulary is missing: {type(tok).__name__} "
+                             f"reads {files[0]}{other}, and the directory has none of them (transformers would "
+                             f"build a tokenizer of {len(tok)} special tokens); copy the tokenizer files from the "
+                             f"original model")
+    if not (path / "config.json").is_file():
+        return
+    config = model_config(path)
+    rows = getattr(config.get_text_config(), "vocab_size", None)
+    top = max(tok.get_vocab().values(), default=-1)
+    if rows and top >= rows:
+        past = sorted(((i, t) for t, i in tok.get_vocab().items() if i >= rows), reverse=True)  # (added last)
+        raise ModelLoadError(f"model directory {path}: the tokenizer has {len(tok)} tokens (ids up to {top}) but "
+                             f"the model's embedding has {rows} rows (vocab_size in config.json): a text holding "
+                             f"{few_names([repr(t) for _, t in past], 3)} would index past it, and the model "
+                             f"cannot write them. Use the tokenizer saved with these weights, or grow the "
+                             f"embedding to the tokenizer (transformers' model.resize_token_embeddings("
+                             f"len(tokenizer)), then save_pretrained) and train from that")
+
+
 def load_model(path: str | Path, *, dtype: str = "float32", device: str | torch.device = "cpu",
                attn_implementation: str = "sdpa"):
     """Load a causal LM from ``path`` in ``dtype`` on ``device``, in train mode (an attention implementation
     that would skip part of the model's attention is refused first: :func:`check_attention`)."""
     from transformers import AutoModelForCausalLM
 
-    check_attention(model_config(Path(path)), attn_implementation, Path(path))
+    config = model_config(Path(path))
+    check_causal_lm(config, Path(path))
+    check_attention(config, attn_implementation, Path(path))
     model = load_pretrained(AutoModelForCausalLM, Path(path), dtype=dtype, attn_implementation=attn_implementation)
     return model.to(device)
 
@@ -336,6 +420,7 @@ def load_pretrained(auto_class, path: Path, *, dtype: str = "float32", **kwargs)
     read_json(path, "config.json")
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
         raise ModelLoadError(f"model directory {path} has config.json but no *.safetensors or *.bin weights")
+    _check_index(path)
     _check_safetensors(path)
     _check_shapes(auto_class, model_config(path), path)
     try:

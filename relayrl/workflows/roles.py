@@ -68,8 +68,8 @@ ROLES: tuple[Role, ...] = (
     Role("actor", PolicyWorker, lambda cfg, plan, prec, path, common: dict(
         model_path=path, engine=cfg.train_engine(), total_steps=_updates(cfg), seed=cfg.run.seed, tri_model=plan.tri_model,
         lora=cfg.model.lora, chat_template=cfg.model.template(), routing_replay=_replays(cfg),
-        routing_compare=cfg.algorithm.routing_replay == "measure", **prec["trained"],
-        **common)),
+        routing_compare=cfg.algorithm.routing_replay == "measure", export_dtype=cfg.model.export_dtype,
+        **prec["trained"], **common)),
     Role("critic", CriticWorker, lambda cfg, plan, prec, path, common: dict(
         model_path=path, engine=cfg.train_engine(optim=cfg.critic.optim), total_steps=_updates(cfg),
         seed=cfg.run.seed, lora=cfg.model.lora, **prec["trained"], **common)),

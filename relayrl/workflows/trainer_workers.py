@@ -26,6 +26,7 @@ from relayrl.engines.training import fsdp
 from relayrl.engines.training.base import REF_FIELD, LossFn, SequenceBatch
 from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
 from relayrl.models import lora as lora_lib
+from relayrl.models.export import export_dtype as resolve_export_dtype, save_model
 from relayrl.models.routing import ROUTES_COLUMN
 from relayrl.models.load import check_loaded, load_model, load_tokenizer, load_value_model, progress_bars, resolve_dtype
 from relayrl.weights import WeightStream, gather_full_state, stream_full_state
@@ -205,8 +206,10 @@ class PolicyWorker(_TrainerWorker):
                  compute_dtype: str | None = None, device: str = "auto", attn_implementation: str = "sdpa",
                  threads: int = 0, seed: int = 0, tri_model: bool = False, lora: lora_lib.LoraConfig | None = None,
                  chat_template: str | None = None, head_fp32: bool = False, routing_replay: bool = False,
-                 routing_compare: bool = False) -> None:
+                 routing_compare: bool = False, export_dtype: str = "auto") -> None:
         self.tri_model = tri_model
+        self.export_dtype = resolve_export_dtype(export_dtype, model_path)  # (model.export_dtype: auto is the
+        # checkpoint's own)
         self._start(load_model, model_path, engine, total_steps, dtype=dtype, compute_dtype=compute_dtype,
                     device=device, attn_implementation=attn_implementation, threads=threads, seed=seed, lora=lora,
                     head_fp32=head_fp32, routing_replay=routing_replay, routing_compare=routing_compare)
@@ -276,9 +279,10 @@ class PolicyWorker(_TrainerWorker):
         return res if rank0 else None
 
     def save_pretrained(self, path: str) -> None:
-        """Save the model as a Hugging Face directory (collective when sharded; rank 0 writes). LoRA: the
-        merged model there (base names, loads like any model) and the adapter alone in ``path/adapter``
-        (peft's format: ``adapter_config.json``, ``adapter_model.safetensors``)."""
+        """Save the model as a Hugging Face directory in ``model.export_dtype`` (:mod:`relayrl.models.export`;
+        collective when sharded; rank 0 writes). LoRA: the merged model there (base names, loads like any model)
+        and the adapter alone in ``path/adapter`` (peft's format: ``adapter_config.json``,
+        ``adapter_model.safetensors``)."""
         if self.peft_model is not None:
             merged, adapter = self.named_weights(), self.engine.state(trainable_only=True)["model"]
             full = None if merged is None else {n: t.detach().cpu().clone() for n, t in merged}
@@ -288,7 +292,7 @@ class PolicyWorker(_TrainerWorker):
             return
         Path(path).mkdir(parents=True, exist_ok=True)
         with progress_bars(sum(t.numel() * t.element_size() for t in full.values())):
-            self.engine.model.save_pretrained(path, state_dict=full)
+            save_model(self.engine.model, full, path, self.export_dtype)
         self.tokenizer.save_pretrained(path)
         if self.peft_model is not None:
             # (the adapters' full values: under FSDP2 the peft model's own state dict holds row shards)

@@ -63,7 +63,8 @@ def test_train_with_a_config_json_that_does_not_parse_names_it(capsys, tmp_path,
     (broken / "config.json").write_text('{"architectures": [')
     code, err = run(capsys, "train", SFT, f"model.path={broken}", f"run.dir={tmp_path / 'r'}", *FAST)
     assert code == EXIT_USER
-    assert f"error: model directory {broken}: config.json is not valid JSON (Expecting value at line 1 column 20)" in err
+    assert (f"error: model.path={broken}: model directory {broken}: config.json is not valid JSON (Expecting value "
+            f"at line 1 column 20)") in err  # (found by the driver's check of model.path, before any worker starts)
 
 
 @pytest.mark.parametrize("override,says", [

@@ -168,3 +168,56 @@ def test_a_config_without_its_shape_is_refused_before_the_default_7b_model_is_bu
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_build)
     _refused(load_model, model_copy, "model.embed_tokens.weight is [", "but [10, 4096] by config.json")
+
+
+def test_shards_without_their_index_are_named(model_copy):
+    """Sharded weights without model.safetensors.index.json: transformers looks for model.safetensors only."""
+    (model_copy / "model.safetensors").rename(model_copy / "model-00001-of-00002.safetensors")
+    _refused(load_model, model_copy, "has sharded weights (model-00001-of-00002.safetensors) but no "
+             "model.safetensors.index.json", "copy model.safetensors.index.json from the original model")
+
+
+def test_an_architecture_transformers_does_not_know_is_named_with_what_to_do(model_copy):
+    cfg = json.loads((model_copy / "config.json").read_text())
+    (model_copy / "config.json").write_text(json.dumps({**cfg, "model_type": "qwen9",
+                                                        "architectures": ["Qwen9ForCausalLM"]}))
+    for load in (load_model, load_tokenizer):
+        msg = _refused(load, model_copy, "config.json's model_type 'qwen9' (Qwen9ForCausalLM) is not an "
+                       "architecture transformers", "docs/models.md")
+        assert "pip install" not in msg  # (transformers' own advice, for a hub model; relayrl names its own)
+
+
+def test_a_model_that_is_not_a_causal_lm_is_refused_before_its_weights_load(model_copy):
+    """A T5 directory (an encoder-decoder) given as model.path: refused up front with what relayrl trains, not
+    AutoModelForCausalLM's list of 170 config classes from a worker."""
+    from transformers import T5Config
+
+    from relayrl.models.load import check_model_dir
+
+    conf = T5Config(vocab_size=64, d_model=16, d_ff=32, num_layers=1, num_heads=2, d_kv=8).to_dict()
+    (model_copy / "config.json").write_text(json.dumps({**conf, "architectures": ["T5ForConditionalGeneration"]}))
+    says = ("T5Config (T5ForConditionalGeneration), for which transformers has no causal LM class",
+            "relayrl trains decoder-only causal LMs")
+    _refused(load_model, model_copy, *says)
+    with pytest.raises(ModelLoadError, match="model.path=X: model directory .* T5Config"):
+        check_model_dir(model_copy, "model.path", "model.path=X")
+
+
+def test_a_tokenizer_without_its_vocabulary_files_is_refused(model_copy):
+    """tokenizer_config.json without tokenizer.json: transformers builds a tokenizer of its 3 special tokens
+    that encodes every prompt as nothing (the run then failed in a worker: 'prompt 0 is empty')."""
+    (model_copy / "tokenizer.json").unlink()
+    _refused(load_tokenizer, model_copy, "the tokenizer's vocabulary is missing: ",
+             "reads tokenizer.json", "copy the tokenizer files from the original model")
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_refused(model_copy):
+    """Token ids past the embedding's rows: a prompt holding one would index past it (on CUDA a device-side
+    assert), and the model can never sample those tokens; an embedding larger than the tokenizer is normal."""
+    cfg = json.loads((model_copy / "config.json").read_text())
+    tokens = len(load_tokenizer(model_copy))
+    (model_copy / "config.json").write_text(json.dumps({**cfg, "vocab_size": tokens - 3}))
+    _refused(load_tokenizer, model_copy, f"the tokenizer has {tokens} tokens (ids up to {tokens - 1}) but the "
+             f"model's embedding has {tokens - 3} rows (vocab_size in config.json)", "resize_token_embeddings")
+    (model_copy / "config.json").write_text(json.dumps({**cfg, "vocab_size": tokens + 64}))
+    load_tokenizer(model_copy)
