@@ -284,6 +284,11 @@ def not_a_model(path: Path, key: str) -> str:
             f"the RUN_DIR/model of an earlier run)")
 
 
+_PLAIN_FAST = ("PreTrainedTokenizerFast", "TokenizersBackend")
+"""``tokenizer_class`` of a tokenizer that is its ``tokenizer.json`` and nothing else (transformers 5 saves
+``PreTrainedTokenizerFast`` as ``TokenizersBackend``)."""
+
+
 def load_tokenizer(path: str | Path, *, chat_template: str | None = None):
     """Load a tokenizer; left padding, with a pad token (EOS when it has none). ``chat_template``: a Jinja
     template that replaces the directory's (a run's policy: ``cfg.model.template()``, the text of
@@ -297,8 +302,9 @@ def load_tokenizer(path: str | Path, *, chat_template: str | None = None):
         read_json(path, "config.json")
         model_config(path)
     try:
-        if cfg.get("tokenizer_class") == "PreTrainedTokenizerFast" and (path / "tokenizer.json").exists():
-            # Trained with `tokenizers` (like the tiny default): AutoTokenizer would swap its pre-tokenizer.
+        if cfg.get("tokenizer_class") in _PLAIN_FAST and (path / "tokenizer.json").exists():
+            # Trained with `tokenizers` (like the tiny default): AutoTokenizer would swap its pre-tokenizer for
+            # the model type's (a qwen2 config.json: Qwen2Tokenizer's regex, not the trained digit split).
             tok = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
         else:
             tok = AutoTokenizer.from_pretrained(path, local_files_only=True)

@@ -221,3 +221,17 @@ def test_a_tokenizer_larger_than_the_embedding_is_refused(model_copy):
              f"model's embedding has {tokens - 3} rows (vocab_size in config.json)", "resize_token_embeddings")
     (model_copy / "config.json").write_text(json.dumps({**cfg, "vocab_size": tokens + 64}))
     load_tokenizer(model_copy)
+
+
+def test_a_tokenizer_saved_as_its_tokenizer_json_keeps_its_trained_pre_tokenizer(model_copy):
+    """The tiny default's tokenizer (``tokenizers``-trained, every digit its own piece) is saved by transformers 5
+    as ``TokenizersBackend``; AutoTokenizer would load it as the config's model type's (Qwen2Tokenizer), with that
+    tokenizer's regex in place of the trained pre-tokenizer. It loads as its tokenizer.json says."""
+    from tokenizers import Tokenizer
+
+    assert json.loads((model_copy / "tokenizer_config.json").read_text())["tokenizer_class"] in (
+        "TokenizersBackend", "PreTrainedTokenizerFast")
+    tok = load_tokenizer(model_copy)
+    raw = Tokenizer.from_file(str(model_copy / "tokenizer.json"))
+    assert str(tok.backend_tokenizer.pre_tokenizer) == str(raw.pre_tokenizer)
+    assert "Digits(individual_digits=True)" in str(tok.backend_tokenizer.pre_tokenizer)
