@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from relayrl.algorithms.advantage_stats import AdvantageSums
 from relayrl.workflows.rollout_stream import GroupRecord
 
 __all__ = ["StepState"]
@@ -49,6 +50,9 @@ class StepState:
     kl: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     """Per advantage call: ``(value, rows)`` of each metric it returned (KL in the reward, distillation): a
     row-weighted mean over the calls (the largest value for ``.._max`` names)."""
+    advantages: AdvantageSums = AdvantageSums()
+    """The advantages' sums over the valid tokens of the rows computed so far, every call's added (the step's
+    ``advantage/*``)."""
     samples: list[dict] = field(default_factory=list)
     """Up to ``telemetry.samples_per_step`` of the step's scored responses, as ``RUN_DIR/samples.jsonl`` holds
     them."""

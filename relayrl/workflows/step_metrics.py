@@ -59,8 +59,8 @@ def kl_metrics(metrics: dict[str, float], in_reward: dict[str, float], tri_model
 
 def step_metrics(st: StepState, *, step: int, prompts_per_step: int, tri_model: bool,
                  session) -> dict[str, float]:
-    """Reward, length, interruption, DAPO, ReMax, episode, update and KL metrics of a finished step; says in the run's log
-    when dynamic sampling left nothing to train on (``dapo/skipped_step``)."""
+    """Reward, length, interruption, DAPO, ReMax, episode, advantage, update and KL metrics of a finished step;
+    says in the run's log when dynamic sampling left nothing to train on (``dapo/skipped_step``)."""
     records = st.kept_records()
     lengths = torch.tensor([L for r in records for L in r.lengths], dtype=torch.float32)
     truncated = torch.tensor([t for r in records for t in r.truncated], dtype=torch.float32)
@@ -94,6 +94,7 @@ def step_metrics(st: StepState, *, step: int, prompts_per_step: int, tri_model: 
                                    f"{st.rounds} rounds; no update this step (raise algorithm.max_resample_rounds "
                                    f"or data.prompts_per_step)")
         m["dapo/skipped_step"] = 1.0
+    m.update(st.advantages.metrics())
     m.update(st.update)
     return kl_metrics(m, weighted(st.kl), tri_model)
 
