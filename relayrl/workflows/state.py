@@ -66,6 +66,8 @@ class StepState:
     groups alike): :func:`relayrl.algorithms.retire.pass_rates`."""
     dropped: set[int] = field(default_factory=set)
     """Groups dynamic sampling dropped (all rewards equal), and groups a failure dropped (``*.on_error=drop_group``)."""
+    filtered_rewards: dict[int, float] = field(default_factory=dict)
+    """The groups dynamic sampling dropped for equal rewards (not for a failure): each one's mean reward."""
     rollout_errors: int = 0
     """Groups whose generation request failed (``rollout.on_error=drop_group``)."""
     hold: Any = None

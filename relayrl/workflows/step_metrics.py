@@ -72,6 +72,8 @@ def step_metrics(st: StepState, *, step: int, prompts_per_step: int, tri_model: 
     m.update({"dapo/dropped_groups": float(len(st.dropped)), "dapo/sampled_groups": float(st.judged),
               "dapo/rounds": float(st.rounds), "dapo/missing_prompts": float(max(0, prompts_per_step - st.kept)),
               "rollout/errors": float(st.rollout_errors)})
+    if st.filtered_rewards:  # (sorted: groups are judged in any order)
+        m["dapo/dropped_reward_mean"] = sum(sorted(st.filtered_rewards.values())) / len(st.filtered_rewards)
     if st.baselines:
         m["remax/baseline_mean"] = sum(sorted(st.baselines)) / len(st.baselines)
     episodes = [e for r in st.records for e in r.episodes]  # every episode generated, dropped groups too
@@ -82,7 +84,8 @@ def step_metrics(st: StepState, *, step: int, prompts_per_step: int, tri_model: 
     if interrupted:
         m["rollout/interrupted_frac"] = sum(interrupted) / len(interrupted)
     if st.scores:  # (sorted: the rows come in the order their groups were judged)
-        scores, rewards = torch.tensor(sorted(st.scores)), torch.tensor(sorted(st.rewards))
+        scores = torch.tensor(sorted(st.scores), dtype=torch.float64)
+        rewards = torch.tensor(sorted(st.rewards), dtype=torch.float64)
         m.update(sample_metrics(scores, rewards, lengths, truncated))
     elif m.get("reward/errors", 0) or st.rollout_errors or m.get("env/errors", 0):  # *.on_error=drop_group
         session.tracker.write_text(f"step {step}: every group was dropped (failures under *.on_error=drop_group: "
