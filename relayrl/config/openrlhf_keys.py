@@ -123,5 +123,6 @@ OPENRLHF_SAME_VALUES: frozenset[str] = frozenset({
     "advantage_estimator",
 })
 """The flags whose value is relayrl's key's value unchanged (``--n_samples_per_prompt 8``: ``rollout.n=8``), so a
-hint can name the whole override (``--advantage_estimator``'s through :data:`OPENRLHF_ADVANTAGES`). Not the others: a count of rows where relayrl counts tokens
-(``micro_train_batch_size``), a ratio where it counts steps (``lr_warmup_ratio``), one flag for two keys."""
+hint can name the whole override (``--advantage_estimator``'s through :data:`OPENRLHF_ADVANTAGES`). Not the
+others: a count of rows where relayrl counts tokens (``micro_train_batch_size``), a ratio where it counts steps
+(``lr_warmup_ratio``), one flag for two keys."""

@@ -37,8 +37,8 @@ def test_the_reward_metrics_are_the_same_in_any_order_the_calls_finished():
 
 def test_reward_mean_and_std_are_float64_and_dropped_groups_have_their_mean():
     """``reward/mean`` and ``reward/std`` were float32 reductions: rewards 1000.0, 1000.1, ... 1000.7 read mean
-    1000.35004 and std 0.2449515 (statistics: 1000.35 and 0.2449490). ``dapo/dropped_reward_mean``: the mean over the groups dynamic sampling
-    dropped of each one's mean reward (logged on a step that dropped one)."""
+    1000.35004 and std 0.2449515 (statistics: 1000.35 and 0.2449490). ``dapo/dropped_reward_mean``: the mean
+    over the groups dynamic sampling dropped of each one's mean reward (logged on a step that dropped one)."""
     import statistics
 
     st = StepState(problems=[None] * 3, positions=[None] * 3)
