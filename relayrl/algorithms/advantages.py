@@ -49,6 +49,7 @@ from relayrl.algorithms._checks import (
 from relayrl.algorithms._ops import (
     group_index,
     group_mean_std,
+    group_min_max,
     group_sum_count,
     masked_discounted_returns,
     masked_next_values,
@@ -171,10 +172,8 @@ def rloo(rewards: Tensor, group_ids: Tensor) -> Tensor:
     with torch.no_grad():
         index, num_groups = group_index(group_ids)
         x = rewards.detach().to(torch.promote_types(rewards.dtype, torch.float32))
-        sums, counts = group_sum_count(x, index, num_groups)
-        n = counts[index]
-        baseline = (sums[index] - x) / (n - 1.0).clamp(min=1.0)
-        adv = torch.where(n > 1, x - baseline, torch.zeros_like(x))
+        mean, _, n = group_mean_std(x, index, num_groups)  # (exact for a group of equal rewards: 0, not 6e-8)
+        adv = torch.where(n > 1, (x - mean) * n / (n - 1.0).clamp(min=1.0), torch.zeros_like(x))
     return adv
 
 
@@ -248,7 +247,8 @@ def opo(rewards: Tensor, group_ids: Tensor, lengths: Tensor) -> Tensor:
         w = lengths.detach().to(x.dtype).clamp(min=1.0)
         weighted, _ = group_sum_count(w * x, index, num_groups)
         total, _ = group_sum_count(w, index, num_groups)
-        return x - (weighted / total)[index]
+        lo, hi = group_min_max(x, index, num_groups)  # equal rewards: the baseline is exactly their value
+        return x - torch.where((lo == hi)[index], x, (weighted / total)[index])
 
 
 def grpo_passk(rewards: Tensor, group_ids: Tensor, *, normalize_std: bool = True, eps: float = 1e-6) -> Tensor:

@@ -22,7 +22,8 @@ of :class:`~relayrl.algorithms.ratio.LossArgs` (:data:`COMMON_LOSS_ARGS`; ``**co
 common).reduce(token_losses, mask)``, as the registered ones do), or a ``[B, T]`` tensor of token losses that
 relayrl aggregates so (``algorithm.loss_agg`` with the mini-batch's global counts, times ``is_weights``: a
 rollout correction or a token selection). ``metrics`` is a dict of floats (or 0-dim tensors) by name
-(``"mine/x"``), logged with the step's; a name ending in ``loss`` is summed over micro-batches, others averaged
+(``"mine/x"``), logged with the step's; a name ending in ``loss`` is summed over micro-batches, ``_max`` /
+``_min`` take extremes, a ``seq_..`` name is averaged over responses, others over tokens
 (:func:`~relayrl.engines.training.base.metric_reduction`). The signature is checked when the config loads; the
 return at every call (its type and shape) and, at a process's first call, that it is finite and carries the
 gradient of ``logprobs``.

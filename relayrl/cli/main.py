@@ -537,7 +537,10 @@ def main(argv: list[str] | None = None) -> int:
         if not hasattr(args, "overrides") or any("=" not in x or x.startswith("-") for x in extra):
             from relayrl.config.foreign_keys import flag_hint
 
-            hints = [h for h in map(flag_hint, extra) if h]  # OpenRLHF's --n_samples_per_prompt 8: rollout.n
+            # OpenRLHF's --n_samples_per_prompt 8: rollout.n=8 (the next argument is the flag's value unless it
+            # is a flag or an override itself)
+            values = [v if not v.startswith("-") and "=" not in v else None for v in extra[1:]] + [None]
+            hints = [h for h in map(flag_hint, extra, values) if h]
             parser.error(f"unrecognized arguments: {' '.join(extra)}" + "".join(f"\n  {h}" for h in hints))
         args.overrides = [*args.overrides, *extra]
     from relayrl.cli.boundary import debug_requested, run_guarded

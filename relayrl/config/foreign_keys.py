@@ -32,6 +32,8 @@ class Framework:
     """Its advantage-estimator names that relayrl spells otherwise -> relayrl's ``algorithm.advantage``."""
     flags: bool = False
     """Its keys are command-line flags (``--n_samples_per_prompt 8``), not dotted keys."""
+    same_values: frozenset[str] = field(default_factory=frozenset)
+    """Its keys whose value is the value of relayrl's key unchanged: a hint names the override with it."""
 
 
 @cache
@@ -42,7 +44,7 @@ def frameworks() -> tuple[Framework, ...]:
     return (Framework("verl", verl_keys.VERL_KEYS, verl_keys.VERL_SECTIONS, verl_keys.VERL_ADVANTAGES),
             Framework("NeMo-RL", nemo_rl_keys.NEMO_RL_KEYS, nemo_rl_keys.NEMO_RL_SECTIONS),
             Framework("OpenRLHF", openrlhf_keys.OPENRLHF_KEYS, advantages=openrlhf_keys.OPENRLHF_ADVANTAGES,
-                      flags=True))
+                      flags=True, same_values=openrlhf_keys.OPENRLHF_SAME_VALUES))
 
 
 def leaf_keys(prefix: str, value: Any) -> list[str]:
@@ -52,16 +54,22 @@ def leaf_keys(prefix: str, value: Any) -> list[str]:
     return [k for name, v in value.items() for k in leaf_keys(f"{prefix}.{name}", v)]
 
 
-def _say(fw: Framework, key: str) -> str:
+def _say(fw: Framework, key: str, value: Any = None) -> str:
     ours, _, note = fw.keys[key].partition(" (")
     shown = f"--{key}" if fw.flags else key
+    if value is not None and key in fw.same_values and not isinstance(value, Mapping):
+        value = str(value).lower() if isinstance(value, bool) else value
+        # (an estimator relayrl spells otherwise: relayrl's name)
+        mine = fw.advantages.get(str(value), value) if ours == "algorithm.advantage" else value
+        return f"{fw.name}'s {shown} {value} is {ours}={mine} here{f' ({note}' if note else ''}"
     return f"{fw.name}'s {shown} is {ours} here{f' ({note}' if note else ''}"
 
 
-def key_hint(key: str) -> str | None:
+def key_hint(key: str, value: Any = None) -> str | None:
     """``"verl's KEY is RELAYRL here (docs/migrating.md)"`` for a key in a framework's table, else None (two
-    frameworks that share the key: both, joined by ``;``)."""
-    said = [_say(fw, key) for fw in frameworks() if key in fw.keys]
+    frameworks that share the key: both, joined by ``;``). With the ``value`` given to it, a key whose value
+    carries over unchanged (``n_samples_per_prompt=8``) is named with it: ``rollout.n=8``."""
+    said = [_say(fw, key, value) for fw in frameworks() if key in fw.keys]
     return f"{'; '.join(said)} (docs/migrating.md)" if said else None
 
 
@@ -69,7 +77,7 @@ def key_lines(key: str, value: Any) -> list[str]:
     """For an unknown ``key`` holding another framework's keys (``data.train_batch_size``, a ``grpo`` section
     with its ``num_generations_per_prompt``): a line per leaf key naming relayrl's; ``[]`` when none is known."""
     leaves = leaf_keys(key, value)
-    hints = [key_hint(k) for k in leaves]
+    hints = [key_hint(k, value if k == key else None) for k in leaves]  # (a scalar's value; a section's: no)
     owners = [fw.name for fw in frameworks() if key.split(".", 1)[0] in fw.sections]
     if not any(hints) and not owners:
         return []
@@ -86,13 +94,16 @@ def advantage_hint(name: str) -> str:
     return f"; {'; '.join(said)}" if said else ""
 
 
-def flag_hint(arg: str) -> str | None:
+def flag_hint(arg: str, value: str | None = None) -> str | None:
     """For a command-line argument ``--name`` or ``--name=value`` that is a framework's flag: the line naming
-    relayrl's key (dotted overrides are ``section.key=value``); else None."""
+    relayrl's key (dotted overrides are ``section.key=value``), and the override itself where the flag's value
+    carries over (``--n_samples_per_prompt 8``, its ``value`` the next argument: ``rollout.n=8``); else None."""
     if not arg.startswith("--"):
         return None
-    name = arg[2:].split("=", 1)[0].replace("-", "_")
-    said = [_say(fw, name) for fw in frameworks() if fw.flags and name in fw.keys]
+    name, eq, given = arg[2:].partition("=")
+    name = name.replace("-", "_")
+    value = given if eq else value
+    said = [_say(fw, name, value) for fw in frameworks() if fw.flags and name in fw.keys]
     if not said:
         return None
     return f"{arg.split('=', 1)[0]}: relayrl takes dotted overrides (section.key=value), not flags; {'; '.join(said)}" \

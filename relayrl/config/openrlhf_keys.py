@@ -9,7 +9,7 @@ of 2026; a test checks every key named here exists).
 
 from __future__ import annotations
 
-__all__ = ["OPENRLHF_KEYS", "OPENRLHF_ADVANTAGES"]
+__all__ = ["OPENRLHF_KEYS", "OPENRLHF_ADVANTAGES", "OPENRLHF_SAME_VALUES"]
 
 OPENRLHF_KEYS: dict[str, str] = {
     "pretrain": "model.path",
@@ -112,3 +112,17 @@ OPENRLHF_ADVANTAGES: dict[str, str] = {
     "dr_grpo": "drgrpo",
 }
 """OpenRLHF's ``--advantage_estimator`` names that relayrl spells otherwise (``gae``, ``rloo`` keep theirs)."""
+
+OPENRLHF_SAME_VALUES: frozenset[str] = frozenset({
+    "generate_max_len", "n_samples_per_prompt", "rollout_batch_size", "max_epochs", "actor_learning_rate",
+    "critic_learning_rate", "l2", "max_norm", "init_kl_coef", "kl_target", "kl_horizon", "dual_clip",
+    "entropy_loss_coef", "value_clip", "lambd", "gamma", "overlong_penalty_factor", "vllm_is_truncated_threshold",
+    "temperature", "top_p", "eval_temperature", "eval_n_samples_per_prompt", "vllm_tensor_parallel_size",
+    "vllm_gpu_memory_utilization", "lora_rank", "lora_alpha", "lora_dropout", "seed", "save_steps", "max_ckpt_num",
+    "eval_steps", "input_key", "label_key", "eval_dataset", "max_samples", "pretrain", "attn_implementation",
+    "advantage_estimator",
+})
+"""The flags whose value is relayrl's key's value unchanged (``--n_samples_per_prompt 8``: ``rollout.n=8``), so a
+hint can name the whole override (``--advantage_estimator``'s through :data:`OPENRLHF_ADVANTAGES`). Not the
+others: a count of rows where relayrl counts tokens (``micro_train_batch_size``), a ratio where it counts steps
+(``lr_warmup_ratio``), one flag for two keys."""

@@ -107,12 +107,13 @@ class Consume:
         cols = list(dict.fromkeys(cols))  # (gen_logprobs for the KL in the reward, the teacher, OTB's weights)
         for b in f.leases("advantages", cols, batch_rows=self._rows("advantages")):
             with p.session.span("advantage", "driver", f.step):
-                receipt, kl = p.score(ScoreWorker.advantages_into, p.dock.reader(f.part, b.indexes, cols),
-                                      p.dock.slots(f.part, b.indexes), f.state.kl_coef)
+                receipt, kl, sums = p.score(ScoreWorker.advantages_into, p.dock.reader(f.part, b.indexes, cols),
+                                            p.dock.slots(f.part, b.indexes), f.state.kl_coef)
             p.dock.publish(receipt)
             with f.state.cond:
                 for k, v in kl.items():
                     f.state.kl.setdefault(k, []).append((v, len(b.indexes)))
+                f.state.advantages = f.state.advantages + sums
             b.ack()
 
     def _routes(self) -> list[str]:

@@ -222,6 +222,10 @@ class Produce:
         failed = {int(g) for g, s in zip(groups.tolist(), scores.tolist()) if s != s}  # NaN: reward.on_error
         kept_groups = p.plan.keep_groups(signal, torch.tensor(rewards, dtype=torch.float32), groups)
         keep = [k and int(g) not in failed for k, g in zip(kept_groups, groups.tolist())]
+        flat: dict[int, list[float]] = {}  # the groups dynamic sampling dropped: their rewards
+        for g, k, r in zip(groups.tolist(), kept_groups, rewards):
+            if not k and int(g) not in failed:
+                flat.setdefault(int(g), []).append(float(r))
         kept = [i for i, k in enumerate(keep) if k]
         if kept:
             p.dock.publish(p.score(ScoreWorker.write_rewards, p.dock.slots(f.part, [rows[i] for i in kept]),
@@ -236,6 +240,7 @@ class Produce:
             st.scores += [float(scores[i]) for i in kept]
             st.rewards += [rewards[i] for i in kept]
             st.dropped |= {int(g) for g, k in zip(groups.tolist(), keep) if not k}
+            st.filtered_rewards.update({g: sum(rs) / len(rs) for g, rs in flat.items()})
             st.judged += len(done)
             st.kept += sum(1 for g, _ in done if g not in st.dropped)
             st.cond.notify_all()

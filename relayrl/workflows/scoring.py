@@ -13,6 +13,7 @@ from typing import Any, NamedTuple, Sequence
 
 import torch
 
+from relayrl.algorithms.advantage_stats import AdvantageSums
 from relayrl.algorithms.dapo import overlong_penalty
 
 from relayrl.cluster import Worker
@@ -133,10 +134,13 @@ class ScoreWorker(Worker):
         base = dict(zip(order, self.shape(torch.tensor(scores, dtype=torch.float32), lengths).tolist()))
         return slots.write({"baseline": [base[g] for g in groups]}), [base[g] for g in order]
 
-    def advantages_into(self, reader, slots, kl_coef: float | None = None) -> tuple[Any, dict[str, float]]:
+    def advantages_into(self, reader, slots, kl_coef: float | None = None
+                        ) -> tuple[Any, dict[str, float], AdvantageSums]:
         """Advantages of the rows (whole groups, or the whole batch for batch-whitened estimators); ``kl_coef``:
         the step's KL coefficient (KL in the rewards; None: ``algorithm.kl_coef``). Rows with ``fn_scores``
-        (GDPO) take their advantages from those, not from ``rewards`` (:func:`advantage_rows`)."""
+        (GDPO) take their advantages from those, not from ``rewards`` (:func:`advantage_rows`). Returns the
+        receipt, the KL (and estimator) metrics and the advantages' sums over the rows' valid tokens (the
+        step's ``advantage/*``)."""
         cols = reader.read()
         decoupled = {} if "fn_scores" not in cols else dict(  # (GDPO: reward.user_aggregation=normalize_then_sum)
             fn_scores=torch.stack(cols["fn_scores"]), fn_weights=torch.tensor(self.reward.cfg.fn_weights))
@@ -148,7 +152,7 @@ class ScoreWorker(Worker):
             sum_sq=cols.get("sum_pi_squared"),
             baseline=torch.tensor([float(b) for b in cols["baseline"]]) if "baseline" in cols else None,
             loss_masks=cols.get("loss_mask"), kl_coef=kl_coef)
-        return slots.write(out), kl
+        return slots.write(out), kl, AdvantageSums.of(out["advantages"], cols.get("loss_mask"))
 
 
 def _rows(problems: Sequence, token_ids: Sequence, progress: Any) -> list[dict]:

@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from relayrl.algorithms.advantage_stats import AdvantageSums
 from relayrl.workflows.rollout_stream import GroupRecord
 
 __all__ = ["StepState"]
@@ -49,6 +50,9 @@ class StepState:
     kl: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     """Per advantage call: ``(value, rows)`` of each metric it returned (KL in the reward, distillation): a
     row-weighted mean over the calls (the largest value for ``.._max`` names)."""
+    advantages: AdvantageSums = AdvantageSums()
+    """The advantages' sums over the valid tokens of the rows computed so far, every call's added (the step's
+    ``advantage/*``)."""
     samples: list[dict] = field(default_factory=list)
     """Up to ``telemetry.samples_per_step`` of the step's scored responses, as ``RUN_DIR/samples.jsonl`` holds
     them."""
@@ -62,6 +66,8 @@ class StepState:
     groups alike): :func:`relayrl.algorithms.retire.pass_rates`."""
     dropped: set[int] = field(default_factory=set)
     """Groups dynamic sampling dropped (all rewards equal), and groups a failure dropped (``*.on_error=drop_group``)."""
+    filtered_rewards: dict[int, float] = field(default_factory=dict)
+    """The groups dynamic sampling dropped for equal rewards (not for a failure): each one's mean reward."""
     rollout_errors: int = 0
     """Groups whose generation request failed (``rollout.on_error=drop_group``)."""
     hold: Any = None

@@ -59,8 +59,8 @@ def kl_metrics(metrics: dict[str, float], in_reward: dict[str, float], tri_model
 
 def step_metrics(st: StepState, *, step: int, prompts_per_step: int, tri_model: bool,
                  session) -> dict[str, float]:
-    """Reward, length, interruption, DAPO, ReMax, episode, update and KL metrics of a finished step; says in the run's log
-    when dynamic sampling left nothing to train on (``dapo/skipped_step``)."""
+    """Reward, length, interruption, DAPO, ReMax, episode, advantage, update and KL metrics of a finished step;
+    says in the run's log when dynamic sampling left nothing to train on (``dapo/skipped_step``)."""
     records = st.kept_records()
     lengths = torch.tensor([L for r in records for L in r.lengths], dtype=torch.float32)
     truncated = torch.tensor([t for r in records for t in r.truncated], dtype=torch.float32)
@@ -72,6 +72,8 @@ def step_metrics(st: StepState, *, step: int, prompts_per_step: int, tri_model: 
     m.update({"dapo/dropped_groups": float(len(st.dropped)), "dapo/sampled_groups": float(st.judged),
               "dapo/rounds": float(st.rounds), "dapo/missing_prompts": float(max(0, prompts_per_step - st.kept)),
               "rollout/errors": float(st.rollout_errors)})
+    if st.filtered_rewards:  # (sorted: groups are judged in any order)
+        m["dapo/dropped_reward_mean"] = sum(sorted(st.filtered_rewards.values())) / len(st.filtered_rewards)
     if st.baselines:
         m["remax/baseline_mean"] = sum(sorted(st.baselines)) / len(st.baselines)
     episodes = [e for r in st.records for e in r.episodes]  # every episode generated, dropped groups too
@@ -82,7 +84,8 @@ def step_metrics(st: StepState, *, step: int, prompts_per_step: int, tri_model: 
     if interrupted:
         m["rollout/interrupted_frac"] = sum(interrupted) / len(interrupted)
     if st.scores:  # (sorted: the rows come in the order their groups were judged)
-        scores, rewards = torch.tensor(sorted(st.scores)), torch.tensor(sorted(st.rewards))
+        scores = torch.tensor(sorted(st.scores), dtype=torch.float64)
+        rewards = torch.tensor(sorted(st.rewards), dtype=torch.float64)
         m.update(sample_metrics(scores, rewards, lengths, truncated))
     elif m.get("reward/errors", 0) or st.rollout_errors or m.get("env/errors", 0):  # *.on_error=drop_group
         session.tracker.write_text(f"step {step}: every group was dropped (failures under *.on_error=drop_group: "
@@ -94,6 +97,7 @@ def step_metrics(st: StepState, *, step: int, prompts_per_step: int, tri_model: 
                                    f"{st.rounds} rounds; no update this step (raise algorithm.max_resample_rounds "
                                    f"or data.prompts_per_step)")
         m["dapo/skipped_step"] = 1.0
+    m.update(st.advantages.metrics())
     m.update(st.update)
     return kl_metrics(m, weighted(st.kl), tri_model)
 

@@ -273,3 +273,16 @@ def test_passk_advantage_goes_to_each_groups_best_response_only():
     assert scaled[6] == pytest.approx(1.0 / (torch.tensor([0.0, 0.0, 1.0]).std().item() + 1e-6))
     with pytest.raises(ValueError, match="at least 2 responses per group"):
         grpo_passk(torch.tensor([1.0, 0.0, 1.0]), torch.tensor([0, 0, 1]))
+
+
+@pytest.mark.parametrize("fn", [A.grpo, A.grpo_batch_std, A.grpo_loo, A.grpo_passk, A.rloo,
+                                lambda r, g: A.opo(r, g, torch.arange(len(r)) + 1)])
+def test_a_group_of_equal_rewards_gets_exactly_zero(fn):
+    """Eight float32 rewards of 0.7 (partial credit, a format or length term): their float mean is not 0.7, and
+    GRPO gave every member (r - mean) / (std + 1e-6) = 0.056, all of one sign, where no response is better;
+    RLOO and OPO left 6e-8. Every group estimator gives exactly 0 now (as for rewards of 0 and 1)."""
+    rewards = torch.tensor([0.7] * 8 + [0.1] * 5 + [1 / 3] * 3 + [0.0, 1.0, 0.5, 0.3], dtype=torch.float32)
+    groups = torch.tensor([0] * 8 + [1] * 5 + [2] * 3 + [3] * 4)
+    adv = fn(rewards, groups)
+    assert adv[:16].tolist() == [0.0] * 16
+    assert bool((adv[16:] != 0).any())  # (the group with a spread still gets advantages)

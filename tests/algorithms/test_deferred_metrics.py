@@ -61,8 +61,8 @@ def test_a_step_of_deferred_metrics_reduces_to_the_host_read_figures(summed):
             else:
                 _, metrics = loss(mb)
                 weight = float(mb.mask.sum())
-            sums.add(metrics, weight, int(mb.mask.numel()), False)
-        reduced.append(sums.reduce(torch.device("cpu"), 40, "actor"))
+            sums.add(metrics, weight, int((mb.mask.sum(-1) > 0).sum()), int(mb.mask.numel()), False)
+        reduced.append(sums.reduce(torch.device("cpu"), 40, 8, "actor"))
     assert reduced[0].keys() == reduced[1].keys()
     assert any(k.endswith("_max") for k in reduced[0])
     for k in reduced[0]:

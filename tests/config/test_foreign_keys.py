@@ -65,10 +65,14 @@ def test_every_key_a_table_names_exists(fw):
 
 def test_openrlhf_s_flag_names_as_overrides_name_relayrl_s():
     msg = _errors("n_samples_per_prompt=8", "rollout_batch_size=128", "init_kl_coef=0.01")
-    assert "n_samples_per_prompt: unknown key; OpenRLHF's --n_samples_per_prompt is rollout.n here" in msg
-    assert "rollout_batch_size: unknown key; OpenRLHF's --rollout_batch_size is data.prompts_per_step here" in msg
-    assert "init_kl_coef: unknown key; OpenRLHF's --init_kl_coef is algorithm.kl_coef here (OpenRLHF puts it in " \
-           "the reward unless --use_kl_loss: algorithm.kl_in_reward=true)" in msg
+    assert "n_samples_per_prompt: unknown key; OpenRLHF's --n_samples_per_prompt 8 is rollout.n=8 here" in msg
+    assert "rollout_batch_size: unknown key; OpenRLHF's --rollout_batch_size 128 is data.prompts_per_step=128 " \
+           "here" in msg
+    assert "init_kl_coef: unknown key; OpenRLHF's --init_kl_coef 0.01 is algorithm.kl_coef=0.01 here (OpenRLHF " \
+           "puts it in the reward unless --use_kl_loss: algorithm.kl_in_reward=true)" in msg
+    # a flag whose value means something else here gets the key only
+    assert "micro_train_batch_size: unknown key; OpenRLHF's --micro_train_batch_size is engine.token_budget " \
+           "here" in _errors("micro_train_batch_size=4")
 
 
 def test_openrlhf_s_flags_on_the_command_line_name_relayrl_s(capsys):
@@ -77,9 +81,29 @@ def test_openrlhf_s_flags_on_the_command_line_name_relayrl_s(capsys):
     err = capsys.readouterr().err
     assert "unrecognized arguments: --n_samples_per_prompt 8 --advantage_estimator=reinforce_baseline" in err
     assert "--n_samples_per_prompt: relayrl takes dotted overrides (section.key=value), not flags; OpenRLHF's " \
-           "--n_samples_per_prompt is rollout.n here" in err
+           "--n_samples_per_prompt 8 is rollout.n=8 here" in err
     assert "--advantage_estimator: relayrl takes dotted overrides (section.key=value), not flags; OpenRLHF's " \
-           "--advantage_estimator is algorithm.advantage here" in err
+           "--advantage_estimator reinforce_baseline is algorithm.advantage=reinforce++-baseline here" in err
+
+
+def test_a_flag_s_value_is_named_only_when_it_is_one(capsys):
+    """The next argument is a flag's value unless it is a flag or an override; a flag without one (the last,
+    a boolean) is named by its key."""
+    with pytest.raises(SystemExit):
+        main(["train", "arith_grpo", "--temperature", "--seed", "3", "--bf16", "trainer.steps=1", "--top_p"])
+    err = capsys.readouterr().err
+    assert "OpenRLHF's --temperature is rollout.temperature here" in err
+    assert "OpenRLHF's --seed 3 is run.seed=3 here" in err
+    assert "OpenRLHF's --bf16 is model.dtype=bfloat16 here" in err and "--bf16 trainer.steps=1 is" not in err
+    assert "OpenRLHF's --top_p is rollout.top_p here" in err
+
+
+def test_openrlhf_s_same_value_flags_map_to_one_key():
+    from relayrl.config.openrlhf_keys import OPENRLHF_KEYS, OPENRLHF_SAME_VALUES
+
+    for flag in OPENRLHF_SAME_VALUES:
+        ours = OPENRLHF_KEYS[flag].split(" (")[0]
+        assert re.fullmatch(r"[a-z_]+(\.[a-z_]+)+", ours), (flag, ours)  # one key, no value of its own
 
 
 def test_an_unknown_flag_gets_no_hint(capsys):

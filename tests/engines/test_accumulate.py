@@ -6,6 +6,7 @@ import random
 import pytest
 import torch
 
+from relayrl.algorithms.correction import Correction
 from relayrl.engines.training.base import OptimConfig, SequenceBatch
 from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
 from relayrl.workflows.losses import DPOLoss, PolicyLoss, SFTLoss
@@ -82,6 +83,7 @@ def _assert_same_update(a, b, ga, gb, ma, mb, layout_dependent=("actor/forward_t
     (PolicyLoss(agg="seq-mean-token-sum", entropy_coef=0.01), "grad"),
     (PolicyLoss(agg="seq-mean-token-sum-norm", agg_constant=16.0, kl_coef=0.05, dual_clip=3.0), False),
     (PolicyLoss(agg="prompt-mean-token-mean", kl_coef=0.1, entropy_coef=0.01), "grad"),  # chunks of whole groups
+    (PolicyLoss(agg="seq-mean-token-mean", kl_coef=0.1, correction=Correction(high=1.5)), "grad"),  # seq_*
 ], ids=lambda x: getattr(x, "agg", str(x)))
 def test_streamed_chunks_give_the_full_batch_update(tiny_dir, tiny_tokenizer, loss, with_entropy):
     batch = _batch(tiny_tokenizer)

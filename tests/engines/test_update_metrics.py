@@ -57,15 +57,18 @@ def test_policy_update_metrics_over_mini_batches_are_the_batch_figures(tiny_mode
 
 def test_over_steps_combines_each_kind_by_hand():
     steps = [({"actor/entropy": 1.0, "actor/ratio_max": 1.5, "actor/ratio_min": 0.9, "actor/forward_tokens": 30,
-               "actor/loss": 0.2, "actor/grad_norm": 2.0, "actor/nonfinite_grad": 0.0}, 10),
+               "actor/loss": 0.2, "actor/grad_norm": 2.0, "actor/nonfinite_grad": 0.0,
+               "correction/seq_capped_frac": 0.5}, 10, 2),
              ({"actor/entropy": 4.0, "actor/ratio_max": 1.1, "actor/ratio_min": 0.5, "actor/forward_tokens": 50,
-               "actor/loss": 0.6, "actor/grad_norm": 4.0, "actor/nonfinite_grad": 1.0}, 30)]
+               "actor/loss": 0.6, "actor/grad_norm": 4.0, "actor/nonfinite_grad": 1.0,
+               "correction/seq_capped_frac": 0.0}, 30, 6)]
     m = over_steps(steps, "actor")
     assert m == {"actor/entropy": (1.0 * 10 + 4.0 * 30) / 40, "actor/ratio_max": 1.5, "actor/ratio_min": 0.5,
-                 "actor/forward_tokens": 80, "actor/loss": 0.4, "actor/grad_norm": 3.0, "actor/nonfinite_grad": 1.0}
+                 "actor/forward_tokens": 80, "actor/loss": 0.4, "actor/grad_norm": 3.0, "actor/nonfinite_grad": 1.0,
+                 "correction/seq_capped_frac": 1 / 8}  # one capped response of the 8, by responses not tokens
     # a loss's own normalised names are averaged, as its loss is; a name one step lacks: over those that have it
-    m = over_steps([({"dpo/reward_accuracy": 0.5}, 4), ({"dpo/reward_accuracy": 1.0, "x/y": 2.0}, 12)], "actor",
-                   summed=("dpo/reward_accuracy",))
+    m = over_steps([({"dpo/reward_accuracy": 0.5}, 4, 2), ({"dpo/reward_accuracy": 1.0, "x/y": 2.0}, 12, 2)],
+                   "actor", summed=("dpo/reward_accuracy",))
     assert m == {"dpo/reward_accuracy": 0.75, "x/y": 2.0}
 
 

@@ -309,3 +309,31 @@ def test_a_resume_drops_a_last_line_cut_inside_a_character(tmp_path):
     with pytest.raises(MetricsFileError, match=r"samples.jsonl: not UTF-8 text \(byte 12: invalid start byte\); "
                                                r"the file is damaged or is not a samples.jsonl"):
         read_jsonl_records(path)
+
+
+@pytest.mark.slow  # starts the wandb-core service
+@pytest.mark.skipif(not HAS_WANDB, reason="wandb not installed (pip install -e '.[test]' installs it)")
+def test_wandb_offline_history_is_the_jsonl_file(tmp_path, monkeypatch):
+    """The W&B run's history, read back from its ``.wandb`` file, holds the values and the step axis of
+    ``metrics.jsonl``, step 0 (the evaluation before training) included; NaN (``critic/explained_variance`` of
+    equal returns) is NaN there and ``null`` in the file."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_dir"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = TelemetryConfig(sinks=["jsonl", "wandb"], wandb_mode="offline", wandb_project="relayrl-test")
+    logged = {0: {"eval/accuracy": 0.25, "eval/pass@4": 0.5},
+              1: {"reward/mean": 1 / 3, "advantage/zero_frac": 0.125, "actor/forward_tokens": 1234.0,
+                  "critic/explained_variance": float("nan"), "timing/update_s": 1e-7},
+              2: {"reward/mean": 0.7, "actor/lr": 3e-6, "eval/accuracy": 0.5}}
+    with Tracker(tmp_path, cfg, total_steps=2) as t:
+        for step, m in logged.items():
+            t.log(step, m)
+    jsonl = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    run_id = (tmp_path / "wandb_run_id").read_text().strip()
+    (recs,) = _finished_runs(tmp_path / "wandb", run_id, 1)
+    history = [_history(r) for r in recs if r.WhichOneof("record_type") == "history"]
+    assert [h["_step"] for h in history] == [r["step"] for r in jsonl] == [0, 1, 2]
+    for h, r in zip(history, jsonl):
+        want = {k: v for k, v in r.items() if k != "step"}
+        got = {k: None if v != v else v for k, v in h.items() if not k.startswith("_")}  # (NaN: JSON's null)
+        assert got == want, (r["step"], got, want)

@@ -37,7 +37,7 @@ def _judge(*over: str):
     parts = SimpleNamespace(cfg=cfg, plan=step_plan(cfg), dock=dock,
                             score=lambda fn, slots, rewards, each: list(zip(slots, rewards)))
     state = SimpleNamespace(cond=threading.Condition(), scores=[], rewards=[], dropped=set(), judged=0, kept=0,
-                            pass_rates={})
+                            pass_rates={}, filtered_rewards={})
     # group 0: both right, one long (shaping splits it); group 1: right but overlong, and wrong (shaping
     # evens it out); group 2: right and wrong, both short (kept either way)
     scores = [1.0, 1.0, 0.0, 1.0, 0.0, 1.0]
@@ -53,12 +53,13 @@ def test_the_score_stage_filters_on_the_metric_it_is_given():
     assert dock.retired == [0, 1] and [r for r, _ in dock.written] == [2, 3, 4, 5]
     assert st.dropped == {0} and st.kept == 2 and st.judged == 3
     assert st.rewards == [0.0, 0.0, 0.0, 1.0]  # the kept rows' shaped rewards (group 1's even out at 0)
+    assert st.filtered_rewards == {0: (1.0 + 0.25) / 2}  # the dropped group's mean shaped reward (dapo/dropped_...)
     # every judged group's pass rate (data.retire_solved), the dropped one too, on the scores before shaping
     # (group 1's overlong right answer is solved though its shaped reward is 0)
     assert st.pass_rates == {0: 1.0, 1: 0.5, 2: 0.5}
     dock, st = _judge("algorithm.dynamic_sampling_metric=reward")
     assert dock.retired == [2, 3] and [r for r, _ in dock.written] == [0, 1, 4, 5]
-    assert st.dropped == {1} and st.kept == 2
+    assert st.dropped == {1} and st.kept == 2 and st.filtered_rewards == {1: 0.0}
     assert st.pass_rates == {0: 1.0, 1: 0.5, 2: 0.5}  # (the same whatever dynamic sampling compares)
     assert [w for _, w in dock.written] == [1.0, 0.25, 0.0, 1.0]
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from relayrl.workflows.rollout_stream import GroupRecord
 from relayrl.workflows.state import StepState
 from relayrl.workflows.step_metrics import step_metrics
@@ -31,3 +33,22 @@ def test_the_reward_metrics_are_the_same_in_any_order_the_calls_finished():
         random.Random(seed).shuffle(order)
         again = step_metrics(_state(order), step=1, prompts_per_step=7, tri_model=False, session=None)
         assert again == first, order
+
+
+def test_reward_mean_and_std_are_float64_and_dropped_groups_have_their_mean():
+    """``reward/mean`` and ``reward/std`` were float32 reductions: rewards 1000.0, 1000.1, ... 1000.7 read mean
+    1000.35004 and std 0.2449515 (statistics: 1000.35 and 0.2449490). ``dapo/dropped_reward_mean``: the mean
+    over the groups dynamic sampling dropped of each one's mean reward (logged on a step that dropped one)."""
+    import statistics
+
+    st = StepState(problems=[None] * 3, positions=[None] * 3)
+    st.records = [GroupRecord(group=k, lengths=[5] * 4, prompt_len=4, truncated=[False] * 4) for k in range(3)]
+    st.rewards = [1000.0 + k / 10 for k in range(8)]
+    st.scores = [1.0] * 8
+    m = step_metrics(st, step=1, prompts_per_step=3, tri_model=False, session=None)
+    assert m["reward/mean"] == pytest.approx(statistics.fmean(st.rewards), rel=1e-14)
+    assert m["reward/std"] == pytest.approx(statistics.stdev(st.rewards), rel=1e-10)
+    assert "dapo/dropped_reward_mean" not in m
+    st.filtered_rewards = {2: 1.0, 0: 0.0, 1: 0.0}
+    m = step_metrics(st, step=1, prompts_per_step=3, tri_model=False, session=None)
+    assert m["dapo/dropped_reward_mean"] == 1 / 3

@@ -73,8 +73,8 @@ def _device(*values) -> torch.device:
 @dataclass
 class MetricSums:
     """A loss's metrics summed over micro-batches (and chunks) before the reduction over ranks: means as
-    token-weighted sums, sums as sums, ``_max`` / ``_min`` as extremes (:func:`metric_reduction`); and the
-    engine's counters."""
+    token-weighted sums, per-response figures as sums weighted by responses, sums as sums, ``_max`` / ``_min``
+    as extremes (:func:`metric_reduction`); and the engine's counters."""
 
     summed: tuple[str, ...] = ()
     """The loss's own summed metric names (``loss_fn.summed``)."""
@@ -88,17 +88,19 @@ class MetricSums:
     routing: list = field(default_factory=list)
     """Routing replay: each pass's ``(matched, replayed)`` expert picks (device tensors)."""
 
-    def add(self, metrics: dict[str, float | torch.Tensor], weight: float | torch.Tensor, forward_tokens: int,
-            with_reference: bool, routing: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
-        """One micro-batch's metrics; ``weight``: its valid response tokens. Values may be floats or 0-dim
+    def add(self, metrics: dict[str, float | torch.Tensor], weight: float | torch.Tensor,
+            seqs: float | torch.Tensor, forward_tokens: int, with_reference: bool,
+            routing: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """One micro-batch's metrics; ``weight``: its valid response tokens, ``seqs``: its responses with a valid
+        token (the weight of a ``seq`` figure: what ``global_seqs`` counts). Values may be floats or 0-dim
         float64 tensors on the device (:func:`relayrl.algorithms._checks.deferred_metrics`): sums and extremes
         stay on the device then, and :meth:`reduce` reads them to the host together."""
         for k, v in metrics.items():
             if isinstance(v, torch.Tensor):  # a loss of the caller's may hand its metric with its graph
                 v = v.detach().reshape(()).double()
             how = metric_reduction(k, self.summed)
-            if how in ("mean", "sum"):
-                self.values[k] = self.values.get(k, 0.0) + (v * weight if how == "mean" else v)
+            if how in ("mean", "seq", "sum"):
+                self.values[k] = self.values.get(k, 0.0) + {"mean": weight, "seq": seqs}.get(how, 1.0) * v
             elif k not in self.values:
                 self.values[k] = v
             elif isinstance(v, torch.Tensor) or isinstance(self.values[k], torch.Tensor):
@@ -114,13 +116,13 @@ class MetricSums:
             self.ref_passes += 1
             self.ref_tokens += forward_tokens
 
-    def reduce(self, device: torch.device, global_tokens: int, prefix: str, *, scale: float = 1.0,
-               agree_names: bool = False, counted: bool = True) -> dict[str, float]:
+    def reduce(self, device: torch.device, global_tokens: int, global_seqs: int, prefix: str, *,
+               scale: float = 1.0, agree_names: bool = False, counted: bool = True) -> dict[str, float]:
         """The metrics over the whole batch (a collective when sharded): means divided by ``global_tokens``,
-        normalised sums (``..loss``, ``summed``) multiplied by ``scale``. ``agree_names``: ranks may hold
-        different names (a rank that saw no rows has none), so they first agree on the union. ``counted=False``:
-        another rank reports the same figures (a sequence-parallel rank after its group's first): this one adds
-        zeros to the sums and counters."""
+        per-response figures by ``global_seqs``, normalised sums (``..loss``, ``summed``) multiplied by
+        ``scale``. ``agree_names``: ranks may hold different names (a rank that saw no rows has none), so they
+        first agree on the union. ``counted=False``: another rank reports the same figures (a sequence-parallel
+        rank after its group's first): this one adds zeros to the sums and counters."""
         how = {k: metric_reduction(k, self.summed) for k in self.values}
         values = host_floats(self.values)  # the step's one read of metrics kept on the device
         if not counted:
@@ -136,6 +138,8 @@ class MetricSums:
         for k, v in values.items():
             if how[k] == "mean":
                 v = v / max(global_tokens, 1)
+            elif how[k] == "seq":
+                v = v / max(global_seqs, 1)
             elif how[k] == "sum" and (k.endswith("loss") or k in self.summed):
                 v = v * scale
             out[k] = v
@@ -268,6 +272,6 @@ class StreamedUpdate:
             for p in self.model.parameters():
                 if p.grad is not None:
                     p.grad.mul_(scale)
-        metrics = acc.partial.reduce(self.device, g_tokens, self.prefix, scale=scale, agree_names=self.sharded,
-                                     counted=self._counts_own)
+        metrics = acc.partial.reduce(self.device, g_tokens, g_seqs, self.prefix, scale=scale,
+                                     agree_names=self.sharded, counted=self._counts_own)
         return finished(acc.loss_fn, self._apply_gradients(metrics))

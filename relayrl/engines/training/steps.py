@@ -33,23 +33,25 @@ def minibatch_slices(rows: int, mini_batches: int) -> list[range]:
     return out
 
 
-def over_steps(steps: Sequence[tuple[Mapping[str, float], int]], prefix: str,
+def over_steps(steps: Sequence[tuple[Mapping[str, float], int, int]], prefix: str,
                summed: Sequence[str] = ()) -> dict[str, float]:
-    """An update's metrics from its optimizer steps' ``(metrics, response tokens)`` (epochs x mini-batches).
+    """An update's metrics from its optimizer steps' ``(metrics, response tokens, responses)`` (epochs x
+    mini-batches; the responses with a token to train on, ``global_seqs``).
 
     Each name is combined by its kind, as the micro-batches of one step are (:func:`metric_reduction`): a mean
     (``actor/entropy``, ``actor/clip_frac_low``) weighted by each step's response tokens, so the update reports
-    the token mean over every token it trained on and not a mean of mini-batch means; ``.._max`` / ``.._min``
-    the extreme over the steps; counts (``..tokens``, ``..passes``) summed. What is already normalised within a
-    step (``..loss`` and the loss's ``summed`` names) and the step's own figures (:data:`PER_STEP`) are averaged
-    over the steps; ``{prefix}/nonfinite_grad`` is 1 when any step's gradient norm was not finite. A name some
-    steps lack is combined over the steps that have it."""
-    names = list(dict.fromkeys(k for m, _ in steps for k in m))
+    the token mean over every token it trained on and not a mean of mini-batch means; a per-response figure
+    (``correction/seq_capped_frac``) weighted by each step's responses; ``.._max`` / ``.._min`` the extreme over
+    the steps; counts (``..tokens``, ``..passes``) summed. What is already normalised within a step (``..loss``
+    and the loss's ``summed`` names) and the step's own figures (:data:`PER_STEP`) are averaged over the steps;
+    ``{prefix}/nonfinite_grad`` is 1 when any step's gradient norm was not finite. A name some steps lack is
+    combined over the steps that have it."""
+    names = list(dict.fromkeys(k for m, _, _ in steps for k in m))
     out: dict[str, float] = {}
     for k in names:
-        got = [(m[k], w) for m, w in steps if k in m]
-        values = [v for v, _ in got]
         how = metric_reduction(k, summed)
+        got = [(m[k], seqs if how == "seq" else tokens) for m, tokens, seqs in steps if k in m]
+        values = [v for v, _ in got]
         if k == f"{prefix}/nonfinite_grad" or how == "max":
             out[k] = max(values)
         elif how == "min":

@@ -475,7 +475,7 @@ class TorchTrainingEngine(LogprobPasses, RoutedPasses, StreamedUpdate, EngineSta
                              f"is one optimizer step and needs a row (lower trainer.mini_batches)")
         batch = with_group_tokens(batch, loss_fn)  # before the mini-batches cut the groups apart
         self.runner.train()
-        steps: list[tuple[dict[str, float], int]] = []  # each optimizer step's metrics and response tokens
+        steps: list[tuple[dict[str, float], int, int]] = []  # each optimizer step's metrics, tokens and rows
         for _ in range(epochs):
             perm = torch.randperm(len(batch), generator=generator).tolist() if mini_batches > 1 else list(range(len(batch)))
             for rows in minibatch_slices(len(batch), mini_batches):
@@ -483,8 +483,8 @@ class TorchTrainingEngine(LogprobPasses, RoutedPasses, StreamedUpdate, EngineSta
                 counts = self._global(sub.num_tokens, sub.num_seqs, sub.num_groups)
                 partial = MetricSums(tuple(getattr(loss_fn, "summed", ())), with_reference)
                 self._backward(sub, loss_fn, temperature, with_entropy, with_reference, counts, partial)
-                steps.append((self._apply_gradients(partial.reduce(self.device, counts[0], self.prefix,
-                                                                   counted=self._counts_own)), counts[0]))
+                metrics = partial.reduce(self.device, counts[0], counts[1], self.prefix, counted=self._counts_own)
+                steps.append((self._apply_gradients(metrics), counts[0], counts[1]))
         return finished(loss_fn, over_steps(steps, self.prefix, tuple(getattr(loss_fn, "summed", ()))))
 
     def _backward(self, sub: SequenceBatch, loss_fn: LossFn, temperature: float, with_entropy: bool | str,
@@ -510,7 +510,7 @@ class TorchTrainingEngine(LogprobPasses, RoutedPasses, StreamedUpdate, EngineSta
             with deferred_metrics():  # no host read between passes: the metrics stay on the device until reduce
                 loss, metrics = loss_fn(MicroBatch(f.logprobs, f.mask, fields, counts[0], counts[1], f.entropy,
                                               counts[2]))
-                weight = metric_value(f.mask.sum())
+                weight, seqs = metric_value(f.mask.sum()), metric_value((f.mask.sum(-1) > 0).sum())
                 loss, metrics = self._with_balance(loss, metrics, f, counts[0])
             (loss * self.world if self.sharded else loss).backward()  # FSDP2 averages over ranks; we want the sum
             self._master_grads()
@@ -518,7 +518,7 @@ class TorchTrainingEngine(LogprobPasses, RoutedPasses, StreamedUpdate, EngineSta
                 for p in self.model.parameters():  # which the next micro-batch's replay overwrites
                     if p.grad is not None:
                         p.grad = p.grad.clone()
-            partial.add(metrics, weight, f.tokens, with_reference, f.routing_counts)
+            partial.add(metrics, weight, seqs, f.tokens, with_reference, f.routing_counts)
         if self.sharded:
             # Ranks with fewer micro-batches repeat one with a zero loss, so that FSDP2's collectives match up;
             # a rank with no rows (a streamed chunk can be empty) repeats a one-token row.
