@@ -56,12 +56,14 @@ from relayrl.algorithms._ops import LOG_CLAMP, masked_max, masked_mean
 
 Tensor = torch.Tensor
 
-__all__ = ["LEVELS", "MODES", "KL_KINDS", "KL_REDUCES", "Correction", "rollout_correction", "log_ratios",
+__all__ = ["LEVELS", "MODES", "MISMATCH_KL_KINDS", "KL_REDUCES", "Correction", "rollout_correction", "log_ratios",
            "token_kl", "level_log_weights", "truncate", "mask_outside", "kl_statistic", "divergence_mask"]
 
 LEVELS: tuple[str, ...] = ("token", "sequence", "geometric")
 MODES: tuple[str, ...] = ("truncate", "mask")
-KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3")
+MISMATCH_KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3")
+"""The estimates of the rollout mismatch ``KL(mu || pi_old)`` (:func:`token_kl`); not
+:data:`relayrl.algorithms.kl.KL_KINDS`, the estimators of the KL to the reference (which add ``abs`` and aliases)."""
 KL_REDUCES: tuple[str, ...] = ("mean", "sum", "max", "token")
 
 
@@ -85,7 +87,7 @@ def token_kl(lr: Tensor, kind: str) -> Tensor:
         return 0.5 * lr.square()
     if kind == "k3":
         return torch.expm1(lr) - lr
-    raise ValueError(f"unknown kl_kind {kind!r}; valid kinds: {', '.join(KL_KINDS)}")
+    raise ValueError(f"unknown kl_kind {kind!r}; valid kinds: {', '.join(MISMATCH_KL_KINDS)}")
 
 
 def rollout_correction(
@@ -165,8 +167,8 @@ def _check(level: str | None, mode: str, high: float, low: float | None, kl_thre
         raise ValueError(f"unknown level {level!r}; valid levels: {', '.join(LEVELS)} (or None)")
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
-    if kl_kind not in KL_KINDS:
-        raise ValueError(f"unknown kl_kind {kl_kind!r}; valid kinds: {', '.join(KL_KINDS)}")
+    if kl_kind not in MISMATCH_KL_KINDS:
+        raise ValueError(f"unknown kl_kind {kl_kind!r}; valid kinds: {', '.join(MISMATCH_KL_KINDS)}")
     if kl_reduce not in KL_REDUCES:
         raise ValueError(f"unknown kl_reduce {kl_reduce!r}; valid reductions: {', '.join(KL_REDUCES)}")
     if not high > 0:

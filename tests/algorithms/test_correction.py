@@ -234,3 +234,13 @@ def test_each_part_by_hand():
     assert float(largest) == pytest.approx(0.4)
     dropped = divergence_mask(stat, valid, 0.3, None, torch.tensor([[1.0] * 3, [1.0, -1.0, -1.0]]))
     assert dropped.tolist() == [[False, False, False], [False, True, False]]  # A < 0 and valid only
+
+
+def test_the_mismatch_kl_kinds_are_named_apart_from_the_reference_kl_kinds():
+    """Two lists of KL estimators with different contents used to share the name KL_KINDS."""
+    from relayrl.algorithms import correction, kl
+
+    assert correction.MISMATCH_KL_KINDS == ("k1", "k2", "k3") and "abs" in kl.KL_KINDS
+    assert not hasattr(correction, "KL_KINDS")
+    with pytest.raises(ValueError, match="valid kinds: k1, k2, k3$"):
+        token_kl(OLD, "abs")
