@@ -275,8 +275,8 @@ class WeightRelay:
             if layout is not None and shm is None:
                 return None
             # every rank joins (a collective: FSDP2 gathers the full tensors); rank 0 packs and answers
-            res = sender.all(sender_method, None if shm is None else shm.handles,
-                             None if layout is None else layout.key, self.bucket_bytes)[0]
+            res = sender.all_rank0(sender_method, None if shm is None else shm.handles,
+                                   None if layout is None else layout.key, self.bucket_bytes)
             if not isinstance(res, dict) or res.get("status") not in ("ok", "layout"):
                 raise TypeError(f"{_name(sender_method)!r} on rank 0 returned {res!r}; it must return what "
                                 "relayrl.weights.shm.pack_into_shared returns")

@@ -110,7 +110,7 @@ class RolloutAhead:
         if staged is None and actor.in_driver:  # packed as the stream comes (LoRA: merged a layer at a time)
             staged = self.relay.stage(actor.one(PolicyWorker.weight_stream), version)
         elif staged is None:  # every rank takes part (FSDP2 gathers a bucket at a time); rank 0 gets host copies
-            staged = self.relay.stage(actor.all(PolicyWorker.named_weights)[0], version)
+            staged = self.relay.stage(actor.all_rank0(PolicyWorker.named_weights), version)
         with self.cond:
             old, self.staged, self.trained = self.staged, staged, version
             self.cond.notify_all()

@@ -150,15 +150,15 @@ class Consume:
                     opt = dict(mini_batches=p.cfg.trainer.mini_batches, epochs=p.cfg.trainer.epochs,
                                seed=p.cfg.run.seed + step, temperature=p.temperature, drop_truncated=a.overlong_filter)
                     if p.critic is not None:
-                        m = p.critic.split(CriticWorker.train_batch,
-                                           self._items(f, b.indexes, cols, p.critic.world_size),
-                                           p.value_loss, critic_fields, **opt)[0]  # every rank: the global figures
+                        m = p.critic.split_rank0(CriticWorker.train_batch,
+                                                 self._items(f, b.indexes, cols, p.critic.world_size),
+                                                 p.value_loss, critic_fields, **opt)  # every rank: the global figures
                         with st.cond:
                             st.update.update(m)
                     if step > p.cfg.critic.warmup_steps or p.critic is None:
-                        m = p.actor.split(PolicyWorker.train_batch,
-                                          self._items(f, b.indexes, cols, p.actor.world_size), loss, fields, **opt,
-                                          with_entropy=loss_kw["with_entropy"])[0]  # every rank: the global figures
+                        m = p.actor.split_rank0(PolicyWorker.train_batch,  # every rank: the global figures
+                                                self._items(f, b.indexes, cols, p.actor.world_size), loss, fields,
+                                                **opt, with_entropy=loss_kw["with_entropy"])
                         with st.cond:
                             st.update.update(m)
                 b.ack()
@@ -173,7 +173,7 @@ class Consume:
         if f.stop.is_set() or consumed == 0 or not self._can_train(f, None):
             return  # (what was accumulated is dropped by the next update's first chunk)
         with p.phases.phase("update", p.actor, step):
-            m = p.actor.all(PolicyWorker.optim_step)[0]  # every rank steps (collective): the global figures
+            m = p.actor.all_rank0(PolicyWorker.optim_step)  # every rank steps (collective): the global figures
         with st.cond:
             st.update.update(m)
 

@@ -72,7 +72,6 @@ from relayrl.workflows.step_metrics import mismatch_warning, staleness_metrics, 
 from relayrl.cluster.worker import method_name
 from relayrl.workflows.rollout_worker import RolloutWorker, generate, restore_rollout_rng, rollout_rng
 from relayrl.workflows.trainer_workers import CriticWorker, PolicyWorker
-from relayrl.workflows.worker_base import collective
 
 __all__ = ["GRPOPipeline", "KEY_METRICS"]
 
@@ -350,12 +349,12 @@ class GRPOPipeline:
         extra_state["kl_ctrl"] = self.kl_ctrl.state_dict()
         extra_state["entropy_ctrl"] = self.entropy_ctrl.state_dict()
         with self.s.span("checkpoint", "driver", step):
-            extra = {"critic": collective(self.critic, CriticWorker.state)} if self.critic is not None else {}
+            extra = {"critic": self.critic.all_rank0(CriticWorker.state)} if self.critic is not None else {}
             reference = self.ref_sync.state()
             if reference is not None:
                 extra["reference"] = reference
             extra = extra or None
-            return self.s.save(step, collective(self.actor, PolicyWorker.state), extra_state=extra_state, extra=extra)
+            return self.s.save(step, self.actor.all_rank0(PolicyWorker.state), extra_state=extra_state, extra=extra)
 
     def _stop_ahead(self) -> None:
         if self.ahead is not None:
