@@ -144,7 +144,7 @@ class GRPOPipeline:
     # ---------------------------------------------------------------- the step
     def step(self, step: int) -> dict[str, float]:
         """One RL step: fill partition ``step`` (here, or ahead on the rollout thread), consume it, and give the
-        rollout the new weights (now, or staged for the rollout thread)."""
+        rollout the new weights (now, or packed for the rollout thread)."""
         t0 = time.perf_counter()
         self._reset_counters()
         if self.ahead is None and self.plan.ahead:  # from here on, batches are generated ahead (staleness <= k)
@@ -227,8 +227,8 @@ class GRPOPipeline:
         nothing). Off-policy: stage them for the rollout thread, and check the batch's token staleness."""
         phases = self.parts.phases
         if self.ahead is not None:
-            with self.s.span("stage_weights", "actor", step):
-                self.ahead.stage_weights(step, self.actor)
+            with self.s.span("pack_weights", "actor", step):
+                self.ahead.pack_weights(step, self.actor)
             versions = [v for r in f.state.kept_records() for v in r.versions]
             return {**staleness_metrics(versions, step, self.plan.ahead), **self.ahead.step_metrics()}
         if not trained:
