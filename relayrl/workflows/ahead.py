@@ -1,19 +1,30 @@
 """k-step off-policy: a rollout thread that runs up to ``k`` weight versions ahead of the trainer.
 
 The delayed parameter update of AsyncFlow (TransferQueue, §4.2.2) and NeMo-RL's k-step asynchrony, on the
-same step as the on-policy modes; two threads of the driver share the dock, and samples pass only through
-it::
+same step as the on-policy modes. Three kinds of driver threads share the dock (samples pass only through it)
+and, under ``cond``, three fields: ``flows`` (open partitions, rollout -> trainer), ``packed`` (the newest
+weights not applied yet, one slot, trainer -> rollout) and ``trained`` (the trainer's newest version)::
 
-    rollout thread (this module)                     trainer (the run loop's thread: the pipeline)
-    for j = first, first+1, ...:                     for t = first, first+1, ...:
-        wait until trained >= j-1-k                      f <- take(t) (waits until partition t is open)
-        [hold the rollout engine]                        consume f: [reference, old, values,] advantages,
-        apply the newest packed weights                      update per arriving group (accumulated)
-        open partition j; sample + score into it         pack_weights(v_t): host buffers, trained = t
-          partial: newer packed weights are applied      close partition t
-          between two decode steps
-        [the hold ends when generation ends;
-         the next batch starts while its last rewards land]
+    trainer thread (the run loop: pipeline)        rollout thread "rollout-ahead" (_loop)
+    for t = first, first+1, ...:                    for j = first, first+1, ...:
+      f = take(t)  <--------- flows[t] ----------     _wait_turn(j): until trained >= j-1-k
+      consume f: [reference, old, values,]            _Hold(engine); apply_packed()
+        advantages, update per arriving group         flows[j] = open(j)   --> a trainer's take(j)
+      pack_weights(v_t) --> packed, trained = t       start produce-j; wait until f.generated
+      close partition t                                 |
+    evaluate(t): holds engine between two batches    produce-j thread (one per batch, _produce_flow)
+                                                        sample + score into partition j; gives the
+                                                        engine back when generation ends, its last
+                                                        rewards still landing; partial rollout:
+                                                        apply_packed() between two decode steps
+
+    who waits                     for                           unblocked by
+    trainer, take(t)              flows[t]                      the rollout thread opening partition t
+    trainer, consuming t          rows of partition t (dock)    produce-t writing them
+    rollout, _wait_turn(j)        trained >= j-1-k              the trainer's pack_weights(j-1-k)
+    rollout, _Hold(engine)        the engine                    an evaluation ending (batch j-1 gave it back)
+    rollout, after open(j)        f.generated                   produce-j
+    trainer, evaluate(t)          the engine                    the batch in flight's generation ending
 
 Partition ``t`` is trained by weights ``v_{t-1}``. Each of its tokens was sampled by some ``v_g`` with
 ``g >= t-1-k`` (its batch started at a version >= t-1-k and versions only grow), so every token's staleness
@@ -171,37 +182,48 @@ class RolloutAhead:
             self.relayed = {**m, "timing/relay_s": self.relayed.get("timing/relay_s", 0.0) + time.perf_counter() - t0}
 
     def _loop(self) -> None:
+        """The rollout thread: each batch in turn, once the trainer is close enough (module docstring)."""
         try:
             for j in self.steps:
-                with self.cond:  # batch j is trained by weights j-1; generate it with weights >= j-1-k
-                    self.cond.wait_for(lambda: self.stopping or self.trained >= j - 1 - self.k)
-                    if self.stopping:
-                        return
-                hold = _Hold(self.engine)
-                try:
-                    self.apply_packed()
-                    with self.cond:
-                        self.starts[j] = self._batch_start()
-                        self.cond.notify_all()
-                    f = self._open(j)
-                    f.state.hold = hold
-                    with self.cond:
-                        self.flows[j] = f
-                        self.producing = [x for x in self.producing if not x.produced.is_set()] + [f]
-                        self.cond.notify_all()
-                    # the next batch starts when this one's generation ends; its last rewards land meanwhile
-                    threading.Thread(target=self._produce_flow, args=(f,), name=f"produce-{j}", daemon=True).start()
-                    while not f.generated.wait(0.2):
-                        if f.stop.is_set():
-                            raise f.errors[0] if f.errors else RuntimeError(f"batch {j} was stopped")
-                    if f.errors:
-                        raise f.errors[0]
-                finally:
-                    hold.release()
+                if not self._wait_turn(j):
+                    return
+                self._generate(j)
         except BaseException as e:  # noqa: BLE001 - raised in the trainer's thread
             with self.cond:
                 self.error = e
                 self.cond.notify_all()
+
+    def _wait_turn(self, j: int) -> bool:
+        """Wait until batch ``j`` may start: it is trained by weights ``j-1`` and generated with weights
+        ``>= j-1-k``, so the trainer must have packed ``j-1-k``. False when the run is stopping."""
+        with self.cond:
+            self.cond.wait_for(lambda: self.stopping or self.trained >= j - 1 - self.k)
+            return not self.stopping
+
+    def _generate(self, j: int) -> None:
+        """Batch ``j``, the engine held: the newest weights applied, partition ``j`` opened for the trainer and
+        its producing stages started on a thread of their own; returns once its generation ended (the next
+        batch starts while its last rewards land)."""
+        hold = _Hold(self.engine)
+        try:
+            self.apply_packed()
+            with self.cond:
+                self.starts[j] = self._batch_start()
+                self.cond.notify_all()
+            f = self._open(j)
+            f.state.hold = hold
+            with self.cond:
+                self.flows[j] = f
+                self.producing = [x for x in self.producing if not x.produced.is_set()] + [f]
+                self.cond.notify_all()
+            threading.Thread(target=self._produce_flow, args=(f,), name=f"produce-{j}", daemon=True).start()
+            while not f.generated.wait(0.2):
+                if f.stop.is_set():
+                    raise f.errors[0] if f.errors else RuntimeError(f"batch {j} was stopped")
+            if f.errors:
+                raise f.errors[0]
+        finally:
+            hold.release()
 
     def _produce_flow(self, f: Flow) -> None:
         """A partition's producing stages on a thread of their own; an error stops the flow, and reaches the
