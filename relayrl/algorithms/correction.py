@@ -19,12 +19,16 @@ per-token factor ``c [B, T]`` (detached) that multiplies the token losses (``is_
            max       KL_i = max_t kl_t > threshold                       verl rollout_rs=seq_max_k*
            token     kl_t > threshold (that token alone)                 verl rollout_rs=token_k*
 
-The factor is ``c = w' * keep`` (``w' = 1`` without a level), 0 on padding. ``kl_t`` is a per-token estimate
-of ``KL(mu || pi_old)`` from ``l_t``: k1 ``-l_t = log mu - log pi_old`` (the DeepSeek-V3.2 form; unbiased,
-may be negative), k2 ``l_t^2 / 2`` (never negative, biased) or k3 ``r - 1 - l_t`` with ``r = exp(l_t) =
-pi_old / mu`` (unbiased and never negative); k1 and k3 are unbiased because the tokens are sampled from ``mu``.
-With ``kl_low`` (k1 only) the divergence mask also drops below it, keeping ``[kl_low, threshold]``: verl's
-two-sided k1 bounds (``rollout_rs_threshold="lower_upper"``, ``kl_low = log lower``, ``threshold = log upper``).
+The factor is ``c = w' * keep`` (``w' = 1`` without a level), 0 on padding. Each part is a pure function of
+its own: :func:`log_ratios`, :func:`level_log_weights` (level), :func:`truncate` and :func:`mask_outside`
+(mode), :func:`token_kl`, :func:`kl_statistic` and :func:`divergence_mask` (divergence mask).
+
+``kl_t`` is a per-token estimate of ``KL(mu || pi_old)`` from ``l_t``: k1 ``-l_t = log mu - log pi_old``
+(the DeepSeek-V3.2 form; unbiased, may be negative), k2 ``l_t^2 / 2`` (never negative, biased) or k3
+``r - 1 - l_t`` with ``r = exp(l_t) = pi_old / mu`` (unbiased and never negative); k1 and k3 are unbiased
+because the tokens are sampled from ``mu``. With ``kl_low`` (k1 only) the divergence mask also drops below it,
+keeping ``[kl_low, threshold]``: verl's two-sided k1 bounds (``rollout_rs_threshold="lower_upper"``,
+``kl_low = log lower``, ``threshold = log upper``).
 
 Edge cases (chosen, and tested):
 
@@ -52,12 +56,14 @@ from relayrl.algorithms._ops import LOG_CLAMP, masked_max, masked_mean
 
 Tensor = torch.Tensor
 
-__all__ = ["LEVELS", "MODES", "KL_KINDS", "KL_REDUCES", "Correction", "rollout_correction", "log_ratios",
-           "token_kl"]
+__all__ = ["LEVELS", "MODES", "MISMATCH_KL_KINDS", "KL_REDUCES", "Correction", "rollout_correction", "log_ratios",
+           "token_kl", "level_log_weights", "truncate", "mask_outside", "kl_statistic", "divergence_mask"]
 
 LEVELS: tuple[str, ...] = ("token", "sequence", "geometric")
 MODES: tuple[str, ...] = ("truncate", "mask")
-KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3")
+MISMATCH_KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3")
+"""The estimates of the rollout mismatch ``KL(mu || pi_old)`` (:func:`token_kl`); not
+:data:`relayrl.algorithms.kl.KL_KINDS`, the estimators of the KL to the reference (which add ``abs`` and aliases)."""
 KL_REDUCES: tuple[str, ...] = ("mean", "sum", "max", "token")
 
 
@@ -81,7 +87,7 @@ def token_kl(lr: Tensor, kind: str) -> Tensor:
         return 0.5 * lr.square()
     if kind == "k3":
         return torch.expm1(lr) - lr
-    raise ValueError(f"unknown kl_kind {kind!r}; valid kinds: {', '.join(KL_KINDS)}")
+    raise ValueError(f"unknown kl_kind {kind!r}; valid kinds: {', '.join(MISMATCH_KL_KINDS)}")
 
 
 def rollout_correction(
@@ -132,12 +138,37 @@ def rollout_correction(
         ``kl_reduce``, of a token with ``token``; computed without a threshold too) and
         ``correction/kl_masked_frac`` (tokens dropped by the divergence mask).
     """
+    _check(level, mode, high, low, kl_threshold, kl_kind, kl_reduce, kl_low, negative_only, advantages)
+    with torch.no_grad():
+        lr, m = log_ratios(old_logprobs, rollout_logprobs, mask)
+        if advantages is not None:
+            check_batch(old_logprobs=old_logprobs, advantages=advantages)
+        valid = m > 0
+        log_w = level_log_weights(lr, m, level)
+        no_token = torch.zeros_like(valid)
+        if level is None:
+            weight, capped, out = torch.ones_like(lr), no_token, no_token
+        elif mode == "truncate":
+            (weight, capped), out = truncate(log_w, valid, high), no_token
+        else:
+            (weight, out), capped = mask_outside(log_w, valid, high, low), no_token
+        stat, kl_max = kl_statistic(token_kl(lr, kl_kind), m, kl_reduce)
+        dropped = no_token if kl_threshold is None else divergence_mask(
+            stat, valid, kl_threshold, kl_low, advantages if negative_only else None)
+        factor = torch.where(dropped, torch.zeros((), dtype=m.dtype, device=m.device), weight) * m
+        metrics = _metrics(lr, m, torch.exp(log_w), factor, capped, (out | dropped) & valid, dropped, kl_max)
+    return factor, to_floats(metrics)
+
+
+def _check(level: str | None, mode: str, high: float, low: float | None, kl_threshold: float | None, kl_kind: str,
+           kl_reduce: str, kl_low: float | None, negative_only: bool, advantages: Tensor | None) -> None:
+    """:func:`rollout_correction`'s settings, refused with the reason."""
     if level is not None and level not in LEVELS:
         raise ValueError(f"unknown level {level!r}; valid levels: {', '.join(LEVELS)} (or None)")
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
-    if kl_kind not in KL_KINDS:
-        raise ValueError(f"unknown kl_kind {kl_kind!r}; valid kinds: {', '.join(KL_KINDS)}")
+    if kl_kind not in MISMATCH_KL_KINDS:
+        raise ValueError(f"unknown kl_kind {kl_kind!r}; valid kinds: {', '.join(MISMATCH_KL_KINDS)}")
     if kl_reduce not in KL_REDUCES:
         raise ValueError(f"unknown kl_reduce {kl_reduce!r}; valid reductions: {', '.join(KL_REDUCES)}")
     if not high > 0:
@@ -153,75 +184,84 @@ def rollout_correction(
     if kl_low is not None and (kl_threshold is None or kl_kind != "k1" or not kl_low < kl_threshold):
         raise ValueError(f"kl_low={kl_low} needs kl_kind='k1' and a kl_threshold above it (got kl_kind={kl_kind!r}, "
                          f"kl_threshold={kl_threshold})")
-    with torch.no_grad():
-        lr, m = log_ratios(old_logprobs, rollout_logprobs, mask)
-        if advantages is not None:
-            check_batch(old_logprobs=old_logprobs, advantages=advantages)
-        valid = m > 0
-        n_tok = m.sum(dim=1)
-        has_tok = n_tok > 0
-        zero = torch.zeros((), dtype=m.dtype, device=m.device)
 
-        if level is None or level == "token":
-            log_w = lr
-        else:
-            seq = lr.sum(dim=1)
-            if level == "geometric":
-                seq = seq / n_tok.clamp(min=1.0)
-            log_w = seq.clamp(-LOG_CLAMP, LOG_CLAMP).unsqueeze(1).expand_as(lr)
-        ratio = torch.exp(log_w)
-        capped = torch.zeros_like(valid)
-        out = torch.zeros_like(valid)
-        if level is None:
-            weight = torch.ones_like(lr)
-        elif mode == "truncate":
-            capped = (log_w > math.log(high)) & valid
-            weight = torch.exp(log_w.clamp(max=math.log(high)))
-        else:
-            lo = 1.0 / high if low is None else low
-            log_lo = math.log(lo) if lo > 0 else -math.inf
-            out = ((log_w > math.log(high)) | (log_w < log_lo)) & valid
-            weight = torch.where(out, zero, ratio)
 
-        k1, k3 = token_kl(lr, "k1"), token_kl(lr, "k3")
-        per_tok = token_kl(lr, kl_kind)
-        if kl_reduce == "token":  # stat [B, T]: each token's own estimate
-            stat, kl_max = per_tok, masked_max(per_tok, valid)
-        else:  # stat [B, 1]: the sequence's reduction over its valid tokens (0 without any)
-            if kl_reduce == "max":
-                seq_kl = torch.where(valid, per_tok, torch.full((), -math.inf, dtype=m.dtype, device=m.device))
-                seq_kl = torch.where(has_tok, seq_kl.amax(dim=1), zero)
-            else:
-                seq_kl = (per_tok * m).sum(dim=1)
-                if kl_reduce == "mean":
-                    seq_kl = seq_kl / n_tok.clamp(min=1.0)
-            stat, kl_max = seq_kl.unsqueeze(1), masked_max(seq_kl, has_tok)
-        dropped = torch.zeros_like(valid)
-        if kl_threshold is not None:
-            over = stat > kl_threshold if kl_low is None else (stat > kl_threshold) | (stat < kl_low)
-            dropped = over & valid
-            if negative_only:
-                dropped = dropped & (advantages.detach() < 0)
+def level_log_weights(lr: Tensor, m: Tensor, level: str | None) -> Tensor:
+    """``log w [B, T]`` at ``level`` from the token log-ratios ``lr [B, T]`` and the float mask ``m [B, T]``: ``lr``
+    itself (``token``, and ``None``, whose ratio the metrics report), or the sequence's sum (``sequence``) or mean
+    (``geometric``) of it, clamped to ``[-20, 20]`` and broadcast over the sequence."""
+    if level is None or level == "token":
+        return lr
+    seq = lr.sum(dim=1)
+    if level == "geometric":
+        seq = seq / m.sum(dim=1).clamp(min=1.0)
+    return seq.clamp(-LOG_CLAMP, LOG_CLAMP).unsqueeze(1).expand_as(lr)
 
-        factor = torch.where(dropped, zero, weight) * m
-        masked = (out | dropped) & valid
-        seqs = has_tok.to(m.dtype)
-        seq_any_cap = capped.any(dim=1).to(m.dtype)
-        seq_all_masked = ((masked.sum(dim=1) == n_tok) & has_tok).to(m.dtype)
-        metrics = {
-            "correction/ratio_mean": masked_mean(ratio, m),
-            "correction/ratio_max": masked_max(ratio, valid, empty=1.0),
-            "correction/weight_mean": masked_mean(factor, m),
-            "correction/token_capped_frac": masked_mean(capped.to(m.dtype), m),
-            "correction/token_masked_frac": masked_mean(masked.to(m.dtype), m),
-            "correction/seq_capped_frac": (seq_any_cap * seqs).sum() / seqs.sum().clamp(min=1.0),
-            "correction/seq_masked_frac": seq_all_masked.sum() / seqs.sum().clamp(min=1.0),
-            "correction/kl_k1": masked_mean(k1, m),
-            "correction/kl_k3": masked_mean(k3, m),
-            "correction/seq_kl_max": kl_max,
-            "correction/kl_masked_frac": masked_mean(dropped.to(m.dtype), m),
-        }
-    return factor, to_floats(metrics)
+
+def truncate(log_w: Tensor, valid: Tensor, high: float) -> tuple[Tensor, Tensor]:
+    """TIS: ``(min(w, high) [B, T], capped [B, T])``, capped: the valid tokens whose ``w`` was above ``high``."""
+    return torch.exp(log_w.clamp(max=math.log(high))), (log_w > math.log(high)) & valid
+
+
+def mask_outside(log_w: Tensor, valid: Tensor, high: float, low: float | None) -> tuple[Tensor, Tensor]:
+    """IcePop: ``(w or 0 [B, T], out [B, T])``, 0 on the valid tokens whose ``w`` is outside ``[low, high]``
+    (``low``: ``1 / high`` by default; 0 drops only above ``high``)."""
+    lo = 1.0 / high if low is None else low
+    log_lo = math.log(lo) if lo > 0 else -math.inf
+    out = ((log_w > math.log(high)) | (log_w < log_lo)) & valid
+    return torch.where(out, torch.zeros((), dtype=log_w.dtype, device=log_w.device), torch.exp(log_w)), out
+
+
+def kl_statistic(per_tok: Tensor, m: Tensor, reduce: str) -> tuple[Tensor, Tensor]:
+    """``(stat, largest)``: what the divergence mask compares with its threshold, from the per-token estimates
+    ``per_tok [B, T]``: each token's own (``token``: ``[B, T]``) or its sequence's ``mean``, ``sum`` or ``max``
+    over the valid tokens of ``m [B, T]`` (``[B, 1]``, 0 for a row without any); ``largest`` is the largest of
+    them (of the rows with a valid token)."""
+    valid = m > 0
+    if reduce == "token":
+        return per_tok, masked_max(per_tok, valid)
+    n_tok = m.sum(dim=1)
+    has_tok = n_tok > 0
+    if reduce == "max":
+        seq_kl = torch.where(valid, per_tok, torch.full((), -math.inf, dtype=m.dtype, device=m.device))
+        seq_kl = torch.where(has_tok, seq_kl.amax(dim=1), torch.zeros((), dtype=m.dtype, device=m.device))
+    else:
+        seq_kl = (per_tok * m).sum(dim=1)
+        if reduce == "mean":
+            seq_kl = seq_kl / n_tok.clamp(min=1.0)
+    return seq_kl.unsqueeze(1), masked_max(seq_kl, has_tok)
+
+
+def divergence_mask(stat: Tensor, valid: Tensor, threshold: float, low: float | None,
+                    advantages: Tensor | None) -> Tensor:
+    """``[B, T]`` the valid tokens to drop: where ``stat`` (:func:`kl_statistic`, broadcast) is above
+    ``threshold`` or below ``low``; with ``advantages`` (``negative_only``) only those with ``A < 0``."""
+    over = stat > threshold if low is None else (stat > threshold) | (stat < low)
+    dropped = over & valid
+    return dropped if advantages is None else dropped & (advantages.detach() < 0)
+
+
+def _metrics(lr: Tensor, m: Tensor, ratio: Tensor, factor: Tensor, capped: Tensor, masked: Tensor, dropped: Tensor,
+             kl_max: Tensor) -> dict[str, Tensor]:
+    """:func:`rollout_correction`'s metrics (its docstring) from its parts, each ``[B, T]`` but ``kl_max``."""
+    valid = m > 0
+    n_tok = m.sum(dim=1)
+    seqs = (n_tok > 0).to(m.dtype)
+    n_seqs = seqs.sum().clamp(min=1.0)
+    seq_all_masked = ((masked.sum(dim=1) == n_tok) & (n_tok > 0)).to(m.dtype)
+    return {
+        "correction/ratio_mean": masked_mean(ratio, m),
+        "correction/ratio_max": masked_max(ratio, valid, empty=1.0),
+        "correction/weight_mean": masked_mean(factor, m),
+        "correction/token_capped_frac": masked_mean(capped.to(m.dtype), m),
+        "correction/token_masked_frac": masked_mean(masked.to(m.dtype), m),
+        "correction/seq_capped_frac": (capped.any(dim=1).to(m.dtype) * seqs).sum() / n_seqs,
+        "correction/seq_masked_frac": seq_all_masked.sum() / n_seqs,
+        "correction/kl_k1": masked_mean(token_kl(lr, "k1"), m),
+        "correction/kl_k3": masked_mean(token_kl(lr, "k3"), m),
+        "correction/seq_kl_max": kl_max,
+        "correction/kl_masked_frac": masked_mean(dropped.to(m.dtype), m),
+    }
 
 
 @dataclass(frozen=True)

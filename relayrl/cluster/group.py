@@ -5,9 +5,15 @@ the group's registered transfer protocol decides whether the call is broadcast
 (ONE_TO_ALL), split over data-parallel ranks and collected (DP_COMPUTE), or
 sent to one rank. Here the call kind is spelled at the call site instead:
 
-    group.all(W.m, x)          every rank, same arguments -> [result of rank 0, 1, ...]
-    group.split(W.m, items)    contiguous chunk per rank   -> gathered in rank order
-    group.one(W.m, x, rank=0)  one rank                    -> its result
+    group.all(W.m, x)              every rank, same arguments -> [result of rank 0, 1, ...]
+    group.all_rank0(W.m, x)        every rank, same arguments -> rank 0's result
+    group.split(W.m, items)        contiguous chunk per rank   -> gathered in rank order
+    group.split_rank0(W.m, items)  contiguous chunk per rank   -> rank 0's result
+    group.one(W.m, x, rank=0)      one rank                    -> its result
+
+The ``_rank0`` kinds are for methods every rank must join (a collective: FSDP2 gathers the full weights, an
+optimizer step all-reduces) where rank 0's answer stands for all (the global metrics every rank reports, the
+full weights rank 0 holds); the others' results are dropped.
 
 where ``W.m`` is the method referenced on the group's worker class ``W`` (or a
 base of it), so go-to-definition and refactoring tools follow the call and the
@@ -185,9 +191,19 @@ class WorkerGroup:
         `dispatch.gather_split`). `method`: as for `all`."""
         return self._run(method, *self._split_payloads(items, args, kwargs), gather_split, blocking=True)
 
+    def all_rank0(self, method: Callable | str, *args: Any, **kwargs: Any) -> Any:
+        """`all`, returning rank 0's result only: for a collective that every rank joins and rank 0 answers.
+        `method`: as for `all`."""
+        return self._run(method, *self._all_payloads(args, kwargs), _first, blocking=True)
+
+    def split_rank0(self, method: Callable | str, items: Any, *args: Any, **kwargs: Any) -> Any:
+        """`split`, returning rank 0's result only (not gathered): for a method whose every rank reports the
+        same global figures. `method`: as for `all`."""
+        return self._run(method, *self._split_payloads(items, args, kwargs), _first, blocking=True)
+
     def one(self, method: Callable | str, *args: Any, rank: int = 0, **kwargs: Any) -> Any:
         """Run `method(*args, **kwargs)` on `rank` only; return its result. `method`: as for `all`."""
-        return self._run(method, *self._one_payloads(rank, args, kwargs), _only, blocking=True)
+        return self._run(method, *self._one_payloads(rank, args, kwargs), _first, blocking=True)
 
     def all_async(self, method: Callable | str, *args: Any, **kwargs: Any) -> Future:
         """Non-blocking `all`: a Future of the list of per-rank results."""
@@ -197,9 +213,17 @@ class WorkerGroup:
         """Non-blocking `split`: a Future of the gathered result."""
         return self._run(method, *self._split_payloads(items, args, kwargs), gather_split, blocking=False)
 
+    def all_rank0_async(self, method: Callable | str, *args: Any, **kwargs: Any) -> Future:
+        """Non-blocking `all_rank0`: a Future of rank 0's result."""
+        return self._run(method, *self._all_payloads(args, kwargs), _first, blocking=False)
+
+    def split_rank0_async(self, method: Callable | str, items: Any, *args: Any, **kwargs: Any) -> Future:
+        """Non-blocking `split_rank0`: a Future of rank 0's result."""
+        return self._run(method, *self._split_payloads(items, args, kwargs), _first, blocking=False)
+
     def one_async(self, method: Callable | str, *args: Any, rank: int = 0, **kwargs: Any) -> Future:
         """Non-blocking `one`: a Future of that rank's result."""
-        return self._run(method, *self._one_payloads(rank, args, kwargs), _only, blocking=False)
+        return self._run(method, *self._one_payloads(rank, args, kwargs), _first, blocking=False)
 
     # -- payloads ----------------------------------------------------------------------------------
     def _all_payloads(self, args: tuple, kwargs: dict):
@@ -264,7 +288,8 @@ class WorkerGroup:
                 f"ranks={self.world_size}, backend={self.backend!r})")
 
 
-def _only(results: list[Any]) -> Any:
+def _first(results: list[Any]) -> Any:
+    """The first of the per-rank results: `one`'s only one, rank 0's of the `_rank0` kinds."""
     return results[0]
 
 

@@ -31,10 +31,11 @@ from relayrl.algorithms.names import RATIO_FREE_LOSSES
 
 Config = Any  # relayrl.config.schema.Config (which asks this module; not imported back, no cycle)
 
-__all__ = ["StepPlan", "step_plan", "ROLES", "Stage", "stage_graph", "FORWARD_STAGES", "PARTIAL_POLL_S"]
+__all__ = ["StepPlan", "step_plan", "ROLE_NAMES", "Stage", "stage_graph", "FORWARD_STAGES", "PARTIAL_POLL_S"]
 
-ROLES = ("actor", "rollout", "reference", "critic", "teacher")
-"""The worker roles of a GRPO-family step, in the order they are built."""
+ROLE_NAMES = ("actor", "critic", "rollout", "reference", "teacher")
+"""The names of the worker roles a GRPO-family step may build (:attr:`StepPlan.roles`); each is a row of
+``relayrl.workflows.roles.ROLES``, which builds them in this order."""
 
 
 FORWARD_STAGES = {"reference": "reference", "teacher": "teacher", "old": "actor", "values": "critic"}
@@ -109,7 +110,7 @@ class StepPlan:
 
     estimator: Estimator
     roles: tuple[str, ...]
-    """The worker groups to build (a subset of :data:`ROLES`): ``reference`` when the KL needs one outside
+    """The worker groups to build (a subset of :data:`ROLE_NAMES`): ``reference`` when the KL needs one outside
     the actor or the estimator reads one (online DPO), ``critic`` when the estimator reads values, ``teacher``
     for on-policy distillation."""
     pools: dict[str, str]

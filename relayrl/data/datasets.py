@@ -163,7 +163,7 @@ def _iter_parquet(path: Path, keys: tuple[str, ...], options: dict[str, str]) ->
             yield rowno, row
 
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 """Chat roles a message may have."""
 
 
@@ -186,9 +186,9 @@ def _check_messages(msgs: list, where: str, key: str) -> list[dict[str, str]]:
             raise DatasetError(f"{where}: field {key!r} message {j} has key {dropped!r}, which relayrl does not render "
                                f"(a message is its role and content), so the model would not see it; drop the key "
                                f"or write it into the content")
-        if m["role"] not in ROLES:
+        if m["role"] not in CHAT_ROLES:
             raise DatasetError(f"{where}: field {key!r} message {j} has role {m['role']!r}; expected one of "
-                               f"{', '.join(ROLES)}")
+                               f"{', '.join(CHAT_ROLES)}")
         if m["role"] == "assistant" and not m["content"].strip():
             raise DatasetError(f"{where}: field {key!r} message {j} is an empty assistant turn (nothing to learn "
                                f"or compare against)")

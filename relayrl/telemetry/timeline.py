@@ -75,7 +75,7 @@ def read_spans(run_dir: Path) -> list[Span]:
 
 
 class Timeline:
-    """Records spans to RUN_DIR/spans.jsonl and sums their durations per step.
+    """Records spans to RUN_DIR/spans.jsonl and sums their durations per step (until `forget`).
 
     Thread-safe. With `start_step > 0` (resume) spans of later steps left by
     the crashed run are dropped; with `start_step == 0` the file starts empty.
@@ -176,9 +176,12 @@ class Timeline:
         return {f"timing/{name}_s": secs for name, secs in self.durations(step).items()}
 
     def forget(self, step: int) -> None:
-        """Drop the in-memory sums of `step` (the file keeps its spans)."""
+        """Drop the in-memory sums of `step` and of every earlier step (the file keeps their spans): call it once
+        a step's figures are read, or the sums grow by a dict a step for the whole run. Earlier steps go too: a
+        span recorded after its step was read (the checkpoint's) would otherwise stay for good."""
         with self._lock:
-            self._sums.pop(step, None)
+            for old in [s for s in self._sums if s <= step]:
+                del self._sums[old]
 
     def close(self) -> None:
         with self._lock:

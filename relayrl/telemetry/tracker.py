@@ -104,10 +104,6 @@ class Tracker:
             self.close()
             raise
 
-    @property
-    def jsonl_path(self) -> Path:
-        return self.run_dir / "metrics.jsonl"
-
     def log(self, step: int, metrics: Mapping[str, object]) -> None:
         """Send one step's metrics to every sink. `step` must be >= the last logged step."""
         if step < self._last_step:

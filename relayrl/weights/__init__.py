@@ -2,14 +2,14 @@
 
 NeMo RL's refit (tensor packing into a few flat buckets, per-receiver
 messages, minimal metadata with cached layouts), AsyncFlow's and NeMo RL's delayed
-parameter update (stage in host memory, apply between generations) and MindSpeed
+parameter update (pack into host memory, apply between generations) and MindSpeed
 RL's swap of training state to host memory. Modules:
 
 | module     | what                                                                  |
 |------------|-----------------------------------------------------------------------|
 | `layout`   | `BucketLayout`: (name, shape, dtype, offset, numel) per bucket + key  |
 | `packing`  | `pack` / `pack_stream` / `unpack` / `to_wire` / `from_wire`           |
-| `relay`    | `WeightRelay` (push, push_to_group, stage, apply), `StagedWeights`    |
+| `relay`    | `WeightRelay` (push, push_to_group, pack, apply), `PackedWeights`     |
 | `receive`  | `receive_buckets`, `WeightReceiverMixin`, mismatch/version errors     |
 | `gather`   | `stream_full_state` (FSDP2 a bucket at a time), `WeightStream`, `gather_full_state` |
 | `offload`  | `offload_optimizer` / `reload_optimizer`                              |
@@ -26,7 +26,7 @@ from relayrl.weights.receive import (
     check_receiver,
     receive_buckets,
 )
-from relayrl.weights.relay import StagedWeights, WeightRelay
+from relayrl.weights.relay import PackedWeights, WeightRelay
 
 __all__ = [
     "DEFAULT_BUCKET_MB",
@@ -34,7 +34,7 @@ __all__ = [
     "BucketLayout",
     "BucketPayload",
     "LayoutMismatchError",
-    "StagedWeights",
+    "PackedWeights",
     "StaleVersionError",
     "TensorSlot",
     "WeightReceiverMixin",

@@ -12,9 +12,9 @@ metadata; "14x overall") on relayrl's engines and worker groups:
                                          buffers as uint8 numpy or Ray refs,
                                          layout only on a key's first push))
 
-and AsyncFlow's and NeMo RL's delayed parameter update: `stage` packs a version into
+and AsyncFlow's and NeMo RL's delayed parameter update: `pack` packs a version into
 host buffers (pinned when CUDA is available) while generation goes on with the
-old weights, `apply` loads it between generations; `stage_from_group` has a
+old weights, `apply` loads it between generations; `pack_from_group` has a
 sender group's rank 0 pack it into a shared-memory slot instead, so the bytes
 skip the driver and `apply_to_group` sends only the slot's file names.
 
@@ -28,7 +28,7 @@ handles or NCCL broadcasts: local ranks get handles to ``/dev/shm`` buckets
 or the bytes pickled over their pipe when shared memory is short; Ray actors
 get one ``ray.put`` per bucket, read zero-copy by every rank on the node.
 Every rank receives every bucket (generation layouts are full, not
-tensor-parallel). `stage` copies synchronously (AsyncFlow writes to host
+tensor-parallel). `pack` copies synchronously (AsyncFlow writes to host
 memory asynchronously while generation runs; call it from a side thread for that).
 """
 from __future__ import annotations
@@ -49,12 +49,12 @@ from relayrl.weights.packing import allocate_buffers, pack, pack_stream, to_wire
 from relayrl.weights.receive import BucketPayload, StaleVersionError, check_receiver, check_version
 from relayrl.weights.shm import ShmBuckets, shm_available
 
-__all__ = ["WeightRelay", "StagedWeights"]
+__all__ = ["WeightRelay", "PackedWeights"]
 
 
 @dataclass(frozen=True)
-class StagedWeights:
-    """A weight version packed into host buffers, waiting to be applied (`WeightRelay.stage`)."""
+class PackedWeights:
+    """A weight version packed into host buffers, waiting to be applied (`WeightRelay.pack`)."""
 
     layout: BucketLayout
     """Layout of ``buffers``."""
@@ -63,7 +63,7 @@ class StagedWeights:
     version: int
     """Weight version these buffers hold."""
     ticket: int
-    """Identifies the staging slot in its relay (released after `WeightRelay.apply`)."""
+    """Identifies the host slot in its relay (released after `WeightRelay.apply`)."""
 
     @property
     def nbytes(self) -> int:
@@ -83,7 +83,7 @@ class WeightRelay:
 
     Args:
         bucket_mb: target bucket size in MiB (tensors grouped by dtype; a larger tensor gets its own bucket).
-        pin_memory: pin host buffers (staging, worker-group pushes); default: when CUDA is available.
+        pin_memory: pin host buffers (packed versions, worker-group pushes); default: when CUDA is available.
         transport: how buckets reach the ranks of a local multi-process group: ``"shm"`` packs
             into ``/dev/shm`` files and sends handles (`relayrl.weights.shm`), ``"pickle"`` sends
             the bytes over the pipe, ``"auto"`` uses shm when ``/dev/shm`` has room. Ray groups
@@ -91,9 +91,9 @@ class WeightRelay:
 
     One relay serves one sender (one set of weight names); if the sender's
     names, shapes or dtypes change, the layout is rebuilt and resent.
-    Threads: one thread may stage (`stage`, `stage_from_group`, `discard`) while another applies
+    Threads: one thread may pack (`pack`, `pack_from_group`, `discard`) while another applies
     (`apply`, `apply_to_group`): neither waits for the other's packing or sending, only for the
-    staging slots' bookkeeping. Every other use is from one thread at a time.
+    host slots' bookkeeping. Every other use is from one thread at a time.
     """
 
     def __init__(self, bucket_mb: float = DEFAULT_BUCKET_MB, pin_memory: bool | None = None,
@@ -112,12 +112,12 @@ class WeightRelay:
         self._group_keys: dict[Any, set[str]] = {}  # group ref -> layout keys its ranks hold
         self._group_version: dict[Any, int] = {}
         self._sender_sigs: dict[Any, Any] = {}  # sender group ref -> signature of its weights (push_from_group)
-        self._free_staging: list[list[torch.Tensor]] = []
-        self._free_shm: list[ShmBuckets] = []  # shared-memory staging slots (stage_from_group)
-        self._live: dict[int, list[torch.Tensor] | ShmBuckets] = {}  # ticket -> a staged version's buffers
+        self._free_host: list[list[torch.Tensor]] = []
+        self._free_shm: list[ShmBuckets] = []  # shared-memory host slots (pack_from_group)
+        self._live: dict[int, list[torch.Tensor] | ShmBuckets] = {}  # ticket -> a packed version's buffers
         self._tickets = itertools.count()
         self._warned_shm = False  # said once that /dev/shm has no room (_shm_room)
-        self._mu = threading.RLock()  # the layout and the staging slots (_free_*, _live), shared by two threads
+        self._mu = threading.RLock()  # the layout and the host slots (_free_*, _live), shared by two threads
 
     # -- layout and buffers --------------------------------------------------------------------
     def layout_for(self, named_weights: Sequence[tuple[str, torch.Tensor]]) -> BucketLayout:
@@ -129,7 +129,7 @@ class WeightRelay:
             if self._layout is None or self._layout.signature != sig:
                 self._layout = layout_from_signature(sig, self.bucket_bytes)
                 self._buffers.clear()
-                self._free_staging.clear()
+                self._free_host.clear()
                 for shm in self._free_shm:
                     shm.close()
                 self._free_shm.clear()
@@ -275,8 +275,8 @@ class WeightRelay:
             if layout is not None and shm is None:
                 return None
             # every rank joins (a collective: FSDP2 gathers the full tensors); rank 0 packs and answers
-            res = sender.all(sender_method, None if shm is None else shm.handles,
-                             None if layout is None else layout.key, self.bucket_bytes)[0]
+            res = sender.all_rank0(sender_method, None if shm is None else shm.handles,
+                                   None if layout is None else layout.key, self.bucket_bytes)
             if not isinstance(res, dict) or res.get("status") not in ("ok", "layout"):
                 raise TypeError(f"{_name(sender_method)!r} on rank 0 returned {res!r}; it must return what "
                                 "relayrl.weights.shm.pack_into_shared returns")
@@ -329,7 +329,7 @@ class WeightRelay:
         return wire
 
     def close(self) -> None:
-        """Free shared-memory buckets, staging slots included (also done when the relay is garbage-collected)."""
+        """Free shared-memory buckets, host slots included (also done when the relay is garbage-collected)."""
         if self._shm is not None:
             self._shm.close()
             self._shm = None
@@ -363,38 +363,38 @@ class WeightRelay:
         return m
 
     # -- delayed parameter update ----------------------------------------------------------------
-    def stage(self, named_weights: Iterable[tuple[str, torch.Tensor]] | WeightStream, version: int) -> StagedWeights:
+    def pack(self, named_weights: Iterable[tuple[str, torch.Tensor]] | WeightStream, version: int) -> PackedWeights:
         """Pack a version into host buffers to load later with `apply` / `apply_to_group`.
 
-        Host buffers are reused from staged versions already applied; a
-        version staged but not yet applied keeps its own buffers.
+        Host buffers are reused from packed versions already applied; a
+        version packed but not yet applied keeps its own buffers.
         """
         if isinstance(version, bool) or not isinstance(version, int):
             raise TypeError(f"version={version!r} must be an int")
         named, layout = self._prepare(named_weights)
         with self._mu:
-            bufs = self._free_staging.pop() if self._free_staging else None
+            bufs = self._free_host.pop() if self._free_host else None
         if bufs is None:
             bufs = allocate_buffers(layout, "cpu", self.pin_memory)
         self._pack(named, layout, bufs)  # no lock held: an apply may run meanwhile
         return self._register(bufs, layout, version)
 
-    def _register(self, bufs: list[torch.Tensor] | ShmBuckets, layout: BucketLayout, version: int) -> StagedWeights:
+    def _register(self, bufs: list[torch.Tensor] | ShmBuckets, layout: BucketLayout, version: int) -> PackedWeights:
         with self._mu:
             ticket = next(self._tickets)
             self._live[ticket] = bufs
-        return StagedWeights(layout, tuple(bufs.tensors if isinstance(bufs, ShmBuckets) else bufs), version, ticket)
+        return PackedWeights(layout, tuple(bufs.tensors if isinstance(bufs, ShmBuckets) else bufs), version, ticket)
 
-    def stage_from_group(self, sender: Any, sender_method: Callable | str, version: int) -> StagedWeights | None:
-        """`stage` from a multi-process local group without the weights passing through the driver: the
-        sender's rank 0 packs them straight into a shared-memory staging slot (as in `push_from_group`), and
+    def pack_from_group(self, sender: Any, sender_method: Callable | str, version: int) -> PackedWeights | None:
+        """`pack` from a multi-process local group without the weights passing through the driver: the
+        sender's rank 0 packs them straight into a shared-memory host slot (as in `push_from_group`), and
         `apply_to_group` later hands the slot's files to the receiving ranks without another copy. Returns
         None where host memory cannot be shared (Ray, an in-process sender, ``transport='pickle'``, no room
-        in ``/dev/shm``): use `stage` then."""
+        in ``/dev/shm``): use `pack` then."""
         if isinstance(version, bool) or not isinstance(version, int):
             raise TypeError(f"version={version!r} must be an int")
 
-        taken: list[ShmBuckets] = []  # slots reserved for this stage (a second one if the layout changes)
+        taken: list[ShmBuckets] = []  # slots reserved for this pack (a second one if the layout changes)
 
         def slot(layout: BucketLayout) -> ShmBuckets | None:
             with self._mu:
@@ -416,29 +416,29 @@ class WeightRelay:
                     self._give_back(shm, shm.layout)
         return None if packed is None else self._register(packed[0], packed[0].layout, version)
 
-    def _take(self, staged: StagedWeights) -> list[torch.Tensor] | ShmBuckets:
-        """The buffers of ``staged``, checked to be live."""
-        if not isinstance(staged, StagedWeights):
-            raise TypeError(f"staged must be a StagedWeights from WeightRelay.stage, got {type(staged).__name__}")
+    def _take(self, packed: PackedWeights) -> list[torch.Tensor] | ShmBuckets:
+        """The buffers of ``packed``, checked to be live."""
+        if not isinstance(packed, PackedWeights):
+            raise TypeError(f"packed must be a PackedWeights from WeightRelay.pack, got {type(packed).__name__}")
         with self._mu:
-            bufs = self._live.get(staged.ticket)
+            bufs = self._live.get(packed.ticket)
         if bufs is None:
-            raise RuntimeError(f"staged weights version {staged.version} were already applied and released "
-                               "(or come from another relay); stage them again")
+            raise RuntimeError(f"packed weights version {packed.version} were already applied and released "
+                               "(or come from another relay); pack them again")
         return bufs
 
-    def discard(self, staged: StagedWeights) -> None:
-        """Drop staged weights that will not be applied (a newer version replaced them); their host buffers
-        serve the next `stage`."""
-        self._take(staged)
-        self._release(staged)
+    def discard(self, packed: PackedWeights) -> None:
+        """Drop packed weights that will not be applied (a newer version replaced them); their host buffers
+        serve the next `pack`."""
+        self._take(packed)
+        self._release(packed)
 
-    def _release(self, staged: StagedWeights) -> None:
+    def _release(self, packed: PackedWeights) -> None:
         with self._mu:
-            self._give_back(self._live.pop(staged.ticket), staged.layout)
+            self._give_back(self._live.pop(packed.ticket), packed.layout)
 
     def _give_back(self, bufs: list[torch.Tensor] | ShmBuckets, layout: BucketLayout) -> None:
-        """A staging slot of ``layout`` that no version holds: kept for the next stage while ``layout`` is
+        """A host slot of ``layout`` that no version holds: kept for the next pack while ``layout`` is
         current, else freed."""
         with self._mu:
             current = self._layout is not None and layout.key == self._layout.key
@@ -447,40 +447,40 @@ class WeightRelay:
             elif isinstance(bufs, ShmBuckets):
                 self._free_shm.append(bufs)
             elif current:
-                self._free_staging.append(bufs)
+                self._free_host.append(bufs)
 
     @torch.no_grad()
-    def apply(self, staged: StagedWeights, receivers: Sequence[Any], release: bool = True) -> dict[str, float]:
-        """Load staged weights into in-process receivers (host -> device one copy per bucket).
+    def apply(self, packed: PackedWeights, receivers: Sequence[Any], release: bool = True) -> dict[str, float]:
+        """Load packed weights into in-process receivers (host -> device one copy per bucket).
 
-        ``release=False`` keeps the staged buffers valid for another `apply`.
+        ``release=False`` keeps the packed buffers valid for another `apply`.
         """
         t0 = time.perf_counter()
-        self._take(staged)
-        self._check_receivers(receivers, staged.layout, staged.version)
-        self._deliver(list(staged.buffers), staged.layout, receivers, staged.version)
+        self._take(packed)
+        self._check_receivers(receivers, packed.layout, packed.version)
+        self._deliver(list(packed.buffers), packed.layout, receivers, packed.version)
         if release:
-            self._release(staged)
-        return self._metrics(staged.layout, len(receivers), 0.0, time.perf_counter() - t0)
+            self._release(packed)
+        return self._metrics(packed.layout, len(receivers), 0.0, time.perf_counter() - t0)
 
-    def apply_to_group(self, staged: StagedWeights, group: Any, method: Callable | str = "receive_weights",
+    def apply_to_group(self, packed: PackedWeights, group: Any, method: Callable | str = "receive_weights",
                        release: bool = True) -> dict[str, float]:
-        """`push_to_group` of staged buffers (nothing is packed again)."""
+        """`push_to_group` of packed buffers (nothing is packed again)."""
         t0 = time.perf_counter()
-        slot = self._take(staged)
+        slot = self._take(packed)
         _check_group(group)
-        kind = self._transport_for(group, staged.layout)
-        if kind == "shm" and isinstance(slot, ShmBuckets):  # staged in shared memory: send its files as they are
+        kind = self._transport_for(group, packed.layout)
+        if kind == "shm" and isinstance(slot, ShmBuckets):  # packed in shared memory: send its files as they are
             wire = slot.handles
         elif kind == "shm":
-            for dst, src in zip(self._shm_for(staged.layout).tensors, staged.buffers):
+            for dst, src in zip(self._shm_for(packed.layout).tensors, packed.buffers):
                 dst.copy_(src)
             wire = self._shm.handles
         else:
-            wire = self._wire(kind, list(staged.buffers))
-        m = self._send_group(wire, staged.layout, group, method, staged.version, 0.0, t0)
+            wire = self._wire(kind, list(packed.buffers))
+        m = self._send_group(wire, packed.layout, group, method, packed.version, 0.0, t0)
         if release:
-            self._release(staged)
+            self._release(packed)
         return m
 
     # -- metrics --------------------------------------------------------------------------------

@@ -130,7 +130,7 @@ class Consume:
 
     def update(self, f: Flow) -> None:
         """The plan's update: on the whole batch, or accumulated per arriving group (one optimizer step)."""
-        p, a, step = self.p, self.p.cfg.algorithm, f.step
+        p, a = self.p, self.p.cfg.algorithm
         loss = p.loss if f.state.entropy_coef is None else replace(p.loss, entropy_coef=f.state.entropy_coef)
         loss = loss if a.kl_in_reward else replace(loss, kl_coef=f.state.kl_coef)  # (the KL controller's)
         fields = self.update_fields()
@@ -140,32 +140,42 @@ class Consume:
                                    *self._routes()]))
         loss_kw = dict(drop_truncated=a.overlong_filter, temperature=p.temperature,
                        with_entropy="grad" if loss.entropy_coef > 0 else True)
-        gate = self._gate("update", f)
-        st = f.state
         if p.plan.update == "batch":
-            for b in f.leases("update", cols, batch_rows=None, after=gate):
-                if not self._can_train(f, b.indexes):
-                    b.ack()
-                    continue
-                with p.phases.phase("update", p.actor, step):
-                    opt = dict(mini_batches=p.cfg.trainer.mini_batches, epochs=p.cfg.trainer.epochs,
-                               seed=p.cfg.run.seed + step, temperature=p.temperature, drop_truncated=a.overlong_filter)
-                    if p.critic is not None:
-                        m = p.critic.split(CriticWorker.train_batch,
-                                           self._items(f, b.indexes, cols, p.critic.world_size),
-                                           p.value_loss, critic_fields, **opt)[0]  # every rank: the global figures
-                        with st.cond:
-                            st.update.update(m)
-                    if step > p.cfg.critic.warmup_steps or p.critic is None:
-                        m = p.actor.split(PolicyWorker.train_batch,
-                                          self._items(f, b.indexes, cols, p.actor.world_size), loss, fields, **opt,
-                                          with_entropy=loss_kw["with_entropy"])[0]  # every rank: the global figures
-                        with st.cond:
-                            st.update.update(m)
+            self._update_batch(f, cols, loss, fields, critic_fields, loss_kw["with_entropy"])
+        else:
+            self._update_accumulated(f, cols, loss, fields, loss_kw)
+
+    def _update_batch(self, f: Flow, cols: list[str], loss, fields: list[str], critic_fields: list[str],
+                      with_entropy: bool | str) -> None:
+        """Once every row has advantages: the critic's and the actor's mini-batches x epochs optimizer steps."""
+        p, step, st = self.p, f.step, f.state
+        opt = dict(mini_batches=p.cfg.trainer.mini_batches, epochs=p.cfg.trainer.epochs, seed=p.cfg.run.seed + step,
+                   temperature=p.temperature, drop_truncated=p.cfg.algorithm.overlong_filter)
+        for b in f.leases("update", cols, batch_rows=None, after=self._gate("update", f)):
+            if not self._can_train(f, b.indexes):
                 b.ack()
-            return
+                continue
+            with p.phases.phase("update", p.actor, step):
+                if p.critic is not None:
+                    m = p.critic.split_rank0(CriticWorker.train_batch,  # every rank: the global figures
+                                             self._items(f, b.indexes, cols, p.critic.world_size),
+                                             p.value_loss, critic_fields, **opt)
+                    with st.cond:
+                        st.update.update(m)
+                if step > p.cfg.critic.warmup_steps or p.critic is None:
+                    m = p.actor.split_rank0(PolicyWorker.train_batch,  # every rank: the global figures
+                                            self._items(f, b.indexes, cols, p.actor.world_size), loss, fields,
+                                            **opt, with_entropy=with_entropy)
+                    with st.cond:
+                        st.update.update(m)
+            b.ack()
+
+    def _update_accumulated(self, f: Flow, cols: list[str], loss, fields: list[str], loss_kw: dict) -> None:
+        """Forward + backward on each chunk of groups as it gets advantages, then one optimizer step."""
+        p, step, st = self.p, f.step, f.state
         consumed = 0
-        for b in f.leases("update", cols, batch_rows=p.sampling.n * p.cfg.trainer.stream_groups, after=gate):
+        for b in f.leases("update", cols, batch_rows=p.sampling.n * p.cfg.trainer.stream_groups,
+                          after=self._gate("update", f)):
             with p.phases.phase("update", p.actor, step):
                 p.actor.split(PolicyWorker.forward_backward, self._items(f, b.indexes, cols, p.actor.world_size),
                               loss, fields, fresh=consumed == 0, **loss_kw)
@@ -174,7 +184,7 @@ class Consume:
         if f.stop.is_set() or consumed == 0 or not self._can_train(f, None):
             return  # (what was accumulated is dropped by the next update's first chunk)
         with p.phases.phase("update", p.actor, step):
-            m = p.actor.all(PolicyWorker.optim_step)[0]  # every rank steps (collective): the global figures
+            m = p.actor.all_rank0(PolicyWorker.optim_step)  # every rank steps (collective): the global figures
         with st.cond:
             st.update.update(m)
 

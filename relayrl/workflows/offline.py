@@ -31,7 +31,6 @@ from relayrl.workflows.roles import role_common
 from relayrl.workflows.rollout_worker import RolloutWorker, generate
 from relayrl.workflows.session import Session
 from relayrl.workflows.trainer_workers import PolicyWorker, _TrainerWorker
-from relayrl.workflows.worker_base import collective
 
 __all__ = ["OfflineRun"]
 
@@ -83,7 +82,7 @@ class OfflineRun:
 
     def save(self, step: int) -> Path:
         reference = self.ref_sync.state() if self.ref_sync is not None else None
-        return self.s.save(step, collective(self.actor, _TrainerWorker.state),
+        return self.s.save(step, self.actor.all_rank0(_TrainerWorker.state),
                            extra=None if reference is None else {"reference": reference})
 
     def release(self, group: WorkerGroup) -> None:
@@ -117,7 +116,7 @@ class OfflineRun:
             t0 = time.perf_counter()
             batch = step_batch(st)
             with s.span("update", "actor", st):  # every rank reports the global metrics
-                metrics = self.actor.split(_TrainerWorker.update, batch, self.loss, seed=cfg.run.seed + st)[0]
+                metrics = self.actor.split_rank0(_TrainerWorker.update, batch, self.loss, seed=cfg.run.seed + st)
             if self.ref_sync is not None:
                 metrics.update(self.ref_sync.after_step(st))
             dt = time.perf_counter() - t0

@@ -72,7 +72,6 @@ from relayrl.workflows.step_metrics import mismatch_warning, staleness_metrics, 
 from relayrl.cluster.worker import method_name
 from relayrl.workflows.rollout_worker import RolloutWorker, generate, restore_rollout_rng, rollout_rng
 from relayrl.workflows.trainer_workers import CriticWorker, PolicyWorker
-from relayrl.workflows.worker_base import collective
 
 __all__ = ["GRPOPipeline", "KEY_METRICS"]
 
@@ -145,7 +144,7 @@ class GRPOPipeline:
     # ---------------------------------------------------------------- the step
     def step(self, step: int) -> dict[str, float]:
         """One RL step: fill partition ``step`` (here, or ahead on the rollout thread), consume it, and give the
-        rollout the new weights (now, or staged for the rollout thread)."""
+        rollout the new weights (now, or packed for the rollout thread)."""
         t0 = time.perf_counter()
         self._reset_counters()
         if self.ahead is None and self.plan.ahead:  # from here on, batches are generated ahead (staleness <= k)
@@ -228,8 +227,8 @@ class GRPOPipeline:
         nothing). Off-policy: stage them for the rollout thread, and check the batch's token staleness."""
         phases = self.parts.phases
         if self.ahead is not None:
-            with self.s.span("stage_weights", "actor", step):
-                self.ahead.stage_weights(step, self.actor)
+            with self.s.span("pack_weights", "actor", step):
+                self.ahead.pack_weights(step, self.actor)
             versions = [v for r in f.state.kept_records() for v in r.versions]
             return {**staleness_metrics(versions, step, self.plan.ahead), **self.ahead.step_metrics()}
         if not trained:
@@ -350,12 +349,12 @@ class GRPOPipeline:
         extra_state["kl_ctrl"] = self.kl_ctrl.state_dict()
         extra_state["entropy_ctrl"] = self.entropy_ctrl.state_dict()
         with self.s.span("checkpoint", "driver", step):
-            extra = {"critic": collective(self.critic, CriticWorker.state)} if self.critic is not None else {}
+            extra = {"critic": self.critic.all_rank0(CriticWorker.state)} if self.critic is not None else {}
             reference = self.ref_sync.state()
             if reference is not None:
                 extra["reference"] = reference
             extra = extra or None
-            return self.s.save(step, collective(self.actor, PolicyWorker.state), extra_state=extra_state, extra=extra)
+            return self.s.save(step, self.actor.all_rank0(PolicyWorker.state), extra_state=extra_state, extra=extra)
 
     def _stop_ahead(self) -> None:
         if self.ahead is not None:

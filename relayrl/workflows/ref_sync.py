@@ -16,7 +16,6 @@ from typing import Any
 
 from relayrl.cluster import WorkerGroup
 from relayrl.workflows.trainer_workers import PolicyWorker, ReferenceWorker
-from relayrl.workflows.worker_base import collective
 
 __all__ = ["ReferenceSync"]
 
@@ -37,7 +36,7 @@ class ReferenceSync:
         if self.reference is None:  # the actor's own copy, in its layout
             self.actor.all(PolicyWorker.mix_reference, self.alpha)
         else:
-            named = collective(self.actor, PolicyWorker.named_weights)  # (every rank gathers; rank 0 holds them)
+            named = self.actor.all_rank0(PolicyWorker.named_weights)  # (every rank gathers; rank 0 holds them)
             if self.phases is not None:
                 self.phases.wake(self.reference)  # (trainer.offload: its weights back on the device to mix)
             self.reference.all(ReferenceWorker.mix_weights, named, self.alpha)
@@ -50,8 +49,8 @@ class ReferenceSync:
         if not self.every:
             return None
         if self.reference is None:
-            return collective(self.actor, PolicyWorker.reference_state)
-        return collective(self.reference, ReferenceWorker.state)
+            return self.actor.all_rank0(PolicyWorker.reference_state)
+        return self.reference.all_rank0(ReferenceWorker.state)
 
     def load(self, state: dict | None) -> None:
         """The reference where a checkpoint left it (``state`` None: a checkpoint without one, saved by a run

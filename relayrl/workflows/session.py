@@ -256,6 +256,7 @@ class Session(EvalSession):
         ``run.on_nonfinite=skip``, say so and count it in ``run/nonfinite_skips`` (until
         ``run.nonfinite_skip_limit`` skips in a row stop the run). False = skipped."""
         metrics.update(self.timeline.timing_metrics(step))
+        self.timeline.forget(step)  # (read: its sums, and any left by earlier steps, are not needed again)
         run = self.cfg.run
         try:
             check_updates(step, metrics)

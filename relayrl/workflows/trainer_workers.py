@@ -10,8 +10,8 @@
 The rollout is :class:`relayrl.workflows.rollout_worker.RolloutWorker`. Workers are started by
 :class:`relayrl.cluster.WorkerGroup` on a resource pool; the driver calls their methods by reference
 (``group.split(PolicyWorker.update, ...)``). In a multi-rank group the actor, critic and reference shard their
-model with FSDP2, so the driver calls their state and weight methods on every rank
-(:func:`relayrl.workflows.worker_base.collective`).
+model with FSDP2, so the driver calls their state and weight methods on every rank and keeps rank 0's answer
+(``group.all_rank0(PolicyWorker.state)``).
 """
 
 from __future__ import annotations
@@ -127,10 +127,11 @@ class _TrainerWorker(MemoryProbe, Worker):
         return self.engine.finish_accumulation()
 
     def train_batch(self, items: Sequence, loss_fn: LossFn, fields: Sequence[str], *, drop_truncated: bool = False,
-                    **kwargs) -> list[dict[str, float]]:
-        """:meth:`update` (mini-batches x epochs optimizer steps) on this rank's rows from the dock."""
+                    **kwargs) -> dict[str, float]:
+        """:meth:`update` (mini-batches x epochs optimizer steps) on this rank's rows from the dock; its metrics
+        (every rank: the global figures, so the driver keeps rank 0's: ``group.split_rank0``)."""
         batch, _ = _dock_rows(items, fields, drop_truncated)
-        return [self.update(batch, loss_fn, **kwargs)]
+        return self.update(batch, loss_fn, **kwargs)
 
     def accumulate(self, batch: SequenceBatch, loss_fn: LossFn, *, fresh: bool = False, temperature: float = 1.0,
                    with_entropy: bool | str = False) -> None:

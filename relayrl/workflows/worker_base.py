@@ -1,6 +1,6 @@
 """What every worker role shares: the device a role's ``model.device`` names, its torch CPU threads, the
-peak-memory probe the pipeline reads per phase, and :func:`collective` (a call every rank of a sharded
-group must make).
+peak-memory probe the pipeline reads per phase. (A call every rank of a sharded group must make, rank 0
+answering, is the group's own ``group.all_rank0``.)
 
 The roles themselves are in :mod:`relayrl.workflows.trainer_workers` (actor, critic, reward model,
 reference) and :mod:`relayrl.workflows.rollout_worker` (the rollout).
@@ -9,14 +9,13 @@ reference) and :mod:`relayrl.workflows.rollout_worker` (the rollout).
 from __future__ import annotations
 
 import os
-from typing import Callable
 
 import torch
 
-from relayrl.cluster import Worker, WorkerGroup
+from relayrl.cluster import Worker
 from relayrl.telemetry import memory
 
-__all__ = ["resolve_device", "set_threads", "MemoryProbe", "collective"]
+__all__ = ["resolve_device", "set_threads", "MemoryProbe"]
 
 
 def resolve_device(name: str, worker_device: torch.device | None = None) -> torch.device:
@@ -52,9 +51,4 @@ class MemoryProbe:
     def memory_peak_gb(self) -> float:
         return memory.peak_gb(self._memory_device())
 
-
-def collective(group: WorkerGroup, method: Callable | str, *args, **kwargs):
-    """Call ``method`` (a method of the group's worker class, or its name) on every rank (FSDP2 gathers need
-    them all); rank 0's result."""
-    return group.all(method, *args, **kwargs)[0]
 

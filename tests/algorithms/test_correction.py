@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from relayrl.algorithms.correction import Correction, rollout_correction
+from relayrl.algorithms.correction import (Correction, divergence_mask, kl_statistic, level_log_weights,
+                                           mask_outside, rollout_correction, token_kl, truncate)
 from relayrl.algorithms.offpolicy import truncated_is_weights
 
 e = math.exp
@@ -213,3 +214,33 @@ def test_the_config_checks_kl_low():
                      (dict(kl_low=0.1, kl_threshold=0.1), "not below kl_threshold")):
         with pytest.raises(ValidationError, match=msg):
             CorrectionConfig(**bad)
+
+
+def test_each_part_by_hand():
+    """The parts rollout_correction is made of (checked bit for bit against the single function they were split
+    from in d478deb)."""
+    lr = torch.tensor([[0.0, 1.0, 0.2], [-0.5, 0.1, 0.0]])  # row 1's last token is padding
+    m = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    valid = m > 0
+    torch.testing.assert_close(level_log_weights(lr, m, "sequence"), torch.tensor([[1.2] * 3, [-0.4] * 3]))
+    torch.testing.assert_close(level_log_weights(lr, m, "geometric"), torch.tensor([[0.4] * 3, [-0.2] * 3]))
+    w, capped = truncate(lr, valid, 2.0)
+    torch.testing.assert_close(w[0], torch.tensor([1.0, 2.0, math.exp(0.2)]))
+    assert capped.tolist() == [[False, True, False], [False, False, False]]
+    w, out = mask_outside(lr, valid, 2.0, None)  # keeps [1/2, 2]: e^1 is above, e^-0.5 = 0.61 inside
+    assert out.tolist() == [[False, True, False], [False, False, False]] and w[0, 1] == 0
+    stat, largest = kl_statistic(token_kl(lr, "k1"), m, "sum")  # k1 = -l: sums -1.2 and 0.4
+    torch.testing.assert_close(stat, torch.tensor([[-1.2], [0.4]]))
+    assert float(largest) == pytest.approx(0.4)
+    dropped = divergence_mask(stat, valid, 0.3, None, torch.tensor([[1.0] * 3, [1.0, -1.0, -1.0]]))
+    assert dropped.tolist() == [[False, False, False], [False, True, False]]  # A < 0 and valid only
+
+
+def test_the_mismatch_kl_kinds_are_named_apart_from_the_reference_kl_kinds():
+    """Two lists of KL estimators with different contents used to share the name KL_KINDS."""
+    from relayrl.algorithms import correction, kl
+
+    assert correction.MISMATCH_KL_KINDS == ("k1", "k2", "k3") and "abs" in kl.KL_KINDS
+    assert not hasattr(correction, "KL_KINDS")
+    with pytest.raises(ValueError, match="valid kinds: k1, k2, k3$"):
+        token_kl(OLD, "abs")

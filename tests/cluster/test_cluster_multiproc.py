@@ -80,6 +80,16 @@ def test_collectives_inside_the_group(group):
     assert group.all("all_gather_rank") == [[0, 10], [0, 10]]
 
 
+def test_rank0_kinds_run_on_every_rank_and_return_rank_0s_result(group):
+    assert group.all_rank0(Echo.all_reduce_rank) == 3.0  # a collective: both ranks joined
+    assert group.all_rank0("echo", 2, scale=3) == (0, 6)
+    # split_rank0 is rank 0's result, not the gathered one (split concatenates lists: [0] would be a row of it)
+    assert group.split_rank0(Echo.tag_items, [0, 1, 2, 3], offset=1) == [(0, 1), (0, 2)]
+    assert group.split(Echo.tag_items, [0, 1, 2, 3], offset=1)[0] == (0, 1)
+    assert group.all_rank0_async("echo", 4).result(timeout=30) == (0, 4)
+    assert group.split_rank0_async("tag_items", [5, 6]).result(timeout=30) == [(0, 5)]
+
+
 def test_async_calls_keep_order(group):
     futs = [group.all_async("echo", i) for i in range(4)]
     assert [f.result(timeout=30) for f in futs] == [[(0, i), (1, i)] for i in range(4)]

@@ -154,3 +154,14 @@ def test_a_gpu_placement_is_counted_where_there_are_gpus(monkeypatch, gpus, fits
         assert validate(data).placement.pools == {"gen": 1}
     else:
         refused(data, "placement needs 2 GPUs (main=1 (cluster.devices), gen=1) but this machine has 1")
+
+
+def test_the_role_names_are_the_role_table_in_build_order():
+    """``ROLES`` named three things (these role names, the workflows' table of Role records, and chat roles);
+    the names said "in the order they are built" in an order the table does not build them in."""
+    from relayrl.config.plan import ROLE_NAMES
+    from relayrl.data.datasets import CHAT_ROLES
+    from relayrl.workflows.roles import ROLES
+
+    assert tuple(r.name for r in ROLES) == ROLE_NAMES
+    assert "assistant" in CHAT_ROLES and not set(CHAT_ROLES) & set(ROLE_NAMES)

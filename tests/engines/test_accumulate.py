@@ -167,7 +167,6 @@ def test_two_rank_streamed_tri_model_update_matches_one_rank(tiny_dir, tiny_toke
     with prompt-level aggregation the groups (whole on each rank) are counted over ranks."""
     from relayrl.cluster import ResourcePool, WorkerGroup
     from relayrl.workflows.trainer_workers import PolicyWorker
-    from relayrl.workflows.worker_base import collective
 
     batch = _batch(tiny_tokenizer, prompts=4)
     del batch.fields["ref_logprobs"]
@@ -185,7 +184,7 @@ def test_two_rank_streamed_tri_model_update_matches_one_rank(tiny_dir, tiny_toke
         for i, parts in enumerate(calls):
             dp.split("accumulate", _PerRank(parts), loss, with_entropy="grad", fresh=i == 0)
         m2 = dp.all("optim_step")
-        w2 = dict(collective(dp, "named_weights"))
+        w2 = dict(dp.all_rank0("named_weights"))
     finally:
         dp.shutdown()
     assert m2[0] == pytest.approx(m2[1])  # every rank reports the global figures

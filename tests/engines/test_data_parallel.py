@@ -8,7 +8,6 @@ from relayrl.engines.training.base import OptimConfig, SequenceBatch, balanced_c
 from relayrl.engines.training.torch_engine import TrainEngineConfig
 from relayrl.workflows.losses import PolicyLoss
 from relayrl.workflows.trainer_workers import PolicyWorker, ReferenceWorker
-from relayrl.workflows.worker_base import collective
 
 
 def test_balanced_cuts_prefer_group_boundaries_and_balance_tokens():
@@ -66,7 +65,7 @@ def test_two_rank_fsdp2_update_matches_one_rank(tiny_dir, tiny_tokenizer):
                 if k != "actor/forward_tokens":
                     assert m2[0][k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
         w1 = dict(one.named_weights())
-        w2 = dict(collective(dp, "named_weights"))
+        w2 = dict(dp.all_rank0("named_weights"))
         assert set(w1) == set(w2)
         for n, t in w1.items():
             torch.testing.assert_close(w2[n], t, atol=2e-4, rtol=1e-3, msg=n)  # Adam amplifies float noise
@@ -79,7 +78,7 @@ def test_two_rank_fsdp2_update_matches_one_rank(tiny_dir, tiny_tokenizer):
             assert f2[0][k] == f2[1][k] == f1[k] > 0, k
         # each rank holds half the moments (plus its own step counters)
         assert 0.45 < f2[0]["optimizer/state_bytes"] / f1["optimizer/state_bytes"] < 0.55
-        state = collective(dp, "state")
+        state = dp.all_rank0("state")
         assert dp.all("state")[1] is None  # only rank 0 receives the full state
         dp.all("save_pretrained", str(tiny_dir.parent / "dp-saved"))
     finally:
@@ -147,10 +146,10 @@ def test_ranks_with_unequal_rows_take_the_same_mini_batch_steps(tiny_dir, tiny_t
     try:
         m = dp.split("update", batch, PolicyLoss(), mini_batches=4, seed=0)
         assert m[0] == pytest.approx(m[1])
-        assert collective(dp, "state")["scheduler"]["last_epoch"] == 4
+        assert dp.all_rank0("state")["scheduler"]["last_epoch"] == 4
         with pytest.raises(Exception, match="mini_batches=5 must be in \\[1, 4\\]"):
             dp.split("update", batch, PolicyLoss(), mini_batches=5, seed=1)
-        assert collective(dp, "state")["scheduler"]["last_epoch"] == 4  # both ranks refused; no step, no hang
+        assert dp.all_rank0("state")["scheduler"]["last_epoch"] == 4  # both ranks refused; no step, no hang
     finally:
         dp.shutdown()
 
@@ -167,18 +166,18 @@ def test_two_rank_fsdp2_mixed_precision_and_offload(tiny_dir, tiny_tokenizer):
     loss = PolicyLoss(agg="token-mean", kl_coef=0.0)
     dp = WorkerGroup(PolicyWorker, ResourcePool("dp", devices=2), "actor", backend="local", init_kwargs=kw)
     try:
-        w0 = {n: t.clone() for n, t in collective(dp, "named_weights")}
+        w0 = {n: t.clone() for n, t in dp.all_rank0("named_weights")}
         assert all(t.dtype == torch.float32 for t in w0.values())
         fp32 = PolicyWorker(**{**kw, "compute_dtype": None}).logprobs(batch)  # the same weights, float32 passes
         diff = max(float((a - b).abs().max()) for a, b in zip(fp32, dp.split("logprobs", batch)))
         assert 1e-5 < diff < 0.2  # the sharded passes ran in bf16
         dp.split("update", batch, loss, seed=0)
-        w1 = {n: t.clone() for n, t in collective(dp, "named_weights")}
+        w1 = {n: t.clone() for n, t in dp.all_rank0("named_weights")}
         changed = sum(int((w1[n] != w0[n]).sum()) for n in w0)
         assert changed > 0.5 * sum(t.numel() for t in w0.values())
         assert all(s > 0 for s in dp.all("offload"))
         dp.all("reload")
-        w2 = dict(collective(dp, "named_weights"))
+        w2 = dict(dp.all_rank0("named_weights"))
         assert all(torch.equal(w2[n], w1[n]) for n in w1)
         m = dp.split("update", batch, loss, seed=1)[0]  # the reloaded optimizer state trains on
         assert m["actor/nonfinite_grad"] == 0.0
@@ -204,7 +203,7 @@ def test_two_rank_reference_mixes_the_policy_in_as_one_rank_does(tiny_dir, tiny_
     try:
         ref.all(ReferenceWorker.mix_weights, named, 0.3)
         got = ref.split(ReferenceWorker.logprobs, batch)
-        state = collective(ref, ReferenceWorker.state)
+        state = ref.all_rank0(ReferenceWorker.state)
     finally:
         ref.shutdown()
     for a, b in zip(want, got):

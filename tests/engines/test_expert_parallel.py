@@ -12,7 +12,6 @@ from relayrl.config.schema import Config
 from relayrl.engines.training.base import OptimConfig
 from relayrl.engines.training.expert_parallel import ExpertParallelError, expert_modules, shard_experts
 from relayrl.engines.training.torch_engine import TrainEngineConfig
-from relayrl.workflows.worker_base import collective
 from tests.engines.moe_workers import ExpertsWorker, moe_dir, with_routes
 from tests.engines.test_lora_fsdp import LOSS, _assert_metrics_match, _batch
 from tests.models.architectures import EAGER, build
@@ -40,8 +39,8 @@ def _updates_match(kw: dict, batch, name: str, *, one=None, ep_kw: dict | None =
     try:
         for step in range(2):
             _matches(one.update(batch, LOSS, seed=step), ep.split("update", batch, LOSS, seed=step), load)
-        got = collective(ep, "state")["model"]
-        weights = dict(collective(ep, "named_weights"))
+        got = ep.all_rank0("state")["model"]
+        weights = dict(ep.all_rank0("named_weights"))
     finally:
         ep.shutdown()
     own = one.state()["model"]
@@ -85,8 +84,8 @@ def test_two_rank_expert_parallel_trains_as_one_rank(tiny_tokenizer, tmp_path, a
         _matches(m0, ep.split("update", batch, LOSS, seed=0))  # (from the same start)
         ep.all("load_state", state)
         _matches(m1, ep.split("update", batch, LOSS, seed=1))
-        got = collective(ep, "state")
-        weights = dict(collective(ep, "named_weights"))
+        got = ep.all_rank0("state")
+        weights = dict(ep.all_rank0("named_weights"))
         logprobs = ep.split("logprobs", batch)
         routes = ep.split(ExpertsWorker.routes, batch)
     finally:
@@ -144,7 +143,7 @@ def test_two_rank_expert_parallel_in_bf16_mixed_precision(tiny_tokenizer, tmp_pa
                               init_kwargs=kw), _group(kw, "ep16")):
         try:
             runs.append(([group.split("update", batch, LOSS, seed=step)[0] for step in range(2)],
-                         collective(group, "state")["model"]))
+                         group.all_rank0("state")["model"]))
         finally:
             group.shutdown()
     (dp, dp_state), (ep, ep_state) = runs
@@ -189,7 +188,7 @@ def test_a_streamed_update_with_dp_sync_step_accumulates_the_experts_as_one_rank
         for i, chunk in enumerate(chunks):
             ep.split("accumulate", chunk, LOSS, fresh=i == 0)
         _matches(m1, ep.all("optim_step"))
-        got = collective(ep, "state")["model"]
+        got = ep.all_rank0("state")["model"]
     finally:
         ep.shutdown()
     for n, t in one.state()["model"].items():

@@ -12,7 +12,6 @@ from relayrl.engines.training.torch_engine import TrainEngineConfig
 from relayrl.models.lora import LoraConfig
 from relayrl.workflows.losses import PolicyLoss
 from relayrl.workflows.trainer_workers import PolicyWorker, ReferenceWorker
-from relayrl.workflows.worker_base import collective
 
 LORA = LoraConfig(enabled=True, r=4, alpha=8.0)
 LOSS = PolicyLoss(agg="token-mean", kl_coef=0.0)
@@ -59,17 +58,17 @@ def test_two_rank_lora_trains_merges_and_checkpoints_as_one_rank(tiny_dir, tiny_
     dp = _group(kw)
     try:
         _assert_metrics_match(one.update(batch, LOSS, seed=0), dp.split("update", batch, LOSS, seed=0))
-        state2 = collective(dp, "state")  # after one step, saved on 2 ranks
+        state2 = dp.all_rank0("state")  # after one step, saved on 2 ranks
         assert dp.all("state")[1] is None
         _assert_metrics_match(one.update(batch, LOSS, seed=1), dp.split("update", batch, LOSS, seed=1))
         adapters1 = one.state()["model"]
-        final2 = collective(dp, "state")
+        final2 = dp.all_rank0("state")
         assert set(final2["model"]) == set(adapters1) == set(one.param_shapes())
         assert all(".lora_A." in n or ".lora_B." in n for n in adapters1)
         for n, t in adapters1.items():
             torch.testing.assert_close(final2["model"][n], t, atol=2e-4, rtol=1e-3, msg=n)
         assert any(float(t.abs().max()) > 1e-3 for n, t in adapters1.items() if ".lora_B." in n)  # B moved
-        m1, merged2 = dict(one.named_weights()), dict(collective(dp, "named_weights"))
+        m1, merged2 = dict(one.named_weights()), dict(dp.all_rank0("named_weights"))
         assert dp.all("named_weights")[1] is None
         assert list(merged2) == list(m1)  # the base model's names, in its order
         for n, t in m1.items():
@@ -120,7 +119,7 @@ def test_one_rank_lora_checkpoint_resumes_on_two_ranks(tiny_dir, tiny_tokenizer,
     try:
         dp.all("load_state", state)
         _assert_metrics_match(m1, dp.split("update", batch, LOSS, seed=1))
-        got = collective(dp, "state")
+        got = dp.all_rank0("state")
     finally:
         dp.shutdown()
     for n, t in one.state()["model"].items():
@@ -174,7 +173,7 @@ def test_lora_under_sequence_parallel_matches_one_rank(tiny_dir, tiny_tokenizer)
                 if not k.endswith("forward_tokens"):
                     assert m2[0][k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
         pairs = sp.split("logprobs", batch, with_reference=True)
-        merged2 = dict(collective(sp, "named_weights"))
+        merged2 = dict(sp.all_rank0("named_weights"))
     finally:
         sp.shutdown()
     lp1, ref1 = one.logprobs(batch, with_reference=True)
@@ -208,8 +207,8 @@ def test_two_rank_lora_on_a_bf16_base_and_a_critic(tiny_dir, tiny_tokenizer):
             assert m2["actor/grad_norm"] == pytest.approx(m1["actor/grad_norm"], rel=2e-2)
             c1 = critic.update(batch, ValueLoss(clip=None), seed=step)
             _assert_metrics_match(c1, cg.split("update", batch, ValueLoss(clip=None), seed=step))
-        adapters = collective(dp, "state")["model"]
-        heads = collective(cg, "state")["model"]
+        adapters = dp.all_rank0("state")["model"]
+        heads = cg.all_rank0("state")["model"]
     finally:
         dp.shutdown()
         cg.shutdown()
@@ -238,8 +237,8 @@ def test_two_rank_adapters_on_expert_tensors_train_and_merge_as_one_rank(tiny_to
     try:
         for step in range(2):
             _assert_metrics_match(one.update(batch, LOSS, seed=step), dp.split("update", batch, LOSS, seed=step))
-        adapters2 = collective(dp, "state")["model"]
-        merged2 = dict(collective(dp, "named_weights"))
+        adapters2 = dp.all_rank0("state")["model"]
+        merged2 = dict(dp.all_rank0("named_weights"))
         assert dp.all("named_weights")[1] is None
     finally:
         dp.shutdown()

@@ -15,7 +15,6 @@ from relayrl.engines.training.base import OptimConfig, SequenceBatch
 from relayrl.engines.training.torch_engine import TrainEngineConfig
 from relayrl.workflows.losses import PolicyLoss
 from relayrl.workflows.trainer_workers import CriticWorker, PolicyWorker
-from relayrl.workflows.worker_base import collective
 
 
 def _batch(tok, rows=12, long_row=0):
@@ -92,7 +91,7 @@ def test_two_sp_ranks_match_one_rank(tiny_dir, tiny_tokenizer, packing, agg):
                 else:
                     assert m2[0][k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
         w1 = dict(one.named_weights())
-        w2 = dict(collective(sp, PolicyWorker.named_weights))
+        w2 = dict(sp.all_rank0(PolicyWorker.named_weights))
         for n, t in w1.items():
             torch.testing.assert_close(w2[n], t, atol=2e-4, rtol=1e-3, msg=n)
         for a, b in zip(one.logprobs(batch), sp.split(PolicyWorker.logprobs, batch)):
@@ -134,7 +133,7 @@ def test_grouped_query_attention_splits_or_repeats_kv_heads(tiny_dir, tiny_token
         m1 = one.update(batch, PolicyLoss(), seed=0)
         m2 = sp.split(PolicyWorker.update, batch, PolicyLoss(), seed=0)[0]
         assert m2["actor/grad_norm"] == pytest.approx(m1["actor/grad_norm"], rel=1e-4)
-        w2 = dict(collective(sp, PolicyWorker.named_weights))
+        w2 = dict(sp.all_rank0(PolicyWorker.named_weights))
         for n, t in one.named_weights():
             torch.testing.assert_close(w2[n], t, atol=2e-4, rtol=1e-3, msg=n)
     finally:
@@ -198,7 +197,7 @@ def test_streamed_update_with_step_sync_matches_one_rank(tiny_dir, tiny_tokenize
         assert m2[0] == pytest.approx(m2[1])
         assert m2[0]["actor/grad_norm"] == pytest.approx(m1["actor/grad_norm"], rel=1e-4)
         assert m2[0]["actor/pg_loss"] == pytest.approx(m1["actor/pg_loss"], rel=1e-4, abs=1e-7)
-        w2 = dict(collective(sp, PolicyWorker.named_weights))
+        w2 = dict(sp.all_rank0(PolicyWorker.named_weights))
         for n, t in one.named_weights():
             torch.testing.assert_close(w2[n], t, atol=2e-4, rtol=1e-3, msg=n)
     finally:
@@ -249,7 +248,7 @@ def test_flex_attention_under_sequence_parallelism_matches_one_rank(tiny_dir, ti
         for k in ("actor/grad_norm", "actor/pg_loss", "actor/entropy"):
             if k in m1:
                 assert m2[k] == pytest.approx(m1[k], rel=1e-4, abs=1e-7), k
-        w2 = dict(collective(sp, PolicyWorker.named_weights))
+        w2 = dict(sp.all_rank0(PolicyWorker.named_weights))
         for n, t in one.named_weights():
             torch.testing.assert_close(w2[n], t, atol=2e-4, rtol=1e-3, msg=n)
     finally:

@@ -41,6 +41,17 @@ def test_span_records_and_durations_sum_per_name(tmp_path):
     assert spans[2].wall_start == pytest.approx(t + 0.3, abs=1e-3)
 
 
+def test_forget_drops_a_read_step_and_every_earlier_one(tmp_path):
+    with Timeline(tmp_path) as tl:
+        t = time.time()
+        for step in (1, 2, 3):
+            tl.add_span("update", "actor", step, t, t + 0.5)
+        tl.forget(2)  # step 1's is a span recorded after its step was read (a checkpoint's)
+        assert tl.durations(1) == {} and tl.durations(2) == {}
+        assert tl.durations(3) == {"update": pytest.approx(0.5)}  # (an off-policy step's early rollout)
+    assert [s.step for s in read_spans(tmp_path)] == [1, 2, 3]  # the file keeps them
+
+
 def test_span_kept_when_body_raises_and_bad_spans_refused(tmp_path):
     with Timeline(tmp_path) as tl:
         with pytest.raises(RuntimeError):

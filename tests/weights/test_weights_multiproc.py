@@ -99,32 +99,32 @@ def test_push_from_a_sharded_group_skips_the_driver_and_every_rank_matches(group
 
 
 def test_stage_from_a_sharded_group_skips_the_driver_and_applies_without_a_copy(group):
-    """Off-policy staging from a multi-process actor: its rank 0 packs into a shared-memory staging slot,
-    `apply_to_group` sends that slot's files as they are, and an applied slot serves the next stage while a
-    version staged but not applied keeps its own. `close` removes every slot's files."""
+    """Off-policy packing from a multi-process actor: its rank 0 packs into a shared-memory host slot,
+    `apply_to_group` sends that slot's files as they are, and an applied slot serves the next pack while a
+    version packed but not applied keeps its own. `close` removes every slot's files."""
     import os
 
     from relayrl.weights import WeightRelay
 
-    sender = WorkerGroup(ShardedSender, ResourcePool("relay-stage", devices=2), name="relay-stage", distributed=True)
+    sender = WorkerGroup(ShardedSender, ResourcePool("relay-pack", devices=2), name="relay-pack", distributed=True)
     try:
         group.all("forget_layouts")
         base = group.one("version")
         relay = WeightRelay(bucket_mb=0.02)
-        first = relay.stage_from_group(sender, "pack_weights_into", version=base + 1)
+        first = relay.pack_from_group(sender, "pack_weights_into", version=base + 1)
         assert sender.all("pack_calls") == [2, 2]  # learnt the layout, then packed
         slot = relay._live[first.ticket]
         paths = [h.path for h in slot.handles]
         assert all(os.path.exists(p) for p in paths) and len(paths) == len(first.layout.buckets) > 1
-        sender.all("set_seed", 7)  # the trainer moves on; the staged copy keeps version base+1
+        sender.all("set_seed", 7)  # the trainer moves on; the packed copy keeps version base+1
         m = relay.apply_to_group(first, group)
         assert m["relay/layout_sent"] == 2.0 and group.all("version") == [base + 1, base + 1]
         for got in group.all("weights"):
             for n, p in tiny_model(0).named_parameters():
                 assert torch.equal(got[n], p.detach()), n
-        second = relay.stage_from_group(sender, "pack_weights_into", version=base + 2)
+        second = relay.pack_from_group(sender, "pack_weights_into", version=base + 2)
         assert [h.path for h in relay._live[second.ticket].handles] == paths  # the applied slot, reused
-        third = relay.stage_from_group(sender, "pack_weights_into", version=base + 3)
+        third = relay.pack_from_group(sender, "pack_weights_into", version=base + 3)
         assert relay._live[third.ticket].handles[0].path not in paths  # `second` is not applied yet
         relay.discard(second)
         relay.apply_to_group(third, group)
@@ -137,7 +137,7 @@ def test_stage_from_a_sharded_group_skips_the_driver_and_applies_without_a_copy(
         assert len(slots) == 2 * len(paths) and all(os.path.exists(p) for p in slots)
         relay.close()
         assert not any(os.path.exists(p) for p in slots)
-        assert WeightRelay(transport="pickle").stage_from_group(sender, "pack_weights_into", version=1) is None
+        assert WeightRelay(transport="pickle").pack_from_group(sender, "pack_weights_into", version=1) is None
     finally:
         sender.shutdown()
 
@@ -168,7 +168,7 @@ def test_a_full_dev_shm_is_said_once_and_the_weights_still_arrive(group, monkeyp
         other = WeightRelay(bucket_mb=0.02)
         with pytest.warns(RuntimeWarning, match="pass through the driver"):
             assert other.push_from_group(sender, "pack_weights_into", group, version=base + 3) is None
-        assert other.stage_from_group(sender, "pack_weights_into", version=base + 3) is None
+        assert other.pack_from_group(sender, "pack_weights_into", version=base + 3) is None
         assert group.all("version") == [base + 2, base + 2]
     finally:
         sender.shutdown()

@@ -1,4 +1,4 @@
-"""WeightRelay in process: tiny Qwen2 trainer -> NativeGenerationEngine, caching, staging, errors."""
+"""WeightRelay in process: tiny Qwen2 trainer -> NativeGenerationEngine, caching, packing for later, errors."""
 import pytest
 import torch
 
@@ -107,20 +107,20 @@ def test_lower_version_is_refused(trainer):
 def test_stage_then_apply_loads_the_staged_version_only(trainer):
     engine = tiny_engine(seed=1)
     relay = WeightRelay()
-    staged = relay.stage(named(trainer), version=1)
+    packed = relay.pack(named(trainer), version=1)
     snapshot = {n: t.clone() for n, t in params(trainer).items()}
     with torch.no_grad():
         for p in trainer.parameters():
-            p.mul_(2.0)  # the trainer moves on while the staged copy waits
-    assert all(b.device.type == "cpu" for b in staged.buffers) and staged.nbytes == relay.layout_for(named(trainer)).nbytes
-    m = relay.apply(staged, [engine])
+            p.mul_(2.0)  # the trainer moves on while the packed copy waits
+    assert all(b.device.type == "cpu" for b in packed.buffers) and packed.nbytes == relay.layout_for(named(trainer)).nbytes
+    m = relay.apply(packed, [engine])
     assert_same(params(engine.model), snapshot)
     assert engine.weight_version == 1 and m["relay/receivers"] == 1
     with pytest.raises(RuntimeError, match="already applied and released"):
-        relay.apply(staged, [engine])
-    again = relay.stage(named(trainer), version=2)
-    assert [b.data_ptr() for b in again.buffers] == [b.data_ptr() for b in staged.buffers]  # slot reused
-    pending = relay.stage(named(trainer), version=3)
+        relay.apply(packed, [engine])
+    again = relay.pack(named(trainer), version=2)
+    assert [b.data_ptr() for b in again.buffers] == [b.data_ptr() for b in packed.buffers]  # slot reused
+    pending = relay.pack(named(trainer), version=3)
     assert pending.buffers[0].data_ptr() != again.buffers[0].data_ptr()  # an unapplied version keeps its slot
     relay.apply(again, [engine])
     assert_same(params(engine.model), params(trainer))
@@ -156,8 +156,8 @@ def test_group_push_sends_the_layout_once_and_again_to_a_rank_that_lost_it(train
         assert_same(group.one("weights"), params(trainer)) and group.one("version") == 3
         with pytest.raises(StaleVersionError):
             relay.push_to_group(named(trainer), group, version=2)
-        staged = relay.stage(named(trainer), version=4)
-        relay.apply_to_group(staged, group)
+        packed = relay.pack(named(trainer), version=4)
+        relay.apply_to_group(packed, group)
         assert group.one("version") == 4
 
 

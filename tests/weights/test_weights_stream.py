@@ -66,7 +66,7 @@ def _assert_bits(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) ->
 @pytest.mark.multiproc
 @pytest.mark.parametrize("lora", [None, LORA], ids=["full", "lora"])
 def test_split_pools_receive_exact_weights_and_the_sender_holds_one_bucket(tiny_dir, tiny_tokenizer, lora):
-    """A 2-rank FSDP2 actor relays to a 2-rank rollout through shared memory (and staged, off-policy, and over
+    """A 2-rank FSDP2 actor relays to a 2-rank rollout through shared memory (and packed, off-policy, and over
     the driver's pipes): every rollout rank gets the bits of the full (merged) weights. Actor rank 0's gathered
     tensors alive at once stay within one all-gather (world x its local bytes, a tensor larger than that alone)
     plus the tensor being packed: a fraction of the model, which the relay used to hold whole."""
@@ -87,12 +87,12 @@ def test_split_pools_receive_exact_weights_and_the_sender_holds_one_bucket(tiny_
         for got in _rollout_weights(rollout):
             _assert_bits(got, want)
 
-        staged = relay.stage_from_group(actor, PolicyWorker.pack_weights_into, version=2)
-        relay.apply_to_group(staged, rollout)
+        packed = relay.pack_from_group(actor, PolicyWorker.pack_weights_into, version=2)
+        relay.apply_to_group(packed, rollout)
         assert rollout.all(ProbeRolloutWorker.version) == [2, 2]
         for got in _rollout_weights(rollout):
             _assert_bits(got, want)
-        # (the shared-memory relay and the staged one: each streams; the pipes' below keep rank 0's host copy)
+        # (the shared-memory relay and the packed one: each streams; the pipes' below keep rank 0's host copy)
         gathered, merged = actor.all(MeteredPolicyWorker.peaks)[0]
         world, model = 2, sum(t.numel() * t.element_size() for t in want.values())
         largest = max(t.numel() * t.element_size() for t in want.values())

@@ -4,6 +4,7 @@ a workflow's steps themselves): restore, telemetry, the step-0 evaluation of a f
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,20 @@ def test_begin_restores_opens_telemetry_and_evaluates_a_fresh_run_at_step_0(tmp_
     assert (s.dir / "config.json").is_file()
     records = [json.loads(line) for line in (s.dir / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r.get("eval/accuracy")) for r in records] == ([(0, 0.25)] if before_training else [])
+
+
+def test_log_step_forgets_the_timeline_sums_it_read(tmp_path):
+    """The timeline's per-step sums were never dropped: they grew by one dict a step for the whole run."""
+    s = _session(tmp_path)
+    s.open_telemetry(total_steps=3, key_metrics=())
+    try:
+        t = time.time()
+        for step in (1, 2, 3):
+            s.timeline.add_span("update", "actor", step, t, t + 0.5)
+            s.timeline.add_span("checkpoint", "driver", step - 1, t, t + 0.1)  # (recorded after its step's log)
+            metrics: dict[str, float] = {}
+            assert s.log_step(step, metrics, save=lambda _: None)
+            assert metrics["timing/update_s"] == pytest.approx(0.5)
+            assert s.timeline.durations(step) == {} and s.timeline.durations(step - 1) == {}
+    finally:
+        s.close_telemetry()

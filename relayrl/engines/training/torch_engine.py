@@ -92,7 +92,7 @@ import contextlib
 import copy
 import math
 import warnings
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -116,6 +116,20 @@ from relayrl.models.packing import (PackUnit, additive_mask, build_packed_batch,
 __all__ = ["TrainEngineConfig", "TorchTrainingEngine", "Forward", "plan_microbatches", "minibatch_slices", "make_scheduler"]
 
 
+def _check_role(output: str, reference, reference_adapters_off: bool, head_fp32: bool) -> None:
+    """The engine's role (a policy, ``logprobs``, or a critic, ``values``) against the options only a policy
+    has."""
+    if output not in ("logprobs", "values"):
+        raise ValueError(f"output={output!r} must be 'logprobs' (a policy) or 'values' (a critic)")
+    if (reference is not None or reference_adapters_off) and output == "values":
+        raise ValueError("a reference model belongs to a policy engine (output='logprobs'), not a critic")
+    if head_fp32 and output == "values":
+        raise ValueError("head_fp32 computes an LM head's logits in float32; a critic's value head is not one")
+    if reference is not None and reference_adapters_off:
+        raise ValueError("pass reference= (a frozen copy) or reference_adapters_off=True (the model's base "
+                         "under its LoRA adapters), not both")
+
+
 class TorchTrainingEngine(LogprobPasses, RoutedPasses, StreamedUpdate, EngineState):
     """See the module docstring. ``model`` is a Hugging Face causal LM; ``reference`` an optional frozen
     copy of the initial policy (same architecture) laid out like ``model`` (tri-model, Periodic Asynchrony §4.1)."""
@@ -125,15 +139,7 @@ class TorchTrainingEngine(LogprobPasses, RoutedPasses, StreamedUpdate, EngineSta
                  output: Literal["logprobs", "values"] = "logprobs", compute_dtype: torch.dtype | None = None,
                  reference=None, reference_adapters_off: bool = False, head_fp32: bool = False,
                  routing_replay: bool = False, routing_compare: bool = False) -> None:
-        if output not in ("logprobs", "values"):
-            raise ValueError(f"output={output!r} must be 'logprobs' (a policy) or 'values' (a critic)")
-        if (reference is not None or reference_adapters_off) and output == "values":
-            raise ValueError("a reference model belongs to a policy engine (output='logprobs'), not a critic")
-        if head_fp32 and output == "values":
-            raise ValueError("head_fp32 computes an LM head's logits in float32; a critic's value head is not one")
-        if reference is not None and reference_adapters_off:
-            raise ValueError("pass reference= (a frozen copy) or reference_adapters_off=True (the model's base "
-                             "under its LoRA adapters), not both")
+        _check_role(output, reference, reference_adapters_off, head_fp32)
         self.values = output == "values"  # a critic: the head's one output per position is the value
         self.device = torch.device(device)
         self.model = model.to(self.device)
@@ -147,22 +153,11 @@ class TorchTrainingEngine(LogprobPasses, RoutedPasses, StreamedUpdate, EngineSta
         self.transform = LogitTransform() if self.values else check_head(self.model)
         self.prefix = metric_prefix
         self._resolve_packing(trainable)
-        self.sp = None  # engine.sequence_parallel > 1: this rank's Ulysses group (relayrl.engines.training.ulysses)
-        if cfg.sequence_parallel > 1:
-            ulysses.check_model(self.model, cfg.sequence_parallel)
-            self.sp = ulysses.setup(cfg.sequence_parallel)
-            for m in (self.model, reference):
-                if m is not None:
-                    ulysses.install(m, self.sp)
+        self.sp = self._sequence_parallel(reference)  # engine.sequence_parallel > 1: this rank's Ulysses group
         weights = next(self.model.parameters()).dtype
         self.compute_dtype = compute_dtype or weights
         mixed = self.compute_dtype != weights
-        # The module the passes run: the model, or (compute_copy, one rank) a copy of it in compute_dtype
-        self.runner = self.model
-        if mixed and trainable and cfg.compute_copy and fsdp.world_size() == 1:
-            self.runner = copy.deepcopy(self.model)
-            for p in self.runner.parameters():  # parameters only: buffers (rotary frequencies) stay float32
-                p.data = p.data.to(self.compute_dtype)
+        self.runner = self._runner(mixed and trainable)  # the module the passes run
         # MoE routing replay (relayrl.models.routing): the policy's routers choose the experts a batch's routes name
         # (routing_compare: the batch's routes are compared with the routers' own choices, which stand)
         self.routing = (routing.Routing(self.runner, compare=routing_compare and not routing_replay)
@@ -170,14 +165,7 @@ class TorchTrainingEngine(LogprobPasses, RoutedPasses, StreamedUpdate, EngineSta
         # engine.router_aux_loss_coef: the policy's load-balancing loss in every pass with a gradient
         self._balance = (routing.load_balancing(self.runner) if cfg.router_aux_loss_coef > 0 and trainable
                          and output == "logprobs" else None)
-        if cfg.gradient_checkpointing:
-            self.runner.gradient_checkpointing_enable()
-        if cfg.cuda_graphs:
-            self._check_cuda_graphs()
-        mode = "reduce-overhead" if cfg.cuda_graphs else None
-        if cfg.compile:  # per layer, before sharding (as torchtitan does): one graph reused by every layer
-            for layer in fsdp.decoder_layers(self.runner):
-                layer.compile(dynamic=True, mode=mode)
+        mode = self._prepare_layers()
         # model.head_fp32 (relayrl.models.head_precision): the head's product in float32 in every pass
         self.head_dtype = torch.float32 if head_fp32 else None
         self.net = fsdp.ResponseLogits(self.runner, self.head_dtype, self.transform)
@@ -188,29 +176,71 @@ class TorchTrainingEngine(LogprobPasses, RoutedPasses, StreamedUpdate, EngineSta
         self._weights_offloaded = False  # offload() moved the weights to host (FSDP2 shards move with .to)
         self.reference, self.reference_model, self._ref_autocast, self._ref_offloaded = None, None, False, False
         self.reference_adapters_off = reference_adapters_off  # LoRA: the reference is the base, adapters off
-        if reference is not None:  # frozen, no optimizer; sharded like the policy; its own dtype (usually compute)
-            self.reference_model = reference.to(self.device).requires_grad_(False).eval()
-            for layer in fsdp.decoder_layers(reference) if cfg.compile else ():
-                layer.compile(dynamic=True, mode=mode)
-            self.reference = fsdp.ResponseLogits(self.reference_model, self.head_dtype, self.transform).eval()
-            ref_mixed = next(reference.parameters()).dtype != self.compute_dtype
-            fsdp.shard_model(self.reference, self.device, compute_dtype=self.compute_dtype if ref_mixed else None,
-                             expert_parallel=cfg.expert_parallel)
-            self._ref_autocast = ref_mixed and not self.sharded
+        if reference is not None:
+            self._set_reference(reference, mode)
         self._accumulation = None  # an open streamed update (accumulate.StreamedUpdate)
         self.world = fsdp.world_size()
-        self.optimizer = None
-        self.scheduler = None
-        if trainable:
-            o = cfg.optim
-            self.optimizer = torch.optim.AdamW(
-                [p for p in self.model.parameters() if p.requires_grad],
-                lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
-                fused=True,  # one kernel per step and no parameter-sized temporaries (foreach makes some)
-            )
-            self.scheduler = make_scheduler(self.optimizer, o, total_steps)
-        else:
+        self.optimizer, self.scheduler = self._optimizer(total_steps) if trainable else (None, None)
+        if not trainable:
             self.model.requires_grad_(False).eval()
+
+    def _sequence_parallel(self, reference) -> Any:
+        """``engine.sequence_parallel > 1``: this rank's Ulysses group (relayrl.engines.training.ulysses),
+        installed in the model and the reference; else None."""
+        if self.cfg.sequence_parallel <= 1:
+            return None
+        ulysses.check_model(self.model, self.cfg.sequence_parallel)
+        sp = ulysses.setup(self.cfg.sequence_parallel)
+        for m in (self.model, reference):
+            if m is not None:
+                ulysses.install(m, sp)
+        return sp
+
+    def _runner(self, mixed_trained: bool) -> torch.nn.Module:
+        """The model, or (``engine.compute_copy``, one rank, a trained model in another compute dtype) a copy of
+        it in ``compute_dtype``."""
+        if not (mixed_trained and self.cfg.compute_copy and fsdp.world_size() == 1):
+            return self.model
+        runner = copy.deepcopy(self.model)
+        for p in runner.parameters():  # parameters only: buffers (rotary frequencies) stay float32
+            p.data = p.data.to(self.compute_dtype)
+        return runner
+
+    def _prepare_layers(self) -> str | None:
+        """Gradient checkpointing, CUDA graphs (checked) and per-layer compilation of the runner; the compile
+        mode, for the reference's layers too."""
+        cfg = self.cfg
+        if cfg.gradient_checkpointing:
+            self.runner.gradient_checkpointing_enable()
+        if cfg.cuda_graphs:
+            self._check_cuda_graphs()
+        mode = "reduce-overhead" if cfg.cuda_graphs else None
+        if cfg.compile:  # per layer, before sharding (as torchtitan does): one graph reused by every layer
+            for layer in fsdp.decoder_layers(self.runner):
+                layer.compile(dynamic=True, mode=mode)
+        return mode
+
+    def _set_reference(self, reference, mode: str | None) -> None:
+        """The frozen reference: no optimizer, compiled and sharded like the policy, in its own dtype (usually
+        the compute dtype)."""
+        self.reference_model = reference.to(self.device).requires_grad_(False).eval()
+        for layer in fsdp.decoder_layers(reference) if self.cfg.compile else ():
+            layer.compile(dynamic=True, mode=mode)
+        self.reference = fsdp.ResponseLogits(self.reference_model, self.head_dtype, self.transform).eval()
+        ref_mixed = next(reference.parameters()).dtype != self.compute_dtype
+        fsdp.shard_model(self.reference, self.device, compute_dtype=self.compute_dtype if ref_mixed else None,
+                         expert_parallel=self.cfg.expert_parallel)
+        self._ref_autocast = ref_mixed and not self.sharded
+
+    def _optimizer(self, total_steps: int) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+        """AdamW over the trainable parameters and its learning-rate schedule (``engine.optim``)."""
+        o = self.cfg.optim
+        optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
+            fused=True,  # one kernel per step and no parameter-sized temporaries (foreach makes some)
+        )
+        return optimizer, make_scheduler(optimizer, o, total_steps)
 
     def _check_cuda_graphs(self) -> None:
         """engine.cuda_graphs needs what the graphs assume: compiled layers, one CUDA device, no recomputation."""
