@@ -141,6 +141,7 @@ def test_grpo_with_routing_replay_trains_a_moe_model_on_recorded_experts(arch, r
         assert m["actor/grad_norm"] > 0
 
 
+@pytest.mark.slow  # (about 5 s: it starts a run; the full `make test` runs it)
 def test_routing_replay_on_a_dense_model_is_refused_naming_the_key(tiny_dir, tmp_path):
     r = relayrl("train", "recipes/arith_grpo.yaml", f"model.path={tiny_dir}", "trainer.steps=1",
                 f"run.dir={tmp_path / 'run'}", "algorithm.routing_replay=rollout", "eval.size=8", "run.threads=1")
