@@ -12,6 +12,8 @@ with
    earlier tokens of its own response, never to another response,
 4. log-probs taken on response tokens only; the first token of every response
    is predicted from the last prompt position.
+5. each response's last token left out of the input: it predicts nothing in
+   the pack (:attr:`PackUnit.feed_last`; routing replay keeps it).
 
 The result is exactly the per-row computation (same positions, same visible
 keys), with the prompt computed once and no padding inside a group.
@@ -80,16 +82,25 @@ class PackUnit:
     """Batch row index of each response (all rows share the prompt of ``rows[0]``)."""
     prompt_len: int
     response_lens: tuple[int, ...]
+    feed_last: bool = True
+    """Whether each response's last token is fed to the model. It predicts nothing inside the response, so a pass
+    that only needs the log-probs (or values) of response tokens drops it (False); a pass that needs every
+    token's hidden state -- MoE routes recorded or replayed for the whole sequence, a load-balancing loss over
+    its tokens -- keeps it."""
+
+    def fed(self, response_len: int) -> int:
+        """Tokens of a response of ``response_len`` that enter the pack."""
+        return response_len if self.feed_last else max(response_len - 1, 0)
 
     @property
     def length(self) -> int:
-        """Packed tokens: the prompt once plus every response."""
-        return self.prompt_len + sum(self.response_lens)
+        """Packed tokens: the prompt once plus every response (without its last token unless ``feed_last``)."""
+        return self.prompt_len + sum(self.fed(n) for n in self.response_lens)
 
     @property
     def unpacked_length(self) -> int:
         """Tokens the same rows take one per row (prompt repeated), without padding."""
-        return self.prompt_len * len(self.rows) + sum(self.response_lens)
+        return self.prompt_len * len(self.rows) + sum(self.fed(n) for n in self.response_lens)
 
 
 @dataclass(frozen=True)
@@ -177,7 +188,7 @@ class PackedBatch:
 
 def plan_units(prompt_ids: Sequence[Tensor], response_ids: Sequence[Tensor], groups: Sequence[int] | None = None,
                *, mode: Literal["sequences", "shared_prompt"] = "shared_prompt",
-               max_len: int | None = None) -> list[PackUnit]:
+               max_len: int | None = None, feed_last: bool = True) -> list[PackUnit]:
     """Cut rows into units.
 
     ``mode="sequences"`` (or ``groups=None``): one unit per row. ``"shared_prompt"``:
@@ -189,6 +200,7 @@ def plan_units(prompt_ids: Sequence[Tensor], response_ids: Sequence[Tensor], gro
     Args:
         prompt_ids, response_ids: ``[Lp_i]`` and ``[Lr_i]`` token ids per row.
         groups: prompt-group id per row, or None.
+        feed_last: each unit's :attr:`PackUnit.feed_last` (``max_len`` bounds the tokens fed).
     Returns: units covering every row exactly once, ordered by their first row.
     """
     if len(prompt_ids) != len(response_ids):
@@ -207,7 +219,7 @@ def plan_units(prompt_ids: Sequence[Tensor], response_ids: Sequence[Tensor], gro
             raise ValueError(f"row {i}: response_ids must be 1-D, got shape {tuple(response_ids[i].shape)}")
     rlen = [int(r.numel()) for r in response_ids]
     if mode == "sequences" or groups is None:
-        return [PackUnit((i,), int(p.numel()), (rlen[i],)) for i, p in enumerate(prompt_ids)]
+        return [PackUnit((i,), int(p.numel()), (rlen[i],), feed_last) for i, p in enumerate(prompt_ids)]
     # Clusters of rows with one group id and an equal prompt, in order of first appearance.
     clusters: list[list[int]] = []
     by_group: dict[int, list[int]] = {}  # group id -> indexes into clusters
@@ -223,8 +235,9 @@ def plan_units(prompt_ids: Sequence[Tensor], response_ids: Sequence[Tensor], gro
     units = []
     for rows in clusters:
         lp = int(prompt_ids[rows[0]].numel())
-        for part in cut_group(lp, [rlen[i] for i in rows], max_len):
-            units.append(PackUnit(tuple(rows[k] for k in part), lp, tuple(rlen[rows[k]] for k in part)))
+        fed = [rlen[i] if feed_last else max(rlen[i] - 1, 0) for i in rows]
+        for part in cut_group(lp, fed, max_len):
+            units.append(PackUnit(tuple(rows[k] for k in part), lp, tuple(rlen[rows[k]] for k in part), feed_last))
     return units
 
 
@@ -293,61 +306,87 @@ def build_packed_batch(prompt_ids: Sequence[Tensor], response_ids: Sequence[Tens
 
     Shapes: ``P = len(packs)``, ``L`` = the longest packed row, ``B`` = responses
     in all units (output rows in unit order), ``N`` = their tokens. CPU tensors.
+    A unit without :attr:`PackUnit.feed_last` leaves each response's last token out of the input; it stays a
+    target, predicted from the token before it.
     """
     if not packs or any(len(p) == 0 for p in packs):
         raise ValueError("packs must be a non-empty list of non-empty unit lists")
     lengths = [sum(u.length for u in p) for p in packs]
     P, L = len(packs), max(lengths)
-    ids = torch.zeros(P, L, dtype=torch.long)
-    pos = torch.zeros(P, L, dtype=torch.long)
-    doc = torch.full((P, L), -1, dtype=torch.long)
-    seg = torch.full((P, L), -1, dtype=torch.long)
-    src_row = torch.full((P, L), -1, dtype=torch.long)
-    src_pos = torch.zeros((P, L), dtype=torch.long)
+    # A loop over units and responses gathers per-segment and per-response facts; the per-token columns are then
+    # a few whole-batch tensor operations (writing each slice into [P, L] costs a dispatch per segment, which for
+    # many short responses took as long as the forward pass it feeds).
+    pieces: list[Tensor] = []  # the token ids of each segment (a prompt, or a response's fed tokens), in order
+    seg_meta: list[tuple[int, int, int, int, int]] = []  # (tokens, first position id, doc, segment, batch row)
     rows: list[int] = []
     rlens: list[int] = []
-    t_pack, t_src, t_row, t_col, t_tgt = [], [], [], [], []
+    resp_meta: list[tuple[int, int, int, int]] = []  # per non-empty response: (pack, first column, source of t=0, b)
+    targets: list[Tensor] = []
     for pi, units in enumerate(packs):
         off = 0
         for d, u in enumerate(units):
-            prompt = prompt_ids[u.rows[0]]
             lp = u.prompt_len
-            ids[pi, off:off + lp] = prompt
-            pos[pi, off:off + lp] = torch.arange(lp)
-            doc[pi, off:off + u.length] = d
-            seg[pi, off:off + lp] = 0
-            src_row[pi, off:off + lp] = u.rows[0]
-            src_pos[pi, off:off + lp] = torch.arange(lp)
+            pieces.append(prompt_ids[u.rows[0]])
+            seg_meta.append((lp, 0, d, 0, u.rows[0]))
             last_prompt = off + lp - 1
             off += lp
             for j, (i, lr) in enumerate(zip(u.rows, u.response_lens)):
                 r = response_ids[i]
                 if int(r.numel()) != lr:
                     raise ValueError(f"row {i}: response has {r.numel()} tokens but its unit records {lr}")
-                b = len(rows)
                 rows.append(i)
                 rlens.append(lr)
                 if lr == 0:
                     continue
-                ids[pi, off:off + lr] = r
-                pos[pi, off:off + lr] = torch.arange(lp, lp + lr)
-                seg[pi, off:off + lr] = j + 1
-                src_row[pi, off:off + lr] = i
-                src_pos[pi, off:off + lr] = torch.arange(lp, lp + lr)
-                src = torch.arange(off - 1, off + lr - 1)
-                src[0] = last_prompt
-                t_pack.append(torch.full((lr,), pi))
-                t_src.append(src)
-                t_row.append(torch.full((lr,), b))
-                t_col.append(torch.arange(lr))
-                t_tgt.append(r.long())
-                off += lr
+                resp_meta.append((pi, off, last_prompt, len(rows) - 1))
+                targets.append(r)
+                n = u.fed(lr)
+                if n:
+                    pieces.append(r[:n])
+                    seg_meta.append((n, lp, d, j + 1, i))
+                    off += n
 
-    def cat(parts: list[Tensor]) -> Tensor:
-        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+    seg_len, pos0, doc0, seg0, row0 = (torch.tensor(c, dtype=torch.long) for c in zip(*seg_meta))
+    row_len = torch.tensor(lengths, dtype=torch.long)
+    at = torch.repeat_interleave(torch.arange(P), row_len) * L + _within(row_len)  # flat [P * L] index of each token
 
-    return PackedBatch(ids, pos, doc, seg, tuple(rows), tuple(rlens),
-                       cat(t_pack), cat(t_src), cat(t_row), cat(t_col), cat(t_tgt), src_row, src_pos)
+    def grid(flat: Tensor, fill: int) -> Tensor:
+        return torch.full((P * L,), fill, dtype=torch.long).index_copy_(0, at, flat).view(P, L)
+
+    pos = torch.repeat_interleave(pos0, seg_len) + _within(seg_len)
+    position_ids = grid(pos, 0)
+    return PackedBatch(grid(torch.cat(pieces).long(), 0), position_ids,
+                       grid(torch.repeat_interleave(doc0, seg_len), -1),
+                       grid(torch.repeat_interleave(seg0, seg_len), -1), tuple(rows), tuple(rlens),
+                       *_token_index(resp_meta, [r for r in rlens if r]),
+                       torch.cat(targets).long() if targets else torch.zeros(0, dtype=torch.long),
+                       grid(torch.repeat_interleave(row0, seg_len), -1), position_ids.clone())
+
+
+def _spread(values: Sequence[int], counts: Tensor) -> Tensor:
+    """Each of ``values`` repeated its ``counts``."""
+    return torch.repeat_interleave(torch.tensor(values, dtype=torch.long), counts)
+
+
+def _within(counts: Tensor) -> Tensor:
+    """Each element's index inside its run, for runs of ``counts`` elements laid end to end."""
+    starts = torch.cumsum(counts, 0) - counts
+    return torch.arange(int(counts.sum())) - torch.repeat_interleave(starts, counts)
+
+
+def _token_index(resp_meta: list[tuple[int, int, int, int]], lens: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``token_pack``, ``token_src``, ``token_row``, ``token_col`` of :class:`PackedBatch` from each non-empty
+    response's (pack, first column, column predicting its first token, output row) and length: token ``t >= 1``
+    is predicted by the column of token ``t - 1``."""
+    if not resp_meta:
+        empty = torch.zeros(0, dtype=torch.long)
+        return empty, empty, empty, empty
+    pack, first, src0, out_row = zip(*resp_meta)
+    counts = torch.tensor(lens, dtype=torch.long)
+    col = _within(counts)
+    src = _spread([f - 1 for f in first], counts) + col
+    src[torch.cumsum(counts, 0) - counts] = torch.tensor(src0, dtype=torch.long)
+    return _spread(pack, counts), src, _spread(out_row, counts), col
 
 
 def _allowed(q: Tensor, k: Tensor, doc_q: Tensor, doc_k: Tensor, seg_q: Tensor, seg_k: Tensor,

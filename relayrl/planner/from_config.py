@@ -153,7 +153,8 @@ def workload_from_config(cfg, *, model_config: str | None = None, prompt_tokens:
                     rollout_tp=cfg.rollout.devices_per_rank,
                     expand_kv=cfg.model.attn_implementation == "flex_attention" and flex.EXPAND_KV,
                     head_stored=cfg.engine.head_grad == "stored" and cfg.engine.logprob_chunk > 0,
-                    packing=_packing(cfg, hf), pack_length=cfg.engine.pack_length or 0)
+                    packing=_packing(cfg, hf), pack_length=cfg.engine.pack_length or 0,
+                    feed_last=cfg.algorithm.routing_replay != "none" or cfg.engine.router_aux_loss_coef > 0)
 
 
 def measure_lengths(model_dir: str, prompts: list[list[int]], n: int, max_new_tokens: int, *,

@@ -170,7 +170,7 @@ def test_two_rank_streamed_tri_model_update_matches_one_rank(tiny_dir, tiny_toke
 
     batch = _batch(tiny_tokenizer, prompts=4)
     del batch.fields["ref_logprobs"]
-    kw = dict(model_path=str(tiny_dir), engine=TrainEngineConfig(token_budget=48, optim=OptimConfig(
+    kw = dict(model_path=str(tiny_dir), engine=TrainEngineConfig(token_budget=40, optim=OptimConfig(
         lr=1e-2, eps=1e-3)), total_steps=2, threads=1, seed=0, tri_model=True)
     loss = PolicyLoss(agg=agg, kl_coef=0.1, entropy_coef=0.01)
     one = PolicyWorker(**kw)

@@ -74,6 +74,46 @@ def test_layout_of_one_group_by_hand():
     assert torch.equal(pb.to_rows(pb.targets.float()), torch.tensor([[21.0, 22.0], [31.0, 0.0]]))
 
 
+def test_without_feed_last_the_last_response_token_is_a_target_but_not_an_input():
+    """A response's last token predicts nothing inside the pack: a unit with ``feed_last=False`` leaves it out of
+    the input, and it is still predicted from the token before it."""
+    p, r0, r1, r2 = torch.tensor([11, 12, 13]), torch.tensor([21, 22]), torch.tensor([31]), torch.tensor([41, 42, 43])
+    unit = PackUnit((0, 1, 2), 3, (2, 1, 3), feed_last=False)
+    assert unit.length == 3 + 1 + 0 + 2
+    pb = build_packed_batch([p, p, p], [r0, r1, r2], [[unit]])
+    assert pb.input_ids.tolist() == [[11, 12, 13, 21, 41, 42]]
+    assert pb.position_ids.tolist() == [[0, 1, 2, 3, 3, 4]] and pb.segment_ids.tolist() == [[0, 0, 0, 1, 3, 3]]
+    assert pb.token_src.tolist() == [2, 3, 2, 2, 4, 5] and pb.targets.tolist() == [21, 22, 31, 41, 42, 43]
+    assert pb.seq_row.tolist() == [[0, 0, 0, 0, 2, 2]] and pb.seq_pos.tolist() == pb.position_ids.tolist()
+    # the planner's budget counts the tokens fed: 3 + 1 + 0 + 2 = 6 fits a max_len of 6 in one unit
+    units = plan_units([p, p, p], [r0, r1, r2], [0, 0, 0], max_len=6, feed_last=False)
+    assert [u.rows for u in units] == [(0, 1, 2)]
+    assert [u.rows for u in plan_units([p, p, p], [r0, r1, r2], [0, 0, 0], max_len=6)] == [(0, 1), (2,)]
+
+
+def test_dropping_the_last_token_keeps_the_logprobs():
+    model = _model()
+    batch = _grouped([(3, 5), (1, 2), (4, 3)])
+    want, _ = _per_row(model, batch)
+    for feed_last in (True, False):
+        units = plan_units(batch.prompt_ids, batch.response_ids, batch.groups, feed_last=feed_last)
+        pb = build_packed_batch(batch.prompt_ids, batch.response_ids, [units[:2], units[2:]])
+        mask = shared_prompt_mask(pb.doc_ids, pb.segment_ids)
+        with torch.no_grad():
+            logits = model(pb.input_ids, attention_mask=mask, position_ids=pb.position_ids).logits
+        lp = torch.log_softmax(logits[pb.token_pack, pb.token_src].float(), -1).gather(-1, pb.targets[:, None])[:, 0]
+        rows = pb.to_rows(lp)
+        for b, i in enumerate(pb.rows):
+            torch.testing.assert_close(rows[b, :pb.response_lens[b]], want[i], atol=1e-5, rtol=1e-5)
+    assert sum(u.length for u in units) == 5 + 2 + 3 + sum(len(r) - 1 for r in batch.response_ids)  # (prompts once)
+
+
+def test_an_engine_feeds_the_last_token_only_where_routes_or_balance_need_it():
+    batch = _grouped([(3, 4), (2, 3)])
+    eng = TorchTrainingEngine(_model(), TrainEngineConfig(), total_steps=1, trainable=False)
+    assert all(not u.feed_last for mb in eng._plan(batch) for row in mb for u in row)
+
+
 def test_packed_rows_are_block_diagonal_and_padding_sees_itself():
     a, b = PackUnit((0,), 2, (1,)), PackUnit((1,), 1, (1,))
     pb = build_packed_batch([torch.tensor([1, 2]), torch.tensor([3])], [torch.tensor([4]), torch.tensor([5])],

@@ -300,8 +300,9 @@ def test_measure_compares_the_routes_and_replays_none(moe, tiny_tokenizer):
     for shift, check in ((False, lambda a: a == 1.0), (True, lambda a: a < 0.5)):
         batch = _batch(tiny_tokenizer, shift, moe)
         eng = TorchTrainingEngine(copy.deepcopy(moe), TrainEngineConfig(), total_steps=1, routing_compare=True)
-        for a, b in zip(eng.logprobs(batch)[0], free.logprobs(batch)[0]):
-            torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+        assert eng._feed_last and not free._feed_last  # routes are laid out over whole sequences
+        for a, b in zip(eng.logprobs(batch)[0], free.logprobs(batch)[0]):  # (the free engine leaves each
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-5)  # response's last token out: float32 rounding)
         batch.fields["advantages"] = [torch.ones(len(r)) for r in batch.response_ids]
         m = eng.train_step(batch, loss)
         assert check(m["actor/routing_agreement"]), m["actor/routing_agreement"]

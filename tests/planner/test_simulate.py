@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from relayrl.planner.memory import memory_gib
 from relayrl.planner.placement import Placement
@@ -88,6 +89,24 @@ def test_micro_batches_pay_the_engines_padding():
     assert units == [3, 11]
     assert sim.train_s(dev, prof, toy_workload(2, 1), units, 1) == pytest.approx(1.1)
     assert sim.train_s(dev, prof, toy_workload(2, 1, token_budget=16), units, 1) == pytest.approx(0.7)
+
+
+def test_units_leave_the_last_response_token_out_as_the_engine_does():
+    """By default a packed pass does not feed a response's last token (it predicts nothing); a padded row does,
+    and routing replay or a load-balancing loss keep it (``feed_last``). Groups [5, 5, 5, 5] and [20]."""
+    from relayrl.planner import simulate as sim
+
+    groups = [[5, 5, 5, 5], [20]]
+    assert sim._units(toy_workload(2, 4, feed_last=False), groups) == [1 + 16, 1 + 19]
+    assert sim._units(toy_workload(2, 4, feed_last=False, packing="sequences"), groups) == [5, 5, 5, 5, 20]
+    assert sim._units(toy_workload(2, 4, feed_last=False, packing="none"), groups) == [6, 6, 6, 6, 21]
+    # the engine's own plan of the same rows: the same unit lengths
+    from relayrl.models.packing import plan_units
+
+    rows = [r for g in groups for r in g]
+    units = plan_units([torch.tensor([1])] * 5, [torch.ones(r, dtype=torch.long) for r in rows], [0, 0, 0, 0, 1],
+                       feed_last=False)
+    assert [u.length for u in units] == [17, 20]
 
 
 def test_micro_batches_follow_the_engines_packing_mode():

@@ -24,4 +24,5 @@ def toy_profile(*, decode_s: float = 0.1, train_token_s: float = 0.0, kind: str 
 def toy_workload(prompts: int = 2, n: int = 1, *, max_new_tokens: int = 64, shape: ModelShape = SHAPE,
                  **kw) -> Workload:
     kw.setdefault("lengths", LengthDist(kind="mixture", short=4, max_new_tokens=max_new_tokens))
+    kw.setdefault("feed_last", True)  # units of the prompt + every response token: the tests' hand figures
     return Workload(prompts=prompts, n=n, prompt_tokens=1, model=shape, **kw)

@@ -282,13 +282,20 @@ class TorchTrainingEngine(LogprobPasses, RoutedPasses, StreamedUpdate, EngineSta
             warnings.warn(f"packing={self.packing!r} disabled, using 'none': {reason}", stacklevel=3)
             self.packing = "none"
 
+    @property
+    def _feed_last(self) -> bool:
+        """Whether packed passes feed each response's last token (:attr:`PackUnit.feed_last`): only routing replay
+        (routes laid out over whole sequences) and the load-balancing loss (over every fed token) need it."""
+        return self.routing is not None or self._balance is not None
+
     def _plan(self, batch: SequenceBatch) -> list[list[int] | list[list[PackUnit]]]:
         """Micro-batches: row lists (``packing="none"``) or packed rows, each a list of units."""
         lengths = [int(p.numel() + r.numel()) for p, r in zip(batch.prompt_ids, batch.response_ids)]
         if self.packing == "none" or not lengths:
             return plan_microbatches(lengths, self.cfg.token_budget)
         units = plan_units(batch.prompt_ids, batch.response_ids, batch.groups, mode=self.packing,
-                           max_len=min(self.cfg.pack_length or self.cfg.token_budget, self.cfg.token_budget))
+                           max_len=min(self.cfg.pack_length or self.cfg.token_budget, self.cfg.token_budget),
+                           feed_last=self._feed_last)
         capacity = self.cfg.pack_length or max(u.length for u in units)
         rows = [[units[k] for k in pack] for pack in pack_units([u.length for u in units], capacity)]
         row_len = [sum(u.length for u in r) for r in rows]
