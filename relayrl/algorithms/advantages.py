@@ -58,12 +58,17 @@ from relayrl.algorithms._ops import (
 
 Tensor = torch.Tensor
 
-def _check_outcome(rewards: Tensor, group_ids: Tensor) -> None:
+
+def _grouped(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, int]:
+    """What every group estimator starts from: the checked rewards detached in at least float32, each row's
+    group index and the number of groups (:func:`group_index`)."""
     check_nonempty("rewards", rewards)
     check_ndim("rewards", rewards, 1)
     check_same_shape(rewards=rewards, group_ids=group_ids)
     if group_ids.is_floating_point():
         raise ValueError(f"group_ids must be an integer tensor, got dtype {group_ids.dtype}")
+    index, num_groups = group_index(group_ids)
+    return rewards.detach().to(torch.promote_types(rewards.dtype, torch.float32)), index, num_groups
 
 
 def gae(
@@ -125,10 +130,8 @@ def grpo(
     Returns:
         ``[N]`` advantages (0 for a group of one or with all-equal rewards).
     """
-    _check_outcome(rewards, group_ids)
+    x, index, num_groups = _grouped(rewards, group_ids)
     with torch.no_grad():
-        index, num_groups = group_index(group_ids)
-        x = rewards.detach().to(torch.promote_types(rewards.dtype, torch.float32))
         mean, std, _ = group_mean_std(x, index, num_groups)
         adv = x - mean
         if normalize_std:
@@ -150,10 +153,8 @@ def grpo_batch_std(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6) -> 
     Returns:
         ``[N]`` advantages; the std is the unbiased std of all ``N`` rewards (0 for one reward).
     """
-    _check_outcome(rewards, group_ids)
+    x, index, num_groups = _grouped(rewards, group_ids)
     with torch.no_grad():
-        index, num_groups = group_index(group_ids)
-        x = rewards.detach().to(torch.promote_types(rewards.dtype, torch.float32))
         mean, _, _ = group_mean_std(x, index, num_groups)
         std = x.std() if x.numel() > 1 else x.new_zeros(())
         return (x - mean) / (std + eps)
@@ -168,10 +169,8 @@ def rloo(rewards: Tensor, group_ids: Tensor) -> Tensor:
     Returns:
         ``[N]`` advantages; 0 for a group of one.
     """
-    _check_outcome(rewards, group_ids)
+    x, index, num_groups = _grouped(rewards, group_ids)
     with torch.no_grad():
-        index, num_groups = group_index(group_ids)
-        x = rewards.detach().to(torch.promote_types(rewards.dtype, torch.float32))
         mean, _, n = group_mean_std(x, index, num_groups)  # (exact for a group of equal rewards: 0, not 6e-8)
         adv = torch.where(n > 1, (x - mean) * n / (n - 1.0).clamp(min=1.0), torch.zeros_like(x))
     return adv
@@ -195,10 +194,8 @@ def grpo_loo(rewards: Tensor, group_ids: Tensor, *, normalize_std: bool = True, 
     Returns:
         ``[N]`` advantages (0 for a group of one or with all-equal rewards).
     """
-    _check_outcome(rewards, group_ids)
+    x, index, num_groups = _grouped(rewards, group_ids)
     with torch.no_grad():
-        index, num_groups = group_index(group_ids)
-        x = rewards.detach().to(torch.promote_types(rewards.dtype, torch.float32))
         mean, _, n = group_mean_std(x, index, num_groups)
         others = (n - 1.0).clamp(min=1.0)
         d = x - mean
@@ -239,11 +236,9 @@ def opo(rewards: Tensor, group_ids: Tensor, lengths: Tensor) -> Tensor:
     Returns:
         ``[N]`` advantages (0 for a group of one, whose baseline is its own reward, and for equal rewards).
     """
-    _check_outcome(rewards, group_ids)
+    x, index, num_groups = _grouped(rewards, group_ids)
     check_batch(rewards=rewards, lengths=lengths)
     with torch.no_grad():
-        index, num_groups = group_index(group_ids)
-        x = rewards.detach().to(torch.promote_types(rewards.dtype, torch.float32))
         w = lengths.detach().to(x.dtype).clamp(min=1.0)
         weighted, _ = group_sum_count(w * x, index, num_groups)
         total, _ = group_sum_count(w, index, num_groups)
@@ -265,10 +260,8 @@ def grpo_passk(rewards: Tensor, group_ids: Tensor, *, normalize_std: bool = True
     Returns:
         ``[N]`` advantages, nonzero on at most one response per group (the first of the best).
     """
-    _check_outcome(rewards, group_ids)
+    x, index, num_groups = _grouped(rewards, group_ids)
     with torch.no_grad():
-        index, num_groups = group_index(group_ids)
-        x = rewards.detach().to(torch.promote_types(rewards.dtype, torch.float32))
         _, std, size = group_mean_std(x, index, num_groups)
         if bool((size < 2).any()):
             raise ValueError("grpo_passk needs at least 2 responses per group (the best against the second best)")

@@ -117,7 +117,7 @@ class UserLoss:
     def __call__(self, logprobs: Any, old_logprobs: Any, advantages: Any, mask: Any,
                  **common: Any) -> tuple[Any, dict[str, Any]]:
         """``(loss 0-dim, metrics)`` of ``fn``'s call: a ``[B, T]`` return aggregated by ``common``'s ``agg``
-        and counts (times ``is_weights``)."""
+        and counts (times ``is_weights``). ``common`` also holds ``algorithm.policy_loss_options``."""
         import torch
 
         out = self.fn(logprobs, old_logprobs, advantages, mask, **common)
@@ -134,7 +134,7 @@ class UserLoss:
                                   f"tensor or token losses shaped like the mask {tuple(mask.shape)}")
             from relayrl.algorithms.ratio import LossArgs
 
-            loss = LossArgs(**common).reduce(loss, mask)
+            loss = LossArgs(**{k: v for k, v in common.items() if k in COMMON_LOSS_ARGS}).reduce(loss, mask)
         if not isinstance(metrics, dict) or any(
                 not isinstance(k, str) or isinstance(v, bool) or not (isinstance(v, (int, float)) or (
                     isinstance(v, torch.Tensor) and v.numel() == 1)) for k, v in metrics.items()):
@@ -145,6 +145,25 @@ class UserLoss:
         from relayrl.algorithms._checks import to_floats
 
         return loss, to_floats({k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in metrics.items()})
+
+    def check_options(self, options: dict[str, Any]) -> None:
+        """Refuse ``algorithm.policy_loss_options`` that ``fn`` does not name as keyword parameters (a
+        ``**common`` would swallow a misspelt one without a word) or that are common keywords."""
+        try:
+            params = inspect.signature(self.fn).parameters
+        except (TypeError, ValueError):
+            return  # (no signature to read)
+        named = [n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)][4:]
+        for key in sorted(options):
+            if key in COMMON_LOSS_ARGS:
+                raise PluginError(f"algorithm.policy_loss_options.{key}: relayrl passes {key} to every policy loss "
+                                  f"itself (from algorithm.clip_low, clip_high, dual_clip, loss_agg, ratio_level "
+                                  f"and the batch's counts); set it there, or give your option another name")
+            if key not in named:
+                has = ", ".join(n for n in named if n not in COMMON_LOSS_ARGS) or "none"
+                raise PluginError(f"algorithm.policy_loss_options.{key}: {getattr(self.fn, '__name__', self.path)!r} "
+                                  f"({self.path}) has no keyword parameter {key!r} (its own: {has}); add "
+                                  f"'{key}=<default>' to its signature or drop the option")
 
     def _check_first(self, loss: Any, logprobs: Any) -> None:
         """The first call of a process: a finite loss that depends on ``logprobs``."""

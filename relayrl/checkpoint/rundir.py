@@ -95,8 +95,10 @@ def is_run_config(path: Path) -> bool:
 
 def _traces(run_dir: Path) -> list[str]:
     """The files of a run that wrote no complete checkpoint: what a fresh start in ``run_dir`` would overwrite."""
+    from relayrl.telemetry.sinks import METRICS_FILE
+
     found = []
-    metrics = run_dir / "metrics.jsonl"
+    metrics = run_dir / METRICS_FILE
     if metrics.is_file() and metrics.stat().st_size > 0:
         with open(metrics, "rb") as f:
             records = sum(1 for line in f if line.strip())

@@ -48,8 +48,10 @@ def cmd_train(args) -> int:
 
 def _final_accuracy(run_dir: Path) -> tuple[float | None, float | None]:
     """(first, last) eval/accuracy in a run's metrics.jsonl."""
+    from relayrl.telemetry.sinks import METRICS_FILE
+
     first = last = None
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+    for line in (run_dir / METRICS_FILE).read_text().splitlines():
         rec = json.loads(line)
         if rec.get("eval/accuracy") is not None:
             first = rec["eval/accuracy"] if first is None else first

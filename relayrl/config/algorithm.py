@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationInfo, field_validator,
+                      model_validator)
 
 from relayrl.algorithms.estimators import ESTIMATORS, estimator
 from relayrl.algorithms.names import AGG_MODES, POLICY_LOSS_NAMES, REFERENCE_KINDS
@@ -308,6 +309,11 @@ class AlgorithmConfig(_Section):
         "geometric mean of the token ratios, each log-ratio clipped to [-clip_low, clip_high] (the paper: 0.4 "
         "each), a sequence-level surrogate (loss_agg=seq-mean-token-mean); gpg: GPG's plain policy gradient "
         "-A * log pi, no ratio and no clip (with advantage=gpg; one update per batch keeps it on-policy)")
+    policy_loss_options: dict[str, StrictBool | StrictInt | float | str] = Field(
+        {}, description="policy_loss=path/to/file.py:fn: your loss's own options, passed to fn by keyword at "
+        "every call ({beta: 0.1, mode: soft}); each must be a keyword parameter fn names (not one of the common "
+        "keywords: set those by their own keys, algorithm.clip_low, ...). Refused beside a built-in loss, whose "
+        "options have sections of their own (algorithm.sapo, vespo, cov)")
     sapo: SapoConfig = Field(SapoConfig(), description="policy_loss=sapo: the gate's temperatures")
     cov: CovConfig = Field(CovConfig(), description="policy_loss=clip_cov or kl_cov: which tokens, and the penalty")
     vespo: VespoConfig = Field(VespoConfig(), description="policy_loss=vespo: the kernel's shape")
@@ -361,7 +367,17 @@ class AlgorithmConfig(_Section):
                                  f"package.module:fn)")
             from relayrl.algorithms.plugins import load_policy_loss
 
-            load_policy_loss(self.policy_loss)  # (its signature, now: a rank would meet a wrong one mid-step)
+            load_policy_loss(self.policy_loss).check_options(self.policy_loss_options)  # (its signature, now: a
+            # rank would meet a wrong one mid-step)
+        elif self.policy_loss_options:
+            key = sorted(self.policy_loss_options)[0]
+            section = {"sapo": "algorithm.sapo", "vespo": "algorithm.vespo", "clip_cov": "algorithm.cov",
+                       "kl_cov": "algorithm.cov"}.get(self.policy_loss)
+            raise ValueError(f"algorithm.policy_loss_options.{key} is an option of your own loss "
+                             f"(algorithm.policy_loss=path/to/file.py:fn), and algorithm.policy_loss="
+                             f"{self.policy_loss} is built in: "
+                             + (f"its options are {section}" if section else "it takes no options of its own")
+                             + "; drop algorithm.policy_loss_options")
         if self.loss_agg not in AGG_MODES:
             raise ValueError(f"algorithm.loss_agg={self.loss_agg!r} is not one of {', '.join(AGG_MODES)}")
         est = estimator(self.advantage)  # (a user's: loaded now, so its record answers the checks below)
@@ -522,7 +538,10 @@ class AlgorithmConfig(_Section):
                                  self.entropy_coef_min, self.entropy_coef_max)
 
     def loss_options(self) -> tuple[tuple[str, float], ...]:
-        """The chosen policy loss's own options (``algorithm.sapo``'s, ``vespo``'s or ``cov``'s), by keyword."""
+        """The chosen policy loss's own options (``algorithm.sapo``'s, ``vespo``'s or ``cov``'s; a user's loss:
+        ``algorithm.policy_loss_options``), by keyword."""
+        if self.policy_loss_options:
+            return tuple(sorted(self.policy_loss_options.items()))
         if self.policy_loss in ("clip_cov", "kl_cov"):
             c = self.cov
             return (("cov_ratio", c.ratio), ("cov_low", c.low), ("cov_high", c.high), ("kl_coef", c.kl_coef))

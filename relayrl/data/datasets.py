@@ -283,7 +283,10 @@ def _label(row: dict, where: str, key: str) -> bool:
 
 
 def _is_messages(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) for m in value)
+    """Whether a field holds chat messages: a list of dicts, one at least with a ``role`` (a list of other
+    records -- a verl ground truth of test cases ``[{"input": ..., "output": ...}]`` -- is a value)."""
+    return (isinstance(value, list) and bool(value) and all(isinstance(m, dict) for m in value)
+            and any("role" in m for m in value))
 
 
 def _implicit_prompt(row: dict, chosen: list, where: str, cfg: DatasetConfig) -> list:

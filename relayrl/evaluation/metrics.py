@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import PurePath
 from typing import Any
 
-__all__ = ["pass_at_k", "avg_at_k", "summarize", "source_names", "per_source"]
+__all__ = ["pass_at_k", "avg_at_k", "budgets", "summarize", "source_names", "per_source"]
 
 SOURCE_FIELD = "data_source"
 """The row field that names a row's source (verl's parquet column), before its file's name."""
@@ -85,6 +85,14 @@ def avg_at_k(rewards_per_prompt: Sequence[Sequence[float]]) -> float:
             raise ValueError(f"rewards_per_prompt[{row}] contains a non-finite reward: {values}")
         total += sum(values) / len(values)
     return total / len(rewards_per_prompt)
+
+
+def budgets(n: int) -> list[int]:
+    """The pass@k budgets an evaluation of ``n`` samples per prompt reports: 1, the powers of two below ``n``, and
+    ``n`` (n = 16: 1, 2, 4, 8, 16), so one run shows how pass@k grows with k (the ladder of n verl's validation metrics use)."""
+    if n < 1:
+        raise ValueError(f"n={n} samples per prompt; need n >= 1")
+    return sorted({1 << i for i in range(n.bit_length()) if 1 << i < n} | {1, n})
 
 
 def summarize(per_prompt_correct: Sequence[Sequence[bool]], ks: Sequence[int]) -> dict[str, float]:

@@ -16,7 +16,7 @@ from relayrl.data.tasks import Problem
 from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.engines.reward.user import with_ids
 from relayrl.engines.reward.verifiers import CORRECT
-from relayrl.evaluation.metrics import per_source, source_names, summarize
+from relayrl.evaluation.metrics import budgets, per_source, source_names, summarize
 
 __all__ = ["EvalResult", "evaluate", "write_report"]
 
@@ -79,7 +79,7 @@ def evaluate(generate: GenerateFn, encode: Callable[[Problem], list[int]], probl
         if interrupted:
             out["eval/interrupted_frac"] = sum(greedy[i].interrupted for i in rows) / len(rows)
         if k > 1:
-            summary = summarize([per_prompt[i] for i in rows], ks=sorted({1, k}))
+            summary = summarize([per_prompt[i] for i in rows], ks=budgets(k))
             out.update({f"eval/{key}": v for key, v in summary.items()})
         return out
 

@@ -311,7 +311,9 @@ def _run_path(extra: list[str], run_dir: Path) -> dict[str, float]:
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(f"calibration: the run {' '.join(extra)} failed:\n{proc.stderr[-2000:]}")
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    from relayrl.telemetry.sinks import METRICS_FILE
+
+    rows = [json.loads(x) for x in (run_dir / METRICS_FILE).read_text().splitlines() if x.strip()]
     steps = [r for r in rows if r.get("step", 0) > 2 and "perf/step_time_s" in r]
     return {k: statistics.mean(r.get(m, 0.0) for r in steps) for k, m in
             (("step", "perf/step_time_s"), ("generate", "timing/generate_s"), ("update", "timing/update_s"))}

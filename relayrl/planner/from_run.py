@@ -73,12 +73,13 @@ def keep_frac(rec: RunRecord, window: int = 5) -> float:
 def read_run(run_dir: str | Path) -> RunRecord:
     """The run's config, step times, stage spans and length metrics; errors name the missing file."""
     from relayrl.config.schema import Config
-    from relayrl.telemetry.timeline import read_spans
+    from relayrl.telemetry.sinks import METRICS_FILE
+    from relayrl.telemetry.timeline import SPANS_FILE, read_spans
 
     d = Path(run_dir)
     if not (d / "config.json").is_file():
         raise ValueError(f"--from-run {d}: no config.json there; give a run directory (run.dir of a relayrl train)")
-    for name in ("metrics.jsonl", "spans.jsonl"):
+    for name in (METRICS_FILE, SPANS_FILE):
         if not (d / name).is_file():
             raise ValueError(f"--from-run {d}: no {name} there (a run writes it from its first step; was the run "
                              f"started with telemetry.sinks including jsonl?)")
@@ -91,7 +92,7 @@ def read_run(run_dir: str | Path) -> RunRecord:
         errors = field_errors(e) if hasattr(e, "errors") else [str(e)]
         raise ValueError(f"--from-run {d}: config.json is not a config this relayrl reads: {'; '.join(errors)}") from None
     rec = RunRecord(d, cfg)
-    for line in (d / "metrics.jsonl").read_text().splitlines():
+    for line in (d / METRICS_FILE).read_text().splitlines():
         try:
             row = json.loads(line)
         except ValueError:

@@ -27,7 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from relayrl.telemetry.sinks import MetricsFileError, read_jsonl_records  # noqa: E402
+from relayrl.telemetry.sinks import METRICS_FILE, MetricsFileError, read_jsonl_records  # noqa: E402
 from relayrl.telemetry.timeline import SPANS_FILE, Span, export_chrome_trace, read_spans  # noqa: E402
 
 Series = dict[str, tuple[list[int], list[float]]]
@@ -66,7 +66,7 @@ def load_series(run_dir: Path, warn: Callable[[str], None] | None = None) -> Ser
 
     A missing, empty or damaged file raises :class:`MetricsFileError`; a torn last line is skipped and
     reported through ``warn``."""
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / METRICS_FILE
     if not Path(run_dir).is_dir():
         raise MetricsFileError(f"{run_dir}: no such directory; give a run directory (the run.dir of a training run)")
     if not path.is_file():

@@ -29,6 +29,8 @@ from relayrl.errors import UserError
 
 Number = float | int
 
+METRICS_FILE = "metrics.jsonl"  # a run's metrics, one JSON record a line (RUN_DIR/metrics.jsonl)
+
 
 class Sink(Protocol):
     """Anything that accepts one step of metrics and can be closed."""

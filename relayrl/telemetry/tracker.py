@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from relayrl.telemetry.config import TelemetryConfig
-from relayrl.telemetry.sinks import ConsoleSink, JsonlSink, Number, SampleSink, Sink, TensorBoardSink, WandbSink
+from relayrl.telemetry.sinks import (METRICS_FILE, ConsoleSink, JsonlSink, Number, SampleSink, Sink, TensorBoardSink,
+                                     WandbSink)
 
 DEFAULT_KEY_METRICS: tuple[str, ...] = (
     "reward/mean",
@@ -91,7 +92,7 @@ class Tracker:
                     )
                     self._sinks.append(self._console)
                 elif name == "jsonl":
-                    self._sinks.append(JsonlSink(self.run_dir / "metrics.jsonl", start_step=start_step))
+                    self._sinks.append(JsonlSink(self.run_dir / METRICS_FILE, start_step=start_step))
                 elif name == "tensorboard":
                     self._sinks.append(
                         TensorBoardSink(self.run_dir / "tensorboard", start_step=start_step, run_config=run_config)

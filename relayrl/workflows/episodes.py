@@ -19,7 +19,7 @@ from relayrl.engines.reward.verifiers import CORRECT
 from relayrl.environments.base import Episode, EpisodeEnd, EpisodeSummary
 from relayrl.environments.config import EpisodeSpec, build_env_factory
 from relayrl.environments.episodes import episode_metrics
-from relayrl.evaluation.metrics import per_source, source_names, summarize
+from relayrl.evaluation.metrics import budgets, per_source, source_names, summarize
 from relayrl.evaluation.runner import EvalResult
 from relayrl.workflows.rollout_worker import RolloutWorker
 
@@ -90,7 +90,7 @@ def evaluate_episodes(rollout, s, spec: EpisodeSpec, step: int | None) -> dict[s
             for e in by_mode[f"sample@{ev.k}"]:
                 if e.problem_index in keep:
                     per_problem[index[e.problem_index]].append(e.reward >= CORRECT)
-            out.update({f"eval/{k}": v for k, v in summarize(per_problem, ks=sorted({1, ev.k})).items()})
+            out.update({f"eval/{k}": v for k, v in summarize(per_problem, ks=budgets(ev.k)).items()})
         return out
 
     metrics = metrics_of(range(len(problems)))

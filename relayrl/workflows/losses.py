@@ -9,6 +9,7 @@ gradient accumulation over micro-batches and ranks is exact.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -68,8 +69,9 @@ class PolicyLoss:
     correction: Correction | None = None
     old_key: str = "old_logprobs"
     """field holding pi_old (``gen_logprobs``: the rollout engine's log-probs)"""
-    options: tuple[tuple[str, float], ...] = ()
-    """the policy loss's own options by keyword (SAPO's temperatures, VESPO's kernel, the covariance losses')"""
+    options: tuple[tuple[str, Any], ...] = ()
+    """the policy loss's own options by keyword (SAPO's temperatures, VESPO's kernel, the covariance losses', a
+    user loss's ``algorithm.policy_loss_options``)"""
     top_entropy: float = 1.0
     """keep in the policy loss and the entropy bonus only the tokens in the top fraction of the micro-batch's
     by entropy (:func:`~relayrl.algorithms.entropy.high_entropy_mask`); 1: every token"""

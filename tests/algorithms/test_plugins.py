@@ -45,6 +45,10 @@ PLUGINS = textwrap.dedent('''
         return -advantages * logprobs, {"mine/calls": 1.0}
 
 
+    def scaled_loss(logprobs, old_logprobs, advantages, mask, *, beta=1.0, mode="hard", **common):
+        return -beta * advantages * logprobs, {"mine/beta": float(beta), "mine/soft": float(mode == "soft")}
+
+
     def no_common(logprobs, old_logprobs, advantages, mask):
         return (-advantages * logprobs).sum(), {}
 
@@ -197,6 +201,38 @@ def test_a_broken_policy_loss_is_refused_when_the_config_loads_naming_the_key(pl
         _cfg(policy_loss=f"{plugins}:{name}")
     with pytest.raises(ValueError, match=r"algorithm.policy_loss='ppoo' is not one of ppo, cispo, .* \(or your own"):
         _cfg(policy_loss="ppoo")
+
+
+def test_a_user_loss_gets_its_own_options_from_the_config(plugins):
+    from relayrl.engines.training.base import MicroBatch
+    from relayrl.workflows.losses import PolicyLoss
+
+    cfg = _cfg(policy_loss=f"{plugins}:scaled_loss", policy_loss_options={"beta": 0.5, "mode": "soft"})
+    assert cfg.algorithm.loss_options() == (("beta", 0.5), ("mode", "soft"))
+    loss_fn = PolicyLoss(kind=cfg.algorithm.policy_loss, agg="token-mean", options=cfg.algorithm.loss_options())
+    assert pickle.loads(pickle.dumps(loss_fn)) == loss_fn
+    lp = torch.tensor([[-1.0, -2.0], [-0.5, -0.7]], requires_grad=True)
+    mb = MicroBatch(lp, torch.ones(2, 2), {"advantages": torch.tensor([[1.0, 1.0], [-1.0, -1.0]])}, 4, 2, None)
+    loss, metrics = loss_fn(mb)
+    loss.backward()
+    torch.testing.assert_close(lp.grad, torch.tensor([[-0.125, -0.125], [0.125, 0.125]]))  # beta halves it
+    assert metrics["mine/beta"] == 0.5 and metrics["mine/soft"] == 1.0
+    assert _cfg(policy_loss=f"{plugins}:scaled_loss").algorithm.loss_options() == ()  # (its defaults)
+
+
+@pytest.mark.parametrize("loss,options,match", [
+    ("scaled_loss", {"betta": 0.5}, r"algorithm.policy_loss_options.betta: 'scaled_loss' \(.*mine.py:scaled_loss\) "
+                                    r"has no keyword parameter 'betta' \(its own: beta, mode\)"),
+    ("token_loss", {"beta": 0.5}, r"'token_loss' .* has no keyword parameter 'beta' \(its own: none\)"),
+    ("scaled_loss", {"clip_low": 0.1}, r"algorithm.policy_loss_options.clip_low: relayrl passes clip_low to every "
+                                       r"policy loss itself"),
+    ("ppo", {"beta": 0.5}, r"algorithm.policy_loss_options.beta is an option of your own loss .* "
+                           r"algorithm.policy_loss=ppo is built in: it takes no options of its own"),
+    ("sapo", {"tau_pos": 1.0}, r"algorithm.policy_loss=sapo is built in: its options are algorithm.sapo"),
+])
+def test_options_a_loss_does_not_name_are_refused_when_the_config_loads(plugins, loss, options, match):
+    with pytest.raises(ValueError, match=match):
+        _cfg(policy_loss=loss if loss in ("ppo", "sapo") else f"{plugins}:{loss}", policy_loss_options=options)
 
 
 @pytest.mark.parametrize("body,match", [

@@ -71,6 +71,21 @@ def test_numbers_keep_their_type_and_text_stays_text(tmp_path, name):
     assert [truth_value(p.answer) for p in built_in] == ["42", "7"]
 
 
+@pytest.mark.parametrize("name", ["cases.jsonl", "cases.parquet"])
+def test_a_list_of_records_ground_truth_is_a_value_not_chat_messages(tmp_path, name):
+    """A code task's test cases (``[{"input": ..., "output": ...}]``) are a list of dicts without roles: the
+    value a user reward function scores, not an assistant reply; a built-in verifier refuses it as a list."""
+    cases = [{"input": "1 2", "output": "3"}, {"input": "2 2", "output": "4"}]
+    f = write_rows(tmp_path / name, [{"prompt": "add two numbers", "answer": cases}])
+    (p,) = load_problems(DatasetConfig(path=f, raw_answers=True))
+    assert truth_value(p.answer) == cases
+    with pytest.raises(DatasetError, match="field 'answer' is list; expected a string or a number"):
+        load_problems(DatasetConfig(path=f))
+    g = write_rows(tmp_path / f"chat{Path(name).suffix}",  # a reply given as messages still reads as the reply
+                   [{"prompt": "q", "answer": [{"role": "assistant", "content": "42"}]}])
+    assert [p.answer for p in load_problems(DatasetConfig(path=g))] == ["42"]
+
+
 def test_a_dict_ground_truth_for_a_built_in_verifier_is_refused_naming_the_row_and_the_fix(tmp_path):
     rows = [{**countdown_rows()[0], "reward_model": {"style": "rule", "ground_truth": "24"}}, countdown_rows()[1]]
     for f, row in ((write_rows(tmp_path / "train.jsonl", rows), "train.jsonl row 2"),

@@ -26,8 +26,8 @@ def _batch(tok, rows=12, seed=1):
 
 
 def _kw(tiny_dir, **over):
-    return dict(model_path=str(tiny_dir), engine=TrainEngineConfig(token_budget=48, optim=OptimConfig(lr=1e-2)),
-                total_steps=4, threads=1, seed=0, lora=LORA, **over)
+    return {**dict(model_path=str(tiny_dir), engine=TrainEngineConfig(token_budget=48, optim=OptimConfig(lr=1e-2)),
+                   total_steps=4, threads=1, seed=0, lora=LORA), **over}
 
 
 def _group(kw, name="dp"):
@@ -37,8 +37,8 @@ def _group(kw, name="dp"):
 def _assert_metrics_match(m1: dict, m2: list[dict]) -> None:
     assert m2[0] == pytest.approx(m2[1])  # every rank reports the global figures
     assert set(m2[0]) == set(m1)
-    for k, v in m1.items():  # forward_tokens counts padding, which depends on how rows were packed
-        if k != "actor/forward_tokens":
+    for k, v in m1.items():  # (ref_)forward_tokens count padding, which depends on how rows were packed
+        if not k.endswith("forward_tokens"):
             assert m2[0][k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
 
 
@@ -196,7 +196,10 @@ def test_two_rank_lora_on_a_bf16_base_and_a_critic(tiny_dir, tiny_tokenizer):
     batch = _batch(tiny_tokenizer, seed=6)
     batch.fields["values"] = [torch.zeros(len(r)) for r in batch.response_ids]
     batch.fields["returns"] = batch.fields["advantages"]
-    bf16 = _kw(tiny_dir, dtype="bfloat16", compute_dtype="bfloat16")
+    # Adam's first step on an adapter is lr * g / (|g| + eps): with a tiny eps, sign(g) x lr, so bf16 rounding
+    # flips a whole step on an element whose gradient is near 0; eps=1e-3 keeps the step proportional to g
+    bf16 = _kw(tiny_dir, dtype="bfloat16", compute_dtype="bfloat16",
+               engine=TrainEngineConfig(token_budget=48, optim=OptimConfig(lr=1e-2, eps=1e-3)))
     one = PolicyWorker(**bf16)
     critic = CriticWorker(**_kw(tiny_dir))
     dp, cg = _group(bf16), WorkerGroup(CriticWorker, ResourcePool("critic", devices=2), "critic", backend="local",
@@ -214,7 +217,7 @@ def test_two_rank_lora_on_a_bf16_base_and_a_critic(tiny_dir, tiny_tokenizer):
         cg.shutdown()
     assert adapters and all(t.dtype == torch.float32 for t in adapters.values())
     for n, t in one.state()["model"].items():
-        torch.testing.assert_close(adapters[n], t, atol=2e-3, rtol=2e-2, msg=n)
+        torch.testing.assert_close(adapters[n], t, atol=2e-3, rtol=2e-2, msg=lambda m, n=n: f"{n}: {m}")
     own = critic.state()["model"]
     assert {"lm_head.weight", "lm_head.bias"} <= set(heads) == set(own)
     for n, t in own.items():

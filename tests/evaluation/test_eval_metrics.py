@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from relayrl.evaluation.metrics import avg_at_k, pass_at_k, summarize
+from relayrl.evaluation.metrics import avg_at_k, budgets, pass_at_k, summarize
 
 
 @pytest.mark.parametrize(
@@ -68,3 +68,10 @@ def test_summarize_errors_name_the_row():
         summarize([[1, 0.5]], ks=[1])
     with pytest.raises(ValueError, match="ks contains 3"):
         summarize([[1, 0]], ks=[3])
+
+
+def test_budgets_are_one_the_powers_of_two_below_n_and_n():
+    assert budgets(1) == [1] and budgets(2) == [1, 2] and budgets(5) == [1, 2, 4, 5]
+    assert budgets(16) == [1, 2, 4, 8, 16] and budgets(17) == [1, 2, 4, 8, 16, 17]
+    with pytest.raises(ValueError, match="n=0"):
+        budgets(0)

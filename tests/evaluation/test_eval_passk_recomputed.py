@@ -1,6 +1,7 @@
 """``relayrl eval --k`` against Chen et al. 2021's unbiased pass@k recomputed from its own
 ``eval_samples.jsonl``: per prompt, c correct of n samples, pass@k = 1 - C(n - c, k) / C(n, k) (with
-``math.comb``), k = 1 < n and k = n; avg@n the mean reward of the samples."""
+``math.comb``), for k = 1, 2, 4 and n = 5 (the powers of two below n, and n); avg@n the mean reward of the
+samples."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def test_eval_pass_at_k_is_the_unbiased_estimate_of_its_samples(tiny_dir, tmp_pa
     assert len(by_prompt) == 12 and all(len(v) == n for v in by_prompt.values())
     correct = [sum(x >= 1.0 for x in v) for v in by_prompt.values()]
     assert 0 < sum(correct) < 12 * n and any(0 < c < n for c in correct)  # (a test that tells estimators apart)
-    for k in (1, n):
+    assert sorted(int(m.split("@")[1]) for m in metrics if m.startswith("eval/pass@")) == [1, 2, 4, n]
+    for k in (1, 2, 4, n):
         want = sum(1 - math.comb(n - c, k) / math.comb(n, k) for c in correct) / len(correct)
         assert metrics[f"eval/pass@{k}"] == pytest.approx(want, rel=1e-12), k
     assert metrics[f"eval/avg@{n}"] == pytest.approx(sum(map(sum, by_prompt.values())) / (12 * n), rel=1e-12)

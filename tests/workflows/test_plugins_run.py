@@ -40,10 +40,10 @@ PLUGINS = textwrap.dedent('''
     SCALED = Estimator("scaled", _scaled, paper="test", min_group=2)
 
 
-    def pg_loss(logprobs, old_logprobs, advantages, mask, **common):
+    def pg_loss(logprobs, old_logprobs, advantages, mask, *, tag=0.0, **common):
         _note("loss")
         ratio = (logprobs - old_logprobs.detach()).exp()
-        return -advantages * ratio, {"mine/ratio_mean": (ratio.detach() * mask).sum() / mask.sum()}
+        return -advantages * ratio, {"mine/ratio_mean": (ratio.detach() * mask).sum() / mask.sum(), "mine/tag": tag}
 ''')
 
 
@@ -83,11 +83,13 @@ def test_a_user_estimator_and_loss_from_files_are_what_two_grpo_steps_use(tmp_pa
 @pytest.mark.slow
 @pytest.mark.multiproc
 def test_rank_processes_load_the_users_loss_themselves(tmp_path, tiny_dir, plugins):
-    """Two actor ranks, each a spawned process: they receive the loss object, which holds the path, and import
-    the file themselves (the local backend's scorer, which calls the estimator, runs in the driver)."""
+    """Two actor ranks, each a spawned process: they receive the loss object, which holds the path and the
+    loss's own options (``algorithm.policy_loss_options``), and import the file themselves (the local backend's
+    scorer, which calls the estimator, runs in the driver)."""
     recs = run_grpo(tmp_path / "run", tiny_dir, *VARIED, f"algorithm.advantage={plugins}:SCALED",
-                    f"algorithm.policy_loss={plugins}:pg_loss", "cluster.devices=2", "cluster.oversubscribe=true")
-    assert all(r["mine/scale"] == 1.0 and "mine/ratio_mean" in r for r in recs)
+                    f"algorithm.policy_loss={plugins}:pg_loss", "algorithm.policy_loss_options.tag=3",
+                    "cluster.devices=2", "cluster.oversubscribe=true")
+    assert all(r["mine/scale"] == 1.0 and "mine/ratio_mean" in r and r["mine/tag"] == 3 for r in recs)
     assert any(r["actor/grad_norm"] > 0 for r in recs)
     calls = _calls(plugins)
     assert len(calls["loss"]) == 2 and os.getpid() not in calls["loss"] and calls["estimator"] == {os.getpid()}
