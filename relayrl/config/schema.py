@@ -77,7 +77,8 @@ class RunConfig(_Section):
                                       "row stop the run as run.on_nonfinite=stop does (the last good weights saved): "
                                       "every batch failing means the weights or the optimizer state are broken, "
                                       "not one batch")
-    threads: int = Field(0, ge=0, description="torch CPU threads (0: all cores)")
+    threads: int = Field(0, ge=0, description="torch CPU threads (0: all cores, divided among the ranks); 1 is "
+                         "faster on a machine whose cores other work also uses (docs/scale.md)")
 
     @field_validator("resume", mode="before")
     @classmethod
