@@ -148,11 +148,25 @@ def _check_model_type(path: Path) -> None:
                          f"a transformers release that has {kind!r}")
 
 
+_ENCODERS = frozenset({"bert", "bert-generation", "big_bird", "camembert", "data2vec-text", "electra", "ernie",
+                       "megatron-bert", "rembert", "roc_bert", "roberta", "roberta-prelayernorm", "roformer",
+                       "xlm-roberta", "xlm-roberta-xl", "xmod"})
+"""Encoders that ``AutoModelForCausalLM`` loads with an LM head (``BertLMHeadModel``, ...) whose attention is
+bidirectional unless their config says ``is_decoder``: every position would see the tokens after it."""
+
+
 def check_causal_lm(config, path: Path) -> None:
     """Refuse a config that ``AutoModelForCausalLM`` has no class for (an encoder-decoder such as T5, an encoder
-    such as RoBERTa), before any weights load and in words, not as the list of the ~170 classes it has."""
+    such as RoBERTa), or an encoder it loads with an LM head but bidirectional attention (BERT without
+    ``is_decoder``), before any weights load and in words, not as the list of the ~170 classes it has."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
+    if getattr(config, "model_type", None) in _ENCODERS and not getattr(config, "is_decoder", False):
+        named = f" ({', '.join(config.architectures)})" if getattr(config, "architectures", None) else ""
+        raise ModelLoadError(f"model directory {path}: config.json describes a {type(config).__name__}{named}, an "
+                             f"encoder: its attention is bidirectional (is_decoder is false), so each position "
+                             f"would see the tokens it is to predict; relayrl trains decoder-only causal LMs "
+                             f"(docs/models.md); give such a model's directory")
     if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
         return
     named = f" ({', '.join(config.architectures)})" if getattr(config, "architectures", None) else ""

@@ -203,6 +203,18 @@ def test_a_model_that_is_not_a_causal_lm_is_refused_before_its_weights_load(mode
         check_model_dir(model_copy, "model.path", "model.path=X")
 
 
+def test_an_encoder_with_bidirectional_attention_is_refused_though_transformers_gives_it_an_lm_head(model_copy):
+    """BERT loads through AutoModelForCausalLM (BertLMHeadModel), but without is_decoder its attention sees the
+    tokens after each position: its log-probs would be of text it already read."""
+    from transformers import BertConfig
+
+    conf = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                      intermediate_size=32).to_dict()
+    (model_copy / "config.json").write_text(json.dumps({**conf, "architectures": ["BertForMaskedLM"]}))
+    _refused(load_model, model_copy, "BertConfig (BertForMaskedLM), an encoder: its attention is bidirectional",
+             "relayrl trains decoder-only causal LMs")
+
+
 def test_a_tokenizer_without_its_vocabulary_files_is_refused(model_copy):
     """tokenizer_config.json without tokenizer.json: transformers builds a tokenizer of its 3 special tokens
     that encodes every prompt as nothing (the run then failed in a worker: 'prompt 0 is empty')."""
