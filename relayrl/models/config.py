@@ -28,7 +28,8 @@ class ModelConfig(BaseModel):
         "rollout's weight dtype. With bfloat16 the trained weights and the optimizer state stay float32 (mixed "
         "precision: float32 master weights, bf16 compute) unless model.pure_low_precision")
     export_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="dtype of the weights a run saves to RUN_DIR/model (its config.json's dtype too). auto: "
+        "auto", description="dtype of the weights a run saves to RUN_DIR/model, a policy or (workflow rm) a reward "
+        "model (its config.json's dtype too). auto: "
         "the dtype of the checkpoint the run started from (model.path or trainer.init_from, as its config.json "
         "says; float32 for the tiny default), so a bf16 checkpoint exports as bf16 and not as the float32 weights "
         "relayrl trains (twice the size, and loaded in float32 by transformers' dtype=auto); float32 keeps those as "

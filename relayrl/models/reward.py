@@ -18,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from relayrl.models.load import ModelLoadError, _check_dir, load_pretrained, load_tokenizer, read_json
+from relayrl.models.load import ModelLoadError, _check_dir, load_pretrained, load_tokenizer, read_json, resolve_dtype
 
 __all__ = ["export_reward_model", "load_reward_model", "RewardModelScorer", "is_reward_model"]
 
@@ -32,9 +32,11 @@ def is_reward_model(path: str | Path) -> bool:
     return any(a.endswith("ForSequenceClassification") for a in archs) and c.get("num_labels", len(c.get("id2label", {}))) == 1
 
 
-def export_reward_model(model, tokenizer, path: str | Path, state_dict: dict | None = None) -> None:
+def export_reward_model(model, tokenizer, path: str | Path, state_dict: dict | None = None,
+                        dtype: str | None = None) -> None:
     """Save a value-head causal LM (``load_value_model(bias=False)``) as a one-label sequence classifier:
-    the backbone's weights as they are, the head's ``[1, hidden]`` weight as ``score.weight``."""
+    the backbone's weights, the head's ``[1, hidden]`` weight as ``score.weight``; in ``dtype`` (None: the
+    head's own, as it trained; a run passes ``model.export_dtype``)."""
     from transformers import AutoModelForSequenceClassification
 
     sd = dict(state_dict if state_dict is not None else model.state_dict())
@@ -49,7 +51,7 @@ def export_reward_model(model, tokenizer, path: str | Path, state_dict: dict | N
     cfg.pad_token_id = tokenizer.pad_token_id
     cfg.architectures = None
     cfg.tie_word_embeddings = False
-    seq = AutoModelForSequenceClassification.from_config(cfg, dtype=score.dtype)
+    seq = AutoModelForSequenceClassification.from_config(cfg, dtype=resolve_dtype(dtype) if dtype else score.dtype)
     sd["score.weight"] = score.reshape(1, -1)
     missing, unexpected = seq.load_state_dict(sd, strict=False)
     if missing or unexpected:

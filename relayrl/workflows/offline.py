@@ -48,8 +48,7 @@ class OfflineRun:
         self.precision = role_precision(m, cfg.rollout)
         self.groups: list[WorkerGroup] = []
         lora = {"lora": m.lora} if m.lora.enabled else {}  # (config load refuses LoRA for a reward model)
-        # (a policy exports in model.export_dtype; a reward model's classifier as it trained)
-        export = {"export_dtype": m.export_dtype} if issubclass(actor_cls, PolicyWorker) else {}
+        export = {"export_dtype": m.export_dtype}  # (a policy and a reward model alike)
         # (the actor's tokenizer is exported with the model: with model.chat_template, so is the template)
         self.actor = self.group(actor_cls, "actor", engine=cfg.train_engine(), total_steps=cfg.trainer.steps,
                                 seed=cfg.run.seed, chat_template=m.template(), **lora, **export,

@@ -330,9 +330,10 @@ class RewardModelTrainer(_TrainerWorker):
     def __init__(self, model_path: str, engine: TrainEngineConfig, total_steps: int, *, dtype: str = "float32",
                  compute_dtype: str | None = None, device: str = "auto", attn_implementation: str = "sdpa",
                  threads: int = 0, seed: int = 0, chat_template: str | None = None,
-                 head_fp32: bool = False) -> None:  # (model.head_fp32 is for LM heads: a value head stays as it is)
-        from functools import partial
+                 head_fp32: bool = False, export_dtype: str = "auto") -> None:  # (model.head_fp32 is for LM heads:
+        from functools import partial  # a value head stays as it is)
 
+        self.export_dtype = resolve_export_dtype(export_dtype, model_path)  # (as a policy's: model.export_dtype)
         self._start(partial(load_value_model, bias=False), model_path, engine, total_steps, dtype=dtype,
                     compute_dtype=compute_dtype, device=device, attn_implementation=attn_implementation,
                     threads=threads, seed=seed, output="values", metric_prefix="rm")
@@ -343,12 +344,13 @@ class RewardModelTrainer(_TrainerWorker):
         return self.engine.logprobs(batch)[0]
 
     def save_pretrained(self, path: str) -> None:
-        """Save as a Hugging Face ``*ForSequenceClassification`` (collective when sharded; rank 0 writes)."""
+        """Save as a Hugging Face ``*ForSequenceClassification`` in ``model.export_dtype`` (collective when
+        sharded; rank 0 writes)."""
         from relayrl.models.reward import export_reward_model
 
         full = fsdp.full_model_state(self.engine.model)
         if getattr(self, "rank", 0) == 0:
-            export_reward_model(self.engine.model, self.tokenizer, path, state_dict=full)
+            export_reward_model(self.engine.model, self.tokenizer, path, state_dict=full, dtype=self.export_dtype)
 
 
 class ReferenceWorker(MemoryProbe, Worker):

@@ -67,3 +67,20 @@ def test_a_bf16_checkpoint_trained_in_float32_exports_in_its_dtype(bf16_dir, tmp
     with safe_open(str(tmp_path / "out" / "model.safetensors"), framework="pt") as f:
         assert "lm_head.weight" not in f.keys()  # the tied head is saved once, as the embedding (it was twice)
     assert back.lm_head.weight is back.model.embed_tokens.weight
+
+
+@pytest.mark.parametrize("setting,want", [("auto", torch.bfloat16), ("float32", torch.float32)])
+def test_a_reward_model_exports_in_the_export_dtype_too(bf16_dir, tmp_path, setting, want):
+    """workflow rm: the classifier RUN_DIR/model follows model.export_dtype as a policy does (it was written in
+    the trained float32 whatever the starting checkpoint); reward.model loads it with its score weight."""
+    from relayrl.models.reward import load_reward_model
+    from relayrl.workflows.trainer_workers import RewardModelTrainer
+
+    worker = RewardModelTrainer(model_path=str(bf16_dir), engine=TrainEngineConfig(), total_steps=1, threads=1,
+                                export_dtype=setting)
+    assert next(worker.engine.model.parameters()).dtype == torch.float32
+    worker.save_pretrained(str(tmp_path / "rm"))
+    assert _saved(tmp_path / "rm") == (str(want).split(".")[1], {want})
+    back = load_reward_model(tmp_path / "rm", dtype=str(want).split(".")[1])
+    head = worker.engine.model.get_output_embeddings().weight
+    torch.testing.assert_close(back.score.weight, head.detach().reshape(1, -1).to(want), atol=0, rtol=0)
