@@ -97,8 +97,7 @@ from typing import Any, Literal
 import torch
 
 from relayrl.engines.training import flex, fsdp, ulysses
-from relayrl.models import packing_check, routing
-from relayrl.models.load import attention_windows
+from relayrl.models import routing
 from relayrl.algorithms._checks import deferred_metrics, metric_value
 from relayrl.engines.training.accumulate import MetricSums, StreamedUpdate
 from relayrl.engines.training.state import EngineState
@@ -106,12 +105,12 @@ from relayrl.engines.training.base import (REF_FIELD, LossFn, MicroBatch, Sequen
                                           with_group_tokens)
 from relayrl.engines.training.config import TrainEngineConfig
 from relayrl.engines.training.forward import Forward, pad_field, with_loss_mask
+from relayrl.engines.training.layout import PassLayout
 from relayrl.engines.training.logprob_passes import LogprobPasses
 from relayrl.engines.training.routed import RoutedPasses
 from relayrl.engines.training.steps import make_scheduler, minibatch_slices, over_steps
 from relayrl.models.logits import LogitTransform, check_head
-from relayrl.models.packing import (PackUnit, additive_mask, build_packed_batch, pack_units, plan_microbatches,
-                                    plan_units, shared_prompt_mask, to_device)
+from relayrl.models.packing import PackUnit, build_packed_batch, plan_microbatches, to_device
 
 __all__ = ["TrainEngineConfig", "TorchTrainingEngine", "Forward", "plan_microbatches", "minibatch_slices", "make_scheduler"]
 
@@ -130,7 +129,7 @@ def _check_role(output: str, reference, reference_adapters_off: bool, head_fp32:
                          "under its LoRA adapters), not both")
 
 
-class TorchTrainingEngine(LogprobPasses, RoutedPasses, StreamedUpdate, EngineState):
+class TorchTrainingEngine(PassLayout, LogprobPasses, RoutedPasses, StreamedUpdate, EngineState):
     """See the module docstring. ``model`` is a Hugging Face causal LM; ``reference`` an optional frozen
     copy of the initial policy (same architecture) laid out like ``model`` (tri-model, Periodic Asynchrony §4.1)."""
 
@@ -255,65 +254,6 @@ class TorchTrainingEngine(LogprobPasses, RoutedPasses, StreamedUpdate, EngineSta
         if why:
             raise ValueError(f"engine.cuda_graphs=true needs compiled layers on one CUDA device, but {why}; set "
                              f"engine.cuda_graphs=false")
-
-    # --------------------------------------------------------------- layout
-    def _resolve_packing(self, trainable: bool) -> None:
-        """Pick the effective packing mode and the mask form this model's attention accepts (a model loaded
-        with flex_attention is switched to :func:`relayrl.engines.training.flex.flex_attention_forward`)."""
-        conf = self.model.config
-        self.attn_impl = getattr(conf, "_attn_implementation", None)
-        self.flex = flex.is_flex(self.attn_impl)
-        if self.flex:
-            if trainable and not flex.backward_supported(self.device):
-                raise ValueError(f"attn_implementation={self.attn_impl!r}: torch {torch.__version__} has no "
-                                 f"FlexAttention backward pass on {self.device.type}; train there with "
-                                 "model.attn_implementation=sdpa (flex_attention is for CUDA)")
-            flex.install(self.model)
-            self.attn_impl = flex.ATTN
-        # (a window for every layer when the config sets one but lists no layer types: Mistral, Phi-3)
-        layer_types, self.sliding_window, self._mask_per_type = attention_windows(conf)
-        self.packing = self.cfg.packing
-        reason = None if self.packing == "none" else packing_check.unpacked_reason(
-            self.model, self.attn_impl in ("sdpa", "eager", flex.ATTN), layer_types, self.sliding_window)
-        if reason is not None:
-            if self.cfg.sequence_parallel > 1:  # (Ulysses splits packed rows only)
-                raise ValueError(f"engine.sequence_parallel={self.cfg.sequence_parallel} splits packed rows, and "
-                                 f"this model cannot be packed: {reason}; set engine.sequence_parallel=1")
-            warnings.warn(f"packing={self.packing!r} disabled, using 'none': {reason}", stacklevel=3)
-            self.packing = "none"
-
-    @property
-    def _feed_last(self) -> bool:
-        """Whether packed passes feed each response's last token (:attr:`PackUnit.feed_last`): only routing replay
-        (routes laid out over whole sequences) and the load-balancing loss (over every fed token) need it."""
-        return self.routing is not None or self._balance is not None
-
-    def _plan(self, batch: SequenceBatch) -> list[list[int] | list[list[PackUnit]]]:
-        """Micro-batches: row lists (``packing="none"``) or packed rows, each a list of units."""
-        lengths = [int(p.numel() + r.numel()) for p, r in zip(batch.prompt_ids, batch.response_ids)]
-        if self.packing == "none" or not lengths:
-            return plan_microbatches(lengths, self.cfg.token_budget)
-        units = plan_units(batch.prompt_ids, batch.response_ids, batch.groups, mode=self.packing,
-                           max_len=min(self.cfg.pack_length or self.cfg.token_budget, self.cfg.token_budget),
-                           feed_last=self._feed_last)
-        capacity = self.cfg.pack_length or max(u.length for u in units)
-        rows = [[units[k] for k in pack] for pack in pack_units([u.length for u in units], capacity)]
-        row_len = [sum(u.length for u in r) for r in rows]
-        return [[rows[k] for k in mb] for mb in plan_microbatches(row_len, self.cfg.token_budget)]
-
-    def _attention_mask(self, doc_ids: torch.Tensor, seg_ids: torch.Tensor, pos_ids: torch.Tensor):
-        """The packed mask in the form the model's attention takes (bool for SDPA, additive for eager, a
-        ``BlockMask`` for flex), built once for every layer; a dict by layer type with sliding layers."""
-
-        def mask(window: int | None):
-            if self.flex:
-                return flex.block_mask(doc_ids, seg_ids, pos_ids, sliding_window=window)
-            dense = shared_prompt_mask(doc_ids, seg_ids, pos_ids, sliding_window=window)
-            return dense if self.attn_impl == "sdpa" else additive_mask(dense, self.compute_dtype)
-
-        if self.sliding_window is None or not self._mask_per_type:
-            return mask(self.sliding_window)
-        return {"full_attention": mask(None), "sliding_attention": mask(self.sliding_window)}
 
     # --------------------------------------------------------------- forward
     def _compute(self, enabled: bool | None = None):
