@@ -147,7 +147,8 @@ def _device(model_dir: str, threads: int, reps: int, prompt_len: int) -> tuple[D
         prompts = [torch.tensor(p) for p in _prompts(tok, groups, prompt_len) for _ in range(8)]
         responses = [torch.tensor(p[:resp] * (resp // len(p[:resp]) + 1))[:resp] for p in _prompts(tok, rows, 4 * resp)]
         batch = SequenceBatch(prompts, responses, groups=[i // 8 for i in range(rows)])
-        tokens = groups * prompt_len + rows * resp  # what the simulator counts: a group's prompt once
+        tokens = groups * prompt_len + rows * (resp - 1)  # what the engine feeds and the simulator counts: a
+        # group's prompt once, each response without its last token (PackUnit.feed_last)
 
         def step():
             train.begin_accumulation()
