@@ -110,6 +110,13 @@ class UserLoss:
 
     def __init__(self, path: str, fn: Callable[..., Any]) -> None:
         self.path, self.fn, self.key = path, fn, f"algorithm.policy_loss={path}"
+        uses = getattr(fn, "uses_ratio", True)
+        if not isinstance(uses, bool):
+            raise PluginError(f"{self.key}: its uses_ratio attribute is {uses!r}; set fn.uses_ratio = False for a "
+                              f"loss that never reads old_logprobs (no pi_old pass then), or leave it out")
+        self.uses_ratio = uses
+        """Whether the loss reads ``old_logprobs`` (the ratio): a function that sets ``uses_ratio = False``
+        declares it does not, and a step with several optimizer steps then skips the pi_old pass for it."""
         self.checked = False
         """Whether a call of this process has been checked for a finite loss with a gradient (once: the check
         reads the loss to the host)."""

@@ -13,7 +13,7 @@ from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valid
                       model_validator)
 
 from relayrl.algorithms.estimators import ESTIMATORS, estimator
-from relayrl.algorithms.names import AGG_MODES, POLICY_LOSS_NAMES, REFERENCE_KINDS
+from relayrl.algorithms.names import AGG_MODES, POLICY_LOSS_NAMES, RATIO_FREE_LOSSES, REFERENCE_KINDS
 from relayrl.plugins import absolute_file, is_path
 
 if TYPE_CHECKING:  # torch: imported when a loss asks for its correction, not while a recipe is validated
@@ -340,6 +340,16 @@ class AlgorithmConfig(_Section):
     distill: DistillConfig = Field(DistillConfig(), description="on-policy distillation from a teacher model")
     online_dpo: OnlineDPOConfig = Field(OnlineDPOConfig(), description="advantage=online-dpo: the DPO loss on each "
                                         "prompt group's best and worst response")
+
+    @property
+    def loss_uses_ratio(self) -> bool:
+        """Whether the policy loss reads pi_old (its ratio): not gpg, nor a user's loss that declares
+        ``fn.uses_ratio = False``."""
+        if self.policy_loss in POLICY_LOSS_NAMES:
+            return self.policy_loss not in RATIO_FREE_LOSSES
+        from relayrl.algorithms.plugins import load_policy_loss
+
+        return load_policy_loss(self.policy_loss).uses_ratio
 
     @property
     def routes_from_rollout(self) -> bool:

@@ -27,7 +27,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from relayrl.algorithms.estimators import Estimator, estimator
-from relayrl.algorithms.names import RATIO_FREE_LOSSES
 
 Config = Any  # relayrl.config.schema.Config (which asks this module; not imported back, no cycle)
 
@@ -243,7 +242,7 @@ def step_plan(cfg: Config) -> StepPlan:
         notes.append(f"the update waits for the whole batch ({'; '.join(why_batch)}); generation, scoring and the "
                      f"forward-only passes still overlap per prompt group")
     pools = {r: pools[r] for r in roles}
-    reuses = t.epochs * t.mini_batches > 1 and (a.policy_loss not in RATIO_FREE_LOSSES or a.correction.enabled)
+    reuses = t.epochs * t.mini_batches > 1 and (a.loss_uses_ratio or a.correction.enabled)
     recompute_old = a.old_logprobs == "recompute" or (a.old_logprobs == "auto" and reuses)
     if est.reads_old and not recompute_old:  # (old_logprobs=rollout with such an estimator: refused by the config)
         recompute_old = True

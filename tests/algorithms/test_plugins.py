@@ -49,6 +49,20 @@ PLUGINS = textwrap.dedent('''
         return -beta * advantages * logprobs, {"mine/beta": float(beta), "mine/soft": float(mode == "soft")}
 
 
+    def plain_pg(logprobs, old_logprobs, advantages, mask, **common):
+        return -advantages * logprobs, {}
+
+
+    plain_pg.uses_ratio = False
+
+
+    def wrong_flag(logprobs, old_logprobs, advantages, mask, **common):
+        return -advantages * logprobs, {}
+
+
+    wrong_flag.uses_ratio = "no"
+
+
     def no_common(logprobs, old_logprobs, advantages, mask):
         return (-advantages * logprobs).sum(), {}
 
@@ -233,6 +247,22 @@ def test_a_user_loss_gets_its_own_options_from_the_config(plugins):
 def test_options_a_loss_does_not_name_are_refused_when_the_config_loads(plugins, loss, options, match):
     with pytest.raises(ValueError, match=match):
         _cfg(policy_loss=loss if loss in ("ppo", "sapo") else f"{plugins}:{loss}", policy_loss_options=options)
+
+
+def test_a_user_loss_that_declares_no_ratio_skips_the_pi_old_pass(plugins):
+    """With several optimizer steps per batch a loss is taken to read pi_old (the pi_old pass runs), unless the
+    function says ``uses_ratio = False``; a rollout correction still needs pi_old."""
+    from relayrl.config.plan import step_plan
+    from relayrl.config.schema import Config
+
+    def plan(loss, **algorithm):
+        return step_plan(Config.model_validate({"algorithm": {"policy_loss": f"{plugins}:{loss}", **algorithm},
+                                                "trainer": {"mini_batches": 2}}))
+
+    assert plan("token_loss").recompute_old and not plan("plain_pg").recompute_old
+    assert plan("plain_pg", correction={"level": "token"}).recompute_old
+    with pytest.raises(ValueError, match=r"wrong_flag: its uses_ratio attribute is 'no'; set fn.uses_ratio = False"):
+        _cfg(policy_loss=f"{plugins}:wrong_flag")
 
 
 @pytest.mark.parametrize("body,match", [
