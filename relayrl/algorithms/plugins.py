@@ -26,7 +26,8 @@ rollout correction or a token selection). ``metrics`` is a dict of floats (or 0-
 ``_min`` take extremes, a ``seq_..`` name is averaged over responses, others over tokens
 (:func:`~relayrl.engines.training.base.metric_reduction`). The signature is checked when the config loads; the
 return at every call (its type and shape) and, at a process's first call, that it is finite and carries the
-gradient of ``logprobs``.
+gradient of ``logprobs``. ``algorithm.policy_loss_options`` go to ``fn`` by keyword, each a parameter it names
+(:meth:`UserLoss.check_options`); ``fn.uses_ratio = False`` declares that it never reads ``old_logprobs``.
 
 This module imports no torch (the config checks run it while a recipe is validated); a user's file is imported
 when the config naming it loads.
