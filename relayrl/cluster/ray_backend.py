@@ -192,6 +192,25 @@ def _acquire_placement(pool: ResourcePool, cfg: ClusterConfig) -> Placement:
         return pool.ray_placement
 
 
+def unsendable(message: str, payloads: Any = None) -> str:
+    """The cause in Ray's report of an argument that does not serialize (its first failure, and the path of the
+    object it blames), for one line instead of Ray's page of it; where the report names none, the error of
+    pickling ``payloads`` again (only on this failure: a call pickles its arguments once)."""
+    lines = [x.strip() for x in message.splitlines()]
+    cause = next((x.split(":", 1)[1].strip() for x in lines if x.startswith("!!! FAIL serialization:")), None)
+    path = next((x.split("path=", 1)[1].split(",", 1)[0] for x in lines if "FailTuple(" in x and "path=" in x), None)
+    if cause is None and payloads is not None:
+        from ray import cloudpickle
+
+        try:
+            cloudpickle.dumps(payloads)
+        except Exception as e:  # (whatever pickling raises is the cause to name)
+            cause = f"{type(e).__name__}: {e}" if not isinstance(e, TypeError) else str(e)
+    if cause is None:
+        return lines[0] if lines else message
+    return cause + (f" (at .{path})" if path else "")
+
+
 def rank_devices(pool: ResourcePool, per_rank: int) -> tuple[str, tuple[str, ...]]:
     """(device, devices) of a rank owning ``per_rank`` devices of ``pool``, in its own numbering: Ray gives a
     CUDA actor its own ``CUDA_VISIBLE_DEVICES`` (:func:`rank_env` for a rank of several), so its GPUs are
@@ -329,12 +348,18 @@ class RayRanks:
         if self.broken is not None:
             raise RuntimeError(f"worker group {self.group!r} is broken ({self.broken}); shut it down and create it again")
         call_id, self._next_id = self._next_id, self._next_id + 1
-        if len(payloads) > 1 and all(p is payloads[0] for p in payloads):
-            # An `all` call: store the arguments once in the object store; every rank reads the same object.
-            shared = ray.put(payloads[0])
-            refs = [self.actors[r].call_shared.remote(call_id, method, shared) for r in ranks]
-        else:
-            refs = [self.actors[r].call.remote(call_id, method, a, k) for r, (a, k) in zip(ranks, payloads)]
+        try:
+            if len(payloads) > 1 and all(p is payloads[0] for p in payloads):
+                # An `all` call: store the arguments once in the object store; every rank reads the same object.
+                shared = ray.put(payloads[0])
+                refs = [self.actors[r].call_shared.remote(call_id, method, shared) for r in ranks]
+            else:
+                refs = [self.actors[r].call.remote(call_id, method, a, k) for r, (a, k) in zip(ranks, payloads)]
+        except TypeError as exc:  # (Ray's message is a page: what failed, and where, is two of its lines)
+            if "serializ" not in str(exc):
+                raise
+            raise TypeError(f"group {self.group!r}: the arguments of {method!r} cannot be pickled for the Ray "
+                            f"workers: {unsendable(str(exc), payloads)}") from None
         return self._gather(refs, method, None, ranks=ranks)
 
     def _gather(self, refs: list, method: str, deadline: float | None, ranks: list[int] | None = None,

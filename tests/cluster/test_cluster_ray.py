@@ -12,6 +12,15 @@ from relayrl.cluster import ResourcePool, WorkerError, make_group
 pytestmark = [pytest.mark.ray, pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")]
 
 
+class Locked:
+    """An object that does not pickle (it holds a lock)."""
+
+    def __init__(self):
+        import threading
+
+        self.lock = threading.Lock()
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     yield from local_ray(2)
@@ -30,6 +39,13 @@ def test_ray_group_dispatch_collectives_errors_and_colocation(ray_cluster):
         assert g.one(Echo.echo, 7, rank=1) == (1, 7)
         assert g.all("all_reduce_rank") == [3.0, 3.0]
         assert g.one_async("echo", 5, rank=1).result(timeout=60) == (1, 5)
+        # an argument that does not pickle: one line with Ray's cause and where, not Ray's page of it
+        for call in (lambda: g.one("echo", {"state": Locked()}, rank=1), lambda: g.all("echo", Locked())):
+            with pytest.raises(TypeError, match=r"^group 'ractor': the arguments of 'echo' cannot be pickled for the "
+                                                r"Ray workers: cannot pickle '_thread.lock' object") as bad:
+                call()
+            assert len(str(bad.value)) < 300 and "=====" not in str(bad.value)
+        assert g.one("echo", 2, rank=0) == (0, 2)  # the group is still usable
         with pytest.raises(WorkerError) as info:
             g.all("boom", on_rank=1)
         assert (info.value.group, info.value.rank, info.value.method) == ("ractor", 1, "boom")
@@ -64,3 +80,16 @@ def test_a_gpu_pool_on_a_cpu_cluster_is_refused_at_once_naming_model_device(ray_
     with pytest.raises(PlacementError, match=r"needs 1 GPU\(s\) but the Ray cluster has 0; set model.device=cpu") as info:
         make_group(ray_cluster, Echo, ResourcePool("gpu", devices=1, device_kind="cuda"), "gpu-actor")
     assert is_user_error(info.value)
+
+
+def test_rays_page_on_an_argument_that_does_not_pickle_reads_as_its_cause():
+    from relayrl.cluster.ray_backend import unsendable
+
+    page = ("Could not serialize the argument <H object> for a task or actor A.f:\n" + "=" * 70 + "\n"
+            "Checking Serializability of <H object>\n" + "=" * 70 + "\n"
+            "!!! FAIL serialization: cannot pickle '_thread.lock' object\n"
+            "    Serializing 'lock' <unlocked _thread.lock object>...\n"
+            "Variable: \n\n\tFailTuple(lock [path=lock, obj=<unlocked _thread.lock object>, parent=<H object>])\n")
+    assert unsendable(page) == "cannot pickle '_thread.lock' object (at .lock)"
+    assert unsendable("Could not serialize the argument x:", payloads=(Locked(),)) == \
+        "cannot pickle '_thread.lock' object"
