@@ -166,7 +166,8 @@ class GRPOPipeline:
         m.update(self._adapt_kl(m, f, trained))
         m.update(self._adapt_entropy(m, f, trained))
         m.update(self.ref_sync.after_step(step))  # (before the next step's reference pass)
-        self.s.tracker.log_samples(step, f.state.samples)
+        self.s.tracker.log_samples(step, sorted(f.state.samples, key=lambda s: s["group"]))  # (by prompt group, not
+        # in the order the scoring calls ended)
         m.update(self._hand_over_weights(step, f, trained))
         m.update(self.parts.phases.metrics)
         m.update(self._driver_bytes())  # (after the hand-over: weights relayed through the driver count)

@@ -33,6 +33,9 @@ def test_a_run_writes_each_samples_logged_columns_with_its_own_response(tmp_path
              f"reward.user_fn={tmp_path}/logs_extra.py:tagged", *over)
     rows = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1] * 5 + [2] * 5
+    for step in (1, 2):  # ordered by prompt group, whatever order the scoring calls ended in
+        groups = [r["group"] for r in rows if r["step"] == step]
+        assert groups == sorted(groups)
     assert len({r["response"] for r in rows}) > 1  # (distinct responses: a mix-up of rows would show)
     for r in rows:
         assert r["chars"] == len(r["response"]) and r["reversed"] == r["response"][::-1]
