@@ -11,6 +11,7 @@ from pathlib import Path
 
 from relayrl import __version__
 from relayrl.cli import argtypes
+from relayrl.config.eval_flags import EVAL_FLAGS
 from relayrl.config.loader import SHIPPED
 
 __all__ = ["main"]
@@ -153,20 +154,6 @@ def _eval_reward(verifier: str, user_fn: list[str] | None, weights: list[float] 
         msg = "; ".join(str(x.get("ctx", {}).get("error", x["msg"])) for x in errors()) if errors else str(e)
         fns = " ".join(user_fn) if isinstance(user_fn, list) else user_fn
         raise ConfigError(f"relayrl eval: --user-fn {fns}: {msg}") from None
-
-
-EVAL_FLAGS = {  # dest: (its value without --recipe when not given, the run config key that sets it with --recipe)
-    "task": (None, "data.task"), "task_options": (None, "data.task_options"), "data": (None, "data.eval_path"),
-    "format": (None, "data.format"), "prompt_key": ("prompt", "data.prompt_key"),
-    "answer_key": ("answer", "data.answer_key"), "verifier": ("math", "reward.verifier"),
-    "user_fn": (None, "reward.user_fn"), "user_weights": (None, "reward.user_weights"), "size": (200, "eval.size"),
-    "k": (1, "eval.k"), "temperature": (1.0, "eval.temperature"), "max_new_tokens": (16, "eval.max_new_tokens"),
-    "dtype": ("float32", "model.dtype"), "device": ("auto", "model.device"), "seed": (0, "run.seed"),
-    "chat_template": (None, "model.chat_template"), "chat_template_kwargs": (None, "data.chat_template_kwargs"),
-    "think_budget": (None, "rollout.interrupt.after_tokens"),
-}
-"""The ``relayrl eval`` options that a run config holds: with ``--recipe`` the config's key decides (given as an
-override), so the option is refused rather than one of the two silently ignored."""
 
 
 def _eval_recipe_config(args):

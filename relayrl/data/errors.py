@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from relayrl.config.eval_flags import eval_flag
 from relayrl.errors import UserError
 
 __all__ = ["DatasetError", "missing_field"]
@@ -14,7 +15,6 @@ class DatasetError(UserError, ValueError):
 
 
 _CONVERSATIONS = ("messages", "conversations", "conversation", "chat")
-_EVAL_FLAGS = {"data.prompt_key": "--prompt-key", "data.answer_key": "--answer-key"}
 
 
 def _nested_keys(row: Mapping, key: str) -> str:
@@ -43,6 +43,6 @@ def missing_field(key: str, names, option: str | None = None) -> str:
     if chats:
         return text + f"; rows of whole conversations: set data.messages_key={chats[0]} (workflow sft)"
     if option is not None:
-        flag = _EVAL_FLAGS.get(option)
+        flag = eval_flag(option)
         return text + f"; {option}{f' ({flag} for relayrl eval)' if flag else ''} names the field to read"
     return text
