@@ -185,6 +185,9 @@ def check_run_dir(run_dir: Path, resume: str, overwrite: bool,
     foreign = _foreign_config(run_dir)
     if foreign is not None:
         raise foreign
+    busy = _in_use(run_dir)  # (first: resuming a live run, or moving it aside, is not a way out)
+    if busy is not None:
+        raise RunDirError(busy)
     rewind = _rewind(run_dir, resume)
     if rewind is not None:
         raise rewind
@@ -278,21 +281,34 @@ def hold_run_dir(run_dir: Path) -> None:
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        f.seek(0)
-        try:
-            who = json.loads(f.read())
-            holder = f"pid {who['pid']} on {who['host']}, started {who['started']}"
-        except (json.JSONDecodeError, KeyError, TypeError):
-            holder = "a process that has not yet written its name"
         f.close()
-        raise RunDirError(f"run.dir={run_dir} is in use by another run ({holder}; lock {key / LOCK_FILE}); "
-                          f"wait for it to finish, or choose another run.dir (e.g. run.dir={run_dir}-2)") from None
+        raise RunDirError(_in_use(run_dir) or f"run.dir={run_dir} is in use by another run") from None
     f.seek(0)
     f.truncate()
     f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}) + "\n")
     f.flush()
     _HELD[key] = f
+
+
+def _in_use(run_dir: Path) -> str | None:
+    """Why ``run_dir`` cannot be started in now, when another live process holds its lock (the holder, from the
+    lock file); None when no other process does (the probe takes the lock and gives it back at once)."""
+    key = Path(run_dir).resolve()
+    if key in _HELD or not (key / LOCK_FILE).is_file():
+        return None
+    with open(key / LOCK_FILE, encoding="utf-8") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                who = json.loads(f.read())
+                holder = f"pid {who['pid']} on {who['host']}, started {who['started']}"
+            except (json.JSONDecodeError, KeyError, TypeError):
+                holder = "a process that has not yet written its name"
+            return (f"run.dir={run_dir} is in use by another run ({holder}; lock {key / LOCK_FILE}); wait for it "
+                    f"to finish, or choose another run.dir (e.g. run.dir={run_dir}-2)")
+    return None  # (closing the file gave the probe's lock back)
 
 
 def release_run_dir(run_dir: Path) -> None:

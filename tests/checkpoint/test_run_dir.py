@@ -302,6 +302,13 @@ def test_a_run_dir_is_held_by_one_run_and_the_refusal_names_the_holder(tmp_path)
         msg = str(e.value)
         assert f"run.dir={run} is in use by another run (pid {other.pid} on {socket.gethostname()}, started " in msg
         assert f"choose another run.dir (e.g. run.dir={run}-2)" in msg and is_user_error(e.value)
+        (run / "metrics.jsonl").write_text('{"step": 1}\n')  # the live run's files: the early check names the
+        for resume, overwrite in (("never", False), ("auto", False), ("never", True)):  # holder, not a way out
+            with pytest.raises(RunDirError) as e:  # (resume=auto, overwrite) that the lock would refuse next
+                check_run_dir(run, resume, overwrite)
+            assert f"is in use by another run (pid {other.pid} on " in str(e.value), (resume, overwrite)
+            assert "run.resume=auto" not in str(e.value) and "run.overwrite" not in str(e.value)
+        assert run.is_dir() and (run / "metrics.jsonl").is_file()  # nothing moved aside
     finally:
         other.stdin.close()
         other.wait(30)
