@@ -16,7 +16,9 @@ Forward passes lay out rows at the last moment, in one of three ways
 Packed units (a group never splits unless it alone exceeds the token budget)
 are bin-packed into rows no longer than the longest unit (or
 ``pack_length``), and rows are cut into micro-batches whose *padded* token
-count stays under ``token_budget``. The mask goes to the Hugging Face model in
+count stays under ``token_budget`` (:mod:`relayrl.engines.training.layout`); a
+packed response's last token, which predicts nothing, is not fed unless
+routing replay or a load-balancing loss needs every token's routing. The mask goes to the Hugging Face model in
 a form transformers passes through untouched: a dense 4-D tensor, boolean for
 ``attn_implementation="sdpa"`` and additive float for ``"eager"``, or for
 ``"flex_attention"`` a block-sparse FlexAttention ``BlockMask`` that skips the
