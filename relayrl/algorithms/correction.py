@@ -56,10 +56,10 @@ from relayrl.algorithms._ops import LOG_CLAMP, masked_max, masked_mean
 
 Tensor = torch.Tensor
 
-__all__ = ["LEVELS", "MODES", "MISMATCH_KL_KINDS", "KL_REDUCES", "Correction", "rollout_correction", "log_ratios",
-           "token_kl", "level_log_weights", "truncate", "mask_outside", "kl_statistic", "divergence_mask"]
+__all__ = ["WEIGHT_LEVELS", "MODES", "MISMATCH_KL_KINDS", "KL_REDUCES", "Correction", "rollout_correction",
+           "log_ratios", "token_kl", "level_log_weights", "truncate", "mask_outside", "kl_statistic", "divergence_mask"]
 
-LEVELS: tuple[str, ...] = ("token", "sequence", "geometric")
+WEIGHT_LEVELS: tuple[str, ...] = ("token", "sequence", "geometric")
 MODES: tuple[str, ...] = ("truncate", "mask")
 MISMATCH_KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3")
 """The estimates of the rollout mismatch ``KL(mu || pi_old)`` (:func:`token_kl`); not
@@ -163,8 +163,8 @@ def rollout_correction(
 def _check(level: str | None, mode: str, high: float, low: float | None, kl_threshold: float | None, kl_kind: str,
            kl_reduce: str, kl_low: float | None, negative_only: bool, advantages: Tensor | None) -> None:
     """:func:`rollout_correction`'s settings, refused with the reason."""
-    if level is not None and level not in LEVELS:
-        raise ValueError(f"unknown level {level!r}; valid levels: {', '.join(LEVELS)} (or None)")
+    if level is not None and level not in WEIGHT_LEVELS:
+        raise ValueError(f"unknown level {level!r}; valid levels: {', '.join(WEIGHT_LEVELS)} (or None)")
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
     if kl_kind not in MISMATCH_KL_KINDS:

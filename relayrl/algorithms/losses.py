@@ -37,11 +37,11 @@ from relayrl.algorithms._checks import to_floats
 from relayrl.algorithms._ops import masked_mean
 from relayrl.algorithms.aggregation import AGG_MODES, aggregate, count_tokens_and_seqs
 from relayrl.algorithms.names import POLICY_LOSS_NAMES
-from relayrl.algorithms.ratio import LEVELS, LossArgs, ratio_metrics, ratio_terms
+from relayrl.algorithms.ratio import RATIO_LEVELS, LossArgs, ratio_metrics, ratio_terms
 
 Tensor = torch.Tensor
 
-__all__ = ["AGG_MODES", "LEVELS", "POLICY_LOSSES", "aggregate", "count_tokens_and_seqs", "policy_loss",
+__all__ = ["AGG_MODES", "RATIO_LEVELS", "POLICY_LOSSES", "aggregate", "count_tokens_and_seqs", "policy_loss",
            "policy_loss_fn"]
 
 
@@ -93,7 +93,7 @@ def policy_loss(
     c = LossArgs.of("PPO", dict(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, agg=agg, level=level,
                                 is_weights=is_weights, global_tokens=global_tokens, global_seqs=global_seqs,
                                 constant=constant, group_tokens=group_tokens, global_groups=global_groups),
-                    levels=LEVELS, dual_clip=True, clip=True)
+                    levels=RATIO_LEVELS, dual_clip=True, clip=True)
     LossArgs.check(logprobs, old_logprobs, advantages, mask, is_weights)
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip}")

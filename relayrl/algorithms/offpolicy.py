@@ -28,11 +28,11 @@ from __future__ import annotations
 import torch
 
 from relayrl.algorithms._checks import check_batch
-from relayrl.algorithms.correction import LEVELS, MODES, rollout_correction
+from relayrl.algorithms.correction import MODES, WEIGHT_LEVELS, rollout_correction
 
 Tensor = torch.Tensor
 
-IS_LEVELS: tuple[str, ...] = LEVELS
+IS_LEVELS: tuple[str, ...] = WEIGHT_LEVELS
 """The levels of :func:`truncated_is_weights`: the correction's (it computes them), without its ``None``."""
 IS_MODES: tuple[str, ...] = MODES
 

@@ -19,9 +19,9 @@ from relayrl.algorithms.aggregation import aggregate
 
 Tensor = torch.Tensor
 
-__all__ = ["LEVELS", "LossArgs", "RatioTerms", "ratio_terms", "ratio_metrics"]
+__all__ = ["RATIO_LEVELS", "LossArgs", "RatioTerms", "ratio_terms", "ratio_metrics"]
 
-LEVELS: tuple[str, ...] = ("token", "sequence")
+RATIO_LEVELS: tuple[str, ...] = ("token", "sequence")
 
 
 class RatioTerms:
@@ -38,9 +38,9 @@ class RatioTerms:
 
 def ratio_terms(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
                 level: str = "token") -> RatioTerms:
-    """The ratio of ``logprobs`` (``[B, T]``, with grad) to ``old_logprobs`` at ``level`` (:data:`LEVELS`)."""
-    if level not in LEVELS:
-        raise ValueError(f"unknown ratio level {level!r}; valid levels: {', '.join(LEVELS)}")
+    """The ratio of ``logprobs`` (``[B, T]``, with grad) to ``old_logprobs`` at ``level`` (:data:`RATIO_LEVELS`)."""
+    if level not in RATIO_LEVELS:
+        raise ValueError(f"unknown ratio level {level!r}; valid levels: {', '.join(RATIO_LEVELS)}")
     m = as_float_mask(mask, logprobs)
     valid = m > 0
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)

@@ -24,7 +24,7 @@ import torch
 
 from relayrl.algorithms._checks import to_floats
 from relayrl.algorithms._ops import masked_mean
-from relayrl.algorithms.ratio import LEVELS, LossArgs, ratio_metrics, ratio_terms
+from relayrl.algorithms.ratio import RATIO_LEVELS, LossArgs, ratio_metrics, ratio_terms
 
 Tensor = torch.Tensor
 
@@ -47,7 +47,7 @@ def sapo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
         ``4 p (1 - p)`` over valid tokens: 1 on-policy), ``actor/approx_kl``, ``actor/ratio_mean``,
         ``actor/ratio_max``, ``actor/ratio_min``.
     """
-    c = LossArgs.of("SAPO", common, levels=LEVELS)
+    c = LossArgs.of("SAPO", common, levels=RATIO_LEVELS)
     LossArgs.check(logprobs, old_logprobs, advantages, mask, c.is_weights)
     if not (tau_pos > 0 and tau_neg > 0):
         raise ValueError(f"SAPO's temperatures must be > 0, got tau_pos={tau_pos}, tau_neg={tau_neg}")

@@ -69,7 +69,7 @@ def test_the_truncated_weights_take_the_corrections_levels_and_modes():
     correction's, not a copy that could drift from what that function accepts."""
     from relayrl.algorithms import correction, offpolicy
 
-    assert offpolicy.IS_LEVELS is correction.LEVELS and offpolicy.IS_MODES is correction.MODES
+    assert offpolicy.IS_LEVELS is correction.WEIGHT_LEVELS and offpolicy.IS_MODES is correction.MODES
     lp = torch.zeros(1, 3)
     for level in offpolicy.IS_LEVELS:
         for mode in offpolicy.IS_MODES:
