@@ -277,11 +277,9 @@ def _units(w: Workload, groups: list[list[int]]) -> list[int]:
     """Token lengths of the units the training engine makes of ``groups`` (response lengths per group). Shared-
     prompt packing: a group's prompt and its responses, a group over the token budget (or ``pack_length``) cut
     as :func:`plan_units` cuts it; ``sequences`` and ``none``: each response with its own copy of the prompt. A
-    packed response's last token is fed only with :attr:`Workload.feed_last` (a padded row feeds it)."""
-    if w.packing == "none":
-        return [w.prompt_tokens + r for g in groups for r in g]
+    response's last token is fed only with :attr:`Workload.feed_last`."""
     fed = [[r if w.feed_last else max(r - 1, 0) for r in g] for g in groups]
-    if w.packing == "sequences":
+    if w.packing != "shared_prompt":
         return [w.prompt_tokens + r for g in fed for r in g]
     limit = min(w.pack_length or w.token_budget, w.token_budget)
     return [w.prompt_tokens + sum(g[k] for k in part) for g in fed for part in cut_group(w.prompt_tokens, g, limit)]

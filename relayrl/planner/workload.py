@@ -210,8 +210,8 @@ class Workload(_Model):
         "sequences, or padded rows)")
     pack_length: int = Field(0, ge=0, description="engine.pack_length: max tokens of a packed row; 0 packs rows up "
                              "to the longest unit")
-    feed_last: bool = Field(False, description="packed passes feed each response's last token too (MoE routing "
-                            "replay, a load-balancing loss); else it is left out, as it predicts nothing")
+    feed_last: bool = Field(False, description="the training passes feed each response's last token too (MoE "
+                            "routing replay, a load-balancing loss); else it is left out, as it predicts nothing")
     decode_fused: bool = Field(False, description="rollout.decode_compile: on a GPU each rollout rank keeps a copy "
                                "of the model's q/k/v and gate/up weights (ModelShape.fused), fused")
     rollout_tp: int = Field(1, ge=1, description="rollout.vllm.tensor_parallel_size: each rollout rank spans this "

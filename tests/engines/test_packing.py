@@ -114,6 +114,22 @@ def test_an_engine_feeds_the_last_token_only_where_routes_or_balance_need_it():
     assert all(not u.feed_last for mb in eng._plan(batch) for row in mb for u in row)
 
 
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_padded_rows_leave_the_last_token_out_and_keep_the_logprobs(attn):
+    """engine.packing=none: each row is its prompt and response without the response's last token, padded to the
+    longest; the log-probs are the per-row forwards' and the pass counts the tokens it fed."""
+    model = _model(attn)
+    batch = _grouped([(3, 5), (2, 2)])
+    want, _ = _per_row(model, batch)
+    eng = TorchTrainingEngine(model, TrainEngineConfig(packing="none"), total_steps=1, trainable=False)
+    lps, _ = eng.logprobs(batch)
+    for got, w in zip(lps, want):
+        torch.testing.assert_close(got, w, atol=1e-5, rtol=1e-5)
+    rows = list(range(len(batch)))
+    fed = max(len(p) + len(r) - 1 for p, r in zip(batch.prompt_ids, batch.response_ids))
+    assert eng._padded_len(batch, rows) == len(rows) * fed
+
+
 def test_packed_rows_are_block_diagonal_and_padding_sees_itself():
     a, b = PackUnit((0,), 2, (1,)), PackUnit((1,), 1, (1,))
     pb = build_packed_batch([torch.tensor([1, 2]), torch.tensor([3])], [torch.tensor([4]), torch.tensor([5])],

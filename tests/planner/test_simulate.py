@@ -92,14 +92,14 @@ def test_micro_batches_pay_the_engines_padding():
 
 
 def test_units_leave_the_last_response_token_out_as_the_engine_does():
-    """By default a packed pass does not feed a response's last token (it predicts nothing); a padded row does,
-    and routing replay or a load-balancing loss keep it (``feed_last``). Groups [5, 5, 5, 5] and [20]."""
+    """By default a pass does not feed a response's last token (it predicts nothing), packed or padded; routing
+    replay or a load-balancing loss keep it (``feed_last``). Groups [5, 5, 5, 5] and [20]."""
     from relayrl.planner import simulate as sim
 
     groups = [[5, 5, 5, 5], [20]]
     assert sim._units(toy_workload(2, 4, feed_last=False), groups) == [1 + 16, 1 + 19]
     assert sim._units(toy_workload(2, 4, feed_last=False, packing="sequences"), groups) == [5, 5, 5, 5, 20]
-    assert sim._units(toy_workload(2, 4, feed_last=False, packing="none"), groups) == [6, 6, 6, 6, 21]
+    assert sim._units(toy_workload(2, 4, feed_last=False, packing="none"), groups) == [5, 5, 5, 5, 20]
     # the engine's own plan of the same rows: the same unit lengths
     from relayrl.models.packing import plan_units
 

@@ -88,8 +88,8 @@ class TrainEngineConfig(BaseModel):
         "configs say 0.001); reports <role>/router_aux_loss. 0: off, the routers learn from the policy loss alone")
     packing: Literal["none", "sequences", "shared_prompt"] = Field(
         "shared_prompt", description="forward layout: one prompt + its group's responses per unit (Periodic Asynchrony §4.2), "
-        "packed sequences, or right-padded rows. A packed response's last token predicts nothing and is left out "
-        "of the input (kept with routing replay or router_aux_loss_coef, which need every token's routing)")
+        "packed sequences, or right-padded rows. A response's last token predicts nothing and is left out of the "
+        "input (kept with routing replay or router_aux_loss_coef, which need every token's routing)")
     pack_length: int | None = Field(
         None, ge=16, description="max tokens per packed row; null packs rows up to the longest unit (a group or "
         "a sequence), so a packed row's attention never spans more than an unpacked row would")

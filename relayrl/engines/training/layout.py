@@ -59,13 +59,20 @@ class PassLayout:
 
     @property
     def _feed_last(self) -> bool:
-        """Whether packed passes feed each response's last token (:attr:`PackUnit.feed_last`): only routing replay
-        (routes laid out over whole sequences) and the load-balancing loss (over every fed token) need it."""
+        """Whether passes feed each response's last token (:attr:`PackUnit.feed_last`; padded rows too): only
+        routing replay (routes laid out over whole sequences) and the load-balancing loss (over every fed token)
+        need it."""
         return self.routing is not None or self._balance is not None
+
+    def _fed_len(self, batch: SequenceBatch, row: int) -> int:
+        """Tokens of batch row ``row`` a padded pass feeds: its prompt and response, without the response's last
+        token unless :attr:`_feed_last`."""
+        n = int(batch.response_ids[row].numel())
+        return int(batch.prompt_ids[row].numel()) + (n if self._feed_last else max(n - 1, 0))
 
     def _plan(self, batch: SequenceBatch) -> list[list[int] | list[list[PackUnit]]]:
         """Micro-batches: row lists (``packing="none"``) or packed rows, each a list of units."""
-        lengths = [int(p.numel() + r.numel()) for p, r in zip(batch.prompt_ids, batch.response_ids)]
+        lengths = [self._fed_len(batch, i) for i in range(len(batch.prompt_ids))]
         if self.packing == "none" or not lengths:
             return plan_microbatches(lengths, self.cfg.token_budget)
         units = plan_units(batch.prompt_ids, batch.response_ids, batch.groups, mode=self.packing,

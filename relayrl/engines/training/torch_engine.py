@@ -17,8 +17,8 @@ Packed units (a group never splits unless it alone exceeds the token budget)
 are bin-packed into rows no longer than the longest unit (or
 ``pack_length``), and rows are cut into micro-batches whose *padded* token
 count stays under ``token_budget`` (:mod:`relayrl.engines.training.layout`); a
-packed response's last token, which predicts nothing, is not fed unless
-routing replay or a load-balancing loss needs every token's routing. The mask goes to the Hugging Face model in
+response's last token, which predicts nothing, is not fed (packed or padded)
+unless routing replay or a load-balancing loss needs every token's routing. The mask goes to the Hugging Face model in
 a form transformers passes through untouched: a dense 4-D tensor, boolean for
 ``attn_implementation="sdpa"`` and additive float for ``"eager"``, or for
 ``"flex_attention"`` a block-sparse FlexAttention ``BlockMask`` that skips the
@@ -373,30 +373,31 @@ class TorchTrainingEngine(PassLayout, LogprobPasses, RoutedPasses, StreamedUpdat
                                       chunk_size=self.cfg.entropy_chunk, grad=with_entropy == "grad")
         return logprobs, entropy[0] if flat else entropy
 
-    @staticmethod
-    def _padded_len(batch: SequenceBatch, rows: list[int]) -> int:
-        return len(rows) * max(int(batch.prompt_ids[i].numel() + batch.response_ids[i].numel()) for i in rows)
+    def _padded_len(self, batch: SequenceBatch, rows: list[int]) -> int:
+        """Tokens of a padded micro-batch: its rows times the longest one fed."""
+        return len(rows) * max(self._fed_len(batch, i) for i in rows)
 
     def _forward_padded(self, batch: SequenceBatch, rows: list[int], temperature: float,
                         with_entropy: bool | str, with_reference: bool, with_sum_sq: bool = False,
                         record: bool = False, balance: bool = False) -> Forward:
-        """One row per sequence, right-padded."""
+        """One row per sequence, right-padded (each response's last token fed only with :attr:`_feed_last`)."""
         lp_len = [int(batch.prompt_ids[i].numel()) for i in rows]
         rs_len = [int(batch.response_ids[i].numel()) for i in rows]
-        total = [a + b for a, b in zip(lp_len, rs_len)]
+        total = [self._fed_len(batch, i) for i in rows]
         L, T = max(total), max(rs_len)
         if self.flex:  # whole tiles, as packed rows get (relayrl.engines.training.flex)
             L = max(2 * flex.BLOCK, -(-L // flex.BLOCK) * flex.BLOCK)
         ids = torch.zeros(len(rows), L, dtype=torch.long)
         attn = torch.zeros(len(rows), L, dtype=torch.long)
+        targets = torch.zeros(len(rows), T, dtype=torch.long)
         for j, i in enumerate(rows):
-            seq = torch.cat([batch.prompt_ids[i].long(), batch.response_ids[i].long()])
+            seq = torch.cat([batch.prompt_ids[i].long(), batch.response_ids[i].long()])[:total[j]]
             ids[j, : seq.numel()] = seq
             attn[j, : seq.numel()] = 1
+            targets[j, : rs_len[j]] = batch.response_ids[i]
         ar = torch.arange(T)
         pos = (torch.tensor(lp_len)[:, None] - 1 + ar[None, :]).clamp(max=L - 1)  # position predicting token t
         mask = (ar[None, :] < torch.tensor(rs_len)[:, None]).float()
-        targets = ids.gather(1, (pos + 1).clamp(max=L - 1)) * mask.long()
         ids, attn, pos, mask, targets = (to_device(t, self.device) for t in (ids, attn, pos, mask, targets))
 
         args = (ids, attn, None, torch.arange(len(rows), device=self.device)[:, None].expand_as(pos), pos)
