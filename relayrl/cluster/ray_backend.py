@@ -332,8 +332,9 @@ class RayRanks:
                 for r in range(num_ranks)
             ]
             envs = [rank_env(placement, r, per_rank) for r in range(num_ranks)]
-            self._gather([a.start.remote(s, e) for a, s, e in zip(self.actors, specs, envs)], "__init__",
-                         time.monotonic() + cfg.start_timeout_s)
+            with self._sending("__init__", init_kwargs):
+                refs = [a.start.remote(s, e) for a, s, e in zip(self.actors, specs, envs)]
+            self._gather(refs, "__init__", time.monotonic() + cfg.start_timeout_s)
         except BaseException:
             self.shutdown()
             raise
@@ -348,19 +349,25 @@ class RayRanks:
         if self.broken is not None:
             raise RuntimeError(f"worker group {self.group!r} is broken ({self.broken}); shut it down and create it again")
         call_id, self._next_id = self._next_id, self._next_id + 1
-        try:
+        with self._sending(method, payloads):
             if len(payloads) > 1 and all(p is payloads[0] for p in payloads):
                 # An `all` call: store the arguments once in the object store; every rank reads the same object.
                 shared = ray.put(payloads[0])
                 refs = [self.actors[r].call_shared.remote(call_id, method, shared) for r in ranks]
             else:
                 refs = [self.actors[r].call.remote(call_id, method, a, k) for r, (a, k) in zip(ranks, payloads)]
-        except TypeError as exc:  # (Ray's message is a page: what failed, and where, is two of its lines)
+        return self._gather(refs, method, None, ranks=ranks)
+
+    @contextlib.contextmanager
+    def _sending(self, method: str, payloads: Any):
+        """Ray's refusal of an argument it cannot serialize (a page of text) as one line naming the cause."""
+        try:
+            yield
+        except TypeError as exc:
             if "serializ" not in str(exc):
                 raise
             raise TypeError(f"group {self.group!r}: the arguments of {method!r} cannot be pickled for the Ray "
                             f"workers: {unsendable(str(exc), payloads)}") from None
-        return self._gather(refs, method, None, ranks=ranks)
 
     def _gather(self, refs: list, method: str, deadline: float | None, ranks: list[int] | None = None,
                 raw: bool = False) -> list[Any]:

@@ -46,6 +46,9 @@ def test_ray_group_dispatch_collectives_errors_and_colocation(ray_cluster):
                 call()
             assert len(str(bad.value)) < 300 and "=====" not in str(bad.value)
         assert g.one("echo", 2, rank=0) == (0, 2)  # the group is still usable
+        with pytest.raises(TypeError, match=r"^group 'rbad': the arguments of '__init__' cannot be pickled for the "
+                                            r"Ray workers: cannot pickle '_thread.lock' object"):
+            make_group(ray_cluster, Echo, pool, "rbad", distributed=False, init_kwargs={"tag": Locked()})
         with pytest.raises(WorkerError) as info:
             g.all("boom", on_rank=1)
         assert (info.value.group, info.value.rank, info.value.method) == ("ractor", 1, "boom")
