@@ -59,7 +59,8 @@ import torch
 Tensor = torch.Tensor
 
 __all__ = [
-    "PackUnit", "PackedBatch", "plan_units", "cut_group", "pack_units", "plan_microbatches", "build_packed_batch",
+    "PackUnit", "PackedBatch", "fed_tokens", "plan_units", "cut_group", "pack_units", "plan_microbatches",
+    "build_packed_batch",
     "shared_prompt_mask", "shared_prompt_mask_mod", "additive_mask", "to_device",
 ]
 
@@ -72,6 +73,12 @@ def to_device(t: Tensor, device: torch.device | str) -> Tensor:
     if device.type == "cuda" and t.device.type == "cpu":
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)
+
+
+def fed_tokens(response_len: int, feed_last: bool) -> int:
+    """Tokens of a response of ``response_len`` a training pass feeds: all of them with ``feed_last``, else all but
+    the last, which predicts nothing (the engine's packed and padded passes, and the planner, count by this)."""
+    return response_len if feed_last else max(response_len - 1, 0)
 
 
 @dataclass(frozen=True)
@@ -90,7 +97,7 @@ class PackUnit:
 
     def fed(self, response_len: int) -> int:
         """Tokens of a response of ``response_len`` that enter the pack."""
-        return response_len if self.feed_last else max(response_len - 1, 0)
+        return fed_tokens(response_len, self.feed_last)
 
     @property
     def length(self) -> int:
@@ -235,7 +242,7 @@ def plan_units(prompt_ids: Sequence[Tensor], response_ids: Sequence[Tensor], gro
     units = []
     for rows in clusters:
         lp = int(prompt_ids[rows[0]].numel())
-        fed = [rlen[i] if feed_last else max(rlen[i] - 1, 0) for i in rows]
+        fed = [fed_tokens(rlen[i], feed_last) for i in rows]
         for part in cut_group(lp, fed, max_len):
             units.append(PackUnit(tuple(rows[k] for k in part), lp, tuple(rlen[rows[k]] for k in part), feed_last))
     return units

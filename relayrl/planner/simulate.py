@@ -56,7 +56,7 @@ import math
 import random
 
 from relayrl.config.plan import PARTIAL_POLL_S, Stage, stage_graph
-from relayrl.models.packing import cut_group, pack_units, plan_microbatches
+from relayrl.models.packing import cut_group, fed_tokens, pack_units, plan_microbatches
 from relayrl.planner.memory import memory_gib
 from relayrl.planner.placement import Placement, Prediction
 from relayrl.planner.profile import DeviceProfile, PathCost, Profile
@@ -278,7 +278,7 @@ def _units(w: Workload, groups: list[list[int]]) -> list[int]:
     prompt packing: a group's prompt and its responses, a group over the token budget (or ``pack_length``) cut
     as :func:`plan_units` cuts it; ``sequences`` and ``none``: each response with its own copy of the prompt. A
     response's last token is fed only with :attr:`Workload.feed_last`."""
-    fed = [[r if w.feed_last else max(r - 1, 0) for r in g] for g in groups]
+    fed = [[fed_tokens(r, w.feed_last) for r in g] for g in groups]
     if w.packing != "shared_prompt":
         return [w.prompt_tokens + r for g in fed for r in g]
     limit = min(w.pack_length or w.token_budget, w.token_budget)

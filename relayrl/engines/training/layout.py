@@ -18,7 +18,7 @@ from relayrl.engines.training.base import SequenceBatch
 from relayrl.engines.training.config import TrainEngineConfig
 from relayrl.models import packing_check
 from relayrl.models.load import attention_windows
-from relayrl.models.packing import (PackUnit, additive_mask, pack_units, plan_microbatches, plan_units,
+from relayrl.models.packing import (PackUnit, additive_mask, fed_tokens, pack_units, plan_microbatches, plan_units,
                                     shared_prompt_mask)
 
 __all__ = ["PassLayout"]
@@ -67,8 +67,7 @@ class PassLayout:
     def _fed_len(self, batch: SequenceBatch, row: int) -> int:
         """Tokens of batch row ``row`` a padded pass feeds: its prompt and response, without the response's last
         token unless :attr:`_feed_last`."""
-        n = int(batch.response_ids[row].numel())
-        return int(batch.prompt_ids[row].numel()) + (n if self._feed_last else max(n - 1, 0))
+        return int(batch.prompt_ids[row].numel()) + fed_tokens(int(batch.response_ids[row].numel()), self._feed_last)
 
     def _plan(self, batch: SequenceBatch) -> list[list[int] | list[list[PackUnit]]]:
         """Micro-batches: row lists (``packing="none"``) or packed rows, each a list of units."""
