@@ -135,7 +135,7 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
             if not line.strip():
                 continue
             try:
-                value = json.loads(line)
+                value = json.loads(line.rstrip("\r\n"))  # (an error at the row's end is then on its line, not the next)
             except json.JSONDecodeError as e:
                 yield lineno, _BadRow(f"{name} row {lineno}: invalid JSON ({e.msg} at column {e.colno})")
                 continue

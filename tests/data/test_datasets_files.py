@@ -95,6 +95,7 @@ def test_parquet_bad_row_has_its_number(tmp_path):
     [
         ({"question": "q", "answer": "1"}, "train.jsonl row 3: field 'prompt' is missing (columns present: question, answer)"),
         ('{"prompt": "q", "answer": }', "train.jsonl row 3: invalid JSON (Expecting value at column 27)"),
+        ('{"prompt": "q", "answer": "1"', "train.jsonl row 3: invalid JSON (Expecting ',' delimiter at column 30)"),
         ('["q", "1"]', "train.jsonl row 3: expected a JSON object with fields, got list"),
         ({"prompt": 5, "answer": "1"}, "train.jsonl row 3: field 'prompt' is int; expected a string or a list of"),
         ({"prompt": "  ", "answer": "1"}, "train.jsonl row 3: field 'prompt' is an empty string"),
