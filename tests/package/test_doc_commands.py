@@ -1,0 +1,131 @@
+"""The ``relayrl`` commands the README and the docs show are ones relayrl accepts: every flag is one its parser
+knows, and the config a ``train``, ``plan`` or ``eval --recipe`` command builds from a shipped recipe and its
+overrides validates. A renamed key or flag, a removed value or a recipe that changed under a page fails here,
+not on a user's first try.
+
+A command shown as typed at a prompt (``$ relayrl train ...``) is one the page shows failing (errors.md,
+recipes.md, the README's error example), and ``relayrl plan: ...`` lines are output: both are left to the tests
+of their messages. A command may name files of the user's (``reward.user_fn=my_rewards.py:fn``,
+``env.tools=[my_tools.py:lookup]``) that this repository does not have; the one config error accepted is that
+such a file is missing. ``...`` (a part the page leaves out) and a trailing ``&`` are dropped."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+_COMMAND = re.compile(r"^\s*relayrl (train|eval|plan|serve|plot|dock|demo)\b(?!:)")
+
+
+def shown_commands(text: str) -> list[tuple[int, list[str]]]:
+    """(line number, arguments after ``relayrl``) of each command line in the page's fenced code blocks, its
+    ``\\`` continuation lines joined, its ``# comment`` cut. A block with a ``$`` prompt in it is a session, its
+    other lines output; a usage synopsis (``[--devices N]``) is not a command."""
+    out = []
+    for first, block in _fenced(text.splitlines()):
+        if any(line.lstrip().startswith("$ ") for line in block):
+            continue
+        i = 0
+        while i < len(block):
+            if _COMMAND.search(block[i]):
+                start, command = first + i, block[i]
+                while command.rstrip().endswith("\\") and i + 1 < len(block):
+                    i += 1
+                    command = command.rstrip()[:-1] + " " + block[i]
+                argv = [a for a in shlex.split(command, comments=True)[1:] if a not in ("...", "&")]
+                if not any(a.startswith("[-") for a in argv):
+                    out.append((start, argv))
+            i += 1
+    return out
+
+
+def _fenced(lines: list[str]) -> list[tuple[int, list[str]]]:
+    """(line number of its first line, lines) of each fenced code block."""
+    blocks, current = [], None
+    for n, line in enumerate(lines, start=1):
+        if line.lstrip().startswith("```"):
+            if current is None:
+                current = (n + 1, [])
+            else:
+                blocks.append(current)
+                current = None
+        elif current is not None:
+            current[1].append(line)
+    return blocks
+
+
+CASES = [pytest.param(argv, id=f"{page.name}:{line}")
+         for page in PAGES for line, argv in shown_commands(page.read_text())]
+
+
+def _user_file_missing(message: str) -> bool:
+    """Every problem the error lists is a user's file that is not in this repository."""
+    problems = [ln for ln in message.splitlines()[1:] if ln.strip()]
+    return bool(problems) and all(": no file " in ln for ln in problems)
+
+
+def _parse(argv: list[str]):
+    """The CLI's own parse (:func:`relayrl.cli.main.main`'s): known flags, dotted overrides after them."""
+    from relayrl.cli.main import build_parser
+
+    args, extra = build_parser().parse_known_args(argv)
+    assert all("=" in x and not x.startswith("-") for x in extra), f"unknown arguments {extra}"
+    args.overrides = [*getattr(args, "overrides", []), *extra]
+    return args
+
+
+def _recipe(args) -> str | None:
+    """The shipped recipe a command's config starts from (None: a run's own config.json, or no config)."""
+    recipe = args.recipe if args.command in ("train", "plan", "eval") else None
+    if recipe is None or recipe.startswith("runs/") or recipe.isupper():  # (RECIPE: a placeholder)
+        return None
+    return recipe
+
+
+def test_the_pages_show_commands():
+    # (the extraction itself: a change of the pages' format that finds nothing would pass every case below)
+    assert len(CASES) >= 70
+    pages = {c.id.split(":")[0] for c in CASES}
+    assert pages >= {"README.md", "quickstart.md", "algorithms.md", "migrating.md", "planner.md", "serving.md"}
+    commands = {c.values[0][0] for c in CASES}
+    assert commands >= {"train", "eval", "plan", "serve", "plot"}
+
+
+@pytest.mark.parametrize("argv", CASES)
+def test_a_documented_command_parses_and_its_config_validates(argv, monkeypatch):
+    from relayrl.config.loader import ConfigError, load_run_config
+
+    monkeypatch.chdir(ROOT)  # (the pages' recipe paths are relative to the repository)
+    try:
+        args = _parse(argv)
+    except SystemExit:
+        pytest.fail(f"relayrl {' '.join(argv)}: the CLI refuses its arguments")
+    recipe = _recipe(args)
+    if recipe is None:
+        return
+    try:
+        load_run_config(recipe, args.overrides)
+    except ConfigError as e:
+        if not _user_file_missing(str(e)):
+            raise
+
+
+def test_a_stale_key_or_flag_in_a_shown_command_fails():
+    from relayrl.config.loader import ConfigError, load_run_config
+
+    page = ("```bash\nrelayrl train recipes/arith_grpo.yaml \\\n  trainer.step=3   # a typo\n"
+            "relayrl plan: PREDICTED for ...\nrelayrl eval --model m --task arith --samples 4\n"
+            "relayrl plan --from-run R [--devices N]\n```\nrelayrl train x.yaml\n"
+            "```\n$ relayrl train recipes/arith_grpo.yaml trainer.stepz=3\nrelayrl plan --from-run R: output\n```\n")
+    (_, train), (_, evaluate) = shown_commands(page)
+    assert train == ["train", "recipes/arith_grpo.yaml", "trainer.step=3"]
+    with pytest.raises(ConfigError, match="trainer.step: unknown key"):
+        load_run_config(str(ROOT / train[1]), _parse(train).overrides)
+    with pytest.raises(AssertionError, match="unknown arguments"):
+        _parse(evaluate)
+    assert not _user_file_missing("invalid config:\n  trainer.step: unknown key; did you mean trainer.steps?")
