@@ -7,11 +7,14 @@ A command shown as typed at a prompt (``$ relayrl train ...``) is one the page s
 recipes.md, the README's error example), and ``relayrl plan: ...`` lines are output: both are left to the tests
 of their messages. A command may name files of the user's (``reward.user_fn=my_rewards.py:fn``,
 ``env.tools=[my_tools.py:lookup]``) that this repository does not have; the one config error accepted is that
-such a file is missing. ``...`` (a part the page leaves out) and a trailing ``&`` are dropped."""
+such a file is missing. ``...`` (a part the page leaves out) and a trailing ``&`` are dropped.
+
+Each ``python`` block on the pages compiles, and the names it imports from relayrl exist."""
 
 from __future__ import annotations
 
 import re
+import textwrap
 import shlex
 from pathlib import Path
 
@@ -129,3 +132,33 @@ def test_a_stale_key_or_flag_in_a_shown_command_fails():
     with pytest.raises(AssertionError, match="unknown arguments"):
         _parse(evaluate)
     assert not _user_file_missing("invalid config:\n  trainer.step: unknown key; did you mean trainer.steps?")
+
+
+def _python_blocks() -> list:
+    cases = []
+    for page in PAGES:
+        lines = page.read_text().splitlines()
+        for n, line in enumerate(lines):
+            if line.strip() == "```python":
+                end = next(i for i in range(n + 1, len(lines)) if lines[i].strip() == "```")
+                cases.append(pytest.param(textwrap.dedent("\n".join(lines[n + 1:end])), id=f"{page.name}:{n + 2}"))
+    return cases
+
+
+PYTHON = _python_blocks()
+
+
+@pytest.mark.parametrize("source", PYTHON)
+def test_a_documented_python_example_compiles_and_its_relayrl_imports_resolve(source):
+    import ast
+    import importlib
+
+    tree = ast.parse(source)  # (a SyntaxError names the line)
+    imports = [(node.module, alias.name) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+               and (node.module or "").startswith("relayrl") for alias in node.names]
+    for module, name in imports:
+        assert hasattr(importlib.import_module(module), name), f"from {module} import {name}: no such name"
+
+
+def test_the_pages_show_python_examples():
+    assert len(PYTHON) >= 10 and any("from relayrl" in c.values[0] for c in PYTHON)
