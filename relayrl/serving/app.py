@@ -155,11 +155,20 @@ def _parse(data: Any, cls):
         return cls.model_validate(data)
     except ValidationError as e:
         errs = e.errors(include_url=False)
-        first = errs[0]
-        loc = ".".join(str(x) for x in first["loc"]) or "body"
-        more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
-        msg = first["msg"] if first["type"] != "extra_forbidden" else "unknown field; relayrl serve does not support it"
-        raise ApiError(400, f"{loc}: {msg}{more}", param=loc) from None
+        problems = [f"{_loc(err)}: {_message(err)}" for err in errs[:_LISTED]]
+        more = f" (and {len(errs) - _LISTED} more)" if len(errs) > _LISTED else ""
+        raise ApiError(400, "; ".join(problems) + more, param=_loc(errs[0])) from None
+
+
+_LISTED = 5  # (a request's invalid fields named in its error, each with the reason)
+
+
+def _loc(err: dict) -> str:
+    return ".".join(str(x) for x in err["loc"]) or "body"
+
+
+def _message(err: dict) -> str:
+    return err["msg"] if err["type"] != "extra_forbidden" else "unknown field; relayrl serve does not support it"
 
 
 def _int_query(http: HTTPRequest, name: str) -> int:

@@ -117,6 +117,18 @@ def test_bad_requests_get_4xx_and_the_server_goes_on(server, case):
     assert_alive(server)
 
 
+def test_every_invalid_field_of_a_request_is_named(server):
+    # (the message named the first alone with "(and 1 more)": a request without its model hid its bad max_tokens)
+    r = requests.post(f"{server.url}/chat/completions", json={"messages": [{"role": "user", "content": "1+1="}],
+                                                               "max_tokens": -3, "frobnicate": 1}, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "model"
+    for part in ("model: Field required", "max_tokens: ", "frobnicate: unknown field"):
+        assert part in err["message"], err["message"]
+    assert_alive(server)
+
+
 def test_invalid_utf8_and_huge_body(server):
     r = requests.post(f"{server.url}/completions", data=b'{"model": "tiny", "prompt": "\xff\xfe"}', timeout=30)
     assert r.status_code == 400 and "UTF-8" in r.json()["error"]["message"]
