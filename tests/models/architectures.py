@@ -23,7 +23,7 @@ ARCHS = {
     "gemma": dict(head_dim=16),
     "gemma2": dict(head_dim=16, sliding_window=4, query_pre_attn_scalar=16),  # final_logit_softcapping=30
     "gemma3_text": dict(head_dim=16, sliding_window=4, query_pre_attn_scalar=16, final_logit_softcapping=30.0),
-    "gemma4_text": dict(head_dim=16, sliding_window=4),
+    "gemma4_text": dict(head_dim=16, sliding_window=4, hidden_size_per_layer_input=16),
     "phi3": dict(sliding_window=4),  # one window for every layer, no layer types (Phi-3-mini-4k's is 2047)
     "olmo2": dict(),
     "smollm3": dict(num_hidden_layers=4),  # every fourth layer without rotary embeddings (NoPE)
@@ -66,6 +66,8 @@ def build(name: str, seed: int = 0, logit_std: float = 4.0, vocab: int = VOCAB) 
     """A float32 tiny ``name`` model in eval mode (SDPA attention, or eager where only eager computes the model),
     its head scaled to ``logit_std``; ``vocab``: its vocabulary size (a tokenizer's, for a run)."""
     cfg = AutoConfig.for_model(name, **{**COMMON, "vocab_size": vocab, **ARCHS[name]})
+    if getattr(cfg, "vocab_size_per_layer_input", None):  # (Gemma 4's per-layer input embeddings: over the model's
+        cfg.vocab_size_per_layer_input = vocab            # vocabulary, not the default 262144 rows of 135M weights)
     # eager where the model caps its attention scores (Gemma 2): transformers' SDPA path drops the cap; and where
     # transformers has no SDPA path (GPT-OSS's attention sinks)
     eager = getattr(cfg, "attn_logit_softcapping", None) or name in EAGER
