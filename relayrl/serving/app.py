@@ -168,7 +168,7 @@ def _loc(err: dict) -> str:
 
 
 def _message(err: dict) -> str:
-    return err["msg"] if err["type"] != "extra_forbidden" else "unknown field; relayrl serve does not support it"
+    return err["msg"] if err["type"] != "extra_forbidden" else "unknown field (relayrl serve does not support it)"
 
 
 def _int_query(http: HTTPRequest, name: str) -> int:
