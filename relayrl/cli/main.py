@@ -14,7 +14,7 @@ from relayrl.cli import argtypes
 from relayrl.config.eval_flags import EVAL_FLAGS
 from relayrl.config.loader import SHIPPED
 
-__all__ = ["main"]
+__all__ = ["main", "parse_args"]
 
 RECIPES = SHIPPED  # the demo's stages
 
@@ -520,6 +520,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line and run the command inside the CLI's error boundary (``relayrl.cli.boundary``)."""
+    args = parse_args(argv)
+    from relayrl.cli.boundary import debug_requested, run_guarded
+
+    return run_guarded(args.fn, args, debug=debug_requested(getattr(args, "debug", False)))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line's namespace: its flags, and the dotted overrides wherever they stand (after an option
+    too). Unknown arguments exit with argparse's usage error (2), with the relayrl key of a peer's flag where
+    one is known."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # dotted overrides after an option (argparse takes a positional list in one piece)
@@ -532,9 +542,7 @@ def main(argv: list[str] | None = None) -> int:
             hints = [h for h in map(flag_hint, extra, values) if h]
             parser.error(f"unrecognized arguments: {' '.join(extra)}" + "".join(f"\n  {h}" for h in hints))
         args.overrides = [*args.overrides, *extra]
-    from relayrl.cli.boundary import debug_requested, run_guarded
-
-    return run_guarded(args.fn, args, debug=debug_requested(getattr(args, "debug", False)))
+    return args
 
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ Each ``python`` block on the pages compiles, and the names it imports from relay
 from __future__ import annotations
 
 import re
-import textwrap
 import shlex
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -47,15 +47,17 @@ def shown_commands(text: str) -> list[tuple[int, list[str]]]:
     return out
 
 
-def _fenced(lines: list[str]) -> list[tuple[int, list[str]]]:
-    """(line number of its first line, lines) of each fenced code block."""
-    blocks, current = [], None
+def _fenced(lines: list[str], language: str | None = None) -> list[tuple[int, list[str]]]:
+    """(line number of its first line, lines) of each fenced code block (only those opened with ``language``,
+    e.g. ```` ```python ````, when given)."""
+    blocks, current, opened = [], None, ""
     for n, line in enumerate(lines, start=1):
         if line.lstrip().startswith("```"):
             if current is None:
-                current = (n + 1, [])
+                current, opened = (n + 1, []), line.strip()[3:]
             else:
-                blocks.append(current)
+                if language is None or opened == language:
+                    blocks.append(current)
                 current = None
         elif current is not None:
             current[1].append(line)
@@ -70,16 +72,6 @@ def _user_file_missing(message: str) -> bool:
     """Every problem the error lists is a user's file that is not in this repository."""
     problems = [ln for ln in message.splitlines()[1:] if ln.strip()]
     return bool(problems) and all(": no file " in ln for ln in problems)
-
-
-def _parse(argv: list[str]):
-    """The CLI's own parse (:func:`relayrl.cli.main.main`'s): known flags, dotted overrides after them."""
-    from relayrl.cli.main import build_parser
-
-    args, extra = build_parser().parse_known_args(argv)
-    assert all("=" in x and not x.startswith("-") for x in extra), f"unknown arguments {extra}"
-    args.overrides = [*getattr(args, "overrides", []), *extra]
-    return args
 
 
 def _recipe(args) -> str | None:
@@ -103,9 +95,11 @@ def test_the_pages_show_commands():
 def test_a_documented_command_parses_and_its_config_validates(argv, monkeypatch):
     from relayrl.config.loader import ConfigError, load_run_config
 
+    from relayrl.cli.main import parse_args
+
     monkeypatch.chdir(ROOT)  # (the pages' recipe paths are relative to the repository)
     try:
-        args = _parse(argv)
+        args = parse_args(argv)
     except SystemExit:
         pytest.fail(f"relayrl {' '.join(argv)}: the CLI refuses its arguments")
     recipe = _recipe(args)
@@ -119,6 +113,7 @@ def test_a_documented_command_parses_and_its_config_validates(argv, monkeypatch)
 
 
 def test_a_stale_key_or_flag_in_a_shown_command_fails():
+    from relayrl.cli.main import parse_args
     from relayrl.config.loader import ConfigError, load_run_config
 
     page = ("```bash\nrelayrl train recipes/arith_grpo.yaml \\\n  trainer.step=3   # a typo\n"
@@ -128,24 +123,14 @@ def test_a_stale_key_or_flag_in_a_shown_command_fails():
     (_, train), (_, evaluate) = shown_commands(page)
     assert train == ["train", "recipes/arith_grpo.yaml", "trainer.step=3"]
     with pytest.raises(ConfigError, match="trainer.step: unknown key"):
-        load_run_config(str(ROOT / train[1]), _parse(train).overrides)
-    with pytest.raises(AssertionError, match="unknown arguments"):
-        _parse(evaluate)
+        load_run_config(str(ROOT / train[1]), parse_args(train).overrides)
+    with pytest.raises(SystemExit):
+        parse_args(evaluate)
     assert not _user_file_missing("invalid config:\n  trainer.step: unknown key; did you mean trainer.steps?")
 
 
-def _python_blocks() -> list:
-    cases = []
-    for page in PAGES:
-        lines = page.read_text().splitlines()
-        for n, line in enumerate(lines):
-            if line.strip() == "```python":
-                end = next(i for i in range(n + 1, len(lines)) if lines[i].strip() == "```")
-                cases.append(pytest.param(textwrap.dedent("\n".join(lines[n + 1:end])), id=f"{page.name}:{n + 2}"))
-    return cases
-
-
-PYTHON = _python_blocks()
+PYTHON = [pytest.param(textwrap.dedent("\n".join(block)), id=f"{page.name}:{first}")
+          for page in PAGES for first, block in _fenced(page.read_text().splitlines(), "python")]
 
 
 @pytest.mark.parametrize("source", PYTHON)
