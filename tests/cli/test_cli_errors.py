@@ -538,6 +538,7 @@ def test_eval_scores_data_with_the_users_reward_function(capsys, tmp_path, tiny_
     assert code == EXIT_CONFIG and "no file" in err and not (tmp_path / "ev2").exists()
 
 
+@pytest.mark.slow  # (a fresh interpreter: ~1.5 s)
 def test_python_dash_m_relayrl_is_the_relayrl_command():
     """``python -m relayrl`` (a virtualenv whose scripts are not on PATH) runs the CLI: its config errors and exit
     codes, under the name ``relayrl``."""

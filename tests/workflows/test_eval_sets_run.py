@@ -38,6 +38,7 @@ def sets(tmp_path) -> dict[str, Path]:
             "fn": fn}
 
 
+@pytest.mark.slow  # (a relayrl eval run: ~2 s)
 def test_a_run_logs_each_sets_metrics(capsys, tmp_path, sets):
     run = tmp_path / "r"
     data = ["data.task=null", f"data.path={sets['train']}", f"data.eval_path=[{sets['a']},{sets['b']}]",
@@ -74,6 +75,7 @@ def test_relayrl_eval_takes_several_data_files(capsys, tmp_path, sets, tiny_dir)
     assert one["metrics"] == {"eval/accuracy": 1.0, "eval/reward_mean": 1.0} and one["data"] == str(sets["a"])
 
 
+@pytest.mark.slow  # (a relayrl eval run: ~2 s)
 def test_episodes_are_reported_per_source_too(capsys, tmp_path):
     """A user environment (``env.name``) evaluates episodes: their accuracy, pass@k and ``eval/env/*`` per source."""
     (tmp_path / "flag_env.py").write_text(
