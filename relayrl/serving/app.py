@@ -178,8 +178,8 @@ def _int_query(http: HTTPRequest, name: str) -> int:
     return int(v)
 
 
-def _check_model(state: ServerState, model: str) -> None:
-    if model != state.model_name:
+def _check_model(state: ServerState, model: str | None) -> None:
+    if model is not None and model != state.model_name:
         raise ApiError(404, f"the model {model!r} does not exist; this server serves {state.model_name!r}",
                        "not_found_error", "model")
 

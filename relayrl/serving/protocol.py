@@ -38,7 +38,8 @@ class ServeLimits(BaseModel):
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model: str
+    model: str | None = Field(None, description="the served model's name (null: the one model this server serves, "
+                              "as vLLM's server)")
     max_tokens: int | None = Field(None, description="new tokens per sample (null: the server's default, 16)")
     temperature: float | None = Field(None, ge=0.0, le=100.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)

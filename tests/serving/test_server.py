@@ -117,14 +117,25 @@ def test_bad_requests_get_4xx_and_the_server_goes_on(server, case):
     assert_alive(server)
 
 
+def test_a_request_without_its_model_is_served_by_the_one_model(server):
+    # (vLLM's server takes `model` as optional; relayrl serve refused such a request with 400)
+    for route, body in (("/completions", {"prompt": "1+1=", "max_tokens": 2}),
+                        ("/chat/completions", {"messages": [{"role": "user", "content": "1+1="}], "max_tokens": 2})):
+        r = requests.post(f"{server.url}{route}", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        assert r.json()["model"] == "tiny"
+    assert_alive(server)
+
+
 def test_every_invalid_field_of_a_request_is_named(server):
-    # (the message named the first alone with "(and 1 more)": a request without its model hid its bad max_tokens)
+    # (the message named the first alone with "(and 1 more)": a bad max_tokens hid the bad temperature after it)
     r = requests.post(f"{server.url}/chat/completions", json={"messages": [{"role": "user", "content": "1+1="}],
-                                                               "max_tokens": -3, "frobnicate": 1}, timeout=30)
+                                                               "temperature": -1, "max_tokens": -3, "frobnicate": 1},
+                      timeout=30)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
-    assert err["param"] == "model"
-    for part in ("model: Field required", "max_tokens: ", "frobnicate: unknown field"):
+    assert err["param"] == "max_tokens"
+    for part in ("temperature: ", "max_tokens: ", "frobnicate: unknown field"):
         assert part in err["message"], err["message"]
     assert_alive(server)
 

@@ -30,7 +30,9 @@ def vllm_model():
 
 def start_vllm(model_dir, log, timeout: float = 420) -> Server:
     """``vllm serve`` on a free loopback port, in its developer mode (``/collective_rpc``, the cache reset),
-    sampling from token ids (no tokenizer of its own) with the sampling distribution's log-probs."""
+    sampling from token ids (no tokenizer of its own) with the sampling distribution's log-probs. Its KV cache
+    is sized in bytes: with ``--gpu-memory-utilization`` vLLM's CPU build reserves a share of the first NUMA
+    node's memory less its own resident size, and 0.05 of an 8 GiB node is less than that size."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -38,7 +40,8 @@ def start_vllm(model_dir, log, timeout: float = 420) -> Server:
     proc = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host",
          "127.0.0.1", "--port", str(port), "--skip-tokenizer-init", "--logprobs-mode", "processed_logprobs",
-         "--enforce-eager", "--gpu-memory-utilization", "0.05", "--dtype", "float32", "--max-model-len", "512"],
+         "--enforce-eager", "--kv-cache-memory-bytes", str(256 << 20), "--dtype", "float32", "--max-model-len",
+         "512"],
         stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"},
         start_new_session=True)
     server = Server(proc, f"http://127.0.0.1:{port}/v1", log)
