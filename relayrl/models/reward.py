@@ -14,7 +14,7 @@ Hugging Face sequence classifier pools at the last non-pad token, so the saved m
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -83,8 +83,10 @@ class RewardModelScorer:
     (position ids from the attention mask, so a padded row scores as it would alone)."""
 
     def __init__(self, path: str | Path, *, device: str | torch.device = "cpu", dtype: str = "float32",
-                 batch_size: int = 64, chat_template: bool | None = None) -> None:
+                 batch_size: int = 64, chat_template: bool | None = None,
+                 template_kwargs: Mapping[str, Any] | None = None) -> None:
         self.path, self.batch_size, self.chat_template = Path(path), batch_size, chat_template
+        self.template_kwargs = template_kwargs
         self.device = torch.device(device)
         self.model = load_reward_model(path, dtype=dtype, device=self.device)
         self.tokenizer = load_tokenizer(path)
@@ -99,14 +101,17 @@ class RewardModelScorer:
         self.model.to(self.device)
         return self
 
-    def ids(self, prompt: str, response: str) -> list[int]:
-        """The ids the model scores: the prompt's (as the policy encodes it), then the response's as plain text
-        (a special-token string the policy spelled in ordinary tokens stays text, so it cannot end the response's
-        turn and write past it in the scorer's context)."""
-        from relayrl.data.datasets import encode_prompt
+    def ids(self, prompt: str | list[dict], response: str) -> list[int]:
+        """The ids the model scores: the prompt's (as the policy encodes it, and as workflow rm trained on it:
+        chat messages through the tokenizer's template), then the response's as plain text (a special-token
+        string the policy spelled in ordinary tokens stays text, so it cannot end the response's turn and write
+        past it in the scorer's context)."""
+        from relayrl.data.datasets import encode_prompt, render_plain
         from relayrl.data.tasks import Problem
 
-        p = encode_prompt(self.tokenizer, Problem(prompt, ""), self.chat_template)
+        problem = (Problem(render_plain(prompt), "", {"messages": prompt}) if isinstance(prompt, list)
+                   else Problem(prompt, ""))
+        p = encode_prompt(self.tokenizer, problem, self.chat_template, self.template_kwargs)
         return list(p) + self._plain(response)
 
     @torch.no_grad()
@@ -125,5 +130,6 @@ class RewardModelScorer:
             out += self.model.score(hidden.to(self.model.score.weight.dtype))[:, 0].float().tolist()
         return out
 
-    def score(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
+    def score(self, prompts: Sequence[str | list[dict]], responses: Sequence[str]) -> list[float]:
+        """One score per (prompt, response); a prompt is its text or its chat messages."""
         return self.score_ids([self.ids(p, r) for p, r in zip(prompts, responses)])

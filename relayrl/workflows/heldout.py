@@ -73,7 +73,8 @@ class EvalSession(RunProblems):
         cuda = cfg.model.device == "cuda" or (cfg.model.device == "auto" and torch.cuda.is_available())
         # (a user environment's episodes bring their own rewards, in training and evaluation: no reward engine)
         self.reward = None if cfg.env.own_rewards else RewardEngine(
-            cfg.reward, task=self.task, chat_template=cfg.data.chat_template, device="cuda" if cuda else "cpu")
+            cfg.reward, task=self.task, chat_template=cfg.data.chat_template, device="cuda" if cuda else "cpu",
+            template_kwargs=cfg.data.chat_template_kwargs)
         if self.reward is not None:  # a field the user reward function needs, on the first rows, before any work
             rows = (self.train_problems or self.eval_problems)[:1]
             self.reward.check_fields([p.meta.get("fields") for p in rows] or [None])

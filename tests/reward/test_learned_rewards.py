@@ -181,3 +181,25 @@ def test_workflow_rm_config_errors_name_the_key():
         Config(workflow="rm", engine={"packing": "sequences"})
     with pytest.raises(ValueError, match="workflow=rm needs preference pairs"):
         Config(workflow="rm", data={"task": "toolsum"})
+
+
+def test_a_chat_row_s_prompt_reaches_the_reward_model_through_its_template(rm_dir):
+    """(The reward model scored a chat row's prompt as its plain ``user: ...`` text, where workflow rm trained
+    it and the policy saw it through the chat template.)"""
+    from relayrl.data.datasets import encode_prompt, render_plain
+    from relayrl.data.tasks import Problem
+    from relayrl.models.reward import RewardModelScorer
+
+    path, _ = rm_dir
+    msgs = [{"role": "system", "content": "Add."}, {"role": "user", "content": "12+39="}]
+    scorer = RewardModelScorer(path)
+    templated = encode_prompt(scorer.tokenizer, Problem(render_plain(msgs), "", {"messages": msgs}))
+    assert scorer.tokenizer.decode(templated).startswith("<|im_start|>system\nAdd.<|im_end|>")
+    assert scorer.ids(msgs, "51") == templated + scorer.tokenizer("51", add_special_tokens=False)["input_ids"]
+    want, plain = scorer.score([msgs], ["51"])[0], scorer.score([render_plain(msgs)], ["51"])[0]
+    assert want != pytest.approx(plain, abs=1e-4)
+    # the engine takes the messages from the row's dataset fields (what a dataset row's columns carry)
+    eng = RewardEngine(RewardConfig(model=str(path), verifier_weight=0.0), task=_Task())
+    rewards, _ = eng.score([render_plain(msgs), "7+8="], ["51", "15"], ["51", "15"],
+                           columns=[{"prompt": msgs, "answer": "51"}, None])
+    assert rewards == pytest.approx([want, scorer.score(["7+8="], ["15"])[0]], abs=1e-5)

@@ -50,7 +50,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -86,10 +86,11 @@ class RewardEngine:
     """
 
     def __init__(self, cfg: RewardConfig, task=None, *, chat_template: bool | None = None, device: str = "cpu",
-                 judge_ask: Callable[[list[str]], list[str]] | None = None) -> None:
+                 judge_ask: Callable[[list[str]], list[str]] | None = None,
+                 template_kwargs: Mapping[str, Any] | None = None) -> None:
         cfg.check_paths()
         self.cfg = cfg
-        self.chat_template = chat_template
+        self.chat_template, self.template_kwargs = chat_template, template_kwargs  # (the reward model's prompts)
         self.device = str(device) if cfg.model_device == "auto" else cfg.model_device
         self._rm = None  # the reward model's scorer, loaded on first use
         self._judge = LLMJudge(cfg.judge, device=self.device, ask=judge_ask) if cfg.judge.path or judge_ask else None
@@ -158,7 +159,7 @@ class RewardEngine:
                 from relayrl.models.reward import RewardModelScorer
 
                 self._rm = RewardModelScorer(self.cfg.model, device=self.device, batch_size=self.cfg.model_batch,
-                                             chat_template=self.chat_template)
+                                             chat_template=self.chat_template, template_kwargs=self.template_kwargs)
         return self._rm
 
     def verify(self, prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str | None],
@@ -525,7 +526,7 @@ class RewardEngine:
     def _rm_once(self, prompts: list[str], responses: list[str], answers: list, columns: list) -> list[float]:
         name = f"reward model {self.cfg.model}"
         try:
-            result = self.reward_model.score(prompts, responses)
+            result = self.reward_model.score(_rm_prompts(prompts, columns), responses)
         except Exception as e:
             raise RewardError(f"{name} raised {type(e).__name__}: {e}") from e
         return check_rewards(result, len(responses), name, what="")
@@ -589,3 +590,11 @@ def _std(xs: Sequence[float]) -> float:
         return 0.0
     m = _mean(xs)
     return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
+
+
+def _rm_prompts(prompts: list[str], columns: list) -> list[str | list[dict]]:
+    """Each row's prompt for the reward model: a chat row's messages (its dataset fields' ``prompt``, the
+    system prompt included), which the scorer renders through its tokenizer's template as workflow rm trained
+    on them; else the text. (``prompts`` holds a chat row's messages only as plain ``role: content`` lines.)"""
+    return [c["prompt"] if isinstance(c, dict) and isinstance(c.get("prompt"), list) else p
+            for p, c in zip(prompts, columns)]
