@@ -36,7 +36,7 @@ from relayrl.algorithms._checks import check_batch, check_ndim, to_floats
 
 Tensor = torch.Tensor
 
-__all__ = ["kto_loss", "apo_zero_unpaired_loss", "kl_estimate", "kto_terms"]
+__all__ = ["kto_loss", "apo_zero_unpaired_loss", "kl_estimate", "kto_terms", "measured_kinds"]
 
 
 def kl_estimate(kl_logps: Tensor, kl_ref_logps: Tensor) -> Tensor:
@@ -83,9 +83,9 @@ def kto_loss(logps: Tensor, ref_logps: Tensor, kl_logps: Tensor, kl_ref_logps: T
 
     Returns:
         ``(loss, metrics)``: the mean over the ``N`` examples, and ``kto/loss``, ``kto/kl`` (``z0``),
-        ``kto/rewards_desirable``, ``kto/rewards_undesirable`` (mean ``beta * r`` over each kind; 0 with
-        none), ``kto/reward_margin`` (their difference), ``kto/logps_desirable``, ``kto/logps_undesirable``,
-        ``kto/desirable_fraction``.
+        ``kto/rewards_desirable``, ``kto/rewards_undesirable`` (mean ``beta * r`` over each kind; absent for
+        a kind with no example: :func:`measured_kinds`), ``kto/reward_margin`` (their difference, with both
+        kinds only), ``kto/logps_desirable``, ``kto/logps_undesirable`` (likewise), ``kto/desirable_fraction``.
     """
     z0 = kl_estimate(kl_logps, kl_ref_logps)
     losses, rewards = kto_terms(logps, ref_logps, z0, desirable, beta=beta, desirable_weight=desirable_weight,
@@ -116,19 +116,34 @@ def apo_zero_unpaired_loss(logps: Tensor, ref_logps: Tensor, desirable: Tensor, 
     return loss, _unpaired_metrics(loss, rewards, logps, desirable)
 
 
+_KIND_FIGURES = (("kto/rewards_desirable", "kto/logps_desirable"), ("kto/rewards_undesirable", "kto/logps_undesirable"))
+
+
+def measured_kinds(metrics: dict[str, float], desirable: float, undesirable: float) -> dict[str, float]:
+    """``metrics`` without the figures of a kind that has no example (``desirable``, ``undesirable``: the
+    examples of each kind, or any figure that is 0 exactly when they are): its mean reward and log-prob would
+    read 0, as if measured. ``kto/reward_margin`` is kept only when both kinds have examples."""
+    drop = {name for n, names in zip((desirable, undesirable), _KIND_FIGURES) if not n for name in names}
+    drop |= {"kto/reward_margin"} if drop else set()
+    return {k: v for k, v in metrics.items() if k not in drop}
+
+
 def _unpaired_metrics(loss: Tensor, rewards: Tensor, logps: Tensor, desirable: Tensor,
                       **extra: Tensor) -> dict[str, float]:
     """The ``kto/*`` figures of a loss over ``N`` labelled examples (``rewards``, ``logps``, ``desirable``:
-    ``[N]``): the loss, each kind's mean reward and log-prob (0 with none), the reward margin and the desirable
-    fraction; ``extra``: more scalar figures by name, converted with them (one device sync)."""
+    ``[N]``): the loss, each kind's mean reward and log-prob (absent with none), the reward margin (with both
+    kinds) and the desirable fraction; ``extra``: more scalar figures by name, converted with them (one device
+    sync)."""
     d = desirable.bool()
     n_d, n_u = d.sum().clamp_min(1), (~d).sum().clamp_min(1)
     with torch.no_grad():
         lp = logps.detach()
         r_d, r_u = (rewards * d).sum() / n_d, (rewards * ~d).sum() / n_u
-        return to_floats({
+        out = to_floats({
             "kto/loss": loss.detach(),
             "kto/rewards_desirable": r_d, "kto/rewards_undesirable": r_u, "kto/reward_margin": r_d - r_u,
             "kto/logps_desirable": (lp * d).sum() / n_d, "kto/logps_undesirable": (lp * ~d).sum() / n_u,
-            "kto/desirable_fraction": d.to(lp.dtype).mean(), **extra,
+            "kto/desirable_fraction": d.to(lp.dtype).mean(), "_n_desirable": d.sum(), "_n_undesirable": (~d).sum(),
+            **extra,
         })
+    return measured_kinds(out, out.pop("_n_desirable"), out.pop("_n_undesirable"))

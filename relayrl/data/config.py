@@ -66,7 +66,10 @@ class DataConfig(BaseModel):
                             "reward.verifier=user in workflow grpo also a list or dict, passed as it is)")
     answer_regex: str | None = Field(None, description="cut the ground truth out of the answer field: the regex's "
                                      r"first group (or whole match), e.g. '####\s*(.+)$' for GSM8K's solutions; a row "
-                                     "without a match is an error naming it")
+                                     "without a match is an error naming it. Workflows dpo and rm cut the rejected "
+                                     "answer (data.rejected_key) the same way, so both sides of a pair train as cut "
+                                     "(a rejected answer without a match is refused too, and a pair whose two cut "
+                                     "answers agree is refused); sft and kto train on the cut completion")
     system_prompt: str | None = Field(None, description="a system message put before every prompt (text prompts "
                                       "become chat messages, rendered with the tokenizer's chat template); a chat "
                                       "prompt with its own system message keeps it")

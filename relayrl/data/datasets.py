@@ -15,7 +15,7 @@ chat template is applied when a prompt is encoded (:func:`encode_prompt`), as
 the HybridFlow/verl data path does, so one dataset serves models with different
 templates. A ``system_prompt`` makes every prompt chat messages (the system
 message, then the row's prompt as the user's); an ``answer_regex`` cuts the
-ground truth out of a worked solution (GSM8K's ``... #### 42``).
+ground truth out of a worked solution (GSM8K's ``... #### 42``), and a preference row's rejected answer alike.
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from relayrl.data.errors import DatasetError, missing_field
+from relayrl.data.errors import DatasetError, missing_column, missing_field
 from relayrl.data.tasks import Problem
 from relayrl.data.truth import GroundTruth, plain
 
@@ -56,7 +57,8 @@ class DatasetConfig(BaseModel):
     system_prompt: str | None = Field(None, description="a system message put before every prompt (the prompt "
                                       "becomes chat messages); a chat prompt that has one keeps its own")
     answer_regex: str | None = Field(None, min_length=1, description="the answer is this regex's first group (or "
-                                     "whole match) searched in the answer field; a row without a match is an error")
+                                     "whole match) searched in the answer field, and the rejected answer the same "
+                                     "in the rejected field; a row without a match is an error")
     prompt_key: str = Field("prompt", min_length=1, description='field with the prompt; dots reach nested fields ("x.prompt")')
     answer_key: str = Field("answer", min_length=1, description="field with the ground truth (string or number)")
     raw_answers: bool = Field(False, description="the rows are scored by a user reward function: a number, list, "
@@ -142,7 +144,10 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
             yield lineno, value
 
 
-def _iter_parquet(path: Path, keys: tuple[str, ...], options: dict[str, str]) -> Iterator[tuple[int, Any]]:
+def _iter_parquet(path: Path, keys: tuple[str, ...], options: dict[str, str],
+                  implicit: tuple[str, str] | None = None) -> Iterator[tuple[int, Any]]:
+    """(row number, row dict) per row; a key no column holds fails before any row is read
+    (:func:`~relayrl.data.errors.missing_column`, ``implicit`` as there)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -150,11 +155,9 @@ def _iter_parquet(path: Path, keys: tuple[str, ...], options: dict[str, str]) ->
         pf = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as e:
         raise DatasetError(f"{path.name}: not a readable Parquet file ({e})") from None
-    names = pf.schema_arrow.names
-    for key in keys:
-        if key not in names and key.split(".", 1)[0] not in names:
-            missing = missing_field(key, names, options.get(key)).replace("field", "column", 1)
-            raise DatasetError(f"{path.name}: {missing}")
+    missing = missing_column(pf.schema_arrow, keys, options, implicit)
+    if missing is not None:
+        raise DatasetError(f"{path.name}: {missing.replace('field', 'column', 1)}")
     rowno = 0
     # every column, as a JSONL row has them: a reward function's fields (verl's extra_info), data_source
     for batch in pf.iter_batches():
@@ -243,17 +246,13 @@ def _row_problem(row: Any, rowno: int, cfg: DatasetConfig, tokenizer, label: str
     if cfg.answer_regex is not None:
         answer = _cut_answer(answer, cfg.answer_regex, where, cfg.answer_key)
     if cfg.rejected_key is not None:
-        rejected = _get(row, cfg.rejected_key)
-        if rejected is _MISSING:
-            raise DatasetError(f"{where}: field {cfg.rejected_key!r} (the rejected answer) is missing "
-                               f"(columns present: {', '.join(map(str, row)) or 'none'})")
-        rejected = _answer_text(_reply(rejected, asked, where, cfg.rejected_key), where, cfg.rejected_key)
-        if rejected.strip() == answer.strip():
+        rejected = _rejected_answer(row, asked, where, cfg)
+        if rejected.strip() == answer.strip():  # (both as trained: cut by answer_regex alike)
             raise DatasetError(f"{where}: the rejected answer equals the chosen one ({rejected!r}"
                                f"{'' if rejected == answer else f' against {answer!r}, apart from spaces'})")
         meta["rejected"] = rejected
     if cfg.label_key is not None:
-        meta["label"] = _label(row, where, cfg.label_key)
+        meta["label"] = _label(row, where, cfg.label_key, key_options(cfg).get(cfg.label_key))
     extra = {k: v for k, v in row.items() if k not in (cfg.prompt_key, cfg.answer_key, cfg.rejected_key,
                                                        cfg.label_key)}
     if extra:
@@ -263,15 +262,30 @@ def _row_problem(row: Any, rowno: int, cfg: DatasetConfig, tokenizer, label: str
     return Problem(text, answer, meta)
 
 
+def _rejected_answer(row: dict, asked: list[list], where: str, cfg: DatasetConfig) -> str:
+    """A preference row's rejected answer as it is trained: its text (a reply after one of the prompt's
+    message lists ``asked``, as the chosen one), cut by ``answer_regex`` as the chosen answer is, so the two
+    sides of a pair are compared and trained alike (a rejected answer without a match is refused, as a chosen
+    one is)."""
+    key = cfg.rejected_key
+    value = _get(row, key)
+    if value is _MISSING:  # (named as a missing chosen answer is, with the option that names the field)
+        missing = missing_field(key, row, key_options(cfg).get(key))
+        raise DatasetError(f"{where}: {missing.replace(f'field {key!r}', f'field {key!r} (the rejected answer)', 1)}")
+    text = _answer_text(_reply(value, asked, where, key), where, key)
+    return text if cfg.answer_regex is None else _cut_answer(text, cfg.answer_regex, where, key)
+
+
 _LABELS = {"true": True, "false": False, "1": True, "0": False}
 
 
-def _label(row: dict, where: str, key: str) -> bool:
-    """A row's desirable / undesirable label: a bool, 1 / 0, or the strings 'true' / 'false' / '1' / '0'."""
+def _label(row: dict, where: str, key: str, option: str | None = None) -> bool:
+    """A row's desirable / undesirable label: a bool, 1 / 0, or the strings 'true' / 'false' / '1' / '0'.
+    ``option``: the config key that names the field, named when the row lacks it."""
     value = _get(row, key)
     if value is _MISSING:
-        raise DatasetError(f"{where}: {missing_field(key, row)} (the label: true for a desirable completion, "
-                           f"false for an undesirable one)")
+        raise DatasetError(f"{where}: {missing_field(key, row, option)} (the label: true for a desirable "
+                           f"completion, false for an undesirable one)")
     if isinstance(value, bool):
         return value
     if isinstance(value, (int, float)) and value in (0, 1):
@@ -392,6 +406,50 @@ def _conversation_problem(row: dict, rowno: int, where: str, cfg: DatasetConfig)
                    {"row": rowno, "source": str(cfg.path or cfg.hf_name), "messages": messages[:first], "conversation": messages})
 
 
+_SHOWN_ROWS = 5
+"""How many row numbers a line of rows that fail alike lists."""
+
+
+@dataclass
+class _RowErrors:
+    """A source's bad rows: every one counted, the first :data:`MAX_ROW_ERRORS` lines listed. ``grouped`` (a
+    columnar source: a column has one type, so a wrongly typed one fails every row alike): rows that fail for
+    the same reason share one line, with their count and first row numbers; else each row has its line."""
+
+    label: str
+    grouped: bool
+    count: int = 0
+    lines: dict[str, list] = field(default_factory=dict)
+    """reason -> [the first row's message, rows counted, the first row numbers]"""
+
+    def add(self, rowno: int, message: str) -> None:
+        self.count += 1
+        prefix = f"{self.label} row {rowno}: "
+        reason = message.removeprefix(prefix) if self.grouped and message.startswith(prefix) else message
+        line = self.lines.get(reason)
+        if line is None:
+            if len(self.lines) < MAX_ROW_ERRORS:
+                self.lines[reason] = [message, 1, [rowno]]
+            return
+        line[1] += 1
+        if len(line[2]) < _SHOWN_ROWS:
+            line[2].append(rowno)
+
+    def _line(self, reason: str, message: str, n: int, rows: list[int]) -> str:
+        if n == 1:
+            return message
+        shown = ", ".join(map(str, rows[:_SHOWN_ROWS])) + (", ..." if n > _SHOWN_ROWS else "")
+        return f"{self.label} rows {shown} ({n} rows): {reason}"
+
+    def error(self, source: str) -> DatasetError:
+        """The error that refuses the source: its one bad row's, or the count and the lines."""
+        if self.count == 1:
+            return DatasetError(next(iter(self.lines.values()))[0])
+        listed = [self._line(reason, *line) for reason, line in self.lines.items()]
+        shown = "" if sum(n for _, n, _ in self.lines.values()) == self.count else f" (the first {len(listed)} listed)"
+        return DatasetError(f"{source}: {self.count} bad rows{shown}; fix or remove them:\n  " + "\n  ".join(listed))
+
+
 def load_problems(cfg: DatasetConfig, tokenizer=None) -> list[Problem]:
     """Read every row of ``cfg.path`` (or of the dataset ``cfg.hf_name``) into a :class:`Problem`.
 
@@ -402,27 +460,22 @@ def load_problems(cfg: DatasetConfig, tokenizer=None) -> list[Problem]:
     under ``"prompt"`` (its messages, system prompt added, or its text): what a user reward function gets. Raises
     :class:`DatasetError` for a missing, empty or unreadable file, and for
     malformed rows: all of them are counted and the first
-    :data:`MAX_ROW_ERRORS` listed, each with its number.
+    :data:`MAX_ROW_ERRORS` listed, each with its number (rows of a columnar source that fail for the same reason,
+    as every row does under a wrongly typed column, on one line with their count: :class:`_RowErrors`).
     """
-    rows, label = _rows(cfg)
+    rows, label, columnar = _rows(cfg)
     problems: list[Problem] = []
-    bad: list[str] = []
-    n_bad = 0
+    bad = _RowErrors(label, grouped=columnar)
     for rowno, row in rows:
         try:
             problems.append(_row_problem(row, rowno, cfg, tokenizer, label))
         except DatasetError as e:
-            n_bad += 1
-            if len(bad) < MAX_ROW_ERRORS:
-                bad.append(str(e))
+            bad.add(rowno, str(e))
         if cfg.limit is not None and len(problems) >= cfg.limit:
             break
     source = cfg.path or cfg.hf_name
-    if n_bad == 1:
-        raise DatasetError(bad[0])
-    if n_bad:
-        shown = "" if n_bad <= len(bad) else f" (the first {len(bad)} listed)"
-        raise DatasetError(f"{source}: {n_bad} bad rows{shown}; fix or remove them:\n  " + "\n  ".join(bad))
+    if bad.count:
+        raise bad.error(str(source))
     if not problems:
         raise DatasetError(f"dataset {label if cfg.path is None else f'file {source}'} has no rows")
     return problems
@@ -436,14 +489,26 @@ def key_options(cfg: DatasetConfig) -> dict[str, str]:
     return {key: f"data.{name}" for name, key in reversed(options.items()) if key}
 
 
-def _rows(cfg: DatasetConfig) -> tuple[Iterator[tuple[int, Any]], str]:
-    """``(rows, label)``: the source's ``(row number, row)`` pairs, and its name in row errors."""
-    keys = tuple(k for k in (cfg.prompt_key, cfg.answer_key, cfg.rejected_key, cfg.label_key, cfg.messages_key) if k)
+def _required_keys(cfg: DatasetConfig) -> tuple[tuple[str, ...], tuple[str, str] | None]:
+    """``(keys, implicit)``: the fields every row of ``cfg`` needs, which a columnar source checks against its
+    columns before reading a row, and ``(prompt_key, answer_key)`` when the prompt may be implicit (a row without
+    it takes it from an answer of whole conversations, :func:`_implicit_prompt`); a conversation row needs its
+    messages field alone."""
+    if cfg.messages_key is not None:
+        return (cfg.messages_key,), None
+    keys = tuple(k for k in (cfg.prompt_key, cfg.answer_key, cfg.rejected_key, cfg.label_key) if k)
+    return keys, (cfg.prompt_key, cfg.answer_key)
+
+
+def _rows(cfg: DatasetConfig) -> tuple[Iterator[tuple[int, Any]], str, bool]:
+    """``(rows, label, columnar)``: the source's ``(row number, row)`` pairs, its name in row errors, and whether
+    it is columnar (Parquet, Arrow, ``datasets``: one type per column)."""
+    keys, implicit = _required_keys(cfg)
     if cfg.hf_name is not None or (cfg.path is not None and Path(cfg.path).is_dir()):
         from relayrl.data.hf import iter_rows, open_dataset
 
         ds, label = open_dataset(None if cfg.path is None else Path(cfg.path), cfg.hf_name, cfg.hf_config, cfg.split)
-        return iter_rows(ds, label, keys if cfg.messages_key is None else (cfg.messages_key,), key_options(cfg)), label
+        return iter_rows(ds, label, keys, key_options(cfg), implicit), label, True
     path = Path(cfg.path)
     if not path.exists():
         raise DatasetError(f"dataset file {path} does not exist")
@@ -465,11 +530,10 @@ def _rows(cfg: DatasetConfig) -> tuple[Iterator[tuple[int, Any]], str]:
         from relayrl.data.hf import iter_rows, open_dataset
 
         ds, label = open_dataset(path, None, None, cfg.split)
-        return iter_rows(ds, label, keys if cfg.messages_key is None else (cfg.messages_key,), key_options(cfg)), label
+        return iter_rows(ds, label, keys, key_options(cfg), implicit), label, True
     if fmt == "jsonl":
-        return _iter_jsonl(path), path.name
-    return _iter_parquet(path, tuple(k for k in (cfg.prompt_key, cfg.answer_key, cfg.rejected_key, cfg.label_key)
-                                     if k), key_options(cfg)), path.name
+        return _iter_jsonl(path), path.name, False
+    return _iter_parquet(path, keys, key_options(cfg), implicit), path.name, True
 
 
 def _tokenizer_name(tokenizer) -> str:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from relayrl.config.eval_flags import eval_flag
 from relayrl.errors import UserError
 
-__all__ = ["DatasetError", "missing_field"]
+__all__ = ["DatasetError", "missing_field", "missing_column"]
 
 
 class DatasetError(UserError, ValueError):
@@ -46,3 +46,29 @@ def missing_field(key: str, names, option: str | None = None) -> str:
         flag = eval_flag(option)
         return text + f"; {option}{f' ({flag} for relayrl eval)' if flag else ''} names the field to read"
     return text
+
+
+def _holds_messages(arrow_type) -> bool:
+    """Whether a column of ``arrow_type`` holds chat messages: a list of records with a ``role`` field."""
+    import pyarrow as pa
+
+    return ((pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type))
+            and pa.types.is_struct(arrow_type.value_type) and arrow_type.value_type.get_field_index("role") >= 0)
+
+
+def missing_column(schema, keys: tuple[str, ...], options: Mapping[str, str] | None = None,
+                   implicit: tuple[str, str] | None = None) -> str | None:
+    """The :func:`missing_field` message of the first of ``keys`` that no column of the Arrow ``schema`` holds
+    (a dotted key: its first part), or None when every key has one. ``implicit``: ``(prompt_key, answer_key)``,
+    the prompt not required when the answer column holds chat messages, since a row without a prompt field then
+    takes its prompt from the answer's conversation (TRL's implicit prompt), as a JSONL row does; a Parquet or
+    Arrow column has one type, so the schema tells it for every row."""
+    names = list(schema.names)
+    for key in keys:
+        if key in names or key.split(".", 1)[0] in names:
+            continue
+        if implicit is not None and key == implicit[0] and implicit[1] in names \
+                and _holds_messages(schema.field(implicit[1]).type):
+            continue
+        return missing_field(key, names, (options or {}).get(key))
+    return None

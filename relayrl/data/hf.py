@@ -18,7 +18,7 @@ import contextlib
 from pathlib import Path
 from typing import Any, Iterator
 
-from relayrl.data.errors import DatasetError, missing_field
+from relayrl.data.errors import DatasetError, missing_column
 
 __all__ = ["INSTALL_HINT", "datasets_installed", "is_datasets_dir", "load_named", "open_dataset", "iter_rows"]
 
@@ -139,14 +139,14 @@ def open_dataset(path: Path | None, name: str | None, config: str | None, split:
     return datasets.Dataset(table), path.name
 
 
-def iter_rows(ds: Any, label: str, keys: tuple[str, ...], options: dict[str, str] | None = None
-              ) -> Iterator[tuple[int, dict]]:
+def iter_rows(ds: Any, label: str, keys: tuple[str, ...], options: dict[str, str] | None = None,
+              implicit: tuple[str, str] | None = None) -> Iterator[tuple[int, dict]]:
     """``(row number from 1, row dict)`` of ``ds``; a key whose column the dataset lacks fails at row 1 (every
-    row lacks it), with the columns present and the option that names it (``options``: key -> option)."""
-    names = list(ds.column_names)
-    for key in keys:
-        if key not in names and key.split(".", 1)[0] not in names:
-            missing = missing_field(key, names, (options or {}).get(key))
-            raise DatasetError(f"{label} row 1: {missing} (the dataset has no such column, so no row has it)")
+    row lacks it), with the columns present and the option that names it (``options``: key -> option;
+    ``implicit``: the prompt key that an answer column of chat messages makes optional,
+    :func:`~relayrl.data.errors.missing_column`)."""
+    missing = missing_column(ds.features.arrow_schema, keys, options, implicit)
+    if missing is not None:
+        raise DatasetError(f"{label} row 1: {missing} (the dataset has no such column, so no row has it)")
     for i, row in enumerate(ds, start=1):
         yield i, row

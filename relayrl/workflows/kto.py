@@ -46,7 +46,7 @@ from relayrl.workflows.session import Session
 from relayrl.workflows.sft import answer_ids
 from relayrl.workflows.trainer_workers import PolicyWorker, ReferenceWorker
 
-__all__ = ["train_kto", "unpaired", "kl_completions", "reference_rows", "balance_note"]
+__all__ = ["train_kto", "unpaired", "kl_completions", "reference_rows", "balance_note", "one_kind_note"]
 
 KEY_METRICS = ("kto/loss", "kto/kl", "kto/rewards_desirable", "kto/rewards_undesirable", "eval/accuracy",
                "perf/step_time_s")
@@ -95,6 +95,22 @@ def balance_note(desirable: int, undesirable: int, desirable_weight: float, unde
             f"4/3 KTO's paper recommends: set kto.desirable_weight between {lo:.2f} and {hi:.2f}")
 
 
+def one_kind_note(desirable: int, undesirable: int) -> str | None:
+    """A sentence when the training rows hold examples of one kind only, saying what the loss then does (KTO
+    contrasts the two kinds; with one, only its term trains); None when both kinds are there (or neither)."""
+    if bool(desirable) == bool(undesirable):
+        return None
+    if undesirable == 0:
+        return (f"kto: the training rows hold {desirable} desirable and no undesirable examples, so the loss only "
+                f"raises the desirable completions' log-probs above the reference's (nothing is pushed down to "
+                f"contrast them with), and kto/rewards_undesirable, kto/logps_undesirable and kto/reward_margin "
+                f"are not logged: add rows labelled false (data.label_key), or train these rows with workflow sft")
+    return (f"kto: the training rows hold {undesirable} undesirable and no desirable examples, so the loss only "
+            f"pushes the undesirable completions' log-probs below the reference's (nothing is raised in their "
+            f"place), and kto/rewards_desirable, kto/logps_desirable and kto/reward_margin are not logged: add "
+            f"rows labelled true (data.label_key)")
+
+
 def train_kto(cfg: Config) -> Path:
     """Run KTO; returns the final model directory."""
     s = Session(cfg)
@@ -102,7 +118,8 @@ def train_kto(cfg: Config) -> Path:
     k = cfg.kto
     if s.train_problems is not None:  # a dataset: its labels are known now (TRL warns the same way)
         good = sum(bool(p.meta.get("label")) for p in s.train_problems)
-        note = balance_note(good, len(s.train_problems) - good, k.desirable_weight, k.undesirable_weight)
+        bad = len(s.train_problems) - good
+        note = one_kind_note(good, bad) or balance_note(good, bad, k.desirable_weight, k.undesirable_weight)
         if note:
             s.log(f"relayrl: warning: {note}")
     loss = KTOLoss(beta=k.beta, desirable_weight=k.desirable_weight, undesirable_weight=k.undesirable_weight,

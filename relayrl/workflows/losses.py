@@ -21,7 +21,7 @@ from relayrl.algorithms.names import AVERAGED_KINDS, KTO_LOSSES, REFERENCE_FREE_
 from relayrl.algorithms.orpo import orpo_loss
 from relayrl.algorithms.entropy import high_entropy_mask
 from relayrl.algorithms.kl import kl_loss
-from relayrl.algorithms.kto import kto_terms
+from relayrl.algorithms.kto import kto_terms, measured_kinds
 from relayrl.algorithms.aggregation import normalized_by
 from relayrl.algorithms.losses import aggregate, policy_loss_fn
 from relayrl.algorithms.mismatch import logprob_error
@@ -263,8 +263,11 @@ class DPOLoss:
         return loss, metrics
 
 
+_KTO_COUNTS = ("_kto/desirable", "_kto/undesirable")
+"""Each kind's examples in the update, summed like the figures and dropped by :meth:`KTOLoss.finish` (which
+reads them on the host after the engine's one read, so no micro-batch waits on the device)."""
 _KTO_METRICS = ("kto/loss", "kto/kl", "kto/rewards_desirable", "kto/rewards_undesirable", "kto/reward_margin",
-                "kto/logps_desirable", "kto/logps_undesirable", "kto/desirable_fraction")
+                "kto/logps_desirable", "kto/logps_undesirable", "kto/desirable_fraction", *_KTO_COUNTS)
 
 
 @dataclass(frozen=True)
@@ -278,7 +281,8 @@ class KTOLoss:
     ``apo_zero_unpaired`` is KTO against ``z0 = 0``, reads none and reports no ``kto/kl``), and
     ``n_desirable`` / ``n_undesirable`` (the mini-batch's counts of each kind, the same on every row). The
     loss and every metric are this micro-batch's share of the mean over the mini-batch's examples (the
-    rewards and log-probs: over its examples of that kind), so the engine sums them.
+    rewards and log-probs: over its examples of that kind), so the engine sums them. A kind the update has no
+    example of logs no reward and log-prob, and then no margin (:meth:`finish`).
     """
 
     beta: float = 0.1
@@ -317,10 +321,20 @@ class KTOLoss:
                        "kto/reward_margin": metric_value(r_d - r_u),
                        "kto/logps_desirable": metric_value((lp * d).sum() / n_d),
                        "kto/logps_undesirable": metric_value((lp * ~d).sum() / n_u),
-                       "kto/desirable_fraction": metric_value(d.sum() / n)}
+                       "kto/desirable_fraction": metric_value(d.sum() / n),
+                       "_kto/desirable": metric_value(d.sum()), "_kto/undesirable": metric_value((~d).sum())}
             if self.estimates_kl:
                 metrics["kto/kl"] = metric_value(z0 * len(d) / n)
         return loss, metrics
+
+    @staticmethod
+    def finish(metrics: dict[str, float]) -> dict[str, float]:
+        """An update's metrics without the figures of a kind it had no example of (they would read 0, as if
+        measured: :func:`~relayrl.algorithms.kto.measured_kinds`), and without the counts that tell it."""
+        if _KTO_COUNTS[0] not in metrics:
+            return metrics
+        out = {k: v for k, v in metrics.items() if k not in _KTO_COUNTS}
+        return measured_kinds(out, metrics[_KTO_COUNTS[0]], metrics[_KTO_COUNTS[1]])
 
 
 def pair_order(fields: dict, what: str = "DPO") -> tuple[torch.Tensor, torch.Tensor]:

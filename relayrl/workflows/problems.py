@@ -10,7 +10,7 @@ context. It is the data part of every session (:class:`~relayrl.workflows.heldou
     model_path, tokenizer    <- trainer.init_from > model.path > the tiny default
     task, or training rows   <- data.task, or data.path / data.hf_name
     held-out problems        <- the task's eval set, data.eval_path, or eval.size rows carved out of the
-                                training rows with run.seed
+                                training rows with run.seed (workflow kto: out of its desirable rows)
     env.tools_in_prompt      -> the tools in each chat prompt's template (before lengths are measured)
     training rows (training) -> fitted (data.max_prompt_tokens, the context beside rollout.max_new_tokens;
                                 data.long_prompts=drop leaves the long ones out)
@@ -117,12 +117,15 @@ class RunProblems:
                                    raw_answers=raw)
         if held_out:  # each held-out set's first eval.size rows (verl's data.val_files list)
             return None, train, [p for i, ds in enumerate(held_out) for p in self._held_out(ds, i, len(held_out), kto)]
-        if len(train) >= 2 * size:  # hold out a seeded sample of rows; train on the rest
-            held = set(random.Random(self.cfg.run.seed).sample(range(len(train)), size))
-            self.log(f"relayrl: no data.eval_path; holding out {size} of {len(train)} rows of {d.path or d.hf_name} for evaluation")
+        pool, kind = _scorable(train, kto), " labelled desirable" if kto else ""
+        if len(pool) >= 2 * size:  # hold out a seeded sample of the rows evaluation scores; train on the rest
+            held = set(random.Random(self.cfg.run.seed).sample(pool, size))
+            of = f"{len(pool)} rows{kind} (the rows kto scores; {len(train)} in all)" if kto else f"{len(train)} rows"
+            self.log(f"relayrl: no data.eval_path; holding out {size} of {of} of {d.path or d.hf_name} for evaluation")
             return None, [p for i, p in enumerate(train) if i not in held], _scored([train[i] for i in sorted(held)], kto)
-        self.log(f"relayrl: no data.eval_path and only {len(train)} rows in {d.path or d.hf_name}: evaluating on the first "
-                 f"{min(size, len(train))} training rows (not held out); set data.eval_path for a held-out score")
+        self.log(f"relayrl: no data.eval_path and only {len(pool)} rows{kind} in {d.path or d.hf_name}: evaluating on "
+                 f"the first {min(size, len(pool))} training rows{kind} (not held out); set data.eval_path for a "
+                 f"held-out score")
         return None, train, _scored(train, kto)[:size]
 
     def _held_out(self, ds, i: int, of: int, kto: bool = False) -> list[Problem]:
@@ -222,6 +225,14 @@ def raw_answers(cfg: Config) -> bool:
     ``reward.verifier=user``), so that they are read as the file holds them (a list or dict too:
     :class:`~relayrl.data.truth.GroundTruth`); every other run compares or trains on their text."""
     return cfg.workflow == "grpo" and cfg.reward.verifier == "user"
+
+
+def _scorable(problems: list[Problem], kto: bool) -> list[int]:
+    """The indexes of the rows a held-out evaluation scores, from which rows are held out: every row, or for
+    workflow kto the rows labelled desirable (a sample of all rows can hold out none of them, and then nothing
+    is scored); every row when none is (:func:`_scored` then refuses the held-out rows, saying what to give)."""
+    good = [i for i, p in enumerate(problems) if not kto or p.meta.get("label", True)]
+    return good or list(range(len(problems)))
 
 
 def _scored(problems: list[Problem], kto: bool) -> list[Problem]:

@@ -89,7 +89,7 @@ def test_a_list_of_records_ground_truth_is_a_value_not_chat_messages(tmp_path, n
 def test_a_dict_ground_truth_for_a_built_in_verifier_is_refused_naming_the_row_and_the_fix(tmp_path):
     rows = [{**countdown_rows()[0], "reward_model": {"style": "rule", "ground_truth": "24"}}, countdown_rows()[1]]
     for f, row in ((write_rows(tmp_path / "train.jsonl", rows), "train.jsonl row 2"),
-                   (write_rows(tmp_path / "train.parquet", countdown_rows()), "train.parquet row 1")):
+                   (write_rows(tmp_path / "train.parquet", countdown_rows()), "train.parquet rows 1, 2 (2 rows)")):
         with pytest.raises(DatasetError) as e:
             load_problems(DatasetConfig(path=f, answer_key=KEY))
         msg = str(e.value)
@@ -150,7 +150,8 @@ def test_a_run_that_needs_the_answers_text_refuses_a_dict_ground_truth(tmp_path,
     with pytest.raises(DatasetError) as e:
         RunProblems(_cfg(tmp_path, tiny_dir, recipe, *over), training=True, log=lambda _: None)
     msg = str(e.value)
-    assert "train.parquet: 12 bad rows" in msg and "row 1: field 'reward_model.ground_truth' is dict" in msg, msg
+    assert "train.parquet: 12 bad rows" in msg and "rows 1, 2, 3, 4, 5, ... (12 rows): field " \
+        "'reward_model.ground_truth' is dict" in msg, msg  # (a column's one type: one line for its rows)
 
 
 def test_answer_regex_cuts_text_only(tmp_path):

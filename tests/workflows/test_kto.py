@@ -59,6 +59,7 @@ def test_apo_zero_unpaired_over_micro_batches_reads_no_kl_estimate():
         for k, v in m.items():
             sums[k] = sums.get(k, 0.0) + v
     assert total == pytest.approx(float(want.detach()), rel=1e-6)
+    sums = fn.finish(sums)  # (as the engine reports the update: the kinds' counts read and dropped)
     assert set(sums) == set(want_m) and "kto/kl" not in sums
     for k, v in want_m.items():
         assert sums[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
@@ -191,3 +192,81 @@ def test_an_unbalanced_dataset_gets_the_weights_that_balance_it():
     assert balance_note(10, 90, 10.0, 1.0) is None  # the weight that balances them
     assert "1.50" in balance_note(90, 60, 1.0, 1.0)  # too many desirable ones weigh too much too
     assert balance_note(5, 0, 1.0, 1.0) is None  # one kind only: nothing to balance
+
+
+def _kto_problems(tmp_path, tiny_dir, labels: list[bool], *over: str):
+    from relayrl.config.loader import load_config
+    from relayrl.config.schema import Config
+    from relayrl.workflows.problems import RunProblems
+
+    data = tmp_path / "kto.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "completion": str(i + 1 + 10 * (not good)),
+                                        "label": good}) + "\n" for i, good in enumerate(labels)))
+    cfg = load_config(Config, "recipes/arith_kto.yaml", ["data.task=null", f"data.path={data}",
+                                                         "data.answer_key=completion", "reward.verifier=exact",
+                                                         f"trainer.init_from={tiny_dir}", *over])
+    lines: list[str] = []
+    return RunProblems(cfg, training=True, log=lines.append), lines
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_kto_holds_out_desirable_rows_only(tmp_path, tiny_dir, seed):
+    # old: a seeded sample of all rows; with half the rows desirable and eval.size=4 it could hold out none of
+    # them (run.seed=0 did), and the run was refused with "none of the 4 held-out rows is" desirable
+    labels = [i % 2 == 0 for i in range(64)]
+    rp, lines = _kto_problems(tmp_path, tiny_dir, labels, "eval.size=4", f"run.seed={seed}")
+    assert len(rp.eval_problems) == 4 and all(p.meta["label"] for p in rp.eval_problems)
+    assert len(rp.train_problems) == 60 and not {p.prompt for p in rp.train_problems} & {
+        p.prompt for p in rp.eval_problems}
+    assert any("holding out 4 of 32 rows labelled desirable (the rows kto scores; 64 in all)" in x for x in lines)
+    again, _ = _kto_problems(tmp_path, tiny_dir, labels, "eval.size=4", f"run.seed={seed}")
+    assert [p.prompt for p in again.eval_problems] == [p.prompt for p in rp.eval_problems]  # (seeded)
+
+
+def test_kto_with_no_desirable_row_is_refused_as_before(tmp_path, tiny_dir):
+    with pytest.raises(DatasetError, match="none of the 4 held-out rows is: give data.eval_path rows with label true"):
+        _kto_problems(tmp_path, tiny_dir, [False] * 16, "eval.size=4")
+    # fewer desirable rows than twice eval.size: evaluated on (not held out), as a dataset with few rows is
+    # (old: 4 of the 16 rows held out at random, and the desirable ones among them, if any, scored)
+    rp, lines = _kto_problems(tmp_path, tiny_dir, [i < 3 for i in range(16)], "eval.size=4")
+    assert len(rp.train_problems) == 16 and [p.prompt for p in rp.eval_problems] == ["0+1=", "1+1=", "2+1="]
+    assert any("only 3 rows labelled desirable in" in x and "(not held out)" in x for x in lines)
+
+
+@pytest.mark.parametrize("kind", [1.0, 0.0])
+def test_a_kind_the_step_has_no_example_of_logs_no_figures(kind):
+    # old: kto/rewards_undesirable = kto/logps_undesirable = 0 and kto/reward_margin = kto/rewards_desirable
+    # (or the same for the desirable side), logged as if measured
+    g = torch.Generator().manual_seed(2)
+    lp, mask = torch.randn(4, 3, generator=g), torch.ones(4, 3)
+    ref, kl, kl_ref, d = torch.randn(4, generator=g), torch.randn(4, generator=g), torch.randn(4, generator=g), \
+        torch.full((4,), kind)
+    want, want_m = kto_loss(lp.sum(-1), ref, kl, kl_ref, d > 0.5, beta=0.3)
+    present, absent = ("desirable", "undesirable") if kind else ("undesirable", "desirable")
+    gone = {f"kto/rewards_{absent}", f"kto/logps_{absent}", "kto/reward_margin"}
+    assert not gone & set(want_m) and {f"kto/rewards_{present}", f"kto/logps_{present}"} <= set(want_m)
+    fields = {"desirable": d, "ref_logp": ref, "kto_kl": torch.full((4,), want_m["kto/kl"]),
+              "n_desirable": torch.full((4,), 4.0 * kind), "n_undesirable": torch.full((4,), 4.0 * (1 - kind))}
+    fn, sums = KTOLoss(beta=0.3), {}
+    for rows in ([0, 1], [2, 3]):
+        _, m = fn(MicroBatch(lp[rows], mask[rows], {k: v[rows] for k, v in fields.items()}, global_tokens=12,
+                             global_seqs=4))
+        for k, v in m.items():
+            sums[k] = sums.get(k, 0.0) + v
+    sums = fn.finish(sums)  # (what the engine reports)
+    assert set(sums) == set(want_m) and sums["kto/desirable_fraction"] == kind
+    for k, v in want_m.items():
+        assert sums[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
+
+
+def test_a_dataset_of_one_kind_is_warned_of_saying_what_the_loss_does():
+    from relayrl.workflows.kto import balance_note, one_kind_note
+
+    # old: no line at all (balance_note has nothing to balance with one kind)
+    note = one_kind_note(20, 0)
+    assert "20 desirable and no undesirable examples" in note and "only raises the desirable" in note
+    assert "kto/rewards_undesirable, kto/logps_undesirable and kto/reward_margin are not logged" in note
+    note = one_kind_note(0, 7)
+    assert "7 undesirable and no desirable examples" in note and "only pushes the undesirable" in note
+    assert "rows labelled true" in note
+    assert one_kind_note(5, 5) is None and balance_note(5, 0, 1.0, 1.0) is None

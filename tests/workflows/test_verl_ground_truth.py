@@ -94,5 +94,6 @@ def test_a_built_in_verifier_refuses_a_dict_ground_truth_naming_the_row(capsys, 
     code = cli.main(["train", *RUN, f"data.path={train}", "reward.verifier=math", f"run.dir={tmp_path / 'r'}"])
     err = capsys.readouterr().err
     assert code == EXIT_USER, err
-    assert "train.parquet row 1: field 'reward_model.ground_truth' is dict; expected a string or a number" in err, err
+    assert "train.parquet rows 1, 2, 3, 4, 5, ... (24 rows): field 'reward_model.ground_truth' is dict; expected a string " \
+        "or a number" in err, err  # (a column's one type: one line for its rows)
     assert "reward.verifier=user reward.user_fn=" in err and "data.answer_key=reward_model.ground_truth.target" in err
