@@ -4,7 +4,8 @@ A recipe may name a ``base`` recipe (a path relative to itself); the base is
 loaded first and the recipe's keys are merged over it, so a recipe reads as a
 diff (``arith_dapo.yaml`` is ``arith_grpo.yaml`` plus a few DAPO switches).
 Overrides ``a.b.c=value`` are applied last; values are parsed as YAML
-(``3``, ``1e-4``, ``true``, ``[1, 2]``, ``null``). A mapping value is merged
+(``3``, ``1e-4``, ``true``, ``[1, 2]``, ``null``), each whole: a ``#`` in an override is text, not a YAML
+comment (``data.answer_regex=####\\s*(.+)$``; a recipe's comments are YAML's). A mapping value is merged
 into the section as a base recipe's keys are (``engine.optim={lr: 1e-4}``
 keeps the recipe's other optimizer keys); ``{}`` empties it.
 
@@ -149,6 +150,31 @@ def _parse_json(path: Path, text: str) -> Any:
         raise ConfigError(f"recipe {path} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
 
 
+def _override_value(raw: str) -> Any:
+    """The value of an override ``key=raw``, typed as YAML types it (``3``, ``1e-4``, ``true``, ``null``,
+    ``[a, b]``, ``{a: 1}``), but whole: an override is one value, so a ``#`` in it is text, never a YAML comment
+    (``data.system_prompt=#1 rule`` read as a comment was null, ``x=a # b`` was ``a``). Text YAML cannot read
+    is kept as given."""
+    if not raw.strip():
+        return ""
+    try:
+        if _holds_comment(raw):
+            return raw
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+
+
+def _holds_comment(raw: str) -> bool:
+    """Whether YAML reads part of ``raw`` as a comment: its tokens (a comment makes none) end before the text
+    does. The end of a block or of the stream is not text read, so it does not count."""
+    if "#" not in raw:
+        return False
+    skip = (yaml.StreamEndToken, yaml.BlockEndToken)
+    ends = [t.end_mark.index for t in yaml.scan(raw, Loader=yaml.SafeLoader) if not isinstance(t, skip)]
+    return max(ends, default=0) < len(raw.rstrip())
+
+
 def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
     """Apply ``a.b=value`` overrides to a nested dict (returns a new dict)."""
     if isinstance(overrides, (str, bytes)) or not isinstance(overrides, Sequence):
@@ -167,10 +193,7 @@ def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
         key = key.strip()
         if not key or any(not part for part in key.split(".")):
             raise ConfigError(f"override {item!r} has an empty key part")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            value = raw
+        value = _override_value(raw)
         squashed = [k for k, v in value.items() if v is None and isinstance(k, str) and ":" in k] \
             if isinstance(value, dict) else []
         if squashed:  # {a:1} is YAML for {"a:1": null}

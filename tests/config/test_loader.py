@@ -44,6 +44,19 @@ def test_overrides_parse_yaml_values_and_nest():
     assert str(cfg.run.dir) == "/tmp/x"
 
 
+def test_a_hash_in_an_override_is_text_not_a_yaml_comment():
+    """Old behaviour: the value was read by yaml.safe_load, which took '#...' for a comment: a value starting with
+    '#' became null and ' # ...' cut a value short."""
+    cfg = load_config(Config, None, ["data.system_prompt=#1 rule: be brief", "data.answer_regex=####\\s*(.+)$",
+                                     "data.path=x.jsonl", "data.task=null", "reward.verifier=exact"])
+    assert cfg.data.system_prompt == "#1 rule: be brief" and cfg.data.answer_regex == "####\\s*(.+)$"
+    assert apply_overrides({}, ["a=be brief # not a comment", "b=[x, #y]", "c=k: 1 # z"]) == {
+        "a": "be brief # not a comment", "b": "[x, #y]", "c": "k: 1 # z"}
+    # every other YAML typing stays, a quoted '#' too
+    assert apply_overrides({}, ["a=null", "b=[a,b]", "c=3", "d=true", "e={k: '#v'}", "f=[x, '#y']", "g=C#"]) == {
+        "a": None, "b": ["a", "b"], "c": 3, "d": True, "e": {"k": "#v"}, "f": ["x", "#y"], "g": "C#"}
+
+
 def test_unknown_key_suggests_the_close_one():
     assert "trainer.stepz: unknown key; did you mean trainer.steps?" in _errors("trainer.stepz=3")
     msg = _errors("eval.zzz=1")
