@@ -16,13 +16,15 @@ included, and the keys at their defaults are read as unset, so that the checks r
 Every error names the key path and how to fix it, and happens before any work
 starts. Numbers are strict: pydantic's lax mode reads ``true`` as 1 for an
 integer or float key (``trainer.steps=true`` ran one step); :func:`validate`
-refuses a boolean wherever a number was validated.
+refuses a boolean wherever a number was validated, and a NaN, infinite or beyond-float32 number except
+infinity in a field declared ``Field(allow_inf_nan=True)``.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence, TypeVar
 
@@ -289,10 +291,40 @@ def validate(model: type[M], data: dict) -> M:
         out = model.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_format(e, model)) from None
-    lines = _booleans_read_as_numbers(out, data, "")
+    lines = _booleans_read_as_numbers(out, data, "") + _nonfinite_numbers(out, "")
     if lines:
         raise ConfigError("invalid config:\n" + "\n".join(f"  {line}" for line in lines))
     return out
+
+
+def _nonfinite_numbers(value: Any, key: str, allow_inf: bool = False, default: Any = None) -> list[str]:
+    """The keys whose validated value is a float that is NaN, infinite, or beyond float32's range (infinite
+    once a float32 tensor holds it: ``rollout.temperature=1e308`` divides the logits to 0), walking models,
+    mappings and lists. A bound does not refuse infinity (``rollout.temperature=inf`` is ``>= 0``: it sampled
+    uniformly) and a key with none takes NaN. A field declared ``Field(allow_inf_nan=True)``, where infinity
+    means something (``engine.optim.max_grad_norm=inf`` clips nothing), takes any number but NaN."""
+    from relayrl.engines.reward.user import FLOAT32_MAX
+
+    at = (lambda k: f"{key}.{k}" if key else str(k))
+    if isinstance(value, float):
+        if abs(value) <= FLOAT32_MAX or (allow_inf and not math.isnan(value)):
+            return []
+        why = "is not a finite number" if not math.isfinite(value) else \
+            f"is beyond float32's range (+-{FLOAT32_MAX:.1e}), infinite in the run's tensors"
+        hint = f" (its default is {default!r})" if isinstance(default, (int, float)) else ""
+        return [f"{key}={value:g} {why}; write a finite number{hint}"]
+    if isinstance(value, BaseModel):
+        return [line for name, f in type(value).model_fields.items()
+                for line in _nonfinite_numbers(getattr(value, name), at(f.alias or name), _allows_inf(f), f.default)]
+    if isinstance(value, dict):
+        return [line for k, v in value.items() for line in _nonfinite_numbers(v, at(k))]
+    if isinstance(value, (list, tuple)):
+        return [line for i, v in enumerate(value) for line in _nonfinite_numbers(v, at(i), allow_inf)]
+    return []
+
+
+def _allows_inf(field: Any) -> bool:
+    return any(getattr(m, "allow_inf_nan", False) is True for m in field.metadata)
 
 
 def _booleans_read_as_numbers(value: Any, raw: Any, key: str) -> list[str]:

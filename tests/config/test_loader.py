@@ -266,6 +266,28 @@ def test_a_boolean_is_not_read_as_a_number(override, says):
     assert load_config(Config, RECIPES / "arith_grpo.yaml", ["trainer.steps=3"]).trainer.steps == 3
 
 
+@pytest.mark.parametrize("override, says", [
+    ("rollout.temperature=inf", "rollout.temperature=inf is not a finite number; write a finite number (its "
+                                "default is 1.0)"),
+    ("rollout.temperature=1e308", "rollout.temperature=1e+308 is beyond float32's range"),
+    ("engine.optim.lr=inf", "engine.optim.lr=inf is not a finite number"),
+    ("algorithm.kl_coef=.inf", "algorithm.kl_coef=inf is not a finite number"),
+    ("rm.margin=nan", "rm.margin=nan is not a finite number"),
+    ("reward.judge.min_score=-inf", "reward.judge.min_score=-inf is not a finite number"),
+    ("critic.optim={lr: .inf}", "critic.optim.lr=inf is not a finite number")])
+def test_a_non_finite_number_is_refused(override, says):
+    """Old behaviour: a bound like ge=0 let infinity through and a key without one took NaN too, so
+    rollout.temperature=inf trained sampling uniformly and engine.optim.lr=inf loaded."""
+    assert says in _errors(override, recipe=RECIPES / "arith_grpo.yaml")
+
+
+def test_infinity_stays_where_it_means_something():
+    # engine.optim.max_grad_norm=inf clips nothing, as null does (Field(allow_inf_nan=True)); NaN is still refused
+    cfg = load_config(Config, RECIPES / "arith_grpo.yaml", ["engine.optim.max_grad_norm=inf", "rollout.temperature=3"])
+    assert cfg.engine.optim.max_grad_norm == float("inf") and cfg.rollout.temperature == 3.0
+    assert "engine.optim.max_grad_norm" in _errors("engine.optim.max_grad_norm=nan")
+
+
 def test_more_cpu_ranks_than_cores_are_refused_unless_asked_for():
     import os
 
