@@ -26,7 +26,7 @@ from relayrl.config.trainer import TrainerConfig
 from relayrl.config.plan import rollout_pool
 from relayrl.config.rollout_devices import check_rollout_devices
 from relayrl.config.rules import (check_decoupled_rewards, check_dpo, check_env, check_kto, check_precompute_ref,
-                                  check_ref_sync, check_retire_solved, check_total_epochs,
+                                  check_ref_sync, check_retire_solved, check_total_epochs, check_workflow_sections,
                                   check_loss_agg, check_vllm_eval_temperature, check_routing_replay)
 from relayrl.cluster.config import ClusterConfig
 from relayrl.config.parallel import check_expert_parallel, check_sequence_parallel
@@ -381,6 +381,7 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _cross(self) -> "Config":
+        check_workflow_sections(self)
         if self.algorithm.distill.enabled and self.workflow != "grpo":
             raise ValueError(f"algorithm.distill.teacher scores the responses the policy samples, which workflow "
                              f"{self.workflow} does not generate: use workflow grpo or drop algorithm.distill.teacher")
@@ -408,7 +409,8 @@ class Config(_Section):
             if self.engine.packing != "shared_prompt":
                 raise ValueError(f"workflow={self.workflow} packs each prompt with its chosen and rejected answer, so that a pair "
                                  f"stays in one micro-batch: set engine.packing=shared_prompt (got {self.engine.packing!r})")
-            check_dpo(self)
+            if self.workflow == "dpo":
+                check_dpo(self)
             if self.data.task not in (None, "arith"):
                 raise ValueError(f"workflow={self.workflow} needs preference pairs: the built-in arith task has them (the true "
                                  f"sum over the careless one); data.task={self.data.task!r} has none, give data.path "

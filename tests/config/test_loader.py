@@ -218,6 +218,30 @@ def test_dpo_settings_that_cannot_work_are_refused():
     assert "dpo.kind" in _errors("workflow=dpo", "dpo.kind=cpo_simpo")
 
 
+@pytest.mark.parametrize("recipe, override, says", [
+    ("arith_rm", "dpo.beta=0.5", "dpo.beta is read by workflow dpo only (this run is workflow rm): drop it or set "
+                                 "workflow=dpo"),
+    ("arith_sft", "dpo.kind=ipo", "dpo.kind is read by workflow dpo only (this run is workflow sft)"),
+    ("arith_grpo", "dpo.beta=0.5", "dpo.beta is read by workflow dpo only (this run is workflow grpo)"),
+    ("arith_kto", "dpo.nll_weight=1", "dpo.nll_weight is read by workflow dpo only (this run is workflow kto)"),
+    ("arith_dpo", "rm.margin=1", "rm.margin is read by workflow rm only (this run is workflow dpo): drop it or set "
+                                 "workflow=rm"),
+    ("arith_grpo", "rm.margin=1", "rm.margin is read by workflow rm only (this run is workflow grpo)"),
+    ("arith_dpo", "kto.beta=0.5", "kto.beta is read by workflow kto only (this run is workflow dpo)")])
+def test_a_section_only_another_workflow_reads_is_refused(recipe, override, says):
+    """Old behaviour: kto.* was refused outside workflow kto, but dpo.* and rm.* keys were silently ignored by
+    the workflows that do not read them (workflow rm trained with dpo.beta=0.5 as without it)."""
+    assert says in _errors(override, recipe=RECIPES / f"{recipe}.yaml")
+
+
+def test_each_workflow_keeps_the_section_it_reads():
+    assert load_config(Config, RECIPES / "arith_dpo.yaml", ["dpo.beta=0.5"]).dpo.beta == 0.5
+    assert load_config(Config, RECIPES / "arith_rm.yaml", ["rm.margin=1"]).rm.margin == 1.0
+    assert load_config(Config, RECIPES / "arith_kto.yaml", ["kto.beta=0.5"]).kto.beta == 0.5
+    # an emptied section is not set: a dpo recipe can be run as another workflow with dpo={}
+    assert load_config(Config, RECIPES / "arith_dpo.yaml", ["workflow=rm", "dpo={}"]).workflow == "rm"
+
+
 def test_ppo_settings():
     assert load_config(Config, RECIPES / "arith_grpo.yaml", ["algorithm.advantage=remax", "rollout.n=1"]).rollout.n == 1
     assert "reinforce++ or gae" in _errors("algorithm.kl_in_reward=true", "algorithm.kl_coef=0.1")
@@ -272,7 +296,7 @@ def test_a_boolean_is_not_read_as_a_number(override, says):
     ("rollout.temperature=1e308", "rollout.temperature=1e+308 is beyond float32's range"),
     ("engine.optim.lr=inf", "engine.optim.lr=inf is not a finite number"),
     ("algorithm.kl_coef=.inf", "algorithm.kl_coef=inf is not a finite number"),
-    ("rm.margin=nan", "rm.margin=nan is not a finite number"),
+    ("reward.verifier_weight=nan", "reward.verifier_weight=nan is not a finite number"),
     ("reward.judge.min_score=-inf", "reward.judge.min_score=-inf is not a finite number"),
     ("critic.optim={lr: .inf}", "critic.optim.lr=inf is not a finite number")])
 def test_a_non_finite_number_is_refused(override, says):
