@@ -27,6 +27,7 @@ from relayrl.config.plan import rollout_pool
 from relayrl.config.rollout_devices import check_rollout_devices
 from relayrl.config.rules import (check_decoupled_rewards, check_dpo, check_env, check_kto, check_precompute_ref,
                                   check_ref_sync, check_retire_solved, check_total_epochs, check_workflow_sections,
+                                  check_reward_read, scores_responses,
                                   check_loss_agg, check_vllm_eval_temperature, check_routing_replay)
 from relayrl.cluster.config import ClusterConfig
 from relayrl.config.parallel import check_expert_parallel, check_sequence_parallel
@@ -382,6 +383,7 @@ class Config(_Section):
     @model_validator(mode="after")
     def _cross(self) -> "Config":
         check_workflow_sections(self)
+        check_reward_read(self)
         if self.algorithm.distill.enabled and self.workflow != "grpo":
             raise ValueError(f"algorithm.distill.teacher scores the responses the policy samples, which workflow "
                              f"{self.workflow} does not generate: use workflow grpo or drop algorithm.distill.teacher")
@@ -468,7 +470,8 @@ class Config(_Section):
         if self.data.messages_key is not None and (self.workflow != "sft" or self.data.path is None):
             raise ValueError("data.messages_key trains on whole conversations: it applies to workflow sft with "
                              "data.path; unset data.messages_key")
-        if self.reward.verifier == "task" and self.data.task is None and not self.env.own_rewards:
+        if (self.reward.verifier == "task" and self.data.task is None and not self.env.own_rewards
+                and scores_responses(self.workflow)):
             raise ValueError("reward.verifier=task needs a built-in data.task; for data.path use "
                              "reward.verifier=math, exact or user")
         return self

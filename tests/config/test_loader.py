@@ -242,6 +242,22 @@ def test_each_workflow_keeps_the_section_it_reads():
     assert load_config(Config, RECIPES / "arith_dpo.yaml", ["workflow=rm", "dpo={}"]).workflow == "rm"
 
 
+def test_workflow_rm_on_a_dataset_needs_no_verifier(tmp_path):
+    """Old behaviour: workflow rm, which scores no response, was refused with 'reward.verifier=task needs a
+    built-in data.task' on a dataset, and a reward.* key it never reads was accepted."""
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"prompt": "1+1=", "chosen": "2", "rejected": "3"}\n')
+    on_data = ["data.task=null", f"data.path={pairs}", "data.answer_key=chosen"]
+    cfg = load_config(Config, RECIPES / "arith_rm.yaml", on_data)
+    assert cfg.workflow == "rm" and cfg.reward.verifier == "task"  # the default, read by nothing here
+    assert ("reward.verifier scores responses, and workflow rm generates none (it evaluates the reward model on "
+            "held-out pairs): drop reward.verifier") in _errors(*on_data, "reward.verifier=exact",
+                                                                recipe=RECIPES / "arith_rm.yaml")
+    # the workflows that score held-out answers keep the rule
+    assert "reward.verifier=task needs a built-in data.task" in _errors(*on_data, "data.rejected_key=rejected",
+                                                                        recipe=RECIPES / "arith_dpo.yaml")
+
+
 def test_ppo_settings():
     assert load_config(Config, RECIPES / "arith_grpo.yaml", ["algorithm.advantage=remax", "rollout.n=1"]).rollout.n == 1
     assert "reinforce++ or gae" in _errors("algorithm.kl_in_reward=true", "algorithm.kl_coef=0.1")
