@@ -519,12 +519,13 @@ def _check_placement(self: Config) -> None:
     pl, t = self.placement, self.trainer
     if self.workflow != "grpo" and (pl.pools or pl.custom or t.mode != "sync" or t.tri_model):
         raise ValueError(f"placement, trainer.mode and trainer.tri_model apply to workflow grpo, not {self.workflow}")
-    if t.mode == "periodic" and not pl.split:
-        raise ValueError("trainer.mode=periodic overlaps training with generation, so the rollout needs devices "
-                         "of its own: add placement.pools.gen=1 placement.rollout=gen (or use trainer.mode=sync)")
+    # (the conflict first: the pool the next rule asks for would not resolve it)
     if t.mode == "periodic" and t.off_policy_steps:
         raise ValueError("trainer.mode=periodic is on-policy; trainer.off_policy_steps lets the rollout run up to "
                          "k versions ahead (its trainer also consumes groups as they arrive): choose one")
+    if t.mode == "periodic" and not pl.split:
+        raise ValueError("trainer.mode=periodic overlaps training with generation, so the rollout needs devices "
+                         "of its own: add placement.pools.gen=1 placement.rollout=gen (or use trainer.mode=sync)")
     if t.tri_model:
         if estimator(self.algorithm.advantage).reference:
             raise ValueError(f"trainer.tri_model computes the reference's log-probs inside the update, after the "
