@@ -303,7 +303,7 @@ def _nonfinite_numbers(value: Any, key: str, allow_inf: bool = False, default: A
     mappings and lists. A bound does not refuse infinity (``rollout.temperature=inf`` is ``>= 0``: it sampled
     uniformly) and a key with none takes NaN. A field declared ``Field(allow_inf_nan=True)``, where infinity
     means something (``engine.optim.max_grad_norm=inf`` clips nothing), takes any number but NaN."""
-    from relayrl.engines.reward.user import FLOAT32_MAX
+    from relayrl.engines.reward.user import FLOAT32_MAX  # (the bound rewards have; imported with the schema)
 
     at = (lambda k: f"{key}.{k}" if key else str(k))
     if isinstance(value, float):
