@@ -19,6 +19,13 @@ __all__ = ["main", "parse_args"]
 RECIPES = SHIPPED  # the demo's stages
 
 
+def builtin_tasks() -> list[str]:
+    """The built-in task names, from the registry ``make_task`` reads (its error lists the same ones)."""
+    from relayrl.data.tasks import EXTRA_TASKS, TASKS  # (no torch: the parser stays quick)
+
+    return sorted([*TASKS, *EXTRA_TASKS])
+
+
 def _load(recipe: str | None, overrides: list[str]):
     from relayrl.config.loader import load_run_config
 
@@ -441,7 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "evaluated as its training run does, with --model as model.path; the options below are then "
                    "the config's keys")
     e.add_argument("overrides", nargs="*", help="with --recipe: dotted.key=value (e.g. eval.size=50 eval.k=4)")
-    e.add_argument("--task", help="built-in task: arith, sort, countdown")
+    e.add_argument("--task", help=f"built-in task: {', '.join(builtin_tasks())}")
     e.add_argument("--task-options", help='JSON options of the task, e.g. \'{"min_digits": 3, "max_digits": 3}\'')
     e.add_argument("--data", nargs="+", help="JSONL or Parquet file with prompt and answer fields; several: each "
                    "file's first --size rows, every metric also per file as eval/<metric>/<source>")

@@ -2,9 +2,11 @@
 
 A user's first command carries the keys of the framework they come from: verl's dotted keys
 (``data.train_batch_size``), NeMo-RL's YAML sections (``grpo.num_generations_per_prompt``), OpenRLHF's flat
-command-line flags (``--n_samples_per_prompt 8``). Each is refused like any unknown key, and the message names
+command-line flags (``--n_samples_per_prompt 8``), TRL's flat dataclass fields, alone or under a relayrl section
+(``num_generations=8``, ``dpo.loss_type=ipo``). Each is refused like any unknown key, and the message names
 relayrl's key for it from that framework's table (:mod:`relayrl.config.verl_keys`,
-:mod:`relayrl.config.nemo_rl_keys`, :mod:`relayrl.config.openrlhf_keys`: the one-to-one rows of
+:mod:`relayrl.config.nemo_rl_keys`, :mod:`relayrl.config.openrlhf_keys`, :mod:`relayrl.config.trl_keys`: the
+one-to-one rows of
 docs/migrating.md's tables; a test checks every key they name exists). Only hints: nothing here renames a key,
 so a recipe says what it means in relayrl's own terms.
 """
@@ -23,7 +25,7 @@ class Framework:
     """One framework's table of keys and names."""
 
     name: str
-    """How messages name it (``"verl"``, ``"NeMo-RL"``, ``"OpenRLHF"``)."""
+    """How messages name it (``"verl"``, ``"NeMo-RL"``, ``"OpenRLHF"``, ``"TRL"``)."""
     keys: Mapping[str, str]
     """Its key (dotted, or a flag's name without ``--``) -> relayrl's key or keys, a note after `` (``."""
     sections: frozenset[str] = field(default_factory=frozenset)
@@ -34,17 +36,32 @@ class Framework:
     """Its keys are command-line flags (``--n_samples_per_prompt 8``), not dotted keys."""
     same_values: frozenset[str] = field(default_factory=frozenset)
     """Its keys whose value is the value of relayrl's key unchanged: a hint names the override with it."""
+    flat: bool = False
+    """Its keys are flat names (TRL's dataclass fields), written alone or under one of relayrl's sections: an
+    unknown dotted key's last part is looked up too (``trainer.sync_ref_model``) when no table has the key whole."""
 
 
 @cache
 def frameworks() -> tuple[Framework, ...]:
     """Every framework with a table (imported on first use: only an unknown key needs them)."""
-    from relayrl.config import nemo_rl_keys, openrlhf_keys, verl_keys
+    from relayrl.config import nemo_rl_keys, openrlhf_keys, trl_keys, verl_keys
 
     return (Framework("verl", verl_keys.VERL_KEYS, verl_keys.VERL_SECTIONS, verl_keys.VERL_ADVANTAGES),
             Framework("NeMo-RL", nemo_rl_keys.NEMO_RL_KEYS, nemo_rl_keys.NEMO_RL_SECTIONS),
             Framework("OpenRLHF", openrlhf_keys.OPENRLHF_KEYS, advantages=openrlhf_keys.OPENRLHF_ADVANTAGES,
-                      flags=True, same_values=openrlhf_keys.OPENRLHF_SAME_VALUES))
+                      flags=True, same_values=openrlhf_keys.OPENRLHF_SAME_VALUES),
+            Framework("TRL", trl_keys.TRL_KEYS, same_values=trl_keys.TRL_SAME_VALUES, flat=True))
+
+
+def _matches(key: str) -> list[tuple[Framework, str]]:
+    """The frameworks whose table holds ``key``, each with its name for it: the key whole, or else (a flat
+    framework's name under one of relayrl's sections: ``dpo.loss_type``) its last part. Not the last part of a
+    key under another framework's section (``actor_rollout_ref.actor.weight_decay`` is verl's, not TRL's)."""
+    whole = [(fw, key) for fw in frameworks() if key in fw.keys]
+    if whole or any(key.split(".", 1)[0] in fw.sections for fw in frameworks()):
+        return whole
+    last = key.rsplit(".", 1)[-1]
+    return [(fw, last) for fw in frameworks() if fw.flat and last in fw.keys]
 
 
 def leaf_keys(prefix: str, value: Any) -> list[str]:
@@ -69,7 +86,7 @@ def key_hint(key: str, value: Any = None) -> str | None:
     """``"verl's KEY is RELAYRL here (docs/migrating.md)"`` for a key in a framework's table, else None (two
     frameworks that share the key: both, joined by ``;``). With the ``value`` given to it, a key whose value
     carries over unchanged (``n_samples_per_prompt=8``) is named with it: ``rollout.n=8``."""
-    said = [_say(fw, key, value) for fw in frameworks() if key in fw.keys]
+    said = [_say(fw, name, value) for fw, name in _matches(key)]
     return f"{'; '.join(said)} (docs/migrating.md)" if said else None
 
 
@@ -81,7 +98,7 @@ def key_lines(key: str, value: Any) -> list[str]:
     owners = [fw.name for fw in frameworks() if key.split(".", 1)[0] in fw.sections]
     if not any(hints) and not owners:
         return []
-    owner = owners[0] if owners else next(fw.name for fw in frameworks() if any(k in fw.keys for k in leaves))
+    owner = owners[0] if owners else next(fw.name for k in leaves for fw, _ in _matches(k))
     other = f"no key of that name here; docs/migrating.md maps {owner}'s keys"
     return [f"{k}: unknown key; {h or other}" for k, h in zip(leaves, hints)]
 

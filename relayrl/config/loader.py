@@ -4,7 +4,8 @@ A recipe may name a ``base`` recipe (a path relative to itself); the base is
 loaded first and the recipe's keys are merged over it, so a recipe reads as a
 diff (``arith_dapo.yaml`` is ``arith_grpo.yaml`` plus a few DAPO switches).
 Overrides ``a.b.c=value`` are applied last; values are parsed as YAML
-(``3``, ``1e-4``, ``true``, ``[1, 2]``, ``null``). A mapping value is merged
+(``3``, ``1e-4``, ``true``, ``[1, 2]``, ``null``), each whole: a ``#`` in an override is text, not a YAML
+comment (``data.answer_regex=####\\s*(.+)$``; a recipe's comments are YAML's). A mapping value is merged
 into the section as a base recipe's keys are (``engine.optim={lr: 1e-4}``
 keeps the recipe's other optimizer keys); ``{}`` empties it.
 
@@ -15,13 +16,15 @@ included, and the keys at their defaults are read as unset, so that the checks r
 Every error names the key path and how to fix it, and happens before any work
 starts. Numbers are strict: pydantic's lax mode reads ``true`` as 1 for an
 integer or float key (``trainer.steps=true`` ran one step); :func:`validate`
-refuses a boolean wherever a number was validated.
+refuses a boolean wherever a number was validated, and a NaN, infinite or beyond-float32 number except
+infinity in a field declared ``Field(allow_inf_nan=True)``.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence, TypeVar
 
@@ -149,6 +152,31 @@ def _parse_json(path: Path, text: str) -> Any:
         raise ConfigError(f"recipe {path} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
 
 
+def _override_value(raw: str) -> Any:
+    """The value of an override ``key=raw``, typed as YAML types it (``3``, ``1e-4``, ``true``, ``null``,
+    ``[a, b]``, ``{a: 1}``), but whole: an override is one value, so a ``#`` in it is text, never a YAML comment
+    (``data.system_prompt=#1 rule`` read as a comment was null, ``x=a # b`` was ``a``). Text YAML cannot read
+    is kept as given."""
+    if not raw.strip():
+        return ""
+    try:
+        if _holds_comment(raw):
+            return raw
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+
+
+def _holds_comment(raw: str) -> bool:
+    """Whether YAML reads part of ``raw`` as a comment: its tokens (a comment makes none) end before the text
+    does. The end of a block or of the stream is not text read, so it does not count."""
+    if "#" not in raw:
+        return False
+    skip = (yaml.StreamEndToken, yaml.BlockEndToken)
+    ends = [t.end_mark.index for t in yaml.scan(raw, Loader=yaml.SafeLoader) if not isinstance(t, skip)]
+    return max(ends, default=0) < len(raw.rstrip())
+
+
 def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
     """Apply ``a.b=value`` overrides to a nested dict (returns a new dict)."""
     if isinstance(overrides, (str, bytes)) or not isinstance(overrides, Sequence):
@@ -167,10 +195,7 @@ def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
         key = key.strip()
         if not key or any(not part for part in key.split(".")):
             raise ConfigError(f"override {item!r} has an empty key part")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            value = raw
+        value = _override_value(raw)
         squashed = [k for k, v in value.items() if v is None and isinstance(k, str) and ":" in k] \
             if isinstance(value, dict) else []
         if squashed:  # {a:1} is YAML for {"a:1": null}
@@ -266,10 +291,40 @@ def validate(model: type[M], data: dict) -> M:
         out = model.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_format(e, model)) from None
-    lines = _booleans_read_as_numbers(out, data, "")
+    lines = _booleans_read_as_numbers(out, data, "") + _nonfinite_numbers(out, "")
     if lines:
         raise ConfigError("invalid config:\n" + "\n".join(f"  {line}" for line in lines))
     return out
+
+
+def _nonfinite_numbers(value: Any, key: str, allow_inf: bool = False, default: Any = None) -> list[str]:
+    """The keys whose validated value is a float that is NaN, infinite, or beyond float32's range (infinite
+    once a float32 tensor holds it: ``rollout.temperature=1e308`` divides the logits to 0), walking models,
+    mappings and lists. A bound does not refuse infinity (``rollout.temperature=inf`` is ``>= 0``: it sampled
+    uniformly) and a key with none takes NaN. A field declared ``Field(allow_inf_nan=True)``, where infinity
+    means something (``engine.optim.max_grad_norm=inf`` clips nothing), takes any number but NaN."""
+    from relayrl.engines.reward.user import FLOAT32_MAX  # (the bound rewards have; imported with the schema)
+
+    at = (lambda k: f"{key}.{k}" if key else str(k))
+    if isinstance(value, float):
+        if abs(value) <= FLOAT32_MAX or (allow_inf and not math.isnan(value)):
+            return []
+        why = "is not a finite number" if not math.isfinite(value) else \
+            f"is beyond float32's range (+-{FLOAT32_MAX:.1e}), infinite in the run's tensors"
+        hint = f" (its default is {default!r})" if isinstance(default, (int, float)) else ""
+        return [f"{key}={value:g} {why}; write a finite number{hint}"]
+    if isinstance(value, BaseModel):
+        return [line for name, f in type(value).model_fields.items()
+                for line in _nonfinite_numbers(getattr(value, name), at(f.alias or name), _allows_inf(f), f.default)]
+    if isinstance(value, dict):
+        return [line for k, v in value.items() for line in _nonfinite_numbers(v, at(k))]
+    if isinstance(value, (list, tuple)):
+        return [line for i, v in enumerate(value) for line in _nonfinite_numbers(v, at(i), allow_inf)]
+    return []
+
+
+def _allows_inf(field: Any) -> bool:
+    return any(getattr(m, "allow_inf_nan", False) is True for m in field.metadata)
 
 
 def _booleans_read_as_numbers(value: Any, raw: Any, key: str) -> list[str]:

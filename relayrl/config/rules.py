@@ -14,6 +14,7 @@ Config = Any
 """A :class:`relayrl.config.schema.Config` (not imported: the schema imports these rules)."""
 
 __all__ = ["check_env", "check_decoupled_rewards", "check_ref_sync", "check_precompute_ref", "check_dpo", "check_kto",
+           "check_workflow_sections", "WORKFLOW_SECTIONS", "check_reward_read", "scores_responses",
            "check_total_epochs", "check_retire_solved", "check_loss_agg", "check_vllm_eval_temperature",
            "check_routing_replay"]
 
@@ -137,14 +138,43 @@ def check_dpo(self: Config) -> None:
                          f"(weight 1; dpo.beta weighs its odds-ratio term): set dpo.nll_weight=0")
 
 
+WORKFLOW_SECTIONS = {"dpo": "dpo", "kto": "kto", "rm": "rm"}
+"""Config sections that one workflow alone reads (``relayrl.workflows.dpo`` reads ``cfg.dpo``, ``.kto``
+``cfg.kto``, ``.rm`` ``cfg.rm``; workflow rm's Bradley-Terry loss reads no ``dpo.*`` key): section -> workflow."""
+
+
+def check_workflow_sections(self: Config) -> None:
+    """A key set in a section that only another workflow reads would be ignored (``dpo.beta=0.5`` in workflow
+    rm trained without it): refuse it, naming the workflow that reads it."""
+    for section, workflow in WORKFLOW_SECTIONS.items():
+        given = getattr(self, section).model_fields_set
+        if given and self.workflow != workflow:
+            raise ValueError(f"{section}.{sorted(given)[0]} is read by workflow {workflow} only (this run is "
+                             f"workflow {self.workflow}): drop it or set workflow={workflow}")
+
+
+def scores_responses(workflow: str) -> bool:
+    """Whether ``workflow`` scores responses with the ``reward`` section: grpo its rollouts, sft, dpo and kto their
+    greedy held-out answers (eval/accuracy); rm generates nothing (its evaluation is the reward model's pair
+    accuracy on held-out pairs)."""
+    return workflow != "rm"
+
+
+def check_reward_read(self: Config) -> None:
+    """A workflow that scores nothing (:func:`scores_responses`) reads no ``reward.*`` key: the section's rules
+    (``reward.verifier=task`` needs a built-in data.task) do not apply to it at their defaults, and a key set
+    there would be ignored, so it is refused."""
+    if scores_responses(self.workflow) or not self.reward.model_fields_set:
+        return
+    key = sorted(self.reward.model_fields_set)[0]
+    raise ValueError(f"reward.{key} scores responses, and workflow {self.workflow} generates none (it evaluates the "
+                     f"reward model on held-out pairs): drop reward.{key}")
+
+
 def check_kto(self: Config) -> None:
-    """``kto.*`` keys belong to workflow kto, which needs labelled examples and, with ``kto.loss=kto``, a batch to
-    estimate its KL on."""
+    """Workflow kto needs labelled examples and, with ``kto.loss=kto``, a batch to estimate its KL on (its keys
+    in another workflow: :func:`check_workflow_sections`)."""
     if self.workflow != "kto":
-        if self.kto.model_fields_set:
-            key = sorted(self.kto.model_fields_set)[0]
-            raise ValueError(f"kto.{key} is read by workflow kto only (this run is workflow {self.workflow}): drop "
-                             f"it or set workflow=kto")
         return
     if self.data.task not in (None, "arith"):
         raise ValueError(f"workflow=kto needs completions labelled desirable or undesirable: the built-in arith "

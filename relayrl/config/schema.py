@@ -26,7 +26,8 @@ from relayrl.config.trainer import TrainerConfig
 from relayrl.config.plan import rollout_pool
 from relayrl.config.rollout_devices import check_rollout_devices
 from relayrl.config.rules import (check_decoupled_rewards, check_dpo, check_env, check_kto, check_precompute_ref,
-                                  check_ref_sync, check_retire_solved, check_total_epochs,
+                                  check_ref_sync, check_retire_solved, check_total_epochs, check_workflow_sections,
+                                  check_reward_read, scores_responses,
                                   check_loss_agg, check_vllm_eval_temperature, check_routing_replay)
 from relayrl.cluster.config import ClusterConfig
 from relayrl.config.parallel import check_expert_parallel, check_sequence_parallel
@@ -381,6 +382,8 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _cross(self) -> "Config":
+        check_workflow_sections(self)
+        check_reward_read(self)
         if self.algorithm.distill.enabled and self.workflow != "grpo":
             raise ValueError(f"algorithm.distill.teacher scores the responses the policy samples, which workflow "
                              f"{self.workflow} does not generate: use workflow grpo or drop algorithm.distill.teacher")
@@ -408,7 +411,8 @@ class Config(_Section):
             if self.engine.packing != "shared_prompt":
                 raise ValueError(f"workflow={self.workflow} packs each prompt with its chosen and rejected answer, so that a pair "
                                  f"stays in one micro-batch: set engine.packing=shared_prompt (got {self.engine.packing!r})")
-            check_dpo(self)
+            if self.workflow == "dpo":
+                check_dpo(self)
             if self.data.task not in (None, "arith"):
                 raise ValueError(f"workflow={self.workflow} needs preference pairs: the built-in arith task has them (the true "
                                  f"sum over the careless one); data.task={self.data.task!r} has none, give data.path "
@@ -466,7 +470,8 @@ class Config(_Section):
         if self.data.messages_key is not None and (self.workflow != "sft" or self.data.path is None):
             raise ValueError("data.messages_key trains on whole conversations: it applies to workflow sft with "
                              "data.path; unset data.messages_key")
-        if self.reward.verifier == "task" and self.data.task is None and not self.env.own_rewards:
+        if (self.reward.verifier == "task" and self.data.task is None and not self.env.own_rewards
+                and scores_responses(self.workflow)):
             raise ValueError("reward.verifier=task needs a built-in data.task; for data.path use "
                              "reward.verifier=math, exact or user")
         return self
@@ -514,12 +519,13 @@ def _check_placement(self: Config) -> None:
     pl, t = self.placement, self.trainer
     if self.workflow != "grpo" and (pl.pools or pl.custom or t.mode != "sync" or t.tri_model):
         raise ValueError(f"placement, trainer.mode and trainer.tri_model apply to workflow grpo, not {self.workflow}")
-    if t.mode == "periodic" and not pl.split:
-        raise ValueError("trainer.mode=periodic overlaps training with generation, so the rollout needs devices "
-                         "of its own: add placement.pools.gen=1 placement.rollout=gen (or use trainer.mode=sync)")
+    # (the conflict first: the pool the next rule asks for would not resolve it)
     if t.mode == "periodic" and t.off_policy_steps:
         raise ValueError("trainer.mode=periodic is on-policy; trainer.off_policy_steps lets the rollout run up to "
                          "k versions ahead (its trainer also consumes groups as they arrive): choose one")
+    if t.mode == "periodic" and not pl.split:
+        raise ValueError("trainer.mode=periodic overlaps training with generation, so the rollout needs devices "
+                         "of its own: add placement.pools.gen=1 placement.rollout=gen (or use trainer.mode=sync)")
     if t.tri_model:
         if estimator(self.algorithm.advantage).reference:
             raise ValueError(f"trainer.tri_model computes the reference's log-probs inside the update, after the "

@@ -28,6 +28,7 @@ import torch
 from relayrl.cluster import ResourcePool, make_group
 from relayrl.config.loader import ConfigError
 from relayrl.config.rollout_devices import pool_pack
+from relayrl.config.rules import scores_responses
 from relayrl.config.schema import Config
 from relayrl.engines.generation.interrupt import Interrupt, build_interrupt
 from relayrl.engines.reward.user import trainer_state, with_progress
@@ -71,8 +72,9 @@ class EvalSession(RunProblems):
         ``rollout.max_new_tokens``) and evaluation's (None with ``rollout.interrupt.eval=false``; capped by
         ``eval.max_new_tokens`` when set); both None when it is off."""
         cuda = cfg.model.device == "cuda" or (cfg.model.device == "auto" and torch.cuda.is_available())
-        # (a user environment's episodes bring their own rewards, in training and evaluation: no reward engine)
-        self.reward = None if cfg.env.own_rewards else RewardEngine(
+        # (a user environment's episodes bring their own rewards, in training and evaluation, and workflow rm scores
+        # no response: no reward engine, whose verifier=task would want a built-in task)
+        self.reward = None if cfg.env.own_rewards or not scores_responses(cfg.workflow) else RewardEngine(
             cfg.reward, task=self.task, chat_template=cfg.data.chat_template, device="cuda" if cuda else "cpu",
             template_kwargs=cfg.data.chat_template_kwargs)
         if self.reward is not None:  # a field the user reward function needs, on the first rows, before any work

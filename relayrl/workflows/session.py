@@ -25,6 +25,7 @@ from relayrl.checkpoint.atomic import run_files_full, write_dir_atomically
 from relayrl.checkpoint.resume import verify_newest
 from relayrl.checkpoint.rundir import check_fingerprint, check_run_dir, claim_run_dir, hold_run_dir, saved_config
 from relayrl.workflows.restart import RESTARTS
+from relayrl.config.paths import absolute_paths
 from relayrl.config.schema import Config
 from relayrl.data.tasks import Problem
 from relayrl.errors import RunStopped, UserError
@@ -234,17 +235,24 @@ class Session(EvalSession):
         """Where the run starts (``run.resume``), its checkpoint's config compared with this run's."""
         plan = resume_from(self.dir / "checkpoints", self.cfg.run.resume)
         if plan.path is not None and self.cfg.run.resume_check:  # before any worker starts
-            check_fingerprint(plan.path, saved_config(plan.path), self.cfg.model_dump(mode="json"))
+            saved = saved_config(plan.path)  # (a checkpoint of an older run may name its paths relative: as here)
+            check_fingerprint(plan.path, saved and absolute_paths(saved, os.getcwd()), self.config_record())
         return plan
+
+    def config_record(self) -> dict:
+        """The run's config as ``RUN_DIR/config.json``, each checkpoint and the metrics sinks record it: every
+        key, its local paths absolute (:func:`~relayrl.config.paths.absolute_paths`), so that the file loads as a
+        recipe from any directory."""
+        return absolute_paths(self.cfg.model_dump(mode="json"), os.getcwd())
 
     # ------------------------------------------------------------ telemetry
     def open_telemetry(self, total_steps: int, key_metrics) -> None:
         """Start the run's files: ``config.json``, then the metrics sinks and the stage timeline. Nothing is
         written to ``run.dir`` before (a run that fails while its workers start leaves no run behind)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        write_run_config(self.dir, self.cfg.model_dump(mode="json"))
+        write_run_config(self.dir, self.config_record())
         self.tracker = Tracker(self.dir, self.cfg.telemetry, total_steps, key_metrics=key_metrics,
-                               start_step=self.start_step, run_config=self.cfg.model_dump(mode="json"))
+                               start_step=self.start_step, run_config=self.config_record())
         self.timeline = Timeline(self.dir, start_step=self.start_step)
 
     def span(self, name: str, group: str, step: int):
@@ -374,7 +382,7 @@ class Session(EvalSession):
                            "nonfinite_skips": self.nonfinite_skips, "nonfinite_streak": self.nonfinite_streak,
                            **(extra_state or {})},
             rng_state=rng,
-            config=self.cfg.model_dump(mode="json"),
+            config=self.config_record(),
             extra=extra,
         )
 

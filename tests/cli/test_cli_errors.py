@@ -4,6 +4,7 @@ and a non-zero exit code, never a traceback; ``--debug`` / ``RELAYRL_DEBUG=1`` s
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -551,3 +552,17 @@ def test_python_dash_m_relayrl_is_the_relayrl_command():
     assert "trainer.stepz: unknown key; did you mean trainer.steps?" in out.stderr and "Traceback" not in out.stderr
     assert subprocess.run([sys.executable, "-m", "relayrl", "--help"], capture_output=True, text=True,
                           timeout=120).stdout.startswith("usage: relayrl ")
+
+
+def test_eval_help_lists_the_tasks_the_registry_has(capsys):
+    """Old behaviour: --help said 'arith, sort, countdown' (a string of its own) while the unknown-task error,
+    from the registry, listed toolsum too."""
+    from relayrl.data.tasks import EXTRA_TASKS, TASKS, make_task
+
+    with pytest.raises(SystemExit):
+        cli.main(["eval", "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # (argparse wraps the help text)
+    names = sorted([*TASKS, *EXTRA_TASKS])
+    assert f"built-in task: {', '.join(names)}" in out and "toolsum" in out
+    with pytest.raises(ValueError, match=re.escape(f"built-in tasks are {names}")):
+        make_task("nosuch")

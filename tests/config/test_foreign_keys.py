@@ -1,4 +1,4 @@
-"""verl's, NeMo-RL's and OpenRLHF's keys on a relayrl command line or in a recipe: refused, each naming
+"""verl's, NeMo-RL's, OpenRLHF's and TRL's keys on a relayrl command line or in a recipe: refused, each naming
 relayrl's key for it (docs/migrating.md)."""
 
 import re
@@ -164,3 +164,37 @@ def test_a_nemo_rl_yaml_recipe_names_relayrl_s_key_for_each_of_its_keys(tmp_path
                          ("policy.generation.backend", "rollout.engine"), ("cluster.gpus_per_node", "cluster.devices")]:
         assert f"{theirs}: unknown key; NeMo-RL's {theirs} is {ours} here" in msg, theirs
     assert "grpo.no_such_key: unknown key; no key of that name here; docs/migrating.md maps NeMo-RL's keys" in msg
+
+
+def test_trl_s_names_alone_or_under_a_section_name_relayrl_s():
+    """Old behaviour: TRL's names got the generic 'unknown key; valid keys here: ...' (num_generations=8), or a
+    wrong close match (trainer.sync_ref_model: 'did you mean trainer.tri_model?')."""
+    msg = _errors("num_generations=8", "max_completion_length=256", "learning_rate=1e-6", "num_train_epochs=1",
+                  "beta=0.04", "trainer.sync_ref_model=true", "algorithm.scale_rewards=none")
+    assert "num_generations: unknown key; TRL's num_generations 8 is rollout.n=8 here (docs/migrating.md)" in msg
+    assert "max_completion_length: unknown key; TRL's max_completion_length 256 is rollout.max_new_tokens=256" in msg
+    assert "learning_rate: unknown key; TRL's learning_rate 1e-6 is engine.optim.lr=1e-6 here" in msg
+    assert "num_train_epochs: unknown key; TRL's num_train_epochs 1 is trainer.total_epochs=1 here" in msg
+    assert "beta: unknown key; TRL's beta is algorithm.kl_coef here (GRPOConfig's; DPOConfig's" in msg
+    assert "trainer.sync_ref_model: unknown key; TRL's sync_ref_model is trainer.ref_sync_every here" in msg
+    assert "tri_model" not in msg
+    assert "algorithm.scale_rewards: unknown key; TRL's scale_rewards is algorithm.normalize_std here" in msg
+    with pytest.raises(ConfigError) as e:
+        load_config(Config, "arith_dpo", ["dpo.loss_type=ipo", "dpo.rpo_alpha=1", "dpo.precompute_ref_log_probs=true"])
+    msg = str(e.value)
+    assert "dpo.loss_type: unknown key; TRL's loss_type is algorithm.loss_agg or algorithm.policy_loss here" in msg
+    assert "DPOConfig's and CPOConfig's loss_type is dpo.kind" in msg
+    assert "dpo.rpo_alpha: unknown key; TRL's rpo_alpha is dpo.nll_weight here" in msg
+    assert "dpo.precompute_ref_log_probs: unknown key; TRL's precompute_ref_log_probs true is " \
+           "trainer.precompute_ref=true here" in msg
+    # a key under another framework's section is that framework's, whatever its last part
+    assert "TRL" not in _errors("actor_rollout_ref.actor.no_such.weight_decay=0.1")
+
+
+def test_trl_s_same_value_names_map_to_one_key():
+    from relayrl.config.trl_keys import TRL_KEYS, TRL_SAME_VALUES
+
+    assert TRL_SAME_VALUES <= TRL_KEYS.keys()
+    for name in TRL_SAME_VALUES:
+        ours = TRL_KEYS[name].split(" (")[0]
+        assert re.fullmatch(r"[a-z_0-9]+(\.[a-z_0-9]+)+", ours), (name, ours)  # one key, no value of its own

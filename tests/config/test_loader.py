@@ -44,6 +44,19 @@ def test_overrides_parse_yaml_values_and_nest():
     assert str(cfg.run.dir) == "/tmp/x"
 
 
+def test_a_hash_in_an_override_is_text_not_a_yaml_comment():
+    """Old behaviour: the value was read by yaml.safe_load, which took '#...' for a comment: a value starting with
+    '#' became null and ' # ...' cut a value short."""
+    cfg = load_config(Config, None, ["data.system_prompt=#1 rule: be brief", "data.answer_regex=####\\s*(.+)$",
+                                     "data.path=x.jsonl", "data.task=null", "reward.verifier=exact"])
+    assert cfg.data.system_prompt == "#1 rule: be brief" and cfg.data.answer_regex == "####\\s*(.+)$"
+    assert apply_overrides({}, ["a=be brief # not a comment", "b=[x, #y]", "c=k: 1 # z"]) == {
+        "a": "be brief # not a comment", "b": "[x, #y]", "c": "k: 1 # z"}
+    # every other YAML typing stays, a quoted '#' too
+    assert apply_overrides({}, ["a=null", "b=[a,b]", "c=3", "d=true", "e={k: '#v'}", "f=[x, '#y']", "g=C#"]) == {
+        "a": None, "b": ["a", "b"], "c": 3, "d": True, "e": {"k": "#v"}, "f": ["x", "#y"], "g": "C#"}
+
+
 def test_unknown_key_suggests_the_close_one():
     assert "trainer.stepz: unknown key; did you mean trainer.steps?" in _errors("trainer.stepz=3")
     msg = _errors("eval.zzz=1")
@@ -205,6 +218,46 @@ def test_dpo_settings_that_cannot_work_are_refused():
     assert "dpo.kind" in _errors("workflow=dpo", "dpo.kind=cpo_simpo")
 
 
+@pytest.mark.parametrize("recipe, override, says", [
+    ("arith_rm", "dpo.beta=0.5", "dpo.beta is read by workflow dpo only (this run is workflow rm): drop it or set "
+                                 "workflow=dpo"),
+    ("arith_sft", "dpo.kind=ipo", "dpo.kind is read by workflow dpo only (this run is workflow sft)"),
+    ("arith_grpo", "dpo.beta=0.5", "dpo.beta is read by workflow dpo only (this run is workflow grpo)"),
+    ("arith_kto", "dpo.nll_weight=1", "dpo.nll_weight is read by workflow dpo only (this run is workflow kto)"),
+    ("arith_dpo", "rm.margin=1", "rm.margin is read by workflow rm only (this run is workflow dpo): drop it or set "
+                                 "workflow=rm"),
+    ("arith_grpo", "rm.margin=1", "rm.margin is read by workflow rm only (this run is workflow grpo)"),
+    ("arith_dpo", "kto.beta=0.5", "kto.beta is read by workflow kto only (this run is workflow dpo)")])
+def test_a_section_only_another_workflow_reads_is_refused(recipe, override, says):
+    """Old behaviour: kto.* was refused outside workflow kto, but dpo.* and rm.* keys were silently ignored by
+    the workflows that do not read them (workflow rm trained with dpo.beta=0.5 as without it)."""
+    assert says in _errors(override, recipe=RECIPES / f"{recipe}.yaml")
+
+
+def test_each_workflow_keeps_the_section_it_reads():
+    assert load_config(Config, RECIPES / "arith_dpo.yaml", ["dpo.beta=0.5"]).dpo.beta == 0.5
+    assert load_config(Config, RECIPES / "arith_rm.yaml", ["rm.margin=1"]).rm.margin == 1.0
+    assert load_config(Config, RECIPES / "arith_kto.yaml", ["kto.beta=0.5"]).kto.beta == 0.5
+    # an emptied section is not set: a dpo recipe can be run as another workflow with dpo={}
+    assert load_config(Config, RECIPES / "arith_dpo.yaml", ["workflow=rm", "dpo={}"]).workflow == "rm"
+
+
+def test_workflow_rm_on_a_dataset_needs_no_verifier(tmp_path):
+    """Old behaviour: workflow rm, which scores no response, was refused with 'reward.verifier=task needs a
+    built-in data.task' on a dataset, and a reward.* key it never reads was accepted."""
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"prompt": "1+1=", "chosen": "2", "rejected": "3"}\n')
+    on_data = ["data.task=null", f"data.path={pairs}", "data.answer_key=chosen"]
+    cfg = load_config(Config, RECIPES / "arith_rm.yaml", on_data)
+    assert cfg.workflow == "rm" and cfg.reward.verifier == "task"  # the default, read by nothing here
+    assert ("reward.verifier scores responses, and workflow rm generates none (it evaluates the reward model on "
+            "held-out pairs): drop reward.verifier") in _errors(*on_data, "reward.verifier=exact",
+                                                                recipe=RECIPES / "arith_rm.yaml")
+    # the workflows that score held-out answers keep the rule
+    assert "reward.verifier=task needs a built-in data.task" in _errors(*on_data, "data.rejected_key=rejected",
+                                                                        recipe=RECIPES / "arith_dpo.yaml")
+
+
 def test_ppo_settings():
     assert load_config(Config, RECIPES / "arith_grpo.yaml", ["algorithm.advantage=remax", "rollout.n=1"]).rollout.n == 1
     assert "reinforce++ or gae" in _errors("algorithm.kl_in_reward=true", "algorithm.kl_coef=0.1")
@@ -251,6 +304,28 @@ def test_a_boolean_is_not_read_as_a_number(override, says):
     extra = ["placement.rollout=gen"] if "pools" in override else []
     assert says in _errors(override, *extra, recipe=RECIPES / "arith_grpo.yaml")
     assert load_config(Config, RECIPES / "arith_grpo.yaml", ["trainer.steps=3"]).trainer.steps == 3
+
+
+@pytest.mark.parametrize("override, says", [
+    ("rollout.temperature=inf", "rollout.temperature=inf is not a finite number; write a finite number (its "
+                                "default is 1.0)"),
+    ("rollout.temperature=1e308", "rollout.temperature=1e+308 is beyond float32's range"),
+    ("engine.optim.lr=inf", "engine.optim.lr=inf is not a finite number"),
+    ("algorithm.kl_coef=.inf", "algorithm.kl_coef=inf is not a finite number"),
+    ("reward.verifier_weight=nan", "reward.verifier_weight=nan is not a finite number"),
+    ("reward.judge.min_score=-inf", "reward.judge.min_score=-inf is not a finite number"),
+    ("critic.optim={lr: .inf}", "critic.optim.lr=inf is not a finite number")])
+def test_a_non_finite_number_is_refused(override, says):
+    """Old behaviour: a bound like ge=0 let infinity through and a key without one took NaN too, so
+    rollout.temperature=inf trained sampling uniformly and engine.optim.lr=inf loaded."""
+    assert says in _errors(override, recipe=RECIPES / "arith_grpo.yaml")
+
+
+def test_infinity_stays_where_it_means_something():
+    # engine.optim.max_grad_norm=inf clips nothing, as null does (Field(allow_inf_nan=True)); NaN is still refused
+    cfg = load_config(Config, RECIPES / "arith_grpo.yaml", ["engine.optim.max_grad_norm=inf", "rollout.temperature=3"])
+    assert cfg.engine.optim.max_grad_norm == float("inf") and cfg.rollout.temperature == 3.0
+    assert "engine.optim.max_grad_norm" in _errors("engine.optim.max_grad_norm=nan")
 
 
 def test_more_cpu_ranks_than_cores_are_refused_unless_asked_for():

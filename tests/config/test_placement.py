@@ -57,6 +57,9 @@ def test_refusals_name_the_key_and_the_fix():
     refused({"trainer": {"tri_model": True}, "algorithm": {"kl_coef": 0.1, "kl_in_reward": True}}, "kl_in_reward")
     refused({**SPLIT, "trainer": {"offload": True}}, "trainer.offload")
     refused({**SPLIT, "trainer": {"off_policy_steps": 1, "mode": "periodic"}}, "choose one")
+    # old behaviour: without a pool this asked for placement.pools.gen=1 placement.rollout=gen, and adding it
+    # gave the "choose one" refusal second; the conflict comes first
+    refused({"trainer": {"off_policy_steps": 1, "mode": "periodic"}}, "choose one")
     refused({"rollout": {"partial": True}}, "rollout.partial", "off_policy_steps")
     refused({"trainer": {"off_policy_steps": 1}, "cluster": {"devices": 64}}, "rollout=1", "CPU core")
     refused({"workflow": "sft", **SPLIT}, "workflow grpo")

@@ -76,3 +76,41 @@ def test_a_json_recipe_is_read_as_json(tmp_path):
     recipe.write_text('{"trainer": ')
     with pytest.raises(ConfigError, match="is not valid JSON"):
         load_recipe_dict(recipe)
+
+
+def test_a_saved_config_names_its_local_paths_absolute(tmp_path, monkeypatch):
+    """Old behaviour: RUN_DIR/config.json kept data.path (and every other local path) as given, relative to where
+    the run started, so `relayrl eval --recipe RUN/config.json` from another directory failed with 'dataset file
+    data/x.jsonl does not exist'."""
+    from types import SimpleNamespace
+
+    from relayrl.config.paths import absolute_paths
+    from relayrl.workflows.session import Session
+
+    here = tmp_path / "here"
+    (here / "data").mkdir(parents=True)
+    (here / "models" / "sft").mkdir(parents=True)
+    for name in ("train.jsonl", "a.jsonl", "b.jsonl"):
+        (here / "data" / name).write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+    (here / "tpl.jinja").write_text("{{ messages[0]['content'] }}")
+    (here / "runs" / "x").mkdir(parents=True)
+    monkeypatch.chdir(here)
+    cfg = load_run_config(None, ["data.task=null", "data.path=data/train.jsonl", "reward.verifier=exact",
+                                 "data.eval_path=[data/a.jsonl, data/b.jsonl]", "trainer.init_from=models/sft",
+                                 "model.chat_template=tpl.jinja", "run.dir=runs/x", "reward.model=Org/hub-name"])
+    record = Session.config_record(SimpleNamespace(cfg=cfg))  # what the run writes to RUN_DIR/config.json
+    assert record["data"]["path"] == str(here / "data" / "train.jsonl")
+    assert record["data"]["eval_path"] == [str(here / "data" / "a.jsonl"), str(here / "data" / "b.jsonl")]
+    assert record["trainer"]["init_from"] == str(here / "models" / "sft")
+    assert record["model"]["chat_template"] == str(here / "tpl.jinja") and record["run"]["dir"] == str(here / "runs/x")
+    # a hub name, a template's own text, run.resume=auto and a path that does not exist stay as written
+    assert record["reward"]["model"] == "Org/hub-name" and record["run"]["resume"] == "never"
+    assert absolute_paths({"model": {"chat_template": "{{ x }}"}, "run": {"resume": "auto"}, "data": {"path": "no.jsonl"}},
+                          here) == {"model": {"chat_template": "{{ x }}"}, "run": {"resume": "auto"},
+                                    "data": {"path": "no.jsonl"}}
+    assert cfg.data.path == "data/train.jsonl"  # (the config itself is not changed)
+    saved = tmp_path / "config.json"
+    saved.write_text(json.dumps(record))
+    monkeypatch.chdir(tmp_path)  # another directory: the saved config still names the same files
+    again = load_run_config(saved)
+    assert Path(again.data.path).is_file() and all(Path(p).is_file() for p in again.data.eval_path)

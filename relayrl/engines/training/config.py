@@ -25,7 +25,8 @@ class OptimConfig(BaseModel):
         "constant", description="the learning rate after warm-up: constant, or a cosine or linear decay to "
         "min_lr_ratio x lr at the run's last optimizer step")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="floor of the cosine/linear decay, as a fraction of lr")
-    max_grad_norm: float | None = Field(1.0, gt=0, description="clip the global grad norm; null disables clipping")
+    max_grad_norm: float | None = Field(1.0, gt=0, allow_inf_nan=True, description="clip the global grad norm; "
+                                        "null (or inf) disables clipping")
 
 
 class TrainEngineConfig(BaseModel):
