@@ -190,6 +190,10 @@ def _checked_prompts(state: ServerState, req: CompletionRequest) -> list[str | l
     if len(prompts) > state.limits.max_prompts:
         raise ApiError(400, f"{len(prompts)} prompts in one request; the limit is {state.limits.max_prompts}",
                        param="prompt")
+    queue = state.batcher.max_waiting  # each prompt waits in the queue: more than it holds could never be served
+    if len(prompts) > queue:
+        raise ApiError(400, f"{len(prompts)} prompts in one request; this server queues at most {queue} "
+                       f"(relayrl serve --max-waiting); send at most {queue} per request", param="prompt")
     return prompts
 
 
@@ -281,14 +285,9 @@ async def _serve(state: ServerState, http: HTTPRequest, req, prompts: list[list[
                     top_logprobs=top, stream_tokens=stream or top > 0)
         reqs.append(r)
     try:
-        for r in reqs:
-            state.batcher.submit(r)
-    except BaseException as e:
-        for r in reqs:  # the prompts queued before the failure leave too
-            r.cancel()
-        if isinstance(e, Overloaded):
-            raise ApiError(503, f"the server is busy: {e}", "server_busy") from None
-        raise
+        state.batcher.submit_all(reqs)  # all of the request's prompts or none: a 503 leaves nothing queued
+    except Overloaded as e:
+        raise ApiError(503, f"the server is busy: {e}", "server_busy") from None
     if stream:
         stream_fn = _stream_chat if chat else _stream_completion
         gen = stream_fn(state, req, reqs, queue, params)

@@ -123,19 +123,31 @@ class Batcher:
     # ------------------------------------------------------------ client side
     def submit(self, req: Request) -> None:
         """Queue ``req``; raises :class:`Overloaded` when ``max_waiting`` requests already wait."""
-        if not req.prompt:
-            raise ValueError("the prompt is empty")
-        if req.params.n > self.engine.max_batch:
-            raise ValueError(f"n={req.params.n} exceeds the server's batch of {self.engine.max_batch} sequences")
-        if req.seed is not None:
-            req.generator = torch.Generator(device=self.engine.device).manual_seed(req.seed)
-        req.left = req.params.n
+        self.submit_all([req])
+
+    def submit_all(self, reqs: list[Request]) -> None:
+        """Queue the prompts of one client request together or none of them: :class:`Overloaded` when the
+        queue has no room for all of them now (room comes as it drains), ``ValueError`` when they are more
+        than the queue holds at all (waiting would never help)."""
+        if len(reqs) > self.max_waiting:
+            raise ValueError(f"{len(reqs)} prompts in one request exceed the {self.max_waiting} this server "
+                             f"queues (relayrl serve --max-waiting); send at most {self.max_waiting} per request")
+        for req in reqs:
+            if not req.prompt:
+                raise ValueError("the prompt is empty")
+            if req.params.n > self.engine.max_batch:
+                raise ValueError(f"n={req.params.n} exceeds the server's batch of {self.engine.max_batch} "
+                                 "sequences")
+            if req.seed is not None:
+                req.generator = torch.Generator(device=self.engine.device).manual_seed(req.seed)
+            req.left = req.params.n
         with self._cond:
             if self.error is not None:
                 raise RuntimeError(f"the generation loop stopped: {self.error!r}")
-            if len(self._waiting) >= self.max_waiting:
-                raise Overloaded(f"{len(self._waiting)} requests are waiting; retry later")
-            self._waiting.append(req)
+            if len(self._waiting) + len(reqs) > self.max_waiting:
+                raise Overloaded(f"{len(self._waiting)} requests are waiting (at most {self.max_waiting}); "
+                                 "retry later")
+            self._waiting.extend(reqs)
             self._cond.notify()
 
     def load_weights(self, apply: Callable[[], int], timeout_s: float = 600.0) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from relayrl.serving.protocol import ServeLimits
@@ -85,3 +87,36 @@ def test_the_server_stops_at_an_eos_id_of_the_generation_config(tiny_model, tiny
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     assert choice["finish_reason"] == "stop" and choice["token_ids"] == free[:free.index(end) + 1]
+
+
+def test_a_request_with_more_prompts_than_the_queue_is_a_400_and_a_full_queue_a_503(tiny_dir, tiny_tokenizer):
+    """(Each prompt counted against --max-waiting before any was admitted: a 2-prompt request on an idle server
+    with --max-waiting 1 got "503 server_busy ... retry later" every time, though retrying could never help.)"""
+    from fastapi.testclient import TestClient
+
+    from relayrl.engines.generation.base import SamplingParams
+    from relayrl.serving.app import build_app
+    from relayrl.serving.batcher import Request
+    from relayrl.serving.server import build_state
+
+    from test_batcher import held
+
+    state = build_state(str(tiny_dir), limits=ServeLimits(max_waiting=1), api_key=None, max_batch=1, name="tiny")
+    try:
+        with TestClient(build_app(state)) as c:
+            two = {"model": "tiny", "prompt": ["5", "6"], "max_tokens": 2}
+            r = c.post("/v1/completions", json=two)
+            assert r.status_code == 400, r.text
+            err = r.json()["error"]
+            assert err["param"] == "prompt" and "--max-waiting" in err["message"]
+            assert c.post("/v1/completions", json={**two, "prompt": "5"}).status_code == 200
+            with held(state.batcher):  # the queue is full: waiting helps, so a 503
+                waiting = Request(tiny_tokenizer("1+1=")["input_ids"], SamplingParams(max_new_tokens=2),
+                                  emit=lambda ev: None)
+                state.batcher.submit(waiting)
+                r = c.post("/v1/completions", json={**two, "prompt": "5"})
+                assert r.status_code == 503 and r.json()["error"]["type"] == "server_busy", r.text
+                assert state.batcher.stats()["waiting"] == 1  # the refused request left nothing queued
+                waiting.cancel()
+    finally:
+        state.batcher.close()
