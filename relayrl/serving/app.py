@@ -37,7 +37,7 @@ from relayrl.engines.generation.base import SamplingParams
 from relayrl.serving import responses as R
 from relayrl.serving.batcher import Batcher, DoneEvent, Overloaded, Request, TokenEvent
 from relayrl.serving.guard import Guard, HTTPRefusal, add_error_handlers
-from relayrl.serving.protocol import ChatCompletionRequest, CompletionRequest, ServeLimits, WeightsRequest
+from relayrl.serving.protocol import ChatCompletionRequest, CompletionRequest, FieldError, ServeLimits, WeightsRequest
 
 __all__ = ["ServerState", "build_app", "ApiError"]
 
@@ -164,11 +164,24 @@ _LISTED = 5  # (a request's invalid fields named in its error, each with the rea
 
 
 def _loc(err: dict) -> str:
-    return ".".join(str(x) for x in err["loc"]) or "body"
+    """The invalid field's dotted path; a check across fields (a model validator, located at the model) names
+    its field with :class:`FieldError`."""
+    loc = [str(x) for x in err["loc"]]
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, FieldError):
+        loc.append(cause.field)
+    return ".".join(loc) or "body"
 
 
 def _message(err: dict) -> str:
-    return err["msg"] if err["type"] != "extra_forbidden" else "unknown field (relayrl serve does not support it)"
+    if err["type"] == "extra_forbidden":
+        return "unknown field (relayrl serve does not support it)"
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, FieldError):
+        return cause.reason  # (its field is in the path already)
+    if err["type"] == "value_error" and cause is not None:
+        return str(cause)  # our own validators' words, without pydantic's "Value error, " in front
+    return err["msg"]
 
 
 def _int_query(http: HTTPRequest, name: str) -> int:
@@ -247,9 +260,10 @@ def _sampling(state: ServerState, req, prompts: list[list[int]], chat: bool) -> 
     if n > state.batcher.engine.max_batch:
         raise ApiError(400, f"n={n} exceeds the {state.batcher.engine.max_batch} sequences this server decodes "
                        f"together (relayrl serve --max-batch)", param="n")
-    stops = req.stops
-    if len(stops) > lim.max_stop or any(not s for s in stops):
-        raise ApiError(400, f"stop: at most {lim.max_stop} non-empty strings", param="stop")
+    stops = req.stops  # (an empty one is refused by the request record)
+    if len(stops) > lim.max_stop:
+        raise ApiError(400, f"stop: {len(stops)} stop strings; this server takes at most {lim.max_stop}",
+                       param="stop")
     top_k = req.top_k if req.top_k and req.top_k > 0 else 0
     try:
         return SamplingParams(n=n, temperature=1.0 if req.temperature is None else req.temperature,
@@ -265,9 +279,9 @@ def _sampling(state: ServerState, req, prompts: list[list[int]], chat: bool) -> 
 
 def _top_logprobs(state: ServerState, req, chat: bool) -> int:
     k = (req.top_logprobs or 0) if chat else (req.logprobs or 0)
+    field = "top_logprobs" if chat else "logprobs"  # (chat's logprobs is a bool; the count is top_logprobs)
     if k > state.limits.max_top_logprobs:
-        raise ApiError(400, f"{'top_logprobs' if chat else 'logprobs'}={k} exceeds the limit of "
-                       f"{state.limits.max_top_logprobs}", param="logprobs")
+        raise ApiError(400, f"{field}={k} exceeds the limit of {state.limits.max_top_logprobs}", param=field)
     return k
 
 

@@ -120,3 +120,62 @@ def test_a_request_with_more_prompts_than_the_queue_is_a_400_and_a_full_queue_a_
                 waiting.cancel()
     finally:
         state.batcher.close()
+
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "1+1="}], "max_tokens": 2}
+DONE = {"model": "tiny", "prompt": "1+1=", "max_tokens": 2}
+
+
+@pytest.mark.parametrize("route, body, param, words", [
+    # (chat's top_logprobs over the limit was reported as param "logprobs")
+    ("chat", {**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "top_logprobs=21 exceeds"),
+    # (checks across fields were reported as param "body", their messages "body: Value error, ...")
+    ("completions", {**DONE, "echo": True}, "echo", "echo: not supported"),
+    ("completions", {**DONE, "presence_penalty": 0.5}, "presence_penalty", "not supported"),
+    ("chat", {**CHAT, "frequency_penalty": 1}, "frequency_penalty", "not supported"),
+    ("completions", {**DONE, "logit_bias": {"5": 10}}, "logit_bias", "not supported"),
+    ("chat", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tools are not"),
+    ("completions", {**DONE, "suffix": "y"}, "suffix", "not supported"),
+    ("completions", {**DONE, "best_of": 2}, "best_of", "not supported"),
+    ("chat", {**CHAT, "top_logprobs": 3}, "top_logprobs", "needs logprobs=true"),
+    ("chat", {**CHAT, "max_completion_tokens": 3}, "max_completion_tokens", "disagree"),
+    ("completions", {**DONE, "temperature": 0, "n": 2}, "n", "identical"),
+    ("chat", {**CHAT, "messages": [{"role": "user"}]}, "messages.0.content", "needs 'content'"),
+    # (a field validator's message came as "max_tokens: Value error, max_tokens=0 ...")
+    ("completions", {**DONE, "max_tokens": 0}, "max_tokens", "max_tokens: max_tokens=0 must be >= 1"),
+    # (NaN passed as far as le=100: "Input should be less than or equal to 100")
+    ("completions", {**DONE, "temperature": float("nan")}, "temperature", "finite number"),
+    ("completions", {**DONE, "top_p": float("inf")}, "top_p", "finite number"),
+    # (refused as "at most 4 non-empty strings", which hid the reason)
+    ("completions", {**DONE, "stop": [""]}, "stop", "an empty stop string is not allowed"),
+    ("completions", {**DONE, "stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
+    # (lax ints: true was read as max_tokens=1, "5" as 5; OpenAI refuses both)
+    ("completions", {**DONE, "max_tokens": True}, "max_tokens", "valid integer"),
+    ("completions", {**DONE, "max_tokens": "5"}, "max_tokens", "valid integer"),
+    ("completions", {**DONE, "n": 2.0, "temperature": 1}, "n", "valid integer"),
+    ("completions", {**DONE, "prompt": [1, True]}, "prompt", "token ids"),
+    # (a prompt of the wrong type was named by union member: param "prompt.str", four reasons)
+    ("completions", {**DONE, "prompt": 5}, "prompt", "give a text"),
+])
+def test_a_refusal_names_the_offending_field_in_its_own_words(client, route, body, param, words):
+    import json
+
+    c, _ = client
+    path = "/v1/chat/completions" if route == "chat" else "/v1/completions"
+    r = c.post(path, content=json.dumps(body), headers={"Content-Type": "application/json"})  # (NaN as JSON's NaN)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and words in err["message"], err
+    assert "Value error" not in err["message"] and "body" != err["param"]
+
+
+def test_the_official_openai_client_sends_what_the_strict_fields_take(client):
+    openai = pytest.importorskip("openai")
+    c, _ = client
+    api = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=c, max_retries=0)
+    done = api.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=3, n=2, seed=4, logprobs=1,
+                                  temperature=1, extra_body={"top_k": 5, "stop_token_ids": [7]})
+    assert len(done.choices) == 2
+    chat = api.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                       max_completion_tokens=2, logprobs=True, top_logprobs=2, seed=1)
+    assert chat.choices[0].logprobs is not None
