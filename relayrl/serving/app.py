@@ -371,14 +371,16 @@ async def _events(reqs: list[Request], queue: asyncio.Queue, n: int) -> AsyncIte
             r.cancel()
 
 
-def _lp_completion(state, req, ev: TokenEvent, top: int) -> dict | None:
+def _lp_completion(state, req, ev: TokenEvent, top: int, offset: int) -> dict | None:
+    """One streamed token's log-probs; ``offset`` is where its text starts in the sample's completion text (the
+    running offset over the chunks before, as the non-streamed ``text_offset`` and vLLM's stream)."""
     if req.logprobs is None:
         return None
     as_ids = bool(req.return_tokens_as_token_ids)
     t = R.token_text(state.tokenizer, ev.token_id, as_ids)
     alts = {R.token_text(state.tokenizer, a, as_ids): v for a, v in ev.top[:top]} if top else None
     return {"tokens": [t], "token_logprobs": [ev.logprob], "top_logprobs": [alts] if alts is not None else None,
-            "text_offset": [0]}
+            "text_offset": [offset]}
 
 
 def _lp_chat(state, req, ev: TokenEvent, top: int) -> dict | None:
@@ -398,6 +400,7 @@ def _lp_chat(state, req, ev: TokenEvent, top: int) -> dict | None:
 async def _stream_completion(state: ServerState, req: CompletionRequest, reqs, queue, params) -> AsyncIterator[str]:
     cid, n, top = f"cmpl-{uuid.uuid4().hex}", params.n, req.logprobs or 0
     texts: dict[int, R.SampleText] = {}
+    offsets: dict[int, int] = {}  # sample -> text_offset of its next token
     ids = bool(req.return_token_ids)
     completion_tokens = 0
     try:
@@ -407,7 +410,8 @@ async def _stream_completion(state: ServerState, req: CompletionRequest, reqs, q
             if isinstance(ev, TokenEvent):
                 completion_tokens += 1
                 delta = st.push(ev.token_id)
-                lp = _lp_completion(state, req, ev, top)
+                lp = _lp_completion(state, req, ev, top, offsets.get(k, 0))
+                offsets[k] = offsets.get(k, 0) + R.text_length(state.tokenizer, ev.token_id)
                 yield R.sse(R.completion_chunk(cid, state.model_name, k, delta, None, lp,
                                                [ev.token_id] if ids else None))
             else:

@@ -18,7 +18,8 @@ from typing import Any
 
 from relayrl.serving.guard import error_body  # re-exported for the handlers
 
-__all__ = ["SampleText", "Sample", "completion_body", "chat_body", "sse", "error_body", "token_text"]
+__all__ = ["SampleText", "Sample", "completion_body", "chat_body", "sse", "error_body", "token_text",
+           "text_length"]
 
 
 def sse(obj: Any) -> str:
@@ -89,12 +90,19 @@ class Sample:
     top: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
+def text_length(tokenizer, token_id: int) -> int:
+    """How far ``token_id`` moves ``text_offset`` (characters of its text in the completion; 0 for a special
+    token, which the text leaves out). vLLM moves it by the log-prob token's string, the same but for special
+    tokens and ``token_id:<id>`` names; ours stays an offset into the returned text."""
+    return len(tokenizer.decode([token_id], skip_special_tokens=True))
+
+
 def _completion_logprobs(tokenizer, s: Sample, as_ids: bool, top_k: int) -> dict:
     tokens = [token_text(tokenizer, t, as_ids) for t in s.token_ids]
     offsets, pos = [], 0
     for t in s.token_ids:
         offsets.append(pos)
-        pos += len(tokenizer.decode([t], skip_special_tokens=True))
+        pos += text_length(tokenizer, t)
     tops = None
     if top_k > 0:
         tops = [{token_text(tokenizer, i, as_ids): lp for i, lp in alts[:top_k]} for alts in s.top]

@@ -179,3 +179,27 @@ def test_the_official_openai_client_sends_what_the_strict_fields_take(client):
     chat = api.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
                                        max_completion_tokens=2, logprobs=True, top_logprobs=2, seed=1)
     assert chat.choices[0].logprobs is not None
+
+
+def test_streamed_text_offsets_run_on_across_chunks_as_the_non_streamed_ones(client):
+    # (every streamed chunk reported text_offset [0])
+    import json
+
+    c, _ = client
+    body = {"model": "tiny", "prompt": ["12+34=", "sort 3 1 ="], "n": 2, "max_tokens": 8, "temperature": 1,
+            "seed": 3, "logprobs": 1, "ignore_eos": True}
+    whole = c.post("/v1/completions", json=body).json()
+    streamed: dict[int, dict[str, list]] = {}
+    with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for ch in json.loads(line[len("data: "):])["choices"]:
+                if ch["logprobs"]:
+                    got = streamed.setdefault(ch["index"], {"text_offset": [], "tokens": []})
+                    got["text_offset"] += ch["logprobs"]["text_offset"]
+                    got["tokens"] += ch["logprobs"]["tokens"]
+    for choice in whole["choices"]:
+        lp = choice["logprobs"]
+        assert streamed[choice["index"]] == {"text_offset": lp["text_offset"], "tokens": lp["tokens"]}
+        assert lp["text_offset"][-1] > 0
