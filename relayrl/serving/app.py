@@ -307,7 +307,7 @@ async def _serve(state: ServerState, http: HTTPRequest, req, prompts: list[list[
         gen = stream_fn(state, req, reqs, queue, params)
         return StreamingResponse(gen, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     try:
-        samples = await _collect(state, reqs, queue, params, http)
+        samples = await _collect(state, req, reqs, queue, params, http)
     finally:
         for r in reqs:
             r.cancel()  # a no-op once done; frees the rows of a client that went away
@@ -329,7 +329,13 @@ async def _next(queue: asyncio.Queue, http: HTTPRequest | None) -> tuple[int, An
                 raise ApiError(499, "the client disconnected") from None
 
 
-async def _collect(state: ServerState, reqs: list[Request], queue: asyncio.Queue, params: SamplingParams,
+def _sample_text(state: ServerState, req, params: SamplingParams) -> R.SampleText:
+    """A sample's text as vLLM's server returns it: cut at a stop string, a stop token's text left out."""
+    return R.SampleText(state.tokenizer, params.stop_strings, frozenset(state.batcher.engine.stop_ids(params)),
+                        bool(req.include_stop_str_in_output))
+
+
+async def _collect(state: ServerState, req, reqs: list[Request], queue: asyncio.Queue, params: SamplingParams,
                    http: HTTPRequest) -> list[R.Sample]:
     n = params.n
     left = len(reqs) * n
@@ -343,7 +349,7 @@ async def _collect(state: ServerState, reqs: list[Request], queue: asyncio.Queue
         _raise_failed(ev)
         if ev.finish_reason == "cancelled":
             continue
-        text = R.SampleText(state.tokenizer, params.stop_strings).full(ev.token_ids)
+        text = _sample_text(state, req, params).full(ev.token_ids)
         out.append(R.Sample(i * n + ev.sample, text, list(ev.token_ids), list(ev.logprobs), ev.finish_reason,
                             reqs[i].prompt, tops.get((i, ev.sample), [])))
         left -= 1
@@ -406,7 +412,9 @@ async def _stream_completion(state: ServerState, req: CompletionRequest, reqs, q
     try:
         async for i, ev in _events(reqs, queue, n):
             k = i * n + ev.sample
-            st = texts.setdefault(k, R.SampleText(state.tokenizer, params.stop_strings))
+            if k not in texts:
+                texts[k] = _sample_text(state, req, params)
+            st = texts[k]
             if isinstance(ev, TokenEvent):
                 completion_tokens += 1
                 delta = st.push(ev.token_id)
@@ -438,7 +446,9 @@ async def _stream_chat(state: ServerState, req: ChatCompletionRequest, reqs, que
     try:
         async for _, ev in _events(reqs, queue, n):
             k = ev.sample
-            st = texts.setdefault(k, R.SampleText(state.tokenizer, params.stop_strings))
+            if k not in texts:
+                texts[k] = _sample_text(state, req, params)
+            st = texts[k]
             if isinstance(ev, TokenEvent):
                 completion_tokens += 1
                 delta = st.push(ev.token_id)

@@ -1,8 +1,8 @@
 """Request records of the OpenAI-compatible API (``/v1/completions``, ``/v1/chat/completions``).
 
 Field names and meanings follow the OpenAI API; the extensions are vLLM's
-(``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``,
-``return_tokens_as_token_ids``, ``return_token_ids``), so a client written for
+(``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
+``include_stop_str_in_output``, ``return_tokens_as_token_ids``, ``return_token_ids``), so a client written for
 vLLM works unchanged. Unknown fields and options the server does not implement
 (``echo``, ``best_of > 1``, presence and frequency penalties, ``logit_bias``,
 ``suffix``, tools) are refused with a 400 naming the
@@ -71,6 +71,8 @@ class _Request(BaseModel):
                                                     "'token_id:<id>'")
     return_token_ids: bool | None = Field(False, description="vLLM extension: prompt_token_ids and token_ids in "
                                           "each choice")
+    include_stop_str_in_output: bool | None = Field(False, description="vLLM extension: keep the stop string's "
+                                                    "or stop token's text at the end of the text")
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None

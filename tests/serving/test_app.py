@@ -203,3 +203,53 @@ def test_streamed_text_offsets_run_on_across_chunks_as_the_non_streamed_ones(cli
         lp = choice["logprobs"]
         assert streamed[choice["index"]] == {"text_offset": lp["text_offset"], "tokens": lp["tokens"]}
         assert lp["text_offset"][-1] > 0
+
+
+def _streamed_text(c, path: str, body: dict) -> str:
+    import json
+
+    out = []
+    with c.stream("POST", path, json={**body, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for ch in json.loads(line[len("data: "):])["choices"]:
+                    out.append(ch.get("text") or (ch.get("delta") or {}).get("content") or "")
+    return "".join(out)
+
+
+def test_a_stop_token_leaves_its_text_out_but_stays_in_the_token_ids(client, tiny_tokenizer):
+    # (the text ended with the stop token's text; vLLM's detokenizer leaves it out unless
+    # include_stop_str_in_output, and keeps the id in token_ids and the log-probs)
+    c, _ = client
+    body = {"model": "tiny", "prompt": "2+2=", "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True, "logprobs": 0}
+    free = c.post("/v1/completions", json=body).json()["choices"][0]["token_ids"]
+    stop = next(t for t in free[1:] if tiny_tokenizer.decode([t], skip_special_tokens=True))
+    cut = free[:free.index(stop) + 1]
+    r = c.post("/v1/completions", json={**body, "stop_token_ids": [stop]}).json()["choices"][0]
+    assert r["finish_reason"] == "stop" and r["token_ids"] == cut
+    assert r["text"] == tiny_tokenizer.decode(cut[:-1], skip_special_tokens=True)
+    assert len(r["logprobs"]["tokens"]) == len(cut)
+    assert _streamed_text(c, "/v1/completions", {**body, "stop_token_ids": [stop]}) == r["text"]
+    kept = {**body, "stop_token_ids": [stop], "include_stop_str_in_output": True}
+    whole = tiny_tokenizer.decode(cut, skip_special_tokens=True)
+    assert c.post("/v1/completions", json=kept).json()["choices"][0]["text"] == whole
+    assert _streamed_text(c, "/v1/completions", kept) == whole
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "2+2="}], "max_tokens": 6, "temperature": 0,
+            "ignore_eos": True, "return_token_ids": True}
+    ids = c.post("/v1/chat/completions", json=chat).json()["choices"][0]["token_ids"]
+    r = c.post("/v1/chat/completions", json={**chat, "stop_token_ids": [ids[2]]}).json()["choices"][0]
+    assert r["token_ids"] == ids[:ids.index(ids[2]) + 1]
+    assert r["message"]["content"] == tiny_tokenizer.decode(r["token_ids"][:-1], skip_special_tokens=True)
+
+
+def test_include_stop_str_in_output_keeps_a_stop_string(client, tiny_tokenizer):
+    c, _ = client
+    body = {"model": "tiny", "prompt": "2+2=", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    text = c.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    stop = text[2:4]
+    if len(text) < 4 or not stop.strip():
+        pytest.skip(f"the tiny model's greedy text {text!r} has no stop string to cut at")
+    kept = {**body, "stop": [stop], "include_stop_str_in_output": True}
+    assert c.post("/v1/completions", json=kept).json()["choices"][0]["text"] == text[:text.find(stop) + len(stop)]
+    assert _streamed_text(c, "/v1/completions", kept) == text[:text.find(stop) + len(stop)]
