@@ -294,9 +294,10 @@ async def _serve(state: ServerState, http: HTTPRequest, req, prompts: list[list[
     stream = bool(req.stream)
     reqs = []
     for i, p in enumerate(prompts):
-        seed = None if req.seed is None else req.seed + i
-        r = Request(p, params, emit=lambda ev, i=i: loop.call_soon_threadsafe(queue.put_nowait, (i, ev)), seed=seed,
-                    top_logprobs=top, stream_tokens=stream or top > 0)
+        # every prompt takes the request's seed, as vLLM's server passes one SamplingParams to each: a prompt's
+        # samples are those of a request for it alone, wherever it stands in the list
+        r = Request(p, params, emit=lambda ev, i=i: loop.call_soon_threadsafe(queue.put_nowait, (i, ev)),
+                    seed=req.seed, top_logprobs=top, stream_tokens=stream or top > 0)
         reqs.append(r)
     try:
         state.batcher.submit_all(reqs)  # all of the request's prompts or none: a 503 leaves nothing queued

@@ -253,3 +253,13 @@ def test_include_stop_str_in_output_keeps_a_stop_string(client, tiny_tokenizer):
     kept = {**body, "stop": [stop], "include_stop_str_in_output": True}
     assert c.post("/v1/completions", json=kept).json()["choices"][0]["text"] == text[:text.find(stop) + len(stop)]
     assert _streamed_text(c, "/v1/completions", kept) == text[:text.find(stop) + len(stop)]
+
+
+def test_a_prompts_seeded_samples_are_those_of_a_request_for_it_alone(client):
+    # (prompt i of a list was seeded seed + i and sample 0 depended on n; vLLM gives every prompt the seed and
+    # sample k seed + k)
+    c, _ = client
+    body = {"model": "tiny", "max_tokens": 6, "temperature": 1, "seed": 7, "ignore_eos": True}
+    alone = c.post("/v1/completions", json={**body, "prompt": "2+2="}).json()["choices"][0]["text"]
+    many = c.post("/v1/completions", json={**body, "prompt": ["1+1=", "2+2="], "n": 2}).json()["choices"]
+    assert many[2]["text"] == alone  # prompt 1, sample 0

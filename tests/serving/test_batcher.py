@@ -176,3 +176,22 @@ def test_the_prompts_of_one_request_are_queued_together_or_not_at_all(tiny_model
                 r.cancel()
     finally:
         b.close()
+
+
+def test_a_seeded_sample_does_not_depend_on_n(batcher, tiny_tokenizer):
+    # (one generator per request was shared by its rows: sample 0 of n=3 differed from the n=1 sample of the
+    # same seed; vLLM seeds sample k of a request with seed + k)
+    p = tiny_tokenizer(PROMPTS[0])["input_ids"]
+    got = {}
+    for n in (1, 3):
+        s = Sink(n)
+        batcher.submit(Request(p, SamplingParams(n=n, temperature=1.0, max_new_tokens=8, ignore_eos=True), emit=s,
+                               seed=11))
+        assert s.done.wait(60)
+        got[n] = [d.token_ids for d in s.finished()]
+    assert got[3][0] == got[1][0]
+    s = Sink(1)
+    batcher.submit(Request(p, SamplingParams(temperature=1.0, max_new_tokens=8, ignore_eos=True), emit=s, seed=12))
+    assert s.done.wait(60)
+    assert s.finished()[0].token_ids == got[3][1]  # sample 1 is the seed + 1 sample
+    assert len(set(got[3])) == 3
