@@ -230,7 +230,9 @@ def _render_chat(state: ServerState, req: ChatCompletionRequest) -> list[int]:
         raise ApiError(400, f"the model {state.model_name!r} has no chat template; use /v1/completions")
     try:
         msgs = [{"role": m.role, "content": m.text()} for m in req.messages]
-        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=bool(req.add_generation_prompt))
+        # the request's chat_template_kwargs go last, so they may set add_generation_prompt too (as vLLM's)
+        extra = {"add_generation_prompt": bool(req.add_generation_prompt), **(req.chat_template_kwargs or {})}
+        text = tok.apply_chat_template(msgs, tokenize=False, **extra)
     except ValueError as e:
         raise ApiError(400, f"messages: {e}", param="messages") from None
     except Exception as e:  # noqa: BLE001 - a template that fails on these messages (jinja raise_exception)

@@ -187,6 +187,10 @@ class ChatMessage(BaseModel):
         return "".join(parts)
 
 
+RESERVED_TEMPLATE_KWARGS = frozenset({"chat_template", "tokenize", "conversation", "messages"})
+"""Arguments of ``apply_chat_template`` that the server passes itself (vLLM refuses the first two as well)."""
+
+
 class ChatCompletionRequest(_Request):
     """``POST /v1/chat/completions``: messages rendered with the tokenizer's chat template."""
 
@@ -195,6 +199,9 @@ class ChatCompletionRequest(_Request):
     top_logprobs: StrictInt | None = Field(None, ge=0)
     max_completion_tokens: StrictInt | None = None
     add_generation_prompt: bool | None = True
+    chat_template_kwargs: dict[str, Any] | None = Field(None, description="vLLM extension: more variables of the "
+                                                        "chat template (enable_thinking, ...), passed to the "
+                                                        "tokenizer's apply_chat_template")
     tools: list[Any] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
@@ -218,6 +225,10 @@ class ChatCompletionRequest(_Request):
                                  f"{self.max_completion_tokens} disagree; give one of them")
         if self.top_logprobs and not self.logprobs:
             raise FieldError("top_logprobs", "top_logprobs needs logprobs=true")
+        taken = sorted(RESERVED_TEMPLATE_KWARGS & (self.chat_template_kwargs or {}).keys())
+        if taken:
+            raise FieldError("chat_template_kwargs", f"{', '.join(taken)} cannot be set here (the server sets "
+                             "them); remove them")
         return self
 
 

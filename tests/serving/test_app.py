@@ -263,3 +263,24 @@ def test_a_prompts_seeded_samples_are_those_of_a_request_for_it_alone(client):
     alone = c.post("/v1/completions", json={**body, "prompt": "2+2="}).json()["choices"][0]["text"]
     many = c.post("/v1/completions", json={**body, "prompt": ["1+1=", "2+2="], "n": 2}).json()["choices"]
     assert many[2]["text"] == alone  # prompt 1, sample 0
+
+
+def test_chat_template_kwargs_reach_the_template(client, tiny_tokenizer):
+    # (refused as an unknown field; vLLM passes it to the tokenizer's apply_chat_template)
+    c, state = client
+    tok = state.tokenizer
+    plain = tok.chat_template
+    tok.chat_template = plain + "{% if enable_thinking %}<think>{% endif %}"
+    try:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "2+2="}], "max_tokens": 1,
+                "return_token_ids": True}
+        off = c.post("/v1/chat/completions", json=body).json()["prompt_token_ids"]
+        on = c.post("/v1/chat/completions", json={**body, "chat_template_kwargs": {"enable_thinking": True}})
+        assert on.status_code == 200, on.text
+        assert tok.decode(on.json()["prompt_token_ids"]) == tok.decode(off) + "<think>"
+        r = c.post("/v1/chat/completions", json={**body, "chat_template_kwargs": {"tokenize": True}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs", r.text
+        r = c.post("/v1/chat/completions", json={**body, "chat_template_kwargs": ["enable_thinking"]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs", r.text
+    finally:
+        tok.chat_template = plain
