@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator
 
+import torch
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
@@ -113,7 +114,7 @@ def build_app(state: ServerState) -> FastAPI:
             w = _parse(await _body(http), WeightsRequest)
             version = w.version
             tensors = await run_in_threadpool(_load_path, w.path)
-        _check_names(state, tensors)
+        tensors = _served_names(state.batcher.engine.model, tensors)
         eng = state.batcher.engine
 
         def apply() -> int:
@@ -501,15 +502,32 @@ def _load_path(path: str) -> dict:
     return out
 
 
-def _check_names(state: ServerState, tensors: dict) -> None:
-    model = state.batcher.engine.model
+def _served_names(model, tensors: dict) -> dict:
+    """``tensors`` under the served model's parameter names, checked (names, shapes) before anything is copied.
+
+    A tied weight has two names (``lm_head.weight`` is ``model.embed_tokens.weight`` when the config ties the
+    embeddings) and the model lists only the first; a training checkpoint's state dict holds both. The second
+    name is taken as the first: both given, they must be equal (they are one tensor in a model that ties them;
+    different ones come from an untied model, which this one cannot serve); the head alone loads the embedding,
+    since in the served model it is the embedding."""
+    first: dict[int, str] = {}
+    canonical: dict[str, str] = {}
+    for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        canonical[name] = first.setdefault(id(t), name)
     have = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    out: dict = {}
     for name, t in tensors.items():
-        p = have.get(name)
-        if p is None:
+        served = canonical.get(name)
+        if served is None:
             raise ApiError(400, f"weight {name!r} is not a parameter of the served model")
+        p = have[served]
         if tuple(p.shape) != tuple(t.shape):
             raise ApiError(400, f"weight {name!r}: the served model's shape is {tuple(p.shape)}, the payload's "
                            f"{tuple(t.shape)}")
-    if not tensors:
+        if served in out and not torch.equal(out[served], t):
+            raise ApiError(400, f"weights {served!r} and its tied copy {name!r} differ; the served model ties them "
+                           "(tie_word_embeddings): send weights of a model that ties them, or serve an untied model")
+        out.setdefault(served, t)
+    if not out:
         raise ApiError(400, "no weights in the payload")
+    return out

@@ -284,3 +284,48 @@ def test_chat_template_kwargs_reach_the_template(client, tiny_tokenizer):
         assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs", r.text
     finally:
         tok.chat_template = plain
+
+
+def test_a_training_checkpoint_of_a_tied_model_loads_by_path(tiny_dir, tmp_path):
+    # (a checkpoint's state dict holds the tied head under its own name: "weight 'lm_head.weight' is not a
+    # parameter of the served model", so a checkpoint directory could not be served)
+    import torch
+    from fastapi.testclient import TestClient
+    from safetensors.torch import save
+
+    from relayrl.checkpoint.manager import CheckpointManager
+    from relayrl.serving.app import build_app
+    from relayrl.serving.server import build_state
+
+    state = build_state(str(tiny_dir), limits=ServeLimits(), api_key=None, max_batch=2, name="tiny")
+    model = state.batcher.engine.model
+    assert model.config.tie_word_embeddings
+    torch.manual_seed(0)
+    trained = {n: t + 0.01 * torch.randn_like(t) for n, t in model.state_dict().items()}
+    trained["lm_head.weight"] = trained["model.embed_tokens.weight"]  # tied: one tensor under both names
+    step = CheckpointManager(tmp_path / "checkpoints").save(2, model_state=trained, optimizer_state=None,
+                                                            scheduler_state=None, trainer_state={})
+    embed = model.get_input_embeddings().weight
+
+    def post_payload(tensors: dict, version: int):
+        return c.post("/v1/relayrl/weights", params={"version": version}, content=save(tensors),
+                      headers={"Content-Type": "application/octet-stream"})
+
+    try:
+        with TestClient(build_app(state)) as c:
+            r = c.post("/v1/relayrl/weights", json={"path": str(step), "version": 2})
+            assert r.status_code == 200, r.text
+            assert r.json()["version"] == 2 and r.json()["tensors"] == len(trained) - 1
+            torch.testing.assert_close(embed, trained["model.embed_tokens.weight"], rtol=0, atol=0)
+            assert model.lm_head.weight is embed  # still tied
+
+            head = torch.randn_like(embed)  # the head alone: in the served model it is the embedding
+            assert post_payload({"lm_head.weight": head}, 3).status_code == 200
+            torch.testing.assert_close(embed, head, rtol=0, atol=0)
+
+            r = post_payload({"model.embed_tokens.weight": head, "lm_head.weight": head + 1}, 4)
+            assert r.status_code == 400 and "tie" in r.json()["error"]["message"], r.text
+            assert c.get("/v1/relayrl/weights").json() == {"version": 3}
+            torch.testing.assert_close(embed, head, rtol=0, atol=0)
+    finally:
+        state.batcher.close()
