@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator
 
+import torch
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
@@ -37,7 +38,7 @@ from relayrl.engines.generation.base import SamplingParams
 from relayrl.serving import responses as R
 from relayrl.serving.batcher import Batcher, DoneEvent, Overloaded, Request, TokenEvent
 from relayrl.serving.guard import Guard, HTTPRefusal, add_error_handlers
-from relayrl.serving.protocol import ChatCompletionRequest, CompletionRequest, ServeLimits, WeightsRequest
+from relayrl.serving.protocol import ChatCompletionRequest, CompletionRequest, FieldError, ServeLimits, WeightsRequest
 
 __all__ = ["ServerState", "build_app", "ApiError"]
 
@@ -113,7 +114,7 @@ def build_app(state: ServerState) -> FastAPI:
             w = _parse(await _body(http), WeightsRequest)
             version = w.version
             tensors = await run_in_threadpool(_load_path, w.path)
-        _check_names(state, tensors)
+        tensors = _served_names(state.batcher.engine.model, tensors)
         eng = state.batcher.engine
 
         def apply() -> int:
@@ -164,11 +165,24 @@ _LISTED = 5  # (a request's invalid fields named in its error, each with the rea
 
 
 def _loc(err: dict) -> str:
-    return ".".join(str(x) for x in err["loc"]) or "body"
+    """The invalid field's dotted path; a check across fields (a model validator, located at the model) names
+    its field with :class:`FieldError`."""
+    loc = [str(x) for x in err["loc"]]
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, FieldError):
+        loc.append(cause.field)
+    return ".".join(loc) or "body"
 
 
 def _message(err: dict) -> str:
-    return err["msg"] if err["type"] != "extra_forbidden" else "unknown field (relayrl serve does not support it)"
+    if err["type"] == "extra_forbidden":
+        return "unknown field (relayrl serve does not support it)"
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, FieldError):
+        return cause.reason  # (its field is in the path already)
+    if err["type"] == "value_error" and cause is not None:
+        return str(cause)  # our own validators' words, without pydantic's "Value error, " in front
+    return err["msg"]
 
 
 def _int_query(http: HTTPRequest, name: str) -> int:
@@ -190,6 +204,10 @@ def _checked_prompts(state: ServerState, req: CompletionRequest) -> list[str | l
     if len(prompts) > state.limits.max_prompts:
         raise ApiError(400, f"{len(prompts)} prompts in one request; the limit is {state.limits.max_prompts}",
                        param="prompt")
+    queue = state.batcher.max_waiting  # each prompt waits in the queue: more than it holds could never be served
+    if len(prompts) > queue:
+        raise ApiError(400, f"{len(prompts)} prompts in one request; this server queues at most {queue} "
+                       f"(relayrl serve --max-waiting); send at most {queue} per request", param="prompt")
     return prompts
 
 
@@ -213,7 +231,9 @@ def _render_chat(state: ServerState, req: ChatCompletionRequest) -> list[int]:
         raise ApiError(400, f"the model {state.model_name!r} has no chat template; use /v1/completions")
     try:
         msgs = [{"role": m.role, "content": m.text()} for m in req.messages]
-        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=bool(req.add_generation_prompt))
+        # the request's chat_template_kwargs go last, so they may set add_generation_prompt too (as vLLM's)
+        extra = {"add_generation_prompt": bool(req.add_generation_prompt), **(req.chat_template_kwargs or {})}
+        text = tok.apply_chat_template(msgs, tokenize=False, **extra)
     except ValueError as e:
         raise ApiError(400, f"messages: {e}", param="messages") from None
     except Exception as e:  # noqa: BLE001 - a template that fails on these messages (jinja raise_exception)
@@ -243,9 +263,10 @@ def _sampling(state: ServerState, req, prompts: list[list[int]], chat: bool) -> 
     if n > state.batcher.engine.max_batch:
         raise ApiError(400, f"n={n} exceeds the {state.batcher.engine.max_batch} sequences this server decodes "
                        f"together (relayrl serve --max-batch)", param="n")
-    stops = req.stops
-    if len(stops) > lim.max_stop or any(not s for s in stops):
-        raise ApiError(400, f"stop: at most {lim.max_stop} non-empty strings", param="stop")
+    stops = req.stops  # (an empty one is refused by the request record)
+    if len(stops) > lim.max_stop:
+        raise ApiError(400, f"stop: {len(stops)} stop strings; this server takes at most {lim.max_stop}",
+                       param="stop")
     top_k = req.top_k if req.top_k and req.top_k > 0 else 0
     try:
         return SamplingParams(n=n, temperature=1.0 if req.temperature is None else req.temperature,
@@ -261,9 +282,9 @@ def _sampling(state: ServerState, req, prompts: list[list[int]], chat: bool) -> 
 
 def _top_logprobs(state: ServerState, req, chat: bool) -> int:
     k = (req.top_logprobs or 0) if chat else (req.logprobs or 0)
+    field = "top_logprobs" if chat else "logprobs"  # (chat's logprobs is a bool; the count is top_logprobs)
     if k > state.limits.max_top_logprobs:
-        raise ApiError(400, f"{'top_logprobs' if chat else 'logprobs'}={k} exceeds the limit of "
-                       f"{state.limits.max_top_logprobs}", param="logprobs")
+        raise ApiError(400, f"{field}={k} exceeds the limit of {state.limits.max_top_logprobs}", param=field)
     return k
 
 
@@ -276,25 +297,21 @@ async def _serve(state: ServerState, http: HTTPRequest, req, prompts: list[list[
     stream = bool(req.stream)
     reqs = []
     for i, p in enumerate(prompts):
-        seed = None if req.seed is None else req.seed + i
-        r = Request(p, params, emit=lambda ev, i=i: loop.call_soon_threadsafe(queue.put_nowait, (i, ev)), seed=seed,
-                    top_logprobs=top, stream_tokens=stream or top > 0)
+        # every prompt takes the request's seed, as vLLM's server passes one SamplingParams to each: a prompt's
+        # samples are those of a request for it alone, wherever it stands in the list
+        r = Request(p, params, emit=lambda ev, i=i: loop.call_soon_threadsafe(queue.put_nowait, (i, ev)),
+                    seed=req.seed, top_logprobs=top, stream_tokens=stream or top > 0)
         reqs.append(r)
     try:
-        for r in reqs:
-            state.batcher.submit(r)
-    except BaseException as e:
-        for r in reqs:  # the prompts queued before the failure leave too
-            r.cancel()
-        if isinstance(e, Overloaded):
-            raise ApiError(503, f"the server is busy: {e}", "server_busy") from None
-        raise
+        state.batcher.submit_all(reqs)  # all of the request's prompts or none: a 503 leaves nothing queued
+    except Overloaded as e:
+        raise ApiError(503, f"the server is busy: {e}", "server_busy") from None
     if stream:
         stream_fn = _stream_chat if chat else _stream_completion
         gen = stream_fn(state, req, reqs, queue, params)
         return StreamingResponse(gen, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     try:
-        samples = await _collect(state, reqs, queue, params, http)
+        samples = await _collect(state, req, reqs, queue, params, http)
     finally:
         for r in reqs:
             r.cancel()  # a no-op once done; frees the rows of a client that went away
@@ -316,7 +333,13 @@ async def _next(queue: asyncio.Queue, http: HTTPRequest | None) -> tuple[int, An
                 raise ApiError(499, "the client disconnected") from None
 
 
-async def _collect(state: ServerState, reqs: list[Request], queue: asyncio.Queue, params: SamplingParams,
+def _sample_text(state: ServerState, req, params: SamplingParams) -> R.SampleText:
+    """A sample's text as vLLM's server returns it: cut at a stop string, a stop token's text left out."""
+    return R.SampleText(state.tokenizer, params.stop_strings, frozenset(state.batcher.engine.stop_ids(params)),
+                        bool(req.include_stop_str_in_output))
+
+
+async def _collect(state: ServerState, req, reqs: list[Request], queue: asyncio.Queue, params: SamplingParams,
                    http: HTTPRequest) -> list[R.Sample]:
     n = params.n
     left = len(reqs) * n
@@ -330,7 +353,7 @@ async def _collect(state: ServerState, reqs: list[Request], queue: asyncio.Queue
         _raise_failed(ev)
         if ev.finish_reason == "cancelled":
             continue
-        text = R.SampleText(state.tokenizer, params.stop_strings).full(ev.token_ids)
+        text = _sample_text(state, req, params).full(ev.token_ids)
         out.append(R.Sample(i * n + ev.sample, text, list(ev.token_ids), list(ev.logprobs), ev.finish_reason,
                             reqs[i].prompt, tops.get((i, ev.sample), [])))
         left -= 1
@@ -358,14 +381,16 @@ async def _events(reqs: list[Request], queue: asyncio.Queue, n: int) -> AsyncIte
             r.cancel()
 
 
-def _lp_completion(state, req, ev: TokenEvent, top: int) -> dict | None:
+def _lp_completion(state, req, ev: TokenEvent, top: int, offset: int) -> dict | None:
+    """One streamed token's log-probs; ``offset`` is where its text starts in the sample's completion text (the
+    running offset over the chunks before, as the non-streamed ``text_offset`` and vLLM's stream)."""
     if req.logprobs is None:
         return None
     as_ids = bool(req.return_tokens_as_token_ids)
     t = R.token_text(state.tokenizer, ev.token_id, as_ids)
     alts = {R.token_text(state.tokenizer, a, as_ids): v for a, v in ev.top[:top]} if top else None
     return {"tokens": [t], "token_logprobs": [ev.logprob], "top_logprobs": [alts] if alts is not None else None,
-            "text_offset": [0]}
+            "text_offset": [offset]}
 
 
 def _lp_chat(state, req, ev: TokenEvent, top: int) -> dict | None:
@@ -385,16 +410,20 @@ def _lp_chat(state, req, ev: TokenEvent, top: int) -> dict | None:
 async def _stream_completion(state: ServerState, req: CompletionRequest, reqs, queue, params) -> AsyncIterator[str]:
     cid, n, top = f"cmpl-{uuid.uuid4().hex}", params.n, req.logprobs or 0
     texts: dict[int, R.SampleText] = {}
+    offsets: dict[int, int] = {}  # sample -> text_offset of its next token
     ids = bool(req.return_token_ids)
     completion_tokens = 0
     try:
         async for i, ev in _events(reqs, queue, n):
             k = i * n + ev.sample
-            st = texts.setdefault(k, R.SampleText(state.tokenizer, params.stop_strings))
+            if k not in texts:
+                texts[k] = _sample_text(state, req, params)
+            st = texts[k]
             if isinstance(ev, TokenEvent):
                 completion_tokens += 1
                 delta = st.push(ev.token_id)
-                lp = _lp_completion(state, req, ev, top)
+                lp = _lp_completion(state, req, ev, top, offsets.get(k, 0))
+                offsets[k] = offsets.get(k, 0) + R.text_length(state.tokenizer, ev.token_id)
                 yield R.sse(R.completion_chunk(cid, state.model_name, k, delta, None, lp,
                                                [ev.token_id] if ids else None))
             else:
@@ -421,7 +450,9 @@ async def _stream_chat(state: ServerState, req: ChatCompletionRequest, reqs, que
     try:
         async for _, ev in _events(reqs, queue, n):
             k = ev.sample
-            st = texts.setdefault(k, R.SampleText(state.tokenizer, params.stop_strings))
+            if k not in texts:
+                texts[k] = _sample_text(state, req, params)
+            st = texts[k]
             if isinstance(ev, TokenEvent):
                 completion_tokens += 1
                 delta = st.push(ev.token_id)
@@ -471,15 +502,32 @@ def _load_path(path: str) -> dict:
     return out
 
 
-def _check_names(state: ServerState, tensors: dict) -> None:
-    model = state.batcher.engine.model
+def _served_names(model, tensors: dict) -> dict:
+    """``tensors`` under the served model's parameter names, checked (names, shapes) before anything is copied.
+
+    A tied weight has two names (``lm_head.weight`` is ``model.embed_tokens.weight`` when the config ties the
+    embeddings) and the model lists only the first; a training checkpoint's state dict holds both. The second
+    name is taken as the first: both given, they must be equal (they are one tensor in a model that ties them;
+    different ones come from an untied model, which this one cannot serve); the head alone loads the embedding,
+    since in the served model it is the embedding."""
+    first: dict[int, str] = {}
+    canonical: dict[str, str] = {}
+    for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        canonical[name] = first.setdefault(id(t), name)
     have = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    out: dict = {}
     for name, t in tensors.items():
-        p = have.get(name)
-        if p is None:
+        served = canonical.get(name)
+        if served is None:
             raise ApiError(400, f"weight {name!r} is not a parameter of the served model")
+        p = have[served]
         if tuple(p.shape) != tuple(t.shape):
             raise ApiError(400, f"weight {name!r}: the served model's shape is {tuple(p.shape)}, the payload's "
                            f"{tuple(t.shape)}")
-    if not tensors:
+        if served in out and not torch.equal(out[served], t):
+            raise ApiError(400, f"weights {served!r} and its tied copy {name!r} differ; the served model ties them "
+                           "(tie_word_embeddings): send weights of a model that ties them, or serve an untied model")
+        out.setdefault(served, t)
+    if not out:
         raise ApiError(400, "no weights in the payload")
+    return out

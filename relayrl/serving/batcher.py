@@ -13,9 +13,12 @@ The HTTP handlers (``app.py``) never touch the model. They submit a
 
 Each step admits waiting requests into the rows that finished (Periodic Asynchrony's
 continuous batching on the engine's left-padded dynamic cache), samples every
-request's rows with its own sampling settings (requests with equal settings
-and no seed share one ``sample_next`` call), and drops the rows of requests
-whose client went away. New weights are applied between steps once no row is
+request's rows with its own sampling settings (rows with equal settings share
+one ``sample_next`` call), and drops the rows of requests whose client went
+away. A seeded request's sample ``k`` draws from its own generator seeded
+``seed + k``, as vLLM seeds the ``n`` samples of a request
+(``ParentRequest._get_child_sampling_params``): a sample does not depend on
+``n`` or on the rows beside it. New weights are applied between steps once no row is
 in flight, so every completion comes from exactly one weight version (vLLM
 pauses generation for a weight update the same way).
 
@@ -84,7 +87,8 @@ class Request:
     cancelled: bool = False
     """Set by the handler when its client disconnected; the rows leave the batch at the next step."""
     id: int = field(default_factory=itertools.count().__next__)
-    generator: torch.Generator | None = None
+    generators: list[torch.Generator] | None = None
+    """One per sample when seeded (sample ``k``: ``seed + k``); None draws from the batcher's generator."""
     left: int = 0  # samples not yet finished
 
     def cancel(self) -> None:
@@ -123,19 +127,33 @@ class Batcher:
     # ------------------------------------------------------------ client side
     def submit(self, req: Request) -> None:
         """Queue ``req``; raises :class:`Overloaded` when ``max_waiting`` requests already wait."""
-        if not req.prompt:
-            raise ValueError("the prompt is empty")
-        if req.params.n > self.engine.max_batch:
-            raise ValueError(f"n={req.params.n} exceeds the server's batch of {self.engine.max_batch} sequences")
-        if req.seed is not None:
-            req.generator = torch.Generator(device=self.engine.device).manual_seed(req.seed)
-        req.left = req.params.n
+        self.submit_all([req])
+
+    def submit_all(self, reqs: list[Request]) -> None:
+        """Queue the prompts of one client request together or none of them: :class:`Overloaded` when the
+        queue has no room for all of them now (room comes as it drains), ``ValueError`` when they are more
+        than the queue holds at all (waiting would never help)."""
+        if len(reqs) > self.max_waiting:
+            raise ValueError(f"{len(reqs)} prompts in one request exceed the {self.max_waiting} this server "
+                             f"queues (relayrl serve --max-waiting); send at most {self.max_waiting} per request")
+        for req in reqs:
+            if not req.prompt:
+                raise ValueError("the prompt is empty")
+            if req.params.n > self.engine.max_batch:
+                raise ValueError(f"n={req.params.n} exceeds the server's batch of {self.engine.max_batch} "
+                                 "sequences")
+            if req.seed is not None:
+                # (a 64-bit seed plus k < n stays below 2**64, the most manual_seed takes)
+                req.generators = [torch.Generator(device=self.engine.device).manual_seed(req.seed + k)
+                                  for k in range(req.params.n)]
+            req.left = req.params.n
         with self._cond:
             if self.error is not None:
                 raise RuntimeError(f"the generation loop stopped: {self.error!r}")
-            if len(self._waiting) >= self.max_waiting:
-                raise Overloaded(f"{len(self._waiting)} requests are waiting; retry later")
-            self._waiting.append(req)
+            if len(self._waiting) + len(reqs) > self.max_waiting:
+                raise Overloaded(f"{len(self._waiting)} requests are waiting (at most {self.max_waiting}); "
+                                 "retry later")
+            self._waiting.extend(reqs)
             self._cond.notify()
 
     def load_weights(self, apply: Callable[[], int], timeout_s: float = 600.0) -> int:
@@ -195,10 +213,11 @@ class Batcher:
         logp = torch.empty(len(batch), dtype=torch.float32, device=eng.device)
         logits = batch.next_logits.float()
         tops: dict[int, tuple[tuple[int, float], ...]] = {}
-        for params, gen, pos in self._sampling_groups():
+        for params, pos in self._sampling_groups():
             idx = torch.tensor(pos, device=eng.device)
             seen = eng.seen_tokens(batch)[idx] if params.repetition_penalty != 1.0 else None
-            t, lp = sample_next(logits[idx], params, gen, seen=seen)
+            u = self._uniforms(pos) if params.temperature > 0 else None
+            t, lp = sample_next(logits[idx], params, uniforms=u, seen=seen)
             tok[idx], logp[idx] = t, lp
             k = max(self._reqs[batch.rows[p][0]].top_logprobs for p in pos)
             if k:
@@ -248,21 +267,30 @@ class Batcher:
                 self._reqs[r.id] = r
             eng.admit(batch, [r.prompt for r in group], [r.id for r in group], n)
 
-    def _sampling_groups(self) -> list[tuple[SamplingParams, torch.Generator, list[int]]]:
-        """Row positions grouped by (settings, generator): unseeded requests with equal settings share one
-        ``sample_next`` call on the batcher's generator; a seeded request samples from its own."""
+    def _sampling_groups(self) -> list[tuple[SamplingParams, list[int]]]:
+        """Row positions grouped by sampling settings: each group is one ``sample_next`` call (seeded or not,
+        each row's uniform comes from :meth:`_uniforms`)."""
         groups: dict[tuple, list[int]] = {}
         for r, (rid, _) in enumerate(self._batch.rows):
-            req = self._reqs[rid]
-            p = req.params
-            key = ((req.id,) if req.generator is not None else ()) + (p.temperature, p.top_p, p.top_k, p.min_p,
-                                                                       p.repetition_penalty)
-            groups.setdefault(key, []).append(r)
-        out = []
-        for pos in groups.values():
-            req = self._reqs[self._batch.rows[pos[0]][0]]
-            out.append((req.params, req.generator or self._generator, pos))
-        return out
+            p = self._reqs[rid].params
+            groups.setdefault((p.temperature, p.top_p, p.top_k, p.min_p, p.repetition_penalty), []).append(r)
+        return [(self._reqs[self._batch.rows[pos[0]][0]].params, pos) for pos in groups.values()]
+
+    def _uniforms(self, pos: list[int]) -> torch.Tensor:
+        """The uniform [len(pos)] float64 that samples each row's next token: a seeded request's sample ``k``
+        draws one from its generator per token (what ``sample_next`` draws for a one-row call, so sample 0 of
+        ``n=3`` is the ``n=1`` sample); the other rows draw from the batcher's generator."""
+        dev = self.engine.device
+        rows = [self._batch.rows[p] for p in pos]
+        free = [j for j, (rid, _) in enumerate(rows) if self._reqs[rid].generators is None]
+        u = torch.empty(len(pos), dtype=torch.float64, device=dev)
+        if free:
+            u[free] = torch.rand(len(free), generator=self._generator, dtype=torch.float64, device=dev)
+        for j, (rid, sample) in enumerate(rows):
+            gens = self._reqs[rid].generators
+            if gens is not None:
+                u[j] = torch.rand(1, generator=gens[sample], dtype=torch.float64, device=dev)[0]
+        return u
 
     def _drop_cancelled(self) -> None:
         batch = self._batch

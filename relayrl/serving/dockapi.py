@@ -149,6 +149,15 @@ class DockService:
             return self._weights
 
 
+INPUT_ERRORS = (ValueError, KeyError, TypeError, IndexError)
+"""What the dock raises for a caller's mistake (a 400); anything else it raises is a 500."""
+
+
+def _refusal_message(e: Exception) -> str:
+    # str(KeyError('x')) is "'x'" with the quotes: the message is its first argument
+    return str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+
+
 def _parse(data: Any, cls):
     try:
         return cls.model_validate(data)
@@ -187,11 +196,18 @@ def build_dock_app(dock: Dock, *, api_key: str | None = None, max_body_bytes: in
     async def _dock_error(_, e: DockError):
         return JSONResponse(error_body(str(e), 500, "server_error"), status_code=500)
 
+    async def _bad_input(_, e: Exception):  # the dock names the bad input in a ValueError/KeyError/...
+        return JSONResponse(error_body(_refusal_message(e), 400), status_code=400)
+
+    # Registered per class, not for the base Exception: Starlette sends a base-Exception handler's answer from
+    # its ServerErrorMiddleware, which then re-raises, so uvicorn logs a traceback and drops the keep-alive
+    # connection (the client's next call on it failed with ConnectionResetError).
+    for cls in INPUT_ERRORS:
+        app.add_exception_handler(cls, _bad_input)
+
     @app.exception_handler(Exception)
-    async def _unexpected(_, e: Exception):  # a ValueError/KeyError/TypeError from the dock names the bad input
-        status = 400 if isinstance(e, (ValueError, KeyError, TypeError, IndexError)) else 500
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-        return JSONResponse(error_body(msg, status), status_code=status)
+    async def _unexpected(_, e: Exception):  # a bug: a 500 (logged, and the connection closed)
+        return JSONResponse(error_body(str(e), 500, "server_error"), status_code=500)
 
     @app.get("/health")
     async def health():

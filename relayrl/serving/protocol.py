@@ -1,22 +1,35 @@
 """Request records of the OpenAI-compatible API (``/v1/completions``, ``/v1/chat/completions``).
 
 Field names and meanings follow the OpenAI API; the extensions are vLLM's
-(``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``,
-``return_tokens_as_token_ids``, ``return_token_ids``), so a client written for
+(``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
+``include_stop_str_in_output``, ``return_tokens_as_token_ids``, ``return_token_ids``), so a client written for
 vLLM works unchanged. Unknown fields and options the server does not implement
 (``echo``, ``best_of > 1``, presence and frequency penalties, ``logit_bias``,
 ``suffix``, tools) are refused with a 400 naming the
-field, never silently ignored. Server-side limits (``ServeLimits``) are
-checked by the app, which knows the model.
+field, never silently ignored. Integer fields are strict, as OpenAI's API
+(``true`` or ``"5"`` for ``max_tokens`` is refused, not read as 1 or 5), and
+floats must be finite. Server-side limits (``ServeLimits``) are checked by the
+app, which knows the model.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
-__all__ = ["ServeLimits", "CompletionRequest", "ChatMessage", "ChatCompletionRequest", "WeightsRequest"]
+__all__ = ["ServeLimits", "CompletionRequest", "ChatMessage", "ChatCompletionRequest", "WeightsRequest",
+           "FieldError"]
+
+
+class FieldError(ValueError):
+    """A refusal by a check across fields, naming the field it is about: pydantic locates a model validator's
+    error at the model itself, so the app reads ``field`` for the error's ``param`` (and prefixes ``reason`` with
+    the field's full path, as for any other invalid field)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field, self.reason = field, reason
 
 
 class ServeLimits(BaseModel):
@@ -36,28 +49,30 @@ class ServeLimits(BaseModel):
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # (NaN passed le=100 checks' wording)
 
     model: str | None = Field(None, description="the served model's name (null: the one model this server serves, "
                               "as vLLM's server)")
-    max_tokens: int | None = Field(None, description="new tokens per sample (null: the server's default, 16)")
+    max_tokens: StrictInt | None = Field(None, description="new tokens per sample (null: the server's default, 16)")
     temperature: float | None = Field(None, ge=0.0, le=100.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1, description="vLLM extension; 0 or -1 disables")
+    top_k: StrictInt | None = Field(None, ge=-1, description="vLLM extension; 0 or -1 disables")
     min_p: float | None = Field(None, ge=0.0, le=1.0, description="vLLM extension; 0 disables")
     repetition_penalty: float | None = Field(None, gt=0.0, description="vLLM extension; 1 disables")
-    n: int | None = Field(None, ge=1)
+    n: StrictInt | None = Field(None, ge=1)
     stream: bool | None = False
     stream_options: dict[str, Any] | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = Field(None, description="vLLM extension")
-    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1, description="a 64-bit integer")
+    stop_token_ids: list[StrictInt] | None = Field(None, description="vLLM extension")
+    seed: StrictInt | None = Field(None, ge=-(2**63), le=2**63 - 1, description="a 64-bit integer")
     user: str | None = None
     ignore_eos: bool | None = Field(False, description="vLLM extension: do not stop at EOS")
     return_tokens_as_token_ids: bool | None = Field(False, description="vLLM extension: logprob tokens as "
                                                     "'token_id:<id>'")
     return_token_ids: bool | None = Field(False, description="vLLM extension: prompt_token_ids and token_ids in "
                                           "each choice")
+    include_stop_str_in_output: bool | None = Field(False, description="vLLM extension: keep the stop string's "
+                                                    "or stop token's text at the end of the text")
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
@@ -69,17 +84,24 @@ class _Request(BaseModel):
             raise ValueError(f"max_tokens={v} must be >= 1")
         return v
 
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if v == "" or (isinstance(v, list) and "" in v):  # (it would match at once: every text would be empty)
+            raise ValueError("an empty stop string is not allowed; remove it")
+        return v
+
     @model_validator(mode="after")
     def _unsupported(self) -> "_Request":
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name) not in (None, 0, 0.0):
-                raise ValueError(f"{name} is not supported by relayrl serve; leave it unset or 0")
+                raise FieldError(name, "not supported by relayrl serve; leave it unset or 0")
         if self.logit_bias:
-            raise ValueError("logit_bias is not supported by relayrl serve; leave it unset")
+            raise FieldError("logit_bias", "not supported by relayrl serve; leave it unset")
         if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options is only allowed with stream=true")
+            raise FieldError("stream_options", "only allowed with stream=true")
         if self.temperature == 0 and (self.n or 1) > 1:
-            raise ValueError(f"temperature=0 is greedy, so n={self.n} samples would be identical; set n=1 or "
+            raise FieldError("n", f"temperature=0 is greedy, so n={self.n} samples would be identical; set n=1 or "
                              "temperature > 0")
         return self
 
@@ -97,22 +119,32 @@ class _Request(BaseModel):
 class CompletionRequest(_Request):
     """``POST /v1/completions``: ``prompt`` is text, a list of texts, token ids, or a list of token-id lists."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: int | None = Field(None, ge=0, description="top alternatives per token (0: the sampled token's only)")
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
+    logprobs: StrictInt | None = Field(None, ge=0, description="top alternatives per token (0: the sampled token's "
+                                       "only)")
     echo: bool | None = False
-    best_of: int | None = None
+    best_of: StrictInt | None = None
     suffix: str | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, v: Any) -> Any:
+        # one reason instead of pydantic's four (one per member of the union, located at "prompt.str" and so on)
+        if isinstance(v, str) or (isinstance(v, list) and (all(isinstance(x, str) for x in v) or _is_ids(v)
+                                                           or all(_is_ids(x) for x in v))):
+            return v
+        raise ValueError("give a text, a list of texts, a list of token ids, or a list of token-id lists")
 
     @model_validator(mode="after")
     def _completion_only(self) -> "CompletionRequest":
         if self.echo:
-            raise ValueError("echo is not supported by relayrl serve; leave it false")
+            raise FieldError("echo", "not supported by relayrl serve; leave it false")
         if self.best_of not in (None, 1) and self.best_of != self.n:
-            raise ValueError("best_of is not supported by relayrl serve; leave it unset")
+            raise FieldError("best_of", "not supported by relayrl serve; leave it unset")
         if self.suffix:
-            raise ValueError("suffix is not supported by relayrl serve; leave it unset")
+            raise FieldError("suffix", "not supported by relayrl serve; leave it unset")
         if isinstance(self.prompt, list) and not self.prompt:
-            raise ValueError("prompt is an empty list")
+            raise FieldError("prompt", "an empty list; give a text, token ids, or a list of either")
         return self
 
     def prompt_list(self) -> list[str | list[int]]:
@@ -125,6 +157,10 @@ class CompletionRequest(_Request):
         return list(p)  # type: ignore[arg-type]
 
 
+def _is_ids(v: Any) -> bool:
+    return isinstance(v, list) and all(type(t) is int for t in v)  # (not bool, as StrictInt)
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -135,7 +171,7 @@ class ChatMessage(BaseModel):
     @model_validator(mode="after")
     def _has_content(self) -> "ChatMessage":
         if self.content is None and self.role != "assistant":  # (an assistant turn may be empty)
-            raise ValueError(f"a {self.role!r} message needs 'content' (text, or a list of text parts)")
+            raise FieldError("content", f"a {self.role!r} message needs 'content' (text, or a list of text parts)")
         return self
 
     def text(self) -> str:
@@ -151,14 +187,21 @@ class ChatMessage(BaseModel):
         return "".join(parts)
 
 
+RESERVED_TEMPLATE_KWARGS = frozenset({"chat_template", "tokenize", "conversation", "messages"})
+"""Arguments of ``apply_chat_template`` that the server passes itself (vLLM refuses the first two as well)."""
+
+
 class ChatCompletionRequest(_Request):
     """``POST /v1/chat/completions``: messages rendered with the tokenizer's chat template."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool | None = False
-    top_logprobs: int | None = Field(None, ge=0)
-    max_completion_tokens: int | None = None
+    top_logprobs: StrictInt | None = Field(None, ge=0)
+    max_completion_tokens: StrictInt | None = None
     add_generation_prompt: bool | None = True
+    chat_template_kwargs: dict[str, Any] | None = Field(None, description="vLLM extension: more variables of the "
+                                                        "chat template (enable_thinking, ...), passed to the "
+                                                        "tokenizer's apply_chat_template")
     tools: list[Any] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
@@ -167,19 +210,25 @@ class ChatCompletionRequest(_Request):
     @model_validator(mode="after")
     def _chat_only(self) -> "ChatCompletionRequest":
         if self.tools or self.tool_choice not in (None, "none"):
-            raise ValueError("tools are not supported by relayrl serve; leave tools and tool_choice unset")
+            raise FieldError("tools" if self.tools else "tool_choice", "tools are not supported by relayrl serve; "
+                             "leave tools and tool_choice unset")
         if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise ValueError("response_format other than text is not supported by relayrl serve")
+            raise FieldError("response_format", "only type 'text' is supported by relayrl serve")
         if self.max_completion_tokens is not None:
             if self.max_completion_tokens < 1:
-                raise ValueError(f"max_completion_tokens={self.max_completion_tokens} must be >= 1")
+                raise FieldError("max_completion_tokens", f"max_completion_tokens={self.max_completion_tokens} must "
+                                 "be >= 1")
             if self.max_tokens is None:
                 self.max_tokens = self.max_completion_tokens
             elif self.max_tokens != self.max_completion_tokens:
-                raise ValueError(f"max_tokens={self.max_tokens} and max_completion_tokens="
+                raise FieldError("max_completion_tokens", f"max_tokens={self.max_tokens} and max_completion_tokens="
                                  f"{self.max_completion_tokens} disagree; give one of them")
         if self.top_logprobs and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs=true")
+            raise FieldError("top_logprobs", "top_logprobs needs logprobs=true")
+        taken = sorted(RESERVED_TEMPLATE_KWARGS & (self.chat_template_kwargs or {}).keys())
+        if taken:
+            raise FieldError("chat_template_kwargs", f"{', '.join(taken)} cannot be set here (the server sets "
+                             "them); remove them")
         return self
 
 
@@ -189,4 +238,4 @@ class WeightsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     path: str = Field(description="a .safetensors file, or a directory whose *.safetensors files are loaded")
-    version: int = Field(ge=0, description="weight version the engine reports afterwards")
+    version: StrictInt = Field(ge=0, description="weight version the engine reports afterwards")

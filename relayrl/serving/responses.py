@@ -2,9 +2,11 @@
 
 Texts are decoded from the sampled ids without special tokens (as the native
 engine's ``Completion.text``); a stop string ends the text before it (OpenAI's
-rule) while ``token_ids`` and the log-probs keep every sampled token, the stop
-token included (vLLM's ``return_token_ids`` does the same), so a trainer sees
-exactly what was sampled. Streamed text is held back while it could still be
+rule) and a stop token (``stop_token_ids``, an EOS id) leaves its own text out
+(vLLM's detokenizer; both kept with vLLM's ``include_stop_str_in_output``),
+while ``token_ids`` and the log-probs keep every sampled token, the stop token
+included (vLLM's ``return_token_ids`` does the same), so a trainer sees exactly
+what was sampled. Streamed text is held back while it could still be
 the start of a stop string or ends inside a multi-byte character.
 """
 
@@ -18,7 +20,8 @@ from typing import Any
 
 from relayrl.serving.guard import error_body  # re-exported for the handlers
 
-__all__ = ["SampleText", "Sample", "completion_body", "chat_body", "sse", "error_body", "token_text"]
+__all__ = ["SampleText", "Sample", "completion_body", "chat_body", "sse", "error_body", "token_text",
+           "text_length"]
 
 
 def sse(obj: Any) -> str:
@@ -32,21 +35,28 @@ def token_text(tokenizer, token_id: int, as_ids: bool) -> str:
 
 
 class SampleText:
-    """Incremental detokenization of one sample with stop strings."""
+    """Incremental detokenization of one sample with stop strings and stop tokens (``stop_ids``: the ids that
+    end a row, whose text is left out unless ``include_stop``)."""
 
-    def __init__(self, tokenizer, stops: tuple[str, ...]) -> None:
+    def __init__(self, tokenizer, stops: tuple[str, ...], stop_ids: frozenset[int] = frozenset(),
+                 include_stop: bool = False) -> None:
         self.tokenizer = tokenizer
         self.stops = stops
+        self.stop_ids, self.include_stop = stop_ids, include_stop
         self.ids: list[int] = []
         self.sent = 0  # characters of the text already emitted
         self.stopped = False
 
     def _text(self) -> str:
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        ids = self.ids
+        if ids and ids[-1] in self.stop_ids and not self.include_stop:
+            ids = ids[:-1]  # a stop token ends the row: it is always the last id
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        hits = [(i, s) for i, s in ((text.find(s), s) for s in self.stops) if i >= 0]
+        if hits:
             self.stopped = True
-            return text[:cut]
+            at, stop = min(hits)
+            return text[:at + len(stop)] if self.include_stop else text[:at]
         return text
 
     def push(self, token_id: int) -> str:
@@ -89,12 +99,19 @@ class Sample:
     top: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
+def text_length(tokenizer, token_id: int) -> int:
+    """How far ``token_id`` moves ``text_offset`` (characters of its text in the completion; 0 for a special
+    token, which the text leaves out). vLLM moves it by the log-prob token's string, the same but for special
+    tokens and ``token_id:<id>`` names; ours stays an offset into the returned text."""
+    return len(tokenizer.decode([token_id], skip_special_tokens=True))
+
+
 def _completion_logprobs(tokenizer, s: Sample, as_ids: bool, top_k: int) -> dict:
     tokens = [token_text(tokenizer, t, as_ids) for t in s.token_ids]
     offsets, pos = [], 0
     for t in s.token_ids:
         offsets.append(pos)
-        pos += len(tokenizer.decode([t], skip_special_tokens=True))
+        pos += text_length(tokenizer, t)
     tops = None
     if top_k > 0:
         tops = [{token_text(tokenizer, i, as_ids): lp for i, lp in alts[:top_k]} for alts in s.top]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from relayrl.serving.protocol import ServeLimits
@@ -85,3 +87,245 @@ def test_the_server_stops_at_an_eos_id_of_the_generation_config(tiny_model, tiny
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     assert choice["finish_reason"] == "stop" and choice["token_ids"] == free[:free.index(end) + 1]
+
+
+def test_a_request_with_more_prompts_than_the_queue_is_a_400_and_a_full_queue_a_503(tiny_dir, tiny_tokenizer):
+    """(Each prompt counted against --max-waiting before any was admitted: a 2-prompt request on an idle server
+    with --max-waiting 1 got "503 server_busy ... retry later" every time, though retrying could never help.)"""
+    from fastapi.testclient import TestClient
+
+    from relayrl.engines.generation.base import SamplingParams
+    from relayrl.serving.app import build_app
+    from relayrl.serving.batcher import Request
+    from relayrl.serving.server import build_state
+
+    from test_batcher import held
+
+    state = build_state(str(tiny_dir), limits=ServeLimits(max_waiting=1), api_key=None, max_batch=1, name="tiny")
+    try:
+        with TestClient(build_app(state)) as c:
+            two = {"model": "tiny", "prompt": ["5", "6"], "max_tokens": 2}
+            r = c.post("/v1/completions", json=two)
+            assert r.status_code == 400, r.text
+            err = r.json()["error"]
+            assert err["param"] == "prompt" and "--max-waiting" in err["message"]
+            assert c.post("/v1/completions", json={**two, "prompt": "5"}).status_code == 200
+            with held(state.batcher):  # the queue is full: waiting helps, so a 503
+                waiting = Request(tiny_tokenizer("1+1=")["input_ids"], SamplingParams(max_new_tokens=2),
+                                  emit=lambda ev: None)
+                state.batcher.submit(waiting)
+                r = c.post("/v1/completions", json={**two, "prompt": "5"})
+                assert r.status_code == 503 and r.json()["error"]["type"] == "server_busy", r.text
+                assert state.batcher.stats()["waiting"] == 1  # the refused request left nothing queued
+                waiting.cancel()
+    finally:
+        state.batcher.close()
+
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "1+1="}], "max_tokens": 2}
+DONE = {"model": "tiny", "prompt": "1+1=", "max_tokens": 2}
+
+
+@pytest.mark.parametrize("route, body, param, words", [
+    # (chat's top_logprobs over the limit was reported as param "logprobs")
+    ("chat", {**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "top_logprobs=21 exceeds"),
+    # (checks across fields were reported as param "body", their messages "body: Value error, ...")
+    ("completions", {**DONE, "echo": True}, "echo", "echo: not supported"),
+    ("completions", {**DONE, "presence_penalty": 0.5}, "presence_penalty", "not supported"),
+    ("chat", {**CHAT, "frequency_penalty": 1}, "frequency_penalty", "not supported"),
+    ("completions", {**DONE, "logit_bias": {"5": 10}}, "logit_bias", "not supported"),
+    ("chat", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tools are not"),
+    ("completions", {**DONE, "suffix": "y"}, "suffix", "not supported"),
+    ("completions", {**DONE, "best_of": 2}, "best_of", "not supported"),
+    ("chat", {**CHAT, "top_logprobs": 3}, "top_logprobs", "needs logprobs=true"),
+    ("chat", {**CHAT, "max_completion_tokens": 3}, "max_completion_tokens", "disagree"),
+    ("completions", {**DONE, "temperature": 0, "n": 2}, "n", "identical"),
+    ("chat", {**CHAT, "messages": [{"role": "user"}]}, "messages.0.content", "needs 'content'"),
+    # (a field validator's message came as "max_tokens: Value error, max_tokens=0 ...")
+    ("completions", {**DONE, "max_tokens": 0}, "max_tokens", "max_tokens: max_tokens=0 must be >= 1"),
+    # (NaN passed as far as le=100: "Input should be less than or equal to 100")
+    ("completions", {**DONE, "temperature": float("nan")}, "temperature", "finite number"),
+    ("completions", {**DONE, "top_p": float("inf")}, "top_p", "finite number"),
+    # (refused as "at most 4 non-empty strings", which hid the reason)
+    ("completions", {**DONE, "stop": [""]}, "stop", "an empty stop string is not allowed"),
+    ("completions", {**DONE, "stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
+    # (lax ints: true was read as max_tokens=1, "5" as 5; OpenAI refuses both)
+    ("completions", {**DONE, "max_tokens": True}, "max_tokens", "valid integer"),
+    ("completions", {**DONE, "max_tokens": "5"}, "max_tokens", "valid integer"),
+    ("completions", {**DONE, "n": 2.0, "temperature": 1}, "n", "valid integer"),
+    ("completions", {**DONE, "prompt": [1, True]}, "prompt", "token ids"),
+    # (a prompt of the wrong type was named by union member: param "prompt.str", four reasons)
+    ("completions", {**DONE, "prompt": 5}, "prompt", "give a text"),
+])
+def test_a_refusal_names_the_offending_field_in_its_own_words(client, route, body, param, words):
+    import json
+
+    c, _ = client
+    path = "/v1/chat/completions" if route == "chat" else "/v1/completions"
+    r = c.post(path, content=json.dumps(body), headers={"Content-Type": "application/json"})  # (NaN as JSON's NaN)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and words in err["message"], err
+    assert "Value error" not in err["message"] and "body" != err["param"]
+
+
+def test_the_official_openai_client_sends_what_the_strict_fields_take(client):
+    openai = pytest.importorskip("openai")
+    c, _ = client
+    api = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=c, max_retries=0)
+    done = api.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=3, n=2, seed=4, logprobs=1,
+                                  temperature=1, extra_body={"top_k": 5, "stop_token_ids": [7]})
+    assert len(done.choices) == 2
+    chat = api.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                       max_completion_tokens=2, logprobs=True, top_logprobs=2, seed=1)
+    assert chat.choices[0].logprobs is not None
+
+
+def test_streamed_text_offsets_run_on_across_chunks_as_the_non_streamed_ones(client):
+    # (every streamed chunk reported text_offset [0])
+    import json
+
+    c, _ = client
+    body = {"model": "tiny", "prompt": ["12+34=", "sort 3 1 ="], "n": 2, "max_tokens": 8, "temperature": 1,
+            "seed": 3, "logprobs": 1, "ignore_eos": True}
+    whole = c.post("/v1/completions", json=body).json()
+    streamed: dict[int, dict[str, list]] = {}
+    with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for ch in json.loads(line[len("data: "):])["choices"]:
+                if ch["logprobs"]:
+                    got = streamed.setdefault(ch["index"], {"text_offset": [], "tokens": []})
+                    got["text_offset"] += ch["logprobs"]["text_offset"]
+                    got["tokens"] += ch["logprobs"]["tokens"]
+    for choice in whole["choices"]:
+        lp = choice["logprobs"]
+        assert streamed[choice["index"]] == {"text_offset": lp["text_offset"], "tokens": lp["tokens"]}
+        assert lp["text_offset"][-1] > 0
+
+
+def _streamed_text(c, path: str, body: dict) -> str:
+    import json
+
+    out = []
+    with c.stream("POST", path, json={**body, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for ch in json.loads(line[len("data: "):])["choices"]:
+                    out.append(ch.get("text") or (ch.get("delta") or {}).get("content") or "")
+    return "".join(out)
+
+
+def test_a_stop_token_leaves_its_text_out_but_stays_in_the_token_ids(client, tiny_tokenizer):
+    # (the text ended with the stop token's text; vLLM's detokenizer leaves it out unless
+    # include_stop_str_in_output, and keeps the id in token_ids and the log-probs)
+    c, _ = client
+    body = {"model": "tiny", "prompt": "2+2=", "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True, "logprobs": 0}
+    free = c.post("/v1/completions", json=body).json()["choices"][0]["token_ids"]
+    stop = next(t for t in free[1:] if tiny_tokenizer.decode([t], skip_special_tokens=True))
+    cut = free[:free.index(stop) + 1]
+    r = c.post("/v1/completions", json={**body, "stop_token_ids": [stop]}).json()["choices"][0]
+    assert r["finish_reason"] == "stop" and r["token_ids"] == cut
+    assert r["text"] == tiny_tokenizer.decode(cut[:-1], skip_special_tokens=True)
+    assert len(r["logprobs"]["tokens"]) == len(cut)
+    assert _streamed_text(c, "/v1/completions", {**body, "stop_token_ids": [stop]}) == r["text"]
+    kept = {**body, "stop_token_ids": [stop], "include_stop_str_in_output": True}
+    whole = tiny_tokenizer.decode(cut, skip_special_tokens=True)
+    assert c.post("/v1/completions", json=kept).json()["choices"][0]["text"] == whole
+    assert _streamed_text(c, "/v1/completions", kept) == whole
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "2+2="}], "max_tokens": 6, "temperature": 0,
+            "ignore_eos": True, "return_token_ids": True}
+    ids = c.post("/v1/chat/completions", json=chat).json()["choices"][0]["token_ids"]
+    r = c.post("/v1/chat/completions", json={**chat, "stop_token_ids": [ids[2]]}).json()["choices"][0]
+    assert r["token_ids"] == ids[:ids.index(ids[2]) + 1]
+    assert r["message"]["content"] == tiny_tokenizer.decode(r["token_ids"][:-1], skip_special_tokens=True)
+
+
+def test_include_stop_str_in_output_keeps_a_stop_string(client, tiny_tokenizer):
+    c, _ = client
+    body = {"model": "tiny", "prompt": "2+2=", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    text = c.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    stop = text[2:4]
+    if len(text) < 4 or not stop.strip():
+        pytest.skip(f"the tiny model's greedy text {text!r} has no stop string to cut at")
+    kept = {**body, "stop": [stop], "include_stop_str_in_output": True}
+    assert c.post("/v1/completions", json=kept).json()["choices"][0]["text"] == text[:text.find(stop) + len(stop)]
+    assert _streamed_text(c, "/v1/completions", kept) == text[:text.find(stop) + len(stop)]
+
+
+def test_a_prompts_seeded_samples_are_those_of_a_request_for_it_alone(client):
+    # (prompt i of a list was seeded seed + i and sample 0 depended on n; vLLM gives every prompt the seed and
+    # sample k seed + k)
+    c, _ = client
+    body = {"model": "tiny", "max_tokens": 6, "temperature": 1, "seed": 7, "ignore_eos": True}
+    alone = c.post("/v1/completions", json={**body, "prompt": "2+2="}).json()["choices"][0]["text"]
+    many = c.post("/v1/completions", json={**body, "prompt": ["1+1=", "2+2="], "n": 2}).json()["choices"]
+    assert many[2]["text"] == alone  # prompt 1, sample 0
+
+
+def test_chat_template_kwargs_reach_the_template(client, tiny_tokenizer):
+    # (refused as an unknown field; vLLM passes it to the tokenizer's apply_chat_template)
+    c, state = client
+    tok = state.tokenizer
+    plain = tok.chat_template
+    tok.chat_template = plain + "{% if enable_thinking %}<think>{% endif %}"
+    try:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "2+2="}], "max_tokens": 1,
+                "return_token_ids": True}
+        off = c.post("/v1/chat/completions", json=body).json()["prompt_token_ids"]
+        on = c.post("/v1/chat/completions", json={**body, "chat_template_kwargs": {"enable_thinking": True}})
+        assert on.status_code == 200, on.text
+        assert tok.decode(on.json()["prompt_token_ids"]) == tok.decode(off) + "<think>"
+        r = c.post("/v1/chat/completions", json={**body, "chat_template_kwargs": {"tokenize": True}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs", r.text
+        r = c.post("/v1/chat/completions", json={**body, "chat_template_kwargs": ["enable_thinking"]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs", r.text
+    finally:
+        tok.chat_template = plain
+
+
+def test_a_training_checkpoint_of_a_tied_model_loads_by_path(tiny_dir, tmp_path):
+    # (a checkpoint's state dict holds the tied head under its own name: "weight 'lm_head.weight' is not a
+    # parameter of the served model", so a checkpoint directory could not be served)
+    import torch
+    from fastapi.testclient import TestClient
+    from safetensors.torch import save
+
+    from relayrl.checkpoint.manager import CheckpointManager
+    from relayrl.serving.app import build_app
+    from relayrl.serving.server import build_state
+
+    state = build_state(str(tiny_dir), limits=ServeLimits(), api_key=None, max_batch=2, name="tiny")
+    model = state.batcher.engine.model
+    assert model.config.tie_word_embeddings
+    torch.manual_seed(0)
+    trained = {n: t + 0.01 * torch.randn_like(t) for n, t in model.state_dict().items()}
+    trained["lm_head.weight"] = trained["model.embed_tokens.weight"]  # tied: one tensor under both names
+    step = CheckpointManager(tmp_path / "checkpoints").save(2, model_state=trained, optimizer_state=None,
+                                                            scheduler_state=None, trainer_state={})
+    embed = model.get_input_embeddings().weight
+
+    def post_payload(tensors: dict, version: int):
+        return c.post("/v1/relayrl/weights", params={"version": version}, content=save(tensors),
+                      headers={"Content-Type": "application/octet-stream"})
+
+    try:
+        with TestClient(build_app(state)) as c:
+            r = c.post("/v1/relayrl/weights", json={"path": str(step), "version": 2})
+            assert r.status_code == 200, r.text
+            assert r.json()["version"] == 2 and r.json()["tensors"] == len(trained) - 1
+            torch.testing.assert_close(embed, trained["model.embed_tokens.weight"], rtol=0, atol=0)
+            assert model.lm_head.weight is embed  # still tied
+
+            head = torch.randn_like(embed)  # the head alone: in the served model it is the embedding
+            assert post_payload({"lm_head.weight": head}, 3).status_code == 200
+            torch.testing.assert_close(embed, head, rtol=0, atol=0)
+
+            r = post_payload({"model.embed_tokens.weight": head, "lm_head.weight": head + 1}, 4)
+            assert r.status_code == 400 and "tie" in r.json()["error"]["message"], r.text
+            assert c.get("/v1/relayrl/weights").json() == {"version": 3}
+            torch.testing.assert_close(embed, head, rtol=0, atol=0)
+    finally:
+        state.batcher.close()

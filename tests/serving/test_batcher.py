@@ -3,6 +3,7 @@ others run, with their own settings, give what each request would get alone."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
@@ -13,6 +14,27 @@ from relayrl.engines.generation.native import NativeGenerationEngine
 from relayrl.serving.batcher import Batcher, DoneEvent, Overloaded, Request, TokenEvent
 
 PROMPTS = ["1+2=", "123+456=", "sort 5 12 9 =", "77+1=", "countdown 3 7 5 -> 9 :", "9+9="]
+
+
+@contextlib.contextmanager
+def held(batcher: Batcher):
+    """The batcher thread held inside a weight load for the block: nothing is admitted or decoded meanwhile, so
+    the queue holds exactly what the block submits."""
+    inside, release = threading.Event(), threading.Event()
+
+    def apply() -> int:
+        inside.set()
+        release.wait(60)
+        return batcher.engine.weight_version
+
+    loader = threading.Thread(target=batcher.load_weights, args=(apply,), daemon=True)
+    loader.start()
+    assert inside.wait(60)
+    try:
+        yield
+    finally:
+        release.set()
+        loader.join(60)
 
 
 class Sink:
@@ -133,3 +155,43 @@ def test_a_penalised_request_beside_plain_ones_gets_what_it_gets_alone(batcher, 
     for s, a in zip(sinks, alone):
         assert s.done.wait(60)
         assert list(s.finished()[0].token_ids) == a.token_ids.tolist()
+
+
+def test_the_prompts_of_one_request_are_queued_together_or_not_at_all(tiny_model, tiny_tokenizer):
+    # (prompts were submitted one by one: a 503 came after some were queued, and the handler had to cancel them)
+    b = Batcher(NativeGenerationEngine(tiny_model, tiny_tokenizer, max_batch=1, decode="dynamic"), max_waiting=2)
+    p = tiny_tokenizer(PROMPTS[0])["input_ids"]
+    reqs = [Request(p, SamplingParams(max_new_tokens=2), emit=lambda ev: None) for _ in range(4)]
+    try:
+        with held(b):
+            with pytest.raises(ValueError, match="--max-waiting"):
+                b.submit_all(reqs[:3])  # more than the queue holds: never
+            b.submit(reqs[0])
+            with pytest.raises(Overloaded):
+                b.submit_all(reqs[1:3])  # one place left, two prompts: later
+            assert b.stats()["waiting"] == 1
+            b.submit_all(reqs[1:2])
+            assert b.stats()["waiting"] == 2
+            for r in reqs:
+                r.cancel()
+    finally:
+        b.close()
+
+
+def test_a_seeded_sample_does_not_depend_on_n(batcher, tiny_tokenizer):
+    # (one generator per request was shared by its rows: sample 0 of n=3 differed from the n=1 sample of the
+    # same seed; vLLM seeds sample k of a request with seed + k)
+    p = tiny_tokenizer(PROMPTS[0])["input_ids"]
+    got = {}
+    for n in (1, 3):
+        s = Sink(n)
+        batcher.submit(Request(p, SamplingParams(n=n, temperature=1.0, max_new_tokens=8, ignore_eos=True), emit=s,
+                               seed=11))
+        assert s.done.wait(60)
+        got[n] = [d.token_ids for d in s.finished()]
+    assert got[3][0] == got[1][0]
+    s = Sink(1)
+    batcher.submit(Request(p, SamplingParams(temperature=1.0, max_new_tokens=8, ignore_eos=True), emit=s, seed=12))
+    assert s.done.wait(60)
+    assert s.finished()[0].token_ids == got[3][1]  # sample 1 is the seed + 1 sample
+    assert len(set(got[3])) == 3

@@ -145,3 +145,44 @@ def test_killed_producer_and_consumer_lose_and_duplicate_nothing(tmp_path):
             if p.poll() is None:
                 p.kill()
                 p.wait(30)
+
+
+def test_a_refused_call_leaves_the_keep_alive_connection_usable(caplog):
+    """(The dock's ValueError refusals went through a handler for the base Exception: Starlette answered 400
+    from its ServerErrorMiddleware and re-raised, uvicorn logged "Exception in ASGI application" and dropped
+    the connection, so the next call on the same keep-alive connection failed with ConnectionResetError.)"""
+    import logging
+
+    import requests
+    import uvicorn
+
+    from relayrl.dock import Dock
+    from relayrl.serving.dockapi import build_dock_app
+    from relayrl.serving.server import listening_socket
+
+    dock = Dock(units=1, backend="local", lease_s=30.0)
+    sock = listening_socket("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(build_dock_app(dock), log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    try:
+        while not server.started:
+            time.sleep(0.02)
+        with caplog.at_level(logging.ERROR), requests.Session() as s:
+            body = {"name": "p", "rows": 8, "group_size": 4}
+            assert s.post(f"{url}/v1/dock/partitions", json=body, timeout=30).status_code == 200
+            again = s.post(f"{url}/v1/dock/partitions", json=body, timeout=30)  # a ValueError in the dock
+            assert again.status_code == 400 and "already open" in again.json()["error"]["message"]
+            assert again.headers.get("connection") != "close"
+            bad = s.post(f"{url}/v1/dock/ack", json={"partition": "nope", "gen": 1, "stage": "s", "lease_id": 1,
+                                                      "indexes": [0]}, timeout=30)  # a KeyError-like refusal
+            assert 400 <= bad.status_code < 500, bad.text
+            ok = s.post(f"{url}/v1/dock/partitions", json={"name": "q", "rows": 4}, timeout=30)
+            assert ok.status_code == 200, ok.text
+        assert "Exception in ASGI application" not in caplog.text
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+        dock.shutdown()
