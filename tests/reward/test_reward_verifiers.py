@@ -55,6 +55,14 @@ def test_extract_last_number(text, want):
         (r"\frac{1}{3}", r"\boxed{0.5}", 0.0),
         ("10", "I do not know", 0.0),  # nothing to extract: a wrong answer, not an error
         ("10", r"\boxed{}", 0.0),
+        # an escaped dollar is a dollar sign, not a math delimiter (it left the text unwrapped: a boxed \$18 scored
+        # 0 against 18, and MATH's money answers could not be parsed at all)
+        ("18", r"\boxed{\$18}", 1.0),
+        (r"\$77", "77", 1.0),
+        (r"so the answer is $\boxed{\$18.90}$.", r"\boxed{18.90}", 1.0),
+        (r"so the answer is $\boxed{\$18.90}$.", "The answer is 18.90", 1.0),
+        (r"\$18.90", r"\boxed{\$19}", 0.0),
+        (r"$\frac{1}{2}$", r"\boxed{0.5}", 1.0),  # an unescaped delimiter still counts as one
     ],
 )
 def test_math_reward_cases(answer, response, want):

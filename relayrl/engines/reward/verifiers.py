@@ -91,10 +91,16 @@ for _name in ("math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).addFilter(_DropTimeoutDisabledWarning())
 
 
+_MATH_DELIMITER = re.compile(r"(?<!\\)\$|\\\(|\\\[")
+"""A math delimiter: ``$`` not escaped (``\\$`` is a dollar sign, MATH's money answers: ``\\boxed{\\$18.90}``),
+``\\(`` or ``\\[``."""
+
+
 def _as_latex(text: str) -> str:
-    """Wrap bare LaTeX/number text in ``$...$`` so math-verify's LaTeX extractor sees it."""
+    """Wrap bare LaTeX/number text in ``$...$`` so math-verify's LaTeX extractor sees it (text that has a
+    delimiter of its own is left as it is)."""
     text = text.strip()
-    if "$" in text or "\\(" in text or "\\[" in text:
+    if _MATH_DELIMITER.search(text):
         return text
     return f"${text}$"
 
