@@ -547,7 +547,8 @@ def render_prompt(tokenizer, problem: Problem, chat_template: bool | None = None
     ``chat_template``: None (auto) applies the tokenizer's chat template iff the
     problem has chat messages; True applies it always (a text prompt becomes one
     user message); False never (the ``prompt`` text as is). The generation prompt
-    (e.g. ``<|im_start|>assistant``) is appended when the template is applied. ``template_kwargs``
+    (e.g. ``<|im_start|>assistant``) is appended when the template is applied, unless the messages end with
+    an assistant message: that one is continued (TRL's ``continue_final_message``). ``template_kwargs``
     (``data.chat_template_kwargs``): more variables for the template, e.g. ``{"enable_thinking": False}``.
     """
     return _render(tokenizer, problem, chat_template, template_kwargs)[0]
@@ -570,7 +571,11 @@ def _render(tokenizer, problem: Problem, chat_template: bool | None,
     msgs = messages if messages is not None else [{"role": "user", "content": problem.prompt}]
     tools = problem.meta.get("tools")  # the run's tools, in the template's tools list (env.tools_in_prompt)
     extra = {**(template_kwargs or {}), **({"tools": tools} if tools else {})}
-    return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **extra), True
+    # a prompt that ends with the assistant's own words (a prefill: "The answer is") is continued, as TRL renders
+    # it (continue_final_message): no end of turn and no new assistant turn after it
+    prefill = msgs[-1].get("role") == "assistant"
+    return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=not prefill,
+                                         continue_final_message=prefill, **extra), True
 
 
 def prompt_identity(problem: Problem) -> str:

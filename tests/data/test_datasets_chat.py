@@ -132,3 +132,13 @@ def test_a_chat_row_and_a_text_row_of_the_same_plain_text_encode_apart(tmp_path,
     assert run.encode(text) == tok(text.prompt)["input_ids"]
     assert run.encode(chat) == tok(CHATML, add_special_tokens=False)["input_ids"]
     assert run.encode(text) == tok(text.prompt)["input_ids"]  # (from the cache)
+
+
+def test_a_prompt_ending_with_the_assistant_s_words_is_continued(tiny_tokenizer):
+    """(A prefill was closed with an end of turn and a new assistant turn opened after it; TRL continues it.)"""
+    msgs = [{"role": "user", "content": "1+2="}, {"role": "assistant", "content": "The answer is"}]
+    text = render_prompt(tiny_tokenizer, Problem("", "3", {"messages": msgs}))
+    assert text == "<|im_start|>user\n1+2=<|im_end|>\n<|im_start|>assistant\nThe answer is"
+    assert text == tiny_tokenizer.apply_chat_template(msgs, tokenize=False, continue_final_message=True)
+    asked = render_prompt(tiny_tokenizer, Problem("", "3", {"messages": msgs[:1]}))
+    assert asked == "<|im_start|>user\n1+2=<|im_end|>\n<|im_start|>assistant\n"  # a user turn still gets its reply
