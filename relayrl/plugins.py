@@ -122,6 +122,8 @@ def resolve(path: Any, label: str, error: type[Exception], shape: str = "package
         if not attr:
             raise error(f"{label} must name the object after the colon: '{file}:my_function'")
         return _attribute(_load_file(file, label, error), Path(file).name, attr, label, error)
+    if path.endswith(".py") and ":" not in path:  # a file without its object (read as module 'x', object 'py')
+        raise error(f"{label}={path!r} names a file but not the object in it: '{path}:my_function'")
     splits = _candidates(path)
     if not splits or not all(m and a for m, a in splits):
         raise error(f"{label} must look like '{shape}', 'package.module.attribute' or 'path/to/file.py:attribute'")

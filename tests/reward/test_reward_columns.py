@@ -337,8 +337,8 @@ PROGRESS_FNS = """
         return [1.0] * len(completions)
 
     def verl_extras(data_source, solution_str, ground_truth, extra_info=None):
-        ok = float(solution_str == ground_truth)
-        return {"score": ok, "acc": ok, "pred": solution_str}  # (a string: not a metric)
+        ok = solution_str == ground_truth  # (verl's DAPO scorer: acc a bool, which was not logged)
+        return {"score": float(ok), "acc": ok, "pred": solution_str}  # (a string: not a metric)
 """
 
 

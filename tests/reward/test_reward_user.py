@@ -228,6 +228,8 @@ def test_a_file_path_loads_like_a_module_and_becomes_absolute_when_the_config_lo
         load_reward_fn(f"{tmp_path / 'my_rewards.py'}:scor")
     with pytest.raises(RewardError, match=r"running .*broken.py raised RuntimeError: no GPU here"):
         load_reward_fn(f"{tmp_path / 'broken.py'}:score")
+    with pytest.raises(RewardError, match=r"names a file but not the object in it: 'rewards.py:my_function'"):
+        load_reward_fn("rewards.py")  # (it said: no module named 'rewards' ... name the file: rewards.py:py)
     with pytest.raises(RewardError, match=r"no module named 'my_rewards': install it, put its directory on "
                                           r"PYTHONPATH, or name the file: my_rewards.py:score"):
         load_reward_fn("my_rewards:score")

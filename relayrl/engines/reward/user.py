@@ -25,6 +25,8 @@ import numbers
 import threading
 from typing import Any, Callable, Literal, NamedTuple, Protocol, Sequence, runtime_checkable
 
+import numpy as np
+
 from relayrl.data.truth import truth_value
 from relayrl.engines.reward.config import RewardError
 from relayrl.plugins import resolve
@@ -227,9 +229,9 @@ def _verl_score(x: Any, i: int, log_metric: Callable[[str, float], None] | None 
         if "score" not in x:
             raise RewardError(f"returned a dict without a 'score' key at index {i} ({sorted(x)}); verl's "
                               f"compute_score returns a float or a dict with the reward under 'score'")
-        if log_metric is not None:  # its other numbers (verl's reward_extra_info), e.g. {"score": 1, "acc": 1}
-            for k, v in x.items():
-                if k != "score" and isinstance(v, (int, float)) and not isinstance(v, bool):
+        if log_metric is not None:  # its other numbers (verl's reward_extra_info), e.g. {"score": 1, "acc": True}:
+            for k, v in x.items():  # a flag as 0/1, whose mean is a rate (verl's DAPO scorer returns acc as a bool; numpy's too)
+                if k != "score" and isinstance(v, (numbers.Real, np.bool_)):
                     log_metric(k, float(v))
         return x["score"]
     return x
