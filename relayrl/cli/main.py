@@ -264,6 +264,7 @@ def cmd_eval(args) -> int:
         problems = _eval_data(args, DatasetConfig, load_problems)
         reward = RewardEngine(reward_cfg, task=None)
         reward.check_fields([problems[0].meta.get("fields")])  # a field the user function needs, before the model
+        reward.check_standalone()
     from relayrl.data.datasets import encode_prompt
     from relayrl.data.lengths import check_context, context_limit
 

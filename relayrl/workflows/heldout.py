@@ -160,6 +160,8 @@ def evaluate_config(cfg: Config, out: Path, *, extra: dict | None = None,
     the metrics."""
     check_evaluable(cfg)
     s = EvalSession(cfg, report_dir=out, report_extra=extra, log=log)
+    if s.reward is not None:  # (no training run: no trainer_state for a TRL reward function)
+        s.reward.check_standalone()
     spec = episode_spec(cfg, s.tokenizer)  # the environment's contract, checked before the model loads
     ev = cfg.eval
     what = (f"greedy episodes (env.name={cfg.env.name}, at most env.max_turns={cfg.env.max_turns} turns)"

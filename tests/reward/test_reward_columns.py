@@ -386,3 +386,18 @@ def test_a_run_gives_trl_functions_its_progress_and_logs_what_they_report(tmp_pa
     GRPOPipeline(cfg).run()
     recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
     assert [r.get("reward/user/progress") for r in recs if r["step"] > 0] == [0.0, 0.5]
+
+
+def test_a_function_that_needs_the_trainer_state_is_refused_outside_a_training_run(tmp_path):
+    """(relayrl eval called it without one and it raised a TypeError part-way through the held-out set.)"""
+    (tmp_path / "state_fns.py").write_text(textwrap.dedent("""
+        def needs(completions, trainer_state, **kwargs):
+            return [float(trainer_state.global_step)] * len(completions)
+
+        def optional(completions, trainer_state=None, **kwargs):
+            return [0.0 if trainer_state is None else 1.0] * len(completions)
+    """))
+    needs = RewardEngine(RewardConfig(verifier="user", user_fn=f"{tmp_path}/state_fns.py:needs"))
+    with pytest.raises(RewardError, match=r"state_fns.py:needs needs trainer_state, which relayrl eval cannot give"):
+        needs.check_standalone()
+    RewardEngine(RewardConfig(verifier="user", user_fn=f"{tmp_path}/state_fns.py:optional")).check_standalone()

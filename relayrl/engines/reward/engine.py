@@ -43,6 +43,7 @@ thread pool is non-blocking scoring, not CPU parallelism.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import re
@@ -508,6 +509,17 @@ class RewardEngine:
         for u in self._user:
             self._check_fields(u, columns, u.shape.arguments([""] * n, [""] * n, [None] * n, columns)[1])
 
+    def check_standalone(self) -> None:
+        """Raise :class:`RewardError` when a user function needs ``trainer_state`` (a parameter without a default)
+        and no training run will give it one (``relayrl eval``): refused before the model loads, not part-way
+        through the held-out set with a ``TypeError``."""
+        for u in self._user:
+            p = _parameters(u.fn).get("trainer_state")
+            if p is not None and p.default is inspect.Parameter.empty:
+                raise _StopRun(f"reward function {u.path} needs trainer_state, which relayrl eval cannot give: no "
+                               f"training run is in progress; give the parameter a default (trainer_state=None) "
+                               f"and score without it when it is None")
+
     def _check_fields(self, u: UserFn, columns: Columns, kwargs: dict) -> None:
         present = ", ".join(dict.fromkeys(k for c in columns if c for k in c if k != "completion_ids")) or \
             "none: a built-in task's rows"
@@ -598,3 +610,11 @@ def _rm_prompts(prompts: list[str], columns: list) -> list[str | list[dict]]:
     on them; else the text. (``prompts`` holds a chat row's messages only as plain ``role: content`` lines.)"""
     return [c["prompt"] if isinstance(c, dict) and isinstance(c.get("prompt"), list) else p
             for p, c in zip(prompts, columns)]
+
+
+def _parameters(fn) -> dict[str, inspect.Parameter]:
+    """``fn``'s parameters by name (none for a builtin without a signature)."""
+    try:
+        return dict(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return {}
