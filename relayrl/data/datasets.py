@@ -562,7 +562,8 @@ def _render(tokenizer, problem: Problem, chat_template: bool | None,
     if not use:
         return problem.prompt, False
     if not getattr(tokenizer, "chat_template", None):
-        why = "the prompt is chat messages" if chat_template is None else "chat_template=True"
+        why = ("the prompt is chat messages (the row's, or its text with data.system_prompt's message)"
+               if chat_template is None else "chat_template=True")
         raise DatasetError(
             f"{why} but tokenizer {_tokenizer_name(tokenizer)!r} has no chat template; give the run one with "
             "model.chat_template (a Jinja file, a tokenizer directory or the template itself; relayrl eval: "

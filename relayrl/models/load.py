@@ -273,7 +273,18 @@ def check_model_dir(path: str | Path, key: str, label: str) -> Path:
         check_causal_lm(model_config(path), path)
     except ModelLoadError as e:
         raise ModelLoadError(f"{label}: {e}") from None
+    if not has_weights(path):  # (found only when the actor loaded it, after the data and the other checks)
+        raise ModelLoadError(f"{label}: {no_weights(path)}; copy them from the original model")
     return path
+
+
+def has_weights(path: Path) -> bool:
+    """Whether ``path`` holds weight files transformers can load (``*.safetensors`` or ``*.bin``)."""
+    return any(path.glob("*.safetensors")) or any(path.glob("*.bin"))
+
+
+def no_weights(path: Path) -> str:
+    return f"model directory {path} has config.json but no *.safetensors or *.bin weights"
 
 
 def not_a_model(path: Path, key: str) -> str:
@@ -438,8 +449,8 @@ def load_pretrained(auto_class, path: Path, *, dtype: str = "float32", **kwargs)
     directory is a :class:`ModelLoadError` naming the file and what is wrong (see the module docstring)."""
     _check_dir(path, ("config.json",))
     read_json(path, "config.json")
-    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
-        raise ModelLoadError(f"model directory {path} has config.json but no *.safetensors or *.bin weights")
+    if not has_weights(path):
+        raise ModelLoadError(no_weights(path))
     _check_index(path)
     _check_safetensors(path)
     _check_shapes(auto_class, model_config(path), path)

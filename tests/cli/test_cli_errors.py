@@ -357,15 +357,28 @@ def test_missing_model_path_names_the_key(capsys, tmp_path):
 def test_a_model_error_inside_a_rank_arrives_as_one_message(capsys, tmp_path, tiny_dir):
     import shutil
 
+    broken = tmp_path / "damaged-weights"
+    shutil.copytree(tiny_dir, broken)
+    (broken / "model.safetensors").write_bytes(b"\x10")  # (found when the actor loads it, in its rank)
+    code, err = run(capsys, "train", SFT, f"model.path={broken}", f"run.dir={tmp_path / 'r'}",
+                    *FAST)
+    assert code == EXIT_USER
+    assert (f"error: worker group 'actor' rank 0 failed in '__init__': model directory {broken}: "
+            f"model.safetensors is truncated or not a safetensors file") in err
+
+
+def test_a_model_directory_without_weights_is_refused_before_any_work(capsys, tmp_path, tiny_dir):
+    """(It was found only when the actor loaded the model, after the data had loaded.)"""
+    import shutil
+
     broken = tmp_path / "no-weights"
     shutil.copytree(tiny_dir, broken)
     for f in broken.glob("*.safetensors"):
         f.unlink()
-    code, err = run(capsys, "train", SFT, f"model.path={broken}", f"run.dir={tmp_path / 'r'}",
-                    *FAST)
+    code, err = run(capsys, "train", SFT, f"model.path={broken}", f"run.dir={tmp_path / 'r'}", *FAST)
     assert code == EXIT_USER
-    assert (f"error: worker group 'actor' rank 0 failed in '__init__': model directory {broken} has config.json "
-            f"but no *.safetensors or *.bin weights") in err
+    assert f"error: model.path={broken}: model directory {broken} has config.json but no *.safetensors" in err
+    assert "worker group" not in err and not (tmp_path / "r").exists()
 
 
 def test_a_run_dir_under_a_file_names_the_file(capsys, tmp_path):

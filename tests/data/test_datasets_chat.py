@@ -51,7 +51,8 @@ def test_tokenizer_without_template_is_a_clear_error(chat_file, tiny_tokenizer):
     assert chat.prompt == "system: Add the numbers.\nuser: 12+30="
     with pytest.raises(DatasetError, match="chat_template=True but tokenizer .* has no chat template"):
         encode_prompt(bare, Problem("1+1=", "2"), chat_template=True)
-    with pytest.raises(DatasetError, match="the prompt is chat messages but .* set data.chat_template=false"):
+    with pytest.raises(DatasetError, match=r"the prompt is chat messages \(the row.s, or its text with "
+                                           r"data.system_prompt.s message\) but .* set data.chat_template=false"):
         encode_prompt(bare, chat)
     assert encode_prompt(bare, chat, chat_template=False) == bare(chat.prompt)["input_ids"]
 

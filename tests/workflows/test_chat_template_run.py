@@ -57,7 +57,8 @@ def test_a_base_model_trains_on_chat_prompts_with_the_runs_template(capsys, monk
     run = tmp_path / "run"
     code = cli.main(["train", *RUN, *chats, f"model.path={bare}", f"run.dir={run}"])
     err = capsys.readouterr().err
-    assert code == EXIT_USER and "the prompt is chat messages but tokenizer" in err, err
+    assert code == EXIT_USER and ("the prompt is chat messages (the row's, or its text with data.system_prompt's "
+                                  "message) but tokenizer") in err, err
     assert "has no chat template; give the run one with model.chat_template" in err, err
     (tmp_path / "markers.jinja").write_text(MARKERS)
     code = cli.main(["train", *RUN, *chats, f"model.path={bare}", f"model.chat_template={tmp_path / 'markers.jinja'}",
