@@ -150,18 +150,18 @@ class GRPOPipeline:
         if self.ahead is None and self.plan.ahead:  # from here on, batches are generated ahead (staleness <= k)
             self.ahead = self._start_ahead(step)
         if self.ahead is not None:
-            with self.s.span("wait_rollout", "actor", step):
+            with self.s.span("wait_rollout", "actor", step):  # (timing/wait_rollout_s: the trainer's wait)
                 f = self.ahead.take(step)
-            stages, waited = self.consume.stages(), {"async/wait_rollout_s": time.perf_counter() - t0}
+            stages = self.consume.stages()
         else:
-            f, waited = self.open_step(step), {}
+            f = self.open_step(step)
             stages = {**self.produce.stages(), **self.consume.stages()}
         f.state.kl_coef = self.kl_ctrl.value  # (set before the consuming stages start; off-policy too)
         f.state.entropy_coef = self.entropy_ctrl.value
         self._run(f, stages)
         retired = self._retire(f.state)  # (before the rollout thread may draw the next batch: the hand-over)
         m = {**step_metrics(f.state, step=step, prompts_per_step=self.cfg.data.prompts_per_step,
-                            tri_model=self.plan.tri_model, session=self.s), **waited}
+                            tri_model=self.plan.tri_model, session=self.s)}
         trained = "dapo/skipped_step" not in m
         m.update(self._adapt_kl(m, f, trained))
         m.update(self._adapt_entropy(m, f, trained))
