@@ -90,6 +90,11 @@ class RunProblems:
                                                    shuffle=cfg.data.shuffle)
             if line is not None:
                 log(f"relayrl: {line}")
+        if training and self.train_problems is not None and cfg.workflow == "grpo" \
+                and 0 < len(self.train_problems) < cfg.data.prompts_per_step:
+            log(f"relayrl: warning: data.prompts_per_step={cfg.data.prompts_per_step} is more than the "
+                f"{len(self.train_problems)} training rows: every step repeats prompts (its groups of one prompt "
+                f"are not independent samples); lower data.prompts_per_step or give more rows")
 
     def resolved_steps(self) -> tuple[Config, str | None]:
         """The config with ``trainer.total_epochs`` turned into ``trainer.steps`` over the training rows, and

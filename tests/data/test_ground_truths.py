@@ -159,3 +159,17 @@ def test_answer_regex_cuts_text_only(tmp_path):
     with pytest.raises(DatasetError, match=r"row 1: field 'reward_model.ground_truth' is dict; answer_regex '#### "
                                            r"\(\.\+\)' cuts the answer out of text: set data.answer_regex=null"):
         load_problems(DatasetConfig(path=f, answer_key=KEY, raw_answers=True, answer_regex="#### (.+)"))
+
+
+def test_a_step_larger_than_the_training_rows_is_said(tmp_path, tiny_dir):
+    """(A step of more prompts than the rows repeated prompts without a word.)"""
+    from relayrl.workflows.problems import RunProblems
+
+    (tmp_path / "cd.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                                    "    return 0.0\n")
+    over = ["reward.verifier=user", f"reward.user_fn={tmp_path}/cd.py:compute_score"]
+    for per_step, said in ((13, True), (12, False)):
+        lines: list[str] = []
+        RunProblems(_cfg(tmp_path, tiny_dir, "arith_grpo.yaml", *over, f"data.prompts_per_step={per_step}"),
+                    training=True, log=lines.append)
+        assert any(f"data.prompts_per_step={per_step} is more than the 12 training rows" in x for x in lines) == said
