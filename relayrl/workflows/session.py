@@ -12,6 +12,7 @@ SFT, DPO, KTO and RM) supply only their step.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import random
@@ -173,11 +174,38 @@ class PromptSource:
         return other
 
     def state(self) -> dict:
-        """The position, the task's sampler state and the retired rows (sorted positions), as JSON values."""
+        """The position, the task's sampler state, the retired rows (sorted positions) and what identifies the
+        rows (:meth:`rows_digest`), as JSON values."""
         with self.lock:
             rng = self.rng.getstate()
             return {"rng": [rng[0], list(rng[1]), rng[2]], "epoch": self.epoch, "pos": self.pos,
-                    "consumed": self.consumed, "retired": sorted(self.retired)}
+                    "consumed": self.consumed, "retired": sorted(self.retired), "rows": self.rows_digest()}
+
+    def rows_digest(self) -> dict | None:
+        """The training rows' count and a SHA-256 of their prompts and answers in order (None: a built-in task):
+        a resume on other rows (the file edited, reordered, another ``data.path``) is said, since the data
+        position then walks rows the run did not see. Computed once (a checkpoint saves it every time)."""
+        if self.problems is None:
+            return None
+        if getattr(self, "_digest", None) is None:
+            from relayrl.data.datasets import prompt_identity
+
+            h = hashlib.sha256()
+            for p in self.problems:
+                h.update(json.dumps([prompt_identity(p), p.answer, p.meta.get("rejected"), p.meta.get("label")],
+                                    default=str).encode())
+            self._digest = {"count": len(self.problems), "sha256": h.hexdigest()}
+        return self._digest
+
+    def rows_changed(self, state: dict) -> str | None:
+        """What differs between the rows a checkpoint's :meth:`state` was saved on and these (None: the same, or
+        a checkpoint from before the digest)."""
+        then, now = state.get("rows"), self.rows_digest()
+        if then is None or now is None or then == now:
+            return None
+        if then["count"] != now["count"]:
+            return f"{then['count']:,} rows then, {now['count']:,} now"
+        return f"the same {now['count']:,} rows in count, but their prompts, answers or order differ"
 
     def load_state(self, state: dict) -> None:
         """Back to :meth:`state`'s position (a checkpoint written before ``data.retire_solved`` has no retired
@@ -396,6 +424,10 @@ class Session(EvalSession):
             verify_newest(self.ckpt.root, self.plan.path)
         ck = self.ckpt.load(self.plan.path, expected_shapes=expected_shapes, verify_hashes=not auto)
         self.prompts.load_state(ck.trainer_state["data"])
+        if (changed := self.prompts.rows_changed(ck.trainer_state["data"])) is not None:
+            self.log(f"relayrl: warning: the training rows are not those the checkpoint was saved with ({changed}; "
+                     f"data.path or its file changed?): the run goes on from its data position in the rows as they "
+                     f"are now, which is not the continuation of the run it resumes")
         if self.cfg.data.retire_solved is None and self.prompts.retired:
             self.log(f"relayrl: the checkpoint had retired {len(self.prompts.retired):,} training rows; "
                      f"data.retire_solved=null draws them again")

@@ -100,3 +100,18 @@ def test_a_built_in_task_draws_without_positions_and_has_no_rows():
     drawn = src.take(3)
     assert drawn.positions == [None, None, None] and len(drawn) == 3
     assert src.active_rows is None and src.state()["retired"] == []
+
+
+def test_a_resume_on_other_rows_is_told_apart_from_one_on_the_same_rows():
+    """(A resume after the data file was edited or reordered walked the new rows without a word.)"""
+    state = json.loads(json.dumps(PromptSource(5, problems=_rows(10)).state()))  # (as a checkpoint holds it)
+    assert PromptSource(5, problems=_rows(10)).rows_changed(state) is None
+    assert PromptSource(5, problems=_rows(11)).rows_changed(state) == "10 rows then, 11 now"
+    swapped = _rows(10)
+    swapped[3], swapped[4] = swapped[4], swapped[3]
+    assert "their prompts, answers or order differ" in PromptSource(5, problems=swapped).rows_changed(state)
+    edited = _rows(10)
+    edited[0] = Problem("0+0=", "1")
+    assert PromptSource(5, problems=edited).rows_changed(state) is not None
+    del state["rows"]  # a checkpoint from before the digest: nothing to compare
+    assert PromptSource(5, problems=swapped).rows_changed(state) is None
