@@ -83,6 +83,7 @@ class RunProblems:
             budget, key = response_budget(cfg, cfg.rollout.max_new_tokens, "rollout.max_new_tokens")
             self.train_problems = self._fit(self.train_problems, "training", budget if cfg.workflow == "grpo"
                                             else None, key)
+            self.train_problems = self._fit_answers(self.train_problems)
         self._check_lengths()
         self._check_turn_end()
         if training and self.train_problems is not None and cfg.data.max_rows is not None:
@@ -201,6 +202,40 @@ class RunProblems:
                           limit=context_limit(self.model_path), model=self.model_path)
         return fit_prompts(problems, self.encode, room, drop=d.long_prompts == "drop", what=what, log=self.log)
 
+    def _fit_answers(self, problems: list[Problem]) -> list[Problem]:
+        """The training rows whose prompt and trained answer (each answer of a pair, with its EOS) fit the model's
+        context, for the workflows that train on a dataset's answers (sft, dpo, kto, rm; not a conversation
+        row, measured whole by its own check). A longer row is refused naming it (TRL cuts it at
+        ``max_length``; relayrl cuts no row), or left out with ``data.long_prompts=drop``."""
+        from relayrl.data.errors import DatasetError
+        from relayrl.data.lengths import context_limit
+
+        limit = context_limit(self.model_path)
+        if self.cfg.workflow == "grpo" or self.cfg.data.messages_key is not None or limit is None:
+            return problems
+        tok = self.tokenizer
+
+        def tokens(p: Problem) -> int:
+            answers = [a for a in (p.answer, p.meta.get("rejected")) if isinstance(a, str)]
+            return len(self.encode(p)) + max((len(tok(a, add_special_tokens=False)["input_ids"]) for a in answers),
+                                             default=0) + 1
+        over = [(i, n) for i, p in enumerate(problems) if (n := tokens(p)) > limit]
+        if not over:
+            return problems
+        if self.cfg.data.long_prompts == "drop":
+            self.log(f"relayrl: data.long_prompts=drop: dropped {len(over)} of {len(problems)} training rows whose "
+                     f"prompt and answer are longer than the model's context ({limit} tokens)")
+            gone = {i for i, _ in over}
+            kept = [p for i, p in enumerate(problems) if i not in gone]
+            if not kept:
+                raise DatasetError(f"every training row is longer than the model's context ({limit} tokens)")
+            return kept
+        rows = ", ".join(f"{_where(problems[i])} ({n} tokens)" for i, n in over[:3])
+        more = f" and {len(over) - 3} more" if len(over) > 3 else ""
+        raise DatasetError(f"{len(over)} training row(s) longer than the model's context ({limit} tokens, "
+                           f"max_position_embeddings of {self.model_path}) as prompt + answer + EOS: {rows}{more}; "
+                           f"shorten them, or set data.long_prompts=drop to leave them out (relayrl cuts no row)")
+
     def encode(self, problem: Problem) -> list[int]:
         """Prompt token ids (chat template applied to chat-message prompts), cached by what decides them (the text,
         and the messages and tools of a chat row: :func:`~relayrl.data.datasets.prompt_identity`)."""
@@ -266,3 +301,9 @@ def _named(load, ds, key: str):
         if ds.path is None or ds.hf_name is not None or Path(ds.path).exists():
             raise
         raise DatasetError(f"{key}={ds.path}: {e}") from None
+
+
+def _where(p: Problem) -> str:
+    """A row's place for an error: its source and row number when the loader kept them."""
+    src, row = p.meta.get("source"), p.meta.get("row")
+    return f"{Path(src).name + ' ' if src else ''}row {row}" if row is not None else repr(p.prompt[:40])

@@ -138,3 +138,23 @@ def test_episodes_are_checked_against_the_context_with_their_own_budget(capsys, 
         assert code == EXIT_CONFIG, err
         assert "env.max_tokens=600 new tokens cannot fit in the model's max_position_embeddings=512" in err, err
         assert not (tmp_path / "r").exists()
+
+
+def test_an_offline_row_whose_answer_outruns_the_context_is_refused_or_dropped(tmp_path, tiny_dir):
+    """(SFT trained a short prompt's 2,400-token answer whole, past the tiny model's 512 positions, without a
+    word.) The prompt alone fits; prompt + answer + EOS does not."""
+    from relayrl.data.errors import DatasetError
+
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "answer": "7" * 600 if i in (4, 9) else str(2 * i)})
+                             + "\n" for i in range(1, 41)))
+    held = tmp_path / "held.jsonl"
+    held.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(1, 9)))
+    over = ["data.task=null", f"data.path={train}", f"data.eval_path={held}", f"model.path={tiny_dir}"]
+    with pytest.raises(DatasetError, match=r"2 training row\(s\) longer than the model's context \(512 tokens.*: "
+                                           r"train.jsonl row 4 \(6\d\d tokens\), train.jsonl row 9 .*long_prompts=drop"):
+        session(tmp_path / "a", "arith_sft.yaml", *over)
+    lines: list[str] = []
+    s = session(tmp_path / "b", "arith_sft.yaml", *over, "data.long_prompts=drop", lines=lines)
+    assert not {4, 9} & {p.meta["row"] for p in s.prompts.problems}
+    assert any("dropped 2 of" in x and "longer than the model's context (512 tokens)" in x for x in lines), lines
