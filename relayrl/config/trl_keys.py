@@ -1,7 +1,8 @@
 """TRL's config names and relayrl's keys for them: the table :mod:`relayrl.config.foreign_keys` hints from.
 
 TRL's options are flat fields of its dataclasses (``GRPOConfig``, ``DPOConfig``, ``CPOConfig``, ``ORPOConfig``,
-``KTOConfig``, ``OnlineDPOConfig``, and the ``TrainingArguments`` and ``ModelConfig`` they share). A TRL user
+``KTOConfig``, ``OnlineDPOConfig``, ``SFTConfig``, ``RewardConfig``, and the ``TrainingArguments`` and
+``ModelConfig`` they share). A TRL user
 writes one as a top-level key (``num_generations=8``) or under the relayrl section it seems to belong to
 (``dpo.loss_type=ipo``, ``trainer.sync_ref_model=true``); both are refused naming relayrl's key from this table,
 the one-to-one rows of docs/migrating.md's TRL tables (checked there against TRL's ``grpo_config.py``,
@@ -125,6 +126,19 @@ TRL_KEYS: dict[str, str] = {
     "lora_alpha": "model.lora.alpha",
     "lora_dropout": "model.lora.dropout",
     "lora_target_modules": "model.lora.target_modules",
+    # SFTConfig and RewardConfig (docs/migrating.md's SFTTrainer and RewardTrainer tables)
+    "dataset_text_field": "none (a row needs a prompt and a completion: data.prompt_key, data.answer_key)",
+    "completion_only_loss": "always on in workflow sft (the completion and its EOS are trained)",
+    "assistant_only_loss": "data.messages_key (every assistant turn trained, the other turns never)",
+    "packing": "engine.packing (always packed; each row attends only to itself)",
+    "packing_strategy": "engine.packing",
+    "padding_free": "engine.packing (the packed layout has no padding between rows)",
+    "eos_token": "none (the tokenizer's EOS ends every completion)",
+    "neftune_noise_alpha": "none",
+    "activation_offloading": "none (engine.gradient_checkpointing)",
+    "model_init_kwargs": "model.dtype, model.attn_implementation",
+    "router_aux_loss_coef": "engine.router_aux_loss_coef",
+    "center_rewards_coefficient": "none (a GRPO run can whiten the scores: reward.normalize=running)",
     # logging, checkpoints, evaluation
     "report_to": "telemetry.sinks (wandb: telemetry.sinks=[console,jsonl,wandb], telemetry.wandb_mode=online)",
     "logging_steps": "telemetry.console_table_every (every step is logged; this sets only the console table)",
@@ -152,5 +166,6 @@ TRL_SAME_VALUES = frozenset({
     "vllm_importance_sampling_clip_max", "reward_weights", "reward_model_path", "gradient_checkpointing",
     "cast_lm_head_to_fp32", "use_peft", "lora_r", "lora_alpha", "lora_dropout", "output_dir", "save_steps",
     "save_total_limit", "eval_steps", "num_generations_eval", "seed", "use_bias_correction_kl",
+    "router_aux_loss_coef",
 })
 """TRL's options whose value is the value of relayrl's key unchanged (``num_generations=8``: ``rollout.n=8``)."""
