@@ -20,7 +20,7 @@ import torch
 
 from relayrl.models.load import ModelLoadError, _check_dir, load_pretrained, load_tokenizer, read_json, resolve_dtype
 
-__all__ = ["export_reward_model", "load_reward_model", "RewardModelScorer", "is_reward_model"]
+__all__ = ["export_reward_model", "load_reward_model", "RewardModelScorer", "is_reward_model", "scored_prompts"]
 
 
 def is_reward_model(path: str | Path) -> bool:
@@ -133,3 +133,11 @@ class RewardModelScorer:
     def score(self, prompts: Sequence[str | list[dict]], responses: Sequence[str]) -> list[float]:
         """One score per (prompt, response); a prompt is its text or its chat messages."""
         return self.score_ids([self.ids(p, r) for p, r in zip(prompts, responses)])
+
+
+def scored_prompts(prompts: Sequence[str], columns: Sequence) -> list[str | list[dict]]:
+    """Each row's prompt for :meth:`RewardModelScorer.score`: a chat row's messages (its dataset fields'
+    ``prompt``, the system prompt included), which the scorer renders through its tokenizer's template as
+    workflow rm trained on them; else the text (``prompts`` holds a chat row only as ``role: content`` lines)."""
+    return [c["prompt"] if isinstance(c, dict) and isinstance(c.get("prompt"), list) else p
+            for p, c in zip(prompts, columns)]

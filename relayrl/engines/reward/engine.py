@@ -43,7 +43,6 @@ thread pool is non-blocking scoring, not CPU parallelism.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import re
@@ -59,8 +58,10 @@ from relayrl.algorithms.reward_model import RunningMoments, normalize_rewards
 from relayrl.engines.reward.config import RewardConfig, RewardError
 from relayrl.engines.reward.extra import ExtraError, ExtraLog
 from relayrl.engines.reward.judge import JudgeError, LLMJudge
-from relayrl.engines.reward.user import CALL_ARGS, Overtime, UserFn, call_within, check_rewards, load_user_fns
+from relayrl.engines.reward.user import (CALL_ARGS, Overtime, UserFn, call_within, check_rewards, load_user_fns,
+                                        standalone_refusal)
 from relayrl.engines.reward.verifiers import CORRECT, exact_reward, format_reward, math_reward
+from relayrl.models.reward import scored_prompts
 
 __all__ = ["RewardEngine", "MAX_ABANDONED"]
 
@@ -510,15 +511,9 @@ class RewardEngine:
             self._check_fields(u, columns, u.shape.arguments([""] * n, [""] * n, [None] * n, columns)[1])
 
     def check_standalone(self) -> None:
-        """Raise :class:`RewardError` when a user function needs ``trainer_state`` (a parameter without a default)
-        and no training run will give it one (``relayrl eval``): refused before the model loads, not part-way
-        through the held-out set with a ``TypeError``."""
-        for u in self._user:
-            p = _parameters(u.fn).get("trainer_state")
-            if p is not None and p.default is inspect.Parameter.empty:
-                raise _StopRun(f"reward function {u.path} needs trainer_state, which relayrl eval cannot give: no "
-                               f"training run is in progress; give the parameter a default (trainer_state=None) "
-                               f"and score without it when it is None")
+        """Raise :class:`RewardError` when a user function needs what only a training run gives (``relayrl eval``)."""
+        if (why := standalone_refusal(self._user)) is not None:
+            raise _StopRun(why)
 
     def _check_fields(self, u: UserFn, columns: Columns, kwargs: dict) -> None:
         present = ", ".join(dict.fromkeys(k for c in columns if c for k in c if k != "completion_ids")) or \
@@ -538,7 +533,7 @@ class RewardEngine:
     def _rm_once(self, prompts: list[str], responses: list[str], answers: list, columns: list) -> list[float]:
         name = f"reward model {self.cfg.model}"
         try:
-            result = self.reward_model.score(_rm_prompts(prompts, columns), responses)
+            result = self.reward_model.score(scored_prompts(prompts, columns), responses)
         except Exception as e:
             raise RewardError(f"{name} raised {type(e).__name__}: {e}") from e
         return check_rewards(result, len(responses), name, what="")
@@ -603,18 +598,3 @@ def _std(xs: Sequence[float]) -> float:
     m = _mean(xs)
     return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
 
-
-def _rm_prompts(prompts: list[str], columns: list) -> list[str | list[dict]]:
-    """Each row's prompt for the reward model: a chat row's messages (its dataset fields' ``prompt``, the
-    system prompt included), which the scorer renders through its tokenizer's template as workflow rm trained
-    on them; else the text. (``prompts`` holds a chat row's messages only as plain ``role: content`` lines.)"""
-    return [c["prompt"] if isinstance(c, dict) and isinstance(c.get("prompt"), list) else p
-            for p, c in zip(prompts, columns)]
-
-
-def _parameters(fn) -> dict[str, inspect.Parameter]:
-    """``fn``'s parameters by name (none for a builtin without a signature)."""
-    try:
-        return dict(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return {}

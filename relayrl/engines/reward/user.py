@@ -36,7 +36,7 @@ FLOAT32_MAX = 3.4028234663852886e38
 overflows the float metrics)."""
 
 __all__ = ["RewardFn", "load_reward_fn", "UserFn", "load_user_fns", "CallShape", "call_shape", "with_ids",
-           "with_progress", "trainer_state", "check_rewards", "call_within", "Overtime"]
+           "with_progress", "trainer_state", "standalone_refusal", "check_rewards", "call_within", "Overtime"]
 
 NOT_FIELDS = frozenset({"prompt", "prompts", "responses", "answers", "completions", "completion", "completion_ids",
                         "trainer_state", "log_metric", "log_extra"})
@@ -361,3 +361,17 @@ def call_within(limit: float, fn: Callable[..., Any], *args: Any) -> Any:
     if "error" in box:
         raise box["error"]
     return box["out"]
+
+
+def standalone_refusal(fns: Sequence[UserFn]) -> str | None:
+    """Why ``fns`` cannot score outside a training run (``relayrl eval``): the first whose ``trainer_state`` has no
+    default, refused before the model loads (it raised a ``TypeError`` part-way through); None when none."""
+    for u in fns:
+        try:
+            p = inspect.signature(u.fn).parameters.get("trainer_state")
+        except (TypeError, ValueError):  # (a builtin without a signature)
+            continue
+        if p is not None and p.default is inspect.Parameter.empty:
+            return (f"reward function {u.path} needs trainer_state, which relayrl eval cannot give: no training run "
+                    f"is in progress; give the parameter a default (trainer_state=None) and score without it then")
+    return None
