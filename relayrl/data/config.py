@@ -38,8 +38,8 @@ class DataConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    task: str | None = Field("arith", description="built-in task name (arith, sort, countdown); null when data.path "
-                             "or data.hf_name is set")
+    task: str | None = Field("arith", description="built-in task name (arith, countdown, sort, toolsum); null when "
+                             "data.path or data.hf_name is set")
     task_options: dict[str, Any] = Field(default_factory=dict, description="options of the built-in task's training set")
     eval_task_options: dict[str, Any] | None = Field(None, description="options of the held-out set (default: task_options)")
     path: LocalPath | None = Field(None, description="training prompts: a JSONL, Parquet or Arrow file, or a directory "

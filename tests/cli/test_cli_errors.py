@@ -579,3 +579,6 @@ def test_eval_help_lists_the_tasks_the_registry_has(capsys):
     assert f"built-in task: {', '.join(names)}" in out and "toolsum" in out
     with pytest.raises(ValueError, match=re.escape(f"built-in tasks are {names}")):
         make_task("nosuch")
+    from relayrl.data.config import DataConfig  # the key's description (the config reference) lists them too
+
+    assert f"({', '.join(names)})" in DataConfig.model_fields["task"].description
