@@ -32,6 +32,7 @@ head's weight, past any adapter; a tied head is the input embedding as well).
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Iterator
 
 import torch
@@ -90,6 +91,10 @@ def resolve_targets(model: torch.nn.Module, cfg: LoraConfig) -> list[str]:
         raise LoraError(f"{type(model).__name__}'s decoder layers hold no linear layer for an adapter; name the "
                         f"layers in model.lora.target_modules")
     names = [n for n, w in width.items() if w >= cfg.r] or list(width)  # (all too narrow: the r check says so)
+    if narrow := [f"{n} ({w})" for n, w in width.items() if n not in names]:  # (it left them out without a word)
+        logging.getLogger(__name__).warning(
+            "model.lora.r=%d is larger than the narrowest side of %s: they get no adapter (name "
+            "model.lora.target_modules to choose, or lower model.lora.r)", cfg.r, ", ".join(narrow))
     moved = _read_as_experts(model, names) | _refused_by_peft(model, names)
     return [n for n in names if n not in moved] or names
 

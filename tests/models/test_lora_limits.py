@@ -61,3 +61,21 @@ def test_an_untied_output_head_is_refused_too(tiny_dir):
                    "the training engine computes log-probs from the head's weight directly", r=4,
                    target_modules=["lm_head"])
     assert "tied" not in msg
+
+
+def test_default_targets_narrower_than_the_rank_are_named_when_left_out(caplog):
+    """(With model.lora.r above k_proj's and v_proj's width, the default targets left them out without a word.)"""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from relayrl.models.lora import resolve_targets
+
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2))
+    kv = 32  # (grouped-query attention: the key/value projections are half the width)
+    with caplog.at_level("WARNING", logger="relayrl.models.lora"):
+        names = resolve_targets(model, LoraConfig(enabled=True, r=kv + 1))
+    assert "k_proj" not in names and "v_proj" not in names and "q_proj" in names
+    assert f"model.lora.r={kv + 1} is larger than the narrowest side of k_proj ({kv}), v_proj ({kv})" in caplog.text
+    caplog.clear()
+    resolve_targets(model, LoraConfig(enabled=True, r=kv))
+    assert "narrowest side" not in caplog.text
