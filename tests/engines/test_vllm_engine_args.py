@@ -31,3 +31,10 @@ def test_sampling_arguments_and_tensor_parallelism():
 def test_a_worker_apart_uses_the_multiprocess_executor_with_one_worker():
     a = engine_args(VLLMSpec(), torch.device("cpu"), dtype="float32", seed=0, max_batch=8, head_fp32=False, apart=True)
     assert a["distributed_executor_backend"] == "mp" and a["tensor_parallel_size"] == 1
+
+
+def test_the_kv_cache_can_be_sized_in_bytes():
+    """(On CPU vLLM sizes its cache as a share of the NUMA node less the process's resident size, trainer included:
+    on an 8 GiB node it refused to start; relayrl had no key for vLLM's kv_cache_memory_bytes.)"""
+    assert "kv_cache_memory_bytes" not in _args("cpu")
+    assert _args("cpu", kv_cache_bytes=1 << 30)["kv_cache_memory_bytes"] == 1 << 30

@@ -34,6 +34,11 @@ class VLLMSpec(BaseModel):
         0.3, gt=0.0, le=1.0, description="vLLM's gpu_memory_utilization: the share of the device's memory it "
         "may take for weights and KV cache (on CPU, of the RAM; vLLM refuses to start when less is free). "
         "Colocated with a trainer on one GPU, leave room for it")
+    kv_cache_bytes: int | None = Field(
+        None, ge=1 << 20, description="vLLM's kv_cache_memory_bytes: the KV cache's size in bytes, in place of "
+        "what memory_utilization leaves for it (null). On CPU vLLM reserves memory_utilization of the first "
+        "NUMA node's memory less the whole process's resident size, trainer included, and refuses to start when "
+        "that is not positive: give the cache in bytes there (e.g. 1073741824)")
     enforce_eager: bool = Field(True, description="no torch.compile / CUDA graphs inside vLLM: starts in seconds "
                                 "instead of tens of seconds; set false for long GPU runs")
     max_model_len: int | None = Field(None, ge=16, description="longest prompt + response vLLM plans for "

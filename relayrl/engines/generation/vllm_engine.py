@@ -94,6 +94,8 @@ def engine_args(spec: VLLMSpec, device: torch.device, *, dtype: str, seed: int, 
                 max_model_len=spec.max_model_len, max_num_seqs=max_batch, skip_tokenizer_init=True,
                 logprobs_mode="processed_logprobs", enable_prefix_caching=spec.prefix_caching,
                 hf_overrides={"head_dtype": "float32"} if head_fp32 else None)
+    if spec.kv_cache_bytes is not None:
+        args["kv_cache_memory_bytes"] = spec.kv_cache_bytes
     if apart or spec.tensor_parallel_size > 1:
         args.update(tensor_parallel_size=spec.tensor_parallel_size, distributed_executor_backend="mp")
     if device.type == "cuda":
