@@ -38,3 +38,13 @@ def test_the_kv_cache_can_be_sized_in_bytes():
     on an 8 GiB node it refused to start; relayrl had no key for vLLM's kv_cache_memory_bytes.)"""
     assert "kv_cache_memory_bytes" not in _args("cpu")
     assert _args("cpu", kv_cache_bytes=1 << 30)["kv_cache_memory_bytes"] == 1 << 30
+
+
+def test_the_chat_template_warmup_warning_of_a_tokenizer_free_engine_is_not_shown(caplog):
+    """(Every start logged 'Chat template warmup failed' with a ValueError traceback: vLLM has no tokenizer here.)"""
+    import logging
+
+    with caplog.at_level("WARNING"):
+        logging.getLogger("vllm.renderers.base").warning("Chat template warmup failed", exc_info=False)
+        logging.getLogger("vllm.renderers.base").warning("Multi-modal warmup failed")
+    assert "Chat template warmup failed" not in caplog.text and "Multi-modal warmup failed" in caplog.text

@@ -48,6 +48,7 @@ which engine sampled. How each part maps onto vLLM 0.32's Python API:
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
@@ -82,6 +83,17 @@ class _Row:
     logps: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     sent: int = 0  # tokens already in the running request's prompt (after a resubmission)
+
+
+class _TokenizerFreeWarmup(logging.Filter):
+    """vLLM renders a chat template at start to warm it up, which needs the tokenizer relayrl does not give it
+    (``skip_tokenizer_init``: token ids in and out); its warning with a traceback reports nothing wrong."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "Chat template warmup failed"
+
+
+logging.getLogger("vllm.renderers.base").addFilter(_TokenizerFreeWarmup())
 
 
 def engine_args(spec: VLLMSpec, device: torch.device, *, dtype: str, seed: int, max_batch: int,
