@@ -100,14 +100,13 @@ def test_user_mistakes_print_a_message_not_a_traceback(tmp_path, case):
 def test_a_rank_error_on_two_ranks_is_one_message(tmp_path, tiny_dir):
     import shutil
 
-    broken = tmp_path / "no-weights"
-    shutil.copytree(tiny_dir, broken)
-    for f in broken.glob("*.safetensors"):
-        f.unlink()
+    broken = tmp_path / "damaged-weights"  # (found by each rank as it loads; a directory without weights is
+    shutil.copytree(tiny_dir, broken)       # refused before the ranks start)
+    (broken / "model.safetensors").write_bytes(b"\x10")
     err = refused(relayrl("train", SFT, "trainer.steps=1", f"run.dir={tmp_path / 'run'}", f"model.path={broken}",
                           "cluster.devices=2", *FAST))
     assert "worker group 'actor' ranks 0, 1 failed in '__init__': model directory" in err
-    assert err.count("has config.json but no *.safetensors") == 1
+    assert err.count("model.safetensors is truncated or not a safetensors file") == 1
 
 
 @pytest.mark.multiproc
