@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 from relayrl.data.tasks import Problem
 
-__all__ = ["context_limit", "check_context", "over_limit", "PromptRoom", "too_long", "fit_prompts"]
+__all__ = ["context_limit", "check_context", "over_limit", "PromptRoom", "too_long", "fit_prompts", "fit_whole"]
 
 
 def context_limit(model_dir: str | Path) -> int | None:
@@ -176,5 +176,30 @@ def fit_prompts(problems: list[Problem], encode: Callable[[Problem], list[int]],
     why = _why(lengths, over, room)
     log(f"relayrl: data.long_prompts=drop: dropped {len(over)} of {len(problems)} {what} prompts"
         f"{':' if why[0].isdigit() else ''} {why}")
+    gone = set(over)
+    return [p for i, p in enumerate(problems) if i not in gone]
+
+
+def fit_whole(problems: list[Problem], lengths: Sequence[int], limit: int, model: str | Path, *, drop: bool,
+              log: Callable[[str], None]) -> list[Problem]:
+    """The training rows whose whole trained sequence (``lengths``: prompt + answer + EOS, the longer answer of a
+    pair) fits the model's context ``limit``: the workflows that train on a dataset's answers (sft, dpo, kto, rm).
+    A longer row is refused (DatasetError naming it, its length and the rows after it), or with ``drop`` left
+    out with one line, as :func:`fit_prompts` does; a row is never cut (TRL's trainers cut it at ``max_length``)."""
+    from relayrl.data.errors import DatasetError
+
+    over = over_limit(lengths, room=limit)
+    if not over:
+        return problems
+    if not drop:
+        i = over[0]
+        raise DatasetError(f"{_row(problems, i)}: the prompt and its answer are {lengths[i]} tokens with the EOS, "
+                           f"beyond the model's max_position_embeddings={limit} ({model}); shorten or drop the row, "
+                           f"or set data.long_prompts=drop to leave out every such row{_more(problems, over)}")
+    if len(over) == len(problems):
+        raise DatasetError(f"every training row is longer than the model's max_position_embeddings={limit} "
+                           f"({model}) as prompt + answer + EOS")
+    log(f"relayrl: data.long_prompts=drop: dropped {len(over)} of {len(problems)} training rows longer than the "
+        f"model's max_position_embeddings={limit} as prompt + answer + EOS")
     gone = set(over)
     return [p for i, p in enumerate(problems) if i not in gone]

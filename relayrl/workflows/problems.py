@@ -203,38 +203,21 @@ class RunProblems:
         return fit_prompts(problems, self.encode, room, drop=d.long_prompts == "drop", what=what, log=self.log)
 
     def _fit_answers(self, problems: list[Problem]) -> list[Problem]:
-        """The training rows whose prompt and trained answer (each answer of a pair, with its EOS) fit the model's
-        context, for the workflows that train on a dataset's answers (sft, dpo, kto, rm; not a conversation
-        row, measured whole by its own check). A longer row is refused naming it (TRL cuts it at
-        ``max_length``; relayrl cuts no row), or left out with ``data.long_prompts=drop``."""
-        from relayrl.data.errors import DatasetError
-        from relayrl.data.lengths import context_limit
+        """The training rows whose prompt and trained answer (the longer of a pair) with its EOS fit the model's
+        context, for the workflows that train on a dataset's answers (:func:`relayrl.data.lengths.fit_whole`; a
+        conversation row is measured whole by its own check)."""
+        from relayrl.data.lengths import context_limit, fit_whole
 
         limit = context_limit(self.model_path)
         if self.cfg.workflow == "grpo" or self.cfg.data.messages_key is not None or limit is None:
             return problems
-        tok = self.tokenizer
 
         def tokens(p: Problem) -> int:
             answers = [a for a in (p.answer, p.meta.get("rejected")) if isinstance(a, str)]
-            return len(self.encode(p)) + max((len(tok(a, add_special_tokens=False)["input_ids"]) for a in answers),
-                                             default=0) + 1
-        over = [(i, n) for i, p in enumerate(problems) if (n := tokens(p)) > limit]
-        if not over:
-            return problems
-        if self.cfg.data.long_prompts == "drop":
-            self.log(f"relayrl: data.long_prompts=drop: dropped {len(over)} of {len(problems)} training rows whose "
-                     f"prompt and answer are longer than the model's context ({limit} tokens)")
-            gone = {i for i, _ in over}
-            kept = [p for i, p in enumerate(problems) if i not in gone]
-            if not kept:
-                raise DatasetError(f"every training row is longer than the model's context ({limit} tokens)")
-            return kept
-        rows = ", ".join(f"{_where(problems[i])} ({n} tokens)" for i, n in over[:3])
-        more = f" and {len(over) - 3} more" if len(over) > 3 else ""
-        raise DatasetError(f"{len(over)} training row(s) longer than the model's context ({limit} tokens, "
-                           f"max_position_embeddings of {self.model_path}) as prompt + answer + EOS: {rows}{more}; "
-                           f"shorten them, or set data.long_prompts=drop to leave them out (relayrl cuts no row)")
+            return len(self.encode(p)) + 1 + max(
+                (len(self.tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers), default=0)
+        return fit_whole(problems, [tokens(p) for p in problems], limit, self.model_path,
+                         drop=self.cfg.data.long_prompts == "drop", log=self.log)
 
     def encode(self, problem: Problem) -> list[int]:
         """Prompt token ids (chat template applied to chat-message prompts), cached by what decides them (the text,
@@ -302,8 +285,3 @@ def _named(load, ds, key: str):
             raise
         raise DatasetError(f"{key}={ds.path}: {e}") from None
 
-
-def _where(p: Problem) -> str:
-    """A row's place for an error: its source and row number when the loader kept them."""
-    src, row = p.meta.get("source"), p.meta.get("row")
-    return f"{Path(src).name + ' ' if src else ''}row {row}" if row is not None else repr(p.prompt[:40])

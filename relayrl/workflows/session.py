@@ -106,6 +106,7 @@ class PromptSource:
         """Positions (indexes into ``problems``) never drawn again."""
         self.lock = threading.Lock()
         self._order = self._permutation()
+        self._digest: dict | None = None  # (rows_digest, computed on the first checkpoint)
 
     def _permutation(self) -> list[int]:
         if self.problems is None:
@@ -187,7 +188,7 @@ class PromptSource:
         position then walks rows the run did not see. Computed once (a checkpoint saves it every time)."""
         if self.problems is None:
             return None
-        if getattr(self, "_digest", None) is None:
+        if self._digest is None:
             from relayrl.data.datasets import prompt_identity
 
             h = hashlib.sha256()

@@ -151,10 +151,11 @@ def test_an_offline_row_whose_answer_outruns_the_context_is_refused_or_dropped(t
     held = tmp_path / "held.jsonl"
     held.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(1, 9)))
     over = ["data.task=null", f"data.path={train}", f"data.eval_path={held}", f"model.path={tiny_dir}"]
-    with pytest.raises(DatasetError, match=r"2 training row\(s\) longer than the model's context \(512 tokens.*: "
-                                           r"train.jsonl row 4 \(6\d\d tokens\), train.jsonl row 9 .*long_prompts=drop"):
+    with pytest.raises(DatasetError, match=r"train.jsonl row 4: the prompt and its answer are 6\d\d tokens with the "
+                                           r"EOS, beyond the model's max_position_embeddings=512 .*long_prompts=drop"
+                                           r".* \(1 more too long: rows 9\)"):
         session(tmp_path / "a", "arith_sft.yaml", *over)
     lines: list[str] = []
     s = session(tmp_path / "b", "arith_sft.yaml", *over, "data.long_prompts=drop", lines=lines)
     assert not {4, 9} & {p.meta["row"] for p in s.prompts.problems}
-    assert any("dropped 2 of" in x and "longer than the model's context (512 tokens)" in x for x in lines), lines
+    assert any("dropped 2 of" in x and "longer than the model's max_position_embeddings=512" in x for x in lines), lines
