@@ -138,19 +138,19 @@ def check_dpo(self: Config) -> None:
                          f"(weight 1; dpo.beta weighs its odds-ratio term): set dpo.nll_weight=0")
 
 
-WORKFLOW_SECTIONS = {"dpo": "dpo", "kto": "kto", "rm": "rm"}
-"""Config sections that one workflow alone reads (``relayrl.workflows.dpo`` reads ``cfg.dpo``, ``.kto``
-``cfg.kto``, ``.rm`` ``cfg.rm``; workflow rm's Bradley-Terry loss reads no ``dpo.*`` key): section -> workflow."""
+WORKFLOW_SECTIONS = ("dpo", "kto", "rm")
+"""Config sections that the workflow of their name alone reads (``relayrl.workflows.dpo`` reads ``cfg.dpo``, ``.kto``
+``cfg.kto``, ``.rm`` ``cfg.rm``; workflow rm's Bradley-Terry loss reads no ``dpo.*`` key)."""
 
 
 def check_workflow_sections(self: Config) -> None:
     """A key set in a section that only another workflow reads would be ignored (``dpo.beta=0.5`` in workflow
     rm trained without it): refuse it, naming the workflow that reads it."""
-    for section, workflow in WORKFLOW_SECTIONS.items():
+    for section in WORKFLOW_SECTIONS:
         given = getattr(self, section).model_fields_set
-        if given and self.workflow != workflow:
-            raise ValueError(f"{section}.{sorted(given)[0]} is read by workflow {workflow} only (this run is "
-                             f"workflow {self.workflow}): drop it or set workflow={workflow}")
+        if given and self.workflow != section:
+            raise ValueError(f"{section}.{sorted(given)[0]} is read by workflow {section} only (this run is "
+                             f"workflow {self.workflow}): drop it or set workflow={section}")
 
 
 def scores_responses(workflow: str) -> bool:
