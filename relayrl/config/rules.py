@@ -145,12 +145,24 @@ WORKFLOW_SECTIONS = ("dpo", "kto", "rm")
 
 def check_workflow_sections(self: Config) -> None:
     """A key set in a section that only another workflow reads would be ignored (``dpo.beta=0.5`` in workflow
-    rm trained without it): refuse it, naming the workflow that reads it."""
+    rm trained without it, a GRPO recipe's ``algorithm.*`` and ``rollout.n`` run with ``workflow=dpo``): refuse
+    it, naming the workflow that reads it (every such key of workflow grpo at once, as a GRPO recipe sets several).
+    ``algorithm.distill`` has its own message (:meth:`relayrl.config.schema.Config._cross`)."""
     for section in WORKFLOW_SECTIONS:
         given = getattr(self, section).model_fields_set
         if given and self.workflow != section:
             raise ValueError(f"{section}.{sorted(given)[0]} is read by workflow {section} only (this run is "
                              f"workflow {self.workflow}): drop it or set workflow={section}")
+    if self.workflow == "grpo":
+        return
+    keys = [f"algorithm.{k}" for k in sorted(self.algorithm.model_fields_set - {"distill"})]
+    keys += ["rollout.n"] if "n" in self.rollout.model_fields_set else []
+    if keys:
+        raise ValueError(f"{', '.join(keys)} {'is' if len(keys) == 1 else 'are'} read by workflow grpo only (this "
+                         f"run is workflow {self.workflow}, which would train without {'it' if len(keys) == 1 else 'them'}"
+                         f"): drop {'it' if len(keys) == 1 else 'them'} from the recipe"
+                         + (" (algorithm={} on the command line empties that section)" if self.algorithm.model_fields_set
+                            else "") + " or set workflow=grpo")
 
 
 def scores_responses(workflow: str) -> bool:
@@ -212,15 +224,11 @@ def check_retire_solved(self: Config) -> None:
 
 def check_loss_agg(self: Config) -> None:
     """A prompt-level ``algorithm.loss_agg`` (ScaleRL's) weighs the prompt groups of a GRPO-family step: it needs
-    groups of several responses, which only workflow grpo samples."""
+    groups of several responses."""
     agg = self.algorithm.loss_agg
     if agg not in GROUP_AGG_MODES:
         return
-    if self.workflow != "grpo":
-        raise ValueError(f"algorithm.loss_agg={agg} averages the policy loss per prompt group, and workflow "
-                         f"{self.workflow} samples no groups (its loss does not read algorithm.loss_agg): drop "
-                         f"algorithm.loss_agg")
-    if self.rollout.n < 2:
+    if self.rollout.n < 2:  # (another workflow reads no algorithm.* key: check_workflow_sections)
         raise ValueError(f"algorithm.loss_agg={agg} averages over the tokens of each prompt's responses, then over "
                          f"prompts; with rollout.n={self.rollout.n} a prompt has one response and it is "
                          f"seq-mean-token-mean: set algorithm.loss_agg=seq-mean-token-mean, or rollout.n >= 2")
@@ -240,10 +248,7 @@ def check_routing_replay(self: Config) -> None:
     that cannot record it (``relayrl.models.routing``)."""
     if self.algorithm.routing_replay == "none":
         return
-    key = f"algorithm.routing_replay={self.algorithm.routing_replay}"
-    if self.workflow != "grpo":
-        raise ValueError(f"{key} replays a GRPO step's expert choices in its update; workflow {self.workflow} "
-                         "has none: set algorithm.routing_replay=none")
+    key = f"algorithm.routing_replay={self.algorithm.routing_replay}"  # (workflow grpo: check_workflow_sections)
     if self.engine.cuda_graphs:
         raise ValueError(f"{key} replays other routes into the routers every micro-batch; engine.cuda_graphs=true "
                          "replays recorded graphs: set engine.cuda_graphs=false")

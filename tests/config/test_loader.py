@@ -234,6 +234,24 @@ def test_a_section_only_another_workflow_reads_is_refused(recipe, override, says
     assert says in _errors(override, recipe=RECIPES / f"{recipe}.yaml")
 
 
+def test_a_grpo_recipe_run_as_another_workflow_names_every_key_it_would_ignore(tmp_path):
+    """Old behaviour: ``relayrl train arith_grpo workflow=dpo`` trained DPO with the recipe's algorithm.* and
+    rollout.n silently unused."""
+    says = _errors("workflow=dpo", recipe=RECIPES / "arith_grpo.yaml")
+    assert ("algorithm.advantage, algorithm.clip_high, algorithm.clip_low, algorithm.kl_coef, algorithm.loss_agg, "
+            "rollout.n are read by workflow grpo only (this run is workflow dpo") in says
+    assert "algorithm.clip_high is read by workflow grpo only (this run is workflow sft" in _errors(
+        "algorithm.clip_high=0.28", recipe=RECIPES / "arith_sft.yaml")
+    assert "rollout.n is read by workflow grpo only" in _errors("rollout.n=4", recipe=RECIPES / "arith_kto.yaml")
+    assert "rollout.n is read by workflow grpo only" in _errors("workflow=dpo", "algorithm={}",
+                                                                recipe=RECIPES / "arith_grpo.yaml")
+    sft = tmp_path / "sft.yaml"
+    sft.write_text("workflow: sft\nalgorithm: {clip_high: 0.28}\n")
+    assert "(algorithm={} on the command line empties that section)" in _errors(recipe=sft)
+    assert load_config(Config, sft, ["algorithm={}"]).algorithm.clip_high == 0.2
+    assert load_config(Config, RECIPES / "arith_sft.yaml", ["rollout.temperature=0.7"]).rollout.temperature == 0.7
+
+
 def test_each_workflow_keeps_the_section_it_reads():
     assert load_config(Config, RECIPES / "arith_dpo.yaml", ["dpo.beta=0.5"]).dpo.beta == 0.5
     assert load_config(Config, RECIPES / "arith_rm.yaml", ["rm.margin=1"]).rm.margin == 1.0

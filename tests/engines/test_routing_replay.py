@@ -150,7 +150,7 @@ def test_a_batch_without_routes_is_refused_by_a_replaying_engine(moe, tiny_token
     ({"rollout": {"engine": "vllm"}}, "vLLM 0.32 returns routed experts .* from its GPU model runner only"),
     ({"rollout": {"engine": "openai", "base_url": "http://127.0.0.1:1/v1"}}, "returns no routing"),
     ({"rollout": {"decode": "static"}}, "rollout.decode=static decodes Llama-shaped"),
-    ({"workflow": "sft"}, "workflow sft has none: set algorithm.routing_replay=none"),
+    ({"workflow": "sft"}, r"algorithm.routing_replay is read by workflow grpo only \(this run is workflow sft"),
 ])
 def test_the_config_refuses_what_cannot_record_routing(override, message):
     with pytest.raises(ValueError, match=message):
