@@ -285,6 +285,12 @@ class PlacementConfig(_Section):
             if pool != "main" and pool not in self.pools and not (role == "reward" and pool == "driver"):
                 raise ValueError(f"placement.{role}={pool!r} names no pool: declare it in placement.pools "
                                  f"(pools: main, {', '.join(self.pools) or 'none other'})")
+        used = {getattr(self, role) for role in ("rollout", "reference", "critic", "teacher", "reward")}
+        for name, n in self.pools.items():  # (its devices would be counted, started on Ray, and left idle)
+            if name not in used:
+                raise ValueError(f"placement.pools.{name}={n} holds no role (placement.rollout, .reference, "
+                                 f".critic, .teacher and .reward name the pools they run on): place one there "
+                                 f"(e.g. placement.rollout={name}) or drop placement.pools.{name}")
         return self
 
     def pool_of(self, role: str) -> str:

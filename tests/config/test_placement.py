@@ -69,6 +69,11 @@ def test_refusals_name_the_key_and_the_fix():
             "no pool 'gpu'")
     refused({"dock": {"nodes": ["10.0.0.2"]}}, "dock.nodes", "dock.backend=ray")
     refused({"workflow": "sft", "reward": {"stream": "sample"}}, "reward.stream=sample", "no rollout")
+    # old behaviour: a pool no role names was accepted and ignored (the rollout stayed on main), and with
+    # trainer.off_policy_steps its devices were counted on top of the rollout's own pool
+    refused({"placement": {"pools": {"gen": 1}}}, "placement.pools.gen=1 holds no role", "placement.rollout=gen")
+    refused({"placement": {"pools": {"gen": 1, "rm": 1}, "rollout": "gen"}}, "placement.pools.rm=1 holds no role")
+    assert validate({"placement": {"pools": {"rm": 1}, "reward": "rm"}}).placement.pools == {"rm": 1}
 
 
 def test_off_policy_takes_the_dataflow_with_the_rollout_on_its_own_pool():
