@@ -266,7 +266,7 @@ def cmd_eval(args) -> int:
         reward.check_fields([problems[0].meta.get("fields")])  # a field the user function needs, before the model
         reward.check_standalone()
     from relayrl.data.datasets import encode_prompt
-    from relayrl.data.lengths import check_context, context_limit
+    from relayrl.data.lengths import PromptRoom, context_limit, fit_prompts
 
     from relayrl.models.load import check_model_dir
 
@@ -281,7 +281,10 @@ def cmd_eval(args) -> int:
 
     limit = context_limit(args.model)
     if limit is not None:  # as relayrl train: every prompt and --max-new-tokens fit the context, before the model loads
-        check_context(problems, encode, args.max_new_tokens, "--max-new-tokens", limit, args.model)
+        room = PromptRoom(budget=args.max_new_tokens, key="--max-new-tokens", limit=limit, model=args.model,
+                          drop="--long-prompts drop")
+        problems = fit_prompts(problems, encode, room, drop=args.long_prompts == "drop", what="evaluation",
+                               log=lambda line: print(line, flush=True))
     budget = _eval_think_budget(tok, args.think_budget, args.max_new_tokens)
     engine = NativeGenerationEngine(load_model(args.model, dtype=args.dtype, device=device), tok, device=device)
     gen = torch.Generator(device=device).manual_seed(args.seed)
@@ -469,6 +472,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--temperature", type=argtypes.non_negative_float,
                    help="sampling temperature of the k samples (default 1.0)")
     e.add_argument("--max-new-tokens", type=argtypes.int_at_least(1), help="(default 16)")
+    e.add_argument("--long-prompts", choices=["fail", "drop"],
+                   help="a prompt that the model's context cannot hold beside --max-new-tokens: fail (default) "
+                   "names the first such row; drop leaves those rows out (a line says how many)")
     e.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="(default float32)")
     e.add_argument("--device", type=argtypes.device, help="(default auto)")
     e.add_argument("--seed", type=int, help="(default 0)")

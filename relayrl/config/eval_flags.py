@@ -15,7 +15,7 @@ EVAL_FLAGS = {  # dest: (its value without --recipe when not given, the run conf
     "k": (1, "eval.k"), "temperature": (1.0, "eval.temperature"), "max_new_tokens": (16, "eval.max_new_tokens"),
     "dtype": ("float32", "model.dtype"), "device": ("auto", "model.device"), "seed": (0, "run.seed"),
     "chat_template": (None, "model.chat_template"), "chat_template_kwargs": (None, "data.chat_template_kwargs"),
-    "think_budget": (None, "rollout.interrupt.after_tokens"),
+    "think_budget": (None, "rollout.interrupt.after_tokens"), "long_prompts": ("fail", "data.long_prompts"),
 }
 """The ``relayrl eval`` options that a run config holds: with ``--recipe`` the config's key decides (given as an
 override), so the option is refused rather than one of the two silently ignored."""

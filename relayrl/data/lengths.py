@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 from relayrl.data.tasks import Problem
 
-__all__ = ["context_limit", "check_context", "over_limit", "PromptRoom", "too_long", "fit_prompts", "fit_whole"]
+__all__ = ["context_limit", "over_limit", "PromptRoom", "too_long", "fit_prompts", "fit_whole"]
 
 
 def context_limit(model_dir: str | Path) -> int | None:
@@ -39,13 +39,15 @@ def over_limit(lengths: Sequence[int], *, max_tokens: int | None = None, room: i
 class PromptRoom:
     """What every prompt of a set must fit: ``max_tokens`` (``data.max_prompt_tokens``; None: no cap), and the
     model's context ``limit`` (``max_position_embeddings`` of ``model``; None: unknown) beside ``budget`` new
-    tokens (``key``'s; None: the set is not generated from, e.g. SFT's training rows)."""
+    tokens (``key``'s; None: the set is not generated from, e.g. SFT's training rows). ``drop``: the setting that
+    leaves the longer rows out, as the messages name it (``relayrl eval``'s flag there)."""
 
     max_tokens: int | None = None
     budget: int | None = None
     key: str = ""
     limit: int | None = None
     model: str | Path = ""
+    drop: str = "data.long_prompts=drop"
 
     @property
     def room(self) -> int | None:
@@ -91,16 +93,16 @@ def _check_budget(lengths: Sequence[int], room: PromptRoom) -> None:
                       f"{room.limit} ({room.model}) beside a prompt; give {most}")
 
 
-def too_long(problems: Sequence[Problem], lengths: Sequence[int], over: Sequence[int], room: PromptRoom, *,
-             drop_key: bool) -> Exception:
+def too_long(problems: Sequence[Problem], lengths: Sequence[int], over: Sequence[int],
+             room: PromptRoom) -> Exception:
     """The DatasetError refusing ``over`` (indices from :func:`over_limit`, at least one): it names the first
-    row, its length, the limit it passes, how many more rows are too long, and the fix (``drop_key``: also
-    ``data.long_prompts=drop``, which a run config has and ``relayrl eval --data`` has not)."""
+    row, its length, the limit it passes, how many more rows are too long, and the fixes (among them
+    ``room.drop``: ``data.long_prompts=drop``, or ``relayrl eval``'s ``--long-prompts drop``)."""
     from relayrl.data.errors import DatasetError
 
     i = over[0]
     n, row = lengths[i], _row(problems, i)
-    drop = ", or set data.long_prompts=drop to leave out every such row" if drop_key else ""
+    drop = f", or set {room.drop} to leave out every such row"
     if room.capped(n):
         return DatasetError(f"{row}: the prompt is {n} tokens, longer than data.max_prompt_tokens={room.max_tokens}; "
                             f"raise data.max_prompt_tokens, shorten or drop the row{drop}{_more(problems, over)}")
@@ -109,21 +111,6 @@ def too_long(problems: Sequence[Problem], lengths: Sequence[int], over: Sequence
     return DatasetError(f"{row}: the prompt is {n} tokens and {room.key}={room.budget} more make {n + room.budget}, "
                         f"beyond the model's max_position_embeddings={room.limit} ({room.model}); shorten or drop "
                         f"the row{lower}{drop}{_more(problems, over)}")
-
-
-def check_context(problems: Sequence[Problem], encode: Callable[[Problem], list[int]], budget: int, key: str,
-                  limit: int, model: str | Path) -> None:
-    """Refuse ``key``'s ``budget`` of new tokens when it leaves no room for any prompt (ConfigError, with the
-    largest budget that fits), then the first row whose prompt plus ``budget`` exceeds ``limit`` (DatasetError,
-    naming the row, how many more rows are too long, and the largest budget that fits every prompt)."""
-    lengths = [len(encode(p)) for p in problems]
-    if not lengths:
-        return
-    room = PromptRoom(budget=budget, key=key, limit=limit, model=model)
-    _check_budget(lengths, room)
-    over = over_limit(lengths, room=room.room)
-    if over:
-        raise too_long(problems, lengths, over, room, drop_key=False)
 
 
 def _why(lengths: Sequence[int], over: Sequence[int], room: PromptRoom) -> str:
@@ -151,7 +138,7 @@ def _all_dropped(what: str, lengths: Sequence[int], over: Sequence[int], room: P
     if room.room is not None and shortest > room.room:
         fixes.append(f"lower {room.key} to at most {room.limit - shortest}" if shortest < room.limit
                      else f"use a model whose context holds {shortest} tokens and more")
-    return ConfigError(f"data.long_prompts=drop would drop all {len(lengths)} {what} prompts "
+    return ConfigError(f"{room.drop} would drop all {len(lengths)} {what} prompts "
                        f"({_why(lengths, over, room)}; the shortest is {shortest} tokens): {' and '.join(fixes)}")
 
 
@@ -170,11 +157,11 @@ def fit_prompts(problems: list[Problem], encode: Callable[[Problem], list[int]],
     if not over:
         return problems
     if not drop:
-        raise too_long(problems, lengths, over, room, drop_key=True)
+        raise too_long(problems, lengths, over, room)
     if len(over) == len(problems):
         raise _all_dropped(what, lengths, over, room)
     why = _why(lengths, over, room)
-    log(f"relayrl: data.long_prompts=drop: dropped {len(over)} of {len(problems)} {what} prompts"
+    log(f"relayrl: {room.drop}: dropped {len(over)} of {len(problems)} {what} prompts"
         f"{':' if why[0].isdigit() else ''} {why}")
     gone = set(over)
     return [p for i, p in enumerate(problems) if i not in gone]

@@ -186,7 +186,7 @@ class RunProblems:
         ``data.max_prompt_tokens`` or whose prompt plus the tokens generated after it exceed the model's
         ``max_position_embeddings`` (positions past it were never trained); a training session fits its
         training rows first. ``relayrl eval --task/--data`` applies the same context check
-        (:func:`relayrl.data.lengths.check_context`)."""
+        (:func:`relayrl.data.lengths.fit_prompts`, ``--long-prompts drop``)."""
         e = self.cfg.eval
         key = "eval.max_new_tokens" if e.max_new_tokens else "rollout.max_new_tokens"
         budget, key = response_budget(self.cfg, e.max_new_tokens or self.cfg.rollout.max_new_tokens, key)

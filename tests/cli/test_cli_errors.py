@@ -236,9 +236,14 @@ def test_eval_checks_the_context_as_train_does_before_loading_the_model(capsys, 
     code, err = run(capsys, "eval", "--model", str(tiny_dir), "--data", str(data), "--verifier", "exact",
                     "--device", "cpu", "--out", str(tmp_path / "ev"))
     assert code == EXIT_USER and f"{data} row 2: the prompt is " in err and " tokens and --max-new-tokens=16 " in err
-    assert "beyond the model's max_position_embeddings=512" in err and "shorten or drop the row (1 more too long: " \
-        "rows 4)" in err
+    assert "beyond the model's max_position_embeddings=512" in err and "shorten or drop the row, or set " \
+        "--long-prompts drop to leave out every such row (1 more too long: rows 4)" in err
     assert not (tmp_path / "ev").exists()
+    # with --long-prompts drop the two long rows are left out and the model loads (the stand-in stops the test there)
+    with pytest.raises(AssertionError, match="the model loaded"):
+        run(capsys, "eval", "--model", str(tiny_dir), "--data", str(data), "--verifier", "exact", "--device", "cpu",
+            "--long-prompts", "drop", "--out", str(tmp_path / "ev"))
+    assert "relayrl: --long-prompts drop: dropped 2 of 4 evaluation prompts" in capsys.readouterr().out
 
 
 def test_eval_refuses_a_thinking_budget_that_leaves_no_room_to_answer(capsys, tmp_path, monkeypatch, tiny_dir):

@@ -7,7 +7,7 @@ import pytest
 
 from relayrl.config.loader import ConfigError
 from relayrl.data.errors import DatasetError
-from relayrl.data.lengths import PromptRoom, check_context, fit_prompts, over_limit
+from relayrl.data.lengths import PromptRoom, fit_prompts, over_limit
 from relayrl.data.tasks import Problem
 
 
@@ -19,21 +19,39 @@ def _encode(p: Problem) -> list[int]:
     return [0] * len(p.prompt)
 
 
+def _check(problems, budget: int, key: str, limit: int, model: str, drop: bool = False, log=print):
+    """The context check of ``relayrl eval`` (its flag ``--long-prompts drop`` named in the messages)."""
+    room = PromptRoom(budget=budget, key=key, limit=limit, model=model, drop="--long-prompts drop")
+    return fit_prompts(problems, _encode, room, drop=drop, what="evaluation", log=log)
+
+
 def test_a_budget_past_the_context_names_the_largest_that_fits():
     with pytest.raises(ConfigError, match=r"rollout.max_new_tokens=600 new tokens cannot fit in the model's "
                        r"max_position_embeddings=512 \(m\) beside a prompt; give at most 482 \(the longest prompt"):
-        check_context(_rows(10, 30), _encode, 600, "rollout.max_new_tokens", 512, "m")
+        _check(_rows(10, 30), 600, "rollout.max_new_tokens", 512, "m")
 
 
 def test_every_prompt_too_long_is_counted_and_the_largest_budget_fits_all_the_others():
     with pytest.raises(DatasetError) as info:
-        check_context(_rows(10, 600, 400, 700), _encode, 200, "eval.max_new_tokens", 512, "m")
+        _check(_rows(10, 600, 400, 700), 200, "eval.max_new_tokens", 512, "m")
     assert str(info.value) == ("d.jsonl row 2: the prompt is 600 tokens and eval.max_new_tokens=200 more make 800, "
-                               "beyond the model's max_position_embeddings=512 (m); shorten or drop the row "
-                               "(2 more too long: rows 3, 4)")
-    with pytest.raises(DatasetError, match=r"row 2: .* or lower k to at most 112$"):
-        check_context(_rows(10, 400), _encode, 200, "k", 512, "m")
-    check_context(_rows(10, 312), _encode, 200, "k", 512, "m")  # exactly fits
+                               "beyond the model's max_position_embeddings=512 (m); shorten or drop the row, or set "
+                               "--long-prompts drop to leave out every such row (2 more too long: rows 3, 4)")
+    with pytest.raises(DatasetError, match=r"row 2: .* or lower k to at most 112, or set --long-prompts drop"):
+        _check(_rows(10, 400), 200, "k", 512, "m")
+    rows = _rows(10, 312)
+    assert _check(rows, 200, "k", 512, "m") is rows  # exactly fits
+
+
+def test_relayrl_evals_drop_leaves_out_the_long_rows_and_says_so():
+    """Old behaviour: ``relayrl eval --data`` had no way to leave a too-long row out (the file had to be edited)."""
+    said = []
+    kept = _check(_rows(10, 600, 300, 700), 200, "k", 512, "m", drop=True, log=said.append)
+    assert [p.meta["row"] for p in kept] == [1, 3]
+    assert said == ["relayrl: --long-prompts drop: dropped 2 of 4 evaluation prompts too long for the model's "
+                    "max_position_embeddings=512 beside k=200 (over 312 tokens)"]
+    with pytest.raises(ConfigError, match=r"^--long-prompts drop would drop all 2 evaluation prompts"):
+        _check(_rows(600, 700), 200, "k", 512, "m", drop=True)
 
 
 def test_over_limit_takes_the_tighter_of_the_cap_and_the_room():
