@@ -41,6 +41,9 @@ def _run(cfg) -> Path:
 
 def cmd_train(args) -> int:
     cfg = _load(args.recipe, args.overrides)  # before torch is imported: a bad key is refused in about a second
+    if args.print_config:
+        print(resolved_config(cfg), end="")
+        return 0
     try:
         out = _run(cfg)
     except Exception as e:
@@ -52,6 +55,20 @@ def cmd_train(args) -> int:
         raise
     print(f"relayrl: model saved to {out}; metrics in {cfg.run.dir / 'metrics.jsonl'}")
     return 0
+
+
+def resolved_config(cfg) -> str:
+    """``relayrl train --print-config``: the validated config as YAML, every key with its value (the defaults
+    too), a recipe that reproduces the run; for workflow grpo a comment line with the step's plan (the run's first
+    line). Nothing is started or written."""
+    import yaml
+
+    text = yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, default_flow_style=False, width=100)
+    if cfg.workflow == "grpo":
+        from relayrl.config.plan import step_plan
+
+        text = f"# {step_plan(cfg).describe()}\n" + text
+    return text
 
 
 def _final_accuracy(run_dir: Path) -> tuple[float | None, float | None]:
@@ -431,6 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
         "run.dir=/tmp/x")
     t.add_argument("recipe", help="a recipe file, or the name of a shipped one (arith_grpo, arith_sft, ...)")
     t.add_argument("overrides", nargs="*", help="dotted.key=value")
+    t.add_argument("--print-config", action="store_true", help="print the validated config as YAML (every key, "
+                   "defaults included; a recipe of its own) and the step's plan, and exit without training")
     t.set_defaults(fn=cmd_train)
 
     d = sub.add_parser(

@@ -9,8 +9,8 @@ comment (``data.answer_regex=####\\s*(.+)$``; a recipe's comments are YAML's). A
 into the section as a base recipe's keys are (``engine.optim={lr: 1e-4}``
 keeps the recipe's other optimizer keys); ``{}`` empties it.
 
-A run's saved ``config.json`` is a recipe too (:func:`saved_run_config`): it lists every key, defaults
-included, and the keys at their defaults are read as unset, so that the checks refusing a key nothing reads
+A run's saved ``config.json`` is a recipe too (:func:`saved_run_config`), and so is the YAML that ``relayrl
+train --print-config`` prints (every section of the config): they list every key, defaults included, and the keys at their defaults are read as unset, so that the checks refusing a key nothing reads
 (``rollout.interrupt.answer_tokens`` without ``after_tokens``) see the keys the run set, as its recipe had them.
 
 Every error names the key path and how to fix it, and happens before any work
@@ -387,12 +387,13 @@ def _fresh(section: type[BaseModel]) -> BaseModel | None:
 
 def load_config(model: type[M], recipe: str | Path | None, overrides: Sequence[str] = ()) -> M:
     """Recipe (or the defaults when ``recipe`` is None) + overrides, validated into ``model``; a run's saved
-    config as a recipe has its keys at their defaults unset first (:func:`without_defaults`)."""
+    config as a recipe, or one that lists every section (``relayrl train --print-config``'s), has its keys at
+    their defaults unset first (:func:`without_defaults`)."""
     data = {}
     if recipe is not None:
         path = resolve_recipe(recipe)
         data = load_recipe_dict(path)
-        if saved_run_config(path, data):
+        if saved_run_config(path, data) or set(model.model_fields) <= data.keys():  # (or a whole printed config)
             data = without_defaults(data, model())
     return validate(model, apply_overrides(data, overrides))
 

@@ -114,3 +114,25 @@ def test_a_saved_config_names_its_local_paths_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # another directory: the saved config still names the same files
     again = load_run_config(saved)
     assert Path(again.data.path).is_file() and all(Path(p).is_file() for p in again.data.eval_path)
+
+
+@pytest.mark.parametrize("name", ["arith_grpo.yaml", "arith_dpo.yaml", "toolsum_grpo.yaml"])
+def test_the_printed_config_is_the_config_and_a_recipe_of_its_own(name, tmp_path, capsys):
+    """``relayrl train RECIPE --print-config``: every key as YAML (and the step's plan), nothing started; the
+    printout loads again as a recipe with the same values (old behaviour: no way to see the resolved config
+    before a run but to start one and read its config.json)."""
+    from relayrl.cli import main as cli
+
+    assert cli.main(["train", str(RECIPES / name), "trainer.steps=3", f"run.dir={tmp_path / 'run'}",
+                     "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    assert not (tmp_path / "run").exists()
+    cfg = load_config(Config, RECIPES / name, ["trainer.steps=3", f"run.dir={tmp_path / 'run'}"])
+    assert printed.startswith("# step: sync, advantage=") == (cfg.workflow == "grpo")
+    assert "\n  max_new_tokens: " in printed and "\ntrainer:\n  steps: 3\n" in printed
+    (tmp_path / "printed.yaml").write_text(printed)
+    assert load_config(Config, tmp_path / "printed.yaml", []) == cfg
+    # a recipe that lists some sections keeps its keys set (the checks still see what it sets)
+    (tmp_path / "part.yaml").write_text("workflow: sft\nalgorithm: {clip_high: 0.28}\n")
+    with pytest.raises(ConfigError, match="algorithm.clip_high is read by workflow grpo only"):
+        load_config(Config, tmp_path / "part.yaml", [])
