@@ -188,19 +188,25 @@ class Produce:
     def _keep_samples(self, f: Flow, rows: list[int], out, problems: list) -> None:
         """``telemetry.samples_per_step``: the step's first scored responses, decoded, kept in the step's state
         for ``RUN_DIR/samples.jsonl`` (a second read of a few rows' ids; nothing when the step has its share), with
-        the columns the reward functions logged for them (``log_extra``)."""
+        the columns the reward functions logged for them (``log_extra``); a chat prompt, logged as ``role: content``
+        lines, also as the model read it (``prompt_text``: its token ids decoded, the template's tokens kept)."""
         p, st = self.p, f.state
         with st.cond:
             room = p.cfg.telemetry.samples_per_step - len(st.samples)
         if room <= 0:
             return
         take = list(range(min(room, len(rows))))
-        ids = p.dock.reader(f.part, [rows[i] for i in take], ["response_ids"]).read()["response_ids"]
+        chat = any("messages" in problems[out.groups[i]].meta for i in take)
+        cols = p.dock.reader(f.part, [rows[i] for i in take], ["response_ids", "prompt_ids"] if chat
+                             else ["response_ids"]).read()
         tok = p.session.tokenizer
         got = [{"group": out.groups[i], "prompt": problems[out.groups[i]].prompt,
+                **({"prompt_text": tok.decode(cols["prompt_ids"][j].tolist(), skip_special_tokens=False)}
+                   if "messages" in problems[out.groups[i]].meta else {}),  # (a chat prompt as the model read it)
                 "response": tok.decode(r.tolist(), skip_special_tokens=True), "score": out.scores[i],
                 "reward": out.rewards[i], "length": len(r),
-                **sample_fields(out.extra[i] if out.extra and i < len(out.extra) else {})} for i, r in zip(take, ids)]
+                **sample_fields(out.extra[i] if out.extra and i < len(out.extra) else {})}
+               for j, (i, r) in enumerate(zip(take, cols["response_ids"]))]
         with st.cond:
             st.samples.extend(got[:max(0, p.cfg.telemetry.samples_per_step - len(st.samples))])
 

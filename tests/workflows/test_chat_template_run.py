@@ -62,9 +62,13 @@ def test_a_base_model_trains_on_chat_prompts_with_the_runs_template(capsys, monk
     assert "has no chat template; give the run one with model.chat_template" in err, err
     (tmp_path / "markers.jinja").write_text(MARKERS)
     code = cli.main(["train", *RUN, *chats, f"model.path={bare}", f"model.chat_template={tmp_path / 'markers.jinja'}",
-                     f"run.dir={run}", "run.overwrite=true"])
+                     f"run.dir={run}", "run.overwrite=true", "telemetry.samples_per_step=2"])
     assert code == 0, capsys.readouterr().err
     assert rendered and all(t.startswith("<<user>>") and t.endswith("=\n<<assistant>>") for t in rendered), rendered
+    # samples.jsonl: the chat prompt readable, and as the model read it (old behaviour: the readable lines only)
+    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 2 and all(s["prompt"].startswith("user: ") for s in samples), samples
+    assert all(s["prompt_text"] == f"<<user>>{s['prompt'][len('user: '):]}\n<<assistant>>" for s in samples), samples
     steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
     assert [r["step"] for r in steps if "reward/mean" in r] == [1]
     # RUN_DIR/model carries the template: relayrl eval --model and relayrl serve render as the run did
