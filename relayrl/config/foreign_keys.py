@@ -71,9 +71,10 @@ def leaf_keys(prefix: str, value: Any) -> list[str]:
     return [k for name, v in value.items() for k in leaf_keys(f"{prefix}.{name}", v)]
 
 
-def _say(fw: Framework, key: str, value: Any = None) -> str:
+def _say(fw: Framework, key: str, value: Any = None, flag: bool = False) -> str:
+    """``"verl's KEY is RELAYRL here"`` (``flag``: the key was given as a command-line flag, ``--KEY``)."""
     ours, _, note = fw.keys[key].partition(" (")
-    shown = f"--{key}" if fw.flags else key
+    shown = f"--{key}" if fw.flags or flag else key
     if value is not None and key in fw.same_values and not isinstance(value, Mapping):
         value = str(value).lower() if isinstance(value, bool) else value
         # (an estimator relayrl spells otherwise: relayrl's name)
@@ -120,7 +121,11 @@ def flag_hint(arg: str, value: str | None = None) -> str | None:
     name, eq, given = arg[2:].partition("=")
     name = name.replace("-", "_")
     value = given if eq else value
-    said = [_say(fw, name, value) for fw in frameworks() if fw.flags and name in fw.keys]
+    said = [_say(fw, name, value, flag=True) for fw in frameworks() if (fw.flags or fw.flat) and name in fw.keys]
+    # (TRL's fields are its CLI's flags too: trl grpo --learning_rate 1e-6)
+    if not said and "." in name and value is not None:  # (a dotted override written as a flag: --trainer.steps=3)
+        return f"{arg.split('=', 1)[0]}: relayrl takes dotted overrides without dashes: {arg[2:].partition('=')[0]}" \
+               f"={value}"
     if not said:
         return None
     return f"{arg.split('=', 1)[0]}: relayrl takes dotted overrides (section.key=value), not flags; {'; '.join(said)}" \

@@ -92,6 +92,9 @@ def resolve_recipe(arg: str | Path) -> Path:
         raise ConfigError(f"recipe {path.resolve()} does not exist{hint}")
     if (SHIPPED / name).is_file():
         return SHIPPED / name
+    if "=" in str(arg):
+        raise ConfigError(f"recipe {arg}: that is an override; the recipe comes first (relayrl train RECIPE "
+                          f"{arg} ...: a file, or a shipped recipe's name such as arith_grpo)")
     names = sorted(p.stem for p in SHIPPED.glob("*.yaml"))
     close = difflib.get_close_matches(path.stem, names, n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""

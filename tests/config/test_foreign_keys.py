@@ -106,6 +106,21 @@ def test_openrlhf_s_same_value_flags_map_to_one_key():
         assert re.fullmatch(r"[a-z_]+(\.[a-z_]+)+", ours), (flag, ours)  # one key, no value of its own
 
 
+def test_trl_s_cli_flags_and_dotted_flags_name_the_override(capsys):
+    """Old behaviour: ``--learning_rate 1e-6`` (TRL's CLI) and ``--trainer.steps=3`` were unrecognized arguments
+    with no hint, and an override given before the recipe was read as a recipe's name."""
+    with pytest.raises(SystemExit):
+        main(["train", "arith_grpo", "--learning_rate", "3e-6", "--trainer.steps=3", "--rollout.n", "4"])
+    err = capsys.readouterr().err
+    assert "--learning_rate: relayrl takes dotted overrides (section.key=value), not flags; TRL's --learning_rate " \
+           "3e-6 is engine.optim.lr=3e-6 here" in err
+    assert "--trainer.steps: relayrl takes dotted overrides without dashes: trainer.steps=3" in err
+    assert "--rollout.n: relayrl takes dotted overrides without dashes: rollout.n=4" in err
+    assert main(["train", "trainer.steps=3", "arith_grpo"]) == 2
+    assert "recipe trainer.steps=3: that is an override; the recipe comes first (relayrl train RECIPE " \
+           "trainer.steps=3 ..." in capsys.readouterr().err
+
+
 def test_an_unknown_flag_gets_no_hint(capsys):
     with pytest.raises(SystemExit):
         main(["train", "arith_grpo", "--no_such_flag"])
