@@ -22,7 +22,9 @@ The episode's reward is the sum of its step rewards; an episode that ends with a
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import inspect
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
@@ -34,7 +36,7 @@ if TYPE_CHECKING:  # torch: only an episode's training record needs it; the tool
     from relayrl.engines.generation.base import Completion
 
 __all__ = ["StepResult", "Environment", "EnvFactory", "EpisodeEnd", "Episode", "EpisodeSummary", "EnvError",
-           "check_step_result"]
+           "check_step_result", "awaited"]
 
 
 class EnvError(RuntimeError):
@@ -157,6 +159,19 @@ class EpisodeSummary:
     model_tokens: int
     env_tokens: int
     env_seconds: float
+
+
+def awaited(value: Any) -> Any:
+    """``value``, or what it resolves to when it is awaitable: an ``async def`` tool or environment method (verl's
+    tools are coroutines) runs to its end on an event loop of its own per call, as an async reward function does.
+    The environment's worker threads run no loop of their own."""
+    if not inspect.isawaitable(value):
+        return value
+
+    async def wait() -> Any:
+        return await value
+
+    return asyncio.run(wait())
 
 
 def check_step_result(result: Any, where: str) -> StepResult:

@@ -42,7 +42,8 @@ import torch
 
 from relayrl.data.tasks import Problem
 from relayrl.engines.generation.base import Completion, SamplingParams
-from relayrl.environments.base import EnvError, EnvFactory, Episode, EpisodeEnd, EpisodeSummary, check_step_result
+from relayrl.environments.base import (EnvError, EnvFactory, Episode, EpisodeEnd, EpisodeSummary, awaited,
+                                      check_step_result)
 from relayrl.data.plain_text import EnvText, EnvTextEncoder, env_parts
 
 __all__ = ["EpisodeLimits", "run_episodes", "episode_metrics"]
@@ -238,7 +239,7 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             epoch = lv.epoch
         t0 = time.monotonic()
         try:
-            out = fn()
+            out = awaited(fn())  # (an async def reset or step: run to its end here)
             err = None
         except Exception as e:  # an environment's or a tool's own failure: the episode ends, the run goes on
             out, err = None, _raised(what, e)

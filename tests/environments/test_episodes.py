@@ -221,6 +221,30 @@ def test_bad_reward_and_failing_factory_are_errors(engine, tiny_tokenizer):
     assert eps[0].end is EpisodeEnd.ERROR and eps[0].turns == 0
 
 
+def test_async_environment_methods_are_awaited(engine, tiny_tokenizer):
+    """An environment with ``async def reset`` and ``step`` (verl's agent loops and tools are coroutines) runs:
+    each episode ended as an error ("returned coroutine; expected str"), its coroutines never awaited."""
+    import asyncio
+
+    probs, prompts = _problems(tiny_tokenizer, 1)
+
+    class Async:
+        async def reset(self, problem):
+            await asyncio.sleep(0)
+            self.t = 0
+            return "<hello>"
+
+        async def step(self, action):
+            await asyncio.sleep(0)
+            self.t += 1
+            return StepResult("<obs>", reward=1.0, done=self.t == 2)
+
+    e = run_episodes(engine, tiny_tokenizer, probs, prompts, Async, SamplingParams(max_new_tokens=3),
+                     EpisodeLimits(max_turns=4), log=lambda s: None)[0]
+    assert (e.end, e.error, e.turns, e.reward) == (EpisodeEnd.DONE, None, 2, 2.0)
+    assert e.observations == ["<hello>", "<obs>", "<obs>"]
+
+
 @pytest.mark.slow  # (over half a second; the full make test runs it)
 def test_rejoining_turns_see_their_exact_context(engine, tiny_tokenizer):
     """Greedy: an episode's second turn equals a single-turn generation from the same context ids."""

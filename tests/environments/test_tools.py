@@ -274,6 +274,37 @@ def test_a_plain_function_is_a_tool_as_trl_takes_one(tmp_path):
         "<error>multiply(a: int, b: int) -> int: ")
 
 
+def test_async_tools_are_awaited(tmp_path):
+    """An ``async def`` function or tool object (verl's tools are coroutines) returns its result: the model was
+    shown ``"<coroutine object lookup at 0x...>"`` as the tool's result, and the call never ran."""
+    (tmp_path / "async_tools.py").write_text(textwrap.dedent('''
+        import asyncio
+
+        from relayrl.environments.tools import ToolError
+
+        async def lookup(key: str) -> str:
+            """Look a key up."""
+            await asyncio.sleep(0)
+            if key == "?":
+                raise ToolError("no such key")
+            return {"a": "1"}.get(key, "none")
+
+        class Search:
+            name, description = "search", "search the index"
+
+            async def __call__(self, arguments):
+                await asyncio.sleep(0)
+                return f"found {arguments['q']}"
+    '''))
+    tools = [f"{tmp_path}/async_tools.py:lookup", f"{tmp_path}/async_tools.py:Search"]
+    assert load_tool(tools[0], SandboxConfig())({"key": "a"}) == "1"
+    env = load_env_factory(EnvConfig(name="tools", tools=tools), lambda p, t: 0.0)()
+    env.reset(Problem("q", "1"))
+    assert env.step(format_call("lookup", {"key": "a"})).observation == "<result>1</result>"
+    assert env.step(format_call("lookup", {"key": "?"})).observation == "<error>no such key</error>"
+    assert env.step(format_call("search", {"q": "x"})).observation == "<result>found x</result>"
+
+
 def test_two_tools_of_one_name_are_refused_at_load(tmp_path):
     """The model calls a tool by name: a user tool named like a built-in one (or listed twice) replaced the other
     in the environment's tools without a word, so the built-in could never be called."""
