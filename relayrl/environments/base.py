@@ -26,7 +26,8 @@ import asyncio
 import enum
 import inspect
 import math
-from dataclasses import dataclass, field
+import numbers
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 from relayrl.data.tasks import Problem
@@ -175,13 +176,21 @@ def awaited(value: Any) -> Any:
 
 
 def check_step_result(result: Any, where: str) -> StepResult:
-    """``result`` if it is a well-formed :class:`StepResult`, else :class:`EnvError` naming the breach."""
+    """``result`` with a Python float reward and bool done if it is a well-formed :class:`StepResult`, else
+    :class:`EnvError` naming the breach. A numpy or torch scalar (``np.float32``, ``np.int64``, a 0-d tensor;
+    ``np.bool_`` for done) is the number it holds, as a reward function's is."""
     if not isinstance(result, StepResult):
         raise EnvError(f"{where} returned {type(result).__name__}; expected a StepResult(observation, reward, done)")
     if not isinstance(result.observation, str):
         raise EnvError(f"{where} returned an observation of type {type(result.observation).__name__}; expected str")
-    if isinstance(result.reward, bool) or not isinstance(result.reward, (int, float)) or not math.isfinite(result.reward):
+    reward, done = (_scalar(v) for v in (result.reward, result.done))
+    if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
         raise EnvError(f"{where} returned reward {result.reward!r}; expected a finite float")
-    if not isinstance(result.done, bool):
+    if not isinstance(done, bool):
         raise EnvError(f"{where} returned done={result.done!r}; expected a bool")
-    return result
+    return replace(result, reward=float(reward), done=done)
+
+
+def _scalar(v: Any) -> Any:
+    """A numpy scalar or a 0-d array or tensor as the Python number it holds (``np.bool_``: a bool), else ``v``."""
+    return v.item() if hasattr(v, "item") and getattr(v, "ndim", None) == 0 else v

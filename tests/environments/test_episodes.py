@@ -245,6 +245,24 @@ def test_async_environment_methods_are_awaited(engine, tiny_tokenizer):
     assert e.observations == ["<hello>", "<obs>", "<obs>"]
 
 
+def test_numpy_and_torch_scalar_rewards_are_numbers():
+    """A reward computed with numpy or torch (``np.float32``, ``np.int64``, a 0-d tensor) or a ``done`` from a
+    numpy comparison (``np.bool_``) is the number or flag it holds, as a reward function's is: each ended its
+    episode as an error, "returned reward np.float32(1.0); expected a finite float"."""
+    import numpy as np
+
+    from relayrl.environments.base import EnvError, check_step_result
+
+    for reward, done in [(np.float32(0.5), np.bool_(True)), (np.int64(2), np.array(3) == 3),
+                         (torch.tensor(0.5), torch.tensor(False))]:
+        got = check_step_result(StepResult("", reward, done), "Env.step")
+        assert (type(got.reward), got.reward, type(got.done), got.done) == (float, float(reward), bool, bool(done))
+    for reward, done, says in [(np.float32("nan"), False, "finite"), (np.bool_(True), False, "reward"),
+                               (torch.tensor([1.0]), False, "reward"), (1.0, np.int64(1), "done")]:
+        with pytest.raises(EnvError, match=says):
+            check_step_result(StepResult("", reward, done), "Env.step")
+
+
 @pytest.mark.slow  # (over half a second; the full make test runs it)
 def test_rejoining_turns_see_their_exact_context(engine, tiny_tokenizer):
     """Greedy: an episode's second turn equals a single-turn generation from the same context ids."""
