@@ -213,6 +213,11 @@ def test_a_user_environment_brings_its_rewards_so_reward_settings_that_would_be_
         Config(env=env, reward={"model": str(tmp_path), "judge": {"path": str(tmp_path)}})
     with pytest.raises(ValueError, match="reward.user_fn would score nothing: unset it"):
         Config(env=env, reward={"verifier": "user", "user_fn": "m:f"})
+    # (the reward engine normalises and clips; a user environment's rewards never reach it: silently unshaped)
+    with pytest.raises(ValueError, match=r"reward.normalize=running, reward.clip=1.0 would leave as it is .*unset "
+                                         r"them, or normalise or clip inside the environment"):
+        Config(env=env, reward={"normalize": "running", "clip": 1.0})
+    assert Config(env={"name": "tools"}, rollout={"stop_strings": ["</tool>"]}, reward={"clip": 1.0}).reward.clip
 
 
 def test_environments_and_tools_load_from_a_file(tmp_path, monkeypatch):
