@@ -66,7 +66,9 @@ class EnvConfig(BaseModel):
         "cause; drop_group drops that prompt's group from the step (counted in env/errors). Evaluation scores "
         "such an episode 0 (counted in eval/env/errors)")
     workers: int = Field(4, ge=1, description="threads running environment steps")
-    observation_chars: int = Field(512, ge=16, description="longest observation text (longer is cut)")
+    observation_chars: int = Field(512, ge=16, description="env.name=tools: longest tool result or error text "
+                                   "(longer is cut); a user environment's observations are its own, cut only at "
+                                   "env.max_tokens")
     sandbox: SandboxConfig = SandboxConfig()
 
     @field_validator("name")
