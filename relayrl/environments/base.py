@@ -116,7 +116,9 @@ class Episode:
     """The decoded text of each model turn (the last one is the final answer when the episode is done)."""
     observations: list[str] = field(default_factory=list)
     env_seconds: float = 0.0
-    """Time spent in the environment's steps."""
+    """Time spent in the environment's calls (its reset and steps)."""
+    env_calls: int = 0
+    """Calls of the environment's reset and step that ``env_seconds`` adds up."""
     token_versions: list[int] = field(default_factory=list)
     """The weight version of each token: the one that sampled it for the model's tokens, the episode's
     latest for the environment's (a partial rollout may swap weights between, or inside, turns)."""
@@ -128,7 +130,8 @@ class Episode:
         """What the logs and metrics need of the episode, without its tokens."""
         model = sum(self.loss_mask)
         return EpisodeSummary(self.problem_index, self.sample_index, self.reward, self.turns, self.tool_calls,
-                              self.end, self.error, model, len(self.loss_mask) - model, self.env_seconds)
+                              self.end, self.error, model, len(self.loss_mask) - model, self.env_seconds,
+                              self.env_calls)
 
     def completion(self, tokenizer) -> Completion:
         """The episode as the record the GRPO driver trains on (response = turns and observations)."""
@@ -160,6 +163,7 @@ class EpisodeSummary:
     model_tokens: int
     env_tokens: int
     env_seconds: float
+    env_calls: int = 0
 
 
 def awaited(value: Any) -> Any:

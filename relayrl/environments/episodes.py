@@ -245,6 +245,7 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             out, err = None, _raised(what, e)
         with feed.lock:
             lv.ep.env_seconds += time.monotonic() - t0
+            lv.ep.env_calls += 1
             lv.step_deadline = None
             if lv.epoch != epoch or lv.ep.end is not None:
                 return _FAILED  # it timed out meanwhile: drop the late result
@@ -384,8 +385,8 @@ def _make(make_env: EnvFactory, lv: _Live, feed: _Feed):
 
 
 def episode_metrics(episodes: Sequence[Episode | EpisodeSummary]) -> dict[str, float]:
-    """``env/*`` metrics of a step's episodes (or their summaries): errors (count), turns, tool calls, how
-    episodes ended."""
+    """``env/*`` metrics of a step's episodes (or their summaries): errors (count), turns, tool calls, seconds per
+    environment call (reset or step), how episodes ended."""
     episodes = [e.summary() if isinstance(e, Episode) else e for e in episodes]
     n = max(len(episodes), 1)
     out = {
@@ -395,7 +396,7 @@ def episode_metrics(episodes: Sequence[Episode | EpisodeSummary]) -> dict[str, f
         "env/tool_call_rate": sum(e.tool_calls > 0 for e in episodes) / n,
         "env/model_tokens_mean": sum(e.model_tokens for e in episodes) / n,
         "env/env_tokens_mean": sum(e.env_tokens for e in episodes) / n,
-        "env/step_seconds_mean": sum(e.env_seconds for e in episodes) / n,
+        "env/step_seconds_mean": sum(e.env_seconds for e in episodes) / max(sum(e.env_calls for e in episodes), 1),
     }
     for why in EpisodeEnd:
         out[f"env/end_{why.value}"] = sum(e.end is why for e in episodes) / n

@@ -245,6 +245,23 @@ def test_async_environment_methods_are_awaited(engine, tiny_tokenizer):
     assert e.observations == ["<hello>", "<obs>", "<obs>"]
 
 
+def test_step_seconds_are_per_environment_step_not_per_episode(engine, tiny_tokenizer):
+    """``env/step_seconds_mean`` is the time of one environment call (reset or step): it was an episode's whole
+    environment time, a three-turn episode of 0.05 s steps reading 0.15 s."""
+    probs, prompts = _problems(tiny_tokenizer, 2)
+
+    class Sleeps(Counter):
+        def step(self, action):
+            time.sleep(0.05)
+            return super().step(action)
+
+    eps = run_episodes(engine, tiny_tokenizer, probs, prompts, Sleeps, SamplingParams(max_new_tokens=2),
+                       EpisodeLimits(max_turns=3), log=lambda s: None)
+    for got in (episode_metrics(eps), episode_metrics([e.summary() for e in eps])):
+        assert 0.03 <= got["env/step_seconds_mean"] <= 0.09, got["env/step_seconds_mean"]  # (0.15 / 4 calls)
+    assert [(e.turns, e.env_calls) for e in eps] == [(3, 4)] * 2  # (a reset and three steps each)
+
+
 def test_numpy_and_torch_scalar_rewards_are_numbers():
     """A reward computed with numpy or torch (``np.float32``, ``np.int64``, a 0-d tensor) or a ``done`` from a
     numpy comparison (``np.bool_``) is the number or flag it holds, as a reward function's is: each ended its
