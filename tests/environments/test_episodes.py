@@ -245,6 +245,35 @@ def test_async_environment_methods_are_awaited(engine, tiny_tokenizer):
     assert e.observations == ["<hello>", "<obs>", "<obs>"]
 
 
+def test_hung_steps_do_not_hold_the_episodes_queued_behind_them(engine, tiny_tokenizer):
+    """As many hung steps as ``env.workers`` held every pool thread: the steps queued behind them never started,
+    so neither their ``step_timeout_s`` nor ``max_seconds`` ever ran, and the rollout waited forever. A step that
+    runs past its limit now gives its place in the pool to a new thread."""
+    probs, prompts = _problems(tiny_tokenizer, 3)
+    release = threading.Event()
+
+    class HangsButOne:
+        def reset(self, problem):
+            self.hangs = problem.prompt != "2+2="
+            return ""
+
+        def step(self, action):
+            if self.hangs:
+                release.wait(60)
+            return StepResult("", reward=1.0, done=True)
+
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(run_episodes(
+        engine, tiny_tokenizer, probs, prompts, HangsButOne, SamplingParams(max_new_tokens=3),
+        EpisodeLimits(step_timeout_s=0.3, max_seconds=30), workers=1, log=lambda s: None)), daemon=True)
+    t.start()
+    t.join(20)
+    release.set()
+    assert not t.is_alive(), "run_episodes waited forever on the steps queued behind a hung one"
+    assert [e.end for e in out[0]] == [EpisodeEnd.ERROR, EpisodeEnd.ERROR, EpisodeEnd.DONE]
+    assert all("env.step_timeout_s=0.3" in e.error for e in out[0][:2])
+
+
 def test_step_seconds_are_per_environment_step_not_per_episode(engine, tiny_tokenizer):
     """``env/step_seconds_mean`` is the time of one environment call (reset or step): it was an episode's whole
     environment time, a three-turn episode of 0.05 s steps reading 0.15 s."""
