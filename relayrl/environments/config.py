@@ -143,7 +143,12 @@ def load_tool(spec: str, sandbox: SandboxConfig) -> Tool:
     obj = _resolve(spec, "env.tools")
     if inspect.isfunction(obj) and not isinstance(getattr(obj, "name", None), str):
         return FunctionTool(obj)  # a plain function, as TRL takes one
-    tool = obj() if inspect.isclass(obj) else obj
+    try:
+        tool = obj() if inspect.isclass(obj) else obj
+    except Exception as e:  # (a class whose __init__ needs arguments, or raises)
+        raise EnvLoadError(f"env.tools: making {spec!r} as {obj.__name__}() raised {type(e).__name__}: {e}; a tool "
+                           f"class is made with no arguments: give its parameters defaults, or point at an instance "
+                           f"made in its module") from e
     for attr in ("name", "description"):
         if not isinstance(getattr(tool, attr, None), str):
             raise EnvLoadError(f"env.tools: {spec!r} has no string attribute {attr!r} (a tool needs name, "

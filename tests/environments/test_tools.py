@@ -279,6 +279,24 @@ def test_a_plain_function_is_a_tool_as_trl_takes_one(tmp_path):
         "<error>multiply(a: int, b: int) -> int: ")
 
 
+def test_a_tool_class_that_cannot_be_made_is_refused_naming_the_key(tmp_path):
+    """A tool class whose ``__init__`` needs an argument escaped as a bare TypeError traceback from a rollout
+    rank, once the model had loaded."""
+    (tmp_path / "needs_args.py").write_text(textwrap.dedent('''
+        class Search:
+            name, description = "search", "search the index"
+
+            def __init__(self, index_path):
+                self.index_path = index_path
+
+            def __call__(self, arguments):
+                return "found"
+    '''))
+    with pytest.raises(EnvLoadError, match=r"env.tools: making '.*needs_args.py:Search' as Search\(\) raised "
+                                           r"TypeError: .*index_path.*give its parameters defaults"):
+        load_tool(f"{tmp_path}/needs_args.py:Search", SandboxConfig())
+
+
 def test_async_tools_are_awaited(tmp_path):
     """An ``async def`` function or tool object (verl's tools are coroutines) returns its result: the model was
     shown ``"<coroutine object lookup at 0x...>"`` as the tool's result, and the call never ran."""
