@@ -36,6 +36,13 @@ def check_env(self: Config) -> None:
             raise ValueError(f"env.name={e.name!r} gives each episode its reward (StepResult.reward), so "
                              f"{', '.join(unused)} would score nothing: unset {'it' if len(unused) == 1 else 'them'}, "
                              f"or score inside the environment")
+        shaping = [k for k, on in ((f"reward.normalize={r.normalize}", r.normalize != "none"),
+                                   (f"reward.clip={r.clip}", r.clip is not None)) if on]
+        if shaping:  # (they act in the reward engine, which a user environment's episodes never reach)
+            raise ValueError(f"env.name={e.name!r} gives each episode its reward (StepResult.reward), which "
+                             f"{', '.join(shaping)} would leave as it is (the reward engine normalises and clips, and "
+                             f"these rewards never pass through it): unset {'it' if len(shaping) == 1 else 'them'}, "
+                             f"or normalise or clip inside the environment")
     if e.name == "tools" and e.tool_results == "tags" and e.stop_string not in self.rollout.stop_strings:
         raise ValueError(f"env.name=tools: a turn that calls a tool must end at its closing tag; add "
                          f"{e.stop_string!r} to rollout.stop_strings (or env.tool_results=chat, whose turns end "

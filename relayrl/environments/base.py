@@ -22,9 +22,12 @@ The episode's reward is the sum of its step rewards; an episode that ends with a
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import inspect
 import math
-from dataclasses import dataclass, field
+import numbers
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 from relayrl.data.tasks import Problem
@@ -34,7 +37,7 @@ if TYPE_CHECKING:  # torch: only an episode's training record needs it; the tool
     from relayrl.engines.generation.base import Completion
 
 __all__ = ["StepResult", "Environment", "EnvFactory", "EpisodeEnd", "Episode", "EpisodeSummary", "EnvError",
-           "check_step_result"]
+           "check_step_result", "awaited"]
 
 
 class EnvError(RuntimeError):
@@ -113,7 +116,9 @@ class Episode:
     """The decoded text of each model turn (the last one is the final answer when the episode is done)."""
     observations: list[str] = field(default_factory=list)
     env_seconds: float = 0.0
-    """Time spent in the environment's steps."""
+    """Time spent in the environment's calls (its reset and steps)."""
+    env_calls: int = 0
+    """Calls of the environment's reset and step that ``env_seconds`` adds up."""
     token_versions: list[int] = field(default_factory=list)
     """The weight version of each token: the one that sampled it for the model's tokens, the episode's
     latest for the environment's (a partial rollout may swap weights between, or inside, turns)."""
@@ -125,7 +130,8 @@ class Episode:
         """What the logs and metrics need of the episode, without its tokens."""
         model = sum(self.loss_mask)
         return EpisodeSummary(self.problem_index, self.sample_index, self.reward, self.turns, self.tool_calls,
-                              self.end, self.error, model, len(self.loss_mask) - model, self.env_seconds)
+                              self.end, self.error, model, len(self.loss_mask) - model, self.env_seconds,
+                              self.env_calls)
 
     def completion(self, tokenizer) -> Completion:
         """The episode as the record the GRPO driver trains on (response = turns and observations)."""
@@ -157,16 +163,38 @@ class EpisodeSummary:
     model_tokens: int
     env_tokens: int
     env_seconds: float
+    env_calls: int = 0
+
+
+def awaited(value: Any) -> Any:
+    """``value``, or what it resolves to when it is awaitable: an ``async def`` tool or environment method (verl's
+    tools are coroutines) runs to its end on an event loop of its own per call, as an async reward function does.
+    The environment's worker threads run no loop of their own."""
+    if not inspect.isawaitable(value):
+        return value
+
+    async def wait() -> Any:
+        return await value
+
+    return asyncio.run(wait())
 
 
 def check_step_result(result: Any, where: str) -> StepResult:
-    """``result`` if it is a well-formed :class:`StepResult`, else :class:`EnvError` naming the breach."""
+    """``result`` with a Python float reward and bool done if it is a well-formed :class:`StepResult`, else
+    :class:`EnvError` naming the breach. A numpy or torch scalar (``np.float32``, ``np.int64``, a 0-d tensor;
+    ``np.bool_`` for done) is the number it holds, as a reward function's is."""
     if not isinstance(result, StepResult):
         raise EnvError(f"{where} returned {type(result).__name__}; expected a StepResult(observation, reward, done)")
     if not isinstance(result.observation, str):
         raise EnvError(f"{where} returned an observation of type {type(result.observation).__name__}; expected str")
-    if isinstance(result.reward, bool) or not isinstance(result.reward, (int, float)) or not math.isfinite(result.reward):
+    reward, done = (_scalar(v) for v in (result.reward, result.done))
+    if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
         raise EnvError(f"{where} returned reward {result.reward!r}; expected a finite float")
-    if not isinstance(result.done, bool):
+    if not isinstance(done, bool):
         raise EnvError(f"{where} returned done={result.done!r}; expected a bool")
-    return result
+    return replace(result, reward=float(reward), done=done)
+
+
+def _scalar(v: Any) -> Any:
+    """A numpy scalar or a 0-d array or tensor as the Python number it holds (``np.bool_``: a bool), else ``v``."""
+    return v.item() if hasattr(v, "item") and getattr(v, "ndim", None) == 0 else v

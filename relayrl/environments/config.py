@@ -66,7 +66,9 @@ class EnvConfig(BaseModel):
         "cause; drop_group drops that prompt's group from the step (counted in env/errors). Evaluation scores "
         "such an episode 0 (counted in eval/env/errors)")
     workers: int = Field(4, ge=1, description="threads running environment steps")
-    observation_chars: int = Field(512, ge=16, description="longest observation text (longer is cut)")
+    observation_chars: int = Field(512, ge=16, description="env.name=tools: longest tool result or error text "
+                                   "(longer is cut); a user environment's observations are its own, cut only at "
+                                   "env.max_tokens")
     sandbox: SandboxConfig = SandboxConfig()
 
     @field_validator("name")
@@ -141,7 +143,12 @@ def load_tool(spec: str, sandbox: SandboxConfig) -> Tool:
     obj = _resolve(spec, "env.tools")
     if inspect.isfunction(obj) and not isinstance(getattr(obj, "name", None), str):
         return FunctionTool(obj)  # a plain function, as TRL takes one
-    tool = obj() if inspect.isclass(obj) else obj
+    try:
+        tool = obj() if inspect.isclass(obj) else obj
+    except Exception as e:  # (a class whose __init__ needs arguments, or raises)
+        raise EnvLoadError(f"env.tools: making {spec!r} as {obj.__name__}() raised {type(e).__name__}: {e}; a tool "
+                           f"class is made with no arguments: give its parameters defaults, or point at an instance "
+                           f"made in its module") from e
     for attr in ("name", "description"):
         if not isinstance(getattr(tool, attr, None), str):
             raise EnvLoadError(f"env.tools: {spec!r} has no string attribute {attr!r} (a tool needs name, "

@@ -17,8 +17,9 @@ Limits per episode: ``max_turns`` model turns, ``max_tokens`` response tokens (a
 left), ``max_seconds`` of wall time from the moment its first turn enters the batch (time spent queued for a
 free slot does not count), checked at turn boundaries and while its environment step runs. An environment step that raises, returns a malformed result or runs
 past ``step_timeout_s`` ends its episode as an error with reward 0 here; the hung thread cannot be killed
-(Python threads cannot), so it keeps its pool slot until it returns and its late result is dropped; the pool's
-threads are daemons, so a step that never returns does not keep the process from exiting. Tools with
+(Python threads cannot), so it keeps its thread until it returns and its late result is dropped, and a new thread
+takes its place in the pool (else ``env.workers`` hung steps would leave the episodes queued behind them waiting
+forever, their own limits never started); the pool's threads are daemons, so a step that never returns does not keep the process from exiting. Tools with
 their own limits (the sandbox) return on time. A training step never trains on such an episode:
 ``env.on_error`` fails the step naming the prompt, or drops the episode's group
 (:mod:`relayrl.workflows.rollout_stream`); evaluation scores it 0 and counts it.
@@ -42,7 +43,8 @@ import torch
 
 from relayrl.data.tasks import Problem
 from relayrl.engines.generation.base import Completion, SamplingParams
-from relayrl.environments.base import EnvError, EnvFactory, Episode, EpisodeEnd, EpisodeSummary, check_step_result
+from relayrl.environments.base import (EnvError, EnvFactory, Episode, EpisodeEnd, EpisodeSummary, awaited,
+                                      check_step_result)
 from relayrl.data.plain_text import EnvText, EnvTextEncoder, env_parts
 
 __all__ = ["EpisodeLimits", "run_episodes", "episode_metrics"]
@@ -107,9 +109,14 @@ class _DaemonPool:
 
     def __init__(self, n: int, name: str) -> None:
         self.q: queue.SimpleQueue = queue.SimpleQueue()
-        self.n = n
-        for i in range(n):
-            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True).start()
+        self.n, self.name = 0, name
+        for _ in range(n):
+            self.add()
+
+    def add(self) -> None:
+        """One more thread: one in place of a thread a hung call holds."""
+        threading.Thread(target=self._work, name=f"{self.name}-{self.n}", daemon=True).start()
+        self.n += 1
 
     def submit(self, fn: Callable, *args) -> None:
         self.q.put((fn, args))
@@ -129,8 +136,10 @@ class _Feed:
     bookkeeping of the episodes still open."""
 
     def __init__(self, live: dict[int, _Live], limits: EpisodeLimits, turn_tokens: int,
-                 log: Callable[[str], None], on_end: Callable[[Episode], None] | None = None) -> None:
+                 log: Callable[[str], None], on_end: Callable[[Episode], None] | None = None,
+                 on_hung: Callable[[], None] | None = None) -> None:
         self.live, self.limits, self.turn_tokens, self.log, self.on_end = live, limits, turn_tokens, log, on_end
+        self.on_hung = on_hung  # a call ran past its limit and holds its thread: the pool gets another
         self.ready: queue.Queue[int] = queue.Queue()
         self.lock = threading.Lock()
         self.open = len(live)
@@ -191,6 +200,10 @@ class _Feed:
                                                    f"{self.limits.step_timeout_s:g} s")
                 elif lv.deadline is not None and now > lv.deadline:
                     self.end(lv, EpisodeEnd.TIMEOUT)
+                else:
+                    continue
+                if self.on_hung is not None:  # (its call runs on, holding its thread: the pool gets another)
+                    self.on_hung()
 
 
 def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequence[Sequence[int]],
@@ -210,7 +223,8 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
         for s in range(params.n):
             key = len(live)
             live[key] = _Live(key, Episode(i, s, list(prompts[i]), weight_version=engine.weight_version), None)
-    feed = _Feed(live, limits, params.max_new_tokens, log, on_end)
+    pool = _DaemonPool(workers, "relayrl-env")
+    feed = _Feed(live, limits, params.max_new_tokens, log, on_end, on_hung=pool.add)
     tok_lock = threading.Lock()  # a fast tokenizer is not safe to call from several threads at once
     env_text = EnvTextEncoder(tokenizer)
 
@@ -238,12 +252,13 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             epoch = lv.epoch
         t0 = time.monotonic()
         try:
-            out = fn()
+            out = awaited(fn())  # (an async def reset or step: run to its end here)
             err = None
         except Exception as e:  # an environment's or a tool's own failure: the episode ends, the run goes on
             out, err = None, _raised(what, e)
         with feed.lock:
             lv.ep.env_seconds += time.monotonic() - t0
+            lv.ep.env_calls += 1
             lv.step_deadline = None
             if lv.epoch != epoch or lv.ep.end is not None:
                 return _FAILED  # it timed out meanwhile: drop the late result
@@ -321,8 +336,6 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
                     feed.end(lv, EpisodeEnd.ERROR, f"episode bookkeeping failed: {type(e).__name__}: {e}")
         return run
 
-    pool = _DaemonPool(workers, "relayrl-env")
-
     def on_finish(c: Completion) -> None:  # generation thread: record the turn, hand the step to the pool
         lv = live[c.prompt_index]
         with feed.lock:
@@ -383,8 +396,8 @@ def _make(make_env: EnvFactory, lv: _Live, feed: _Feed):
 
 
 def episode_metrics(episodes: Sequence[Episode | EpisodeSummary]) -> dict[str, float]:
-    """``env/*`` metrics of a step's episodes (or their summaries): errors (count), turns, tool calls, how
-    episodes ended."""
+    """``env/*`` metrics of a step's episodes (or their summaries): errors (count), turns, tool calls, seconds per
+    environment call (reset or step), how episodes ended."""
     episodes = [e.summary() if isinstance(e, Episode) else e for e in episodes]
     n = max(len(episodes), 1)
     out = {
@@ -394,7 +407,7 @@ def episode_metrics(episodes: Sequence[Episode | EpisodeSummary]) -> dict[str, f
         "env/tool_call_rate": sum(e.tool_calls > 0 for e in episodes) / n,
         "env/model_tokens_mean": sum(e.model_tokens for e in episodes) / n,
         "env/env_tokens_mean": sum(e.env_tokens for e in episodes) / n,
-        "env/step_seconds_mean": sum(e.env_seconds for e in episodes) / n,
+        "env/step_seconds_mean": sum(e.env_seconds for e in episodes) / max(sum(e.env_calls for e in episodes), 1),
     }
     for why in EpisodeEnd:
         out[f"env/end_{why.value}"] = sum(e.end is why for e in episodes) / n

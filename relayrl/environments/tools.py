@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 from relayrl.data.tasks import Problem
-from relayrl.environments.base import EnvError, StepResult
+from relayrl.environments.base import EnvError, StepResult, awaited
 from relayrl.environments.sandbox import SandboxConfig, run_python
 from relayrl.data.plain_text import markup
 
@@ -169,7 +169,7 @@ class FunctionTool:
     function's, its description the docstring's first paragraph, and a call passes the JSON arguments by
     keyword. Arguments the signature cannot take are a bad call (:class:`ToolError`); the result is the
     returned string, or the JSON of anything else. What the function raises is its own failure (an
-    environment error), but :class:`ToolError`, as for any tool."""
+    environment error), but :class:`ToolError`, as for any tool. An ``async def`` function is awaited."""
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
@@ -184,7 +184,7 @@ class FunctionTool:
             self._signature.bind(**arguments)
         except TypeError as e:
             raise ToolError(f"{self.name}{self._signature}: {e}") from None
-        out = self.fn(**arguments)
+        out = awaited(self.fn(**arguments))
         return out if isinstance(out, str) else json.dumps(out, default=str)
 
 
@@ -243,7 +243,7 @@ class ToolEnvironment:
             return StepResult(self._wrap("error", f"unknown tool {call.name!r}; tools: {', '.join(self.tools)}"),
                               info={"tool": call.name, "tool_error": True})
         try:
-            out = tool(call.arguments)
+            out = awaited(tool(call.arguments))
         except ToolError as e:
             return StepResult(self._wrap("error", str(e)), info={"tool": call.name, "tool_error": True})
         except Exception as e:  # the tool's own crash: the episode's error names the tool

@@ -221,6 +221,94 @@ def test_bad_reward_and_failing_factory_are_errors(engine, tiny_tokenizer):
     assert eps[0].end is EpisodeEnd.ERROR and eps[0].turns == 0
 
 
+def test_async_environment_methods_are_awaited(engine, tiny_tokenizer):
+    """An environment with ``async def reset`` and ``step`` (verl's agent loops and tools are coroutines) runs:
+    each episode ended as an error ("returned coroutine; expected str"), its coroutines never awaited."""
+    import asyncio
+
+    probs, prompts = _problems(tiny_tokenizer, 1)
+
+    class Async:
+        async def reset(self, problem):
+            await asyncio.sleep(0)
+            self.t = 0
+            return "<hello>"
+
+        async def step(self, action):
+            await asyncio.sleep(0)
+            self.t += 1
+            return StepResult("<obs>", reward=1.0, done=self.t == 2)
+
+    e = run_episodes(engine, tiny_tokenizer, probs, prompts, Async, SamplingParams(max_new_tokens=3),
+                     EpisodeLimits(max_turns=4), log=lambda s: None)[0]
+    assert (e.end, e.error, e.turns, e.reward) == (EpisodeEnd.DONE, None, 2, 2.0)
+    assert e.observations == ["<hello>", "<obs>", "<obs>"]
+
+
+def test_hung_steps_do_not_hold_the_episodes_queued_behind_them(engine, tiny_tokenizer):
+    """As many hung steps as ``env.workers`` held every pool thread: the steps queued behind them never started,
+    so neither their ``step_timeout_s`` nor ``max_seconds`` ever ran, and the rollout waited forever. A step that
+    runs past its limit now gives its place in the pool to a new thread."""
+    probs, prompts = _problems(tiny_tokenizer, 3)
+    release = threading.Event()
+
+    class HangsButOne:
+        def reset(self, problem):
+            self.hangs = problem.prompt != "2+2="
+            return ""
+
+        def step(self, action):
+            if self.hangs:
+                release.wait(60)
+            return StepResult("", reward=1.0, done=True)
+
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(run_episodes(
+        engine, tiny_tokenizer, probs, prompts, HangsButOne, SamplingParams(max_new_tokens=3),
+        EpisodeLimits(step_timeout_s=0.3, max_seconds=30), workers=1, log=lambda s: None)), daemon=True)
+    t.start()
+    t.join(20)
+    release.set()
+    assert not t.is_alive(), "run_episodes waited forever on the steps queued behind a hung one"
+    assert [e.end for e in out[0]] == [EpisodeEnd.ERROR, EpisodeEnd.ERROR, EpisodeEnd.DONE]
+    assert all("env.step_timeout_s=0.3" in e.error for e in out[0][:2])
+
+
+def test_step_seconds_are_per_environment_step_not_per_episode(engine, tiny_tokenizer):
+    """``env/step_seconds_mean`` is the time of one environment call (reset or step): it was an episode's whole
+    environment time, a three-turn episode of 0.05 s steps reading 0.15 s."""
+    probs, prompts = _problems(tiny_tokenizer, 2)
+
+    class Sleeps(Counter):
+        def step(self, action):
+            time.sleep(0.05)
+            return super().step(action)
+
+    eps = run_episodes(engine, tiny_tokenizer, probs, prompts, Sleeps, SamplingParams(max_new_tokens=2),
+                       EpisodeLimits(max_turns=3), log=lambda s: None)
+    for got in (episode_metrics(eps), episode_metrics([e.summary() for e in eps])):
+        assert 0.03 <= got["env/step_seconds_mean"] <= 0.09, got["env/step_seconds_mean"]  # (0.15 / 4 calls)
+    assert [(e.turns, e.env_calls) for e in eps] == [(3, 4)] * 2  # (a reset and three steps each)
+
+
+def test_numpy_and_torch_scalar_rewards_are_numbers():
+    """A reward computed with numpy or torch (``np.float32``, ``np.int64``, a 0-d tensor) or a ``done`` from a
+    numpy comparison (``np.bool_``) is the number or flag it holds, as a reward function's is: each ended its
+    episode as an error, "returned reward np.float32(1.0); expected a finite float"."""
+    import numpy as np
+
+    from relayrl.environments.base import EnvError, check_step_result
+
+    for reward, done in [(np.float32(0.5), np.bool_(True)), (np.int64(2), np.array(3) == 3),
+                         (torch.tensor(0.5), torch.tensor(False))]:
+        got = check_step_result(StepResult("", reward, done), "Env.step")
+        assert (type(got.reward), got.reward, type(got.done), got.done) == (float, float(reward), bool, bool(done))
+    for reward, done, says in [(np.float32("nan"), False, "finite"), (np.bool_(True), False, "reward"),
+                               (torch.tensor([1.0]), False, "reward"), (1.0, np.int64(1), "done")]:
+        with pytest.raises(EnvError, match=says):
+            check_step_result(StepResult("", reward, done), "Env.step")
+
+
 @pytest.mark.slow  # (over half a second; the full make test runs it)
 def test_rejoining_turns_see_their_exact_context(engine, tiny_tokenizer):
     """Greedy: an episode's second turn equals a single-turn generation from the same context ids."""

@@ -213,6 +213,11 @@ def test_a_user_environment_brings_its_rewards_so_reward_settings_that_would_be_
         Config(env=env, reward={"model": str(tmp_path), "judge": {"path": str(tmp_path)}})
     with pytest.raises(ValueError, match="reward.user_fn would score nothing: unset it"):
         Config(env=env, reward={"verifier": "user", "user_fn": "m:f"})
+    # (the reward engine normalises and clips; a user environment's rewards never reach it: silently unshaped)
+    with pytest.raises(ValueError, match=r"reward.normalize=running, reward.clip=1.0 would leave as it is .*unset "
+                                         r"them, or normalise or clip inside the environment"):
+        Config(env=env, reward={"normalize": "running", "clip": 1.0})
+    assert Config(env={"name": "tools"}, rollout={"stop_strings": ["</tool>"]}, reward={"clip": 1.0}).reward.clip
 
 
 def test_environments_and_tools_load_from_a_file(tmp_path, monkeypatch):
@@ -272,6 +277,55 @@ def test_a_plain_function_is_a_tool_as_trl_takes_one(tmp_path):
         "<result>42</result>"
     assert env.step('<tool>{"name": "multiply", "arguments": {"c": 1}}</tool>').observation.startswith(
         "<error>multiply(a: int, b: int) -> int: ")
+
+
+def test_a_tool_class_that_cannot_be_made_is_refused_naming_the_key(tmp_path):
+    """A tool class whose ``__init__`` needs an argument escaped as a bare TypeError traceback from a rollout
+    rank, once the model had loaded."""
+    (tmp_path / "needs_args.py").write_text(textwrap.dedent('''
+        class Search:
+            name, description = "search", "search the index"
+
+            def __init__(self, index_path):
+                self.index_path = index_path
+
+            def __call__(self, arguments):
+                return "found"
+    '''))
+    with pytest.raises(EnvLoadError, match=r"env.tools: making '.*needs_args.py:Search' as Search\(\) raised "
+                                           r"TypeError: .*index_path.*give its parameters defaults"):
+        load_tool(f"{tmp_path}/needs_args.py:Search", SandboxConfig())
+
+
+def test_async_tools_are_awaited(tmp_path):
+    """An ``async def`` function or tool object (verl's tools are coroutines) returns its result: the model was
+    shown ``"<coroutine object lookup at 0x...>"`` as the tool's result, and the call never ran."""
+    (tmp_path / "async_tools.py").write_text(textwrap.dedent('''
+        import asyncio
+
+        from relayrl.environments.tools import ToolError
+
+        async def lookup(key: str) -> str:
+            """Look a key up."""
+            await asyncio.sleep(0)
+            if key == "?":
+                raise ToolError("no such key")
+            return {"a": "1"}.get(key, "none")
+
+        class Search:
+            name, description = "search", "search the index"
+
+            async def __call__(self, arguments):
+                await asyncio.sleep(0)
+                return f"found {arguments['q']}"
+    '''))
+    tools = [f"{tmp_path}/async_tools.py:lookup", f"{tmp_path}/async_tools.py:Search"]
+    assert load_tool(tools[0], SandboxConfig())({"key": "a"}) == "1"
+    env = load_env_factory(EnvConfig(name="tools", tools=tools), lambda p, t: 0.0)()
+    env.reset(Problem("q", "1"))
+    assert env.step(format_call("lookup", {"key": "a"})).observation == "<result>1</result>"
+    assert env.step(format_call("lookup", {"key": "?"})).observation == "<error>no such key</error>"
+    assert env.step(format_call("search", {"q": "x"})).observation == "<result>found x</result>"
 
 
 def test_two_tools_of_one_name_are_refused_at_load(tmp_path):
