@@ -365,3 +365,18 @@ def test_a_run_dir_that_is_or_lies_under_a_file_is_refused_naming_the_file(tmp_p
         with pytest.raises(RunDirError, match=f"{tmp_path / 'notes.txt'} is a file, not a directory"):
             check_run_dir(run, "never", overwrite=False)
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_a_run_whose_reference_moved_resumed_without_its_syncs_is_refused():
+    """trainer.ref_sync_every=0 loads no reference from the checkpoint: the starting model would silently become
+    the KL (or DPO) anchor again. Another period, or one above trainer.steps (no more updates), is fine."""
+    saved = {"workflow": "grpo", "trainer": {"steps": 4, "ref_sync_every": 2}}
+    now = json.loads(json.dumps(saved))
+    now["trainer"]["ref_sync_every"] = 1000
+    check_fingerprint(Path("ck"), saved, now)
+    now["trainer"]["ref_sync_every"] = 0
+    with pytest.raises(CheckpointError, match=r"(?s)trainer.ref_sync_every: checkpoint 2, now 0.*starting model.*"
+                                              r"above trainer.steps.*run.resume_check=false"):
+        check_fingerprint(Path("ck"), saved, now)
+    saved["trainer"]["ref_sync_every"] = 0  # the reference never moved: it is the starting model either way
+    check_fingerprint(Path("ck"), saved, now)
