@@ -60,6 +60,7 @@ FINGERPRINT: tuple[str, ...] = (
     "model.chat_template", "data.rejected_key", "data.label_key", "data.messages_key", "data.max_prompt_tokens",
     "data.max_rows", "data.shuffle", "data.chat_template_kwargs",
     "algorithm.advantage", "model.lora.enabled", "model.lora.r", "model.lora.alpha", "model.lora.target_modules",
+    "model.lora.target_parameters",
 )
 """Dotted config keys that must match between a checkpoint and the run that resumes it (``model.lora.alpha``:
 the same adapter weights scaled by another ``alpha / r`` are another model). The held-out set (``data.eval_*``,

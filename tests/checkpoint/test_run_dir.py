@@ -205,6 +205,10 @@ def test_a_lora_run_resumed_with_another_alpha_is_refused():
     assert config_differences(saved, other) == []
     other["model"]["lora"]["alpha"] = 64  # the adapter's scale: another model
     assert config_differences(saved, other) == ["model.lora.alpha: checkpoint 32, now 64"]
+    other["model"]["lora"]["alpha"] = 32
+    other["model"]["lora"]["target_parameters"] = ["mlp.experts.gate_up_proj"]  # adapters on other tensors
+    assert config_differences(saved | {"model": {"lora": {**saved["model"]["lora"], "target_parameters": None}}},
+                              other) == ["model.lora.target_parameters: checkpoint None, now ['mlp.experts.gate_up_proj']"]
 
 
 def test_saved_config_reads_the_checkpoint_config(tmp_path):
