@@ -161,8 +161,12 @@ class EntropyController:
         return {"coef": self.coef, "last_entropy": self.last_entropy}
 
     def load_state_dict(self, state: dict) -> None:
-        """The coefficient where a checkpointed run left it (and the entropy it last saw)."""
+        """Adaptive: the coefficient where a checkpointed run left it, kept in ``[low, high]`` (the resumed run's
+        bounds), and the entropy it last saw. Fixed: that entropy only; the coefficient is the config's (a resumed
+        run's ``algorithm.entropy_coef``), not the checkpoint's."""
         coef = float(state["coef"])
         if coef < 0 or not math.isfinite(coef):
             raise ValueError(f"a checkpointed entropy coefficient must be a finite number >= 0, got {coef}")
-        self.coef, self.last_entropy = coef, state.get("last_entropy")
+        if self.target is not None:
+            self.coef = min(max(coef, self.low), self.high)
+        self.last_entropy = state.get("last_entropy")

@@ -173,8 +173,8 @@ class FixedKLController:
         self.last_kl = float(current_kl)
         return self.coef
 
-    def state_dict(self) -> dict[str, float | None]:
-        return {"coef": self.coef, "last_kl": self.last_kl}
+    def state_dict(self) -> dict[str, float | bool | None]:
+        return {"coef": self.coef, "last_kl": self.last_kl, "fixed": True}
 
     def load_state_dict(self, state: dict) -> None:
         """Only the observed KL: a fixed coefficient is the config's, not the checkpoint's."""
@@ -222,11 +222,14 @@ class AdaptiveKLController:
         return {"coef": self.coef, "last_kl": self.last_kl}
 
     def load_state_dict(self, state: dict) -> None:
-        """The coefficient where a checkpointed run left it (and the KL it last saw)."""
+        """The coefficient where a checkpointed adaptive run left it (and the KL it last saw). A fixed controller's
+        state (a run that turns adaptive on resume) leaves ``init_coef``: its 0 would hold the coefficient at 0."""
         coef = float(state["coef"])
         if coef < 0 or not math.isfinite(coef):
             raise ValueError(f"a checkpointed KL coefficient must be a finite number >= 0, got {coef}")
-        self.coef, self.last_kl = coef, state.get("last_kl")
+        if not state.get("fixed", False):
+            self.coef = coef
+        self.last_kl = state.get("last_kl")
 
 
 def kl_controller(coef: float, target: float | None = None,

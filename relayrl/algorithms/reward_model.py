@@ -82,6 +82,10 @@ class RunningMoments:
     def state(self) -> dict[str, float]:
         return {"count": self.count, "mean": self.mean, "m2": self.m2}
 
+    def load(self, state: dict[str, float]) -> None:
+        """Back to :meth:`state`'s moments (a resumed run's)."""
+        self.count, self.mean, self.m2 = (float(state[k]) for k in ("count", "mean", "m2"))
+
 
 def normalize_rewards(rewards: Tensor, moments: RunningMoments | None, *, clip: float | None = None,
                       eps: float = 1e-6) -> tuple[Tensor, dict[str, float]]:

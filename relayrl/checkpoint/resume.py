@@ -44,10 +44,12 @@ def resume_from(root: Path, mode: Literal["auto", "never"] | str | Path) -> Resu
             (int(m.group(1)), c) for c in (root.iterdir() if root.is_dir() else []) if (m := _STEP_DIR.match(c.name))
         )
         if dirs and not (dirs[-1][1] / MANIFEST).is_file():
-            raise CheckpointError(
-                f"{dirs[-1][1] / MANIFEST}: missing, so the newest checkpoint is incomplete; delete "
-                f"{dirs[-1][1]} to resume from an older one, or set resume to an explicit checkpoint path"
-            )
+            newest, older = dirs[-1][1], manager.latest()
+            aside = root / f"damaged-{newest.name}"
+            way = (f"To resume from {older.name}, the newest checkpoint before it, move it out of the way: mv "
+                   f"{newest} {aside} (then run.resume=auto again)" if older is not None else
+                   f"No complete checkpoint precedes it; move it out of the way (mv {newest} {aside}) to start over")
+            raise CheckpointError(f"{newest / MANIFEST}: missing, so the newest checkpoint is incomplete. {way}")
         latest = manager.latest()
         if latest is None:
             scratch = [c for c in (root.iterdir() if root.is_dir() else []) if _SCRATCH_DIR.match(c.name)]

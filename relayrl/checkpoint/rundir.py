@@ -60,6 +60,7 @@ FINGERPRINT: tuple[str, ...] = (
     "model.chat_template", "data.rejected_key", "data.label_key", "data.messages_key", "data.max_prompt_tokens",
     "data.max_rows", "data.shuffle", "data.chat_template_kwargs",
     "algorithm.advantage", "model.lora.enabled", "model.lora.r", "model.lora.alpha", "model.lora.target_modules",
+    "model.lora.target_parameters",
 )
 """Dotted config keys that must match between a checkpoint and the run that resumes it (``model.lora.alpha``:
 the same adapter weights scaled by another ``alpha / r`` are another model). The held-out set (``data.eval_*``,
@@ -376,7 +377,9 @@ def saved_config(checkpoint: Path) -> dict[str, Any] | None:
 
 
 def check_fingerprint(checkpoint: Path, saved: Mapping[str, Any] | None, current: Mapping[str, Any]) -> None:
-    """Refuse to resume ``checkpoint`` when its saved config differs from ``current`` on :data:`FINGERPRINT`."""
+    """Refuse to resume ``checkpoint`` when its saved config differs from ``current`` on :data:`FINGERPRINT`, or
+    when it holds a reference model that ``trainer.ref_sync_every`` moved and ``current`` has no syncs (it would
+    load the starting model as the reference instead)."""
     if saved is None:
         return  # a checkpoint saved without its config (older runs): nothing to compare
     # a key the saved config lacks was added to relayrl after the checkpoint was written: nothing to compare
@@ -384,6 +387,12 @@ def check_fingerprint(checkpoint: Path, saved: Mapping[str, Any] | None, current
     if any(_at(current, k) not in (None, "<unset>") for k in ("trainer.init_from", "model.path")):
         keys = tuple(k for k in keys if k != "model.tiny")  # the tiny default's shape is not used then
     diff = config_differences(saved, current, keys)
+    moved = _at(saved, "trainer.ref_sync_every")
+    if isinstance(moved, int) and moved > 0 and not _at(current, "trainer.ref_sync_every"):
+        # (the checkpoint holds the reference its syncs moved; without them the run would load the starting model)
+        diff.append(f"trainer.ref_sync_every: checkpoint {moved}, now 0, which would put the starting model back as "
+                    f"the reference in place of the one the checkpoint holds (to stop its updates but keep it, set "
+                    f"trainer.ref_sync_every above trainer.steps)")
     if diff:
         raise CheckpointError(
             f"{checkpoint} belongs to a run with another configuration:\n  " + "\n  ".join(diff)

@@ -44,6 +44,18 @@ class LoraConfig(BaseModel):
         "with target_modules or its default beside them. Needs model.lora.dropout=0 (peft's)")
 
     @model_validator(mode="after")
+    def _read_when_enabled(self) -> "LoraConfig":
+        """A LoRA key without ``model.lora.enabled=true`` would train every weight: refused (verl's
+        ``lora_rank > 0`` turns LoRA on, as TRL's ``lora_r`` does not)."""
+        unread = sorted(self.model_fields_set - {"enabled"}) if not self.enabled else []
+        if unread:
+            raise ValueError(f"model.lora.{unread[0]} is read only with model.lora.enabled=true (LoRA is off, "
+                             f"and a rank alone does not turn it on: every weight would train); set "
+                             f"model.lora.enabled=true, or drop model.lora.{unread[0]} (model.lora={{}} drops a "
+                             f"recipe's LoRA keys: a full fine-tune)")
+        return self
+
+    @model_validator(mode="after")
     def _parameters_take_no_dropout(self) -> "LoraConfig":
         if self.target_parameters and self.dropout:
             raise ValueError(f"model.lora.target_parameters adapts expert tensors, whose adapters take no dropout "

@@ -309,6 +309,8 @@ class GRPOPipeline:
                 self.kl_ctrl.load_state_dict(ck.trainer_state["kl_ctrl"])
             if "entropy_ctrl" in ck.trainer_state:
                 self.entropy_ctrl.load_state_dict(ck.trainer_state["entropy_ctrl"])
+            if ck.trainer_state.get("reward_moments") is not None:  # (reward.normalize=running)
+                self.parts.score(ScoreWorker.load_reward_moments, ck.trainer_state["reward_moments"])
             self.ref_sync.load(ck.extra.get("reference") if isinstance(ck.extra, dict) else None)
             s.restore_rng(ck)
         relay_weights(self.actor, self.rollout, version=s.start_step)
@@ -349,6 +351,7 @@ class GRPOPipeline:
             extra_state = {"rollout_rng": rng, "data": data}
         extra_state["kl_ctrl"] = self.kl_ctrl.state_dict()
         extra_state["entropy_ctrl"] = self.entropy_ctrl.state_dict()
+        extra_state["reward_moments"] = self.parts.score(ScoreWorker.reward_moments)
         with self.s.span("checkpoint", "driver", step):
             extra = {"critic": self.critic.all_rank0(CriticWorker.state)} if self.critic is not None else {}
             reference = self.ref_sync.state()

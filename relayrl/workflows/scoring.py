@@ -104,6 +104,16 @@ class ScoreWorker(Worker):
         return Scored([float(x) for x in scores], rewards.tolist(), metrics, groups, each if decoupled else None,
                       None if log is None else log.rows(len(groups)))
 
+    def reward_moments(self) -> dict[str, float] | None:
+        """``reward.normalize=running``: the moments of every reward so far, for a checkpoint (None without)."""
+        moments = getattr(self.reward, "moments", None)
+        return None if moments is None else moments.state()
+
+    def load_reward_moments(self, state: dict[str, float]) -> None:
+        """A checkpoint's :meth:`reward_moments` back (nothing to load into without ``reward.normalize``)."""
+        if getattr(self.reward, "moments", None) is not None:
+            self.reward.moments.load(state)
+
     @staticmethod
     def write_rewards(slots, rewards: Sequence[float], each: Sequence[Sequence[float]] | None = None) -> Any:
         """Write ``rewards`` (one per slot row) and, given ``each`` (GDPO), each row's score by each user

@@ -67,3 +67,21 @@ def test_entropy_controller_follows_skywork_or1():
         EntropyController(2.0, target=0.5)
     with pytest.raises(ValueError, match="finite"):
         c2.load_state_dict({"coef": float("nan")})
+
+
+def test_a_resumed_fixed_entropy_bonus_is_the_configs_not_the_checkpoints():
+    """A run resumed with another algorithm.entropy_coef (a bonus added, removed or changed) applies it; only an
+    adaptive coefficient is the checkpoint's, within the resumed run's bounds."""
+    from relayrl.algorithms.entropy import EntropyController
+
+    before = EntropyController(0.0)  # a run without a bonus, checkpointed after a step
+    before.update(1.3)
+    now = EntropyController(0.01)
+    now.load_state_dict(before.state_dict())
+    assert now.value == 0.01 and now.last_entropy == 1.3
+    adaptive = EntropyController(0.0, target=0.5, delta=0.1, high=0.25)
+    adaptive.load_state_dict({"coef": 0.2, "last_entropy": 0.3})
+    assert adaptive.value == pytest.approx(0.2)
+    narrower = EntropyController(0.0, target=0.5, delta=0.1, high=0.1)
+    narrower.load_state_dict({"coef": 0.2, "last_entropy": 0.3})
+    assert narrower.value == pytest.approx(0.1)  # algorithm.entropy_coef_max lowered on resume

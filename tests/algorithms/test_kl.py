@@ -103,6 +103,19 @@ def test_kl_controller_from_config_values_and_its_state_round_trip():
         again.load_state_dict({"coef": float("nan")})
 
 
+def test_a_run_resumed_with_an_adaptive_kl_starts_from_its_own_coefficient():
+    """algorithm.kl_target added on resume: the checkpoint's fixed coefficient (0 without a KL term, which the
+    multiplicative update would keep at 0 for good) is not the adaptive controller's; algorithm.kl_coef is."""
+    from relayrl.algorithms.kl import kl_controller
+
+    for before in (0.0, 0.3):
+        adaptive = kl_controller(0.05, target=0.02, horizon=100)
+        adaptive.load_state_dict(kl_controller(before).state_dict())
+        assert adaptive.value == 0.05
+        adaptive.update(0.04, n_steps=50)
+        assert adaptive.value == pytest.approx(0.05 * 1.1)
+
+
 def test_plus_forms_keep_the_value_and_take_k2s_gradient():
     from relayrl.algorithms.kl import canonical_kind, kl_estimate
 

@@ -3,6 +3,7 @@
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -294,6 +295,13 @@ def test_resume_policy(tmp_path, saved):
     broken.mkdir()
     with pytest.raises(CheckpointError, match="step-000009/manifest.json: missing.*newest checkpoint is incomplete"):
         resume_from(root, "auto")
+    # the way on names the checkpoint before it and moves the incomplete one aside (nothing deleted)
+    with pytest.raises(CheckpointError, match=r"To resume from step-\d+, the newest checkpoint before it, move it "
+                                              r"out of the way: mv \S+/step-000009 \S+/damaged-step-000009 "
+                                              r"\(then run.resume=auto again\)"):
+        resume_from(root, "auto")
+    shutil.move(str(broken), str(root / "damaged-step-000009"))
+    assert resume_from(root, "auto").path is not None and resume_from(root, "auto").path.name != "step-000009"
 
 
 def test_a_damaged_newest_checkpoint_is_refused_naming_the_one_before_it(tmp_path):

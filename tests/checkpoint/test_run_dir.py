@@ -205,6 +205,10 @@ def test_a_lora_run_resumed_with_another_alpha_is_refused():
     assert config_differences(saved, other) == []
     other["model"]["lora"]["alpha"] = 64  # the adapter's scale: another model
     assert config_differences(saved, other) == ["model.lora.alpha: checkpoint 32, now 64"]
+    other["model"]["lora"]["alpha"] = 32
+    other["model"]["lora"]["target_parameters"] = ["mlp.experts.gate_up_proj"]  # adapters on other tensors
+    assert config_differences(saved | {"model": {"lora": {**saved["model"]["lora"], "target_parameters": None}}},
+                              other) == ["model.lora.target_parameters: checkpoint None, now ['mlp.experts.gate_up_proj']"]
 
 
 def test_saved_config_reads_the_checkpoint_config(tmp_path):
@@ -365,3 +369,18 @@ def test_a_run_dir_that_is_or_lies_under_a_file_is_refused_naming_the_file(tmp_p
         with pytest.raises(RunDirError, match=f"{tmp_path / 'notes.txt'} is a file, not a directory"):
             check_run_dir(run, "never", overwrite=False)
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_a_run_whose_reference_moved_resumed_without_its_syncs_is_refused():
+    """trainer.ref_sync_every=0 loads no reference from the checkpoint: the starting model would silently become
+    the KL (or DPO) anchor again. Another period, or one above trainer.steps (no more updates), is fine."""
+    saved = {"workflow": "grpo", "trainer": {"steps": 4, "ref_sync_every": 2}}
+    now = json.loads(json.dumps(saved))
+    now["trainer"]["ref_sync_every"] = 1000
+    check_fingerprint(Path("ck"), saved, now)
+    now["trainer"]["ref_sync_every"] = 0
+    with pytest.raises(CheckpointError, match=r"(?s)trainer.ref_sync_every: checkpoint 2, now 0.*starting model.*"
+                                              r"above trainer.steps.*run.resume_check=false"):
+        check_fingerprint(Path("ck"), saved, now)
+    saved["trainer"]["ref_sync_every"] = 0  # the reference never moved: it is the starting model either way
+    check_fingerprint(Path("ck"), saved, now)

@@ -183,6 +183,20 @@ def test_all_linear_is_the_default_and_other_strings_are_refused_naming_the_list
     _refused({"model": {"lora": {"target_modules": ["q_proj", "all-linear"]}}}, "model.lora.target_modules=all-linear")
 
 
+def test_lora_keys_without_enabled_are_refused_not_ignored():
+    """verl's lora_rank > 0 turns LoRA on; here model.lora.r alone did nothing and every weight trained. A recipe's
+    LoRA keys go with model.lora={} (a full fine-tune of that recipe)."""
+    from relayrl.config.loader import load_run_config
+
+    for over in ({"r": 8}, {"alpha": 16}, {"enabled": False, "target_modules": ["q_proj"]}):
+        _refused({"model": {"lora": over}}, f"model.lora.{sorted(set(over) - {'enabled'})[0]} is read only with "
+                 "model.lora.enabled=true", "model.lora={}")
+    with pytest.raises(ValueError, match="model.lora.alpha is read only with model.lora.enabled=true"):
+        load_run_config("recipes/arith_grpo_lora.yaml", ["model.lora.enabled=false"])
+    assert not load_run_config("recipes/arith_grpo_lora.yaml", ["model.lora={}"]).model.lora.enabled
+    assert Config.model_validate({"model": {"lora": {"enabled": False}}}).model.lora.r == 16
+
+
 def test_resuming_with_lora_switched_is_refused_naming_the_key():
     from pathlib import Path
 

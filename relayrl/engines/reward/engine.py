@@ -96,7 +96,7 @@ class RewardEngine:
         self.device = str(device) if cfg.model_device == "auto" else cfg.model_device
         self._rm = None  # the reward model's scorer, loaded on first use
         self._judge = LLMJudge(cfg.judge, device=self.device, ask=judge_ask) if cfg.judge.path or judge_ask else None
-        self._moments = RunningMoments() if cfg.normalize == "running" else None
+        self.moments = RunningMoments() if cfg.normalize == "running" else None  # (checkpointed with the run)
         self._lock = threading.Lock()  # concurrent score calls (the dataflow's driver threads): one load, one update
         self._row_fn: Callable[[str, str], float] | None = None
         self._user: list[UserFn] = []  # the user functions (reward.verifier=user): their weighted sum
@@ -261,10 +261,10 @@ class RewardEngine:
         if judged is not None:
             rewards = [x + c.judge.weight * j for x, j in zip(rewards, pick(judged))]
             learned.update({"reward/judge_mean": _mean(pick(judged)), "reward/judge_malformed": float(sum(malformed))})
-        if (self._moments is not None or c.clip is not None) and rewards:
+        if (self.moments is not None or c.clip is not None) and rewards:
             learned["reward/raw_mean"] = _mean(rewards)
             with self._lock:
-                out, norm = normalize_rewards(torch.tensor(rewards, dtype=torch.float64), self._moments, clip=c.clip)
+                out, norm = normalize_rewards(torch.tensor(rewards, dtype=torch.float64), self.moments, clip=c.clip)
             rewards = out.tolist()
             learned.update(norm)
         if errors:
