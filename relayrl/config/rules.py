@@ -14,7 +14,7 @@ Config = Any
 """A :class:`relayrl.config.schema.Config` (not imported: the schema imports these rules)."""
 
 __all__ = ["check_env", "check_decoupled_rewards", "check_ref_sync", "check_precompute_ref", "check_dpo", "check_kto",
-           "check_workflow_sections", "WORKFLOW_SECTIONS", "check_reward_read", "scores_responses",
+           "check_workflow_sections", "WORKFLOW_SECTIONS", "check_critic", "check_reward_read", "scores_responses",
            "check_total_epochs", "check_retire_solved", "check_loss_agg", "check_vllm_eval_temperature",
            "check_routing_replay"]
 
@@ -151,6 +151,24 @@ def check_workflow_sections(self: Config) -> None:
         if given and self.workflow != section:
             raise ValueError(f"{section}.{sorted(given)[0]} is read by workflow {section} only (this run is "
                              f"workflow {self.workflow}): drop it or set workflow={section}")
+
+
+def check_critic(self: Config) -> None:
+    """``critic.*`` shapes PPO's critic, which a run trains only for an estimator that reads values (``gae``); set
+    for another estimator or workflow, a key there would be ignored (``critic.optim.lr`` tuned, no critic built),
+    so it is refused, naming the estimator that reads it."""
+    if not self.critic.model_fields_set or (self.workflow == "grpo" and estimator(self.algorithm.advantage).values):
+        return
+    key, section = "critic", self.critic
+    while getattr(section, "model_fields_set", None):  # the first key given, in full (critic.optim.lr)
+        name = sorted(section.model_fields_set)[0]
+        key, section = f"{key}.{name}", getattr(section, name)
+    users = " or ".join(n for n, e in ESTIMATORS.items() if e.values)
+    if self.workflow != "grpo":
+        raise ValueError(f"{key} shapes PPO's critic, which workflow {self.workflow} does not train (workflow grpo "
+                         f"with algorithm.advantage={users} does): drop {key}")
+    raise ValueError(f"{key} shapes PPO's critic, which only algorithm.advantage={users} trains: set "
+                     f"algorithm.advantage={users} (got {self.algorithm.advantage!r}) or drop {key}")
 
 
 def scores_responses(workflow: str) -> bool:

@@ -25,8 +25,8 @@ from relayrl.config.kto import KTOConfig
 from relayrl.config.trainer import TrainerConfig
 from relayrl.config.plan import rollout_pool
 from relayrl.config.rollout_devices import check_rollout_devices
-from relayrl.config.rules import (check_decoupled_rewards, check_dpo, check_env, check_kto, check_precompute_ref,
-                                  check_ref_sync, check_retire_solved, check_total_epochs, check_workflow_sections,
+from relayrl.config.rules import (check_critic, check_decoupled_rewards, check_dpo, check_env, check_kto,
+                                  check_precompute_ref, check_ref_sync, check_retire_solved, check_total_epochs, check_workflow_sections,
                                   check_reward_read, scores_responses,
                                   check_loss_agg, check_vllm_eval_temperature, check_routing_replay)
 from relayrl.cluster.config import ClusterConfig
@@ -383,6 +383,7 @@ class Config(_Section):
     @model_validator(mode="after")
     def _cross(self) -> "Config":
         check_workflow_sections(self)
+        check_critic(self)
         check_reward_read(self)
         if self.algorithm.distill.enabled and self.workflow != "grpo":
             raise ValueError(f"algorithm.distill.teacher scores the responses the policy samples, which workflow "

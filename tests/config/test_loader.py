@@ -266,6 +266,17 @@ def test_ppo_settings():
     assert "critic.value_clip" in _errors("algorithm.advantage=gae", "critic.value_clip=0")
 
 
+def test_critic_keys_without_a_critic_are_refused():
+    """Old behaviour: critic.* was taken and ignored by every estimator but gae (a verl user's critic.optim.lr or
+    critic.warmup_steps on a GRPO run trained no critic and held no actor back)."""
+    says = _errors("critic.optim.lr=1e-3", recipe=RECIPES / "arith_grpo.yaml")
+    assert "critic.optim.lr shapes PPO's critic" in says and "set algorithm.advantage=gae (got 'grpo')" in says
+    assert "drop critic.warmup_steps" in _errors("critic.warmup_steps=2", recipe=RECIPES / "arith_sft.yaml")
+    assert "drop critic.optim.lr" in _errors("algorithm.advantage=rloo", recipe=RECIPES / "arith_ppo.yaml")
+    cfg = load_config(Config, RECIPES / "arith_ppo.yaml", ["critic.warmup_steps=2"])
+    assert cfg.critic.warmup_steps == 2 and cfg.critic.optim.lr == 1e-4
+
+
 def test_settings_a_workflow_would_ignore_are_refused():
     """Issue 11 item 7: SFT and DPO accepted trainer.mini_batches / epochs and ignored them; algorithm.gamma
     was ignored by every estimator but gae (fails before)."""
@@ -318,7 +329,8 @@ def test_a_boolean_is_not_read_as_a_number(override, says):
 def test_a_non_finite_number_is_refused(override, says):
     """Old behaviour: a bound like ge=0 let infinity through and a key without one took NaN too, so
     rollout.temperature=inf trained sampling uniformly and engine.optim.lr=inf loaded."""
-    assert says in _errors(override, recipe=RECIPES / "arith_grpo.yaml")
+    recipe = RECIPES / ("arith_ppo.yaml" if override.startswith("critic.") else "arith_grpo.yaml")  # (a critic)
+    assert says in _errors(override, recipe=recipe)
 
 
 def test_infinity_stays_where_it_means_something():
