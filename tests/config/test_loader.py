@@ -277,6 +277,24 @@ def test_critic_keys_without_a_critic_are_refused():
     assert cfg.critic.warmup_steps == 2 and cfg.critic.optim.lr == 1e-4
 
 
+def test_options_of_a_feature_that_is_off_are_refused():
+    """Old behaviour: algorithm.max_resample_rounds without dynamic_sampling, overlong_cache / overlong_penalty
+    without overlong_shaping and kl_kind with kl_coef=0 were taken and did nothing (a verl user's kl_kind=low_var_kl
+    trained with no KL at all)."""
+    grpo = RECIPES / "arith_grpo.yaml"
+    assert "set algorithm.dynamic_sampling=true" in _errors("algorithm.max_resample_rounds=5", recipe=grpo)
+    assert "algorithm.overlong_penalty=0.5 shapes DAPO's overlong penalty" in _errors("algorithm.overlong_penalty=0.5",
+                                                                                      recipe=grpo)
+    assert "set algorithm.kl_coef > 0" in _errors("algorithm.kl_kind=low_var_kl", recipe=grpo)
+    # a base recipe's value: the feature turned off on top of it is refused with the default as the way out
+    dapo = RECIPES / "arith_dapo.yaml"
+    assert "algorithm.overlong_cache=4" in _errors("algorithm.overlong_shaping=false", recipe=dapo)
+    cfg = load_config(Config, dapo, ["algorithm.overlong_shaping=false", "algorithm.overlong_cache=4",
+                                     "algorithm.dynamic_sampling=false"])
+    assert not cfg.algorithm.overlong_shaping and not cfg.algorithm.dynamic_sampling
+    assert load_config(Config, grpo, ["algorithm.kl_kind=k2", "algorithm.kl_coef=0.1"]).algorithm.kl_kind == "k2"
+
+
 def test_settings_a_workflow_would_ignore_are_refused():
     """Issue 11 item 7: SFT and DPO accepted trainer.mini_batches / epochs and ignored them; algorithm.gamma
     was ignored by every estimator but gae (fails before)."""
