@@ -271,7 +271,7 @@ class AlgorithmConfig(_Section):
                                     "overlong_buffer.penalty_factor)")
     overlong_filter: bool = Field(False, description="mask truncated responses out of the loss")
     dynamic_sampling: bool = Field(False, description="drop groups whose scores (dynamic_sampling_metric) are all "
-                                   "equal (and resample prompts)")
+                                   "equal (and resample prompts); needs rollout.n >= 2")
     dynamic_sampling_metric: Literal["score", "reward"] = Field(
         "score", description="the value dynamic sampling compares within a group: score (the verifier's or reward "
         "functions' score before shaping; verl's filter_groups.metric=acc) or reward (after overlong_shaping's "

@@ -393,6 +393,10 @@ class Config(_Section):
                 and not pure_distill:
             raise ValueError(f"rollout.n={self.rollout.n}: group advantages ({self.algorithm.advantage}) need "
                              f"rollout.n >= 2 responses per prompt")
+        if self.workflow == "grpo" and self.algorithm.dynamic_sampling and self.rollout.n < 2:
+            raise ValueError("algorithm.dynamic_sampling drops a prompt group whose responses all score alike, and "
+                             "with rollout.n=1 each group is one response: every group is dropped and no step trains; "
+                             "set rollout.n >= 2 or drop algorithm.dynamic_sampling")
         if self.workflow == "grpo" and self.rollout.temperature == 0 and self.rollout.n > 1:
             raise ValueError(f"rollout.temperature=0 samples greedily, so the rollout.n={self.rollout.n} responses to "
                              f"a prompt are identical and their group advantages all 0; set rollout.temperature > 0 "

@@ -266,6 +266,15 @@ def test_ppo_settings():
     assert "critic.value_clip" in _errors("algorithm.advantage=gae", "critic.value_clip=0")
 
 
+def test_dynamic_sampling_with_one_response_per_prompt_is_refused():
+    """Old behaviour: PPO's rollout.n=1 with algorithm.dynamic_sampling=true loaded, and every step dropped every
+    group (one response is a group whose rewards are all equal) and trained nothing, its log line advising more
+    resample rounds."""
+    says = _errors("rollout.n=1", "algorithm.dynamic_sampling=true", recipe=RECIPES / "arith_ppo.yaml")
+    assert "with rollout.n=1 each group is one response" in says and "set rollout.n >= 2" in says
+    assert load_config(Config, RECIPES / "arith_ppo.yaml", ["rollout.n=2", "algorithm.dynamic_sampling=true"])
+
+
 def test_critic_keys_without_a_critic_are_refused():
     """Old behaviour: critic.* was taken and ignored by every estimator but gae (a verl user's critic.optim.lr or
     critic.warmup_steps on a GRPO run trained no critic and held no actor back)."""
