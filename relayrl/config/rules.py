@@ -14,8 +14,8 @@ Config = Any
 """A :class:`relayrl.config.schema.Config` (not imported: the schema imports these rules)."""
 
 __all__ = ["check_env", "check_decoupled_rewards", "check_ref_sync", "check_precompute_ref", "check_dpo", "check_kto",
-           "check_workflow_sections", "WORKFLOW_SECTIONS", "check_critic", "check_reward_read", "scores_responses",
-           "check_total_epochs", "check_retire_solved", "check_loss_agg", "check_vllm_eval_temperature",
+           "check_workflow_sections", "WORKFLOW_SECTIONS", "check_critic", "check_algorithm_read", "check_reward_read",
+           "scores_responses", "check_total_epochs", "check_retire_solved", "check_loss_agg", "check_vllm_eval_temperature",
            "check_routing_replay"]
 
 
@@ -169,6 +169,21 @@ def check_critic(self: Config) -> None:
                          f"with algorithm.advantage={users} does): drop {key}")
     raise ValueError(f"{key} shapes PPO's critic, which only algorithm.advantage={users} trains: set "
                      f"algorithm.advantage={users} (got {self.algorithm.advantage!r}) or drop {key}")
+
+
+def check_algorithm_read(self: Config) -> None:
+    """The ``algorithm`` section is the RL step's (workflow grpo); workflows sft, dpo, kto and rm read none of it
+    (their losses' options are their own sections), so a key set there would be ignored (``algorithm.loss_agg`` in
+    SFT, ``algorithm.kl_coef`` in DPO): refuse it. Applied after the rules with a message of their own."""
+    if self.workflow == "grpo" or not self.algorithm.model_fields_set:
+        return
+    key, section = "algorithm", self.algorithm
+    while getattr(section, "model_fields_set", None):  # the first key given, in full (algorithm.sapo.tau_pos)
+        name = sorted(section.model_fields_set)[0]
+        key, section = f"{key}.{name}", getattr(section, name)
+    own = f" (its options: {self.workflow}.*)" if self.workflow in WORKFLOW_SECTIONS else ""
+    raise ValueError(f"{key} is read by workflow grpo only; workflow {self.workflow} ignores the algorithm section"
+                     f"{own}: drop {key} or set workflow=grpo")
 
 
 def scores_responses(workflow: str) -> bool:

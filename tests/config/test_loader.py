@@ -275,6 +275,19 @@ def test_dynamic_sampling_with_one_response_per_prompt_is_refused():
     assert load_config(Config, RECIPES / "arith_ppo.yaml", ["rollout.n=2", "algorithm.dynamic_sampling=true"])
 
 
+def test_algorithm_keys_outside_workflow_grpo_are_refused():
+    """Old behaviour: workflows sft, dpo, kto and rm read nothing of the algorithm section and took any key there
+    (algorithm.loss_agg=seq-mean-token-sum on SFT trained its token mean; algorithm.kl_coef on DPO did nothing)."""
+    says = _errors("algorithm.loss_agg=seq-mean-token-sum", recipe=RECIPES / "arith_sft.yaml")
+    assert "algorithm.loss_agg is read by workflow grpo only; workflow sft ignores" in says
+    assert "(its options: dpo.*): drop algorithm.kl_coef" in _errors("algorithm.kl_coef=0.1",
+                                                                     recipe=RECIPES / "arith_dpo.yaml")
+    assert "(its options: kto.*): drop algorithm.entropy_coef" in _errors("algorithm.entropy_coef=0.01",
+                                                                          recipe=RECIPES / "arith_kto.yaml")
+    # a rule of its own still speaks first
+    assert "samples no groups" in _errors("algorithm.loss_agg=prompt-mean-token-mean", recipe=RECIPES / "arith_sft.yaml")
+
+
 def test_critic_keys_without_a_critic_are_refused():
     """Old behaviour: critic.* was taken and ignored by every estimator but gae (a verl user's critic.optim.lr or
     critic.warmup_steps on a GRPO run trained no critic and held no actor back)."""
