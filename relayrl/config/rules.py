@@ -14,9 +14,9 @@ Config = Any
 """A :class:`relayrl.config.schema.Config` (not imported: the schema imports these rules)."""
 
 __all__ = ["check_env", "check_decoupled_rewards", "check_ref_sync", "check_precompute_ref", "check_dpo", "check_kto",
-           "check_workflow_sections", "WORKFLOW_SECTIONS", "check_critic", "check_algorithm_read", "check_reward_read",
-           "scores_responses", "check_total_epochs", "check_retire_solved", "check_loss_agg", "check_vllm_eval_temperature",
-           "check_routing_replay"]
+           "check_workflow_sections", "WORKFLOW_SECTIONS", "check_critic", "check_placed_roles",
+           "check_algorithm_read", "check_reward_read", "scores_responses", "check_total_epochs",
+           "check_retire_solved", "check_loss_agg", "check_vllm_eval_temperature", "check_routing_replay"]
 
 
 def check_env(self: Config) -> None:
@@ -169,6 +169,24 @@ def check_critic(self: Config) -> None:
                          f"with algorithm.advantage={users} does): drop {key}")
     raise ValueError(f"{key} shapes PPO's critic, which only algorithm.advantage={users} trains: set "
                      f"algorithm.advantage={users} (got {self.algorithm.advantage!r}) or drop {key}")
+
+
+def check_placed_roles(self: Config) -> None:
+    """``placement.reference``, ``critic`` and ``teacher`` place a role of the GRPO step; one the run does not build
+    (no KL and no estimator that reads a reference, an estimator without a critic, no distillation) would be
+    placed nowhere, its pool left idle (and the step taken through the placed dataflow): refuse it."""
+    if self.workflow != "grpo":
+        return  # (placement in another workflow: refused by the placement rules)
+    a, pl = self.algorithm, self.placement
+    est = estimator(a.advantage)
+    absent = {"reference": (f"algorithm.kl_coef=0 and advantage={a.advantage} reads no reference"
+                            if a.kl_coef == 0 and not est.reference else None),
+              "critic": None if est.values else f"advantage={a.advantage} has none; gae has one",
+              "teacher": None if a.distill.enabled else "algorithm.distill.teacher is not set"}
+    for role, why in absent.items():
+        if why is not None and getattr(pl, role) != "main":
+            raise ValueError(f"placement.{role}={getattr(pl, role)} places the {role}, which this run does not build "
+                             f"({why}): drop placement.{role}")
 
 
 def check_algorithm_read(self: Config) -> None:

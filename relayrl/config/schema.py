@@ -26,9 +26,9 @@ from relayrl.config.trainer import TrainerConfig
 from relayrl.config.plan import rollout_pool
 from relayrl.config.rollout_devices import check_rollout_devices
 from relayrl.config.rules import (check_algorithm_read, check_critic, check_decoupled_rewards, check_dpo, check_env,
-                                  check_kto, check_precompute_ref, check_ref_sync, check_retire_solved,
-                                  check_total_epochs, check_workflow_sections, check_reward_read, scores_responses,
-                                  check_loss_agg, check_vllm_eval_temperature, check_routing_replay)
+                                  check_kto, check_placed_roles, check_precompute_ref, check_ref_sync,
+                                  check_retire_solved, check_total_epochs, check_workflow_sections, check_reward_read,
+                                  scores_responses, check_loss_agg, check_vllm_eval_temperature, check_routing_replay)
 from relayrl.cluster.config import ClusterConfig
 from relayrl.config.parallel import check_expert_parallel, check_sequence_parallel
 from relayrl.data.config import DataConfig
@@ -525,6 +525,7 @@ def _check_placement(self: Config) -> None:
     pl, t = self.placement, self.trainer
     if self.workflow != "grpo" and (pl.pools or pl.custom or t.mode != "sync" or t.tri_model):
         raise ValueError(f"placement, trainer.mode and trainer.tri_model apply to workflow grpo, not {self.workflow}")
+    check_placed_roles(self)
     # (the conflict first: the pool the next rule asks for would not resolve it)
     if t.mode == "periodic" and t.off_policy_steps:
         raise ValueError("trainer.mode=periodic is on-policy; trainer.off_policy_steps lets the rollout run up to "
