@@ -64,7 +64,8 @@ def value_loss(
         per_token = 0.5 * err
         clipped = torch.zeros_like(err, dtype=torch.bool)
     else:
-        v_clip = old + (v - old).clamp(-clip, clip)
+        v_clip = torch.clamp(v, old - clip, old + clip)  # (v itself inside the range: old + (v - old) is not, by
+        # a rounding, and counted as clipped a token that moved less than clip)
         err_clip = (v_clip - target).square()
         per_token = 0.5 * torch.maximum(err, err_clip)
         clipped = err_clip > err

@@ -271,7 +271,7 @@ class AlgorithmConfig(_Section):
                                     "overlong_buffer.penalty_factor)")
     overlong_filter: bool = Field(False, description="mask truncated responses out of the loss")
     dynamic_sampling: bool = Field(False, description="drop groups whose scores (dynamic_sampling_metric) are all "
-                                   "equal (and resample prompts)")
+                                   "equal (and resample prompts); needs rollout.n >= 2")
     dynamic_sampling_metric: Literal["score", "reward"] = Field(
         "score", description="the value dynamic sampling compares within a group: score (the verifier's or reward "
         "functions' score before shaping; verl's filter_groups.metric=acc) or reward (after overlong_shaping's "
@@ -421,6 +421,9 @@ class AlgorithmConfig(_Section):
         if self.kl_target is not None and self.kl_coef == 0:
             raise ValueError("algorithm.kl_target adapts the KL coefficient from algorithm.kl_coef, which is 0 (no "
                              "reference model, and 0 stays 0): set algorithm.kl_coef > 0, e.g. 0.05")
+        if self.kl_coef == 0:
+            self._idle(("kl_kind",), "is the estimate of the KL to the reference, which algorithm.kl_coef=0 leaves "
+                       "out (no KL term, no KL reward)", "set algorithm.kl_coef > 0 (e.g. 0.001)")
         if self.kl_target is None and self.kl_horizon != 10_000:
             raise ValueError(f"algorithm.kl_horizon={self.kl_horizon} paces the adaptive KL coefficient, which "
                              f"algorithm.kl_target turns on: set algorithm.kl_target or drop kl_horizon")
@@ -436,6 +439,12 @@ class AlgorithmConfig(_Section):
                              f"algorithm.normalize_std" + ("; the leave-one-out baseline over the others' std is "
                                                             "advantage=grpo-loo (NeMo-RL's default)"
                                                             if self.advantage == "rloo" and self.normalize_std else ""))
+        if not self.overlong_shaping:
+            self._idle(("overlong_cache", "overlong_penalty"), "shapes DAPO's overlong penalty, which "
+                       "algorithm.overlong_shaping turns on (it is off)", "set algorithm.overlong_shaping=true")
+        if not self.dynamic_sampling:
+            self._idle(("max_resample_rounds",), "counts dynamic sampling's refills, which is off (every group is "
+                       "kept after one round)", "set algorithm.dynamic_sampling=true")
         if "dynamic_sampling_metric" in self.model_fields_set and not self.dynamic_sampling:
             raise ValueError(f"algorithm.dynamic_sampling_metric={self.dynamic_sampling_metric} is the value dynamic "
                              f"sampling compares, which is off: set algorithm.dynamic_sampling=true or drop "
@@ -508,6 +517,15 @@ class AlgorithmConfig(_Section):
                 raise ValueError("algorithm.dual_clip bounds PPO's surrogate for negative advantages; CISPO's weight "
                                  "is already clipped on both sides: drop algorithm.dual_clip")
         return self
+
+    def _idle(self, keys: tuple[str, ...], what: str, fix: str) -> None:
+        """Refuse the first of ``keys`` set away from its default: it shapes a feature that is off (``what``), so
+        it would be ignored; the fix is ``fix`` or its default (a recipe's base may have set it)."""
+        fields = type(self).model_fields
+        for k in keys:
+            if getattr(self, k) != fields[k].default:
+                raise ValueError(f"algorithm.{k}={getattr(self, k)} {what}: {fix}, or drop algorithm.{k} (or set "
+                                 f"its default, algorithm.{k}={fields[k].default})")
 
     def _check_own_loss(self, est: Estimator) -> None:
         """An estimator whose advantages are its own loss's gradient (``Estimator.own_loss``, online DPO) needs the

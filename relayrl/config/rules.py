@@ -14,9 +14,9 @@ Config = Any
 """A :class:`relayrl.config.schema.Config` (not imported: the schema imports these rules)."""
 
 __all__ = ["check_env", "check_decoupled_rewards", "check_ref_sync", "check_precompute_ref", "check_dpo", "check_kto",
-           "check_workflow_sections", "WORKFLOW_SECTIONS", "check_reward_read", "scores_responses",
-           "check_total_epochs", "check_retire_solved", "check_loss_agg", "check_vllm_eval_temperature",
-           "check_routing_replay"]
+           "check_workflow_sections", "WORKFLOW_SECTIONS", "check_critic", "check_placed_roles",
+           "check_algorithm_read", "check_reward_read", "scores_responses", "check_total_epochs",
+           "check_retire_solved", "check_loss_agg", "check_vllm_eval_temperature", "check_routing_replay"]
 
 
 def check_env(self: Config) -> None:
@@ -170,6 +170,57 @@ def check_workflow_sections(self: Config) -> None:
                          f"): drop {'it' if len(keys) == 1 else 'them'} from the recipe"
                          + (" (algorithm={} on the command line empties that section)" if self.algorithm.model_fields_set
                             else "") + " or set workflow=grpo")
+
+
+def check_critic(self: Config) -> None:
+    """``critic.*`` shapes PPO's critic, which a run trains only for an estimator that reads values (``gae``); set
+    for another estimator or workflow, a key there would be ignored (``critic.optim.lr`` tuned, no critic built),
+    so it is refused, naming the estimator that reads it."""
+    if not self.critic.model_fields_set or (self.workflow == "grpo" and estimator(self.algorithm.advantage).values):
+        return
+    key, section = "critic", self.critic
+    while getattr(section, "model_fields_set", None):  # the first key given, in full (critic.optim.lr)
+        name = sorted(section.model_fields_set)[0]
+        key, section = f"{key}.{name}", getattr(section, name)
+    users = " or ".join(n for n, e in ESTIMATORS.items() if e.values)
+    if self.workflow != "grpo":
+        raise ValueError(f"{key} shapes PPO's critic, which workflow {self.workflow} does not train (workflow grpo "
+                         f"with algorithm.advantage={users} does): drop {key}")
+    raise ValueError(f"{key} shapes PPO's critic, which only algorithm.advantage={users} trains: set "
+                     f"algorithm.advantage={users} (got {self.algorithm.advantage!r}) or drop {key}")
+
+
+def check_placed_roles(self: Config) -> None:
+    """``placement.reference``, ``critic`` and ``teacher`` place a role of the GRPO step; one the run does not build
+    (no KL and no estimator that reads a reference, an estimator without a critic, no distillation) would be
+    placed nowhere, its pool left idle (and the step taken through the placed dataflow): refuse it."""
+    if self.workflow != "grpo":
+        return  # (placement in another workflow: refused by the placement rules)
+    a, pl = self.algorithm, self.placement
+    est = estimator(a.advantage)
+    absent = {"reference": (f"algorithm.kl_coef=0 and advantage={a.advantage} reads no reference"
+                            if a.kl_coef == 0 and not est.reference else None),
+              "critic": None if est.values else f"advantage={a.advantage} has none; gae has one",
+              "teacher": None if a.distill.enabled else "algorithm.distill.teacher is not set"}
+    for role, why in absent.items():
+        if why is not None and getattr(pl, role) != "main":
+            raise ValueError(f"placement.{role}={getattr(pl, role)} places the {role}, which this run does not build "
+                             f"({why}): drop placement.{role}")
+
+
+def check_algorithm_read(self: Config) -> None:
+    """The ``algorithm`` section is the RL step's (workflow grpo); workflows sft, dpo, kto and rm read none of it
+    (their losses' options are their own sections), so a key set there would be ignored (``algorithm.loss_agg`` in
+    SFT, ``algorithm.kl_coef`` in DPO): refuse it. Applied after the rules with a message of their own."""
+    if self.workflow == "grpo" or not self.algorithm.model_fields_set:
+        return
+    key, section = "algorithm", self.algorithm
+    while getattr(section, "model_fields_set", None):  # the first key given, in full (algorithm.sapo.tau_pos)
+        name = sorted(section.model_fields_set)[0]
+        key, section = f"{key}.{name}", getattr(section, name)
+    own = f" (its options: {self.workflow}.*)" if self.workflow in WORKFLOW_SECTIONS else ""
+    raise ValueError(f"{key} is read by workflow grpo only; workflow {self.workflow} ignores the algorithm section"
+                     f"{own}: drop {key} or set workflow=grpo")
 
 
 def scores_responses(workflow: str) -> bool:

@@ -25,10 +25,10 @@ from relayrl.config.kto import KTOConfig
 from relayrl.config.trainer import TrainerConfig
 from relayrl.config.plan import rollout_pool
 from relayrl.config.rollout_devices import check_rollout_devices
-from relayrl.config.rules import (check_decoupled_rewards, check_dpo, check_env, check_kto, check_precompute_ref,
-                                  check_ref_sync, check_retire_solved, check_total_epochs, check_workflow_sections,
-                                  check_reward_read, scores_responses,
-                                  check_loss_agg, check_vllm_eval_temperature, check_routing_replay)
+from relayrl.config.rules import (check_algorithm_read, check_critic, check_decoupled_rewards, check_dpo, check_env,
+                                  check_kto, check_placed_roles, check_precompute_ref, check_ref_sync,
+                                  check_retire_solved, check_total_epochs, check_workflow_sections, check_reward_read,
+                                  scores_responses, check_loss_agg, check_vllm_eval_temperature, check_routing_replay)
 from relayrl.cluster.config import ClusterConfig
 from relayrl.config.parallel import check_expert_parallel, check_sequence_parallel
 from relayrl.data.config import DataConfig
@@ -389,6 +389,7 @@ class Config(_Section):
     @model_validator(mode="after")
     def _cross(self) -> "Config":
         check_workflow_sections(self)
+        check_critic(self)
         check_reward_read(self)
         if self.algorithm.distill.enabled and self.workflow != "grpo":
             raise ValueError(f"algorithm.distill.teacher scores the responses the policy samples, which workflow "
@@ -398,6 +399,10 @@ class Config(_Section):
                 and not pure_distill:
             raise ValueError(f"rollout.n={self.rollout.n}: group advantages ({self.algorithm.advantage}) need "
                              f"rollout.n >= 2 responses per prompt")
+        if self.workflow == "grpo" and self.algorithm.dynamic_sampling and self.rollout.n < 2:
+            raise ValueError("algorithm.dynamic_sampling drops a prompt group whose responses all score alike, and "
+                             "with rollout.n=1 each group is one response: every group is dropped and no step trains; "
+                             "set rollout.n >= 2 or drop algorithm.dynamic_sampling")
         if self.workflow == "grpo" and self.rollout.temperature == 0 and self.rollout.n > 1:
             raise ValueError(f"rollout.temperature=0 samples greedily, so the rollout.n={self.rollout.n} responses to "
                              f"a prompt are identical and their group advantages all 0; set rollout.temperature > 0 "
@@ -480,6 +485,7 @@ class Config(_Section):
                 and scores_responses(self.workflow)):
             raise ValueError("reward.verifier=task needs a built-in data.task; for data.path use "
                              "reward.verifier=math, exact or user")
+        check_algorithm_read(self)
         return self
 
 
@@ -525,6 +531,7 @@ def _check_placement(self: Config) -> None:
     pl, t = self.placement, self.trainer
     if self.workflow != "grpo" and (pl.pools or pl.custom or t.mode != "sync" or t.tri_model):
         raise ValueError(f"placement, trainer.mode and trainer.tri_model apply to workflow grpo, not {self.workflow}")
+    check_placed_roles(self)
     # (the conflict first: the pool the next rule asks for would not resolve it)
     if t.mode == "periodic" and t.off_policy_steps:
         raise ValueError("trainer.mode=periodic is on-policy; trainer.off_policy_steps lets the rollout run up to "

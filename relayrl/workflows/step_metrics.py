@@ -87,16 +87,19 @@ def step_metrics(st: StepState, *, step: int, prompts_per_step: int, tri_model: 
         scores = torch.tensor(sorted(st.scores), dtype=torch.float64)
         rewards = torch.tensor(sorted(st.rewards), dtype=torch.float64)
         m.update(sample_metrics(scores, rewards, lengths, truncated))
-    elif m.get("reward/errors", 0) or st.rollout_errors or m.get("env/errors", 0):  # *.on_error=drop_group
-        session.tracker.write_text(f"step {step}: every group was dropped (failures under *.on_error=drop_group: "
-                                   f"rollout/errors {st.rollout_errors:g}, reward/errors {m.get('reward/errors', 0):g}, "
-                                   f"env/errors {m.get('env/errors', 0):g}; or equal rewards); no update this step")
+    else:  # no sample to train on: no reward/mean (the scorer's is every row's, before the overlong shaping)
+        for k in ("reward/mean", "reward/std"):
+            m.pop(k, None)
         m["dapo/skipped_step"] = 1.0
-    else:  # every group was uniform in every round: nothing to learn from this step
-        session.tracker.write_text(f"step {step}: dynamic sampling found no group with differing rewards in "
-                                   f"{st.rounds} rounds; no update this step (raise algorithm.max_resample_rounds "
-                                   f"or data.prompts_per_step)")
-        m["dapo/skipped_step"] = 1.0
+        if m.get("reward/errors", 0) or st.rollout_errors or m.get("env/errors", 0):  # *.on_error=drop_group
+            session.tracker.write_text(f"step {step}: every group was dropped (failures under *.on_error=drop_group: "
+                                       f"rollout/errors {st.rollout_errors:g}, reward/errors "
+                                       f"{m.get('reward/errors', 0):g}, env/errors {m.get('env/errors', 0):g}; or "
+                                       f"equal rewards); no update this step")
+        else:  # every group was uniform in every round: nothing to learn from this step
+            session.tracker.write_text(f"step {step}: dynamic sampling found no group with differing rewards in "
+                                       f"{st.rounds} rounds; no update this step (raise "
+                                       f"algorithm.max_resample_rounds or data.prompts_per_step)")
     m.update(st.advantages.metrics())
     m.update(st.update)
     return kl_metrics(m, weighted(st.kl), tri_model)

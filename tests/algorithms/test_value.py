@@ -27,6 +27,21 @@ def test_hand_computed_clipped_value_loss():
     torch.testing.assert_close(values.grad, torch.tensor([[0.0, -0.5, 0.0]]))
 
 
+def test_values_that_moved_less_than_the_clip_are_not_counted_as_clipped():
+    """Old behaviour: v_clip was old + clamp(v - old), which rounds away from v, so critic/vf_clip_frac counted
+    tokens that moved far less than the clip (5% of them with values and old values spread like 0.2)."""
+    torch.manual_seed(0)
+    old = torch.randn(256, 32) * 0.2
+    values = torch.randn(256, 32) * 0.2
+    values = torch.where((values - old).abs() < 0.45, values, old).requires_grad_()
+    returns = torch.rand(256, 32)
+    loss, metrics = value_loss(values, old, returns, torch.ones(256, 32), clip=0.5)
+    assert metrics["critic/vf_clip_frac"] == 0.0
+    assert loss.item() == pytest.approx((0.5 * (values - returns).square()).mean().item(), rel=1e-6)
+    loss.backward()
+    assert torch.allclose(values.grad, (values - returns).detach() / values.numel(), atol=1e-9)
+
+
 def test_explained_variance():
     returns = torch.tensor([[1.0, 2.0, 3.0, 99.0]])
     mask = torch.tensor([[1, 1, 1, 0]])

@@ -284,6 +284,57 @@ def test_ppo_settings():
     assert "critic.value_clip" in _errors("algorithm.advantage=gae", "critic.value_clip=0")
 
 
+def test_dynamic_sampling_with_one_response_per_prompt_is_refused():
+    """Old behaviour: PPO's rollout.n=1 with algorithm.dynamic_sampling=true loaded, and every step dropped every
+    group (one response is a group whose rewards are all equal) and trained nothing, its log line advising more
+    resample rounds."""
+    says = _errors("rollout.n=1", "algorithm.dynamic_sampling=true", recipe=RECIPES / "arith_ppo.yaml")
+    assert "with rollout.n=1 each group is one response" in says and "set rollout.n >= 2" in says
+    assert load_config(Config, RECIPES / "arith_ppo.yaml", ["rollout.n=2", "algorithm.dynamic_sampling=true"])
+
+
+def test_algorithm_keys_outside_workflow_grpo_are_refused():
+    """Old behaviour: workflows sft, dpo, kto and rm read nothing of the algorithm section and took any key there
+    (algorithm.loss_agg=seq-mean-token-sum on SFT trained its token mean; algorithm.kl_coef on DPO did nothing)."""
+    says = _errors("algorithm.loss_agg=seq-mean-token-sum", recipe=RECIPES / "arith_sft.yaml")
+    assert "algorithm.loss_agg is read by workflow grpo only; workflow sft ignores" in says
+    assert "(its options: dpo.*): drop algorithm.kl_coef" in _errors("algorithm.kl_coef=0.1",
+                                                                     recipe=RECIPES / "arith_dpo.yaml")
+    assert "(its options: kto.*): drop algorithm.entropy_coef" in _errors("algorithm.entropy_coef=0.01",
+                                                                          recipe=RECIPES / "arith_kto.yaml")
+    # a rule of its own still speaks first
+    assert "samples no groups" in _errors("algorithm.loss_agg=prompt-mean-token-mean", recipe=RECIPES / "arith_sft.yaml")
+
+
+def test_critic_keys_without_a_critic_are_refused():
+    """Old behaviour: critic.* was taken and ignored by every estimator but gae (a verl user's critic.optim.lr or
+    critic.warmup_steps on a GRPO run trained no critic and held no actor back)."""
+    says = _errors("critic.optim.lr=1e-3", recipe=RECIPES / "arith_grpo.yaml")
+    assert "critic.optim.lr shapes PPO's critic" in says and "set algorithm.advantage=gae (got 'grpo')" in says
+    assert "drop critic.warmup_steps" in _errors("critic.warmup_steps=2", recipe=RECIPES / "arith_sft.yaml")
+    assert "drop critic.optim.lr" in _errors("algorithm.advantage=rloo", recipe=RECIPES / "arith_ppo.yaml")
+    cfg = load_config(Config, RECIPES / "arith_ppo.yaml", ["critic.warmup_steps=2"])
+    assert cfg.critic.warmup_steps == 2 and cfg.critic.optim.lr == 1e-4
+
+
+def test_options_of_a_feature_that_is_off_are_refused():
+    """Old behaviour: algorithm.max_resample_rounds without dynamic_sampling, overlong_cache / overlong_penalty
+    without overlong_shaping and kl_kind with kl_coef=0 were taken and did nothing (a verl user's kl_kind=low_var_kl
+    trained with no KL at all)."""
+    grpo = RECIPES / "arith_grpo.yaml"
+    assert "set algorithm.dynamic_sampling=true" in _errors("algorithm.max_resample_rounds=5", recipe=grpo)
+    assert "algorithm.overlong_penalty=0.5 shapes DAPO's overlong penalty" in _errors("algorithm.overlong_penalty=0.5",
+                                                                                      recipe=grpo)
+    assert "set algorithm.kl_coef > 0" in _errors("algorithm.kl_kind=low_var_kl", recipe=grpo)
+    # a base recipe's value: the feature turned off on top of it is refused with the default as the way out
+    dapo = RECIPES / "arith_dapo.yaml"
+    assert "algorithm.overlong_cache=4" in _errors("algorithm.overlong_shaping=false", recipe=dapo)
+    cfg = load_config(Config, dapo, ["algorithm.overlong_shaping=false", "algorithm.overlong_cache=4",
+                                     "algorithm.dynamic_sampling=false"])
+    assert not cfg.algorithm.overlong_shaping and not cfg.algorithm.dynamic_sampling
+    assert load_config(Config, grpo, ["algorithm.kl_kind=k2", "algorithm.kl_coef=0.1"]).algorithm.kl_kind == "k2"
+
+
 def test_settings_a_workflow_would_ignore_are_refused():
     """Issue 11 item 7: SFT and DPO accepted trainer.mini_batches / epochs and ignored them; algorithm.gamma
     was ignored by every estimator but gae (fails before)."""
@@ -336,7 +387,8 @@ def test_a_boolean_is_not_read_as_a_number(override, says):
 def test_a_non_finite_number_is_refused(override, says):
     """Old behaviour: a bound like ge=0 let infinity through and a key without one took NaN too, so
     rollout.temperature=inf trained sampling uniformly and engine.optim.lr=inf loaded."""
-    assert says in _errors(override, recipe=RECIPES / "arith_grpo.yaml")
+    recipe = RECIPES / ("arith_ppo.yaml" if override.startswith("critic.") else "arith_grpo.yaml")  # (a critic)
+    assert says in _errors(override, recipe=recipe)
 
 
 def test_infinity_stays_where_it_means_something():

@@ -173,3 +173,17 @@ def test_the_role_names_are_the_role_table_in_build_order():
 
     assert tuple(r.name for r in ROLES) == ROLE_NAMES
     assert "assistant" in CHAT_ROLES and not set(CHAT_ROLES) & set(ROLE_NAMES)
+
+
+def test_a_role_the_run_does_not_build_cannot_be_placed():
+    """Old behaviour: placement.critic on GRPO, placement.reference with kl_coef=0 and placement.teacher without a
+    teacher loaded and placed nothing, leaving their pool idle (and taking the placed dataflow)."""
+    pools = {"pools": {"p": 1}}
+    refused({"placement": {**pools, "critic": "p"}}, "placement.critic=p places the critic",
+            "advantage=grpo has none; gae has one", "drop placement.critic")
+    refused({"placement": {**pools, "reference": "p"}}, "algorithm.kl_coef=0 and advantage=grpo reads no reference")
+    refused({"placement": {**pools, "teacher": "p"}}, "algorithm.distill.teacher is not set")
+    assert step_plan(validate({"algorithm": {"advantage": "gae"}, "placement": {**pools, "critic": "p"}})).pools[
+        "critic"] == "p"
+    assert validate({"algorithm": {"advantage": "online-dpo", "policy_loss": "gpg", "loss_agg": "seq-mean-token-sum"},
+                     "placement": {**pools, "reference": "p"}}).placement.reference == "p"

@@ -59,7 +59,7 @@ def test_the_rollouts_pool_is_packed_in_runs_of_its_ranks_devices():
 
     colocated = Config.model_validate(tp(2, cluster={"devices": 2, "backend": "ray"}))
     assert pool_pack(colocated, "main") == 2
-    split = Config.model_validate(tp(2, cluster={"backend": "ray"},
+    split = Config.model_validate(tp(2, cluster={"backend": "ray"}, algorithm={"kl_coef": 0.1},  # (a reference)
                                      placement={"pools": {"gen": 4, "ref": 1}, "rollout": "gen", "reference": "ref"}))
     assert [pool_pack(split, p) for p in ("main", "gen", "ref")] == [1, 2, 1]
     ahead = Config.model_validate(tp(2, trainer={"off_policy_steps": 1}))

@@ -51,7 +51,7 @@ def test_the_engine_applies_it_and_the_config_resolves_auto(dropout_dir):
     assert Config().train_engine().dropout == "none"
     assert Config(workflow="sft").train_engine().dropout == "model"
     assert Config.model_validate({"engine": {"dropout": "model"}}).train_engine().dropout == "model"
-    critic = Config.model_validate({"critic": {"optim": {"lr": 0.5}}})
+    critic = Config.model_validate({"algorithm": {"advantage": "gae"}, "critic": {"optim": {"lr": 0.5}}})
     assert critic.train_engine(optim=critic.critic.optim).optim.lr == 0.5
 
 

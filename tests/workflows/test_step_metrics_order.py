@@ -52,3 +52,27 @@ def test_reward_mean_and_std_are_float64_and_dropped_groups_have_their_mean():
     st.filtered_rewards = {2: 1.0, 0: 0.0, 1: 0.0}
     m = step_metrics(st, step=1, prompts_per_step=3, tri_model=False, session=None)
     assert m["dapo/dropped_reward_mean"] == 1 / 3
+
+
+def test_a_step_that_trains_nothing_logs_no_reward_mean():
+    """Old behaviour: a step whose every group dynamic sampling dropped logged the scorer's reward/mean (every row
+    of every round, before the overlong shaping), where the other steps log the shaped reward of the samples they
+    train on: a DAPO run's curve jumped to the unshaped figure (1.0 once every group was solved) at such steps."""
+    class _Tracker:
+        lines: list = []
+
+        def write_text(self, line):
+            self.lines.append(line)
+
+    class _Session:
+        tracker = _Tracker()
+
+    st = StepState(problems=[None] * 2, positions=[None] * 2)
+    st.records = [GroupRecord(group=k, lengths=[5] * 4, prompt_len=4, truncated=[True] * 4) for k in range(2)]
+    st.dropped, st.rounds = {0, 1}, 4
+    st.filtered_rewards = {0: 0.0, 1: 0.0}  # all right, all cut: 1 - 1 after the length penalty
+    st.reward_metrics = {"reward/mean": [(1.0, 8)], "reward/std": [(0.0, 8)], "reward/verifier_mean": [(1.0, 8)]}
+    m = step_metrics(st, step=3, prompts_per_step=2, tri_model=False, session=_Session())
+    assert m["dapo/skipped_step"] == 1.0 and m["reward/verifier_mean"] == 1.0
+    assert "reward/mean" not in m and "reward/std" not in m and "train/accuracy" not in m
+    assert "no group with differing rewards in 4 rounds" in _Tracker.lines[-1]
