@@ -162,26 +162,34 @@ def check_workflow_sections(self: Config) -> None:
                              f"workflow {self.workflow}): drop it or set workflow={section}")
     if self.workflow == "grpo":
         return
-    keys = [f"algorithm.{k}" for k in sorted(self.algorithm.model_fields_set - {"distill"})]
+    keys = [k for k in set_keys("algorithm", self.algorithm) if not k.startswith("algorithm.distill.")]
     keys += ["rollout.n"] if "n" in self.rollout.model_fields_set else []
     if keys:
-        raise ValueError(f"{', '.join(keys)} {'is' if len(keys) == 1 else 'are'} read by workflow grpo only (this "
-                         f"run is workflow {self.workflow}, which would train without {'it' if len(keys) == 1 else 'them'}"
-                         f"): drop {'it' if len(keys) == 1 else 'them'} from the recipe"
+        one = len(keys) == 1
+        own = f"; its options are {self.workflow}.*" if self.workflow in WORKFLOW_SECTIONS else ""
+        raise ValueError(f"{', '.join(keys)} {'is' if one else 'are'} read by workflow grpo only (this run is "
+                         f"workflow {self.workflow}, which would train without {'it' if one else 'them'}{own}): drop "
+                         f"{'it' if one else 'them'} from the recipe"
                          + (" (algorithm={} on the command line empties that section)" if self.algorithm.model_fields_set
                             else "") + " or set workflow=grpo")
+
+
+def set_keys(prefix: str, section: Any) -> list[str]:
+    """The dotted keys given in ``section`` (a config section), each in full (``algorithm.sapo.tau_pos``), sorted;
+    none for a section given empty (``algorithm={}``)."""
+    if not hasattr(section, "model_fields_set"):
+        return [prefix]  # (a value)
+    return [k for name in sorted(section.model_fields_set) for k in set_keys(f"{prefix}.{name}", getattr(section, name))]
 
 
 def check_critic(self: Config) -> None:
     """``critic.*`` shapes PPO's critic, which a run trains only for an estimator that reads values (``gae``); set
     for another estimator or workflow, a key there would be ignored (``critic.optim.lr`` tuned, no critic built),
     so it is refused, naming the estimator that reads it."""
-    if not self.critic.model_fields_set or (self.workflow == "grpo" and estimator(self.algorithm.advantage).values):
+    given = set_keys("critic", self.critic)  # each in full (critic.optim.lr)
+    if not given or (self.workflow == "grpo" and estimator(self.algorithm.advantage).values):
         return
-    key, section = "critic", self.critic
-    while getattr(section, "model_fields_set", None):  # the first key given, in full (critic.optim.lr)
-        name = sorted(section.model_fields_set)[0]
-        key, section = f"{key}.{name}", getattr(section, name)
+    key = given[0]
     users = " or ".join(n for n, e in ESTIMATORS.items() if e.values)
     if self.workflow != "grpo":
         raise ValueError(f"{key} shapes PPO's critic, which workflow {self.workflow} does not train (workflow grpo "
@@ -206,21 +214,6 @@ def check_placed_roles(self: Config) -> None:
         if why is not None and getattr(pl, role) != "main":
             raise ValueError(f"placement.{role}={getattr(pl, role)} places the {role}, which this run does not build "
                              f"({why}): drop placement.{role}")
-
-
-def check_algorithm_read(self: Config) -> None:
-    """The ``algorithm`` section is the RL step's (workflow grpo); workflows sft, dpo, kto and rm read none of it
-    (their losses' options are their own sections), so a key set there would be ignored (``algorithm.loss_agg`` in
-    SFT, ``algorithm.kl_coef`` in DPO): refuse it. Applied after the rules with a message of their own."""
-    if self.workflow == "grpo" or not self.algorithm.model_fields_set:
-        return
-    key, section = "algorithm", self.algorithm
-    while getattr(section, "model_fields_set", None):  # the first key given, in full (algorithm.sapo.tau_pos)
-        name = sorted(section.model_fields_set)[0]
-        key, section = f"{key}.{name}", getattr(section, name)
-    own = f" (its options: {self.workflow}.*)" if self.workflow in WORKFLOW_SECTIONS else ""
-    raise ValueError(f"{key} is read by workflow grpo only; workflow {self.workflow} ignores the algorithm section"
-                     f"{own}: drop {key} or set workflow=grpo")
 
 
 def scores_responses(workflow: str) -> bool:

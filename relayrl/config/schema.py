@@ -25,7 +25,7 @@ from relayrl.config.kto import KTOConfig
 from relayrl.config.trainer import TrainerConfig
 from relayrl.config.plan import rollout_pool
 from relayrl.config.rollout_devices import check_rollout_devices
-from relayrl.config.rules import (check_algorithm_read, check_critic, check_decoupled_rewards, check_dpo, check_env,
+from relayrl.config.rules import (check_critic, check_decoupled_rewards, check_dpo, check_env,
                                   check_kto, check_placed_roles, check_precompute_ref, check_ref_sync,
                                   check_retire_solved, check_total_epochs, check_workflow_sections, check_reward_read,
                                   scores_responses, check_loss_agg, check_vllm_eval_temperature, check_routing_replay)
@@ -485,7 +485,6 @@ class Config(_Section):
                 and scores_responses(self.workflow)):
             raise ValueError("reward.verifier=task needs a built-in data.task; for data.path use "
                              "reward.verifier=math, exact or user")
-        check_algorithm_read(self)
         return self
 
 

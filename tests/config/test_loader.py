@@ -297,13 +297,14 @@ def test_algorithm_keys_outside_workflow_grpo_are_refused():
     """Old behaviour: workflows sft, dpo, kto and rm read nothing of the algorithm section and took any key there
     (algorithm.loss_agg=seq-mean-token-sum on SFT trained its token mean; algorithm.kl_coef on DPO did nothing)."""
     says = _errors("algorithm.loss_agg=seq-mean-token-sum", recipe=RECIPES / "arith_sft.yaml")
-    assert "algorithm.loss_agg is read by workflow grpo only; workflow sft ignores" in says
-    assert "(its options: dpo.*): drop algorithm.kl_coef" in _errors("algorithm.kl_coef=0.1",
-                                                                     recipe=RECIPES / "arith_dpo.yaml")
-    assert "(its options: kto.*): drop algorithm.entropy_coef" in _errors("algorithm.entropy_coef=0.01",
-                                                                          recipe=RECIPES / "arith_kto.yaml")
-    # a rule of its own still speaks first
-    assert "samples no groups" in _errors("algorithm.loss_agg=prompt-mean-token-mean", recipe=RECIPES / "arith_sft.yaml")
+    assert "algorithm.loss_agg is read by workflow grpo only (this run is workflow sft, which would train " \
+           "without it): drop it" in says
+    assert "algorithm.kl_coef is read by workflow grpo only (this run is workflow dpo, which would train without " \
+           "it; its options are dpo.*)" in _errors("algorithm.kl_coef=0.1", recipe=RECIPES / "arith_dpo.yaml")
+    assert "its options are kto.*" in _errors("algorithm.entropy_coef=0.01", recipe=RECIPES / "arith_kto.yaml")
+    # a nested key in full
+    assert "algorithm.policy_loss, algorithm.sapo.tau_pos are read by workflow grpo only" in _errors(
+        "algorithm.policy_loss=sapo", "algorithm.sapo.tau_pos=2", recipe=RECIPES / "arith_sft.yaml")
 
 
 def test_critic_keys_without_a_critic_are_refused():
