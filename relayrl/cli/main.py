@@ -67,7 +67,8 @@ def resolved_config(cfg) -> str:
     if cfg.workflow == "grpo":
         from relayrl.config.plan import step_plan
 
-        text = f"# {step_plan(cfg).describe()}\n" + text
+        plan = step_plan(cfg)
+        text = "".join(f"# {line}\n" for line in (plan.describe(), *plan.notes)) + text
     return text
 
 

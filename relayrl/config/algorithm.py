@@ -21,6 +21,16 @@ if TYPE_CHECKING:  # torch: imported when a loss asks for its correction, not wh
     from relayrl.algorithms.estimators import Estimator
     from relayrl.algorithms.estimators.online_dpo import DPOSpec
 
+IDLE_OPTIONS = (  # (the switch, whether it is off, the options it gates, what they do, the fix)
+    ("kl_coef", lambda a: a.kl_coef == 0, ("kl_kind",), "is the estimate of the KL to the reference, which "
+     "algorithm.kl_coef=0 leaves out (no KL term, no KL reward)", "set algorithm.kl_coef > 0 (e.g. 0.001)"),
+    ("overlong_shaping", lambda a: not a.overlong_shaping, ("overlong_cache", "overlong_penalty"), "shapes DAPO's "
+     "overlong penalty, which algorithm.overlong_shaping turns on (it is off)", "set algorithm.overlong_shaping=true"),
+    ("dynamic_sampling", lambda a: not a.dynamic_sampling, ("max_resample_rounds",), "counts dynamic sampling's "
+     "refills, which is off (every group is kept after one round)", "set algorithm.dynamic_sampling=true"),
+)
+"""Options that only a feature turned on by another key reads (:meth:`AlgorithmConfig.idle_options`)."""
+
 __all__ = ["AlgorithmConfig", "CorrectionConfig", "CovConfig", "DistillConfig", "OnlineDPOConfig", "SapoConfig",
            "VespoConfig"]
 
@@ -421,9 +431,6 @@ class AlgorithmConfig(_Section):
         if self.kl_target is not None and self.kl_coef == 0:
             raise ValueError("algorithm.kl_target adapts the KL coefficient from algorithm.kl_coef, which is 0 (no "
                              "reference model, and 0 stays 0): set algorithm.kl_coef > 0, e.g. 0.05")
-        if self.kl_coef == 0:
-            self._idle(("kl_kind",), "is the estimate of the KL to the reference, which algorithm.kl_coef=0 leaves "
-                       "out (no KL term, no KL reward)", "set algorithm.kl_coef > 0 (e.g. 0.001)")
         if self.kl_target is None and self.kl_horizon != 10_000:
             raise ValueError(f"algorithm.kl_horizon={self.kl_horizon} paces the adaptive KL coefficient, which "
                              f"algorithm.kl_target turns on: set algorithm.kl_target or drop kl_horizon")
@@ -439,12 +446,6 @@ class AlgorithmConfig(_Section):
                              f"algorithm.normalize_std" + ("; the leave-one-out baseline over the others' std is "
                                                             "advantage=grpo-loo (NeMo-RL's default)"
                                                             if self.advantage == "rloo" and self.normalize_std else ""))
-        if not self.overlong_shaping:
-            self._idle(("overlong_cache", "overlong_penalty"), "shapes DAPO's overlong penalty, which "
-                       "algorithm.overlong_shaping turns on (it is off)", "set algorithm.overlong_shaping=true")
-        if not self.dynamic_sampling:
-            self._idle(("max_resample_rounds",), "counts dynamic sampling's refills, which is off (every group is "
-                       "kept after one round)", "set algorithm.dynamic_sampling=true")
         if "dynamic_sampling_metric" in self.model_fields_set and not self.dynamic_sampling:
             raise ValueError(f"algorithm.dynamic_sampling_metric={self.dynamic_sampling_metric} is the value dynamic "
                              f"sampling compares, which is off: set algorithm.dynamic_sampling=true or drop "
@@ -518,14 +519,17 @@ class AlgorithmConfig(_Section):
                                  "is already clipped on both sides: drop algorithm.dual_clip")
         return self
 
-    def _idle(self, keys: tuple[str, ...], what: str, fix: str) -> None:
-        """Refuse the first of ``keys`` set away from its default: it shapes a feature that is off (``what``), so
-        it would be ignored; the fix is ``fix`` or its default (a recipe's base may have set it)."""
-        fields = type(self).model_fields
-        for k in keys:
-            if getattr(self, k) != fields[k].default:
-                raise ValueError(f"algorithm.{k}={getattr(self, k)} {what}: {fix}, or drop algorithm.{k} (or set "
-                                 f"its default, algorithm.{k}={fields[k].default})")
+    def idle_options(self) -> list[tuple[str, str, str, str]]:
+        """The options set away from their defaults (a base recipe's too) that shape a feature that is off, so
+        that nothing reads them: ``(key, its switch, what it does, the fix)`` for each (:data:`IDLE_OPTIONS`). They
+        are not refused: turning a recipe's feature off is an ablation (``algorithm.overlong_shaping=false`` on
+        DAPO's recipe), and a run's saved config, where a switch at its default reads as unset, must load again;
+        the run's first lines name them (:func:`relayrl.config.plan.step_plan`'s notes)."""
+        fields, out = type(self).model_fields, []
+        for switch, off, keys, what, fix in IDLE_OPTIONS:
+            if off(self):
+                out += [(k, switch, what, fix) for k in keys if getattr(self, k) != fields[k].default]
+        return out
 
     def _check_own_loss(self, est: Estimator) -> None:
         """An estimator whose advantages are its own loss's gradient (``Estimator.own_loss``, online DPO) needs the

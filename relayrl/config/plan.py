@@ -216,7 +216,8 @@ def step_plan(cfg: Config) -> StepPlan:
     same_pool = all(pools[r] == rollout for r in roles) and pl.reward in ("driver", rollout)
     sequential = (ahead == 0 and update == "batch" and same_pool and not a.dynamic_sampling
                   and cfg.reward.stream == "group")
-    notes = []
+    notes = [f"algorithm.{k}={getattr(a, k)} is unused: it {what}; {fix} to use it"
+             for k, _, what, fix in a.idle_options()]  # (not refused: AlgorithmConfig.idle_options)
     if a.tis_cap is not None:
         notes.append(f"algorithm.tis_cap={a.tis_cap} runs as algorithm.correction.level=token, mode=truncate, "
                      f"high={a.tis_cap} (the correction section also has sequence weights, masking and "
