@@ -316,7 +316,7 @@ def cmd_eval(args) -> int:
             return generate_interrupted(engine, p, sp, budget, generator=gen)
     result = evaluate(generate, encode, problems, lambda a, b, c, d: reward.score(a, b, c, columns=d)[0],
                       max_new_tokens=args.max_new_tokens, k=args.k, temperature=args.temperature,
-                      interrupted=budget is not None)
+                      interrupted=budget is not None, decode=lambda ids: tok.decode(ids, skip_special_tokens=False))
     data = args.data[0] if args.data and len(args.data) == 1 else args.data  # (one file: its path, as before)
     report, samples = write_report(result, out, extra={"model": args.model, "task": args.task, "data": data,
                                                        "k": args.k, "temperature": args.temperature})

@@ -18,7 +18,7 @@ from relayrl.engines.reward.user import with_ids
 from relayrl.engines.reward.verifiers import CORRECT
 from relayrl.evaluation.metrics import budgets, per_source, source_names, summarize
 
-__all__ = ["EvalResult", "evaluate", "write_report"]
+__all__ = ["EvalResult", "evaluate", "write_report", "as_read"]
 
 GenerateFn = Callable[[list[list[int]], SamplingParams], list[Completion]]
 ScoreFn = Callable[[list[str], list[str], list[str], list], list[float]]
@@ -36,13 +36,24 @@ class EvalResult:
     """One record per sample: prompt, answer, response, reward, mode."""
 
 
+def as_read(problem: Problem, ids: Sequence[int], decode: Callable[[list[int]], str] | None) -> dict[str, str]:
+    """A sample record's ``prompt_text`` for a chat prompt (its ``prompt`` is the messages as ``role: content``
+    lines): the prompt's token ids decoded by ``decode``, the chat template's special tokens kept, the text the
+    model read; nothing for a plain-text prompt, or without ``decode``."""
+    if decode is None or "messages" not in problem.meta:
+        return {}
+    return {"prompt_text": decode(list(ids))}
+
+
 def evaluate(generate: GenerateFn, encode: Callable[[Problem], list[int]], problems: Sequence[Problem],
              score: ScoreFn, *, max_new_tokens: int, k: int = 1, temperature: float = 1.0,
-             stop_strings: Sequence[str] = (), interrupted: bool = False) -> EvalResult:
+             stop_strings: Sequence[str] = (), interrupted: bool = False,
+             decode: Callable[[list[int]], str] | None = None) -> EvalResult:
     """Greedy accuracy on ``problems``; with ``k > 1`` also k samples per prompt at ``temperature``; every
     metric also per source when the problems come from several (:func:`~relayrl.evaluation.metrics.per_source`).
     ``interrupted``: ``generate`` applies a thinking budget (``rollout.interrupt``): report
-    ``eval/interrupted_frac``, the greedy answers it interrupted, and mark the samples."""
+    ``eval/interrupted_frac``, the greedy answers it interrupted, and mark the samples. ``decode``: token ids to
+    text with special tokens, for a chat prompt's ``prompt_text`` (:func:`as_read`)."""
     if not problems:
         raise ValueError("evaluate: no problems to evaluate")
     prompts = [encode(p) for p in problems]
@@ -54,7 +65,8 @@ def evaluate(generate: GenerateFn, encode: Callable[[Problem], list[int]], probl
     greedy = generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens,
                                               stop_strings=tuple(stop_strings)))
     g_rewards = score(texts, [c.text for c in greedy], answers, with_ids(columns, [c.token_ids for c in greedy]))
-    samples = [{"mode": "greedy", "prompt": t, "answer": a, "response": c.text, "reward": r,
+    samples = [{"mode": "greedy", "prompt": t, **as_read(problems[i], prompts[i], decode), "answer": a,
+                "response": c.text, "reward": r,
                 "finish_reason": c.finish_reason, **({"interrupted": c.interrupted} if interrupted else {}),
                 **({"source": sources[i]} if named else {})}
                for i, (t, a, c, r) in enumerate(zip(texts, answers, greedy, g_rewards))]
@@ -67,7 +79,9 @@ def evaluate(generate: GenerateFn, encode: Callable[[Problem], list[int]], probl
                         with_ids([columns[c.prompt_index] for c in sampled], [c.token_ids for c in sampled]))
         for c, r in zip(sampled, rewards):
             per_prompt[c.prompt_index].append(r >= CORRECT)
-            samples.append({"mode": f"sample@{k}", "prompt": texts[c.prompt_index], "answer": answers[c.prompt_index],
+            samples.append({"mode": f"sample@{k}", "prompt": texts[c.prompt_index],
+                            **as_read(problems[c.prompt_index], prompts[c.prompt_index], decode),
+                            "answer": answers[c.prompt_index],
                             "response": c.text, "reward": r, "finish_reason": c.finish_reason,
                             **({"interrupted": c.interrupted} if interrupted else {}),
                             **({"source": sources[c.prompt_index]} if named else {})})

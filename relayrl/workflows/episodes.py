@@ -19,6 +19,7 @@ from relayrl.engines.reward.verifiers import CORRECT
 from relayrl.environments.base import Episode, EpisodeEnd, EpisodeSummary
 from relayrl.environments.config import EpisodeSpec, build_env_factory
 from relayrl.environments.episodes import episode_metrics
+from relayrl.evaluation.runner import as_read
 from relayrl.evaluation.metrics import budgets, per_source, source_names, summarize
 from relayrl.evaluation.runner import EvalResult
 from relayrl.workflows.rollout_worker import RolloutWorker
@@ -67,11 +68,17 @@ def evaluate_episodes(rollout, s, spec: EpisodeSpec, step: int | None) -> dict[s
     samples: list[dict] = []
     by_mode: dict[str, list[Episode]] = {}
     sources = source_names([p.meta for p in problems])
+    ids = [s.encode(p) for p in problems]
+
+    def shown(t: list[int]) -> str:  # (a chat prompt as the model read it: as_read)
+        return s.tokenizer.decode(t, skip_special_tokens=False)
+
     for mode, params in runs:
         eps = by_mode[mode] = rollout.split(RolloutWorker.run_episodes,
-                                            [(i, s.encode(p), p) for i, p in enumerate(problems)], params, spec)
+                                            [(i, ids[i], p) for i, p in enumerate(problems)], params, spec)
         log_episode_errors(s, eps, step)
         samples += [{"mode": mode, "prompt": problems[e.problem_index].prompt,
+                     **as_read(problems[e.problem_index], ids[e.problem_index], shown),
                      "answer": problems[e.problem_index].answer,
                      "response": s.tokenizer.decode(e.token_ids, skip_special_tokens=True), "reward": e.reward,
                      "turns": e.turns, "tool_calls": e.tool_calls, "end": e.end.value if e.end else None,

@@ -109,7 +109,8 @@ class EvalSession(RunProblems):
         result = evaluate(generate, self.encode, self.eval_problems, score,
                           max_new_tokens=ev.max_new_tokens or ro.max_new_tokens, k=ev.k,
                           temperature=self.eval_temperature, stop_strings=ro.stop_strings,
-                          interrupted=self.eval_interrupt is not None)
+                          interrupted=self.eval_interrupt is not None,
+                          decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False))
         self.report(result, step, name=name)
         return result
 

@@ -19,6 +19,7 @@ from relayrl.algorithms.gdpo import decoupled_rewards
 from relayrl.algorithms.retire import pass_rates
 from relayrl.config.plan import PARTIAL_POLL_S
 from relayrl.engines.reward.extra import sample_fields
+from relayrl.evaluation.runner import as_read
 from relayrl.workflows.flow import Flow
 from relayrl.workflows.parts import StepParts
 from relayrl.workflows.rollout_worker import RolloutWorker
@@ -200,9 +201,9 @@ class Produce:
         cols = p.dock.reader(f.part, [rows[i] for i in take], ["response_ids", "prompt_ids"] if chat
                              else ["response_ids"]).read()
         tok = p.session.tokenizer
+        shown = (lambda ids: tok.decode(ids, skip_special_tokens=False)) if chat else None
         got = [{"group": out.groups[i], "prompt": problems[out.groups[i]].prompt,
-                **({"prompt_text": tok.decode(cols["prompt_ids"][j].tolist(), skip_special_tokens=False)}
-                   if "messages" in problems[out.groups[i]].meta else {}),  # (a chat prompt as the model read it)
+                **as_read(problems[out.groups[i]], cols["prompt_ids"][j].tolist() if chat else [], shown),
                 "response": tok.decode(r.tolist(), skip_special_tokens=True), "score": out.scores[i],
                 "reward": out.rewards[i], "length": len(r),
                 **sample_fields(out.extra[i] if out.extra and i < len(out.extra) else {})}

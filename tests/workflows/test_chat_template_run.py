@@ -109,6 +109,10 @@ def test_relayrl_eval_takes_the_template_too(capsys, tmp_path, bare, chats):
     assert cli.main(args) == EXIT_USER and "has no chat template" in capsys.readouterr().err
     assert cli.main([*args, "--chat-template", str(tmp_path / "markers.jinja")]) == 0, capsys.readouterr().err
     assert (tmp_path / "eval" / "eval.json").is_file()
+    # each sample's chat prompt as the model read it (old behaviour: its role: content lines only)
+    samples = [json.loads(x) for x in (tmp_path / "eval" / "eval_samples.jsonl").read_text().splitlines()]
+    assert [s["prompt_text"] for s in samples] == ["<<user>>1+1=\n<<assistant>>", "<<user>>2+2=\n<<assistant>>"]
+    assert [s["prompt"] for s in samples] == ["user: 1+1=", "user: 2+2="]
     assert cli.main([*args, "--chat-template", str(tmp_path / "nope.jinja")]) == EXIT_CONFIG
     assert f"relayrl eval: --chat-template: '{tmp_path / 'nope.jinja'}' is no file or directory here" \
         in capsys.readouterr().err
