@@ -316,9 +316,11 @@ def _nonfinite_numbers(value: Any, key: str, allow_inf: bool = False, default: A
             f"is beyond float32's range (+-{FLOAT32_MAX:.1e}), infinite in the run's tensors"
         hint = f" (its default is {default!r})" if isinstance(default, (int, float)) else ""
         return [f"{key}={value:g} {why}; write a finite number{hint}"]
-    if isinstance(value, BaseModel):
+    if isinstance(value, BaseModel):  # (a section's defaults are its parent's for it: the critic's optim.lr is 1e-4)
+        base = default if isinstance(default, type(value)) else None
         return [line for name, f in type(value).model_fields.items()
-                for line in _nonfinite_numbers(getattr(value, name), at(f.alias or name), _allows_inf(f), f.default)]
+                for line in _nonfinite_numbers(getattr(value, name), at(f.alias or name), _allows_inf(f),
+                                               f.default if base is None else getattr(base, name))]
     if isinstance(value, dict):
         return [line for k, v in value.items() for line in _nonfinite_numbers(v, at(k))]
     if isinstance(value, (list, tuple)):

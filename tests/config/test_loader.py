@@ -395,7 +395,11 @@ def test_a_boolean_is_not_read_as_a_number(override, says):
     ("algorithm.kl_coef=.inf", "algorithm.kl_coef=inf is not a finite number"),
     ("reward.verifier_weight=nan", "reward.verifier_weight=nan is not a finite number"),
     ("reward.judge.min_score=-inf", "reward.judge.min_score=-inf is not a finite number"),
-    ("critic.optim={lr: .inf}", "critic.optim.lr=inf is not a finite number")])
+    ("engine.optim.lr=inf", "engine.optim.lr=inf is not a finite number; write a finite number (its default is "
+                            "1e-05)"),
+    # the critic's own default (its optim section is OptimConfig(lr=1e-4); old behaviour: the class's 1e-05)
+    ("critic.optim={lr: .inf}", "critic.optim.lr=inf is not a finite number; write a finite number (its default "
+                                "is 0.0001)")])
 def test_a_non_finite_number_is_refused(override, says):
     """Old behaviour: a bound like ge=0 let infinity through and a key without one took NaN too, so
     rollout.temperature=inf trained sampling uniformly and engine.optim.lr=inf loaded."""
