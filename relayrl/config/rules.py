@@ -202,18 +202,19 @@ def check_placed_roles(self: Config) -> None:
     """``placement.reference``, ``critic`` and ``teacher`` place a role of the GRPO step; one the run does not build
     (no KL and no estimator that reads a reference, an estimator without a critic, no distillation) would be
     placed nowhere, its pool left idle (and the step taken through the placed dataflow): refuse it."""
-    if self.workflow != "grpo":
-        return  # (placement in another workflow: refused by the placement rules)
     a, pl = self.algorithm, self.placement
-    est = estimator(a.advantage)
-    absent = {"reference": (f"algorithm.kl_coef=0 and advantage={a.advantage} reads no reference"
-                            if a.kl_coef == 0 and not est.reference else None),
-              "critic": None if est.values else f"advantage={a.advantage} has none; gae has one",
-              "teacher": None if a.distill.enabled else "algorithm.distill.teacher is not set"}
-    for role, why in absent.items():
-        if why is not None and getattr(pl, role) != "main":
+    placed = [r for r in ("reference", "critic", "teacher") if getattr(pl, r) != "main"]
+    if self.workflow != "grpo" or not placed or self.trainer.tri_model:
+        return  # (placement in another workflow, or the tri-model reference: refused by the placement rules)
+    from relayrl.config.plan import step_plan
+
+    built = step_plan(self).roles  # (the plan decides which roles a step has)
+    why = {"reference": f"algorithm.kl_coef=0 and advantage={a.advantage} reads no reference",
+           "critic": f"advantage={a.advantage} has none; gae has one", "teacher": "algorithm.distill.teacher is not set"}
+    for role in placed:
+        if role not in built:
             raise ValueError(f"placement.{role}={getattr(pl, role)} places the {role}, which this run does not build "
-                             f"({why}): drop placement.{role}")
+                             f"({why[role]}): drop placement.{role}")
 
 
 def scores_responses(workflow: str) -> bool:
