@@ -76,6 +76,7 @@ def test_a_reward_model_std_pools_its_calls_and_the_running_moments_do_not():
     for rm in ([1.0], [3.0], [2.0, 6.0]):  # three calls: a std over the step's rows, not 0 from single rows
         add_call_metrics(calls, {"reward/model_mean": statistics.fmean(rm), "reward/model_std": statistics.pstdev(rm),
                                  "reward/norm_mean": 0.5, "reward/norm_std": 2.0}, len(rm))
+
     class _Session:  # (a step with no samples says so in the run's log)
         class tracker:
             @staticmethod
