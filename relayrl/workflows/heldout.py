@@ -41,12 +41,21 @@ from relayrl.workflows.rollout_worker import RolloutWorker, generate
 __all__ = ["EvalSession", "evaluate_config", "check_evaluable", "check_device"]
 
 
-def check_device(cfg: Config) -> None:
-    """``model.device=cuda`` on a local run needs a GPU that torch can see; say so naming the key."""
-    if cfg.model.device == "cuda" and cfg.cluster.backend == "local" and not torch.cuda.is_available():
-        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU only"
+def check_device(cfg: Config, training: bool = True) -> None:
+    """``model.device=cuda`` on a local run, or ``reward.model_device=cuda`` for a training run's reward model or
+    judge (an evaluation loads neither), needs a GPU that torch can see; say so naming the key (the reward model
+    loaded at the first step's scoring, and failed there with torch's AssertionError)."""
+    if cfg.cluster.backend != "local" or torch.cuda.is_available():
+        return
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU only"
+    if cfg.model.device == "cuda":
         raise ConfigError(f"model.device=cuda but torch sees no GPU here (torch {torch.__version__}, {build}); set "
                           f"model.device=cpu (or auto, which picks a GPU when there is one)")
+    r = cfg.reward
+    if training and r.model_device == "cuda" and (r.model is not None or r.judge.path is not None):
+        raise ConfigError(f"reward.model_device=cuda but torch sees no GPU here (torch {torch.__version__}, "
+                          f"{build}) for the {'reward model' if r.model is not None else 'LLM judge'}; set "
+                          f"reward.model_device=cpu (or auto: the run's model.device)")
 
 
 class EvalSession(RunProblems):
@@ -65,7 +74,7 @@ class EvalSession(RunProblems):
         random.seed(cfg.run.seed)
         np.random.seed(cfg.run.seed % 2**32)
         torch.manual_seed(cfg.run.seed)
-        check_device(cfg)
+        check_device(cfg, training)
         super().__init__(cfg, training=training, log=log)
         self.interrupt, self.eval_interrupt = interrupts(cfg, self.tokenizer)
         """``rollout.interrupt`` with its phrase tokenized: the rollout's thinking budget (capped by

@@ -24,6 +24,7 @@ from relayrl.workflows.flow import Flow
 from relayrl.workflows.parts import StepParts
 from relayrl.workflows.rollout_worker import RolloutWorker
 from relayrl.workflows.scoring import ScoreWorker
+from relayrl.workflows.step_metrics import add_call_metrics
 
 __all__ = ["Produce"]
 
@@ -164,8 +165,7 @@ class Produce:
                 for i, g, score, reward, e in zip(b.indexes, out.groups, out.scores, out.rewards, each):
                     pending.setdefault(g, {})[i] = (score, reward, e)
                 scored = sum(x == x for x in out.scores)  # (the reward's means are over the rows not left NaN)
-                for k, v in out.metrics.items():
-                    st.reward_metrics.setdefault(k, []).append((v, scored))
+                add_call_metrics(st.reward_metrics, out.metrics, scored, out.rows)
                 for g in dict.fromkeys(out.groups):
                     if len(pending[g]) == n:
                         done.append((g, sorted(pending.pop(g).items())))

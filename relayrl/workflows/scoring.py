@@ -19,7 +19,7 @@ from relayrl.algorithms.dapo import overlong_penalty
 from relayrl.cluster import Worker
 from relayrl.engines.reward import RewardError
 from relayrl.engines.reward.extra import ExtraLog
-from relayrl.engines.reward.user import with_ids, with_progress
+from relayrl.engines.reward.user import fn_rows, with_ids, with_progress
 from relayrl.workflows.estimate import advantage_rows
 
 __all__ = ["ScoreWorker", "Scored", "RewardShaping"]
@@ -65,6 +65,9 @@ class Scored(NamedTuple):
     extra: list[dict] | None = None
     """The first rows' columns logged by the user functions (``log_extra``), one dict each (``{}``: none), for
     the step's samples; None when none were asked for."""
+    rows: dict[str, int] | None = None
+    """The rows a metric is over where they are not the rows scored (``reward/fn/NAME_*``: the rows the function
+    did not return ``None`` for), for the step's row-weighted means; None: none such."""
 
 
 class ScoreWorker(Worker):
@@ -101,8 +104,9 @@ class ScoreWorker(Worker):
         lengths = torch.tensor([len(r) for r in cols["response_ids"]], dtype=torch.float32)
         rewards = self.shape(torch.tensor(scores, dtype=torch.float32), lengths)
         decoupled = self.reward is not None and self.reward.cfg.decoupled
+        rows = fn_rows(each, self.reward.fn_names) if each is not None and len(self.reward.fn_names) > 1 else None
         return Scored([float(x) for x in scores], rewards.tolist(), metrics, groups, each if decoupled else None,
-                      None if log is None else log.rows(len(groups)))
+                      None if log is None else log.rows(len(groups)), rows)
 
     def reward_moments(self) -> dict[str, float] | None:
         """``reward.normalize=running``: the moments of every reward so far, for a checkpoint (None without)."""

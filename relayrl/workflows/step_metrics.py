@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
+from typing import Mapping
 
 import torch
 
@@ -11,11 +13,33 @@ from relayrl.environments.episodes import episode_metrics
 from relayrl.workflows.episodes import log_episode_errors
 from relayrl.workflows.state import StepState
 
-__all__ = ["sample_metrics", "step_metrics", "staleness_metrics", "kl_metrics", "weighted", "step_tokens",
+__all__ = ["sample_metrics", "step_metrics", "add_call_metrics", "staleness_metrics", "kl_metrics", "weighted", "step_tokens",
            "mismatch_warning", "MISMATCH_WARN"]
 
 COUNTS = ("reward/errors", "reward/judge_malformed")
 """Reward metrics that count rows: a step reports the sum over its scoring calls (the others: a mean by rows)."""
+
+RUNNING = ("reward/norm_mean", "reward/norm_std")
+"""Reward metrics of every reward so far (``reward.normalize=running``), not of a call's rows."""
+
+
+def _pooled(key: str, metrics: Mapping[str, float]) -> bool:
+    """Whether ``key`` is a std over a call's rows with its mean beside it (``reward/model_std``,
+    ``reward/fn/NAME_std``): the step's is pooled from its calls' (:func:`add_call_metrics`)."""
+    return key.endswith("_std") and key not in RUNNING and key[:-3] + "mean" in metrics
+
+
+def add_call_metrics(calls: dict[str, list[tuple[float, int]]], metrics: Mapping[str, float], scored: int,
+                     rows: Mapping[str, int] | None = None) -> None:
+    """Gather one scoring call's reward ``metrics`` into ``calls`` (name -> ``(value, rows)`` per call), each
+    weighed by the rows it is over (``rows``, else the ``scored`` rows). A std beside its mean is gathered as
+    the rows' mean square, so that the step's std is over all its rows (:func:`step_metrics`): a mean of the
+    calls' stds is not (a call of one row, ``reward.stream=sample``, has std 0)."""
+    rows = rows or {}
+    for k, v in metrics.items():
+        if _pooled(k, metrics):
+            v = v * v + metrics[k[:-3] + "mean"] ** 2
+        calls.setdefault(k, []).append((v, rows.get(k, scored)))
 
 
 def sample_metrics(scores: torch.Tensor, rewards: torch.Tensor, lengths: torch.Tensor,
@@ -65,6 +89,8 @@ def step_metrics(st: StepState, *, step: int, prompts_per_step: int, tri_model: 
     lengths = torch.tensor([L for r in records for L in r.lengths], dtype=torch.float32)
     truncated = torch.tensor([t for r in records for t in r.truncated], dtype=torch.float32)
     m: dict[str, float] = {k: _mean_by_rows(vs) for k, vs in st.reward_metrics.items()}
+    for k in [k for k in m if _pooled(k, m)]:  # (gathered as mean squares: add_call_metrics)
+        m[k] = math.sqrt(max(0.0, m[k] - m[k[:-3] + "mean"] ** 2))
     for k in COUNTS:  # counts of the step's calls add up
         if k in st.reward_metrics:
             m[k] = sum(sorted(v for v, _ in st.reward_metrics[k]))

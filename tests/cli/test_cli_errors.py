@@ -313,6 +313,19 @@ def test_cuda_without_a_gpu_names_model_device(capsys, tmp_path):
     assert code == EXIT_CONFIG and "--device cuda but torch sees no GPU" in err
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_a_reward_model_on_cuda_without_a_gpu_names_reward_model_device(capsys, tmp_path):
+    """It was refused nowhere: the run started, evaluated, generated its first step and then stopped with torch's
+    AssertionError ("Torch not compiled with CUDA enabled") when the reward model loaded to score it."""
+    rm = tmp_path / "rm"
+    rm.mkdir()
+    (rm / "config.json").write_text("{}")
+    code, err = run(capsys, "train", GRPO, f"reward.model={rm}", "reward.model_device=cuda",
+                    f"run.dir={tmp_path / 'r'}", *FAST)
+    assert code == EXIT_CONFIG and "reward.model_device=cuda but torch sees no GPU here" in err
+    assert "for the reward model; set reward.model_device=cpu" in err and not (tmp_path / "r").exists()
+
+
 def test_csv_data_gets_advice_that_exists(capsys, tmp_path):
     data = tmp_path / "d.csv"
     data.write_text("prompt,answer\n1+1=,2\n")

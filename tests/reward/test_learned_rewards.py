@@ -154,6 +154,21 @@ def test_config_errors_name_the_key(kwargs, key):
         RewardConfig(**kwargs)
 
 
+def test_a_judge_template_is_checked_with_its_fields_as_the_questions_fill_them():
+    """A number's format spec (``{max_score:.0f}``) passed the check, which formatted the scores as numbers, and
+    failed at the first scoring step (ValueError: Unknown format code 'f' for object of type 'str'): the
+    questions fill every field with text. A text's spec (``{response:.3}``: its first 3 characters) works."""
+    from relayrl.engines.reward.judge import JudgeConfig
+
+    with pytest.raises(ValueError, match=r"reward\.judge\.template .*format spec.*write .*\{max_score\}"):
+        JudgeConfig(template="Q {prompt} A {response} from {min_score} to {max_score:.0f}:")
+    cfg = RewardConfig(judge=JudgeConfig(template="{prompt} {response:.3} ({min_score}-{max_score})", max_score=5))
+    asked = []
+    e = RewardEngine(cfg, task=_Task(), judge_ask=lambda qs: asked.extend(qs) or ["4"] * len(qs))
+    assert e.score(["1+1="], ["2222222"], ["2"])[1]["reward/judge_mean"] == 0.8
+    assert asked == ["1+1= 222 (0-5)"]
+
+
 @pytest.mark.parametrize("kwargs, key", [
     ({"model": "/nonexistent/rm"}, "reward.model='/nonexistent/rm' is not a model directory"),
     ({"judge": {"path": "/nonexistent/judge"}}, "reward.judge.path='/nonexistent/judge' is not a model directory"),

@@ -58,8 +58,8 @@ from relayrl.algorithms.reward_model import RunningMoments, normalize_rewards
 from relayrl.engines.reward.config import RewardConfig, RewardError
 from relayrl.engines.reward.extra import ExtraError, ExtraLog
 from relayrl.engines.reward.judge import JudgeError, LLMJudge
-from relayrl.engines.reward.user import (CALL_ARGS, Overtime, UserFn, call_within, check_rewards, load_user_fns,
-                                        standalone_refusal)
+from relayrl.engines.reward.user import (CALL_ARGS, Overtime, UserFn, call_within, check_rewards, fn_metrics,
+                                        load_user_fns, standalone_refusal)
 from relayrl.engines.reward.verifiers import CORRECT, exact_reward, format_reward, math_reward
 from relayrl.models.reward import scored_prompts
 
@@ -196,19 +196,17 @@ class RewardEngine:
         ``columns`` (optional): each row's dataset fields (a dict, or ``None``; ``Problem.meta["fields"]``),
         passed by keyword to a user function that takes them; other sources ignore them.
 
-        ``finish_reasons`` (``"stop"``/``"length"`` per row, optional): a truncated
-        row (``"length"``) gets format reward 0, since its format never finished;
-        its fraction is logged as ``reward/truncated_frac``.
+        ``finish_reasons`` (``"stop"``/``"length"`` per row, optional): a truncated row (``"length"``) gets
+        format reward 0, since its format never finished; its fraction is logged as ``reward/truncated_frac``.
 
         Metrics: ``reward/mean``, ``reward/std``, ``reward/verifier_mean``, ``reward/verifier_accuracy``
-        (rows the verifier accepts, score >= 1, whatever its weight),
-        ``reward/format_mean`` (when a format regex is set), ``reward/errors``
-        (rows whose built-in verifier raised, scored 0, and rows left NaN), ``reward/truncated_frac`` (when
-        finish reasons are given), ``reward/score_time_s``; with a reward model
-        ``reward/model_mean``, ``reward/model_std``; with a judge ``reward/judge_mean``,
-        ``reward/judge_malformed`` (verdicts scored by ``reward.judge.malformed_score``);
-        with normalisation ``reward/raw_mean`` (before it), ``reward/norm_mean``,
-        ``reward/norm_std``; with clipping ``reward/clip_frac``.
+        (rows the verifier accepts, score >= 1, whatever its weight), ``reward/format_mean`` (when a format regex
+        is set), ``reward/errors`` (rows whose built-in verifier raised, scored 0, and rows left NaN),
+        ``reward/truncated_frac`` (when finish reasons are given), ``reward/score_time_s``; with several user
+        functions ``reward/fn/NAME_mean`` and ``_std``; with a reward model ``reward/model_mean``,
+        ``reward/model_std``; with a judge ``reward/judge_mean``, ``reward/judge_malformed`` (verdicts scored by
+        ``reward.judge.malformed_score``); with normalisation ``reward/raw_mean`` (before it),
+        ``reward/norm_mean``, ``reward/norm_std``; with clipping ``reward/clip_frac``.
         """
         rewards, metrics, _ = self.score_each(prompts, responses, answers, finish_reasons, columns)
         return rewards, metrics
@@ -288,6 +286,8 @@ class RewardEngine:
             full[i] = r
         rewards = full
         each = [xs if r == r else [math.nan] * len(xs) for xs, r in zip(each, rewards)]
+        if len(self._user) > 1:  # (each function's mean and std over the rows it scored, of those kept)
+            metrics.update(fn_metrics(each, self.fn_names))
         metrics["reward/score_time_s"] = time.perf_counter() - t0
         return rewards, metrics, each
 
@@ -416,8 +416,7 @@ class RewardEngine:
 
     def _user_scores(self, prompts: list[str], responses: list[str], answers: list, columns: list,
                      extra: ExtraLog | None = None) -> tuple[list[float], dict[str, float], list[list[float]]]:
-        """The user functions' weighted sum per row (NaN where one failed: ``drop_group``), for more than
-        one each one's ``reward/fn/NAME_mean`` and ``_std`` over the rows it scored, what they reported
+        """The user functions' weighted sum per row (NaN where one failed: ``drop_group``), what they reported
         (``reward/user/NAME``), and each row's score by each function (NaN for ``None``). A function's ``None``
         for a row (TRL's "not this function's row") adds nothing to it; a row no function scores gets 0, said
         once."""
@@ -431,9 +430,6 @@ class RewardEngine:
             scored = [s or x is not None for s, x in zip(scored, got)]
             for xs, x in zip(each, got):
                 xs.append(math.nan if x is None else x)
-            if len(self._user) > 1:
-                ok = [x for x in got if x is not None and x == x]
-                metrics.update({f"reward/fn/{u.name}_mean": _mean(ok), f"reward/fn/{u.name}_std": _std(ok)})
         metrics.update({f"reward/user/{k}": _mean(v) for k, v in logged.items() if v})
         unscored = scored.count(False)
         if unscored and not self._said_unscored:
@@ -495,6 +491,10 @@ class RewardEngine:
             with self._lock:
                 self._abandoned.append(e.thread)
             raise
+
+    @property
+    def fn_names(self) -> list[str]:  # (in reward.user_fn's order, each's)
+        return [u.name for u in self._user]  # (reward/fn/NAME_*)
 
     @property
     def fields_needed(self) -> frozenset[str]:

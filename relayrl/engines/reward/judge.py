@@ -50,7 +50,7 @@ class JudgeConfig(BaseModel):
     path: LocalPath | None = Field(None, description="local directory of the judge's causal LM; null: no judge")
     weight: float = Field(1.0, description="weight of the judge's score (in [0, 1]) in the reward")
     template: str = Field(DEFAULT_TEMPLATE, description="question asked per response; fields {prompt}, {response}, "
-                          "{answer} (the ground truth, empty when there is none), {min_score}, {max_score}")
+                          "{answer} (the ground truth, empty when there is none), {min_score}, {max_score}, all text (10, 0.5)")
     score_regex: str = Field(r"-?\d+(?:\.\d+)?", description="searched in the judge's answer; the first group (or the "
                              "match) is the score")
     min_score: float = Field(0.0, description="lowest valid score (rescaled to reward 0)")
@@ -64,12 +64,14 @@ class JudgeConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "JudgeConfig":
-        try:
-            self.template.format(prompt="", response="", answer="", min_score=0, max_score=1)
+        try:  # (with the fields as the questions fill them: text, the scores too)
+            self.template.format(prompt="", response="", answer="", min_score=_num(self.min_score),
+                                 max_score=_num(self.max_score))
         except (KeyError, IndexError, ValueError) as e:
             raise ValueError(f"reward.judge.template has a field other than {{prompt}}, {{response}}, {{answer}}, "
-                             f"{{min_score}}, {{max_score}} or a stray brace ({type(e).__name__}: {e}); write "
-                             f"literal braces as {{{{ and }}}}") from None
+                             f"{{min_score}}, {{max_score}}, a stray brace, or a number's format spec "
+                             f"({type(e).__name__}: {e}); write literal braces as {{{{ and }}}}, and the scores as "
+                             f"{{min_score}} and {{max_score}}: the fields are text (10, 0.5)") from None
         try:
             re.compile(self.score_regex)
         except re.error as e:

@@ -22,6 +22,7 @@ import asyncio
 import inspect
 import math
 import numbers
+import statistics
 import threading
 from typing import Any, Callable, Literal, NamedTuple, Protocol, Sequence, runtime_checkable
 
@@ -36,7 +37,8 @@ FLOAT32_MAX = 3.4028234663852886e38
 overflows the float metrics)."""
 
 __all__ = ["RewardFn", "load_reward_fn", "UserFn", "load_user_fns", "CallShape", "call_shape", "with_ids",
-           "with_progress", "trainer_state", "standalone_refusal", "check_rewards", "call_within", "Overtime"]
+           "with_progress", "trainer_state", "standalone_refusal", "fn_metrics", "fn_rows", "check_rewards",
+           "call_within", "Overtime"]
 
 NOT_FIELDS = frozenset({"prompt", "prompts", "responses", "answers", "completions", "completion", "completion_ids",
                         "trainer_state", "log_metric", "log_extra"})
@@ -261,6 +263,24 @@ def call_shape(fn: Callable) -> CallShape:
     # (completion_ids come from the caller, not the dataset: a call without them fails as the function says)
     required = frozenset(p.name for p in named if style == "trl" and p.default is p.empty and p.name not in NOT_FIELDS)
     return CallShape(style, takes, required)
+
+
+def fn_metrics(each: Sequence[Sequence[float]], names: Sequence[str]) -> dict[str, float]:
+    """``reward/fn/NAME_mean`` and ``_std`` of several user functions from each row's score by each (``[N][K]``,
+    NaN: the function returned ``None`` for the row, or the row failed): each one's over the rows it scored
+    (TRL's ``rewards/NAME/mean``, a nanmean), 0 where it scored none (:func:`fn_rows` counts them)."""
+    out: dict[str, float] = {}
+    for k, name in enumerate(names):
+        xs = [x[k] for x in each if x[k] == x[k]]
+        out[f"reward/fn/{name}_mean"] = statistics.fmean(xs) if xs else 0.0
+        out[f"reward/fn/{name}_std"] = statistics.pstdev(xs) if xs else 0.0
+    return out
+
+
+def fn_rows(each: Sequence[Sequence[float]], names: Sequence[str]) -> dict[str, int]:
+    """The rows each of :func:`fn_metrics`' means and stds is over: what a step weighs a call's value by."""
+    counts = [sum(x[k] == x[k] for x in each) for k in range(len(names))]
+    return {f"reward/fn/{name}_{s}": c for name, c in zip(names, counts) for s in ("mean", "std")}
 
 
 def trainer_state(done: int, total: int):
