@@ -78,7 +78,10 @@ class DataConfig(BaseModel):
     label_key: str = Field("label", description="workflow kto: field labelling each row's completion (answer_key) "
                            "desirable (true) or undesirable (false), TRL's unpaired format; a row without a "
                            "boolean-like label (true/false, 1/0, 'true'/'false') is an error naming it")
-    chat_template: bool | None = Field(None, description="null: apply the tokenizer's chat template to chat-message prompts")
+    chat_template: bool | None = Field(None, description="whether prompts are rendered with the chat template "
+                                        "(the tokenizer's, or model.chat_template's): null applies it to chat-message "
+                                        "prompts only; true to every prompt (a text prompt becomes one user message); "
+                                        "false to none (the prompt field's text as it is)")
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="more variables for the chat template wherever it renders the run's "
         "chat prompts, SFT conversations and tool messages (TRL's chat_template_kwargs, verl's "

@@ -104,7 +104,9 @@ class SandboxConfig(BaseModel):
                            "tree's memory, its files included, is capped at memory_mb + disk_mb (memory cgroup)")
     max_processes: int = Field(8, ge=1, description="processes the sandbox may have (RLIMIT_NPROC, cgroup "
                                "pids.max)")
-    output_bytes: int = Field(16384, ge=256, description="stdout+stderr kept; more kills the run")
+    output_bytes: int = Field(16384, ge=256, description="stdout+stderr kept; more kills the sandboxed program "
+                              "(the python tool answers the model with the error 'output exceeded N bytes "
+                              "(killed)'; the training run goes on)")
     disk_mb: int = Field(32, ge=1, description="size of the jail's tmpfs (its /work and /tmp)")
     file_mb: int = Field(16, ge=1, description="largest file the code may write (RLIMIT_FSIZE)")
     uid_base: int = Field(200_000, ge=1000, le=2**31, description="as root, each run leases a uid of its own "

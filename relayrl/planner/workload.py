@@ -1,7 +1,7 @@
 """What one step of a run asks for: prompts, samples, response lengths, reward latency, the model's shape.
 
-The simulator draws every response's length and every reward call's latency from these distributions (seed
-003's observation: the long tail of response lengths is what asynchronous modes exploit, so the step is
+The simulator draws every response's length and every reward call's latency from these distributions (Periodic
+Asynchrony's observation: the long tail of response lengths is what asynchronous modes exploit, so the step is
 simulated on sampled lengths, never on their mean). A length distribution is either *empirical* (lengths
 measured by generating from the run's model, :func:`relayrl.planner.from_config.measure_lengths`) or a
 *mixture* (a share of responses that stop early, the rest geometric up to ``max_new_tokens``), the form a

@@ -120,16 +120,14 @@ def test_readme_is_short_and_its_links_resolve():
 
 def test_no_seed_numbers_in_citations():
     """Papers are cited by short name (docs/references.md), not by the number of a seed document."""
-    pattern = re.compile(r"\bseeds? 0\d\d\b", re.IGNORECASE)  # (capitalised too, as a sentence opens)
+    # (capitalised too, as a sentence opens; "seed" at a line's end and the number on the next too)
+    pattern = re.compile(r"\bseeds?\s+0\d\d\b", re.IGNORECASE)
+    paths = [path for base in ("relayrl", "tests", "benchmarks", "docs") for path in sorted((ROOT / base).rglob("*"))
+             if path.suffix in (".py", ".md") and path.is_file()]
     hits = []
-    for base in ("relayrl", "tests", "benchmarks", "docs"):
-        for path in (ROOT / base).rglob("*"):
-            if path.suffix in (".py", ".md") and path.is_file():
-                for i, line in enumerate(path.read_text().splitlines(), 1):
-                    if pattern.search(line):
-                        hits.append(f"{path.relative_to(ROOT)}:{i}")
-    hits += [f"README.md:{i}" for i, line in enumerate((ROOT / "README.md").read_text().splitlines(), 1)
-             if pattern.search(line)]
+    for path in [*paths, ROOT / "README.md"]:
+        text = path.read_text()
+        hits += [f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}" for m in pattern.finditer(text)]
     assert not hits, "cite the paper by its short name from docs/references.md:\n  " + "\n  ".join(hits)
 
 
