@@ -206,9 +206,10 @@ class ConsoleSink:
     file, a pipe, a batch job: a bar's carriage returns would pile up there); plus a table every
     `table_every` steps.
 
-    A plain line (``step 3/100  reward/mean=0.5  ...  (1.2 s/step)``) comes at the first step, the last, and
-    otherwise at most every ``line_every_s`` seconds (a step with a table prints none). ``live``: force the
-    bar (True) or the lines (False); None: by the stream."""
+    A plain line (``step 3/100  reward/mean=0.5  ...  (1.2 s/step)``) comes at the first trained step and
+    otherwise at most every ``line_every_s`` seconds; a step with a table (step 0, every ``table_every``-th,
+    the last) prints a table instead. ``live``: force the bar (True) or the lines (False); None: by the
+    stream."""
 
     def __init__(
         self,
