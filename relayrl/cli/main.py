@@ -304,7 +304,8 @@ def cmd_eval(args) -> int:
         problems = fit_prompts(problems, encode, room, drop=args.long_prompts == "drop", what="evaluation",
                                log=lambda line: print(line, flush=True))
     budget = _eval_think_budget(tok, args.think_budget, args.max_new_tokens)
-    engine = NativeGenerationEngine(load_model(args.model, dtype=args.dtype, device=device), tok, device=device)
+    engine = NativeGenerationEngine(load_model(args.model, dtype=args.dtype, device=device, attn_implementation="auto"),
+                                    tok, device=device)
     gen = torch.Generator(device=device).manual_seed(args.seed)
     if budget is None:
         def generate(p, sp):

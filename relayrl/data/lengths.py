@@ -17,12 +17,23 @@ from relayrl.data.tasks import Problem
 __all__ = ["context_limit", "over_limit", "PromptRoom", "too_long", "fit_prompts", "fit_whole"]
 
 
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions")
+"""Where a ``config.json`` keeps the context (``n_positions``: GPT-2, GPT-J and CodeGen, which transformers reads
+as ``max_position_embeddings``)."""
+
+
 def context_limit(model_dir: str | Path) -> int | None:
-    """The ``max_position_embeddings`` of the model's ``config.json``; None when it has none (nothing to check)."""
+    """The ``max_position_embeddings`` of the model's ``config.json`` (``n_positions`` in GPT-2's; its
+    ``text_config``'s in a multimodal one's); None when it has none (nothing to check)."""
     try:
-        return int(json.loads((Path(model_dir) / "config.json").read_text())["max_position_embeddings"])
-    except (OSError, KeyError, TypeError, ValueError):
+        conf = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
         return None
+    for c in (conf, conf.get("text_config") if isinstance(conf, dict) else None):
+        for key in _CONTEXT_KEYS:
+            if isinstance(c, dict) and isinstance(c.get(key), int):
+                return c[key]
+    return None
 
 
 def over_limit(lengths: Sequence[int], *, max_tokens: int | None = None, room: int | None = None) -> list[int]:

@@ -27,7 +27,7 @@ from relayrl.errors import UserError
 
 __all__ = ["attention_windows", "load_model", "load_tokenizer", "load_pretrained", "read_json", "resolve_dtype",
            "absent_weights", "few_names", "progress_bars", "ModelLoadError", "decoder_layers", "check_attention",
-           "check_causal_lm"]
+           "check_causal_lm", "inference_attention"]
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -376,11 +376,14 @@ def _check_vocabulary(path: Path, tok) -> None:
 def load_model(path: str | Path, *, dtype: str = "float32", device: str | torch.device = "cpu",
                attn_implementation: str = "sdpa"):
     """Load a causal LM from ``path`` in ``dtype`` on ``device``, in train mode (an attention implementation
-    that would skip part of the model's attention is refused first: :func:`check_attention`)."""
+    that would skip part of the model's attention is refused first: :func:`check_attention`; ``auto``: the
+    one :func:`inference_attention` picks)."""
     from transformers import AutoModelForCausalLM
 
     config = model_config(Path(path))
     check_causal_lm(config, Path(path))
+    if attn_implementation == "auto":
+        attn_implementation = inference_attention(config)
     check_attention(config, attn_implementation, Path(path))
     model = load_pretrained(AutoModelForCausalLM, Path(path), dtype=dtype, attn_implementation=attn_implementation)
     return model.to(device)
@@ -397,6 +400,19 @@ def check_attention(config, attn_implementation: str, path: Path) -> None:
                              f"(attn_logit_softcapping={cap:g}), which attn_implementation={attn_implementation!r} "
                              f"skips (transformers applies the cap in eager attention only); set "
                              f"model.attn_implementation=eager")
+
+
+def inference_attention(config) -> str:
+    """The attention ``relayrl eval --model`` and ``relayrl serve`` load a model with (they take no attention
+    key): eager where SDPA would compute another model (Gemma 2's capped scores, :func:`check_attention`) or where
+    transformers has no SDPA path for the architecture (GPT-OSS's attention sinks), else sdpa."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    conf = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(conf, "attn_logit_softcapping", None):
+        return "eager"
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    return "eager" if model_class is not None and not getattr(model_class, "_supports_sdpa", True) else "sdpa"
 
 
 _DROPOUT_RATES = ("attention_dropout", "attn_dropout", "dropout")

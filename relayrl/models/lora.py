@@ -40,7 +40,7 @@ import torch
 from relayrl.errors import UserError
 from relayrl.models.lora_config import DEFAULT_TARGETS, LoraConfig  # torch-free (re-exported)
 
-__all__ = ["LoraConfig", "LoraError", "apply_lora", "merged_weights", "base_name", "trainable_names",
+__all__ = ["LoraConfig", "LoraError", "apply_lora", "merged_weights", "base_name", "trainable_names", "linear_sides",
            "adapters_disabled", "DEFAULT_TARGETS", "resolve_targets"]
 
 _ADAPTER = "default"  # peft's name for the one adapter relayrl trains
@@ -64,12 +64,25 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig, *, trainable: tuple[torc
     params = _check_parameters(model, cfg)
     with warnings.catch_warnings():  # peft reads transformers' deprecated attribute: noise in every LoRA run
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        warnings.filterwarnings("ignore", message="fan_in_fan_out is set to False but the target module is `Conv1D`")
         wrapped = peft.get_peft_model(model, peft.LoraConfig(
             r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
             target_parameters=params, bias="none"))
     for m in trainable:
         m.requires_grad_(True)
     return wrapped
+
+
+def linear_sides(m: torch.nn.Module) -> tuple[int, int] | None:
+    """``(inputs, outputs)`` of a layer peft adapts as a linear one: ``nn.Linear``, or transformers' ``Conv1D``
+    (GPT-2's projections: a linear layer whose weight is stored ``[in, out]``); None for any other module."""
+    from transformers.pytorch_utils import Conv1D
+
+    if isinstance(m, torch.nn.Linear):
+        return m.in_features, m.out_features
+    if isinstance(m, Conv1D):
+        return m.nx, m.nf
+    return None
 
 
 def resolve_targets(model: torch.nn.Module, cfg: LoraConfig) -> list[str]:
@@ -84,9 +97,9 @@ def resolve_targets(model: torch.nn.Module, cfg: LoraConfig) -> list[str]:
     width: dict[str, int] = {}  # name -> its narrowest side over the layers
     for layer in decoder_layers(model):
         for n, m in layer.named_modules():
-            if isinstance(m, torch.nn.Linear):
+            if sides := linear_sides(m):
                 key = n.rsplit(".", 1)[-1]
-                width[key] = min(width.get(key, m.in_features), m.in_features, m.out_features)
+                width[key] = min(width.get(key, min(sides)), *sides)
     if not width:
         raise LoraError(f"{type(model).__name__}'s decoder layers hold no linear layer for an adapter; name the "
                         f"layers in model.lora.target_modules")
@@ -153,7 +166,7 @@ def _check_parameters(model: torch.nn.Module, cfg: LoraConfig) -> list[str] | No
 def _check_targets(model: torch.nn.Module, cfg: LoraConfig, targets: list[str]) -> None:
     """The linear layers ``targets`` names (by peft's rule: a module name equal to a target or ending in
     ``.target``) exist, none is the output head, and none is narrower than ``cfg.r``."""
-    linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    linears = {n: m for n, m in model.named_modules() if linear_sides(m)}
     head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
     names = {n.rsplit(".", 1)[-1] for n, m in linears.items() if m is not head}  # (the head is refused below)
     hits = {t: [n for n in linears if n == t or n.endswith("." + t)] for t in targets}
@@ -171,11 +184,11 @@ def _check_targets(model: torch.nn.Module, cfg: LoraConfig, targets: list[str]) 
                             f"{type(model).__name__}{why}; adapters on the output head are not supported (the "
                             f"training engine computes log-probs from the head's weight directly, past an "
                             f"adapter); drop it from model.lora.target_modules")
-    name, narrowest = min(targeted.items(), key=lambda kv: min(kv[1].in_features, kv[1].out_features))
-    limit = min(narrowest.in_features, narrowest.out_features)
+    name, narrowest = min(targeted.items(), key=lambda kv: min(linear_sides(kv[1])))
+    (inputs, outputs), limit = linear_sides(narrowest), min(linear_sides(narrowest))
     if cfg.r > limit:
-        raise LoraError(f"model.lora.r={cfg.r} is larger than {name} allows ({narrowest.in_features} inputs, "
-                        f"{narrowest.out_features} outputs: an update of it has rank at most {limit}, so a larger r "
+        raise LoraError(f"model.lora.r={cfg.r} is larger than {name} allows ({inputs} inputs, "
+                        f"{outputs} outputs: an update of it has rank at most {limit}, so a larger r "
                         f"only takes memory); set model.lora.r <= {limit} (8 to 64 is usual), or drop "
                         f"{name.rsplit('.', 1)[-1]} from model.lora.target_modules")
 

@@ -18,7 +18,8 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from relayrl.models.load import ModelLoadError, _check_dir, load_pretrained, load_tokenizer, read_json, resolve_dtype
+from relayrl.models.load import (ModelLoadError, _check_dir, inference_attention, load_pretrained, load_tokenizer,
+                                 model_config, read_json, resolve_dtype)
 
 __all__ = ["export_reward_model", "load_reward_model", "RewardModelScorer", "is_reward_model", "scored_prompts"]
 
@@ -64,14 +65,17 @@ def export_reward_model(model, tokenizer, path: str | Path, state_dict: dict | N
 
 def load_reward_model(path: str | Path, *, dtype: str = "float32", device: str | torch.device = "cpu",
                       key: str = "reward.model"):
-    """The sequence classifier at ``path`` in eval mode (``key`` names the config key in errors)."""
+    """The sequence classifier at ``path`` in eval mode (``key`` names the config key in errors), with the attention
+    that computes it (:func:`~relayrl.models.load.inference_attention`: eager for a Gemma 2 reward model, whose
+    attention cap SDPA drops)."""
     from transformers import AutoModelForSequenceClassification
 
     path = Path(path)
     try:
         _check_dir(path, ("config.json",))
         if is_reward_model(path):
-            return load_pretrained(AutoModelForSequenceClassification, path, dtype=dtype).to(device).eval()
+            return load_pretrained(AutoModelForSequenceClassification, path, dtype=dtype,
+                                   attn_implementation=inference_attention(model_config(path))).to(device).eval()
     except ModelLoadError as e:
         raise ModelLoadError(f"{key}: {e}") from None
     raise ModelLoadError(f"{key}={path} is not a reward model (a one-label *ForSequenceClassification, what "

@@ -49,13 +49,12 @@ def count(cfg, lora=None) -> tuple[int, int, int, int]:
     active = params - routed + (routed * experts[1] // experts[0] if experts else routed)
     adapters = 0
     if lora is not None and getattr(lora, "enabled", False):
-        from relayrl.models.lora import resolve_targets
+        from relayrl.models.lora import linear_sides, resolve_targets
 
         head = model.get_output_embeddings()
         targets = resolve_targets(model, lora)
-        adapters = sum(lora.r * (m.in_features + m.out_features) for n, m in model.named_modules()
-                       if isinstance(m, torch.nn.Linear) and m is not head
-                       and any(n == t or n.endswith("." + t) for t in targets))
+        adapters = sum(lora.r * sum(linear_sides(m)) for n, m in model.named_modules()
+                       if linear_sides(m) and m is not head and any(n == t or n.endswith("." + t) for t in targets))
         tensors = getattr(lora, "target_parameters", None) or ()  # fused experts [E, a, b]: an adapter per expert
         adapters += sum(lora.r * p.shape[0] * (p.shape[1] + p.shape[2]) for n, p in model.named_parameters()
                         if p.dim() == 3 and any(n == t or n.endswith("." + t) for t in tensors))

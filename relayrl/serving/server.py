@@ -33,7 +33,7 @@ def build_state(model_dir: str, *, limits: ServeLimits, api_key: str | None, max
     from relayrl.serving.batcher import Batcher
 
     tok = load_tokenizer(model_dir)
-    model = load_model(model_dir, dtype=dtype, device=device)
+    model = load_model(model_dir, dtype=dtype, device=device, attn_implementation="auto")
     engine = NativeGenerationEngine(model, tok, max_batch=max_batch, device=device, decode="dynamic",
                                     log=lambda *_: None)
     batcher = Batcher(engine, max_waiting=limits.max_waiting, seed=seed)

@@ -120,3 +120,20 @@ def test_drop_refuses_to_leave_no_row_and_a_budget_past_the_context():
     room = PromptRoom(budget=600, key="rollout.max_new_tokens", limit=512, model="m")
     with pytest.raises(ConfigError, match="rollout.max_new_tokens=600 new tokens cannot fit"):
         fit_prompts(_rows(20), _encode, room, drop=True, what="training", log=print)
+
+
+@pytest.mark.parametrize("model_type, kwargs, limit", [
+    ("qwen2", dict(max_position_embeddings=64), 64),
+    ("gpt2", dict(n_positions=64), 64),  # GPT-2 keeps its context as n_positions (transformers' attribute_map)
+    ("gemma3", dict(text_config=dict(max_position_embeddings=64)), 64),  # a multimodal model's text config
+    ("bloom", {}, None),  # (ALiBi: no position limit in its config)
+])
+def test_the_context_is_read_where_each_config_keeps_it(tmp_path, model_type, kwargs, limit):
+    """Read at max_position_embeddings alone, GPT-2's context and a multimodal model's were never checked: GPT-2 with
+    a budget past its 1024 positions generated until it failed deep inside its position embedding (IndexError)."""
+    from transformers import AutoConfig
+
+    from relayrl.data.lengths import context_limit
+
+    AutoConfig.for_model(model_type, **kwargs).save_pretrained(tmp_path)
+    assert context_limit(tmp_path) == limit

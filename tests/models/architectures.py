@@ -36,6 +36,7 @@ ARCHS = {
     "phi": dict(),
     "gpt_neox": dict(),
     "starcoder2": dict(),
+    "gpt2": dict(),  # learned absolute positions; its projections are transformers' Conv1D (weights [in, out])
     # Qwen3.5: three Gated DeltaNet (linear attention) layers to one attention layer
     "qwen3_5_text": dict(head_dim=16, num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4,
                          linear_key_head_dim=16, linear_value_head_dim=16),

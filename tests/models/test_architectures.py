@@ -19,7 +19,7 @@ from relayrl.engines.training.fsdp import ResponseLogits
 from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
 from relayrl.models.load import decoder_layers
 from relayrl.models.logits import HeadMismatchError, LogitTransform, check_head
-from relayrl.models.lora import LoraConfig, apply_lora, merged_weights
+from relayrl.models.lora import LoraConfig, apply_lora, linear_sides, merged_weights
 
 from tests.models.architectures import ARCHS, VOCAB, build, own_logprobs
 
@@ -32,6 +32,7 @@ STATIC_REFUSED = {  # model_type -> what the static decoder's refusal names
     "qwen3_next": "not a Llama-style layer", "gpt_oss": "sliding-window layers",
     "falcon_h1": "lacks embed_tokens, norm or rotary_emb", "lfm2": "lacks embed_tokens, norm or rotary_emb",
     "jamba": "lacks embed_tokens, norm or rotary_emb", "nemotron_h": "lacks embed_tokens, norm or rotary_emb",
+    "gpt2": "no decoder with .layers",
 }
 
 
@@ -253,7 +254,7 @@ def test_lora_by_default_adapts_every_linear_layer_of_the_decoder_layers(arch):
     model = build(arch)
     base = {k: v.clone() for k, v in model.state_dict().items()}
     inside = {id(x) for layer in decoder_layers(model) for x in layer.modules()}
-    every = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and id(m) in inside}
+    every = {f"{n}.weight" for n, m in model.named_modules() if linear_sides(m) and id(m) in inside}  # (GPT-2: Conv1D)
     # Qwen3-Next: its shared expert's gate/up/down_proj are names peft reads as the fused experts', and its
     # shared-expert gate has one output (narrower than r); Falcon-H1: peft refuses its Mamba mixer's out_proj.
     # The default leaves those out
@@ -271,6 +272,26 @@ def test_lora_by_default_adapts_every_linear_layer_of_the_decoder_layers(arch):
     assert want <= set(merged) <= set(base)  # the base model's names, no adapter tensors
     for name, value in merged.items():
         assert torch.equal(value, base[name]) != (name in want), name
+
+
+def test_lora_on_gpt2s_conv1d_projections_merges_to_the_adapted_model():
+    """GPT-2's projections are transformers' Conv1D (a linear layer with its weight stored [in, out]), which peft
+    adapts: LoRA was refused on GPT-2 ("no linear layer for an adapter"; named ones: "the layers an adapter can go
+    on are []"). Its merged weights give the adapted model's logits."""
+    model = build("gpt2")
+    apply_lora(model, LoraConfig(enabled=True, r=4, alpha=8.0))
+    for m in model.modules():
+        if hasattr(m, "lora_B"):
+            torch.nn.init.normal_(m.lora_B["default"].weight, std=0.1)
+    ids = torch.arange(3, 20)[None]
+    with torch.no_grad():
+        adapted = model(ids).logits
+    merged = build("gpt2")
+    missing, unexpected = merged.load_state_dict(dict(merged_weights(model)), strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}  # (tied to the embedding: one parameter)
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, adapted, atol=1e-4, rtol=1e-4)
+        assert (merged(ids).logits - build("gpt2")(ids).logits).abs().max() > 0.1  # (the adapters moved it)
 
 
 def test_gemma2s_attention_cap_needs_eager_attention_and_the_packed_trainer_computes_it(tmp_path):

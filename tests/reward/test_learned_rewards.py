@@ -218,3 +218,35 @@ def test_a_chat_row_s_prompt_reaches_the_reward_model_through_its_template(rm_di
     rewards, _ = eng.score([render_plain(msgs), "7+8="], ["51", "15"], ["51", "15"],
                            columns=[{"prompt": msgs, "answer": "51"}, None])
     assert rewards == pytest.approx([want, scorer.score(["7+8="], ["15"])[0]], abs=1e-5)
+
+
+def test_a_gemma2_reward_model_and_judge_keep_their_attention_cap(tiny_tokenizer, tmp_path):
+    """Gemma 2 caps its attention scores, which SDPA drops: a Gemma 2 reward model (Skywork-Reward-Gemma-2's kind)
+    loaded with SDPA scored as another model, without a word, and a Gemma 2 judge was refused naming
+    model.attn_implementation, the policy's key. Both load with eager attention now."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from relayrl.models.reward import load_reward_model
+    from tests.models.architectures import ARCHS, COMMON, build
+
+    cfg = AutoConfig.for_model("gemma2", **{**COMMON, **ARCHS["gemma2"], "vocab_size": len(tiny_tokenizer)},
+                               num_labels=1, attn_logit_softcapping=1.0)
+    torch.manual_seed(0)
+    rm = AutoModelForSequenceClassification.from_config(cfg).eval()
+    with torch.no_grad():  # scores well past the cap
+        for layer in rm.model.layers:
+            layer.self_attn.q_proj.weight.mul_(50)
+    rm.save_pretrained(tmp_path / "rm")
+    ids = torch.tensor([tiny_tokenizer("12+39=51", add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        want = {a: rm.set_attn_implementation(a) or float(rm(ids).logits) for a in ("eager", "sdpa")}
+        got = float(load_reward_model(tmp_path / "rm")(ids).logits)
+    assert abs(want["eager"] - want["sdpa"]) > 1e-3  # (the cap matters here)
+    assert got == pytest.approx(want["eager"], abs=1e-5)
+
+    build("gemma2", vocab=len(tiny_tokenizer)).save_pretrained(tmp_path / "judge")
+    tiny_tokenizer.save_pretrained(tmp_path / "judge")
+    cfg = RewardConfig(verifier_weight=0.0, judge={"path": str(tmp_path / "judge"), "max_new_tokens": 2,
+                                                 "malformed_score": 0.0})
+    rewards, _ = RewardEngine(cfg, task=_Task()).score(["1+1="], ["2"], ["2"])
+    assert len(rewards) == 1

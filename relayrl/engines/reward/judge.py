@@ -153,7 +153,7 @@ class LLMJudge:
             from relayrl.models.load import load_model, load_tokenizer
 
             tok = load_tokenizer(self.cfg.path)
-            model = load_model(self.cfg.path, device=self.device).eval()
+            model = load_model(self.cfg.path, device=self.device, attn_implementation="auto").eval()
             self._engine = NativeGenerationEngine(model, tok, max_batch=self.cfg.batch_size, device=self.device)
             from relayrl.data.plain_text import EnvTextEncoder, special_affixes
 
