@@ -92,7 +92,7 @@ def _load(model_dir: str | None):
     from relayrl.models.tiny import build_tiny
 
     path = model_dir or str(build_tiny(verbose=False))
-    return path, load_model(path), load_tokenizer(path)
+    return path, load_model(path, attn_implementation="auto"), load_tokenizer(path)
 
 
 def _prompts(tok, count: int, length: int) -> list[list[int]]:
@@ -112,7 +112,7 @@ def _device(model_dir: str, threads: int, reps: int, prompt_len: int) -> tuple[D
 
     torch.set_num_threads(threads)
     tok = load_tokenizer(model_dir)
-    eng = NativeGenerationEngine(load_model(model_dir), tok, device="cpu")
+    eng = NativeGenerationEngine(load_model(model_dir, attn_implementation="auto"), tok, device="cpu")
     gen = torch.Generator().manual_seed(0)
     run = lambda prompts, n, length: eng.generate(  # noqa: E731
         prompts, SamplingParams(n=n, max_new_tokens=length, ignore_eos=True), generator=gen)
@@ -136,7 +136,7 @@ def _device(model_dir: str, threads: int, reps: int, prompt_len: int) -> tuple[D
         pre_y.append(_best(lambda: run(prompts, 1, 1), reps))
     prefill = _fit(pre_x, pre_y)
 
-    model = load_model(model_dir)
+    model = load_model(model_dir, attn_implementation="auto")
     train = TorchTrainingEngine(copy.deepcopy(model), TrainEngineConfig(), total_steps=1000, device="cpu")
     loss = SFTLoss()
     tx, ty, lx, ly, opt = [], [], [], [], []

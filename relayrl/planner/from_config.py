@@ -167,7 +167,8 @@ def measure_lengths(model_dir: str, prompts: list[list[int]], n: int, max_new_to
 
     if threads:
         torch.set_num_threads(threads)
-    eng = NativeGenerationEngine(load_model(model_dir), load_tokenizer(model_dir), device="cpu")
+    eng = NativeGenerationEngine(load_model(model_dir, attn_implementation="auto"), load_tokenizer(model_dir),
+                                 device="cpu")
     out = eng.generate(prompts, SamplingParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature),
                        generator=torch.Generator().manual_seed(seed))
     return [len(c.token_ids) for c in out]

@@ -44,3 +44,12 @@ def test_eval_and_serve_load_a_gemma2_model(capsys, gemma2_dir, tmp_path):
 
     state = build_state(str(gemma2_dir), limits=ServeLimits(), api_key=None, device="cpu")
     assert state.batcher.engine.model.config._attn_implementation == "eager"
+
+
+def test_the_planner_measures_a_gemma2_models_lengths(gemma2_dir):
+    """``relayrl plan``'s length measurement loads the model with the attention it computes with (it loaded with
+    SDPA and so refused a Gemma 2 model, naming model.attn_implementation)."""
+    from relayrl.planner.from_config import measure_lengths
+
+    lengths = measure_lengths(str(gemma2_dir), [[1, 2, 3]], n=2, max_new_tokens=3, threads=1)
+    assert len(lengths) == 2 and all(1 <= n <= 3 for n in lengths)
