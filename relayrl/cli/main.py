@@ -410,7 +410,8 @@ def cmd_serve(args) -> int:
     limits = ServeLimits(max_body_bytes=args.max_body_bytes, max_tokens=args.max_tokens, max_n=args.max_n,
                          max_waiting=args.max_waiting, body_timeout_s=args.body_timeout_s)
     serve(args.model_dir, host=args.host, port=args.port, api_key=key, limits=limits, max_batch=args.max_batch,
-          dtype=args.dtype, device=args.device, seed=args.seed, threads=args.threads, name=args.name)
+          dtype=args.dtype, device=args.device, seed=args.seed, threads=args.threads, name=args.name,
+          generation_config=args.generation_config)
     return 0
 
 
@@ -525,6 +526,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds to receive a request body before 408 (weights payloads: 600)")
     sv.add_argument("--max-waiting", type=argtypes.int_at_least(1), default=1024, help="queued requests before 503")
     sv.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    sv.add_argument("--generation-config", choices=["auto", "none"], default="auto", help="auto: a request that "
+                    "leaves temperature, top_p, top_k, min_p or repetition_penalty out takes the model's "
+                    "generation_config.json value, as vllm serve does; none: OpenAI's defaults")
     sv.add_argument("--device", type=argtypes.device, default="auto")
     sv.add_argument("--seed", type=int, default=0, help="seed of unseeded requests' sampling")
     sv.add_argument("--threads", type=argtypes.int_at_least(0), default=0, help="torch CPU threads (0: all cores)")

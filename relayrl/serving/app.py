@@ -24,7 +24,7 @@ import asyncio
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator
 
@@ -60,6 +60,8 @@ class ServerState:
     max_model_len: int
     max_weights_bytes: int
     default_max_tokens: int = 16
+    sampling_defaults: dict[str, float] = field(default_factory=dict)
+    """A request's sampling fields left out take these (the model's generation config; else OpenAI's)."""
 
 
 def build_app(state: ServerState) -> FastAPI:
@@ -267,12 +269,17 @@ def _sampling(state: ServerState, req, prompts: list[list[int]], chat: bool) -> 
     if len(stops) > lim.max_stop:
         raise ApiError(400, f"stop: {len(stops)} stop strings; this server takes at most {lim.max_stop}",
                        param="stop")
-    top_k = req.top_k if req.top_k and req.top_k > 0 else 0
+    d = state.sampling_defaults
+
+    def given(key: str, default: float):  # (the request's, else the model's, else OpenAI's)
+        value = getattr(req, key)
+        return d.get(key, default) if value is None else value
+
+    top_k = given("top_k", 0)
     try:
-        return SamplingParams(n=n, temperature=1.0 if req.temperature is None else req.temperature,
-                              top_p=1.0 if req.top_p is None else req.top_p, top_k=top_k,
-                              min_p=req.min_p or 0.0,
-                              repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        return SamplingParams(n=n, temperature=given("temperature", 1.0), top_p=given("top_p", 1.0),
+                              top_k=top_k if top_k > 0 else 0, min_p=given("min_p", 0.0),
+                              repetition_penalty=given("repetition_penalty", 1.0),
                               max_new_tokens=max_tokens,
                               stop_strings=stops, stop_token_ids=tuple(req.stop_token_ids or ()),
                               ignore_eos=bool(req.ignore_eos))

@@ -329,3 +329,44 @@ def test_a_training_checkpoint_of_a_tied_model_loads_by_path(tiny_dir, tmp_path)
             torch.testing.assert_close(embed, head, rtol=0, atol=0)
     finally:
         state.batcher.close()
+
+
+def test_a_request_that_leaves_sampling_out_takes_the_models_generation_config(tiny_dir, tmp_path):
+    """As ``vllm serve`` (its default ``--generation-config auto``): a request without temperature, top_p or top_k
+    samples with the model's generation_config.json values (old behaviour: always OpenAI's 1.0, 1.0, none, so
+    a Qwen3 model served at temperature 1 where its card and vLLM use 0.6); its own values and
+    ``--generation-config none`` win."""
+    import shutil
+
+    from fastapi.testclient import TestClient
+    from transformers import GenerationConfig
+
+    from relayrl.serving.app import _sampling, build_app
+    from relayrl.serving.protocol import CompletionRequest
+    from relayrl.serving.server import build_state
+
+    d = shutil.copytree(tiny_dir, tmp_path / "m")
+    gen = GenerationConfig.from_pretrained(d)
+    gen.update(do_sample=True, temperature=0.6, top_p=0.95, top_k=20)
+    gen.save_pretrained(d)
+    state = build_state(str(d), limits=ServeLimits(), api_key=None, max_batch=2, name="m")
+    bare = build_state(str(d), limits=ServeLimits(), api_key=None, max_batch=2, name="m", generation_config="none")
+    try:
+        assert state.sampling_defaults == {"temperature": 0.6, "top_p": 0.95, "top_k": 20} and not bare.sampling_defaults
+
+        def params(st, **fields):
+            return _sampling(st, CompletionRequest.model_validate({"prompt": "1+1=", "max_tokens": 2, **fields}),
+                             [[1, 2]], chat=False)
+
+        p = params(state)
+        assert (p.temperature, p.top_p, p.top_k, p.min_p, p.repetition_penalty) == (0.6, 0.95, 20, 0.0, 1.0)
+        p = params(state, temperature=1.0, top_k=-1)
+        assert (p.temperature, p.top_p, p.top_k) == (1.0, 0.95, 0)
+        p = params(bare)
+        assert (p.temperature, p.top_p, p.top_k) == (1.0, 1.0, 0)
+        with TestClient(build_app(state)) as c:
+            r = c.post("/v1/completions", json={"model": "m", "prompt": "1+1=", "max_tokens": 2, "n": 2})
+        assert r.status_code == 200 and len(r.json()["choices"]) == 2, r.text
+    finally:
+        state.batcher.close()
+        bare.batcher.close()
