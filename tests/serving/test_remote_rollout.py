@@ -90,3 +90,19 @@ def test_parse_choice_reads_ids_from_either_field():
         parse_choice({"logprobs": {"tokens": ["hello"], "token_logprobs": [-1.0]}})
     with pytest.raises(RemoteEngineError, match="logprobs"):
         parse_choice({"text": "x"})
+
+
+def test_every_sampling_field_is_sent_so_no_server_default_applies():
+    """Old behaviour: top_k, min_p and repetition_penalty were left out at their neutral values, so a vllm serve
+    (or relayrl serve) of a model whose generation_config.json sets top_k=20 sampled with it, while the trainer's
+    log-probs and the rollout/logprob_error check assumed no top-k."""
+    from relayrl.engines.generation.base import SamplingParams
+    from relayrl.engines.generation.remote import RemoteGenerationEngine
+
+    eng = object.__new__(RemoteGenerationEngine)  # (the request body alone: no server to ask for its models)
+    eng.model = "m"
+    body = eng._body([1, 2], SamplingParams(n=2, temperature=1.0, max_new_tokens=4), seed=None)
+    assert (body["temperature"], body["top_p"], body["top_k"], body["min_p"], body["repetition_penalty"]) == \
+        (1.0, 1.0, -1, 0.0, 1.0)
+    body = eng._body([1, 2], SamplingParams(temperature=0.7, top_k=5, min_p=0.1, max_new_tokens=4), seed=3)
+    assert (body["top_k"], body["min_p"], body["seed"]) == (5, 0.1, 3)

@@ -160,15 +160,14 @@ class RemoteGenerationEngine:
         return self._version
 
     def _body(self, prompt: Sequence[int], params: SamplingParams, seed: int | None) -> dict:
+        # every sampling field, at its neutral value too: a field left out takes the server's default, which
+        # vllm serve (and relayrl serve) take from the model's generation_config.json (Qwen3: top_k=20), and the
+        # trainer's log-probs would then be of another distribution than the one sampled
         body = {"model": self.model, "prompt": list(prompt), "n": params.n, "max_tokens": params.max_new_tokens,
-                "temperature": params.temperature, "top_p": params.top_p, "logprobs": 0,
-                "return_tokens_as_token_ids": True, "return_token_ids": True}
-        if params.top_k:
-            body["top_k"] = params.top_k
-        if params.min_p:
-            body["min_p"] = params.min_p  # (vLLM's and SGLang's extensions, as top_k)
-        if params.repetition_penalty != 1.0:
-            body["repetition_penalty"] = params.repetition_penalty
+                "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k or -1,
+                "min_p": params.min_p, "repetition_penalty": params.repetition_penalty, "logprobs": 0,
+                "return_tokens_as_token_ids": True, "return_token_ids": True}  # (top_k, min_p, repetition_penalty:
+        # vLLM's and SGLang's extensions; -1: no top-k)
         if params.stop_strings:
             body["stop"] = list(params.stop_strings)
         if params.stop_token_ids:
