@@ -354,13 +354,19 @@ def _at(config: Mapping[str, Any], key: str) -> Any:
     return node
 
 
+UNORDERED = ("model.lora.target_modules", "model.lora.target_parameters")
+"""Fingerprint keys whose lists name a set (their order changes nothing)."""
+
+
 def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any],
                        keys: Sequence[str] = FINGERPRINT) -> list[str]:
-    """``key: checkpoint X, now Y`` for each of ``keys`` whose value differs (JSON-dumped configs)."""
+    """``key: checkpoint X, now Y`` for each of ``keys`` whose value differs (JSON-dumped configs; the keys of
+    :data:`UNORDERED` as sets: LoRA's target list in another order is the same adapters)."""
     out = []
     for key in keys:
         a, b = _at(saved, key), _at(current, key)
-        if a != b:
+        same_set = key in UNORDERED and isinstance(a, list) and isinstance(b, list) and sorted(a) == sorted(b)
+        if a != b and not same_set:
             out.append(f"{key}: checkpoint {a!r}, now {b!r}")
     return out
 

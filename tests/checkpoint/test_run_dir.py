@@ -211,6 +211,17 @@ def test_a_lora_run_resumed_with_another_alpha_is_refused():
                               other) == ["model.lora.target_parameters: checkpoint None, now ['mlp.experts.gate_up_proj']"]
 
 
+def test_lora_targets_in_another_order_are_the_same_adapters():
+    """Old behaviour: model.lora.target_modules listed in another order was refused as another model."""
+    lora = {"enabled": True, "r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
+    saved = {"workflow": "grpo", "model": {"lora": lora}}
+    other = {"workflow": "grpo", "model": {"lora": {**lora, "target_modules": ["v_proj", "q_proj"]}}}
+    assert config_differences(saved, other) == []
+    other["model"]["lora"]["target_modules"] = ["v_proj", "k_proj"]
+    assert config_differences(saved, other) == ["model.lora.target_modules: checkpoint ['q_proj', 'v_proj'], now "
+                                                "['v_proj', 'k_proj']"]
+
+
 def test_saved_config_reads_the_checkpoint_config(tmp_path):
     path = _save(tmp_path, 1, config={"workflow": "sft", "run": {"seed": 3}})
     assert saved_config(path) == {"workflow": "sft", "run": {"seed": 3}}
