@@ -241,8 +241,9 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
                     "template's own tokens marks them: relayrl.data.plain_text.markup")
             return ids
 
-    def call(lv: _Live, what: str, fn: Callable[[], object]):
-        """Run an environment method with its step deadline; ``_FAILED`` (and the episode ended) on failure.
+    def call(lv: _Live, what: str, fn: Callable[[], object], counted: bool = True):
+        """Run an environment method (``counted``: a call of ``env/step_seconds_mean``; else the factory) with its
+        step deadline; ``_FAILED`` (and the episode ended) on failure.
         (Not None: a method that returns None, e.g. a ``reset`` without ``return ""``, is the environment's
         malformed result, which must end the episode too, or it would stay open and the loop wait forever.)"""
         with feed.lock:
@@ -257,8 +258,9 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
         except Exception as e:  # an environment's or a tool's own failure: the episode ends, the run goes on
             out, err = None, _raised(what, e)
         with feed.lock:
-            lv.ep.env_seconds += time.monotonic() - t0
-            lv.ep.env_calls += 1
+            if counted:
+                lv.ep.env_seconds += time.monotonic() - t0
+                lv.ep.env_calls += 1
             lv.step_deadline = None
             if lv.epoch != epoch or lv.ep.end is not None:
                 return _FAILED  # it timed out meanwhile: drop the late result
@@ -268,9 +270,15 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
         return out
 
     def reset(lv: _Live) -> None:
-        lv.env = env = _make(make_env, lv, feed)
-        if env is None:
+        # (the factory under the step deadline too: one that hangs, a service it waits on, ends its episode)
+        env = call(lv, "making the environment", make_env, counted=False)
+        if env is _FAILED:
             return
+        if env is None:
+            with feed.lock:
+                feed.end(lv, EpisodeEnd.ERROR, "the environment factory returned None; expected an environment")
+            return
+        lv.env = env
         text = call(lv, "env.reset", lambda: env.reset(problems[lv.ep.problem_index]))
         if text is _FAILED:
             return
@@ -379,20 +387,6 @@ def after_turn(tokenizer, turn: Completion, observation: str) -> str:
         return observation  # (the usual case, decided without listing the tokenizer's special tokens)
     special = last in tokenizer.all_special_ids or last in (getattr(tokenizer, "added_tokens_decoder", None) or {})
     return EnvText(((parts[0][0][len(closing):], True), *parts[1:])) if special else observation
-
-
-def _make(make_env: EnvFactory, lv: _Live, feed: _Feed):
-    """A new environment for ``lv``; None (and the episode ended) when the factory raised or returned None."""
-    try:
-        env = make_env()
-    except Exception as e:
-        with feed.lock:
-            feed.end(lv, EpisodeEnd.ERROR, _raised("making the environment", e))
-        return None
-    if env is None:
-        with feed.lock:
-            feed.end(lv, EpisodeEnd.ERROR, "the environment factory returned None; expected an environment")
-    return env
 
 
 def episode_metrics(episodes: Sequence[Episode | EpisodeSummary]) -> dict[str, float]:

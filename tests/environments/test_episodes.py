@@ -274,6 +274,31 @@ def test_hung_steps_do_not_hold_the_episodes_queued_behind_them(engine, tiny_tok
     assert all("env.step_timeout_s=0.3" in e.error for e in out[0][:2])
 
 
+def test_a_hung_environment_factory_ends_its_episode_at_the_step_deadline(engine, tiny_tokenizer):
+    """The factory (made per episode, at its reset) ran outside env.step_timeout_s: one waiting on a service that
+    never answered held its episode, and the rollout, for ever (max_seconds starts with the first turn)."""
+    probs, prompts = _problems(tiny_tokenizer, 2)
+    release, made = threading.Event(), []
+
+    def factory():
+        made.append(1)
+        if len(made) == 1:  # the first episode's environment never comes
+            release.wait(60)
+        return Counter()
+
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(run_episodes(
+        engine, tiny_tokenizer, probs, prompts, factory, SamplingParams(max_new_tokens=3),
+        EpisodeLimits(step_timeout_s=0.3, max_seconds=30), workers=2, log=lambda s: None)), daemon=True)
+    t.start()
+    t.join(20)
+    release.set()
+    assert not t.is_alive(), "run_episodes waited forever on a hung environment factory"
+    hung, other = sorted(out[0], key=lambda e: e.end is EpisodeEnd.DONE)
+    assert hung.end is EpisodeEnd.ERROR and "env.step_timeout_s=0.3" in hung.error and hung.env_calls == 0
+    assert other.end is EpisodeEnd.DONE and other.reward == 1.0 and other.env_calls == 4  # (reset + 3 steps)
+
+
 def test_step_seconds_are_per_environment_step_not_per_episode(engine, tiny_tokenizer):
     """``env/step_seconds_mean`` is the time of one environment call (reset or step): it was an episode's whole
     environment time, a three-turn episode of 0.05 s steps reading 0.15 s."""
