@@ -88,9 +88,9 @@ class RunningMoments:
 
 
 def normalize_rewards(rewards: Tensor, moments: RunningMoments | None, *, clip: float | None = None,
-                      eps: float = 1e-6) -> tuple[Tensor, dict[str, float]]:
-    """Whiten ``rewards`` ``[N]`` by the running moments (updated with this batch first; ``None``: no
-    whitening), then clip to ``[-clip, clip]`` (``None``: no clipping).
+                      eps: float = 1e-6, update: bool = True) -> tuple[Tensor, dict[str, float]]:
+    """Whiten ``rewards`` ``[N]`` by the running moments (updated with this batch first unless ``update`` is
+    False; ``None``: no whitening), then clip to ``[-clip, clip]`` (``None``: no clipping).
 
     Returns ``(rewards [N], metrics)`` with ``reward/norm_mean`` and ``reward/norm_std`` (the running
     moments used) when whitening, ``reward/clip_frac`` (rows clipped) when clipping.
@@ -99,7 +99,8 @@ def normalize_rewards(rewards: Tensor, moments: RunningMoments | None, *, clip: 
     metrics: dict[str, float] = {}
     out = rewards.float()
     if moments is not None:
-        moments.update(out)
+        if update:
+            moments.update(out)
         out = (out - moments.mean) / (moments.std + eps)
         metrics.update({"reward/norm_mean": moments.mean, "reward/norm_std": moments.std})
     if clip is not None:

@@ -137,7 +137,8 @@ class ScoreWorker(Worker):
         ids = [cols["baseline_ids"][first[g]] for g in order]
         texts = [self.tokenizer.decode(r.tolist(), skip_special_tokens=True) for r in ids]
         scores, _ = self.reward.score([problems[g].prompt for g in order], texts, [problems[g].answer for g in order],
-                                      columns=_rows([problems[g] for g in order], ids, progress))
+                                      columns=_rows([problems[g] for g in order], ids, progress),
+                                      learn=False)  # (a reference point: reward.normalize's moments are the samples')
         failed = [g for g, x in zip(order, scores) if x != x]  # reward.on_error=drop_group
         if failed:  # (the group's sampled rows may be in other stages' hands already: too late to drop it)
             raise RewardError(f"the reward failed on the greedy baseline response to prompt "

@@ -81,6 +81,21 @@ def test_the_reward_combines_verifier_model_and_logs_the_verifier_at_weight_zero
     assert (m["reward/norm_mean"], m["reward/norm_std"], m["reward/raw_mean"]) == pytest.approx((0.5, 0.5, 0.5))
 
 
+def test_a_reference_point_is_whitened_without_moving_the_running_moments():
+    """ReMax's greedy baseline is scored with ``learn=False`` (old behaviour: it was added to the moments, so the
+    samples and their baseline were whitened by different statistics and the baseline counted as data)."""
+    prompts, responses = [p for p, _ in ROWS], [r for _, r in ROWS]
+    answers = ["51", "15", "90", "2"]
+    norm = RewardEngine(RewardConfig(verifier_weight=1.0, normalize="running"), task=_Task())
+    norm.score(prompts, responses, answers)
+    before = norm.moments.state()
+    r, m = norm.score(prompts[:1], responses[:1], answers[:1], learn=False)  # a correct answer: raw 1.0
+    assert norm.moments.state() == before
+    assert r == pytest.approx([(1.0 - before["mean"]) / (norm.moments.std + 1e-6)], abs=1e-5)
+    norm.score(prompts[:1], responses[:1], answers[:1])
+    assert norm.moments.state() != before
+
+
 def test_a_judge_that_returns_garbage_is_counted_and_scored_by_the_rule(tiny_dir, caplog):
     asked: list[str] = []
 

@@ -182,14 +182,9 @@ class RewardEngine:
         return [v + self.cfg.format_weight * format_reward(self._format_target(responses[i]), self._format)
                 for i, v in enumerate(verifier[:n])]
 
-    def score(
-        self,
-        prompts: Sequence[str],
-        responses: Sequence[str],
-        answers: Sequence[str | None],
-        finish_reasons: Sequence[str] | None = None,
-        columns: Columns | None = None,
-    ) -> tuple[list[float], dict[str, float]]:
+    def score(self, prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str | None],
+              finish_reasons: Sequence[str] | None = None, columns: Columns | None = None, *,
+              learn: bool = True) -> tuple[list[float], dict[str, float]]:
         """Rewards ``[N]`` and metrics for ``N`` rows; NaN for the rows of a prompt a source failed on with
         ``reward.on_error=drop_group`` (module docstring).
 
@@ -206,20 +201,16 @@ class RewardEngine:
         functions ``reward/fn/NAME_mean`` and ``_std``; with a reward model ``reward/model_mean``,
         ``reward/model_std``; with a judge ``reward/judge_mean``, ``reward/judge_malformed`` (verdicts scored by
         ``reward.judge.malformed_score``); with normalisation ``reward/raw_mean`` (before it),
-        ``reward/norm_mean``, ``reward/norm_std``; with clipping ``reward/clip_frac``.
+        ``reward/norm_mean``, ``reward/norm_std``; with clipping ``reward/clip_frac``. ``learn=False``: the rows
+        are whitened by the running moments without adding to them (ReMax's greedy baseline, a reference point).
         """
-        rewards, metrics, _ = self.score_each(prompts, responses, answers, finish_reasons, columns)
+        rewards, metrics, _ = self.score_each(prompts, responses, answers, finish_reasons, columns, learn=learn)
         return rewards, metrics
 
-    def score_each(
-        self,
-        prompts: Sequence[str],
-        responses: Sequence[str],
-        answers: Sequence[str | None],
-        finish_reasons: Sequence[str] | None = None,
-        columns: Columns | None = None,
-        extra: ExtraLog | None = None,
-    ) -> tuple[list[float], dict[str, float], list[list[float]]]:
+    def score_each(self, prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str | None],
+                   finish_reasons: Sequence[str] | None = None, columns: Columns | None = None,
+                   extra: ExtraLog | None = None, *, learn: bool = True
+                   ) -> tuple[list[float], dict[str, float], list[list[float]]]:
         """:meth:`score`, and each user function's score of each row (``[N][K]``, the functions in
         ``reward.user_fn``'s order; NaN where a function returned ``None`` for the row, and in the rows left
         NaN): what ``reward.user_aggregation=normalize_then_sum`` normalises. ``[]`` per row without user
@@ -262,7 +253,8 @@ class RewardEngine:
         if (self.moments is not None or c.clip is not None) and rewards:
             learned["reward/raw_mean"] = _mean(rewards)
             with self._lock:
-                out, norm = normalize_rewards(torch.tensor(rewards, dtype=torch.float64), self.moments, clip=c.clip)
+                out, norm = normalize_rewards(torch.tensor(rewards, dtype=torch.float64), self.moments, clip=c.clip,
+                                              update=learn)
             rewards = out.tolist()
             learned.update(norm)
         if errors:
