@@ -161,8 +161,11 @@ class DataConfig(BaseModel):
                              "save_to_disk directory) or data.hf_name (a datasets name)")
         if len(given) > 1:
             drop = "data.task=null" if "task" in given else "one of them to null"
+            also = (" and, unless the recipe sets another, a reward.verifier for the rows (math, exact or user: the "
+                    "default, task, is the built-in task's checker); data.task_options then go unused"
+                    if "task" in given else "")
             raise ValueError(f"{' and '.join(f'data.{k}' for k in given)} are both set; set {drop} to train on "
-                             f"data.{given[-1]}")
+                             f"data.{given[-1]}{also}")
         if self.hf_name is not None:
             from relayrl.data.hf import INSTALL_HINT, datasets_installed
 

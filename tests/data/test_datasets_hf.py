@@ -140,6 +140,9 @@ def test_dataset_name_may_be_a_local_directory_of_files(tmp_path):
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(hf_name="openai/gsm8k"), "data.task and data.hf_name are both set; set data.task=null"),
+    # old behaviour: the reward.verifier the dataset needs came as a second error once data.task=null was set
+    (dict(path="a.jsonl"), "set data.task=null to train on data.path and, unless the recipe sets another, a "
+                           "reward.verifier for the rows (math, exact or user"),
     (dict(task=None, path="a.jsonl", hf_name="openai/gsm8k"), "data.path and data.hf_name are both set"),
     (dict(task=None, hf_name="x", hf_eval_split="test", eval_path="e.jsonl"), "set one to null"),
     (dict(task=None, path="a.jsonl", answer_regex="####(("), "data.answer_regex='####((' is not a regular"),
