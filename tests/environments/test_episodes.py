@@ -262,16 +262,23 @@ def test_hung_steps_do_not_hold_the_episodes_queued_behind_them(engine, tiny_tok
                 release.wait(60)
             return StepResult("", reward=1.0, done=True)
 
+    eps = _within(20, release, engine, tiny_tokenizer, probs, prompts, HangsButOne, workers=1)
+    assert eps is not None, "run_episodes waited forever on the steps queued behind a hung one"
+    assert [e.end for e in eps] == [EpisodeEnd.ERROR, EpisodeEnd.ERROR, EpisodeEnd.DONE]
+    assert all("env.step_timeout_s=0.3" in e.error for e in eps[:2])
+
+
+def _within(seconds: float, release: threading.Event, engine, tok, probs, prompts, make_env, workers: int):
+    """``run_episodes`` (0.3 s step deadline) in a thread: its episodes, or None when it has not returned within
+    ``seconds``; ``release`` then lets the hung calls go."""
     out: list = []
     t = threading.Thread(target=lambda: out.append(run_episodes(
-        engine, tiny_tokenizer, probs, prompts, HangsButOne, SamplingParams(max_new_tokens=3),
-        EpisodeLimits(step_timeout_s=0.3, max_seconds=30), workers=1, log=lambda s: None)), daemon=True)
+        engine, tok, probs, prompts, make_env, SamplingParams(max_new_tokens=3),
+        EpisodeLimits(step_timeout_s=0.3, max_seconds=30), workers=workers, log=lambda s: None)), daemon=True)
     t.start()
-    t.join(20)
+    t.join(seconds)
     release.set()
-    assert not t.is_alive(), "run_episodes waited forever on the steps queued behind a hung one"
-    assert [e.end for e in out[0]] == [EpisodeEnd.ERROR, EpisodeEnd.ERROR, EpisodeEnd.DONE]
-    assert all("env.step_timeout_s=0.3" in e.error for e in out[0][:2])
+    return None if t.is_alive() else out[0]
 
 
 def test_a_hung_environment_factory_ends_its_episode_at_the_step_deadline(engine, tiny_tokenizer):
@@ -286,15 +293,9 @@ def test_a_hung_environment_factory_ends_its_episode_at_the_step_deadline(engine
             release.wait(60)
         return Counter()
 
-    out: list = []
-    t = threading.Thread(target=lambda: out.append(run_episodes(
-        engine, tiny_tokenizer, probs, prompts, factory, SamplingParams(max_new_tokens=3),
-        EpisodeLimits(step_timeout_s=0.3, max_seconds=30), workers=2, log=lambda s: None)), daemon=True)
-    t.start()
-    t.join(20)
-    release.set()
-    assert not t.is_alive(), "run_episodes waited forever on a hung environment factory"
-    hung, other = sorted(out[0], key=lambda e: e.end is EpisodeEnd.DONE)
+    eps = _within(20, release, engine, tiny_tokenizer, probs, prompts, factory, workers=2)
+    assert eps is not None, "run_episodes waited forever on a hung environment factory"
+    hung, other = sorted(eps, key=lambda e: e.end is EpisodeEnd.DONE)
     assert hung.end is EpisodeEnd.ERROR and "env.step_timeout_s=0.3" in hung.error and hung.env_calls == 0
     assert other.end is EpisodeEnd.DONE and other.reward == 1.0 and other.env_calls == 4  # (reset + 3 steps)
 
