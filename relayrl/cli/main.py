@@ -59,8 +59,8 @@ def cmd_train(args) -> int:
 
 def resolved_config(cfg) -> str:
     """``relayrl train --print-config``: the validated config as YAML, every key with its value (the defaults
-    too), a recipe that reproduces the run; for workflow grpo a comment line with the step's plan (the run's first
-    line). Nothing is started or written."""
+    too), a recipe that reproduces the run; for workflow grpo comment lines with the step's plan and its notes
+    (the run's first lines). Nothing is started or written."""
     import yaml
 
     text = yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, default_flow_style=False, width=100)

@@ -185,7 +185,8 @@ def _check_targets(model: torch.nn.Module, cfg: LoraConfig, targets: list[str]) 
                             f"training engine computes log-probs from the head's weight directly, past an "
                             f"adapter); drop it from model.lora.target_modules")
     name, narrowest = min(targeted.items(), key=lambda kv: min(linear_sides(kv[1])))
-    (inputs, outputs), limit = linear_sides(narrowest), min(linear_sides(narrowest))
+    inputs, outputs = linear_sides(narrowest)
+    limit = min(inputs, outputs)
     if cfg.r > limit:
         raise LoraError(f"model.lora.r={cfg.r} is larger than {name} allows ({inputs} inputs, "
                         f"{outputs} outputs: an update of it has rank at most {limit}, so a larger r "
