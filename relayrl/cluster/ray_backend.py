@@ -173,14 +173,14 @@ def _acquire_placement(pool: ResourcePool, cfg: ClusterConfig) -> Placement:
                 f"model.device=cpu (a cuda pool comes from model.device=cuda, or auto with a GPU in the driver), "
                 f"lower cluster.devices, or add GPU nodes"
             )
+        if pool.pack > 1:  # (first: a rank's run on one node is the narrower limit)
+            _check_run_fits(pool, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
         if pool.node is not None:  # the pinned node's own CPUs, else the cluster's
             key = f"node:{pool.node}"
             _check_cpus_fit(pool, next((n["Resources"] for n in ray.nodes() if n.get("Alive")
                                         and key in n.get("Resources", {})), resources), f"node {pool.node!r}")
         else:
             _check_cpus_fit(pool, resources, "the Ray cluster")
-        if pool.pack > 1:
-            _check_run_fits(pool, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
         sizes = runs(pool.world_size, pool.pack)
         strategy = pool.strategy if pool.pack == 1 else "STRICT_PACK"
         groups = [placement_group([dict(bundle) for _ in range(n)], strategy=strategy,
