@@ -50,7 +50,9 @@ class ClusterConfig(BaseModel):
     @model_validator(mode="after")
     def _nodes_need_ray(self) -> "ClusterConfig":
         if self.nodes > 1 and self.backend != "ray":
-            raise ValueError(f"nodes={self.nodes}: the local backend runs on one machine; set backend='ray'")
+            raise ValueError(f"cluster.nodes={self.nodes}: the local backend runs on one machine; set "
+                             f"cluster.backend=ray (with cluster.ray_address to join a running cluster), or "
+                             f"cluster.nodes=1")
         return self
 
     @field_validator("ray_address")

@@ -10,7 +10,9 @@
   pipe; ranks form a gloo (CPU) or NCCL (CUDA) process group on 127.0.0.1
   and a free port. The driver waits on
   every rank's pipe *and* process sentinel, so a rank that raises or dies
-  (killed, segfault, `os._exit`) surfaces at once as `WorkerError`.
+  (killed, segfault, `os._exit`) surfaces at once as `WorkerError`; a rank
+  leaves when the driver process is gone (`rank.watch_driver`), so a killed
+  driver leaves no rank running.
 
 This plays the part of HybridFlow's single controller talking to its
 multi-controller workers (HybridFlow) without Ray. Departures: data crosses the
@@ -150,7 +152,7 @@ class ProcessRanks:
                     timeout_s=cfg.collective_timeout_s, num_threads=threads if dev == "cpu" else None,
                 )
                 parent, child = ctx.Pipe(duplex=True)
-                proc = ctx.Process(target=rank_process_main, args=(child, pickle.dumps(spec), env),
+                proc = ctx.Process(target=rank_process_main, args=(child, pickle.dumps(spec), env, os.getpid()),
                                    name=f"relayrl-{group}-rank{r}", daemon=False)
                 proc.start()
                 child.close()

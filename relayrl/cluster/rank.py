@@ -11,8 +11,10 @@ returns a `Reply` carrying the formatted traceback instead.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
+import select
 import signal
 import socket
 import sys
@@ -21,7 +23,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable
 
 from relayrl.cluster.errors import WorkerError
 from relayrl.cluster.worker import RankInfo, construct_worker
@@ -200,10 +202,51 @@ def _thread_lock_for_progress_bars() -> None:
     tqdm.tqdm.set_lock(threading.RLock())
 
 
-def rank_process_main(conn, start_payload: bytes, env: dict[str, str] | None = None) -> None:
+def _driver_gone(driver_pid: int) -> Callable[[], None]:
+    """A call that returns once process ``driver_pid`` has ended (at once if it already has): it waits on a
+    pidfd where Linux has them (a pid reused later cannot fool it), else looks twice a second."""
+    try:
+        fd = os.pidfd_open(driver_pid)
+    except ProcessLookupError:
+        return lambda: None
+    except (AttributeError, OSError):  # no pidfds here: poll the pid
+        def poll() -> None:
+            while True:
+                try:
+                    os.kill(driver_pid, 0)
+                except ProcessLookupError:
+                    return
+                except PermissionError:
+                    pass  # (alive, another user's: cannot happen for our own driver)
+                time.sleep(0.5)
+
+        return poll
+    return lambda: select.select([fd], [], [])
+
+
+def watch_driver(driver_pid: int, group: str, rank: int) -> None:
+    """Leave this rank process when the driver process is gone (killed: SIGKILL, the OOM killer, a scheduler's
+    preemption), even while the rank is busy in a call or stuck in a collective, which would otherwise run on
+    (a collective until ``cluster.collective_timeout_s``), holding its devices, as an orphan. A forked rank's
+    parent is the fork server, not the driver, so the driver's pid is watched, not ``getppid``."""
+    wait = _driver_gone(driver_pid)
+
+    def body() -> None:
+        wait()
+        with contextlib.suppress(Exception):
+            print(f"relayrl: worker group {group!r} rank {rank}: the driver (pid {driver_pid}) is gone; this rank "
+                  f"process (pid {os.getpid()}) exits", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    threading.Thread(target=body, name="relayrl-watch-driver", daemon=True).start()
+
+
+def rank_process_main(conn, start_payload: bytes, env: dict[str, str] | None = None,
+                      driver_pid: int | None = None) -> None:
     """Entry point of a rank process: start, then serve calls until the driver sends `SHUTDOWN` or closes the
     pipe. ``env``: the driver's environment when the group started (a rank forked from the fork server
-    would otherwise see the server's, from when it started)."""
+    would otherwise see the server's, from when it started). ``driver_pid``: the process whose end ends this
+    one (:func:`watch_driver`)."""
     if env is not None:
         os.environ.clear()
         os.environ.update(env)
@@ -213,6 +256,8 @@ def rank_process_main(conn, start_payload: bytes, env: dict[str, str] | None = N
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         spec: StartSpec = pickle.loads(start_payload)
+        if driver_pid is not None:
+            watch_driver(driver_pid, spec.info.group_name, spec.info.rank)
         runtime = RankRuntime(spec)
     except Exception as exc:
         conn.send_bytes(encode_reply(error_reply(START_CALL, exc)))

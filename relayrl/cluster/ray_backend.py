@@ -140,6 +140,21 @@ def _check_run_fits(pool: ResourcePool, resources: list[dict[str, float]]) -> No
         )
 
 
+def _check_cpus_fit(pool: ResourcePool, resources: dict[str, float], where: str) -> None:
+    """Every bundle of a pool holds one CPU (a CPU device is one; a GPU's bundle holds one beside it): refuse at
+    once a pool of more devices than ``where`` (``resources``: its total resources) has CPUs, which Ray would
+    never place (the driver waited ``cluster.start_timeout_s`` for it)."""
+    have = resources.get("CPU", 0)
+    if have >= pool.world_size:
+        return
+    per = "CPU slot" if pool.device_kind == "cpu" else "GPU (each GPU's bundle holds a CPU too)"
+    raise PlacementError(
+        f"ResourcePool {pool.name!r} needs {pool.world_size} CPU(s), one per {per}, but {where} has {have:g}; "
+        f"lower cluster.devices (the main pool) or that pool's placement.pools entry, or give Ray more CPUs "
+        f"(cluster.num_cpus for a Ray the driver starts, `ray start --num-cpus` or more nodes for a cluster)"
+    )
+
+
 def _acquire_placement(pool: ResourcePool, cfg: ClusterConfig) -> Placement:
     with _pg_lock:
         if pool.ray_placement is not None:
@@ -158,8 +173,14 @@ def _acquire_placement(pool: ResourcePool, cfg: ClusterConfig) -> Placement:
                 f"model.device=cpu (a cuda pool comes from model.device=cuda, or auto with a GPU in the driver), "
                 f"lower cluster.devices, or add GPU nodes"
             )
-        if pool.pack > 1:
+        if pool.pack > 1:  # (first: a rank's run on one node is the narrower limit)
             _check_run_fits(pool, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
+        if pool.node is not None:  # the pinned node's own CPUs, else the cluster's
+            key = f"node:{pool.node}"
+            _check_cpus_fit(pool, next((n["Resources"] for n in ray.nodes() if n.get("Alive")
+                                        and key in n.get("Resources", {})), resources), f"node {pool.node!r}")
+        else:
+            _check_cpus_fit(pool, resources, "the Ray cluster")
         sizes = runs(pool.world_size, pool.pack)
         strategy = pool.strategy if pool.pack == 1 else "STRICT_PACK"
         groups = [placement_group([dict(bundle) for _ in range(n)], strategy=strategy,

@@ -258,9 +258,11 @@ class GRPOPipeline:
         return Flow(self.dock, part, step, StepState(list(problems), list(problems.positions)))
 
     def perf(self, metrics: dict[str, float], t0: float, tokens: int, version: int | None) -> dict[str, float]:
-        """Step time and throughput (``tokens``: prompt + generated tokens, per device per second)."""
+        """Step time and throughput (``tokens``: prompt + generated tokens, per device per second, over the
+        devices of every pool a role holds: a reference, critic, teacher or reward model on a pool of its own
+        spends devices on the step too)."""
         dt = time.perf_counter() - t0
-        devices = sum(p.world_size for p in {id(g.pool): g.pool for g in (self.actor, self.rollout)}.values())
+        devices = sum(p.world_size for p in {id(g.pool): g.pool for g in self._groups()}.values())
         metrics.update({"perf/step_time_s": dt, "perf/tokens": tokens,
                         "perf/tokens_per_s_per_device": tokens / (dt * devices)})
         if version is not None:

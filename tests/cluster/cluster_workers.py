@@ -131,6 +131,12 @@ class Echo(Worker):
             os._exit(code)
         return self.all_reduce_rank()
 
+    def sleep_then_reduce(self, sleeper: int, hold_s: float) -> float:
+        """Rank ``sleeper`` sleeps ``hold_s``, the others wait for it in an all_reduce."""
+        if self.rank == sleeper:
+            time.sleep(hold_s)
+        return self.all_reduce_rank()
+
     def timed(self, tag: str, hold_s: float = 0.05) -> str:
         self.probe.enter(tag)
         try:

@@ -68,6 +68,8 @@ def test_refusals_name_the_key_and_the_fix():
     refused({"cluster": {"backend": "ray"}, "placement": {"nodes": {"gpu": "10.0.0.2"}}}, "placement.nodes.gpu",
             "no pool 'gpu'")
     refused({"dock": {"nodes": ["10.0.0.2"]}}, "dock.nodes", "dock.backend=ray")
+    # old behaviour: "nodes=2: ... set backend='ray'" named neither key as a recipe or the command line spells it
+    refused({"cluster": {"nodes": 2}}, "cluster.nodes=2", "set cluster.backend=ray (with cluster.ray_address")
     refused({"workflow": "sft", "reward": {"stream": "sample"}}, "reward.stream=sample", "no rollout")
     # old behaviour: a pool no role names was accepted and ignored (the rollout stayed on main), and with
     # trainer.off_policy_steps its devices were counted on top of the rollout's own pool
