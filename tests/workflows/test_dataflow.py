@@ -248,3 +248,33 @@ def test_the_streaming_step_equals_the_colocated_loop_with_dapo_and_remax(tmp_pa
     assert m_flow["dapo/dropped_groups"] > 0 and m_flow["actor/grad_norm"] > 0
     for k in w_colo:
         torch.testing.assert_close(w_flow[k], w_colo[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+TIMES = ("timing/", "perf/step_time_s", "perf/tokens_per_s", "memory/", "relay/", "dock/driver_call_bytes",
+         "dock/driver_unit_bytes")
+"""Metrics of the machine, not of the samples and the update (times, peaks, the relay's schedule)."""
+
+
+@pytest.mark.parametrize("mode", [["trainer.mode=periodic"], ["trainer.off_policy_steps=1"]])
+def test_every_sample_and_update_metric_of_a_streamed_step_is_the_sync_steps(tmp_path, mode):
+    """Telemetry under every step mode: step 1 of a periodic run, and of an off-policy run (its first batch is
+    sampled by the starting weights, as the synchronous step's), logs every reward, length, KL, entropy, clip,
+    ratio, logprob-error and token-count figure the synchronous step logs, with the same value (to float
+    rounding: the per-group chunks sum in another order; measured 6e-8 in the weights), and nothing else
+    but the off-policy ``async/*`` figures. A figure taken from one chunk, or averaged over chunks instead of
+    tokens, would differ here."""
+    over = ["trainer.stream_groups=1", "engine.token_budget=64", "algorithm.kl_coef=0.05",
+            "algorithm.entropy_coef=0.01"]
+    m_sync, w_sync = one_step(config(tmp_path / "sync", "trainer.mode=sync", *over))
+    m_str, w_str = one_step(config(tmp_path / "streamed", *over, *mode))
+    data = lambda m: {k: v for k, v in m.items() if not k.startswith(TIMES) and not k.endswith("_time_s")}  # noqa: E731
+    a, b = data(m_sync), data(m_str)
+    assert {k for k in b if not k.startswith("async/")} == set(a)
+    for k in sorted(a):
+        assert b[k] == pytest.approx(a[k], rel=1e-5, abs=1e-6), k
+    assert a["actor/entropy"] > 0 and a["rollout/logprob_error"] >= 1 and a["actor/kl_loss"] >= 0
+    assert a["perf/tokens"] > 0 and b["perf/tokens"] == a["perf/tokens"]
+    for k in w_sync:
+        torch.testing.assert_close(w_str[k], w_sync[k], rtol=1e-5, atol=1e-6, msg=k)
+    if "async/staleness_max" in b:
+        assert b["async/staleness_max"] == 0 and b["async/tokens_stale_0"] == b["response/length_mean"] * 16

@@ -355,3 +355,55 @@ def test_off_policy_with_sharded_actor_stages_weights_without_the_driver(tmp_pat
     for r in recs:
         assert r["dock/driver_call_bytes"] < weights / 4, (r["step"], r["dock/driver_call_bytes"], weights)
     assert max(r["async/rollout_version"] for r in recs) >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+@pytest.mark.parametrize("k,partial", [(1, False), (2, True)])
+def test_every_trained_token_is_within_the_bound_and_the_staleness_metrics_are_its(tmp_path, monkeypatch, k, partial):
+    """Per sample, as the update reads it: the weight version that sampled each token (the dock's
+    ``token_versions``) against the trainer's version at that update (the optimizer steps taken before it,
+    counted here). No token is staler than ``k``; batch ``j`` starts no earlier than the delayed parameter
+    update lets it (weights ``>= j-1-k``: AsyncFlow's bound, reached on the first batches); and the logged
+    ``async/*`` figures are the ones recomputed from those rows."""
+    from relayrl.workflows.consume import Consume
+    from relayrl.workflows.pipeline import GRPOPipeline
+
+    seen: dict[int, list[list[int]]] = {}  # step -> per trained sample, the version of each of its tokens
+    trainer_at: dict[int, int] = {}  # step -> the trainer's optimizer steps before its update
+    updates = [0]
+    items, update = Consume._items, Consume.update
+
+    def spying_items(self, f, indexes, cols, ranks):
+        if "advantages" in cols and indexes:  # an update's chunk: the rows the loss reads
+            got = self.p.dock.reader(f.part, list(indexes), ["token_versions"]).read()["token_versions"]
+            seen.setdefault(f.step, []).extend([int(x) for x in v.reshape(-1).tolist()] for v in got)
+            trainer_at[f.step] = updates[0]
+        return items(self, f, indexes, cols, ranks)
+
+    def counting_update(self, f):
+        update(self, f)
+        updates[0] += 1
+
+    monkeypatch.setattr(Consume, "_items", spying_items)
+    monkeypatch.setattr(Consume, "update", counting_update)
+    GRPOPipeline(config(tmp_path, f"trainer.off_policy_steps={k}", f"rollout.partial={str(partial).lower()}",
+                        "trainer.steps=5")).run()
+    recs = {r["step"]: r for r in records(tmp_path) if r["step"] > 0}
+    assert sorted(seen) == sorted(recs) == [1, 2, 3, 4, 5]
+    for j, rows in seen.items():
+        assert len(rows) == 16  # every sample of the batch (4 prompts x 4), read once by the update
+        v_train = trainer_at[j]
+        assert v_train == j - 1  # the trainer's weights at update j: one optimizer step per earlier batch
+        stale = [v_train - v for row in rows for v in row]
+        assert stale and 0 <= min(stale) and max(stale) <= k, (j, sorted(set(stale)))
+        assert min(v for row in rows for v in row) >= max(0, j - 1 - k)  # the delayed parameter update's bound
+        r = recs[j]
+        assert r["async/staleness_max"] == max(stale)
+        assert r["async/staleness_mean"] == pytest.approx(sum(stale) / len(stale))
+        for s in range(k + 1):
+            assert r[f"async/tokens_stale_{s}"] == stale.count(s)
+        assert r["async/multi_version_frac"] == pytest.approx(sum(len(set(row)) > 1 for row in rows) / len(rows))
+        if not partial:
+            assert r["async/multi_version_frac"] == 0
+    assert max(v for rows in seen.values() for row in rows for v in row) >= 1  # new weights did reach the rollout
