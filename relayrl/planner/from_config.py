@@ -72,7 +72,7 @@ def _lengths(spec: str, cfg, model_dir: str | None, prompts: list[list[int]] | N
             raise ValueError("--lengths measure samples the recipe's model, which is not on this machine: give "
                              "--lengths max or --lengths mixture:SHORT,P_LONG,LONG_MEAN")
         return LengthDist(kind="empirical", max_new_tokens=cap, samples=tuple(
-            measure_lengths(model_dir, prompts, cfg.rollout.n, cap, temperature=cfg.rollout.temperature or 1.0)))
+            measure_lengths(model_dir, prompts, sampling=cfg.rollout.sampling())))
     raise ValueError(f"--lengths {spec!r}: one of measure, max, mixture:SHORT,P_LONG,LONG_MEAN")
 
 
@@ -157,10 +157,12 @@ def workload_from_config(cfg, *, model_config: str | None = None, prompt_tokens:
                     feed_last=cfg.algorithm.routing_replay != "none" or cfg.engine.router_aux_loss_coef > 0)
 
 
-def measure_lengths(model_dir: str, prompts: list[list[int]], n: int, max_new_tokens: int, *,
-                    temperature: float = 1.0, seed: int = 0, threads: int | None = None) -> list[int]:
+def measure_lengths(model_dir: str, prompts: list[list[int]], n: int = 1, max_new_tokens: int = 16, *,
+                    temperature: float = 1.0, sampling=None, seed: int = 0, threads: int | None = None) -> list[int]:
     """Response lengths of ``model_dir`` on ``prompts`` (``n`` samples each): the empirical length distribution
-    of a workload (:class:`relayrl.planner.workload.LengthDist`)."""
+    of a workload (:class:`relayrl.planner.workload.LengthDist`). ``sampling`` (a recipe's
+    ``cfg.rollout.sampling()``: its temperature, top-p/k, min-p, repetition penalty and stop strings, which all
+    move where a response ends) replaces ``n``, ``max_new_tokens`` and ``temperature``."""
     from relayrl.engines.generation.base import SamplingParams
     from relayrl.engines.generation.native import NativeGenerationEngine
     from relayrl.models.load import load_model, load_tokenizer
@@ -169,6 +171,7 @@ def measure_lengths(model_dir: str, prompts: list[list[int]], n: int, max_new_to
         torch.set_num_threads(threads)
     eng = NativeGenerationEngine(load_model(model_dir, attn_implementation="auto"), load_tokenizer(model_dir),
                                  device="cpu")
-    out = eng.generate(prompts, SamplingParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature),
-                       generator=torch.Generator().manual_seed(seed))
+    if sampling is None:
+        sampling = SamplingParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature)
+    out = eng.generate(prompts, sampling, generator=torch.Generator().manual_seed(seed))
     return [len(c.token_ids) for c in out]

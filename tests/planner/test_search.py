@@ -236,3 +236,28 @@ def test_a_recipe_with_expert_parallelism_plans_the_experts_out_of_fsdp2s_gather
         assert w.expert_parallel is routed and (w.model.routed > 0) is routed, arch
         gathered, reduced = w.fsdp_params
         assert gathered == w.model.params - w.model.routed * routed and reduced == gathered, arch
+
+
+def test_the_plan_measures_response_lengths_with_the_recipes_own_sampling(tiny_dir, monkeypatch):
+    """``--lengths measure`` samples as the run's rollout does (``cfg.rollout.sampling()``): its stop strings (a
+    tool recipe's ``</tool>`` ends a turn), top-p/k, min-p and repetition penalty move where a response ends.
+    It sampled with the temperature alone, so a recipe with stop strings was planned on responses that ran on
+    to ``rollout.max_new_tokens``."""
+    from relayrl.config.loader import load_run_config
+    from relayrl.engines.generation.native import NativeGenerationEngine
+    from relayrl.planner.from_config import workload_from_config
+
+    cfg = load_run_config(GRPO, [f"trainer.init_from={tiny_dir}", "rollout.n=2", "rollout.max_new_tokens=6",
+                                 "rollout.temperature=0.7", "rollout.top_k=5", "rollout.repetition_penalty=1.2",
+                                 "rollout.stop_strings=['+', '1']"])
+    seen, generate = [], NativeGenerationEngine.generate
+
+    def spy(self, prompts, params, **kw):
+        seen.append(params)
+        return generate(self, prompts, params, **kw)
+
+    monkeypatch.setattr(NativeGenerationEngine, "generate", spy)
+    w = workload_from_config(cfg, lengths="measure", measure_prompts=3)
+    assert seen == [cfg.rollout.sampling()]
+    assert seen[0].stop_strings == ("+", "1") and seen[0].top_k == 5
+    assert len(w.lengths.samples) == 3 * 2 and max(w.lengths.samples) <= 6
