@@ -11,7 +11,7 @@ import torch
 from relayrl.engines.training import flex
 from relayrl.planner.workload import LatencyDist, LengthDist, ModelShape, Workload
 
-__all__ = ["workload_from_config", "measure_lengths", "plan_passes"]
+__all__ = ["workload_from_config", "measure_lengths", "plan_passes", "unmodelled"]
 
 
 def _model_dir(cfg) -> str | None:
@@ -74,6 +74,29 @@ def _lengths(spec: str, cfg, model_dir: str | None, prompts: list[list[int]] | N
         return LengthDist(kind="empirical", max_new_tokens=cap, samples=tuple(
             measure_lengths(model_dir, prompts, sampling=cfg.rollout.sampling())))
     raise ValueError(f"--lengths {spec!r}: one of measure, max, mixture:SHORT,P_LONG,LONG_MEAN")
+
+
+def unmodelled(cfg) -> list[str]:
+    """What the recipe runs that the simulator does not time, one line each (``relayrl plan`` prints them before
+    its table, so a plan is not read as covering them): a multi-turn environment's later turns, tool calls and
+    observations (each response is planned as one generation of up to ``rollout.max_new_tokens``), a reward
+    model's and an LLM judge's passes (the reward cost is the profile's reward function's)."""
+    notes = []
+    e = cfg.env
+    if e.name is not None:
+        notes.append(f"env.name={e.name}: each episode is planned as one generation of up to rollout.max_new_tokens="
+                     f"{cfg.rollout.max_new_tokens} tokens; its further turns (up to env.max_turns={e.max_turns}, "
+                     f"env.max_tokens={e.max_tokens} tokens with the observations), the environment's steps "
+                     f"(env.workers={e.workers} threads) and the prefill of each turn are not simulated, so the "
+                     f"step times are a lower bound: measure a short run (relayrl plan "
+                     f"--from-run reads single-turn runs only)")
+    r = cfg.reward
+    for key, on in (("reward.model", r.model), ("reward.judge.path", r.judge.path)):
+        if on is not None:
+            notes.append(f"{key}={on}: its passes over the responses are not timed (the reward's cost is the "
+                         f"profile's reward function and --reward-latency); give its time per prompt group "
+                         f"as --reward-latency LOW,HIGH, or plan --from-run a short run, which measures it")
+    return notes
 
 
 def plan_passes(cfg) -> dict:

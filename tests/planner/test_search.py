@@ -261,3 +261,24 @@ def test_the_plan_measures_response_lengths_with_the_recipes_own_sampling(tiny_d
     assert seen == [cfg.rollout.sampling()]
     assert seen[0].stop_strings == ("+", "1") and seen[0].top_k == 5
     assert len(w.lengths.samples) == 3 * 2 and max(w.lengths.samples) <= 6
+
+
+def test_the_plan_names_what_the_recipe_runs_that_it_does_not_simulate(tmp_path, capsys):
+    """A multi-turn environment's further turns and tool steps, a reward model's and a judge's passes are not in
+    the simulator; the plan says so before its table (it planned them silently as one turn and a free reward)."""
+    prof, cfg = _toy_files(tmp_path)
+    flags = ["--devices", "2", "--hardware", str(prof), "--model-config", str(cfg), "--prompt-tokens", "6",
+             "--lengths", "max", "--top", "2"]
+    assert cli.main(["plan", str(ROOT / "recipes" / "toolsum_grpo.yaml"), "env.workers=2", *flags]) == 0
+    out = capsys.readouterr().out
+    notes = [line for line in out.splitlines() if line.startswith("relayrl plan: not simulated:")]
+    assert len(notes) == 1 and "env.name=tools" in notes[0] and "env.max_turns=3" in notes[0]
+    assert "env.workers=2" in notes[0] and "lower bound" in notes[0]
+    assert out.index(notes[0]) < out.index("placement")
+    (tmp_path / "rm").mkdir()
+    assert cli.main(["plan", GRPO, f"reward.model={tmp_path / 'rm'}", *flags]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if "not simulated" in line]
+    assert len(notes) == 1 and notes[0].startswith("relayrl plan: not simulated: reward.model=")
+    assert "--reward-latency LOW,HIGH" in notes[0]
+    assert cli.main(["plan", GRPO, *flags]) == 0
+    assert "not simulated" not in capsys.readouterr().out
