@@ -80,7 +80,9 @@ def unmodelled(cfg) -> list[str]:
     """What the recipe runs that the simulator does not time, one line each (``relayrl plan`` prints them before
     its table, so a plan is not read as covering them): a multi-turn environment's later turns, tool calls and
     observations (each response is planned as one generation of up to ``rollout.max_new_tokens``), a reward
-    model's and an LLM judge's passes (the reward cost is the profile's reward function's)."""
+    model's and an LLM judge's passes (the reward cost is the profile's reward function's), a reference, critic
+    or teacher the recipe places off ``main`` (every candidate runs them on ``main``), a reward placed off the
+    driver."""
     notes = []
     e = cfg.env
     if e.name is not None:
@@ -90,6 +92,21 @@ def unmodelled(cfg) -> list[str]:
                      f"(env.workers={e.workers} threads) and the prefill of each turn are not simulated, so the "
                      f"step times are a lower bound: measure a short run (relayrl plan "
                      f"--from-run reads single-turn runs only)")
+    from relayrl.config.plan import step_plan
+
+    roles, pl = step_plan(cfg).roles, cfg.placement
+    for role in ("reference", "critic", "teacher"):
+        pool = getattr(pl, role)
+        if role in roles and pool == "gen":  # (the candidates' rollout pool)
+            notes.append(f"placement.{role}=gen: the plan runs the {role} on the actor's pool main in every "
+                         f"candidate; the search does not try it on the rollout's pool gen")
+        elif role in roles and pool != "main":
+            notes.append(f"placement.{role}={pool}: the plan runs the {role} on the actor's pool main, as every "
+                         f"candidate does; pool {pool}'s {pl.pools.get(pool, '?')} device(s) are not in --devices "
+                         f"and the 'best:' overrides keep placement.{role}={pool}: plan with "
+                         f"placement.{role}=main to compare like with like")
+    if pl.reward != "driver":
+        notes.append(f"placement.reward={pl.reward}: the reward is planned on the driver's threads")
     r = cfg.reward
     for key, on in (("reward.model", r.model), ("reward.judge.path", r.judge.path)):
         if on is not None:

@@ -282,3 +282,22 @@ def test_the_plan_names_what_the_recipe_runs_that_it_does_not_simulate(tmp_path,
     assert "--reward-latency LOW,HIGH" in notes[0]
     assert cli.main(["plan", GRPO, *flags]) == 0
     assert "not simulated" not in capsys.readouterr().out
+
+
+def test_the_plan_says_it_runs_a_role_placed_on_a_pool_of_its_own_on_main(tmp_path, capsys):
+    """Every candidate runs the reference, critic and teacher on main; a recipe that places one elsewhere was
+    planned as if it did not, and its 'best:' overrides kept the recipe's pool (devices beyond --devices)."""
+    prof, cfg = _toy_files(tmp_path)
+    flags = ["--devices", "2", "--hardware", str(prof), "--model-config", str(cfg), "--prompt-tokens", "6",
+             "--lengths", "max", "--top", "1"]
+    assert cli.main(["plan", GRPO, "algorithm.kl_coef=0.01", "placement.pools.ref=1", "placement.reference=ref",
+                     *flags]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if "not simulated" in line]
+    assert len(notes) == 1 and "placement.reference=ref" in notes[0] and "pool ref's 1 device(s)" in notes[0]
+    assert "placement.reference=main" in notes[0]
+    assert cli.main(["plan", GRPO, "algorithm.kl_coef=0.01", "placement.pools.gen=1", "placement.rollout=gen",
+                     "placement.reference=gen", *flags]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if "not simulated" in line]
+    assert len(notes) == 1 and "does not try it on the rollout's pool gen" in notes[0]
+    assert cli.main(["plan", GRPO, "algorithm.kl_coef=0.01", *flags]) == 0  # the reference on main: nothing to say
+    assert "not simulated" not in capsys.readouterr().out
