@@ -141,7 +141,8 @@ def workload_from_config(cfg, *, model_config: str | None = None, prompt_tokens:
     directory (or ``model_config``), prompt tokens and response lengths measured from the task and model when
     they are on this machine."""
     if cfg.workflow != "grpo":
-        raise ValueError(f"relayrl plan plans GRPO steps (workflow grpo), not workflow {cfg.workflow}")
+        raise ValueError(f"the planner times GRPO-family steps (workflow grpo: GRPO, DAPO, PPO, online DPO, "
+                         f"distillation); this recipe is workflow {cfg.workflow}, whose steps it does not model")
     model_dir = None if model_config else _model_dir(cfg)
     if model_config:
         from transformers import AutoConfig

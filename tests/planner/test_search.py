@@ -159,6 +159,11 @@ def test_cli_plan_errors_name_the_fix(tmp_path, capsys):
     code = cli.main(["plan", GRPO, "algorithm.dynamic_sampling=true", "--devices", "2", "--hardware", str(prof),
                      "--model-config", str(cfg), "--prompt-tokens", "6", "--lengths", "max", "--keep-frac", "1.5"])
     assert code == EXIT_CONFIG and "keep_frac" in capsys.readouterr().err
+    code = cli.main(["plan", str(ROOT / "recipes" / "arith_dpo.yaml"), "--devices", "2", "--hardware", str(prof),
+                     "--model-config", str(cfg), "--prompt-tokens", "6", "--lengths", "max"])
+    err = capsys.readouterr().err
+    assert code == EXIT_CONFIG and "workflow dpo" in err and "workflow grpo" in err
+    assert "relayrl plan: relayrl plan" not in err  # (the prefix said twice)
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({**json.loads(prof.read_text()), "cores": 0}))
     code = cli.main(["plan", GRPO, "--devices", "2", "--hardware", str(bad), "--model-config", str(cfg),
