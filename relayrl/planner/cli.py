@@ -207,5 +207,8 @@ def cmd_plan(args) -> int:
              + (f", dynamic sampling keeping {w.keep_frac:.0%} of groups a round, up to {w.resample_rounds} more "
                 f"round(s)" if w.group_filter else "")
              + f", model {w.model.params / 1e6:.1f}M params; source: {prof.source})")
+    from relayrl.planner.from_config import unmodelled
+
+    title += "".join(f"\nrelayrl plan: not simulated: {line}" for line in unmodelled(cfg))
     print(format_plan(preds, title=title, top=args.top))
     return 0

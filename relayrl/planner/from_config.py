@@ -11,7 +11,7 @@ import torch
 from relayrl.engines.training import flex
 from relayrl.planner.workload import LatencyDist, LengthDist, ModelShape, Workload
 
-__all__ = ["workload_from_config", "measure_lengths", "plan_passes"]
+__all__ = ["workload_from_config", "measure_lengths", "plan_passes", "unmodelled"]
 
 
 def _model_dir(cfg) -> str | None:
@@ -72,8 +72,48 @@ def _lengths(spec: str, cfg, model_dir: str | None, prompts: list[list[int]] | N
             raise ValueError("--lengths measure samples the recipe's model, which is not on this machine: give "
                              "--lengths max or --lengths mixture:SHORT,P_LONG,LONG_MEAN")
         return LengthDist(kind="empirical", max_new_tokens=cap, samples=tuple(
-            measure_lengths(model_dir, prompts, cfg.rollout.n, cap, temperature=cfg.rollout.temperature or 1.0)))
+            measure_lengths(model_dir, prompts, sampling=cfg.rollout.sampling())))
     raise ValueError(f"--lengths {spec!r}: one of measure, max, mixture:SHORT,P_LONG,LONG_MEAN")
+
+
+def unmodelled(cfg) -> list[str]:
+    """What the recipe runs that the simulator does not time, one line each (``relayrl plan`` prints them before
+    its table, so a plan is not read as covering them): a multi-turn environment's later turns, tool calls and
+    observations (each response is planned as one generation of up to ``rollout.max_new_tokens``), a reward
+    model's and an LLM judge's passes (the reward cost is the profile's reward function's), a reference, critic
+    or teacher the recipe places off ``main`` (every candidate runs them on ``main``), a reward placed off the
+    driver."""
+    notes = []
+    e = cfg.env
+    if e.name is not None:
+        notes.append(f"env.name={e.name}: each episode is planned as one generation of up to rollout.max_new_tokens="
+                     f"{cfg.rollout.max_new_tokens} tokens; its further turns (up to env.max_turns={e.max_turns}, "
+                     f"env.max_tokens={e.max_tokens} tokens with the observations), the environment's steps "
+                     f"(env.workers={e.workers} threads) and the prefill of each turn are not simulated, so the "
+                     f"step times are a lower bound: measure a short run (relayrl plan "
+                     f"--from-run reads single-turn runs only)")
+    from relayrl.config.plan import step_plan
+
+    roles, pl = step_plan(cfg).roles, cfg.placement
+    for role in ("reference", "critic", "teacher"):
+        pool = getattr(pl, role)
+        if role in roles and pool == "gen":  # (the candidates' rollout pool)
+            notes.append(f"placement.{role}=gen: the plan runs the {role} on the actor's pool main in every "
+                         f"candidate; the search does not try it on the rollout's pool gen")
+        elif role in roles and pool != "main":
+            notes.append(f"placement.{role}={pool}: the plan runs the {role} on the actor's pool main, as every "
+                         f"candidate does; pool {pool}'s {pl.pools.get(pool, '?')} device(s) are not in --devices "
+                         f"and the 'best:' overrides keep placement.{role}={pool}: plan with "
+                         f"placement.{role}=main to compare like with like")
+    if pl.reward != "driver":
+        notes.append(f"placement.reward={pl.reward}: the reward is planned on the driver's threads")
+    r = cfg.reward
+    for key, on in (("reward.model", r.model), ("reward.judge.path", r.judge.path)):
+        if on is not None:
+            notes.append(f"{key}={on}: its passes over the responses are not timed (the reward's cost is the "
+                         f"profile's reward function and --reward-latency); give its time per prompt group "
+                         f"as --reward-latency LOW,HIGH, or plan --from-run a short run, which measures it")
+    return notes
 
 
 def plan_passes(cfg) -> dict:
@@ -101,7 +141,8 @@ def workload_from_config(cfg, *, model_config: str | None = None, prompt_tokens:
     directory (or ``model_config``), prompt tokens and response lengths measured from the task and model when
     they are on this machine."""
     if cfg.workflow != "grpo":
-        raise ValueError(f"relayrl plan plans GRPO steps (workflow grpo), not workflow {cfg.workflow}")
+        raise ValueError(f"the planner times GRPO-family steps (workflow grpo: GRPO, DAPO, PPO, online DPO, "
+                         f"distillation); this recipe is workflow {cfg.workflow}, whose steps it does not model")
     model_dir = None if model_config else _model_dir(cfg)
     if model_config:
         from transformers import AutoConfig
@@ -157,10 +198,12 @@ def workload_from_config(cfg, *, model_config: str | None = None, prompt_tokens:
                     feed_last=cfg.algorithm.routing_replay != "none" or cfg.engine.router_aux_loss_coef > 0)
 
 
-def measure_lengths(model_dir: str, prompts: list[list[int]], n: int, max_new_tokens: int, *,
-                    temperature: float = 1.0, seed: int = 0, threads: int | None = None) -> list[int]:
+def measure_lengths(model_dir: str, prompts: list[list[int]], n: int = 1, max_new_tokens: int = 16, *,
+                    temperature: float = 1.0, sampling=None, seed: int = 0, threads: int | None = None) -> list[int]:
     """Response lengths of ``model_dir`` on ``prompts`` (``n`` samples each): the empirical length distribution
-    of a workload (:class:`relayrl.planner.workload.LengthDist`)."""
+    of a workload (:class:`relayrl.planner.workload.LengthDist`). ``sampling`` (a recipe's
+    ``cfg.rollout.sampling()``: its temperature, top-p/k, min-p, repetition penalty and stop strings, which all
+    move where a response ends) replaces ``n``, ``max_new_tokens`` and ``temperature``."""
     from relayrl.engines.generation.base import SamplingParams
     from relayrl.engines.generation.native import NativeGenerationEngine
     from relayrl.models.load import load_model, load_tokenizer
@@ -169,6 +212,7 @@ def measure_lengths(model_dir: str, prompts: list[list[int]], n: int, max_new_to
         torch.set_num_threads(threads)
     eng = NativeGenerationEngine(load_model(model_dir, attn_implementation="auto"), load_tokenizer(model_dir),
                                  device="cpu")
-    out = eng.generate(prompts, SamplingParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature),
-                       generator=torch.Generator().manual_seed(seed))
+    if sampling is None:
+        sampling = SamplingParams(n=n, max_new_tokens=max_new_tokens, temperature=temperature)
+    out = eng.generate(prompts, sampling, generator=torch.Generator().manual_seed(seed))
     return [len(c.token_ids) for c in out]

@@ -234,6 +234,12 @@ def plan_from_run(run_dir: str | Path, profile: Profile, *, devices: int | None 
         raise ValueError(f"--lengths-at {lengths_at!r}: rest (the trend over the steps still to run) or now")
     rec = read_run(run_dir)
     cfg = rec.cfg
+    if cfg.env.name is not None:
+        raise ValueError(f"--from-run {rec.run_dir}: a run of multi-turn episodes (env.name={cfg.env.name}) logs "
+                         f"its lengths per episode (env/model_tokens_mean, env/turns_mean), not the per-response "
+                         f"quantiles (response/length_*) the fit reads, and the simulator plans one turn a "
+                         f"response: --from-run reads single-turn runs only. Plan the recipe instead (relayrl plan "
+                         f"RECIPE --devices N), whose 'not simulated:' line says what it leaves out")
     steps = rec.steps[1:][-window:] or rec.steps  # the first step pays start-up
     placement = placement_of(cfg)
     slope, now = length_trend(rec)

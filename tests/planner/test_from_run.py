@@ -136,6 +136,19 @@ def test_from_run_errors_name_what_is_missing(tmp_path, capsys):
     assert "give no recipe" in capsys.readouterr().err
 
 
+def test_from_run_on_a_run_of_episodes_says_it_reads_single_turn_runs(tmp_path, capsys):
+    """An episode run logs env/model_tokens_mean, no response/length_*: the error said only that metrics.jsonl had
+    no response/length_mean, as if the run were broken; and a run whose metrics had them was planned as one turn a
+    response without a word."""
+    prof = save_profile(toy_profile(kind="cpu"), tmp_path / "toy.json")
+    episodes = ("data.task=toolsum", "data.task_options={}", "data.eval_task_options={}",
+                "rollout.stop_strings=['</tool>']", "env.name=tools", "env.tools=[calculator]")
+    run = _fake_run(tmp_path, [10.0] * 4, overrides=episodes)  # (its lengths written as a single-turn run's)
+    assert cli.main(["plan", "--from-run", str(run), "--hardware", str(prof)]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "env.name=tools" in err and "single-turn runs only" in err and "relayrl plan RECIPE --devices N" in err
+
+
 @pytest.mark.slow  # (two short GRPO runs, about 20 s)
 @pytest.mark.parametrize("mode", [[], [*SPLIT, "trainer.mode=periodic"]])
 def test_from_run_on_a_real_run(tmp_path, capsys, mode):

@@ -159,6 +159,11 @@ def test_cli_plan_errors_name_the_fix(tmp_path, capsys):
     code = cli.main(["plan", GRPO, "algorithm.dynamic_sampling=true", "--devices", "2", "--hardware", str(prof),
                      "--model-config", str(cfg), "--prompt-tokens", "6", "--lengths", "max", "--keep-frac", "1.5"])
     assert code == EXIT_CONFIG and "keep_frac" in capsys.readouterr().err
+    code = cli.main(["plan", str(ROOT / "recipes" / "arith_dpo.yaml"), "--devices", "2", "--hardware", str(prof),
+                     "--model-config", str(cfg), "--prompt-tokens", "6", "--lengths", "max"])
+    err = capsys.readouterr().err
+    assert code == EXIT_CONFIG and "workflow dpo" in err and "workflow grpo" in err
+    assert "relayrl plan: relayrl plan" not in err  # (the prefix said twice)
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({**json.loads(prof.read_text()), "cores": 0}))
     code = cli.main(["plan", GRPO, "--devices", "2", "--hardware", str(bad), "--model-config", str(cfg),
@@ -236,3 +241,68 @@ def test_a_recipe_with_expert_parallelism_plans_the_experts_out_of_fsdp2s_gather
         assert w.expert_parallel is routed and (w.model.routed > 0) is routed, arch
         gathered, reduced = w.fsdp_params
         assert gathered == w.model.params - w.model.routed * routed and reduced == gathered, arch
+
+
+def test_the_plan_measures_response_lengths_with_the_recipes_own_sampling(tiny_dir, monkeypatch):
+    """``--lengths measure`` samples as the run's rollout does (``cfg.rollout.sampling()``): its stop strings (a
+    tool recipe's ``</tool>`` ends a turn), top-p/k, min-p and repetition penalty move where a response ends.
+    It sampled with the temperature alone, so a recipe with stop strings was planned on responses that ran on
+    to ``rollout.max_new_tokens``."""
+    from relayrl.config.loader import load_run_config
+    from relayrl.engines.generation.native import NativeGenerationEngine
+    from relayrl.planner.from_config import workload_from_config
+
+    cfg = load_run_config(GRPO, [f"trainer.init_from={tiny_dir}", "rollout.n=2", "rollout.max_new_tokens=6",
+                                 "rollout.temperature=0.7", "rollout.top_k=5", "rollout.repetition_penalty=1.2",
+                                 "rollout.stop_strings=['+', '1']"])
+    seen, generate = [], NativeGenerationEngine.generate
+
+    def spy(self, prompts, params, **kw):
+        seen.append(params)
+        return generate(self, prompts, params, **kw)
+
+    monkeypatch.setattr(NativeGenerationEngine, "generate", spy)
+    w = workload_from_config(cfg, lengths="measure", measure_prompts=3)
+    assert seen == [cfg.rollout.sampling()]
+    assert seen[0].stop_strings == ("+", "1") and seen[0].top_k == 5
+    assert len(w.lengths.samples) == 3 * 2 and max(w.lengths.samples) <= 6
+
+
+def test_the_plan_names_what_the_recipe_runs_that_it_does_not_simulate(tmp_path, capsys):
+    """A multi-turn environment's further turns and tool steps, a reward model's and a judge's passes are not in
+    the simulator; the plan says so before its table (it planned them silently as one turn and a free reward)."""
+    prof, cfg = _toy_files(tmp_path)
+    flags = ["--devices", "2", "--hardware", str(prof), "--model-config", str(cfg), "--prompt-tokens", "6",
+             "--lengths", "max", "--top", "2"]
+    assert cli.main(["plan", str(ROOT / "recipes" / "toolsum_grpo.yaml"), "env.workers=2", *flags]) == 0
+    out = capsys.readouterr().out
+    notes = [line for line in out.splitlines() if line.startswith("relayrl plan: not simulated:")]
+    assert len(notes) == 1 and "env.name=tools" in notes[0] and "env.max_turns=3" in notes[0]
+    assert "env.workers=2" in notes[0] and "lower bound" in notes[0]
+    assert out.index(notes[0]) < out.index("placement")
+    (tmp_path / "rm").mkdir()
+    assert cli.main(["plan", GRPO, f"reward.model={tmp_path / 'rm'}", *flags]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if "not simulated" in line]
+    assert len(notes) == 1 and notes[0].startswith("relayrl plan: not simulated: reward.model=")
+    assert "--reward-latency LOW,HIGH" in notes[0]
+    assert cli.main(["plan", GRPO, *flags]) == 0
+    assert "not simulated" not in capsys.readouterr().out
+
+
+def test_the_plan_says_it_runs_a_role_placed_on_a_pool_of_its_own_on_main(tmp_path, capsys):
+    """Every candidate runs the reference, critic and teacher on main; a recipe that places one elsewhere was
+    planned as if it did not, and its 'best:' overrides kept the recipe's pool (devices beyond --devices)."""
+    prof, cfg = _toy_files(tmp_path)
+    flags = ["--devices", "2", "--hardware", str(prof), "--model-config", str(cfg), "--prompt-tokens", "6",
+             "--lengths", "max", "--top", "1"]
+    assert cli.main(["plan", GRPO, "algorithm.kl_coef=0.01", "placement.pools.ref=1", "placement.reference=ref",
+                     *flags]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if "not simulated" in line]
+    assert len(notes) == 1 and "placement.reference=ref" in notes[0] and "pool ref's 1 device(s)" in notes[0]
+    assert "placement.reference=main" in notes[0]
+    assert cli.main(["plan", GRPO, "algorithm.kl_coef=0.01", "placement.pools.gen=1", "placement.rollout=gen",
+                     "placement.reference=gen", *flags]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if "not simulated" in line]
+    assert len(notes) == 1 and "does not try it on the rollout's pool gen" in notes[0]
+    assert cli.main(["plan", GRPO, "algorithm.kl_coef=0.01", *flags]) == 0  # the reference on main: nothing to say
+    assert "not simulated" not in capsys.readouterr().out
