@@ -270,8 +270,10 @@ class GRPOPipeline:
     def _start_ahead(self, step: int) -> RolloutAhead:
         return RolloutAhead(self.plan.ahead, range(step, self.cfg.trainer.steps + 1), open_flow=self.open_step,
                             produce=lambda f: f.run(self.produce.stages()),
-                            batch_start=lambda: (self.s.prompts.state(), rollout_rng(self.rollout)),
-                            relay=self.relay, rollout=self.rollout, partial=self.plan.partial)
+                            batch_start=lambda: (self.s.prompts.state(), rollout_rng(self.rollout),
+                                                 self.parts.score(ScoreWorker.reward_moments)),
+                            relay=self.relay, rollout=self.rollout, partial=self.plan.partial,
+                            settle=self.cfg.reward.normalize == "running")
 
     def _driver_bytes(self) -> dict[str, float]:
         """What crossed the driver's process this step: ``dock/driver_bytes``, the sample tensors inside
@@ -343,15 +345,19 @@ class GRPOPipeline:
 
     def save(self, step: int) -> Path:
         extra_state = {"rollout_rng": rollout_rng(self.rollout)}
+        moments = None
         if self.ahead is not None:  # the position of batch step+1, the first not trained yet
-            data, rng = (self.ahead.start_of(step + 1) if step + 1 in self.ahead.steps
-                         else (self.s.prompts.state(), extra_state["rollout_rng"]))
+            data, rng, moments = (self.ahead.start_of(step + 1) if step + 1 in self.ahead.steps
+                                  else (self.s.prompts.state(), extra_state["rollout_rng"], None))
             # the rows retired by the steps trained so far (the batch's start is older: rows retired since)
             data = {**data, "retired": self.s.prompts.state()["retired"]}
             extra_state = {"rollout_rng": rng, "data": data}
         extra_state["kl_ctrl"] = self.kl_ctrl.state_dict()
         extra_state["entropy_ctrl"] = self.entropy_ctrl.state_dict()
-        extra_state["reward_moments"] = self.parts.score(ScoreWorker.reward_moments)
+        # reward.normalize=running: the moments of the rewards of batches 1..step; off-policy, those at batch
+        # step+1's start (the rewards of batches drawn ahead are added again when the resumed run redraws them)
+        extra_state["reward_moments"] = (moments if moments is not None
+                                         else self.parts.score(ScoreWorker.reward_moments))
         with self.s.span("checkpoint", "driver", step):
             extra = {"critic": self.critic.all_rank0(CriticWorker.state)} if self.critic is not None else {}
             reference = self.ref_sync.state()

@@ -18,3 +18,25 @@ def test_a_resumed_run_whitens_by_the_moments_of_every_reward_so_far(tmp_path, t
     keys = ("reward/norm_mean", "reward/norm_std", "reward/mean", "actor/grad_norm")
     want = {(r["step"], k): r[k] for r in whole if r["step"] > 2 for k in keys}
     assert {(r["step"], k): r[k] for r in resumed if r["step"] > 2 for k in keys} == pytest.approx(want, rel=1e-6)
+
+
+def _moments(run_dir, step: int) -> dict:
+    import json
+
+    state = json.loads((run_dir / "checkpoints" / f"step-{step:06d}" / "trainer_state.json").read_text())
+    return state["reward_moments"]
+
+
+@pytest.mark.slow
+def test_an_off_policy_checkpoint_holds_the_moments_of_the_batches_it_trained(tmp_path, tiny_dir):
+    """trainer.off_policy_steps=1: the checkpoint of step 2 is written once batch 3 was drawn ahead and scored;
+    its moments count the 2 x 8 rewards of batches 1-2 (they counted batch 3's too, which the resumed run
+    redraws and adds again), and the resumed run's step 4 counts each of the 4 batches once."""
+    common = ["reward.verifier=user", "reward.user_fn=dataflow_rewards:by_length", "reward.normalize=running",
+              "run.save_every=2", "trainer.off_policy_steps=1"]
+    run_grpo(tmp_path / "cut", tiny_dir, "trainer.steps=2", *common)
+    assert _moments(tmp_path / "cut", 2)["count"] == 16
+    run_grpo(tmp_path / "cut", tiny_dir, "trainer.steps=4", "run.resume=auto", *common)
+    assert _moments(tmp_path / "cut", 4)["count"] == 32
+    run_grpo(tmp_path / "whole", tiny_dir, "trainer.steps=4", *common)
+    assert _moments(tmp_path / "whole", 2)["count"] == 16 and _moments(tmp_path / "whole", 4)["count"] == 32
