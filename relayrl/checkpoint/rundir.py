@@ -392,6 +392,8 @@ def check_fingerprint(checkpoint: Path, saved: Mapping[str, Any] | None, current
     keys = tuple(k for k in FINGERPRINT if _at(saved, k) != "<unset>")
     if any(_at(current, k) not in (None, "<unset>") for k in ("trainer.init_from", "model.path")):
         keys = tuple(k for k in keys if k != "model.tiny")  # the tiny default's shape is not used then
+    if _at(saved, "data.task") is None and _at(current, "data.task") is None:
+        keys = tuple(k for k in keys if k != "data.task_options")  # (unread without a task; older runs kept them)
     diff = config_differences(saved, current, keys)
     moved = _at(saved, "trainer.ref_sync_every")
     if isinstance(moved, int) and moved > 0 and not _at(current, "trainer.ref_sync_every"):

@@ -74,6 +74,21 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
+TASK_OPTION_KEYS = ("task_options", "eval_task_options")
+"""The options of the built-in task ``data.task``: a later layer (a recipe over its base, an override) that sets
+``data.task`` to null drops the ones the earlier layers gave that task (:func:`_drop_task_options`)."""
+
+
+def _drop_task_options(base: dict, over: dict) -> dict:
+    """``base`` without its ``data.task_options`` and ``data.eval_task_options`` when ``over`` sets ``data.task``
+    to null over a task ``base`` names (the options were that task's); ``base`` itself otherwise."""
+    data, new = base.get("data"), over.get("data")
+    if not (isinstance(data, dict) and isinstance(new, dict) and "task" in new and new["task"] is None
+            and data.get("task") is not None):
+        return base
+    return {**base, "data": {k: v for k, v in data.items() if k not in TASK_OPTION_KEYS}}
+
+
 SHIPPED = Path(__file__).resolve().parents[2] / "recipes"
 """The recipes that come with relayrl (a checkout's ``recipes/``; absent from a wheel install)."""
 
@@ -127,7 +142,7 @@ def load_recipe_dict(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
     if base is not None:
         if not isinstance(base, str):
             raise ConfigError(f"recipe {path}: base must be the path of one recipe, got {base!r}")
-        data = _merge(load_recipe_dict(path.parent / base, (*_seen, path)), data)
+        data = _merge(_drop_task_options(load_recipe_dict(path.parent / base, (*_seen, path)), data), data)
     return data
 
 
@@ -188,6 +203,7 @@ def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
                           f"{overrides!r}; write {example}")
     out = _merge({}, data)
     set_by: dict[str, str] = {}  # key path -> the override that set a value there
+    options_given: set[str] = set()  # data.task_options / eval_task_options set by one of these overrides
     for item in overrides:
         if not isinstance(item, str):
             raise ConfigError(f"override {item!r} is not a string ({type(item).__name__}); an override is "
@@ -205,8 +221,18 @@ def apply_overrides(data: dict, overrides: Sequence[str]) -> dict:
             raise ConfigError(f"override {item!r}: YAML needs a space after the colon in a mapping "
                               f"({squashed[0]!r} reads as one key); write {key}={{{squashed[0].replace(':', ': ', 1)}}} "
                               f"or {key}.{squashed[0].split(':', 1)[0]}={squashed[0].split(':', 1)[1]}")
-        node = out
         parts = key.split(".")
+        if parts == ["data", "task"] or parts == ["data"]:  # data.task=null drops the task's earlier options
+            nested = {"data": {"task": value}} if parts == ["data", "task"] else {"data": value}
+            kept = out.get("data")
+            out = _drop_task_options(out, nested)
+            if isinstance(kept, dict) and out.get("data") is not kept:  # ... unless an override here gave them
+                out["data"].update({k: kept[k] for k in TASK_OPTION_KEYS if k in kept and k in options_given})
+        if len(parts) >= 2 and parts[0] == "data" and parts[1] in TASK_OPTION_KEYS:
+            options_given.add(parts[1])
+        elif parts == ["data"] and isinstance(value, dict):
+            options_given.update(k for k in TASK_OPTION_KEYS if k in value)
+        node = out
         for i, part in enumerate(parts[:-1]):
             nxt = node.get(part)
             if nxt is None:
@@ -398,8 +424,13 @@ def load_config(model: type[M], recipe: str | Path | None, overrides: Sequence[s
     if recipe is not None:
         path = resolve_recipe(recipe)
         data = load_recipe_dict(path)
-        if saved_run_config(path, data) or set(model.model_fields) <= data.keys():  # (or a whole printed config)
+        saved = saved_run_config(path, data)
+        if saved or set(model.model_fields) <= data.keys():  # (or a whole printed config)
             data = without_defaults(data, model())
+            if saved and isinstance(data.get("data"), dict) \
+                    and "task" in data["data"] and data["data"]["task"] is None:
+                # (a run saved before null tasks refused options kept its recipe's, which it never read)
+                data = {**data, "data": {k: v for k, v in data["data"].items() if k not in TASK_OPTION_KEYS}}
     return validate(model, apply_overrides(data, overrides))
 
 

@@ -162,10 +162,18 @@ class DataConfig(BaseModel):
         if len(given) > 1:
             drop = "data.task=null" if "task" in given else "one of them to null"
             also = (" and, unless the recipe sets another, a reward.verifier for the rows (math, exact or user: the "
-                    "default, task, is the built-in task's checker); data.task_options then go unused"
+                    "default, task, is the built-in task's checker); data.task=null drops the task's data.task_options"
                     if "task" in given else "")
             raise ValueError(f"{' and '.join(f'data.{k}' for k in given)} are both set; set {drop} to train on "
                              f"data.{given[-1]}{also}")
+        if self.task is None:  # (a recipe or override setting data.task=null drops its base's task options)
+            for key, options in (("data.task_options", self.task_options),
+                                 ("data.eval_task_options", self.eval_task_options)):
+                if options:
+                    source = "data.path" if self.path is not None else "data.hf_name"
+                    raise ValueError(f"{key}={options} are options of a built-in task, and data.task is null (the "
+                                     f"data comes from {source}), so nothing reads them: drop {key} (set it to "
+                                     f"{{}} or null), or set data.task to the task they are for")
         if self.hf_name is not None:
             from relayrl.data.hf import INSTALL_HINT, datasets_installed
 

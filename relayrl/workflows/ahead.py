@@ -79,8 +79,9 @@ class RolloutAhead:
     but ``engine``."""
 
     def __init__(self, k: int, steps: range, *, open_flow: Callable[[int], Flow], produce: Callable[[Flow], None],
-                 batch_start: Callable[[], tuple], relay: WeightRelay, rollout, partial: bool) -> None:
-        self.k, self.steps, self.partial = k, steps, partial
+                 batch_start: Callable[[], tuple], relay: WeightRelay, rollout, partial: bool,
+                 settle: bool = False) -> None:
+        self.k, self.steps, self.partial, self.settle = k, steps, partial, settle
         self._open, self._produce, self._batch_start = open_flow, produce, batch_start
         self.relay, self.rollout = relay, rollout
         self.cond = threading.Condition()
@@ -89,7 +90,7 @@ class RolloutAhead:
         self.packed: PackedWeights | None = None  # newest packed version not applied yet
         self.flows: dict[int, Flow] = {}  # open partitions the trainer has not taken yet
         self.producing: list[Flow] = []
-        self.starts: dict[int, tuple] = {}  # batch -> data position and sampler state at its start
+        self.starts: dict[int, tuple] = {}  # batch -> data position, sampler state (and reward moments) at its start
         self.relayed: dict[str, float] = {}  # relay metrics since the trainer's last step
         self.error: BaseException | None = None
         self.stopping = False
@@ -207,6 +208,13 @@ class RolloutAhead:
         hold = _Hold(self.engine)
         try:
             self.apply_packed()
+            if self.settle:  # state the earlier batches' scores add to (running reward moments): all of it in
+                with self.cond:
+                    earlier = list(self.producing)
+                for x in earlier:
+                    while not x.produced.wait(0.2):
+                        if self.stopping or x.stop.is_set():
+                            break
             with self.cond:
                 self.starts[j] = self._batch_start()
                 self.cond.notify_all()

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Callable
 
 from relayrl.algorithms.kl import kl_controller
 from relayrl.algorithms.retire import solved_groups
@@ -55,6 +56,7 @@ from relayrl.cluster import make_group
 from relayrl.config.plan import step_plan
 from relayrl.config.schema import Config, offpolicy_placement
 from relayrl.dock import Dock, traffic
+from relayrl.engines.training.steps import rescaled_scheduler_state
 from relayrl.weights import WeightRelay
 from relayrl.workflows.ahead import RolloutAhead
 from relayrl.workflows.consume import Consume
@@ -272,8 +274,10 @@ class GRPOPipeline:
     def _start_ahead(self, step: int) -> RolloutAhead:
         return RolloutAhead(self.plan.ahead, range(step, self.cfg.trainer.steps + 1), open_flow=self.open_step,
                             produce=lambda f: f.run(self.produce.stages()),
-                            batch_start=lambda: (self.s.prompts.state(), rollout_rng(self.rollout)),
-                            relay=self.relay, rollout=self.rollout, partial=self.plan.partial)
+                            batch_start=lambda: (self.s.prompts.state(), rollout_rng(self.rollout),
+                                                 self.parts.score(ScoreWorker.reward_moments)),
+                            relay=self.relay, rollout=self.rollout, partial=self.plan.partial,
+                            settle=self.cfg.reward.normalize == "running")
 
     def _driver_bytes(self) -> dict[str, float]:
         """What crossed the driver's process this step: ``dock/driver_bytes``, the sample tensors inside
@@ -297,15 +301,16 @@ class GRPOPipeline:
         s = self.s
         ck = s.load(self.actor.one(PolicyWorker.param_shapes))
         if ck is not None:
+            schedule = self._schedule_position(ck)
             self.actor.all(PolicyWorker.load_state, {"model": ck.model_state, "optimizer": ck.optimizer_state,
-                                                     "scheduler": ck.scheduler_state})
+                                                     "scheduler": schedule(ck.scheduler_state)})
             if self.critic is not None:
                 if not isinstance(ck.extra, dict) or "critic" not in ck.extra:
                     raise CheckpointError(f"{ck.path} holds no critic state (it was saved by a run whose "
                                           f"advantage estimator has no critic); resume it with its own estimator")
                 critic = ck.extra["critic"]
                 check_fits(ck.path / "extra.pt", critic.get("model") or {}, self.critic.one(CriticWorker.param_shapes))
-                self.critic.all(CriticWorker.load_state, critic)
+                self.critic.all(CriticWorker.load_state, {**critic, "scheduler": schedule(critic.get("scheduler"))})
             restore_rollout_rng(self.rollout, ck.trainer_state["rollout_rng"], s.log)
             if "kl_ctrl" in ck.trainer_state:  # (checkpoints before the adaptive KL have none)
                 self.kl_ctrl.load_state_dict(ck.trainer_state["kl_ctrl"])
@@ -317,6 +322,21 @@ class GRPOPipeline:
             s.restore_rng(ck)
         relay_weights(self.actor, self.rollout, version=s.start_step)
         self.parts.phases.idle(self.actor, self.critic, self.ref, self.teacher)  # generation comes first
+
+    def _schedule_position(self, ck) -> Callable[[dict | None], dict | None]:
+        """How a checkpoint's scheduler state (actor's, critic's) is loaded: as saved, or, when the resumed run
+        takes another number of optimizer steps per RL step (``trainer.mini_batches x trainer.epochs``), moved
+        to where the new config's schedule is at the checkpoint's step (:func:`rescaled_scheduler_state`)."""
+        t = (ck.config or {}).get("trainer") or {}
+        old = int(t.get("mini_batches", 1)) * int(t.get("epochs", 1)) if ck.config is not None else None
+        new = self.cfg.trainer.mini_batches * self.cfg.trainer.epochs
+        if old is None or old == new:
+            return lambda state: state
+        self.s.log(f"relayrl: the checkpoint took {old} optimizer steps per step (trainer.mini_batches x "
+                   f"trainer.epochs = {t.get('mini_batches', 1)} x {t.get('epochs', 1)}), this run takes {new} "
+                   f"({self.cfg.trainer.mini_batches} x {self.cfg.trainer.epochs}): the LR schedule goes on from "
+                   f"optimizer step {ck.step * new} (step {ck.step} x {new}), where the new settings put it")
+        return lambda state: rescaled_scheduler_state(state, old, new)
 
     def begin(self) -> range:
         """Restore, open telemetry, evaluate a fresh run's starting model; the steps to train (for tests and
@@ -345,15 +365,19 @@ class GRPOPipeline:
 
     def save(self, step: int) -> Path:
         extra_state = {"rollout_rng": rollout_rng(self.rollout)}
+        moments = None
         if self.ahead is not None:  # the position of batch step+1, the first not trained yet
-            data, rng = (self.ahead.start_of(step + 1) if step + 1 in self.ahead.steps
-                         else (self.s.prompts.state(), extra_state["rollout_rng"]))
+            data, rng, moments = (self.ahead.start_of(step + 1) if step + 1 in self.ahead.steps
+                                  else (self.s.prompts.state(), extra_state["rollout_rng"], None))
             # the rows retired by the steps trained so far (the batch's start is older: rows retired since)
             data = {**data, "retired": self.s.prompts.state()["retired"]}
             extra_state = {"rollout_rng": rng, "data": data}
         extra_state["kl_ctrl"] = self.kl_ctrl.state_dict()
         extra_state["entropy_ctrl"] = self.entropy_ctrl.state_dict()
-        extra_state["reward_moments"] = self.parts.score(ScoreWorker.reward_moments)
+        # reward.normalize=running: the moments of the rewards of batches 1..step; off-policy, those at batch
+        # step+1's start (the rewards of batches drawn ahead are added again when the resumed run redraws them)
+        extra_state["reward_moments"] = (moments if moments is not None
+                                         else self.parts.score(ScoreWorker.reward_moments))
         with self.s.span("checkpoint", "driver", step):
             extra = {"critic": self.critic.all_rank0(CriticWorker.state)} if self.critic is not None else {}
             reference = self.ref_sync.state()

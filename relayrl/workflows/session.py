@@ -61,6 +61,40 @@ def write_run_config(run_dir: Path, config: dict) -> None:
         tmp.unlink(missing_ok=True)
 
 
+RESUMES_FILE = "resumes.jsonl"
+"""``RUN_DIR/resumes.jsonl``: one record per resume that changed the config (:func:`record_resume`)."""
+
+
+def config_changes(old: Any, new: Any, prefix: str = "") -> dict[str, list]:
+    """``{dotted key: [old value, new value]}`` for every leaf where two JSON-dumped configs differ (a key one of
+    them lacks: ``"<unset>"``); a pure function."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: dict[str, list] = {}
+        for k in list(old) + [k for k in new if k not in old]:
+            out.update(config_changes(old.get(k, "<unset>"), new.get(k, "<unset>"), f"{prefix}{k}."))
+        return out
+    return {} if old == new else {prefix[:-1]: [old, new]}
+
+
+def record_resume(run_dir: Path, step: int, config: dict) -> dict[str, list]:
+    """Before a resumed run rewrites ``RUN_DIR/config.json`` with its own config: append what changed (and the
+    whole previous config) to ``RUN_DIR/resumes.jsonl``, so the file says what the run is now and the history how
+    it got there. Returns the changes ({} when none: nothing is written)."""
+    path = run_dir / "config.json"
+    try:
+        previous = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}  # (no readable previous config: nothing to compare)
+    changes = config_changes(previous, config)
+    changes.pop("run.resume", None)  # (how this session started, not what the run is)
+    if changes:
+        record = {"resumed_at_step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "changed": changes,
+                  "previous_config": previous}
+        with open(run_dir / RESUMES_FILE, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+    return changes
+
+
 def model_dirs(cfg: Config) -> dict[str, str | None]:
     """The model directories a run reads, by config key (None: unset)."""
     return {"trainer.init_from": cfg.trainer.init_from, "model.path": cfg.model.path,
@@ -279,6 +313,8 @@ class Session(EvalSession):
         """Start the run's files: ``config.json``, then the metrics sinks and the stage timeline. Nothing is
         written to ``run.dir`` before (a run that fails while its workers start leaves no run behind)."""
         self.dir.mkdir(parents=True, exist_ok=True)
+        if self.start_step > 0:  # a resume: config.json becomes this session's config, the old one kept
+            record_resume(self.dir, self.start_step, self.config_record())
         write_run_config(self.dir, self.config_record())
         self.tracker = Tracker(self.dir, self.cfg.telemetry, total_steps, key_metrics=key_metrics,
                                start_step=self.start_step, run_config=self.config_record())

@@ -84,3 +84,18 @@ def test_a_reward_model_exports_in_the_export_dtype_too(bf16_dir, tmp_path, sett
     back = load_reward_model(tmp_path / "rm", dtype=str(want).split(".")[1])
     head = worker.engine.model.get_output_embeddings().weight
     torch.testing.assert_close(back.score.weight, head.detach().reshape(1, -1).to(want), atol=0, rtol=0)
+
+
+def test_an_exported_model_loads_the_tokenizers_own_special_tokens(tiny_dir, tmp_path):
+    """export -> load round-trips the special tokens: the tiny tokenizer's pad (<|pad|>) stays distinct from its EOS
+    through relayrl's loader and through transformers' AutoTokenizer."""
+    from transformers import AutoTokenizer
+
+    worker = PolicyWorker(model_path=str(tiny_dir), engine=TrainEngineConfig(), total_steps=1, threads=1)
+    worker.save_pretrained(str(tmp_path / "out"))
+    want = load_tokenizer(tiny_dir)
+    assert want.pad_token != want.eos_token
+    for back in (load_tokenizer(tmp_path / "out"), AutoTokenizer.from_pretrained(tmp_path / "out")):
+        assert (back.pad_token, back.eos_token, back.bos_token) == (want.pad_token, want.eos_token, want.bos_token)
+        assert (back.pad_token_id, back.eos_token_id) == (want.pad_token_id, want.eos_token_id)
+        assert back("12+34")["input_ids"] == want("12+34")["input_ids"]

@@ -66,3 +66,9 @@ def graded_even(prompts, responses, answers):
 def always_solved(prompts, responses, answers):
     """Every response scores 1: each prompt is solved the first time it is drawn."""
     return [1.0] * len(responses)
+
+
+def by_prompt(prompts, responses, answers):
+    """A reward of the prompt alone (its characters' sum mod 5, / 4): the same for any response to it, so a run
+    that draws a batch's responses again (an off-policy resume) scores them as the first time."""
+    return [float(sum(map(ord, p)) % 5) / 4.0 for p in prompts]

@@ -10,7 +10,7 @@ import torch
 
 from relayrl.engines.training.base import OptimConfig, metric_reduction
 
-__all__ = ["minibatch_slices", "make_scheduler", "over_steps", "PER_STEP"]
+__all__ = ["minibatch_slices", "make_scheduler", "over_steps", "PER_STEP", "rescaled_scheduler_state"]
 
 PER_STEP = ("grad_norm", "lr", "expert_load_imbalance")
 """A role's metrics of the optimizer step itself (``actor/grad_norm``): an update reports their mean over its
@@ -82,3 +82,21 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_ste
         return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def rescaled_scheduler_state(state: dict | None, old_per_step: int, new_per_step: int) -> dict | None:
+    """A checkpoint's scheduler state (:func:`make_scheduler`'s, which counts optimizer steps) for a run that
+    resumes with ``new_per_step`` optimizer steps per RL step where the checkpoint took ``old_per_step``
+    (``trainer.mini_batches x trainer.epochs``): its position, ``step x old_per_step``, becomes
+    ``step x new_per_step``, where the new config's schedule is at that RL step (a non-multiple is rounded to
+    the nearest). The same per-step count, or no state: ``state`` itself."""
+    if state is None or old_per_step == new_per_step:
+        return state
+    if old_per_step < 1 or new_per_step < 1:
+        raise ValueError(f"optimizer steps per RL step must be >= 1, got {old_per_step} and {new_per_step}")
+    last = int(state["last_epoch"])
+    moved = (last * new_per_step + old_per_step // 2) // old_per_step
+    out = dict(state, last_epoch=moved)
+    if "_step_count" in state:
+        out["_step_count"] = int(state["_step_count"]) - last + moved
+    return out

@@ -1,0 +1,45 @@
+"""A resume that changed config keys rewrites RUN_DIR/config.json with the resumed run's config and appends what
+changed, with the previous config, to RUN_DIR/resumes.jsonl."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from relayrl.workflows.session import RESUMES_FILE, config_changes, record_resume
+
+
+def test_config_changes_names_each_changed_leaf_by_its_dotted_key():
+    old = {"trainer": {"steps": 2, "optim": {"lr": 1e-3}}, "eval": {"size": 8}, "gone": 1}
+    new = {"trainer": {"steps": 4, "optim": {"lr": 1e-3}}, "eval": {"size": 8}, "added": {"x": 1}}
+    assert config_changes(old, new) == {"trainer.steps": [2, 4], "gone": [1, "<unset>"],
+                                        "added": ["<unset>", {"x": 1}]}
+    assert config_changes(old, old) == {}
+
+
+def test_record_resume_keeps_the_previous_config_and_skips_an_unchanged_one(tmp_path):
+    old = {"trainer": {"steps": 2}, "run": {"resume": "never"}}
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    assert record_resume(tmp_path, 2, {"trainer": {"steps": 2}, "run": {"resume": "auto"}}) == {}
+    assert not (tmp_path / RESUMES_FILE).exists()  # run.resume alone is how the session started
+    assert record_resume(tmp_path, 2, {"trainer": {"steps": 4}, "run": {"resume": "auto"}}) == {
+        "trainer.steps": [2, 4]}
+    rec = json.loads((tmp_path / RESUMES_FILE).read_text())
+    assert rec["resumed_at_step"] == 2 and rec["changed"] == {"trainer.steps": [2, 4]}
+    assert rec["previous_config"] == old
+
+
+@pytest.mark.slow
+def test_a_resumed_run_rewrites_config_json_and_records_the_old_one(tmp_path, tiny_dir):
+    from grpo_runs import run_grpo
+
+    run = tmp_path / "run"
+    run_grpo(run, tiny_dir, "trainer.steps=1", "run.save_every=1")
+    first = json.loads((run / "config.json").read_text())
+    run_grpo(run, tiny_dir, "trainer.steps=2", "run.save_every=1", "run.resume=auto", "eval.size=6")
+    now = json.loads((run / "config.json").read_text())
+    assert now["trainer"]["steps"] == 2 and now["eval"]["size"] == 6
+    (rec,) = [json.loads(x) for x in (run / RESUMES_FILE).read_text().splitlines()]
+    assert rec["resumed_at_step"] == 1 and rec["previous_config"] == first
+    assert rec["changed"] == {"trainer.steps": [1, 2], "eval.size": [8, 6]}
