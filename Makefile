@@ -34,7 +34,10 @@ demo: $(STAMP)
 # cores (about 20-23 min here, 2026-11-28). TESTFLAGS="-n 0" runs them one by one.
 TESTFLAGS ?= -n 2 --dist loadfile
 # The unit tests hold no module fixture of that kind: idle workers take tests from the other's queue, which
-# evens the two out (about 43 s here against 47 s by file)
+# evens the two out (about 43 s here against 47 s by file). 2026-12-04, both run back to back beside other
+# work (load average about 2.5): 1902 passed in 43.0 s at 41d164a, 33.8 s at 42b5fd8 (no test module imports
+# vLLM or Ray at collection, nor a fast test vLLM, any more; -n 0: 36.4 -> 32.9 s of CPU, 45.9 -> 41.0 s).
+# Keep PYTHONDONTWRITEBYTECODE unset (below): with it every worker's collection took about twice as long.
 FASTFLAGS ?= -n 2 --dist worksteal
 
 test: $(STAMP)

@@ -128,7 +128,7 @@ def test_gradcheck(kind):
         f = lambda c, r: cpo_loss(c, r, beta=0.3, label_smoothing=0.1)[0]  # noqa: E731
     else:
         f = lambda c, r: dpo_loss(c, r, xs[2], xs[3], beta=0.3, kind=kind)[0]  # noqa: E731
-    assert torch.autograd.gradcheck(f, (c, r))
+    assert torch.autograd.gradcheck(f, (c, r), fast_mode=True)  # (a random projection of the Jacobian: ~5x faster)
 
 
 def test_errors_and_names():

@@ -7,11 +7,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from relayrl.cluster import ray_backend
 from relayrl.cluster.errors import PlacementError
 
 
 def test_a_lost_node_is_waited_for_and_an_unknown_one_refused_at_once(monkeypatch):
+    from relayrl.cluster import ray_backend  # (it imports ray, ~2.3 s: here, not in every worker's collection)
+
     calls = []
 
     def resources():  # the node joins again at the third look

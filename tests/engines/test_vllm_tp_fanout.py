@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 import pickle
-from types import SimpleNamespace
+import sys
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
@@ -58,13 +59,13 @@ class FakeCore:
 
 @pytest.fixture
 def engine(tiny_model, monkeypatch):
-    """A two-worker engine on a stand-in vLLM (its layerwise reload recorded on each worker's model)."""
-    if not vllm_available():
-        pytest.skip("needs vLLM's reload module")
-    from vllm.model_executor.model_loader import reload
-
-    monkeypatch.setattr(reload, "initialize_layerwise_reload", lambda model: model.events.append("begin"))
-    monkeypatch.setattr(reload, "finalize_layerwise_reload", lambda model, cfg: model.events.append(f"finish {cfg}"))
+    """A two-worker engine on a stand-in vLLM (its layerwise reload recorded on each worker's model). The
+    stand-in takes the place of ``vllm.model_executor.model_loader.reload`` in ``sys.modules``: importing the
+    real one costs ~4 s of vLLM here (``test_vllm_tp.py``, marked slow, reloads through the real one)."""
+    reload = ModuleType("vllm.model_executor.model_loader.reload")
+    reload.initialize_layerwise_reload = lambda model: model.events.append("begin")
+    reload.finalize_layerwise_reload = lambda model, cfg: model.events.append(f"finish {cfg}")
+    monkeypatch.setitem(sys.modules, reload.__name__, reload)
     eng = VLLMGenerationEngine.__new__(VLLMGenerationEngine)
     eng.tp, eng.apart, eng.device, eng.devices = 2, True, torch.device("cpu"), (torch.device("cpu"),) * 2
     eng.engine, eng._version, eng._sleeping, eng._threads = FakeCore(2), 0, False, torch.get_num_threads()

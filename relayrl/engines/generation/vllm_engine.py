@@ -125,12 +125,11 @@ class VLLMGenerationEngine:
             raise VLLMMissingError(f"rollout.engine=vllm: vLLM is not installed; install it with {INSTALL}, or "
                                    f"set rollout.engine=native")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        from vllm import LLM
-
+        if spec is not None and spec.tensor_parallel_size > 1:  # (reads the config only: before vLLM's import)
+            vllm_tp.check_heads_split(str(model_dir), spec.tensor_parallel_size)
         if torch.device(device).type == "cpu":
             _check_cpu_head_dim(str(model_dir))
-        if spec is not None and spec.tensor_parallel_size > 1:
-            vllm_tp.check_heads_split(str(model_dir), spec.tensor_parallel_size)
+        from vllm import LLM
 
         spec = spec or VLLMSpec()
         self.spec, self.tokenizer, self.max_batch = spec, tokenizer, max_batch
