@@ -188,7 +188,7 @@ def test_data_parallel_settings_that_cannot_work_are_refused():
     assert "leaves 1 per rank, fewer than trainer.mini_batches=2" in _errors(
         "cluster.devices=4", "data.prompts_per_step=1", "rollout.n=4", "trainer.mini_batches=2")
     assert "trainer.batch_size = 2 rows over 4" in _errors("workflow=sft", "trainer.batch_size=2", "cluster.devices=4")
-    assert "set backend='ray'" in _errors("cluster.nodes=2")
+    assert "set cluster.backend=ray" in _errors("cluster.nodes=2")
     cfg = load_config(Config, RECIPES / "arith_grpo.yaml", ["cluster.devices=2"])
     assert cfg.cluster.devices == 2
 
