@@ -210,14 +210,17 @@ def _driver_gone(driver_pid: int) -> Callable[[], None]:
     except ProcessLookupError:
         return lambda: None
     except (AttributeError, OSError):  # no pidfds here: poll the pid
+        def alive() -> bool:
+            try:
+                os.kill(driver_pid, 0)
+            except ProcessLookupError:
+                return False
+            except PermissionError:
+                return True  # (alive, another user's: cannot happen for our own driver)
+            return True
+
         def poll() -> None:
-            while True:
-                try:
-                    os.kill(driver_pid, 0)
-                except ProcessLookupError:
-                    return
-                except PermissionError:
-                    pass  # (alive, another user's: cannot happen for our own driver)
+            while alive():
                 time.sleep(0.5)
 
         return poll
