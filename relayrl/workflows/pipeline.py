@@ -327,10 +327,12 @@ class GRPOPipeline:
         """How a checkpoint's scheduler state (actor's, critic's) is loaded: as saved, or, when the resumed run
         takes another number of optimizer steps per RL step (``trainer.mini_batches x trainer.epochs``), moved
         to where the new config's schedule is at the checkpoint's step (:func:`rescaled_scheduler_state`)."""
-        t = (ck.config or {}).get("trainer") or {}
-        old = int(t.get("mini_batches", 1)) * int(t.get("epochs", 1)) if ck.config is not None else None
+        if ck.config is None:  # (no saved config: nothing says how the checkpoint counted its steps)
+            return lambda state: state
+        t = ck.config.get("trainer") or {}
+        old = int(t.get("mini_batches", 1)) * int(t.get("epochs", 1))
         new = self.cfg.trainer.mini_batches * self.cfg.trainer.epochs
-        if old is None or old == new:
+        if old == new:
             return lambda state: state
         self.s.log(f"relayrl: the checkpoint took {old} optimizer steps per step (trainer.mini_batches x "
                    f"trainer.epochs = {t.get('mini_batches', 1)} x {t.get('epochs', 1)}), this run takes {new} "
