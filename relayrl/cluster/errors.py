@@ -56,5 +56,48 @@ class WorkerError(RuntimeError):
         return f"worker group {self.group!r} {who} failed in {self.method!r}: {last}"
 
 
+class CallTimeout(WorkerError):
+    """Ranks of a worker group did not answer a call (or their start-up) within its time limit: a method
+    stuck in a loop, a deadlocked lock, a server that never answers. The backend has stopped the group's
+    rank processes (Ray: killed its actors), so none is left running; the group is broken (create it again).
+
+    Not a lost worker (``lost`` is False): a hang usually comes back, so ``run.max_restarts`` does not
+    restart on it. ``user_message`` holds the one-line explanation the CLI prints.
+
+    Attributes (beside :class:`WorkerError`'s; ``rank`` is the first rank that did not answer, ``other_ranks``
+    the rest):
+        ranks: the ranks that had not answered, ascending.
+        answered: the ranks that had answered (not at fault), ascending.
+        elapsed_s: seconds the driver waited.
+        key: the config key that set the limit (``cluster.call_timeout_s``, ``cluster.start_timeout_s``).
+        limit_s: its value.
+    """
+
+    def __init__(self, group: str, ranks: list[int], method: str, elapsed_s: float, key: str, limit_s: float,
+                 answered: list[int] | tuple[int, ...] = ()) -> None:
+        self.ranks, self.answered = sorted(ranks), sorted(answered)
+        self.elapsed_s, self.key, self.limit_s = elapsed_s, key, limit_s
+        who = f"rank {self.ranks[0]}" if len(self.ranks) == 1 else f"ranks {', '.join(map(str, self.ranks))}"
+        done = (f"; {'rank' if len(self.answered) == 1 else 'ranks'} {', '.join(map(str, self.answered))} "
+                f"answered" if self.answered else "")
+        what = "start" if method == "__init__" else f"answer {method!r}"
+        why = ("start-up is this long on purpose (a large model to load, a busy cluster)" if method == "__init__"
+               else "the call is this long on purpose (a large generation, a checkpoint to slow storage)")
+        msg = (f"{who} did not {what} within {key}={limit_s:g} s (waited {elapsed_s:.1f} s){done}; the group's "
+               f"rank processes were stopped. If {why}, raise {key}"
+               + (" (null: no limit)" if key == "cluster.call_timeout_s" else "")
+               + "; otherwise find where it hangs (a loop, a lock, a server that never answers)")
+        super().__init__(group, self.ranks[0], method, msg, user_message=msg)
+        self.other_ranks = self.ranks[1:]
+        RuntimeError.__init__(self, f"worker group {group!r} {msg}")  # (no remote traceback: the rank hangs)
+
+    def __reduce__(self):
+        return (CallTimeout, (self.group, self.ranks, self.method, self.elapsed_s, self.key, self.limit_s,
+                              self.answered))
+
+    def brief(self) -> str:
+        return str(self)
+
+
 class PlacementError(UserError, RuntimeError):
     """A resource pool asks for devices the cluster does not have (e.g. GPUs on a CPU-only cluster)."""

@@ -158,7 +158,8 @@ class ProcessRanks:
                 child.close()
                 self.procs.append(proc)
                 self.conns.append(parent)
-            self._collect(START_CALL, list(range(self.world_size)), "__init__", time.monotonic() + cfg.start_timeout_s)
+            self._collect(START_CALL, list(range(self.world_size)), "__init__", cfg.start_timeout_s,
+                          "cluster.start_timeout_s")
         except BaseException:
             self.shutdown()
             raise
@@ -186,7 +187,7 @@ class ProcessRanks:
                 self.conns[r].send_bytes(msg)
             except (BrokenPipeError, OSError):
                 self._raise_dead(r, method)
-        return self._collect(call_id, ranks, method, None)
+        return self._collect(call_id, ranks, method, self.cfg.call_timeout_s, "cluster.call_timeout_s")
 
     def _raise_dead(self, r: int, method: str) -> None:
         proc = self.procs[r]
@@ -195,10 +196,11 @@ class ProcessRanks:
         self.broken = f"rank {r} died in {method!r}"
         raise WorkerError(self.group, r, method, reason, lost=True)
 
-    def _collect(self, call_id: int, ranks: list[int], method: str, deadline: float | None) -> list[Any]:
-        """Wait for one reply per rank (results in `ranks` order). The first error
-        or death raises; after an error the other ranks get `error_grace_s`."""
-        replies = Replies(self.group, method, ranks, deadline, self.cfg.error_grace_s)
+    def _collect(self, call_id: int, ranks: list[int], method: str, limit_s: float | None, key: str) -> list[Any]:
+        """Wait for one reply per rank (results in `ranks` order), up to ``limit_s`` (the value of ``key``). The
+        first error or death raises; after an error the other ranks get `error_grace_s`; ranks that did not
+        answer in time raise `CallTimeout`, once the group's rank processes are stopped."""
+        replies = Replies(self.group, method, ranks, limit_s, key, self.cfg.error_grace_s)
         while replies.pending:
             timeout = replies.timeout()
             if timeout == 0.0:
@@ -227,9 +229,25 @@ class ProcessRanks:
                     continue  # a late reply of an earlier, failed call
                 replies.add(r, reply)
         try:
-            return replies.outcome(self.cfg.start_timeout_s)
+            return replies.outcome()
         finally:
             self.broken = replies.broken or self.broken
+            if replies.timed_out:
+                self._stop()
+
+    def _stop(self, grace_s: float = 2.0) -> None:
+        """Stop every rank process of the group at once, hung or not (a hung rank reads no `SHUTDOWN`, and
+        the others share its process group): SIGTERM, then SIGKILL for one still there after ``grace_s``."""
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.terminate()
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=2.0)
 
     def shutdown(self) -> None:
         for conn in self.conns:
@@ -238,13 +256,7 @@ class ProcessRanks:
         deadline = time.monotonic() + 5.0
         for proc in self.procs:
             proc.join(timeout=max(0.0, deadline - time.monotonic()))
-        for proc in self.procs:
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(timeout=2.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(timeout=2.0)
+        self._stop()
         for conn in self.conns:
             conn.close()
         self.procs, self.conns = [], []
