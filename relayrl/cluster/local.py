@@ -26,6 +26,8 @@ import itertools
 import contextlib
 import os
 import pickle
+import sys
+import threading
 import time
 import traceback
 from multiprocessing.connection import wait as mp_wait
@@ -52,6 +54,7 @@ class InProcessRanks:
         import torch
 
         self.group = group
+        self.call_timeout_s = cfg.call_timeout_s
         owned = (device,) if isinstance(device, str) else tuple(device)
         device = owned[0]
         if distributed:
@@ -69,17 +72,34 @@ class InProcessRanks:
         if self.worker is None:
             raise RuntimeError(f"worker group {self.group!r} is shut down")
         (args, kwargs), = payloads
+        late = None
+        if self.call_timeout_s is not None:  # (a call in the driver cannot be stopped: it is only reported)
+            late = threading.Timer(self.call_timeout_s, _warn_late, (self.group, method, self.call_timeout_s))
+            late.daemon = True
+            late.start()
         try:
             return [compute.run(getattr(self.worker, method), *args, **kwargs)]
         except Exception as exc:
             raise WorkerError(self.group, 0, method, traceback.format_exc(), _user_message(exc),
                               lost=isinstance(exc, ProcessLost), node_id=getattr(exc, "node_id", None)) from exc
+        finally:
+            if late is not None:
+                late.cancel()
 
     def pids(self) -> list[int]:
         return [os.getpid()]
 
     def shutdown(self) -> None:
         self.worker = None
+
+
+def _warn_late(group: str, method: str, limit_s: float) -> None:
+    """A one-rank group in the driver has run ``method`` past ``cluster.call_timeout_s``: say so (it cannot be
+    stopped from outside without stopping the driver)."""
+    print(f"relayrl: warning: worker group {group!r} (its one rank runs in the driver) has not answered "
+          f"{method!r} within cluster.call_timeout_s={limit_s:g} s and cannot be stopped from outside; it keeps "
+          f"waiting (Ctrl-C stops the run). cluster.in_process=false runs the rank in a process of its own, which "
+          f"the limit stops", file=sys.stderr, flush=True)
 
 
 def _user_message(exc: BaseException) -> str | None:

@@ -12,6 +12,7 @@ import os
 import pickle
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -87,6 +88,57 @@ def test_replies_in_time_and_a_rank_error_are_as_before():
     with pytest.raises(Exception) as e:
         bad.outcome()
     assert type(e.value) is not CallTimeout and "rank 0 failed in 'm'" in str(e.value) and not bad.timed_out
+
+
+def test_the_cli_prints_one_line_and_a_restart_is_not_tried(tmp_path, capsys):
+    """A hang is not a lost worker: ``run.max_restarts`` does not start the run again (it would hang again);
+    the CLI prints the error's one line (no remote traceback: there is none) and exits 1."""
+    import argparse
+
+    from relayrl.cli.boundary import EXIT_USER, run_guarded
+    from relayrl.workflows.restart import run_with_restarts
+
+    err = CallTimeout("rollout", [0], "generate_rows", 3600.4, "cluster.call_timeout_s", 3600.0)
+    calls = []
+
+    def run(cfg):
+        calls.append(cfg)
+        raise err
+
+    cfg = load_config(Config, None, ["run.max_restarts=2", f"run.dir={tmp_path / 'run'}"])
+    with pytest.raises(CallTimeout):
+        run_with_restarts(cfg, run, log=lambda _: None)
+    assert len(calls) == 1
+    assert run_guarded(lambda a: run(cfg), argparse.Namespace(), debug=False) == EXIT_USER
+    out = capsys.readouterr().err
+    assert out.startswith("relayrl: error: worker group 'rollout' rank 0 did not answer 'generate_rows' within "
+                          "cluster.call_timeout_s=3600 s (waited 3600.4 s); the group's rank processes were "
+                          "stopped."), out
+    assert "Traceback" not in out
+
+
+def test_an_in_driver_rank_past_the_limit_is_reported_not_stopped(capfd):
+    """A one-rank group in the driver (``cluster.in_process``) cannot be stopped from outside: past the limit
+    the driver says so on stderr, naming the group, the method and the key that would stop it; the call
+    still returns."""
+    g = WorkerGroup(Echo, ResourcePool("inside", devices=1), name="inside", distributed=False,
+                    backend=ClusterConfig(call_timeout_s=0.2))
+    try:
+        assert g.in_driver
+        assert g.one(Echo.hold, _set_after(1.0)) == "held"
+        err = capfd.readouterr().err
+        assert "relayrl: warning: worker group 'inside' (its one rank runs in the driver) has not answered 'hold' " \
+               "within cluster.call_timeout_s=0.2 s" in err and "cluster.in_process=false" in err, err
+        assert g.one(Echo.echo, 1) == (0, 1)  # a quick call: no warning
+        assert "warning" not in capfd.readouterr().err
+    finally:
+        g.shutdown()
+
+
+def _set_after(seconds: float) -> threading.Event:
+    ev = threading.Event()
+    threading.Timer(seconds, ev.set).start()
+    return ev
 
 
 # -- the config key ---------------------------------------------------------------------------------------------
