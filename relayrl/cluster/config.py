@@ -51,8 +51,9 @@ class ClusterConfig(BaseModel):
     before the driver raises `CallTimeout` naming the group, the method and the ranks that had not answered,
     and stops the group's rank processes (Ray: kills its actors). It ends a rank that hangs outside a
     collective (a loop, a deadlocked lock, a server that never answers), which `collective_timeout_s` does not
-    see. Twice `collective_timeout_s` by default, far above one call of a run; `None` (null): no limit. Not
-    applied to a one-rank group running inside the driver (`in_process`), whose call cannot be stopped."""
+    see. Twice `collective_timeout_s` by default, far above one call of a run; `None` (null): no limit. A
+    one-rank group running inside the driver (`in_process`) cannot be stopped: past the limit the driver
+    warns and keeps waiting."""
 
     @model_validator(mode="after")
     def _nodes_need_ray(self) -> "ClusterConfig":
