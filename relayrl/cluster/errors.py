@@ -5,7 +5,9 @@ and whether it raised or died, the driver sees a `WorkerError` naming the group,
 the rank and the method, with the remote traceback text (or the exit reason).
 When the rank's error was the user's to fix (`relayrl.errors.is_user_error`),
 `user_message` holds its message, so the CLI can print one line instead of the
-remote traceback; `other_ranks` lists the ranks that failed with the same message.
+remote traceback; `other_ranks` lists the ranks that failed with the same message. Ranks that did not answer
+within the call's limit (`cluster.call_timeout_s`, or `start_timeout_s` at start-up) surface as
+`CallTimeout`, a `WorkerError` naming them and the ranks that did answer.
 """
 from __future__ import annotations
 

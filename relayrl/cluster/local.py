@@ -12,7 +12,10 @@
   every rank's pipe *and* process sentinel, so a rank that raises or dies
   (killed, segfault, `os._exit`) surfaces at once as `WorkerError`; a rank
   leaves when the driver process is gone (`rank.watch_driver`), so a killed
-  driver leaves no rank running.
+  driver leaves no rank running. Ranks that do not answer a call within
+  `cluster.call_timeout_s` (start-up: `start_timeout_s`) raise `CallTimeout`
+  once every rank process of the group is stopped (SIGTERM, then SIGKILL); an
+  in-driver rank past the limit is only reported (it cannot be stopped).
 
 This plays the part of HybridFlow's single controller talking to its
 multi-controller workers (HybridFlow) without Ray. Departures: data crosses the

@@ -23,6 +23,8 @@ the local backend has (`call`, `pids`, `shutdown`):
   0's node IP and MASTER_PORT a port free there.
 * Methods raise inside a host actor that returns the formatted traceback; an
   actor that dies surfaces as `RayActorError`. Both become `WorkerError`.
+  Actors that do not answer a call within `cluster.call_timeout_s` (start-up:
+  `start_timeout_s`) raise `CallTimeout` once every actor of the group is killed.
 
 Departure: results come back through the driver with `ray.get` (no object-ref
 passing between groups yet).
