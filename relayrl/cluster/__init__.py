@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 # Imported when first asked for: the config (``relayrl.cluster.config``, torch-free) is read while a recipe is
 # validated, before torch is imported.
 _LAZY = {"chunk_sizes": "dispatch", "gather_split": "dispatch", "split_items": "dispatch",
-         "CallTimeout": "errors", "PlacementError": "errors", "WorkerError": "errors", "WorkerGroup": "group", "make_group": "group",
+         "CallTimeout": "errors", "PlacementError": "errors", "WorkerError": "errors",
+         "WorkerGroup": "group", "make_group": "group",
          "ResourcePool": "pool", "RankInfo": "worker", "Worker": "worker"}
 
 

@@ -83,12 +83,15 @@ class CallTimeout(WorkerError):
         done = (f"; {'rank' if len(self.answered) == 1 else 'ranks'} {', '.join(map(str, self.answered))} "
                 f"answered" if self.answered else "")
         what = "start" if method == "__init__" else f"answer {method!r}"
-        why = ("start-up is this long on purpose (a large model to load, a busy cluster)" if method == "__init__"
-               else "the call is this long on purpose (a large generation, a checkpoint to slow storage)")
+        if method == "__init__":
+            why = "start-up is this long on purpose (a large model to load, a busy cluster)"
+            hangs = "what holds it (a worker's construction that hangs, a rank Ray cannot place, a rendezvous)"
+        else:
+            why = "the call is this long on purpose (a large generation, a checkpoint to slow storage)"
+            hangs = "where it hangs (a loop, a lock, a server that never answers)"
         msg = (f"{who} did not {what} within {key}={limit_s:g} s (waited {elapsed_s:.1f} s){done}; the group's "
                f"rank processes were stopped. If {why}, raise {key}"
-               + (" (null: no limit)" if key == "cluster.call_timeout_s" else "")
-               + "; otherwise find where it hangs (a loop, a lock, a server that never answers)")
+               + (" (null: no limit)" if key == "cluster.call_timeout_s" else "") + f"; otherwise find {hangs}")
         super().__init__(group, self.ranks[0], method, msg, user_message=msg)
         self.other_ranks = self.ranks[1:]
         RuntimeError.__init__(self, f"worker group {group!r} {msg}")  # (no remote traceback: the rank hangs)
