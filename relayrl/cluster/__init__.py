@@ -30,7 +30,7 @@ from relayrl.cluster.config import ClusterConfig
 
 if TYPE_CHECKING:
     from relayrl.cluster.dispatch import chunk_sizes, gather_split, split_items
-    from relayrl.cluster.errors import PlacementError, WorkerError
+    from relayrl.cluster.errors import CallTimeout, PlacementError, WorkerError
     from relayrl.cluster.group import WorkerGroup, make_group
     from relayrl.cluster.pool import ResourcePool
     from relayrl.cluster.worker import RankInfo, Worker
@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 # Imported when first asked for: the config (``relayrl.cluster.config``, torch-free) is read while a recipe is
 # validated, before torch is imported.
 _LAZY = {"chunk_sizes": "dispatch", "gather_split": "dispatch", "split_items": "dispatch",
-         "PlacementError": "errors", "WorkerError": "errors", "WorkerGroup": "group", "make_group": "group",
+         "CallTimeout": "errors", "PlacementError": "errors", "WorkerError": "errors",
+         "WorkerGroup": "group", "make_group": "group",
          "ResourcePool": "pool", "RankInfo": "worker", "Worker": "worker"}
 
 
@@ -46,6 +47,7 @@ __getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = [
+    "CallTimeout",
     "ClusterConfig",
     "RankInfo",
     "ResourcePool",

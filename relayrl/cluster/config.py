@@ -46,6 +46,14 @@ class ClusterConfig(BaseModel):
     construction, Ray placement) may take before the driver raises."""
     collective_timeout_s: float = Field(default=1800.0, gt=0.0)
     """Timeout passed to `torch.distributed.init_process_group`."""
+    call_timeout_s: float | None = Field(default=3600.0, gt=0.0)
+    """How long one call on a worker group's ranks (an update, a generation, a checkpoint save) may take
+    before the driver raises `CallTimeout` naming the group, the method and the ranks that had not answered,
+    and stops the group's rank processes (Ray: kills its actors). It ends a rank that hangs outside a
+    collective (a loop, a deadlocked lock, a server that never answers), which `collective_timeout_s` does not
+    see. Twice `collective_timeout_s` by default, far above one call of a run; `None` (null): no limit. A
+    one-rank group running inside the driver (`in_process`) cannot be stopped: past the limit the driver
+    warns and keeps waiting."""
 
     @model_validator(mode="after")
     def _nodes_need_ray(self) -> "ClusterConfig":

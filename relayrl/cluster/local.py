@@ -12,7 +12,10 @@
   every rank's pipe *and* process sentinel, so a rank that raises or dies
   (killed, segfault, `os._exit`) surfaces at once as `WorkerError`; a rank
   leaves when the driver process is gone (`rank.watch_driver`), so a killed
-  driver leaves no rank running.
+  driver leaves no rank running. Ranks that do not answer a call within
+  `cluster.call_timeout_s` (start-up: `start_timeout_s`) raise `CallTimeout`
+  once every rank process of the group is stopped (SIGTERM, then SIGKILL); an
+  in-driver rank past the limit is only reported (it cannot be stopped).
 
 This plays the part of HybridFlow's single controller talking to its
 multi-controller workers (HybridFlow) without Ray. Departures: data crosses the
@@ -26,6 +29,8 @@ import itertools
 import contextlib
 import os
 import pickle
+import sys
+import threading
 import time
 import traceback
 from multiprocessing.connection import wait as mp_wait
@@ -52,6 +57,7 @@ class InProcessRanks:
         import torch
 
         self.group = group
+        self.call_timeout_s = cfg.call_timeout_s
         owned = (device,) if isinstance(device, str) else tuple(device)
         device = owned[0]
         if distributed:
@@ -69,17 +75,34 @@ class InProcessRanks:
         if self.worker is None:
             raise RuntimeError(f"worker group {self.group!r} is shut down")
         (args, kwargs), = payloads
+        late = None
+        if self.call_timeout_s is not None:  # (a call in the driver cannot be stopped: it is only reported)
+            late = threading.Timer(self.call_timeout_s, _warn_late, (self.group, method, self.call_timeout_s))
+            late.daemon = True
+            late.start()
         try:
             return [compute.run(getattr(self.worker, method), *args, **kwargs)]
         except Exception as exc:
             raise WorkerError(self.group, 0, method, traceback.format_exc(), _user_message(exc),
                               lost=isinstance(exc, ProcessLost), node_id=getattr(exc, "node_id", None)) from exc
+        finally:
+            if late is not None:
+                late.cancel()
 
     def pids(self) -> list[int]:
         return [os.getpid()]
 
     def shutdown(self) -> None:
         self.worker = None
+
+
+def _warn_late(group: str, method: str, limit_s: float) -> None:
+    """A one-rank group in the driver has run ``method`` past ``cluster.call_timeout_s``: say so (it cannot be
+    stopped from outside without stopping the driver)."""
+    print(f"relayrl: warning: worker group {group!r} (its one rank runs in the driver) has not answered "
+          f"{method!r} within cluster.call_timeout_s={limit_s:g} s and cannot be stopped from outside; it keeps "
+          f"waiting (Ctrl-C stops the run). cluster.in_process=false runs the rank in a process of its own, which "
+          f"the limit stops", file=sys.stderr, flush=True)
 
 
 def _user_message(exc: BaseException) -> str | None:
@@ -158,7 +181,8 @@ class ProcessRanks:
                 child.close()
                 self.procs.append(proc)
                 self.conns.append(parent)
-            self._collect(START_CALL, list(range(self.world_size)), "__init__", time.monotonic() + cfg.start_timeout_s)
+            self._collect(START_CALL, list(range(self.world_size)), "__init__", cfg.start_timeout_s,
+                          "cluster.start_timeout_s")
         except BaseException:
             self.shutdown()
             raise
@@ -186,7 +210,7 @@ class ProcessRanks:
                 self.conns[r].send_bytes(msg)
             except (BrokenPipeError, OSError):
                 self._raise_dead(r, method)
-        return self._collect(call_id, ranks, method, None)
+        return self._collect(call_id, ranks, method, self.cfg.call_timeout_s, "cluster.call_timeout_s")
 
     def _raise_dead(self, r: int, method: str) -> None:
         proc = self.procs[r]
@@ -195,10 +219,11 @@ class ProcessRanks:
         self.broken = f"rank {r} died in {method!r}"
         raise WorkerError(self.group, r, method, reason, lost=True)
 
-    def _collect(self, call_id: int, ranks: list[int], method: str, deadline: float | None) -> list[Any]:
-        """Wait for one reply per rank (results in `ranks` order). The first error
-        or death raises; after an error the other ranks get `error_grace_s`."""
-        replies = Replies(self.group, method, ranks, deadline, self.cfg.error_grace_s)
+    def _collect(self, call_id: int, ranks: list[int], method: str, limit_s: float | None, key: str) -> list[Any]:
+        """Wait for one reply per rank (results in `ranks` order), up to ``limit_s`` (the value of ``key``). The
+        first error or death raises; after an error the other ranks get `error_grace_s`; ranks that did not
+        answer in time raise `CallTimeout`, once the group's rank processes are stopped."""
+        replies = Replies(self.group, method, ranks, limit_s, key, self.cfg.error_grace_s)
         while replies.pending:
             timeout = replies.timeout()
             if timeout == 0.0:
@@ -227,9 +252,25 @@ class ProcessRanks:
                     continue  # a late reply of an earlier, failed call
                 replies.add(r, reply)
         try:
-            return replies.outcome(self.cfg.start_timeout_s)
+            return replies.outcome()
         finally:
             self.broken = replies.broken or self.broken
+            if replies.timed_out:
+                self._stop()
+
+    def _stop(self, grace_s: float = 2.0) -> None:
+        """Stop every rank process of the group at once, hung or not (a hung rank reads no `SHUTDOWN`, and
+        the others share its process group): SIGTERM, then SIGKILL for one still there after ``grace_s``."""
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.terminate()
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=2.0)
 
     def shutdown(self) -> None:
         for conn in self.conns:
@@ -238,13 +279,7 @@ class ProcessRanks:
         deadline = time.monotonic() + 5.0
         for proc in self.procs:
             proc.join(timeout=max(0.0, deadline - time.monotonic()))
-        for proc in self.procs:
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(timeout=2.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(timeout=2.0)
+        self._stop()
         for conn in self.conns:
             conn.close()
         self.procs, self.conns = [], []

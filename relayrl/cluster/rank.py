@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable
 
-from relayrl.cluster.errors import WorkerError
+from relayrl.cluster.errors import CallTimeout, WorkerError
 from relayrl.cluster.worker import RankInfo, construct_worker
 
 START_CALL = -1  # call id of the start-up reply
@@ -64,17 +64,25 @@ def error_reply(call_id: int, exc: BaseException) -> Reply:
 class Replies:
     """One call's replies, one per rank, as the driver collects them (both backends).
 
-    The first error starts a grace period of ``grace_s`` for the other ranks;
-    :meth:`outcome` returns the results in rank order or raises. ``broken`` is
-    set when the group can no longer be trusted (a rank never answered).
+    The call may take ``limit_s`` seconds from now (``None``: no limit), the value of the config key ``key``
+    (``cluster.call_timeout_s`` for a call, ``cluster.start_timeout_s`` for start-up): :meth:`timeout` says how
+    long the backend may still wait. The first error starts a grace period of ``grace_s`` for the other ranks;
+    :meth:`outcome` returns the results in rank order or raises. ``broken`` is set when the group can no longer
+    be trusted (a rank never answered); ``timed_out`` when ranks did not answer within ``limit_s`` (the
+    backend then stops the group's ranks).
     """
 
-    def __init__(self, group: str, method: str, ranks: list[int], deadline: float | None, grace_s: float) -> None:
-        self.group, self.method, self.ranks, self.deadline, self.grace_s = group, method, ranks, deadline, grace_s
+    def __init__(self, group: str, method: str, ranks: list[int], limit_s: float | None, key: str,
+                 grace_s: float) -> None:
+        self.group, self.method, self.ranks, self.grace_s = group, method, ranks, grace_s
+        self.limit_s, self.key = limit_s, key
+        self.started = time.monotonic()
+        self.deadline = None if limit_s is None else self.started + limit_s
         self.pending = set(ranks)
         self.results: dict[int, Any] = {}
         self.first_error: WorkerError | None = None
         self.broken: str | None = None
+        self.timed_out = False
 
     def timeout(self) -> float | None:
         """Seconds left to wait (None: no limit)."""
@@ -91,17 +99,20 @@ class Replies:
         elif reply.user_message is not None and reply.user_message == self.first_error.user_message:
             self.first_error.other_ranks.append(rank)  # the same mistake seen by every rank: one message
 
-    def outcome(self, start_timeout_s: float) -> list[Any]:
-        """Results in rank order; else the first error, or the first rank that did not answer, raises."""
+    def outcome(self) -> list[Any]:
+        """Results in rank order; else the first error raises, or, when ranks did not answer within the
+        limit, a :class:`CallTimeout` naming them (and the ranks that did answer)."""
         if self.first_error is not None:
             if self.pending:
                 self.broken = (f"rank {self.first_error.rank} failed in {self.method!r} while ranks "
                                f"{sorted(self.pending)} did not answer")
             raise self.first_error
         if self.pending:
-            r = min(self.pending)
-            self.broken = f"rank {r} did not start"
-            raise WorkerError(self.group, r, self.method, f"no reply within {start_timeout_s} s")
+            self.timed_out = True
+            late = sorted(self.pending)
+            self.broken = f"ranks {late} did not answer {self.method!r} within {self.key}={self.limit_s:g} s"
+            raise CallTimeout(self.group, late, self.method, time.monotonic() - self.started, self.key,
+                              self.limit_s, answered=sorted(self.results))
         return [self.results[r] for r in self.ranks]
 
 

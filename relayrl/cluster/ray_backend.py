@@ -23,6 +23,8 @@ the local backend has (`call`, `pids`, `shutdown`):
   0's node IP and MASTER_PORT a port free there.
 * Methods raise inside a host actor that returns the formatted traceback; an
   actor that dies surfaces as `RayActorError`. Both become `WorkerError`.
+  Actors that do not answer a call within `cluster.call_timeout_s` (start-up:
+  `start_timeout_s`) raise `CallTimeout` once every actor of the group is killed.
 
 Departure: results come back through the driver with `ray.get` (no object-ref
 passing between groups yet).
@@ -324,6 +326,7 @@ class RayRanks:
         self.world_size = num_ranks
         self.broken: str | None = None
         self._next_id = 0
+        self._killed = False
         self.actors: list = []
         self._ips: list[str] = []
         self._node_ids: list[str] = []
@@ -340,8 +343,8 @@ class RayRanks:
                 if pool.device_kind == "cuda":
                     opts["num_gpus"] = share
                 self.actors.append(host.options(**opts).remote())
-            where = self._gather([a.where.remote() for a in self.actors], "__init__",
-                                 time.monotonic() + cfg.start_timeout_s, raw=True)
+            where = self._gather([a.where.remote() for a in self.actors], "__init__", cfg.start_timeout_s,
+                                 "cluster.start_timeout_s", raw=True)
             ips = [w[0] for w in where]
             self._pids, self._ips, self._node_ids = [w[2] for w in where], ips, [w[3] for w in where]
             device, owned = rank_devices(pool, per_rank)
@@ -355,7 +358,7 @@ class RayRanks:
             envs = [rank_env(placement, r, per_rank) for r in range(num_ranks)]
             with self._sending("__init__", init_kwargs):
                 refs = [a.start.remote(s, e) for a, s, e in zip(self.actors, specs, envs)]
-            self._gather(refs, "__init__", time.monotonic() + cfg.start_timeout_s)
+            self._gather(refs, "__init__", cfg.start_timeout_s, "cluster.start_timeout_s")
         except BaseException:
             self.shutdown()
             raise
@@ -377,7 +380,7 @@ class RayRanks:
                 refs = [self.actors[r].call_shared.remote(call_id, method, shared) for r in ranks]
             else:
                 refs = [self.actors[r].call.remote(call_id, method, a, k) for r, (a, k) in zip(ranks, payloads)]
-        return self._gather(refs, method, None, ranks=ranks)
+        return self._gather(refs, method, self.cfg.call_timeout_s, "cluster.call_timeout_s", ranks=ranks)
 
     @contextlib.contextmanager
     def _sending(self, method: str, payloads: Any):
@@ -390,13 +393,14 @@ class RayRanks:
             raise TypeError(f"group {self.group!r}: the arguments of {method!r} cannot be pickled for the Ray "
                             f"workers: {unsendable(str(exc), payloads)}") from None
 
-    def _gather(self, refs: list, method: str, deadline: float | None, ranks: list[int] | None = None,
+    def _gather(self, refs: list, method: str, limit_s: float | None, key: str, ranks: list[int] | None = None,
                 raw: bool = False) -> list[Any]:
-        """Wait for all refs; the first error or dead actor raises WorkerError;
-        after an error the others get `error_grace_s`."""
+        """Wait for all refs, up to ``limit_s`` (the value of ``key``); the first error or dead actor raises
+        WorkerError; after an error the others get `error_grace_s`; ranks that did not answer in time raise
+        `CallTimeout`, once the group's actors are killed."""
         ranks = list(range(len(refs))) if ranks is None else ranks
         rank_of = {ref: r for ref, r in zip(refs, ranks)}
-        replies = Replies(self.group, method, ranks, deadline, self.cfg.error_grace_s)
+        replies = Replies(self.group, method, ranks, limit_s, key, self.cfg.error_grace_s)
         pending = list(refs)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=replies.timeout())
@@ -415,9 +419,19 @@ class RayRanks:
                 value = Reply(START_CALL, False, traceback=str(exc))
             replies.add(r, Reply(START_CALL, True, value) if raw and not isinstance(value, Reply) else value)
         try:
-            return replies.outcome(self.cfg.start_timeout_s)
+            return replies.outcome()
         finally:
             self.broken = replies.broken or self.broken
+            if replies.timed_out:
+                self._kill()
+
+    def _kill(self) -> None:
+        """Kill every actor of the group at once, hung or not (a hung rank runs no ``stop``, and the others
+        share its process group); `shutdown` then only frees the placement."""
+        self._killed = True
+        for a in self.actors:
+            with contextlib.suppress(Exception):  # already dead
+                ray.kill(a, no_restart=True)
 
     def shutdown(self) -> None:
         if self._released:
@@ -427,7 +441,7 @@ class RayRanks:
         if not ray.is_initialized():  # Ray already went down (e.g. at interpreter exit): nothing left to free
             self.pool.ray_placement = None
             return
-        if actors:
+        if actors and not self._killed:
             with contextlib.suppress(Exception):  # dead or stuck ranks are killed below
                 ray.get([a.stop.remote() for a in actors], timeout=5.0)
             for a in actors:

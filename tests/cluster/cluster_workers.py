@@ -150,6 +150,14 @@ class Echo(Worker):
             raise TimeoutError("never released")
         return "held"
 
+    def block(self, on_ranks: tuple = (), hold_s: float = 0.0) -> int:
+        """The ranks in ``on_ranks`` hang outside any collective (wait on an event nobody sets); the others
+        sleep ``hold_s`` and answer their rank."""
+        if self.rank in on_ranks:
+            threading.Event().wait()
+        time.sleep(hold_s)
+        return self.rank
+
     def meet(self, barrier: threading.Barrier) -> int:
         return barrier.wait()  # raises BrokenBarrierError unless another group's rank meets it concurrently
 
@@ -160,6 +168,16 @@ class Echo(Worker):
     @classmethod
     def kind(cls) -> str:
         return cls.__name__
+
+
+class StuckStart(Worker):
+    """Writes its pid to ``pid_dir/rank<r>``; rank ``hang_rank`` then never finishes its construction."""
+
+    def __init__(self, pid_dir: str, hang_rank: int) -> None:
+        with open(os.path.join(pid_dir, f"rank{self.rank}"), "w") as f:
+            f.write(str(os.getpid()))
+        if self.rank == hang_rank:
+            threading.Event().wait()
 
 
 class LoudEcho(Echo):
