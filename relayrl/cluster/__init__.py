@@ -31,7 +31,7 @@ from relayrl.cluster.config import ClusterConfig
 if TYPE_CHECKING:
     from relayrl.cluster.dispatch import chunk_sizes, gather_split, split_items
     from relayrl.cluster.errors import CallTimeout, PlacementError, WorkerError
-    from relayrl.cluster.group import WorkerGroup, make_group
+    from relayrl.cluster.group import WorkerGroup, check_fit, make_group
     from relayrl.cluster.pool import ResourcePool
     from relayrl.cluster.worker import RankInfo, Worker
 
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 # validated, before torch is imported.
 _LAZY = {"chunk_sizes": "dispatch", "gather_split": "dispatch", "split_items": "dispatch",
          "CallTimeout": "errors", "PlacementError": "errors", "WorkerError": "errors",
-         "WorkerGroup": "group", "make_group": "group",
+         "WorkerGroup": "group", "make_group": "group", "check_fit": "group",
          "ResourcePool": "pool", "RankInfo": "worker", "Worker": "worker"}
 
 
@@ -55,6 +55,7 @@ __all__ = [
     "PlacementError",
     "WorkerError",
     "WorkerGroup",
+    "check_fit",
     "chunk_sizes",
     "gather_split",
     "make_group",

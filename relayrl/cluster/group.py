@@ -293,6 +293,17 @@ def _first(results: list[Any]) -> Any:
     return results[0]
 
 
+def check_fit(cfg: ClusterConfig, pools: list[ResourcePool]) -> None:
+    """Before any group is built: on Ray, refuse at once ``pools`` (every pool the run will place, once each;
+    colocated roles share one) that the cluster can never place together, naming them all
+    (:mod:`relayrl.cluster.fit`); each pool is measured again when it is placed. The local backend's pools are
+    measured against this machine when the config is read (``relayrl.config.schema``)."""
+    if cfg.backend == "ray":
+        from relayrl.cluster.ray_backend import check_fit as check_ray_fit
+
+        check_ray_fit(cfg, pools)
+
+
 def make_group(cfg: ClusterConfig, worker_cls: type, pool: ResourcePool, name: str, **kwargs: Any) -> WorkerGroup:
     """Build a group on the backend `cfg` names (so workflows never fork on backend)."""
     if not isinstance(cfg, ClusterConfig):

@@ -16,8 +16,9 @@ placement). This module implements exactly that contract:
   with tensor parallelism): the Ray backend places the pool's devices in runs of
   `pack` on one node, so such a rank never spans two nodes.
 
-Departures: pools are assumed disjoint (as in the paper) but nothing checks
-that two CPU pools do not oversubscribe the host's cores; on the local backend
+Departures: pools are assumed disjoint (as in the paper); their sum is checked against the machine's cores
+or GPUs when the config is read (local backend) and against the Ray cluster's before they are placed
+(:mod:`relayrl.cluster.fit`), not for pools built by hand on the local backend; on the local backend
 a CUDA pool without explicit `device_ids` takes the next free GPU indices.
 """
 from __future__ import annotations

@@ -19,6 +19,9 @@ the local backend has (`call`, `pids`, `shutdown`):
   engine starts live on that node, children of the actor. Ray counts the
   actor's share on the first bundle only: the run's other bundles are held by
   the placement group, and colocated one-device ranks take their shares there.
+* Pools that can never be placed together are refused at once (:mod:`relayrl.cluster.fit`: their devices
+  summed against the cluster's GPUs and CPUs, per pinned node and in all): the run's pools before any is
+  placed (:func:`check_fit`), and each pool when it is placed, beside the pools this process holds.
 * Ranks form a gloo (CPU) or NCCL (CUDA) process group; MASTER_ADDR is rank
   0's node IP and MASTER_PORT a port free there.
 * Methods raise inside a host actor that returns the formatted traceback; an
@@ -36,6 +39,7 @@ import contextlib
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,11 +49,14 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from relayrl.cluster.config import ClusterConfig
 from relayrl.cluster.errors import PlacementError, WorkerError
+from relayrl.cluster.fit import fit_error
 from relayrl.cluster.pool import ResourcePool
 from relayrl.cluster.rank import START_CALL, RankRuntime, Replies, Reply, StartSpec, error_reply, free_port
 from relayrl.cluster.worker import RankInfo
 
 _pg_lock = threading.Lock()
+_HELD: "weakref.WeakSet[ResourcePool]" = weakref.WeakSet()
+"""Pools this process placed (their placement groups held until the last group on them shuts down)."""
 
 
 def ensure_ray(cfg: ClusterConfig) -> None:
@@ -142,19 +149,40 @@ def _check_run_fits(pool: ResourcePool, resources: list[dict[str, float]]) -> No
         )
 
 
-def _check_cpus_fit(pool: ResourcePool, resources: dict[str, float], where: str) -> None:
-    """Every bundle of a pool holds one CPU (a CPU device is one; a GPU's bundle holds one beside it): refuse at
-    once a pool of more devices than ``where`` (``resources``: its total resources) has CPUs, which Ray would
-    never place (the driver waited ``cluster.start_timeout_s`` for it)."""
-    have = resources.get("CPU", 0)
-    if have >= pool.world_size:
-        return
-    per = "CPU slot" if pool.device_kind == "cpu" else "GPU (each GPU's bundle holds a CPU too)"
-    raise PlacementError(
-        f"ResourcePool {pool.name!r} needs {pool.world_size} CPU(s), one per {per}, but {where} has {have:g}; "
-        f"lower cluster.devices (the main pool) or that pool's placement.pools entry, or give Ray more CPUs "
-        f"(cluster.num_cpus for a Ray the driver starts, `ray start --num-cpus` or more nodes for a cluster)"
-    )
+def _live_nodes() -> list[dict[str, float]]:
+    """Each live node's total resources."""
+    return [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+
+
+def _held_pools() -> list[ResourcePool]:
+    """The pools whose placement groups this process holds in the connected cluster now (call under
+    ``_pg_lock``): a pool whose groups went with an earlier Ray (shut down, started again) holds nothing."""
+    held = [p for p in _HELD if p.ray_placement is not None]
+    if not held:
+        return []
+    live = {k for k, v in placement_group_table().items() if v.get("state") != "REMOVED"}
+    return [p for p in held if all(pg.id.hex() in live for pg in p.ray_placement.groups)]
+
+
+def _refuse_unfit(pools: list[ResourcePool], kinds: tuple[str, ...] = ("GPU", "CPU")) -> None:
+    """Refuse at once ``pools`` that, beside the pools this process already holds, the cluster can never place
+    (:func:`relayrl.cluster.fit.fit_error`): Ray would wait for them forever (the driver waited
+    ``cluster.start_timeout_s``). Call under ``_pg_lock``."""
+    nodes = _live_nodes()
+    alive = {k[len("node:"):] for r in nodes for k in r if k.startswith("node:")}
+    whole = not (_LOST_IPS - alive)  # a node this process saw die may join again: then only pinned nodes
+    err = fit_error([*_held_pools(), *pools], nodes, whole=whole, kinds=kinds)
+    if err is not None:
+        raise PlacementError(err)
+
+
+def check_fit(cfg: ClusterConfig, pools: list[ResourcePool]) -> None:
+    """Refuse at once a run's ``pools`` (every one that will hold a placement group) that cannot be placed
+    together, before any of them is: the driver checks them all up front, so that the refusal names them all
+    and comes before any model loads."""
+    ensure_ray(cfg)
+    with _pg_lock:
+        _refuse_unfit([p for p in pools if p.ray_placement is None])
 
 
 def _acquire_placement(pool: ResourcePool, cfg: ClusterConfig) -> Placement:
@@ -167,22 +195,10 @@ def _acquire_placement(pool: ResourcePool, cfg: ClusterConfig) -> Placement:
         if pool.node is not None:  # pinned: every bundle asks for a sliver of the node's own resource
             wait = cfg.start_timeout_s if pool.node in _LOST_IPS else 0.0  # a lost node may be joining again
             bundle[_node_resource(pool, resources, wait)] = 1e-3
-            resources = ray.cluster_resources()
-        have = resources.get("GPU", 0)
-        if pool.device_kind == "cuda" and have < pool.world_size:
-            raise PlacementError(
-                f"ResourcePool {pool.name!r} needs {pool.world_size} GPU(s) but the Ray cluster has {have:g}; set "
-                f"model.device=cpu (a cuda pool comes from model.device=cuda, or auto with a GPU in the driver), "
-                f"lower cluster.devices, or add GPU nodes"
-            )
-        if pool.pack > 1:  # (first: a rank's run on one node is the narrower limit)
-            _check_run_fits(pool, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
-        if pool.node is not None:  # the pinned node's own CPUs, else the cluster's
-            key = f"node:{pool.node}"
-            _check_cpus_fit(pool, next((n["Resources"] for n in ray.nodes() if n.get("Alive")
-                                        and key in n.get("Resources", {})), resources), f"node {pool.node!r}")
-        else:
-            _check_cpus_fit(pool, resources, "the Ray cluster")
+        _refuse_unfit([pool], kinds=("GPU",))
+        if pool.pack > 1:  # (before the CPUs: a rank's run on one node is the narrower limit)
+            _check_run_fits(pool, _live_nodes())
+        _refuse_unfit([pool], kinds=("CPU",))
         sizes = runs(pool.world_size, pool.pack)
         strategy = pool.strategy if pool.pack == 1 else "STRICT_PACK"
         groups = [placement_group([dict(bundle) for _ in range(n)], strategy=strategy,
@@ -212,6 +228,7 @@ def _acquire_placement(pool: ResourcePool, cfg: ClusterConfig) -> Placement:
                 remove_placement_group(pg)
             raise
         pool.ray_placement = Placement(groups, sizes[0], nodes, gpus)
+        _HELD.add(pool)
         return pool.ray_placement
 
 
@@ -307,6 +324,7 @@ def _release_placement(pool: ResourcePool) -> None:
         if placement.refs > 0:
             return
         pool.ray_placement = None
+        _HELD.discard(pool)
     for pg in placement.groups:
         remove_placement_group(pg)
 
@@ -440,6 +458,7 @@ class RayRanks:
         actors, self.actors = self.actors, []
         if not ray.is_initialized():  # Ray already went down (e.g. at interpreter exit): nothing left to free
             self.pool.ray_placement = None
+            _HELD.discard(self.pool)
             return
         if actors and not self._killed:
             with contextlib.suppress(Exception):  # dead or stuck ranks are killed below

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from relayrl.cluster import ClusterConfig, ResourcePool, WorkerGroup, make_group
+from relayrl.cluster import ClusterConfig, ResourcePool, WorkerGroup, check_fit, make_group
 from relayrl.config.plan import StepPlan
 from relayrl.config.rollout_devices import pool_pack
 from relayrl.config.schema import Config, available_devices
@@ -99,9 +99,17 @@ class Pools:
                                              node=pl.nodes.get(name), pack=pool_pack(self.cfg, name))
         return self._pools[name]
 
+    def of(self, plan: StepPlan) -> list[ResourcePool]:
+        """The pools the groups of ``plan`` are placed on, each once (colocated roles share one), the reward
+        scorer's too when it has one (``placement.reward``)."""
+        names = [plan.pools[r] for r in plan.roles] + [self.cfg.placement.reward]
+        return [self(n) for n in dict.fromkeys(names) if n != "driver"]
+
 
 def build_roles(cfg: Config, plan: StepPlan, pools: Pools, model_path: str) -> dict[str, WorkerGroup]:
-    """A worker group for every role of ``plan``, each on its pool (in :data:`ROLES` order)."""
+    """A worker group for every role of ``plan``, each on its pool (in :data:`ROLES` order), once the pools are
+    known to fit together (on Ray: refused before any model loads, naming them all)."""
+    check_fit(cfg.cluster, pools.of(plan))
     common = role_common(cfg)
     prec = role_precision(cfg.model, cfg.rollout)
     groups: dict[str, WorkerGroup] = {}

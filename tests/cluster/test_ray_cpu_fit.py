@@ -14,11 +14,11 @@ from relayrl.errors import is_user_error
 
 @pytest.fixture
 def two_nodes(monkeypatch):
-    """A cluster of a 2-CPU node and a 4-CPU node; placing a group fails the test."""
+    """A cluster of a 2-CPU node and a 4-CPU node (4 GPUs each); placing a group fails the test."""
     nodes = [{"Alive": True, "NodeID": "a", "NodeManagerAddress": "10.0.0.1",
-              "Resources": {"CPU": 2.0, "node:10.0.0.1": 1.0}},
+              "Resources": {"CPU": 2.0, "GPU": 4.0, "node:10.0.0.1": 1.0}},
              {"Alive": True, "NodeID": "b", "NodeManagerAddress": "10.0.0.2",
-              "Resources": {"CPU": 4.0, "node:10.0.0.2": 1.0}}]
+              "Resources": {"CPU": 4.0, "GPU": 4.0, "node:10.0.0.2": 1.0}}]
     monkeypatch.setattr(ray_backend.ray, "nodes", lambda: nodes)
     monkeypatch.setattr(ray_backend.ray, "cluster_resources",
                         lambda: {"CPU": 6.0, "GPU": 8.0, "node:10.0.0.1": 1.0, "node:10.0.0.2": 1.0})

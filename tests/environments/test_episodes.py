@@ -306,21 +306,51 @@ def test_a_hung_environment_factory_ends_its_episode_at_the_step_deadline(engine
     assert other.end is EpisodeEnd.DONE and other.reward == 1.0 and other.env_calls == 4  # (reset + 3 steps)
 
 
-def test_step_seconds_are_per_environment_step_not_per_episode(engine, tiny_tokenizer):
+class _ThreadClock:
+    """A monotonic clock per thread that moves only when :meth:`advance` is called on that thread: an
+    environment call's duration, read before and after on its own thread, is exactly what it advanced."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def monotonic(self) -> float:
+        return getattr(self._local, "now", 0.0)
+
+    def advance(self, seconds: float) -> None:
+        self._local.now = self.monotonic() + seconds
+
+
+def test_step_seconds_are_per_environment_step_not_per_episode(engine, tiny_tokenizer, monkeypatch):
     """``env/step_seconds_mean`` is the time of one environment call (reset or step): it was an episode's whole
-    environment time, a three-turn episode of 0.05 s steps reading 0.15 s."""
+    environment time, a three-turn episode of 0.05 s steps reading 0.15 s. The loop's clock is one that moves
+    only inside the environment's calls (no wall-clock bound a loaded machine could break): a reset takes
+    0.02 s, each step 0.05 s, and making the environment (not a call of reset or step) 1 s."""
+    import types
+
+    from relayrl.environments import episodes
+
+    clock = _ThreadClock()
+    monkeypatch.setattr(episodes, "time", types.SimpleNamespace(monotonic=clock.monotonic))
     probs, prompts = _problems(tiny_tokenizer, 2)
 
-    class Sleeps(Counter):
+    class Timed(Counter):
+        def __init__(self):
+            clock.advance(1.0)
+
+        def reset(self, problem):
+            clock.advance(0.02)
+            return super().reset(problem)
+
         def step(self, action):
-            time.sleep(0.05)
+            clock.advance(0.05)
             return super().step(action)
 
-    eps = run_episodes(engine, tiny_tokenizer, probs, prompts, Sleeps, SamplingParams(max_new_tokens=2),
+    eps = run_episodes(engine, tiny_tokenizer, probs, prompts, Timed, SamplingParams(max_new_tokens=2),
                        EpisodeLimits(max_turns=3), log=lambda s: None)
-    for got in (episode_metrics(eps), episode_metrics([e.summary() for e in eps])):
-        assert 0.03 <= got["env/step_seconds_mean"] <= 0.09, got["env/step_seconds_mean"]  # (0.15 / 4 calls)
     assert [(e.turns, e.env_calls) for e in eps] == [(3, 4)] * 2  # (a reset and three steps each)
+    assert [e.env_seconds for e in eps] == pytest.approx([0.17, 0.17])  # (0.02 + 3 x 0.05; the factory's 1 s not)
+    for got in (episode_metrics(eps), episode_metrics([e.summary() for e in eps])):
+        assert got["env/step_seconds_mean"] == pytest.approx(0.17 / 4)  # (per call, not 0.17 per episode)
 
 
 def test_numpy_and_torch_scalar_rewards_are_numbers():

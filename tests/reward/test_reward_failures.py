@@ -92,36 +92,56 @@ def test_a_judge_failing_on_one_prompt_is_named_or_its_group_dropped(tiny_dir, h
     assert m["reward/errors"] == 2.0 and m["reward/judge_malformed"] == 0.0
 
 
-def _hangs_on_b(prompts, responses, answers):
-    if "b" in prompts:
-        time.sleep(1.5)
-    return [float(len(r)) for r in responses]
+class _HangsOnB:
+    """A reward function that hangs on prompt 'b' until the test releases it (no sleep of a set length that a
+    loaded machine could outlast or cut short: a hung call is still running whenever the test looks), counting
+    the hung calls that ended."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.ended = 0
+        self._lock = threading.Lock()
+
+    def score(self, prompts, responses, answers):
+        if "b" in prompts:
+            self.release.wait(120)  # (a guard: the test releases it)
+            with self._lock:
+                self.ended += 1
+        return [float(len(r)) for r in responses]
 
 
-@pytest.mark.slow  # (a hanging call waited out: about 4 s)
-def test_a_reward_function_that_hangs_on_one_prompt_is_an_error_under_the_same_policy(monkeypatch):
-    monkeypatch.setitem(sys.modules, "hanging_rewards", types.SimpleNamespace(score=_hangs_on_b))
+@pytest.fixture
+def hangs_on_b(monkeypatch):
+    """``hanging_rewards:score`` hangs on prompt 'b' until released (at the latest when the test ends)."""
+    fn = _HangsOnB()
+    monkeypatch.setitem(sys.modules, "hanging_rewards", types.SimpleNamespace(score=fn.score))
+    yield fn
+    fn.release.set()
+
+
+@pytest.mark.slow  # (calls waited out to reward.timeout_s, and their threads' end: over 2 s)
+def test_a_reward_function_that_hangs_on_one_prompt_is_an_error_under_the_same_policy(hangs_on_b):
     cfg = dict(verifier="user", user_fn="hanging_rewards:score", timeout_s=0.3)
     threads = threading.active_count()
-    t0 = time.monotonic()
     with pytest.raises(RewardError) as e:
         RewardEngine(RewardConfig(**cfg)).score(PROMPTS, RESPONSES, [None] * 5)
-    assert time.monotonic() - t0 < 1.5  # the hung calls (the batch, then prompt 'b' alone) were not waited for
+    assert hangs_on_b.ended == 0  # the hung calls (the batch, then prompt 'b' alone) were not waited for
     assert ("reward function hanging_rewards:score ran past reward.timeout_s=0.3 (0.3 s for the 1 "
             "prompt(s) of the call), scoring the responses to prompt 'b'; fix the function") in str(e.value)
     rewards, m = RewardEngine(RewardConfig(**cfg, on_error="drop_group")).score(PROMPTS, RESPONSES, [None] * 5)
     assert rewards[:2] == [1.0, 2.0] and math.isnan(rewards[2]) and rewards[4] == 3.0 and m["reward/errors"] == 2.0
-    deadline = time.monotonic() + 10  # the abandoned calls end when the function returns: no thread is left
+    assert hangs_on_b.ended == 0
+    hangs_on_b.release.set()
+    deadline = time.monotonic() + 30  # the abandoned calls end when the function returns: no thread is left
     while threading.active_count() > threads and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert threading.active_count() == threads
+    assert threading.active_count() == threads and hangs_on_b.ended == 4
 
 
-def test_too_many_hung_calls_stop_the_run_whatever_the_policy(monkeypatch):
+def test_too_many_hung_calls_stop_the_run_whatever_the_policy(monkeypatch, hangs_on_b):
     import relayrl.engines.reward.engine as engine
 
     monkeypatch.setattr(engine, "MAX_ABANDONED", 2)
-    monkeypatch.setitem(sys.modules, "hanging_rewards", types.SimpleNamespace(score=_hangs_on_b))
     eng = RewardEngine(RewardConfig(verifier="user", user_fn="hanging_rewards:score", timeout_s=0.1,
                                     on_error="drop_group"))
     for _ in range(2):  # two calls abandoned (one prompt per call: no second call per prompt)

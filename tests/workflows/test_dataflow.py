@@ -157,6 +157,30 @@ def test_the_same_dataflow_runs_on_ray(tmp_path):
 
 
 @pytest.mark.ray
+def test_on_ray_split_pools_that_cannot_fit_together_are_refused_before_any_is_placed(tmp_path):
+    """An actor pool of 2 and a rollout pool of 2 on a Ray of 3 CPUs: each fits alone, not together. The run is
+    refused before any group is built (no placement group made, no model loaded), naming both pools, instead
+    of starting the actor and waiting ``cluster.start_timeout_s`` for the rollout's placement."""
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    from relayrl.cluster import PlacementError
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cfg = config(tmp_path, "cluster.backend=ray", "cluster.num_cpus=3", "cluster.devices=2", "placement.pools.gen=2",
+                 "cluster.start_timeout_s=12")
+    try:
+        with pytest.raises(PlacementError, match=r"ResourcePools 'main' 2 \(cluster.devices\), 'gen' 2 "
+                                                 r"\(placement.pools.gen\) need 4 CPU\(s\) together, one per "
+                                                 r"device's bundle .*but the Ray cluster has 3"):
+            GRPOPipeline(cfg)
+        assert placement_group_table() == {}
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.ray
 def test_on_ray_the_scorer_on_a_pool_of_its_own_scores_as_the_driver_does(tmp_path):
     """``placement.reward=rm`` on Ray: the scorer is an actor on that pool, built from the pickled reward engine
     (its user function loaded again from its file) and the run's reward shaping (DAPO's overlong penalty), reading
