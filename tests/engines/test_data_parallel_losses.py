@@ -91,3 +91,85 @@ def test_every_loss_agg_with_kl_and_entropy_matches_one_rank(tiny_dir, tiny_toke
         _same_weights(one.named_weights(), dp.all_rank0(PolicyWorker.named_weights), "policy")
     finally:
         dp.shutdown()
+
+
+def test_critic_value_loss_matches_one_rank(tiny_dir, tiny_tokenizer):
+    """PPO's critic (the clipped value loss against GAE returns, its explained variance from summed terms): one
+    mini-batch, then two, on 2 ranks vs 1."""
+    kw = _kw(tiny_dir, 2)
+    one = CriticWorker(**kw)
+    batch = _rows(tiny_tokenizer)
+    _unequal(batch)
+    g = torch.Generator().manual_seed(7)
+    values = one.values(batch)
+    batch.fields.update(values=[v + 0.3 * torch.randn(len(v), generator=g) for v in values],
+                        returns=[torch.randn(len(v), generator=g) for v in values])
+    dp = WorkerGroup(CriticWorker, ResourcePool("critic", devices=2), "critic", backend="local", init_kwargs=kw)
+    try:
+        for a, b in zip(values, dp.split(CriticWorker.values, batch)):
+            torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-4)
+        for mini_batches in (1, 2):
+            loss = ValueLoss(clip=0.2)
+            m1 = one.update(batch, loss, mini_batches=mini_batches, seed=mini_batches)
+            m2 = dp.split(CriticWorker.update, batch, loss, mini_batches=mini_batches, seed=mini_batches)
+            assert 0 < m1["critic/vf_clip_frac"] < 1 and "critic/explained_variance" in m1
+            _same_metrics(m1, m2, f"critic, mini_batches={mini_batches}")
+        _same_weights(one.engine.model.named_parameters(),
+                      ((n, t) for n, t in dp.all_rank0(CriticWorker.state)["model"].items()), "critic")
+    finally:
+        dp.shutdown()
+
+
+PAIRS = [(9, 6), (2, 3), (11, 12), (1, 2), (4, 3)]
+"""(chosen, rejected) answer lengths of each pair: the split puts 2 pairs on one rank and 3 on the other."""
+
+
+def _pairs(tok) -> SequenceBatch:
+    g = torch.Generator().manual_seed(8)
+    prompts, responses = [], []
+    for k, lengths in enumerate(PAIRS):
+        p = torch.tensor(tok(f"{k}+{k + 4}=")["input_ids"])
+        for n in lengths:
+            prompts.append(p)
+            responses.append(torch.randint(5, 200, (n,), generator=g))
+    n = len(PAIRS)
+    return SequenceBatch(prompts, responses, {"pair": [float(i // 2) for i in range(2 * n)], "chosen": [1.0, 0.0] * n},
+                         groups=[i // 2 for i in range(2 * n)])
+
+
+def test_dpo_and_sft_match_one_rank(tiny_dir, tiny_tokenizer):
+    """DPO (the reference and the reference-free kinds, with an NLL term) keeps each (chosen, rejected) pair on
+    one rank and normalises by the pairs of the whole batch; SFT's token and sequence means, with a loss mask,
+    likewise."""
+    from relayrl.engines.training.base import LOSS_MASK_FIELD
+
+    kw = _kw(tiny_dir, 8)
+    one = PolicyWorker(**kw)
+    batch = _pairs(tiny_tokenizer)
+    parts = batch.split(2)
+    assert sorted(len(p) for p in parts) == [4, 6]
+    for p in parts:  # every pair whole on its rank
+        assert p.fields["pair"][0::2] == p.fields["pair"][1::2] and p.fields["chosen"][0::2] == [1.0] * (len(p) // 2)
+    g = torch.Generator().manual_seed(9)
+    batch.fields["ref_logp"] = [(x.sum() + torch.randn((), generator=g)).detach() for x in one.logprobs(batch)]
+    sft = _rows(tiny_tokenizer)
+    sft = SequenceBatch(sft.prompt_ids, sft.response_ids,
+                        {LOSS_MASK_FIELD: [(torch.rand(len(r), generator=g) > 0.3).float() for r in sft.response_ids]})
+    _unequal(sft)
+    dp = WorkerGroup(PolicyWorker, ResourcePool("dp", devices=2), "actor", backend="local", init_kwargs=kw)
+    try:
+        losses = [DPOLoss(beta=0.2, kind="sigmoid", label_smoothing=0.1, nll_weight=0.5), DPOLoss(kind="ipo"),
+                  DPOLoss(kind="simpo", nll_weight=0.3), DPOLoss(kind="orpo"), DPOLoss(kind="cpo", nll_weight=1.0)]
+        for step, loss in enumerate(losses):
+            m1 = one.update(batch, loss, seed=step)
+            m2 = dp.split(PolicyWorker.update, batch, loss, seed=step)
+            assert m1["dpo/loss"] > 0 and m1["dpo/nll_chosen"] > 0
+            _same_metrics(m1, m2, f"dpo {loss.kind}")
+        for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+            m1 = one.update(sft, SFTLoss(agg=agg))
+            m2 = dp.split(PolicyWorker.update, sft, SFTLoss(agg=agg))
+            assert m1["sft/loss"] > 0 and "sft/ppl" in m1
+            _same_metrics(m1, m2, f"sft {agg}")
+        _same_weights(one.named_weights(), dp.all_rank0(PolicyWorker.named_weights), "dpo and sft")
+    finally:
+        dp.shutdown()
