@@ -87,6 +87,7 @@ def test_every_loss_agg_with_kl_and_entropy_matches_one_rank(tiny_dir, tiny_toke
                 m2 = dp.split(PolicyWorker.update, batch, loss, **opt)
                 assert m1["actor/clip_frac_high"] + m1["actor/clip_frac_low"] > 0 and m1["actor/kl_loss"] > 0
                 _same_metrics(m1, m2, f"{agg}, mini_batches={mini_batches}")
+                assert type(m2[0]["actor/forward_tokens"]) is int  # (a count on any world size: was a float)
                 step += 1
         _same_weights(one.named_weights(), dp.all_rank0(PolicyWorker.named_weights), "policy")
     finally:
