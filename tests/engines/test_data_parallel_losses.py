@@ -174,3 +174,32 @@ def test_dpo_and_sft_match_one_rank(tiny_dir, tiny_tokenizer):
         _same_weights(one.named_weights(), dp.all_rank0(PolicyWorker.named_weights), "dpo and sft")
     finally:
         dp.shutdown()
+
+
+def test_a_rank_without_rows_joins_the_forward_passes(tiny_dir, tiny_tokenizer):
+    """A streamed stage hands a chunk of fewer prompt groups than ranks (one group, ``trainer.stream_groups=1``,
+    with the rollout on a pool of its own): a rank gets no rows. It joins the busiest rank's passes (FSDP2's
+    gathers are collective) and writes nothing; before, the reference's, the actor's and the critic's
+    ``forward_into`` called ``write`` on the missing slots (every ``cluster.devices=2`` run with
+    ``placement.rollout`` on another pool failed at its first reference pass)."""
+    from tests.engines.dp_workers import EchoSlots, RowsReader
+    from relayrl.workflows.trainer_workers import ReferenceWorker
+
+    rows = _rows(tiny_tokenizer).select(range(4))  # one prompt group
+    cols = {"prompt_ids": rows.prompt_ids, "response_ids": rows.response_ids, "group": rows.groups}
+    items = [(RowsReader(cols), EchoSlots()), (None, None)]
+    kw = dict(model_path=str(tiny_dir), engine=TrainEngineConfig(token_budget=24), threads=1)
+    train = {**kw, "total_steps": 1}
+    for cls, kwargs, args in [(ReferenceWorker, kw, ("ref_logprobs",)),
+                              (PolicyWorker, train, ("old_logprobs", 1.0, "sum_sq")),
+                              (CriticWorker, train, ("values",))]:
+        want = cls(**kwargs).forward_into([items[0]], *args)
+        group = WorkerGroup(cls, ResourcePool("g", devices=2), "g", backend="local", init_kwargs=kwargs)
+        try:
+            got = group.split(cls.forward_into, items, *args)
+        finally:
+            group.shutdown()
+        assert len(got) == 1 and set(got[0]) == set(want[0]), cls.__name__  # rank 1 wrote nothing
+        for k, v in want[0].items():
+            for a, b in zip(v, got[0][k]):
+                torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-4, msg=f"{cls.__name__}: {k}")

@@ -1,0 +1,51 @@
+"""A GRPO run on two actor ranks (``cluster.devices=2``: FSDP2 actor and reference) logs the step metrics and
+ends at the weights of the same run on one rank, seed for seed.
+
+What legitimately differs, and how the test keeps it out: two *rollout* ranks sample with two RNG streams
+(each rank seeds its own generator), so a colocated run on ``cluster.devices=2`` draws other responses than
+one on ``cluster.devices=1``, and every later figure differs. Both runs here put the rollout on a pool of its
+own with one rank (``placement.pools.gen=1``, ``placement.rollout=gen``), so they sample the same responses
+from the same weights and only the trainer's ranks change. The timings, memory, throughput per device, the
+relay's counts (two ranks gather and pack differently) and ``forward_tokens`` (the padding of each rank's
+packing) are not compared."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo_runs import run_grpo
+
+SPLIT = ["placement.pools.gen=1", "placement.rollout=gen", "cluster.oversubscribe=true", "run.threads=1",
+         "reward.verifier=user", "reward.user_fn=dataflow_rewards:by_length", "algorithm.kl_coef=0.05",
+         "algorithm.entropy_coef=0.01", "trainer.mini_batches=2", "rollout.temperature=1.0"]
+
+EQUAL = ("actor/loss", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy", "actor/kl",
+         "actor/clip_frac_low", "actor/clip_frac_high", "reward/mean", "reward/std", "response/length_mean",
+         "response/length_max", "rollout/logprob_error", "advantages/mean")
+"""The step metrics that must be equal (to float tolerance) whatever the actor's ranks."""
+
+SKIP = ("timing/", "memory/", "perf/", "relay/", "dock/", "params/", "optimizer/", "cluster/", "trace/")
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_two_actor_ranks_run_the_one_rank_run(tmp_path, tiny_dir):
+    from safetensors.torch import load_file
+
+    one = run_grpo(tmp_path / "one", tiny_dir, *SPLIT, "cluster.devices=1")
+    two = run_grpo(tmp_path / "two", tiny_dir, *SPLIT, "cluster.devices=2")
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2]
+    for a, b in zip(one, two):
+        present = [k for k in EQUAL if k in a]
+        assert len(present) >= len(EQUAL) - 1, sorted(set(EQUAL) - set(a))  # (the run logs what is compared)
+        assert a["actor/grad_norm"] > 0 and a["actor/kl_loss"] > 0 or a["step"] == 1
+        for k, v in a.items():
+            if k.startswith(SKIP) or k.endswith("forward_tokens") or not isinstance(v, (int, float)):
+                continue
+            assert k in b, k
+            assert b[k] == pytest.approx(v, rel=1e-4, abs=1e-6, nan_ok=True), f"step {a['step']}: {k}"
+    w1, w2 = (load_file(tmp_path / run / "model" / "model.safetensors") for run in ("one", "two"))
+    assert set(w1) == set(w2)
+    for n, t in w1.items():
+        torch.testing.assert_close(w2[n], t, atol=2e-4, rtol=1e-3, msg=n)  # (Adam amplifies float noise)
