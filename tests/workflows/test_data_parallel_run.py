@@ -23,12 +23,18 @@ from grpo_runs import run_grpo
 
 SPLIT = ["placement.pools.gen=1", "placement.rollout=gen", "cluster.oversubscribe=true", "run.threads=1",
          "reward.verifier=user", "reward.user_fn=dataflow_rewards:by_length", "algorithm.kl_coef=0.05",
-         "algorithm.entropy_coef=0.01", "trainer.mini_batches=2", "rollout.temperature=1.0",
-         "data.prompts_per_step=4"]
+         "algorithm.entropy_coef=0.01", "rollout.temperature=1.0", "data.prompts_per_step=4"]
+
+MODES = {
+    "sync": ["trainer.mini_batches=2", "algorithm.loss_agg=prompt-mean-token-mean"],
+    "periodic": ["trainer.mode=periodic", "algorithm.loss_agg=token-mean"],  # (one group's chunk: a rank idle)
+    "ppo": ["algorithm.advantage=gae", "critic.warmup_steps=0", "trainer.mini_batches=2"],  # the critic on 2 too
+}
+"""The update on the whole batch in mini-batches, accumulated per arriving group, and PPO's critic."""
 
 EQUAL = ("actor/loss", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy", "actor/kl",
          "actor/clip_frac_low", "actor/clip_frac_high", "reward/mean", "reward/std", "response/length_mean",
-         "response/length_max", "rollout/logprob_error", "advantages/mean")
+         "response/length_max", "rollout/logprob_error", "advantage/mean")
 """The step metrics that must be equal (to float tolerance) whatever the actor's ranks."""
 
 SKIP = ("timing/", "memory/", "perf/", "relay/", "dock/", "params/", "optimizer/", "cluster/", "trace/")
@@ -43,15 +49,16 @@ def _compared(key: str, value) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.multiproc
-def test_two_actor_ranks_run_the_one_rank_run(tmp_path, tiny_dir):
+@pytest.mark.parametrize("mode", MODES)
+def test_two_actor_ranks_run_the_one_rank_run(tmp_path, tiny_dir, mode):
     from safetensors.torch import load_file
 
-    one = run_grpo(tmp_path / "one", tiny_dir, *SPLIT, "cluster.devices=1")
-    two = run_grpo(tmp_path / "two", tiny_dir, *SPLIT, "cluster.devices=2")
+    one = run_grpo(tmp_path / "one", tiny_dir, *SPLIT, *MODES[mode], "cluster.devices=1")
+    two = run_grpo(tmp_path / "two", tiny_dir, *SPLIT, *MODES[mode], "cluster.devices=2")
     assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2]
     for a, b in zip(one, two):
-        present = [k for k in EQUAL if k in a]
-        assert len(present) >= len(EQUAL) - 1, sorted(set(EQUAL) - set(a))  # (the run logs what is compared)
+        want = EQUAL + (("critic/vf_loss", "critic/grad_norm", "critic/explained_variance") if mode == "ppo" else ())
+        assert set(want) <= set(a), sorted(set(want) - set(a))  # (the run logs what is compared)
         assert a["actor/grad_norm"] > 0 and a["actor/entropy"] > 0 and a["reward/std"] > 0
         differ = [(k, v, b.get(k)) for k, v in a.items() if _compared(k, v)
                   and b.get(k) != pytest.approx(v, rel=1e-4, abs=1e-6, nan_ok=True)]
