@@ -39,11 +39,21 @@ def export_dtype(setting: str, model_path: str | Path) -> str:
     return checkpoint_dtype(model_path) if setting == "auto" else setting
 
 
+def _tied(model, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with the names of one parameter of ``model`` (a head tied to the embeddings) holding one tensor,
+    as the model's own state dict does: a state gathered from FSDP2 shards holds a copy per name, and the head
+    would be saved a second time (two ranks' export had ``lm_head.weight`` where one rank's had none)."""
+    first: dict[int, str] = {}
+    alias = {n: first.setdefault(id(p), n) for n, p in model.named_parameters(remove_duplicate=False)}
+    return {n: state[alias[n]] if alias.get(n, n) != n and alias[n] in state else t for n, t in state.items()}
+
+
 def save_model(model, state: dict[str, torch.Tensor], path: str | Path, dtype: str) -> None:
     """``model.save_pretrained(path)`` with ``state`` (its full weights) cast to ``dtype`` (floating tensors
     only; tensors shared by several names stay shared), and ``config.json`` saying ``dtype`` (transformers
     writes the dtype of the model's own parameters, which stay as they are: the run may go on training)."""
     want, cast = resolve_dtype(dtype), {}
+    state = _tied(model, state)
     for t in state.values():  # once per tensor: a tied head stays one tensor under two names, saved once
         key = (t.data_ptr(), t.shape, t.stride())
         if key not in cast:

@@ -233,10 +233,17 @@ class Consume:
         return f.generated if self.p.plan.stage(stage).after_generation else None
 
     def _shares(self, indexes: list[int], ranks: int) -> list[tuple[list[int], None]]:
-        """Each rank's rows: whole groups of ``indexes``, dealt out in turn."""
+        """Each rank's rows: whole groups of ``indexes``, in order, rank r the r-th run of about equal groups (the
+        first ``groups % ranks`` runs one longer). In order, so the ranks' rows side by side are the batch's,
+        from which the engine cuts the mini-batches as one rank would (dealt out in turn, two ranks held groups
+        0, 2 and 1, 3, and ``trainer.mini_batches=2`` on two ranks took other rows than on one)."""
         n = self.p.sampling.n
         groups = [indexes[i:i + n] for i in range(0, len(indexes), n)]
-        return [(sum(groups[r::ranks], []), None) for r in range(ranks)] if ranks > 1 else [(indexes, None)]
+        if ranks == 1:
+            return [(indexes, None)]
+        base, extra = divmod(len(groups), ranks)
+        bounds = [r * base + min(r, extra) for r in range(ranks + 1)]
+        return [(sum(groups[bounds[r]:bounds[r + 1]], []), None) for r in range(ranks)]
 
     def _items(self, f: Flow, indexes: list[int], cols: list[str], ranks: int) -> list:
         """One ``(reader, slots)`` per rank over its share of ``indexes`` (``(None, None)``: no rows)."""

@@ -35,6 +35,18 @@ from relayrl.engines.training.base import GROUP_TOKENS_FIELD, MicroBatch
 __all__ = ["PolicyLoss", "ValueLoss", "SFTLoss", "DPOLoss", "KTOLoss", "BTLoss", "pair_order", "last_values"]
 
 
+def _check_constant(owner: str, agg: str, constant: float | None,
+                    fix: str = "pass agg_constant (Dr.GRPO's maximum response length; the GRPO workflow passes "
+                               "rollout.max_new_tokens), or take another agg") -> None:
+    """``seq-mean-token-sum-norm`` divides each response's token sum by a constant the loss must be given: left
+    to :func:`~relayrl.algorithms.aggregation.aggregate`'s default, each micro-batch's padded width, the loss
+    would depend on how the engine cut the rows into micro-batches and data-parallel ranks (one rank and two
+    gave losses of 0.075 and 0.188 on one batch)."""
+    if agg == "seq-mean-token-sum-norm" and constant is None:
+        raise ValueError(f"{owner}(agg='seq-mean-token-sum-norm') divides each response's token sum by a constant: "
+                         f"{fix}")
+
+
 @dataclass(frozen=True)
 class PolicyLoss:
     """The policy loss (+ KL to the reference, - entropy bonus): PPO-clip (GRPO/DAPO/GSPO by configuration)
@@ -77,6 +89,9 @@ class PolicyLoss:
     by entropy (:func:`~relayrl.algorithms.entropy.high_entropy_mask`); 1: every token"""
     kl_ratio_weighted: bool = False
     """weigh the KL term's tokens by ``pi / pi_old`` (the unbiased estimate, :func:`~relayrl.algorithms.kl.kl_loss`)"""
+
+    def __post_init__(self) -> None:
+        _check_constant("PolicyLoss", self.agg, self.agg_constant)
 
     @property
     def normalized_by(self) -> str:
@@ -151,6 +166,9 @@ class ValueLoss:
     agg: str = "token-mean"
     summed: tuple[str, ...] = EV_TERMS
 
+    def __post_init__(self) -> None:
+        _check_constant("ValueLoss", self.agg, None, "it takes none; use agg='token-mean' or a seq-mean-* mode")
+
     @property
     def normalized_by(self) -> str:
         return normalized_by(self.agg)
@@ -176,6 +194,9 @@ class SFTLoss:
     mean of micro-batch perplexities is not the batch's; :meth:`finish` adds it from the reduced ``sft/nll``."""
 
     agg: str = "token-mean"
+
+    def __post_init__(self) -> None:
+        _check_constant("SFTLoss", self.agg, None, "it takes none; use agg='token-mean' or a seq-mean-* mode")
 
     @property
     def normalized_by(self) -> str:

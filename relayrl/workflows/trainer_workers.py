@@ -56,6 +56,12 @@ def _dock_rows(items: Sequence, fields: Sequence[str] = (), drop_truncated: bool
     return rows_batch(reader.read(), fields, drop_truncated), slots
 
 
+def _written(slots, columns: dict) -> list:
+    """The write receipt of ``columns`` in this rank's ``slots`` (a list, for ``group.split``); none when the
+    driver gave the rank no rows (its pass joined the collectives only)."""
+    return [] if slots is None else [slots.write(columns)]
+
+
 class _TrainerWorker(MemoryProbe, Worker):
     """A trained model behind a training engine: updates, checkpoint state (shared by actor and critic).
 
@@ -235,11 +241,12 @@ class PolicyWorker(_TrainerWorker):
         if routes_column:
             lp, routes, sq = self.engine.logprobs_with_routes(batch, temperature=temperature,
                                                               with_sum_sq=bool(sum_sq_column))
-            return [slots.write({column: lp, routes_column: routes, **({sum_sq_column: sq} if sum_sq_column else {})})]
+            return _written(slots, {column: lp, routes_column: routes,
+                                    **({sum_sq_column: sq} if sum_sq_column else {})})
         if not sum_sq_column:
-            return [slots.write({column: self.logprobs(batch, temperature)})]
+            return _written(slots, {column: self.logprobs(batch, temperature)})
         lp, sq = self.engine.logprobs_with_sum_sq(batch, temperature=temperature)
-        return [slots.write({column: lp, sum_sq_column: sq})]
+        return _written(slots, {column: lp, sum_sq_column: sq})
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]] | None:
         """:meth:`weight_stream` whole (checkpoints, exports, a relay over Ray or pipes). Sharded: a collective;
@@ -319,7 +326,7 @@ class CriticWorker(_TrainerWorker):
     def forward_into(self, items: Sequence, column: str = "values") -> list:
         """Values of this rank's dock rows into ``column``; the write receipt."""
         batch, slots = _dock_rows(items)
-        return [slots.write({column: self.values(batch)})]
+        return _written(slots, {column: self.values(batch)})
 
 
 class RewardModelTrainer(_TrainerWorker):
@@ -383,7 +390,7 @@ class ReferenceWorker(MemoryProbe, Worker):
     def forward_into(self, items: Sequence, column: str, temperature: float = 1.0) -> list:
         """Reference log-probs of this rank's dock rows into ``column``; the write receipt."""
         batch, slots = _dock_rows(items)
-        return [slots.write({column: self.logprobs(batch, temperature)})]
+        return _written(slots, {column: self.logprobs(batch, temperature)})
 
     def offload(self) -> float:
         """Weights to host while the reference is idle; seconds taken."""

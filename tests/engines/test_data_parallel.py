@@ -93,6 +93,11 @@ def test_two_rank_fsdp2_update_matches_one_rank(tiny_dir, tiny_tokenizer):
 
     saved = dict(load_model(tiny_dir.parent / "dp-saved").named_parameters())
     torch.testing.assert_close(saved["model.norm.weight"], w2["model.norm.weight"], atol=1e-6, rtol=1e-5)
+    from safetensors.torch import load_file
+
+    one.save_pretrained(str(tiny_dir.parent / "one-saved"))  # the tied head saved once, as one rank saves it
+    files = [load_file(tiny_dir.parent / d / "model.safetensors") for d in ("one-saved", "dp-saved")]
+    assert set(files[1]) == set(files[0]) and "lm_head.weight" not in files[0]
 
 
 @pytest.mark.multiproc

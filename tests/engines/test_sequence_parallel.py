@@ -70,7 +70,8 @@ def test_two_sp_ranks_match_one_rank(tiny_dir, tiny_tokenizer, packing, agg):
     """sp=2, dp=1: log-probs before and after two updates, the update's metrics (loss, grad norm) and the
     weights equal one rank's. Packed rows hold several units, so unit (and response) boundaries fall on both
     sides of the shard boundary; a small token budget gives several micro-batches; the packed lengths are odd
-    (padded to a multiple of 2). Prompt-level aggregation counts the SP group's prompt groups once."""
+    (padded to a multiple of 2). Prompt-level aggregation counts the SP group's prompt groups once, as the
+    mini-batches count its rows."""
     batch = _batch(tiny_tokenizer, long_row=40)
     engine = dict(token_budget=96, packing=packing, optim=OptimConfig(lr=1e-2))
     kw = dict(model_path=str(tiny_dir), total_steps=4, threads=1, seed=0)
@@ -80,9 +81,9 @@ def test_two_sp_ranks_match_one_rank(tiny_dir, tiny_tokenizer, packing, agg):
     try:
         for a, b in zip(one.logprobs(batch), sp.split(PolicyWorker.logprobs, batch)):
             torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
-        for step in range(2):
-            m1 = one.update(batch, loss, seed=step)
-            m2 = sp.split(PolicyWorker.update, batch, loss, seed=step)
+        for step in range(2):  # the second update in two mini-batches, cut from the group's rows counted once
+            m1 = one.update(batch, loss, seed=step, mini_batches=step + 1)
+            m2 = sp.split(PolicyWorker.update, batch, loss, seed=step, mini_batches=step + 1)
             assert m2[0] == pytest.approx(m2[1])  # both SP ranks report the group's figures
             assert set(m2[0]) == set(m1)
             for k, v in m1.items():

@@ -126,6 +126,32 @@ def test_minibatch_slices_are_exactly_mini_batches_nonempty_slices():
         minibatch_slices(4, 5)
 
 
+def test_minibatch_rows_cut_every_ranks_rows_as_one_rank_cuts_the_batch():
+    """Ranks holding rows 0-3 and 4-9 of a batch take, in each mini-batch, the rows one rank takes there: a
+    global permutation, each rank keeping its own rows (before, each rank cut its own rows into slices, and
+    two ranks' mini-batches were not one rank's)."""
+    from relayrl.engines.training.steps import minibatch_rows, minibatch_slices
+
+    perm = torch.randperm(10, generator=torch.Generator().manual_seed(0)).tolist()
+    for rows in minibatch_slices(10, 3):
+        want = sorted(perm[rows.start:rows.stop])
+        got = sorted(minibatch_rows(perm, rows, 0, 4) + [4 + i for i in minibatch_rows(perm, rows, 4, 6)])
+        assert got == want
+        assert minibatch_rows(perm, rows, 0, 10) == perm[rows.start:rows.stop]  # one rank: the slice itself
+    assert minibatch_rows([5, 6, 0], range(0, 2), 0, 4) == []  # a rank may hold none of a mini-batch
+
+
+@pytest.mark.parametrize("loss", [lambda: PolicyLoss(agg="seq-mean-token-sum-norm"),
+                                  lambda: SFTLoss(agg="seq-mean-token-sum-norm")])
+def test_token_sum_norm_without_its_constant_is_refused(loss):
+    """Left to the micro-batch's padded width, Dr.GRPO's constant depended on how the rows were cut: on one
+    rank and on two the same batch gave losses of 0.075 and 0.188 (tests/engines/test_data_parallel_losses.py
+    runs the constant given)."""
+    with pytest.raises(ValueError, match="divides each response's token sum by a constant"):
+        loss()
+    assert PolicyLoss(agg="seq-mean-token-sum-norm", agg_constant=8.0).normalized_by == "seqs"
+
+
 @pytest.mark.parametrize("rows,mb", [(6, 4), (5, 4), (6, 5)])
 def test_train_step_takes_exactly_mini_batches_optimizer_steps(tiny_model, tiny_tokenizer, rows, mb):
     """Issue 11 item 3: ceil(rows / mb)-row slices took 3 steps for 6 rows in 4 mini-batches (fails before)."""

@@ -105,3 +105,25 @@ def test_a_batch_that_carries_reference_logprobs_is_not_recomputed(tiny_dir, tin
         tri.engine.train_step(_with(batch, ref_logprobs=reference), LOSS, with_reference=True)
     with pytest.raises(RuntimeError, match="without a reference"):
         PolicyWorker(**_kw(tiny_dir)).logprobs(batch, with_reference=True)
+
+
+@pytest.mark.slow  # (about a second)
+def test_pass_counters_are_ints_summed_over_the_steps_in_both_updates(tiny_dir, tiny_tokenizer):
+    """``actor/ref_forward_passes`` was a token-weighted mean over an update's optimizer steps (a float, and in
+    two mini-batches not the passes run) while the streamed update gave the int count. Both now sum the
+    counters over the steps, as ints."""
+    from relayrl.engines.training.steps import minibatch_rows, minibatch_slices
+
+    batch = _batch(tiny_tokenizer)
+    tri = PolicyWorker(**_kw(tiny_dir), tri_model=True)
+    perm = torch.randperm(len(batch), generator=torch.Generator().manual_seed(3)).tolist()
+    passes = sum(len(tri.engine._plan(batch.select(minibatch_rows(perm, rows, 0, len(batch)))))
+                 for rows in minibatch_slices(len(batch), 2))
+    sync = tri.update(batch, LOSS, mini_batches=2, seed=3)
+    tri.accumulate(batch, LOSS, fresh=True)
+    streamed = tri.optim_step()
+    assert sync["actor/ref_forward_passes"] == passes
+    assert streamed["actor/ref_forward_passes"] == len(tri.engine._plan(batch))
+    for m in (sync, streamed):
+        for k in ("actor/ref_forward_passes", "actor/ref_forward_tokens", "actor/forward_tokens"):
+            assert type(m[k]) is int, k

@@ -148,6 +148,7 @@ class MetricSums:
         matched, picks = (host_floats({"m": sum(m for m, _ in self.routing), "p": sum(p for _, p in self.routing)})
                           .values() if self.routing else (0.0, 0.0))
         fwd, ref_passes, ref_tokens, matched, picks = fsdp.sum_over_ranks([*counters, matched, picks], device)
+        fwd, ref_passes, ref_tokens = int(fwd), int(ref_passes), int(ref_tokens)  # (counts: ints on any world size)
         out[f"{prefix}/forward_tokens"] = fwd
         if picks:
             out[f"{prefix}/routing_agreement"] = matched / picks

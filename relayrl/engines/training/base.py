@@ -222,12 +222,12 @@ def with_group_tokens(batch: SequenceBatch, loss_fn: LossFn) -> SequenceBatch:
 
 def metric_reduction(name: str, summed: Sequence[str] = ()) -> Literal["sum", "max", "min", "seq", "mean"]:
     """How a loss metric combines over micro-batches and ranks, by its name: ``..loss`` is summed (a
-    micro-batch's loss is its share of the mini-batch's, normalised by the global counts), as are
-    ``..tokens`` and the names in ``summed``; ``.._max`` / ``.._min`` take the extreme; a figure per response
+    micro-batch's loss is its share of the mini-batch's, normalised by the global counts), as are the
+    counters (``..tokens``, ``..passes``) and the names in ``summed``; ``.._max`` / ``.._min`` take the extreme; a figure per response
     (``seq``: a name whose part after the ``/`` starts with ``seq_`` or ends with ``_seq_mean``,
     ``correction/seq_capped_frac``, ``actor/seq_ratio_mean``) is a mean weighted by the micro-batch's responses
     with a token to train on; anything else is a mean weighted by response tokens."""
-    if name.endswith("loss") or name.endswith("tokens") or name in summed:
+    if name.endswith(("loss", "tokens", "passes")) or name in summed:
         return "sum"
     if name.endswith("_max"):
         return "max"

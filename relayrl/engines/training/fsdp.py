@@ -147,6 +147,18 @@ def sum_over_ranks(values: list[float], device: torch.device) -> list[float]:
     return t.tolist()
 
 
+def rows_before(held: int, first_rank: int, device: torch.device) -> tuple[int, int]:
+    """``(rows of the ranks before first_rank, rows of all ranks)`` from each rank's ``held`` rows, numbered in
+    rank order (a collective; ``(0, held)`` with one rank). ``first_rank``: the first rank of this rank's
+    replica (a sequence-parallel group's rows are held once, by its first rank: the others pass 0)."""
+    if world_size() == 1:
+        return 0, held
+    counts = [0.0] * world_size()
+    counts[dist.get_rank()] = float(held)
+    counts = sum_over_ranks(counts, device)
+    return int(sum(counts[:first_rank])), int(sum(counts))
+
+
 def union_over_ranks(names: list[str]) -> list[str]:
     """The sorted union of every rank's ``names`` (a collective; ``names`` sorted with one rank)."""
     if world_size() == 1:

@@ -3,7 +3,8 @@
 
 A mixin of :class:`~relayrl.engines.training.torch_engine.TorchTrainingEngine`: it runs the engine's micro-batch
 pass (``_forward``) over its plan (``_plan``) in eval mode, on the rows an SP group pools (``_pool``), with
-the padding passes a sharded engine's ranks need to gather each layer as often as the busiest one.
+the padding passes a sharded engine's ranks need to gather each layer as often as the busiest one (a rank
+given no rows runs them on a one-token row and returns no rows).
 """
 
 from __future__ import annotations
@@ -54,11 +55,11 @@ class LogprobPasses:
         self.runner.eval()
         out: dict[str, list[torch.Tensor | None]] = {k: [None] * len(batch) for k in ("lp", "ent", "ref", "sq", "rt")}
         plan = self._plan(batch)
-        if self.sharded:  # every rank gathers each layer as often as the busiest rank
-            if not plan:
-                raise ValueError("logprobs: a data-parallel rank got no rows (fewer rows than ranks)")
+        if self.sharded:  # every rank gathers each layer as often as the busiest rank (a rank without rows, as
+            # a streamed chunk of fewer groups than ranks leaves one, on a one-token row)
+            pad_batch, pad_item = (batch, plan[-1]) if plan else self._one_token()
             for _ in range(fsdp.max_over_ranks(len(plan), self.device) - len(plan)):
-                self._forward(batch, plan[-1], temperature, False, with_reference)
+                self._forward(pad_batch, pad_item, temperature, False, with_reference)
         for item in plan:
             f = self._forward(batch, item, temperature, with_entropy, with_reference, with_sum_sq, record)
             for key, t in (("lp", f.logprobs), ("ent", f.entropy), ("ref", f.ref), ("sq", f.sum_sq)):

@@ -10,7 +10,7 @@ import torch
 
 from relayrl.engines.training.base import OptimConfig, metric_reduction
 
-__all__ = ["minibatch_slices", "make_scheduler", "over_steps", "PER_STEP", "rescaled_scheduler_state"]
+__all__ = ["minibatch_slices", "minibatch_rows", "make_scheduler", "over_steps", "PER_STEP", "rescaled_scheduler_state"]
 
 PER_STEP = ("grad_norm", "lr", "expert_load_imbalance")
 """A role's metrics of the optimizer step itself (``actor/grad_norm``): an update reports their mean over its
@@ -31,6 +31,17 @@ def minibatch_slices(rows: int, mini_batches: int) -> list[range]:
         out.append(range(start, stop))
         start = stop
     return out
+
+
+def minibatch_rows(perm: Sequence[int], rows: range, offset: int, held: int) -> list[int]:
+    """This rank's rows of one mini-batch, as indexes into its own rows: the global rows ``perm[rows]`` (``perm``
+    a permutation of every data-parallel rank's rows, numbered in rank order, the same on every rank) that fall
+    in ``[offset, offset + held)``, the rank's own, shifted by ``offset``. Every rank cuts the same global
+    mini-batches, so ``mini_batches`` steps on N ranks take the rows one rank's would (a rank may hold none of
+    a mini-batch's rows; it still joins the step). Cutting each rank's rows on their own would make a
+    mini-batch of every rank's k-th slice, another update than one rank's (the rows of a rank's slice are drawn
+    from its own rows only)."""
+    return [g - offset for g in perm[rows.start:rows.stop] if offset <= g < offset + held]
 
 
 def over_steps(steps: Sequence[tuple[Mapping[str, float], int, int]], prefix: str,

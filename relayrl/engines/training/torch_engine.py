@@ -42,9 +42,12 @@ mini-batch's global token/sequence counts, so accumulation is exact (Periodic As
 engine is data parallel: the model is sharded with FSDP2, the counts and the
 reported metrics are summed over ranks, and every rank runs as many forward
 passes as the busiest one (:mod:`relayrl.engines.training.fsdp`). Each rank
-cuts its rows into exactly ``mini_batches`` slices (:func:`minibatch_slices`),
-one optimizer step each, so all ranks step together; when any rank holds
-fewer rows than that, every rank refuses the call (a collective decision).
+takes exactly ``mini_batches`` optimizer steps, each over one global
+mini-batch: every rank's rows numbered in rank order, shuffled by the same
+generator on every rank and cut into ``mini_batches`` slices
+(:func:`minibatch_slices`, :func:`minibatch_rows`), so N ranks take the steps one
+rank takes on the whole batch; when any rank holds fewer rows than
+``mini_batches``, every rank refuses the call (a collective decision).
 With ``engine.sequence_parallel`` > 1 the ranks form groups that pool their
 rows and split each packed sequence among themselves, attention exchanging
 tokens for heads (Ulysses, :mod:`relayrl.engines.training.ulysses`); a group
@@ -110,7 +113,7 @@ from relayrl.engines.training.forward import Forward, pad_field, with_loss_mask
 from relayrl.engines.training.layout import PassLayout
 from relayrl.engines.training.logprob_passes import LogprobPasses
 from relayrl.engines.training.routed import RoutedPasses
-from relayrl.engines.training.steps import make_scheduler, minibatch_slices, over_steps
+from relayrl.engines.training.steps import make_scheduler, minibatch_rows, minibatch_slices, over_steps
 from relayrl.models.logits import LogitTransform, check_head
 from relayrl.models.packing import PackUnit, build_packed_batch, plan_microbatches, to_device
 
@@ -434,6 +437,13 @@ class TorchTrainingEngine(PassLayout, LogprobPasses, RoutedPasses, StreamedUpdat
         g_tokens, g_seqs, g_groups = fsdp.sum_over_ranks([tokens, seqs, groups] if own else [0, 0, 0.0], self.device)
         return int(g_tokens), int(g_seqs), float(g_groups)
 
+    def _rows_before(self, held: int) -> tuple[int, int]:
+        """``(rows of the data-parallel replicas before this one, rows of all of them)``: a collective (an SP
+        group's pooled rows counted once, by its first rank)."""
+        first = (torch.distributed.get_rank() - self.sp.rank) if self.sp else (
+            torch.distributed.get_rank() if self.sharded else 0)
+        return fsdp.rows_before(held if self._counts_own else 0, first, self.device)
+
     def train_step(self, batch: SequenceBatch, loss_fn: LossFn, *, mini_batches: int = 1, epochs: int = 1,
                    temperature: float = 1.0, with_entropy: bool | str = False, with_reference: bool = False,
                    generator: torch.Generator | None = None) -> dict[str, float]:
@@ -454,16 +464,20 @@ class TorchTrainingEngine(PassLayout, LogprobPasses, RoutedPasses, StreamedUpdat
             raise ValueError(f"mini_batches={mini_batches} must be in [1, {fewest}] ({where}): every mini-batch "
                              f"is one optimizer step and needs a row (lower trainer.mini_batches)")
         batch = with_group_tokens(batch, loss_fn)  # before the mini-batches cut the groups apart
+        # the mini-batches are cut from every rank's rows together (numbered in rank order), so N ranks take the
+        # steps one rank takes on the whole batch (minibatch_rows)
+        offset, total = self._rows_before(len(batch)) if mini_batches > 1 else (0, len(batch))
         self.runner.train()
         steps: list[tuple[dict[str, float], int, int]] = []  # each optimizer step's metrics, tokens and rows
         for _ in range(epochs):
-            perm = torch.randperm(len(batch), generator=generator).tolist() if mini_batches > 1 else list(range(len(batch)))
-            for rows in minibatch_slices(len(batch), mini_batches):
-                sub = batch.select(perm[rows.start:rows.stop])
+            perm = torch.randperm(total, generator=generator).tolist() if mini_batches > 1 else list(range(total))
+            for rows in minibatch_slices(total, mini_batches):
+                sub = batch.select(minibatch_rows(perm, rows, offset, len(batch)))
                 counts = self._global(sub.num_tokens, sub.num_seqs, sub.num_groups)
                 partial = MetricSums(tuple(getattr(loss_fn, "summed", ())), with_reference)
                 self._backward(sub, loss_fn, temperature, with_entropy, with_reference, counts, partial)
-                metrics = partial.reduce(self.device, counts[0], counts[1], self.prefix, counted=self._counts_own)
+                metrics = partial.reduce(self.device, counts[0], counts[1], self.prefix, counted=self._counts_own,
+                                         agree_names=self.sharded and mini_batches > 1)  # (a rank may hold none)
                 steps.append((self._apply_gradients(metrics), counts[0], counts[1]))
         return finished(loss_fn, over_steps(steps, self.prefix, tuple(getattr(loss_fn, "summed", ()))))
 
