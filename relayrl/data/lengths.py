@@ -142,8 +142,8 @@ def _why(lengths: Sequence[int], over: Sequence[int], room: PromptRoom) -> str:
     if capped:
         parts.append(f"longer than data.max_prompt_tokens={room.max_tokens} tokens")
     if capped < len(over):
-        parts.append(f"too long for {room.context} beside {room.key}="
-                     f"{room.budget} (over {room.room} tokens)")
+        limit = room.limit_key or "the model's max_position_embeddings"
+        parts.append(f"too long for {limit}={room.limit} beside {room.key}={room.budget} (over {room.room} tokens)")
     return parts[0] if len(parts) == 1 else f"{capped} {parts[0]}, {len(over) - capped} {parts[1]}"
 
 

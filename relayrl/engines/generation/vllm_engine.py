@@ -57,7 +57,7 @@ import torch
 
 from relayrl.engines.generation import vllm_tp
 from relayrl.engines.generation.base import (Completion, PromptFeed, SamplingParams, generate_from_feed,
-                                             hits_stop_string, special_stop_ids)
+                                             hits_stop_string, stop_token_ids)
 from relayrl.engines.generation.config import INSTALL, VLLMSpec, vllm_available  # torch-free (re-exported)
 from relayrl.engines.generation.vllm_sampling import sampling_kwargs, sampling_refusal
 from relayrl.errors import UserError
@@ -285,8 +285,7 @@ class VLLMGenerationEngine:
             raise ValueError(f"the vLLM engine: {why}")
         self.wake()
         self._same_threads()
-        stops = sorted((set() if params.ignore_eos else self.eos_ids) | set(params.stop_token_ids)
-                       | special_stop_ids(self.tokenizer, params.stop_strings))
+        stops = sorted(stop_token_ids(params, self.eos_ids, self.tokenizer))  # (the native engine's own)
         live: dict[str, _Row] = {}
         while True:
             if between is not None and between() and live:
