@@ -12,7 +12,7 @@ import pytest
 from relayrl.config.schema import Config, RolloutConfig
 from relayrl.engines.generation.base import SamplingParams, stop_token_ids
 from relayrl.engines.generation.config import vllm_available
-from relayrl.engines.generation.vllm_sampling import ROLLOUT_KEYS, SAMPLING_KEYS, sampling_kwargs
+from relayrl.engines.generation.vllm_sampling import OPENAI_ONLY, ROLLOUT_KEYS, SAMPLING_KEYS, sampling_kwargs
 
 pytestmark = pytest.mark.skipif(not vllm_available(), reason="rollout.engine=vllm is validated against an install")
 
@@ -139,8 +139,7 @@ def reader(field: str) -> dict | None:
     """The rollout section of an engine that does read a key vLLM refuses (None: no engine reads that value)."""
     if field in ("top_k",):  # (-1: verl's and vLLM's spelling of off, refused for every engine)
         return None
-    if field in ("base_url", "served_model", "api_key_env", "weight_sync", "weight_dir", "concurrency", "timeout_s",
-                 "retries", "on_error"):
+    if field in OPENAI_ONLY:
         return {"engine": "openai", "base_url": "http://h:1/v1"}
     return {"engine": "native"}
 

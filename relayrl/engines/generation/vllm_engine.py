@@ -13,11 +13,14 @@ which engine sampled. How each part maps onto vLLM 0.32's Python API:
 - **Log-probs.** ``logprobs_mode="processed_logprobs"``: the sampled token's log-prob under the
   distribution it was drawn from (logits / temperature), what the trainer recomputes. vLLM's "processed"
   also applies penalties and top-p/top-k/min-p, which the trainer does not: the config refuses them with this
-  engine, and so does ``generate``.
+  engine, and so does ``generate`` (as a temperature in (0, 0.01), which vLLM would raise to 0.01). What every
+  sampling key becomes is :mod:`relayrl.engines.generation.vllm_sampling`'s table.
 - **Stops.** vLLM gets no tokenizer (``skip_tokenizer_init``: relayrl's tokenizer is the one that
   matters); the EOS ids (the tokenizer's and the checkpoint's ``generation_config.json``'s,
-  :mod:`relayrl.models.eos`) and ``stop_token_ids`` are vLLM stop tokens, stop strings are checked here on the
-  decoded tail after every step (a hit aborts the request), as the native engine does.
+  :mod:`relayrl.models.eos`) and ``stop_token_ids`` are vLLM stop tokens (the native engine's set,
+  :func:`~relayrl.engines.generation.base.stop_token_ids`), stop strings are checked here on the decoded tail
+  after every step (a hit aborts the request), as the native engine does. A row whose prompt and budget pass
+  vLLM's ``max_model_len`` is refused (vLLM would end it there as ``length``).
 - **Weights.** ``update_weights`` hands the named tensors to the worker through ``collective_rpc`` and
   ``model_runner.reload_weights``; a tied output head is sent as ``lm_head.weight`` too when vLLM's model keeps one
   of its own (vLLM's CPU
