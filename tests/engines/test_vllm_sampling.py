@@ -202,3 +202,29 @@ def test_the_prompt_fit_check_names_max_model_len_when_it_is_the_limit():
     rows = [Problem(prompt="x" * n, answer="", meta={"row": i, "source": "d.jsonl"}) for i, n in enumerate((10, 50))]
     with pytest.raises(DatasetError, match=r"d.jsonl row 1: .* 50 tokens .* beyond rollout.vllm.max_model_len=64"):
         fit_prompts(rows, lambda p: [0] * len(p.prompt), room, drop=False, what="training", log=print)
+
+
+def test_a_step_of_several_tokens_is_cut_at_the_stop_string_and_tokens_need_their_log_probs(tiny_tokenizer):
+    """The vLLM engine checked a stop string once per step, after all its tokens: a step that brought several
+    (speculative decoding, a multi-token delta) kept the tokens after the hit, which the native engine drops. A
+    step's tokens without log-probs were dropped with no error."""
+    from types import SimpleNamespace
+
+    from relayrl.engines.generation.vllm_engine import VLLMGenerationEngine, _Row
+
+    eng = VLLMGenerationEngine.__new__(VLLMGenerationEngine)
+    eng.tokenizer, eng._version = tiny_tokenizer, 3
+    ids = tiny_tokenizer("12+34=46 and more")["input_ids"]
+    stop = "="
+    hit = next(i for i in range(len(ids)) if stop in tiny_tokenizer.decode(ids[:i + 1]))
+    assert hit + 2 < len(ids)
+    lp = lambda t, v: {t: SimpleNamespace(logprob=v)}  # noqa: E731 (vLLM's Logprob record)
+    out = SimpleNamespace(token_ids=ids, logprobs=[lp(t, -0.5 * k) for k, t in enumerate(ids)], finish_reason=None)
+    row = _Row((0, 0), [1], 32, None)
+    params = SamplingParams(stop_strings=(stop,), max_new_tokens=32)
+    assert eng._advance(row, out, False, params) == "stop"
+    assert row.tokens == ids[:hit + 1] and row.logps == [-0.5 * k for k in range(hit + 1)]
+    assert row.versions == [3] * (hit + 1)
+    with pytest.raises(RuntimeError, match="without their log-probs"):
+        eng._advance(_Row((0, 0), [1], 32, None), SimpleNamespace(token_ids=ids, logprobs=None, finish_reason=None),
+                     False, params)

@@ -353,15 +353,18 @@ class VLLMGenerationEngine:
             live[self._submit(row, params, stops)] = row
 
     def _advance(self, row: _Row, out, finished: bool, params: SamplingParams) -> str | None:
-        """Append a step's new tokens to ``row``; the finish reason once it is done, else None."""
-        for t, lp in zip(out.token_ids, out.logprobs or ()):
+        """Append a step's new tokens to ``row``; the finish reason once it is done, else None. A stop string
+        ends the row at the token that completes it, as in the native engine, also when the step brought several
+        tokens (the ones after it are dropped)."""
+        logprobs = out.logprobs or ()
+        if len(logprobs) != len(out.token_ids):
+            raise RuntimeError("vLLM returned tokens without their log-probs (logprobs=0 was asked for)")
+        for t, lp in zip(out.token_ids, logprobs):
             row.tokens.append(int(t))
             row.logps.append(float(lp[int(t)].logprob))
             row.versions.append(self._version)
-        if len(row.logps) != len(row.tokens):
-            raise RuntimeError("vLLM returned tokens without their log-probs (logprobs=0 was asked for)")
-        if row.tokens and hits_stop_string(self.tokenizer, row.tokens, params.stop_strings):
-            return "stop"
+            if hits_stop_string(self.tokenizer, row.tokens, params.stop_strings):
+                return "stop"
         if not finished:
             return None
         return "length" if out.finish_reason == "length" else "stop"
