@@ -16,7 +16,8 @@ Config = Any
 __all__ = ["check_env", "check_decoupled_rewards", "check_ref_sync", "check_precompute_ref", "check_dpo", "check_kto",
            "check_workflow_sections", "WORKFLOW_SECTIONS", "check_critic", "check_placed_roles",
            "check_algorithm_read", "check_reward_read", "scores_responses", "check_total_epochs",
-           "check_retire_solved", "check_loss_agg", "check_vllm_eval_temperature", "check_routing_replay"]
+           "check_retire_solved", "check_loss_agg", "check_vllm_eval_temperature", "check_vllm_model_len",
+           "check_routing_replay"]
 
 
 def check_env(self: Config) -> None:
@@ -287,11 +288,31 @@ def check_loss_agg(self: Config) -> None:
 
 
 def check_vllm_eval_temperature(self: Config) -> None:
-    """Evaluation samples its ``eval.k`` answers on the rollout's engine: vLLM's temperatures stop at 2."""
+    """Evaluation samples its ``eval.k`` answers on the rollout's engine: vLLM's temperatures stop at 2, and one
+    below 0.01 it raises to 0.01 (:func:`~relayrl.engines.generation.vllm_sampling.temperature_refusal`)."""
+    from relayrl.engines.generation.vllm_sampling import temperature_refusal
+
     t = self.eval.temperature
-    if self.rollout.engine == "vllm" and self.eval.k > 1 and t is not None and t > 2.0:
-        raise ValueError(f"eval.temperature={t:g}: the eval.k answers are sampled on the rollout's vLLM engine, which "
-                         f"samples at temperatures up to 2 (it refuses more); set eval.temperature <= 2")
+    if self.rollout.engine == "vllm" and self.eval.k > 1 and t is not None \
+            and (why := temperature_refusal("eval.temperature", t, greedy=False)) is not None:
+        raise ValueError(f"the eval.k answers are sampled on the rollout's vLLM engine: {why}")
+
+
+def check_vllm_model_len(self: Config) -> None:
+    """``rollout.vllm.max_model_len`` holds a prompt and every token budget after it: vLLM ends a request at that
+    length (finish reason ``length``), before the budget the native engine would fill."""
+    r = self.rollout
+    cap = r.vllm.max_model_len if r.engine == "vllm" else None
+    if cap is None:
+        return
+    budgets = [("rollout.max_new_tokens", r.max_new_tokens), ("eval.max_new_tokens", self.eval.max_new_tokens)]
+    if self.env.enabled:
+        budgets.append(("env.max_tokens", self.env.max_tokens))
+    for key, budget in budgets:
+        if budget is not None and budget >= cap:
+            raise ValueError(f"{key}={budget} new tokens leave no room for a prompt in rollout.vllm.max_model_len="
+                             f"{cap} (vLLM ends a request there, before its budget): raise "
+                             f"rollout.vllm.max_model_len above {budget} plus the longest prompt, or lower {key}")
 
 
 def check_routing_replay(self: Config) -> None:

@@ -28,13 +28,15 @@ from relayrl.config.rollout_devices import check_rollout_devices
 from relayrl.config.rules import (check_critic, check_decoupled_rewards, check_dpo, check_env,
                                   check_kto, check_placed_roles, check_precompute_ref, check_ref_sync,
                                   check_retire_solved, check_total_epochs, check_workflow_sections, check_reward_read,
-                                  scores_responses, check_loss_agg, check_vllm_eval_temperature, check_routing_replay)
+                                  scores_responses, check_loss_agg, check_vllm_eval_temperature, check_routing_replay,
+                                  check_vllm_model_len)
 from relayrl.cluster.config import ClusterConfig
 from relayrl.config.parallel import check_expert_parallel, check_sequence_parallel
 from relayrl.data.config import DataConfig
 from relayrl.dock.config import DockConfig
 from relayrl.engines.reward.config import RewardConfig
-from relayrl.engines.generation.config import PLAIN_SAMPLING, VLLMSpec, narrowing
+from relayrl.engines.generation.config import VLLMSpec
+from relayrl.engines.generation.vllm_sampling import NATIVE_ONLY, sampling_refusal
 from relayrl.engines.training.config import OptimConfig, TrainEngineConfig
 from relayrl.environments.config import EnvConfig
 from relayrl.models.config import ModelConfig
@@ -191,24 +193,22 @@ class RolloutConfig(_Section):
             if not vllm_available():
                 raise ValueError(f"rollout.engine=vllm: vLLM is not installed here; install it with {INSTALL}, "
                                  f"or set rollout.engine=native")
-        if self.engine == "vllm" and self.temperature > 2.0:
-            raise ValueError(f"rollout.temperature={self.temperature:g}: vLLM samples at temperatures up to 2 (it "
-                             f"refuses more); set rollout.temperature <= 2, or rollout.engine=native")
-        if self.engine == "vllm" and (bad := narrowing(self)):
-            fix = ", ".join(f"rollout.{k}={PLAIN_SAMPLING[k]} (got {v})" for k, v in bad.items())
-            raise ValueError(f"rollout.engine=vllm records log-probs after its penalties and top-p/top-k/min-p "
-                             f"filtering (vLLM's processed_logprobs), the trainer recomputes them before, so every "
-                             f"ratio would be off: set {fix}, or rollout.engine=native")
+        if self.engine == "vllm" and (why := sampling_refusal(self, "rollout.")) is not None:
+            raise ValueError(f"rollout.engine=vllm: {why}, or rollout.engine=native")
         if self.engine != "vllm" and "vllm" in self.model_fields_set:
             raise ValueError("rollout.vllm is read by rollout.engine=vllm only; set rollout.engine=vllm or drop "
                              "rollout.vllm")
+        if self.engine != "native" and (native := [k for k in NATIVE_ONLY if k in self.model_fields_set]):
+            raise ValueError(f"rollout.{native[0]} is read by the native engine only; rollout.engine={self.engine} "
+                             f"decodes its own way: drop rollout.{native[0]}, or set rollout.engine=native")
         if self.engine != "openai":
             if self.on_error != "fail":
                 raise ValueError(f"rollout.on_error={self.on_error} drops the group of a prompt whose request to a "
                                  f"server failed (rollout.engine=openai); the {self.engine} engine generates a "
                                  f"batch in one pass, so its errors are the whole batch's: drop rollout.on_error")
             remote_only = [k for k in ("base_url", "served_model", "api_key_env", "weight_dir") if getattr(self, k)]
-            remote_only += [k for k in ("timeout_s", "retries") if k in self.model_fields_set]
+            remote_only += [k for k in ("weight_sync", "concurrency", "timeout_s", "retries")
+                            if k in self.model_fields_set]
             if remote_only:
                 raise ValueError(f"rollout.{remote_only[0]} is read by rollout.engine=openai only; set "
                                  f"rollout.engine=openai or drop rollout.{remote_only[0]}")
@@ -477,6 +477,7 @@ class Config(_Section):
         check_decoupled_rewards(self)
         check_interrupt(self)
         check_vllm_eval_temperature(self)
+        check_vllm_model_len(self)
         check_routing_replay(self)
         if self.data.messages_key is not None and (self.workflow != "sft" or self.data.path is None):
             raise ValueError("data.messages_key trains on whole conversations: it applies to workflow sft with "

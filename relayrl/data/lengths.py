@@ -59,6 +59,16 @@ class PromptRoom:
     limit: int | None = None
     model: str | Path = ""
     drop: str = "data.long_prompts=drop"
+    limit_key: str = ""
+    """The key that set ``limit`` when it is not the model's context (``rollout.vllm.max_model_len``)."""
+
+    @property
+    def context(self) -> str:
+        """The limit as the messages name it: ``the model's max_position_embeddings=512 (DIR)``, or
+        ``rollout.vllm.max_model_len=256``."""
+        if self.limit_key:
+            return f"{self.limit_key}={self.limit}"
+        return f"the model's max_position_embeddings={self.limit} ({self.model})"
 
     @property
     def room(self) -> int | None:
@@ -100,8 +110,8 @@ def _check_budget(lengths: Sequence[int], room: PromptRoom) -> None:
     fitting = [n for n in lengths if n < room.limit]
     most = f"at most {room.limit - max(fitting)} (the longest prompt is {max(fitting)} tokens)" if fitting else \
         "fewer tokens and shorter prompts"
-    raise ConfigError(f"{room.key}={room.budget} new tokens cannot fit in the model's max_position_embeddings="
-                      f"{room.limit} ({room.model}) beside a prompt; give {most}")
+    raise ConfigError(f"{room.key}={room.budget} new tokens cannot fit in {room.context} beside a prompt; give "
+                      f"{most}")
 
 
 def too_long(problems: Sequence[Problem], lengths: Sequence[int], over: Sequence[int],
@@ -120,7 +130,7 @@ def too_long(problems: Sequence[Problem], lengths: Sequence[int], over: Sequence
     fitting = [m for m in lengths if m < room.limit and not room.capped(m)]  # (n among them)
     lower = f", or lower {room.key} to at most {room.limit - max(fitting)}" if n < room.limit else ""
     return DatasetError(f"{row}: the prompt is {n} tokens and {room.key}={room.budget} more make {n + room.budget}, "
-                        f"beyond the model's max_position_embeddings={room.limit} ({room.model}); shorten or drop "
+                        f"beyond {room.context}; shorten or drop "
                         f"the row{lower}{drop}{_more(problems, over)}")
 
 
@@ -132,8 +142,8 @@ def _why(lengths: Sequence[int], over: Sequence[int], room: PromptRoom) -> str:
     if capped:
         parts.append(f"longer than data.max_prompt_tokens={room.max_tokens} tokens")
     if capped < len(over):
-        parts.append(f"too long for the model's max_position_embeddings={room.limit} beside {room.key}="
-                     f"{room.budget} (over {room.room} tokens)")
+        limit = room.limit_key or "the model's max_position_embeddings"
+        parts.append(f"too long for {limit}={room.limit} beside {room.key}={room.budget} (over {room.room} tokens)")
     return parts[0] if len(parts) == 1 else f"{capped} {parts[0]}, {len(over) - capped} {parts[1]}"
 
 

@@ -193,13 +193,17 @@ class RunProblems:
         self.eval_problems = self._fit(self.eval_problems, "held-out", budget, key)
 
     def _fit(self, problems: list[Problem], what: str, budget: int | None, key: str) -> list[Problem]:
-        """The ``what`` rows that fit ``data.max_prompt_tokens`` and the model's context beside ``budget`` new
-        tokens (None: the rows are not generated from), as :func:`relayrl.data.lengths.fit_prompts` keeps them."""
+        """The ``what`` rows that fit ``data.max_prompt_tokens`` and the model's context (``rollout.vllm.max_model_len``
+        where it is shorter: vLLM would end a longer one early, as cut) beside ``budget`` new tokens (None: the
+        rows are not generated from), as :func:`relayrl.data.lengths.fit_prompts` keeps them."""
         from relayrl.data.lengths import PromptRoom, context_limit, fit_prompts
 
-        d = self.cfg.data
-        room = PromptRoom(max_tokens=d.max_prompt_tokens, budget=budget, key=key,
-                          limit=context_limit(self.model_path), model=self.model_path)
+        d, limit, limit_key = self.cfg.data, context_limit(self.model_path), ""
+        spec = self.cfg.rollout.vllm_spec()  # (vLLM ends a request at its max_model_len, before the budget)
+        if spec is not None and spec.max_model_len is not None and (limit is None or spec.max_model_len < limit):
+            limit, limit_key = spec.max_model_len, "rollout.vllm.max_model_len"
+        room = PromptRoom(max_tokens=d.max_prompt_tokens, budget=budget, key=key, limit=limit,
+                          model=self.model_path, limit_key=limit_key)
         return fit_prompts(problems, self.encode, room, drop=d.long_prompts == "drop", what=what, log=self.log)
 
     def _fit_answers(self, problems: list[Problem]) -> list[Problem]:

@@ -137,3 +137,31 @@ def test_the_context_is_read_where_each_config_keeps_it(tmp_path, model_type, kw
 
     AutoConfig.for_model(model_type, **kwargs).save_pretrained(tmp_path)
     assert context_limit(tmp_path) == limit
+
+
+def test_a_vllm_rollouts_max_model_len_is_the_context_the_prompts_must_fit(tmp_path, tiny_dir):
+    """vLLM ends a request at rollout.vllm.max_model_len as 'length', before its budget: the prompt check measures
+    against it where it is shorter than the model's context, and names it (it measured against
+    max_position_embeddings, and the rows vLLM would cut went through)."""
+    import json
+
+    from relayrl.engines.generation.config import vllm_available
+    from relayrl.workflows.problems import RunProblems
+
+    if not vllm_available():
+        pytest.skip("rollout.engine=vllm is validated against an install")
+    from relayrl.config.loader import load_run_config
+
+    rows = [{"prompt": "1+2=", "answer": "3"}, {"prompt": " ".join(["12+34"] * 12) + "=", "answer": "0"}]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    over = ["data.task=null", f"data.path={tmp_path / 'd.jsonl'}", f"data.eval_path={tmp_path / 'd.jsonl'}",
+            f"trainer.init_from={tiny_dir}", "rollout.max_new_tokens=16", "model.device=cpu", "rollout.engine=vllm",
+            "rollout.vllm.max_model_len=40", "reward.verifier=exact", "data.answer_key=answer"]
+    with pytest.raises(DatasetError, match=r"d.jsonl row 2: the prompt is \d+ tokens and rollout.max_new_tokens=16 "
+                                           r"more make \d+, beyond rollout.vllm.max_model_len=40"):
+        RunProblems(load_run_config("recipes/arith_grpo.yaml", over), training=True, log=lambda _: None)
+    lines: list[str] = []
+    rp = RunProblems(load_run_config("recipes/arith_grpo.yaml", over + ["data.long_prompts=drop"]), training=True,
+                     log=lines.append)
+    assert [p.answer for p in rp.train_problems] == ["3"]
+    assert any("too long for rollout.vllm.max_model_len=40 beside rollout.max_new_tokens=16" in x for x in lines)

@@ -49,6 +49,20 @@ def test_draws_follow_the_distribution_transformers_samples_from(min_p, top_k, p
     torch.testing.assert_close(logp, torch.log_softmax(logits / T, -1)[0, tok])  # before the filters
 
 
+def test_min_p_comes_after_top_p_as_in_transformers_not_before_as_in_vllm():
+    """p = [0.5, 0.3, 0.2], top_p=0.6, min_p=0.5. Hugging Face's order (top-p, then min-p), the native engine's:
+    top-p keeps {0, 1} (token 1 crosses 0.6), min-p (>= 0.25) keeps both: token 1 drawn 3/8 of the time. vLLM's
+    order (min-p, then top-p on the renormalised [0.625, 0.375]) would keep token 0 alone. (docs/engines.md,
+    "Same keys, same meaning": it matters behind rollout.engine=openai on vllm serve; rollout.engine=vllm refuses
+    both filters.)"""
+    logits = torch.tensor([[0.5, 0.3, 0.2]]).log()
+    n = 8000
+    u = (torch.arange(n, dtype=torch.float64) + 0.5) / n
+    tok, _ = sample_with(logits.expand(n, -1), 1.0, 0, 0.6, u, min_p=0.5)
+    counts = torch.bincount(tok, minlength=3).tolist()
+    assert counts == [5000, 3000, 0]
+
+
 def test_penalty_without_seen_tokens_is_refused():
     with pytest.raises(ValueError, match="seen"):
         sample_with(_logits(2, 10), 1.0, 0, 1.0, torch.rand(2, dtype=torch.float64), penalty=1.2)

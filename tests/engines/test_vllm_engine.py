@@ -204,6 +204,43 @@ def test_weights_stream_in_read_once_and_a_stream_is_checked_before_it_is_read(s
 
 def test_a_narrowed_distribution_is_refused(served):
     eng, _ = served
-    for narrow in ({"top_p": 0.9}, {"min_p": 0.1}, {"repetition_penalty": 1.2}):
+    for narrow in ({"top_p": 0.9}, {"top_k": 5}, {"min_p": 0.1}, {"repetition_penalty": 1.2}):
         with pytest.raises(ValueError, match=next(iter(narrow))):
             eng.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2, **narrow))
+
+
+def test_a_low_temperature_and_a_row_past_max_model_len_are_refused(served):
+    """vLLM would raise 0 < T < 0.01 to 0.01, and end a row at its max_model_len as 'length' before the budget."""
+    eng, _ = served
+    with pytest.raises(ValueError, match="temperature=0.005: vLLM raises a temperature below 0.01"):
+        eng.generate([[1, 2, 3]], SamplingParams(temperature=0.005, max_new_tokens=2))
+    with pytest.raises(ValueError, match=r"prompt 0: its 3 tokens and \d+ new ones exceed .* rollout.vllm.max_model_len"):
+        eng.generate([[1, 2, 3]], SamplingParams(temperature=0.0, max_new_tokens=eng.max_model_len - 2))
+
+
+def test_greedy_tokens_log_probs_and_a_stop_strings_cut_are_the_native_engines(served, tiny_tokenizer):
+    """The same config means the same thing on both engines: greedy decoding gives the same token ids, finish
+    reasons and log-probs (under softmax(logits) on both), and a stop string cuts both at the same token, the
+    token that completes it kept (and trained on) on both."""
+    from relayrl.engines.generation.native import NativeGenerationEngine
+
+    eng, model = served  # (model: the weights the engine holds)
+    native = NativeGenerationEngine(model, tiny_tokenizer, device="cpu", max_batch=16)
+    prompts = prompts_of(tiny_tokenizer) + [tiny_tokenizer("9*9=")["input_ids"]]
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=16)
+    v, n = eng.generate(prompts, greedy), native.generate(prompts, greedy)
+    assert [c.token_ids.tolist() for c in v] == [c.token_ids.tolist() for c in n]
+    assert [c.finish_reason for c in v] == [c.finish_reason for c in n]
+    for a, b in zip(v, n):
+        torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-4, rtol=0)
+    # a stop string the greedy text holds past its first tokens: both cut at the token that completes it
+    texts = [tiny_tokenizer.decode(c.token_ids[3:-2].tolist(), skip_special_tokens=True) for c in n]
+    i, stop = next((i, t.strip()[0]) for i, t in enumerate(texts) if t.strip())
+    cut = greedy.model_copy(update={"stop_strings": (stop,)})
+    sv, sn = eng.generate(prompts, cut), native.generate(prompts, cut)
+    assert [c.token_ids.tolist() for c in sv] == [c.token_ids.tolist() for c in sn]
+    assert [c.finish_reason for c in sv] == [c.finish_reason for c in sn]
+    assert sv[i].finish_reason == "stop" and len(sv[i].token_ids) < len(v[i].token_ids)
+    assert sv[i].token_ids.tolist() == v[i].token_ids[:len(sv[i].token_ids)].tolist()
+    assert stop in sv[i].text and stop not in tiny_tokenizer.decode(sv[i].token_ids[:-1].tolist(),
+                                                                     skip_special_tokens=True)

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from relayrl.errors import UserError
 
 __all__ = ["SamplingParams", "Completion", "GenerationEngine", "RequestFailed", "PromptFeed", "ListFeed",
-           "check_prompts", "generate_from_feed", "hits_stop_string", "special_stop_ids"]
+           "check_prompts", "generate_from_feed", "hits_stop_string", "special_stop_ids", "stop_token_ids"]
 
 
 class RequestFailed(UserError, RuntimeError):
@@ -80,6 +80,14 @@ def special_stop_ids(tokenizer, stop_strings: Sequence[str]) -> set[int]:
     added = getattr(tokenizer, "added_tokens_decoder", {}).values()
     special = set(getattr(tokenizer, "all_special_tokens", ())) | {a.content for a in added if a.special}
     return {tokenizer.convert_tokens_to_ids(s) for s in stop_strings if s in special}
+
+
+def stop_token_ids(params: SamplingParams, eos: set[int], tokenizer) -> set[int]:
+    """Token ids that end a row under ``params``, the same for every engine: the ``eos`` ids (the tokenizer's and
+    the model's generation config's, :func:`relayrl.models.eos.eos_ids`) unless ``ignore_eos``, plus
+    ``stop_token_ids`` and the special tokens ``stop_strings`` spell (:func:`special_stop_ids`)."""
+    return ((set() if params.ignore_eos else set(eos)) | set(params.stop_token_ids)
+            | special_stop_ids(tokenizer, params.stop_strings))
 
 
 @dataclass(frozen=True)

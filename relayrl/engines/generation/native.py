@@ -59,7 +59,7 @@ import torch.nn.functional as F
 
 from relayrl.engines.generation import cache_rows, static
 from relayrl.engines.generation.base import (Completion, PromptFeed, SamplingParams, check_prompts,
-                                             generate_from_feed, hits_stop_string, special_stop_ids)
+                                             generate_from_feed, hits_stop_string, stop_token_ids)
 from relayrl.engines.generation.kv_cache import check_takes_cache, forward_with_cache
 from relayrl.engines.generation.sampling import draw_seed, row_key, row_uniforms, sample_next, seen_mask
 from relayrl.models.eos import eos_ids
@@ -397,11 +397,9 @@ class NativeGenerationEngine:
         return ends
 
     def stop_ids(self, params: SamplingParams) -> set[int]:
-        """Token ids that end a row under ``params``: the EOS ids (the tokenizer's and the model's generation
-        config's, :func:`relayrl.models.eos.eos_ids`) unless ``ignore_eos``, plus ``stop_token_ids`` and the
-        special tokens ``stop_strings`` spell (:func:`~relayrl.engines.generation.base.special_stop_ids`)."""
-        return ((set() if params.ignore_eos else self.eos_ids) | set(params.stop_token_ids)
-                | special_stop_ids(self.tokenizer, params.stop_strings))
+        """Token ids that end a row under ``params`` (:func:`~relayrl.engines.generation.base.stop_token_ids`,
+        which the vLLM engine uses too)."""
+        return stop_token_ids(params, self.eos_ids, self.tokenizer)
 
     def finish_reason(self, tokens: list[int], params: SamplingParams, stop_ids: set[int],
                       max_new: int | None = None) -> str | None:

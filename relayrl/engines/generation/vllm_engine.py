@@ -13,11 +13,14 @@ which engine sampled. How each part maps onto vLLM 0.32's Python API:
 - **Log-probs.** ``logprobs_mode="processed_logprobs"``: the sampled token's log-prob under the
   distribution it was drawn from (logits / temperature), what the trainer recomputes. vLLM's "processed"
   also applies penalties and top-p/top-k/min-p, which the trainer does not: the config refuses them with this
-  engine, and so does ``generate``.
+  engine, and so does ``generate`` (as a temperature in (0, 0.01), which vLLM would raise to 0.01). What every
+  sampling key becomes is :mod:`relayrl.engines.generation.vllm_sampling`'s table.
 - **Stops.** vLLM gets no tokenizer (``skip_tokenizer_init``: relayrl's tokenizer is the one that
   matters); the EOS ids (the tokenizer's and the checkpoint's ``generation_config.json``'s,
-  :mod:`relayrl.models.eos`) and ``stop_token_ids`` are vLLM stop tokens, stop strings are checked here on the
-  decoded tail after every step (a hit aborts the request), as the native engine does.
+  :mod:`relayrl.models.eos`) and ``stop_token_ids`` are vLLM stop tokens (the native engine's set,
+  :func:`~relayrl.engines.generation.base.stop_token_ids`), stop strings are checked here on the decoded tail
+  after every step (a hit aborts the request), as the native engine does. A row whose prompt and budget pass
+  vLLM's ``max_model_len`` is refused (vLLM would end it there as ``length``).
 - **Weights.** ``update_weights`` hands the named tensors to the worker through ``collective_rpc`` and
   ``model_runner.reload_weights``; a tied output head is sent as ``lm_head.weight`` too when vLLM's model keeps one
   of its own (vLLM's CPU
@@ -57,8 +60,9 @@ import torch
 
 from relayrl.engines.generation import vllm_tp
 from relayrl.engines.generation.base import (Completion, PromptFeed, SamplingParams, generate_from_feed,
-                                             hits_stop_string, special_stop_ids)
-from relayrl.engines.generation.config import INSTALL, VLLMSpec, narrowing, vllm_available  # torch-free (re-exported)
+                                             hits_stop_string, stop_token_ids)
+from relayrl.engines.generation.config import INSTALL, VLLMSpec, vllm_available  # torch-free (re-exported)
+from relayrl.engines.generation.vllm_sampling import sampling_kwargs, sampling_refusal
 from relayrl.errors import UserError
 from relayrl.models.checkpoint_names import CheckpointNames
 from relayrl.models.eos import checkpoint_generation_config, eos_ids
@@ -157,6 +161,7 @@ class VLLMGenerationEngine:
                             f"process's own memory too (the trainer's, when colocated): raise "
                             f"rollout.vllm.memory_utilization, or free memory") from None
         self.engine = self.llm.llm_engine
+        self.max_model_len = int(self.engine.model_config.max_model_len)  # (prompt + response, as vLLM planned)
         # vLLM's CPU attention plans its work for the OpenMP threads it saw at start-up and checks them at every
         # call; OpenMP's thread count is per thread, and generation may run on another thread (a rank process
         # generates on a thread of its own): each call sets the same count first.
@@ -279,13 +284,11 @@ class VLLMGenerationEngine:
                       on_finish: Callable[[Completion], None], between: Callable[[], bool] | None = None) -> None:
         """Rows from ``feed`` as slots free up (multi-turn episodes feed each next turn); each gets
         ``params.n`` samples and its own token budget; returns when the feed is done and nothing runs."""
-        if narrow := narrowing(params):
-            raise ValueError(f"the vLLM engine samples from softmax(logits / T) only (its processed log-probs would "
-                             f"include {', '.join(narrow)}, which the trainer does not recompute): got {narrow}")
+        if (why := sampling_refusal(params)) is not None:  # (before any request goes in)
+            raise ValueError(f"the vLLM engine: {why}")
         self.wake()
         self._same_threads()
-        stops = sorted((set() if params.ignore_eos else self.eos_ids) | set(params.stop_token_ids)
-                       | special_stop_ids(self.tokenizer, params.stop_strings))
+        stops = sorted(stop_token_ids(params, self.eos_ids, self.tokenizer))  # (the native engine's own)
         live: dict[str, _Row] = {}
         while True:
             if between is not None and between() and live:
@@ -297,6 +300,11 @@ class VLLMGenerationEngine:
                 key, prompt, budget = item
                 if len(prompt) == 0:
                     raise ValueError(f"prompt {key} is empty")
+                if len(prompt) + budget > self.max_model_len:  # (vLLM would cut it short as "length", silently)
+                    raise ValueError(f"prompt {key}: its {len(prompt)} tokens and {budget} new ones exceed the "
+                                     f"{self.max_model_len} tokens vLLM plans for (rollout.vllm.max_model_len, null: "
+                                     f"the model's max_position_embeddings), where vLLM would end it before its "
+                                     f"budget; raise rollout.vllm.max_model_len, or lower the new tokens")
                 for s in range(params.n):
                     seed = None if generator is None else int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
                     row = _Row((key, s), list(prompt), budget, seed)
@@ -326,9 +334,8 @@ class VLLMGenerationEngine:
 
         # a resubmitted row draws from a fresh stream (the same seed would repeat its first tokens' draws)
         seed = None if row.seed is None else (row.seed + 1_000_003 * len(row.tokens)) % 2**31
-        return VSampling(n=1, temperature=params.temperature, top_p=1.0, top_k=0, seed=seed,
-                         max_tokens=row.budget - len(row.tokens), stop_token_ids=stops, ignore_eos=True,
-                         logprobs=0, detokenize=False, output_kind=RequestOutputKind.DELTA)
+        return VSampling(**sampling_kwargs(params, max_tokens=row.budget - len(row.tokens), seed=seed, stop_ids=stops),
+                         output_kind=RequestOutputKind.DELTA)
 
     def _submit(self, row: _Row, params: SamplingParams, stops: list[int]) -> str:
         rid = f"r{self._next_id}"
@@ -346,15 +353,18 @@ class VLLMGenerationEngine:
             live[self._submit(row, params, stops)] = row
 
     def _advance(self, row: _Row, out, finished: bool, params: SamplingParams) -> str | None:
-        """Append a step's new tokens to ``row``; the finish reason once it is done, else None."""
-        for t, lp in zip(out.token_ids, out.logprobs or ()):
+        """Append a step's new tokens to ``row``; the finish reason once it is done, else None. A stop string
+        ends the row at the token that completes it, as in the native engine, also when the step brought several
+        tokens (the ones after it are dropped)."""
+        logprobs = out.logprobs or ()
+        if len(logprobs) != len(out.token_ids):
+            raise RuntimeError("vLLM returned tokens without their log-probs (logprobs=0 was asked for)")
+        for t, lp in zip(out.token_ids, logprobs):
             row.tokens.append(int(t))
             row.logps.append(float(lp[int(t)].logprob))
             row.versions.append(self._version)
-        if len(row.logps) != len(row.tokens):
-            raise RuntimeError("vLLM returned tokens without their log-probs (logprobs=0 was asked for)")
-        if row.tokens and hits_stop_string(self.tokenizer, row.tokens, params.stop_strings):
-            return "stop"
+            if hits_stop_string(self.tokenizer, row.tokens, params.stop_strings):
+                return "stop"
         if not finished:
             return None
         return "length" if out.finish_reason == "length" else "stop"
