@@ -125,7 +125,8 @@ def _cleanup(parent: subprocess.Popen, tree: list[int]) -> None:
 
 
 def _env(*extra: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, extra), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    path = [*map(str, extra), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
 
 
 def test_a_run_ends_when_the_process_running_it_is_killed():
