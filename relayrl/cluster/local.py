@@ -167,6 +167,7 @@ class ProcessRanks:
         self.world_size = len(devices)
         self.broken: str | None = None
         self._ids = itertools.count()
+        self._groups_stopped: set[int] = set()  # rank pids whose process group `_stop` has killed
         ctx = rank_context(devices)
         env = dict(os.environ)  # (a forked rank gets the fork server's environment: this one is the driver's now)
         port = free_port()
@@ -279,7 +280,9 @@ class ProcessRanks:
                 proc.kill()
                 proc.join(timeout=2.0)
         for proc in self.procs:
-            if proc.pid is not None:
+            if proc.pid is not None and proc.pid not in self._groups_stopped:
+                # (once only: an empty group's id is a free pid again, which a new session may take as its own)
+                self._groups_stopped.add(proc.pid)
                 stop_process_group(proc.pid)
 
     def shutdown(self) -> None:

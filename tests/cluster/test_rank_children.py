@@ -141,3 +141,16 @@ def test_ctrl_c_of_the_driver_stops_the_ranks_and_what_they_started(tmp_path):
         if driver.poll() is None:
             driver.kill()
         _kill(ranks + kids)
+
+
+def test_each_ranks_process_group_is_stopped_once(group, monkeypatch):
+    """A stopped group's id is a free pid again (a new session may take it as its own): a second stop, the
+    shutdown after a call timeout, must not signal it again."""
+    from relayrl.cluster import local
+
+    stopped: list[int] = []
+    monkeypatch.setattr(local, "stop_process_group", stopped.append)
+    ranks = group._ranks
+    ranks._stop()
+    ranks._stop()
+    assert sorted(stopped) == sorted(group.pids())
