@@ -12,7 +12,11 @@
   every rank's pipe *and* process sentinel, so a rank that raises or dies
   (killed, segfault, `os._exit`) surfaces at once as `WorkerError`; a rank
   leaves when the driver process is gone (`rank.watch_driver`), so a killed
-  driver leaves no rank running. Ranks that do not answer a call within
+  driver leaves no rank running. Each rank leads an OS process group of its
+  own (`rank.own_process_group`), so what it starts (a vLLM engine core, a
+  user's server) is stopped with it: by the driver once the rank is gone,
+  however it ended, or by the rank itself when the driver is gone. Ctrl-C
+  reaches the driver's group only; the driver shuts the ranks down. Ranks that do not answer a call within
   `cluster.call_timeout_s` (start-up: `start_timeout_s`) raise `CallTimeout`
   once every rank process of the group is stopped (SIGTERM, then SIGKILL); an
   in-driver rank past the limit is only reported (it cannot be stopped).
@@ -40,7 +44,8 @@ from relayrl.cluster import compute
 from relayrl.dock import traffic
 from relayrl.cluster.config import ClusterConfig
 from relayrl.cluster.errors import WorkerError
-from relayrl.cluster.rank import SHUTDOWN, START_CALL, Replies, Reply, StartSpec, free_port, rank_process_main
+from relayrl.cluster.rank import (SHUTDOWN, START_CALL, Replies, Reply, StartSpec, free_port, rank_process_main,
+                                  stop_process_group)
 from relayrl.cluster.worker import RankInfo, construct_worker
 from relayrl.errors import ProcessLost, exit_reason
 
@@ -162,6 +167,7 @@ class ProcessRanks:
         self.world_size = len(devices)
         self.broken: str | None = None
         self._ids = itertools.count()
+        self._groups_stopped: set[int] = set()  # rank pids whose process group `_stop` has killed
         ctx = rank_context(devices)
         env = dict(os.environ)  # (a forked rank gets the fork server's environment: this one is the driver's now)
         port = free_port()
@@ -260,7 +266,9 @@ class ProcessRanks:
 
     def _stop(self, grace_s: float = 2.0) -> None:
         """Stop every rank process of the group at once, hung or not (a hung rank reads no `SHUTDOWN`, and
-        the others share its process group): SIGTERM, then SIGKILL for one still there after ``grace_s``."""
+        the others share its torch process group): SIGTERM, then SIGKILL for one still there after ``grace_s``;
+        then whatever each rank started that is still in its OS process group (`rank.own_process_group`),
+        whether the rank left, was stopped or died (a vLLM engine core, a user's server)."""
         for proc in self.procs:
             if proc.is_alive():
                 proc.terminate()
@@ -271,6 +279,11 @@ class ProcessRanks:
             if proc.is_alive():
                 proc.kill()
                 proc.join(timeout=2.0)
+        for proc in self.procs:
+            if proc.pid is not None and proc.pid not in self._groups_stopped:
+                # (once only: an empty group's id is a free pid again, which a new session may take as its own)
+                self._groups_stopped.add(proc.pid)
+                stop_process_group(proc.pid)
 
     def shutdown(self) -> None:
         for conn in self.conns:

@@ -238,11 +238,32 @@ def _driver_gone(driver_pid: int) -> Callable[[], None]:
     return lambda: select.select([fd], [], [])
 
 
-def watch_driver(driver_pid: int, group: str, rank: int) -> None:
+def own_process_group() -> bool:
+    """Make this rank process the leader of a process group of its own, which whatever it starts joins (a vLLM
+    engine core, a user's reward server, a compiler's workers: anything that does not start a session of its
+    own), so one ``killpg`` stops the rank and all of it (`relayrl.cluster.local.ProcessRanks`), even after the
+    rank itself died. False where there are no process groups (not POSIX)."""
+    if not hasattr(os, "setpgid"):
+        return False
+    os.setpgid(0, 0)
+    return True
+
+
+def stop_process_group(pid: int) -> None:
+    """SIGKILL every process left in the process group led by rank process ``pid`` (this one included, when it is
+    ``pid``): what the rank started must not outlive it."""
+    if hasattr(os, "killpg"):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def watch_driver(driver_pid: int, group: str, rank: int, own_group: bool = False) -> None:
     """Leave this rank process when the driver process is gone (killed: SIGKILL, the OOM killer, a scheduler's
     preemption), even while the rank is busy in a call or stuck in a collective, which would otherwise run on
     (a collective until ``cluster.collective_timeout_s``), holding its devices, as an orphan. A forked rank's
-    parent is the fork server, not the driver, so the driver's pid is watched, not ``getppid``."""
+    parent is the fork server, not the driver, so the driver's pid is watched, not ``getppid``. With
+    ``own_group`` (the rank leads its process group: :func:`own_process_group`) the processes the rank started
+    go with it."""
     wait = _driver_gone(driver_pid)
 
     def body() -> None:
@@ -250,6 +271,8 @@ def watch_driver(driver_pid: int, group: str, rank: int) -> None:
         with contextlib.suppress(Exception):
             print(f"relayrl: worker group {group!r} rank {rank}: the driver (pid {driver_pid}) is gone; this rank "
                   f"process (pid {os.getpid()}) exits", file=sys.stderr, flush=True)
+        if own_group:
+            stop_process_group(os.getpid())
         os._exit(1)
 
     threading.Thread(target=body, name="relayrl-watch-driver", daemon=True).start()
@@ -265,24 +288,29 @@ def rank_process_main(conn, start_payload: bytes, env: dict[str, str] | None = N
         os.environ.clear()
         os.environ.update(env)
     _thread_lock_for_progress_bars()
-    # Ctrl-C reaches every process of the terminal's process group; the driver alone handles it (and shuts
-    # the ranks down), so a rank prints no KeyboardInterrupt traceback of its own.
+    # A process group of its own: the driver stops the rank with all it started. Ctrl-C reaches the terminal's
+    # foreground process group, the driver's, not this one: the driver alone handles it (it shuts the ranks
+    # down); SIGINT stays ignored in case one arrives all the same (a `kill -INT` of the rank), so a rank
+    # prints no KeyboardInterrupt traceback of its own.
+    own_group = own_process_group()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         spec: StartSpec = pickle.loads(start_payload)
         if driver_pid is not None:
-            watch_driver(driver_pid, spec.info.group_name, spec.info.rank)
+            watch_driver(driver_pid, spec.info.group_name, spec.info.rank, own_group)
         runtime = RankRuntime(spec)
     except Exception as exc:
         conn.send_bytes(encode_reply(error_reply(START_CALL, exc)))
         return
     conn.send_bytes(encode_reply(Reply(START_CALL, True)))
+    driver_gone = False
     try:
         while True:
             try:
                 raw = conn.recv_bytes()
             except (EOFError, OSError):
-                break  # the driver went away
+                driver_gone = True  # the driver went away
+                break
             msg = pickle.loads(raw)  # (call_id, method, inner bytes) or SHUTDOWN: plain types only
             if msg == SHUTDOWN:
                 break
@@ -301,4 +329,6 @@ def rank_process_main(conn, start_payload: bytes, env: dict[str, str] | None = N
     # seconds and there is nothing left to flush but the standard streams.
     sys.stdout.flush()
     sys.stderr.flush()
+    if driver_gone and own_group:  # (after a shutdown the driver stops what is left of the group)
+        stop_process_group(os.getpid())
     os._exit(0)

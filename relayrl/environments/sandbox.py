@@ -8,6 +8,7 @@ why not when it cannot)::
     relayrl
       └─ unshare [--user --map-root-user] --mount --net --pid --ipc --uts --fork --kill-child  (new session)
            └─ sandbox_boot.py: pid 1 of a new PID namespace, root of a new mount namespace
+                leaves when the lifeline (a pipe whose write end relayrl alone holds) closes
                 join the run's cgroup (cpu, memory, pids), where the machine lets it make one
                 mount a size-capped tmpfs as the new root; bind read-only, recursively: /usr /bin /lib*, the
                 Python executable, standard library and shared libraries (site-packages hidden under empty
@@ -40,6 +41,10 @@ What it guarantees (each is a test in ``tests/environments/test_sandbox.py``):
 * **system calls**: a seccomp filter (:mod:`.sandbox_seccomp`) refuses ptrace, mounts, new namespaces,
   bpf, perf, io_uring, keyrings and the machine's configuration; no-new-privs and an empty capability set
   (bounding set included) mean no program it runs can gain a privilege;
+* **no orphans**: a run ends with the process that started it, even one killed outright (SIGKILL, the OOM
+  killer, a rank stopped by ``cluster.call_timeout_s``): pid 1 leaves when its lifeline pipe reads end of file,
+  so the kernel ends the jail and ``unshare`` exits (without it they ran on, in a session of their own, until
+  the code ended by itself);
 * **the parent**: the code runs in its own PID namespace, without privileges (another uid in root mode),
   so it can neither see nor signal relayrl's processes;
 * **output**: stdout and stderr are read up to ``output_bytes`` together; past that the run is killed and
@@ -357,7 +362,7 @@ def _stop(proc: subprocess.Popen, uid: int | None) -> None:
 # ---------------------------------------------------------------- a run
 
 def _boot_config(cfg: SandboxConfig, uid: int | None, root: Path, group: sandbox_cgroup.Cgroup | None,
-                 report_fd: int) -> dict:
+                 report_fd: int, lifeline_fd: int) -> dict:
     binds, masks = _jail_plan()
     try:
         mount_setattr = sandbox_seccomp.syscall_number("mount_setattr")
@@ -366,6 +371,7 @@ def _boot_config(cfg: SandboxConfig, uid: int | None, root: Path, group: sandbox
     return {"root": str(root), "uid": uid, "disk_mb": cfg.disk_mb, "python": os.path.realpath(sys.executable),
             "binds": binds, "masks": masks, "cgroup_procs": group.procs_files if group else [],
             "seccomp": sandbox_seccomp.filter_program().hex(), "report_fd": report_fd,
+            "lifeline_fd": lifeline_fd,
             "nr": {"pivot_root": sandbox_seccomp.syscall_number("pivot_root"), "mount_setattr": mount_setattr},
             # in a user namespace pid 1 has the code's uid, and RLIMIT_NPROC counts it
             "limits": {"cpu_s": cfg.cpu_s, "as": cfg.memory_mb << 20, "fsize": cfg.file_mb << 20,
@@ -386,15 +392,21 @@ def run_python(code: str, cfg: SandboxConfig | None = None) -> SandboxResult:
         if group is not None:
             cleanup.callback(group.kill_and_remove)
         report_r, report_w = os.pipe()
-        boot_cfg = _boot_config(cfg, uid, work / "root", group, report_w)
+        # The lifeline: pid 1 leaves (and the kernel ends the jail) when its write end closes, which this
+        # process holds alone: at the end of the run, or when this process dies, SIGKILL included (the
+        # launcher is in a session of its own: nothing else would stop it then).
+        lifeline_r, lifeline_w = os.pipe()
+        cleanup.callback(os.close, lifeline_w)
+        boot_cfg = _boot_config(cfg, uid, work / "root", group, report_w, lifeline_r)
         userns = ["--user", "--map-root-user"] if uid is None else []
         cmd = ["unshare", *userns, "--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--",
                os.path.realpath(sys.executable), "-I", "-S", "-B", _BOOT, json.dumps(boot_cfg)]
         t0 = time.monotonic()
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True, close_fds=True, pass_fds=(report_w,), cwd=str(work),
+                                start_new_session=True, close_fds=True, pass_fds=(report_w, lifeline_r), cwd=str(work),
                                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
         os.close(report_w)
+        os.close(lifeline_r)
         stopped_why = None
         try:
             with contextlib.suppress(BrokenPipeError):  # the code's process ended before reading it all

@@ -4,6 +4,9 @@
 CONFIG``, under ``unshare`` (as root, or as root of a new user namespace); it reads the code on stdin. It uses
 the standard library only (the virtualenv is not on its path) and is never imported. Its steps:
 
+0. watch the lifeline (a pipe whose write end only the relayrl process that started the run holds): when it
+   reads end of file, that process has ended the run or died (SIGKILL included), and pid 1 leaves at once, so
+   the kernel kills everything in the jail;
 1. join the run's cgroups (so that pid 1 and everything it starts is counted);
 2. make every mount private, mount a tmpfs as the new root, with /work and /tmp on a second one of
    ``disk_mb``, and bind into it, read-only and recursively (``mount_setattr(AT_RECURSIVE)``, or a remount
@@ -25,6 +28,7 @@ import os
 import re
 import resource
 import sys
+import threading
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
     1, 2, 4, 8, 32, 4096, 16384, 1 << 18)
@@ -207,8 +211,28 @@ def become_code(cfg, last_cap):
     os.execve(cfg["python"], argv, env)
 
 
+def watch_lifeline(fd):
+    """Leave (pid 1: the kernel then kills the whole PID namespace) once ``fd``, the read end of the lifeline,
+    reads end of file: every write end is closed, so the process that started the run is done with it or gone."""
+    os.set_inheritable(fd, False)  # the code's execve closes it
+
+    def body():
+        while True:
+            try:
+                if not os.read(fd, 64):
+                    break
+            except InterruptedError:
+                continue
+            except OSError:
+                break
+        os._exit(1)
+
+    threading.Thread(target=body, name="lifeline", daemon=True).start()
+
+
 def main():
     cfg = json.loads(sys.argv[1])
+    watch_lifeline(cfg["lifeline_fd"])
     for procs in cfg["cgroup_procs"]:  # step 1: "0" moves the writer
         with open(procs, "w") as f:
             f.write("0")

@@ -252,3 +252,27 @@ class TPEngine(Worker):
 
     def close(self) -> None:
         self.engine.close()
+
+
+class Parent(Worker):
+    """Starts processes of its own, as a rank starting a vLLM engine core or a user's reward server does."""
+
+    def __init__(self) -> None:
+        self.children: list = []
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def start_child(self) -> int:
+        """Start a child that would run for ten minutes; its pid."""
+        import subprocess
+
+        self.children.append(subprocess.Popen(["sleep", "600"]))
+        return self.children[-1].pid
+
+    def start_child_then_hang(self, pid_file: str) -> None:
+        """Start a child, write its pid to ``pid_file``.<rank>, then hang (for ``cluster.call_timeout_s``)."""
+        pid = self.start_child()
+        with open(f"{pid_file}.{self.rank}", "w") as f:
+            f.write(str(pid))
+        threading.Event().wait()
