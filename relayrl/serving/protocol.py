@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
+from relayrl.engines.generation.config import check_scale
+
 __all__ = ["ServeLimits", "CompletionRequest", "ChatMessage", "ChatCompletionRequest", "WeightsRequest",
            "FieldError"]
 
@@ -83,6 +85,11 @@ class _Request(BaseModel):
         if v is not None and v < 1:
             raise ValueError(f"max_tokens={v} must be >= 1")
         return v
+
+    @field_validator("temperature", "repetition_penalty")
+    @classmethod
+    def _scale(cls, v: float | None, info) -> float | None:
+        return check_scale(info.field_name, v)
 
     @field_validator("stop")
     @classmethod

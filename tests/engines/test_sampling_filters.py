@@ -59,6 +59,12 @@ def test_sampling_params_bounds():
         SamplingParams(min_p=1.5)
     with pytest.raises(ValueError):
         SamplingParams(repetition_penalty=0.0)
+    # (logits / 1e-300 are inf in float32: the sampler's softmax gave NaN and inverse_cdf an index error)
+    with pytest.raises(ValueError, match="temperature=1e-300 is below 1e-05"):
+        SamplingParams(temperature=1e-300)
+    with pytest.raises(ValueError, match="repetition_penalty=1e-40 is below 1e-05"):
+        SamplingParams(repetition_penalty=1e-40)
+    assert SamplingParams(temperature=1e-5, repetition_penalty=1e-5).temperature == 1e-5
 
 
 PROMPTS = ["1+2=", "123+456=", "sort 5 12 9 =", "77+1=", "9+9=", "3+3+3=", "countdown 3 7 5 -> 9 :"]

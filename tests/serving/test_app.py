@@ -156,6 +156,9 @@ DONE = {"model": "tiny", "prompt": "1+1=", "max_tokens": 2}
     ("completions", {**DONE, "prompt": [1, True]}, "prompt", "token ids"),
     # (a prompt of the wrong type was named by union member: param "prompt.str", four reasons)
     ("completions", {**DONE, "prompt": 5}, "prompt", "give a text"),
+    # (logits / 1e-300 overflowed to inf: a 500 and the generation loop stopped for every later request)
+    ("completions", {**DONE, "temperature": 1e-300}, "temperature", "temperature=1e-300 is below 1e-05"),
+    ("chat", {**CHAT, "repetition_penalty": 1e-40}, "repetition_penalty", "repetition_penalty=1e-40 is below"),
 ])
 def test_a_refusal_names_the_offending_field_in_its_own_words(client, route, body, param, words):
     import json
@@ -167,6 +170,19 @@ def test_a_refusal_names_the_offending_field_in_its_own_words(client, route, bod
     err = r.json()["error"]
     assert err["param"] == param and words in err["message"], err
     assert "Value error" not in err["message"] and "body" != err["param"]
+
+
+def test_a_temperature_that_overflows_the_logits_is_refused_and_the_server_keeps_serving(client):
+    """temperature=1e-300 divided the logits to inf, the sampler's softmax to NaN: the batcher thread died on an
+    index error, that request and every later one got a 500 ("the generation loop stopped")."""
+    c, _ = client
+    for t in (1e-300, 1e-38, 5e-6):
+        r = c.post("/v1/completions", json={**DONE, "temperature": t})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "temperature", r.text
+        assert "use 0 for greedy decoding" in r.json()["error"]["message"]
+    ok = c.post("/v1/completions", json={**DONE, "temperature": 1e-5})  # (the smallest taken samples greedily)
+    assert ok.status_code == 200, ok.text
+    assert c.get("/health").json()["status"] == "ok"
 
 
 def test_the_official_openai_client_sends_what_the_strict_fields_take(client):
