@@ -95,7 +95,7 @@ class RolloutConfig(_Section):
     OpenAI-compatible server) and how it batches."""
 
     n: int = Field(8, ge=1, description="responses per prompt")
-    temperature: float = Field(1.0, ge=0.0, description="sampling temperature (0: greedy); a rollout "
+    temperature: float = Field(1.0, ge=0.0, description="sampling temperature (0: greedy, else >= 1e-5); a rollout "
                                "records log-probs under softmax(logits / temperature), before top-k/top-p filtering")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling: the smallest set of tokens whose "
                          "probability reaches top_p (1: off)")
