@@ -156,6 +156,20 @@ DONE = {"model": "tiny", "prompt": "1+1=", "max_tokens": 2}
     ("completions", {**DONE, "prompt": [1, True]}, "prompt", "token ids"),
     # (a prompt of the wrong type was named by union member: param "prompt.str", four reasons)
     ("completions", {**DONE, "prompt": 5}, "prompt", "give a text"),
+    # (lax floats and booleans: true was read as temperature=1.0, "0.5" as 0.5, "yes" as stream=true, 1 as
+    # logprobs=true; OpenAI refuses each, as the integer fields here do)
+    ("completions", {**DONE, "temperature": True}, "temperature", "valid number"),
+    ("chat", {**CHAT, "top_p": "0.5"}, "top_p", "valid number"),
+    ("completions", {**DONE, "stream": "yes"}, "stream", "valid boolean"),
+    ("completions", {**DONE, "echo": "no"}, "echo", "valid boolean"),
+    ("chat", {**CHAT, "logprobs": 1}, "logprobs", "valid boolean"),
+    ("chat", {**CHAT, "add_generation_prompt": "false"}, "add_generation_prompt", "valid boolean"),
+    # (a text part without "text" was "content part 'text' is not supported; only text parts", param "messages")
+    ("chat", {**CHAT, "messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages.0.content.0.text",
+     "a text part needs 'text'"),
+    ("chat", {**CHAT, "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [
+        {"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages.1.content.1.type", "'image_url' parts are not supported"),
     # (logits / 1e-300 overflowed to inf: a 500 and the generation loop stopped for every later request)
     ("completions", {**DONE, "temperature": 1e-300}, "temperature", "temperature=1e-300 is below 1e-05"),
     ("chat", {**CHAT, "repetition_penalty": 1e-40}, "repetition_penalty", "repetition_penalty=1e-40 is below"),
