@@ -265,6 +265,11 @@ def _sampling(state: ServerState, req, prompts: list[list[int]], chat: bool) -> 
     if n > state.batcher.engine.max_batch:
         raise ApiError(400, f"n={n} exceeds the {state.batcher.engine.max_batch} sequences this server decodes "
                        f"together (relayrl serve --max-batch)", param="n")
+    vocab = len(state.tokenizer)
+    bad = [t for t in req.stop_token_ids or () if not 0 <= t < vocab]
+    if bad:  # (it could never match)
+        raise ApiError(400, f"stop token id {bad[0]} is outside the vocabulary [0, {vocab})",
+                       param="stop_token_ids")
     stops = req.stops  # (an empty one is refused by the request record)
     if len(stops) > lim.max_stop:
         raise ApiError(400, f"stop: {len(stops)} stop strings; this server takes at most {lim.max_stop}",

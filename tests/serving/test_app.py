@@ -164,6 +164,9 @@ DONE = {"model": "tiny", "prompt": "1+1=", "max_tokens": 2}
     ("completions", {**DONE, "echo": "no"}, "echo", "valid boolean"),
     ("chat", {**CHAT, "logprobs": 1}, "logprobs", "valid boolean"),
     ("chat", {**CHAT, "add_generation_prompt": "false"}, "add_generation_prompt", "valid boolean"),
+    # (a stop token id outside the vocabulary was taken and could never match)
+    ("completions", {**DONE, "stop_token_ids": [7, 99999]}, "stop_token_ids", "stop token id 99999 is outside"),
+    ("chat", {**CHAT, "stop_token_ids": [-5]}, "stop_token_ids", "stop token id -5 is outside"),
     # (a text part without "text" was "content part 'text' is not supported; only text parts", param "messages")
     ("chat", {**CHAT, "messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages.0.content.0.text",
      "a text part needs 'text'"),
