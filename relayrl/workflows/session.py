@@ -106,8 +106,10 @@ def record_resume(run_dir: Path, step: int, config: dict, checkpoint: Path | Non
                   "previous_config": previous}
         if source != path:
             record["previous_config_from"] = str(source)
-        with open(run_dir / RESUMES_FILE, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        with open(run_dir / RESUMES_FILE, "a+b") as f:
+            f.seek(0, os.SEEK_END)
+            cut = f.tell() > 0 and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n"  # (a record cut mid-line)
+            f.write((("\n" if cut else "") + json.dumps(record) + "\n").encode("utf-8"))
     return changes
 
 

@@ -52,6 +52,16 @@ def test_a_damaged_config_json_is_kept_and_the_resume_recorded_against_the_check
         "trainer.steps": [2, 4], "run": [{"resume": "never"}, "<unset>"]}
 
 
+def test_a_record_after_a_truncated_resumes_jsonl_starts_a_line_of_its_own(tmp_path):
+    """A resumes.jsonl cut mid-record (a crash while it was appended) took the next record onto its broken
+    line: neither parsed."""
+    (tmp_path / "config.json").write_text(json.dumps({"trainer": {"steps": 2}}))
+    (tmp_path / RESUMES_FILE).write_text('{"resumed_at_step": 1, "chan')
+    record_resume(tmp_path, 2, {"trainer": {"steps": 4}})
+    lines = (tmp_path / RESUMES_FILE).read_text().splitlines()
+    assert lines[0] == '{"resumed_at_step": 1, "chan' and json.loads(lines[1])["changed"] == {"trainer.steps": [2, 4]}
+
+
 @pytest.mark.slow
 def test_a_resumed_run_rewrites_config_json_and_records_the_old_one(tmp_path, tiny_dir):
     from grpo_runs import run_grpo
