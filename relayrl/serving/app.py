@@ -536,6 +536,9 @@ def _served_names(model, tensors: dict) -> dict:
         if tuple(p.shape) != tuple(t.shape):
             raise ApiError(400, f"weight {name!r}: the served model's shape is {tuple(p.shape)}, the payload's "
                            f"{tuple(t.shape)}")
+        if t.is_floating_point() and not (finite := torch.isfinite(t)).all():  # (every completion would fail)
+            raise ApiError(400, f"weight {name!r} holds {int((~finite).sum())} values that are not finite (NaN or "
+                           "infinite): nothing was loaded; send finite weights (a run that diverged?)")
         if served in out and not torch.equal(out[served], t):
             raise ApiError(400, f"weights {served!r} and its tied copy {name!r} differ; the served model ties them "
                            "(tie_word_embeddings): send weights of a model that ties them, or serve an untied model")

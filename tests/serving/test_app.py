@@ -364,6 +364,38 @@ def test_a_training_checkpoint_of_a_tied_model_loads_by_path(tiny_dir, tmp_path)
         state.batcher.close()
 
 
+def test_weights_that_are_not_finite_are_refused_and_the_server_keeps_serving(tiny_dir, tmp_path):
+    """A NaN embedding was loaded (200), then the first completion's sampler met NaN probabilities: the batcher
+    thread died and every later request, /health included, answered 500 until a restart."""
+    import torch
+    from fastapi.testclient import TestClient
+    from safetensors.torch import save, save_file
+
+    from relayrl.serving.app import build_app
+    from relayrl.serving.server import build_state
+
+    state = build_state(str(tiny_dir), limits=ServeLimits(), api_key=None, max_batch=2, name="tiny")
+    embed = state.batcher.engine.model.get_input_embeddings().weight
+    before = embed.detach().clone()
+    bad = before.clone()
+    bad[3, 5], bad[7, 1] = float("nan"), float("inf")
+    save_file({"model.embed_tokens.weight": bad}, str(tmp_path / "bad.safetensors"))
+    try:
+        with TestClient(build_app(state), raise_server_exceptions=False) as c:
+            r = c.post("/v1/relayrl/weights", params={"version": 1}, content=save({"model.embed_tokens.weight": bad}),
+                       headers={"Content-Type": "application/octet-stream"})
+            assert r.status_code == 400, r.text
+            assert "'model.embed_tokens.weight' holds 2 values that are not finite" in r.json()["error"]["message"]
+            r = c.post("/v1/relayrl/weights", json={"path": str(tmp_path / "bad.safetensors"), "version": 1})
+            assert r.status_code == 400 and "not finite" in r.json()["error"]["message"], r.text
+            torch.testing.assert_close(embed, before, rtol=0, atol=0)  # nothing was copied
+            assert c.get("/v1/relayrl/weights").json() == {"version": 0}
+            assert c.post("/v1/completions", json={**DONE, "temperature": 1}).status_code == 200
+            assert c.get("/health").json()["status"] == "ok"
+    finally:
+        state.batcher.close()
+
+
 def test_a_request_that_leaves_sampling_out_takes_the_models_generation_config(tiny_dir, tmp_path):
     """As ``vllm serve`` (its default ``--generation-config auto``): a request without temperature, top_p or top_k
     samples with the model's generation_config.json values (old behaviour: always OpenAI's 1.0, 1.0, none, so
