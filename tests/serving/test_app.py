@@ -62,6 +62,31 @@ def test_the_dock_api_answers_bad_queries_and_unknown_routes_with_error_objects(
         dock.shutdown()
 
 
+def test_the_dock_api_refuses_a_partition_beyond_memory_and_names_a_stale_generation():
+    """rows=10**12 answered a 500 ("Unable to allocate 7.28 TiB"); an ack naming a generation the open
+    partition does not have said the partition "has been closed", though it was open."""
+    from fastapi.testclient import TestClient
+
+    from relayrl.dock import Dock
+    from relayrl.serving.dockapi import MAX_PARTITION_ROWS, build_dock_app
+
+    dock = Dock(units=1, backend="local", lease_s=30.0)
+    try:
+        with TestClient(build_dock_app(dock), raise_server_exceptions=False) as c:
+            r = c.post("/v1/dock/partitions", json={"name": "p", "rows": 10**12})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "rows", r.text
+            assert f"at most {MAX_PARTITION_ROWS}" in r.json()["error"]["message"]
+            assert c.post("/v1/dock/partitions", json={"name": "p", "rows": 4}).status_code == 200
+            gen = dock._parts["p"].gen
+            r = c.post("/v1/dock/ack", json={"partition": "p", "gen": gen + 7, "stage": "s", "lease_id": 1,
+                                             "indexes": [1]})
+            assert r.status_code == 404, r.text
+            msg = r.json()["error"]["message"]
+            assert f"generation {gen + 7}" in msg and f"open as generation {gen}" in msg and "closed" in msg
+    finally:
+        dock.shutdown()
+
+
 def test_the_server_stops_at_an_eos_id_of_the_generation_config(tiny_model, tiny_tokenizer, eos_listed):
     """``relayrl serve`` on an instruct checkpoint whose generation_config.json lists more EOS ids than the
     tokenizer's (as vLLM's server does): a completion ends at the first of them with finish_reason ``stop``."""
