@@ -51,6 +51,14 @@ class ServeLimits(BaseModel):
     weights_timeout_s: float = Field(600.0, gt=0, description="seconds to receive a weights payload (408 beyond)")
 
 
+class StreamOptions(BaseModel):
+    """``stream_options`` (with ``stream=true``): OpenAI's ``include_usage``, a last chunk with the usage."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: StrictBool | None = None
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # (NaN passed le=100 checks' wording)
 
@@ -64,7 +72,7 @@ class _Request(BaseModel):
     repetition_penalty: StrictFloat | None = Field(None, gt=0.0, description="vLLM extension; 1 disables")
     n: StrictInt | None = Field(None, ge=1)
     stream: StrictBool | None = False
-    stream_options: dict[str, Any] | None = None
+    stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[StrictInt] | None = Field(None, description="vLLM extension")
     seed: StrictInt | None = Field(None, ge=-(2**63), le=2**63 - 1, description="a 64-bit integer")
@@ -121,7 +129,7 @@ class _Request(BaseModel):
 
     @property
     def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.get("include_usage"))
+        return bool(self.stream_options and self.stream_options.include_usage)
 
 
 class CompletionRequest(_Request):

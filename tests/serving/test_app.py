@@ -189,6 +189,11 @@ DONE = {"model": "tiny", "prompt": "1+1=", "max_tokens": 2}
     ("completions", {**DONE, "echo": "no"}, "echo", "valid boolean"),
     ("chat", {**CHAT, "logprobs": 1}, "logprobs", "valid boolean"),
     ("chat", {**CHAT, "add_generation_prompt": "false"}, "add_generation_prompt", "valid boolean"),
+    # (stream_options was any dict: an option it does not implement, or include_usage="yes", was taken)
+    ("completions", {**DONE, "stream": True, "stream_options": {"continuous_usage_stats": True}},
+     "stream_options.continuous_usage_stats", "unknown field"),
+    ("chat", {**CHAT, "stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage",
+     "valid boolean"),
     # (a stop token id outside the vocabulary was taken and could never match)
     ("completions", {**DONE, "stop_token_ids": [7, 99999]}, "stop_token_ids", "stop token id 99999 is outside"),
     ("chat", {**CHAT, "stop_token_ids": [-5]}, "stop_token_ids", "stop token id -5 is outside"),
