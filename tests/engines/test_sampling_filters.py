@@ -54,6 +54,18 @@ def test_penalty_without_seen_tokens_is_refused():
         sample_with(_logits(2, 10), 1.0, 0, 1.0, torch.rand(2, dtype=torch.float64), penalty=1.2)
 
 
+@pytest.mark.parametrize("top_p", [1e-300, 1e-50, 1e-9])
+def test_a_top_p_below_float32s_range_keeps_the_most_likely_token(top_p):
+    """top_p=1e-300 is 0 once compared with float32 probabilities: every token, the most likely one too, was
+    dropped, the softmax of all -inf was NaN and inverse_cdf raised an index error (in relayrl serve the
+    generation loop stopped for every client)."""
+    logits = _logits(3, 300)
+    u = torch.rand(3, dtype=torch.float64)
+    tok, lp = sample_with(logits, 1.0, 0, top_p, u)
+    assert tok.tolist() == logits.argmax(-1).tolist()
+    torch.testing.assert_close(lp, torch.log_softmax(logits, -1).max(-1).values)
+
+
 def test_sampling_params_bounds():
     with pytest.raises(ValueError):
         SamplingParams(min_p=1.5)
