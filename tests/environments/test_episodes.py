@@ -341,6 +341,17 @@ def test_numpy_and_torch_scalar_rewards_are_numbers():
             check_step_result(StepResult("", reward, done), "Env.step")
 
 
+def test_an_environment_reward_beyond_float32s_range_is_an_error_naming_the_bound():
+    """reward=1e39 is finite in Python but inf in the float32 tensors the run trains with: it passed, and the
+    run met NaN advantages later, far from the environment that wrote it (a reward function's is refused)."""
+    from relayrl.environments.base import EnvError, check_step_result
+
+    for reward in (1e39, -5e38):
+        with pytest.raises(EnvError, match=r"beyond float32's range"):
+            check_step_result(StepResult("", reward, True), "Env.step")
+    assert check_step_result(StepResult("", 3e38, True), "Env.step").reward == 3e38
+
+
 @pytest.mark.slow  # (over half a second; the full make test runs it)
 def test_rejoining_turns_see_their_exact_context(engine, tiny_tokenizer):
     """Greedy: an episode's second turn equals a single-turn generation from the same context ids."""
