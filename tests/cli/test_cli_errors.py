@@ -54,6 +54,13 @@ def test_an_unknown_flag_is_named_with_the_close_flag_or_the_override_it_may_mea
     assert "did you mean" not in argparse_error(capsys, "train", GRPO, "--qwertyuiop")
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_plan_length_growth_must_be_a_finite_number(capsys, value):
+    """--length-growth nan planned "with +nan tokens/step" (the lengths' mean fell to the floor of 1)."""
+    err = argparse_error(capsys, "plan", GRPO, "--devices", "2", "--hardware", "h100_7b", f"--length-growth={value}")
+    assert f"argument --length-growth: {value} is not a finite number" in err
+
+
 # ------------------------------------------------------------------------ eval arguments
 @pytest.mark.parametrize("k", ["0", "-3"])
 def test_eval_refuses_k_below_one(capsys, k):
