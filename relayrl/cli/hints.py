@@ -9,7 +9,7 @@ import argparse
 import difflib
 from typing import Any
 
-__all__ = ["command_flags", "config_leaves", "unknown_flag_hint"]
+__all__ = ["command_flags", "config_leaves", "unknown_flag_hint", "unknown_hints"]
 
 
 def command_flags(parser: argparse.ArgumentParser, command: str | None) -> list[str]:
@@ -56,3 +56,14 @@ def unknown_flag_hint(arg: str, value: str | None, flags: list[str], keys: list[
     shown = given if eq else value
     said = [f"{k}={shown}" if shown is not None else k for k in by_leaf[leaves[0]][:3]]
     return f"{flag}: relayrl takes dotted overrides (section.key=value), not flags; did you mean {' or '.join(said)}?"
+
+
+def unknown_hints(parser: argparse.ArgumentParser, command: str | None, overrides: bool, extra: list[str],
+                  values: list[str | None]) -> list[str]:
+    """The lines for the unknown arguments ``extra`` of ``relayrl COMMAND`` (``values``: each one's next
+    argument when it is a value); config keys are offered only to a command that takes dotted ``overrides``."""
+    from relayrl.config.schema import Config
+
+    flags = command_flags(parser, command)
+    keys = config_leaves(Config) if overrides else []
+    return [h for a, v in zip(extra, values) if (h := unknown_flag_hint(a, v, flags, keys))]

@@ -580,20 +580,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             values = [v if not v.startswith("-") and "=" not in v else None for v in extra[1:]] + [None]
             hints = [h for h in map(flag_hint, extra, values) if h]
             if not hints:  # (not a peer's flag: the command's own flag it is close to, or the override it may mean)
-                hints = unknown_hints(parser, args, extra, values)
+                from relayrl.cli.hints import unknown_hints
+
+                hints = unknown_hints(parser, getattr(args, "command", None), hasattr(args, "overrides"), extra, values)
             parser.error(f"unrecognized arguments: {' '.join(extra)}" + "".join(f"\n  {h}" for h in hints))
         args.overrides = [*args.overrides, *extra]
     return args
-
-
-def unknown_hints(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str],
-                  values: list[str | None]) -> list[str]:
-    from relayrl.cli.hints import command_flags, config_leaves, unknown_flag_hint
-    from relayrl.config.schema import Config
-
-    flags = command_flags(parser, getattr(args, "command", None))
-    keys = config_leaves(Config) if hasattr(args, "overrides") else []
-    return [h for a, v in zip(extra, values) if (h := unknown_flag_hint(a, v, flags, keys))]
 
 
 if __name__ == "__main__":
