@@ -35,6 +35,16 @@ class CheckpointError(UserError, RuntimeError):
     """A checkpoint is missing, incomplete, corrupted or does not fit the model."""
 
 
+def missing_resume(mode: str | Path) -> CheckpointError | None:
+    """The refusal of a ``run.resume`` that is neither mode nor an existing path (a typo of a mode, a
+    checkpoint that was moved), None when it is one of them."""
+    if str(mode) in ("never", "auto") or Path(mode).exists():
+        return None
+    return CheckpointError(f"run.resume={mode}: no such checkpoint (the path does not exist); run.resume is never, "
+                           "auto, or the path of a checkpoint (RUN_DIR/checkpoints/step-N) or of a run's checkpoints "
+                           "directory")
+
+
 @dataclass(frozen=True)
 class LoadedCheckpoint:
     """Everything one checkpoint holds, on `map_location` (CPU by default)."""

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from relayrl.checkpoint.format import _SCRATCH_DIR, _STEP_DIR, MANIFEST, CheckpointError, verify_checkpoint
+from relayrl.checkpoint.format import (_SCRATCH_DIR, _STEP_DIR, MANIFEST, CheckpointError, missing_resume,
+                                       verify_checkpoint)
 from relayrl.checkpoint.manager import CheckpointManager
 
 
@@ -58,8 +59,8 @@ def resume_from(root: Path, mode: Literal["auto", "never"] | str | Path) -> Resu
         manifest = verify_newest(root, latest, hashes=False)
         return ResumePlan(latest, f"resume=auto: resuming from {latest} (step {manifest['step']})")
     path = Path(mode)
-    if not path.exists():
-        raise CheckpointError(f"{path}: resume path does not exist")
+    if (missing := missing_resume(path)) is not None:
+        raise missing
     if not (path / MANIFEST).exists():
         inner = CheckpointManager(path).latest() if path.is_dir() else None
         if inner is None:

@@ -43,7 +43,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from relayrl.checkpoint.format import _STEP_DIR, MANIFEST, CheckpointError
+from relayrl.checkpoint.format import _STEP_DIR, MANIFEST, CheckpointError, missing_resume
 from relayrl.errors import UserError
 
 __all__ = ["FINGERPRINT", "RUN_CONFIG_KEYS", "RunDirError", "check_run_dir", "claim_run_dir", "config_differences",
@@ -180,6 +180,9 @@ def check_run_dir(run_dir: Path, resume: str, overwrite: bool,
     """
     run_dir = Path(run_dir)
     _not_a_file(run_dir)
+    missing = missing_resume(resume)  # (first: the refusals below would read it as another run's checkpoint)
+    if missing is not None:
+        raise missing
     conflict = _model_conflict(run_dir, models or {})
     if conflict is not None:
         raise conflict

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-__all__ = ["int_at_least", "port", "device", "non_negative_float", "positive_float"]
+__all__ = ["int_at_least", "port", "device", "finite_float", "non_negative_float", "positive_float"]
 
 
 def int_at_least(low: int) -> Callable[[str], int]:
@@ -37,6 +37,19 @@ def device(text: str) -> str:
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a device: give auto, cpu, cuda or cuda:N")
     return text
+
+
+def finite_float(text: str) -> float:
+    """argparse type: a number, neither NaN nor infinite."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+    return value
 
 
 def non_negative_float(text: str) -> float:

@@ -579,6 +579,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             # is a flag or an override itself)
             values = [v if not v.startswith("-") and "=" not in v else None for v in extra[1:]] + [None]
             hints = [h for h in map(flag_hint, extra, values) if h]
+            if not hints:  # (not a peer's flag: the command's own flag it is close to, or the override it may mean)
+                from relayrl.cli.hints import unknown_hints
+
+                hints = unknown_hints(parser, getattr(args, "command", None), hasattr(args, "overrides"), extra, values)
             parser.error(f"unrecognized arguments: {' '.join(extra)}" + "".join(f"\n  {h}" for h in hints))
         args.overrides = [*args.overrides, *extra]
     return args

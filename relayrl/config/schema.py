@@ -35,7 +35,7 @@ from relayrl.config.parallel import check_expert_parallel, check_sequence_parall
 from relayrl.data.config import DataConfig
 from relayrl.dock.config import DockConfig
 from relayrl.engines.reward.config import RewardConfig
-from relayrl.engines.generation.config import VLLMSpec
+from relayrl.engines.generation.config import PLAIN_SAMPLING, VLLMSpec, check_scale, narrowing
 from relayrl.engines.generation.vllm_sampling import NATIVE_ONLY, sampling_refusal
 from relayrl.engines.training.config import OptimConfig, TrainEngineConfig
 from relayrl.environments.config import EnvConfig
@@ -97,7 +97,7 @@ class RolloutConfig(_Section):
     OpenAI-compatible server) and how it batches."""
 
     n: int = Field(8, ge=1, description="responses per prompt")
-    temperature: float = Field(1.0, ge=0.0, description="sampling temperature (0: greedy); a rollout "
+    temperature: float = Field(1.0, ge=0.0, description="sampling temperature (0: greedy, else >= 1e-5); a rollout "
                                "records log-probs under softmax(logits / temperature), before top-k/top-p filtering")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling: the smallest set of tokens whose "
                          "probability reaches top_p (1: off)")
@@ -171,6 +171,8 @@ class RolloutConfig(_Section):
         if isinstance(v, int) and not isinstance(v, bool) and v == -1:  # verl's and vLLM's spelling of off
             raise ValueError("-1 is how verl and vLLM turn top-k off; relayrl's off is rollout.top_k=0")
         return v
+
+    _scale = field_validator("temperature", "repetition_penalty")(lambda v, info: check_scale(info.field_name, v))
 
     @model_validator(mode="after")
     def _remote(self) -> "RolloutConfig":
@@ -343,6 +345,8 @@ class EvalConfig(_Section):
                    "num_generations_eval); each evaluation then generates k + 1 answers per prompt. 1: greedy only")
     temperature: float | None = Field(None, gt=0.0, description="eval.k > 1: the sampling temperature (null: "
                                        "rollout.temperature, or 1.0 when that is 0)")
+
+    _scale = field_validator("temperature")(lambda v, info: check_scale(info.field_name, v))
 
     @model_validator(mode="after")
     def _sampled(self) -> "EvalConfig":

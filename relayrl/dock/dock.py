@@ -492,8 +492,12 @@ class Dock:
 
     def _ack(self, partition: str, gen: int, stage: str | None, lease: int, indexes: list[int]) -> list[int]:
         part = self._parts.get(partition)
-        if part is None or part.gen != gen:
+        if part is None:
             raise PartitionClosedError(f"ack: the batch's partition {partition!r} has been closed since it was handed out")
+        if part.gen != gen:
+            raise PartitionClosedError(f"ack: partition {partition!r} is open as generation {part.gen}, not the "
+                                       f"batch's generation {gen}: it has been closed since it was handed out and "
+                                       f"opened again, or generation {gen} is not one a lease gave")
         ctl = self._stages.get(stage) if stage is not None else None
         if ctl is None:
             raise KeyError(f"ack: stage {stage!r} is not registered")

@@ -190,9 +190,15 @@ def check_step_result(result: Any, where: str) -> StepResult:
     reward, done = (_scalar(v) for v in (result.reward, result.done))
     if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
         raise EnvError(f"{where} returned reward {result.reward!r}; expected a finite float")
+    if abs(reward) > _FLOAT32_MAX:  # (inf once a float32 tensor holds it, as a reward function's is checked)
+        raise EnvError(f"{where} returned reward {result.reward!r}, beyond float32's range (+-{_FLOAT32_MAX:.1e}, "
+                       "as rewards train); scale it down")
     if not isinstance(done, bool):
         raise EnvError(f"{where} returned done={result.done!r}; expected a bool")
     return replace(result, reward=float(reward), done=done)
+
+
+_FLOAT32_MAX = 3.4028234663852886e38  # (relayrl.engines.reward.user.FLOAT32_MAX; not imported: no torch here)
 
 
 def _scalar(v: Any) -> Any:

@@ -228,12 +228,13 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
     tok_lock = threading.Lock()  # a fast tokenizer is not safe to call from several threads at once
     env_text = EnvTextEncoder(tokenizer)
 
-    def encode(text: str) -> list[int]:
+    def encode(text: str, room: int) -> list[int]:
         """An environment's text as plain text but for its markup (:mod:`relayrl.data.plain_text`): a tool's
-        output that prints ``<|im_end|>`` must not end the model's turn in the context it is trained on."""
+        output that prints ``<|im_end|>`` must not end the model's turn in the context it is trained on. Its
+        first ``room`` ids only (the episode's tokens left), so megabytes are cut before they are tokenized."""
         with tok_lock:
             said = bool(env_text.forged)
-            ids = env_text(text)
+            ids = env_text.head(text, max(room, 0))
             if env_text.forged and not said:
                 log("relayrl: an environment's text held the tokenizer's special-token strings "
                     f"{', '.join(sorted(env_text.forged))}; they are tokenized as plain text, so that tool output "
@@ -286,7 +287,7 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             with feed.lock:
                 feed.end(lv, EpisodeEnd.ERROR, f"env.reset returned {type(text).__name__}; expected str")
             return
-        ids = encode(text)[:limits.max_tokens - 1]  # context like an observation: it opens the response
+        ids = encode(text, limits.max_tokens - 1)  # context like an observation: it opens the response
         with feed.lock:
             lv.ep.token_ids += ids
             lv.ep.logprobs += [0.0] * len(ids)
@@ -308,7 +309,9 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             return
         with tok_lock:
             text = after_turn(tokenizer, c, result.observation)
-        obs = encode(text)
+        with feed.lock:
+            room = limits.max_tokens - len(lv.ep.token_ids)  # (its turn is done: nothing adds tokens meanwhile)
+        obs = encode(text, room)
         with feed.lock:
             ep = lv.ep
             if ep.end is not None:
@@ -317,7 +320,6 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             ep.tool_calls += int("tool" in result.info)
             if result.observation:
                 ep.observations.append(str(result.observation))
-            room = limits.max_tokens - len(ep.token_ids)
             ep.token_ids += obs[:room]
             ep.logprobs += [0.0] * len(obs[:room])
             ep.loss_mask += [0] * len(obs[:room])

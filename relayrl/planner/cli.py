@@ -27,7 +27,7 @@ PROFILES = Path(__file__).resolve().parent / "profiles"
 
 
 def add_parser(sub, common) -> None:
-    from relayrl.cli.argtypes import int_at_least, positive_float
+    from relayrl.cli.argtypes import finite_float, int_at_least, positive_float
 
     p = sub.add_parser("plan", parents=[common], help="calibrate a hardware profile (--profile), or rank placements "
                        "and step modes of a recipe on N devices by predicted throughput")
@@ -51,8 +51,8 @@ def add_parser(sub, common) -> None:
     p.add_argument("--lengths", default=None, help="response lengths: 'measure' (sample the recipe's model), "
                    "'max' (every response hits rollout.max_new_tokens), or 'mixture:SHORT,P_LONG,LONG_MEAN' "
                    "(default: measure for a model on this machine, max otherwise)")
-    p.add_argument("--length-growth", type=float, default=0.0, help="response tokens gained per step as training "
-                   "goes on (GRPO responses usually lengthen): the plan uses the mean length over the run's "
+    p.add_argument("--length-growth", type=finite_float, default=0.0, help="response tokens gained per step as "
+                   "training goes on (GRPO responses usually lengthen): the plan uses the mean length over the run's "
                    "trainer.steps, the lengths given or measured growing from step 0")
     p.add_argument("--reward-latency", default="0,0", help="outside latency per scored response, uniform "
                    "LOW,HIGH seconds")

@@ -73,7 +73,7 @@ def keep_frac(rec: RunRecord, window: int = 5) -> float:
 def read_run(run_dir: str | Path) -> RunRecord:
     """The run's config, step times, stage spans and length metrics; errors name the missing file."""
     from relayrl.config.schema import Config
-    from relayrl.telemetry.sinks import METRICS_FILE
+    from relayrl.telemetry.sinks import METRICS_FILE, read_jsonl_records
     from relayrl.telemetry.timeline import SPANS_FILE, read_spans
 
     d = Path(run_dir)
@@ -92,14 +92,8 @@ def read_run(run_dir: str | Path) -> RunRecord:
         errors = field_errors(e) if hasattr(e, "errors") else [str(e)]
         raise ValueError(f"--from-run {d}: config.json is not a config this relayrl reads: {'; '.join(errors)}") from None
     rec = RunRecord(d, cfg)
-    for line in (d / METRICS_FILE).read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue  # a torn last line
-        step = row.get("step")
-        if not isinstance(step, int):
-            continue
+    for row in read_jsonl_records(d / METRICS_FILE):  # (a torn last line skipped; a damaged one elsewhere named)
+        step = row["step"]
         if "perf/step_time_s" in row:
             rec.step_s[step] = float(row["perf/step_time_s"])
         lens = {k: float(v) for k, v in row.items() if k.startswith("response/length_") or k == "response/clip_ratio"}

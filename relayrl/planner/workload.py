@@ -19,7 +19,7 @@ __all__ = ["LengthDist", "LatencyDist", "ModelShape", "Workload"]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # (inf latency planned nan s)
 
 
 class LengthDist(_Model):

@@ -265,6 +265,11 @@ def _sampling(state: ServerState, req, prompts: list[list[int]], chat: bool) -> 
     if n > state.batcher.engine.max_batch:
         raise ApiError(400, f"n={n} exceeds the {state.batcher.engine.max_batch} sequences this server decodes "
                        f"together (relayrl serve --max-batch)", param="n")
+    vocab = len(state.tokenizer)
+    bad = [t for t in req.stop_token_ids or () if not 0 <= t < vocab]
+    if bad:  # (it could never match)
+        raise ApiError(400, f"stop token id {bad[0]} is outside the vocabulary [0, {vocab})",
+                       param="stop_token_ids")
     stops = req.stops  # (an empty one is refused by the request record)
     if len(stops) > lim.max_stop:
         raise ApiError(400, f"stop: {len(stops)} stop strings; this server takes at most {lim.max_stop}",
@@ -531,6 +536,9 @@ def _served_names(model, tensors: dict) -> dict:
         if tuple(p.shape) != tuple(t.shape):
             raise ApiError(400, f"weight {name!r}: the served model's shape is {tuple(p.shape)}, the payload's "
                            f"{tuple(t.shape)}")
+        if t.is_floating_point() and not (finite := torch.isfinite(t)).all():  # (every completion would fail)
+            raise ApiError(400, f"weight {name!r} holds {int((~finite).sum())} values that are not finite (NaN or "
+                           "infinite): nothing was loaded; send finite weights (a run that diverged?)")
         if served in out and not torch.equal(out[served], t):
             raise ApiError(400, f"weights {served!r} and its tied copy {name!r} differ; the served model ties them "
                            "(tie_word_embeddings): send weights of a model that ties them, or serve an untied model")

@@ -15,7 +15,8 @@ Each step admits waiting requests into the rows that finished (Periodic Asynchro
 continuous batching on the engine's left-padded dynamic cache), samples every
 request's rows with its own sampling settings (rows with equal settings share
 one ``sample_next`` call), and drops the rows of requests whose client went
-away. A seeded request's sample ``k`` draws from its own generator seeded
+away. A sampling call that raises (settings the sampler cannot sample with) fails the rows of that call's
+requests alone, with the cause; the other rows go on, and so does the loop. A seeded request's sample ``k`` draws from its own generator seeded
 ``seed + k``, as vLLM seeds the ``n`` samples of a request
 (``ParentRequest._get_child_sampling_params``): a sample does not depend on
 ``n`` or on the rows beside it. New weights are applied between steps once no row is
@@ -213,11 +214,17 @@ class Batcher:
         logp = torch.empty(len(batch), dtype=torch.float32, device=eng.device)
         logits = batch.next_logits.float()
         tops: dict[int, tuple[tuple[int, float], ...]] = {}
+        failed: dict[int, str] = {}  # row position -> why its sampling failed
         for params, pos in self._sampling_groups():
             idx = torch.tensor(pos, device=eng.device)
             seen = eng.seen_tokens(batch)[idx] if params.repetition_penalty != 1.0 else None
             u = self._uniforms(pos) if params.temperature > 0 else None
-            t, lp = sample_next(logits[idx], params, uniforms=u, seen=seen)
+            try:
+                t, lp = sample_next(logits[idx], params, uniforms=u, seen=seen)
+            except Exception as e:  # noqa: BLE001 - settings it cannot sample with fail their rows, not the loop
+                failed.update((p, f"sampling failed: {e!r}") for p in pos)
+                tok[idx], logp[idx] = 0, 0.0
+                continue
             tok[idx], logp[idx] = t, lp
             k = max(self._reqs[batch.rows[p][0]].top_logprobs for p in pos)
             if k:
@@ -230,6 +237,9 @@ class Batcher:
         keep: list[int] = []
         for r, (rid, sample) in enumerate(batch.rows):
             req = self._reqs[rid]
+            if r in failed:  # (the request's rows share its settings: all of them fail, the other rows go on)
+                self._finish(req, sample, "error", batch.tokens[r], batch.logps[r], failed[r])
+                continue
             batch.tokens[r].append(tok_l[r])
             batch.logps[r].append(logp_l[r])
             batch.versions[r].append(eng.weight_version)
@@ -302,9 +312,10 @@ class Batcher:
         for rid in gone:
             self._reqs.pop(rid).emit(DoneEvent(-1, "cancelled"))
 
-    def _finish(self, req: Request, sample: int, reason: str, toks: list[int], logps: list[float]) -> None:
+    def _finish(self, req: Request, sample: int, reason: str, toks: list[int], logps: list[float],
+                error: str | None = None) -> None:
         req.emit(DoneEvent(sample, reason, tuple(toks), tuple(logps),  # type: ignore[arg-type]
-                           self.engine.weight_version))
+                           self.engine.weight_version, error))
         req.left -= 1
         if req.left == 0:
             self._reqs.pop(req.id, None)

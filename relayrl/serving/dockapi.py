@@ -57,9 +57,14 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+MAX_PARTITION_ROWS = 1 << 24
+"""The most rows one partition opened over HTTP may hold (16.8M: a step of 512 prompts x 64 samples is 32,768);
+more answered a 500 when the dock's per-row arrays could not be allocated."""
+
+
 class OpenPartition(_Body):
     name: str = Field(min_length=1)
-    rows: int = Field(ge=1)
+    rows: int = Field(ge=1, le=MAX_PARTITION_ROWS, description="rows of the partition (one step's samples)")
     group_size: int = Field(1, ge=1)
     columns: list[str] | None = None
 
@@ -164,7 +169,10 @@ def _parse(data: Any, cls):
     except ValidationError as e:
         first = e.errors(include_url=False)[0]
         loc = ".".join(str(x) for x in first["loc"]) or "body"
-        raise HTTPRefusal(400, f"{loc}: {first['msg']}", param=loc) from None
+        msg = first["msg"]
+        if first["type"] == "less_than_equal" and loc == "rows":  # (say what the bound is for)
+            msg = f"{first['input']} rows; a partition holds at most {MAX_PARTITION_ROWS} (one step's samples)"
+        raise HTTPRefusal(400, f"{loc}: {msg}", param=loc) from None
 
 
 async def _json(http: HTTPRequest, cls):

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator,
+                      model_validator)
+
+from relayrl.engines.generation.config import check_scale
 
 __all__ = ["ServeLimits", "CompletionRequest", "ChatMessage", "ChatCompletionRequest", "WeightsRequest",
            "FieldError"]
@@ -48,34 +51,42 @@ class ServeLimits(BaseModel):
     weights_timeout_s: float = Field(600.0, gt=0, description="seconds to receive a weights payload (408 beyond)")
 
 
+class StreamOptions(BaseModel):
+    """``stream_options`` (with ``stream=true``): OpenAI's ``include_usage``, a last chunk with the usage."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: StrictBool | None = None
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # (NaN passed le=100 checks' wording)
 
     model: str | None = Field(None, description="the served model's name (null: the one model this server serves, "
                               "as vLLM's server)")
     max_tokens: StrictInt | None = Field(None, description="new tokens per sample (null: the server's default, 16)")
-    temperature: float | None = Field(None, ge=0.0, le=100.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    temperature: StrictFloat | None = Field(None, ge=0.0, le=100.0)
+    top_p: StrictFloat | None = Field(None, gt=0.0, le=1.0)
     top_k: StrictInt | None = Field(None, ge=-1, description="vLLM extension; 0 or -1 disables")
-    min_p: float | None = Field(None, ge=0.0, le=1.0, description="vLLM extension; 0 disables")
-    repetition_penalty: float | None = Field(None, gt=0.0, description="vLLM extension; 1 disables")
+    min_p: StrictFloat | None = Field(None, ge=0.0, le=1.0, description="vLLM extension; 0 disables")
+    repetition_penalty: StrictFloat | None = Field(None, gt=0.0, description="vLLM extension; 1 disables")
     n: StrictInt | None = Field(None, ge=1)
-    stream: bool | None = False
-    stream_options: dict[str, Any] | None = None
+    stream: StrictBool | None = False
+    stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[StrictInt] | None = Field(None, description="vLLM extension")
     seed: StrictInt | None = Field(None, ge=-(2**63), le=2**63 - 1, description="a 64-bit integer")
     user: str | None = None
-    ignore_eos: bool | None = Field(False, description="vLLM extension: do not stop at EOS")
-    return_tokens_as_token_ids: bool | None = Field(False, description="vLLM extension: logprob tokens as "
-                                                    "'token_id:<id>'")
-    return_token_ids: bool | None = Field(False, description="vLLM extension: prompt_token_ids and token_ids in "
-                                          "each choice")
-    include_stop_str_in_output: bool | None = Field(False, description="vLLM extension: keep the stop string's "
-                                                    "or stop token's text at the end of the text")
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    ignore_eos: StrictBool | None = Field(False, description="vLLM extension: do not stop at EOS")
+    return_tokens_as_token_ids: StrictBool | None = Field(False, description="vLLM extension: logprob tokens "
+                                                          "as 'token_id:<id>'")
+    return_token_ids: StrictBool | None = Field(False, description="vLLM extension: prompt_token_ids and "
+                                                "token_ids in each choice")
+    include_stop_str_in_output: StrictBool | None = Field(False, description="vLLM extension: keep the stop "
+                                                          "string's or stop token's text at the end of the text")
+    presence_penalty: StrictFloat | None = None
+    frequency_penalty: StrictFloat | None = None
+    logit_bias: dict[str, StrictFloat] | None = None
 
     @field_validator("max_tokens")
     @classmethod
@@ -83,6 +94,11 @@ class _Request(BaseModel):
         if v is not None and v < 1:
             raise ValueError(f"max_tokens={v} must be >= 1")
         return v
+
+    @field_validator("temperature", "repetition_penalty")
+    @classmethod
+    def _scale(cls, v: float | None, info) -> float | None:
+        return check_scale(info.field_name, v)
 
     @field_validator("stop")
     @classmethod
@@ -113,7 +129,7 @@ class _Request(BaseModel):
 
     @property
     def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.get("include_usage"))
+        return bool(self.stream_options and self.stream_options.include_usage)
 
 
 class CompletionRequest(_Request):
@@ -122,7 +138,7 @@ class CompletionRequest(_Request):
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     logprobs: StrictInt | None = Field(None, ge=0, description="top alternatives per token (0: the sampled token's "
                                        "only)")
-    echo: bool | None = False
+    echo: StrictBool | None = False
     best_of: StrictInt | None = None
     suffix: str | None = None
 
@@ -172,6 +188,12 @@ class ChatMessage(BaseModel):
     def _has_content(self) -> "ChatMessage":
         if self.content is None and self.role != "assistant":  # (an assistant turn may be empty)
             raise FieldError("content", f"a {self.role!r} message needs 'content' (text, or a list of text parts)")
+        for i, part in enumerate(self.content if isinstance(self.content, list) else ()):
+            if part.get("type") != "text":
+                raise FieldError(f"content.{i}.type", f"{part.get('type')!r} parts are not supported by relayrl "
+                                 "serve; give text parts ({'type': 'text', 'text': ...})")
+            if not isinstance(part.get("text"), str):
+                raise FieldError(f"content.{i}.text", "a text part needs 'text' (a string)")
         return self
 
     def text(self) -> str:
@@ -179,12 +201,7 @@ class ChatMessage(BaseModel):
             return ""
         if isinstance(self.content, str):
             return self.content
-        parts = []
-        for part in self.content:
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ValueError(f"message content part {part.get('type')!r} is not supported; only text parts")
-            parts.append(part["text"])
-        return "".join(parts)
+        return "".join(part["text"] for part in self.content)  # (text parts only: checked above)
 
 
 RESERVED_TEMPLATE_KWARGS = frozenset({"chat_template", "tokenize", "conversation", "messages"})
@@ -195,17 +212,17 @@ class ChatCompletionRequest(_Request):
     """``POST /v1/chat/completions``: messages rendered with the tokenizer's chat template."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    logprobs: bool | None = False
+    logprobs: StrictBool | None = False
     top_logprobs: StrictInt | None = Field(None, ge=0)
     max_completion_tokens: StrictInt | None = None
-    add_generation_prompt: bool | None = True
+    add_generation_prompt: StrictBool | None = True
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="vLLM extension: more variables of the "
                                                         "chat template (enable_thinking, ...), passed to the "
                                                         "tokenizer's apply_chat_template")
     tools: list[Any] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: StrictBool | None = None
 
     @model_validator(mode="after")
     def _chat_only(self) -> "ChatCompletionRequest":

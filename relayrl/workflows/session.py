@@ -76,22 +76,40 @@ def config_changes(old: Any, new: Any, prefix: str = "") -> dict[str, list]:
     return {} if old == new else {prefix[:-1]: [old, new]}
 
 
-def record_resume(run_dir: Path, step: int, config: dict) -> dict[str, list]:
+def record_resume(run_dir: Path, step: int, config: dict, checkpoint: Path | None = None,
+                  log: Callable[[str], None] = print) -> dict[str, list]:
     """Before a resumed run rewrites ``RUN_DIR/config.json`` with its own config: append what changed (and the
     whole previous config) to ``RUN_DIR/resumes.jsonl``, so the file says what the run is now and the history how
-    it got there. Returns the changes ({} when none: nothing is written)."""
+    it got there. Returns the changes ({} when none: nothing is written).
+
+    A ``config.json`` that is missing, or damaged (not JSON: kept as ``config.json.damaged``, said with ``log``),
+    is replaced, for the comparison, by the config saved in ``checkpoint`` (the one resumed from), which the
+    record names in ``previous_config_from``."""
     path = run_dir / "config.json"
+    source = path
     try:
         previous = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return {}  # (no readable previous config: nothing to compare)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        if path.is_file():  # (its bytes are kept: the rewrite below would lose them)
+            kept = path.with_name("config.json.damaged")
+            path.replace(kept)
+            log(f"relayrl: {path} was not valid JSON ({type(e).__name__}: {e}); kept as {kept}, and this resume is "
+                f"recorded against the config of {checkpoint} instead")
+        previous = saved_config(checkpoint) if checkpoint is not None else None
+        if previous is None:
+            return {}  # (no previous config anywhere: nothing to compare)
+        source = checkpoint / "config.json"
     changes = config_changes(previous, config)
     changes.pop("run.resume", None)  # (how this session started, not what the run is)
     if changes:
         record = {"resumed_at_step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "changed": changes,
                   "previous_config": previous}
-        with open(run_dir / RESUMES_FILE, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        if source != path:
+            record["previous_config_from"] = str(source)
+        with open(run_dir / RESUMES_FILE, "a+b") as f:
+            f.seek(0, os.SEEK_END)
+            cut = f.tell() > 0 and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n"  # (a record cut mid-line)
+            f.write((("\n" if cut else "") + json.dumps(record) + "\n").encode("utf-8"))
     return changes
 
 
@@ -314,7 +332,7 @@ class Session(EvalSession):
         written to ``run.dir`` before (a run that fails while its workers start leaves no run behind)."""
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.start_step > 0:  # a resume: config.json becomes this session's config, the old one kept
-            record_resume(self.dir, self.start_step, self.config_record())
+            record_resume(self.dir, self.start_step, self.config_record(), self.plan.path, self.log)
         write_run_config(self.dir, self.config_record())
         self.tracker = Tracker(self.dir, self.cfg.telemetry, total_steps, key_metrics=key_metrics,
                                start_step=self.start_step, run_config=self.config_record())

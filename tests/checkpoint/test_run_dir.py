@@ -395,3 +395,19 @@ def test_a_run_whose_reference_moved_resumed_without_its_syncs_is_refused():
         check_fingerprint(Path("ck"), saved, now)
     saved["trainer"]["ref_sync_every"] = 0  # the reference never moved: it is the starting model either way
     check_fingerprint(Path("ck"), saved, now)
+
+
+def test_a_resume_path_that_does_not_exist_is_named_as_such_before_the_run_dir_is_judged(tmp_path):
+    """run.resume=sometimes (a typo of a mode) in a run.dir holding a run was refused as "a run resumed from
+    another run's checkpoint (sometimes) there would mix the two", and in a fresh one as "sometimes: resume
+    path does not exist"; neither said it names no checkpoint and which modes there are."""
+    run = tmp_path / "run"
+    _save(run / "checkpoints", 2)
+    for where in (run, tmp_path / "fresh"):
+        with pytest.raises(CheckpointError) as info:
+            check_run_dir(where, "sometimes", overwrite=False)
+        msg = str(info.value)
+        assert "run.resume=sometimes" in msg and "no such checkpoint" in msg and "never, auto" in msg, msg
+        assert is_user_error(info.value)
+    with pytest.raises(CheckpointError, match="run.resume=sometimes: no such checkpoint"):
+        resume_from(run / "checkpoints", "sometimes")

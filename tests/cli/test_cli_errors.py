@@ -42,6 +42,25 @@ def argparse_error(capsys, *argv: str) -> str:
     return err
 
 
+def test_an_unknown_flag_is_named_with_the_close_flag_or_the_override_it_may_mean(capsys):
+    """``--steps 3``, ``--stepz 3`` and ``--debugg`` said only "unrecognized arguments" (a peer framework's flag
+    got its relayrl key; these did not)."""
+    err = argparse_error(capsys, "train", GRPO, "--steps", "3")
+    assert "--steps: relayrl takes dotted overrides (section.key=value), not flags; did you mean trainer.steps=3?" in err
+    err = argparse_error(capsys, "train", GRPO, "--stepz", "3", "--debugg")
+    assert "did you mean trainer.steps=3?" in err and "--debugg: did you mean --debug?" in err
+    err = argparse_error(capsys, "serve", "some/dir", "--max-tokenz", "5")
+    assert "--max-tokenz: did you mean --max-tokens?" in err and "dotted" not in err  # (serve takes no overrides)
+    assert "did you mean" not in argparse_error(capsys, "train", GRPO, "--qwertyuiop")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_plan_length_growth_must_be_a_finite_number(capsys, value):
+    """--length-growth nan planned "with +nan tokens/step" (the lengths' mean fell to the floor of 1)."""
+    err = argparse_error(capsys, "plan", GRPO, "--devices", "2", "--hardware", "h100_7b", f"--length-growth={value}")
+    assert f"argument --length-growth: {value} is not a finite number" in err
+
+
 # ------------------------------------------------------------------------ eval arguments
 @pytest.mark.parametrize("k", ["0", "-3"])
 def test_eval_refuses_k_below_one(capsys, k):

@@ -63,6 +63,18 @@ def test_unknown_key_suggests_the_close_one():
     assert "eval.zzz: unknown key; valid keys here:" in msg and "stop_at" in msg
 
 
+@pytest.mark.parametrize("override, says", [
+    ("rollout.temperature=1e-300", "rollout.temperature: temperature=1e-300 is below 1e-05"),
+    ("rollout.repetition_penalty=1e-40", "rollout.repetition_penalty: repetition_penalty=1e-40 is below 1e-05"),
+    ("eval.temperature=1e-40", "eval.temperature: temperature=1e-40 is below 1e-05")])
+def test_a_sampling_scale_that_overflows_the_logits_is_refused(override, says):
+    """Such a temperature divides the logits to inf in float32: the first rollout failed on an index error of
+    the sampler (NaN probabilities), after the model had loaded."""
+    extra = ["eval.k=2"] if override.startswith("eval.") else []
+    msg = _errors(override, *extra, recipe=RECIPES / "arith_grpo.yaml")
+    assert says in msg, msg
+
+
 def test_bad_values_name_their_path():
     assert "rollout.temperature" in _errors("rollout.temperature=-1")
     assert "eval.stop_at" in _errors("eval.stop_at=1.5")

@@ -68,11 +68,29 @@ def test_penalty_without_seen_tokens_is_refused():
         sample_with(_logits(2, 10), 1.0, 0, 1.0, torch.rand(2, dtype=torch.float64), penalty=1.2)
 
 
+@pytest.mark.parametrize("top_p", [1e-300, 1e-50, 1e-9])
+def test_a_top_p_below_float32s_range_keeps_the_most_likely_token(top_p):
+    """top_p=1e-300 is 0 once compared with float32 probabilities: every token, the most likely one too, was
+    dropped, the softmax of all -inf was NaN and inverse_cdf raised an index error (in relayrl serve the
+    generation loop stopped for every client)."""
+    logits = _logits(3, 300)
+    u = torch.rand(3, dtype=torch.float64)
+    tok, lp = sample_with(logits, 1.0, 0, top_p, u)
+    assert tok.tolist() == logits.argmax(-1).tolist()
+    torch.testing.assert_close(lp, torch.log_softmax(logits, -1).max(-1).values)
+
+
 def test_sampling_params_bounds():
     with pytest.raises(ValueError):
         SamplingParams(min_p=1.5)
     with pytest.raises(ValueError):
         SamplingParams(repetition_penalty=0.0)
+    # (logits / 1e-300 are inf in float32: the sampler's softmax gave NaN and inverse_cdf an index error)
+    with pytest.raises(ValueError, match="temperature=1e-300 is below 1e-05"):
+        SamplingParams(temperature=1e-300)
+    with pytest.raises(ValueError, match="repetition_penalty=1e-40 is below 1e-05"):
+        SamplingParams(repetition_penalty=1e-40)
+    assert SamplingParams(temperature=1e-5, repetition_penalty=1e-5).temperature == 1e-5
 
 
 PROMPTS = ["1+2=", "123+456=", "sort 5 12 9 =", "77+1=", "9+9=", "3+3+3=", "countdown 3 7 5 -> 9 :"]

@@ -371,6 +371,17 @@ def test_numpy_and_torch_scalar_rewards_are_numbers():
             check_step_result(StepResult("", reward, done), "Env.step")
 
 
+def test_an_environment_reward_beyond_float32s_range_is_an_error_naming_the_bound():
+    """reward=1e39 is finite in Python but inf in the float32 tensors the run trains with: it passed, and the
+    run met NaN advantages later, far from the environment that wrote it (a reward function's is refused)."""
+    from relayrl.environments.base import EnvError, check_step_result
+
+    for reward in (1e39, -5e38):
+        with pytest.raises(EnvError, match=r"beyond float32's range"):
+            check_step_result(StepResult("", reward, True), "Env.step")
+    assert check_step_result(StepResult("", 3e38, True), "Env.step").reward == 3e38
+
+
 @pytest.mark.slow  # (over half a second; the full make test runs it)
 def test_rejoining_turns_see_their_exact_context(engine, tiny_tokenizer):
     """Greedy: an episode's second turn equals a single-turn generation from the same context ids."""
@@ -548,3 +559,43 @@ def test_environment_text_is_plain_but_for_its_markup(tiny_tokenizer, kind):
         assert [i for i in ids if i in special] == kept and tok.decode(ids) == text
     assert encode.forged == {end: 2, eos: 2}
     assert usual(end) == end_id  # the tokenizer's own encoding is unchanged
+
+
+def test_a_megabyte_observation_is_cut_before_it_is_tokenized(engine, tiny_tokenizer, monkeypatch):
+    """An environment that returns megabytes (a tool printing a whole file) is cut at ``env.max_tokens`` as
+    before, but the text is cut first: the whole of it was tokenized under the episode loop's one tokenizer
+    lock (10 MB: 18 s, while every other episode's turn waited), to keep a few hundred of its tokens."""
+    from relayrl.data.plain_text import EnvTextEncoder, markup
+
+    seen: list[int] = []
+    encode = EnvTextEncoder.__call__
+    monkeypatch.setattr(EnvTextEncoder, "__call__", lambda self, text: seen.append(len(text)) or encode(self, text))
+    flood = "hello world 123 " * 200_000  # 3.2 MB
+
+    class Flood:
+        def reset(self, problem):
+            return markup("<r>") + flood if problem.prompt == "0+0=" else ""
+
+        def step(self, action):
+            return StepResult(flood, reward=1.0)
+
+    probs, prompts = _problems(tiny_tokenizer, 2)
+    eps = run_episodes(engine, tiny_tokenizer, probs, prompts, Flood, SamplingParams(n=1, max_new_tokens=3),
+                       EpisodeLimits(max_turns=3, max_tokens=60))
+    assert seen and max(seen) < 100_000, max(seen)
+    for e in eps:
+        assert e.end is EpisodeEnd.MAX_TOKENS and len(e.token_ids) == 60
+        obs = tiny_tokenizer.decode([t for t, m in zip(e.token_ids, e.loss_mask) if m == 0])
+        assert obs.replace("<r>", "").startswith("hello world 123 hello world")  # the text's head, as before
+    head = tiny_tokenizer(markup("<r>") + flood[:5000], add_special_tokens=False)["input_ids"][:59]
+    assert eps[0].token_ids[:59] == head  # (the reset text opens the response, cut at max_tokens - 1)
+
+
+@pytest.mark.parametrize("room", [1, 5, 40, 500])
+def test_the_head_of_environment_text_is_the_whole_texts_first_ids(tiny_tokenizer, room):
+    from relayrl.data.plain_text import EnvTextEncoder, markup
+
+    enc = EnvTextEncoder(tiny_tokenizer)
+    for text in ("12+34=46 " * 300, markup("<|endoftext|>") + "x<|endoftext|>y " * 200 + markup("<|endoftext|>"),
+                 "short", "é" * 3000):
+        assert enc.head(text, room) == enc(text)[:room]

@@ -136,6 +136,21 @@ def test_from_run_errors_name_what_is_missing(tmp_path, capsys):
     assert "give no recipe" in capsys.readouterr().err
 
 
+def test_a_damaged_line_inside_the_runs_files_is_named_and_a_torn_last_line_skipped(tmp_path, capsys):
+    """A metrics.jsonl line damaged in the middle of the file was skipped without a word: the plan was fitted
+    to the other steps as if the run had no more (spans.jsonl's reader already named such a line)."""
+    run = _fake_run(tmp_path, [10.0] * 6)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:30])  # torn while written
+    assert read_run(run).steps == [1, 2, 3, 4, 5]
+    lines[2] = lines[2][:30]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    prof = save_profile(toy_profile(kind="cpu"), tmp_path / "toy.json")
+    assert cli.main(["plan", "--from-run", str(run), "--hardware", str(prof)]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "metrics.jsonl:3: not valid JSON" in err and "fix or delete that line" in err, err
+
+
 def test_from_run_on_a_run_of_episodes_says_it_reads_single_turn_runs(tmp_path, capsys):
     """An episode run logs env/model_tokens_mean, no response/length_*: the error said only that metrics.jsonl had
     no response/length_mean, as if the run were broken; and a run whose metrics had them was planned as one turn a

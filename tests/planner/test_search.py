@@ -96,6 +96,16 @@ def test_cli_plan_with_a_stored_profile(tmp_path, capsys):
     assert tpspd == sorted(tpspd, reverse=True)
 
 
+@pytest.mark.parametrize("latency", ["0,inf", "inf,inf"])
+def test_an_infinite_reward_latency_is_refused_naming_the_option(tmp_path, capsys, latency):
+    """--reward-latency 0,inf planned every placement at "nan" seconds a step."""
+    prof, cfg = _toy_files(tmp_path)
+    code = cli.main(["plan", GRPO, "--devices", "2", "--hardware", str(prof), "--model-config", str(cfg),
+                     "--prompt-tokens", "6", "--reward-latency", latency])
+    err = capsys.readouterr().err
+    assert code == EXIT_CONFIG and "finite number" in err and "--reward-latency" in err, err
+
+
 def test_the_plan_names_candidates_too_close_to_rank_as_near_ties():
     """A candidate predicted within NEAR_TIE of the best is named with its overrides before the best line; one
     further away, or one that does not fit, is not."""

@@ -62,6 +62,31 @@ def test_the_dock_api_answers_bad_queries_and_unknown_routes_with_error_objects(
         dock.shutdown()
 
 
+def test_the_dock_api_refuses_a_partition_beyond_memory_and_names_a_stale_generation():
+    """rows=10**12 answered a 500 ("Unable to allocate 7.28 TiB"); an ack naming a generation the open
+    partition does not have said the partition "has been closed", though it was open."""
+    from fastapi.testclient import TestClient
+
+    from relayrl.dock import Dock
+    from relayrl.serving.dockapi import MAX_PARTITION_ROWS, build_dock_app
+
+    dock = Dock(units=1, backend="local", lease_s=30.0)
+    try:
+        with TestClient(build_dock_app(dock), raise_server_exceptions=False) as c:
+            r = c.post("/v1/dock/partitions", json={"name": "p", "rows": 10**12})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "rows", r.text
+            assert f"at most {MAX_PARTITION_ROWS}" in r.json()["error"]["message"]
+            assert c.post("/v1/dock/partitions", json={"name": "p", "rows": 4}).status_code == 200
+            gen = dock._parts["p"].gen
+            r = c.post("/v1/dock/ack", json={"partition": "p", "gen": gen + 7, "stage": "s", "lease_id": 1,
+                                             "indexes": [1]})
+            assert r.status_code == 404, r.text
+            msg = r.json()["error"]["message"]
+            assert f"generation {gen + 7}" in msg and f"open as generation {gen}" in msg and "closed" in msg
+    finally:
+        dock.shutdown()
+
+
 def test_the_server_stops_at_an_eos_id_of_the_generation_config(tiny_model, tiny_tokenizer, eos_listed):
     """``relayrl serve`` on an instruct checkpoint whose generation_config.json lists more EOS ids than the
     tokenizer's (as vLLM's server does): a completion ends at the first of them with finish_reason ``stop``."""
@@ -156,6 +181,31 @@ DONE = {"model": "tiny", "prompt": "1+1=", "max_tokens": 2}
     ("completions", {**DONE, "prompt": [1, True]}, "prompt", "token ids"),
     # (a prompt of the wrong type was named by union member: param "prompt.str", four reasons)
     ("completions", {**DONE, "prompt": 5}, "prompt", "give a text"),
+    # (lax floats and booleans: true was read as temperature=1.0, "0.5" as 0.5, "yes" as stream=true, 1 as
+    # logprobs=true; OpenAI refuses each, as the integer fields here do)
+    ("completions", {**DONE, "temperature": True}, "temperature", "valid number"),
+    ("chat", {**CHAT, "top_p": "0.5"}, "top_p", "valid number"),
+    ("completions", {**DONE, "stream": "yes"}, "stream", "valid boolean"),
+    ("completions", {**DONE, "echo": "no"}, "echo", "valid boolean"),
+    ("chat", {**CHAT, "logprobs": 1}, "logprobs", "valid boolean"),
+    ("chat", {**CHAT, "add_generation_prompt": "false"}, "add_generation_prompt", "valid boolean"),
+    # (stream_options was any dict: an option it does not implement, or include_usage="yes", was taken)
+    ("completions", {**DONE, "stream": True, "stream_options": {"continuous_usage_stats": True}},
+     "stream_options.continuous_usage_stats", "unknown field"),
+    ("chat", {**CHAT, "stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage",
+     "valid boolean"),
+    # (a stop token id outside the vocabulary was taken and could never match)
+    ("completions", {**DONE, "stop_token_ids": [7, 99999]}, "stop_token_ids", "stop token id 99999 is outside"),
+    ("chat", {**CHAT, "stop_token_ids": [-5]}, "stop_token_ids", "stop token id -5 is outside"),
+    # (a text part without "text" was "content part 'text' is not supported; only text parts", param "messages")
+    ("chat", {**CHAT, "messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages.0.content.0.text",
+     "a text part needs 'text'"),
+    ("chat", {**CHAT, "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [
+        {"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages.1.content.1.type", "'image_url' parts are not supported"),
+    # (logits / 1e-300 overflowed to inf: a 500 and the generation loop stopped for every later request)
+    ("completions", {**DONE, "temperature": 1e-300}, "temperature", "temperature=1e-300 is below 1e-05"),
+    ("chat", {**CHAT, "repetition_penalty": 1e-40}, "repetition_penalty", "repetition_penalty=1e-40 is below"),
 ])
 def test_a_refusal_names_the_offending_field_in_its_own_words(client, route, body, param, words):
     import json
@@ -167,6 +217,19 @@ def test_a_refusal_names_the_offending_field_in_its_own_words(client, route, bod
     err = r.json()["error"]
     assert err["param"] == param and words in err["message"], err
     assert "Value error" not in err["message"] and "body" != err["param"]
+
+
+def test_a_temperature_that_overflows_the_logits_is_refused_and_the_server_keeps_serving(client):
+    """temperature=1e-300 divided the logits to inf, the sampler's softmax to NaN: the batcher thread died on an
+    index error, that request and every later one got a 500 ("the generation loop stopped")."""
+    c, _ = client
+    for t in (1e-300, 1e-38, 5e-6):
+        r = c.post("/v1/completions", json={**DONE, "temperature": t})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "temperature", r.text
+        assert "use 0 for greedy decoding" in r.json()["error"]["message"]
+    ok = c.post("/v1/completions", json={**DONE, "temperature": 1e-5})  # (the smallest taken samples greedily)
+    assert ok.status_code == 200, ok.text
+    assert c.get("/health").json()["status"] == "ok"
 
 
 def test_the_official_openai_client_sends_what_the_strict_fields_take(client):
@@ -327,6 +390,38 @@ def test_a_training_checkpoint_of_a_tied_model_loads_by_path(tiny_dir, tmp_path)
             assert r.status_code == 400 and "tie" in r.json()["error"]["message"], r.text
             assert c.get("/v1/relayrl/weights").json() == {"version": 3}
             torch.testing.assert_close(embed, head, rtol=0, atol=0)
+    finally:
+        state.batcher.close()
+
+
+def test_weights_that_are_not_finite_are_refused_and_the_server_keeps_serving(tiny_dir, tmp_path):
+    """A NaN embedding was loaded (200), then the first completion's sampler met NaN probabilities: the batcher
+    thread died and every later request, /health included, answered 500 until a restart."""
+    import torch
+    from fastapi.testclient import TestClient
+    from safetensors.torch import save, save_file
+
+    from relayrl.serving.app import build_app
+    from relayrl.serving.server import build_state
+
+    state = build_state(str(tiny_dir), limits=ServeLimits(), api_key=None, max_batch=2, name="tiny")
+    embed = state.batcher.engine.model.get_input_embeddings().weight
+    before = embed.detach().clone()
+    bad = before.clone()
+    bad[3, 5], bad[7, 1] = float("nan"), float("inf")
+    save_file({"model.embed_tokens.weight": bad}, str(tmp_path / "bad.safetensors"))
+    try:
+        with TestClient(build_app(state), raise_server_exceptions=False) as c:
+            r = c.post("/v1/relayrl/weights", params={"version": 1}, content=save({"model.embed_tokens.weight": bad}),
+                       headers={"Content-Type": "application/octet-stream"})
+            assert r.status_code == 400, r.text
+            assert "'model.embed_tokens.weight' holds 2 values that are not finite" in r.json()["error"]["message"]
+            r = c.post("/v1/relayrl/weights", json={"path": str(tmp_path / "bad.safetensors"), "version": 1})
+            assert r.status_code == 400 and "not finite" in r.json()["error"]["message"], r.text
+            torch.testing.assert_close(embed, before, rtol=0, atol=0)  # nothing was copied
+            assert c.get("/v1/relayrl/weights").json() == {"version": 0}
+            assert c.post("/v1/completions", json={**DONE, "temperature": 1}).status_code == 200
+            assert c.get("/health").json()["status"] == "ok"
     finally:
         state.batcher.close()
 

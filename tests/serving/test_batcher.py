@@ -195,3 +195,38 @@ def test_a_seeded_sample_does_not_depend_on_n(batcher, tiny_tokenizer):
     assert s.done.wait(60)
     assert s.finished()[0].token_ids == got[3][1]  # sample 1 is the seed + 1 sample
     assert len(set(got[3])) == 3
+
+
+def test_a_request_its_sampler_fails_on_fails_alone_and_the_loop_goes_on(batcher, tiny_tokenizer, monkeypatch):
+    """A sampling failure (settings the sampler could not sample with: temperature=1e-300 and top_p=1e-300 gave
+    NaN probabilities) stopped the batcher thread: the request beside it failed too, and every later one."""
+    import relayrl.serving.batcher as batching
+
+    real = batching.sample_next
+
+    def flaky(logits, params, **kw):
+        if params.temperature == 0.5:
+            raise RuntimeError("index 3 is out of bounds")
+        return real(logits, params, **kw)
+
+    monkeypatch.setattr(batching, "sample_next", flaky)
+    p = tiny_tokenizer(PROMPTS[1])["input_ids"]
+    bad, good = Sink(2), Sink(1)
+    with held(batcher):  # (both admitted in one step)
+        batcher.submit(Request(p, SamplingParams(n=2, temperature=0.5, max_new_tokens=6), emit=bad))
+        batcher.submit(Request(p, SamplingParams(temperature=1.0, max_new_tokens=6, ignore_eos=True), emit=good))
+    assert bad.done.wait(60) and good.done.wait(60)
+    assert [d.finish_reason for d in bad.finished()] == ["error", "error"]
+    assert all("sampling failed" in d.error and "index 3" in d.error for d in bad.finished())
+    (done,) = good.finished()
+    assert done.finish_reason == "length" and len(done.token_ids) == 6
+    assert batcher.error is None
+    later = Sink(1)
+    batcher.submit(Request(p, SamplingParams(temperature=1.0, max_new_tokens=3, ignore_eos=True), emit=later))
+    assert later.done.wait(60) and later.finished()[0].finish_reason == "length"
+    import time
+
+    deadline = time.monotonic() + 30  # (the rows leave the batch just after their last event)
+    while batcher.stats()["running"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert batcher.stats()["running"] == 0 and not batcher._reqs  # the failed rows left nothing behind

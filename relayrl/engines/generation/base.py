@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Literal, Protocol, Sequence
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from relayrl.engines.generation.config import check_scale
 
 from relayrl.errors import UserError
 
@@ -50,6 +52,11 @@ class SamplingParams(BaseModel):
     stop_token_ids: tuple[int, ...] = Field((), description="extra stop tokens beside the EOS ids (the tokenizer's "
                                             "and the model's generation_config.json's eos_token_id)")
     ignore_eos: bool = Field(False, description="do not stop at the EOS ids (benchmarks: fixed-length work)")
+
+    @field_validator("temperature", "repetition_penalty")
+    @classmethod
+    def _scale(cls, v: float, info) -> float:
+        return check_scale(info.field_name, v)
 
     @model_validator(mode="after")
     def _check(self) -> "SamplingParams":

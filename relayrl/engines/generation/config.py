@@ -5,7 +5,23 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["INSTALL", "PLAIN_SAMPLING", "VLLMSpec", "narrowing", "vllm_available"]
+__all__ = ["INSTALL", "MIN_SCALE", "PLAIN_SAMPLING", "VLLMSpec", "check_scale", "narrowing", "vllm_available"]
+
+MIN_SCALE = 1e-5
+"""The smallest positive temperature and repetition penalty sampled with. The logits are divided by them in
+float32: by 1e-38 they overflow to inf, the softmax of inf is NaN, and the sampler's inverse CDF finds no token
+(an index error after the model loaded; in ``relayrl serve`` it stopped the generation loop for every client).
+Below 1e-5 the distribution is the greedy one to float32's precision anyway."""
+
+
+def check_scale(name: str, value: float | None) -> float | None:
+    """``value`` of the ``temperature`` or ``repetition_penalty`` ``name``, refused (ValueError naming it and the
+    fix) when it is positive and below :data:`MIN_SCALE`."""
+    if value is not None and 0.0 < value < MIN_SCALE:
+        fix = "use 0 for greedy decoding" if name == "temperature" else "use 1 for no penalty"
+        raise ValueError(f"{name}={value:g} is below {MIN_SCALE:g}, where the logits divided by it overflow "
+                         f"float32 and sampling fails; {fix}, or a value >= {MIN_SCALE:g}")
+    return value
 
 PLAIN_SAMPLING: dict[str, float] = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
 """The off value of each setting that narrows ``softmax(logits / T)``."""

@@ -209,6 +209,7 @@ def sample_with(logits: torch.Tensor, temperature: float, top_k: int, top_p: flo
         sorted_logits, order = torch.sort(filtered, descending=True, dim=-1)
         cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
         drop = cum - torch.softmax(sorted_logits, dim=-1) >= top_p  # keep the token that crosses top_p
+        drop[:, 0] = False  # (and always the most likely: a top_p below float32's range compares as 0 >= 0)
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         filtered = torch.full_like(filtered, float("-inf")).scatter(-1, order, sorted_logits)
     if min_p > 0.0:  # p >= min_p * p_max  <=>  logit >= max logit + log(min_p)
