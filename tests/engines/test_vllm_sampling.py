@@ -228,3 +228,46 @@ def test_a_step_of_several_tokens_is_cut_at_the_stop_string_and_tokens_need_thei
     with pytest.raises(RuntimeError, match="without their log-probs"):
         eng._advance(_Row((0, 0), [1], 32, None), SimpleNamespace(token_ids=ids, logprobs=None, finish_reason=None),
                      False, params)
+
+
+@pytest.mark.parametrize("key,value", [("top_p", 0.9), ("top_k", 5), ("min_p", 0.1), ("repetition_penalty", 1.2)])
+def test_the_refusal_says_what_vllm_takes_its_log_probs_of_and_what_relayrl_records(key, value):
+    """The old message said vLLM filters 'after' and the trainer recomputes 'before', not which distribution either
+    log-prob is of; a verl user running top_p/top_k on vLLM needs to read why the ratio would be off."""
+    with pytest.raises(ValueError) as info:
+        cfg({key: value})
+    msg = str(info.value)
+    for words in ("processed_logprobs", "renormalised distribution it samples from",
+                  "log_softmax(logits / temperature) over the whole vocabulary, before any penalty or filter",
+                  "-log(the mass it keeps)", f"rollout.{key}="):
+        assert words in msg, words
+
+
+@pytest.mark.slow
+def test_vllms_processed_log_probs_are_of_the_masked_distribution_not_relayrls():
+    """vLLM's own top-k/top-p sampler (the one its CPU and fallback GPU paths run, in processed_logprobs mode)
+    returns log_softmax of the masked logits: for every sampled token it is relayrl's log-prob (native's
+    sample_with, the trainer's log_softmax(logits / T)) less the log of the mass the mask keeps, which is why
+    the vLLM engine refuses top_k/top_p (importing vLLM takes ~10 s; no engine starts)."""
+    import torch
+    from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
+
+    from relayrl.engines.generation.sampling import sample_with
+
+    torch.manual_seed(0)
+    logits, T = torch.randn(6, 300) * 3, 0.7
+    scaled = logits / T
+    for k, p in ((5, None), (None, 0.9), (20, 0.8)):
+        kk = None if k is None else torch.full((6,), k)
+        pp = None if p is None else torch.full((6,), p)
+        tok, vllm_lp = TopKTopPSampler("processed_logprobs").forward_native(scaled.clone(), {}, kk, pp)
+        vllm_lp = vllm_lp.gather(1, tok[:, None]).squeeze(1)
+        kept = torch.isfinite(TopKTopPSampler("processed_logits").forward_native(scaled.clone(), {}, kk, pp)[1])
+        mass = (torch.softmax(scaled, -1) * kept).sum(-1)
+        trainer = torch.log_softmax(scaled, -1).gather(1, tok[:, None]).squeeze(1)
+        assert torch.allclose(vllm_lp, trainer - mass.log(), atol=1e-5)
+        assert (mass < 0.999).all() and (vllm_lp - trainer > 1e-3).all()  # every ratio off
+        # the native engine records the trainer's quantity for the same token under the same filters
+        native_tok, native_lp = sample_with(logits, T, k or 0, p or 1.0, torch.rand(6, dtype=torch.float64))
+        assert torch.allclose(native_lp, torch.log_softmax(scaled, -1).gather(1, native_tok[:, None]).squeeze(1),
+                              atol=1e-6)

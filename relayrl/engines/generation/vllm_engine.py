@@ -12,8 +12,9 @@ which engine sampled. How each part maps onto vLLM 0.32's Python API:
   request with a seed drawn from the worker's generator: a run repeats with the same seed.
 - **Log-probs.** ``logprobs_mode="processed_logprobs"``: the sampled token's log-prob under the
   distribution it was drawn from (logits / temperature), what the trainer recomputes. vLLM's "processed"
-  also applies penalties and top-p/top-k/min-p, which the trainer does not: the config refuses them with this
-  engine, and so does ``generate`` (as a temperature in (0, 0.01), which vLLM would raise to 0.01). What every
+  log-probs are taken after its penalties, min-p and top-k/top-p masks too (of the renormalised, masked
+  distribution), which relayrl's are not (:data:`~relayrl.engines.generation.vllm_sampling.PROCESSED_DIFFERS`):
+  the config refuses them with this engine, and so does ``generate`` (as a temperature in (0, 0.01), which vLLM would raise to 0.01). What every
   sampling key becomes is :mod:`relayrl.engines.generation.vllm_sampling`'s table.
 - **Stops.** vLLM gets no tokenizer (``skip_tokenizer_init``: relayrl's tokenizer is the one that
   matters); the EOS ids (the tokenizer's and the checkpoint's ``generation_config.json``'s,

@@ -15,7 +15,7 @@ from typing import Iterable
 from relayrl.engines.generation.config import PLAIN_SAMPLING, narrowing
 
 __all__ = ["SAMPLING_KEYS", "ROLLOUT_KEYS", "MIN_TEMPERATURE", "MAX_TEMPERATURE", "NATIVE_ONLY", "OPENAI_ONLY",
-           "temperature_refusal", "sampling_refusal", "sampling_kwargs"]
+           "PROCESSED_DIFFERS", "temperature_refusal", "sampling_refusal", "sampling_kwargs"]
 
 MIN_TEMPERATURE = 0.01
 """vLLM raises a temperature in (0, 0.01) to 0.01 (``SamplingParams.__post_init__``, with a warning): it would sample
@@ -23,11 +23,21 @@ and report log-probs at another temperature than the trainer recomputes at."""
 MAX_TEMPERATURE = 2.0
 """vLLM refuses temperatures above 2."""
 
+PROCESSED_DIFFERS = (
+    "vLLM 0.32's processed log-probs (logprobs_mode=processed_logprobs, which this engine records) are log_softmax of "
+    "the logits after its repetition penalty, the temperature, min_p and the top-k/top-p masks: of the renormalised "
+    "distribution it samples from; relayrl records, and the trainer recomputes, log_softmax(logits / temperature) "
+    "over the whole vocabulary, before any penalty or filter (the native engine's sampling.py), so a filter would "
+    "raise every kept token's log-prob by -log(the mass it keeps) and a penalty would shift it, and every ratio "
+    "would be off (vLLM's raw_logprobs are taken before the temperature as well)")
+"""Why the vLLM engine refuses a penalty or a filter: what vLLM's ``Sampler`` (``v1/sample/sampler.py``, its
+``TopKTopPSampler``) takes the processed log-probs of, and what relayrl's log-probs mean."""
+
 SAMPLING_KEYS: dict[str, str] = {
     "n": "one vLLM request per sample (n=1), each with its own seed drawn from the worker's generator",
     "temperature": "temperature (0: greedy, log-probs under softmax(logits) on both engines); refused in (0, 0.01) "
                    "and above 2",
-    "top_p": "refused unless 1 (vLLM's processed log-probs would include it); sent as top_p=1",
+    "top_p": "refused unless 1 (vLLM's processed log-probs are of the masked, renormalised distribution: PROCESSED_DIFFERS); sent as top_p=1",
     "top_k": "refused unless 0 (off; -1, vLLM's off, is refused by the config); sent as top_k=0",
     "min_p": "refused unless 0; sent as min_p=0",
     "repetition_penalty": "refused unless 1; sent as repetition_penalty=1",
@@ -80,8 +90,7 @@ def sampling_refusal(settings, prefix: str = "") -> str | None:
         return why
     if bad := narrowing(settings):
         fix = ", ".join(f"{prefix}{k}={PLAIN_SAMPLING[k]} (got {v})" for k, v in bad.items())
-        return (f"vLLM records log-probs after its penalties and top-p/top-k/min-p filtering (its processed_logprobs), "
-                f"the trainer recomputes them before, so every ratio would be off: set {fix}")
+        return f"{PROCESSED_DIFFERS}: set {fix}"
     return None
 
 
