@@ -130,3 +130,25 @@ def test_every_key_has_a_decision():
     """A new rollout or sampling key needs an openai decision: a case above and a line in remote_sampling's tables."""
     assert set(ROLLOUT_CASES) == set(RolloutConfig.model_fields) == set(ROLLOUT_KEYS)
     assert set(SAMPLING_CASES) == set(SamplingParams.model_fields) == set(SAMPLING_FIELDS)
+
+
+@pytest.mark.slow
+def test_vllm_serves_request_reads_every_field_as_sent():
+    """vLLM 0.32's own request model (what ``vllm serve`` validates a completions body with) turns the openai
+    engine's body into the SamplingParams relayrl means: the filters as sent, the stop text kept, the special
+    token's stop as an id (importing vLLM takes ~10 s; no server starts)."""
+    from relayrl.engines.generation.config import vllm_available
+
+    if not vllm_available():
+        pytest.skip("needs vLLM")
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    params = SamplingParams(n=2, temperature=0.7, top_p=0.9, top_k=20, min_p=0.05, repetition_penalty=1.1,
+                            max_new_tokens=12, stop_strings=("</answer>", "<|im_end|>"), stop_token_ids=(5,))
+    sp = CompletionRequest.model_validate(body(params)).to_sampling_params(max_tokens=12)
+    assert (sp.n, sp.temperature, sp.top_p, sp.top_k, sp.min_p, sp.repetition_penalty, sp.max_tokens, sp.seed) == (
+        2, 0.7, 0.9, 20, 0.05, 1.1, 12, 11)
+    assert sp.stop == ["</answer>"] and sp.include_stop_str_in_output and set(sp.stop_token_ids) == {5, 9}
+    assert sp.logprobs == 0 and not sp.ignore_eos
+    # top_k off: relayrl's 0 goes as -1, which vLLM reads as off too
+    assert CompletionRequest.model_validate(body(SamplingParams())).to_sampling_params(max_tokens=4).top_k in (0, -1)
