@@ -3,7 +3,8 @@
 Field names and meanings follow the OpenAI API; the extensions are vLLM's
 (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
 ``include_stop_str_in_output``, ``return_tokens_as_token_ids``, ``return_token_ids``), so a client written for
-vLLM works unchanged, plus SGLang's ``no_stop_trim`` (what ``rollout.engine=openai`` sends to any server). Unknown fields and options the server does not implement
+vLLM works unchanged, plus SGLang's ``no_stop_trim`` (what ``rollout.engine=openai`` sends to any
+server). Unknown fields and options the server does not implement
 (``echo``, ``best_of > 1``, presence and frequency penalties, ``logit_bias``,
 ``suffix``, tools) are refused with a 400 naming the
 field, never silently ignored. Integer fields are strict, as OpenAI's API
