@@ -289,13 +289,21 @@ def check_loss_agg(self: Config) -> None:
 
 def check_vllm_eval_temperature(self: Config) -> None:
     """Evaluation samples its ``eval.k`` answers on the rollout's engine: vLLM's temperatures stop at 2, and one
-    below 0.01 it raises to 0.01 (:func:`~relayrl.engines.generation.vllm_sampling.temperature_refusal`)."""
-    from relayrl.engines.generation.vllm_sampling import temperature_refusal
+    below 0.01 it raises to 0.01 (:func:`~relayrl.engines.generation.vllm_sampling.temperature_refusal`); an engine
+    started with raw log-probs (a rollout penalty or filter on) records relayrl's at temperature 1 only."""
+    from relayrl.engines.generation.config import narrowing
+    from relayrl.engines.generation.vllm_sampling import RAW, RAW_BEFORE_TEMPERATURE, logprobs_mode, temperature_refusal
 
     t = self.eval.temperature
     if self.rollout.engine == "vllm" and self.eval.k > 1 and t is not None \
             and (why := temperature_refusal("eval.temperature", t, greedy=False)) is not None:
         raise ValueError(f"the eval.k answers are sampled on the rollout's vLLM engine: {why}")
+    if self.rollout.engine == "vllm" and self.eval.k > 1 and t is not None and t != 1.0 \
+            and logprobs_mode(self.rollout) == RAW:
+        on = ", ".join(f"rollout.{k}" for k in narrowing(self.rollout))
+        raise ValueError(f"the eval.k answers are sampled on the rollout's vLLM engine, which {on} start with "
+                         f"raw log-probs: {RAW_BEFORE_TEMPERATURE}; set eval.temperature=1 (got {t:g}), or drop "
+                         f"eval.temperature (the rollout's)")
 
 
 def check_vllm_model_len(self: Config) -> None:

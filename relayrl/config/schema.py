@@ -224,6 +224,13 @@ class RolloutConfig(_Section):
                               min_p=self.min_p, repetition_penalty=self.repetition_penalty,
                               max_new_tokens=self.max_new_tokens, stop_strings=tuple(self.stop_strings))
 
+    def vllm_logprobs(self) -> str:
+        """The vLLM engine's ``logprobs_mode`` (:func:`~relayrl.engines.generation.vllm_sampling.logprobs_mode`):
+        raw_logprobs with a penalty or a filter on, else processed_logprobs."""
+        from relayrl.engines.generation.vllm_sampling import logprobs_mode
+
+        return logprobs_mode(self)
+
     def vllm_spec(self):
         """The vLLM engine's spec (``rollout.engine=vllm``), else None."""
         return self.vllm if self.engine == "vllm" else None

@@ -348,7 +348,7 @@ async def _next(queue: asyncio.Queue, http: HTTPRequest | None) -> tuple[int, An
 def _sample_text(state: ServerState, req, params: SamplingParams) -> R.SampleText:
     """A sample's text as vLLM's server returns it: cut at a stop string, a stop token's text left out."""
     return R.SampleText(state.tokenizer, params.stop_strings, frozenset(state.batcher.engine.stop_ids(params)),
-                        bool(req.include_stop_str_in_output))
+                        bool(req.include_stop_str_in_output or req.no_stop_trim))
 
 
 async def _collect(state: ServerState, req, reqs: list[Request], queue: asyncio.Queue, params: SamplingParams,

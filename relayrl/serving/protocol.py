@@ -3,7 +3,8 @@
 Field names and meanings follow the OpenAI API; the extensions are vLLM's
 (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
 ``include_stop_str_in_output``, ``return_tokens_as_token_ids``, ``return_token_ids``), so a client written for
-vLLM works unchanged. Unknown fields and options the server does not implement
+vLLM works unchanged, plus SGLang's ``no_stop_trim`` (what ``rollout.engine=openai`` sends to any
+server). Unknown fields and options the server does not implement
 (``echo``, ``best_of > 1``, presence and frequency penalties, ``logit_bias``,
 ``suffix``, tools) are refused with a 400 naming the
 field, never silently ignored. Integer fields are strict, as OpenAI's API
@@ -84,6 +85,9 @@ class _Request(BaseModel):
                                                 "token_ids in each choice")
     include_stop_str_in_output: StrictBool | None = Field(False, description="vLLM extension: keep the stop "
                                                           "string's or stop token's text at the end of the text")
+    no_stop_trim: StrictBool | None = Field(False, description="SGLang extension: the same as "
+                                            "include_stop_str_in_output (token_ids and the log-probs keep every "
+                                            "sampled token either way)")
     presence_penalty: StrictFloat | None = None
     frequency_penalty: StrictFloat | None = None
     logit_bias: dict[str, StrictFloat] | None = None

@@ -57,7 +57,8 @@ class OfflineRun:
         if rollout:
             self.rollout = self.group(RolloutWorker, "rollout", max_batch=cfg.rollout.max_batch, seed=cfg.run.seed,
                                       decode=cfg.rollout.decode, decode_compile=cfg.rollout.decode_compile,
-                                      vllm=cfg.rollout.vllm_spec(), chat_template=m.template(),
+                                      vllm=cfg.rollout.vllm_spec(), vllm_logprobs=cfg.rollout.vllm_logprobs(),
+                                      chat_template=m.template(),
                                       devices_per_rank=cfg.rollout.devices_per_rank, **self.precision["rollout"])
         self.episodes = episode_spec(cfg, self.s.tokenizer)  # env.name: evaluate with multi-turn episodes
         self.ref_sync: ReferenceSync | None = None

@@ -40,6 +40,7 @@ def _updates(cfg: Config) -> int:
 def _rollout(cfg: Config, prec: dict, path: str, common: dict) -> dict:
     return dict(model_path=path, max_batch=cfg.rollout.max_batch, seed=cfg.run.seed, decode=cfg.rollout.decode,
                 decode_compile=cfg.rollout.decode_compile, remote=cfg.rollout.remote(), vllm=cfg.rollout.vllm_spec(),
+                vllm_logprobs=cfg.rollout.vllm_logprobs(),
                 chat_template=cfg.model.template(), **prec["rollout"], **common)
 
 

@@ -52,14 +52,16 @@ class RolloutWorker(StreamingGeneration, WeightReceiverMixin, MemoryProbe, Worke
     def __init__(self, model_path: str, *, max_batch: int = 256, dtype: str = "float32", device: str = "auto",
                  attn_implementation: str = "sdpa", threads: int = 0, seed: int = 0, decode: str = "auto",
                  decode_compile: bool = False, remote: RemoteSpec | None = None, vllm: VLLMSpec | None = None,
-                 chat_template: str | None = None, head_fp32: bool = False, record_routing: bool = False) -> None:
+                 chat_template: str | None = None, head_fp32: bool = False, record_routing: bool = False,
+                 vllm_logprobs: str = "processed_logprobs") -> None:
         set_threads(threads * max(1, len(getattr(self, "devices", ()))), self)  # (run.threads: per device)
         self.tokenizer = load_tokenizer(model_path, chat_template=chat_template)  # (tool turns render with it)
         if vllm is not None:  # a vLLM engine in this process, on the model directory
             dev = resolve_device(device, getattr(self, "device", None))
             self.engine = VLLMGenerationEngine(model_path, self.tokenizer, dtype=dtype, device=dev,
                                                max_batch=max_batch, spec=vllm, seed=seed, head_fp32=head_fp32,
-                                               devices=getattr(self, "devices", None))  # (several: vLLM's TP)
+                                               devices=getattr(self, "devices", None),  # (several: vLLM's TP)
+                                               logprobs_mode=vllm_logprobs)
             self.generator = torch.Generator().manual_seed(seed + 7919 * getattr(self, "rank", 0))
             return
         if remote is not None:  # the server holds the model (and its head's precision); this worker keeps the

@@ -54,7 +54,7 @@ def test_min_p_comes_after_top_p_as_in_transformers_not_before_as_in_vllm():
     top-p keeps {0, 1} (token 1 crosses 0.6), min-p (>= 0.25) keeps both: token 1 drawn 3/8 of the time. vLLM's
     order (min-p, then top-p on the renormalised [0.625, 0.375]) would keep token 0 alone. (docs/engines.md,
     "Same keys, same meaning": it matters behind rollout.engine=openai on vllm serve; rollout.engine=vllm refuses
-    both filters.)"""
+    min_p with top_p < 1.)"""
     logits = torch.tensor([[0.5, 0.3, 0.2]]).log()
     n = 8000
     u = (torch.arange(n, dtype=torch.float64) + 0.5) / n

@@ -26,6 +26,9 @@ def test_sampling_arguments_and_tensor_parallelism():
     assert tp["tensor_parallel_size"] == 2 and tp["distributed_executor_backend"] == "mp"
     assert engine_args(VLLMSpec(), torch.device("cpu"), dtype="float32", seed=0, max_batch=8,
                        head_fp32=True)["hf_overrides"] == {"head_dtype": "float32"}
+    # a penalty or a filter: raw log-probs (before every processor), relayrl's at temperature 1
+    assert engine_args(VLLMSpec(), torch.device("cpu"), dtype="float32", seed=0, max_batch=8, head_fp32=False,
+                       logprobs_mode="raw_logprobs")["logprobs_mode"] == "raw_logprobs"
 
 
 def test_a_worker_apart_uses_the_multiprocess_executor_with_one_worker():

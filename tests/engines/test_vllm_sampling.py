@@ -12,7 +12,9 @@ import pytest
 from relayrl.config.schema import Config, RolloutConfig
 from relayrl.engines.generation.base import SamplingParams, stop_token_ids
 from relayrl.engines.generation.config import vllm_available
-from relayrl.engines.generation.vllm_sampling import OPENAI_ONLY, ROLLOUT_KEYS, SAMPLING_KEYS, sampling_kwargs
+from relayrl.engines.generation.config import PLAIN_SAMPLING
+from relayrl.engines.generation.vllm_sampling import (OPENAI_ONLY, PROCESSED, RAW, ROLLOUT_KEYS, SAMPLING_KEYS,
+                                                      logprobs_mode, sampling_kwargs, sampling_refusal)
 
 pytestmark = pytest.mark.skipif(not vllm_available(), reason="rollout.engine=vllm is validated against an install")
 
@@ -29,10 +31,11 @@ class Tok:
         return {"<|im_end|>": 9}[s]
 
 
-def kwargs(params: SamplingParams, budget: int | None = None, seed: int | None = 11) -> dict:
-    """What the vLLM engine asks of vLLM for one sample of ``params`` (a fresh row: its whole budget)."""
+def kwargs(params: SamplingParams, budget: int | None = None, seed: int | None = 11, mode: str | None = None) -> dict:
+    """What the vLLM engine asks of vLLM for one sample of ``params`` (a fresh row: its whole budget), on an
+    engine started for them (``mode``: its logprobs_mode; None: the one a rollout of ``params`` starts with)."""
     return sampling_kwargs(params, max_tokens=params.max_new_tokens if budget is None else budget, seed=seed,
-                           stop_ids=stop_token_ids(params, EOS, Tok()))
+                           stop_ids=stop_token_ids(params, EOS, Tok()), mode=mode or logprobs_mode(params))
 
 
 # ---------------------------------------------------------------- SamplingParams -> vLLM SamplingParams
@@ -42,10 +45,11 @@ SAMPLING_CASES: dict[str, list[tuple[object, dict | str]]] = {
     "temperature": [(0.7, {"temperature": 0.7}), (0.0, {"temperature": 0.0}), (0.01, {"temperature": 0.01}),
                     (0.005, "temperature=0.005: vLLM raises a temperature below 0.01"),
                     (2.5, "temperatures up to 2")],
-    "top_p": [(1.0, {"top_p": 1.0}), (0.9, "top_p=1.0 (got 0.9)")],
-    "top_k": [(0, {"top_k": 0}), (5, "top_k=0 (got 5)")],
-    "min_p": [(0.0, {"min_p": 0.0}), (0.1, "min_p=0.0 (got 0.1)")],
-    "repetition_penalty": [(1.0, {"repetition_penalty": 1.0}), (1.2, "repetition_penalty=1.0 (got 1.2)")],
+    # (at the default temperature, 1: vLLM's raw log-probs are relayrl's; at another, refused: see below)
+    "top_p": [(1.0, {"top_p": 1.0}), (0.9, {"top_p": 0.9})],
+    "top_k": [(0, {"top_k": 0}), (5, {"top_k": 5})],
+    "min_p": [(0.0, {"min_p": 0.0}), (0.1, {"min_p": 0.1})],
+    "repetition_penalty": [(1.0, {"repetition_penalty": 1.0}), (1.2, {"repetition_penalty": 1.2})],
     "max_new_tokens": [(32, {"max_tokens": 32})],
     # relayrl checks stop strings itself (vLLM has no tokenizer); a special token's is a stop id
     "stop_strings": [(("ab",), {"stop_token_ids": [2, 7]}), (("<|im_end|>",), {"stop_token_ids": [2, 7, 9]})],
@@ -65,11 +69,11 @@ def test_each_sampling_field_maps_or_is_refused(field, value, want):
         return
     got = kwargs(params)
     assert {k: got[k] for k in want} == want
-    # what every request asks whatever the field: the sampled token's log-prob (processed: after the temperature
-    # only, every filter off), token ids out, stop strings not vLLM's (no 'stop' key: relayrl checks them)
+    # what every request asks whatever the field: the sampled token's log-prob, token ids out, stop strings not
+    # vLLM's (no 'stop' key: relayrl checks them), every other filter off
     assert got["logprobs"] == 0 and got["detokenize"] is False and "stop" not in got and got["seed"] == 11
-    assert (got["top_p"], got["top_k"], got["min_p"], got["repetition_penalty"], got["ignore_eos"]) == (
-        1.0, 0, 0.0, 1.0, True)
+    assert got["ignore_eos"] is True and {k: got[k] for k in PLAIN_SAMPLING if k != field} == {
+        k: v for k, v in PLAIN_SAMPLING.items() if k != field}
 
 
 def test_a_resubmitted_row_asks_for_what_its_budget_has_left():
@@ -109,10 +113,10 @@ def sampled(field: str, value):
 ROLLOUT_CASES: dict[str, tuple[dict, object]] = {
     "n": ({"n": 4}, lambda c: c.rollout.sampling().n == 4 and kwargs(c.rollout.sampling())["n"] == 1),
     "temperature": ({"temperature": 0.005}, "rollout.temperature=0.005"),
-    "top_p": ({"top_p": 0.9}, "rollout.top_p=1.0 (got 0.9)"),
+    "top_p": ({"top_p": 0.9}, lambda c: sampled("top_p", 0.9)(c) and c.rollout.vllm_logprobs() == RAW),
     "top_k": ({"top_k": -1}, "relayrl's off is rollout.top_k=0"),
-    "min_p": ({"min_p": 0.05}, "rollout.min_p=0.0 (got 0.05)"),
-    "repetition_penalty": ({"repetition_penalty": 1.1}, "rollout.repetition_penalty=1.0 (got 1.1)"),
+    "min_p": ({"min_p": 0.05}, sampled("min_p", 0.05)),
+    "repetition_penalty": ({"repetition_penalty": 1.1}, sampled("repetition_penalty", 1.1)),
     "max_new_tokens": ({"max_new_tokens": 24}, sampled("max_tokens", 24)),
     "stop_strings": ({"stop_strings": ["<|im_end|>"]}, sampled("stop_token_ids", [2, 7, 9])),
     "max_batch": ({"max_batch": 12}, lambda c: engine_arg("max_num_seqs")(c) == 12),
@@ -228,3 +232,70 @@ def test_a_step_of_several_tokens_is_cut_at_the_stop_string_and_tokens_need_thei
     with pytest.raises(RuntimeError, match="without their log-probs"):
         eng._advance(_Row((0, 0), [1], 32, None), SimpleNamespace(token_ids=ids, logprobs=None, finish_reason=None),
                      False, params)
+
+
+@pytest.mark.parametrize("key,value", [("top_p", 0.9), ("top_k", 5), ("min_p", 0.1), ("repetition_penalty", 1.2)])
+def test_a_penalty_or_filter_needs_temperature_1_and_the_refusal_says_why(key, value):
+    """A penalty or filter was refused at every temperature, with a message that said vLLM filters 'after' and
+    the trainer recomputes 'before'. The engine now starts with raw log-probs for them (relayrl's at temperature
+    1 and greedy); at another temperature the refusal says which distribution each log-prob is of."""
+    c = cfg({key: value, "temperature": 1.0})
+    assert c.rollout.vllm_logprobs() == RAW and kwargs(c.rollout.sampling())[key] == value
+    assert cfg({key: value}, eval={"k": 4, "temperature": 1.0}).rollout.vllm_logprobs() == RAW
+    assert cfg({}).rollout.vllm_logprobs() == PROCESSED  # (no filter: processed, relayrl's at every temperature)
+    with pytest.raises(ValueError) as info:
+        cfg({key: value, "temperature": 0.7})
+    msg = str(info.value)
+    for words in (f"rollout.temperature=0.7 with rollout.{key} on", "raw_logprobs", "before anything, the "
+                  "temperature included", "the masked, renormalised distribution", "set rollout.temperature=1",
+                  f"rollout.{key}="):
+        assert words in msg, words
+    with pytest.raises(ValueError, match=r"eval.k answers .* rollout\.%s start with raw log-probs.* set "
+                                         r"eval.temperature=1 \(got 0.6\)" % key):
+        cfg({key: value}, eval={"k": 4, "temperature": 0.6})
+    # an engine started for plain sampling (processed log-probs) refuses a filtered request, saying why
+    why = sampling_refusal(SamplingParams(**{key: value}), mode=PROCESSED)
+    for words in ("processed_logprobs", "renormalised distribution it samples from",
+                  "log_softmax(logits / temperature) over the whole vocabulary, before any penalty or filter",
+                  "-log(the mass it keeps)"):
+        assert words in why, words
+    # and one started with raw log-probs refuses another temperature (an eval's): its log-probs would be T=1's
+    assert "temperature=0.6: vLLM 0.32's raw log-probs" in sampling_refusal(SamplingParams(temperature=0.6), mode=RAW)
+    assert sampling_refusal(SamplingParams(temperature=0.0, n=1), mode=RAW) is None  # greedy: log_softmax(logits)
+
+
+def test_min_p_with_top_p_is_refused_for_vllms_filter_order():
+    with pytest.raises(ValueError, match=r"rollout.min_p=0.1 with rollout.top_p=0.9: vLLM applies min_p before "
+                                         r"top-k/top-p .* set one of them off"):
+        cfg({"min_p": 0.1, "top_p": 0.9})
+    assert kwargs(SamplingParams(min_p=0.1, top_k=5))["min_p"] == 0.1  # (min-p commutes with top-k)
+
+
+@pytest.mark.slow
+def test_vllms_processed_log_probs_are_of_the_masked_distribution_not_relayrls():
+    """vLLM's own top-k/top-p sampler (the one its CPU and fallback GPU paths run, in processed_logprobs mode)
+    returns log_softmax of the masked logits: for every sampled token it is relayrl's log-prob (native's
+    sample_with, the trainer's log_softmax(logits / T)) less the log of the mass the mask keeps, which is why
+    the vLLM engine refuses top_k/top_p (importing vLLM takes ~10 s; no engine starts)."""
+    import torch
+    from vllm.v1.sample.ops.topk_topp_sampler import TopKTopPSampler
+
+    from relayrl.engines.generation.sampling import sample_with
+
+    torch.manual_seed(0)
+    logits, T = torch.randn(6, 300) * 3, 0.7
+    scaled = logits / T
+    for k, p in ((5, None), (None, 0.9), (20, 0.8)):
+        kk = None if k is None else torch.full((6,), k)
+        pp = None if p is None else torch.full((6,), p)
+        tok, vllm_lp = TopKTopPSampler("processed_logprobs").forward_native(scaled.clone(), {}, kk, pp)
+        vllm_lp = vllm_lp.gather(1, tok[:, None]).squeeze(1)
+        kept = torch.isfinite(TopKTopPSampler("processed_logits").forward_native(scaled.clone(), {}, kk, pp)[1])
+        mass = (torch.softmax(scaled, -1) * kept).sum(-1)
+        trainer = torch.log_softmax(scaled, -1).gather(1, tok[:, None]).squeeze(1)
+        assert torch.allclose(vllm_lp, trainer - mass.log(), atol=1e-5)
+        assert (mass < 0.999).all() and (vllm_lp - trainer > 1e-3).all()  # every ratio off
+        # the native engine records the trainer's quantity for the same token under the same filters
+        native_tok, native_lp = sample_with(logits, T, k or 0, p or 1.0, torch.rand(6, dtype=torch.float64))
+        assert torch.allclose(native_lp, torch.log_softmax(scaled, -1).gather(1, native_tok[:, None]).squeeze(1),
+                              atol=1e-6)

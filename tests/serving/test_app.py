@@ -465,3 +465,55 @@ def test_a_request_that_leaves_sampling_out_takes_the_models_generation_config(t
     finally:
         state.batcher.close()
         bare.batcher.close()
+
+
+@pytest.mark.slow
+def test_the_openai_engines_request_gives_the_native_engines_response_at_a_stop_string(tiny_model, tiny_tokenizer,
+                                                                                       tmp_path):
+    """``rollout.engine=openai``'s request to ``relayrl serve`` (SGLang's no_stop_trim beside vLLM's
+    include_stop_str_in_output, a special token's stop string as its id): the server refused no_stop_trim (400),
+    and the response must be the native engine's, the token that completes the stop string kept, in the ids and
+    in the text."""
+    from fastapi.testclient import TestClient
+
+    from relayrl.engines.generation.base import SamplingParams
+    from relayrl.engines.generation.native import NativeGenerationEngine
+    from relayrl.engines.generation.remote import RemoteGenerationEngine, parse_choice
+    from relayrl.serving.app import build_app
+    from relayrl.serving.server import build_state
+
+    tok = tiny_tokenizer
+    tiny_model.save_pretrained(tmp_path)  # (the perturbed model: the untrained one repeats one token)
+    tok.save_pretrained(tmp_path)
+    native = NativeGenerationEngine(tiny_model, tok)
+    def first_new_text(prompt: list[int]):
+        """(prompt, its greedy response, k, the text its k-th token adds first): a stop string the response
+        first spells at a token past the first (None: the response repeats one token)."""
+        free = native.generate([prompt], SamplingParams(temperature=0.0, max_new_tokens=12))[0].token_ids.tolist()
+        texts = [tok.decode(free[:k], skip_special_tokens=True) for k in range(len(free) + 1)]
+        return next(((prompt, free, k, texts[k][len(texts[k - 1]):]) for k in range(2, len(free) + 1)
+                     if texts[k][len(texts[k - 1]):] and texts[k][len(texts[k - 1]):] not in texts[k - 1]), None)
+
+    prompt, free, k, stop = next(f for p in ("1+2=", "7*8=", "12+34=", "9-4=") if (f := first_new_text(
+        tok(p)["input_ids"])) is not None)
+    params = SamplingParams(temperature=0.0, max_new_tokens=12, stop_strings=(stop, "<|im_end|>"))
+    want = native.generate([prompt], params)[0]
+    assert want.token_ids.tolist() == free[:k] and want.finish_reason == "stop" and want.text.endswith(stop)
+
+    eng = object.__new__(RemoteGenerationEngine)  # (its request body; the app in-process stands for the server)
+    eng.model, eng.tokenizer = "tiny", tok
+    body = eng._body(prompt, params, seed=None)
+    assert body["no_stop_trim"] and body["include_stop_str_in_output"] and body["stop"] == [stop]
+    assert body["stop_token_ids"] == [tok.convert_tokens_to_ids("<|im_end|>")]
+    state = build_state(str(tmp_path), limits=ServeLimits(), api_key=None, max_batch=2, name="tiny")
+    try:
+        with TestClient(build_app(state)) as c:
+            r = c.post("/v1/completions", json=body)
+    finally:
+        state.batcher.close()
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    ids, logps = parse_choice(choice)
+    assert ids == want.token_ids.tolist() and choice["finish_reason"] == "stop"
+    assert choice["text"] == want.text  # (the server's text keeps the stop string, as the native engine's)
+    assert logps == pytest.approx(want.logprobs.tolist(), abs=1e-5)

@@ -100,7 +100,7 @@ def test_every_sampling_field_is_sent_so_no_server_default_applies():
     from relayrl.engines.generation.remote import RemoteGenerationEngine
 
     eng = object.__new__(RemoteGenerationEngine)  # (the request body alone: no server to ask for its models)
-    eng.model = "m"
+    eng.model, eng.tokenizer = "m", None  # (no stop strings: the tokenizer is not read)
     body = eng._body([1, 2], SamplingParams(n=2, temperature=1.0, max_new_tokens=4), seed=None)
     assert (body["temperature"], body["top_p"], body["top_k"], body["min_p"], body["repetition_penalty"]) == \
         (1.0, 1.0, -1, 0.0, 1.0)

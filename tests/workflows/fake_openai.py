@@ -19,12 +19,16 @@ def every_third(prompt: Sequence[int]) -> bool:
 class FakeServer:
     """``/v1/models`` and ``/v1/completions`` on a free loopback port. A request for a prompt that ``fails``
     answers 500 (``how="error"``) or no reply for ``hang_s`` seconds (``how="hang"``); ``sampled_only``: only
-    requests with temperature > 0 fail (greedy evaluations get answers)."""
+    requests with temperature > 0 fail (greedy evaluations get answers). ``choices``: the reply's choices for a
+    request body (None: random ids and log-probs). Every request body is kept in ``bodies``."""
 
     def __init__(self, fails: Callable[[Sequence[int]], bool] = every_third, how: str = "error",
-                 hang_s: float = 3.0, sampled_only: bool = False) -> None:
+                 hang_s: float = 3.0, sampled_only: bool = False,
+                 choices: Callable[[dict], list[dict]] | None = None) -> None:
         self.fails, self.how, self.hang_s, self.sampled_only = fails, how, hang_s, sampled_only
+        self.choices = choices
         self.failed: list[list[int]] = []  # the prompts of the requests that failed
+        self.bodies: list[dict] = []  # every completions request, as sent
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -44,6 +48,7 @@ class FakeServer:
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.bodies.append(body)
                 prompt = list(body["prompt"])
                 if server.fails(prompt) and (body["temperature"] > 0 or not server.sampled_only):
                     server.failed.append(prompt)
@@ -51,6 +56,8 @@ class FakeServer:
                         time.sleep(server.hang_s)
                         return self._reply(200, {"choices": []})
                     return self._reply(500, {"error": {"message": "the model crashed on this prompt"}})
+                if server.choices is not None:
+                    return self._reply(200, {"choices": server.choices(body)})
                 rng = random.Random(body.get("seed", 0))
                 choices = []
                 for i in range(body["n"]):

@@ -138,12 +138,15 @@ def test_a_vllm_run_resumes(sft32, tmp_path):
 
 
 def test_the_config_refuses_what_the_vllm_engine_cannot_do(tmp_path):
-    r = relayrl("train", "recipes/arith_grpo.yaml", f"run.dir={tmp_path}", *VLLM, "rollout.top_p=0.9", *H32)
-    assert r.returncode == 2 and "rollout.top_p=1.0" in r.stderr
+    # a filter at temperature 1 is taken (raw log-probs: tests/engines/test_vllm_filters.py), not at another
+    r = relayrl("train", "recipes/arith_grpo.yaml", f"run.dir={tmp_path}", *VLLM, "rollout.top_p=0.9",
+                "rollout.temperature=0.7", *H32)
+    assert r.returncode == 2 and "rollout.temperature=0.7 with rollout.top_p on" in r.stderr
+    assert "set rollout.temperature=1, or rollout.top_p=1.0 (got 0.9)" in r.stderr
     r = relayrl("train", "recipes/arith_grpo.yaml", f"run.dir={tmp_path}", "rollout.vllm.enforce_eager=false", *H32)
     assert r.returncode == 2 and "rollout.engine=vllm" in r.stderr
     r = relayrl("train", "recipes/arith_grpo.yaml", f"run.dir={tmp_path}", *VLLM, "rollout.min_p=0.1",
-                "rollout.repetition_penalty=1.2", *H32)
+                "rollout.repetition_penalty=1.2", "rollout.temperature=0.7", *H32)
     assert r.returncode == 2 and "rollout.min_p=0.0 (got 0.1), rollout.repetition_penalty=1.0 (got 1.2)" in r.stderr
     r = relayrl("train", "recipes/arith_grpo.yaml", f"run.dir={tmp_path}", *VLLM, *TP2, "cluster.devices=3",
                 "cluster.oversubscribe=true", *H32)

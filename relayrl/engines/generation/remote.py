@@ -16,6 +16,10 @@ as ``token_id:<id>``), plus ``return_token_ids`` (vLLM >= 0.10.2, and
 ``relayrl serve``: the ids as a list in each choice). The ids are taken from
 ``choice.token_ids`` when present, else parsed from the ``token_id:<id>``
 strings; a reply with neither is refused (re-tokenizing text is not exact).
+What every sampling and rollout key becomes in a request, and why each request
+asks the server to keep its stop strings and stop tokens
+(``include_stop_str_in_output``, ``no_stop_trim``), is
+:mod:`relayrl.engines.generation.remote_sampling`'s table.
 Log-probs must be those of ``softmax(logits / T)`` as the native engine
 records them: ``relayrl serve`` does so; vLLM reports the raw model's by
 default (start it with ``--logprobs-mode processed_logprobs``); SGLang's
@@ -49,7 +53,9 @@ from typing import Callable, Iterable, Literal, Sequence
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from relayrl.engines.generation.base import Completion, RequestFailed, SamplingParams, check_prompts
+from relayrl.engines.generation.base import (Completion, RequestFailed, SamplingParams, check_prompts,
+                                             special_stop_ids)
+from relayrl.engines.generation.remote_sampling import request_body
 from relayrl.errors import UserError
 
 __all__ = ["RemoteSpec", "RemoteEngineError", "RemoteGenerationEngine", "parse_choice"]
@@ -160,23 +166,10 @@ class RemoteGenerationEngine:
         return self._version
 
     def _body(self, prompt: Sequence[int], params: SamplingParams, seed: int | None) -> dict:
-        # every sampling field, at its neutral value too: a field left out takes the server's default, which
-        # vllm serve (and relayrl serve) take from the model's generation_config.json (Qwen3: top_k=20), and the
-        # trainer's log-probs would then be of another distribution than the one sampled
-        body = {"model": self.model, "prompt": list(prompt), "n": params.n, "max_tokens": params.max_new_tokens,
-                "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k or -1,
-                "min_p": params.min_p, "repetition_penalty": params.repetition_penalty, "logprobs": 0,
-                "return_tokens_as_token_ids": True, "return_token_ids": True}  # (top_k, min_p, repetition_penalty:
-        # vLLM's and SGLang's extensions; -1: no top-k)
-        if params.stop_strings:
-            body["stop"] = list(params.stop_strings)
-        if params.stop_token_ids:
-            body["stop_token_ids"] = list(params.stop_token_ids)
-        if params.ignore_eos:
-            body["ignore_eos"] = True
-        if seed is not None:
-            body["seed"] = seed
-        return body
+        """The request of one prompt (:func:`~relayrl.engines.generation.remote_sampling.request_body`); the stop
+        strings that spell a special token of relayrl's tokenizer go as its id, as the native engine stops."""
+        special = [s for s in params.stop_strings if special_stop_ids(self.tokenizer, (s,))]
+        return request_body(self.model, prompt, params, seed, special_stop_ids(self.tokenizer, special), special)
 
     def _one(self, i: int, prompt: Sequence[int], params: SamplingParams, seed: int | None) -> list[Completion]:
         reply = self._call("POST", f"{self.base}/completions", json=self._body(prompt, params, seed))

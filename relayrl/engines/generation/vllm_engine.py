@@ -10,11 +10,14 @@ which engine sampled. How each part maps onto vLLM 0.32's Python API:
   ``LLMEngine.add_request`` and the loop calls ``step()`` itself, so a finished sample reaches ``on_finish``
   (the dock writer) the step it ends, and new weights can come in between two steps. Each sample is its own
   request with a seed drawn from the worker's generator: a run repeats with the same seed.
-- **Log-probs.** ``logprobs_mode="processed_logprobs"``: the sampled token's log-prob under the
-  distribution it was drawn from (logits / temperature), what the trainer recomputes. vLLM's "processed"
-  also applies penalties and top-p/top-k/min-p, which the trainer does not: the config refuses them with this
-  engine, and so does ``generate`` (as a temperature in (0, 0.01), which vLLM would raise to 0.01). What every
-  sampling key becomes is :mod:`relayrl.engines.generation.vllm_sampling`'s table.
+- **Log-probs.** relayrl's: log_softmax(logits / temperature) of the sampled token, before any penalty or filter,
+  what the trainer recomputes. Without a penalty or filter, ``logprobs_mode="processed_logprobs"`` (after the
+  temperature). vLLM's processed log-probs are taken after its penalties, min-p and top-k/top-p masks too (of the
+  renormalised, masked distribution, :data:`~relayrl.engines.generation.vllm_sampling.PROCESSED_DIFFERS`), so with
+  one on the engine starts with ``raw_logprobs`` (before everything, the temperature included), which are
+  relayrl's at temperature 1 and greedy: the config refuses a penalty or filter at another temperature, and
+  ``generate`` refuses what the engine's mode cannot record (as a temperature in (0, 0.01), which vLLM would raise
+  to 0.01). What every sampling key becomes is :mod:`relayrl.engines.generation.vllm_sampling`'s table.
 - **Stops.** vLLM gets no tokenizer (``skip_tokenizer_init``: relayrl's tokenizer is the one that
   matters); the EOS ids (the tokenizer's and the checkpoint's ``generation_config.json``'s,
   :mod:`relayrl.models.eos`) and ``stop_token_ids`` are vLLM stop tokens (the native engine's set,
@@ -62,7 +65,7 @@ from relayrl.engines.generation import vllm_tp
 from relayrl.engines.generation.base import (Completion, PromptFeed, SamplingParams, generate_from_feed,
                                              hits_stop_string, stop_token_ids)
 from relayrl.engines.generation.config import INSTALL, VLLMSpec, vllm_available  # torch-free (re-exported)
-from relayrl.engines.generation.vllm_sampling import sampling_kwargs, sampling_refusal
+from relayrl.engines.generation.vllm_sampling import PROCESSED, sampling_kwargs, sampling_refusal
 from relayrl.errors import UserError
 from relayrl.models.checkpoint_names import CheckpointNames
 from relayrl.models.eos import checkpoint_generation_config, eos_ids
@@ -101,14 +104,15 @@ logging.getLogger("vllm.renderers.base").addFilter(_TokenizerFreeWarmup())
 
 
 def engine_args(spec: VLLMSpec, device: torch.device, *, dtype: str, seed: int, max_batch: int,
-                head_fp32: bool, apart: bool = False) -> dict:
+                head_fp32: bool, apart: bool = False, logprobs_mode: str = PROCESSED) -> dict:
     """``vllm.LLM``'s arguments besides the model (module docstring). On CUDA, ``enable_sleep_mode``: vLLM then
     allocates its weights and KV cache through its own allocator, which is what ``sleep`` frees; without it
     ``release`` would free nothing (its CPU backend has no sleep mode). ``apart``: the workers run in processes
-    of their own (vLLM's multiprocess executor), as they always do with tensor parallelism."""
+    of their own (vLLM's multiprocess executor), as they always do with tensor parallelism. ``logprobs_mode``:
+    :func:`~relayrl.engines.generation.vllm_sampling.logprobs_mode` of the rollout section."""
     args = dict(dtype=dtype, seed=seed, enforce_eager=spec.enforce_eager, gpu_memory_utilization=spec.memory_utilization,
                 max_model_len=spec.max_model_len, max_num_seqs=max_batch, skip_tokenizer_init=True,
-                logprobs_mode="processed_logprobs", enable_prefix_caching=spec.prefix_caching,
+                logprobs_mode=logprobs_mode, enable_prefix_caching=spec.prefix_caching,
                 hf_overrides={"head_dtype": "float32"} if head_fp32 else None)
     if spec.kv_cache_bytes is not None:
         args["kv_cache_memory_bytes"] = spec.kv_cache_bytes
@@ -124,7 +128,7 @@ class VLLMGenerationEngine:
 
     def __init__(self, model_dir: str, tokenizer, *, dtype: str = "float32", device: str | torch.device = "cpu",
                  max_batch: int = 256, spec: VLLMSpec | None = None, seed: int = 0, head_fp32: bool = False,
-                 devices: Sequence[str | torch.device] | None = None) -> None:
+                 devices: Sequence[str | torch.device] | None = None, logprobs_mode: str = PROCESSED) -> None:
         if not vllm_available():
             raise VLLMMissingError(f"rollout.engine=vllm: vLLM is not installed; install it with {INSTALL}, or "
                                    f"set rollout.engine=native")
@@ -137,6 +141,7 @@ class VLLMGenerationEngine:
 
         spec = spec or VLLMSpec()
         self.spec, self.tokenizer, self.max_batch = spec, tokenizer, max_batch
+        self.logprobs_mode = logprobs_mode  # (raw_logprobs with a penalty or a filter: vllm_sampling)
         self.device = torch.device(device)
         self.tp = spec.tensor_parallel_size
         self.devices = vllm_tp.tp_devices(self.device, devices, self.tp)
@@ -148,7 +153,7 @@ class VLLMGenerationEngine:
             with vllm_tp.worker_env(self.devices, self.apart):
                 self.llm = LLM(model=self.model_dir, **engine_args(spec, self.device, dtype=dtype, seed=seed,
                                                                    max_batch=max_batch, head_fp32=head_fp32,
-                                                                   apart=self.apart))
+                                                                   apart=self.apart, logprobs_mode=logprobs_mode))
         except ValueError as e:  # vLLM's own words name neither the key nor that its share counts this process
             if "failed to be inspected" in str(e):  # (vLLM imports its implementation in a subprocess: say why)
                 raise UserError(f"rollout.engine=vllm: vLLM could not load its implementation of the model in "
@@ -284,7 +289,7 @@ class VLLMGenerationEngine:
                       on_finish: Callable[[Completion], None], between: Callable[[], bool] | None = None) -> None:
         """Rows from ``feed`` as slots free up (multi-turn episodes feed each next turn); each gets
         ``params.n`` samples and its own token budget; returns when the feed is done and nothing runs."""
-        if (why := sampling_refusal(params)) is not None:  # (before any request goes in)
+        if (why := sampling_refusal(params, mode=self.logprobs_mode)) is not None:  # (before any request goes in)
             raise ValueError(f"the vLLM engine: {why}")
         self.wake()
         self._same_threads()
@@ -334,8 +339,8 @@ class VLLMGenerationEngine:
 
         # a resubmitted row draws from a fresh stream (the same seed would repeat its first tokens' draws)
         seed = None if row.seed is None else (row.seed + 1_000_003 * len(row.tokens)) % 2**31
-        return VSampling(**sampling_kwargs(params, max_tokens=row.budget - len(row.tokens), seed=seed, stop_ids=stops),
-                         output_kind=RequestOutputKind.DELTA)
+        return VSampling(**sampling_kwargs(params, max_tokens=row.budget - len(row.tokens), seed=seed, stop_ids=stops,
+                                           mode=self.logprobs_mode), output_kind=RequestOutputKind.DELTA)
 
     def _submit(self, row: _Row, params: SamplingParams, stops: list[int]) -> str:
         rid = f"r{self._next_id}"

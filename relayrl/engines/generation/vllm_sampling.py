@@ -15,7 +15,8 @@ from typing import Iterable
 from relayrl.engines.generation.config import PLAIN_SAMPLING, narrowing
 
 __all__ = ["SAMPLING_KEYS", "ROLLOUT_KEYS", "MIN_TEMPERATURE", "MAX_TEMPERATURE", "NATIVE_ONLY", "OPENAI_ONLY",
-           "temperature_refusal", "sampling_refusal", "sampling_kwargs"]
+           "RAW", "PROCESSED", "PROCESSED_DIFFERS", "RAW_BEFORE_TEMPERATURE", "MIN_P_ORDER",
+           "logprobs_mode", "temperature_refusal", "sampling_refusal", "sampling_kwargs"]
 
 MIN_TEMPERATURE = 0.01
 """vLLM raises a temperature in (0, 0.01) to 0.01 (``SamplingParams.__post_init__``, with a warning): it would sample
@@ -23,14 +24,39 @@ and report log-probs at another temperature than the trainer recomputes at."""
 MAX_TEMPERATURE = 2.0
 """vLLM refuses temperatures above 2."""
 
+RAW, PROCESSED = "raw_logprobs", "processed_logprobs"
+
+PROCESSED_DIFFERS = (
+    "vLLM 0.32's processed log-probs (logprobs_mode=processed_logprobs) are log_softmax of the logits after its "
+    "repetition penalty, the temperature, min_p and the top-k/top-p masks: of the renormalised distribution it "
+    "samples from; relayrl records, and the trainer recomputes, log_softmax(logits / temperature) over the whole "
+    "vocabulary, before any penalty or filter (the native engine's sampling.py), so a filter would raise every kept "
+    "token's log-prob by -log(the mass it keeps) and a penalty would shift it, and every ratio would be off")
+"""Why processed log-probs cannot carry a penalty or a filter: what vLLM's ``Sampler`` (``v1/sample/sampler.py``,
+its ``TopKTopPSampler``) takes them of, and what relayrl's log-probs mean."""
+
+RAW_BEFORE_TEMPERATURE = (
+    "vLLM 0.32's raw log-probs (logprobs_mode=raw_logprobs, which the vLLM engine records when a penalty or a filter "
+    "is on) are log_softmax of the model's logits before anything, the temperature included: relayrl's "
+    "log_softmax(logits / temperature) at temperature 1 (and greedy) only; its processed log-probs would include "
+    "the filters (of the masked, renormalised distribution)")
+"""Why a penalty or a filter needs temperature 1 on vLLM."""
+
+MIN_P_ORDER = (
+    "vLLM applies min_p before top-k/top-p (after the temperature), the native engine after them (Hugging Face's "
+    "order); with both on, vLLM takes the nucleus of the min-p survivors' renormalised distribution, another set of "
+    "tokens than the native engine samples from")
+"""Why min_p with top_p < 1 is refused on vLLM (min_p commutes with top_k: both keep the most likely token)."""
+
 SAMPLING_KEYS: dict[str, str] = {
     "n": "one vLLM request per sample (n=1), each with its own seed drawn from the worker's generator",
     "temperature": "temperature (0: greedy, log-probs under softmax(logits) on both engines); refused in (0, 0.01) "
                    "and above 2",
-    "top_p": "refused unless 1 (vLLM's processed log-probs would include it); sent as top_p=1",
-    "top_k": "refused unless 0 (off; -1, vLLM's off, is refused by the config); sent as top_k=0",
-    "min_p": "refused unless 0; sent as min_p=0",
-    "repetition_penalty": "refused unless 1; sent as repetition_penalty=1",
+    "top_p": "top_p at temperature 1 or 0 (raw_logprobs: RAW_BEFORE_TEMPERATURE); refused at another",
+    "top_k": "top_k at temperature 1 or 0 (0: off; -1, vLLM's off, is refused by the config); refused at another",
+    "min_p": "min_p at temperature 1 or 0; refused at another, and with top_p < 1 (MIN_P_ORDER)",
+    "repetition_penalty": "repetition_penalty (on the prompt's and the response's tokens, as native) at "
+                          "temperature 1 or 0; refused at another",
     "max_new_tokens": "max_tokens (the row's budget less the tokens it has, after a resubmission)",
     "stop_strings": "checked by relayrl on the decoded tail after every step, the completing token kept, as "
                     "native; one that spells a special token is a stop token id",
@@ -73,28 +99,47 @@ def temperature_refusal(key: str, t: float, greedy: bool = True) -> str | None:
     return None
 
 
-def sampling_refusal(settings, prefix: str = "") -> str | None:
-    """Why the vLLM engine cannot sample as ``settings`` (a ``SamplingParams`` or the ``rollout`` section) say,
-    naming each key (under ``prefix``, e.g. ``rollout.``) and its neutral value; None when it can."""
-    if (why := temperature_refusal(f"{prefix}temperature", settings.temperature)) is not None:
+def logprobs_mode(settings) -> str:
+    """The vLLM engine's ``logprobs_mode`` for ``settings`` (the ``rollout`` section): ``raw_logprobs`` when they
+    narrow the distribution (a penalty, top-k, top-p or min-p: vLLM's raw log-probs are taken before all of them,
+    and are relayrl's at temperature 1 and greedy), else ``processed_logprobs`` (after the temperature alone:
+    relayrl's at every temperature)."""
+    return RAW if narrowing(settings) else PROCESSED
+
+
+def sampling_refusal(settings, prefix: str = "", mode: str | None = None) -> str | None:
+    """Why the vLLM engine cannot sample as ``settings`` (a ``SamplingParams`` or the ``rollout`` section) say and
+    record relayrl's log-probs, naming each key (under ``prefix``, e.g. ``rollout.``) and its fix; None when it
+    can. ``mode``: the engine's ``logprobs_mode`` (None: the one :func:`logprobs_mode` picks for ``settings``)."""
+    t = settings.temperature
+    if (why := temperature_refusal(f"{prefix}temperature", t)) is not None:
         return why
-    if bad := narrowing(settings):
-        fix = ", ".join(f"{prefix}{k}={PLAIN_SAMPLING[k]} (got {v})" for k, v in bad.items())
-        return (f"vLLM records log-probs after its penalties and top-p/top-k/min-p filtering (its processed_logprobs), "
-                f"the trainer recomputes them before, so every ratio would be off: set {fix}")
+    bad = narrowing(settings)
+    fix = ", ".join(f"{prefix}{k}={PLAIN_SAMPLING[k]} (got {v})" for k, v in bad.items())
+    mode = mode or logprobs_mode(settings)
+    if mode == PROCESSED and bad:  # (an engine started for plain sampling, asked to filter)
+        return f"{PROCESSED_DIFFERS}: set {fix}"
+    if mode == RAW and t not in (0.0, 1.0):
+        on = f" with {', '.join(prefix + k for k in bad)} on" if bad else ""
+        return (f"{prefix}temperature={t:g}{on}: {RAW_BEFORE_TEMPERATURE}; set {prefix}temperature=1"
+                f"{', or ' + fix if bad else ' (or 0, greedy)'}")
+    if "min_p" in bad and "top_p" in bad:
+        return f"{prefix}min_p={bad['min_p']:g} with {prefix}top_p={bad['top_p']:g}: {MIN_P_ORDER}; set one of them off"
     return None
 
 
-def sampling_kwargs(params, *, max_tokens: int, seed: int | None, stop_ids: Iterable[int]) -> dict:
+def sampling_kwargs(params, *, max_tokens: int, seed: int | None, stop_ids: Iterable[int],
+                    mode: str = PROCESSED) -> dict:
     """vLLM ``SamplingParams`` keyword arguments for one request (one sample) of ``params`` (a
     :class:`~relayrl.engines.generation.base.SamplingParams`): ``max_tokens`` new tokens at most, ``seed`` (None:
     vLLM's own draw), ``stop_ids`` the stop token ids (EOS ids unless ``ignore_eos``, ``stop_token_ids``, the
-    special tokens the stop strings spell). Stop strings are not passed: the engine checks them itself. Raises
-    ValueError where the vLLM engine would sample otherwise than the native one (:func:`sampling_refusal`)."""
-    if (why := sampling_refusal(params)) is not None:
+    special tokens the stop strings spell), ``mode`` the engine's ``logprobs_mode``. Stop strings are not passed:
+    the engine checks them itself. Raises ValueError where the vLLM engine would sample otherwise than the native
+    one, or record other log-probs (:func:`sampling_refusal`)."""
+    if (why := sampling_refusal(params, mode=mode)) is not None:
         raise ValueError(f"the vLLM engine: {why}")
     if max_tokens < 1:
         raise ValueError(f"the vLLM engine: a request needs max_tokens >= 1 (got {max_tokens})")
-    return dict(n=1, temperature=params.temperature, top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0,
-                seed=seed, max_tokens=max_tokens, stop_token_ids=sorted(set(stop_ids)), ignore_eos=True,
-                logprobs=0, detokenize=False)
+    return dict(n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, min_p=params.min_p,
+                repetition_penalty=params.repetition_penalty, seed=seed, max_tokens=max_tokens,
+                stop_token_ids=sorted(set(stop_ids)), ignore_eos=True, logprobs=0, detokenize=False)
