@@ -16,6 +16,7 @@ from relayrl.engines.training.base import OptimConfig, SequenceBatch
 from relayrl.engines.training.torch_engine import TrainEngineConfig
 from relayrl.workflows.losses import PolicyLoss, ValueLoss
 from relayrl.workflows.trainer_workers import CriticWorker, PolicyWorker
+from tests.engines.dp_workers import dock_items
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -123,5 +124,45 @@ def test_critic_on_two_sp_groups_of_two_matches_one_rank(tiny_dir, tiny_tokenize
         assert 0 < m1["critic/vf_clip_frac"] < 1 and "critic/explained_variance" in m1
         _same_metrics(m1, m4, "critic")
         _close(grid.split(CriticWorker.values, batch), one.values(batch), "values after the update")
+    finally:
+        grid.shutdown()
+
+
+def policy_rows(tok, rows: SequenceBatch, one: PolicyWorker) -> SequenceBatch:
+    """``rows`` with advantages, pi_old and reference log-probs off ``one``'s (ratios clip, the KL is not 0)."""
+    lp = one.logprobs(rows)
+    g = torch.Generator().manual_seed(6)
+    noise = [0.3 * torch.randn(len(x), generator=g) for x in lp]
+    rows.fields.update(advantages=[torch.randn(len(x), generator=g) for x in lp],
+                       old_logprobs=[x + e for x, e in zip(lp, noise)],
+                       ref_logprobs=[x - 0.5 * e.abs() for x, e in zip(lp, noise)])
+    return rows
+
+
+def test_an_sp_group_without_rows_and_more_mini_batches_than_a_rank_holds(tiny_dir, tiny_tokenizer):
+    """The mini-batches are cut from the whole batch (every replica's rows, numbered in replica order), so what
+    they need is a row each in the whole batch, not ``mini_batches`` rows on every replica: here the driver gives
+    SP group 1 (ranks 2 and 3) no rows, as a step of fewer prompt groups than replicas does, and group 0 six; 1
+    then 3 mini-batches equal one rank's updates on the six rows (the empty group joins every pass and the
+    reductions on a one-token row). Before, the empty ranks refused the call (``train_step got an empty batch``)
+    while the others waited in a collective, and 3 mini-batches were refused (``must be in [1, 0]``)."""
+    fields = ["advantages", "old_logprobs", "ref_logprobs"]
+    one = PolicyWorker(**_kw(tiny_dir))
+    rows = policy_rows(tiny_tokenizer, _rows(tiny_tokenizer).select(range(6)), one)  # groups 0 and 1
+    items = dock_items(rows, [range(0, 4), range(4, 6), None, None], fields)
+    grid = _grid(PolicyWorker, tiny_dir)
+    try:
+        for step, mini_batches in enumerate((1, 3)):
+            loss = PolicyLoss(agg="seq-mean-token-mean", kl_coef=0.1, entropy_coef=0.01)
+            opt = dict(mini_batches=mini_batches, seed=step, with_entropy=True)
+            m1 = one.update(rows, loss, **opt)
+            m4 = grid.split(PolicyWorker.train_batch, items, loss, fields, **opt)
+            _same_metrics(m1, m4, f"mini_batches={mini_batches}")
+        w4 = dict(grid.all_rank0(PolicyWorker.named_weights))
+        for n, t in one.named_weights():
+            torch.testing.assert_close(w4[n], t, atol=2e-4, rtol=1e-3, msg=n)
+        with pytest.raises(Exception, match=r"mini_batches=7 must be in \[1, 6\] \(rows in the batch over every "
+                                             r"data-parallel replica\)"):  # every rank refuses, none waits
+            grid.split(PolicyWorker.train_batch, items, loss, fields, mini_batches=7)
     finally:
         grid.shutdown()
