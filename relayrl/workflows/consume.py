@@ -191,8 +191,9 @@ class Consume:
     def _can_train(self, f: Flow, indexes: list[int] | None) -> bool:
         """Whether the update can take its optimizer steps; if not, say why in the run's log and record
         ``actor/skipped_update``. DAPO's overlong filter may drop every row; with the whole batch at once
-        (``indexes``), every data-parallel rank needs a row per mini-batch after the filter and dynamic
-        sampling (each mini-batch is an optimizer step on every rank)."""
+        (``indexes``), the rows left after the filter and dynamic sampling need one per mini-batch (each
+        mini-batch is an optimizer step; the engine cuts them from every rank's rows together, so a rank holding
+        none of a mini-batch's rows, or none at all, still takes it)."""
         p, st = self.p, f.state
         records = st.kept_records()
         rows = sum(len(r.lengths) for r in records)
@@ -205,15 +206,12 @@ class Consume:
             why = (f"algorithm.overlong_filter dropped all {rows} responses (every one was cut at "
                    f"rollout.max_new_tokens={p.sampling.max_new_tokens}; raise it)")
         elif indexes is not None:
-            mb, ranks = p.cfg.trainer.mini_batches, p.actor.world_size
-            trained = [sum(not (p.cfg.algorithm.overlong_filter and cut.get(i, False)) for i in idx)
-                       for idx, _ in self._shares(indexes, ranks)]
-            left = sum(trained)
-            if min(trained) < mb:
+            mb = p.cfg.trainer.mini_batches
+            left = sum(not (p.cfg.algorithm.overlong_filter and cut.get(i, False)) for i in indexes)
+            if left < mb:
                 why = (f"{left} of {rows} rows are left to train on (after DAPO's dynamic sampling and "
-                       f"algorithm.overlong_filter), {min(trained)} on the data-parallel rank with the fewest, fewer "
-                       f"than trainer.mini_batches={mb} (each mini-batch is one optimizer step and needs a row on "
-                       f"every rank: lower trainer.mini_batches)")
+                       f"algorithm.overlong_filter), fewer than trainer.mini_batches={mb} (each mini-batch is one "
+                       f"optimizer step and needs a row: lower trainer.mini_batches)")
         if why is None:
             return True
         p.session.tracker.write_text(f"step {f.step}: {why}; no update this step")

@@ -10,7 +10,8 @@ Both runs here put the rollout on a pool of its own with one rank (``placement.p
 ranks change. Not compared: timings, memory, throughput per device, the relay's and the dock's counts (two
 ranks gather and pack differently) and ``forward_tokens`` (the padding of each rank's packing).
 
-Two bugs this run found: the reference's first streamed pass failed on the rank the one-group chunk left
+A step of one prompt group on two ranks skipped every update (``actor/skipped_update``: the driver asked for
+``trainer.mini_batches`` rows on every rank, and rank 1 held none). Two bugs this run found before: the reference's first streamed pass failed on the rank the one-group chunk left
 without rows, and with ``trainer.mini_batches=2`` the ranks' rows (groups dealt out in turn) were cut into
 other mini-batches than one rank's (``actor/pg_loss`` 0.0108 against 0.0121 at step 1)."""
 
@@ -29,8 +30,10 @@ MODES = {
     "sync": ["trainer.mini_batches=2", "algorithm.loss_agg=prompt-mean-token-mean"],
     "periodic": ["trainer.mode=periodic", "algorithm.loss_agg=token-mean"],  # (one group's chunk: a rank idle)
     "ppo": ["algorithm.advantage=gae", "critic.warmup_steps=0", "trainer.mini_batches=2"],  # the critic on 2 too
+    "one_group": ["data.prompts_per_step=1", "trainer.mini_batches=2"],  # rank 1 is given no rows
 }
-"""The update on the whole batch in mini-batches, accumulated per arriving group, and PPO's critic."""
+"""The update on the whole batch in mini-batches, accumulated per arriving group, PPO's critic, and a step of
+fewer prompt groups than ranks (its mini-batches are cut from rank 0's rows; rank 1 joins every step)."""
 
 EQUAL = ("actor/loss", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy", "actor/kl",
          "actor/clip_frac_low", "actor/clip_frac_high", "reward/mean", "reward/std", "response/length_mean",
