@@ -70,3 +70,27 @@ def test_two_actor_ranks_run_the_one_rank_run(tmp_path, tiny_dir, mode):
     assert set(w1) == set(w2)
     for n, t in w1.items():
         torch.testing.assert_close(w2[n], t, atol=2e-4, rtol=1e-3, msg=n)  # (Adam amplifies float noise)
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_two_sp_groups_of_two_run_the_one_rank_run(tmp_path, tiny_dir):
+    """``cluster.devices=4`` with ``engine.sequence_parallel=2`` (the actor and the reference as 2 Ulysses groups
+    of 2) logs the 1-rank run's step metrics and ends at its weights. Two prompt groups over 4 ranks leave SP
+    group 1 without rows in every phase, and ``trainer.mini_batches=2`` cuts its mini-batches from group 0's
+    rows; before, the driver skipped every update (it asked for rows on every rank)."""
+    from safetensors.torch import load_file
+
+    over = [*SPLIT, "data.prompts_per_step=2", "trainer.mini_batches=2", "algorithm.loss_agg=seq-mean-token-mean"]
+    one = run_grpo(tmp_path / "one", tiny_dir, *over, "cluster.devices=1")
+    sp = run_grpo(tmp_path / "sp", tiny_dir, *over, "cluster.devices=4", "engine.sequence_parallel=2")
+    assert [r["step"] for r in one] == [r["step"] for r in sp] == [1, 2]
+    for a, b in zip(one, sp):
+        assert set(EQUAL) <= set(a), sorted(set(EQUAL) - set(a))
+        differ = [(k, v, b.get(k)) for k, v in a.items() if _compared(k, v)
+                  and b.get(k) != pytest.approx(v, rel=1e-4, abs=1e-6, nan_ok=True)]
+        assert not differ, f"step {a['step']}: {differ}"
+    w1, w4 = (load_file(tmp_path / run / "model" / "model.safetensors") for run in ("one", "sp"))
+    assert set(w1) == set(w4)
+    for n, t in w1.items():
+        torch.testing.assert_close(w4[n], t, atol=2e-4, rtol=1e-3, msg=n)
