@@ -166,3 +166,29 @@ def test_an_sp_group_without_rows_and_more_mini_batches_than_a_rank_holds(tiny_d
             grid.split(PolicyWorker.train_batch, items, loss, fields, mini_batches=7)
     finally:
         grid.shutdown()
+
+
+@pytest.mark.parametrize("dp_sync", ["pass", "step"])
+def test_streamed_update_over_two_sp_groups_matches_one_rank(tiny_dir, tiny_tokenizer, dp_sync):
+    """Periodic asynchrony's chunks (``forward_backward`` per finished chunk, then ``optim_step``) on 4 ranks as
+    2 SP groups: each chunk leaves one SP group without rows (a chunk of fewer prompt groups than replicas), with
+    the gradients reduced every pass or once at the step; the update equals one rank's on the whole batch."""
+    fields = ["advantages", "old_logprobs", "ref_logprobs"]
+    kw = _kw(tiny_dir)
+    kw["engine"] = kw["engine"].model_copy(update={"dp_sync": dp_sync})
+    one = PolicyWorker(**kw)
+    rows = policy_rows(tiny_tokenizer, _rows(tiny_tokenizer), one)
+    loss = PolicyLoss(agg="token-mean", kl_coef=0.1, entropy_coef=0.01)
+    m1 = one.update(rows, loss, seed=0, with_entropy=True)
+    grid = _grid(PolicyWorker, tiny_dir, engine=kw["engine"].model_copy(update={"sequence_parallel": 2}))
+    try:
+        chunks = [[range(0, 4), range(4, 6), None, None], [None, None, range(6, 9), range(9, 12)]]
+        for k, shares in enumerate(chunks):
+            grid.split(PolicyWorker.forward_backward, dock_items(rows, shares, fields), loss, fields, fresh=k == 0,
+                       with_entropy=True)
+        _same_metrics(m1, grid.all(PolicyWorker.optim_step), f"streamed, dp_sync={dp_sync}")
+        w4 = dict(grid.all_rank0(PolicyWorker.named_weights))
+        for n, t in one.named_weights():
+            torch.testing.assert_close(w4[n], t, atol=2e-4, rtol=1e-3, msg=n)
+    finally:
+        grid.shutdown()
