@@ -144,8 +144,9 @@ def test_an_sp_group_without_rows_and_more_mini_batches_than_a_rank_holds(tiny_d
     they need is a row each in the whole batch, not ``mini_batches`` rows on every replica: here the driver gives
     SP group 1 (ranks 2 and 3) no rows, as a step of fewer prompt groups than replicas does, and group 0 six; 1
     then 3 mini-batches equal one rank's updates on the six rows (the empty group joins every pass and the
-    reductions on a one-token row). Before, the empty ranks refused the call (``train_step got an empty batch``)
-    while the others waited in a collective, and 3 mini-batches were refused (``must be in [1, 0]``)."""
+    reductions on a one-token row). Before, the empty ranks refused the call alone (``train_step got an empty
+    batch``, raised before the collective in which the others were deciding), and any ``mini_batches`` past the
+    fewest rows a replica held was refused."""
     fields = ["advantages", "old_logprobs", "ref_logprobs"]
     one = PolicyWorker(**_kw(tiny_dir))
     rows = policy_rows(tiny_tokenizer, _rows(tiny_tokenizer).select(range(6)), one)  # groups 0 and 1
