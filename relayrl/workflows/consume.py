@@ -31,7 +31,7 @@ from relayrl.workflows.parts import StepParts
 from relayrl.workflows.scoring import ScoreWorker
 from relayrl.workflows.trainer_workers import CriticWorker, PolicyWorker, ReferenceWorker
 
-__all__ = ["Consume"]
+__all__ = ["Consume", "deal_groups"]
 
 
 class Consume:
@@ -231,20 +231,40 @@ class Consume:
         return f.generated if self.p.plan.stage(stage).after_generation else None
 
     def _shares(self, indexes: list[int], ranks: int) -> list[tuple[list[int], None]]:
-        """Each rank's rows: whole groups of ``indexes``, in order, rank r the r-th run of about equal groups (the
-        first ``groups % ranks`` runs one longer). In order, so the ranks' rows side by side are the batch's,
-        from which the engine cuts the mini-batches as one rank would (dealt out in turn, two ranks held groups
-        0, 2 and 1, 3, and ``trainer.mini_batches=2`` on two ranks took other rows than on one)."""
+        """Each rank's rows: whole groups of ``indexes``, in order (:func:`deal_groups`: the data-parallel
+        replicas, ``engine.sequence_parallel`` ranks each, take contiguous runs of about equal groups). In order,
+        so the ranks' rows side by side are the batch's, from which the engine cuts the mini-batches as one rank
+        would (dealt out in turn, two ranks held groups 0, 2 and 1, 3, and ``trainer.mini_batches=2`` on two
+        ranks took other rows than on one)."""
         n = self.p.sampling.n
-        groups = [indexes[i:i + n] for i in range(0, len(indexes), n)]
         if ranks == 1:
             return [(indexes, None)]
-        base, extra = divmod(len(groups), ranks)
-        bounds = [r * base + min(r, extra) for r in range(ranks + 1)]
-        return [(sum(groups[bounds[r]:bounds[r + 1]], []), None) for r in range(ranks)]
+        groups = [indexes[i:i + n] for i in range(0, len(indexes), n)]
+        return [(sum(run, []), None) for run in deal_groups(groups, ranks, self.p.cfg.engine.sequence_parallel)]
 
     def _items(self, f: Flow, indexes: list[int], cols: list[str], ranks: int) -> list:
         """One ``(reader, slots)`` per rank over its share of ``indexes`` (``(None, None)``: no rows)."""
         dock = self.p.dock
         return [(dock.reader(f.part, idx, cols), dock.slots(f.part, idx)) if idx else (None, None)
                 for idx, _ in self._shares(indexes, ranks)]
+
+
+def runs(items: list, k: int) -> list[list]:
+    """``items`` cut into ``k`` contiguous runs of about equal length, in order (the first ``len % k`` one
+    longer; runs past the items are empty)."""
+    base, extra = divmod(len(items), k)
+    bounds = [r * base + min(r, extra) for r in range(k + 1)]
+    return [items[bounds[r]:bounds[r + 1]] for r in range(k)]
+
+
+def deal_groups(groups: list, ranks: int, sequence_parallel: int = 1) -> list[list]:
+    """Each of ``ranks`` ranks' prompt groups, in order: the ``ranks / sequence_parallel`` data-parallel replicas
+    (``sequence_parallel`` consecutive ranks each, which pool their rows: Ulysses,
+    :mod:`relayrl.engines.training.ulysses`) take contiguous runs of about equal groups, and each replica's run is
+    spread over its ranks the same way. Dealt to the ranks alone, 2 groups on 4 ranks as 2 SP groups would put
+    both on the first SP group and leave the second idle."""
+    sp = sequence_parallel
+    if sp < 1 or ranks % sp:
+        raise ValueError(f"engine.sequence_parallel={sp} must divide the trainer group's {ranks} ranks (each "
+                         f"data-parallel replica is {sp} ranks)")
+    return [rank for run in runs(groups, ranks // sp) for rank in runs(run, sp)]

@@ -72,13 +72,28 @@ def test_two_actor_ranks_run_the_one_rank_run(tmp_path, tiny_dir, mode):
         torch.testing.assert_close(w2[n], t, atol=2e-4, rtol=1e-3, msg=n)  # (Adam amplifies float noise)
 
 
+def test_groups_are_dealt_to_data_parallel_replicas_then_to_their_sp_ranks():
+    """Contiguous runs of about equal groups per replica, each spread over its SP ranks, in order; dealt to the
+    ranks alone, 2 groups on 2 SP groups of 2 went both to the first (the second idle)."""
+    from relayrl.workflows.consume import deal_groups
+
+    assert deal_groups(["a", "b"], 4, 2) == [["a"], [], ["b"], []]
+    assert deal_groups(["a", "b"], 4, 1) == [["a"], ["b"], [], []]
+    assert deal_groups(list("abcdef"), 8, 4) == [["a"], ["b"], ["c"], [], ["d"], ["e"], ["f"], []]
+    assert deal_groups(list("abcde"), 4, 2) == [["a", "b"], ["c"], ["d"], ["e"]]
+    assert sum(deal_groups(list("abcdefg"), 6, 3), []) == list("abcdefg")  # in order
+    with pytest.raises(ValueError, match="engine.sequence_parallel=2 must divide the trainer group's 3 ranks"):
+        deal_groups(["a"], 3, 2)
+
+
 @pytest.mark.slow
 @pytest.mark.multiproc
 def test_two_sp_groups_of_two_run_the_one_rank_run(tmp_path, tiny_dir):
     """``cluster.devices=4`` with ``engine.sequence_parallel=2`` (the actor and the reference as 2 Ulysses groups
-    of 2) logs the 1-rank run's step metrics and ends at its weights. Two prompt groups over 4 ranks leave SP
-    group 1 without rows in every phase, and ``trainer.mini_batches=2`` cuts its mini-batches from group 0's
-    rows; before, the driver skipped every update (it asked for rows on every rank)."""
+    of 2) logs the 1-rank run's step metrics and ends at its weights. Two prompt groups over 4 ranks: each SP
+    group gets one (on its first rank; the second holds no rows), and ``trainer.mini_batches=2`` cuts the
+    mini-batches from both groups' rows together; before, the driver dealt both groups to SP group 0 and
+    skipped every update (it asked for rows on every rank)."""
     from safetensors.torch import load_file
 
     over = [*SPLIT, "data.prompts_per_step=2", "trainer.mini_batches=2", "algorithm.loss_agg=seq-mean-token-mean"]
