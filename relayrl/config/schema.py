@@ -464,10 +464,16 @@ class Config(_Section):
         ranks = self.cluster.devices * self.cluster.nodes
         rows = (self.trainer.batch_size * (2 if self.workflow in ("dpo", "rm") else 1) if self.workflow != "grpo"
                 else self.data.prompts_per_step * self.rollout.n)
-        if rows // ranks < self.trainer.mini_batches:
-            what = "data.prompts_per_step x rollout.n" if self.workflow == "grpo" else "trainer.batch_size"
-            raise ValueError(f"{what} = {rows} rows over {ranks} data-parallel rank(s) leaves {rows // ranks} per "
-                             f"rank, fewer than trainer.mini_batches={self.trainer.mini_batches}")
+        # GRPO: the engine cuts the mini-batches from every rank's rows together (a rank may hold none of a
+        # mini-batch's rows, or none at all: fewer prompt groups than ranks), so each needs a row of the step's
+        # batch; the other workflows split their batch over the ranks, each rank a row (mini_batches is 1)
+        if self.workflow == "grpo" and rows < self.trainer.mini_batches:
+            raise ValueError(f"data.prompts_per_step x rollout.n = {rows} rows, fewer than trainer.mini_batches="
+                             f"{self.trainer.mini_batches}: each mini-batch is one optimizer step and needs a row "
+                             f"of the step's batch (lower trainer.mini_batches)")
+        if self.workflow != "grpo" and rows < ranks:
+            raise ValueError(f"trainer.batch_size = {rows} rows over {ranks} data-parallel rank(s): the batch is "
+                             f"split over the ranks, each a row (raise trainer.batch_size or lower cluster.devices)")
         if self.model.lora.enabled and self.workflow == "rm":
             raise ValueError("model.lora.enabled: workflow rm trains the whole reward model (its scalar head and "
                              "the network under it); set model.lora.enabled=false")

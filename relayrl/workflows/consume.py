@@ -31,7 +31,7 @@ from relayrl.workflows.parts import StepParts
 from relayrl.workflows.scoring import ScoreWorker
 from relayrl.workflows.trainer_workers import CriticWorker, PolicyWorker, ReferenceWorker
 
-__all__ = ["Consume"]
+__all__ = ["Consume", "deal_groups"]
 
 
 class Consume:
@@ -191,8 +191,9 @@ class Consume:
     def _can_train(self, f: Flow, indexes: list[int] | None) -> bool:
         """Whether the update can take its optimizer steps; if not, say why in the run's log and record
         ``actor/skipped_update``. DAPO's overlong filter may drop every row; with the whole batch at once
-        (``indexes``), every data-parallel rank needs a row per mini-batch after the filter and dynamic
-        sampling (each mini-batch is an optimizer step on every rank)."""
+        (``indexes``), the rows left after the filter and dynamic sampling need one per mini-batch (each
+        mini-batch is an optimizer step; the engine cuts them from every rank's rows together, so a rank holding
+        none of a mini-batch's rows, or none at all, still takes it)."""
         p, st = self.p, f.state
         records = st.kept_records()
         rows = sum(len(r.lengths) for r in records)
@@ -205,15 +206,12 @@ class Consume:
             why = (f"algorithm.overlong_filter dropped all {rows} responses (every one was cut at "
                    f"rollout.max_new_tokens={p.sampling.max_new_tokens}; raise it)")
         elif indexes is not None:
-            mb, ranks = p.cfg.trainer.mini_batches, p.actor.world_size
-            trained = [sum(not (p.cfg.algorithm.overlong_filter and cut.get(i, False)) for i in idx)
-                       for idx, _ in self._shares(indexes, ranks)]
-            left = sum(trained)
-            if min(trained) < mb:
+            mb = p.cfg.trainer.mini_batches
+            left = sum(not (p.cfg.algorithm.overlong_filter and cut.get(i, False)) for i in indexes)
+            if left < mb:
                 why = (f"{left} of {rows} rows are left to train on (after DAPO's dynamic sampling and "
-                       f"algorithm.overlong_filter), {min(trained)} on the data-parallel rank with the fewest, fewer "
-                       f"than trainer.mini_batches={mb} (each mini-batch is one optimizer step and needs a row on "
-                       f"every rank: lower trainer.mini_batches)")
+                       f"algorithm.overlong_filter), fewer than trainer.mini_batches={mb} (each mini-batch is one "
+                       f"optimizer step and needs a row: lower trainer.mini_batches)")
         if why is None:
             return True
         p.session.tracker.write_text(f"step {f.step}: {why}; no update this step")
@@ -233,20 +231,40 @@ class Consume:
         return f.generated if self.p.plan.stage(stage).after_generation else None
 
     def _shares(self, indexes: list[int], ranks: int) -> list[tuple[list[int], None]]:
-        """Each rank's rows: whole groups of ``indexes``, in order, rank r the r-th run of about equal groups (the
-        first ``groups % ranks`` runs one longer). In order, so the ranks' rows side by side are the batch's,
-        from which the engine cuts the mini-batches as one rank would (dealt out in turn, two ranks held groups
-        0, 2 and 1, 3, and ``trainer.mini_batches=2`` on two ranks took other rows than on one)."""
+        """Each rank's rows: whole groups of ``indexes``, in order (:func:`deal_groups`: the data-parallel
+        replicas, ``engine.sequence_parallel`` ranks each, take contiguous runs of about equal groups). In order,
+        so the ranks' rows side by side are the batch's, from which the engine cuts the mini-batches as one rank
+        would (dealt out in turn, two ranks held groups 0, 2 and 1, 3, and ``trainer.mini_batches=2`` on two
+        ranks took other rows than on one)."""
         n = self.p.sampling.n
-        groups = [indexes[i:i + n] for i in range(0, len(indexes), n)]
         if ranks == 1:
             return [(indexes, None)]
-        base, extra = divmod(len(groups), ranks)
-        bounds = [r * base + min(r, extra) for r in range(ranks + 1)]
-        return [(sum(groups[bounds[r]:bounds[r + 1]], []), None) for r in range(ranks)]
+        groups = [indexes[i:i + n] for i in range(0, len(indexes), n)]
+        return [(sum(run, []), None) for run in deal_groups(groups, ranks, self.p.cfg.engine.sequence_parallel)]
 
     def _items(self, f: Flow, indexes: list[int], cols: list[str], ranks: int) -> list:
         """One ``(reader, slots)`` per rank over its share of ``indexes`` (``(None, None)``: no rows)."""
         dock = self.p.dock
         return [(dock.reader(f.part, idx, cols), dock.slots(f.part, idx)) if idx else (None, None)
                 for idx, _ in self._shares(indexes, ranks)]
+
+
+def runs(items: list, k: int) -> list[list]:
+    """``items`` cut into ``k`` contiguous runs of about equal length, in order (the first ``len % k`` one
+    longer; runs past the items are empty)."""
+    base, extra = divmod(len(items), k)
+    bounds = [r * base + min(r, extra) for r in range(k + 1)]
+    return [items[bounds[r]:bounds[r + 1]] for r in range(k)]
+
+
+def deal_groups(groups: list, ranks: int, sequence_parallel: int = 1) -> list[list]:
+    """Each of ``ranks`` ranks' prompt groups, in order: the ``ranks / sequence_parallel`` data-parallel replicas
+    (``sequence_parallel`` consecutive ranks each, which pool their rows: Ulysses,
+    :mod:`relayrl.engines.training.ulysses`) take contiguous runs of about equal groups, and each replica's run is
+    spread over its ranks the same way. Dealt to the ranks alone, 2 groups on 4 ranks as 2 SP groups would put
+    both on the first SP group and leave the second idle."""
+    sp = sequence_parallel
+    if sp < 1 or ranks % sp:
+        raise ValueError(f"engine.sequence_parallel={sp} must divide the trainer group's {ranks} ranks (each "
+                         f"data-parallel replica is {sp} ranks)")
+    return [rank for run in runs(groups, ranks // sp) for rank in runs(run, sp)]

@@ -197,8 +197,13 @@ def test_off_policy_settings_that_cannot_work_are_refused():
 
 
 def test_data_parallel_settings_that_cannot_work_are_refused():
-    assert "leaves 1 per rank, fewer than trainer.mini_batches=2" in _errors(
-        "cluster.devices=4", "data.prompts_per_step=1", "rollout.n=4", "trainer.mini_batches=2")
+    assert "4 rows, fewer than trainer.mini_batches=5" in _errors(
+        "cluster.devices=4", "data.prompts_per_step=1", "rollout.n=4", "trainer.mini_batches=5")
+    # a mini-batch needs a row of the step's batch, not one on each rank (fewer groups than ranks: a rank has none)
+    cfg = load_config(Config, RECIPES / "arith_grpo.yaml", ["cluster.devices=4", "cluster.oversubscribe=true",
+                                                             "data.prompts_per_step=1", "rollout.n=4",
+                                                             "trainer.mini_batches=2"])
+    assert cfg.trainer.mini_batches == 2
     assert "trainer.batch_size = 2 rows over 4" in _errors("workflow=sft", "trainer.batch_size=2", "cluster.devices=4")
     assert "set cluster.backend=ray" in _errors("cluster.nodes=2")
     cfg = load_config(Config, RECIPES / "arith_grpo.yaml", ["cluster.devices=2"])

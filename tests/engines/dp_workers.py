@@ -20,3 +20,15 @@ class EchoSlots:
 
     def write(self, columns: dict) -> dict:
         return columns
+
+
+def dock_items(batch: SequenceBatch, shares: list[range | None], fields: list[str]) -> list:
+    """One ``(reader, slots)`` per rank over its rows of ``batch`` (None: the driver gave it none, as a step of
+    fewer prompt groups than ranks does)."""
+
+    def cols(rows: range) -> dict:
+        part = batch.select(rows)
+        return {"prompt_ids": part.prompt_ids, "response_ids": part.response_ids, "group": part.groups,
+                **{f: part.fields[f] for f in fields}}
+
+    return [(None, None) if rows is None else (RowsReader(cols(rows)), EchoSlots()) for rows in shares]

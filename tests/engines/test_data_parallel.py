@@ -139,7 +139,9 @@ def test_ranks_with_unequal_rows_take_the_same_mini_batch_steps(tiny_dir, tiny_t
     """Issue 11 item 3: the split gives rank 0 six rows and rank 1 four; with trainer.mini_batches=4 the old
     ceil(rows / 4)-row slices gave rank 0 three optimizer steps and rank 1 four, and rank 1's fourth step
     waited for a collective partner (a hang until the gloo timeout, so this is not run against the old code).
-    Now both take four; a rank short of rows makes every rank refuse together."""
+    Now both take four; a batch short of rows makes every rank refuse together (the mini-batches are cut from
+    both ranks' rows together, so 10 rows allow 10: test_data_parallel_losses.py takes more mini-batches than
+    a rank holds rows)."""
     b = _batch(tiny_tokenizer, rows=12)
     batch = SequenceBatch([b.prompt_ids[0]] * 6 + [b.prompt_ids[-1]] * 4, b.response_ids[:10],
                           {"advantages": b.fields["advantages"][:10]},
@@ -152,8 +154,8 @@ def test_ranks_with_unequal_rows_take_the_same_mini_batch_steps(tiny_dir, tiny_t
         m = dp.split("update", batch, PolicyLoss(), mini_batches=4, seed=0)
         assert m[0] == pytest.approx(m[1])
         assert dp.all_rank0("state")["scheduler"]["last_epoch"] == 4
-        with pytest.raises(Exception, match="mini_batches=5 must be in \\[1, 4\\]"):
-            dp.split("update", batch, PolicyLoss(), mini_batches=5, seed=1)
+        with pytest.raises(Exception, match="mini_batches=11 must be in \\[1, 10\\]"):
+            dp.split("update", batch, PolicyLoss(), mini_batches=11, seed=1)
         assert dp.all_rank0("state")["scheduler"]["last_epoch"] == 4  # both ranks refused; no step, no hang
     finally:
         dp.shutdown()

@@ -240,3 +240,27 @@ def test_a_rank_without_rows_joins_the_forward_passes(tiny_dir, tiny_tokenizer):
         for k, v in want[0].items():
             for a, b in zip(v, got[0][k]):
                 torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-4, msg=f"{cls.__name__}: {k}")
+
+
+def test_mini_batches_need_rows_in_the_batch_not_on_every_rank(tiny_dir, tiny_tokenizer):
+    """The mini-batches are cut from every rank's rows together, so each needs a row of the whole batch: rank 1
+    holding 2 rows takes 4 mini-batches with rank 0's 4 (a mini-batch may hold none of its rows: it joins the
+    passes on a one-token row), and a rank given no rows takes the one-mini-batch update with the other; both
+    equal one rank's. Before, every rank refused ``mini_batches`` past the fewest rows a rank held, and an
+    empty rank refused the call alone, the other left waiting in a collective."""
+    from tests.engines.dp_workers import dock_items
+
+    fields = ["advantages", "old_logprobs", "ref_logprobs"]
+    one = PolicyWorker(**_kw(tiny_dir, 2))
+    rows = _policy_batch(tiny_tokenizer, one.logprobs(_rows(tiny_tokenizer))).select(range(6))  # groups 0 and 1
+    dp = WorkerGroup(PolicyWorker, ResourcePool("dp", devices=2), "actor", backend="local", init_kwargs=_kw(tiny_dir, 2))
+    try:
+        for step, (shares, mini_batches) in enumerate([([range(0, 4), range(4, 6)], 4), ([range(0, 6), None], 1)]):
+            loss = PolicyLoss(agg="token-mean", kl_coef=0.1, entropy_coef=0.01)
+            opt = dict(mini_batches=mini_batches, seed=step, with_entropy=True)
+            m1 = one.update(rows, loss, **opt)
+            m2 = dp.split(PolicyWorker.train_batch, dock_items(rows, shares, fields), loss, fields, **opt)
+            _same_metrics(m1, m2, f"mini_batches={mini_batches}")
+        _same_weights(one.named_weights(), dp.all_rank0(PolicyWorker.named_weights), "policy")
+    finally:
+        dp.shutdown()

@@ -10,7 +10,8 @@ Both runs here put the rollout on a pool of its own with one rank (``placement.p
 ranks change. Not compared: timings, memory, throughput per device, the relay's and the dock's counts (two
 ranks gather and pack differently) and ``forward_tokens`` (the padding of each rank's packing).
 
-Two bugs this run found: the reference's first streamed pass failed on the rank the one-group chunk left
+A step of one prompt group on two ranks skipped every update (``actor/skipped_update``: the driver asked for
+``trainer.mini_batches`` rows on every rank, and rank 1 held none). Two bugs this run found before: the reference's first streamed pass failed on the rank the one-group chunk left
 without rows, and with ``trainer.mini_batches=2`` the ranks' rows (groups dealt out in turn) were cut into
 other mini-batches than one rank's (``actor/pg_loss`` 0.0108 against 0.0121 at step 1)."""
 
@@ -29,8 +30,10 @@ MODES = {
     "sync": ["trainer.mini_batches=2", "algorithm.loss_agg=prompt-mean-token-mean"],
     "periodic": ["trainer.mode=periodic", "algorithm.loss_agg=token-mean"],  # (one group's chunk: a rank idle)
     "ppo": ["algorithm.advantage=gae", "critic.warmup_steps=0", "trainer.mini_batches=2"],  # the critic on 2 too
+    "one_group": ["data.prompts_per_step=1", "trainer.mini_batches=2"],  # rank 1 is given no rows
 }
-"""The update on the whole batch in mini-batches, accumulated per arriving group, and PPO's critic."""
+"""The update on the whole batch in mini-batches, accumulated per arriving group, PPO's critic, and a step of
+fewer prompt groups than ranks (its mini-batches are cut from rank 0's rows; rank 1 joins every step)."""
 
 EQUAL = ("actor/loss", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy", "actor/kl",
          "actor/clip_frac_low", "actor/clip_frac_high", "reward/mean", "reward/std", "response/length_mean",
@@ -67,3 +70,42 @@ def test_two_actor_ranks_run_the_one_rank_run(tmp_path, tiny_dir, mode):
     assert set(w1) == set(w2)
     for n, t in w1.items():
         torch.testing.assert_close(w2[n], t, atol=2e-4, rtol=1e-3, msg=n)  # (Adam amplifies float noise)
+
+
+def test_groups_are_dealt_to_data_parallel_replicas_then_to_their_sp_ranks():
+    """Contiguous runs of about equal groups per replica, each spread over its SP ranks, in order; dealt to the
+    ranks alone, 2 groups on 2 SP groups of 2 went both to the first (the second idle)."""
+    from relayrl.workflows.consume import deal_groups
+
+    assert deal_groups(["a", "b"], 4, 2) == [["a"], [], ["b"], []]
+    assert deal_groups(["a", "b"], 4, 1) == [["a"], ["b"], [], []]
+    assert deal_groups(list("abcdef"), 8, 4) == [["a"], ["b"], ["c"], [], ["d"], ["e"], ["f"], []]
+    assert deal_groups(list("abcde"), 4, 2) == [["a", "b"], ["c"], ["d"], ["e"]]
+    assert sum(deal_groups(list("abcdefg"), 6, 3), []) == list("abcdefg")  # in order
+    with pytest.raises(ValueError, match="engine.sequence_parallel=2 must divide the trainer group's 3 ranks"):
+        deal_groups(["a"], 3, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_two_sp_groups_of_two_run_the_one_rank_run(tmp_path, tiny_dir):
+    """``cluster.devices=4`` with ``engine.sequence_parallel=2`` (the actor and the reference as 2 Ulysses groups
+    of 2) logs the 1-rank run's step metrics and ends at its weights. Two prompt groups over 4 ranks: each SP
+    group gets one (on its first rank; the second holds no rows), and ``trainer.mini_batches=2`` cuts the
+    mini-batches from both groups' rows together; before, the driver dealt both groups to SP group 0 and
+    skipped every update (it asked for rows on every rank)."""
+    from safetensors.torch import load_file
+
+    over = [*SPLIT, "data.prompts_per_step=2", "trainer.mini_batches=2", "algorithm.loss_agg=seq-mean-token-mean"]
+    one = run_grpo(tmp_path / "one", tiny_dir, *over, "cluster.devices=1")
+    sp = run_grpo(tmp_path / "sp", tiny_dir, *over, "cluster.devices=4", "engine.sequence_parallel=2")
+    assert [r["step"] for r in one] == [r["step"] for r in sp] == [1, 2]
+    for a, b in zip(one, sp):
+        assert set(EQUAL) <= set(a), sorted(set(EQUAL) - set(a))
+        differ = [(k, v, b.get(k)) for k, v in a.items() if _compared(k, v)
+                  and b.get(k) != pytest.approx(v, rel=1e-4, abs=1e-6, nan_ok=True)]
+        assert not differ, f"step {a['step']}: {differ}"
+    w1, w4 = (load_file(tmp_path / run / "model" / "model.safetensors") for run in ("one", "sp"))
+    assert set(w1) == set(w4)
+    for n, t in w1.items():
+        torch.testing.assert_close(w4[n], t, atol=2e-4, rtol=1e-3, msg=n)

@@ -46,8 +46,11 @@ takes exactly ``mini_batches`` optimizer steps, each over one global
 mini-batch: every rank's rows numbered in rank order, shuffled by the same
 generator on every rank and cut into ``mini_batches`` slices
 (:func:`minibatch_slices`, :func:`minibatch_rows`), so N ranks take the steps one
-rank takes on the whole batch; when any rank holds fewer rows than
-``mini_batches``, every rank refuses the call (a collective decision).
+rank takes on the whole batch. A mini-batch needs a row of the whole batch,
+not one on every rank: a rank holding none of a mini-batch's rows (or no
+rows at all) joins the busiest rank's passes on a one-token row with a zero
+loss; when the whole batch holds fewer rows than ``mini_batches``, every
+rank refuses the call (a collective decision).
 With ``engine.sequence_parallel`` > 1 the ranks form groups that pool their
 rows and split each packed sequence among themselves, attention exchanging
 tokens for heads (Ulysses, :mod:`relayrl.engines.training.ulysses`); a group
@@ -454,19 +457,20 @@ class TorchTrainingEngine(PassLayout, LogprobPasses, RoutedPasses, StreamedUpdat
         if self._accumulation is not None:
             raise RuntimeError("train_step while an accumulation is open: call finish_accumulation() first")
         batch, _ = self._pool(batch)
-        if len(batch) == 0:
-            raise ValueError("train_step got an empty batch")
-        # Every rank decides together (a collective), so a rank short of rows cannot leave the others waiting
-        # in a collective of an optimizer step it does not take.
-        fewest = -fsdp.max_over_ranks(-len(batch), self.device)
-        if mini_batches < 1 or mini_batches > fewest:
-            where = "rows in the batch" if not self.sharded else "rows on the data-parallel rank with the fewest"
-            raise ValueError(f"mini_batches={mini_batches} must be in [1, {fewest}] ({where}): every mini-batch "
+        # the mini-batches are cut from every replica's rows together (numbered in replica order), so N replicas
+        # take the steps one rank takes on the whole batch (minibatch_rows); a collective, so every rank refuses
+        # together below and none is left waiting in a collective of a step the others do not take
+        offset, total = self._rows_before(len(batch))
+        if total == 0:
+            raise ValueError("train_step got an empty batch" + (" on every data-parallel replica" * self.sharded))
+        if not 1 <= mini_batches <= total:
+            where = "rows in the batch" + (" over every data-parallel replica" * self.sharded)
+            raise ValueError(f"mini_batches={mini_batches} must be in [1, {total}] ({where}): every mini-batch "
                              f"is one optimizer step and needs a row (lower trainer.mini_batches)")
+        # A replica holding no row of a mini-batch (or none at all) still takes its step: it joins the busiest
+        # replica's passes on a one-token row with a zero loss and adds zeros to the counts and the metrics.
         batch = with_group_tokens(batch, loss_fn)  # before the mini-batches cut the groups apart
-        # the mini-batches are cut from every rank's rows together (numbered in rank order), so N ranks take the
-        # steps one rank takes on the whole batch (minibatch_rows)
-        offset, total = self._rows_before(len(batch)) if mini_batches > 1 else (0, len(batch))
+        agree = self.sharded and (mini_batches > 1 or -fsdp.max_over_ranks(-len(batch), self.device) == 0)
         self.runner.train()
         steps: list[tuple[dict[str, float], int, int]] = []  # each optimizer step's metrics, tokens and rows
         for _ in range(epochs):
@@ -477,7 +481,7 @@ class TorchTrainingEngine(PassLayout, LogprobPasses, RoutedPasses, StreamedUpdat
                 partial = MetricSums(tuple(getattr(loss_fn, "summed", ())), with_reference)
                 self._backward(sub, loss_fn, temperature, with_entropy, with_reference, counts, partial)
                 metrics = partial.reduce(self.device, counts[0], counts[1], self.prefix, counted=self._counts_own,
-                                         agree_names=self.sharded and mini_batches > 1)  # (a rank may hold none)
+                                         agree_names=agree)  # (a rank may hold none of a mini-batch's rows)
                 steps.append((self._apply_gradients(metrics), counts[0], counts[1]))
         return finished(loss_fn, over_steps(steps, self.prefix, tuple(getattr(loss_fn, "summed", ()))))
 
