@@ -1,8 +1,14 @@
 """Stand-ins for the dock's handles in the data-parallel tests: a worker's ``forward_into`` reads its rows from a
 reader and writes its output through slots; these hold the rows themselves and hand back what was written
-(picklable, so they reach the rank processes)."""
+(picklable, so they reach the rank processes); and the prompt-grouped rows those tests cut over ranks."""
 
 from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from relayrl.engines.training.base import SequenceBatch
 
 
 class RowsReader:
@@ -32,3 +38,18 @@ def dock_items(batch: SequenceBatch, shares: list[range | None], fields: list[st
                 **{f: part.fields[f] for f in fields}}
 
     return [(None, None) if rows is None else (RowsReader(cols(rows)), EchoSlots()) for rows in shares]
+
+
+def grouped_rows(tok, groups: list[tuple[int, ...]], seed: int, prompt: Callable[[int], str]) -> SequenceBatch:
+    """A batch of prompt groups: group ``k`` holds one row per length in ``groups[k]``, random response ids of that
+    length behind the prompt ``prompt(k)``."""
+    g = torch.Generator().manual_seed(seed)
+    prompts, responses, ids = [], [], []
+    for k, lengths in enumerate(groups):
+        p = torch.tensor(tok(prompt(k))["input_ids"])
+        for n in lengths:
+            prompts.append(p)
+            responses.append(torch.randint(5, 200, (n,), generator=g))
+            ids.append(k)
+    return SequenceBatch(prompts, responses, {}, groups=ids)
+

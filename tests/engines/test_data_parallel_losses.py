@@ -12,6 +12,7 @@ from relayrl.engines.training.base import OptimConfig, SequenceBatch
 from relayrl.engines.training.torch_engine import TrainEngineConfig
 from relayrl.workflows.losses import DPOLoss, PolicyLoss, SFTLoss, ValueLoss
 from relayrl.workflows.trainer_workers import CriticWorker, PolicyWorker
+from tests.engines.dp_workers import grouped_rows
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -21,15 +22,7 @@ rank 1."""
 
 
 def _rows(tok) -> SequenceBatch:
-    g = torch.Generator().manual_seed(5)
-    prompts, responses, groups = [], [], []
-    for k, lengths in enumerate(GROUPS):
-        p = torch.tensor(tok(f"{k}+{3 * k}=")["input_ids"])
-        for n in lengths:
-            prompts.append(p)
-            responses.append(torch.randint(5, 200, (n,), generator=g))
-            groups.append(k)
-    return SequenceBatch(prompts, responses, {}, groups=groups)
+    return grouped_rows(tok, GROUPS, 5, lambda k: f"{k}+{3 * k}=")
 
 
 def _policy_batch(tok, lp: list[torch.Tensor]) -> SequenceBatch:

@@ -16,7 +16,7 @@ from relayrl.engines.training.base import OptimConfig, SequenceBatch
 from relayrl.engines.training.torch_engine import TrainEngineConfig
 from relayrl.workflows.losses import PolicyLoss, ValueLoss
 from relayrl.workflows.trainer_workers import CriticWorker, PolicyWorker
-from tests.engines.dp_workers import dock_items
+from tests.engines.dp_workers import dock_items, grouped_rows
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -26,15 +26,7 @@ tokens), the SP groups 35 and 12 tokens."""
 
 
 def _rows(tok) -> SequenceBatch:
-    g = torch.Generator().manual_seed(3)
-    prompts, responses, groups = [], [], []
-    for k, lengths in enumerate(GROUPS):
-        p = torch.tensor(tok(f"{k}+{2 * k + 1}=")["input_ids"])
-        for n in lengths:
-            prompts.append(p)
-            responses.append(torch.randint(5, 200, (n,), generator=g))
-            groups.append(k)
-    return SequenceBatch(prompts, responses, {}, groups=groups)
+    return grouped_rows(tok, GROUPS, 3, lambda k: f"{k}+{2 * k + 1}=")
 
 
 def _kw(tiny_dir, sp: int = 1) -> dict:

@@ -50,26 +50,33 @@ def _compared(key: str, value) -> bool:
             and "time" not in key)
 
 
+def _assert_same_run(tmp_path, one: list[dict], other: list[dict], name: str, want: tuple[str, ...]) -> None:
+    """The runs ``one`` and ``other`` (run dirs ``tmp_path/one`` and ``tmp_path/name``) logged the same steps, each
+    step's compared metrics equal to float tolerance (``want`` among them), and ended at the same weights."""
+    from safetensors.torch import load_file
+
+    assert [r["step"] for r in one] == [r["step"] for r in other] == [1, 2]
+    for a, b in zip(one, other):
+        assert set(want) <= set(a), sorted(set(want) - set(a))  # (the run logs what is compared)
+        differ = [(k, v, b.get(k)) for k, v in a.items() if _compared(k, v)
+                  and b.get(k) != pytest.approx(v, rel=1e-4, abs=1e-6, nan_ok=True)]
+        assert not differ, f"step {a['step']}: {differ}"
+    w1, w2 = (load_file(tmp_path / run / "model" / "model.safetensors") for run in ("one", name))
+    assert set(w1) == set(w2)
+    for n, t in w1.items():
+        torch.testing.assert_close(w2[n], t, atol=2e-4, rtol=1e-3, msg=n)  # (Adam amplifies float noise)
+
+
 @pytest.mark.slow
 @pytest.mark.multiproc
 @pytest.mark.parametrize("mode", MODES)
 def test_two_actor_ranks_run_the_one_rank_run(tmp_path, tiny_dir, mode):
-    from safetensors.torch import load_file
-
     one = run_grpo(tmp_path / "one", tiny_dir, *SPLIT, *MODES[mode], "cluster.devices=1")
     two = run_grpo(tmp_path / "two", tiny_dir, *SPLIT, *MODES[mode], "cluster.devices=2")
-    assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2]
-    for a, b in zip(one, two):
-        want = EQUAL + (("critic/vf_loss", "critic/grad_norm", "critic/explained_variance") if mode == "ppo" else ())
-        assert set(want) <= set(a), sorted(set(want) - set(a))  # (the run logs what is compared)
+    for a in one:
         assert a["actor/grad_norm"] > 0 and a["actor/entropy"] > 0 and a["reward/std"] > 0
-        differ = [(k, v, b.get(k)) for k, v in a.items() if _compared(k, v)
-                  and b.get(k) != pytest.approx(v, rel=1e-4, abs=1e-6, nan_ok=True)]
-        assert not differ, f"step {a['step']}: {differ}"
-    w1, w2 = (load_file(tmp_path / run / "model" / "model.safetensors") for run in ("one", "two"))
-    assert set(w1) == set(w2)
-    for n, t in w1.items():
-        torch.testing.assert_close(w2[n], t, atol=2e-4, rtol=1e-3, msg=n)  # (Adam amplifies float noise)
+    critic = ("critic/vf_loss", "critic/grad_norm", "critic/explained_variance") if mode == "ppo" else ()
+    _assert_same_run(tmp_path, one, two, "two", EQUAL + critic)
 
 
 def test_groups_are_dealt_to_data_parallel_replicas_then_to_their_sp_ranks():
@@ -94,18 +101,7 @@ def test_two_sp_groups_of_two_run_the_one_rank_run(tmp_path, tiny_dir):
     group gets one (on its first rank; the second holds no rows), and ``trainer.mini_batches=2`` cuts the
     mini-batches from both groups' rows together; before, the driver dealt both groups to SP group 0 and
     skipped every update (it asked for rows on every rank)."""
-    from safetensors.torch import load_file
-
     over = [*SPLIT, "data.prompts_per_step=2", "trainer.mini_batches=2", "algorithm.loss_agg=seq-mean-token-mean"]
     one = run_grpo(tmp_path / "one", tiny_dir, *over, "cluster.devices=1")
     sp = run_grpo(tmp_path / "sp", tiny_dir, *over, "cluster.devices=4", "engine.sequence_parallel=2")
-    assert [r["step"] for r in one] == [r["step"] for r in sp] == [1, 2]
-    for a, b in zip(one, sp):
-        assert set(EQUAL) <= set(a), sorted(set(EQUAL) - set(a))
-        differ = [(k, v, b.get(k)) for k, v in a.items() if _compared(k, v)
-                  and b.get(k) != pytest.approx(v, rel=1e-4, abs=1e-6, nan_ok=True)]
-        assert not differ, f"step {a['step']}: {differ}"
-    w1, w4 = (load_file(tmp_path / run / "model" / "model.safetensors") for run in ("one", "sp"))
-    assert set(w1) == set(w4)
-    for n, t in w1.items():
-        torch.testing.assert_close(w4[n], t, atol=2e-4, rtol=1e-3, msg=n)
+    _assert_same_run(tmp_path, one, sp, "sp", EQUAL)
