@@ -246,3 +246,20 @@ def test_a_weight_load_that_fails_halfway_leaves_the_old_weights_serving(served,
               headers={"Content-Type": "application/octet-stream"})
     assert r.status_code == 200 and r.json()["version"] == 1, r.text
     torch.testing.assert_close(eng.model.get_input_embeddings().weight, new["model.embed_tokens.weight"])
+
+
+def test_a_stream_whose_own_detokenizing_fails_ends_with_an_error_event(served, monkeypatch):
+    """An exception in the streaming handler itself (not an ApiError) cut the stream without a word: the client
+    saw a truncated response, no error and no ``[DONE]``."""
+    from relayrl.serving import responses as R
+
+    c, _ = served
+    monkeypatch.setattr(R.SampleText, "push", _raising(R.SampleText.push, None, "byte 0xff is not valid UTF-8"))
+    r = _call(c.post, "/v1/completions", json={**BODY, "stream": True})
+    events = _events(r)
+    assert events[-1] == "[DONE]", r.text
+    err = json.loads(events[-2])["error"]
+    assert err["type"] == "server_error" and "not valid UTF-8" in err["message"], err
+    monkeypatch.undo()
+    r = _call(c.post, "/v1/completions", json={**BODY, "stream": True})
+    assert _events(r)[-1] == "[DONE]" and "error" not in json.loads(_events(r)[-2]), r.text
