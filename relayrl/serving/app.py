@@ -15,7 +15,10 @@ is set (``cli.serve`` refuses a non-loopback host without one), a body-size
 limit checked before the body is read and a deadline for it (413/408), limits on ``max_tokens``, ``n``, prompts
 and stop strings, a bounded queue (503 beyond). Malformed JSON, invalid UTF-8,
 unknown fields, unknown models and out-of-range values get a 4xx with OpenAI's
-error object; an unexpected failure of one request is a 500 for it alone.
+error object; an unexpected failure of one request is a 500 for it alone. A failed generation step is a 500
+for the requests in its batch (the loop resets and serves on); a loop that stopped is a 503 with the cause for
+every request and ``/health`` (``relayrl.serving.batcher``); a weight load is all or nothing
+(``relayrl.serving.weights``).
 """
 
 from __future__ import annotations
