@@ -263,3 +263,31 @@ def test_a_stream_whose_own_detokenizing_fails_ends_with_an_error_event(served, 
     monkeypatch.undo()
     r = _call(c.post, "/v1/completions", json={**BODY, "stream": True})
     assert _events(r)[-1] == "[DONE]" and "error" not in json.loads(_events(r)[-2]), r.text
+
+
+def test_a_weight_load_whose_old_weights_cannot_be_put_back_stops_the_loop(batcher, tiny_tokenizer):
+    """Weights that are neither the old nor the new ones are not served: the loop stops and says why."""
+    from types import SimpleNamespace
+
+    from relayrl.serving.batcher import Unrecoverable
+    from relayrl.serving.weights import update_or_restore
+
+    stuck = torch.zeros(1).expand(4)  # (a copy into it raises: its four elements are one memory location)
+
+    class Engine(SimpleNamespace):
+        def update_weights(self, named, version):
+            for _name, _t in named:  # (the first tensor is kept on the host, then its copy fails)
+                raise RuntimeError("CUDA error: out of memory")
+
+    eng = Engine(model=SimpleNamespace(named_parameters=lambda: [("w", stuck)], named_buffers=lambda: []),
+                 device=torch.device("cpu"), weight_version=0)
+    with pytest.raises(Unrecoverable, match="out of memory.*could not be put back"):
+        update_or_restore(eng, {"w": torch.ones(4)}, 1)
+    with pytest.raises(Unrecoverable):
+        batcher.load_weights(lambda: update_or_restore(eng, {"w": torch.ones(4)}, 1), timeout_s=DEADLINE_S)
+    deadline = time.monotonic() + DEADLINE_S
+    while batcher.error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "could not be put back" in batcher.problem()
+    with pytest.raises(Unhealthy, match="could not be put back"):
+        batcher.submit(_request(tiny_tokenizer, PROMPTS[0], Sink(1)))
