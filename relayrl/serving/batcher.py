@@ -261,7 +261,7 @@ class Batcher:
         if reset_error is not None:
             raise Unrecoverable(f"resetting the generation loop after {e!r} failed: {reset_error!r}") from reset_error
         if self.failures >= self.max_failures:
-            raise Unrecoverable(f"{self.failures} decode steps failed in a row (the last: {e!r})") from e
+            raise Unrecoverable(f"{self.failures} generation steps failed in a row (the last: {e!r})") from e
         self.recovered += 1
 
     def _reset(self) -> None:

@@ -103,7 +103,7 @@ def test_a_step_that_always_raises_stops_the_loop_and_refuses_every_request(batc
     deadline = time.monotonic() + DEADLINE_S
     while batcher.error is None and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert f"{batcher.max_failures} decode steps failed in a row" in batcher.problem()
+    assert f"{batcher.max_failures} generation steps failed in a row" in batcher.problem()
     assert "CUDA out of memory" in batcher.problem()
     with pytest.raises(Unhealthy, match="CUDA out of memory"):
         batcher.submit(_request(tiny_tokenizer, PROMPTS[0], Sink(1)))
