@@ -15,7 +15,10 @@ is set (``cli.serve`` refuses a non-loopback host without one), a body-size
 limit checked before the body is read and a deadline for it (413/408), limits on ``max_tokens``, ``n``, prompts
 and stop strings, a bounded queue (503 beyond). Malformed JSON, invalid UTF-8,
 unknown fields, unknown models and out-of-range values get a 4xx with OpenAI's
-error object; an unexpected failure of one request is a 500 for it alone.
+error object; an unexpected failure of one request is a 500 for it alone. A failed generation step is a 500
+for the requests in its batch (the loop resets and serves on); a loop that stopped is a 503 with the cause for
+every request and ``/health`` (``relayrl.serving.batcher``); a weight load is all or nothing
+(``relayrl.serving.weights``).
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ from starlette.concurrency import run_in_threadpool
 
 from relayrl.engines.generation.base import SamplingParams
 from relayrl.serving import responses as R
-from relayrl.serving.batcher import Batcher, DoneEvent, Overloaded, Request, TokenEvent
+from relayrl.serving.batcher import Batcher, DoneEvent, Overloaded, Request, TokenEvent, Unhealthy, Unrecoverable
 from relayrl.serving.guard import Guard, HTTPRefusal, add_error_handlers
 from relayrl.serving.protocol import ChatCompletionRequest, CompletionRequest, FieldError, ServeLimits, WeightsRequest
+from relayrl.serving.weights import update_or_restore
 
 __all__ = ["ServerState", "build_app", "ApiError"]
 
@@ -73,6 +77,10 @@ def build_app(state: ServerState) -> FastAPI:
     async def _api_error(_, e: ApiError):
         return e.response()
 
+    @app.exception_handler(Unhealthy)
+    async def _unhealthy(_, e: Unhealthy):  # the generation loop stopped: every request is refused, none waits
+        return JSONResponse(R.error_body(str(e), 503, "server_error"), status_code=503)
+
     @app.exception_handler(Exception)
     async def _unexpected(_, e: Exception):  # one request failed; the server goes on
         return JSONResponse(R.error_body(f"internal error: {e!r}", 500, "server_error"), status_code=500)
@@ -80,8 +88,8 @@ def build_app(state: ServerState) -> FastAPI:
     @app.get("/health")
     async def health():
         b = state.batcher
-        if b.error is not None:
-            return JSONResponse({"status": "error", "error": repr(b.error)}, status_code=503)
+        if (cause := b.problem()) is not None:
+            return JSONResponse({"status": "error", "error": cause}, status_code=503)
         return {"status": "ok", **b.stats()}
 
     @app.get("/v1/models")
@@ -118,13 +126,15 @@ def build_app(state: ServerState) -> FastAPI:
             tensors = await run_in_threadpool(_load_path, w.path)
         tensors = _served_names(state.batcher.engine.model, tensors)
         eng = state.batcher.engine
-
-        def apply() -> int:
-            eng.update_weights(tensors.items(), version)
-            return eng.weight_version
-
+        before = eng.weight_version
         t0 = time.perf_counter()
-        got = await run_in_threadpool(state.batcher.load_weights, apply)
+        try:  # (all of them or none: a load that fails halfway puts the old weights back)
+            got = await run_in_threadpool(state.batcher.load_weights, lambda: update_or_restore(eng, tensors, version))
+        except (ApiError, Unhealthy, Unrecoverable, TimeoutError):  # (a timed-out load may still run)
+            raise
+        except Exception as e:  # noqa: BLE001 - the load failed; the old weights serve on
+            raise ApiError(500, f"the weight load failed: {e!r}; nothing was changed: version {before} is still "
+                           "serving", "server_error") from e
         return {"version": got, "tensors": len(tensors), "seconds": round(time.perf_counter() - t0, 4)}
 
     app.add_middleware(Guard, api_key=state.api_key,
@@ -373,8 +383,8 @@ async def _collect(state: ServerState, req, reqs: list[Request], queue: asyncio.
 
 
 def _raise_failed(ev: DoneEvent) -> None:
-    if ev.finish_reason == "error":
-        raise ApiError(500, ev.error or "generation failed", "server_error")
+    if ev.finish_reason == "error":  # (503: the loop stopped before it decoded this request; else 500)
+        raise ApiError(503 if ev.unavailable else 500, ev.error or "generation failed", "server_error")
 
 
 async def _events(reqs: list[Request], queue: asyncio.Queue, n: int) -> AsyncIterator[tuple[int, Any]]:
@@ -449,6 +459,8 @@ async def _stream_completion(state: ServerState, req: CompletionRequest, reqs, q
                                                   "total_tokens": p + completion_tokens}})
     except ApiError as e:
         yield R.sse(R.error_body(e.message, e.status, e.kind))
+    except Exception as e:  # noqa: BLE001 - the stream's own failure (detokenizing): an error event, then the end
+        yield R.sse(R.error_body(f"internal error: {e!r}", 500, "server_error"))
     yield "data: [DONE]\n\n"
 
 
@@ -482,6 +494,8 @@ async def _stream_chat(state: ServerState, req: ChatCompletionRequest, reqs, que
                                    "total_tokens": p + completion_tokens}})
     except ApiError as e:
         yield R.sse(R.error_body(e.message, e.status, e.kind))
+    except Exception as e:  # noqa: BLE001 - the stream's own failure (detokenizing): an error event, then the end
+        yield R.sse(R.error_body(f"internal error: {e!r}", 500, "server_error"))
     yield "data: [DONE]\n\n"
 
 

@@ -16,7 +16,13 @@ continuous batching on the engine's left-padded dynamic cache), samples every
 request's rows with its own sampling settings (rows with equal settings share
 one ``sample_next`` call), and drops the rows of requests whose client went
 away. A sampling call that raises (settings the sampler cannot sample with) fails the rows of that call's
-requests alone, with the cause; the other rows go on, and so does the loop. A seeded request's sample ``k`` draws from its own generator seeded
+requests alone, with the cause; the other rows go on, and so does the loop. Any other failure inside a step (the
+engine's prefill or decode, a CUDA out-of-memory error, a tokenizer error in a stop-string check) fails the
+requests with rows in the running batch (their tokens may be half-sampled: none is retried), resets the batch
+(KV cache, rows) and the loop goes on with the waiting requests. It stops (:attr:`Batcher.error` set; the
+waiting requests and every later one are refused with :class:`Unhealthy`) when the reset itself fails, when a
+weight load could not restore the old weights (:class:`Unrecoverable`), or after ``max_failures`` failed steps
+in a row with no good step between. A seeded request's sample ``k`` draws from its own generator seeded
 ``seed + k``, as vLLM seeds the ``n`` samples of a request
 (``ParentRequest._get_child_sampling_params``): a sample does not depend on
 ``n`` or on the rows beside it. New weights are applied between steps once no row is
@@ -31,6 +37,7 @@ requests are sampled with different settings in one batch.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections import deque
@@ -42,11 +49,22 @@ import torch
 from relayrl.engines.generation.base import SamplingParams
 from relayrl.engines.generation.native import NativeGenerationEngine, RunningBatch, sample_next
 
-__all__ = ["Request", "TokenEvent", "DoneEvent", "Batcher", "Overloaded"]
+__all__ = ["Request", "TokenEvent", "DoneEvent", "Batcher", "Overloaded", "Unhealthy", "Unrecoverable"]
+
+log = logging.getLogger("relayrl.serve")
 
 
 class Overloaded(RuntimeError):
     """The waiting queue is full; the server answers 503."""
+
+
+class Unhealthy(RuntimeError):
+    """The generation loop has stopped (``Batcher.error`` says why); the server answers 503 naming the cause."""
+
+
+class Unrecoverable(RuntimeError):
+    """Raised inside the generation loop by a failure it cannot reset from (a weight load that could not put
+    the old weights back): the loop stops rather than serve from a state it cannot vouch for."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +88,8 @@ class DoneEvent:
     logprobs: tuple[float, ...] = ()
     weight_version: int = 0
     error: str | None = None
+    unavailable: bool = False
+    """The request was never decoded: the loop stopped (the server answers 503, not 500)."""
 
 
 @dataclass(eq=False)
@@ -107,7 +127,8 @@ class _WeightJob:
 class Batcher:
     """Owns the engine; ``submit`` requests from any thread, ``load_weights`` between steps."""
 
-    def __init__(self, engine: NativeGenerationEngine, *, max_waiting: int = 1024, seed: int = 0) -> None:
+    def __init__(self, engine: NativeGenerationEngine, *, max_waiting: int = 1024, seed: int = 0,
+                 max_failures: int = 3) -> None:
         if engine.static is not None:
             raise ValueError("the server batches on the dynamic KV cache; build the engine with decode='dynamic'")
         self.engine = engine
@@ -122,6 +143,10 @@ class Batcher:
         self.steps = 0
         self.generated_tokens = 0
         self.error: BaseException | None = None
+        """Why the generation loop stopped (None while it runs)."""
+        self.max_failures = max_failures  # failed steps in a row (no good step between) before the loop stops
+        self.failures = 0  # the current run of failed steps
+        self.recovered = 0  # failed steps the loop reset from, in all
         self._thread = threading.Thread(target=self._run, name="relayrl-batcher", daemon=True)
         self._thread.start()
 
@@ -149,8 +174,7 @@ class Batcher:
                                   for k in range(req.params.n)]
             req.left = req.params.n
         with self._cond:
-            if self.error is not None:
-                raise RuntimeError(f"the generation loop stopped: {self.error!r}")
+            self._check_alive()
             if len(self._waiting) + len(reqs) > self.max_waiting:
                 raise Overloaded(f"{len(self._waiting)} requests are waiting (at most {self.max_waiting}); "
                                  "retry later")
@@ -162,6 +186,7 @@ class Batcher:
         the running batch has drained; blocks until done and returns the version."""
         job = _WeightJob(apply)
         with self._cond:
+            self._check_alive()
             self._weights.append(job)
             self._cond.notify()
         if not job.done.wait(timeout_s):
@@ -171,10 +196,27 @@ class Batcher:
         assert job.version is not None
         return job.version
 
+    def _check_alive(self) -> None:
+        """Raise :class:`Unhealthy` once the loop has stopped (held: ``self._cond``), so nothing waits on it."""
+        if self.error is not None:
+            raise Unhealthy(f"the generation loop stopped: {self.error!r}; restart relayrl serve")
+        if self._stop or not self._thread.is_alive():
+            raise Unhealthy("the generation loop is not running (the server is shutting down?); restart relayrl serve")
+
+    def problem(self) -> str | None:
+        """Why the server cannot generate (the loop stopped), or None while it can."""
+        with self._cond:
+            try:
+                self._check_alive()
+            except Unhealthy as e:
+                return str(e)
+        return None
+
     def stats(self) -> dict[str, int]:
         with self._cond:
             return {"waiting": len(self._waiting), "running": len(self._batch), "steps": self.steps,
-                    "generated_tokens": self.generated_tokens, "weight_version": self.engine.weight_version}
+                    "generated_tokens": self.generated_tokens, "weight_version": self.engine.weight_version,
+                    "recovered_failures": self.recovered}
 
     def close(self, timeout_s: float = 10.0) -> None:
         with self._cond:
@@ -187,10 +229,47 @@ class Batcher:
         try:
             with torch.no_grad():
                 while self._wait_for_work():
-                    self._step()
-        except BaseException as e:  # noqa: BLE001 - reported to every waiting and running request, then re-raised
+                    try:
+                        self._step()
+                    except Exception as e:  # noqa: BLE001 - fails the running batch; _recover decides if it goes on
+                        self._recover(e)
+        except BaseException as e:  # noqa: BLE001 - reported to every waiting and running request
             self._fail_all(e)
-            raise
+            if not isinstance(e, Unrecoverable):
+                raise
+            log.error("relayrl serve: the generation loop stopped: %s", e)
+
+    def _recover(self, e: Exception) -> None:
+        """A step raised: fail the requests with rows in the batch (500, the cause named; not retried, their
+        tokens may be half-sampled), reset the batch, and go on; raise :class:`Unrecoverable` when that cannot
+        help (the reset failed, ``e`` is one, or ``max_failures`` steps failed in a row)."""
+        failed = list(self._reqs.values())
+        self._reqs.clear()
+        self.failures += 1
+        cause = f"generation failed: {e!r}"
+        reset_error: Exception | None = None
+        if not isinstance(e, Unrecoverable):
+            try:
+                self._reset()
+            except Exception as r:  # noqa: BLE001 - a loop that cannot reset its state stops
+                reset_error = r
+        for req in failed:
+            req.emit(DoneEvent(-1, "error", weight_version=self.engine.weight_version, error=cause))
+        if isinstance(e, Unrecoverable):
+            raise e
+        log.warning("relayrl serve: a generation step failed (%d request(s) answered 500): %r", len(failed), e)
+        if reset_error is not None:
+            raise Unrecoverable(f"resetting the generation loop after {e!r} failed: {reset_error!r}") from reset_error
+        if self.failures >= self.max_failures:
+            raise Unrecoverable(f"{self.failures} generation steps failed in a row (the last: {e!r})") from e
+        self.recovered += 1
+
+    def _reset(self) -> None:
+        """A fresh running batch (the KV cache and rows of the failed one dropped) and the engine's caches freed."""
+        self._batch = RunningBatch()
+        self.engine.release()
+        if self.engine.device.type == "cuda":
+            torch.cuda.empty_cache()  # (after an out-of-memory error, the failed batch's blocks)
 
     def _wait_for_work(self) -> bool:
         with self._cond:
@@ -257,6 +336,7 @@ class Batcher:
             tok = tok[keep]
         if len(batch):
             eng.advance(batch, tok)
+        self.failures = 0  # a good step ends a run of failed ones
 
     def _admit(self) -> None:
         eng, batch = self.engine, self._batch
@@ -270,11 +350,11 @@ class Batcher:
                     continue
                 admit.append(req)
                 free -= req.params.n
+        for r in admit:  # (all of them before any prefill: a failed one fails them all, none is lost)
+            self._reqs[r.id] = r
         # one prefill per distinct n (the engine repeats each prompt's cache n times)
         for n in sorted({r.params.n for r in admit}):
             group = [r for r in admit if r.params.n == n]
-            for r in group:
-                self._reqs[r.id] = r
             eng.admit(batch, [r.prompt for r in group], [r.id for r in group], n)
 
     def _sampling_groups(self) -> list[tuple[SamplingParams, list[int]]]:
@@ -330,16 +410,24 @@ class Batcher:
             job.error = e
         self.last_weight_load_s = time.perf_counter() - t0
         job.done.set()
+        if isinstance(job.error, Unrecoverable):  # (the weights are neither the old nor the new ones)
+            raise job.error
 
     def _fail_all(self, e: BaseException) -> None:
+        """The loop stops: every request it holds is refused (503, never decoded) and so is every later one."""
         with self._cond:
             self.error = e
-            reqs = list(self._waiting) + list(self._reqs.values())
+            running = list(self._reqs.values())
+            waiting = list(self._waiting)
             self._waiting.clear()
+            self._reqs.clear()
             jobs = list(self._weights)
             self._weights.clear()
-        for r in reqs:
+        for r in running:
             r.emit(DoneEvent(-1, "error", error=f"generation failed: {e!r}"))
+        for r in waiting:
+            r.emit(DoneEvent(-1, "error", error=f"the generation loop stopped: {e!r}; restart relayrl serve",
+                             unavailable=True))
         for j in jobs:
-            j.error = e
+            j.error = Unhealthy(f"the generation loop stopped: {e!r}; restart relayrl serve")
             j.done.set()

@@ -1,0 +1,293 @@
+"""``relayrl serve`` when something fails inside its generation loop (an engine error in prefill or decode, a
+reset that fails, a weight load that fails halfway): the failed batch's requests get a 500 naming the cause and
+the loop goes on; a loop that cannot go on answers 503 with the cause (``/health`` too), never a hang."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import torch
+
+from relayrl.engines.generation.base import SamplingParams
+from relayrl.engines.generation.native import NativeGenerationEngine
+from relayrl.serving.batcher import Batcher, Request, Unhealthy
+from relayrl.serving.protocol import ServeLimits
+from test_batcher import PROMPTS, Sink, held
+
+DEADLINE_S = 30  # (a request the loop dropped would wait forever: every wait here has a deadline)
+
+
+def _raising(real, times: int | None, what: str = "CUDA out of memory. Tried to allocate 2.00 GiB"):
+    """``real`` that raises on its first ``times`` calls (None: always); ``.calls`` counts the raises."""
+
+    def wrapped(*a, **kw):
+        if times is None or wrapped.calls < times:
+            wrapped.calls += 1
+            raise RuntimeError(what)
+        return real(*a, **kw)
+
+    wrapped.calls = 0
+    return wrapped
+
+
+def _request(tok, prompt: str, sink: Sink, n: int = 1, max_new: int = 6) -> Request:
+    return Request(tok(prompt)["input_ids"], SamplingParams(n=n, temperature=1.0, max_new_tokens=max_new,
+                                                            ignore_eos=True), emit=sink)
+
+
+def _served(batcher: Batcher, tok) -> None:
+    """A later request is served whole, within the deadline."""
+    later = Sink(1)
+    batcher.submit(_request(tok, PROMPTS[0], later, max_new=3))
+    assert later.done.wait(DEADLINE_S), "a request after the failure was never answered (the loop died?)"
+    (done,) = later.finished()
+    assert done.finish_reason == "length" and len(done.token_ids) == 3, done
+
+
+@pytest.fixture()
+def batcher(tiny_model, tiny_tokenizer):
+    b = Batcher(NativeGenerationEngine(tiny_model, tiny_tokenizer, max_batch=4, decode="dynamic"))
+    yield b
+    b.close()
+
+
+@pytest.mark.parametrize("where", ["advance", "admit"])
+def test_a_step_that_raises_fails_its_batch_and_the_loop_serves_on(batcher, tiny_tokenizer, monkeypatch, where):
+    """An engine error in a decode step (or in the prefill of new rows) stopped the batcher thread: every later
+    request was refused until a restart. Now the requests in the failed batch fail, naming the cause, none is
+    retried, and the loop goes on."""
+    broken = _raising(getattr(batcher.engine, where), 1)
+    monkeypatch.setattr(batcher.engine, where, broken)
+    a, b = Sink(1), Sink(1)  # (a failed request gets one DoneEvent, whatever its n)
+    with held(batcher):  # (both admitted in the step that fails)
+        batcher.submit(_request(tiny_tokenizer, PROMPTS[1], a))
+        batcher.submit(_request(tiny_tokenizer, PROMPTS[2], b, n=2))
+    assert a.done.wait(DEADLINE_S) and b.done.wait(DEADLINE_S)
+    for sink in (a, b):
+        (ev,) = sink.finished()
+        assert ev.finish_reason == "error" and not ev.unavailable
+        assert "CUDA out of memory" in ev.error and "generation failed" in ev.error, ev.error
+    assert broken.calls == 1  # (nothing retried them)
+    assert batcher.error is None and batcher.problem() is None
+    _served(batcher, tiny_tokenizer)
+    deadline = time.monotonic() + DEADLINE_S
+    while batcher.stats()["running"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert batcher.stats()["running"] == 0 and not batcher._reqs and batcher.stats()["recovered_failures"] == 1
+
+
+def test_requests_waiting_behind_a_failed_batch_are_served(batcher, tiny_tokenizer, monkeypatch):
+    monkeypatch.setattr(batcher.engine, "advance", _raising(batcher.engine.advance, 1))
+    first = [Sink(1) for _ in range(4)]
+    behind = Sink(1)
+    with held(batcher):  # (four rows fill the batch; the fifth waits)
+        for s in first:
+            batcher.submit(_request(tiny_tokenizer, PROMPTS[3], s))
+        batcher.submit(_request(tiny_tokenizer, PROMPTS[4], behind))
+    assert all(s.done.wait(DEADLINE_S) for s in first) and behind.done.wait(DEADLINE_S)
+    assert all(s.finished()[0].finish_reason == "error" for s in first)
+    (ev,) = behind.finished()
+    assert ev.finish_reason == "length" and len(ev.token_ids) == 6
+
+
+def test_a_step_that_always_raises_stops_the_loop_and_refuses_every_request(batcher, tiny_tokenizer, monkeypatch):
+    monkeypatch.setattr(batcher.engine, "admit", _raising(batcher.engine.admit, None))
+    for k in range(batcher.max_failures):
+        s = Sink(1)
+        batcher.submit(_request(tiny_tokenizer, PROMPTS[k], s))
+        assert s.done.wait(DEADLINE_S)
+        assert s.finished()[0].finish_reason == "error" and not s.finished()[0].unavailable
+    deadline = time.monotonic() + DEADLINE_S
+    while batcher.error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert f"{batcher.max_failures} generation steps failed in a row" in batcher.problem()
+    assert "CUDA out of memory" in batcher.problem()
+    with pytest.raises(Unhealthy, match="CUDA out of memory"):
+        batcher.submit(_request(tiny_tokenizer, PROMPTS[0], Sink(1)))
+    with pytest.raises(Unhealthy, match="restart relayrl serve"):
+        batcher.load_weights(lambda: 1, timeout_s=DEADLINE_S)
+
+
+def test_a_reset_that_fails_stops_the_loop(batcher, tiny_tokenizer, monkeypatch):
+    monkeypatch.setattr(batcher.engine, "advance", _raising(batcher.engine.advance, 1))
+    monkeypatch.setattr(batcher.engine, "release", _raising(batcher.engine.release, None, "cudaErrorIllegalAddress"))
+    s, waiting = Sink(1), Sink(1)
+    with held(batcher):
+        batcher.submit(_request(tiny_tokenizer, PROMPTS[1], s, n=4))
+        batcher.submit(_request(tiny_tokenizer, PROMPTS[2], waiting))  # (no free row: it waits)
+    assert s.done.wait(DEADLINE_S) and waiting.done.wait(DEADLINE_S)
+    assert "CUDA out of memory" in s.finished()[0].error
+    (ev,) = waiting.finished()  # never decoded: refused (503), not failed
+    assert ev.finish_reason == "error" and ev.unavailable and "cudaErrorIllegalAddress" in ev.error
+    assert "resetting the generation loop" in batcher.problem()
+    with pytest.raises(Unhealthy, match="cudaErrorIllegalAddress"):
+        batcher.submit(_request(tiny_tokenizer, PROMPTS[0], Sink(1)))
+
+
+# ------------------------------------------------------------------ over HTTP
+@pytest.fixture()
+def served(tiny_dir):
+    from fastapi.testclient import TestClient
+
+    from relayrl.serving.app import build_app
+    from relayrl.serving.server import build_state
+
+    state = build_state(str(tiny_dir), limits=ServeLimits(), api_key=None, max_batch=4, name="tiny")
+    with TestClient(build_app(state), raise_server_exceptions=False) as c:
+        yield c, state
+    state.batcher.close()
+
+
+def _call(fn, *a, **kw):
+    """``fn(*a, **kw)`` within the deadline (a hang fails the test instead of stopping the suite)."""
+    box: dict = {}
+    t = threading.Thread(target=lambda: box.setdefault("r", fn(*a, **kw)), daemon=True)
+    t.start()
+    t.join(DEADLINE_S)
+    assert "r" in box, f"no answer within {DEADLINE_S} s"
+    return box["r"]
+
+
+BODY = {"model": "tiny", "prompt": "1+1=", "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+
+
+def _events(r) -> list:
+    return [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+
+
+def test_over_http_a_failed_step_is_a_500_naming_the_cause_and_the_next_request_is_served(served, monkeypatch):
+    c, state = served
+    eng = state.batcher.engine
+    monkeypatch.setattr(eng, "advance", _raising(eng.advance, 1))
+    r = _call(c.post, "/v1/completions", json=BODY)
+    assert r.status_code == 500, r.text
+    err = r.json()["error"]
+    assert err["type"] == "server_error" and "CUDA out of memory" in err["message"], err
+    r = _call(c.post, "/v1/completions", json=BODY)
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length", r.text
+    assert _call(c.get, "/health").json()["status"] == "ok"
+    # a stream: an error event, then the end of the stream; then the server serves on
+    monkeypatch.setattr(eng, "advance", _raising(eng.advance, 1, "CUBLAS_STATUS_EXECUTION_FAILED"))
+    r = _call(c.post, "/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                                                     "max_tokens": 4, "stream": True})
+    assert r.status_code == 200
+    events = _events(r)
+    assert events[-1] == "[DONE]"
+    err = json.loads(events[-2])["error"]
+    assert err["type"] == "server_error" and "CUBLAS_STATUS_EXECUTION_FAILED" in err["message"], events
+    r = _call(c.post, "/v1/completions", json={**BODY, "stream": True})
+    assert _events(r)[-1] == "[DONE]" and all("error" not in json.loads(e) for e in _events(r)[:-1]), r.text
+
+
+def test_over_http_a_loop_that_cannot_recover_answers_503_with_the_cause(served, monkeypatch):
+    c, state = served
+    eng = state.batcher.engine
+    monkeypatch.setattr(eng, "advance", _raising(eng.advance, None))
+    for _ in range(state.batcher.max_failures):
+        r = _call(c.post, "/v1/completions", json=BODY)
+        assert r.status_code == 500 and "CUDA out of memory" in r.json()["error"]["message"], r.text
+    deadline = time.monotonic() + DEADLINE_S
+    while state.batcher.error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    h = _call(c.get, "/health")
+    assert h.status_code == 503 and "CUDA out of memory" in h.json()["error"], h.text
+    for path, body in [("/v1/completions", BODY), ("/v1/completions", {**BODY, "stream": True}),
+                       ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "x"}]})]:
+        r = _call(c.post, path, json=body)
+        assert r.status_code == 503, r.text
+        err = r.json()["error"]
+        assert err["type"] == "server_error" and "CUDA out of memory" in err["message"], err
+    from safetensors.torch import save
+
+    w = eng.model.get_input_embeddings().weight.detach().clone()
+    r = _call(c.post, "/v1/relayrl/weights", params={"version": 1}, content=save({"model.embed_tokens.weight": w}),
+              headers={"Content-Type": "application/octet-stream"})
+    assert r.status_code == 503 and "CUDA out of memory" in r.json()["error"]["message"], r.text
+
+
+class _FailingCopy:
+    """Stands in the engine's parameter index for one tensor: its copy fails (as a device copy that runs out
+    of memory)."""
+
+    def __init__(self, p: torch.Tensor) -> None:
+        self.shape = p.shape
+
+    def copy_(self, *_, **__):
+        raise RuntimeError("CUDA error: out of memory (copying the weight)")
+
+
+def test_a_weight_load_that_fails_halfway_leaves_the_old_weights_serving(served, monkeypatch):
+    """The engine copies weights one tensor at a time; one that failed halfway left the tensors before it new
+    and the rest old, under the old version number (a model nobody trained, served as version 0)."""
+    from safetensors.torch import save
+
+    c, state = served
+    eng = state.batcher.engine
+    before = _call(c.post, "/v1/completions", json={**BODY, "max_tokens": 8}).json()["choices"][0]["text"]
+    old = {k: v.detach().clone() for k, v in eng.model.state_dict().items()}
+    new = {"model.embed_tokens.weight": old["model.embed_tokens.weight"].flip(0).contiguous(),
+           "model.norm.weight": old["model.norm.weight"] * 2}
+    monkeypatch.setitem(eng._params, "model.norm.weight", _FailingCopy(old["model.norm.weight"]))
+    r = _call(c.post, "/v1/relayrl/weights", params={"version": 1}, content=save(new),
+              headers={"Content-Type": "application/octet-stream"})
+    assert r.status_code == 500, r.text
+    msg = r.json()["error"]["message"]
+    assert "out of memory (copying the weight)" in msg and "version 0 is still serving" in msg, msg
+    for k, v in eng.model.state_dict().items():
+        torch.testing.assert_close(v, old[k], rtol=0, atol=0, msg=f"{k} changed")
+    assert _call(c.get, "/v1/relayrl/weights").json() == {"version": 0}
+    after = _call(c.post, "/v1/completions", json={**BODY, "max_tokens": 8}).json()["choices"][0]["text"]
+    assert after == before
+    monkeypatch.undo()  # the same weights load whole once the copy works
+    r = _call(c.post, "/v1/relayrl/weights", params={"version": 1}, content=save(new),
+              headers={"Content-Type": "application/octet-stream"})
+    assert r.status_code == 200 and r.json()["version"] == 1, r.text
+    torch.testing.assert_close(eng.model.get_input_embeddings().weight, new["model.embed_tokens.weight"])
+
+
+def test_a_stream_whose_own_detokenizing_fails_ends_with_an_error_event(served, monkeypatch):
+    """An exception in the streaming handler itself (not an ApiError) cut the stream without a word: the client
+    saw a truncated response, no error and no ``[DONE]``."""
+    from relayrl.serving import responses as R
+
+    c, _ = served
+    monkeypatch.setattr(R.SampleText, "push", _raising(R.SampleText.push, None, "byte 0xff is not valid UTF-8"))
+    r = _call(c.post, "/v1/completions", json={**BODY, "stream": True})
+    events = _events(r)
+    assert events[-1] == "[DONE]", r.text
+    err = json.loads(events[-2])["error"]
+    assert err["type"] == "server_error" and "not valid UTF-8" in err["message"], err
+    monkeypatch.undo()
+    r = _call(c.post, "/v1/completions", json={**BODY, "stream": True})
+    assert _events(r)[-1] == "[DONE]" and "error" not in json.loads(_events(r)[-2]), r.text
+
+
+def test_a_weight_load_whose_old_weights_cannot_be_put_back_stops_the_loop(batcher, tiny_tokenizer):
+    """Weights that are neither the old nor the new ones are not served: the loop stops and says why."""
+    from types import SimpleNamespace
+
+    from relayrl.serving.batcher import Unrecoverable
+    from relayrl.serving.weights import update_or_restore
+
+    stuck = torch.zeros(1).expand(4)  # (a copy into it raises: its four elements are one memory location)
+
+    class Engine(SimpleNamespace):
+        def update_weights(self, named, version):
+            for _name, _t in named:  # (the first tensor is kept on the host, then its copy fails)
+                raise RuntimeError("CUDA error: out of memory")
+
+    eng = Engine(model=SimpleNamespace(named_parameters=lambda: [("w", stuck)], named_buffers=lambda: []),
+                 device=torch.device("cpu"), weight_version=0)
+    with pytest.raises(Unrecoverable, match="out of memory.*could not be put back"):
+        update_or_restore(eng, {"w": torch.ones(4)}, 1)
+    with pytest.raises(Unrecoverable):
+        batcher.load_weights(lambda: update_or_restore(eng, {"w": torch.ones(4)}, 1), timeout_s=DEADLINE_S)
+    deadline = time.monotonic() + DEADLINE_S
+    while batcher.error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "could not be put back" in batcher.problem()
+    with pytest.raises(Unhealthy, match="could not be put back"):
+        batcher.submit(_request(tiny_tokenizer, PROMPTS[0], Sink(1)))
