@@ -16,7 +16,6 @@ python tool's sandbox is apart: its output is read from pipes, capped by ``sandb
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import sys
 import threading
@@ -50,9 +49,11 @@ class _Capture:
         return "".join(self.parts)
 
 
-class _Router(io.TextIOBase):
+class _Router:
     """``sys.stdout`` (or ``sys.stderr``) while a tool call runs: the capturing thread's writes go to its
-    capture, every other thread's to ``base``."""
+    capture, every other thread's to ``base``; the rest (``fileno``, ``isatty``, ``encoding``, ...) is the
+    stream's. (Not an ``io.TextIOBase``: its own ``fileno`` raises, and faulthandler or a progress bar in
+    another thread would have read that of a stream that has none.)"""
 
     def __init__(self, base) -> None:
         self.base = base

@@ -515,3 +515,33 @@ def test_other_threads_print_through_while_a_tool_captures(capsys):
     t.join(5)
     out, _ = capsys.readouterr()
     assert out == "the trainer's own line\n" and cap.text == "the tool's\n"
+
+
+def test_the_stream_a_capture_stands_for_keeps_its_attributes():
+    from relayrl.environments.tool_prints import captured_prints
+
+    class Stream:
+        encoding = "utf-8"
+
+        def __init__(self):
+            self.text = ""
+
+        def write(self, t):
+            self.text += t
+
+        def flush(self):
+            pass
+
+        def fileno(self):
+            return 7
+
+    real = sys.stdout
+    sys.stdout = base = Stream()
+    try:
+        with captured_prints():
+            assert sys.stdout.fileno() == 7 and sys.stdout.encoding == "utf-8"  # (another thread's faulthandler)
+            print("kept off")
+        print("shown")
+    finally:
+        sys.stdout = real
+    assert base.text == "shown\n"
