@@ -1,7 +1,8 @@
 """Did-you-mean lines for a command-line flag no relayrl command takes (``--stepz 3``, ``--debugg``): the
 command's own flag it is close to, or, for a command that takes dotted overrides, the config key it may mean
 (``--steps 3``: ``trainer.steps=3``). A peer framework's flag is named by ``relayrl.config.foreign_keys`` first;
-these are for the rest."""
+these are for the rest. :func:`unknown_flags` finds them before argparse checks the command's required
+arguments, so that ``relayrl eval --bogus`` names ``--bogus`` rather than the missing ``--model``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import argparse
 import difflib
 from typing import Any
 
-__all__ = ["command_flags", "config_leaves", "unknown_flag_hint", "unknown_hints"]
+__all__ = ["command_flags", "config_leaves", "unknown_flag_hint", "unknown_hints", "unknown_flags", "refuse"]
 
 
 def command_flags(parser: argparse.ArgumentParser, command: str | None) -> list[str]:
@@ -67,3 +68,45 @@ def unknown_hints(parser: argparse.ArgumentParser, command: str | None, override
     flags = command_flags(parser, command)
     keys = config_leaves(Config) if overrides else []
     return [h for a, v in zip(extra, values) if (h := unknown_flag_hint(a, v, flags, keys))]
+
+
+def unknown_flags(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[str | None, bool, list[str], list[str | None]]:
+    """The ``--flags`` of ``argv`` that neither ``relayrl`` nor its command takes (an abbreviation of one of its
+    flags is taken, as argparse takes it; nothing after ``--`` is a flag): ``(command, whether it takes dotted
+    overrides, the flags as written, each one's next argument when that is a value)``. Found before parsing:
+    argparse reports a missing required argument first, and ``relayrl eval --bogus`` said "--model is
+    required" of a command line whose mistake was ``--bogus``."""
+    sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    command = next((t for t in argv if not t.startswith("-")), None)
+    if sub is None or command not in sub.choices:
+        return None, False, [], []  # (argparse names the bad command)
+    overrides = any(a.dest == "overrides" for a in sub.choices[command]._actions)
+    flags = command_flags(parser, command)
+    unknown, values = [], []
+    for i, t in enumerate(argv):
+        if t == "--":
+            break
+        if not t.startswith("--"):
+            continue
+        flag = t.partition("=")[0]
+        if any(f.startswith(flag) for f in flags):
+            continue
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        unknown.append(t)
+        values.append(nxt if nxt is not None and not nxt.startswith("-") and "=" not in nxt and "=" not in t else None)
+    return command, overrides, unknown, values
+
+
+def refuse(parser: argparse.ArgumentParser, command: str | None, overrides: bool, extra: list[str],
+           values: list[str | None], *, with_values: bool = False) -> None:
+    """argparse's usage error (exit 2) for the unknown arguments ``extra``, with a line per one we can place:
+    a peer's flag's relayrl key (OpenRLHF's --n_samples_per_prompt 8: rollout.n=8), else the command's own flag
+    it is close to, or the override it may mean. ``with_values``: the message shows each flag's value after it
+    (``extra`` holds the flags alone: :func:`unknown_flags`)."""
+    from relayrl.config.foreign_keys import flag_hint
+
+    hints = [h for h in map(flag_hint, extra, values) if h]
+    if not hints:
+        hints = unknown_hints(parser, command, overrides, extra, values)
+    said = [f"{a} {v}" if with_values and v is not None else a for a, v in zip(extra, values)]
+    parser.error(f"unrecognized arguments: {' '.join(said)}" + "".join(f"\n  {h}" for h in hints))

@@ -569,21 +569,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line's namespace: its flags, and the dotted overrides wherever they stand (after an option
     too). Unknown arguments exit with argparse's usage error (2), with the relayrl key of a peer's flag where
     one is known."""
+    from relayrl.cli.hints import refuse, unknown_flags
+
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command, overrides, unknown, values = unknown_flags(parser, argv)
+    if unknown:  # (named before argparse's "the following arguments are required", which it reports first)
+        refuse(parser, command, overrides, unknown, values, with_values=True)
     args, extra = parser.parse_known_args(argv)
     if extra:  # dotted overrides after an option (argparse takes a positional list in one piece)
         if not hasattr(args, "overrides") or any("=" not in x or x.startswith("-") for x in extra):
-            from relayrl.config.foreign_keys import flag_hint
-
-            # OpenRLHF's --n_samples_per_prompt 8: rollout.n=8 (the next argument is the flag's value unless it
-            # is a flag or an override itself)
+            # (the next argument is the flag's value unless it is a flag or an override itself)
             values = [v if not v.startswith("-") and "=" not in v else None for v in extra[1:]] + [None]
-            hints = [h for h in map(flag_hint, extra, values) if h]
-            if not hints:  # (not a peer's flag: the command's own flag it is close to, or the override it may mean)
-                from relayrl.cli.hints import unknown_hints
-
-                hints = unknown_hints(parser, getattr(args, "command", None), hasattr(args, "overrides"), extra, values)
-            parser.error(f"unrecognized arguments: {' '.join(extra)}" + "".join(f"\n  {h}" for h in hints))
+            refuse(parser, getattr(args, "command", None), hasattr(args, "overrides"), extra, values)
         args.overrides = [*args.overrides, *extra]
     return args
 

@@ -107,7 +107,7 @@ class RolloutConfig(_Section):
     repetition_penalty: float = Field(
         1.0, gt=0.0, description="CTRL's repetition penalty, as Hugging Face generate and vLLM apply it: the "
         "logit of every token already in the prompt or the response is divided by this where positive and "
-        "multiplied where negative, before the temperature (1: off; above 1 discourages repeats). Like "
+        "multiplied where negative, before the temperature (1: off; above 1 discourages repeats; 1e-5 to 1e5). Like "
         "top_k/top_p/min_p it changes what is sampled, not the recorded log-probs: those stay softmax(logits / "
         "temperature), the policy the trainer recomputes and updates")
     max_new_tokens: int = Field(16, ge=1, description="response length limit in tokens; responses cut there "

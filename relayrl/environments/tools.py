@@ -21,7 +21,8 @@ and decimals, evaluated from the syntax tree with size limits, no ``eval``) and 
 str}``: the sandbox of :mod:`relayrl.environments.sandbox`; what it prints is the result). A tool raises
 :class:`ToolError` for a bad call by the model (that becomes an ``<error>`` observation); any other
 exception is the tool's own failure and ends the episode as an environment error. A plain function serves as
-a tool too (:class:`FunctionTool`, TRL's form: its name, its docstring, its arguments by keyword).
+a tool too (:class:`FunctionTool`, TRL's form: its name, its docstring, its arguments by keyword). What a
+tool prints is kept off the console and said once per tool (:mod:`relayrl.environments.tool_prints`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 from relayrl.data.tasks import Problem
 from relayrl.environments.base import EnvError, StepResult, awaited
 from relayrl.environments.sandbox import SandboxConfig, run_python
+from relayrl.environments.tool_prints import captured_prints, note_prints
 from relayrl.data.plain_text import markup
 
 __all__ = ["Tool", "ToolError", "ToolCall", "parse_tool_call", "format_call", "Calculator", "PythonTool",
@@ -242,12 +244,17 @@ class ToolEnvironment:
         if tool is None:
             return StepResult(self._wrap("error", f"unknown tool {call.name!r}; tools: {', '.join(self.tools)}"),
                               info={"tool": call.name, "tool_error": True})
+        printed = None
         try:
-            out = awaited(tool(call.arguments))
+            with captured_prints() as printed:  # (its prints are not the console's: tool_prints)
+                out = awaited(tool(call.arguments))
         except ToolError as e:
             return StepResult(self._wrap("error", str(e)), info={"tool": call.name, "tool_error": True})
         except Exception as e:  # the tool's own crash: the episode's error names the tool
             raise EnvError(f"tool {call.name!r} raised {type(e).__name__}: {e}") from e
+        finally:
+            if printed is not None:
+                note_prints(call.name, printed)
         if not isinstance(out, str):
             raise EnvError(f"tool {call.name!r} returned {type(out).__name__}; a tool returns str")
         return StepResult(self._wrap("result", out), info={"tool": call.name})

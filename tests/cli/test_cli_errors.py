@@ -619,3 +619,22 @@ def test_eval_help_lists_the_tasks_the_registry_has(capsys):
     from relayrl.data.config import DataConfig  # the key's description (the config reference) lists them too
 
     assert f"({', '.join(names)})" in DataConfig.model_fields["task"].description
+
+
+@pytest.mark.parametrize("argv, typo, close", [
+    (["train"], "--print-confg", "--print-config"),  # (its recipe missing)
+    (["eval"], "--modle", "--model"),  # (--model missing: argparse said so first)
+    (["plan"], "--devicez", "--devices"),
+    (["serve"], "--prot", "--port"),  # (its model_dir missing)
+    (["dock"], "--unitz", "--units"),
+    (["plot"], "--debugg", "--debug"),  # (its run_dir missing)
+    (["demo"], "--toolz", "--tools"),
+])
+def test_an_unknown_flag_is_named_before_a_missing_required_argument(capsys, argv, typo, close):
+    """``relayrl eval --bogus`` said "the following arguments are required: --model": argparse checks the
+    required arguments before it returns the unknown ones."""
+    err = argparse_error(capsys, *argv, "--bogus")
+    assert "unrecognized arguments: --bogus" in err and "required" not in err, err
+    err = argparse_error(capsys, *argv, typo, "3")
+    assert f"unrecognized arguments: {typo} 3" in err and f"{typo}: did you mean {close}?" in err, err
+    assert "required" not in err

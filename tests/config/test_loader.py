@@ -66,7 +66,9 @@ def test_unknown_key_suggests_the_close_one():
 @pytest.mark.parametrize("override, says", [
     ("rollout.temperature=1e-300", "rollout.temperature: temperature=1e-300 is below 1e-05"),
     ("rollout.repetition_penalty=1e-40", "rollout.repetition_penalty: repetition_penalty=1e-40 is below 1e-05"),
-    ("eval.temperature=1e-40", "eval.temperature: temperature=1e-40 is below 1e-05")])
+    ("eval.temperature=1e-40", "eval.temperature: temperature=1e-40 is below 1e-05"),
+    ("rollout.repetition_penalty=1e38", "rollout.repetition_penalty: repetition_penalty=1e+38 is above 100000"),
+    ("rollout.repetition_penalty=.inf", "rollout.repetition_penalty: repetition_penalty=inf is above 100000")])
 def test_a_sampling_scale_that_overflows_the_logits_is_refused(override, says):
     """Such a temperature divides the logits to inf in float32: the first rollout failed on an index error of
     the sampler (NaN probabilities), after the model had loaded."""

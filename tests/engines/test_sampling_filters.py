@@ -91,6 +91,31 @@ def test_sampling_params_bounds():
     with pytest.raises(ValueError, match="repetition_penalty=1e-40 is below 1e-05"):
         SamplingParams(repetition_penalty=1e-40)
     assert SamplingParams(temperature=1e-5, repetition_penalty=1e-5).temperature == 1e-5
+    # (a seen logit of -4 times 1e38 is -inf in float32: a row whose tokens were all seen sampled from NaN)
+    with pytest.raises(ValueError, match=r"repetition_penalty=1e\+38 is above 100000"):
+        SamplingParams(repetition_penalty=1e38)
+    with pytest.raises(ValueError, match="repetition_penalty=inf is above"):
+        SamplingParams(repetition_penalty=float("inf"))
+    assert SamplingParams(repetition_penalty=1e5).repetition_penalty == 1e5
+
+
+@pytest.mark.parametrize("penalty", [1e5, 1e38, 3.4e38])
+@pytest.mark.parametrize("temperature", [0.0, 1e-5, 1.0])
+def test_a_finite_penalty_never_makes_nan_even_past_the_checked_bound(penalty, temperature):
+    """``sample_with`` takes plain floats (the static decoder records it): a penalty past MAX_PENALTY reaches
+    it around SamplingParams' check. Every token seen, every logit below -4: times 1e38 each was -inf, the
+    row's softmax NaN, and inverse_cdf raised an index error (greedy: token 0 whatever the logits)."""
+    logits = -torch.rand(4, 300, generator=torch.Generator().manual_seed(3)) * 10 - 4
+    seen = torch.ones(4, 300, dtype=torch.bool)
+    got = penalize(logits, seen, penalty)
+    assert torch.isfinite(got).all() and torch.isfinite(got / 1e-5).all()
+    for top_k, top_p in [(0, 1.0), (5, 0.9)]:
+        tok, lp = sample_with(logits, temperature, top_k, top_p, torch.rand(4, dtype=torch.float64), penalty=penalty,
+                              seen=seen)
+        assert ((tok >= 0) & (tok < 300)).all() and torch.isfinite(lp).all()
+    if penalty == 1e5:  # (inside the bound the penalty keeps the logits' order: greedy is the least negative)
+        tok, _ = sample_with(logits, 0.0, 0, 1.0, None, penalty=penalty, seen=seen)
+        assert tok.tolist() == logits.argmax(-1).tolist()
 
 
 PROMPTS = ["1+2=", "123+456=", "sort 5 12 9 =", "77+1=", "9+9=", "3+3+3=", "countdown 3 7 5 -> 9 :"]

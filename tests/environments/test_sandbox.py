@@ -584,3 +584,14 @@ def test_each_attack_is_a_tool_error_observation_and_the_episode_goes_on():
         assert out.observation.startswith("<error>") and not out.done and out.info.get("tool_error")
     out = env.step(format_call("python", {"code": "print(6 * 7)"}))
     assert out.observation == "<result>42</result>"
+
+
+def test_the_python_tool_printing_a_megabyte_reaches_the_model_capped_and_never_the_console(capsys):
+    from relayrl.data.tasks import Problem
+
+    env = ToolEnvironment({"python": PythonTool(FAST)}, score=lambda p, t: 0.0, max_chars=512)
+    env.reset(Problem("q", "a"))
+    r = env.step(format_call("python", {"code": "import sys\nprint('x' * (1 << 20))\nsys.stderr.write('y' * (1 << 20))"}))
+    assert r.observation.startswith("<error>output exceeded 4096 bytes") and len(r.observation) < 1024
+    out, err = capsys.readouterr()
+    assert out == "" and err == ""

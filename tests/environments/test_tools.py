@@ -467,3 +467,81 @@ def test_a_tool_turn_the_model_closed_itself_is_not_closed_twice(tiny_tokenizer)
     assert [i for i in EnvTextEncoder(tiny_tokenizer)(closed) if i in (3, end)] == [3, end, 3]  # still markup
     # in plain text (a tool's output, an environment's own str) the string is text, not the model's token
     assert after_turn(tiny_tokenizer, turn(end), str(obs)) == str(obs)
+
+
+def _loud(n: int) -> str:
+    """A tool that prints a lot (1 MB) to both streams before answering."""
+    print("debug line\n" + "x" * n)
+    print("y" * n, file=sys.stderr)
+    return "42"
+
+
+def test_a_tool_printing_a_megabyte_leaves_the_console_at_most_one_line(capsys, caplog):
+    from relayrl.environments import tool_prints
+    from relayrl.environments.tools import FunctionTool
+
+    tool_prints._noted.discard("_loud")
+    env = ToolEnvironment({"_loud": FunctionTool(_loud)}, score=lambda p, t: 0.0)
+    env.reset(Problem("q", "a"))
+    with caplog.at_level("WARNING", logger="relayrl.environments.tool_prints"):
+        for _ in range(3):
+            r = env.step(format_call("_loud", {"n": 1 << 20}))
+            assert r.observation == "<result>42</result>"
+    out, err = capsys.readouterr()
+    assert len(out) + len(err) < 400 and (out + err).count("\n") <= 1
+    notes = [rec.getMessage() for rec in caplog.records if "printed" in rec.getMessage()]
+    assert len(notes) == 1 and "'_loud'" in notes[0] and "debug line" in notes[0]  # once per tool per run
+    assert sys.stdout is not None and type(sys.stdout).__name__ != "_Router"  # the streams are put back
+
+
+def test_other_threads_print_through_while_a_tool_captures(capsys):
+    import threading
+
+    from relayrl.environments.tool_prints import captured_prints
+
+    inside, done = threading.Event(), threading.Event()
+
+    def other():
+        inside.wait(5)
+        print("the trainer's own line")
+        done.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    with captured_prints() as cap:
+        print("the tool's")
+        inside.set()
+        done.wait(5)
+    t.join(5)
+    out, _ = capsys.readouterr()
+    assert out == "the trainer's own line\n" and cap.text == "the tool's\n"
+
+
+def test_the_stream_a_capture_stands_for_keeps_its_attributes():
+    from relayrl.environments.tool_prints import captured_prints
+
+    class Stream:
+        encoding = "utf-8"
+
+        def __init__(self):
+            self.text = ""
+
+        def write(self, t):
+            self.text += t
+
+        def flush(self):
+            pass
+
+        def fileno(self):
+            return 7
+
+    real = sys.stdout
+    sys.stdout = base = Stream()
+    try:
+        with captured_prints():
+            assert sys.stdout.fileno() == 7 and sys.stdout.encoding == "utf-8"  # (another thread's faulthandler)
+            print("kept off")
+        print("shown")
+    finally:
+        sys.stdout = real
+    assert base.text == "shown\n"

@@ -138,3 +138,36 @@ def test_the_samples_share_their_steps_columns_null_where_a_row_lacks_one(tmp_pa
         t.log_samples(1, [{"response": "a", "echo": "a"}, {"response": "b"}])
     rows = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert rows == [{"step": 1, "response": "a", "echo": "a"}, {"step": 1, "response": "b", "echo": None}]
+
+
+VERL_FNS = """
+    class Opaque:
+        def __repr__(self):
+            return "<Opaque>"
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None):  # verl's shape, one response
+        ok = solution_str == ground_truth
+        out = {"score": float(ok), "acc": ok, "pred": solution_str.strip(), "obj": Opaque()}
+        if ok:
+            out["why"] = {"matched": ground_truth}  # (a key some rows lack: null in the others)
+        return out
+"""
+
+
+def test_a_verl_dicts_extras_are_metrics_and_sample_columns_and_an_unjsonable_one_is_said_once(tmp_path, caplog):
+    """verl keeps every key of a compute_score's dict (its reward_extra_info) with the sample it dumps; relayrl
+    logged the numbers as metrics and dropped "pred" and the rest without a word."""
+    from relayrl.engines.reward import user
+
+    (tmp_path / "verl_extra_fns.py").write_text(textwrap.dedent(VERL_FNS))
+    e = RewardEngine(RewardConfig(verifier="user", user_fn=f"{tmp_path}/verl_extra_fns.py:compute_score"))
+    getattr(user, "_dropped", set()).clear()  # (said once per run: a fresh run here)
+    with caplog.at_level("WARNING", logger="relayrl.engines.reward.user"):
+        for _ in range(2):
+            log = ExtraLog(2)
+            scores, m, _ = e.score_each(["p", "q"], ["4 ", "5"], ["4 ", "7"], extra=log)
+    assert scores == [1.0, 0.0] and m["reward/user/acc"] == 0.5 and "reward/user/pred" not in m
+    rows = log.rows(2)
+    assert rows == [{"acc": True, "pred": "4", "why": {"matched": "4 "}}, {"acc": False, "pred": "5", "why": None}]
+    said = [r.getMessage() for r in caplog.records if "obj" in r.getMessage()]
+    assert len(said) == 1 and "verl_extra_fns.py:compute_score" in said[0] and "Opaque" in said[0] and "str(value)" in said[0]

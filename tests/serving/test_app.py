@@ -206,6 +206,7 @@ DONE = {"model": "tiny", "prompt": "1+1=", "max_tokens": 2}
     # (logits / 1e-300 overflowed to inf: a 500 and the generation loop stopped for every later request)
     ("completions", {**DONE, "temperature": 1e-300}, "temperature", "temperature=1e-300 is below 1e-05"),
     ("chat", {**CHAT, "repetition_penalty": 1e-40}, "repetition_penalty", "repetition_penalty=1e-40 is below"),
+    ("chat", {**CHAT, "repetition_penalty": 1e38}, "repetition_penalty", "repetition_penalty=1e+38 is above 100000"),
 ])
 def test_a_refusal_names_the_offending_field_in_its_own_words(client, route, body, param, words):
     import json

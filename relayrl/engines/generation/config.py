@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["INSTALL", "MIN_SCALE", "PLAIN_SAMPLING", "VLLMSpec", "check_scale", "narrowing", "vllm_available"]
+__all__ = ["INSTALL", "MAX_PENALTY", "MIN_SCALE", "PLAIN_SAMPLING", "VLLMSpec", "check_scale", "narrowing", "vllm_available"]
 
 MIN_SCALE = 1e-5
 """The smallest positive temperature and repetition penalty sampled with. The logits are divided by them in
@@ -14,13 +14,27 @@ float32: by 1e-38 they overflow to inf, the softmax of inf is NaN, and the sampl
 Below 1e-5 the distribution is the greedy one to float32's precision anyway."""
 
 
+MAX_PENALTY = 1e5
+"""The largest repetition penalty sampled with. A seen token's negative logit is multiplied by it in float32,
+then divided by the temperature (down to :data:`MIN_SCALE`): at 1e38 a logit of -4 is already -inf, and a row
+whose every token was seen is all -inf (NaN probabilities; greedy decoding picked token 0). At 1e5 a logit
+stays finite through both up to |logit| ~ 3e28, far past any model's; and a penalty of 1e5 already divides
+a seen token's positive logit to ~0: larger ones sample the same tokens. (Hugging Face and vLLM set no bound;
+the values used are 1 to 2.)"""
+
+
 def check_scale(name: str, value: float | None) -> float | None:
     """``value`` of the ``temperature`` or ``repetition_penalty`` ``name``, refused (ValueError naming it and the
-    fix) when it is positive and below :data:`MIN_SCALE`."""
+    fix) when it is positive and below :data:`MIN_SCALE`, or a repetition penalty above :data:`MAX_PENALTY`
+    (infinity included)."""
     if value is not None and 0.0 < value < MIN_SCALE:
         fix = "use 0 for greedy decoding" if name == "temperature" else "use 1 for no penalty"
         raise ValueError(f"{name}={value:g} is below {MIN_SCALE:g}, where the logits divided by it overflow "
                          f"float32 and sampling fails; {fix}, or a value >= {MIN_SCALE:g}")
+    if value is not None and name == "repetition_penalty" and not value <= MAX_PENALTY:
+        raise ValueError(f"{name}={value:g} is above {MAX_PENALTY:g}, where a seen token's logit multiplied by it "
+                         f"overflows float32 and sampling fails; use a value in [{MIN_SCALE:g}, {MAX_PENALTY:g}] "
+                         f"(1: no penalty; 1.1 to 2 are the usual ones)")
     return value
 
 PLAIN_SAMPLING: dict[str, float] = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}

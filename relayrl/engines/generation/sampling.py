@@ -43,10 +43,13 @@ import math
 import torch
 
 from relayrl.engines.generation.base import SamplingParams
+from relayrl.engines.generation.config import MIN_SCALE
 
 __all__ = ["mix32", "row_key", "row_uniforms", "draw_seed", "sample_next", "sample_with", "inverse_cdf", "block_mass",
            "sample_from_logits", "penalize", "seen_mask"]
 
+_PENALIZED_BOUND = float(torch.finfo(torch.float32).max) * MIN_SCALE / 2
+"""The largest |logit| a repetition penalty leaves (divided by a temperature >= MIN_SCALE it stays finite)."""
 _M = 0x45D9F3B  # the multiplier of a well-tested 32-bit integer hash (< 2**27)
 _MASK = 0xFFFFFFFF
 
@@ -159,7 +162,11 @@ def penalize(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.
         seen: [B, V] bool, True on the tokens the row's context holds.
     """
     x = logits.float()
-    return torch.where(seen, torch.where(x > 0, x / penalty, x * penalty), x)
+    # a penalized logit is kept finite, and finite still once divided by a temperature down to MIN_SCALE: a
+    # penalty past MAX_PENALTY (given around the checks) made a row whose tokens were all seen -inf everywhere,
+    # NaN once softmaxed. (The unseen tokens' logits are the model's, as they are without a penalty.)
+    hit = torch.where(x > 0, x / penalty, x * penalty).clamp(-_PENALIZED_BOUND, _PENALIZED_BOUND)
+    return torch.where(seen, hit, x)
 
 
 def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,

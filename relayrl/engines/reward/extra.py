@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 from relayrl.engines.reward.config import RewardError
 
-__all__ = ["ExtraError", "CallExtras", "ExtraLog", "OWN", "sample_fields"]
+__all__ = ["ExtraError", "CallExtras", "ExtraLog", "OWN", "sample_fields", "json_value"]
 
 OWN = frozenset({"step", "group", "prompt", "response", "score", "reward", "length"})
 """The fields a sample of ``RUN_DIR/samples.jsonl`` has of its own: a logged column of one of these names is
@@ -100,6 +100,11 @@ class ExtraLog:
 def sample_fields(columns: dict[str, Any]) -> dict[str, Any]:
     """A row's logged columns as a sample's fields: a name of :data:`OWN` prefixed ``extra_``."""
     return {f"extra_{k}" if k in OWN else k: v for k, v in columns.items()}
+
+
+def json_value(v: Any, column: str, i: int) -> Any:
+    """``v`` (row ``i`` of ``column``) as a sample's field holds it; :class:`ExtraError` when JSON cannot."""
+    return _json(v, column, i)
 
 
 def _json(v: Any, column: str, i: int, depth: int = 0) -> Any:

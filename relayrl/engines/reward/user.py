@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import math
 import numbers
 import statistics
@@ -30,7 +31,10 @@ import numpy as np
 
 from relayrl.data.truth import truth_value
 from relayrl.engines.reward.config import RewardError
+from relayrl.engines.reward.extra import ExtraError, json_value
 from relayrl.plugins import resolve
+
+log = logging.getLogger(__name__)
 
 FLOAT32_MAX = 3.4028234663852886e38
 """The largest float32: rewards train as float32 tensors, so a larger one becomes inf there (and its square
@@ -207,7 +211,7 @@ class CallShape(NamedTuple):
             out = [fn(**{k: v[i] for k, v in kwargs.items()}) for i in range(len(kwargs["solution_str"]))]
             if out and inspect.isawaitable(out[0]):
                 out = asyncio.run(_gathered(out))
-            return [_verl_score(x, i, log_metric) for i, x in enumerate(out)]
+            return _verl_scores(fn, out, log_metric, log_extra)
         if self.style == "verl_batch":
             args, kwargs = (), {f"{k}s": v for k, v in kwargs.items()}
         else:
@@ -217,7 +221,7 @@ class CallShape(NamedTuple):
         if inspect.isawaitable(out):
             out = asyncio.run(_gathered([out]))[0]
         if self.style == "verl_batch" and isinstance(out, (list, tuple)):
-            return [_verl_score(x, i, log_metric) for i, x in enumerate(out)]
+            return _verl_scores(fn, out, log_metric, log_extra)
         return out
 
 
@@ -226,17 +230,59 @@ async def _gathered(awaitables: list) -> list:
     return list(await asyncio.gather(*awaitables))
 
 
-def _verl_score(x: Any, i: int, log_metric: Callable[[str, float], None] | None = None) -> Any:
-    if isinstance(x, dict):
+def _verl_scores(fn: Callable, out: Sequence, log_metric: Callable[[str, float], None] | None,
+                 log_extra: Callable[[str, list], None] | None) -> list:
+    """The rewards of verl results ``out`` (a float, or a dict whose ``"score"`` is the reward) and what the
+    dicts hold beside it, verl's ``reward_extra_info``: each number or flag goes to ``log_metric`` (a flag as 0/1,
+    whose mean is a rate: verl's DAPO scorer returns ``acc`` as a bool), and every key to ``log_extra`` as a
+    column of the samples (``None`` in a row without it), as verl dumps them with its generations: the
+    extracted answer, ``"pred"``, beside the response. A key with a value JSON cannot hold (an object) is no
+    column: it is dropped, said once per key and function."""
+    scores, extras = [], {}
+    for i, x in enumerate(out):
+        if not isinstance(x, dict):
+            scores.append(x)
+            continue
         if "score" not in x:
-            raise RewardError(f"returned a dict without a 'score' key at index {i} ({sorted(x)}); verl's "
+            raise RewardError(f"returned a dict without a 'score' key at index {i} ({sorted(map(str, x))}); verl's "
                               f"compute_score returns a float or a dict with the reward under 'score'")
-        if log_metric is not None:  # its other numbers (verl's reward_extra_info), e.g. {"score": 1, "acc": True}:
-            for k, v in x.items():  # a flag as 0/1, whose mean is a rate (verl's DAPO scorer returns acc as a bool; numpy's too)
-                if k != "score" and isinstance(v, (numbers.Real, np.bool_)):
-                    log_metric(k, float(v))
-        return x["score"]
-    return x
+        scores.append(x["score"])
+        for k, v in x.items():
+            if k == "score":
+                continue
+            if log_metric is not None and isinstance(v, (numbers.Real, np.bool_)):
+                log_metric(k, float(v))
+            extras.setdefault(str(k), {})[i] = v
+    if log_extra is None:
+        return scores
+    for key, by_row in extras.items():
+        try:
+            values = [json_value(by_row[i], key, i) if i in by_row else None for i in range(len(out))]
+        except ExtraError as e:
+            _say_dropped(fn, key, e)
+            continue
+        log_extra(key, values)
+    return scores
+
+
+_dropped: set[tuple[str, str]] = set()
+_dropped_lock = threading.Lock()
+
+
+def _say_dropped(fn: Callable, key: str, why: ExtraError) -> None:
+    """Say once per run (process) that ``fn``'s verl key ``key`` is not kept, and why."""
+    name = getattr(fn, "__qualname__", type(fn).__name__)
+    try:
+        name = f"{inspect.getfile(fn)}:{name}"  # (as reward.user_fn names it)
+    except TypeError:  # (a callable instance, a builtin)
+        name = f"{getattr(fn, '__module__', '?')}.{name}"
+    with _dropped_lock:
+        if (name, key) in _dropped:
+            return
+        _dropped.add((name, key))
+    log.warning("reward function %s returned %r beside 'score' with a value JSON cannot hold (%s); the key is "
+                "dropped from the samples (said once per key): return it as str(value) to keep it", name, key,
+                str(why).split(": ", 1)[-1].split("; expected")[0])
 
 
 def call_shape(fn: Callable) -> CallShape:
