@@ -61,7 +61,7 @@ def stopped_line(stopped: list[str], kept: list[str], why: str = "interrupted") 
                      f"without waiting for {'their calls' if len(stopped) > 1 else 'the call'}")
     if kept:
         parts.append(f"worker group{'s' if len(kept) > 1 else ''} {'; '.join(kept)} "
-                     f"run{'' if len(kept) > 1 else 's'} in the driver and cannot be stopped: the driver waits")
+                     f"run{'' if len(kept) > 1 else 's'} in the driver and cannot be stopped from outside")
     return f"{why}: " + "; ".join(parts) if parts else None
 
 
