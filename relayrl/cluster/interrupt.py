@@ -21,24 +21,29 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from relayrl.cluster.group import WorkerGroup
+
+class Stoppable(Protocol):
+    """What this module needs of a group (`relayrl.cluster.group.WorkerGroup`)."""
+
+    name: str
+
+    def stop_calls(self) -> tuple[list[str], bool]: ...
 
 __all__ = ["register", "say_stopped", "stop_calls_in_flight", "stopped_line"]
 
-_live: "weakref.WeakSet[WorkerGroup]" = weakref.WeakSet()
+_live: "weakref.WeakSet[Stoppable]" = weakref.WeakSet()
 _lock = threading.Lock()
 
 
-def register(group: "WorkerGroup") -> None:
+def register(group: Stoppable) -> None:
     """Track ``group`` while it lives (:func:`stop_calls_in_flight` looks at every live group)."""
     with _lock:
         _live.add(group)
 
 
-def stop_calls_in_flight(groups: "list[WorkerGroup] | None" = None, why: str = "interrupted") -> str | None:
+def stop_calls_in_flight(groups: list[Stoppable] | None = None, why: str = "interrupted") -> str | None:
     """Stop, without waiting, the ranks of every live worker group (or of ``groups``) with a call in flight,
     and keep the calls queued behind them from starting (module docstring). Returns the one line saying what
     was stopped, for the caller to print (:func:`say_stopped`); None when no call was running."""

@@ -104,3 +104,42 @@ def test_ctrl_c_during_a_background_call_exits_within_seconds_and_leaves_no_proc
         for pid in tree:
             if _running(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_stopping_the_calls_in_flight_fails_the_running_and_queued_calls_and_spares_an_idle_group(tmp_path):
+    from cluster_workers import Parent
+    from relayrl.cluster import ResourcePool, WorkerError, WorkerGroup
+    from relayrl.cluster.interrupt import stop_calls_in_flight
+
+    busy = WorkerGroup(Parent, ResourcePool("busy", devices=2), name="busy", distributed=False)
+    idle = WorkerGroup(Parent, ResourcePool("idle", devices=2), name="idle", distributed=False)
+    kids: list[int] = []
+    try:
+        running = busy.all_async("start_child_then_sleep", str(tmp_path / "kid"), CALL_S)
+        queued = busy.all_async("pid")  # behind it in the group's queue
+        deadline = time.monotonic() + 30
+        while not all((tmp_path / f"kid.{r}").exists() for r in range(2)):
+            assert time.monotonic() < deadline and not running.done()
+            time.sleep(0.05)
+        kids = [int((tmp_path / f"kid.{r}").read_text()) for r in range(2)]
+        t0 = time.monotonic()
+        line = stop_calls_in_flight()
+        assert line == ("interrupted: stopped the ranks of worker group 'busy' in 'start_child_then_sleep' "
+                        "without waiting for the call")
+        with pytest.raises(WorkerError) as e:
+            running.result(timeout=10)
+        assert e.value.lost and time.monotonic() - t0 < EXIT_S
+        with pytest.raises(RuntimeError, match="'pid' did not start, the run was interrupted"):
+            queued.result(timeout=10)
+        gone = time.monotonic() + 5  # (SIGKILL is delivered, not awaited)
+        while any(map(_running, busy.pids() + kids)) and time.monotonic() < gone:
+            time.sleep(0.1)
+        assert not any(map(_running, busy.pids() + kids)), "the stopped ranks and what they started are gone"
+        assert idle.all("pid") == idle.pids(), "a group with no call in flight is left as it was"
+        assert stop_calls_in_flight() is None  # nothing runs any more
+    finally:
+        busy.shutdown()
+        idle.shutdown()
+        for pid in kids:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
