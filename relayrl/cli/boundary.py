@@ -12,7 +12,8 @@
   with the keys that resume the run.
 * Ctrl-C prints where the run stopped ("interrupted at step N; resume with
   run.resume=auto ...", or with no checkpoint yet how to start over) and
-  exits 130.
+  exits 130; the ranks of a call still running in the background are stopped, not waited for
+  (:mod:`relayrl.cluster.interrupt`, one line says which).
 * Anything else is a bug: its traceback is shown as Python shows it.
 
 ``--debug`` or ``RELAYRL_DEBUG=1`` prints the traceback of user errors too.
@@ -83,6 +84,9 @@ def run_guarded(fn: Callable[[argparse.Namespace], int], args: argparse.Namespac
     try:
         return fn(args)
     except KeyboardInterrupt as exc:
+        from relayrl.cluster.interrupt import say_stopped, stop_calls_in_flight
+
+        say_stopped(stop_calls_in_flight())  # (a run's loop did it already; a command outside one, here)
         if debug:
             traceback.print_exc()
         _say(str(exc) or "interrupted")  # a RunInterrupted says the step and the checkpoint

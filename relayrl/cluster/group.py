@@ -34,6 +34,7 @@ materialised through the driver (no data futures passed worker-to-worker).
 """
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -42,6 +43,7 @@ from typing import Any, Callable
 from relayrl.cluster.config import ClusterConfig, as_config
 from relayrl.cluster.dispatch import gather_split, split_items
 from relayrl.cluster.errors import PlacementError
+from relayrl.cluster.interrupt import register, say_stopped, stop_calls_in_flight
 from relayrl.cluster.pool import ResourcePool
 from relayrl.cluster.worker import check_worker_class, method_name
 from relayrl.dock.payload import payload_bytes
@@ -135,7 +137,11 @@ class WorkerGroup:
         self._closed = False
         self._bytes: dict[str, int] = {}
         self._bytes_lock = threading.Lock()
+        self._in_flight: dict[object, str] = {}  # a token per call running on the ranks -> its method
+        self._waiting = 0  # calls started but not on the ranks yet (waiting for the pool's turn)
+        self._interrupted = False  # `stop_calls` ran: no further call starts
         self._finalizer = weakref.finalize(self, _close, self._ranks, self._executor, pool, self.name)
+        register(self)
 
     @property
     def backend(self) -> str:
@@ -249,14 +255,28 @@ class WorkerGroup:
         ticket = turns.take()
 
         def job() -> Any:
-            turns.wait(ticket)
+            with self._bytes_lock:
+                self._waiting += 1
+            try:
+                turns.wait(ticket)
+            finally:
+                with self._bytes_lock:
+                    self._waiting -= 1
+            token = object()
             try:
                 sizes: dict[int, int] = {}  # an `all` call repeats one payload object: walk it once
                 self._count(method, sum(sizes.setdefault(id(p), payload_bytes(p)) for p in payloads))
+                with self._bytes_lock:
+                    if self._interrupted:  # (queued behind a call that Ctrl-C stopped)
+                        raise RuntimeError(f"worker group {self.name!r}: {method!r} did not start, the run was "
+                                           f"interrupted")
+                    self._in_flight[token] = method
                 results = self._ranks.call(method, ranks, payloads)
                 self._count(method, payload_bytes(results))
                 return post(results)
             finally:
+                with self._bytes_lock:
+                    self._in_flight.pop(token, None)
                 turns.done(ticket)
 
         if blocking:
@@ -270,8 +290,23 @@ class WorkerGroup:
         return fut
 
     # -- lifetime ----------------------------------------------------------------------------------
+    def stop_calls(self) -> tuple[list[str], bool]:
+        """Ctrl-C: stop the ranks of the calls in flight now, without waiting for them, and let no further
+        call start (`relayrl.cluster.interrupt`): SIGTERM, ``cluster.error_grace_s`` to exit, then SIGKILL of
+        each rank's process group (Ray: the actors are killed). Whoever waits for such a call gets a lost-worker
+        `WorkerError`; the group is broken (shut it down). Returns the methods that were running and whether
+        their ranks were stopped (False for a rank in the driver, which cannot be)."""
+        with self._bytes_lock:
+            if self._in_flight or self._waiting:
+                self._interrupted = True  # (a group with nothing running or queued stays usable)
+            methods = sorted(set(self._in_flight.values()))
+        if not methods or self._closed:
+            return [], False
+        return methods, self._ranks.stop_now(self.config.error_grace_s)
+
     def shutdown(self) -> None:
-        """Finish the running call, cancel queued ones, stop the ranks, free the pool slot."""
+        """Finish the running call, cancel queued ones, stop the ranks, free the pool slot (after Ctrl-C,
+        `stop_calls` first, so that nothing is waited for)."""
         if self._closed:
             return
         self._closed = True
@@ -280,7 +315,9 @@ class WorkerGroup:
     def __enter__(self) -> "WorkerGroup":
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type | None, *exc: object) -> None:
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            say_stopped(stop_calls_in_flight([self]))
         self.shutdown()
 
     def __repr__(self) -> str:

@@ -16,7 +16,8 @@
   own (`rank.own_process_group`), so what it starts (a vLLM engine core, a
   user's server) is stopped with it: by the driver once the rank is gone,
   however it ended, or by the rank itself when the driver is gone. Ctrl-C
-  reaches the driver's group only; the driver shuts the ranks down. Ranks that do not answer a call within
+  reaches the driver's group only; the driver shuts the ranks down, without waiting for a call still running
+  in the background (`relayrl.cluster.interrupt`: its ranks are stopped). Ranks that do not answer a call within
   `cluster.call_timeout_s` (start-up: `start_timeout_s`) raise `CallTimeout`
   once every rank process of the group is stopped (SIGTERM, then SIGKILL); an
   in-driver rank past the limit is only reported (it cannot be stopped).
@@ -96,6 +97,10 @@ class InProcessRanks:
 
     def pids(self) -> list[int]:
         return [os.getpid()]
+
+    def stop_now(self, grace_s: float) -> bool:
+        """A call in the driver cannot be stopped from outside (`WorkerGroup.stop_calls`): False."""
+        return False
 
     def shutdown(self) -> None:
         self.worker = None
@@ -284,6 +289,14 @@ class ProcessRanks:
                 # (once only: an empty group's id is a free pid again, which a new session may take as its own)
                 self._groups_stopped.add(proc.pid)
                 stop_process_group(proc.pid)
+
+    def stop_now(self, grace_s: float) -> bool:
+        """Ctrl-C while a call runs (`WorkerGroup.stop_calls`): stop every rank process now, not after the call
+        (SIGTERM, SIGKILL after ``grace_s``, then each rank's process group); the call's waiter gets a
+        lost-worker `WorkerError`. True."""
+        self.broken = self.broken or "its ranks were stopped while a call ran (interrupted)"
+        self._stop(grace_s)
+        return True
 
     def shutdown(self) -> None:
         for conn in self.conns:

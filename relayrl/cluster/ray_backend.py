@@ -451,6 +451,13 @@ class RayRanks:
             with contextlib.suppress(Exception):  # already dead
                 ray.kill(a, no_restart=True)
 
+    def stop_now(self, grace_s: float) -> bool:
+        """Ctrl-C while a call runs (`WorkerGroup.stop_calls`): kill the group's actors now, not after the call
+        (Ray kills at once: no grace); the call's waiter gets a lost-worker `WorkerError`. True."""
+        self.broken = self.broken or "its actors were killed while a call ran (interrupted)"
+        self._kill()
+        return True
+
     def shutdown(self) -> None:
         if self._released:
             return

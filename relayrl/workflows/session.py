@@ -25,6 +25,7 @@ from relayrl.checkpoint import CheckpointManager, ResumePlan, capture_rng_state,
 from relayrl.checkpoint.atomic import run_files_full, write_dir_atomically
 from relayrl.checkpoint.resume import verify_newest
 from relayrl.checkpoint.rundir import check_fingerprint, check_run_dir, claim_run_dir, hold_run_dir, saved_config
+from relayrl.cluster.interrupt import say_stopped, stop_calls_in_flight
 from relayrl.workflows.restart import RESTARTS
 from relayrl.config.paths import absolute_paths
 from relayrl.config.schema import Config
@@ -510,7 +511,8 @@ class Session(EvalSession):
 
         ``footprint`` (the actor's parameter counts and optimizer state, :func:`footprint_line`) is logged
         with the first step this process trains, when the optimizer state exists. ``shutdown`` stops the
-        workflow's workers whatever happens; Ctrl-C becomes :class:`RunInterrupted`
+        workflow's workers whatever happens (after Ctrl-C without waiting for a call still running in the
+        background: :mod:`relayrl.cluster.interrupt`); Ctrl-C becomes :class:`RunInterrupted`
         naming the checkpoint to resume from, a full disk one ``DiskFullError`` naming run.dir. Returns the
         exported model directory."""
         with self.interruptible(), self.no_space():
@@ -524,6 +526,9 @@ class Session(EvalSession):
                     if self.end_step(s, metrics, evaluate=evaluate, save=save):
                         break
                 return self.finish(export)
+            except KeyboardInterrupt:  # (and SIGTERM): a call running in the background is not waited for
+                say_stopped(stop_calls_in_flight())
+                raise
             finally:
                 shutdown()  # the ranks stop now, not at interpreter exit
                 self.close_telemetry()  # (a failed run's metrics and spans files too: finish closes them otherwise)

@@ -276,3 +276,11 @@ class Parent(Worker):
         with open(f"{pid_file}.{self.rank}", "w") as f:
             f.write(str(pid))
         threading.Event().wait()
+
+    def start_child_then_sleep(self, pid_file: str, seconds: float) -> int:
+        """Start a child, write its pid to ``pid_file``.<rank>, then work (sleep) for ``seconds``: a long call."""
+        pid = self.start_child()
+        with open(f"{pid_file}.{self.rank}", "w") as f:
+            f.write(str(pid))
+        time.sleep(seconds)
+        return pid

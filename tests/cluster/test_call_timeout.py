@@ -19,7 +19,7 @@ import pytest
 from pydantic import ValidationError
 
 from cluster_workers import Echo, StuckStart
-from relayrl.cluster import CallTimeout, ClusterConfig, ResourcePool, WorkerGroup
+from relayrl.cluster import CallTimeout, ClusterConfig, ResourcePool, WorkerError, WorkerGroup
 from relayrl.cluster.rank import Replies, Reply
 from relayrl.config.loader import ConfigError, load_config
 from relayrl.config.schema import Config
@@ -232,5 +232,30 @@ def test_ray_rank_hung_outside_a_collective_times_out_and_its_actors_are_killed(
         pids = g.pids()
         assert g.all(Echo.block, hold_s=0.5) == [0, 1]  # under the limit: as before
         _check_timeout(g, g.all_async(Echo.block, on_ranks=(1,)), pids, 2.0)
+    finally:
+        g.shutdown()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")
+def test_ray_ctrl_c_kills_the_actors_of_a_call_in_the_background_without_waiting(ray_cluster):
+    """`relayrl.cluster.interrupt` on Ray: the call in flight fails at once as a lost worker, its actors gone
+    (the local backend's processes: tests/cluster/test_ctrl_c_background_call.py)."""
+    from relayrl.cluster.interrupt import stop_calls_in_flight
+
+    g = WorkerGroup(Echo, ResourcePool("rctrlc", devices=2), name="rctrlc", distributed=False, backend=ray_cluster)
+    try:
+        pids = g.pids()
+        fut = g.all_async(Echo.block, on_ranks=(0, 1))
+        time.sleep(1.0)  # (the call reaches the actors)
+        assert not fut.done()
+        t0 = time.monotonic()
+        assert stop_calls_in_flight() == ("interrupted: stopped the ranks of worker group 'rctrlc' in 'block' "
+                                          "without waiting for the call")
+        with pytest.raises(WorkerError) as e:
+            fut.result(timeout=WAIT_S)
+        assert e.value.lost and time.monotonic() - t0 < 10
+        assert not _wait_gone(pids), "the actors of the stopped call are gone"
     finally:
         g.shutdown()

@@ -1,0 +1,102 @@
+"""Ctrl-C of a training run (``relayrl train``) while a worker group's call runs in the background stops the
+run within seconds, says what it stopped and leaves no process: the run's loop stops that call's ranks instead
+of waiting for it. Before, the run said "interrupted at step N" and then the process waited for the call to
+end (here 60 s) before it exited. (The call is a side group's, started by the test at step 1 and left running;
+a rollout drawn ahead is such a call.)"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from e2e_cli import FAST, ROOT
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+
+CALL_S = 60.0
+EXIT_S = 10.0
+
+DRIVER = """
+import sys
+from relayrl.cli.main import main
+from relayrl.cluster import ResourcePool, WorkerGroup
+from relayrl.workflows.session import Session
+from cluster_workers import Parent
+
+real, held = Session.end_step, []
+
+def end_step(self, step, *args, **kwargs):
+    if step == 1 and not held:  # a call that goes on in the background while the run trains
+        g = WorkerGroup(Parent, ResourcePool('side', devices=2), name='side', distributed=False)
+        held.append((g, g.all_async('start_child_then_sleep', sys.argv[1], float(sys.argv[2]))))
+        print('PIDS', *g.pids(), flush=True)
+    return real(self, step, *args, **kwargs)
+
+Session.end_step = end_step
+if __name__ == '__main__':
+    sys.exit(main(sys.argv[3:]))
+"""
+
+
+def _running(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_ctrl_c_of_a_run_with_a_call_in_the_background_exits_within_seconds(tmp_path):
+    import psutil
+
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    path = [str(ROOT / "tests" / "cluster"), str(ROOT / "tests" / "workflows"), str(ROOT),
+            os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    run = tmp_path / "run"
+    driver = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "kid"), str(CALL_S), "train", "recipes/arith_sft.yaml",
+         "trainer.steps=100000", "run.save_every=0", "cluster.devices=2", f"run.dir={run}", *FAST],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    tree: list[int] = []
+    try:
+        kids = tmp_path / "kid.0", tmp_path / "kid.1"
+        deadline = time.monotonic() + 300
+        while not all(k.exists() and k.read_text() for k in kids):  # the side call runs on both of its ranks
+            assert driver.poll() is None and time.monotonic() < deadline, driver.stderr.read()[-3000:]
+            time.sleep(0.05)
+        tree = [p.pid for p in psutil.Process(driver.pid).children(recursive=True)]
+        children = [int(k.read_text()) for k in kids]
+        assert set(children) <= set(tree)
+        t0 = time.monotonic()
+        os.killpg(driver.pid, signal.SIGINT)
+        try:
+            _, err = driver.communicate(timeout=CALL_S - 15)
+        except subprocess.TimeoutExpired:
+            driver.kill()
+            pytest.fail(f"the run still ran {CALL_S - 15:.0f} s after Ctrl-C: it waited for the background call")
+        took = time.monotonic() - t0
+        assert took < EXIT_S, f"the run took {took:.1f} s to exit after Ctrl-C ({err[-2000:]})"
+        assert driver.returncode == 130, err[-3000:]
+        assert "Traceback" not in err and "relayrl: interrupted at step " in err, err[-3000:]
+        assert ("relayrl: interrupted: stopped the ranks of worker group 'side' in 'start_child_then_sleep' "
+                "without waiting for the call") in err, err[-3000:]
+        gone = time.monotonic() + 5
+        while any(map(_running, tree)) and time.monotonic() < gone:
+            time.sleep(0.1)
+        left = [p for p in tree if _running(p)]
+        assert not left, f"processes {left} of the interrupted run (children {children}) are still alive"
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        for pid in tree:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
