@@ -35,7 +35,8 @@ import torch
 from relayrl.cluster import WorkerGroup
 from relayrl.data.tasks import Problem
 from relayrl.engines.training.base import SequenceBatch
-from relayrl.workflows.session import PromptSource, Session
+from relayrl.workflows.prompt_source import PromptSource
+from relayrl.workflows.session import Session
 from relayrl.workflows.sft import answer_ids
 from relayrl.workflows.trainer_workers import ReferenceWorker
 
