@@ -58,7 +58,11 @@ from relayrl.engines.generation.base import (Completion, RequestFailed, Sampling
 from relayrl.engines.generation.remote_sampling import request_body
 from relayrl.errors import UserError
 
-__all__ = ["RemoteSpec", "RemoteEngineError", "RemoteGenerationEngine", "parse_choice"]
+__all__ = ["RemoteSpec", "RemoteEngineError", "RemoteGenerationEngine", "parse_choice", "GENERATION_STOPPED"]
+
+GENERATION_STOPPED = "generation_stopped"
+"""The error ``code`` of ``relayrl serve``'s 503 once its generation loop has stopped for good (it answers every
+request so until restarted)."""
 
 
 class RemoteEngineError(UserError, RuntimeError):
