@@ -377,3 +377,71 @@ def test_a_write_that_fails_stops_the_batchers_loop(batcher, tiny_tokenizer):
     assert "neither the old nor the new" in batcher.problem()
     with pytest.raises(Unhealthy, match="out of memory"):
         batcher.submit(_request(tiny_tokenizer, PROMPTS[0], Sink(1)))
+
+
+class _Through:
+    """A ``requests.Session`` for the rollout adapter whose calls go to the app in-process; ``calls`` holds the
+    status of each reply."""
+
+    def __init__(self, client, calls: list[int]) -> None:
+        self.client, self.calls, self.headers = client, calls, {}
+
+    def request(self, method: str, url: str, timeout=None, **kw):  # (in-process: no timeout to pass on)
+        r = self.client.request(method, url, **kw)
+        self.calls.append(r.status_code)
+        return r
+
+
+def _overloaded_twice(real):
+    """``Batcher.submit_all`` whose first two calls find the queue full."""
+    from relayrl.serving.batcher import Overloaded
+
+    def wrapped(*a, **kw):
+        wrapped.calls += 1
+        if wrapped.calls <= 2:
+            raise Overloaded("1024 requests are waiting; retry later")
+        return real(*a, **kw)
+
+    wrapped.calls = 0
+    return wrapped
+
+
+def test_the_rollout_adapter_fails_at_once_on_a_stopped_server_and_retries_a_busy_one(served, monkeypatch,
+                                                                                        tiny_tokenizer):
+    """``rollout.engine=openai`` retried the 503s of a loop that had stopped for good (5 retries, 3 s of backoff
+    a request) and then said to start the server; now the 503 is coded ``generation_stopped`` and the adapter
+    fails at once naming the server's cause. A 503 for a full queue (``server_busy``) is still retried."""
+    from types import SimpleNamespace
+
+    import requests
+
+    from relayrl.engines.generation.remote import RemoteGenerationEngine, RemoteSpec, ServerStopped
+
+    c, state = served
+    calls: list[int] = []
+    eng = RemoteGenerationEngine(RemoteSpec(base_url="http://testserver/v1", model="tiny", weight_sync="none",
+                                            retries=5, concurrency=1), tiny_tokenizer)
+    eng._requests = SimpleNamespace(Session=lambda: _Through(c, calls), ConnectionError=requests.ConnectionError,
+                                    Timeout=requests.Timeout)
+    params = SamplingParams(n=1, temperature=1.0, max_new_tokens=3)
+    prompt = tiny_tokenizer("1+1=")["input_ids"]
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(state.batcher, "submit_all", _overloaded_twice(state.batcher.submit_all))
+            (done,) = _call(eng.generate, [prompt], params)  # two 503s (server_busy), then served
+        assert calls == [503, 503, 200] and len(done.token_ids) == 3
+        monkeypatch.setattr(state.batcher.engine, "advance", _raising(state.batcher.engine.advance, None))
+        for _ in range(state.batcher.max_failures):
+            _call(c.post, "/v1/completions", json=BODY)
+        deadline = time.monotonic() + DEADLINE_S
+        while state.batcher.error is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        calls.clear()
+        t0 = time.monotonic()
+        with pytest.raises(ServerStopped) as e:
+            eng.generate([prompt], params, on_error=lambda f: pytest.fail(f"handed to on_error: {f}"))
+        assert calls == [503] and time.monotonic() - t0 < 1.0  # one request, no backoff
+        msg = str(e.value)
+        assert "generation loop has stopped" in msg and "CUDA out of memory" in msg and "not retried" in msg, msg
+    finally:
+        eng.close()
