@@ -440,7 +440,7 @@ def test_the_rollout_adapter_fails_at_once_on_a_stopped_server_and_retries_a_bus
         t0 = time.monotonic()
         with pytest.raises(ServerStopped) as e:
             eng.generate([prompt], params, on_error=lambda f: pytest.fail(f"handed to on_error: {f}"))
-        assert calls == [503] and time.monotonic() - t0 < 1.0  # one request, no backoff
+        assert calls == [503] and time.monotonic() - t0 < 2.5  # one request, no backoff (3.1 s of it before)
         msg = str(e.value)
         assert "generation loop has stopped" in msg and "CUDA out of memory" in msg and "not retried" in msg, msg
     finally:

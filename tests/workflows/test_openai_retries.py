@@ -35,7 +35,7 @@ def test_a_stopped_server_fails_the_rollout_at_once_naming_its_cause(tiny_tokeni
     finally:
         eng.close()
         server.stop()
-    assert time.monotonic() - t0 < 1.0  # (no backoff: 0.1 + 0.2 + 0.4 + 0.8 + 1.6 s per request before)
+    assert time.monotonic() - t0 < 2.5  # (no backoff: 0.1 + 0.2 + 0.4 + 0.8 + 1.6 s per request before)
     msg = str(e.value)
     assert "generation loop has stopped" in msg and "illegal memory access" in msg and "not retried" in msg, msg
     assert "restart relayrl serve" in msg
