@@ -315,7 +315,11 @@ def cmd_eval(args) -> int:
 
         def generate(p, sp):
             return generate_interrupted(engine, p, sp, budget, generator=gen)
-    result = evaluate(generate, encode, problems, lambda a, b, c, d: reward.score(a, b, c, columns=d)[0],
+
+    def score(prompts, responses, answers, columns, extra):  # (log_extra columns, a verl dict's extras: samples)
+        return reward.score_each(prompts, responses, answers, columns=columns, extra=extra)[0]
+
+    result = evaluate(generate, encode, problems, score,
                       max_new_tokens=args.max_new_tokens, k=args.k, temperature=args.temperature,
                       interrupted=budget is not None, decode=lambda ids: tok.decode(ids, skip_special_tokens=False))
     data = args.data[0] if args.data and len(args.data) == 1 else args.data  # (one file: its path, as before)

@@ -78,7 +78,9 @@ class RolloutConfig(BaseModel):
     timeout_s: float = Field(600.0, gt=0, description="rollout.engine=openai: seconds a request may wait for its "
                              "reply; past it the request has failed (rollout.on_error)")
     retries: int = Field(5, ge=0, description="rollout.engine=openai: retries of a request refused with 502, 503 or "
-                         "504 (busy, a gateway) or a dropped connection, before it has failed")
+                         "504 (busy, a gateway) or a dropped connection, before it has failed; relayrl serve's 503 "
+                         "after its generation loop stopped (code generation_stopped) fails the rollout at once, "
+                         "naming the server's cause")
     on_error: Literal["fail", "drop_group"] = Field(
         "fail", description="rollout.engine=openai: a prompt's generation request that failed (an error reply, a "
         "malformed reply, rollout.timeout_s passed, after rollout.retries): fail stops the step naming the prompt "

@@ -14,16 +14,23 @@ from typing import Callable, Sequence
 
 from relayrl.data.tasks import Problem
 from relayrl.engines.generation.base import Completion, SamplingParams
+from relayrl.engines.reward.extra import OWN, ExtraLog, sample_fields
 from relayrl.engines.reward.user import with_ids
 from relayrl.engines.reward.verifiers import CORRECT
 from relayrl.evaluation.metrics import budgets, per_source, source_names, summarize
 
-__all__ = ["EvalResult", "evaluate", "write_report", "as_read"]
+__all__ = ["EvalResult", "evaluate", "write_report", "as_read", "EVAL_OWN"]
 
 GenerateFn = Callable[[list[list[int]], SamplingParams], list[Completion]]
-ScoreFn = Callable[[list[str], list[str], list[str], list], list[float]]
-"""``score(prompts, responses, answers, columns)``: a reward per row; ``columns`` holds each row's other dataset
-fields (``Problem.meta["fields"]``: the row as it was, or ``None``) for a user reward function that takes them."""
+ScoreFn = Callable[[list[str], list[str], list[str], list, ExtraLog], list[float]]
+"""``score(prompts, responses, answers, columns, extra)``: a reward per row; ``columns`` holds each row's other
+dataset fields (``Problem.meta["fields"]``: the row as it was, or ``None``) for a user reward function that takes
+them; ``extra`` receives the columns the reward functions log per row (``log_extra``, a verl dict's keys beside
+``"score"``: :mod:`relayrl.engines.reward.extra`), which each sample record then holds, as a training
+sample does."""
+
+EVAL_OWN = OWN | {"mode", "prompt_text", "answer", "finish_reason", "interrupted", "source"}
+"""An evaluation sample's own fields: a logged column of one of these names is written ``extra_NAME``."""
 
 
 @dataclass(frozen=True)
@@ -33,7 +40,8 @@ class EvalResult:
     than one source among the problems each also as ``eval/<metric>/<source>``
     (:func:`~relayrl.evaluation.metrics.source_names`)."""
     samples: list[dict]
-    """One record per sample: prompt, answer, response, reward, mode."""
+    """One record per sample: prompt, answer, response, reward, mode, and the columns its reward functions
+    logged (``pred``)."""
 
 
 def as_read(problem: Problem, ids: Sequence[int], decode: Callable[[list[int]], str] | None) -> dict[str, str]:
@@ -64,27 +72,30 @@ def evaluate(generate: GenerateFn, encode: Callable[[Problem], list[int]], probl
     named = len(set(sources)) > 1  # (then each sample says its source)
     greedy = generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens,
                                               stop_strings=tuple(stop_strings)))
-    g_rewards = score(texts, [c.text for c in greedy], answers, with_ids(columns, [c.token_ids for c in greedy]))
+    g_log = ExtraLog(len(greedy))
+    g_rewards = score(texts, [c.text for c in greedy], answers, with_ids(columns, [c.token_ids for c in greedy]),
+                      g_log)
     samples = [{"mode": "greedy", "prompt": t, **as_read(problems[i], prompts[i], decode), "answer": a,
                 "response": c.text, "reward": r,
                 "finish_reason": c.finish_reason, **({"interrupted": c.interrupted} if interrupted else {}),
-                **({"source": sources[i]} if named else {})}
-               for i, (t, a, c, r) in enumerate(zip(texts, answers, greedy, g_rewards))]
+                **({"source": sources[i]} if named else {}), **sample_fields(x, EVAL_OWN)}
+               for i, (t, a, c, r, x) in enumerate(zip(texts, answers, greedy, g_rewards, g_log.rows(len(greedy))))]
     per_prompt: list[list[bool]] = [[] for _ in problems]
     if k > 1:
         sampled = generate(prompts, SamplingParams(n=k, temperature=temperature, max_new_tokens=max_new_tokens,
                                                    stop_strings=tuple(stop_strings)))
+        s_log = ExtraLog(len(sampled))
         rewards = score([texts[c.prompt_index] for c in sampled], [c.text for c in sampled],
                         [answers[c.prompt_index] for c in sampled],
-                        with_ids([columns[c.prompt_index] for c in sampled], [c.token_ids for c in sampled]))
-        for c, r in zip(sampled, rewards):
+                        with_ids([columns[c.prompt_index] for c in sampled], [c.token_ids for c in sampled]), s_log)
+        for c, r, x in zip(sampled, rewards, s_log.rows(len(sampled))):
             per_prompt[c.prompt_index].append(r >= CORRECT)
             samples.append({"mode": f"sample@{k}", "prompt": texts[c.prompt_index],
                             **as_read(problems[c.prompt_index], prompts[c.prompt_index], decode),
                             "answer": answers[c.prompt_index],
                             "response": c.text, "reward": r, "finish_reason": c.finish_reason,
                             **({"interrupted": c.interrupted} if interrupted else {}),
-                            **({"source": sources[c.prompt_index]} if named else {})})
+                            **({"source": sources[c.prompt_index]} if named else {}), **sample_fields(x, EVAL_OWN)})
 
     def metrics_of(rows: Sequence[int]) -> dict[str, float]:
         greedy_rewards = [g_rewards[i] for i in rows]

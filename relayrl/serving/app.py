@@ -17,7 +17,8 @@ and stop strings, a bounded queue (503 beyond). Malformed JSON, invalid UTF-8,
 unknown fields, unknown models and out-of-range values get a 4xx with OpenAI's
 error object; an unexpected failure of one request is a 500 for it alone. A failed generation step is a 500
 for the requests in its batch (the loop resets and serves on); a loop that stopped is a 503 with the cause for
-every request and ``/health`` (``relayrl.serving.batcher``); a weight load is all or nothing
+every request and ``/health`` (``relayrl.serving.batcher``; its error ``code`` is ``generation_stopped``, which
+the rollout adapter does not retry); a weight load is checked whole before any tensor is written
 (``relayrl.serving.weights``).
 """
 
@@ -38,11 +39,12 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from relayrl.engines.generation.base import SamplingParams
+from relayrl.engines.generation.remote import GENERATION_STOPPED as STOPPED
 from relayrl.serving import responses as R
 from relayrl.serving.batcher import Batcher, DoneEvent, Overloaded, Request, TokenEvent, Unhealthy, Unrecoverable
 from relayrl.serving.guard import Guard, HTTPRefusal, add_error_handlers
 from relayrl.serving.protocol import ChatCompletionRequest, CompletionRequest, FieldError, ServeLimits, WeightsRequest
-from relayrl.serving.weights import update_or_restore
+from relayrl.serving.weights import checked, write
 
 __all__ = ["ServerState", "build_app", "ApiError"]
 
@@ -78,8 +80,9 @@ def build_app(state: ServerState) -> FastAPI:
         return e.response()
 
     @app.exception_handler(Unhealthy)
-    async def _unhealthy(_, e: Unhealthy):  # the generation loop stopped: every request is refused, none waits
-        return JSONResponse(R.error_body(str(e), 503, "server_error"), status_code=503)
+    @app.exception_handler(Unrecoverable)  # (the weight load that stopped the loop)
+    async def _unhealthy(_, e: Exception):  # the generation loop stopped: every request is refused, none waits
+        return JSONResponse(R.error_body(str(e), 503, "server_error", code=STOPPED), status_code=503)
 
     @app.exception_handler(Exception)
     async def _unexpected(_, e: Exception):  # one request failed; the server goes on
@@ -124,17 +127,10 @@ def build_app(state: ServerState) -> FastAPI:
             w = _parse(await _body(http), WeightsRequest)
             version = w.version
             tensors = await run_in_threadpool(_load_path, w.path)
-        tensors = _served_names(state.batcher.engine.model, tensors)
         eng = state.batcher.engine
-        before = eng.weight_version
+        tensors = await run_in_threadpool(checked, eng.model, tensors)  # (all checked before any is written)
         t0 = time.perf_counter()
-        try:  # (all of them or none: a load that fails halfway puts the old weights back)
-            got = await run_in_threadpool(state.batcher.load_weights, lambda: update_or_restore(eng, tensors, version))
-        except (ApiError, Unhealthy, Unrecoverable, TimeoutError):  # (a timed-out load may still run)
-            raise
-        except Exception as e:  # noqa: BLE001 - the load failed; the old weights serve on
-            raise ApiError(500, f"the weight load failed: {e!r}; nothing was changed: version {before} is still "
-                           "serving", "server_error") from e
+        got = await run_in_threadpool(state.batcher.load_weights, lambda: write(eng, tensors, version))
         return {"version": got, "tensors": len(tensors), "seconds": round(time.perf_counter() - t0, 4)}
 
     app.add_middleware(Guard, api_key=state.api_key,
@@ -384,7 +380,8 @@ async def _collect(state: ServerState, req, reqs: list[Request], queue: asyncio.
 
 def _raise_failed(ev: DoneEvent) -> None:
     if ev.finish_reason == "error":  # (503: the loop stopped before it decoded this request; else 500)
-        raise ApiError(503 if ev.unavailable else 500, ev.error or "generation failed", "server_error")
+        raise ApiError(503 if ev.unavailable else 500, ev.error or "generation failed", "server_error",
+                       code=STOPPED if ev.unavailable else None)
 
 
 async def _events(reqs: list[Request], queue: asyncio.Queue, n: int) -> AsyncIterator[tuple[int, Any]]:
@@ -458,7 +455,7 @@ async def _stream_completion(state: ServerState, req: CompletionRequest, reqs, q
                          "choices": [], "usage": {"prompt_tokens": p, "completion_tokens": completion_tokens,
                                                   "total_tokens": p + completion_tokens}})
     except ApiError as e:
-        yield R.sse(R.error_body(e.message, e.status, e.kind))
+        yield R.sse(R.error_body(e.message, e.status, e.kind, code=e.code))
     except Exception as e:  # noqa: BLE001 - the stream's own failure (detokenizing): an error event, then the end
         yield R.sse(R.error_body(f"internal error: {e!r}", 500, "server_error"))
     yield "data: [DONE]\n\n"
@@ -493,7 +490,7 @@ async def _stream_chat(state: ServerState, req: ChatCompletionRequest, reqs, que
                          "usage": {"prompt_tokens": p, "completion_tokens": completion_tokens,
                                    "total_tokens": p + completion_tokens}})
     except ApiError as e:
-        yield R.sse(R.error_body(e.message, e.status, e.kind))
+        yield R.sse(R.error_body(e.message, e.status, e.kind, code=e.code))
     except Exception as e:  # noqa: BLE001 - the stream's own failure (detokenizing): an error event, then the end
         yield R.sse(R.error_body(f"internal error: {e!r}", 500, "server_error"))
     yield "data: [DONE]\n\n"
@@ -525,38 +522,4 @@ def _load_path(path: str) -> dict:
             out.update(load_file(str(f)))
         except Exception as e:  # noqa: BLE001 - a file that is not safetensors is the client's mistake
             raise ApiError(400, f"{f}: not a safetensors file: {e}", param="path") from None
-    return out
-
-
-def _served_names(model, tensors: dict) -> dict:
-    """``tensors`` under the served model's parameter names, checked (names, shapes) before anything is copied.
-
-    A tied weight has two names (``lm_head.weight`` is ``model.embed_tokens.weight`` when the config ties the
-    embeddings) and the model lists only the first; a training checkpoint's state dict holds both. The second
-    name is taken as the first: both given, they must be equal (they are one tensor in a model that ties them;
-    different ones come from an untied model, which this one cannot serve); the head alone loads the embedding,
-    since in the served model it is the embedding."""
-    first: dict[int, str] = {}
-    canonical: dict[str, str] = {}
-    for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
-        canonical[name] = first.setdefault(id(t), name)
-    have = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-    out: dict = {}
-    for name, t in tensors.items():
-        served = canonical.get(name)
-        if served is None:
-            raise ApiError(400, f"weight {name!r} is not a parameter of the served model")
-        p = have[served]
-        if tuple(p.shape) != tuple(t.shape):
-            raise ApiError(400, f"weight {name!r}: the served model's shape is {tuple(p.shape)}, the payload's "
-                           f"{tuple(t.shape)}")
-        if t.is_floating_point() and not (finite := torch.isfinite(t)).all():  # (every completion would fail)
-            raise ApiError(400, f"weight {name!r} holds {int((~finite).sum())} values that are not finite (NaN or "
-                           "infinite): nothing was loaded; send finite weights (a run that diverged?)")
-        if served in out and not torch.equal(out[served], t):
-            raise ApiError(400, f"weights {served!r} and its tied copy {name!r} differ; the served model ties them "
-                           "(tie_word_embeddings): send weights of a model that ties them, or serve an untied model")
-        out.setdefault(served, t)
-    if not out:
-        raise ApiError(400, "no weights in the payload")
     return out

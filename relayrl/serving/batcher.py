@@ -21,7 +21,7 @@ engine's prefill or decode, a CUDA out-of-memory error, a tokenizer error in a s
 requests with rows in the running batch (their tokens may be half-sampled: none is retried), resets the batch
 (KV cache, rows) and the loop goes on with the waiting requests. It stops (:attr:`Batcher.error` set; the
 waiting requests and every later one are refused with :class:`Unhealthy`) when the reset itself fails, when a
-weight load could not restore the old weights (:class:`Unrecoverable`), or after ``max_failures`` failed steps
+writing a checked weight load failed (the device: :class:`Unrecoverable`), or after ``max_failures`` failed steps
 in a row with no good step between. A seeded request's sample ``k`` draws from its own generator seeded
 ``seed + k``, as vLLM seeds the ``n`` samples of a request
 (``ParentRequest._get_child_sampling_params``): a sample does not depend on
@@ -63,8 +63,9 @@ class Unhealthy(RuntimeError):
 
 
 class Unrecoverable(RuntimeError):
-    """Raised inside the generation loop by a failure it cannot reset from (a weight load that could not put
-    the old weights back): the loop stops rather than serve from a state it cannot vouch for."""
+    """Raised inside the generation loop by a failure it cannot reset from (the copies of a checked weight load
+    failed, leaving the weights part new, part old): the loop stops rather than serve from a state it cannot
+    vouch for."""
 
 
 @dataclass(frozen=True)
@@ -410,7 +411,7 @@ class Batcher:
             job.error = e
         self.last_weight_load_s = time.perf_counter() - t0
         job.done.set()
-        if isinstance(job.error, Unrecoverable):  # (the weights are neither the old nor the new ones)
+        if isinstance(job.error, Unrecoverable):  # (the weights may be neither the old nor the new ones)
             raise job.error
 
     def _fail_all(self, e: BaseException) -> None:

@@ -25,22 +25,25 @@ from starlette.responses import JSONResponse
 __all__ = ["Guard", "HTTPRefusal", "is_loopback", "error_body", "add_error_handlers"]
 
 
-def error_body(message: str, status: int, kind: str = "invalid_request_error", param: str | None = None) -> dict:
-    """OpenAI's error object."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+def error_body(message: str, status: int, kind: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    """OpenAI's error object; ``code`` is the status unless a name tells the client more (``generation_stopped``:
+    a 503 that no retry can help)."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": status if code is None else code}}
 
 
 class HTTPRefusal(Exception):
     """A request a service refuses: status, message and error type (rendered with :func:`error_body`)."""
 
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-                 close: bool = False):
+                 close: bool = False, code: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.kind, self.param = status, message, kind, param
+        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
         self.close = close  # a refused body: close the connection rather than read the rest of it
 
     def response(self) -> JSONResponse:
-        return JSONResponse(error_body(self.message, self.status, self.kind, self.param), status_code=self.status,
+        return JSONResponse(error_body(self.message, self.status, self.kind, self.param, self.code),
+                            status_code=self.status,
                             headers={"Connection": "close"} if self.close else None)
 
 

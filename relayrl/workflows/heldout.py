@@ -98,10 +98,12 @@ class EvalSession(RunProblems):
         it (:func:`~relayrl.engines.reward.user.trainer_state`)."""
         return trainer_state(done, self.cfg.trainer.steps)
 
-    def score(self, prompts: list[str], responses: list[str], answers: list[str], columns=None) -> list[float]:
+    def score(self, prompts: list[str], responses: list[str], answers: list[str], columns=None,
+              extra=None) -> list[float]:
         """Evaluation's score: the verifier (and format term) only, never a learned reward, so held-out
-        accuracy stays the task's whatever the training reward is."""
-        return self.reward.verify(prompts, responses, answers, columns)
+        accuracy stays the task's whatever the training reward is. ``extra``: receives the rows' logged columns
+        (:data:`~relayrl.evaluation.runner.ScoreFn`)."""
+        return self.reward.verify(prompts, responses, answers, columns, extra)
 
     # ----------------------------------------------------------- evaluation
     def evaluate(self, generate, step: int | None, *, name: str = "eval") -> EvalResult:
@@ -112,8 +114,8 @@ class EvalSession(RunProblems):
         if step is not None:  # a training run's evaluation: TRL reward functions get its progress
             state = self.progress(step)
 
-            def score(prompts, responses, answers, columns):
-                return self.score(prompts, responses, answers, with_progress(columns, state))
+            def score(prompts, responses, answers, columns, extra):
+                return self.score(prompts, responses, answers, with_progress(columns, state), extra)
 
         result = evaluate(generate, self.encode, self.eval_problems, score,
                           max_new_tokens=ev.max_new_tokens or ro.max_new_tokens, k=ev.k,

@@ -20,7 +20,7 @@ def fake_generate(prompts, params):
             for i in range(len(prompts)) for s in range(params.n)]
 
 
-def score(prompts, responses, answers, columns):
+def score(prompts, responses, answers, columns, extra):
     task = ArithmeticTask()
     return [task.verify(r, a) for r, a in zip(responses, answers)]
 

@@ -29,7 +29,7 @@ def fake_generate(prompts, params):
             for i in range(len(prompts)) for s in range(params.n)]
 
 
-def score(prompts, responses, answers, columns):
+def score(prompts, responses, answers, columns, extra):
     return [ArithmeticTask().verify(r, a) for r, a in zip(responses, answers)]
 
 

@@ -142,7 +142,8 @@ def test_evaluation_passes_each_problems_fields(tmp_path):
         return [Completion(i, s, torch.tensor([0]), torch.tensor([0.0]), "stop", 0, "r")
                 for i in range(len(prompts)) for s in range(params.n)]
 
-    res = evaluate(generate, lambda p: [1], problems, lambda a, b, c, d: e.verify(a, b, c, d), max_new_tokens=2, k=3)
+    res = evaluate(generate, lambda p: [1], problems, lambda a, b, c, d, x: e.verify(a, b, c, d, x),
+                   max_new_tokens=2, k=3)
     assert res.metrics["eval/accuracy"] == 0.5 and res.metrics["eval/pass@3"] == 0.5
     assert [s["reward"] for s in res.samples] == [1.0, 0.0] + [1.0] * 3 + [0.0] * 3
 

@@ -1,6 +1,7 @@
 """``relayrl serve`` when something fails inside its generation loop (an engine error in prefill or decode, a
-reset that fails, a weight load that fails halfway): the failed batch's requests get a 500 naming the cause and
-the loop goes on; a loop that cannot go on answers 503 with the cause (``/health`` too), never a hang."""
+reset that fails, a weight load whose copies fail): the failed batch's requests get a 500 naming the cause and
+the loop goes on; a loop that cannot go on answers 503 with the cause (``/health`` too), never a hang. A weight
+load is checked whole before any tensor is written."""
 
 from __future__ import annotations
 
@@ -216,36 +217,123 @@ class _FailingCopy:
         self.shape = p.shape
 
     def copy_(self, *_, **__):
-        raise RuntimeError("CUDA error: out of memory (copying the weight)")
+        raise RuntimeError("CUDA error: an illegal memory access was encountered (copying the weight)")
 
 
-def test_a_weight_load_that_fails_halfway_leaves_the_old_weights_serving(served, monkeypatch):
-    """The engine copies weights one tensor at a time; one that failed halfway left the tensors before it new
-    and the rest old, under the old version number (a model nobody trained, served as version 0)."""
+class _CountedCopy:
+    """Stands in the engine's parameter index for one tensor and counts the copies into it (``writes``)."""
+
+    def __init__(self, p: torch.Tensor, writes: list[str], name: str) -> None:
+        self.p, self.shape, self.writes, self.name = p, p.shape, writes, name
+
+    def copy_(self, src, **kw):
+        self.writes.append(self.name)
+        return self.p.copy_(src, **kw)
+
+
+def _post_weights(c, tensors: dict, version: int = 1):
     from safetensors.torch import save
 
+    return _call(c.post, "/v1/relayrl/weights", params={"version": version}, content=save(tensors),
+                 headers={"Content-Type": "application/octet-stream"})
+
+
+def _spoiled(w: torch.Tensor, how: str) -> torch.Tensor:
+    if how == "shape":
+        return w[:-1].contiguous()
+    if how == "integer":  # (int weights into a float parameter: copied, truncated, and served)
+        return w.to(torch.int64)
+    if how == "complex":  # (copied with its imaginary part dropped, and served)
+        return torch.complex(w, w)
+    if how == "nan":
+        return w.clone().index_fill_(0, torch.tensor([0]), float("nan"))
+    assert how == "overflow"  # (finite in float64, infinite once cast to the served float32)
+    return w.to(torch.float64).index_fill_(0, torch.tensor([0]), 1e300)
+
+
+def _bad_last(new: dict[str, torch.Tensor], how: str) -> tuple[dict[str, torch.Tensor], str]:
+    """``new`` with its last tensor (by name) bad in the way ``how`` says, and that tensor's name."""
+    bad = dict(new)
+    name = sorted(new)[-1]
+    if how == "unknown_name":
+        name = "zz.not_a_parameter"
+        bad[name] = new["model.norm.weight"].clone()
+    else:
+        bad[name] = _spoiled(new[name], how)
+    return bad, name
+
+
+def _read_last(monkeypatch, name: str) -> None:
+    """The server reads tensor ``name`` of a payload last (safetensors hands them over in no fixed order)."""
+    from relayrl.serving import app
+
+    real = app._load_payload
+
+    def ordered(payload: bytes) -> dict:
+        got = real(payload)
+        return {**{k: v for k, v in got.items() if k != name}, name: got[name]}
+
+    monkeypatch.setattr(app, "_load_payload", ordered)
+
+
+@pytest.mark.parametrize("how", ["unknown_name", "shape", "integer", "complex", "nan", "overflow"])
+def test_a_bad_tensor_last_in_the_payload_leaves_the_old_weights_serving_with_no_tensor_written(served, monkeypatch,
+                                                                                                 how):
+    """Every tensor is checked before any is written, so a load whose last tensor is bad writes nothing (counted
+    at the engine's copies). An integer or complex tensor was copied (cast) into a float parameter, and a float64
+    value past float32's range became inf in the served weights, all answered 200."""
     c, state = served
     eng = state.batcher.engine
     before = _call(c.post, "/v1/completions", json={**BODY, "max_tokens": 8}).json()["choices"][0]["text"]
+    old = {k: v.detach().clone() for k, v in eng.model.state_dict().items() if k in eng._params}
+    new = {k: v * 1.5 for k, v in old.items()}
+    writes: list[str] = []
+    for name, p in list(eng._params.items()):
+        monkeypatch.setitem(eng._params, name, _CountedCopy(p, writes, name))
+    payload, bad = _bad_last(new, how)
+    _read_last(monkeypatch, bad)
+    r = _post_weights(c, payload)
+    assert r.status_code == 400, r.text
+    msg = r.json()["error"]["message"]
+    assert repr(bad) in msg and "nothing was loaded" in msg, msg
+    assert writes == []
+    for k, v in old.items():
+        torch.testing.assert_close(eng.model.get_parameter(k) if k in dict(eng.model.named_parameters())
+                                   else eng.model.get_buffer(k), v, rtol=0, atol=0, msg=f"{k} changed")
+    assert _call(c.get, "/v1/relayrl/weights").json() == {"version": 0}
+    assert _call(c.post, "/v1/completions", json={**BODY, "max_tokens": 8}).json()["choices"][0]["text"] == before
+    monkeypatch.undo()  # (the copies are counted again below)
+    for name, p in list(eng._params.items()):
+        monkeypatch.setitem(eng._params, name, _CountedCopy(p, writes, name))
+    r = _post_weights(c, new)  # the same load, all good
+    assert r.status_code == 200 and r.json()["version"] == 1, r.text
+    assert sorted(writes) == sorted(new)  # (one write per tensor)
+    torch.testing.assert_close(eng.model.get_input_embeddings().weight, new["model.embed_tokens.weight"])
+
+
+def test_a_write_that_fails_after_every_check_passed_stops_the_loop(served, monkeypatch):
+    """With nothing left to refuse, a failed copy is the device's (the weights before it are new, the rest old):
+    the loop stops rather than serve that mix, and every request, the load too, is a 503 naming the cause, coded
+    ``generation_stopped`` (the rollout adapter does not retry it). (Before, each tensor was copied to the host
+    before it was overwritten and put back on a failure: one extra copy of the weights on every load.)"""
+    c, state = served
+    eng = state.batcher.engine
     old = {k: v.detach().clone() for k, v in eng.model.state_dict().items()}
     new = {"model.embed_tokens.weight": old["model.embed_tokens.weight"].flip(0).contiguous(),
            "model.norm.weight": old["model.norm.weight"] * 2}
     monkeypatch.setitem(eng._params, "model.norm.weight", _FailingCopy(old["model.norm.weight"]))
-    r = _call(c.post, "/v1/relayrl/weights", params={"version": 1}, content=save(new),
-              headers={"Content-Type": "application/octet-stream"})
-    assert r.status_code == 500, r.text
-    msg = r.json()["error"]["message"]
-    assert "out of memory (copying the weight)" in msg and "version 0 is still serving" in msg, msg
-    for k, v in eng.model.state_dict().items():
-        torch.testing.assert_close(v, old[k], rtol=0, atol=0, msg=f"{k} changed")
-    assert _call(c.get, "/v1/relayrl/weights").json() == {"version": 0}
-    after = _call(c.post, "/v1/completions", json={**BODY, "max_tokens": 8}).json()["choices"][0]["text"]
-    assert after == before
-    monkeypatch.undo()  # the same weights load whole once the copy works
-    r = _call(c.post, "/v1/relayrl/weights", params={"version": 1}, content=save(new),
-              headers={"Content-Type": "application/octet-stream"})
-    assert r.status_code == 200 and r.json()["version"] == 1, r.text
-    torch.testing.assert_close(eng.model.get_input_embeddings().weight, new["model.embed_tokens.weight"])
+    r = _post_weights(c, new)
+    assert r.status_code == 503, r.text
+    err = r.json()["error"]
+    assert err["code"] == "generation_stopped" and "illegal memory access" in err["message"], err
+    assert "restart relayrl serve" in err["message"], err
+    h = _call(c.get, "/health")
+    assert h.status_code == 503 and "neither the old nor the new" in h.json()["error"], h.text
+    for path, body in [("/v1/completions", BODY), ("/v1/completions", {**BODY, "stream": True})]:
+        r = _call(c.post, path, json=body)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "generation_stopped", r.text
+        assert "illegal memory access" in r.json()["error"]["message"], r.text
+    assert _post_weights(c, new, 2).json()["error"]["code"] == "generation_stopped"
 
 
 def test_a_stream_whose_own_detokenizing_fails_ends_with_an_error_event(served, monkeypatch):
@@ -265,29 +353,95 @@ def test_a_stream_whose_own_detokenizing_fails_ends_with_an_error_event(served, 
     assert _events(r)[-1] == "[DONE]" and "error" not in json.loads(_events(r)[-2]), r.text
 
 
-def test_a_weight_load_whose_old_weights_cannot_be_put_back_stops_the_loop(batcher, tiny_tokenizer):
-    """Weights that are neither the old nor the new ones are not served: the loop stops and says why."""
+def test_a_write_that_fails_stops_the_batchers_loop(batcher, tiny_tokenizer):
+    """:func:`~relayrl.serving.weights.write` turns any failure of the engine's copies into :class:`Unrecoverable`,
+    which stops the generation loop it ran in: later requests are refused naming it."""
     from types import SimpleNamespace
 
     from relayrl.serving.batcher import Unrecoverable
-    from relayrl.serving.weights import update_or_restore
-
-    stuck = torch.zeros(1).expand(4)  # (a copy into it raises: its four elements are one memory location)
+    from relayrl.serving.weights import write
 
     class Engine(SimpleNamespace):
         def update_weights(self, named, version):
-            for _name, _t in named:  # (the first tensor is kept on the host, then its copy fails)
+            for _name, _t in named:
                 raise RuntimeError("CUDA error: out of memory")
 
-    eng = Engine(model=SimpleNamespace(named_parameters=lambda: [("w", stuck)], named_buffers=lambda: []),
-                 device=torch.device("cpu"), weight_version=0)
-    with pytest.raises(Unrecoverable, match="out of memory.*could not be put back"):
-        update_or_restore(eng, {"w": torch.ones(4)}, 1)
+    eng = Engine(device=torch.device("cpu"), weight_version=0)
+    with pytest.raises(Unrecoverable, match="out of memory.*neither the old nor the new"):
+        write(eng, {"w": torch.ones(4)}, 1)
     with pytest.raises(Unrecoverable):
-        batcher.load_weights(lambda: update_or_restore(eng, {"w": torch.ones(4)}, 1), timeout_s=DEADLINE_S)
+        batcher.load_weights(lambda: write(eng, {"w": torch.ones(4)}, 1), timeout_s=DEADLINE_S)
     deadline = time.monotonic() + DEADLINE_S
     while batcher.error is None and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert "could not be put back" in batcher.problem()
-    with pytest.raises(Unhealthy, match="could not be put back"):
+    assert "neither the old nor the new" in batcher.problem()
+    with pytest.raises(Unhealthy, match="out of memory"):
         batcher.submit(_request(tiny_tokenizer, PROMPTS[0], Sink(1)))
+
+
+class _Through:
+    """A ``requests.Session`` for the rollout adapter whose calls go to the app in-process; ``calls`` holds the
+    status of each reply."""
+
+    def __init__(self, client, calls: list[int]) -> None:
+        self.client, self.calls, self.headers = client, calls, {}
+
+    def request(self, method: str, url: str, timeout=None, **kw):  # (in-process: no timeout to pass on)
+        r = self.client.request(method, url, **kw)
+        self.calls.append(r.status_code)
+        return r
+
+
+def _overloaded_twice(real):
+    """``Batcher.submit_all`` whose first two calls find the queue full."""
+    from relayrl.serving.batcher import Overloaded
+
+    def wrapped(*a, **kw):
+        wrapped.calls += 1
+        if wrapped.calls <= 2:
+            raise Overloaded("1024 requests are waiting; retry later")
+        return real(*a, **kw)
+
+    wrapped.calls = 0
+    return wrapped
+
+
+def test_the_rollout_adapter_fails_at_once_on_a_stopped_server_and_retries_a_busy_one(served, monkeypatch,
+                                                                                        tiny_tokenizer):
+    """``rollout.engine=openai`` retried the 503s of a loop that had stopped for good (5 retries, 3 s of backoff
+    a request) and then said to start the server; now the 503 is coded ``generation_stopped`` and the adapter
+    fails at once naming the server's cause. A 503 for a full queue (``server_busy``) is still retried."""
+    from types import SimpleNamespace
+
+    import requests
+
+    from relayrl.engines.generation.remote import RemoteGenerationEngine, RemoteSpec, ServerStopped
+
+    c, state = served
+    calls: list[int] = []
+    eng = RemoteGenerationEngine(RemoteSpec(base_url="http://testserver/v1", model="tiny", weight_sync="none",
+                                            retries=5, concurrency=1), tiny_tokenizer)
+    eng._requests = SimpleNamespace(Session=lambda: _Through(c, calls), ConnectionError=requests.ConnectionError,
+                                    Timeout=requests.Timeout)
+    params = SamplingParams(n=1, temperature=1.0, max_new_tokens=3)
+    prompt = tiny_tokenizer("1+1=")["input_ids"]
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(state.batcher, "submit_all", _overloaded_twice(state.batcher.submit_all))
+            (done,) = _call(eng.generate, [prompt], params)  # two 503s (server_busy), then served
+        assert calls == [503, 503, 200] and len(done.token_ids) == 3
+        monkeypatch.setattr(state.batcher.engine, "advance", _raising(state.batcher.engine.advance, None))
+        for _ in range(state.batcher.max_failures):
+            _call(c.post, "/v1/completions", json=BODY)
+        deadline = time.monotonic() + DEADLINE_S
+        while state.batcher.error is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        calls.clear()
+        t0 = time.monotonic()
+        with pytest.raises(ServerStopped) as e:
+            eng.generate([prompt], params, on_error=lambda f: pytest.fail(f"handed to on_error: {f}"))
+        assert calls == [503] and time.monotonic() - t0 < 2.5  # one request, no backoff (3.1 s of it before)
+        msg = str(e.value)
+        assert "generation loop has stopped" in msg and "CUDA out of memory" in msg and "not retried" in msg, msg
+    finally:
+        eng.close()

@@ -16,17 +16,25 @@ def every_third(prompt: Sequence[int]) -> bool:
     return sum(prompt) % 3 == 0
 
 
+STATUS_503 = {  # how: (message, code), as relayrl serve words them
+    "busy": ("the server is busy: 1024 requests are waiting; retry later", 503),
+    "stopped": ("the generation loop stopped: RuntimeError('CUDA error: an illegal memory access was "
+                "encountered'); restart relayrl serve", "generation_stopped")}
+
+
 class FakeServer:
     """``/v1/models`` and ``/v1/completions`` on a free loopback port. A request for a prompt that ``fails``
-    answers 500 (``how="error"``) or no reply for ``hang_s`` seconds (``how="hang"``); ``sampled_only``: only
-    requests with temperature > 0 fail (greedy evaluations get answers). ``choices``: the reply's choices for a
-    request body (None: random ids and log-probs). Every request body is kept in ``bodies``."""
+    answers 500 (``how="error"``), no reply for ``hang_s`` seconds (``how="hang"``), 503 as a busy server
+    (``how="busy"``, code 503) or as ``relayrl serve`` whose generation loop stopped (``how="stopped"``, code
+    ``generation_stopped``); with ``times`` a prompt fails only its first ``times`` requests. ``sampled_only``:
+    only requests with temperature > 0 fail (greedy evaluations get answers). ``choices``: the reply's choices
+    for a request body (None: random ids and log-probs). Every request body is kept in ``bodies``."""
 
     def __init__(self, fails: Callable[[Sequence[int]], bool] = every_third, how: str = "error",
                  hang_s: float = 3.0, sampled_only: bool = False,
-                 choices: Callable[[dict], list[dict]] | None = None) -> None:
+                 choices: Callable[[dict], list[dict]] | None = None, times: int | None = None) -> None:
         self.fails, self.how, self.hang_s, self.sampled_only = fails, how, hang_s, sampled_only
-        self.choices = choices
+        self.choices, self.times = choices, times
         self.failed: list[list[int]] = []  # the prompts of the requests that failed
         self.bodies: list[dict] = []  # every completions request, as sent
         server = self
@@ -50,8 +58,13 @@ class FakeServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.bodies.append(body)
                 prompt = list(body["prompt"])
-                if server.fails(prompt) and (body["temperature"] > 0 or not server.sampled_only):
+                again = server.times is None or server.failed.count(prompt) < server.times
+                if server.fails(prompt) and (body["temperature"] > 0 or not server.sampled_only) and again:
                     server.failed.append(prompt)
+                    if server.how in STATUS_503:
+                        message, code = STATUS_503[server.how]
+                        return self._reply(503, {"error": {"message": message, "type": "server_error",
+                                                           "param": None, "code": code}})
                     if server.how == "hang":
                         time.sleep(server.hang_s)
                         return self._reply(200, {"choices": []})

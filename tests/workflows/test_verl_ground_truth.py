@@ -73,11 +73,14 @@ def test_a_countdown_compute_score_trains_and_evaluates_on_dict_ground_truths(ca
                                       for s in samples)
     # the held-out rows' targets are 1, 3, 5 and 7
     assert steps[0]["eval/reward_mean"] == pytest.approx(0.54 + steps[0]["eval/accuracy"])
+    _assert_extras(sorted((run / "eval").glob("*_samples.jsonl")))  # (each evaluation's, as samples.jsonl)
+    assert all(s["numbers"] == 4 for s in samples)
     # relayrl eval --recipe: the same held-out rows, their dicts scored by the same function
     out = tmp_path / "ev"
     assert cli.main(["eval", "--model", str(run / "model"), "--out", str(out), "--recipe", *RUN, *over]) == 0, \
         capsys.readouterr().err
     report = json.loads((out / "eval.json").read_text())
+    _assert_extras([out / "eval_samples.jsonl"])
     assert report["metrics"]["eval/reward_mean"] == pytest.approx(0.54 + report["metrics"]["eval/accuracy"])
     # relayrl eval --data --user-fn (no recipe)
     out2 = tmp_path / "ev2"
@@ -87,6 +90,15 @@ def test_a_countdown_compute_score_trains_and_evaluates_on_dict_ground_truths(ca
     samples = _jsonl(out2 / "eval_samples.jsonl")
     assert [s["answer"] for s in samples] == [json.dumps(t) for t in TRUTHS[:4]]  # (the text: its JSON)
     assert all(s["reward"] == pytest.approx(_expected(s["prompt"], s["response"])) for s in samples)
+    _assert_extras([out2 / "eval_samples.jsonl"])
+
+
+def _assert_extras(paths: list[Path]) -> None:
+    """Every evaluation sample holds compute_score's keys beside "score" (they were dropped)."""
+    assert paths and all(p.is_file() for p in paths), paths
+    for p in paths:
+        for s in _jsonl(p):
+            assert s["numbers"] == 4 and s["target"] == int(s["prompt"].split("Make ", 1)[1].split()[0]), (p, s)
 
 
 def test_a_built_in_verifier_refuses_a_dict_ground_truth_naming_the_row(capsys, tmp_path, files):

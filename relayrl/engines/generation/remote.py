@@ -58,11 +58,21 @@ from relayrl.engines.generation.base import (Completion, RequestFailed, Sampling
 from relayrl.engines.generation.remote_sampling import request_body
 from relayrl.errors import UserError
 
-__all__ = ["RemoteSpec", "RemoteEngineError", "RemoteGenerationEngine", "parse_choice"]
+__all__ = ["RemoteSpec", "RemoteEngineError", "RemoteGenerationEngine", "parse_choice", "GENERATION_STOPPED",
+           "ServerStopped"]
+
+GENERATION_STOPPED = "generation_stopped"
+"""The error ``code`` of ``relayrl serve``'s 503 once its generation loop has stopped for good (it answers every
+request so until restarted): the adapter fails at once, naming the server's cause, instead of retrying."""
 
 
 class RemoteEngineError(UserError, RuntimeError):
     """The server could not be reached or refused a request; the message says which and what to check."""
+
+
+class ServerStopped(RemoteEngineError):
+    """The server's generation loop has stopped for good (a 503 coded ``generation_stopped``): every request
+    would fail the same way, so the rollout fails at once, whatever ``rollout.on_error`` says."""
 
 
 class RemoteSpec(BaseModel):
@@ -78,7 +88,7 @@ class RemoteSpec(BaseModel):
     concurrency: int = Field(64, ge=1, description="requests in flight")
     timeout_s: float = Field(600.0, gt=0, description="seconds a request may wait for its reply")
     retries: int = Field(5, ge=0, description="retries of a request refused with 502, 503 or 504 (busy, a gateway) "
-                         "or a dropped connection")
+                         "or a dropped connection; a 503 coded generation_stopped is not retried")
 
 
 def parse_choice(choice: dict) -> tuple[list[int], list[float]]:
@@ -133,8 +143,9 @@ class RemoteGenerationEngine:
         return s
 
     def _call(self, method: str, url: str, **kw) -> dict:
-        """One HTTP call with retries on 502/503/504 and dropped connections; the server's error message
-        otherwise, or the time limit when no reply came within ``timeout_s``."""
+        """One HTTP call with retries on 502/503/504 (busy, starting, a gateway) and dropped connections; the
+        server's error message otherwise (a 503 whose code is ``generation_stopped`` too, at once), or the time
+        limit when no reply came within ``timeout_s``."""
         err = ""
         for attempt in range(self.spec.retries + 1):
             try:
@@ -144,6 +155,9 @@ class RemoteGenerationEngine:
             except self._requests.Timeout:
                 raise RemoteEngineError(f"{url}: no reply within rollout.timeout_s={self.spec.timeout_s:g} s") from None
             else:
+                if r.status_code == 503 and _code(r) == GENERATION_STOPPED:  # (no retry can help)
+                    raise ServerStopped(f"{url} answered 503: the server's generation loop has stopped: "
+                                            f"{_message(r)} (not retried; restart the server)")
                 if r.status_code in (502, 503, 504):
                     err = f"{url}: {r.status_code} {r.text[:300]}"
                 elif r.status_code >= 400:
@@ -215,6 +229,8 @@ class RemoteGenerationEngine:
             for f in as_completed(futures):
                 try:
                     comps = f.result()
+                except ServerStopped:  # (not one request's failure: every later one would fail the same way)
+                    raise
                 except Exception as e:  # noqa: BLE001 - one request's failure: the caller's policy decides
                     failed = RequestFailed(futures[f], str(e) if isinstance(e, RemoteEngineError)
                                            else f"{type(e).__name__}: {e}")
@@ -334,3 +350,11 @@ def _message(r) -> str:
         return r.json()["error"]["message"]
     except Exception:  # noqa: BLE001 - a server whose errors are not OpenAI's JSON: show the text
         return r.text[:500]
+
+
+def _code(r) -> object:
+    """The OpenAI error body's ``code`` (None when the body is not OpenAI's error JSON)."""
+    try:
+        return r.json()["error"].get("code")
+    except Exception:  # noqa: BLE001 - a gateway's HTML page, an empty body
+        return None

@@ -165,12 +165,13 @@ class RewardEngine:
         return self._rm
 
     def verify(self, prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str | None],
-               columns: Columns | None = None) -> list[float]:
+               columns: Columns | None = None, extra: ExtraLog | None = None) -> list[float]:
         """The verifier plus the format term (unweighted verifier; no learned reward, no normalisation): what
-        held-out accuracy is measured with. ``columns``: as for :meth:`score`."""
+        held-out accuracy is measured with. ``columns``, ``extra``: as for :meth:`score_each`."""
         n = self._check_inputs(prompts, responses, answers, None, columns)
         if self._user:
-            verifier, _, _ = self._user_scores(list(prompts), list(responses), list(answers), self._rows(columns, n))
+            verifier, _, _ = self._user_scores(list(prompts), list(responses), list(answers), self._rows(columns, n),
+                                               extra)
             if any(v != v for v in verifier):  # reward.on_error=drop_group: no group to drop in an evaluation
                 log.warning("evaluation: the reward function failed on %d of %d rows, scored 0 (reward.on_error="
                             "drop_group)", sum(v != v for v in verifier), len(verifier))

@@ -97,9 +97,10 @@ class ExtraLog:
         return [dict(self._rows.get(i, {})) for i in range(min(n, self.keep))]
 
 
-def sample_fields(columns: dict[str, Any]) -> dict[str, Any]:
-    """A row's logged columns as a sample's fields: a name of :data:`OWN` prefixed ``extra_``."""
-    return {f"extra_{k}" if k in OWN else k: v for k, v in columns.items()}
+def sample_fields(columns: dict[str, Any], own: frozenset[str] = OWN) -> dict[str, Any]:
+    """A row's logged columns as a sample's fields: a name of the sample's own fields ``own`` (a training
+    sample's: :data:`OWN`) prefixed ``extra_``."""
+    return {f"extra_{k}" if k in own else k: v for k, v in columns.items()}
 
 
 def json_value(v: Any, column: str, i: int) -> Any:
