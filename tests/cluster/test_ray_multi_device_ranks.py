@@ -3,7 +3,6 @@ pool made with ``pack`` N is placed in runs of N bundles, one STRICT_PACK placem
 rank's actor sits on its run's first bundle and, on CUDA, sees the run's GPUs; what is refused, and that the
 vLLM worker processes a rank's engine starts go with the rank."""
 import importlib.util
-import os
 import time
 
 import pytest
