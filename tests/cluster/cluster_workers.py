@@ -238,9 +238,9 @@ class TPEngine(Worker):
 
     def children(self) -> list[int]:
         """The pids of this rank's live child processes (its vLLM workers among them)."""
-        import psutil
+        from tests.procs import descendants
 
-        return [p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+        return descendants()
 
     def sample(self, prompt: list[int]) -> list[int]:
         """Four tokens sampled from ``prompt`` (seeded)."""

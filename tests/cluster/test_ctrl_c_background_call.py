@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import descendants, kill_left, left_after
+
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
 CALL_S = 60.0  # how long the background call would run
@@ -56,19 +58,8 @@ def _driver(tmp_path: Path, style: str) -> tuple[subprocess.Popen, list[int]]:
     return driver, [int(p) for p in line.split()[1:]]
 
 
-def _running(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 @pytest.mark.parametrize("style", ["plain", "with"])
 def test_ctrl_c_during_a_background_call_exits_within_seconds_and_leaves_no_process(tmp_path, style):
-    import psutil
-
     driver, ranks = _driver(tmp_path, style)
     tree: list[int] = []
     try:
@@ -78,7 +69,7 @@ def test_ctrl_c_during_a_background_call_exits_within_seconds_and_leaves_no_proc
             assert driver.poll() is None and time.monotonic() < deadline, driver.stderr.read()[-3000:]
             time.sleep(0.05)
         children = [int(k.read_text()) for k in kids]
-        tree = [p.pid for p in psutil.Process(driver.pid).children(recursive=True)]
+        tree = descendants(driver.pid)
         assert set(ranks + children) <= set(tree)
         t0 = time.monotonic()
         os.killpg(driver.pid, signal.SIGINT)
@@ -93,17 +84,12 @@ def test_ctrl_c_during_a_background_call_exits_within_seconds_and_leaves_no_proc
         assert ("relayrl: interrupted: stopped the ranks of worker group 'busy' in 'start_child_then_sleep' "
                 "without waiting for the call") in err, err[-3000:]
         assert err.count("relayrl: interrupted:") == 1, err[-3000:]
-        gone = time.monotonic() + 5
-        while any(map(_running, tree)) and time.monotonic() < gone:
-            time.sleep(0.1)
-        left = [p for p in tree if _running(p)]
+        left = left_after(tree, 5.0)
         assert not left, f"processes {left} (ranks {ranks}, their children {children}) outlived a Ctrl-C"
     finally:
         if driver.poll() is None:
             driver.kill()
-        for pid in tree:
-            if _running(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_left(tree)
 
 
 def test_stopping_the_calls_in_flight_fails_the_running_and_queued_calls_and_spares_an_idle_group(tmp_path):
@@ -131,15 +117,11 @@ def test_stopping_the_calls_in_flight_fails_the_running_and_queued_calls_and_spa
         assert e.value.lost and time.monotonic() - t0 < EXIT_S
         with pytest.raises(RuntimeError, match="'pid' did not start, the run was interrupted"):
             queued.result(timeout=10)
-        gone = time.monotonic() + 5  # (SIGKILL is delivered, not awaited)
-        while any(map(_running, busy.pids() + kids)) and time.monotonic() < gone:
-            time.sleep(0.1)
-        assert not any(map(_running, busy.pids() + kids)), "the stopped ranks and what they started are gone"
+        # (SIGKILL is delivered, not awaited)
+        assert not left_after(busy.pids() + kids, 5.0), "the stopped ranks and what they started are gone"
         assert idle.all("pid") == idle.pids(), "a group with no call in flight is left as it was"
         assert stop_calls_in_flight() is None  # nothing runs any more
     finally:
         busy.shutdown()
         idle.shutdown()
-        for pid in kids:
-            if _running(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_left(kids)

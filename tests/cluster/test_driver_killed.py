@@ -3,13 +3,14 @@ even one busy in a call and one stuck in a collective waiting for it."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.procs import alive, kill_left, left_after
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -25,14 +26,6 @@ if __name__ == '__main__':
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"  # (a zombie has ended)
-    except FileNotFoundError:
-        return False
-
-
 def test_rank_processes_leave_when_the_driver_is_killed(tmp_path):
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
@@ -46,18 +39,13 @@ def test_rank_processes_leave_when_the_driver_is_killed(tmp_path):
         assert line.startswith("PIDS"), line + driver.stderr.read()[-2000:]
         ranks = [int(p) for p in line.split()[1:]]
         time.sleep(1.0)  # (the call has reached both ranks)
-        assert all(_alive(p) for p in ranks)
+        assert all(alive(p) for p in ranks)
         driver.kill()
         driver.wait(timeout=10)
-        deadline = time.monotonic() + 10.0
-        while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        left = [p for p in ranks if _alive(p)]
+        left = left_after(ranks, 10.0)
         assert not left, f"rank processes {left} outlived their driver"
         assert "the driver (pid" in driver.stderr.read()  # each rank said why it left (on the shared stderr)
     finally:
         if driver.poll() is None:
             driver.kill()
-        for p in ranks:
-            if _alive(p):
-                os.kill(p, signal.SIGKILL)
+        kill_left(ranks)

@@ -9,13 +9,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from cluster_workers import Parent
 from relayrl.cluster import CallTimeout, ClusterConfig, ResourcePool, WorkerError, WorkerGroup
+from tests.procs import alive, kill_left, left_after
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -32,27 +32,6 @@ if __name__ == '__main__':
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(") ", 1)[1][0] != "Z"  # (a zombie has ended)
-    except FileNotFoundError:
-        return False
-
-
-def _left(pids: list[int], within_s: float = WAIT_S) -> list[int]:
-    deadline = time.monotonic() + within_s
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return [p for p in pids if _alive(p)]
-
-
-def _kill(pids: list[int]) -> None:
-    for pid in pids:
-        if _alive(pid):
-            os.kill(pid, signal.SIGKILL)
-
-
 @pytest.fixture()
 def group():
     g = WorkerGroup(Parent, ResourcePool("kids", devices=2), name="kids", distributed=False)
@@ -63,11 +42,11 @@ def group():
 def test_what_a_rank_started_goes_with_it_at_shutdown(group):
     kids = group.all("start_child")
     try:
-        assert all(_alive(p) for p in kids)
+        assert all(alive(p) for p in kids)
         group.shutdown()
-        assert not _left(kids), f"processes {kids} the ranks started outlived the group's shutdown"
+        assert not left_after(kids, WAIT_S), f"processes {kids} the ranks started outlived the group's shutdown"
     finally:
-        _kill(kids)
+        kill_left(kids)
 
 
 def test_what_a_rank_killed_outright_started_is_stopped_with_the_group(group):
@@ -78,9 +57,9 @@ def test_what_a_rank_killed_outright_started_is_stopped_with_the_group(group):
             group.all("pid")
         assert e.value.lost and e.value.rank == 1
         group.shutdown()
-        assert not _left(kids), f"processes {kids} the ranks started outlived a rank killed with SIGKILL"
+        assert not left_after(kids, WAIT_S), f"processes {kids} the ranks started outlived a rank killed with SIGKILL"
     finally:
-        _kill(kids)
+        kill_left(kids)
 
 
 def test_a_call_timeout_stops_what_the_hung_ranks_started(tmp_path):
@@ -91,10 +70,10 @@ def test_a_call_timeout_stops_what_the_hung_ranks_started(tmp_path):
         with pytest.raises(CallTimeout):
             g.all("start_child_then_hang", str(tmp_path / "pid"))
         kids = [int((tmp_path / f"pid.{r}").read_text()) for r in range(2)]
-        assert not _left(kids), f"processes {kids} the hung ranks started outlived the call timeout"
+        assert not left_after(kids, WAIT_S), f"processes {kids} the hung ranks started outlived the call timeout"
     finally:
         g.shutdown()
-        _kill(kids)
+        kill_left(kids)
 
 
 def _driver(tmp_path: Path, **popen) -> tuple[subprocess.Popen, list[int], list[int]]:
@@ -116,15 +95,15 @@ def _driver(tmp_path: Path, **popen) -> tuple[subprocess.Popen, list[int], list[
 def test_a_killed_driver_leaves_no_rank_and_nothing_a_rank_started(tmp_path):
     driver, ranks, kids = _driver(tmp_path)
     try:
-        assert all(_alive(p) for p in ranks + kids)
+        assert all(alive(p) for p in ranks + kids)
         driver.kill()
         driver.wait(timeout=10)
-        left = _left(ranks + kids)
+        left = left_after(ranks + kids, WAIT_S)
         assert not left, f"processes {left} (ranks {ranks}, their children {kids}) outlived their driver (SIGKILL)"
     finally:
         if driver.poll() is None:
             driver.kill()
-        _kill(ranks + kids)
+        kill_left(ranks + kids)
 
 
 def test_ctrl_c_of_the_driver_stops_the_ranks_and_what_they_started(tmp_path):
@@ -135,12 +114,12 @@ def test_ctrl_c_of_the_driver_stops_the_ranks_and_what_they_started(tmp_path):
         assert all(os.getpgid(p) == p for p in ranks), "each rank leads a process group of its own"
         os.killpg(driver.pid, signal.SIGINT)
         driver.wait(timeout=60)
-        left = _left(ranks + kids)
+        left = left_after(ranks + kids, WAIT_S)
         assert not left, f"processes {left} (ranks {ranks}, their children {kids}) outlived a Ctrl-C of the driver"
     finally:
         if driver.poll() is None:
             driver.kill()
-        _kill(ranks + kids)
+        kill_left(ranks + kids)
 
 
 def test_each_ranks_process_group_is_stopped_once(group, monkeypatch):

@@ -3,7 +3,6 @@ pool made with ``pack`` N is placed in runs of N bundles, one STRICT_PACK placem
 rank's actor sits on its run's first bundle and, on CUDA, sees the run's GPUs; what is refused, and that the
 vLLM worker processes a rank's engine starts go with the rank."""
 import importlib.util
-import os
 import time
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from cluster_workers import Echo
 from ray_local import local_ray
 from relayrl.cluster import ClusterConfig, PlacementError, ResourcePool, WorkerGroup
+from tests.procs import left_after
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")
 
@@ -118,27 +118,6 @@ def test_a_run_no_node_can_hold_is_refused_at_once(ray_cluster):
 
 
 # -- vLLM's worker processes inside a rank actor -------------------------------------------------------------
-def _alive(pids: list[int]) -> list[int]:
-    import psutil
-
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
-def _gone(pids: list[int], within_s: float = 30.0) -> list[int]:
-    """``pids`` still alive after up to ``within_s`` seconds."""
-    deadline = time.monotonic() + within_s
-    while _alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return _alive(pids)
-
-
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.ray
@@ -171,4 +150,4 @@ def test_a_ranks_vllm_workers_live_and_die_with_its_actor(ray_cluster, tiny_toke
                 ray.kill(g._ranks.actors[0], no_restart=True)
         finally:
             g.shutdown()
-        assert _gone(children) == [], f"vLLM worker processes outlived the rank actor ({how})"
+        assert not left_after(children, 30.0, every_s=0.5), f"vLLM worker processes outlived the rank actor ({how})"

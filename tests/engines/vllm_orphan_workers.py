@@ -20,7 +20,6 @@ class EngineCoreHolder(Worker):
 
     def children(self) -> list[int]:
         """This rank's live descendants, but multiprocessing's resource tracker (it leaves when its pipe closes)."""
-        import psutil
+        from tests.procs import descendants
 
-        return [p.pid for p in psutil.Process().children(recursive=True)
-                if "resource_tracker" not in " ".join(p.cmdline())]
+        return descendants(skip_cmdline="resource_tracker")

@@ -5,7 +5,6 @@ a session of their own until the code ended by itself (a ``sleep`` for ever)."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from relayrl.environments.sandbox import check_available
+from tests.procs import descendants, kill_left, left_after
 
 try:
     check_available()
@@ -56,24 +56,6 @@ if __name__ == '__main__':
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(") ", 1)[1][0] != "Z"  # (a zombie has ended)
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
-def _tree(pid: int) -> list[int]:
-    """Every descendant of ``pid`` running now."""
-    import psutil
-
-    try:
-        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
 def _jailed(pids: list[int]) -> list[int]:
     """Those of ``pids`` that are sandboxed code (``python ... /work/main.py`` inside the jail)."""
     out = []
@@ -90,28 +72,25 @@ def _jailed(pids: list[int]) -> list[int]:
 def _kill_when_jailed(parent: subprocess.Popen, n: int, within_s: float) -> list[int]:
     """Wait until ``n`` sandboxed programs run under ``parent``, then SIGKILL ``parent``; the tree it had."""
     deadline = time.monotonic() + within_s
-    while len(_jailed(_tree(parent.pid))) < n:
+    while len(_jailed(descendants(parent.pid))) < n:
         if parent.poll() is not None or time.monotonic() > deadline:
             out, err = parent.communicate(timeout=5)
             pytest.fail(f"{n} sandboxed programs did not start under pid {parent.pid} within {within_s:g} s "
                         f"(exit {parent.returncode}): {err[-3000:]}")
         time.sleep(0.1)
-    tree = _tree(parent.pid)
+    tree = descendants(parent.pid)
     parent.kill()
     parent.wait(timeout=10)
     return tree
 
 
 def _left_after(tree: list[int], within_s: float = WAIT_S) -> list[str]:
-    deadline = time.monotonic() + within_s
-    while any(_alive(p) for p in tree) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    """Those of ``tree`` still running after up to ``within_s`` seconds, each with its command line."""
     left = []
-    for pid in tree:
-        if _alive(pid):
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            left.append(f"{pid}: {cmd[:100]}")
+    for pid in left_after(tree, within_s):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        left.append(f"{pid}: {cmd[:100]}")
     return left
 
 
@@ -119,9 +98,7 @@ def _cleanup(parent: subprocess.Popen, tree: list[int]) -> None:
     if parent.poll() is None:
         parent.kill()
         parent.wait(timeout=10)
-    for pid in tree + _tree(parent.pid):  # (unshare first: --kill-child takes the jail with it)
-        if _alive(pid):
-            os.kill(pid, signal.SIGKILL)
+    kill_left(tree + descendants(parent.pid))  # (unshare first: --kill-child takes the jail with it)
 
 
 def _env(*extra: Path) -> dict[str, str]:

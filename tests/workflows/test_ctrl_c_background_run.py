@@ -10,11 +10,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from e2e_cli import FAST, ROOT
+from tests.procs import descendants, kill_left, left_after
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -43,18 +43,7 @@ if __name__ == '__main__':
 """
 
 
-def _running(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def test_ctrl_c_of_a_run_with_a_call_in_the_background_exits_within_seconds(tmp_path):
-    import psutil
-
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     path = [str(ROOT / "tests" / "cluster"), str(ROOT / "tests" / "workflows"), str(ROOT),
@@ -73,7 +62,7 @@ def test_ctrl_c_of_a_run_with_a_call_in_the_background_exits_within_seconds(tmp_
         while not all(k.exists() and k.read_text() for k in kids):  # the side call runs on both of its ranks
             assert driver.poll() is None and time.monotonic() < deadline, driver.stderr.read()[-3000:]
             time.sleep(0.05)
-        tree = [p.pid for p in psutil.Process(driver.pid).children(recursive=True)]
+        tree = descendants(driver.pid)
         children = [int(k.read_text()) for k in kids]
         assert set(children) <= set(tree)
         t0 = time.monotonic()
@@ -89,14 +78,9 @@ def test_ctrl_c_of_a_run_with_a_call_in_the_background_exits_within_seconds(tmp_
         assert "Traceback" not in err and "relayrl: interrupted at step " in err, err[-3000:]
         assert ("relayrl: interrupted: stopped the ranks of worker group 'side' in 'start_child_then_sleep' "
                 "without waiting for the call") in err, err[-3000:]
-        gone = time.monotonic() + 5
-        while any(map(_running, tree)) and time.monotonic() < gone:
-            time.sleep(0.1)
-        left = [p for p in tree if _running(p)]
+        left = left_after(tree, 5.0)
         assert not left, f"processes {left} of the interrupted run (children {children}) are still alive"
     finally:
         if driver.poll() is None:
             driver.kill()
-        for pid in tree:
-            if _running(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_left(tree)

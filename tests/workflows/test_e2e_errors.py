@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from e2e_cli import FAST, ROOT, relayrl
+from tests.procs import descendants, running
 
 SFT = "recipes/arith_sft.yaml"
 
@@ -125,9 +126,7 @@ def test_ctrl_c_says_the_step_exits_130_and_leaves_no_process(tmp_path, recipe, 
     while not any((run / "checkpoints").glob("step-*/manifest.json")) and time.time() < deadline:
         assert proc.poll() is None, proc.stderr.read()[-3000:]
         time.sleep(0.05)
-    import psutil
-
-    tree = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]  # (ranks lead groups of their own)
+    tree = descendants(proc.pid)  # (ranks lead groups of their own)
     if sig == signal.SIGINT:
         os.killpg(proc.pid, signal.SIGINT)
     else:
@@ -137,22 +136,16 @@ def test_ctrl_c_says_the_step_exits_130_and_leaves_no_process(tmp_path, recipe, 
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     assert "relayrl: interrupted at step " in err and "resume with run.resume=auto" in err
     assert f"the last checkpoint is {run / 'checkpoints'}" in err
-    def running(pid: int) -> bool:
-        try:
-            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
-
     gone = time.time() + 30
     while time.time() < gone:
         try:
             os.killpg(proc.pid, 0)
         except ProcessLookupError:
-            if not any(map(running, tree)):
+            if not running(tree):
                 break
         time.sleep(0.2)
     else:
-        pytest.fail(f"processes of the interrupted run are still alive: {[p for p in tree if running(p)]}")
+        pytest.fail(f"processes of the interrupted run are still alive: {running(tree)}")
     assert not (run / "model").exists()
     done = steps(run)[-1]
     r = relayrl("train", recipe, f"trainer.steps={done + 2}", f"run.dir={run}", "run.resume=auto", *FAST)

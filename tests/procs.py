@@ -1,0 +1,67 @@
+"""Process checks for the tests that kill a parent and look for what it left behind (Linux: reads /proc).
+
+A zombie counts as gone everywhere here: it has ended, only its parent has not reaped it yet (a parent killed
+outright never will, until init does).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` is running: it exists and is neither a zombie (``Z``) nor dead (``X``)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]  # (the command in parentheses may hold spaces)
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def running(pids: list[int]) -> list[int]:
+    """Those of ``pids`` that are running now, in their order."""
+    return [p for p in pids if alive(p)]
+
+
+def left_after(pids: list[int], within_s: float, every_s: float = 0.1) -> list[int]:
+    """Poll every ``every_s`` seconds until none of ``pids`` runs or ``within_s`` seconds have passed; those
+    still running then (empty: all gone in time)."""
+    deadline = time.monotonic() + within_s
+    while running(pids) and time.monotonic() < deadline:
+        time.sleep(every_s)
+    return running(pids)
+
+
+def kill_left(pids: list[int]) -> None:
+    """SIGKILL each of ``pids`` that still runs (a test's cleanup); one gone already, or gone meanwhile, is
+    skipped."""
+    for pid in running(pids):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def descendants(pid: int | None = None, *, skip_cmdline: str | None = None) -> list[int]:
+    """The running descendants of ``pid`` (default: this process), children's children included; empty if
+    ``pid`` itself is gone. ``skip_cmdline``: leave out those whose command line contains it (e.g.
+    ``"resource_tracker"``, multiprocessing's helper that lives as long as its owner)."""
+    import psutil
+
+    try:
+        tree = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    out = []
+    for p in tree:
+        try:
+            if skip_cmdline is not None and skip_cmdline in " ".join(p.cmdline()):
+                continue
+        except psutil.NoSuchProcess:  # (ended since: ZombieProcess is one)
+            continue
+        if alive(p.pid):
+            out.append(p.pid)
+    return out
