@@ -28,6 +28,9 @@ the local backend has (`call`, `pids`, `shutdown`):
   actor that dies surfaces as `RayActorError`. Both become `WorkerError`.
   Actors that do not answer a call within `cluster.call_timeout_s` (start-up:
   `start_timeout_s`) raise `CallTimeout` once every actor of the group is killed.
+* Each rank actor leads a process group of its own with a reaper in it (:mod:`relayrl.cluster.reaper`):
+  whatever the actor started is SIGKILLed once the actor has ended, however it ended (`ray.kill`, SIGKILL, a
+  lost raylet, `ray.shutdown`), whether or not Ray's own clean-up is on.
 
 Departure: results come back through the driver with `ray.get` (no object-ref
 passing between groups yet).
@@ -51,6 +54,7 @@ from relayrl.cluster.config import ClusterConfig
 from relayrl.cluster.errors import PlacementError, WorkerError
 from relayrl.cluster.fit import fit_error
 from relayrl.cluster.pool import ResourcePool
+from relayrl.cluster.reaper import lead_group_with_reaper
 from relayrl.cluster.rank import START_CALL, RankRuntime, Replies, Reply, StartSpec, error_reply, free_port
 from relayrl.cluster.worker import RankInfo
 
@@ -74,6 +78,7 @@ class _RankHost:
 
     def __init__(self) -> None:
         self.runtime: RankRuntime | None = None
+        self.reaper = lead_group_with_reaper()  # (what the rank starts goes with the actor, however it ends)
 
     def where(self) -> tuple[str, int, int, str]:
         """(node IP, a free port on that node, pid, node id)."""

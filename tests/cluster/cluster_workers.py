@@ -270,6 +270,15 @@ class Parent(Worker):
         self.children.append(subprocess.Popen(["sleep", "600"]))
         return self.children[-1].pid
 
+    def start_grandchild(self) -> tuple[int, int]:
+        """Start a shell that starts a ten-minute child of its own (as a vLLM engine core starts its workers):
+        (the shell's pid, its child's)."""
+        import subprocess
+
+        self.children.append(subprocess.Popen(["sh", "-c", "sleep 600 & echo $!; wait"], stdout=subprocess.PIPE,
+                                              text=True))
+        return self.children[-1].pid, int(self.children[-1].stdout.readline())
+
     def start_child_then_hang(self, pid_file: str) -> None:
         """Start a child, write its pid to ``pid_file``.<rank>, then hang (for ``cluster.call_timeout_s``)."""
         pid = self.start_child()
