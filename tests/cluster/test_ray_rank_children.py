@@ -20,7 +20,7 @@ import pytest
 from cluster_workers import Parent
 from ray_local import local_ray
 from relayrl.cluster import ResourcePool, WorkerError, make_group
-from test_rank_children import _alive, _kill, _left
+from tests.procs import alive, kill_left, left_after
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")]
@@ -52,7 +52,7 @@ def test_what_a_rank_actor_started_goes_with_the_actor(ray_without_cleanup, how)
     kids: list[int] = []
     try:
         kids = _started(g)
-        assert len(kids) == 6 and all(_alive(p) for p in kids)
+        assert len(kids) == 6 and all(alive(p) for p in kids)
         if how == "ray.kill":  # (a call timeout, Ctrl-C's stop of the calls in flight)
             g._ranks.stop_now(0.0)
         elif how == "sigkill":  # (the OOM killer)
@@ -60,14 +60,14 @@ def test_what_a_rank_actor_started_goes_with_the_actor(ray_without_cleanup, how)
             with pytest.raises(WorkerError) as e:
                 g.all("pid")
             assert e.value.lost and e.value.rank == 1
-            left = _left([kids[1], kids[4], kids[5]])  # rank 1's child, its shell and the shell's child
+            left = left_after([kids[1], kids[4], kids[5]], 15.0)  # rank 1's child, its shell and the shell's child
             assert not left, f"processes {left} a SIGKILLed rank actor started outlived it"
         g.shutdown()
-        left = _left(kids)
+        left = left_after(kids, 15.0)
         assert not left, f"processes {left} of {kids} the rank actors started outlived {how}"
     finally:
         g.shutdown()
-        _kill(kids)
+        kill_left(kids)
 
 
 DRIVER = """
@@ -97,14 +97,14 @@ def test_a_killed_driver_leaves_nothing_a_rank_actor_started(tmp_path):
             driver.kill()
             pytest.fail(line + driver.communicate(timeout=10)[1][-3000:])
         pids = [int(p) for p in line.split()[1:]]
-        assert all(_alive(p) for p in pids)
+        assert all(alive(p) for p in pids)
         driver.kill()  # SIGKILL: no ray.shutdown, no atexit
         driver.wait(timeout=10)
-        left = _left(pids, within_s=30.0)
+        left = left_after(pids, 30.0)
         assert not left, f"processes {left} (actors {pids[:2]}, what they started {pids[2:]}) outlived the driver"
     finally:
         if driver.poll() is None:
             driver.kill()
-        _kill(pids)
+        kill_left(pids)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(driver.pid, signal.SIGKILL)  # (Ray's own processes the driver started, if any are left)

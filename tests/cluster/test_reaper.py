@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from test_rank_children import _alive, _kill, _left
+from tests.procs import alive, kill_left, left_after
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs pidfds")]
 
@@ -36,12 +36,12 @@ def test_a_killed_group_leader_takes_its_children_and_theirs_with_it():
         assert [os.getpgid(p) for p in pids] == [me] * 4, "the actor leads a group that all it started joins"
         with open(f"/proc/{reaper}/stat") as f:
             assert int(f.read().rsplit(") ", 1)[1].split()[1]) != me, "the reaper is no child of the actor"
-        assert _alive(reaper) and _alive(sleep)
+        assert alive(reaper) and alive(sleep)
         os.kill(me, signal.SIGKILL)
         actor.wait(timeout=10)
-        left = _left(pids, within_s=10.0)
+        left = left_after(pids, 10.0)
         assert not left, f"processes {left} (reaper {reaper}, shell {sh}, its child {sleep}) outlived the actor"
     finally:
         if actor.poll() is None:
             actor.kill()
-        _kill(pids)
+        kill_left(pids)
