@@ -46,6 +46,7 @@ from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.environments.base import (EnvError, EnvFactory, Episode, EpisodeEnd, EpisodeSummary, awaited,
                                       check_step_result)
 from relayrl.data.plain_text import EnvText, EnvTextEncoder, env_parts
+from relayrl.environments.user_prints import captured_prints, note_env_prints
 
 __all__ = ["EpisodeLimits", "run_episodes", "episode_metrics"]
 
@@ -93,6 +94,13 @@ def _where(exc: BaseException) -> str:
             own.append(f)
     f = (own or installed or [None])[-1]
     return "" if f is None else f" (at {f.filename}:{f.lineno} in {f.name})"
+
+
+def _env_name(env, make_env: EnvFactory) -> str:
+    """The environment's class name (the factory's name while it has made none)."""
+    if env is None or env is _FAILED:
+        return getattr(make_env, "__qualname__", None) or type(make_env).__name__
+    return type(env).__qualname__
 
 
 def _raised(what: str, exc: Exception) -> str:
@@ -253,11 +261,13 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             lv.step_deadline = time.monotonic() + limits.step_timeout_s
             epoch = lv.epoch
         t0 = time.monotonic()
-        try:
-            out = awaited(fn())  # (an async def reset or step: run to its end here)
-            err = None
-        except Exception as e:  # an environment's or a tool's own failure: the episode ends, the run goes on
-            out, err = None, _raised(what, e)
+        with captured_prints() as printed:  # (its prints are not the console's: user_prints)
+            try:
+                out = awaited(fn())  # (an async def reset or step: run to its end here)
+                err = None
+            except Exception as e:  # an environment's or a tool's own failure: the episode ends, the run goes on
+                out, err = None, _raised(what, e)
+        note_env_prints(_env_name(lv.env if lv.env is not None else out, make_env), what, printed)
         with feed.lock:
             if counted:
                 lv.ep.env_seconds += time.monotonic() - t0

@@ -22,7 +22,7 @@ str}``: the sandbox of :mod:`relayrl.environments.sandbox`; what it prints is th
 :class:`ToolError` for a bad call by the model (that becomes an ``<error>`` observation); any other
 exception is the tool's own failure and ends the episode as an environment error. A plain function serves as
 a tool too (:class:`FunctionTool`, TRL's form: its name, its docstring, its arguments by keyword). What a
-tool prints is kept off the console and said once per tool (:mod:`relayrl.environments.tool_prints`).
+tool prints is kept off the console and said once per tool (:mod:`relayrl.environments.user_prints`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 from relayrl.data.tasks import Problem
 from relayrl.environments.base import EnvError, StepResult, awaited
 from relayrl.environments.sandbox import SandboxConfig, run_python
-from relayrl.environments.tool_prints import captured_prints, note_prints
+from relayrl.environments.user_prints import captured_prints, note_tool_prints
 from relayrl.data.plain_text import markup
 
 __all__ = ["Tool", "ToolError", "ToolCall", "parse_tool_call", "format_call", "Calculator", "PythonTool",
@@ -246,7 +246,7 @@ class ToolEnvironment:
                               info={"tool": call.name, "tool_error": True})
         printed = None
         try:
-            with captured_prints() as printed:  # (its prints are not the console's: tool_prints)
+            with captured_prints() as printed:  # (its prints are not the console's: user_prints)
                 out = awaited(tool(call.arguments))
         except ToolError as e:
             return StepResult(self._wrap("error", str(e)), info={"tool": call.name, "tool_error": True})
@@ -254,7 +254,7 @@ class ToolEnvironment:
             raise EnvError(f"tool {call.name!r} raised {type(e).__name__}: {e}") from e
         finally:
             if printed is not None:
-                note_prints(call.name, printed)
+                note_tool_prints(call.name, printed)
         if not isinstance(out, str):
             raise EnvError(f"tool {call.name!r} returned {type(out).__name__}; a tool returns str")
         return StepResult(self._wrap("result", out), info={"tool": call.name})
