@@ -46,6 +46,7 @@ from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.environments.base import (EnvError, EnvFactory, Episode, EpisodeEnd, EpisodeSummary, awaited,
                                       check_step_result)
 from relayrl.data.plain_text import EnvText, EnvTextEncoder, env_parts
+from relayrl.environments.extras import step_extras
 from relayrl.environments.user_prints import captured_prints, note_env_prints
 
 __all__ = ["EpisodeLimits", "run_episodes", "episode_metrics"]
@@ -313,6 +314,7 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             return
         try:
             result = check_step_result(raw, f"{type(lv.env).__name__}.step")
+            extras = step_extras(result.info, f"{type(lv.env).__name__}.step")
         except Exception as e:
             with feed.lock:
                 feed.end(lv, EpisodeEnd.ERROR, str(e))
@@ -327,6 +329,7 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             if ep.end is not None:
                 return
             ep.reward += float(result.reward)
+            ep.extras.update(extras)
             ep.tool_calls += int("tool" in result.info)
             if result.observation:
                 ep.observations.append(str(result.observation))

@@ -32,7 +32,7 @@ import inspect
 import json
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, Mapping, NamedTuple, Protocol, runtime_checkable
 
 from relayrl.data.tasks import Problem
 from relayrl.environments.base import EnvError, StepResult, awaited
@@ -220,11 +220,22 @@ BUILTIN_TOOLS: dict[str, Callable[[SandboxConfig], Tool]] = {
 }
 
 
+class FinalScore(NamedTuple):
+    """What a tool environment's ``score`` may return for a final answer: its reward and the sample columns the
+    reward functions logged for it (``log_extra``, a verl dict's extras), which reach the episode's record
+    (:mod:`relayrl.environments.extras`)."""
+
+    reward: float
+    extras: dict[str, Any]
+
+
 class ToolEnvironment:
     """The built-in environment: tool calls get results; a turn without one is the final answer, scored by
-    ``score(problem, answer_text)`` (the task's verifier). Observations are capped at ``max_chars``."""
+    ``score(problem, answer_text)`` (the task's verifier: a float, or a :class:`FinalScore` with the columns
+    its reward functions logged). Observations are capped at ``max_chars``."""
 
-    def __init__(self, tools: dict[str, Tool], score: Callable[[Problem, str], float], *, tag: str = "tool",
+    def __init__(self, tools: dict[str, Tool], score: Callable[[Problem, str], float | FinalScore], *,
+                 tag: str = "tool",
                  max_chars: int = 512, turn: Callable[[str], str] | None = None) -> None:
         self.tools, self.score, self.tag, self.max_chars, self.turn = tools, score, tag, max_chars, turn
         self.problem: Problem | None = None
@@ -239,7 +250,11 @@ class ToolEnvironment:
         except ToolError as e:
             return StepResult(self._wrap("error", str(e)), info={"tool": "?", "tool_error": True})
         if call is None:
-            return StepResult("", reward=float(self.score(self.problem, action)), done=True)
+            got = self.score(self.problem, action)
+            if isinstance(got, FinalScore):
+                return StepResult("", reward=float(got.reward), done=True,
+                                  info={"log_extra": dict(got.extras)} if got.extras else {})
+            return StepResult("", reward=float(got), done=True)
         tool = self.tools.get(call.name)
         if tool is None:
             return StepResult(self._wrap("error", f"unknown tool {call.name!r}; tools: {', '.join(self.tools)}"),
