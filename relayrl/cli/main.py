@@ -412,7 +412,8 @@ def cmd_serve(args) -> int:
 
     key = _api_key(args.api_key_file)
     limits = ServeLimits(max_body_bytes=args.max_body_bytes, max_tokens=args.max_tokens, max_n=args.max_n,
-                         max_waiting=args.max_waiting, body_timeout_s=args.body_timeout_s)
+                         max_waiting=args.max_waiting, body_timeout_s=args.body_timeout_s,
+                         weight_load_timeout_s=args.weight_load_timeout_s)
     serve(args.model_dir, host=args.host, port=args.port, api_key=key, limits=limits, max_batch=args.max_batch,
           dtype=args.dtype, device=args.device, seed=args.seed, threads=args.threads, name=args.name,
           generation_config=args.generation_config)
@@ -528,6 +529,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-body-bytes", type=argtypes.int_at_least(1024), default=1 << 20, help="largest request body")
     sv.add_argument("--body-timeout-s", type=argtypes.positive_float, default=60.0,
                     help="seconds to receive a request body before 408 (weights payloads: 600)")
+    sv.add_argument("--weight-load-timeout-s", type=argtypes.positive_float, default=600.0,
+                    help="seconds a weight load may take to apply (the running batch drains first) before 503")
     sv.add_argument("--max-waiting", type=argtypes.int_at_least(1), default=1024, help="queued requests before 503")
     sv.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     sv.add_argument("--generation-config", choices=["auto", "none"], default="auto", help="auto: a request that "

@@ -122,6 +122,10 @@ class Episode:
     token_versions: list[int] = field(default_factory=list)
     """The weight version of each token: the one that sampled it for the model's tokens, the episode's
     latest for the environment's (a partial rollout may swap weights between, or inside, turns)."""
+    extras: dict[str, Any] = field(default_factory=dict)
+    """Columns for the episode's sample record (``RUN_DIR/samples.jsonl``), from a step's
+    ``info["log_extra"]``: the tools environment's final answer puts there what the reward functions logged
+    for it (``log_extra``, a verl dict's extras), as a single-turn response's are."""
     routed_experts: Any = None
     """An engine that records MoE routing: its last turn's ``Completion.routed_experts``, which cover the prompt
     and every token before that turn's last (each turn prefills the whole context again); None otherwise."""

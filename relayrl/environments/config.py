@@ -19,7 +19,8 @@ from relayrl.data.tasks import Problem
 from relayrl.engines.reward.config import RewardConfig
 from relayrl.environments.base import EnvFactory, Environment
 from relayrl.environments.sandbox import SandboxConfig, check_available
-from relayrl.environments.tools import BUILTIN_TOOLS, FunctionTool, Tool, ToolEnvironment, chat_tool_turn
+from relayrl.environments.tools import (BUILTIN_TOOLS, FinalScore, FunctionTool, Tool, ToolEnvironment,
+                                        chat_tool_turn)
 from relayrl.errors import UserError
 from relayrl.plugins import absolute_file, resolve
 
@@ -243,12 +244,16 @@ def build_env_factory(spec: EpisodeSpec, tokenizer=None) -> EnvFactory:
     with ``tokenizer``'s chat template for ``env.tool_results=chat``."""
     from relayrl.data.tasks import make_task
     from relayrl.engines.reward import RewardEngine
+    from relayrl.engines.reward.extra import ExtraLog
 
     score = None
     if spec.env.name == "tools":
         task = make_task(spec.task, **spec.task_options) if spec.task is not None else None
         engine = RewardEngine(spec.reward, task=task)
 
-        def score(problem: Problem, text: str) -> float:
-            return engine.score([problem.prompt], [text], [problem.answer], columns=[problem.meta.get("fields")])[0][0]
+        def score(problem: Problem, text: str) -> FinalScore:  # (with what its functions logged: log_extra)
+            extra = ExtraLog(1)
+            rewards, _, _ = engine.score_each([problem.prompt], [text], [problem.answer],
+                                              columns=[problem.meta.get("fields")], extra=extra)
+            return FinalScore(rewards[0], extra.rows(1)[0])
     return load_env_factory(spec.env, score, tokenizer, spec.template_kwargs)

@@ -46,6 +46,8 @@ from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.environments.base import (EnvError, EnvFactory, Episode, EpisodeEnd, EpisodeSummary, awaited,
                                       check_step_result)
 from relayrl.data.plain_text import EnvText, EnvTextEncoder, env_parts
+from relayrl.environments.extras import step_extras
+from relayrl.environments.user_prints import captured_prints, note_env_prints
 
 __all__ = ["EpisodeLimits", "run_episodes", "episode_metrics"]
 
@@ -93,6 +95,13 @@ def _where(exc: BaseException) -> str:
             own.append(f)
     f = (own or installed or [None])[-1]
     return "" if f is None else f" (at {f.filename}:{f.lineno} in {f.name})"
+
+
+def _env_name(env, make_env: EnvFactory) -> str:
+    """The environment's class name (the factory's name while it has made none)."""
+    if env is None or env is _FAILED:
+        return getattr(make_env, "__qualname__", None) or type(make_env).__name__
+    return type(env).__qualname__
 
 
 def _raised(what: str, exc: Exception) -> str:
@@ -253,11 +262,13 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             lv.step_deadline = time.monotonic() + limits.step_timeout_s
             epoch = lv.epoch
         t0 = time.monotonic()
-        try:
-            out = awaited(fn())  # (an async def reset or step: run to its end here)
-            err = None
-        except Exception as e:  # an environment's or a tool's own failure: the episode ends, the run goes on
-            out, err = None, _raised(what, e)
+        with captured_prints() as printed:  # (its prints are not the console's: user_prints)
+            try:
+                out = awaited(fn())  # (an async def reset or step: run to its end here)
+                err = None
+            except Exception as e:  # an environment's or a tool's own failure: the episode ends, the run goes on
+                out, err = None, _raised(what, e)
+        note_env_prints(_env_name(lv.env if lv.env is not None else out, make_env), what, printed)
         with feed.lock:
             if counted:
                 lv.ep.env_seconds += time.monotonic() - t0
@@ -303,6 +314,7 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             return
         try:
             result = check_step_result(raw, f"{type(lv.env).__name__}.step")
+            extras = step_extras(result.info, f"{type(lv.env).__name__}.step")
         except Exception as e:
             with feed.lock:
                 feed.end(lv, EpisodeEnd.ERROR, str(e))
@@ -317,6 +329,7 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             if ep.end is not None:
                 return
             ep.reward += float(result.reward)
+            ep.extras.update(extras)
             ep.tool_calls += int("tool" in result.info)
             if result.observation:
                 ep.observations.append(str(result.observation))

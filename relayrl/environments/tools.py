@@ -22,7 +22,7 @@ str}``: the sandbox of :mod:`relayrl.environments.sandbox`; what it prints is th
 :class:`ToolError` for a bad call by the model (that becomes an ``<error>`` observation); any other
 exception is the tool's own failure and ends the episode as an environment error. A plain function serves as
 a tool too (:class:`FunctionTool`, TRL's form: its name, its docstring, its arguments by keyword). What a
-tool prints is kept off the console and said once per tool (:mod:`relayrl.environments.tool_prints`).
+tool prints is kept off the console and said once per tool (:mod:`relayrl.environments.user_prints`).
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ import inspect
 import json
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, Mapping, NamedTuple, Protocol, runtime_checkable
 
 from relayrl.data.tasks import Problem
 from relayrl.environments.base import EnvError, StepResult, awaited
 from relayrl.environments.sandbox import SandboxConfig, run_python
-from relayrl.environments.tool_prints import captured_prints, note_prints
+from relayrl.environments.user_prints import captured_prints, note_tool_prints
 from relayrl.data.plain_text import markup
 
 __all__ = ["Tool", "ToolError", "ToolCall", "parse_tool_call", "format_call", "Calculator", "PythonTool",
@@ -220,11 +220,22 @@ BUILTIN_TOOLS: dict[str, Callable[[SandboxConfig], Tool]] = {
 }
 
 
+class FinalScore(NamedTuple):
+    """What a tool environment's ``score`` may return for a final answer: its reward and the sample columns the
+    reward functions logged for it (``log_extra``, a verl dict's extras), which reach the episode's record
+    (:mod:`relayrl.environments.extras`)."""
+
+    reward: float
+    extras: dict[str, Any]
+
+
 class ToolEnvironment:
     """The built-in environment: tool calls get results; a turn without one is the final answer, scored by
-    ``score(problem, answer_text)`` (the task's verifier). Observations are capped at ``max_chars``."""
+    ``score(problem, answer_text)`` (the task's verifier: a float, or a :class:`FinalScore` with the columns
+    its reward functions logged). Observations are capped at ``max_chars``."""
 
-    def __init__(self, tools: dict[str, Tool], score: Callable[[Problem, str], float], *, tag: str = "tool",
+    def __init__(self, tools: dict[str, Tool], score: Callable[[Problem, str], float | FinalScore], *,
+                 tag: str = "tool",
                  max_chars: int = 512, turn: Callable[[str], str] | None = None) -> None:
         self.tools, self.score, self.tag, self.max_chars, self.turn = tools, score, tag, max_chars, turn
         self.problem: Problem | None = None
@@ -239,14 +250,18 @@ class ToolEnvironment:
         except ToolError as e:
             return StepResult(self._wrap("error", str(e)), info={"tool": "?", "tool_error": True})
         if call is None:
-            return StepResult("", reward=float(self.score(self.problem, action)), done=True)
+            got = self.score(self.problem, action)
+            if isinstance(got, FinalScore):
+                return StepResult("", reward=float(got.reward), done=True,
+                                  info={"log_extra": dict(got.extras)} if got.extras else {})
+            return StepResult("", reward=float(got), done=True)
         tool = self.tools.get(call.name)
         if tool is None:
             return StepResult(self._wrap("error", f"unknown tool {call.name!r}; tools: {', '.join(self.tools)}"),
                               info={"tool": call.name, "tool_error": True})
         printed = None
         try:
-            with captured_prints() as printed:  # (its prints are not the console's: tool_prints)
+            with captured_prints() as printed:  # (its prints are not the console's: user_prints)
                 out = awaited(tool(call.arguments))
         except ToolError as e:
             return StepResult(self._wrap("error", str(e)), info={"tool": call.name, "tool_error": True})
@@ -254,7 +269,7 @@ class ToolEnvironment:
             raise EnvError(f"tool {call.name!r} raised {type(e).__name__}: {e}") from e
         finally:
             if printed is not None:
-                note_prints(call.name, printed)
+                note_tool_prints(call.name, printed)
         if not isinstance(out, str):
             raise EnvError(f"tool {call.name!r} returned {type(out).__name__}; a tool returns str")
         return StepResult(self._wrap("result", out), info={"tool": call.name})

@@ -41,7 +41,8 @@ from starlette.concurrency import run_in_threadpool
 from relayrl.engines.generation.base import SamplingParams
 from relayrl.engines.generation.remote import GENERATION_STOPPED as STOPPED
 from relayrl.serving import responses as R
-from relayrl.serving.batcher import Batcher, DoneEvent, Overloaded, Request, TokenEvent, Unhealthy, Unrecoverable
+from relayrl.serving.batcher import (Batcher, DoneEvent, Overloaded, Request, TokenEvent, Unhealthy, Unrecoverable,
+                                     WeightLoadTimeout)
 from relayrl.serving.guard import Guard, HTTPRefusal, add_error_handlers
 from relayrl.serving.protocol import ChatCompletionRequest, CompletionRequest, FieldError, ServeLimits, WeightsRequest
 from relayrl.serving.weights import checked, write
@@ -49,6 +50,7 @@ from relayrl.serving.weights import checked, write
 __all__ = ["ServerState", "build_app", "ApiError"]
 
 WEIGHTS_PATH = "/v1/relayrl/weights"
+WEIGHT_LOAD_TIMEOUT = "weight_load_timeout"  # (a 503's code: the load missed --weight-load-timeout-s)
 
 
 ApiError = HTTPRefusal  # a request the server refuses: status, message and OpenAI error type
@@ -83,6 +85,10 @@ def build_app(state: ServerState) -> FastAPI:
     @app.exception_handler(Unrecoverable)  # (the weight load that stopped the loop)
     async def _unhealthy(_, e: Exception):  # the generation loop stopped: every request is refused, none waits
         return JSONResponse(R.error_body(str(e), 503, "server_error", code=STOPPED), status_code=503)
+
+    @app.exception_handler(WeightLoadTimeout)
+    async def _weights_late(_, e: WeightLoadTimeout):  # (the server goes on; the message says what serves)
+        return JSONResponse(R.error_body(str(e), 503, "server_error", code=WEIGHT_LOAD_TIMEOUT), status_code=503)
 
     @app.exception_handler(Exception)
     async def _unexpected(_, e: Exception):  # one request failed; the server goes on
@@ -130,7 +136,8 @@ def build_app(state: ServerState) -> FastAPI:
         eng = state.batcher.engine
         tensors = await run_in_threadpool(checked, eng.model, tensors)  # (all checked before any is written)
         t0 = time.perf_counter()
-        got = await run_in_threadpool(state.batcher.load_weights, lambda: write(eng, tensors, version))
+        got = await run_in_threadpool(state.batcher.load_weights, lambda: write(eng, tensors, version),
+                                      state.limits.weight_load_timeout_s, version)
         return {"version": got, "tensors": len(tensors), "seconds": round(time.perf_counter() - t0, 4)}
 
     app.add_middleware(Guard, api_key=state.api_key,

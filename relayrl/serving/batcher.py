@@ -49,7 +49,8 @@ import torch
 from relayrl.engines.generation.base import SamplingParams
 from relayrl.engines.generation.native import NativeGenerationEngine, RunningBatch, sample_next
 
-__all__ = ["Request", "TokenEvent", "DoneEvent", "Batcher", "Overloaded", "Unhealthy", "Unrecoverable"]
+__all__ = ["Request", "TokenEvent", "DoneEvent", "Batcher", "Overloaded", "Unhealthy", "Unrecoverable",
+           "WeightLoadTimeout"]
 
 log = logging.getLogger("relayrl.serve")
 
@@ -60,6 +61,11 @@ class Overloaded(RuntimeError):
 
 class Unhealthy(RuntimeError):
     """The generation loop has stopped (``Batcher.error`` says why); the server answers 503 naming the cause."""
+
+
+class WeightLoadTimeout(TimeoutError):
+    """A weight load did not finish within its deadline; the message says whether it was dropped (old weights
+    serve on) or is still being written (the new ones serve once it ends), which version serves, and the fix."""
 
 
 class Unrecoverable(RuntimeError):
@@ -182,20 +188,47 @@ class Batcher:
             self._waiting.extend(reqs)
             self._cond.notify()
 
-    def load_weights(self, apply: Callable[[], int], timeout_s: float = 600.0) -> int:
+    def load_weights(self, apply: Callable[[], int], timeout_s: float = 600.0, version: int | None = None) -> int:
         """Run ``apply`` (loads weights into the engine, returns the new version) in the batcher thread once
-        the running batch has drained; blocks until done and returns the version."""
+        the running batch has drained; blocks until done and returns the version. Past ``timeout_s``: a load
+        still queued is dropped (nothing written); one being written cannot be stopped; either way
+        :class:`WeightLoadTimeout` says which, and what serves now."""
         job = _WeightJob(apply)
         with self._cond:
             self._check_alive()
             self._weights.append(job)
             self._cond.notify()
         if not job.done.wait(timeout_s):
-            raise TimeoutError(f"the weight load did not run within {timeout_s:.0f} s")
+            raise self._timed_out(job, timeout_s, version)
         if job.error is not None:
             raise job.error
         assert job.version is not None
         return job.version
+
+    def _timed_out(self, job: _WeightJob, timeout_s: float, version: int | None) -> WeightLoadTimeout:
+        """Drop ``job`` if it has not started; the error naming what happened and what serves now."""
+        what = "the weight load" if version is None else f"the weight load of version {version}"
+        fix = "raise relayrl serve's --weight-load-timeout-s"
+        with self._cond:
+            queued = job in self._weights
+            if queued:
+                self._weights.remove(job)
+            rows, waiting, served = len(self._batch), len(self._waiting), self.engine.weight_version
+        if job.done.is_set():  # (it ended between the wait and the lock: its outcome stands)
+            if job.error is not None:
+                return WeightLoadTimeout(f"{what} ended after the {timeout_s:g} s deadline with {job.error!r}; "
+                                         f"version {served} serves")
+            return WeightLoadTimeout(f"{what} ended just after the {timeout_s:g} s deadline; version {served} "
+                                     "serves now (GET /v1/relayrl/weights)")
+        if queued:
+            return WeightLoadTimeout(
+                f"{what} did not start within {timeout_s:g} s: the running batch did not drain ({rows} rows still "
+                f"decoding, {waiting} requests waiting); it was dropped and nothing was written, the old weights "
+                f"(version {served}) serve on. Send it again, give requests a smaller max_tokens, or {fix}")
+        return WeightLoadTimeout(
+            f"{what} is still being written after {timeout_s:g} s (a slow device or disk?); it cannot be stopped "
+            f"halfway: version {served} is the one served before it, nothing decodes until it ends, then the new "
+            f"weights serve (GET /v1/relayrl/weights shows the version). Sending it again queues a second write; wait for it, or {fix}")
 
     def _check_alive(self) -> None:
         """Raise :class:`Unhealthy` once the loop has stopped (held: ``self._cond``), so nothing waits on it."""

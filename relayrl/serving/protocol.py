@@ -50,6 +50,8 @@ class ServeLimits(BaseModel):
     max_top_logprobs: int = Field(20, ge=0)
     body_timeout_s: float = Field(60.0, gt=0, description="seconds to receive a request body (408 beyond)")
     weights_timeout_s: float = Field(600.0, gt=0, description="seconds to receive a weights payload (408 beyond)")
+    weight_load_timeout_s: float = Field(600.0, gt=0, description="seconds a received weight load may take to be "
+                                         "applied, waiting for the running batch to drain included (503 beyond)")
 
 
 class StreamOptions(BaseModel):

@@ -19,6 +19,7 @@ from relayrl.algorithms.gdpo import decoupled_rewards
 from relayrl.algorithms.retire import pass_rates
 from relayrl.config.plan import PARTIAL_POLL_S
 from relayrl.engines.reward.extra import sample_fields
+from relayrl.environments.extras import EXTRAS_COLUMN
 from relayrl.evaluation.runner import as_read
 from relayrl.workflows.flow import Flow
 from relayrl.workflows.parts import StepParts
@@ -172,7 +173,7 @@ class Produce:
             if done:
                 self._judge(f, done)
 
-        cols = ["response_ids", "group"] + (["env_rewards"] if p.episodes is not None else [])
+        cols = ["response_ids", "group"] + (["env_rewards", EXTRAS_COLUMN] if p.episodes is not None else [])
         per_sample = p.cfg.reward.stream == "sample"
         calls = p.sample_calls if per_sample else p.score_calls
         with ThreadPoolExecutor(calls, thread_name_prefix="score") as pool:

@@ -41,6 +41,7 @@ from relayrl.engines.generation.base import Completion, RequestFailed, SamplingP
 from relayrl.engines.generation.interrupt import Interrupt, generate_interrupted
 from relayrl.environments.base import Episode, EpisodeEnd, EpisodeSummary
 from relayrl.environments.config import EpisodeSpec
+from relayrl.environments.extras import EXTRAS_COLUMN, encode_extras
 from relayrl.errors import UserError
 from relayrl.models.routing import ROUTES_COLUMN
 
@@ -113,6 +114,7 @@ def group_rows(prompt: Sequence[int], group: int, comps: Sequence[Completion],
         cols[ROUTES_COLUMN] = [none if c.routed_experts is None else c.routed_experts for c in comps]
     if episodes is not None:
         cols["env_rewards"] = [float(e.reward) for e in episodes]
+        cols[EXTRAS_COLUMN] = [encode_extras(e.extras) for e in episodes]  # (the samples' log_extra columns)
     return cols, GroupRecord(group=int(group), lengths=[len(x.token_ids) for x in comps], prompt_len=len(prompt),
                              truncated=[x.finish_reason == "length" for x in comps],
                              versions=[dict(Counter(v.tolist())) for v in sampled],

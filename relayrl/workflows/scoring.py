@@ -19,6 +19,7 @@ from relayrl.algorithms.dapo import overlong_penalty
 from relayrl.cluster import Worker
 from relayrl.engines.reward import RewardError
 from relayrl.engines.reward.extra import ExtraLog
+from relayrl.environments.extras import EXTRAS_COLUMN, decode_extras
 from relayrl.engines.reward.user import fn_rows, with_ids, with_progress
 from relayrl.workflows.estimate import advantage_rows
 
@@ -105,8 +106,11 @@ class ScoreWorker(Worker):
         rewards = self.shape(torch.tensor(scores, dtype=torch.float32), lengths)
         decoupled = self.reward is not None and self.reward.cfg.decoupled
         rows = fn_rows(each, self.reward.fn_names) if each is not None and len(self.reward.fn_names) > 1 else None
+        extras = None if log is None else log.rows(len(groups))
+        if extras is not None and EXTRAS_COLUMN in cols:  # (an episode's: what its environment's steps logged)
+            extras = [decode_extras(x) for x in cols[EXTRAS_COLUMN][:len(extras)]]
         return Scored([float(x) for x in scores], rewards.tolist(), metrics, groups, each if decoupled else None,
-                      None if log is None else log.rows(len(groups)), rows)
+                      extras, rows)
 
     def reward_moments(self) -> dict[str, float] | None:
         """``reward.normalize=running``: the moments of every reward so far, for a checkpoint (None without)."""

@@ -477,13 +477,13 @@ def _loud(n: int) -> str:
 
 
 def test_a_tool_printing_a_megabyte_leaves_the_console_at_most_one_line(capsys, caplog):
-    from relayrl.environments import tool_prints
+    from relayrl.environments import user_prints
     from relayrl.environments.tools import FunctionTool
 
-    tool_prints._noted.discard("_loud")
+    user_prints._noted.discard(("tool", "_loud"))
     env = ToolEnvironment({"_loud": FunctionTool(_loud)}, score=lambda p, t: 0.0)
     env.reset(Problem("q", "a"))
-    with caplog.at_level("WARNING", logger="relayrl.environments.tool_prints"):
+    with caplog.at_level("WARNING", logger="relayrl.environments.user_prints"):
         for _ in range(3):
             r = env.step(format_call("_loud", {"n": 1 << 20}))
             assert r.observation == "<result>42</result>"
@@ -497,7 +497,7 @@ def test_a_tool_printing_a_megabyte_leaves_the_console_at_most_one_line(capsys, 
 def test_other_threads_print_through_while_a_tool_captures(capsys):
     import threading
 
-    from relayrl.environments.tool_prints import captured_prints
+    from relayrl.environments.user_prints import captured_prints
 
     inside, done = threading.Event(), threading.Event()
 
@@ -518,7 +518,7 @@ def test_other_threads_print_through_while_a_tool_captures(capsys):
 
 
 def test_the_stream_a_capture_stands_for_keeps_its_attributes():
-    from relayrl.environments.tool_prints import captured_prints
+    from relayrl.environments.user_prints import captured_prints
 
     class Stream:
         encoding = "utf-8"

@@ -445,3 +445,76 @@ def test_the_rollout_adapter_fails_at_once_on_a_stopped_server_and_retries_a_bus
         assert "generation loop has stopped" in msg and "CUDA out of memory" in msg and "not retried" in msg, msg
     finally:
         eng.close()
+
+
+# ------------------------------------------------------------------ a weight load past its deadline
+def test_a_weight_load_still_written_at_its_deadline_is_a_503_naming_it_and_the_new_weights_land(tiny_dir,
+                                                                                                monkeypatch):
+    """A write slower than ``--weight-load-timeout-s`` (a slow device or disk) answers a 503 in OpenAI's error
+    shape naming the load, the wait, the version served and the fix; the write is not stopped halfway and its
+    weights serve once it ends. (It was a 500: ``internal error: TimeoutError(...)``.)"""
+    from fastapi.testclient import TestClient
+
+    from relayrl.serving.app import build_app
+    from relayrl.serving.server import build_state
+
+    state = build_state(str(tiny_dir), limits=ServeLimits(weight_load_timeout_s=0.3), api_key=None, max_batch=4,
+                        name="tiny")
+    eng = state.batcher.engine
+    real = eng.update_weights
+
+    def slow(named, version):
+        time.sleep(1.5)
+        return real(named, version)
+
+    monkeypatch.setattr(eng, "update_weights", slow)
+    try:
+        with TestClient(build_app(state), raise_server_exceptions=False) as c:
+            w = eng.model.get_input_embeddings().weight.detach().clone()
+            r = _post_weights(c, {"model.embed_tokens.weight": w}, version=3)
+            assert r.status_code == 503, r.text
+            err = r.json()["error"]
+            assert err["type"] == "server_error" and err["code"] == "weight_load_timeout", err
+            msg = err["message"]
+            for part in ["weight load of version 3", "still being written after 0.3 s", "version 0",
+                         "--weight-load-timeout-s", "Sending it again queues a second write"]:
+                assert part in msg, msg
+            deadline = time.monotonic() + DEADLINE_S
+            while _call(c.get, "/v1/relayrl/weights").json()["version"] != 3:
+                assert time.monotonic() < deadline, "the slow load never landed"
+                time.sleep(0.1)
+            r = _call(c.post, "/v1/completions", json=BODY)
+            assert r.status_code == 200, r.text
+    finally:
+        state.batcher.close()
+
+
+def test_a_weight_load_that_never_started_by_its_deadline_is_dropped_and_the_old_weights_serve_on(batcher,
+                                                                                                tiny_tokenizer):
+    """A load still queued at its deadline (the running batch did not drain) is dropped, nothing written: the
+    error says so, with the version that serves on and the fix, and the load never runs later."""
+    from relayrl.serving.batcher import WeightLoadTimeout
+
+    inside, release = threading.Event(), threading.Event()
+    ran: list[int] = []
+
+    def hold() -> int:  # (the loop is busy here: the second load waits behind it, as behind a long batch)
+        inside.set()
+        release.wait(DEADLINE_S)
+        return batcher.engine.weight_version
+
+    first = threading.Thread(target=batcher.load_weights, args=(hold,), daemon=True)
+    first.start()
+    assert inside.wait(DEADLINE_S)
+    try:
+        with pytest.raises(WeightLoadTimeout) as e:
+            batcher.load_weights(lambda: ran.append(2) or 2, timeout_s=0.2, version=2)
+    finally:
+        release.set()
+        first.join(DEADLINE_S)
+    msg = str(e.value)
+    for part in ["weight load of version 2 did not start within 0.2 s", "dropped and nothing was written",
+                 "(version 0) serve on", "--weight-load-timeout-s"]:
+        assert part in msg, msg
+    _served(batcher, tiny_tokenizer)
+    assert ran == [] and batcher.engine.weight_version == 0

@@ -65,3 +65,29 @@ def test_the_periodic_step_scoring_each_response_keeps_its_logged_columns(tmp_pa
     for r in rows:
         assert r["chars"] == len(r["response"]) and r["echo"] == r["response"]
         assert r["score"] == (len(r["response"]) % 3) / 2
+
+
+EPISODE_FN = """
+    def judged(prompts, completions, log_extra, **kwargs):  # scores a tools episode's final answer
+        texts = [c if isinstance(c, str) else c[0]["content"] for c in completions]
+        log_extra("answer_chars", [len(t) for t in texts])
+        log_extra("reward", ["own field"] * len(texts))
+        return [float(len(t) % 2) for t in texts]
+"""
+
+
+@pytest.mark.slow
+def test_a_tools_runs_samples_carry_the_final_answers_logged_columns(tmp_path, tiny_dir):
+    """Episodes of the ``tools`` environment: each row of ``samples.jsonl`` holds what the reward function
+    logged for its episode's final answer (they were dropped), ``null``-free where the episode answered."""
+    (tmp_path / "judged.py").write_text(textwrap.dedent(EPISODE_FN))
+    run_grpo(tmp_path, tiny_dir, "telemetry.samples_per_step=4", "env.name=tools", "env.tools=[calculator]",
+             "env.max_turns=2", "env.max_tokens=32", "rollout.stop_strings=[</tool>]", "reward.verifier=user",
+             f"reward.user_fn={tmp_path}/judged.py:judged")
+    rows = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1] * 4 + [2] * 4
+    answered = [r for r in rows if "answer_chars" in r]
+    assert answered, rows[0]
+    for r in answered:
+        assert isinstance(r["answer_chars"], int) and r["extra_reward"] == "own field"
+        assert r["score"] == float(r["answer_chars"] % 2)
