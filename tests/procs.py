@@ -65,3 +65,33 @@ def descendants(pid: int | None = None, *, skip_cmdline: str | None = None) -> l
         if alive(p.pid):
             out.append(p.pid)
     return out
+
+
+def pids_written(files, proc, within_s: float) -> list[int]:
+    """The pids that processes ``proc`` started wrote into ``files`` (one each), once every file holds one; fails
+    the test (showing ``proc``'s stderr) if ``proc`` ends or ``within_s`` passes first."""
+    import pytest
+
+    deadline = time.monotonic() + within_s
+    while not all(f.exists() and f.read_text() for f in files):
+        if proc.poll() is not None or time.monotonic() >= deadline:
+            pytest.fail(f"the pid files {[str(f) for f in files]} were not all written: {proc.stderr.read()[-3000:]}")
+        time.sleep(0.05)
+    return [int(f.read_text()) for f in files]
+
+
+def ctrl_c(proc, within_s: float, what: str) -> tuple[str, float]:
+    """Ctrl-C to ``proc`` (SIGINT to its process group): its stderr and the seconds it took to exit; fails the
+    test (killing ``proc``) if it still runs after ``within_s``, naming ``what`` it must not have waited for."""
+    import subprocess
+
+    import pytest
+
+    t0 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=within_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"it still ran {within_s:.0f} s after Ctrl-C: it waited for {what}")
+    return err, time.monotonic() - t0

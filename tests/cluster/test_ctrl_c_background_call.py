@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import descendants, kill_left, left_after
+from tests.procs import ctrl_c, descendants, kill_left, left_after, pids_written
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -63,22 +63,10 @@ def test_ctrl_c_during_a_background_call_exits_within_seconds_and_leaves_no_proc
     driver, ranks = _driver(tmp_path, style)
     tree: list[int] = []
     try:
-        kids = tmp_path / "kid.0", tmp_path / "kid.1"
-        deadline = time.monotonic() + 30
-        while not all(k.exists() and k.read_text() for k in kids):  # the call is running on both ranks
-            assert driver.poll() is None and time.monotonic() < deadline, driver.stderr.read()[-3000:]
-            time.sleep(0.05)
-        children = [int(k.read_text()) for k in kids]
+        children = pids_written((tmp_path / "kid.0", tmp_path / "kid.1"), driver, 30)  # the call runs on both ranks
         tree = descendants(driver.pid)
         assert set(ranks + children) <= set(tree)
-        t0 = time.monotonic()
-        os.killpg(driver.pid, signal.SIGINT)
-        try:
-            _, err = driver.communicate(timeout=CALL_S - 15)
-        except subprocess.TimeoutExpired:
-            driver.kill()
-            pytest.fail(f"the driver still ran {CALL_S - 15:.0f} s after Ctrl-C: it waited for the background call")
-        took = time.monotonic() - t0
+        err, took = ctrl_c(driver, CALL_S - 15, "the background call")
         assert took < EXIT_S, f"the driver took {took:.1f} s to exit after Ctrl-C ({err[-2000:]})"
         assert driver.returncode == -signal.SIGINT, err[-3000:]
         assert ("relayrl: interrupted: stopped the ranks of worker group 'busy' in 'start_child_then_sleep' "

@@ -9,12 +9,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from e2e_cli import FAST, ROOT
-from tests.procs import descendants, kill_left, left_after
+from tests.procs import ctrl_c, descendants, kill_left, left_after, pids_written
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -57,22 +56,11 @@ def test_ctrl_c_of_a_run_with_a_call_in_the_background_exits_within_seconds(tmp_
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     tree: list[int] = []
     try:
-        kids = tmp_path / "kid.0", tmp_path / "kid.1"
-        deadline = time.monotonic() + 300
-        while not all(k.exists() and k.read_text() for k in kids):  # the side call runs on both of its ranks
-            assert driver.poll() is None and time.monotonic() < deadline, driver.stderr.read()[-3000:]
-            time.sleep(0.05)
+        # (the side call runs on both of its ranks once each wrote its child's pid)
+        children = pids_written((tmp_path / "kid.0", tmp_path / "kid.1"), driver, 300)
         tree = descendants(driver.pid)
-        children = [int(k.read_text()) for k in kids]
         assert set(children) <= set(tree)
-        t0 = time.monotonic()
-        os.killpg(driver.pid, signal.SIGINT)
-        try:
-            _, err = driver.communicate(timeout=CALL_S - 15)
-        except subprocess.TimeoutExpired:
-            driver.kill()
-            pytest.fail(f"the run still ran {CALL_S - 15:.0f} s after Ctrl-C: it waited for the background call")
-        took = time.monotonic() - t0
+        err, took = ctrl_c(driver, CALL_S - 15, "the background call")
         assert took < EXIT_S, f"the run took {took:.1f} s to exit after Ctrl-C ({err[-2000:]})"
         assert driver.returncode == 130, err[-3000:]
         assert "Traceback" not in err and "relayrl: interrupted at step " in err, err[-3000:]
