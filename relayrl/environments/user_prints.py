@@ -41,7 +41,7 @@ class _Capture:
         self.max_chars, self.chars, self.parts = max_chars, 0, []
 
     def write(self, text: str) -> None:
-        room = self.max_chars - sum(len(p) for p in self.parts)
+        room = self.max_chars - self.chars  # (what is kept is the first max_chars of all that was written)
         if room > 0:
             self.parts.append(text[:room])
         self.chars += len(text)
