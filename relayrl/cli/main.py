@@ -283,7 +283,7 @@ def cmd_eval(args) -> int:
         reward = RewardEngine(reward_cfg, task=None)
         reward.check_fields([problems[0].meta.get("fields")])  # a field the user function needs, before the model
         reward.check_standalone()
-    from relayrl.data.datasets import encode_prompt
+    from relayrl.data.prompts import encode_prompt
     from relayrl.data.lengths import PromptRoom, context_limit, fit_prompts
 
     from relayrl.models.load import check_model_dir
