@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from relayrl.algorithms.estimators import estimator
 from relayrl.config.paths import DirPath, LocalPath
-from relayrl.config.algorithm import AlgorithmConfig, CorrectionConfig, DistillConfig
+from relayrl.config.algorithm import AlgorithmConfig
+from relayrl.config.algorithm_sections import CorrectionConfig, DistillConfig
 from relayrl.config.dpo import DPOConfig
 from relayrl.config.interrupt import check_interrupt
 from relayrl.config.kto import KTOConfig

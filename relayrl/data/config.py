@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from relayrl.config.paths import LocalPath
-from relayrl.data.datasets import DatasetConfig
+from relayrl.data.dataset_config import DatasetConfig
 
 __all__ = ["DataConfig", "RENDERING_ARGS", "check_template_kwargs"]
 

@@ -6,7 +6,7 @@ list, dict or boolean as its JSON), so whatever reads ``Problem.answer`` reads i
 ``value`` is the row's field as the file has it (plain Python: :func:`plain`), which a verl ``compute_score``
 gets as its ``ground_truth`` (:func:`truth_value`). It goes wherever the problem goes (a worker process takes
 it pickled, value and all). Only rows read for a user reward function carry one
-(:class:`~relayrl.data.datasets.DatasetConfig` ``raw_answers``); a text answer is a plain ``str`` everywhere.
+(:class:`~relayrl.data.dataset_config.DatasetConfig` ``raw_answers``); a text answer is a plain ``str`` everywhere.
 """
 
 from __future__ import annotations

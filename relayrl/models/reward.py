@@ -110,7 +110,7 @@ class RewardModelScorer:
         chat messages through the tokenizer's template), then the response's as plain text (a special-token
         string the policy spelled in ordinary tokens stays text, so it cannot end the response's turn and write
         past it in the scorer's context)."""
-        from relayrl.data.datasets import encode_prompt, render_plain
+        from relayrl.data.prompts import encode_prompt, render_plain
         from relayrl.data.tasks import Problem
 
         problem = (Problem(render_plain(prompt), "", {"messages": prompt}) if isinstance(prompt, list)

@@ -225,8 +225,8 @@ class RunProblems:
 
     def encode(self, problem: Problem) -> list[int]:
         """Prompt token ids (chat template applied to chat-message prompts), cached by what decides them (the text,
-        and the messages and tools of a chat row: :func:`~relayrl.data.datasets.prompt_identity`)."""
-        from relayrl.data.datasets import encode_prompt, prompt_identity
+        and the messages and tools of a chat row: :func:`~relayrl.data.prompts.prompt_identity`)."""
+        from relayrl.data.prompts import encode_prompt, prompt_identity
 
         key = prompt_identity(problem)
         ids = self._encode_cache.get(key)

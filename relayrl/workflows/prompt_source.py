@@ -138,7 +138,7 @@ class PromptSource:
         if self.problems is None:
             return None
         if self._digest is None:
-            from relayrl.data.datasets import prompt_identity
+            from relayrl.data.prompts import prompt_identity
 
             h = hashlib.sha256()
             for p in self.problems:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from relayrl.cli import main as cli
+from relayrl.cli import commands, main as cli
 
 
 def test_a_mistake_in_a_later_stage_is_refused_before_the_first_stage_trains(capsys, tmp_path, monkeypatch):
     def no_training(cfg):
         raise AssertionError(f"stage {cfg.run.dir} started")
 
-    monkeypatch.setattr(cli, "_run", no_training)
+    monkeypatch.setattr(commands, "_run", no_training)
     monkeypatch.delenv("RELAYRL_DEBUG", raising=False)
     code = cli.main(["demo", f"--dir={tmp_path}", "--grpo", "rollout.temperatur=0"])
     err = capsys.readouterr().err
@@ -31,7 +31,7 @@ def test_another_run_in_a_later_stage_s_directory_is_refused_before_the_first_st
     other = tmp_path / "grpo"
     other.mkdir()
     (other / "metrics.jsonl").write_text('{"step": 0}\n')
-    monkeypatch.setattr(cli, "_run", no_training)
+    monkeypatch.setattr(commands, "_run", no_training)
     monkeypatch.delenv("RELAYRL_DEBUG", raising=False)
     code = cli.main(["demo", f"--dir={tmp_path}"])
     err = capsys.readouterr().err

@@ -44,16 +44,16 @@ def chats(tmp_path) -> list[str]:
 
 
 def test_a_base_model_trains_on_chat_prompts_with_the_runs_template(capsys, monkeypatch, tmp_path, bare, chats):
-    import relayrl.data.datasets as datasets
+    import relayrl.data.prompts as prompts
 
-    encode, rendered = datasets.encode_prompt, []
+    encode, rendered = prompts.encode_prompt, []
 
     def recorded(tokenizer, problem, chat_template=None, template_kwargs=None):  # the prompts generated from
         ids = encode(tokenizer, problem, chat_template, template_kwargs)
         rendered.append(tokenizer.decode(ids))
         return ids
 
-    monkeypatch.setattr(datasets, "encode_prompt", recorded)
+    monkeypatch.setattr(prompts, "encode_prompt", recorded)
     run = tmp_path / "run"
     code = cli.main(["train", *RUN, *chats, f"model.path={bare}", f"run.dir={run}"])
     err = capsys.readouterr().err
@@ -130,16 +130,16 @@ THINK = ("{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}\n{% endfo
 def test_chat_template_kwargs_reach_the_prompts_the_run_generates_from(capsys, monkeypatch, tmp_path, bare, chats):
     """data.chat_template_kwargs (TRL's chat_template_kwargs; Qwen3's enable_thinking): the template reads them
     when it renders the training and held-out prompts; the run's eval report uses the same prompts."""
-    import relayrl.data.datasets as datasets
+    import relayrl.data.prompts as prompts
 
-    encode, rendered = datasets.encode_prompt, []
+    encode, rendered = prompts.encode_prompt, []
 
     def recorded(tokenizer, problem, chat_template=None, template_kwargs=None):
         ids = encode(tokenizer, problem, chat_template, template_kwargs)
         rendered.append(tokenizer.decode(ids))
         return ids
 
-    monkeypatch.setattr(datasets, "encode_prompt", recorded)
+    monkeypatch.setattr(prompts, "encode_prompt", recorded)
     (tmp_path / "think.jinja").write_text(THINK)
     run = tmp_path / "run"
     code = cli.main(["train", *RUN, *chats, f"model.path={bare}", f"model.chat_template={tmp_path / 'think.jinja'}",
@@ -159,15 +159,15 @@ def test_relayrl_eval_takes_the_template_kwargs(capsys, tmp_path, bare, chats):
     (tmp_path / "think.jinja").write_text(THINK)
     args = ["eval", "--model", str(bare), "--data", rows, "--verifier", "exact", "--size", "2", "--max-new-tokens", "2",
             "--device", "cpu", "--out", str(tmp_path / "eval"), "--chat-template", str(tmp_path / "think.jinja")]
-    import relayrl.data.datasets as datasets
+    import relayrl.data.prompts as prompts
 
     seen = []
-    encode = datasets.encode_prompt
-    datasets.encode_prompt = lambda tok, p, ct=None, kw=None: seen.append(kw) or encode(tok, p, ct, kw)
+    encode = prompts.encode_prompt
+    prompts.encode_prompt = lambda tok, p, ct=None, kw=None: seen.append(kw) or encode(tok, p, ct, kw)
     try:
         assert cli.main([*args, "--chat-template-kwargs", '{"enable_thinking": false}']) == 0, capsys.readouterr().err
     finally:
-        datasets.encode_prompt = encode
+        prompts.encode_prompt = encode
     assert seen and all(kw == {"enable_thinking": False} for kw in seen)
     for bad, msg in (("{enable", "--chat-template-kwargs is not valid JSON"), ("[1]", "must be a JSON object"),
                      ('{"tokenize": true}', "apply_chat_template's own argument")):

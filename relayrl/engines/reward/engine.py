@@ -10,17 +10,9 @@ whole batch in one call (it may look across rows, e.g. within a group), and, by 
 dataset fields it takes (``columns``: :class:`~relayrl.engines.reward.user.CallShape`); what a TRL-shaped
 one logs per row (``log_extra``) stays with the row it was logged for (:mod:`relayrl.engines.reward.extra`).
 
-A verifier that raises on one row scores that row 0 and counts it in
-``reward/errors``: model output is untrusted text and one odd response must not
-stop a run. A *user function*, a *reward model* or an *LLM judge* that raises or
-breaks its contract on a batch (wrong length, non-numeric, NaN; a user function
-that runs past ``reward.timeout_s``; a judge verdict with no valid score when
-``reward.judge.malformed_score`` is null) is called again once per prompt (the
-rows sharing a prompt text: a group), so the failure names its prompt; then
-``reward.on_error`` decides: ``fail`` raises :class:`RewardError` naming the
-prompt and the cause, ``drop_group`` scores those rows NaN (the score stage drops
-their group; evaluation scores them 0 with a warning) and counts them in
-``reward/errors``. No failed call becomes a reward.
+A source that fails (a verifier on one row, a user function, reward model or judge on a batch) is handled by
+the policy :mod:`relayrl.engines.reward.calls` describes: ``reward.on_error`` decides after the call is made again
+per prompt, and no failed call becomes a reward.
 
 The time limit runs the user function on a daemon thread and waits for it. A
 Python function cannot be interrupted: a call that runs past the limit is
@@ -55,13 +47,14 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from relayrl.algorithms.reward_model import RunningMoments, normalize_rewards
+from relayrl.engines.reward.calls import (Columns, Scorer, StopRun, TooManyHung, check_inputs, guarded,
+                                         judge_scores, mean, model_scores, on_rows, std, verifier_rows)
 from relayrl.engines.reward.config import RewardConfig, RewardError
 from relayrl.engines.reward.extra import ExtraError, ExtraLog
-from relayrl.engines.reward.judge import JudgeError, LLMJudge
+from relayrl.engines.reward.judge import LLMJudge
 from relayrl.engines.reward.user import (CALL_ARGS, Overtime, UserFn, call_within, check_rewards, fn_metrics,
                                         load_user_fns, standalone_refusal)
 from relayrl.engines.reward.verifiers import CORRECT, exact_reward, format_reward, math_reward
-from relayrl.models.reward import scored_prompts
 
 __all__ = ["RewardEngine", "MAX_ABANDONED"]
 
@@ -69,14 +62,6 @@ log = logging.getLogger(__name__)
 
 MAX_ABANDONED = 16
 """Calls of the user function still running past ``reward.timeout_s`` (abandoned threads) that stop the run."""
-
-Scorer = Callable[[list[str], list[str], list, list], list[float]]
-"""One source of a reward (the user function, the reward model, the judge): finite scores of the rows
-``(prompts, responses, answers, columns)``, or :class:`RewardError`."""
-
-Columns = Sequence["dict | None"]
-"""Each row's dataset fields, its prompt under ``"prompt"`` (``Problem.meta["fields"]``; ``None``: none, as a built-in
-task's rows), for a user function."""
 
 
 class RewardEngine:
@@ -247,12 +232,12 @@ class RewardEngine:
             rewards = [x + c.format_weight * f for x, f in zip(rewards, fmt)]
         if rm is not None:
             rewards = [x + c.model_weight * m for x, m in zip(rewards, pick(rm))]
-            learned.update({"reward/model_mean": _mean(pick(rm)), "reward/model_std": _std(pick(rm))})
+            learned.update({"reward/model_mean": mean(pick(rm)), "reward/model_std": std(pick(rm))})
         if judged is not None:
             rewards = [x + c.judge.weight * j for x, j in zip(rewards, pick(judged))]
-            learned.update({"reward/judge_mean": _mean(pick(judged)), "reward/judge_malformed": float(sum(malformed))})
+            learned.update({"reward/judge_mean": mean(pick(judged)), "reward/judge_malformed": float(sum(malformed))})
         if (self.moments is not None or c.clip is not None) and rewards:
-            learned["reward/raw_mean"] = _mean(rewards)
+            learned["reward/raw_mean"] = mean(rewards)
             with self._lock:
                 out, norm = normalize_rewards(torch.tensor(rewards, dtype=torch.float64), self.moments, clip=c.clip,
                                               update=learn)
@@ -263,17 +248,17 @@ class RewardEngine:
             log.warning("reward: %d of %d rows raised in verifier %s and scored 0 (first: row %d: %s)",
                         len(errors), n, self.verifier_name, i, msg)
         metrics = {
-            "reward/mean": _mean(rewards),
-            "reward/std": _std(rewards),
-            "reward/verifier_mean": _mean(pick(verifier)),
-            "reward/verifier_accuracy": _mean([float(v >= CORRECT) for v in pick(verifier)]),
+            "reward/mean": mean(rewards),
+            "reward/std": std(rewards),
+            "reward/verifier_mean": mean(pick(verifier)),
+            "reward/verifier_accuracy": mean([float(v >= CORRECT) for v in pick(verifier)]),
             "reward/errors": float(len(errors) + n - len(ok)),  # built-in verifier rows scored 0, failed rows
         }
         if fmt is not None:
-            metrics["reward/format_mean"] = _mean(fmt)
+            metrics["reward/format_mean"] = mean(fmt)
         metrics.update(learned)
         if finish_reasons is not None:
-            metrics["reward/truncated_frac"] = _mean([float(truncated[i]) for i in ok])
+            metrics["reward/truncated_frac"] = mean([float(truncated[i]) for i in ok])
         full = [math.nan] * n  # reward.on_error=drop_group: the rows a source failed on stay NaN
         for i, r in zip(ok, rewards):
             full[i] = r
@@ -320,32 +305,8 @@ class RewardEngine:
 
     # ---------------------------------------------------------------- helpers
     def _check_inputs(self, prompts, responses, answers, finish_reasons, columns=None) -> int:
-        n = len(responses)
-        lengths = {"prompts": len(prompts), "responses": n, "answers": len(answers)}
-        if finish_reasons is not None:
-            lengths["finish_reasons"] = len(finish_reasons)
-        if columns is not None:
-            lengths["columns"] = len(columns)
-            for i, c in enumerate(columns):
-                if c is not None and not isinstance(c, dict):
-                    raise RewardError(f"columns[{i}] is {type(c).__name__}; expected a dict of the row's fields, "
-                                      f"or None")
-        if len(set(lengths.values())) > 1:
-            raise RewardError(f"reward inputs differ in length: {lengths}")
-        for i, r in enumerate(responses):
-            if not isinstance(r, str):
-                raise RewardError(f"responses[{i}] is {type(r).__name__}, expected str (decoded text)")
-        if not self._user:
-            for i, a in enumerate(answers):
-                if not isinstance(a, str):
-                    raise RewardError(
-                        f"answers[{i}] is {type(a).__name__}; verifier {self.verifier_name!r} needs a ground-truth string"
-                    )
-        if finish_reasons is not None:
-            for i, fr in enumerate(finish_reasons):
-                if fr not in ("stop", "length"):
-                    raise RewardError(f"finish_reasons[{i}] is {fr!r}; expected 'stop' or 'length'")
-        return n
+        return check_inputs(prompts, responses, answers, finish_reasons, columns,
+                            verifier=None if self._user else self.verifier_name)
 
     @staticmethod
     def _rows(columns: Columns | None, n: int) -> list:
@@ -354,58 +315,10 @@ class RewardEngine:
     def _format_target(self, response: str) -> str:
         return response.split("\n", 1)[0].strip() if self._format_on == "answer" else response
 
-    def _guarded(self, fn: Scorer, what: str, prompts: list[str], responses: list[str], answers: list,
-                 columns: list) -> list[float]:
-        """``fn``'s scores of the rows; a call that fails is made again per prompt (module docstring): NaN for
-        the rows of a prompt it fails on with ``reward.on_error=drop_group``, else :class:`RewardError` naming
-        the prompt (``what``: the source, for the fix)."""
-        try:
-            return fn(prompts, responses, answers, columns)
-        except _StopRun:
-            raise
-        except RewardError as failed:
-            if len(set(prompts)) == 1:  # (one prompt: nothing narrower to call)
-                return self._failed(failed, what, prompts[0], len(prompts))
-            out, dropped = [math.nan] * len(prompts), 0
-            for p in dict.fromkeys(prompts):
-                rows = [i for i, q in enumerate(prompts) if q == p]
-                try:
-                    got = fn([p] * len(rows), [responses[i] for i in rows], [answers[i] for i in rows],
-                             [columns[i] for i in rows])
-                except _StopRun:
-                    raise
-                except RewardError as e:
-                    self._failed(e, what, p, len(rows))
-                    dropped += 1
-                    continue
-                for i, v in zip(rows, got):
-                    out[i] = v
-            if not dropped and self.cfg.on_error == "fail":
-                raise failed  # the batch failed, no prompt alone did: nothing narrower to name
-            return out
-
-    def _failed(self, e: RewardError, what: str, prompt: str, rows: int) -> list[float]:
-        """A source failed on the rows of one prompt: :class:`RewardError` naming it (``reward.on_error=fail``),
-        or NaN for its rows, with a warning (``drop_group``)."""
-        if self.cfg.on_error == "fail":
-            raise RewardError(f"{e}, scoring the responses to prompt {prompt[:200]!r}; fix {what}, or set "
-                              f"reward.on_error=drop_group to drop such a prompt's group from its step (counted in "
-                              f"reward/errors)") from None
-        log.warning("reward: %s, scoring the responses to prompt %r; their rows are NaN (the step drops the group: "
-                    "reward.on_error=drop_group)", e, prompt[:200])
-        return [math.nan] * rows
-
     def _on_rows(self, fn: Scorer, what: str, before: list[float], prompts: list[str], responses: list[str],
                  answers: list, columns: list) -> list[float]:
-        """:meth:`_guarded` on the rows an earlier source did not fail on (``before`` not NaN); NaN elsewhere."""
-        rows = [i for i, v in enumerate(before) if v == v]
-        out = [math.nan] * len(before)
-        if rows:
-            got = self._guarded(fn, what, [prompts[i] for i in rows], [responses[i] for i in rows],
-                                [answers[i] for i in rows], [columns[i] for i in rows])
-            for i, v in zip(rows, got):
-                out[i] = v
-        return out
+        """:func:`~relayrl.engines.reward.calls.on_rows` under ``reward.on_error``."""
+        return on_rows(fn, what, self.cfg.on_error, before, prompts, responses, answers, columns)
 
     def _user_scores(self, prompts: list[str], responses: list[str], answers: list, columns: list,
                      extra: ExtraLog | None = None) -> tuple[list[float], dict[str, float], list[list[float]]]:
@@ -417,13 +330,13 @@ class RewardEngine:
         total, scored, metrics, each = [0.0] * n, [False] * n, {}, [[] for _ in range(n)]
         logged: dict[str, list[float]] = {}
         for u in self._user:
-            got = self._guarded(partial(self._user_once, u, logged, extra), "the function", prompts, responses,
-                                answers, list(enumerate(columns)))  # (each row with its index: log_extra's rows)
+            got = guarded(partial(self._user_once, u, logged, extra), "the function", self.cfg.on_error, prompts,
+                          responses, answers, list(enumerate(columns)))  # (each row with its index: log_extra's rows)
             total = [t if x is None else t + u.weight * x for t, x in zip(total, got)]  # (NaN stays NaN)
             scored = [s or x is not None for s, x in zip(scored, got)]
             for xs, x in zip(each, got):
                 xs.append(math.nan if x is None else x)
-        metrics.update({f"reward/user/{k}": _mean(v) for k, v in logged.items() if v})
+        metrics.update({f"reward/user/{k}": mean(v) for k, v in logged.items() if v})
         unscored = scored.count(False)
         if unscored and not self._said_unscored:
             self._said_unscored = True
@@ -449,10 +362,10 @@ class RewardEngine:
 
         try:
             result = self._within(limit, u.shape.call, u.fn, args, kwargs, log_metric, extras.log, name=name)
-        except _StopRun:
+        except StopRun:
             raise
         except ExtraError as e:  # (the function's bug, not a row's: no retry per prompt, whatever reward.on_error)
-            raise _StopRun(f"reward function {name} {e}") from None
+            raise StopRun(f"reward function {name} {e}") from None
         except RewardError as e:  # a result the call's shape cannot read (a verl dict without "score")
             raise RewardError(f"reward function {name} {e}") from None
         except Overtime:
@@ -461,7 +374,7 @@ class RewardEngine:
         except Exception as e:
             raise RewardError(f"reward function {name} raised {type(e).__name__}: {e}") from e
         if extras.error is not None:  # (a breach the function caught and went on from)
-            raise _StopRun(f"reward function {name} {extras.error}")
+            raise StopRun(f"reward function {name} {extras.error}")
         scores = check_rewards(result, len(responses), name, none_ok=True)
         if extra is not None:
             extra.add(indexes, extras)
@@ -475,9 +388,9 @@ class RewardEngine:
         with self._lock:
             self._abandoned = [t for t in self._abandoned if t.is_alive()]
             if len(self._abandoned) >= MAX_ABANDONED:
-                raise _TooManyHung(f"{len(self._abandoned)} calls of reward function {name} "
-                                   f"are still running past reward.timeout_s={self.cfg.timeout_s:g}: it hangs (each "
-                                   f"hung call holds a thread); fix the function or raise reward.timeout_s")
+                raise TooManyHung(f"{len(self._abandoned)} calls of reward function {name} "
+                                  f"are still running past reward.timeout_s={self.cfg.timeout_s:g}: it hangs (each "
+                                  f"hung call holds a thread); fix the function or raise reward.timeout_s")
         try:
             return call_within(limit, fn, *args)
         except Overtime as e:
@@ -506,16 +419,16 @@ class RewardEngine:
     def check_standalone(self) -> None:
         """Raise :class:`RewardError` when a user function needs what only a training run gives (``relayrl eval``)."""
         if (why := standalone_refusal(self._user)) is not None:
-            raise _StopRun(why)
+            raise StopRun(why)
 
     def _check_fields(self, u: UserFn, columns: Columns, kwargs: dict) -> None:
         present = ", ".join(dict.fromkeys(k for c in columns if c for k in c if k != "completion_ids")) or \
             "none: a built-in task's rows"
         missing = sorted(u.shape.required - set(kwargs))
         if missing:
-            raise _StopRun(f"reward function {u.path} needs the dataset field(s) {', '.join(missing)}, which the "
-                           f"rows lack (fields: {present}); rename the parameter after a field they have, give it a "
-                           f"default, or use a dataset with that column")
+            raise StopRun(f"reward function {u.path} needs the dataset field(s) {', '.join(missing)}, which the "
+                          f"rows lack (fields: {present}); rename the parameter after a field they have, give it a "
+                          f"default, or use a dataset with that column")
         unmet = sorted(k for k in (u.shape.takes or frozenset()) - set(kwargs) - CALL_ARGS
                        if (u.path, k) not in self._unmet)
         if unmet:
@@ -524,70 +437,13 @@ class RewardEngine:
                         "(fields: %s)", u.path, ", ".join(unmet), present)
 
     def _rm_once(self, prompts: list[str], responses: list[str], answers: list, columns: list) -> list[float]:
-        name = f"reward model {self.cfg.model}"
-        try:
-            result = self.reward_model.score(scored_prompts(prompts, columns), responses)
-        except Exception as e:
-            raise RewardError(f"{name} raised {type(e).__name__}: {e}") from e
-        return check_rewards(result, len(responses), name, what="")
+        return model_scores(self.reward_model, f"reward model {self.cfg.model}", prompts, responses, columns)
 
     def _judge_once(self, prompts: list[str], responses: list[str], answers: list, columns: list, *,
                     malformed: list[int]) -> list[float]:
         """The judge's scores; the count of malformed verdicts (scored ``malformed_score``) into ``malformed``."""
-        name = f"LLM judge {self.cfg.judge.path or 'judge_ask'}"
-        try:
-            scores, bad = self._judge.score(prompts, responses, answers)
-        except JudgeError as e:
-            raise RewardError(f"{name}: {e}") from None
-        except Exception as e:
-            raise RewardError(f"{name} raised {type(e).__name__}: {e}") from e
-        scores = check_rewards(scores, len(responses), name, what="")
-        malformed.append(bad)
-        return scores
-
-    def _score_chunk(self, responses: list[str], answers: list[str], start: int, stop: int):
-        scores, errors = [], []
-        for i in range(start, stop):
-            try:
-                v = float(self._row_fn(responses[i], answers[i]))
-                if not math.isfinite(v):
-                    raise ValueError(f"verifier returned {v}")
-            except Exception as e:  # untrusted model output: score 0, count, go on
-                v = 0.0
-                errors.append((i, f"{type(e).__name__}: {e}"))
-            scores.append(v)
-        return scores, errors
+        return judge_scores(self._judge, f"LLM judge {self.cfg.judge.path or 'judge_ask'}", prompts, responses,
+                            answers, malformed=malformed)
 
     def _score_rows(self, responses: list[str], answers: list[str]) -> tuple[list[float], list[tuple[int, str]]]:
-        n = len(responses)
-        if self._pool is None or n < 2:
-            return self._score_chunk(responses, answers, 0, n)
-        size = max(1, math.ceil(n / (self.cfg.workers * 4)))  # a few chunks per worker to even out slow rows
-        futures = [self._pool.submit(self._score_chunk, responses, answers, s, min(n, s + size)) for s in range(0, n, size)]
-        scores: list[float] = []
-        errors: list[tuple[int, str]] = []
-        for f in futures:
-            s, e = f.result()
-            scores += s
-            errors += e
-        return scores, errors
-
-
-class _StopRun(RewardError):
-    """A failure no prompt alone causes: the run stops whatever ``reward.on_error`` says (no retry per prompt)."""
-
-
-class _TooManyHung(_StopRun):
-    """More than ``MAX_ABANDONED`` calls of the user function run past the time limit."""
-
-
-def _mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs) if xs else 0.0
-
-
-def _std(xs: Sequence[float]) -> float:
-    if not xs:
-        return 0.0
-    m = _mean(xs)
-    return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
-
+        return verifier_rows(self._row_fn, self._pool, self.cfg.workers, responses, answers)
