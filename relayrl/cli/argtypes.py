@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-__all__ = ["int_at_least", "port", "device", "finite_float", "non_negative_float", "positive_float"]
+__all__ = ["int_at_least", "port", "device", "finite_float", "non_negative_float", "positive_float", "fraction",
+           "top_k"]
 
 
 def int_at_least(low: int) -> Callable[[str], int]:
@@ -67,6 +68,24 @@ def positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{value} is not > 0")
     return value
+
+
+def fraction(*, zero: bool) -> Callable[[str], float]:
+    """argparse type: a number in [0, 1] (``zero``: 0 allowed, as min-p's off) or (0, 1] (top-p)."""
+    def parse(text: str) -> float:
+        value = non_negative_float(text)
+        if not (value <= 1 and (zero or value > 0)):
+            raise argparse.ArgumentTypeError(f"{value} is not in {'[0' if zero else '(0'}, 1]")
+        return value
+
+    return parse
+
+
+def top_k(text: str) -> int:
+    """argparse type: a top-k, an integer >= 0 (0: off); -1, verl's and vLLM's off, is refused naming relayrl's."""
+    if text.strip() == "-1":
+        raise argparse.ArgumentTypeError("-1 is how verl and vLLM turn top-k off; relayrl's off is 0")
+    return int_at_least(0)(text)
 
 
 def check_makeable(path, what: str, fix: str) -> None:

@@ -118,6 +118,11 @@ def cmd_eval(args) -> int:
     if args.k > 1 and args.temperature == 0:
         raise ConfigError(f"relayrl eval: --k {args.k} samples at --temperature 0 are {args.k} copies of the greedy "
                           f"answer; give --temperature > 0 (e.g. 1.0) or --k 1")
+    for dest in ("top_p", "top_k", "min_p"):  # (as eval.top_p and the others with eval.k=1)
+        flag, off = "--" + dest.replace("_", "-"), EVAL_FLAGS[dest][0]
+        if args.k == 1 and getattr(args, dest) != off:
+            raise ConfigError(f"relayrl eval: {flag} {getattr(args, dest)} filters the --k samples, and --k 1 "
+                              f"evaluates the greedy answer only: give --k > 1 (e.g. 8) or drop {flag}")
     task_options = _json_object("--task-options", args.task_options, '{"min_digits": 3}')
     template_kwargs = _json_object("--chat-template-kwargs", args.chat_template_kwargs, '{"enable_thinking": false}')
     try:
@@ -187,10 +192,12 @@ def cmd_eval(args) -> int:
 
     result = evaluate(generate, encode, problems, score,
                       max_new_tokens=args.max_new_tokens, k=args.k, temperature=args.temperature,
+                      top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
                       interrupted=budget is not None, decode=lambda ids: tok.decode(ids, skip_special_tokens=False))
     data = args.data[0] if args.data and len(args.data) == 1 else args.data  # (one file: its path, as before)
     report, samples = write_report(result, out, extra={"model": args.model, "task": args.task, "data": data,
-                                                       "k": args.k, "temperature": args.temperature})
+                                                       "k": args.k, "temperature": args.temperature,
+                                                       "top_p": args.top_p, "top_k": args.top_k, "min_p": args.min_p})
     _print_metrics(result.metrics)
     print(f"relayrl eval: report {report}, samples {samples}")
     return 0

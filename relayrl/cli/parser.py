@@ -77,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="samples per prompt for pass@k / avg@k (default 1: greedy only)")
     e.add_argument("--temperature", type=argtypes.non_negative_float,
                    help="sampling temperature of the k samples (default 1.0)")
+    e.add_argument("--top-p", type=argtypes.fraction(zero=False),
+                   help="nucleus sampling of the k samples, as eval.top_p (default 1.0: off)")
+    e.add_argument("--top-k", type=argtypes.top_k, help="sample the k samples among the top-k tokens, as eval.top_k "
+                   "(default 0: off)")
+    e.add_argument("--min-p", type=argtypes.fraction(zero=True),
+                   help="min-p sampling of the k samples, as eval.min_p (default 0.0: off)")
     e.add_argument("--max-new-tokens", type=argtypes.int_at_least(1), help="(default 16)")
     e.add_argument("--long-prompts", choices=["fail", "drop"],
                    help="a prompt that the model's context cannot hold beside --max-new-tokens: fail (default) "

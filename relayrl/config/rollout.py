@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from relayrl.config.interrupt import InterruptConfig
 from relayrl.config.paths import LocalPath
-from relayrl.engines.generation.config import VLLMSpec, check_scale
+from relayrl.engines.generation.config import VLLMSpec, check_scale, check_top_k
 from relayrl.engines.generation.vllm_sampling import NATIVE_ONLY, sampling_refusal
 
 __all__ = ["RolloutConfig"]
@@ -93,12 +93,7 @@ class RolloutConfig(BaseModel):
     interrupt: InterruptConfig = Field(InterruptConfig(), description="forced length interruption (ScaleRL's "
                                        "thinking budget): see rollout.interrupt.after_tokens")
 
-    @field_validator("top_k", mode="before")
-    @classmethod
-    def _top_k_off(cls, v):
-        if isinstance(v, int) and not isinstance(v, bool) and v == -1:  # verl's and vLLM's spelling of off
-            raise ValueError("-1 is how verl and vLLM turn top-k off; relayrl's off is rollout.top_k=0")
-        return v
+    _top_k_off = field_validator("top_k", mode="before")(lambda v: check_top_k("rollout.top_k", v))
 
     _scale = field_validator("temperature", "repetition_penalty")(lambda v, info: check_scale(info.field_name, v))
 

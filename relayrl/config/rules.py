@@ -16,7 +16,7 @@ Config = Any
 __all__ = ["check_env", "check_decoupled_rewards", "check_ref_sync", "check_precompute_ref", "check_dpo", "check_kto",
            "check_workflow_sections", "WORKFLOW_SECTIONS", "check_critic", "check_placed_roles",
            "check_algorithm_read", "check_reward_read", "scores_responses", "check_total_epochs",
-           "check_retire_solved", "check_loss_agg", "check_vllm_eval_temperature", "check_vllm_model_len",
+           "check_retire_solved", "check_loss_agg", "check_vllm_eval_sampling", "check_vllm_model_len",
            "check_routing_replay"]
 
 
@@ -287,23 +287,26 @@ def check_loss_agg(self: Config) -> None:
                          f"seq-mean-token-mean: set algorithm.loss_agg=seq-mean-token-mean, or rollout.n >= 2")
 
 
-def check_vllm_eval_temperature(self: Config) -> None:
-    """Evaluation samples its ``eval.k`` answers on the rollout's engine: vLLM's temperatures stop at 2, and one
-    below 0.01 it raises to 0.01 (:func:`~relayrl.engines.generation.vllm_sampling.temperature_refusal`); an engine
-    started with raw log-probs (a rollout penalty or filter on) records relayrl's at temperature 1 only."""
-    from relayrl.engines.generation.config import narrowing
-    from relayrl.engines.generation.vllm_sampling import RAW, RAW_BEFORE_TEMPERATURE, logprobs_mode, temperature_refusal
+def check_vllm_eval_sampling(self: Config) -> None:
+    """Evaluation samples its ``eval.k`` answers on the rollout's engine: vLLM's temperatures stop at 2, one below
+    0.01 it raises to 0.01 (:func:`~relayrl.engines.generation.vllm_sampling.temperature_refusal`), and it applies
+    ``eval.min_p`` before ``eval.top_p`` (``MIN_P_ORDER``). Only these sampling refusals: evaluation does not read
+    the log-probs (its ``SamplingParams`` say ``logprobs=False``), so the log-prob ones (a filter on an engine
+    started with processed log-probs, a temperature other than 1 on one started with raw log-probs) do not apply."""
+    from types import SimpleNamespace
 
-    t = self.eval.temperature
-    if self.rollout.engine == "vllm" and self.eval.k > 1 and t is not None \
-            and (why := temperature_refusal("eval.temperature", t, greedy=False)) is not None:
+    from relayrl.engines.generation.vllm_sampling import sampling_refusal, temperature_refusal
+
+    ev = self.eval
+    if self.rollout.engine != "vllm" or ev.k == 1:
+        return
+    if ev.temperature is not None and (why := temperature_refusal("eval.temperature", ev.temperature,
+                                                                  greedy=False)) is not None:
         raise ValueError(f"the eval.k answers are sampled on the rollout's vLLM engine: {why}")
-    if self.rollout.engine == "vllm" and self.eval.k > 1 and t is not None and t != 1.0 \
-            and logprobs_mode(self.rollout) == RAW:
-        on = ", ".join(f"rollout.{k}" for k in narrowing(self.rollout))
-        raise ValueError(f"the eval.k answers are sampled on the rollout's vLLM engine, which {on} start with "
-                         f"raw log-probs: {RAW_BEFORE_TEMPERATURE}; set eval.temperature=1 (got {t:g}), or drop "
-                         f"eval.temperature (the rollout's)")
+    sampled = SimpleNamespace(temperature=ev.temperature or self.rollout.temperature or 1.0, top_p=ev.top_p,
+                              top_k=ev.top_k, min_p=ev.min_p, repetition_penalty=1.0, logprobs=False)
+    if (why := sampling_refusal(sampled, "eval.")) is not None:
+        raise ValueError(f"the eval.k answers are sampled on the rollout's vLLM engine: {why}")
 
 
 def check_vllm_model_len(self: Config) -> None:

@@ -30,14 +30,14 @@ from relayrl.config.rollout_devices import check_rollout_devices
 from relayrl.config.rules import (check_critic, check_decoupled_rewards, check_dpo, check_env,
                                   check_kto, check_placed_roles, check_precompute_ref, check_ref_sync,
                                   check_retire_solved, check_total_epochs, check_workflow_sections, check_reward_read,
-                                  scores_responses, check_loss_agg, check_vllm_eval_temperature, check_routing_replay,
+                                  scores_responses, check_loss_agg, check_vllm_eval_sampling, check_routing_replay,
                                   check_vllm_model_len)
 from relayrl.cluster.config import ClusterConfig
 from relayrl.config.parallel import check_expert_parallel, check_sequence_parallel
 from relayrl.data.config import DataConfig
 from relayrl.dock.config import DockConfig
 from relayrl.engines.reward.config import RewardConfig
-from relayrl.engines.generation.config import check_scale
+from relayrl.engines.generation.config import PLAIN_SAMPLING, check_scale, check_top_k
 from relayrl.engines.training.config import OptimConfig, TrainEngineConfig
 from relayrl.environments.config import EnvConfig
 from relayrl.models.config import ModelConfig
@@ -194,14 +194,25 @@ class EvalConfig(_Section):
                    "num_generations_eval); each evaluation then generates k + 1 answers per prompt. 1: greedy only")
     temperature: float | None = Field(None, gt=0.0, description="eval.k > 1: the sampling temperature (null: "
                                        "rollout.temperature, or 1.0 when that is 0)")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="eval.k > 1: nucleus sampling of the k answers, as "
+                         "rollout.top_p (verl's val_kwargs.top_p; 1: off). The greedy answer is never filtered, "
+                         "and the rollout's filters do not apply to the k answers")
+    top_k: int = Field(0, ge=0, description="eval.k > 1: sample the k answers among the top_k most likely tokens, "
+                       "as rollout.top_k (verl's val_kwargs.top_k, whose -1 is 0 here; 0: off)")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, description="eval.k > 1: sample the k answers among the tokens at "
+                         "least min_p times as likely as the most likely one, as rollout.min_p (0: off)")
 
     _scale = field_validator("temperature")(lambda v, info: check_scale(info.field_name, v))
+    _top_k_off = field_validator("top_k", mode="before")(lambda v: check_top_k("eval.top_k", v))
 
     @model_validator(mode="after")
     def _sampled(self) -> "EvalConfig":
-        if self.temperature is not None and self.k == 1:
-            raise ValueError(f"eval.temperature={self.temperature} samples the eval.k answers, and eval.k=1 (greedy "
-                             f"only): set eval.k > 1 (e.g. 8) or drop eval.temperature")
+        for key in ("temperature", "top_p", "top_k", "min_p"):
+            value, off = getattr(self, key), PLAIN_SAMPLING.get(key)  # (temperature: None, the rollout's)
+            if self.k == 1 and value is not None and value != off:
+                fix = "drop eval.temperature" if off is None else f"set eval.{key}={off} (off)"
+                raise ValueError(f"eval.{key}={value} samples the eval.k answers, and eval.k=1 (greedy only): set "
+                                 f"eval.k > 1 (e.g. 8) or {fix}")
         return self
 
 
@@ -335,7 +346,7 @@ class Config(_Section):
         check_env(self)
         check_decoupled_rewards(self)
         check_interrupt(self)
-        check_vllm_eval_temperature(self)
+        check_vllm_eval_sampling(self)
         check_vllm_model_len(self)
         check_routing_replay(self)
         if self.data.messages_key is not None and (self.workflow != "sft" or self.data.path is None):

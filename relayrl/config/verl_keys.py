@@ -82,6 +82,10 @@ VERL_KEYS: dict[str, str] = {
     f"{_ARR}.rollout.log_prob_max_token_len_per_gpu": "engine.token_budget",
     f"{_ARR}.rollout.val_kwargs.n": "eval.k",
     f"{_ARR}.rollout.val_kwargs.temperature": "eval.temperature",
+    f"{_ARR}.rollout.val_kwargs.top_p": "eval.top_p",
+    f"{_ARR}.rollout.val_kwargs.top_k": "eval.top_k (verl's -1 is 0)",
+    f"{_ARR}.rollout.val_kwargs.do_sample": "eval.k (the greedy answer is always evaluated; eval.k > 1 also "
+                                            "samples k)",
     f"{_ARR}.ref.log_prob_micro_batch_size_per_gpu": "engine.token_budget",
     f"{_ARR}.ref.log_prob_max_token_len_per_gpu": "engine.token_budget",
     "trainer.total_training_steps": "trainer.steps",

@@ -19,7 +19,7 @@ from relayrl.engines.reward.user import with_ids
 from relayrl.engines.reward.verifiers import CORRECT
 from relayrl.evaluation.metrics import budgets, per_source, source_names, summarize
 
-__all__ = ["EvalResult", "evaluate", "write_report", "as_read", "EVAL_OWN"]
+__all__ = ["EvalResult", "eval_params", "evaluate", "write_report", "as_read", "EVAL_OWN"]
 
 GenerateFn = Callable[[list[list[int]], SamplingParams], list[Completion]]
 ScoreFn = Callable[[list[str], list[str], list[str], list, ExtraLog], list[float]]
@@ -53,15 +53,30 @@ def as_read(problem: Problem, ids: Sequence[int], decode: Callable[[list[int]], 
     return {"prompt_text": decode(list(ids))}
 
 
+def eval_params(*, max_new_tokens: int, k: int = 1, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                min_p: float = 0.0, stop_strings: Sequence[str] = ()) -> tuple[SamplingParams, SamplingParams | None]:
+    """An evaluation's ``SamplingParams``: the greedy answer's (unfiltered) and, with ``k > 1``, the k samples'
+    at ``temperature`` with the ``top_p`` / ``top_k`` / ``min_p`` filters (``eval.*``); else None. Both say
+    ``logprobs=False``: evaluation never reads the response log-probs, so the vLLM engine may filter in either
+    of its log-prob modes (:func:`~relayrl.engines.generation.vllm_sampling.sampling_refusal`)."""
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens, stop_strings=tuple(stop_strings),
+                            logprobs=False)
+    if k == 1:
+        return greedy, None
+    return greedy, greedy.model_copy(update={"n": k, "temperature": temperature, "top_p": top_p, "top_k": top_k,
+                                             "min_p": min_p})
+
+
 def evaluate(generate: GenerateFn, encode: Callable[[Problem], list[int]], problems: Sequence[Problem],
-             score: ScoreFn, *, max_new_tokens: int, k: int = 1, temperature: float = 1.0,
-             stop_strings: Sequence[str] = (), interrupted: bool = False,
+             score: ScoreFn, *, max_new_tokens: int, k: int = 1, temperature: float = 1.0, top_p: float = 1.0,
+             top_k: int = 0, min_p: float = 0.0, stop_strings: Sequence[str] = (), interrupted: bool = False,
              decode: Callable[[list[int]], str] | None = None) -> EvalResult:
-    """Greedy accuracy on ``problems``; with ``k > 1`` also k samples per prompt at ``temperature``; every
-    metric also per source when the problems come from several (:func:`~relayrl.evaluation.metrics.per_source`).
-    ``interrupted``: ``generate`` applies a thinking budget (``rollout.interrupt``): report
-    ``eval/interrupted_frac``, the greedy answers it interrupted, and mark the samples. ``decode``: token ids to
-    text with special tokens, for a chat prompt's ``prompt_text`` (:func:`as_read`)."""
+    """Greedy accuracy on ``problems``; with ``k > 1`` also k samples per prompt at ``temperature``, filtered by
+    ``top_p`` / ``top_k`` / ``min_p`` (:func:`eval_params`); every metric also per source when the problems come
+    from several (:func:`~relayrl.evaluation.metrics.per_source`). ``interrupted``: ``generate`` applies a
+    thinking budget (``rollout.interrupt``): report ``eval/interrupted_frac``, the greedy answers it interrupted,
+    and mark the samples. ``decode``: token ids to text with special tokens, for a chat prompt's ``prompt_text``
+    (:func:`as_read`)."""
     if not problems:
         raise ValueError("evaluate: no problems to evaluate")
     prompts = [encode(p) for p in problems]
@@ -70,8 +85,9 @@ def evaluate(generate: GenerateFn, encode: Callable[[Problem], list[int]], probl
     columns = [p.meta.get("fields") for p in problems]
     sources = source_names([p.meta for p in problems])
     named = len(set(sources)) > 1  # (then each sample says its source)
-    greedy = generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens,
-                                              stop_strings=tuple(stop_strings)))
+    greedy_params, sampled_params = eval_params(max_new_tokens=max_new_tokens, k=k, temperature=temperature,
+                                                top_p=top_p, top_k=top_k, min_p=min_p, stop_strings=stop_strings)
+    greedy = generate(prompts, greedy_params)
     g_log = ExtraLog(len(greedy))
     g_rewards = score(texts, [c.text for c in greedy], answers, with_ids(columns, [c.token_ids for c in greedy]),
                       g_log)
@@ -81,9 +97,8 @@ def evaluate(generate: GenerateFn, encode: Callable[[Problem], list[int]], probl
                 **({"source": sources[i]} if named else {}), **sample_fields(x, EVAL_OWN)}
                for i, (t, a, c, r, x) in enumerate(zip(texts, answers, greedy, g_rewards, g_log.rows(len(greedy))))]
     per_prompt: list[list[bool]] = [[] for _ in problems]
-    if k > 1:
-        sampled = generate(prompts, SamplingParams(n=k, temperature=temperature, max_new_tokens=max_new_tokens,
-                                                   stop_strings=tuple(stop_strings)))
+    if sampled_params is not None:
+        sampled = generate(prompts, sampled_params)
         s_log = ExtraLog(len(sampled))
         rewards = score([texts[c.prompt_index] for c in sampled], [c.text for c in sampled],
                         [answers[c.prompt_index] for c in sampled],

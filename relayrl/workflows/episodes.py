@@ -21,7 +21,7 @@ from relayrl.environments.config import EpisodeSpec, build_env_factory
 from relayrl.environments.episodes import episode_metrics
 from relayrl.evaluation.runner import as_read
 from relayrl.evaluation.metrics import budgets, per_source, source_names, summarize
-from relayrl.evaluation.runner import EvalResult
+from relayrl.evaluation.runner import EvalResult, eval_params
 from relayrl.workflows.rollout_worker import RolloutWorker
 
 __all__ = ["episode_spec", "rollout_episodes", "evaluate_episodes", "log_episode_errors"]
@@ -60,11 +60,10 @@ def evaluate_episodes(rollout, s, spec: EpisodeSpec, step: int | None) -> dict[s
     :class:`~relayrl.workflows.heldout.EvalSession`; ``step``: the training step (None outside training)."""
     ro, ev = s.cfg.rollout, s.cfg.eval
     problems = s.eval_problems
-    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=ev.max_new_tokens or ro.max_new_tokens,
-                            stop_strings=tuple(ro.stop_strings))
-    runs = [("greedy", greedy)]
-    if ev.k > 1:
-        runs.append((f"sample@{ev.k}", greedy.model_copy(update={"n": ev.k, "temperature": s.eval_temperature})))
+    greedy, sampled = eval_params(max_new_tokens=ev.max_new_tokens or ro.max_new_tokens, k=ev.k,
+                                  temperature=s.eval_temperature, top_p=ev.top_p, top_k=ev.top_k, min_p=ev.min_p,
+                                  stop_strings=ro.stop_strings)
+    runs = [("greedy", greedy)] + ([(f"sample@{ev.k}", sampled)] if sampled is not None else [])
     samples: list[dict] = []
     by_mode: dict[str, list[Episode]] = {}
     sources = source_names([p.meta for p in problems])

@@ -119,7 +119,8 @@ class EvalSession(RunProblems):
 
         result = evaluate(generate, self.encode, self.eval_problems, score,
                           max_new_tokens=ev.max_new_tokens or ro.max_new_tokens, k=ev.k,
-                          temperature=self.eval_temperature, stop_strings=ro.stop_strings,
+                          temperature=self.eval_temperature, top_p=ev.top_p, top_k=ev.top_k, min_p=ev.min_p,
+                          stop_strings=ro.stop_strings,
                           interrupted=self.eval_interrupt is not None,
                           decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False))
         self.report(result, step, name=name)
@@ -180,7 +181,9 @@ def evaluate_config(cfg: Config, out: Path, *, extra: dict | None = None,
             if spec is not None else "greedy answers")
     if s.eval_interrupt is not None:
         what += f" (a thinking budget: rollout.interrupt.after_tokens={s.eval_interrupt.after_tokens})"
-    sampled = f", then eval.k={ev.k} sampled at temperature {s.eval_temperature:g} each" if ev.k > 1 else ""
+    filters = "".join(f", eval.{k}={getattr(ev, k):g}" for k, off in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0))
+                      if getattr(ev, k) != off)
+    sampled = f", then eval.k={ev.k} sampled at temperature {s.eval_temperature:g}{filters} each" if ev.k > 1 else ""
     log(f"relayrl eval: {s.model_path} on {len(s.eval_problems)} held-out problems: {what}{sampled}")
     # (one rank runs in this process, as a training run's rollout does on a single device; more are processes)
     rollout = make_group(cfg.cluster.model_copy(update={"in_process": True}), RolloutWorker, s.pool, "rollout",

@@ -49,6 +49,7 @@ SAMPLING_CASES: dict[str, list[tuple[object, dict]]] = {
                      (("<|im_end|>",), {"stop": None, "stop_token_ids": [9]})],
     "stop_token_ids": [((5, 7), {"stop_token_ids": [5, 7]})],
     "ignore_eos": [(True, {"ignore_eos": True}), (False, {"ignore_eos": None})],
+    "logprobs": [(False, {"logprobs": 0}), (True, {"logprobs": 0})],  # (asked either way: the ids may come in them)
 }
 
 

@@ -106,3 +106,18 @@ def test_an_engine_started_with_raw_log_probs_refuses_another_temperature(raw_en
     eng, _ = raw_engine
     with pytest.raises(ValueError, match="temperature=0.7: vLLM 0.32's raw log-probs"):
         eng.generate([tiny_tokenizer("1+2=")["input_ids"]], SamplingParams(n=1, temperature=0.7, max_new_tokens=4))
+
+
+def test_evaluation_samples_with_filters_at_any_temperature_without_log_probs(raw_engine, tiny_tokenizer):
+    """Evaluation reads no log-probs (``logprobs=False``): the raw-log-prob engine samples its eval.k answers at
+    temperature 0.7 instead of refusing, and the filter acts (top_k=1: every sample is the greedy answer)."""
+    from relayrl.evaluation.runner import eval_params
+
+    eng, _ = raw_engine
+    prompts = [tiny_tokenizer(t)["input_ids"] for t in PROMPTS]
+    greedy, sampled = eval_params(max_new_tokens=8, k=4, temperature=0.7, top_k=1)
+    want = [c.token_ids.tolist() for c in eng.generate(prompts, greedy)]
+    got = eng.generate(prompts, sampled, torch.Generator().manual_seed(0))
+    assert [c.token_ids.tolist() for c in got] == [want[c.prompt_index] for c in got] and len(got) == 12
+    plain = eng.generate(prompts, sampled.model_copy(update={"top_k": 0}), torch.Generator().manual_seed(0))
+    assert any(c.token_ids.tolist() != want[c.prompt_index] for c in plain)  # (samples at 0.7 vary)

@@ -56,6 +56,8 @@ SAMPLING_CASES: dict[str, list[tuple[object, dict | str]]] = {
     "stop_token_ids": [((5, 7), {"stop_token_ids": [2, 5, 7]})],
     "ignore_eos": [(True, {"stop_token_ids": [], "ignore_eos": True}),
                    (False, {"stop_token_ids": [2, 7], "ignore_eos": True})],
+    # (the sampled token's log-prob is asked either way; False lifts only the log-prob refusals: see below)
+    "logprobs": [(True, {"logprobs": 0}), (False, {"logprobs": 0})],
 }
 
 
@@ -250,9 +252,8 @@ def test_a_penalty_or_filter_needs_temperature_1_and_the_refusal_says_why(key, v
                   "temperature included", "the masked, renormalised distribution", "set rollout.temperature=1",
                   f"rollout.{key}="):
         assert words in msg, words
-    with pytest.raises(ValueError, match=r"eval.k answers .* rollout\.%s start with raw log-probs.* set "
-                                         r"eval.temperature=1 \(got 0.6\)" % key):
-        cfg({key: value}, eval={"k": 4, "temperature": 0.6})
+    # the eval.k answers' log-probs are never read (logprobs=False): another temperature is no longer refused
+    assert cfg({key: value}, eval={"k": 4, "temperature": 0.6}).eval.temperature == 0.6
     # an engine started for plain sampling (processed log-probs) refuses a filtered request, saying why
     why = sampling_refusal(SamplingParams(**{key: value}), mode=PROCESSED)
     for words in ("processed_logprobs", "renormalised distribution it samples from",
@@ -261,6 +262,8 @@ def test_a_penalty_or_filter_needs_temperature_1_and_the_refusal_says_why(key, v
         assert words in why, words
     # and one started with raw log-probs refuses another temperature (an eval's): its log-probs would be T=1's
     assert "temperature=0.6: vLLM 0.32's raw log-probs" in sampling_refusal(SamplingParams(temperature=0.6), mode=RAW)
+    assert sampling_refusal(SamplingParams(temperature=0.6, logprobs=False), mode=RAW) is None  # (not read)
+    assert sampling_refusal(SamplingParams(**{key: value}, logprobs=False), mode=PROCESSED) is None
     assert sampling_refusal(SamplingParams(temperature=0.0, n=1), mode=RAW) is None  # greedy: log_softmax(logits)
 
 

@@ -52,6 +52,10 @@ class SamplingParams(BaseModel):
     stop_token_ids: tuple[int, ...] = Field((), description="extra stop tokens beside the EOS ids (the tokenizer's "
                                             "and the model's generation_config.json's eos_token_id)")
     ignore_eos: bool = Field(False, description="do not stop at the EOS ids (benchmarks: fixed-length work)")
+    logprobs: bool = Field(True, description="False: the caller does not read the response log-probs "
+                           "(evaluation); the vLLM engine then allows filters its log-prob mode would not record "
+                           "faithfully (vllm_sampling.sampling_refusal applies only the sampling refusals). The "
+                           "native engine records relayrl's log-probs either way and ignores it")
 
     @field_validator("temperature", "repetition_penalty")
     @classmethod

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["INSTALL", "MAX_PENALTY", "MIN_SCALE", "PLAIN_SAMPLING", "VLLMSpec", "check_scale", "narrowing", "vllm_available"]
+__all__ = ["INSTALL", "MAX_PENALTY", "MIN_SCALE", "PLAIN_SAMPLING", "VLLMSpec", "check_scale", "check_top_k",
+           "narrowing", "vllm_available"]
 
 MIN_SCALE = 1e-5
 """The smallest positive temperature and repetition penalty sampled with. The logits are divided by them in
@@ -36,6 +37,14 @@ def check_scale(name: str, value: float | None) -> float | None:
                          f"overflows float32 and sampling fails; use a value in [{MIN_SCALE:g}, {MAX_PENALTY:g}] "
                          f"(1: no penalty; 1.1 to 2 are the usual ones)")
     return value
+
+def check_top_k(key: str, value):
+    """``value`` of the top-k key ``key`` (``rollout.top_k``), refused when it is -1, verl's and vLLM's off
+    (relayrl's is 0; other negatives fail the field's ``ge=0``)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value == -1:  # verl's and vLLM's spelling of off
+        raise ValueError(f"-1 is how verl and vLLM turn top-k off; relayrl's off is {key}=0")
+    return value
+
 
 PLAIN_SAMPLING: dict[str, float] = {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
 """The off value of each setting that narrows ``softmax(logits / T)``."""

@@ -37,12 +37,15 @@ SAMPLING_FIELDS: dict[str, str] = {
                     "as a stop token id instead",
     "stop_token_ids": "stop_token_ids (the server's output keeps the stop token: no_stop_trim)",
     "ignore_eos": "ignore_eos (the EOS ids are the server's: its tokenizer's and generation_config.json's)",
+    "logprobs": "not sent: every request asks logprobs=0 either way (the sampled ids may come back as their "
+                "log-prob tokens, token_id:<id>)",
 }
 """``SamplingParams`` field -> what the request carries (:func:`request_body`)."""
 
 _SERVER = "the server's (not sent): "
 ROLLOUT_KEYS: dict[str, str] = {
-    **{k: f"SamplingParams.{k}: {v}" for k, v in SAMPLING_FIELDS.items() if k not in ("stop_token_ids", "ignore_eos")},
+    **{k: f"SamplingParams.{k}: {v}" for k, v in SAMPLING_FIELDS.items()
+       if k not in ("stop_token_ids", "ignore_eos", "logprobs")},
     "max_batch": _SERVER + "its own batch limit (vllm serve --max-num-seqs); rollout.concurrency is the requests "
                  "relayrl keeps in flight",
     "dtype": "the weights pushed to the server are cast to it; the server computes in the dtype it was started "

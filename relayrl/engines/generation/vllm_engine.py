@@ -17,7 +17,9 @@ which engine sampled. How each part maps onto vLLM 0.32's Python API:
   one on the engine starts with ``raw_logprobs`` (before everything, the temperature included), which are
   relayrl's at temperature 1 and greedy: the config refuses a penalty or filter at another temperature, and
   ``generate`` refuses what the engine's mode cannot record (as a temperature in (0, 0.01), which vLLM would raise
-  to 0.01). What every sampling key becomes is :mod:`relayrl.engines.generation.vllm_sampling`'s table.
+  to 0.01), unless the request reads no log-probs (``SamplingParams.logprobs=False``: evaluation), when only the
+  sampling refusals apply. What every sampling key becomes is :mod:`relayrl.engines.generation.vllm_sampling`'s
+  table.
 - **Stops.** vLLM gets no tokenizer (``skip_tokenizer_init``: relayrl's tokenizer is the one that
   matters); the EOS ids (the tokenizer's and the checkpoint's ``generation_config.json``'s,
   :mod:`relayrl.models.eos`) and ``stop_token_ids`` are vLLM stop tokens (the native engine's set,

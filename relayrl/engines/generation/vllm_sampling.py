@@ -63,6 +63,9 @@ SAMPLING_KEYS: dict[str, str] = {
     "stop_token_ids": "stop_token_ids (the stop token kept as the last token, as native)",
     "ignore_eos": "vLLM always gets ignore_eos=True; the EOS ids (tokenizer's and generation_config.json's) are "
                   "in stop_token_ids unless ignore_eos",
+    "logprobs": "vLLM always returns the sampled token's log-prob (logprobs=0); False (evaluation, which does not "
+                "read them): the log-prob refusals (PROCESSED_DIFFERS, RAW_BEFORE_TEMPERATURE) are lifted, the "
+                "sampling ones (the temperature bounds, MIN_P_ORDER) stay",
 }
 """``SamplingParams`` field -> how the vLLM engine maps it (:func:`sampling_kwargs`)."""
 
@@ -73,7 +76,8 @@ OPENAI_ONLY = ("base_url", "served_model", "api_key_env", "weight_sync", "weight
 """``rollout`` keys only ``rollout.engine=openai`` reads: refused with another engine when set."""
 
 ROLLOUT_KEYS: dict[str, str] = {
-    **{k: f"SamplingParams.{k}: {v}" for k, v in SAMPLING_KEYS.items() if k not in ("stop_token_ids", "ignore_eos")},
+    **{k: f"SamplingParams.{k}: {v}" for k, v in SAMPLING_KEYS.items()
+       if k not in ("stop_token_ids", "ignore_eos", "logprobs")},
     "max_batch": "vLLM's max_num_seqs",
     "dtype": "vLLM's dtype",
     "engine": "which engine",
@@ -110,16 +114,23 @@ def logprobs_mode(settings) -> str:
 def sampling_refusal(settings, prefix: str = "", mode: str | None = None) -> str | None:
     """Why the vLLM engine cannot sample as ``settings`` (a ``SamplingParams`` or the ``rollout`` section) say and
     record relayrl's log-probs, naming each key (under ``prefix``, e.g. ``rollout.``) and its fix; None when it
-    can. ``mode``: the engine's ``logprobs_mode`` (None: the one :func:`logprobs_mode` picks for ``settings``)."""
+    can. ``mode``: the engine's ``logprobs_mode`` (None: the one :func:`logprobs_mode` picks for ``settings``).
+
+    Two kinds of refusal: the sampling ones (a temperature vLLM would change, :data:`MIN_P_ORDER`: vLLM would
+    sample from other tokens than the native engine) always apply; the log-prob ones (:data:`PROCESSED_DIFFERS`,
+    :data:`RAW_BEFORE_TEMPERATURE`: vLLM would record other log-probs than relayrl's) only when the caller reads
+    them, i.e. not for a ``SamplingParams`` with ``logprobs=False`` (evaluation). The ``rollout`` section has no
+    such field: a rollout's log-probs are always read."""
     t = settings.temperature
     if (why := temperature_refusal(f"{prefix}temperature", t)) is not None:
         return why
     bad = narrowing(settings)
     fix = ", ".join(f"{prefix}{k}={PLAIN_SAMPLING[k]} (got {v})" for k, v in bad.items())
     mode = mode or logprobs_mode(settings)
-    if mode == PROCESSED and bad:  # (an engine started for plain sampling, asked to filter)
+    read = getattr(settings, "logprobs", True)  # (False: only the sampling refusals below)
+    if read and mode == PROCESSED and bad:  # (an engine started for plain sampling, asked to filter)
         return f"{PROCESSED_DIFFERS}: set {fix}"
-    if mode == RAW and t not in (0.0, 1.0):
+    if read and mode == RAW and t not in (0.0, 1.0):
         on = f" with {', '.join(prefix + k for k in bad)} on" if bad else ""
         return (f"{prefix}temperature={t:g}{on}: {RAW_BEFORE_TEMPERATURE}; set {prefix}temperature=1"
                 f"{', or ' + fix if bad else ' (or 0, greedy)'}")
