@@ -8,7 +8,7 @@ it only needs a ``generate(prompt_ids, params)`` callable.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -19,7 +19,7 @@ from relayrl.engines.reward.user import with_ids
 from relayrl.engines.reward.verifiers import CORRECT
 from relayrl.evaluation.metrics import budgets, per_source, source_names, summarize
 
-__all__ = ["EvalResult", "eval_params", "evaluate", "write_report", "as_read", "EVAL_OWN"]
+__all__ = ["EvalResult", "eval_params", "sampling_record", "evaluate", "write_report", "as_read", "EVAL_OWN"]
 
 GenerateFn = Callable[[list[list[int]], SamplingParams], list[Completion]]
 ScoreFn = Callable[[list[str], list[str], list[str], list, ExtraLog], list[float]]
@@ -42,6 +42,17 @@ class EvalResult:
     samples: list[dict]
     """One record per sample: prompt, answer, response, reward, mode, and the columns its reward functions
     logged (``pred``)."""
+    sampling: dict = field(default_factory=dict)
+    """How the answers were generated (:func:`sampling_record`), written to the report beside the metrics."""
+
+
+def sampling_record(greedy: SamplingParams, sampled: SamplingParams | None) -> dict:
+    """An evaluation report's ``sampling`` entry: the answer length, ``k`` and, with ``k > 1``, the temperature
+    and filters the k samples were drawn with (the greedy answer is unfiltered)."""
+    out: dict = {"max_new_tokens": greedy.max_new_tokens, "k": 1 if sampled is None else sampled.n}
+    if sampled is not None:
+        out.update({key: getattr(sampled, key) for key in ("temperature", "top_p", "top_k", "min_p")})
+    return out
 
 
 def as_read(problem: Problem, ids: Sequence[int], decode: Callable[[list[int]], str] | None) -> dict[str, str]:
@@ -125,14 +136,16 @@ def evaluate(generate: GenerateFn, encode: Callable[[Problem], list[int]], probl
 
     metrics = metrics_of(range(len(problems)))
     metrics.update(per_source(sources, metrics_of))
-    return EvalResult(metrics, samples)
+    return EvalResult(metrics, samples, sampling_record(greedy_params, sampled_params))
 
 
 def write_report(result: EvalResult, out_dir: Path, *, name: str = "eval", extra: dict | None = None) -> tuple[Path, Path]:
-    """``NAME.json`` (metrics) and ``NAME_samples.jsonl`` (one readable record per sample)."""
+    """``NAME.json`` (metrics, how the answers were sampled, ``extra``) and ``NAME_samples.jsonl`` (one readable
+    record per sample)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     report = out_dir / f"{name}.json"
-    report.write_text(json.dumps({"metrics": result.metrics, **(extra or {})}, indent=2) + "\n")
+    body = {"metrics": result.metrics, **({"sampling": result.sampling} if result.sampling else {}), **(extra or {})}
+    report.write_text(json.dumps(body, indent=2) + "\n")
     samples = out_dir / f"{name}_samples.jsonl"
     with samples.open("w") as f:
         for s in result.samples:

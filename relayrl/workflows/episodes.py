@@ -19,9 +19,8 @@ from relayrl.engines.reward.verifiers import CORRECT
 from relayrl.environments.base import Episode, EpisodeEnd, EpisodeSummary
 from relayrl.environments.config import EpisodeSpec, build_env_factory
 from relayrl.environments.episodes import episode_metrics
-from relayrl.evaluation.runner import as_read
 from relayrl.evaluation.metrics import budgets, per_source, source_names, summarize
-from relayrl.evaluation.runner import EvalResult, eval_params
+from relayrl.evaluation.runner import EvalResult, as_read, eval_params, sampling_record
 from relayrl.workflows.rollout_worker import RolloutWorker
 
 __all__ = ["episode_spec", "rollout_episodes", "evaluate_episodes", "log_episode_errors"]
@@ -101,7 +100,7 @@ def evaluate_episodes(rollout, s, spec: EpisodeSpec, step: int | None) -> dict[s
 
     metrics = metrics_of(range(len(problems)))
     metrics.update(per_source(sources, metrics_of))
-    s.report(EvalResult(metrics, samples), step)
+    s.report(EvalResult(metrics, samples, sampling_record(greedy, sampled)), step)
     return metrics
 
 

@@ -7,6 +7,8 @@ on the tiny model, the vLLM refusals that still apply to evaluation (a pure func
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -16,7 +18,7 @@ from relayrl.data.tasks import ArithmeticTask, Problem
 from relayrl.engines.generation.base import Completion, SamplingParams
 from relayrl.engines.generation.config import vllm_available
 from relayrl.engines.generation.vllm_sampling import PROCESSED, RAW, sampling_refusal
-from relayrl.evaluation.runner import eval_params, evaluate
+from relayrl.evaluation.runner import eval_params, evaluate, write_report
 
 FILTERS = [("top_p", 0.7), ("top_k", 20), ("min_p", 0.05)]
 
@@ -91,6 +93,22 @@ def test_the_runner_filters_the_k_samples_and_never_the_greedy_answer():
     assert greedy.logprobs is False and sampled.logprobs is False  # (evaluation never reads them)
     assert greedy.stop_strings == sampled.stop_strings == ("\n",) and sampled.max_new_tokens == 4
     assert eval_params(max_new_tokens=4, top_p=0.7) == (greedy.model_copy(update={"stop_strings": ()}), None)
+
+
+def test_the_report_says_how_the_k_samples_were_drawn(tmp_path):
+    def generate(prompts, params):
+        return [Completion(i, s, torch.tensor([0]), torch.tensor([0.0]), "stop", 0, "2")
+                for i in range(len(prompts)) for s in range(params.n)]
+
+    res = evaluate(generate, lambda p: [1, 2], PROBLEMS, score, max_new_tokens=4, k=3, temperature=0.9, top_p=0.7,
+                   top_k=20, min_p=0.05)
+    report, _ = write_report(res, tmp_path, extra={"model": "m"})
+    body = json.loads(report.read_text())
+    assert body["sampling"] == {"max_new_tokens": 4, "k": 3, "temperature": 0.9, "top_p": 0.7, "top_k": 20,
+                                "min_p": 0.05}
+    assert body["model"] == "m" and body["metrics"]["eval/pass@3"] == 0.5  # (every answer says 2)
+    greedy_only = evaluate(generate, lambda p: [1, 2], PROBLEMS, score, max_new_tokens=6)
+    assert greedy_only.sampling == {"max_new_tokens": 6, "k": 1}  # (the greedy answer is never filtered)
 
 
 @pytest.mark.parametrize("key,value", [("top_k", 1), ("top_p", 1e-6), ("min_p", 1.0)])
