@@ -116,9 +116,10 @@ def cmd_demo(args) -> int:
         if cfg.run.resume == "never" and _demo_owns(args, root / name) and (root / name / "config.json").is_file():
             print(f"relayrl demo: replacing the previous demo run in {root / name}", flush=True)
             shutil.rmtree(root / name)
+        (root / name).mkdir(parents=True, exist_ok=True)  # (marked before it trains: a demo stopped in this stage
+        (root / name / DEMO_MARK).touch()  # is replaced by the next one, not refused as another run)
         t = time.perf_counter()
         model = _run(cfg)
-        (root / name / DEMO_MARK).touch()
         rl_min, held_out = (time.perf_counter() - t) / 60, cfg.eval.size
     before, after = _final_accuracy(root / "grpo")
     minutes = (time.perf_counter() - t0) / 60

@@ -39,3 +39,29 @@ def test_another_run_in_a_later_stage_s_directory_is_refused_before_the_first_st
     (other / ".relayrl-demo").touch()  # (one a demo made is replaced when its stage starts)
     with pytest.raises(AssertionError, match="base"):
         cli.main(["demo", f"--dir={tmp_path}"])
+
+
+def test_a_demo_stopped_in_a_stage_is_replaced_by_the_next_demo(capsys, tmp_path, monkeypatch):
+    """A demo interrupted while a stage trains (``--dir``) left that stage's partial run; the next demo replaces
+    it, as it replaces a finished demo's, instead of refusing it as another run (it was refused: the stage
+    directory was marked only when its stage finished)."""
+    def stopped(cfg):
+        run_dir = cfg.run.dir
+        run_dir.mkdir(parents=True, exist_ok=True)  # (as the run's claim of its directory does)
+        (run_dir / "config.json").write_text(cfg.model_dump_json())
+        (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(commands, "_run", stopped)
+    monkeypatch.delenv("RELAYRL_DEBUG", raising=False)
+    assert cli.main(["demo", f"--dir={tmp_path}"]) != 0
+    assert (tmp_path / "base" / "metrics.jsonl").is_file()
+
+    def fresh(cfg):
+        assert not (cfg.run.dir / "metrics.jsonl").exists(), "the partial run is still there"
+        raise AssertionError(f"stage {cfg.run.dir.name} started")
+
+    monkeypatch.setattr(commands, "_run", fresh)
+    with pytest.raises(AssertionError, match="stage base started"):
+        cli.main(["demo", f"--dir={tmp_path}"])
+    assert "replacing the previous demo run" in capsys.readouterr().out
