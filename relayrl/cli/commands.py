@@ -119,7 +119,10 @@ def cmd_demo(args) -> int:
         (root / name).mkdir(parents=True, exist_ok=True)  # (marked before it trains: a demo stopped in this stage
         (root / name / DEMO_MARK).touch()  # is replaced by the next one, not refused as another run)
         t = time.perf_counter()
-        model = _run(cfg)
+        try:
+            model = _run(cfg)
+        except KeyboardInterrupt as e:
+            raise _demo_interrupted(e, root / name, f"{i}/{len(stages)}") from None
         rl_min, held_out = (time.perf_counter() - t) / 60, cfg.eval.size
     before, after = _final_accuracy(root / "grpo")
     minutes = (time.perf_counter() - t0) / 60
@@ -133,6 +136,19 @@ def cmd_demo(args) -> int:
           f"a carry, before GRPO (the SFT model) and after; run dirs under {root}")
     print(f"demo: accuracy {100 * (before or 0):.1f}% -> {100 * (after or 0):.1f}% in {minutes:.1f} min")
     return 0
+
+
+def _demo_interrupted(e: KeyboardInterrupt, stage_dir: Path, stage: str) -> KeyboardInterrupt:
+    """A demo stopped in a stage that wrote no checkpoint: the run's own message says to run "the same
+    command" with run.overwrite=true, which a demo does not take; the next demo replaces the partial run."""
+    from relayrl.checkpoint.manager import CheckpointManager
+    from relayrl.workflows.session import RunInterrupted
+
+    if not isinstance(e, RunInterrupted) or CheckpointManager(stage_dir / "checkpoints").latest() is not None:
+        return e
+    return RunInterrupted(f"relayrl demo: interrupted in stage {stage} ({stage_dir}) before it wrote a checkpoint; "
+                          f"run the same relayrl demo command again to start the demo over (it replaces the "
+                          f"partial run there)")
 
 
 def _demo_owns(args, stage_dir: Path) -> bool:
