@@ -101,10 +101,11 @@ def cmd_demo(args) -> int:
     for i, (name, recipe, _, overrides) in enumerate(stages):  # every stage's mistakes before the first trains
         init = [f"trainer.init_from={root / stages[i - 1][0] / 'model'}"] if i else []
         cfg = _load(str(RECIPES / recipe), [f"run.dir={root / name}", *init, *overrides])
-        if not _demo_owns(args, root / name):  # (another run in a later stage's way: refused now, not minutes on)
-            from relayrl.checkpoint.rundir import check_run_dir
+        from relayrl.checkpoint.rundir import check_run_dir
 
-            check_run_dir(root / name, cfg.run.resume, cfg.run.overwrite)
+        # another run in a later stage's way: refused now, not minutes on; one the demo replaces is checked as one
+        # moved aside is (run.overwrite), so that a live run there (another demo's) is refused, not deleted
+        check_run_dir(root / name, cfg.run.resume, cfg.run.overwrite or _demo_owns(args, root / name))
     model, rl_min, held_out = None, 0.0, 0
     for i, (name, recipe, what, overrides) in enumerate(stages, 1):
         print(f"relayrl demo: {i}/{len(stages)} {what} (recipes/{recipe})", flush=True)

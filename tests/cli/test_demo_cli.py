@@ -71,3 +71,39 @@ def test_a_demo_stopped_in_a_stage_is_replaced_by_the_next_demo(capsys, tmp_path
     with pytest.raises(AssertionError, match="stage base started"):
         cli.main(["demo", f"--dir={tmp_path}"])
     assert "replacing the previous demo run" in capsys.readouterr().out
+
+
+def test_a_demo_running_in_the_same_directory_is_refused_not_replaced(capsys, tmp_path, monkeypatch):
+    """A stage directory a demo marked, held by a live run (another demo training there, in another process):
+    refused before anything trains, naming that run, instead of deleted under it."""
+    import json
+    import subprocess
+    import sys
+
+    stage = tmp_path / "sft"
+    stage.mkdir()
+    (stage / ".relayrl-demo").touch()
+    (stage / "config.json").write_text(json.dumps({"workflow": "sft", "run": {}, "model": {}, "trainer": {}}))
+    lock = stage / ".relayrl.lock"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, json, os, sys, time\n"
+        f"f = open({str(lock)!r}, 'w')\n"
+        "fcntl.flock(f, fcntl.LOCK_EX)\n"
+        "f.write(json.dumps({'pid': os.getpid(), 'host': 'here', 'started': 'now'})); f.flush()\n"
+        "print('held', flush=True)\n"
+        "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+
+        def no_training(cfg):
+            raise AssertionError(f"stage {cfg.run.dir} started")
+
+        monkeypatch.setattr(commands, "_run", no_training)
+        monkeypatch.delenv("RELAYRL_DEBUG", raising=False)
+        code = cli.main(["demo", f"--dir={tmp_path}"])
+        err = capsys.readouterr().err
+        assert code != 0 and f"run.dir={stage} is in use by another run (pid {holder.pid}" in err, err
+        assert (stage / "config.json").is_file()
+    finally:
+        holder.kill()
+        holder.wait()
