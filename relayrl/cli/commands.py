@@ -101,10 +101,11 @@ def cmd_demo(args) -> int:
     for i, (name, recipe, _, overrides) in enumerate(stages):  # every stage's mistakes before the first trains
         init = [f"trainer.init_from={root / stages[i - 1][0] / 'model'}"] if i else []
         cfg = _load(str(RECIPES / recipe), [f"run.dir={root / name}", *init, *overrides])
-        if not _demo_owns(args, root / name):  # (another run in a later stage's way: refused now, not minutes on)
-            from relayrl.checkpoint.rundir import check_run_dir
+        from relayrl.checkpoint.rundir import check_run_dir
 
-            check_run_dir(root / name, cfg.run.resume, cfg.run.overwrite)
+        # another run in a later stage's way: refused now, not minutes on; one the demo replaces is checked as one
+        # moved aside is (run.overwrite), so that a live run there (another demo's) is refused, not deleted
+        check_run_dir(root / name, cfg.run.resume, cfg.run.overwrite or _demo_owns(args, root / name))
     model, rl_min, held_out = None, 0.0, 0
     for i, (name, recipe, what, overrides) in enumerate(stages, 1):
         print(f"relayrl demo: {i}/{len(stages)} {what} (recipes/{recipe})", flush=True)
@@ -116,9 +117,13 @@ def cmd_demo(args) -> int:
         if cfg.run.resume == "never" and _demo_owns(args, root / name) and (root / name / "config.json").is_file():
             print(f"relayrl demo: replacing the previous demo run in {root / name}", flush=True)
             shutil.rmtree(root / name)
+        (root / name).mkdir(parents=True, exist_ok=True)  # (marked before it trains: a demo stopped in this stage
+        (root / name / DEMO_MARK).touch()  # is replaced by the next one, not refused as another run)
         t = time.perf_counter()
-        model = _run(cfg)
-        (root / name / DEMO_MARK).touch()
+        try:
+            model = _run(cfg)
+        except KeyboardInterrupt as e:
+            raise _demo_interrupted(e, root / name, f"{i}/{len(stages)}") from None
         rl_min, held_out = (time.perf_counter() - t) / 60, cfg.eval.size
     before, after = _final_accuracy(root / "grpo")
     minutes = (time.perf_counter() - t0) / 60
@@ -132,6 +137,19 @@ def cmd_demo(args) -> int:
           f"a carry, before GRPO (the SFT model) and after; run dirs under {root}")
     print(f"demo: accuracy {100 * (before or 0):.1f}% -> {100 * (after or 0):.1f}% in {minutes:.1f} min")
     return 0
+
+
+def _demo_interrupted(e: KeyboardInterrupt, stage_dir: Path, stage: str) -> KeyboardInterrupt:
+    """A demo stopped in a stage that wrote no checkpoint: the run's own message says to run "the same
+    command" with run.overwrite=true, which a demo does not take; the next demo replaces the partial run."""
+    from relayrl.checkpoint.manager import CheckpointManager
+    from relayrl.workflows.session import RunInterrupted
+
+    if not isinstance(e, RunInterrupted) or CheckpointManager(stage_dir / "checkpoints").latest() is not None:
+        return e
+    return RunInterrupted(f"relayrl demo: interrupted in stage {stage} ({stage_dir}) before it wrote a checkpoint; "
+                          f"run the same relayrl demo command again to start the demo over (it replaces the "
+                          f"partial run there)")
 
 
 def _demo_owns(args, stage_dir: Path) -> bool:

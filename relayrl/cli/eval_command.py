@@ -102,7 +102,7 @@ def cmd_eval(args) -> int:
     template = _eval_template(args.chat_template)
     import torch
 
-    from relayrl.data.tasks import make_task
+    from relayrl.data.tasks import make_task, task_option_error
     from relayrl.engines.generation.native import NativeGenerationEngine
     from relayrl.engines.reward import RewardConfig, RewardEngine
     from relayrl.evaluation.runner import evaluate, write_report
@@ -141,6 +141,8 @@ def cmd_eval(args) -> int:
     reward_cfg = _eval_reward(args.verifier, args.user_fn, args.user_weights) if args.data else None
     out = _eval_out(Path(args.out))
     if args.task:  # the problems first: a bad task or data file is refused before the model loads
+        if (why := task_option_error(task_options, "--task-options", flag=True)) is not None:
+            raise ConfigError(f"relayrl eval: {why}")
         try:
             task = make_task(args.task, **task_options, eval_size=args.size)
         except ValueError as e:

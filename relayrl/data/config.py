@@ -208,8 +208,12 @@ class DataConfig(BaseModel):
                              f"data.hf_name) once solved; the built-in task data.task={self.task!r} draws fresh "
                              f"prompts without end: drop data.retire_solved")
         if self.task is not None:  # an unknown task or option fails here, not after the model has loaded
-            from relayrl.data.tasks import make_task
+            from relayrl.data.tasks import make_task, task_option_error
 
+            for key, options in (("data.task_options", self.task_options),
+                                 ("data.eval_task_options", self.eval_task_options or {})):
+                if (why := task_option_error(options, key)) is not None:
+                    raise ValueError(why)
             for key, options in (("data.task_options", self.task_options),
                                  ("data.eval_task_options", {**self.task_options, **(self.eval_task_options or {})})):
                 try:

@@ -28,6 +28,8 @@ __all__ = [
     "SortTask",
     "CountdownTask",
     "TASKS",
+    "NOT_OPTIONS",
+    "task_option_error",
     "make_task",
     "extract_answer",
 ]
@@ -292,8 +294,27 @@ EXTRA_TASKS = {"toolsum": "relayrl.environments.task:ToolSumTask"}
 the tiny model's tokenizer corpus (which stays as it was)."""
 
 
+NOT_OPTIONS = {"eval_size": ("eval.size", "--size"), "name": ("data.task", "--task")}
+"""Fields of every task that its options do not set, by the config key and the ``relayrl eval`` flag that do:
+the held-out set's size is the run's (``eval.size``, which replaced an ``eval_size`` option without a word),
+and the task's name is the one it is built by."""
+
+
+def task_option_error(options: dict, key: str, *, flag: bool = False) -> str | None:
+    """Why ``options`` (the value of ``key``: ``data.task_options``, ``--task-options``) may not be a task's
+    options, or None: they hold a field that :data:`NOT_OPTIONS` says another key sets (``flag``: name the
+    ``relayrl eval`` flag instead of the config key)."""
+    for field, (config_key, cli_flag) in NOT_OPTIONS.items():
+        if field in options:
+            other = cli_flag if flag else config_key
+            return (f"{key}: {field!r} is set by {other}, not by the task's options: drop it from {key}"
+                    + (f" and set {other}{' ' if flag else '='}N" if field == "eval_size" else ""))
+    return None
+
+
 def make_task(name: str, **options) -> Task:
-    """Build a built-in task by name, e.g. ``make_task("arith", min_digits=3, max_digits=3)``."""
+    """Build a built-in task by name, e.g. ``make_task("arith", min_digits=3, max_digits=3)``. Its error for an
+    unknown option lists the options a user sets (not :data:`NOT_OPTIONS`, which the callers pass)."""
     if name in EXTRA_TASKS:
         import importlib
 
@@ -309,7 +330,7 @@ def make_task(name: str, **options) -> Task:
     unknown = sorted(set(options) - known) if known is not None else []
     if unknown:
         raise ValueError(f"task {name!r} has no option {', '.join(map(repr, unknown))}; its options are "
-                         f"{sorted(known)}")
+                         f"{sorted(known - set(NOT_OPTIONS))}")
     try:
         return cls(**options)
     except TypeError as e:

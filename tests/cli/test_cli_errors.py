@@ -90,6 +90,9 @@ def test_eval_argument_combinations_are_refused_before_loading_the_model(capsys,
     code, err = run(capsys, "eval", "--model", missing, "--task", "arith", "--task-options", '{"foo": 1}',
                     "--device", "cpu")
     assert code == EXIT_CONFIG and "task 'arith' has no option 'foo'" in err
+    code, err = run(capsys, "eval", "--model", missing, "--task", "arith", "--task-options", '{"eval_size": 5}',
+                    "--device", "cpu")  # (it was a TypeError's traceback: eval_size given twice)
+    assert code == EXIT_CONFIG and "--task-options: 'eval_size' is set by --size" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("flag,value,key", [

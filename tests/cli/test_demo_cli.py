@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from relayrl.cli import commands, main as cli
+from relayrl.workflows.session import RunInterrupted
 
 
 def test_a_mistake_in_a_later_stage_is_refused_before_the_first_stage_trains(capsys, tmp_path, monkeypatch):
@@ -39,3 +40,70 @@ def test_another_run_in_a_later_stage_s_directory_is_refused_before_the_first_st
     (other / ".relayrl-demo").touch()  # (one a demo made is replaced when its stage starts)
     with pytest.raises(AssertionError, match="base"):
         cli.main(["demo", f"--dir={tmp_path}"])
+
+
+def test_a_demo_stopped_in_a_stage_is_replaced_by_the_next_demo(capsys, tmp_path, monkeypatch):
+    """A demo interrupted while a stage trains (``--dir``) left that stage's partial run; the next demo replaces
+    it, as it replaces a finished demo's, instead of refusing it as another run (it was refused: the stage
+    directory was marked only when its stage finished), and the interruption's message says so."""
+    def stopped(cfg):
+        run_dir = cfg.run.dir
+        run_dir.mkdir(parents=True, exist_ok=True)  # (as the run's claim of its directory does)
+        (run_dir / "config.json").write_text(cfg.model_dump_json())
+        (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
+        raise RunInterrupted(f"interrupted at step 2; no checkpoint was written yet (run.save_every=0), so there "
+                             f"is nothing to resume. To start over, run the same command with run.overwrite=true "
+                             f"run.dir={run_dir} (...)")
+
+    monkeypatch.setattr(commands, "_run", stopped)
+    monkeypatch.delenv("RELAYRL_DEBUG", raising=False)
+    assert cli.main(["demo", f"--dir={tmp_path}"]) == 130
+    assert (tmp_path / "base" / "metrics.jsonl").is_file()
+    err = capsys.readouterr().err  # (the run's advice, run.overwrite=true with the same command, is not a demo's)
+    assert "interrupted in stage 1/3" in err and "run the same relayrl demo command again" in err, err
+    assert "run.overwrite=true" not in err
+
+    def fresh(cfg):
+        assert not (cfg.run.dir / "metrics.jsonl").exists(), "the partial run is still there"
+        raise AssertionError(f"stage {cfg.run.dir.name} started")
+
+    monkeypatch.setattr(commands, "_run", fresh)
+    with pytest.raises(AssertionError, match="stage base started"):
+        cli.main(["demo", f"--dir={tmp_path}"])
+    assert "replacing the previous demo run" in capsys.readouterr().out
+
+
+def test_a_demo_running_in_the_same_directory_is_refused_not_replaced(capsys, tmp_path, monkeypatch):
+    """A stage directory a demo marked, held by a live run (another demo training there, in another process):
+    refused before anything trains, naming that run, instead of deleted under it."""
+    import json
+    import subprocess
+    import sys
+
+    stage = tmp_path / "sft"
+    stage.mkdir()
+    (stage / ".relayrl-demo").touch()
+    (stage / "config.json").write_text(json.dumps({"workflow": "sft", "run": {}, "model": {}, "trainer": {}}))
+    lock = stage / ".relayrl.lock"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, json, os, sys, time\n"
+        f"f = open({str(lock)!r}, 'w')\n"
+        "fcntl.flock(f, fcntl.LOCK_EX)\n"
+        "f.write(json.dumps({'pid': os.getpid(), 'host': 'here', 'started': 'now'})); f.flush()\n"
+        "print('held', flush=True)\n"
+        "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+
+        def no_training(cfg):
+            raise AssertionError(f"stage {cfg.run.dir} started")
+
+        monkeypatch.setattr(commands, "_run", no_training)
+        monkeypatch.delenv("RELAYRL_DEBUG", raising=False)
+        code = cli.main(["demo", f"--dir={tmp_path}"])
+        err = capsys.readouterr().err
+        assert code != 0 and f"run.dir={stage} is in use by another run (pid {holder.pid}" in err, err
+        assert (stage / "config.json").is_file()
+    finally:
+        holder.kill()
+        holder.wait()

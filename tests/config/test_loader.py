@@ -390,6 +390,18 @@ def test_values_that_would_fail_in_a_worker_are_refused_when_the_config_loads():
     load_config(Config, None, ["algorithm.advantage=gae", "algorithm.lam=0.95"])  # where lam means something
 
 
+def test_a_task_option_that_another_key_sets_is_refused():
+    """An ``eval_size`` in data.task_options was silently replaced by eval.size (the held-out set kept eval.size's
+    200 rows); ``name`` renamed the task. Both are refused naming the key that sets them, and the options a
+    wrong one lists are the ones a user sets."""
+    assert ("data.task_options: 'eval_size' is set by eval.size, not by the task's options: drop it from "
+            "data.task_options and set eval.size=N") in _errors("data.task_options={eval_size: 50}")
+    assert "data.eval_task_options: 'name' is set by data.task" in _errors("data.eval_task_options={name: sums}")
+    msg = _errors("data.task_options={foo: 1}")
+    assert "'eval_seed'" in msg and "'eval_size'" not in msg and "'name'" not in msg
+    load_config(Config, RECIPES / "arith_grpo.yaml", ["data.eval_task_options={eval_seed: 7}"])  # (a real option)
+
+
 def test_a_yes_for_run_resume_says_what_to_write():
     assert "run.resume: true (YAML reads yes, no, true and false as booleans) is not a resume mode: write never, " \
            "auto or a checkpoint path" in _errors("run.resume=yes")

@@ -5,7 +5,7 @@ not on a user's first try.
 
 A command shown as typed at a prompt (``$ relayrl train ...``) is one the page shows failing (errors.md,
 recipes.md, the README's error example), and ``relayrl plan: ...`` lines are output: both are left to the tests
-of their messages. A command may name files of the user's (``reward.user_fn=my_rewards.py:fn``,
+of their messages (the quoted config errors: ``test_doc_errors.py``). A command may name files of the user's (``reward.user_fn=my_rewards.py:fn``,
 ``env.tools=[my_tools.py:lookup]``) that this repository does not have; the one config error accepted is that
 such a file is missing. ``...`` (a part the page leaves out) and a trailing ``&`` are dropped.
 
