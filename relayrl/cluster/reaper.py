@@ -71,7 +71,7 @@ if fd is not None and os.getppid() == watched:  # (checked after the open: while
 else:
     print(os.getpid(), flush=True)  # the watched process is already gone
 if session is None:
-    os.killpg(os.getpgid(0), signal.SIGKILL)
+    os.killpg(os.getpgid(0), signal.SIGKILL)  # (this process too: a rank actor's reaper ends here)
 for _ in range(50):  # (again until none is left: one may have started another as it went)
     left = [p for p in map(int, filter(str.isdigit, os.listdir("/proc"))) if p != os.getpid() and of_session(p)]
     if not left:
@@ -83,6 +83,7 @@ for _ in range(50):  # (again until none is left: one may have started another a
             pass
     time.sleep(0.1)
 """
+
 
 def lead_group_with_reaper() -> int | None:
     """Make this process (a rank actor) lead a process group of its own, which whatever it starts joins, and
@@ -106,7 +107,8 @@ def reap_session_with_driver(session_dir: str) -> int | None:
     a driver killed outright leaves Ray's agents running for about a minute."""
     if not hasattr(os, "pidfd_open") or not os.path.isdir("/proc/self/fd"):
         print(f"relayrl: driver (pid {os.getpid()}): no pidfds or /proc here; if this driver is killed outright, "
-              f"the processes of its Ray session {session_dir} may outlive it (stop them with `ray stop`)",
+              f"the processes of its Ray session {session_dir} may outlive it: stop them by their pids "
+              f"(docs/scale.md), not with `ray stop`, which stops every Ray on this machine",
               file=sys.stderr, flush=True)
         return None
     return _start_reaper("driver", session_dir)
