@@ -37,10 +37,12 @@ if __name__ == '__main__':
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    return {**os.environ, **(extra or {}), "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")])}
+    path = os.pathsep.join([str(HERE), str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, **(extra or {}), "PYTHONPATH": path}
 
 
-def _start_driver(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, list[int]]:
+def _start_driver(tmp_path: Path, *args: str,
+                  env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, list[int]]:
     """The driver, its Ray session directory and its actors' pids, once its call runs on them (fails the test
     with the driver's stderr if it does not get there within 180 s)."""
     script = tmp_path / "driver.py"
@@ -70,7 +72,7 @@ def test_a_local_ray_goes_with_its_killed_driver(tmp_path):
     driver, session, actors, started = None, None, [], []
     try:
         driver, session, actors = _start_driver(tmp_path)
-        started = sorted(set(descendants(driver.pid)) | set(holding(session)))  # (the actors' reapers are no descendants)
+        started = sorted(set(descendants(driver.pid)) | set(holding(session)))  # (the reapers: no descendants)
         assert set(actors) <= set(started) and all(alive(p) for p in actors)
         assert len(started) >= len(actors) + 4, started  # gcs_server, raylet, its agents, the reapers, ...
         _kill(driver)
@@ -94,12 +96,15 @@ def test_a_cluster_connected_to_stays_and_only_the_drivers_actors_go(tmp_path):
     driver, actors, cluster = None, [], []
     try:
         up = subprocess.run([str(Path(sys.executable).parent / "ray"), "start", "--head", f"--port={port}",
-                             "--num-cpus=2", "--include-dashboard=false", f"--temp-dir={temp}", "--disable-usage-stats"],
+                             f"--ray-client-server-port={free_port()}", "--num-cpus=2", "--include-dashboard=false",
+                             f"--temp-dir={temp}", "--disable-usage-stats"],
                             capture_output=True, text=True, env=_env(auth), timeout=120)
         cluster = holding(temp)
         assert up.returncode == 0, up.stdout + up.stderr
+        named = " ".join(_named(cluster))
+        assert "gcs_server" in named and "raylet" in named, named
         driver, _, actors = _start_driver(tmp_path, f"127.0.0.1:{port}", env=auth)
-        mine = sorted(set(p for p in holding(temp) if os.getpgid(p) in actors))  # the actors and their reapers
+        mine = [p for p in holding(temp) if _group(p) in actors]  # the actors and their reapers
         assert set(actors) <= set(mine) and len(mine) > len(actors), (actors, mine)
         _kill(driver)
         left = left_after(mine, 20.0)
@@ -110,6 +115,13 @@ def test_a_cluster_connected_to_stays_and_only_the_drivers_actors_go(tmp_path):
             driver.kill()
         kill_left(actors + cluster + holding(temp))  # (that cluster only: never `ray stop`, which stops every Ray here)
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def _group(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
 
 
 def _named(pids: list[int]) -> list[str]:
