@@ -95,3 +95,31 @@ def ctrl_c(proc, within_s: float, what: str) -> tuple[str, float]:
         proc.kill()
         pytest.fail(f"it still ran {within_s:.0f} s after Ctrl-C: it waited for {what}")
     return err, time.monotonic() - t0
+
+
+def holding(path: str) -> list[int]:
+    """The running processes (other than this one) with ``path`` in their command line or a file open under it:
+    those of a Ray session, for ``path`` its session directory (Ray's processes keep their logs there; its
+    workers' stdout is a log there, which what they start inherits)."""
+    path = os.path.realpath(path)
+    out = []
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        if pid == os.getpid() or not alive(pid):
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:  # (gone meanwhile, or not ours)
+            continue
+        hit = any(f"{path}{end}".encode() in cmdline for end in "/\0")
+        for fd in fds if not hit else ():
+            try:
+                hit = os.readlink(f"/proc/{pid}/fd/{fd}").startswith(path + "/")
+            except OSError:
+                continue
+            if hit:
+                break
+        if hit:
+            out.append(pid)
+    return out

@@ -31,6 +31,9 @@ the local backend has (`call`, `pids`, `shutdown`):
 * Each rank actor leads a process group of its own with a reaper in it (:mod:`relayrl.cluster.reaper`):
   whatever the actor started is SIGKILLed once the actor has ended, however it ended (`ray.kill`, SIGKILL, a
   lost raylet, `ray.shutdown`), whether or not Ray's own clean-up is on.
+* A local Ray this process started (no `cluster.ray_address`) has a reaper of its own, which SIGKILLs every
+  process of that Ray session once the driver has ended: a driver killed outright leaves none of them behind
+  (Ray's agents alone ran on a minute after one).
 
 Departure: results come back through the driver with `ray.get` (no object-ref
 passing between groups yet).
@@ -54,7 +57,7 @@ from relayrl.cluster.config import ClusterConfig
 from relayrl.cluster.errors import PlacementError, WorkerError
 from relayrl.cluster.fit import fit_error
 from relayrl.cluster.pool import ResourcePool
-from relayrl.cluster.reaper import lead_group_with_reaper
+from relayrl.cluster.reaper import lead_group_with_reaper, reap_session_with_driver
 from relayrl.cluster.rank import START_CALL, RankRuntime, Replies, Reply, StartSpec, error_reply, free_port
 from relayrl.cluster.worker import RankInfo
 
@@ -64,13 +67,17 @@ _HELD: "weakref.WeakSet[ResourcePool]" = weakref.WeakSet()
 
 
 def ensure_ray(cfg: ClusterConfig) -> None:
-    """Connect to `cfg.ray_address`, or start a local Ray, unless already connected."""
+    """Connect to `cfg.ray_address`, or start a local Ray, unless already connected. A local Ray started here
+    goes with this process however it ends, SIGKILL included (:func:`relayrl.cluster.reaper.reap_session_with_driver`);
+    a cluster connected to stays (Ray ends this driver's actors with it)."""
     if ray.is_initialized():
         return
     if cfg.ray_address is not None:
         ray.init(address=cfg.ray_address, ignore_reinit_error=True)
     else:
-        ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, ignore_reinit_error=True)
+        context = ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, ignore_reinit_error=True)
+        if ray._private.worker._global_node.head:  # (started here; not a cluster RAY_ADDRESS named)
+            reap_session_with_driver(context.address_info["session_dir"])
 
 
 class _RankHost:

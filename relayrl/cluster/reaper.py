@@ -12,6 +12,18 @@ a small process, detached from the actor (its parent is gone at once, so Ray's k
 children does not take it first), that waits for the actor's end through a pidfd and then SIGKILLs the
 group: the actor's children, theirs, and itself. One ``ray.kill``, a SIGKILLed actor, a lost raylet or a
 driver's ``ray.shutdown`` all end the actor, so all of them end what it started.
+
+A driver that started a local Ray itself (no ``cluster.ray_address``) gets one too, for that Ray's session
+(:func:`reap_session_with_driver`). A driver SIGKILLed (the OOM killer, ``kill -9``, a CI timeout) takes Ray's
+head processes with it (Ray starts them with ``PR_SET_PDEATHSIG``: gcs_server, raylet, monitor, dashboard, log
+monitor), its actors leave within about 2 s of their raylet, but the raylet's two agents (``ray::DashboardAgent``,
+``ray::RuntimeEnvAgent``) ran on about 62 s (measured, Ray 2.60): they see the raylet gone, then report it to the
+dead control store with a fixed 60 s timeout (``ray/_private/process_watcher.py``: ``publish_error_to_driver``)
+before they exit. The driver's reaper, once the driver has ended, SIGKILLs every process of the session: one
+with the session directory in its command line or a file open under it (Ray's processes all hold their logs
+there; an actor's workers inherit its log as stdout). A driver connected to a cluster it did not start gets no
+such reaper: Ray ends the driver's actors with it (their owner), their reapers what they started, and the
+cluster stays.
 """
 from __future__ import annotations
 
@@ -20,24 +32,56 @@ import subprocess
 import sys
 
 REAPER = r"""
-import os, select, signal, sys
-actor = int(sys.argv[1])
+import os, select, signal, sys, time
+watched = int(sys.argv[1])
+session = os.path.realpath(sys.argv[2]) if len(sys.argv) > 2 else None  # (None: a rank actor's own group)
+
+
+def of_session(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+        if any(f"{session}{end}".encode() in cmdline for end in "/\0"):  # (not a longer name it begins)
+            return True
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:  # (gone meanwhile, or not ours to read)
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(session + "/"):
+                return True
+        except OSError:  # (closed meanwhile)
+            pass
+    return False
+
+
 try:
-    fd = os.pidfd_open(actor)
+    fd = os.pidfd_open(watched)
 except ProcessLookupError:
     fd = None
-if fd is not None and os.getppid() == actor:  # (checked after the open: while the actor is our parent, the
-    child = os.fork()                          # pidfd is the actor's, not a later process's with its pid)
+if fd is not None and os.getppid() == watched:  # (checked after the open: while the watched process is our
+    child = os.fork()                            # parent, the pidfd is its, not a later process's with its pid)
     if child:
         print(child, flush=True)
-        os._exit(0)  # the go-between leaves: the reaper is no child of the actor, whose children Ray kills first
-    os.dup2(os.open(os.devnull, os.O_RDWR), 1)  # (the actor reads the pid above until this pipe closes)
+        os._exit(0)  # the go-between leaves: the reaper is no child of the watched process (Ray kills an actor's)
+    os.dup2(os.open(os.devnull, os.O_RDWR), 1)  # (the watched process reads the pid above until this pipe closes)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     select.select([fd], [], [])
 else:
-    print(os.getpid(), flush=True)  # the actor is already gone
-os.killpg(os.getpgid(0), signal.SIGKILL)
+    print(os.getpid(), flush=True)  # the watched process is already gone
+if session is None:
+    os.killpg(os.getpgid(0), signal.SIGKILL)  # (this process too: a rank actor's reaper ends here)
+for _ in range(50):  # (again until none is left: one may have started another as it went)
+    left = [p for p in map(int, filter(str.isdigit, os.listdir("/proc"))) if p != os.getpid() and of_session(p)]
+    if not left:
+        break
+    for p in left:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    time.sleep(0.1)
 """
 
 
@@ -53,9 +97,27 @@ def lead_group_with_reaper() -> int | None:
         return None
     if os.getpgid(0) != os.getpid():
         os.setpgid(0, 0)
-    go_between = subprocess.run([sys.executable, "-I", "-S", "-c", REAPER, str(os.getpid())],
+    return _start_reaper("rank actor")
+
+
+def reap_session_with_driver(session_dir: str) -> int | None:
+    """Start the reaper that SIGKILLs every process of the local Ray session ``session_dir`` (the one this
+    process, the driver, started) once this process has ended, however it ended (module docstring). The
+    reaper's pid; None where there is no pidfd or no /proc (not Linux 5.3+), after saying so on stderr: then
+    a driver killed outright leaves Ray's agents running for about a minute."""
+    if not hasattr(os, "pidfd_open") or not os.path.isdir("/proc/self/fd"):
+        print(f"relayrl: driver (pid {os.getpid()}): no pidfds or /proc here; if this driver is killed outright, "
+              f"the processes of its Ray session {session_dir} may outlive it: stop them by their pids "
+              f"(docs/scale.md), not with `ray stop`, which stops every Ray on this machine",
+              file=sys.stderr, flush=True)
+        return None
+    return _start_reaper("driver", session_dir)
+
+
+def _start_reaper(who: str, *args: str) -> int:
+    go_between = subprocess.run([sys.executable, "-I", "-S", "-c", REAPER, str(os.getpid()), *args],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, close_fds=True)
     if go_between.returncode != 0 or not go_between.stdout.strip().isdigit():
-        raise RuntimeError(f"the reaper of rank actor {os.getpid()} did not start (exit {go_between.returncode}, "
+        raise RuntimeError(f"the reaper of {who} {os.getpid()} did not start (exit {go_between.returncode}, "
                            f"said {go_between.stdout!r})")
     return int(go_between.stdout)

@@ -1,0 +1,135 @@
+"""A driver killed outright (SIGKILL: the OOM killer, ``kill -9``, a CI timeout) while its Ray actors are busy
+in a call leaves nothing behind: of a local Ray it started, no process of that Ray session (Ray's own agents
+ran on about a minute before); of a cluster it connected to (``cluster.ray_address``), none of its actors or
+what they started, and the cluster stays."""
+from __future__ import annotations
+
+import os
+import secrets
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.procs import alive, descendants, holding, kill_left, left_after
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+HERE = Path(__file__).parent
+
+DRIVER = """
+import sys, time
+import ray
+from relayrl.cluster import ClusterConfig, ResourcePool, WorkerGroup
+from cluster_workers import Echo
+if __name__ == '__main__':
+    cfg = ClusterConfig(backend='ray', num_cpus=2, ray_address=sys.argv[1] if len(sys.argv) > 1 else None)
+    g = WorkerGroup(Echo, ResourcePool('orphans', devices=2), name='orphans', distributed=True, backend=cfg)
+    g.all_async('sleep_then_reduce', sleeper=1, hold_s=600.0)  # rank 1 sleeps, rank 0 waits in all_reduce
+    print('READY', ray._private.worker._global_node.get_session_dir_path(), *g.pids(), flush=True)
+    time.sleep(600)
+"""
+
+
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    path = os.pathsep.join([str(HERE), str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, **(extra or {}), "PYTHONPATH": path}
+
+
+def _start_driver(tmp_path: Path, *args: str,
+                  env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, list[int]]:
+    """The driver, its Ray session directory and its actors' pids, once its call runs on them (fails the test
+    with the driver's stderr if it does not get there within 180 s)."""
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    driver = subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=_env(env))
+    line, deadline = "", time.monotonic() + 180.0
+    while not line and time.monotonic() < deadline and driver.poll() is None:
+        if select.select([driver.stdout], [], [], 1.0)[0]:
+            line = driver.stdout.readline()  # (one line, printed at once)
+    if not line.startswith("READY"):
+        driver.kill()
+        pytest.fail(f"the driver did not start its group: {line!r} {driver.stderr.read()[-3000:]}")
+    time.sleep(1.0)  # (the call has reached both ranks)
+    _, session, *pids = line.split()
+    return driver, session, [int(p) for p in pids]
+
+
+def _kill(driver: subprocess.Popen) -> None:
+    driver.kill()
+    driver.wait(timeout=10)
+    driver.stdout.close()
+    driver.stderr.close()
+
+
+def test_a_local_ray_goes_with_its_killed_driver(tmp_path):
+    driver, session, actors, started = None, None, [], []
+    try:
+        driver, session, actors = _start_driver(tmp_path)
+        started = sorted(set(descendants(driver.pid)) | set(holding(session)))  # (the reapers: no descendants)
+        assert set(actors) <= set(started) and all(alive(p) for p in actors)
+        assert len(started) >= len(actors) + 4, started  # gcs_server, raylet, its agents, the reapers, ...
+        _kill(driver)
+        left = left_after(started, 20.0)
+        assert not left, f"processes of the driver's Ray session outlived it: {_named(left)}"
+        assert not holding(session), _named(holding(session))
+    finally:
+        if driver is not None and driver.poll() is None:
+            driver.kill()
+        kill_left(started + (holding(session) if session else []))
+
+
+def test_a_cluster_connected_to_stays_and_only_the_drivers_actors_go(tmp_path):
+    from relayrl.cluster.rank import free_port
+
+    temp = tempfile.mkdtemp(prefix="rk-", dir="/tmp")  # (short: Ray's socket paths live under it)
+    port = free_port()
+    token = Path(temp) / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}  # (a cluster of Ray 2.60 asks for one)
+    driver, actors, cluster = None, [], []
+    try:
+        up = subprocess.run([str(Path(sys.executable).parent / "ray"), "start", "--head", f"--port={port}",
+                             f"--ray-client-server-port={free_port()}", "--num-cpus=2", "--include-dashboard=false",
+                             f"--temp-dir={temp}", "--disable-usage-stats"],
+                            capture_output=True, text=True, env=_env(auth), timeout=120)
+        cluster = holding(temp)
+        assert up.returncode == 0, up.stdout + up.stderr
+        named = " ".join(_named(cluster))
+        assert "gcs_server" in named and "raylet" in named, named
+        driver, _, actors = _start_driver(tmp_path, f"127.0.0.1:{port}", env=auth)
+        mine = [p for p in holding(temp) if _group(p) in actors]  # the actors and their reapers
+        assert set(actors) <= set(mine) and len(mine) > len(actors), (actors, mine)
+        _kill(driver)
+        left = left_after(mine, 20.0)
+        assert not left, f"the driver's actors (or what they started) outlived it: {_named(left)}"
+        assert all(alive(p) for p in cluster), f"the user's cluster lost {_named([p for p in cluster if not alive(p)])}"
+    finally:
+        if driver is not None and driver.poll() is None:
+            driver.kill()
+        kill_left(actors + cluster + holding(temp))  # (that cluster only: never `ray stop`, which stops every Ray here)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _group(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _named(pids: list[int]) -> list[str]:
+    out = []
+    for p in pids:
+        try:
+            cmdline = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            out.append(f"{p} {cmdline[:80]}")
+        except OSError:
+            out.append(f"{p} (gone)")
+    return out
