@@ -509,3 +509,14 @@ def test_the_prompt_limit_keys_are_checked(tmp_path):
            "data.task='arith' draws fresh prompts, whose size data.task_options sets: unset it" in \
            _errors("data.max_prompt_tokens=64")
     assert "set data.long_prompts=fail" in _errors("data.long_prompts=drop")
+
+
+@pytest.mark.parametrize("overrides", [[], ["critic.optim.warmup_steps=3"], ["critic.optim={schedule: cosine}"]])
+def test_the_critic_keeps_its_learning_rate_when_its_optimizer_is_given_in_part(overrides):
+    """Old behaviour: critic.optim was an instance default, OptimConfig(lr=1e-4), so a critic.optim given in part
+    was validated from the class and silently took the policy's 1e-5 (and the config reference showed 1e-5)."""
+    cfg = load_config(Config, RECIPES / "arith_grpo.yaml", ["algorithm.advantage=gae", *overrides])
+    assert cfg.critic.optim.lr == 1e-4
+    assert cfg.engine.optim.lr == load_config(Config, RECIPES / "arith_grpo.yaml", []).engine.optim.lr
+    assert load_config(Config, RECIPES / "arith_grpo.yaml", ["algorithm.advantage=gae", "critic.optim.lr=3e-4",
+                                                              *overrides]).critic.optim.lr == 3e-4
