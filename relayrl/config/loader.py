@@ -342,7 +342,7 @@ def _nonfinite_numbers(value: Any, key: str, allow_inf: bool = False, default: A
             f"is beyond float32's range (+-{FLOAT32_MAX:.1e}), infinite in the run's tensors"
         hint = f" (its default is {default!r})" if isinstance(default, (int, float)) else ""
         return [f"{key}={value:g} {why}; write a finite number{hint}"]
-    if isinstance(value, BaseModel):  # (a section's defaults are its parent's for it: the critic's optim.lr is 1e-4)
+    if isinstance(value, BaseModel):  # (a section's defaults are its parent's for it, where the parent gives an instance)
         base = default if isinstance(default, type(value)) else None
         return [line for name, f in type(value).model_fields.items()
                 for line in _nonfinite_numbers(getattr(value, name), at(f.alias or name), _allows_inf(f),
@@ -402,8 +402,7 @@ def without_defaults(saved: dict, default: BaseModel) -> dict:
             continue
         section = getattr(default, k) if k in fields else None
         fresh = _fresh(type(section)) if isinstance(section, BaseModel) and isinstance(v, dict) else None
-        # (a section given in part takes its class's defaults for the rest, which may not be the parent's: the
-        # critic's optim is OptimConfig(lr=1e-4))
+        # (a section given in part takes its class's defaults for the rest, which may not be the parent's)
         out[k] = v if fresh is None else without_defaults(v, fresh)
     return out
 

@@ -160,10 +160,20 @@ class PlacementConfig(_Section):
                 or self.reward != "driver")
 
 
+class CriticOptimConfig(OptimConfig):
+    """The critic's optimizer: AdamW with warm-up and a schedule, and gradient-norm clipping, as ``engine.optim``,
+    with a learning rate of its own."""
+
+    # (a field default, not OptimConfig(lr=1e-4): a critic.optim given in part, critic.optim.warmup_steps=3, kept
+    # the class's 1e-5 for the rest)
+    lr: float = Field(1e-4, gt=0, description="AdamW's learning rate (the peak, after warm-up); the critic's "
+                      "default is 10x the policy's (engine.optim.lr)")
+
+
 class CriticConfig(_Section):
     """PPO's critic (``algorithm.advantage=gae``): the policy's network with a value head, trained on GAE returns."""
 
-    optim: OptimConfig = OptimConfig(lr=1e-4)
+    optim: CriticOptimConfig = CriticOptimConfig()
     value_clip: float | None = Field(0.5, gt=0.0, description="clip the new values to old +- value_clip in the "
                                      "loss (PPO's value clipping); null: plain squared error")
     warmup_steps: int = Field(0, ge=0, description="first RL steps that train only the critic (the actor waits)")

@@ -145,9 +145,8 @@ class _Feed:
     bookkeeping of the episodes still open."""
 
     def __init__(self, live: dict[int, _Live], limits: EpisodeLimits, turn_tokens: int,
-                 log: Callable[[str], None], on_end: Callable[[Episode], None] | None = None,
-                 on_hung: Callable[[], None] | None = None) -> None:
-        self.live, self.limits, self.turn_tokens, self.log, self.on_end = live, limits, turn_tokens, log, on_end
+                 on_end: Callable[[Episode], None] | None = None, on_hung: Callable[[], None] | None = None) -> None:
+        self.live, self.limits, self.turn_tokens, self.on_end = live, limits, turn_tokens, on_end
         self.on_hung = on_hung  # a call ran past its limit and holds its thread: the pool gets another
         self.ready: queue.Queue[int] = queue.Queue()
         self.lock = threading.Lock()
@@ -185,14 +184,14 @@ class _Feed:
             return True
 
     def end(self, lv: _Live, why: EpisodeEnd, error: str | None = None) -> None:
-        """Close an episode (under ``lock``)."""
+        """Close an episode (under ``lock``). An error is the episode's (``Episode.error``), not a log line: the
+        driver logs the first few of a step and counts them all (``relayrl.workflows.episodes.log_episode_errors``,
+        ``env/errors``), where a line per episode flooded the log with one per errored episode."""
         if lv.ep.end is not None:
             return
         lv.ep.end, lv.ep.error = why, error
         if why is EpisodeEnd.ERROR:
             lv.ep.reward = 0.0
-            self.log(f"relayrl: episode {lv.ep.problem_index}/{lv.ep.sample_index} ended with an environment "
-                     f"error: {error}")
         lv.epoch += 1
         self.open -= 1
         if self.on_end is not None:  # (under the lock: the episode is final; the callback must not block)
@@ -233,7 +232,7 @@ def run_episodes(engine, tokenizer, problems: Sequence[Problem], prompts: Sequen
             key = len(live)
             live[key] = _Live(key, Episode(i, s, list(prompts[i]), weight_version=engine.weight_version), None)
     pool = _DaemonPool(workers, "relayrl-env")
-    feed = _Feed(live, limits, params.max_new_tokens, log, on_end, on_hung=pool.add)
+    feed = _Feed(live, limits, params.max_new_tokens, on_end, on_hung=pool.add)
     tok_lock = threading.Lock()  # a fast tokenizer is not safe to call from several threads at once
     env_text = EnvTextEncoder(tokenizer)
 

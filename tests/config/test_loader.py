@@ -509,3 +509,35 @@ def test_the_prompt_limit_keys_are_checked(tmp_path):
            "data.task='arith' draws fresh prompts, whose size data.task_options sets: unset it" in \
            _errors("data.max_prompt_tokens=64")
     assert "set data.long_prompts=fail" in _errors("data.long_prompts=drop")
+
+
+@pytest.mark.parametrize("overrides", [[], ["critic.optim.warmup_steps=3"], ["critic.optim={schedule: cosine}"]])
+def test_the_critic_keeps_its_learning_rate_when_its_optimizer_is_given_in_part(overrides):
+    """Old behaviour: critic.optim was an instance default, OptimConfig(lr=1e-4), so a critic.optim given in part
+    was validated from the class and silently took the policy's 1e-5 (and the config reference showed 1e-5)."""
+    cfg = load_config(Config, RECIPES / "arith_grpo.yaml", ["algorithm.advantage=gae", *overrides])
+    assert cfg.critic.optim.lr == 1e-4
+    assert cfg.engine.optim.lr == load_config(Config, RECIPES / "arith_grpo.yaml", []).engine.optim.lr
+    assert load_config(Config, RECIPES / "arith_grpo.yaml", ["algorithm.advantage=gae", "critic.optim.lr=3e-4",
+                                                              *overrides]).critic.optim.lr == 3e-4
+
+
+def _instance_defaults_differing(section, prefix: str) -> list[str]:
+    """The keys under ``section`` (a default config's section) whose value is not its field's own default."""
+    from pydantic import BaseModel
+
+    out = []
+    for name, field in type(section).model_fields.items():
+        value, key = getattr(section, name), f"{prefix}{name}"
+        if isinstance(value, BaseModel):
+            out += _instance_defaults_differing(value, f"{key}.")
+        elif value != field.get_default(call_default_factory=True):
+            out.append(f"{key}={value!r} (field default {field.get_default(call_default_factory=True)!r})")
+    return out
+
+
+def test_every_default_is_its_fields_own_default():
+    """A section whose default is an instance with other values (critic.optim was OptimConfig(lr=1e-4)) loses them
+    when it is given in part, and the config reference (read from the fields) shows the field's default: every
+    default must be the field's own, so the reference and a partial section say what the run does."""
+    assert _instance_defaults_differing(Config(), "") == []
