@@ -301,7 +301,7 @@ def check_vllm_eval_sampling(self: Config) -> None:
     if self.rollout.engine != "vllm" or ev.k == 1:
         return
     if ev.temperature is not None and (why := temperature_refusal("eval.temperature", ev.temperature,
-                                                                  greedy=False)) is not None:
+                                                                  greedy=False, logprobs=False)) is not None:
         raise ValueError(f"the eval.k answers are sampled on the rollout's vLLM engine: {why}")
     sampled = SimpleNamespace(temperature=ev.temperature or self.rollout.temperature or 1.0, top_p=ev.top_p,
                               top_k=ev.top_k, min_p=ev.min_p, repetition_penalty=1.0, logprobs=False)

@@ -174,6 +174,11 @@ def test_vllm_evaluation_takes_filters_and_temperatures_its_rollout_could_not_re
         _vllm({}, {"k": 4, "min_p": 0.1, "top_p": 0.9})
     with pytest.raises(ValueError, match=r"eval.temperature=2.5: vLLM samples at temperatures up to 2"):
         _vllm({}, {"k": 4, "temperature": 2.5})
+    with pytest.raises(ValueError) as low:
+        _vllm({}, {"k": 4, "temperature": 0.005})
+    assert ("eval.temperature=0.005: vLLM raises a temperature below 0.01 to 0.01, so it would sample at another "
+            "temperature than eval.temperature says; set eval.temperature >= 0.01") in str(low.value)
+    assert "log-probs" not in str(low.value)  # (evaluation records none)
 
 
 # ---------------------------------------------------------------- relayrl eval's flags

@@ -40,6 +40,11 @@ def test_request_records_refuse_what_is_not_supported():
         CompletionRequest(model="m", prompt="x", temperature=0, n=2)
     with pytest.raises(ValueError, match="tools"):
         ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=[{"type": "function"}])
+    with pytest.raises(ValueError, match="tool_choice"):
+        ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tool_choice="auto")
+    # (no tools and tool_choice "none" ask for nothing, as docs/serving.md says)
+    assert ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=[],
+                                 tool_choice="none").tools == []
     with pytest.raises(ValueError, match="a 'user' message needs 'content'"):
         ChatCompletionRequest(model="m", messages=[{"role": "user"}])
     assert ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"},

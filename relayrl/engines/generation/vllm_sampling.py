@@ -91,15 +91,17 @@ ROLLOUT_KEYS: dict[str, str] = {
 """``rollout`` config field -> how ``rollout.engine=vllm`` honours it."""
 
 
-def temperature_refusal(key: str, t: float, greedy: bool = True) -> str | None:
+def temperature_refusal(key: str, t: float, greedy: bool = True, logprobs: bool = True) -> str | None:
     """Why vLLM cannot sample at temperature ``t`` set by ``key`` (``rollout.temperature``), naming the fix; None
-    when it can. ``greedy``: the key may be 0 (greedy decoding)."""
+    when it can. ``greedy``: the key may be 0 (greedy decoding); ``logprobs``: the caller reads the log-probs (a
+    rollout; evaluation does not)."""
     if t > MAX_TEMPERATURE:
         return f"{key}={t:g}: vLLM samples at temperatures up to 2 (it refuses more); set {key} <= 2"
     if 0.0 < t < MIN_TEMPERATURE:
-        return (f"{key}={t:g}: vLLM raises a temperature below {MIN_TEMPERATURE} to {MIN_TEMPERATURE}, so it would "
-                f"sample (and record log-probs) at another temperature than the trainer recomputes; set {key} >= "
-                f"{MIN_TEMPERATURE}{', or 0 for greedy' if greedy else ''}")
+        why = ("it would sample (and record log-probs) at another temperature than the trainer recomputes" if logprobs
+               else f"it would sample at another temperature than {key} says")
+        return (f"{key}={t:g}: vLLM raises a temperature below {MIN_TEMPERATURE} to {MIN_TEMPERATURE}, so {why}; "
+                f"set {key} >= {MIN_TEMPERATURE}{', or 0 for greedy' if greedy else ''}")
     return None
 
 
@@ -122,12 +124,12 @@ def sampling_refusal(settings, prefix: str = "", mode: str | None = None) -> str
     them, i.e. not for a ``SamplingParams`` with ``logprobs=False`` (evaluation). The ``rollout`` section has no
     such field: a rollout's log-probs are always read."""
     t = settings.temperature
-    if (why := temperature_refusal(f"{prefix}temperature", t)) is not None:
+    read = getattr(settings, "logprobs", True)  # (False: only the sampling refusals below)
+    if (why := temperature_refusal(f"{prefix}temperature", t, logprobs=read)) is not None:
         return why
     bad = narrowing(settings)
     fix = ", ".join(f"{prefix}{k}={PLAIN_SAMPLING[k]} (got {v})" for k, v in bad.items())
     mode = mode or logprobs_mode(settings)
-    read = getattr(settings, "logprobs", True)  # (False: only the sampling refusals below)
     if read and mode == PROCESSED and bad:  # (an engine started for plain sampling, asked to filter)
         return f"{PROCESSED_DIFFERS}: set {fix}"
     if read and mode == RAW and t not in (0.0, 1.0):
