@@ -171,7 +171,7 @@ def check_workflow_sections(self: Config) -> None:
         return
     keys = [k for k in set_keys("algorithm", self.algorithm) if not k.startswith("algorithm.distill.")]
     keys += ["rollout.n"] if "n" in self.rollout.model_fields_set else []
-    keys += ["data.prompts_per_step"] if "prompts_per_step" in self.data.model_fields_set else []  # (trainer.batch_size)
+    keys += ["data.prompts_per_step"] if "prompts_per_step" in self.data.model_fields_set else []
     if keys:
         one = len(keys) == 1
         own = f"; its options are {self.workflow}.*" if self.workflow in WORKFLOW_SECTIONS else ""

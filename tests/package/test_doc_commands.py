@@ -1,7 +1,7 @@
-"""The ``relayrl`` commands the README, the docs and the recipes' comments show are ones relayrl accepts: every flag is one its parser
-knows, and the config a ``train``, ``plan`` or ``eval --recipe`` command builds from a shipped recipe and its
-overrides validates. A renamed key or flag, a removed value or a recipe that changed under a page fails here,
-not on a user's first try.
+"""The ``relayrl`` commands the README, the docs and the recipes' comments show are ones relayrl accepts: every
+flag is one its parser knows, and the config a ``train``, ``plan`` or ``eval --recipe`` command builds from a
+shipped recipe and its overrides validates. A renamed key or flag, a removed value or a recipe that changed under
+a page fails here, not on a user's first try.
 
 A command shown as typed at a prompt (``$ relayrl train ...``) is one the page shows failing (errors.md,
 recipes.md, the README's error example), and ``relayrl plan: ...`` lines are output: both are left to the tests
