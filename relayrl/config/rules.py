@@ -153,8 +153,10 @@ WORKFLOW_SECTIONS = ("dpo", "kto", "rm")
 
 def check_workflow_sections(self: Config) -> None:
     """A key set in a section that only another workflow reads would be ignored (``dpo.beta=0.5`` in workflow
-    rm trained without it, a GRPO recipe's ``algorithm.*`` and ``rollout.n`` run with ``workflow=dpo``): refuse
-    it, naming the workflow that reads it (every such key of workflow grpo at once, as a GRPO recipe sets several).
+    rm trained without it, a GRPO recipe's ``algorithm.*`` and ``rollout.n`` run with ``workflow=dpo``, TRL's
+    habit ``trainer.batch_size`` in workflow grpo, whose steps take ``data.prompts_per_step``, and that key in
+    the offline workflows): refuse it, naming the workflow that reads it (every such key of workflow grpo at
+    once, as a GRPO recipe sets several).
     ``algorithm.distill`` has its own message (:meth:`relayrl.config.schema.Config._cross`)."""
     for section in WORKFLOW_SECTIONS:
         given = getattr(self, section).model_fields_set
@@ -162,9 +164,14 @@ def check_workflow_sections(self: Config) -> None:
             raise ValueError(f"{section}.{sorted(given)[0]} is read by workflow {section} only (this run is "
                              f"workflow {self.workflow}): drop it or set workflow={section}")
     if self.workflow == "grpo":
+        if "batch_size" in self.trainer.model_fields_set:
+            raise ValueError("trainer.batch_size is read by workflows sft, dpo, kto and rm only (this run is workflow "
+                             "grpo, whose steps take data.prompts_per_step prompts, each answered rollout.n times): "
+                             "set data.prompts_per_step instead, or drop trainer.batch_size")
         return
     keys = [k for k in set_keys("algorithm", self.algorithm) if not k.startswith("algorithm.distill.")]
     keys += ["rollout.n"] if "n" in self.rollout.model_fields_set else []
+    keys += ["data.prompts_per_step"] if "prompts_per_step" in self.data.model_fields_set else []
     if keys:
         one = len(keys) == 1
         own = f"; its options are {self.workflow}.*" if self.workflow in WORKFLOW_SECTIONS else ""

@@ -42,7 +42,8 @@ class TrainerConfig(BaseModel):
     mini_batches: int = Field(1, ge=1, description="optimizer steps per RL step (PPO mini-batches)")
     epochs: int = Field(1, ge=1, description="passes over each RL batch (PPO epochs, verl's "
                         "ppo_epochs; passes over the dataset are trainer.total_epochs)")
-    batch_size: int = Field(64, ge=1, description="SFT: examples per optimizer step; DPO: preference pairs")
+    batch_size: int = Field(64, ge=1, description="SFT and KTO: examples per optimizer step; DPO and RM: "
+                            "preference pairs (refused in workflow grpo, whose steps take data.prompts_per_step)")
     init_from: LocalPath | None = Field(None, description="start from this model directory (e.g. an SFT run's model/)")
     offload: bool = Field(False, description="colocated memory: each role's idle state leaves the device between "
                           "its phases (the actor's optimizer state and weights during generation, the "

@@ -125,7 +125,8 @@ class DataConfig(BaseModel):
         "user function's partial credit, a reward model's scores), e.g. 0.5; any finite number. train/accuracy "
         "keeps counting scores >= 1.0. Read only with data.retire_solved")
     prompts_per_step: int = Field(8, ge=1, description="workflow grpo: prompts an RL step draws, each answered "
-                                  "rollout.n times (SFT and DPO take trainer.batch_size)")
+                                  "rollout.n times (refused in the others: sft, dpo, kto and rm take "
+                                  "trainer.batch_size)")
 
     @field_validator("chat_template_kwargs", mode="after")
     @classmethod

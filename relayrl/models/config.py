@@ -26,7 +26,8 @@ class ModelConfig(BaseModel):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="compute dtype of the training passes, and the reference's and (by default) the "
         "rollout's weight dtype. With bfloat16 the trained weights and the optimizer state stay float32 (mixed "
-        "precision: float32 master weights, bf16 compute) unless model.pure_low_precision")
+        "precision: float32 master weights, bf16 compute) unless model.pure_low_precision. float16 is refused "
+        "(its gradients underflow without loss scaling, which relayrl does not do; rollout.dtype=float16 is fine)")
     export_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="dtype of the weights a run saves to RUN_DIR/model, a policy or (workflow rm) a reward "
         "model (its config.json's dtype too). auto: "

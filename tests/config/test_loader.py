@@ -258,17 +258,31 @@ def test_a_grpo_recipe_run_as_another_workflow_names_every_key_it_would_ignore(t
     rollout.n silently unused."""
     says = _errors("workflow=dpo", recipe=RECIPES / "arith_grpo.yaml")
     assert ("algorithm.advantage, algorithm.clip_high, algorithm.clip_low, algorithm.kl_coef, algorithm.loss_agg, "
-            "rollout.n are read by workflow grpo only (this run is workflow dpo") in says
+            "rollout.n, data.prompts_per_step are read by workflow grpo only (this run is workflow dpo") in says
     assert "algorithm.clip_high is read by workflow grpo only (this run is workflow sft" in _errors(
         "algorithm.clip_high=0.28", recipe=RECIPES / "arith_sft.yaml")
     assert "rollout.n is read by workflow grpo only" in _errors("rollout.n=4", recipe=RECIPES / "arith_kto.yaml")
-    assert "rollout.n is read by workflow grpo only" in _errors("workflow=dpo", "algorithm={}",
-                                                                recipe=RECIPES / "arith_grpo.yaml")
+    assert "rollout.n, data.prompts_per_step are read by workflow grpo only" in _errors(
+        "workflow=dpo", "algorithm={}", recipe=RECIPES / "arith_grpo.yaml")
     sft = tmp_path / "sft.yaml"
     sft.write_text("workflow: sft\nalgorithm: {clip_high: 0.28}\n")
     assert "(algorithm={} on the command line empties that section)" in _errors(recipe=sft)
     assert load_config(Config, sft, ["algorithm={}"]).algorithm.clip_high == 0.2
     assert load_config(Config, RECIPES / "arith_sft.yaml", ["rollout.temperature=0.7"]).rollout.temperature == 0.7
+
+
+def test_the_batch_key_another_workflow_reads_is_refused():
+    """Old behaviour: ``trainer.batch_size=32`` in workflow grpo (TRL's habit; a step takes data.prompts_per_step
+    prompts) and ``data.prompts_per_step=4`` in workflow sft (a step takes trainer.batch_size examples) were
+    accepted and trained as without them."""
+    says = _errors("trainer.batch_size=32", recipe=RECIPES / "arith_grpo.yaml")
+    assert ("trainer.batch_size is read by workflows sft, dpo, kto and rm only (this run is workflow grpo, whose "
+            "steps take data.prompts_per_step prompts, each answered rollout.n times)") in says
+    for recipe in ("arith_sft", "arith_dpo", "arith_kto", "arith_rm"):
+        assert "data.prompts_per_step is read by workflow grpo only" in _errors(
+            "data.prompts_per_step=4", recipe=RECIPES / f"{recipe}.yaml")
+    assert load_config(Config, RECIPES / "arith_grpo.yaml", ["data.prompts_per_step=4"]).data.prompts_per_step == 4
+    assert load_config(Config, RECIPES / "arith_sft.yaml", ["trainer.batch_size=8"]).trainer.batch_size == 8
 
 
 def test_each_workflow_keeps_the_section_it_reads():

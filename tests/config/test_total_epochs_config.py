@@ -26,11 +26,11 @@ def test_epoch_steps_round_up_so_the_last_step_finishes_the_last_pass():
 
 
 def test_a_step_takes_prompts_per_step_in_grpo_and_batch_size_offline():
-    cfg = load_config(Config, None, [*DATA, "trainer.total_epochs=2", "data.prompts_per_step=16",
-                                     "trainer.batch_size=32"])
+    cfg = load_config(Config, None, [*DATA, "trainer.total_epochs=2", "data.prompts_per_step=16"])
     assert rows_per_step(cfg) == (16, "data.prompts_per_step")
-    for workflow in ("sft", "kto"):
-        off = cfg.model_copy(update={"workflow": workflow})
+    for workflow in ("sft", "kto"):  # (each workflow refuses the other's key: a step takes only its own)
+        off = load_config(Config, None, [*DATA, "trainer.total_epochs=2", f"workflow={workflow}",
+                                         "trainer.batch_size=32"])
         assert rows_per_step(off) == (32, "trainer.batch_size")
 
 

@@ -1,7 +1,7 @@
-"""The ``relayrl`` commands the README and the docs show are ones relayrl accepts: every flag is one its parser
-knows, and the config a ``train``, ``plan`` or ``eval --recipe`` command builds from a shipped recipe and its
-overrides validates. A renamed key or flag, a removed value or a recipe that changed under a page fails here,
-not on a user's first try.
+"""The ``relayrl`` commands the README, the docs and the recipes' comments show are ones relayrl accepts: every
+flag is one its parser knows, and the config a ``train``, ``plan`` or ``eval --recipe`` command builds from a
+shipped recipe and its overrides validates. A renamed key or flag, a removed value or a recipe that changed under
+a page fails here, not on a user's first try.
 
 A command shown as typed at a prompt (``$ relayrl train ...``) is one the page shows failing (errors.md,
 recipes.md, the README's error example), and ``relayrl plan: ...`` lines are output: both are left to the tests
@@ -64,8 +64,18 @@ def _fenced(lines: list[str], language: str | None = None) -> list[tuple[int, li
     return blocks
 
 
+def recipe_commands(text: str) -> list[tuple[int, list[str]]]:
+    """(line number, arguments after ``relayrl``) of each command a recipe's ``#`` comments show (``# relayrl
+    train recipes/arith_grpo.yaml ...``), its ``\\`` continuation on the next comment line joined."""
+    lines = [ln.lstrip()[1:] if ln.lstrip().startswith("#") else None for ln in text.splitlines()]
+    return [(n, argv) for n, argv in shown_commands("```\n" + "\n".join(ln or "" for ln in lines) + "\n```")]
+
+
+RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 CASES = [pytest.param(argv, id=f"{page.name}:{line}")
          for page in PAGES for line, argv in shown_commands(page.read_text())]
+CASES += [pytest.param(argv, id=f"{recipe.name}:{line - 1}")  # (less the fence line the extraction added)
+          for recipe in RECIPES for line, argv in recipe_commands(recipe.read_text())]
 
 
 def _user_file_missing(message: str) -> bool:
@@ -86,7 +96,8 @@ def test_the_pages_show_commands():
     # (the extraction itself: a change of the pages' format that finds nothing would pass every case below)
     assert len(CASES) >= 70
     pages = {c.id.split(":")[0] for c in CASES}
-    assert pages >= {"README.md", "quickstart.md", "algorithms.md", "migrating.md", "planner.md", "serving.md"}
+    assert pages >= {"README.md", "quickstart.md", "algorithms.md", "migrating.md", "planner.md", "serving.md",
+                     "arith_grpo.yaml", "gpu_grpo.yaml", "toolsum_grpo.yaml"}  # (a recipe's comments too)
     commands = {c.values[0][0] for c in CASES}
     assert commands >= {"train", "eval", "plan", "serve", "plot"}
 
