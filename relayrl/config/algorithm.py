@@ -254,12 +254,13 @@ class AlgorithmConfig(Section):
         for key, what in (("lam", "GAE's lambda"), ("gamma", "the discount of token returns")):
             if getattr(self, key) != 1.0 and key not in est.params:
                 users = " and ".join(n for n, e in ESTIMATORS.items() if key in e.params)
+                verb = "use" if " and " in users else "uses"
                 raise ValueError(f"algorithm.{key}={getattr(self, key)} is {what}, which only advantage={users} "
-                                 f"uses; {self.advantage!r} ignores it: set algorithm.{key}=1.0")
+                                 f"{verb}; {self.advantage!r} ignores it: set algorithm.{key}=1.0")
         if "normalize_std" in self.model_fields_set and "normalize_std" not in est.params:
             users = ", ".join(n for n, e in ESTIMATORS.items() if "normalize_std" in e.params)
-            raise ValueError(f"algorithm.normalize_std={str(self.normalize_std).lower()} divides by the group's "
-                             f"reward std, which only advantage={users} reads; {self.advantage!r} ignores it: drop "
+            raise ValueError(f"algorithm.normalize_std={str(self.normalize_std).lower()} chooses whether to divide "
+                             f"by the group's reward std, which only advantage={users} reads; {self.advantage!r} ignores it: drop "
                              f"algorithm.normalize_std" + ("; the leave-one-out baseline over the others' std is "
                                                             "advantage=grpo-loo (NeMo-RL's default)"
                                                             if self.advantage == "rloo" and self.normalize_std else ""))
