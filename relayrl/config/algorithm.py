@@ -298,10 +298,11 @@ class AlgorithmConfig(Section):
                                  f"algorithm.policy_loss=gpg has no ratio to clip: drop algorithm.{clipped[0]}")
         if self.policy_loss in ("clip_cov", "kl_cov", "gmpo", "gpg") and (self.dual_clip is not None
                                                                   or self.ratio_level != "token"):
-            what = ("has no ratio" if self.policy_loss == "gpg" else "has no dual clip and takes token ratios "
-                    "(gmpo: its own sequence ratio from them)")
-            raise ValueError(f"algorithm.policy_loss={self.policy_loss} {what}: drop algorithm.dual_clip and set "
-                             f"algorithm.ratio_level=token")
+            what = {"gpg": "has no ratio", "gmpo": "has no dual clip and takes token ratios (its sequence ratio is "
+                    "their geometric mean)"}.get(self.policy_loss, "has no dual clip and takes token ratios")
+            fix = " and ".join(f for f, on in (("drop algorithm.dual_clip", self.dual_clip is not None),
+                                               ("set algorithm.ratio_level=token", self.ratio_level != "token")) if on)
+            raise ValueError(f"algorithm.policy_loss={self.policy_loss} {what}: {fix}")
         unclipped = {"sapo": ("SAPO", "sapo"), "vespo": ("VESPO", "vespo"), "kl_cov": ("KL-Cov", "cov")}
         if self.policy_loss in unclipped:
             fields = type(self).model_fields
