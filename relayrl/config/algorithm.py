@@ -321,6 +321,10 @@ class AlgorithmConfig(Section):
             raise ValueError(f"algorithm.{adaptive[0]} shapes the adaptive entropy coefficient, which "
                              f"algorithm.entropy_target turns on: set algorithm.entropy_target (e.g. 0.2) or drop "
                              f"algorithm.{adaptive[0]}")
+        if self.entropy_target is not None and self.entropy_coef_min > self.entropy_coef_max:
+            raise ValueError(f"algorithm.entropy_coef_min={self.entropy_coef_min} is above algorithm.entropy_coef_max="
+                             f"{self.entropy_coef_max}: the adaptive coefficient is kept in [min, max]; set "
+                             f"entropy_coef_min <= entropy_coef_max")
         if self.entropy_target is not None and not (self.entropy_coef_min <= self.entropy_coef <= self.entropy_coef_max):
             raise ValueError(f"algorithm.entropy_coef={self.entropy_coef} starts the adaptive coefficient outside "
                              f"[entropy_coef_min, entropy_coef_max] = [{self.entropy_coef_min}, "
