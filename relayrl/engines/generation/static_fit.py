@@ -12,12 +12,12 @@ import sys
 
 from torch import nn
 
-from relayrl.errors import UserError
+from relayrl.errors import SettingError
 
 __all__ = ["StaticDecodeError", "unsupported_reason", "fuse_reason"]
 
 
-class StaticDecodeError(UserError, ValueError):
+class StaticDecodeError(SettingError):
     """``rollout.decode=static`` on a model the static decode step does not compute: the user's to fix (the
     message names the reason and ``rollout.decode=dynamic``), printed as one line, not a traceback."""
 
