@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import errno
 
-__all__ = ["UserError", "RunStopped", "ProcessLost", "is_user_error", "user_message"]
+__all__ = ["UserError", "SettingError", "RunStopped", "ProcessLost", "is_user_error", "user_message"]
 
 _USER_ERRNOS = frozenset({
     errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EROFS, errno.EISDIR, errno.ENOTDIR,
@@ -27,6 +27,12 @@ _USER_ERRNOS = frozenset({
 
 class UserError(Exception):
     """An error the user fixes; its message says what is wrong, where (key, file, row) and the fix."""
+
+
+class SettingError(UserError, ValueError):
+    """A setting the model or the machine at hand cannot run, found when a component starts (after the config
+    validated: it needs the model's structure or the ranks); the message names the key and the fix. A rank
+    reports it as one line, not a traceback."""
 
 
 class RunStopped(UserError, RuntimeError):

@@ -254,12 +254,13 @@ class AlgorithmConfig(Section):
         for key, what in (("lam", "GAE's lambda"), ("gamma", "the discount of token returns")):
             if getattr(self, key) != 1.0 and key not in est.params:
                 users = " and ".join(n for n, e in ESTIMATORS.items() if key in e.params)
+                verb = "use" if " and " in users else "uses"
                 raise ValueError(f"algorithm.{key}={getattr(self, key)} is {what}, which only advantage={users} "
-                                 f"uses; {self.advantage!r} ignores it: set algorithm.{key}=1.0")
+                                 f"{verb}; {self.advantage!r} ignores it: set algorithm.{key}=1.0")
         if "normalize_std" in self.model_fields_set and "normalize_std" not in est.params:
             users = ", ".join(n for n, e in ESTIMATORS.items() if "normalize_std" in e.params)
-            raise ValueError(f"algorithm.normalize_std={str(self.normalize_std).lower()} divides by the group's "
-                             f"reward std, which only advantage={users} reads; {self.advantage!r} ignores it: drop "
+            raise ValueError(f"algorithm.normalize_std={str(self.normalize_std).lower()} chooses whether to divide "
+                             f"by the group's reward std, which only advantage={users} reads; {self.advantage!r} ignores it: drop "
                              f"algorithm.normalize_std" + ("; the leave-one-out baseline over the others' std is "
                                                             "advantage=grpo-loo (NeMo-RL's default)"
                                                             if self.advantage == "rloo" and self.normalize_std else ""))
@@ -297,10 +298,11 @@ class AlgorithmConfig(Section):
                                  f"algorithm.policy_loss=gpg has no ratio to clip: drop algorithm.{clipped[0]}")
         if self.policy_loss in ("clip_cov", "kl_cov", "gmpo", "gpg") and (self.dual_clip is not None
                                                                   or self.ratio_level != "token"):
-            what = ("has no ratio" if self.policy_loss == "gpg" else "has no dual clip and takes token ratios "
-                    "(gmpo: its own sequence ratio from them)")
-            raise ValueError(f"algorithm.policy_loss={self.policy_loss} {what}: drop algorithm.dual_clip and set "
-                             f"algorithm.ratio_level=token")
+            what = {"gpg": "has no ratio", "gmpo": "has no dual clip and takes token ratios (its sequence ratio is "
+                    "their geometric mean)"}.get(self.policy_loss, "has no dual clip and takes token ratios")
+            fix = " and ".join(f for f, on in (("drop algorithm.dual_clip", self.dual_clip is not None),
+                                               ("set algorithm.ratio_level=token", self.ratio_level != "token")) if on)
+            raise ValueError(f"algorithm.policy_loss={self.policy_loss} {what}: {fix}")
         unclipped = {"sapo": ("SAPO", "sapo"), "vespo": ("VESPO", "vespo"), "kl_cov": ("KL-Cov", "cov")}
         if self.policy_loss in unclipped:
             fields = type(self).model_fields
@@ -319,6 +321,10 @@ class AlgorithmConfig(Section):
             raise ValueError(f"algorithm.{adaptive[0]} shapes the adaptive entropy coefficient, which "
                              f"algorithm.entropy_target turns on: set algorithm.entropy_target (e.g. 0.2) or drop "
                              f"algorithm.{adaptive[0]}")
+        if self.entropy_target is not None and self.entropy_coef_min > self.entropy_coef_max:
+            raise ValueError(f"algorithm.entropy_coef_min={self.entropy_coef_min} is above algorithm.entropy_coef_max="
+                             f"{self.entropy_coef_max}: the adaptive coefficient is kept in [min, max]; set "
+                             f"entropy_coef_min <= entropy_coef_max")
         if self.entropy_target is not None and not (self.entropy_coef_min <= self.entropy_coef <= self.entropy_coef_max):
             raise ValueError(f"algorithm.entropy_coef={self.entropy_coef} starts the adaptive coefficient outside "
                              f"[entropy_coef_min, entropy_coef_max] = [{self.entropy_coef_min}, "

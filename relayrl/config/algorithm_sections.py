@@ -131,6 +131,11 @@ class DistillConfig(Section):
 
     @model_validator(mode="after")
     def _teacher(self) -> "DistillConfig":
+        idle = sorted(self.model_fields_set - {"teacher"}) if self.teacher is None else []
+        if idle:  # (nothing would read them: no teacher, no distillation)
+            raise ValueError(f"algorithm.distill.{idle[0]} weighs on-policy distillation's advantages, which "
+                             f"algorithm.distill.teacher turns on (it is null: no distillation): set "
+                             f"algorithm.distill.teacher=MODEL_DIR or drop algorithm.distill.{idle[0]}")
         if self.teacher is not None and not (Path(self.teacher) / "config.json").is_file():
             raise ValueError(f"algorithm.distill.teacher={self.teacher!r} is not a model directory (no "
                              f"config.json there): give the path of a saved Hugging Face model, e.g. a run's "

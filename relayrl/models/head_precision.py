@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from relayrl.errors import SettingError
+
 __all__ = ["fp32_logits", "run_head_in_fp32"]
 
 _LOW = (torch.bfloat16, torch.float16)
@@ -55,6 +57,6 @@ def run_head_in_fp32(model: nn.Module) -> None:
     shared with a trainer, are read at each call)."""
     head = model.get_output_embeddings()
     if not isinstance(head, nn.Linear):
-        raise ValueError(f"model.head_fp32: the model's output head is a {type(head).__name__}, not an nn.Linear; "
+        raise SettingError(f"model.head_fp32: the model's output head is a {type(head).__name__}, not an nn.Linear; "
                          "set model.head_fp32=false")
     head.forward = _fp32_forward.__get__(head)  # a bound method on this instance only

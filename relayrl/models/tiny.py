@@ -66,6 +66,10 @@ class TinyModelConfig(BaseModel):
     @model_validator(mode="after")
     def _experts_fit(self) -> "TinyModelConfig":
         if self.experts == 0:
+            if "experts_per_token" in self.model_fields_set:  # (a dense model routes nothing: nothing reads it)
+                raise ValueError(f"model.tiny.experts_per_token={self.experts_per_token} routes each token of a "
+                                 f"mixture of experts, and model.tiny.experts=0 builds a dense model: set "
+                                 f"model.tiny.experts (e.g. 8) or drop model.tiny.experts_per_token")
             return self
         if self.shape != "tiny":
             raise ValueError(f"model.tiny.experts={self.experts} builds a tiny mixture of experts; "

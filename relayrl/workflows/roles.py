@@ -13,6 +13,7 @@ from relayrl.cluster import ClusterConfig, ResourcePool, WorkerGroup, check_fit,
 from relayrl.config.plan import StepPlan
 from relayrl.config.rollout_devices import pool_pack
 from relayrl.config.schema import Config, available_devices
+from relayrl.errors import SettingError
 from relayrl.workflows.precision import role_precision
 from relayrl.workflows.rollout_worker import RolloutWorker
 from relayrl.workflows.trainer_workers import CriticWorker, PolicyWorker, ReferenceWorker
@@ -150,6 +151,6 @@ def check_teacher(path: str, tokenizer) -> None:
     from relayrl.models.load import load_tokenizer
 
     if load_tokenizer(path).get_vocab() != tokenizer.get_vocab():
-        raise ValueError(f"algorithm.distill.teacher={path!r} has a tokenizer other than the student's (model.path "
+        raise SettingError(f"algorithm.distill.teacher={path!r} has a tokenizer other than the student's (model.path "
                          f"or the tiny default): on-policy distillation compares the two models token by token; "
                          f"give a teacher with the student's tokenizer")

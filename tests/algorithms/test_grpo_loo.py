@@ -73,8 +73,13 @@ def test_the_config_takes_grpo_loo_and_refuses_normalize_std_where_it_is_ignored
     load_config(Config, "arith_grpo", ["algorithm.advantage=grpo-loo", "algorithm.normalize_std=false"])
     with pytest.raises(ConfigError) as e:  # NeMo-RL's normalize_rewards with RLOO: it was silently ignored
         load_config(Config, "arith_grpo", ["algorithm.advantage=rloo", "algorithm.normalize_std=true"])
-    assert "algorithm.normalize_std=true divides by the group's reward std, which only advantage=grpo, grpo-loo, " \
+    assert "algorithm.normalize_std=true chooses whether to divide by the group's reward std, which only advantage=grpo, grpo-loo, " \
            "grpo-passk, gpg reads; 'rloo' ignores it: drop algorithm.normalize_std; the leave-one-out baseline " \
            "over the others' std is advantage=grpo-loo" in str(e.value)
-    with pytest.raises(ConfigError, match="'reinforce\\+\\+-baseline' ignores it"):
+    with pytest.raises(ConfigError) as e:  # (it said "normalize_std=false divides by the group's reward std")
         load_config(Config, "arith_grpo", ["algorithm.advantage=reinforce++-baseline", "algorithm.normalize_std=false"])
+    assert "algorithm.normalize_std=false chooses whether to divide by the group's reward std" in str(e.value)
+    assert "'reinforce++-baseline' ignores it" in str(e.value)
+    with pytest.raises(ConfigError) as e:  # (two estimators read gamma: "which only ... reinforce++ and gae use")
+        load_config(Config, "arith_grpo", ["algorithm.gamma=0.9"])
+    assert "which only advantage=reinforce++ and gae use; 'grpo' ignores it" in str(e.value)

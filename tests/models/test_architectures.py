@@ -13,7 +13,8 @@ import torch
 from relayrl.engines.generation.base import SamplingParams
 from relayrl.engines.generation.native import NativeGenerationEngine
 from relayrl.engines.generation.static import step_mismatch
-from relayrl.engines.generation.static_fit import unsupported_reason
+from relayrl.engines.generation.static_fit import StaticDecodeError, unsupported_reason
+from relayrl.errors import SettingError, is_user_error
 from relayrl.engines.training.base import SequenceBatch
 from relayrl.engines.training.fsdp import ResponseLogits
 from relayrl.engines.training.torch_engine import TorchTrainingEngine, TrainEngineConfig
@@ -188,8 +189,9 @@ def test_the_native_generator_samples_from_the_models_own_distribution(arch):
     assert (reason is None) == (arch not in STATIC_REFUSED), reason
     if reason is not None:
         assert STATIC_REFUSED[arch] in reason
-        with pytest.raises(ValueError, match="rollout.decode=static: .*use rollout.decode=dynamic"):
+        with pytest.raises(StaticDecodeError, match="rollout.decode=static: .*use rollout.decode=dynamic") as e:
             NativeGenerationEngine(model, _Tok(), max_batch=2, decode="static")
+        assert is_user_error(e.value)  # (the CLI's one line: it was a ValueError, printed as a rank's traceback)
     for decode in ("dynamic",) if reason else ("dynamic", "static"):
         eng = NativeGenerationEngine(model, _Tok(), max_batch=2, decode=decode)
         assert (eng.static is not None) == (decode == "static")
@@ -338,6 +340,7 @@ def test_a_model_that_takes_no_transformers_cache_is_refused_by_the_native_engin
 
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model("mamba", vocab_size=VOCAB, hidden_size=32,
                                                                   num_hidden_layers=2, state_size=8))
-    with pytest.raises(ValueError, match="MambaForCausalLM.forward takes none \\(it carries cache_params\\): use "
-                                         "rollout.engine=vllm"):
+    with pytest.raises(SettingError, match="MambaForCausalLM.forward takes none \\(it carries cache_params\\): use "
+                                           "rollout.engine=vllm") as e:
         NativeGenerationEngine(model, _Tok())
+    assert is_user_error(e.value)  # (a rank prints it as one line; a ValueError was printed as its traceback)

@@ -54,6 +54,9 @@ def test_experts_build_a_tiny_mixture_of_experts_with_the_dense_models_compute(t
     (dict(experts=1), "set experts >= 2 and 1 <= experts_per_token <= experts"),
     (dict(experts=4, experts_per_token=5), "set experts >= 2 and 1 <= experts_per_token <= experts"),
     (dict(experts=4, shape="qwen2-0.5b"), "model.tiny.shape=qwen2-0.5b is a published dense shape"),
+    # (a dense model routes nothing: experts_per_token alone was taken and read by nothing)
+    (dict(experts_per_token=3), "model.tiny.experts_per_token=3 routes each token of a mixture of experts, and "
+                                "model.tiny.experts=0 builds a dense model: set model.tiny.experts"),
 ])
 def test_a_tiny_mixture_that_cannot_be_built_is_refused(over, message):
     with pytest.raises(ValidationError, match=message):

@@ -1,5 +1,6 @@
-"""The config errors the pages quote are the ones relayrl prints. A session on a page (``$ relayrl train RECIPE
-OVERRIDES`` and the ``relayrl: error: invalid config:`` lines after it) is replayed through ``load_run_config``,
+"""The config errors the pages quote are the ones relayrl prints, and so are the "is unused" start-up lines they
+quote (at the end). A session on a page (``$ relayrl train RECIPE OVERRIDES`` and the ``relayrl: error: invalid
+config:`` lines after it) is replayed through ``load_run_config``,
 and the message must be the page's, as words (the pages wrap long lines). A reworded check, or a rule that no
 longer fires, fails here instead of leaving a page that quotes a message nobody sees.
 
@@ -10,6 +11,7 @@ tests in ``tests/cli`` and ``tests/workflows`` (docs/errors.md names them)."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -83,3 +85,41 @@ def test_a_reworded_message_fails():
     assert (line, argv) == (2, ["recipes/arith_grpo.yaml", "trainer.stepz=3"])
     with pytest.raises(AssertionError, match="the page quotes"):
         test_a_quoted_config_error_is_the_one_relayrl_prints(argv, message, pytest.MonkeyPatch())
+
+
+# The start-up lines the pages quote for an option that a feature turned off leaves unread (not refused:
+# ``AlgorithmConfig.idle_options``), e.g. `relayrl: algorithm.overlong_cache=2 is unused: ...` in algorithms.md.
+_UNUSED = re.compile(r"`relayrl: (algorithm\.[\w.]+=[^\s`]+) is unused:\s+([^`]+)`")
+
+
+def unused_quotes(text: str) -> list[tuple[str, str]]:
+    """(the override, the line as the page prints it) of each quoted "is unused" start-up line (a quote may
+    wrap across the page's lines)."""
+    return [(m.group(1), f"relayrl: {m.group(1)} is unused: {' '.join(m.group(2).split())}")
+            for m in _UNUSED.finditer(text)]
+
+
+UNUSED = [pytest.param(over, line, id=f"{page.name}:{over}")
+          for page in PAGES for over, line in unused_quotes(page.read_text())]
+
+
+def test_the_pages_quote_an_unused_option_line():
+    assert UNUSED  # (the extraction: algorithms.md quotes algorithm.overlong_cache=2's)
+
+
+@pytest.mark.parametrize("override,line", UNUSED)
+def test_a_quoted_unused_option_line_is_the_one_the_run_prints(override, line, monkeypatch):
+    from relayrl.config.loader import load_run_config
+    from relayrl.config.plan import step_plan
+
+    monkeypatch.chdir(ROOT)
+    printed = [f"relayrl: {n}" for n in step_plan(load_run_config("recipes/arith_grpo.yaml", [override])).notes]
+    assert line in printed, f"the page quotes:\n{line}\nthe run prints:\n" + "\n".join(printed)
+
+
+def test_a_reworded_unused_line_fails():
+    [(over, line)] = unused_quotes("e.g. `relayrl: algorithm.overlong_cache=2 is unused:\nit shapes the penalty`.")
+    assert (over, line) == ("algorithm.overlong_cache=2", "relayrl: algorithm.overlong_cache=2 is unused: it shapes "
+                                                          "the penalty")
+    with pytest.raises(AssertionError, match="the page quotes"):
+        test_a_quoted_unused_option_line_is_the_one_the_run_prints(over, line, pytest.MonkeyPatch())

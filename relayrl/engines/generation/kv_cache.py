@@ -16,6 +16,8 @@ import inspect
 import torch
 from torch import nn
 
+from relayrl.errors import SettingError
+
 __all__ = ["cache_name", "forward_with_cache", "check_takes_cache"]
 
 
@@ -49,6 +51,6 @@ def check_takes_cache(model: nn.Module) -> None:
         return
     if "past_key_values" not in params and "cache" not in params:
         own = [n for n in params if "cache" in n and n != "use_cache"] or ["a state of its own"]
-        raise ValueError(f"rollout.engine=native decodes through transformers' cache (the model's past_key_values); "
+        raise SettingError(f"rollout.engine=native decodes through transformers' cache (the model's past_key_values); "
                          f"{type(model).__name__}.forward takes none (it carries {', '.join(own)}): use "
                          f"rollout.engine=vllm for this model")

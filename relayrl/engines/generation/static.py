@@ -70,7 +70,7 @@ from relayrl.engines.generation.base import SamplingParams
 from relayrl.engines.generation.kv_cache import forward_with_cache
 from relayrl.engines.generation.sampling import block_mass, row_uniforms, sample_next, sample_with, seen_mask
 from relayrl.engines.generation.split_k import split_k_linear, split_k_reason
-from relayrl.engines.generation.static_fit import fuse_reason, unsupported_reason
+from relayrl.engines.generation.static_fit import StaticDecodeError, fuse_reason, unsupported_reason
 from relayrl.models.logits import LogitTransform
 
 __all__ = ["StaticDecoder", "build", "step_mismatch"]
@@ -522,7 +522,7 @@ def build(model: nn.Module, slots: int, mode: str, log: Callable[[str], None] | 
     reason = unsupported_reason(model) or step_mismatch(model)
     if mode == "static":
         if reason is not None:
-            raise ValueError(f"rollout.decode=static: {reason}; use rollout.decode=dynamic")
+            raise StaticDecodeError(f"rollout.decode=static: {reason}; use rollout.decode=dynamic")
         compile = compile and cuda
         return StaticDecoder(model, slots, graphs=cuda, compile=compile, fuse=_fuse(model, compile, log))
     if reason is not None:

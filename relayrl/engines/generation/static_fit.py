@@ -12,7 +12,14 @@ import sys
 
 from torch import nn
 
-__all__ = ["unsupported_reason", "fuse_reason"]
+from relayrl.errors import SettingError
+
+__all__ = ["StaticDecodeError", "unsupported_reason", "fuse_reason"]
+
+
+class StaticDecodeError(SettingError):
+    """``rollout.decode=static`` on a model the static decode step does not compute: the user's to fix (the
+    message names the reason and ``rollout.decode=dynamic``), printed as one line, not a traceback."""
 
 _LAYER_PARTS = ("input_layernorm", "post_attention_layernorm", "mlp", "self_attn")
 _ATTN_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj")

@@ -16,6 +16,7 @@ import torch
 from relayrl.engines.training import flex
 from relayrl.engines.training.base import SequenceBatch
 from relayrl.engines.training.config import TrainEngineConfig
+from relayrl.errors import SettingError
 from relayrl.models import packing_check
 from relayrl.models.load import attention_windows
 from relayrl.models.packing import (PackUnit, additive_mask, fed_tokens, pack_units, plan_microbatches, plan_units,
@@ -52,7 +53,7 @@ class PassLayout:
             self.model, self.attn_impl in ("sdpa", "eager", flex.ATTN), layer_types, self.sliding_window)
         if reason is not None:
             if self.cfg.sequence_parallel > 1:  # (Ulysses splits packed rows only)
-                raise ValueError(f"engine.sequence_parallel={self.cfg.sequence_parallel} splits packed rows, and "
+                raise SettingError(f"engine.sequence_parallel={self.cfg.sequence_parallel} splits packed rows, and "
                                  f"this model cannot be packed: {reason}; set engine.sequence_parallel=1")
             warnings.warn(f"packing={self.packing!r} disabled, using 'none': {reason}", stacklevel=3)
             self.packing = "none"

@@ -119,6 +119,7 @@ from relayrl.engines.training.routed import RoutedPasses
 from relayrl.engines.training.steps import make_scheduler, minibatch_rows, minibatch_slices, over_steps
 from relayrl.models.logits import LogitTransform, check_head
 from relayrl.models.packing import PackUnit, build_packed_batch, plan_microbatches, to_device
+from relayrl.errors import SettingError
 
 __all__ = ["TrainEngineConfig", "TorchTrainingEngine", "Forward", "plan_microbatches", "minibatch_slices", "make_scheduler"]
 
@@ -260,7 +261,7 @@ class TorchTrainingEngine(PassLayout, LogprobPasses, RoutedPasses, StreamedUpdat
                "engine.router_aux_loss_coef > 0 (the router logits leave the layers beside their outputs)"
                if self.cfg.router_aux_loss_coef > 0 else None)
         if why:
-            raise ValueError(f"engine.cuda_graphs=true needs compiled layers on one CUDA device, but {why}; set "
+            raise SettingError(f"engine.cuda_graphs=true needs compiled layers on one CUDA device, but {why}; set "
                              f"engine.cuda_graphs=false")
 
     # --------------------------------------------------------------- forward

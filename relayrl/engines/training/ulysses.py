@@ -60,6 +60,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from relayrl.errors import SettingError
+
 __all__ = ["ATTN", "ATTN_FLEX", "SequenceParallel", "Shard", "setup", "check_model", "install",
            "ulysses_attention_forward", "all_to_all", "pool"]
 
@@ -93,7 +95,7 @@ def setup(size: int) -> SequenceParallel | None:
         return None
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if world % size:
-        raise ValueError(f"engine.sequence_parallel={size} must divide the trainer group's {world} ranks (each "
+        raise SettingError(f"engine.sequence_parallel={size} must divide the trainer group's {world} ranks (each "
                          f"data-parallel replica is {size} ranks); set cluster.devices (x cluster.nodes) to a "
                          f"multiple of {size}, or lower engine.sequence_parallel")
     me = dist.get_rank()
@@ -113,12 +115,12 @@ def check_model(model, size: int) -> None:
     conf = model.config
     impl = getattr(conf, "_attn_implementation", None)
     if impl not in ("sdpa", ATTN, ATTN_FLEX) and not flex.is_flex(impl):
-        raise ValueError(f"engine.sequence_parallel={size} runs attention through PyTorch SDPA over the packed mask "
+        raise SettingError(f"engine.sequence_parallel={size} runs attention through PyTorch SDPA over the packed mask "
                          f"or FlexAttention over its tiles; the model is loaded with attn_implementation={impl!r}: set "
                          f"model.attn_implementation=sdpa or flex_attention (or engine.sequence_parallel=1)")
     heads = getattr(conf, "num_attention_heads", None)
     if not heads or heads % size:
-        raise ValueError(f"engine.sequence_parallel={size} gives each rank 1/{size} of the attention heads, but the "
+        raise SettingError(f"engine.sequence_parallel={size} gives each rank 1/{size} of the attention heads, but the "
                          f"model has {heads} query heads: set engine.sequence_parallel to a divisor of {heads}")
 
 
@@ -139,7 +141,7 @@ def install(model, sp: SequenceParallel) -> None:
     layers = [m for m in model.modules() if hasattr(m, "num_key_value_groups") and hasattr(m, "layer_idx")]
     expected = getattr(model.config, "num_hidden_layers", None)
     if not layers or (expected is not None and len(layers) != expected):
-        raise ValueError(f"engine.sequence_parallel: found {len(layers)} attention modules in "
+        raise SettingError(f"engine.sequence_parallel: found {len(layers)} attention modules in "
                          f"{type(model).__name__} (expected {expected}, one per decoder layer)")
     for m in layers:
         m.sequence_parallel = sp
@@ -198,7 +200,7 @@ def ulysses_attention_forward(module, query: torch.Tensor, key: torch.Tensor, va
                            "whole 4-D mask; this call has none")
     for name in ("softcap", "s_aux"):  # (a sliding window is in the mask already)
         if kwargs.get(name) is not None:
-            raise ValueError(f"engine.sequence_parallel: the model's attention uses {name}, which relayrl's "
+            raise SettingError(f"engine.sequence_parallel: the model's attention uses {name}, which relayrl's "
                              f"Ulysses attention (plain SDPA) does not compute: set engine.sequence_parallel=1")
     heads, kv = query.shape[1], key.shape[1]
     if kv % sp.size:  # too few key/value heads to split: repeat them to the query heads (GQA's own mapping)
