@@ -58,5 +58,5 @@ def run_head_in_fp32(model: nn.Module) -> None:
     head = model.get_output_embeddings()
     if not isinstance(head, nn.Linear):
         raise SettingError(f"model.head_fp32: the model's output head is a {type(head).__name__}, not an nn.Linear; "
-                         "set model.head_fp32=false")
+                           "set model.head_fp32=false")
     head.forward = _fp32_forward.__get__(head)  # a bound method on this instance only

@@ -152,5 +152,5 @@ def check_teacher(path: str, tokenizer) -> None:
 
     if load_tokenizer(path).get_vocab() != tokenizer.get_vocab():
         raise SettingError(f"algorithm.distill.teacher={path!r} has a tokenizer other than the student's (model.path "
-                         f"or the tiny default): on-policy distillation compares the two models token by token; "
-                         f"give a teacher with the student's tokenizer")
+                           f"or the tiny default): on-policy distillation compares the two models token by token; "
+                           f"give a teacher with the student's tokenizer")

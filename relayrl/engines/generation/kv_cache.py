@@ -52,5 +52,5 @@ def check_takes_cache(model: nn.Module) -> None:
     if "past_key_values" not in params and "cache" not in params:
         own = [n for n in params if "cache" in n and n != "use_cache"] or ["a state of its own"]
         raise SettingError(f"rollout.engine=native decodes through transformers' cache (the model's past_key_values); "
-                         f"{type(model).__name__}.forward takes none (it carries {', '.join(own)}): use "
-                         f"rollout.engine=vllm for this model")
+                           f"{type(model).__name__}.forward takes none (it carries {', '.join(own)}): use "
+                           f"rollout.engine=vllm for this model")

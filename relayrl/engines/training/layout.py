@@ -54,7 +54,7 @@ class PassLayout:
         if reason is not None:
             if self.cfg.sequence_parallel > 1:  # (Ulysses splits packed rows only)
                 raise SettingError(f"engine.sequence_parallel={self.cfg.sequence_parallel} splits packed rows, and "
-                                 f"this model cannot be packed: {reason}; set engine.sequence_parallel=1")
+                                   f"this model cannot be packed: {reason}; set engine.sequence_parallel=1")
             warnings.warn(f"packing={self.packing!r} disabled, using 'none': {reason}", stacklevel=3)
             self.packing = "none"
 

@@ -262,7 +262,7 @@ class TorchTrainingEngine(PassLayout, LogprobPasses, RoutedPasses, StreamedUpdat
                if self.cfg.router_aux_loss_coef > 0 else None)
         if why:
             raise SettingError(f"engine.cuda_graphs=true needs compiled layers on one CUDA device, but {why}; set "
-                             f"engine.cuda_graphs=false")
+                               f"engine.cuda_graphs=false")
 
     # --------------------------------------------------------------- forward
     def _compute(self, enabled: bool | None = None):

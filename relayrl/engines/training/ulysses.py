@@ -96,8 +96,8 @@ def setup(size: int) -> SequenceParallel | None:
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if world % size:
         raise SettingError(f"engine.sequence_parallel={size} must divide the trainer group's {world} ranks (each "
-                         f"data-parallel replica is {size} ranks); set cluster.devices (x cluster.nodes) to a "
-                         f"multiple of {size}, or lower engine.sequence_parallel")
+                           f"data-parallel replica is {size} ranks); set cluster.devices (x cluster.nodes) to a "
+                           f"multiple of {size}, or lower engine.sequence_parallel")
     me = dist.get_rank()
     mine = None
     for start in range(0, world, size):
@@ -116,12 +116,13 @@ def check_model(model, size: int) -> None:
     impl = getattr(conf, "_attn_implementation", None)
     if impl not in ("sdpa", ATTN, ATTN_FLEX) and not flex.is_flex(impl):
         raise SettingError(f"engine.sequence_parallel={size} runs attention through PyTorch SDPA over the packed mask "
-                         f"or FlexAttention over its tiles; the model is loaded with attn_implementation={impl!r}: set "
-                         f"model.attn_implementation=sdpa or flex_attention (or engine.sequence_parallel=1)")
+                           f"or FlexAttention over its tiles; the model is loaded with "
+                           f"attn_implementation={impl!r}: set model.attn_implementation=sdpa or flex_attention "
+                           f"(or engine.sequence_parallel=1)")
     heads = getattr(conf, "num_attention_heads", None)
     if not heads or heads % size:
         raise SettingError(f"engine.sequence_parallel={size} gives each rank 1/{size} of the attention heads, but the "
-                         f"model has {heads} query heads: set engine.sequence_parallel to a divisor of {heads}")
+                           f"model has {heads} query heads: set engine.sequence_parallel to a divisor of {heads}")
 
 
 def install(model, sp: SequenceParallel) -> None:
@@ -142,7 +143,7 @@ def install(model, sp: SequenceParallel) -> None:
     expected = getattr(model.config, "num_hidden_layers", None)
     if not layers or (expected is not None and len(layers) != expected):
         raise SettingError(f"engine.sequence_parallel: found {len(layers)} attention modules in "
-                         f"{type(model).__name__} (expected {expected}, one per decoder layer)")
+                           f"{type(model).__name__} (expected {expected}, one per decoder layer)")
     for m in layers:
         m.sequence_parallel = sp
     setter = getattr(model, "set_attn_implementation", None)
@@ -201,7 +202,7 @@ def ulysses_attention_forward(module, query: torch.Tensor, key: torch.Tensor, va
     for name in ("softcap", "s_aux"):  # (a sliding window is in the mask already)
         if kwargs.get(name) is not None:
             raise SettingError(f"engine.sequence_parallel: the model's attention uses {name}, which relayrl's "
-                             f"Ulysses attention (plain SDPA) does not compute: set engine.sequence_parallel=1")
+                               f"Ulysses attention (plain SDPA) does not compute: set engine.sequence_parallel=1")
     heads, kv = query.shape[1], key.shape[1]
     if kv % sp.size:  # too few key/value heads to split: repeat them to the query heads (GQA's own mapping)
         key, value = key.repeat_interleave(heads // kv, dim=1), value.repeat_interleave(heads // kv, dim=1)
