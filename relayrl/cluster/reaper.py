@@ -32,7 +32,7 @@ import subprocess
 import sys
 
 REAPER = r"""
-import os, select, signal, sys, time
+import contextlib, os, select, signal, sys, time
 watched = int(sys.argv[1])
 session = os.path.realpath(sys.argv[2]) if len(sys.argv) > 2 else None  # (None: a rank actor's own group)
 
@@ -47,11 +47,9 @@ def of_session(pid):
     except OSError:  # (gone meanwhile, or not ours to read)
         return False
     for fd in fds:
-        try:
+        with contextlib.suppress(OSError):  # (closed meanwhile)
             if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(session + "/"):
                 return True
-        except OSError:  # (closed meanwhile)
-            pass
     return False
 
 
@@ -77,10 +75,8 @@ for _ in range(50):  # (again until none is left: one may have started another a
     if not left:
         break
     for p in left:
-        try:
+        with contextlib.suppress(OSError):  # (gone meanwhile)
             os.kill(p, signal.SIGKILL)
-        except OSError:
-            pass
     time.sleep(0.1)
 """
 
