@@ -128,8 +128,9 @@ def _named(pids: list[int]) -> list[str]:
     out = []
     for p in pids:
         try:
-            cmdline = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            out.append(f"{p} {cmdline[:80]}")
+            argv = Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            # the program's file name first: a cut of its full path loses it where the checkout's path is long
+            out.append(f"{p} {Path(argv[0]).name} {' '.join(argv[1:])[:60]}")
         except OSError:
             out.append(f"{p} (gone)")
     return out
