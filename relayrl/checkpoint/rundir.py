@@ -47,7 +47,8 @@ from relayrl.checkpoint.format import _STEP_DIR, MANIFEST, CheckpointError, miss
 from relayrl.errors import UserError
 
 __all__ = ["FINGERPRINT", "RUN_CONFIG_KEYS", "RunDirError", "check_run_dir", "claim_run_dir", "config_differences",
-           "check_fingerprint", "hold_run_dir", "is_run_config", "release_run_dir", "rerun_note", "saved_config"]
+           "check_fingerprint", "hold_run_dir", "is_run_config", "lock_holder", "release_run_dir", "rerun_note",
+           "saved_config"]
 
 LOCK_FILE = ".relayrl.lock"
 _HELD: dict[Path, Any] = {}  # run directories this process holds: {resolved path: open lock file}
@@ -298,6 +299,16 @@ def hold_run_dir(run_dir: Path) -> None:
 def _in_use(run_dir: Path) -> str | None:
     """Why ``run_dir`` cannot be started in now, when another live process holds its lock (the holder, from the
     lock file); None when no other process does (the probe takes the lock and gives it back at once)."""
+    holder = lock_holder(run_dir)
+    if holder is None:
+        return None
+    return (f"run.dir={run_dir} is in use by another run ({holder}); wait for it to finish, or choose another "
+            f"run.dir (e.g. run.dir={run_dir}-2)")
+
+
+def lock_holder(run_dir: Path) -> str | None:
+    """The live process (not this one) that holds ``run_dir``'s lock, in words: its pid, host, start time and
+    the lock's path; None when none does (the probe takes the lock and gives it back at once)."""
     key = Path(run_dir).resolve()
     if key in _HELD or not (key / LOCK_FILE).is_file():
         return None
@@ -310,8 +321,7 @@ def _in_use(run_dir: Path) -> str | None:
                 holder = f"pid {who['pid']} on {who['host']}, started {who['started']}"
             except (json.JSONDecodeError, KeyError, TypeError):
                 holder = "a process that has not yet written its name"
-            return (f"run.dir={run_dir} is in use by another run ({holder}; lock {key / LOCK_FILE}); wait for it "
-                    f"to finish, or choose another run.dir (e.g. run.dir={run_dir}-2)")
+            return f"{holder}; lock {key / LOCK_FILE}"
     return None  # (closing the file gave the probe's lock back)
 
 

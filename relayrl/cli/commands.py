@@ -98,14 +98,36 @@ def cmd_demo(args) -> int:
             ("sft", "arith_sft.yaml", "SFT on a careless teacher who forgets to carry in 70% of sums", args.overrides_sft),
             ("grpo", "arith_grpo.yaml", "GRPO on fresh 2-digit sums, the verifier as the only reward", args.overrides_grpo),
         )
+    from relayrl.checkpoint.rundir import check_run_dir, release_run_dir
+
     for i, (name, recipe, _, overrides) in enumerate(stages):  # every stage's mistakes before the first trains
         init = [f"trainer.init_from={root / stages[i - 1][0] / 'model'}"] if i else []
         cfg = _load(str(RECIPES / recipe), [f"run.dir={root / name}", *init, *overrides])
-        from relayrl.checkpoint.rundir import check_run_dir
-
         # another run in a later stage's way: refused now, not minutes on; one the demo replaces is checked as one
         # moved aside is (run.overwrite), so that a live run there (another demo's) is refused, not deleted
         check_run_dir(root / name, cfg.run.resume, cfg.run.overwrite or _demo_owns(args, root / name))
+    _hold_demo_root(root)
+    try:
+        return _run_stages(args, root, stages, t0)
+    finally:
+        release_run_dir(root)
+
+
+def _hold_demo_root(root: Path) -> None:
+    """One demo at a time in ``root``: two started together both pass the stage checks, then each would replace
+    the stage the other trains in. The second to take ``root``'s lock is refused, naming the first."""
+    from relayrl.checkpoint.rundir import RunDirError, hold_run_dir, lock_holder
+
+    try:
+        hold_run_dir(root)
+    except RunDirError:
+        raise RunDirError(f"relayrl demo: {root} is in use by another demo or run ({lock_holder(root) or 'gone'}); "
+                          f"wait for it to finish, or give this demo another --dir") from None
+
+
+def _run_stages(args, root: Path, stages, t0: float) -> int:
+    from relayrl.checkpoint.rundir import check_run_dir
+
     model, rl_min, held_out = None, 0.0, 0
     for i, (name, recipe, what, overrides) in enumerate(stages, 1):
         print(f"relayrl demo: {i}/{len(stages)} {what} (recipes/{recipe})", flush=True)
@@ -115,6 +137,7 @@ def cmd_demo(args) -> int:
         # the default root. Any other run in the way (`--dir runs` beside the quickstart's runs/sft) is left to
         # the run directory's checks, which refuse it (run.overwrite=true moves it aside).
         if cfg.run.resume == "never" and _demo_owns(args, root / name) and (root / name / "config.json").is_file():
+            check_run_dir(root / name, "never", True)  # (a run started there since the demo's checks: refused)
             print(f"relayrl demo: replacing the previous demo run in {root / name}", flush=True)
             shutil.rmtree(root / name)
         (root / name).mkdir(parents=True, exist_ok=True)  # (marked before it trains: a demo stopped in this stage

@@ -77,24 +77,13 @@ def test_a_demo_running_in_the_same_directory_is_refused_not_replaced(capsys, tm
     """A stage directory a demo marked, held by a live run (another demo training there, in another process):
     refused before anything trains, naming that run, instead of deleted under it."""
     import json
-    import subprocess
-    import sys
 
     stage = tmp_path / "sft"
     stage.mkdir()
     (stage / ".relayrl-demo").touch()
     (stage / "config.json").write_text(json.dumps({"workflow": "sft", "run": {}, "model": {}, "trainer": {}}))
-    lock = stage / ".relayrl.lock"
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import fcntl, json, os, sys, time\n"
-        f"f = open({str(lock)!r}, 'w')\n"
-        "fcntl.flock(f, fcntl.LOCK_EX)\n"
-        "f.write(json.dumps({'pid': os.getpid(), 'host': 'here', 'started': 'now'})); f.flush()\n"
-        "print('held', flush=True)\n"
-        "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    holder = _hold(stage / ".relayrl.lock", "now")
     try:
-        assert holder.stdout.readline().strip() == "held"
-
         def no_training(cfg):
             raise AssertionError(f"stage {cfg.run.dir} started")
 
@@ -107,3 +96,71 @@ def test_a_demo_running_in_the_same_directory_is_refused_not_replaced(capsys, tm
     finally:
         holder.kill()
         holder.wait()
+
+
+def _hold(lock, started: str):
+    """A process that holds the flock of ``lock`` (as a run or a demo in another process does) until killed."""
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, json, os, sys, time\n"
+        f"f = open({str(lock)!r}, 'w')\n"
+        "fcntl.flock(f, fcntl.LOCK_EX)\n"
+        f"f.write(json.dumps({{'pid': os.getpid(), 'host': 'here', 'started': {started!r}}})); f.flush()\n"
+        "print('held', flush=True)\n"
+        "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_two_demos_started_together_in_one_directory_the_second_is_refused(capsys, tmp_path, monkeypatch):
+    """Two demos started at once both pass the stage checks (no stage is held yet); each then replaced the stage
+    the other trained in. The demo holds its directory's lock: the second is refused, naming the first."""
+    holder = _hold(tmp_path / ".relayrl.lock", "just now")
+    try:
+        def no_training(cfg):
+            raise AssertionError(f"stage {cfg.run.dir} started")
+
+        monkeypatch.setattr(commands, "_run", no_training)
+        monkeypatch.delenv("RELAYRL_DEBUG", raising=False)
+        code = cli.main(["demo", f"--dir={tmp_path}"])
+        err = capsys.readouterr().err
+        assert code != 0, err
+        assert f"relayrl demo: {tmp_path} is in use by another demo or run (pid {holder.pid} on here" in err, err
+        assert "another --dir" in err and "Traceback" not in err
+    finally:
+        holder.kill()
+        holder.wait()
+    with pytest.raises(AssertionError, match="base"):  # (the lock gone with its process: the demo starts)
+        cli.main(["demo", f"--dir={tmp_path}"])
+
+
+def test_a_run_started_in_a_stage_after_the_demo_s_checks_is_not_deleted(capsys, tmp_path, monkeypatch):
+    """A stage the demo would replace, taken by a live run between the demo's first checks and that stage's start:
+    the demo refuses it there instead of deleting the directory under that run."""
+    import json
+
+    stage = tmp_path / "sft"
+    holders = []
+
+    def base_stage(cfg):
+        if cfg.run.dir.name != "base":
+            raise AssertionError(f"stage {cfg.run.dir} started")
+        stage.mkdir()  # (while stage 1 trains, a run (marked as a demo's) takes the sft stage's directory)
+        (stage / ".relayrl-demo").touch()
+        (stage / "config.json").write_text(json.dumps({"workflow": "sft", "run": {}, "model": {}, "trainer": {}}))
+        holders.append(_hold(stage / ".relayrl.lock", "meanwhile"))
+        return tmp_path / "base" / "model"
+
+    monkeypatch.setattr(commands, "_run", base_stage)
+    monkeypatch.delenv("RELAYRL_DEBUG", raising=False)
+    try:
+        code = cli.main(["demo", f"--dir={tmp_path}"])
+        err = capsys.readouterr().err
+        assert code != 0 and f"run.dir={stage} is in use by another run (pid {holders[0].pid}" in err, err
+        assert (stage / "config.json").is_file()
+    finally:
+        for h in holders:
+            h.kill()
+            h.wait()
