@@ -91,3 +91,40 @@ def test_a_stale_flag_in_a_shown_benchmark_command_fails(monkeypatch):
         parses("benchmarks/retire.py", ["--steps", "3", "--stepz", "4"], monkeypatch)
     with pytest.raises(AssertionError, match="no such script"):
         parses("benchmarks/nope.py", [], monkeypatch)
+
+
+def session_commands(tmp_path, **env) -> list[list[str]]:
+    """The commands ``benchmarks/gpu_session.sh`` runs for ``env`` (its ``DRY=1`` mode prints them), each from its
+    ``python3`` on."""
+    import os
+    import subprocess
+
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_session.sh")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "DRY": "1", "OUT": str(tmp_path), **env})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [shlex.split(ln) for ln in proc.stdout.splitlines() if not ln.startswith("==")]
+    return [argv[argv.index("python3"):] for argv in lines if "python3" in argv]
+
+
+def test_the_gpu_session_script_calls_its_benchmarks_with_flags_they_know(tmp_path, monkeypatch, capsys):
+    commands = session_commands(tmp_path, PARTS="flex train decode profile moe", OLD=".", AUTOTUNE="1",
+                                TRACE="1", HF="1")
+    scripts = [c for c in commands if c[1].endswith(".py")]
+    assert len(scripts) == 7 and {Path(c[1]).name for c in scripts} == {"gpu.py", "routing_replay.py"}
+    for _, script, *args in scripts:
+        try:
+            parses(str(Path(script)), args, monkeypatch)  # (./benchmarks/gpu.py: OLD=. is this tree)
+        except SystemExit:
+            pytest.fail(f"gpu_session.sh: python3 {script} {' '.join(args)}: refused\n{capsys.readouterr().err}")
+
+
+def test_the_gpu_page_and_the_session_script_run_the_same_cuda_test_files(tmp_path):
+    (pytest_call,) = [c for c in session_commands(tmp_path, PARTS="tests") if c[1:3] == ["-m", "pytest"]]
+    session = {a for a in pytest_call if a.endswith(".py")}
+    page = (ROOT / "docs" / "gpu.md").read_text()
+    shown = re.search(r"```bash\n(python -m pytest [^`]*)```", page).group(1).replace("\\\n", " ")
+    assert {a for a in shlex.split(shown) if a.endswith(".py")} == session
+    # every test file with a test that skips without CUDA is among them
+    marker = re.compile(r"skipif\(\s*not torch\.cuda\.is_available\(\)")
+    cuda = {str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py") if marker.search(p.read_text())}
+    assert cuda and cuda <= session, f"CUDA tests outside the session's files: {sorted(cuda - session)}"
