@@ -69,6 +69,10 @@ def parses(script: str, args: list[str], monkeypatch) -> argparse.Namespace:
         runpy.run_path(str(path), run_name="__main__")
     except _Parsed as parsed:
         return parsed.args[0]
+    except ModuleNotFoundError as e:  # a benchmark-only peer this environment lacks (ray, trl, ...): not a doc fault
+        if e.name is None or e.name.split(".")[0] == "relayrl" or (path.parent / f"{e.name}.py").exists():
+            raise
+        pytest.skip(f"{script} imports {e.name}, which is not installed here")
     raise AssertionError(f"{script} ran to its end without parsing its arguments")
 
 
