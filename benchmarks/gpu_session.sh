@@ -61,9 +61,7 @@ say() {  # say CMD...: run it, or with DRY=1 print it (shell-quoted), one line
   if [[ -n "${DRY:-}" ]]; then printf '%q ' "$@"; echo; else "$@"; fi
 }
 
-if [[ -n "${DRY:-}" ]]; then
-  :
-elif [[ -d .whl ]]; then
+if [[ -z "${DRY:-}" && -d .whl ]]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} || exit 1
 fi
