@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # `python benchmarks/x.py ...` in a code span, or a code block's line starting with it (a `\` continuation joined)
 _PYTHON = r"(?:[\w./-]*/)?python3?"  # (python, python3, .venv/bin/python)
-_SPAN = re.compile(rf"`{_PYTHON} (benchmarks/\w+\.py)([^`]*)`")
+# (a span without the interpreter counts when it has arguments: `benchmarks/gpu.py --only big`)
+_SPAN = re.compile(rf"`{_PYTHON} (benchmarks/\w+\.py)([^`]*)`|`(benchmarks/\w+\.py)(\s-[^`]*)`")
 _LINE = re.compile(rf"^\s*{_PYTHON} (benchmarks/\w+\.py)((?:[^\n]*\\\n)*[^\n]*)$", re.M)
 
 
@@ -29,9 +30,10 @@ def shown_commands(text: str) -> list[tuple[int, str, list[str]]]:
     out = []
     for pattern in (_SPAN, _LINE):
         for m in pattern.finditer(text):
-            rest = m.group(2).replace("\\\n", " ").replace("\n", " ")
+            script, rest = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+            rest = rest.replace("\\\n", " ").replace("\n", " ")
             args = [a for a in shlex.split(rest, comments=True) if a != "..."]
-            out.append((text.count("\n", 0, m.start()) + 1, m.group(1), args))
+            out.append((text.count("\n", 0, m.start()) + 1, script, args))
     return sorted(out)
 
 
@@ -86,10 +88,12 @@ def test_a_documented_benchmark_command_parses(script, args, monkeypatch, capsys
 
 def test_a_stale_flag_in_a_shown_benchmark_command_fails(monkeypatch):
     page = ("Run `python benchmarks/retire.py --steps 3 --stepz 4` or\n```\npython benchmarks/retire.py \\\n"
-            "  --steps 5   # a comment\n```\n`.venv/bin/python benchmarks/retire.py\n--seed 2`\n")
+            "  --steps 5   # a comment\n```\n`.venv/bin/python benchmarks/retire.py\n--seed 2`, as\n"
+            "`benchmarks/retire.py --rows 8` does; `benchmarks/retire.py` is a name, not a command\n")
     assert shown_commands(page) == [(1, "benchmarks/retire.py", ["--steps", "3", "--stepz", "4"]),
                                     (3, "benchmarks/retire.py", ["--steps", "5"]),
-                                    (6, "benchmarks/retire.py", ["--seed", "2"])]
+                                    (6, "benchmarks/retire.py", ["--seed", "2"]),
+                                    (8, "benchmarks/retire.py", ["--rows", "8"])]
     assert parses("benchmarks/retire.py", ["--steps", "5"], monkeypatch).steps == 5
     with pytest.raises(SystemExit):
         parses("benchmarks/retire.py", ["--steps", "3", "--stepz", "4"], monkeypatch)
