@@ -17,7 +17,7 @@ Systems, same workload, same process, same Ray cluster:
   publishes the receipts) or into the centralized actor. The driver then no
   longer packs every put, which is what limits the thread runs.
 * ``transferqueue``: PyPI ``transferqueue`` 0.1.11 (AsyncFlow's TransferQueue),
-  SimpleStorage with 1 (and 4) units, polling-mode controller, ragged
+  SimpleStorage with 1 unit, polling-mode controller, ragged
   columns as jagged nested tensors.
 
 Put time is the wall time of all four producers; get time the wall time of

@@ -15,7 +15,7 @@ here, not a multi-GPU speed-up. Printed, not asserted. Last line::
 
     expert_parallel: update time ep/fsdp R_u, logprobs R_l; expert bytes sent per rank and update ep/fsdp B
 
-Run it with ``.venv/bin/python benchmarks/expert_parallel.py`` (about a minute on 2 cores).
+Run it with ``.venv/bin/python benchmarks/expert_parallel.py`` (about 20 s on 2 cores).
 """
 
 from __future__ import annotations

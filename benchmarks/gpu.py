@@ -187,7 +187,7 @@ def bench_train(path: Path, peak: float, variant: str = "sdpa", budget: int = 16
     what = "; ".join([FEATURES[f] for f in FEATURES if f in shown] +
                      [f"flex kernel options {f[4:]}" for f in sorted(shown) if f.startswith("opt=")])
     print(f"train {variant} ({what}): {tokens} tokens (budget {budget}/micro-batch) in {dt:.3f} s: "
-          f"{out['tokens_per_s']:.0f} tok/s, MFU {out['mfu']:.1%}, peak {out['peak_gb']:.1f} GB", flush=True)
+          f"{out['tokens_per_s']:.0f} tok/s, MFU {out['mfu']:.1%}, peak {out['peak_gb']:.1f} GiB", flush=True)
     if profile:  # where one update's time goes
         for line in kernel_profile(lambda: eng.train_step(batch, loss)):
             print("  " + line, flush=True)
@@ -210,7 +210,7 @@ def bench_train_variants(path: Path, peak: float, variants: list[str], profile: 
                           trace=trace.with_name(f"trace-{v.replace('+', '-')}.json.gz") if trace else None)
            for v in variants}
     base = res[variants[0]]
-    print(f"{'variant':48s} {'update s':>9s} {'MFU':>6s} {'speed-up':>8s} {'peak GB':>8s}")
+    print(f"{'variant':48s} {'update s':>9s} {'MFU':>6s} {'speed-up':>8s} {'peak GiB':>8s}")
     for v, r in res.items():
         print(f"{v:48s} {r['update_s']:9.3f} {r['mfu']:6.1%} {base['update_s'] / r['update_s']:7.2f}x "
               f"{r['peak_gb']:8.1f}", flush=True)
@@ -254,7 +254,7 @@ def bench_grpo(cache: Path, offload: bool, steps: int = 2, new_tokens: int = 256
     out["start_s"] = last["start_s"]
     label = label or ("with offload" if offload else "without offload")
     print(f"grpo step ({label}): {out['step_s']:.2f} s, {out['tokens_per_s_per_device']:.0f} tok/s/device, "
-          f"colocated peak {out['colocated_peak_gb']:.2f} GB (torch peak {out['device_peak_gb']:.2f} GiB; "
+          f"colocated peak {out['colocated_peak_gb']:.2f} GiB (torch peak {out['device_peak_gb']:.2f} GiB; "
           f"start-up {out['start_s']:.0f} s)", flush=True)
     for k in keys:
         print(f"    {k:32s} {last[k]:.3f}", flush=True)
@@ -421,12 +421,12 @@ def main() -> None:
           f"train MFU {next(iter(t.values()), {}).get('mfu', float('nan')):.1%} "
           f"(best {best.get('mfu', float('nan')):.1%}: {best.get('variant', '-')}); peak memory with/without "
           f"offload {g.get('on', {}).get('colocated_peak_gb', float('nan')):.1f}/"
-          f"{g.get('off', {}).get('colocated_peak_gb', float('nan')):.1f} GB")
+          f"{g.get('off', {}).get('colocated_peak_gb', float('nan')):.1f} GiB")
     b = res.get("big", {}).get("7b-lora", {})
     nan = float("nan")
     print(f"gpu: decode {d.get('roof_frac', nan):.0%} of roofline, {d.get('speedup', nan):.1f}x HF generate; "
           f"train MFU {best.get('mfu', nan):.1%}; relayrl/trl {res.get('trl', {}).get('ratio', nan):.2f} on GPU; "
-          f"7B LoRA step {b.get('step_s', nan):.1f} s, peak {b.get('device_peak_gb', nan):.1f} GB")
+          f"7B LoRA step {b.get('step_s', nan):.1f} s, peak {b.get('device_peak_gb', nan):.1f} GiB")
 
 
 if __name__ == "__main__":

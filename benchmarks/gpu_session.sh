@@ -33,6 +33,8 @@
 # arguments of those parts (TRAIN_ARGS=--profile, FLEX_ARGS="--flex-presets relayrl,bwd-n1-32"); TRAIN_VARIANTS.
 # HF=1: the decode part also times HF generate and the dynamic-cache path. TEST_S, FLEX_S, TRAIN_S, DECODE_S:
 # each part's time limit (else PART_S). TRACE=1: a profiler trace of the decode (folder $OUT/trace; large).
+# DRY=1: print each part's command instead of running it (no GPU needed; tests/package/test_doc_benchmarks.py
+# parses them with the scripts' own parsers).
 set -u -o pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -55,22 +57,29 @@ B=flex+compile+fusedhead+copy  # the fastest training variant so far (relayrl's 
 TRAIN=(--only train --train-variants "${TRAIN_VARIANTS:-$B,$B+opt=tiles-64,$B+opt=divisible,$B+opt=expand-kv-n1-64,\
 $B+graphs}")
 
-if [[ -d .whl ]]; then
+say() {  # say CMD...: run it, or with DRY=1 print it (shell-quoted), one line
+  if [[ -n "${DRY:-}" ]]; then printf '%q ' "$@"; echo; else "$@"; fi
+}
+
+if [[ -z "${DRY:-}" && -d .whl ]]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} || exit 1
 fi
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+if [[ -z "${DRY:-}" ]]; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+fi
 
 tests() {
   echo "== CUDA tests"
-  timeout "$TEST_S" python3 -m pytest -q -p no:cacheprovider $TEST_FILES ${TESTS:+-k "$TESTS"} 2>&1 | tee "$OUT/tests.log" | tail -25
+  say timeout "$TEST_S" python3 -m pytest -q -p no:cacheprovider $TEST_FILES ${TESTS:+-k "$TESTS"} 2>&1 \
+    | tee "$OUT/tests.log" | tail -25
 }
 
 run() {  # run NAME TREE LIMIT ARGS...: one part of gpu.py from TREE (. or $OLD), its last lines shown, all logged
   local name=$1 tree=$2 limit=$3; shift 3
   echo "== $name ($tree)"
-  timeout "$limit" python3 "$tree/benchmarks/gpu.py" "$@" 2>&1 \
+  say timeout "$limit" python3 "$tree/benchmarks/gpu.py" "$@" 2>&1 \
     | tee "$OUT/$name.log" | grep -v "^\s*$" | tail -40
 }
 
@@ -88,7 +97,7 @@ for part in $PARTS; do
       [[ -n "${OLD:-}" ]] && run train-old "$OLD" "${TRAIN_S:-$PART_S}" "${TRAIN[@]}" ;;
     moe)  # MoE routing replay on the GPU: bf16 rollout, bf16 mixed-precision trainer (benchmarks/routing_replay.py)
       echo "== moe"
-      timeout "${MOE_S:-$PART_S}" python3 benchmarks/routing_replay.py --device cuda --train-compute bfloat16 \
+      say timeout "${MOE_S:-$PART_S}" python3 benchmarks/routing_replay.py --device cuda --train-compute bfloat16 \
         --prompts 64 --max-new-tokens 256 2>&1 | tee "$OUT/moe.log" | grep -v "^\s*$" | tail -8 ;;
     *) echo "gpu_session: unknown part $part (tests, flex, train, decode, profile, moe)"; exit 2 ;;
   esac

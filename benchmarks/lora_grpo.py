@@ -17,7 +17,7 @@ see the same load on a shared machine. Figures:
 
 The last line is::
 
-    lora_grpo: accuracy B% -> A%, optimizer memory L/F MB (LoRA/full)
+    lora_grpo: accuracy B% -> A%, optimizer memory L/F MiB (LoRA/full)
 
 Run it with::
 
@@ -108,12 +108,12 @@ def run(argv: list[str] | None = None, sft: Path | None = None) -> str:
         wf.shutdown()
 
     lo, fu = res["lora"], res["full"]
-    mb = 2 ** 20
+    mib = 2 ** 20
     print(f"\nlora_grpo: {a.steps} GRPO steps from the demo's SFT model ({model}), seed {a.seed}")
     print(f"{'':24}{'LoRA':>14}{'full':>14}{'LoRA/full':>12}")
     rows = [("trainable parameters", lo["params/trainable"], fu["params/trainable"], "{:,.0f}"),
             ("total parameters", lo["params/total"], fu["params/total"], "{:,.0f}"),
-            ("optimizer state (MB)", lo["optimizer/state_bytes"] / mb, fu["optimizer/state_bytes"] / mb, "{:.2f}"),
+            ("optimizer state (MiB)", lo["optimizer/state_bytes"] / mib, fu["optimizer/state_bytes"] / mib, "{:.2f}"),
             ("step time (s)", lo["step_s"], fu["step_s"], "{:.3f}"),
             ("update time (s)", lo["update_s"], fu["update_s"], "{:.3f}"),
             ("accuracy before (%)", 100 * lo["before"], 100 * fu["before"], "{:.1f}"),
@@ -125,7 +125,7 @@ def run(argv: list[str] | None = None, sft: Path | None = None) -> str:
     print(f"step-time ratio {lo['step_s'] / fu['step_s']:.2f} (LoRA/full), update-time ratio "
           f"{lo['update_s'] / fu['update_s']:.2f}")
     line = (f"lora_grpo: accuracy {100 * lo['before']:.1f}% -> {100 * lo['after']:.1f}%, optimizer memory "
-            f"{lo['optimizer/state_bytes'] / mb:.2f}/{fu['optimizer/state_bytes'] / mb:.2f} MB (LoRA/full)")
+            f"{lo['optimizer/state_bytes'] / mib:.2f}/{fu['optimizer/state_bytes'] / mib:.2f} MiB (LoRA/full)")
     print(line)
     return line
 

@@ -19,7 +19,7 @@ The last lines are::
 
     rm: pair accuracy X%
     rm_grpo: accuracy B% -> A% (verifier)
-    lora_grpo: accuracy B% -> A%, optimizer memory L/F MB (LoRA/full)
+    lora_grpo: accuracy B% -> A%, optimizer memory L/F MiB (LoRA/full)
 
 Run it with::
 

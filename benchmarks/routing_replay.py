@@ -17,7 +17,7 @@ asserted. Last line::
     routing_replay: agreement A%; logprob_error free E_f, replayed E_r (excess x R smaller); pass time x T;
         recording the rollout x G
 
-Run it with ``.venv/bin/python benchmarks/routing_replay.py`` (about 15 s on 2 cores); on a GPU, both engines there
+Run it with ``.venv/bin/python benchmarks/routing_replay.py`` (about 30 s on 2 cores); on a GPU, both engines there
 and the trainer in bf16 mixed precision, as a GPU run trains: ``--device cuda --train-compute bfloat16``.
 """
 

@@ -18,7 +18,7 @@ Targets: in process; a 2-rank local worker group (spawned processes, pipes);
 with ``--ray`` also a 2-rank Ray group.
 
 From a sharded trainer: the weights row-sharded over a 2-rank sender group (FSDP2's layout, DTensors over
-gloo) to a 2-rank receiver group, three ways in one run: each tensor gathered by its own collective
+gloo) to a 2-rank receiver group, four ways in one run: each tensor gathered by its own collective
 (``DTensor.full_tensor``, relayrl before 2026-11-27) and the full state sent to the driver, which packs and
 pushes it; the same with the gather in flat buckets (``gather_full_state``); and the sender's rank 0 packing
 straight into the relay's shared memory, only handles passing the driver (``WeightRelay.push_from_group``),
@@ -141,7 +141,7 @@ class ShardedSource(Worker):
 
 
 def bench_sharded(shapes, repeats: int, bucket_mb: float) -> dict[str, float]:
-    """Median refit seconds from a 2-rank sharded sender to 2 receivers, by the three ways (module docstring),
+    """Median refit seconds from a 2-rank sharded sender to 2 receivers, by the four ways (module docstring),
     the ways interleaved refit by refit so that each sees the same machine load."""
     ways = ("per-tensor gather, via driver", "bucketed gather, via driver", "rank 0 to shared memory",
             "rank 0 streams to shared memory")
