@@ -16,6 +16,9 @@ resume or by telemetry is read):
 * a reward term that is off (no ``reward.model``, no ``reward.judge.path``, no ``reward.format_regex``) reads none
   of its options.
 * ``data.rejected_key`` is read by workflows dpo and rm, ``data.label_key`` by kto.
+* ``env.*`` is read only with ``env.name`` (multi-turn episodes).
+* ``trainer.stream_groups`` in workflow grpo is read by the stages that stream per chunk of prompt groups
+  (:func:`relayrl.config.plan.stage_graph`); the sequential colocated step has none.
 
 Refusals of the same kind that live elsewhere: :func:`relayrl.config.rules.check_workflow_sections` (whole
 sections and ``algorithm.*``), ``check_critic``, ``check_reward_read`` (workflow rm), ``check_retire_solved``.
@@ -72,8 +75,31 @@ def check_unread(cfg: Config) -> None:
     """Refuse a key at another value than its default that this run never reads (module docstring)."""
     _check_reward_terms(cfg)
     _check_data_columns(cfg)
+    if not cfg.env.enabled and (idle := changed("env", cfg.env)):
+        raise ValueError(f"{_value(cfg, idle[0])} shapes multi-turn episodes, and env.name is null (single-turn "
+                         f"responses), so nothing reads it: set env.name (tools, or your environment) or drop "
+                         f"{idle[0]}")
     if cfg.workflow in OFFLINE_WORKFLOWS:
         _check_offline(cfg)
+    else:
+        _check_streaming(cfg)
+
+
+def _check_streaming(cfg: Config) -> None:
+    """``trainer.stream_groups`` sizes the calls of the stages that stream per chunk of prompt groups; a step whose
+    every stage waits for the whole batch (the sequential colocated step) reads it nowhere."""
+    t = cfg.trainer
+    if t.stream_groups == type(t).model_fields["stream_groups"].default:
+        return
+    from relayrl.config.plan import step_plan
+
+    plan = step_plan(cfg)
+    if not any(stage.per == "chunk" for stage in plan.stages):
+        raise ValueError(f"trainer.stream_groups={t.stream_groups} is how many prompt groups a streaming stage takes "
+                         f"per call, and every stage of this step ({plan.describe()}) takes the whole batch at once, "
+                         f"so nothing reads it: stages stream with a role on a pool of its own, trainer.mode=periodic, "
+                         f"trainer.off_policy_steps or algorithm.dynamic_sampling (docs/step-modes.md); else drop "
+                         f"trainer.stream_groups")
 
 
 def _check_reward_terms(cfg: Config) -> None:
