@@ -78,7 +78,7 @@ def check_unread(cfg: Config) -> None:
     if not cfg.env.enabled and (idle := changed("env", cfg.env)):
         raise ValueError(f"{_value(cfg, idle[0])} shapes multi-turn episodes, and env.name is null (single-turn "
                          f"responses), so nothing reads it: set env.name (tools, or your environment) or drop "
-                         f"{idle[0]}")
+                         f"{idle[0]} (env={{}} on the command line empties the section)")
     if cfg.workflow in OFFLINE_WORKFLOWS:
         _check_offline(cfg)
     else:
@@ -127,7 +127,8 @@ def _check_data_columns(cfg: Config) -> None:
                                ("label_key", ("kto",), "whether a completion is desirable")):
         if f"data.{key}" in changed("data", cfg.data) and cfg.workflow not in readers:
             raise ValueError(f"{_value(cfg, 'data.' + key)} names the field with {what}, read by workflow"
-                             f"{'s' if len(readers) > 1 else ''} {' and '.join(readers)} only (this run is workflow {cfg.workflow}): drop data.{key}")
+                             f"{'s' if len(readers) > 1 else ''} {' and '.join(readers)} only (this run is workflow "
+                             f"{cfg.workflow}): drop data.{key}")
 
 
 def _check_offline(cfg: Config) -> None:

@@ -103,7 +103,8 @@ def test_a_reward_term_that_is_on_reads_its_options():
     assert (cfg.reward.model_weight, cfg.reward.model_batch, cfg.reward.model_device) == (2.0, 8, "cpu")
     cfg = _loads("arith_grpo.yaml", "reward.judge.path=judge", "reward.judge.weight=0.5", "reward.model_device=cpu")
     assert cfg.reward.judge.weight == 0.5 and cfg.reward.model_device == "cpu"
-    assert _loads("arith_grpo.yaml", "reward.format_regex=x", "reward.format_on=response").reward.format_on == "response"
+    cfg = _loads("arith_grpo.yaml", "reward.format_regex=x", "reward.format_on=response")
+    assert cfg.reward.format_on == "response"
     assert _loads("arith_grpo_rm.yaml").reward.model_weight == 1.0
 
 
@@ -129,7 +130,11 @@ def test_the_data_columns_are_read_by_their_workflows():
 def test_episode_keys_without_an_environment_are_refused(override):
     says = _refusal("arith_grpo.yaml", override)
     assert "shapes multi-turn episodes, and env.name is null (single-turn responses), so nothing reads it: set " \
-           f"env.name (tools, or your environment) or drop {override.split('=')[0]}" in says, says
+           f"env.name (tools, or your environment) or drop {override.split('=')[0]} (env={{}} on the command line " \
+           f"empties the section)" in says, says
+    # (a tool recipe run single-turn: the section emptied as the message says)
+    assert _loads("toolsum_grpo.yaml", "env={}").env.name is None
+    assert "env.max_turns=3 shapes multi-turn episodes" in _refusal("toolsum_grpo.yaml", "env.name=null")
 
 
 def test_stream_groups_in_a_step_that_streams_nothing_is_refused():
