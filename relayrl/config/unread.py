@@ -16,7 +16,9 @@ resume or by telemetry is read):
 * a reward term that is off (no ``reward.model``, no ``reward.judge.path``, no ``reward.format_regex``) reads none
   of its options.
 * ``data.rejected_key`` is read by workflows dpo and rm, ``data.label_key`` by kto.
-* ``env.*`` is read only with ``env.name`` (multi-turn episodes).
+* ``env.*`` is read only with ``env.name`` (multi-turn episodes); ``engine.optim.min_lr_ratio`` (and the
+  critic's) only with a decaying schedule; ``run.nonfinite_skip_limit`` only with ``run.on_nonfinite=skip``;
+  ``cluster.ray_address`` and ``cluster.num_cpus`` only with ``cluster.backend=ray``.
 * ``trainer.stream_groups`` in workflow grpo is read by the stages that stream per chunk of prompt groups
   (:func:`relayrl.config.plan.stage_graph`); the sequential colocated step has none.
 
@@ -79,10 +81,32 @@ def check_unread(cfg: Config) -> None:
         raise ValueError(f"{_value(cfg, idle[0])} shapes multi-turn episodes, and env.name is null (single-turn "
                          f"responses), so nothing reads it: set env.name (tools, or your environment) or drop "
                          f"{idle[0]} (env={{}} on the command line empties the section)")
+    _check_switched_off(cfg)
     if cfg.workflow in OFFLINE_WORKFLOWS:
         _check_offline(cfg)
     else:
         _check_streaming(cfg)
+
+
+def _check_switched_off(cfg: Config) -> None:
+    """Options of the run's machinery that another key turns off: the optimizers' decay floor under a constant
+    schedule, the skip limit of non-finite updates that stop the run, the Ray options of the local backend."""
+    for key, optim in (("engine.optim", cfg.engine.optim), ("critic.optim", cfg.critic.optim)):
+        if optim.schedule == "constant" and optim.min_lr_ratio != type(optim).model_fields["min_lr_ratio"].default:
+            raise ValueError(f"{key}.min_lr_ratio={optim.min_lr_ratio:g} is the floor of a cosine or linear decay, "
+                             f"and {key}.schedule=constant keeps the learning rate at {key}.lr after warm-up, so "
+                             f"nothing reads it: set {key}.schedule=cosine (or linear) or drop {key}.min_lr_ratio")
+    run = cfg.run
+    if run.on_nonfinite == "stop" and "run.nonfinite_skip_limit" in changed("run", run):
+        raise ValueError(f"run.nonfinite_skip_limit={run.nonfinite_skip_limit} counts the updates "
+                         f"run.on_nonfinite=skip skips in a row, and run.on_nonfinite=stop stops at the first, so "
+                         f"nothing reads it: set run.on_nonfinite=skip or drop run.nonfinite_skip_limit")
+    c = cfg.cluster
+    if c.backend != "ray":
+        for key, what in (("ray_address", "joins that Ray cluster"), ("num_cpus", "sizes the Ray the driver starts")):
+            if getattr(c, key) is not None:
+                raise ValueError(f"cluster.{key}={getattr(c, key)} is read by the Ray backend only (it {what}), and "
+                                 f"cluster.backend={c.backend}: set cluster.backend=ray or drop cluster.{key}")
 
 
 def _check_streaming(cfg: Config) -> None:

@@ -177,3 +177,26 @@ def test_a_correction_bound_that_leaves_out_a_weight_of_one_is_refused(mode, say
         assert "algorithm.correction.low=1.5 is above 1" in got and "set algorithm.correction.low <= 1" in got, got
     cfg = _loads("arith_grpo_offpolicy.yaml", "algorithm.tis_cap=null", *on, "algorithm.correction.high=1")
     assert cfg.algorithm.correction.high == 1.0
+
+
+@pytest.mark.parametrize("over,says", [
+    (["engine.optim.min_lr_ratio=0.1"], "engine.optim.min_lr_ratio=0.1 is the floor of a cosine or linear decay, and "
+                                        "engine.optim.schedule=constant keeps the learning rate at engine.optim.lr"),
+    (["algorithm.advantage=gae", "critic.optim.min_lr_ratio=0.2"], "critic.optim.min_lr_ratio=0.2 is the floor of a "
+                                                                   "cosine or linear decay"),
+    (["run.nonfinite_skip_limit=3"], "run.nonfinite_skip_limit=3 counts the updates run.on_nonfinite=skip skips in a "
+                                     "row, and run.on_nonfinite=stop stops at the first"),
+    (["cluster.ray_address=auto"], "cluster.ray_address=auto is read by the Ray backend only (it joins that Ray "
+                                   "cluster), and cluster.backend=local: set cluster.backend=ray"),
+    (["cluster.num_cpus=4"], "cluster.num_cpus=4 is read by the Ray backend only"),
+])
+def test_an_option_its_switch_turns_off_is_refused(over, says):
+    assert says in _refusal("arith_grpo.yaml", *over)
+
+
+def test_the_options_are_read_with_their_switch_on():
+    assert _loads("arith_grpo.yaml", "engine.optim.schedule=cosine",
+                  "engine.optim.min_lr_ratio=0.1").engine.optim.min_lr_ratio == 0.1
+    assert _loads("arith_grpo.yaml", "run.on_nonfinite=skip", "run.nonfinite_skip_limit=3").run.nonfinite_skip_limit == 3
+    cfg = _loads("arith_grpo.yaml", "cluster.backend=ray", "cluster.num_cpus=4", "cluster.ray_address=auto")
+    assert (cfg.cluster.num_cpus, cfg.cluster.ray_address) == (4, "auto")
