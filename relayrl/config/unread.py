@@ -11,7 +11,8 @@ resume or by telemetry is read):
   its ``eval.k`` samples take ``eval.*``'s), ``rollout.temperature`` unless it is the ``eval.k`` answers'
   temperature, and the training reward's terms (``reward.normalize``, ``clip``, ``model``, ``verifier_weight``,
   ``judge.*``: held-out answers are scored with the verifier and the format term alone,
-  :meth:`relayrl.engines.reward.engine.RewardEngine.verify`). Workflow rm generates nothing: of the rollout it
+  :meth:`relayrl.engines.reward.engine.RewardEngine.verify`; not with ``env.name=tools``, whose held-out
+  episodes are scored with the whole reward). Workflow rm generates nothing: of the rollout it
   reads only ``max_new_tokens`` and ``stop_strings`` (the held-out prompts' length and turn-end checks).
 * a reward term that is off (no ``reward.model``, no ``reward.judge.path``, no ``reward.format_regex``) reads none
   of its options.
@@ -180,7 +181,7 @@ def _check_offline(cfg: Config) -> None:
                              f"{given[0]}")
         return
     idle = [k for k in changed("reward", cfg.reward) if k.split(".")[1] in _TRAINING_REWARD + ("judge",)]
-    if idle:
+    if idle and not cfg.env.enabled:  # (the tool environment's episodes are scored with the whole reward)
         raise ValueError(f"{_value(cfg, idle[0])} shapes the reward a GRPO step trains on; {this} and scores only "
                          f"its held-out answers, with the verifier and the format term (reward.format_weight) alone "
                          f"(eval/accuracy), so nothing reads it: drop {idle[0]}")

@@ -49,6 +49,8 @@ def test_the_offline_workflows_refuse_the_training_reward_s_terms(workflow, over
     assert f"{key}=" in says and f"shapes the reward a GRPO step trains on; workflow {workflow} trains on its data " \
            f"and scores only its held-out answers, with the verifier and the format term" in says, says
     assert f"drop {key}" in says
+    if workflow == "sft":  # (the tool environment's held-out episodes are scored with the whole reward)
+        assert getattr(_loads("toolsum_sft.yaml", override).reward, key.split(".")[1]) is not None
 
 
 @pytest.mark.parametrize("override", ["rollout.top_p=0.9", "rollout.top_k=5", "rollout.min_p=0.1",
