@@ -27,6 +27,9 @@ Refusals of the same kind that live elsewhere: :func:`relayrl.config.rules.check
 sections and ``algorithm.*``), ``check_critic``, ``check_reward_read`` (workflow rm), ``check_retire_solved``.
 Sub-options of a feature of the ``algorithm`` section that is off are named at start, not refused
 (:meth:`relayrl.config.algorithm.AlgorithmConfig.idle_options`: turning a recipe's feature off is an ablation).
+Left for the same reason: ``data.hf_config`` beside ``data.path`` (``gsm8k_grpo.yaml data.hf_name=null
+data.path=...``, a documented switch to a local copy, keeps the recipe's), the telemetry sinks' options when a
+sink is dropped (``telemetry.sinks=[jsonl]`` for a quick run), ``model.tiny.*`` beside ``trainer.init_from``.
 """
 
 from __future__ import annotations
