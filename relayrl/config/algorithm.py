@@ -272,6 +272,12 @@ class AlgorithmConfig(Section):
             raise ValueError("algorithm.dynamic_sampling_metric=reward differs from the score only by "
                              "algorithm.overlong_shaping's length penalty, which is off: drop "
                              "dynamic_sampling_metric (score) or set algorithm.overlong_shaping=true")
+        if self.tis_cap is not None and self.tis_cap < 1:
+            raise ValueError(f"algorithm.tis_cap={self.tis_cap:g}: truncated importance sampling (Yao et al. 2025) "
+                             f"caps the weight pi_old / mu, which is 1 on average under the rollout policy, to bound "
+                             f"its rare large values; a cap below 1 cuts every token's weight, those where the two "
+                             f"policies agree too, and scales the whole policy loss down (a smaller step, not a "
+                             f"correction): set algorithm.tis_cap >= 1 (the paper's is 2)")
         if self.tis_cap is not None and self.correction.enabled:
             raise ValueError(f"algorithm.tis_cap={self.tis_cap} is algorithm.correction.level=token, mode=truncate, "
                              f"high={self.tis_cap}, and algorithm.correction is set too: drop algorithm.tis_cap")

@@ -43,9 +43,10 @@ class CorrectionConfig(Section):
         "truncate", description="truncate: the weight is capped at high (truncated importance sampling, Yao et "
         "al. 2025); mask: a token (level=token) or a whole sequence whose weight falls outside [low, high] is "
         "dropped from the policy loss (IcePop)")
-    high: float = Field(2.0, gt=0.0, description="upper bound of the weight (truncate: the cap)")
-    low: float | None = Field(None, ge=0.0, description="mode=mask: lower bound of the weight (null: 1/high; 0: "
-                              "mask only above high)")
+    high: float = Field(2.0, gt=0.0, description="upper bound of the weight (truncate: the cap), >= 1: a weight of "
+                        "1 (the two policies agree) passes untouched")
+    low: float | None = Field(None, ge=0.0, description="mode=mask: lower bound of the weight, <= 1 (null: "
+                              "1/high; 0: mask only above high)")
     kl_threshold: float | None = Field(
         None, ge=0.0, description="drop a sequence from the policy loss when its per-token estimate of "
         "KL(mu || pi_old), reduced over its tokens by kl_reduce, exceeds this (DeepSeek-V3.2's off-policy "
@@ -73,6 +74,19 @@ class CorrectionConfig(Section):
                 raise ValueError(f"algorithm.correction.{idle[0]} shapes the importance weight, and "
                                  f"algorithm.correction.level is null (no weight): set algorithm.correction.level="
                                  f"token (or sequence, geometric) or drop algorithm.correction.{idle[0]}")
+        if self.high < 1:  # (a weight of 1, where mu and pi_old agree, must pass untouched: TIS, IcePop)
+            cut = ("caps every weight below 1, the tokens where the two policies agree (weight 1) too, so it scales "
+                   "the whole policy loss down (a smaller step) instead of bounding the rare large weights"
+                   if self.mode == "truncate" else
+                   "keeps only weights in [low, high], and without 1 in it every token where the two policies agree "
+                   "(weight 1) is dropped from the policy loss")
+            raise ValueError(f"algorithm.correction.high={self.high:g}: the importance weight pi_old / mu is 1 on "
+                             f"average under the rollout policy, and mode={self.mode} {cut} (TIS, Yao et al. 2025, "
+                             f"caps at 2; IcePop keeps [0.5, 5]): set algorithm.correction.high >= 1")
+        if self.low is not None and self.low > 1 and self.mode == "mask":
+            raise ValueError(f"algorithm.correction.low={self.low:g} is above 1: mode=mask keeps only weights in [low, "
+                             f"high], and every token where the two policies agree (weight pi_old / mu = 1) would be "
+                             f"dropped from the policy loss (IcePop keeps [0.5, 5]): set algorithm.correction.low <= 1")
         if self.low is not None and self.mode == "truncate":
             raise ValueError(f"algorithm.correction.low={self.low} bounds the weight from below in mode=mask; "
                              f"truncation only caps it at high: set algorithm.correction.mode=mask or drop low")

@@ -25,6 +25,7 @@ from relayrl.config.interrupt import check_interrupt
 from relayrl.config.kto import KTOConfig
 from relayrl.config.rollout import RolloutConfig
 from relayrl.config.trainer import TrainerConfig
+from relayrl.config.unread import check_unread
 from relayrl.config.plan import rollout_pool
 from relayrl.config.rollout_devices import check_rollout_devices
 from relayrl.config.rules import (check_critic, check_decoupled_rewards, check_dpo, check_env,
@@ -366,6 +367,7 @@ class Config(_Section):
                 and scores_responses(self.workflow)):
             raise ValueError("reward.verifier=task needs a built-in data.task; for data.path use "
                              "reward.verifier=math, exact or user")
+        check_unread(self)
         return self
 
 

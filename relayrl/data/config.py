@@ -204,6 +204,11 @@ class DataConfig(BaseModel):
             given = f"data.max_rows={self.max_rows}" if self.max_rows is not None else "data.shuffle=false"
             raise ValueError(f"{given} picks and orders the rows of a dataset (data.path or data.hf_name); the "
                              f"built-in task data.task={self.task!r} draws fresh prompts without end: drop {given}")
+        if self.retire_solved is None and self.retire_score != type(self).model_fields["retire_score"].default:
+            raise ValueError(f"data.retire_score={self.retire_score:g} is the score from which a response counts as "
+                             f"solved in data.retire_solved's pass rate, and data.retire_solved is null (no row is "
+                             f"retired), so nothing reads it: set data.retire_solved (e.g. 0.9) or drop "
+                             f"data.retire_score")
         if self.task is not None and self.retire_solved is not None:
             raise ValueError(f"data.retire_solved={self.retire_solved:g} retires the rows of a dataset (data.path or "
                              f"data.hf_name) once solved; the built-in task data.task={self.task!r} draws fresh "

@@ -268,7 +268,10 @@ def test_a_grpo_recipe_run_as_another_workflow_names_every_key_it_would_ignore(t
     sft.write_text("workflow: sft\nalgorithm: {clip_high: 0.28}\n")
     assert "(algorithm={} on the command line empties that section)" in _errors(recipe=sft)
     assert load_config(Config, sft, ["algorithm={}"]).algorithm.clip_high == 0.2
-    assert load_config(Config, RECIPES / "arith_sft.yaml", ["rollout.temperature=0.7"]).rollout.temperature == 0.7
+    # (the rollout's other keys stay: evaluation generates with them; the temperature samples the eval.k answers)
+    assert load_config(Config, RECIPES / "arith_sft.yaml", ["rollout.max_new_tokens=7"]).rollout.max_new_tokens == 7
+    assert load_config(Config, RECIPES / "arith_sft.yaml",
+                       ["rollout.temperature=0.7", "eval.k=4"]).rollout.temperature == 0.7
 
 
 def test_the_batch_key_another_workflow_reads_is_refused():
@@ -439,7 +442,7 @@ def test_a_boolean_is_not_read_as_a_number(override, says):
     ("engine.optim.lr=inf", "engine.optim.lr=inf is not a finite number"),
     ("algorithm.kl_coef=.inf", "algorithm.kl_coef=inf is not a finite number"),
     ("reward.verifier_weight=nan", "reward.verifier_weight=nan is not a finite number"),
-    ("reward.judge.min_score=-inf", "reward.judge.min_score=-inf is not a finite number"),
+    ("reward.judge={path: judge, min_score: -.inf}", "reward.judge.min_score=-inf is not a finite number"),
     ("engine.optim.lr=inf", "engine.optim.lr=inf is not a finite number; write a finite number (its default is "
                             "1e-05)"),
     # the critic's own default (its optim section is OptimConfig(lr=1e-4); old behaviour: the class's 1e-05)

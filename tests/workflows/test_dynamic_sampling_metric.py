@@ -67,5 +67,7 @@ def test_the_score_stage_filters_on_the_metric_it_is_given():
 def test_the_pass_rates_count_a_response_solved_from_data_retire_score():
     """The pass rates data.retire_solved retires by count the scores >= data.retire_score (1.0 by default; here
     the scores are 1.0 and 0.0): at 0.0 every response is solved, above 1.0 none is."""
-    assert _judge("data.retire_score=0.0")[1].pass_rates == {0: 1.0, 1: 1.0, 2: 1.0}
-    assert _judge("data.retire_score=1.5")[1].pass_rates == {0: 0.0, 1: 0.0, 2: 0.0}
+    # (data.retire_score is read only with data.retire_solved, which retires the rows of a dataset)
+    retiring = ("data.task=null", "data.path=train.jsonl", "reward.verifier=exact", "data.retire_solved=0.9")
+    assert _judge(*retiring, "data.retire_score=0.0")[1].pass_rates == {0: 1.0, 1: 1.0, 2: 1.0}
+    assert _judge(*retiring, "data.retire_score=1.5")[1].pass_rates == {0: 0.0, 1: 0.0, 2: 0.0}
