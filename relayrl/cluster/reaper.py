@@ -19,11 +19,27 @@ head processes with it (Ray starts them with ``PR_SET_PDEATHSIG``: gcs_server, r
 monitor), its actors leave within about 2 s of their raylet, but the raylet's two agents (``ray::DashboardAgent``,
 ``ray::RuntimeEnvAgent``) ran on about 62 s (measured, Ray 2.60): they see the raylet gone, then report it to the
 dead control store with a fixed 60 s timeout (``ray/_private/process_watcher.py``: ``publish_error_to_driver``)
-before they exit. The driver's reaper, once the driver has ended, SIGKILLs every process of the session: one
-with the session directory in its command line or a file open under it (Ray's processes all hold their logs
-there; an actor's workers inherit its log as stdout). A driver connected to a cluster it did not start gets no
-such reaper: Ray ends the driver's actors with it (their owner), their reapers what they started, and the
-cluster stays.
+before they exit. The driver's reaper waits on two pidfds, the driver's and the session's gcs_server's (found
+in /proc: the gcs_server naming the session directory, checked again once its pidfd is open), and ends with
+whichever ends first, so a driver that calls ``ray.shutdown()`` and starts Ray again (a notebook, a sweep, a
+test process) keeps one reaper per live session, not one per session it ever started. The gcs_server rather
+than a pipe the driver would close at shutdown: ``ray.shutdown()`` is the user's call, with no hook of
+relayrl's in it, and every fork of the driver (a data loader's workers) would inherit the pipe's write end and
+hold it open; a local Ray's session cannot outlive its gcs_server (no fault-tolerant store behind it), which
+``ray.shutdown()`` stops and the driver's death takes with it. Its session ended first, the reaper gives Ray's
+shutdown 2 s to stop the rest (it takes about 1 s), then SIGKILLs what is left (nothing, after a clean shutdown).
+
+What it SIGKILLs: every process that writes a file under the session directory (Ray's processes write their
+logs there, its workers theirs, which what a worker starts inherits as stdout), or names it in its command
+line and holds nothing there yet (a head process starting). Not the driver while it lives, nor another driver
+connected to this Ray (``ray.init(address=...)``): a driver writes its core-driver log there
+(``logs/python-core-driver-<job>_<pid>.log``), but its stdout is no log of the session, unlike a driver an
+actor started, which goes; nor a reader of the session's files (a ``tail -f`` of a log, which names it in its
+command line). Ancestry does not tell them apart: what Ray started is reparented once its parent has gone, and
+another driver can be a child of the one killed. Where Ray's logs go to stderr (``RAY_LOG_TO_STDERR=1``) its
+agents and what a worker starts hold nothing under the session (measured) and are not found. A driver
+connected to a cluster it did not start gets no such reaper: Ray ends the driver's actors with it (their
+owner), their reapers what they started, and the cluster stays.
 """
 from __future__ import annotations
 

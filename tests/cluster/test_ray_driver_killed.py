@@ -237,7 +237,7 @@ def _named(pids: list[int]) -> list[str]:
         try:
             argv = Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace").split("\0")
             # the program's file name first: a cut of its full path loses it where the checkout's path is long
-            out.append(f"{p} {Path(argv[0]).name} {' '.join(argv[1:])[:60]}")
+            out.append(f"{p} {Path(argv[0]).name} {' '.join(argv[1:])[:60]}".replace("\n", " "))
         except OSError:
             out.append(f"{p} (gone)")
     return out
