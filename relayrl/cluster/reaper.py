@@ -51,6 +51,7 @@ REAPER = r"""
 import contextlib, os, select, signal, sys, time
 watched = int(sys.argv[1])
 session = os.path.realpath(sys.argv[2]) if len(sys.argv) > 2 else None  # (None: a rank actor's own group)
+spelled = {session, os.path.normpath(sys.argv[2])} if session else set()  # (in command lines: as Ray wrote it)
 GRACE_S = 2.0  # a session ended before its driver: how long Ray's shutdown may take to stop what it started
 
 
@@ -61,7 +62,7 @@ def pids():
 def names_session(pid):
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         argv = f.read()
-    return argv, any(f"{session}{end}".encode() in argv for end in "/\0")  # (not a longer name it begins)
+    return argv, any(f"{path}{end}".encode() in argv for path in spelled for end in "/\0")  # (not a longer name)
 
 
 def of_session(pid):
@@ -77,16 +78,22 @@ def of_session(pid):
             with contextlib.suppress(OSError):  # (closed meanwhile)
                 path = os.readlink(f"/proc/{pid}/fd/{fd}")
                 if path.startswith(session + "/"):
-                    with open(f"/proc/{pid}/fdinfo/{fd}") as f:
-                        flags = int(next(ln for ln in f if ln.startswith("flags:")).split()[1], 8)
-                    held[int(fd)] = (path, flags & os.O_ACCMODE != os.O_RDONLY)
+                    held[int(fd)] = (path, written(pid, fd))
     except OSError:  # (gone meanwhile, or not ours to read)
         return False
-    written = {fd: path for fd, (path, w) in held.items() if w}
-    if not written:
+    writes = {fd: path for fd, (path, w) in held.items() if w}
+    if not writes:
         return named and not held
-    driver = any("-core-driver-" in os.path.basename(path) for path in written.values())
-    return not driver or 1 in written or 2 in written
+    driver = any("-core-driver-" in os.path.basename(path) for path in writes.values())
+    return not driver or 1 in writes or 2 in writes
+
+
+def written(pid, fd):  # whether pid holds fd open for writing (as Ray's processes hold their logs)
+    with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+        for line in f:
+            if line.startswith("flags:"):
+                return int(line.split()[1], 8) & os.O_ACCMODE != os.O_RDONLY
+    return True  # (a kernel that does not say: counted, as every file held was before readers were spared)
 
 
 def session_gcs():
