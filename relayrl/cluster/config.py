@@ -22,8 +22,9 @@ class ClusterConfig(BaseModel):
     """`local`: one rank in the driver process, more ranks as spawned processes on
     this machine. `ray`: ranks are Ray actors placed by placement groups."""
     ray_address: str | None = None
-    """`None` starts a local Ray instance; `"auto"` or `"ray://host:port"` connects
-    to an existing cluster. Only read when `backend="ray"`."""
+    """`None` starts a local Ray instance (`ray.init(address="local")`), unless the `RAY_ADDRESS`
+    environment variable names a cluster (as a Ray job's driver has it), which is joined then; `"auto"`,
+    `"host:port"` or `"ray://host:port"` connects to an existing cluster. Only read when `backend="ray"`."""
     in_process: bool = True
     """`local` backend: a one-rank group runs inside the driver process (no
     serialization). False spawns it in its own process like larger groups (its

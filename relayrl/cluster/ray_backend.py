@@ -67,17 +67,21 @@ _HELD: "weakref.WeakSet[ResourcePool]" = weakref.WeakSet()
 
 
 def ensure_ray(cfg: ClusterConfig) -> None:
-    """Connect to `cfg.ray_address`, or start a local Ray, unless already connected. A local Ray started here
-    goes with this process however it ends, SIGKILL included (:func:`relayrl.cluster.reaper.reap_session_with_driver`);
-    a cluster connected to stays (Ray ends this driver's actors with it)."""
+    """Connect to `cfg.ray_address` (else to the cluster ``RAY_ADDRESS`` names, as a Ray job's driver has it),
+    or start a local Ray, unless already connected. A local Ray started here goes with this process however it
+    ends, SIGKILL included, and its reaper with it or with its ``ray.shutdown()``
+    (:func:`relayrl.cluster.reaper.reap_session_with_driver`); a cluster connected to stays (Ray ends this
+    driver's actors with it)."""
     if ray.is_initialized():
         return
-    if cfg.ray_address is not None:
-        ray.init(address=cfg.ray_address, ignore_reinit_error=True)
-    else:
-        context = ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, ignore_reinit_error=True)
-        if ray._private.worker._global_node.head:  # (started here; not a cluster RAY_ADDRESS named)
-            reap_session_with_driver(context.address_info["session_dir"])
+    address = cfg.ray_address or os.environ.get("RAY_ADDRESS") or "local"  # (Ray ignores an empty RAY_ADDRESS)
+    if address != "local":
+        ray.init(address=address, ignore_reinit_error=True)
+        return
+    # "local" always starts a new Ray (ray.init's documented contract), so this driver knows it started it
+    # without asking Ray's private state; None would join a `ray start` cluster of this machine if there is one.
+    context = ray.init(address="local", num_cpus=cfg.num_cpus, include_dashboard=False)
+    reap_session_with_driver(context.address_info["session_dir"])
 
 
 class _RankHost:

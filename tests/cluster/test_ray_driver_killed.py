@@ -1,7 +1,9 @@
 """A driver killed outright (SIGKILL: the OOM killer, ``kill -9``, a CI timeout) while its Ray actors are busy
 in a call leaves nothing behind: of a local Ray it started, no process of that Ray session (Ray's own agents
-ran on about a minute before); of a cluster it connected to (``cluster.ray_address``), none of its actors or
-what they started, and the cluster stays."""
+ran on about a minute before), while another driver connected to that Ray and a reader of its logs stay; of a
+cluster it connected to (``cluster.ray_address``), none of its actors or what they started, and the cluster
+stays. A driver that shuts its local Ray down and starts another, again and again, is left no reaper of the
+sessions it ended."""
 from __future__ import annotations
 
 import os
@@ -31,7 +33,8 @@ if __name__ == '__main__':
     cfg = ClusterConfig(backend='ray', num_cpus=2, ray_address=sys.argv[1] if len(sys.argv) > 1 else None)
     g = WorkerGroup(Echo, ResourcePool('orphans', devices=2), name='orphans', distributed=True, backend=cfg)
     g.all_async('sleep_then_reduce', sleeper=1, hold_s=600.0)  # rank 1 sleeps, rank 0 waits in all_reduce
-    print('READY', ray._private.worker._global_node.get_session_dir_path(), *g.pids(), flush=True)
+    print('READY', ray._private.worker._global_node.get_session_dir_path(), ray.get_runtime_context().gcs_address,
+          *g.pids(), flush=True)
     time.sleep(600)
 """
 
@@ -42,9 +45,9 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def _start_driver(tmp_path: Path, *args: str,
-                  env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, list[int]]:
-    """The driver, its Ray session directory and its actors' pids, once its call runs on them (fails the test
-    with the driver's stderr if it does not get there within 180 s)."""
+                  env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, str, list[int]]:
+    """The driver, its Ray session directory, its Ray's address and its actors' pids, once its call runs on them
+    (fails the test with the driver's stderr if it does not get there within 180 s)."""
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     driver = subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -57,8 +60,8 @@ def _start_driver(tmp_path: Path, *args: str,
         driver.kill()
         pytest.fail(f"the driver did not start its group: {line!r} {driver.stderr.read()[-3000:]}")
     time.sleep(1.0)  # (the call has reached both ranks)
-    _, session, *pids = line.split()
-    return driver, session, [int(p) for p in pids]
+    _, session, address, *pids = line.split()
+    return driver, session, address, [int(p) for p in pids]
 
 
 def _kill(driver: subprocess.Popen) -> None:
@@ -71,7 +74,7 @@ def _kill(driver: subprocess.Popen) -> None:
 def test_a_local_ray_goes_with_its_killed_driver(tmp_path):
     driver, session, actors, started = None, None, [], []
     try:
-        driver, session, actors = _start_driver(tmp_path)
+        driver, session, _, actors = _start_driver(tmp_path)
         started = sorted(set(descendants(driver.pid)) | set(holding(session)))  # (the reapers: no descendants)
         assert set(actors) <= set(started) and all(alive(p) for p in actors)
         assert len(started) >= len(actors) + 4, started  # gcs_server, raylet, its agents, the reapers, ...
@@ -83,6 +86,95 @@ def test_a_local_ray_goes_with_its_killed_driver(tmp_path):
         if driver is not None and driver.poll() is None:
             driver.kill()
         kill_left(started + (holding(session) if session else []))
+
+
+SECOND = """
+import sys, time
+import ray
+ray.init(address=sys.argv[1], logging_level='ERROR')
+print('READY', flush=True)
+time.sleep(600)
+"""
+
+
+def test_another_driver_of_that_local_ray_and_a_reader_of_its_logs_stay(tmp_path):
+    driver, second, tail, session, started, reapers = None, None, None, None, [], []
+    try:
+        driver, session, address, actors = _start_driver(tmp_path)
+        second = subprocess.Popen([sys.executable, "-c", SECOND, address], stdout=subprocess.PIPE, text=True,
+                                  env=_env({"RAY_AUTH_MODE": "token"}))  # (the token: the one the driver made)
+        ready = select.select([second.stdout], [], [], 120.0)[0] and second.stdout.readline()
+        assert ready == "READY\n", f"the second driver did not connect: {ready!r}"
+        tail = subprocess.Popen(["tail", "-f", os.path.join(session, "logs", "raylet.out")],
+                                stdout=subprocess.DEVNULL)
+        time.sleep(0.5)  # (tail has opened the log)
+        assert {second.pid, tail.pid} <= set(holding(session)), "both hold files under the session directory"
+        reapers = _reapers_of(driver.pid)
+        assert len(reapers) == 1, _named(reapers)
+        started = sorted((set(descendants(driver.pid)) | set(holding(session))) - {second.pid, tail.pid})
+        _kill(driver)
+        left = left_after(started, 20.0)
+        assert not left, f"processes of the driver's Ray session outlived it: {_named(left)}"
+        assert not left_after(reapers, 10.0), f"the driver's reaper did not finish: {_named(reapers)}"
+        assert second.poll() is None, f"the reaper killed another driver of that Ray (exit {second.returncode})"
+        assert alive(tail.pid), "the reaper killed a `tail -f` of one of the session's logs"
+    finally:
+        for proc in (driver, second, tail):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+        if second is not None:
+            second.stdout.close()
+        kill_left(started + reapers + (holding(session) if session else []))
+
+
+CYCLES = """
+import sys, time
+import ray
+from relayrl.cluster import ClusterConfig
+from relayrl.cluster.ray_backend import ensure_ray
+if __name__ == '__main__':
+    for _ in range(3):
+        ensure_ray(ClusterConfig(backend='ray', num_cpus=1))
+        session = ray._private.worker._global_node.get_session_dir_path()
+        ray.shutdown()
+        print('DOWN', session, flush=True)
+        sys.stdin.readline()  # (the test looks at what is left, then lets it go on)
+    time.sleep(600)
+"""
+
+
+def test_a_driver_that_shuts_its_local_ray_down_is_left_no_reaper_of_it(tmp_path):
+    driver, seen, err = None, [], tmp_path / "driver.err"
+    try:
+        with open(err, "w") as stderr:
+            driver = subprocess.Popen([sys.executable, "-c", CYCLES], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=stderr, text=True, env=_env())
+        for cycle in range(3):
+            line = select.select([driver.stdout], [], [], 180.0)[0] and driver.stdout.readline()
+            assert line and line.startswith("DOWN"), f"cycle {cycle}: no local Ray started and stopped: {line!r} " \
+                                                     f"{err.read_text()[-3000:]}"
+            session, deadline = line.split()[1], time.monotonic() + 15.0
+            while (left := _left_of(session, driver.pid)) and time.monotonic() < deadline:
+                seen += left  # (its reaper sweeps what is left, then ends)
+                time.sleep(0.2)
+            assert not left, f"cycle {cycle}: left after ray.shutdown(): {_named(left)}"
+            assert driver.poll() is None, f"cycle {cycle}: the driver ended (exit {driver.returncode})"
+            driver.stdin.write("\n")
+            driver.stdin.flush()
+    finally:
+        if driver is not None:
+            driver.kill()
+            driver.wait(timeout=10)
+            driver.stdin.close()
+            driver.stdout.close()
+        kill_left(seen)
+
+
+def _left_of(session: str, driver: int) -> list[int]:
+    """What runs of the Ray session ``session`` but its driver (which holds its logs still), and the driver's
+    reapers."""
+    return sorted((set(holding(session)) - {driver}) | set(_reapers_of(driver)))
 
 
 def test_a_cluster_connected_to_stays_and_only_the_drivers_actors_go(tmp_path):
@@ -103,7 +195,7 @@ def test_a_cluster_connected_to_stays_and_only_the_drivers_actors_go(tmp_path):
         assert up.returncode == 0, up.stdout + up.stderr
         named = " ".join(_named(cluster))
         assert "gcs_server" in named and "raylet" in named, named
-        driver, _, actors = _start_driver(tmp_path, f"127.0.0.1:{port}", env=auth)
+        driver, _, _, actors = _start_driver(tmp_path, f"127.0.0.1:{port}", env=auth)
         mine = [p for p in holding(temp) if _group(p) in actors]  # the actors and their reapers
         assert set(actors) <= set(mine) and len(mine) > len(actors), (actors, mine)
         _kill(driver)
@@ -115,6 +207,21 @@ def test_a_cluster_connected_to_stays_and_only_the_drivers_actors_go(tmp_path):
             driver.kill()
         kill_left(actors + cluster + holding(temp))  # (that cluster only: never `ray stop`, which stops every Ray here)
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def _reapers_of(pid: int) -> list[int]:
+    """The running reapers started for process ``pid`` (relayrl.cluster.reaper's script, ``pid`` its argument)."""
+    from relayrl.cluster.reaper import REAPER
+
+    out = []
+    for p in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            argv = Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if argv[3:6] == ["-c", REAPER, str(pid)] and alive(p):
+            out.append(p)
+    return out
 
 
 def _group(pid: int) -> int | None:
@@ -130,7 +237,7 @@ def _named(pids: list[int]) -> list[str]:
         try:
             argv = Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace").split("\0")
             # the program's file name first: a cut of its full path loses it where the checkout's path is long
-            out.append(f"{p} {Path(argv[0]).name} {' '.join(argv[1:])[:60]}")
+            out.append(f"{p} {Path(argv[0]).name} {' '.join(argv[1:])[:60]}".replace("\n", " "))
         except OSError:
             out.append(f"{p} (gone)")
     return out

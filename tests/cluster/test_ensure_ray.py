@@ -1,0 +1,45 @@
+"""Which Ray `ensure_ray` starts or joins, and which it gives a session reaper, decided from the config and
+``RAY_ADDRESS`` with Ray's public `ray.init` only (no Ray cluster: `ray.init` and the reaper's start are
+recorded instead)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from relayrl.cluster.config import ClusterConfig
+
+
+@pytest.mark.parametrize(("ray_address", "env", "joined"), [
+    (None, None, None),  # nothing named: a new local Ray, reaped with this driver
+    (None, "", None),  # (an empty RAY_ADDRESS is none, as Ray reads it)
+    (None, "10.0.0.1:6379", "10.0.0.1:6379"),  # a Ray job's driver: the cluster RAY_ADDRESS names
+    ("auto", "10.0.0.1:6379", "auto"),  # the config's address first
+    (None, "local", None),
+])
+def test_a_local_ray_is_started_with_address_local_and_only_it_gets_a_reaper(monkeypatch, ray_address, env,
+                                                                              joined):
+    from relayrl.cluster import ray_backend  # (it imports ray, ~2.3 s: here, not in every worker's collection)
+
+    inits, reaped = [], []
+
+    def init(**kwargs):
+        inits.append(kwargs)
+        return SimpleNamespace(address_info={"session_dir": "/tmp/ray/session_x"})
+
+    monkeypatch.setattr(ray_backend.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray_backend.ray, "init", init)
+    monkeypatch.setattr(ray_backend, "reap_session_with_driver", reaped.append)
+    if env is None:
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    else:
+        monkeypatch.setenv("RAY_ADDRESS", env)
+    ray_backend.ensure_ray(ClusterConfig(backend="ray", ray_address=ray_address, num_cpus=3))
+    assert len(inits) == 1
+    if joined is None:
+        assert inits[0] == {"address": "local", "num_cpus": 3, "include_dashboard": False}
+        assert reaped == ["/tmp/ray/session_x"]
+    else:
+        assert inits[0]["address"] == joined and "num_cpus" not in inits[0]  # (Ray refuses it when joining)
+        assert reaped == []
