@@ -1,6 +1,7 @@
 """reward.normalize=running in a run: the same seed and samples give the same whitened rewards, and so the same
 update, whether a step's rows are scored in one call per landed batch (sync) or one call per row as each
-response ends (periodic, ``reward.stream=sample``, groups streamed into the update)."""
+response ends (periodic, ``reward.stream=sample``, groups streamed into the update), or by a scorer on a pool
+of its own (``placement.reward=<pool>``, its calls as groups land)."""
 
 from __future__ import annotations
 
@@ -25,10 +26,13 @@ def two_steps(cfg) -> list[dict[str, float]]:
         wf.shutdown()
 
 
-def test_whitened_rewards_do_not_depend_on_how_a_step_is_split_into_scoring_calls(tmp_path):
+@pytest.mark.parametrize("split", [["reward.stream=sample"], ["placement.pools.rm=1", "placement.reward=rm",
+                                              "cluster.oversubscribe=true"]],
+                         ids=["per-row-calls", "scorer-on-a-pool"])
+def test_whitened_rewards_do_not_depend_on_how_a_step_is_split_into_scoring_calls(tmp_path, split):
     over = ["reward.normalize=running", "trainer.stream_groups=1", "engine.token_budget=64"]
     sync = two_steps(config(tmp_path / "sync", "trainer.mode=sync", *over))
-    per = two_steps(config(tmp_path / "periodic", "trainer.mode=periodic", "reward.stream=sample", *over))
+    per = two_steps(config(tmp_path / "periodic", "trainer.mode=periodic", *split, *over))
     for s, p in zip(sync, per):
         assert s["reward/raw_mean"] == p["reward/raw_mean"]  # the same samples
         for k in KEYS:
