@@ -14,7 +14,7 @@ PPO score scaling (``use_score_norm``) adds a step's scores to its running momen
 those, which needs every score of the step first; a step here is whitened by the moments of the steps
 before it, frozen at its start, so its groups can be scored and written as they land in any number of
 calls, and the step's rewards join the moments in one update at its end (the caller's: the reward engine's
-:meth:`~relayrl.engines.reward.engine.RewardEngine.end_step`). The first step has none before it: unwhitened.
+:meth:`~relayrl.engines.reward.engine.RewardEngine.fold_moments`). The first step has none before it: unwhitened.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ KEY_METRICS = ("reward/mean", "eval/accuracy", "response/length_mean", "actor/en
 # worker-group methods whose arguments or results are weights or checkpoints, not samples
 _NOT_SAMPLES = frozenset({"named_weights", "pack_weights_into", "update_weights", "receive_weights", "share_weights", "state",
                           "load_state", "param_shapes", "weight_stream", "save_pretrained", "rng_state", "set_rng_state",
-                          "start_step", "reward_moments", "load_reward_moments"})
+                          "fold_moments", "reward_moments", "load_reward_moments"})
 
 
 class GRPOPipeline:
@@ -255,7 +255,7 @@ class GRPOPipeline:
         room for every resample round, the rows not needed retired)."""
         P, n = self.cfg.data.prompts_per_step, self.parts.sampling.n
         if self.cfg.reward.normalize == "running":  # the earlier steps' rewards in the moments, frozen for this one
-            self.parts.score(ScoreWorker.start_step)
+            self.parts.score(ScoreWorker.fold_moments)
         problems = self.s.prompts.take(P)
         part = f"step-{step}"
         rounds = 1 + self.cfg.algorithm.max_resample_rounds if self.plan.group_filter else 1
@@ -278,7 +278,7 @@ class GRPOPipeline:
         return RolloutAhead(self.plan.ahead, range(step, self.cfg.trainer.steps + 1), open_flow=self.open_step,
                             produce=lambda f: f.run(self.produce.stages()),
                             batch_start=lambda: (self.s.prompts.state(), rollout_rng(self.rollout),
-                                                 self.parts.score(ScoreWorker.start_step)),
+                                                 self.parts.score(ScoreWorker.fold_moments)),
                             relay=self.relay, rollout=self.rollout, partial=self.plan.partial,
                             settle=self.cfg.reward.normalize == "running")
 

@@ -51,8 +51,8 @@ def test_a_steps_whitened_rewards_are_the_same_however_its_rows_are_split_into_c
         want = _scored(whole, rows, [list(range(8))])
         got = _scored(split, rows, calls)
         assert got == want  # bit for bit
-        whole.end_step()
-        split.end_step()
+        whole.fold_moments()
+        split.fold_moments()
         assert split.moments.state() == whole.moments.state()
 
 
@@ -62,7 +62,7 @@ def test_a_step_is_whitened_by_the_moments_of_the_steps_before_it():
     r1 = _scored(eng, first, [[0, 1, 2], [3, 4, 5, 6, 7]])
     assert r1 == [float(len(x)) for x in first]  # the first step: no earlier rewards, left as they are
     assert eng.moments.count == 0  # (the step's calls leave the moments as they were)
-    eng.end_step()
+    eng.fold_moments()
     lengths = [len(x) for x in first]
     m = sum(lengths) / 8
     s = math.sqrt(sum((x - m) ** 2 for x in lengths) / 8)
@@ -78,12 +78,12 @@ def test_a_checkpoint_of_the_moments_is_the_state_the_step_ends_with():
     eng = _engine()
     first, second = _steps()
     _scored(eng, first, [[0, 1], [2, 3, 4, 5, 6, 7]])
-    saved = eng.moments_after_step()
+    saved = eng.folded_moments()
     assert eng.moments.count == 0
-    eng.end_step()
+    eng.fold_moments()
     assert eng.moments.state() == saved
     resumed = _engine()
     _scored(resumed, second, [[0]])  # (a batch drawn ahead, scored before the run stopped: redrawn on resume)
     resumed.load_moments(saved)
-    resumed.end_step()
+    resumed.fold_moments()
     assert resumed.moments.state() == saved
