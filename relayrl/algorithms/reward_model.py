@@ -4,11 +4,17 @@
   chosen response beats the rejected one under the Bradley-Terry model, with an optional margin ``m``
   per pair (Llama 2's margin loss, Touvron et al. 2023: a pair known to differ a lot must be separated
   by more). The mean over the ``N`` pairs.
-* :func:`normalize_rewards` -- rewards whitened by a running mean and standard deviation (Welford's
-  update over every reward seen so far, this batch included), then clipped to ``[-clip, clip]``.
+* :func:`normalize_rewards` -- rewards whitened by the moments it is given (a step's: every reward of the
+  earlier steps, :class:`RunningMoments`), then clipped to ``[-clip, clip]``; no moments yet (count 0):
+  left as they are, then clipped.
 
 Departures: InstructGPT also normalises the trained RM so reference answers score 0 on average; here
-the scale is left as trained and a run may whiten rewards online instead (``reward.normalize``).
+the scale is left as trained and a run may whiten rewards online instead (``reward.normalize``). TRL's
+PPO score scaling (``use_score_norm``) adds a step's scores to its running moments and then whitens them by
+those, which needs every score of the step first; a step here is whitened by the moments of the steps
+before it, frozen at its start, so its groups can be scored and written as they land in any number of
+calls, and the step's rewards join the moments in one update at its end (the caller's: the reward engine's
+:meth:`~relayrl.engines.reward.engine.RewardEngine.fold_moments`). The first step has none before it: unwhitened.
 """
 
 from __future__ import annotations
@@ -64,11 +70,13 @@ class RunningMoments:
         self.count, self.mean, self.m2 = count, mean, m2
 
     def update(self, x: Tensor) -> None:
-        """Add the values of ``x`` (any shape)."""
+        """Add the values of ``x`` (any shape) as one batch, taken in sorted order: the same values in any
+        order give the same moments, bit for bit."""
         n = float(x.numel())
         if n == 0:
             return
-        bm, bv = float(x.double().mean()), float(x.double().var(unbiased=False))
+        x = x.detach().double().flatten().sort().values
+        bm, bv = float(x.mean()), float(x.var(unbiased=False))
         total = self.count + n
         delta = bm - self.mean
         self.mean += delta * n / total
@@ -88,21 +96,22 @@ class RunningMoments:
 
 
 def normalize_rewards(rewards: Tensor, moments: RunningMoments | None, *, clip: float | None = None,
-                      eps: float = 1e-6, update: bool = True) -> tuple[Tensor, dict[str, float]]:
-    """Whiten ``rewards`` ``[N]`` by the running moments (updated with this batch first unless ``update`` is
-    False; ``None``: no whitening), then clip to ``[-clip, clip]`` (``None``: no clipping).
+                      eps: float = 1e-6) -> tuple[Tensor, dict[str, float]]:
+    """Whiten ``rewards`` ``[N]`` by ``moments`` as they are (not updated here), ``(r - mean) / (std + eps)``;
+    ``None``: no whitening; moments of nothing yet (count 0): mean 0 and std 1, the rewards as they are. Then
+    clip to ``[-clip, clip]`` (``None``: no clipping).
 
-    Returns ``(rewards [N], metrics)`` with ``reward/norm_mean`` and ``reward/norm_std`` (the running
-    moments used) when whitening, ``reward/clip_frac`` (rows clipped) when clipping.
+    Returns ``(rewards [N], metrics)`` with ``reward/norm_mean`` and ``reward/norm_std`` (the moments used)
+    when whitening, ``reward/clip_frac`` (rows clipped) when clipping.
     """
     check_ndim("rewards", rewards, 1)
     metrics: dict[str, float] = {}
     out = rewards.float()
     if moments is not None:
-        if update:
-            moments.update(out)
-        out = (out - moments.mean) / (moments.std + eps)
-        metrics.update({"reward/norm_mean": moments.mean, "reward/norm_std": moments.std})
+        mean, std = (moments.mean, moments.std) if moments.count else (0.0, 1.0)
+        if moments.count:
+            out = (out - mean) / (std + eps)
+        metrics.update({"reward/norm_mean": mean, "reward/norm_std": std})
     if clip is not None:
         metrics["reward/clip_frac"] = float((out.abs() > clip).float().mean()) if out.numel() else 0.0
         out = out.clamp(-clip, clip)

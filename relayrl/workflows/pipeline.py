@@ -81,7 +81,8 @@ KEY_METRICS = ("reward/mean", "eval/accuracy", "response/length_mean", "actor/en
 
 # worker-group methods whose arguments or results are weights or checkpoints, not samples
 _NOT_SAMPLES = frozenset({"named_weights", "pack_weights_into", "update_weights", "receive_weights", "share_weights", "state",
-                          "load_state", "param_shapes", "weight_stream", "save_pretrained", "rng_state", "set_rng_state"})
+                          "load_state", "param_shapes", "weight_stream", "save_pretrained", "rng_state", "set_rng_state",
+                          "fold_moments", "reward_moments", "load_reward_moments"})
 
 
 class GRPOPipeline:
@@ -253,6 +254,8 @@ class GRPOPipeline:
         """Draw the step's prompts and open its partition (``P`` groups of ``n`` rows; with dynamic sampling
         room for every resample round, the rows not needed retired)."""
         P, n = self.cfg.data.prompts_per_step, self.parts.sampling.n
+        if self.cfg.reward.normalize == "running":  # the earlier steps' rewards in the moments, frozen for this one
+            self.parts.score(ScoreWorker.fold_moments)
         problems = self.s.prompts.take(P)
         part = f"step-{step}"
         rounds = 1 + self.cfg.algorithm.max_resample_rounds if self.plan.group_filter else 1
@@ -275,7 +278,7 @@ class GRPOPipeline:
         return RolloutAhead(self.plan.ahead, range(step, self.cfg.trainer.steps + 1), open_flow=self.open_step,
                             produce=lambda f: f.run(self.produce.stages()),
                             batch_start=lambda: (self.s.prompts.state(), rollout_rng(self.rollout),
-                                                 self.parts.score(ScoreWorker.reward_moments)),
+                                                 self.parts.score(ScoreWorker.fold_moments)),
                             relay=self.relay, rollout=self.rollout, partial=self.plan.partial,
                             settle=self.cfg.reward.normalize == "running")
 

@@ -112,15 +112,25 @@ class ScoreWorker(Worker):
         return Scored([float(x) for x in scores], rewards.tolist(), metrics, groups, each if decoupled else None,
                       extras, rows)
 
+    def fold_moments(self) -> dict[str, float] | None:
+        """A step's (a batch's) start, every earlier one's rewards scored: ``reward.normalize=running``'s
+        moments take in the rewards scored since the last start (one update: :meth:`RewardEngine.fold_moments`),
+        and are what this step's rewards are whitened by, whatever calls score them. Returns their state (None
+        without ``reward.normalize``)."""
+        if getattr(self.reward, "moments", None) is None:
+            return None
+        self.reward.fold_moments()
+        return self.reward.moments.state()
+
     def reward_moments(self) -> dict[str, float] | None:
-        """``reward.normalize=running``: the moments of every reward so far, for a checkpoint (None without)."""
-        moments = getattr(self.reward, "moments", None)
-        return None if moments is None else moments.state()
+        """``reward.normalize=running``: the moments of every reward scored so far, for a checkpoint (what the
+        next :meth:`fold_moments` makes them; None without)."""
+        return None if getattr(self.reward, "moments", None) is None else self.reward.folded_moments()
 
     def load_reward_moments(self, state: dict[str, float]) -> None:
         """A checkpoint's :meth:`reward_moments` back (nothing to load into without ``reward.normalize``)."""
         if getattr(self.reward, "moments", None) is not None:
-            self.reward.moments.load(state)
+            self.reward.load_moments(state)
 
     @staticmethod
     def write_rewards(slots, rewards: Sequence[float], each: Sequence[Sequence[float]] | None = None) -> Any:

@@ -20,7 +20,8 @@ COUNTS = ("reward/errors", "reward/judge_malformed")
 """Reward metrics that count rows: a step reports the sum over its scoring calls (the others: a mean by rows)."""
 
 RUNNING = ("reward/norm_mean", "reward/norm_std")
-"""Reward metrics of every reward so far (``reward.normalize=running``), not of a call's rows."""
+"""The moments a step's rewards are whitened by (``reward.normalize=running``: the earlier steps'), the same in
+every call of the step; not of a call's rows."""
 
 
 def _pooled(key: str, metrics: Mapping[str, float]) -> bool:

@@ -76,7 +76,11 @@ def test_the_reward_combines_verifier_model_and_logs_the_verifier_at_weight_zero
         [v + 0.5 * x for v, x in zip([1, 1, 0, 0], rm)], abs=1e-5)
     assert both.verify(prompts, responses, answers) == [1.0, 1.0, 0.0, 0.0]  # evaluation: the verifier alone
     norm = RewardEngine(RewardConfig(verifier_weight=1.0, normalize="running", clip=0.5), task=_Task())
-    r, m = norm.score(prompts, responses, answers)
+    r, m = norm.score(prompts, responses, answers)  # the first step: no earlier moments, clipped only
+    assert r == [0.5, 0.5, 0.0, 0.0] and m["reward/clip_frac"] == 0.5
+    assert (m["reward/norm_mean"], m["reward/norm_std"]) == (0.0, 1.0)
+    norm.fold_moments()
+    r, m = norm.score(prompts, responses, answers)  # whitened by the first step's moments
     assert r == pytest.approx([0.5, 0.5, -0.5, -0.5]) and m["reward/clip_frac"] == 1.0
     assert (m["reward/norm_mean"], m["reward/norm_std"], m["reward/raw_mean"]) == pytest.approx((0.5, 0.5, 0.5))
 
@@ -88,11 +92,14 @@ def test_a_reference_point_is_whitened_without_moving_the_running_moments():
     answers = ["51", "15", "90", "2"]
     norm = RewardEngine(RewardConfig(verifier_weight=1.0, normalize="running"), task=_Task())
     norm.score(prompts, responses, answers)
+    norm.fold_moments()
     before = norm.moments.state()
     r, m = norm.score(prompts[:1], responses[:1], answers[:1], learn=False)  # a correct answer: raw 1.0
+    norm.fold_moments()
     assert norm.moments.state() == before
     assert r == pytest.approx([(1.0 - before["mean"]) / (norm.moments.std + 1e-6)], abs=1e-5)
     norm.score(prompts[:1], responses[:1], answers[:1])
+    norm.fold_moments()
     assert norm.moments.state() != before
 
 

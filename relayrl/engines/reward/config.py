@@ -89,7 +89,8 @@ class RewardConfig(BaseModel):
     model_batch: int = Field(64, ge=1, description="rows per reward-model forward pass")
     judge: JudgeConfig = JudgeConfig()
     normalize: Literal["none", "running"] = Field(
-        "none", description="running: whiten the reward by the running mean and std of all rewards so far")
+        "none", description="running: whiten a step's rewards by the mean and std of every reward of the earlier "
+        "steps (frozen at the step's start; the step's rewards join them at its end; the first step unwhitened)")
     clip: float | None = Field(None, gt=0.0, description="clip the (normalised) reward to [-clip, clip]; null: no clip")
     workers: int = Field(1, ge=1, description="threads for batched row-wise scoring")
     stream: Literal["group", "sample"] = Field(

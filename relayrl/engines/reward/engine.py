@@ -82,6 +82,9 @@ class RewardEngine:
         self._rm = None  # the reward model's scorer, loaded on first use
         self._judge = LLMJudge(cfg.judge, device=self.device, ask=judge_ask) if cfg.judge.path or judge_ask else None
         self.moments = RunningMoments() if cfg.normalize == "running" else None  # (checkpointed with the run)
+        """``reward.normalize=running``: the moments of every reward of the steps ended so far (:meth:`fold_moments`):
+        what a step's rewards are whitened by, in whichever calls they are scored."""
+        self._step_rewards: list[float] = []  # the current step's rewards (learn=True), folded in after it
         self._lock = threading.Lock()  # concurrent score calls (the dataflow's driver threads): one load, one update
         self._row_fn: Callable[[str, str], float] | None = None
         self._user: list[UserFn] = []  # the user functions (reward.verifier=user): their weighted sum
@@ -187,8 +190,11 @@ class RewardEngine:
         functions ``reward/fn/NAME_mean`` and ``_std``; with a reward model ``reward/model_mean``,
         ``reward/model_std``; with a judge ``reward/judge_mean``, ``reward/judge_malformed`` (verdicts scored by
         ``reward.judge.malformed_score``); with normalisation ``reward/raw_mean`` (before it),
-        ``reward/norm_mean``, ``reward/norm_std``; with clipping ``reward/clip_frac``. ``learn=False``: the rows
-        are whitened by the running moments without adding to them (ReMax's greedy baseline, a reference point).
+        ``reward/norm_mean``, ``reward/norm_std`` (the moments used); with clipping ``reward/clip_frac``.
+
+        ``reward.normalize=running``: the rows are whitened by :attr:`moments`, the rewards of the steps ended
+        so far, which no call of the step changes; its rows (``learn=True``) are kept for :meth:`fold_moments`.
+        ``learn=False``: whitened the same, not kept (ReMax's greedy baseline, a reference point).
         """
         rewards, metrics, _ = self.score_each(prompts, responses, answers, finish_reasons, columns, learn=learn)
         return rewards, metrics
@@ -238,9 +244,10 @@ class RewardEngine:
             learned.update({"reward/judge_mean": mean(pick(judged)), "reward/judge_malformed": float(sum(malformed))})
         if (self.moments is not None or c.clip is not None) and rewards:
             learned["reward/raw_mean"] = mean(rewards)
-            with self._lock:
-                out, norm = normalize_rewards(torch.tensor(rewards, dtype=torch.float64), self.moments, clip=c.clip,
-                                              update=learn)
+            with self._lock:  # (the moments frozen until the step ends: calls of a step in any grouping agree)
+                if learn and self.moments is not None:
+                    self._step_rewards += rewards
+                out, norm = normalize_rewards(torch.tensor(rewards, dtype=torch.float64), self.moments, clip=c.clip)
             rewards = out.tolist()
             learned.update(norm)
         if errors:
@@ -268,6 +275,33 @@ class RewardEngine:
             metrics.update(fn_metrics(each, self.fn_names))
         metrics["reward/score_time_s"] = time.perf_counter() - t0
         return rewards, metrics, each
+
+    def fold_moments(self) -> None:
+        """Between two steps (``reward.normalize=running``): the rewards the step scored, in any number of
+        calls, join :attr:`moments` in one update (in sorted order, so how the calls split them and the order
+        they finished in do not change a bit); the next step is whitened by them. Call it when no call of the
+        step is left and none of the next has begun."""
+        with self._lock:
+            if self.moments is not None:
+                self.moments.update(torch.tensor(self._step_rewards, dtype=torch.float32))
+            self._step_rewards = []
+
+    def folded_moments(self) -> dict[str, float] | None:
+        """The state :attr:`moments` will have after :meth:`fold_moments` (a checkpoint's; None without
+        ``reward.normalize``), the moments left as they are."""
+        with self._lock:
+            if self.moments is None:
+                return None
+            after = RunningMoments(**self.moments.state())
+            after.update(torch.tensor(self._step_rewards, dtype=torch.float32))
+            return after.state()
+
+    def load_moments(self, state: dict[str, float]) -> None:
+        """A checkpoint's :meth:`folded_moments` back: the moments, and no rewards of a step under way."""
+        with self._lock:
+            if self.moments is not None:
+                self.moments.load(state)
+            self._step_rewards = []
 
     def score_async(
         self,
