@@ -4,7 +4,8 @@ A recipe may name a ``base`` recipe (a path relative to itself); the base is
 loaded first and the recipe's keys are merged over it, so a recipe reads as a
 diff (``arith_dapo.yaml`` is ``arith_grpo.yaml`` plus a few DAPO switches).
 Overrides ``a.b.c=value`` are applied last; values are parsed as YAML
-(``3``, ``1e-4``, ``true``, ``[1, 2]``, ``null``), each whole: a ``#`` in an override is text, not a YAML
+(``3``, ``1e-4``, ``true``, ``[1, 2]``, ``null``; numbers as YAML 1.2 reads them, in recipes too: ``010`` is
+10, not YAML 1.1's octal 8, and ``1:30`` is text, not base-60 90), each whole: a ``#`` in an override is text, not a YAML
 comment (``data.answer_regex=####\\s*(.+)$``; a recipe's comments are YAML's). A mapping value is merged
 into the section as a base recipe's keys are (``engine.optim={lr: 1e-4}``
 keeps the recipe's other optimizer keys); ``{}`` empties it.
@@ -46,8 +47,31 @@ class ConfigError(UserError, ValueError):
     """A recipe, override or value that cannot be used; the message names the key and the fix."""
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """YAML's safe loader that refuses a key written twice in one mapping (PyYAML keeps the last silently)."""
+class _Yaml12Numbers(yaml.SafeLoader):
+    """YAML's safe loader, with numbers as YAML 1.2 reads them: PyYAML follows YAML 1.1, where ``010`` is the
+    octal number 8 and ``1:30`` the base-60 number 90 (``trainer.steps=010`` ran 8 steps). Such a scalar is
+    kept as its text here, which a number key then reads in decimal (``010``: 10) or refuses naming it
+    (``1:30``), and a text key keeps as written."""
+
+
+def _int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
+    digits = node.value.replace("_", "").lstrip("+-")
+    if ":" in digits or (len(digits) > 1 and digits[0] == "0" and digits.isdigit()):
+        return node.value
+    return loader.construct_yaml_int(node)
+
+
+def _float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
+    return node.value if ":" in node.value else loader.construct_yaml_float(node)
+
+
+_Yaml12Numbers.add_constructor("tag:yaml.org,2002:int", _int)
+_Yaml12Numbers.add_constructor("tag:yaml.org,2002:float", _float)
+
+
+class _StrictLoader(_Yaml12Numbers):
+    """YAML's safe loader (numbers as YAML 1.2 reads them: :class:`_Yaml12Numbers`) that refuses a key written
+    twice in one mapping (PyYAML keeps the last silently)."""
 
 
 def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -180,7 +204,7 @@ def _override_value(raw: str) -> Any:
     try:
         if _holds_comment(raw):
             return raw
-        return yaml.safe_load(raw)
+        return yaml.load(raw, Loader=_Yaml12Numbers)
     except yaml.YAMLError:
         return raw
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from relayrl.data.dataset_config import DatasetConfig, key_options
-from relayrl.data.errors import DatasetError, missing_column
+from relayrl.data.errors import DatasetError, duplicate_column, missing_column
 from relayrl.data.prompts import encode_prompt, prompt_identity, render_plain, render_prompt  # re-exported
 from relayrl.data.rows import CHAT_ROLES, BadRow, row_problem  # (CHAT_ROLES re-exported)
 from relayrl.data.tasks import Problem
@@ -35,10 +35,36 @@ _SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet"
              ".arrow": "arrow"}
 
 
+class _DuplicateKey(ValueError):
+    """A JSON object with one key twice (``json`` would keep the last value and drop the first, unsaid)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json``'s ``object_pairs_hook``: the object as a dict, or :class:`_DuplicateKey` naming a key given twice."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def _loads(text: str) -> Any:
+    """``json.loads`` refusing an object with a key twice (:class:`_DuplicateKey`)."""
+    return json.loads(text, object_pairs_hook=_unique_keys)
+
+
+def _duplicate_message(key: str) -> str:
+    return (f"key {key!r} appears twice in one object (JSON would keep the second value and drop the first "
+            f"unsaid); keep one")
+
+
 def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
     """(row number, parsed value) per non-blank line; a file starting with ``[`` is one JSON array.
 
-    A line that is not valid UTF-8 or JSON is yielded as a :class:`BadRow`, so that every bad row is reported."""
+    A line that is not valid UTF-8 or JSON, or has an object with a key twice, is yielded as a :class:`BadRow`,
+    so that every bad row is reported. A file of one JSON object spread over several lines (pretty-printed) is
+    refused once, with the fix, not as a bad row per line."""
     name = path.name
     with path.open("rb") as f:
         head = f.read(64)
@@ -48,9 +74,11 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
     head = head.removeprefix(b"\xef\xbb\xbf").lstrip()  # (a UTF-8 byte-order mark, as editors write)
     if head.startswith(b"["):
         try:
-            rows = json.loads(path.read_text(encoding="utf-8-sig"))
+            rows = _loads(path.read_text(encoding="utf-8-sig"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise DatasetError(f"{name}: invalid JSON array ({e})") from None
+        except _DuplicateKey as e:  # (the array is parsed whole, so its row is not known)
+            raise DatasetError(f"{name}: {_duplicate_message(str(e))}") from None
         yield from enumerate(rows, start=1)
         return
     with path.open("rb") as f:
@@ -63,11 +91,39 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
             if not line.strip():
                 continue
             try:
-                value = json.loads(line.rstrip("\r\n"))  # (an error at the row's end is then on its line, not the next)
+                value = _loads(line.rstrip("\r\n"))  # (an error at the row's end is then on its line, not the next)
             except json.JSONDecodeError as e:
+                if lineno == 1 and head.startswith(b"{"):
+                    _refuse_spread_object(path)
                 yield lineno, BadRow(f"{name} row {lineno}: invalid JSON ({e.msg} at column {e.colno})")
                 continue
+            except _DuplicateKey as e:
+                yield lineno, BadRow(f"{name} row {lineno}: {_duplicate_message(str(e))}")
+                continue
             yield lineno, value
+
+
+def _refuse_spread_object(path: Path) -> None:
+    """Raise the :class:`DatasetError` of a file whose first line is not JSON but whose whole text is: JSON
+    objects written over several lines (pretty-printed), where JSON lines needs one object per line; else
+    return (the line is reported as a bad row)."""
+    text = path.read_text(encoding="utf-8-sig", errors="replace")
+    decoder, objects, at = json.JSONDecoder(), 0, 0
+    try:
+        while True:
+            while at < len(text) and text[at].isspace():
+                at += 1
+            if at == len(text):
+                break
+            _, at = decoder.raw_decode(text, at)
+            objects += 1
+    except json.JSONDecodeError:
+        return
+    what = "one JSON object" if objects == 1 else f"{objects} JSON objects"
+    raise DatasetError(f"{path.name}: the file is {what} written over several lines (pretty-printed), not JSON lines "
+                       f"(one object per line) nor a JSON array of objects; rewrite it, e.g. jq -c "
+                       f"'.' {path.name} > {path.stem}.lines.jsonl (a file of one object that holds the rows in a "
+                       f"list under a key: jq -c '.KEY[]')")
 
 
 def _iter_parquet(path: Path, keys: tuple[str, ...], options: dict[str, str],
@@ -81,6 +137,9 @@ def _iter_parquet(path: Path, keys: tuple[str, ...], options: dict[str, str],
         pf = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as e:
         raise DatasetError(f"{path.name}: not a readable Parquet file ({e})") from None
+    twice = duplicate_column(pf.schema_arrow.names)
+    if twice is not None:
+        raise DatasetError(f"{path.name}: {twice}")
     missing = missing_column(pf.schema_arrow, keys, options, implicit)
     if missing is not None:
         raise DatasetError(f"{path.name}: {missing.replace('field', 'column', 1)}")

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from relayrl.config.eval_flags import eval_flag
 from relayrl.errors import UserError
 
-__all__ = ["DatasetError", "missing_field", "missing_column"]
+__all__ = ["DatasetError", "missing_field", "missing_column", "duplicate_column"]
 
 
 class DatasetError(UserError, ValueError):
@@ -72,3 +72,14 @@ def missing_column(schema, keys: tuple[str, ...], options: Mapping[str, str] | N
             continue
         return missing_field(key, names, (options or {}).get(key))
     return None
+
+
+def duplicate_column(names) -> str | None:
+    """``column NAME appears N times ...`` for the first column name a columnar source (a Parquet or Arrow
+    schema) holds more than once, whose row dict would keep one of them unsaid; None when the names are unique."""
+    names = [str(n) for n in names]
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is None:
+        return None
+    return (f"column {twice!r} appears {names.count(twice)} times (a row keeps only one of them, and which one "
+            f"the file does not say); rename or drop the others")

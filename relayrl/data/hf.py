@@ -18,7 +18,7 @@ import contextlib
 from pathlib import Path
 from typing import Any, Iterator
 
-from relayrl.data.errors import DatasetError, missing_column
+from relayrl.data.errors import DatasetError, duplicate_column, missing_column
 
 __all__ = ["INSTALL_HINT", "datasets_installed", "is_datasets_dir", "load_named", "open_dataset", "iter_rows"]
 
@@ -145,6 +145,9 @@ def iter_rows(ds: Any, label: str, keys: tuple[str, ...], options: dict[str, str
     row lacks it), with the columns present and the option that names it (``options``: key -> option;
     ``implicit``: the prompt key that an answer column of chat messages makes optional,
     :func:`~relayrl.data.errors.missing_column`)."""
+    twice = duplicate_column(ds.features.arrow_schema.names)
+    if twice is not None:
+        raise DatasetError(f"{label}: {twice}")
     missing = missing_column(ds.features.arrow_schema, keys, options, implicit)
     if missing is not None:
         raise DatasetError(f"{label} row 1: {missing} (the dataset has no such column, so no row has it)")

@@ -7,7 +7,7 @@ reported naming the file and what is wrong with it: a JSON file that does not
 parse (with the line and column), a truncated or foreign ``*.safetensors`` file,
 weights whose shapes do not match ``config.json`` (the first mismatched tensor),
 weights that lack some of the model's tensors (named: transformers would start
-them at random and only log a report), shards without their index. A tied weight (``lm_head.weight`` tied to
+them at random and only log a report) or hold tensors the model has no place for (dropped, only logged), shards without their index. A tied weight (``lm_head.weight`` tied to
 ``model.embed_tokens.weight``) is saved once, and its absence is not refused. A ``model_type`` this transformers
 does not know, a model that is not a causal LM (T5), a tokenizer without its vocabulary files (transformers
 builds one of its special tokens alone) and a tokenizer with ids past the embedding are refused, saying what to do.
@@ -490,6 +490,12 @@ def load_pretrained(auto_class, path: Path, *, dtype: str = "float32", **kwargs)
         raise
     if info.get("mismatched_keys"):
         raise _mismatch_error(path, info["mismatched_keys"])
+    unexpected = sorted(info.get("unexpected_keys") or ())  # (what transformers ignores by design is not listed)
+    if unexpected:
+        raise ModelLoadError(f"model directory {path}: the weights hold {len(unexpected)} tensors that the model "
+                             f"config.json describes has no place for ({few_names(unexpected)}), which would be "
+                             f"dropped unsaid (weights of a larger model: more layers or another architecture); "
+                             f"put the config.json saved with these weights beside them")
     reported = set(info.get("missing_keys") or ())
     if reported:
         missing = absent_weights(model, set(model.state_dict()) - reported)

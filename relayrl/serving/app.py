@@ -158,10 +158,22 @@ async def _body(http: HTTPRequest) -> Any:
     except UnicodeDecodeError as e:
         raise ApiError(400, f"the request body is not valid UTF-8 (byte {e.start})") from None
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as e:
         raise ApiError(400, f"the request body is not valid JSON: {e.msg} at line {e.lineno} column "
                        f"{e.colno}") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json``'s ``object_pairs_hook``: an object with a key twice is a 400 naming it (``json`` would keep the
+    last value unsaid, and another server may keep the first)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ApiError(400, f"{key}: given twice in one JSON object of the request body; give it once",
+                           param=key)
+        out[key] = value
+    return out
 
 
 def _parse(data: Any, cls):

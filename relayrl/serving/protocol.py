@@ -6,8 +6,8 @@ Field names and meanings follow the OpenAI API; the extensions are vLLM's
 vLLM works unchanged, plus SGLang's ``no_stop_trim`` (what ``rollout.engine=openai`` sends to any
 server). Unknown fields and options the server does not implement
 (``echo``, ``best_of > 1``, presence and frequency penalties, ``logit_bias``,
-``suffix``, tools) are refused with a 400 naming the
-field, never silently ignored. Integer fields are strict, as OpenAI's API
+``suffix``, tools, a message's ``name``, which the chat template would not see) are refused with a 400 naming
+the field, never silently ignored (so is a key given twice in one JSON object: ``relayrl.serving.app``). Integer fields are strict, as OpenAI's API
 (``true`` or ``"5"`` for ``max_tokens`` is refused, not read as 1 or 5), and
 floats must be finite. Server-side limits (``ServeLimits``) are checked by the
 app, which knows the model.
@@ -106,6 +106,15 @@ class _Request(BaseModel):
     def _scale(cls, v: float | None, info) -> float | None:
         return check_scale(info.field_name, v)
 
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_shape(cls, v: Any) -> Any:
+        # one reason instead of pydantic's two (one per member of the union, located at "stop.str" and so on)
+        if v is None or isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+            return v
+        raise ValueError(f"give a string or a list of strings, not {type(v).__name__}"
+                         f"{'' if not isinstance(v, list) else ' holding other values'}")
+
     @field_validator("stop")
     @classmethod
     def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
@@ -190,8 +199,20 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content_shape(cls, v: Any) -> Any:
+        # one reason instead of pydantic's two (one per member of the union, "content.str" and "content.list[...]")
+        if v is None or isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, dict) for x in v)):
+            return v
+        raise ValueError(f"give a text or a list of text parts ({{'type': 'text', 'text': ...}}), not "
+                         f"{type(v).__name__}{'' if not isinstance(v, list) else ' holding other values'}")
+
     @model_validator(mode="after")
     def _has_content(self) -> "ChatMessage":
+        if self.name is not None:  # (the template gets role and content: the model would not see the name)
+            raise FieldError("name", "relayrl serve renders a message's role and content only, so the model would "
+                             "not see its name; leave it unset or write it into the content")
         if self.content is None and self.role != "assistant":  # (an assistant turn may be empty)
             raise FieldError("content", f"a {self.role!r} message needs 'content' (text, or a list of text parts)")
         for i, part in enumerate(self.content if isinstance(self.content, list) else ()):

@@ -95,6 +95,9 @@ def serve(model_dir: str, *, host: str = "127.0.0.1", port: int = 8000, api_key:
         torch.set_num_threads(threads)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device.startswith("cuda") and not torch.cuda.is_available():  # (else a traceback as the model moves)
+        raise ServeError(f"relayrl serve: --device {device} but torch sees no GPU here (torch {torch.__version__}); "
+                         f"give --device cpu (or auto)")
     state = build_state(model_dir, limits=limits or ServeLimits(), api_key=api_key, max_batch=max_batch,
                         dtype=dtype, device=device, seed=seed, name=name, generation_config=generation_config)
     app = build_app(state)

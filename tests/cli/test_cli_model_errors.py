@@ -83,3 +83,13 @@ def test_a_tiny_shape_that_cannot_work_is_refused_before_anything_is_built(capsy
                     f"run.dir={tmp_path / 'r'}", *FAST)
     assert code == EXIT_CONFIG and "model.tiny: num_heads=3 does not divide hidden_size=100" in err
     assert not (tmp_path / "r").exists()
+
+
+def test_serve_on_a_gpu_this_machine_lacks_says_so(capsys, tiny_dir):
+    """``--device cuda`` without a GPU was a traceback (torch's "not compiled with CUDA") as the model moved."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    code, err = run(capsys, "serve", str(tiny_dir), "--device", "cuda", "--port", "0")
+    assert code == EXIT_USER and "--device cuda but torch sees no GPU here" in err and "Traceback" not in err, err

@@ -261,3 +261,40 @@ def test_rows_of_whole_conversations_without_messages_key_say_which_key_reads_th
     with pytest.raises(DatasetError, match=r"chats.jsonl row 1: field 'prompt' is missing \(columns present: "
                                            r"messages\); rows of whole conversations: set data.messages_key=messages"):
         load_problems(DatasetConfig(path=path))
+
+
+def test_a_key_twice_in_a_json_row_is_refused_naming_the_row(tmp_path):
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "a", "prompt": "b", "answer": "1"}\n')
+    with pytest.raises(DatasetError, match=r"d.jsonl row 2: key 'prompt' appears twice"):
+        load_problems(DatasetConfig(path=f))
+    arr = tmp_path / "d.json"
+    arr.write_text('[{"prompt": "a", "answer": "1", "answer": "2"}]')
+    with pytest.raises(DatasetError, match=r"d.json: key 'answer' appears twice"):
+        load_problems(DatasetConfig(path=arr))
+
+
+@pytest.mark.parametrize("objects", [1, 2])
+def test_a_pretty_printed_json_file_is_refused_once_with_the_fix(tmp_path, objects):
+    f = tmp_path / "d.jsonl"
+    f.write_text("\n".join(json.dumps({"prompt": "a", "answer": "1"}, indent=2) for _ in range(objects)))
+    what = "one JSON object" if objects == 1 else "2 JSON objects"
+    with pytest.raises(DatasetError, match=rf"d.jsonl: the file is {what} written over several lines") as e:
+        load_problems(DatasetConfig(path=f))
+    assert "row" not in str(e.value).split("(")[0] and "d.lines.jsonl" in str(e.value)
+
+
+def test_a_broken_first_line_is_still_a_bad_row(tmp_path):
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"prompt": "a", "ans\n{"prompt": "a", "answer": "1"}\n')
+    with pytest.raises(DatasetError, match=r"d.jsonl row 1: invalid JSON"):
+        load_problems(DatasetConfig(path=f))
+
+
+@pytest.mark.parametrize("names", [["prompt", "answer", "prompt"], ["prompt", "answer", "e", "e"]])
+def test_a_parquet_column_twice_is_refused_naming_it(tmp_path, names):
+    f = tmp_path / "d.parquet"
+    cols = [pa.array([f"{n}{i}" for i in range(2)]) for n in names]
+    pq.write_table(pa.Table.from_arrays(cols, names=names), f)
+    with pytest.raises(DatasetError, match=rf"d.parquet: column '{names[-1]}' appears 2 times"):
+        load_problems(DatasetConfig(path=f))

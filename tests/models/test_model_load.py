@@ -247,3 +247,17 @@ def test_a_tokenizer_saved_as_its_tokenizer_json_keeps_its_trained_pre_tokenizer
     raw = Tokenizer.from_file(str(model_copy / "tokenizer.json"))
     assert str(tok.backend_tokenizer.pre_tokenizer) == str(raw.pre_tokenizer)
     assert "Digits(individual_digits=True)" in str(tok.backend_tokenizer.pre_tokenizer)
+
+
+def test_weights_with_tensors_the_config_has_no_place_for_are_refused(model_copy):
+    """A config.json with fewer layers than its weights: transformers drops the extra layers and only logs a
+    table (a 2-layer model trained from 4 layers' weights; passed before)."""
+    cfg = json.loads((model_copy / "config.json").read_text())
+    layers = cfg["num_hidden_layers"]
+    cfg["num_hidden_layers"] = layers - 1
+    if "layer_types" in cfg:
+        cfg["layer_types"] = cfg["layer_types"][:layers - 1]
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    msg = _refused(load_model, model_copy, "tensors that the model config.json describes has no place for "
+                   f"(model.layers.{layers - 1}.", "put the config.json saved with these weights beside them")
+    assert f"model.layers.{layers - 2}." not in msg

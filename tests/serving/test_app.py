@@ -207,6 +207,13 @@ DONE = {"model": "tiny", "prompt": "1+1=", "max_tokens": 2}
     ("completions", {**DONE, "temperature": 1e-300}, "temperature", "temperature=1e-300 is below 1e-05"),
     ("chat", {**CHAT, "repetition_penalty": 1e-40}, "repetition_penalty", "repetition_penalty=1e-40 is below"),
     ("chat", {**CHAT, "repetition_penalty": 1e38}, "repetition_penalty", "repetition_penalty=1e+38 is above 100000"),
+    # (named by union member: param "stop.str", "messages.0.content.str", a reason per member)
+    ("completions", {**DONE, "stop": 5}, "stop", "give a string or a list of strings, not int"),
+    ("completions", {**DONE, "stop": ["a", 5]}, "stop", "a list of strings, not list holding other values"),
+    ("chat", {**CHAT, "messages": [{"role": "user", "content": 5}]}, "messages.0.content", "give a text or a list"),
+    # (a message's name was dropped unsaid: the template gets role and content, so the model never saw it)
+    ("chat", {**CHAT, "messages": [{"role": "user", "content": "1+1=", "name": "bob"}]}, "messages.0.name",
+     "the model would not see its name"),
 ])
 def test_a_refusal_names_the_offending_field_in_its_own_words(client, route, body, param, words):
     import json
@@ -218,6 +225,19 @@ def test_a_refusal_names_the_offending_field_in_its_own_words(client, route, bod
     err = r.json()["error"]
     assert err["param"] == param and words in err["message"], err
     assert "Value error" not in err["message"] and "body" != err["param"]
+
+
+def test_a_key_given_twice_in_the_body_is_refused_naming_it(client):
+    """``json`` kept the last of two max_tokens unsaid (another server may keep the first)."""
+    c, _ = client
+    raw = b'{"model": "tiny", "prompt": "1+1=", "max_tokens": 2, "max_tokens": 3}'
+    r = c.post("/v1/completions", content=raw, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "max_tokens" and "given twice" in err["message"], err
+    nested = b'{"model": "tiny", "messages": [{"role": "user", "content": "a", "content": "b"}], "max_tokens": 2}'
+    r = c.post("/v1/chat/completions", content=nested, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "content", r.text
 
 
 def test_a_temperature_that_overflows_the_logits_is_refused_and_the_server_keeps_serving(client):
