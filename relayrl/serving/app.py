@@ -257,7 +257,8 @@ def _render_chat(state: ServerState, req: ChatCompletionRequest) -> list[int]:
     if not getattr(tok, "chat_template", None):
         raise ApiError(400, f"the model {state.model_name!r} has no chat template; use /v1/completions")
     try:
-        msgs = [{"role": m.role, "content": m.text()} for m in req.messages]
+        msgs = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name is not None else {})}
+                for m in req.messages]
         # the request's chat_template_kwargs go last, so they may set add_generation_prompt too (as vLLM's)
         extra = {"add_generation_prompt": bool(req.add_generation_prompt), **(req.chat_template_kwargs or {})}
         text = tok.apply_chat_template(msgs, tokenize=False, **extra)

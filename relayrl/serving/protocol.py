@@ -6,7 +6,7 @@ Field names and meanings follow the OpenAI API; the extensions are vLLM's
 vLLM works unchanged, plus SGLang's ``no_stop_trim`` (what ``rollout.engine=openai`` sends to any
 server). Unknown fields and options the server does not implement
 (``echo``, ``best_of > 1``, presence and frequency penalties, ``logit_bias``,
-``suffix``, tools, a message's ``name``, which the chat template would not see) are refused with a 400 naming
+``suffix``, tools) are refused with a 400 naming
 the field, never silently ignored (so is a key given twice in one JSON object: ``relayrl.serving.app``). Integer fields are strict, as OpenAI's API
 (``true`` or ``"5"`` for ``max_tokens`` is refused, not read as 1 or 5), and
 floats must be finite. Server-side limits (``ServeLimits``) are checked by the
@@ -198,6 +198,8 @@ class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    """Given to the chat template beside role and content, as vLLM does: a template with a place for it renders
+    it, one without leaves it out (it is the model's own format)."""
 
     @field_validator("content", mode="before")
     @classmethod
@@ -210,9 +212,6 @@ class ChatMessage(BaseModel):
 
     @model_validator(mode="after")
     def _has_content(self) -> "ChatMessage":
-        if self.name is not None:  # (the template gets role and content: the model would not see the name)
-            raise FieldError("name", "relayrl serve renders a message's role and content only, so the model would "
-                             "not see its name; leave it unset or write it into the content")
         if self.content is None and self.role != "assistant":  # (an assistant turn may be empty)
             raise FieldError("content", f"a {self.role!r} message needs 'content' (text, or a list of text parts)")
         for i, part in enumerate(self.content if isinstance(self.content, list) else ()):

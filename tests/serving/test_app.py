@@ -211,9 +211,6 @@ DONE = {"model": "tiny", "prompt": "1+1=", "max_tokens": 2}
     ("completions", {**DONE, "stop": 5}, "stop", "give a string or a list of strings, not int"),
     ("completions", {**DONE, "stop": ["a", 5]}, "stop", "a list of strings, not list holding other values"),
     ("chat", {**CHAT, "messages": [{"role": "user", "content": 5}]}, "messages.0.content", "give a text or a list"),
-    # (a message's name was dropped unsaid: the template gets role and content, so the model never saw it)
-    ("chat", {**CHAT, "messages": [{"role": "user", "content": "1+1=", "name": "bob"}]}, "messages.0.name",
-     "the model would not see its name"),
 ])
 def test_a_refusal_names_the_offending_field_in_its_own_words(client, route, body, param, words):
     import json
@@ -538,3 +535,24 @@ def test_the_openai_engines_request_gives_the_native_engines_response_at_a_stop_
     assert ids == want.token_ids.tolist() and choice["finish_reason"] == "stop"
     assert choice["text"] == want.text  # (the server's text keeps the stop string, as the native engine's)
     assert logps == pytest.approx(want.logprobs.tolist(), abs=1e-5)
+
+
+def test_a_message_s_name_reaches_the_chat_template(client):
+    """OpenAI's ``name`` on a message goes to the template beside role and content, as vLLM passes it (it was
+    dropped before the template: a template that renders it never saw it)."""
+    c, state = client
+    tok = state.tokenizer
+    kept = tok.chat_template
+    tok.chat_template = ("{% for m in messages %}{% if m.name %}{{ m.name }}: {% endif %}{{ m.content }}\n"
+                         "{% endfor %}")
+    try:
+        def prompt_tokens(**named):
+            body = {**CHAT, "messages": [{"role": "user", "content": "1+1=", **named}]}
+            r = c.post("/v1/chat/completions", json=body)
+            assert r.status_code == 200, r.text
+            return r.json()["usage"]["prompt_tokens"]
+
+        plain, named = prompt_tokens(), prompt_tokens(name="bob")
+        assert named == plain + len(tok("bob: ", add_special_tokens=False)["input_ids"]), (plain, named)
+    finally:
+        tok.chat_template = kept
