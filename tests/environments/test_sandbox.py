@@ -469,16 +469,24 @@ print((time.process_time() - c) / (time.monotonic() - t))"""
 
 @pytest.mark.slow  # (about 1 s; the full `make test` runs it)
 def test_memory_of_the_whole_tree_is_capped_by_the_cgroup():
-    """Two processes of 170 MB each: within RLIMIT_AS (256 MB each), beyond the tree's 256 + 32 MB."""
-    code = """import os, time
+    """Two processes of 170 MB each: within RLIMIT_AS (256 MB each), beyond the tree's 256 + 32 MB. Each holds
+    its memory until the other has touched all of its own (pipes, not a sleep: under load a sleep let the child
+    exit before the parent had touched its memory, and the two never held 340 MB at once)."""
+    code = """import os
 n = 170 << 20
+done_r, done_w = os.pipe()  # the child: all of mine is touched
+go_r, go_w = os.pipe()  # the parent: so is mine, you may go
 pid = os.fork()
 b = bytearray(n)
 for i in range(0, n, 4096):
     b[i] = 1
-time.sleep(0.5)
 if pid == 0:
+    os.write(done_w, b"c")
+    os.read(go_r, 1)
     os._exit(0)
+os.close(done_w)
+if os.read(done_r, 1) == b"c":
+    os.write(go_w, b"p")
 os.waitpid(pid, 0)
 print('both held', n >> 20, 'MB')"""
     r = _run(code, SandboxConfig(wall_s=10, cpu_s=5, memory_mb=256, disk_mb=32))
