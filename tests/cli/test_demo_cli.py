@@ -8,14 +8,19 @@ from relayrl.cli import commands, main as cli
 from relayrl.workflows.session import RunInterrupted
 
 
-def test_a_mistake_in_a_later_stage_is_refused_before_the_first_stage_trains(capsys, tmp_path, monkeypatch):
+def _demo_without_training(capsys, tmp_path, monkeypatch, *args: str) -> tuple[int, str]:
+    """``relayrl demo --dir tmp_path ARGS`` whose stages fail the test if one starts: its exit code and stderr."""
     def no_training(cfg):
         raise AssertionError(f"stage {cfg.run.dir} started")
 
     monkeypatch.setattr(commands, "_run", no_training)
     monkeypatch.delenv("RELAYRL_DEBUG", raising=False)
-    code = cli.main(["demo", f"--dir={tmp_path}", "--grpo", "rollout.temperatur=0"])
-    err = capsys.readouterr().err
+    code = cli.main(["demo", f"--dir={tmp_path}", *args])
+    return code, capsys.readouterr().err
+
+
+def test_a_mistake_in_a_later_stage_is_refused_before_the_first_stage_trains(capsys, tmp_path, monkeypatch):
+    code, err = _demo_without_training(capsys, tmp_path, monkeypatch, "--grpo", "rollout.temperatur=0")
     assert code != 0 and "rollout.temperatur: unknown key; did you mean rollout.temperature?" in err, err
     assert "Traceback" not in err and not any(tmp_path.iterdir())
     with pytest.raises(AssertionError, match="base"):  # (the check itself: without the mistake, stage 1 runs)
@@ -26,16 +31,10 @@ def test_another_run_in_a_later_stage_s_directory_is_refused_before_the_first_st
                                                                                           monkeypatch):
     """``--dir`` holding a run the demo did not make in its grpo stage's place: refused at once (it was refused
     when that stage started, after the base and SFT stages had trained for minutes)."""
-    def no_training(cfg):
-        raise AssertionError(f"stage {cfg.run.dir} started")
-
     other = tmp_path / "grpo"
     other.mkdir()
     (other / "metrics.jsonl").write_text('{"step": 0}\n')
-    monkeypatch.setattr(commands, "_run", no_training)
-    monkeypatch.delenv("RELAYRL_DEBUG", raising=False)
-    code = cli.main(["demo", f"--dir={tmp_path}"])
-    err = capsys.readouterr().err
+    code, err = _demo_without_training(capsys, tmp_path, monkeypatch)
     assert code != 0 and f"run.dir={other} already holds a run that wrote no complete checkpoint" in err, err
     (other / ".relayrl-demo").touch()  # (one a demo made is replaced when its stage starts)
     with pytest.raises(AssertionError, match="base"):
@@ -84,13 +83,7 @@ def test_a_demo_running_in_the_same_directory_is_refused_not_replaced(capsys, tm
     (stage / "config.json").write_text(json.dumps({"workflow": "sft", "run": {}, "model": {}, "trainer": {}}))
     holder = _hold(stage / ".relayrl.lock", "now")
     try:
-        def no_training(cfg):
-            raise AssertionError(f"stage {cfg.run.dir} started")
-
-        monkeypatch.setattr(commands, "_run", no_training)
-        monkeypatch.delenv("RELAYRL_DEBUG", raising=False)
-        code = cli.main(["demo", f"--dir={tmp_path}"])
-        err = capsys.readouterr().err
+        code, err = _demo_without_training(capsys, tmp_path, monkeypatch)
         assert code != 0 and f"run.dir={stage} is in use by another run (pid {holder.pid}" in err, err
         assert (stage / "config.json").is_file()
     finally:
@@ -119,13 +112,7 @@ def test_two_demos_started_together_in_one_directory_the_second_is_refused(capsy
     the other trained in. The demo holds its directory's lock: the second is refused, naming the first."""
     holder = _hold(tmp_path / ".relayrl.lock", "just now")
     try:
-        def no_training(cfg):
-            raise AssertionError(f"stage {cfg.run.dir} started")
-
-        monkeypatch.setattr(commands, "_run", no_training)
-        monkeypatch.delenv("RELAYRL_DEBUG", raising=False)
-        code = cli.main(["demo", f"--dir={tmp_path}"])
-        err = capsys.readouterr().err
+        code, err = _demo_without_training(capsys, tmp_path, monkeypatch)
         assert code != 0, err
         assert f"relayrl demo: {tmp_path} is in use by another demo or run (pid {holder.pid} on here" in err, err
         assert "another --dir" in err and "Traceback" not in err
