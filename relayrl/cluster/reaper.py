@@ -108,13 +108,11 @@ def session_gcs():
 
 def pidfd(pid, of_this_session=False):
     # None: gone (or, of_this_session, no longer the session's: its pid reused between the scan and the open)
-    try:
+    with contextlib.suppress(OSError):
         fd = os.pidfd_open(pid)
         if not of_this_session or names_session(pid)[1]:
             return fd
         os.close(fd)
-    except OSError:
-        pass
     return None
 
 
