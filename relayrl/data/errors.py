@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from relayrl.config.eval_flags import eval_flag
 from relayrl.errors import UserError
@@ -36,16 +37,27 @@ def missing_field(key: str, names, option: str | None = None) -> str:
     ``data.answer_key``, with its ``relayrl eval`` flag where it has one), and the likely fix when a column holds
     whole conversations: they are read with ``data.messages_key`` (SFT). ``names``: the columns, or the row itself
     (a dict: a dotted key's typo then also says what its parent field holds)."""
-    nested = _nested_keys(names, key) if isinstance(names, Mapping) and "." in key else ""
+    row = names if isinstance(names, Mapping) else None
+    nested = _nested_keys(row, key) if row is not None and "." in key else ""
     names = [str(n) for n in names]
     text = f"field {key!r} is missing (columns present: {', '.join(names) or 'none'}{nested})"
     chats = [n for n in names if n in _CONVERSATIONS]
     if chats:
         return text + f"; rows of whole conversations: set data.messages_key={chats[0]} (workflow sft)"
+    if row is not None and len(row) == 1 and _holds_rows(next(iter(row.values()))):
+        (under,) = row
+        return text + (f"; this object holds its rows in a list under {under!r}: rewrite the file as JSON lines "
+                       f"(one row per line), e.g. jq -c '.{under}[]' FILE > rows.jsonl")
     if option is not None:
         flag = eval_flag(option)
         return text + f"; {option}{f' ({flag} for relayrl eval)' if flag else ''} names the field to read"
     return text
+
+
+def _holds_rows(value: Any) -> bool:
+    """Whether ``value`` looks like a dataset's rows (a list of objects that are not chat messages)."""
+    return (isinstance(value, list) and bool(value) and all(isinstance(x, Mapping) for x in value)
+            and not any("role" in x for x in value))
 
 
 def _holds_messages(arrow_type) -> bool:

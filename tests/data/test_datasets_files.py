@@ -298,3 +298,14 @@ def test_a_parquet_column_twice_is_refused_naming_it(tmp_path, names):
     pq.write_table(pa.Table.from_arrays(cols, names=names), f)
     with pytest.raises(DatasetError, match=rf"d.parquet: column '{names[-1]}' appears 2 times"):
         load_problems(DatasetConfig(path=f))
+
+
+def test_a_file_of_one_object_holding_the_rows_under_a_key_says_how_to_rewrite_it(tmp_path):
+    """``{"data": [{...}, ...]}`` on one line, an export's shape: said only "field 'prompt' is missing (columns
+    present: data)", with no word of the rows inside."""
+    f = tmp_path / "export.jsonl"
+    f.write_text(json.dumps({"data": [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2=", "answer": "4"}]}) + "\n")
+    with pytest.raises(DatasetError) as e:
+        load_problems(DatasetConfig(path=f))
+    assert "field 'prompt' is missing (columns present: data)" in str(e.value), e.value
+    assert "rows in a list under 'data'" in str(e.value) and "jq -c '.data[]'" in str(e.value), e.value
