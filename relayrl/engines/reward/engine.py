@@ -283,7 +283,7 @@ class RewardEngine:
         step is left and none of the next has begun."""
         with self._lock:
             if self.moments is not None:
-                self.moments.update(torch.tensor(self._step_rewards, dtype=torch.float32))
+                self.moments.update(torch.tensor(self._step_rewards, dtype=torch.float64))
             self._step_rewards = []
 
     def folded_moments(self) -> dict[str, float] | None:
@@ -293,7 +293,7 @@ class RewardEngine:
             if self.moments is None:
                 return None
             after = RunningMoments(**self.moments.state())
-            after.update(torch.tensor(self._step_rewards, dtype=torch.float32))
+            after.update(torch.tensor(self._step_rewards, dtype=torch.float64))
             return after.state()
 
     def load_moments(self, state: dict[str, float]) -> None:
