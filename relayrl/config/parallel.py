@@ -41,15 +41,23 @@ def check_sequence_parallel(cfg: Config) -> None:
 
 
 def check_expert_parallel(cfg: Config) -> None:
-    """``engine.expert_parallel`` splits the experts over the trainer's ranks: it needs more than one, and the
-    experts' own tensors whole (peft's adapters on them, ``model.lora.target_parameters``, wrap them)."""
-    if not cfg.engine.expert_parallel:
+    """``engine.expert_parallel`` splits the experts over groups of the trainer's ranks: it needs more than one
+    rank, a group size that divides them, and the experts' own tensors whole (peft's adapters on them,
+    ``model.lora.target_parameters``, wrap them). The group against the model's expert count is the engine's
+    check (:func:`relayrl.engines.training.expert_parallel.shard_experts`)."""
+    ep = cfg.engine.expert_parallel
+    if not cfg.engine.expert_parallel_on:
         return
     ranks = cfg.cluster.devices * cfg.cluster.nodes
     if ranks == 1:
-        raise ValueError("engine.expert_parallel splits each layer's experts over the trainer's ranks, and "
-                         "cluster.devices x cluster.nodes = 1: train on several devices or set "
-                         "engine.expert_parallel=false")
+        raise ValueError(f"engine.expert_parallel={str(ep).lower()} splits each layer's experts over the trainer's "
+                         f"ranks, and cluster.devices x cluster.nodes = 1: train on several devices or set "
+                         f"engine.expert_parallel=false")
+    if ranks % cfg.engine.expert_group(ranks):
+        fits = [d for d in range(2, ranks + 1) if ranks % d == 0]
+        raise ValueError(f"engine.expert_parallel={ep} puts the trainer's ranks in groups of {ep}, and cluster.devices x "
+                         f"cluster.nodes = {ranks} is not a multiple of it: set engine.expert_parallel to one of "
+                         f"{', '.join(map(str, fits))} (or true: all {ranks} ranks in one group)")
     if cfg.model.lora.enabled and cfg.model.lora.target_parameters:
         raise ValueError("engine.expert_parallel keeps each expert whole on one rank, and "
                          "model.lora.target_parameters wraps the expert tensors in adapters: drop one of them "

@@ -234,11 +234,14 @@ def step_plan(cfg: Config) -> StepPlan:
                       }[a.routing_replay]
         notes.append(f"algorithm.routing_replay={a.routing_replay}: {who} (routed_experts in the dock: MoE layers "
                      f"x experts per token x 2 bytes a token) and the policy's {where}")
-    if cfg.engine.expert_parallel:
-        ranks = cfg.cluster.devices * cfg.cluster.nodes
-        notes.append(f"engine.expert_parallel: each of the trainer's {ranks} ranks holds 1/{ranks} of every MoE "
-                     f"layer's experts, and tokens travel to them and back (two all-to-alls a layer); the other "
-                     f"parameters are FSDP2 shards")
+    ranks = cfg.cluster.devices * cfg.cluster.nodes
+    group = cfg.engine.expert_group(ranks)
+    if group > 1:
+        groups = (f" ({ranks // group} groups of {group} ranks, each holding every expert; each shard's replicas sum "
+                  f"their gradients once a step)" if group < ranks else "")
+        notes.append(f"engine.expert_parallel: each of the trainer's {ranks} ranks holds 1/{group} of every MoE "
+                     f"layer's experts{groups}, and tokens travel to them and back (two all-to-alls a layer); the "
+                     f"other parameters are FSDP2 shards")
     if overlapped and why_batch:
         notes.append(f"the update waits for the whole batch ({'; '.join(why_batch)}); generation, scoring and the "
                      f"forward-only passes still overlap per prompt group")

@@ -26,13 +26,19 @@ def memory_gib(w: Workload, p: Placement, kv_peak_tokens: float, gpu: bool = Fal
     phases unless offloaded); with ``w.expand_kv``: each kept layer's keys and values at the query heads' width
     (taken as the hidden size). ``w.head_stored``: the output logits of a micro-batch's every token.
     ``w.sequence_parallel``: a micro-batch's activations (and stored logits) spread over that many ranks.
-    ``w.expert_parallel``: with ``dp_sync=step`` the gathered weights and unreduced gradients leave out the experts.
+    ``w.expert_parallel``: the experts' state is split over an expert group's ranks (1/e each, replicated over
+    the groups), the rest over ``main``; with ``dp_sync=step`` the gathered weights and unreduced gradients leave
+    out the experts.
     Not modelled: sequence parallelism's two all-to-alls per layer (time), the [L, L] mask each SP rank keeps.
     ``w.rollout_tp`` N: the rollout's weights are split over the N devices of a rank (vLLM's tensor
     parallelism); its KV cache is taken as simulated (the rows in flight of one device's rank: a rank of N
     devices keeps about N times the rows, each device 1/N of their heads)."""
     m = w.model
     state = (m.params * m.train_bytes + m.trained_params * (4 + 8)) / p.main
+    group = w.experts_over(p.main)
+    if group > 1:  # (expert parallelism: the experts' weights, gradients and moments over a group, not main)
+        experts = m.routed * (m.train_bytes + (0 if m.trainable else 4 + 8))
+        state += experts / group - experts / p.main
     if p.main > 1 and w.dp_sync == "step":  # during a step: the gathered weights and unreduced fp32 gradients
         gathered, reduced = w.fsdp_params  # (expert parallelism: the experts are neither)
         state += (gathered * m.compute_bytes + reduced * 4) * (p.main - 1) / p.main

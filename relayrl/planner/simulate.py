@@ -157,13 +157,14 @@ def _fsdp_s(profile: Profile, w: Workload, dp: int, gathers: int = 2, reduce: bo
 def _experts_s(profile: Profile, w: Workload, dp: int, tokens: int, backward: bool) -> float:
     """Expert parallelism's exchanges in one pass of a micro-batch of ``tokens`` on one of ``dp`` ranks: in every
     layer, each token's ``k`` hidden states to their experts' ranks and back (four all-to-alls: counts, indices,
-    states, outputs), and the backward's two the other way; a uniform router sends ``(dp - 1) / dp`` of them
-    away."""
-    if dp == 1 or not w.expert_parallel:
+    states, outputs), and the backward's two the other way, inside an expert group of ``e`` ranks
+    (:meth:`Workload.experts_over`); a uniform router sends ``(e - 1) / e`` of them away."""
+    e = w.experts_over(dp)
+    if e == 1:
         return 0.0
     m = w.model
     calls = (4 + 2 * backward) * m.layers
-    moved = tokens * m.experts_per_token * m.hidden * m.compute_bytes * 2 * (1 + backward) * m.layers * (dp - 1) / dp
+    moved = tokens * m.experts_per_token * m.hidden * m.compute_bytes * 2 * (1 + backward) * m.layers * (e - 1) / e
     return calls * profile.collective.base_s + profile.collective.per_s * moved
 
 
@@ -183,11 +184,23 @@ def train_s(dev: DeviceProfile, profile: Profile, w: Workload, units: list[int],
                for mb in _micro_batches(units, w.token_budget, w.packing, w.pack_length))
 
 
+def _replicas_s(profile: Profile, w: Workload, dp: int) -> float:
+    """Expert parallelism in ``dp / e`` groups of ``e`` ranks: once a step each rank all-reduces its experts'
+    fp32 gradients (``routed / e`` of them) over their ``r = dp / e`` replicas, two tensors a layer (a ring
+    all-reduce sends ``2 (r - 1) / r`` of them); nothing with one group or frozen experts (LoRA)."""
+    e = w.experts_over(dp)
+    r = dp // e
+    if e == 1 or r == 1 or w.model.trainable:
+        return 0.0
+    moved = w.model.routed / e * 4 * 2 * (r - 1) / r
+    return 2 * w.model.layers * profile.collective.base_s + profile.collective.per_s * moved
+
+
 def optimizer_s(dev: DeviceProfile, profile: Profile, w: Workload, dp: int) -> float:
     """The optimizer step on one of ``dp`` ranks (with ``dp_sync=step``, the step's one gather and
-    reduction too)."""
+    reduction too; expert parallelism in several groups: the replicas' gradient sum, :func:`_replicas_s`)."""
     once = _fsdp_s(profile, w, dp, gathers=1) if w.dp_sync == "step" else 0.0
-    return profile.scale(w.model.params) * dev.optimizer_s / dp + once
+    return profile.scale(w.model.params) * dev.optimizer_s / dp + once + _replicas_s(profile, w, dp)
 
 
 def _optimizers_s(dev: DeviceProfile, profile: Profile, w: Workload, dp: int) -> float:

@@ -10,6 +10,7 @@ user writes for a model they have not run.
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Literal
 
@@ -223,6 +224,10 @@ class Workload(_Model):
     expert_parallel: bool = Field(False, description="engine.expert_parallel: the experts (ModelShape.routed) stay "
                                   "split over the trainer's ranks, and each pass sends every token's hidden state "
                                   "to its experts' ranks and back instead of gathering them")
+    expert_group: int = Field(0, ge=0, description="engine.expert_parallel=e: the experts are split over groups of "
+                              "e ranks and replicated over the groups (each rank holds 1/e of them, tokens travel "
+                              "inside a group, the replicas sum their gradients each step); 0: one group of all "
+                              "the trainer's ranks (engine.expert_parallel=true)")
     expand_kv: bool = Field(False, description="model.attn_implementation=flex_attention (GPU only) with grouped "
                             "keys and values: each layer keeps its keys and values repeated to the query heads for "
                             "the backward (relayrl.engines.training.flex.EXPAND_KV)")
@@ -230,6 +235,13 @@ class Workload(_Model):
     @property
     def rows(self) -> int:
         return self.prompts * self.n
+
+    def experts_over(self, dp: int) -> int:
+        """Ranks per expert group on ``dp`` trainer ranks (1: no expert parallelism). A placement whose ``dp`` the
+        configured group does not divide (the search tries other pool sizes) takes their largest common divisor."""
+        if not self.expert_parallel or dp == 1:
+            return 1
+        return math.gcd(self.expert_group, dp) if self.expert_group else dp
 
     @property
     def fsdp_params(self) -> tuple[int, int]:

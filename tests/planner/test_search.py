@@ -251,6 +251,11 @@ def test_a_recipe_with_expert_parallelism_plans_the_experts_out_of_fsdp2s_gather
         assert w.expert_parallel is routed and (w.model.routed > 0) is routed, arch
         gathered, reduced = w.fsdp_params
         assert gathered == w.model.params - w.model.routed * routed and reduced == gathered, arch
+    assert w.expert_group == 0  # (true: one group of whatever ranks the placement gives the trainer)
+    cfg = load_config(Config, "recipes/arith_grpo.yaml", ["engine.expert_parallel=2", "cluster.devices=4",
+                                                           "cluster.oversubscribe=true"])
+    w = workload_from_config(cfg, model_config=str(tmp_path / "qwen3_moe.json"), prompt_tokens=8, lengths="max")
+    assert w.expert_parallel and w.expert_group == 2 and w.experts_over(4) == 2
 
 
 def test_the_plan_measures_response_lengths_with_the_recipes_own_sampling(tiny_dir, monkeypatch):

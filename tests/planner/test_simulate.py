@@ -401,3 +401,31 @@ def test_expert_parallelism_trades_the_experts_gathers_for_token_exchanges():
     pl = Placement("sync-colocated", main=2)
     less = memory_gib(step[0], pl, 0)["main"] - memory_gib(step[1], pl, 0)["main"]
     assert less == pytest.approx(8e8 * (2 + 4) / 2 / 2**30)
+
+
+def test_expert_groups_hold_and_send_by_their_own_size_and_sum_the_replicas_gradients():
+    """The same 8e8-expert model on 4 ranks, in one expert group of 4 (engine.expert_parallel=true) and in two of 2
+    (=2): a rank holds 1/2 of the experts' fp32 weights, gradients and moments (16 bytes each) instead of 1/4, so
+    8e8 x 16 x (1/2 - 1/4) bytes more; its tokens' hidden states stay in its group, 1/2 of them sent away instead
+    of 3/4; and once a step it all-reduces its 4e8 experts' fp32 gradients with the other group (2 replicas: a
+    ring sends 2 x 1/2 of them, 1.6e9 bytes, 1.6 s at 1 s per GB). A placement whose ranks the size does not
+    divide takes their common divisor (2 ranks: one group of 2)."""
+    from relayrl.planner import simulate as sim
+    from relayrl.planner.profile import Affine
+
+    prof = toy_profile().model_copy(update={"collective": Affine(per_s=1e-9)})
+    shape = ModelShape(params=1_000_000_000, layers=4, hidden=64, kv_dim=64, vocab=1000, compute_bytes=2,
+                       routed=800_000_000, experts_per_token=2)
+    w = {g: toy_workload(8, 4, shape=shape, token_budget=16, expert_parallel=True, expert_group=g) for g in (0, 2)}
+    pl = Placement("sync-colocated", main=4)
+    more = memory_gib(w[2], pl, 0)["main"] - memory_gib(w[0], pl, 0)["main"]
+    assert more == pytest.approx(8e8 * 16 * (1 / 2 - 1 / 4) / 2**30)
+    sent = 16 * 2 * 64 * 2 * 2 * 2 * 4  # (every pair's hidden state there and back, forward and backward)
+    assert sim._experts_s(prof, w[0], 4, 16, backward=True) == pytest.approx(sent * 3 / 4 * 1e-9)
+    assert sim._experts_s(prof, w[2], 4, 16, backward=True) == pytest.approx(sent / 2 * 1e-9)
+    assert sim._replicas_s(prof, w[2], 4) == pytest.approx(1.6)
+    assert sim._replicas_s(prof, w[0], 4) == 0.0  # (one group: no replicas)
+    assert w[2].experts_over(4) == 2 and w[0].experts_over(4) == 4 and w[2].experts_over(6) == 2
+    assert toy_workload(8, 4, shape=shape, expert_group=2).experts_over(4) == 1  # (expert parallelism off)
+    assert sim.optimizer_s(prof.devices["toy"], prof, w[2], 4) - sim.optimizer_s(prof.devices["toy"], prof, w[0], 4) \
+        == pytest.approx(1.6)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = ["OptimConfig", "TrainEngineConfig"]
 
@@ -102,12 +102,34 @@ class TrainEngineConfig(BaseModel):
         "(actor, reference, critic); the trainer group's ranks and the model's query heads must be multiples of it, "
         "and the model must use attn_implementation=sdpa with a packed layout. 1: off")
 
-    expert_parallel: bool = Field(
+    expert_parallel: bool | int = Field(
         False, description="a mixture of experts on several trainer ranks: split every MoE layer's experts whole "
-        "over the ranks (rank r holds experts r c .. r c + c - 1, c = ceil(experts / ranks)) and send each token to "
-        "the rank holding its expert and back (two all-to-alls per layer), instead of FSDP2 gathering every expert "
-        "on every rank; the other parameters stay FSDP2's. Needs a mixture-of-experts model and several ranks; not "
-        "with model.lora.target_parameters. false: the experts are FSDP2 shards like the rest")
+        "over a group of ranks and send each token to the rank of its group holding its expert and back (two "
+        "all-to-alls per layer), instead of FSDP2 gathering every expert on every rank; the other parameters stay "
+        "FSDP2's. true: one group of all the trainer's ranks; an integer e >= 2 dividing the ranks: groups of e "
+        "consecutive ranks, each holding every expert (rank r of a group holds experts r c .. r c + c - 1, c = "
+        "ceil(experts / e)), each expert shard replicated over the ranks / e groups and its gradient summed over "
+        "them. Needs a mixture-of-experts model with at least e experts per layer; not with "
+        "model.lora.target_parameters. false or 1: the experts are FSDP2 shards like the rest")
+
+    @property
+    def expert_parallel_on(self) -> bool:
+        """Whether ``engine.expert_parallel`` asks for expert parallelism (true, or a group size >= 2)."""
+        return self.expert_parallel is True or (self.expert_parallel is not False and self.expert_parallel > 1)
+
+    def expert_group(self, ranks: int) -> int:
+        """Ranks per expert group on ``ranks`` trainer ranks (``engine.expert_parallel``; true: all of them,
+        false: 1, expert parallelism off)."""
+        ep = self.expert_parallel
+        return ranks if ep is True else 1 if ep is False else ep
+
+    @field_validator("expert_parallel")
+    @classmethod
+    def _expert_group_size(cls, v: bool | int) -> bool | int:
+        if not isinstance(v, bool) and v < 1:
+            raise ValueError(f"engine.expert_parallel={v}: give true (one expert group of all the trainer's ranks), "
+                             f"an expert group size >= 2 that divides the ranks, or false")
+        return v
 
     @model_validator(mode="after")
     def _check_sequence_parallel(self) -> "TrainEngineConfig":

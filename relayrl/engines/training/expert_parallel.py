@@ -1,28 +1,36 @@
 """Expert parallelism for the training engine (``engine.expert_parallel``): every mixture-of-experts layer's
-experts split whole over the data-parallel ranks, and each token sent to the rank that holds its expert and back.
+experts split whole over a group of the data-parallel ranks, and each token sent to the rank of its group that
+holds its expert and back.
 
 Under FSDP2 alone a rank all-gathers a layer's experts before the layer runs (every expert's weights, on every
 rank, for a few tokens each). With expert parallelism the weights stay and the tokens move (GShard's dispatch
-and combine, DeepSpeed-MoE's and Megatron's expert parallelism): rank ``r`` holds experts ``[r c, (r + 1) c)``
-(``c = ceil(E / ranks)``, ``torch.chunk``'s split), and a layer's forward
+and combine, DeepSpeed-MoE's and Megatron's expert parallelism). The ``W`` ranks form ``W / e`` expert groups of
+``e`` consecutive ranks (``engine.expert_parallel=e``; true: one group of all ``W``); each group holds every
+expert: its rank ``r`` holds experts ``[r c, (r + 1) c)`` (``c = ceil(E / e)``, ``torch.chunk``'s split), and a
+layer's forward
 
-1. sorts its ``(token, slot)`` pairs by the rank that holds the pair's expert and tells every rank how many it
-   sends (one all-to-all of counts);
+1. sorts its ``(token, slot)`` pairs by the rank of its group that holds the pair's expert and tells every rank
+   of the group how many it sends (one all-to-all of counts, on the group's process group);
 2. sends each pair's hidden state and local expert index (all-to-all), runs the model's own experts forward
    (transformers' experts module, eager or grouped products, with this rank's experts only) on what it
    received, with weight 1;
 3. sends the outputs back (all-to-all: its backward is the reverse exchange) and sums each token's pairs,
    weighted by the router's weights, where the token lives.
 
-The expert tensors are ``DTensor`` row shards on FSDP2's mesh, ``Shard(0)`` as FSDP2 would lay them out, but
-left out of FSDP2's units (``ignored_params``): checkpoints, the weight relay's gather and the gradient-norm
-clip read them as they read FSDP2's shards. Their gradients arrive whole on their rank (every rank's tokens
-came to it), so they are not reduced; the engine scales each backward by the world size for FSDP2's average,
-and the expert shards take that factor back here. Every rank runs the same passes already (FSDP2 needs it), so
+The expert tensors are ``DTensor`` row shards left out of FSDP2's units (``ignored_params``): with one group,
+``Shard(0)`` on FSDP2's own mesh, as FSDP2 would lay them out; with several, on a 2-D mesh ``(replica, expert)``
+placed ``(Replicate(), Shard(0))`` (DeepSpeed-MoE's expert-data parallelism; torchtitan lays its experts out
+so). Checkpoints and the weight relay's gather read them as they read FSDP2's shards (``full_tensor`` gathers
+one group's shards), and the gradient-norm clip sums the squares per mesh (:func:`relayrl.engines.training.
+fsdp.clip_grad_norm`). A rank's expert gradients arrive whole from its group's tokens; the engine scales each
+backward by the world size for FSDP2's average, and the expert shards take that factor back here, so a group
+holds its own tokens' share of the gradient and :func:`reduce_replicas` sums the ``W / e`` replicas' shares
+before the clip (one all-reduce per tensor and step, on the replica process group): every replica then holds
+the whole batch's gradient, as one group would. Every rank runs the same passes already (FSDP2 needs it), so
 every rank joins each layer's exchanges, in the backward too: a rank that receives no pair still puts what it
 received (nothing) and its experts into its output with weight zero, so its backward runs the reverse exchange
-its senders wait in, and its experts get a (zero) gradient, so every rank's clip and optimizer see the same
-tensors.
+its senders wait in, and its experts get a (zero) gradient, so every rank's clip, replica sum and optimizer see
+the same tensors.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from torch import nn
 
 from relayrl.errors import UserError
 
-__all__ = ["ExpertParallelError", "expert_modules", "dispatch_of", "shard_experts", "load_imbalance"]
+__all__ = ["ExpertParallelError", "expert_modules", "dispatch_of", "shard_experts", "reduce_replicas", "load_imbalance"]
 
 
 class ExpertParallelError(UserError, ValueError):
@@ -61,37 +69,62 @@ def dispatch_of(module: nn.Module) -> "_Dispatch | None":
 
 
 def shard_experts(model: nn.Module, mesh, compute_dtype: torch.dtype | None) -> set[nn.Parameter]:
-    """Split every experts module of ``model`` over ``mesh`` (1-D, every rank holding the same full weights) and
-    give it the dispatching forward; the expert parameters, for FSDP2 to leave alone. ``compute_dtype``: the
-    dtype the local experts run in (FSDP2's mixed precision for the other parameters), None: their own."""
-    from torch.distributed.tensor import DTensor, Shard
+    """Split every experts module of ``model`` over ``mesh`` (every rank holding the same full weights) and give
+    it the dispatching forward; the expert parameters, for FSDP2 to leave alone. ``mesh``: 1-D, one expert group
+    of all its ranks, or 2-D ``(replica, expert)``, a group per row, each expert shard replicated down a column.
+    ``compute_dtype``: the dtype the local experts run in (FSDP2's mixed precision for the other parameters),
+    None: their own."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
 
     modules = expert_modules(model)
     if not modules:
         raise ExpertParallelError(f"engine.expert_parallel splits a mixture of experts' experts, and "
                                   f"{type(model).__name__} has none (no fused mlp.experts tensors): set "
                                   f"engine.expert_parallel=false")
-    world, rank = mesh.size(), mesh.get_local_rank()
+    ep = mesh.ndim - 1  # the expert dimension (the last)
+    size, rank = mesh.size(ep), mesh.get_local_rank(ep)
+    placements = (Shard(0),) if mesh.ndim == 1 else (Replicate(), Shard(0))
+    replicas = mesh.get_group(0) if mesh.ndim == 2 else None
+    fewest = min(m.num_experts for _, m in modules)
+    if size > fewest:
+        fits = [d for d in range(2, fewest + 1) if mesh.size() % d == 0]
+        raise ExpertParallelError(f"engine.expert_parallel splits each layer's experts whole over a group of {size} "
+                                  f"ranks, and {type(model).__name__} has {fewest} experts a layer, so some ranks "
+                                  f"would hold none: set engine.expert_parallel to "
+                                  + (f"one of {', '.join(map(str, fits))}" if fits else "false")
+                                  + f" (ranks per group, dividing the {mesh.size()} ranks)")
     ignored: set[nn.Parameter] = set()
     for _, m in modules:
         experts = m.num_experts
-        per_rank = -(-experts // world)
+        per_rank = -(-experts // size)
         for name, p in list(m.named_parameters(recurse=False)):
             local = p.detach()[rank * per_rank:(rank + 1) * per_rank].clone()
-            shard = DTensor.from_local(local, mesh, (Shard(0),), run_check=False, shape=p.shape,
-                                       stride=p.stride())
+            shard = DTensor.from_local(local, mesh, placements, run_check=False, shape=p.shape, stride=p.stride())
             param = nn.Parameter(shard, requires_grad=p.requires_grad)
             setattr(m, name, param)
             ignored.add(param)
         m.num_experts = max(0, min(experts, (rank + 1) * per_rank) - rank * per_rank)  # what its forward runs
-        m.forward = _Dispatch(m, experts, per_rank, mesh.get_group(), compute_dtype)
+        m.forward = _Dispatch(m, experts, per_rank, mesh.get_group(ep), replicas, compute_dtype)
     return ignored
+
+
+def reduce_replicas(model: nn.Module) -> None:
+    """Sum each expert shard's gradient over its replicas (the same shard in every expert group: module
+    docstring); nothing with one group. A collective over every rank (each calls it once a step, before the
+    clip); a frozen expert (no gradient) is skipped on every rank alike."""
+    for _, m in expert_modules(model):
+        d = dispatch_of(m)
+        if d is None or d.replicas is None:
+            continue
+        for p in m.parameters(recurse=False):
+            if p.grad is not None:
+                dist.all_reduce(p.grad.to_local(), group=d.replicas)
 
 
 def load_imbalance(model: nn.Module, device: torch.device) -> float | None:
     """How unevenly the experts' ranks were loaded in the training passes since the last call: the most
-    ``(token, expert)`` pairs a rank received over their mean over ranks (1.0: even; ``ranks``: one rank got
-    them all). None without expert parallelism or with no pair. A collective (every rank calls it)."""
+    ``(token, expert)`` pairs a rank received over their mean over all ranks (1.0: even; ``e``: one rank of each
+    group got them all). None without expert parallelism or with no pair. A collective (every rank calls it)."""
     dispatches = [d for _, m in expert_modules(model) if (d := dispatch_of(m)) is not None]
     if not dispatches:
         return None
@@ -99,18 +132,21 @@ def load_imbalance(model: nn.Module, device: torch.device) -> float | None:
     for d in dispatches:
         d.received = 0
     most = total.clone()
-    dist.all_reduce(most, op=dist.ReduceOp.MAX, group=dispatches[0].group)
-    dist.all_reduce(total, group=dispatches[0].group)
-    return float(most) / (float(total) / dispatches[0].world) if float(total) else None
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    dist.all_reduce(total)
+    return float(most) / (float(total) / dist.get_world_size()) if float(total) else None
 
 
 class _Dispatch:
     """An experts module's forward under expert parallelism (module docstring): ``(hidden [T, H], top_k_index
     [T, k], top_k_weights [T, k]) -> [T, H]``, as the module's own forward returns."""
 
-    def __init__(self, module: nn.Module, experts: int, per_rank: int, group, compute_dtype: torch.dtype | None):
+    def __init__(self, module: nn.Module, experts: int, per_rank: int, group, replicas,
+                 compute_dtype: torch.dtype | None):
         self.module, self.experts, self.per_rank, self.group = module, experts, per_rank, group
-        self.world = dist.get_world_size(group)
+        self.replicas = replicas  # the process group of this rank's shard in every expert group (None: one group)
+        self.world = dist.get_world_size(group)  # ranks of this rank's expert group
+        self.scale = 1.0 / dist.get_world_size()  # (the engine scales each backward by every rank's count)
         self.compute_dtype = compute_dtype
         self.received = 0  # pairs received by the passes with gradients since load_imbalance last read them
 
@@ -156,7 +192,7 @@ class _Dispatch:
     def _local(self, p: torch.Tensor) -> torch.Tensor:
         t = p.to_local()
         if p.requires_grad and torch.is_grad_enabled():
-            t = _ScaleGrad.apply(t, 1.0 / self.world)
+            t = _ScaleGrad.apply(t, self.scale)
         return t if self.compute_dtype is None else t.to(self.compute_dtype)
 
 

@@ -31,6 +31,8 @@ on N ranks resumes on M.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -104,12 +106,13 @@ def world_size() -> int:
 
 
 def shard_model(root: ResponseLogits, device: torch.device, compute_dtype: torch.dtype | None = None,
-                expert_parallel: bool = False) -> bool:
+                expert_parallel: bool | int = False) -> bool:
     """Shard ``root`` (and its decoder layers) with FSDP2 over the default process group; False when
     there is nothing to shard over (one rank). With ``compute_dtype`` the sharded parameters keep their
     dtype (the master weights) and are gathered in ``compute_dtype`` for the passes; gradients are reduced
-    in float32 (FSDP2's ``MixedPrecisionPolicy``). ``expert_parallel``: the experts are split over the ranks
-    and tokens dispatched to them (:mod:`relayrl.engines.training.expert_parallel`), outside FSDP2's units."""
+    in float32 (FSDP2's ``MixedPrecisionPolicy``). ``expert_parallel`` (``engine.expert_parallel``: true, or
+    ranks per expert group): the experts are split over groups of consecutive ranks and tokens dispatched to
+    them (:mod:`relayrl.engines.training.expert_parallel`), outside FSDP2's units."""
     n = world_size()
     if n == 1:
         return False
@@ -120,13 +123,39 @@ def shard_model(root: ResponseLogits, device: torch.device, compute_dtype: torch
     policy = MixedPrecisionPolicy() if compute_dtype is None else \
         MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     ignored = None
-    if expert_parallel:
-        from relayrl.engines.training.expert_parallel import shard_experts
+    ep = n if expert_parallel is True else int(expert_parallel)
+    if ep > 1:
+        from relayrl.engines.training.expert_parallel import ExpertParallelError, shard_experts
 
-        ignored = shard_experts(root.model, mesh, compute_dtype)
+        if n % ep:
+            raise ExpertParallelError(f"engine.expert_parallel={ep} puts the {n} trainer ranks in groups of {ep}: "
+                                      f"set it to a divisor of {n} (or true: one group of all of them)")
+        experts_mesh = mesh if ep == n else init_device_mesh(device.type, (n // ep, ep),
+                                                             mesh_dim_names=("replica", "expert"))
+        ignored = shard_experts(root.model, experts_mesh, compute_dtype)
     for unit in [*decoder_layers(root.model), root]:
         fully_shard(unit, mesh=mesh, mp_policy=policy, ignored_params=ignored)
     return True
+
+
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
+    """Scale the gradients of ``params`` so that their global 2-norm is at most ``max_norm``; that norm before
+    scaling, the same on every rank (a collective when sharded). ``torch.nn.utils.clip_grad_norm_`` when the
+    gradients share one device mesh (or none); DTensors on several meshes (expert parallelism in several groups:
+    the experts on their 2-D mesh, the rest on FSDP2's) cannot be stacked, so each mesh's norm is taken whole
+    (its shards reduced over that mesh, replicas counted once) and the squares summed, as torchtitan does."""
+    meshes: dict[int, list[nn.Parameter]] = {}
+    for p in params:
+        meshes.setdefault(id(getattr(p, "device_mesh", None)), []).append(p)
+    if len(meshes) <= 1:
+        return scalar(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    norm = math.sqrt(sum(scalar(torch.nn.utils.get_total_norm([p.grad for p in ps])) ** 2
+                         for ps in meshes.values()))
+    coef = max_norm / (norm + 1e-6)  # (clip_grads_with_norm_'s; it cannot mix a plain norm with DTensor grads)
+    if math.isfinite(norm) and coef < 1.0:
+        for ps in meshes.values():
+            torch._foreach_mul_([p.grad for p in ps], coef)
+    return norm
 
 
 def max_over_ranks(n: int, device: torch.device) -> int:

@@ -104,7 +104,7 @@ from typing import Any, Literal
 
 import torch
 
-from relayrl.engines.training import flex, fsdp, ulysses
+from relayrl.engines.training import expert_parallel, flex, fsdp, ulysses
 from relayrl.models import routing
 from relayrl.algorithms._checks import deferred_metrics, metric_value
 from relayrl.engines.training.accumulate import MetricSums, StreamedUpdate
@@ -536,15 +536,15 @@ class TorchTrainingEngine(PassLayout, LogprobPasses, RoutedPasses, StreamedUpdat
     def _apply_gradients(self, metrics: dict[str, float]) -> dict[str, float]:
         """Clip, step (unless the norm is not finite), clear the gradients, advance the schedule; ``metrics``
         with the grad norm, learning rate and ``nonfinite_grad`` added."""
+        experts = self.cfg.expert_group(self.world) > 1 and self.sharded
+        if experts:  # (several expert groups: each expert shard's replicas sum their groups' gradients)
+            expert_parallel.reduce_replicas(self.model)
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.cfg.optim.max_grad_norm
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
-        norm = fsdp.scalar(norm)
+        norm = fsdp.clip_grad_norm(params, max_norm if max_norm is not None else float("inf"))
         metrics[f"{self.prefix}/grad_norm"] = norm
-        if self.cfg.expert_parallel and self.sharded:
-            from relayrl.engines.training.expert_parallel import load_imbalance
-
-            load = load_imbalance(self.model, self.device)
+        if experts:
+            load = expert_parallel.load_imbalance(self.model, self.device)
             if load is not None:
                 metrics[f"{self.prefix}/expert_load_imbalance"] = load
         metrics[f"{self.prefix}/lr"] = self.optimizer.param_groups[0]["lr"]
