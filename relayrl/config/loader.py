@@ -325,6 +325,10 @@ def field_errors(err: ValidationError, model: type[BaseModel] | None = None) -> 
         else:
             got = e.get("input")
             got_s = f" (got {got!r})" if not isinstance(got, dict) and got is not None else ""
+            if got is None and "input" in e and e["type"] != "missing":
+                got_s = (" (got null, which this key does not take: YAML reads null, ~ and a key with nothing after "
+                         "it as null; leave the key out for its default, or write the value out, a home directory "
+                         "as its full path)")
             if isinstance(got, bool) and e["type"] == "literal_error":  # YAML 1.1: on/off/yes/no are booleans
                 got_s += (f"; YAML reads on, off, yes and no as {str(got).lower()}: write one of the values above, "
                           f"quoted in a recipe if it is one of those words")

@@ -29,8 +29,9 @@ class TrainerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     steps: int = Field(100, ge=0, description="training steps (RL iterations for GRPO; one optimizer step on "
-                       "trainer.batch_size examples for sft, dpo, kto and rm); null: the default (to give "
-                       "trainer.total_epochs on top of a recipe that sets steps)")
+                       "trainer.batch_size examples for sft, dpo, kto and rm); null: unset, to give "
+                       "trainer.total_epochs on top of a recipe that sets steps (refused without "
+                       "trainer.total_epochs)")
     total_epochs: float | None = Field(None, gt=0, allow_inf_nan=False, description="the run's length in passes "
                                        "over the training dataset (TRL's num_train_epochs, verl's "
                                        "trainer.total_epochs; 1.5 is allowed): trainer.steps becomes ceil("
@@ -83,8 +84,14 @@ class TrainerConfig(BaseModel):
     @classmethod
     def _null_steps(cls, data: Any) -> Any:
         """``trainer.steps=null`` leaves the key unset (its default, and not given), so that a recipe's steps
-        can give way to ``trainer.total_epochs``."""
+        can give way to ``trainer.total_epochs``; without ``total_epochs`` it would run the default length, which
+        nobody asked for, so it is refused."""
         if isinstance(data, dict) and "steps" in data and data["steps"] is None:
+            if data.get("total_epochs") is None:
+                default = cls.model_fields["steps"].default
+                raise ValueError(f"trainer.steps=null unsets the run's length so that trainer.total_epochs gives it, "
+                                 f"and trainer.total_epochs is not set (the run would take the default {default} "
+                                 f"steps): give trainer.steps=N or trainer.total_epochs=E")
             data = {k: v for k, v in data.items() if k != "steps"}
         return data
 

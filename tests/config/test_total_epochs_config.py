@@ -60,7 +60,19 @@ def test_steps_and_total_epochs_together_are_refused_naming_both():
     assert cfg.trainer.total_epochs == 1.5 and "steps" not in cfg.trainer.model_fields_set
     with pytest.raises(ValueError, match="both set the run's length"):  # an assignment in Python too
         cfg.trainer.steps = 10
-    assert TrainerConfig(steps=None).steps == 100
+    # without trainer.total_epochs, null would run the default length nobody asked for
+    with pytest.raises(ValueError, match="trainer.total_epochs is not set .the run would take the default 100 steps"):
+        TrainerConfig(steps=None)
+    with pytest.raises(ConfigError, match="give trainer.steps=N or trainer.total_epochs=E"):
+        load_config(Config, "recipes/arith_sft.yaml", ["trainer.steps=null"])
+
+
+def test_a_key_given_null_says_what_yaml_reads_as_null():
+    with pytest.raises(ConfigError) as e:
+        load_config(Config, None, ["run.dir=~"])
+    assert "run.dir: " in str(e.value) and "got null" in str(e.value) and "~" in str(e.value), str(e.value)
+    with pytest.raises(ConfigError, match="trainer.batch_size: .*got null"):
+        load_config(Config, None, ["trainer.batch_size=null"])
 
 
 def test_a_built_in_task_has_no_epochs():
