@@ -57,6 +57,11 @@ import sys
 
 MARK = "RELAYRL_RAY_SESSION"
 """The environment variable whose value (a random token) marks the processes of one local Ray session."""
+KEEP_ENVIRON = {"SPT_NOENV": "1"}
+"""Set with the mark: Ray's workers and agents set their process titles (``ray::IDLE``) with setproctitle (Ray's
+own copy), which writes a long title over the process's environment block, and so over the mark as /proc shows
+it (measured: an agent's first ~1.1 kB zeroed), unless ``SPT_NOENV`` is set (then a title is at most as long as
+the command line it replaces: Ray's are hundreds of bytes)."""
 
 REAPER = r"""
 import contextlib, os, select, signal, sys, time
@@ -174,17 +179,18 @@ class SessionReaper:
     """The reaper of the local Ray session this process (the driver) is about to start (module docstring):
     :meth:`arm` it before ``ray.init``, tell it :meth:`started` once ``ray.init`` has returned or failed."""
 
-    def __init__(self, pid: int | None, tell: int | None, before: str | None) -> None:
+    def __init__(self, pid: int | None, tell: int | None, before: dict[str, str | None]) -> None:
         self.pid = pid
         """The reaper's pid; None where there is none (no pidfds or no /proc)."""
         self._tell, self._before = tell, before
 
     @classmethod
     def arm(cls) -> SessionReaper:
-        """Start the reaper, then mark this process's environment, which the Ray it starts next inherits. Where
+        """Start the reaper, then mark this process's environment (and keep process titles off it:
+        :data:`KEEP_ENVIRON`), which the Ray it starts next inherits. Where
         there is no pidfd or no /proc (not Linux 5.3+), say so on stderr and start none: then a driver killed
         outright leaves Ray's agents running for about a minute."""
-        before = os.environ.get(MARK)
+        before = {k: os.environ.get(k) for k in (MARK, *KEEP_ENVIRON)}
         if not hasattr(os, "pidfd_open") or not os.path.isdir("/proc/self/fd"):
             print(f"relayrl: driver (pid {os.getpid()}): no pidfds or /proc here; if this driver is killed outright, "
                   f"the processes of its local Ray session may outlive it: stop them by their pids (docs/scale.md), "
@@ -199,17 +205,18 @@ class SessionReaper:
             raise
         finally:
             os.close(read)
-        os.environ[MARK] = token
+        os.environ.update({**KEEP_ENVIRON, MARK: token})
         return cls(pid, tell, before)
 
     def started(self, session_dir: str | None) -> None:
         """``ray.init`` has returned: the session directory of the Ray it started, or None where it raised (the
-        reaper then SIGKILLs what that Ray left and ends). Takes the mark out of this process's environment
-        again (a process it starts from now on is none of that Ray's)."""
-        if self._before is None:
-            os.environ.pop(MARK, None)
-        else:
-            os.environ[MARK] = self._before
+        reaper then SIGKILLs what that Ray left and ends). Puts this process's environment back as it was (a
+        process it starts from now on is none of that Ray's)."""
+        for key, value in self._before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         if self._tell is not None:
             with contextlib.suppress(OSError):  # (the reaper gone: killed by hand)
                 os.write(self._tell, f"{session_dir or '-'}\n".encode())
