@@ -28,12 +28,13 @@ def test_a_local_ray_is_started_with_address_local_and_only_it_gets_a_reaper(mon
 
     def init(**kwargs):
         inits.append(kwargs)
-        marks.append(os.environ.get(MARK))
+        marks.append((os.environ.get(MARK), os.environ.get("SPT_NOENV")))
         return SimpleNamespace(address_info={"session_dir": "/tmp/ray/session_x"})
 
     monkeypatch.setattr(ray_backend.ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray_backend.ray, "init", init)
     monkeypatch.delenv(MARK, raising=False)
+    monkeypatch.delenv("SPT_NOENV", raising=False)
     if env is None:
         monkeypatch.delenv("RAY_ADDRESS", raising=False)
     else:
@@ -42,11 +43,13 @@ def test_a_local_ray_is_started_with_address_local_and_only_it_gets_a_reaper(mon
     assert len(inits) == 1
     if joined is None:
         assert inits[0] == {"address": "local", "num_cpus": 3, "include_dashboard": False}
-        assert marks[0] is not None and len(marks[0]) == 32, "what the local Ray starts is marked as its session's"
+        mark, noenv = marks[0]
+        assert mark is not None and len(mark) == 32, "what the local Ray starts is marked as its session's"
+        assert noenv == "1", "Ray's process titles would overwrite the mark in its workers' and agents' /proc"
     else:
         assert inits[0]["address"] == joined and "num_cpus" not in inits[0]  # (Ray refuses it when joining)
-        assert marks == [None], "a cluster joined is no session of this driver's"
-    assert MARK not in os.environ, "what this driver starts after ray.init is marked as the session's"
+        assert marks == [(None, None)], "a cluster joined is no session of this driver's"
+    assert MARK not in os.environ and "SPT_NOENV" not in os.environ, "the environment is not as it was"
 
 
 def test_a_local_ray_that_fails_to_start_takes_the_mark_out_again(monkeypatch):
