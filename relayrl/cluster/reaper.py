@@ -23,13 +23,17 @@ before they exit.
 
 Which processes are the session's: before ``ray.init`` the driver puts a random token in its environment
 (``RELAYRL_RAY_SESSION``), which every process that Ray starts inherits (its head processes, the raylet's agents
-and workers, what those start: measured, Ray 2.60), and takes it out again once ``ray.init`` has returned. The
+and workers, what those start: measured, Ray 2.60; :data:`KEEP_ENVIRON` keeps Ray's process titles off it), and
+takes it out again once ``ray.init`` has returned. The
 reaper finds them by it in ``/proc/<pid>/environ``, whether Ray writes log files or not (``RAY_LOG_TO_STDERR=1``
 writes none, and the agents' process titles name no session), and spares what did not come from that Ray: the
 driver itself (``/proc`` shows the environment a process was started with), another driver connected to that
 Ray (``ray.init(address=...)``), a reader of the session's logs (``tail -f``), another driver's Ray session (its
 own token). Found too: a process whose stdout or stderr is a file under the session directory (what a worker
-starts with an environment of its own inherits the worker's log as stdout, where Ray writes log files).
+starts with an environment of its own inherits the worker's log as stdout, where Ray writes log files). Not
+found: a process of the session that both drops the token from its environment and writes no log there (a
+rank actor's own reaper takes what a rank started, its process group); taken beside the session's: a process
+another thread of the driver starts while ``ray.init`` runs (it inherits the token too).
 
 When: the reaper is started, and the token set, before ``ray.init``, so a driver killed inside it (its Ray's
 processes started, ``ray.init`` not returned) leaves none either. It waits on the driver's pidfd and on a pipe

@@ -85,7 +85,8 @@ def test_a_local_ray_goes_with_its_killed_driver(tmp_path, monkeypatch, log_to_s
     monkeypatch.delenv("RAY_LOG_TO_STDERR", raising=False)
     driver, session, actors, started = None, None, [], []
     try:
-        driver, session, _, actors = _start_driver(tmp_path, env={"RAY_LOG_TO_STDERR": log_to_stderr} if log_to_stderr else None)
+        env = {"RAY_LOG_TO_STDERR": log_to_stderr} if log_to_stderr else None
+        driver, session, _, actors = _start_driver(tmp_path, env=env)
         started = sorted(set(descendants(driver.pid)) | set(holding(session)))  # (the reapers: no descendants)
         assert set(actors) <= set(started) and all(alive(p) for p in actors)
         assert len(started) >= len(actors) + 4, started  # gcs_server, raylet, its agents, the reapers, ...
