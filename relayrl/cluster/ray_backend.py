@@ -31,9 +31,9 @@ the local backend has (`call`, `pids`, `shutdown`):
 * Each rank actor leads a process group of its own with a reaper in it (:mod:`relayrl.cluster.reaper`):
   whatever the actor started is SIGKILLed once the actor has ended, however it ended (`ray.kill`, SIGKILL, a
   lost raylet, `ray.shutdown`), whether or not Ray's own clean-up is on.
-* A local Ray this process started (no `cluster.ray_address`) has a reaper of its own, which SIGKILLs every
-  process of that Ray session once the driver has ended: a driver killed outright leaves none of them behind
-  (Ray's agents alone ran on a minute after one).
+* A local Ray this process starts (no `cluster.ray_address`) has a reaper of its own, armed before `ray.init`,
+  which SIGKILLs every process of that Ray session once the driver has ended: a driver killed outright, inside
+  `ray.init` or after, leaves none of them behind (Ray's agents alone ran on a minute after one).
 
 Departure: results come back through the driver with `ray.get` (no object-ref
 passing between groups yet).
@@ -57,7 +57,7 @@ from relayrl.cluster.config import ClusterConfig
 from relayrl.cluster.errors import PlacementError, WorkerError
 from relayrl.cluster.fit import fit_error
 from relayrl.cluster.pool import ResourcePool
-from relayrl.cluster.reaper import lead_group_with_reaper, reap_session_with_driver
+from relayrl.cluster.reaper import SessionReaper, lead_group_with_reaper
 from relayrl.cluster.rank import START_CALL, RankRuntime, Replies, Reply, StartSpec, error_reply, free_port
 from relayrl.cluster.worker import RankInfo
 
@@ -69,9 +69,9 @@ _HELD: "weakref.WeakSet[ResourcePool]" = weakref.WeakSet()
 def ensure_ray(cfg: ClusterConfig) -> None:
     """Connect to `cfg.ray_address` (else to the cluster ``RAY_ADDRESS`` names, as a Ray job's driver has it),
     or start a local Ray, unless already connected. A local Ray started here goes with this process however it
-    ends, SIGKILL included, and its reaper with it or with its ``ray.shutdown()``
-    (:func:`relayrl.cluster.reaper.reap_session_with_driver`); a cluster connected to stays (Ray ends this
-    driver's actors with it)."""
+    ends, SIGKILL included (inside ``ray.init`` too), and its reaper with it or with its ``ray.shutdown()``
+    (:class:`relayrl.cluster.reaper.SessionReaper`); a cluster connected to stays (Ray ends this driver's
+    actors with it)."""
     if ray.is_initialized():
         return
     address = cfg.ray_address or os.environ.get("RAY_ADDRESS") or "local"  # (Ray ignores an empty RAY_ADDRESS)
@@ -80,8 +80,12 @@ def ensure_ray(cfg: ClusterConfig) -> None:
         return
     # "local" always starts a new Ray (ray.init's documented contract), so this driver knows it started it
     # without asking Ray's private state; None would join a `ray start` cluster of this machine if there is one.
-    context = ray.init(address="local", num_cpus=cfg.num_cpus, include_dashboard=False)
-    reap_session_with_driver(context.address_info["session_dir"])
+    reaper = SessionReaper.arm()  # (before ray.init: a driver killed inside it leaves none of its Ray either)
+    session = None
+    try:
+        session = ray.init(address="local", num_cpus=cfg.num_cpus, include_dashboard=False).address_info["session_dir"]
+    finally:
+        reaper.started(session)
 
 
 class _RankHost:

@@ -1,6 +1,7 @@
 """A driver killed outright (SIGKILL: the OOM killer, ``kill -9``, a CI timeout) while its Ray actors are busy
 in a call leaves nothing behind: of a local Ray it started, no process of that Ray session (Ray's own agents
-ran on about a minute before), while another driver connected to that Ray and a reader of its logs stay; of a
+ran on about a minute before), whether Ray writes log files or not (``RAY_LOG_TO_STDERR=1``), nor when it is
+killed inside ``ray.init``, while another driver connected to that Ray and a reader of its logs stay; of a
 cluster it connected to (``cluster.ray_address``), none of its actors or what they started, and the cluster
 stays. A driver that shuts its local Ray down and starts another, again and again, is left no reaper of the
 sessions it ended."""
@@ -50,35 +51,91 @@ def _start_driver(tmp_path: Path, *args: str,
     (fails the test with the driver's stderr if it does not get there within 180 s)."""
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
-    driver = subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=_env(env))
-    line, deadline = "", time.monotonic() + 180.0
-    while not line and time.monotonic() < deadline and driver.poll() is None:
-        if select.select([driver.stdout], [], [], 1.0)[0]:
-            line = driver.stdout.readline()  # (one line, printed at once)
+    driver, line = _run(tmp_path, [str(script), *args], env, "READY")
     if not line.startswith("READY"):
         driver.kill()
-        pytest.fail(f"the driver did not start its group: {line!r} {driver.stderr.read()[-3000:]}")
+        pytest.fail(f"the driver did not start its group: {line!r} {(tmp_path / 'driver.err').read_text()[-3000:]}")
     time.sleep(1.0)  # (the call has reached both ranks)
     _, session, address, *pids = line.split()
     return driver, session, address, [int(p) for p in pids]
+
+
+def _run(tmp_path: Path, args: list[str], env: dict[str, str] | None, said: str) -> tuple[subprocess.Popen, str]:
+    """A driver (``python args``, its stderr to driver.err: Ray's logs, with RAY_LOG_TO_STDERR=1, would fill a
+    pipe) and the first line it prints within 180 s that starts with ``said`` ("" if none; Ray prints its
+    workers' ``:job_id:``/``:actor_name:`` lines there too, with RAY_LOG_TO_STDERR=1)."""
+    with open(tmp_path / "driver.err", "w") as err:
+        driver = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=err, text=True,
+                                  env=_env(env))
+    line, deadline = "", time.monotonic() + 180.0
+    while not line.startswith(said) and time.monotonic() < deadline and driver.poll() is None:
+        if select.select([driver.stdout], [], [], 1.0)[0]:
+            line = driver.stdout.readline()  # (one line, printed at once)
+    return driver, line if line.startswith(said) else ""
 
 
 def _kill(driver: subprocess.Popen) -> None:
     driver.kill()
     driver.wait(timeout=10)
     driver.stdout.close()
-    driver.stderr.close()
 
 
-def test_a_local_ray_goes_with_its_killed_driver(tmp_path):
+@pytest.mark.parametrize("log_to_stderr", [None, "1"], ids=["log files", "RAY_LOG_TO_STDERR=1"])
+def test_a_local_ray_goes_with_its_killed_driver(tmp_path, monkeypatch, log_to_stderr):
+    monkeypatch.delenv("RAY_LOG_TO_STDERR", raising=False)
     driver, session, actors, started = None, None, [], []
     try:
-        driver, session, _, actors = _start_driver(tmp_path)
+        env = {"RAY_LOG_TO_STDERR": log_to_stderr} if log_to_stderr else None
+        driver, session, _, actors = _start_driver(tmp_path, env=env)
         started = sorted(set(descendants(driver.pid)) | set(holding(session)))  # (the reapers: no descendants)
         assert set(actors) <= set(started) and all(alive(p) for p in actors)
         assert len(started) >= len(actors) + 4, started  # gcs_server, raylet, its agents, the reapers, ...
+        named = " ".join(_named(started))
+        assert "ray::DashboardAgent" in named and "ray::RuntimeEnvAgent" in named, named  # (those that ran on)
         _kill(driver)
+        left = left_after(started, 20.0)
+        assert not left, f"processes of the driver's Ray session outlived it: {_named(left)}"
+        assert not holding(session), _named(holding(session))
+    finally:
+        if driver is not None and driver.poll() is None:
+            driver.kill()
+        kill_left(started + (holding(session) if session else []))
+
+
+INSIDE_INIT = """
+import os, signal, time
+import psutil
+import ray._private.worker
+from relayrl.cluster import ClusterConfig
+from relayrl.cluster.ray_backend import ensure_ray
+
+
+def connect(node, *args, **kwargs):  # ray.init calls it once the local Ray's processes have started
+    raylet = next(p for p in psutil.Process().children() if p.name() == 'raylet')
+    deadline = time.monotonic() + 60.0
+    while len(raylet.children()) < 2 and time.monotonic() < deadline:  # (its agents: those that ran on)
+        time.sleep(0.1)
+    started = [f'{p.pid}:{os.path.basename(p.cmdline()[0])}' for p in psutil.Process().children(recursive=True)]
+    print('KILLED', node.get_session_dir_path(), *started, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+ray._private.worker.connect = connect
+ensure_ray(ClusterConfig(backend='ray', num_cpus=1))
+print('RETURNED', flush=True)
+"""
+
+
+def test_a_driver_killed_inside_ray_init_leaves_none_of_its_local_ray(tmp_path):
+    driver, session, started = None, None, []
+    try:
+        driver, line = _run(tmp_path, ["-c", INSIDE_INIT], None, "KILLED")
+        assert line.startswith("KILLED"), f"{line!r} {(tmp_path / 'driver.err').read_text()[-3000:]}"
+        driver.wait(timeout=10)
+        _, session, *named = line.split()  # (pid:program of each process the driver's Ray had started)
+        started = sorted({int(p.split(":")[0]) for p in named} | set(holding(session)))
+        programs = {p.split(":", 1)[1] for p in named}
+        assert {"gcs_server", "raylet", "ray::DashboardAgent", "ray::RuntimeEnvAgent"} <= programs, named
         left = left_after(started, 20.0)
         assert not left, f"processes of the driver's Ray session outlived it: {_named(left)}"
         assert not holding(session), _named(holding(session))

@@ -1,8 +1,11 @@
 """relayrl/cluster/reaper.py without Ray: a process that leads its group with a reaper (as a Ray rank actor does)
 takes what it started, children and grandchildren, with it when it is SIGKILLed; the reaper is no child of it
 (Ray kills an actor's direct children first, which would take the reaper before it could act). A driver's
-reaper of a (stand-in) Ray session takes the session's processes with the driver, spares other drivers and
-readers of its logs, and ends with the session's gcs_server, sweeping what is left."""
+reaper of a (stand-in) Ray session takes the session's processes (those that inherited its mark, whether or not
+they hold a file of the session, and what writes its stdout to a log of the session) with the driver, killed
+after its Ray started or inside ``ray.init``; it spares other drivers, readers of its logs, another session's
+processes and what the driver starts after ``ray.init``; and it ends with the session's gcs_server once Ray's
+shutdown has stopped its head processes, however long they take, sweeping what is left."""
 from __future__ import annotations
 
 import os
@@ -15,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from relayrl.cluster.reaper import MARK
 from tests.procs import alive, kill_left, left_after
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs pidfds")]
@@ -53,15 +57,28 @@ def test_a_killed_group_leader_takes_its_children_and_theirs_with_it():
 
 DRIVER = """
 import os, subprocess, sys, time
-from relayrl.cluster.reaper import reap_session_with_driver
-session = sys.argv[1]
+from relayrl.cluster.reaper import SessionReaper
+session, when = sys.argv[1], sys.argv[2]
 log = open(os.path.join(session, "logs", f"python-core-driver-01_{os.getpid()}.log"), "a")  # (a Ray driver's)
+reaper = SessionReaper.arm()
+# what `ray.init` starts: the gcs_server, a head process (which Ray's shutdown stops) taking 3 s to stop once the
+# gcs_server has ended, an agent that holds no file (Ray's logs to stderr) and names no session (a process title)
 gcs = subprocess.Popen([os.path.join(session, "bin", "gcs_server"), "600"])  # (it names the session)
-while not open(f"/proc/{gcs.pid}/cmdline").read().startswith(session):  # (exec'd)
-    time.sleep(0.01)
-print(os.getpid(), gcs.pid, reap_session_with_driver(session), flush=True)
+head = subprocess.Popen([sys.executable, "-c", sys.argv[3], str(gcs.pid), session])  # (names it, holds none)
+sh = subprocess.Popen(["sh", "-c", "sleep 600 & echo $!"], stdout=subprocess.PIPE, text=True)  # (an orphan)
+agent = int(sh.stdout.readline())
+sh.wait()
+print(os.getpid(), reaper.pid, gcs.pid, head.pid, agent, end=" ", flush=True)
+if when == "inside ray.init":
+    os.kill(os.getpid(), 9)
+reaper.started(session)
+mine = subprocess.Popen(["sleep", "600"])  # (this driver's, started after ray.init: none of the session's)
+print(mine.pid, flush=True)
+print("HEAD", head.wait(), flush=True)
 time.sleep(600)
 """
+
+HEAD = "import os, select, sys, time; select.select([os.pidfd_open(int(sys.argv[1]))], [], []); time.sleep(3)"
 
 HOLDER = """
 import os, sys, time
@@ -71,46 +88,53 @@ time.sleep(600)
 
 
 def _session(tmp_path: Path) -> Path:
-    """A stand-in of a Ray session directory: logs/, and bin/ of programs that are `sleep` under Ray's names."""
+    """A stand-in of a Ray session directory: logs/, and bin/gcs_server, a `sleep` under Ray's name."""
     session = tmp_path / "session_x"
     (session / "logs").mkdir(parents=True)
     (session / "bin").mkdir()
-    for name in ("gcs_server", "raylet"):
-        (session / "bin" / name).symlink_to(shutil.which("sleep"))
+    (session / "bin" / "gcs_server").symlink_to(shutil.which("sleep"))
     return session
 
 
-def _driver(session: Path) -> tuple[subprocess.Popen, list[int]]:
-    """A driver of the stand-in session with its reaper: the driver, [its pid, its gcs_server's, its reaper's]."""
+def _driver(session: Path, when: str = "after ray.init") -> tuple[subprocess.Popen, list[int]]:
+    """A driver of the stand-in session, its reaper armed before its stand-in `ray.init`, killing itself
+    ``when`` "inside ray.init": the driver, [its pid, its reaper's, its gcs_server's, the head's, the agent's,
+    (after ray.init) the driver's own child's]."""
     root = str(Path(__file__).parents[2])
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(session)], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": root})
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(session), when, HEAD], stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": root})
     return driver, [int(p) for p in driver.stdout.readline().split()]
 
 
-def test_a_killed_drivers_reaper_takes_its_sessions_processes_and_spares_drivers_and_readers(tmp_path):
+def _others(logs: Path) -> dict[str, tuple[subprocess.Popen, bool]]:
+    """Processes beside the driver's, started by this test (none inherits the driver's mark): name: (process,
+    whether the driver's reaper is to kill it)."""
+    with open(logs / "worker-1.out", "a") as out, open(logs / "worker-2.out", "a") as out2:
+        return {
+            "worker's child with an environment of its own": (subprocess.Popen(["sleep", "600"], stdout=out), True),
+            "driver from an actor": (subprocess.Popen([sys.executable, "-c", HOLDER,
+                                                       str(logs / "python-core-driver-03_1.log")], stdout=out2), True),
+            "other driver": (subprocess.Popen([sys.executable, "-c", HOLDER,
+                                               str(logs / "python-core-driver-02_1.log")]), False),
+            "tail -f": (subprocess.Popen(["tail", "-f", str(logs / "worker-1.out")]), False),
+            "another session's": (subprocess.Popen(["sleep", "600"], env={**os.environ, MARK: "0" * 32}), False),
+        }
+
+
+def test_a_killed_drivers_reaper_takes_its_sessions_processes_and_spares_the_rest(tmp_path):
     session = _session(tmp_path)
-    logs = session / "logs"
     driver, pids, others = None, [], {}
     try:
         driver, pids = _driver(session)
-        with open(logs / "worker-1.out", "a") as out, open(logs / "worker-2.out", "a") as out2:
-            others = {  # name: (process, whether the reaper is to kill it)
-                "agent": (subprocess.Popen(["sleep", "600"], stdout=out), True),  # (a log of the session as stdout)
-                "raylet": (subprocess.Popen([str(session / "bin" / "raylet"), "600"]), True),  # (names it, holds none)
-                "driver from an actor": (subprocess.Popen([sys.executable, "-c", HOLDER,
-                                                           str(logs / "python-core-driver-03_1.log")], stdout=out2),
-                                         True),
-                "other driver": (subprocess.Popen([sys.executable, "-c", HOLDER,
-                                                   str(logs / "python-core-driver-02_1.log")]), False),
-                "tail -f": (subprocess.Popen(["tail", "-f", str(logs / "worker-1.out")]), False),
-            }
+        others = _others(session / "logs")
         time.sleep(0.5)  # (the holders have opened their logs)
         assert all(p.poll() is None for p, _ in others.values())
-        os.kill(pids[0], signal.SIGKILL)
+        me, reaper, gcs, head, agent, mine = pids
+        os.kill(me, signal.SIGKILL)
         driver.wait(timeout=10)
-        assert not left_after(pids[1:], 10.0), "the driver's gcs_server or reaper outlived it"
+        assert not left_after([reaper, gcs, head, agent], 10.0), "the session's processes or its reaper outlived it"
         assert [name for name, (p, killed) in others.items() if alive(p.pid) == killed] == []
+        assert alive(mine), "the reaper killed what the driver started after ray.init"
     finally:
         if driver is not None and driver.poll() is None:
             driver.kill()
@@ -119,18 +143,36 @@ def test_a_killed_drivers_reaper_takes_its_sessions_processes_and_spares_drivers
             p.wait(timeout=10)
 
 
-def test_a_drivers_reaper_ends_with_its_session_and_takes_what_is_left_of_it(tmp_path):
+def test_a_driver_killed_inside_ray_init_leaves_none_of_its_session(tmp_path):
     session = _session(tmp_path)
-    driver, pids, agent = None, [], None
+    driver, pids = None, []
     try:
-        driver, pids = _driver(session)
-        with open(session / "logs" / "worker-1.out", "a") as out:
-            agent = subprocess.Popen(["sleep", "600"], stdout=out)
-        me, gcs, reaper = pids
-        os.kill(gcs, signal.SIGKILL)  # (the session ends: `ray.shutdown()` stops its gcs_server)
-        assert not left_after([reaper, agent.pid], 10.0), "the reaper did not end with its session, or spared a leftover"
-        assert alive(me), "the reaper killed its driver, which still holds its own log under the session"
+        driver, pids = _driver(session, "inside ray.init")
+        assert len(pids) == 5, pids
+        driver.wait(timeout=10)
+        assert driver.returncode == -signal.SIGKILL
+        assert not left_after(pids[1:], 10.0), "the session's processes or its reaper outlived the driver"
     finally:
         if driver is not None and driver.poll() is None:
             driver.kill()
-        kill_left(pids + ([agent.pid] if agent else []))
+        kill_left(pids)
+
+
+def test_a_drivers_reaper_ends_with_its_session_once_rays_shutdown_has_stopped_it(tmp_path):
+    session = _session(tmp_path)
+    driver, pids = None, []
+    try:
+        driver, pids = _driver(session)
+        me, reaper, gcs, head, agent, mine = pids
+        t0 = time.monotonic()
+        os.kill(gcs, signal.SIGKILL)  # (the session ends: `ray.shutdown()` stops its gcs_server, then the rest)
+        assert driver.stdout.readline().split() == ["HEAD", "0"], "the reaper SIGKILLed a head process stopping"
+        assert not left_after([reaper, agent], 10.0), "the reaper did not end with its session, or spared a leftover"
+        took = time.monotonic() - t0
+        assert 3.0 <= took < 8.0, f"the reaper ended {took:.1f} s after the gcs_server, not soon after the head"
+        assert alive(me), "the reaper killed its driver"
+        assert alive(mine), "the reaper killed what the driver started after ray.init"
+    finally:
+        if driver is not None and driver.poll() is None:
+            driver.kill()
+        kill_left(pids)
