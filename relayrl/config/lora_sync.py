@@ -3,10 +3,10 @@ weights (:mod:`relayrl.engines.generation.vllm_lora` loads them into vLLM). Torc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from relayrl.config.schema import Config
+Config = Any
+"""A :class:`relayrl.config.schema.Config` (not imported: the schema imports these rules)."""
 
 __all__ = ["check_lora_sync", "VLLM_LORA_RANKS"]
 

@@ -39,7 +39,7 @@ def relay_weights(actor: WorkerGroup, rollout: WorkerGroup, *, version: int, rel
         named = actor.all_rank0(PolicyWorker.relayed_weights)
     if actor.in_driver and rollout.in_driver:  # the engine loads each tensor as it comes
         nbytes = sum(t.numel() * t.element_size() for _, t in getattr(named, "held", named))
-        rollout.all(RolloutWorker.update_weights, named, version)
-        return {"relay/bytes": float(nbytes)}
+        copied = rollout.all(RolloutWorker.update_weights, named, version)  # (one bool per rank)
+        return {"relay/bytes": float(nbytes)} if any(copied) else {}  # (none: it runs on the actor's tensors)
     metrics = relay.push_to_group(named, rollout, RolloutWorker.receive_weights, version=version)
     return {k: float(v) for k, v in metrics.items()}

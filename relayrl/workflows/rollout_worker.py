@@ -136,8 +136,11 @@ class RolloutWorker(StreamingGeneration, WeightReceiverMixin, MemoryProbe, Worke
             self._env_factory, self._env_spec = build_env_factory(spec, self.tokenizer), spec
         return self._env_factory
 
-    def update_weights(self, named_tensors, version: int) -> None:
+    def update_weights(self, named_tensors, version: int) -> bool:
+        """Load ``named_tensors`` (tagged ``version``); whether the engine copied them (False: it runs on the
+        colocated actor's own tensors, ``share_weights``, and only the version moved)."""
         self.engine.update_weights(named_tensors, version)
+        return not getattr(self.engine, "shared", False)  # (a server's engine holds its own copy)
 
     def share_weights(self, named_tensors, version: int) -> bool:
         """Run on ``named_tensors`` (the colocated actor's live parameters) instead of a copy; False when the
