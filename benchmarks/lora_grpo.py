@@ -104,7 +104,7 @@ def sync_route(route: str, out: Path, a: argparse.Namespace) -> dict:
     wall = time.perf_counter() - t0
     recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steady = [x for x in recs if x["step"] > 1 and "relay/bytes" in x]
-    started = next((float(m) for m in re.findall(r"init engine .*? took ([0-9.]+) s", r.stderr)), 0.0)
+    started = next((float(m) for m in re.findall(r"init engine .*? took ([0-9.]+) s", r.stdout + r.stderr)), 0.0)
     mean = lambda k: statistics.mean(x[k] for x in steady)  # noqa: E731
     return {"bytes": mean("relay/bytes"), "relay_s": mean("timing/relay_s"), "generate_s": mean("timing/generate_s"),
             "error": max(abs(x["rollout/logprob_error"] - 1) for x in steady), "engine_start_s": started,

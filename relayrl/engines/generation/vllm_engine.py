@@ -131,6 +131,9 @@ def engine_args(spec: VLLMSpec, device: torch.device, *, dtype: str, seed: int, 
 class VLLMGenerationEngine:
     """Generation through a vLLM engine in this process; see the module docstring."""
 
+    adapter: vllm_lora.AdapterSlot | None = None
+    """``rollout.lora_sync=adapter``: the LoRA the engine's requests carry (None: plain weights, updated in place)."""
+
     def __init__(self, model_dir: str, tokenizer, *, dtype: str = "float32", device: str | torch.device = "cpu",
                  max_batch: int = 256, spec: VLLMSpec | None = None, seed: int = 0, head_fp32: bool = False,
                  devices: Sequence[str | torch.device] | None = None, logprobs_mode: str = PROCESSED,
