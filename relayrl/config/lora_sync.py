@@ -20,7 +20,7 @@ KEY = "rollout.lora_sync=adapter"
 def check_lora_sync(cfg: Config) -> None:
     """Refuse ``rollout.lora_sync=adapter`` where the rollout cannot take an adapter (naming the key and the fix):
     without ``model.lora.enabled``, on an engine other than vLLM, with adapters on expert tensors
-    (``model.lora.target_parameters``: vLLM 0.32 reads expert adapters only in its own per-expert layout), with
+    (``model.lora.target_parameters``: the adapter route does not carry them; vLLM's expert LoRA is untested here), with
     a rank above vLLM's largest, or in a workflow other than grpo."""
     if cfg.rollout.lora_sync != "adapter":
         return
@@ -32,8 +32,8 @@ def check_lora_sync(cfg: Config) -> None:
         raise ValueError(f"{KEY} loads the adapters into vLLM's LoRA support; rollout.engine={cfg.rollout.engine} "
                          f"takes merged weights only: set rollout.engine=vllm, or rollout.lora_sync=merged")
     if lora.target_parameters:
-        raise ValueError(f"{KEY}: model.lora.target_parameters puts adapters on fused expert tensors, which vLLM's "
-                         f"LoRA support cannot load in peft's layout: set rollout.lora_sync=merged (the experts are "
+        raise ValueError(f"{KEY}: model.lora.target_parameters puts adapters on fused expert tensors, which the "
+                         f"adapter route does not carry to vLLM (its expert LoRA is untested here): set rollout.lora_sync=merged (the experts are "
                          f"merged before the relay), or drop model.lora.target_parameters")
     if lora.r > VLLM_LORA_RANKS[-1]:
         raise ValueError(f"{KEY}: model.lora.r={lora.r} is above vLLM's largest LoRA rank ({VLLM_LORA_RANKS[-1]}): "
