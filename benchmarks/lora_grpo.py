@@ -23,13 +23,28 @@ Run it with::
 
     .venv/bin/python benchmarks/lora_grpo.py                # 300 steps each (~3 min on 2 cores, more when busy)
     .venv/bin/python benchmarks/lora_grpo.py --steps 100    # shorter
+
+``--vllm-sync`` measures instead what a weight sync of a LoRA run costs on ``rollout.engine=vllm`` with
+``rollout.lora_sync=merged`` (every weight, ``W + (alpha / r) B @ A``) against ``adapter`` (the adapters alone,
+loaded as a vLLM LoRA): a GRPO run of each on a tiny but wide random model (``--width``, 4 layers, r=8 on every
+projection; the same seed, prompts and steps), one after the other, each in a process of its own (``relayrl
+train``). Per route, over the steps after the first: bytes a sync carries (``relay/bytes``), sync time
+(``timing/relay_s``), generation time (``timing/generate_s``: vLLM's LoRA decode runs extra kernels), engine
+start-up; then the merged/adapter ratios. Its last line::
+
+    lora_sync: a sync carries M/A MB (merged/adapter, Rx fewer bytes), takes Ts/Us; generation Gs/Hs
+
+    .venv/bin/python benchmarks/lora_grpo.py --vllm-sync --steps 6 --width 1024
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -72,6 +87,54 @@ def summary(wf, times: list[float], a: argparse.Namespace) -> dict:
             **wf.actor.one(PolicyWorker.footprint)}
 
 
+def sync_route(route: str, out: Path, a: argparse.Namespace) -> dict:
+    """One GRPO run with ``rollout.lora_sync=route`` on the wide tiny model; its mean figures after step 1."""
+    w = a.width
+    cmd = [sys.executable, "-m", "relayrl", "train", str(REPO / "recipes" / "arith_grpo.yaml"), f"run.dir={out}",
+           "run.overwrite=true", f"trainer.steps={a.steps}", "eval.every=0", "run.save_every=0",
+           "telemetry.sinks=[jsonl]", f"run.threads={a.threads}", f"run.seed={a.seed}", "data.prompts_per_step=8",
+           "rollout.n=4", "rollout.max_new_tokens=16", "rollout.engine=vllm", "rollout.vllm.memory_utilization=0.1",
+           f"rollout.lora_sync={route}", "model.lora.enabled=true", "model.lora.r=8", "model.lora.alpha=16",
+           "engine.optim.lr=3e-4", f"model.tiny.hidden_size={w}", f"model.tiny.intermediate_size={4 * w}",
+           f"model.tiny.num_heads={w // 64}", *a.override]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    if r.returncode:
+        raise SystemExit(f"lora_sync: the {route} run failed:\n{r.stderr[-3000:]}")
+    wall = time.perf_counter() - t0
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steady = [x for x in recs if x["step"] > 1 and "relay/bytes" in x]
+    started = next((float(m) for m in re.findall(r"init engine .*? took ([0-9.]+) s", r.stdout + r.stderr)), 0.0)
+    mean = lambda k: statistics.mean(x[k] for x in steady)  # noqa: E731
+    return {"bytes": mean("relay/bytes"), "relay_s": mean("timing/relay_s"), "generate_s": mean("timing/generate_s"),
+            "error": max(abs(x["rollout/logprob_error"] - 1) for x in steady), "engine_start_s": started,
+            "wall_s": wall}
+
+
+def sync_routes(a: argparse.Namespace) -> str:
+    """``--vllm-sync``: the merged and the adapter route side by side (module docstring); returns the last line."""
+    if a.steps < 2:
+        raise SystemExit("lora_sync: --steps must be >= 2 (the first step's figures are left out)")
+    res = {route: sync_route(route, Path(a.out) / f"sync-{route}", a) for route in ("merged", "adapter")}
+    me, ad = res["merged"], res["adapter"]
+    print(f"\nlora_sync: rollout.lora_sync on vLLM, width {a.width} (4 layers, r=8), {a.steps} GRPO steps, "
+          f"means over steps 2-{a.steps}")
+    print(f"{'':28}{'merged':>12}{'adapter':>12}{'merged/adapter':>16}")
+    rows = [("bytes a sync (MB)", me["bytes"] / 1e6, ad["bytes"] / 1e6, "{:.3f}"),
+            ("sync time (s)", me["relay_s"], ad["relay_s"], "{:.4f}"),
+            ("generation time (s)", me["generate_s"], ad["generate_s"], "{:.3f}"),
+            ("max |logprob_error - 1|", me["error"], ad["error"], "{:.1e}"),
+            ("vLLM engine start (s)", me["engine_start_s"], ad["engine_start_s"], "{:.2f}"),
+            ("whole run (s)", me["wall_s"], ad["wall_s"], "{:.1f}")]
+    for name, x, y, fmt in rows:
+        print(f"{name:28}{fmt.format(x):>12}{fmt.format(y):>12}{(x / y if y else float('nan')):>16.2f}")
+    line = (f"lora_sync: a sync carries {me['bytes'] / 1e6:.2f}/{ad['bytes'] / 1e6:.3f} MB (merged/adapter, "
+            f"{me['bytes'] / ad['bytes']:.0f}x fewer bytes), takes {me['relay_s']:.3f}s/{ad['relay_s']:.3f}s; "
+            f"generation {me['generate_s']:.3f}s/{ad['generate_s']:.3f}s")
+    print(line)
+    return line
+
+
 def run(argv: list[str] | None = None, sft: Path | None = None) -> str:
     """Both runs and the table; returns the ``lora_grpo:`` line (printed last). ``sft``: the demo's SFT model
     when the caller has it."""
@@ -83,8 +146,13 @@ def run(argv: list[str] | None = None, sft: Path | None = None) -> str:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--out", default="runs/lora_grpo")
+    p.add_argument("--vllm-sync", action="store_true", help="compare rollout.lora_sync=merged and adapter on vLLM "
+                   "instead (module docstring)")
+    p.add_argument("--width", type=int, default=1024, help="--vllm-sync: the model's hidden size (a multiple of 64)")
     p.add_argument("override", nargs="*", help="dotted overrides for both runs (e.g. rollout.n=4)")
     a = p.parse_args(argv)
+    if a.vllm_sync:
+        return sync_routes(a)
     if a.steps <= a.warmup:
         raise SystemExit(f"lora_grpo: --steps ({a.steps}) must exceed --warmup ({a.warmup})")
     model = sft or sft_model(a.seed)

@@ -61,6 +61,12 @@ class RolloutConfig(BaseModel):
         "worker's process (pip install 'relayrl[vllm]'; see rollout.vllm); openai: sample through an "
         "OpenAI-compatible server at rollout.base_url (relayrl serve, vLLM, SGLang), weights pushed after every update")
     vllm: VLLMSpec = Field(VLLMSpec(), description="rollout.engine=vllm: how each rollout rank starts its vLLM engine")
+    lora_sync: Literal["merged", "adapter"] = Field(
+        "merged", description="model.lora.enabled: what a weight sync sends the rollout. merged: W + (alpha / r) B @ A "
+        "under the base model's names (every weight, any engine); adapter (rollout.engine=vllm): only the adapters' "
+        "A and B, which the vLLM engine (started with LoRA support on the base model) loads as a new LoRA each "
+        "version; every request then carries it. About r (in + out) / (in x out) of the merged bytes; vLLM's LoRA "
+        "decode is slower than its plain decode")
     base_url: str | None = Field(None, description="rollout.engine=openai: the server's base URL, e.g. "
                                  "http://127.0.0.1:8000/v1")
     served_model: str | None = Field(None, description="rollout.engine=openai: the model name at the server "

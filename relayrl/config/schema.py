@@ -28,6 +28,7 @@ from relayrl.config.trainer import TrainerConfig
 from relayrl.config.unread import check_unread
 from relayrl.config.plan import rollout_pool
 from relayrl.config.rollout_devices import check_rollout_devices
+from relayrl.config.lora_sync import check_lora_sync
 from relayrl.config.rules import (check_critic, check_decoupled_rewards, check_dpo, check_env,
                                   check_kto, check_placed_roles, check_precompute_ref, check_ref_sync,
                                   check_retire_solved, check_total_epochs, check_workflow_sections, check_reward_read,
@@ -354,6 +355,7 @@ class Config(_Section):
         check_sequence_parallel(self)
         check_expert_parallel(self)
         check_rollout_devices(self)
+        check_lora_sync(self)
         check_env(self)
         check_decoupled_rewards(self)
         check_interrupt(self)

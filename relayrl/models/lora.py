@@ -41,7 +41,7 @@ from relayrl.errors import UserError
 from relayrl.models.lora_config import DEFAULT_TARGETS, LoraConfig  # torch-free (re-exported)
 
 __all__ = ["LoraConfig", "LoraError", "apply_lora", "merged_weights", "base_name", "trainable_names", "linear_sides",
-           "adapters_disabled", "DEFAULT_TARGETS", "resolve_targets"]
+           "adapters_disabled", "DEFAULT_TARGETS", "resolve_targets", "adapter_weights", "peft_name", "peft_targets"]
 
 _ADAPTER = "default"  # peft's name for the one adapter relayrl trains
 
@@ -218,6 +218,31 @@ def base_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     weight (same name, shape and dtype; a DTensor row shard under FSDP2), the other parameters as they are.
     What a relay's layout is built from before any merge runs."""
     return [(base_name(n), p) for n, p in model.named_parameters() if not _is_adapter(n)]
+
+
+def peft_name(name: str) -> str:
+    """An adapter parameter's name as peft saves it (``adapter_model.safetensors``) and vLLM's LoRA loader reads
+    it: ``model.layers.0.self_attn.q_proj.lora_A.default.weight`` ->
+    ``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``."""
+    return "base_model.model." + name.replace(f".{_ADAPTER}.", ".")
+
+
+def adapter_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The adapters alone (every ``A`` and ``B``, no copy; DTensor row shards under FSDP2) under :func:`peft_name`:
+    what ``rollout.lora_sync=adapter`` relays instead of :func:`iter_merged_weights`. Raises where the model
+    trains more than adapters (a module kept trainable beside them), which an adapter relay would leave out."""
+    extra = [n for n in trainable_names(model) if not _is_adapter(n)]
+    if extra:
+        raise LoraError(f"rollout.lora_sync=adapter relays the adapters only, but the model also trains {extra[:3]}: "
+                        f"set rollout.lora_sync=merged")
+    return [(peft_name(n), p.detach()) for n, p in model.named_parameters() if _is_adapter(n)]
+
+
+def peft_targets(wrapped) -> list[str]:
+    """The module names a ``peft.PeftModel`` of :func:`apply_lora` put adapters on (its config's ``target_modules``,
+    resolved), sorted: an ``adapter_config.json``'s list."""
+    targets = wrapped.peft_config[_ADAPTER].target_modules
+    return sorted([targets] if isinstance(targets, str) else targets)
 
 
 @torch.no_grad()  # (wraps each step of the generator: the caller's grad mode is left alone between yields)

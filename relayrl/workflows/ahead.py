@@ -122,7 +122,7 @@ class RolloutAhead:
         if packed is None and actor.in_driver:  # packed as the stream comes (LoRA: merged a layer at a time)
             packed = self.relay.pack(actor.one(PolicyWorker.weight_stream), version)
         elif packed is None:  # every rank takes part (FSDP2 gathers a bucket at a time); rank 0 gets host copies
-            packed = self.relay.pack(actor.all_rank0(PolicyWorker.named_weights), version)
+            packed = self.relay.pack(actor.all_rank0(PolicyWorker.relayed_weights), version)
         with self.cond:
             old, self.packed, self.trained = self.packed, packed, version
             self.cond.notify_all()

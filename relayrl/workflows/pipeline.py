@@ -80,7 +80,7 @@ __all__ = ["GRPOPipeline", "KEY_METRICS"]
 KEY_METRICS = ("reward/mean", "eval/accuracy", "response/length_mean", "actor/entropy", "perf/step_time_s")
 
 # worker-group methods whose arguments or results are weights or checkpoints, not samples
-_NOT_SAMPLES = frozenset({"named_weights", "pack_weights_into", "update_weights", "receive_weights", "share_weights", "state",
+_NOT_SAMPLES = frozenset({"named_weights", "relayed_weights", "pack_weights_into", "update_weights", "receive_weights", "share_weights", "state",
                           "load_state", "param_shapes", "weight_stream", "save_pretrained", "rng_state", "set_rng_state",
                           "fold_moments", "reward_moments", "load_reward_moments"})
 

@@ -36,9 +36,10 @@ def relay_weights(actor: WorkerGroup, rollout: WorkerGroup, *, version: int, rel
     if named is None and actor.in_driver:  # one unsharded rank here: its weights as a stream (LoRA: merged
         named = actor.one(PolicyWorker.weight_stream)  # a layer at a time as they are loaded or packed)
     elif named is None:  # every actor rank takes part (FSDP2 gathers a bucket at a time); rank 0 holds host copies
-        named = actor.all_rank0(PolicyWorker.named_weights)
+        named = actor.all_rank0(PolicyWorker.relayed_weights)
     if actor.in_driver and rollout.in_driver:  # the engine loads each tensor as it comes
-        rollout.all(RolloutWorker.update_weights, named, version)
-        return {}
+        nbytes = sum(t.numel() * t.element_size() for _, t in getattr(named, "held", named))
+        copied = rollout.all(RolloutWorker.update_weights, named, version)  # (one bool per rank)
+        return {"relay/bytes": float(nbytes)} if any(copied) else {}  # (none: it runs on the actor's tensors)
     metrics = relay.push_to_group(named, rollout, RolloutWorker.receive_weights, version=version)
     return {k: float(v) for k, v in metrics.items()}

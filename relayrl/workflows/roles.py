@@ -45,6 +45,12 @@ def _rollout(cfg: Config, prec: dict, path: str, common: dict) -> dict:
                 chat_template=cfg.model.template(), **prec["rollout"], **common)
 
 
+def _adapter(cfg: Config):
+    """``rollout.lora_sync=adapter``: the ``model.lora`` whose adapters the actor relays and the rollout's vLLM
+    engine loads (None: merged weights)."""
+    return cfg.model.lora if cfg.rollout.lora_sync == "adapter" else None
+
+
 def _replays(cfg: Config) -> bool:
     """MoE routing replay (``algorithm.routing_replay``): the actor replays routing (and records it: ``old``)."""
     return cfg.algorithm.routing_replay in ("rollout", "old")
@@ -71,12 +77,12 @@ ROLES: tuple[Role, ...] = (
         model_path=path, engine=cfg.train_engine(), total_steps=_updates(cfg), seed=cfg.run.seed, tri_model=plan.tri_model,
         lora=cfg.model.lora, chat_template=cfg.model.template(), routing_replay=_replays(cfg),
         routing_compare=cfg.algorithm.routing_replay == "measure", export_dtype=cfg.model.export_dtype,
-        **prec["trained"], **common)),
+        relay_adapter=_adapter(cfg) is not None, **prec["trained"], **common)),
     Role("critic", CriticWorker, lambda cfg, plan, prec, path, common: dict(
         model_path=path, engine=cfg.train_engine(optim=cfg.critic.optim), total_steps=_updates(cfg),
         seed=cfg.run.seed, lora=cfg.model.lora, **prec["trained"], **common)),
     Role("rollout", RolloutWorker, lambda cfg, plan, prec, path, common: dict(
-        _rollout(cfg, prec, path, common), record_routing=_records_rollout(cfg)),
+        _rollout(cfg, prec, path, common), record_routing=_records_rollout(cfg), adapter=_adapter(cfg)),
          own_process=True, devices_per_rank=lambda cfg: cfg.rollout.devices_per_rank),
     Role("reference", ReferenceWorker, lambda cfg, plan, prec, path, common: dict(
         model_path=path, engine=cfg.engine, **prec["frozen"], **common)),

@@ -20,10 +20,12 @@ from relayrl.engines.generation.base import Completion, RequestFailed, SamplingP
 from relayrl.engines.generation.interrupt import Interrupt, generate_interrupted
 from relayrl.engines.generation.native import NativeGenerationEngine
 from relayrl.engines.generation.remote import RemoteGenerationEngine, RemoteSpec
+from relayrl.engines.generation import vllm_lora
 from relayrl.engines.generation.vllm_engine import VLLMGenerationEngine, VLLMSpec
 from relayrl.environments.base import Episode
 from relayrl.environments.config import EpisodeSpec
 from relayrl.models.load import load_model, load_tokenizer
+from relayrl.models.lora_config import LoraConfig
 from relayrl.weights import WeightReceiverMixin
 from relayrl.workflows.rollout_stream import StreamingGeneration
 from relayrl.workflows.worker_base import MemoryProbe, resolve_device, set_threads
@@ -47,21 +49,24 @@ def _trim_heap() -> None:
 class RolloutWorker(StreamingGeneration, WeightReceiverMixin, MemoryProbe, Worker):
     """Samples responses with the native engine, a vLLM engine in this process (``vllm``,
     ``rollout.engine=vllm``) or through an OpenAI-compatible server (``remote``, ``rollout.engine=openai``); streams finished groups into the dock (:class:`StreamingGeneration`); takes
-    packed weights (``receive_weights``); its RNG state is part of checkpoints."""
+    packed weights (``receive_weights``; a vLLM engine with ``adapter``, ``rollout.lora_sync=adapter``: the actor's
+    LoRA adapters); its RNG state is part of checkpoints."""
 
     def __init__(self, model_path: str, *, max_batch: int = 256, dtype: str = "float32", device: str = "auto",
                  attn_implementation: str = "sdpa", threads: int = 0, seed: int = 0, decode: str = "auto",
                  decode_compile: bool = False, remote: RemoteSpec | None = None, vllm: VLLMSpec | None = None,
                  chat_template: str | None = None, head_fp32: bool = False, record_routing: bool = False,
-                 vllm_logprobs: str = "processed_logprobs") -> None:
+                 vllm_logprobs: str = "processed_logprobs", adapter: LoraConfig | None = None) -> None:
         set_threads(threads * max(1, len(getattr(self, "devices", ()))), self)  # (run.threads: per device)
         self.tokenizer = load_tokenizer(model_path, chat_template=chat_template)  # (tool turns render with it)
         if vllm is not None:  # a vLLM engine in this process, on the model directory
             dev = resolve_device(device, getattr(self, "device", None))
+            # (rollout.lora_sync=adapter: the engine takes the actor's adapters, the base stays the directory's)
+            spec = None if adapter is None else vllm_lora.adapter_spec(model_path, adapter)
             self.engine = VLLMGenerationEngine(model_path, self.tokenizer, dtype=dtype, device=dev,
                                                max_batch=max_batch, spec=vllm, seed=seed, head_fp32=head_fp32,
                                                devices=getattr(self, "devices", None),  # (several: vLLM's TP)
-                                               logprobs_mode=vllm_logprobs)
+                                               logprobs_mode=vllm_logprobs, adapter=spec)
             self.generator = torch.Generator().manual_seed(seed + 7919 * getattr(self, "rank", 0))
             return
         if remote is not None:  # the server holds the model (and its head's precision); this worker keeps the
@@ -131,8 +136,11 @@ class RolloutWorker(StreamingGeneration, WeightReceiverMixin, MemoryProbe, Worke
             self._env_factory, self._env_spec = build_env_factory(spec, self.tokenizer), spec
         return self._env_factory
 
-    def update_weights(self, named_tensors, version: int) -> None:
+    def update_weights(self, named_tensors, version: int) -> bool:
+        """Load ``named_tensors`` (tagged ``version``); whether the engine copied them (False: it runs on the
+        colocated actor's own tensors, ``share_weights``, and only the version moved)."""
         self.engine.update_weights(named_tensors, version)
+        return not getattr(self.engine, "shared", False)  # (a server's engine holds its own copy)
 
     def share_weights(self, named_tensors, version: int) -> bool:
         """Run on ``named_tensors`` (the colocated actor's live parameters) instead of a copy; False when the

@@ -213,8 +213,9 @@ class PolicyWorker(_TrainerWorker):
                  compute_dtype: str | None = None, device: str = "auto", attn_implementation: str = "sdpa",
                  threads: int = 0, seed: int = 0, tri_model: bool = False, lora: lora_lib.LoraConfig | None = None,
                  chat_template: str | None = None, head_fp32: bool = False, routing_replay: bool = False,
-                 routing_compare: bool = False, export_dtype: str = "auto") -> None:
+                 routing_compare: bool = False, export_dtype: str = "auto", relay_adapter: bool = False) -> None:
         self.tri_model = tri_model
+        self.relay_adapter = relay_adapter  # (rollout.lora_sync=adapter: the relay sends the adapters alone)
         self.export_dtype = resolve_export_dtype(export_dtype, model_path)  # (model.export_dtype: auto is the
         # checkpoint's own)
         self._start(load_model, model_path, engine, total_steps, dtype=dtype, compute_dtype=compute_dtype,
@@ -249,22 +250,36 @@ class PolicyWorker(_TrainerWorker):
         return _written(slots, {column: lp, sum_sq_column: sq})
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]] | None:
-        """:meth:`weight_stream` whole (checkpoints, exports, a relay over Ray or pipes). Sharded: a collective;
+        """The model's weights whole (checkpoints, exports, the reference's sync). Sharded: a collective;
         rank 0 gets host copies (its device holds one gathered bucket at a time), the others None. Unsharded:
         the live parameters, no copy. LoRA: the merged weights ``W + scale * B @ A``, base names."""
-        w = self.weight_stream()
-        if not self.engine.sharded:
-            return list(w)
-        return [(n, t.cpu()) for n, t in w] if self.rank == 0 else gather_full_state(w.values, keep=False)
+        return self._whole(self._stream(adapter=False))
+
+    def relayed_weights(self) -> list[tuple[str, torch.Tensor]] | None:
+        """:meth:`weight_stream` whole (a relay over Ray or pipes), as :meth:`named_weights` gathers."""
+        return self._whole(self.weight_stream())
 
     def weight_stream(self) -> WeightStream:
         """The weights to relay as a stream: their names, shapes and dtypes now, their full values one at a
         time (sharded: gathered a bucket at a time, a collective every rank reads to its end; LoRA: each
-        adapted layer merged when its turn comes). A relay packs them, or an engine loads them, as they come."""
+        adapted layer merged when its turn comes, or with ``rollout.lora_sync=adapter`` the adapters' ``A`` and
+        ``B`` alone, peft's names). A relay packs them, or an engine loads them, as they come."""
+        return self._stream(adapter=self.relay_adapter)
+
+    def _stream(self, adapter: bool) -> WeightStream:
         m = self.engine.model
-        held, values = ((self.engine.named_weights(), None) if self.peft_model is None else
-                        (lora_lib.base_weights(m), lora_lib.iter_merged_weights(m)))  # sharded: merged rows
+        if self.peft_model is None:
+            held, values = self.engine.named_weights(), None
+        elif adapter:
+            held, values = lora_lib.adapter_weights(m), None
+        else:
+            held, values = lora_lib.base_weights(m), lora_lib.iter_merged_weights(m)  # sharded: merged rows
         return WeightStream(held, stream_full_state(values or held) if self.engine.sharded else values)
+
+    def _whole(self, w: WeightStream) -> list[tuple[str, torch.Tensor]] | None:
+        if not self.engine.sharded:
+            return list(w)
+        return [(n, t.cpu()) for n, t in w] if self.rank == 0 else gather_full_state(w.values, keep=False)
 
     def mix_reference(self, alpha: float) -> None:
         """Tri-model, ``trainer.ref_sync_every``: reference <- ``alpha`` x policy + (1 - alpha) x reference."""
@@ -279,7 +294,7 @@ class PolicyWorker(_TrainerWorker):
         check_loaded("checkpoint's reference", *fsdp.load_full_state(self.engine.reference_model, state))
 
     def pack_weights_into(self, handles, key: str | None, bucket_bytes: int) -> dict | None:
-        """:meth:`named_weights` packed by rank 0 straight into the driver's shared-memory buckets (every rank
+        """:meth:`weight_stream` packed by rank 0 straight into the driver's shared-memory buckets (every rank
         must call this; see :meth:`relayrl.weights.WeightRelay.push_from_group`); the other ranks return None."""
         w, rank0 = self.weight_stream(), getattr(self, "rank", 0) == 0  # (each rank holds one bucket at a time)
         res = pack_into_shared(w.held, handles, key, bucket_bytes, self.__dict__.setdefault("_relay_shm", {}),

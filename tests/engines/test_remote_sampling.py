@@ -102,6 +102,7 @@ ROLLOUT_CASES: dict[str, tuple[dict, object]] = {
     "decode": ({"decode": "static"}, "rollout.decode is read by the native engine only"),
     "decode_compile": ({"decode_compile": True}, "rollout.decode_compile is read by the native engine only"),
     "partial": ({"partial": True}, "rollout.partial swaps new weights"),
+    "lora_sync": ({"lora_sync": "adapter"}, "rollout.engine=openai takes merged weights only"),
     "interrupt": ({"interrupt": {"after_tokens": 4}}, "rollout.interrupt"),
     "base_url": ({"base_url": "http://h:2/v1"}, lambda c: c.rollout.remote().base_url == "http://h:2/v1"),
     "served_model": ({"served_model": "m"}, lambda c: c.rollout.remote().model == "m"),
@@ -118,7 +119,8 @@ ROLLOUT_CASES: dict[str, tuple[dict, object]] = {
 @pytest.mark.parametrize("field", list(ROLLOUT_CASES))
 def test_each_rollout_key_is_sent_refused_or_the_servers(field):
     rollout, want = ROLLOUT_CASES[field]
-    extra = {"trainer": {"off_policy_steps": 1}} if field == "partial" else {}
+    extra = {"partial": {"trainer": {"off_policy_steps": 1}},
+             "lora_sync": {"model": {"device": "cpu", "lora": {"enabled": True, "r": 8}}}}.get(field, {})
     if isinstance(want, str):
         with pytest.raises(ValueError) as info:
             cfg(rollout, **extra)

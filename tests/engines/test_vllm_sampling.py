@@ -126,6 +126,7 @@ ROLLOUT_CASES: dict[str, tuple[dict, object]] = {
     "engine": ({}, lambda c: c.rollout.vllm_spec() is not None),
     "vllm": ({"vllm": {"memory_utilization": 0.2}}, lambda c: engine_arg("gpu_memory_utilization")(c) == 0.2),
     "partial": ({"partial": True}, lambda c: c.rollout.partial),
+    "lora_sync": ({"lora_sync": "adapter"}, lambda c: c.rollout.lora_sync == "adapter" and c.model.lora.enabled),
     "interrupt": ({"interrupt": {"after_tokens": 4}}, lambda c: c.rollout.interrupt.enabled),
     "decode": ({"decode": "static"}, "rollout.decode is read by the native engine only"),
     "decode_compile": ({"decode_compile": True}, "rollout.decode_compile is read by the native engine only"),
@@ -160,7 +161,12 @@ def test_each_rollout_key_maps_or_is_refused_naming_it(field):
         if (other := reader(field)) is not None:  # refused with vLLM, read by the engine it belongs to
             Config.model_validate({"model": {"device": "cpu"}, "rollout": {**rollout, **other}})
         return
-    assert want(cfg(rollout, **({"trainer": {"off_policy_steps": 1}} if field == "partial" else {})))
+    assert want(cfg(rollout, **NEEDS.get(field, {})))
+
+
+NEEDS = {"partial": {"trainer": {"off_policy_steps": 1}},
+         "lora_sync": {"model": {"device": "cpu", "lora": {"enabled": True, "r": 8}}}}
+"""The other sections a key is read with (partial rollout: off-policy steps; an adapter sync: LoRA)."""
 
 
 def test_every_key_has_a_decision():

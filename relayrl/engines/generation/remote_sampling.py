@@ -51,6 +51,7 @@ ROLLOUT_KEYS: dict[str, str] = {
     "dtype": "the weights pushed to the server are cast to it; the server computes in the dtype it was started "
              "with",
     "engine": "which engine",
+    "lora_sync": "adapter: rollout.engine=vllm only, refused (a server takes merged weights)",
     "vllm": "rollout.engine=vllm only: refused",
     "decode": "native engine only: refused",
     "decode_compile": "native engine only: refused",

@@ -30,6 +30,9 @@ which engine sampled. How each part maps onto vLLM 0.32's Python API:
   ``model_runner.reload_weights``; a tied output head is sent as ``lm_head.weight`` too when vLLM's model keeps one
   of its own (vLLM's CPU
   backend keeps its own copy), and the prefix cache is reset (its KV came from the old weights).
+- **Adapters** (``rollout.lora_sync=adapter``, :mod:`relayrl.engines.generation.vllm_lora`): the engine starts
+  with vLLM's LoRA support; ``update_weights`` takes the adapter's tensors (peft's names) and loads them as a new
+  LoRA, which every request from then on carries.
 - **Tensor parallelism** (``rollout.vllm.tensor_parallel_size`` N > 1): the engine core stays in this
   process and vLLM's multiprocess executor starts one worker process per device of this rank; a weight update
   goes to every worker in buckets (:mod:`relayrl.engines.generation.vllm_tp`).
@@ -63,7 +66,7 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
-from relayrl.engines.generation import vllm_tp
+from relayrl.engines.generation import vllm_lora, vllm_tp
 from relayrl.engines.generation.base import (Completion, PromptFeed, SamplingParams, generate_from_feed,
                                              hits_stop_string, stop_token_ids)
 from relayrl.engines.generation.config import INSTALL, VLLMSpec, vllm_available  # torch-free (re-exported)
@@ -128,9 +131,13 @@ def engine_args(spec: VLLMSpec, device: torch.device, *, dtype: str, seed: int, 
 class VLLMGenerationEngine:
     """Generation through a vLLM engine in this process; see the module docstring."""
 
+    adapter: vllm_lora.AdapterSlot | None = None
+    """``rollout.lora_sync=adapter``: the LoRA the engine's requests carry (None: plain weights, updated in place)."""
+
     def __init__(self, model_dir: str, tokenizer, *, dtype: str = "float32", device: str | torch.device = "cpu",
                  max_batch: int = 256, spec: VLLMSpec | None = None, seed: int = 0, head_fp32: bool = False,
-                 devices: Sequence[str | torch.device] | None = None, logprobs_mode: str = PROCESSED) -> None:
+                 devices: Sequence[str | torch.device] | None = None, logprobs_mode: str = PROCESSED,
+                 adapter: vllm_lora.AdapterSpec | None = None) -> None:
         if not vllm_available():
             raise VLLMMissingError(f"rollout.engine=vllm: vLLM is not installed; install it with {INSTALL}, or "
                                    f"set rollout.engine=native")
@@ -151,11 +158,14 @@ class VLLMGenerationEngine:
         # (workers in processes of their own: with tensor parallelism, and for the Transformers backend, whose
         # decoration of the transformers class would break the trainer's copy of it in this process)
         self.apart = self.tp > 1 or transformers_backend(self.model_dir)
+        self.adapter = None if adapter is None else vllm_lora.AdapterSlot(adapter)  # (rollout.lora_sync=adapter)
+        args = engine_args(spec, self.device, dtype=dtype, seed=seed, max_batch=max_batch, head_fp32=head_fp32,
+                           apart=self.apart, logprobs_mode=logprobs_mode)
+        if adapter is not None:
+            args.update(vllm_lora.lora_engine_args(adapter))
         try:
             with vllm_tp.worker_env(self.devices, self.apart):
-                self.llm = LLM(model=self.model_dir, **engine_args(spec, self.device, dtype=dtype, seed=seed,
-                                                                   max_batch=max_batch, head_fp32=head_fp32,
-                                                                   apart=self.apart, logprobs_mode=logprobs_mode))
+                self.llm = LLM(model=self.model_dir, **args)
         except ValueError as e:  # vLLM's own words name neither the key nor that its share counts this process
             if "failed to be inspected" in str(e):  # (vLLM imports its implementation in a subprocess: say why)
                 raise UserError(f"rollout.engine=vllm: vLLM could not load its implementation of the model in "
@@ -191,7 +201,10 @@ class VLLMGenerationEngine:
 
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         """The Hugging Face parameter names and shapes this engine takes (from the model's config, on the
-        meta device): the relay checks a layout against them before sending."""
+        meta device): the relay checks a layout against them before sending. With an adapter
+        (``rollout.lora_sync=adapter``): the adapter's tensors, by peft's names."""
+        if self.adapter is not None:
+            return dict(self.adapter.spec.shapes)
         if self._shapes is None:
             from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -208,7 +221,16 @@ class VLLMGenerationEngine:
         version. The tensors are read as they come and not kept (a stream, e.g. a relay's gathered buckets
         or LoRA layers merged one at a time, never sits here whole). Unknown names and shape mismatches raise
         before anything loads when the names are known up front (a list, or a stream's ``held``); in a bare
-        iterator, when the tensor comes."""
+        iterator, when the tensor comes. With an adapter (``rollout.lora_sync=adapter``): ``named_tensors`` is every
+        adapter tensor, loaded as the engine's new LoRA (:class:`~relayrl.engines.generation.vllm_lora.AdapterSlot`);
+        the base weights stay."""
+        if self.adapter is not None:
+            self.wake()
+            self._same_threads()
+            self.adapter.load(self.engine.collective_rpc, named_tensors, version, self.devices, self.apart)
+            self.engine.reset_prefix_cache()
+            self._version = version
+            return
         shapes = self.weight_shapes()
         held = getattr(named_tensors, "held", named_tensors if isinstance(named_tensors, (list, tuple)) else ())
         for name, t in held:
@@ -348,7 +370,8 @@ class VLLMGenerationEngine:
         rid = f"r{self._next_id}"
         self._next_id += 1
         row.sent = len(row.tokens)
-        self.engine.add_request(rid, {"prompt_token_ids": row.prompt + row.tokens}, self._sampling(row, params, stops))
+        self.engine.add_request(rid, {"prompt_token_ids": row.prompt + row.tokens}, self._sampling(row, params, stops),
+                                lora_request=None if self.adapter is None else self.adapter.request)
         return rid
 
     def _resubmit(self, live: dict[str, _Row], params: SamplingParams, stops: list[int]) -> None:

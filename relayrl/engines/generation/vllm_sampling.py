@@ -83,6 +83,8 @@ ROLLOUT_KEYS: dict[str, str] = {
     "engine": "which engine",
     "vllm": "vLLM's start-up arguments (engine_args)",
     "partial": "requests in flight aborted and resubmitted as prompt + tokens so far at a weight update",
+    "lora_sync": "adapter: the engine starts with enable_lora and each sync loads the adapter as a new LoRA "
+                 "(vllm_lora); merged: plain weights",
     "interrupt": "the thinking budget: a row re-enters as a new request with the phrase (the engine knows nothing "
                  "of it)",
     **{k: "native engine only: refused with rollout.engine=vllm" for k in NATIVE_ONLY},
