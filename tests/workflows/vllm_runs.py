@@ -7,9 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from e2e_cli import FAST, records, relayrl
+from tests.vllm_cache import KV_CACHE
 
 H32 = [*FAST, "model.tiny.num_heads=2"]
-VLLM = ["rollout.engine=vllm", "rollout.vllm.memory_utilization=0.1"]
+VLLM = ["rollout.engine=vllm", "rollout.vllm.memory_utilization=0.1", KV_CACHE]
 SPLIT = ["placement.pools.gen=1", "placement.rollout=gen"]
 RAY = ["cluster.backend=ray", "cluster.num_cpus=4"]
 TP2 = ["rollout.vllm.tensor_parallel_size=2"]
