@@ -84,7 +84,7 @@ def test_two_workers_sample_what_one_does_and_take_new_weights(vllm_dir, tiny_to
     monkeypatch.setattr(vllm_tp, "BUCKET_BYTES", 64 << 10)
     first, second = perturbed(vllm_dir, 0), perturbed(vllm_dir, 1)
     updates = [first.state_dict(), second.state_dict()]
-    prompts, one, _ = sample(vllm_dir, tiny_tokenizer, 1, updates[:1] + updates[:1])
+    prompts, one = sample(vllm_dir, tiny_tokenizer, 1, updates[:1])  # (one engine's samples: the reference)
     _, two_first, two_second = sample(vllm_dir, tiny_tokenizer, 2, updates)
     # The same seeded samples: each worker computes half of every product and an all-reduce sums the halves,
     # so a log-prob differs from one worker's only by float32 summation order (~1e-6 here).
