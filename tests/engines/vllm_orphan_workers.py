@@ -13,10 +13,11 @@ class EngineCoreHolder(Worker):
     def __init__(self, model_dir: str) -> None:
         from relayrl.engines.generation.vllm_engine import VLLMGenerationEngine, VLLMSpec
         from relayrl.models.load import load_tokenizer
+        from tests.vllm_cache import KV_CACHE_BYTES
 
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
         self.engine = VLLMGenerationEngine(model_dir, load_tokenizer(model_dir), max_batch=8,
-                                           spec=VLLMSpec(memory_utilization=0.1))
+                                           spec=VLLMSpec(memory_utilization=0.1, kv_cache_bytes=KV_CACHE_BYTES))
 
     def children(self) -> list[int]:
         """This rank's live descendants, but multiprocessing's resource tracker (it leaves when its pipe closes)."""

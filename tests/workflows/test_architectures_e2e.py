@@ -10,6 +10,7 @@ import torch
 
 from e2e_cli import records, relayrl
 from tests.models.architectures import build
+from tests.vllm_cache import KV_CACHE
 
 REWARD = '''
 def digits(prompts, responses, answers, **fields):
@@ -73,7 +74,7 @@ def test_grpo_with_vllm_in_the_trainers_process(arch, extra, tiny_tokenizer, tmp
     model_dir, run_dir = _model_dir(build(arch, vocab=len(tiny_tokenizer)), tiny_tokenizer, tmp_path), tmp_path / "run"
     r = relayrl("train", "recipes/arith_grpo.yaml", f"model.path={model_dir}", "trainer.steps=2", f"run.dir={run_dir}",
                 "reward.verifier=user", f"reward.user_fn={tmp_path / 'reward.py'}:digits", "rollout.engine=vllm",
-                "rollout.vllm.memory_utilization=0.1", "data.prompts_per_step=4", "rollout.n=4",
+                "rollout.vllm.memory_utilization=0.1", KV_CACHE, "data.prompts_per_step=4", "rollout.n=4",
                 "algorithm.entropy_coef=0.01", "eval.size=8", "run.threads=1", "telemetry.sinks=[jsonl]", *extra)
     assert r.returncode == 0, r.stderr[-3000:]
     steps = [m for m in records(run_dir) if "rollout/logprob_error" in m]
