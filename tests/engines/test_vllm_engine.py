@@ -20,14 +20,6 @@ TEMP = 0.7
 
 
 @pytest.fixture(scope="module")
-def vllm_dir():
-    """The tests' tiny shape with heads of 32 dimensions (vLLM's CPU attention has no 16)."""
-    from relayrl.models.tiny import TinyModelConfig, build_tiny
-
-    return build_tiny(TinyModelConfig(hidden_size=64, intermediate_size=256, num_heads=2), verbose=False)
-
-
-@pytest.fixture(scope="module")
 def served(vllm_dir, tiny_tokenizer):
     """(engine, the same weights as a Hugging Face model): the model perturbed so its outputs are not uniform,
     and loaded into the engine with update_weights (version 1)."""

@@ -20,14 +20,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm,
 TEMP = 0.7
 
 
-@pytest.fixture(scope="module")
-def vllm_dir():
-    """The tests' tiny shape with heads of 32 dimensions (vLLM's CPU attention has no 16)."""
-    from relayrl.models.tiny import TinyModelConfig, build_tiny
-
-    return build_tiny(TinyModelConfig(hidden_size=64, intermediate_size=256, num_heads=2), verbose=False)
-
-
 def adapted_model(vllm_dir, seed: int, scale: float = 0.3):
     """The tiny model under LoRA adapters whose ``B`` moved far from zero (a large update: greedy tokens change)."""
     from relayrl.models import lora as lora_lib

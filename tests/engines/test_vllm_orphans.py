@@ -21,13 +21,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.multiproc,
 WAIT_S = 15.0
 
 
-@pytest.fixture(scope="module")
-def vllm_dir():
-    from relayrl.models.tiny import TinyModelConfig, build_tiny
-
-    return build_tiny(TinyModelConfig(hidden_size=64, intermediate_size=256, num_heads=2), verbose=False)
-
-
 def test_a_killed_rank_leaves_no_vllm_engine_core(vllm_dir):
     from vllm_orphan_workers import EngineCoreHolder
 

@@ -20,15 +20,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm,
 TEMP = 0.7
 
 
-@pytest.fixture(scope="module")
-def vllm_dir():
-    """The tests' tiny shape with heads of 32 dimensions (vLLM's CPU attention has no 16): 2 heads, 2 key/value
-    heads, so each of 2 workers holds one of each."""
-    from relayrl.models.tiny import TinyModelConfig, build_tiny
-
-    return build_tiny(TinyModelConfig(hidden_size=64, intermediate_size=256, num_heads=2), verbose=False)
-
-
 def perturbed(vllm_dir, seed: int):
     from relayrl.models.load import load_model
 
